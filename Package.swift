@@ -1,0 +1,54 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+/// One settings list for every target: Swift 6 language mode (the tools version's
+/// default) plus the upcoming features we hold ourselves to.
+let sharedSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+    name: "Switchboard",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-collections", from: "1.1.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+    ],
+    targets: [
+        // libzmq through its system headers; see the module map for why no pkg-config.
+        .systemLibrary(
+            name: "CZeroMQ",
+            providers: [.apt(["libzmq3-dev"])]
+        ),
+        // A safe Swift layer over libzmq, and the bridge between sockets and async code.
+        .target(
+            name: "ZeroMQ",
+            dependencies: [
+                "CZeroMQ",
+                .product(name: "DequeModule", package: "swift-collections"),
+            ],
+            swiftSettings: sharedSettings
+        ),
+        // Benchmarks that print figures (release build): `swift run -c release switchboard-bench`.
+        .executableTarget(
+            name: "switchboard-bench",
+            dependencies: [
+                "ZeroMQ",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ],
+            path: "Sources/Benchmarks",
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "ZeroMQTests",
+            dependencies: ["ZeroMQ"],
+            swiftSettings: sharedSettings
+        ),
+    ]
+)

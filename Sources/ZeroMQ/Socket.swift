@@ -1,0 +1,185 @@
+internal import CZeroMQ
+#if canImport(Glibc)
+internal import Glibc
+#endif
+
+/// The ZeroMQ socket types the bus uses.
+public enum SocketType: Int32, Sendable, CustomStringConvertible {
+    case pair = 0, pub = 1, sub = 2, req = 3, rep = 4, dealer = 5, router = 6
+    case pull = 7, push = 8, xpub = 9, xsub = 10, stream = 11
+
+    public var description: String {
+        switch self {
+        case .pair: "PAIR"; case .pub: "PUB"; case .sub: "SUB"; case .req: "REQ"
+        case .rep: "REP"; case .dealer: "DEALER"; case .router: "ROUTER"; case .pull: "PULL"
+        case .push: "PUSH"; case .xpub: "XPUB"; case .xsub: "XSUB"; case .stream: "STREAM"
+        }
+    }
+}
+
+/// Flags for one send.
+public struct SendOptions: OptionSet, Sendable {
+    public let rawValue: Int32
+    public init(rawValue: Int32) { self.rawValue = rawValue }
+    /// Fail with `EAGAIN` instead of blocking.
+    public static let dontWait = SendOptions(rawValue: ZMQ_DONTWAIT)
+}
+
+/// A libzmq socket.
+///
+/// A socket belongs to one thread at a time: libzmq sockets are not thread-safe, so this
+/// type is deliberately not `Sendable`. To use sockets from async code, open them on a
+/// ``SocketLoop``, which keeps them on its own thread.
+///
+/// New sockets get a linger of 0, so closing one (or shutting down its context) never
+/// waits for unsent messages; set ``SocketOption/linger`` where delivery on close matters.
+/// The socket closes when ``close()`` is called or when it is released.
+public final class ZMQSocket {
+    public let context: ZMQContext
+    public let type: SocketType
+    private var handle: UnsafeMutableRawPointer?
+
+    /// Opens a socket of `type` in `context`.
+    public init(_ context: ZMQContext, _ type: SocketType) throws(ZMQError) {
+        self.context = context
+        self.type = type
+        let handle = try zmqCall("zmq_socket(\(type))") { zmq_socket(context.handle, type.rawValue) }
+        self.handle = handle
+        try set(.linger, 0)
+    }
+
+    deinit { close() }
+
+    /// Closes the socket now; later calls fail with `ENOTSOCK`. Closing twice is harmless.
+    public func close() {
+        if let handle {
+            zmq_close(handle)
+            self.handle = nil
+        }
+    }
+
+    public var isClosed: Bool { handle == nil }
+
+    @inline(__always)
+    func raw(_ call: @autoclosure () -> String) throws(ZMQError) -> UnsafeMutableRawPointer {
+        guard let handle else { throw ZMQError(call: call(), code: ENOTSOCK) }
+        return handle
+    }
+
+    // MARK: Endpoints
+
+    /// Binds to an endpoint such as `tcp://127.0.0.1:5555`, `tcp://127.0.0.1:*`,
+    /// `ipc:///tmp/x.sock` or `inproc://name`. Returns the endpoint actually bound
+    /// (with the port chosen for `*`).
+    @discardableResult
+    public func bind(_ endpoint: String) throws(ZMQError) -> String {
+        let handle = try raw("zmq_bind(\(endpoint))")
+        try zmqCall("zmq_bind(\(endpoint))") { zmq_bind(handle, endpoint) }
+        return (try? get(.lastEndpoint)) ?? endpoint
+    }
+
+    /// Connects to an endpoint; libzmq reconnects by itself when the peer goes away.
+    public func connect(_ endpoint: String) throws(ZMQError) {
+        let handle = try raw("zmq_connect(\(endpoint))")
+        try zmqCall("zmq_connect(\(endpoint))") { zmq_connect(handle, endpoint) }
+    }
+
+    public func unbind(_ endpoint: String) throws(ZMQError) {
+        let handle = try raw("zmq_unbind(\(endpoint))")
+        try zmqCall("zmq_unbind(\(endpoint))") { zmq_unbind(handle, endpoint) }
+    }
+
+    public func disconnect(_ endpoint: String) throws(ZMQError) {
+        let handle = try raw("zmq_disconnect(\(endpoint))")
+        try zmqCall("zmq_disconnect(\(endpoint))") { zmq_disconnect(handle, endpoint) }
+    }
+
+    // MARK: Sending
+
+    /// Sends all frames of `message` as one multipart message.
+    ///
+    /// With ``SendOptions/dontWait`` it throws an error whose ``ZMQError/isAgain`` is true
+    /// when the message cannot be queued now; no frame of it was sent in that case.
+    /// Frames are handed to libzmq by reference (no byte is copied).
+    public func send(_ message: Message, options: SendOptions = []) throws(ZMQError) {
+        let handle = try raw("zmq_msg_send")
+        guard !message.isEmpty else { throw ZMQError(call: "zmq_msg_send(no frames)", code: EINVAL) }
+        let part = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: 1)
+        defer { part.deallocate() }
+        let last = message.count - 1
+        for (index, frame) in message.frames.enumerated() {
+            frame.storage.copy(into: part)
+            var flags = options.rawValue
+            if index < last { flags |= ZMQ_SNDMORE }
+            // After the first frame is accepted libzmq takes the rest of the message
+            // whole, so an EAGAIN can only happen on frame 0 and nothing half-sent remains.
+            do {
+                try zmqCall("zmq_msg_send(\(type))") { zmq_msg_send(part, handle, flags) }
+            } catch {
+                zmq_msg_close(part)
+                throw error
+            }
+        }
+    }
+
+    /// Sends without blocking; returns `false` (sending nothing) when libzmq cannot take
+    /// the message now (`EAGAIN`: high-water mark reached, or no peer yet).
+    public func trySend(_ message: Message) throws(ZMQError) -> Bool {
+        do {
+            try send(message, options: .dontWait)
+            return true
+        } catch where error.isAgain {
+            return false
+        }
+    }
+
+    // MARK: Receiving
+
+    /// Receives one whole multipart message, blocking until one arrives (or until the
+    /// receive timeout, if one is set, passes: then it throws `EAGAIN`).
+    public func receive() throws(ZMQError) -> Message {
+        guard let message = try receive(flags: 0) else {
+            throw ZMQError(call: "zmq_msg_recv(\(type))", code: EAGAIN)
+        }
+        return message
+    }
+
+    /// Receives one whole message if one is waiting; `nil` when none is (`EAGAIN`).
+    public func tryReceive() throws(ZMQError) -> Message? {
+        try receive(flags: ZMQ_DONTWAIT)
+    }
+
+    private func receive(flags: Int32) throws(ZMQError) -> Message? {
+        let handle = try raw("zmq_msg_recv")
+        let part = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: 1)
+        defer { part.deallocate() }
+        var frames: [Frame] = []
+        while true {
+            zmq_msg_init(part)
+            // Only the first frame can be missing: the rest of a multipart message
+            // arrives with it, so later frames are read without DONTWAIT.
+            let frameFlags = frames.isEmpty ? flags : 0
+            do {
+                try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, frameFlags) }
+            } catch {
+                zmq_msg_close(part)
+                if error.isAgain && frames.isEmpty { return nil }
+                throw error
+            }
+            let more = zmq_msg_more(part) == 1
+            frames.append(Frame(storage: FrameStorage(moving: part)))
+            zmq_msg_close(part)
+            if !more { return Message(frames) }
+        }
+    }
+
+    // MARK: Readiness
+
+    /// Whether a message can be received / sent right now (`ZMQ_EVENTS`).
+    public func events() throws(ZMQError) -> PollEvents {
+        PollEvents(rawValue: Int16(truncatingIfNeeded: try get(.events)))
+    }
+}
+
+@available(*, unavailable, message: "A ZeroMQ socket belongs to one thread; use SocketLoop from async code")
+extension ZMQSocket: Sendable {}

@@ -1,0 +1,405 @@
+internal import CZeroMQ
+import DequeModule
+import Dispatch
+import Synchronization
+#if canImport(Glibc)
+internal import Glibc
+#endif
+
+/// A thread that owns ZeroMQ sockets and serves them to Swift concurrency.
+///
+/// # Why
+/// libzmq sockets are not thread-safe, while tasks and actors hop between the threads of
+/// the cooperative pool. A `SocketLoop` keeps a set of sockets on one dedicated thread for
+/// their whole life, and everything else reaches them through that thread:
+///
+/// - **Sends** from any thread are queued to the loop (a lock and an `eventfd` that wakes
+///   it only when it sleeps) and written by the loop; a message libzmq cannot take yet
+///   (`EAGAIN`) waits in a per-socket backlog until the socket is writable.
+/// - **Receives**: the loop waits in `zmq_poll` on all its sockets and the wake-up
+///   descriptor, drains readable sockets and hands each message to the socket's handler.
+///   ``AsyncSocket`` turns that into an `AsyncSequence` with a bounded buffer: when its
+///   consumer falls behind, the loop stops reading that socket and libzmq's high-water
+///   mark pushes back on the peer, so nothing is dropped and memory stays bounded.
+/// - **Actors**: the loop is also a `SerialExecutor`. An actor whose `unownedExecutor` is
+///   the loop's runs *on* the loop thread, so it may own sockets outright and use them
+///   synchronously, with no hop per message; the kernel's broker works this way.
+/// - **Timers** (heartbeats, expiry) run on the loop too, so they need no locking.
+///
+/// One loop can serve many sockets; a process uses one loop per busy component.
+/// Call ``shutdown()`` when done: it closes the loop's sockets and ends the thread.
+public final class SocketLoop: SerialExecutor, @unchecked Sendable {
+    // `@unchecked`: cross-thread state is behind `shared` (a Mutex) or atomic; the rest
+    // (`registrations`, `timers`, poll arrays) is touched only on the loop thread.
+
+    public let context: ZMQContext
+    public let name: String
+
+    enum Work {
+        case job(UnownedJob)
+        case call(@Sendable () -> Void)
+        case send(LoopBound<SocketRegistration>, Message)
+        case stop(UnsafeContinuation<Void, Never>?)
+    }
+
+    enum RunState { case running, stopping, stopped }
+
+    struct Shared: ~Copyable {
+        var work: Deque<Work> = []
+        var sleeping = false
+        var state: RunState = .running
+    }
+
+    private let shared = Mutex(Shared())
+    private let wakeFD: Int32
+    private let threadID = Atomic<UInt>(0)
+    private let afterStop = DispatchQueue(label: "SocketLoop.afterStop")
+
+    // Loop-thread state.
+    private var registrations: [SocketRegistration] = []
+    private var pollSetChanged = true
+    private var pollItems: [zmq_pollitem_t] = []
+    private var pollOwners: [SocketRegistration] = []
+    private var timers: [LoopTimer] = []
+    private var nextTimerID: UInt64 = 0
+    private var stopWaiters: [UnsafeContinuation<Void, Never>] = []
+    private var finishing = false
+
+    /// Starts a loop thread.
+    /// - Parameters:
+    ///   - context: the context the loop's sockets are opened in.
+    ///   - name: the thread's name, shown by debuggers and `top -H` (15 characters used).
+    public init(context: ZMQContext, name: String = "zmq-loop") throws(ZMQError) {
+        self.context = context
+        self.name = name
+        let fd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
+        guard fd >= 0 else { throw ZMQError(call: "eventfd", code: errno) }
+        wakeFD = fd
+        var thread = pthread_t()
+        let retained = Unmanaged.passRetained(self).toOpaque()
+        let rc = pthread_create(&thread, nil, { argument in
+            // The thread holds the loop until it ends, so the loop outlives its thread.
+            let loop = Unmanaged<SocketLoop>.fromOpaque(argument!).takeRetainedValue()
+            loop.runLoop()
+            return nil
+        }, retained)
+        guard rc == 0 else {
+            Unmanaged<SocketLoop>.fromOpaque(retained).release()
+            close(fd)
+            throw ZMQError(call: "pthread_create", code: rc)
+        }
+        pthread_detach(thread)
+    }
+
+    deinit { close(wakeFD) }
+
+    // MARK: Threads and the executor
+
+    /// Whether the caller runs on this loop's thread.
+    public var isLoopThread: Bool {
+        threadID.load(ordering: .acquiring) == currentThreadID()
+    }
+
+    /// Stops with a message when called off the loop thread; for loop-only APIs.
+    @inline(__always)
+    public func preconditionLoopThread(_ function: StaticString = #function) {
+        precondition(isLoopThread, "SocketLoop '\(name)': \(function) must run on the loop thread")
+    }
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        submit(.job(UnownedJob(job)))
+    }
+
+    public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
+        UnownedSerialExecutor(ordinary: self)
+    }
+
+    public func checkIsolated() {
+        // After the thread ended, late jobs run one by one on `afterStop` instead.
+        if shared.withLock({ $0.state == .stopped }) { return }
+        preconditionLoopThread()
+    }
+
+    /// Runs `body` on the loop thread soon; safe to call from any thread.
+    public func execute(_ body: @escaping @Sendable () -> Void) {
+        submit(.call(body))
+    }
+
+    /// Runs `body` on the loop thread and returns its result. Sockets may be used inside.
+    /// Throws ``SocketLoopStopped`` once the loop has shut down.
+    public func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        if isLoopThread { return try body() }
+        return try await withUnsafeThrowingContinuation { continuation in
+            let accepted = submit(.call {
+                do { continuation.resume(returning: try body()) } catch { continuation.resume(throwing: error) }
+            })
+            if !accepted { continuation.resume(throwing: SocketLoopStopped(loop: name)) }
+        }
+    }
+
+    /// Closes every socket of the loop and ends its thread, after the work queued before
+    /// this call. Messages still in send backlogs are dropped. Calling it again is harmless.
+    public func shutdown() async {
+        if isLoopThread {
+            submit(.stop(nil))
+            return
+        }
+        // A loop that already stopped resumes the continuation in `runAfterStop`.
+        await withUnsafeContinuation { continuation in submit(.stop(continuation)) }
+    }
+
+    /// Queues work and wakes the loop if it sleeps. Returns false once the loop stopped.
+    @discardableResult
+    func submit(_ work: consuming Work) -> Bool {
+        let (accepted, wake) = shared.withLock { shared -> (Bool, Bool) in
+            guard shared.state != .stopped else { return (false, false) }
+            shared.work.append(work)
+            let wake = shared.sleeping
+            shared.sleeping = false
+            return (true, wake)
+        }
+        if wake {
+            var one: UInt64 = 1
+            _ = Glibc.write(wakeFD, &one, 8)
+        }
+        if !accepted { runAfterStop(work) }
+        return accepted
+    }
+
+    /// Work that arrives after the thread ended. Executor jobs still have to run (an actor
+    /// pinned here may be called late), one at a time and never inside the caller's task,
+    /// so on a serial queue; socket work has nothing left to act on.
+    private func runAfterStop(_ work: Work) {
+        switch work {
+        case .job(let job):
+            let executor = asUnownedSerialExecutor()
+            afterStop.async { job.runSynchronously(on: executor) }
+        case .call, .send: break
+        case .stop(let continuation): continuation?.resume()
+        }
+    }
+
+    // MARK: Sockets (loop thread only)
+
+    /// Registers `socket` with the loop; `onMessage` is called on the loop thread for each
+    /// message received on it. Loop thread only (inside ``run(_:)`` or a pinned actor).
+    public func register(_ socket: ZMQSocket, onMessage: @escaping (Message) -> Void) -> SocketRegistration {
+        preconditionLoopThread()
+        let registration = SocketRegistration(loop: self, socket: socket, onMessage: onMessage)
+        registrations.append(registration)
+        pollSetChanged = true
+        if finishing { registration.close(reason: stoppedError) }
+        return registration
+    }
+
+    func unregister(_ registration: SocketRegistration) {
+        registrations.removeAll { $0 === registration }
+        pollSetChanged = true
+    }
+
+    // MARK: Timers (loop thread only)
+
+    /// Calls `body` on the loop thread after `delay`, once. Loop thread only.
+    @discardableResult
+    public func schedule(after delay: Duration, _ body: @escaping () -> Void) -> LoopTimer {
+        preconditionLoopThread()
+        nextTimerID += 1
+        let timer = LoopTimer(id: nextTimerID, deadline: monotonicNanoseconds() + delay.nanoseconds, body: body)
+        let index = timers.firstIndex { $0.deadline > timer.deadline } ?? timers.endIndex
+        timers.insert(timer, at: index)
+        return timer
+    }
+
+    /// Calls `body` on the loop thread every `interval` until the returned timer is cancelled.
+    @discardableResult
+    public func scheduleRepeating(every interval: Duration, _ body: @escaping () -> Void) -> LoopTimer {
+        preconditionLoopThread()
+        let handle = LoopTimer(id: 0, deadline: 0, body: {})
+        func arm() {
+            let next = schedule(after: interval) {
+                guard !handle.isCancelled else { return }
+                body()
+                arm()
+            }
+            handle.current = next
+        }
+        arm()
+        return handle
+    }
+
+    // MARK: The loop
+
+    private func runLoop() {
+        threadID.store(currentThreadID(), ordering: .releasing)
+        czmq_name_current_thread(String(name.prefix(15)))
+        var batch: Deque<Work> = []
+        while true {
+            // 1. Take everything queued; decide whether to sleep in zmq_poll.
+            let timeout = nextPollTimeout()
+            let stopping = shared.withLock { shared -> Bool in
+                swap(&batch, &shared.work)
+                shared.sleeping = batch.isEmpty && timeout != 0
+                return shared.state != .running
+            }
+            // 2. Run it.
+            var stopRequested = stopping
+            while let work = batch.popFirst() {
+                switch work {
+                case .job(let job): job.runSynchronously(on: asUnownedSerialExecutor())
+                case .call(let body): body()
+                case .send(let registration, let message): registration.value.send(message)
+                case .stop(let continuation):
+                    if let continuation { stopWaiters.append(continuation) }
+                    stopRequested = true
+                }
+            }
+            if stopRequested { break }
+            // 3. Wait for sockets, the wake-up descriptor or the next timer; then serve them.
+            let slept = shared.withLock { $0.sleeping }
+            poll(timeoutMilliseconds: slept ? timeout : 0)
+            runDueTimers()
+        }
+        finish()
+    }
+
+    private func finish() {
+        finishing = true
+        // Close sockets and wake their consumers before anyone waiting on shutdown resumes.
+        for registration in registrations { registration.close(reason: stoppedError) }
+        registrations.removeAll()
+        timers.removeAll()
+        // From here on `submit` refuses work; what was queued before still runs here, on the
+        // loop thread, so no `run` continuation is left hanging. Sockets it opens are closed
+        // at once (see `register`).
+        let late = shared.withLock { shared -> Deque<Work> in
+            shared.state = .stopped
+            defer { shared.work.removeAll() }
+            return shared.work
+        }
+        for work in late {
+            switch work {
+            case .job(let job): job.runSynchronously(on: asUnownedSerialExecutor())
+            case .call(let body): body()
+            case .send: break
+            case .stop(let continuation): continuation?.resume()
+            }
+        }
+        for waiter in stopWaiters { waiter.resume() }
+        stopWaiters.removeAll()
+    }
+
+    private var stoppedError: ZMQError { ZMQError(call: "SocketLoop(\(name)) shut down", code: czmq_ETERM) }
+
+    private func poll(timeoutMilliseconds: Int) {
+        if pollSetChanged {
+            pollOwners = registrations
+            pollItems = [zmq_pollitem_t(socket: nil, fd: wakeFD, events: Int16(ZMQ_POLLIN), revents: 0)]
+            for registration in pollOwners {
+                pollItems.append(zmq_pollitem_t(socket: registration.handle, fd: -1, events: 0, revents: 0))
+            }
+            pollSetChanged = false
+        }
+        for (index, registration) in pollOwners.enumerated() {
+            pollItems[index + 1].events = registration.interest
+        }
+        let count = Int32(pollItems.count)
+        let ready = pollItems.withUnsafeMutableBufferPointer { zmq_poll($0.baseAddress, count, timeoutMilliseconds) }
+        shared.withLock { $0.sleeping = false }
+        guard ready > 0 else { return }
+        if pollItems[0].revents != 0 {
+            var value: UInt64 = 0
+            _ = Glibc.read(wakeFD, &value, 8)
+        }
+        // Handlers may register or close sockets; serve the set polled, skipping closed ones.
+        let owners = pollOwners
+        for (index, registration) in owners.enumerated() {
+            let events = pollItems[index + 1].revents
+            guard events != 0, !registration.isClosed else { continue }
+            if events & Int16(ZMQ_POLLOUT) != 0 { registration.flushBacklog() }
+            if events & Int16(ZMQ_POLLIN) != 0 { registration.drain() }
+        }
+    }
+
+    private func nextPollTimeout() -> Int {
+        guard let first = timers.first(where: { !$0.isCancelled }) else { return -1 }
+        let now = monotonicNanoseconds()
+        if first.deadline <= now { return 0 }
+        // Round up so a timer never fires early.
+        return Int((first.deadline - now + 999_999) / 1_000_000)
+    }
+
+    private func runDueTimers() {
+        guard !timers.isEmpty else { return }
+        let now = monotonicNanoseconds()
+        while let first = timers.first, first.deadline <= now || first.isCancelled {
+            timers.removeFirst()
+            if !first.isCancelled { first.body() }
+        }
+    }
+}
+
+/// The error for work handed to a ``SocketLoop`` after it shut down.
+public struct SocketLoopStopped: Error, Sendable, CustomStringConvertible {
+    public let loop: String
+    public var description: String { "SocketLoop '\(loop)' has shut down" }
+}
+
+/// A timer scheduled on a ``SocketLoop``; cancel it on the loop thread.
+public final class LoopTimer {
+    let id: UInt64
+    let deadline: UInt64
+    let body: () -> Void
+    fileprivate(set) var isCancelled = false
+    /// For a repeating timer: the one-shot timer currently armed.
+    fileprivate var current: LoopTimer?
+
+    init(id: UInt64, deadline: UInt64, body: @escaping () -> Void) {
+        self.id = id
+        self.deadline = deadline
+        self.body = body
+    }
+
+    /// Stops the timer; it will not fire again.
+    public func cancel() {
+        isCancelled = true
+        current?.cancel()
+    }
+}
+
+/// A value that may be carried across threads but used only on its loop's thread,
+/// where it is checked (after swift-nio's `NIOLoopBound`).
+struct LoopBound<Value>: @unchecked Sendable {
+    private let wrapped: Value
+    let loop: SocketLoop
+    init(_ value: Value, loop: SocketLoop) {
+        self.wrapped = value
+        self.loop = loop
+    }
+    var value: Value {
+        loop.preconditionLoopThread()
+        return wrapped
+    }
+}
+
+/// A number for the calling thread (never 0, which marks "not started").
+@inline(__always)
+func currentThreadID() -> UInt {
+    UInt(pthread_self())
+}
+
+@inline(__always)
+func monotonicNanoseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}
+
+extension Duration {
+    var nanoseconds: UInt64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 else { return 0 }
+        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
+    }
+
+    var milliseconds: Int { Int(nanoseconds / 1_000_000) }
+}

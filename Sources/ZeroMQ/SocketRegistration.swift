@@ -1,0 +1,125 @@
+internal import CZeroMQ
+import DequeModule
+#if canImport(Glibc)
+internal import Glibc
+#endif
+
+/// A socket served by a ``SocketLoop``: its messages go to a handler on the loop thread,
+/// and sends that libzmq cannot take yet wait in a backlog. Used on the loop thread only.
+public final class SocketRegistration {
+    public let socket: ZMQSocket
+    unowned let loop: SocketLoop
+    let handle: UnsafeMutableRawPointer?
+    private let onMessage: (Message) -> Void
+    private var backlog: Deque<Message> = []
+    private var closeHandlers: [(ZMQError) -> Void] = []
+    /// Whether the loop reads this socket; ``pauseReading()`` clears it.
+    public private(set) var isReading = true
+    public private(set) var isClosed = false
+    /// Sends that failed after being queued (such as `EHOSTUNREACH` on a ROUTER with
+    /// router-mandatory), and the most recent such error.
+    public private(set) var failedSends = 0
+    public private(set) var lastSendError: ZMQError?
+    /// Called for each send that fails after queuing (the message is dropped).
+    public var onSendError: ((Message, ZMQError) -> Void)?
+
+    /// How many messages the loop reads from one socket before serving the others.
+    static let readBudget = 256
+
+    init(loop: SocketLoop, socket: ZMQSocket, onMessage: @escaping (Message) -> Void) {
+        self.loop = loop
+        self.socket = socket
+        self.handle = try? socket.raw("register")
+        self.onMessage = onMessage
+    }
+
+    /// The `zmq_poll` events the loop should watch for.
+    var interest: Int16 {
+        var events: Int16 = 0
+        if isReading { events |= Int16(ZMQ_POLLIN) }
+        if !backlog.isEmpty { events |= Int16(ZMQ_POLLOUT) }
+        return events
+    }
+
+    public var backlogCount: Int { backlog.count }
+
+    /// Sends `message` now, or after the messages already waiting when libzmq cannot take
+    /// it yet. An error other than `EAGAIN` drops the message and is reported through
+    /// ``onSendError`` (and thrown here when it happens at once).
+    public func send(_ message: Message) {
+        guard !isClosed else { return }
+        if backlog.isEmpty {
+            do {
+                if try socket.trySend(message) { return }
+            } catch {
+                sendFailed(message, error)
+                return
+            }
+        }
+        backlog.append(message)
+    }
+
+    /// Sends now and throws what libzmq says, including `EAGAIN`; nothing is queued.
+    public func sendNow(_ message: Message) throws(ZMQError) {
+        guard backlog.isEmpty else { throw ZMQError(call: "zmq_msg_send(backlog not empty)", code: EAGAIN) }
+        try socket.send(message, options: .dontWait)
+    }
+
+    func flushBacklog() {
+        while let message = backlog.first {
+            do {
+                guard try socket.trySend(message) else { return }
+            } catch {
+                sendFailed(message, error)
+            }
+            backlog.removeFirst()
+        }
+    }
+
+    private func sendFailed(_ message: Message, _ error: ZMQError) {
+        failedSends += 1
+        lastSendError = error
+        onSendError?(message, error)
+    }
+
+    func drain() {
+        var budget = Self.readBudget
+        while isReading && !isClosed && budget > 0 {
+            do {
+                guard let message = try socket.tryReceive() else { return }
+                onMessage(message)
+            } catch {
+                close(reason: error)
+                return
+            }
+            budget -= 1
+        }
+    }
+
+    /// Stops reading this socket; libzmq queues up to its high-water mark, then pushes back.
+    public func pauseReading() { isReading = false }
+
+    /// Reads this socket again.
+    public func resumeReading() { isReading = true }
+
+    /// Calls `handler` once when the socket is closed, with the reason.
+    public func onClose(_ handler: @escaping (ZMQError) -> Void) {
+        closeHandlers.append(handler)
+    }
+
+    /// Unregisters and closes the socket; its backlog is dropped.
+    public func close() {
+        close(reason: ZMQError(call: "close", code: ENOTSOCK))
+    }
+
+    func close(reason: ZMQError) {
+        guard !isClosed else { return }
+        isClosed = true
+        backlog.removeAll()
+        loop.unregister(self)
+        socket.close()
+        let handlers = closeHandlers
+        closeHandlers.removeAll()
+        for handler in handlers { handler(reason) }
+    }
+}

@@ -1,0 +1,224 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import ZeroMQ
+
+@Suite("SocketLoop: sockets on one thread, used from async code")
+struct SocketLoopTests {
+    @Test("8 concurrent tasks send 100,000 messages: each arrives exactly once, in order per task")
+    func concurrentSenders() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context, name: "test-loop")
+        let receiver = try await loop.open(.pull) { try $0.bind("tcp://127.0.0.1:*") }
+        let endpoint = try await receiver.withSocket { try $0.get(.lastEndpoint) }
+        let sender = try await loop.open(.push) { try $0.connect(endpoint) }
+        let tasks = 8, perTask = 12_500
+
+        let counts = try await within(60, "100,000 messages") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for task in 0..<tasks {
+                    group.addTask {
+                        for sequence in 0..<perTask {
+                            try sender.send(["\(task)", "\(sequence)"])
+                        }
+                    }
+                }
+                var next = [Int](repeating: 0, count: tasks)
+                var received = 0
+                for try await message in receiver.messages {
+                    let task = Int(message[0].string!)!, sequence = Int(message[1].string!)!
+                    #expect(sequence == next[task], "task \(task): expected \(next[task]), got \(sequence)")
+                    next[task] = sequence + 1
+                    received += 1
+                    if received == tasks * perTask { break }
+                }
+                try await group.waitForAll()
+                return next
+            }
+        }
+        #expect(counts == [Int](repeating: perTask, count: tasks))
+        #expect(receiver.tryReceive() == nil)
+        await loop.shutdown()
+    }
+
+    @Test("a small buffer pushes back instead of dropping: 20,000 messages to a slow reader")
+    func backpressure() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let endpoint = inprocEndpoint()
+        let receiver = try await loop.open(.pull, bufferSize: 8) {
+            try $0.set(.receiveHighWaterMark, 10)
+            try $0.bind(endpoint)
+        }
+        let sender = try await loop.open(.push) {
+            try $0.set(.sendHighWaterMark, 10)
+            try $0.connect(endpoint)
+        }
+        let total = 20_000
+        try await within(60, "slow reader") {
+            async let sending: Void = {
+                for index in 0..<total { try sender.send(["\(index)"]) }
+            }()
+            for index in 0..<total {
+                if index % 1_000 == 0 { await Task.yield() }
+                let message = try await receiver.receive()
+                #expect(message[0].string == "\(index)")
+            }
+            try await sending
+        }
+        await loop.shutdown()
+    }
+
+    @Test("the send queue is bounded: past its limit send fails with EAGAIN")
+    func sendQueueLimit() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        // Connected to nobody: every message stays queued.
+        let sender = try await loop.open(.dealer, sendQueueLimit: 100) {
+            try $0.set(.sendHighWaterMark, 1)
+            try $0.connect("tcp://127.0.0.1:9")
+        }
+        var failure: ZMQError?
+        for index in 0..<100_000 {
+            do { try sender.send(["\(index)"]) } catch { failure = error; break }
+        }
+        #expect(failure?.isAgain == true)
+        await loop.shutdown()
+    }
+
+    /// An actor pinned to the loop owns a socket outright and uses it synchronously.
+    actor Echo {
+        let loop: SocketLoop
+        private var socket: ZMQSocket?
+        private(set) var echoed = 0
+        nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+        init(loop: SocketLoop) { self.loop = loop }
+
+        func start(endpoint: String) throws {
+            let socket = try ZMQSocket(loop.context, .router)
+            try socket.bind(endpoint)
+            self.socket = socket
+            _ = loop.register(socket) { [unowned self] message in
+                // Handlers run on the loop thread, which is this actor's executor.
+                self.assumeIsolated { echo in echo.handle(message) }
+            }
+        }
+
+        private func handle(_ message: Message) {
+            echoed += 1
+            try? socket?.send(message, options: .dontWait)
+        }
+    }
+
+    @Test("an actor pinned to the loop serves a socket with no hop per message")
+    func pinnedActor() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let echo = Echo(loop: loop)
+        let endpoint = inprocEndpoint()
+        try await echo.start(endpoint: endpoint)
+        let client = try await loop.open(.dealer) { try $0.connect(endpoint) }
+        try await within(10, "echo") {
+            for index in 0..<1_000 {
+                try client.send(["ping \(index)"])
+                #expect(try await client.receive() == ["ping \(index)"])
+            }
+        }
+        #expect(await echo.echoed == 1_000)
+        await loop.shutdown()
+    }
+
+    @Test("timers fire in order on the loop thread, and a cancelled timer does not")
+    func timers() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let order = Mutex<[String]>([])
+        try await within(5, "timers") {
+            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                loop.execute {
+                    var ticks = 0
+                    loop.schedule(after: .milliseconds(30)) {
+                        #expect(loop.isLoopThread)
+                        order.withLock { $0.append("30ms") }
+                    }
+                    let cancelled = loop.schedule(after: .milliseconds(10)) { order.withLock { $0.append("cancelled") } }
+                    cancelled.cancel()
+                    loop.schedule(after: .milliseconds(5)) { order.withLock { $0.append("5ms") } }
+                    var repeating: LoopTimer?
+                    repeating = loop.scheduleRepeating(every: .milliseconds(15)) {
+                        ticks += 1
+                        order.withLock { $0.append("tick") }
+                        if ticks == 3 {
+                            repeating?.cancel()
+                            loop.schedule(after: .milliseconds(40)) { done.resume() }
+                        }
+                    }
+                }
+            }
+        }
+        let seen = order.withLock { $0 }
+        #expect(seen.first == "5ms")
+        #expect(!seen.contains("cancelled"))
+        #expect(seen.filter { $0 == "tick" }.count == 3)
+        #expect(seen.contains("30ms"))
+        await loop.shutdown()
+    }
+
+    @Test("a cancelled receive ends with CancellationError and the socket stays usable")
+    func cancelReceive() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let endpoint = inprocEndpoint()
+        let receiver = try await loop.open(.pull) { try $0.bind(endpoint) }
+        let waiting = Task { try await receiver.receive() }
+        waiting.cancel()
+        await #expect(throws: CancellationError.self) { try await waiting.value }
+        let sender = try await loop.open(.push) { try $0.connect(endpoint) }
+        try sender.send(["after"])
+        #expect(try await within(5, "receive after cancel") { try await receiver.receive() } == ["after"])
+        await loop.shutdown()
+    }
+
+    @Test("shutdown closes every socket: receivers end, later sends fail, nothing hangs")
+    func shutdown() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let socket = try await loop.open(.pull) { try $0.bind(inprocEndpoint()) }
+        let iterating = Task { () -> Int in
+            var count = 0
+            for try await _ in socket.messages { count += 1 }
+            return count
+        }
+        let receiving = Task { try await socket.receive() }
+        try await within(5, "shutdown") { await loop.shutdown() }
+        #expect(try await within(5, "iteration to end") { try await iterating.value } == 0)
+        await #expect(throws: ZMQError.self) { try await receiving.value }
+        #expect(throws: ZMQError.self) { try socket.send(["late"]) }
+        await loop.shutdown()
+        // Work sent to a stopped loop is refused, not lost in a queue nobody reads.
+        await #expect(throws: (any Error).self) { _ = try await loop.open(.push) }
+    }
+
+    @Test("sendAndConfirm reports an unroutable peer; plain sends count it")
+    func confirmedSend() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let router = try await loop.open(.router) {
+            try $0.set(.routerMandatory, true)
+            try $0.bind(inprocEndpoint())
+        }
+        let error = await #expect(throws: ZMQError.self) { try await router.sendAndConfirm(["nobody", "x"]) }
+        #expect(error?.isUnroutable == true)
+        await loop.shutdown()
+    }
+
+    @Test("loop-only APIs know their thread")
+    func loopThread() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        #expect(!loop.isLoopThread)
+        #expect(try await loop.run { loop.isLoopThread })
+        await loop.shutdown()
+    }
+}

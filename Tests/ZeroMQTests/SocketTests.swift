@@ -1,0 +1,287 @@
+import Foundation
+import Testing
+@testable import ZeroMQ
+
+@Suite("Sockets over real libzmq")
+struct SocketTests {
+    enum Transport: String, CaseIterable, Sendable { case inproc, ipc, tcp }
+
+    /// Binds `server` on a unique endpoint of the transport and returns where to connect.
+    func bindUnique(_ server: ZMQSocket, _ transport: Transport) throws -> String {
+        switch transport {
+        case .inproc: return try server.bind(inprocEndpoint())
+        case .ipc: return try server.bind("ipc://" + (try temporaryDirectory().appendingPathComponent("s.ipc").path))
+        case .tcp: return try server.bind("tcp://127.0.0.1:*")
+        }
+    }
+
+    @Test("request and reply round trip", arguments: Transport.allCases)
+    func roundTrip(transport: Transport) throws {
+        let context = try ZMQContext()
+        let server = try bounded(ZMQSocket(context, .rep))
+        let client = try bounded(ZMQSocket(context, .req))
+        let endpoint = try bindUnique(server, transport)
+        if transport == .tcp { #expect(endpoint.hasPrefix("tcp://127.0.0.1:") && !endpoint.hasSuffix(":*")) }
+        try client.connect(endpoint)
+        for index in 0..<100 {
+            try client.send(["hello \(index)"])
+            let request = try server.receive()
+            #expect(request == ["hello \(index)"])
+            try server.send(["world \(index)"])
+            #expect(try client.receive() == ["world \(index)"])
+        }
+    }
+
+    @Test("multipart messages keep empty and 8 MiB frames intact", arguments: Transport.allCases)
+    func multipartIntegrity(transport: Transport) throws {
+        let context = try ZMQContext()
+        let receiver = try bounded(ZMQSocket(context, .pull))
+        let sender = try bounded(ZMQSocket(context, .push))
+        try sender.connect(try bindUnique(receiver, transport))
+        var big = [UInt8](repeating: 0, count: 8 * 1024 * 1024)
+        for index in big.indices { big[index] = UInt8(truncatingIfNeeded: index &* 31 &+ index >> 13) }
+        let message: Message = [Frame(), Frame(big), "tail", Frame()]
+        try sender.send(message)
+        try sender.send([Frame()])
+        let received = try receiver.receive()
+        #expect(received.count == 4)
+        #expect(received[0].isEmpty && received[3].isEmpty)
+        #expect(received[1].count == big.count)
+        #expect(received[1].equals(big))
+        #expect(received[2].string == "tail")
+        #expect(try receiver.receive() == [Frame()])
+    }
+
+    @Test("a frame can be sent many times without its bytes changing")
+    func frameReuse() throws {
+        let context = try ZMQContext()
+        let receiver = try bounded(ZMQSocket(context, .pull))
+        let sender = try bounded(ZMQSocket(context, .push))
+        try sender.connect(try receiver.bind(inprocEndpoint()))
+        let shared = Frame([UInt8](repeating: 7, count: 100_000))
+        for _ in 0..<10 { try sender.send([shared]) }
+        for _ in 0..<10 { #expect(try receiver.receive() == [shared]) }
+        #expect(shared.equals([UInt8](repeating: 7, count: 100_000)))
+    }
+
+    @Test("ROUTER routes by routing id, and router-mandatory refuses an unknown peer")
+    func routerRouting() throws {
+        let context = try ZMQContext()
+        let router = try bounded(ZMQSocket(context, .router))
+        try router.set(.routerMandatory, true)
+        let endpoint = try router.bind("tcp://127.0.0.1:*")
+        var dealers: [ZMQSocket] = []
+        for name in ["alpha", "beta"] {
+            let dealer = try bounded(ZMQSocket(context, .dealer))
+            try dealer.set(.routingID, Array(name.utf8))
+            try dealer.connect(endpoint)
+            try dealer.send(["hi from \(name)"])
+            dealers.append(dealer)
+        }
+        var seen: [String: String] = [:]
+        for _ in 0..<2 {
+            let message = try router.receive()
+            seen[message[0].string!] = message[1].string!
+        }
+        #expect(seen == ["alpha": "hi from alpha", "beta": "hi from beta"])
+        try router.send(["beta", "to beta"])
+        try router.send(["alpha", "to alpha"])
+        #expect(try dealers[0].receive() == ["to alpha"])
+        #expect(try dealers[1].receive() == ["to beta"])
+
+        #expect(throws: ZMQError.self) { try router.send(["nobody", "lost"]) }
+        do {
+            try router.send(["nobody", "lost"])
+        } catch {
+            #expect(error.isUnroutable)
+            #expect(error.description.contains("zmq_msg_send(ROUTER)"))
+            #expect(error.description.contains("Host unreachable") || error.description.contains("unreachable"))
+        }
+    }
+
+    @Test("a non-blocking receive with nothing waiting says EAGAIN")
+    func nonBlockingReceive() throws {
+        let context = try ZMQContext()
+        let socket = try ZMQSocket(context, .pull)
+        try socket.bind(inprocEndpoint())
+        #expect(try socket.tryReceive() == nil)
+        let error = #expect(throws: ZMQError.self) { try socket.set(.receiveTimeout, 0); _ = try socket.receive() }
+        #expect(error?.isAgain == true)
+        #expect(error?.isTerminated == false)
+        #expect(error?.call == "zmq_msg_recv(PULL)")
+    }
+
+    @Test("errors name the call and the reason")
+    func errorText() throws {
+        let context = try ZMQContext()
+        let first = try ZMQSocket(context, .rep)
+        let endpoint = try first.bind("tcp://127.0.0.1:*")
+        let second = try ZMQSocket(context, .rep)
+        let error = #expect(throws: ZMQError.self) { try second.bind(endpoint) }
+        #expect(error?.description == "zmq_bind(\(endpoint)): Address already in use")
+        let bad = #expect(throws: ZMQError.self) { try second.connect("nonsense://x") }
+        #expect(bad?.description.hasPrefix("zmq_connect(nonsense://x): ") == true)
+        second.close()
+        let closed = #expect(throws: ZMQError.self) { try second.send(["x"]) }
+        #expect(closed?.call == "zmq_msg_send")
+    }
+
+    @Test("closing a context with sockets still open neither hangs nor crashes")
+    func closeWithOpenSockets() async throws {
+        // Released while sockets are open: the sockets keep it alive; no hang.
+        do {
+            let context = try ZMQContext()
+            let a = try ZMQSocket(context, .push)
+            try a.connect("tcp://127.0.0.1:9") // nobody there: a message stays queued
+            try a.send(["pending"], options: .dontWait)
+            _ = a
+        }
+        // Shut down while another thread blocks in receive: it gets ETERM promptly.
+        let context = try ZMQContext()
+        let endpoint = inprocEndpoint()
+        let result = try await within(5, "blocked receive to end with ETERM") {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<ZMQError?, any Error>) in
+                let thread = Thread {
+                    do {
+                        let socket = try ZMQSocket(context, .pull)
+                        try socket.bind(endpoint)
+                        _ = try socket.receive()
+                        continuation.resume(returning: nil)
+                    } catch let error as ZMQError {
+                        continuation.resume(returning: error)
+                    } catch {
+                        continuation.resume(throwing: error)
+                    }
+                }
+                thread.start()
+                // Give the thread a moment to block; shutdown works either way.
+                usleep(50_000)
+                context.shutdown()
+            }
+        }
+        #expect(result?.isTerminated == true)
+    }
+
+    @Test("the poller watches several sockets at once")
+    func poller() throws {
+        let context = try ZMQContext()
+        var pulls: [ZMQSocket] = []
+        var pushes: [ZMQSocket] = []
+        for _ in 0..<3 {
+            let pull = try ZMQSocket(context, .pull)
+            let push = try ZMQSocket(context, .push)
+            try push.connect(try pull.bind(inprocEndpoint()))
+            pulls.append(pull)
+            pushes.append(push)
+        }
+        var poller = ZMQPoller()
+        for pull in pulls { try poller.add(pull) }
+        #expect(try poller.poll(timeoutMilliseconds: 0) == 0)
+        try pushes[2].send(["two"])
+        try pushes[0].send(["zero"])
+        #expect(try poller.poll(timeoutMilliseconds: 2_000) == 2)
+        #expect(poller.events(at: 0) == .readable)
+        #expect(poller.events(at: 1) == [])
+        #expect(poller.events(at: 2) == .readable)
+        #expect(try pulls[0].receive() == ["zero"])
+        #expect(try pulls[2].receive() == ["two"])
+        #expect(try poller.poll(timeoutMilliseconds: 0) == 0)
+        var pipeEnds: [Int32] = [0, 0]
+        #expect(pipe(&pipeEnds) == 0)
+        defer { close(pipeEnds[0]); close(pipeEnds[1]) }
+        let index = poller.add(fileDescriptor: pipeEnds[0])
+        var one: UInt8 = 1
+        _ = write(pipeEnds[1], &one, 1)
+        #expect(try poller.poll(timeoutMilliseconds: 2_000) == 1)
+        #expect(poller.events(at: index) == .readable)
+    }
+
+    @Test("socket options read back what was set")
+    func options() throws {
+        let context = try ZMQContext()
+        let socket = try ZMQSocket(context, .dealer)
+        #expect(try socket.get(.linger) == 0)
+        try socket.set(.sendHighWaterMark, 5_000)
+        try socket.set(.receiveHighWaterMark, 6_000)
+        try socket.set(.maxMessageSize, 1 << 20)
+        try socket.set(.heartbeatInterval, 2_500)
+        try socket.set(.heartbeatTimeout, 7_500)
+        try socket.set(.heartbeatTTL, 10_000)
+        try socket.set(.reconnectInterval, 100)
+        try socket.set(.reconnectIntervalMax, 2_000)
+        try socket.set(.immediate, true)
+        try socket.set(.tcpKeepalive, 1)
+        try socket.set(.routingID, [1, 2, 3])
+        try socket.set(.zapDomain, "switchboard")
+        #expect(try socket.get(.sendHighWaterMark) == 5_000)
+        #expect(try socket.get(.receiveHighWaterMark) == 6_000)
+        #expect(try socket.get(.maxMessageSize) == 1 << 20)
+        #expect(try socket.get(.reconnectIntervalMax) == 2_000)
+        #expect(try socket.get(.immediate) == true)
+        #expect(try socket.get(.tcpKeepalive) == 1)
+        #expect(try socket.get(.routingID) == [1, 2, 3])
+        #expect(try socket.get(.zapDomain) == "switchboard")
+        let sub = try ZMQSocket(context, .sub)
+        try sub.subscribe("/catalog/")
+        try sub.unsubscribe("/catalog/")
+    }
+
+    @Test("a message over the size limit is refused by the receiving side")
+    func maxMessageSize() throws {
+        let context = try ZMQContext()
+        let receiver = try bounded(ZMQSocket(context, .pull), milliseconds: 300)
+        try receiver.set(.maxMessageSize, 1_000)
+        let sender = try bounded(ZMQSocket(context, .push))
+        try sender.connect(try receiver.bind("tcp://127.0.0.1:*"))
+        try sender.send([Frame([UInt8](repeating: 1, count: 2_000))])
+        #expect(try receiver.tryReceive() == nil)
+        #expect(throws: ZMQError.self) { _ = try receiver.receive() }
+    }
+}
+
+@Suite("CURVE, Z85 and the library")
+struct CurveTests {
+    @Test("the library reports its version and capabilities")
+    func library() {
+        #expect(ZMQLibrary.version.major == 4)
+        #expect(ZMQLibrary.versionString.split(separator: ".").count == 3)
+        #expect(ZMQLibrary.has("ipc"))
+        #expect(!ZMQLibrary.has("no-such-capability"))
+    }
+
+    @Test("Z85 round trips and rejects bad input")
+    func z85() {
+        // The test vector from RFC 32/Z85.
+        let bytes: [UInt8] = [0x86, 0x4F, 0xD2, 0x6F, 0xB5, 0x59, 0xF7, 0x5B]
+        #expect(Z85.encode(bytes) == "HelloWorld")
+        #expect(Z85.decode("HelloWorld") == bytes)
+        #expect(Z85.encode([1, 2, 3]) == nil)
+        #expect(Z85.decode("abcd") == nil)
+        #expect(Z85.decode("abc\"d") == nil)
+    }
+
+    @Test("CURVE key pairs are generated, derived and secure a connection", .enabled(if: ZMQLibrary.has("curve")))
+    func curve() throws {
+        let server = try CurveKeyPair.generate()
+        let client = try CurveKeyPair.generate()
+        #expect(server.publicKey.count == 40 && server.secretKey.count == 40)
+        #expect(try CurveKeyPair.publicKey(forSecretKey: server.secretKey) == server.publicKey)
+        #expect(Z85.decode(server.publicKey)?.count == 32)
+
+        let context = try ZMQContext()
+        let rep = try bounded(ZMQSocket(context, .rep))
+        try rep.set(.curveServer, true)
+        try rep.set(.curveSecretKey, server.secretKey)
+        let endpoint = try rep.bind("tcp://127.0.0.1:*")
+        let req = try bounded(ZMQSocket(context, .req))
+        try req.set(.curveServerKey, server.publicKey)
+        try req.set(.curvePublicKey, client.publicKey)
+        try req.set(.curveSecretKey, client.secretKey)
+        try req.connect(endpoint)
+        try req.send(["secret"])
+        #expect(try rep.receive() == ["secret"])
+        #expect(try rep.get(.mechanism) == 2)
+        try rep.send(["ok"])
+        #expect(try req.receive() == ["ok"])
+    }
+}
