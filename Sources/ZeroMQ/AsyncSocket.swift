@@ -60,6 +60,12 @@ public final class AsyncSocket: Sendable {
     public func send(_ message: Message) throws(ZMQError) {
         guard !inbox.isFinished else { throw ZMQError(call: "send on closed \(type) socket", code: ENOTSOCK) }
         guard let registration = inbox.registration else { return }
+        if loop.isLoopThread {
+            // Already on the owning thread (a pinned actor, or a task preferring the loop
+            // as its executor): hand the message to libzmq directly.
+            registration.value.send(message)
+            return
+        }
         if queuedSends.add(1, ordering: .relaxed).newValue > sendQueueLimit {
             queuedSends.subtract(1, ordering: .relaxed)
             throw ZMQError(call: "send on \(type) socket (\(sendQueueLimit) queued)", code: EAGAIN)
@@ -190,6 +196,12 @@ public final class AsyncSocket: Sendable {
 
         func next() async throws -> Message {
             if let message = tryNext() { return message }
+            if let registration, registration.loop.isLoopThread {
+                // On the owning thread: read what libzmq already holds, as a blocking
+                // receive would, instead of suspending until the next poll.
+                registration.value.drain()
+                if let message = tryNext() { return message }
+            }
             let id = state.withLock { state -> UInt64 in
                 state.nextWaiterID += 1
                 return state.nextWaiterID
@@ -231,7 +243,11 @@ public final class AsyncSocket: Sendable {
 
         private func resumeReading() {
             guard let registration else { return }
-            registration.loop.execute { registration.value.resumeReading() }
+            if registration.loop.isLoopThread {
+                registration.value.resumeReading()
+            } else {
+                registration.loop.execute { registration.value.resumeReading() }
+            }
         }
     }
 }

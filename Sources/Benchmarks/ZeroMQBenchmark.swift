@@ -1,0 +1,210 @@
+import ArgumentParser
+import Foundation
+import Histogram
+import ZeroMQ
+
+/// Raw libzmq sockets driven from one thread against the same sockets reached through the
+/// SocketLoop bridge from async code: 64-byte messages to an echo peer over TCP loopback.
+struct ZeroMQBenchmark: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "zmq",
+        abstract: "Raw sockets against the SocketLoop bridge (round trips and pipelining)."
+    )
+
+    @Option(help: "Synchronous round trips per measurement.")
+    var roundTrips = 50_000
+
+    @Option(help: "Messages per pipelined measurement.")
+    var messages = 500_000
+
+    @Option(help: "Requests in flight when pipelining.")
+    var window = 1_000
+
+    @Option(help: "Message size in bytes.")
+    var size = 64
+
+    @Option(help: "Runs of each measurement; the best run is reported.")
+    var runs = 3
+
+    func run() async throws {
+        let echo = try EchoPeer()
+        defer { echo.stop() }
+        let payload = Frame([UInt8](repeating: 0xAB, count: size))
+        say("ZeroMQ \(ZMQLibrary.versionString), \(size)-byte messages over \(echo.endpoint), \(ProcessInfo.processInfo.activeProcessorCount) cores")
+
+        let rawSync = try best(of: runs) { try rawRoundTrips(echo.endpoint, payload) }
+        let rawPipe = try best(of: runs) { try rawPipelined(echo.endpoint, payload) }
+        var rows = [
+            Row("raw round trip (1 thread)", rate: rawSync.0, latencies: rawSync.1),
+            Row("raw pipelined (window \(window))", rate: rawPipe),
+        ]
+        for mode in BridgeMode.allCases {
+            var sync: (Double, Histogram<UInt64>)?
+            var pipelined = 0.0
+            for _ in 0..<runs {
+                progress("measuring the bridge: \(mode.rawValue)")
+                let run = try await bridgeRoundTrips(echo.endpoint, payload, mode)
+                if sync == nil || run.1.valueAtPercentile(50) < sync!.1.valueAtPercentile(50) { sync = run }
+                pipelined = max(pipelined, try await bridgePipelined(echo.endpoint, payload, mode))
+            }
+            let ratio = Double(sync!.1.valueAtPercentile(50)) / Double(rawSync.1.valueAtPercentile(50))
+            rows.append(Row("bridge round trip (\(mode.rawValue))", rate: sync!.0, latencies: sync!.1,
+                            note: String(format: "p50 %.2fx raw", ratio)))
+            rows.append(Row("bridge pipelined (\(mode.rawValue))", rate: pipelined,
+                            note: String(format: "%.0f%% of raw", pipelined / rawPipe * 100)))
+        }
+        printTable(rows)
+    }
+
+    private func best(of runs: Int, _ measure: () throws -> (Double, Histogram<UInt64>)) throws -> (Double, Histogram<UInt64>) {
+        var best: (Double, Histogram<UInt64>)?
+        for _ in 0..<runs {
+            let result = try measure()
+            if best == nil || result.1.valueAtPercentile(50) < best!.1.valueAtPercentile(50) { best = result }
+        }
+        return best!
+    }
+
+    private func best(of runs: Int, _ measure: () throws -> Double) throws -> Double {
+        var best = 0.0
+        for _ in 0..<runs { best = max(best, try measure()) }
+        return best
+    }
+
+    // MARK: Raw sockets, one thread
+
+    private func rawRoundTrips(_ endpoint: String, _ payload: Frame) throws -> (Double, Histogram<UInt64>) {
+        let context = try ZMQContext()
+        let socket = try ZMQSocket(context, .dealer)
+        try socket.set(.receiveTimeout, 10_000) // a lost reply fails the run instead of hanging it
+        try socket.connect(endpoint)
+        for _ in 0..<1_000 { try socket.send([payload]); _ = try socket.receive() }
+        var latencies = latencyHistogram()
+        let start = now()
+        for _ in 0..<roundTrips {
+            let sent = now()
+            try socket.send([payload])
+            _ = try socket.receive()
+            _ = latencies.record(now() - sent)
+        }
+        let rate = Double(roundTrips) / (Double(now() - start) / 1e9)
+        return (rate, latencies)
+    }
+
+    private func rawPipelined(_ endpoint: String, _ payload: Frame) throws -> Double {
+        let context = try ZMQContext()
+        let socket = try ZMQSocket(context, .dealer)
+        try socket.set(.receiveTimeout, 10_000) // a lost reply fails the run instead of hanging it
+        try socket.connect(endpoint)
+        try socket.send([payload]); _ = try socket.receive()
+        let message: Message = [payload]
+        let start = now()
+        var sent = 0, received = 0
+        while received < messages {
+            while sent < messages && sent - received < window {
+                try socket.send(message)
+                sent += 1
+            }
+            _ = try socket.receive()
+            received += 1
+        }
+        return Double(messages) / (Double(now() - start) / 1e9)
+    }
+
+    // MARK: Through the bridge, from async code
+
+    /// Where the async code driving the socket runs.
+    enum BridgeMode: String, CaseIterable {
+        /// A plain task on the global pool: every send and receive crosses threads.
+        case globalPool = "task on global pool"
+        /// A task preferring the loop as its executor: it runs on the socket's thread.
+        case loopExecutor = "task on loop executor"
+    }
+
+    private func onExecutor<T: Sendable>(_ mode: BridgeMode, _ loop: SocketLoop, _ body: () async throws -> T) async throws -> T {
+        switch mode {
+        case .globalPool: try await body()
+        case .loopExecutor: try await withTaskExecutorPreference(loop.taskExecutor) { try await body() }
+        }
+    }
+
+    private func bridgeRoundTrips(_ endpoint: String, _ payload: Frame, _ mode: BridgeMode) async throws -> (Double, Histogram<UInt64>) {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context, name: "bench-loop")
+        defer { Task { await loop.shutdown() } }
+        return try await onExecutor(mode, loop) { try await bridgeRoundTrips(loop, endpoint, payload) }
+    }
+
+    private func bridgeRoundTrips(_ loop: SocketLoop, _ endpoint: String, _ payload: Frame) async throws -> (Double, Histogram<UInt64>) {
+        let socket = try await loop.open(.dealer) { try $0.connect(endpoint) }
+        let message: Message = [payload]
+        for _ in 0..<1_000 { try socket.send(message); _ = try await socket.receive() }
+        var latencies = latencyHistogram()
+        let start = now()
+        for _ in 0..<roundTrips {
+            let sent = now()
+            try socket.send(message)
+            _ = try await socket.receive()
+            _ = latencies.record(now() - sent)
+        }
+        let rate = Double(roundTrips) / (Double(now() - start) / 1e9)
+        await socket.close()
+        return (rate, latencies)
+    }
+
+    private func bridgePipelined(_ endpoint: String, _ payload: Frame, _ mode: BridgeMode) async throws -> Double {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context, name: "bench-loop")
+        defer { Task { await loop.shutdown() } }
+        return try await onExecutor(mode, loop) { try await bridgePipelined(loop, endpoint, payload) }
+    }
+
+    private func bridgePipelined(_ loop: SocketLoop, _ endpoint: String, _ payload: Frame) async throws -> Double {
+        let socket = try await loop.open(.dealer) { try $0.connect(endpoint) }
+        let message: Message = [payload]
+        try socket.send(message); _ = try await socket.receive()
+        let start = now()
+        var sent = 0, received = 0
+        while received < messages {
+            while sent < messages && sent - received < window {
+                try socket.send(message)
+                sent += 1
+            }
+            _ = try await socket.receive()
+            received += 1
+        }
+        let rate = Double(messages) / (Double(now() - start) / 1e9)
+        await socket.close()
+        return rate
+    }
+}
+
+/// A ROUTER on its own thread and context that sends every message straight back.
+final class EchoPeer: @unchecked Sendable {
+    let context: ZMQContext
+    let endpoint: String
+    private let thread: Thread
+
+    init() throws {
+        context = try ZMQContext()
+        let socket = try ZMQSocket(context, .router)
+        // A plain ROUTER drops replies when the peer's pipe is full; mandatory makes it
+        // wait instead, so pipelined runs never lose a message.
+        try socket.set(.routerMandatory, true)
+        try socket.set(.sendHighWaterMark, 100_000)
+        try socket.set(.receiveHighWaterMark, 100_000)
+        endpoint = try socket.bind("tcp://127.0.0.1:*")
+        // The socket moves to the echo thread once, before anything else touches it.
+        nonisolated(unsafe) let owned = socket
+        thread = Thread {
+            while true {
+                guard let message = try? owned.receive() else { break }
+                do { try owned.send(message) } catch let error as ZMQError { if error.isTerminated { break } } catch { break }
+            }
+            owned.close()
+        }
+        thread.start()
+    }
+
+    func stop() { context.shutdown() }
+}
