@@ -13,6 +13,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
+        .library(name: "BusProtocol", targets: ["BusProtocol"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-collections", from: "1.1.0"),
@@ -34,6 +35,12 @@ let package = Package(
             ],
             swiftSettings: sharedSettings
         ),
+        // Encoders and strict decoders for 7/MDP, 8/MMI, 12/CHP and JSON-RPC 2.0; no sockets.
+        .target(
+            name: "BusProtocol",
+            dependencies: ["ZeroMQ"],
+            swiftSettings: sharedSettings
+        ),
         // Benchmarks that print figures (release build): `swift run -c release switchboard-bench`.
         .executableTarget(
             name: "switchboard-bench",
@@ -48,6 +55,11 @@ let package = Package(
         .testTarget(
             name: "ZeroMQTests",
             dependencies: ["ZeroMQ"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "BusProtocolTests",
+            dependencies: ["BusProtocol", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
     ]

@@ -1,0 +1,171 @@
+public import ZeroMQ
+
+/// 12/CHP, the Clustered Hashmap Protocol: frames exactly as in the RFC.
+///
+/// Snapshot port (ROUTER/DEALER): `ICANHAZ?` then `KVSYNC`… `KTHXBAI`. Publisher port
+/// (PUB/SUB): `KVPUB` and `HUGZ`. Collector port (SUB/PUB): `KVSET`. Every KV command has
+/// five frames: key, sequence (8 bytes, network order), UUID, properties, value.
+public enum CHP {
+    public static let icanhazCommand = "ICANHAZ?"
+    public static let kthxbaiCommand = "KTHXBAI"
+    public static let hugzCommand = "HUGZ"
+}
+
+/// One key-value update. An empty value deletes the key.
+public struct KVEntry: Sendable, Equatable {
+    public var key: String
+    public var sequence: UInt64
+    /// A 16-byte UUID, or empty.
+    public var uuid: [UInt8]
+    /// `name=value` properties, in order (`ttl` is the one CHP defines).
+    public var properties: [(name: String, value: String)]
+    public var value: Frame
+
+    public init(key: String, sequence: UInt64 = 0, uuid: [UInt8] = [], properties: [(name: String, value: String)] = [], value: Frame) {
+        self.key = key
+        self.sequence = sequence
+        self.uuid = uuid
+        self.properties = properties
+        self.value = value
+    }
+
+    /// Whether this update deletes its key.
+    public var isDelete: Bool { value.isEmpty }
+
+    /// The value of the named property, if present.
+    public func property(_ name: String) -> String? {
+        properties.first { $0.name == name }?.value
+    }
+
+    /// The `ttl` property in seconds, if present and a non-negative number.
+    public var ttl: Double? {
+        guard let text = property("ttl"), let seconds = Double(text), seconds.isFinite, seconds >= 0 else { return nil }
+        return seconds
+    }
+
+    public static func == (lhs: KVEntry, rhs: KVEntry) -> Bool {
+        lhs.key == rhs.key && lhs.sequence == rhs.sequence && lhs.uuid == rhs.uuid
+            && lhs.properties.elementsEqual(rhs.properties, by: { $0.name == $1.name && $0.value == $1.value })
+            && lhs.value == rhs.value
+    }
+}
+
+/// What a client's snapshot connection receives.
+public enum SnapshotReply: Sendable, Equatable {
+    case entry(KVEntry)
+    /// The end of the snapshot: the highest sequence it covers, and the subtree asked for.
+    case done(sequence: UInt64, subtree: String)
+}
+
+/// What a client's subscriber connection receives.
+public enum PublishedUpdate: Sendable, Equatable {
+    case entry(KVEntry)
+    case hugz
+}
+
+extension CHP {
+    // MARK: Encoders
+
+    /// `ICANHAZ?` for the client's DEALER snapshot socket.
+    public static func icanhaz(subtree: String) -> Message {
+        [Frame(icanhazCommand), Frame(subtree)]
+    }
+
+    /// `KVSYNC` to `client`, for the server's ROUTER snapshot socket.
+    public static func kvsync(_ entry: KVEntry, to client: Frame) -> Message {
+        [client, Frame(entry.key), sequenceFrame(entry.sequence), Frame(), Frame(), entry.value]
+    }
+
+    /// `KTHXBAI` to `client`, for the server's ROUTER snapshot socket.
+    public static func kthxbai(sequence: UInt64, subtree: String, to client: Frame) -> Message {
+        [client, Frame(kthxbaiCommand), sequenceFrame(sequence), Frame(), Frame(), Frame(subtree)]
+    }
+
+    /// `KVPUB` (server to subscribers) or `KVSET` (client to collector): the same five frames.
+    public static func kv(_ entry: KVEntry) -> Message {
+        [Frame(entry.key), sequenceFrame(entry.sequence), Frame(entry.uuid), Frame(encodeProperties(entry.properties)), entry.value]
+    }
+
+    /// `HUGZ`, the publisher's keep-alive.
+    public static func hugz() -> Message {
+        [Frame(hugzCommand), sequenceFrame(0), Frame(), Frame(), Frame()]
+    }
+
+    public static func sequenceFrame(_ sequence: UInt64) -> Frame {
+        withUnsafeBytes(of: sequence.bigEndian) { Frame(copying: $0) }
+    }
+
+    static func encodeProperties(_ properties: [(name: String, value: String)]) -> String {
+        properties.map { "\($0.name)=\($0.value)\n" }.joined()
+    }
+
+    // MARK: Decoders
+
+    /// Decodes `ICANHAZ?` as the server's ROUTER receives it: `[client, "ICANHAZ?", subtree]`.
+    /// Returns the client's routing id and the subtree.
+    public static func decodeSnapshotRequest(_ message: Message) throws(ProtocolError) -> (client: Frame, subtree: String) {
+        let frames = message.frames
+        guard frames.count == 3 else { throw ProtocolError("CHP", "ICANHAZ? has \(frames.count - 1) frames, expected 2") }
+        guard frames[1].equals(icanhazCommand.utf8) else { throw ProtocolError("CHP", "expected ICANHAZ?, got \(frames[1])") }
+        guard let subtree = frames[2].string, isValidSubtree(subtree) else {
+            throw ProtocolError("CHP", "subtree must be empty or a path ending in '/' (got \(frames[2]))")
+        }
+        return (frames[0], subtree)
+    }
+
+    /// Decodes what the client's DEALER snapshot socket receives.
+    public static func decodeSnapshotReply(_ message: Message) throws(ProtocolError) -> SnapshotReply {
+        let (key, sequence, _, _, value) = try fiveFrames(message, "KVSYNC")
+        if key == kthxbaiCommand {
+            guard let subtree = value.string else { throw ProtocolError("CHP", "KTHXBAI subtree is not UTF-8") }
+            return .done(sequence: sequence, subtree: subtree)
+        }
+        return .entry(KVEntry(key: key, sequence: sequence, value: value))
+    }
+
+    /// Decodes what the client's SUB socket receives: `KVPUB` or `HUGZ`.
+    public static func decodeUpdate(_ message: Message) throws(ProtocolError) -> PublishedUpdate {
+        let (key, sequence, uuid, properties, value) = try fiveFrames(message, "KVPUB")
+        if key == hugzCommand { return .hugz }
+        return .entry(KVEntry(key: key, sequence: sequence, uuid: uuid, properties: try decodeProperties(properties), value: value))
+    }
+
+    /// Decodes a `KVSET` the server's collector (SUB) socket receives.
+    public static func decodeKVSet(_ message: Message) throws(ProtocolError) -> KVEntry {
+        let (key, sequence, uuid, properties, value) = try fiveFrames(message, "KVSET")
+        guard key != hugzCommand, key != kthxbaiCommand else { throw ProtocolError("CHP", "KVSET may not use the reserved key \(key)") }
+        return KVEntry(key: key, sequence: sequence, uuid: uuid, properties: try decodeProperties(properties), value: value)
+    }
+
+    /// Whether `subtree` is a valid subtree specification: empty, or `/segment/…/`.
+    public static func isValidSubtree(_ subtree: String) -> Bool {
+        subtree.isEmpty || (subtree.hasPrefix("/") && subtree.hasSuffix("/"))
+    }
+
+    private static func fiveFrames(_ message: Message, _ name: String) throws(ProtocolError)
+        -> (key: String, sequence: UInt64, uuid: [UInt8], properties: Frame, value: Frame)
+    {
+        let frames = message.frames
+        guard frames.count == 5 else { throw ProtocolError("CHP", "\(name) has \(frames.count) frames, expected 5") }
+        guard let key = frames[0].string, !key.isEmpty else { throw ProtocolError("CHP", "\(name) key must be non-empty UTF-8") }
+        guard frames[1].count == 8 else { throw ProtocolError("CHP", "\(name) sequence has \(frames[1].count) bytes, expected 8") }
+        let sequence = frames[1].withUnsafeBytes { raw in raw.reduce(UInt64(0)) { $0 << 8 | UInt64($1) } }
+        guard frames[2].count == 0 || frames[2].count == 16 else {
+            throw ProtocolError("CHP", "\(name) UUID has \(frames[2].count) bytes, expected 0 or 16")
+        }
+        return (key, sequence, frames[2].bytes, frames[3], frames[4])
+    }
+
+    private static func decodeProperties(_ frame: Frame) throws(ProtocolError) -> [(name: String, value: String)] {
+        guard !frame.isEmpty else { return [] }
+        guard let text = frame.string else { throw ProtocolError("CHP", "properties are not UTF-8") }
+        var properties: [(name: String, value: String)] = []
+        for line in text.split(separator: "\n", omittingEmptySubsequences: true) {
+            guard let equals = line.firstIndex(of: "="), equals != line.startIndex else {
+                throw ProtocolError("CHP", "property '\(line.prefix(40))' is not name=value")
+            }
+            properties.append((String(line[..<equals]), String(line[line.index(after: equals)...])))
+        }
+        return properties
+    }
+}

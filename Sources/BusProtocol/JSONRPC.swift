@@ -1,0 +1,296 @@
+import Foundation
+
+/// A JSON-RPC 2.0 request id: a number, a string, or null.
+public enum JSONRPCID: Sendable, Hashable, Codable, CustomStringConvertible {
+    case number(Int64)
+    case string(String)
+    case null
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if container.decodeNil() { self = .null }
+        else if let number = try? container.decode(Int64.self) { self = .number(number) }
+        else { self = .string(try container.decode(String.self)) }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        switch self {
+        case .number(let number): try container.encode(number)
+        case .string(let string): try container.encode(string)
+        case .null: try container.encodeNil()
+        }
+    }
+
+    var json: JSONValue {
+        switch self {
+        case .number(let number): .int(number)
+        case .string(let string): .string(string)
+        case .null: .null
+        }
+    }
+
+    public var description: String { json.jsonString }
+}
+
+/// A JSON-RPC 2.0 error object, also thrown by service methods.
+public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
+    public var code: Int
+    public var message: String
+    public var data: JSONValue?
+
+    public init(code: Int, message: String, data: JSONValue? = nil) {
+        self.code = code
+        self.message = message
+        self.data = data
+    }
+
+    public var description: String { "error \(code): \(message)" + (data.map { " \($0)" } ?? "") }
+
+    // The codes of the JSON-RPC 2.0 specification, and Switchboard's own (see DESIGN.md).
+    public static let parseErrorCode = -32700
+    public static let invalidRequestCode = -32600
+    public static let methodNotFoundCode = -32601
+    public static let invalidParamsCode = -32602
+    public static let internalErrorCode = -32603
+    public static let serviceUnavailableCode = -32001
+    public static let timedOutCode = -32002
+    public static let notFoundCode = -32003
+    public static let conflictCode = -32004
+    public static let upstreamFailedCode = -32005
+    public static let outcomeUnknownCode = -32006
+    public static let tooLargeCode = -32010
+    public static let forbiddenCode = -32011
+
+    public static func parseError(_ detail: String) -> JSONRPCError { .init(code: parseErrorCode, message: "Parse error: \(detail)") }
+    public static func invalidRequest(_ detail: String) -> JSONRPCError { .init(code: invalidRequestCode, message: "Invalid request: \(detail)") }
+    public static func methodNotFound(_ method: String) -> JSONRPCError { .init(code: methodNotFoundCode, message: "Method not found: \(method)") }
+    /// Invalid params, naming the field in `data.field`.
+    public static func invalidParams(field: String, _ detail: String) -> JSONRPCError {
+        .init(code: invalidParamsCode, message: "Invalid params: \(field): \(detail)", data: ["field": .string(field)])
+    }
+    public static func serviceUnavailable(_ service: String, within seconds: Double) -> JSONRPCError {
+        .init(code: serviceUnavailableCode, message: "Service unavailable: no worker for '\(service)' within \(formatSeconds(seconds))",
+              data: ["service": .string(service)])
+    }
+    public static func outcomeUnknown(_ service: String) -> JSONRPCError {
+        .init(code: outcomeUnknownCode, message: "Outcome unknown: the '\(service)' worker handling this request died; it was not retried",
+              data: ["service": .string(service)])
+    }
+    public static func tooLarge(_ bytes: Int, limit: Int) -> JSONRPCError {
+        .init(code: tooLargeCode, message: "Too large: \(bytes) bytes, the limit is \(limit)")
+    }
+    public static func forbidden(_ detail: String) -> JSONRPCError { .init(code: forbiddenCode, message: "Forbidden: \(detail)") }
+    public static func internalError(_ detail: String) -> JSONRPCError { .init(code: internalErrorCode, message: "Internal error: \(detail)") }
+
+    static func formatSeconds(_ seconds: Double) -> String {
+        seconds == seconds.rounded() ? "\(Int(seconds)) s" : String(format: "%.1f s", seconds)
+    }
+
+    var json: JSONValue {
+        var object: [String: JSONValue] = ["code": .int(Int64(code)), "message": .string(message)]
+        if let data { object["data"] = data }
+        return .object(object)
+    }
+}
+
+/// A JSON-RPC 2.0 request. A request without an id is a notification.
+public struct JSONRPCRequest: Sendable, Hashable {
+    public var id: JSONRPCID?
+    public var method: String
+    /// An object or an array, or absent.
+    public var params: JSONValue?
+
+    public init(id: JSONRPCID?, method: String, params: JSONValue? = nil) {
+        self.id = id
+        self.method = method
+        self.params = params
+    }
+
+    public var json: JSONValue {
+        var object: [String: JSONValue] = ["jsonrpc": "2.0", "method": .string(method)]
+        if let id { object["id"] = id.json }
+        if let params { object["params"] = params }
+        return .object(object)
+    }
+
+    public var jsonBytes: [UInt8] { json.jsonBytes }
+}
+
+/// A JSON-RPC 2.0 response: a result or an error, for the request with `id`.
+public struct JSONRPCResponse: Sendable, Hashable {
+    public var id: JSONRPCID
+    public var outcome: Result<JSONValue, JSONRPCError>
+
+    public init(id: JSONRPCID, result: JSONValue) {
+        self.id = id
+        self.outcome = .success(result)
+    }
+
+    public init(id: JSONRPCID, error: JSONRPCError) {
+        self.id = id
+        self.outcome = .failure(error)
+    }
+
+    public var json: JSONValue {
+        var object: [String: JSONValue] = ["jsonrpc": "2.0", "id": id.json]
+        switch outcome {
+        case .success(let result): object["result"] = result
+        case .failure(let error): object["error"] = error.json
+        }
+        return .object(object)
+    }
+
+    public var jsonBytes: [UInt8] { json.jsonBytes }
+}
+
+/// One element of a request body: a valid request, or the error response owed for it.
+public enum JSONRPCItem: Sendable, Equatable {
+    case request(JSONRPCRequest)
+    case invalid(JSONRPCResponse)
+}
+
+/// A parsed request body: one request or a batch.
+public enum JSONRPCIncoming: Sendable, Equatable {
+    case single(JSONRPCItem)
+    case batch([JSONRPCItem])
+    /// Not JSON, or an empty batch: answer with this response alone.
+    case unusable(JSONRPCResponse)
+}
+
+public enum JSONRPC {
+    /// The largest nesting accepted in untrusted JSON (deeper input is a parse error).
+    public static let maxDepth = 64
+
+    /// Parses a request body (one request or a batch), strictly: `"jsonrpc": "2.0"`, a
+    /// string `method`, an id that is a string, an integer or null, params that are an
+    /// object or an array. Never throws; bad input becomes the error response it deserves.
+    public static func parseRequests(_ bytes: some Collection<UInt8>) -> JSONRPCIncoming {
+        let value: JSONValue
+        do {
+            guard depthIsBounded(bytes) else { throw JSONRPCError.parseError("nested deeper than \(maxDepth) levels") }
+            value = try JSONValue(parsing: bytes)
+        } catch {
+            return .unusable(JSONRPCResponse(id: .null, error: .parseError("the body is not valid JSON")))
+        }
+        if case .array(let elements) = value {
+            guard !elements.isEmpty else {
+                return .unusable(JSONRPCResponse(id: .null, error: .invalidRequest("empty batch")))
+            }
+            return .batch(elements.map(request(from:)))
+        }
+        return .single(request(from: value))
+    }
+
+    static func request(from value: JSONValue) -> JSONRPCItem {
+        guard case .object(let object) = value else {
+            return .invalid(JSONRPCResponse(id: .null, error: .invalidRequest("a request must be a JSON object")))
+        }
+        var id: JSONRPCID?
+        switch object["id"] {
+        case nil: id = nil
+        case .null?: id = .null
+        case .int(let number)?: id = .number(number)
+        case .string(let string)?: id = .string(string)
+        default:
+            return .invalid(JSONRPCResponse(id: .null, error: .invalidRequest("id must be a string, an integer or null")))
+        }
+        let replyID = id ?? .null
+        guard object["jsonrpc"] == .string("2.0") else {
+            return .invalid(JSONRPCResponse(id: replyID, error: .invalidRequest("\"jsonrpc\" must be \"2.0\"")))
+        }
+        guard case .string(let method)? = object["method"], !method.isEmpty else {
+            return .invalid(JSONRPCResponse(id: replyID, error: .invalidRequest("method must be a non-empty string")))
+        }
+        let params = object["params"]
+        switch params {
+        case nil, .object?, .array?: break
+        default:
+            return .invalid(JSONRPCResponse(id: replyID, error: .invalidRequest("params must be an object or an array")))
+        }
+        return .request(JSONRPCRequest(id: id, method: method, params: params))
+    }
+
+    /// Parses a response body: one response or a batch of them.
+    public static func parseResponses(_ bytes: some Collection<UInt8>) throws(ProtocolError) -> [JSONRPCResponse] {
+        let value: JSONValue
+        do {
+            guard depthIsBounded(bytes) else { throw ProtocolError("JSON-RPC", "nested too deep") }
+            value = try JSONValue(parsing: bytes)
+        } catch {
+            throw ProtocolError("JSON-RPC", "the response is not valid JSON")
+        }
+        if case .array(let elements) = value {
+            var responses: [JSONRPCResponse] = []
+            for element in elements { responses.append(try response(from: element)) }
+            return responses
+        }
+        return [try response(from: value)]
+    }
+
+    static func response(from value: JSONValue) throws(ProtocolError) -> JSONRPCResponse {
+        guard case .object(let object) = value, object["jsonrpc"] == .string("2.0") else {
+            throw ProtocolError("JSON-RPC", "a response must be an object with \"jsonrpc\": \"2.0\"")
+        }
+        let id: JSONRPCID
+        switch object["id"] {
+        case .int(let number)?: id = .number(number)
+        case .string(let string)?: id = .string(string)
+        case .null?, nil: id = .null
+        default: throw ProtocolError("JSON-RPC", "response id must be a string, an integer or null")
+        }
+        if let result = object["result"] {
+            guard object["error"] == nil else { throw ProtocolError("JSON-RPC", "a response has both result and error") }
+            return JSONRPCResponse(id: id, result: result)
+        }
+        guard case .object(let error)? = object["error"], let code = error["code"]?.intValue,
+            case .string(let message)? = error["message"]
+        else { throw ProtocolError("JSON-RPC", "a response needs a result or an error with code and message") }
+        return JSONRPCResponse(id: id, error: JSONRPCError(code: Int(code), message: message, data: error["data"]))
+    }
+
+    /// The id of a request body, best effort and without failing: for answering a request
+    /// the kernel could not deliver. `nil` for a notification or a body that is not JSON-RPC.
+    public static func requestIDs(in bytes: some Collection<UInt8>) -> [JSONRPCID]? {
+        switch parseRequests(bytes) {
+        case .single(.request(let request)): return request.id.map { [$0] }
+        case .single(.invalid): return nil
+        case .batch(let items):
+            return items.compactMap { item -> JSONRPCID? in if case .request(let request) = item { request.id } else { nil } }
+        case .unusable: return nil
+        }
+    }
+
+    /// Encodes a list of responses as the body owed for `incoming`: one object for a single
+    /// request, an array for a batch, nothing when only notifications were answered.
+    public static func encodeReply(_ responses: [JSONRPCResponse], batch: Bool) -> [UInt8]? {
+        if batch {
+            return responses.isEmpty ? nil : JSONValue.array(responses.map(\.json)).jsonBytes
+        }
+        return responses.first?.jsonBytes
+    }
+
+    /// Checks nesting depth before parsing, so hostile input cannot exhaust the stack.
+    static func depthIsBounded(_ bytes: some Collection<UInt8>) -> Bool {
+        var depth = 0
+        var inString = false
+        var escaped = false
+        for byte in bytes {
+            if inString {
+                if escaped { escaped = false }
+                else if byte == UInt8(ascii: "\\") { escaped = true }
+                else if byte == UInt8(ascii: "\"") { inString = false }
+                continue
+            }
+            switch byte {
+            case UInt8(ascii: "\""): inString = true
+            case UInt8(ascii: "["), UInt8(ascii: "{"):
+                depth += 1
+                if depth > maxDepth { return false }
+            case UInt8(ascii: "]"), UInt8(ascii: "}"): depth -= 1
+            default: break
+            }
+        }
+        return true
+    }
+}

@@ -1,0 +1,214 @@
+public import ZeroMQ
+
+/// 7/MDP, the Majordomo Protocol (MDP/0.1): frames exactly as in the RFC.
+///
+/// Messages are shown as the application sees them. On the broker's ROUTER socket
+/// every message starts with one more frame, the peer's routing id; the broker-side
+/// decoder and encoders take and give that frame explicitly.
+public enum MDP {
+    /// The client sub-protocol header, MDP/Client v0.1.
+    public static let clientHeader = "MDPC01"
+    /// The worker sub-protocol header, MDP/Worker v0.1.
+    public static let workerHeader = "MDPW01"
+
+    /// Worker sub-protocol command codes (frame 2).
+    public enum Command: UInt8, Sendable, CustomStringConvertible {
+        case ready = 0x01, request = 0x02, reply = 0x03, heartbeat = 0x04, disconnect = 0x05
+
+        public var description: String {
+            switch self {
+            case .ready: "READY"; case .request: "REQUEST"; case .reply: "REPLY"
+            case .heartbeat: "HEARTBEAT"; case .disconnect: "DISCONNECT"
+            }
+        }
+    }
+
+    /// The longest service name accepted.
+    public static let maxServiceNameLength = 255
+
+    /// Whether `name` is a usable service name: 1 to 255 printable ASCII characters.
+    public static func isValidServiceName(_ name: String) -> Bool {
+        let bytes = name.utf8
+        return !bytes.isEmpty && bytes.count <= maxServiceNameLength && bytes.allSatisfy { $0 >= 0x21 && $0 <= 0x7E }
+    }
+}
+
+/// A command a worker sends to the broker.
+public enum WorkerToBroker: Sendable, Equatable {
+    case ready(service: String)
+    case reply(client: Frame, body: [Frame])
+    case heartbeat
+    case disconnect
+}
+
+/// A command the broker sends to a worker.
+public enum BrokerToWorker: Sendable, Equatable {
+    case request(client: Frame, body: [Frame])
+    case heartbeat
+    case disconnect
+}
+
+/// What arrives on the broker's ROUTER socket.
+public enum BrokerInbound: Sendable, Equatable {
+    /// A client's REQUEST: `client` is its routing id.
+    case request(client: Frame, service: String, body: [Frame])
+    /// A worker command: `worker` is its routing id.
+    case worker(Frame, WorkerToBroker)
+}
+
+/// A REPLY as a client receives it.
+public struct ClientReply: Sendable, Equatable {
+    public var service: String
+    public var body: [Frame]
+    public init(service: String, body: [Frame]) {
+        self.service = service
+        self.body = body
+    }
+}
+
+extension MDP {
+    private static let empty = Frame()
+    private static let clientHeaderFrame = Frame(clientHeader)
+    private static let workerHeaderFrame = Frame(workerHeader)
+    private static let commandFrames: [Frame] = (0...5).map { Frame([UInt8($0)]) }
+
+    // MARK: Encoders
+
+    /// A client's REQUEST, for a DEALER socket: `["", "MDPC01", service, body…]`.
+    public static func request(service: String, body: [Frame]) -> Message {
+        Message([empty, clientHeaderFrame, Frame(service)] + body)
+    }
+
+    /// A REPLY to a client, for the broker's ROUTER: `[client, "", "MDPC01", service, body…]`.
+    public static func reply(to client: Frame, service: String, body: [Frame]) -> Message {
+        var frames = [client, empty, clientHeaderFrame, Frame(service)]
+        frames.append(contentsOf: body)
+        return Message(frames)
+    }
+
+    /// A worker command, for the worker's DEALER socket.
+    public static func encode(_ command: WorkerToBroker) -> Message {
+        switch command {
+        case .ready(let service):
+            return [empty, workerHeaderFrame, commandFrames[1], Frame(service)]
+        case .reply(let client, let body):
+            return Message([empty, workerHeaderFrame, commandFrames[3], client, empty] + body)
+        case .heartbeat:
+            return [empty, workerHeaderFrame, commandFrames[4]]
+        case .disconnect:
+            return [empty, workerHeaderFrame, commandFrames[5]]
+        }
+    }
+
+    /// A broker command to `worker`, for the broker's ROUTER socket.
+    public static func encode(_ command: BrokerToWorker, to worker: Frame) -> Message {
+        switch command {
+        case .request(let client, let body):
+            var frames = [worker, empty, workerHeaderFrame, commandFrames[2], client, empty]
+            frames.append(contentsOf: body)
+            return Message(frames)
+        case .heartbeat:
+            return [worker, empty, workerHeaderFrame, commandFrames[4]]
+        case .disconnect:
+            return [worker, empty, workerHeaderFrame, commandFrames[5]]
+        }
+    }
+
+    // MARK: Decoders
+
+    /// Decodes a message read from the broker's ROUTER socket (routing id first).
+    public static func decodeAtBroker(_ message: Message) throws(ProtocolError) -> BrokerInbound {
+        let frames = message.frames
+        guard frames.count >= 3 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 3") }
+        let sender = frames[0]
+        guard frames[1].isEmpty else { throw ProtocolError("MDP", "frame 1 must be empty (got \(frames[1].count) bytes)") }
+        let header = frames[2]
+        if header.equals(clientHeader.utf8) {
+            guard frames.count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(frames.count - 1) frames, expected at least 4") }
+            let service = try serviceName(frames[3], "client REQUEST")
+            return .request(client: sender, service: service, body: Array(frames[4...]))
+        }
+        guard header.equals(workerHeader.utf8) else {
+            throw ProtocolError("MDP", "unknown protocol header \(header)")
+        }
+        guard frames.count >= 4 else { throw ProtocolError("MDP", "worker message has no command frame") }
+        let command = try workerCommand(frames[3])
+        switch command {
+        case .ready:
+            guard frames.count == 5 else { throw ProtocolError("MDP", "worker READY has \(frames.count - 1) frames, expected 4") }
+            return .worker(sender, .ready(service: try serviceName(frames[4], "worker READY")))
+        case .reply:
+            guard frames.count >= 7 else { throw ProtocolError("MDP", "worker REPLY has \(frames.count - 1) frames, expected at least 6") }
+            guard frames[5].isEmpty else { throw ProtocolError("MDP", "worker REPLY frame 4 must be empty") }
+            return .worker(sender, .reply(client: frames[4], body: Array(frames[6...])))
+        case .heartbeat:
+            guard frames.count == 4 else { throw ProtocolError("MDP", "worker HEARTBEAT has \(frames.count - 1) frames, expected 3") }
+            return .worker(sender, .heartbeat)
+        case .disconnect:
+            guard frames.count == 4 else { throw ProtocolError("MDP", "worker DISCONNECT has \(frames.count - 1) frames, expected 3") }
+            return .worker(sender, .disconnect)
+        case .request:
+            throw ProtocolError("MDP", "a worker may not send REQUEST")
+        }
+    }
+
+    /// Decodes a message a worker's DEALER socket received from the broker.
+    public static func decodeAtWorker(_ message: Message) throws(ProtocolError) -> BrokerToWorker {
+        let frames = message.frames
+        guard frames.count >= 3 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 3") }
+        guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
+        guard frames[1].equals(workerHeader.utf8) else { throw ProtocolError("MDP", "expected header MDPW01, got \(frames[1])") }
+        switch try workerCommand(frames[2]) {
+        case .request:
+            guard frames.count >= 6 else { throw ProtocolError("MDP", "broker REQUEST has \(frames.count) frames, expected at least 6") }
+            guard frames[4].isEmpty else { throw ProtocolError("MDP", "broker REQUEST frame 4 must be empty") }
+            return .request(client: frames[3], body: Array(frames[5...]))
+        case .heartbeat:
+            guard frames.count == 3 else { throw ProtocolError("MDP", "broker HEARTBEAT has \(frames.count) frames, expected 3") }
+            return .heartbeat
+        case .disconnect:
+            guard frames.count == 3 else { throw ProtocolError("MDP", "broker DISCONNECT has \(frames.count) frames, expected 3") }
+            return .disconnect
+        case .ready, .reply:
+            throw ProtocolError("MDP", "a broker may not send \(try workerCommand(frames[2]))")
+        }
+    }
+
+    /// Decodes a REPLY a client's DEALER socket received.
+    public static func decodeAtClient(_ message: Message) throws(ProtocolError) -> ClientReply {
+        let frames = message.frames
+        guard frames.count >= 4 else { throw ProtocolError("MDP", "client REPLY has \(frames.count) frames, expected at least 4") }
+        guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
+        guard frames[1].equals(clientHeader.utf8) else { throw ProtocolError("MDP", "expected header MDPC01, got \(frames[1])") }
+        let service = try serviceName(frames[2], "REPLY")
+        return ClientReply(service: service, body: Array(frames[3...]))
+    }
+
+    private static func workerCommand(_ frame: Frame) throws(ProtocolError) -> Command {
+        guard frame.count == 1, let command = frame.withUnsafeBytes({ Command(rawValue: $0[0]) }) else {
+            throw ProtocolError("MDP", "unknown worker command \(frame)")
+        }
+        return command
+    }
+
+    private static func serviceName(_ frame: Frame, _ context: String) throws(ProtocolError) -> String {
+        guard let name = frame.string, isValidServiceName(name) else {
+            throw ProtocolError("MDP", "\(context): service name must be 1 to \(maxServiceNameLength) printable ASCII characters")
+        }
+        return name
+    }
+}
+
+/// 8/MMI, the Majordomo Management Interface: services named `mmi.*` are the broker's.
+public enum MMI {
+    /// Whether `service` is in the broker's own namespace.
+    public static func isManagement(_ service: String) -> Bool { service.hasPrefix("mmi.") }
+
+    /// The answer to an MMI request: "200" (a worker is registered for the service named in
+    /// the body), "404" (none is), or "501" for any other `mmi.*` service.
+    public static func answer(service: String, body: [Frame], isRegistered: (String) -> Bool) -> String {
+        guard service == "mmi.service" else { return "501" }
+        guard let name = body.first?.string else { return "404" }
+        return isRegistered(name) ? "200" : "404"
+    }
+}

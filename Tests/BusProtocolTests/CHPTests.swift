@@ -1,0 +1,65 @@
+import Testing
+import ZeroMQ
+@testable import BusProtocol
+
+@Suite("12/CHP codec")
+struct CHPTests {
+    @Test("ICANHAZ?, KVSYNC and KTHXBAI as the RFC says")
+    func snapshot() throws {
+        #expect(CHP.icanhaz(subtree: "/catalog/") == ["ICANHAZ?", "/catalog/"])
+        let client = Frame("sub-1")
+        #expect(try CHP.decodeSnapshotRequest(Message([client] + CHP.icanhaz(subtree: "").frames)) == (client, ""))
+        let entry = KVEntry(key: "/catalog/countries", sequence: 258, value: "{\"n\":1}")
+        let sync = CHP.kvsync(entry, to: client)
+        #expect(sync.count == 6)
+        #expect(sync[2].bytes == [0, 0, 0, 0, 0, 0, 1, 2])
+        #expect(try CHP.decodeSnapshotReply(Message(Array(sync.frames.dropFirst()))) == .entry(entry))
+        let done = CHP.kthxbai(sequence: 9, subtree: "/catalog/", to: client)
+        #expect(done[1] == "KTHXBAI")
+        #expect(try CHP.decodeSnapshotReply(Message(Array(done.frames.dropFirst()))) == .done(sequence: 9, subtree: "/catalog/"))
+    }
+
+    @Test("KVPUB and KVSET carry UUID and properties; HUGZ is recognised")
+    func updates() throws {
+        let uuid = (0..<16).map { UInt8($0) }
+        let entry = KVEntry(key: "/client/x", sequence: 7, uuid: uuid, properties: [("ttl", "30"), ("origin", "cli")], value: "1")
+        let message = CHP.kv(entry)
+        #expect(message[3].string == "ttl=30\norigin=cli\n")
+        #expect(try CHP.decodeUpdate(message) == .entry(entry))
+        #expect(try CHP.decodeKVSet(message) == entry)
+        #expect(try CHP.decodeKVSet(message).ttl == 30)
+        #expect(try CHP.decodeUpdate(CHP.hugz()) == .hugz)
+        #expect(CHP.hugz().count == 5)
+        let delete = KVEntry(key: "/client/x", value: Frame())
+        #expect(try CHP.decodeKVSet(CHP.kv(delete)).isDelete)
+    }
+
+    @Test("malformed CHP commands give typed errors", arguments: [
+        (["/k", Frame([0, 0, 0, 0, 0, 0, 0, 1]), "", ""] as Message, "expected 5"),
+        (["/k", Frame([0, 1]), "", "", "v"], "sequence has 2 bytes"),
+        (["", Frame([0, 0, 0, 0, 0, 0, 0, 1]), "", "", "v"], "key must be non-empty"),
+        (["/k", Frame([0, 0, 0, 0, 0, 0, 0, 1]), "short-uuid", "", "v"], "UUID has 10 bytes"),
+        (["/k", Frame([0, 0, 0, 0, 0, 0, 0, 1]), "", "no-equals-sign", "v"], "not name=value"),
+        (["HUGZ", Frame([0, 0, 0, 0, 0, 0, 0, 0]), "", "", "v"], "reserved key"),
+    ] as [(Message, String)])
+    func malformedKVSet(message: Message, problem: String) {
+        let error = #expect(throws: ProtocolError.self) { try CHP.decodeKVSet(message) }
+        #expect(error?.problem.contains(problem) == true, "\(error?.problem ?? "-") should mention \(problem)")
+    }
+
+    @Test("ICANHAZ? with a bad subtree or shape is refused")
+    func badSnapshotRequest() {
+        #expect(throws: ProtocolError.self) { try CHP.decodeSnapshotRequest(["c", "ICANHAZ?", "catalog"]) }
+        #expect(throws: ProtocolError.self) { try CHP.decodeSnapshotRequest(["c", "ICANHAZ?"]) }
+        #expect(throws: ProtocolError.self) { try CHP.decodeSnapshotRequest(["c", "GIMME", "/"]) }
+        #expect(CHP.isValidSubtree("/a/b/"))
+        #expect(!CHP.isValidSubtree("/a/b"))
+    }
+
+    @Test("a ttl that is not a number is ignored, not fatal")
+    func ttl() {
+        #expect(KVEntry(key: "/k", properties: [("ttl", "soon")], value: "v").ttl == nil)
+        #expect(KVEntry(key: "/k", properties: [("ttl", "-1")], value: "v").ttl == nil)
+        #expect(KVEntry(key: "/k", properties: [("ttl", "0.5")], value: "v").ttl == 0.5)
+    }
+}

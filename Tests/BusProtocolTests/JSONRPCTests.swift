@@ -1,0 +1,95 @@
+import Testing
+@testable import BusProtocol
+
+@Suite("JSON-RPC 2.0 codec")
+struct JSONRPCTests {
+    func parse(_ text: String) -> JSONRPCIncoming { JSONRPC.parseRequests(Array(text.utf8)) }
+
+    @Test("a valid request parses with its id, method and params")
+    func validRequest() {
+        #expect(parse(#"{"jsonrpc":"2.0","id":7,"method":"ping","params":{"a":1}}"#)
+            == .single(.request(JSONRPCRequest(id: .number(7), method: "ping", params: ["a": 1]))))
+        #expect(parse(#"{"jsonrpc":"2.0","id":"x","method":"ping"}"#)
+            == .single(.request(JSONRPCRequest(id: .string("x"), method: "ping"))))
+        #expect(parse(#"{"jsonrpc":"2.0","method":"notify","params":[1,2]}"#)
+            == .single(.request(JSONRPCRequest(id: nil, method: "notify", params: [1, 2]))))
+    }
+
+    @Test("invalid requests get -32600 with the id when it is known", arguments: [
+        (#"{"id":1,"method":"ping"}"#, JSONRPCID.number(1)),
+        (#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#, .number(1)),
+        (#"{"jsonrpc":"2.0","id":2,"method":5}"#, .number(2)),
+        (#"{"jsonrpc":"2.0","id":3,"method":"m","params":"str"}"#, .number(3)),
+        (#"{"jsonrpc":"2.0","id":{"a":1},"method":"m"}"#, .null),
+        (#"{"jsonrpc":"2.0","id":1.5,"method":"m"}"#, .null),
+        (#"42"#, .null),
+    ])
+    func invalidRequest(text: String, id: JSONRPCID) {
+        guard case .single(.invalid(let response)) = parse(text) else {
+            Issue.record("expected an invalid request for \(text)")
+            return
+        }
+        #expect(response.id == id)
+        #expect(response.outcome == .failure(JSONRPCError(code: -32600, message: response.outcome.errorMessage ?? "")))
+    }
+
+    @Test("not JSON gives -32700; an empty batch -32600")
+    func parseErrors() {
+        guard case .unusable(let bad) = parse("{not json") else { Issue.record("expected parse error"); return }
+        #expect(bad.errorCode == -32700)
+        guard case .unusable(let empty) = parse("[]") else { Issue.record("expected invalid request"); return }
+        #expect(empty.errorCode == -32600)
+        guard case .unusable(let deep) = parse(String(repeating: "[", count: 100_000)) else { Issue.record("expected parse error"); return }
+        #expect(deep.errorCode == -32700)
+    }
+
+    @Test("a batch keeps each element's outcome")
+    func batch() {
+        guard case .batch(let items) = parse(#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"bad":true},{"jsonrpc":"2.0","method":"n"}]"#) else {
+            Issue.record("expected a batch")
+            return
+        }
+        #expect(items.count == 3)
+        if case .request(let first) = items[0] { #expect(first.method == "a") } else { Issue.record("first should be valid") }
+        if case .invalid(let second) = items[1] { #expect(second.errorCode == -32600) } else { Issue.record("second should be invalid") }
+        #expect(JSONRPC.requestIDs(in: Array(#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","id":"b","method":"a"}]"#.utf8)) == [.number(1), .string("b")])
+    }
+
+    @Test("responses round trip, results and errors with data")
+    func responses() throws {
+        let ok = JSONRPCResponse(id: .number(1), result: ["pong": true])
+        let failed = JSONRPCResponse(id: .string("q"), error: .invalidParams(field: "limit", "must be between 1 and 100"))
+        #expect(try JSONRPC.parseResponses(ok.jsonBytes) == [ok])
+        #expect(try JSONRPC.parseResponses(failed.jsonBytes) == [failed])
+        #expect(failed.json["error"]?["data"]?["field"] == "limit")
+        let batch = JSONRPC.encodeReply([ok, failed], batch: true)!
+        #expect(try JSONRPC.parseResponses(batch) == [ok, failed])
+        #expect(throws: ProtocolError.self) { try JSONRPC.parseResponses(Array(#"{"jsonrpc":"2.0","id":1}"#.utf8)) }
+        #expect(throws: ProtocolError.self) { try JSONRPC.parseResponses(Array("nope".utf8)) }
+    }
+
+    @Test("the kernel's -32001 names the service and the wait")
+    func unavailable() {
+        let error = JSONRPCError.serviceUnavailable("search", within: 2)
+        #expect(error.code == -32001)
+        #expect(error.message == "Service unavailable: no worker for 'search' within 2 s")
+    }
+
+    @Test("JSONValue keeps integers, doubles, strings and nesting")
+    func values() throws {
+        let value = try JSONValue(parsing: Array(#"{"i":1,"d":1.5,"s":"é","a":[null,true],"o":{}}"#.utf8))
+        #expect(value["i"] == .int(1))
+        #expect(value["d"] == .double(1.5))
+        #expect(value["s"] == "é")
+        #expect(value["a"] == [nil, true])
+        #expect(value.jsonString == #"{"a":[null,true],"d":1.5,"i":1,"o":{},"s":"é"}"#)
+    }
+}
+
+extension Result where Success == JSONValue, Failure == JSONRPCError {
+    var errorMessage: String? { if case .failure(let error) = self { error.message } else { nil } }
+}
+
+extension JSONRPCResponse {
+    var errorCode: Int? { if case .failure(let error) = outcome { error.code } else { nil } }
+}

@@ -1,0 +1,126 @@
+import Testing
+import ZeroMQ
+@testable import BusProtocol
+
+@Suite("7/MDP and 8/MMI codecs")
+struct MDPTests {
+    let client = Frame("client-1")
+    let worker = Frame([0x00, 0x6B, 0x8B, 0x45, 0x67])
+
+    @Test("a client REQUEST is encoded as the RFC says and decoded at the broker")
+    func clientRequest() throws {
+        let message = MDP.request(service: "echo", body: ["hello", "world"])
+        #expect(message == ["", "MDPC01", "echo", "hello", "world"])
+        let routed = Message([client] + message.frames)
+        #expect(try MDP.decodeAtBroker(routed) == .request(client: client, service: "echo", body: ["hello", "world"]))
+    }
+
+    @Test("a REPLY reaches the client with its service and body")
+    func clientReply() throws {
+        let message = MDP.reply(to: client, service: "echo", body: ["{}"])
+        #expect(message == [client, "", "MDPC01", "echo", "{}"])
+        #expect(try MDP.decodeAtClient(Message(Array(message.frames.dropFirst()))) == ClientReply(service: "echo", body: ["{}"]))
+    }
+
+    @Test("worker commands round trip", arguments: [
+        WorkerToBroker.ready(service: "search"),
+        .reply(client: Frame("c"), body: ["a", Frame()]),
+        .heartbeat,
+        .disconnect,
+    ])
+    func workerCommands(command: WorkerToBroker) throws {
+        let encoded = MDP.encode(command)
+        #expect(encoded[0].isEmpty && encoded[1] == "MDPW01")
+        #expect(try MDP.decodeAtBroker(Message([worker] + encoded.frames)) == .worker(worker, command))
+    }
+
+    @Test("broker commands round trip", arguments: [
+        BrokerToWorker.request(client: Frame("c"), body: ["{\"id\":1}"]),
+        .heartbeat,
+        .disconnect,
+    ])
+    func brokerCommands(command: BrokerToWorker) throws {
+        let encoded = MDP.encode(command, to: worker)
+        #expect(encoded[0] == worker)
+        #expect(try MDP.decodeAtWorker(Message(Array(encoded.frames.dropFirst()))) == command)
+    }
+
+    @Test("the exact bytes of READY and HEARTBEAT")
+    func exactBytes() {
+        let ready = MDP.encode(.ready(service: "echo"))
+        #expect(ready.frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x01], Array("echo".utf8)])
+        #expect(MDP.encode(.heartbeat).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04]])
+    }
+
+    @Test("malformed messages give typed errors, never a crash", arguments: [
+        (["id"] as Message, "at least 3"),
+        (["id", "x", "MDPC01", "echo", "body"], "frame 1 must be empty"),
+        (["id", "", "MDPX01", "echo", "body"], "unknown protocol header"),
+        (["id", "", "MDPC01", "echo"], "client REQUEST has 3 frames"),
+        (["id", "", "MDPC01", "", "body"], "service name"),
+        (["id", "", "MDPW01"], "no command frame"),
+        (["id", "", "MDPW01", Frame([0x09])], "unknown worker command"),
+        (["id", "", "MDPW01", Frame([0x01, 0x01]), "echo"], "unknown worker command"),
+        (["id", "", "MDPW01", Frame([0x01])], "READY has 3 frames"),
+        (["id", "", "MDPW01", Frame([0x01]), "a", "b"], "READY has 5 frames"),
+        (["id", "", "MDPW01", Frame([0x02]), "c", "", "x"], "may not send REQUEST"),
+        (["id", "", "MDPW01", Frame([0x03]), "c", "x", "body"], "frame 4 must be empty"),
+        (["id", "", "MDPW01", Frame([0x03]), "c", ""], "REPLY has 5 frames"),
+        (["id", "", "MDPW01", Frame([0x04]), "extra"], "HEARTBEAT has 4 frames"),
+    ] as [(Message, String)])
+    func malformedAtBroker(message: Message, problem: String) {
+        let error = #expect(throws: ProtocolError.self) { try MDP.decodeAtBroker(message) }
+        #expect(error?.proto == "MDP")
+        #expect(error?.problem.contains(problem) == true, "\(error?.problem ?? "-") should mention \(problem)")
+    }
+
+    @Test("a worker rejects what a broker may not send")
+    func malformedAtWorker() {
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtWorker(["", "MDPW01", Frame([0x01]), "echo"]) }
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtWorker(["", "MDPC01", Frame([0x04])]) }
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtWorker(["", "MDPW01", Frame([0x02]), "c", "x", "body"]) }
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtClient(["", "MDPW01", "echo", "x"]) }
+    }
+
+    @Test("service names are printable ASCII, 1 to 255 characters")
+    func serviceNames() {
+        #expect(MDP.isValidServiceName("search"))
+        #expect(MDP.isValidServiceName("mmi.service"))
+        #expect(!MDP.isValidServiceName(""))
+        #expect(!MDP.isValidServiceName("has space"))
+        #expect(!MDP.isValidServiceName("ünïcode"))
+        #expect(!MDP.isValidServiceName(String(repeating: "a", count: 256)))
+    }
+
+    @Test("MMI answers 200, 404 and 501")
+    func mmi() {
+        let registered: (String) -> Bool = { $0 == "echo" }
+        #expect(MMI.isManagement("mmi.service"))
+        #expect(!MMI.isManagement("mmiservice"))
+        #expect(MMI.answer(service: "mmi.service", body: ["echo"], isRegistered: registered) == "200")
+        #expect(MMI.answer(service: "mmi.service", body: ["nope"], isRegistered: registered) == "404")
+        #expect(MMI.answer(service: "mmi.service", body: [], isRegistered: registered) == "404")
+        #expect(MMI.answer(service: "mmi.other", body: ["echo"], isRegistered: registered) == "501")
+    }
+
+    @Test("10,000 random messages decode to a value or an error")
+    func randomInput() {
+        var generator = SystemRandomNumberGenerator()
+        let pieces: [Frame] = ["", "MDPC01", "MDPW01", Frame([1]), Frame([2]), Frame([3]), Frame([4]), Frame([5]), "echo", "ICANHAZ?", "KTHXBAI", "HUGZ"]
+        for _ in 0..<10_000 {
+            let count = Int.random(in: 0...8, using: &generator)
+            let frames = (0..<count).map { _ -> Frame in
+                if Bool.random(using: &generator) { return pieces.randomElement(using: &generator)! }
+                return Frame((0..<Int.random(in: 0...12, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) })
+            }
+            let message = Message(frames)
+            _ = try? MDP.decodeAtBroker(message)
+            _ = try? MDP.decodeAtWorker(message)
+            _ = try? MDP.decodeAtClient(message)
+            _ = try? CHP.decodeUpdate(message)
+            _ = try? CHP.decodeKVSet(message)
+            _ = try? CHP.decodeSnapshotReply(message)
+            _ = try? CHP.decodeSnapshotRequest(message)
+        }
+    }
+}
