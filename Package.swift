@@ -14,11 +14,13 @@ let package = Package(
     products: [
         .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
         .library(name: "BusProtocol", targets: ["BusProtocol"]),
+        .library(name: "Kernel", targets: ["Kernel"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-collections", from: "1.1.0"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
     ],
     targets: [
         // libzmq through its system headers; see the module map for why no pkg-config.
@@ -41,6 +43,16 @@ let package = Package(
             dependencies: ["ZeroMQ"],
             swiftSettings: sharedSettings
         ),
+        // The kernel: Majordomo broker, CHP state server and the built-in `kernel` service.
+        .target(
+            name: "Kernel",
+            dependencies: [
+                "BusProtocol", "ZeroMQ",
+                .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: sharedSettings
+        ),
         // Benchmarks that print figures (release build): `swift run -c release switchboard-bench`.
         .executableTarget(
             name: "switchboard-bench",
@@ -55,6 +67,11 @@ let package = Package(
         .testTarget(
             name: "ZeroMQTests",
             dependencies: ["ZeroMQ"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "KernelTests",
+            dependencies: ["Kernel", "BusProtocol", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -1,0 +1,281 @@
+import BusProtocol
+import DequeModule
+import Logging
+import ZeroMQ
+
+/// The Majordomo broker (7/MDP with 8/MMI) on the kernel's ROUTER socket.
+///
+/// Loop-confined: every method runs on the kernel's loop thread, so the registry needs no
+/// locks. Idle workers are served least recently used first; each worker has at most one
+/// request in flight (MDP); a request whose worker dies goes back to the front of its
+/// queue (or is answered -32006 for a non-retriable service); replies from a worker the
+/// broker no longer knows are dropped, so a client never gets two replies.
+final class Broker {
+    struct Request {
+        let client: Frame
+        let service: String
+        let body: [Frame]
+        /// When it times out waiting for a worker (monotonic nanoseconds).
+        var deadline: UInt64
+        let received: UInt64
+        var attempts = 0
+    }
+
+    final class Worker {
+        let identity: Frame
+        let service: String
+        var expiry: UInt64
+        var inFlight: Request?
+        init(identity: Frame, service: String, expiry: UInt64) {
+            self.identity = identity
+            self.service = service
+            self.expiry = expiry
+        }
+    }
+
+    final class Service {
+        let name: String
+        var requests: Deque<Request> = []
+        var idle: Deque<Frame> = []
+        var workers = 0
+        var stats = ServiceStats()
+        init(name: String) { self.name = name }
+    }
+
+    struct ServiceStats {
+        var requests = 0, replies = 0, unavailable = 0, redispatched = 0, outcomeUnknown = 0
+        var totalLatencyNanoseconds: UInt64 = 0
+    }
+
+    let configuration: KernelConfiguration
+    let logger: Logger
+    /// Sends a message on the ROUTER socket.
+    var send: (Message) -> Void = { _ in }
+    /// Answers requests for the built-in `kernel` service.
+    var builtIn: (JSONRPCRequest) -> Result<JSONValue, JSONRPCError> = { .failure(.methodNotFound($0.method)) }
+    /// Told when a service's worker count changes.
+    var onWorkersChanged: (String, Int) -> Void = { _, _ in }
+
+    private(set) var workers: [Frame: Worker] = [:]
+    private(set) var services: [String: Service] = [:]
+    private(set) var protocolErrors = 0
+    private(set) var totalRequests = 0
+
+    init(configuration: KernelConfiguration, logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    // MARK: Inbound
+
+    func handle(_ message: Message, now: UInt64) {
+        let inbound: BrokerInbound
+        do {
+            inbound = try MDP.decodeAtBroker(message)
+        } catch {
+            protocolErrors += 1
+            logger.debug("dropped malformed message", metadata: ["problem": "\(error)"])
+            // A peer speaking the worker protocol badly is disconnected; anything else is dropped.
+            if message.count >= 3, message[2].equals(MDP.workerHeader.utf8) {
+                disconnect(message[0], reason: "\(error)")
+            }
+            return
+        }
+        switch inbound {
+        case .request(let client, let service, let body):
+            totalRequests += 1
+            handleRequest(client: client, service: service, body: body, now: now)
+        case .worker(let identity, let command):
+            handleWorker(identity, command, now: now)
+        }
+    }
+
+    private func handleRequest(client: Frame, service name: String, body: [Frame], now: UInt64) {
+        if MMI.isManagement(name) {
+            let answer = MMI.answer(service: name, body: body) { [services] in (services[$0]?.workers ?? 0) > 0 }
+            send(MDP.reply(to: client, service: name, body: [Frame(answer)]))
+            return
+        }
+        if name == Kernel.serviceName {
+            send(MDP.reply(to: client, service: name, body: [Frame(answerBuiltIn(body))]))
+            return
+        }
+        let service = serviceNamed(name)
+        service.stats.requests += 1
+        guard service.requests.count < configuration.maxQueuedPerService else {
+            service.stats.unavailable += 1
+            let error = JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
+                                     message: "Service unavailable: '\(name)' has \(service.requests.count) requests queued")
+            reply(to: client, service: name, body: body, error: error)
+            return
+        }
+        service.requests.append(Request(client: client, service: name, body: body,
+                                        deadline: now + configuration.queueTimeout.nanosecondsValue, received: now))
+        dispatch(service)
+    }
+
+    private func handleWorker(_ identity: Frame, _ command: WorkerToBroker, now: UInt64) {
+        let known = workers[identity]
+        known?.expiry = now + configuration.workerExpiry.nanosecondsValue
+        switch command {
+        case .ready(let name):
+            guard known == nil else {
+                disconnect(identity, reason: "a second READY")
+                return
+            }
+            guard !MMI.isManagement(name), name != Kernel.serviceName else {
+                disconnect(identity, reason: "'\(name)' is reserved for the kernel")
+                return
+            }
+            let worker = Worker(identity: identity, service: name, expiry: now + configuration.workerExpiry.nanosecondsValue)
+            workers[identity] = worker
+            let service = serviceNamed(name)
+            service.workers += 1
+            service.idle.append(identity)
+            logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)"])
+            onWorkersChanged(name, service.workers)
+            dispatch(service)
+        case .reply(let client, let body):
+            guard let worker = known, let request = worker.inFlight, request.client == client else {
+                // A reply nobody is waiting for (unknown worker, or one the broker already
+                // gave up on): per 7/MDP an unexpected command earns a DISCONNECT.
+                disconnect(identity, reason: "a REPLY with no request in flight")
+                return
+            }
+            worker.inFlight = nil
+            let service = serviceNamed(worker.service)
+            service.stats.replies += 1
+            service.stats.totalLatencyNanoseconds += now &- request.received
+            send(MDP.reply(to: client, service: worker.service, body: body))
+            service.idle.append(identity)
+            dispatch(service)
+        case .heartbeat:
+            if known == nil { disconnect(identity, reason: "a HEARTBEAT before READY") }
+        case .disconnect:
+            if let worker = known { remove(worker, reason: "it disconnected") }
+        }
+    }
+
+    // MARK: Dispatch
+
+    private func dispatch(_ service: Service) {
+        while !service.requests.isEmpty, let identity = service.idle.popFirst() {
+            guard let worker = workers[identity], worker.inFlight == nil else { continue }
+            var request = service.requests.removeFirst()
+            request.attempts += 1
+            worker.inFlight = request
+            send(MDP.encode(.request(client: request.client, body: request.body), to: identity))
+        }
+    }
+
+    /// Sends heartbeats, expires silent workers and requests that waited too long.
+    func tick(now: UInt64) {
+        for worker in Array(workers.values) where worker.expiry <= now {
+            remove(worker, reason: "no heartbeat for \(configuration.workerExpiry)")
+        }
+        for worker in workers.values {
+            send(MDP.encode(.heartbeat, to: worker.identity))
+        }
+        expireQueued(now: now)
+    }
+
+    func expireQueued(now: UInt64) {
+        for service in services.values where !service.requests.isEmpty {
+            guard service.requests.contains(where: { $0.deadline <= now }) else { continue }
+            var kept: Deque<Request> = []
+            for request in service.requests {
+                if request.deadline <= now {
+                    service.stats.unavailable += 1
+                    reply(to: request.client, service: service.name, body: request.body,
+                          error: .serviceUnavailable(service.name, within: configuration.queueTimeout.secondsValue))
+                } else {
+                    kept.append(request)
+                }
+            }
+            service.requests = kept
+        }
+    }
+
+    // MARK: Workers leaving
+
+    private func remove(_ worker: Worker, reason: String) {
+        guard workers.removeValue(forKey: worker.identity) != nil else { return }
+        let service = serviceNamed(worker.service)
+        service.workers -= 1
+        service.idle.removeAll { $0 == worker.identity }
+        logger.info("worker removed", metadata: ["service": "\(worker.service)", "reason": "\(reason)", "workers": "\(service.workers)"])
+        onWorkersChanged(worker.service, service.workers)
+        if var request = worker.inFlight {
+            worker.inFlight = nil
+            if configuration.nonRetriableServices.contains(worker.service) {
+                service.stats.outcomeUnknown += 1
+                reply(to: request.client, service: service.name, body: request.body, error: .outcomeUnknown(service.name))
+            } else {
+                // Back to the front, with a fresh wait for another worker.
+                service.stats.redispatched += 1
+                request.deadline = monotonicNow() + configuration.queueTimeout.nanosecondsValue
+                service.requests.prepend(request)
+                dispatch(service)
+            }
+        }
+    }
+
+    private func disconnect(_ identity: Frame, reason: String) {
+        protocolErrors += 1
+        logger.info("disconnecting peer", metadata: ["reason": "\(reason)"])
+        send(MDP.encode(.disconnect, to: identity))
+        if let worker = workers[identity] { remove(worker, reason: reason) }
+    }
+
+    // MARK: Replies the kernel writes itself
+
+    /// Answers a request the kernel could not deliver, with `error` for each id in its body.
+    private func reply(to client: Frame, service: String, body: [Frame], error: JSONRPCError) {
+        let bytes = body.count == 1 ? body[0].bytes : []
+        let isBatch = bytes.first(where: { $0 != 0x20 && $0 != 0x0A && $0 != 0x0D && $0 != 0x09 }) == UInt8(ascii: "[")
+        let ids = JSONRPC.requestIDs(in: bytes) ?? [.null]
+        let responses = ids.map { JSONRPCResponse(id: $0, error: error) }
+        let replyBody = JSONRPC.encodeReply(responses, batch: isBatch) ?? []
+        send(MDP.reply(to: client, service: service, body: [Frame(replyBody)]))
+    }
+
+    private func answerBuiltIn(_ body: [Frame]) -> [UInt8] {
+        guard body.count == 1 else {
+            return JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes
+        }
+        func answer(_ item: JSONRPCItem) -> JSONRPCResponse? {
+            switch item {
+            case .invalid(let response): return response
+            case .request(let request):
+                let outcome = builtIn(request)
+                guard let id = request.id else { return nil }
+                switch outcome {
+                case .success(let result): return JSONRPCResponse(id: id, result: result)
+                case .failure(let error): return JSONRPCResponse(id: id, error: error)
+                }
+            }
+        }
+        switch JSONRPC.parseRequests(body[0].bytes) {
+        case .unusable(let response): return response.jsonBytes
+        case .single(let item): return answer(item)?.jsonBytes ?? []
+        case .batch(let items): return JSONRPC.encodeReply(items.compactMap(answer), batch: true) ?? []
+        }
+    }
+
+    private func serviceNamed(_ name: String) -> Service {
+        if let service = services[name] { return service }
+        let service = Service(name: name)
+        services[name] = service
+        return service
+    }
+}
+
+extension Duration {
+    var nanosecondsValue: UInt64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 else { return 0 }
+        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
+    }
+
+    var secondsValue: Double { Double(nanosecondsValue) / 1e9 }
+}

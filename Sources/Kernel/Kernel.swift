@@ -1,0 +1,204 @@
+import BusProtocol
+import Foundation
+public import Logging
+public import ZeroMQ
+
+/// The Switchboard kernel: a Majordomo broker and a Clustered-Hashmap state server on one
+/// loop thread, plus the built-in `kernel` service.
+///
+/// The actor runs on its ``SocketLoop`` (its executor is the loop), so it owns its sockets
+/// outright and handles every message without a thread hop.
+public actor Kernel {
+    /// The name of the built-in service.
+    public static let serviceName = "kernel"
+
+    /// Where the kernel listens, with the ports chosen for `*` endpoints.
+    public struct Endpoints: Sendable, Equatable {
+        public var broker: String
+        public var snapshot: String
+        public var publisher: String
+        public var collector: String
+    }
+
+    public nonisolated let loop: SocketLoop
+    public nonisolated let configuration: KernelConfiguration
+    public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+    /// A new identity each start, so clients can tell a restarted kernel.
+    public nonisolated let instance = UUID().uuidString
+    private let logger: Logger
+    private let broker: Broker
+    private let state: StateServer
+    private var registrations: [SocketRegistration] = []
+    private var timers: [LoopTimer] = []
+    private var startedAt = Date()
+    private(set) public var endpoints: Endpoints?
+
+    public init(configuration: KernelConfiguration, context: ZMQContext, logger: Logger = Logger(label: "switchboard.kernel")) throws {
+        self.configuration = configuration
+        self.logger = logger
+        loop = try SocketLoop(context: context, name: "kernel")
+        broker = Broker(configuration: configuration, logger: logger)
+        state = StateServer(configuration: configuration, logger: logger)
+    }
+
+    /// Binds every endpoint and starts serving. Throws (leaving nothing bound) when an
+    /// endpoint cannot be bound, naming it.
+    @discardableResult
+    public func start() throws -> Endpoints {
+        if let endpoints { return endpoints }
+        let context = loop.context
+        func open(_ type: SocketType, _ endpoint: String, configure: (ZMQSocket) throws -> Void = { _ in }) throws -> (ZMQSocket, String) {
+            let socket = try ZMQSocket(context, type)
+            try socket.set(.maxMessageSize, Int64(configuration.maxMessageSize))
+            try configure(socket)
+            do {
+                return (socket, try socket.bind(endpoint))
+            } catch {
+                socket.close()
+                throw error
+            }
+        }
+        var opened: [ZMQSocket] = []
+        do {
+            let (router, brokerEndpoint) = try open(.router, configuration.brokerEndpoint) {
+                try $0.set(.sendHighWaterMark, 0)
+                try $0.set(.receiveHighWaterMark, 0)
+            }
+            opened.append(router)
+            let (snapshot, snapshotEndpoint) = try open(.router, configuration.snapshotEndpoint) {
+                try $0.set(.sendHighWaterMark, 1_000_000)
+            }
+            opened.append(snapshot)
+            let (publisher, publisherEndpoint) = try open(.xpub, configuration.publisherEndpoint) {
+                try $0.set(.xpubVerbose, true)
+                try $0.set(.sendHighWaterMark, 100_000)
+            }
+            opened.append(publisher)
+            let (collector, collectorEndpoint) = try open(.sub, configuration.collectorEndpoint) {
+                try $0.subscribe("")
+            }
+            opened.append(collector)
+            wire(router: router, snapshot: snapshot, publisher: publisher, collector: collector)
+            let endpoints = Endpoints(broker: brokerEndpoint, snapshot: snapshotEndpoint,
+                                      publisher: publisherEndpoint, collector: collectorEndpoint)
+            self.endpoints = endpoints
+            startedAt = Date()
+            state.set("/kernel/instance", value: Frame(JSONValue.object(["instance": .string(instance)]).jsonBytes), now: monotonicNow())
+            logger.info("kernel started", metadata: ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
+                                                     "publisher": "\(publisherEndpoint)", "collector": "\(collectorEndpoint)"])
+            return endpoints
+        } catch {
+            for socket in opened { socket.close() }
+            throw error
+        }
+    }
+
+    private func wire(router: ZMQSocket, snapshot: ZMQSocket, publisher: ZMQSocket, collector: ZMQSocket) {
+        let broker = self.broker, state = self.state
+        let routerRegistration = loop.register(router) { message in broker.handle(message, now: monotonicNow()) }
+        let snapshotRegistration = loop.register(snapshot) { message in state.snapshot(message) }
+        let publisherRegistration = loop.register(publisher) { message in state.subscriptionChanged(message, now: monotonicNow()) }
+        let collectorRegistration = loop.register(collector) { message in state.collect(message, now: monotonicNow()) }
+        registrations = [routerRegistration, snapshotRegistration, publisherRegistration, collectorRegistration]
+        broker.send = { routerRegistration.send($0) }
+        state.sendSnapshot = { snapshotRegistration.send($0) }
+        state.publish = { publisherRegistration.send($0) }
+        broker.onWorkersChanged = { name, count in
+            let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
+            state.set("/kernel/services/\(name)", value: Frame(value.jsonBytes), now: monotonicNow())
+        }
+        broker.builtIn = { [unowned self] request in
+            self.assumeIsolated { kernel in kernel.builtIn(request) }
+        }
+        timers.append(loop.scheduleRepeating(every: configuration.heartbeatInterval) { broker.tick(now: monotonicNow()) })
+        let sweep = min(configuration.queueTimeout / 10, .milliseconds(100))
+        timers.append(loop.scheduleRepeating(every: max(sweep, .milliseconds(5))) {
+            let now = monotonicNow()
+            broker.expireQueued(now: now)
+            state.tick(now: now)
+        })
+    }
+
+    /// Stops serving: closes every socket and ends the loop thread.
+    public func stop() async {
+        for timer in timers { timer.cancel() }
+        timers.removeAll()
+        for registration in registrations { registration.close() }
+        registrations.removeAll()
+        endpoints = nil
+        logger.info("kernel stopped")
+        await loop.shutdown()
+    }
+
+    // MARK: The built-in `kernel` service
+
+    private func builtIn(_ request: JSONRPCRequest) -> Result<JSONValue, JSONRPCError> {
+        let params = request.params?.objectValue ?? [:]
+        switch request.method {
+        case "ping":
+            return .success(["pong": true, "instance": .string(instance),
+                             "uptimeSeconds": .double((Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000)])
+        case "services.list":
+            let services = broker.services.values.sorted { $0.name < $1.name }.map { service -> JSONValue in
+                let inFlight = broker.workers.values.filter { $0.service == service.name && $0.inFlight != nil }.count
+                return ["name": .string(service.name), "workers": .int(Int64(service.workers)),
+                        "idle": .int(Int64(service.idle.count)), "queued": .int(Int64(service.requests.count)),
+                        "inFlight": .int(Int64(inFlight))]
+            }
+            return .success(["services": .array(services)])
+        case "stats":
+            var perService: [String: JSONValue] = [:]
+            for service in broker.services.values {
+                let stats = service.stats
+                let mean = stats.replies > 0 ? Double(stats.totalLatencyNanoseconds) / Double(stats.replies) / 1_000 : 0
+                perService[service.name] = ["requests": .int(Int64(stats.requests)), "replies": .int(Int64(stats.replies)),
+                                            "unavailable": .int(Int64(stats.unavailable)), "redispatched": .int(Int64(stats.redispatched)),
+                                            "outcomeUnknown": .int(Int64(stats.outcomeUnknown)), "queued": .int(Int64(service.requests.count)),
+                                            "workers": .int(Int64(service.workers)), "meanLatencyMicroseconds": .double(mean.rounded())]
+            }
+            return .success(["requests": .int(Int64(broker.totalRequests)), "protocolErrors": .int(Int64(broker.protocolErrors)),
+                             "services": .object(perService),
+                             "state": ["keys": .int(Int64(state.entries.count)), "sequence": .int(Int64(state.sequence)),
+                                       "rejectedWrites": .int(Int64(state.rejectedWrites))]])
+        case "state.set":
+            guard case .string(let key)? = params["key"], key.hasPrefix("/"), key.count > 1 else {
+                return .failure(.invalidParams(field: "key", "must be a path starting with '/'"))
+            }
+            guard !key.hasPrefix("/kernel/") else { return .failure(.forbidden("keys under /kernel/ are the kernel's own")) }
+            var ttl: Double?
+            if let value = params["ttl"], !value.isNull {
+                switch value {
+                case .int(let seconds) where seconds >= 0: ttl = Double(seconds)
+                case .double(let seconds) where seconds >= 0 && seconds.isFinite: ttl = seconds
+                default: return .failure(.invalidParams(field: "ttl", "must be a non-negative number of seconds"))
+                }
+            }
+            let value = params["value"] ?? .null
+            let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
+            let sequence = state.set(key, value: frame, ttl: ttl, now: monotonicNow())
+            return .success(["sequence": .int(Int64(sequence))])
+        case "state.get":
+            let prefix: String
+            switch params["prefix"] {
+            case nil, .null?: prefix = ""
+            case .string(let text)?: prefix = text
+            default: return .failure(.invalidParams(field: "prefix", "must be a string"))
+            }
+            let entries = state.entries(under: prefix).map { key, entry -> JSONValue in
+                let value = (try? JSONValue(parsing: entry.value.bytes)) ?? .string(entry.value.string ?? "")
+                return ["key": .string(key), "sequence": .int(Int64(entry.sequence)), "value": value]
+            }
+            return .success(["sequence": .int(Int64(state.sequence)), "entries": .array(entries)])
+        default:
+            return .failure(.methodNotFound(request.method))
+        }
+    }
+}
+
+/// Monotonic nanoseconds, for deadlines.
+func monotonicNow() -> UInt64 {
+    var time = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &time)
+    return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+}

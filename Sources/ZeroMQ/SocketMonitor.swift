@@ -1,0 +1,40 @@
+internal import CZeroMQ
+
+/// Connection events libzmq reports for a monitored socket (`zmq_socket_monitor`).
+public struct SocketEvents: OptionSet, Sendable, Hashable {
+    public let rawValue: UInt16
+    public init(rawValue: UInt16) { self.rawValue = rawValue }
+    public static let connected = SocketEvents(rawValue: UInt16(ZMQ_EVENT_CONNECTED))
+    public static let accepted = SocketEvents(rawValue: UInt16(ZMQ_EVENT_ACCEPTED))
+    public static let disconnected = SocketEvents(rawValue: UInt16(ZMQ_EVENT_DISCONNECTED))
+    public static let handshakeSucceeded = SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_SUCCEEDED))
+    public static let all = SocketEvents(rawValue: UInt16(ZMQ_EVENT_ALL))
+}
+
+/// One event read from a monitor socket: which event, and the endpoint it concerns.
+public struct SocketEvent: Sendable, Hashable {
+    public let event: SocketEvents
+    public let value: UInt32
+    public let endpoint: String
+
+    /// Decodes the two-frame monitor message: 2 bytes event, 4 bytes value, then the endpoint.
+    public init?(_ message: Message) {
+        guard message.count == 2, message[0].count == 6 else { return nil }
+        let (event, value) = message[0].withUnsafeBytes { raw -> (UInt16, UInt32) in
+            (UInt16(raw[0]) | UInt16(raw[1]) << 8,
+             UInt32(raw[2]) | UInt32(raw[3]) << 8 | UInt32(raw[4]) << 16 | UInt32(raw[5]) << 24)
+        }
+        self.event = SocketEvents(rawValue: event)
+        self.value = value
+        self.endpoint = message[1].string ?? ""
+    }
+}
+
+extension ZMQSocket {
+    /// Starts publishing `events` of this socket on a PAIR socket bound at `endpoint`
+    /// (an `inproc://` name); connect a `.pair` socket there to read them as ``SocketEvent``.
+    public func monitor(_ endpoint: String, events: SocketEvents) throws(ZMQError) {
+        let handle = try raw("zmq_socket_monitor(\(endpoint))")
+        try zmqCall("zmq_socket_monitor(\(endpoint))") { zmq_socket_monitor(handle, endpoint, Int32(events.rawValue)) }
+    }
+}

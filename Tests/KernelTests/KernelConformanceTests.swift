@@ -1,0 +1,290 @@
+import BusProtocol
+import Foundation
+import Kernel
+import Testing
+import ZeroMQ
+
+/// A kernel on free loopback ports, for one test.
+struct RunningKernel {
+    let kernel: Kernel
+    let endpoints: Kernel.Endpoints
+    let context: ZMQContext
+
+    static func start(_ configure: (inout KernelConfiguration) -> Void = { _ in }) async throws -> RunningKernel {
+        var configuration = KernelConfiguration()
+        configuration.brokerEndpoint = "tcp://127.0.0.1:*"
+        configuration.snapshotEndpoint = "tcp://127.0.0.1:*"
+        configuration.publisherEndpoint = "tcp://127.0.0.1:*"
+        configuration.collectorEndpoint = "tcp://127.0.0.1:*"
+        configure(&configuration)
+        let context = try ZMQContext()
+        let kernel = try Kernel(configuration: configuration, context: context)
+        let endpoints = try await kernel.start()
+        return RunningKernel(kernel: kernel, endpoints: endpoints, context: context)
+    }
+
+    /// A raw socket connected to one of the kernel's endpoints, with bounded waits.
+    func socket(_ type: SocketType, _ endpoint: String, id: String? = nil) throws -> ZMQSocket {
+        let socket = try ZMQSocket(context, type)
+        try socket.set(.receiveTimeout, 5_000)
+        try socket.set(.sendTimeout, 5_000)
+        if let id { try socket.set(.routingID, Array(id.utf8)) }
+        try socket.connect(endpoint)
+        return socket
+    }
+
+    func stop() async { await kernel.stop() }
+}
+
+/// Receives, skipping heartbeats, until a message that is not a HEARTBEAT arrives.
+func receiveSkippingHeartbeats(_ socket: ZMQSocket) throws -> Message {
+    while true {
+        let message = try socket.receive()
+        if message.count == 3, message[2] == Frame([MDP.Command.heartbeat.rawValue]) { continue }
+        return message
+    }
+}
+
+func kernelRequest(_ method: String, _ params: JSONValue? = nil, id: Int64 = 1) -> Message {
+    MDP.request(service: "kernel", body: [Frame(JSONRPCRequest(id: .number(id), method: method, params: params).jsonBytes)])
+}
+
+func result(_ reply: Message) throws -> JSONValue {
+    let decoded = try MDP.decodeAtClient(reply)
+    let responses = try JSONRPC.parseResponses(decoded.body[0].bytes)
+    return try responses[0].outcome.get()
+}
+
+@Suite("Kernel conformance: raw frames against a live kernel")
+struct KernelConformanceTests {
+    @Test("MDP: a raw worker and a raw client exchange a request through the kernel")
+    func requestReply() async throws {
+        let running = try await RunningKernel.start()
+        let worker = try running.socket(.dealer, running.endpoints.broker, id: "W1")
+        try worker.send(MDP.encode(.ready(service: "echo")))
+        let client = try running.socket(.dealer, running.endpoints.broker, id: "C1")
+        try client.send(MDP.request(service: "echo", body: ["hello", Frame()]))
+        let request = try MDP.decodeAtWorker(try receiveSkippingHeartbeats(worker))
+        guard case .request(let clientAddress, let body) = request else { Issue.record("expected REQUEST"); return }
+        #expect(clientAddress == "C1")
+        #expect(body == ["hello", Frame()])
+        try worker.send(MDP.encode(.reply(client: clientAddress, body: ["world"])))
+        let reply = try client.receive()
+        #expect(reply == ["", "MDPC01", "echo", "world"])
+        await running.stop()
+    }
+
+    @Test("MMI: mmi.service answers 200 and 404, other mmi.* names 501")
+    func mmi() async throws {
+        let running = try await RunningKernel.start()
+        let worker = try running.socket(.dealer, running.endpoints.broker)
+        try worker.send(MDP.encode(.ready(service: "echo")))
+        let client = try running.socket(.dealer, running.endpoints.broker)
+        // READY has no answer, so ask until the registration has landed.
+        try client.send(MDP.request(service: "mmi.service", body: ["echo"]))
+        #expect(try client.receive() == ["", "MDPC01", "mmi.service", "200"])
+        try client.send(MDP.request(service: "mmi.service", body: ["nobody"]))
+        #expect(try client.receive() == ["", "MDPC01", "mmi.service", "404"])
+        try client.send(MDP.request(service: "mmi.echo", body: ["x"]))
+        #expect(try client.receive() == ["", "MDPC01", "mmi.echo", "501"])
+        await running.stop()
+    }
+
+    @Test("a worker claiming mmi.* or kernel, or sending a second READY, is disconnected", arguments: ["mmi.x", "kernel"])
+    func reservedNames(name: String) async throws {
+        let running = try await RunningKernel.start()
+        let worker = try running.socket(.dealer, running.endpoints.broker)
+        try worker.send(MDP.encode(.ready(service: name)))
+        #expect(try MDP.decodeAtWorker(try receiveSkippingHeartbeats(worker)) == .disconnect)
+        let twice = try running.socket(.dealer, running.endpoints.broker)
+        try twice.send(MDP.encode(.ready(service: "echo")))
+        try twice.send(MDP.encode(.ready(service: "echo")))
+        #expect(try MDP.decodeAtWorker(try receiveSkippingHeartbeats(twice)) == .disconnect)
+        await running.stop()
+    }
+
+    @Test("bad frames are dropped or answered with DISCONNECT, and the kernel keeps serving")
+    func badFrames() async throws {
+        let running = try await RunningKernel.start { $0.maxMessageSize = 64 * 1024 }
+        let hostile = try running.socket(.dealer, running.endpoints.broker)
+        let garbage: [Message] = [
+            ["x"], ["", "MDPX01", "echo", "body"], ["", "MDPC01"], ["", "MDPC01", "", "body"],
+            [Frame([0xFF, 0x00, 0x13]), Frame([UInt8](repeating: 7, count: 300))],
+            ["", "MDPW01", Frame([0x09])],
+        ]
+        for message in garbage { try hostile.send(message) }
+        // A worker-protocol violation is answered with DISCONNECT.
+        #expect(try MDP.decodeAtWorker(try receiveSkippingHeartbeats(hostile)) == .disconnect)
+        // HEARTBEAT and REPLY from a stranger: DISCONNECT.
+        let stranger = try running.socket(.dealer, running.endpoints.broker)
+        try stranger.send(MDP.encode(.heartbeat))
+        #expect(try MDP.decodeAtWorker(try receiveSkippingHeartbeats(stranger)) == .disconnect)
+        try stranger.send(MDP.encode(.reply(client: "nobody", body: ["x"])))
+        #expect(try MDP.decodeAtWorker(try receiveSkippingHeartbeats(stranger)) == .disconnect)
+        // An oversized message gets its sender disconnected at the socket level.
+        let big = try running.socket(.dealer, running.endpoints.broker)
+        try big.send(MDP.request(service: "kernel", body: [Frame([UInt8](repeating: 1, count: 128 * 1024))]))
+        // The kernel still serves a well-behaved client.
+        let client = try running.socket(.dealer, running.endpoints.broker)
+        try client.send(kernelRequest("ping"))
+        #expect(try result(try client.receive())["pong"] == true)
+        try client.send(kernelRequest("stats"))
+        let stats = try result(try client.receive())
+        #expect((stats["protocolErrors"]?.intValue ?? 0) >= 4)
+        await running.stop()
+    }
+
+    @Test("a request for a service with no worker gets -32001 with its id after the queue timeout")
+    func noWorker() async throws {
+        let running = try await RunningKernel.start { $0.queueTimeout = .milliseconds(300) }
+        let client = try running.socket(.dealer, running.endpoints.broker)
+        let started = Date()
+        try client.send(MDP.request(service: "nobody", body: [Frame(JSONRPCRequest(id: .string("r-1"), method: "x").jsonBytes)]))
+        let reply = try MDP.decodeAtClient(try client.receive())
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(reply.service == "nobody")
+        let response = try JSONRPC.parseResponses(reply.body[0].bytes)[0]
+        #expect(response.id == .string("r-1"))
+        guard case .failure(let error) = response.outcome else { Issue.record("expected an error"); return }
+        #expect(error.code == -32001)
+        #expect(error.message.contains("no worker for 'nobody'"))
+        #expect(elapsed >= 0.25)
+        // An opaque body still gets an answer, with a null id.
+        try client.send(MDP.request(service: "nobody", body: ["not json"]))
+        let opaque = try JSONRPC.parseResponses(try MDP.decodeAtClient(try client.receive()).body[0].bytes)[0]
+        #expect(opaque.id == .null)
+        await running.stop()
+    }
+
+    @Test("the kernel service: ping, services.list, state.set/get, errors")
+    func builtIns() async throws {
+        let running = try await RunningKernel.start()
+        let worker = try running.socket(.dealer, running.endpoints.broker)
+        try worker.send(MDP.encode(.ready(service: "echo")))
+        let client = try running.socket(.dealer, running.endpoints.broker)
+        try client.send(MDP.request(service: "mmi.service", body: ["echo"]))
+        _ = try client.receive()
+        try client.send(kernelRequest("services.list"))
+        let services = try result(try client.receive())["services"]?.arrayValue ?? []
+        #expect(services.contains { $0["name"] == "echo" && $0["workers"] == 1 && $0["idle"] == 1 })
+        try client.send(kernelRequest("state.set", ["key": "/test/a", "value": ["n": 1]]))
+        let sequence = try result(try client.receive())["sequence"]?.intValue ?? 0
+        #expect(sequence > 0)
+        try client.send(kernelRequest("state.get", ["prefix": "/test/"]))
+        let got = try result(try client.receive())
+        #expect(got["entries"] == [["key": "/test/a", "sequence": .int(sequence), "value": ["n": 1]]])
+        try client.send(kernelRequest("state.set", ["key": "/kernel/x", "value": 1]))
+        #expect(throws: JSONRPCError.self) { try result(try client.receive()) }
+        try client.send(kernelRequest("state.set", ["value": 1]))
+        do { _ = try result(try client.receive()) } catch let error as JSONRPCError {
+            #expect(error.code == -32602)
+            #expect(error.data?["field"] == "key")
+        }
+        try client.send(kernelRequest("no.such"))
+        do { _ = try result(try client.receive()) } catch let error as JSONRPCError { #expect(error.code == -32601) }
+        try client.send(MDP.request(service: "kernel", body: ["{bad json"]))
+        let parseError = try JSONRPC.parseResponses(try MDP.decodeAtClient(try client.receive()).body[0].bytes)[0]
+        #expect(parseError.outcome.failureCode == -32700)
+        await running.stop()
+    }
+
+    @Test("CHP: snapshot, then live KVPUB, HUGZ, collector writes within /client/ only, TTL expiry")
+    func chp() async throws {
+        let running = try await RunningKernel.start { $0.hugzInterval = .milliseconds(200) }
+        let client = try running.socket(.dealer, running.endpoints.broker)
+        try client.send(kernelRequest("state.set", ["key": "/catalog/countries", "value": ["count": 249]]))
+        let first = try result(try client.receive())["sequence"]?.intValue ?? 0
+
+        let subscriber = try running.socket(.sub, running.endpoints.publisher)
+        try subscriber.subscribe("/catalog/")
+        try subscriber.subscribe("/client/")
+        try subscriber.subscribe("HUGZ")
+        // The kernel greets a new subscription with a HUGZ: after it, nothing can be missed.
+        #expect(try CHP.decodeUpdate(try subscriber.receive()) == .hugz)
+
+        let snapshot = try running.socket(.dealer, running.endpoints.snapshot)
+        try snapshot.send(CHP.icanhaz(subtree: "/catalog/"))
+        #expect(try CHP.decodeSnapshotReply(try snapshot.receive()) == .entry(KVEntry(key: "/catalog/countries", sequence: UInt64(first), value: Frame((["count": 249] as JSONValue).jsonBytes))))
+        guard case .done(let snapshotSequence, "/catalog/") = try CHP.decodeSnapshotReply(try snapshot.receive()) else {
+            Issue.record("expected KTHXBAI"); return
+        }
+        #expect(snapshotSequence >= UInt64(first))
+
+        try client.send(kernelRequest("state.set", ["key": "/catalog/items", "value": 1]))
+        _ = try client.receive()
+        func nextEntry() throws -> KVEntry {
+            while true {
+                if case .entry(let entry) = try CHP.decodeUpdate(try subscriber.receive()) { return entry }
+            }
+        }
+        let update = try nextEntry()
+        #expect(update.key == "/catalog/items")
+        #expect(update.sequence == snapshotSequence + 1)
+
+        let collector = try running.socket(.pub, running.endpoints.collector)
+        // Writes outside /client/ are refused; inside they are published, TTL honoured.
+        for _ in 0..<50 {
+            try collector.send(CHP.kv(KVEntry(key: "/catalog/evil", value: "x")))
+            try collector.send(CHP.kv(KVEntry(key: "/client/note", properties: [("ttl", "0.3")], value: "hi")))
+            if let message = try subscriber.tryReceive(), case .entry(let entry) = try CHP.decodeUpdate(message) {
+                #expect(entry.key == "/client/note")
+                #expect(entry.ttl == 0.3)
+                break
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        // The entry expires: a delete is published.
+        var deleted = false
+        for _ in 0..<200 {
+            let entry = try nextEntry()
+            #expect(entry.key != "/catalog/evil")
+            if entry.key == "/client/note" && entry.isDelete { deleted = true; break }
+        }
+        #expect(deleted)
+        await running.stop()
+    }
+
+    @Test("a request whose worker goes silent is re-sent to another worker, answered once")
+    func workerDeath() async throws {
+        let running = try await RunningKernel.start {
+            $0.heartbeatInterval = .milliseconds(100)
+            $0.heartbeatLiveness = 3
+        }
+        let doomed = try running.socket(.dealer, running.endpoints.broker, id: "doomed")
+        try doomed.send(MDP.encode(.ready(service: "svc")))
+        let client = try running.socket(.dealer, running.endpoints.broker)
+        try client.send(MDP.request(service: "mmi.service", body: ["svc"]))
+        _ = try client.receive()
+        try client.send(MDP.request(service: "svc", body: [Frame(JSONRPCRequest(id: .number(5), method: "m").jsonBytes)]))
+        guard case .request = try MDP.decodeAtWorker(try receiveSkippingHeartbeats(doomed)) else { Issue.record("expected REQUEST"); return }
+        // The doomed worker never answers nor heartbeats; a healthy one joins.
+        let healthy = try running.socket(.dealer, running.endpoints.broker, id: "healthy")
+        try healthy.send(MDP.encode(.ready(service: "svc")))
+        var answered = false
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline {
+            guard let message = try healthy.tryReceive() else {
+                try healthy.send(MDP.encode(.heartbeat))
+                try await Task.sleep(for: .milliseconds(20))
+                continue
+            }
+            if case .request(let address, let body) = try MDP.decodeAtWorker(message) {
+                try healthy.send(MDP.encode(.reply(client: address, body: body)))
+                answered = true
+                break
+            }
+        }
+        #expect(answered)
+        #expect(try MDP.decodeAtClient(try client.receive()).service == "svc")
+        // The late reply of the doomed worker is refused (DISCONNECT), never a second answer.
+        try doomed.send(MDP.encode(.reply(client: Frame(try client.get(.routingID)), body: ["late"])))
+        try client.set(.receiveTimeout, 300)
+        #expect(try client.tryReceive() == nil)
+        #expect(throws: ZMQError.self) { _ = try client.receive() }
+        await running.stop()
+    }
+}
+
+extension Result where Success == JSONValue, Failure == JSONRPCError {
+    var failureCode: Int? { if case .failure(let error) = self { error.code } else { nil } }
+}
