@@ -45,6 +45,17 @@ func receiveSkippingHeartbeats(_ socket: ZMQSocket) throws -> Message {
     }
 }
 
+/// Asks `mmi.service` until the kernel reports `service` registered (READY has no answer,
+/// and travels on another connection than the client's question).
+func waitForService(_ client: ZMQSocket, _ service: String) async throws {
+    for _ in 0..<250 {
+        try client.send(MDP.request(service: "mmi.service", body: [Frame(service)]))
+        if try client.receive().last == "200" { return }
+        try await Task.sleep(for: .milliseconds(20))
+    }
+    throw ZMQError(call: "waitForService(\(service))", code: 110)
+}
+
 func kernelRequest(_ method: String, _ params: JSONValue? = nil, id: Int64 = 1) -> Message {
     MDP.request(service: "kernel", body: [Frame(JSONRPCRequest(id: .number(id), method: method, params: params).jsonBytes)])
 }
@@ -80,7 +91,7 @@ struct KernelConformanceTests {
         let worker = try running.socket(.dealer, running.endpoints.broker)
         try worker.send(MDP.encode(.ready(service: "echo")))
         let client = try running.socket(.dealer, running.endpoints.broker)
-        // READY has no answer, so ask until the registration has landed.
+        try await waitForService(client, "echo")
         try client.send(MDP.request(service: "mmi.service", body: ["echo"]))
         #expect(try client.receive() == ["", "MDPC01", "mmi.service", "200"])
         try client.send(MDP.request(service: "mmi.service", body: ["nobody"]))
@@ -162,8 +173,7 @@ struct KernelConformanceTests {
         let worker = try running.socket(.dealer, running.endpoints.broker)
         try worker.send(MDP.encode(.ready(service: "echo")))
         let client = try running.socket(.dealer, running.endpoints.broker)
-        try client.send(MDP.request(service: "mmi.service", body: ["echo"]))
-        _ = try client.receive()
+        try await waitForService(client, "echo")
         try client.send(kernelRequest("services.list"))
         let services = try result(try client.receive())["services"]?.arrayValue ?? []
         #expect(services.contains { $0["name"] == "echo" && $0["workers"] == 1 && $0["idle"] == 1 })
@@ -248,40 +258,47 @@ struct KernelConformanceTests {
     func workerDeath() async throws {
         let running = try await RunningKernel.start {
             $0.heartbeatInterval = .milliseconds(100)
-            $0.heartbeatLiveness = 3
+            $0.heartbeatLiveness = 5
         }
+        let client = try running.socket(.dealer, running.endpoints.broker)
         let doomed = try running.socket(.dealer, running.endpoints.broker, id: "doomed")
         try doomed.send(MDP.encode(.ready(service: "svc")))
-        let client = try running.socket(.dealer, running.endpoints.broker)
-        try client.send(MDP.request(service: "mmi.service", body: ["svc"]))
-        _ = try client.receive()
+        try await waitForService(client, "svc")
         try client.send(MDP.request(service: "svc", body: [Frame(JSONRPCRequest(id: .number(5), method: "m").jsonBytes)]))
-        guard case .request = try MDP.decodeAtWorker(try receiveSkippingHeartbeats(doomed)) else { Issue.record("expected REQUEST"); return }
-        // The doomed worker never answers nor heartbeats; a healthy one joins.
+        // The doomed worker heartbeats until it holds the request, then goes silent for good.
+        #expect(try await serve(doomed, until: Date().addingTimeInterval(5)) { _ in nil })
+        // A healthy worker joins, heartbeating on schedule, and answers what it is given.
         let healthy = try running.socket(.dealer, running.endpoints.broker, id: "healthy")
         try healthy.send(MDP.encode(.ready(service: "svc")))
-        var answered = false
-        let deadline = Date().addingTimeInterval(5)
-        while Date() < deadline {
-            guard let message = try healthy.tryReceive() else {
-                try healthy.send(MDP.encode(.heartbeat))
-                try await Task.sleep(for: .milliseconds(20))
-                continue
-            }
-            if case .request(let address, let body) = try MDP.decodeAtWorker(message) {
-                try healthy.send(MDP.encode(.reply(client: address, body: body)))
-                answered = true
-                break
-            }
-        }
-        #expect(answered)
-        #expect(try MDP.decodeAtClient(try client.receive()).service == "svc")
+        #expect(try await serve(healthy, until: Date().addingTimeInterval(10)) { $0 })
+        let reply = try MDP.decodeAtClient(try client.receive())
+        #expect(reply.body == [Frame(JSONRPCRequest(id: .number(5), method: "m").jsonBytes)])
         // The late reply of the doomed worker is refused (DISCONNECT), never a second answer.
         try doomed.send(MDP.encode(.reply(client: Frame(try client.get(.routingID)), body: ["late"])))
         try client.set(.receiveTimeout, 300)
-        #expect(try client.tryReceive() == nil)
         #expect(throws: ZMQError.self) { _ = try client.receive() }
         await running.stop()
+    }
+
+    /// Plays a worker: heartbeats every 50 ms until a REQUEST arrives, then answers it with
+    /// `answer(body)` (no answer for nil). Returns whether a request arrived in time.
+    func serve(_ worker: ZMQSocket, until deadline: Date, answer: ([Frame]) -> [Frame]?) async throws -> Bool {
+        var lastBeat = Date.distantPast
+        while Date() < deadline {
+            if Date().timeIntervalSince(lastBeat) >= 0.05 {
+                try worker.send(MDP.encode(.heartbeat))
+                lastBeat = Date()
+            }
+            guard let message = try worker.tryReceive() else {
+                try await Task.sleep(for: .milliseconds(10))
+                continue
+            }
+            if case .request(let address, let body) = try MDP.decodeAtWorker(message) {
+                if let reply = answer(body) { try worker.send(MDP.encode(.reply(client: address, body: reply))) }
+                return true
+            }
+        }
+        return false
     }
 }
 
