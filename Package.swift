@@ -12,15 +12,18 @@ let package = Package(
     name: "Switchboard",
     platforms: [.macOS(.v15)],
     products: [
+        .executable(name: "switchboard", targets: ["switchboard"]),
         .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
         .library(name: "BusProtocol", targets: ["BusProtocol"]),
         .library(name: "Kernel", targets: ["Kernel"]),
+        .library(name: "BusKit", targets: ["BusKit"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-collections", from: "1.1.0"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.6.0"),
     ],
     targets: [
         // libzmq through its system headers; see the module map for why no pkg-config.
@@ -50,6 +53,36 @@ let package = Package(
                 "BusProtocol", "ZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: sharedSettings
+        ),
+        // The runtime every client and service uses: BusClient, Subscription, ServiceHost,
+        // StatePublisher.
+        .target(
+            name: "BusKit",
+            dependencies: [
+                "BusProtocol", "ZeroMQ",
+                .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: sharedSettings
+        ),
+        // A service that answers with what it is sent: for tests, benchmarks and trying the bus.
+        .target(
+            name: "EchoService",
+            dependencies: ["BusKit", "BusProtocol"],
+            swiftSettings: sharedSettings
+        ),
+        // The `switchboard` executable: `switchboard kernel`, `switchboard serve NAME`.
+        .executableTarget(
+            name: "switchboard",
+            dependencies: [
+                "Kernel", "BusKit", "EchoService", "ZeroMQ",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: sharedSettings
         ),

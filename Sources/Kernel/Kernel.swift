@@ -1,6 +1,7 @@
 import BusProtocol
 import Foundation
 public import Logging
+public import ServiceLifecycle
 public import ZeroMQ
 
 /// The Switchboard kernel: a Majordomo broker and a Clustered-Hashmap state server on one
@@ -201,4 +202,13 @@ func monotonicNow() -> UInt64 {
     var time = timespec()
     clock_gettime(CLOCK_MONOTONIC, &time)
     return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+}
+
+extension Kernel: Service {
+    /// Serves until graceful shutdown (SIGTERM/SIGINT through a `ServiceGroup`), then stops.
+    public func run() async throws {
+        try start()
+        try? await gracefulShutdown()
+        await stop()
+    }
 }

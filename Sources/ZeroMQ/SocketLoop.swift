@@ -401,14 +401,16 @@ public final class LoopTimer {
 
 /// A value that may be carried across threads but used only on its loop's thread,
 /// where it is checked (after swift-nio's `NIOLoopBound`).
-struct LoopBound<Value>: @unchecked Sendable {
+public struct LoopBound<Value>: @unchecked Sendable {
     private let wrapped: Value
-    let loop: SocketLoop
-    init(_ value: Value, loop: SocketLoop) {
+    public let loop: SocketLoop
+    /// Wraps `value`; call on the loop thread (where `value` lives).
+    public init(_ value: Value, loop: SocketLoop) {
         self.wrapped = value
         self.loop = loop
     }
-    var value: Value {
+    /// The value; stops with a message when read off the loop thread.
+    public var value: Value {
         loop.preconditionLoopThread()
         return wrapped
     }

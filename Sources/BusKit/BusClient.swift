@@ -1,0 +1,227 @@
+public import BusProtocol
+import Foundation
+import Synchronization
+public import ZeroMQ
+
+/// A client of the bus: JSON-RPC requests to services through the kernel (7/MDP).
+///
+/// One DEALER connection carries any number of requests at once; replies are matched by
+/// their JSON-RPC id. After a kernel restart libzmq reconnects by itself: requests that
+/// were in flight time out, later ones go through.
+///
+/// ```swift
+/// let bus = try await BusClient(brokers: ["tcp://127.0.0.1:5555"])
+/// let pong = try await bus.request(service: "kernel", method: "ping")
+/// ```
+public final class BusClient: Sendable {
+    public let brokers: [String]
+    public let defaultTimeout: Duration
+    let loop: SocketLoop
+    private let ownsLoop: Bool
+    private let core: LoopBound<ClientCore>
+
+    /// Connects to the kernel(s) at `brokers` (with several, requests are spread over
+    /// those that are up).
+    /// - Parameters:
+    ///   - loop: the loop to run the socket on; by default the client starts its own.
+    ///   - timeout: the default time to wait for each reply.
+    public init(brokers: [String], context: ZMQContext? = nil, loop: SocketLoop? = nil, timeout: Duration = .seconds(5)) async throws {
+        precondition(!brokers.isEmpty, "BusClient needs at least one broker endpoint")
+        self.brokers = brokers
+        self.defaultTimeout = timeout
+        if let loop {
+            self.loop = loop
+            ownsLoop = false
+        } else {
+            self.loop = try SocketLoop(context: try context ?? ZMQContext(), name: "bus-client")
+            ownsLoop = true
+        }
+        let loop = self.loop
+        core = try await loop.run {
+            let socket = try ZMQSocket(loop.context, .dealer)
+            try socket.set(.immediate, brokers.count > 1)
+            try socket.set(.receiveHighWaterMark, 0)
+            try socket.set(.sendHighWaterMark, 0)
+            for broker in brokers { try socket.connect(broker) }
+            let core = ClientCore(loop: loop)
+            core.registration = loop.register(socket) { [unowned core] message in core.received(message) }
+            core.startSweeping()
+            return LoopBound(core, loop: loop)
+        }
+    }
+
+    /// Sends a JSON-RPC request to `service` and waits for its result.
+    ///
+    /// - Throws: ``BusError/remote(service:_:)`` when the service answers an error,
+    ///   ``BusError/unavailable(service:message:)`` when no worker took it in time,
+    ///   ``BusError/timedOut(service:method:after:)`` when nothing came back in `timeout`.
+    public func request(service: String, method: String, params: JSONValue? = nil, timeout: Duration? = nil) async throws(BusError) -> JSONValue {
+        let timeout = timeout ?? defaultTimeout
+        let core = self.core
+        let id = ClientCore.nextID()
+        let body = Frame(JSONRPCRequest(id: .number(id), method: method, params: params).jsonBytes)
+        let outcome: Result<JSONValue, BusError> = await withTaskCancellationHandler {
+            await withUnsafeContinuation { continuation in
+                let pending = ClientCore.Pending(continuation: continuation, service: service, method: method, timeout: timeout,
+                                                 deadline: monotonicNow() + timeout.nanosecondsValue)
+                loop.execute { core.value.send(id: id, pending: pending, message: MDP.request(service: service, body: [body])) }
+            }
+        } onCancel: {
+            loop.execute { core.value.cancel(id: id) }
+        }
+        return try outcome.get()
+    }
+
+    /// Sends a request and decodes its result as `R`.
+    public func request<R: Decodable>(_ type: R.Type, service: String, method: String, params: JSONValue? = nil, timeout: Duration? = nil) async throws -> R {
+        try await request(service: service, method: method, params: params, timeout: timeout).decode(as: R.self)
+    }
+
+    /// Sends an opaque request (any frames) and waits for the reply's frames. Replies to
+    /// opaque requests carry no id, so they are matched per service in order: use this for
+    /// `mmi.*` and non-JSON services, one request per service at a time.
+    public func call(service: String, body: [Frame], timeout: Duration? = nil) async throws(BusError) -> [Frame] {
+        let timeout = timeout ?? defaultTimeout
+        let core = self.core
+        let outcome: Result<[Frame], BusError> = await withUnsafeContinuation { continuation in
+            loop.execute {
+                core.value.sendOpaque(service: service, message: MDP.request(service: service, body: body), timeout: timeout,
+                                      continuation: continuation)
+            }
+        }
+        return try outcome.get()
+    }
+
+    /// Whether a service has at least one worker (8/MMI `mmi.service`).
+    public func hasWorkers(_ service: String, timeout: Duration? = nil) async throws(BusError) -> Bool {
+        try await call(service: "mmi.service", body: [Frame(service)], timeout: timeout).first?.string == "200"
+    }
+
+    /// Closes the connection; waiting requests fail with ``BusError/closed``.
+    public func close() async {
+        let core = self.core
+        _ = try? await loop.run { core.value.close() }
+        if ownsLoop { await loop.shutdown() }
+    }
+}
+
+/// The client's state, confined to its loop thread.
+final class ClientCore {
+    struct Pending {
+        let continuation: UnsafeContinuation<Result<JSONValue, BusError>, Never>
+        let service: String
+        let method: String
+        let timeout: Duration
+        let deadline: UInt64
+    }
+
+    struct OpaquePending {
+        let continuation: UnsafeContinuation<Result<[Frame], BusError>, Never>
+        let deadline: UInt64
+        let timeout: Duration
+    }
+
+    private static let idCounter = IDCounter()
+    static func nextID() -> Int64 { idCounter.next() }
+
+    unowned let loop: SocketLoop
+    var registration: SocketRegistration?
+    private var pending: [Int64: Pending] = [:]
+    private var opaque: [String: [OpaquePending]] = [:]
+    private var sweeper: LoopTimer?
+    private var closed = false
+
+    init(loop: SocketLoop) { self.loop = loop }
+
+    func startSweeping() {
+        // Timeouts are checked every 10 ms: cheaper than a timer per request.
+        sweeper = loop.scheduleRepeating(every: .milliseconds(10)) { [unowned self] in sweep() }
+    }
+
+    func send(id: Int64, pending request: Pending, message: Message) {
+        guard !closed, let registration else {
+            request.continuation.resume(returning: .failure(.closed))
+            return
+        }
+        pending[id] = request
+        registration.send(message)
+    }
+
+    func sendOpaque(service: String, message: Message, timeout: Duration, continuation: UnsafeContinuation<Result<[Frame], BusError>, Never>) {
+        guard !closed, let registration else {
+            continuation.resume(returning: .failure(.closed))
+            return
+        }
+        opaque[service, default: []].append(OpaquePending(continuation: continuation, deadline: monotonicNow() + timeout.nanosecondsValue, timeout: timeout))
+        registration.send(message)
+    }
+
+    func cancel(id: Int64) {
+        pending.removeValue(forKey: id)?.continuation.resume(returning: .failure(.timedOut(service: "", method: "cancelled", after: .zero)))
+    }
+
+    func received(_ message: Message) {
+        guard let reply = try? MDP.decodeAtClient(message) else { return }
+        let responses = reply.body.count == 1 ? try? JSONRPC.parseResponses(reply.body[0].bytes) : nil
+        var matched = false
+        for response in responses ?? [] {
+            guard case .number(let id) = response.id, let request = pending.removeValue(forKey: id) else { continue }
+            matched = true
+            switch response.outcome {
+            case .success(let result):
+                request.continuation.resume(returning: .success(result))
+            case .failure(let error) where error.code == JSONRPCError.serviceUnavailableCode:
+                request.continuation.resume(returning: .failure(.unavailable(service: request.service, message: error.message)))
+            case .failure(let error):
+                request.continuation.resume(returning: .failure(.remote(service: request.service, error)))
+            }
+        }
+        if !matched, var waiting = opaque[reply.service], !waiting.isEmpty {
+            let first = waiting.removeFirst()
+            opaque[reply.service] = waiting
+            first.continuation.resume(returning: .success(reply.body))
+        }
+    }
+
+    private func sweep() {
+        let now = monotonicNow()
+        if !pending.isEmpty {
+            let expired = pending.filter { $0.value.deadline <= now }
+            for (id, request) in expired {
+                pending.removeValue(forKey: id)
+                request.continuation.resume(returning: .failure(.timedOut(service: request.service, method: request.method, after: request.timeout)))
+            }
+        }
+        for (service, waiting) in opaque where waiting.contains(where: { $0.deadline <= now }) {
+            opaque[service] = waiting.filter { request in
+                guard request.deadline <= now else { return true }
+                request.continuation.resume(returning: .failure(.timedOut(service: service, method: "(opaque)", after: request.timeout)))
+                return false
+            }
+        }
+    }
+
+    func close() {
+        closed = true
+        sweeper?.cancel()
+        for request in pending.values { request.continuation.resume(returning: .failure(.closed)) }
+        pending.removeAll()
+        for waiting in opaque.values { for request in waiting { request.continuation.resume(returning: .failure(.closed)) } }
+        opaque.removeAll()
+        registration?.close()
+        registration = nil
+    }
+}
+
+/// Request ids unique within the process.
+final class IDCounter: Sendable {
+    private let value = Atomic<Int64>(0)
+    func next() -> Int64 { value.add(1, ordering: .relaxed).newValue }
+}
+
+/// Monotonic nanoseconds.
+func monotonicNow() -> UInt64 {
+    var time = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &time)
+    return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+}

@@ -1,0 +1,53 @@
+public import BusProtocol
+
+/// Why a request through the bus failed.
+public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// No reply within the client's timeout.
+    case timedOut(service: String, method: String, after: Duration)
+    /// The kernel found no worker for the service within its queue timeout (-32001).
+    case unavailable(service: String, message: String)
+    /// The service (or the kernel) answered with a JSON-RPC error.
+    case remote(service: String, JSONRPCError)
+    /// The reply could not be understood.
+    case protocolViolation(String)
+    /// The client was closed.
+    case closed
+
+    public var description: String {
+        switch self {
+        case .timedOut(let service, let method, let after):
+            "\(service) \(method): no reply within \(after.formatted)"
+        case .unavailable(let service, let message):
+            "\(service): \(message)"
+        case .remote(let service, let error):
+            "\(service): \(error)"
+        case .protocolViolation(let problem):
+            "protocol violation: \(problem)"
+        case .closed:
+            "the bus client is closed"
+        }
+    }
+
+    /// The JSON-RPC error code behind this error, where there is one.
+    public var code: Int? {
+        switch self {
+        case .unavailable: JSONRPCError.serviceUnavailableCode
+        case .remote(_, let error): error.code
+        case .timedOut: JSONRPCError.timedOutCode
+        default: nil
+        }
+    }
+}
+
+extension Duration {
+    var formatted: String {
+        let seconds = Double(components.seconds) + Double(components.attoseconds) / 1e18
+        return seconds == seconds.rounded() ? "\(Int(seconds)) s" : "\((seconds * 1000).rounded() / 1000) s"
+    }
+
+    var nanosecondsValue: UInt64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 else { return 0 }
+        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
+    }
+}

@@ -1,0 +1,138 @@
+import BusProtocol
+import Foundation
+
+/// A service of the bus: an actor with a name and a table of JSON-RPC methods.
+///
+/// ```swift
+/// actor Echo: BusService {
+///     static let name = "echo"
+///     nonisolated func methods(_ table: inout MethodTable<Echo>) {
+///         table.on("echo") { echo, params: JSONValue in params }
+///     }
+/// }
+/// ```
+public protocol BusService: Actor {
+    /// The service name workers register under (7/MDP READY).
+    static var name: String { get }
+    /// Adds the service's methods to `table`; called once when hosting starts.
+    nonisolated func methods(_ table: inout MethodTable<Self>)
+}
+
+/// For methods that take no params: accepts an absent, empty or null `params`.
+public struct NoParams: Decodable, Sendable {
+    public init() {}
+    public init(from decoder: any Decoder) throws {}
+}
+
+/// The JSON-RPC methods of a service, each with typed params and result.
+public struct MethodTable<Service: BusService>: Sendable {
+    typealias Handler = @Sendable (Service, JSONValue?) async throws -> JSONValue
+    private(set) var handlers: [String: Handler] = [:]
+
+    public init() {}
+
+    /// Adds `method`. Its params are decoded as `P`; a decoding failure is answered with
+    /// -32602 naming the field. A thrown ``JSONRPCError`` is answered as it is; any other
+    /// error as -32603 with its description.
+    public mutating func on<P: Decodable & Sendable, R: Encodable & Sendable>(
+        _ method: String, _ handler: @escaping @Sendable (Service, P) async throws -> R
+    ) {
+        handlers[method] = { service, params in
+            let decoded = try decodeParams(P.self, params)
+            return try JSONValue(encoding: try await handler(service, decoded))
+        }
+    }
+
+    /// The names of all methods, sorted.
+    public var methodNames: [String] { handlers.keys.sorted() }
+
+    /// Runs one request against `service` and returns the response owed (nil for a
+    /// notification).
+    func answer(_ request: JSONRPCRequest, on service: Service) async -> JSONRPCResponse? {
+        let outcome: Result<JSONValue, JSONRPCError>
+        if let handler = handlers[request.method] {
+            do {
+                outcome = .success(try await handler(service, request.params))
+            } catch let error as JSONRPCError {
+                outcome = .failure(error)
+            } catch {
+                outcome = .failure(.internalError(String(describing: error)))
+            }
+        } else {
+            outcome = .failure(.methodNotFound(request.method))
+        }
+        guard let id = request.id else { return nil }
+        switch outcome {
+        case .success(let result): return JSONRPCResponse(id: id, result: result)
+        case .failure(let error): return JSONRPCResponse(id: id, error: error)
+        }
+    }
+
+    /// Answers a whole request body (a request or a batch).
+    func answer(body: [UInt8], on service: Service) async -> [UInt8] {
+        switch JSONRPC.parseRequests(body) {
+        case .unusable(let response):
+            return response.jsonBytes
+        case .single(.invalid(let response)):
+            return response.jsonBytes
+        case .single(.request(let request)):
+            return await answer(request, on: service)?.jsonBytes ?? []
+        case .batch(let items):
+            var responses: [JSONRPCResponse] = []
+            for item in items {
+                switch item {
+                case .invalid(let response): responses.append(response)
+                case .request(let request):
+                    if let response = await answer(request, on: service) { responses.append(response) }
+                }
+            }
+            return JSONRPC.encodeReply(responses, batch: true) ?? []
+        }
+    }
+}
+
+/// Decodes params as `P`, turning decoding errors into -32602 naming the field.
+func decodeParams<P: Decodable>(_ type: P.Type, _ params: JSONValue?) throws -> P {
+    if P.self == NoParams.self { return NoParams() as! P }
+    if P.self == JSONValue.self { return (params ?? .null) as! P }
+    let value = params ?? .object([:])
+    do {
+        return try JSONDecoder().decode(P.self, from: Data(value.jsonBytes))
+    } catch let error as DecodingError {
+        throw paramsError(error)
+    }
+}
+
+private func paramsError(_ error: DecodingError) -> JSONRPCError {
+    func path(_ codingPath: [any CodingKey], _ last: (any CodingKey)? = nil) -> String {
+        let keys = codingPath + (last.map { [$0] } ?? [])
+        let text = keys.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }.joined(separator: ".")
+        return text.isEmpty ? "params" : text.replacingOccurrences(of: ".[", with: "[")
+    }
+    switch error {
+    case .keyNotFound(let key, let context):
+        return .invalidParams(field: path(context.codingPath, key), "is required")
+    case .typeMismatch(let type, let context):
+        return .invalidParams(field: path(context.codingPath), "must be \(describe(type))")
+    case .valueNotFound(let type, let context):
+        return .invalidParams(field: path(context.codingPath), "must be \(describe(type)), not null")
+    case .dataCorrupted(let context):
+        return .invalidParams(field: path(context.codingPath), context.debugDescription)
+    @unknown default:
+        return .invalidParams(field: "params", "\(error)")
+    }
+}
+
+private func describe(_ type: Any.Type) -> String {
+    switch type {
+    case is String.Type: return "a string"
+    case is Int.Type, is Int64.Type, is Int32.Type: return "an integer"
+    case is Double.Type, is Float.Type: return "a number"
+    case is Bool.Type: return "true or false"
+    default:
+        let name = String(describing: type)
+        if name.hasPrefix("Array") { return "an array" }
+        if name.hasPrefix("Dictionary") { return "an object" }
+        return "a \(name)"
+    }
+}

@@ -1,0 +1,246 @@
+import BusProtocol
+import Foundation
+public import Logging
+public import ServiceLifecycle
+public import ZeroMQ
+
+/// Hosts a ``BusService`` on the bus: N Majordomo worker connections (7/MDP), each
+/// registering the service, heartbeating, and answering one request at a time with the
+/// service's method table. Unknown methods get -32601, bad params -32602 naming the field,
+/// malformed JSON -32700.
+///
+/// After a DISCONNECT from the kernel, or when the kernel falls silent (a restart), each
+/// connection registers again on a new socket; ``onReregistered`` then runs, which is
+/// where a service republishes its state (see ``StatePublisher``).
+///
+/// A `ServiceHost` is a swift-service-lifecycle `Service`: `run()` serves until graceful
+/// shutdown, then unregisters (DISCONNECT) after in-flight requests finish.
+public final class ServiceHost<Hosted: BusService>: Service {
+    public struct Options: Sendable {
+        /// The kernel(s) to register with; connections are spread over them.
+        public var brokers: [String]
+        /// How many worker connections (requests handled at once).
+        public var connections: Int
+        public var heartbeatInterval: Duration
+        /// Missed heartbeats after which the kernel is considered gone.
+        public var heartbeatLiveness: Int
+        /// How long `stop()` waits for requests in flight.
+        public var drainTimeout: Duration
+
+        public init(brokers: [String], connections: Int = 2, heartbeatInterval: Duration = .milliseconds(2_500),
+                    heartbeatLiveness: Int = 3, drainTimeout: Duration = .seconds(5)) {
+            self.brokers = brokers
+            self.connections = connections
+            self.heartbeatInterval = heartbeatInterval
+            self.heartbeatLiveness = heartbeatLiveness
+            self.drainTimeout = drainTimeout
+        }
+    }
+
+    public let service: Hosted
+    public let options: Options
+    let loop: SocketLoop
+    private let logger: Logger
+    private let workers: [WorkerConnection<Hosted>]
+    private let reregistered: @Sendable () async -> Void
+
+    /// - Parameter onReregistered: runs after the kernel forgot this service (it restarted)
+    ///   and the service registered again.
+    public init(service: Hosted, options: Options, context: ZMQContext? = nil, logger: Logger? = nil,
+                onReregistered: @escaping @Sendable () async -> Void = {}) throws {
+        precondition(!options.brokers.isEmpty && options.connections > 0, "ServiceHost needs a broker and a connection")
+        self.service = service
+        self.options = options
+        let logger = logger ?? Logger(label: "switchboard.\(Hosted.name)")
+        self.logger = logger
+        self.reregistered = onReregistered
+        let loop = try SocketLoop(context: try context ?? ZMQContext(), name: "\(Hosted.name)-host")
+        self.loop = loop
+        var table = MethodTable<Hosted>()
+        service.methods(&table)
+        let frozen = table
+        workers = (0..<options.connections).map { index in
+            WorkerConnection(loop: loop, index: index, broker: options.brokers[index % options.brokers.count],
+                             service: service, table: frozen, options: options, logger: logger, onReregistered: onReregistered)
+        }
+    }
+
+    /// Registers every worker connection with the kernel. Returns once the READYs are
+    /// queued (7/MDP has no answer to READY).
+    public func start() async throws {
+        for worker in workers { try await worker.connect() }
+        logger.info("service hosted", metadata: ["service": "\(Hosted.name)", "connections": "\(workers.count)"])
+    }
+
+    /// Unregisters: waits (up to the drain timeout) for requests in flight, sends DISCONNECT
+    /// and closes every connection, then ends the loop.
+    public func stop() async {
+        for worker in workers { await worker.stop(drain: options.drainTimeout) }
+        await loop.shutdown()
+    }
+
+    public func run() async throws {
+        try await start()
+        try? await gracefulShutdown()
+        await stop()
+    }
+
+    /// Requests being handled right now, over all connections.
+    public func inFlight() async -> Int {
+        var total = 0
+        for worker in workers { total += await worker.busy }
+        return total
+    }
+}
+
+/// One MDP worker connection, running on the host's loop thread.
+actor WorkerConnection<Hosted: BusService> {
+    nonisolated let loop: SocketLoop
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+    enum State { case idle, registered, stopping, stopped }
+
+    let index: Int
+    let broker: String
+    let service: Hosted
+    let table: MethodTable<Hosted>
+    let options: ServiceHost<Hosted>.Options
+    let logger: Logger
+    let onReregistered: @Sendable () async -> Void
+
+    private var state = State.idle
+    private var registration: SocketRegistration?
+    private var heartbeat: LoopTimer?
+    private var liveness: Int
+    /// Bumped on every new socket, so a reply computed for an old socket is not sent.
+    private var generation = 0
+    private(set) var busy = 0
+    private var drained: [CheckedContinuation<Void, Never>] = []
+
+    init(loop: SocketLoop, index: Int, broker: String, service: Hosted, table: MethodTable<Hosted>,
+         options: ServiceHost<Hosted>.Options, logger: Logger, onReregistered: @escaping @Sendable () async -> Void) {
+        self.loop = loop
+        self.index = index
+        self.broker = broker
+        self.service = service
+        self.table = table
+        self.options = options
+        self.logger = logger
+        self.onReregistered = onReregistered
+        self.liveness = options.heartbeatLiveness
+    }
+
+    func connect() throws {
+        guard state == .idle || state == .registered else { return }
+        registration?.close()
+        generation += 1
+        let socket = try ZMQSocket(loop.context, .dealer)
+        try socket.set(.receiveHighWaterMark, 0)
+        try socket.set(.sendHighWaterMark, 0)
+        try socket.connect(broker)
+        let current = generation
+        registration = loop.register(socket) { [unowned self] message in
+            self.assumeIsolated { $0.received(message, generation: current) }
+        }
+        registration?.send(MDP.encode(.ready(service: Hosted.name)))
+        liveness = options.heartbeatLiveness
+        state = .registered
+        if heartbeat == nil {
+            heartbeat = loop.scheduleRepeating(every: options.heartbeatInterval) { [unowned self] in
+                self.assumeIsolated { $0.beat() }
+            }
+        }
+    }
+
+    private func received(_ message: Message, generation: Int) {
+        guard generation == self.generation, state == .registered else { return }
+        liveness = options.heartbeatLiveness
+        let command: BrokerToWorker
+        do {
+            command = try MDP.decodeAtWorker(message)
+        } catch {
+            logger.warning("malformed message from the kernel", metadata: ["problem": "\(error)"])
+            return
+        }
+        switch command {
+        case .heartbeat:
+            break
+        case .disconnect:
+            logger.info("the kernel asked to re-register", metadata: ["connection": "\(index)"])
+            reregister()
+        case .request(let client, let body):
+            busy += 1
+            let table = self.table, service = self.service
+            let bytes = body.count == 1 ? body[0].bytes : nil
+            Task {
+                let reply: [UInt8]
+                if let bytes {
+                    reply = await table.answer(body: bytes, on: service)
+                } else {
+                    reply = JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes
+                }
+                self.finished(client: client, reply: reply, generation: generation)
+            }
+        }
+    }
+
+    private func finished(client: Frame, reply: [UInt8], generation: Int) {
+        busy -= 1
+        if generation == self.generation, state == .registered || state == .stopping {
+            registration?.send(MDP.encode(.reply(client: client, body: [Frame(reply)])))
+        }
+        if busy == 0 {
+            for waiter in drained { waiter.resume() }
+            drained.removeAll()
+        }
+    }
+
+    private func beat() {
+        guard state == .registered else { return }
+        liveness -= 1
+        if liveness <= 0 {
+            logger.info("the kernel is silent; registering again", metadata: ["connection": "\(index)", "broker": "\(broker)"])
+            reregister()
+            return
+        }
+        registration?.send(MDP.encode(.heartbeat))
+    }
+
+    private func reregister() {
+        do {
+            try connect()
+        } catch {
+            logger.error("could not reconnect", metadata: ["error": "\(error)"])
+            return
+        }
+        if index == 0 {
+            let hook = onReregistered
+            Task.detached { await hook() }
+        }
+    }
+
+    func stop(drain timeout: Duration) async {
+        guard state == .registered || state == .idle else { return }
+        state = .stopping
+        if busy > 0 {
+            let loop = self.loop
+            await withCheckedContinuation { continuation in
+                drained.append(continuation)
+                loop.schedule(after: timeout) { [unowned self] in
+                    self.assumeIsolated { connection in
+                        for waiter in connection.drained { waiter.resume() }
+                        connection.drained.removeAll()
+                    }
+                }
+            }
+        }
+        heartbeat?.cancel()
+        heartbeat = nil
+        registration?.send(MDP.encode(.disconnect))
+        // Give the DISCONNECT a moment to leave before the socket closes.
+        try? registration?.socket.set(.linger, 200)
+        registration?.close()
+        registration = nil
+        state = .stopped
+    }
+}

@@ -1,0 +1,36 @@
+public import BusProtocol
+
+/// Publishes a service's state keys through the kernel's `state.set` (acknowledged with a
+/// sequence number, unlike the lossy CHP collector), and remembers them so that
+/// ``republish()`` can restore them after a kernel restart.
+public actor StatePublisher {
+    private let client: BusClient
+    private var current: [String: (value: JSONValue, ttl: Double?)] = [:]
+
+    public init(client: BusClient) {
+        self.client = client
+    }
+
+    /// Sets `key` to `value` (deletes it when `value` is nil) and returns its sequence number.
+    @discardableResult
+    public func set(_ key: String, _ value: JSONValue?, ttl: Double? = nil) async throws(BusError) -> UInt64 {
+        var params: [String: JSONValue] = ["key": .string(key), "value": value ?? .null]
+        if let ttl { params["ttl"] = .double(ttl) }
+        let result = try await client.request(service: "kernel", method: "state.set", params: .object(params))
+        if let value, !value.isNull { current[key] = (value, ttl) } else { current[key] = nil }
+        return UInt64(result["sequence"]?.intValue ?? 0)
+    }
+
+    /// Publishes every remembered key again. Returns how many were published.
+    @discardableResult
+    public func republish() async -> Int {
+        var published = 0
+        for (key, entry) in current.sorted(by: { $0.key < $1.key }) {
+            if (try? await set(key, entry.value, ttl: entry.ttl)) != nil { published += 1 }
+        }
+        return published
+    }
+
+    /// The keys this publisher has set.
+    public var keys: [String] { current.keys.sorted() }
+}
