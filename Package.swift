@@ -86,6 +86,12 @@ let package = Package(
             ],
             swiftSettings: sharedSettings
         ),
+        // Helpers for tests: in-process kernels, free ports, child processes, bounded waits.
+        .target(
+            name: "SwitchboardTestSupport",
+            dependencies: ["Kernel", "ZeroMQ"],
+            swiftSettings: sharedSettings
+        ),
         // Benchmarks that print figures (release build): `swift run -c release switchboard-bench`.
         .executableTarget(
             name: "switchboard-bench",
@@ -105,6 +111,11 @@ let package = Package(
         .testTarget(
             name: "KernelTests",
             dependencies: ["Kernel", "BusProtocol", "ZeroMQ"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "BusKitTests",
+            dependencies: ["BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

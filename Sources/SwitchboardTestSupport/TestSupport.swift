@@ -1,0 +1,150 @@
+public import Foundation
+public import Kernel
+import ZeroMQ
+
+/// Thrown when a bounded wait in a test runs out.
+public struct TimedOut: Error, CustomStringConvertible {
+    public let what: String
+    public var description: String { "timed out: \(what)" }
+}
+
+/// Runs `body`, failing with ``TimedOut`` if it takes longer than `seconds`.
+public func within<T: Sendable>(_ seconds: Double, _ what: String = "operation",
+                                _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    try await withThrowingTaskGroup(of: T.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: .seconds(seconds))
+            throw TimedOut(what: what)
+        }
+        defer { group.cancelAll() }
+        return try await group.next()!
+    }
+}
+
+/// Polls `condition` every 20 ms until it holds, failing after `seconds`.
+public func eventually(_ seconds: Double = 10, _ what: String, _ condition: @escaping @Sendable () async throws -> Bool) async throws {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if (try? await condition()) == true { return }
+        try await Task.sleep(for: .milliseconds(20))
+    }
+    throw TimedOut(what: what)
+}
+
+/// A loopback TCP port that was free a moment ago (the OS picks it).
+public func freePort() -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &address) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
+    }
+    _ = withUnsafeMutablePointer(to: &address) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+    }
+    return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// A fresh temporary directory.
+public func temporaryDirectory(_ label: String = "sb-test") throws -> URL {
+    let url = FileManager.default.temporaryDirectory.appendingPathComponent("\(label)-\(UUID().uuidString.prefix(8))")
+    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    return url
+}
+
+/// A kernel for one test, on loopback ports of its own.
+public struct TestKernel: Sendable {
+    public let kernel: Kernel
+    public let endpoints: Kernel.Endpoints
+    public let configuration: KernelConfiguration
+
+    /// Starts a kernel. With `fixedPorts`, the endpoints are concrete ports, so a second
+    /// kernel can be started on the same ones (a restart).
+    public static func start(fixedPorts: Bool = false, _ configure: (inout KernelConfiguration) -> Void = { _ in }) async throws -> TestKernel {
+        var configuration = KernelConfiguration()
+        let endpoint = { fixedPorts ? "tcp://127.0.0.1:\(freePort())" : "tcp://127.0.0.1:*" }
+        configuration.brokerEndpoint = endpoint()
+        configuration.snapshotEndpoint = endpoint()
+        configuration.publisherEndpoint = endpoint()
+        configuration.collectorEndpoint = endpoint()
+        configure(&configuration)
+        return try await start(configuration)
+    }
+
+    /// Starts a kernel with exactly this configuration.
+    public static func start(_ configuration: KernelConfiguration) async throws -> TestKernel {
+        let kernel = try Kernel(configuration: configuration, context: ZMQContext())
+        let endpoints = try await kernel.start()
+        return TestKernel(kernel: kernel, endpoints: endpoints, configuration: configuration)
+    }
+
+    /// A new kernel on the same endpoints (after ``stop()``): a kernel restart.
+    public func restarted() async throws -> TestKernel {
+        var configuration = self.configuration
+        configuration.brokerEndpoint = endpoints.broker
+        configuration.snapshotEndpoint = endpoints.snapshot
+        configuration.publisherEndpoint = endpoints.publisher
+        configuration.collectorEndpoint = endpoints.collector
+        return try await TestKernel.start(configuration)
+    }
+
+    public func stop() async { await kernel.stop() }
+}
+
+/// A child process a test started; ``stop()`` ends it (SIGTERM, then SIGKILL).
+public final class ChildProcess: @unchecked Sendable {
+    public let process: Process
+    public let output: Pipe
+
+    /// Starts `executable` with `arguments`; its stdout and stderr go to ``output``.
+    public init(_ executable: URL, _ arguments: [String]) throws {
+        process = Process()
+        process.executableURL = executable
+        process.arguments = arguments
+        output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+    }
+
+    public var pid: Int32 { process.processIdentifier }
+    public var isRunning: Bool { process.isRunning }
+
+    /// Sends `signal` to the process.
+    public func signal(_ signal: Int32) { kill(pid, signal) }
+
+    /// Ends the process: SIGTERM, then SIGKILL after `grace` seconds; waits for it.
+    public func stop(grace: Double = 5) {
+        guard process.isRunning else { return }
+        kill(pid, SIGTERM)
+        let deadline = Date().addingTimeInterval(grace)
+        while process.isRunning && Date() < deadline { usleep(10_000) }
+        if process.isRunning { kill(pid, SIGKILL) }
+        process.waitUntilExit()
+    }
+
+    /// Everything the process wrote so far (call after it ended).
+    public func readOutput() -> String {
+        String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    }
+
+    deinit { stop(grace: 1) }
+}
+
+/// The directory holding the built products (the test bundle's own directory).
+public func productsDirectory() -> URL {
+    URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+}
+
+/// The built `switchboard` executable.
+public func switchboardExecutable() -> URL {
+    var directory = productsDirectory()
+    // On Linux the test runner is `…/debug/SwitchboardPackageTests.xctest`.
+    if directory.lastPathComponent.hasSuffix(".xctest") { directory.deleteLastPathComponent() }
+    return directory.appendingPathComponent("switchboard")
+}

@@ -1,0 +1,296 @@
+import BusKit
+import BusProtocol
+import EchoService
+import Foundation
+import Kernel
+import Synchronization
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+/// Hosts an echo service against `kernel`, with fast heartbeats for tests.
+func hostEcho(_ kernel: TestKernel, instance: String = "echo", connections: Int = 2,
+              onReregistered: @escaping @Sendable () async -> Void = {}) async throws -> ServiceHost<EchoService> {
+    let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: connections,
+                                                   heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+    let host = try ServiceHost(service: EchoService(instance: instance), options: options, onReregistered: onReregistered)
+    try await host.start()
+    return host
+}
+
+func fastHeartbeats(_ configuration: inout KernelConfiguration) {
+    configuration.heartbeatInterval = .milliseconds(100)
+    configuration.heartbeatLiveness = 5
+}
+
+@Suite("BusKit: client, service hosting and subscriptions through a live kernel")
+struct BusKitTests {
+    @Test("a request reaches the hosted service and its result comes back")
+    func requestReply() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let host = try await hostEcho(kernel)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        #expect(try await bus.request(service: "echo", method: "echo", params: ["hello": "world"]) == ["hello": "world"])
+        #expect(try await bus.request(service: "kernel", method: "ping")["pong"] == true)
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("typed errors: unknown method -32601, bad params -32602 naming the field, a service's own error")
+    func errors() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let host = try await hostEcho(kernel)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        await #expect(throws: BusError.remote(service: "echo", .methodNotFound("nope"))) {
+            try await bus.request(service: "echo", method: "nope")
+        }
+        do {
+            _ = try await bus.request(service: "echo", method: "count", params: ["n": "three"])
+            Issue.record("expected -32602")
+        } catch {
+            #expect(error.code == -32602)
+            guard case .remote(_, let rpc) = error else { Issue.record("expected a remote error"); return }
+            #expect(rpc.data?["field"] == "n")
+            #expect(rpc.message.contains("must be an integer"))
+        }
+        do {
+            _ = try await bus.request(service: "echo", method: "count", params: [:])
+            Issue.record("expected -32602")
+        } catch {
+            guard case .remote(_, let rpc) = error else { Issue.record("expected a remote error"); return }
+            #expect(rpc.data?["field"] == "n")
+            #expect(rpc.message.contains("is required"))
+        }
+        await #expect(throws: BusError.remote(service: "echo", JSONRPCError(code: -32042, message: "nope"))) {
+            try await bus.request(service: "echo", method: "fail", params: ["code": -32042, "message": "nope"])
+        }
+        // Malformed JSON sent as an opaque body is answered with -32700.
+        let reply = try await bus.call(service: "echo", body: ["{not json"])
+        #expect(try JSONRPC.parseResponses(reply[0].bytes).first?.outcome.failureCode == -32700)
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("no worker: -32001 within the queue timeout; nobody answers: the client's own timeout")
+    func unavailableAndTimeout() async throws {
+        let kernel = try await TestKernel.start { $0.queueTimeout = .milliseconds(300) }
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let started = ContinuousClock.now
+        do {
+            _ = try await bus.request(service: "ghost", method: "x", timeout: .seconds(5))
+            Issue.record("expected -32001")
+        } catch {
+            #expect(error.code == -32001)
+            guard case .unavailable(let service, let message) = error else { Issue.record("\(error)"); return }
+            #expect(service == "ghost")
+            #expect(message.contains("no worker for 'ghost'"))
+        }
+        #expect(ContinuousClock.now - started < .seconds(3))
+        // A kernel that is not there: the client's timeout, named.
+        let nowhere = try await BusClient(brokers: ["tcp://127.0.0.1:\(freePort())"])
+        await #expect(throws: BusError.timedOut(service: "echo", method: "echo", after: .milliseconds(200))) {
+            try await nowhere.request(service: "echo", method: "echo", timeout: .milliseconds(200))
+        }
+        await nowhere.close()
+        await bus.close()
+        await kernel.stop()
+    }
+
+    @Test("two hosted workers share the load")
+    func loadSharing() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let first = try await hostEcho(kernel, instance: "first", connections: 1)
+        let second = try await hostEcho(kernel, instance: "second", connections: 1)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        try await eventually(5, "both workers registered") {
+            let list = try await bus.request(service: "kernel", method: "services.list")
+            return list["services"]?.arrayValue?.contains { $0["name"] == "echo" && $0["workers"] == 2 } == true
+        }
+        let answers = try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<40 {
+                group.addTask { try await bus.request(service: "echo", method: "sleep", params: ["ms": 5])["instance"]?.stringValue ?? "" }
+            }
+            var answers: [String] = []
+            for try await answer in group { answers.append(answer) }
+            return answers
+        }
+        #expect(answers.count == 40)
+        #expect(answers.contains("first") && answers.contains("second"))
+        #expect(await first.service.handled + second.service.handled == 40)
+        await bus.close()
+        await first.stop()
+        await second.stop()
+        await kernel.stop()
+    }
+
+    @Test("10 clients with 1,000 requests each in flight get every reply exactly once")
+    func manyInFlight() async throws {
+        let kernel = try await TestKernel.start { configuration in
+            fastHeartbeats(&configuration)
+            configuration.queueTimeout = .seconds(60)
+        }
+        let host = try await hostEcho(kernel, connections: 4)
+        let probe = try await BusClient(brokers: [kernel.endpoints.broker])
+        try await eventually(5, "echo registered") { try await probe.hasWorkers("echo") }
+        let totals = try await within(120, "10,000 requests") {
+            try await withThrowingTaskGroup(of: Int.self) { group in
+                for client in 0..<10 {
+                    group.addTask {
+                        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(60))
+                        let seen = try await withThrowingTaskGroup(of: Int64.self) { requests in
+                            for index in 0..<1_000 {
+                                requests.addTask {
+                                    try await bus.request(service: "echo", method: "count", params: ["n": .int(Int64(client * 1_000 + index))]).intValue ?? -1
+                                }
+                            }
+                            var seen: [Int64] = []
+                            for try await value in requests { seen.append(value) }
+                            return seen
+                        }
+                        await bus.close()
+                        #expect(Set(seen) == Set((0..<1_000).map { Int64(client * 1_000 + $0) }))
+                        return seen.count
+                    }
+                }
+                var total = 0
+                for try await count in group { total += count }
+                return total
+            }
+        }
+        #expect(totals == 10_000)
+        #expect(await host.service.handled == 10_000)
+        await probe.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("a subscription gets the snapshot, then every update once, in order, while writers race it")
+    func subscription() async throws {
+        let kernel = try await TestKernel.start()
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let publisher = StatePublisher(client: bus)
+        for index in 0..<20 { try await publisher.set("/catalog/item\(index)", ["v": 0]) }
+        // Writers keep going while the subscription starts: nothing may be lost or doubled.
+        let writer = Task {
+            for round in 1...50 {
+                for index in 0..<20 { try await publisher.set("/catalog/item\(index)", ["v": .int(Int64(round))]) }
+            }
+            try await publisher.set("/catalog/done", true)
+        }
+        let subscription = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
+                                                       prefixes: ["/catalog/"])
+        let values = try await within(30, "all updates") {
+            var values: [String: Int64] = [:]
+            var lastSequence: UInt64 = 0
+            var snapshotDone = false
+            for try await update in subscription {
+                if update.fromSnapshot { #expect(!snapshotDone) } else { snapshotDone = true }
+                if !update.fromSnapshot {
+                    #expect(update.sequence > lastSequence, "updates arrive once, in sequence order")
+                    lastSequence = update.sequence
+                }
+                if update.key == "/catalog/done" { break }
+                let value = update.json?["v"]?.intValue ?? -1
+                if let previous = values[update.key] { #expect(value >= previous, "\(update.key) went back") }
+                values[update.key] = value
+            }
+            return values
+        }
+        try await writer.value
+        #expect(values.count == 20)
+        #expect(values.values.allSatisfy { $0 == 50 })
+        await subscription.cancel()
+        await bus.close()
+        await kernel.stop()
+    }
+
+    @Test("a kernel restart under a live worker and a live subscription: re-registration, resync, state kept")
+    func kernelRestart() async throws {
+        var kernel = try await TestKernel.start(fixedPorts: true, fastHeartbeats)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(2))
+        let publisher = StatePublisher(client: bus)
+        let republished = Atomic<Int>(0)
+        let host = try await hostEcho(kernel, onReregistered: {
+            let count = await publisher.republish()
+            republished.add(count, ordering: .relaxed)
+        })
+        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        try await publisher.set("/store/history", ["items": ["paris"]])
+        let subscription = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
+                                                       prefixes: ["/store/"], silenceTimeout: .seconds(2))
+        let first = try await within(10, "snapshot") { try await subscription.next() }
+        #expect(first?.key == "/store/history" && first?.fromSnapshot == true)
+
+        await kernel.stop()
+        kernel = try await kernel.restarted()
+        let restarted = kernel
+
+        // The worker registers again by itself; requests work again.
+        try await eventually(15, "echo registered with the new kernel") {
+            try await bus.hasWorkers("echo", timeout: .milliseconds(500))
+        }
+        #expect(try await bus.request(service: "echo", method: "whoami") == "echo")
+        // The service republished its state, so the new kernel has it...
+        try await eventually(10, "state republished") {
+            let got = try await bus.request(service: "kernel", method: "state.get", params: ["prefix": "/store/"], timeout: .milliseconds(500))
+            return got["entries"]?.arrayValue?.count == 1
+        }
+        #expect(republished.load(ordering: .relaxed) >= 1)
+        // ...and the subscription resynchronised and goes on with live updates.
+        try await publisher.set("/store/history", ["items": ["paris", "rome"]])
+        let next = try await within(15, "update after restart") { () -> StateUpdate? in
+            while let update = try await subscription.next() {
+                if update.json?["items"]?.arrayValue?.count == 2 { return update }
+            }
+            return nil
+        }
+        #expect(next?.key == "/store/history")
+        #expect(await subscription.resyncCount() >= 1)
+        await subscription.cancel()
+        await host.stop()
+        await bus.close()
+        await restarted.stop()
+    }
+
+    @Test("a worker process killed mid-request: the other worker answers it")
+    func killedWorkerProcess() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let arguments = { (instance: String) in
+            ["serve", "echo", "--broker", kernel.endpoints.broker, "--connections", "1", "--heartbeat-ms", "100",
+             "--liveness", "5", "--instance", instance, "--log-level", "warning"]
+        }
+        let doomed = try ChildProcess(switchboardExecutable(), arguments("doomed"))
+        defer { doomed.stop(grace: 1) }
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        try await eventually(10, "the doomed worker registered") { try await bus.hasWorkers("echo") }
+        // A slow request lands on the only worker, which is then killed.
+        let slow = Task { try await bus.request(service: "echo", method: "sleep", params: ["ms": 2_000]) }
+        try await eventually(5, "the request is in flight") {
+            let list = try await bus.request(service: "kernel", method: "services.list")
+            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["inFlight"] == 1
+        }
+        let survivor = try ChildProcess(switchboardExecutable(), arguments("survivor"))
+        defer { survivor.stop() }
+        try await eventually(10, "the survivor registered") {
+            let list = try await bus.request(service: "kernel", method: "services.list")
+            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["workers"] == 2
+        }
+        doomed.signal(SIGKILL)
+        let answer = try await slow.value
+        #expect(answer["instance"] == "survivor")
+        #expect(answer["slept"] == 2_000)
+        let stats = try await bus.request(service: "kernel", method: "stats")
+        #expect(stats["services"]?["echo"]?["redispatched"] == 1)
+        await bus.close()
+        await kernel.stop()
+    }
+}
+
+extension Result where Success == JSONValue, Failure == JSONRPCError {
+    var failureCode: Int? { if case .failure(let error) = self { error.code } else { nil } }
+}
