@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Plain pyzmq peers for Switchboard's kernel, written from the RFCs alone:
+a 7/MDP worker, a 7/MDP client (with an 8/MMI query) and a 12/CHP subscriber.
+
+Usage:
+  zmq_peers.py worker BROKER SERVICE       echo every request until SIGTERM
+  zmq_peers.py client BROKER SERVICE BODY  send one request, print the reply body
+  zmq_peers.py subscribe SNAPSHOT PUBLISHER SUBTREE COUNT
+                                           print the snapshot, then COUNT live updates, as JSON lines
+Exit status 0 on success, 1 on a protocol error, 2 on a timeout.
+"""
+import json
+import signal
+import sys
+
+import zmq
+
+TIMEOUT_MS = 10000
+
+
+def fail(code, message):
+    print(message, file=sys.stderr)
+    sys.exit(code)
+
+
+def worker(broker, service):
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    socket.connect(broker)
+    socket.send_multipart([b"", b"MDPW01", b"\x01", service.encode()])
+    running = True
+
+    def stop(*_):
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+    while running:
+        if poller.poll(500):
+            frames = socket.recv_multipart()
+            if frames[:2] != [b"", b"MDPW01"]:
+                fail(1, "bad header: %r" % frames[:2])
+            command = frames[2]
+            if command == b"\x02":  # REQUEST: client address, empty, body
+                client, empty, body = frames[3], frames[4], frames[5:]
+                socket.send_multipart([b"", b"MDPW01", b"\x03", client, b""] + body)
+            elif command == b"\x05":  # DISCONNECT
+                return
+        socket.send_multipart([b"", b"MDPW01", b"\x04"])  # HEARTBEAT
+    socket.send_multipart([b"", b"MDPW01", b"\x05"])
+
+
+def client(broker, service, body):
+    context = zmq.Context()
+    socket = context.socket(zmq.REQ)  # REQ adds and strips frame 0 itself
+    socket.linger = 0
+    socket.rcvtimeo = TIMEOUT_MS
+    socket.connect(broker)
+    socket.send_multipart([b"MDPC01", service.encode(), body.encode()])
+    try:
+        frames = socket.recv_multipart()
+    except zmq.Again:
+        fail(2, "no reply")
+    if frames[0] != b"MDPC01" or frames[1] != service.encode():
+        fail(1, "bad reply header: %r" % frames[:2])
+    print(frames[2].decode())
+
+
+def subscribe(snapshot_endpoint, publisher_endpoint, subtree, count):
+    context = zmq.Context()
+    subscriber = context.socket(zmq.SUB)
+    subscriber.linger = 0
+    subscriber.rcvtimeo = TIMEOUT_MS
+    subscriber.setsockopt(zmq.SUBSCRIBE, subtree.encode())
+    subscriber.setsockopt(zmq.SUBSCRIBE, b"HUGZ")
+    subscriber.connect(publisher_endpoint)
+    # Wait for a HUGZ: the subscription is live from then on.
+    try:
+        while subscriber.recv_multipart()[0] != b"HUGZ":
+            pass
+    except zmq.Again:
+        fail(2, "no HUGZ")
+    snapshot = context.socket(zmq.DEALER)
+    snapshot.linger = 0
+    snapshot.rcvtimeo = TIMEOUT_MS
+    snapshot.connect(snapshot_endpoint)
+    snapshot.send_multipart([b"ICANHAZ?", subtree.encode()])
+    while True:
+        try:
+            key, sequence, _, _, value = snapshot.recv_multipart()
+        except zmq.Again:
+            fail(2, "snapshot incomplete")
+        sequence = int.from_bytes(sequence, "big")
+        if key == b"KTHXBAI":
+            last = sequence
+            break
+        print(json.dumps({"key": key.decode(), "sequence": sequence, "value": value.decode(), "snapshot": True}), flush=True)
+    seen = 0
+    while seen < count:
+        try:
+            key, sequence, _, properties, value = subscriber.recv_multipart()
+        except zmq.Again:
+            fail(2, "no update")
+        if key == b"HUGZ":
+            continue
+        sequence = int.from_bytes(sequence, "big")
+        if sequence <= last:
+            continue
+        last = sequence
+        seen += 1
+        print(json.dumps({"key": key.decode(), "sequence": sequence, "value": value.decode(), "snapshot": False}), flush=True)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode == "worker" and len(sys.argv) == 4:
+        worker(sys.argv[2], sys.argv[3])
+    elif mode == "client" and len(sys.argv) == 5:
+        client(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif mode == "subscribe" and len(sys.argv) == 6:
+        subscribe(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    else:
+        fail(64, __doc__)
