@@ -96,7 +96,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard-bench",
             dependencies: [
-                "ZeroMQ",
+                "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],

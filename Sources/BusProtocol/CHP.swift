@@ -106,7 +106,7 @@ extension CHP {
     public static func decodeSnapshotRequest(_ message: Message) throws(ProtocolError) -> (client: Frame, subtree: String) {
         let frames = message.frames
         guard frames.count == 3 else { throw ProtocolError("CHP", "ICANHAZ? has \(frames.count - 1) frames, expected 2") }
-        guard frames[1].equals(icanhazCommand.utf8) else { throw ProtocolError("CHP", "expected ICANHAZ?, got \(frames[1])") }
+        guard frames[1].equals(icanhazCommand) else { throw ProtocolError("CHP", "expected ICANHAZ?, got \(frames[1])") }
         guard let subtree = frames[2].string, isValidSubtree(subtree) else {
             throw ProtocolError("CHP", "subtree must be empty or a path ending in '/' (got \(frames[2]))")
         }

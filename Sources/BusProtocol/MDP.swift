@@ -123,12 +123,12 @@ extension MDP {
         let sender = frames[0]
         guard frames[1].isEmpty else { throw ProtocolError("MDP", "frame 1 must be empty (got \(frames[1].count) bytes)") }
         let header = frames[2]
-        if header.equals(clientHeader.utf8) {
+        if header.equals(clientHeader) {
             guard frames.count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(frames.count - 1) frames, expected at least 4") }
             let service = try serviceName(frames[3], "client REQUEST")
             return .request(client: sender, service: service, body: Array(frames[4...]))
         }
-        guard header.equals(workerHeader.utf8) else {
+        guard header.equals(workerHeader) else {
             throw ProtocolError("MDP", "unknown protocol header \(header)")
         }
         guard frames.count >= 4 else { throw ProtocolError("MDP", "worker message has no command frame") }
@@ -157,7 +157,7 @@ extension MDP {
         let frames = message.frames
         guard frames.count >= 3 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 3") }
         guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
-        guard frames[1].equals(workerHeader.utf8) else { throw ProtocolError("MDP", "expected header MDPW01, got \(frames[1])") }
+        guard frames[1].equals(workerHeader) else { throw ProtocolError("MDP", "expected header MDPW01, got \(frames[1])") }
         switch try workerCommand(frames[2]) {
         case .request:
             guard frames.count >= 6 else { throw ProtocolError("MDP", "broker REQUEST has \(frames.count) frames, expected at least 6") }
@@ -179,7 +179,7 @@ extension MDP {
         let frames = message.frames
         guard frames.count >= 4 else { throw ProtocolError("MDP", "client REPLY has \(frames.count) frames, expected at least 4") }
         guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
-        guard frames[1].equals(clientHeader.utf8) else { throw ProtocolError("MDP", "expected header MDPC01, got \(frames[1])") }
+        guard frames[1].equals(clientHeader) else { throw ProtocolError("MDP", "expected header MDPC01, got \(frames[1])") }
         let service = try serviceName(frames[2], "REPLY")
         return ClientReply(service: service, body: Array(frames[3...]))
     }

@@ -76,7 +76,7 @@ final class Broker {
             protocolErrors += 1
             logger.debug("dropped malformed message", metadata: ["problem": "\(error)"])
             // A peer speaking the worker protocol badly is disconnected; anything else is dropped.
-            if message.count >= 3, message[2].equals(MDP.workerHeader.utf8) {
+            if message.count >= 3, message[2].equals(MDP.workerHeader) {
                 disconnect(message[0], reason: "\(error)")
             }
             return

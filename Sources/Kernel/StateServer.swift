@@ -15,7 +15,6 @@ final class StateServer {
     struct Entry {
         var sequence: UInt64
         var value: Frame
-        var properties: [(name: String, value: String)]
         var expiresAt: UInt64?
     }
 
@@ -42,20 +41,24 @@ final class StateServer {
     /// Sets (or, with an empty value, deletes) `key`, publishes the change and returns its
     /// sequence number. A `ttl` in seconds deletes the key when it runs out.
     @discardableResult
-    func set(_ key: String, value: Frame, ttl: Double? = nil, uuid: [UInt8] = [], now: UInt64) -> UInt64 {
+    func set(_ key: String, value: Frame, ttl: Double? = nil, now: UInt64) -> UInt64 {
+        let properties = ttl.map { ttl in "ttl=\(ttl == ttl.rounded() ? String(Int(ttl)) : String(ttl))\n" } ?? ""
+        return set(key, keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(), properties: Frame(properties), now: now)
+    }
+
+    /// The same with the frames to publish already at hand: a KVSET's own key, UUID,
+    /// properties and value frames are published as they came, without copying.
+    private func set(_ key: String, keyFrame: Frame, value: Frame, ttl: Double?, uuid: Frame, properties: Frame, now: UInt64) -> UInt64 {
         sequence += 1
-        var properties: [(name: String, value: String)] = []
-        if let ttl { properties.append(("ttl", ttl == ttl.rounded() ? String(Int(ttl)) : String(ttl))) }
-        let old = entries[key]
-        if old?.expiresAt != nil { expiring -= 1 }
+        if entries[key]?.expiresAt != nil { expiring -= 1 }
         if value.isEmpty {
             entries[key] = nil
         } else {
             let expiresAt = ttl.map { now + UInt64($0 * 1e9) }
             if expiresAt != nil { expiring += 1 }
-            entries[key] = Entry(sequence: sequence, value: value, properties: properties, expiresAt: expiresAt)
+            entries[key] = Entry(sequence: sequence, value: value, expiresAt: expiresAt)
         }
-        publish(CHP.kv(KVEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value)))
+        publish([keyFrame, CHP.sequenceFrame(sequence), uuid, properties, value])
         lastPublished = now
         return sequence
     }
@@ -75,7 +78,7 @@ final class StateServer {
             logger.info("refused KVSET outside the writable prefixes", metadata: ["key": "\(entry.key)"])
             return
         }
-        set(entry.key, value: entry.value, ttl: entry.ttl, uuid: entry.uuid, now: now)
+        _ = set(entry.key, keyFrame: message[0], value: message[4], ttl: entry.ttl, uuid: message[2], properties: message[3], now: now)
     }
 
     // MARK: Reads

@@ -105,7 +105,18 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 
     /// Whether the frame holds exactly these bytes.
     public func equals(_ other: some Sequence<UInt8>) -> Bool {
-        withUnsafeBytes { $0.elementsEqual(other) }
+        if let fast = other.withContiguousStorageIfAvailable({ contiguous in
+            withUnsafeBytes { mine in
+                mine.count == contiguous.count && (mine.count == 0 || memcmp(mine.baseAddress!, contiguous.baseAddress!, mine.count) == 0)
+            }
+        }) { return fast }
+        return withUnsafeBytes { $0.elementsEqual(other) }
+    }
+
+    /// Whether the frame holds exactly the UTF-8 bytes of `text`.
+    public func equals(_ text: String) -> Bool {
+        var text = text
+        return text.withUTF8 { equals($0) }
     }
 
     public static func == (lhs: Frame, rhs: Frame) -> Bool {

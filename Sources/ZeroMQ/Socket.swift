@@ -104,21 +104,25 @@ public final class ZMQSocket {
     public func send(_ message: Message, options: SendOptions = []) throws(ZMQError) {
         let handle = try raw("zmq_msg_send")
         guard !message.isEmpty else { throw ZMQError(call: "zmq_msg_send(no frames)", code: EINVAL) }
-        let part = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: 1)
-        defer { part.deallocate() }
+        var part = zmq_msg_t()
         let last = message.count - 1
-        for (index, frame) in message.frames.enumerated() {
-            frame.storage.copy(into: part)
+        for index in 0...last {
+            let frame = message.frames[index]
             var flags = options.rawValue
             if index < last { flags |= ZMQ_SNDMORE }
             // After the first frame is accepted libzmq takes the rest of the message
             // whole, so an EAGAIN can only happen on frame 0 and nothing half-sent remains.
-            do {
-                try zmqCall("zmq_msg_send(\(type))") { zmq_msg_send(part, handle, flags) }
-            } catch {
-                zmq_msg_close(part)
-                throw error
+            let rc = withUnsafeMutablePointer(to: &part) { part -> Int32 in
+                frame.storage.copy(into: part)
+                while true {
+                    let rc = zmq_msg_send(part, handle, flags)
+                    if rc != -1 { return rc }
+                    if zmq_errno() == EINTR { continue }
+                    zmq_msg_close(part)
+                    return -1
+                }
             }
+            if rc == -1 { throw ZMQError(call: "zmq_msg_send(\(type))", code: zmq_errno()) }
         }
     }
 
@@ -151,24 +155,30 @@ public final class ZMQSocket {
 
     private func receive(flags: Int32) throws(ZMQError) -> Message? {
         let handle = try raw("zmq_msg_recv")
-        let part = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: 1)
-        defer { part.deallocate() }
+        var part = zmq_msg_t()
         var frames: [Frame] = []
         while true {
-            zmq_msg_init(part)
             // Only the first frame can be missing: the rest of a multipart message
             // arrives with it, so later frames are read without DONTWAIT.
             let frameFlags = frames.isEmpty ? flags : 0
-            do {
-                try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, frameFlags) }
-            } catch {
+            var more = false
+            let code = withUnsafeMutablePointer(to: &part) { part -> Int32 in
+                zmq_msg_init(part)
+                while zmq_msg_recv(part, handle, frameFlags) == -1 {
+                    let code = zmq_errno()
+                    if code == EINTR { continue }
+                    zmq_msg_close(part)
+                    return code
+                }
+                more = zmq_msg_more(part) == 1
+                frames.append(Frame(storage: FrameStorage(moving: part)))
                 zmq_msg_close(part)
-                if error.isAgain && frames.isEmpty { return nil }
-                throw error
+                return 0
             }
-            let more = zmq_msg_more(part) == 1
-            frames.append(Frame(storage: FrameStorage(moving: part)))
-            zmq_msg_close(part)
+            if code != 0 {
+                if code == EAGAIN && frames.isEmpty && flags & ZMQ_DONTWAIT != 0 { return nil }
+                throw ZMQError(call: "zmq_msg_recv(\(type))", code: code)
+            }
             if !more { return Message(frames) }
         }
     }

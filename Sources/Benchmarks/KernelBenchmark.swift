@@ -1,0 +1,336 @@
+import ArgumentParser
+import BusKit
+import BusProtocol
+import EchoService
+import Foundation
+import Histogram
+import Kernel
+import Synchronization
+import ZeroMQ
+
+/// The kernel under load: request round trips and pipelining through the Majordomo broker
+/// against a direct round trip, and CHP updates from the collector to subscribers.
+struct KernelBenchmark: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "kernel",
+        abstract: "Round trips and pipelining through the kernel; CHP updates to subscribers."
+    )
+
+    @Option(help: "Synchronous round trips per measurement.")
+    var roundTrips = 20_000
+    @Option(help: "Requests per pipelined measurement (per client).")
+    var requests = 200_000
+    @Option(help: "Requests in flight per client when pipelining.")
+    var window = 500
+    @Option(help: "Worker connections of the raw echo worker (requests it holds at once).")
+    var workerSockets = 64
+    @Option(help: "CHP updates per measurement.")
+    var updates = 500_000
+    @Option(help: "Runs of each measurement; the best is reported.")
+    var runs = 3
+
+    func run() async throws {
+        var configuration = KernelConfiguration()
+        configuration.brokerEndpoint = "tcp://127.0.0.1:*"
+        configuration.snapshotEndpoint = "tcp://127.0.0.1:*"
+        configuration.publisherEndpoint = "tcp://127.0.0.1:*"
+        configuration.collectorEndpoint = "tcp://127.0.0.1:*"
+        configuration.queueTimeout = .seconds(60)
+        let kernel = try Kernel(configuration: configuration, context: ZMQContext())
+        let endpoints = try await kernel.start()
+        // One single-connection worker for round trips (like the single-socket direct peer),
+        // one with many connections for pipelining (7/MDP: one request per connection).
+        let worker = try RawEchoWorker(broker: endpoints.broker, service: "bench", sockets: workerSockets)
+        let single = try RawEchoWorker(broker: endpoints.broker, service: "bench1", sockets: 1)
+        let direct = try EchoPeer()
+        let payload = Frame([UInt8](repeating: 0x5A, count: 64))
+        say("Kernel benchmark: 64-byte bodies over tcp://127.0.0.1, raw echo worker with \(workerSockets) connections, \(ProcessInfo.processInfo.activeProcessorCount) cores")
+        try await waitForWorkers(endpoints.broker, service: "bench", count: workerSockets)
+        try await waitForWorkers(endpoints.broker, service: "bench1", count: 1)
+
+        var rows: [Row] = []
+        let directRT = best(runs) { try directRoundTrips(direct.endpoint, payload) }
+        let kernelRT = best(runs) { try kernelRoundTrips(endpoints.broker, payload) }
+        let mmiRT = best(runs) { try mmiRoundTrips(endpoints.broker) }
+        rows.append(Row("direct round trip (DEALER-ROUTER)", rate: directRT.0, latencies: directRT.1))
+        rows.append(Row("kernel MMI round trip (kernel answers)", rate: mmiRT.0, latencies: mmiRT.1,
+                        note: String(format: "p50 %.2fx direct", Double(mmiRT.1.valueAtPercentile(50)) / Double(directRT.1.valueAtPercentile(50)))))
+        rows.append(Row("kernel round trip (MDP)", rate: kernelRT.0, latencies: kernelRT.1,
+                        note: String(format: "p50 %.2fx direct", Double(kernelRT.1.valueAtPercentile(50)) / Double(directRT.1.valueAtPercentile(50)))))
+        for clients in [1, 8] {
+            var rate = 0.0
+            for _ in 0..<runs { rate = max(rate, try pipelined(endpoints.broker, payload, clients: clients)) }
+            rows.append(Row("kernel pipelined, \(clients) client\(clients == 1 ? "" : "s")", rate: rate, note: "window \(window) each"))
+        }
+        rows.append(contentsOf: try await busKitRows(endpoints.broker))
+        for subscribers in [1, 10] {
+            var best: (rate: Double, gaps: Int, delivered: Int)?
+            for _ in 0..<runs {
+                let result = try chp(endpoints, subscribers: subscribers)
+                if best == nil || result.rate > best!.rate { best = result }
+            }
+            rows.append(Row("CHP collector to \(subscribers) subscriber\(subscribers == 1 ? "" : "s")", rate: best!.rate,
+                            note: "\(best!.gaps) gaps, \(best!.delivered)/\(updates) delivered to each"))
+        }
+        printTable(rows)
+        worker.stop()
+        single.stop()
+        direct.stop()
+        await kernel.stop()
+    }
+
+    private func best(_ runs: Int, _ measure: () throws -> (Double, Histogram<UInt64>)) -> (Double, Histogram<UInt64>) {
+        var best: (Double, Histogram<UInt64>)?
+        for _ in 0..<runs {
+            guard let result = try? measure() else { continue }
+            if best == nil || result.1.valueAtPercentile(50) < best!.1.valueAtPercentile(50) { best = result }
+        }
+        return best ?? (0, latencyHistogram())
+    }
+
+    private func waitForWorkers(_ broker: String, service: String, count: Int) async throws {
+        let bus = try await BusClient(brokers: [broker])
+        defer { Task { await bus.close() } }
+        for _ in 0..<500 {
+            let list = try await bus.request(service: "kernel", method: "services.list")
+            if list["services"]?.arrayValue?.first(where: { $0["name"] == .string(service) })?["workers"]?.intValue == Int64(count) { return }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        throw ValidationError("the raw echo worker did not register")
+    }
+
+    // MARK: Round trips
+
+    private func client(_ endpoint: String) throws -> (ZMQContext, ZMQSocket) {
+        let context = try ZMQContext()
+        let socket = try ZMQSocket(context, .dealer)
+        try socket.set(.receiveTimeout, 10_000)
+        try socket.set(.sendHighWaterMark, 0)
+        try socket.set(.receiveHighWaterMark, 0)
+        try socket.connect(endpoint)
+        return (context, socket)
+    }
+
+    private func directRoundTrips(_ endpoint: String, _ payload: Frame) throws -> (Double, Histogram<UInt64>) {
+        let (_, socket) = try client(endpoint)
+        return try measureRoundTrips { try socket.send([payload]); _ = try socket.receive() }
+    }
+
+    private func kernelRoundTrips(_ broker: String, _ payload: Frame) throws -> (Double, Histogram<UInt64>) {
+        let (_, socket) = try client(broker)
+        let request = MDP.request(service: "bench1", body: [payload])
+        return try measureRoundTrips { try socket.send(request); _ = try socket.receive() }
+    }
+
+    private func mmiRoundTrips(_ broker: String) throws -> (Double, Histogram<UInt64>) {
+        let (_, socket) = try client(broker)
+        let request = MDP.request(service: "mmi.service", body: ["bench"])
+        return try measureRoundTrips { try socket.send(request); _ = try socket.receive() }
+    }
+
+    private func measureRoundTrips(_ roundTrip: () throws -> Void) throws -> (Double, Histogram<UInt64>) {
+        for _ in 0..<1_000 { try roundTrip() }
+        var latencies = latencyHistogram()
+        let start = now()
+        for _ in 0..<roundTrips {
+            let sent = now()
+            try roundTrip()
+            _ = latencies.record(now() - sent)
+        }
+        return (Double(roundTrips) / (Double(now() - start) / 1e9), latencies)
+    }
+
+    // MARK: Pipelining
+
+    /// `clients` raw MDP clients, each on its own thread, each keeping `window` requests in flight.
+    private func pipelined(_ broker: String, _ payload: Frame, clients: Int) throws -> Double {
+        let perClient = requests / clients
+        let request = MDP.request(service: "bench", body: [payload])
+        let failures = Counter()
+        let done = DispatchGroup()
+        let start = now()
+        for _ in 0..<clients {
+            done.enter()
+            Thread { [window] in
+                defer { done.leave() }
+                do {
+                    let (_, socket) = try client(broker)
+                    var sent = 0, received = 0
+                    while received < perClient {
+                        while sent < perClient && sent - received < window {
+                            try socket.send(request)
+                            sent += 1
+                        }
+                        _ = try socket.receive()
+                        received += 1
+                    }
+                } catch {
+                    failures.add(1)
+                }
+            }.start()
+        }
+        done.wait()
+        guard failures.value == 0 else { throw ValidationError("a pipelined client lost replies") }
+        return Double(perClient * clients) / (Double(now() - start) / 1e9)
+    }
+
+    // MARK: The full stack: BusClient and a hosted service
+
+    private func busKitRows(_ broker: String) async throws -> [Row] {
+        let host = try ServiceHost(service: EchoService(), options: .init(brokers: [broker], connections: 8))
+        try await host.start()
+        let bus = try await BusClient(brokers: [broker], timeout: .seconds(30))
+        try await Task.sleep(for: .milliseconds(200))
+        for _ in 0..<500 { _ = try await bus.request(service: "echo", method: "echo", params: ["n": 1]) }
+        var latencies = latencyHistogram()
+        let count = roundTrips / 2
+        var start = now()
+        for _ in 0..<count {
+            let sent = now()
+            _ = try await bus.request(service: "echo", method: "echo", params: ["n": 1])
+            _ = latencies.record(now() - sent)
+        }
+        let syncRate = Double(count) / (Double(now() - start) / 1e9)
+        let total = 50_000
+        start = now()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for task in 0..<64 {
+                group.addTask {
+                    for _ in stride(from: task, to: total, by: 64) {
+                        _ = try await bus.request(service: "echo", method: "echo", params: ["n": 1])
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let pipelinedRate = Double(total) / (Double(now() - start) / 1e9)
+        await bus.close()
+        await host.stop()
+        return [
+            Row("BusClient to ServiceHost (JSON-RPC), sync", rate: syncRate, latencies: latencies, note: "full stack, 8 worker connections"),
+            Row("BusClient to ServiceHost, 64 tasks", rate: pipelinedRate, note: "full stack, one client"),
+        ]
+    }
+
+    // MARK: CHP
+
+    private func chp(_ endpoints: Kernel.Endpoints, subscribers count: Int) throws -> (rate: Double, gaps: Int, delivered: Int) {
+        let context = try ZMQContext()
+        let received = (0..<count).map { _ in Counter() }
+        let gaps = Counter()
+        let ready = DispatchGroup()
+        let finished = DispatchGroup()
+        let prefix = "/client/bench-\(UUID().uuidString.prefix(6))/"
+        var subscribers: [Thread] = []
+        for index in 0..<count {
+            let socket = try ZMQSocket(context, .sub)
+            try socket.set(.receiveHighWaterMark, 0)
+            try socket.set(.receiveTimeout, 10_000)
+            try socket.subscribe(prefix)
+            try socket.subscribe(CHP.hugzCommand)
+            try socket.connect(endpoints.publisher)
+            nonisolated(unsafe) let owned = socket
+            ready.enter()
+            finished.enter()
+            let counter = received[index]
+            let thread = Thread { [updates] in
+                defer { finished.leave() }
+                var greeted = false
+                var last: UInt64 = 0
+                var seen = 0
+                while seen < updates {
+                    // Only the sequence frame is read: the subscribers must not be the bottleneck.
+                    guard let message = try? owned.receive(), message.count == 5 else { break }
+                    if message[0].equals(CHP.hugzCommand) {
+                        if !greeted { greeted = true; ready.leave() }
+                        continue
+                    }
+                    let sequence = message[1].withUnsafeBytes { $0.reduce(UInt64(0)) { $0 << 8 | UInt64($1) } }
+                    if last != 0 && sequence != last + 1 { gaps.add(1) }
+                    last = sequence
+                    seen += 1
+                    counter.set(seen)
+                }
+                if !greeted { ready.leave() }
+            }
+            subscribers.append(thread)
+            thread.start()
+        }
+        guard ready.wait(timeout: .now() + 10) == .success else { throw ValidationError("subscribers were not greeted") }
+        let publisher = try ZMQSocket(context, .pub)
+        try publisher.set(.sendHighWaterMark, 0)
+        try publisher.connect(endpoints.collector)
+        Thread.sleep(forTimeInterval: 0.2)  // PUB/SUB joins are not acknowledged; let the collector's link settle
+        let value = Frame([UInt8](repeating: 0x41, count: 64))
+        let keys = (0..<1_000).map { Frame("\(prefix)\($0)") }
+        let empty = Frame(), sequence = CHP.sequenceFrame(0)
+        let start = now()
+        var sent = 0
+        // Keep at most 50,000 updates ahead of the slowest subscriber (PUB drops rather than
+        // waits), sleeping rather than spinning so the kernel keeps the CPU.
+        while sent < updates {
+            let slowest = received.map(\.value).min() ?? 0
+            if sent - slowest >= 50_000 { usleep(200); continue }
+            try publisher.send([keys[sent % keys.count], sequence, empty, empty, value])
+            sent += 1
+        }
+        _ = finished.wait(timeout: .now() + 30)
+        let elapsed = Double(now() - start) / 1e9
+        let delivered = received.map(\.value).min() ?? 0
+        return (Double(delivered) / elapsed, gaps.value, delivered)
+    }
+}
+
+/// A Majordomo worker on one thread with one or many connections, each holding one
+/// request: it answers every REQUEST at once with the body it carries.
+final class RawEchoWorker: @unchecked Sendable {
+    let context: ZMQContext
+    private let thread: Thread
+    private let running = Counter()  // 0 while running, 1 once asked to stop
+
+    init(broker: String, service: String, sockets count: Int) throws {
+        context = try ZMQContext()
+        var sockets: [ZMQSocket] = []
+        for _ in 0..<count {
+            let socket = try ZMQSocket(context, .dealer)
+            try socket.set(.sendHighWaterMark, 0)
+            try socket.set(.receiveHighWaterMark, 0)
+            try socket.connect(broker)
+            try socket.send(MDP.encode(.ready(service: service)))
+            sockets.append(socket)
+        }
+        nonisolated(unsafe) let owned = sockets
+        let running = self.running
+        thread = Thread {
+            var poller = ZMQPoller()
+            for socket in owned { _ = try? poller.add(socket) }
+            var lastBeat = now()
+            while running.value == 0 {
+                guard (try? poller.poll(timeoutMilliseconds: 500)) != nil else { break }
+                for (index, socket) in owned.enumerated() where poller.events(at: index).contains(.readable) {
+                    while let message = try? socket.tryReceive() {
+                        if case .request(let client, let body)? = try? MDP.decodeAtWorker(message) {
+                            try? socket.send(MDP.encode(.reply(client: client, body: body)))
+                        }
+                    }
+                }
+                if now() - lastBeat > 1_000_000_000 {
+                    for socket in owned { try? socket.send(MDP.encode(.heartbeat)) }
+                    lastBeat = now()
+                }
+            }
+            for socket in owned { socket.close() }
+        }
+        thread.start()
+    }
+
+    func stop() { running.set(1) }
+}
+
+/// A counter shared between threads.
+final class Counter: Sendable {
+    private let atomic = Atomic<Int>(0)
+    var value: Int { atomic.load(ordering: .relaxed) }
+    func add(_ amount: Int) { atomic.add(amount, ordering: .relaxed) }
+    func set(_ value: Int) { atomic.store(value, ordering: .relaxed) }
+}
