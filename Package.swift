@@ -24,6 +24,7 @@ let package = Package(
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.6.0"),
+        .package(url: "https://github.com/jpsim/Yams", from: "5.0.0"),
     ],
     targets: [
         // libzmq through its system headers; see the module map for why no pkg-config.
@@ -69,6 +70,12 @@ let package = Package(
             ],
             swiftSettings: sharedSettings
         ),
+        // Config/switchboard.yaml: parsing and strict checking.
+        .target(
+            name: "SwitchboardConfig",
+            dependencies: ["Kernel", .product(name: "Yams", package: "Yams")],
+            swiftSettings: sharedSettings
+        ),
         // A service that answers with what it is sent: for tests, benchmarks and trying the bus.
         .target(
             name: "EchoService",
@@ -79,7 +86,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "Kernel", "BusKit", "EchoService", "ZeroMQ",
+                "Kernel", "BusKit", "EchoService", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -116,6 +123,11 @@ let package = Package(
         .testTarget(
             name: "BusKitTests",
             dependencies: ["BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "SwitchboardConfigTests",
+            dependencies: ["SwitchboardConfig", "Kernel"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

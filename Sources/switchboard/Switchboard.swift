@@ -5,6 +5,7 @@ import Foundation
 import Kernel
 public import Logging
 import ServiceLifecycle
+import SwitchboardConfig
 import ZeroMQ
 
 @main
@@ -40,50 +41,69 @@ extension Logger.Level: @retroactive ExpressibleByArgument {}
 struct KernelCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "kernel",
-        abstract: "Run the kernel: the Majordomo broker (7/MDP, 8/MMI) and the CHP state server (12/CHP)."
+        abstract: "Run the kernel: the Majordomo broker (7/MDP, 8/MMI) and the CHP state server (12/CHP).",
+        discussion: "Settings come from --config (default: Config/switchboard.yaml when present); flags override them."
     )
 
     @OptionGroup var common: CommonOptions
+    @Option(help: "The configuration file (YAML).")
+    var config: String?
     @Option(help: "The broker's endpoint (clients and workers connect here).")
-    var broker = KernelConfiguration().brokerEndpoint
+    var broker: String?
     @Option(help: "The CHP snapshot endpoint.")
-    var snapshot = KernelConfiguration().snapshotEndpoint
+    var snapshot: String?
     @Option(help: "The CHP publisher endpoint.")
-    var publisher = KernelConfiguration().publisherEndpoint
+    var publisher: String?
     @Option(help: "The CHP collector endpoint.")
-    var collector = KernelConfiguration().collectorEndpoint
+    var collector: String?
     @Option(help: "Heartbeat interval in milliseconds.")
-    var heartbeatMs = 2_500
+    var heartbeatMs: Int?
     @Option(help: "Missed heartbeats before a worker is dead.")
-    var liveness = 3
+    var liveness: Int?
     @Option(help: "Milliseconds a request waits for a worker before -32001.")
-    var queueTimeoutMs = 5_000
+    var queueTimeoutMs: Int?
     @Option(help: "The largest message accepted, in bytes.")
-    var maxMessageSize = KernelConfiguration().maxMessageSize
+    var maxMessageSize: Int?
     @Option(name: .customLong("no-retry"), help: "A service whose requests are not re-sent when their worker dies (repeatable).")
     var nonRetriable: [String] = []
     @Option(name: .customLong("writable-prefix"), help: "A key prefix the collector accepts (repeatable; default /client/).")
     var writablePrefixes: [String] = []
 
     func validate() throws {
-        guard heartbeatMs > 0, liveness > 0, queueTimeoutMs > 0, maxMessageSize > 0 else {
-            throw ValidationError("--heartbeat-ms, --liveness, --queue-timeout-ms and --max-message-size must be positive")
+        for (name, value) in [("--heartbeat-ms", heartbeatMs), ("--liveness", liveness), ("--queue-timeout-ms", queueTimeoutMs),
+                              ("--max-message-size", maxMessageSize)] {
+            if let value, value <= 0 { throw ValidationError("\(name) must be positive") }
         }
+    }
+
+    /// The file's settings with the flags applied on top.
+    func kernelConfiguration() throws -> KernelConfiguration {
+        var configuration = KernelConfiguration()
+        let defaultPath = "Config/switchboard.yaml"
+        if let path = config ?? (FileManager.default.fileExists(atPath: defaultPath) ? defaultPath : nil) {
+            do {
+                configuration = try ConfigFile.load(URL(fileURLWithPath: path)).kernel
+            } catch {
+                FileHandle.standardError.write(Data("switchboard: \(path): \(error)\n".utf8))
+                throw ExitCode(78)  // EX_CONFIG
+            }
+        }
+        if let broker { configuration.brokerEndpoint = broker }
+        if let snapshot { configuration.snapshotEndpoint = snapshot }
+        if let publisher { configuration.publisherEndpoint = publisher }
+        if let collector { configuration.collectorEndpoint = collector }
+        if let heartbeatMs { configuration.heartbeatInterval = .milliseconds(heartbeatMs) }
+        if let liveness { configuration.heartbeatLiveness = liveness }
+        if let queueTimeoutMs { configuration.queueTimeout = .milliseconds(queueTimeoutMs) }
+        if let maxMessageSize { configuration.maxMessageSize = maxMessageSize }
+        if !nonRetriable.isEmpty { configuration.nonRetriableServices = Set(nonRetriable) }
+        if !writablePrefixes.isEmpty { configuration.collectorWritablePrefixes = writablePrefixes }
+        return configuration
     }
 
     func run() async throws {
         common.bootstrapLogging()
-        var configuration = KernelConfiguration()
-        configuration.brokerEndpoint = broker
-        configuration.snapshotEndpoint = snapshot
-        configuration.publisherEndpoint = publisher
-        configuration.collectorEndpoint = collector
-        configuration.heartbeatInterval = .milliseconds(heartbeatMs)
-        configuration.heartbeatLiveness = liveness
-        configuration.queueTimeout = .milliseconds(queueTimeoutMs)
-        configuration.maxMessageSize = maxMessageSize
-        configuration.nonRetriableServices = Set(nonRetriable)
-        if !writablePrefixes.isEmpty { configuration.collectorWritablePrefixes = writablePrefixes }
+        let configuration = try kernelConfiguration()
         let logger = Logger(label: "switchboard.kernel")
         let kernel = try Kernel(configuration: configuration, context: ZMQContext(), logger: logger)
         let group = ServiceGroup(services: [kernel], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
