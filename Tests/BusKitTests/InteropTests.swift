@@ -61,7 +61,9 @@ struct InteropTests {
         subscriber.process.waitUntilExit()
         let lines = subscriber.readOutput().split(separator: "\n").compactMap { try? JSONValue(parsing: Array($0.utf8)) }
         #expect(subscriber.process.terminationStatus == 0)
-        #expect(lines.first?["key"] == "/catalog/countries" && lines.first?["snapshot"] == true)
+        let snapshot = lines.filter { $0["snapshot"] == true }
+        #expect(snapshot.contains { $0["key"] == "/catalog/countries" && $0["value"] == #"{"count":249}"# })
+        #expect(lines.prefix(snapshot.count).allSatisfy { $0["snapshot"] == true }, "the snapshot comes first")
         let live = lines.filter { $0["snapshot"] == false }
         #expect(live.count == 3)
         let sequences = live.compactMap { $0["sequence"]?.intValue }
