@@ -113,7 +113,7 @@ public final class ZMQSocket {
             // After the first frame is accepted libzmq takes the rest of the message
             // whole, so an EAGAIN can only happen on frame 0 and nothing half-sent remains.
             let rc = withUnsafeMutablePointer(to: &part) { part -> Int32 in
-                frame.storage.copy(into: part)
+                frame.prepareForSending(part)
                 while true {
                     let rc = zmq_msg_send(part, handle, flags)
                     if rc != -1 { return rc }
@@ -171,7 +171,7 @@ public final class ZMQSocket {
                     return code
                 }
                 more = zmq_msg_more(part) == 1
-                frames.append(Frame(storage: FrameStorage(moving: part)))
+                frames.append(Frame(moving: part))
                 zmq_msg_close(part)
                 return 0
             }
