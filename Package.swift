@@ -112,7 +112,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ZeroMQTests",
-            dependencies: ["ZeroMQ"],
+            dependencies: ["ZeroMQ", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

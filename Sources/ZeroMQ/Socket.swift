@@ -157,6 +157,7 @@ public final class ZMQSocket {
         let handle = try raw("zmq_msg_recv")
         var part = zmq_msg_t()
         var frames: [Frame] = []
+        frames.reserveCapacity(8)
         while true {
             // Only the first frame can be missing: the rest of a multipart message
             // arrives with it, so later frames are read without DONTWAIT.
