@@ -220,7 +220,7 @@ struct BusKitTests {
             republished.add(count, ordering: .relaxed)
         })
         try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
-        try await publisher.set("/store/history", ["items": ["paris"]])
+        let sequenceBefore = try await publisher.set("/store/history", ["items": ["paris"]])
         let subscription = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
                                                        prefixes: ["/store/"], silenceTimeout: .seconds(2))
         let first = try await within(10, "snapshot") { try await subscription.next() }
@@ -241,8 +241,10 @@ struct BusKitTests {
             return got["entries"]?.arrayValue?.count == 1
         }
         #expect(republished.load(ordering: .relaxed) >= 1)
-        // ...and the subscription resynchronised and goes on with live updates.
-        try await publisher.set("/store/history", ["items": ["paris", "rome"]])
+        // ...and the subscription resynchronised and goes on with live updates. Sequence
+        // numbers keep growing across the restart.
+        let sequenceAfter = try await publisher.set("/store/history", ["items": ["paris", "rome"]])
+        #expect(sequenceAfter > sequenceBefore)
         let next = try await within(15, "update after restart") { () -> StateUpdate? in
             while let update = try await subscription.next() {
                 if update.json?["items"]?.arrayValue?.count == 2 { return update }

@@ -177,6 +177,11 @@ struct KernelConformanceTests {
         try client.send(kernelRequest("services.list"))
         let services = try result(try client.receive())["services"]?.arrayValue ?? []
         #expect(services.contains { $0["name"] == "echo" && $0["workers"] == 1 && $0["idle"] == 1 })
+        try client.send(kernelRequest("state.get", ["prefix": "/kernel/services/"]))
+        #expect(try result(try client.receive())["entries"] == [["key": "/kernel/services/echo", "sequence": .int(Int64(try {
+            try client.send(kernelRequest("state.get", ["prefix": "/kernel/services/echo"]))
+            return try result(try client.receive())["entries"]?.arrayValue?.first?["sequence"]?.intValue ?? 0
+        }())), "value": ["name": "echo", "workers": 1]]])
         try client.send(kernelRequest("state.set", ["key": "/test/a", "value": ["n": 1]]))
         let sequence = try result(try client.receive())["sequence"]?.intValue ?? 0
         #expect(sequence > 0)
@@ -258,7 +263,7 @@ struct KernelConformanceTests {
     func workerDeath() async throws {
         let running = try await RunningKernel.start {
             $0.heartbeatInterval = .milliseconds(100)
-            $0.heartbeatLiveness = 5
+            $0.heartbeatLiveness = 10
         }
         let client = try running.socket(.dealer, running.endpoints.broker)
         let doomed = try running.socket(.dealer, running.endpoints.broker, id: "doomed")
@@ -280,9 +285,33 @@ struct KernelConformanceTests {
         await running.stop()
     }
 
+    @Test("a non-retriable service's request whose worker dies gets -32006, not a second try")
+    func outcomeUnknown() async throws {
+        let running = try await RunningKernel.start {
+            $0.heartbeatInterval = .milliseconds(100)
+            $0.heartbeatLiveness = 10
+            $0.nonRetriableServices = ["pay"]
+        }
+        let client = try running.socket(.dealer, running.endpoints.broker)
+        let doomed = try running.socket(.dealer, running.endpoints.broker)
+        try doomed.send(MDP.encode(.ready(service: "pay")))
+        try await waitForService(client, "pay")
+        try client.send(MDP.request(service: "pay", body: [Frame(JSONRPCRequest(id: .number(77), method: "charge").jsonBytes)]))
+        #expect(try await serve(doomed, service: "pay", until: Date().addingTimeInterval(5)) { _ in nil })
+        // A second worker is there, but the request must not be run twice.
+        let other = try running.socket(.dealer, running.endpoints.broker)
+        try other.send(MDP.encode(.ready(service: "pay")))
+        try client.set(.receiveTimeout, 10_000)
+        let response = try JSONRPC.parseResponses(try MDP.decodeAtClient(try client.receive()).body[0].bytes)[0]
+        #expect(response.id == .number(77))
+        #expect(response.outcome.failureCode == -32006)
+        #expect(try other.tryReceive().map { try MDP.decodeAtWorker($0) } != .request(client: Frame(try client.get(.routingID)), body: []))
+        await running.stop()
+    }
+
     /// Plays a worker: heartbeats every 50 ms until a REQUEST arrives, then answers it with
     /// `answer(body)` (no answer for nil). Returns whether a request arrived in time.
-    func serve(_ worker: ZMQSocket, until deadline: Date, answer: ([Frame]) -> [Frame]?) async throws -> Bool {
+    func serve(_ worker: ZMQSocket, service: String = "svc", until deadline: Date, answer: ([Frame]) -> [Frame]?) async throws -> Bool {
         var lastBeat = Date.distantPast
         while Date() < deadline {
             if Date().timeIntervalSince(lastBeat) >= 0.05 {
@@ -293,9 +322,15 @@ struct KernelConformanceTests {
                 try await Task.sleep(for: .milliseconds(10))
                 continue
             }
-            if case .request(let address, let body) = try MDP.decodeAtWorker(message) {
+            switch try MDP.decodeAtWorker(message) {
+            case .request(let address, let body):
                 if let reply = answer(body) { try worker.send(MDP.encode(.reply(client: address, body: reply))) }
                 return true
+            case .disconnect:
+                // As a real worker would: the kernel forgot us (we were too slow), register again.
+                try worker.send(MDP.encode(.ready(service: service)))
+            case .heartbeat:
+                break
             }
         }
         return false
