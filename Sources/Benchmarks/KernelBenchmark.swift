@@ -131,13 +131,13 @@ struct KernelBenchmark: AsyncParsableCommand {
     private func measureRoundTrips(_ roundTrip: () throws -> Void) throws -> (Double, Histogram<UInt64>) {
         for _ in 0..<1_000 { try roundTrip() }
         var latencies = latencyHistogram()
-        let start = now()
+        let start = monotonicNanoseconds()
         for _ in 0..<roundTrips {
-            let sent = now()
+            let sent = monotonicNanoseconds()
             try roundTrip()
-            _ = latencies.record(now() - sent)
+            _ = latencies.record(monotonicNanoseconds() - sent)
         }
-        return (Double(roundTrips) / (Double(now() - start) / 1e9), latencies)
+        return (Double(roundTrips) / (Double(monotonicNanoseconds() - start) / 1e9), latencies)
     }
 
     // MARK: Pipelining
@@ -148,7 +148,7 @@ struct KernelBenchmark: AsyncParsableCommand {
         let request = MDP.request(service: "bench", body: [payload])
         let failures = Counter()
         let done = DispatchGroup()
-        let start = now()
+        let start = monotonicNanoseconds()
         for _ in 0..<clients {
             done.enter()
             Thread { [window] in
@@ -171,7 +171,7 @@ struct KernelBenchmark: AsyncParsableCommand {
         }
         done.wait()
         guard failures.value == 0 else { throw ValidationError("a pipelined client lost replies") }
-        return Double(perClient * clients) / (Double(now() - start) / 1e9)
+        return Double(perClient * clients) / (Double(monotonicNanoseconds() - start) / 1e9)
     }
 
     // MARK: The full stack: BusClient and a hosted service
@@ -184,15 +184,15 @@ struct KernelBenchmark: AsyncParsableCommand {
         for _ in 0..<500 { _ = try await bus.request(service: "echo", method: "echo", params: ["n": 1]) }
         var latencies = latencyHistogram()
         let count = roundTrips / 2
-        var start = now()
+        var start = monotonicNanoseconds()
         for _ in 0..<count {
-            let sent = now()
+            let sent = monotonicNanoseconds()
             _ = try await bus.request(service: "echo", method: "echo", params: ["n": 1])
-            _ = latencies.record(now() - sent)
+            _ = latencies.record(monotonicNanoseconds() - sent)
         }
-        let syncRate = Double(count) / (Double(now() - start) / 1e9)
+        let syncRate = Double(count) / (Double(monotonicNanoseconds() - start) / 1e9)
         let total = 50_000
-        start = now()
+        start = monotonicNanoseconds()
         try await withThrowingTaskGroup(of: Void.self) { group in
             for task in 0..<64 {
                 group.addTask {
@@ -203,7 +203,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             }
             try await group.waitForAll()
         }
-        let pipelinedRate = Double(total) / (Double(now() - start) / 1e9)
+        let pipelinedRate = Double(total) / (Double(monotonicNanoseconds() - start) / 1e9)
         await bus.close()
         await host.stop()
         return [
@@ -264,7 +264,7 @@ struct KernelBenchmark: AsyncParsableCommand {
         let value = Frame([UInt8](repeating: 0x41, count: 64))
         let keys = (0..<1_000).map { Frame("\(prefix)\($0)") }
         let empty = Frame(), sequence = CHP.sequenceFrame(0)
-        let start = now()
+        let start = monotonicNanoseconds()
         var sent = 0
         // Keep at most 50,000 updates ahead of the slowest subscriber (PUB drops rather than
         // waits), sleeping rather than spinning so the kernel keeps the CPU.
@@ -275,7 +275,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             sent += 1
         }
         _ = finished.wait(timeout: .now() + 30)
-        let elapsed = Double(now() - start) / 1e9
+        let elapsed = Double(monotonicNanoseconds() - start) / 1e9
         let delivered = received.map(\.value).min() ?? 0
         return (Double(delivered) / elapsed, gaps.value, delivered)
     }
@@ -304,7 +304,7 @@ final class RawEchoWorker: @unchecked Sendable {
         thread = Thread {
             var poller = ZMQPoller()
             for socket in owned { _ = try? poller.add(socket) }
-            var lastBeat = now()
+            var lastBeat = monotonicNanoseconds()
             while running.value == 0 {
                 guard (try? poller.poll(timeoutMilliseconds: 500)) != nil else { break }
                 for (index, socket) in owned.enumerated() where poller.events(at: index).contains(.readable) {
@@ -314,9 +314,9 @@ final class RawEchoWorker: @unchecked Sendable {
                         }
                     }
                 }
-                if now() - lastBeat > 1_000_000_000 {
+                if monotonicNanoseconds() - lastBeat > 1_000_000_000 {
                     for socket in owned { try? socket.send(MDP.encode(.heartbeat)) }
-                    lastBeat = now()
+                    lastBeat = monotonicNanoseconds()
                 }
             }
             for socket in owned { socket.close() }

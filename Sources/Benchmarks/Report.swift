@@ -1,14 +1,6 @@
 import Foundation
 import Histogram
 
-/// Nanoseconds on the monotonic clock.
-@inline(__always)
-func now() -> UInt64 {
-    var time = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &time)
-    return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-}
-
 /// Latencies in nanoseconds, from 100 ns to 60 s at 3 significant digits.
 func latencyHistogram() -> Histogram<UInt64> {
     Histogram<UInt64>(lowestDiscernibleValue: 1, highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)

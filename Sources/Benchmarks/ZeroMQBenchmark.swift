@@ -80,14 +80,14 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
         try socket.connect(endpoint)
         for _ in 0..<1_000 { try socket.send([payload]); _ = try socket.receive() }
         var latencies = latencyHistogram()
-        let start = now()
+        let start = monotonicNanoseconds()
         for _ in 0..<roundTrips {
-            let sent = now()
+            let sent = monotonicNanoseconds()
             try socket.send([payload])
             _ = try socket.receive()
-            _ = latencies.record(now() - sent)
+            _ = latencies.record(monotonicNanoseconds() - sent)
         }
-        let rate = Double(roundTrips) / (Double(now() - start) / 1e9)
+        let rate = Double(roundTrips) / (Double(monotonicNanoseconds() - start) / 1e9)
         return (rate, latencies)
     }
 
@@ -98,7 +98,7 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
         try socket.connect(endpoint)
         try socket.send([payload]); _ = try socket.receive()
         let message: Message = [payload]
-        let start = now()
+        let start = monotonicNanoseconds()
         var sent = 0, received = 0
         while received < messages {
             while sent < messages && sent - received < window {
@@ -108,7 +108,7 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
             _ = try socket.receive()
             received += 1
         }
-        return Double(messages) / (Double(now() - start) / 1e9)
+        return Double(messages) / (Double(monotonicNanoseconds() - start) / 1e9)
     }
 
     // MARK: Through the bridge, from async code
@@ -140,14 +140,14 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
         let message: Message = [payload]
         for _ in 0..<1_000 { try socket.send(message); _ = try await socket.receive() }
         var latencies = latencyHistogram()
-        let start = now()
+        let start = monotonicNanoseconds()
         for _ in 0..<roundTrips {
-            let sent = now()
+            let sent = monotonicNanoseconds()
             try socket.send(message)
             _ = try await socket.receive()
-            _ = latencies.record(now() - sent)
+            _ = latencies.record(monotonicNanoseconds() - sent)
         }
-        let rate = Double(roundTrips) / (Double(now() - start) / 1e9)
+        let rate = Double(roundTrips) / (Double(monotonicNanoseconds() - start) / 1e9)
         await socket.close()
         return (rate, latencies)
     }
@@ -163,7 +163,7 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
         let socket = try await loop.open(.dealer) { try $0.connect(endpoint) }
         let message: Message = [payload]
         try socket.send(message); _ = try await socket.receive()
-        let start = now()
+        let start = monotonicNanoseconds()
         var sent = 0, received = 0
         while received < messages {
             while sent < messages && sent - received < window {
@@ -173,7 +173,7 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
             _ = try await socket.receive()
             received += 1
         }
-        let rate = Double(messages) / (Double(now() - start) / 1e9)
+        let rate = Double(messages) / (Double(monotonicNanoseconds() - start) / 1e9)
         await socket.close()
         return rate
     }

@@ -44,7 +44,7 @@ public final class BusClient: Sendable {
             try socket.set(.sendHighWaterMark, 0)
             for broker in brokers { try socket.connect(broker) }
             let core = ClientCore(loop: loop)
-            core.registration = loop.register(socket) { [unowned core] message in core.received(message) }
+            core.registration = loop.register(socket) { [weak core] message in core?.received(message) }
             core.startSweeping()
             return LoopBound(core, loop: loop)
         }
@@ -63,7 +63,7 @@ public final class BusClient: Sendable {
         let outcome: Result<JSONValue, BusError> = await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 let pending = ClientCore.Pending(continuation: continuation, service: service, method: method, timeout: timeout,
-                                                 deadline: monotonicNow() + timeout.nanosecondsValue)
+                                                 deadline: monotonicNanoseconds() + timeout.nanoseconds)
                 loop.execute { core.value.send(id: id, pending: pending, message: MDP.request(service: service, body: [body])) }
             }
         } onCancel: {
@@ -95,6 +95,10 @@ public final class BusClient: Sendable {
     /// Whether a service has at least one worker (8/MMI `mmi.service`).
     public func hasWorkers(_ service: String, timeout: Duration? = nil) async throws(BusError) -> Bool {
         try await call(service: "mmi.service", body: [Frame(service)], timeout: timeout).first?.string == "200"
+    }
+
+    deinit {
+        if ownsLoop { loop.beginShutdown() }
     }
 
     /// Closes the connection; waiting requests fail with ``BusError/closed``.
@@ -135,7 +139,7 @@ final class ClientCore {
 
     func startSweeping() {
         // Timeouts are checked every 10 ms: cheaper than a timer per request.
-        sweeper = loop.scheduleRepeating(every: .milliseconds(10)) { [unowned self] in sweep() }
+        sweeper = loop.scheduleRepeating(every: .milliseconds(10)) { [weak self] in self?.sweep() }
     }
 
     func send(id: Int64, pending request: Pending, message: Message) {
@@ -152,7 +156,7 @@ final class ClientCore {
             continuation.resume(returning: .failure(.closed))
             return
         }
-        opaque[service, default: []].append(OpaquePending(continuation: continuation, deadline: monotonicNow() + timeout.nanosecondsValue, timeout: timeout))
+        opaque[service, default: []].append(OpaquePending(continuation: continuation, deadline: monotonicNanoseconds() + timeout.nanoseconds, timeout: timeout))
         registration.send(message)
     }
 
@@ -184,7 +188,7 @@ final class ClientCore {
     }
 
     private func sweep() {
-        let now = monotonicNow()
+        let now = monotonicNanoseconds()
         if !pending.isEmpty {
             let expired = pending.filter { $0.value.deadline <= now }
             for (id, request) in expired {
@@ -217,11 +221,4 @@ final class ClientCore {
 final class IDCounter: Sendable {
     private let value = Atomic<Int64>(0)
     func next() -> Int64 { value.add(1, ordering: .relaxed).newValue }
-}
-
-/// Monotonic nanoseconds.
-func monotonicNow() -> UInt64 {
-    var time = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &time)
-    return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
 }

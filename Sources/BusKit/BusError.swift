@@ -1,4 +1,5 @@
 public import BusProtocol
+import ZeroMQ
 
 /// Why a request through the bus failed.
 public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
@@ -40,14 +41,8 @@ public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
 }
 
 extension Duration {
+    /// "2 s", "0.25 s": for error messages.
     var formatted: String {
-        let seconds = Double(components.seconds) + Double(components.attoseconds) / 1e18
-        return seconds == seconds.rounded() ? "\(Int(seconds)) s" : "\((seconds * 1000).rounded() / 1000) s"
-    }
-
-    var nanosecondsValue: UInt64 {
-        let (seconds, attoseconds) = components
-        guard seconds >= 0 else { return 0 }
-        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
+        seconds == seconds.rounded() ? "\(Int(seconds)) s" : "\((seconds * 1000).rounded() / 1000) s"
     }
 }

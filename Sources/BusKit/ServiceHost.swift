@@ -79,6 +79,11 @@ public final class ServiceHost<Hosted: BusService>: Service {
         await loop.shutdown()
     }
 
+    deinit {
+        // Released without stop(): close the connections and end the thread anyway.
+        loop.beginShutdown()
+    }
+
     public func run() async throws {
         try await start()
         try? await gracefulShutdown()
@@ -139,15 +144,15 @@ actor WorkerConnection<Hosted: BusService> {
         try socket.set(.sendHighWaterMark, 0)
         try socket.connect(broker)
         let current = generation
-        registration = loop.register(socket) { [unowned self] message in
-            self.assumeIsolated { $0.received(message, generation: current) }
+        registration = loop.register(socket) { [weak self] message in
+            self?.assumeIsolated { $0.received(message, generation: current) }
         }
         registration?.send(MDP.encode(.ready(service: Hosted.name)))
         liveness = options.heartbeatLiveness
         state = .registered
         if heartbeat == nil {
-            heartbeat = loop.scheduleRepeating(every: options.heartbeatInterval) { [unowned self] in
-                self.assumeIsolated { $0.beat() }
+            heartbeat = loop.scheduleRepeating(every: options.heartbeatInterval) { [weak self] in
+                self?.assumeIsolated { $0.beat() }
             }
         }
     }
@@ -226,8 +231,8 @@ actor WorkerConnection<Hosted: BusService> {
             let loop = self.loop
             await withCheckedContinuation { continuation in
                 drained.append(continuation)
-                loop.schedule(after: timeout) { [unowned self] in
-                    self.assumeIsolated { connection in
+                loop.schedule(after: timeout) { [weak self] in
+                    self?.assumeIsolated { connection in
                         for waiter in connection.drained { waiter.resume() }
                         connection.drained.removeAll()
                     }

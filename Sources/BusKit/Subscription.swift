@@ -77,6 +77,11 @@ public final class Subscription: AsyncSequence, Sendable {
         return (try? await loop.run { core.value.resyncs }) ?? 0
     }
 
+    deinit {
+        buffer.finish()
+        if ownsLoop { loop.beginShutdown() }
+    }
+
     /// Stops the subscription: its sockets close and iteration ends.
     public func cancel() async {
         let core = self.core
@@ -122,7 +127,7 @@ final class SubscriptionCore {
     private var pendingLive: [KVEntry] = []
     private var known: [String: Frame] = [:]
     private var lastSequence: UInt64 = 0
-    private var lastHeard = monotonicNow()
+    private var lastHeard = monotonicNanoseconds()
     private var disconnected = false
     private(set) var resyncs = 0
 
@@ -148,11 +153,11 @@ final class SubscriptionCore {
         try sub.monitor(monitorEndpoint, events: [.connected, .disconnected])
         let pair = try ZMQSocket(context, .pair)
         try pair.connect(monitorEndpoint)
-        monitor = loop.register(pair) { [unowned self] message in connectionEvent(message) }
+        monitor = loop.register(pair) { [weak self] message in self?.connectionEvent(message) }
         try sub.connect(publisherEndpoint)
-        subscriber = loop.register(sub) { [unowned self] message in published(message) }
+        subscriber = loop.register(sub) { [weak self] message in self?.published(message) }
         try openSnapshotSocket()
-        timer = loop.scheduleRepeating(every: .milliseconds(250)) { [unowned self] in checkSilence() }
+        timer = loop.scheduleRepeating(every: .milliseconds(250)) { [weak self] in self?.checkSilence() }
     }
 
     private func openSnapshotSocket() throws {
@@ -160,13 +165,13 @@ final class SubscriptionCore {
         let dealer = try ZMQSocket(loop.context, .dealer)
         try dealer.set(.receiveHighWaterMark, 0)
         try dealer.connect(snapshotEndpoint)
-        snapshotSocket = loop.register(dealer) { [unowned self] message in snapshotReply(message) }
+        snapshotSocket = loop.register(dealer) { [weak self] message in self?.snapshotReply(message) }
     }
 
     // MARK: Publisher
 
     private func published(_ message: Message) {
-        lastHeard = monotonicNow()
+        lastHeard = monotonicNanoseconds()
         guard let update = try? CHP.decodeUpdate(message) else { return }
         switch update {
         case .hugz:
@@ -264,8 +269,8 @@ final class SubscriptionCore {
     }
 
     private func checkSilence() {
-        if monotonicNow() &- lastHeard > silenceTimeout.nanosecondsValue {
-            lastHeard = monotonicNow()
+        if monotonicNanoseconds() &- lastHeard > silenceTimeout.nanoseconds {
+            lastHeard = monotonicNanoseconds()
             resync(reason: "the kernel was silent for \(silenceTimeout.formatted)")
         }
     }

@@ -110,13 +110,13 @@ final class Broker {
             return
         }
         service.requests.append(Request(client: client, service: name, body: body,
-                                        deadline: now + configuration.queueTimeout.nanosecondsValue, received: now))
+                                        deadline: now + configuration.queueTimeout.nanoseconds, received: now))
         dispatch(service)
     }
 
     private func handleWorker(_ identity: Frame, _ command: WorkerToBroker, now: UInt64) {
         let known = workers[identity]
-        known?.expiry = now + configuration.workerExpiry.nanosecondsValue
+        known?.expiry = now + configuration.workerExpiry.nanoseconds
         switch command {
         case .ready(let name):
             guard known == nil else {
@@ -127,7 +127,7 @@ final class Broker {
                 disconnect(identity, reason: "'\(name)' is reserved for the kernel")
                 return
             }
-            let worker = Worker(identity: identity, service: name, expiry: now + configuration.workerExpiry.nanosecondsValue)
+            let worker = Worker(identity: identity, service: name, expiry: now + configuration.workerExpiry.nanoseconds)
             workers[identity] = worker
             let service = serviceNamed(name)
             service.workers += 1
@@ -187,7 +187,7 @@ final class Broker {
                 if request.deadline <= now {
                     service.stats.unavailable += 1
                     reply(to: request.client, service: service.name, body: request.body,
-                          error: .serviceUnavailable(service.name, within: configuration.queueTimeout.secondsValue))
+                          error: .serviceUnavailable(service.name, within: configuration.queueTimeout.seconds))
                 } else {
                     kept.append(request)
                 }
@@ -213,7 +213,7 @@ final class Broker {
             } else {
                 // Back to the front, with a fresh wait for another worker.
                 service.stats.redispatched += 1
-                request.deadline = monotonicNow() + configuration.queueTimeout.nanosecondsValue
+                request.deadline = monotonicNanoseconds() + configuration.queueTimeout.nanoseconds
                 service.requests.prepend(request)
                 dispatch(service)
             }
@@ -268,14 +268,4 @@ final class Broker {
         services[name] = service
         return service
     }
-}
-
-extension Duration {
-    var nanosecondsValue: UInt64 {
-        let (seconds, attoseconds) = components
-        guard seconds >= 0 else { return 0 }
-        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
-    }
-
-    var secondsValue: Double { Double(nanosecondsValue) / 1e9 }
 }

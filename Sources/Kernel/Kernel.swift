@@ -85,7 +85,7 @@ public actor Kernel {
                                       publisher: publisherEndpoint, collector: collectorEndpoint)
             self.endpoints = endpoints
             startedAt = Date()
-            state.set("/kernel/instance", value: Frame(JSONValue.object(["instance": .string(instance)]).jsonBytes), now: monotonicNow())
+            state.set("/kernel/instance", value: Frame(JSONValue.object(["instance": .string(instance)]).jsonBytes), now: monotonicNanoseconds())
             logger.info("kernel started", metadata: ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
                                                      "publisher": "\(publisherEndpoint)", "collector": "\(collectorEndpoint)"])
             return endpoints
@@ -97,28 +97,34 @@ public actor Kernel {
 
     private func wire(router: ZMQSocket, snapshot: ZMQSocket, publisher: ZMQSocket, collector: ZMQSocket) {
         let broker = self.broker, state = self.state
-        let routerRegistration = loop.register(router) { message in broker.handle(message, now: monotonicNow()) }
+        let routerRegistration = loop.register(router) { message in broker.handle(message, now: monotonicNanoseconds()) }
         let snapshotRegistration = loop.register(snapshot) { message in state.snapshot(message) }
-        let publisherRegistration = loop.register(publisher) { message in state.subscriptionChanged(message, now: monotonicNow()) }
-        let collectorRegistration = loop.register(collector) { message in state.collect(message, now: monotonicNow()) }
+        let publisherRegistration = loop.register(publisher) { message in state.subscriptionChanged(message, now: monotonicNanoseconds()) }
+        let collectorRegistration = loop.register(collector) { message in state.collect(message, now: monotonicNanoseconds()) }
         registrations = [routerRegistration, snapshotRegistration, publisherRegistration, collectorRegistration]
         broker.send = { routerRegistration.send($0) }
         state.sendSnapshot = { snapshotRegistration.send($0) }
         state.publish = { publisherRegistration.send($0) }
         broker.onWorkersChanged = { name, count in
             let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
-            state.set("/kernel/services/\(name)", value: Frame(value.jsonBytes), now: monotonicNow())
+            state.set("/kernel/services/\(name)", value: Frame(value.jsonBytes), now: monotonicNanoseconds())
         }
-        broker.builtIn = { [unowned self] request in
-            self.assumeIsolated { kernel in kernel.builtIn(request) }
+        broker.builtIn = { [weak self] request in
+            guard let self else { return .failure(.internalError("the kernel is stopping")) }
+            return self.assumeIsolated { kernel in kernel.builtIn(request) }
         }
-        timers.append(loop.scheduleRepeating(every: configuration.heartbeatInterval) { broker.tick(now: monotonicNow()) })
+        timers.append(loop.scheduleRepeating(every: configuration.heartbeatInterval) { broker.tick(now: monotonicNanoseconds()) })
         let sweep = min(configuration.queueTimeout / 10, .milliseconds(100))
         timers.append(loop.scheduleRepeating(every: max(sweep, .milliseconds(5))) {
-            let now = monotonicNow()
+            let now = monotonicNanoseconds()
             broker.expireQueued(now: now)
             state.tick(now: now)
         })
+    }
+
+    deinit {
+        // Released without stop(): close the sockets and end the thread anyway.
+        loop.beginShutdown()
     }
 
     /// Stops serving: closes every socket and ends the loop thread.
@@ -177,7 +183,7 @@ public actor Kernel {
             }
             let value = params["value"] ?? .null
             let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
-            let sequence = state.set(key, value: frame, ttl: ttl, now: monotonicNow())
+            let sequence = state.set(key, value: frame, ttl: ttl, now: monotonicNanoseconds())
             return .success(["sequence": .int(Int64(sequence))])
         case "state.get":
             let prefix: String
@@ -195,13 +201,6 @@ public actor Kernel {
             return .failure(.methodNotFound(request.method))
         }
     }
-}
-
-/// Monotonic nanoseconds, for deadlines.
-func monotonicNow() -> UInt64 {
-    var time = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &time)
-    return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
 }
 
 extension Kernel: Service {

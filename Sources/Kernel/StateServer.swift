@@ -119,7 +119,7 @@ final class StateServer {
             let expired = entries.compactMap { key, entry in (entry.expiresAt ?? .max) <= now ? key : nil }
             for key in expired.sorted() { set(key, value: Frame(), now: now) }
         }
-        if now &- lastPublished >= configuration.hugzInterval.nanosecondsValue {
+        if now &- lastPublished >= configuration.hugzInterval.nanoseconds {
             publish(CHP.hugz())
             lastPublished = now
         }

@@ -1,4 +1,5 @@
 public import Foundation
+import Synchronization
 public import Kernel
 import ZeroMQ
 
@@ -9,16 +10,32 @@ public struct TimedOut: Error, CustomStringConvertible {
 }
 
 /// Runs `body`, failing with ``TimedOut`` if it takes longer than `seconds`.
+///
+/// The wait is bounded even when `body` ignores cancellation (say, it awaits a
+/// continuation that is never resumed): the test goes on and the stuck task is left behind.
 public func within<T: Sendable>(_ seconds: Double, _ what: String = "operation",
                                 _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-    try await withThrowingTaskGroup(of: T.self) { group in
-        group.addTask { try await body() }
-        group.addTask {
-            try await Task.sleep(for: .seconds(seconds))
-            throw TimedOut(what: what)
+    let outcome = Mutex<CheckedContinuation<T, any Error>?>(nil)
+    let finish: @Sendable (Result<T, any Error>) -> Bool = { result in
+        guard let continuation = outcome.withLock({ $0.take() }) else { return false }
+        continuation.resume(with: result)
+        return true
+    }
+    var work: Task<Void, Never>?
+    var timer: Task<Void, Never>?
+    defer {
+        timer?.cancel()
+        work?.cancel()
+    }
+    return try await withCheckedThrowingContinuation { continuation in
+        outcome.withLock { $0 = continuation }
+        work = Task {
+            do { _ = finish(.success(try await body())) } catch { _ = finish(.failure(error)) }
         }
-        defer { group.cancelAll() }
-        return try await group.next()!
+        timer = Task {
+            try? await Task.sleep(for: .seconds(seconds))
+            _ = finish(.failure(TimedOut(what: what)))
+        }
     }
 }
 
@@ -126,6 +143,17 @@ public final class ChildProcess: @unchecked Sendable {
         while process.isRunning && Date() < deadline { usleep(10_000) }
         if process.isRunning { kill(pid, SIGKILL) }
         process.waitUntilExit()
+    }
+
+    /// Waits for the process to exit without blocking a thread of the cooperative pool;
+    /// returns false if it is still running after `seconds`.
+    @discardableResult
+    public func exit(within seconds: Double) async -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while process.isRunning && Date() < deadline {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        return !process.isRunning
     }
 
     /// Everything the process wrote so far (call after it ended).

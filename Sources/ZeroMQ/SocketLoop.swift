@@ -160,6 +160,11 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         await withUnsafeContinuation { continuation in submit(.stop(continuation)) }
     }
 
+    /// Starts shutting down without waiting: for `deinit`s of owners that were not stopped.
+    public func beginShutdown() {
+        submit(.stop(nil))
+    }
+
     /// Queues work and wakes the loop if it sleeps. Returns false once the loop stopped.
     @discardableResult
     func submit(_ work: consuming Work) -> Bool {
@@ -250,14 +255,11 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         czmq_name_current_thread(String(name.prefix(15)))
         var batch: Deque<Work> = []
         while true {
-            // 1. Take everything queued; decide whether to sleep in zmq_poll.
-            let timeout = nextPollTimeout()
+            // 1. Take everything queued and run it.
             let stopping = shared.withLock { shared -> Bool in
                 swap(&batch, &shared.work)
-                shared.sleeping = batch.isEmpty && timeout != 0
                 return shared.state != .running
             }
-            // 2. Run it.
             var stopRequested = stopping
             while let work = batch.popFirst() {
                 switch work {
@@ -271,9 +273,14 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
                 }
             }
             if stopRequested { break }
-            // 3. Wait for sockets, the wake-up descriptor or the next timer; then serve them.
-            let slept = shared.withLock { $0.sleeping }
-            poll(timeoutMilliseconds: slept ? timeout : 0)
+            // 2. Sleep in zmq_poll until a socket, the wake-up descriptor or the next timer
+            //    (including timers the work just scheduled), unless more work came in.
+            let timeout = nextPollTimeout()
+            let sleep = shared.withLock { shared -> Bool in
+                shared.sleeping = shared.work.isEmpty && timeout != 0
+                return shared.sleeping
+            }
+            poll(timeoutMilliseconds: sleep ? timeout : 0)
             runDueTimers()
         }
         finish()
@@ -420,21 +427,4 @@ public struct LoopBound<Value>: @unchecked Sendable {
 @inline(__always)
 func currentThreadID() -> UInt {
     UInt(pthread_self())
-}
-
-@inline(__always)
-func monotonicNanoseconds() -> UInt64 {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
-}
-
-extension Duration {
-    var nanoseconds: UInt64 {
-        let (seconds, attoseconds) = components
-        guard seconds >= 0 else { return 0 }
-        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
-    }
-
-    var milliseconds: Int { Int(nanoseconds / 1_000_000) }
 }

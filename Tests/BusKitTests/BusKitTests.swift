@@ -21,7 +21,7 @@ func hostEcho(_ kernel: TestKernel, instance: String = "echo", connections: Int 
 
 func fastHeartbeats(_ configuration: inout KernelConfiguration) {
     configuration.heartbeatInterval = .milliseconds(100)
-    configuration.heartbeatLiveness = 5
+    configuration.heartbeatLiveness = 10
 }
 
 @Suite("BusKit: client, service hosting and subscriptions through a live kernel")
@@ -264,28 +264,29 @@ struct BusKitTests {
         let kernel = try await TestKernel.start(fastHeartbeats)
         let arguments = { (instance: String) in
             ["serve", "echo", "--broker", kernel.endpoints.broker, "--connections", "1", "--heartbeat-ms", "100",
-             "--liveness", "5", "--instance", instance, "--log-level", "warning"]
+             "--liveness", "10", "--instance", instance, "--log-level", "warning"]
         }
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
+        @Sendable func echoWorkers() async throws -> Int64? {
+            let list = try await bus.request(service: "kernel", method: "services.list")
+            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["workers"]?.intValue
+        }
+        // The doomed worker registers first, so it is the least recently used: it gets the request.
         let doomed = try ChildProcess(switchboardExecutable(), arguments("doomed"))
         defer { doomed.stop(grace: 1) }
-        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
-        try await eventually(10, "the doomed worker registered") { try await bus.hasWorkers("echo") }
-        // A slow request lands on the only worker, which is then killed.
-        let slow = Task { try await bus.request(service: "echo", method: "sleep", params: ["ms": 2_000]) }
-        try await eventually(5, "the request is in flight") {
-            let list = try await bus.request(service: "kernel", method: "services.list")
-            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["inFlight"] == 1
-        }
+        try await eventually(20, "the doomed worker registered") { try await echoWorkers() == 1 }
         let survivor = try ChildProcess(switchboardExecutable(), arguments("survivor"))
         defer { survivor.stop() }
-        try await eventually(10, "the survivor registered") {
+        try await eventually(20, "the survivor registered") { try await echoWorkers() == 2 }
+        let slow = Task { try await bus.request(service: "echo", method: "sleep", params: ["ms": 1_500]) }
+        try await eventually(10, "the request is in flight") {
             let list = try await bus.request(service: "kernel", method: "services.list")
-            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["workers"] == 2
+            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["inFlight"] == 1
         }
         doomed.signal(SIGKILL)
         let answer = try await slow.value
         #expect(answer["instance"] == "survivor")
-        #expect(answer["slept"] == 2_000)
+        #expect(answer["slept"] == 1_500)
         let stats = try await bus.request(service: "kernel", method: "stats")
         #expect(stats["services"]?["echo"]?["redispatched"] == 1)
         await bus.close()

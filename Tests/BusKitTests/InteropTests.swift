@@ -28,14 +28,14 @@ struct InteropTests {
         // Python client (REQ) → Swift service.
         let client = try ChildProcess(python, [peersScript.path, "client", kernel.endpoints.broker, "echo",
                                                #"{"jsonrpc":"2.0","id":9,"method":"echo","params":{"from":"python"}}"#])
-        client.process.waitUntilExit()
+        #expect(await client.exit(within: 15))
         let output = client.readOutput()
         #expect(client.process.terminationStatus == 0, "\(output)")
         let response = try JSONRPC.parseResponses(Array(output.trimmingCharacters(in: .whitespacesAndNewlines).utf8))
         #expect(response == [JSONRPCResponse(id: .number(9), result: ["from": "python"])])
         // Python MMI query.
         let mmi = try ChildProcess(python, [peersScript.path, "client", kernel.endpoints.broker, "mmi.service", "pyecho"])
-        mmi.process.waitUntilExit()
+        #expect(await mmi.exit(within: 15))
         #expect(mmi.readOutput().trimmingCharacters(in: .whitespacesAndNewlines) == "200")
         await bus.close()
         await host.stop()
@@ -58,7 +58,7 @@ struct InteropTests {
             try await publisher.set("/catalog/items", ["round": .int(Int64(round))])
             try await Task.sleep(for: .milliseconds(20))
         }
-        subscriber.process.waitUntilExit()
+        #expect(await subscriber.exit(within: 15))
         let lines = subscriber.readOutput().split(separator: "\n").compactMap { try? JSONValue(parsing: Array($0.utf8)) }
         #expect(subscriber.process.terminationStatus == 0)
         let snapshot = lines.filter { $0["snapshot"] == true }

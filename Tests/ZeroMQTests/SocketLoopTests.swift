@@ -165,6 +165,22 @@ struct SocketLoopTests {
         await loop.shutdown()
     }
 
+    @Test("a timer scheduled by queued work fires although nothing else wakes the loop")
+    func timerFromQueuedWork() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        // Let the loop fall asleep with no timers at all.
+        _ = try await loop.run { 0 }
+        try await within(5, "the timer to fire") {
+            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                loop.execute {
+                    loop.schedule(after: .milliseconds(20)) { done.resume() }
+                }
+            }
+        }
+        await loop.shutdown()
+    }
+
     @Test("a cancelled receive ends with CancellationError and the socket stays usable")
     func cancelReceive() async throws {
         let context = try ZMQContext()

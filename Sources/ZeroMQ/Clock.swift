@@ -1,0 +1,24 @@
+#if canImport(Glibc)
+internal import Glibc
+#endif
+
+/// Nanoseconds on the monotonic clock: for deadlines, timers and latencies, which must
+/// not jump when the wall clock is set.
+@inline(__always)
+public func monotonicNanoseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}
+
+extension Duration {
+    /// The duration in whole nanoseconds (0 for a negative duration).
+    public var nanoseconds: UInt64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 else { return 0 }
+        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
+    }
+
+    /// The duration in seconds, as a `Double`.
+    public var seconds: Double { Double(nanoseconds) / 1e9 }
+}
