@@ -49,7 +49,7 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         case stop(UnsafeContinuation<Void, Never>?)
     }
 
-    enum RunState { case running, stopping, stopped }
+    enum RunState { case running, stopped }
 
     struct Shared: ~Copyable {
         var work: Deque<Work> = []
@@ -256,11 +256,8 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         var batch: Deque<Work> = []
         while true {
             // 1. Take everything queued and run it.
-            let stopping = shared.withLock { shared -> Bool in
-                swap(&batch, &shared.work)
-                return shared.state != .running
-            }
-            var stopRequested = stopping
+            shared.withLock { swap(&batch, &$0.work) }
+            var stopRequested = false
             while let work = batch.popFirst() {
                 switch work {
                 case .job(let job): job.runSynchronously(on: asUnownedSerialExecutor())
