@@ -26,7 +26,7 @@ struct KernelBenchmark: AsyncParsableCommand {
     var workerSockets = 64
     @Option(help: "CHP updates per measurement.")
     var updates = 500_000
-    @Option(help: "Runs of each measurement; the best is reported.")
+    @Option(help: "Rounds of measurements; the median is reported.")
     var runs = 3
 
     func run() async throws {
@@ -48,44 +48,44 @@ struct KernelBenchmark: AsyncParsableCommand {
         try await waitForWorkers(endpoints.broker, service: "bench", count: workerSockets)
         try await waitForWorkers(endpoints.broker, service: "bench1", count: 1)
 
-        var rows: [Row] = []
-        let directRT = best(runs) { try directRoundTrips(direct.endpoint, payload) }
-        let kernelRT = best(runs) { try kernelRoundTrips(endpoints.broker, payload) }
-        let mmiRT = best(runs) { try mmiRoundTrips(endpoints.broker) }
-        rows.append(Row("direct round trip (DEALER-ROUTER)", rate: directRT.0, latencies: directRT.1))
-        rows.append(Row("kernel MMI round trip (kernel answers)", rate: mmiRT.0, latencies: mmiRT.1,
-                        note: String(format: "p50 %.2fx direct", Double(mmiRT.1.valueAtPercentile(50)) / Double(directRT.1.valueAtPercentile(50)))))
-        rows.append(Row("kernel round trip (MDP)", rate: kernelRT.0, latencies: kernelRT.1,
-                        note: String(format: "p50 %.2fx direct", Double(kernelRT.1.valueAtPercentile(50)) / Double(directRT.1.valueAtPercentile(50)))))
+        // Round trips: direct, MMI and through the kernel once per round, rounds
+        // interleaved, then the median round of each.
+        var directRuns: [(Double, Histogram<UInt64>)] = [], mmiRuns = directRuns, kernelRuns = directRuns
+        var pipelinedRuns: [Int: [Double]] = [:]
+        for round in 1...runs {
+            progress("round \(round) of \(runs)")
+            directRuns.append(try directRoundTrips(direct.endpoint, payload))
+            mmiRuns.append(try mmiRoundTrips(endpoints.broker))
+            kernelRuns.append(try kernelRoundTrips(endpoints.broker, payload))
+            for clients in [1, 8] { pipelinedRuns[clients, default: []].append(try pipelined(endpoints.broker, payload, clients: clients)) }
+        }
+        let directRT = medianByP50(directRuns), mmiRT = medianByP50(mmiRuns), kernelRT = medianByP50(kernelRuns)
+        func versusDirect(_ run: (Double, Histogram<UInt64>)) -> String {
+            String(format: "p50 %.2fx direct", Double(run.1.valueAtPercentile(50)) / Double(directRT.1.valueAtPercentile(50)))
+        }
+        var rows: [Row] = [
+            Row("direct round trip (DEALER-ROUTER)", rate: directRT.0, latencies: directRT.1),
+            Row("kernel MMI round trip (kernel answers)", rate: mmiRT.0, latencies: mmiRT.1, note: versusDirect(mmiRT)),
+            Row("kernel round trip (MDP)", rate: kernelRT.0, latencies: kernelRT.1, note: versusDirect(kernelRT)),
+        ]
         for clients in [1, 8] {
-            var rate = 0.0
-            for _ in 0..<runs { rate = max(rate, try pipelined(endpoints.broker, payload, clients: clients)) }
-            rows.append(Row("kernel pipelined, \(clients) client\(clients == 1 ? "" : "s")", rate: rate, note: "window \(window) each"))
+            rows.append(Row("kernel pipelined, \(clients) client\(clients == 1 ? "" : "s")", rate: median(pipelinedRuns[clients]!),
+                            note: "window \(window) each"))
         }
         rows.append(contentsOf: try await busKitRows(endpoints.broker))
         for subscribers in [1, 10] {
-            var best: (rate: Double, gaps: Int, delivered: Int)?
-            for _ in 0..<runs {
-                let result = try chp(endpoints, subscribers: subscribers)
-                if best == nil || result.rate > best!.rate { best = result }
-            }
-            rows.append(Row("CHP collector to \(subscribers) subscriber\(subscribers == 1 ? "" : "s")", rate: best!.rate,
-                            note: "\(best!.gaps) gaps, \(best!.delivered)/\(updates) delivered to each"))
+            var results: [(rate: Double, gaps: Int, delivered: Int)] = []
+            for _ in 0..<runs { results.append(try chp(endpoints, subscribers: subscribers)) }
+            let middle = results.sorted { $0.rate < $1.rate }[(results.count - 1) / 2]
+            let gaps = results.map(\.gaps).reduce(0, +), delivered = results.map(\.delivered).min() ?? 0
+            rows.append(Row("CHP collector to \(subscribers) subscriber\(subscribers == 1 ? "" : "s")", rate: middle.rate,
+                            note: "\(gaps) gaps in \(runs) runs, at least \(delivered)/\(updates) delivered"))
         }
         printTable(rows)
         worker.stop()
         single.stop()
         direct.stop()
         await kernel.stop()
-    }
-
-    private func best(_ runs: Int, _ measure: () throws -> (Double, Histogram<UInt64>)) -> (Double, Histogram<UInt64>) {
-        var best: (Double, Histogram<UInt64>)?
-        for _ in 0..<runs {
-            guard let result = try? measure() else { continue }
-            if best == nil || result.1.valueAtPercentile(50) < best!.1.valueAtPercentile(50) { best = result }
-        }
-        return best ?? (0, latencyHistogram())
     }
 
     private func waitForWorkers(_ broker: String, service: String, count: Int) async throws {

@@ -49,3 +49,13 @@ func printTable(_ rows: [Row]) {
     say("|" + widths.map { String(repeating: "-", count: $0 + 2) }.joined(separator: "|") + "|")
     for row in cells { say(line(row)) }
 }
+
+/// The middle value (the lower middle for an even count).
+func median(_ values: [Double]) -> Double {
+    values.sorted()[(values.count - 1) / 2]
+}
+
+/// The measurement whose p50 latency is the median one.
+func medianByP50(_ runs: [(Double, Histogram<UInt64>)]) -> (Double, Histogram<UInt64>) {
+    runs.sorted { $0.1.valueAtPercentile(50) < $1.1.valueAtPercentile(50) }[(runs.count - 1) / 2]
+}

@@ -23,7 +23,7 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
     @Option(help: "Message size in bytes.")
     var size = 64
 
-    @Option(help: "Runs of each measurement; the best run is reported.")
+    @Option(help: "Rounds of measurements; the median round is reported.")
     var runs = 3
 
     func run() async throws {
@@ -32,43 +32,33 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
         let payload = Frame([UInt8](repeating: 0xAB, count: size))
         say("ZeroMQ \(ZMQLibrary.versionString), \(size)-byte messages over \(echo.endpoint), \(ProcessInfo.processInfo.activeProcessorCount) cores")
 
-        let rawSync = try best(of: runs) { try rawRoundTrips(echo.endpoint, payload) }
-        let rawPipe = try best(of: runs) { try rawPipelined(echo.endpoint, payload) }
+        // Every measurement once per round, rounds interleaved, then the median round of
+        // each: a disturbance on the machine hits raw and bridge alike.
+        var rawSync: [(Double, Histogram<UInt64>)] = [], rawPipe: [Double] = []
+        var bridgeSync: [BridgeMode: [(Double, Histogram<UInt64>)]] = [:], bridgePipe: [BridgeMode: [Double]] = [:]
+        for round in 1...runs {
+            progress("round \(round) of \(runs)")
+            rawSync.append(try rawRoundTrips(echo.endpoint, payload))
+            rawPipe.append(try rawPipelined(echo.endpoint, payload))
+            for mode in BridgeMode.allCases {
+                bridgeSync[mode, default: []].append(try await bridgeRoundTrips(echo.endpoint, payload, mode))
+                bridgePipe[mode, default: []].append(try await bridgePipelined(echo.endpoint, payload, mode))
+            }
+        }
+        let raw = medianByP50(rawSync), rawRate = median(rawPipe)
         var rows = [
-            Row("raw round trip (1 thread)", rate: rawSync.0, latencies: rawSync.1),
-            Row("raw pipelined (window \(window))", rate: rawPipe),
+            Row("raw round trip (1 thread)", rate: raw.0, latencies: raw.1),
+            Row("raw pipelined (window \(window))", rate: rawRate),
         ]
         for mode in BridgeMode.allCases {
-            var sync: (Double, Histogram<UInt64>)?
-            var pipelined = 0.0
-            for _ in 0..<runs {
-                progress("measuring the bridge: \(mode.rawValue)")
-                let run = try await bridgeRoundTrips(echo.endpoint, payload, mode)
-                if sync == nil || run.1.valueAtPercentile(50) < sync!.1.valueAtPercentile(50) { sync = run }
-                pipelined = max(pipelined, try await bridgePipelined(echo.endpoint, payload, mode))
-            }
-            let ratio = Double(sync!.1.valueAtPercentile(50)) / Double(rawSync.1.valueAtPercentile(50))
-            rows.append(Row("bridge round trip (\(mode.rawValue))", rate: sync!.0, latencies: sync!.1,
+            let sync = medianByP50(bridgeSync[mode]!), pipelined = median(bridgePipe[mode]!)
+            let ratio = Double(sync.1.valueAtPercentile(50)) / Double(raw.1.valueAtPercentile(50))
+            rows.append(Row("bridge round trip (\(mode.rawValue))", rate: sync.0, latencies: sync.1,
                             note: String(format: "p50 %.2fx raw", ratio)))
             rows.append(Row("bridge pipelined (\(mode.rawValue))", rate: pipelined,
-                            note: String(format: "%.0f%% of raw", pipelined / rawPipe * 100)))
+                            note: String(format: "%.0f%% of raw", pipelined / rawRate * 100)))
         }
         printTable(rows)
-    }
-
-    private func best(of runs: Int, _ measure: () throws -> (Double, Histogram<UInt64>)) throws -> (Double, Histogram<UInt64>) {
-        var best: (Double, Histogram<UInt64>)?
-        for _ in 0..<runs {
-            let result = try measure()
-            if best == nil || result.1.valueAtPercentile(50) < best!.1.valueAtPercentile(50) { best = result }
-        }
-        return best!
-    }
-
-    private func best(of runs: Int, _ measure: () throws -> Double) throws -> Double {
-        var best = 0.0
-        for _ in 0..<runs { best = max(best, try measure()) }
-        return best
     }
 
     // MARK: Raw sockets, one thread
