@@ -39,7 +39,10 @@ public struct MethodTable<Service: BusService>: Sendable {
     ) {
         handlers[method] = { service, params in
             let decoded = try decodeParams(P.self, params)
-            return try JSONValue(encoding: try await handler(service, decoded))
+            let result = try await handler(service, decoded)
+            // A JSON value needs no encoding round trip.
+            if let json = result as? JSONValue { return json }
+            return try JSONValue(encoding: result)
         }
     }
 
