@@ -45,7 +45,6 @@ public final class BusClient: Sendable {
             for broker in brokers { try socket.connect(broker) }
             let core = ClientCore(loop: loop)
             core.registration = loop.register(socket) { [weak core] message in core?.received(message) }
-            core.startSweeping()
             return LoopBound(core, loop: loop)
         }
     }
@@ -137,8 +136,10 @@ final class ClientCore {
 
     init(loop: SocketLoop) { self.loop = loop }
 
-    func startSweeping() {
-        // Timeouts are checked every 10 ms: cheaper than a timer per request.
+    /// Timeouts are checked every 10 ms while anything waits (cheaper than a timer per
+    /// request); an idle client leaves its loop asleep.
+    private func sweepWhileWaiting() {
+        guard sweeper == nil else { return }
         sweeper = loop.scheduleRepeating(every: .milliseconds(10)) { [weak self] in self?.sweep() }
     }
 
@@ -148,6 +149,7 @@ final class ClientCore {
             return
         }
         pending[id] = request
+        sweepWhileWaiting()
         registration.send(message)
     }
 
@@ -157,6 +159,7 @@ final class ClientCore {
             return
         }
         opaque[service, default: []].append(OpaquePending(continuation: continuation, deadline: monotonicNanoseconds() + timeout.nanoseconds, timeout: timeout))
+        sweepWhileWaiting()
         registration.send(message)
     }
 
@@ -202,6 +205,10 @@ final class ClientCore {
                 request.continuation.resume(returning: .failure(.timedOut(service: service, method: "(opaque)", after: request.timeout)))
                 return false
             }
+        }
+        if pending.isEmpty && opaque.values.allSatisfy(\.isEmpty) {
+            sweeper?.cancel()
+            sweeper = nil
         }
     }
 

@@ -50,14 +50,15 @@ final class StateServer {
     /// properties and value frames are published as they came, without copying.
     private func set(_ key: String, keyFrame: Frame, value: Frame, ttl: Double?, uuid: Frame, properties: Frame, now: UInt64) -> UInt64 {
         sequence += 1
-        if entries[key]?.expiresAt != nil { expiring -= 1 }
+        let old: Entry?
         if value.isEmpty {
-            entries[key] = nil
+            old = entries.removeValue(forKey: key)
         } else {
             let expiresAt = ttl.map { now + UInt64($0 * 1e9) }
             if expiresAt != nil { expiring += 1 }
-            entries[key] = Entry(sequence: sequence, value: value, expiresAt: expiresAt)
+            old = entries.updateValue(Entry(sequence: sequence, value: value, expiresAt: expiresAt), forKey: key)
         }
+        if old?.expiresAt != nil { expiring -= 1 }
         publish([keyFrame, CHP.sequenceFrame(sequence), uuid, properties, value])
         lastPublished = now
         return sequence
