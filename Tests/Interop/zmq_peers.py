@@ -10,6 +10,7 @@ Usage:
 Exit status 0 on success, 1 on a protocol error, 2 on a timeout.
 """
 import json
+import os
 import signal
 import sys
 
@@ -38,7 +39,8 @@ def worker(broker, service):
     signal.signal(signal.SIGTERM, stop)
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
-    while running:
+    parent = os.getppid()
+    while running and os.getppid() == parent:  # a test that crashed leaves no worker behind
         if poller.poll(500):
             frames = socket.recv_multipart()
             if frames[:2] != [b"", b"MDPW01"]:
