@@ -28,6 +28,7 @@ def worker(broker, service):
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.linger = 0
+    socket.sndtimeo = 1000  # a send to a kernel that is gone must not block forever
     socket.connect(broker)
     socket.send_multipart([b"", b"MDPW01", b"\x01", service.encode()])
     running = True
@@ -51,8 +52,14 @@ def worker(broker, service):
                 socket.send_multipart([b"", b"MDPW01", b"\x03", client, b""] + body)
             elif command == b"\x05":  # DISCONNECT
                 return
-        socket.send_multipart([b"", b"MDPW01", b"\x04"])  # HEARTBEAT
-    socket.send_multipart([b"", b"MDPW01", b"\x05"])
+        try:
+            socket.send_multipart([b"", b"MDPW01", b"\x04"])  # HEARTBEAT
+        except zmq.Again:
+            pass
+    try:
+        socket.send_multipart([b"", b"MDPW01", b"\x05"])  # DISCONNECT
+    except zmq.Again:
+        pass
 
 
 def client(broker, service, body):
