@@ -28,13 +28,24 @@ struct KernelBenchmark: AsyncParsableCommand {
     var updates = 500_000
     @Option(help: "Rounds of measurements; the median is reported.")
     var runs = 3
+    @Option(help: "Transport for the kernel's endpoints: tcp (loopback) or ipc (Unix sockets in a temporary folder).")
+    var transport = "tcp"
+
+    func validate() throws {
+        guard ["tcp", "ipc"].contains(transport) else { throw ValidationError("--transport must be tcp or ipc") }
+    }
+
+    /// An endpoint of the chosen transport with a name of its own.
+    private func endpoint(_ name: String) -> String {
+        transport == "tcp" ? "tcp://127.0.0.1:*" : "ipc://\(NSTemporaryDirectory())sb-bench-\(getpid())-\(name).ipc"
+    }
 
     func run() async throws {
         var configuration = KernelConfiguration()
-        configuration.brokerEndpoint = "tcp://127.0.0.1:*"
-        configuration.snapshotEndpoint = "tcp://127.0.0.1:*"
-        configuration.publisherEndpoint = "tcp://127.0.0.1:*"
-        configuration.collectorEndpoint = "tcp://127.0.0.1:*"
+        configuration.brokerEndpoint = endpoint("broker")
+        configuration.snapshotEndpoint = endpoint("snapshot")
+        configuration.publisherEndpoint = endpoint("publisher")
+        configuration.collectorEndpoint = endpoint("collector")
         configuration.queueTimeout = .seconds(60)
         let kernel = try Kernel(configuration: configuration, context: ZMQContext())
         let endpoints = try await kernel.start()
@@ -42,9 +53,9 @@ struct KernelBenchmark: AsyncParsableCommand {
         // one with many connections for pipelining (7/MDP: one request per connection).
         let worker = try RawEchoWorker(broker: endpoints.broker, service: "bench", sockets: workerSockets)
         let single = try RawEchoWorker(broker: endpoints.broker, service: "bench1", sockets: 1)
-        let direct = try EchoPeer()
+        let direct = try EchoPeer(endpoint: endpoint("direct"))
         let payload = Frame([UInt8](repeating: 0x5A, count: 64))
-        say("Kernel benchmark: 64-byte bodies over tcp://127.0.0.1, raw echo worker with \(workerSockets) connections, \(ProcessInfo.processInfo.activeProcessorCount) cores")
+        say("Kernel benchmark: 64-byte bodies over \(transport == "tcp" ? "tcp://127.0.0.1" : "ipc://"), raw echo worker with \(workerSockets) connections, \(ProcessInfo.processInfo.activeProcessorCount) cores")
         try await waitForWorkers(endpoints.broker, service: "bench", count: workerSockets)
         try await waitForWorkers(endpoints.broker, service: "bench1", count: 1)
 

@@ -175,7 +175,7 @@ final class EchoPeer: @unchecked Sendable {
     let endpoint: String
     private let thread: Thread
 
-    init() throws {
+    init(endpoint requested: String = "tcp://127.0.0.1:*") throws {
         context = try ZMQContext()
         let socket = try ZMQSocket(context, .router)
         // A plain ROUTER drops replies when the peer's pipe is full; mandatory makes it
@@ -183,7 +183,7 @@ final class EchoPeer: @unchecked Sendable {
         try socket.set(.routerMandatory, true)
         try socket.set(.sendHighWaterMark, 100_000)
         try socket.set(.receiveHighWaterMark, 100_000)
-        endpoint = try socket.bind("tcp://127.0.0.1:*")
+        endpoint = try socket.bind(requested)
         // The socket moves to the echo thread once, before anything else touches it.
         nonisolated(unsafe) let owned = socket
         thread = Thread {
