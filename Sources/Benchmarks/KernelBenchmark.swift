@@ -97,6 +97,12 @@ struct KernelBenchmark: AsyncParsableCommand {
         single.stop()
         direct.stop()
         await kernel.stop()
+        // The process may end before libzmq unlinks its ipc:// files; remove them here.
+        if transport == "ipc" {
+            for name in ["broker", "snapshot", "publisher", "collector", "direct"] {
+                try? FileManager.default.removeItem(atPath: String(endpoint(name).dropFirst("ipc://".count)))
+            }
+        }
     }
 
     private func waitForWorkers(_ broker: String, service: String, count: Int) async throws {
