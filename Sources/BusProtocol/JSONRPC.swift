@@ -249,15 +249,26 @@ public enum JSONRPC {
         return JSONRPCResponse(id: id, error: JSONRPCError(code: Int(code), message: message, data: error["data"]))
     }
 
-    /// The id of a request body, best effort and without failing: for answering a request
-    /// the kernel could not deliver. `nil` for a notification or a body that is not JSON-RPC.
-    public static func requestIDs(in bytes: some Collection<UInt8>) -> [JSONRPCID]? {
-        switch parseRequests(bytes) {
-        case .single(.request(let request)): return request.id.map { [$0] }
-        case .single(.invalid): return nil
+    /// The reply body answering every request in `body` with `error`, for a request the
+    /// kernel could not deliver: one response (with the request's id, or null) for a single
+    /// request, an array for a batch (empty when the batch held only notifications). A body
+    /// that is not JSON-RPC gets one response with a null id, in an array when it looks like a
+    /// batch. Parses the body once and never fails.
+    public static func errorReply(to body: some Collection<UInt8>, error: JSONRPCError) -> [UInt8] {
+        switch parseRequests(body) {
+        case .single(.request(let request)):
+            return JSONRPCResponse(id: request.id ?? .null, error: error).jsonBytes
+        case .single(.invalid):
+            return JSONRPCResponse(id: .null, error: error).jsonBytes
         case .batch(let items):
-            return items.compactMap { item -> JSONRPCID? in if case .request(let request) = item { request.id } else { nil } }
-        case .unusable: return nil
+            let responses = items.compactMap { item -> JSONRPCResponse? in
+                guard case .request(let request) = item, let id = request.id else { return nil }
+                return JSONRPCResponse(id: id, error: error)
+            }
+            return encodeReply(responses, batch: true) ?? []
+        case .unusable:
+            let looksLikeBatch = body.first { ![0x20, 0x0A, 0x0D, 0x09].contains($0) } == UInt8(ascii: "[")
+            return encodeReply([JSONRPCResponse(id: .null, error: error)], batch: looksLikeBatch) ?? []
         }
     }
 

@@ -232,11 +232,7 @@ final class Broker {
     /// Answers a request the kernel could not deliver, with `error` for each id in its body.
     private func reply(to client: Frame, service: String, body: [Frame], error: JSONRPCError) {
         let bytes = body.count == 1 ? body[0].bytes : []
-        let isBatch = bytes.first(where: { $0 != 0x20 && $0 != 0x0A && $0 != 0x0D && $0 != 0x09 }) == UInt8(ascii: "[")
-        let ids = JSONRPC.requestIDs(in: bytes) ?? [.null]
-        let responses = ids.map { JSONRPCResponse(id: $0, error: error) }
-        let replyBody = JSONRPC.encodeReply(responses, batch: isBatch) ?? []
-        send(MDP.reply(to: client, service: service, body: [Frame(replyBody)]))
+        send(MDP.reply(to: client, service: service, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))]))
     }
 
     private func answerBuiltIn(_ body: [Frame]) -> [UInt8] {

@@ -44,7 +44,7 @@ struct JSONRPCTests {
     }
 
     @Test("a batch keeps each element's outcome")
-    func batch() {
+    func batch() throws {
         guard case .batch(let items) = parse(#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"bad":true},{"jsonrpc":"2.0","method":"n"}]"#) else {
             Issue.record("expected a batch")
             return
@@ -52,7 +52,16 @@ struct JSONRPCTests {
         #expect(items.count == 3)
         if case .request(let first) = items[0] { #expect(first.method == "a") } else { Issue.record("first should be valid") }
         if case .invalid(let second) = items[1] { #expect(second.errorCode == -32600) } else { Issue.record("second should be invalid") }
-        #expect(JSONRPC.requestIDs(in: Array(#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","id":"b","method":"a"}]"#.utf8)) == [.number(1), .string("b")])
+        let unavailable = JSONRPCError.serviceUnavailable("x", within: 1)
+        let batchReply = JSONRPC.errorReply(to: Array(#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"n"},{"jsonrpc":"2.0","id":"b","method":"a"}]"#.utf8), error: unavailable)
+        #expect(try JSONRPC.parseResponses(batchReply) == [JSONRPCResponse(id: .number(1), error: unavailable), JSONRPCResponse(id: .string("b"), error: unavailable)])
+        #expect(batchReply.first == UInt8(ascii: "["))
+        let single = JSONRPC.errorReply(to: Array(#"{"jsonrpc":"2.0","id":7,"method":"a"}"#.utf8), error: unavailable)
+        #expect(try JSONRPC.parseResponses(single) == [JSONRPCResponse(id: .number(7), error: unavailable)])
+        #expect(single.first == UInt8(ascii: "{"))
+        #expect(try JSONRPC.parseResponses(JSONRPC.errorReply(to: Array("not json".utf8), error: unavailable)) == [JSONRPCResponse(id: .null, error: unavailable)])
+        #expect(JSONRPC.errorReply(to: Array("[1,".utf8), error: unavailable).first == UInt8(ascii: "["))
+        #expect(JSONRPC.errorReply(to: Array(#"[{"jsonrpc":"2.0","method":"n"}]"#.utf8), error: unavailable).isEmpty)
     }
 
     @Test("responses round trip, results and errors with data")
