@@ -59,6 +59,8 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
     public static let conflictCode = -32004
     public static let upstreamFailedCode = -32005
     public static let outcomeUnknownCode = -32006
+    /// The service's storage failed (read-only, full, corrupt); `data.reason` says which.
+    public static let storageFailedCode = -32007
     public static let tooLargeCode = -32010
     public static let forbiddenCode = -32011
 
@@ -168,8 +170,7 @@ public enum JSONRPC {
     public static func parseRequests(_ bytes: some Collection<UInt8>) -> JSONRPCIncoming {
         let value: JSONValue
         do {
-            guard depthIsBounded(bytes) else { throw JSONRPCError.parseError("nested deeper than \(maxDepth) levels") }
-            value = try JSONValue(parsing: bytes)
+            value = try JSONValue(parsing: bytes, maxDepth: maxDepth)
         } catch {
             return .unusable(JSONRPCResponse(id: .null, error: .parseError("the body is not valid JSON")))
         }
@@ -215,8 +216,7 @@ public enum JSONRPC {
     public static func parseResponses(_ bytes: some Collection<UInt8>) throws(ProtocolError) -> [JSONRPCResponse] {
         let value: JSONValue
         do {
-            guard depthIsBounded(bytes) else { throw ProtocolError("JSON-RPC", "nested too deep") }
-            value = try JSONValue(parsing: bytes)
+            value = try JSONValue(parsing: bytes, maxDepth: maxDepth)
         } catch {
             throw ProtocolError("JSON-RPC", "the response is not valid JSON")
         }
@@ -279,29 +279,5 @@ public enum JSONRPC {
             return responses.isEmpty ? nil : JSONValue.array(responses.map(\.json)).jsonBytes
         }
         return responses.first?.jsonBytes
-    }
-
-    /// Checks nesting depth before parsing, so hostile input cannot exhaust the stack.
-    static func depthIsBounded(_ bytes: some Collection<UInt8>) -> Bool {
-        var depth = 0
-        var inString = false
-        var escaped = false
-        for byte in bytes {
-            if inString {
-                if escaped { escaped = false }
-                else if byte == UInt8(ascii: "\\") { escaped = true }
-                else if byte == UInt8(ascii: "\"") { inString = false }
-                continue
-            }
-            switch byte {
-            case UInt8(ascii: "\""): inString = true
-            case UInt8(ascii: "["), UInt8(ascii: "{"):
-                depth += 1
-                if depth > maxDepth { return false }
-            case UInt8(ascii: "]"), UInt8(ascii: "}"): depth -= 1
-            default: break
-            }
-        }
-        return true
     }
 }

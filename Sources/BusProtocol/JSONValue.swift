@@ -35,17 +35,21 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         }
     }
 
-    /// Parses JSON text.
-    public init(parsing bytes: some Collection<UInt8>) throws {
-        self = try JSONDecoder().decode(JSONValue.self, from: Data(bytes))
+    /// Parses JSON text strictly (see ``JSONText``); nesting deeper than `maxDepth` is an error.
+    public init(parsing bytes: some Collection<UInt8>, maxDepth: Int = 512) throws {
+        if let value = try bytes.withContiguousStorageIfAvailable({ buffer throws in try JSONText.parse(buffer, maxDepth: maxDepth) }) {
+            self = value
+        } else {
+            self = try Array(bytes).withUnsafeBufferPointer { buffer throws in try JSONText.parse(buffer, maxDepth: maxDepth) }
+        }
     }
 
     /// Compact JSON text with sorted keys (stable output for tests and diffs).
     public var jsonBytes: [UInt8] {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        // Encoding a JSONValue cannot fail: every case maps to plain JSON.
-        return Array((try? encoder.encode(self)) ?? Data("null".utf8))
+        var output: [UInt8] = []
+        output.reserveCapacity(64)
+        JSONText.write(self, into: &output)
+        return output
     }
 
     public var jsonString: String { String(decoding: jsonBytes, as: UTF8.self) }
@@ -87,8 +91,7 @@ extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Ex
 extension JSONValue {
     /// Converts any `Encodable` value to a JSON value.
     public init(encoding value: some Encodable) throws {
-        let data = try JSONEncoder().encode(value)
-        self = try JSONDecoder().decode(JSONValue.self, from: data)
+        self = try JSONValue(parsing: JSONEncoder().encode(value))
     }
 
     /// Decodes this JSON value as `type`.

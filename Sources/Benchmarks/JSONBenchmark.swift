@@ -1,0 +1,37 @@
+import ArgumentParser
+import BusProtocol
+import Foundation
+import ZeroMQ
+
+/// The JSON-RPC codec on its own: parsing a request body and encoding a reply, the work
+/// every request costs a service on top of the transport.
+struct JSONBenchmark: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "json",
+        abstract: "Parse a JSON-RPC request and encode a reply: time per operation."
+    )
+
+    @Option(help: "Operations per measurement.")
+    var count = 100_000
+
+    func run() throws {
+        let request = Array(#"{"jsonrpc":"2.0","id":42,"method":"articles.save","params":{"article":{"source":{"id":null,"name":"BBC News"},"author":"A. Writer","title":"A headline of some length","url":"https://example.com/a","publishedAt":"2026-11-21T10:00:00Z","score":1.5,"read":false}}}"#.utf8)
+        let reply = JSONRPCResponse(id: .number(42), result: ["ids": ["bbc-news", "cnn", "the-verge"], "selectedAt": "2026-11-21T10:00:00.000Z"])
+        var rows: [Row] = []
+        rows.append(measure("parse a request (JSONRPC.parseRequests)") {
+            if case .single(.request(let parsed)) = JSONRPC.parseRequests(request) { return parsed.method.count }
+            return 0
+        })
+        rows.append(measure("encode a reply (JSONRPCResponse.jsonBytes)") { reply.jsonBytes.count })
+        printTable(rows)
+    }
+
+    private func measure(_ name: String, _ operation: () -> Int) -> Row {
+        var sink = 0
+        for _ in 0..<1_000 { sink &+= operation() }
+        let start = monotonicNanoseconds()
+        for _ in 0..<count { sink &+= operation() }
+        let elapsed = Double(monotonicNanoseconds() - start)
+        return Row(name, rate: Double(count) / (elapsed / 1e9), note: String(format: "%.2f µs per operation (%d)", elapsed / Double(count) / 1_000, sink % 2))
+    }
+}

@@ -1,0 +1,297 @@
+/// JSON text (RFC 8259) to ``JSONValue`` and back, in one pass over the bytes.
+///
+/// Every request and reply on the bus goes through here twice, so it is written for that:
+/// `JSONDecoder` can only learn a value's type by trying each and catching the errors
+/// (45 µs for a 250-byte request), and `JSONSerialization` builds Foundation objects that
+/// must then be bridged. This parser is strict (no trailing commas, no comments, no
+/// leading zeros, no unescaped control characters, valid UTF-8 only, nothing after the
+/// value) and bounds nesting, so hostile input cannot exhaust the stack.
+/// `switchboard-bench json` measures it.
+enum JSONText {
+    struct SyntaxError: Error, CustomStringConvertible {
+        let offset: Int
+        let problem: String
+        var description: String { "invalid JSON at byte \(offset): \(problem)" }
+    }
+
+    static func parse(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) throws(SyntaxError) -> JSONValue {
+        var parser = Parser(bytes: bytes, maxDepth: maxDepth)
+        parser.skipWhitespace()
+        let value = try parser.value(depth: 0)
+        parser.skipWhitespace()
+        guard parser.position == bytes.count else { throw parser.error("unexpected text after the value") }
+        return value
+    }
+
+    private struct Parser {
+        let bytes: UnsafeBufferPointer<UInt8>
+        let maxDepth: Int
+        var position = 0
+
+        init(bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) {
+            self.bytes = bytes
+            self.maxDepth = maxDepth
+        }
+
+        func error(_ problem: String) -> SyntaxError { SyntaxError(offset: position, problem: problem) }
+
+        var current: UInt8? { position < bytes.count ? bytes[position] : nil }
+
+        mutating func skipWhitespace() {
+            while position < bytes.count {
+                switch bytes[position] {
+                case 0x20, 0x09, 0x0A, 0x0D: position += 1
+                default: return
+                }
+            }
+        }
+
+        mutating func expect(_ word: StaticString, _ value: JSONValue) throws(SyntaxError) -> JSONValue {
+            let count = word.utf8CodeUnitCount
+            guard position + count <= bytes.count else { throw error("unexpected end of text") }
+            for index in 0..<count where bytes[position + index] != word.utf8Start[index] {
+                throw error("unexpected character")
+            }
+            position += count
+            return value
+        }
+
+        mutating func value(depth: Int) throws(SyntaxError) -> JSONValue {
+            guard let byte = current else { throw error("unexpected end of text") }
+            switch byte {
+            case UInt8(ascii: "{"): return try object(depth: depth + 1)
+            case UInt8(ascii: "["): return try array(depth: depth + 1)
+            case UInt8(ascii: "\""): return .string(try string())
+            case UInt8(ascii: "t"): return try expect("true", .bool(true))
+            case UInt8(ascii: "f"): return try expect("false", .bool(false))
+            case UInt8(ascii: "n"): return try expect("null", .null)
+            case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return try number()
+            default: throw error("unexpected character")
+            }
+        }
+
+        mutating func object(depth: Int) throws(SyntaxError) -> JSONValue {
+            guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
+            position += 1
+            var members: [String: JSONValue] = [:]
+            skipWhitespace()
+            if current == UInt8(ascii: "}") {
+                position += 1
+                return .object(members)
+            }
+            while true {
+                skipWhitespace()
+                guard current == UInt8(ascii: "\"") else { throw error("expected a string key") }
+                let key = try string()
+                skipWhitespace()
+                guard current == UInt8(ascii: ":") else { throw error("expected ':'") }
+                position += 1
+                skipWhitespace()
+                members[key] = try value(depth: depth)
+                skipWhitespace()
+                switch current {
+                case UInt8(ascii: ",")?: position += 1
+                case UInt8(ascii: "}")?:
+                    position += 1
+                    return .object(members)
+                default: throw error("expected ',' or '}'")
+                }
+            }
+        }
+
+        mutating func array(depth: Int) throws(SyntaxError) -> JSONValue {
+            guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
+            position += 1
+            var elements: [JSONValue] = []
+            skipWhitespace()
+            if current == UInt8(ascii: "]") {
+                position += 1
+                return .array(elements)
+            }
+            while true {
+                skipWhitespace()
+                elements.append(try value(depth: depth))
+                skipWhitespace()
+                switch current {
+                case UInt8(ascii: ",")?: position += 1
+                case UInt8(ascii: "]")?:
+                    position += 1
+                    return .array(elements)
+                default: throw error("expected ',' or ']'")
+                }
+            }
+        }
+
+        mutating func string() throws(SyntaxError) -> String {
+            position += 1  // the opening quote
+            let start = position
+            // The common case: no escapes, so the bytes are the string.
+            while position < bytes.count {
+                let byte = bytes[position]
+                if byte == UInt8(ascii: "\"") {
+                    let text = try utf8(start..<position)
+                    position += 1
+                    return text
+                }
+                if byte == UInt8(ascii: "\\") { break }
+                guard byte >= 0x20 else { throw error("control character in a string") }
+                position += 1
+            }
+            var unescaped = Array(bytes[start..<position])
+            while position < bytes.count {
+                let byte = bytes[position]
+                switch byte {
+                case UInt8(ascii: "\""):
+                    position += 1
+                    guard let text = String(validating: unescaped, as: UTF8.self) else { throw error("invalid UTF-8 in a string") }
+                    return text
+                case UInt8(ascii: "\\"):
+                    position += 1
+                    guard let escape = current else { throw error("unexpected end of text") }
+                    position += 1
+                    switch escape {
+                    case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): unescaped.append(escape)
+                    case UInt8(ascii: "b"): unescaped.append(0x08)
+                    case UInt8(ascii: "f"): unescaped.append(0x0C)
+                    case UInt8(ascii: "n"): unescaped.append(0x0A)
+                    case UInt8(ascii: "r"): unescaped.append(0x0D)
+                    case UInt8(ascii: "t"): unescaped.append(0x09)
+                    case UInt8(ascii: "u"): unescaped.append(contentsOf: try unicodeEscape())
+                    default: throw error("unknown escape")
+                    }
+                default:
+                    guard byte >= 0x20 else { throw error("control character in a string") }
+                    unescaped.append(byte)
+                    position += 1
+                }
+            }
+            throw error("unterminated string")
+        }
+
+        func utf8(_ range: Range<Int>) throws(SyntaxError) -> String {
+            guard let text = String(validating: UnsafeBufferPointer(rebasing: bytes[range]), as: UTF8.self) else {
+                throw SyntaxError(offset: range.lowerBound, problem: "invalid UTF-8 in a string")
+            }
+            return text
+        }
+
+        mutating func hex4() throws(SyntaxError) -> UInt32 {
+            guard position + 4 <= bytes.count else { throw error("unexpected end of text") }
+            var value: UInt32 = 0
+            for _ in 0..<4 {
+                let byte = bytes[position]
+                let digit: UInt8
+                switch byte {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = byte - UInt8(ascii: "0")
+                case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = byte - UInt8(ascii: "a") + 10
+                case UInt8(ascii: "A")...UInt8(ascii: "F"): digit = byte - UInt8(ascii: "A") + 10
+                default: throw error("bad \\u escape")
+                }
+                value = value << 4 | UInt32(digit)
+                position += 1
+            }
+            return value
+        }
+
+        /// `\uXXXX` (after the `\u`), joining a surrogate pair; returns the UTF-8 bytes.
+        mutating func unicodeEscape() throws(SyntaxError) -> [UInt8] {
+            var scalar = try hex4()
+            if (0xD800...0xDBFF).contains(scalar) {
+                guard position + 2 <= bytes.count, bytes[position] == UInt8(ascii: "\\"), bytes[position + 1] == UInt8(ascii: "u") else {
+                    throw error("unpaired surrogate")
+                }
+                position += 2
+                let low = try hex4()
+                guard (0xDC00...0xDFFF).contains(low) else { throw error("unpaired surrogate") }
+                scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
+            }
+            guard let unicode = Unicode.Scalar(scalar) else { throw error("unpaired surrogate") }
+            return Array(String(Character(unicode)).utf8)
+        }
+
+        mutating func number() throws(SyntaxError) -> JSONValue {
+            let start = position
+            if current == UInt8(ascii: "-") { position += 1 }
+            guard let first = current, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(first) else { throw error("expected a digit") }
+            if first == UInt8(ascii: "0") {
+                position += 1
+            } else {
+                skipDigits()
+            }
+            var integral = true
+            if current == UInt8(ascii: ".") {
+                integral = false
+                position += 1
+                guard skipDigits() > 0 else { throw error("expected a digit after '.'") }
+            }
+            if current == UInt8(ascii: "e") || current == UInt8(ascii: "E") {
+                integral = false
+                position += 1
+                if current == UInt8(ascii: "+") || current == UInt8(ascii: "-") { position += 1 }
+                guard skipDigits() > 0 else { throw error("expected a digit in the exponent") }
+            }
+            let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<position]), as: UTF8.self)
+            if integral, let integer = Int64(text) { return .int(integer) }
+            guard let double = Double(text), double.isFinite else { throw SyntaxError(offset: start, problem: "number out of range") }
+            return .double(double)
+        }
+
+        @discardableResult
+        mutating func skipDigits() -> Int {
+            let start = position
+            while let byte = current, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) { position += 1 }
+            return position - start
+        }
+    }
+
+    // MARK: Writing
+
+    /// Compact JSON text; object keys sorted, so equal values give equal bytes.
+    static func write(_ value: JSONValue, into output: inout [UInt8]) {
+        switch value {
+        case .null: output.append(contentsOf: "null".utf8)
+        case .bool(let flag): output.append(contentsOf: (flag ? "true" : "false").utf8)
+        case .int(let number): output.append(contentsOf: String(number).utf8)
+        case .double(let number):
+            // JSON has no NaN or infinity.
+            if number.isFinite { output.append(contentsOf: number.description.utf8) } else { output.append(contentsOf: "null".utf8) }
+        case .string(let text): writeString(text, into: &output)
+        case .array(let elements):
+            output.append(UInt8(ascii: "["))
+            for (index, element) in elements.enumerated() {
+                if index > 0 { output.append(UInt8(ascii: ",")) }
+                write(element, into: &output)
+            }
+            output.append(UInt8(ascii: "]"))
+        case .object(let members):
+            output.append(UInt8(ascii: "{"))
+            for (index, key) in members.keys.sorted().enumerated() {
+                if index > 0 { output.append(UInt8(ascii: ",")) }
+                writeString(key, into: &output)
+                output.append(UInt8(ascii: ":"))
+                write(members[key]!, into: &output)
+            }
+            output.append(UInt8(ascii: "}"))
+        }
+    }
+
+    private static let hexDigits = Array("0123456789abcdef".utf8)
+
+    static func writeString(_ text: String, into output: inout [UInt8]) {
+        output.append(UInt8(ascii: "\""))
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""): output.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\"")])
+            case UInt8(ascii: "\\"): output.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\\")])
+            case 0x0A: output.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "n")])
+            case 0x0D: output.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "r")])
+            case 0x09: output.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "t")])
+            case 0x00..<0x20:
+                output.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"),
+                                           hexDigits[Int(byte >> 4)], hexDigits[Int(byte & 0x0F)]])
+            default: output.append(byte)
+            }
+        }
+        output.append(UInt8(ascii: "\""))
+    }
+}
