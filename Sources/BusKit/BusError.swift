@@ -13,6 +13,8 @@ public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
     case protocolViolation(String)
     /// The client was closed.
     case closed
+    /// The task waiting for the reply was cancelled.
+    case cancelled(service: String, method: String)
 
     public var description: String {
         switch self {
@@ -26,6 +28,8 @@ public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
             "protocol violation: \(problem)"
         case .closed:
             "the bus client is closed"
+        case .cancelled(let service, let method):
+            "\(service) \(method): cancelled"
         }
     }
 

@@ -21,6 +21,21 @@ public actor StatePublisher {
         return UInt64(result["sequence"]?.intValue ?? 0)
     }
 
+    /// Sets several keys in one message to the kernel (a JSON-RPC batch of `state.set`);
+    /// returns each one's sequence number or error, in order.
+    public func set(many entries: [(key: String, value: JSONValue?)]) async -> [Result<UInt64, BusError>] {
+        let calls = entries.map { entry -> (method: String, params: JSONValue?) in
+            ("state.set", ["key": .string(entry.key), "value": entry.value ?? .null])
+        }
+        let outcomes = await client.batch(service: "kernel", calls)
+        return zip(entries, outcomes).map { entry, outcome in
+            outcome.map { result in
+                if let value = entry.value, !value.isNull { current[entry.key] = (value, nil) } else { current[entry.key] = nil }
+                return UInt64(result["sequence"]?.intValue ?? 0)
+            }
+        }
+    }
+
     /// Publishes every remembered key again. Returns how many were published.
     @discardableResult
     public func republish() async -> Int {
