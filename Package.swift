@@ -25,6 +25,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.6.0"),
         .package(url: "https://github.com/jpsim/Yams", from: "5.0.0"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.0.0"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.0"),
     ],
     targets: [
         // libzmq through its system headers; see the module map for why no pkg-config.
@@ -73,7 +75,7 @@ let package = Package(
         // Config/switchboard.yaml: parsing and strict checking.
         .target(
             name: "SwitchboardConfig",
-            dependencies: ["Kernel", .product(name: "Yams", package: "Yams")],
+            dependencies: ["Kernel", "StoreService", .product(name: "Yams", package: "Yams")],
             swiftSettings: sharedSettings
         ),
         // A service that answers with what it is sent: for tests, benchmarks and trying the bus.
@@ -82,11 +84,22 @@ let package = Package(
             dependencies: ["BusKit", "BusProtocol"],
             swiftSettings: sharedSettings
         ),
+        // The `store` service: history, saved articles, selections and dataset snapshots in SQLite.
+        .target(
+            name: "StoreService",
+            dependencies: [
+                "BusKit", "BusProtocol",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: sharedSettings
+        ),
         // The `switchboard` executable: `switchboard kernel`, `switchboard serve NAME`.
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "Kernel", "BusKit", "EchoService", "SwitchboardConfig", "ZeroMQ",
+                "Kernel", "BusKit", "EchoService", "StoreService", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -103,7 +116,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard-bench",
             dependencies: [
-                "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService",
+                "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],
@@ -128,6 +141,12 @@ let package = Package(
         .testTarget(
             name: "SwitchboardConfigTests",
             dependencies: ["SwitchboardConfig", "Kernel"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "StoreServiceTests",
+            dependencies: ["StoreService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport",
+                           .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -1,5 +1,6 @@
 public import Foundation
 public import Kernel
+public import StoreService
 import Yams
 
 /// An error in a configuration file, naming the key's path and what was expected
@@ -14,6 +15,7 @@ public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
 /// given on the command line override the file.
 public struct ConfigFile: Sendable, Equatable {
     public var kernel = KernelConfiguration()
+    public var store = StoreConfiguration()
 
     public init() {}
 
@@ -39,7 +41,7 @@ public struct ConfigFile: Sendable, Equatable {
         var file = ConfigFile()
         guard let root else { return file }
         let top = try mapping(root, "")
-        try checkKeys(top, allowed: ["kernel"], "")
+        try checkKeys(top, allowed: ["kernel", "store"], "")
         if let kernel = top["kernel"] {
             let section = try mapping(kernel, "kernel")
             try checkKeys(section, allowed: ["broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness",
@@ -62,6 +64,18 @@ public struct ConfigFile: Sendable, Equatable {
                 k.collectorWritablePrefixes = prefixes
             }
             file.kernel = k
+        }
+        if let store = top["store"] {
+            let section = try mapping(store, "store")
+            try checkKeys(section, allowed: ["path", "history_limit", "max_size_mb"], "store")
+            if let value = section["path"] {
+                guard let path = value as? String, !path.isEmpty else {
+                    throw ConfigError(path: "store.path", problem: "expected a file path, got \(describe(value))")
+                }
+                file.store.path = path
+            }
+            if let value = section["history_limit"] { file.store.historyLimit = try positive(value, "store.history_limit") }
+            if let value = section["max_size_mb"] { file.store.maxSizeBytes = try positive(value, "store.max_size_mb") * 1_048_576 }
         }
         return file
     }

@@ -113,6 +113,13 @@ public struct TestKernel: Sendable {
     public func stop() async { await kernel.stop() }
 }
 
+/// Heartbeats fast enough for tests (100 ms) with a liveness that tolerates a loaded
+/// machine (10 missed): a dead worker is noticed within about a second.
+public func fastHeartbeats(_ configuration: inout KernelConfiguration) {
+    configuration.heartbeatInterval = .milliseconds(100)
+    configuration.heartbeatLiveness = 10
+}
+
 /// A child process a test started; ``stop()`` ends it (SIGTERM, then SIGKILL).
 public final class ChildProcess: @unchecked Sendable {
     public let process: Process

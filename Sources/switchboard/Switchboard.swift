@@ -5,6 +5,7 @@ import Foundation
 import Kernel
 public import Logging
 import ServiceLifecycle
+import StoreService
 import SwitchboardConfig
 import ZeroMQ
 
@@ -15,7 +16,7 @@ struct Switchboard: AsyncParsableCommand {
         abstract: "Run the Switchboard kernel and services.",
         discussion: """
             switchboard kernel            the kernel: Majordomo broker and state server
-            switchboard serve echo        a service, connected to a kernel
+            switchboard serve NAME        a service (echo, store), connected to a kernel
             """,
         subcommands: [KernelCommand.self, ServeCommand.self]
     )
@@ -78,16 +79,7 @@ struct KernelCommand: AsyncParsableCommand {
 
     /// The file's settings with the flags applied on top.
     func kernelConfiguration() throws -> KernelConfiguration {
-        var configuration = KernelConfiguration()
-        let defaultPath = "Config/switchboard.yaml"
-        if let path = config ?? (FileManager.default.fileExists(atPath: defaultPath) ? defaultPath : nil) {
-            do {
-                configuration = try ConfigFile.load(URL(fileURLWithPath: path)).kernel
-            } catch {
-                FileHandle.standardError.write(Data("switchboard: \(path): \(error)\n".utf8))
-                throw ExitCode(78)  // EX_CONFIG
-            }
-        }
+        var configuration = try loadConfigFile(config).kernel
         if let broker { configuration.brokerEndpoint = broker }
         if let snapshot { configuration.snapshotEndpoint = snapshot }
         if let publisher { configuration.publisherEndpoint = publisher }
@@ -114,35 +106,99 @@ struct KernelCommand: AsyncParsableCommand {
 struct ServeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "serve",
-        abstract: "Run one service and register it with a kernel."
+        abstract: "Run one service and register it with a kernel.",
+        discussion: """
+            switchboard serve echo                          answers with what it is sent
+            switchboard serve store --db /tmp/store.sqlite  history, articles, selections, snapshots
+            """
     )
+    static let services = ["echo", "store"]
 
     @OptionGroup var common: CommonOptions
-    @Argument(help: "The service to run: echo.")
+    @Argument(help: "The service to run: \(ServeCommand.services.joined(separator: ", ")).")
     var name: String
+    @Option(help: "The configuration file (YAML; default: Config/switchboard.yaml when present).")
+    var config: String?
     @Option(help: "A kernel broker endpoint (repeatable).")
     var broker: [String] = [KernelConfiguration().brokerEndpoint]
-    @Option(help: "Worker connections (requests handled at once).")
-    var connections = 2
+    @Option(help: "Worker connections (requests handled at once; default 2, store 8).")
+    var connections: Int?
     @Option(help: "Heartbeat interval in milliseconds (match the kernel's).")
     var heartbeatMs = 2_500
     @Option(help: "Missed heartbeats before the kernel is considered gone.")
     var liveness = 3
     @Option(help: "A name for this instance, reported by echo's whoami.")
     var instance: String?
+    @Option(help: "store: the SQLite database file (overrides store.path).")
+    var db: String?
 
     func validate() throws {
-        guard ["echo"].contains(name) else { throw ValidationError("unknown service '\(name)'; known: echo") }
-        guard connections > 0, heartbeatMs > 0, liveness > 0 else { throw ValidationError("--connections, --heartbeat-ms and --liveness must be positive") }
+        guard Self.services.contains(name) else {
+            throw ValidationError("unknown service '\(name)'; known: \(Self.services.joined(separator: ", "))")
+        }
+        guard (connections ?? 1) > 0, heartbeatMs > 0, liveness > 0 else {
+            throw ValidationError("--connections, --heartbeat-ms and --liveness must be positive")
+        }
     }
 
     func run() async throws {
         common.bootstrapLogging()
         let logger = Logger(label: "switchboard.\(name)")
-        let options = ServiceHost<EchoService>.Options(brokers: broker, connections: connections,
-                                                       heartbeatInterval: .milliseconds(heartbeatMs), heartbeatLiveness: liveness)
-        let host = try ServiceHost(service: EchoService(instance: instance ?? "echo-\(getpid())"), options: options, logger: logger)
-        let group = ServiceGroup(services: [host], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let file = try loadConfigFile(config)
+        let piece: any Service
+        switch name {
+        case "store":
+            var configuration = file.store
+            if let db { configuration.path = db }
+            let service = StoreService(configuration: configuration, logger: logger)
+            let client = try await BusClient(brokers: broker)
+            let publisher = StatePublisher(client: client)
+            let host = try ServiceHost(service: service, options: hostOptions(defaultConnections: 8), logger: logger,
+                                       onReregistered: { await service.publish(through: publisher) })
+            piece = HostedService(host: host, afterStart: { await service.publish(through: publisher) },
+                                  beforeStop: { await service.stopPublishing() }, afterStop: { await client.close() })
+        default:
+            let host = try ServiceHost(service: EchoService(instance: instance ?? "echo-\(getpid())"),
+                                       options: hostOptions(defaultConnections: 2), logger: logger)
+            piece = host
+        }
+        let group = ServiceGroup(services: [piece], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
+    }
+
+    func hostOptions<S>(defaultConnections: Int) -> ServiceHost<S>.Options {
+        ServiceHost<S>.Options(brokers: broker, connections: connections ?? defaultConnections,
+                               heartbeatInterval: .milliseconds(heartbeatMs), heartbeatLiveness: liveness)
+    }
+}
+
+/// A hosted service with work to do once it is registered (publish its state) and
+/// around its shutdown.
+struct HostedService<S: BusService>: Service {
+    let host: ServiceHost<S>
+    let afterStart: @Sendable () async -> Void
+    let beforeStop: @Sendable () async -> Void
+    let afterStop: @Sendable () async -> Void
+
+    func run() async throws {
+        try await host.start()
+        await afterStart()
+        try? await gracefulShutdown()
+        await beforeStop()
+        await host.stop()
+        await afterStop()
+    }
+}
+
+/// The configuration file: `path`, else Config/switchboard.yaml when present, else the
+/// defaults. A bad file ends the process with its problem on stderr and exit status 78.
+func loadConfigFile(_ path: String?) throws -> ConfigFile {
+    let defaultPath = "Config/switchboard.yaml"
+    guard let path = path ?? (FileManager.default.fileExists(atPath: defaultPath) ? defaultPath : nil) else { return ConfigFile() }
+    do {
+        return try ConfigFile.load(URL(fileURLWithPath: path))
+    } catch {
+        FileHandle.standardError.write(Data("switchboard: \(path): \(error)\n".utf8))
+        throw ExitCode(78)  // EX_CONFIG
     }
 }

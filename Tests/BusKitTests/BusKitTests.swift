@@ -19,11 +19,6 @@ func hostEcho(_ kernel: TestKernel, instance: String = "echo", connections: Int 
     return host
 }
 
-func fastHeartbeats(_ configuration: inout KernelConfiguration) {
-    configuration.heartbeatInterval = .milliseconds(100)
-    configuration.heartbeatLiveness = 10
-}
-
 @Suite("BusKit: client, service hosting and subscriptions through a live kernel")
 struct BusKitTests {
     @Test("a request reaches the hosted service and its result comes back")

@@ -1,0 +1,107 @@
+import ArgumentParser
+import BusKit
+import BusProtocol
+import Foundation
+import Histogram
+import Kernel
+import StoreService
+import ZeroMQ
+
+/// The store through the kernel: durable writes (each acknowledged once its transaction is
+/// on disk) and reads, from one client and from several at once.
+struct StoreBenchmark: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "store",
+        abstract: "Durable writes and reads per second through the kernel, 1 and 8 clients."
+    )
+
+    @Option(help: "Seconds each measurement runs.")
+    var seconds = 3.0
+    @Option(help: "Worker connections of the store (requests it handles at once).")
+    var connections = 8
+    @Option(help: "The folder for the database (default: a new temporary folder, removed afterwards).")
+    var folder: String?
+
+    func run() async throws {
+        var configuration = KernelConfiguration()
+        for keyPath in [\KernelConfiguration.brokerEndpoint, \.snapshotEndpoint, \.publisherEndpoint, \.collectorEndpoint] {
+            configuration[keyPath: keyPath] = "tcp://127.0.0.1:*"
+        }
+        let kernel = try Kernel(configuration: configuration, context: ZMQContext())
+        let endpoints = try await kernel.start()
+        let directory = folder.map { URL(fileURLWithPath: $0) }
+            ?? FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-store-\(getpid())")
+        defer { if folder == nil { try? FileManager.default.removeItem(at: directory) } }
+        let store = StoreService(configuration: StoreConfiguration(path: directory.appendingPathComponent("store.sqlite").path))
+        let publisherClient = try await BusClient(brokers: [endpoints.broker])
+        let publisher = StatePublisher(client: publisherClient)
+        let host = try ServiceHost(service: store, options: .init(brokers: [endpoints.broker], connections: connections))
+        try await host.start()
+        await store.publish(through: publisher)
+        let probe = try await BusClient(brokers: [endpoints.broker])
+        while !(try await probe.hasWorkers("store")) { try await Task.sleep(for: .milliseconds(20)) }
+        await probe.close()
+
+        say("Store benchmark: SQLite WAL with synchronous=FULL in \(directory.path), store with \(connections) worker connections, \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per row")
+        var rows: [Row] = []
+        for clients in [1, 8] {
+            let writes = try await measure(endpoints.broker, clients: clients) { client, index in
+                _ = try await client.request(service: "store", method: "articles.save",
+                                             params: ["article": ["url": .string("https://example.com/\(index)"), "title": "Benchmark"]])
+            }
+            rows.append(Row("durable write (articles.save), \(clients) client\(clients == 1 ? "" : "s")", rate: writes.rate,
+                            latencies: writes.latencies, note: "acknowledged after fsync"))
+        }
+        _ = try await probeRequest(endpoints.broker, "sources.select", ["ids": ["bbc-news", "cnn", "the-verge"]])
+        for clients in [1, 8] {
+            let reads = try await measure(endpoints.broker, clients: clients) { client, _ in
+                _ = try await client.request(service: "store", method: "sources.selected")
+            }
+            rows.append(Row("read (sources.selected), \(clients) client\(clients == 1 ? "" : "s")", rate: reads.rate, latencies: reads.latencies))
+        }
+        printTable(rows)
+        await store.stopPublishing()
+        await host.stop()
+        await publisherClient.close()
+        await kernel.stop()
+    }
+
+    private func probeRequest(_ broker: String, _ method: String, _ params: JSONValue) async throws -> JSONValue {
+        let client = try await BusClient(brokers: [broker])
+        defer { Task { await client.close() } }
+        return try await client.request(service: "store", method: method, params: params)
+    }
+
+    /// Runs `request` in a loop on `clients` clients (each its own socket) for the set time;
+    /// returns the total rate and the latency of every request.
+    private func measure(_ broker: String, clients count: Int,
+                         _ request: @escaping @Sendable (BusClient, Int) async throws -> Void) async throws -> (rate: Double, latencies: Histogram<UInt64>) {
+        var clients: [BusClient] = []
+        for _ in 0..<count { clients.append(try await BusClient(brokers: [broker], timeout: .seconds(30))) }
+        let nanoseconds = UInt64(seconds * 1e9)
+        let start = monotonicNanoseconds()
+        let results = try await withThrowingTaskGroup(of: (Int, Histogram<UInt64>).self) { group in
+            for (number, client) in clients.enumerated() {
+                group.addTask {
+                    var latencies = latencyHistogram()
+                    var done = 0
+                    while monotonicNanoseconds() - start < nanoseconds {
+                        let sent = monotonicNanoseconds()
+                        try await request(client, number * 10_000_000 + done + Int(start % 1_000_000) * 100_000_000)
+                        _ = latencies.record(monotonicNanoseconds() - sent)
+                        done += 1
+                    }
+                    return (done, latencies)
+                }
+            }
+            var all: [(Int, Histogram<UInt64>)] = []
+            for try await result in group { all.append(result) }
+            return all
+        }
+        let elapsed = Double(monotonicNanoseconds() - start) / 1e9
+        var latencies = latencyHistogram()
+        for (_, histogram) in results { latencies.add(histogram) }
+        for client in clients { await client.close() }
+        return (Double(results.map(\.0).reduce(0, +)) / elapsed, latencies)
+    }
+}

@@ -1,0 +1,90 @@
+import BusKit
+import BusProtocol
+import Foundation
+import Kernel
+import Synchronization
+import SwitchboardTestSupport
+import Testing
+
+@Suite("store: kill -9 while a client writes")
+struct StoreCrashTests {
+    /// A `switchboard serve store` process on `database`, registered with `kernel`.
+    static func storeProcess(_ kernel: TestKernel, database: String) throws -> ChildProcess {
+        try ChildProcess(switchboardExecutable(), [
+            "serve", "store", "--broker", kernel.endpoints.broker, "--db", database,
+            "--heartbeat-ms", "100", "--liveness", "10", "--log-level", "error",
+        ])
+    }
+
+    @Test("every acknowledged write is there after a restart, over 20 kills at random moments")
+    func killNine() async throws {
+        let kernel = try await TestKernel.start(fixedPorts: true, fastHeartbeats)
+        let folder = try temporaryDirectory("store-crash")
+        let database = folder.appendingPathComponent("store.sqlite").path
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
+        var generator = SystemRandomNumberGenerator()
+        let seed = UInt64.random(in: 0...UInt64.max, using: &generator)
+        var random = SplitMix64(seed: seed)
+        var acknowledged: [String] = []
+        var store = try Self.storeProcess(kernel, database: database)
+        for round in 0..<20 {
+            try await eventually(10, "store registered (round \(round), seed \(seed))") {
+                try await client.hasWorkers("store", timeout: .milliseconds(500))
+            }
+            // A writer that saves articles one after another, each acknowledged in turn.
+            let stop = Atomic<Bool>(false)
+            let writer = Task { () -> [String] in
+                var done: [String] = []
+                var index = 0
+                while !stop.load(ordering: .relaxed) {
+                    let url = "https://example.com/r\(round)/\(index)"
+                    index += 1
+                    do {
+                        _ = try await client.request(service: "store", method: "articles.save",
+                                                     params: ["article": ["url": .string(url), "title": "t"]])
+                        done.append(url)
+                    } catch {
+                        // Not acknowledged (the store died under it): it may or may not be there.
+                    }
+                }
+                return done
+            }
+            try await Task.sleep(for: .milliseconds(Int(random.next() % 250) + 20))
+            store.signal(SIGKILL)
+            #expect(await store.exit(within: 5), "the store process ended after kill -9")
+            stop.store(true, ordering: .relaxed)
+            // The request in flight when the store died is answered by the next one.
+            store = try Self.storeProcess(kernel, database: database)
+            acknowledged += try await within(30, "writer finished (round \(round), seed \(seed))") { await writer.value }
+        }
+        try await eventually(10, "store registered") { try await client.hasWorkers("store", timeout: .milliseconds(500)) }
+        let list = try await client.request(service: "store", method: "articles.list", params: ["limit": 1_000])
+        var stored = Set(list["articles"]?.arrayValue?.compactMap { $0["url"]?.stringValue } ?? [])
+        var offset = 1_000
+        while let total = list["total"]?.intValue, offset < total {
+            let page = try await client.request(service: "store", method: "articles.list", params: ["offset": .int(Int64(offset)), "limit": 1_000])
+            stored.formUnion(page["articles"]?.arrayValue?.compactMap { $0["url"]?.stringValue } ?? [])
+            offset += 1_000
+        }
+        print("store crash test: \(acknowledged.count) acknowledged writes over 20 kills (seed \(seed))")
+        let missing = acknowledged.filter { !stored.contains($0) }
+        #expect(acknowledged.count > 20, "writes were acknowledged between the kills")
+        #expect(missing.isEmpty, "acknowledged but missing after kill -9 (seed \(seed)): \(missing.prefix(5))")
+        store.stop()
+        await client.close()
+        await kernel.stop()
+    }
+}
+
+/// A small seeded generator, so a failing run can be replayed from its printed seed.
+struct SplitMix64: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}

@@ -1,0 +1,400 @@
+import BusKit
+import BusProtocol
+import Foundation
+import Kernel
+import StoreService
+import SwitchboardTestSupport
+import Testing
+
+/// A kernel, a store hosted in this process on a database in a temporary folder, and a client.
+struct StoreBus {
+    let kernel: TestKernel
+    let store: StoreService
+    let host: ServiceHost<StoreService>
+    let client: BusClient
+    let publisherClient: BusClient
+    let folder: URL
+
+    var databasePath: String { store.configuration.path }
+
+    static func start(folder: URL? = nil, kernel: TestKernel? = nil, historyLimit: Int = 100, maxSizeBytes: Int? = nil,
+                      connections: Int = 4) async throws -> StoreBus {
+        let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
+        let folder = try folder ?? temporaryDirectory("store")
+        let configuration = StoreConfiguration(path: folder.appendingPathComponent("db/store.sqlite").path,
+                                               historyLimit: historyLimit, maxSizeBytes: maxSizeBytes)
+        let store = StoreService(configuration: configuration)
+        let publisherClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(2))
+        let publisher = StatePublisher(client: publisherClient)
+        let options = ServiceHost<StoreService>.Options(brokers: [kernel.endpoints.broker], connections: connections,
+                                                        heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                        heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+        let host = try ServiceHost(service: store, options: options, onReregistered: { await store.publish(through: publisher) })
+        try await host.start()
+        await store.publish(through: publisher)
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(5))
+        try await eventually(5, "store registered") { try await client.hasWorkers("store") }
+        return StoreBus(kernel: kernel, store: store, host: host, client: client, publisherClient: publisherClient, folder: folder)
+    }
+
+    func call(_ method: String, _ params: JSONValue? = nil) async throws(BusError) -> JSONValue {
+        try await client.request(service: "store", method: method, params: params)
+    }
+
+    /// The JSON-RPC error a call fails with.
+    func failure(_ method: String, _ params: JSONValue? = nil) async -> JSONRPCError? {
+        do {
+            _ = try await call(method, params)
+            return nil
+        } catch {
+            if case .remote(_, let rpc) = error { return rpc }
+            Issue.record("expected a JSON-RPC error, got \(error)")
+            return nil
+        }
+    }
+
+    /// Stops the store and the clients; the kernel too unless `keepKernel`.
+    func stop(keepKernel: Bool = false) async {
+        await store.stopPublishing()
+        await host.stop()
+        await client.close()
+        await publisherClient.close()
+        if !keepKernel { await kernel.stop() }
+    }
+}
+
+func texts(_ history: JSONValue) -> [String] {
+    history["entries"]?.arrayValue?.compactMap { $0["text"]?.stringValue } ?? []
+}
+
+func article(_ url: String, title: String = "A title") -> JSONValue {
+    ["article": ["url": .string(url), "title": .string(title), "source": ["id": nil, "name": "Example"]]]
+}
+
+@Suite("store: every method through a live kernel")
+struct StoreMethodTests {
+    @Test("history: most recent first, re-adding moves to the top, trimmed, bounded, cleared")
+    func history() async throws {
+        let bus = try await StoreBus.start(historyLimit: 3)
+        _ = try await bus.call("history.add", ["text": "  Amsterdam \n"])
+        _ = try await bus.call("history.add", ["text": "Paris"])
+        _ = try await bus.call("history.add", ["text": "Mumbai"])
+        #expect(texts(try await bus.call("history.list")) == ["Mumbai", "Paris", "Amsterdam"])
+        // Re-adding moves it up rather than duplicating it.
+        let added = try await bus.call("history.add", ["text": "Amsterdam"])
+        #expect(added["text"] == "Amsterdam" && added["count"] == 3)
+        #expect(texts(try await bus.call("history.list")) == ["Amsterdam", "Mumbai", "Paris"])
+        // Bounded: the oldest goes.
+        _ = try await bus.call("history.add", ["text": "12.9716, 77.5946"])
+        #expect(texts(try await bus.call("history.list")) == ["12.9716, 77.5946", "Amsterdam", "Mumbai"])
+        #expect(texts(try await bus.call("history.list", ["limit": 2])) == ["12.9716, 77.5946", "Amsterdam"])
+        // Bad input.
+        for bad: JSONValue in [["text": "   "], ["text": ""], ["text": .string(String(repeating: "x", count: 1_001))]] {
+            let error = await bus.failure("history.add", bad)
+            #expect(error?.code == -32602 && error?.data?["field"] == "text")
+        }
+        #expect(await bus.failure("history.add", ["text": 5])?.data?["field"] == "text")
+        #expect(await bus.failure("history.list", ["limit": 0])?.data?["field"] == "limit")
+        // Cleared, and clearing again is harmless (idempotent).
+        #expect(try await bus.call("history.clear")["cleared"] == 3)
+        #expect(try await bus.call("history.clear")["cleared"] == 0)
+        #expect(texts(try await bus.call("history.list")).isEmpty)
+        await bus.stop()
+    }
+
+    @Test("articles: keyed by URL, most recently saved first, deleting a missing one says so")
+    func articles() async throws {
+        let bus = try await StoreBus.start()
+        let first = try await bus.call("articles.save", article("https://example.com/a", title: "First"))
+        _ = try await bus.call("articles.save", article("https://example.com/b", title: "Second"))
+        // Saving again keeps one copy, refreshed and moved to the top.
+        let again = try await bus.call("articles.save", article("https://example.com/a", title: "First, updated"))
+        #expect(again["id"] == first["id"])
+        let list = try await bus.call("articles.list")
+        #expect(list["total"] == 2)
+        let saved = list["articles"]?.arrayValue ?? []
+        #expect(saved.map { $0["url"]?.stringValue } == ["https://example.com/a", "https://example.com/b"])
+        #expect(saved.first?["article"]?["title"] == "First, updated")
+        #expect(saved.first?["id"]?.stringValue == ArticleID.of("https://example.com/a"))
+        // Paging.
+        let page = try await bus.call("articles.list", ["offset": 1, "limit": 1])
+        #expect(page["articles"]?.arrayValue?.map { $0["url"]?.stringValue } == ["https://example.com/b"])
+        // Delete, then delete again: the second says nothing was there, without failing.
+        #expect(try await bus.call("articles.delete", ["url": "https://example.com/b"])["deleted"] == true)
+        let missing = try await bus.call("articles.delete", ["url": "https://example.com/b"])
+        #expect(missing["deleted"] == false && missing["message"] != nil)
+        #expect(try await bus.call("articles.list")["total"] == 1)
+        // Bad input.
+        #expect(await bus.failure("articles.save", ["article": "https://example.com"])?.data?["field"] == "article")
+        #expect(await bus.failure("articles.save", ["article": ["title": "no url"]])?.data?["field"] == "article.url")
+        #expect(await bus.failure("articles.save", ["article": ["url": "ftp://x/y"]])?.data?["field"] == "article.url")
+        let huge = ["article": ["url": "https://example.com/huge", "content": .string(String(repeating: "x", count: 300_000))]] as JSONValue
+        #expect(await bus.failure("articles.save", huge)?.code == -32010)
+        #expect(await bus.failure("articles.delete", [:])?.data?["field"] == "url")
+        await bus.stop()
+    }
+
+    @Test("selections: sources (deduplicated, in order) and the route; nothing selected yet")
+    func selections() async throws {
+        let bus = try await StoreBus.start()
+        #expect(try await bus.call("sources.selected")["ids"] == [])
+        #expect(try await bus.call("route.selected") == .null)
+        let selected = try await bus.call("sources.select", ["ids": ["bbc-news", "cnn", "bbc-news"]])
+        #expect(selected["ids"] == ["bbc-news", "cnn"] && selected["selectedAt"]?.stringValue != nil)
+        #expect(try await bus.call("sources.selected")["ids"] == ["bbc-news", "cnn"])
+        _ = try await bus.call("sources.select", ["ids": []])
+        #expect(try await bus.call("sources.selected")["ids"] == [])
+        #expect(await bus.failure("sources.select", ["ids": ["ok", " "]])?.data?["field"] == "ids[1]")
+        #expect(await bus.failure("sources.select", ["ids": "cnn"])?.data?["field"] == "ids")
+
+        let route = try await bus.call("route.select", ["outboundId": 1, "inboundId": 3])
+        #expect(route["outboundId"] == 1 && route["inboundId"] == 3)
+        _ = try await bus.call("route.select", ["outboundId": 5])
+        let stored = try await bus.call("route.selected")
+        #expect(stored["outboundId"] == 5 && stored["inboundId"] == .null)
+        #expect(await bus.failure("route.select", ["inboundId": 2])?.data?["field"] == "outboundId")
+        #expect(await bus.failure("route.select", ["outboundId": -1])?.data?["field"] == "outboundId")
+        await bus.stop()
+    }
+
+    @Test("snapshots: multi-megabyte bodies, a late put never replaces a newer copy, a missing one is -32003")
+    func snapshots() async throws {
+        let bus = try await StoreBus.start()
+        let body = "[" + (0..<200_000).map { "{\"id\":\($0),\"name\":\"Item \($0)\"}" }.joined(separator: ",") + "]"
+        #expect(body.utf8.count > 5_000_000)
+        let put = try await bus.call("snapshots.put", ["name": "items", "body": .string(body), "version": "v2",
+                                                       "origin": "remote", "fetchedAt": "2026-11-21T10:00:00Z"])
+        #expect(put["stored"] == true)
+        // A retried put of an older copy (fetched earlier) does not replace it.
+        let late = try await bus.call("snapshots.put", ["name": "items", "body": "[]", "version": "v1",
+                                                        "origin": "remote", "fetchedAt": "2026-11-21T09:00:00.000Z"])
+        #expect(late["stored"] == false && late["version"] == "v2")
+        let got = try await bus.call("snapshots.get", ["name": "items"])
+        #expect(got["version"] == "v2" && got["origin"] == "remote" && got["fetchedAt"] == "2026-11-21T10:00:00.000Z")
+        #expect(got["body"]?.stringValue == body)
+        let list = try await bus.call("snapshots.list")
+        #expect(list.arrayValue?.first?["name"] == "items" && list.arrayValue?.first?["size"] == .int(Int64(body.utf8.count)))
+
+        let missing = await bus.failure("snapshots.get", ["name": "flights"])
+        #expect(missing?.code == -32003)
+        #expect(await bus.failure("snapshots.put", ["name": "Bad Name", "body": "", "version": "v", "origin": "remote",
+                                                    "fetchedAt": "2026-11-21T10:00:00Z"])?.data?["field"] == "name")
+        #expect(await bus.failure("snapshots.put", ["name": "items", "body": "", "version": "v", "origin": "somewhere",
+                                                    "fetchedAt": "2026-11-21T10:00:00Z"])?.data?["field"] == "origin")
+        #expect(await bus.failure("snapshots.put", ["name": "items", "body": "", "version": "v", "origin": "remote",
+                                                    "fetchedAt": "yesterday"])?.data?["field"] == "fetchedAt")
+        await bus.stop()
+    }
+
+    @Test("every write is idempotent: the same request twice has the effect of one")
+    func idempotent() async throws {
+        let bus = try await StoreBus.start()
+        for _ in 0..<2 {
+            _ = try await bus.call("history.add", ["text": "Paris"])
+            _ = try await bus.call("articles.save", article("https://example.com/a"))
+            _ = try await bus.call("sources.select", ["ids": ["cnn"]])
+            _ = try await bus.call("route.select", ["outboundId": 1, "inboundId": 3])
+            _ = try await bus.call("articles.delete", ["url": "https://example.com/gone"])
+        }
+        #expect(texts(try await bus.call("history.list")) == ["Paris"])
+        #expect(try await bus.call("articles.list")["total"] == 1)
+        #expect(try await bus.call("sources.selected")["ids"] == ["cnn"])
+        #expect(try await bus.call("route.selected")["outboundId"] == 1)
+        await bus.stop()
+    }
+}
+
+@Suite("store: durability, publication and failures")
+struct StoreDurabilityTests {
+    @Test("everything is still there after the store restarts")
+    func restart() async throws {
+        let first = try await StoreBus.start()
+        _ = try await first.call("history.add", ["text": "Paris"])
+        _ = try await first.call("history.add", ["text": "Rome"])
+        _ = try await first.call("articles.save", article("https://example.com/a"))
+        _ = try await first.call("sources.select", ["ids": ["cnn", "bbc-news"]])
+        _ = try await first.call("route.select", ["outboundId": 2, "inboundId": 4])
+        _ = try await first.call("snapshots.put", ["name": "flights", "body": "{}", "version": "x", "origin": "remote",
+                                                   "fetchedAt": "2026-11-21T10:00:00Z"])
+        await first.stop(keepKernel: true)
+
+        let second = try await StoreBus.start(folder: first.folder, kernel: first.kernel)
+        #expect(texts(try await second.call("history.list")) == ["Rome", "Paris"])
+        #expect(try await second.call("articles.list")["total"] == 1)
+        #expect(try await second.call("sources.selected")["ids"] == ["cnn", "bbc-news"])
+        #expect(try await second.call("route.selected")["inboundId"] == 4)
+        #expect(try await second.call("snapshots.get", ["name": "flights"])["version"] == "x")
+        await second.stop()
+    }
+
+    @Test("each change is published on its CHP key; a delete publishes an empty value; a kernel restart republishes")
+    func publication() async throws {
+        var bus = try await StoreBus.start()
+        let subscription = try await Subscription.open(snapshot: bus.kernel.endpoints.snapshot, publisher: bus.kernel.endpoints.publisher,
+                                                       prefixes: ["/store/"], silenceTimeout: .seconds(2))
+        let saved = try await bus.call("articles.save", article("https://example.com/a"))
+        let key = "/store/articles/\(saved["id"]?.stringValue ?? "?")"
+        _ = try await bus.call("history.add", ["text": "Paris"])
+        _ = try await bus.call("sources.select", ["ids": ["cnn"]])
+        _ = try await bus.call("articles.delete", ["url": "https://example.com/a"])
+
+        // Collect until the article's deletion and the other keys have been seen.
+        let seen = try await within(10, "store updates") { () -> [String: JSONValue?] in
+            var seen: [String: JSONValue?] = [:]
+            while let update = try await subscription.next() {
+                seen[update.key] = update.json
+                if seen[key] != nil, seen[key]! == nil, seen["/store/history"] != nil, seen["/store/sources/selected"] != nil {
+                    break
+                }
+            }
+            return seen
+        }
+        #expect(texts(seen["/store/history"]!!) == ["Paris"])
+        #expect(seen["/store/sources/selected"]!!["ids"] == ["cnn"])
+
+        // The kernel restarts: the store registers again and republishes its keys.
+        await bus.kernel.stop()
+        let restarted = try await bus.kernel.restarted()
+        bus = StoreBus(kernel: restarted, store: bus.store, host: bus.host, client: bus.client,
+                       publisherClient: bus.publisherClient, folder: bus.folder)
+        let client = bus.client
+        try await eventually(15, "state republished to the new kernel") {
+            let got = try await client.request(service: "kernel", method: "state.get", params: ["prefix": "/store/"],
+                                                   timeout: .milliseconds(500))
+            let keys = got["entries"]?.arrayValue?.compactMap { $0["key"]?.stringValue } ?? []
+            return keys.contains("/store/history") && keys.contains("/store/sources/selected")
+        }
+        await subscription.cancel()
+        await bus.stop()
+    }
+
+    @Test("two store workers on one database and many clients writing at once: nothing lost, each client's order kept")
+    func concurrentWriters() async throws {
+        let bus = try await StoreBus.start(historyLimit: 1_000)
+        // A second store instance (its own SQLite connections, as a second process would
+        // have) on the same file, registered as another worker of `store`.
+        let second = try await StoreBus.start(folder: bus.folder, kernel: bus.kernel, historyLimit: 1_000)
+        let clients = 8, writes = 40
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for c in 0..<clients {
+                group.addTask {
+                    let client = try await BusClient(brokers: [bus.kernel.endpoints.broker])
+                    for w in 0..<writes {
+                        _ = try await client.request(service: "store", method: "history.add", params: ["text": .string("c\(c)-w\(w)")])
+                        _ = try await client.request(service: "store", method: "articles.save",
+                                                     params: article("https://example.com/\(c)/\(w)"))
+                    }
+                    await client.close()
+                }
+            }
+            try await group.waitForAll()
+        }
+        let history = texts(try await bus.call("history.list", ["limit": 1_000]))
+        #expect(history.count == clients * writes)
+        // Most recent first: each client's own writes appear newest to oldest.
+        for c in 0..<clients {
+            let mine = history.filter { $0.hasPrefix("c\(c)-") }
+            #expect(mine == (0..<writes).reversed().map { "c\(c)-w\($0)" })
+        }
+        #expect(try await second.call("articles.list")["total"] == .int(Int64(clients * writes)))
+        await second.stop(keepKernel: true)
+        await bus.stop()
+    }
+
+    @Test("a database that is not a database: a clear error on every call, and the service keeps answering")
+    func corrupt() async throws {
+        let folder = try temporaryDirectory("store")
+        let path = folder.appendingPathComponent("db/store.sqlite")
+        try FileManager.default.createDirectory(at: path.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try Data(repeating: 0x5A, count: 8_192).write(to: path)
+        let bus = try await StoreBus.start(folder: folder)
+        for method in ["history.list", "sources.selected"] {
+            let error = await bus.failure(method)
+            #expect(error?.code == -32007)
+            #expect(error?.data?["reason"] == "corrupt")
+            #expect(error?.message.contains(path.path) == true)
+        }
+        let write = await bus.failure("history.add", ["text": "Paris"])
+        #expect(write?.data?["reason"] == "corrupt")
+        // Still registered and answering (the errors above came from it).
+        #expect(try await bus.client.hasWorkers("store"))
+        await bus.stop()
+    }
+
+    @Test("a full database: writes beyond it fail with 'full', earlier ones stay, reads go on")
+    func full() async throws {
+        let bus = try await StoreBus.start(maxSizeBytes: 128 * 1024)
+        var acknowledged: [String] = []
+        var failure: JSONRPCError?
+        for index in 0..<200 {
+            let url = "https://example.com/\(index)"
+            do {
+                let params: JSONValue = ["article": ["url": .string(url), "content": .string(String(repeating: "x", count: 4_000))]]
+                _ = try await bus.call("articles.save", params)
+                acknowledged.append(url)
+            } catch {
+                if case .remote(_, let rpc) = error { failure = rpc }
+                break
+            }
+        }
+        #expect(failure?.code == -32007 && failure?.data?["reason"] == "full", "\(String(describing: failure))")
+        #expect(!acknowledged.isEmpty)
+        let list = try await bus.call("articles.list", ["limit": 1_000])
+        let stored = Set(list["articles"]?.arrayValue?.compactMap { $0["url"]?.stringValue } ?? [])
+        #expect(stored == Set(acknowledged))
+        // Deleting frees room; writing works again.
+        _ = try await bus.call("articles.delete", ["url": .string(acknowledged[0])])
+        _ = try await bus.call("history.add", ["text": "still works"])
+        await bus.stop()
+    }
+
+    @Test("a read-only database file: writes get a clear error; reads go on")
+    func readOnly() async throws {
+        let first = try await StoreBus.start()
+        _ = try await first.call("history.add", ["text": "Paris"])
+        await first.stop(keepKernel: true)
+        let path = first.databasePath
+        // Root ignores permission bits, so as root the file is made immutable instead.
+        guard try ReadOnlyFile.make(path) else {
+            await first.kernel.stop()
+            return
+        }
+        defer { ReadOnlyFile.undo(path) }
+        let bus = try await StoreBus.start(folder: first.folder, kernel: first.kernel)
+        let error = await bus.failure("history.add", ["text": "Rome"])
+        #expect(error?.code == -32007)
+        #expect(error?.data?["reason"] == "read-only", "\(String(describing: error))")
+        #expect(error?.message.contains("read-only") == true)
+        #expect(texts(try await bus.call("history.list")) == ["Paris"])
+        await bus.stop()
+    }
+}
+
+/// Makes a file read-only even for root: `chattr +i` as root, permission bits otherwise.
+enum ReadOnlyFile {
+    static func make(_ path: String) throws -> Bool {
+        if getuid() != 0 {
+            try FileManager.default.setAttributes([.posixPermissions: 0o444], ofItemAtPath: path)
+            return true
+        }
+        if run("/usr/bin/chattr", ["+i", path]) { return true }
+        print("skipped: cannot make \(path) immutable (chattr +i failed); the read-only case needs it when running as root")
+        return false
+    }
+
+    static func undo(_ path: String) {
+        if getuid() == 0 { _ = run("/usr/bin/chattr", ["-i", path]) }
+        try? FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: path)
+    }
+
+    private static func run(_ tool: String, _ arguments: [String]) -> Bool {
+        guard FileManager.default.isExecutableFile(atPath: tool) else { return false }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: tool)
+        process.arguments = arguments
+        process.standardError = FileHandle.nullDevice
+        guard (try? process.run()) != nil else { return false }
+        process.waitUntilExit()
+        return process.terminationStatus == 0
+    }
+}
