@@ -59,6 +59,11 @@ struct StoreBenchmark: AsyncParsableCommand {
             }
             rows.append(Row("read (sources.selected), \(clients) client\(clients == 1 ? "" : "s")", rate: reads.rate, latencies: reads.latencies))
         }
+        // Each client keeps several requests in flight (replies are matched by id).
+        let pipelined = try await measure(endpoints.broker, clients: 8, inFlight: 8) { client, _ in
+            _ = try await client.request(service: "store", method: "sources.selected")
+        }
+        rows.append(Row("read (sources.selected), 8 clients x 8 in flight", rate: pipelined.rate, latencies: pipelined.latencies))
         printTable(rows)
         await store.stopPublishing()
         await host.stop()
@@ -74,14 +79,19 @@ struct StoreBenchmark: AsyncParsableCommand {
 
     /// Runs `request` in a loop on `clients` clients (each its own socket) for the set time;
     /// returns the total rate and the latency of every request.
-    private func measure(_ broker: String, clients count: Int,
+    private func measure(_ broker: String, clients count: Int, inFlight: Int = 1,
                          _ request: @escaping @Sendable (BusClient, Int) async throws -> Void) async throws -> (rate: Double, latencies: Histogram<UInt64>) {
+        // Each client has its own socket (the kernel sees `count` clients); they share one
+        // loop thread, as clients in one process would, instead of a thread each.
+        let loop = try SocketLoop(context: ZMQContext(), name: "bench-clients")
         var clients: [BusClient] = []
-        for _ in 0..<count { clients.append(try await BusClient(brokers: [broker], timeout: .seconds(30))) }
+        for _ in 0..<count { clients.append(try await BusClient(brokers: [broker], loop: loop, timeout: .seconds(30))) }
         let nanoseconds = UInt64(seconds * 1e9)
         let start = monotonicNanoseconds()
         let results = try await withThrowingTaskGroup(of: (Int, Histogram<UInt64>).self) { group in
-            for (number, client) in clients.enumerated() {
+            for (index, client) in clients.enumerated() {
+              for lane in 0..<inFlight {
+                let number = index * inFlight + lane
                 group.addTask {
                     var latencies = latencyHistogram()
                     var done = 0
@@ -93,6 +103,7 @@ struct StoreBenchmark: AsyncParsableCommand {
                     }
                     return (done, latencies)
                 }
+              }
             }
             var all: [(Int, Histogram<UInt64>)] = []
             for try await result in group { all.append(result) }
@@ -102,6 +113,7 @@ struct StoreBenchmark: AsyncParsableCommand {
         var latencies = latencyHistogram()
         for (_, histogram) in results { latencies.add(histogram) }
         for client in clients { await client.close() }
+        await loop.shutdown()
         return (Double(results.map(\.0).reduce(0, +)) / elapsed, latencies)
     }
 }
