@@ -84,6 +84,14 @@ let package = Package(
             dependencies: ["BusKit", "BusProtocol"],
             swiftSettings: sharedSettings
         ),
+        // The five apps' data: models, tolerant-but-strict decoders, and the bundled copies
+        // (the fixtures) as the offline fallback.
+        .target(
+            name: "Catalog",
+            dependencies: ["BusProtocol"],
+            resources: [.copy("Resources")],
+            swiftSettings: sharedSettings
+        ),
         // The `store` service: history, saved articles, selections and dataset snapshots in SQLite.
         .target(
             name: "StoreService",
@@ -141,6 +149,11 @@ let package = Package(
         .testTarget(
             name: "SwitchboardConfigTests",
             dependencies: ["SwitchboardConfig", "Kernel"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "CatalogTests",
+            dependencies: ["Catalog", "BusProtocol"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -23,6 +23,37 @@ enum JSONText {
         return value
     }
 
+    /// Parses a top-level array one element at a time, handing each to `body`, so a large
+    /// array never exists as one tree (a million records cost what one does at a time).
+    static func forEachElement(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int,
+                               _ body: (JSONValue) throws -> Void) throws {
+        var parser = Parser(bytes: bytes, maxDepth: maxDepth)
+        parser.skipWhitespace()
+        guard parser.current == UInt8(ascii: "[") else { throw parser.error("expected an array") }
+        parser.position += 1
+        parser.skipWhitespace()
+        if parser.current == UInt8(ascii: "]") {
+            parser.position += 1
+        } else {
+            while true {
+                parser.skipWhitespace()
+                try body(try parser.value(depth: 1))
+                parser.skipWhitespace()
+                switch parser.current {
+                case UInt8(ascii: ",")?: parser.position += 1
+                case UInt8(ascii: "]")?:
+                    parser.position += 1
+                    parser.skipWhitespace()
+                    guard parser.position == bytes.count else { throw parser.error("unexpected text after the value") }
+                    return
+                default: throw parser.error("expected ',' or ']'")
+                }
+            }
+        }
+        parser.skipWhitespace()
+        guard parser.position == bytes.count else { throw parser.error("unexpected text after the value") }
+    }
+
     private struct Parser {
         let bytes: UnsafeBufferPointer<UInt8>
         let maxDepth: Int

@@ -44,6 +44,19 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         }
     }
 
+    /// Parses JSON text that must be an array, handing each element to `body` as soon as it
+    /// is parsed (the whole array is never in memory as values). Errors from `body` end the
+    /// parse and are rethrown.
+    public static func forEachElement(ofArray bytes: some Collection<UInt8>, maxDepth: Int = 512,
+                                      _ body: (JSONValue) throws -> Void) throws {
+        let handled: Void? = try bytes.withContiguousStorageIfAvailable { buffer in
+            try JSONText.forEachElement(buffer, maxDepth: maxDepth, body)
+        }
+        if handled == nil {
+            try Array(bytes).withUnsafeBufferPointer { buffer in try JSONText.forEachElement(buffer, maxDepth: maxDepth, body) }
+        }
+    }
+
     /// Compact JSON text with sorted keys (stable output for tests and diffs).
     public var jsonBytes: [UInt8] {
         var output: [UInt8] = []
