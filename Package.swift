@@ -27,6 +27,7 @@ let package = Package(
         .package(url: "https://github.com/jpsim/Yams", from: "5.0.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.0.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.0"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.20.0"),
     ],
     targets: [
         // libzmq through its system headers; see the module map for why no pkg-config.
@@ -75,7 +76,7 @@ let package = Package(
         // Config/switchboard.yaml: parsing and strict checking.
         .target(
             name: "SwitchboardConfig",
-            dependencies: ["Kernel", "StoreService", .product(name: "Yams", package: "Yams")],
+            dependencies: ["Kernel", "StoreService", "FetcherService", "Catalog", .product(name: "Yams", package: "Yams")],
             swiftSettings: sharedSettings
         ),
         // A service that answers with what it is sent: for tests, benchmarks and trying the bus.
@@ -90,6 +91,17 @@ let package = Package(
             name: "Catalog",
             dependencies: ["BusProtocol"],
             resources: [.copy("Resources")],
+            swiftSettings: sharedSettings
+        ),
+        // The `fetcher` service: downloads the datasets, keeps the last good copy, publishes changes.
+        .target(
+            name: "FetcherService",
+            dependencies: [
+                "BusKit", "BusProtocol", "Catalog", "ZeroMQ",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: sharedSettings
         ),
         // The `store` service: history, saved articles, selections and dataset snapshots in SQLite.
@@ -107,7 +119,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "Kernel", "BusKit", "EchoService", "StoreService", "SwitchboardConfig", "ZeroMQ",
+                "Kernel", "BusKit", "EchoService", "FetcherService", "StoreService", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -154,6 +166,11 @@ let package = Package(
         .testTarget(
             name: "CatalogTests",
             dependencies: ["Catalog", "BusProtocol"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "FetcherServiceTests",
+            dependencies: ["FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

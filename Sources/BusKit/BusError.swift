@@ -43,10 +43,3 @@ public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
         }
     }
 }
-
-extension Duration {
-    /// "2 s", "0.25 s": for error messages.
-    var formatted: String {
-        seconds == seconds.rounded() ? "\(Int(seconds)) s" : "\((seconds * 1000).rounded() / 1000) s"
-    }
-}

@@ -1,6 +1,8 @@
 public import Foundation
 public import Kernel
 public import StoreService
+public import FetcherService
+import Catalog
 import Yams
 
 /// An error in a configuration file, naming the key's path and what was expected
@@ -16,6 +18,7 @@ public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
 public struct ConfigFile: Sendable, Equatable {
     public var kernel = KernelConfiguration()
     public var store = StoreConfiguration()
+    public var fetcher = FetcherConfiguration.defaults
 
     public init() {}
 
@@ -41,7 +44,7 @@ public struct ConfigFile: Sendable, Equatable {
         var file = ConfigFile()
         guard let root else { return file }
         let top = try mapping(root, "")
-        try checkKeys(top, allowed: ["kernel", "store"], "")
+        try checkKeys(top, allowed: ["kernel", "store", "fetcher"], "")
         if let kernel = top["kernel"] {
             let section = try mapping(kernel, "kernel")
             try checkKeys(section, allowed: ["broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness",
@@ -76,6 +79,38 @@ public struct ConfigFile: Sendable, Equatable {
             }
             if let value = section["history_limit"] { file.store.historyLimit = try positive(value, "store.history_limit") }
             if let value = section["max_size_mb"] { file.store.maxSizeBytes = try positive(value, "store.max_size_mb") * 1_048_576 }
+        }
+        if let fetcher = top["fetcher"] {
+            let section = try mapping(fetcher, "fetcher")
+            try checkKeys(section, allowed: ["attempts", "datasets"], "fetcher")
+            if let value = section["attempts"] { file.fetcher.attempts = try positive(value, "fetcher.attempts") }
+            if let datasets = section["datasets"] {
+                let map = try mapping(datasets, "fetcher.datasets")
+                try checkKeys(map, allowed: Set(Dataset.allCases.map(\.rawValue)), "fetcher.datasets")
+                for (name, value) in map {
+                    let path = "fetcher.datasets.\(name)"
+                    let dataset = Dataset(rawValue: name)!
+                    let entry = try mapping(value, path)
+                    try checkKeys(entry, allowed: ["url", "refresh_seconds", "timeout_ms", "max_mb", "headers"], path)
+                    var source = file.fetcher.sources[dataset] ?? .init(url: nil)
+                    if let url = entry["url"] {
+                        guard let text = url as? String, let parsed = URL(string: text), ["http", "https", "file"].contains(parsed.scheme ?? "") else {
+                            throw ConfigError(path: "\(path).url", problem: "expected an http, https or file URL, got \(describe(url))")
+                        }
+                        source.url = parsed
+                    }
+                    if let value = entry["refresh_seconds"] { source.refreshInterval = .seconds(try positive(value, "\(path).refresh_seconds")) }
+                    if let value = entry["timeout_ms"] { source.timeout = .milliseconds(try positive(value, "\(path).timeout_ms")) }
+                    if let value = entry["max_mb"] { source.maxBytes = try positive(value, "\(path).max_mb") * 1_048_576 }
+                    if let value = entry["headers"] {
+                        guard let headers = value as? [String: String] else {
+                            throw ConfigError(path: "\(path).headers", problem: "expected a mapping of header names to strings")
+                        }
+                        source.headers = headers
+                    }
+                    file.fetcher.sources[dataset] = source
+                }
+            }
         }
         return file
     }

@@ -21,4 +21,9 @@ extension Duration {
 
     /// The duration in seconds, as a `Double`.
     public var seconds: Double { Double(nanoseconds) / 1e9 }
+
+    /// "2 s", "0.25 s": for messages people read.
+    public var formatted: String {
+        seconds == seconds.rounded() ? "\(Int(seconds)) s" : "\((seconds * 1000).rounded() / 1000) s"
+    }
 }

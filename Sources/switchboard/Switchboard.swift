@@ -1,6 +1,7 @@
 public import ArgumentParser
 import BusKit
 import EchoService
+import FetcherService
 import Foundation
 import Kernel
 public import Logging
@@ -110,9 +111,10 @@ struct ServeCommand: AsyncParsableCommand {
         discussion: """
             switchboard serve echo                          answers with what it is sent
             switchboard serve store --db /tmp/store.sqlite  history, articles, selections, snapshots
+            switchboard serve fetcher                       the seven datasets, from their sources or bundled copies
             """
     )
-    static let services = ["echo", "store"]
+    static let services = ["echo", "store", "fetcher"]
 
     @OptionGroup var common: CommonOptions
     @Argument(help: "The service to run: \(ServeCommand.services.joined(separator: ", ")).")
@@ -121,7 +123,7 @@ struct ServeCommand: AsyncParsableCommand {
     var config: String?
     @Option(help: "A kernel broker endpoint (repeatable).")
     var broker: [String] = [KernelConfiguration().brokerEndpoint]
-    @Option(help: "Worker connections (requests handled at once; default 2, store 8).")
+    @Option(help: "Worker connections (requests handled at once; default 2, store 8, fetcher 4).")
     var connections: Int?
     @Option(help: "Heartbeat interval in milliseconds (match the kernel's).")
     var heartbeatMs = 2_500
@@ -157,6 +159,14 @@ struct ServeCommand: AsyncParsableCommand {
                                        onReregistered: { await service.publish(through: publisher) })
             piece = HostedService(host: host, afterStart: { await service.publish(through: publisher) },
                                   beforeStop: { await service.stopPublishing() }, afterStop: { await client.close() })
+        case "fetcher":
+            let service = FetcherService(configuration: file.fetcher, logger: logger)
+            let client = try await BusClient(brokers: broker)
+            let publisher = StatePublisher(client: client)
+            let host = try ServiceHost(service: service, options: hostOptions(defaultConnections: 4), logger: logger,
+                                       onReregistered: { await service.republish() })
+            piece = HostedService(host: host, afterStart: { await service.start(client: client, publisher: publisher) },
+                                  beforeStop: { await service.stop() }, afterStop: { await client.close() })
         default:
             let host = try ServiceHost(service: EchoService(instance: instance ?? "echo-\(getpid())"),
                                        options: hostOptions(defaultConnections: 2), logger: logger)

@@ -1,0 +1,285 @@
+public import BusKit
+import BusProtocol
+public import Catalog
+import Crypto
+public import Foundation
+public import Logging
+import ZeroMQ
+
+/// The `fetcher` service: keeps each dataset loaded from the most trusted copy it has.
+///
+/// Order of trust: a fresh remote copy, else the last good remote copy kept in the store
+/// (`cache`), else the copy bundled with the build (`bundled`). A download that fails or
+/// does not decode never replaces what is loaded; it is reported as the dataset's last
+/// error. Whenever a dataset's version (a hash of its bytes) or origin changes, it is
+/// published as `/catalog/<name>`.
+public actor FetcherService: BusService {
+    public static let name = "fetcher"
+
+    public enum Origin: String, Sendable, Codable { case remote, cache, bundled }
+
+    struct Loaded: Sendable {
+        let content: DatasetContent
+        let dropped: Int
+        let version: String
+        let origin: Origin
+        let fetchedAt: Date
+        let etag: String?
+        let lastModified: String?
+    }
+
+    struct State: Sendable {
+        var loaded: Loaded?
+        var lastError: String?
+        var nextRefresh: Date?
+    }
+
+    public nonisolated let configuration: FetcherConfiguration
+    let logger: Logger
+    private let downloader = Downloader()
+    private let environment: [String: String]
+    private var states: [Dataset: State] = [:]
+    private var refreshes: [Dataset: Task<Void, Never>] = [:]
+    private var schedules: [Task<Void, Never>] = []
+    private var client: BusClient?
+    private var publisher: StatePublisher?
+
+    /// Loads every bundled copy at once, so the service answers from the first request.
+    public init(configuration: FetcherConfiguration = .defaults, environment: [String: String] = ProcessInfo.processInfo.environment,
+                logger: Logger? = nil) {
+        self.configuration = configuration
+        self.environment = environment
+        self.logger = logger ?? Logger(label: "switchboard.fetcher")
+        for dataset in Dataset.allCases {
+            do {
+                let data = try dataset.bundledData()
+                let decoded = try dataset.decode(data)
+                states[dataset] = State(loaded: Loaded(content: decoded.content, dropped: decoded.dropped, version: Self.version(of: data),
+                                                       origin: .bundled, fetchedAt: Self.bundleDate, etag: nil, lastModified: nil))
+            } catch {
+                states[dataset] = State(loaded: nil, lastError: "the bundled copy: \(error)")
+                self.logger.error("bundled copy unusable", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
+            }
+        }
+    }
+
+    /// Starts working on the bus: brings back the last good remote copies from the store,
+    /// publishes every dataset, then refreshes each from its source now and on its schedule.
+    public func start(client: BusClient, publisher: StatePublisher) async {
+        self.client = client
+        self.publisher = publisher
+        await restoreFromStore()
+        await republish()
+        for dataset in Dataset.allCases {
+            guard let source = configuration.sources[dataset], source.url != nil else { continue }
+            let interval = source.refreshInterval
+            schedules.append(Task { [weak self] in
+                while !Task.isCancelled {
+                    await self?.refresh(dataset)
+                    try? await Task.sleep(for: interval)
+                }
+            })
+        }
+    }
+
+    /// Stops refreshing and closes the HTTP client.
+    public func stop() async {
+        for task in schedules { task.cancel() }
+        schedules.removeAll()
+        for task in refreshes.values { task.cancel() }
+        await downloader.shutdown()
+        client = nil
+        publisher = nil
+    }
+
+    /// Publishes every loaded dataset (at start, and after the kernel restarted).
+    public func republish() async {
+        for dataset in Dataset.allCases { await publish(dataset) }
+    }
+
+    // MARK: Methods
+
+    struct NameParams: Decodable, Sendable { let name: String }
+    struct GetParams: Decodable, Sendable { let name: String; let offset: Int?; let limit: Int? }
+    struct RefreshParams: Decodable, Sendable { let name: String? }
+
+    public nonisolated func methods(_ table: inout MethodTable<FetcherService>) {
+        table.on("datasets.list") { (fetcher, _: NoParams) -> JSONValue in
+            .array(await fetcher.entries(Dataset.allCases))
+        }
+        table.on("datasets.get") { (fetcher, params: GetParams) in try await fetcher.get(params) }
+        table.on("datasets.refresh") { (fetcher, params: RefreshParams) -> JSONValue in
+            let datasets = try params.name.map { [try Self.dataset(named: $0)] } ?? Dataset.allCases
+            await withTaskGroup(of: Void.self) { group in
+                for dataset in datasets { group.addTask { await fetcher.refresh(dataset) } }
+            }
+            return .array(await fetcher.entries(datasets))
+        }
+    }
+
+    static func dataset(named name: String) throws -> Dataset {
+        guard let dataset = Dataset(rawValue: name) else {
+            throw JSONRPCError.invalidParams(field: "name", "unknown dataset '\(name)'; known: \(Dataset.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        return dataset
+    }
+
+    func get(_ params: GetParams) throws -> JSONValue {
+        let dataset = try Self.dataset(named: params.name)
+        let offset = params.offset ?? 0
+        let limit = params.limit ?? 100
+        guard offset >= 0 else { throw JSONRPCError.invalidParams(field: "offset", "must not be negative") }
+        guard (1...1_000).contains(limit) else { throw JSONRPCError.invalidParams(field: "limit", "must be 1 to 1000") }
+        guard let loaded = states[dataset]?.loaded else {
+            throw JSONRPCError(code: JSONRPCError.upstreamFailedCode, message: "Upstream fetch failed: \(dataset) has no usable copy",
+                               data: ["name": .string(dataset.rawValue), "lastError": states[dataset]?.lastError.map(JSONValue.string) ?? .null])
+        }
+        let records = try loaded.content.records(offset: offset, limit: limit)
+        return ["name": .string(dataset.rawValue), "version": .string(loaded.version), "origin": .string(loaded.origin.rawValue),
+                "total": .int(Int64(loaded.content.count)), "offset": .int(Int64(offset)), "records": .array(records)]
+    }
+
+    /// One `datasets.list` entry per dataset.
+    func entries(_ datasets: [Dataset]) -> [JSONValue] {
+        datasets.map { dataset in
+            var entry = summary(dataset)
+            entry["nextRefresh"] = states[dataset]?.nextRefresh.map { .string(Self.timestamp($0)) } ?? .null
+            entry["url"] = configuration.sources[dataset]?.url.map { .string($0.absoluteString) } ?? .null
+            entry["dropped"] = .int(Int64(states[dataset]?.loaded?.dropped ?? 0))
+            return .object(entry)
+        }
+    }
+
+    /// What `/catalog/<name>` carries.
+    func summary(_ dataset: Dataset) -> [String: JSONValue] {
+        let state = states[dataset]
+        let loaded = state?.loaded
+        return ["name": .string(dataset.rawValue), "origin": loaded.map { .string($0.origin.rawValue) } ?? .null,
+                "version": loaded.map { .string($0.version) } ?? .null, "records": .int(Int64(loaded?.content.count ?? 0)),
+                "fetchedAt": loaded.map { .string(Self.timestamp($0.fetchedAt)) } ?? .null,
+                "lastError": state?.lastError.map(JSONValue.string) ?? .null]
+    }
+
+    // MARK: Refreshing
+
+    /// Fetches `dataset` from its source; a refresh already under way is joined, not repeated.
+    public func refresh(_ dataset: Dataset) async {
+        if let running = refreshes[dataset] {
+            await running.value
+            return
+        }
+        let task = Task { await self.fetchAndLoad(dataset) }
+        refreshes[dataset] = task
+        await task.value
+        refreshes[dataset] = nil
+    }
+
+    private func fetchAndLoad(_ dataset: Dataset) async {
+        guard let source = configuration.sources[dataset], let url = source.url else { return }
+        defer { states[dataset, default: State()].nextRefresh = Date().addingTimeInterval(source.refreshInterval.seconds) }
+        let current = states[dataset]?.loaded
+        let conditional = current?.origin == .remote
+        let request = Downloader.Request(url: url, headers: FetcherConfiguration.resolvedHeaders(source.headers, environment: environment),
+                                         timeout: source.timeout, maxBytes: source.maxBytes,
+                                         etag: conditional ? current?.etag : nil, lastModified: conditional ? current?.lastModified : nil)
+        let logger = self.logger
+        do {
+            let download = try await downloader.fetch(request, attempts: configuration.attempts, base: configuration.retryBase) { attempt, failure in
+                logger.info("retrying a download", metadata: ["dataset": "\(dataset)", "attempt": "\(attempt)", "problem": "\(failure)"])
+            }
+            switch download {
+            case .notModified:
+                states[dataset, default: State()].lastError = nil
+            case .body(let bytes, let etag, let lastModified):
+                // Decoding a large file takes a while: off the actor.
+                let decoded = try await Task.detached { try dataset.decode(bytes) }.value
+                let loaded = Loaded(content: decoded.content, dropped: decoded.dropped, version: Self.version(of: bytes), origin: .remote,
+                                    fetchedAt: Date(), etag: etag, lastModified: lastModified)
+                states[dataset, default: State()].lastError = nil
+                await install(loaded, for: dataset)
+                await keepInStore(dataset, bytes: bytes, loaded: loaded)
+            }
+        } catch {
+            let problem = "\(error)"
+            states[dataset, default: State()].lastError = problem
+            logger.warning("refresh failed; keeping the current copy", metadata: ["dataset": "\(dataset)", "problem": "\(problem)",
+                                                                                   "origin": "\(states[dataset]?.loaded?.origin.rawValue ?? "none")"])
+        }
+    }
+
+    /// Makes `loaded` the dataset's copy; publishes it when its version or origin changed.
+    private func install(_ loaded: Loaded, for dataset: Dataset) async {
+        let previous = states[dataset]?.loaded
+        states[dataset, default: State()].loaded = loaded
+        if previous?.version != loaded.version || previous?.origin != loaded.origin {
+            logger.info("dataset loaded", metadata: ["dataset": "\(dataset)", "origin": "\(loaded.origin.rawValue)",
+                                                     "version": "\(loaded.version)", "records": "\(loaded.content.count)"])
+            await publish(dataset)
+        }
+    }
+
+    private func publish(_ dataset: Dataset) async {
+        guard let publisher else { return }
+        do {
+            try await publisher.set("/catalog/\(dataset.rawValue)", .object(summary(dataset)))
+        } catch {
+            logger.warning("cannot publish", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
+        }
+    }
+
+    // MARK: The store's copies
+
+    private func storeIsUp() async -> Bool {
+        guard let client else { return false }
+        return (try? await client.hasWorkers("store", timeout: .seconds(1))) == true
+    }
+
+    /// Replaces bundled copies with the last good remote copies the store keeps.
+    private func restoreFromStore() async {
+        guard let client, await storeIsUp() else {
+            logger.info("no store: starting from the bundled copies")
+            return
+        }
+        for dataset in Dataset.allCases where states[dataset]?.loaded?.origin != .remote {
+            guard let snapshot = try? await client.request(service: "store", method: "snapshots.get",
+                                                           params: ["name": .string(dataset.rawValue)], timeout: .seconds(5)),
+                  let body = snapshot["body"]?.stringValue, let version = snapshot["version"]?.stringValue else { continue }
+            let bytes = Array(body.utf8)
+            guard let decoded = try? await Task.detached(operation: { try dataset.decode(bytes) }).value else {
+                logger.warning("the store's copy does not decode; ignored", metadata: ["dataset": "\(dataset)"])
+                continue
+            }
+            let fetchedAt = snapshot["fetchedAt"]?.stringValue.flatMap { try? Date.ISO8601FormatStyle(includingFractionalSeconds: true).parse($0) }
+            let loaded = Loaded(content: decoded.content, dropped: decoded.dropped, version: version, origin: .cache,
+                                fetchedAt: fetchedAt ?? Date(), etag: nil, lastModified: nil)
+            states[dataset, default: State()].loaded = loaded
+        }
+    }
+
+    /// Keeps a good remote copy in the store, as the fallback for the next start.
+    private func keepInStore(_ dataset: Dataset, bytes: [UInt8], loaded: Loaded) async {
+        guard let client, bytes.count <= configuration.maxSnapshotBytes else { return }
+        guard let body = String(validating: bytes, as: UTF8.self) else { return }
+        let params: JSONValue = ["name": .string(dataset.rawValue), "body": .string(body), "version": .string(loaded.version),
+                                 "origin": "remote", "fetchedAt": .string(Self.timestamp(loaded.fetchedAt))]
+        do {
+            _ = try await client.request(service: "store", method: "snapshots.put", params: params, timeout: .seconds(10))
+        } catch {
+            logger.warning("cannot keep the copy in the store", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
+        }
+    }
+
+    // MARK: Helpers
+
+    /// A dataset's version: the first 16 hex digits of the SHA-256 of its bytes.
+    static func version(of bytes: some DataProtocol) -> String {
+        SHA256.hash(data: bytes).prefix(8).map { byte in (byte < 16 ? "0" : "") + String(byte, radix: 16) }.joined()
+    }
+
+    /// When the bundled copies are from (the fixtures' date).
+    static let bundleDate = Date(timeIntervalSince1970: 1_795_219_200)  // 2026-11-21T00:00:00Z
+
+    static func timestamp(_ date: Date) -> String {
+        Date.ISO8601FormatStyle(includingFractionalSeconds: true).format(date)
+    }
+}

@@ -1,0 +1,298 @@
+import BusKit
+import BusProtocol
+import Catalog
+import FetcherService
+import Foundation
+import Kernel
+import StoreService
+import SwitchboardTestSupport
+import Testing
+
+/// The local HTTP server (Tests/Interop/http_fixture_server.py) over a folder holding the
+/// fixtures and a few bad files.
+final class FixtureServer: Sendable {
+    let process: ChildProcess
+    let port: Int
+    let folder: URL
+
+    static func start() async throws -> FixtureServer {
+        let folder = try temporaryDirectory("fetcher-files")
+        for dataset in Dataset.allCases {
+            try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
+        }
+        try Data("{\"items\": [1, 2,".utf8).write(to: folder.appendingPathComponent("malformed.json"))
+        try Data(#"{"status":"error","code":"apiKeyInvalid","message":"Your API key is invalid."}"#.utf8)
+            .write(to: folder.appendingPathComponent("newsapi-error.json"))
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("Interop/http_fixture_server.py")
+        let process = try ChildProcess(URL(fileURLWithPath: "/usr/bin/python3"), ["-u", script.path, folder.path])
+        let line = try await within(10, "the HTTP server's port") { () -> String in
+            var text = ""
+            let handle = process.output.fileHandleForReading
+            while !text.contains("\n") {
+                let chunk = handle.availableData
+                if chunk.isEmpty { break }
+                text += String(decoding: chunk, as: UTF8.self)
+            }
+            return text
+        }
+        guard line.hasPrefix("PORT "), let port = Int(line.dropFirst(5).trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            throw ServerDidNotStart(output: line)
+        }
+        return FixtureServer(process: process, port: port, folder: folder)
+    }
+
+    init(process: ChildProcess, port: Int, folder: URL) {
+        self.process = process
+        self.port = port
+        self.folder = folder
+    }
+
+    func url(_ path: String) -> URL { URL(string: "http://127.0.0.1:\(port)\(path)")! }
+
+    /// How many requests `path` got.
+    func count(_ path: String) async throws -> Int {
+        let (data, _) = try await URLSessionless.get(url("/_count\(path)"))
+        return Int(String(decoding: data, as: UTF8.self)) ?? -1
+    }
+
+    func stop() async {
+        // Python's server takes SIGKILL at once; it holds nothing to clean up.
+        process.signal(SIGKILL)
+        _ = await process.exit(within: 5)
+    }
+}
+
+/// A tiny GET for the test's own questions to the server (not the code under test).
+enum URLSessionless {
+    static func get(_ url: URL) async throws -> (Data, Int) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-c", "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())", url.absoluteString]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        while process.isRunning { try await Task.sleep(for: .milliseconds(5)) }
+        return (data, Int(process.terminationStatus))
+    }
+}
+
+/// A kernel, a store and a fetcher (in this process) whose datasets point at `urls`.
+struct FetcherBus {
+    let kernel: TestKernel
+    let storeHost: ServiceHost<StoreService>
+    let fetcher: FetcherService
+    let host: ServiceHost<FetcherService>
+    let client: BusClient
+    let folder: URL
+
+    static func start(_ urls: [Dataset: URL], timeout: Duration = .seconds(2), maxBytes: Int = 32 * 1_048_576, attempts: Int = 3,
+                      kernel: TestKernel? = nil, folder: URL? = nil) async throws -> FetcherBus {
+        let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
+        let folder = try folder ?? temporaryDirectory("fetcher")
+        let options = { (connections: Int) in
+            (brokers: [kernel.endpoints.broker], connections: connections, heartbeat: kernel.configuration.heartbeatInterval,
+             liveness: kernel.configuration.heartbeatLiveness)
+        }
+        let store = StoreService(configuration: StoreConfiguration(path: folder.appendingPathComponent("store.sqlite").path))
+        let o = options(2)
+        let storeHost = try ServiceHost(service: store, options: .init(brokers: o.brokers, connections: o.connections,
+                                                                       heartbeatInterval: o.heartbeat, heartbeatLiveness: o.liveness))
+        try await storeHost.start()
+        var configuration = FetcherConfiguration(sources: [:])
+        for dataset in Dataset.allCases {
+            configuration.sources[dataset] = .init(url: urls[dataset], refreshInterval: .seconds(3_600), timeout: timeout, maxBytes: maxBytes)
+        }
+        configuration.attempts = attempts
+        configuration.retryBase = .milliseconds(20)
+        let fetcher = FetcherService(configuration: configuration, environment: [:])
+        let host = try ServiceHost(service: fetcher, options: .init(brokers: o.brokers, connections: 4, heartbeatInterval: o.heartbeat,
+                                                                    heartbeatLiveness: o.liveness))
+        try await host.start()
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        try await eventually(10, "store and fetcher registered") {
+            let store = try await client.hasWorkers("store")
+            let fetcher = try await client.hasWorkers("fetcher")
+            return store && fetcher
+        }
+        await fetcher.start(client: client, publisher: StatePublisher(client: client))
+        return FetcherBus(kernel: kernel, storeHost: storeHost, fetcher: fetcher, host: host, client: client, folder: folder)
+    }
+
+    func entry(_ dataset: Dataset) async throws -> JSONValue {
+        let list = try await client.request(service: "fetcher", method: "datasets.list")
+        return list.arrayValue?.first { $0["name"] == .string(dataset.rawValue) } ?? .null
+    }
+
+    func refresh(_ dataset: Dataset) async throws -> JSONValue {
+        try await client.request(service: "fetcher", method: "datasets.refresh", params: ["name": .string(dataset.rawValue)]).arrayValue?.first ?? .null
+    }
+
+    /// The kernel's entry for `/catalog/<dataset>`: its sequence changes only when published.
+    func published(_ dataset: Dataset) async throws -> (sequence: Int64, value: JSONValue)? {
+        let state = try await client.request(service: "kernel", method: "state.get", params: ["prefix": .string("/catalog/\(dataset.rawValue)")])
+        guard let entry = state["entries"]?.arrayValue?.first, let sequence = entry["sequence"]?.intValue else { return nil }
+        return (sequence, entry["value"] ?? .null)
+    }
+
+    /// Waits until the store keeps a copy of `dataset` (written after a good download).
+    func waitForSnapshot(_ dataset: Dataset) async throws {
+        try await eventually(10, "the store keeps \(dataset)") {
+            (try? await client.request(service: "store", method: "snapshots.get", params: ["name": .string(dataset.rawValue)])) != nil
+        }
+    }
+
+    func stop(keepKernel: Bool = false) async {
+        await fetcher.stop()
+        await host.stop()
+        await storeHost.stop()
+        await client.close()
+        if !keepKernel { await kernel.stop() }
+    }
+}
+
+@Suite("fetcher: remote copies from a local HTTP server, and every fault")
+struct FetcherTests {
+    @Test("success: the remote copy replaces the bundled one and is published; datasets.get pages it")
+    func success() async throws {
+        let server = try await FixtureServer.start()
+        let bus = try await FetcherBus.start([.items: server.url("/ok/hiring.json"), .countries: server.url("/redirect/countries.json")])
+        try await eventually(10, "items loaded from the server") { try await bus.entry(.items)["origin"] == "remote" }
+        let items = try await bus.entry(.items)
+        #expect(items["records"] == 1000 && items["lastError"] == .null && items["fetchedAt"]?.stringValue != nil)
+        // Followed a redirect.
+        try await eventually(10, "countries loaded through a redirect") { try await bus.entry(.countries)["origin"] == "remote" }
+        // Published with the same version and origin.
+        let published = try await bus.published(.items)
+        #expect(published?.value["origin"] == "remote" && published?.value["version"] == items["version"])
+        // Datasets without a URL stay bundled, with no error.
+        let flights = try await bus.entry(.flights)
+        #expect(flights["origin"] == "bundled" && flights["records"] == 11 && flights["lastError"] == .null)
+        // Paged records.
+        let page = try await bus.client.request(service: "fetcher", method: "datasets.get", params: ["name": "items", "offset": 998, "limit": 5])
+        #expect(page["total"] == 1000 && page["records"]?.arrayValue?.count == 2 && page["origin"] == "remote")
+        let bad = try? await bus.client.request(service: "fetcher", method: "datasets.get", params: ["name": "planets"])
+        #expect(bad == nil)
+        await bus.stop()
+        await server.stop()
+    }
+
+    @Test("500 twice, then success after retries")
+    func retries() async throws {
+        let server = try await FixtureServer.start()
+        let bus = try await FetcherBus.start([.items: server.url("/flaky/2/hiring.json")])
+        try await eventually(10, "items loaded after retries") { try await bus.entry(.items)["origin"] == "remote" }
+        #expect(try await server.count("/flaky/2/hiring.json") == 3)
+        await bus.stop()
+        await server.stop()
+    }
+
+    @Test("failures keep the good copy, report the error, and publish nothing", arguments: [
+        ("/slow/5/hiring.json", "timed out"),
+        ("/truncated/hiring.json", "closed the connection"),
+        ("/ok/malformed.json", "items: not valid JSON"),
+        ("/status/404/hiring.json", "HTTP 404"),
+    ])
+    func failure(path: String, error: String) async throws {
+        let server = try await FixtureServer.start()
+        // First a good remote copy, then the source turns bad.
+        let good = try await FetcherBus.start([.items: server.url("/ok/hiring.json")], timeout: .milliseconds(500), attempts: 2)
+        try await eventually(10, "items loaded") { try await good.entry(.items)["origin"] == "remote" }
+        let before = try await good.entry(.items)
+        let publishedBefore = try await good.published(.items)
+        try await good.waitForSnapshot(.items)
+        await good.stop(keepKernel: true)
+
+        let bus = try await FetcherBus.start([.items: server.url(path)], timeout: .milliseconds(500), attempts: 2,
+                                             kernel: good.kernel, folder: good.folder)
+        let after = try await bus.refresh(.items)
+        // The last good remote copy came back from the store and stays.
+        #expect(after["origin"] == "cache")
+        #expect(after["version"] == before["version"] && after["records"] == 1000)
+        #expect(after["lastError"]?.stringValue?.contains(error) == true, "\(after["lastError"] ?? .null)")
+        // Published once for the change of origin (remote -> cache) at start; not again for the failure.
+        let publishedAfterStart = try await bus.published(.items)
+        _ = try await bus.refresh(.items)
+        #expect(try await bus.published(.items)?.sequence == publishedAfterStart?.sequence)
+        #expect(publishedAfterStart?.sequence != publishedBefore?.sequence)
+        await bus.stop()
+        await server.stop()
+    }
+
+    @Test("a NewsAPI error body is refused with NewsAPI's message; the bundled copy stays")
+    func newsAPIError() async throws {
+        let server = try await FixtureServer.start()
+        let bus = try await FetcherBus.start([.headlines: server.url("/ok/newsapi-error.json"),
+                                              .sources: server.url("/status/401/newsapi-error.json")])
+        let headlines = try await bus.refresh(.headlines)
+        #expect(headlines["origin"] == "bundled" && headlines["records"] == 50)
+        #expect(headlines["lastError"]?.stringValue?.contains("NewsAPI answered an error: apiKeyInvalid") == true)
+        let sources = try await bus.refresh(.sources)
+        #expect(sources["origin"] == "bundled")
+        #expect(sources["lastError"]?.stringValue?.contains("HTTP 401") == true)
+        #expect(sources["lastError"]?.stringValue?.contains("Your API key is invalid") == true)
+        await bus.stop()
+        await server.stop()
+    }
+
+    @Test("a 304 keeps the current copy and publishes nothing")
+    func notModified() async throws {
+        let server = try await FixtureServer.start()
+        let bus = try await FetcherBus.start([.airlines: server.url("/ok/airlines.json")])
+        try await eventually(10, "airlines loaded") { try await bus.entry(.airlines)["origin"] == "remote" }
+        let published = try await bus.published(.airlines)
+        let again = try await bus.refresh(.airlines)
+        #expect(again["origin"] == "remote" && again["lastError"] == .null)
+        #expect(try await server.count("/ok/airlines.json") == 2)
+        #expect(try await bus.published(.airlines)?.sequence == published?.sequence)
+        await bus.stop()
+        await server.stop()
+    }
+
+    @Test("a body over the size limit is refused")
+    func tooLarge() async throws {
+        let server = try await FixtureServer.start()
+        let bus = try await FetcherBus.start([.countries: server.url("/ok/countries.json")], maxBytes: 10_000)
+        let countries = try await bus.refresh(.countries)
+        #expect(countries["origin"] == "bundled")
+        #expect(countries["lastError"]?.stringValue?.contains("over the limit of 10000") == true)
+        await bus.stop()
+        await server.stop()
+    }
+
+    @Test("the server goes away: the remote copy stays, the error says so; a restart brings back the store's copy")
+    func serverGone() async throws {
+        let server = try await FixtureServer.start()
+        let bus = try await FetcherBus.start([.locations: server.url("/ok/locations.json")], timeout: .milliseconds(500), attempts: 1)
+        try await eventually(10, "locations loaded") { try await bus.entry(.locations)["origin"] == "remote" }
+        let version = try await bus.entry(.locations)["version"]
+        try await bus.waitForSnapshot(.locations)
+        await server.stop()
+        let after = try await bus.refresh(.locations)
+        #expect(after["origin"] == "remote" && after["version"] == version)
+        #expect(after["lastError"] != .null, "\(after)")
+        #expect(!server.process.isRunning)
+        await bus.stop(keepKernel: true)
+
+        // A fetcher restart: the last good remote copy, from the store, not the bundled one.
+        let restarted = try await FetcherBus.start([.locations: server.url("/ok/locations.json")], timeout: .milliseconds(500),
+                                                   attempts: 1, kernel: bus.kernel, folder: bus.folder)
+        let entry = try await restarted.entry(.locations)
+        #expect(entry["origin"] == "cache" && entry["version"] == version)
+        await restarted.stop()
+    }
+
+    @Test("file:// URLs")
+    func fileURL() async throws {
+        let folder = try temporaryDirectory("fetcher-file")
+        let file = folder.appendingPathComponent("flights.json")
+        try Dataset.flights.bundledData().write(to: file)
+        let bus = try await FetcherBus.start([.flights: file])
+        let flights = try await bus.refresh(.flights)
+        #expect(flights["origin"] == "remote" && flights["records"] == 11)
+        await bus.stop()
+    }
+}
+
+struct ServerDidNotStart: Error { let output: String }
