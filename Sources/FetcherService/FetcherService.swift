@@ -69,7 +69,9 @@ public actor FetcherService: BusService {
         self.client = client
         self.publisher = publisher
         await restoreFromStore()
-        await republish()
+        // In the background: with the kernel slow to answer, publishing must not hold up
+        // the refreshes.
+        schedules.append(Task { [weak self] in await self?.republish() })
         for dataset in Dataset.allCases {
             guard let source = configuration.sources[dataset], source.url != nil else { continue }
             let interval = source.refreshInterval
@@ -171,10 +173,10 @@ public actor FetcherService: BusService {
         let task = Task { await self.fetchAndLoad(dataset) }
         refreshes[dataset] = task
         await task.value
-        refreshes[dataset] = nil
     }
 
     private func fetchAndLoad(_ dataset: Dataset) async {
+        defer { refreshes[dataset] = nil }
         guard let source = configuration.sources[dataset], let url = source.url else { return }
         defer { states[dataset, default: State()].nextRefresh = Date().addingTimeInterval(source.refreshInterval.seconds) }
         let current = states[dataset]?.loaded

@@ -240,7 +240,11 @@ struct FetcherTests {
     func notModified() async throws {
         let server = try await FixtureServer.start()
         let bus = try await FetcherBus.start([.airlines: server.url("/ok/airlines.json")])
-        try await eventually(10, "airlines loaded") { try await bus.entry(.airlines)["origin"] == "remote" }
+        // Loaded, and the refresh over (it ends by scheduling the next one).
+        try await eventually(10, "airlines loaded") {
+            let entry = try await bus.entry(.airlines)
+            return entry["origin"] == "remote" && entry["nextRefresh"] != .null
+        }
         let published = try await bus.published(.airlines)
         let again = try await bus.refresh(.airlines)
         #expect(again["origin"] == "remote" && again["lastError"] == .null)
