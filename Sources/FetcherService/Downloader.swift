@@ -89,10 +89,14 @@ final class Downloader: Sendable {
                 throw DownloadFailure(description: "HTTP \(response.status.code) \(response.status.reasonPhrase)"
                                           + (detail.isEmpty ? "" : ": \(detail.prefix(300))"), retriable: false)
             }
-            if let length = response.headers.first(name: "Content-Length").flatMap(Int.init), length > request.maxBytes {
+            let length = response.headers.first(name: "Content-Length").flatMap(Int.init)
+            if let length, length > request.maxBytes {
                 throw DownloadFailure(description: "the body is \(length) bytes, over the limit of \(request.maxBytes)", retriable: false)
             }
             var body: [UInt8] = []
+            // One allocation of the announced size, rather than doublings that briefly hold
+            // up to three times the body.
+            if let length { body.reserveCapacity(length) }
             for try await chunk in response.body {
                 guard body.count + chunk.readableBytes <= request.maxBytes else {
                     throw DownloadFailure(description: "the body is over the limit of \(request.maxBytes) bytes", retriable: false)

@@ -63,11 +63,17 @@ public actor FetcherService: BusService {
         }
     }
 
+    /// Uses the bus for the store's copies and for publishing, without restoring or
+    /// scheduling anything (``start(client:publisher:)`` does all three).
+    public func connect(client: BusClient, publisher: StatePublisher) {
+        self.client = client
+        self.publisher = publisher
+    }
+
     /// Starts working on the bus: brings back the last good remote copies from the store,
     /// publishes every dataset, then refreshes each from its source now and on its schedule.
     public func start(client: BusClient, publisher: StatePublisher) async {
-        self.client = client
-        self.publisher = publisher
+        connect(client: client, publisher: publisher)
         await restoreFromStore()
         // In the background: with the kernel slow to answer, publishing must not hold up
         // the refreshes.
@@ -260,7 +266,7 @@ public actor FetcherService: BusService {
 
     /// Keeps a good remote copy in the store, as the fallback for the next start.
     private func keepInStore(_ dataset: Dataset, bytes: [UInt8], loaded: Loaded) async {
-        guard let client, bytes.count <= configuration.maxSnapshotBytes else { return }
+        guard let client, bytes.count <= configuration.maxSnapshotBytes, await storeIsUp() else { return }
         guard let body = String(validating: bytes, as: UTF8.self) else { return }
         let params: JSONValue = ["name": .string(dataset.rawValue), "body": .string(body), "version": .string(loaded.version),
                                  "origin": "remote", "fetchedAt": .string(Self.timestamp(loaded.fetchedAt))]

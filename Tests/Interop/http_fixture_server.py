@@ -12,7 +12,6 @@ Paths:
   /truncated/FILE       announces the whole length, sends half, closes
   /status/CODE/FILE     answers CODE with the file as its body
   /redirect/FILE        302 to /ok/FILE
-  /big/MB               a generated hiring list of about MB megabytes (records "Item <id>")
 Every request is counted; GET /_count/PATH answers how many requests PATH got.
 """
 import hashlib
@@ -25,26 +24,6 @@ import time
 FOLDER = sys.argv[1]
 counts = {}
 lock = threading.Lock()
-
-
-def generated_items(megabytes):
-    """A hiring list of about `megabytes` MB, built once per size."""
-    parts = [b"["]
-    size, index = 1, 0
-    target = megabytes * 1_000_000
-    while size < target:
-        record = b'{"id": %d, "listId": %d, "name": "Item %d"}' % (index, index % 4 + 1, index)
-        if index:
-            parts.append(b",\n")
-            size += 2
-        parts.append(record)
-        size += len(record)
-        index += 1
-    parts.append(b"]")
-    return b"".join(parts)
-
-
-big_cache = {}
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -119,16 +98,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Location", "/ok/" + parts[1])
             self.send_header("Content-Length", "0")
             self.end_headers()
-        elif kind == "big" and len(parts) == 2:
-            megabytes = int(parts[1])
-            if megabytes not in big_cache:
-                big_cache[megabytes] = generated_items(megabytes)
-            body = big_cache[megabytes]
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
         else:
             self.send_plain(404, b"unknown path")
 

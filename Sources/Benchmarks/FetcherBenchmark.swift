@@ -1,0 +1,157 @@
+import ArgumentParser
+import BusKit
+import Catalog
+import FetcherService
+import Foundation
+import Kernel
+import ZeroMQ
+
+/// The fetcher: time to fetch, decode and publish each dataset from a local HTTP server,
+/// and a generated items file of about 100 MB (a million records): throughput and peak memory.
+struct FetcherBenchmark: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "fetcher",
+        abstract: "Fetch, decode and publish each dataset; a 100 MB items file: MB/s and peak memory."
+    )
+
+    @Option(help: "Rounds per dataset; the median is reported.")
+    var runs = 5
+    @Option(help: "Records in the generated items file (pretty-printed, about 100 bytes each).")
+    var records = 1_000_000
+
+    func run() async throws {
+        let server = try LocalServer.start()
+        defer { server.stop() }
+        var configuration = KernelConfiguration()
+        for keyPath in [\KernelConfiguration.brokerEndpoint, \.snapshotEndpoint, \.publisherEndpoint, \.collectorEndpoint] {
+            configuration[keyPath: keyPath] = "tcp://127.0.0.1:*"
+        }
+        let kernel = try Kernel(configuration: configuration, context: ZMQContext())
+        let endpoints = try await kernel.start()
+        let client = try await BusClient(brokers: [endpoints.broker], timeout: .seconds(60))
+        let publisher = StatePublisher(client: client)
+
+        say("Fetcher benchmark: local HTTP server (Python, 127.0.0.1), kernel in-process, \(ProcessInfo.processInfo.activeProcessorCount) cores, median of \(runs) runs")
+        var rows: [Row] = []
+        for dataset in Dataset.allCases {
+            var times: [Double] = []
+            for _ in 0..<runs {
+                // A new fetcher each run, so every run downloads in full (no 304).
+                let fetcher = FetcherService(configuration: sources([dataset: server.url("/ok/\(dataset.bundledFileName)")]), environment: [:])
+                await fetcher.connect(client: client, publisher: publisher)
+                let start = monotonicNanoseconds()
+                await fetcher.refresh(dataset)
+                times.append(Double(monotonicNanoseconds() - start) / 1e6)
+                await fetcher.stop()
+            }
+            let size = try dataset.bundledData().count
+            rows.append(Row("\(dataset) (\(size / 1024) KiB)", note: String(format: "%.1f ms fetch + decode + publish", median(times))))
+        }
+
+        // The large file: decode alone, then the whole refresh with the peak memory it took.
+        progress("generating and fetching an items file of \(records) records")
+        let bytes = generatedItems(records: records)
+        try Data(bytes).write(to: server.folder.appendingPathComponent("big-items.json"))
+        let big = server.url("/ok/big-items.json")
+        var decodeTimes: [Double] = []
+        var decoded = 0
+        for _ in 0..<3 {
+            let start = monotonicNanoseconds()
+            decoded = try Dataset.items.decode(bytes).content.count
+            decodeTimes.append(Double(monotonicNanoseconds() - start) / 1e9)
+        }
+        let megabytesOfFile = Double(bytes.count) / 1e6
+        rows.append(Row("decode items, \(String(format: "%.0f", megabytesOfFile)) MB, \(decoded) records",
+                        note: String(format: "%.0f MB/s (%.2f s)", megabytesOfFile / median(decodeTimes), median(decodeTimes))))
+
+        var source = FetcherConfiguration.Source(url: big, timeout: .seconds(120), maxBytes: 512 * 1_048_576)
+        source.refreshInterval = .seconds(3_600)
+        var configuration2 = sources([:])
+        configuration2.sources[.items] = source
+        let fetcher = FetcherService(configuration: configuration2, environment: [:])
+        await fetcher.connect(client: client, publisher: publisher)
+        let baseline = Memory.residentBytes()
+        Memory.resetPeak()
+        let start = monotonicNanoseconds()
+        await fetcher.refresh(.items)
+        let seconds = Double(monotonicNanoseconds() - start) / 1e9
+        let peak = Memory.peakBytes() - baseline
+        rows.append(Row("fetch + decode + publish items, \(String(format: "%.0f", megabytesOfFile)) MB", note: String(
+            format: "%.0f MB/s (%.2f s), peak memory +%.0f MB = %.1fx the file", megabytesOfFile / seconds, seconds,
+            Double(peak) / 1e6, Double(peak) / Double(bytes.count))))
+        await fetcher.stop()
+        printTable(rows)
+        await client.close()
+        await kernel.stop()
+    }
+
+    /// A hiring list of `records` entries, pretty-printed as many APIs serve JSON, every
+    /// fourth name null and every fourth empty, like the real one.
+    private func generatedItems(records: Int) -> [UInt8] {
+        var bytes: [UInt8] = Array("[\n".utf8)
+        bytes.reserveCapacity(records * 95)
+        for index in 0..<records {
+            let name = switch index % 4 { case 0: "null"; case 1: "\"\""; default: "\"Item \(index)\"" }
+            if index > 0 { bytes.append(contentsOf: ",\n".utf8) }
+            bytes.append(contentsOf: "        {\n            \"id\": \(index),\n            \"listId\": \(index % 4 + 1),\n            \"name\": \(name)\n        }".utf8)
+        }
+        bytes.append(contentsOf: "\n]\n".utf8)
+        return bytes
+    }
+
+    private func sources(_ urls: [Dataset: URL]) -> FetcherConfiguration {
+        var configuration = FetcherConfiguration(sources: [:])
+        for dataset in Dataset.allCases {
+            configuration.sources[dataset] = .init(url: urls[dataset], refreshInterval: .seconds(3_600), timeout: .seconds(30))
+        }
+        configuration.attempts = 1
+        return configuration
+    }
+}
+
+/// Tests/Interop/http_fixture_server.py over a folder of the bundled files.
+struct LocalServer {
+    let process: Process
+    let port: Int
+    let folder: URL
+
+    static func start() throws -> LocalServer {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-fetcher-\(getpid())")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        for dataset in Dataset.allCases { try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName)) }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-u", "Tests/Interop/http_fixture_server.py", folder.path]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let line = String(decoding: output.fileHandleForReading.availableData, as: UTF8.self)
+        guard line.hasPrefix("PORT "), let port = Int(line.dropFirst(5).trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            process.terminate()
+            throw ValidationError("the local HTTP server did not start (run from the package folder): \(line)")
+        }
+        return LocalServer(process: process, port: port, folder: folder)
+    }
+
+    func url(_ path: String) -> URL { URL(string: "http://127.0.0.1:\(port)\(path)")! }
+
+    func stop() {
+        kill(process.processIdentifier, SIGKILL)
+        try? FileManager.default.removeItem(at: folder)
+    }
+}
+
+/// This process's memory, from /proc (Linux).
+enum Memory {
+    static func residentBytes() -> Int { field("VmRSS:") }
+    static func peakBytes() -> Int { field("VmHWM:") }
+    /// Makes the peak start again from the current resident size.
+    static func resetPeak() { try? "5".write(toFile: "/proc/self/clear_refs", atomically: false, encoding: .utf8) }
+
+    private static func field(_ name: String) -> Int {
+        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix(name) }),
+              let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else { return 0 }
+        return kilobytes * 1024
+    }
+}
