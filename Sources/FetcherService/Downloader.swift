@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import ZeroMQ
 
 /// What one download attempt brought.
@@ -112,6 +113,9 @@ final class Downloader: Sendable {
             throw DownloadFailure(description: "the server closed the connection before the whole body arrived", retriable: true)
         } catch let error as HTTPParserError where error == .invalidEOFState {
             throw DownloadFailure(description: "the server closed the connection before the whole body arrived", retriable: true)
+        } catch let error as NIOConnectionError where error.dnsAError != nil || error.dnsAAAAError != nil {
+            // The name does not resolve: trying again in a moment will not change that.
+            throw DownloadFailure(description: "cannot resolve \(error.host) (\(error))", retriable: false)
         } catch {
             throw DownloadFailure(description: "\(error)", retriable: true)
         }
