@@ -165,7 +165,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SwitchboardConfigTests",
-            dependencies: ["SwitchboardConfig", "Kernel"],
+            dependencies: ["SwitchboardConfig", "Kernel", "FetcherService"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
