@@ -142,6 +142,7 @@ let package = Package(
             name: "switchboard-bench",
             dependencies: [
                 "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "Catalog",
+                "SwitchboardTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],

@@ -4,6 +4,7 @@ import Catalog
 import FetcherService
 import Foundation
 import Kernel
+import SwitchboardTestSupport
 import ZeroMQ
 
 /// The fetcher: time to fetch, decode and publish each dataset from a local HTTP server,
@@ -20,8 +21,7 @@ struct FetcherBenchmark: AsyncParsableCommand {
     var records = 1_000_000
 
     func run() async throws {
-        let server = try LocalServer.start()
-        defer { server.stop() }
+        let server = try await LocalServer.start()
         var configuration = KernelConfiguration()
         for keyPath in [\KernelConfiguration.brokerEndpoint, \.snapshotEndpoint, \.publisherEndpoint, \.collectorEndpoint] {
             configuration[keyPath: keyPath] = "tcp://127.0.0.1:*"
@@ -83,6 +83,8 @@ struct FetcherBenchmark: AsyncParsableCommand {
         printTable(rows)
         await client.close()
         await kernel.stop()
+        await server.stop()
+        try? FileManager.default.removeItem(at: server.folder)
     }
 
     /// A hiring list of `records` entries, pretty-printed as many APIs serve JSON, every
@@ -109,35 +111,13 @@ struct FetcherBenchmark: AsyncParsableCommand {
     }
 }
 
-/// Tests/Interop/http_fixture_server.py over a folder of the bundled files.
-struct LocalServer {
-    let process: Process
-    let port: Int
-    let folder: URL
-
-    static func start() throws -> LocalServer {
+/// Tests/Interop/http_fixture_server.py (run from the package folder) over the bundled files.
+enum LocalServer {
+    static func start() async throws -> FixtureHTTPServer {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-fetcher-\(getpid())")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         for dataset in Dataset.allCases { try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName)) }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = ["-u", "Tests/Interop/http_fixture_server.py", folder.path]
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let line = String(decoding: output.fileHandleForReading.availableData, as: UTF8.self)
-        guard line.hasPrefix("PORT "), let port = Int(line.dropFirst(5).trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            process.terminate()
-            throw ValidationError("the local HTTP server did not start (run from the package folder): \(line)")
-        }
-        return LocalServer(process: process, port: port, folder: folder)
-    }
-
-    func url(_ path: String) -> URL { URL(string: "http://127.0.0.1:\(port)\(path)")! }
-
-    func stop() {
-        kill(process.processIdentifier, SIGKILL)
-        try? FileManager.default.removeItem(at: folder)
+        return try await FixtureHTTPServer.start(script: URL(fileURLWithPath: "Tests/Interop/http_fixture_server.py"), serving: folder)
     }
 }
 

@@ -151,7 +151,7 @@ public actor FetcherService: BusService {
     func entries(_ datasets: [Dataset]) -> [JSONValue] {
         datasets.map { dataset in
             var entry = summary(dataset)
-            entry["nextRefresh"] = states[dataset]?.nextRefresh.map { .string(Self.timestamp($0)) } ?? .null
+            entry["nextRefresh"] = states[dataset]?.nextRefresh.map { .string(Timestamp.format($0)) } ?? .null
             entry["url"] = configuration.sources[dataset]?.url.map { .string($0.absoluteString) } ?? .null
             entry["dropped"] = .int(Int64(states[dataset]?.loaded?.dropped ?? 0))
             return .object(entry)
@@ -164,7 +164,7 @@ public actor FetcherService: BusService {
         let loaded = state?.loaded
         return ["name": .string(dataset.rawValue), "origin": loaded.map { .string($0.origin.rawValue) } ?? .null,
                 "version": loaded.map { .string($0.version) } ?? .null, "records": .int(Int64(loaded?.content.count ?? 0)),
-                "fetchedAt": loaded.map { .string(Self.timestamp($0.fetchedAt)) } ?? .null,
+                "fetchedAt": loaded.map { .string(Timestamp.format($0.fetchedAt)) } ?? .null,
                 "lastError": state?.lastError.map(JSONValue.string) ?? .null]
     }
 
@@ -257,7 +257,7 @@ public actor FetcherService: BusService {
                 logger.warning("the store's copy does not decode; ignored", metadata: ["dataset": "\(dataset)"])
                 continue
             }
-            let fetchedAt = snapshot["fetchedAt"]?.stringValue.flatMap { try? Date.ISO8601FormatStyle(includingFractionalSeconds: true).parse($0) }
+            let fetchedAt = snapshot["fetchedAt"]?.stringValue.flatMap(Timestamp.parse)
             let loaded = Loaded(content: decoded.content, dropped: decoded.dropped, version: version, origin: .cache,
                                 fetchedAt: fetchedAt ?? Date(), etag: nil, lastModified: nil)
             states[dataset, default: State()].loaded = loaded
@@ -269,7 +269,7 @@ public actor FetcherService: BusService {
         guard let client, bytes.count <= configuration.maxSnapshotBytes, await storeIsUp() else { return }
         guard let body = String(validating: bytes, as: UTF8.self) else { return }
         let params: JSONValue = ["name": .string(dataset.rawValue), "body": .string(body), "version": .string(loaded.version),
-                                 "origin": "remote", "fetchedAt": .string(Self.timestamp(loaded.fetchedAt))]
+                                 "origin": "remote", "fetchedAt": .string(Timestamp.format(loaded.fetchedAt))]
         do {
             _ = try await client.request(service: "store", method: "snapshots.put", params: params, timeout: .seconds(10))
         } catch {
@@ -286,8 +286,4 @@ public actor FetcherService: BusService {
 
     /// When the bundled copies are from (the fixtures' date).
     static let bundleDate = Date(timeIntervalSince1970: 1_795_219_200)  // 2026-11-21T00:00:00Z
-
-    static func timestamp(_ date: Date) -> String {
-        Date.ISO8601FormatStyle(includingFractionalSeconds: true).format(date)
-    }
 }

@@ -33,19 +33,6 @@ enum Validate {
     }
 }
 
-/// Times on the wire: ISO 8601 in UTC with milliseconds (`2026-11-21T10:00:00.000Z`).
-enum Timestamp {
-    private static let withFraction = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
-    private static let withoutFraction = Date.ISO8601FormatStyle()
-
-    static func format(_ date: Date) -> String { withFraction.format(date) }
-    static func format(seconds: Double) -> String { format(Date(timeIntervalSince1970: seconds)) }
-
-    static func parse(_ text: String) -> Date? {
-        (try? withFraction.parse(text)) ?? (try? withoutFraction.parse(text))
-    }
-}
-
 /// A saved article's id: the first 16 hex digits of the SHA-256 of its URL, so the id (and
 /// its key `/store/articles/<id>`) is the same in every process and after every restart.
 public enum ArticleID {

@@ -183,3 +183,45 @@ public func switchboardExecutable() -> URL {
     if directory.lastPathComponent.hasSuffix(".xctest") { directory.deleteLastPathComponent() }
     return directory.appendingPathComponent("switchboard")
 }
+
+/// `Tests/Interop/http_fixture_server.py` serving a folder on a free loopback port (the
+/// fetcher's tests and benchmark use it as the datasets' remote source).
+public final class FixtureHTTPServer: Sendable {
+    public let process: ChildProcess
+    public let port: Int
+    public let folder: URL
+
+    /// Starts the server at `script` over `folder` and waits for the port it prints.
+    public static func start(script: URL, serving folder: URL) async throws -> FixtureHTTPServer {
+        let process = try ChildProcess(URL(fileURLWithPath: "/usr/bin/python3"), ["-u", script.path, folder.path])
+        let line = try await within(10, "the HTTP server's port") { () -> String in
+            var text = ""
+            let handle = process.output.fileHandleForReading
+            while !text.contains("\n") {
+                let chunk = handle.availableData
+                if chunk.isEmpty { break }
+                text += String(decoding: chunk, as: UTF8.self)
+            }
+            return text
+        }
+        guard line.hasPrefix("PORT "), let port = Int(line.dropFirst(5).trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            process.signal(SIGKILL)
+            throw TimedOut(what: "a port from the HTTP server (it said: \(line))")
+        }
+        return FixtureHTTPServer(process: process, port: port, folder: folder)
+    }
+
+    private init(process: ChildProcess, port: Int, folder: URL) {
+        self.process = process
+        self.port = port
+        self.folder = folder
+    }
+
+    public func url(_ path: String) -> URL { URL(string: "http://127.0.0.1:\(port)\(path)")! }
+
+    /// Ends the server (SIGKILL: it holds nothing to clean up) and waits for it.
+    public func stop() async {
+        process.signal(SIGKILL)
+        _ = await process.exit(within: 5)
+    }
+}

@@ -8,12 +8,10 @@ import StoreService
 import SwitchboardTestSupport
 import Testing
 
-/// The local HTTP server (Tests/Interop/http_fixture_server.py) over a folder holding the
-/// fixtures and a few bad files.
-final class FixtureServer: Sendable {
-    let process: ChildProcess
-    let port: Int
-    let folder: URL
+/// The local HTTP server over a folder holding the fixtures and a few bad files.
+struct FixtureServer {
+    let server: FixtureHTTPServer
+    var process: ChildProcess { server.process }
 
     static func start() async throws -> FixtureServer {
         let folder = try temporaryDirectory("fetcher-files")
@@ -25,30 +23,10 @@ final class FixtureServer: Sendable {
             .write(to: folder.appendingPathComponent("newsapi-error.json"))
         let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("Interop/http_fixture_server.py")
-        let process = try ChildProcess(URL(fileURLWithPath: "/usr/bin/python3"), ["-u", script.path, folder.path])
-        let line = try await within(10, "the HTTP server's port") { () -> String in
-            var text = ""
-            let handle = process.output.fileHandleForReading
-            while !text.contains("\n") {
-                let chunk = handle.availableData
-                if chunk.isEmpty { break }
-                text += String(decoding: chunk, as: UTF8.self)
-            }
-            return text
-        }
-        guard line.hasPrefix("PORT "), let port = Int(line.dropFirst(5).trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            throw ServerDidNotStart(output: line)
-        }
-        return FixtureServer(process: process, port: port, folder: folder)
+        return FixtureServer(server: try await FixtureHTTPServer.start(script: script, serving: folder))
     }
 
-    init(process: ChildProcess, port: Int, folder: URL) {
-        self.process = process
-        self.port = port
-        self.folder = folder
-    }
-
-    func url(_ path: String) -> URL { URL(string: "http://127.0.0.1:\(port)\(path)")! }
+    func url(_ path: String) -> URL { server.url(path) }
 
     /// How many requests `path` got.
     func count(_ path: String) async throws -> Int {
@@ -56,11 +34,7 @@ final class FixtureServer: Sendable {
         return Int(String(decoding: data, as: UTF8.self)) ?? -1
     }
 
-    func stop() async {
-        // Python's server takes SIGKILL at once; it holds nothing to clean up.
-        process.signal(SIGKILL)
-        _ = await process.exit(within: 5)
-    }
+    func stop() async { await server.stop() }
 }
 
 /// A tiny GET for the test's own questions to the server (not the code under test).
@@ -298,5 +272,3 @@ struct FetcherTests {
         await bus.stop()
     }
 }
-
-struct ServerDidNotStart: Error { let output: String }
