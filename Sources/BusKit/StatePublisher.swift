@@ -17,7 +17,7 @@ public actor StatePublisher {
         var params: [String: JSONValue] = ["key": .string(key), "value": value ?? .null]
         if let ttl { params["ttl"] = .double(ttl) }
         let result = try await client.request(service: "kernel", method: "state.set", params: .object(params))
-        if let value, !value.isNull { current[key] = (value, ttl) } else { current[key] = nil }
+        remember(key, value, ttl: ttl)
         return UInt64(result["sequence"]?.intValue ?? 0)
     }
 
@@ -30,10 +30,15 @@ public actor StatePublisher {
         let outcomes = await client.batch(service: "kernel", calls)
         return zip(entries, outcomes).map { entry, outcome in
             outcome.map { result in
-                if let value = entry.value, !value.isNull { current[entry.key] = (value, nil) } else { current[entry.key] = nil }
+                remember(entry.key, entry.value, ttl: nil)
                 return UInt64(result["sequence"]?.intValue ?? 0)
             }
         }
+    }
+
+    /// Keeps what the kernel now holds for `key`, for ``republish()``.
+    private func remember(_ key: String, _ value: JSONValue?, ttl: Double?) {
+        if let value, !value.isNull { current[key] = (value, ttl) } else { current[key] = nil }
     }
 
     /// Publishes every remembered key again. Returns how many were published.

@@ -17,7 +17,7 @@ struct Switchboard: AsyncParsableCommand {
         abstract: "Run the Switchboard kernel and services.",
         discussion: """
             switchboard kernel            the kernel: Majordomo broker and state server
-            switchboard serve NAME        a service (echo, store), connected to a kernel
+            switchboard serve NAME        a service (echo, store, fetcher), connected to a kernel
             """,
         subcommands: [KernelCommand.self, ServeCommand.self]
     )
