@@ -91,7 +91,7 @@ let package = Package(
         // (the fixtures) as the offline fallback.
         .target(
             name: "Catalog",
-            dependencies: ["BusProtocol"],
+            dependencies: ["BusProtocol", .product(name: "Crypto", package: "swift-crypto")],
             resources: [.copy("Resources")],
             swiftSettings: sharedSettings
         ),
@@ -104,7 +104,6 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: sharedSettings
@@ -120,11 +119,20 @@ let package = Package(
             ],
             swiftSettings: sharedSettings
         ),
+        // The `search` service: in-memory indexes over the catalog, rebuilt when it changes.
+        .target(
+            name: "SearchService",
+            dependencies: [
+                "BusKit", "BusProtocol", "Catalog",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: sharedSettings
+        ),
         // The `switchboard` executable: `switchboard kernel`, `switchboard serve NAME`.
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "Kernel", "BusKit", "EchoService", "FetcherService", "StoreService", "SwitchboardConfig", "ZeroMQ",
+                "Kernel", "BusKit", "EchoService", "FetcherService", "SearchService", "StoreService", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -183,6 +191,12 @@ let package = Package(
             name: "StoreServiceTests",
             dependencies: ["StoreService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport",
                            .product(name: "GRDB", package: "GRDB.swift")],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "SearchServiceTests",
+            dependencies: ["SearchService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
+                           "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -81,6 +81,14 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         default: nil
         }
     }
+    /// A number as a `Double` (an integer too).
+    public var doubleValue: Double? {
+        switch self {
+        case .double(let value): value
+        case .int(let value): Double(value)
+        default: nil
+        }
+    }
     public var boolValue: Bool? { if case .bool(let value) = self { value } else { nil } }
     public var arrayValue: [JSONValue]? { if case .array(let value) = self { value } else { nil } }
     public var objectValue: [String: JSONValue]? { if case .object(let value) = self { value } else { nil } }

@@ -121,3 +121,24 @@ public struct DecodedDataset: Sendable, Equatable {
     public let content: DatasetContent
     public let dropped: Int
 }
+
+extension Dataset {
+    /// Decodes records in their normalised form (what `datasets.get` answers with) back
+    /// into typed content; throws naming the dataset when a record does not fit.
+    public func content(fromRecords records: [JSONValue]) throws(CatalogError) -> DatasetContent {
+        let array = JSONValue.array(records)
+        do {
+            switch self {
+            case .countries: return .countries(try array.decode())
+            case .locations: return .locations(try array.decode())
+            case .items: return .items(try array.decode())
+            case .sources: return .sources(try array.decode())
+            case .headlines: return .headlines(try array.decode())
+            case .flights: return .flights(try array.decode())
+            case .airlines: return .airlines(try array.decode())
+            }
+        } catch {
+            throw CatalogError(dataset: self, problem: "a record does not fit the \(self) model (\(error))")
+        }
+    }
+}

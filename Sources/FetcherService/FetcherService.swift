@@ -1,7 +1,6 @@
 public import BusKit
 import BusProtocol
 public import Catalog
-import Crypto
 public import Foundation
 public import Logging
 import ZeroMQ
@@ -54,7 +53,7 @@ public actor FetcherService: BusService {
             do {
                 let data = try dataset.bundledData()
                 let decoded = try dataset.decode(data)
-                states[dataset] = State(loaded: Loaded(content: decoded.content, dropped: decoded.dropped, version: Self.version(of: data),
+                states[dataset] = State(loaded: Loaded(content: decoded.content, dropped: decoded.dropped, version: Dataset.version(of: data),
                                                        origin: .bundled, fetchedAt: Self.bundleDate, etag: nil, lastModified: nil))
             } catch {
                 states[dataset] = State(loaded: nil, lastError: "the bundled copy: \(error)")
@@ -201,7 +200,7 @@ public actor FetcherService: BusService {
             case .body(let bytes, let etag, let lastModified):
                 // Decoding a large file takes a while: off the actor.
                 let decoded = try await Task.detached { try dataset.decode(bytes) }.value
-                let loaded = Loaded(content: decoded.content, dropped: decoded.dropped, version: Self.version(of: bytes), origin: .remote,
+                let loaded = Loaded(content: decoded.content, dropped: decoded.dropped, version: Dataset.version(of: bytes), origin: .remote,
                                     fetchedAt: Date(), etag: etag, lastModified: lastModified)
                 states[dataset, default: State()].lastError = nil
                 await install(loaded, for: dataset)
@@ -278,11 +277,6 @@ public actor FetcherService: BusService {
     }
 
     // MARK: Helpers
-
-    /// A dataset's version: the first 16 hex digits of the SHA-256 of its bytes.
-    static func version(of bytes: some DataProtocol) -> String {
-        SHA256.hash(data: bytes).prefix(8).map { byte in (byte < 16 ? "0" : "") + String(byte, radix: 16) }.joined()
-    }
 
     /// When the bundled copies are from (the fixtures' date).
     static let bundleDate = Date(timeIntervalSince1970: 1_795_219_200)  // 2026-11-21T00:00:00Z

@@ -4,6 +4,7 @@ import EchoService
 import FetcherService
 import Foundation
 import Kernel
+import SearchService
 public import Logging
 import ServiceLifecycle
 import StoreService
@@ -17,7 +18,7 @@ struct Switchboard: AsyncParsableCommand {
         abstract: "Run the Switchboard kernel and services.",
         discussion: """
             switchboard kernel            the kernel: Majordomo broker and state server
-            switchboard serve NAME        a service (echo, store, fetcher), connected to a kernel
+            switchboard serve NAME        a service (echo, store, fetcher, search), connected to a kernel
             """,
         subcommands: [KernelCommand.self, ServeCommand.self]
     )
@@ -112,9 +113,10 @@ struct ServeCommand: AsyncParsableCommand {
             switchboard serve echo                          answers with what it is sent
             switchboard serve store --db /tmp/store.sqlite  history, articles, selections, snapshots
             switchboard serve fetcher                       the seven datasets, from their sources or bundled copies
+            switchboard serve search                        countries, places, the hiring list, news and flights
             """
     )
-    static let services = ["echo", "store", "fetcher"]
+    static let services = ["echo", "store", "fetcher", "search"]
 
     @OptionGroup var common: CommonOptions
     @Argument(help: "The service to run: \(ServeCommand.services.joined(separator: ", ")).")
@@ -123,7 +125,11 @@ struct ServeCommand: AsyncParsableCommand {
     var config: String?
     @Option(help: "A kernel broker endpoint (repeatable).")
     var broker: [String] = [KernelConfiguration().brokerEndpoint]
-    @Option(help: "Worker connections (requests handled at once; default 2, store 8, fetcher 4).")
+    @Option(help: "The kernel's CHP snapshot endpoint (default: kernel.snapshot in the configuration).")
+    var snapshot: String?
+    @Option(help: "The kernel's CHP publisher endpoint (default: kernel.publisher in the configuration).")
+    var publisher: String?
+    @Option(help: "Worker connections (requests handled at once; default 2, store 8, fetcher 4, search 4).")
     var connections: Int?
     @Option(help: "Heartbeat interval in milliseconds (match the kernel's).")
     var heartbeatMs = 2_500
@@ -167,6 +173,17 @@ struct ServeCommand: AsyncParsableCommand {
                                        onReregistered: { await service.republish() })
             piece = HostedService(host: host, afterStart: { await service.start(client: client, publisher: publisher) },
                                   beforeStop: { await service.stop() }, afterStop: { await client.close() })
+        case "search":
+            let service = SearchService(logger: logger)
+            let client = try await BusClient(brokers: broker)
+            let catalog = try await Subscription.open(snapshot: snapshot ?? file.kernel.snapshotEndpoint,
+                                                      publisher: publisher ?? file.kernel.publisherEndpoint, prefixes: ["/catalog/"])
+            let host = try ServiceHost(service: service, options: hostOptions(defaultConnections: 4), logger: logger)
+            piece = HostedService(host: host, afterStart: { await service.start(client: client, catalog: catalog) },
+                                  beforeStop: { await service.stop() }, afterStop: {
+                                      await catalog.cancel()
+                                      await client.close()
+                                  })
         default:
             let host = try ServiceHost(service: EchoService(instance: instance ?? "echo-\(getpid())"),
                                        options: hostOptions(defaultConnections: 2), logger: logger)

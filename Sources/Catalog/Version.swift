@@ -1,0 +1,10 @@
+import Crypto
+public import Foundation
+
+extension Dataset {
+    /// A copy's version: the first 16 hex digits of the SHA-256 of its bytes. The fetcher
+    /// publishes it in `/catalog/<name>`; the search service compares it with what it has.
+    public static func version(of bytes: some DataProtocol) -> String {
+        SHA256.hash(data: bytes).prefix(8).map { byte in (byte < 16 ? "0" : "") + String(byte, radix: 16) }.joined()
+    }
+}
