@@ -39,6 +39,7 @@ public actor FetcherService: BusService {
     private let environment: [String: String]
     private var states: [Dataset: State] = [:]
     private var refreshes: [Dataset: Task<Void, Never>] = [:]
+    private var queuedRefreshes: [Dataset: Task<Void, Never>] = [:]
     private var schedules: [Task<Void, Never>] = []
     private var client: BusClient?
     private var publisher: StatePublisher?
@@ -94,6 +95,7 @@ public actor FetcherService: BusService {
         for task in schedules { task.cancel() }
         schedules.removeAll()
         for task in refreshes.values { task.cancel() }
+        for task in queuedRefreshes.values { task.cancel() }
         await downloader.shutdown()
         client = nil
         publisher = nil
@@ -169,15 +171,30 @@ public actor FetcherService: BusService {
 
     // MARK: Refreshing
 
-    /// Fetches `dataset` from its source; a refresh already under way is joined, not repeated.
+    /// Fetches `dataset` from its source, with a download that starts after this call.
+    /// While one is under way, calls queue one more to follow it, and every call arriving
+    /// meanwhile joins that one: a burst of calls costs at most two downloads.
     public func refresh(_ dataset: Dataset) async {
-        if let running = refreshes[dataset] {
-            await running.value
-            return
+        if let queued = queuedRefreshes[dataset] {
+            await queued.value
+        } else if let running = refreshes[dataset] {
+            let queued = Task {
+                await running.value
+                await self.startRefresh(dataset).value
+            }
+            queuedRefreshes[dataset] = queued
+            await queued.value
+        } else {
+            await startRefresh(dataset).value
         }
+    }
+
+    private func startRefresh(_ dataset: Dataset) -> Task<Void, Never> {
+        // From here on, a new call needs a download after this one.
+        queuedRefreshes[dataset] = nil
         let task = Task { await self.fetchAndLoad(dataset) }
         refreshes[dataset] = task
-        await task.value
+        return task
     }
 
     private func fetchAndLoad(_ dataset: Dataset) async {

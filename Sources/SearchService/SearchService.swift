@@ -52,9 +52,9 @@ public actor SearchService: BusService {
         feed = Task { [weak self] in
             do {
                 for try await update in catalog { await self?.catalogChanged(update) }
-            } catch {
+            } catch where !Task.isCancelled {
                 self?.logger.warning("the catalog subscription ended", metadata: ["problem": "\(error)"])
-            }
+            } catch {}
         }
     }
 

@@ -162,6 +162,28 @@ struct FetcherTests {
         await server.stop()
     }
 
+    @Test("refreshes asked for during a download queue one more after it; a burst costs two downloads, not six")
+    func refreshDuringDownload() async throws {
+        let server = try await FixtureServer.start()
+        let path = "/slow/1/hiring.json"
+        let bus = try await FetcherBus.start([.items: server.url(path)], timeout: .seconds(10))
+        try await eventually(15, "items loaded") { try await bus.entry(.items)["origin"] == "remote" }
+        let before = try await server.count(path)
+        // On the service itself: through the bus, the worker connections would let only a few in at once.
+        let first = Task { await bus.fetcher.refresh(.items) }
+        // The first download is under way (the server counted it) before the burst.
+        try await eventually(10, "the first download started") { try await server.count(path) == before + 1 }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<5 { group.addTask { await bus.fetcher.refresh(.items) } }
+            try await group.waitForAll()
+        }
+        await first.value
+        let downloads = try await server.count(path) - before
+        #expect(downloads == 2)
+        await bus.stop()
+        await server.stop()
+    }
+
     @Test("failures keep the good copy, report the error, and publish nothing", arguments: [
         ("/slow/5/hiring.json", "timed out"),
         ("/truncated/hiring.json", "closed the connection"),

@@ -1,0 +1,215 @@
+import BusKit
+import BusProtocol
+import Catalog
+import FetcherService
+import Foundation
+import Kernel
+@testable import SearchService
+import StoreService
+import SwitchboardTestSupport
+import Testing
+
+/// A kernel with a store, a fetcher reading the datasets from files in a folder of the
+/// test's own (`file://`), and the search service following `/catalog/`.
+struct SearchBus {
+    let kernel: TestKernel
+    let folder: URL
+    let storeHost: ServiceHost<StoreService>
+    let fetcher: FetcherService
+    let fetcherHost: ServiceHost<FetcherService>
+    let search: SearchService
+    let searchHost: ServiceHost<SearchService>
+    let catalog: Subscription
+    let client: BusClient
+
+    static func start() async throws -> SearchBus {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let folder = try temporaryDirectory("search")
+        for dataset in Dataset.allCases {
+            try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
+        }
+        func options<S>(_ connections: Int) -> ServiceHost<S>.Options {
+            .init(brokers: [kernel.endpoints.broker], connections: connections, heartbeatInterval: kernel.configuration.heartbeatInterval,
+                  heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+        }
+        let storeHost = try ServiceHost(service: StoreService(configuration: StoreConfiguration(path: folder.appendingPathComponent("store.sqlite").path)),
+                                        options: options(2))
+        try await storeHost.start()
+        var configuration = FetcherConfiguration(sources: [:])
+        for dataset in Dataset.allCases {
+            configuration.sources[dataset] = .init(url: folder.appendingPathComponent(dataset.bundledFileName), refreshInterval: .seconds(3_600),
+                                                   timeout: .seconds(5), maxBytes: 32 * 1_048_576)
+        }
+        let fetcher = FetcherService(configuration: configuration, environment: [:])
+        let fetcherHost = try ServiceHost(service: fetcher, options: options(2))
+        try await fetcherHost.start()
+        let search = SearchService(busTimeout: .seconds(10))
+        let searchHost = try ServiceHost(service: search, options: options(4))
+        try await searchHost.start()
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        try await eventually(10, "store, fetcher and search registered") {
+            let registered = [try await client.hasWorkers("store"), try await client.hasWorkers("fetcher"), try await client.hasWorkers("search")]
+            return !registered.contains(false)
+        }
+        let catalog = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, prefixes: ["/catalog/"])
+        await search.start(client: client, catalog: catalog)
+        await fetcher.start(client: client, publisher: StatePublisher(client: client))
+        // The first refreshes read the files; a test that changes one waits until they are done.
+        try await eventually(15, "the fetcher read every file") {
+            let list = try await client.request(service: "fetcher", method: "datasets.list").arrayValue ?? []
+            return list.count == Dataset.allCases.count && list.allSatisfy { $0["origin"] == "remote" }
+        }
+        return SearchBus(kernel: kernel, folder: folder, storeHost: storeHost, fetcher: fetcher, fetcherHost: fetcherHost, search: search,
+                         searchHost: searchHost, catalog: catalog, client: client)
+    }
+
+    func request(_ method: String, _ params: JSONValue? = nil) async throws -> JSONValue {
+        try await client.request(service: "search", method: method, params: params)
+    }
+
+    /// The search service's error for a request (nil when it succeeded).
+    func error(_ method: String, _ params: JSONValue? = nil) async -> JSONRPCError? {
+        do {
+            _ = try await request(method, params)
+            return nil
+        } catch {
+            if case .remote(_, let rpc)? = error as? BusError { return rpc }
+            return nil
+        }
+    }
+
+    /// Replaces a dataset's file, has the fetcher refresh it, and waits until the search
+    /// index is built from it.
+    func replace(_ dataset: Dataset, with body: Data) async throws {
+        try body.write(to: folder.appendingPathComponent(dataset.bundledFileName), options: .atomic)
+        _ = try await client.request(service: "fetcher", method: "datasets.refresh", params: ["name": .string(dataset.rawValue)])
+        let version = Dataset.version(of: body)
+        try await eventually(15, "search rebuilt \(dataset) at \(version)") {
+            let list = try await request("indexes.list").arrayValue ?? []
+            return list.contains { $0["name"] == .string(dataset.rawValue) && $0["version"] == .string(version) }
+        }
+    }
+
+    func stop() async {
+        await search.stop()
+        await catalog.cancel()
+        await fetcher.stop()
+        await searchHost.stop()
+        await fetcherHost.stop()
+        await storeHost.stop()
+        await client.close()
+        await kernel.stop()
+    }
+}
+
+@Suite("search: through the kernel, with the store and the fetcher", .serialized)
+struct SearchBusTests {
+    @Test("every method answers through the kernel from the bundled data")
+    func everyMethod() async throws {
+        let bus = try await SearchBus.start()
+        defer { Task { await bus.stop() } }
+        #expect(try await bus.request("countries.search", ["query": "par"])["countries"]?.arrayValue?.first?["name"] == "Paraguay")
+        #expect(try await bus.request("locations.search")["total"] == 4)
+        #expect(try await bus.request("items.grouped", ["order": "natural"])["total"] == 320)
+        #expect(try await bus.request("sources.list")["sources"]?.arrayValue?.isEmpty == false)
+        #expect(try await bus.request("headlines.list")["status"] == "no-sources-selected")
+        #expect(try await bus.request("flights.list")["outbound"]?.arrayValue?.count == 6)
+        #expect(try await bus.request("airlines.get", ["id": "Ryanair"])["name"] == "Ryanair")
+        #expect(try await bus.request("locations.resolve", ["query": "Mumbai"])["nearest"]?["name"] != nil)
+        // Bad params cross the bus as -32602 with the field.
+        #expect(await bus.error("countries.search", ["limit": "ten"])?.data?["field"] == "limit")
+        #expect(await bus.error("locations.resolve", ["query": "12.9716, 277.5946"])?.message.contains("longitude 277.5946 is out of range") == true)
+        await bus.stop()
+    }
+
+    @Test("every successful resolve is added to the store's history; a failed one is not")
+    func resolveRecordsHistory() async throws {
+        let bus = try await SearchBus.start()
+        defer { Task { await bus.stop() } }
+        let resolved = try await bus.request("locations.resolve", ["query": "12.9716,77.5946"])
+        #expect(resolved["historyRecorded"] == true)
+        _ = try await bus.request("locations.resolve", ["query": "copenhagen"])
+        _ = await bus.error("locations.resolve", ["query": "Atlantis"])
+        _ = await bus.error("locations.resolve", ["query": "91, 0"])
+        let history = try await bus.client.request(service: "store", method: "history.list")
+        #expect(history["entries"]?.arrayValue?.compactMap { $0["text"]?.stringValue } == ["copenhagen", "12.9716,77.5946"])
+        await bus.stop()
+    }
+
+    @Test("news: sources marked as selected, headlines of the selection newest first and paged; two distinct empty states; [Removed] dropped")
+    func news() async throws {
+        let bus = try await SearchBus.start()
+        defer { Task { await bus.stop() } }
+        // Headlines with a placeholder for a taken-down article.
+        var headlines = try JSONSerialization.jsonObject(with: Dataset.headlines.bundledData()) as! [String: Any]
+        var articles = headlines["articles"] as! [[String: Any]]
+        articles.append(["source": ["id": "bbc-news", "name": "[Removed]"], "title": "[Removed]", "url": "https://removed.com",
+                         "publishedAt": "2099-01-01T00:00:00Z"])
+        headlines["articles"] = articles
+        try await bus.replace(.headlines, with: JSONSerialization.data(withJSONObject: headlines))
+
+        let empty = try await bus.request("headlines.list")
+        #expect(empty["status"] == "no-sources-selected" && empty["total"] == 0)
+        _ = try await bus.client.request(service: "store", method: "sources.select", params: ["ids": ["bbc-news", "reuters"]])
+        let sources = try await bus.request("sources.list")
+        let selected = sources["sources"]?.arrayValue?.filter { $0["selected"] == true }.compactMap { $0["id"]?.stringValue }
+        #expect(Set(selected ?? []) == ["bbc-news", "reuters"])
+        #expect(sources["sources"]?.arrayValue?.allSatisfy { $0["language"] == "en" } == true)
+        let all = try await bus.request("sources.list", ["language": "all"])
+        #expect(all["total"]?.intValue ?? 0 > sources["total"]?.intValue ?? 0)
+
+        let first = try await bus.request("headlines.list", ["pageSize": 3])
+        #expect(first["status"] == "ok" && first["hasMore"] == true)
+        let total = try #require(first["total"]?.intValue)
+        var seen: [JSONValue] = []
+        var page = 1
+        while true {
+            let answer = try await bus.request("headlines.list", ["pageSize": 3, "page": .int(Int64(page))])
+            seen += answer["articles"]?.arrayValue ?? []
+            if answer["hasMore"] != true { break }
+            page += 1
+        }
+        #expect(seen.count == Int(total))
+        #expect(seen.allSatisfy { ["bbc-news", "reuters"].contains($0["source"]?["id"]?.stringValue ?? "") && $0["title"] != "[Removed]" })
+        let dates = seen.compactMap { $0["publishedAt"]?.stringValue }
+        #expect(dates == dates.sorted(by: >))
+
+        let none = try await bus.request("headlines.list", ["sources": ["no-such-source"]])
+        #expect(none["status"] == "no-results" && none["unknownSources"] == ["no-such-source"])
+        await bus.stop()
+    }
+
+    @Test("a catalog change rebuilds the index; queries during it see the old or the new data, never a mix")
+    func catalogChange() async throws {
+        let bus = try await SearchBus.start()
+        defer { Task { await bus.stop() } }
+        let bundled = try Dataset.countries.bundledData()
+        let small = Data(#"[{"name":"Testland","capital":"Testville","code":"TL","region":"EU"},{"name":"Otherland","capital":"Otherville","code":"OL","region":"AS"}]"#.utf8)
+        // Queries run all along; each answer must be wholly one copy or the other.
+        let querying = Task {
+            var answers = 0
+            var problems: [String] = []
+            while !Task.isCancelled {
+                guard let answer = try? await bus.request("countries.search", ["limit": 1_000]) else { continue }
+                let names = Set(answer["countries"]?.arrayValue?.compactMap { $0["name"]?.stringValue } ?? [])
+                let total = answer["total"]?.intValue
+                if !((total == 249 && names.count == 249 && names.contains("France")) || (total == 2 && names == ["Testland", "Otherland"])) {
+                    problems.append("total \(total ?? -1), \(names.count) names")
+                }
+                answers += 1
+            }
+            return (answers, problems)
+        }
+        for _ in 0..<3 {
+            try await bus.replace(.countries, with: small)
+            #expect(try await bus.request("countries.search", ["query": "testv"])["countries"]?.arrayValue?.first?["match"] == "capital")
+            try await bus.replace(.countries, with: bundled)
+        }
+        querying.cancel()
+        let (answers, problems) = await querying.value
+        #expect(answers > 0 && problems.isEmpty, "\(problems.prefix(3))")
+        let list = try await bus.request("indexes.list").arrayValue ?? []
+        #expect(list.first { $0["name"] == "countries" }?["origin"] == "remote")
+        await bus.stop()
+    }
+}
