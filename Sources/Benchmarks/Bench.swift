@@ -8,7 +8,7 @@ struct SwitchboardBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard-bench",
         abstract: "Measure Switchboard's layers and print the figures.",
-        subcommands: [ZeroMQBenchmark.self, KernelBenchmark.self, StoreBenchmark.self, FetcherBenchmark.self, JSONBenchmark.self]
+        subcommands: [ZeroMQBenchmark.self, KernelBenchmark.self, StoreBenchmark.self, FetcherBenchmark.self, SearchBenchmark.self, JSONBenchmark.self]
     )
 }
 

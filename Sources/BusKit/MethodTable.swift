@@ -1,4 +1,4 @@
-import BusProtocol
+public import BusProtocol
 import Foundation
 
 /// A service of the bus: an actor with a name and a table of JSON-RPC methods.
@@ -48,6 +48,20 @@ public struct MethodTable<Service: BusService>: Sendable {
 
     /// The names of all methods, sorted.
     public var methodNames: [String] { handlers.keys.sorted() }
+
+    /// The table of `service`'s methods.
+    public init(of service: Service) {
+        service.methods(&self)
+    }
+
+    /// Runs `method` on `service` in this process, answering as a request through the bus
+    /// would (for benchmarks and single-process use).
+    public func call(_ method: String, params: JSONValue? = nil, on service: Service) async throws(JSONRPCError) -> JSONValue {
+        guard let response = await answer(JSONRPCRequest(id: .number(0), method: method, params: params), on: service) else {
+            throw .internalError("no response")
+        }
+        return try response.outcome.get()
+    }
 
     /// Runs one request against `service` and returns the response owed (nil for a
     /// notification).

@@ -11,9 +11,9 @@ struct CountryIndex: Sendable {
 
     struct Entry: Sendable {
         let country: Country
-        let name: String
-        let capital: String
-        let code: String
+        let name: FoldedText
+        let capital: FoldedText
+        let code: FoldedText
         /// What a `region` filter matches: the continent code and the source's region name, folded.
         let regions: [String]
         /// The country as answers carry it (encoded once, at build).
@@ -27,10 +27,12 @@ struct CountryIndex: Sendable {
 
     init(_ countries: [Country]) {
         entries = countries.map { country in
-            Entry(country: country, name: folded(country.name), capital: folded(country.capital ?? ""), code: folded(country.code),
+            Entry(country: country, name: FoldedText(country.name), capital: FoldedText(country.capital ?? ""), code: FoldedText(country.code),
                   regions: [country.region, country.regionName].compactMap { $0.map(folded) },
                   json: (try? JSONValue(encoding: country).objectValue) ?? [:])
-        }.sorted { ($0.name, $0.country.name) < ($1.name, $1.country.name) }
+        }.sorted { a, b in
+            a.name != b.name ? a.name.bytes.lexicographicallyPrecedes(b.name.bytes) : a.country.name < b.country.name
+        }
         knownRegions = Set(countries.flatMap { [$0.region, $0.regionName].compactMap { $0 } }).sorted()
     }
 
@@ -44,7 +46,8 @@ struct CountryIndex: Sendable {
     /// name prefix, then capital prefix, then other matches (a name or capital containing
     /// the query, or a two-letter query equal to the code); by name within a rank.
     func search(_ query: String, region: String?) -> [(entry: Entry, match: Match?)] {
-        let key = folded(query)
+        let key = FoldedText(query)
+        let twoLetters = folded(query).count == 2
         let regionKey = region.map(folded)
         var ranked: [[(entry: Entry, match: Match?)]] = [[], [], []]
         var all: [(entry: Entry, match: Match?)] = []
@@ -59,7 +62,7 @@ struct CountryIndex: Sendable {
                 match = .namePrefix
             } else if !entry.capital.isEmpty, entry.capital.hasPrefix(key) {
                 match = .capitalPrefix
-            } else if entry.name.contains(key) || entry.capital.contains(key) || (key.count == 2 && entry.code == key) {
+            } else if entry.name.contains(key) || entry.capital.contains(key) || (twoLetters && entry.code == key) {
                 match = .other
             } else {
                 continue

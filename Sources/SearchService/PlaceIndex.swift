@@ -4,7 +4,7 @@ import Catalog
 struct PlaceIndex: Sendable {
     let places: [Location]
     /// Folded names (nil for a place without one).
-    let names: [String?]
+    let names: [FoldedText?]
     let points: [Coordinates]
     /// Named places first by name, then the unnamed by latitude and longitude.
     let byName: [Int]
@@ -16,13 +16,13 @@ struct PlaceIndex: Sendable {
 
     init(_ locations: [Location]) {
         places = locations
-        names = locations.map { $0.name.map(folded).flatMap { $0.isEmpty ? nil : $0 } }
+        names = locations.map { $0.name.map(FoldedText.init).flatMap { $0.isEmpty ? nil : $0 } }
         points = locations.map { Coordinates(latitude: $0.latitude, longitude: $0.longitude) }
         let names = self.names
         let points = self.points
         byName = locations.indices.sorted { a, b in
             switch (names[a], names[b]) {
-            case let (x?, y?): return (x, a) < (y, b)
+            case let (x?, y?): return x != y ? x.bytes.lexicographicallyPrecedes(y.bytes) : a < b
             case (_?, nil): return true
             case (nil, _?): return false
             case (nil, nil): return (points[a].latitude, points[a].longitude, a) < (points[b].latitude, points[b].longitude, b)
@@ -38,7 +38,7 @@ struct PlaceIndex: Sendable {
     /// The places whose name matches `query`: names starting with it first, then names
     /// containing it, by name within each.
     func matching(name query: String) -> [Int] {
-        let key = folded(query)
+        let key = FoldedText(query)
         guard !key.isEmpty else { return byName }
         var prefix: [Int] = []
         var other: [Int] = []
@@ -51,7 +51,7 @@ struct PlaceIndex: Sendable {
 
     /// The place a name query means: an exact name first, else the best match; nil when none.
     func resolve(name query: String) -> Int? {
-        let key = folded(query)
+        let key = FoldedText(query)
         return byName.first { names[$0] == key } ?? matching(name: query).first
     }
 

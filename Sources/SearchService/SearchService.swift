@@ -45,6 +45,14 @@ public actor SearchService: BusService {
         indexes.rebuild(content, version: version, origin: origin)
     }
 
+    /// The named place nearest to a point, and how far it is (for benchmarks; the methods
+    /// answer with more).
+    public nonisolated func nearestNamedPlace(latitude: Double, longitude: Double) -> (name: String, distanceKm: Double)? {
+        let places = indexes.snapshot.places
+        guard let found = places.nearestNamed(to: Coordinates(latitude: latitude, longitude: longitude)) else { return nil }
+        return (places.label(found.index), found.km)
+    }
+
     /// Starts following the catalog: `catalog` is a subscription to `/catalog/`; `client`
     /// reaches the fetcher and the store.
     public func start(client: BusClient, catalog: Subscription) {
