@@ -119,11 +119,17 @@ let package = Package(
             ],
             swiftSettings: sharedSettings
         ),
+        // Following the fetcher's `/catalog/*`: services that keep their own copies of datasets.
+        .target(
+            name: "CatalogFeed",
+            dependencies: ["BusKit", "BusProtocol", "Catalog", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: sharedSettings
+        ),
         // The `search` service: in-memory indexes over the catalog, rebuilt when it changes.
         .target(
             name: "SearchService",
             dependencies: [
-                "BusKit", "BusProtocol", "Catalog",
+                "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: sharedSettings

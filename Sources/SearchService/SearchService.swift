@@ -1,6 +1,7 @@
 public import BusKit
 import BusProtocol
 public import Catalog
+import CatalogFeed
 import Foundation
 public import Logging
 
@@ -19,10 +20,7 @@ public actor SearchService: BusService {
     let logger: Logger
     nonisolated let indexes = IndexHolder()
     private var client: BusClient?
-    private var feed: Task<Void, Never>?
-    /// The latest version the fetcher announced, per dataset.
-    private var announced: [Dataset: String] = [:]
-    private var loaders: [Dataset: Task<Void, Never>] = [:]
+    private var follower: CatalogFollower?
     /// How long a call to the store or the fetcher may take.
     let busTimeout: Duration
 
@@ -55,102 +53,24 @@ public actor SearchService: BusService {
 
     /// Starts following the catalog: `catalog` is a subscription to `/catalog/`; `client`
     /// reaches the fetcher and the store.
-    public func start(client: BusClient, catalog: Subscription) {
+    public func start(client: BusClient, catalog: Subscription) async {
         self.client = client
-        feed = Task { [weak self] in
-            do {
-                for try await update in catalog { await self?.catalogChanged(update) }
-            } catch where !Task.isCancelled {
-                self?.logger.warning("the catalog subscription ended", metadata: ["problem": "\(error)"])
-            } catch {}
-        }
+        let indexes = self.indexes
+        let follower = CatalogFollower(datasets: Set(Dataset.allCases), client: client, timeout: busTimeout, logger: logger,
+                                       currentVersion: { indexes.version(of: $0) },
+                                       install: { content, version, origin in
+                                           indexes.rebuild(content, version: version, origin: origin)
+                                       },
+                                       originChanged: { dataset, version, origin in indexes.noteOrigin(origin, of: dataset, version: version) })
+        self.follower = follower
+        await follower.follow(catalog)
     }
 
     /// Stops following the catalog (the subscription is the caller's to cancel).
-    public func stop() {
-        feed?.cancel()
-        feed = nil
-        for loader in loaders.values { loader.cancel() }
-        loaders.removeAll()
+    public func stop() async {
+        await follower?.stop()
+        follower = nil
         client = nil
-    }
-
-    // MARK: Following the catalog
-
-    private func catalogChanged(_ update: StateUpdate) {
-        guard let value = update.json, let name = value["name"]?.stringValue, let dataset = Dataset(rawValue: name),
-              let version = value["version"]?.stringValue else { return }
-        announced[dataset] = version
-        if let origin = value["origin"]?.stringValue { indexes.noteOrigin(origin, of: dataset, version: version) }
-        guard loaders[dataset] == nil, indexes.version(of: dataset) != version else { return }
-        loaders[dataset] = Task { await self.follow(dataset) }
-    }
-
-    /// Loads `dataset` until the index has the version last announced; retries with back-off
-    /// while the fetcher cannot be reached.
-    private func follow(_ dataset: Dataset) async {
-        var failures = 0
-        while !Task.isCancelled, let wanted = announced[dataset], indexes.version(of: dataset) != wanted, let client {
-            do {
-                let copy = try await Self.read(dataset, through: client, timeout: busTimeout)
-                let started = ContinuousClock.now
-                let indexes = self.indexes
-                // Decoding and building take a while for a large dataset: off the actor.
-                try await Task.detached {
-                    indexes.rebuild(try dataset.content(fromRecords: copy.records), version: copy.version, origin: copy.origin)
-                }.value
-                logger.info("index rebuilt", metadata: ["dataset": "\(dataset)", "version": "\(copy.version)", "origin": "\(copy.origin)",
-                                                        "records": "\(copy.records.count)", "took": "\((ContinuousClock.now - started).formatted)"])
-                // A newer copy than the one announced: its announcement is on the way.
-                if copy.version != wanted { announced[dataset] = copy.version }
-                failures = 0
-            } catch {
-                failures += 1
-                let delay = Duration.milliseconds(min(30_000, 250 << min(failures, 7)))
-                logger.warning("cannot load a dataset; keeping the current index", metadata: [
-                    "dataset": "\(dataset)", "problem": "\(error)", "retry in": "\(delay.formatted)"])
-                try? await Task.sleep(for: delay)
-            }
-        }
-        loaders[dataset] = nil
-    }
-
-    struct Copy: Sendable {
-        var records: [JSONValue] = []
-        var version = ""
-        var origin = ""
-    }
-
-    /// Reads every record of `dataset` from the fetcher, one page at a time. When the
-    /// version changes between pages it starts again, so the copy is always one version.
-    static func read(_ dataset: Dataset, through client: BusClient, timeout: Duration) async throws -> Copy {
-        let pageSize = 1_000
-        for _ in 0..<3 {
-            var copy = Copy()
-            var total = 1
-            var consistent = true
-            while copy.records.count < total {
-                let page = try await client.request(service: "fetcher", method: "datasets.get", params: [
-                    "name": .string(dataset.rawValue), "offset": .int(Int64(copy.records.count)), "limit": .int(Int64(pageSize)),
-                ], timeout: timeout)
-                guard let version = page["version"]?.stringValue, let count = page["total"]?.intValue,
-                      let records = page["records"]?.arrayValue else {
-                    throw BusError.protocolViolation("fetcher datasets.get: a page without version, total or records")
-                }
-                if copy.records.isEmpty {
-                    copy.version = version
-                    copy.origin = page["origin"]?.stringValue ?? "unknown"
-                } else if version != copy.version {
-                    consistent = false
-                    break
-                }
-                total = Int(count)
-                if records.isEmpty { break }
-                copy.records += records
-            }
-            if consistent { return copy }
-        }
-        throw BusError.protocolViolation("fetcher datasets.get: \(dataset) kept changing while it was read")
     }
 
     // MARK: Methods
