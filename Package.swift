@@ -134,11 +134,20 @@ let package = Package(
             ],
             swiftSettings: sharedSettings
         ),
+        // The `pricing` service: round-trip quotes, the current route, deals.
+        .target(
+            name: "PricingService",
+            dependencies: [
+                "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: sharedSettings
+        ),
         // The `switchboard` executable: `switchboard kernel`, `switchboard serve NAME`.
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "Kernel", "BusKit", "EchoService", "FetcherService", "SearchService", "StoreService", "SwitchboardConfig", "ZeroMQ",
+                "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -202,6 +211,12 @@ let package = Package(
         .testTarget(
             name: "SearchServiceTests",
             dependencies: ["SearchService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
+                           "SwitchboardTestSupport"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "PricingServiceTests",
+            dependencies: ["PricingService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
                            "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),

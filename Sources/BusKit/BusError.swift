@@ -43,3 +43,26 @@ public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
         }
     }
 }
+
+extension BusClient {
+    /// A request made while answering another (a service asking the store, say): a failure
+    /// becomes a JSON-RPC error that names the service and what needed it, keeping the
+    /// service's own code (-32001, -32002, -32007, ...).
+    public func request(service: String, method: String, params: JSONValue? = nil, timeout: Duration? = nil,
+                        neededFor purpose: String) async throws(JSONRPCError) -> JSONValue {
+        do {
+            return try await request(service: service, method: method, params: params, timeout: timeout)
+        } catch {
+            throw JSONRPCError(code: error.code ?? JSONRPCError.serviceUnavailableCode, message: "\(purpose) needs the \(service) service: \(error)",
+                               data: ["service": .string(service)])
+        }
+    }
+}
+
+extension JSONRPCError {
+    /// -32001 for a service that is not on a bus and so cannot reach `service`.
+    public static func notConnected(to service: String, neededFor purpose: String) -> JSONRPCError {
+        JSONRPCError(code: serviceUnavailableCode, message: "Service unavailable: \(purpose) needs the \(service) service, and this service is not connected to a bus",
+                     data: ["service": .string(service)])
+    }
+}

@@ -21,6 +21,19 @@ public struct Country: Codable, Sendable, Equatable {
     public var language: Language?
     public var demonym: String?
 
+    public init(name: String, capital: String?, code: String, region: String?, regionName: String?, currency: Currency?,
+                flag: String?, language: Language?, demonym: String?) {
+        self.name = name
+        self.capital = capital
+        self.code = code
+        self.region = region
+        self.regionName = regionName
+        self.currency = currency
+        self.flag = flag
+        self.language = language
+        self.demonym = demonym
+    }
+
     public struct Currency: Codable, Sendable, Equatable {
         public var code: String?
         public var name: String?

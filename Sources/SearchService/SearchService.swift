@@ -87,16 +87,9 @@ public actor SearchService: BusService {
         table.on("indexes.list") { (search, _: NoParams) in search.indexList() }
     }
 
-    /// Calls the store, turning its failure into an error that says what needed it.
+    /// Calls the store on behalf of a request; a failure says what needed it.
     func store(_ method: String, _ params: JSONValue? = nil, for purpose: String) async throws -> JSONValue {
-        guard let client else {
-            throw JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: \(purpose) needs the store, and this search service is not connected to a bus")
-        }
-        do {
-            return try await client.request(service: "store", method: method, params: params, timeout: busTimeout)
-        } catch {
-            throw JSONRPCError(code: error.code ?? JSONRPCError.serviceUnavailableCode, message: "\(purpose) needs the store: \(error)",
-                               data: ["service": "store"])
-        }
+        guard let client else { throw JSONRPCError.notConnected(to: "store", neededFor: purpose) }
+        return try await client.request(service: "store", method: method, params: params, timeout: busTimeout, neededFor: purpose)
     }
 }

@@ -4,6 +4,7 @@ import EchoService
 import FetcherService
 import Foundation
 import Kernel
+import PricingService
 import SearchService
 public import Logging
 import ServiceLifecycle
@@ -18,7 +19,7 @@ struct Switchboard: AsyncParsableCommand {
         abstract: "Run the Switchboard kernel and services.",
         discussion: """
             switchboard kernel            the kernel: Majordomo broker and state server
-            switchboard serve NAME        a service (echo, store, fetcher, search), connected to a kernel
+            switchboard serve NAME        a service (echo, store, fetcher, search, pricing), connected to a kernel
             """,
         subcommands: [KernelCommand.self, ServeCommand.self]
     )
@@ -114,9 +115,10 @@ struct ServeCommand: AsyncParsableCommand {
             switchboard serve store --db /tmp/store.sqlite  history, articles, selections, snapshots
             switchboard serve fetcher                       the seven datasets, from their sources or bundled copies
             switchboard serve search                        countries, places, the hiring list, news and flights
+            switchboard serve pricing                       route quotes, the current route, deals
             """
     )
-    static let services = ["echo", "store", "fetcher", "search"]
+    static let services = ["echo", "store", "fetcher", "search", "pricing"]
 
     @OptionGroup var common: CommonOptions
     @Argument(help: "The service to run: \(ServeCommand.services.joined(separator: ", ")).")
@@ -129,7 +131,7 @@ struct ServeCommand: AsyncParsableCommand {
     var snapshot: String?
     @Option(help: "The kernel's CHP publisher endpoint (default: kernel.publisher in the configuration).")
     var publisher: String?
-    @Option(help: "Worker connections (requests handled at once; default 2, store 8, fetcher 4, search 4).")
+    @Option(help: "Worker connections (requests handled at once; default 2, store 8, fetcher 4, search 4, pricing 2).")
     var connections: Int?
     @Option(help: "Heartbeat interval in milliseconds (match the kernel's).")
     var heartbeatMs = 2_500
@@ -180,6 +182,19 @@ struct ServeCommand: AsyncParsableCommand {
                                                       publisher: publisher ?? file.kernel.publisherEndpoint, prefixes: ["/catalog/"])
             let host = try ServiceHost(service: service, options: hostOptions(defaultConnections: 4), logger: logger)
             piece = HostedService(host: host, afterStart: { await service.start(client: client, catalog: catalog) },
+                                  beforeStop: { await service.stop() }, afterStop: {
+                                      await catalog.cancel()
+                                      await client.close()
+                                  })
+        case "pricing":
+            let service = PricingService(logger: logger)
+            let client = try await BusClient(brokers: broker)
+            let publisher = StatePublisher(client: client)
+            let catalog = try await Subscription.open(snapshot: snapshot ?? file.kernel.snapshotEndpoint,
+                                                      publisher: self.publisher ?? file.kernel.publisherEndpoint, prefixes: ["/catalog/"])
+            let host = try ServiceHost(service: service, options: hostOptions(defaultConnections: 2), logger: logger,
+                                       onReregistered: { _ = await publisher.republish() })
+            piece = HostedService(host: host, afterStart: { await service.start(client: client, publisher: publisher, catalog: catalog) },
                                   beforeStop: { await service.stop() }, afterStop: {
                                       await catalog.cancel()
                                       await client.close()

@@ -1,24 +1,13 @@
+import Catalog
 import Foundation
 @testable import SearchService
 import Testing
 
 @Suite("search: the nearest-place tree")
 struct PlaceTreeTests {
-    /// A small seeded generator, so a failure can be replayed.
-    struct SplitMix: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     @Test("finds what a scan finds, with duplicates, clusters and an excluded place", arguments: [1, 2, 7, 2_000])
     func agreesWithScan(count: Int) {
-        var random = SplitMix(state: UInt64(count))
+        var random = SeededGenerator(seed: UInt64(count))
         var points: [Coordinates] = (0..<count).map { _ in
             Coordinates(latitude: .random(in: -90...90, using: &random), longitude: .random(in: -180...180, using: &random))
         }

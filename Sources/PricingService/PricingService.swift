@@ -1,0 +1,340 @@
+public import BusKit
+import BusProtocol
+public import Catalog
+import CatalogFeed
+import Foundation
+public import Logging
+import Synchronization
+
+/// The `pricing` service: round-trip quotes, the cheapest route, the current route (kept by
+/// the store, so it survives restarts) and the countries app's deals.
+///
+/// It holds its own copies of the flights and countries, bundled at start and then as the
+/// fetcher announces them. When the flights change, the current route is priced again and
+/// `/pricing/route/current` is published with the old and the new price. The deal of the
+/// day is published as `/pricing/deal/today` at start and at each midnight (UTC).
+public actor PricingService: BusService {
+    public static let name = "pricing"
+
+    let logger: Logger
+    let busTimeout: Duration
+    private var book = RouteBook([])
+    private var deals = DealMaker([])
+    /// The versions of the copies held, readable without waiting for the actor.
+    private nonisolated let versions = Mutex<[Dataset: String]>([:])
+
+    private var client: BusClient?
+    private var publisher: StatePublisher?
+    private var follower: CatalogFollower?
+    private var tasks: [Task<Void, Never>] = []
+    /// The selection last read from or written to the store.
+    private var knownSelection: Selection?
+    /// What `/pricing/route/current` and `/pricing/deal/today` last carried.
+    private var publishedRoute: RoutePrice?
+    private var publishedDeal: JSONValue?
+
+    /// Loads the bundled flights and countries, so the service answers from the first request.
+    public init(logger: Logger? = nil, busTimeout: Duration = .seconds(5)) {
+        self.logger = logger ?? Logger(label: "switchboard.pricing")
+        self.busTimeout = busTimeout
+        for dataset in [Dataset.flights, .countries] {
+            do {
+                let data = try dataset.bundledData()
+                let content = try dataset.decode(data).content
+                switch content {
+                case .flights(let flights): book = RouteBook(flights)
+                case .countries(let countries): deals = DealMaker(countries)
+                default: break
+                }
+                versions.withLock { $0[dataset] = Dataset.version(of: data) }
+            } catch {
+                self.logger.error("bundled copy unusable", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
+            }
+        }
+    }
+
+    /// Starts working on the bus: follows the catalog, settles the current route (storing the
+    /// cheapest on first run) and publishes it with the deal of the day, then the deal at
+    /// each day change.
+    public func start(client: BusClient, publisher: StatePublisher, catalog: Subscription) async {
+        self.client = client
+        self.publisher = publisher
+        let follower = CatalogFollower(datasets: [.flights, .countries], client: client, timeout: busTimeout, logger: logger,
+                                       currentVersion: { [weak self] dataset in self?.version(of: dataset) },
+                                       install: { [weak self] content, version, _ in await self?.load(content, version: version) })
+        self.follower = follower
+        await follower.follow(catalog)
+        tasks.append(Task { [weak self] in await self?.settleCurrentRoute() })
+        tasks.append(Task { [weak self] in
+            await self?.publishDealOfTheDay()
+            while !Task.isCancelled {
+                try? await Task.sleep(for: Day.untilNextDay())
+                await self?.publishDealOfTheDay()
+            }
+        })
+    }
+
+    /// The version of the copy of `dataset` held now.
+    nonisolated func version(of dataset: Dataset) -> String? { versions.withLock { $0[dataset] } }
+
+    public func stop() async {
+        for task in tasks { task.cancel() }
+        tasks.removeAll()
+        await follower?.stop()
+        follower = nil
+        client = nil
+        publisher = nil
+    }
+
+    /// Takes a new copy of the flights or the countries; re-prices the current route or
+    /// re-publishes the deal of the day as needed. (Also for tests without a fetcher.)
+    public func load(_ content: DatasetContent, version: String) async {
+        switch content {
+        case .flights(let flights):
+            book = RouteBook(flights)
+            versions.withLock { $0[.flights] = version }
+            await repriceCurrentRoute()
+        case .countries(let countries):
+            deals = DealMaker(countries)
+            versions.withLock { $0[.countries] = version }
+            await publishDealOfTheDay()
+        default:
+            break
+        }
+    }
+
+    // MARK: Methods
+
+    struct QuoteParams: Decodable, Sendable { let outboundId: Int; let inboundId: Int }
+    struct SelectParams: Decodable, Sendable { let outboundId: Int; let inboundId: Int? }
+    struct RollbackParams: Decodable, Sendable { let seed: Int64? }
+    struct TodayParams: Decodable, Sendable { let date: String? }
+
+    public nonisolated func methods(_ table: inout MethodTable<PricingService>) {
+        table.on("route.quote") { (pricing, params: QuoteParams) in
+            try await pricing.quote(params)
+        }
+        table.on("route.cheapest") { (pricing, _: NoParams) in await pricing.cheapest() }
+        table.on("route.current") { (pricing, _: NoParams) in try await pricing.current() }
+        table.on("route.select") { (pricing, params: SelectParams) in try await pricing.select(params) }
+        table.on("deals.rollback") { (pricing, params: RollbackParams) in try await pricing.rollback(params) }
+        table.on("deals.today") { (pricing, params: TodayParams) in try await pricing.today(params) }
+    }
+
+    func quote(_ params: QuoteParams) throws -> JSONValue {
+        var answer = try book.quote(outboundId: params.outboundId, inboundId: params.inboundId).json
+        answer["flightsVersion"] = version(of: .flights).map(JSONValue.string) ?? .null
+        return .object(answer)
+    }
+
+    func cheapest() -> JSONValue {
+        var first: JSONValue = .null
+        if let quote = book.cheapestOutbound() {
+            var object = quote.json
+            object["complete"] = .bool(quote.inbound != nil)
+            if quote.inbound == nil {
+                object["message"] = .string("outbound \(quote.outbound.id) (\(quote.outbound.leg)) has no related inbound flight, so no round trip and no total")
+            }
+            first = .object(object)
+        }
+        return ["cheapestOutbound": first, "cheapestRoundTrip": book.cheapestRoundTrip().map { .object($0.json) } ?? .null]
+    }
+
+    func current() async throws -> JSONValue {
+        let stored = try await store("route.selected", for: "the current route")
+        var firstRun = false
+        let selection: Selection
+        if let found = Selection(stored) {
+            selection = found
+        } else {
+            // First run: the cheapest outbound with its cheapest related inbound becomes the route.
+            guard let cheapest = book.cheapestOutbound() else {
+                throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no route is stored and there are no outbound flights to choose one from")
+            }
+            selection = try await storeSelection(outboundId: cheapest.outbound.id, inboundId: cheapest.inbound?.id, for: "storing the first route")
+            firstRun = true
+        }
+        knownSelection = selection
+        let priced = price(selection)
+        await publish(priced)
+        var answer = priced.json
+        answer["firstRun"] = .bool(firstRun)
+        return .object(answer)
+    }
+
+    func select(_ params: SelectParams) async throws -> JSONValue {
+        // Validate before storing: unknown ids -32003, an unrelated pair -32004.
+        if let inboundId = params.inboundId {
+            _ = try book.quote(outboundId: params.outboundId, inboundId: inboundId)
+        } else {
+            _ = try book.outboundFlight(params.outboundId)
+        }
+        let selection = try await storeSelection(outboundId: params.outboundId, inboundId: params.inboundId, for: "storing the route")
+        knownSelection = selection
+        let priced = price(selection)
+        await publish(priced)
+        return .object(priced.json)
+    }
+
+    func rollback(_ params: RollbackParams) throws -> JSONValue {
+        let seed = params.seed ?? Int64.random(in: 0...Int64.max)
+        guard let deal = deals.deal(seed: UInt64(bitPattern: seed)) else { throw noCountries() }
+        return deal.json(title: "Rollback Deal", extra: ["seed": .int(seed)])
+    }
+
+    func today(_ params: TodayParams) throws -> JSONValue {
+        let date: String
+        if let given = params.date {
+            guard let valid = Day.parse(given) else {
+                throw JSONRPCError.invalidParams(field: "date", "must be a calendar date written YYYY-MM-DD, not '\(given)'")
+            }
+            date = valid
+        } else {
+            date = Day.text(Date())
+        }
+        guard let deal = deals.deal(seed: DealMaker.seed(forDay: date)) else { throw noCountries() }
+        return deal.json(title: "Deal of the Day!", extra: ["date": .string(date)])
+    }
+
+    private func noCountries() -> JSONRPCError {
+        JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: there are no countries to make a deal with")
+    }
+
+    // MARK: The current route
+
+    /// A stored route: the flight ids and when they were chosen.
+    struct Selection: Sendable, Equatable {
+        let outboundId: Int
+        let inboundId: Int?
+        let selectedAt: String?
+
+        /// From the store's `route.selected` / `route.select` answer; nil for `null`.
+        init?(_ value: JSONValue) {
+            guard let outboundId = value["outboundId"]?.intValue else { return nil }
+            self.outboundId = Int(outboundId)
+            inboundId = value["inboundId"]?.intValue.map { Int($0) }
+            selectedAt = value["selectedAt"]?.stringValue
+        }
+    }
+
+    /// A route with its price now, or why it has none.
+    struct RoutePrice: Sendable, Equatable {
+        enum Status: String, Sendable { case priced, incomplete, unavailable }
+        let selection: Selection
+        let status: Status
+        let quote: Quote?
+        let message: String?
+
+        var total: Money? { quote?.total }
+
+        var json: [String: JSONValue] {
+            var object = quote?.json ?? ["outbound": .null, "inbound": .null, "total": .null]
+            object["outboundId"] = .int(Int64(selection.outboundId))
+            object["inboundId"] = selection.inboundId.map { .int(Int64($0)) } ?? .null
+            object["selectedAt"] = selection.selectedAt.map(JSONValue.string) ?? .null
+            object["status"] = .string(status.rawValue)
+            if let message { object["message"] = .string(message) }
+            return object
+        }
+
+        /// Whether a subscriber would see a difference.
+        func differs(from other: RoutePrice?) -> Bool {
+            guard let other else { return true }
+            return (selection.outboundId, selection.inboundId, status, total) != (other.selection.outboundId, other.selection.inboundId, other.status, other.total)
+        }
+    }
+
+    /// Prices `selection` against the flights held now; says so when its flights are gone.
+    func price(_ selection: Selection) -> RoutePrice {
+        guard let outbound = book.outbound[selection.outboundId] else {
+            return RoutePrice(selection: selection, status: .unavailable, quote: nil,
+                              message: "outbound flight \(selection.outboundId) is no longer offered; choose another route")
+        }
+        guard let inboundId = selection.inboundId else {
+            return RoutePrice(selection: selection, status: .incomplete, quote: Quote(outbound: outbound, inbound: nil),
+                              message: "no inbound flight chosen, so no round-trip total")
+        }
+        guard let inbound = book.inbound[inboundId] else {
+            return RoutePrice(selection: selection, status: .unavailable, quote: Quote(outbound: outbound, inbound: nil),
+                              message: "inbound flight \(inboundId) is no longer offered; choose another route")
+        }
+        guard RouteBook.isRelated(outbound: outbound, inbound: inbound) else {
+            return RoutePrice(selection: selection, status: .unavailable, quote: Quote(outbound: outbound, inbound: nil),
+                              message: "inbound flight \(inboundId) (\(inbound.leg)) no longer flies the reverse of outbound \(outbound.id) (\(outbound.leg))")
+        }
+        return RoutePrice(selection: selection, status: .priced, quote: Quote(outbound: outbound, inbound: inbound), message: nil)
+    }
+
+    /// Publishes `/pricing/route/current` when what it says changed, with the price before.
+    private func publish(_ route: RoutePrice) async {
+        guard route.differs(from: publishedRoute) else { return }
+        let previous = publishedRoute
+        publishedRoute = route
+        guard let publisher else { return }
+        var value = route.json
+        value["previousTotal"] = previous?.total.flatMap { try? JSONValue(encoding: $0) } ?? .null
+        value["pricedAt"] = .string(Timestamp.format(Date()))
+        do {
+            _ = try await publisher.set("/pricing/route/current", .object(value))
+        } catch {
+            logger.warning("cannot publish the current route", metadata: ["problem": "\(error)"])
+        }
+    }
+
+    /// After the flights changed: the stored route priced again (and published if its price moved).
+    private func repriceCurrentRoute() async {
+        if let stored = try? await store("route.selected", for: "re-pricing the current route"), let selection = Selection(stored) {
+            knownSelection = selection
+        }
+        guard let selection = knownSelection else { return }
+        let priced = price(selection)
+        if priced.differs(from: publishedRoute) {
+            logger.info("current route re-priced", metadata: ["status": "\(priced.status.rawValue)", "total": "\(priced.total?.description ?? "none")",
+                                                              "before": "\(publishedRoute?.total?.description ?? "none")"])
+        }
+        await publish(priced)
+    }
+
+    /// At start: the current route settled (stored on first run) and published; retried
+    /// while the store cannot be reached.
+    private func settleCurrentRoute() async {
+        var delay = Duration.milliseconds(250)
+        while !Task.isCancelled {
+            do {
+                _ = try await current()
+                return
+            } catch {
+                logger.info("the current route waits for the store", metadata: ["problem": "\(error)", "retry in": "\(delay.formatted)"])
+                try? await Task.sleep(for: delay)
+                delay = min(delay * 2, .seconds(5))
+            }
+        }
+    }
+
+    private func publishDealOfTheDay() async {
+        guard let publisher, let deal = try? today(TodayParams(date: nil)), deal != publishedDeal else { return }
+        do {
+            _ = try await publisher.set("/pricing/deal/today", deal)
+            publishedDeal = deal
+        } catch {
+            logger.warning("cannot publish the deal of the day", metadata: ["problem": "\(error)"])
+        }
+    }
+
+    // MARK: The store
+
+    private func storeSelection(outboundId: Int, inboundId: Int?, for purpose: String) async throws -> Selection {
+        let answer = try await store("route.select", ["outboundId": .int(Int64(outboundId)), "inboundId": inboundId.map { .int(Int64($0)) } ?? .null],
+                                     for: purpose)
+        guard let selection = Selection(answer) else {
+            throw JSONRPCError.internalError("the store's route.select answer has no outboundId")
+        }
+        return selection
+    }
+
+    /// Calls the store on behalf of a request; a failure says what needed it.
+    private func store(_ method: String, _ params: JSONValue? = nil, for purpose: String) async throws -> JSONValue {
+        guard let client else { throw JSONRPCError.notConnected(to: "store", neededFor: purpose) }
+        return try await client.request(service: "store", method: method, params: params, timeout: busTimeout, neededFor: purpose)
+    }
+}
