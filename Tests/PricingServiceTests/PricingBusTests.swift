@@ -1,0 +1,179 @@
+import BusKit
+import BusProtocol
+import Catalog
+import FetcherService
+import Foundation
+import Kernel
+@testable import PricingService
+import StoreService
+import SwitchboardTestSupport
+import Testing
+
+/// A kernel, a store on a database in `folder`, a fetcher reading the datasets from files
+/// in `folder` (`file://`), and the pricing service; each piece can be stopped and started
+/// again on the same folder and endpoints (a restart of every process).
+struct PricingBus {
+    let kernel: TestKernel
+    let folder: URL
+    let storeHost: ServiceHost<StoreService>
+    let fetcher: FetcherService
+    let fetcherHost: ServiceHost<FetcherService>
+    let pricing: PricingService
+    let pricingHost: ServiceHost<PricingService>
+    let catalog: Subscription
+    let client: BusClient
+
+    static func start(folder existing: URL? = nil, kernel existingKernel: TestKernel? = nil) async throws -> PricingBus {
+        let kernel = if let existingKernel { existingKernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
+        let folder = try existing ?? temporaryDirectory("pricing")
+        if existing == nil {
+            for dataset in Dataset.allCases {
+                try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
+            }
+        }
+        func options<S>(_ connections: Int) -> ServiceHost<S>.Options {
+            .init(brokers: [kernel.endpoints.broker], connections: connections, heartbeatInterval: kernel.configuration.heartbeatInterval,
+                  heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+        }
+        let storeHost = try ServiceHost(service: StoreService(configuration: StoreConfiguration(path: folder.appendingPathComponent("store.sqlite").path)),
+                                        options: options(2))
+        try await storeHost.start()
+        var configuration = FetcherConfiguration(sources: [:])
+        for dataset in [Dataset.flights, .countries] {
+            configuration.sources[dataset] = .init(url: folder.appendingPathComponent(dataset.bundledFileName), refreshInterval: .seconds(3_600),
+                                                   timeout: .seconds(5), maxBytes: 32 * 1_048_576)
+        }
+        let fetcher = FetcherService(configuration: configuration, environment: [:])
+        let fetcherHost = try ServiceHost(service: fetcher, options: options(2))
+        try await fetcherHost.start()
+        let pricing = PricingService(busTimeout: .seconds(10))
+        let pricingHost = try ServiceHost(service: pricing, options: options(2))
+        try await pricingHost.start()
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        try await eventually(10, "store, fetcher and pricing registered") {
+            let registered = [try await client.hasWorkers("store"), try await client.hasWorkers("fetcher"), try await client.hasWorkers("pricing")]
+            return !registered.contains(false)
+        }
+        let catalog = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, prefixes: ["/catalog/"])
+        await fetcher.start(client: client, publisher: StatePublisher(client: client))
+        await pricing.start(client: client, publisher: StatePublisher(client: client), catalog: catalog)
+        try await eventually(15, "the fetcher read the flights and countries files") {
+            let list = try await client.request(service: "fetcher", method: "datasets.list").arrayValue ?? []
+            return list.filter { $0["name"] == "flights" || $0["name"] == "countries" }.allSatisfy { $0["origin"] == "remote" }
+        }
+        return PricingBus(kernel: kernel, folder: folder, storeHost: storeHost, fetcher: fetcher, fetcherHost: fetcherHost, pricing: pricing,
+                          pricingHost: pricingHost, catalog: catalog, client: client)
+    }
+
+    func request(_ method: String, _ params: JSONValue? = nil) async throws -> JSONValue {
+        try await client.request(service: "pricing", method: method, params: params)
+    }
+
+    func error(_ method: String, _ params: JSONValue? = nil) async -> JSONRPCError? {
+        do {
+            _ = try await request(method, params)
+            return nil
+        } catch {
+            if case .remote(_, let rpc)? = error as? BusError { return rpc }
+            return nil
+        }
+    }
+
+    /// Replaces the flights file and has the fetcher refresh it; pricing follows by itself.
+    func replaceFlights(_ body: Data) async throws {
+        try body.write(to: folder.appendingPathComponent(Dataset.flights.bundledFileName), options: .atomic)
+        _ = try await client.request(service: "fetcher", method: "datasets.refresh", params: ["name": "flights"])
+    }
+
+    /// Every process stopped; the kernel too unless kept.
+    func stop(keepKernel: Bool = false) async {
+        await pricing.stop()
+        await catalog.cancel()
+        await fetcher.stop()
+        await pricingHost.stop()
+        await fetcherHost.stop()
+        await storeHost.stop()
+        await client.close()
+        if !keepKernel { await kernel.stop() }
+    }
+}
+
+@Suite("pricing: through the kernel, with the store and the fetcher", .serialized)
+struct PricingBusTests {
+    @Test("first run stores the cheapest route; a chosen route comes back after every process restarted")
+    func currentRouteSurvivesRestart() async throws {
+        let bus = try await PricingBus.start()
+        // Nothing was stored: at start the service chose the cheapest route and stored it.
+        let first = try await bus.request("route.current")
+        #expect(first["outboundId"] == 1 && first["inboundId"] == 12 && first["status"] == "priced")
+        #expect(first["total"] == ["amount": "45.00", "currency": "EUR"])
+        let stored = try await bus.client.request(service: "store", method: "route.selected")
+        #expect(stored["outboundId"] == 1 && stored["inboundId"] == 12)
+
+        let chosen = try await bus.request("route.select", ["outboundId": 3, "inboundId": 14])
+        #expect(chosen["status"] == "priced" && chosen["total"]?["amount"] == "55.00")
+        let folder = bus.folder
+        await bus.stop()
+
+        // Every process again (a new kernel on the same endpoints, a new store on the same file).
+        let kernel = try await bus.kernel.restarted()
+        let again = try await PricingBus.start(folder: folder, kernel: kernel)
+        let current = try await again.request("route.current")
+        #expect(current["firstRun"] == false && current["outboundId"] == 3 && current["inboundId"] == 14 && current["total"]?["amount"] == "55.00")
+        await again.stop()
+    }
+
+    @Test("route.select validates before storing: unrelated -32004, unknown -32003; an outbound alone is incomplete")
+    func selectValidates() async throws {
+        let bus = try await PricingBus.start()
+        _ = try await bus.request("route.current")
+        #expect(await bus.error("route.select", ["outboundId": 1, "inboundId": 13])?.code == -32004)
+        #expect(await bus.error("route.select", ["outboundId": 42])?.code == -32003)
+        #expect(await bus.error("route.select", ["outboundId": "one"])?.data?["field"] == "outboundId")
+        #expect(try await bus.client.request(service: "store", method: "route.selected")["outboundId"] == 1)
+        let alone = try await bus.request("route.select", ["outboundId": 5])
+        #expect(alone["status"] == "incomplete" && alone["total"] == .null && alone["inbound"] == .null)
+        #expect(try await bus.request("route.quote", ["outboundId": 2, "inboundId": 15])["total"]?["amount"] == "50.00")
+        #expect(try await bus.request("route.cheapest")["cheapestOutbound"]?["inbound"]?["id"] == 12)
+        await bus.stop()
+    }
+
+    @Test("a flights refresh that changes the current route's price publishes the old and the new price; gone flights are reported, not failed")
+    func repricedOnFlightsChange() async throws {
+        let bus = try await PricingBus.start()
+        _ = try await bus.request("route.current")
+        let updates = try await Subscription.open(snapshot: bus.kernel.endpoints.snapshot, publisher: bus.kernel.endpoints.publisher,
+                                                  prefixes: ["/pricing/route/current"])
+        defer { Task { await updates.cancel() } }
+        let initial = try await within(10, "the current route in the snapshot") { try await updates.next() }
+        #expect(initial?.json?["total"]?["amount"] == "45.00")
+
+        let fixture = [(1, "BCN", "AMS", "15"), (2, "BCN", "AMS", "20"), (3, "GIR", "AMS", "25"), (4, "BCN", "AMS", "30"), (5, "BCN", "ROT", "30"), (6, "GIR", "AMS", "32")]
+        try await bus.replaceFlights(flightsFile(outbound: fixture.map { ($0.0, $0.1, $0.2, $0.3) },
+                                                 inbound: [(11, "AMS", "BCN", "50"), (12, "AMS", "BCN", "40.10"), (13, "AMS", "GIR", "25"),
+                                                           (14, "AMS", "GIR", "30"), (15, "AMS", "BCN", "30")]))
+        let changed = try await within(15, "the re-priced route") { try await updates.next() }
+        #expect(changed?.json?["total"]?["amount"] == "55.10" && changed?.json?["previousTotal"]?["amount"] == "45.00")
+        #expect(try await bus.request("route.current")["total"]?["amount"] == "55.10")
+
+        // Inbound 12 is withdrawn: the route is unavailable, said so, and the event carries it.
+        try await bus.replaceFlights(flightsFile(outbound: fixture.map { ($0.0, $0.1, $0.2, $0.3) }, inbound: [(11, "AMS", "BCN", "50")]))
+        let gone = try await within(15, "the route without its inbound flight") { try await updates.next() }
+        #expect(gone?.json?["status"] == "unavailable" && gone?.json?["total"] == .null && gone?.json?["previousTotal"]?["amount"] == "55.10")
+        let current = try await bus.request("route.current")
+        #expect(current["status"] == "unavailable" && current["message"]?.stringValue?.contains("inbound flight 12 is no longer offered") == true)
+        await bus.stop()
+    }
+
+    @Test("the deal of the day is published at start and matches deals.today")
+    func dealOfTheDay() async throws {
+        let bus = try await PricingBus.start()
+        let today = try await bus.request("deals.today")
+        try await eventually(10, "the deal published") {
+            let state = try await bus.client.request(service: "kernel", method: "state.get", params: ["prefix": "/pricing/deal/today"])
+            return state["entries"]?.arrayValue?.first?["value"] == today
+        }
+        #expect(try await bus.request("deals.rollback", ["seed": 7]) == bus.request("deals.rollback", ["seed": 7]))
+        await bus.stop()
+    }
+}
