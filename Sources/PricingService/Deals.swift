@@ -20,7 +20,7 @@ struct DealMaker: Sendable {
     /// Message templates: `{country}`, `{capital}`, `{discount}`, `{flag}`, `{currency}`.
     /// A template needing a capital or a currency is only used for a country that has one.
     static let templates = [
-        "Rollback Deal! {discount}% off every trip to {country} this week. {flag}",
+        "{discount}% rolled back on every trip to {country} this week. {flag}",
         "Prices in {country} just rolled back: save {discount}% on your next visit to {capital}.",
         "{flag} {country} is calling, and it is {discount}% cheaper than yesterday.",
         "Pack light, pay less: {discount}% off a city break in {capital}, {country}.",
@@ -51,9 +51,19 @@ struct DealMaker: Sendable {
             .replacingOccurrences(of: "{capital}", with: capital ?? "")
             .replacingOccurrences(of: "{discount}", with: String(discount))
             .replacingOccurrences(of: "{currency}", with: currency ?? "")
-            .replacingOccurrences(of: "{flag}", with: country.flag ?? "")
+            .replacingOccurrences(of: "{flag}", with: Self.flagEmoji(country.code) ?? "")
             .trimmingCharacters(in: .whitespaces)
         return Deal(country: country, discount: discount, message: message)
+    }
+
+    /// The flag as an emoji, from the ISO code's regional indicator symbols (`MX` → 🇲🇽);
+    /// the dataset's `flag` is a link to a picture, not something to put in a sentence.
+    static func flagEmoji(_ code: String) -> String? {
+        let letters = code.uppercased().unicodeScalars
+        guard letters.count == 2, letters.allSatisfy({ $0.value >= 65 && $0.value <= 90 }) else { return nil }
+        var text = ""
+        for letter in letters { text.unicodeScalars.append(Unicode.Scalar(0x1F1E6 + letter.value - 65)!) }
+        return text
     }
 
     /// The seed of the deal of the day `date` (`YYYY-MM-DD`).
@@ -66,6 +76,7 @@ extension DealMaker.Deal {
         object["title"] = .string(title)
         object["country"] = ["name": .string(country.name), "code": .string(country.code),
                              "capital": country.capital.map(JSONValue.string) ?? .null, "flag": country.flag.map(JSONValue.string) ?? .null,
+                             "flagEmoji": DealMaker.flagEmoji(country.code).map(JSONValue.string) ?? .null,
                              "region": country.region.map(JSONValue.string) ?? .null]
         object["discountPercent"] = .int(Int64(discount))
         object["message"] = .string(message)

@@ -106,7 +106,7 @@ struct PricingTests {
         for seed in 0..<200 {
             let deal = try await pricing.rollback(.init(seed: Int64(seed)))
             let message = try #require(deal["message"]?.stringValue)
-            #expect(!message.contains("{") && message.contains(deal["country"]?["name"]?.stringValue ?? "?"))
+            #expect(!message.contains("{") && !message.contains("http") && message.contains(deal["country"]?["name"]?.stringValue ?? "?"))
             countries.insert(deal["country"]?["code"]?.stringValue ?? "")
         }
         #expect(countries.count > 50)
@@ -131,6 +131,12 @@ struct PricingTests {
         #expect(Day.parse("2028-02-29") == "2028-02-29")
         let untilMidnight = Day.untilNextDay(from: Date(timeIntervalSince1970: 1_795_219_200 - 1))
         #expect(untilMidnight == .seconds(1))
+    }
+
+    @Test("flags in messages are emoji made from the country code")
+    func flagEmoji() {
+        #expect(DealMaker.flagEmoji("MX") == "🇲🇽" && DealMaker.flagEmoji("nl") == "🇳🇱")
+        #expect(DealMaker.flagEmoji("XYZ") == nil && DealMaker.flagEmoji("1A") == nil)
     }
 
     @Test("a country without a capital or currency gets a message that needs neither")
