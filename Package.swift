@@ -204,7 +204,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StoreServiceTests",
-            dependencies: ["StoreService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport",
+            dependencies: ["StoreService", "BusKit", "Catalog", "BusProtocol", "Kernel", "SwitchboardTestSupport",
                            .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: sharedSettings
         ),

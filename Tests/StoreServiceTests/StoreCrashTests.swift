@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import Catalog
 import Foundation
 import Kernel
 import Synchronization
@@ -24,7 +25,7 @@ struct StoreCrashTests {
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
         var generator = SystemRandomNumberGenerator()
         let seed = UInt64.random(in: 0...UInt64.max, using: &generator)
-        var random = SplitMix64(seed: seed)
+        var random = SeededGenerator(seed: seed)
         var acknowledged: [String] = []
         var store = try Self.storeProcess(kernel, database: database)
         for round in 0..<20 {
@@ -73,18 +74,5 @@ struct StoreCrashTests {
         store.stop()
         await client.close()
         await kernel.stop()
-    }
-}
-
-/// A small seeded generator, so a failing run can be replayed from its printed seed.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
