@@ -154,10 +154,11 @@ let package = Package(
             ],
             swiftSettings: sharedSettings
         ),
-        // Helpers for tests: in-process kernels, free ports, child processes, bounded waits.
+        // Helpers for tests: in-process kernels, free ports, child processes, bounded waits, a
+        // bus with a store and a fetcher over files.
         .target(
             name: "SwitchboardTestSupport",
-            dependencies: ["Kernel", "ZeroMQ"],
+            dependencies: ["Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService"],
             swiftSettings: sharedSettings
         ),
         // Benchmarks that print figures (release build): `swift run -c release switchboard-bench`.

@@ -9,60 +9,28 @@ import StoreService
 import SwitchboardTestSupport
 import Testing
 
-/// A kernel, a store on a database in `folder`, a fetcher reading the datasets from files
-/// in `folder` (`file://`), and the pricing service; each piece can be stopped and started
-/// again on the same folder and endpoints (a restart of every process).
+/// The pricing service on a ``DatasetBus`` (kernel, store, fetcher over files); every
+/// piece can be stopped and started again on the same folder and endpoints (a restart of
+/// every process).
 struct PricingBus {
-    let kernel: TestKernel
-    let folder: URL
-    let storeHost: ServiceHost<StoreService>
-    let fetcher: FetcherService
-    let fetcherHost: ServiceHost<FetcherService>
+    let base: DatasetBus
     let pricing: PricingService
     let pricingHost: ServiceHost<PricingService>
     let catalog: Subscription
-    let client: BusClient
+    var client: BusClient { base.client }
+    var kernel: TestKernel { base.kernel }
+    var folder: URL { base.folder }
 
-    static func start(folder existing: URL? = nil, kernel existingKernel: TestKernel? = nil) async throws -> PricingBus {
-        let kernel = if let existingKernel { existingKernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
-        let folder = try existing ?? temporaryDirectory("pricing")
-        if existing == nil {
-            for dataset in Dataset.allCases {
-                try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
-            }
-        }
-        func options<S>(_ connections: Int) -> ServiceHost<S>.Options {
-            .init(brokers: [kernel.endpoints.broker], connections: connections, heartbeatInterval: kernel.configuration.heartbeatInterval,
-                  heartbeatLiveness: kernel.configuration.heartbeatLiveness)
-        }
-        let storeHost = try ServiceHost(service: StoreService(configuration: StoreConfiguration(path: folder.appendingPathComponent("store.sqlite").path)),
-                                        options: options(2))
-        try await storeHost.start()
-        var configuration = FetcherConfiguration(sources: [:])
-        for dataset in [Dataset.flights, .countries] {
-            configuration.sources[dataset] = .init(url: folder.appendingPathComponent(dataset.bundledFileName), refreshInterval: .seconds(3_600),
-                                                   timeout: .seconds(5), maxBytes: 32 * 1_048_576)
-        }
-        let fetcher = FetcherService(configuration: configuration, environment: [:])
-        let fetcherHost = try ServiceHost(service: fetcher, options: options(2))
-        try await fetcherHost.start()
+    static func start(folder: URL? = nil, kernel: TestKernel? = nil) async throws -> PricingBus {
+        let base = try await DatasetBus.start(folder: folder, kernel: kernel, datasets: [.flights, .countries])
         let pricing = PricingService(busTimeout: .seconds(10))
-        let pricingHost = try ServiceHost(service: pricing, options: options(2))
+        let pricingHost = try ServiceHost(service: pricing, options: DatasetBus.hostOptions(base.kernel, connections: 2))
         try await pricingHost.start()
-        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
-        try await eventually(10, "store, fetcher and pricing registered") {
-            let registered = [try await client.hasWorkers("store"), try await client.hasWorkers("fetcher"), try await client.hasWorkers("pricing")]
-            return !registered.contains(false)
-        }
-        let catalog = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, prefixes: ["/catalog/"])
-        await fetcher.start(client: client, publisher: StatePublisher(client: client))
-        await pricing.start(client: client, publisher: StatePublisher(client: client), catalog: catalog)
-        try await eventually(15, "the fetcher read the flights and countries files") {
-            let list = try await client.request(service: "fetcher", method: "datasets.list").arrayValue ?? []
-            return list.filter { $0["name"] == "flights" || $0["name"] == "countries" }.allSatisfy { $0["origin"] == "remote" }
-        }
-        return PricingBus(kernel: kernel, folder: folder, storeHost: storeHost, fetcher: fetcher, fetcherHost: fetcherHost, pricing: pricing,
-                          pricingHost: pricingHost, catalog: catalog, client: client)
+        try await base.waitForWorkers(["store", "pricing"])
+        let catalog = try await base.catalogSubscription()
+        await pricing.start(client: base.client, publisher: StatePublisher(client: base.client), catalog: catalog)
+        try await base.startFetcher()
+        return PricingBus(base: base, pricing: pricing, pricingHost: pricingHost, catalog: catalog)
     }
 
     func request(_ method: String, _ params: JSONValue? = nil) async throws -> JSONValue {
@@ -70,31 +38,20 @@ struct PricingBus {
     }
 
     func error(_ method: String, _ params: JSONValue? = nil) async -> JSONRPCError? {
-        do {
-            _ = try await request(method, params)
-            return nil
-        } catch {
-            if case .remote(_, let rpc)? = error as? BusError { return rpc }
-            return nil
-        }
+        await base.error("pricing", method, params)
     }
 
     /// Replaces the flights file and has the fetcher refresh it; pricing follows by itself.
     func replaceFlights(_ body: Data) async throws {
-        try body.write(to: folder.appendingPathComponent(Dataset.flights.bundledFileName), options: .atomic)
-        _ = try await client.request(service: "fetcher", method: "datasets.refresh", params: ["name": "flights"])
+        try await base.replace(.flights, with: body)
     }
 
     /// Every process stopped; the kernel too unless kept.
     func stop(keepKernel: Bool = false) async {
         await pricing.stop()
         await catalog.cancel()
-        await fetcher.stop()
         await pricingHost.stop()
-        await fetcherHost.stop()
-        await storeHost.stop()
-        await client.close()
-        if !keepKernel { await kernel.stop() }
+        await base.stop(keepKernel: keepKernel)
     }
 }
 

@@ -2,6 +2,7 @@ import BusProtocol
 import Catalog
 import Foundation
 @testable import PricingService
+import SwitchboardTestSupport
 import Testing
 
 /// Flights in the source format, for datasets of a test's own.
@@ -21,15 +22,6 @@ func flights(_ data: Data) throws -> [Flight] {
 @Suite("pricing: quotes, the cheapest route, money and deals (in process)")
 struct PricingTests {
     let pricing = PricingService()
-
-    func rpcError(_ body: () async throws -> JSONValue) async -> JSONRPCError? {
-        do {
-            _ = try await body()
-            return nil
-        } catch {
-            return error as? JSONRPCError
-        }
-    }
 
     @Test("route.quote: a related pair is priced exactly; the fixtures' outbound 1 returns by 11, 12 or 15")
     func quotes() async throws {

@@ -9,80 +9,38 @@ import StoreService
 import SwitchboardTestSupport
 import Testing
 
-/// A kernel with a store, a fetcher reading the datasets from files in a folder of the
-/// test's own (`file://`), and the search service following `/catalog/`.
+/// The search service on a ``DatasetBus`` (kernel, store, fetcher over files), following `/catalog/`.
 struct SearchBus {
-    let kernel: TestKernel
-    let folder: URL
-    let storeHost: ServiceHost<StoreService>
-    let fetcher: FetcherService
-    let fetcherHost: ServiceHost<FetcherService>
+    let base: DatasetBus
     let search: SearchService
     let searchHost: ServiceHost<SearchService>
     let catalog: Subscription
-    let client: BusClient
+    var client: BusClient { base.client }
 
     static func start() async throws -> SearchBus {
-        let kernel = try await TestKernel.start(fastHeartbeats)
-        let folder = try temporaryDirectory("search")
-        for dataset in Dataset.allCases {
-            try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
-        }
-        func options<S>(_ connections: Int) -> ServiceHost<S>.Options {
-            .init(brokers: [kernel.endpoints.broker], connections: connections, heartbeatInterval: kernel.configuration.heartbeatInterval,
-                  heartbeatLiveness: kernel.configuration.heartbeatLiveness)
-        }
-        let storeHost = try ServiceHost(service: StoreService(configuration: StoreConfiguration(path: folder.appendingPathComponent("store.sqlite").path)),
-                                        options: options(2))
-        try await storeHost.start()
-        var configuration = FetcherConfiguration(sources: [:])
-        for dataset in Dataset.allCases {
-            configuration.sources[dataset] = .init(url: folder.appendingPathComponent(dataset.bundledFileName), refreshInterval: .seconds(3_600),
-                                                   timeout: .seconds(5), maxBytes: 32 * 1_048_576)
-        }
-        let fetcher = FetcherService(configuration: configuration, environment: [:])
-        let fetcherHost = try ServiceHost(service: fetcher, options: options(2))
-        try await fetcherHost.start()
+        let base = try await DatasetBus.start()
         let search = SearchService(busTimeout: .seconds(10))
-        let searchHost = try ServiceHost(service: search, options: options(4))
+        let searchHost = try ServiceHost(service: search, options: DatasetBus.hostOptions(base.kernel, connections: 4))
         try await searchHost.start()
-        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
-        try await eventually(10, "store, fetcher and search registered") {
-            let registered = [try await client.hasWorkers("store"), try await client.hasWorkers("fetcher"), try await client.hasWorkers("search")]
-            return !registered.contains(false)
-        }
-        let catalog = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, prefixes: ["/catalog/"])
-        await search.start(client: client, catalog: catalog)
-        await fetcher.start(client: client, publisher: StatePublisher(client: client))
-        // The first refreshes read the files; a test that changes one waits until they are done.
-        try await eventually(15, "the fetcher read every file") {
-            let list = try await client.request(service: "fetcher", method: "datasets.list").arrayValue ?? []
-            return list.count == Dataset.allCases.count && list.allSatisfy { $0["origin"] == "remote" }
-        }
-        return SearchBus(kernel: kernel, folder: folder, storeHost: storeHost, fetcher: fetcher, fetcherHost: fetcherHost, search: search,
-                         searchHost: searchHost, catalog: catalog, client: client)
+        try await base.waitForWorkers(["search"])
+        let catalog = try await base.catalogSubscription()
+        await search.start(client: base.client, catalog: catalog)
+        try await base.startFetcher()
+        return SearchBus(base: base, search: search, searchHost: searchHost, catalog: catalog)
     }
 
     func request(_ method: String, _ params: JSONValue? = nil) async throws -> JSONValue {
         try await client.request(service: "search", method: method, params: params)
     }
 
-    /// The search service's error for a request (nil when it succeeded).
     func error(_ method: String, _ params: JSONValue? = nil) async -> JSONRPCError? {
-        do {
-            _ = try await request(method, params)
-            return nil
-        } catch {
-            if case .remote(_, let rpc)? = error as? BusError { return rpc }
-            return nil
-        }
+        await base.error("search", method, params)
     }
 
     /// Replaces a dataset's file, has the fetcher refresh it, and waits until the search
     /// index is built from it.
     func replace(_ dataset: Dataset, with body: Data) async throws {
-        try body.write(to: folder.appendingPathComponent(dataset.bundledFileName), options: .atomic)
-        _ = try await client.request(service: "fetcher", method: "datasets.refresh", params: ["name": .string(dataset.rawValue)])
+        try await base.replace(dataset, with: body)
         let version = Dataset.version(of: body)
         try await eventually(15, "search rebuilt \(dataset) at \(version)") {
             let list = try await request("indexes.list").arrayValue ?? []
@@ -93,12 +51,8 @@ struct SearchBus {
     func stop() async {
         await search.stop()
         await catalog.cancel()
-        await fetcher.stop()
         await searchHost.stop()
-        await fetcherHost.stop()
-        await storeHost.stop()
-        await client.close()
-        await kernel.stop()
+        await base.stop()
     }
 }
 

@@ -2,6 +2,7 @@ import BusProtocol
 import Catalog
 import Foundation
 @testable import SearchService
+import SwitchboardTestSupport
 import Testing
 
 /// The search service's answers from the bundled data, in process (no bus).
@@ -15,16 +16,6 @@ struct SearchQueryTests {
 
     func names(_ query: String?, region: String? = nil, limit: Int? = nil) throws -> [String] {
         try countries(CountriesParams(query: query, region: region, offset: nil, limit: limit)).compactMap { $0["name"]?.stringValue }
-    }
-
-    /// The -32602 (or other) error a call throws.
-    func rpcError(_ body: () async throws -> JSONValue) async -> JSONRPCError? {
-        do {
-            _ = try await body()
-            return nil
-        } catch {
-            return error as? JSONRPCError
-        }
     }
 
     @Test("countries: name prefix, then capital prefix, then other matches; case and diacritics ignored")

@@ -1,0 +1,117 @@
+public import BusKit
+public import BusProtocol
+public import Catalog
+public import FetcherService
+public import Foundation
+public import StoreService
+
+/// A kernel with a store and a fetcher that reads the datasets from files in a folder of
+/// the test's own (`file://`, so no traffic beyond loopback): the bus the services that
+/// follow the catalog (search, pricing) are tested on. Start the service under test, then
+/// ``startFetcher()``.
+public struct DatasetBus: Sendable {
+    public let kernel: TestKernel
+    public let folder: URL
+    public let storeHost: ServiceHost<StoreService>
+    public let fetcher: FetcherService
+    public let fetcherHost: ServiceHost<FetcherService>
+    public let client: BusClient
+    let datasets: [Dataset]
+
+    /// A kernel (or `kernel`), the bundled copies written to `folder` (or a new folder), a
+    /// store on `folder/store.sqlite` and a fetcher over the files of `datasets`, hosted.
+    /// Given an existing folder, its files and database are used as they are (a restart).
+    public static func start(folder existing: URL? = nil, kernel existingKernel: TestKernel? = nil,
+                             datasets: [Dataset] = Dataset.allCases) async throws -> DatasetBus {
+        let kernel = if let existingKernel { existingKernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
+        let folder = try existing ?? temporaryDirectory("dataset-bus")
+        if existing == nil {
+            for dataset in Dataset.allCases {
+                try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
+            }
+        }
+        let store = StoreService(configuration: StoreConfiguration(path: folder.appendingPathComponent("store.sqlite").path))
+        let storeHost = try ServiceHost(service: store, options: hostOptions(kernel, connections: 2))
+        try await storeHost.start()
+        var configuration = FetcherConfiguration(sources: [:])
+        for dataset in datasets {
+            configuration.sources[dataset] = .init(url: folder.appendingPathComponent(dataset.bundledFileName), refreshInterval: .seconds(3_600),
+                                                   timeout: .seconds(5), maxBytes: 32 * 1_048_576)
+        }
+        let fetcher = FetcherService(configuration: configuration, environment: [:])
+        let fetcherHost = try ServiceHost(service: fetcher, options: hostOptions(kernel, connections: 2))
+        try await fetcherHost.start()
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        return DatasetBus(kernel: kernel, folder: folder, storeHost: storeHost, fetcher: fetcher, fetcherHost: fetcherHost, client: client,
+                          datasets: datasets)
+    }
+
+    /// Host options for a service on this kernel, with its fast heartbeats.
+    public static func hostOptions<S>(_ kernel: TestKernel, connections: Int) -> ServiceHost<S>.Options {
+        .init(brokers: [kernel.endpoints.broker], connections: connections, heartbeatInterval: kernel.configuration.heartbeatInterval,
+              heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+    }
+
+    /// Waits until each of `services` has a worker.
+    public func waitForWorkers(_ services: [String]) async throws {
+        let client = self.client
+        try await eventually(10, "\(services.joined(separator: ", ")) registered") {
+            for service in services where !(try await client.hasWorkers(service)) { return false }
+            return true
+        }
+    }
+
+    /// A subscription to `/catalog/` on this kernel.
+    public func catalogSubscription() async throws -> Subscription {
+        try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, prefixes: ["/catalog/"])
+    }
+
+    /// Starts the fetcher on the bus and waits until it has read every file once (a test
+    /// that changes a file afterwards is then sure its refresh reads the new one).
+    public func startFetcher() async throws {
+        try await waitForWorkers(["store", "fetcher"])
+        await fetcher.start(client: client, publisher: StatePublisher(client: client))
+        let client = self.client
+        let names = Set(datasets.map { JSONValue.string($0.rawValue) })
+        try await eventually(15, "the fetcher read every file") {
+            let list = try await client.request(service: "fetcher", method: "datasets.list").arrayValue ?? []
+            return list.filter { names.contains($0["name"] ?? .null) }.allSatisfy { $0["origin"] == "remote" }
+        }
+    }
+
+    /// Replaces a dataset's file and has the fetcher refresh it.
+    public func replace(_ dataset: Dataset, with body: Data) async throws {
+        try body.write(to: folder.appendingPathComponent(dataset.bundledFileName), options: .atomic)
+        _ = try await client.request(service: "fetcher", method: "datasets.refresh", params: ["name": .string(dataset.rawValue)])
+    }
+
+    /// The JSON-RPC error `service` answers `method` with (nil when it succeeds or fails otherwise).
+    public func error(_ service: String, _ method: String, _ params: JSONValue? = nil) async -> JSONRPCError? {
+        do {
+            _ = try await client.request(service: service, method: method, params: params)
+            return nil
+        } catch {
+            if case .remote(_, let rpc) = error { return rpc }
+            return nil
+        }
+    }
+
+    /// Stops the fetcher, the store and the client; the kernel too unless kept.
+    public func stop(keepKernel: Bool = false) async {
+        await fetcher.stop()
+        await fetcherHost.stop()
+        await storeHost.stop()
+        await client.close()
+        if !keepKernel { await kernel.stop() }
+    }
+}
+
+/// The JSON-RPC error `body` throws (nil when it succeeds or throws something else).
+public func rpcError(_ body: () async throws -> JSONValue) async -> JSONRPCError? {
+    do {
+        _ = try await body()
+        return nil
+    } catch {
+        return error as? JSONRPCError
+    }
+}
