@@ -180,6 +180,7 @@ public actor FetcherService: BusService {
         } else if let running = refreshes[dataset] {
             let queued = Task {
                 await running.value
+                guard !Task.isCancelled else { return }  // the service stopped meanwhile
                 await self.startRefresh(dataset).value
             }
             queuedRefreshes[dataset] = queued

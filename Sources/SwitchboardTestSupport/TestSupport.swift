@@ -82,22 +82,37 @@ public struct TestKernel: Sendable {
 
     /// Starts a kernel. With `fixedPorts`, the endpoints are concrete ports, so a second
     /// kernel can be started on the same ones (a restart).
+    ///
+    /// A port found free can be taken before the kernel binds it (by another test, or as the
+    /// local end of some outgoing connection): then it tries again with other ports.
     public static func start(fixedPorts: Bool = false, _ configure: (inout KernelConfiguration) -> Void = { _ in }) async throws -> TestKernel {
-        var configuration = KernelConfiguration()
-        let endpoint = { fixedPorts ? "tcp://127.0.0.1:\(freePort())" : "tcp://127.0.0.1:*" }
-        configuration.brokerEndpoint = endpoint()
-        configuration.snapshotEndpoint = endpoint()
-        configuration.publisherEndpoint = endpoint()
-        configuration.collectorEndpoint = endpoint()
-        configure(&configuration)
-        return try await start(configuration)
+        var attempt = 0
+        while true {
+            var configuration = KernelConfiguration()
+            let endpoint = { fixedPorts ? "tcp://127.0.0.1:\(freePort())" : "tcp://127.0.0.1:*" }
+            configuration.brokerEndpoint = endpoint()
+            configuration.snapshotEndpoint = endpoint()
+            configuration.publisherEndpoint = endpoint()
+            configuration.collectorEndpoint = endpoint()
+            configure(&configuration)
+            do {
+                return try await start(configuration)
+            } catch let error as ZMQError where fixedPorts && error.code == EADDRINUSE && attempt < 5 {
+                attempt += 1
+            }
+        }
     }
 
     /// Starts a kernel with exactly this configuration.
     public static func start(_ configuration: KernelConfiguration) async throws -> TestKernel {
         let kernel = try Kernel(configuration: configuration, context: ZMQContext())
-        let endpoints = try await kernel.start()
-        return TestKernel(kernel: kernel, endpoints: endpoints, configuration: configuration)
+        do {
+            let endpoints = try await kernel.start()
+            return TestKernel(kernel: kernel, endpoints: endpoints, configuration: configuration)
+        } catch {
+            await kernel.stop()
+            throw error
+        }
     }
 
     /// A new kernel on the same endpoints (after ``stop()``): a kernel restart.
