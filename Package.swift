@@ -13,6 +13,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "switchboard", targets: ["switchboard"]),
+        .executable(name: "sb", targets: ["sb"]),
         .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
         .library(name: "BusProtocol", targets: ["BusProtocol"]),
         .library(name: "Kernel", targets: ["Kernel"]),
@@ -151,6 +152,15 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: sharedSettings
+        ),
+        // `sb`, the client CLI: links BusKit, not the services.
+        .executableTarget(
+            name: "sb",
+            dependencies: [
+                "BusKit", "BusProtocol", "ZeroMQ",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: sharedSettings
         ),

@@ -1,0 +1,550 @@
+import ArgumentParser
+import BusKit
+import BusProtocol
+import Foundation
+
+// One verb per app, over the search, pricing, store and fetcher services. Each prints a
+// table (or lines) for people and, with --json, the service's answer as one JSON line.
+
+/// Runs a verb: the answer of `body` printed as JSON with --json, else by `show`.
+func appVerb(_ connection: ConnectionOptions, _ output: OutputOptions, _ body: (BusClient) async throws -> JSONValue,
+             show: (JSONValue) -> Void) async throws {
+    try await withClient(connection) { client in
+        let answer = try await body(client)
+        if output.json { Output.json(answer, compact: true) } else { show(answer) }
+    }
+}
+
+// MARK: countries
+
+struct Countries: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "countries",
+        abstract: "The countries app: search countries, and its deals.",
+        subcommands: [CountrySearch.self, CountryDeal.self],
+        defaultSubcommand: CountrySearch.self
+    )
+}
+
+struct CountrySearch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "search",
+        abstract: "Countries whose name or capital matches (case and accents ignored), best matches first.",
+        discussion: """
+            Examples:
+              sb countries                  every country, by name
+              sb countries par              Paraguay, then France (Paris), ...
+              sb countries --region EU --limit 10
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "Part of a name or capital; a two-letter code also matches.") var query: String?
+    @Option(help: "A continent code (EU, AS, ...) or region name.") var region: String?
+    @Option(help: "Countries shown (1 to 1000).") var limit = 250
+    @Option(help: "Countries skipped first.") var offset = 0
+
+    func run() async throws {
+        var params: [String: JSONValue] = ["limit": .int(Int64(limit)), "offset": .int(Int64(offset))]
+        if let query { params["query"] = .string(query) }
+        if let region { params["region"] = .string(region) }
+        try await appVerb(connection, output, { try await call($0, "search", "countries.search", .object(params)) }) { answer in
+            let countries = answer["countries"]?.arrayValue ?? []
+            Output.table(["NAME", "CAPITAL", "CODE", "REGION", "CURRENCY"], countries.map { country in
+                [Output.cell(country["name"]), Output.cell(country["capital"]), Output.cell(country["code"]),
+                 Output.cell(country["regionName"] ?? country["region"]), Output.cell(country["currency"]?["code"])]
+            })
+            Output.line(Output.styled("\(countries.count) of \(Output.cell(answer["total"]))", .dim))
+        }
+    }
+}
+
+struct CountryDeal: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "deal",
+        abstract: "The Deal of the Day! and a Rollback Deal (a random country at a discount).",
+        discussion: """
+            Examples:
+              sb countries deal
+              sb countries deal --seed 42       the same Rollback Deal every time
+              sb countries deal --date 2026-12-24
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Option(help: "The Rollback Deal's seed (the same seed, the same deal).") var seed: Int64?
+    @Option(help: "The day of the Deal of the Day (YYYY-MM-DD; default today, UTC).") var date: String?
+
+    func run() async throws {
+        try await appVerb(connection, output, { client in
+            let today = try await call(client, "pricing", "deals.today", date.map { ["date": .string($0)] } ?? [:])
+            let rollback = try await call(client, "pricing", "deals.rollback", seed.map { ["seed": .int($0)] } ?? [:])
+            return ["today": today, "rollback": rollback]
+        }) { answer in
+            for deal in [answer["today"], answer["rollback"]].compactMap({ $0 }) {
+                Output.line(Output.styled(Output.cell(deal["title"]), .bold) + "  " + Output.cell(deal["country"]?["name"])
+                            + " (\(Output.cell(deal["country"]?["code"])))" + "  -\(Output.cell(deal["discountPercent"]))%")
+                Output.line("  " + Output.cell(deal["message"]))
+            }
+            Output.line(Output.styled("seed \(Output.cell(answer["rollback"]?["seed"])) (sb countries deal --seed N gives it again)", .dim))
+        }
+    }
+}
+
+// MARK: places
+
+struct Places: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "places",
+        abstract: "The places app: known places, opening one in Wikipedia, the search history.",
+        subcommands: [PlaceSearch.self, PlaceOpen.self, PlaceHistory.self],
+        defaultSubcommand: PlaceSearch.self
+    )
+}
+
+struct PlaceSearch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "search",
+        abstract: "Known places by name, or by distance from 'latitude, longitude'.",
+        discussion: """
+            Examples:
+              sb places
+              sb places amst
+              sb places "40.4, -3.7"
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "A place name or coordinates.") var query: String?
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, "search", "locations.search", query.map { ["query": .string($0)] } ?? [:]) }) { answer in
+            let places = answer["places"]?.arrayValue ?? []
+            let byDistance = answer["kind"] == "coordinates"
+            Output.table(["PLACE", "LATITUDE", "LONGITUDE"] + (byDistance ? ["KM"] : []), places.map { place in
+                [Output.cell(place["label"]), Output.cell(place["latitude"]), Output.cell(place["longitude"])] + (byDistance ? [Output.cell(place["distanceKm"])] : [])
+            })
+        }
+    }
+}
+
+struct PlaceOpen: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "open",
+        abstract: "Resolve a place (name or coordinates) and print its Wikipedia Places link; adds it to the history.",
+        discussion: """
+            Examples:
+              sb places open Amsterdam
+              sb places open "12.9716, 77.5946"
+              sb places open 52.3547498,4.8339215 --launch     hands the link to xdg-open
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "A place name or 'latitude, longitude'.") var query: String
+    @Flag(help: "Open the link with xdg-open when it is installed.") var launch = false
+
+    func run() async throws {
+        try await withClient(connection) { client in
+            let answer = try await call(client, "search", "locations.resolve", ["query": .string(query)])
+            if output.json {
+                Output.json(answer, compact: true)
+            } else {
+                Output.line(Output.styled(Output.cell(answer["label"]), .bold) + "  \(Output.cell(answer["latitude"])), \(Output.cell(answer["longitude"]))")
+                if let nearest = answer["nearest"], nearest != .null {
+                    Output.line("  nearest known place: \(Output.cell(nearest["label"])), \(Output.cell(nearest["distanceKm"])) km")
+                }
+                Output.line("  " + Output.styled(Output.cell(answer["deepLink"]), .cyan))
+                Output.line("  " + Output.cell(answer["webLink"]))
+            }
+            if answer["historyRecorded"] == false { Output.diagnostic("not added to the history: \(Output.cell(answer["historyProblem"]))") }
+            if launch, let link = answer["deepLink"]?.stringValue { try Self.launch(link) }
+        }
+    }
+
+    /// Hands `link` to xdg-open; when there is none, says so (the link is printed anyway).
+    static func launch(_ link: String) throws {
+        guard let opener = ["/usr/bin/xdg-open", "/usr/local/bin/xdg-open"].first(where: FileManager.default.isExecutableFile(atPath:)) else {
+            Output.diagnostic("--launch: xdg-open is not installed; open the link above yourself")
+            return
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: opener)
+        process.arguments = [link]
+        try process.run()
+        process.waitUntilExit()
+    }
+}
+
+struct PlaceHistory: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "history",
+        abstract: "The places searched for, most recent first.",
+        discussion: "Example:\n  sb places history --json"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, "store", "history.list") }) { answer in
+            Output.table(["SEARCHED", "AT"], (answer["entries"]?.arrayValue ?? []).map { [Output.cell($0["text"]), Output.cell($0["addedAt"])] })
+        }
+    }
+}
+
+// MARK: items
+
+struct Items: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "items",
+        abstract: "The hiring list: items with a name, grouped by list, sorted by name.",
+        discussion: """
+            Examples:
+              sb items                 lexical order, as the apps sort ("Item 1", "Item 100", "Item 2")
+              sb items --natural       numbers by value ("Item 1", "Item 2", "Item 100")
+              sb items --list 2 --json
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Flag(help: "Natural order: numbers in names by value.") var natural = false
+    @Option(name: .customLong("list"), help: "Only this listId.") var listId: Int?
+
+    func run() async throws {
+        var params: [String: JSONValue] = ["order": natural ? "natural" : "lexical"]
+        if let listId { params["listId"] = .int(Int64(listId)) }
+        try await appVerb(connection, output, { try await call($0, "search", "items.grouped", .object(params)) }) { answer in
+            for group in answer["groups"]?.arrayValue ?? [] {
+                Output.line(Output.styled("List \(Output.cell(group["listId"])) (\(Output.cell(group["count"])) items)", .bold))
+                for item in group["items"]?.arrayValue ?? [] {
+                    Output.line("  \(Output.cell(item["name"]))" + Output.styled("  #\(Output.cell(item["id"]))", .dim))
+                }
+            }
+            Output.line(Output.styled("\(Output.cell(answer["total"])) items; \(Output.cell(answer["dropped"])) without a name left out", .dim))
+        }
+    }
+}
+
+// MARK: news
+
+struct News: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "news",
+        abstract: "The news app: sources and their selection, headlines, saved articles.",
+        subcommands: [NewsSources.self, NewsHeadlines.self, NewsSave.self, NewsSaved.self, NewsDelete.self]
+    )
+}
+
+struct NewsSources: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sources",
+        abstract: "The news sources (English by default), marking the selected ones; --select chooses them.",
+        discussion: """
+            Examples:
+              sb news sources
+              sb news sources --select bbc-news reuters
+              sb news sources --language all --category technology
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Option(parsing: .upToNextOption, help: "Select these source ids (replacing the selection).") var select: [String] = []
+    @Option(help: "A two-letter language code, or 'all'.") var language: String?
+    @Option(help: "A NewsAPI category (business, technology, ...).") var category: String?
+
+    func run() async throws {
+        var params: [String: JSONValue] = [:]
+        if let language { params["language"] = .string(language) }
+        if let category { params["category"] = .string(category) }
+        try await appVerb(connection, output, { client in
+            if !select.isEmpty {
+                _ = try await call(client, "store", "sources.select", ["ids": .array(select.map(JSONValue.string))])
+            }
+            return try await call(client, "search", "sources.list", .object(params))
+        }) { answer in
+            Output.table(["", "ID", "NAME", "CATEGORY", "LANGUAGE", "COUNTRY"], (answer["sources"]?.arrayValue ?? []).map { source in
+                [source["selected"] == true ? Output.styled("*", .green) : " ", Output.cell(source["id"]), Output.cell(source["name"]),
+                 Output.cell(source["category"]), Output.cell(source["language"]), Output.cell(source["country"])]
+            })
+        }
+    }
+}
+
+struct NewsHeadlines: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "headlines",
+        abstract: "Headlines from the selected sources (or --source), newest first, a page at a time.",
+        discussion: """
+            Examples:
+              sb news headlines
+              sb news headlines --page 2
+              sb news headlines --source bbc-news --source cnn --page-size 5
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Option(help: "The page, from 1.") var page = 1
+    @Option(help: "Headlines per page (1 to 100).") var pageSize = 20
+    @Option(name: .customLong("source"), help: "A source id instead of the selection (repeatable).") var sources: [String] = []
+
+    func run() async throws {
+        var params: [String: JSONValue] = ["page": .int(Int64(page)), "pageSize": .int(Int64(pageSize))]
+        if !sources.isEmpty { params["sources"] = .array(sources.map(JSONValue.string)) }
+        try await appVerb(connection, output, { try await call($0, "search", "headlines.list", .object(params)) }) { answer in
+            guard answer["status"] == "ok" else {
+                Output.line(Output.cell(answer["message"]) + (answer["status"] == "no-sources-selected" ? " (sb news sources --select ID...)" : ""))
+                return
+            }
+            for article in answer["articles"]?.arrayValue ?? [] {
+                Output.line(Output.styled(Output.cell(article["title"]), .bold))
+                Output.line("  " + Output.cell(article["source"]?["name"]) + ", " + Output.cell(article["publishedAt"]) + "  " + Output.styled(Output.cell(article["url"]), .cyan))
+            }
+            let more = answer["hasMore"] == true ? "; more: sb news headlines --page \(page + 1)" : ""
+            Output.line(Output.styled("page \(page), \(Output.cell(answer["total"])) in all\(more)", .dim))
+        }
+    }
+}
+
+struct NewsSave: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "save",
+        abstract: "Save an article by its URL (with its headline when it is one of the current headlines).",
+        discussion: "Example:\n  sb news save https://www.reuters.com/some-article"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The article's URL.") var url: String
+
+    func run() async throws {
+        try await appVerb(connection, output, { client in
+            // The whole article when the headlines have it; else just its URL.
+            var article: JSONValue = ["url": .string(url), "title": .string(url)]
+            if let found = try? await findHeadline(client) { article = found }
+            return try await call(client, "store", "articles.save", ["article": article])
+        }) { answer in
+            Output.line("saved \(Output.cell(answer["url"])) (id \(Output.cell(answer["id"])))")
+        }
+    }
+
+    func findHeadline(_ client: BusClient) async throws -> JSONValue? {
+        let sources = try await call(client, "search", "sources.list", ["language": "all"])
+        let ids = (sources["sources"]?.arrayValue ?? []).compactMap { $0["id"] }
+        var page = 1
+        while page <= 50 {
+            let answer = try await call(client, "search", "headlines.list", ["sources": .array(Array(ids.prefix(100))), "page": .int(Int64(page)), "pageSize": 100])
+            if let article = answer["articles"]?.arrayValue?.first(where: { $0["url"] == .string(url) }) { return article }
+            guard answer["hasMore"] == true else { return nil }
+            page += 1
+        }
+        return nil
+    }
+}
+
+struct NewsSaved: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "saved",
+        abstract: "The saved articles, most recently saved first.",
+        discussion: "Example:\n  sb news saved --json"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, "store", "articles.list", ["limit": 1_000]) }) { answer in
+            Output.table(["SAVED", "TITLE", "URL"], (answer["articles"]?.arrayValue ?? []).map { entry in
+                [Output.cell(entry["savedAt"]), Output.cell(entry["article"]?["title"]), Output.cell(entry["url"])]
+            })
+        }
+    }
+}
+
+struct NewsDelete: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "delete",
+        abstract: "Delete a saved article by its URL.",
+        discussion: "Example:\n  sb news delete https://www.reuters.com/some-article"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The article's URL.") var url: String
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, "store", "articles.delete", ["url": .string(url)]) }) { answer in
+            Output.line(answer["deleted"] == true ? "deleted \(url)" : "not saved: \(url)")
+        }
+    }
+}
+
+// MARK: flights
+
+struct Flights: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "flights",
+        abstract: "The flights app: flights with their airlines, the current route, the cheapest route.",
+        subcommands: [FlightList.self, FlightRoute.self, FlightCheapest.self],
+        defaultSubcommand: FlightList.self
+    )
+}
+
+struct FlightList: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "list",
+        abstract: "Outbound and inbound flights, each with its airline and price.",
+        discussion: "Examples:\n  sb flights\n  sb flights --inbound --json"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Flag(help: "Outbound flights only.") var outbound = false
+    @Flag(help: "Inbound flights only.") var inbound = false
+
+    func validate() throws {
+        if outbound && inbound { throw ValidationError("give --outbound or --inbound, not both") }
+    }
+
+    func run() async throws {
+        let params: JSONValue = outbound ? ["direction": "outbound"] : inbound ? ["direction": "inbound"] : [:]
+        try await appVerb(connection, output, { try await call($0, "search", "flights.list", params) }) { answer in
+            let flights = (answer["outbound"]?.arrayValue ?? []) + (answer["inbound"]?.arrayValue ?? [])
+            Output.table(["ID", "DIRECTION", "FROM", "TO", "AIRLINE", "PRICE"], flights.map { flight in
+                [Output.cell(flight["id"]), Output.cell(flight["direction"]), Output.cell(flight["departureAirportCode"]),
+                 Output.cell(flight["arrivalAirportCode"]), Output.cell(flight["airline"]?["name"] ?? flight["airlineId"]), Output.money(flight["price"])]
+            })
+            if let unknown = answer["unknownAirlines"]?.arrayValue, !unknown.isEmpty {
+                Output.diagnostic("airlines not in the airlines dataset: \(unknown.map(Output.cell).joined(separator: ", "))")
+            }
+        }
+    }
+}
+
+/// A route (outbound, inbound, total) as lines.
+func showRoute(_ route: JSONValue, title: String) {
+    Output.line(Output.styled(title, .bold) + (route["total"].map { $0 == .null ? "" : "  " + Output.money($0) } ?? ""))
+    for leg in ["outbound", "inbound"] {
+        guard let flight = route[leg], flight != .null else { continue }
+        Output.line("  \(leg) \(Output.cell(flight["id"])): \(Output.cell(flight["departureAirportCode"]))→\(Output.cell(flight["arrivalAirportCode"])), \(Output.cell(flight["airline"])), \(Output.money(flight["price"]))")
+    }
+    if let message = route["message"]?.stringValue { Output.line("  " + Output.styled(message, .yellow)) }
+}
+
+struct FlightRoute: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "route",
+        abstract: "The current route with its price; --select OUT [IN] chooses another (kept across restarts).",
+        discussion: """
+            Examples:
+              sb flights route
+              sb flights route --select 3 14
+              sb flights route --select 5          an outbound flight alone
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Option(parsing: .upToNextOption, help: ArgumentHelp("Choose the route: an outbound id, then optionally an inbound id.", valueName: "id"))
+    var select: [Int] = []
+
+    func validate() throws {
+        if select.count > 2 { throw ValidationError("--select takes an outbound id and at most one inbound id") }
+    }
+
+    func run() async throws {
+        try await appVerb(connection, output, { client in
+            guard let outbound = select.first else { return try await call(client, "pricing", "route.current") }
+            var params: [String: JSONValue] = ["outboundId": .int(Int64(outbound))]
+            if select.count == 2 { params["inboundId"] = .int(Int64(select[1])) }
+            return try await call(client, "pricing", "route.select", .object(params))
+        }) { answer in
+            showRoute(answer, title: "Current route (\(Output.cell(answer["status"])))")
+        }
+    }
+}
+
+struct FlightCheapest: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "cheapest",
+        abstract: "The cheapest outbound flight with its cheapest return, and the cheapest round trip.",
+        discussion: "Example:\n  sb flights cheapest --json"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, "pricing", "route.cheapest") }) { answer in
+            if let first = answer["cheapestOutbound"], first != .null { showRoute(first, title: "Cheapest outbound flight") }
+            if let trip = answer["cheapestRoundTrip"], trip != .null { showRoute(trip, title: "Cheapest round trip") }
+        }
+    }
+}
+
+// MARK: datasets
+
+struct Datasets: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "datasets",
+        abstract: "The fetcher's datasets: where each copy comes from; refresh them.",
+        subcommands: [DatasetList.self, DatasetRefresh.self],
+        defaultSubcommand: DatasetList.self
+    )
+}
+
+func showDatasets(_ answer: JSONValue) {
+    Output.table(["DATASET", "ORIGIN", "RECORDS", "VERSION", "FETCHED", "LAST ERROR"], (answer.arrayValue ?? []).map { entry in
+        let origin = Output.cell(entry["origin"])
+        return [Output.cell(entry["name"]), Output.styled(origin, origin == "remote" ? .green : .yellow), Output.cell(entry["records"]),
+                Output.cell(entry["version"]), Output.cell(entry["fetchedAt"]), Output.cell(entry["lastError"])]
+    })
+}
+
+struct DatasetList: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "list",
+        abstract: "Each dataset's origin (remote, cache, bundled), records, version and last error.",
+        discussion: "Example:\n  sb datasets"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, "fetcher", "datasets.list") }, show: showDatasets)
+    }
+}
+
+struct DatasetRefresh: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "refresh",
+        abstract: "Fetch a dataset (or all) from its source now, and show the outcome.",
+        discussion: """
+            A refresh can take a while (retries, slow sources): the timeout is at least 60 s.
+            Examples:
+              sb datasets refresh
+              sb datasets refresh countries
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "A dataset (countries, locations, items, sources, headlines, flights, airlines).") var name: String?
+
+    func run() async throws {
+        let timeout = max(try connection.requestTimeout, .seconds(60))
+        try await appVerb(connection, output, { client in
+            Output.progress("refreshing \(name ?? "every dataset")...")
+            defer { Output.endProgress() }
+            return try await call(client, "fetcher", "datasets.refresh", name.map { ["name": .string($0)] } ?? [:], timeout: timeout)
+        }, show: showDatasets)
+    }
+}

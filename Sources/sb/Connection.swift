@@ -1,0 +1,171 @@
+import ArgumentParser
+import BusKit
+import BusProtocol
+import Foundation
+
+/// Where the kernel is and how long to wait: shared by every verb.
+///
+/// `--endpoint` (or `SB_ENDPOINT`, comma-separated for several kernels) is the broker;
+/// `--state-endpoint` (or `SB_STATE_ENDPOINT`) the CHP snapshot endpoint, with the
+/// publisher and collector on the next two ports (the kernel's defaults: 5556, 5557,
+/// 5558), or all three given comma-separated; by default the broker's host, its port + 1.
+struct ConnectionOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("The kernel's broker endpoint (env SB_ENDPOINT; default tcp://127.0.0.1:5555).", valueName: "endpoint"))
+    var endpoint: [String] = []
+
+    @Option(name: .long, help: ArgumentHelp("The kernel's state endpoint: CHP snapshot, or snapshot,publisher,collector (env SB_STATE_ENDPOINT; default: the broker's port + 1).", valueName: "endpoint"))
+    var stateEndpoint: String?
+
+    @Option(name: .long, help: ArgumentHelp("How long to wait for an answer: 5s, 500ms, 2m (env SB_TIMEOUT; default 5s).", valueName: "duration"))
+    var timeout: String?
+
+    var environment: [String: String] { ProcessInfo.processInfo.environment }
+
+    /// The broker endpoints, from the flag, else the environment, else the default.
+    var brokers: [String] {
+        if !endpoint.isEmpty { return endpoint.flatMap { $0.split(separator: ",").map(String.init) } }
+        if let value = environment["SB_ENDPOINT"], !value.isEmpty { return value.split(separator: ",").map(String.init) }
+        return ["tcp://127.0.0.1:5555"]
+    }
+
+    var requestTimeout: Duration {
+        get throws {
+            guard let text = timeout ?? environment["SB_TIMEOUT"], !text.isEmpty else { return .seconds(5) }
+            guard let duration = Self.duration(text) else {
+                throw ValidationError("--timeout: '\(text)' is not a duration such as 5s, 500ms or 2m")
+            }
+            return duration
+        }
+    }
+
+    /// `5s`, `500ms`, `2m`, `1.5` (seconds); positive.
+    static func duration(_ text: String) -> Duration? {
+        let units: [(String, Double)] = [("ms", 0.001), ("s", 1), ("m", 60)]
+        var number = text
+        var scale = 1.0
+        for (suffix, factor) in units where text.hasSuffix(suffix) {
+            number = String(text.dropLast(suffix.count))
+            scale = factor
+            break
+        }
+        guard let value = Double(number), value > 0, value.isFinite else { return nil }
+        return .milliseconds(Int64((value * scale * 1_000).rounded()))
+    }
+
+    /// The CHP snapshot, publisher and collector endpoints.
+    var stateEndpoints: (snapshot: String, publisher: String, collector: String) {
+        get throws {
+            let text = stateEndpoint ?? environment["SB_STATE_ENDPOINT"].flatMap { $0.isEmpty ? nil : $0 }
+            if let parts = text?.split(separator: ",").map(String.init), parts.count == 3 { return (parts[0], parts[1], parts[2]) }
+            let base: String
+            if let text {
+                base = text
+            } else {
+                guard let (host, port) = Self.tcpHostPort(brokers[0]) else {
+                    throw ValidationError("--state-endpoint is needed when the broker endpoint is not tcp://HOST:PORT")
+                }
+                base = "tcp://\(host):\(port + 1)"
+            }
+            guard let (host, port) = Self.tcpHostPort(base) else {
+                throw ValidationError("--state-endpoint: give tcp://HOST:PORT (the publisher and collector follow on the next two ports), or snapshot,publisher,collector")
+            }
+            return ("tcp://\(host):\(port)", "tcp://\(host):\(port + 1)", "tcp://\(host):\(port + 2)")
+        }
+    }
+
+    static func tcpHostPort(_ endpoint: String) -> (String, Int)? {
+        guard endpoint.hasPrefix("tcp://"), let colon = endpoint.lastIndex(of: ":") else { return nil }
+        let host = endpoint[endpoint.index(endpoint.startIndex, offsetBy: 6)..<colon]
+        guard let port = Int(endpoint[endpoint.index(after: colon)...]), (1...65_533).contains(port), !host.isEmpty else { return nil }
+        return (String(host), port)
+    }
+
+    /// A client for the kernel, with the timeout as its default.
+    func client() async throws -> BusClient {
+        try await BusClient(brokers: brokers, timeout: requestTimeout)
+    }
+}
+
+/// Options about what is printed.
+struct OutputOptions: ParsableArguments {
+    @Flag(name: .long, help: "Print JSON (one document, or one line per item) instead of a table.")
+    var json = false
+}
+
+/// Sends one request the way every verb does: the answer, or the failure printed on stderr
+/// and turned into the exit status (1 the service answered an error, 69 no service or no
+/// kernel, 75 timed out).
+func call(_ client: BusClient, _ service: String, _ method: String, _ params: JSONValue? = nil,
+          timeout: Duration? = nil) async throws -> JSONValue {
+    do {
+        return try await client.request(service: service, method: method, params: params, timeout: timeout)
+    } catch {
+        throw await Failure(error, service: service, method: method, client: client)
+    }
+}
+
+/// A request that failed, ready to print and to end the process with its exit status.
+struct Failure: Error {
+    let status: Int32
+    let message: String
+    /// The service's JSON-RPC error, when it answered one.
+    let error: JSONRPCError?
+
+    init(status: Int32, message: String, error: JSONRPCError? = nil) {
+        self.status = status
+        self.message = message
+        self.error = error
+    }
+
+    init(_ error: BusError, service: String, method: String, client: BusClient) async {
+        switch error {
+        case .remote(_, let rpc):
+            let status: Int32 = rpc.code == JSONRPCError.serviceUnavailableCode ? ExitStatus.unavailable
+                : rpc.code == JSONRPCError.timedOutCode ? ExitStatus.timedOut : ExitStatus.serviceError
+            self.init(status: status, message: "\(service) \(method): error \(rpc.code): \(rpc.message)", error: rpc)
+        case .unavailable(_, let message):
+            self.init(status: ExitStatus.unavailable, message: "\(service) \(method): \(message)",
+                      error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: message))
+        case .timedOut(_, _, let after):
+            // No answer: is the kernel there at all, and does the service have a worker?
+            switch try? await client.hasWorkers(service, timeout: .seconds(1)) {
+            case nil:
+                self.init(status: ExitStatus.unavailable, message: "no kernel answers at \(client.brokers.joined(separator: ", ")) (waited \(after.formatted))",
+                          error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "kernel unreachable"))
+            case false? where service != "kernel":
+                self.init(status: ExitStatus.unavailable, message: "\(service) \(method): no '\(service)' service is running (no worker within \(after.formatted))",
+                          error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "no worker for '\(service)'"))
+            default:
+                self.init(status: ExitStatus.timedOut, message: "\(service) \(method): no answer within \(after.formatted)",
+                          error: JSONRPCError(code: JSONRPCError.timedOutCode, message: "timed out after \(after.formatted)"))
+            }
+        default:
+            self.init(status: ExitStatus.serviceError, message: "\(service) \(method): \(error)",
+                      error: JSONRPCError(code: JSONRPCError.internalErrorCode, message: "\(error)"))
+        }
+    }
+}
+
+/// sysexits-style statuses.
+enum ExitStatus {
+    static let serviceError: Int32 = 1
+    static let usage: Int32 = 64
+    static let unavailable: Int32 = 69
+    static let timedOut: Int32 = 75
+}
+
+/// Runs a verb's body with a client: prints a failure on stderr and exits with its status.
+func withClient(_ connection: ConnectionOptions, _ body: (BusClient) async throws -> Void) async throws {
+    let client = try await connection.client()
+    do {
+        try await body(client)
+        await client.close()
+    } catch let failure as Failure {
+        await client.close()
+        Output.diagnostic(failure.message)
+        throw ExitCode(failure.status)
+    } catch {
+        await client.close()
+        throw error
+    }
+}

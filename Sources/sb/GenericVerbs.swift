@@ -1,0 +1,202 @@
+import ArgumentParser
+import BusKit
+import BusProtocol
+import Foundation
+import ZeroMQ
+
+/// Reads JSON given on the command line; a mistake is a usage error (64) saying where.
+func parseJSON(_ text: String, _ what: String) throws -> JSONValue {
+    do {
+        return try JSONValue(parsing: Array(text.utf8))
+    } catch {
+        throw ValidationError("\(what) is not valid JSON: \(error) (strings need quotes: '\"text\"')")
+    }
+}
+
+struct Request: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "request",
+        abstract: "Send one JSON-RPC request to a service and print its result.",
+        discussion: """
+            Examples:
+              sb request kernel services.list
+              sb req search countries.search '{"query":"par","limit":3}'
+              sb request store history.add '{"text":"Amsterdam"}' --json
+            """,
+        aliases: ["req"]
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The service (kernel, store, fetcher, search, pricing, ...).") var service: String
+    @Argument(help: "The method.") var method: String
+    @Argument(help: "The params, as JSON (an object or an array).") var params: String?
+
+    func validate() throws {
+        if let params { _ = try parseJSON(params, "PARAMS") }
+    }
+
+    func run() async throws {
+        let params = try self.params.map { try parseJSON($0, "PARAMS") }
+        try await withClient(connection) { client in
+            Output.json(try await call(client, service, method, params), compact: output.json)
+        }
+    }
+}
+
+struct Subscribe: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "subscribe",
+        abstract: "Print the state under some key prefixes, then every update, one JSON line each.",
+        discussion: """
+            Each line is {"key", "sequence", "value", "snapshot"}; a deleted key has value null.
+            Examples:
+              sb subscribe /pricing/                 the current route and the deal, then changes
+              sb sub /catalog/ /store/ --count 5     five lines, then exit
+              sb sub --no-snapshot /client/          only what changes from now on
+            """,
+        aliases: ["sub"]
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @Argument(help: "Key prefixes (all keys when none).") var prefixes: [String] = []
+    @Option(help: "Exit after this many lines.") var count: Int?
+    @Flag(help: "Only updates from now on, without the current entries.") var noSnapshot = false
+
+    func validate() throws {
+        if let count, count <= 0 { throw ValidationError("--count must be positive") }
+    }
+
+    func run() async throws {
+        let state = try connection.stateEndpoints
+        // A kernel that is not there is an error now, not a silent wait.
+        try await withClient(connection) { client in
+            _ = try await call(client, "kernel", "ping")
+        }
+        let subscription = try await Subscription.open(snapshot: state.snapshot, publisher: state.publisher,
+                                                       prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: !noSnapshot)
+        var printed = 0
+        for try await update in subscription {
+            let value: JSONValue = update.isDelete ? .null : update.json ?? .string(String(decoding: update.value.bytes, as: UTF8.self))
+            Output.line(JSONValue.object(["key": .string(update.key), "sequence": .int(Int64(update.sequence)), "value": value,
+                                          "snapshot": .bool(update.fromSnapshot)]).jsonString)
+            printed += 1
+            if let count, printed >= count { break }
+        }
+        await subscription.cancel()
+    }
+}
+
+struct Publish: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "publish",
+        abstract: "Set a key through the kernel's CHP collector, and wait until it is applied.",
+        discussion: """
+            The collector accepts keys under its writable prefixes only (/client/ by default).
+            Examples:
+              sb publish /client/alice/status '"online"'
+              sb pub /client/alice/cursor '{"x":3,"y":4}' --ttl 30
+            """,
+        aliases: ["pub"]
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The key (a path such as /client/name).") var key: String
+    @Argument(help: "The value, as JSON.") var value: String
+    @Option(help: "Seconds after which the kernel deletes the key.") var ttl: Double?
+
+    func validate() throws {
+        guard key.hasPrefix("/") else { throw ValidationError("KEY must be a path starting with '/'") }
+        _ = try parseJSON(value, "VALUE")
+        if let ttl, !(ttl > 0) { throw ValidationError("--ttl must be positive") }
+    }
+
+    func run() async throws {
+        let value = try parseJSON(self.value, "VALUE")
+        let state = try connection.stateEndpoints
+        let timeout = try connection.requestTimeout
+        try await withClient(connection) { client in
+            let loop = try SocketLoop(context: try ZMQContext(), name: "sb-publish")
+            let socket = try await loop.open(.pub) { socket in try socket.connect(state.collector) }
+            var properties: [(name: String, value: String)] = []
+            if let ttl { properties.append(("ttl", String(ttl))) }
+            var uuid = [UInt8](repeating: 0, count: 16)
+            for index in uuid.indices { uuid[index] = .random(in: 0...255) }
+            let message = CHP.kv(KVEntry(key: key, uuid: uuid, properties: properties, value: Frame(value.jsonString)))
+            // PUB drops what it sends before the collector's subscription arrives, so send
+            // until the kernel shows the value (every 100 ms, within the timeout).
+            let deadline = ContinuousClock.now + timeout
+            var sequence: Int64?
+            while sequence == nil, ContinuousClock.now < deadline {
+                try socket.send(message)
+                try await Task.sleep(for: .milliseconds(100))
+                let state = try await call(client, "kernel", "state.get", ["prefix": .string(key)])
+                sequence = state["entries"]?.arrayValue?.first { $0["key"] == .string(key) && $0["value"] == value }?["sequence"]?.intValue
+            }
+            await socket.close()
+            await loop.shutdown()
+            guard let sequence else {
+                throw Failure(status: ExitStatus.serviceError,
+                              message: "the kernel did not apply \(key) within \(timeout.formatted): its collector accepts keys under its writable prefixes only (/client/ by default)")
+            }
+            if output.json {
+                Output.json(["key": .string(key), "sequence": .int(sequence)], compact: true)
+            } else {
+                Output.line("published \(key) (sequence \(sequence))")
+            }
+        }
+    }
+}
+
+struct Services: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "services",
+        abstract: "List the services the kernel knows, with workers, queue and whether they answer (8/MMI).",
+        discussion: "Example:\n  sb services --json"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        try await withClient(connection) { client in
+            let list = try await call(client, "kernel", "services.list")
+            var services: [JSONValue] = []
+            for service in list["services"]?.arrayValue ?? [] {
+                var entry = service.objectValue ?? [:]
+                let name = service["name"]?.stringValue ?? ""
+                entry["available"] = .bool((try? await client.hasWorkers(name, timeout: .seconds(2))) == true)
+                services.append(.object(entry))
+            }
+            if output.json { return Output.json(.array(services), compact: true) }
+            Output.table(["SERVICE", "WORKERS", "IDLE", "QUEUED", "IN FLIGHT", "AVAILABLE"], services.map { service in
+                let available = service["available"] == true
+                return [Output.cell(service["name"]), Output.cell(service["workers"]), Output.cell(service["idle"]), Output.cell(service["queued"]),
+                        Output.cell(service["inFlight"]), Output.styled(available ? "yes" : "no", available ? .green : .red)]
+            })
+        }
+    }
+}
+
+struct Ping: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ping",
+        abstract: "Ask the kernel for a pong, and say how long it took.",
+        discussion: "Example:\n  sb ping --endpoint tcp://10.0.0.5:5555"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        try await withClient(connection) { client in
+            let started = ContinuousClock.now
+            var answer = try await call(client, "kernel", "ping").objectValue ?? [:]
+            let milliseconds = ((ContinuousClock.now - started).seconds * 10_000).rounded() / 10
+            answer["milliseconds"] = .double(milliseconds)
+            if output.json { return Output.json(.object(answer), compact: true) }
+            Output.line("pong from the kernel at \(client.brokers.joined(separator: ", ")) in \(milliseconds) ms (up \(Output.cell(answer["uptimeSeconds"])) s)")
+        }
+    }
+}

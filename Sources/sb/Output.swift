@@ -1,0 +1,91 @@
+import BusProtocol
+import Foundation
+
+/// What `sb` prints: data on stdout, diagnostics on stderr; tables and colour for people
+/// (colour only on a terminal and never with `NO_COLOR`), JSON for scripts.
+enum Output {
+    static let stdoutIsTerminal = isatty(STDOUT_FILENO) == 1
+    static let stderrIsTerminal = isatty(STDERR_FILENO) == 1
+    /// https://no-color.org: any non-empty value turns colour off.
+    static let colour = stdoutIsTerminal && (ProcessInfo.processInfo.environment["NO_COLOR"] ?? "").isEmpty
+
+    static func line(_ text: String = "") {
+        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+    }
+
+    static func diagnostic(_ text: String) {
+        FileHandle.standardError.write(Data(("sb: " + text + "\n").utf8))
+    }
+
+    /// A progress note on stderr, only on a terminal (scripts get none).
+    static func progress(_ text: String) {
+        guard stderrIsTerminal else { return }
+        FileHandle.standardError.write(Data(("\r\u{1B}[2K" + text).utf8))
+    }
+
+    static func endProgress() {
+        guard stderrIsTerminal else { return }
+        FileHandle.standardError.write(Data("\r\u{1B}[2K".utf8))
+    }
+
+    /// JSON: indented on a terminal, one line otherwise (or when `compact`).
+    static func json(_ value: JSONValue, compact: Bool = false) {
+        line(compact || !stdoutIsTerminal ? value.jsonString : pretty(value))
+    }
+
+    static func pretty(_ value: JSONValue, indent: String = "") -> String {
+        let inner = indent + "  "
+        switch value {
+        case .array(let items) where !items.isEmpty:
+            return "[\n" + items.map { inner + pretty($0, indent: inner) }.joined(separator: ",\n") + "\n\(indent)]"
+        case .object(let members) where !members.isEmpty:
+            let lines = members.keys.sorted().map { key in inner + JSONValue.string(key).jsonString + ": " + pretty(members[key]!, indent: inner) }
+            return "{\n" + lines.joined(separator: ",\n") + "\n\(indent)}"
+        default:
+            return value.jsonString
+        }
+    }
+
+    enum Style { case bold, dim, green, red, yellow, cyan }
+
+    static func styled(_ text: String, _ style: Style) -> String {
+        guard colour else { return text }
+        let code = switch style {
+        case .bold: "1"
+        case .dim: "2"
+        case .green: "32"
+        case .red: "31"
+        case .yellow: "33"
+        case .cyan: "36"
+        }
+        return "\u{1B}[\(code)m\(text)\u{1B}[0m"
+    }
+
+    /// Prints rows under a header, columns aligned (by characters as shown).
+    static func table(_ header: [String], _ rows: [[String]]) {
+        let widths = header.indices.map { column in ([header[column]] + rows.map { column < $0.count ? $0[column] : "" }).map(\.count).max() ?? 0 }
+        func format(_ cells: [String]) -> String {
+            cells.enumerated().map { index, cell in
+                index == cells.count - 1 ? cell : cell + String(repeating: " ", count: widths[index] - cell.count)
+            }.joined(separator: "  ")
+        }
+        line(styled(format(header), .bold))
+        for row in rows { line(format(row)) }
+    }
+
+    /// A JSON value as a table cell.
+    static func cell(_ value: JSONValue?) -> String {
+        switch value {
+        case nil, .null?: ""
+        case .string(let text)?: text
+        case .bool(let flag)?: flag ? "yes" : "no"
+        case let other?: other.jsonString
+        }
+    }
+
+    /// Money as `45.00 EUR`.
+    static func money(_ value: JSONValue?) -> String {
+        guard let amount = value?["amount"]?.stringValue else { return "" }
+        return amount + (value?["currency"]?.stringValue.map { " " + $0 } ?? "")
+    }
+}
