@@ -232,6 +232,11 @@ let package = Package(
             swiftSettings: sharedSettings
         ),
         .testTarget(
+            name: "SBTests",
+            dependencies: ["SearchService", "PricingService", "EchoService", "Catalog", "BusKit", "BusProtocol", "SwitchboardTestSupport"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
             name: "BusProtocolTests",
             dependencies: ["BusProtocol", "ZeroMQ"],
             swiftSettings: sharedSettings

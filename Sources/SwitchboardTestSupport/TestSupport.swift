@@ -199,6 +199,60 @@ public func switchboardExecutable() -> URL {
     return directory.appendingPathComponent("switchboard")
 }
 
+/// The built `sb` executable.
+public func sbExecutable() -> URL {
+    switchboardExecutable().deletingLastPathComponent().appendingPathComponent("sb")
+}
+
+/// What a finished command printed and how it ended.
+public struct CommandResult: Sendable, CustomStringConvertible {
+    public let status: Int32
+    public let stdout: String
+    public let stderr: String
+    public var description: String { "exit \(status)\nstdout: \(stdout)\nstderr: \(stderr)" }
+}
+
+/// Runs `executable` to the end (killed after `seconds`), with `input` on its stdin and
+/// `environment` added to this process's; stdout and stderr are read as they come, so a
+/// large output never blocks it.
+public func runCommand(_ executable: URL, _ arguments: [String], environment: [String: String] = [:], input: Data? = nil,
+                       seconds: Double = 30) async throws -> CommandResult {
+    let process = Process()
+    process.executableURL = executable
+    process.arguments = arguments
+    process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+    let stdout = Pipe(), stderr = Pipe(), stdin = Pipe()
+    process.standardOutput = stdout
+    process.standardError = stderr
+    process.standardInput = stdin
+    let collected = Mutex<[Int: Data]>([:])
+    let readers = [stdout, stderr].enumerated().map { index, pipe in
+        let thread = Thread {
+            let data = pipe.fileHandleForReading.readDataToEndOfFile()
+            collected.withLock { $0[index] = data }
+        }
+        thread.start()
+        return thread
+    }
+    _ = readers  // they end by themselves when the pipes close
+    try process.run()
+    if let input { stdin.fileHandleForWriting.write(input) }
+    try stdin.fileHandleForWriting.close()
+    let deadline = Date().addingTimeInterval(seconds)
+    while process.isRunning {
+        if Date() > deadline {
+            kill(process.processIdentifier, SIGKILL)
+            throw TimedOut(what: "\(executable.lastPathComponent) \(arguments.joined(separator: " "))")
+        }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+    // The readers finish once the pipes close.
+    while collected.withLock({ $0.count }) < 2, Date() < deadline { try await Task.sleep(for: .milliseconds(5)) }
+    let outputs = collected.withLock { $0 }
+    return CommandResult(status: process.terminationStatus, stdout: String(decoding: outputs[0] ?? Data(), as: UTF8.self),
+                         stderr: String(decoding: outputs[1] ?? Data(), as: UTF8.self))
+}
+
 /// `Tests/Interop/http_fixture_server.py` serving a folder on a free loopback port (the
 /// fetcher's tests and benchmark use it as the datasets' remote source).
 public final class FixtureHTTPServer: Sendable {

@@ -1,0 +1,238 @@
+import BusKit
+import BusProtocol
+import Catalog
+import EchoService
+import Foundation
+import PricingService
+import SearchService
+import SwitchboardTestSupport
+import Testing
+
+/// A kernel with every service (store, fetcher over files, search, pricing, echo) for `sb`,
+/// which runs as a separate process as users run it.
+struct SBBus {
+    let base: DatasetBus
+    let search: SearchService
+    let pricing: PricingService
+    let hosts: [any Sendable]
+    let stops: [@Sendable () async -> Void]
+    let catalog: Subscription
+    let environment: [String: String]
+
+    static func start() async throws -> SBBus {
+        let base = try await DatasetBus.start()
+        let search = SearchService(busTimeout: .seconds(10))
+        let searchHost = try ServiceHost(service: search, options: DatasetBus.hostOptions(base.kernel, connections: 4))
+        let pricing = PricingService(busTimeout: .seconds(10))
+        let pricingHost = try ServiceHost(service: pricing, options: DatasetBus.hostOptions(base.kernel, connections: 2))
+        let echoHost = try ServiceHost(service: EchoService(instance: "echo"), options: DatasetBus.hostOptions(base.kernel, connections: 2))
+        try await searchHost.start()
+        try await pricingHost.start()
+        try await echoHost.start()
+        try await base.waitForWorkers(["search", "pricing", "echo"])
+        let catalog = try await base.catalogSubscription()
+        await search.start(client: base.client, catalog: catalog)
+        await pricing.start(client: base.client, publisher: StatePublisher(client: base.client), catalog: catalog)
+        try await base.startFetcher()
+        let endpoints = base.kernel.endpoints
+        return SBBus(base: base, search: search, pricing: pricing, hosts: [searchHost, pricingHost, echoHost],
+                     stops: [{ await searchHost.stop() }, { await pricingHost.stop() }, { await echoHost.stop() }], catalog: catalog,
+                     environment: ["SB_ENDPOINT": endpoints.broker,
+                                   "SB_STATE_ENDPOINT": "\(endpoints.snapshot),\(endpoints.publisher),\(endpoints.collector)",
+                                   "NO_COLOR": ""])
+    }
+
+    /// Runs `sb` with this bus's endpoints.
+    func sb(_ arguments: String..., input: String? = nil, environment extra: [String: String] = [:]) async throws -> CommandResult {
+        try await runCommand(sbExecutable(), arguments, environment: environment.merging(extra) { $1 }, input: input.map { Data($0.utf8) })
+    }
+
+    func stop() async {
+        await search.stop()
+        await pricing.stop()
+        await catalog.cancel()
+        for stop in stops { await stop() }
+        await base.stop()
+    }
+}
+
+/// The JSON lines of an output.
+func jsonLines(_ text: String) throws -> [JSONValue] {
+    try text.split(separator: "\n").map { try JSONValue(parsing: Array($0.utf8)) }
+}
+
+@Suite("sb: every verb against a live bus, tables and JSON, exit statuses", .serialized)
+struct SBTests {
+    @Test("generic verbs: ping, services, request; exit statuses 0, 1, 64, 69, 75")
+    func genericVerbs() async throws {
+        let bus = try await SBBus.start()
+        let ping = try await bus.sb("ping")
+        #expect(ping.status == 0 && ping.stdout.hasPrefix("pong from the kernel"))
+        let services = try jsonLines(try await bus.sb("services", "--json").stdout).first?.arrayValue ?? []
+        #expect(["echo", "fetcher", "pricing", "search", "store"].allSatisfy { name in services.contains { $0["name"] == .string(name) && $0["available"] == true } })
+        let table = try await bus.sb("services")
+        #expect(table.stdout.hasPrefix("SERVICE") && table.stdout.contains("pricing"))
+
+        let request = try await bus.sb("request", "search", "countries.search", #"{"query":"aland"}"#, "--json")
+        let first = try jsonLines(request.stdout).first?["countries"]?.arrayValue?.first?["name"]
+        #expect(request.status == 0 && first == "Åland Islands")
+        let alias = try await bus.sb("req", "kernel", "ping")
+        #expect(alias.status == 0 && alias.stdout.contains("pong"))
+
+        let serviceError = try await bus.sb("request", "search", "countries.search", #"{"limit":0}"#)
+        #expect(serviceError.status == 1 && serviceError.stderr.contains("error -32602") && serviceError.stdout.isEmpty)
+        let badJSON = try await bus.sb("request", "search", "countries.search", #"{"query":"#)
+        #expect(badJSON.status == 64 && badJSON.stderr.contains("not valid JSON") && badJSON.stderr.contains("byte"))
+        let badFlag = try await bus.sb("countries", "--limit", "ten")
+        #expect(badFlag.status == 64)
+        let noService = try await bus.sb("request", "ghost", "x", "--timeout", "500ms")
+        #expect(noService.status == 69 && noService.stderr.contains("no 'ghost' service"))
+        let noKernel = try await bus.sb("ping", "--endpoint", "tcp://127.0.0.1:\(freePort())", "--timeout", "300ms")
+        #expect(noKernel.status == 69 && noKernel.stderr.contains("no kernel answers"))
+        let slow = try await bus.sb("request", "echo", "sleep", #"{"ms":3000}"#, "--timeout", "300ms")
+        #expect(slow.status == 75 && slow.stderr.contains("no answer within"))
+        let timeoutFromEnvironment = try await bus.sb("request", "echo", "sleep", #"{"ms":3000}"#, environment: ["SB_TIMEOUT": "200ms"])
+        #expect(timeoutFromEnvironment.status == 75)
+        await bus.stop()
+    }
+
+    @Test("sb run: good, bad and mixed scripts; every line answered in order; exit status; stdin")
+    func runScripts() async throws {
+        let bus = try await SBBus.start()
+        let folder = try temporaryDirectory("sb-run")
+        let good = (0..<12).map { #"{"service":"echo","method":"echo","params":{"n":\#($0)}}"# }.joined(separator: "\n")
+        let goodFile = folder.appendingPathComponent("good.jsonl")
+        try good.write(to: goodFile, atomically: true, encoding: .utf8)
+        let answers = try await bus.sb("run", goodFile.path, "--parallel", "4")
+        let lines = try jsonLines(answers.stdout)
+        #expect(answers.status == 0 && lines.count == 12)
+        #expect(lines.compactMap { $0["result"]?["n"]?.intValue } == Array(0..<12))
+        #expect(lines.compactMap { $0["line"]?.intValue } == Array(1...12))
+
+        let mixed = """
+            {"service":"echo","method":"echo","params":{"n":1}}
+            # a comment, then a blank line
+
+            not json
+            {"service":"echo"}
+            {"service":"search","method":"countries.search","params":{"limit":-1}}
+            {"service":"echo","method":"echo","params":{"n":2}}
+            """
+        let all = try await bus.sb("run", "-", "--continue-on-error", "--parallel", "3", input: mixed)
+        let allLines = try jsonLines(all.stdout)
+        #expect(all.status == 1 && allLines.count == 5)
+        #expect(allLines.compactMap { $0["line"]?.intValue } == [1, 4, 5, 6, 7])
+        #expect(allLines.map { $0["error"]?["code"]?.intValue } == [nil, -32700, -32600, -32602, nil])
+        #expect(allLines.last?["result"]?["n"] == 2)
+
+        let stopped = try await bus.sb("run", "-", input: mixed)
+        let stoppedLines = try jsonLines(stopped.stdout)
+        #expect(stopped.status == 1 && stoppedLines.count == 2 && stoppedLines.last?["error"]?["code"] == -32700)
+
+        let missing = try await bus.sb("run", folder.appendingPathComponent("none.jsonl").path)
+        #expect(missing.status == 64)
+        await bus.stop()
+    }
+
+    @Test("sb subscribe --count ends by itself; sb publish goes through the collector; only /client/ is writable")
+    func subscribeAndPublish() async throws {
+        let bus = try await SBBus.start()
+        let snapshot = try await bus.sb("subscribe", "/pricing/", "--count", "2")
+        let lines = try jsonLines(snapshot.stdout)
+        #expect(snapshot.status == 0 && lines.count == 2 && lines.allSatisfy { $0["snapshot"] == true })
+        #expect(Set(lines.compactMap { $0["key"]?.stringValue }) == ["/pricing/deal/today", "/pricing/route/current"])
+
+        // A live update: the subscriber waits (no snapshot), the publisher writes.
+        let live = Task { try await bus.sb("sub", "--no-snapshot", "/client/", "--count", "1") }
+        try await Task.sleep(for: .milliseconds(500))  // let the subscriber connect; the publish below retries anyway
+        let published = try await bus.sb("publish", "/client/demo", #"{"hello":"world"}"#, "--json")
+        let publishedKey = try jsonLines(published.stdout).first?["key"]
+        #expect(published.status == 0 && publishedKey == "/client/demo")
+        let update = try await live.value
+        let updated = try jsonLines(update.stdout).first?["value"]
+        #expect(update.status == 0 && updated == ["hello": "world"])
+
+        let refused = try await bus.sb("pub", "/store/history", "1", "--timeout", "1s")
+        #expect(refused.status == 1 && refused.stderr.contains("writable prefixes"))
+        let notJSON = try await bus.sb("pub", "/client/x", "hello")
+        #expect(notJSON.status == 64)
+        await bus.stop()
+    }
+
+    @Test("app verbs: countries, deals, places, items, news, flights, datasets, as tables and as JSON")
+    func appVerbs() async throws {
+        let bus = try await SBBus.start()
+        let countries = try await bus.sb("countries", "par")
+        let rows = countries.stdout.split(separator: "\n")
+        #expect(countries.status == 0 && rows.first?.hasPrefix("NAME") == true && rows.dropFirst().first?.hasPrefix("Paraguay") == true)
+        let countriesJSON = try jsonLines(try await bus.sb("countries", "--region", "EU", "--json").stdout).first
+        #expect(countriesJSON?["countries"]?.arrayValue?.allSatisfy { $0["region"] == "EU" } == true)
+        let deal = try await bus.sb("countries", "deal", "--seed", "9", "--json")
+        #expect(deal.stdout == (try await bus.sb("countries", "deal", "--seed", "9", "--json")).stdout)
+        #expect(try jsonLines(deal.stdout).first?["today"]?["title"] == "Deal of the Day!")
+        #expect(try await bus.sb("countries", "deal").stdout.contains("Rollback Deal"))
+
+        let open = try await bus.sb("places", "open", "12.9716, 77.5946")
+        #expect(open.status == 0 && open.stdout.contains("wikipedia://places?latitude=12.9716&longitude=77.5946") && open.stdout.contains("Mumbai"))
+        let history = try await bus.sb("places", "history", "--json")
+        #expect(try jsonLines(history.stdout).first?["entries"]?.arrayValue?.first?["text"] == "12.9716, 77.5946")
+        #expect(try await bus.sb("places", "open", "91, 0").status == 1)
+        #expect(try await bus.sb("places").stdout.contains("40.4380638, -3.7495758"))
+
+        let items = try await bus.sb("items", "--natural", "--list", "1")
+        #expect(items.stdout.hasPrefix("List 1 (81 items)\n  Item 0"))
+
+        #expect(try await bus.sb("news", "headlines").stdout.contains("no news sources are selected"))
+        let sources = try await bus.sb("news", "sources", "--select", "bbc-news", "reuters")
+        #expect(sources.stdout.split(separator: "\n").filter { $0.hasPrefix("*") }.count == 2)
+        let headlines = try jsonLines(try await bus.sb("news", "headlines", "--page-size", "3", "--json").stdout).first
+        #expect(headlines?["status"] == "ok" && headlines?["articles"]?.arrayValue?.count == 3 && headlines?["hasMore"] == true)
+        let url = try #require(headlines?["articles"]?.arrayValue?.first?["url"]?.stringValue)
+        #expect(try await bus.sb("news", "save", url).status == 0)
+        let saved = try jsonLines(try await bus.sb("news", "saved", "--json").stdout).first
+        #expect(saved?["articles"]?.arrayValue?.first?["article"]?["title"] == headlines?["articles"]?.arrayValue?.first?["title"])
+        #expect(try await bus.sb("news", "delete", url).stdout.hasPrefix("deleted"))
+
+        let inbound = try await bus.sb("flights", "--inbound")
+        #expect(inbound.stdout.split(separator: "\n").count == 6 && inbound.stdout.contains("50.00 EUR"))
+        let selected = try await bus.sb("flights", "route", "--select", "3", "14")
+        #expect(selected.status == 0 && selected.stdout.hasPrefix("Current route (priced)  55.00 EUR"))
+        let unrelated = try await bus.sb("flights", "route", "--select", "1", "13")
+        #expect(unrelated.status == 1 && unrelated.stderr.contains("-32004"))
+        #expect(try await bus.sb("flights", "route").stdout.contains("55.00 EUR"))
+        #expect(try await bus.sb("flights", "cheapest").stdout.contains("Cheapest round trip  45.00 EUR"))
+
+        let datasets = try jsonLines(try await bus.sb("datasets", "--json").stdout).first?.arrayValue
+        #expect(datasets?.count == 7 && datasets?.allSatisfy { $0["origin"] == "remote" } == true)
+        let refreshed = try await bus.sb("datasets", "refresh", "flights")
+        #expect(refreshed.status == 0 && refreshed.stdout.contains("flights") && refreshed.stderr.isEmpty)
+        await bus.stop()
+    }
+
+    @Test("colour only on a terminal and never with NO_COLOR; no escape codes in pipes")
+    func colour() async throws {
+        let bus = try await SBBus.start()
+        let piped = try await bus.sb("services")
+        #expect(!piped.stdout.contains("\u{1B}") && !piped.stderr.contains("\u{1B}"))
+        // A terminal, through script(1): colour; with NO_COLOR set: none.
+        func onTerminal(_ noColor: String) async throws -> String {
+            let command = "\(sbExecutable().path) services"
+            return try await runCommand(URL(fileURLWithPath: "/usr/bin/script"), ["-q", "-e", "-c", command, "/dev/null"],
+                                        environment: bus.environment.merging(["NO_COLOR": noColor]) { $1 }).stdout
+        }
+        #expect(try await onTerminal("").contains("\u{1B}["))
+        #expect(try await !onTerminal("1").contains("\u{1B}["))
+        await bus.stop()
+    }
+
+    @Test("--help has examples for each verb")
+    func help() async throws {
+        for verb in [["request"], ["subscribe"], ["publish"], ["run"], ["countries", "deal"], ["places", "open"], ["items"],
+                     ["news", "headlines"], ["flights", "route"], ["datasets", "refresh"]] {
+            let help = try await runCommand(sbExecutable(), verb + ["--help"])
+            #expect(help.status == 0 && help.stdout.contains("Example"), "\(verb)")
+        }
+        let completion = try await runCommand(sbExecutable(), ["--generate-completion-script", "bash"])
+        #expect(completion.status == 0 && completion.stdout.contains("_sb"))
+    }
+}
