@@ -529,6 +529,7 @@ struct DatasetRefresh: AsyncParsableCommand {
         abstract: "Fetch a dataset (or all) from its source now, and show the outcome.",
         discussion: """
             A refresh can take a while (retries, slow sources): the timeout is at least 60 s.
+
             Examples:
               sb datasets refresh
               sb datasets refresh countries

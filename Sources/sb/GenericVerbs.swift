@@ -50,6 +50,7 @@ struct Subscribe: AsyncParsableCommand {
         abstract: "Print the state under some key prefixes, then every update, one JSON line each.",
         discussion: """
             Each line is {"key", "sequence", "value", "snapshot"}; a deleted key has value null.
+
             Examples:
               sb subscribe /pricing/                 the current route and the deal, then changes
               sb sub /catalog/ /store/ --count 5     five lines, then exit
@@ -93,6 +94,7 @@ struct Publish: AsyncParsableCommand {
         abstract: "Set a key through the kernel's CHP collector, and wait until it is applied.",
         discussion: """
             The collector accepts keys under its writable prefixes only (/client/ by default).
+
             Examples:
               sb publish /client/alice/status '"online"'
               sb pub /client/alice/cursor '{"x":3,"y":4}' --ttl 30

@@ -8,15 +8,11 @@ struct Run: AsyncParsableCommand {
         commandName: "run",
         abstract: "Run a script of requests, one JSON line each, and print the answers as JSON lines in order.",
         discussion: """
-            Each line is {"service": ..., "method": ..., "params": ...} (params optional); blank lines
-            and lines starting with # are skipped. Each answer is {"line", "service", "method",
-            "result"} or {"line", ..., "error": {"code", "message", "data"?}}. Without
-            --continue-on-error the script stops at the first failure (requests already sent are
-            still answered). The exit status is 0 when every request succeeded, else that of the
-            first failure (1 a service error or a bad line, 69 unavailable, 75 timed out).
+            Each line is {"service": ..., "method": ..., "params": ...} (params optional); blank lines and lines starting with # are skipped. Each answer is {"line", "service", "method", "result"} or {"line", ..., "error": {"code", "message", "data"?}}. Without --continue-on-error the script stops at the first failure (requests already sent are still answered). The exit status is 0 when every request succeeded, else that of the first failure (1 a service error or a bad line, 69 unavailable, 75 timed out).
+
             Examples:
               sb run requests.jsonl
-              printf '%s\\n' '{"service":"search","method":"countries.search","params":{"query":"fr"}}' | sb run -
+              echo '{"service":"search","method":"countries.search"}' | sb run -
               sb run big.jsonl --parallel 8 --continue-on-error > answers.jsonl
             """
     )
