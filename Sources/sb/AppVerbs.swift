@@ -154,7 +154,9 @@ struct PlaceOpen: AsyncParsableCommand {
             if output.json {
                 Output.json(answer, compact: true)
             } else {
-                Output.line(Output.styled(Output.cell(answer["label"]), .bold) + "  \(Output.cell(answer["latitude"])), \(Output.cell(answer["longitude"]))")
+                // A named place with its coordinates; an unnamed one is shown by them already.
+                let name = answer["name"].flatMap(\.stringValue).map { Output.styled($0, .bold) + "  " } ?? ""
+                Output.line(name + "\(Output.cell(answer["latitude"])), \(Output.cell(answer["longitude"]))")
                 if let nearest = answer["nearest"], nearest != .null {
                     Output.line("  nearest known place: \(Output.cell(nearest["label"])), \(Output.cell(nearest["distanceKm"])) km")
                 }
