@@ -22,12 +22,9 @@ struct FetcherBenchmark: AsyncParsableCommand {
 
     func run() async throws {
         let server = try await LocalServer.start()
-        var configuration = KernelConfiguration()
-        for keyPath in [\KernelConfiguration.brokerEndpoint, \.snapshotEndpoint, \.publisherEndpoint, \.collectorEndpoint] {
-            configuration[keyPath: keyPath] = "tcp://127.0.0.1:*"
-        }
-        let kernel = try Kernel(configuration: configuration, context: ZMQContext())
-        let endpoints = try await kernel.start()
+        // An in-process kernel on free loopback ports.
+        let kernel = try await TestKernel.start()
+        let endpoints = kernel.endpoints
         let client = try await BusClient(brokers: [endpoints.broker], timeout: .seconds(60))
         let publisher = StatePublisher(client: client)
 

@@ -6,6 +6,7 @@ import Foundation
 import Histogram
 import Kernel
 import SearchService
+import SwitchboardTestSupport
 import ZeroMQ
 
 /// The search service: countries.search in process and through the kernel, the grouped
@@ -37,12 +38,9 @@ struct SearchBenchmark: AsyncParsableCommand {
         rows.append(Row("countries.search in process", rate: inProcess.rate, latencies: inProcess.latencies, note: "12 queries in turn, limit 20"))
 
         // Through the kernel: one client, one request at a time.
-        var configuration = KernelConfiguration()
-        for keyPath in [\KernelConfiguration.brokerEndpoint, \.snapshotEndpoint, \.publisherEndpoint, \.collectorEndpoint] {
-            configuration[keyPath: keyPath] = "tcp://127.0.0.1:*"
-        }
-        let kernel = try Kernel(configuration: configuration, context: ZMQContext())
-        let endpoints = try await kernel.start()
+        // An in-process kernel on free loopback ports.
+        let kernel = try await TestKernel.start()
+        let endpoints = kernel.endpoints
         let host = try ServiceHost(service: search, options: .init(brokers: [endpoints.broker], connections: 4))
         try await host.start()
         let client = try await BusClient(brokers: [endpoints.broker], timeout: .seconds(30))

@@ -5,6 +5,7 @@ import Foundation
 import Histogram
 import Kernel
 import StoreService
+import SwitchboardTestSupport
 import ZeroMQ
 
 /// The store through the kernel: durable writes (each acknowledged once its transaction is
@@ -23,12 +24,9 @@ struct StoreBenchmark: AsyncParsableCommand {
     var folder: String?
 
     func run() async throws {
-        var configuration = KernelConfiguration()
-        for keyPath in [\KernelConfiguration.brokerEndpoint, \.snapshotEndpoint, \.publisherEndpoint, \.collectorEndpoint] {
-            configuration[keyPath: keyPath] = "tcp://127.0.0.1:*"
-        }
-        let kernel = try Kernel(configuration: configuration, context: ZMQContext())
-        let endpoints = try await kernel.start()
+        // An in-process kernel on free loopback ports.
+        let kernel = try await TestKernel.start()
+        let endpoints = kernel.endpoints
         let directory = folder.map { URL(fileURLWithPath: $0) }
             ?? FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-store-\(getpid())")
         defer { if folder == nil { try? FileManager.default.removeItem(at: directory) } }
