@@ -8,3 +8,17 @@ extension Dataset {
         SHA256.hash(data: bytes).prefix(8).map { byte in (byte < 16 ? "0" : "") + String(byte, radix: 16) }.joined()
     }
 }
+
+/// The copy bundled with the build, decoded, with its version.
+public struct BundledCopy: Sendable {
+    public let decoded: DecodedDataset
+    public let version: String
+}
+
+extension Dataset {
+    /// The bundled copy decoded, with the version the fetcher gives the same bytes.
+    public func bundledCopy() throws -> BundledCopy {
+        let data = try bundledData()
+        return BundledCopy(decoded: try decode(data), version: Dataset.version(of: data))
+    }
+}

@@ -52,9 +52,8 @@ public actor FetcherService: BusService {
         self.logger = logger ?? Logger(label: "switchboard.fetcher")
         for dataset in Dataset.allCases {
             do {
-                let data = try dataset.bundledData()
-                let decoded = try dataset.decode(data)
-                states[dataset] = State(loaded: Loaded(content: decoded.content, dropped: decoded.dropped, version: Dataset.version(of: data),
+                let copy = try dataset.bundledCopy()
+                states[dataset] = State(loaded: Loaded(content: copy.decoded.content, dropped: copy.decoded.dropped, version: copy.version,
                                                        origin: .bundled, fetchedAt: Self.bundleDate, etag: nil, lastModified: nil))
             } catch {
                 states[dataset] = State(loaded: nil, lastError: "the bundled copy: \(error)")

@@ -39,14 +39,13 @@ public actor PricingService: BusService {
         self.busTimeout = busTimeout
         for dataset in [Dataset.flights, .countries] {
             do {
-                let data = try dataset.bundledData()
-                let content = try dataset.decode(data).content
-                switch content {
+                let copy = try dataset.bundledCopy()
+                switch copy.decoded.content {
                 case .flights(let flights): book = RouteBook(flights)
                 case .countries(let countries): deals = DealMaker(countries)
                 default: break
                 }
-                versions.withLock { $0[dataset] = Dataset.version(of: data) }
+                versions.withLock { $0[dataset] = copy.version }
             } catch {
                 self.logger.error("bundled copy unusable", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
             }

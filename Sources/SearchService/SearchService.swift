@@ -30,8 +30,8 @@ public actor SearchService: BusService {
         self.busTimeout = busTimeout
         for dataset in Dataset.allCases {
             do {
-                let data = try dataset.bundledData()
-                indexes.rebuild(try dataset.decode(data).content, version: Dataset.version(of: data), origin: "bundled")
+                let copy = try dataset.bundledCopy()
+                indexes.rebuild(copy.decoded.content, version: copy.version, origin: "bundled")
             } catch {
                 self.logger.error("bundled copy unusable", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
             }
