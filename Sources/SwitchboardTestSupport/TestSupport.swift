@@ -49,22 +49,30 @@ public func eventually(_ seconds: Double = 10, _ what: String, _ condition: @esc
     throw TimedOut(what: what)
 }
 
-/// A loopback TCP port that was free a moment ago (the OS picks it).
+/// A loopback TCP port that was free a moment ago.
+///
+/// Chosen below the range the OS takes local ports of outgoing connections from (read from
+/// /proc): a client reconnecting to a stopped kernel's port from that range can end up
+/// connected to itself on that very port (TCP simultaneous open), and the restarted kernel
+/// could not bind it.
 public func freePort() -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    address.sin_port = 0
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    _ = withUnsafeMutablePointer(to: &address) { pointer in
-        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
+    let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))?
+        .split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
+    let ephemeralStart = range?.first ?? 32_768
+    let candidates = 10_000..<max(10_001, min(ephemeralStart, 32_768))
+    while true {
+        let port = Int.random(in: candidates)
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = UInt16(port).bigEndian
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        close(fd)
+        if bound == 0 { return port }
     }
-    _ = withUnsafeMutablePointer(to: &address) { pointer in
-        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
-    }
-    return Int(UInt16(bigEndian: address.sin_port))
 }
 
 /// A fresh temporary directory.
