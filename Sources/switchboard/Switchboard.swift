@@ -178,8 +178,7 @@ struct ServeCommand: AsyncParsableCommand {
         case "search":
             let service = SearchService(logger: logger)
             let client = try await BusClient(brokers: broker)
-            let catalog = try await Subscription.open(snapshot: snapshot ?? file.kernel.snapshotEndpoint,
-                                                      publisher: publisher ?? file.kernel.publisherEndpoint, prefixes: ["/catalog/"])
+            let catalog = try await catalogSubscription(file)
             let host = try ServiceHost(service: service, options: hostOptions(defaultConnections: 4), logger: logger)
             piece = HostedService(host: host, afterStart: { await service.start(client: client, catalog: catalog) },
                                   beforeStop: { await service.stop() }, afterStop: {
@@ -190,8 +189,7 @@ struct ServeCommand: AsyncParsableCommand {
             let service = PricingService(logger: logger)
             let client = try await BusClient(brokers: broker)
             let publisher = StatePublisher(client: client)
-            let catalog = try await Subscription.open(snapshot: snapshot ?? file.kernel.snapshotEndpoint,
-                                                      publisher: self.publisher ?? file.kernel.publisherEndpoint, prefixes: ["/catalog/"])
+            let catalog = try await catalogSubscription(file)
             let host = try ServiceHost(service: service, options: hostOptions(defaultConnections: 2), logger: logger,
                                        onReregistered: { _ = await publisher.republish() })
             piece = HostedService(host: host, afterStart: { await service.start(client: client, publisher: publisher, catalog: catalog) },
@@ -206,6 +204,12 @@ struct ServeCommand: AsyncParsableCommand {
         }
         let group = ServiceGroup(services: [piece], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
+    }
+
+    /// `/catalog/*` from the kernel's state server (flags, else the configuration file).
+    func catalogSubscription(_ file: ConfigFile) async throws -> Subscription {
+        try await Subscription.open(snapshot: snapshot ?? file.kernel.snapshotEndpoint,
+                                    publisher: publisher ?? file.kernel.publisherEndpoint, prefixes: ["/catalog/"])
     }
 
     func hostOptions<S>(defaultConnections: Int) -> ServiceHost<S>.Options {
