@@ -200,7 +200,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SwitchboardConfigTests",
-            dependencies: ["SwitchboardConfig", "Kernel", "FetcherService"],
+            dependencies: ["SwitchboardConfig", "Kernel", "FetcherService", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -24,9 +24,32 @@ public struct KernelConfiguration: Sendable, Equatable {
     public var collectorWritablePrefixes = ["/client/"]
     /// Interval of CHP HUGZ when nothing else is published.
     public var hugzInterval: Duration = .seconds(1)
+    /// CURVE on every endpoint with the kernel's allow-lists; nil: plain text (NULL mechanism).
+    public var security: KernelSecurity?
+    /// When set, every socket also binds `inproc://NAME-broker` (`-snapshot`, `-publisher`,
+    /// `-collector`), for services in the same process (`switchboard up --single-process`).
+    public var inprocName: String?
 
     public init() {}
 
     /// Milliseconds of silence after which a worker is dead.
     var workerExpiry: Duration { heartbeatInterval * heartbeatLiveness }
+}
+
+/// CURVE encryption and authentication on every kernel endpoint. The kernel's ZAP handler
+/// admits a peer only if its public key is on one of the lists; only worker keys may
+/// register a service (a worker key may also send requests: services call each other).
+public struct KernelSecurity: Sendable, Equatable {
+    /// The kernel's secret key (Z85); clients need its public half.
+    public var secretKey: String
+    /// Public keys (Z85) of clients: requests and subscriptions only.
+    public var clientKeys: Set<String>
+    /// Public keys (Z85) of service processes: they may also register workers.
+    public var workerKeys: Set<String>
+
+    public init(secretKey: String, clientKeys: Set<String> = [], workerKeys: Set<String> = []) {
+        self.secretKey = secretKey
+        self.clientKeys = clientKeys
+        self.workerKeys = workerKeys
+    }
 }

@@ -4,158 +4,429 @@ public import StoreService
 public import FetcherService
 import Catalog
 import Yams
+public import ZeroMQ
 
 /// An error in a configuration file, naming the key's path and what was expected
 /// ("kernel.heartbeat_ms: expected a positive integer, got \"fast\"").
 public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
     public let path: String
     public let problem: String
+    public init(path: String, problem: String) {
+        self.path = path
+        self.problem = problem
+    }
     public var description: String { path.isEmpty ? problem : "\(path): \(problem)" }
 }
 
-/// `Config/switchboard.yaml`: the settings of every piece. Every key is optional; flags
-/// given on the command line override the file.
+/// `Config/switchboard.yaml`: the settings of every piece. Every key is optional; an
+/// environment variable `SWITCHBOARD_<PATH>` (the key's path in capitals, dots as
+/// underscores: `SWITCHBOARD_KERNEL_BROKER`, `SWITCHBOARD_SERVICES_STORE_WORKERS`) overrides
+/// the file, and flags given on the command line override both.
 public struct ConfigFile: Sendable, Equatable {
     public var kernel = KernelConfiguration()
+    public var services = ConfigFile.defaultServices
     public var store = StoreConfiguration()
     public var fetcher = FetcherConfiguration.defaults
+    public var security = SecuritySettings()
+    public var supervisor = SupervisorSettings()
+    /// The log level of every piece unless its own section says otherwise.
+    public var logLevel = "info"
+    /// `kernel.log_level`: the kernel's own level, when it differs.
+    public var kernelLogLevel: String?
+
+    /// The level a piece ("kernel" or a service's name) logs at.
+    public func logLevel(for piece: String) -> String {
+        (piece == "kernel" ? kernelLogLevel : services[piece]?.logLevel) ?? logLevel
+    }
 
     public init() {}
 
-    /// Reads and checks a YAML file. Unknown keys and bad values are errors.
-    public static func load(_ url: URL) throws -> ConfigFile {
-        let text: String
-        do {
-            text = try String(contentsOf: url, encoding: .utf8)
-        } catch {
-            throw ConfigError(path: "", problem: "cannot read \(url.path): \(error.localizedDescription)")
+    /// The services `switchboard up` runs, in start order, with their default worker counts.
+    public static let serviceNames = ["echo", "store", "fetcher", "search", "pricing"]
+    public static let defaultServices: [String: ServiceSettings] = [
+        "echo": .init(workers: 2), "store": .init(workers: 8), "fetcher": .init(workers: 4),
+        "search": .init(workers: 4), "pricing": .init(workers: 2),
+    ]
+    public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+
+    /// Reads and checks a YAML file, then applies `SWITCHBOARD_*` variables from `environment`.
+    /// Unknown keys (and unknown `SWITCHBOARD_*` variables) and bad values are errors.
+    public static func load(_ url: URL?, environment: [String: String] = ProcessInfo.processInfo.environment) throws -> ConfigFile {
+        var text = ""
+        if let url {
+            do {
+                text = try String(contentsOf: url, encoding: .utf8)
+            } catch {
+                throw ConfigError(path: "", problem: "cannot read \(url.path): \(error.localizedDescription)")
+            }
         }
-        return try parse(text)
+        return try parse(text, environment: environment)
     }
 
-    /// Parses YAML text.
-    public static func parse(_ text: String) throws -> ConfigFile {
+    /// Parses YAML text, with `SWITCHBOARD_*` overrides from `environment`.
+    public static func parse(_ text: String, environment: [String: String] = [:]) throws -> ConfigFile {
         let root: Any?
         do {
             root = try Yams.load(yaml: text)
         } catch {
             throw ConfigError(path: "", problem: "not valid YAML: \(error)")
         }
-        var file = ConfigFile()
-        guard let root else { return file }
-        let top = try mapping(root, "")
-        try checkKeys(top, allowed: ["kernel", "store", "fetcher"], "")
-        if let kernel = top["kernel"] {
-            let section = try mapping(kernel, "kernel")
-            try checkKeys(section, allowed: ["broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness",
-                                             "queue_timeout_ms", "max_message_size", "no_retry", "writable_prefixes"], "kernel")
-            var k = file.kernel
-            if let value = section["broker"] { k.brokerEndpoint = try endpoint(value, "kernel.broker") }
-            if let value = section["snapshot"] { k.snapshotEndpoint = try endpoint(value, "kernel.snapshot") }
-            if let value = section["publisher"] { k.publisherEndpoint = try endpoint(value, "kernel.publisher") }
-            if let value = section["collector"] { k.collectorEndpoint = try endpoint(value, "kernel.collector") }
-            if let value = section["heartbeat_ms"] { k.heartbeatInterval = .milliseconds(try positive(value, "kernel.heartbeat_ms")) }
-            if let value = section["liveness"] { k.heartbeatLiveness = try positive(value, "kernel.liveness") }
-            if let value = section["queue_timeout_ms"] { k.queueTimeout = .milliseconds(try positive(value, "kernel.queue_timeout_ms")) }
-            if let value = section["max_message_size"] { k.maxMessageSize = try positive(value, "kernel.max_message_size") }
-            if let value = section["no_retry"] { k.nonRetriableServices = Set(try strings(value, "kernel.no_retry")) }
-            if let value = section["writable_prefixes"] {
-                let prefixes = try strings(value, "kernel.writable_prefixes")
-                guard prefixes.allSatisfy({ $0.hasPrefix("/") }) else {
-                    throw ConfigError(path: "kernel.writable_prefixes", problem: "expected key prefixes starting with '/'")
-                }
-                k.collectorWritablePrefixes = prefixes
-            }
-            file.kernel = k
-        }
-        if let store = top["store"] {
-            let section = try mapping(store, "store")
-            try checkKeys(section, allowed: ["path", "history_limit", "max_size_mb"], "store")
-            if let value = section["path"] {
-                guard let path = value as? String, !path.isEmpty else {
-                    throw ConfigError(path: "store.path", problem: "expected a file path, got \(describe(value))")
-                }
-                file.store.path = path
-            }
-            if let value = section["history_limit"] { file.store.historyLimit = try positive(value, "store.history_limit") }
-            if let value = section["max_size_mb"] { file.store.maxSizeBytes = try positive(value, "store.max_size_mb") * 1_048_576 }
-        }
-        if let fetcher = top["fetcher"] {
-            let section = try mapping(fetcher, "fetcher")
-            try checkKeys(section, allowed: ["attempts", "datasets"], "fetcher")
-            if let value = section["attempts"] { file.fetcher.attempts = try positive(value, "fetcher.attempts") }
-            if let datasets = section["datasets"] {
-                let map = try mapping(datasets, "fetcher.datasets")
-                try checkKeys(map, allowed: Set(Dataset.allCases.map(\.rawValue)), "fetcher.datasets")
-                for (name, value) in map {
-                    let path = "fetcher.datasets.\(name)"
-                    let dataset = Dataset(rawValue: name)!
-                    let entry = try mapping(value, path)
-                    try checkKeys(entry, allowed: ["url", "refresh_seconds", "timeout_ms", "max_mb", "headers"], path)
-                    var source = file.fetcher.sources[dataset] ?? .init(url: nil)
-                    if let url = entry["url"] {
-                        guard let text = url as? String, let parsed = URL(string: text), ["http", "https", "file"].contains(parsed.scheme ?? "") else {
-                            throw ConfigError(path: "\(path).url", problem: "expected an http, https or file URL, got \(describe(url))")
-                        }
-                        source.url = parsed
-                    }
-                    if let value = entry["refresh_seconds"] { source.refreshInterval = .seconds(try positive(value, "\(path).refresh_seconds")) }
-                    if let value = entry["timeout_ms"] { source.timeout = .milliseconds(try positive(value, "\(path).timeout_ms")) }
-                    if let value = entry["max_mb"] { source.maxBytes = try positive(value, "\(path).max_mb") * 1_048_576 }
-                    if let value = entry["headers"] {
-                        guard let headers = value as? [String: String] else {
-                            throw ConfigError(path: "\(path).headers", problem: "expected a mapping of header names to strings")
-                        }
-                        source.headers = headers
-                    }
-                    file.fetcher.sources[dataset] = source
-                }
-            }
-        }
-        return file
+        var tree = try root.map { try mapping($0, "") } ?? [:]
+        try applyOverrides(environment, to: &tree)
+        try checkKeys(tree, against: schema, "")
+        var reader = Reader()
+        return try reader.read(tree)
     }
 
-    private static func mapping(_ value: Any, _ path: String) throws -> [String: Any] {
+    // MARK: Schema
+
+    /// Every key the file may hold: a mapping of names to sub-schemas, or a value.
+    indirect enum Schema: Sendable {
+        case value
+        case map([String: Schema])
+        /// Keys any of `names`, each with the same schema.
+        case each(Set<String>, Schema)
+
+        var children: [(String, Schema)] {
+            switch self {
+            case .value: []
+            case .map(let keys): keys.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+            case .each(let names, let schema): names.sorted().map { ($0, schema) }
+            }
+        }
+    }
+
+    static let schema = Schema.map([
+        "log_level": .value,
+        "kernel": .map(Dictionary(uniqueKeysWithValues: [
+            "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
+            "max_message_size", "no_retry", "writable_prefixes", "log_level",
+        ].map { ($0, Schema.value) })),
+        "services": .each(Set(serviceNames), .map(["enabled": .value, "workers": .value, "log_level": .value])),
+        "store": .map(["path": .value, "history_limit": .value, "max_size_mb": .value]),
+        "fetcher": .map([
+            "attempts": .value,
+            "datasets": .each(Set(Dataset.allCases.map(\.rawValue)), .map([
+                "url": .value, "refresh_seconds": .value, "timeout_ms": .value, "max_mb": .value, "headers": .value,
+            ])),
+        ]),
+        "security": .map(Dictionary(uniqueKeysWithValues: [
+            "curve", "kernel_secret_key", "kernel_secret_key_file", "server_key", "secret_key", "secret_key_file",
+            "client_keys", "worker_keys",
+        ].map { ($0, Schema.value) })),
+        "supervisor": .map(Dictionary(uniqueKeysWithValues: [
+            "start_timeout_seconds", "stop_timeout_seconds", "restart_backoff_ms", "restart_backoff_max_ms",
+            "restart_limit", "restart_window_seconds",
+        ].map { ($0, Schema.value) })),
+    ])
+
+    /// The dotted path of every value in the schema ("kernel.broker", …).
+    static var valuePaths: [String] {
+        func walk(_ schema: Schema, _ prefix: String) -> [String] {
+            if case .value = schema { return [prefix] }
+            return schema.children.flatMap { walk($0.1, prefix.isEmpty ? $0.0 : "\(prefix).\($0.0)") }
+        }
+        return walk(schema, "")
+    }
+
+    /// The environment variable that overrides a key path.
+    public static func variable(for path: String) -> String {
+        "SWITCHBOARD_" + path.uppercased().replacingOccurrences(of: ".", with: "_")
+    }
+
+    private static func applyOverrides(_ environment: [String: String], to tree: inout [String: Any]) throws {
+        let paths = Dictionary(uniqueKeysWithValues: valuePaths.map { (variable(for: $0), $0) })
+        for (name, text) in environment.sorted(by: { $0.key < $1.key }) where name.hasPrefix("SWITCHBOARD_") {
+            guard let path = paths[name] else {
+                throw ConfigError(path: name, problem: "unknown variable; SWITCHBOARD_* variables override configuration keys (e.g. SWITCHBOARD_KERNEL_BROKER for kernel.broker)")
+            }
+            // The value is read as YAML, so numbers, booleans and lists keep their types.
+            let value = ((try? Yams.load(yaml: text)) ?? text) ?? text
+            try set(value, at: path.split(separator: ".").map(String.init), in: &tree, from: name)
+        }
+    }
+
+    private static func set(_ value: Any, at keys: [String], in tree: inout [String: Any], from variable: String) throws {
+        guard let first = keys.first else { return }
+        if keys.count == 1 {
+            tree[first] = value
+            return
+        }
+        var child = try (tree[first]).map { try mapping($0, first) } ?? [:]
+        try set(value, at: Array(keys.dropFirst()), in: &child, from: variable)
+        tree[first] = child
+    }
+
+    private static func checkKeys(_ map: [String: Any], against schema: Schema, _ path: String) throws {
+        let allowed = Dictionary(uniqueKeysWithValues: schema.children)
+        for key in map.keys.sorted() {
+            let full = path.isEmpty ? key : "\(path).\(key)"
+            guard let child = allowed[key] else {
+                throw ConfigError(path: full, problem: "unknown key; expected one of \(allowed.keys.sorted().joined(separator: ", "))")
+            }
+            if case .value = child { continue }
+            // A section may be written but left empty (`datasets:` with everything commented out).
+            guard let value = map[key], !(value is NSNull) else { continue }
+            try checkKeys(try mapping(value, full), against: child, full)
+        }
+    }
+
+    static func mapping(_ value: Any, _ path: String) throws -> [String: Any] {
+        if value is NSNull { return [:] }
         guard let map = value as? [String: Any] else {
             throw ConfigError(path: path, problem: "expected a mapping of keys to values, got \(describe(value))")
         }
         return map
     }
 
-    private static func checkKeys(_ map: [String: Any], allowed: Set<String>, _ path: String) throws {
-        for key in map.keys.sorted() where !allowed.contains(key) {
-            let full = path.isEmpty ? key : "\(path).\(key)"
-            throw ConfigError(path: full, problem: "unknown key; expected one of \(allowed.sorted().joined(separator: ", "))")
-        }
-    }
-
-    private static func positive(_ value: Any, _ path: String) throws -> Int {
-        guard let number = value as? Int, number > 0 else {
-            throw ConfigError(path: path, problem: "expected a positive integer, got \(describe(value))")
-        }
-        return number
-    }
-
-    private static func endpoint(_ value: Any, _ path: String) throws -> String {
-        guard let text = value as? String, ["tcp://", "ipc://", "inproc://"].contains(where: { text.hasPrefix($0) }), text.count > 8 else {
-            throw ConfigError(path: path, problem: "expected an endpoint such as tcp://127.0.0.1:5555, got \(describe(value))")
-        }
-        return text
-    }
-
-    private static func strings(_ value: Any, _ path: String) throws -> [String] {
-        guard let list = value as? [Any], let strings = list as? [String] else {
-            throw ConfigError(path: path, problem: "expected a list of strings, got \(describe(value))")
-        }
-        return strings
-    }
-
-    private static func describe(_ value: Any) -> String {
+    static func describe(_ value: Any) -> String {
         switch value {
         case let text as String: "\"\(text)\""
         case is [Any]: "a list"
         case is [String: Any]: "a mapping"
         default: "\(value)"
         }
+    }
+}
+
+/// Which services `switchboard up` starts, and how.
+public struct ServiceSettings: Sendable, Equatable {
+    public var enabled = true
+    /// Worker connections: requests the service handles at once.
+    public var workers: Int
+    /// Overrides the top-level `log_level` for this service.
+    public var logLevel: String?
+
+    public init(enabled: Bool = true, workers: Int, logLevel: String? = nil) {
+        self.enabled = enabled
+        self.workers = workers
+        self.logLevel = logLevel
+    }
+}
+
+/// CURVE settings. The kernel needs its secret key and the allow-lists; every piece that
+/// connects (services, `switchboard up`'s probe) needs the kernel's public key and a key
+/// pair of its own.
+public struct SecuritySettings: Sendable, Equatable {
+    public var curve = false
+    public var kernelSecretKey: String?
+    public var serverKey: String?
+    public var secretKey: String?
+    public var clientKeys: [String] = []
+    public var workerKeys: [String] = []
+
+    public init() {}
+
+    /// The kernel's side: nil when `curve` is off.
+    public func kernelSecurity() throws(ConfigError) -> KernelSecurity? {
+        guard curve else { return nil }
+        guard let kernelSecretKey else {
+            throw ConfigError(path: "security.kernel_secret_key_file", problem: "required when security.curve is true (make one with `switchboard keygen`)")
+        }
+        guard !clientKeys.isEmpty || !workerKeys.isEmpty else {
+            throw ConfigError(path: "security.worker_keys", problem: "no key is allowed: list the public keys of the services (and clients in security.client_keys)")
+        }
+        return KernelSecurity(secretKey: kernelSecretKey, clientKeys: Set(clientKeys), workerKeys: Set(workerKeys))
+    }
+
+    /// A connecting piece's keys (services, `switchboard up`'s probe): nil when `curve` is off.
+    public func connectingKeys() throws(ConfigError) -> CurveClientKeys? {
+        guard curve else { return nil }
+        guard let serverKey else {
+            throw ConfigError(path: "security.server_key", problem: "required when security.curve is true: the kernel's public key")
+        }
+        guard let secretKey else {
+            throw ConfigError(path: "security.secret_key_file", problem: "required when security.curve is true: this host's secret key")
+        }
+        do {
+            return try CurveClientKeys(serverKey: serverKey, secretKey: secretKey)
+        } catch {
+            throw ConfigError(path: "security", problem: "the keys are not usable: \(error)")
+        }
+    }
+}
+
+/// How `switchboard up` watches its processes.
+public struct SupervisorSettings: Sendable, Equatable {
+    /// How long each process may take to start and register.
+    public var startTimeout: Duration = .seconds(30)
+    /// How long a process may take to stop after SIGTERM before it is killed.
+    public var stopTimeout: Duration = .seconds(15)
+    /// The wait before the first restart, doubled for each restart in a row, up to the maximum.
+    public var restartBackoff: Duration = .milliseconds(500)
+    public var restartBackoffMax: Duration = .seconds(10)
+    /// More restarts than this of one process within the window and `up` gives up.
+    public var restartLimit = 5
+    public var restartWindow: Duration = .seconds(60)
+
+    public init() {}
+}
+
+/// Turns the checked tree into settings, naming the path of any bad value.
+private struct Reader {
+    func read(_ tree: [String: Any]) throws -> ConfigFile {
+        var file = ConfigFile()
+        if let value = tree["log_level"] { file.logLevel = try logLevel(value, "log_level") }
+        let kernel = try section(tree, "kernel")
+        var k = file.kernel
+        if let value = kernel["broker"] { k.brokerEndpoint = try endpoint(value, "kernel.broker") }
+        if let value = kernel["snapshot"] { k.snapshotEndpoint = try endpoint(value, "kernel.snapshot") }
+        if let value = kernel["publisher"] { k.publisherEndpoint = try endpoint(value, "kernel.publisher") }
+        if let value = kernel["collector"] { k.collectorEndpoint = try endpoint(value, "kernel.collector") }
+        if let value = kernel["heartbeat_ms"] { k.heartbeatInterval = .milliseconds(try positive(value, "kernel.heartbeat_ms")) }
+        if let value = kernel["liveness"] { k.heartbeatLiveness = try positive(value, "kernel.liveness") }
+        if let value = kernel["queue_timeout_ms"] { k.queueTimeout = .milliseconds(try positive(value, "kernel.queue_timeout_ms")) }
+        if let value = kernel["max_message_size"] { k.maxMessageSize = try positive(value, "kernel.max_message_size") }
+        if let value = kernel["no_retry"] { k.nonRetriableServices = Set(try strings(value, "kernel.no_retry")) }
+        if let value = kernel["writable_prefixes"] {
+            let prefixes = try strings(value, "kernel.writable_prefixes")
+            guard prefixes.allSatisfy({ $0.hasPrefix("/") }) else {
+                throw ConfigError(path: "kernel.writable_prefixes", problem: "expected key prefixes starting with '/'")
+            }
+            k.collectorWritablePrefixes = prefixes
+        }
+        file.kernel = k
+
+        let services = try section(tree, "services")
+        for (name, value) in services {
+            let path = "services.\(name)"
+            let entry = try ConfigFile.mapping(value, path)
+            var settings = file.services[name]!
+            if let value = entry["enabled"] { settings.enabled = try bool(value, "\(path).enabled") }
+            if let value = entry["workers"] { settings.workers = try positive(value, "\(path).workers") }
+            if let value = entry["log_level"] { settings.logLevel = try logLevel(value, "\(path).log_level") }
+            file.services[name] = settings
+        }
+        if let value = kernel["log_level"] { file.kernelLogLevel = try logLevel(value, "kernel.log_level") }
+
+        let store = try section(tree, "store")
+        if let value = store["path"] {
+            guard let path = value as? String, !path.isEmpty else {
+                throw ConfigError(path: "store.path", problem: "expected a file path, got \(ConfigFile.describe(value))")
+            }
+            file.store.path = path
+        }
+        if let value = store["history_limit"] { file.store.historyLimit = try positive(value, "store.history_limit") }
+        if let value = store["max_size_mb"] { file.store.maxSizeBytes = try positive(value, "store.max_size_mb") * 1_048_576 }
+
+        let fetcher = try section(tree, "fetcher")
+        if let value = fetcher["attempts"] { file.fetcher.attempts = try positive(value, "fetcher.attempts") }
+        for (name, value) in try section(fetcher, "datasets", parent: "fetcher") {
+            let path = "fetcher.datasets.\(name)"
+            let dataset = Dataset(rawValue: name)!
+            let entry = try ConfigFile.mapping(value, path)
+            var source = file.fetcher.sources[dataset] ?? .init(url: nil)
+            if let url = entry["url"] {
+                guard let text = url as? String, let parsed = URL(string: text), ["http", "https", "file"].contains(parsed.scheme ?? "") else {
+                    throw ConfigError(path: "\(path).url", problem: "expected an http, https or file URL, got \(ConfigFile.describe(url))")
+                }
+                source.url = parsed
+            }
+            if let value = entry["refresh_seconds"] { source.refreshInterval = .seconds(try positive(value, "\(path).refresh_seconds")) }
+            if let value = entry["timeout_ms"] { source.timeout = .milliseconds(try positive(value, "\(path).timeout_ms")) }
+            if let value = entry["max_mb"] { source.maxBytes = try positive(value, "\(path).max_mb") * 1_048_576 }
+            if let value = entry["headers"] {
+                guard let headers = value as? [String: String] else {
+                    throw ConfigError(path: "\(path).headers", problem: "expected a mapping of header names to strings")
+                }
+                source.headers = headers
+            }
+            file.fetcher.sources[dataset] = source
+        }
+
+        let security = try section(tree, "security")
+        var s = file.security
+        if let value = security["curve"] { s.curve = try bool(value, "security.curve") }
+        s.kernelSecretKey = try key(in: security, inline: "kernel_secret_key", file: "kernel_secret_key_file")
+        s.secretKey = try key(in: security, inline: "secret_key", file: "secret_key_file")
+        if let value = security["server_key"] { s.serverKey = try z85Key(value, "security.server_key") }
+        if let value = security["client_keys"] { s.clientKeys = try keys(value, "security.client_keys") }
+        if let value = security["worker_keys"] { s.workerKeys = try keys(value, "security.worker_keys") }
+        file.security = s
+
+        let supervisor = try section(tree, "supervisor")
+        var u = file.supervisor
+        if let value = supervisor["start_timeout_seconds"] { u.startTimeout = .seconds(try positive(value, "supervisor.start_timeout_seconds")) }
+        if let value = supervisor["stop_timeout_seconds"] { u.stopTimeout = .seconds(try positive(value, "supervisor.stop_timeout_seconds")) }
+        if let value = supervisor["restart_backoff_ms"] { u.restartBackoff = .milliseconds(try positive(value, "supervisor.restart_backoff_ms")) }
+        if let value = supervisor["restart_backoff_max_ms"] { u.restartBackoffMax = .milliseconds(try positive(value, "supervisor.restart_backoff_max_ms")) }
+        if let value = supervisor["restart_limit"] { u.restartLimit = try positive(value, "supervisor.restart_limit") }
+        if let value = supervisor["restart_window_seconds"] { u.restartWindow = .seconds(try positive(value, "supervisor.restart_window_seconds")) }
+        file.supervisor = u
+        return file
+    }
+
+    private func section(_ tree: [String: Any], _ name: String, parent: String? = nil) throws -> [String: Any] {
+        guard let value = tree[name] else { return [:] }
+        return try ConfigFile.mapping(value, parent.map { "\($0).\(name)" } ?? name)
+    }
+
+    private func positive(_ value: Any, _ path: String) throws -> Int {
+        guard let number = value as? Int, number > 0 else {
+            throw ConfigError(path: path, problem: "expected a positive integer, got \(ConfigFile.describe(value))")
+        }
+        return number
+    }
+
+    private func bool(_ value: Any, _ path: String) throws -> Bool {
+        guard let flag = value as? Bool else {
+            throw ConfigError(path: path, problem: "expected true or false, got \(ConfigFile.describe(value))")
+        }
+        return flag
+    }
+
+    private func logLevel(_ value: Any, _ path: String) throws -> String {
+        guard let level = value as? String, ConfigFile.logLevels.contains(level) else {
+            throw ConfigError(path: path, problem: "expected one of \(ConfigFile.logLevels.joined(separator: ", ")), got \(ConfigFile.describe(value))")
+        }
+        return level
+    }
+
+    private func endpoint(_ value: Any, _ path: String) throws -> String {
+        guard let text = value as? String, ["tcp://", "ipc://", "inproc://"].contains(where: { text.hasPrefix($0) }), text.count > 8 else {
+            throw ConfigError(path: path, problem: "expected an endpoint such as tcp://127.0.0.1:5555, got \(ConfigFile.describe(value))")
+        }
+        return text
+    }
+
+    private func strings(_ value: Any, _ path: String) throws -> [String] {
+        guard let list = value as? [Any], let strings = list as? [String] else {
+            throw ConfigError(path: path, problem: "expected a list of strings, got \(ConfigFile.describe(value))")
+        }
+        return strings
+    }
+
+    private func z85Key(_ value: Any, _ path: String) throws -> String {
+        guard let text = (value as? String)?.trimmingCharacters(in: .whitespacesAndNewlines), Z85.decode(text)?.count == 32 else {
+            throw ConfigError(path: path, problem: "expected a CURVE key: 40 characters of Z85 as `switchboard keygen` prints, got \(ConfigFile.describe(value))")
+        }
+        return text
+    }
+
+    private func keys(_ value: Any, _ path: String) throws -> [String] {
+        let list = try strings(value, path)
+        return try list.enumerated().map { try z85Key($0.element, "\(path)[\($0.offset)]") }
+    }
+
+    /// A secret key given inline or as a file holding it (as `switchboard keygen --out` writes).
+    private func key(in section: [String: Any], inline: String, file: String) throws -> String? {
+        if section[inline] != nil && section[file] != nil {
+            throw ConfigError(path: "security.\(inline)", problem: "give either \(inline) or \(file), not both")
+        }
+        if let value = section[inline] { return try z85Key(value, "security.\(inline)") }
+        guard let value = section[file] else { return nil }
+        guard let path = value as? String, !path.isEmpty else {
+            throw ConfigError(path: "security.\(file)", problem: "expected a file path, got \(ConfigFile.describe(value))")
+        }
+        let text: String
+        do {
+            text = try String(contentsOfFile: path, encoding: .utf8)
+        } catch {
+            throw ConfigError(path: "security.\(file)", problem: "cannot read \(path): \(error.localizedDescription)")
+        }
+        guard let secret = CurveKeyFile.secretKey(in: text) else {
+            throw ConfigError(path: "security.\(file)", problem: "\(path) holds no CURVE secret key (expected the file `switchboard keygen --out` writes)")
+        }
+        return secret
     }
 }

@@ -55,3 +55,69 @@ public enum Z85 {
 func text(_ buffer: [CChar]) -> String {
     String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
+
+/// What a connecting socket needs to talk to a CURVE-secured kernel: the kernel's public
+/// key, and this peer's own key pair (the public half is derived from the secret one).
+public struct CurveClientKeys: Sendable, Hashable {
+    public let serverKey: String
+    public let publicKey: String
+    public let secretKey: String
+
+    /// Fails with `EINVAL` when a key is not 40 characters of Z85.
+    public init(serverKey: String, secretKey: String) throws(ZMQError) {
+        guard Z85.decode(serverKey)?.count == 32 else { throw ZMQError(call: "CURVE server key", code: EINVAL) }
+        guard Z85.decode(secretKey)?.count == 32 else { throw ZMQError(call: "CURVE secret key", code: EINVAL) }
+        self.serverKey = serverKey
+        self.secretKey = secretKey
+        publicKey = try CurveKeyPair.publicKey(forSecretKey: secretKey)
+    }
+
+    /// Makes `socket` a CURVE client of the server (before it connects).
+    public func apply(to socket: ZMQSocket) throws(ZMQError) {
+        try socket.set(.curveServerKey, serverKey)
+        try socket.set(.curvePublicKey, publicKey)
+        try socket.set(.curveSecretKey, secretKey)
+    }
+}
+
+extension ZMQSocket {
+    /// Makes the socket a CURVE client when `keys` are given; a no-op otherwise.
+    public func secure(_ keys: CurveClientKeys?) throws(ZMQError) {
+        try keys?.apply(to: self)
+    }
+}
+
+/// The key files `switchboard keygen --out NAME` writes: `NAME.key` (secret, mode 0600)
+/// and `NAME.pub`, lines of `name = value` with `#` comments.
+public enum CurveKeyFile {
+    public static func secretFile(_ pair: CurveKeyPair) -> String {
+        """
+        # Switchboard CURVE key pair. Keep this file private; share only the .pub file.
+        public-key = \(pair.publicKey)
+        secret-key = \(pair.secretKey)
+
+        """
+    }
+
+    public static func publicFile(_ pair: CurveKeyPair) -> String {
+        """
+        # Switchboard CURVE public key: add it to security.worker_keys or security.client_keys.
+        public-key = \(pair.publicKey)
+
+        """
+    }
+
+    /// The secret key in a key file's text; nil when there is none or it is not valid Z85.
+    public static func secretKey(in text: String) -> String? { value("secret-key", in: text) }
+    /// The public key in a key file's text.
+    public static func publicKey(in text: String) -> String? { value("public-key", in: text) }
+
+    private static func value(_ name: String, in text: String) -> String? {
+        for line in text.split(whereSeparator: \.isNewline) {
+            let parts = line.split(separator: "=", maxSplits: 1).map { String($0.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed()) }
+            guard parts.count == 2, parts[0] == name else { continue }
+            return Z85.decode(parts[1])?.count == 32 ? parts[1] : nil
+        }
+        return nil
+    }
+}

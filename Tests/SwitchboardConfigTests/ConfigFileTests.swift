@@ -3,6 +3,7 @@ import FetcherService
 import Kernel
 import SwitchboardConfig
 import Testing
+import ZeroMQ
 
 @Suite("Config/switchboard.yaml")
 struct ConfigFileTests {
@@ -71,9 +72,73 @@ struct ConfigFileTests {
         ("fetcher:\n  datasets:\n    items: {url: 'ftp://x/y'}", #"fetcher.datasets.items.url: expected an http, https or file URL, got "ftp://x/y""#),
         ("fetcher:\n  datasets:\n    items: {timeout_ms: soon}", #"fetcher.datasets.items.timeout_ms: expected a positive integer, got "soon""#),
         ("fetcher:\n  attempts: -2", "fetcher.attempts: expected a positive integer, got -2"),
+        ("services:\n  mailer: {workers: 1}", "services.mailer: unknown key"),
+        ("services:\n  store: {workers: many}", #"services.store.workers: expected a positive integer, got "many""#),
+        ("services:\n  store: {enabled: maybe}", #"services.store.enabled: expected true or false, got "maybe""#),
+        ("log_level: loud", #"log_level: expected one of trace, debug, info, notice, warning, error, critical, got "loud""#),
+        ("security:\n  worker_keys: [abc]", #"security.worker_keys[0]: expected a CURVE key"#),
+        ("security:\n  secret_key_file: /nonexistent/x.key", "security.secret_key_file: cannot read /nonexistent/x.key"),
+        ("security:\n  curve: yes please", #"security.curve: expected true or false"#),
+        ("supervisor:\n  restart_limit: 0", "supervisor.restart_limit: expected a positive integer, got 0"),
     ])
     func rejected(text: String, message: String) {
         let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
         #expect(error?.description.hasPrefix(message) == true, "\(error?.description ?? "-")")
+    }
+
+    @Test("the services, security and supervisor sections")
+    func newSections() throws {
+        let pair = try CurveKeyPair.generate(), kernel = try CurveKeyPair.generate()
+        let keyFile = try temporaryFile(CurveKeyFile.secretFile(pair))
+        let file = try ConfigFile.parse("""
+            log_level: warning
+            kernel: {log_level: debug}
+            services:
+              echo: {enabled: false}
+              store: {workers: 3, log_level: trace}
+            security:
+              curve: true
+              kernel_secret_key: "\(kernel.secretKey)"
+              server_key: "\(kernel.publicKey)"
+              secret_key_file: \(keyFile.path)
+              worker_keys: ["\(pair.publicKey)"]
+            supervisor: {restart_limit: 2, restart_backoff_ms: 50}
+            """)
+        #expect(file.services["echo"]?.enabled == false && file.services["store"]?.workers == 3)
+        #expect(file.services["search"] == ServiceSettings(workers: 4))
+        #expect(file.logLevel(for: "store") == "trace" && file.logLevel(for: "kernel") == "debug" && file.logLevel(for: "search") == "warning")
+        #expect(try file.security.kernelSecurity() == KernelSecurity(secretKey: kernel.secretKey, workerKeys: [pair.publicKey]))
+        let keys = try file.security.connectingKeys()
+        #expect(keys?.publicKey == pair.publicKey && keys?.serverKey == kernel.publicKey)
+        #expect(file.supervisor.restartLimit == 2 && file.supervisor.restartBackoff == .milliseconds(50))
+        // CURVE off: nothing is needed, nothing is returned.
+        #expect(try ConfigFile().security.kernelSecurity() == nil)
+    }
+
+    @Test("SWITCHBOARD_* variables override the file, typed as YAML")
+    func environmentOverrides() throws {
+        let file = try ConfigFile.parse("kernel:\n  broker: tcp://127.0.0.1:1\n", environment: [
+            "SWITCHBOARD_KERNEL_BROKER": "tcp://0.0.0.0:7000",
+            "SWITCHBOARD_KERNEL_NO_RETRY": "[store, pricing]",
+            "SWITCHBOARD_SERVICES_STORE_WORKERS": "16",
+            "SWITCHBOARD_FETCHER_DATASETS_ITEMS_URL": "file:///srv/items.json",
+            "HOME": "/root",
+        ])
+        #expect(file.kernel.brokerEndpoint == "tcp://0.0.0.0:7000")
+        #expect(file.kernel.nonRetriableServices == ["store", "pricing"])
+        #expect(file.services["store"]?.workers == 16)
+        #expect(file.fetcher.sources[.items]?.url == URL(string: "file:///srv/items.json"))
+        #expect(ConfigFile.variable(for: "kernel.heartbeat_ms") == "SWITCHBOARD_KERNEL_HEARTBEAT_MS")
+
+        let unknown = #expect(throws: ConfigError.self) { try ConfigFile.parse("", environment: ["SWITCHBOARD_KERNEL_BROKR": "x"]) }
+        #expect(unknown?.description.hasPrefix("SWITCHBOARD_KERNEL_BROKR: unknown variable") == true)
+        let bad = #expect(throws: ConfigError.self) { try ConfigFile.parse("", environment: ["SWITCHBOARD_KERNEL_LIVENESS": "often"]) }
+        #expect(bad?.description == #"kernel.liveness: expected a positive integer, got "often""#)
+    }
+
+    private func temporaryFile(_ text: String) throws -> URL {
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("sb-config-\(UUID().uuidString).key")
+        try text.write(to: url, atomically: true, encoding: .utf8)
+        return url
     }
 }
