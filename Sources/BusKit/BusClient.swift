@@ -25,7 +25,9 @@ public final class BusClient: Sendable {
     /// - Parameters:
     ///   - loop: the loop to run the socket on; by default the client starts its own.
     ///   - timeout: the default time to wait for each reply.
-    public init(brokers: [String], context: ZMQContext? = nil, loop: SocketLoop? = nil, timeout: Duration = .seconds(5)) async throws {
+    ///   - curve: keys for a CURVE-secured kernel (nil: plain text).
+    public init(brokers: [String], context: ZMQContext? = nil, loop: SocketLoop? = nil, timeout: Duration = .seconds(5),
+                curve: CurveClientKeys? = nil) async throws {
         precondition(!brokers.isEmpty, "BusClient needs at least one broker endpoint")
         self.brokers = brokers
         self.defaultTimeout = timeout
@@ -39,6 +41,7 @@ public final class BusClient: Sendable {
         let loop = self.loop
         core = try await loop.run {
             let socket = try ZMQSocket(loop.context, .dealer)
+            try socket.secure(curve)
             try socket.set(.immediate, brokers.count > 1)
             try socket.set(.receiveHighWaterMark, 0)
             try socket.set(.sendHighWaterMark, 0)

@@ -26,9 +26,12 @@ public final class ServiceHost<Hosted: BusService>: Service {
         public var heartbeatLiveness: Int
         /// How long `stop()` waits for requests in flight.
         public var drainTimeout: Duration
+        /// Keys for a CURVE-secured kernel (a worker key; nil: plain text).
+        public var curve: CurveClientKeys?
 
         public init(brokers: [String], connections: Int = 2, heartbeatInterval: Duration = .milliseconds(2_500),
-                    heartbeatLiveness: Int = 3, drainTimeout: Duration = .seconds(5)) {
+                    heartbeatLiveness: Int = 3, drainTimeout: Duration = .seconds(5), curve: CurveClientKeys? = nil) {
+            self.curve = curve
             self.brokers = brokers
             self.connections = connections
             self.heartbeatInterval = heartbeatInterval
@@ -140,6 +143,7 @@ actor WorkerConnection<Hosted: BusService> {
         registration?.close()
         generation += 1
         let socket = try ZMQSocket(loop.context, .dealer)
+        try socket.secure(options.curve)
         try socket.set(.receiveHighWaterMark, 0)
         try socket.set(.sendHighWaterMark, 0)
         try socket.connect(broker)

@@ -45,16 +45,19 @@ public final class Subscription: AsyncSequence, Sendable {
     ///   - prefixes: key prefixes to follow; `""` follows everything.
     ///   - includeSnapshot: deliver the current entries first (otherwise only later updates).
     ///   - silenceTimeout: resynchronise when nothing (not even HUGZ) arrives for this long.
+    ///   - curve: keys for a CURVE-secured kernel (nil: plain text).
     public static func open(snapshot: String, publisher: String, prefixes: [String] = [""], includeSnapshot: Bool = true,
                             context: ZMQContext? = nil, loop: SocketLoop? = nil,
-                            silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000) async throws -> Subscription {
+                            silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
+                            curve: CurveClientKeys? = nil) async throws -> Subscription {
         let ownsLoop = loop == nil
         let loop = try loop ?? SocketLoop(context: try context ?? ZMQContext(), name: "subscription")
         let buffer = AsyncBuffer<StateUpdate>(capacity: bufferSize)
         let prefixes = prefixes.isEmpty ? [""] : prefixes
         let core = try await loop.run {
             let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot,
-                                        snapshotEndpoint: snapshot, publisherEndpoint: publisher, silenceTimeout: silenceTimeout)
+                                        snapshotEndpoint: snapshot, publisherEndpoint: publisher, silenceTimeout: silenceTimeout,
+                                        curve: curve)
             try core.start()
             return LoopBound(core, loop: loop)
         }
@@ -115,6 +118,7 @@ final class SubscriptionCore {
     let snapshotEndpoint: String
     let publisherEndpoint: String
     let silenceTimeout: Duration
+    let curve: CurveClientKeys?
 
     private var subscriber: SocketRegistration?
     private var snapshotSocket: SocketRegistration?
@@ -132,7 +136,7 @@ final class SubscriptionCore {
     private(set) var resyncs = 0
 
     init(loop: SocketLoop, buffer: AsyncBuffer<StateUpdate>, prefixes: [String], includeSnapshot: Bool,
-         snapshotEndpoint: String, publisherEndpoint: String, silenceTimeout: Duration) {
+         snapshotEndpoint: String, publisherEndpoint: String, silenceTimeout: Duration, curve: CurveClientKeys?) {
         self.loop = loop
         self.buffer = buffer
         self.prefixes = prefixes
@@ -140,11 +144,13 @@ final class SubscriptionCore {
         self.snapshotEndpoint = snapshotEndpoint
         self.publisherEndpoint = publisherEndpoint
         self.silenceTimeout = silenceTimeout
+        self.curve = curve
     }
 
     func start() throws {
         let context = loop.context
         let sub = try ZMQSocket(context, .sub)
+        try sub.secure(curve)
         try sub.set(.receiveHighWaterMark, 100_000)
         for prefix in prefixes { try sub.subscribe(prefix) }
         if !prefixes.contains("") { try sub.subscribe(CHP.hugzCommand) }
@@ -163,6 +169,7 @@ final class SubscriptionCore {
     private func openSnapshotSocket() throws {
         snapshotSocket?.close()
         let dealer = try ZMQSocket(loop.context, .dealer)
+        try dealer.secure(curve)
         try dealer.set(.receiveHighWaterMark, 0)
         try dealer.connect(snapshotEndpoint)
         snapshotSocket = loop.register(dealer) { [weak self] message in self?.snapshotReply(message) }

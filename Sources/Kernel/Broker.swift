@@ -52,7 +52,8 @@ final class Broker {
     /// Sends a message on the ROUTER socket.
     var send: (Message) -> Void = { _ in }
     /// Answers requests for the built-in `kernel` service.
-    var builtIn: (JSONRPCRequest) -> Result<JSONValue, JSONRPCError> = { .failure(.methodNotFound($0.method)) }
+    /// The second argument is the caller's ZAP user id (nil without CURVE).
+    var builtIn: (JSONRPCRequest, String?) -> Result<JSONValue, JSONRPCError> = { request, _ in .failure(.methodNotFound(request.method)) }
     /// Told when a service's worker count changes.
     var onWorkersChanged: (String, Int) -> Void = { _, _ in }
 
@@ -60,6 +61,7 @@ final class Broker {
     private(set) var services: [String: Service] = [:]
     private(set) var protocolErrors = 0
     private(set) var totalRequests = 0
+    private(set) var refusedRegistrations = 0
 
     init(configuration: KernelConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -84,20 +86,20 @@ final class Broker {
         switch inbound {
         case .request(let client, let service, let body):
             totalRequests += 1
-            handleRequest(client: client, service: service, body: body, now: now)
+            handleRequest(client: client, service: service, body: body, peer: message.peerUserID, now: now)
         case .worker(let identity, let command):
-            handleWorker(identity, command, now: now)
+            handleWorker(identity, command, peer: message.peerUserID, now: now)
         }
     }
 
-    private func handleRequest(client: Frame, service name: String, body: [Frame], now: UInt64) {
+    private func handleRequest(client: Frame, service name: String, body: [Frame], peer: String?, now: UInt64) {
         if MMI.isManagement(name) {
             let answer = MMI.answer(service: name, body: body) { [services] in (services[$0]?.workers ?? 0) > 0 }
             send(MDP.reply(to: client, service: name, body: [Frame(answer)]))
             return
         }
         if name == Kernel.serviceName {
-            send(MDP.reply(to: client, service: name, body: [Frame(answerBuiltIn(body))]))
+            send(MDP.reply(to: client, service: name, body: [Frame(answerBuiltIn(body, peer: peer))]))
             return
         }
         let service = serviceNamed(name)
@@ -114,13 +116,20 @@ final class Broker {
         dispatch(service)
     }
 
-    private func handleWorker(_ identity: Frame, _ command: WorkerToBroker, now: UInt64) {
+    private func handleWorker(_ identity: Frame, _ command: WorkerToBroker, peer: String?, now: UInt64) {
         let known = workers[identity]
         known?.expiry = now + configuration.workerExpiry.nanoseconds
         switch command {
         case .ready(let name):
             guard known == nil else {
                 disconnect(identity, reason: "a second READY")
+                return
+            }
+            // With CURVE on, only a peer admitted with a worker key may offer a service.
+            if configuration.security != nil, !(peer ?? "").hasPrefix(ZAPHandler.workerPrefix) {
+                refusedRegistrations += 1
+                logger.warning("refused a READY from a client key", metadata: ["service": "\(name)", "peer": "\(peer ?? "-")"])
+                disconnect(identity, reason: "a client key cannot register a worker")
                 return
             }
             guard !MMI.isManagement(name), name != Kernel.serviceName else {
@@ -235,7 +244,7 @@ final class Broker {
         send(MDP.reply(to: client, service: service, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))]))
     }
 
-    private func answerBuiltIn(_ body: [Frame]) -> [UInt8] {
+    private func answerBuiltIn(_ body: [Frame], peer: String?) -> [UInt8] {
         guard body.count == 1 else {
             return JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes
         }
@@ -243,7 +252,7 @@ final class Broker {
             switch item {
             case .invalid(let response): return response
             case .request(let request):
-                let outcome = builtIn(request)
+                let outcome = builtIn(request, peer)
                 guard let id = request.id else { return nil }
                 switch outcome {
                 case .success(let result): return JSONRPCResponse(id: id, result: result)

@@ -31,6 +31,7 @@ public actor Kernel {
     private let broker: Broker
     private let state: StateServer
     private var registrations: [SocketRegistration] = []
+    private var zapHandler: ZAPHandler?
     private var timers: [LoopTimer] = []
     private var startedAt = Date()
     private(set) public var endpoints: Endpoints?
@@ -49,12 +50,22 @@ public actor Kernel {
     public func start() throws -> Endpoints {
         if let endpoints { return endpoints }
         let context = loop.context
-        func open(_ type: SocketType, _ endpoint: String, configure: (ZMQSocket) throws -> Void = { _ in }) throws -> (ZMQSocket, String) {
+        let security = configuration.security, inprocName = configuration.inprocName
+        func open(_ type: SocketType, _ endpoint: String, _ role: String,
+                  configure: (ZMQSocket) throws -> Void = { _ in }) throws -> (ZMQSocket, String) {
             let socket = try ZMQSocket(context, type)
-            try socket.set(.maxMessageSize, Int64(configuration.maxMessageSize))
-            try configure(socket)
             do {
-                return (socket, try socket.bind(endpoint))
+                // Enforced by libzmq before a message is assembled: a bigger one drops the peer.
+                try socket.set(.maxMessageSize, Int64(configuration.maxMessageSize))
+                if let security {
+                    try socket.set(.curveServer, true)
+                    try socket.set(.curveSecretKey, security.secretKey)
+                    try socket.set(.zapDomain, "switchboard")
+                }
+                try configure(socket)
+                let bound = try socket.bind(endpoint)
+                if let inprocName { _ = try socket.bind("inproc://\(inprocName)-\(role)") }
+                return (socket, bound)
             } catch {
                 socket.close()
                 throw error
@@ -62,21 +73,33 @@ public actor Kernel {
         }
         var opened: [ZMQSocket] = []
         do {
-            let (router, brokerEndpoint) = try open(.router, configuration.brokerEndpoint) {
+            if let security {
+                // Bound before any secured socket, so no connection is admitted unasked.
+                let zap = try ZMQSocket(context, .router)
+                opened.append(zap)
+                _ = try zap.bind(ZAPHandler.endpoint)
+                let handler = ZAPHandler(security: security, logger: logger)
+                zapHandler = handler
+                let registration = loop.register(zap) { request in handler.handle(request) }
+                handler.send = { registration.send($0) }
+                registrations.append(registration)
+            }
+            let (router, brokerEndpoint) = try open(.router, configuration.brokerEndpoint, "broker") {
+                $0.readsPeerUserID = security != nil
                 try $0.set(.sendHighWaterMark, 0)
                 try $0.set(.receiveHighWaterMark, 0)
             }
             opened.append(router)
-            let (snapshot, snapshotEndpoint) = try open(.router, configuration.snapshotEndpoint) {
+            let (snapshot, snapshotEndpoint) = try open(.router, configuration.snapshotEndpoint, "snapshot") {
                 try $0.set(.sendHighWaterMark, 1_000_000)
             }
             opened.append(snapshot)
-            let (publisher, publisherEndpoint) = try open(.xpub, configuration.publisherEndpoint) {
+            let (publisher, publisherEndpoint) = try open(.xpub, configuration.publisherEndpoint, "publisher") {
                 try $0.set(.xpubVerbose, true)
                 try $0.set(.sendHighWaterMark, 100_000)
             }
             opened.append(publisher)
-            let (collector, collectorEndpoint) = try open(.sub, configuration.collectorEndpoint) {
+            let (collector, collectorEndpoint) = try open(.sub, configuration.collectorEndpoint, "collector") {
                 try $0.subscribe("")
             }
             opened.append(collector)
@@ -90,6 +113,8 @@ public actor Kernel {
                                                      "publisher": "\(publisherEndpoint)", "collector": "\(collectorEndpoint)"])
             return endpoints
         } catch {
+            for registration in registrations { registration.close() }
+            registrations.removeAll()
             for socket in opened { socket.close() }
             throw error
         }
@@ -101,7 +126,7 @@ public actor Kernel {
         let snapshotRegistration = loop.register(snapshot) { message in state.snapshot(message) }
         let publisherRegistration = loop.register(publisher) { message in state.subscriptionChanged(message, now: monotonicNanoseconds()) }
         let collectorRegistration = loop.register(collector) { message in state.collect(message, now: monotonicNanoseconds()) }
-        registrations = [routerRegistration, snapshotRegistration, publisherRegistration, collectorRegistration]
+        registrations += [routerRegistration, snapshotRegistration, publisherRegistration, collectorRegistration]
         broker.send = { routerRegistration.send($0) }
         state.sendSnapshot = { snapshotRegistration.send($0) }
         state.publish = { publisherRegistration.send($0) }
@@ -109,9 +134,9 @@ public actor Kernel {
             let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
             state.set("/kernel/services/\(name)", value: Frame(value.jsonBytes), now: monotonicNanoseconds())
         }
-        broker.builtIn = { [weak self] request in
+        broker.builtIn = { [weak self] request, peer in
             guard let self else { return .failure(.internalError("the kernel is stopping")) }
-            return self.assumeIsolated { kernel in kernel.builtIn(request) }
+            return self.assumeIsolated { kernel in kernel.builtIn(request, peer: peer) }
         }
         timers.append(loop.scheduleRepeating(every: configuration.heartbeatInterval) { broker.tick(now: monotonicNanoseconds()) })
         let sweep = min(configuration.queueTimeout / 10, .milliseconds(100))
@@ -140,7 +165,7 @@ public actor Kernel {
 
     // MARK: The built-in `kernel` service
 
-    private func builtIn(_ request: JSONRPCRequest) -> Result<JSONValue, JSONRPCError> {
+    private func builtIn(_ request: JSONRPCRequest, peer: String?) -> Result<JSONValue, JSONRPCError> {
         let params = request.params?.objectValue ?? [:]
         switch request.method {
         case "ping":
@@ -166,6 +191,9 @@ public actor Kernel {
             }
             return .success(["requests": .int(Int64(broker.totalRequests)), "protocolErrors": .int(Int64(broker.protocolErrors)),
                              "services": .object(perService),
+                             "security": ["curve": .bool(configuration.security != nil),
+                                          "refusedConnections": .int(Int64(zapHandler?.refused ?? 0)),
+                                          "refusedRegistrations": .int(Int64(broker.refusedRegistrations))],
                              "state": ["keys": .int(Int64(state.entries.count)), "sequence": .int(Int64(state.sequence)),
                                        "rejectedWrites": .int(Int64(state.rejectedWrites))]])
         case "state.set":
@@ -173,6 +201,11 @@ public actor Kernel {
                 return .failure(.invalidParams(field: "key", "must be a path starting with '/'"))
             }
             guard !key.hasPrefix("/kernel/") else { return .failure(.forbidden("keys under /kernel/ are the kernel's own")) }
+            // With CURVE on, a client key writes only where the collector would let it.
+            if configuration.security != nil, !(peer ?? "").hasPrefix(ZAPHandler.workerPrefix),
+               !configuration.collectorWritablePrefixes.contains(where: { key.hasPrefix($0) }) {
+                return .failure(.forbidden("a client key may set only keys under \(configuration.collectorWritablePrefixes.joined(separator: ", "))"))
+            }
             var ttl: Double?
             if let value = params["ttl"], !value.isNull {
                 switch value {

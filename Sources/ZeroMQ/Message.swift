@@ -220,6 +220,9 @@ public struct Message: Sendable, Hashable, RandomAccessCollection, MutableCollec
     RangeReplaceableCollection, ExpressibleByArrayLiteral, CustomStringConvertible
 {
     public var frames: [Frame]
+    /// The peer's ZAP user id (`User-Id` metadata), on messages received by a socket whose
+    /// ``ZMQSocket/readsPeerUserID`` is set and whose peer was authenticated.
+    public var peerUserID: String?
 
     public init() { frames = [] }
     public init(_ frames: [Frame]) { self.frames = frames }

@@ -38,6 +38,8 @@ public final class ZMQSocket {
     public let context: ZMQContext
     public let type: SocketType
     private var handle: UnsafeMutableRawPointer?
+    /// Received messages carry the peer's ZAP user id (``Message/peerUserID``).
+    public var readsPeerUserID = false
 
     /// Opens a socket of `type` in `context`.
     public init(_ context: ZMQContext, _ type: SocketType) throws(ZMQError) {
@@ -158,6 +160,7 @@ public final class ZMQSocket {
         var part = zmq_msg_t()
         var frames: [Frame] = []
         frames.reserveCapacity(8)
+        var userID: String?
         while true {
             // Only the first frame can be missing: the rest of a multipart message
             // arrives with it, so later frames are read without DONTWAIT.
@@ -172,6 +175,9 @@ public final class ZMQSocket {
                     return code
                 }
                 more = zmq_msg_more(part) == 1
+                if !more && readsPeerUserID, let value = zmq_msg_gets(part, "User-Id") {
+                    userID = String(cString: value)
+                }
                 frames.append(Frame(moving: part))
                 zmq_msg_close(part)
                 return 0
@@ -180,7 +186,11 @@ public final class ZMQSocket {
                 if code == EAGAIN && frames.isEmpty && flags & ZMQ_DONTWAIT != 0 { return nil }
                 throw ZMQError(call: "zmq_msg_recv(\(type))", code: code)
             }
-            if !more { return Message(frames) }
+            if !more {
+                var message = Message(frames)
+                message.peerUserID = userID
+                return message
+            }
         }
     }
 

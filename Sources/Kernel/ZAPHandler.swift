@@ -1,0 +1,52 @@
+import Logging
+import ZeroMQ
+
+/// The kernel's ZeroMQ Authentication Protocol handler (RFC 27/ZAP) for CURVE.
+///
+/// libzmq asks it, over `inproc://zeromq.zap.01` in the kernel's context, about every
+/// connection to a CURVE-secured kernel socket. A peer is admitted only if its public key
+/// is on an allow-list; its user id ("worker:KEY" or "client:KEY") then travels with each
+/// of its messages, which is how the broker refuses a READY from a client key.
+final class ZAPHandler {
+    static let endpoint = "inproc://zeromq.zap.01"
+    static let workerPrefix = "worker:"
+    static let clientPrefix = "client:"
+
+    let security: KernelSecurity
+    let logger: Logger
+    private(set) var refused = 0
+    /// Sends a reply on the handler's socket.
+    var send: (Message) -> Void = { _ in }
+
+    init(security: KernelSecurity, logger: Logger) {
+        self.security = security
+        self.logger = logger
+    }
+
+    func handle(_ request: Message) {
+        if let reply = answer(request) { send(reply) }
+    }
+
+    /// The reply to one request as a ROUTER receives it: [peer, empty, version, id,
+    /// domain, address, identity, mechanism, credentials...].
+    func answer(_ request: Message) -> Message? {
+        guard request.count >= 8, request[1].isEmpty else { return nil }
+        let envelope = Array(request.frames[0...1])
+        let requestID = request[3]
+        func reply(_ status: String, _ text: String, user: String = "") -> Message {
+            Message(envelope + [Frame("1.0"), requestID, Frame(status), Frame(text), Frame(user), Frame()])
+        }
+        guard request[2].string == "1.0" else { return reply("400", "unsupported ZAP version") }
+        let address = request[5].string ?? "?"
+        guard request[7].string == "CURVE", request.count >= 9, request[8].count == 32, let key = Z85.encode(request[8].bytes) else {
+            refused += 1
+            logger.warning("refused a connection without a CURVE key", metadata: ["address": "\(address)"])
+            return reply("400", "CURVE required")
+        }
+        if security.workerKeys.contains(key) { return reply("200", "OK", user: Self.workerPrefix + key) }
+        if security.clientKeys.contains(key) { return reply("200", "OK", user: Self.clientPrefix + key) }
+        refused += 1
+        logger.warning("refused an unknown CURVE key", metadata: ["address": "\(address)", "key": "\(key)"])
+        return reply("400", "key not allowed")
+    }
+}

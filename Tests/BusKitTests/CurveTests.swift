@@ -1,0 +1,121 @@
+import BusKit
+import BusProtocol
+import EchoService
+import Foundation
+import Kernel
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+/// A kernel with CURVE on every endpoint, one allowed client key and one allowed worker key.
+struct SecuredBus {
+    let kernel: TestKernel
+    let kernelKeys: CurveKeyPair
+    let client: CurveClientKeys
+    let worker: CurveClientKeys
+
+    static func start() async throws -> SecuredBus {
+        let kernelKeys = try CurveKeyPair.generate(), clientPair = try CurveKeyPair.generate(), workerPair = try CurveKeyPair.generate()
+        let kernel = try await TestKernel.start {
+            fastHeartbeats(&$0)
+            $0.security = KernelSecurity(secretKey: kernelKeys.secretKey, clientKeys: [clientPair.publicKey], workerKeys: [workerPair.publicKey])
+        }
+        return SecuredBus(kernel: kernel, kernelKeys: kernelKeys,
+                          client: try CurveClientKeys(serverKey: kernelKeys.publicKey, secretKey: clientPair.secretKey),
+                          worker: try CurveClientKeys(serverKey: kernelKeys.publicKey, secretKey: workerPair.secretKey))
+    }
+
+    func keys(_ secretKey: String) throws -> CurveClientKeys {
+        try CurveClientKeys(serverKey: kernelKeys.publicKey, secretKey: secretKey)
+    }
+
+    func host(with keys: CurveClientKeys) async throws -> ServiceHost<EchoService> {
+        let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: 1,
+                                                       heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                       heartbeatLiveness: kernel.configuration.heartbeatLiveness, curve: keys)
+        let host = try ServiceHost(service: EchoService(instance: "secured"), options: options)
+        try await host.start()
+        return host
+    }
+
+    func stats(_ bus: BusClient) async throws -> JSONValue {
+        try await bus.request(service: "kernel", method: "stats")
+    }
+}
+
+@Suite("CURVE: encryption and allow-lists on every kernel endpoint", .serialized)
+struct CurveTests {
+    @Test("an allowed client reaches a service registered with a worker key, and subscribes")
+    func allowedClient() async throws {
+        let secured = try await SecuredBus.start()
+        let host = try await secured.host(with: secured.worker)
+        let bus = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.client)
+        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        #expect(try await bus.request(service: "echo", method: "echo", params: ["secret": "sauce"]) == ["secret": "sauce"])
+        #expect(try await secured.stats(bus)["security"]?["curve"] == true)
+
+        let subscription = try await Subscription.open(snapshot: secured.kernel.endpoints.snapshot, publisher: secured.kernel.endpoints.publisher,
+                                                       prefixes: ["/kernel/services/echo"], curve: secured.client)
+        let update = try await within(5, "the snapshot") { try await subscription.next() }
+        #expect(update?.key == "/kernel/services/echo")
+        await subscription.cancel()
+        await bus.close()
+        await host.stop()
+        await secured.kernel.stop()
+    }
+
+    @Test("an unknown key gets no service; a plain-text client cannot talk to a secured kernel")
+    func strangersAreRefused() async throws {
+        let secured = try await SecuredBus.start()
+        let host = try await secured.host(with: secured.worker)
+        let insider = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.client)
+        try await eventually(5, "echo registered") { try await insider.hasWorkers("echo") }
+
+        let stranger = try await BusClient(brokers: [secured.kernel.endpoints.broker], timeout: .milliseconds(500),
+                                           curve: try secured.keys(try CurveKeyPair.generate().secretKey))
+        await #expect(throws: BusError.timedOut(service: "echo", method: "echo", after: .milliseconds(500))) {
+            try await stranger.request(service: "echo", method: "echo", params: ["x": 1])
+        }
+        try await eventually(5, "the kernel refused the unknown key") {
+            (try await secured.stats(insider)["security"]?["refusedConnections"]?.intValue ?? 0) >= 1
+        }
+        let plain = try await BusClient(brokers: [secured.kernel.endpoints.broker], timeout: .milliseconds(500))
+        await #expect(throws: BusError.timedOut(service: "kernel", method: "ping", after: .milliseconds(500))) {
+            try await plain.request(service: "kernel", method: "ping")
+        }
+        // The kernel keeps serving the allowed client.
+        #expect(try await insider.request(service: "echo", method: "echo", params: ["still": "here"]) == ["still": "here"])
+        await stranger.close()
+        await plain.close()
+        await insider.close()
+        await host.stop()
+        await secured.kernel.stop()
+    }
+
+    @Test("a client key cannot register a worker nor write outside the writable prefixes")
+    func clientKeyCannotServe() async throws {
+        let secured = try await SecuredBus.start()
+        let impostor = try await secured.host(with: secured.client)
+        let bus = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.client)
+        try await eventually(5, "the READY refused") {
+            (try await secured.stats(bus)["security"]?["refusedRegistrations"]?.intValue ?? 0) >= 1
+        }
+        #expect(try await bus.hasWorkers("echo") == false)
+        let forbidden = await #expect(throws: BusError.self) {
+            try await bus.request(service: "kernel", method: "state.set", params: ["key": "/catalog/countries", "value": 1])
+        }
+        #expect(forbidden?.code == JSONRPCError.forbiddenCode)
+        #expect(try await bus.request(service: "kernel", method: "state.set", params: ["key": "/client/note", "value": 1])["sequence"] != nil)
+
+        // The same service with a worker key registers.
+        let host = try await secured.host(with: secured.worker)
+        try await eventually(5, "echo registered with a worker key") { try await bus.hasWorkers("echo") }
+        let worker = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.worker)
+        #expect(try await worker.request(service: "kernel", method: "state.set", params: ["key": "/catalog/test", "value": 1])["sequence"] != nil)
+        await worker.close()
+        await bus.close()
+        await impostor.stop()
+        await host.stop()
+        await secured.kernel.stop()
+    }
+}
