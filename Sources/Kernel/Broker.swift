@@ -42,11 +42,6 @@ final class Broker {
         init(name: String) { self.name = name }
     }
 
-    struct ServiceStats {
-        var requests = 0, replies = 0, unavailable = 0, redispatched = 0, outcomeUnknown = 0
-        var totalLatencyNanoseconds: UInt64 = 0
-    }
-
     let configuration: KernelConfiguration
     let logger: Logger
     /// Sends a message on the ROUTER socket.
@@ -154,7 +149,8 @@ final class Broker {
             worker.inFlight = nil
             let service = serviceNamed(worker.service)
             service.stats.replies += 1
-            service.stats.totalLatencyNanoseconds += now &- request.received
+            service.stats.errors += JSONRPCResponse.errorCount(in: body)
+            service.stats.latency.record(nanoseconds: now &- request.received)
             send(MDP.reply(to: client, service: worker.service, body: body))
             service.idle.append(identity)
             dispatch(service)

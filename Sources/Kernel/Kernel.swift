@@ -180,22 +180,9 @@ public actor Kernel {
             }
             return .success(["services": .array(services)])
         case "stats":
-            var perService: [String: JSONValue] = [:]
-            for service in broker.services.values {
-                let stats = service.stats
-                let mean = stats.replies > 0 ? Double(stats.totalLatencyNanoseconds) / Double(stats.replies) / 1_000 : 0
-                perService[service.name] = ["requests": .int(Int64(stats.requests)), "replies": .int(Int64(stats.replies)),
-                                            "unavailable": .int(Int64(stats.unavailable)), "redispatched": .int(Int64(stats.redispatched)),
-                                            "outcomeUnknown": .int(Int64(stats.outcomeUnknown)), "queued": .int(Int64(service.requests.count)),
-                                            "workers": .int(Int64(service.workers)), "meanLatencyMicroseconds": .double(mean.rounded())]
-            }
-            return .success(["requests": .int(Int64(broker.totalRequests)), "protocolErrors": .int(Int64(broker.protocolErrors)),
-                             "services": .object(perService),
-                             "security": ["curve": .bool(configuration.security != nil),
-                                          "refusedConnections": .int(Int64(zapHandler?.refused ?? 0)),
-                                          "refusedRegistrations": .int(Int64(broker.refusedRegistrations))],
-                             "state": ["keys": .int(Int64(state.entries.count)), "sequence": .int(Int64(state.sequence)),
-                                       "rejectedWrites": .int(Int64(state.rejectedWrites))]])
+            return .success(statistics())
+        case "metrics":
+            return .success(["contentType": "text/plain; version=0.0.4", "text": .string(prometheusText())])
         case "state.set":
             guard case .string(let key)? = params["key"], key.hasPrefix("/"), key.count > 1 else {
                 return .failure(.invalidParams(field: "key", "must be a path starting with '/'"))
@@ -233,6 +220,78 @@ public actor Kernel {
         default:
             return .failure(.methodNotFound(request.method))
         }
+    }
+}
+
+extension Kernel {
+    /// `kernel` `stats`: totals, and per service its requests, replies, errors, queue
+    /// depth, workers and latencies (p50/p99 are bucket bounds: upper estimates).
+    func statistics() -> JSONValue {
+        var perService: [String: JSONValue] = [:]
+        for service in broker.services.values {
+            let stats = service.stats
+            let quantile = { (q: Double) -> JSONValue in stats.latency.quantileMicroseconds(q).map { .int(Int64($0)) } ?? .null }
+            perService[service.name] = [
+                "requests": .int(Int64(stats.requests)), "replies": .int(Int64(stats.replies)), "errors": .int(Int64(stats.errors)),
+                "unavailable": .int(Int64(stats.unavailable)), "redispatched": .int(Int64(stats.redispatched)),
+                "outcomeUnknown": .int(Int64(stats.outcomeUnknown)), "queued": .int(Int64(service.requests.count)),
+                "workers": .int(Int64(service.workers)), "meanLatencyMicroseconds": .double(stats.latency.meanMicroseconds.rounded()),
+                "p50LatencyMicroseconds": quantile(0.5), "p99LatencyMicroseconds": quantile(0.99),
+            ]
+        }
+        return ["requests": .int(Int64(broker.totalRequests)), "protocolErrors": .int(Int64(broker.protocolErrors)),
+                "uptimeSeconds": .double(Date().timeIntervalSince(startedAt).rounded()),
+                "services": .object(perService),
+                "security": ["curve": .bool(configuration.security != nil),
+                             "refusedConnections": .int(Int64(zapHandler?.refused ?? 0)),
+                             "refusedRegistrations": .int(Int64(broker.refusedRegistrations))],
+                "state": ["keys": .int(Int64(state.entries.count)), "sequence": .int(Int64(state.sequence)),
+                          "rejectedWrites": .int(Int64(state.rejectedWrites))]]
+    }
+
+    /// The same figures in the Prometheus text exposition format (version 0.0.4).
+    func prometheusText() -> String {
+        var text = ""
+        func family(_ name: String, _ type: String, _ help: String, _ samples: [(labels: String, value: String)]) {
+            text += "# HELP switchboard_\(name) \(help)\n# TYPE switchboard_\(name) \(type)\n"
+            for sample in samples { text += "switchboard_\(name)\(sample.labels) \(sample.value)\n" }
+        }
+        let services = broker.services.values.sorted { $0.name < $1.name }
+        func label(_ service: Broker.Service, _ extra: String = "") -> String {
+            let escaped = service.name.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+            return "{service=\"\(escaped)\"\(extra)}"
+        }
+        func perService(_ name: String, _ type: String, _ help: String, _ value: (Broker.Service) -> Int) {
+            family(name, type, help, services.map { (label($0), String(value($0))) })
+        }
+        perService("requests_total", "counter", "Requests received for the service.") { $0.stats.requests }
+        perService("replies_total", "counter", "Replies relayed from the service's workers.") { $0.stats.replies }
+        perService("errors_total", "counter", "Replies that were JSON-RPC errors.") { $0.stats.errors }
+        perService("unavailable_total", "counter", "Requests answered -32001: no worker in time or the queue full.") { $0.stats.unavailable }
+        perService("redispatched_total", "counter", "Requests re-sent after their worker died.") { $0.stats.redispatched }
+        perService("outcome_unknown_total", "counter", "Requests answered -32006 after their worker died.") { $0.stats.outcomeUnknown }
+        perService("queue_depth", "gauge", "Requests waiting for a worker.") { $0.requests.count }
+        perService("workers", "gauge", "Registered workers.") { $0.workers }
+        text += "# HELP switchboard_request_duration_seconds Time from a request's arrival to its reply.\n"
+        text += "# TYPE switchboard_request_duration_seconds histogram\n"
+        for service in services {
+            let latency = service.stats.latency
+            var cumulative = 0
+            for (index, count) in latency.counts.enumerated() {
+                cumulative += count
+                let bound = index < LatencyHistogram.bounds.count ? "\(Double(LatencyHistogram.bounds[index]) / 1_000_000)" : "+Inf"
+                text += "switchboard_request_duration_seconds_bucket\(label(service, ",le=\"\(bound)\"")) \(cumulative)\n"
+            }
+            text += "switchboard_request_duration_seconds_sum\(label(service)) \(Double(latency.sumNanoseconds) / 1_000_000_000)\n"
+            text += "switchboard_request_duration_seconds_count\(label(service)) \(latency.count)\n"
+        }
+        family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(broker.protocolErrors))])
+        family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(zapHandler?.refused ?? 0))])
+        family("refused_registrations_total", "counter", "READY commands refused from client keys.", [("", String(broker.refusedRegistrations))])
+        family("state_keys", "gauge", "Keys in the CHP state.", [("", String(state.entries.count))])
+        family("state_sequence", "counter", "The CHP sequence number.", [("", String(state.sequence))])
+        family("uptime_seconds", "gauge", "Seconds since the kernel started.", [("", String(Date().timeIntervalSince(startedAt).rounded()))])
+        return text
     }
 }
 

@@ -2,6 +2,7 @@ import ArgumentParser
 import BusKit
 import BusProtocol
 import Foundation
+import ZeroMQ
 
 /// Where the kernel is and how long to wait: shared by every verb.
 ///
@@ -19,7 +20,37 @@ struct ConnectionOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("How long to wait for an answer: 5s, 500ms, 2m (env SB_TIMEOUT; default 5s).", valueName: "duration"))
     var timeout: String?
 
+    @Option(name: .long, help: ArgumentHelp("The kernel's CURVE public key, for a kernel with security.curve on (env SB_SERVER_KEY).", valueName: "key"))
+    var serverKey: String?
+
+    @Option(name: .long, help: ArgumentHelp("This client's key file from `switchboard keygen --out` (env SB_KEY_FILE); needed with --server-key.", valueName: "file"))
+    var keyFile: String?
+
     var environment: [String: String] { ProcessInfo.processInfo.environment }
+
+    /// The CURVE keys to connect with: nil when no server key is given.
+    var curve: CurveClientKeys? {
+        get throws {
+            let serverKey = self.serverKey ?? environment["SB_SERVER_KEY"].flatMap { $0.isEmpty ? nil : $0 }
+            let keyFile = self.keyFile ?? environment["SB_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+            guard let serverKey else {
+                if keyFile != nil { throw ValidationError("--key-file needs --server-key (the kernel's public key)") }
+                return nil
+            }
+            guard let keyFile else { throw ValidationError("--server-key needs --key-file (this client's key pair, from `switchboard keygen --out`)") }
+            guard let text = try? String(contentsOfFile: keyFile, encoding: .utf8) else {
+                throw ValidationError("--key-file: cannot read \(keyFile)")
+            }
+            guard let secret = CurveKeyFile.secretKey(in: text) else {
+                throw ValidationError("--key-file: \(keyFile) holds no secret key (use the .key file `switchboard keygen --out` writes, not the .pub)")
+            }
+            do {
+                return try CurveClientKeys(serverKey: serverKey, secretKey: secret)
+            } catch {
+                throw ValidationError("--server-key: '\(serverKey)' is not a CURVE public key (40 characters of Z85)")
+            }
+        }
+    }
 
     /// The broker endpoints, from the flag, else the environment, else the default.
     var brokers: [String] {
@@ -82,7 +113,7 @@ struct ConnectionOptions: ParsableArguments {
 
     /// A client for the kernel, with the timeout as its default.
     func client() async throws -> BusClient {
-        try await BusClient(brokers: brokers, timeout: requestTimeout)
+        try await BusClient(brokers: brokers, timeout: requestTimeout, curve: try curve)
     }
 }
 
@@ -130,7 +161,7 @@ struct Failure: Error {
             // No answer: is the kernel there at all, and does the service have a worker?
             switch try? await client.hasWorkers(service, timeout: .seconds(1)) {
             case nil:
-                self.init(status: ExitStatus.unavailable, message: "no kernel answers at \(client.brokers.joined(separator: ", ")) (waited \(after.formatted))",
+                self.init(status: ExitStatus.unavailable, message: "no kernel answers at \(client.brokers.joined(separator: ", ")) (waited \(after.formatted); a kernel with CURVE on answers only keys it allows: --server-key, --key-file)",
                           error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "kernel unreachable"))
             case false? where service != "kernel":
                 self.init(status: ExitStatus.unavailable, message: "\(service) \(method): no '\(service)' service is running (no worker within \(after.formatted))",

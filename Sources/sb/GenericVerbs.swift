@@ -75,7 +75,8 @@ struct Subscribe: AsyncParsableCommand {
             _ = try await call(client, "kernel", "ping")
         }
         let subscription = try await Subscription.open(snapshot: state.snapshot, publisher: state.publisher,
-                                                       prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: !noSnapshot)
+                                                       prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: !noSnapshot,
+                                                       curve: try connection.curve)
         var printed = 0
         for try await update in subscription {
             let value: JSONValue = update.isDelete ? .null : update.json ?? .string(String(decoding: update.value.bytes, as: UTF8.self))
@@ -120,7 +121,11 @@ struct Publish: AsyncParsableCommand {
         let timeout = try connection.requestTimeout
         try await withClient(connection) { client in
             let loop = try SocketLoop(context: try ZMQContext(), name: "sb-publish")
-            let socket = try await loop.open(.pub) { socket in try socket.connect(state.collector) }
+            let curve = try connection.curve
+            let socket = try await loop.open(.pub) { socket in
+                try socket.secure(curve)
+                try socket.connect(state.collector)
+            }
             var properties: [(name: String, value: String)] = []
             if let ttl { properties.append(("ttl", String(ttl))) }
             var uuid = [UInt8](repeating: 0, count: 16)
@@ -176,6 +181,45 @@ struct Services: AsyncParsableCommand {
                 let available = service["available"] == true
                 return [Output.cell(service["name"]), Output.cell(service["workers"]), Output.cell(service["idle"]), Output.cell(service["queued"]),
                         Output.cell(service["inFlight"]), Output.styled(available ? "yes" : "no", available ? .green : .red)]
+            })
+        }
+    }
+}
+
+struct Stats: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "stats",
+        abstract: "The kernel's figures per service: requests, errors, queue, workers, latencies.",
+        discussion: """
+            Latency percentiles are the bounds of the kernel's histogram buckets (upper estimates).
+            Examples:
+              sb stats
+              sb stats --prometheus > /var/lib/node_exporter/switchboard.prom
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Flag(help: "Print the Prometheus text exposition (version 0.0.4) instead.")
+    var prometheus = false
+
+    func run() async throws {
+        try await withClient(connection) { client in
+            if prometheus {
+                let metrics = try await call(client, "kernel", "metrics")
+                return FileHandle.standardOutput.write(Data((metrics["text"]?.stringValue ?? "").utf8))
+            }
+            let stats = try await call(client, "kernel", "stats")
+            if output.json { return Output.json(stats, compact: false) }
+            let services = (stats["services"]?.objectValue ?? [:]).sorted { $0.key < $1.key }
+            func micros(_ value: JSONValue?) -> String {
+                guard let value = value?.doubleValue else { return "-" }
+                return value >= 1_000 ? "\((value / 100).rounded() / 10) ms" : "\(Int(value)) µs"
+            }
+            Output.table(["SERVICE", "REQUESTS", "ERRORS", "UNAVAILABLE", "QUEUED", "WORKERS", "P50", "P99", "MEAN"], services.map { name, figures in
+                [name, Output.cell(figures["requests"]), Output.cell(figures["errors"]), Output.cell(figures["unavailable"]),
+                 Output.cell(figures["queued"]), Output.cell(figures["workers"]), "≤ " + micros(figures["p50LatencyMicroseconds"]),
+                 "≤ " + micros(figures["p99LatencyMicroseconds"]), micros(figures["meanLatencyMicroseconds"])]
             })
         }
     }

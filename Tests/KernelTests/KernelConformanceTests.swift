@@ -1,6 +1,6 @@
 import BusProtocol
 import Foundation
-import Kernel
+@testable import Kernel
 import Testing
 import ZeroMQ
 
@@ -349,4 +349,36 @@ struct KernelConformanceTests {
 
 extension Result where Success == JSONValue, Failure == JSONRPCError {
     var failureCode: Int? { if case .failure(let error) = self { error.code } else { nil } }
+}
+
+@Suite("Counting error replies and latencies")
+struct ReplyCountingTests {
+    func errors(_ text: String) -> Int {
+        Array(text.utf8).withUnsafeBytes { JSONRPCResponse.errorCount(in: $0) }
+    }
+
+    @Test("a top-level non-null error member counts; errors inside results, strings or null do not")
+    func errorScan() {
+        #expect(errors(#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"x"}}"#) == 1)
+        #expect(errors(#"{"jsonrpc":"2.0","id":1,"result":{"error":{"code":1}}}"#) == 0)
+        #expect(errors(#"{"jsonrpc":"2.0","id":1,"result":"\"error\":1"}"#) == 0)
+        #expect(errors(#"{"jsonrpc":"2.0","id":1,"result":["error",{"error":2}]}"#) == 0)
+        #expect(errors(#"{"error" : null, "result": 1}"#) == 0)
+        #expect(errors(#"[{"id":1,"result":1},{"id":2,"error":{"code":1}},{"id":3, "error":{}}]"#) == 2)
+        #expect(errors(#"{"result":"a\"b","error":{}}"#) == 1)
+        #expect(errors("") == 0 && errors("{") == 0 && errors("\"") == 0)
+    }
+
+    @Test("latency quantiles are bucket bounds")
+    func histogram() {
+        var histogram = LatencyHistogram()
+        #expect(histogram.quantileMicroseconds(0.5) == nil)
+        for _ in 0..<98 { histogram.record(nanoseconds: 80_000) }  // 80 µs: the 100 µs bucket
+        histogram.record(nanoseconds: 3_000_000)  // 3 ms: the 5 ms bucket
+        histogram.record(nanoseconds: 60_000_000_000)  // a minute: beyond the last bound
+        #expect(histogram.quantileMicroseconds(0.5) == 100)
+        #expect(histogram.quantileMicroseconds(0.99) == 5_000)
+        #expect(histogram.quantileMicroseconds(1) == nil)
+        #expect(histogram.count == 100)
+    }
 }
