@@ -82,6 +82,12 @@ let package = Package(
             dependencies: ["Kernel", "StoreService", "FetcherService", "Catalog", .product(name: "Yams", package: "Yams")],
             swiftSettings: sharedSettings
         ),
+        // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
+        .target(
+            name: "Supervisor",
+            dependencies: ["BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: sharedSettings
+        ),
         // A service that answers with what it is sent: for tests, benchmarks and trying the bus.
         .target(
             name: "EchoService",
@@ -144,11 +150,12 @@ let package = Package(
             ],
             swiftSettings: sharedSettings
         ),
-        // The `switchboard` executable: `switchboard kernel`, `switchboard serve NAME`.
+        // The `switchboard` executable: `up`, `kernel`, `serve NAME`, `keygen`.
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "SwitchboardConfig", "ZeroMQ",
+                "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Supervisor",
+                "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

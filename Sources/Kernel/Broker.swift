@@ -225,6 +225,12 @@ final class Broker {
         }
     }
 
+    /// A send to `identity` found no connection: a worker there died without a word (its
+    /// process killed, its link cut). Its request in flight goes to another worker.
+    func peerGone(_ identity: Frame) {
+        if let worker = workers[identity] { remove(worker, reason: "its connection is gone") }
+    }
+
     private func disconnect(_ identity: Frame, reason: String) {
         protocolErrors += 1
         logger.info("disconnecting peer", metadata: ["reason": "\(reason)"])

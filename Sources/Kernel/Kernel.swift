@@ -86,6 +86,9 @@ public actor Kernel {
             }
             let (router, brokerEndpoint) = try open(.router, configuration.brokerEndpoint, "broker") {
                 $0.readsPeerUserID = security != nil
+                // A send to a peer whose connection is gone fails at once (EHOSTUNREACH)
+                // instead of vanishing: that is how a killed worker is noticed early.
+                try $0.set(.routerMandatory, true)
                 try $0.set(.sendHighWaterMark, 0)
                 try $0.set(.receiveHighWaterMark, 0)
             }
@@ -128,6 +131,9 @@ public actor Kernel {
         let collectorRegistration = loop.register(collector) { message in state.collect(message, now: monotonicNanoseconds()) }
         registrations += [routerRegistration, snapshotRegistration, publisherRegistration, collectorRegistration]
         broker.send = { routerRegistration.send($0) }
+        routerRegistration.onSendError = { message, error in
+            if error.isUnroutable, let peer = message.first { broker.peerGone(peer) }
+        }
         state.sendSnapshot = { snapshotRegistration.send($0) }
         state.publish = { publisherRegistration.send($0) }
         broker.onWorkersChanged = { name, count in

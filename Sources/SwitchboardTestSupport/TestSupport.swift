@@ -147,15 +147,26 @@ public func fastHeartbeats(_ configuration: inout KernelConfiguration) {
 public final class ChildProcess: @unchecked Sendable {
     public let process: Process
     public let output: Pipe
+    /// What the process wrote so far (stdout and stderr together), and whether it closed them.
+    private let captured = CapturedOutput()
 
     /// Starts `executable` with `arguments`; its stdout and stderr go to ``output``.
-    public init(_ executable: URL, _ arguments: [String]) throws {
+    public init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil) throws {
         process = Process()
         process.executableURL = executable
         process.arguments = arguments
+        if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         output = Pipe()
         process.standardOutput = output
         process.standardError = output
+        let captured = self.captured
+        output.fileHandleForReading.readabilityHandler = { handle in
+            let data = handle.availableData
+            captured.state.withLock { state in
+                if data.isEmpty { state.closed = true } else { state.data.append(data) }
+            }
+            if data.isEmpty { handle.readabilityHandler = nil }
+        }
         try process.run()
     }
 
@@ -186,12 +197,44 @@ public final class ChildProcess: @unchecked Sendable {
         return !process.isRunning
     }
 
-    /// Everything the process wrote so far (call after it ended).
+    /// Everything the process wrote so far.
+    public var outputSoFar: String {
+        captured.state.withLock { String(decoding: $0.data, as: UTF8.self) }
+    }
+
+    /// Waits until the output holds `text` (failing after `seconds`, or when the process
+    /// ends without writing it); returns the output so far.
+    @discardableResult
+    public func waitForOutput(containing text: String, within seconds: Double = 30) async throws -> String {
+        let deadline = Date().addingTimeInterval(seconds)
+        while true {
+            let (output, closed) = captured.state.withLock { (String(decoding: $0.data, as: UTF8.self), $0.closed) }
+            if output.contains(text) { return output }
+            if closed { throw ChildProcessEnded(output: output) }
+            if Date() >= deadline { throw TimedOut(what: "output containing \"\(text)\"; so far:\n\(output)") }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    /// Everything the process wrote (call after it ended: waits up to 10 s for the pipe to close).
     public func readOutput() -> String {
-        String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let deadline = Date().addingTimeInterval(10)
+        while !captured.state.withLock({ $0.closed }) && Date() < deadline { usleep(5_000) }
+        return outputSoFar
     }
 
     deinit { stop(grace: 1) }
+}
+
+/// What a child process wrote so far, and whether it closed its output.
+final class CapturedOutput: Sendable {
+    let state = Mutex<(data: Data, closed: Bool)>((Data(), false))
+}
+
+/// The process ended before writing what a test waited for; `output` is what it wrote.
+public struct ChildProcessEnded: Error, CustomStringConvertible {
+    public let output: String
+    public var description: String { "the process ended; its output:\n\(output)" }
 }
 
 /// The directory holding the built products (the test bundle's own directory).

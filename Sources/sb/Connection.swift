@@ -84,31 +84,19 @@ struct ConnectionOptions: ParsableArguments {
     }
 
     /// The CHP snapshot, publisher and collector endpoints.
-    var stateEndpoints: (snapshot: String, publisher: String, collector: String) {
+    var stateEndpoints: StateEndpoints {
         get throws {
-            let text = stateEndpoint ?? environment["SB_STATE_ENDPOINT"].flatMap { $0.isEmpty ? nil : $0 }
-            if let parts = text?.split(separator: ",").map(String.init), parts.count == 3 { return (parts[0], parts[1], parts[2]) }
-            let base: String
-            if let text {
-                base = text
-            } else {
-                guard let (host, port) = Self.tcpHostPort(brokers[0]) else {
-                    throw ValidationError("--state-endpoint is needed when the broker endpoint is not tcp://HOST:PORT")
+            if let text = stateEndpoint ?? environment["SB_STATE_ENDPOINT"].flatMap({ $0.isEmpty ? nil : $0 }) {
+                guard let endpoints = StateEndpoints(text) else {
+                    throw ValidationError("--state-endpoint: give tcp://HOST:PORT (the publisher and collector follow on the next two ports), or snapshot,publisher,collector")
                 }
-                base = "tcp://\(host):\(port + 1)"
+                return endpoints
             }
-            guard let (host, port) = Self.tcpHostPort(base) else {
-                throw ValidationError("--state-endpoint: give tcp://HOST:PORT (the publisher and collector follow on the next two ports), or snapshot,publisher,collector")
+            guard let endpoints = StateEndpoints(followingBroker: brokers[0]) else {
+                throw ValidationError("--state-endpoint is needed when the broker endpoint is not tcp://HOST:PORT")
             }
-            return ("tcp://\(host):\(port)", "tcp://\(host):\(port + 1)", "tcp://\(host):\(port + 2)")
+            return endpoints
         }
-    }
-
-    static func tcpHostPort(_ endpoint: String) -> (String, Int)? {
-        guard endpoint.hasPrefix("tcp://"), let colon = endpoint.lastIndex(of: ":") else { return nil }
-        let host = endpoint[endpoint.index(endpoint.startIndex, offsetBy: 6)..<colon]
-        guard let port = Int(endpoint[endpoint.index(after: colon)...]), (1...65_533).contains(port), !host.isEmpty else { return nil }
-        return (String(host), port)
     }
 
     /// A client for the kernel, with the timeout as its default.

@@ -14,7 +14,7 @@ struct ProcessTests {
         try ["store", "fetcher", "search", "pricing"].map { name in
             try ChildProcess(switchboardExecutable(), [
                 "serve", name, "--config", config.path, "--broker", kernel.endpoints.broker,
-                "--snapshot", kernel.endpoints.snapshot, "--publisher", kernel.endpoints.publisher,
+                "--state", "\(kernel.endpoints.snapshot),\(kernel.endpoints.publisher),\(kernel.endpoints.collector)",
                 "--heartbeat-ms", "100", "--liveness", "10", "--log-level", "error",
             ])
         }

@@ -1,0 +1,228 @@
+public import BusKit
+import BusProtocol
+import Foundation
+public import Logging
+public import SwitchboardConfig
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `switchboard up`: runs the kernel and each service as a process of its own.
+///
+/// Start: the kernel first, until it answers `ping`; then each service in order, until the
+/// kernel lists its workers. A process that ends during start fails the start. Once up, a
+/// process that exits unexpectedly is restarted after a back-off that doubles per recent
+/// restart; more than the limit within the window and everything is stopped (exit 1).
+/// Shutdown (SIGINT/SIGTERM through ``requestShutdown()``): every service gets SIGTERM and
+/// drains, then the kernel; anything still running after the stop timeout gets SIGKILL.
+public actor Supervisor {
+    /// One process to run: `switchboard ARGUMENTS`.
+    public struct Piece: Sendable {
+        public let name: String
+        public let arguments: [String]
+        /// Workers the kernel must list before the service counts as up (0: the kernel itself).
+        public let workers: Int
+
+        public init(name: String, arguments: [String], workers: Int) {
+            self.name = name
+            self.arguments = arguments
+            self.workers = workers
+        }
+    }
+
+    final class Child {
+        let piece: Piece
+        var pid: pid_t?
+        var restarts: [ContinuousClock.Instant] = []
+        var pendingRestart: Task<Void, Never>?
+        init(piece: Piece) { self.piece = piece }
+    }
+
+    enum Phase { case starting, running, stopping }
+
+    private let executable: String
+    private let settings: SupervisorSettings
+    private let probe: BusClient
+    private let logger: Logger
+    private let launcher: ProcessLauncher
+    private let kernel: Child
+    private let services: [Child]
+    private var phase = Phase.starting
+    private var shutdownWaiter: CheckedContinuation<Void, Never>?
+    private var exitStatus: Int32 = 0
+
+    /// - Parameters:
+    ///   - executable: the `switchboard` binary.
+    ///   - probe: a client of the kernel, for `ping` and `services.list` while starting.
+    public init(executable: String, kernel: Piece, services: [Piece], settings: SupervisorSettings, probe: BusClient, logger: Logger) throws {
+        self.executable = executable
+        self.settings = settings
+        self.probe = probe
+        self.logger = logger
+        launcher = try ProcessLauncher()
+        self.kernel = Child(piece: kernel)
+        self.services = services.map(Child.init)
+    }
+
+    /// The process ids, by piece name (for the banner).
+    public var pids: [(name: String, pid: Int32)] {
+        ([kernel] + services).compactMap { child in child.pid.map { (child.piece.name, $0) } }
+    }
+
+    /// Starts everything, calls `onUp` once all registered, and supervises until shutdown.
+    /// Returns the exit status: 0 after a clean shutdown.
+    public func run(onUp: @Sendable ([(name: String, pid: Int32)]) -> Void) async -> Int32 {
+        do {
+            try start(kernel)
+            try await waitUntilUp(kernel)
+            for service in services {
+                guard phase == .starting else { break }
+                try start(service)
+                try await waitUntilUp(service)
+            }
+        } catch {
+            if phase == .starting {
+                logger.error("start failed: \(error)")
+                exitStatus = 1
+            }
+            await stopAll()
+            return exitStatus
+        }
+        guard phase == .starting else {
+            await stopAll()
+            return exitStatus
+        }
+        phase = .running
+        onUp(pids)
+        await withCheckedContinuation { shutdownWaiter = $0 }
+        await stopAll()
+        return exitStatus
+    }
+
+    /// Begins the ordered shutdown (SIGINT/SIGTERM). A second request kills what is left.
+    public func requestShutdown() {
+        if phase == .stopping {
+            logger.warning("second signal: killing every process now")
+            for child in [kernel] + services { if let pid = child.pid { kill(pid, SIGKILL) } }
+            return
+        }
+        phase = .stopping
+        shutdownWaiter?.resume()
+        shutdownWaiter = nil
+    }
+
+    // MARK: Starting
+
+    struct StartFailure: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    private func start(_ child: Child) throws {
+        let pid = try launcher.spawn(executable, child.piece.arguments + ["--lifeline-fd", String(ProcessLauncher.lifelineFD)])
+        child.pid = pid
+        logger.info("started \(child.piece.name)", metadata: ["pid": "\(pid)"])
+        let name = child.piece.name
+        launcher.watch(pid) { [weak self] reason in
+            guard let self else { return }
+            Task { await self.exited(name, pid: pid, reason: reason) }
+        }
+    }
+
+    /// Waits until the kernel answers `ping`, or lists `workers` workers of a service.
+    private func waitUntilUp(_ child: Child) async throws {
+        let deadline = ContinuousClock.now + settings.startTimeout
+        while ContinuousClock.now < deadline {
+            guard phase == .starting else { return }
+            guard child.pid != nil else {
+                throw StartFailure(description: "\(child.piece.name) exited while starting (its log is above)")
+            }
+            if await isUp(child) { return }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        throw StartFailure(description: "\(child.piece.name) did not \(child.piece.workers == 0 ? "answer" : "register") within \(settings.startTimeout)")
+    }
+
+    private func isUp(_ child: Child) async -> Bool {
+        if child.piece.workers == 0 {
+            return (try? await probe.request(service: "kernel", method: "ping", timeout: .milliseconds(500))) != nil
+        }
+        guard let list = try? await probe.request(service: "kernel", method: "services.list", timeout: .milliseconds(500)) else { return false }
+        let entry = list["services"]?.arrayValue?.first { $0["name"]?.stringValue == child.piece.name }
+        return (entry?["workers"]?.intValue ?? 0) >= Int64(child.piece.workers)
+    }
+
+    // MARK: Exits and restarts
+
+    private func exited(_ name: String, pid: pid_t, reason: ExitReason) {
+        guard let child = ([kernel] + services).first(where: { $0.piece.name == name }), child.pid == pid else { return }
+        child.pid = nil
+        switch phase {
+        case .starting:
+            logger.error("\(child.piece.name) (pid \(pid)) \(reason) while starting")
+        case .stopping:
+            logger.info("\(child.piece.name) (pid \(pid)) \(reason)")
+            if reason != .exited(0) && reason != .signalled(SIGTERM) { exitStatus = 1 }
+        case .running:
+            scheduleRestart(child, pid: pid, reason: reason)
+        }
+    }
+
+    private func scheduleRestart(_ child: Child, pid: pid_t, reason: ExitReason) {
+        let now = ContinuousClock.now
+        child.restarts.removeAll { now - $0 > settings.restartWindow }
+        guard child.restarts.count < settings.restartLimit else {
+            logger.critical("\(child.piece.name) (pid \(pid)) \(reason); it was restarted \(child.restarts.count) times within \(settings.restartWindow): giving up, stopping everything")
+            exitStatus = 1
+            requestShutdown()
+            return
+        }
+        let delay = min(settings.restartBackoff * (1 << min(child.restarts.count, 20)), settings.restartBackoffMax)
+        child.restarts.append(now)
+        logger.warning("\(child.piece.name) (pid \(pid)) \(reason); restarting in \(delay) (restart \(child.restarts.count) of at most \(settings.restartLimit) within \(settings.restartWindow))")
+        child.pendingRestart = Task {
+            try? await Task.sleep(for: delay)
+            self.restart(child)
+        }
+    }
+
+    private func restart(_ child: Child) {
+        child.pendingRestart = nil
+        guard phase == .running, child.pid == nil else { return }
+        do {
+            try start(child)
+        } catch {
+            logger.error("cannot restart \(child.piece.name): \(error)")
+            scheduleRestart(child, pid: 0, reason: .exited(127))
+        }
+    }
+
+    // MARK: Stopping
+
+    /// Services first, all at once (each drains its requests in flight), then the kernel.
+    private func stopAll() async {
+        phase = .stopping
+        for child in [kernel] + services {
+            child.pendingRestart?.cancel()
+            child.pendingRestart = nil
+        }
+        await stop(services)
+        await stop([kernel])
+    }
+
+    private func stop(_ children: [Child]) async {
+        for child in children { if let pid = child.pid { kill(pid, SIGTERM) } }
+        let deadline = ContinuousClock.now + settings.stopTimeout
+        while children.contains(where: { $0.pid != nil }) && ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        for child in children {
+            guard let pid = child.pid else { continue }
+            logger.error("\(child.piece.name) (pid \(pid)) did not stop within \(settings.stopTimeout); killing it")
+            exitStatus = 1
+            kill(pid, SIGKILL)
+        }
+        while children.contains(where: { $0.pid != nil }) {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}

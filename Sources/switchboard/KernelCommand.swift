@@ -1,0 +1,79 @@
+import ArgumentParser
+import Foundation
+import Kernel
+import Logging
+import ServiceLifecycle
+import SwitchboardConfig
+import ZeroMQ
+
+struct KernelCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "kernel",
+        abstract: "Run the kernel: the Majordomo broker (7/MDP, 8/MMI) and the CHP state server (12/CHP).",
+        discussion: """
+            Settings come from the configuration's kernel and security sections; flags override them.
+            Example (the kernel of a two-machine deployment, see Config/two-machines/):
+              switchboard kernel --config Config/two-machines/kernel-host.yaml
+            """
+    )
+
+    @OptionGroup var common: CommonOptions
+    @Option(help: "The broker's endpoint (clients and workers connect here).")
+    var broker: String?
+    @Option(help: "The CHP snapshot endpoint.")
+    var snapshot: String?
+    @Option(help: "The CHP publisher endpoint.")
+    var publisher: String?
+    @Option(help: "The CHP collector endpoint.")
+    var collector: String?
+    @Option(help: "Heartbeat interval in milliseconds.")
+    var heartbeatMs: Int?
+    @Option(help: "Missed heartbeats before a worker is dead.")
+    var liveness: Int?
+    @Option(help: "Milliseconds a request waits for a worker before -32001.")
+    var queueTimeoutMs: Int?
+    @Option(help: "The largest message accepted, in bytes.")
+    var maxMessageSize: Int?
+    @Option(name: .customLong("no-retry"), help: "A service whose requests are not re-sent when their worker dies (repeatable).")
+    var nonRetriable: [String] = []
+    @Option(name: .customLong("writable-prefix"), help: "A key prefix the collector accepts (repeatable; default /client/).")
+    var writablePrefixes: [String] = []
+
+    func validate() throws {
+        for (name, value) in [("--heartbeat-ms", heartbeatMs), ("--liveness", liveness), ("--queue-timeout-ms", queueTimeoutMs),
+                              ("--max-message-size", maxMessageSize)] {
+            if let value, value <= 0 { throw ValidationError("\(name) must be positive") }
+        }
+    }
+
+    /// The file's settings with the flags applied on top.
+    func kernelConfiguration(_ file: ConfigFile) throws -> KernelConfiguration {
+        var configuration = file.kernel
+        do {
+            configuration.security = try file.security.kernelSecurity()
+        } catch {
+            throw common.configProblem(error)
+        }
+        if let broker { configuration.brokerEndpoint = broker }
+        if let snapshot { configuration.snapshotEndpoint = snapshot }
+        if let publisher { configuration.publisherEndpoint = publisher }
+        if let collector { configuration.collectorEndpoint = collector }
+        if let heartbeatMs { configuration.heartbeatInterval = .milliseconds(heartbeatMs) }
+        if let liveness { configuration.heartbeatLiveness = liveness }
+        if let queueTimeoutMs { configuration.queueTimeout = .milliseconds(queueTimeoutMs) }
+        if let maxMessageSize { configuration.maxMessageSize = maxMessageSize }
+        if !nonRetriable.isEmpty { configuration.nonRetriableServices = Set(nonRetriable) }
+        if !writablePrefixes.isEmpty { configuration.collectorWritablePrefixes = writablePrefixes }
+        return configuration
+    }
+
+    func run() async throws {
+        let file = try common.loadConfig()
+        common.bootstrap(file)
+        let configuration = try kernelConfiguration(file)
+        let logger = Logger(label: "switchboard.kernel")
+        let kernel = try Kernel(configuration: configuration, context: ZMQContext(), logger: logger)
+        let group = ServiceGroup(services: [kernel], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        try await group.run()
+    }
+}

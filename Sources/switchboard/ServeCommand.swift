@@ -1,0 +1,78 @@
+import ArgumentParser
+import BusKit
+import Foundation
+import Logging
+import ServiceLifecycle
+import SwitchboardConfig
+import ZeroMQ
+
+struct ServeCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "serve",
+        abstract: "Run one service and register it with a kernel (here or on another machine).",
+        discussion: """
+            switchboard serve echo                          answers with what it is sent
+            switchboard serve store --db /tmp/store.sqlite  history, articles, selections, snapshots
+            switchboard serve fetcher                       the seven datasets, from their sources or bundled copies
+            switchboard serve search                        countries, places, the hiring list, news and flights
+            switchboard serve pricing                       route quotes, the current route, deals
+
+            On another machine than the kernel:
+              switchboard serve search --broker tcp://10.0.0.1:5555 --state tcp://10.0.0.1:5556
+            """
+    )
+
+    @OptionGroup var common: CommonOptions
+    @Argument(help: "The service to run: \(Pieces.names.joined(separator: ", ")).")
+    var name: String
+    @Option(help: "A kernel broker endpoint (repeatable; default: kernel.broker in the configuration).")
+    var broker: [String] = []
+    @Option(help: "The kernel's CHP state: the snapshot endpoint (publisher on the next port), or snapshot,publisher,collector (default: the configuration's).")
+    var state: String?
+    @Option(help: "Worker connections: requests handled at once (default: services.NAME.workers).")
+    var connections: Int?
+    @Option(help: "Heartbeat interval in milliseconds (default: kernel.heartbeat_ms; match the kernel's).")
+    var heartbeatMs: Int?
+    @Option(help: "Missed heartbeats before the kernel is considered gone (default: kernel.liveness).")
+    var liveness: Int?
+    @Option(help: "A name for this instance, reported by echo's whoami.")
+    var instance: String?
+    @Option(help: "store: the SQLite database file (overrides store.path).")
+    var db: String?
+
+    func validate() throws {
+        guard Pieces.names.contains(name) else {
+            throw ValidationError("unknown service '\(name)'; known: \(Pieces.names.joined(separator: ", "))")
+        }
+        guard (connections ?? 1) > 0, (heartbeatMs ?? 1) > 0, (liveness ?? 1) > 0 else {
+            throw ValidationError("--connections, --heartbeat-ms and --liveness must be positive")
+        }
+        if let state, StateEndpoints(state) == nil {
+            throw ValidationError("--state: give tcp://HOST:PORT (the snapshot; the publisher is on the next port) or snapshot,publisher,collector")
+        }
+    }
+
+    func run() async throws {
+        var file = try common.loadConfig()
+        common.bootstrap(file)
+        if let db { file.store.path = db }
+        let kernel = file.kernel
+        let curve: CurveClientKeys?
+        do {
+            curve = try file.security.connectingKeys()
+        } catch {
+            throw common.configProblem(error)
+        }
+        let connection = Connection(
+            brokers: broker.isEmpty ? [kernel.brokerEndpoint] : broker,
+            state: state.flatMap { StateEndpoints($0) }
+                ?? StateEndpoints(snapshot: kernel.snapshotEndpoint, publisher: kernel.publisherEndpoint, collector: kernel.collectorEndpoint),
+            workers: connections ?? file.services[name]?.workers ?? 2,
+            heartbeatInterval: heartbeatMs.map { .milliseconds($0) } ?? kernel.heartbeatInterval,
+            liveness: liveness ?? kernel.heartbeatLiveness,
+            curve: curve, context: nil, instance: instance)
+        let piece = try await Pieces.service(name, file: file, connection: connection)
+        let group = ServiceGroup(services: [piece], gracefulShutdownSignals: [.sigterm, .sigint], logger: Logger(label: "switchboard.\(name)"))
+        try await group.run()
+    }
+}

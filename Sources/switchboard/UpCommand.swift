@@ -1,0 +1,151 @@
+import ArgumentParser
+import BusKit
+import Dispatch
+import Foundation
+import Kernel
+import Logging
+import ServiceLifecycle
+import Supervisor
+import SwitchboardConfig
+import ZeroMQ
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct UpCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "up",
+        abstract: "Run the whole bus: the kernel and every enabled service, each as its own process.",
+        discussion: """
+            Starts the kernel, then each service in the configuration's services section, waits
+            until each has registered, and prints where to connect. A process that exits
+            unexpectedly is restarted (supervisor section: back-off and limit). Ctrl-C or
+            SIGTERM stops the services (they finish their requests in flight), then the kernel;
+            the exit status is 0 after a clean shutdown. A second Ctrl-C kills what is left.
+            Examples:
+              switchboard up
+              SWITCHBOARD_KERNEL_BROKER=tcp://0.0.0.0:5555 switchboard up --config Config/switchboard.yaml
+              switchboard up --single-process
+            """
+    )
+
+    @OptionGroup var common: CommonOptions
+    @Flag(help: "Run the kernel and the services in this one process, connected over inproc:// (for development); the kernel still listens on its configured endpoints.")
+    var singleProcess = false
+
+    func run() async throws {
+        let file = try common.loadConfig()
+        common.bootstrap(file)
+        let enabled = ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true }
+        let status = singleProcess ? try await runInOneProcess(file, services: enabled) : try await runSupervised(file, services: enabled)
+        if status != 0 { throw ExitCode(status) }
+    }
+
+    // MARK: Processes
+
+    private func runSupervised(_ file: ConfigFile, services: [String]) async throws -> Int32 {
+        let logger = Logger(label: "switchboard.up")
+        let probeKeys: CurveClientKeys?
+        do {
+            _ = try file.security.kernelSecurity()
+            probeKeys = try file.security.connectingKeys()
+        } catch {
+            throw common.configProblem(error)
+        }
+        var shared: [String] = []
+        if let path = common.configPath { shared += ["--config", path] }
+        if let level = common.logLevel { shared += ["--log-level", level.rawValue] }
+        let probe = try await BusClient(brokers: [Self.connectable(file.kernel.brokerEndpoint)], timeout: .seconds(1), curve: probeKeys)
+        let supervisor = try Supervisor(
+            executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path,
+            kernel: .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
+            services: services.map { .init(name: $0, arguments: ["serve", $0] + shared, workers: file.services[$0]!.workers) },
+            settings: file.supervisor, probe: probe, logger: logger)
+        let signals = Self.forwardSignals { Task { await supervisor.requestShutdown() } }
+        let status = await supervisor.run { pids in
+            Self.printBanner(file, pids: pids, services: services, singleProcess: false)
+        }
+        signals.forEach { $0.cancel() }
+        await probe.close()
+        return status
+    }
+
+    /// SIGINT and SIGTERM call `handler` instead of ending the process.
+    static func forwardSignals(_ handler: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
+        [SIGINT, SIGTERM].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler(handler: handler)
+            source.resume()
+            return source
+        }
+    }
+
+    // MARK: One process
+
+    private func runInOneProcess(_ file: ConfigFile, services: [String]) async throws -> Int32 {
+        let context = try ZMQContext()
+        var configuration = file.kernel
+        configuration.inprocName = "switchboard"
+        do {
+            configuration.security = try file.security.kernelSecurity()
+        } catch {
+            throw common.configProblem(error)
+        }
+        let kernel = try Kernel(configuration: configuration, context: context, logger: Logger(label: "switchboard.kernel"))
+        try await kernel.start()
+        // Over inproc:// the pieces share the kernel's context and need no keys.
+        let inproc = { (role: String) in "inproc://switchboard-\(role)" }
+        var pieces: [any Service] = [kernel]
+        for name in services {
+            let connection = Connection(brokers: [inproc("broker")],
+                                        state: StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector")),
+                                        workers: file.services[name]!.workers, heartbeatInterval: configuration.heartbeatInterval,
+                                        liveness: configuration.heartbeatLiveness, curve: nil, context: context, instance: nil)
+            pieces.append(try await Pieces.service(name, file: file, connection: connection))
+        }
+        let logger = Logger(label: "switchboard.up")
+        // A ServiceGroup stops its services in reverse order: the services first, the kernel last.
+        let group = ServiceGroup(services: pieces, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let banner = Task {
+            let probe = try await BusClient(brokers: [inproc("broker")], context: context, timeout: .seconds(1))
+            defer { Task { await probe.close() } }
+            for name in services {
+                while (try? await probe.hasWorkers(name)) != true { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            Self.printBanner(file, pids: [("switchboard", getpid())], services: services, singleProcess: true)
+        }
+        try await group.run()
+        banner.cancel()
+        return 0
+    }
+
+    // MARK: Where to connect
+
+    static func printBanner(_ file: ConfigFile, pids: [(name: String, pid: Int32)], services: [String], singleProcess: Bool) {
+        let kernel = file.kernel
+        let broker = connectable(kernel.brokerEndpoint), snapshot = connectable(kernel.snapshotEndpoint)
+        var lines = ["Switchboard is up\(singleProcess ? " in one process (pid \(getpid()))" : ""):",
+                     "  kernel   broker \(kernel.brokerEndpoint), state \(kernel.snapshotEndpoint) (publisher \(kernel.publisherEndpoint), collector \(kernel.collectorEndpoint))"]
+        let pid = Dictionary(pids.map { ($0.name, $0.pid) }, uniquingKeysWith: { a, _ in a })
+        if let kernelPid = pid["kernel"] { lines[1] += ", pid \(kernelPid)" }
+        for name in services {
+            let workers = file.services[name]!.workers
+            let padded = name.padding(toLength: 8, withPad: " ", startingAt: 0)
+            lines.append("  \(padded) \(workers) worker\(workers == 1 ? "" : "s")\(pid[name].map { ", pid \($0)" } ?? "")")
+        }
+        var sb = "sb"
+        if broker != "tcp://127.0.0.1:5555" { sb += " --endpoint \(broker)" }
+        if snapshot != StateEndpoints(followingBroker: broker)?.snapshot { sb += " --state-endpoint \(snapshot),\(connectable(kernel.publisherEndpoint)),\(connectable(kernel.collectorEndpoint))" }
+        if file.security.curve, let serverKey = file.security.serverKey { sb += " --server-key \(serverKey) --key-file YOUR.key" }
+        lines.append("Connect with: \(sb) services   (then: \(sb) countries par, \(sb) flights route; sb --help)")
+        lines.append("Stop with Ctrl-C (or SIGTERM to pid \(getpid())).")
+        FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))
+    }
+
+    /// An endpoint a client can connect to: a wildcard or any-address host becomes loopback.
+    static func connectable(_ endpoint: String) -> String {
+        endpoint.replacingOccurrences(of: "tcp://*:", with: "tcp://127.0.0.1:")
+            .replacingOccurrences(of: "tcp://0.0.0.0:", with: "tcp://127.0.0.1:")
+    }
+}
