@@ -244,6 +244,11 @@ let package = Package(
             swiftSettings: sharedSettings
         ),
         .testTarget(
+            name: "DeploymentTests",
+            dependencies: ["BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
             name: "BusProtocolTests",
             dependencies: ["BusProtocol", "ZeroMQ"],
             swiftSettings: sharedSettings

@@ -1,0 +1,155 @@
+import BusKit
+import BusProtocol
+import Catalog
+import Foundation
+import SwitchboardTestSupport
+import Testing
+
+/// A configuration for a whole bus on free ports in `folder`: datasets read from files
+/// there (no traffic beyond loopback), fast heartbeats and restarts.
+func writeDeploymentConfig(in folder: URL, services: String = """
+    echo: {workers: 1}
+      store: {workers: 2}
+      fetcher: {workers: 2}
+      search: {workers: 2}
+      pricing: {workers: 1}
+    """, extra: String = "") throws -> (config: URL, broker: String) {
+    for dataset in Dataset.allCases {
+        try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
+    }
+    let ports = (0..<4).map { _ in freePort() }
+    let datasets = Dataset.allCases.map { dataset in
+        "    \(dataset.rawValue): {url: \"\(folder.appendingPathComponent(dataset.bundledFileName).absoluteString)\", refresh_seconds: 3600}"
+    }.joined(separator: "\n")
+    let text = """
+        log_level: info
+        kernel:
+          broker: tcp://127.0.0.1:\(ports[0])
+          snapshot: tcp://127.0.0.1:\(ports[1])
+          publisher: tcp://127.0.0.1:\(ports[2])
+          collector: tcp://127.0.0.1:\(ports[3])
+          heartbeat_ms: 200
+          liveness: 10
+        services:
+          \(services)
+        store:
+          path: \(folder.appendingPathComponent("store.sqlite").path)
+        fetcher:
+          datasets:
+        \(datasets)
+        supervisor:
+          restart_backoff_ms: 100
+          stop_timeout_seconds: 10
+        \(extra)
+        """
+    let url = folder.appendingPathComponent("switchboard.yaml")
+    try text.write(to: url, atomically: true, encoding: .utf8)
+    return (url, "tcp://127.0.0.1:\(ports[0])")
+}
+
+/// The pids in `switchboard up`'s banner ("  search   2 workers, pid 123"), by piece.
+func bannerPids(_ output: String) -> [String: Int32] {
+    var pids: [String: Int32] = [:]
+    for line in output.split(separator: "\n") where line.hasPrefix("  ") {
+        let words = line.split(separator: " ")
+        if let name = words.first, let pid = words.last.flatMap({ Int32($0) }), line.contains("pid ") { pids[String(name)] = pid }
+    }
+    return pids
+}
+
+func isAlive(_ pid: Int32) -> Bool {
+    kill(pid, 0) == 0 || errno != ESRCH
+}
+
+@Suite("switchboard up: the whole bus as a supervised process tree", .serialized)
+struct UpTests {
+    @Test("all register; kill -9 of a service is followed by its restart while the bus answers; SIGTERM ends everything cleanly")
+    func processTree() async throws {
+        let folder = try temporaryDirectory("up")
+        let (config, broker) = try writeDeploymentConfig(in: folder)
+        let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
+        defer { up.stop(grace: 15) }
+        let banner = try await up.waitForOutput(containing: "Switchboard is up", within: 120)
+        try await up.waitForOutput(containing: "Stop with Ctrl-C")
+        let pids = bannerPids(up.outputSoFar)
+        #expect(Set(pids.keys) == ["kernel", "echo", "store", "fetcher", "search", "pricing"], "\(banner)")
+        #expect(up.outputSoFar.contains("Connect with: sb --endpoint \(broker)"))
+
+        let bus = try await BusClient(brokers: [broker], timeout: .seconds(10))
+        let list = try await bus.request(service: "kernel", method: "services.list")
+        for (name, workers) in [("echo", 1), ("store", 2), ("fetcher", 2), ("search", 2), ("pricing", 1)] {
+            #expect(list["services"]?.arrayValue?.first { $0["name"]?.stringValue == name }?["workers"]?.intValue == Int64(workers), "\(name)")
+        }
+        let countries = try await bus.request(service: "search", method: "countries.search", params: ["query": "par"])
+        #expect(countries["countries"]?.arrayValue?.first?["name"] == "Paraguay")
+
+        // kill -9 a service: the supervisor restarts it; requests meanwhile are answered
+        // (by the old process's redispatch or the new one) and the new process registers.
+        let search = try #require(pids["search"])
+        kill(search, SIGKILL)
+        let during = try await bus.request(service: "search", method: "countries.search", params: ["query": "fra"])
+        #expect(during["countries"]?.arrayValue?.isEmpty == false)
+        try await up.waitForOutput(containing: "search (pid \(search)) was killed by signal 9 (SIGKILL); restarting")
+        let restarted = try await up.waitForOutput(containing: "started search")
+        #expect(restarted.components(separatedBy: "started search").count == 3, "started at boot and once more")
+        try await eventually(30, "the new search registered") {
+            let list = try await bus.request(service: "kernel", method: "services.list")
+            return list["services"]?.arrayValue?.first { $0["name"] == "search" }?["workers"] == 2
+        }
+        #expect(try await bus.request(service: "search", method: "countries.search", params: ["query": "ger"])["countries"] != nil)
+        #expect(try await bus.request(service: "pricing", method: "route.cheapest")["cheapestOutbound"] != nil)
+        await bus.close()
+
+        // SIGTERM: services drain, then the kernel; exit 0; no process left.
+        up.signal(SIGTERM)
+        #expect(await up.exit(within: 60))
+        #expect(up.process.terminationStatus == 0, "\(up.readOutput().suffix(2_000))")
+        let output = up.readOutput()
+        let servicesStopped = ["echo", "store", "fetcher", "search", "pricing"].compactMap { name in
+            output.range(of: "] \(name) (pid")?.lowerBound
+        }
+        let kernelStopped = try #require(output.range(of: "] kernel (pid")?.lowerBound)
+        #expect(servicesStopped.count == 5 && servicesStopped.allSatisfy { $0 < kernelStopped }, "services stop before the kernel")
+        for (name, pid) in pids where name != "search" { #expect(!isAlive(pid), "\(name) (pid \(pid)) is still running") }
+    }
+
+    @Test("if the supervisor is killed, its processes end by themselves (the lifeline)")
+    func lifeline() async throws {
+        let folder = try temporaryDirectory("up-lifeline")
+        let (config, _) = try writeDeploymentConfig(in: folder, services: """
+            echo: {workers: 1}
+              store: {enabled: false}
+              fetcher: {enabled: false}
+              search: {enabled: false}
+              pricing: {enabled: false}
+            """)
+        let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
+        defer { up.stop() }
+        try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 60)
+        let pids = bannerPids(up.outputSoFar)
+        #expect(Set(pids.keys) == ["kernel", "echo"])
+        up.signal(SIGKILL)
+        _ = await up.exit(within: 10)
+        try await eventually(20, "the kernel and echo ended") { pids.values.allSatisfy { !isAlive($0) } }
+    }
+
+    @Test("bad configuration: exit 78 naming the key, for up, kernel and serve")
+    func badConfiguration() async throws {
+        let folder = try temporaryDirectory("up-bad")
+        let bad = folder.appendingPathComponent("bad.yaml")
+        try "kernel:\n  heartbeat_ms: soon\n".write(to: bad, atomically: true, encoding: .utf8)
+        for arguments in [["up"], ["kernel"], ["serve", "echo"]] {
+            let result = try await runCommand(switchboardExecutable(), arguments + ["--config", bad.path])
+            #expect(result.status == 78, "\(arguments)")
+            #expect(result.stderr.contains(#"kernel.heartbeat_ms: expected a positive integer, got "soon""#), "\(result.stderr)")
+        }
+        let variable = try await runCommand(switchboardExecutable(), ["kernel", "--config", bad.path], environment: ["SWITCHBOARD_KERNEL_HEARTBEAT": "5"])
+        #expect(variable.status == 78 && variable.stderr.contains("SWITCHBOARD_KERNEL_HEARTBEAT: unknown variable"), "\(variable.stderr)")
+        let curve = folder.appendingPathComponent("curve.yaml")
+        try "security:\n  curve: true\n".write(to: curve, atomically: true, encoding: .utf8)
+        let missing = try await runCommand(switchboardExecutable(), ["kernel", "--config", curve.path])
+        #expect(missing.status == 78 && missing.stderr.contains("security.kernel_secret_key_file: required when security.curve is true"), "\(missing.stderr)")
+        let unknownService = try await runCommand(switchboardExecutable(), ["serve", "mailer"])
+        #expect(unknownService.status == 64 && unknownService.stderr.contains("unknown service 'mailer'"))
+    }
+}
