@@ -1,0 +1,131 @@
+import BusProtocol
+import Foundation
+import SwitchboardTestSupport
+import Testing
+
+/// Two "machines": network namespaces joined by a veth pair, made and removed by the test.
+struct TwoHosts: Sendable {
+    let kernelHost: String
+    let serviceHost: String
+    let kernelAddress: String
+    let serviceLink: String
+
+    /// Whether this machine lets us make network namespaces (root, iproute2, a kernel with netns).
+    static let available: Bool = {
+        let probe = "sb-probe-\(getpid())"
+        guard (try? ip(["netns", "add", probe])) != nil else { return false }
+        _ = try? ip(["netns", "del", probe])
+        return true
+    }()
+
+    static func make() throws -> TwoHosts {
+        let tag = String(UInt32.random(in: 0..<UInt32.max), radix: 36)
+        let subnet = "10.\(Int.random(in: 200...250)).\(Int.random(in: 1...250))"
+        let hosts = TwoHosts(kernelHost: "sbk-\(tag)", serviceHost: "sbs-\(tag)", kernelAddress: "\(subnet).1", serviceLink: "vs-\(tag)")
+        let kernelLink = "vk-\(tag)"
+        do {
+            try ip(["netns", "add", hosts.kernelHost])
+            try ip(["netns", "add", hosts.serviceHost])
+            try ip(["link", "add", kernelLink, "type", "veth", "peer", "name", hosts.serviceLink])
+            try ip(["link", "set", kernelLink, "netns", hosts.kernelHost])
+            try ip(["link", "set", hosts.serviceLink, "netns", hosts.serviceHost])
+            for (host, link, address) in [(hosts.kernelHost, kernelLink, "\(subnet).1/24"), (hosts.serviceHost, hosts.serviceLink, "\(subnet).2/24")] {
+                try ip(["-n", host, "addr", "add", address, "dev", link])
+                try ip(["-n", host, "link", "set", link, "up"])
+                try ip(["-n", host, "link", "set", "lo", "up"])
+            }
+        } catch {
+            hosts.remove()
+            throw error
+        }
+        return hosts
+    }
+
+    /// Cuts (or restores) the service host's side of the link.
+    func setLink(up: Bool) throws {
+        try Self.ip(["-n", serviceHost, "link", "set", serviceLink, up ? "up" : "down"])
+    }
+
+    /// Removing a namespace removes its end of the veth pair, and with it the pair.
+    func remove() {
+        for host in [kernelHost, serviceHost] { _ = try? Self.ip(["netns", "del", host]) }
+    }
+
+    /// `ip netns exec HOST executable arguments...` as a child process.
+    func start(in host: String, _ executable: URL, _ arguments: [String]) throws -> ChildProcess {
+        try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", host, executable.path] + arguments)
+    }
+
+    func run(in host: String, _ executable: URL, _ arguments: [String]) async throws -> CommandResult {
+        try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", host, executable.path] + arguments)
+    }
+
+    @discardableResult
+    static func ip(_ arguments: [String]) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["ip"] + arguments
+        let errors = Pipe()
+        process.standardError = errors
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            throw TwoHostsError(description: "ip \(arguments.joined(separator: " ")): \(message)")
+        }
+        return ""
+    }
+}
+
+struct TwoHostsError: Error, CustomStringConvertible {
+    let description: String
+}
+
+@Suite("Two hosts: the kernel and a service in separate network namespaces")
+struct TwoHostTests {
+    @Test("requests cross between the hosts; after the link is cut and restored the worker registers again",
+          .enabled(if: TwoHosts.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+    func acrossHosts() async throws {
+        let hosts = try TwoHosts.make()
+        defer { hosts.remove() }
+        let folder = try temporaryDirectory("two-hosts")
+        let emptyConfig = folder.appendingPathComponent("empty.yaml")
+        try "".write(to: emptyConfig, atomically: true, encoding: .utf8)
+        let address = hosts.kernelAddress
+        let broker = "tcp://\(address):5555"
+        let kernel = try hosts.start(in: hosts.kernelHost, switchboardExecutable(), [
+            "kernel", "--config", emptyConfig.path, "--broker", broker, "--snapshot", "tcp://\(address):5556",
+            "--publisher", "tcp://\(address):5557", "--collector", "tcp://\(address):5558", "--heartbeat-ms", "200", "--liveness", "5",
+        ])
+        defer { kernel.stop() }
+        let echo = try hosts.start(in: hosts.serviceHost, switchboardExecutable(), [
+            "serve", "echo", "--config", emptyConfig.path, "--broker", broker, "--state", "tcp://\(address):5556",
+            "--heartbeat-ms", "200", "--liveness", "5", "--instance", "far-away",
+        ])
+        defer { echo.stop() }
+
+        // A client on the kernel's host reaches the worker on the other host.
+        @Sendable func whoami() async throws -> CommandResult {
+            try await hosts.run(in: hosts.kernelHost, sbExecutable(), ["request", "echo", "whoami", "--endpoint", broker, "--timeout", "2s", "--json"])
+        }
+        @Sendable func echoWorkers() async throws -> Int64? {
+            let result = try await hosts.run(in: hosts.kernelHost, sbExecutable(), ["request", "kernel", "services.list", "--endpoint", broker, "--json"])
+            let list = try JSONValue(parsing: Array(result.stdout.utf8))
+            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["workers"]?.intValue
+        }
+        try await eventually(30, "the far worker registered") { try await echoWorkers() == 2 }
+        let answer = try await whoami()
+        #expect(answer.status == 0 && answer.stdout.contains("far-away"), "\(answer)")
+
+        try hosts.setLink(up: false)
+        try await eventually(30, "the kernel dropped the unreachable workers") { try await echoWorkers() == 0 }
+        let cut = try await whoami()
+        #expect(cut.status != 0, "no worker while the link is down")
+
+        try hosts.setLink(up: true)
+        try await eventually(60, "the worker registered again") { try await echoWorkers() == 2 }
+        let again = try await whoami()
+        #expect(again.status == 0 && again.stdout.contains("far-away"), "\(again)")
+    }
+}
