@@ -45,7 +45,8 @@ public actor Supervisor {
     private let probe: BusClient
     private let logger: Logger
     private let launcher: ProcessLauncher
-    private let kernel: Child
+    /// nil: the kernel runs elsewhere (`up --no-kernel`); it must answer before services start.
+    private let kernel: Child?
     private let services: [Child]
     private var phase = Phase.starting
     private var shutdownWaiter: CheckedContinuation<Void, Never>?
@@ -54,27 +55,31 @@ public actor Supervisor {
     /// - Parameters:
     ///   - executable: the `switchboard` binary.
     ///   - probe: a client of the kernel, for `ping` and `services.list` while starting.
-    public init(executable: String, kernel: Piece, services: [Piece], settings: SupervisorSettings, probe: BusClient, logger: Logger) throws {
+    public init(executable: String, kernel: Piece?, services: [Piece], settings: SupervisorSettings, probe: BusClient, logger: Logger) throws {
         self.executable = executable
         self.settings = settings
         self.probe = probe
         self.logger = logger
         launcher = try ProcessLauncher()
-        self.kernel = Child(piece: kernel)
+        self.kernel = kernel.map(Child.init)
         self.services = services.map(Child.init)
     }
 
     /// The process ids, by piece name (for the banner).
     public var pids: [(name: String, pid: Int32)] {
-        ([kernel] + services).compactMap { child in child.pid.map { (child.piece.name, $0) } }
+        children.compactMap { child in child.pid.map { (child.piece.name, $0) } }
     }
 
     /// Starts everything, calls `onUp` once all registered, and supervises until shutdown.
     /// Returns the exit status: 0 after a clean shutdown.
     public func run(onUp: @Sendable ([(name: String, pid: Int32)]) -> Void) async -> Int32 {
         do {
-            try start(kernel)
-            try await waitUntilUp(kernel)
+            if let kernel {
+                try start(kernel)
+                try await waitUntilUp(kernel)
+            } else {
+                try await waitForRemoteKernel()
+            }
             for service in services {
                 guard phase == .starting else { break }
                 try start(service)
@@ -103,13 +108,15 @@ public actor Supervisor {
     public func requestShutdown() {
         if phase == .stopping {
             logger.warning("second signal: killing every process now")
-            for child in [kernel] + services { if let pid = child.pid { kill(pid, SIGKILL) } }
+            for child in children { if let pid = child.pid { kill(pid, SIGKILL) } }
             return
         }
         phase = .stopping
         shutdownWaiter?.resume()
         shutdownWaiter = nil
     }
+
+    private var children: [Child] { (kernel.map { [$0] } ?? []) + services }
 
     // MARK: Starting
 
@@ -142,6 +149,16 @@ public actor Supervisor {
         throw StartFailure(description: "\(child.piece.name) did not \(child.piece.workers == 0 ? "answer" : "register") within \(settings.startTimeout)")
     }
 
+    private func waitForRemoteKernel() async throws {
+        let deadline = ContinuousClock.now + settings.startTimeout
+        while ContinuousClock.now < deadline, phase == .starting {
+            if (try? await probe.request(service: "kernel", method: "ping", timeout: .milliseconds(500))) != nil { return }
+            try? await Task.sleep(for: .milliseconds(200))
+        }
+        guard phase == .starting else { return }
+        throw StartFailure(description: "no kernel answers at \(probe.brokers.joined(separator: ", ")) within \(settings.startTimeout)")
+    }
+
     private func isUp(_ child: Child) async -> Bool {
         if child.piece.workers == 0 {
             return (try? await probe.request(service: "kernel", method: "ping", timeout: .milliseconds(500))) != nil
@@ -154,7 +171,7 @@ public actor Supervisor {
     // MARK: Exits and restarts
 
     private func exited(_ name: String, pid: pid_t, reason: ExitReason) {
-        guard let child = ([kernel] + services).first(where: { $0.piece.name == name }), child.pid == pid else { return }
+        guard let child = children.first(where: { $0.piece.name == name }), child.pid == pid else { return }
         child.pid = nil
         switch phase {
         case .starting:
@@ -201,12 +218,12 @@ public actor Supervisor {
     /// Services first, all at once (each drains its requests in flight), then the kernel.
     private func stopAll() async {
         phase = .stopping
-        for child in [kernel] + services {
+        for child in children {
             child.pendingRestart?.cancel()
             child.pendingRestart = nil
         }
         await stop(services)
-        await stop([kernel])
+        if let kernel { await stop([kernel]) }
     }
 
     private func stop(_ children: [Child]) async {

@@ -26,12 +26,19 @@ struct UpCommand: AsyncParsableCommand {
               switchboard up
               SWITCHBOARD_KERNEL_BROKER=tcp://0.0.0.0:5555 switchboard up --config Config/switchboard.yaml
               switchboard up --single-process
+              switchboard up --no-kernel --config Config/two-machines/services-host.yaml
             """
     )
 
     @OptionGroup var common: CommonOptions
     @Flag(help: "Run the kernel and the services in this one process, connected over inproc:// (for development); the kernel still listens on its configured endpoints.")
     var singleProcess = false
+    @Flag(help: "Start no kernel: the services connect to the one in the configuration (on another machine).")
+    var noKernel = false
+
+    func validate() throws {
+        if singleProcess && noKernel { throw ValidationError("--single-process runs its own kernel; it cannot be combined with --no-kernel") }
+    }
 
     func run() async throws {
         let file = try common.loadConfig()
@@ -47,7 +54,7 @@ struct UpCommand: AsyncParsableCommand {
         let logger = Logger(label: "switchboard.up")
         let probeKeys: CurveClientKeys?
         do {
-            _ = try file.security.kernelSecurity()
+            if !noKernel { _ = try file.security.kernelSecurity() }
             probeKeys = try file.security.connectingKeys()
         } catch {
             throw common.configProblem(error)
@@ -58,12 +65,12 @@ struct UpCommand: AsyncParsableCommand {
         let probe = try await BusClient(brokers: [Self.connectable(file.kernel.brokerEndpoint)], timeout: .seconds(1), curve: probeKeys)
         let supervisor = try Supervisor(
             executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path,
-            kernel: .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
+            kernel: noKernel ? nil : .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
             services: services.map { .init(name: $0, arguments: ["serve", $0] + shared, workers: file.services[$0]!.workers) },
             settings: file.supervisor, probe: probe, logger: logger)
         let signals = Self.forwardSignals { Task { await supervisor.requestShutdown() } }
         let status = await supervisor.run { pids in
-            Self.printBanner(file, pids: pids, services: services, singleProcess: false)
+            Self.printBanner(file, pids: pids, services: services, singleProcess: false, remoteKernel: noKernel)
         }
         signals.forEach { $0.cancel() }
         await probe.close()
@@ -87,33 +94,35 @@ struct UpCommand: AsyncParsableCommand {
         let context = try ZMQContext()
         var configuration = file.kernel
         configuration.inprocName = "switchboard"
+        let curve: CurveClientKeys?
         do {
             configuration.security = try file.security.kernelSecurity()
+            curve = try file.security.connectingKeys()
         } catch {
             throw common.configProblem(error)
         }
         let kernel = try Kernel(configuration: configuration, context: context, logger: Logger(label: "switchboard.kernel"))
         try await kernel.start()
-        // Over inproc:// the pieces share the kernel's context and need no keys.
+        // Over inproc:// the pieces share the kernel's context (and with CURVE on, still use keys).
         let inproc = { (role: String) in "inproc://switchboard-\(role)" }
         var pieces: [any Service] = [kernel]
         for name in services {
             let connection = Connection(brokers: [inproc("broker")],
                                         state: StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector")),
                                         workers: file.services[name]!.workers, heartbeatInterval: configuration.heartbeatInterval,
-                                        liveness: configuration.heartbeatLiveness, curve: nil, context: context, instance: nil)
+                                        liveness: configuration.heartbeatLiveness, curve: curve, context: context, instance: nil)
             pieces.append(try await Pieces.service(name, file: file, connection: connection))
         }
         let logger = Logger(label: "switchboard.up")
         // A ServiceGroup stops its services in reverse order: the services first, the kernel last.
         let group = ServiceGroup(services: pieces, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         let banner = Task {
-            let probe = try await BusClient(brokers: [inproc("broker")], context: context, timeout: .seconds(1))
+            let probe = try await BusClient(brokers: [inproc("broker")], context: context, timeout: .seconds(1), curve: curve)
             defer { Task { await probe.close() } }
             for name in services {
                 while (try? await probe.hasWorkers(name)) != true { try await Task.sleep(for: .milliseconds(50)) }
             }
-            Self.printBanner(file, pids: [("switchboard", getpid())], services: services, singleProcess: true)
+            Self.printBanner(file, pids: [("switchboard", getpid())], services: services, singleProcess: true, remoteKernel: false)
         }
         try await group.run()
         banner.cancel()
@@ -122,11 +131,11 @@ struct UpCommand: AsyncParsableCommand {
 
     // MARK: Where to connect
 
-    static func printBanner(_ file: ConfigFile, pids: [(name: String, pid: Int32)], services: [String], singleProcess: Bool) {
+    static func printBanner(_ file: ConfigFile, pids: [(name: String, pid: Int32)], services: [String], singleProcess: Bool, remoteKernel: Bool) {
         let kernel = file.kernel
         let broker = connectable(kernel.brokerEndpoint), snapshot = connectable(kernel.snapshotEndpoint)
         var lines = ["Switchboard is up\(singleProcess ? " in one process (pid \(getpid()))" : ""):",
-                     "  kernel   broker \(kernel.brokerEndpoint), state \(kernel.snapshotEndpoint) (publisher \(kernel.publisherEndpoint), collector \(kernel.collectorEndpoint))"]
+                     "  kernel   \(remoteKernel ? "(elsewhere) " : "")broker \(kernel.brokerEndpoint), state \(kernel.snapshotEndpoint) (publisher \(kernel.publisherEndpoint), collector \(kernel.collectorEndpoint))"]
         let pid = Dictionary(pids.map { ($0.name, $0.pid) }, uniquingKeysWith: { a, _ in a })
         if let kernelPid = pid["kernel"] { lines[1] += ", pid \(kernelPid)" }
         for name in services {

@@ -153,3 +153,73 @@ struct UpTests {
         #expect(unknownService.status == 64 && unknownService.stderr.contains("unknown service 'mailer'"))
     }
 }
+
+@Suite("switchboard up with CURVE, and sb's key options", .serialized)
+struct SecuredUpTests {
+    @Test("up with CURVE on: sb with an allowed key is served, without keys or with an unknown key it is not")
+    func securedBus() async throws {
+        let folder = try temporaryDirectory("up-curve")
+        for name in ["kernel", "services", "alice", "mallory"] {
+            let result = try await runCommand(switchboardExecutable(), ["keygen", "--out", folder.appendingPathComponent(name).path])
+            #expect(result.status == 0, "\(result)")
+        }
+        func publicKey(_ name: String) throws -> String {
+            let text = try String(contentsOf: folder.appendingPathComponent("\(name).pub"), encoding: .utf8)
+            return try #require(text.split(separator: "\n").first { $0.hasPrefix("public-key = ") }).dropFirst("public-key = ".count).description
+        }
+        let attributes = try FileManager.default.attributesOfItem(atPath: folder.appendingPathComponent("alice.key").path)
+        #expect((attributes[.posixPermissions] as? Int) == 0o600, "secret key files are private")
+        let (config, broker) = try writeDeploymentConfig(in: folder, services: """
+            echo: {workers: 1}
+              store: {enabled: false}
+              fetcher: {enabled: false}
+              search: {enabled: false}
+              pricing: {enabled: false}
+            """, extra: """
+            security:
+              curve: true
+              kernel_secret_key_file: \(folder.appendingPathComponent("kernel.key").path)
+              server_key: "\(try publicKey("kernel"))"
+              secret_key_file: \(folder.appendingPathComponent("services.key").path)
+              worker_keys: ["\(try publicKey("services"))"]
+              client_keys: ["\(try publicKey("alice"))"]
+            """)
+        let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
+        defer { up.stop() }
+        try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 60)
+        #expect(up.outputSoFar.contains("--server-key \(try publicKey("kernel")) --key-file YOUR.key"))
+
+        let keyed = ["--endpoint", broker, "--server-key", try publicKey("kernel")]
+        let alice = try await runCommand(sbExecutable(), ["request", "echo", "echo", #"{"hi":1}"#, "--key-file", folder.appendingPathComponent("alice.key").path] + keyed)
+        #expect(alice.status == 0 && alice.stdout.contains(#""hi""#), "\(alice)")
+        let mallory = try await runCommand(sbExecutable(), ["ping", "--timeout", "1s", "--key-file", folder.appendingPathComponent("mallory.key").path] + keyed)
+        #expect(mallory.status == 69 && mallory.stderr.contains("no kernel answers"), "\(mallory)")
+        let plain = try await runCommand(sbExecutable(), ["ping", "--timeout", "1s", "--endpoint", broker])
+        #expect(plain.status == 69, "\(plain)")
+        let publicOnly = try await runCommand(sbExecutable(), ["ping", "--key-file", folder.appendingPathComponent("alice.pub").path] + keyed)
+        #expect(publicOnly.status == 64 && publicOnly.stderr.contains("holds no secret key"), "\(publicOnly)")
+        let stats = try await runCommand(sbExecutable(), ["stats", "--prometheus", "--key-file", folder.appendingPathComponent("alice.key").path] + keyed)
+        #expect(stats.status == 0 && stats.stdout.contains("switchboard_refused_connections_total"), "\(stats)")
+        #expect(!stats.stdout.contains("switchboard_refused_connections_total 0\n"), "mallory and the plain client were refused")
+
+        up.signal(SIGTERM)
+        #expect(await up.exit(within: 30))
+        #expect(up.process.terminationStatus == 0)
+    }
+
+    @Test("up --single-process: the kernel and the services in one process, reachable over TCP")
+    func singleProcess() async throws {
+        let folder = try temporaryDirectory("up-single")
+        let (config, broker) = try writeDeploymentConfig(in: folder)
+        let up = try ChildProcess(switchboardExecutable(), ["up", "--single-process", "--config", config.path])
+        defer { up.stop() }
+        try await up.waitForOutput(containing: "Switchboard is up in one process", within: 120)
+        let result = try await runCommand(sbExecutable(), ["countries", "par", "--json", "--endpoint", broker])
+        #expect(result.status == 0 && result.stdout.contains("Paraguay"), "\(result)")
+        let services = try await runCommand(sbExecutable(), ["request", "kernel", "services.list", "--endpoint", broker])
+        for name in ["echo", "store", "fetcher", "search", "pricing"] { #expect(services.stdout.contains("\"\(name)\"")) }
+        up.signal(SIGTERM)
+        #expect(await up.exit(within: 30))
+        #expect(up.process.terminationStatus == 0, "\(up.readOutput().suffix(1_500))")
+    }
+}

@@ -141,4 +141,39 @@ struct ConfigFileTests {
         try text.write(to: url, atomically: true, encoding: .utf8)
         return url
     }
+
+    @Test("the two-machine example parses once its keys are filled in")
+    func twoMachineExample() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("sb-two-machines-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        var pairs: [String: CurveKeyPair] = [:]
+        for name in ["kernel", "services", "alice"] {
+            let pair = try CurveKeyPair.generate()
+            pairs[name] = pair
+            try CurveKeyFile.secretFile(pair).write(to: folder.appendingPathComponent("\(name).key"), atomically: true, encoding: .utf8)
+        }
+        func filled(_ file: String) throws -> ConfigFile {
+            var text = try String(contentsOf: root.appendingPathComponent("Config/two-machines/\(file)"), encoding: .utf8)
+            for (name, pair) in pairs {
+                text = text.replacingOccurrences(of: "REPLACE: the public-key line of keys/\(name).pub", with: pair.publicKey)
+            }
+            text = text.replacingOccurrences(of: "keys/", with: folder.path + "/")
+            #expect(!text.contains("REPLACE"))
+            return try ConfigFile.parse(text)
+        }
+        let kernelHost = try filled("kernel-host.yaml"), servicesHost = try filled("services-host.yaml")
+        let security = try #require(try kernelHost.security.kernelSecurity())
+        #expect(security.workerKeys == [pairs["kernel"]!.publicKey, pairs["services"]!.publicKey])
+        #expect(security.clientKeys == [pairs["alice"]!.publicKey])
+        #expect(kernelHost.kernel.brokerEndpoint == "tcp://0.0.0.0:5555")
+        #expect(servicesHost.kernel.brokerEndpoint == "tcp://10.0.0.1:5555")
+        #expect(try servicesHost.security.connectingKeys()?.publicKey == pairs["services"]!.publicKey)
+        #expect(servicesHost.services["echo"]?.enabled == false && servicesHost.services["store"]?.enabled == true)
+        // As shipped, the placeholders are rejected with the key's path.
+        let unfilled = #expect(throws: ConfigError.self) {
+            try ConfigFile.parse(String(contentsOf: root.appendingPathComponent("Config/two-machines/services-host.yaml"), encoding: .utf8))
+        }
+        #expect(unfilled?.path.hasPrefix("security.") == true)
+    }
 }
