@@ -314,17 +314,9 @@ public final class FixtureHTTPServer: Sendable {
     /// Starts the server at `script` over `folder` and waits for the port it prints.
     public static func start(script: URL, serving folder: URL) async throws -> FixtureHTTPServer {
         let process = try ChildProcess(URL(fileURLWithPath: "/usr/bin/python3"), ["-u", script.path, folder.path])
-        let line = try await within(10, "the HTTP server's port") { () -> String in
-            var text = ""
-            let handle = process.output.fileHandleForReading
-            while !text.contains("\n") {
-                let chunk = handle.availableData
-                if chunk.isEmpty { break }
-                text += String(decoding: chunk, as: UTF8.self)
-            }
-            return text
-        }
-        guard line.hasPrefix("PORT "), let port = Int(line.dropFirst(5).trimmingCharacters(in: .whitespacesAndNewlines)) else {
+        let output = try await process.waitForOutput(containing: "\n", within: 10)
+        let line = String(output.prefix { $0 != "\n" })
+        guard line.hasPrefix("PORT "), let port = Int(line.dropFirst(5).trimmingCharacters(in: .whitespaces)) else {
             process.signal(SIGKILL)
             throw TimedOut(what: "a port from the HTTP server (it said: \(line))")
         }
