@@ -175,7 +175,7 @@ public actor Kernel {
         let params = request.params?.objectValue ?? [:]
         switch request.method {
         case "ping":
-            return .success(["pong": true, "instance": .string(instance),
+            return .success(["pong": true, "instance": .string(instance), "pid": .int(Int64(ProcessInfo.processInfo.processIdentifier)),
                              "uptimeSeconds": .double((Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000)])
         case "services.list":
             let services = broker.services.values.sorted { $0.name < $1.name }.map { service -> JSONValue in

@@ -143,7 +143,7 @@ public actor Supervisor {
             guard child.pid != nil else {
                 throw StartFailure(description: "\(child.piece.name) exited while starting (its log is above)")
             }
-            if await isUp(child) { return }
+            if try await isUp(child) { return }
             try? await Task.sleep(for: .milliseconds(50))
         }
         throw StartFailure(description: "\(child.piece.name) did not \(child.piece.workers == 0 ? "answer" : "register") within \(settings.startTimeout)")
@@ -159,9 +159,15 @@ public actor Supervisor {
         throw StartFailure(description: "no kernel answers at \(probe.brokers.joined(separator: ", ")) within \(settings.startTimeout)")
     }
 
-    private func isUp(_ child: Child) async -> Bool {
+    private func isUp(_ child: Child) async throws -> Bool {
         if child.piece.workers == 0 {
-            return (try? await probe.request(service: "kernel", method: "ping", timeout: .milliseconds(500))) != nil
+            // Our kernel, not another one already listening there (whose answer would
+            // otherwise look like ours while ours fails to bind and exits).
+            guard let pong = try? await probe.request(service: "kernel", method: "ping", timeout: .milliseconds(500)) else { return false }
+            if let pid = pong["pid"]?.intValue, let ours = child.pid, pid != Int64(ours) {
+                throw StartFailure(description: "another kernel (pid \(pid)) already answers at \(probe.brokers.joined(separator: ", ")); stop it or choose other endpoints")
+            }
+            return true
         }
         guard let list = try? await probe.request(service: "kernel", method: "services.list", timeout: .milliseconds(500)) else { return false }
         let entry = list["services"]?.arrayValue?.first { $0["name"]?.stringValue == child.piece.name }

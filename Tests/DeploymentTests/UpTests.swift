@@ -133,6 +133,20 @@ struct UpTests {
         try await eventually(20, "the kernel and echo ended") { pids.values.allSatisfy { !isAlive($0) } }
     }
 
+    @Test("another kernel already on the endpoints: up says so and exits 1, leaving it alone")
+    func endpointsTaken() async throws {
+        let folder = try temporaryDirectory("up-taken")
+        let (config, broker) = try writeDeploymentConfig(in: folder)
+        let other = try ChildProcess(switchboardExecutable(), ["kernel", "--config", config.path])
+        defer { other.stop() }
+        let bus = try await BusClient(brokers: [broker], timeout: .seconds(1))
+        try await eventually(20, "the other kernel answers") { (try? await bus.request(service: "kernel", method: "ping")) != nil }
+        let result = try await runCommand(switchboardExecutable(), ["up", "--config", config.path], seconds: 60)
+        #expect(result.status == 1 && result.stderr.contains("another kernel (pid \(other.pid)) already answers at \(broker)"), "\(result)")
+        #expect(other.isRunning)
+        await bus.close()
+    }
+
     @Test("bad configuration: exit 78 naming the key, for up, kernel and serve")
     func badConfiguration() async throws {
         let folder = try temporaryDirectory("up-bad")
