@@ -74,7 +74,7 @@ public struct ConfigFile: Sendable, Equatable {
         var tree = try root.map { try mapping($0, "") } ?? [:]
         try applyOverrides(environment, to: &tree)
         try checkKeys(tree, against: schema, "")
-        var reader = Reader()
+        let reader = Reader()
         return try reader.read(tree)
     }
 
@@ -141,7 +141,7 @@ public struct ConfigFile: Sendable, Equatable {
                 throw ConfigError(path: name, problem: "unknown variable; SWITCHBOARD_* variables override configuration keys (e.g. SWITCHBOARD_KERNEL_BROKER for kernel.broker)")
             }
             // The value is read as YAML, so numbers, booleans and lists keep their types.
-            let value = ((try? Yams.load(yaml: text)) ?? text) ?? text
+            let value: Any = (try? Yams.load(yaml: text)) ?? text
             try set(value, at: path.split(separator: ".").map(String.init), in: &tree, from: name)
         }
     }
