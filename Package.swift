@@ -245,7 +245,7 @@ let package = Package(
         ),
         .testTarget(
             name: "DeploymentTests",
-            dependencies: ["BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport"],
+            dependencies: ["BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

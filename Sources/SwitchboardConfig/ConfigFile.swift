@@ -129,6 +129,9 @@ public struct ConfigFile: Sendable, Equatable {
         return walk(schema, "")
     }
 
+    /// Values an environment variable gives as text, never read as YAML.
+    static let literalPaths: Set<String> = ["security.kernel_secret_key", "security.server_key", "security.secret_key"]
+
     /// The environment variable that overrides a key path.
     public static func variable(for path: String) -> String {
         "SWITCHBOARD_" + path.uppercased().replacingOccurrences(of: ".", with: "_")
@@ -140,8 +143,10 @@ public struct ConfigFile: Sendable, Equatable {
             guard let path = paths[name] else {
                 throw ConfigError(path: name, problem: "unknown variable; SWITCHBOARD_* variables override configuration keys (e.g. SWITCHBOARD_KERNEL_BROKER for kernel.broker)")
             }
-            // The value is read as YAML, so numbers, booleans and lists keep their types.
-            let value: Any = (try? Yams.load(yaml: text)) ?? text
+            // Numbers, booleans, lists and mappings are read as YAML; anything else, and
+            // every key (Z85 may start with YAML's `!`, `&` or `*`), is the text as given.
+            let parsed = literalPaths.contains(path) ? nil : (try? Yams.load(yaml: text))
+            let value: Any = if let parsed, parsed is Int || parsed is Bool || parsed is [Any] || parsed is [String: Any] { parsed } else { text }
             try set(value, at: path.split(separator: ".").map(String.init), in: &tree, from: name)
         }
     }

@@ -146,7 +146,7 @@ struct UpCommand: AsyncParsableCommand {
         var sb = "sb"
         if broker != "tcp://127.0.0.1:5555" { sb += " --endpoint \(broker)" }
         if snapshot != StateEndpoints(followingBroker: broker)?.snapshot { sb += " --state-endpoint \(snapshot),\(connectable(kernel.publisherEndpoint)),\(connectable(kernel.collectorEndpoint))" }
-        if file.security.curve, let serverKey = file.security.serverKey { sb += " --server-key \(serverKey) --key-file YOUR.key" }
+        if file.security.curve, let serverKey = file.security.serverKey { sb += " --server-key='\(serverKey)' --key-file YOUR.key" }
         lines.append("Connect with: \(sb) services   (then: \(sb) countries par, \(sb) flights route; sb --help)")
         lines.append("Stop with Ctrl-C (or SIGTERM to pid \(getpid())).")
         FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))

@@ -130,6 +130,14 @@ struct ConfigFileTests {
         #expect(file.fetcher.sources[.items]?.url == URL(string: "file:///srv/items.json"))
         #expect(ConfigFile.variable(for: "kernel.heartbeat_ms") == "SWITCHBOARD_KERNEL_HEARTBEAT_MS")
 
+        // A key is taken as given, even when it starts with a YAML indicator (Z85 has ! & * [ {).
+        for indicator in ["!", "*", "&", "[", "-"] {
+            var pair = try CurveKeyPair.generate()
+            while !pair.publicKey.hasPrefix(indicator) { pair = try CurveKeyPair.generate() }
+            let keyed = try ConfigFile.parse("", environment: ["SWITCHBOARD_SECURITY_SERVER_KEY": pair.publicKey])
+            #expect(keyed.security.serverKey == pair.publicKey)
+        }
+
         let unknown = #expect(throws: ConfigError.self) { try ConfigFile.parse("", environment: ["SWITCHBOARD_KERNEL_BROKR": "x"]) }
         #expect(unknown?.description.hasPrefix("SWITCHBOARD_KERNEL_BROKR: unknown variable") == true)
         let bad = #expect(throws: ConfigError.self) { try ConfigFile.parse("", environment: ["SWITCHBOARD_KERNEL_LIVENESS": "often"]) }
