@@ -212,14 +212,15 @@ struct Stats: AsyncParsableCommand {
             let stats = try await call(client, "kernel", "stats")
             if output.json { return Output.json(stats, compact: false) }
             let services = (stats["services"]?.objectValue ?? [:]).sorted { $0.key < $1.key }
-            func micros(_ value: JSONValue?) -> String {
+            func micros(_ value: JSONValue?, bound: Bool = false) -> String {
                 guard let value = value?.doubleValue else { return "-" }
-                return value >= 1_000 ? "\((value / 100).rounded() / 10) ms" : "\(Int(value)) µs"
+                return (bound ? "≤ " : "") + (value >= 1_000 ? "\((value / 100).rounded() / 10) ms" : "\(Int(value)) µs")
             }
             Output.table(["SERVICE", "REQUESTS", "ERRORS", "UNAVAILABLE", "QUEUED", "WORKERS", "P50", "P99", "MEAN"], services.map { name, figures in
                 [name, Output.cell(figures["requests"]), Output.cell(figures["errors"]), Output.cell(figures["unavailable"]),
-                 Output.cell(figures["queued"]), Output.cell(figures["workers"]), "≤ " + micros(figures["p50LatencyMicroseconds"]),
-                 "≤ " + micros(figures["p99LatencyMicroseconds"]), micros(figures["meanLatencyMicroseconds"])]
+                 Output.cell(figures["queued"]), Output.cell(figures["workers"]), micros(figures["p50LatencyMicroseconds"], bound: true),
+                 micros(figures["p99LatencyMicroseconds"], bound: true),
+                 figures["replies"]?.intValue == 0 ? "-" : micros(figures["meanLatencyMicroseconds"])]
             })
         }
     }
