@@ -51,8 +51,8 @@ struct LatencyHistogram {
 
 extension JSONRPCResponse {
     /// How many JSON-RPC error responses `bytes` holds (one response or a batch), found by
-    /// scanning for a non-null top-level "error" member without decoding the result, so the
-    /// broker can count errors on every reply cheaply.
+    /// scanning for a non-null top-level "error" member without decoding anything, so the
+    /// broker can count errors on every reply cheaply: a single response stops at "result".
     static func errorCount(in bytes: UnsafeRawBufferPointer) -> Int {
         var index = 0, errors = 0
         var containers: [Bool] = []  // true: an object
@@ -72,6 +72,11 @@ extension JSONRPCResponse {
                 }
                 let isKey = expectingKey && containers.count == responseDepth
                 expectingKey = false
+                // One response with a "result" member is a success: stop before its value,
+                // so a large result is not scanned (ours put "result" after jsonrpc and id).
+                if isKey, responseDepth == 1, index - start == 6, Array(bytes[start..<index]) == Array("result".utf8) {
+                    return errors
+                }
                 if isKey, index - start == 5, Array(bytes[start..<index]) == Array("error".utf8) {
                     index += 1
                     skipSpace()

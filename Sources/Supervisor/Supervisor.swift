@@ -137,26 +137,31 @@ public actor Supervisor {
 
     /// Waits until the kernel answers `ping`, or lists `workers` workers of a service.
     private func waitUntilUp(_ child: Child) async throws {
-        let deadline = ContinuousClock.now + settings.startTimeout
-        while ContinuousClock.now < deadline {
-            guard phase == .starting else { return }
+        try await waitUntil("\(child.piece.name) did not \(child.piece.workers == 0 ? "answer" : "register")") {
             guard child.pid != nil else {
                 throw StartFailure(description: "\(child.piece.name) exited while starting (its log is above)")
             }
-            if try await isUp(child) { return }
-            try? await Task.sleep(for: .milliseconds(50))
+            return try await self.isUp(child)
         }
-        throw StartFailure(description: "\(child.piece.name) did not \(child.piece.workers == 0 ? "answer" : "register") within \(settings.startTimeout)")
     }
 
+    /// `up --no-kernel`: the kernel elsewhere must answer before the services start.
     private func waitForRemoteKernel() async throws {
-        let deadline = ContinuousClock.now + settings.startTimeout
-        while ContinuousClock.now < deadline, phase == .starting {
-            if (try? await probe.request(service: "kernel", method: "ping", timeout: .milliseconds(500))) != nil { return }
-            try? await Task.sleep(for: .milliseconds(200))
+        try await waitUntil("no kernel answers at \(probe.brokers.joined(separator: ", "))") {
+            (try? await self.probe.request(service: "kernel", method: "ping", timeout: .milliseconds(500))) != nil
         }
-        guard phase == .starting else { return }
-        throw StartFailure(description: "no kernel answers at \(probe.brokers.joined(separator: ", ")) within \(settings.startTimeout)")
+    }
+
+    /// Checks `condition` every 50 ms until it holds, the start timeout passes (failing with
+    /// `failure`) or a shutdown begins.
+    private func waitUntil(_ failure: String, _ condition: () async throws -> Bool) async throws {
+        let deadline = ContinuousClock.now + settings.startTimeout
+        while ContinuousClock.now < deadline {
+            guard phase == .starting else { return }
+            if try await condition() { return }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        throw StartFailure(description: "\(failure) within \(settings.startTimeout)")
     }
 
     private func isUp(_ child: Child) async throws -> Bool {

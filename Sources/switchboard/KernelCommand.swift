@@ -49,11 +49,7 @@ struct KernelCommand: AsyncParsableCommand {
     /// The file's settings with the flags applied on top.
     func kernelConfiguration(_ file: ConfigFile) throws -> KernelConfiguration {
         var configuration = file.kernel
-        do {
-            configuration.security = try file.security.kernelSecurity()
-        } catch {
-            throw common.configProblem(error)
-        }
+        configuration.security = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() }
         if let broker { configuration.brokerEndpoint = broker }
         if let snapshot { configuration.snapshotEndpoint = snapshot }
         if let publisher { configuration.publisherEndpoint = publisher }

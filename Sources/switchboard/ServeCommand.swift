@@ -57,12 +57,7 @@ struct ServeCommand: AsyncParsableCommand {
         common.bootstrap(file)
         if let db { file.store.path = db }
         let kernel = file.kernel
-        let curve: CurveClientKeys?
-        do {
-            curve = try file.security.connectingKeys()
-        } catch {
-            throw common.configProblem(error)
-        }
+        let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys() }
         let connection = Connection(
             brokers: broker.isEmpty ? [kernel.brokerEndpoint] : broker,
             state: state.flatMap { StateEndpoints($0) }

@@ -65,10 +65,15 @@ struct CommonOptions: ParsableArguments {
         if let lifelineFd { Lifeline.watch(fd: lifelineFd) }
     }
 
-    /// A configuration problem found after loading (a missing key for CURVE): exit 78.
-    func configProblem(_ error: ConfigError) -> ExitCode {
-        FileHandle.standardError.write(Data("switchboard: \(configPath ?? "configuration"): \(error)\n".utf8))
-        return ExitCode(78)
+    /// A setting derived after loading (the CURVE keys); a problem ends the process as a bad
+    /// file does: on stderr, exit status 78.
+    func checked<T>(_ body: () throws(ConfigError) -> T) throws -> T {
+        do {
+            return try body()
+        } catch {
+            FileHandle.standardError.write(Data("switchboard: \(configPath ?? "configuration"): \(error)\n".utf8))
+            throw ExitCode(78)
+        }
     }
 }
 

@@ -52,13 +52,8 @@ struct UpCommand: AsyncParsableCommand {
 
     private func runSupervised(_ file: ConfigFile, services: [String]) async throws -> Int32 {
         let logger = Logger(label: "switchboard.up")
-        let probeKeys: CurveClientKeys?
-        do {
-            if !noKernel { _ = try file.security.kernelSecurity() }
-            probeKeys = try file.security.connectingKeys()
-        } catch {
-            throw common.configProblem(error)
-        }
+        if !noKernel { _ = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() } }
+        let probeKeys = try common.checked { () throws(ConfigError) in try file.security.connectingKeys() }
         var shared: [String] = []
         if let path = common.configPath { shared += ["--config", path] }
         if let level = common.logLevel { shared += ["--log-level", level.rawValue] }
@@ -94,13 +89,8 @@ struct UpCommand: AsyncParsableCommand {
         let context = try ZMQContext()
         var configuration = file.kernel
         configuration.inprocName = "switchboard"
-        let curve: CurveClientKeys?
-        do {
-            configuration.security = try file.security.kernelSecurity()
-            curve = try file.security.connectingKeys()
-        } catch {
-            throw common.configProblem(error)
-        }
+        configuration.security = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() }
+        let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys() }
         let kernel = try Kernel(configuration: configuration, context: context, logger: Logger(label: "switchboard.kernel"))
         try await kernel.start()
         // Over inproc:// the pieces share the kernel's context (and with CURVE on, still use keys).

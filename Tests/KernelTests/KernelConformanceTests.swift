@@ -364,8 +364,9 @@ struct ReplyCountingTests {
         #expect(errors(#"{"jsonrpc":"2.0","id":1,"result":"\"error\":1"}"#) == 0)
         #expect(errors(#"{"jsonrpc":"2.0","id":1,"result":["error",{"error":2}]}"#) == 0)
         #expect(errors(#"{"error" : null, "result": 1}"#) == 0)
+        #expect(errors(#"{"jsonrpc":"2.0","id":1,"result":{"big":"\#(String(repeating: "x", count: 100_000))"}}"#) == 0)
         #expect(errors(#"[{"id":1,"result":1},{"id":2,"error":{"code":1}},{"id":3, "error":{}}]"#) == 2)
-        #expect(errors(#"{"result":"a\"b","error":{}}"#) == 1)
+        #expect(errors(#"{"id":"a\"b","error":{}}"#) == 1)
         #expect(errors("") == 0 && errors("{") == 0 && errors("\"") == 0)
     }
 
