@@ -113,7 +113,7 @@ enum LocalServer {
     static func start() async throws -> FixtureHTTPServer {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-fetcher-\(getpid())")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-        for dataset in Dataset.allCases { try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName)) }
+        try writeBundledCopies(to: folder)
         return try await FixtureHTTPServer.start(script: URL(fileURLWithPath: "Tests/Interop/http_fixture_server.py"), serving: folder)
     }
 }

@@ -25,11 +25,7 @@ public struct DatasetBus: Sendable {
                              datasets: [Dataset] = Dataset.allCases) async throws -> DatasetBus {
         let kernel = if let existingKernel { existingKernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
         let folder = try existing ?? temporaryDirectory("dataset-bus")
-        if existing == nil {
-            for dataset in Dataset.allCases {
-                try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
-            }
-        }
+        if existing == nil { try writeBundledCopies(to: folder) }
         let store = StoreService(configuration: StoreConfiguration(path: folder.appendingPathComponent("store.sqlite").path))
         let storeHost = try ServiceHost(service: store, options: hostOptions(kernel, connections: 2))
         try await storeHost.start()
@@ -104,6 +100,19 @@ public struct DatasetBus: Sendable {
         await client.close()
         if !keepKernel { await kernel.stop() }
     }
+}
+
+/// Writes the bundled copy of every dataset into `folder` (under its bundled file name),
+/// for a fetcher or an HTTP server to read; returns each file's URL.
+@discardableResult
+public func writeBundledCopies(to folder: URL) throws -> [Dataset: URL] {
+    var files: [Dataset: URL] = [:]
+    for dataset in Dataset.allCases {
+        let file = folder.appendingPathComponent(dataset.bundledFileName)
+        try dataset.bundledData().write(to: file)
+        files[dataset] = file
+    }
+    return files
 }
 
 /// The JSON-RPC error `body` throws (nil when it succeeds or throws something else).

@@ -9,11 +9,11 @@ import Testing
 import ZeroMQ
 
 /// Hosts an echo service against `kernel`, with fast heartbeats for tests.
-func hostEcho(_ kernel: TestKernel, instance: String = "echo", connections: Int = 2,
+func hostEcho(_ kernel: TestKernel, instance: String = "echo", connections: Int = 2, curve: CurveClientKeys? = nil,
               onReregistered: @escaping @Sendable () async -> Void = {}) async throws -> ServiceHost<EchoService> {
     let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: connections,
                                                    heartbeatInterval: kernel.configuration.heartbeatInterval,
-                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness, curve: curve)
     let host = try ServiceHost(service: EchoService(instance: instance), options: options, onReregistered: onReregistered)
     try await host.start()
     return host

@@ -30,12 +30,7 @@ struct SecuredBus {
     }
 
     func host(with keys: CurveClientKeys) async throws -> ServiceHost<EchoService> {
-        let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: 1,
-                                                       heartbeatInterval: kernel.configuration.heartbeatInterval,
-                                                       heartbeatLiveness: kernel.configuration.heartbeatLiveness, curve: keys)
-        let host = try ServiceHost(service: EchoService(instance: "secured"), options: options)
-        try await host.start()
-        return host
+        try await hostEcho(kernel, instance: "secured", connections: 1, curve: keys)
     }
 
     func stats(_ bus: BusClient) async throws -> JSONValue {

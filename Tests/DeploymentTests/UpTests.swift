@@ -15,12 +15,10 @@ func writeDeploymentConfig(in folder: URL, services: String = """
       search: {workers: 2}
       pricing: {workers: 1}
     """, extra: String = "") throws -> (config: URL, broker: String) {
-    for dataset in Dataset.allCases {
-        try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
-    }
+    let files = try writeBundledCopies(to: folder)
     let ports = (0..<4).map { _ in freePort() }
     let datasets = Dataset.allCases.map { dataset in
-        "    \(dataset.rawValue): {url: \"\(folder.appendingPathComponent(dataset.bundledFileName).absoluteString)\", refresh_seconds: 3600}"
+        "    \(dataset.rawValue): {url: \"\(files[dataset]!.absoluteString)\", refresh_seconds: 3600}"
     }.joined(separator: "\n")
     let text = """
         log_level: info

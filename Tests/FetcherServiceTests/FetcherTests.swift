@@ -15,9 +15,7 @@ struct FixtureServer {
 
     static func start() async throws -> FixtureServer {
         let folder = try temporaryDirectory("fetcher-files")
-        for dataset in Dataset.allCases {
-            try dataset.bundledData().write(to: folder.appendingPathComponent(dataset.bundledFileName))
-        }
+        try writeBundledCopies(to: folder)
         try Data("{\"items\": [1, 2,".utf8).write(to: folder.appendingPathComponent("malformed.json"))
         try Data(#"{"status":"error","code":"apiKeyInvalid","message":"Your API key is invalid."}"#.utf8)
             .write(to: folder.appendingPathComponent("newsapi-error.json"))

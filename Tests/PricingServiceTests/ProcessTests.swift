@@ -24,10 +24,9 @@ struct ProcessTests {
     func wholeBus() async throws {
         let folder = try temporaryDirectory("processes")
         var lines = ["store:", "  path: \(folder.appendingPathComponent("store.sqlite").path)", "fetcher:", "  datasets:"]
+        let files = try writeBundledCopies(to: folder)
         for dataset in Dataset.allCases {
-            let file = folder.appendingPathComponent(dataset.bundledFileName)
-            try dataset.bundledData().write(to: file)
-            lines += ["    \(dataset.rawValue):", "      url: \(file.absoluteString)"]
+            lines += ["    \(dataset.rawValue):", "      url: \(files[dataset]!.absoluteString)"]
         }
         let config = folder.appendingPathComponent("switchboard.yaml")
         try lines.joined(separator: "\n").write(to: config, atomically: true, encoding: .utf8)
