@@ -20,9 +20,8 @@ struct ConnectionOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("How long to wait for an answer: 5s, 500ms, 2m (env SB_TIMEOUT; default 5s).", valueName: "duration"))
     var timeout: String?
 
-    // Unconditional: a Z85 key may begin with '-'.
-    @Option(name: .long, parsing: .unconditional,
-            help: ArgumentHelp("The kernel's CURVE public key, for a kernel with security.curve on (env SB_SERVER_KEY).", valueName: "key"))
+    // A key may begin with '-': `SB.main()` attaches it to the flag before parsing.
+    @Option(name: .long, help: ArgumentHelp("The kernel's CURVE public key, for a kernel with security.curve on (env SB_SERVER_KEY).", valueName: "key"))
     var serverKey: String?
 
     @Option(name: .long, help: ArgumentHelp("This client's key file from `switchboard keygen --out` (env SB_KEY_FILE); needed with --server-key.", valueName: "file"))

@@ -28,4 +28,14 @@ struct SB: AsyncParsableCommand {
         subcommands: [Request.self, Subscribe.self, Publish.self, Run.self, Services.self, Stats.self, Ping.self,
                       Countries.self, Places.self, Items.self, News.self, Flights.self, Datasets.self]
     )
+
+    /// A Z85 key may begin with '-' ("-=s!e…"), which the parser would take for a flag:
+    /// `--server-key KEY` becomes `--server-key=KEY` before parsing.
+    static func main() async {
+        var arguments = Array(CommandLine.arguments.dropFirst())
+        if let index = arguments.firstIndex(of: "--server-key"), index + 1 < arguments.count {
+            arguments[index...index + 1] = ["--server-key=\(arguments[index + 1])"]
+        }
+        await main(arguments)
+    }
 }
