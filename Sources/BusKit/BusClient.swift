@@ -1,4 +1,5 @@
 public import BusProtocol
+import DequeModule
 import Foundation
 import Synchronization
 public import ZeroMQ
@@ -6,8 +7,11 @@ public import ZeroMQ
 /// A client of the bus: JSON-RPC requests to services through the kernel (7/MDP).
 ///
 /// One DEALER connection carries any number of requests at once; replies are matched by
-/// their JSON-RPC id. After a kernel restart libzmq reconnects by itself: requests that
-/// were in flight time out, later ones go through.
+/// their JSON-RPC id. After a kernel restart libzmq reconnects by itself, and requests that
+/// were in flight when the connection dropped are sent again once it is back (their
+/// timeout still counts from the first send), so a restart costs a delay, not an answer.
+/// Set `resendAfterReconnect` to false for requests that must not run twice: they then
+/// fail at once with -32006 (outcome unknown).
 ///
 /// ```swift
 /// let bus = try await BusClient(brokers: ["tcp://127.0.0.1:5555"])
@@ -26,8 +30,10 @@ public final class BusClient: Sendable {
     ///   - loop: the loop to run the socket on; by default the client starts its own.
     ///   - timeout: the default time to wait for each reply.
     ///   - curve: keys for a CURVE-secured kernel (nil: plain text).
+    ///   - resendAfterReconnect: send requests again that were in flight when the
+    ///     connection to a kernel dropped (false: fail them with -32006).
     public init(brokers: [String], context: ZMQContext? = nil, loop: SocketLoop? = nil, timeout: Duration = .seconds(5),
-                curve: CurveClientKeys? = nil) async throws {
+                curve: CurveClientKeys? = nil, resendAfterReconnect: Bool = true) async throws {
         precondition(!brokers.isEmpty, "BusClient needs at least one broker endpoint")
         self.brokers = brokers
         self.defaultTimeout = timeout
@@ -45,9 +51,15 @@ public final class BusClient: Sendable {
             try socket.set(.immediate, brokers.count > 1)
             try socket.set(.receiveHighWaterMark, 0)
             try socket.set(.sendHighWaterMark, 0)
+            // Connection events tell when requests in flight were lost with a kernel.
+            let monitorEndpoint = "inproc://bus-client-monitor-\(UUID().uuidString)"
+            try socket.monitor(monitorEndpoint, events: [.connected, .disconnected])
+            let pair = try ZMQSocket(loop.context, .pair)
+            try pair.connect(monitorEndpoint)
             for broker in brokers { try socket.connect(broker) }
-            let core = ClientCore(loop: loop)
+            let core = ClientCore(loop: loop, resendAfterReconnect: resendAfterReconnect)
             core.registration = loop.register(socket) { [weak core] message in core?.received(message) }
+            core.monitor = loop.register(pair) { [weak core] message in core?.connectionEvent(message) }
             return LoopBound(core, loop: loop)
         }
     }
@@ -136,6 +148,21 @@ public final class BusClient: Sendable {
         if ownsLoop { loop.beginShutdown() }
     }
 
+    /// What the client has counted about its connection since it was opened.
+    public struct Counters: Sendable, Equatable {
+        /// Requests sent again after the connection to a kernel dropped.
+        public var resent = 0
+        /// Replies for a request that had already been answered (should stay 0).
+        public var duplicateReplies = 0
+        /// Replies that came after their request timed out or was cancelled.
+        public var lateReplies = 0
+    }
+
+    public func counters() async -> Counters {
+        let core = self.core
+        return (try? await loop.run { core.value.counters }) ?? Counters()
+    }
+
     /// Closes the connection; waiting requests fail with ``BusError/closed``.
     public func close() async {
         let core = self.core
@@ -153,6 +180,11 @@ final class ClientCore {
         let deadline: UInt64
         /// Called once, on the loop thread, with the outcome.
         let complete: (Result<JSONValue, BusError>) -> Void
+        /// The message to send again after a reconnect; held by the first request of a
+        /// batch only, so a batch goes once.
+        var message: Message? = nil
+        /// The connection generation it was last sent in.
+        var generation = 0
     }
 
     struct OpaquePending {
@@ -165,13 +197,26 @@ final class ClientCore {
     static func nextID() -> Int64 { idCounter.next() }
 
     unowned let loop: SocketLoop
+    let resendAfterReconnect: Bool
     var registration: SocketRegistration?
+    var monitor: SocketRegistration?
     private var pending: [Int64: Pending] = [:]
     private var opaque: [String: [OpaquePending]] = [:]
     private var sweeper: LoopTimer?
     private var closed = false
+    /// Bumped when a connection drops: requests sent in an older generation may be lost.
+    private var generation = 0
+    /// Ids finished lately (true: answered, false: timed out or cancelled), oldest first,
+    /// to tell a duplicate reply from a late one.
+    private var finished: [Int64: Bool] = [:]
+    private var finishedOrder: Deque<Int64> = []
+    private static let finishedMemory = 16_384
+    private(set) var counters = BusClient.Counters()
 
-    init(loop: SocketLoop) { self.loop = loop }
+    init(loop: SocketLoop, resendAfterReconnect: Bool) {
+        self.loop = loop
+        self.resendAfterReconnect = resendAfterReconnect
+    }
 
     /// Timeouts are checked every 10 ms while anything waits (cheaper than a timer per
     /// request); an idle client leaves its loop asleep.
@@ -185,9 +230,43 @@ final class ClientCore {
             for request in requests { request.pending.complete(.failure(.closed)) }
             return
         }
-        for request in requests { pending[request.id] = request.pending }
+        for (index, request) in requests.enumerated() {
+            var waiting = request.pending
+            waiting.generation = generation
+            if index == 0 { waiting.message = message }
+            pending[request.id] = waiting
+        }
         sweepWhileWaiting()
         registration.send(message)
+    }
+
+    func connectionEvent(_ message: Message) {
+        guard let event = SocketEvent(message), let registration else { return }
+        if event.event.contains(.disconnected) {
+            generation += 1
+            guard !resendAfterReconnect else { return }
+            for (id, request) in pending where request.generation < generation {
+                pending.removeValue(forKey: id)
+                remember(id, answered: false)
+                request.complete(.failure(.remote(service: request.service, .outcomeUnknown(request.service))))
+            }
+        } else if event.event.contains(.connected) {
+            // Whatever was handed to the old connection died with it; what was queued
+            // since goes out on the new one by itself.
+            for id in pending.keys where pending[id]!.generation < generation {
+                pending[id]!.generation = generation
+                if let message = pending[id]!.message {
+                    counters.resent += 1
+                    registration.send(message)
+                }
+            }
+        }
+    }
+
+    private func remember(_ id: Int64, answered: Bool) {
+        finished[id] = answered
+        finishedOrder.append(id)
+        if finishedOrder.count > Self.finishedMemory { finished.removeValue(forKey: finishedOrder.removeFirst()) }
     }
 
     func sendOpaque(service: String, message: Message, timeout: Duration, continuation: UnsafeContinuation<Result<[Frame], BusError>, Never>) {
@@ -203,6 +282,7 @@ final class ClientCore {
     func cancel(ids: [Int64]) {
         for id in ids {
             guard let request = pending.removeValue(forKey: id) else { continue }
+            remember(id, answered: false)
             request.complete(.failure(.cancelled(service: request.service, method: request.method)))
         }
     }
@@ -212,8 +292,18 @@ final class ClientCore {
         let responses = reply.body.count == 1 ? try? JSONRPC.parseResponses(reply.body[0].bytes) : nil
         var matched = false
         for response in responses ?? [] {
-            guard case .number(let id) = response.id, let request = pending.removeValue(forKey: id) else { continue }
+            guard case .number(let id) = response.id else { continue }
+            guard let request = pending.removeValue(forKey: id) else {
+                switch finished[id] {
+                case true?: counters.duplicateReplies += 1
+                case false?: counters.lateReplies += 1
+                case nil: break
+                }
+                matched = matched || finished[id] != nil
+                continue
+            }
             matched = true
+            remember(id, answered: true)
             switch response.outcome {
             case .success(let result):
                 request.complete(.success(result))
@@ -236,6 +326,7 @@ final class ClientCore {
             let expired = pending.filter { $0.value.deadline <= now }
             for (id, request) in expired {
                 pending.removeValue(forKey: id)
+                remember(id, answered: false)
                 request.complete(.failure(.timedOut(service: request.service, method: request.method, after: request.timeout)))
             }
         }
@@ -261,6 +352,8 @@ final class ClientCore {
         opaque.removeAll()
         registration?.close()
         registration = nil
+        monitor?.close()
+        monitor = nil
     }
 }
 

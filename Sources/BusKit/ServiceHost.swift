@@ -118,6 +118,10 @@ actor WorkerConnection<Hosted: BusService> {
 
     private var state = State.idle
     private var registration: SocketRegistration?
+    /// Connection events of the current socket: a new kernel on the same endpoint is met
+    /// with READY at once rather than after heartbeat x liveness.
+    private var monitor: SocketRegistration?
+    private var lostConnection = false
     private var heartbeat: LoopTimer?
     private var liveness: Int
     /// Bumped on every new socket, so a reply computed for an old socket is not sent.
@@ -141,15 +145,24 @@ actor WorkerConnection<Hosted: BusService> {
     func connect() throws {
         guard state == .idle || state == .registered else { return }
         registration?.close()
+        monitor?.close()
         generation += 1
+        lostConnection = false
         let socket = try ZMQSocket(loop.context, .dealer)
         try socket.secure(options.curve)
         try socket.set(.receiveHighWaterMark, 0)
         try socket.set(.sendHighWaterMark, 0)
+        let monitorEndpoint = "inproc://worker-monitor-\(UUID().uuidString)"
+        try socket.monitor(monitorEndpoint, events: [.connected, .disconnected])
+        let pair = try ZMQSocket(loop.context, .pair)
+        try pair.connect(monitorEndpoint)
         try socket.connect(broker)
         let current = generation
         registration = loop.register(socket) { [weak self] message in
             self?.assumeIsolated { $0.received(message, generation: current) }
+        }
+        monitor = loop.register(pair) { [weak self] message in
+            self?.assumeIsolated { $0.connectionEvent(message, generation: current) }
         }
         registration?.send(MDP.encode(.ready(service: Hosted.name)))
         liveness = options.heartbeatLiveness
@@ -204,6 +217,16 @@ actor WorkerConnection<Hosted: BusService> {
         }
     }
 
+    private func connectionEvent(_ message: Message, generation: Int) {
+        guard generation == self.generation, state == .registered, let event = SocketEvent(message) else { return }
+        if event.event.contains(.disconnected) {
+            lostConnection = true
+        } else if event.event.contains(.connected), lostConnection {
+            logger.info("reconnected to the kernel; registering again", metadata: ["connection": "\(index)", "broker": "\(broker)"])
+            reregister()
+        }
+    }
+
     private func beat() {
         guard state == .registered else { return }
         liveness -= 1
@@ -250,6 +273,8 @@ actor WorkerConnection<Hosted: BusService> {
         try? registration?.socket.set(.linger, 200)
         registration?.close()
         registration = nil
+        monitor?.close()
+        monitor = nil
         state = .stopped
     }
 }

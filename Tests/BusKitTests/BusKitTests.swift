@@ -257,6 +257,33 @@ struct BusKitTests {
         await restarted.stop()
     }
 
+    @Test("a request in flight when the kernel dies is sent again to the new kernel and answered once")
+    func requestSurvivesKernelRestart() async throws {
+        var kernel = try await TestKernel.start(fixedPorts: true, fastHeartbeats)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        let careful = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20), resendAfterReconnect: false)
+        // No worker yet: both requests wait in the kernel's queue when it goes down.
+        let answer = Task { try await bus.request(service: "echo", method: "echo", params: ["survived": true]) }
+        let refused = Task { try await careful.request(service: "echo", method: "echo", params: ["survived": true]) }
+        try await eventually(5, "both requests queued in the kernel") {
+            let list = try await bus.request(service: "kernel", method: "services.list", timeout: .milliseconds(500))
+            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["queued"] == 2
+        }
+        await kernel.stop()
+        // The careful client's request might have run: it fails at once with -32006.
+        await #expect(throws: BusError.remote(service: "echo", .outcomeUnknown("echo"))) { try await refused.value }
+        kernel = try await kernel.restarted()
+        let host = try await hostEcho(kernel)
+        #expect(try await answer.value == ["survived": true])
+        let counters = await bus.counters()
+        #expect(counters.resent == 1)
+        #expect(counters.duplicateReplies == 0)
+        await host.stop()
+        await bus.close()
+        await careful.close()
+        await kernel.stop()
+    }
+
     @Test("a worker process killed mid-request: the other worker answers it")
     func killedWorkerProcess() async throws {
         let kernel = try await TestKernel.start(fastHeartbeats)
