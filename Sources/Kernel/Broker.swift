@@ -19,6 +19,8 @@ final class Broker {
         var deadline: UInt64
         let received: UInt64
         var attempts = 0
+        /// Bytes of its body, counted against ``KernelConfiguration/maxQueuedBytes``.
+        var size: Int { body.reduce(0) { $0 + $1.count } }
     }
 
     final class Worker {
@@ -38,6 +40,8 @@ final class Broker {
         var requests: Deque<Request> = []
         var idle: Deque<Frame> = []
         var workers = 0
+        /// Whether a worker ever offered it; a name nobody serves is forgotten once idle.
+        var everServed = false
         var stats = ServiceStats()
         init(name: String) { self.name = name }
     }
@@ -56,6 +60,10 @@ final class Broker {
     private(set) var services: [String: Service] = [:]
     private(set) var protocolErrors = 0
     private(set) var totalRequests = 0
+    /// Replies dropped because their client does not read (its backlog is full).
+    private(set) var droppedReplies = 0
+    /// Bytes of request bodies waiting in all queues.
+    private(set) var queuedBytes = 0
     private(set) var refusedRegistrations = 0
 
     init(configuration: KernelConfiguration, logger: Logger) {
@@ -97,17 +105,27 @@ final class Broker {
             send(MDP.reply(to: client, service: name, body: [Frame(answerBuiltIn(body, peer: peer))]))
             return
         }
-        let service = serviceNamed(name)
-        service.stats.requests += 1
-        guard service.requests.count < configuration.maxQueuedPerService else {
-            service.stats.unavailable += 1
-            let error = JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
-                                     message: "Service unavailable: '\(name)' has \(service.requests.count) requests queued")
-            reply(to: client, service: name, body: body, error: error)
+        guard services[name] != nil || services.count < configuration.maxServices else {
+            reply(to: client, service: name, body: body, error: JSONRPCError(
+                code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
             return
         }
-        service.requests.append(Request(client: client, service: name, body: body,
-                                        deadline: now + configuration.queueTimeout.nanoseconds, received: now))
+        let service = serviceNamed(name)
+        service.stats.requests += 1
+        let request = Request(client: client, service: name, body: body,
+                              deadline: now + configuration.queueTimeout.nanoseconds, received: now)
+        let size = request.size
+        guard service.requests.count < configuration.maxQueuedPerService,
+              queuedBytes + size <= configuration.maxQueuedBytes || service.requests.isEmpty && !service.idle.isEmpty else {
+            service.stats.unavailable += 1
+            let error = JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
+                                     message: "Service unavailable: '\(name)' has \(service.requests.count) requests queued (\(queuedBytes) bytes queued in all)")
+            reply(to: client, service: name, body: body, error: error)
+            forgetIfUnserved(service)
+            return
+        }
+        service.requests.append(request)
+        queuedBytes += size
         dispatch(service)
     }
 
@@ -134,6 +152,7 @@ final class Broker {
             let worker = Worker(identity: identity, service: name, expiry: now + configuration.workerExpiry.nanoseconds)
             workers[identity] = worker
             let service = serviceNamed(name)
+            service.everServed = true
             service.workers += 1
             service.idle.append(identity)
             logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)"])
@@ -167,6 +186,7 @@ final class Broker {
         while !service.requests.isEmpty, let identity = service.idle.popFirst() {
             guard let worker = workers[identity], worker.inFlight == nil else { continue }
             var request = service.requests.removeFirst()
+            queuedBytes -= request.size
             request.attempts += 1
             worker.inFlight = request
             send(MDP.encode(.request(client: request.client, body: request.body), to: identity))
@@ -190,6 +210,7 @@ final class Broker {
             var kept: Deque<Request> = []
             for request in service.requests {
                 if request.deadline <= now {
+                    queuedBytes -= request.size
                     service.stats.unavailable += 1
                     reply(to: request.client, service: service.name, body: request.body,
                           error: .serviceUnavailable(service.name, within: configuration.queueTimeout.seconds))
@@ -198,7 +219,14 @@ final class Broker {
                 }
             }
             service.requests = kept
+            forgetIfUnserved(service)
         }
+    }
+
+    /// Drops the record of a name no worker ever offered once nothing waits for it, so
+    /// requests for made-up names cannot grow the registry.
+    private func forgetIfUnserved(_ service: Service) {
+        if !service.everServed, service.requests.isEmpty { services[service.name] = nil }
     }
 
     // MARK: Workers leaving
@@ -220,6 +248,7 @@ final class Broker {
                 service.stats.redispatched += 1
                 request.deadline = monotonicNanoseconds() + configuration.queueTimeout.nanoseconds
                 service.requests.prepend(request)
+                queuedBytes += request.size
                 dispatch(service)
             }
         }
@@ -229,6 +258,16 @@ final class Broker {
     /// process killed, its link cut). Its request in flight goes to another worker.
     func peerGone(_ identity: Frame) {
         if let worker = workers[identity] { remove(worker, reason: "its connection is gone") }
+    }
+
+    /// A send to `identity` hit its backlog limit: it does not read. A worker like that is
+    /// dropped (its request goes to another); a client's reply is dropped and counted.
+    func peerFull(_ identity: Frame) {
+        if let worker = workers[identity] {
+            remove(worker, reason: "it does not read")
+        } else {
+            droppedReplies += 1
+        }
     }
 
     private func disconnect(_ identity: Frame, reason: String) {

@@ -89,7 +89,7 @@ public actor Kernel {
                 // A send to a peer whose connection is gone fails at once (EHOSTUNREACH)
                 // instead of vanishing: that is how a killed worker is noticed early.
                 try $0.set(.routerMandatory, true)
-                try $0.set(.sendHighWaterMark, 0)
+                try $0.set(.sendHighWaterMark, Int32(clamping: configuration.peerBacklog))
                 try $0.set(.receiveHighWaterMark, 0)
             }
             opened.append(router)
@@ -99,7 +99,7 @@ public actor Kernel {
             opened.append(snapshot)
             let (publisher, publisherEndpoint) = try open(.xpub, configuration.publisherEndpoint, "publisher") {
                 try $0.set(.xpubVerbose, true)
-                try $0.set(.sendHighWaterMark, 100_000)
+                try $0.set(.sendHighWaterMark, Int32(clamping: configuration.subscriberBacklog))
             }
             opened.append(publisher)
             let (collector, collectorEndpoint) = try open(.sub, configuration.collectorEndpoint, "collector") {
@@ -131,8 +131,10 @@ public actor Kernel {
         let collectorRegistration = loop.register(collector) { message in state.collect(message, now: monotonicNanoseconds()) }
         registrations += [routerRegistration, snapshotRegistration, publisherRegistration, collectorRegistration]
         broker.send = { routerRegistration.send($0) }
+        routerRegistration.dropsWhenPeerFull = true
         routerRegistration.onSendError = { message, error in
-            if error.isUnroutable, let peer = message.first { broker.peerGone(peer) }
+            guard let peer = message.first else { return }
+            if error.isUnroutable { broker.peerGone(peer) } else if error.isWouldBlock { broker.peerFull(peer) }
         }
         state.sendSnapshot = { snapshotRegistration.send($0) }
         state.publish = { publisherRegistration.send($0) }
@@ -246,6 +248,7 @@ extension Kernel {
             ]
         }
         return ["requests": .int(Int64(broker.totalRequests)), "protocolErrors": .int(Int64(broker.protocolErrors)),
+                "droppedReplies": .int(Int64(broker.droppedReplies)), "queuedBytes": .int(Int64(broker.queuedBytes)),
                 "uptimeSeconds": .double(Date().timeIntervalSince(startedAt).rounded()),
                 "services": .object(perService),
                 "security": ["curve": .bool(configuration.security != nil),

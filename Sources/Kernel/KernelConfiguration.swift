@@ -15,6 +15,20 @@ public struct KernelConfiguration: Sendable, Equatable {
     public var queueTimeout: Duration = .seconds(5)
     /// Requests queued per service before new ones are refused with -32001 at once.
     public var maxQueuedPerService = 100_000
+    /// Bytes of request bodies queued for all services together before new requests are
+    /// refused with -32001 at once (a flood of big requests for a missing service).
+    public var maxQueuedBytes = 256 * 1024 * 1024
+    /// Distinct service names the broker keeps track of; a request for yet another name
+    /// with no worker is refused with -32001 at once. A name that never had a worker is
+    /// forgotten when its queue empties.
+    public var maxServices = 10_000
+    /// Messages the broker queues for one peer that does not read (a client that never
+    /// takes its replies). Beyond it, replies to that client are dropped and counted, and
+    /// a worker is dropped, so a stuck peer neither grows the kernel nor stalls others.
+    public var peerBacklog = 50_000
+    /// Updates the publisher queues for one subscriber that does not read; beyond it the
+    /// subscriber misses updates (and resynchronises when it notices).
+    public var subscriberBacklog = 100_000
     /// The largest inbound message on any kernel socket; a peer sending more is disconnected.
     public var maxMessageSize = 64 * 1024 * 1024
     /// Services whose requests are not re-sent to another worker when theirs dies; they

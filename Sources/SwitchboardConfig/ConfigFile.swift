@@ -101,6 +101,7 @@ public struct ConfigFile: Sendable, Equatable {
         "kernel": .map(Dictionary(uniqueKeysWithValues: [
             "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
             "max_message_size", "no_retry", "writable_prefixes", "log_level",
+            "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog",
         ].map { ($0, Schema.value) })),
         "services": .each(Set(serviceNames), .map(["enabled": .value, "workers": .value, "log_level": .value])),
         "store": .map(["path": .value, "history_limit": .value, "max_size_mb": .value]),
@@ -282,6 +283,11 @@ private struct Reader {
         if let value = kernel["liveness"] { k.heartbeatLiveness = try positive(value, "kernel.liveness") }
         if let value = kernel["queue_timeout_ms"] { k.queueTimeout = .milliseconds(try positive(value, "kernel.queue_timeout_ms")) }
         if let value = kernel["max_message_size"] { k.maxMessageSize = try positive(value, "kernel.max_message_size") }
+        if let value = kernel["max_queued"] { k.maxQueuedPerService = try positive(value, "kernel.max_queued") }
+        if let value = kernel["max_queued_bytes"] { k.maxQueuedBytes = try positive(value, "kernel.max_queued_bytes") }
+        if let value = kernel["max_services"] { k.maxServices = try positive(value, "kernel.max_services") }
+        if let value = kernel["peer_backlog"] { k.peerBacklog = try positive(value, "kernel.peer_backlog") }
+        if let value = kernel["subscriber_backlog"] { k.subscriberBacklog = try positive(value, "kernel.subscriber_backlog") }
         if let value = kernel["no_retry"] { k.nonRetriableServices = Set(try strings(value, "kernel.no_retry")) }
         if let value = kernel["writable_prefixes"] {
             let prefixes = try strings(value, "kernel.writable_prefixes")

@@ -337,3 +337,13 @@ public final class FixtureHTTPServer: Sendable {
         _ = await process.exit(within: 5)
     }
 }
+
+/// The resident memory of process `pid` in bytes (VmRSS in /proc), nil when it is gone.
+public func residentBytes(of pid: Int32) -> Int? {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
+    for line in status.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+        let words = line.split(separator: " ")
+        if words.count >= 2, let kilobytes = Int(words[1]) { return kilobytes * 1024 }
+    }
+    return nil
+}

@@ -22,6 +22,11 @@ public final class SocketRegistration {
     public private(set) var lastSendError: ZMQError?
     /// Called for each send that fails after queuing (the message is dropped).
     public var onSendError: ((Message, ZMQError) -> Void)?
+    /// A message libzmq cannot take at once (`EAGAIN`) is dropped and reported through
+    /// ``onSendError`` instead of waiting in the backlog. For a ROUTER with
+    /// router-mandatory, whose `EAGAIN` concerns one peer: waiting would hold up the
+    /// messages for every other peer behind the one that does not read.
+    public var dropsWhenPeerFull = false
 
     /// How many messages the loop reads from one socket before serving the others.
     static let readBudget = 256
@@ -53,6 +58,10 @@ public final class SocketRegistration {
                 if try socket.trySend(message) { return }
             } catch {
                 sendFailed(message, error)
+                return
+            }
+            if dropsWhenPeerFull {
+                sendFailed(message, ZMQError(call: "zmq_msg_send(peer full)", code: EAGAIN))
                 return
             }
         }

@@ -26,6 +26,8 @@ public struct ZMQError: Error, Sendable, Equatable, CustomStringConvertible {
     public var isTerminated: Bool { code == czmq_ETERM }
     /// A ROUTER with router-mandatory could not route to the addressed peer.
     public var isUnroutable: Bool { code == czmq_EHOSTUNREACH }
+    /// libzmq could not take the message now (`EAGAIN`): a high-water mark was reached.
+    public var isWouldBlock: Bool { code == EAGAIN }
     /// The call was interrupted by a signal (`EINTR`); ``retryingEINTR`` retries these.
     public var isInterrupted: Bool { code == EINTR }
 

@@ -1,0 +1,247 @@
+import BusKit
+import BusProtocol
+import Foundation
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A `switchboard kernel` process on free ports, with small limits so that each attack
+/// reaches them quickly, and a well-behaved client that must stay served throughout.
+struct KernelUnderAttack {
+    let process: ChildProcess
+    let broker: String, snapshot: String, publisher: String, collector: String
+    let bystander: BusClient
+    let context: ZMQContext
+
+    static func start(_ settings: [String: String] = [:]) async throws -> KernelUnderAttack {
+        let ports = (0..<4).map { _ in freePort() }
+        let endpoints = ports.map { "tcp://127.0.0.1:\($0)" }
+        let process = try ChildProcess(switchboardExecutable(), [
+            "kernel", "--log-level", "warning", "--broker", endpoints[0], "--snapshot", endpoints[1],
+            "--publisher", endpoints[2], "--collector", endpoints[3],
+        ], environment: settings.reduce(into: [:]) { $0["SWITCHBOARD_KERNEL_" + $1.key.uppercased()] = $1.value })
+        let bystander = try await BusClient(brokers: [endpoints[0]], timeout: .seconds(5))
+        try await eventually(30, "the kernel answers") {
+            (try? await bystander.request(service: "kernel", method: "ping", timeout: .milliseconds(500))) != nil
+        }
+        return KernelUnderAttack(process: process, broker: endpoints[0], snapshot: endpoints[1], publisher: endpoints[2],
+                                 collector: endpoints[3], bystander: bystander, context: try ZMQContext())
+    }
+
+    /// The bystander's request is answered (within the client's 5 s).
+    func stillServes() async throws {
+        #expect(try await bystander.request(service: "kernel", method: "ping")["pong"] == true)
+    }
+
+    var residentMegabytes: Double { Double(residentBytes(of: process.pid) ?? 0) / 1_048_576 }
+
+    func stats() async throws -> JSONValue { try await bystander.request(service: "kernel", method: "stats") }
+
+    func socket(_ type: SocketType, _ endpoint: String) throws -> ZMQSocket {
+        let socket = try ZMQSocket(context, type)
+        try socket.set(.linger, 0)
+        try socket.connect(endpoint)
+        return socket
+    }
+
+    func stop() async {
+        await bystander.close()
+        process.stop()
+    }
+}
+
+struct ConnectFailed: Error { let endpoint: String, errno: Int32 }
+
+/// A plain TCP connection to `endpoint` ("tcp://127.0.0.1:PORT"), for bytes libzmq would
+/// never send.
+final class RawConnection {
+    let fd: Int32
+    init(_ endpoint: String) throws {
+        let port = UInt16(endpoint.split(separator: ":").last!)!
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else { throw ConnectFailed(endpoint: endpoint, errno: errno) }
+    }
+    func write(_ bytes: [UInt8]) { _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
+    deinit { close(fd) }
+
+    /// A ZMTP 3.0 greeting (NULL mechanism) and READY for a DEALER: after this the kernel
+    /// takes the connection for a peer and reads frames from it.
+    func handshakeAsDealer() {
+        var greeting: [UInt8] = [0xFF] + Array(repeating: 0, count: 8) + [0x7F, 3, 0]
+        greeting += Array("NULL".utf8) + Array(repeating: 0, count: 16) + [0] + Array(repeating: 0, count: 31)
+        let body: [UInt8] = [5] + Array("READY".utf8) + [11] + Array("Socket-Type".utf8) + [0, 0, 0, 6] + Array("DEALER".utf8)
+        write(greeting + [0x04, UInt8(body.count)] + body)
+    }
+}
+
+@Suite("Hostile clients against a live kernel process: each leaves it serving others", .serialized)
+struct HostileClientTests {
+    @Test("random frames from libzmq peers and random bytes on raw TCP connections")
+    func randomFrames() async throws {
+        let kernel = try await KernelUnderAttack.start()
+        var random = SystemRandomNumberGenerator()
+        let headers: [[UInt8]] = [[], Array("MDPC01".utf8), Array("MDPW01".utf8), [0xFF], Array("garbage".utf8)]
+        for round in 0..<20 {
+            let dealer = try kernel.socket(.dealer, kernel.broker)
+            for _ in 0..<500 {
+                var frames: [Frame] = []
+                for index in 0..<Int.random(in: 1...6, using: &random) {
+                    if index < 2, Bool.random(using: &random) {
+                        frames.append(Frame(index == 0 ? [] : headers.randomElement(using: &random)!))
+                    } else {
+                        frames.append(Frame((0..<Int.random(in: 0...64, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }))
+                    }
+                }
+                try dealer.send(Message(frames))
+            }
+            // Raw bytes: some with a valid greeting first, some without.
+            let raw = try RawConnection(round.isMultiple(of: 2) ? kernel.broker : kernel.snapshot)
+            if round.isMultiple(of: 3) { raw.handshakeAsDealer() }
+            raw.write((0..<4096).map { _ in UInt8.random(in: 0...255, using: &random) })
+            try await kernel.stillServes()
+            dealer.close()
+        }
+        let stats = try await kernel.stats()
+        #expect((stats["protocolErrors"]?.intValue ?? 0) > 0)
+        try await kernel.stillServes()
+        #expect(kernel.process.isRunning)
+        await kernel.stop()
+    }
+
+    @Test("frames over the size limit: the sender is disconnected, nothing is buffered")
+    func hugeFrames() async throws {
+        let kernel = try await KernelUnderAttack.start(["max_message_size": "1048576"])
+        let before = kernel.residentMegabytes
+        let huge = Frame([UInt8](repeating: 0x41, count: 8 * 1_048_576))
+        for _ in 0..<10 {
+            let dealer = try kernel.socket(.dealer, kernel.broker)
+            try dealer.send([Frame(), Frame(MDP.clientHeader), Frame("echo"), huge])
+            let raw = try RawConnection(kernel.broker)
+            raw.handshakeAsDealer()
+            // A frame header announcing 2^62 bytes.
+            raw.write([0x02, 0x40, 0, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 0x41, count: 4096))
+            try await kernel.stillServes()
+            dealer.close()
+        }
+        let after = kernel.residentMegabytes
+        #expect(after - before < 40, "the kernel grew from \(before) MB to \(after) MB")
+        await kernel.stop()
+    }
+
+    @Test("half-finished multipart messages and frames cut short: the kernel never waits on them")
+    func halfFinished() async throws {
+        let kernel = try await KernelUnderAttack.start()
+        var stalled: [RawConnection] = []
+        for _ in 0..<50 {
+            // The first frames of a client request, MORE set, then nothing.
+            let partial = try RawConnection(kernel.broker)
+            partial.handshakeAsDealer()
+            partial.write([0x01, 0x00, 0x01, 0x06] + Array("MDPC01".utf8) + [0x01, 0x04] + Array("echo".utf8))
+            // A frame that announces 100,000 bytes and sends ten.
+            let cut = try RawConnection(kernel.broker)
+            cut.handshakeAsDealer()
+            cut.write([0x02, 0, 0, 0, 0, 0, 0x01, 0x86, 0xA0] + [UInt8](repeating: 0x42, count: 10))
+            // A greeting cut in the middle.
+            let greeting = try RawConnection(kernel.snapshot)
+            greeting.write([0xFF, 0, 0, 0])
+            stalled += [partial, cut, greeting]
+        }
+        for _ in 0..<20 { try await kernel.stillServes() }
+        withExtendedLifetime(stalled) {}
+        await kernel.stop()
+    }
+
+    @Test("floods of requests for missing services: bounded queues, made-up names forgotten")
+    func floodForMissingService() async throws {
+        let kernel = try await KernelUnderAttack.start(["max_queued": "1000", "max_services": "200", "queue_timeout_ms": "500"])
+        let flooder = try kernel.socket(.dealer, kernel.broker)
+        let body = Frame(JSONRPCRequest(id: .number(1), method: "x", params: ["pad": .string(String(repeating: "p", count: 1000))]).jsonBytes)
+        for index in 0..<50_000 {
+            // Most for one missing service, the rest each for a new made-up name.
+            let service = index.isMultiple(of: 5) ? "made-up-\(index)" : "nobody"
+            try flooder.send([Frame(), Frame(MDP.clientHeader), Frame(service), body])
+            if index.isMultiple(of: 10_000) { try await kernel.stillServes() }
+        }
+        try await kernel.stillServes()
+        let during = try await kernel.stats()
+        #expect((during["services"]?.objectValue?.count ?? 0) <= 200)
+        #expect((during["services"]?["nobody"]?["queued"]?.intValue ?? 0) <= 1000)
+        // Once the queue timeout has passed, nothing is kept for the made-up names.
+        try await eventually(10, "made-up names forgotten") {
+            let stats = try await kernel.stats()
+            return (stats["services"]?.objectValue?.count ?? 0) == 0 && stats["queuedBytes"] == 0
+        }
+        flooder.close()
+        await kernel.stop()
+    }
+
+    @Test("a client that floods requests and never reads its replies: they are dropped, not hoarded")
+    func clientNeverReads() async throws {
+        let kernel = try await KernelUnderAttack.start(["peer_backlog": "500"])
+        _ = try await kernel.bystander.request(service: "kernel", method: "state.set",
+                                               params: ["key": "/client/big", "value": .string(String(repeating: "v", count: 16_384))])
+        let before = kernel.residentMegabytes
+        let greedy = try kernel.socket(.dealer, kernel.broker)
+        try greedy.set(.receiveHighWaterMark, 1)
+        let request = Message([Frame(), Frame(MDP.clientHeader), Frame("kernel"),
+                               Frame(JSONRPCRequest(id: .number(1), method: "state.get", params: ["prefix": "/client/big"]).jsonBytes)])
+        // 20,000 replies of 16 KiB: 320 MiB if the kernel kept them.
+        for index in 0..<20_000 {
+            try greedy.send(request)
+            if index.isMultiple(of: 5_000) { try await kernel.stillServes() }
+        }
+        try await eventually(60, "the kernel dropped replies for the client that does not read") {
+            (try await kernel.stats()["droppedReplies"]?.intValue ?? 0) > 0
+        }
+        try await kernel.stillServes()
+        let after = kernel.residentMegabytes
+        #expect(after - before < 50, "the kernel grew from \(before) MB to \(after) MB")
+        greedy.close()
+        await kernel.stop()
+    }
+
+    @Test("a subscriber that never reads: the kernel keeps a bounded backlog and others get every update")
+    func subscriberNeverReads() async throws {
+        let kernel = try await KernelUnderAttack.start(["subscriber_backlog": "500"])
+        let stuck = try kernel.socket(.sub, kernel.publisher)
+        try stuck.set(.receiveHighWaterMark, 1)
+        try stuck.subscribe("")
+        let reader = try await Subscription.open(snapshot: kernel.snapshot, publisher: kernel.publisher, prefixes: ["/client/flood"])
+        let collector = try kernel.socket(.pub, kernel.collector)
+        let before = kernel.residentMegabytes
+        let value = Frame([UInt8](repeating: 0x61, count: 16_384))
+        // The collector is fire-and-forget: pace it with an acknowledged write now and then.
+        for batch in 0..<20 {
+            for index in 0..<1_000 {
+                try collector.send(CHP.kv(KVEntry(key: "/client/flood/\(index)", value: value)))
+            }
+            _ = try await kernel.bystander.request(service: "kernel", method: "state.set",
+                                                   params: ["key": "/client/flood/mark", "value": .int(Int64(batch))])
+        }
+        let last = try await within(30, "the reader sees the last mark") { () -> StateUpdate? in
+            while let update = try await reader.next() {
+                if update.key == "/client/flood/mark", update.json == 19 { return update }
+            }
+            return nil
+        }
+        #expect(last != nil)
+        try await kernel.stillServes()
+        let after = kernel.residentMegabytes
+        // 20,000 updates of 16 KiB: 320 MiB if the kernel kept them for the stuck subscriber.
+        #expect(after - before < 50, "the kernel grew from \(before) MB to \(after) MB")
+        await reader.cancel()
+        stuck.close()
+        collector.close()
+        await kernel.stop()
+    }
+}
