@@ -190,6 +190,16 @@ let package = Package(
             path: "Sources/Benchmarks",
             swiftSettings: sharedSettings
         ),
+        // Soak and chaos over a whole `switchboard up`: `Scripts/soak`.
+        .executableTarget(
+            name: "switchboard-soak",
+            dependencies: [
+                "BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Sources/Soak",
+            swiftSettings: sharedSettings
+        ),
         .testTarget(
             name: "ZeroMQTests",
             dependencies: ["ZeroMQ", "SwitchboardTestSupport"],

@@ -1,0 +1,88 @@
+import Foundation
+import SwitchboardTestSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The process tree of one `switchboard up`: the supervisor and its children, found in
+/// /proc by parent pid and told apart by their command lines (`kernel`, `serve NAME`).
+struct BusProcesses {
+    let upPid: Int32
+
+    /// The current pid of each piece (`kernel`, `store`, ...), by name.
+    func pieces() -> [String: Int32] {
+        var found: [String: Int32] = [:]
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        for entry in entries {
+            guard let pid = Int32(entry), parent(of: pid) == upPid, let piece = pieceName(of: pid) else { continue }
+            found[piece] = pid
+        }
+        return found
+    }
+
+    /// Resident memory in MiB of `up` and each piece, by name.
+    func memory() -> [String: Double] {
+        var sizes: [String: Double] = [:]
+        for (name, pid) in pieces().merging(["up": upPid], uniquingKeysWith: { $1 }) {
+            if let bytes = residentBytes(of: pid) { sizes[name] = Double(bytes) / 1_048_576 }
+        }
+        return sizes
+    }
+
+    private func parent(of pid: Int32) -> Int32? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return nil }
+        // "pid (comm) state ppid …": comm may hold spaces, so count from its closing paren.
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        return fields.count > 1 ? Int32(fields[1]) : nil
+    }
+
+    private func pieceName(of pid: Int32) -> String? {
+        guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return nil }
+        let arguments = data.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+        guard arguments.count >= 2 else { return nil }
+        if arguments[1] == "kernel" { return "kernel" }
+        if arguments[1] == "serve", arguments.count >= 3 { return arguments[2] }
+        return nil
+    }
+}
+
+/// A configuration for the whole bus on free loopback ports in `folder`, datasets read from
+/// copies of the bundled files there, fast heartbeats, and a supervisor that never gives up.
+func writeSoakConfiguration(in folder: URL) throws -> (config: URL, ports: [Int]) {
+    let files = try writeBundledCopies(to: folder)
+    let ports = (0..<4).map { _ in freePort() }
+    let datasets = files.keys.sorted { $0.rawValue < $1.rawValue }.map { dataset in
+        "    \(dataset.rawValue): {url: \"\(files[dataset]!.absoluteString)\", refresh_seconds: 3600}"
+    }.joined(separator: "\n")
+    let text = """
+        log_level: warning
+        kernel:
+          broker: tcp://127.0.0.1:\(ports[0])
+          snapshot: tcp://127.0.0.1:\(ports[1])
+          publisher: tcp://127.0.0.1:\(ports[2])
+          collector: tcp://127.0.0.1:\(ports[3])
+          heartbeat_ms: 250
+          liveness: 4
+        services:
+          echo: {workers: 2}
+          store: {workers: 4}
+          fetcher: {workers: 2}
+          search: {workers: 4}
+          pricing: {workers: 2}
+        store:
+          path: \(folder.appendingPathComponent("store.sqlite").path)
+        fetcher:
+          datasets:
+        \(datasets)
+        supervisor:
+          restart_backoff_ms: 100
+          restart_backoff_max_ms: 1000
+          restart_limit: 1000000
+          restart_window_seconds: 1
+          stop_timeout_seconds: 20
+        """
+    let url = folder.appendingPathComponent("switchboard.yaml")
+    try text.write(to: url, atomically: true, encoding: .utf8)
+    return (url, ports)
+}

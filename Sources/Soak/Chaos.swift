@@ -1,0 +1,71 @@
+import BusKit
+import Catalog
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The kills of one run, in order.
+struct ChaosLog {
+    struct Kill {
+        /// Seconds into the run.
+        let at: Double
+        let piece: String
+        let pid: Int32
+        /// Seconds until the piece served again; nil if it did not within a minute.
+        let recoveredAfter: Double?
+    }
+    var kills: [Kill] = []
+}
+
+/// Kills a process of the bus (SIGKILL) at seeded random intervals and waits until `up`
+/// has restarted it and it serves again before the next one.
+struct Chaos {
+    /// The kernel and the busiest services are drawn more often.
+    static let victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo"]
+    /// A cheap request per service that shows it serves.
+    static let probes = ["echo": "echo", "store": "history.list", "fetcher": "datasets.list", "search": "sources.list", "pricing": "deals.today"]
+
+    var random: SeededGenerator
+    let processes: BusProcesses
+    let probe: BusClient
+    let services: [String]
+    let started: Date
+    var log = ChaosLog()
+
+    init(seed: UInt64, processes: BusProcesses, probe: BusClient, services: [String], started: Date) {
+        random = SeededGenerator(seed: seed ^ 0xC4A0_5C4A_05C4_A05C)
+        self.processes = processes
+        self.probe = probe
+        self.services = services
+        self.started = started
+    }
+
+    mutating func run(until end: Date, killEvery interval: ClosedRange<Double>) async {
+        while true {
+            let wait = Double.random(in: interval, using: &random)
+            let victim = Self.victims.randomElement(using: &random)!
+            guard Date().addingTimeInterval(wait) < end else { return }
+            try? await Task.sleep(for: .milliseconds(Int(wait * 1000)))
+            guard let pid = processes.pieces()[victim] else { continue }
+            kill(pid, SIGKILL)
+            let killedAt = Date()
+            let recovered = await waitUntil(60) { await serves(victim, replacing: pid) }
+            log.kills.append(.init(at: killedAt.timeIntervalSince(started), piece: victim, pid: pid,
+                                   recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil))
+            print(String(format: "soak: %6.1f s  killed %@ (pid %d): %@", killedAt.timeIntervalSince(started), victim, pid,
+                         recovered ? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
+        }
+    }
+
+    /// Whether a new process of `piece` runs and the bus serves through it.
+    private func serves(_ piece: String, replacing old: Int32) async -> Bool {
+        guard let pid = processes.pieces()[piece], pid != old else { return false }
+        if piece == "kernel" {
+            guard let pong = try? await probe.request(service: "kernel", method: "ping"), pong["pid"]?.intValue == Int64(pid) else { return false }
+            return await allServing(probe, services)
+        }
+        guard await allServing(probe, [piece]), let method = Self.probes[piece] else { return false }
+        return (try? await probe.request(service: piece, method: method)) != nil
+    }
+}

@@ -1,0 +1,80 @@
+import Foundation
+
+/// The figures of one soak run, and whether it passed.
+struct SoakReport {
+    let seed: UInt64
+    let duration: Double
+    let clients: Int
+    let subscribers: Int
+    var elapsed: Double = 0
+    var chaos = ChaosLog()
+    var requests = Tally.Counts()
+    var resent = 0
+    var duplicated = 0
+    var lateReplies = 0
+    var ticksWritten = 0
+    var subscribers_ = SubscriberCheck.Counts()
+    var staleSubscribers = 0
+    var missingWrites = 0
+    var memoryAtStart: [String: Double] = [:]
+    var memoryAtEnd: [String: Double] = [:]
+    var upExit: Int32 = -1
+    var problems: [String] = []
+
+    init(seed: UInt64, duration: Double, clients: Int, subscribers: Int) {
+        self.seed = seed
+        self.duration = duration
+        self.clients = clients
+        self.subscribers = subscribers
+    }
+
+    var subscriberCounts: SubscriberCheck.Counts {
+        get { subscribers_ }
+        set { subscribers_ = newValue }
+    }
+
+    var unrecovered: Int { chaos.kills.filter { $0.recoveredAfter == nil }.count }
+
+    var passed: Bool {
+        problems.isEmpty && requests.sent > 0 && requests.lost == 0 && duplicated == 0 && subscribers_.gaps == 0
+            && subscribers_.backwards == 0 && staleSubscribers == 0 && missingWrites == 0 && unrecovered == 0
+    }
+
+    func print() {
+        func line(_ label: String, _ value: String) { Swift.print("  " + label.padding(toLength: 44, withPad: " ", startingAt: 0) + value) }
+        Swift.print("")
+        Swift.print("Soak report: seed \(seed), \(String(format: "%.0f", elapsed)) s of load, \(clients) clients, \(subscribers) subscribers")
+        let byPiece = Dictionary(grouping: chaos.kills, by: \.piece).map { "\($0.key) \($0.value.count)" }.sorted().joined(separator: ", ")
+        let recoveries = chaos.kills.compactMap(\.recoveredAfter)
+        line("processes killed (SIGKILL)", "\(chaos.kills.count)" + (byPiece.isEmpty ? "" : " (\(byPiece))"))
+        if !recoveries.isEmpty {
+            line("serving again after a kill", String(format: "mean %.1f s, longest %.1f s, never %d", recoveries.reduce(0, +) / Double(recoveries.count),
+                                                       recoveries.max()!, unrecovered))
+        }
+        line("requests sent", "\(requests.sent)")
+        line("answered", "\(requests.answered)")
+        let failed = requests.failed.values.reduce(0, +) + requests.otherFailures.values.reduce(0, +)
+        let codes = requests.failed.sorted { $0.key > $1.key }.map { "\($0.key): \($0.value)" } + requests.otherFailures.map { "\($0.key): \($0.value)" }
+        line("failed with an error", "\(failed)" + (codes.isEmpty ? "" : " (\(codes.joined(separator: ", ")))"))
+        line("lost (never answered)", "\(requests.lost)")
+        line("duplicated (answered twice)", "\(duplicated)")
+        line("re-sent after a kernel restart", "\(resent) (late replies dropped: \(lateReplies))")
+        line("subscription updates seen", "\(subscribers_.updates) of \(ticksWritten) acknowledged writes x \(subscribers)")
+        line("subscription resyncs", "\(subscribers_.resyncs.values.reduce(0, +))")
+        line("subscription gaps after resync", "\(subscribers_.gaps) (out of order: \(subscribers_.backwards), stale at the end: \(staleSubscribers))")
+        line("acknowledged store writes", "\(requests.acknowledgedWrites.count)")
+        line("acknowledged store writes missing after", "\(missingWrites)")
+        Swift.print("  memory (resident MiB)                       start      end")
+        for name in Set(memoryAtStart.keys).union(memoryAtEnd.keys).sorted() {
+            let start = memoryAtStart[name].map { String(format: "%8.1f", $0) } ?? "       -"
+            let end = memoryAtEnd[name].map { String(format: "%8.1f", $0) } ?? "       -"
+            line("  " + name, "\(start) \(end)")
+        }
+        line("switchboard up exit status", "\(upExit)")
+        for problem in problems { Swift.print("  problem: \(problem)") }
+        if !requests.failedByMethod.isEmpty {
+            Swift.print("  failures by request: " + requests.failedByMethod.sorted { $0.value > $1.value }.prefix(8).map { "\($0.key) \($0.value)" }.joined(separator: ", "))
+        }
+        Swift.print(passed ? "PASS: nothing lost, duplicated or missing" : "FAIL")
+    }
+}

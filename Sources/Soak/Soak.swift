@@ -1,0 +1,250 @@
+import ArgumentParser
+import BusKit
+import BusProtocol
+import Catalog
+import Foundation
+import Synchronization
+import SwitchboardTestSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Soak and chaos: the whole bus under `switchboard up`, many clients over every app's
+/// requests and subscriptions, and services and the kernel killed at random meanwhile.
+@main
+struct Soak: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "switchboard-soak",
+        abstract: "Drive the whole bus under load while killing its processes at random; report what was lost.",
+        discussion: """
+            Starts `switchboard up` on free loopback ports with the bundled datasets, then for
+            --duration seconds runs --clients request loops, --subscribers subscriptions and a
+            writer of acknowledged state, and kills (SIGKILL) a random process of the bus every
+            --kill-min to --kill-max seconds. The last part of the run has no kills, so the bus
+            settles. Exits 0 when nothing was lost, duplicated or missing; 1 otherwise.
+            The same --seed gives the same requests and the same kill schedule.
+            """)
+
+    @Option(help: "Seconds of load.") var duration: Double = 600
+    @Option(help: "Seed of the request mix and the kill schedule (default: random, printed).") var seed: UInt64?
+    @Option(help: "Concurrent request loops, each with its own connection.") var clients = 16
+    @Option(help: "Subscriptions following the writer's key.") var subscribers = 4
+    @Option(help: "Shortest wait between two kills, in seconds.") var killMin: Double = 4
+    @Option(help: "Longest wait between two kills, in seconds.") var killMax: Double = 10
+    @Option(help: "Each request's timeout, in seconds; a request not answered by then is lost.") var timeout: Double = 30
+    @Option(help: "The switchboard executable (default: the one beside this program).") var switchboard: String?
+    @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
+
+    func run() async throws {
+        let seed = self.seed ?? UInt64.random(in: 1...999_999)
+        let executable = switchboard ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+            .appendingPathComponent("switchboard").path
+        guard FileManager.default.isExecutableFile(atPath: executable) else {
+            throw ValidationError("no switchboard executable at \(executable); build it or pass --switchboard")
+        }
+        guard killMin > 0, killMax >= killMin, duration > 0, clients > 0 else {
+            throw ValidationError("--duration, --clients and --kill-min must be positive and --kill-max at least --kill-min")
+        }
+        let folder = try temporaryDirectory("switchboard-soak")
+        let (config, ports) = try writeSoakConfiguration(in: folder)
+        let broker = "tcp://127.0.0.1:\(ports[0])"
+        print("soak: seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers, a kill every \(killMin)-\(killMax) s")
+        print("soak: replay with --seed \(seed); working folder \(folder.path)")
+
+        let log = folder.appendingPathComponent("up.log")
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        let up = Process()
+        up.executableURL = URL(fileURLWithPath: executable)
+        up.arguments = ["up", "--config", config.path]
+        let logHandle = try FileHandle(forWritingTo: log)
+        up.standardOutput = logHandle
+        up.standardError = logHandle
+        try up.run()
+        let processes = BusProcesses(upPid: up.processIdentifier)
+        var report = SoakReport(seed: seed, duration: duration, clients: clients, subscribers: subscribers)
+        do {
+            report = try await drive(broker: broker, ports: ports, processes: processes, seed: seed, report: report)
+        } catch {
+            print("soak: \(error)")
+            report.problems.append("\(error)")
+        }
+        // Stop the bus as a user would (SIGTERM to up) and see it end cleanly.
+        up.terminate()
+        let stopped = await waitUntil(60) { !up.isRunning }
+        if !stopped {
+            kill(up.processIdentifier, SIGKILL)
+            report.problems.append("switchboard up did not stop within 60 s of SIGTERM")
+        }
+        up.waitUntilExit()
+        report.upExit = up.terminationStatus
+        if up.terminationStatus != 0 { report.problems.append("switchboard up exited with status \(up.terminationStatus)") }
+        try? logHandle.close()
+        report.print()
+        if !report.passed {
+            print("soak: the bus's log: \(log.path)")
+        } else if !keep {
+            try? FileManager.default.removeItem(at: folder)
+        }
+        if !report.passed { throw ExitCode(1) }
+    }
+
+    private func drive(broker: String, ports: [Int], processes: BusProcesses, seed: UInt64, report: SoakReport) async throws -> SoakReport {
+        var report = report
+        let probe = try await BusClient(brokers: [broker], timeout: .seconds(2))
+        let services = ["echo", "store", "fetcher", "search", "pricing"]
+        guard await waitUntil(180, { await allServing(probe, services) }) else {
+            throw SoakFailure("the bus did not come up within 180 s")
+        }
+        // The catalog is loaded once search and pricing answer from it.
+        guard await waitUntil(120, {
+            guard (try? await probe.request(service: "pricing", method: "route.cheapest")) != nil else { return false }
+            return (try? await probe.request(service: "search", method: "flights.list")) != nil
+        }) else { throw SoakFailure("the datasets did not load within 120 s") }
+        report.memoryAtStart = processes.memory()
+        print("soak: the bus is up: \(processes.pieces().sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+
+        let started = Date()
+        let loadEnds = started.addingTimeInterval(duration)
+        // No kills in the last part, so the bus settles before the checks.
+        let chaosEnds = started.addingTimeInterval(duration - min(20, duration / 4))
+        let tally = Tally()
+        let check = SubscriberCheck()
+        let timeout = Duration.milliseconds(Int(self.timeout * 1000))
+        let snapshot = "tcp://127.0.0.1:\(ports[1])", publisher = "tcp://127.0.0.1:\(ports[2])"
+
+        var busClients: [BusClient] = []
+        for _ in 0..<clients { busClients.append(try await BusClient(brokers: [broker], timeout: timeout)) }
+        var subscriptions: [Subscription] = []
+        for _ in 0..<subscribers {
+            subscriptions.append(try await Subscription.open(snapshot: snapshot, publisher: publisher, prefixes: ["/client/soak/"],
+                                                             silenceTimeout: .seconds(3)))
+        }
+        let readers = subscriptions.enumerated().map { index, subscription in
+            Task {
+                while let update = try? await subscription.next() { check.saw(update, subscriber: index) }
+            }
+        }
+        let loops = busClients.enumerated().map { index, client in
+            Task {
+                var mix = RequestMix(seed: seed, client: index)
+                while Date() < loadEnds {
+                    let call = mix.next()
+                    let outcome: Result<JSONValue, BusError>
+                    do throws(BusError) {
+                        outcome = .success(try await client.request(service: call.service, method: call.method, params: call.params))
+                    } catch {
+                        outcome = .failure(error)
+                    }
+                    tally.record(call, outcome)
+                }
+            }
+        }
+        let writerClient = try await BusClient(brokers: [broker], timeout: timeout)
+        let writer = Task { () -> (epoch: Int64, n: Int64, writes: Int) in
+            var epoch: Int64 = 1, n: Int64 = 0, acknowledged: (Int64, Int64) = (0, 0), writes = 0
+            while Date() < loadEnds {
+                do {
+                    _ = try await writerClient.request(service: "kernel", method: "state.set",
+                                                       params: ["key": "/client/soak/tick", "value": ["epoch": .int(epoch), "n": .int(n + 1)]])
+                    n += 1
+                    writes += 1
+                    acknowledged = (epoch, n)
+                } catch {
+                    // Maybe applied, maybe not: start a new epoch so no subscriber is
+                    // expected to have seen the next number.
+                    epoch += 1
+                    n = 0
+                }
+                try? await Task.sleep(for: .milliseconds(20))
+            }
+            return (acknowledged.0, acknowledged.1, writes)
+        }
+        let chaos = Task { () -> ChaosLog in
+            var chaos = Chaos(seed: seed, processes: processes, probe: probe, services: services, started: started)
+            await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
+            return chaos.log
+        }
+
+        let chaosLog = await chaos.value
+        for loop in loops { await loop.value }
+        let last = await writer.value
+        report.elapsed = Date().timeIntervalSince(started)
+        report.chaos = chaosLog
+        report.ticksWritten = last.writes
+
+        // Every subscriber must end on the last acknowledged tick.
+        let converged = await waitUntil(30) {
+            check.counts.withLock { counts in
+                (0..<subscribers).allSatisfy { counts.lastSeen[$0].map { $0.epoch == last.epoch && $0.n == last.n } ?? false }
+            }
+        }
+        for (index, subscription) in subscriptions.enumerated() {
+            let resyncs = await subscription.resyncCount()
+            check.counts.withLock { $0.resyncs[index] = resyncs }
+            await subscription.cancel()
+        }
+        for reader in readers { reader.cancel() }
+        report.subscriberCounts = check.counts.withLock { $0 }
+        report.staleSubscribers = converged ? 0 : check.counts.withLock { counts in
+            (0..<subscribers).filter { counts.lastSeen[$0].map { $0.epoch != last.epoch || $0.n != last.n } ?? true }.count
+        }
+
+        var resent = 0, duplicates = 0, late = 0
+        for client in busClients + [writerClient] {
+            let counters = await client.counters()
+            resent += counters.resent
+            duplicates += counters.duplicateReplies
+            late += counters.lateReplies
+            await client.close()
+        }
+        report.requests = tally.counts.withLock { $0 }
+        report.resent = resent
+        report.duplicated = duplicates
+        report.lateReplies = late
+
+        // Every acknowledged store write must be in the store.
+        report.missingWrites = try await missingArticles(report.requests.acknowledgedWrites, probe: probe)
+        report.memoryAtEnd = processes.memory()
+        await probe.close()
+        return report
+    }
+
+    private func missingArticles(_ acknowledged: [String], probe: BusClient) async throws -> Int {
+        var stored = Set<String>()
+        var offset = 0
+        while true {
+            let page = try await probe.request(service: "store", method: "articles.list", params: ["offset": .int(Int64(offset)), "limit": 1_000],
+                                               timeout: .seconds(30))
+            let articles = page["articles"]?.arrayValue ?? []
+            for article in articles { if let url = article["url"]?.stringValue { stored.insert(url) } }
+            offset += articles.count
+            if articles.isEmpty || offset >= (page["total"]?.intValue).map(Int.init) ?? 0 { break }
+        }
+        return Set(acknowledged).subtracting(stored).count
+    }
+}
+
+/// Whether each of `services` has a worker and answers.
+func allServing(_ probe: BusClient, _ services: [String]) async -> Bool {
+    guard let list = try? await probe.request(service: "kernel", method: "services.list") else { return false }
+    let workers = Dictionary((list["services"]?.arrayValue ?? []).compactMap { entry -> (String, Int64)? in
+        guard let name = entry["name"]?.stringValue, let count = entry["workers"]?.intValue else { return nil }
+        return (name, count)
+    }, uniquingKeysWith: { $1 })
+    return services.allSatisfy { (workers[$0] ?? 0) > 0 }
+}
+
+/// Polls `condition` every 100 ms for up to `seconds`.
+func waitUntil(_ seconds: Double, _ condition: () async -> Bool) async -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(100))
+    }
+    return await condition()
+}
+
+struct SoakFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}

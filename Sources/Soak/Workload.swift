@@ -1,0 +1,123 @@
+import BusKit
+import BusProtocol
+import Catalog
+import Foundation
+import Synchronization
+
+/// One request of the mix: what to send, and the article URL when it is a store write.
+struct Call {
+    let service: String
+    let method: String
+    let params: JSONValue?
+    var savedURL: String? = nil
+    var label: String { "\(service) \(method)" }
+}
+
+/// A mix over every app's requests, drawn from a seeded generator so a run can be replayed.
+struct RequestMix {
+    var random: SeededGenerator
+    let client: Int
+    let seed: UInt64
+    private var count = 0
+
+    init(seed: UInt64, client: Int) {
+        self.seed = seed
+        self.client = client
+        random = SeededGenerator(seed: seed &+ UInt64(client) &* 0x9E37_79B9)
+    }
+
+    private static let countryQueries = ["fr", "ger", "united", "a", "ü", "Paris", "", "zz"]
+    private static let places = ["Amsterdam", "Rome", "52.37, 4.89", "-33.86, 151.2", "Nowhere-at-all", "91, 0"]
+    private static let sources = [["bbc-news"], ["cnn", "reuters"], ["not-a-source"], []]
+
+    mutating func next() -> Call {
+        count += 1
+        switch Int.random(in: 0..<17, using: &random) {
+        case 0: return Call(service: "search", method: "countries.search",
+                            params: ["query": .string(Self.countryQueries.randomElement(using: &random)!), "limit": 20])
+        case 1: return Call(service: "pricing", method: "deals.rollback", params: ["seed": .int(Int64.random(in: 0...1_000, using: &random))])
+        case 2: return Call(service: "pricing", method: "deals.today", params: nil)
+        case 3: return Call(service: "search", method: "locations.search", params: ["query": "Am", "limit": 10])
+        case 4: return Call(service: "search", method: "locations.resolve", params: ["query": .string(Self.places.randomElement(using: &random)!)])
+        case 5: return Call(service: "search", method: "items.grouped", params: ["order": Bool.random(using: &random) ? "natural" : "lexical"])
+        case 6: return Call(service: "search", method: "sources.list", params: nil)
+        case 7: return Call(service: "search", method: "headlines.list",
+                            params: ["sources": .array(Self.sources.randomElement(using: &random)!.map { .string($0) }), "pageSize": 5])
+        case 8: return Call(service: "search", method: "flights.list", params: nil)
+        case 9: return Call(service: "pricing", method: "route.quote",
+                            params: ["outboundId": .int(Int64.random(in: 1...6, using: &random)), "inboundId": .int(Int64.random(in: 1...6, using: &random))])
+        case 10: return Call(service: "pricing", method: "route.cheapest", params: nil)
+        case 11: return Call(service: "pricing", method: "route.current", params: nil)
+        case 12, 13:
+            let url = "https://soak.example/\(seed)/\(client)/\(count)"
+            return Call(service: "store", method: "articles.save",
+                        params: ["article": ["url": .string(url), "title": .string("Soak article \(count)"), "source": ["id": nil, "name": "soak"]]],
+                        savedURL: url)
+        case 14: return Call(service: "store", method: "history.list", params: ["limit": 10])
+        case 15: return Call(service: "fetcher", method: "datasets.list", params: nil)
+        default: return Call(service: "echo", method: "echo", params: ["client": .int(Int64(client)), "n": .int(Int64(count))])
+        }
+    }
+}
+
+/// What happened to the requests, counted by every client together.
+final class Tally: Sendable {
+    struct Counts {
+        var sent = 0
+        var answered = 0
+        /// Never answered within the client's timeout.
+        var lost = 0
+        /// Failed with a JSON-RPC error, by code.
+        var failed: [Int: Int] = [:]
+        /// Failed otherwise (closed, protocol violation), by description.
+        var otherFailures: [String: Int] = [:]
+        var acknowledgedWrites: [String] = []
+        var failedByMethod: [String: Int] = [:]
+    }
+    let counts = Mutex(Counts())
+
+    func record(_ call: Call, _ outcome: Result<JSONValue, BusError>) {
+        counts.withLock { counts in
+            counts.sent += 1
+            switch outcome {
+            case .success:
+                counts.answered += 1
+                if let url = call.savedURL { counts.acknowledgedWrites.append(url) }
+            case .failure(.timedOut):
+                counts.lost += 1
+                counts.failedByMethod[call.label, default: 0] += 1
+            case .failure(let error):
+                if let code = error.code { counts.failed[code, default: 0] += 1 } else { counts.otherFailures["\(error)", default: 0] += 1 }
+                counts.failedByMethod[call.label, default: 0] += 1
+            }
+        }
+    }
+}
+
+/// The subscribers' view of the writer's ticks, and what they found wrong.
+final class SubscriberCheck: Sendable {
+    struct Counts {
+        var updates = 0
+        /// A live update that skipped a tick of the same epoch: a gap the subscription did
+        /// not repair by resynchronising.
+        var gaps = 0
+        /// A live update older than one already seen (out of order). The same tick again is
+        /// not counted: a write re-sent after a kernel restart may be applied twice.
+        var backwards = 0
+        var lastSeen: [Int: (epoch: Int64, n: Int64)] = [:]
+        var resyncs: [Int: Int] = [:]
+    }
+    let counts = Mutex(Counts())
+
+    func saw(_ update: StateUpdate, subscriber: Int) {
+        guard let epoch = update.json?["epoch"]?.intValue, let n = update.json?["n"]?.intValue else { return }
+        counts.withLock { counts in
+            counts.updates += 1
+            if !update.fromSnapshot, let last = counts.lastSeen[subscriber], last.epoch == epoch {
+                if n > last.n + 1 { counts.gaps += 1 }
+                if n < last.n { counts.backwards += 1 }
+            }
+            counts.lastSeen[subscriber] = (epoch, n)
+        }
+    }
+}
