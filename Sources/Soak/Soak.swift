@@ -36,6 +36,8 @@ struct Soak: AsyncParsableCommand {
     @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
 
     func run() async throws {
+        // Progress lines appear as they happen, also when the output goes to a file or a pipe.
+        setvbuf(stdout, nil, _IOLBF, 0)
         let seed = self.seed ?? UInt64.random(in: 1...999_999)
         let executable = switchboard ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
             .appendingPathComponent("switchboard").path
