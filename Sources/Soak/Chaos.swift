@@ -53,7 +53,7 @@ struct Chaos {
             let recovered = await waitUntil(60) { await serves(victim, replacing: pid) }
             log.kills.append(.init(at: killedAt.timeIntervalSince(started), piece: victim, pid: pid,
                                    recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil))
-            print(String(format: "soak: %6.1f s  killed %@ (pid %d): %@", killedAt.timeIntervalSince(started), victim, pid,
+            say(String(format: "%6.1f s  killed %@ (pid %d): %@", killedAt.timeIntervalSince(started), victim, pid,
                          recovered ? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
         }
     }

@@ -36,8 +36,6 @@ struct Soak: AsyncParsableCommand {
     @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
 
     func run() async throws {
-        // Progress lines appear as they happen, also when the output goes to a file or a pipe.
-        setvbuf(stdout, nil, _IOLBF, 0)
         let seed = self.seed ?? UInt64.random(in: 1...999_999)
         let executable = switchboard ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
             .appendingPathComponent("switchboard").path
@@ -50,8 +48,8 @@ struct Soak: AsyncParsableCommand {
         let folder = try temporaryDirectory("switchboard-soak")
         let (config, ports) = try writeSoakConfiguration(in: folder)
         let broker = "tcp://127.0.0.1:\(ports[0])"
-        print("soak: seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers, a kill every \(killMin)-\(killMax) s")
-        print("soak: replay with --seed \(seed); working folder \(folder.path)")
+        say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers, a kill every \(killMin)-\(killMax) s")
+        say("replay with --seed \(seed); working folder \(folder.path)")
 
         let log = folder.appendingPathComponent("up.log")
         FileManager.default.createFile(atPath: log.path, contents: nil)
@@ -67,7 +65,7 @@ struct Soak: AsyncParsableCommand {
         do {
             report = try await drive(broker: broker, ports: ports, processes: processes, seed: seed, report: report)
         } catch {
-            print("soak: \(error)")
+            say("\(error)")
             report.problems.append("\(error)")
         }
         // Stop the bus as a user would (SIGTERM to up) and see it end cleanly.
@@ -82,8 +80,9 @@ struct Soak: AsyncParsableCommand {
         if up.terminationStatus != 0 { report.problems.append("switchboard up exited with status \(up.terminationStatus)") }
         try? logHandle.close()
         report.print()
+        fflush(nil)
         if !report.passed {
-            print("soak: the bus's log: \(log.path)")
+            say("the bus's log: \(log.path)")
         } else if !keep {
             try? FileManager.default.removeItem(at: folder)
         }
@@ -103,7 +102,7 @@ struct Soak: AsyncParsableCommand {
             return (try? await probe.request(service: "search", method: "flights.list")) != nil
         }) else { throw SoakFailure("the datasets did not load within 120 s") }
         report.memoryAtStart = processes.memory()
-        print("soak: the bus is up: \(processes.pieces().sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+        say("the bus is up: \(processes.pieces().sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
 
         let started = Date()
         let loadEnds = started.addingTimeInterval(duration)
@@ -224,6 +223,11 @@ struct Soak: AsyncParsableCommand {
         }
         return Set(acknowledged).subtracting(stored).count
     }
+}
+
+/// Writes a progress line at once (print's buffer would hold it when the output is a file).
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data(("soak: " + line + "\n").utf8))
 }
 
 /// Whether each of `services` has a worker and answers.
