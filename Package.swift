@@ -190,6 +190,20 @@ let package = Package(
             path: "Sources/Benchmarks",
             swiftSettings: sharedSettings
         ),
+        // The decoders of untrusted input as fuzz targets, and libFuzzer's driver entry.
+        .target(
+            name: "FuzzTargets",
+            dependencies: ["BusProtocol", "Catalog", "ZeroMQ"],
+            swiftSettings: sharedSettings
+        ),
+        .target(name: "CLibFuzzer"),
+        // `Scripts/fuzz`: libFuzzer over FuzzTargets (docs/FUZZING.md).
+        .executableTarget(
+            name: "switchboard-fuzz",
+            dependencies: ["FuzzTargets", "CLibFuzzer"],
+            path: "Sources/Fuzz",
+            swiftSettings: sharedSettings
+        ),
         // Soak and chaos over a whole `switchboard up`: `Scripts/soak`.
         .executableTarget(
             name: "switchboard-soak",
@@ -260,7 +274,7 @@ let package = Package(
         ),
         .testTarget(
             name: "BusProtocolTests",
-            dependencies: ["BusProtocol", "ZeroMQ"],
+            dependencies: ["BusProtocol", "ZeroMQ", "FuzzTargets"],
             swiftSettings: sharedSettings
         ),
     ]

@@ -8,8 +8,45 @@ struct SwitchboardBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard-bench",
         abstract: "Measure Switchboard's layers and print the figures.",
-        subcommands: [ZeroMQBenchmark.self, KernelBenchmark.self, StoreBenchmark.self, FetcherBenchmark.self, SearchBenchmark.self, JSONBenchmark.self]
+        subcommands: [AllBenchmarks.self, ZeroMQBenchmark.self, KernelBenchmark.self, StoreBenchmark.self, FetcherBenchmark.self, SearchBenchmark.self, JSONBenchmark.self]
     )
+}
+
+/// Every benchmark with its default settings, one after the other, in one table.
+struct AllBenchmarks: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "all",
+        abstract: "Run every benchmark with its defaults and print one table (a few minutes).")
+
+    func run() async throws {
+        let started = Date()
+        var rows: [Row] = []
+        func section(_ name: String, _ measured: [Row]) {
+            rows += measured.map { row in
+                var row = row
+                row.name = "\(name): \(row.name)"
+                return row
+            }
+        }
+        progress("switchboard-bench all: zmq, json, kernel, store, search, fetcher (each with its defaults)")
+        section("zmq", try await ZeroMQBenchmark.parse([]).measure())
+        section("json", try JSONBenchmark.parse([]).measure())
+        section("kernel", try await KernelBenchmark.parse([]).measure())
+        section("store", try await StoreBenchmark.parse([]).measure())
+        section("search", try await SearchBenchmark.parse([]).measure())
+        section("fetcher", try await FetcherBenchmark.parse([]).measure())
+        say("Switchboard benchmarks, \(Date().formatted(.iso8601.year().month().day())), \(machineDescription()), \(String(format: "%.0f", Date().timeIntervalSince(started))) s")
+        printTable(rows)
+    }
+}
+
+/// The machine the figures come from: cores, memory, CPU model, kernel.
+func machineDescription() -> String {
+    let cpu = (try? String(contentsOfFile: "/proc/cpuinfo", encoding: .utf8))?
+        .split(separator: "\n").first { $0.hasPrefix("model name") }?
+        .split(separator: ":", maxSplits: 1).last?.trimmingCharacters(in: .whitespaces) ?? "unknown CPU"
+    let memory = ProcessInfo.processInfo.physicalMemory / 1_073_741_824
+    return "\(ProcessInfo.processInfo.activeProcessorCount) cores (\(cpu)), \(memory) GiB, Linux \(ProcessInfo.processInfo.operatingSystemVersionString)"
 }
 
 /// Writes a line to standard output at once (unbuffered), so figures appear as they

@@ -20,7 +20,10 @@ struct FetcherBenchmark: AsyncParsableCommand {
     @Option(help: "Records in the generated items file (pretty-printed, about 100 bytes each).")
     var records = 1_000_000
 
-    func run() async throws {
+    func run() async throws { printTable(try await measure()) }
+
+    /// The figures, as table rows.
+    func measure() async throws -> [Row] {
         let server = try await LocalServer.start()
         // An in-process kernel on free loopback ports.
         let kernel = try await TestKernel.start()
@@ -28,7 +31,7 @@ struct FetcherBenchmark: AsyncParsableCommand {
         let client = try await BusClient(brokers: [endpoints.broker], timeout: .seconds(60))
         let publisher = StatePublisher(client: client)
 
-        say("Fetcher benchmark: local HTTP server (Python, 127.0.0.1), kernel in-process, \(ProcessInfo.processInfo.activeProcessorCount) cores, median of \(runs) runs")
+        progress("Fetcher benchmark: local HTTP server (Python, 127.0.0.1), kernel in-process, \(ProcessInfo.processInfo.activeProcessorCount) cores, median of \(runs) runs")
         var rows: [Row] = []
         for dataset in Dataset.allCases {
             var times: [Double] = []
@@ -77,7 +80,7 @@ struct FetcherBenchmark: AsyncParsableCommand {
             format: "%.0f MB/s (%.2f s), peak memory +%.0f MB = %.1fx the file", megabytesOfFile / seconds, seconds,
             Double(peak) / 1e6, Double(peak) / Double(bytes.count))))
         await fetcher.stop()
-        printTable(rows)
+        return rows
         await client.close()
         await kernel.stop()
         await server.stop()

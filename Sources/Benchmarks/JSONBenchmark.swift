@@ -14,7 +14,10 @@ struct JSONBenchmark: AsyncParsableCommand {
     @Option(help: "Operations per measurement.")
     var count = 100_000
 
-    func run() throws {
+    func run() throws { printTable(try measure()) }
+
+    /// The figures, as table rows.
+    func measure() throws -> [Row] {
         let request = Array(#"{"jsonrpc":"2.0","id":42,"method":"articles.save","params":{"article":{"source":{"id":null,"name":"BBC News"},"author":"A. Writer","title":"A headline of some length","url":"https://example.com/a","publishedAt":"2026-11-21T10:00:00Z","score":1.5,"read":false}}}"#.utf8)
         let reply = JSONRPCResponse(id: .number(42), result: ["ids": ["bbc-news", "cnn", "the-verge"], "selectedAt": "2026-11-21T10:00:00.000Z"])
         var rows: [Row] = []
@@ -23,7 +26,7 @@ struct JSONBenchmark: AsyncParsableCommand {
             return 0
         })
         rows.append(measure("encode a reply (JSONRPCResponse.jsonBytes)") { reply.jsonBytes.count })
-        printTable(rows)
+        return rows
     }
 
     private func measure(_ name: String, _ operation: () -> Int) -> Row {

@@ -40,7 +40,10 @@ struct KernelBenchmark: AsyncParsableCommand {
         transport == "tcp" ? "tcp://127.0.0.1:*" : "ipc://\(NSTemporaryDirectory())sb-bench-\(getpid())-\(name).ipc"
     }
 
-    func run() async throws {
+    func run() async throws { printTable(try await measure()) }
+
+    /// The figures, as table rows.
+    func measure() async throws -> [Row] {
         var configuration = KernelConfiguration()
         configuration.brokerEndpoint = endpoint("broker")
         configuration.snapshotEndpoint = endpoint("snapshot")
@@ -55,7 +58,7 @@ struct KernelBenchmark: AsyncParsableCommand {
         let single = try RawEchoWorker(broker: endpoints.broker, service: "bench1", sockets: 1)
         let direct = try EchoPeer(endpoint: endpoint("direct"))
         let payload = Frame([UInt8](repeating: 0x5A, count: 64))
-        say("Kernel benchmark: 64-byte bodies over \(transport == "tcp" ? "tcp://127.0.0.1" : "ipc://"), raw echo worker with \(workerSockets) connections, \(ProcessInfo.processInfo.activeProcessorCount) cores")
+        progress("Kernel benchmark: 64-byte bodies over \(transport == "tcp" ? "tcp://127.0.0.1" : "ipc://"), raw echo worker with \(workerSockets) connections, \(ProcessInfo.processInfo.activeProcessorCount) cores")
         try await waitForWorkers(endpoints.broker, service: "bench", count: workerSockets)
         try await waitForWorkers(endpoints.broker, service: "bench1", count: 1)
 
@@ -92,7 +95,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             rows.append(Row("CHP collector to \(subscribers) subscriber\(subscribers == 1 ? "" : "s")", rate: middle.rate,
                             note: "\(gaps) gaps in \(runs) runs, at least \(delivered)/\(updates) delivered"))
         }
-        printTable(rows)
+        return rows
         worker.stop()
         single.stop()
         direct.stop()

@@ -25,8 +25,11 @@ struct SearchBenchmark: AsyncParsableCommand {
     /// Queries like the app's: prefixes, a capital, a code, diacritics, the empty list.
     static let queries = ["a", "par", "united", "aland", "de", "ber", "", "tokyo", "zz", "saint", "republic", "nl"]
 
-    func run() async throws {
-        say("Search benchmark: \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per latency row, \(records) generated records")
+    func run() async throws { printTable(try await measure()) }
+
+    /// The figures, as table rows.
+    func measure() async throws -> [Row] {
+        progress("Search benchmark: \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per latency row, \(records) generated records")
         var rows: [Row] = []
         let search = SearchService()
         let table = MethodTable(of: search)
@@ -90,7 +93,7 @@ struct SearchBenchmark: AsyncParsableCommand {
         }
         rows.append(Row("nearest named place among \(records)", rate: nearest.rate, latencies: nearest.latencies,
                         note: "in process; target < 1 ms"))
-        printTable(rows)
+        return rows
     }
 
     private func milliseconds(_ duration: Duration) -> String {

@@ -23,7 +23,10 @@ struct StoreBenchmark: AsyncParsableCommand {
     @Option(help: "The folder for the database (default: a new temporary folder, removed afterwards).")
     var folder: String?
 
-    func run() async throws {
+    func run() async throws { printTable(try await measure()) }
+
+    /// The figures, as table rows.
+    func measure() async throws -> [Row] {
         // An in-process kernel on free loopback ports.
         let kernel = try await TestKernel.start()
         let endpoints = kernel.endpoints
@@ -40,7 +43,7 @@ struct StoreBenchmark: AsyncParsableCommand {
         while !(try await probe.hasWorkers("store")) { try await Task.sleep(for: .milliseconds(20)) }
         await probe.close()
 
-        say("Store benchmark: SQLite WAL with synchronous=FULL in \(directory.path), store with \(connections) worker connections, \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per row")
+        progress("Store benchmark: SQLite WAL with synchronous=FULL in \(directory.path), store with \(connections) worker connections, \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per row")
         var rows: [Row] = []
         for clients in [1, 8] {
             let writes = try await measure(endpoints.broker, clients: clients) { client, index in
@@ -62,7 +65,7 @@ struct StoreBenchmark: AsyncParsableCommand {
             _ = try await client.request(service: "store", method: "sources.selected")
         }
         rows.append(Row("read (sources.selected), 8 clients x 8 in flight", rate: pipelined.rate, latencies: pipelined.latencies))
-        printTable(rows)
+        return rows
         await store.stopPublishing()
         await host.stop()
         await publisherClient.close()

@@ -26,11 +26,14 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
     @Option(help: "Rounds of measurements; the median round is reported.")
     var runs = 3
 
-    func run() async throws {
+    func run() async throws { printTable(try await measure()) }
+
+    /// The figures, as table rows.
+    func measure() async throws -> [Row] {
         let echo = try EchoPeer()
         defer { echo.stop() }
         let payload = Frame([UInt8](repeating: 0xAB, count: size))
-        say("ZeroMQ \(ZMQLibrary.versionString), \(size)-byte messages over \(echo.endpoint), \(ProcessInfo.processInfo.activeProcessorCount) cores")
+        progress("ZeroMQ \(ZMQLibrary.versionString), \(size)-byte messages over \(echo.endpoint), \(ProcessInfo.processInfo.activeProcessorCount) cores")
 
         // Every measurement once per round, rounds interleaved, then the median round of
         // each: a disturbance on the machine hits raw and bridge alike.
@@ -58,7 +61,7 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
             rows.append(Row("bridge pipelined (\(mode.rawValue))", rate: pipelined,
                             note: String(format: "%.0f%% of raw", pipelined / rawRate * 100)))
         }
-        printTable(rows)
+        return rows
     }
 
     // MARK: Raw sockets, one thread
