@@ -130,7 +130,17 @@ public struct TestKernel: Sendable {
         configuration.snapshotEndpoint = endpoints.snapshot
         configuration.publisherEndpoint = endpoints.publisher
         configuration.collectorEndpoint = endpoints.collector
-        return try await TestKernel.start(configuration)
+        // libzmq closes the old kernel's listening sockets on its I/O thread, a moment
+        // after the old kernel has stopped: until then a bind finds the port in use.
+        var attempt = 0
+        while true {
+            do {
+                return try await TestKernel.start(configuration)
+            } catch let error as ZMQError where error.code == EADDRINUSE && attempt < 50 {
+                attempt += 1
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
     }
 
     public func stop() async { await kernel.stop() }
