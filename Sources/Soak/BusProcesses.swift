@@ -47,42 +47,20 @@ struct BusProcesses {
     }
 }
 
-/// A configuration for the whole bus on free loopback ports in `folder`, datasets read from
-/// copies of the bundled files there, fast heartbeats, and a supervisor that never gives up.
+/// The whole bus on free loopback ports in `folder` with the bundled datasets, fast
+/// heartbeats, and a supervisor that restarts quickly and never gives up.
 func writeSoakConfiguration(in folder: URL) throws -> (config: URL, ports: [Int]) {
-    let files = try writeBundledCopies(to: folder)
-    let ports = (0..<4).map { _ in freePort() }
-    let datasets = files.keys.sorted { $0.rawValue < $1.rawValue }.map { dataset in
-        "    \(dataset.rawValue): {url: \"\(files[dataset]!.absoluteString)\", refresh_seconds: 3600}"
-    }.joined(separator: "\n")
-    let text = """
-        log_level: warning
-        kernel:
-          broker: tcp://127.0.0.1:\(ports[0])
-          snapshot: tcp://127.0.0.1:\(ports[1])
-          publisher: tcp://127.0.0.1:\(ports[2])
-          collector: tcp://127.0.0.1:\(ports[3])
-          heartbeat_ms: 250
-          liveness: 4
-        services:
-          echo: {workers: 2}
+    try writeBusConfiguration(in: folder, logLevel: "warning", heartbeatMs: 250, liveness: 4, services: """
+        echo: {workers: 2}
           store: {workers: 4}
           fetcher: {workers: 2}
           search: {workers: 4}
           pricing: {workers: 2}
-        store:
-          path: \(folder.appendingPathComponent("store.sqlite").path)
-        fetcher:
-          datasets:
-        \(datasets)
-        supervisor:
-          restart_backoff_ms: 100
+        """, supervisor: """
+        restart_backoff_ms: 100
           restart_backoff_max_ms: 1000
           restart_limit: 1000000
           restart_window_seconds: 1
           stop_timeout_seconds: 20
-        """
-    let url = folder.appendingPathComponent("switchboard.yaml")
-    try text.write(to: url, atomically: true, encoding: .utf8)
-    return (url, ports)
+        """)
 }

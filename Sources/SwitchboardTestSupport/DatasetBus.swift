@@ -124,3 +124,39 @@ public func rpcError(_ body: () async throws -> JSONValue) async -> JSONRPCError
         return error as? JSONRPCError
     }
 }
+
+/// A configuration for a whole bus under `switchboard up` in `folder`: the kernel on free
+/// loopback ports, the datasets read from copies of the bundled files there (no traffic
+/// beyond loopback), the store's database there, fast heartbeats. `services` and
+/// `supervisor` are the bodies of those sections; `extra` is appended as is.
+public func writeBusConfiguration(in folder: URL, logLevel: String = "info", heartbeatMs: Int = 200, liveness: Int = 10,
+                                  services: String, supervisor: String, extra: String = "") throws -> (config: URL, ports: [Int]) {
+    let files = try writeBundledCopies(to: folder)
+    let ports = (0..<4).map { _ in freePort() }
+    let datasets = Dataset.allCases.map { dataset in
+        "    \(dataset.rawValue): {url: \"\(files[dataset]!.absoluteString)\", refresh_seconds: 3600}"
+    }.joined(separator: "\n")
+    let text = """
+        log_level: \(logLevel)
+        kernel:
+          broker: tcp://127.0.0.1:\(ports[0])
+          snapshot: tcp://127.0.0.1:\(ports[1])
+          publisher: tcp://127.0.0.1:\(ports[2])
+          collector: tcp://127.0.0.1:\(ports[3])
+          heartbeat_ms: \(heartbeatMs)
+          liveness: \(liveness)
+        services:
+          \(services)
+        store:
+          path: \(folder.appendingPathComponent("store.sqlite").path)
+        fetcher:
+          datasets:
+        \(datasets)
+        supervisor:
+          \(supervisor)
+        \(extra)
+        """
+    let url = folder.appendingPathComponent("switchboard.yaml")
+    try text.write(to: url, atomically: true, encoding: .utf8)
+    return (url, ports)
+}

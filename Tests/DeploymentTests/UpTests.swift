@@ -15,35 +15,11 @@ func writeDeploymentConfig(in folder: URL, services: String = """
       search: {workers: 2}
       pricing: {workers: 1}
     """, extra: String = "") throws -> (config: URL, broker: String) {
-    let files = try writeBundledCopies(to: folder)
-    let ports = (0..<4).map { _ in freePort() }
-    let datasets = Dataset.allCases.map { dataset in
-        "    \(dataset.rawValue): {url: \"\(files[dataset]!.absoluteString)\", refresh_seconds: 3600}"
-    }.joined(separator: "\n")
-    let text = """
-        log_level: info
-        kernel:
-          broker: tcp://127.0.0.1:\(ports[0])
-          snapshot: tcp://127.0.0.1:\(ports[1])
-          publisher: tcp://127.0.0.1:\(ports[2])
-          collector: tcp://127.0.0.1:\(ports[3])
-          heartbeat_ms: 200
-          liveness: 10
-        services:
-          \(services)
-        store:
-          path: \(folder.appendingPathComponent("store.sqlite").path)
-        fetcher:
-          datasets:
-        \(datasets)
-        supervisor:
-          restart_backoff_ms: 100
+    let (config, ports) = try writeBusConfiguration(in: folder, services: services, supervisor: """
+        restart_backoff_ms: 100
           stop_timeout_seconds: 10
-        \(extra)
-        """
-    let url = folder.appendingPathComponent("switchboard.yaml")
-    try text.write(to: url, atomically: true, encoding: .utf8)
-    return (url, "tcp://127.0.0.1:\(ports[0])")
+        """, extra: extra)
+    return (config, "tcp://127.0.0.1:\(ports[0])")
 }
 
 /// The pids in `switchboard up`'s banner ("  search   2 workers, pid 123"), by piece.
