@@ -62,7 +62,7 @@ struct SoakReport {
         line("subscription updates seen", "\(subscribers_.updates) of \(ticksWritten) acknowledged writes x \(subscribers)")
         line("subscription resyncs", "\(subscribers_.resyncs.values.reduce(0, +))")
         line("subscription gaps after resync", "\(subscribers_.gaps) (out of order: \(subscribers_.backwards), stale at the end: \(staleSubscribers))")
-        line("acknowledged store writes", "\(requests.acknowledgedWrites.count)")
+        line("acknowledged store writes", "\(requests.acknowledgedWrites.count) (\(Set(requests.acknowledgedWrites).count) distinct articles)")
         line("acknowledged store writes missing after", "\(missingWrites)")
         Swift.print("  memory (resident MiB)                       start      end")
         for name in Set(memoryAtStart.keys).union(memoryAtEnd.keys).sorted() {

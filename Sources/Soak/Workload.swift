@@ -26,6 +26,7 @@ struct RequestMix {
         random = SeededGenerator(seed: seed &+ UInt64(client) &* 0x9E37_79B9)
     }
 
+    static let articlesPerClient = 250
     private static let countryQueries = ["fr", "ger", "united", "a", "ü", "Paris", "", "zz"]
     private static let places = ["Amsterdam", "Rome", "52.37, 4.89", "-33.86, 151.2", "Nowhere-at-all", "91, 0"]
     private static let sources = [["bbc-news"], ["cnn", "reuters"], ["not-a-source"], []]
@@ -49,7 +50,9 @@ struct RequestMix {
         case 10: return Call(service: "pricing", method: "route.cheapest", params: nil)
         case 11: return Call(service: "pricing", method: "route.current", params: nil)
         case 12, 13:
-            let url = "https://soak.example/\(seed)/\(client)/\(count)"
+            // A bounded set of URLs per client (saving one again replaces it): the stored
+            // state stops growing, so the memory figures show leaks rather than data.
+            let url = "https://soak.example/\(seed)/\(client)/\(count % Self.articlesPerClient)"
             return Call(service: "store", method: "articles.save",
                         params: ["article": ["url": .string(url), "title": .string("Soak article \(count)"), "source": ["id": nil, "name": "soak"]]],
                         savedURL: url)
