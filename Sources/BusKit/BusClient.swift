@@ -52,10 +52,7 @@ public final class BusClient: Sendable {
             try socket.set(.receiveHighWaterMark, 0)
             try socket.set(.sendHighWaterMark, 0)
             // Connection events tell when requests in flight were lost with a kernel.
-            let monitorEndpoint = "inproc://bus-client-monitor-\(UUID().uuidString)"
-            try socket.monitor(monitorEndpoint, events: [.connected, .disconnected])
-            let pair = try ZMQSocket(loop.context, .pair)
-            try pair.connect(monitorEndpoint)
+            let pair = try connectionEvents(of: socket, in: loop.context)
             for broker in brokers { try socket.connect(broker) }
             let core = ClientCore(loop: loop, resendAfterReconnect: resendAfterReconnect)
             core.registration = loop.register(socket) { [weak core] message in core?.received(message) }

@@ -152,10 +152,7 @@ actor WorkerConnection<Hosted: BusService> {
         try socket.secure(options.curve)
         try socket.set(.receiveHighWaterMark, 0)
         try socket.set(.sendHighWaterMark, 0)
-        let monitorEndpoint = "inproc://worker-monitor-\(UUID().uuidString)"
-        try socket.monitor(monitorEndpoint, events: [.connected, .disconnected])
-        let pair = try ZMQSocket(loop.context, .pair)
-        try pair.connect(monitorEndpoint)
+        let pair = try connectionEvents(of: socket, in: loop.context)
         try socket.connect(broker)
         let current = generation
         registration = loop.register(socket) { [weak self] message in

@@ -155,10 +155,7 @@ final class SubscriptionCore {
         for prefix in prefixes { try sub.subscribe(prefix) }
         if !prefixes.contains("") { try sub.subscribe(CHP.hugzCommand) }
         // Connection events tell a kernel restart apart from a quiet kernel.
-        let monitorEndpoint = "inproc://subscription-monitor-\(UUID().uuidString)"
-        try sub.monitor(monitorEndpoint, events: [.connected, .disconnected])
-        let pair = try ZMQSocket(context, .pair)
-        try pair.connect(monitorEndpoint)
+        let pair = try connectionEvents(of: sub, in: context)
         monitor = loop.register(pair) { [weak self] message in self?.connectionEvent(message) }
         try sub.connect(publisherEndpoint)
         subscriber = loop.register(sub) { [weak self] message in self?.published(message) }
