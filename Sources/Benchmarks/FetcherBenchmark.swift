@@ -80,11 +80,11 @@ struct FetcherBenchmark: AsyncParsableCommand {
             format: "%.0f MB/s (%.2f s), peak memory +%.0f MB = %.1fx the file", megabytesOfFile / seconds, seconds,
             Double(peak) / 1e6, Double(peak) / Double(bytes.count))))
         await fetcher.stop()
-        return rows
         await client.close()
         await kernel.stop()
         await server.stop()
         try? FileManager.default.removeItem(at: server.folder)
+        return rows
     }
 
     /// A hiring list of `records` entries, pretty-printed as many APIs serve JSON, every

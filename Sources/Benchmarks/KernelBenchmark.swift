@@ -95,7 +95,6 @@ struct KernelBenchmark: AsyncParsableCommand {
             rows.append(Row("CHP collector to \(subscribers) subscriber\(subscribers == 1 ? "" : "s")", rate: middle.rate,
                             note: "\(gaps) gaps in \(runs) runs, at least \(delivered)/\(updates) delivered"))
         }
-        return rows
         worker.stop()
         single.stop()
         direct.stop()
@@ -106,6 +105,7 @@ struct KernelBenchmark: AsyncParsableCommand {
                 try? FileManager.default.removeItem(atPath: String(endpoint(name).dropFirst("ipc://".count)))
             }
         }
+        return rows
     }
 
     private func waitForWorkers(_ broker: String, service: String, count: Int) async throws {

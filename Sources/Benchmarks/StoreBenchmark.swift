@@ -65,11 +65,11 @@ struct StoreBenchmark: AsyncParsableCommand {
             _ = try await client.request(service: "store", method: "sources.selected")
         }
         rows.append(Row("read (sources.selected), 8 clients x 8 in flight", rate: pipelined.rate, latencies: pipelined.latencies))
-        return rows
         await store.stopPublishing()
         await host.stop()
         await publisherClient.close()
         await kernel.stop()
+        return rows
     }
 
     private func probeRequest(_ broker: String, _ method: String, _ params: JSONValue) async throws -> JSONValue {

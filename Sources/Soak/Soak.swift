@@ -52,7 +52,7 @@ struct Soak: AsyncParsableCommand {
         say("replay with --seed \(seed); working folder \(folder.path)")
 
         let log = folder.appendingPathComponent("up.log")
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         let up = Process()
         up.executableURL = URL(fileURLWithPath: executable)
         up.arguments = ["up", "--config", config.path]
