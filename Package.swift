@@ -57,7 +57,7 @@ let package = Package(
         .target(
             name: "Kernel",
             dependencies: [
-                "BusProtocol", "ZeroMQ",
+                "BusProtocol", "ZeroMQ", "CZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -79,7 +79,7 @@ let package = Package(
         // Config/switchboard.yaml: parsing and strict checking.
         .target(
             name: "SwitchboardConfig",
-            dependencies: ["Kernel", "StoreService", "FetcherService", "Catalog", .product(name: "Yams", package: "Yams")],
+            dependencies: ["BusKit", "Kernel", "StoreService", "FetcherService", "Catalog", .product(name: "Yams", package: "Yams")],
             swiftSettings: sharedSettings
         ),
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
@@ -231,7 +231,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SwitchboardConfigTests",
-            dependencies: ["SwitchboardConfig", "Kernel", "FetcherService", "ZeroMQ"],
+            dependencies: ["SwitchboardConfig", "BusKit", "Kernel", "FetcherService", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -20,6 +20,9 @@ public import ZeroMQ
 public final class BusClient: Sendable {
     public let brokers: [String]
     public let defaultTimeout: Duration
+    /// The largest request body sent; a bigger one fails at once with -32010, as the
+    /// kernel would drop the connection that carried it (`kernel.max_message_size`).
+    public let maxMessageSize: Int
     let loop: SocketLoop
     private let ownsLoop: Bool
     private let core: LoopBound<ClientCore>
@@ -32,11 +35,14 @@ public final class BusClient: Sendable {
     ///   - curve: keys for a CURVE-secured kernel (nil: plain text).
     ///   - resendAfterReconnect: send requests again that were in flight when the
     ///     connection to a kernel dropped (false: fail them with -32006).
+    ///   - maxMessageSize: the kernel's `max_message_size`; bigger requests fail with -32010.
     public init(brokers: [String], context: ZMQContext? = nil, loop: SocketLoop? = nil, timeout: Duration = .seconds(5),
-                curve: CurveClientKeys? = nil, resendAfterReconnect: Bool = true) async throws {
+                curve: CurveClientKeys? = nil, resendAfterReconnect: Bool = true,
+                maxMessageSize: Int = MDP.defaultMaxMessageSize) async throws {
         precondition(!brokers.isEmpty, "BusClient needs at least one broker endpoint")
         self.brokers = brokers
         self.defaultTimeout = timeout
+        self.maxMessageSize = maxMessageSize
         if let loop {
             self.loop = loop
             ownsLoop = false
@@ -71,6 +77,7 @@ public final class BusClient: Sendable {
         let core = self.core
         let id = ClientCore.nextID()
         let body = Frame(JSONRPCRequest(id: .number(id), method: method, params: params).jsonBytes)
+        if let error = sizeError(body, service: service) { throw error }
         let outcome: Result<JSONValue, BusError> = await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 let deadline = monotonicNanoseconds() + timeout.nanoseconds
@@ -97,6 +104,7 @@ public final class BusClient: Sendable {
         let ids = calls.map { _ in ClientCore.nextID() }
         let requests = zip(ids, calls).map { id, call in JSONRPCRequest(id: .number(id), method: call.method, params: call.params).jsonBytes }
         let body = Frame(Array("[".utf8) + Array(requests.joined(separator: Array(",".utf8))) + Array("]".utf8))
+        if let error = sizeError(body, service: service) { return calls.map { _ in .failure(error) } }
         return await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 let deadline = monotonicNanoseconds() + timeout.nanoseconds
@@ -127,6 +135,7 @@ public final class BusClient: Sendable {
     public func call(service: String, body: [Frame], timeout: Duration? = nil) async throws(BusError) -> [Frame] {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
+        for frame in body { if let error = sizeError(frame, service: service) { throw error } }
         let outcome: Result<[Frame], BusError> = await withUnsafeContinuation { continuation in
             loop.execute {
                 core.value.sendOpaque(service: service, message: MDP.request(service: service, body: body), timeout: timeout,
@@ -134,6 +143,16 @@ public final class BusClient: Sendable {
             }
         }
         return try outcome.get()
+    }
+
+    /// -32010 for a body the kernel would not take (it drops the connection instead of
+    /// answering, so the request would only time out).
+    private func sizeError(_ body: Frame, service: String) -> BusError? {
+        guard body.count > maxMessageSize else { return nil }
+        return .remote(service: service, JSONRPCError(
+            code: JSONRPCError.tooLargeCode,
+            message: "Too large: the request is \(body.count) bytes, over the kernel's limit of \(maxMessageSize) bytes (kernel.max_message_size)",
+            data: ["bytes": .int(Int64(body.count)), "limit": .int(Int64(maxMessageSize))]))
     }
 
     /// Whether a service has at least one worker (8/MMI `mmi.service`).

@@ -23,6 +23,10 @@ public enum MDP {
         }
     }
 
+    /// The largest message part a Switchboard kernel accepts unless configured otherwise
+    /// (`kernel.max_message_size`, 64 MiB); libzmq drops a peer that sends a bigger one.
+    public static let defaultMaxMessageSize = 64 * 1024 * 1024
+
     /// The longest service name accepted.
     public static let maxServiceNameLength = 255
 

@@ -9,6 +9,9 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <sys/prctl.h>
+// malloc_trim and mallinfo2, which Swift's Glibc module leaves out: the kernel gives
+// memory back after a flood (Kernel/HeapTrim.swift).
+#include <malloc.h>
 
 // libzmq's own error numbers are macros built from ZMQ_HAUSNUMERO; expose them as
 // constants so Swift sees plain values.

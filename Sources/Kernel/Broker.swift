@@ -80,9 +80,16 @@ final class Broker {
         } catch {
             protocolErrors += 1
             logger.debug("dropped malformed message", metadata: ["problem": "\(error)"])
-            // A peer speaking the worker protocol badly is disconnected; anything else is dropped.
+            // A peer speaking the worker protocol badly is disconnected; a client's request
+            // with a bad service name is answered (it would otherwise wait for nothing);
+            // anything else is dropped.
             if message.count >= 3, message[2].equals(MDP.workerHeader) {
                 disconnect(message[0], reason: "\(error)")
+            } else if message.count >= 5, message[1].isEmpty, message[2].equals(MDP.clientHeader) {
+                let name = String(decoding: message[3].bytes.prefix(MDP.maxServiceNameLength), as: UTF8.self)
+                logger.info("refused a request with an unusable service name", metadata: ["service": "\(name)"])
+                reply(to: message[0], service: name, body: Array(message.frames[4...]), error: .invalidRequest(
+                    "the service name must be 1 to \(MDP.maxServiceNameLength) printable ASCII characters, got \(message[3].isEmpty ? "an empty name" : "'\(name)'")"))
             }
             return
         }
@@ -138,11 +145,11 @@ final class Broker {
                 disconnect(identity, reason: "a second READY")
                 return
             }
-            // With CURVE on, only a peer admitted with a worker key may offer a service.
-            if configuration.security != nil, !(peer ?? "").hasPrefix(ZAPHandler.workerPrefix) {
+            // With CURVE on, only a worker key may offer a service, and a service's own key only that service.
+            guard Peer(userID: peer, security: configuration.security).mayServe(name) else {
                 refusedRegistrations += 1
-                logger.warning("refused a READY from a client key", metadata: ["service": "\(name)", "peer": "\(peer ?? "-")"])
-                disconnect(identity, reason: "a client key cannot register a worker")
+                logger.warning("refused a READY: the key may not serve it", metadata: ["service": "\(name)", "peer": "\(peer ?? "-")"])
+                disconnect(identity, reason: "this key may not register '\(name)'")
                 return
             }
             guard !MMI.isManagement(name), name != Kernel.serviceName else {
@@ -221,6 +228,11 @@ final class Broker {
             service.requests = kept
             forgetIfUnserved(service)
         }
+    }
+
+    /// Empty queues let go of the storage a burst grew them to.
+    func releaseIdleQueues() {
+        for service in services.values where service.requests.isEmpty { service.requests = [] }
     }
 
     /// Drops the record of a name no worker ever offered once nothing waits for it, so

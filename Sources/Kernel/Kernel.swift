@@ -103,6 +103,7 @@ public actor Kernel {
             }
             opened.append(publisher)
             let (collector, collectorEndpoint) = try open(.sub, configuration.collectorEndpoint, "collector") {
+                $0.readsPeerUserID = security != nil
                 try $0.subscribe("")
             }
             opened.append(collector)
@@ -147,6 +148,11 @@ public actor Kernel {
             return self.assumeIsolated { kernel in kernel.builtIn(request, peer: peer) }
         }
         timers.append(loop.scheduleRepeating(every: configuration.heartbeatInterval) { broker.tick(now: monotonicNanoseconds()) })
+        var heap = HeapTrim()
+        timers.append(loop.scheduleRepeating(every: .seconds(1)) {
+            broker.releaseIdleQueues()
+            heap.releaseIfWorthIt()
+        })
         let sweep = min(configuration.queueTimeout / 10, .milliseconds(100))
         timers.append(loop.scheduleRepeating(every: max(sweep, .milliseconds(5))) {
             let now = monotonicNanoseconds()
@@ -195,12 +201,6 @@ public actor Kernel {
             guard case .string(let key)? = params["key"], key.hasPrefix("/"), key.count > 1 else {
                 return .failure(.invalidParams(field: "key", "must be a path starting with '/'"))
             }
-            guard !key.hasPrefix("/kernel/") else { return .failure(.forbidden("keys under /kernel/ are the kernel's own")) }
-            // With CURVE on, a client key writes only where the collector would let it.
-            if configuration.security != nil, !(peer ?? "").hasPrefix(ZAPHandler.workerPrefix),
-               !configuration.collectorWritablePrefixes.contains(where: { key.hasPrefix($0) }) {
-                return .failure(.forbidden("a client key may set only keys under \(configuration.collectorWritablePrefixes.joined(separator: ", "))"))
-            }
             var ttl: Double?
             if let value = params["ttl"], !value.isNull {
                 switch value {
@@ -211,8 +211,8 @@ public actor Kernel {
             }
             let value = params["value"] ?? .null
             let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
-            let sequence = state.set(key, value: frame, ttl: ttl, now: monotonicNanoseconds())
-            return .success(["sequence": .int(Int64(sequence))])
+            return state.write(key, value: frame, ttl: ttl, by: Peer(userID: peer, security: configuration.security), now: monotonicNanoseconds())
+                .map { ["sequence": .int(Int64($0))] }
         case "state.get":
             let prefix: String
             switch params["prefix"] {
@@ -254,8 +254,9 @@ extension Kernel {
                 "security": ["curve": .bool(configuration.security != nil),
                              "refusedConnections": .int(Int64(zapHandler?.refused ?? 0)),
                              "refusedRegistrations": .int(Int64(broker.refusedRegistrations))],
-                "state": ["keys": .int(Int64(state.entries.count)), "sequence": .int(Int64(state.sequence)),
-                          "rejectedWrites": .int(Int64(state.rejectedWrites))]]
+                "state": ["keys": .int(Int64(state.entries.count)), "bytes": .int(Int64(state.totalBytes)),
+                          "sequence": .int(Int64(state.sequence)), "rejectedWrites": .int(Int64(state.rejectedWrites)),
+                          "refusedForbidden": .int(Int64(state.refusedForbidden)), "refusedOverLimit": .int(Int64(state.refusedOverLimit))]]
     }
 
     /// The same figures in the Prometheus text exposition format (version 0.0.4).
@@ -298,6 +299,9 @@ extension Kernel {
         family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(zapHandler?.refused ?? 0))])
         family("refused_registrations_total", "counter", "READY commands refused from client keys.", [("", String(broker.refusedRegistrations))])
         family("state_keys", "gauge", "Keys in the CHP state.", [("", String(state.entries.count))])
+        family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(state.totalBytes))])
+        family("state_refused_total", "counter", "State writes refused: forbidden for the writer's key, or over a key or byte limit.",
+               [("{reason=\"forbidden\"}", String(state.refusedForbidden)), ("{reason=\"limit\"}", String(state.refusedOverLimit))])
         family("state_sequence", "counter", "The CHP sequence number.", [("", String(state.sequence))])
         family("uptime_seconds", "gauge", "Seconds since the kernel started.", [("", String(Date().timeIntervalSince(startedAt).rounded()))])
         return text

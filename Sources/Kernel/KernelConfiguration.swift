@@ -1,3 +1,5 @@
+import BusProtocol
+
 /// Everything the kernel needs to start. Defaults follow DESIGN.md and the Guide's ports.
 public struct KernelConfiguration: Sendable, Equatable {
     /// The Majordomo broker's ROUTER endpoint (clients and workers connect here).
@@ -30,12 +32,23 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// subscriber misses updates (and resynchronises when it notices).
     public var subscriberBacklog = 100_000
     /// The largest inbound message on any kernel socket; a peer sending more is disconnected.
-    public var maxMessageSize = 64 * 1024 * 1024
+    public var maxMessageSize = MDP.defaultMaxMessageSize
     /// Services whose requests are not re-sent to another worker when theirs dies; they
     /// get -32006 (outcome unknown) instead.
     public var nonRetriableServices: Set<String> = []
-    /// Key prefixes the CHP collector accepts KVSET for.
+    /// Key prefixes any client may write (through the collector or `state.set`).
     public var collectorWritablePrefixes = ["/client/"]
+    /// State prefixes owned by a service other than the one of the same name (`/store/` is
+    /// the store's already): with CURVE on only that service's key may write under them.
+    public var statePrefixOwners = ["/catalog/": "fetcher"]
+    /// The whole state: keys, and bytes of keys and values, beyond which writes are refused
+    /// (-32010 from `state.set`, dropped and counted from the collector).
+    public var stateMaxKeys = 1_000_000
+    public var stateMaxBytes = 1024 * 1024 * 1024
+    /// What one client key (without CURVE: all clients together) may hold under the
+    /// writable prefixes.
+    public var clientStateMaxKeys = 10_000
+    public var clientStateMaxBytes = 16 * 1024 * 1024
     /// Interval of CHP HUGZ when nothing else is published.
     public var hugzInterval: Duration = .seconds(1)
     /// CURVE on every endpoint with the kernel's allow-lists; nil: plain text (NULL mechanism).
@@ -51,19 +64,23 @@ public struct KernelConfiguration: Sendable, Equatable {
 }
 
 /// CURVE encryption and authentication on every kernel endpoint. The kernel's ZAP handler
-/// admits a peer only if its public key is on one of the lists; only worker keys may
-/// register a service (a worker key may also send requests: services call each other).
+/// admits a peer only if its public key is on one of the lists; only worker and service
+/// keys may register a service (they may also send requests: services call each other).
 public struct KernelSecurity: Sendable, Equatable {
     /// The kernel's secret key (Z85); clients need its public half.
     public var secretKey: String
-    /// Public keys (Z85) of clients: requests and subscriptions only.
+    /// Public keys (Z85) of clients: requests, subscriptions, state under the writable prefixes.
     public var clientKeys: Set<String>
-    /// Public keys (Z85) of service processes: they may also register workers.
+    /// Public keys (Z85) of hosts that may register any service and write any state but the kernel's.
     public var workerKeys: Set<String>
+    /// Public keys (Z85) of one service each (key -> service name): they may register that
+    /// service only and write only its state prefixes.
+    public var serviceKeys: [String: String]
 
-    public init(secretKey: String, clientKeys: Set<String> = [], workerKeys: Set<String> = []) {
+    public init(secretKey: String, clientKeys: Set<String> = [], workerKeys: Set<String> = [], serviceKeys: [String: String] = [:]) {
         self.secretKey = secretKey
         self.clientKeys = clientKeys
         self.workerKeys = workerKeys
+        self.serviceKeys = serviceKeys
     }
 }

@@ -16,6 +16,16 @@ final class StateServer {
         var sequence: UInt64
         var value: Frame
         var expiresAt: UInt64?
+        /// For a key under the writable prefixes, the key whose quota it counts against.
+        var quotaOwner: String?
+        /// Bytes it counts against the limits: its key and value.
+        var size: Int
+    }
+
+    /// Keys and bytes held by one client key under the writable prefixes.
+    struct Usage {
+        var keys = 0
+        var bytes = 0
     }
 
     let configuration: KernelConfiguration
@@ -26,29 +36,84 @@ final class StateServer {
 
     private(set) var entries: [String: Entry] = [:]
     private(set) var sequence: UInt64
+    /// Malformed KVSETs.
     private(set) var rejectedWrites = 0
+    /// Writes refused by ``StateAccess`` (-32011) and by the key and byte limits (-32010).
+    private(set) var refusedForbidden = 0
+    private(set) var refusedOverLimit = 0
+    /// Bytes of keys and values held.
+    private(set) var totalBytes = 0
+    private var usage: [String: Usage] = [:]
+    private let access: StateAccess
     private var lastPublished: UInt64 = 0
     private var expiring = 0
 
     init(configuration: KernelConfiguration, logger: Logger) {
         self.configuration = configuration
         self.logger = logger
+        access = StateAccess(configuration: configuration)
         sequence = UInt64(Date().timeIntervalSince1970 * 1_000_000)
     }
 
     // MARK: Writes
 
-    /// Sets (or, with an empty value, deletes) `key`, publishes the change and returns its
-    /// sequence number. A `ttl` in seconds deletes the key when it runs out.
+    /// Sets (or, with an empty value, deletes) `key` for the kernel itself, publishes the
+    /// change and returns its sequence number. A `ttl` in seconds deletes the key when it
+    /// runs out.
     @discardableResult
     func set(_ key: String, value: Frame, ttl: Double? = nil, now: UInt64) -> UInt64 {
-        let properties = ttl.map { ttl in "ttl=\(ttl == ttl.rounded() ? String(Int(ttl)) : String(ttl))\n" } ?? ""
-        return set(key, keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(), properties: Frame(properties), now: now)
+        apply(key, keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(), properties: Self.properties(ttl: ttl), quotaOwner: nil, now: now)
     }
 
-    /// The same with the frames to publish already at hand: a KVSET's own key, UUID,
-    /// properties and value frames are published as they came, without copying.
-    private func set(_ key: String, keyFrame: Frame, value: Frame, ttl: Double?, uuid: Frame, properties: Frame, now: UInt64) -> UInt64 {
+    /// A peer's `state.set`: applied when ``StateAccess`` lets `peer` write `key` and the
+    /// limits have room; otherwise the error to answer with (-32011 or -32010).
+    func write(_ key: String, value: Frame, ttl: Double?, by peer: Peer, now: UInt64) -> Result<UInt64, JSONRPCError> {
+        switch admit(key, size: value.isEmpty ? nil : key.utf8.count + value.count, by: peer, collector: false) {
+        case .failure(let error): return .failure(error)
+        case .success(let owner):
+            return .success(apply(key, keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(), properties: Self.properties(ttl: ttl),
+                                  quotaOwner: owner, now: now))
+        }
+    }
+
+    private static func properties(ttl: Double?) -> Frame {
+        Frame(ttl.map { ttl in "ttl=\(ttl == ttl.rounded() ? String(Int(ttl)) : String(ttl))\n" } ?? "")
+    }
+
+    /// Whether `peer` may write `key` with a value of `size` bytes (nil: a deletion, which
+    /// only needs the right to write), and if so the quota it counts against.
+    private func admit(_ key: String, size: Int?, by peer: Peer, collector: Bool) -> Result<String?, JSONRPCError> {
+        if let error = access.refusal(key, by: peer, collector: collector) {
+            refusedForbidden += 1
+            return .failure(error)
+        }
+        let owner = access.isClientWritable(key) ? peer.quotaOwner : nil
+        guard let size else { return .success(owner) }
+        let old = entries[key]
+        let keys = entries.count + (old == nil ? 1 : 0), bytes = totalBytes - (old?.size ?? 0) + size
+        var refusal: String?
+        if keys > configuration.stateMaxKeys {
+            refusal = "the state holds \(entries.count) keys, the limit (kernel.state_max_keys)"
+        } else if bytes > configuration.stateMaxBytes {
+            refusal = "the state would hold \(bytes) bytes, over the limit (kernel.state_max_bytes) of \(configuration.stateMaxBytes)"
+        } else if let owner {
+            let held = usage[owner] ?? Usage(), same = old?.quotaOwner == owner
+            let ownerKeys = held.keys + (same ? 0 : 1), ownerBytes = held.bytes + size - (same ? old!.size : 0)
+            if ownerKeys > configuration.clientStateMaxKeys {
+                refusal = "this client holds \(held.keys) keys under \(access.writablePrefixes.joined(separator: ", ")), the limit (kernel.client_state_max_keys)"
+            } else if ownerBytes > configuration.clientStateMaxBytes {
+                refusal = "this client would hold \(ownerBytes) bytes under \(access.writablePrefixes.joined(separator: ", ")), over the limit (kernel.client_state_max_bytes) of \(configuration.clientStateMaxBytes)"
+            }
+        }
+        guard let refusal else { return .success(owner) }
+        refusedOverLimit += 1
+        return .failure(JSONRPCError(code: JSONRPCError.tooLargeCode, message: "Too large: \(refusal)"))
+    }
+
+    /// Makes the change, keeps the counts, and publishes it with the frames at hand (a
+    /// KVSET's own key, UUID, properties and value frames go out as they came, uncopied).
+    private func apply(_ key: String, keyFrame: Frame, value: Frame, ttl: Double?, uuid: Frame, properties: Frame,
+                       quotaOwner: String?, now: UInt64) -> UInt64 {
         sequence += 1
         let old: Entry?
         if value.isEmpty {
@@ -56,15 +121,30 @@ final class StateServer {
         } else {
             let expiresAt = ttl.map { now + UInt64($0 * 1e9) }
             if expiresAt != nil { expiring += 1 }
-            old = entries.updateValue(Entry(sequence: sequence, value: value, expiresAt: expiresAt), forKey: key)
+            let entry = Entry(sequence: sequence, value: value, expiresAt: expiresAt, quotaOwner: quotaOwner, size: key.utf8.count + value.count)
+            old = entries.updateValue(entry, forKey: key)
+            account(entry, sign: 1)
         }
-        if old?.expiresAt != nil { expiring -= 1 }
+        if let old {
+            if old.expiresAt != nil { expiring -= 1 }
+            account(old, sign: -1)
+        }
         publish([keyFrame, CHP.sequenceFrame(sequence), uuid, properties, value])
         lastPublished = now
         return sequence
     }
 
-    /// A KVSET from the collector: applied when its key is under a writable prefix.
+    private func account(_ entry: Entry, sign: Int) {
+        totalBytes += sign * entry.size
+        guard let owner = entry.quotaOwner else { return }
+        var held = usage[owner] ?? Usage()
+        held.keys += sign
+        held.bytes += sign * entry.size
+        usage[owner] = held.keys == 0 ? nil : held
+    }
+
+    /// A KVSET from the collector: applied under the same rules and limits as `state.set`
+    /// (refusals are counted and logged, as a KVSET has no reply).
     func collect(_ message: Message, now: UInt64) {
         let entry: KVEntry
         do {
@@ -74,12 +154,18 @@ final class StateServer {
             logger.debug("dropped malformed KVSET", metadata: ["problem": "\(error)"])
             return
         }
-        guard configuration.collectorWritablePrefixes.contains(where: { entry.key.hasPrefix($0) }) else {
-            rejectedWrites += 1
-            logger.info("refused KVSET outside the writable prefixes", metadata: ["key": "\(entry.key)"])
-            return
+        let peer = Peer(userID: message.peerUserID, security: configuration.security)
+        switch admit(entry.key, size: message[4].isEmpty ? nil : entry.key.utf8.count + message[4].count, by: peer, collector: true) {
+        case .failure(let error):
+            // The first refusal and then one in 10,000: a flood does not flood the log.
+            if (refusedForbidden + refusedOverLimit) % 10_000 == 1 {
+                logger.warning("refused KVSET", metadata: ["key": "\(entry.key)", "reason": "\(error.message)",
+                                                           "refused": "\(refusedForbidden + refusedOverLimit)"])
+            }
+        case .success(let owner):
+            _ = apply(entry.key, keyFrame: message[0], value: message[4], ttl: entry.ttl, uuid: message[2], properties: message[3],
+                      quotaOwner: owner, now: now)
         }
-        _ = set(entry.key, keyFrame: message[0], value: message[4], ttl: entry.ttl, uuid: message[2], properties: message[3], now: now)
     }
 
     // MARK: Reads

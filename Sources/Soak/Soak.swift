@@ -63,7 +63,7 @@ struct Soak: AsyncParsableCommand {
         let processes = BusProcesses(upPid: up.processIdentifier)
         var report = SoakReport(seed: seed, duration: duration, clients: clients, subscribers: subscribers)
         do {
-            report = try await drive(broker: broker, ports: ports, processes: processes, seed: seed, report: report)
+            report = try await drive(broker: broker, ports: ports, keys: busKeyFolder(in: folder), processes: processes, seed: seed, report: report)
         } catch {
             say("\(error)")
             report.problems.append("\(error)")
@@ -89,9 +89,14 @@ struct Soak: AsyncParsableCommand {
         if !report.passed { throw ExitCode(1) }
     }
 
-    private func drive(broker: String, ports: [Int], processes: BusProcesses, seed: UInt64, report: SoakReport) async throws -> SoakReport {
+    private func drive(broker: String, ports: [Int], keys: KeyFolder, processes: BusProcesses, seed: UInt64, report: SoakReport) async throws -> SoakReport {
         var report = report
-        let probe = try await BusClient(brokers: [broker], timeout: .seconds(2))
+        // `up` runs with CURVE on and makes the keys when it starts: the soak's clients use
+        // the local client's key, as sb does.
+        guard await waitUntil(30, { (try? keys.clientKeys()) != nil }), let curve = try keys.clientKeys() else {
+            throw SoakFailure("switchboard up made no client key in \(keys.path) within 30 s")
+        }
+        let probe = try await BusClient(brokers: [broker], timeout: .seconds(2), curve: curve)
         let services = ["echo", "store", "fetcher", "search", "pricing"]
         guard await waitUntil(180, { await allServing(probe, services) }) else {
             throw SoakFailure("the bus did not come up within 180 s")
@@ -114,11 +119,11 @@ struct Soak: AsyncParsableCommand {
         let snapshot = "tcp://127.0.0.1:\(ports[1])", publisher = "tcp://127.0.0.1:\(ports[2])"
 
         var busClients: [BusClient] = []
-        for _ in 0..<clients { busClients.append(try await BusClient(brokers: [broker], timeout: timeout)) }
+        for _ in 0..<clients { busClients.append(try await BusClient(brokers: [broker], timeout: timeout, curve: curve)) }
         var subscriptions: [Subscription] = []
         for _ in 0..<subscribers {
             subscriptions.append(try await Subscription.open(snapshot: snapshot, publisher: publisher, prefixes: ["/client/soak/"],
-                                                             silenceTimeout: .seconds(3)))
+                                                             silenceTimeout: .seconds(3), curve: curve))
         }
         let readers = subscriptions.enumerated().map { index, subscription in
             Task {
@@ -140,7 +145,7 @@ struct Soak: AsyncParsableCommand {
                 }
             }
         }
-        let writerClient = try await BusClient(brokers: [broker], timeout: timeout)
+        let writerClient = try await BusClient(brokers: [broker], timeout: timeout, curve: curve)
         let writer = Task { () -> (epoch: Int64, n: Int64, writes: Int) in
             var epoch: Int64 = 1, n: Int64 = 0, acknowledged: (Int64, Int64) = (0, 0), writes = 0
             while Date() < loadEnds {

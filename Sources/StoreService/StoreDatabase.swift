@@ -25,7 +25,13 @@ public struct StoreConfiguration: Sendable, Equatable {
 enum StoreDatabase {
     static func open(_ configuration: StoreConfiguration) throws -> DatabasePool {
         let url = URL(fileURLWithPath: configuration.path)
-        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        let folder = url.deletingLastPathComponent()
+        do {
+            try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        } catch {
+            throw StorageFailure(reason: "cannot-open", detail: "cannot create the folder \(folder.path): \(StorageFailure.systemMessage(error))",
+                                 path: configuration.path)
+        }
         var config = Configuration()
         config.label = "store"
         config.busyMode = .timeout(10)
@@ -85,11 +91,19 @@ struct StorageFailure: Error, Sendable {
     let detail: String
     let path: String
 
+    init(reason: String, detail: String, path: String) {
+        (self.reason, self.detail, self.path) = (reason, detail, path)
+    }
+
     init(_ error: any Error, path: String) {
+        if let failure = error as? StorageFailure {
+            self = failure
+            return
+        }
         self.path = path
         guard let error = error as? DatabaseError else {
             reason = "other"
-            detail = String(describing: error)
+            detail = Self.systemMessage(error)
             return
         }
         switch error.resultCode {
@@ -101,6 +115,16 @@ struct StorageFailure: Error, Sendable {
         case .SQLITE_BUSY, .SQLITE_LOCKED: (reason, detail) = ("busy", "the database stayed locked by another process")
         default: (reason, detail) = ("other", error.message ?? "\(error)")
         }
+    }
+
+    /// The operating system's one-line reason ("Not a directory") rather than Foundation's
+    /// dump of an error's domain, code and user info.
+    static func systemMessage(_ error: any Error) -> String {
+        let error = error as NSError
+        for candidate in [error, error.userInfo[NSUnderlyingErrorKey] as? NSError].compactMap({ $0 }) where candidate.domain == NSPOSIXErrorDomain {
+            return String(cString: strerror(Int32(candidate.code)))
+        }
+        return error.localizedDescription
     }
 
     var rpcError: JSONRPCError {

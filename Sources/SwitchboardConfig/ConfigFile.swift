@@ -1,3 +1,4 @@
+public import BusKit
 public import Foundation
 public import Kernel
 public import StoreService
@@ -11,11 +12,17 @@ public import ZeroMQ
 public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
     public let path: String
     public let problem: String
-    public init(path: String, problem: String) {
+    /// The environment variable the bad value came from, when it did not come from the file.
+    public var variable: String?
+    public init(path: String, problem: String, variable: String? = nil) {
         self.path = path
         self.problem = problem
+        self.variable = variable
     }
-    public var description: String { path.isEmpty ? problem : "\(path): \(problem)" }
+    public var description: String {
+        if let variable { return "\(variable) (overrides \(path)): \(problem)" }
+        return path.isEmpty ? problem : "\(path): \(problem)"
+    }
 }
 
 /// `Config/switchboard.yaml`: the settings of every piece. Every key is optional; an
@@ -72,10 +79,17 @@ public struct ConfigFile: Sendable, Equatable {
             throw ConfigError(path: "", problem: "not valid YAML: \(error)")
         }
         var tree = try root.map { try mapping($0, "") } ?? [:]
-        try applyOverrides(environment, to: &tree)
-        try checkKeys(tree, against: schema, "")
-        let reader = Reader()
-        return try reader.read(tree)
+        let overridden = try applyOverrides(environment, to: &tree)
+        do {
+            try checkKeys(tree, against: schema, "")
+            return try Reader().read(tree)
+        } catch var error as ConfigError {
+            // A bad value a variable gave is that variable's fault, not the file's.
+            if let path = overridden.first(where: { error.path == $0 || error.path.hasPrefix($0 + "[") }) {
+                error.variable = variable(for: path)
+            }
+            throw error
+        }
     }
 
     // MARK: Schema
@@ -102,6 +116,7 @@ public struct ConfigFile: Sendable, Equatable {
             "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
             "max_message_size", "no_retry", "writable_prefixes", "log_level",
             "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog",
+            "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
         ].map { ($0, Schema.value) })),
         "services": .each(Set(serviceNames), .map(["enabled": .value, "workers": .value, "log_level": .value])),
         "store": .map(["path": .value, "history_limit": .value, "max_size_mb": .value]),
@@ -112,7 +127,7 @@ public struct ConfigFile: Sendable, Equatable {
             ])),
         ]),
         "security": .map(Dictionary(uniqueKeysWithValues: [
-            "curve", "kernel_secret_key", "kernel_secret_key_file", "server_key", "secret_key", "secret_key_file",
+            "curve", "keys_dir", "kernel_secret_key", "kernel_secret_key_file", "server_key", "secret_key", "secret_key_file",
             "client_keys", "worker_keys",
         ].map { ($0, Schema.value) })),
         "supervisor": .map(Dictionary(uniqueKeysWithValues: [
@@ -138,8 +153,10 @@ public struct ConfigFile: Sendable, Equatable {
         "SWITCHBOARD_" + path.uppercased().replacingOccurrences(of: ".", with: "_")
     }
 
-    private static func applyOverrides(_ environment: [String: String], to tree: inout [String: Any]) throws {
+    /// Applies the `SWITCHBOARD_*` variables; returns the key paths they set.
+    private static func applyOverrides(_ environment: [String: String], to tree: inout [String: Any]) throws -> [String] {
         let paths = Dictionary(uniqueKeysWithValues: valuePaths.map { (variable(for: $0), $0) })
+        var overridden: [String] = []
         for (name, text) in environment.sorted(by: { $0.key < $1.key }) where name.hasPrefix("SWITCHBOARD_") {
             guard let path = paths[name] else {
                 throw ConfigError(path: name, problem: "unknown variable; SWITCHBOARD_* variables override configuration keys (e.g. SWITCHBOARD_KERNEL_BROKER for kernel.broker)")
@@ -149,7 +166,9 @@ public struct ConfigFile: Sendable, Equatable {
             let parsed = literalPaths.contains(path) ? nil : (try? Yams.load(yaml: text))
             let value: Any = if let parsed, parsed is Int || parsed is Bool || parsed is [Any] || parsed is [String: Any] { parsed } else { text }
             try set(value, at: path.split(separator: ".").map(String.init), in: &tree, from: name)
+            overridden.append(path)
         }
+        return overridden
     }
 
     private static func set(_ value: Any, at keys: [String], in tree: inout [String: Any], from variable: String) throws {
@@ -210,11 +229,19 @@ public struct ServiceSettings: Sendable, Equatable {
     }
 }
 
-/// CURVE settings. The kernel needs its secret key and the allow-lists; every piece that
-/// connects (services, `switchboard up`'s probe) needs the kernel's public key and a key
-/// pair of its own.
+/// CURVE settings.
+///
+/// Two ways to give keys. By default they live in `keys_dir` (``KeyFolder``): `switchboard
+/// up` makes them on first run, the kernel allows each service's key to serve that service
+/// and the local client's key (and any in `clients/`), and each piece takes its own pair.
+/// Or explicitly, for machines that do not share a folder: the kernel's secret key and the
+/// allow-lists, and for a connecting piece the kernel's public key and its own secret key.
+/// Keys in `client_keys` and `worker_keys` are allowed in either way.
 public struct SecuritySettings: Sendable, Equatable {
-    public var curve = false
+    /// nil when the configuration does not say: `switchboard up` then turns CURVE on; the
+    /// kernel or a service run alone stays plain (with a warning), for any ZeroMQ peer.
+    public var curve: Bool?
+    public var keysDir = KeyFolder.defaultPath
     public var kernelSecretKey: String?
     public var serverKey: String?
     public var secretKey: String?
@@ -223,26 +250,47 @@ public struct SecuritySettings: Sendable, Equatable {
 
     public init() {}
 
-    /// The kernel's side: nil when `curve` is off.
-    public func kernelSecurity() throws(ConfigError) -> KernelSecurity? {
-        guard curve else { return nil }
-        guard let kernelSecretKey else {
-            throw ConfigError(path: "security.kernel_secret_key_file", problem: "required when security.curve is true (make one with `switchboard keygen`)")
+    public var keyFolder: KeyFolder { KeyFolder(keysDir) }
+
+    /// Whether CURVE is on: as configured, else `defaultOn` (true under `switchboard up`).
+    public func isOn(default defaultOn: Bool = false) -> Bool { curve ?? defaultOn }
+
+    /// The kernel's side: nil when CURVE is off.
+    public func kernelSecurity(services: [String] = ConfigFile.serviceNames) throws(ConfigError) -> KernelSecurity? {
+        guard isOn() else { return nil }
+        if let kernelSecretKey {
+            guard !clientKeys.isEmpty || !workerKeys.isEmpty else {
+                throw ConfigError(path: "security.worker_keys", problem: "no key is allowed: list the public keys of the services (and clients in security.client_keys)")
+            }
+            return KernelSecurity(secretKey: kernelSecretKey, clientKeys: Set(clientKeys), workerKeys: Set(workerKeys))
         }
-        guard !clientKeys.isEmpty || !workerKeys.isEmpty else {
-            throw ConfigError(path: "security.worker_keys", problem: "no key is allowed: list the public keys of the services (and clients in security.client_keys)")
+        let folder = keyFolder
+        do {
+            var serviceKeys: [String: String] = [:]
+            for name in services { if let key = try folder.publicKey(name) { serviceKeys[key] = name } }
+            return KernelSecurity(secretKey: try folder.secretKey(KeyFolder.kernel),
+                                  clientKeys: Set(try folder.clientPublicKeys() + clientKeys), workerKeys: Set(workerKeys),
+                                  serviceKeys: serviceKeys)
+        } catch {
+            throw ConfigError(path: "security.keys_dir", problem: "\(error)")
         }
-        return KernelSecurity(secretKey: kernelSecretKey, clientKeys: Set(clientKeys), workerKeys: Set(workerKeys))
     }
 
-    /// A connecting piece's keys (services, `switchboard up`'s probe): nil when `curve` is off.
-    public func connectingKeys() throws(ConfigError) -> CurveClientKeys? {
-        guard curve else { return nil }
+    /// The keys piece `name` (a service, or "client") connects with: nil when CURVE is off.
+    public func connectingKeys(as name: String) throws(ConfigError) -> CurveClientKeys? {
+        guard isOn() else { return nil }
+        if serverKey == nil && secretKey == nil {
+            do {
+                return try keyFolder.connectingKeys(as: name)
+            } catch {
+                throw ConfigError(path: "security.keys_dir", problem: "\(error)")
+            }
+        }
         guard let serverKey else {
-            throw ConfigError(path: "security.server_key", problem: "required when security.curve is true: the kernel's public key")
+            throw ConfigError(path: "security.server_key", problem: "required with security.secret_key: the kernel's public key")
         }
         guard let secretKey else {
-            throw ConfigError(path: "security.secret_key_file", problem: "required when security.curve is true: this host's secret key")
+            throw ConfigError(path: "security.secret_key_file", problem: "required with security.server_key: this host's secret key")
         }
         do {
             return try CurveClientKeys(serverKey: serverKey, secretKey: secretKey)
@@ -288,6 +336,10 @@ private struct Reader {
         if let value = kernel["max_services"] { k.maxServices = try positive(value, "kernel.max_services") }
         if let value = kernel["peer_backlog"] { k.peerBacklog = try positive(value, "kernel.peer_backlog") }
         if let value = kernel["subscriber_backlog"] { k.subscriberBacklog = try positive(value, "kernel.subscriber_backlog") }
+        if let value = kernel["state_max_keys"] { k.stateMaxKeys = try positive(value, "kernel.state_max_keys") }
+        if let value = kernel["state_max_bytes"] { k.stateMaxBytes = try positive(value, "kernel.state_max_bytes") }
+        if let value = kernel["client_state_max_keys"] { k.clientStateMaxKeys = try positive(value, "kernel.client_state_max_keys") }
+        if let value = kernel["client_state_max_bytes"] { k.clientStateMaxBytes = try positive(value, "kernel.client_state_max_bytes") }
         if let value = kernel["no_retry"] { k.nonRetriableServices = Set(try strings(value, "kernel.no_retry")) }
         if let value = kernel["writable_prefixes"] {
             let prefixes = try strings(value, "kernel.writable_prefixes")
@@ -348,6 +400,12 @@ private struct Reader {
         let security = try section(tree, "security")
         var s = file.security
         if let value = security["curve"] { s.curve = try bool(value, "security.curve") }
+        if let value = security["keys_dir"] {
+            guard let path = value as? String, !path.isEmpty else {
+                throw ConfigError(path: "security.keys_dir", problem: "expected a folder path, got \(ConfigFile.describe(value))")
+            }
+            s.keysDir = path
+        }
         s.kernelSecretKey = try key(in: security, inline: "kernel_secret_key", file: "kernel_secret_key_file")
         s.secretKey = try key(in: security, inline: "secret_key", file: "secret_key_file")
         if let value = security["server_key"] { s.serverKey = try z85Key(value, "security.server_key") }

@@ -115,11 +115,15 @@ public func writeBundledCopies(to folder: URL) throws -> [Dataset: URL] {
     return files
 }
 
-/// The JSON-RPC error `body` throws (nil when it succeeds or throws something else).
+/// The JSON-RPC error `body` throws, itself or as a service's answer through the bus (nil
+/// when it succeeds or throws something else).
 public func rpcError(_ body: () async throws -> JSONValue) async -> JSONRPCError? {
     do {
         _ = try await body()
         return nil
+    } catch let error as BusError {
+        guard case .remote(_, let rpc) = error else { return nil }
+        return rpc
     } catch {
         return error as? JSONRPCError
     }
@@ -127,10 +131,12 @@ public func rpcError(_ body: () async throws -> JSONValue) async -> JSONRPCError
 
 /// A configuration for a whole bus under `switchboard up` in `folder`: the kernel on free
 /// loopback ports, the datasets read from copies of the bundled files there (no traffic
-/// beyond loopback), the store's database there, fast heartbeats. `services` and
-/// `supervisor` are the bodies of those sections; `extra` is appended as is.
+/// beyond loopback), the store's database and the CURVE key folder (`keys/`) there, fast
+/// heartbeats. `services`, `supervisor` and `security` are the bodies of those sections;
+/// `extra` is appended as is.
 public func writeBusConfiguration(in folder: URL, logLevel: String = "info", heartbeatMs: Int = 200, liveness: Int = 10,
-                                  services: String, supervisor: String, extra: String = "") throws -> (config: URL, ports: [Int]) {
+                                  services: String, supervisor: String, security: String? = nil,
+                                  extra: String = "") throws -> (config: URL, ports: [Int]) {
     let files = try writeBundledCopies(to: folder)
     let ports = (0..<4).map { _ in freePort() }
     let datasets = Dataset.allCases.map { dataset in
@@ -154,9 +160,16 @@ public func writeBusConfiguration(in folder: URL, logLevel: String = "info", hea
         \(datasets)
         supervisor:
           \(supervisor)
+        security:
+          \(security ?? "keys_dir: \(busKeyFolder(in: folder).path)")
         \(extra)
         """
     let url = folder.appendingPathComponent("switchboard.yaml")
     try text.write(to: url, atomically: true, encoding: .utf8)
     return (url, ports)
+}
+
+/// The key folder of a bus configured by ``writeBusConfiguration(in:logLevel:heartbeatMs:liveness:services:supervisor:security:extra:)``.
+public func busKeyFolder(in folder: URL) -> KeyFolder {
+    KeyFolder(folder.appendingPathComponent("keys").path)
 }

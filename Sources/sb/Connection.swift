@@ -27,16 +27,29 @@ struct ConnectionOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("This client's key file from `switchboard keygen --out` (env SB_KEY_FILE); needed with --server-key.", valueName: "file"))
     var keyFile: String?
 
+    @Option(name: .long, help: ArgumentHelp("The bus's key folder, where `switchboard up` left client.key and kernel.pub (env SB_KEY_DIR; default data/keys): used when it holds them and no --server-key is given.", valueName: "folder"))
+    var keyDir: String?
+
     var environment: [String: String] { ProcessInfo.processInfo.environment }
 
-    /// The CURVE keys to connect with: nil when no server key is given.
+    /// The key folder sb looks in when no server key is given.
+    var keyFolder: KeyFolder {
+        KeyFolder(keyDir ?? environment["SB_KEY_DIR"].flatMap { $0.isEmpty ? nil : $0 } ?? KeyFolder.defaultPath)
+    }
+
+    /// The CURVE keys to connect with: the server key and key file given, else the local
+    /// client's keys in the key folder, else nil (plain text).
     var curve: CurveClientKeys? {
         get throws {
             let serverKey = self.serverKey ?? environment["SB_SERVER_KEY"].flatMap { $0.isEmpty ? nil : $0 }
             let keyFile = self.keyFile ?? environment["SB_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
             guard let serverKey else {
                 if keyFile != nil { throw ValidationError("--key-file needs --server-key (the kernel's public key)") }
-                return nil
+                do {
+                    return try keyFolder.clientKeys()
+                } catch {
+                    throw ValidationError("--key-dir: \(error)")
+                }
             }
             guard let keyFile else { throw ValidationError("--server-key needs --key-file (this client's key pair, from `switchboard keygen --out`)") }
             guard let text = try? String(contentsOfFile: keyFile, encoding: .utf8) else {
@@ -58,6 +71,20 @@ struct ConnectionOptions: ParsableArguments {
         if !endpoint.isEmpty { return endpoint.flatMap { $0.split(separator: ",").map(String.init) } }
         if let value = environment["SB_ENDPOINT"], !value.isEmpty { return value.split(separator: ",").map(String.init) }
         return ["tcp://127.0.0.1:5555"]
+    }
+
+    /// The broker endpoints, each checked to be one sb can connect to (a usage error otherwise).
+    var checkedBrokers: [String] {
+        get throws {
+            for broker in brokers where !(Self.isEndpoint(broker, schemes: ["tcp://", "ipc://"])) {
+                throw ValidationError("--endpoint: '\(broker)' is not an endpoint such as tcp://127.0.0.1:5555 or ipc:///path")
+            }
+            return brokers
+        }
+    }
+
+    static func isEndpoint(_ text: String, schemes: [String]) -> Bool {
+        schemes.contains { text.hasPrefix($0) && text.count > $0.count }
     }
 
     var requestTimeout: Duration {
@@ -102,7 +129,7 @@ struct ConnectionOptions: ParsableArguments {
 
     /// A client for the kernel, with the timeout as its default.
     func client() async throws -> BusClient {
-        try await BusClient(brokers: brokers, timeout: requestTimeout, curve: try curve)
+        try await BusClient(brokers: try checkedBrokers, timeout: requestTimeout, curve: try curve)
     }
 }
 
@@ -150,7 +177,7 @@ struct Failure: Error {
             // No answer: is the kernel there at all, and does the service have a worker?
             switch try? await client.hasWorkers(service, timeout: .seconds(1)) {
             case nil:
-                self.init(status: ExitStatus.unavailable, message: "no kernel answers at \(client.brokers.joined(separator: ", ")) (waited \(after.formatted); a kernel with CURVE on answers only keys it allows: --server-key, --key-file)",
+                self.init(status: ExitStatus.unavailable, message: "no kernel answers at \(client.brokers.joined(separator: ", ")) (waited \(after.formatted); a kernel with CURVE on answers only keys it allows: sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file)",
                           error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "kernel unreachable"))
             case false? where service != "kernel":
                 self.init(status: ExitStatus.unavailable, message: "\(service) \(method): no '\(service)' service is running (no worker within \(after.formatted))",

@@ -33,11 +33,20 @@ struct Request: AsyncParsableCommand {
     @Argument(help: "The params, as JSON (an object or an array).") var params: String?
 
     func validate() throws {
-        if let params { _ = try parseJSON(params, "PARAMS") }
+        if let params { _ = try parseParams(params) }
+    }
+
+    /// JSON-RPC params are by-name (an object) or by-position (an array), never a bare value.
+    private func parseParams(_ text: String) throws -> JSONValue {
+        let value = try parseJSON(text, "PARAMS")
+        switch value {
+        case .object, .array: return value
+        default: throw ValidationError("PARAMS must be a JSON object or array (JSON-RPC params), got \(text); e.g. '{\"query\":\"par\"}'")
+        }
     }
 
     func run() async throws {
-        let params = try self.params.map { try parseJSON($0, "PARAMS") }
+        let params = try self.params.map { try parseParams($0) }
         try await withClient(connection) { client in
             Output.json(try await call(client, service, method, params), compact: output.json)
         }

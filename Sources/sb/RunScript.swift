@@ -42,12 +42,16 @@ struct Run: AsyncParsableCommand {
         } else {
             data = FileHandle.standardInput.readDataToEndOfFile()
         }
-        let text = String(decoding: data, as: UTF8.self)
         var steps: [Step] = []
-        for (index, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+        for (index, rawBytes) in data.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false).enumerated() {
+            let number = index + 1
+            // Not repaired into U+FFFD: a line that is not UTF-8 is not JSON.
+            guard let rawLine = String(validating: rawBytes, as: UTF8.self) else {
+                steps.append(.invalid(line: number, error: JSONRPCError.parseError("line \(number) is not valid UTF-8")))
+                continue
+            }
             let line = rawLine.trimmingCharacters(in: .whitespaces)
             if line.isEmpty || line.hasPrefix("#") { continue }
-            let number = index + 1
             guard let value = try? JSONValue(parsing: Array(line.utf8)) else {
                 steps.append(.invalid(line: number, error: JSONRPCError.parseError("line \(number) is not valid JSON")))
                 continue

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 
 /// `sb`: the Switchboard client. It talks to the kernel (7/MDP requests, 12/CHP state) and
 /// links BusKit only, not the services.
@@ -32,6 +33,13 @@ struct SB: AsyncParsableCommand {
     /// A Z85 key may begin with '-' ("-=s!e…"), which the parser would take for a flag:
     /// `--server-key KEY` becomes `--server-key=KEY` before parsing.
     static func main() async {
+        // Swift would quietly turn invalid UTF-8 in an argument into U+FFFD and send that.
+        for index in 1..<Int(CommandLine.argc) {
+            if let raw = CommandLine.unsafeArgv[index], String(validatingCString: raw) == nil {
+                FileHandle.standardError.write(Data("Error: argument \(index) is not valid UTF-8\n".utf8))
+                Foundation.exit(ExitStatus.usage)
+            }
+        }
         var arguments = Array(CommandLine.arguments.dropFirst())
         if let index = arguments.firstIndex(of: "--server-key"), index + 1 < arguments.count {
             arguments[index...index + 1] = ["--server-key=\(arguments[index + 1])"]

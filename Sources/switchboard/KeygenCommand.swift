@@ -1,4 +1,5 @@
 import ArgumentParser
+import BusKit
 import Foundation
 import ZeroMQ
 
@@ -29,17 +30,11 @@ struct KeygenCommand: ParsableCommand {
             return
         }
         let secretPath = out + ".key", publicPath = out + ".pub"
-        let manager = FileManager.default
-        for path in [secretPath, publicPath] where manager.fileExists(atPath: path) && !force {
-            throw ValidationError("\(path) exists; use --force to replace it")
+        do {
+            try KeyFolder.write(pair, to: out, replacing: force)
+        } catch let error as KeyFolderError {
+            throw ValidationError("\(error)")
         }
-        let folder = URL(fileURLWithPath: secretPath).deletingLastPathComponent()
-        try manager.createDirectory(at: folder, withIntermediateDirectories: true)
-        guard manager.createFile(atPath: secretPath, contents: Data(CurveKeyFile.secretFile(pair).utf8), attributes: [.posixPermissions: 0o600]) else {
-            throw ValidationError("cannot write \(secretPath)")
-        }
-        try manager.setAttributes([.posixPermissions: 0o600], ofItemAtPath: secretPath)
-        try Data(CurveKeyFile.publicFile(pair).utf8).write(to: URL(fileURLWithPath: publicPath))
         print("wrote \(secretPath) (secret) and \(publicPath)\npublic-key = \(pair.publicKey)")
     }
 }

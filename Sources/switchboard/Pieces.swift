@@ -1,4 +1,5 @@
 import BusKit
+import BusProtocol
 import EchoService
 import FetcherService
 import Foundation
@@ -22,6 +23,8 @@ struct Connection {
     /// A shared context (in one process, for inproc:// endpoints); nil: each piece its own.
     var context: ZMQContext?
     var instance: String?
+    /// The kernel's `max_message_size`.
+    var maxMessageSize = MDP.defaultMaxMessageSize
 
     func hostOptions<S>() -> ServiceHost<S>.Options {
         ServiceHost<S>.Options(brokers: brokers, connections: workers, heartbeatInterval: heartbeatInterval,
@@ -29,7 +32,7 @@ struct Connection {
     }
 
     func client() async throws -> BusClient {
-        try await BusClient(brokers: brokers, context: context, curve: curve)
+        try await BusClient(brokers: brokers, context: context, curve: curve, maxMessageSize: maxMessageSize)
     }
 
     /// `/catalog/*` from the kernel's state server, for services that follow the datasets.

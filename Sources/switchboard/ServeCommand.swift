@@ -57,7 +57,7 @@ struct ServeCommand: AsyncParsableCommand {
         common.bootstrap(file)
         if let db { file.store.path = db }
         let kernel = file.kernel
-        let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys() }
+        let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: name) }
         let connection = Connection(
             brokers: broker.isEmpty ? [kernel.brokerEndpoint] : broker,
             state: state.flatMap { StateEndpoints($0) }
@@ -65,7 +65,7 @@ struct ServeCommand: AsyncParsableCommand {
             workers: connections ?? file.services[name]?.workers ?? 2,
             heartbeatInterval: heartbeatMs.map { .milliseconds($0) } ?? kernel.heartbeatInterval,
             liveness: liveness ?? kernel.heartbeatLiveness,
-            curve: curve, context: nil, instance: instance)
+            curve: curve, context: nil, instance: instance, maxMessageSize: kernel.maxMessageSize)
         let piece = try await Pieces.service(name, file: file, connection: connection)
         let group = ServiceGroup(services: [piece], gracefulShutdownSignals: [.sigterm, .sigint], logger: Logger(label: "switchboard.\(name)"))
         try await group.run()

@@ -41,11 +41,40 @@ struct UpCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let file = try common.loadConfig()
+        var file = try common.loadConfig()
         common.bootstrap(file)
         let enabled = ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true }
+        try secure(&file, services: enabled)
         let status = singleProcess ? try await runInOneProcess(file, services: enabled) : try await runSupervised(file, services: enabled)
         if status != 0 { throw ExitCode(status) }
+    }
+
+    // MARK: Security
+
+    /// Secure by default: unless the configuration says `security.curve: false`, CURVE is
+    /// on, and the kernel's, each service's and the local client's keys are made in the key
+    /// folder when missing (the kernel's machine only: a services-only machine needs the
+    /// keys its kernel allows). The processes started later read the same configuration
+    /// and are told that CURVE is on through SWITCHBOARD_SECURITY_CURVE.
+    private func secure(_ file: inout ConfigFile, services: [String]) throws {
+        let logger = Logger(label: "switchboard.up")
+        guard file.security.isOn(default: true) else {
+            logger.warning("CURVE is off (security.curve: false): any process that reaches the kernel can register as a service, read other clients' requests and write state")
+            return
+        }
+        file.security.curve = true
+        setenv(ConfigFile.variable(for: "security.curve"), "true", 1)
+        guard !noKernel, file.security.kernelSecretKey == nil else { return }
+        let folder = file.security.keyFolder
+        do {
+            let made = try folder.create([KeyFolder.kernel] + services + [KeyFolder.client])
+            if !made.isEmpty {
+                logger.notice("made CURVE keys", metadata: ["folder": "\(folder.path)", "keys": "\(made.joined(separator: ", "))"])
+            }
+        } catch {
+            FileHandle.standardError.write(Data("switchboard: security.keys_dir: cannot make the CURVE keys in \(folder.path): \(error.localizedDescription)\n".utf8))
+            throw ExitCode(73)
+        }
     }
 
     // MARK: Processes
@@ -53,7 +82,7 @@ struct UpCommand: AsyncParsableCommand {
     private func runSupervised(_ file: ConfigFile, services: [String]) async throws -> Int32 {
         let logger = Logger(label: "switchboard.up")
         if !noKernel { _ = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() } }
-        let probeKeys = try common.checked { () throws(ConfigError) in try file.security.connectingKeys() }
+        let probeKeys = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.client) }
         var shared: [String] = []
         if let path = common.configPath { shared += ["--config", path] }
         if let level = common.logLevel { shared += ["--log-level", level.rawValue] }
@@ -90,7 +119,10 @@ struct UpCommand: AsyncParsableCommand {
         var configuration = file.kernel
         configuration.inprocName = "switchboard"
         configuration.security = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() }
-        let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys() }
+        var keys: [String: CurveClientKeys?] = [:]
+        for name in services + [KeyFolder.client] {
+            keys[name] = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: name) }
+        }
         let kernel = try Kernel(configuration: configuration, context: context, logger: Logger(label: "switchboard.kernel"))
         try await kernel.start()
         // Over inproc:// the pieces share the kernel's context (and with CURVE on, still use keys).
@@ -100,14 +132,15 @@ struct UpCommand: AsyncParsableCommand {
             let connection = Connection(brokers: [inproc("broker")],
                                         state: StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector")),
                                         workers: file.services[name]!.workers, heartbeatInterval: configuration.heartbeatInterval,
-                                        liveness: configuration.heartbeatLiveness, curve: curve, context: context, instance: nil)
+                                        liveness: configuration.heartbeatLiveness, curve: keys[name]!, context: context, instance: nil,
+                                        maxMessageSize: configuration.maxMessageSize)
             pieces.append(try await Pieces.service(name, file: file, connection: connection))
         }
         let logger = Logger(label: "switchboard.up")
         // A ServiceGroup stops its services in reverse order: the services first, the kernel last.
         let group = ServiceGroup(services: pieces, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         let banner = Task {
-            let probe = try await BusClient(brokers: [inproc("broker")], context: context, timeout: .seconds(1), curve: curve)
+            let probe = try await BusClient(brokers: [inproc("broker")], context: context, timeout: .seconds(1), curve: keys[KeyFolder.client]!)
             defer { Task { await probe.close() } }
             for name in services {
                 while (try? await probe.hasWorkers(name)) != true { try await Task.sleep(for: .milliseconds(50)) }
@@ -123,7 +156,6 @@ struct UpCommand: AsyncParsableCommand {
 
     static func printBanner(_ file: ConfigFile, pids: [(name: String, pid: Int32)], services: [String], singleProcess: Bool, remoteKernel: Bool) {
         let kernel = file.kernel
-        let broker = connectable(kernel.brokerEndpoint), snapshot = connectable(kernel.snapshotEndpoint)
         var lines = ["Switchboard is up\(singleProcess ? " in one process (pid \(getpid()))" : ""):",
                      "  kernel   \(remoteKernel ? "(elsewhere) " : "")broker \(kernel.brokerEndpoint), state \(kernel.snapshotEndpoint) (publisher \(kernel.publisherEndpoint), collector \(kernel.collectorEndpoint))"]
         let pid = Dictionary(pids.map { ($0.name, $0.pid) }, uniquingKeysWith: { a, _ in a })
@@ -133,13 +165,29 @@ struct UpCommand: AsyncParsableCommand {
             let padded = name.padding(toLength: 8, withPad: " ", startingAt: 0)
             lines.append("  \(padded) \(workers) worker\(workers == 1 ? "" : "s")\(pid[name].map { ", pid \($0)" } ?? "")")
         }
-        var sb = "sb"
-        if broker != "tcp://127.0.0.1:5555" { sb += " --endpoint \(broker)" }
-        if snapshot != StateEndpoints(followingBroker: broker)?.snapshot { sb += " --state-endpoint \(snapshot),\(connectable(kernel.publisherEndpoint)),\(connectable(kernel.collectorEndpoint))" }
-        if file.security.curve, let serverKey = file.security.serverKey { sb += " --server-key='\(serverKey)' --key-file YOUR.key" }
-        lines.append("Connect with: \(sb) services   (then: \(sb) countries par, \(sb) flights route; sb --help)")
+        lines.append("Connect with: \(sbLine(file))sb services   (then: sb countries par, sb flights route; sb --help)")
         lines.append("Stop with Ctrl-C (or SIGTERM to pid \(getpid())).")
         FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))
+    }
+
+    /// What a shell needs before `sb` finds this bus: nothing for the defaults, else an
+    /// `export` of sb's variables (they apply to every verb, wherever its flags would go).
+    static func sbLine(_ file: ConfigFile) -> String {
+        let kernel = file.kernel, security = file.security
+        let broker = connectable(kernel.brokerEndpoint), snapshot = connectable(kernel.snapshotEndpoint)
+        var variables: [String] = []
+        if broker != "tcp://127.0.0.1:5555" { variables.append("SB_ENDPOINT=\(broker)") }
+        if snapshot != StateEndpoints(followingBroker: broker)?.snapshot {
+            variables.append("SB_STATE_ENDPOINT=\(snapshot),\(connectable(kernel.publisherEndpoint)),\(connectable(kernel.collectorEndpoint))")
+        }
+        if security.isOn(), security.serverKey != nil || security.kernelSecretKey != nil {
+            // Keys given explicitly: the client brings its own pair.
+            if let serverKey = security.serverKey { variables.append("SB_SERVER_KEY='\(serverKey)'") }
+            variables.append("SB_KEY_FILE=YOUR.key")
+        } else if security.isOn(), security.keyFolder.url.standardizedFileURL != KeyFolder(KeyFolder.defaultPath).url.standardizedFileURL {
+            variables.append("SB_KEY_DIR=\(security.keyFolder.url.standardizedFileURL.path)")
+        }
+        return variables.isEmpty ? "" : "export \(variables.joined(separator: " ")); "
     }
 
     /// An endpoint a client can connect to: a wildcard or any-address host becomes loopback.

@@ -14,11 +14,11 @@ func writeDeploymentConfig(in folder: URL, services: String = """
       fetcher: {workers: 2}
       search: {workers: 2}
       pricing: {workers: 1}
-    """, extra: String = "") throws -> (config: URL, broker: String) {
+    """, security: String? = nil, extra: String = "") throws -> (config: URL, broker: String) {
     let (config, ports) = try writeBusConfiguration(in: folder, services: services, supervisor: """
         restart_backoff_ms: 100
           stop_timeout_seconds: 10
-        """, extra: extra)
+        """, security: security, extra: extra)
     return (config, "tcp://127.0.0.1:\(ports[0])")
 }
 
@@ -48,9 +48,10 @@ struct UpTests {
         try await up.waitForOutput(containing: "Stop with Ctrl-C")
         let pids = bannerPids(up.outputSoFar)
         #expect(Set(pids.keys) == ["kernel", "echo", "store", "fetcher", "search", "pricing"], "\(banner)")
-        #expect(up.outputSoFar.contains("Connect with: sb --endpoint \(broker)"))
+        #expect(up.outputSoFar.contains("Connect with: export SB_ENDPOINT=\(broker) "))
+        #expect(up.outputSoFar.contains(" SB_KEY_DIR=\(busKeyFolder(in: folder).path); sb services"))
 
-        let bus = try await BusClient(brokers: [broker], timeout: .seconds(10))
+        let bus = try await BusClient(brokers: [broker], timeout: .seconds(10), curve: try busKeyFolder(in: folder).clientKeys())
         let list = try await bus.request(service: "kernel", method: "services.list")
         for (name, workers) in [("echo", 1), ("store", 2), ("fetcher", 2), ("search", 2), ("pricing", 1)] {
             #expect(list["services"]?.arrayValue?.first { $0["name"]?.stringValue == name }?["workers"]?.intValue == Int64(workers), "\(name)")
@@ -123,7 +124,7 @@ struct UpTests {
     @Test("another kernel already on the endpoints: up says so and exits 1, leaving it alone")
     func endpointsTaken() async throws {
         let folder = try temporaryDirectory("up-taken")
-        let (config, broker) = try writeDeploymentConfig(in: folder)
+        let (config, broker) = try writeDeploymentConfig(in: folder, security: "curve: false")
         let other = try ChildProcess(switchboardExecutable(), ["kernel", "--config", config.path])
         defer { other.stop() }
         let bus = try await BusClient(brokers: [broker], timeout: .seconds(1))
@@ -146,10 +147,16 @@ struct UpTests {
         }
         let variable = try await runCommand(switchboardExecutable(), ["kernel", "--config", bad.path], environment: ["SWITCHBOARD_KERNEL_HEARTBEAT": "5"])
         #expect(variable.status == 78 && variable.stderr.contains("SWITCHBOARD_KERNEL_HEARTBEAT: unknown variable"), "\(variable.stderr)")
+        // A bad value from a variable is blamed on the variable, not on the file.
+        let good = folder.appendingPathComponent("good.yaml")
+        try "log_level: info\n".write(to: good, atomically: true, encoding: .utf8)
+        let badVariable = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path], environment: ["SWITCHBOARD_KERNEL_HEARTBEAT_MS": "soon"])
+        #expect(badVariable.status == 78, "\(badVariable)")
+        #expect(badVariable.stderr.contains(#"SWITCHBOARD_KERNEL_HEARTBEAT_MS (overrides kernel.heartbeat_ms): expected a positive integer, got "soon""#), "\(badVariable.stderr)")
         let curve = folder.appendingPathComponent("curve.yaml")
-        try "security:\n  curve: true\n".write(to: curve, atomically: true, encoding: .utf8)
+        try "security:\n  curve: true\n  keys_dir: \(folder.appendingPathComponent("keys").path)\n".write(to: curve, atomically: true, encoding: .utf8)
         let missing = try await runCommand(switchboardExecutable(), ["kernel", "--config", curve.path])
-        #expect(missing.status == 78 && missing.stderr.contains("security.kernel_secret_key_file: required when security.curve is true"), "\(missing.stderr)")
+        #expect(missing.status == 78 && missing.stderr.contains("security.keys_dir: \(folder.path)/keys/kernel.key is missing or unreadable (`switchboard up` creates it on first run)"), "\(missing.stderr)")
         let unknownService = try await runCommand(switchboardExecutable(), ["serve", "mailer"])
         #expect(unknownService.status == 64 && unknownService.stderr.contains("unknown service 'mailer'"))
     }
@@ -182,9 +189,8 @@ struct SecuredUpTests {
               fetcher: {enabled: false}
               search: {enabled: false}
               pricing: {enabled: false}
-            """, extra: """
-            security:
-              curve: true
+            """, security: """
+            curve: true
               kernel_secret_key_file: \(folder.appendingPathComponent("kernel.key").path)
               server_key: "\(try publicKey("kernel"))"
               secret_key_file: \(folder.appendingPathComponent("services.key").path)
@@ -194,7 +200,7 @@ struct SecuredUpTests {
         let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
         defer { up.stop() }
         try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 60)
-        #expect(up.outputSoFar.contains("--server-key='\(try publicKey("kernel"))' --key-file YOUR.key"))
+        #expect(up.outputSoFar.contains("SB_SERVER_KEY='\(try publicKey("kernel"))' SB_KEY_FILE=YOUR.key; sb services"))
 
         let keyed = ["--endpoint", broker, "--server-key", try publicKey("kernel")]
         let alice = try await runCommand(sbExecutable(), ["request", "echo", "echo", #"{"hi":1}"#, "--key-file", folder.appendingPathComponent("alice.key").path] + keyed)
@@ -221,9 +227,10 @@ struct SecuredUpTests {
         let up = try ChildProcess(switchboardExecutable(), ["up", "--single-process", "--config", config.path])
         defer { up.stop() }
         try await up.waitForOutput(containing: "Switchboard is up in one process", within: 120)
-        let result = try await runCommand(sbExecutable(), ["countries", "par", "--json", "--endpoint", broker])
+        let keyed = ["SB_KEY_DIR": busKeyFolder(in: folder).path]
+        let result = try await runCommand(sbExecutable(), ["countries", "par", "--json", "--endpoint", broker], environment: keyed)
         #expect(result.status == 0 && result.stdout.contains("Paraguay"), "\(result)")
-        let services = try await runCommand(sbExecutable(), ["request", "kernel", "services.list", "--endpoint", broker])
+        let services = try await runCommand(sbExecutable(), ["request", "kernel", "services.list", "--endpoint", broker], environment: keyed)
         for name in ["echo", "store", "fetcher", "search", "pricing"] { #expect(services.stdout.contains("\"\(name)\"")) }
         up.signal(SIGTERM)
         #expect(await up.exit(within: 30))

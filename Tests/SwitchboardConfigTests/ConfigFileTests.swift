@@ -3,6 +3,7 @@ import FetcherService
 import Kernel
 import SwitchboardConfig
 import Testing
+import BusKit
 import ZeroMQ
 
 @Suite("Config/switchboard.yaml")
@@ -108,11 +109,47 @@ struct ConfigFileTests {
         #expect(file.services["search"] == ServiceSettings(workers: 4))
         #expect(file.logLevel(for: "store") == "trace" && file.logLevel(for: "kernel") == "debug" && file.logLevel(for: "search") == "warning")
         #expect(try file.security.kernelSecurity() == KernelSecurity(secretKey: kernel.secretKey, workerKeys: [pair.publicKey]))
-        let keys = try file.security.connectingKeys()
+        let keys = try file.security.connectingKeys(as: "store")
         #expect(keys?.publicKey == pair.publicKey && keys?.serverKey == kernel.publicKey)
         #expect(file.supervisor.restartLimit == 2 && file.supervisor.restartBackoff == .milliseconds(50))
         // CURVE off: nothing is needed, nothing is returned.
         #expect(try ConfigFile().security.kernelSecurity() == nil)
+    }
+
+    @Test("keys from the key folder: each service's key may serve that service only; clients from client.pub and clients/")
+    func keyFolder() throws {
+        let folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("keys-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let keys = KeyFolder(folder.path)
+        #expect(try keys.create(["kernel", "store", "echo", "client"]) == ["kernel", "store", "echo", "client"])
+        #expect(try keys.create(["kernel", "store", "search"]) == ["search"], "existing keys are kept")
+        try KeyFolder.write(try CurveKeyPair.generate(), to: keys.clientsFolder.appendingPathComponent("bob").path, replacing: false)
+        let file = try ConfigFile.parse("security:\n  curve: true\n  keys_dir: \(folder.path)\n")
+        let security = try #require(try file.security.kernelSecurity())
+        #expect(security.secretKey == (try keys.secretKey("kernel")))
+        #expect(security.serviceKeys == [try #require(try keys.publicKey("store")): "store", try #require(try keys.publicKey("echo")): "echo",
+                                         try #require(try keys.publicKey("search")): "search"])
+        let client = try #require(try keys.publicKey("client"))
+        #expect(security.clientKeys.count == 2 && security.clientKeys.contains(client))
+        #expect(security.workerKeys.isEmpty)
+        let store = try #require(try file.security.connectingKeys(as: "store"))
+        let storePublic = try keys.publicKey("store"), kernelPublic = try keys.publicKey("kernel")
+        #expect(store.publicKey == storePublic && store.serverKey == kernelPublic)
+        // Unsaid: off for a piece run alone (`up` turns it on).
+        #expect(try ConfigFile.parse("security:\n  keys_dir: \(folder.path)\n").security.kernelSecurity() == nil)
+        let missing = #expect(throws: ConfigError.self) { try ConfigFile.parse("security:\n  curve: true\n  keys_dir: /nonexistent/keys\n").security.connectingKeys(as: "store") }
+        #expect(missing?.description == "security.keys_dir: /nonexistent/keys/kernel.pub is missing (`switchboard up` creates it on first run)")
+    }
+
+    @Test("the state limits; a bad value from a variable names the variable")
+    func limitsAndBlame() throws {
+        let file = try ConfigFile.parse("kernel:\n  state_max_keys: 10\n  client_state_max_bytes: 4096\n",
+                                        environment: ["SWITCHBOARD_KERNEL_CLIENT_STATE_MAX_KEYS": "7"])
+        #expect(file.kernel.stateMaxKeys == 10 && file.kernel.clientStateMaxKeys == 7 && file.kernel.clientStateMaxBytes == 4096)
+        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse("kernel:\n  liveness: 3\n", environment: ["SWITCHBOARD_KERNEL_LIVENESS": "-1"]) }
+        #expect(error?.description == "SWITCHBOARD_KERNEL_LIVENESS (overrides kernel.liveness): expected a positive integer, got -1")
+        let fromFile = #expect(throws: ConfigError.self) { try ConfigFile.parse("kernel:\n  liveness: -1\n", environment: ["SWITCHBOARD_KERNEL_BROKER": "tcp://127.0.0.1:1"]) }
+        #expect(fromFile?.description == "kernel.liveness: expected a positive integer, got -1")
     }
 
     @Test("SWITCHBOARD_* variables override the file, typed as YAML")
@@ -176,7 +213,7 @@ struct ConfigFileTests {
         #expect(security.clientKeys == [pairs["alice"]!.publicKey])
         #expect(kernelHost.kernel.brokerEndpoint == "tcp://0.0.0.0:5555")
         #expect(servicesHost.kernel.brokerEndpoint == "tcp://10.0.0.1:5555")
-        #expect(try servicesHost.security.connectingKeys()?.publicKey == pairs["services"]!.publicKey)
+        #expect(try servicesHost.security.connectingKeys(as: "store")?.publicKey == pairs["services"]!.publicKey)
         #expect(servicesHost.services["echo"]?.enabled == false && servicesHost.services["store"]?.enabled == true)
         // As shipped, the placeholders are rejected with the key's path.
         let unfilled = #expect(throws: ConfigError.self) {

@@ -1,0 +1,132 @@
+public import Foundation
+public import ZeroMQ
+
+/// The folder of CURVE keys on a machine running the bus (`security.keys_dir`, by default
+/// `data/keys`): `switchboard up` fills it on first run, the kernel builds its allow-lists
+/// from it, each service takes its own key pair from it, and `sb` finds the local client's
+/// key there without flags.
+///
+/// ```
+/// kernel.key  kernel.pub          the kernel's pair; clients need kernel.pub
+/// store.key   store.pub  …        one pair per service: may register that service only
+/// client.key  client.pub          the local client (sb, scripts)
+/// clients/NAME.pub                more clients allowed in (copy their .pub files here)
+/// ```
+/// Secret keys are written with mode 0600 and the folder with 0700.
+public struct KeyFolder: Sendable, Equatable {
+    /// The folder `switchboard up` and `sb` use unless told otherwise (relative to the
+    /// current directory, like the store's default database).
+    public static let defaultPath = "data/keys"
+    /// The pair of the kernel, and of the local client.
+    public static let kernel = "kernel"
+    public static let client = "client"
+
+    public let url: URL
+
+    public init(_ path: String) {
+        url = URL(fileURLWithPath: path)
+    }
+
+    public var path: String { url.path }
+
+    public func secretKeyFile(_ name: String) -> URL { url.appendingPathComponent("\(name).key") }
+    public func publicKeyFile(_ name: String) -> URL { url.appendingPathComponent("\(name).pub") }
+    /// Public keys of further clients allowed in.
+    public var clientsFolder: URL { url.appendingPathComponent("clients") }
+
+    /// Writes a pair for each of `names` that has no secret key file yet; returns the names
+    /// it made a pair for.
+    @discardableResult
+    public func create(_ names: [String]) throws -> [String] {
+        let manager = FileManager.default
+        for folder in [url, clientsFolder] {
+            try manager.createDirectory(at: folder, withIntermediateDirectories: true)
+            try manager.setAttributes([.posixPermissions: 0o700], ofItemAtPath: folder.path)
+        }
+        var made: [String] = []
+        for name in names where !manager.fileExists(atPath: secretKeyFile(name).path) {
+            try Self.write(try CurveKeyPair.generate(), to: url.appendingPathComponent(name).path, replacing: true)
+            made.append(name)
+        }
+        return made
+    }
+
+    /// Writes `base.key` (mode 0600) and `base.pub`, as `switchboard keygen --out` does.
+    public static func write(_ pair: CurveKeyPair, to base: String, replacing: Bool) throws {
+        let manager = FileManager.default
+        let secretPath = base + ".key", publicPath = base + ".pub"
+        for path in [secretPath, publicPath] where manager.fileExists(atPath: path) && !replacing {
+            throw KeyFolderError(path: path, problem: "exists; use --force to replace it")
+        }
+        try manager.createDirectory(at: URL(fileURLWithPath: secretPath).deletingLastPathComponent(), withIntermediateDirectories: true)
+        // Created with 0600 from the start, so the secret is never readable by others.
+        try? manager.removeItem(atPath: secretPath)
+        guard manager.createFile(atPath: secretPath, contents: Data(CurveKeyFile.secretFile(pair).utf8), attributes: [.posixPermissions: 0o600]) else {
+            throw KeyFolderError(path: secretPath, problem: "cannot be written")
+        }
+        try Data(CurveKeyFile.publicFile(pair).utf8).write(to: URL(fileURLWithPath: publicPath))
+    }
+
+    /// The secret key in `name.key`.
+    public func secretKey(_ name: String) throws(KeyFolderError) -> String {
+        let file = secretKeyFile(name)
+        guard let text = try? String(contentsOf: file, encoding: .utf8) else {
+            throw KeyFolderError(path: file.path, problem: "is missing or unreadable (`switchboard up` creates it on first run)")
+        }
+        guard let key = CurveKeyFile.secretKey(in: text) else {
+            throw KeyFolderError(path: file.path, problem: "holds no CURVE secret key")
+        }
+        return key
+    }
+
+    /// The public key in `name.pub`, or nil when there is no such file.
+    public func publicKey(_ name: String) throws(KeyFolderError) -> String? {
+        try Self.publicKey(in: publicKeyFile(name))
+    }
+
+    /// The local client's public key and every `clients/*.pub`.
+    public func clientPublicKeys() throws(KeyFolderError) -> [String] {
+        let extra = ((try? FileManager.default.contentsOfDirectory(at: clientsFolder, includingPropertiesForKeys: nil)) ?? [])
+            .filter { $0.pathExtension == "pub" }.sorted { $0.path < $1.path }
+        var keys: [String] = []
+        for file in [publicKeyFile(Self.client)] + extra {
+            if let key = try Self.publicKey(in: file) { keys.append(key) }
+        }
+        return keys
+    }
+
+    /// The keys `name` connects to the local kernel with: the kernel's public key and
+    /// `name.key`.
+    public func connectingKeys(as name: String) throws(KeyFolderError) -> CurveClientKeys {
+        guard let server = try publicKey(Self.kernel) else {
+            throw KeyFolderError(path: publicKeyFile(Self.kernel).path, problem: "is missing (`switchboard up` creates it on first run)")
+        }
+        let secret = try secretKey(name)
+        do {
+            return try CurveClientKeys(serverKey: server, secretKey: secret)
+        } catch {
+            throw KeyFolderError(path: secretKeyFile(name).path, problem: "is not a usable key: \(error)")
+        }
+    }
+
+    /// The local client's keys, or nil when the folder holds no `client.key` (a bus without CURVE).
+    public func clientKeys() throws(KeyFolderError) -> CurveClientKeys? {
+        guard FileManager.default.fileExists(atPath: secretKeyFile(Self.client).path) else { return nil }
+        return try connectingKeys(as: Self.client)
+    }
+
+    private static func publicKey(in file: URL) throws(KeyFolderError) -> String? {
+        guard FileManager.default.fileExists(atPath: file.path) else { return nil }
+        guard let text = try? String(contentsOf: file, encoding: .utf8), let key = CurveKeyFile.publicKey(in: text) else {
+            throw KeyFolderError(path: file.path, problem: "holds no CURVE public key")
+        }
+        return key
+    }
+}
+
+/// A key file that is missing or unusable, naming it.
+public struct KeyFolderError: Error, Sendable, Equatable, CustomStringConvertible {
+    public let path: String
+    public let problem: String
+    public var description: String { "\(path) \(problem)" }
+}

@@ -1,0 +1,83 @@
+import BusProtocol
+
+/// Who sent a message, as far as the kernel can tell from its ZAP user id.
+enum Peer: Equatable {
+    /// Plain text (no CURVE): anyone on the network.
+    case unauthenticated
+    /// A client key: requests, subscriptions, and state under the writable prefixes.
+    case client(key: String)
+    /// A worker key: may register `service` only, or any service when nil (a key for a
+    /// whole services host, `security.worker_keys`).
+    case worker(key: String, service: String?)
+
+    init(userID: String?, security: KernelSecurity?) {
+        guard let security, let userID else {
+            self = .unauthenticated
+            return
+        }
+        let key = String(userID.drop { $0 != ":" }.dropFirst())
+        if userID.hasPrefix(ZAPHandler.workerPrefix), security.workerKeys.contains(key) {
+            self = .worker(key: key, service: nil)
+        } else if userID.hasPrefix(ZAPHandler.workerPrefix), let service = security.serviceKeys[key] {
+            self = .worker(key: key, service: service)
+        } else {
+            self = .client(key: key)
+        }
+    }
+
+    /// Whether this peer may offer `service` (READY).
+    func mayServe(_ service: String) -> Bool {
+        switch self {
+        case .unauthenticated: true
+        case .client: false
+        case .worker(_, let only): only == nil || only == service
+        }
+    }
+
+    /// The key whose quota its writes under the writable prefixes count against.
+    var quotaOwner: String {
+        switch self {
+        case .unauthenticated: "(unauthenticated)"
+        case .client(let key), .worker(let key, _): key
+        }
+    }
+}
+
+/// Who may write which state keys: the one rule `state.set` and the CHP collector share.
+///
+/// Keys under `/kernel/` are the kernel's own. With CURVE on, a client key writes only
+/// under the writable prefixes (`/client/`); a service's key writes there and under its
+/// own prefixes (`/NAME/`, and those `stateOwners` gives it, such as `/catalog/` for the
+/// fetcher); a key for a whole services host writes anywhere else. Without CURVE nobody
+/// can be told apart: `state.set` is open (services publish through it) and the collector
+/// keeps to the writable prefixes.
+struct StateAccess {
+    let writablePrefixes: [String]
+    let owners: [String: String]
+
+    init(configuration: KernelConfiguration) {
+        writablePrefixes = configuration.collectorWritablePrefixes
+        owners = configuration.statePrefixOwners
+    }
+
+    func isClientWritable(_ key: String) -> Bool { writablePrefixes.contains { key.hasPrefix($0) } }
+
+    /// Nil when `peer` may write `key` through `state.set` (or, with `collector`, a KVSET);
+    /// otherwise why not.
+    func refusal(_ key: String, by peer: Peer, collector: Bool) -> JSONRPCError? {
+        if key.hasPrefix("/kernel/") { return .forbidden("keys under /kernel/ are the kernel's own") }
+        if isClientWritable(key) { return nil }
+        switch peer {
+        case .unauthenticated:
+            return collector ? .forbidden("the collector accepts only keys under \(writablePrefixes.joined(separator: ", "))") : nil
+        case .client:
+            return .forbidden("a client key may set only keys under \(writablePrefixes.joined(separator: ", "))")
+        case .worker(_, nil):
+            return nil
+        case .worker(_, let service?):
+            let own = ["/\(service)/"] + owners.filter { $0.value == service }.map(\.key)
+            if own.contains(where: { key.hasPrefix($0) }) { return nil }
+            return .forbidden("the \(service) service's key may set only keys under \((own + writablePrefixes).joined(separator: ", "))")
+        }
+    }
+}
