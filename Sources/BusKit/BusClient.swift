@@ -77,7 +77,7 @@ public final class BusClient: Sendable {
         let core = self.core
         let id = ClientCore.nextID()
         let body = Frame(JSONRPCRequest(id: .number(id), method: method, params: params).jsonBytes)
-        if let error = sizeError(body, service: service) { throw error }
+        if let error = refusal(body, service: service) { throw error }
         let outcome: Result<JSONValue, BusError> = await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 let deadline = monotonicNanoseconds() + timeout.nanoseconds
@@ -104,7 +104,7 @@ public final class BusClient: Sendable {
         let ids = calls.map { _ in ClientCore.nextID() }
         let requests = zip(ids, calls).map { id, call in JSONRPCRequest(id: .number(id), method: call.method, params: call.params).jsonBytes }
         let body = Frame(Array("[".utf8) + Array(requests.joined(separator: Array(",".utf8))) + Array("]".utf8))
-        if let error = sizeError(body, service: service) { return calls.map { _ in .failure(error) } }
+        if let error = refusal(body, service: service) { return calls.map { _ in .failure(error) } }
         return await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 let deadline = monotonicNanoseconds() + timeout.nanoseconds
@@ -135,7 +135,7 @@ public final class BusClient: Sendable {
     public func call(service: String, body: [Frame], timeout: Duration? = nil) async throws(BusError) -> [Frame] {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
-        for frame in body { if let error = sizeError(frame, service: service) { throw error } }
+        for frame in body { if let error = refusal(frame, service: service) { throw error } }
         let outcome: Result<[Frame], BusError> = await withUnsafeContinuation { continuation in
             loop.execute {
                 core.value.sendOpaque(service: service, message: MDP.request(service: service, body: body), timeout: timeout,
@@ -145,9 +145,13 @@ public final class BusClient: Sendable {
         return try outcome.get()
     }
 
-    /// -32010 for a body the kernel would not take (it drops the connection instead of
-    /// answering, so the request would only time out).
-    private func sizeError(_ body: Frame, service: String) -> BusError? {
+    /// Why a request is not sent, if it would not do: -32600 for a name no service can
+    /// have; -32010 for a body the kernel would not take (it drops the connection instead
+    /// of answering, so the request would only time out).
+    private func refusal(_ body: Frame, service: String) -> BusError? {
+        guard MDP.isValidServiceName(service) else {
+            return .remote(service: service, .invalidRequest("the service name must be 1 to \(MDP.maxServiceNameLength) printable ASCII characters, got '\(service)'"))
+        }
         guard body.count > maxMessageSize else { return nil }
         return .remote(service: service, JSONRPCError(
             code: JSONRPCError.tooLargeCode,

@@ -85,7 +85,12 @@ extension MDP {
 
     /// A REPLY to a client, for the broker's ROUTER: `[client, "", "MDPC01", service, body…]`.
     public static func reply(to client: Frame, service: String, body: [Frame]) -> Message {
-        var frames = [client, empty, clientHeaderFrame, Frame(service)]
+        reply(to: client, serviceFrame: Frame(service), body: body)
+    }
+
+    /// The same with the service frame as the client sent it (even one that is no usable name).
+    public static func reply(to client: Frame, serviceFrame: Frame, body: [Frame]) -> Message {
+        var frames = [client, empty, clientHeaderFrame, serviceFrame]
         frames.append(contentsOf: body)
         return Message(frames)
     }
@@ -184,8 +189,9 @@ extension MDP {
         guard frames.count >= 4 else { throw ProtocolError("MDP", "client REPLY has \(frames.count) frames, expected at least 4") }
         guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
         guard frames[1].equals(clientHeader) else { throw ProtocolError("MDP", "expected header MDPC01, got \(frames[1])") }
-        let service = try serviceName(frames[2], "REPLY")
-        return ClientReply(service: service, body: Array(frames[3...]))
+        // The service frame echoes the request's, whatever it held: a broker answers a
+        // request for an unusable name too.
+        return ClientReply(service: String(decoding: frames[2].bytes, as: UTF8.self), body: Array(frames[3...]))
     }
 
     private static func workerCommand(_ frame: Frame) throws(ProtocolError) -> Command {

@@ -86,10 +86,10 @@ final class Broker {
             if message.count >= 3, message[2].equals(MDP.workerHeader) {
                 disconnect(message[0], reason: "\(error)")
             } else if message.count >= 5, message[1].isEmpty, message[2].equals(MDP.clientHeader) {
-                let name = String(decoding: message[3].bytes.prefix(MDP.maxServiceNameLength), as: UTF8.self)
-                logger.info("refused a request with an unusable service name", metadata: ["service": "\(name)"])
-                reply(to: message[0], service: name, body: Array(message.frames[4...]), error: .invalidRequest(
-                    "the service name must be 1 to \(MDP.maxServiceNameLength) printable ASCII characters, got \(message[3].isEmpty ? "an empty name" : "'\(name)'")"))
+                let shown = String(decoding: message[3].bytes.prefix(64), as: UTF8.self)
+                logger.info("refused a request with an unusable service name", metadata: ["service": "\(shown)"])
+                reply(to: message[0], serviceFrame: message[3], body: Array(message.frames[4...]), error: .invalidRequest(
+                    "the service name must be 1 to \(MDP.maxServiceNameLength) printable ASCII characters, got \(message[3].isEmpty ? "an empty name" : "'\(shown)'")"))
             }
             return
         }
@@ -293,8 +293,12 @@ final class Broker {
 
     /// Answers a request the kernel could not deliver, with `error` for each id in its body.
     private func reply(to client: Frame, service: String, body: [Frame], error: JSONRPCError) {
+        reply(to: client, serviceFrame: Frame(service), body: body, error: error)
+    }
+
+    private func reply(to client: Frame, serviceFrame: Frame, body: [Frame], error: JSONRPCError) {
         let bytes = body.count == 1 ? body[0].bytes : []
-        send(MDP.reply(to: client, service: service, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))]))
+        send(MDP.reply(to: client, serviceFrame: serviceFrame, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))]))
     }
 
     private func answerBuiltIn(_ body: [Frame], peer: String?) -> [UInt8] {

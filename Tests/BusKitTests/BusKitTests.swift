@@ -96,6 +96,28 @@ struct BusKitTests {
         await kernel.stop()
     }
 
+    @Test("a request over the kernel's max_message_size fails at once with -32010 naming the limit; the connection stays usable")
+    func oversizedRequest() async throws {
+        let limit = 256 * 1024
+        let kernel = try await TestKernel.start { $0.maxMessageSize = limit }
+        let host = try await hostEcho(kernel)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), maxMessageSize: limit)
+        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        let started = ContinuousClock.now
+        let error = await rpcError { try await bus.request(service: "echo", method: "echo", params: ["blob": .string(String(repeating: "x", count: limit))]) }
+        #expect(ContinuousClock.now - started < .seconds(1), "at once, not after the timeout")
+        #expect(error?.code == JSONRPCError.tooLargeCode && error?.message.contains("kernel.max_message_size") == true, "\(String(describing: error))")
+        #expect(error?.data?["limit"] == .int(Int64(limit)))
+        let batch = await bus.batch(service: "echo", [(method: "echo", params: ["blob": .string(String(repeating: "x", count: limit))])])
+        #expect(batch.count == 1 && (try? batch[0].get()) == nil)
+        let small = try await bus.request(service: "echo", method: "echo", params: ["blob": .string(String(repeating: "x", count: limit / 2))])
+        #expect(small["blob"]?.stringValue?.count == limit / 2)
+        #expect(await bus.counters().resent == 0, "nothing was sent that the kernel would drop")
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
     @Test("two hosted workers share the load")
     func loadSharing() async throws {
         let kernel = try await TestKernel.start(fastHeartbeats)

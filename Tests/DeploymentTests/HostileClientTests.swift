@@ -246,4 +246,84 @@ struct HostileClientTests {
         collector.close()
         await kernel.stop()
     }
+
+    @Test("after a client that floods without reading and subscribers that never read have left, the kernel's memory comes back")
+    func memoryGivenBack() async throws {
+        // The shipped limits (peer_backlog 50,000, subscriber_backlog 100,000): the kernel
+        // may hold a lot while the peers are there; the point is that it lets go after.
+        let kernel = try await KernelUnderAttack.start()
+        let value = JSONValue.string(String(repeating: "v", count: 4_096))
+        _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": "/client/big", "value": value])
+        try await kernel.stillServes()
+        let before = kernel.residentMegabytes
+
+        // A client sends 40,000 requests for 4 KiB replies and never reads them.
+        let greedy = try kernel.socket(.dealer, kernel.broker)
+        try greedy.set(.receiveHighWaterMark, 1)
+        let request = Message([Frame(), Frame(MDP.clientHeader), Frame("kernel"),
+                               Frame(JSONRPCRequest(id: .number(1), method: "state.get", params: ["prefix": "/client/big"]).jsonBytes)])
+        for _ in 0..<40_000 { try greedy.send(request) }
+        // Six subscribers never read while 20,000 updates of 4 KiB go out.
+        var stuck: [ZMQSocket] = []
+        for _ in 0..<6 {
+            let subscriber = try kernel.socket(.sub, kernel.publisher)
+            try subscriber.set(.receiveHighWaterMark, 1)
+            try subscriber.subscribe("")
+            stuck.append(subscriber)
+        }
+        for batch in 0..<20 {
+            for _ in 0..<1_000 {
+                _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": "/client/flood", "value": value])
+            }
+            if batch.isMultiple(of: 5) { try await kernel.stillServes() }
+        }
+        try await kernel.stillServes()
+        let flooded = kernel.residentMegabytes
+
+        greedy.close()
+        for subscriber in stuck { subscriber.close() }
+        // The kernel gives memory back within a few seconds of the peers leaving.
+        var after = kernel.residentMegabytes
+        for _ in 0..<100 where after - before >= 40 {
+            try await Task.sleep(for: .milliseconds(200))
+            after = kernel.residentMegabytes
+        }
+        print("kernel memory: \(Int(before)) MB before, \(Int(flooded)) MB with the flood, \(Int(after)) MB after the peers left")
+        #expect(after - before < 40, "the kernel stayed at \(after) MB after the peers left (\(before) MB before, \(flooded) MB during)")
+        try await kernel.stillServes()
+        await kernel.stop()
+    }
+
+    @Test("the state is bounded: writes beyond the key and byte limits are refused (-32010) and counted")
+    func stateBounded() async throws {
+        let kernel = try await KernelUnderAttack.start(["client_state_max_keys": "500", "client_state_max_bytes": "262144", "state_max_keys": "2000"])
+        // 5,000 KVSETs of 1 KiB under /client/grow/N through the collector: at most 500 kept.
+        let collector = try kernel.socket(.pub, kernel.collector)
+        let value = Frame([UInt8](repeating: 0x61, count: 1_024))
+        var refused: Int64 = 0
+        for round in 0..<50 where refused == 0 {
+            for index in 0..<5_000 { try collector.send(CHP.kv(KVEntry(key: "/client/grow/\(round)-\(index)", value: value))) }
+            _ = try await kernel.bystander.request(service: "kernel", method: "ping")
+            refused = try await kernel.stats()["state"]?["refusedOverLimit"]?.intValue ?? 0
+        }
+        #expect(refused > 0, "the collector's flood met the limit")
+        let stats = try await kernel.stats()
+        let keys = try #require(stats["state"]?["keys"]?.intValue), bytes = try #require(stats["state"]?["bytes"]?.intValue)
+        #expect(keys <= 500 + 10 && bytes <= 262_144 + 4_096, "\(stats)")
+        // state.set says why at once.
+        let over = await rpcError {
+            try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": "/client/one-more", "value": .string(String(repeating: "b", count: 1_024))])
+        }
+        #expect(over?.code == JSONRPCError.tooLargeCode && over?.message.contains("kernel.client_state_max") == true, "\(String(describing: over))")
+        // Deleting makes room again.
+        let listed = try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/grow/"])
+        let first = try #require(listed["entries"]?.arrayValue?.first?["key"]?.stringValue)
+        _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": .string(first), "value": nil])
+        _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": "/client/one-more", "value": 1])
+        let prometheus = try await kernel.bystander.request(service: "kernel", method: "metrics")["text"]?.stringValue ?? ""
+        #expect(prometheus.contains(#"switchboard_state_refused_total{reason="limit"}"#))
+        try await kernel.stillServes()
+        collector.close()
+        await kernel.stop()
+    }
 }

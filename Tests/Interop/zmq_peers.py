@@ -8,6 +8,9 @@ Usage:
   zmq_peers.py subscribe SNAPSHOT PUBLISHER SUBTREE COUNT
                                            print the snapshot, then COUNT live updates, as JSON lines
 Exit status 0 on success, 1 on a protocol error, 2 on a timeout.
+
+With SB_KEY_DIR set (as for sb: the folder where `switchboard up` keeps its keys, e.g.
+data/keys), the client and the subscriber use CURVE with client.key and kernel.pub there.
 """
 import json
 import os
@@ -22,6 +25,24 @@ TIMEOUT_MS = 10000
 def fail(code, message):
     print(message, file=sys.stderr)
     sys.exit(code)
+
+
+def key_file_value(path, name):
+    with open(path) as handle:
+        for line in handle:
+            if line.split("=", 1)[0].strip() == name:
+                return line.split("=", 1)[1].strip().encode()
+    fail(1, "%s holds no %s" % (path, name))
+
+
+def secure(socket):
+    """CURVE as a client, with the keys in SB_KEY_DIR, when it is set."""
+    folder = os.environ.get("SB_KEY_DIR")
+    if not folder:
+        return
+    socket.curve_serverkey = key_file_value(os.path.join(folder, "kernel.pub"), "public-key")
+    socket.curve_publickey = key_file_value(os.path.join(folder, "client.key"), "public-key")
+    socket.curve_secretkey = key_file_value(os.path.join(folder, "client.key"), "secret-key")
 
 
 def worker(broker, service):
@@ -67,6 +88,7 @@ def client(broker, service, body):
     socket = context.socket(zmq.REQ)  # REQ adds and strips frame 0 itself
     socket.linger = 0
     socket.rcvtimeo = TIMEOUT_MS
+    secure(socket)
     socket.connect(broker)
     socket.send_multipart([b"MDPC01", service.encode(), body.encode()])
     try:
@@ -85,6 +107,7 @@ def subscribe(snapshot_endpoint, publisher_endpoint, subtree, count):
     subscriber.rcvtimeo = TIMEOUT_MS
     subscriber.setsockopt(zmq.SUBSCRIBE, subtree.encode())
     subscriber.setsockopt(zmq.SUBSCRIBE, b"HUGZ")
+    secure(subscriber)
     subscriber.connect(publisher_endpoint)
     # Wait for a HUGZ: the subscription is live from then on.
     try:
@@ -95,6 +118,7 @@ def subscribe(snapshot_endpoint, publisher_endpoint, subtree, count):
     snapshot = context.socket(zmq.DEALER)
     snapshot.linger = 0
     snapshot.rcvtimeo = TIMEOUT_MS
+    secure(snapshot)
     snapshot.connect(snapshot_endpoint)
     snapshot.send_multipart([b"ICANHAZ?", subtree.encode()])
     while True:

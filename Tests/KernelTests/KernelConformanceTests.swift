@@ -135,6 +135,9 @@ struct KernelConformanceTests {
             ["", "MDPW01", Frame([0x09])],
         ]
         for message in garbage { try hostile.send(message) }
+        // A request with an empty service name is answered, not left waiting.
+        let unnamed = try MDP.decodeAtClient(try await receiveSkippingHeartbeats(hostile))
+        #expect(unnamed.service == "" && String(decoding: unnamed.body[0].bytes, as: UTF8.self).contains("service name"), "\(unnamed)")
         // A worker-protocol violation is answered with DISCONNECT.
         #expect(try MDP.decodeAtWorker(try await receiveSkippingHeartbeats(hostile)) == .disconnect)
         // HEARTBEAT and REPLY from a stranger: DISCONNECT.
@@ -153,6 +156,24 @@ struct KernelConformanceTests {
         try client.send(kernelRequest("stats"))
         let stats = try result(try await receive(client))
         #expect((stats["protocolErrors"]?.intValue ?? 0) >= 4)
+        await running.stop()
+    }
+
+    @Test("a request with an unusable service name (empty, too long, not printable) is answered -32600 with its id at once")
+    func unusableServiceName() async throws {
+        let running = try await RunningKernel.start()
+        let client = try running.socket(.dealer, running.endpoints.broker)
+        for name in [Frame(), Frame(String(repeating: "s", count: 256)), Frame("two words")] {
+            let body = Frame(JSONRPCRequest(id: .number(7), method: "echo", params: ["a": 1]).jsonBytes)
+            try client.send([Frame(), Frame(MDP.clientHeader), name, body])
+            let reply = try MDP.decodeAtClient(try await receive(client, within: 2))
+            let response = try #require(try JSONRPC.parseResponses(reply.body[0].bytes).first)
+            #expect(response.id == .number(7))
+            guard case .failure(let error) = response.outcome else { Issue.record("expected an error"); continue }
+            #expect(error.code == JSONRPCError.invalidRequestCode && error.message.contains("service name"), "\(error)")
+        }
+        try client.send(kernelRequest("stats"))
+        #expect((try result(try await receive(client))["protocolErrors"]?.intValue ?? 0) == 3)
         await running.stop()
     }
 

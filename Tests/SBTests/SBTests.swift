@@ -96,6 +96,30 @@ struct SBTests {
         await bus.stop()
     }
 
+    @Test("usage errors are 64 and nothing is sent: params that are not an object or array, a bad endpoint, invalid UTF-8")
+    func usageErrors() async throws {
+        let bus = try await SBBus.start()
+        let bare = try await bus.sb("request", "echo", "echo", #""str""#)
+        #expect(bare.status == 64 && bare.stderr.contains("PARAMS must be a JSON object or array"), "\(bare)")
+        for endpoint in ["garbage://x", "tcp://", "localhost:5555"] {
+            let bad = try await bus.sb("services", "--endpoint", endpoint)
+            #expect(bad.status == 64 && bad.stderr.contains("is not an endpoint"), "\(endpoint): \(bad)")
+        }
+        let badEnvironment = try await bus.sb("ping", environment: ["SB_ENDPOINT": "garbage://x"])
+        #expect(badEnvironment.status == 64, "\(badEnvironment)")
+        // Invalid UTF-8 (a lone 0xFF) in an argument is refused, not turned into U+FFFD.
+        let shell = try await runCommand(URL(fileURLWithPath: "/bin/sh"), ["-c", #"exec "$0" request echo echo "$(printf '{"a":"\377"}')""#, sbExecutable().path],
+                                         environment: bus.environment)
+        #expect(shell.status == 64 && shell.stderr.contains("not valid UTF-8") && shell.stdout.isEmpty, "\(shell)")
+        // In a script, that line is answered -32700 and the others run.
+        let script = Data(#"{"service":"echo","method":"echo","params":{"a":"x"}}"#.utf8) + Data([0x0A])
+            + Data(#"{"service":"echo","method":"echo","params":{"a":""#.utf8) + Data([0xFF]) + Data(#""}}"#.utf8) + Data([0x0A])
+        let run = try await runCommand(sbExecutable(), ["run", "-", "--continue-on-error"], environment: bus.environment, input: script)
+        let answers = try jsonLines(run.stdout)
+        #expect(answers.count == 2 && answers[0]["result"] == ["a": "x"] && answers[1]["error"]?["code"] == -32700, "\(run)")
+        await bus.stop()
+    }
+
     @Test("sb run: good, bad and mixed scripts; every line answered in order; exit status; stdin")
     func runScripts() async throws {
         let bus = try await SBBus.start()

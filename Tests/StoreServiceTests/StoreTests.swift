@@ -301,6 +301,20 @@ struct StoreDurabilityTests {
         await bus.stop()
     }
 
+    @Test("a database path that cannot be opened: one sentence with the path and the system's reason, no error dump")
+    func unopenablePath() async throws {
+        let folder = try temporaryDirectory("store")
+        // Where the database's folder should be, a file.
+        try Data("not a folder".utf8).write(to: folder.appendingPathComponent("db"))
+        let bus = try await StoreBus.start(folder: folder)
+        let error = await bus.failure("history.list")
+        #expect(error?.code == -32007 && error?.data?["reason"] == "cannot-open", "\(String(describing: error))")
+        let message = error?.message ?? ""
+        #expect(message.contains("cannot create the folder \(folder.appendingPathComponent("db").path)") && message.contains("store.sqlite"), "\(message)")
+        #expect(!message.contains("Domain") && !message.contains("UserInfo") && !message.contains("\n"), "\(message)")
+        await bus.stop()
+    }
+
     @Test("a database that is not a database: a clear error on every call, and the service keeps answering")
     func corrupt() async throws {
         let folder = try temporaryDirectory("store")

@@ -178,7 +178,7 @@ struct ConfigFileTests {
         let unknown = #expect(throws: ConfigError.self) { try ConfigFile.parse("", environment: ["SWITCHBOARD_KERNEL_BROKR": "x"]) }
         #expect(unknown?.description.hasPrefix("SWITCHBOARD_KERNEL_BROKR: unknown variable") == true)
         let bad = #expect(throws: ConfigError.self) { try ConfigFile.parse("", environment: ["SWITCHBOARD_KERNEL_LIVENESS": "often"]) }
-        #expect(bad?.description == #"kernel.liveness: expected a positive integer, got "often""#)
+        #expect(bad?.description == #"SWITCHBOARD_KERNEL_LIVENESS (overrides kernel.liveness): expected a positive integer, got "often""#)
     }
 
     private func temporaryFile(_ text: String) throws -> URL {
