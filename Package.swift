@@ -208,7 +208,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard-soak",
             dependencies: [
-                "BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport",
+                "BusKit", "BusProtocol", "Catalog", "Supervisor", "SwitchboardTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Sources/Soak",

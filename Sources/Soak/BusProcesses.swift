@@ -20,6 +20,24 @@ struct BusProcesses {
         return found
     }
 
+    /// Stops the bus as a user would: SIGTERM to `up`, which stops the services, then the
+    /// kernel. Whatever is left after `grace` seconds is killed (SIGKILL), `up` and every
+    /// piece. Returns whether it ended within the grace period.
+    @discardableResult
+    func stop(_ up: Process, grace: Double) -> Bool {
+        let pieces = pieces()
+        kill(upPid, SIGTERM)
+        let deadline = Date().addingTimeInterval(grace)
+        while up.isRunning && Date() < deadline { usleep(20_000) }
+        let stopped = !up.isRunning
+        if !stopped {
+            for pid in Array(self.pieces().values) + Array(pieces.values) { kill(pid, SIGKILL) }
+            kill(upPid, SIGKILL)
+        }
+        up.waitUntilExit()
+        return stopped
+    }
+
     /// Resident memory in MiB of `up` and each piece, by name.
     func memory() -> [String: Double] {
         var sizes: [String: Double] = [:]

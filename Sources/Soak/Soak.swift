@@ -4,6 +4,7 @@ import BusProtocol
 import Catalog
 import Foundation
 import Synchronization
+import Supervisor
 import SwitchboardTestSupport
 #if canImport(Glibc)
 import Glibc
@@ -49,18 +50,31 @@ struct Soak: AsyncParsableCommand {
         let (config, ports) = try writeSoakConfiguration(in: folder)
         let broker = "tcp://127.0.0.1:\(ports[0])"
         say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers, a kill every \(killMin)-\(killMax) s")
-        say("replay with --seed \(seed); working folder \(folder.path)")
+        say("replay with --seed \(seed); working folder \(folder.path); ports \(ports.map(String.init).joined(separator: ", "))")
 
         let log = folder.appendingPathComponent("up.log")
         _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         let up = Process()
         up.executableURL = URL(fileURLWithPath: executable)
-        up.arguments = ["up", "--config", config.path]
+        // The lifeline: `up` watches its stdin, a pipe only this process writes to. If the
+        // soak dies, even by SIGKILL, `up` reads end-of-file and stops the bus in order.
+        let lifeline = Pipe()
+        up.arguments = ["up", "--config", config.path, "--lifeline-fd", "0"]
+        up.standardInput = lifeline
         let logHandle = try FileHandle(forWritingTo: log)
         up.standardOutput = logHandle
         up.standardError = logHandle
         try up.run()
         let processes = BusProcesses(upPid: up.processIdentifier)
+        // Ctrl-C or SIGTERM (a CI time-out, `timeout`): stop the bus, then end as the signal would.
+        let keep = self.keep
+        let signals = Signals.forward { signal in
+            say("interrupted by signal \(signal): stopping the bus")
+            if !processes.stop(up, grace: 30) { say("the bus did not stop within 30 s of SIGTERM: killed") }
+            if !keep { try? FileManager.default.removeItem(at: folder) }
+            Glibc.exit(128 + signal)
+        }
+        defer { signals.forEach { $0.cancel() } }
         var report = SoakReport(seed: seed, duration: duration, clients: clients, subscribers: subscribers)
         do {
             report = try await drive(broker: broker, ports: ports, keys: busKeyFolder(in: folder), processes: processes, seed: seed, report: report)
@@ -69,13 +83,7 @@ struct Soak: AsyncParsableCommand {
             report.problems.append("\(error)")
         }
         // Stop the bus as a user would (SIGTERM to up) and see it end cleanly.
-        up.terminate()
-        let stopped = await waitUntil(60) { !up.isRunning }
-        if !stopped {
-            kill(up.processIdentifier, SIGKILL)
-            report.problems.append("switchboard up did not stop within 60 s of SIGTERM")
-        }
-        up.waitUntilExit()
+        if !processes.stop(up, grace: 60) { report.problems.append("switchboard up did not stop within 60 s of SIGTERM") }
         report.upExit = up.terminationStatus
         if up.terminationStatus != 0 { report.problems.append("switchboard up exited with status \(up.terminationStatus)") }
         try? logHandle.close()
@@ -107,7 +115,7 @@ struct Soak: AsyncParsableCommand {
             return (try? await probe.request(service: "search", method: "flights.list")) != nil
         }) else { throw SoakFailure("the datasets did not load within 120 s") }
         report.memoryAtStart = processes.memory()
-        say("the bus is up: \(processes.pieces().sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+        say("the bus is up: \(processes.pieces().merging(["up": processes.upPid]) { $1 }.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
 
         let started = Date()
         let loadEnds = started.addingTimeInterval(duration)

@@ -154,9 +154,15 @@ public func fastHeartbeats(_ configuration: inout KernelConfiguration) {
 }
 
 /// A child process a test started; ``stop()`` ends it (SIGTERM, then SIGKILL).
+///
+/// It goes even when the test process dies without stopping it (killed, or a CI time-out):
+/// its stdin is a "lifeline", a pipe only this process writes to, and end-of-file there
+/// ends it. `switchboard up`, `kernel` and `serve` are told to watch it (`--lifeline-fd 0`,
+/// added here); the Python fixtures in Tests/Interop watch their stdin themselves.
 public final class ChildProcess: @unchecked Sendable {
     public let process: Process
     public let output: Pipe
+    private let lifeline = Pipe()
     /// What the process wrote so far (stdout and stderr together), and whether it closed them.
     private let captured = CapturedOutput()
 
@@ -164,7 +170,9 @@ public final class ChildProcess: @unchecked Sendable {
     public init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil) throws {
         process = Process()
         process.executableURL = executable
-        process.arguments = arguments
+        let watchesLifeline = executable.lastPathComponent == "switchboard" && ["up", "kernel", "serve"].contains(arguments.first ?? "")
+        process.arguments = arguments + (watchesLifeline ? ["--lifeline-fd", "0"] : [])
+        process.standardInput = lifeline
         if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         output = Pipe()
         process.standardOutput = output

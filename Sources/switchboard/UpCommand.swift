@@ -92,24 +92,13 @@ struct UpCommand: AsyncParsableCommand {
             kernel: noKernel ? nil : .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
             services: services.map { .init(name: $0, arguments: ["serve", $0] + shared, workers: file.services[$0]!.workers) },
             settings: file.supervisor, probe: probe, logger: logger)
-        let signals = Self.forwardSignals { Task { await supervisor.requestShutdown() } }
+        let signals = Signals.forward { _ in Task { await supervisor.requestShutdown() } }
         let status = await supervisor.run { pids in
             Self.printBanner(file, pids: pids, services: services, singleProcess: false, remoteKernel: noKernel)
         }
         signals.forEach { $0.cancel() }
         await probe.close()
         return status
-    }
-
-    /// SIGINT and SIGTERM call `handler` instead of ending the process.
-    static func forwardSignals(_ handler: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
-        [SIGINT, SIGTERM].map { number in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler(handler: handler)
-            source.resume()
-            return source
-        }
     }
 
     // MARK: One process

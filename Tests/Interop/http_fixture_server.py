@@ -102,8 +102,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_plain(404, b"unknown path")
 
 
+def exit_when_parent_is_gone():
+    """The lifeline: stdin is a pipe only the process that started this one writes to;
+    end-of-file there means it is gone (even by SIGKILL), and so this server goes too."""
+    while sys.stdin.buffer.read(4096):
+        pass
+    os._exit(0)
+
+
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 server.daemon_threads = True
+threading.Thread(target=exit_when_parent_is_gone, daemon=True).start()
 print("PORT %d" % server.server_address[1], flush=True)
 try:
     server.serve_forever()

@@ -45,7 +45,17 @@ def secure(socket):
     socket.curve_secretkey = key_file_value(os.path.join(folder, "client.key"), "secret-key")
 
 
+def exit_when_parent_is_gone():
+    """The lifeline: stdin is a pipe only the process that started this one writes to;
+    end-of-file there means it is gone (even by SIGKILL)."""
+    while sys.stdin.buffer.read(4096):
+        pass
+    os._exit(0)
+
+
 def worker(broker, service):
+    import threading
+    threading.Thread(target=exit_when_parent_is_gone, daemon=True).start()
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.linger = 0
