@@ -137,13 +137,7 @@ struct SecureByDefaultTests {
     func plainOnlyWhenAsked() async throws {
         let folder = try temporaryDirectory("up-plain")
         let keys = busKeyFolder(in: folder)
-        let (config, broker) = try writeDeploymentConfig(in: folder, services: """
-            echo: {workers: 1}
-              store: {enabled: false}
-              fetcher: {enabled: false}
-              search: {enabled: false}
-              pricing: {enabled: false}
-            """, security: "curve: false\n  keys_dir: \(keys.path)")
+        let (config, broker) = try writeDeploymentConfig(in: folder, services: echoOnly, security: "curve: false\n  keys_dir: \(keys.path)")
         let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
         defer { up.stop() }
         let banner = try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 60)

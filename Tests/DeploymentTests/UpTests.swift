@@ -22,6 +22,15 @@ func writeDeploymentConfig(in folder: URL, services: String = """
     return (config, "tcp://127.0.0.1:\(ports[0])")
 }
 
+/// The services section of a bus with echo alone, for tests that need no more.
+let echoOnly = """
+    echo: {workers: 1}
+      store: {enabled: false}
+      fetcher: {enabled: false}
+      search: {enabled: false}
+      pricing: {enabled: false}
+    """
+
 /// The pids in `switchboard up`'s banner ("  search   2 workers, pid 123"), by piece.
 func bannerPids(_ output: String) -> [String: Int32] {
     var pids: [String: Int32] = [:]
@@ -104,13 +113,7 @@ struct UpTests {
     @Test("if the supervisor is killed, its processes end by themselves (the lifeline)")
     func lifeline() async throws {
         let folder = try temporaryDirectory("up-lifeline")
-        let (config, _) = try writeDeploymentConfig(in: folder, services: """
-            echo: {workers: 1}
-              store: {enabled: false}
-              fetcher: {enabled: false}
-              search: {enabled: false}
-              pricing: {enabled: false}
-            """)
+        let (config, _) = try writeDeploymentConfig(in: folder, services: echoOnly)
         let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
         defer { up.stop() }
         try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 60)
@@ -183,13 +186,7 @@ struct SecuredUpTests {
         }
         let attributes = try FileManager.default.attributesOfItem(atPath: folder.appendingPathComponent("alice.key").path)
         #expect((attributes[.posixPermissions] as? Int) == 0o600, "secret key files are private")
-        let (config, broker) = try writeDeploymentConfig(in: folder, services: """
-            echo: {workers: 1}
-              store: {enabled: false}
-              fetcher: {enabled: false}
-              search: {enabled: false}
-              pricing: {enabled: false}
-            """, security: """
+        let (config, broker) = try writeDeploymentConfig(in: folder, services: echoOnly, security: """
             curve: true
               kernel_secret_key_file: \(folder.appendingPathComponent("kernel.key").path)
               server_key: "\(try publicKey("kernel"))"
