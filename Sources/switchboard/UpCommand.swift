@@ -171,7 +171,8 @@ struct UpCommand: AsyncParsableCommand {
         }
         if security.isOn(), security.serverKey != nil || security.kernelSecretKey != nil {
             // Keys given explicitly: the client brings its own pair.
-            if let serverKey = security.serverKey { variables.append("SB_SERVER_KEY='\(serverKey)'") }
+            let kernelPublicKey = security.serverKey ?? security.kernelSecretKey.flatMap { try? CurveKeyPair.publicKey(forSecretKey: $0) }
+            if let kernelPublicKey { variables.append("SB_SERVER_KEY='\(kernelPublicKey)'") }
             variables.append("SB_KEY_FILE=YOUR.key")
         } else if security.isOn(), security.keyFolder.url.standardizedFileURL != KeyFolder(KeyFolder.defaultPath).url.standardizedFileURL {
             variables.append("SB_KEY_DIR=\(security.keyFolder.url.standardizedFileURL.path)")
