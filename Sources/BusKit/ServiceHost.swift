@@ -1,4 +1,4 @@
-import BusProtocol
+public import BusProtocol
 import Foundation
 public import Logging
 public import ServiceLifecycle
@@ -28,10 +28,15 @@ public final class ServiceHost<Hosted: BusService>: Service {
         public var drainTimeout: Duration
         /// Keys for a CURVE-secured kernel (a worker key; nil: plain text).
         public var curve: CurveClientKeys?
+        /// The kernel's `max_message_size`: a bigger reply is answered -32010 instead (the
+        /// kernel would drop the worker's connection, and the client would wait in vain).
+        public var maxMessageSize: Int
 
         public init(brokers: [String], connections: Int = 2, heartbeatInterval: Duration = .milliseconds(2_500),
-                    heartbeatLiveness: Int = 3, drainTimeout: Duration = .seconds(5), curve: CurveClientKeys? = nil) {
+                    heartbeatLiveness: Int = 3, drainTimeout: Duration = .seconds(5), curve: CurveClientKeys? = nil,
+                    maxMessageSize: Int = MDP.defaultMaxMessageSize) {
             self.curve = curve
+            self.maxMessageSize = maxMessageSize
             self.brokers = brokers
             self.connections = connections
             self.heartbeatInterval = heartbeatInterval
@@ -189,12 +194,18 @@ actor WorkerConnection<Hosted: BusService> {
             reregister()
         case .request(let client, let body):
             busy += 1
-            let table = self.table, service = self.service
+            let table = self.table, service = self.service, limit = options.maxMessageSize
             let bytes = body.count == 1 ? body[0].bytes : nil
             Task {
-                let reply: [UInt8]
+                var reply: [UInt8]
                 if let bytes {
                     reply = await table.answer(body: bytes, on: service)
+                    if reply.count > limit {
+                        reply = JSONRPC.errorReply(to: bytes, error: JSONRPCError(
+                            code: JSONRPCError.tooLargeCode,
+                            message: "Too large: the reply is \(reply.count) bytes, over the kernel's limit of \(limit) bytes (kernel.max_message_size)",
+                            data: ["bytes": .int(Int64(reply.count)), "limit": .int(Int64(limit))]))
+                    }
                 } else {
                     reply = JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes
                 }

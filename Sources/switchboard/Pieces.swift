@@ -28,7 +28,7 @@ struct Connection {
 
     func hostOptions<S>() -> ServiceHost<S>.Options {
         ServiceHost<S>.Options(brokers: brokers, connections: workers, heartbeatInterval: heartbeatInterval,
-                               heartbeatLiveness: liveness, curve: curve)
+                               heartbeatLiveness: liveness, curve: curve, maxMessageSize: maxMessageSize)
     }
 
     func client() async throws -> BusClient {

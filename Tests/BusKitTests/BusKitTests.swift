@@ -10,10 +10,12 @@ import ZeroMQ
 
 /// Hosts an echo service against `kernel`, with fast heartbeats for tests.
 func hostEcho(_ kernel: TestKernel, instance: String = "echo", connections: Int = 2, curve: CurveClientKeys? = nil,
+              maxMessageSize: Int? = nil,
               onReregistered: @escaping @Sendable () async -> Void = {}) async throws -> ServiceHost<EchoService> {
     let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: connections,
                                                    heartbeatInterval: kernel.configuration.heartbeatInterval,
-                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness, curve: curve)
+                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness, curve: curve,
+                                                   maxMessageSize: maxMessageSize ?? kernel.configuration.maxMessageSize)
     let host = try ServiceHost(service: EchoService(instance: instance), options: options, onReregistered: onReregistered)
     try await host.start()
     return host
@@ -96,7 +98,7 @@ struct BusKitTests {
         await kernel.stop()
     }
 
-    @Test("a request over the kernel's max_message_size fails at once with -32010 naming the limit; the connection stays usable")
+    @Test("a request over the kernel's max_message_size fails at once with -32010 naming the limit; a reply over it is answered -32010 by the worker")
     func oversizedRequest() async throws {
         let limit = 256 * 1024
         let kernel = try await TestKernel.start { $0.maxMessageSize = limit }
@@ -113,8 +115,17 @@ struct BusKitTests {
         let small = try await bus.request(service: "echo", method: "echo", params: ["blob": .string(String(repeating: "x", count: limit / 2))])
         #expect(small["blob"]?.stringValue?.count == limit / 2)
         #expect(await bus.counters().resent == 0, "nothing was sent that the kernel would drop")
-        await bus.close()
         await host.stop()
+
+        // A reply over its worker's limit is answered -32010 by the worker itself, not lost
+        // with the connection the kernel would drop.
+        let strict = try await hostEcho(kernel, maxMessageSize: limit / 4)
+        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        let bigReply = await rpcError { try await bus.request(service: "echo", method: "echo", params: ["blob": .string(String(repeating: "x", count: limit / 2))]) }
+        #expect(bigReply?.code == JSONRPCError.tooLargeCode && bigReply?.message.contains("the reply is") == true, "\(String(describing: bigReply))")
+        #expect(try await bus.request(service: "echo", method: "whoami") == "echo", "the worker still serves")
+        await bus.close()
+        await strict.stop()
         await kernel.stop()
     }
 
