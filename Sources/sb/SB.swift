@@ -44,6 +44,36 @@ struct SB: AsyncParsableCommand {
         if let index = arguments.firstIndex(of: "--server-key"), index + 1 < arguments.count {
             arguments[index...index + 1] = ["--server-key=\(arguments[index + 1])"]
         }
-        await main(arguments)
+        await main(connectionOptionsAfterVerb(arguments))
+    }
+
+    /// Options every verb takes, as in `sb --endpoint tcp://host:5555 services`: moved
+    /// after the verb, where the parser looks for them.
+    static func connectionOptionsAfterVerb(_ arguments: [String]) -> [String] {
+        let valued: Set = ["--endpoint", "--state-endpoint", "--timeout", "--server-key", "--key-file", "--key-dir"]
+        var leading: [String] = [], index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            let name = String(argument.prefix { $0 != "=" })
+            guard valued.contains(name) || argument == "--json" else { break }
+            leading.append(argument)
+            if !argument.contains("="), argument != "--json", index + 1 < arguments.count {
+                leading.append(arguments[index + 1])
+                index += 1
+            }
+            index += 1
+        }
+        guard !leading.isEmpty, index < arguments.count else { return arguments }
+        // Past the verb and its sub-verbs (`news saved`), where the options are defined.
+        var end = index, commands = configuration.subcommands
+        while end < arguments.count, let command = commands.first(where: {
+            $0._commandName == arguments[end] || $0.configuration.aliases.contains(arguments[end])
+        }) {
+            commands = command.configuration.subcommands
+            end += 1
+            if commands.isEmpty { break }
+        }
+        guard end > index else { return arguments }
+        return Array(arguments[index..<end]) + leading + arguments[end...]
     }
 }

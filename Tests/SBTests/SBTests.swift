@@ -105,6 +105,11 @@ struct SBTests {
             let bad = try await bus.sb("services", "--endpoint", endpoint)
             #expect(bad.status == 64 && bad.stderr.contains("is not an endpoint"), "\(endpoint): \(bad)")
         }
+        // Connection options before the verb work too, as `sb --endpoint X services`.
+        let before = try await bus.sb("--endpoint", bus.environment["SB_ENDPOINT"]!, "--timeout", "5s", "services", environment: ["SB_ENDPOINT": ""])
+        #expect(before.status == 0 && before.stdout.contains("pricing"), "\(before)")
+        let nested = try await bus.sb("--endpoint", bus.environment["SB_ENDPOINT"]!, "news", "saved", "--json", environment: ["SB_ENDPOINT": ""])
+        #expect(nested.status == 0, "\(nested)")
         let badEnvironment = try await bus.sb("ping", environment: ["SB_ENDPOINT": "garbage://x"])
         #expect(badEnvironment.status == 64, "\(badEnvironment)")
         // Invalid UTF-8 (a lone 0xFF) in an argument is refused, not turned into U+FFFD.
