@@ -204,6 +204,13 @@ let package = Package(
             path: "Sources/Fuzz",
             swiftSettings: sharedSettings
         ),
+        // The metal the kernel is measured against: a raw libzmq broker, echo workers and
+        // pipelining clients in C (`switchboard-bench kernel` runs them beside the kernel).
+        .executableTarget(
+            name: "zmq-baseline",
+            path: "Sources/ZMQBaseline",
+            linkerSettings: [.linkedLibrary("zmq"), .linkedLibrary("pthread")]
+        ),
         // Soak and chaos over a whole `switchboard up`: `Scripts/soak`.
         .executableTarget(
             name: "switchboard-soak",

@@ -6,6 +6,7 @@ import Foundation
 import Histogram
 import Kernel
 import Synchronization
+import SwitchboardTestSupport
 import ZeroMQ
 
 /// The kernel under load: request round trips and pipelining through the Majordomo broker
@@ -61,17 +62,24 @@ struct KernelBenchmark: AsyncParsableCommand {
         progress("Kernel benchmark: 64-byte bodies over \(transport == "tcp" ? "tcp://127.0.0.1" : "ipc://"), raw echo worker with \(workerSockets) connections, \(ProcessInfo.processInfo.activeProcessorCount) cores")
         try await waitForWorkers(endpoints.broker, service: "bench", count: workerSockets)
         try await waitForWorkers(endpoints.broker, service: "bench1", count: 1)
+        let metal = try await Metal.start(workerSockets: workerSockets)
+        defer { metal.stop() }
+        try await waitForWorkers(metal.kernelBroker, service: "bench", count: workerSockets)
 
         // Round trips: direct, MMI and through the kernel once per round, rounds
         // interleaved, then the median round of each.
         var directRuns: [(Double, Histogram<UInt64>)] = [], mmiRuns = directRuns, kernelRuns = directRuns
-        var pipelinedRuns: [Int: [Double]] = [:]
+        var pipelinedRuns: [Int: [Double]] = [:], rawRuns: [Int: [Double]] = [:], kernelProcessRuns: [Int: [Double]] = [:]
         for round in 1...runs {
             progress("round \(round) of \(runs)")
             directRuns.append(try directRoundTrips(direct.endpoint, payload))
             mmiRuns.append(try mmiRoundTrips(endpoints.broker))
             kernelRuns.append(try kernelRoundTrips(endpoints.broker, payload))
-            for clients in [1, 8] { pipelinedRuns[clients, default: []].append(try pipelined(endpoints.broker, payload, clients: clients)) }
+            for clients in [1, 8] {
+                rawRuns[clients, default: []].append(try await metal.rawRate(clients: clients, requests: requests, window: window))
+                kernelProcessRuns[clients, default: []].append(try await metal.kernelRate(clients: clients, requests: requests, window: window))
+                pipelinedRuns[clients, default: []].append(try pipelined(endpoints.broker, payload, clients: clients))
+            }
         }
         let directRT = medianByP50(directRuns), mmiRT = medianByP50(mmiRuns), kernelRT = medianByP50(kernelRuns)
         func versusDirect(_ run: (Double, Histogram<UInt64>)) -> String {
@@ -83,8 +91,15 @@ struct KernelBenchmark: AsyncParsableCommand {
             Row("kernel round trip (MDP)", rate: kernelRT.0, latencies: kernelRT.1, note: versusDirect(kernelRT)),
         ]
         for clients in [1, 8] {
-            rows.append(Row("kernel pipelined, \(clients) client\(clients == 1 ? "" : "s")", rate: median(pipelinedRuns[clients]!),
-                            note: "window \(window) each"))
+            let plural = clients == 1 ? "" : "s", raw = median(rawRuns[clients]!)
+            func ofRaw(_ rate: Double) -> String { String(format: "%.2fx raw C", rate / raw) }
+            let process = median(kernelProcessRuns[clients]!), inProcess = median(pipelinedRuns[clients]!)
+            rows.append(Row("raw libzmq C broker, pipelined, \(clients) client\(plural)", rate: raw,
+                            note: "the metal: ROUTER-ROUTER, C clients and worker, window \(window) each"))
+            rows.append(Row("kernel process, C MDP peers, pipelined, \(clients) client\(plural)", rate: process,
+                            note: "\(ofRaw(process)); switchboard kernel, C worker with \(workerSockets) connections"))
+            rows.append(Row("kernel in-process, pipelined, \(clients) client\(plural)", rate: inProcess,
+                            note: "\(ofRaw(inProcess)); one libzmq context for all"))
         }
         rows.append(contentsOf: try await busKitRows(endpoints.broker))
         for subscribers in [1, 10] {
@@ -192,6 +207,53 @@ struct KernelBenchmark: AsyncParsableCommand {
         done.wait()
         guard failures.value == 0 else { throw ValidationError("a pipelined client lost replies") }
         return Double(perClient * clients) / (Double(monotonicNanoseconds() - start) / 1e9)
+    }
+
+    // MARK: The metal
+
+    /// Raw libzmq in C (`zmq-baseline`: a ROUTER-ROUTER broker with no protocol and an echo
+    /// worker), and `switchboard kernel` as its own process with a C 7/MDP echo worker: the
+    /// same C pipelining clients measure both, in the same rounds as the rest.
+    struct Metal {
+        let processes: [ChildProcess]
+        let rawFront: String, kernelBroker: String
+
+        static func start(workerSockets: Int) async throws -> Metal {
+            let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
+            guard FileManager.default.isExecutableFile(atPath: baseline.path) else {
+                throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
+            }
+            let ports = (0..<6).map { _ in "tcp://127.0.0.1:\(freePort())" }
+            // Each watches its standard input, a pipe this process holds: they end with it.
+            let processes = [
+                try ChildProcess(baseline, ["broker", ports[0], ports[1]]),
+                try ChildProcess(baseline, ["worker", ports[1], "1"]),
+                try ChildProcess(switchboardExecutable(), ["kernel", "--log-level", "error", "--queue-timeout-ms", "60000", "--broker", ports[2],
+                                                           "--snapshot", ports[3], "--publisher", ports[4], "--collector", ports[5]]),
+                try ChildProcess(baseline, ["mdp-worker", ports[2], "bench", String(workerSockets)]),
+            ]
+            return Metal(processes: processes, rawFront: ports[0], kernelBroker: ports[2])
+        }
+
+        func rawRate(clients: Int, requests: Int, window: Int) async throws -> Double {
+            try await rate(["client", rawFront, String(clients), String(requests), String(window)])
+        }
+
+        func kernelRate(clients: Int, requests: Int, window: Int) async throws -> Double {
+            try await rate(["mdp-client", kernelBroker, "bench", String(clients), String(requests), String(window)])
+        }
+
+        private func rate(_ arguments: [String]) async throws -> Double {
+            let result = try await runCommand(productsDirectory().appendingPathComponent("zmq-baseline"), arguments, seconds: 120)
+            guard result.status == 0, let rate = Double(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) else {
+                throw ValidationError("zmq-baseline \(arguments.joined(separator: " ")): \(result)")
+            }
+            return rate
+        }
+
+        func stop() {
+            for process in processes.reversed() { process.stop(grace: 2) }
+        }
     }
 
     // MARK: The full stack: BusClient and a hosted service

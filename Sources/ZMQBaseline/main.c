@@ -1,0 +1,264 @@
+// zmq-baseline: the metal the kernel is measured against, in plain C on libzmq.
+//
+//   zmq-baseline broker FRONT BACK                      ROUTER front, ROUTER back, no protocol
+//   zmq-baseline worker BACK SOCKETS                    echo worker for that broker
+//   zmq-baseline mdp-worker BROKER SERVICE SOCKETS      7/MDP echo worker (for the kernel)
+//   zmq-baseline client ENDPOINT CLIENTS REQUESTS WINDOW            pipelining clients (raw)
+//   zmq-baseline mdp-client ENDPOINT SERVICE CLIENTS REQUESTS WINDOW  the same over 7/MDP
+//
+// Brokers and workers run until their standard input ends (the lifeline: the benchmark
+// holds the other end of the pipe) or they get SIGTERM. Clients send REQUESTS 64-byte
+// bodies in all, each client keeping WINDOW in flight on its own DEALER and thread, then
+// print the rate (requests per second) on stdout. Frames are moved, never copied.
+#include <zmq.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static void die(const char *what) {
+    fprintf(stderr, "zmq-baseline: %s: %s\n", what, zmq_strerror(zmq_errno()));
+    exit(1);
+}
+
+static void *socket_of(void *context, int type) {
+    void *socket = zmq_socket(context, type);
+    if (!socket) die("zmq_socket");
+    int zero = 0;
+    zmq_setsockopt(socket, ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(socket, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(socket, ZMQ_LINGER, &zero, sizeof zero);
+    return socket;
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+// A whole multipart message, frame by frame, as libzmq handed it over.
+#define MAX_PARTS 16
+typedef struct {
+    zmq_msg_t parts[MAX_PARTS];
+    int count;
+} message_t;
+
+// Receives one message; 0 on EAGAIN (with ZMQ_DONTWAIT), -1 on error.
+static int receive(void *socket, message_t *message, int flags) {
+    message->count = 0;
+    int more = 1;
+    while (more) {
+        if (message->count == MAX_PARTS) die("a message with too many parts");
+        zmq_msg_t *part = &message->parts[message->count];
+        zmq_msg_init(part);
+        if (zmq_msg_recv(part, socket, message->count == 0 ? flags : 0) == -1) {
+            zmq_msg_close(part);
+            if (zmq_errno() == EAGAIN && message->count == 0) return 0;
+            return -1;
+        }
+        message->count++;
+        more = zmq_msg_more(part);
+    }
+    return 1;
+}
+
+// Sends parts [from, count) of a message, moving them.
+static void send_from(void *socket, message_t *message, int from) {
+    for (int index = from; index < message->count; index++) {
+        int flags = index + 1 < message->count ? ZMQ_SNDMORE : 0;
+        if (zmq_msg_send(&message->parts[index], socket, flags) == -1) die("zmq_msg_send");
+    }
+    for (int index = 0; index < from; index++) zmq_msg_close(&message->parts[index]);
+}
+
+static void send_text(void *socket, const void *data, size_t size, int flags) {
+    if (zmq_send(socket, data, size, flags) == -1) die("zmq_send");
+}
+
+// True when the lifeline (standard input) has ended. A pipe whose writer is gone polls as
+// hung up, which zmq_poll reports as ZMQ_POLLERR.
+static int lifeline_ended(zmq_pollitem_t *item) {
+    if (!(item->revents & (ZMQ_POLLIN | ZMQ_POLLERR))) return 0;
+    char buffer[64];
+    return read(0, buffer, sizeof buffer) <= 0;
+}
+
+// MARK: The raw broker: clients' requests to workers round-robin, replies back.
+
+static int broker(const char *front_endpoint, const char *back_endpoint) {
+    void *context = zmq_ctx_new();
+    void *front = socket_of(context, ZMQ_ROUTER), *back = socket_of(context, ZMQ_ROUTER);
+    if (zmq_bind(front, front_endpoint) == -1) die(front_endpoint);
+    if (zmq_bind(back, back_endpoint) == -1) die(back_endpoint);
+    zmq_msg_t workers[1024];
+    int worker_count = 0, next = 0;
+    zmq_pollitem_t items[] = {{front, 0, ZMQ_POLLIN, 0}, {back, 0, ZMQ_POLLIN, 0}, {NULL, 0, ZMQ_POLLIN, 0}};
+    message_t message;
+    while (1) {
+        // Until a worker is there, requests wait in libzmq.
+        if (zmq_poll(worker_count ? items : items + 1, worker_count ? 3 : 2, -1) == -1) {
+            if (zmq_errno() == EINTR) continue;
+            die("zmq_poll");
+        }
+        if (lifeline_ended(&items[2])) break;
+        // Drain each socket in batches before sleeping again.
+        for (int batch = 0; batch < 1000 && receive(back, &message, ZMQ_DONTWAIT) == 1; batch++) {
+            if (message.count == 2 && zmq_msg_size(&message.parts[1]) == 5 && memcmp(zmq_msg_data(&message.parts[1]), "READY", 5) == 0) {
+                if (worker_count == 1024) die("too many workers");
+                zmq_msg_init(&workers[worker_count]);
+                zmq_msg_copy(&workers[worker_count++], &message.parts[0]);
+                zmq_msg_close(&message.parts[0]);
+                zmq_msg_close(&message.parts[1]);
+                continue;
+            }
+            send_from(front, &message, 1);  // [worker, client, "", body] -> [client, "", body]
+        }
+        for (int batch = 0; worker_count && batch < 1000 && receive(front, &message, ZMQ_DONTWAIT) == 1; batch++) {
+            zmq_msg_t worker;
+            zmq_msg_init(&worker);
+            zmq_msg_copy(&worker, &workers[next]);
+            next = (next + 1) % worker_count;
+            if (zmq_msg_send(&worker, back, ZMQ_SNDMORE) == -1) die("zmq_msg_send");
+            send_from(back, &message, 0);
+        }
+    }
+    return 0;
+}
+
+// MARK: Echo workers
+
+static int worker(const char *endpoint, const char *service, int count) {
+    void *context = zmq_ctx_new();
+    void **sockets = calloc((size_t)count, sizeof(void *));
+    zmq_pollitem_t *items = calloc((size_t)count + 1, sizeof(zmq_pollitem_t));
+    for (int index = 0; index < count; index++) {
+        sockets[index] = socket_of(context, ZMQ_DEALER);
+        if (zmq_connect(sockets[index], endpoint) == -1) die(endpoint);
+        if (service) {
+            send_text(sockets[index], "", 0, ZMQ_SNDMORE);
+            send_text(sockets[index], "MDPW01", 6, ZMQ_SNDMORE);
+            send_text(sockets[index], "\x01", 1, ZMQ_SNDMORE);
+            send_text(sockets[index], service, strlen(service), 0);
+        } else {
+            send_text(sockets[index], "READY", 5, 0);
+        }
+        items[index] = (zmq_pollitem_t){sockets[index], 0, ZMQ_POLLIN, 0};
+    }
+    items[count] = (zmq_pollitem_t){NULL, 0, ZMQ_POLLIN, 0};
+    message_t message;
+    while (1) {
+        if (zmq_poll(items, count + 1, -1) == -1) {
+            if (zmq_errno() == EINTR) continue;
+            die("zmq_poll");
+        }
+        if (lifeline_ended(&items[count])) break;
+        for (int index = 0; index < count; index++) {
+            if (!(items[index].revents & ZMQ_POLLIN)) continue;
+            while (receive(sockets[index], &message, ZMQ_DONTWAIT) == 1) {
+                if (!service) {
+                    send_from(sockets[index], &message, 0);  // [client, "", body] back as it came
+                    continue;
+                }
+                // 7/MDP: ["", MDPW01, command, ...]; REQUEST [.., 0x02, client, "", body].
+                char command = message.count >= 3 ? *(char *)zmq_msg_data(&message.parts[2]) : 0;
+                if (command == 0x02 && message.count >= 6) {
+                    zmq_msg_t reply;
+                    zmq_msg_init_size(&reply, 1);
+                    *(char *)zmq_msg_data(&reply) = 0x03;
+                    zmq_msg_close(&message.parts[2]);
+                    message.parts[2] = reply;
+                    send_from(sockets[index], &message, 0);
+                } else {
+                    if (command == 0x04) {  // HEARTBEAT: answer in kind, so an idle worker stays registered
+                        send_text(sockets[index], "", 0, ZMQ_SNDMORE);
+                        send_text(sockets[index], "MDPW01", 6, ZMQ_SNDMORE);
+                        send_text(sockets[index], "\x04", 1, 0);
+                    }
+                    for (int part = 0; part < message.count; part++) zmq_msg_close(&message.parts[part]);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+// MARK: Pipelining clients
+
+typedef struct {
+    void *context;
+    const char *endpoint, *service;
+    long requests, window;
+    int failed;
+} client_t;
+
+static void *run_client(void *argument) {
+    client_t *client = argument;
+    void *socket = socket_of(client->context, ZMQ_DEALER);
+    int timeout = 30000;
+    zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    if (zmq_connect(socket, client->endpoint) == -1) die(client->endpoint);
+    char body[64];
+    memset(body, 0x5A, sizeof body);
+    long sent = 0, received = 0;
+    message_t reply;
+    while (received < client->requests) {
+        while (sent < client->requests && sent - received < client->window) {
+            send_text(socket, "", 0, ZMQ_SNDMORE);
+            if (client->service) {
+                send_text(socket, "MDPC01", 6, ZMQ_SNDMORE);
+                send_text(socket, client->service, strlen(client->service), ZMQ_SNDMORE);
+            }
+            send_text(socket, body, sizeof body, 0);
+            sent++;
+        }
+        if (receive(socket, &reply, 0) != 1) {
+            client->failed = 1;
+            break;
+        }
+        for (int part = 0; part < reply.count; part++) zmq_msg_close(&reply.parts[part]);
+        received++;
+    }
+    zmq_close(socket);
+    return NULL;
+}
+
+static int clients(const char *endpoint, const char *service, int count, long requests, long window) {
+    void *context = zmq_ctx_new();
+    client_t *all = calloc((size_t)count, sizeof(client_t));
+    pthread_t *threads = calloc((size_t)count, sizeof(pthread_t));
+    double start = now();
+    for (int index = 0; index < count; index++) {
+        all[index] = (client_t){context, endpoint, service, requests / count, window, 0};
+        pthread_create(&threads[index], NULL, run_client, &all[index]);
+    }
+    int failed = 0;
+    for (int index = 0; index < count; index++) {
+        pthread_join(threads[index], NULL);
+        failed |= all[index].failed;
+    }
+    double seconds = now() - start;
+    if (failed) {
+        fprintf(stderr, "zmq-baseline: a client got no reply within 30 s\n");
+        return 1;
+    }
+    printf("%.0f\n", (double)(requests / count * count) / seconds);
+    zmq_ctx_term(context);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "broker") && argc == 4) return broker(argv[2], argv[3]);
+    if (!strcmp(mode, "worker") && argc == 4) return worker(argv[2], NULL, atoi(argv[3]));
+    if (!strcmp(mode, "mdp-worker") && argc == 5) return worker(argv[2], argv[3], atoi(argv[4]));
+    if (!strcmp(mode, "client") && argc == 6) return clients(argv[2], NULL, atoi(argv[3]), atol(argv[4]), atol(argv[5]));
+    if (!strcmp(mode, "mdp-client") && argc == 7) return clients(argv[2], argv[3], atoi(argv[4]), atol(argv[5]), atol(argv[6]));
+    fprintf(stderr,
+            "usage: zmq-baseline broker FRONT BACK | worker BACK SOCKETS | mdp-worker BROKER SERVICE SOCKETS\n"
+            "       | client ENDPOINT CLIENTS REQUESTS WINDOW | mdp-client ENDPOINT SERVICE CLIENTS REQUESTS WINDOW\n");
+    return 64;
+}
