@@ -31,7 +31,8 @@ public final class ZMQContext: @unchecked Sendable {
     deinit {
         // Every socket holds a strong reference to its context, so by now all are closed
         // and zmq_ctx_term cannot wait on an open socket.
-        while zmq_ctx_term(handle) == -1 && zmq_errno() == EINTR {}
+        // Retried on EINTR; any other failure has nobody left to report to.
+        _ = try? zmqCall("zmq_ctx_term") { zmq_ctx_term(handle) }
     }
 }
 

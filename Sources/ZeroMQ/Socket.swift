@@ -114,17 +114,16 @@ public final class ZMQSocket {
             if index < last { flags |= ZMQ_SNDMORE }
             // After the first frame is accepted libzmq takes the rest of the message
             // whole, so an EAGAIN can only happen on frame 0 and nothing half-sent remains.
-            let rc = withUnsafeMutablePointer(to: &part) { part -> Int32 in
+            try withUnsafeMutablePointer(to: &part) { part throws(ZMQError) in
                 frame.prepareForSending(part)
-                while true {
-                    let rc = zmq_msg_send(part, handle, flags)
-                    if rc != -1 { return rc }
-                    if zmq_errno() == EINTR { continue }
+                do throws(ZMQError) {
+                    try zmqCall("zmq_msg_send(\(type))") { zmq_msg_send(part, handle, flags) }
+                } catch {
+                    // Not sent: the frame's reference is ours to release.
                     zmq_msg_close(part)
-                    return -1
+                    throw error
                 }
             }
-            if rc == -1 { throw ZMQError(call: "zmq_msg_send(\(type))", code: zmq_errno()) }
         }
     }
 
@@ -166,25 +165,24 @@ public final class ZMQSocket {
             // arrives with it, so later frames are read without DONTWAIT.
             let frameFlags = frames.isEmpty ? flags : 0
             var more = false
-            let code = withUnsafeMutablePointer(to: &part) { part -> Int32 in
-                zmq_msg_init(part)
-                while zmq_msg_recv(part, handle, frameFlags) == -1 {
-                    let code = zmq_errno()
-                    if code == EINTR { continue }
+            do throws(ZMQError) {
+                try withUnsafeMutablePointer(to: &part) { part throws(ZMQError) in
+                    zmq_msg_init(part)
+                    do throws(ZMQError) {
+                        try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, frameFlags) }
+                    } catch {
+                        zmq_msg_close(part)
+                        throw error
+                    }
+                    more = zmq_msg_more(part) == 1
+                    if !more && readsPeerUserID, let value = zmq_msg_gets(part, "User-Id") {
+                        userID = String(cString: value)
+                    }
+                    frames.append(Frame(moving: part))
                     zmq_msg_close(part)
-                    return code
                 }
-                more = zmq_msg_more(part) == 1
-                if !more && readsPeerUserID, let value = zmq_msg_gets(part, "User-Id") {
-                    userID = String(cString: value)
-                }
-                frames.append(Frame(moving: part))
-                zmq_msg_close(part)
-                return 0
-            }
-            if code != 0 {
-                if code == EAGAIN && frames.isEmpty && flags & ZMQ_DONTWAIT != 0 { return nil }
-                throw ZMQError(call: "zmq_msg_recv(\(type))", code: code)
+            } catch where error.isAgain && frames.isEmpty && flags & ZMQ_DONTWAIT != 0 {
+                return nil
             }
             if !more {
                 var message = Message(frames)
