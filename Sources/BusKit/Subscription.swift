@@ -37,7 +37,7 @@ public final class Subscription: AsyncSequence, Sendable {
 
     let loop: SocketLoop
     private let ownsLoop: Bool
-    private let buffer: AsyncBuffer<StateUpdate>
+    private let buffer: BoundedBuffer<StateUpdate>
     private let core: LoopBound<SubscriptionCore>
 
     /// Opens a subscription.
@@ -52,7 +52,7 @@ public final class Subscription: AsyncSequence, Sendable {
                             curve: CurveClientKeys? = nil) async throws -> Subscription {
         let ownsLoop = loop == nil
         let loop = try loop ?? SocketLoop(context: try context ?? ZMQContext(), name: "subscription")
-        let buffer = AsyncBuffer<StateUpdate>(capacity: bufferSize)
+        let buffer = BoundedBuffer<StateUpdate>(capacity: bufferSize, whenFull: .refuse)
         let prefixes = prefixes.isEmpty ? [""] : prefixes
         let core = try await loop.run {
             let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot,
@@ -64,7 +64,7 @@ public final class Subscription: AsyncSequence, Sendable {
         return Subscription(loop: loop, ownsLoop: ownsLoop, buffer: buffer, core: core)
     }
 
-    private init(loop: SocketLoop, ownsLoop: Bool, buffer: AsyncBuffer<StateUpdate>, core: LoopBound<SubscriptionCore>) {
+    private init(loop: SocketLoop, ownsLoop: Bool, buffer: BoundedBuffer<StateUpdate>, core: LoopBound<SubscriptionCore>) {
         self.loop = loop
         self.ownsLoop = ownsLoop
         self.buffer = buffer
@@ -94,7 +94,7 @@ public final class Subscription: AsyncSequence, Sendable {
     }
 
     public struct AsyncIterator: AsyncIteratorProtocol {
-        let buffer: AsyncBuffer<StateUpdate>
+        let buffer: BoundedBuffer<StateUpdate>
         public mutating func next() async throws -> StateUpdate? { try await buffer.next() }
     }
 
@@ -112,7 +112,7 @@ final class SubscriptionCore {
     }
 
     unowned let loop: SocketLoop
-    let buffer: AsyncBuffer<StateUpdate>
+    let buffer: BoundedBuffer<StateUpdate>
     let prefixes: [String]
     let includeSnapshot: Bool
     let snapshotEndpoint: String
@@ -135,7 +135,7 @@ final class SubscriptionCore {
     private var disconnected = false
     private(set) var resyncs = 0
 
-    init(loop: SocketLoop, buffer: AsyncBuffer<StateUpdate>, prefixes: [String], includeSnapshot: Bool,
+    init(loop: SocketLoop, buffer: BoundedBuffer<StateUpdate>, prefixes: [String], includeSnapshot: Bool,
          snapshotEndpoint: String, publisherEndpoint: String, silenceTimeout: Duration, curve: CurveClientKeys?) {
         self.loop = loop
         self.buffer = buffer
@@ -198,7 +198,7 @@ final class SubscriptionCore {
     }
 
     private func deliver(_ update: StateUpdate) {
-        if !buffer.push(update) {
+        if buffer.push(update) == .refused {
             // The reader fell too far behind: start over from a snapshot instead of
             // growing without bound or silently skipping updates.
             buffer.clear()

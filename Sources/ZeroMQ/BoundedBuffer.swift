@@ -1,0 +1,156 @@
+public import DequeModule
+import Synchronization
+
+/// The bounded buffer between a producer on a loop thread and the tasks awaiting
+/// ``next()``, served in the order they started waiting. It is the one buffer of the
+/// bridge: an ``AsyncSocket``'s inbox and a subscription's updates both use it.
+///
+/// What happens when it is full is the owner's choice:
+/// - ``WhenFull/pauseProducer(resume:)``: the element is kept and ``push(_:)`` answers
+///   ``PushOutcome/full``, so the producer stops reading; `resume` is called once a consumer
+///   has taken the buffer down to half (an inbox pauses its socket: backpressure reaches
+///   libzmq's own high-water marks).
+/// - ``WhenFull/refuse``: the element is dropped and ``push(_:)`` answers
+///   ``PushOutcome/refused`` (a subscription then resynchronises from a snapshot).
+public final class BoundedBuffer<Element: Sendable>: Sendable {
+    public enum WhenFull: Sendable {
+        case refuse
+        case pauseProducer(resume: @Sendable () -> Void)
+    }
+
+    public enum PushOutcome: Sendable, Equatable {
+        /// Taken (handed to a waiting task, or buffered).
+        case accepted
+        /// Taken, and the buffer is now full: the producer should pause.
+        case full
+        /// Not taken: the buffer is full (``WhenFull/refuse``) or finished.
+        case refused
+    }
+
+    private typealias Waiter = UnsafeContinuation<Element?, any Error>
+    private struct State: ~Copyable {
+        var items: Deque<Element> = []
+        var waiters: Deque<(id: UInt64, continuation: Waiter)> = []
+        var nextWaiterID: UInt64 = 0
+        /// Finished: later pushes are refused; what is buffered is still handed out.
+        var finished = false
+        var error: (any Error)?
+        var paused = false
+    }
+
+    public let capacity: Int
+    private let whenFull: WhenFull
+    private let state = Mutex(State())
+
+    public init(capacity: Int, whenFull: WhenFull) {
+        self.capacity = max(1, capacity)
+        self.whenFull = whenFull
+    }
+
+    /// Called by the producer for each element.
+    @discardableResult
+    public func push(_ element: Element) -> PushOutcome {
+        let pauses = if case .pauseProducer = whenFull { true } else { false }
+        let (waiter, outcome) = state.withLock { state -> (Waiter?, PushOutcome) in
+            if state.finished { return (nil, .refused) }
+            if let waiter = state.waiters.popFirst() { return (waiter.continuation, .accepted) }
+            if !pauses, state.items.count >= capacity { return (nil, .refused) }
+            state.items.append(element)
+            guard pauses, state.items.count >= capacity else { return (nil, .accepted) }
+            state.paused = true
+            return (nil, .full)
+        }
+        waiter?.resume(returning: element)
+        return outcome
+    }
+
+    public var count: Int { state.withLock { $0.items.count } }
+    public var isFinished: Bool { state.withLock { $0.finished } }
+
+    /// Drops everything buffered.
+    public func clear() {
+        let resume = state.withLock { state -> Bool in
+            state.items.removeAll()
+            return takeResume(&state)
+        }
+        if resume { self.resume() }
+    }
+
+    /// Ends the sequence: what is buffered is still handed out, then waiters get nil (or
+    /// `error` thrown); later pushes are refused.
+    public func finish(throwing error: (any Error)? = nil) {
+        let waiters = state.withLock { state -> Deque<(id: UInt64, continuation: Waiter)> in
+            state.finished = true
+            state.error = error
+            defer { state.waiters.removeAll() }
+            return state.waiters
+        }
+        for waiter in waiters {
+            if let error { waiter.continuation.resume(throwing: error) } else { waiter.continuation.resume(returning: nil) }
+        }
+    }
+
+    /// The next element if one is buffered, without waiting.
+    public func tryNext() -> Element? {
+        let (element, resume) = state.withLock { state -> (Element?, Bool) in
+            guard let element = state.items.popFirst() else { return (nil, false) }
+            return (element, takeResume(&state))
+        }
+        if resume { self.resume() }
+        return element
+    }
+
+    /// The next element, waiting for one; nil once finished without an error.
+    public func next() async throws -> Element? {
+        if let element = tryNext() { return element }
+        let id = state.withLock { state -> UInt64 in
+            state.nextWaiterID += 1
+            return state.nextWaiterID
+        }
+        return try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { (continuation: Waiter) in
+                let outcome = state.withLock { state -> WaitOutcome<Element> in
+                    if let element = state.items.popFirst() { return .element(element, resume: takeResume(&state)) }
+                    if state.finished { return .end(state.error) }
+                    // Checked under the lock that onCancel takes, so no cancel is missed.
+                    if Task.isCancelled { return .end(CancellationError()) }
+                    state.waiters.append((id, continuation))
+                    return .waiting
+                }
+                switch outcome {
+                case .waiting: break
+                case .element(let element, let resume):
+                    continuation.resume(returning: element)
+                    if resume { self.resume() }
+                case .end(let error?): continuation.resume(throwing: error)
+                case .end(nil): continuation.resume(returning: nil)
+                }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state -> Waiter? in
+                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.waiters.remove(at: index).continuation
+            }
+            waiter?.resume(throwing: CancellationError())
+        }
+    }
+
+    /// Whether a paused producer may go on: the buffer is down to half.
+    private func takeResume(_ state: inout State) -> Bool {
+        guard state.paused, state.items.count <= capacity / 2 else { return false }
+        state.paused = false
+        return true
+    }
+
+    private func resume() {
+        if case .pauseProducer(let resume) = whenFull { resume() }
+    }
+}
+
+/// What a waiting ``BoundedBuffer/next()`` finds under the lock. (At file level: a local
+/// generic enum inside the closure crashes the Swift 6.3 compiler.)
+private enum WaitOutcome<Element> {
+    case waiting
+    case element(Element, resume: Bool)
+    case end((any Error)?)
+}
