@@ -52,10 +52,11 @@ struct UpCommand: AsyncParsableCommand {
     // MARK: Security
 
     /// Secure by default: unless the configuration says `security.curve: false`, CURVE is
-    /// on, and the kernel's, each service's and the local client's keys are made in the key
-    /// folder when missing (the kernel's machine only: a services-only machine needs the
-    /// keys its kernel allows). The processes started later read the same configuration
-    /// and are told that CURVE is on through SWITCHBOARD_SECURITY_CURVE.
+    /// on, and the kernel's, every service's (enabled here or not: another machine may run
+    /// it) and the local client's keys are made in the key folder when missing. A
+    /// services-only machine makes none: it needs the keys its kernel allows, copied from
+    /// the kernel's machine. The processes started later read the same configuration and
+    /// are told that CURVE is on through SWITCHBOARD_SECURITY_CURVE.
     private func secure(_ file: inout ConfigFile, services: [String]) throws {
         let logger = Logger(label: "switchboard.up")
         guard file.security.isOn(default: true) else {
@@ -64,10 +65,25 @@ struct UpCommand: AsyncParsableCommand {
         }
         file.security.curve = true
         setenv(ConfigFile.variable(for: "security.curve"), "true", 1)
-        guard !noKernel, file.security.kernelSecretKey == nil else { return }
         let folder = file.security.keyFolder
+        if noKernel {
+            guard file.security.serverKey == nil, file.security.secretKey == nil else { return }
+            let needed = [folder.publicKeyFile(KeyFolder.kernel)] + services.map { folder.secretKeyFile($0) }
+            let missing = needed.filter { !FileManager.default.fileExists(atPath: $0.path) }.map(\.lastPathComponent)
+            guard missing.isEmpty else {
+                FileHandle.standardError.write(Data("""
+                    switchboard: security.keys_dir: a services-only machine needs the keys its kernel allows: copy \(missing.joined(separator: ", ")) \
+                    (and the .pub beside each .key) from the kernel machine's \(KeyFolder.defaultPath) into \(folder.path), \
+                    or give security.server_key and security.secret_key_file (see Config/two-machines/)
+
+                    """.utf8))
+                throw ExitCode(78)
+            }
+            return
+        }
+        guard file.security.kernelSecretKey == nil else { return }
         do {
-            let made = try folder.create([KeyFolder.kernel] + services + [KeyFolder.client])
+            let made = try folder.create([KeyFolder.kernel] + ConfigFile.serviceNames + [KeyFolder.client])
             if !made.isEmpty {
                 logger.notice("made CURVE keys", metadata: ["folder": "\(folder.path)", "keys": "\(made.joined(separator: ", "))"])
             }
@@ -82,7 +98,10 @@ struct UpCommand: AsyncParsableCommand {
     private func runSupervised(_ file: ConfigFile, services: [String]) async throws -> Int32 {
         let logger = Logger(label: "switchboard.up")
         if !noKernel { _ = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() } }
-        let probeKeys = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.client) }
+        // The probe asks the kernel whether each piece is up: on a services-only machine, which
+        // has no client key, it goes with the first service's key.
+        let prober = noKernel ? services.first ?? KeyFolder.client : KeyFolder.client
+        let probeKeys = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: prober) }
         var shared: [String] = []
         if let path = common.configPath { shared += ["--config", path] }
         if let level = common.logLevel { shared += ["--log-level", level.rawValue] }

@@ -35,7 +35,7 @@ struct SecureByDefaultTests {
             #expect((attributes[.posixPermissions] as? Int) == 0o600, "\(name).key is private")
         }
         #expect((try FileManager.default.attributesOfItem(atPath: keys.path)[.posixPermissions] as? Int) == 0o700)
-        #expect(!FileManager.default.fileExists(atPath: keys.secretKeyFile("search").path), "no key for a service that is not enabled")
+        #expect(FileManager.default.fileExists(atPath: keys.secretKeyFile("search").path), "a key for every service: another machine may run it")
 
         // The banner's line works as printed, from the bus's folder, with no key flags.
         let line = try #require(banner.split(separator: "\n").first { $0.hasPrefix("Connect with: ") })
@@ -148,6 +148,11 @@ struct SecureByDefaultTests {
         up.signal(SIGTERM)
         #expect(await up.exit(within: 30))
 
+        // A services-only machine with nothing copied over says what it needs.
+        let servicesOnly = try await runCommand(switchboardExecutable(), ["up", "--no-kernel", "--config", config.path],
+                                                environment: ["SWITCHBOARD_SECURITY_CURVE": "true"])
+        #expect(servicesOnly.status == 78 && servicesOnly.stderr.contains("copy kernel.pub, echo.key"), "\(servicesOnly)")
+
         // The kernel alone, with nothing said about CURVE: plain, for any ZeroMQ peer, with the warning.
         let empty = folder.appendingPathComponent("empty.yaml")
         try "log_level: info\n".write(to: empty, atomically: true, encoding: .utf8)
@@ -156,5 +161,37 @@ struct SecureByDefaultTests {
         })
         defer { kernel.stop() }
         try await kernel.waitForOutput(containing: "CURVE is off", within: 30)
+    }
+
+    @Test("two machines from the key folder: the kernel host makes every service's key; a services-only up with the copied files registers")
+    func servicesOnlyMachineWithCopiedKeys() async throws {
+        let kernelHost = try temporaryDirectory("up-kernel-host"), servicesHost = try temporaryDirectory("up-services-host")
+        let kernelKeys = busKeyFolder(in: kernelHost), servicesKeys = busKeyFolder(in: servicesHost)
+        let (config, ports) = try writeBusConfiguration(in: kernelHost, services: """
+            echo: {enabled: false}
+              store: {enabled: false}
+              fetcher: {enabled: false}
+              search: {enabled: false}
+              pricing: {enabled: false}
+            """, supervisor: "restart_backoff_ms: 100")
+        let kernel = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
+        defer { kernel.stop() }
+        try await kernel.waitForOutput(containing: "Stop with Ctrl-C", within: 60)
+        // What an operator copies to the services machine: the kernel's public key and echo's pair.
+        try FileManager.default.createDirectory(at: servicesKeys.url, withIntermediateDirectories: true)
+        for file in [kernelKeys.publicKeyFile("kernel"), kernelKeys.secretKeyFile("echo"), kernelKeys.publicKeyFile("echo")] {
+            try FileManager.default.copyItem(at: file, to: servicesKeys.url.appendingPathComponent(file.lastPathComponent))
+        }
+        let services = try ChildProcess(switchboardExecutable(), ["up", "--no-kernel", "--config", config.path],
+                                        environment: ["SWITCHBOARD_SECURITY_KEYS_DIR": servicesKeys.path, "SWITCHBOARD_SERVICES_ECHO_ENABLED": "true"])
+        defer { services.stop() }
+        try await services.waitForOutput(containing: "Stop with Ctrl-C", within: 60)
+        let echoed = try await runCommand(sbExecutable(), ["request", "echo", "echo", #"{"from":"elsewhere"}"#, "--endpoint", "tcp://127.0.0.1:\(ports[0])"],
+                                          environment: ["SB_KEY_DIR": kernelKeys.path])
+        #expect(echoed.status == 0 && echoed.stdout.contains("elsewhere"), "\(echoed)")
+        services.signal(SIGTERM)
+        #expect(await services.exit(within: 30))
+        kernel.signal(SIGTERM)
+        #expect(await kernel.exit(within: 30))
     }
 }
