@@ -150,13 +150,10 @@ public final class BusClient: Sendable {
     /// of answering, so the request would only time out).
     private func refusal(_ body: Frame, service: String) -> BusError? {
         guard MDP.isValidServiceName(service) else {
-            return .remote(service: service, .invalidRequest("the service name must be 1 to \(MDP.maxServiceNameLength) printable ASCII characters, got '\(service)'"))
+            return .remote(service: service, .invalidRequest("the service name must be \(MDP.serviceNameRule), got '\(service)'"))
         }
         guard body.count > maxMessageSize else { return nil }
-        return .remote(service: service, JSONRPCError(
-            code: JSONRPCError.tooLargeCode,
-            message: "Too large: the request is \(body.count) bytes, over the kernel's limit of \(maxMessageSize) bytes (kernel.max_message_size)",
-            data: ["bytes": .int(Int64(body.count)), "limit": .int(Int64(maxMessageSize))]))
+        return .remote(service: service, .overMessageSize("request", bytes: body.count, limit: maxMessageSize))
     }
 
     /// Whether a service has at least one worker (8/MMI `mmi.service`).

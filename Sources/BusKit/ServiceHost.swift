@@ -201,10 +201,7 @@ actor WorkerConnection<Hosted: BusService> {
                 if let bytes {
                     reply = await table.answer(body: bytes, on: service)
                     if reply.count > limit {
-                        reply = JSONRPC.errorReply(to: bytes, error: JSONRPCError(
-                            code: JSONRPCError.tooLargeCode,
-                            message: "Too large: the reply is \(reply.count) bytes, over the kernel's limit of \(limit) bytes (kernel.max_message_size)",
-                            data: ["bytes": .int(Int64(reply.count)), "limit": .int(Int64(limit))]))
+                        reply = JSONRPC.errorReply(to: bytes, error: .overMessageSize("reply", bytes: reply.count, limit: limit))
                     }
                 } else {
                     reply = JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes

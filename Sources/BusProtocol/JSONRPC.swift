@@ -82,6 +82,12 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
     public static func tooLarge(_ bytes: Int, limit: Int) -> JSONRPCError {
         .init(code: tooLargeCode, message: "Too large: \(bytes) bytes, the limit is \(limit)")
     }
+    /// A request or reply (`what`) the kernel would not take: libzmq drops the connection
+    /// that carries a message over `kernel.max_message_size` instead of answering.
+    public static func overMessageSize(_ what: String, bytes: Int, limit: Int) -> JSONRPCError {
+        .init(code: tooLargeCode, message: "Too large: the \(what) is \(bytes) bytes, over the kernel's limit of \(limit) bytes (kernel.max_message_size)",
+              data: ["bytes": .int(Int64(bytes)), "limit": .int(Int64(limit))])
+    }
     public static func forbidden(_ detail: String) -> JSONRPCError { .init(code: forbiddenCode, message: "Forbidden: \(detail)") }
     public static func internalError(_ detail: String) -> JSONRPCError { .init(code: internalErrorCode, message: "Internal error: \(detail)") }
 

@@ -30,6 +30,9 @@ public enum MDP {
     /// The longest service name accepted.
     public static let maxServiceNameLength = 255
 
+    /// What a usable service name is, for error messages.
+    public static let serviceNameRule = "1 to \(maxServiceNameLength) printable ASCII characters"
+
     /// Whether `name` is a usable service name: 1 to 255 printable ASCII characters.
     public static func isValidServiceName(_ name: String) -> Bool {
         let bytes = name.utf8
@@ -203,7 +206,7 @@ extension MDP {
 
     private static func serviceName(_ frame: Frame, _ context: String) throws(ProtocolError) -> String {
         guard let name = frame.string, isValidServiceName(name) else {
-            throw ProtocolError("MDP", "\(context): service name must be 1 to \(maxServiceNameLength) printable ASCII characters")
+            throw ProtocolError("MDP", "\(context): service name must be \(serviceNameRule)")
         }
         return name
     }

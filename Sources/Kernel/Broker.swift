@@ -87,9 +87,8 @@ final class Broker {
                 disconnect(message[0], reason: "\(error)")
             } else if message.count >= 5, message[1].isEmpty, message[2].equals(MDP.clientHeader) {
                 let shown = String(decoding: message[3].bytes.prefix(64), as: UTF8.self)
-                logger.info("refused a request with an unusable service name", metadata: ["service": "\(shown)"])
                 reply(to: message[0], serviceFrame: message[3], body: Array(message.frames[4...]), error: .invalidRequest(
-                    "the service name must be 1 to \(MDP.maxServiceNameLength) printable ASCII characters, got \(message[3].isEmpty ? "an empty name" : "'\(shown)'")"))
+                    "the service name must be \(MDP.serviceNameRule), got \(message[3].isEmpty ? "an empty name" : "'\(shown)'")"))
             }
             return
         }

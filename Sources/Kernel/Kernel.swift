@@ -297,7 +297,7 @@ extension Kernel {
         }
         family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(broker.protocolErrors))])
         family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(zapHandler?.refused ?? 0))])
-        family("refused_registrations_total", "counter", "READY commands refused from client keys.", [("", String(broker.refusedRegistrations))])
+        family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(broker.refusedRegistrations))])
         family("state_keys", "gauge", "Keys in the CHP state.", [("", String(state.entries.count))])
         family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(state.totalBytes))])
         family("state_refused_total", "counter", "State writes refused: forbidden for the writer's key, or over a key or byte limit.",

@@ -70,14 +70,14 @@ struct UpCommand: AsyncParsableCommand {
             guard file.security.serverKey == nil, file.security.secretKey == nil else { return }
             let needed = [folder.publicKeyFile(KeyFolder.kernel)] + services.map { folder.secretKeyFile($0) }
             let missing = needed.filter { !FileManager.default.fileExists(atPath: $0.path) }.map(\.lastPathComponent)
-            guard missing.isEmpty else {
-                FileHandle.standardError.write(Data("""
-                    switchboard: security.keys_dir: a services-only machine needs the keys its kernel allows: copy \(missing.joined(separator: ", ")) \
-                    (and the .pub beside each .key) from the kernel machine's \(KeyFolder.defaultPath) into \(folder.path), \
-                    or give security.server_key and security.secret_key_file (see Config/two-machines/)
-
-                    """.utf8))
-                throw ExitCode(78)
+            try common.checked { () throws(ConfigError) in
+                guard missing.isEmpty else {
+                    throw ConfigError(path: "security.keys_dir", problem: """
+                        a services-only machine needs the keys its kernel allows: copy \(missing.joined(separator: ", ")) \
+                        (and the .pub beside each .key) from the kernel machine's \(KeyFolder.defaultPath) into \(folder.path), \
+                        or give security.server_key and security.secret_key_file (see Config/two-machines/)
+                        """)
+                }
             }
             return
         }
