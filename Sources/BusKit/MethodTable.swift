@@ -85,15 +85,16 @@ public struct MethodTable<Service: BusService>: Sendable {
         }
     }
 
-    /// Answers a whole request body (a request or a batch).
-    func answer(body: [UInt8], on service: Service) async -> [UInt8] {
+    /// Answers a whole request body (a request or a batch), with how many of the responses
+    /// are errors (the host reports that count to the kernel, which never reads replies).
+    func answer(body: [UInt8], on service: Service) async -> (reply: [UInt8], errors: Int) {
+        func isError(_ response: JSONRPCResponse) -> Int { if case .failure = response.outcome { 1 } else { 0 } }
         switch JSONRPC.parseRequests(body) {
-        case .unusable(let response):
-            return response.jsonBytes
-        case .single(.invalid(let response)):
-            return response.jsonBytes
+        case .unusable(let response), .single(.invalid(let response)):
+            return (response.jsonBytes, 1)
         case .single(.request(let request)):
-            return await answer(request, on: service)?.jsonBytes ?? []
+            guard let response = await answer(request, on: service) else { return ([], 0) }
+            return (response.jsonBytes, isError(response))
         case .batch(let items):
             var responses: [JSONRPCResponse] = []
             for item in items {
@@ -103,7 +104,7 @@ public struct MethodTable<Service: BusService>: Sendable {
                     if let response = await answer(request, on: service) { responses.append(response) }
                 }
             }
-            return JSONRPC.encodeReply(responses, batch: true) ?? []
+            return (JSONRPC.encodeReply(responses, batch: true) ?? [], responses.reduce(0) { $0 + isError($1) })
         }
     }
 }

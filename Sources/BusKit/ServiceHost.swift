@@ -5,8 +5,9 @@ public import ServiceLifecycle
 public import ZeroMQ
 
 /// Hosts a ``BusService`` on the bus: N Majordomo worker connections (7/MDP), each
-/// registering the service, heartbeating, and answering one request at a time with the
-/// service's method table. Unknown methods get -32601, bad params -32602 naming the field,
+/// registering the service, heartbeating, and answering up to `window` requests at a time
+/// with the service's method table (the Switchboard window extension, docs/PROTOCOL.md;
+/// a window of 1 is plain 7/MDP). Heartbeats report how many replies were errors. Unknown methods get -32601, bad params -32602 naming the field,
 /// malformed JSON -32700.
 ///
 /// After a DISCONNECT from the kernel, or when the kernel falls silent (a restart), each
@@ -19,8 +20,10 @@ public final class ServiceHost<Hosted: BusService>: Service {
     public struct Options: Sendable {
         /// The kernel(s) to register with; connections are spread over them.
         public var brokers: [String]
-        /// How many worker connections (requests handled at once).
+        /// How many worker connections.
         public var connections: Int
+        /// Requests each connection holds at once (the window extension; 1: plain 7/MDP).
+        public var window: Int
         public var heartbeatInterval: Duration
         /// Missed heartbeats after which the kernel is considered gone.
         public var heartbeatLiveness: Int
@@ -32,13 +35,14 @@ public final class ServiceHost<Hosted: BusService>: Service {
         /// kernel would drop the worker's connection, and the client would wait in vain).
         public var maxMessageSize: Int
 
-        public init(brokers: [String], connections: Int = 2, heartbeatInterval: Duration = .milliseconds(2_500),
+        public init(brokers: [String], connections: Int = 2, window: Int = 16, heartbeatInterval: Duration = .milliseconds(2_500),
                     heartbeatLiveness: Int = 3, drainTimeout: Duration = .seconds(5), curve: CurveClientKeys? = nil,
                     maxMessageSize: Int = MDP.defaultMaxMessageSize) {
             self.curve = curve
             self.maxMessageSize = maxMessageSize
             self.brokers = brokers
             self.connections = connections
+            self.window = window
             self.heartbeatInterval = heartbeatInterval
             self.heartbeatLiveness = heartbeatLiveness
             self.drainTimeout = drainTimeout
@@ -57,6 +61,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
     public init(service: Hosted, options: Options, context: ZMQContext? = nil, logger: Logger? = nil,
                 onReregistered: @escaping @Sendable () async -> Void = {}) throws {
         precondition(!options.brokers.isEmpty && options.connections > 0, "ServiceHost needs a broker and a connection")
+        precondition((1...MDP.maxWindow).contains(options.window), "ServiceHost's window must be 1...\(MDP.maxWindow)")
         self.service = service
         self.options = options
         let logger = logger ?? Logger(label: "switchboard.\(Hosted.name)")
@@ -132,6 +137,9 @@ actor WorkerConnection<Hosted: BusService> {
     /// Bumped on every new socket, so a reply computed for an old socket is not sent.
     private var generation = 0
     private(set) var busy = 0
+    /// Replies on the current socket that were JSON-RPC errors, reported in heartbeats.
+    private var errors = 0
+    private var errorReport: LoopTimer?
     private var drained: [CheckedContinuation<Void, Never>] = []
 
     init(loop: SocketLoop, index: Int, broker: String, service: Hosted, table: MethodTable<Hosted>,
@@ -153,6 +161,9 @@ actor WorkerConnection<Hosted: BusService> {
         monitor?.close()
         generation += 1
         lostConnection = false
+        errors = 0
+        errorReport?.cancel()
+        errorReport = nil
         let socket = try ZMQSocket(loop.context, .dealer)
         try socket.secure(options.curve)
         try socket.set(.receiveHighWaterMark, 0)
@@ -166,7 +177,7 @@ actor WorkerConnection<Hosted: BusService> {
         monitor = loop.register(pair) { [weak self] message in
             self?.assumeIsolated { $0.connectionEvent(message, generation: current) }
         }
-        registration?.send(MDP.encode(.ready(service: Hosted.name)))
+        registration?.send(MDP.encode(.ready(service: Hosted.name, window: options.window)))
         liveness = options.heartbeatLiveness
         state = .registered
         if heartbeat == nil {
@@ -197,28 +208,43 @@ actor WorkerConnection<Hosted: BusService> {
             let table = self.table, service = self.service, limit = options.maxMessageSize
             let bytes = body.count == 1 ? body[0].bytes : nil
             Task {
-                var reply: [UInt8]
+                var answer: (reply: [UInt8], errors: Int)
                 if let bytes {
-                    reply = await table.answer(body: bytes, on: service)
-                    if reply.count > limit {
-                        reply = JSONRPC.errorReply(to: bytes, error: .overMessageSize("reply", bytes: reply.count, limit: limit))
+                    answer = await table.answer(body: bytes, on: service)
+                    if answer.reply.count > limit {
+                        answer = (JSONRPC.errorReply(to: bytes, error: .overMessageSize("reply", bytes: answer.reply.count, limit: limit)), 1)
                     }
                 } else {
-                    reply = JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes
+                    answer = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
                 }
-                self.finished(client: client, reply: reply, generation: generation)
+                self.finished(client: client, reply: answer.reply, errors: answer.errors, generation: generation)
             }
         }
     }
 
-    private func finished(client: Frame, reply: [UInt8], generation: Int) {
+    private func finished(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
         busy -= 1
         if generation == self.generation, state == .registered || state == .stopping {
             registration?.send(MDP.encode(.reply(client: client, body: [Frame(reply)])))
+            if errors > 0 { countErrors(errors) }
         }
         if busy == 0 {
             for waiter in drained { waiter.resume() }
             drained.removeAll()
+        }
+    }
+
+    /// Errors reach the kernel with the next heartbeat, or within 100 ms when that is later,
+    /// so `sb stats` is current without a message per reply.
+    private func countErrors(_ count: Int) {
+        errors += count
+        guard errorReport == nil else { return }
+        errorReport = loop.schedule(after: min(options.heartbeatInterval, .milliseconds(100))) { [weak self] in
+            self?.assumeIsolated { connection in
+                connection.errorReport = nil
+                guard connection.state == .registered || connection.state == .stopping else { return }
+                connection.registration?.send(MDP.encode(.heartbeat(errors: connection.errors)))
+            }
         }
     }
 
@@ -240,7 +266,7 @@ actor WorkerConnection<Hosted: BusService> {
             reregister()
             return
         }
-        registration?.send(MDP.encode(.heartbeat))
+        registration?.send(MDP.encode(.heartbeat(errors: errors > 0 ? errors : nil)))
     }
 
     private func reregister() {
@@ -273,6 +299,9 @@ actor WorkerConnection<Hosted: BusService> {
         }
         heartbeat?.cancel()
         heartbeat = nil
+        if errorReport != nil { registration?.send(MDP.encode(.heartbeat(errors: errors))) }
+        errorReport?.cancel()
+        errorReport = nil
         registration?.send(MDP.encode(.disconnect))
         // Give the DISCONNECT a moment to leave before the socket closes.
         try? registration?.socket.set(.linger, 200)

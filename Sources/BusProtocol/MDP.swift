@@ -27,6 +27,9 @@ public enum MDP {
     /// (`kernel.max_message_size`, 64 MiB); libzmq drops a peer that sends a bigger one.
     public static let defaultMaxMessageSize = 64 * 1024 * 1024
 
+    /// The most requests a worker may hold in flight on one connection (extension).
+    public static let maxWindow = 4_096
+
     /// The longest service name accepted.
     public static let maxServiceNameLength = 255
 
@@ -41,10 +44,15 @@ public enum MDP {
 }
 
 /// A command a worker sends to the broker.
+///
+/// `window` and `errors` are the Switchboard worker extension (docs/PROTOCOL.md): a plain
+/// 7/MDP worker never sends them, and encoding the defaults gives plain MDP frames.
 public enum WorkerToBroker: Sendable, Equatable {
-    case ready(service: String)
+    /// READY; `window` > 1 offers that many requests in flight on this connection.
+    case ready(service: String, window: Int = 1)
     case reply(client: Frame, body: [Frame])
-    case heartbeat
+    /// HEARTBEAT; `errors`: how many replies on this connection were JSON-RPC errors.
+    case heartbeat(errors: Int? = nil)
     case disconnect
 }
 
@@ -101,12 +109,14 @@ extension MDP {
     /// A worker command, for the worker's DEALER socket.
     public static func encode(_ command: WorkerToBroker) -> Message {
         switch command {
-        case .ready(let service):
-            return [empty, workerHeaderFrame, commandFrames[1], Frame(service)]
+        case .ready(let service, let window):
+            let ready: Message = [empty, workerHeaderFrame, commandFrames[1], Frame(service)]
+            return window == 1 ? ready : ready + [Frame("window=\(window)")]
         case .reply(let client, let body):
             return Message([empty, workerHeaderFrame, commandFrames[3], client, empty] + body)
-        case .heartbeat:
-            return [empty, workerHeaderFrame, commandFrames[4]]
+        case .heartbeat(let errors):
+            let heartbeat: Message = [empty, workerHeaderFrame, commandFrames[4]]
+            return errors.map { heartbeat + [Frame("errors=\($0)")] } ?? heartbeat
         case .disconnect:
             return [empty, workerHeaderFrame, commandFrames[5]]
         }
@@ -147,15 +157,22 @@ extension MDP {
         let command = try workerCommand(frames[3])
         switch command {
         case .ready:
-            guard frames.count == 5 else { throw ProtocolError("MDP", "worker READY has \(frames.count - 1) frames, expected 4") }
-            return .worker(sender, .ready(service: try serviceName(frames[4], "worker READY")))
+            guard frames.count == 5 || frames.count == 6 else {
+                throw ProtocolError("MDP", "worker READY has \(frames.count - 1) frames, expected 4 (or 5 with a window)")
+            }
+            let service = try serviceName(frames[4], "worker READY")
+            let window = frames.count == 6 ? try extensionValue(frames[5], "window", in: 1...maxWindow) : 1
+            return .worker(sender, .ready(service: service, window: window))
         case .reply:
             guard frames.count >= 7 else { throw ProtocolError("MDP", "worker REPLY has \(frames.count - 1) frames, expected at least 6") }
             guard frames[5].isEmpty else { throw ProtocolError("MDP", "worker REPLY frame 4 must be empty") }
             return .worker(sender, .reply(client: frames[4], body: Array(frames[6...])))
         case .heartbeat:
-            guard frames.count == 4 else { throw ProtocolError("MDP", "worker HEARTBEAT has \(frames.count - 1) frames, expected 3") }
-            return .worker(sender, .heartbeat)
+            guard frames.count == 4 || frames.count == 5 else {
+                throw ProtocolError("MDP", "worker HEARTBEAT has \(frames.count - 1) frames, expected 3 (or 4 with an error count)")
+            }
+            let errors = frames.count == 5 ? try extensionValue(frames[4], "errors", in: 0...Int.max) : nil
+            return .worker(sender, .heartbeat(errors: errors))
         case .disconnect:
             guard frames.count == 4 else { throw ProtocolError("MDP", "worker DISCONNECT has \(frames.count - 1) frames, expected 3") }
             return .worker(sender, .disconnect)
@@ -202,6 +219,15 @@ extension MDP {
             throw ProtocolError("MDP", "unknown worker command \(frame)")
         }
         return command
+    }
+
+    /// The number in an extension frame `NAME=DIGITS`.
+    private static func extensionValue(_ frame: Frame, _ name: String, in range: ClosedRange<Int>) throws(ProtocolError) -> Int {
+        guard let text = frame.string, text.hasPrefix(name + "="), let value = Int(text.dropFirst(name.count + 1)),
+              range.contains(value) else {
+            throw ProtocolError("MDP", "expected \(name)=N with N in \(range.lowerBound)...\(range.upperBound), got \(frame)")
+        }
+        return value
     }
 
     private static func serviceName(_ frame: Frame, _ context: String) throws(ProtocolError) -> String {

@@ -86,7 +86,7 @@ extension FuzzTarget {
                 frames(atBroker(MDP.request(service: "search", body: [body]))),
                 frames(atBroker(MDP.encode(.ready(service: "search")))),
                 frames(atBroker(MDP.encode(.reply(client: client, body: [body])))),
-                frames(atBroker(MDP.encode(.heartbeat))),
+                frames(atBroker(MDP.encode(.heartbeat()))),
                 frames(atBroker(MDP.encode(.disconnect))),
                 frames(atPeer(MDP.encode(.request(client: client, body: [body]), to: client))),
                 frames(atPeer(MDP.encode(.heartbeat, to: client))),

@@ -25,12 +25,21 @@ final class Broker {
 
     final class Worker {
         let identity: Frame
-        let service: String
+        let service: Service
+        /// Requests it may hold at once: 1 for a plain 7/MDP worker, more for one that
+        /// offered a window (the Switchboard extension, docs/PROTOCOL.md).
+        let window: Int
         var expiry: UInt64
-        var inFlight: Request?
-        init(identity: Frame, service: String, expiry: UInt64) {
+        /// Requests sent to it and not yet answered, by tag (always 0 for a window of 1).
+        var inFlight: [UInt32: Request] = [:]
+        var nextTag: UInt32 = 0
+        /// The error count its last HEARTBEAT reported (the extension).
+        var reportedErrors = 0
+        var hasRoom: Bool { inFlight.count < window }
+        init(identity: Frame, service: Service, window: Int, expiry: UInt64) {
             self.identity = identity
             self.service = service
+            self.window = window
             self.expiry = expiry
         }
     }
@@ -38,6 +47,8 @@ final class Broker {
     final class Service {
         let name: String
         var requests: Deque<Request> = []
+        /// Workers with room for a request, least recently used first; a worker with a
+        /// window is in it once per free place.
         var idle: Deque<Frame> = []
         var workers = 0
         /// Whether a worker ever offered it; a name nobody serves is forgotten once idle.
@@ -139,7 +150,7 @@ final class Broker {
         let known = workers[identity]
         known?.expiry = now + configuration.workerExpiry.nanoseconds
         switch command {
-        case .ready(let name):
+        case .ready(let name, let window):
             guard known == nil else {
                 disconnect(identity, reason: "a second READY")
                 return
@@ -155,32 +166,39 @@ final class Broker {
                 disconnect(identity, reason: "'\(name)' is reserved for the kernel")
                 return
             }
-            let worker = Worker(identity: identity, service: name, expiry: now + configuration.workerExpiry.nanoseconds)
-            workers[identity] = worker
             let service = serviceNamed(name)
+            let worker = Worker(identity: identity, service: service, window: window, expiry: now + configuration.workerExpiry.nanoseconds)
+            workers[identity] = worker
             service.everServed = true
             service.workers += 1
-            service.idle.append(identity)
-            logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)"])
+            for _ in 0..<window { service.idle.append(identity) }
+            logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(window)"])
             onWorkersChanged(name, service.workers)
             dispatch(service)
         case .reply(let client, let body):
-            guard let worker = known, let request = worker.inFlight, request.client == client else {
+            guard let worker = known, let request = worker.answered(client) else {
                 // A reply nobody is waiting for (unknown worker, or one the broker already
                 // gave up on): per 7/MDP an unexpected command earns a DISCONNECT.
                 disconnect(identity, reason: "a REPLY with no request in flight")
                 return
             }
-            worker.inFlight = nil
-            let service = serviceNamed(worker.service)
+            // The body goes back as it came: the kernel never reads it. Error counts come
+            // from the workers' heartbeats (below).
+            let service = worker.service
             service.stats.replies += 1
-            service.stats.errors += JSONRPCResponse.errorCount(in: body)
             service.stats.latency.record(nanoseconds: now &- request.received)
-            send(MDP.reply(to: client, service: worker.service, body: body))
+            send(MDP.reply(to: request.client, service: service.name, body: body))
             service.idle.append(identity)
             dispatch(service)
-        case .heartbeat:
-            if known == nil { disconnect(identity, reason: "a HEARTBEAT before READY") }
+        case .heartbeat(let errors):
+            guard let worker = known else {
+                disconnect(identity, reason: "a HEARTBEAT before READY")
+                return
+            }
+            if let errors, errors >= worker.reportedErrors {
+                worker.service.stats.errors += errors - worker.reportedErrors
+                worker.reportedErrors = errors
+            }
         case .disconnect:
             if let worker = known { remove(worker, reason: "it disconnected") }
         }
@@ -190,12 +208,12 @@ final class Broker {
 
     private func dispatch(_ service: Service) {
         while !service.requests.isEmpty, let identity = service.idle.popFirst() {
-            guard let worker = workers[identity], worker.inFlight == nil else { continue }
+            guard let worker = workers[identity], worker.hasRoom else { continue }
             var request = service.requests.removeFirst()
             queuedBytes -= request.size
             request.attempts += 1
-            worker.inFlight = request
-            send(MDP.encode(.request(client: request.client, body: request.body), to: identity))
+            let client = worker.sent(request)
+            send(MDP.encode(.request(client: client, body: request.body), to: identity))
         }
     }
 
@@ -244,25 +262,28 @@ final class Broker {
 
     private func remove(_ worker: Worker, reason: String) {
         guard workers.removeValue(forKey: worker.identity) != nil else { return }
-        let service = serviceNamed(worker.service)
+        let service = worker.service
         service.workers -= 1
         service.idle.removeAll { $0 == worker.identity }
-        logger.info("worker removed", metadata: ["service": "\(worker.service)", "reason": "\(reason)", "workers": "\(service.workers)"])
-        onWorkersChanged(worker.service, service.workers)
-        if var request = worker.inFlight {
-            worker.inFlight = nil
-            if configuration.nonRetriableServices.contains(worker.service) {
-                service.stats.outcomeUnknown += 1
-                reply(to: request.client, service: service.name, body: request.body, error: .outcomeUnknown(service.name))
-            } else {
-                // Back to the front, with a fresh wait for another worker.
+        logger.info("worker removed", metadata: ["service": "\(service.name)", "reason": "\(reason)", "workers": "\(service.workers)"])
+        onWorkersChanged(service.name, service.workers)
+        // Its requests in flight, oldest first, go back to the front of the queue with a
+        // fresh wait for another worker (or are answered -32006 for a non-retriable service).
+        let orphans = worker.inFlight.values.sorted { $0.received < $1.received }
+        worker.inFlight = [:]
+        let retriable = !configuration.nonRetriableServices.contains(service.name)
+        for var request in orphans.reversed() {
+            if retriable {
                 service.stats.redispatched += 1
                 request.deadline = monotonicNanoseconds() + configuration.queueTimeout.nanoseconds
                 service.requests.prepend(request)
                 queuedBytes += request.size
-                dispatch(service)
+            } else {
+                service.stats.outcomeUnknown += 1
+                reply(to: request.client, service: service.name, body: request.body, error: .outcomeUnknown(service.name))
             }
         }
+        if retriable { dispatch(service) }
     }
 
     /// A send to `identity` found no connection: a worker there died without a word (its
@@ -323,10 +344,49 @@ final class Broker {
         }
     }
 
-    private func serviceNamed(_ name: String) -> Service {
+    func serviceNamed(_ name: String) -> Service {
         if let service = services[name] { return service }
         let service = Service(name: name)
         services[name] = service
         return service
+    }
+}
+
+extension Broker.Worker {
+    /// Records `request` as sent; returns the client frame to send with it. A worker with a
+    /// window gets the client's routing id followed by a 4-byte tag, which it echoes like
+    /// any client frame, so its replies can come back in any order.
+    func sent(_ request: Broker.Request) -> Frame {
+        guard window > 1 else {
+            inFlight[0] = request
+            return request.client
+        }
+        repeat { nextTag &+= 1 } while inFlight[nextTag] != nil
+        inFlight[nextTag] = request
+        let tag = nextTag.littleEndian
+        return request.client.withUnsafeBytes { client in
+            withUnsafeTemporaryAllocation(byteCount: client.count + 4, alignment: 4) { buffer in
+                buffer.copyMemory(from: client)
+                buffer.storeBytes(of: tag, toByteOffset: client.count, as: UInt32.self)
+                return Frame(copying: UnsafeRawBufferPointer(buffer))
+            }
+        }
+    }
+
+    /// The request a REPLY with `client` answers, no longer in flight; nil when none is.
+    func answered(_ client: Frame) -> Broker.Request? {
+        guard window > 1 else {
+            guard let request = inFlight[0], request.client == client else { return nil }
+            inFlight[0] = nil
+            return request
+        }
+        let tag: UInt32? = client.withUnsafeBytes { raw in
+            raw.count >= 4 ? UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: raw.count - 4, as: UInt32.self)) : nil
+        }
+        guard let tag, let request = inFlight[tag],
+              client.withUnsafeBytes({ $0.count == request.client.count + 4 && request.client.equals($0.prefix($0.count - 4)) })
+        else { return nil }
+        inFlight[tag] = nil
+        return request
     }
 }

@@ -187,9 +187,10 @@ public actor Kernel {
                              "uptimeSeconds": .double((Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000)])
         case "services.list":
             let services = broker.services.values.sorted { $0.name < $1.name }.map { service -> JSONValue in
-                let inFlight = broker.workers.values.filter { $0.service == service.name && $0.inFlight != nil }.count
+                let workers = broker.workers.values.filter { $0.service === service }
+                let idle = workers.filter(\.inFlight.isEmpty).count, inFlight = workers.reduce(0) { $0 + $1.inFlight.count }
                 return ["name": .string(service.name), "workers": .int(Int64(service.workers)),
-                        "idle": .int(Int64(service.idle.count)), "queued": .int(Int64(service.requests.count)),
+                        "idle": .int(Int64(idle)), "queued": .int(Int64(service.requests.count)),
                         "inFlight": .int(Int64(inFlight))]
             }
             return .success(["services": .array(services)])
@@ -276,7 +277,7 @@ extension Kernel {
         }
         perService("requests_total", "counter", "Requests received for the service.") { $0.stats.requests }
         perService("replies_total", "counter", "Replies relayed from the service's workers.") { $0.stats.replies }
-        perService("errors_total", "counter", "Replies that were JSON-RPC errors.") { $0.stats.errors }
+        perService("errors_total", "counter", "Replies that were JSON-RPC errors, as the service's workers report them in heartbeats.") { $0.stats.errors }
         perService("unavailable_total", "counter", "Requests answered -32001: no worker in time or the queue full.") { $0.stats.unavailable }
         perService("redispatched_total", "counter", "Requests re-sent after their worker died.") { $0.stats.redispatched }
         perService("outcome_unknown_total", "counter", "Requests answered -32006 after their worker died.") { $0.stats.outcomeUnknown }

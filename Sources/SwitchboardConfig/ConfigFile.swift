@@ -217,7 +217,7 @@ public struct ConfigFile: Sendable, Equatable {
 /// Which services `switchboard up` starts, and how.
 public struct ServiceSettings: Sendable, Equatable {
     public var enabled = true
-    /// Worker connections: requests the service handles at once.
+    /// Worker connections (each holds up to 16 requests at once: ServiceHost's window).
     public var workers: Int
     /// Overrides the top-level `log_level` for this service.
     public var logLevel: String?

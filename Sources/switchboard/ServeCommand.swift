@@ -29,7 +29,7 @@ struct ServeCommand: AsyncParsableCommand {
     var broker: [String] = []
     @Option(help: "The kernel's CHP state: the snapshot endpoint (publisher on the next port), or snapshot,publisher,collector (default: the configuration's).")
     var state: String?
-    @Option(help: "Worker connections: requests handled at once (default: services.NAME.workers).")
+    @Option(help: "Worker connections, each holding up to 16 requests at once (default: services.NAME.workers).")
     var connections: Int?
     @Option(help: "Heartbeat interval in milliseconds (default: kernel.heartbeat_ms; match the kernel's).")
     var heartbeatMs: Int?

@@ -18,6 +18,10 @@ struct StatsTests {
         // An "error" inside a result is not an error reply.
         _ = try await bus.request(service: "echo", method: "echo", params: ["error": ["code": 1]])
 
+        // Error counts come with the workers' heartbeats (within 100 ms of an error reply).
+        try await eventually(5, "errors reported") {
+            try await bus.request(service: "kernel", method: "stats")["services"]?["echo"]?["errors"] == 2
+        }
         let stats = try await bus.request(service: "kernel", method: "stats")
         let echo = try #require(stats["services"]?["echo"])
         #expect(echo["requests"] == 8 && echo["replies"] == 8 && echo["errors"] == 2)

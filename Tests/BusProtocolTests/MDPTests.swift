@@ -24,8 +24,11 @@ struct MDPTests {
 
     @Test("worker commands round trip", arguments: [
         WorkerToBroker.ready(service: "search"),
+        .ready(service: "search", window: 64),
         .reply(client: Frame("c"), body: ["a", Frame()]),
-        .heartbeat,
+        .heartbeat(),
+        .heartbeat(errors: 0),
+        .heartbeat(errors: 12),
         .disconnect,
     ])
     func workerCommands(command: WorkerToBroker) throws {
@@ -49,7 +52,11 @@ struct MDPTests {
     func exactBytes() {
         let ready = MDP.encode(.ready(service: "echo"))
         #expect(ready.frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x01], Array("echo".utf8)])
-        #expect(MDP.encode(.heartbeat).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04]])
+        #expect(MDP.encode(.heartbeat()).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04]])
+        // The Switchboard extension adds one text frame; its defaults are plain 7/MDP.
+        #expect(MDP.encode(.ready(service: "echo", window: 1)) == ready)
+        #expect(MDP.encode(.ready(service: "echo", window: 8)).frames.last == "window=8")
+        #expect(MDP.encode(.heartbeat(errors: 3)).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04], Array("errors=3".utf8)])
     }
 
     @Test("malformed messages give typed errors, never a crash", arguments: [
@@ -62,11 +69,16 @@ struct MDPTests {
         (["id", "", "MDPW01", Frame([0x09])], "unknown worker command"),
         (["id", "", "MDPW01", Frame([0x01, 0x01]), "echo"], "unknown worker command"),
         (["id", "", "MDPW01", Frame([0x01])], "READY has 3 frames"),
-        (["id", "", "MDPW01", Frame([0x01]), "a", "b"], "READY has 5 frames"),
+        (["id", "", "MDPW01", Frame([0x01]), "a", "b"], "expected window=N"),
+        (["id", "", "MDPW01", Frame([0x01]), "a", "window=0"], "expected window=N"),
+        (["id", "", "MDPW01", Frame([0x01]), "a", "window=99999"], "expected window=N"),
+        (["id", "", "MDPW01", Frame([0x01]), "a", "window=2", "c"], "READY has 6 frames"),
         (["id", "", "MDPW01", Frame([0x02]), "c", "", "x"], "may not send REQUEST"),
         (["id", "", "MDPW01", Frame([0x03]), "c", "x", "body"], "frame 4 must be empty"),
         (["id", "", "MDPW01", Frame([0x03]), "c", ""], "REPLY has 5 frames"),
-        (["id", "", "MDPW01", Frame([0x04]), "extra"], "HEARTBEAT has 4 frames"),
+        (["id", "", "MDPW01", Frame([0x04]), "extra"], "expected errors=N"),
+        (["id", "", "MDPW01", Frame([0x04]), "errors=-1"], "expected errors=N"),
+        (["id", "", "MDPW01", Frame([0x04]), "errors=1", "x"], "HEARTBEAT has 5 frames"),
     ] as [(Message, String)])
     func malformedAtBroker(message: Message, problem: String) {
         let error = #expect(throws: ProtocolError.self) { try MDP.decodeAtBroker(message) }
