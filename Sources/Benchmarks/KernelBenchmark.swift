@@ -23,8 +23,10 @@ struct KernelBenchmark: AsyncParsableCommand {
     var requests = 200_000
     @Option(help: "Requests in flight per client when pipelining.")
     var window = 500
-    @Option(help: "Worker connections of the raw echo worker (requests it holds at once).")
+    @Option(help: "Connections of the plain 7/MDP C echo worker (one request each).")
     var workerSockets = 64
+    @Option(help: "Requests the window C echo worker holds at once on its one connection (the Switchboard extension).")
+    var workerWindow = 1_000
     @Option(help: "CHP updates per measurement.")
     var updates = 500_000
     @Option(help: "Rounds of measurements; the median is reported.")
@@ -53,32 +55,32 @@ struct KernelBenchmark: AsyncParsableCommand {
         configuration.queueTimeout = .seconds(60)
         let kernel = try Kernel(configuration: configuration, context: ZMQContext())
         let endpoints = try await kernel.start()
-        // One single-connection worker for round trips (like the single-socket direct peer),
-        // one with many connections for pipelining (7/MDP: one request per connection).
-        let worker = try RawEchoWorker(broker: endpoints.broker, service: "bench", sockets: workerSockets)
+        // A single-connection worker for round trips (like the single-socket direct peer).
         let single = try RawEchoWorker(broker: endpoints.broker, service: "bench1", sockets: 1)
         let direct = try EchoPeer(endpoint: endpoint("direct"))
         let payload = Frame([UInt8](repeating: 0x5A, count: 64))
-        progress("Kernel benchmark: 64-byte bodies over \(transport == "tcp" ? "tcp://127.0.0.1" : "ipc://"), raw echo worker with \(workerSockets) connections, \(ProcessInfo.processInfo.activeProcessorCount) cores")
-        try await waitForWorkers(endpoints.broker, service: "bench", count: workerSockets)
+        progress("Kernel benchmark: 64-byte bodies over \(transport == "tcp" ? "tcp://127.0.0.1" : "ipc://"), \(ProcessInfo.processInfo.activeProcessorCount) cores")
         try await waitForWorkers(endpoints.broker, service: "bench1", count: 1)
-        let metal = try await Metal.start(workerSockets: workerSockets)
+        let metal = try await Metal.start(workerSockets: workerSockets, workerWindow: workerWindow)
         defer { metal.stop() }
-        try await waitForWorkers(metal.kernelBroker, service: "bench", count: workerSockets)
+        try await waitForWorkers(metal.kernelBroker, service: "window", count: 1)
+        try await waitForWorkers(metal.kernelBroker, service: "plain", count: workerSockets)
 
         // Round trips: direct, MMI and through the kernel once per round, rounds
         // interleaved, then the median round of each.
         var directRuns: [(Double, Histogram<UInt64>)] = [], mmiRuns = directRuns, kernelRuns = directRuns
-        var pipelinedRuns: [Int: [Double]] = [:], rawRuns: [Int: [Double]] = [:], kernelProcessRuns: [Int: [Double]] = [:]
+        // Pipelined rates by path and client count, every path once per round.
+        var rates: [Metal.Path: [Int: [Double]]] = [:]
         for round in 1...runs {
             progress("round \(round) of \(runs)")
             directRuns.append(try directRoundTrips(direct.endpoint, payload))
             mmiRuns.append(try mmiRoundTrips(endpoints.broker))
             kernelRuns.append(try kernelRoundTrips(endpoints.broker, payload))
             for clients in [1, 8] {
-                rawRuns[clients, default: []].append(try await metal.rawRate(clients: clients, requests: requests, window: window))
-                kernelProcessRuns[clients, default: []].append(try await metal.kernelRate(clients: clients, requests: requests, window: window))
-                pipelinedRuns[clients, default: []].append(try pipelined(endpoints.broker, payload, clients: clients))
+                for path in Metal.Path.allCases {
+                    rates[path, default: [:]][clients, default: []].append(
+                        try await metal.rate(path, clients: clients, requests: requests, window: window))
+                }
             }
         }
         let directRT = medianByP50(directRuns), mmiRT = medianByP50(mmiRuns), kernelRT = medianByP50(kernelRuns)
@@ -91,15 +93,18 @@ struct KernelBenchmark: AsyncParsableCommand {
             Row("kernel round trip (MDP)", rate: kernelRT.0, latencies: kernelRT.1, note: versusDirect(kernelRT)),
         ]
         for clients in [1, 8] {
-            let plural = clients == 1 ? "" : "s", raw = median(rawRuns[clients]!)
-            func ofRaw(_ rate: Double) -> String { String(format: "%.2fx raw C", rate / raw) }
-            let process = median(kernelProcessRuns[clients]!), inProcess = median(pipelinedRuns[clients]!)
+            let plural = clients == 1 ? "" : "s"
+            func rate(_ path: Metal.Path) -> Double { median(rates[path]![clients]!) }
+            let raw = rate(.raw), mdp = rate(.cMDP)
+            func ratios(_ value: Double) -> String { String(format: "%.2fx raw C, %.2fx C MDP", value / raw, value / mdp) }
             rows.append(Row("raw libzmq C broker, pipelined, \(clients) client\(plural)", rate: raw,
-                            note: "the metal: ROUTER-ROUTER, C clients and worker, window \(window) each"))
-            rows.append(Row("kernel process, C MDP peers, pipelined, \(clients) client\(plural)", rate: process,
-                            note: "\(ofRaw(process)); switchboard kernel, C worker with \(workerSockets) connections"))
-            rows.append(Row("kernel in-process, pipelined, \(clients) client\(plural)", rate: inProcess,
-                            note: "\(ofRaw(inProcess)); one libzmq context for all"))
+                            note: "the metal: ROUTER-ROUTER, no protocol, C clients (window \(window) each) and worker"))
+            rows.append(Row("C 7/MDP broker, pipelined, \(clients) client\(plural)", rate: mdp,
+                            note: String(format: "%.2fx raw C; the kernel's frames in C, window worker", mdp / raw)))
+            rows.append(Row("kernel, C window worker, pipelined, \(clients) client\(plural)", rate: rate(.kernelWindow),
+                            note: "\(ratios(rate(.kernelWindow))); switchboard kernel process, one connection, window \(workerWindow)"))
+            rows.append(Row("kernel, plain MDP C worker, pipelined, \(clients) client\(plural)", rate: rate(.kernelPlain),
+                            note: "\(ratios(rate(.kernelPlain))); \(workerSockets) connections, one request each"))
         }
         rows.append(contentsOf: try await busKitRows(endpoints.broker))
         for subscribers in [1, 10] {
@@ -110,7 +115,6 @@ struct KernelBenchmark: AsyncParsableCommand {
             rows.append(Row("CHP collector to \(subscribers) subscriber\(subscribers == 1 ? "" : "s")", rate: middle.rate,
                             note: "\(gaps) gaps in \(runs) runs, at least \(delivered)/\(updates) delivered"))
         }
-        worker.stop()
         single.stop()
         direct.stop()
         await kernel.stop()
@@ -175,72 +179,46 @@ struct KernelBenchmark: AsyncParsableCommand {
         return (Double(roundTrips) / (Double(monotonicNanoseconds() - start) / 1e9), latencies)
     }
 
-    // MARK: Pipelining
-
-    /// `clients` raw MDP clients, each on its own thread, each keeping `window` requests in flight.
-    private func pipelined(_ broker: String, _ payload: Frame, clients: Int) throws -> Double {
-        let perClient = requests / clients
-        let request = MDP.request(service: "bench", body: [payload])
-        let failures = Counter()
-        let done = DispatchGroup()
-        let start = monotonicNanoseconds()
-        for _ in 0..<clients {
-            done.enter()
-            Thread { [window] in
-                defer { done.leave() }
-                do {
-                    let (_, socket) = try client(broker)
-                    var sent = 0, received = 0
-                    while received < perClient {
-                        while sent < perClient && sent - received < window {
-                            try socket.send(request)
-                            sent += 1
-                        }
-                        _ = try socket.receive()
-                        received += 1
-                    }
-                } catch {
-                    failures.add(1)
-                }
-            }.start()
-        }
-        done.wait()
-        guard failures.value == 0 else { throw ValidationError("a pipelined client lost replies") }
-        return Double(perClient * clients) / (Double(monotonicNanoseconds() - start) / 1e9)
-    }
-
     // MARK: The metal
 
-    /// Raw libzmq in C (`zmq-baseline`: a ROUTER-ROUTER broker with no protocol and an echo
-    /// worker), and `switchboard kernel` as its own process with a C 7/MDP echo worker: the
-    /// same C pipelining clients measure both, in the same rounds as the rest.
+    /// Raw libzmq in C (`zmq-baseline`): a ROUTER-ROUTER broker with no protocol and an echo
+    /// worker; a C broker moving exactly the kernel's 7/MDP frames; and `switchboard kernel`
+    /// as its own process with a C echo worker offering a window (one connection) and a
+    /// plain 7/MDP one (many connections). The same C pipelining clients measure all four,
+    /// in the same rounds as the rest.
     struct Metal {
+        enum Path: CaseIterable { case raw, cMDP, kernelWindow, kernelPlain }
         let processes: [ChildProcess]
-        let rawFront: String, kernelBroker: String
+        let rawFront: String, mdpBroker: String, kernelBroker: String
 
-        static func start(workerSockets: Int) async throws -> Metal {
+        static func start(workerSockets: Int, workerWindow: Int) async throws -> Metal {
             let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
             guard FileManager.default.isExecutableFile(atPath: baseline.path) else {
                 throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
             }
-            let ports = (0..<6).map { _ in "tcp://127.0.0.1:\(freePort())" }
+            let ports = (0..<7).map { _ in "tcp://127.0.0.1:\(freePort())" }
             // Each watches its standard input, a pipe this process holds: they end with it.
             let processes = [
                 try ChildProcess(baseline, ["broker", ports[0], ports[1]]),
                 try ChildProcess(baseline, ["worker", ports[1], "1"]),
+                try ChildProcess(baseline, ["mdp-broker", ports[6], "window"]),
+                try ChildProcess(baseline, ["mdp-worker", ports[6], "window", "1", String(workerWindow)]),
                 try ChildProcess(switchboardExecutable(), ["kernel", "--log-level", "error", "--queue-timeout-ms", "60000", "--broker", ports[2],
                                                            "--snapshot", ports[3], "--publisher", ports[4], "--collector", ports[5]]),
-                try ChildProcess(baseline, ["mdp-worker", ports[2], "bench", String(workerSockets)]),
+                try ChildProcess(baseline, ["mdp-worker", ports[2], "window", "1", String(workerWindow)]),
+                try ChildProcess(baseline, ["mdp-worker", ports[2], "plain", String(workerSockets)]),
             ]
-            return Metal(processes: processes, rawFront: ports[0], kernelBroker: ports[2])
+            return Metal(processes: processes, rawFront: ports[0], mdpBroker: ports[6], kernelBroker: ports[2])
         }
 
-        func rawRate(clients: Int, requests: Int, window: Int) async throws -> Double {
-            try await rate(["client", rawFront, String(clients), String(requests), String(window)])
-        }
-
-        func kernelRate(clients: Int, requests: Int, window: Int) async throws -> Double {
-            try await rate(["mdp-client", kernelBroker, "bench", String(clients), String(requests), String(window)])
+        func rate(_ path: Path, clients: Int, requests: Int, window: Int) async throws -> Double {
+            let counts = [String(clients), String(requests), String(window)]
+            switch path {
+            case .raw: return try await rate(["client", rawFront] + counts)
+            case .cMDP: return try await rate(["mdp-client", mdpBroker, "window"] + counts)
+            case .kernelWindow: return try await rate(["mdp-client", kernelBroker, "window"] + counts)
+            case .kernelPlain: return try await rate(["mdp-client", kernelBroker, "plain"] + counts)
+            }
         }
 
         private func rate(_ arguments: [String]) async throws -> Double {
@@ -259,7 +237,7 @@ struct KernelBenchmark: AsyncParsableCommand {
     // MARK: The full stack: BusClient and a hosted service
 
     private func busKitRows(_ broker: String) async throws -> [Row] {
-        let host = try ServiceHost(service: EchoService(), options: .init(brokers: [broker], connections: 8))
+        let host = try ServiceHost(service: EchoService(), options: .init(brokers: [broker], connections: 2))
         try await host.start()
         let bus = try await BusClient(brokers: [broker], timeout: .seconds(30))
         try await Task.sleep(for: .milliseconds(200))
@@ -289,7 +267,7 @@ struct KernelBenchmark: AsyncParsableCommand {
         await bus.close()
         await host.stop()
         return [
-            Row("BusClient to ServiceHost (JSON-RPC), sync", rate: syncRate, latencies: latencies, note: "full stack, 8 worker connections"),
+            Row("BusClient to ServiceHost (JSON-RPC), sync", rate: syncRate, latencies: latencies, note: "full stack, 2 worker connections, window 16"),
             Row("BusClient to ServiceHost, 64 tasks", rate: pipelinedRate, note: "full stack, one client"),
         ]
     }
@@ -363,8 +341,8 @@ struct KernelBenchmark: AsyncParsableCommand {
     }
 }
 
-/// A Majordomo worker on one thread with one or many connections, each holding one
-/// request: it answers every REQUEST at once with the body it carries.
+/// A plain Majordomo worker on one thread, one request per connection: it answers every
+/// REQUEST at once with the body it carries.
 final class RawEchoWorker: @unchecked Sendable {
     let context: ZMQContext
     private let thread: Thread
@@ -397,7 +375,7 @@ final class RawEchoWorker: @unchecked Sendable {
                     }
                 }
                 if monotonicNanoseconds() - lastBeat > 1_000_000_000 {
-                    for socket in owned { try? socket.send(MDP.encode(.heartbeat)) }
+                    for socket in owned { try? socket.send(MDP.encode(.heartbeat())) }
                     lastBeat = monotonicNanoseconds()
                 }
             }

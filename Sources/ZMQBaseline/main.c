@@ -2,7 +2,12 @@
 //
 //   zmq-baseline broker FRONT BACK                      ROUTER front, ROUTER back, no protocol
 //   zmq-baseline worker BACK SOCKETS                    echo worker for that broker
-//   zmq-baseline mdp-worker BROKER SERVICE SOCKETS      7/MDP echo worker (for the kernel)
+//   zmq-baseline mdp-broker ENDPOINT SERVICE            the kernel's 7/MDP frames in C: one
+//                                                       service, workers with windows, no
+//                                                       heartbeats, no bookkeeping
+//   zmq-baseline mdp-worker BROKER SERVICE SOCKETS [WINDOW]  7/MDP echo worker (for the kernel);
+//                                                       WINDOW > 1 offers that many requests in
+//                                                       flight per socket (Switchboard extension)
 //   zmq-baseline client ENDPOINT CLIENTS REQUESTS WINDOW            pipelining clients (raw)
 //   zmq-baseline mdp-client ENDPOINT SERVICE CLIENTS REQUESTS WINDOW  the same over 7/MDP
 //
@@ -129,9 +134,107 @@ static int broker(const char *front_endpoint, const char *back_endpoint) {
     return 0;
 }
 
+// MARK: A minimal 7/MDP broker: the frames the kernel moves, and nothing else
+
+#define MDP_QUEUE 8192
+static message_t mdp_queue[MDP_QUEUE];
+
+static void send_part(void *socket, zmq_msg_t *part, int flags) {
+    if (zmq_msg_send(part, socket, flags) == -1) die("zmq_msg_send");
+}
+
+// [client, "", MDPC01, service, body...] to a worker as [worker, "", MDPW01, 0x02, client, "", body...].
+static void mdp_dispatch(void *router, zmq_msg_t *worker, message_t *request) {
+    zmq_msg_t identity;
+    zmq_msg_init(&identity);
+    zmq_msg_copy(&identity, worker);
+    send_part(router, &identity, ZMQ_SNDMORE);
+    send_text(router, "", 0, ZMQ_SNDMORE);
+    send_text(router, "MDPW01", 6, ZMQ_SNDMORE);
+    send_text(router, "\x02", 1, ZMQ_SNDMORE);
+    send_part(router, &request->parts[0], ZMQ_SNDMORE);
+    send_part(router, &request->parts[1], ZMQ_SNDMORE);
+    zmq_msg_close(&request->parts[2]);
+    zmq_msg_close(&request->parts[3]);
+    for (int index = 4; index < request->count; index++)
+        send_part(router, &request->parts[index], index + 1 < request->count ? ZMQ_SNDMORE : 0);
+}
+
+static int mdp_broker(const char *endpoint, const char *service) {
+    void *context = zmq_ctx_new();
+    void *router = socket_of(context, ZMQ_ROUTER);
+    if (zmq_bind(router, endpoint) == -1) die(endpoint);
+    zmq_msg_t workers[64];
+    int credits[64], worker_count = 0, next = 0;
+    long queued = 0, head = 0;
+    zmq_pollitem_t items[] = {{router, 0, ZMQ_POLLIN, 0}, {NULL, 0, ZMQ_POLLIN, 0}};
+    message_t message;
+    while (1) {
+        if (zmq_poll(items, 2, -1) == -1) {
+            if (zmq_errno() == EINTR) continue;
+            die("zmq_poll");
+        }
+        if (lifeline_ended(&items[1])) break;
+        for (int batch = 0; batch < 1000 && receive(router, &message, ZMQ_DONTWAIT) == 1; batch++) {
+            int worker_message = message.count >= 4 && zmq_msg_size(&message.parts[2]) == 6 &&
+                                 memcmp(zmq_msg_data(&message.parts[2]), "MDPW01", 6) == 0;
+            if (!worker_message) {
+                if (message.count < 5) die("a short request");
+                if (queued == MDP_QUEUE) die("the request queue is full");
+                message_t *slot = &mdp_queue[(head + queued++) % MDP_QUEUE];
+                slot->count = message.count;
+                for (int index = 0; index < message.count; index++) {
+                    zmq_msg_init(&slot->parts[index]);
+                    zmq_msg_move(&slot->parts[index], &message.parts[index]);
+                }
+            } else {
+                char command = *(char *)zmq_msg_data(&message.parts[3]);
+                int sender = -1;
+                for (int index = 0; index < worker_count; index++) {
+                    if (zmq_msg_size(&workers[index]) == zmq_msg_size(&message.parts[0]) &&
+                        memcmp(zmq_msg_data(&workers[index]), zmq_msg_data(&message.parts[0]), zmq_msg_size(&message.parts[0])) == 0) sender = index;
+                }
+                if (command == 0x01 && sender < 0 && worker_count < 64) {
+                    zmq_msg_init(&workers[worker_count]);
+                    zmq_msg_copy(&workers[worker_count], &message.parts[0]);
+                    char offer[32] = {0};
+                    if (message.count == 6) memcpy(offer, zmq_msg_data(&message.parts[5]), zmq_msg_size(&message.parts[5]) < 31 ? zmq_msg_size(&message.parts[5]) : 31);
+                    credits[worker_count++] = message.count == 6 ? atoi(offer + 7) : 1;
+                } else if (command == 0x03 && sender >= 0 && message.count >= 7) {
+                    // [worker, "", MDPW01, 0x03, client, "", body...] to [client, "", MDPC01, service, body...]
+                    credits[sender]++;
+                    send_part(router, &message.parts[4], ZMQ_SNDMORE);
+                    send_part(router, &message.parts[5], ZMQ_SNDMORE);
+                    send_text(router, "MDPC01", 6, ZMQ_SNDMORE);
+                    send_text(router, service, strlen(service), ZMQ_SNDMORE);
+                    for (int index = 6; index < message.count; index++)
+                        send_part(router, &message.parts[index], index + 1 < message.count ? ZMQ_SNDMORE : 0);
+                    for (int index = 0; index < 4; index++) zmq_msg_close(&message.parts[index]);
+                } else {
+                    for (int index = 0; index < message.count; index++) zmq_msg_close(&message.parts[index]);
+                }
+            }
+            // Hand queued requests to workers with room, round robin.
+            for (int tries = 0; queued > 0 && tries < worker_count;) {
+                if (credits[next] > 0) {
+                    credits[next]--;
+                    mdp_dispatch(router, &workers[next], &mdp_queue[head]);
+                    head = (head + 1) % MDP_QUEUE;
+                    queued--;
+                    tries = 0;
+                } else {
+                    tries++;
+                }
+                next = (next + 1) % worker_count;
+            }
+        }
+    }
+    return 0;
+}
+
 // MARK: Echo workers
 
-static int worker(const char *endpoint, const char *service, int count) {
+static int worker(const char *endpoint, const char *service, int count, int window) {
     void *context = zmq_ctx_new();
     void **sockets = calloc((size_t)count, sizeof(void *));
     zmq_pollitem_t *items = calloc((size_t)count + 1, sizeof(zmq_pollitem_t));
@@ -142,7 +245,14 @@ static int worker(const char *endpoint, const char *service, int count) {
             send_text(sockets[index], "", 0, ZMQ_SNDMORE);
             send_text(sockets[index], "MDPW01", 6, ZMQ_SNDMORE);
             send_text(sockets[index], "\x01", 1, ZMQ_SNDMORE);
-            send_text(sockets[index], service, strlen(service), 0);
+            if (window > 1) {
+                char offer[32];
+                int length = snprintf(offer, sizeof offer, "window=%d", window);
+                send_text(sockets[index], service, strlen(service), ZMQ_SNDMORE);
+                send_text(sockets[index], offer, (size_t)length, 0);
+            } else {
+                send_text(sockets[index], service, strlen(service), 0);
+            }
         } else {
             send_text(sockets[index], "READY", 5, 0);
         }
@@ -253,12 +363,13 @@ static int clients(const char *endpoint, const char *service, int count, long re
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "broker") && argc == 4) return broker(argv[2], argv[3]);
-    if (!strcmp(mode, "worker") && argc == 4) return worker(argv[2], NULL, atoi(argv[3]));
-    if (!strcmp(mode, "mdp-worker") && argc == 5) return worker(argv[2], argv[3], atoi(argv[4]));
+    if (!strcmp(mode, "mdp-broker") && argc == 4) return mdp_broker(argv[2], argv[3]);
+    if (!strcmp(mode, "worker") && argc == 4) return worker(argv[2], NULL, atoi(argv[3]), 1);
+    if (!strcmp(mode, "mdp-worker") && (argc == 5 || argc == 6)) return worker(argv[2], argv[3], atoi(argv[4]), argc == 6 ? atoi(argv[5]) : 1);
     if (!strcmp(mode, "client") && argc == 6) return clients(argv[2], NULL, atoi(argv[3]), atol(argv[4]), atol(argv[5]));
     if (!strcmp(mode, "mdp-client") && argc == 7) return clients(argv[2], argv[3], atoi(argv[4]), atol(argv[5]), atol(argv[6]));
     fprintf(stderr,
-            "usage: zmq-baseline broker FRONT BACK | worker BACK SOCKETS | mdp-worker BROKER SERVICE SOCKETS\n"
+            "usage: zmq-baseline broker FRONT BACK | mdp-broker ENDPOINT SERVICE | worker BACK SOCKETS | mdp-worker BROKER SERVICE SOCKETS [WINDOW]\n"
             "       | client ENDPOINT CLIENTS REQUESTS WINDOW | mdp-client ENDPOINT SERVICE CLIENTS REQUESTS WINDOW\n");
     return 64;
 }
