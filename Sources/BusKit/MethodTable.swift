@@ -25,8 +25,12 @@ public struct NoParams: Decodable, Sendable {
 }
 
 /// The JSON-RPC methods of a service, each with typed params and result.
+///
+/// One pass each way: params are decoded straight from the request's bytes into the
+/// handler's `Decodable` type, and the result is encoded straight to the reply's bytes.
 public struct MethodTable<Service: BusService>: Sendable {
-    typealias Handler = @Sendable (Service, JSONValue?) async throws -> JSONValue
+    /// Takes the params' JSON text (nil when absent) and gives the result's.
+    typealias Handler = @Sendable (Service, [UInt8]?) async throws -> [UInt8]
     private(set) var handlers: [String: Handler] = [:]
 
     public init() {}
@@ -38,11 +42,7 @@ public struct MethodTable<Service: BusService>: Sendable {
         _ method: String, _ handler: @escaping @Sendable (Service, P) async throws -> R
     ) {
         handlers[method] = { service, params in
-            let decoded = try decodeParams(P.self, params)
-            let result = try await handler(service, decoded)
-            // A JSON value needs no encoding round trip.
-            if let json = result as? JSONValue { return json }
-            return try JSONValue(encoding: result)
+            try encodeResult(try await handler(service, try decodeParams(P.self, params)))
         }
     }
 
@@ -57,19 +57,19 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// Runs `method` on `service` in this process, answering as a request through the bus
     /// would (for benchmarks and single-process use).
     public func call(_ method: String, params: JSONValue? = nil, on service: Service) async throws(JSONRPCError) -> JSONValue {
-        guard let response = await answer(JSONRPCRequest(id: .number(0), method: method, params: params), on: service) else {
-            throw .internalError("no response")
-        }
+        let body = JSONRPCRequest(id: .number(0), method: method, params: params).jsonBytes
+        let reply = await answer(body: body, on: service).reply
+        guard let response = try? JSONRPC.parseResponses(reply).first else { throw .internalError("no response") }
         return try response.outcome.get()
     }
 
-    /// Runs one request against `service` and returns the response owed (nil for a
-    /// notification).
-    func answer(_ request: JSONRPCRequest, on service: Service) async -> JSONRPCResponse? {
-        let outcome: Result<JSONValue, JSONRPCError>
+    /// Runs one request against `service`: the reply's text and whether it is an error (nil
+    /// for a notification, which gets no reply).
+    func answer(_ request: JSONRPCRequest, on service: Service) async -> (reply: [UInt8], isError: Bool)? {
+        let outcome: Result<[UInt8], JSONRPCError>
         if let handler = handlers[request.method] {
             do {
-                outcome = .success(try await handler(service, request.params))
+                outcome = .success(try await handler(service, request.paramsText))
             } catch let error as JSONRPCError {
                 outcome = .failure(error)
             } catch {
@@ -80,45 +80,62 @@ public struct MethodTable<Service: BusService>: Sendable {
         }
         guard let id = request.id else { return nil }
         switch outcome {
-        case .success(let result): return JSONRPCResponse(id: id, result: result)
-        case .failure(let error): return JSONRPCResponse(id: id, error: error)
+        case .success(let result): return (JSONRPC.resultReply(id: id, resultText: result), false)
+        case .failure(let error): return (JSONRPCResponse(id: id, error: error).jsonBytes, true)
         }
     }
 
     /// Answers a whole request body (a request or a batch), with how many of the responses
     /// are errors (the host reports that count to the kernel, which never reads replies).
     func answer(body: [UInt8], on service: Service) async -> (reply: [UInt8], errors: Int) {
-        func isError(_ response: JSONRPCResponse) -> Int { if case .failure = response.outcome { 1 } else { 0 } }
         switch JSONRPC.parseRequests(body) {
         case .unusable(let response), .single(.invalid(let response)):
             return (response.jsonBytes, 1)
         case .single(.request(let request)):
-            guard let response = await answer(request, on: service) else { return ([], 0) }
-            return (response.jsonBytes, isError(response))
+            guard let answer = await answer(request, on: service) else { return ([], 0) }
+            return (answer.reply, answer.isError ? 1 : 0)
         case .batch(let items):
-            var responses: [JSONRPCResponse] = []
+            var replies: [[UInt8]] = [], errors = 0
             for item in items {
                 switch item {
-                case .invalid(let response): responses.append(response)
+                case .invalid(let response):
+                    replies.append(response.jsonBytes)
+                    errors += 1
                 case .request(let request):
-                    if let response = await answer(request, on: service) { responses.append(response) }
+                    guard let answer = await answer(request, on: service) else { continue }
+                    replies.append(answer.reply)
+                    if answer.isError { errors += 1 }
                 }
             }
-            return (JSONRPC.encodeReply(responses, batch: true) ?? [], responses.reduce(0) { $0 + isError($1) })
+            // Only notifications: no reply at all (JSON-RPC 2.0, batch).
+            guard !replies.isEmpty else { return ([], 0) }
+            return ([UInt8(ascii: "[")] + Array(replies.joined(separator: [UInt8(ascii: ",")])) + [UInt8(ascii: "]")], errors)
         }
     }
 }
 
-/// Decodes params as `P`, turning decoding errors into -32602 naming the field.
-func decodeParams<P: Decodable>(_ type: P.Type, _ params: JSONValue?) throws -> P {
+/// Decodes params' JSON text as `P` in one pass, turning decoding errors into -32602
+/// naming the field. Absent params decode as an empty object (or null for `JSONValue`).
+func decodeParams<P: Decodable>(_ type: P.Type, _ text: [UInt8]?) throws -> P {
     if P.self == NoParams.self { return NoParams() as! P }
-    if P.self == JSONValue.self { return (params ?? .null) as! P }
-    let value = params ?? .object([:])
+    if P.self == JSONValue.self {
+        guard let text else { return JSONValue.null as! P }
+        return try JSONValue(parsing: text, maxDepth: JSONRPC.maxDepth) as! P
+    }
     do {
-        return try JSONDecoder().decode(P.self, from: Data(value.jsonBytes))
+        return try JSONDecoder().decode(P.self, from: text.map { Data($0) } ?? Data("{}".utf8))
     } catch let error as DecodingError {
         throw paramsError(error)
     }
+}
+
+/// Encodes a result in one pass: JSON text with sorted keys and unescaped slashes, as
+/// ``JSONValue/jsonBytes`` writes it.
+func encodeResult<R: Encodable>(_ result: R) throws -> [UInt8] {
+    if let json = result as? JSONValue { return json.jsonBytes }
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+    return Array(try encoder.encode(result))
 }
 
 private func paramsError(_ error: DecodingError) -> JSONRPCError {

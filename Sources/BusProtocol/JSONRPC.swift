@@ -103,16 +103,31 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
 }
 
 /// A JSON-RPC 2.0 request. A request without an id is a notification.
+///
+/// Its params are kept as JSON text: as they arrived (a service decodes them straight
+/// into its handler's type, in one pass) or as encoded once by the sender.
 public struct JSONRPCRequest: Sendable, Hashable {
     public var id: JSONRPCID?
     public var method: String
-    /// An object or an array, or absent.
-    public var params: JSONValue?
+    /// The params' JSON text (an object or an array), or nil when absent.
+    public var paramsText: [UInt8]?
 
     public init(id: JSONRPCID?, method: String, params: JSONValue? = nil) {
         self.id = id
         self.method = method
-        self.params = params
+        self.paramsText = params?.jsonBytes
+    }
+
+    public init(id: JSONRPCID?, method: String, paramsText: [UInt8]?) {
+        self.id = id
+        self.method = method
+        self.paramsText = paramsText
+    }
+
+    /// The params as a JSON value, parsed from ``paramsText`` on each read.
+    public var params: JSONValue? {
+        get { paramsText.flatMap { try? JSONValue(parsing: $0, maxDepth: JSONRPC.maxDepth) } }
+        set { paramsText = newValue?.jsonBytes }
     }
 
     public var json: JSONValue {
@@ -122,7 +137,36 @@ public struct JSONRPCRequest: Sendable, Hashable {
         return .object(object)
     }
 
-    public var jsonBytes: [UInt8] { json.jsonBytes }
+    /// Compact JSON text, keys in sorted order like ``JSONValue/jsonBytes``; the params
+    /// text goes in as it is.
+    public var jsonBytes: [UInt8] {
+        var output: [UInt8] = []
+        output.reserveCapacity(48 + method.utf8.count + (paramsText?.count ?? 0))
+        output.append(UInt8(ascii: "{"))
+        if let id {
+            output.append(contentsOf: #""id":"#.utf8)
+            JSONText.write(id.json, into: &output)
+            output.append(UInt8(ascii: ","))
+        }
+        output.append(contentsOf: #""jsonrpc":"2.0","method":"#.utf8)
+        JSONText.writeString(method, into: &output)
+        if let paramsText {
+            output.append(contentsOf: #","params":"#.utf8)
+            output.append(contentsOf: paramsText)
+        }
+        output.append(UInt8(ascii: "}"))
+        return output
+    }
+
+    public static func == (lhs: JSONRPCRequest, rhs: JSONRPCRequest) -> Bool {
+        lhs.id == rhs.id && lhs.method == rhs.method && lhs.params == rhs.params
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(id)
+        hasher.combine(method)
+        hasher.combine(params)
+    }
 }
 
 /// A JSON-RPC 2.0 response: a result or an error, for the request with `id`.
@@ -174,27 +218,47 @@ public enum JSONRPC {
     /// string `method`, an id that is a string, an integer or null, params that are an
     /// object or an array. Never throws; bad input becomes the error response it deserves.
     public static func parseRequests(_ bytes: some Collection<UInt8>) -> JSONRPCIncoming {
-        let value: JSONValue
+        if let parsed = bytes.withContiguousStorageIfAvailable({ parseRequests(in: $0) }) { return parsed }
+        return Array(bytes).withUnsafeBufferPointer { parseRequests(in: $0) }
+    }
+
+    /// One pass over the body: the envelope's members are read, the params only checked and
+    /// kept as text, for the service to decode straight into its handler's type.
+    private static func parseRequests(in body: UnsafeBufferPointer<UInt8>) -> JSONRPCIncoming {
+        let outline: JSONText.Outline
         do {
-            value = try JSONValue(parsing: bytes, maxDepth: maxDepth)
+            outline = try JSONText.outline(body, maxDepth: maxDepth)
         } catch {
             return .unusable(JSONRPCResponse(id: .null, error: .parseError("the body is not valid JSON")))
         }
-        if case .array(let elements) = value {
+        switch outline {
+        case .array(let elements):
             guard !elements.isEmpty else {
                 return .unusable(JSONRPCResponse(id: .null, error: .invalidRequest("empty batch")))
             }
-            return .batch(elements.map(request(from:)))
+            return .batch(elements.map { range in
+                let element = UnsafeBufferPointer(rebasing: body[range])
+                guard case .object(let members)? = try? JSONText.outline(element, maxDepth: maxDepth) else { return notAnObject }
+                return request(members, in: element)
+            })
+        case .object(let members):
+            return .single(request(members, in: body))
+        case .scalar:
+            return .single(notAnObject)
         }
-        return .single(request(from: value))
     }
 
-    static func request(from value: JSONValue) -> JSONRPCItem {
-        guard case .object(let object) = value else {
-            return .invalid(JSONRPCResponse(id: .null, error: .invalidRequest("a request must be a JSON object")))
+    private static let notAnObject = JSONRPCItem.invalid(JSONRPCResponse(id: .null, error: .invalidRequest("a request must be a JSON object")))
+
+    private static func request(_ members: [(key: String, range: Range<Int>)], in text: UnsafeBufferPointer<UInt8>) -> JSONRPCItem {
+        // A repeated member counts once, the last one, as a parsed object would have it.
+        var ranges: [String: Range<Int>] = [:]
+        for member in members { ranges[member.key] = member.range }
+        func value(_ key: String) -> JSONValue? {
+            ranges[key].flatMap { try? JSONText.parse(UnsafeBufferPointer(rebasing: text[$0]), maxDepth: maxDepth) }
         }
         var id: JSONRPCID?
-        switch object["id"] {
+        switch value("id") {
         case nil: id = nil
         case .null?: id = .null
         case .int(let number)?: id = .number(number)
@@ -203,19 +267,33 @@ public enum JSONRPC {
             return .invalid(JSONRPCResponse(id: .null, error: .invalidRequest("id must be a string, an integer or null")))
         }
         let replyID = id ?? .null
-        guard object["jsonrpc"] == .string("2.0") else {
+        guard value("jsonrpc") == .string("2.0") else {
             return .invalid(JSONRPCResponse(id: replyID, error: .invalidRequest("\"jsonrpc\" must be \"2.0\"")))
         }
-        guard case .string(let method)? = object["method"], !method.isEmpty else {
+        guard case .string(let method)? = value("method"), !method.isEmpty else {
             return .invalid(JSONRPCResponse(id: replyID, error: .invalidRequest("method must be a non-empty string")))
         }
-        let params = object["params"]
-        switch params {
-        case nil, .object?, .array?: break
-        default:
-            return .invalid(JSONRPCResponse(id: replyID, error: .invalidRequest("params must be an object or an array")))
+        var paramsText: [UInt8]?
+        if let range = ranges["params"] {
+            guard text[range.lowerBound] == UInt8(ascii: "{") || text[range.lowerBound] == UInt8(ascii: "[") else {
+                return .invalid(JSONRPCResponse(id: replyID, error: .invalidRequest("params must be an object or an array")))
+            }
+            paramsText = Array(text[range])
         }
-        return .request(JSONRPCRequest(id: id, method: method, params: params))
+        return .request(JSONRPCRequest(id: id, method: method, paramsText: paramsText))
+    }
+
+    /// A response carrying `resultText`, JSON text encoded by the service itself (so a
+    /// result is written once, straight to bytes).
+    public static func resultReply(id: JSONRPCID, resultText: [UInt8]) -> [UInt8] {
+        var output: [UInt8] = []
+        output.reserveCapacity(40 + resultText.count)
+        output.append(contentsOf: #"{"id":"#.utf8)
+        JSONText.write(id.json, into: &output)
+        output.append(contentsOf: #","jsonrpc":"2.0","result":"#.utf8)
+        output.append(contentsOf: resultText)
+        output.append(UInt8(ascii: "}"))
+        return output
     }
 
     /// Parses a response body: one response or a batch of them.

@@ -54,6 +54,38 @@ enum JSONText {
         guard parser.position == bytes.count else { throw parser.error("unexpected text after the value") }
     }
 
+    /// A value's outline: for an object its members and for an array its elements, each as
+    /// the byte range of its text (validated, not built), so a caller can decode just the
+    /// part it needs, straight from the bytes.
+    enum Outline {
+        case object([(key: String, range: Range<Int>)])
+        case array([Range<Int>])
+        case scalar
+    }
+
+    /// Outlines the one JSON value in `bytes`, checking all of it as strictly as ``parse``.
+    static func outline(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) throws(SyntaxError) -> Outline {
+        var parser = Parser(bytes: bytes, maxDepth: maxDepth)
+        parser.skipWhitespace()
+        let outline: Outline
+        switch parser.current {
+        case UInt8(ascii: "{")?:
+            var members: [(key: String, range: Range<Int>)] = []
+            try parser.members(depth: 1) { key, range in members.append((key, range)) }
+            outline = .object(members)
+        case UInt8(ascii: "[")?:
+            var elements: [Range<Int>] = []
+            try parser.elements(depth: 1) { elements.append($0) }
+            outline = .array(elements)
+        default:
+            try parser.skipValue(depth: 0)
+            outline = .scalar
+        }
+        parser.skipWhitespace()
+        guard parser.position == bytes.count else { throw parser.error("unexpected text after the value") }
+        return outline
+    }
+
     private struct Parser {
         let bytes: UnsafeBufferPointer<UInt8>
         let maxDepth: Int
@@ -99,6 +131,100 @@ enum JSONText {
             case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return try number()
             default: throw error("unexpected character")
             }
+        }
+
+        /// Checks a value and moves past it without building it.
+        mutating func skipValue(depth: Int) throws(SyntaxError) {
+            guard let byte = current else { throw error("unexpected end of text") }
+            switch byte {
+            case UInt8(ascii: "{"): try members(depth: depth + 1) { _, _ in }
+            case UInt8(ascii: "["): try elements(depth: depth + 1) { _ in }
+            case UInt8(ascii: "\""): try skipString()
+            default: _ = try value(depth: depth)  // a literal or a number: nothing to allocate
+            }
+        }
+
+        /// An object's members (at its `{`): each key, and its value's range, checked and skipped.
+        mutating func members(depth: Int, _ body: (String, Range<Int>) -> Void) throws(SyntaxError) {
+            guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
+            position += 1
+            skipWhitespace()
+            if current == UInt8(ascii: "}") {
+                position += 1
+                return
+            }
+            while true {
+                skipWhitespace()
+                guard current == UInt8(ascii: "\"") else { throw error("expected a string key") }
+                let key = try string()
+                skipWhitespace()
+                guard current == UInt8(ascii: ":") else { throw error("expected ':'") }
+                position += 1
+                skipWhitespace()
+                let start = position
+                try skipValue(depth: depth)
+                body(key, start..<position)
+                skipWhitespace()
+                switch current {
+                case UInt8(ascii: ",")?: position += 1
+                case UInt8(ascii: "}")?:
+                    position += 1
+                    return
+                default: throw error("expected ',' or '}'")
+                }
+            }
+        }
+
+        /// An array's elements (at its `[`): each one's range, checked and skipped.
+        mutating func elements(depth: Int, _ body: (Range<Int>) -> Void) throws(SyntaxError) {
+            guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
+            position += 1
+            skipWhitespace()
+            if current == UInt8(ascii: "]") {
+                position += 1
+                return
+            }
+            while true {
+                skipWhitespace()
+                let start = position
+                try skipValue(depth: depth)
+                body(start..<position)
+                skipWhitespace()
+                switch current {
+                case UInt8(ascii: ",")?: position += 1
+                case UInt8(ascii: "]")?:
+                    position += 1
+                    return
+                default: throw error("expected ',' or ']'")
+                }
+            }
+        }
+
+        /// Checks a string as ``string()`` does (escapes, control characters, UTF-8) without
+        /// building it; ASCII text needs no further check.
+        mutating func skipString() throws(SyntaxError) {
+            position += 1
+            let start = position
+            var ascii = true
+            while position < bytes.count {
+                let byte = bytes[position]
+                switch byte {
+                case UInt8(ascii: "\""):
+                    if !ascii { _ = try utf8(start..<position) }
+                    position += 1
+                    return
+                case UInt8(ascii: "\\"):
+                    // Escapes are rare in params: let the full reader check this string.
+                    position = start - 1
+                    _ = try string()
+                    return
+                case 0..<0x20: throw error("control character in a string")
+                case 0x80...: ascii = false
+                default: break
+                }
+                position += 1
+            }
+            throw error("unterminated string")
         }
 
         mutating func object(depth: Int) throws(SyntaxError) -> JSONValue {

@@ -15,6 +15,36 @@ struct JSONRPCTests {
             == .single(.request(JSONRPCRequest(id: nil, method: "notify", params: [1, 2]))))
     }
 
+    @Test("params stay the text they arrived as, checked as strictly as the rest of the body")
+    func paramsKeptAsText() {
+        let text = #"{ "params" : { "b" : [1, 2.5, "\u00e9\n"], "a": {} } , "method":"m","id":1,"jsonrpc":"2.0"}"#
+        guard case .single(.request(let request)) = parse(text) else { Issue.record("expected a request"); return }
+        #expect(request.paramsText.map { String(decoding: $0, as: UTF8.self) } == #"{ "b" : [1, 2.5, "\u00e9\n"], "a": {} }"#)
+        #expect(request.params == ["a": [:], "b": [1, 2.5, "é\n"]])
+        // Sent on, the params go in as they are.
+        #expect(String(decoding: request.jsonBytes, as: UTF8.self)
+            == #"{"id":1,"jsonrpc":"2.0","method":"m","params":{ "b" : [1, 2.5, "\u00e9\n"], "a": {} }}"#)
+        // Broken text inside the params is still a broken body.
+        for broken in [#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":tru}}"#,
+                       #"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"\x"}}"#,
+                       #"{"jsonrpc":"2.0","id":1,"method":"m","params":["a",]}"#] {
+            guard case .unusable(let response) = parse(broken) else { Issue.record("expected -32700 for \(broken)"); continue }
+            #expect(response.errorCode == -32700)
+        }
+        var invalidUTF8 = Array(#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":""#.utf8)
+        invalidUTF8 += [0xC3, 0x28] + Array(#""}}"#.utf8)
+        guard case .unusable(let response) = JSONRPC.parseRequests(invalidUTF8) else { Issue.record("expected -32700"); return }
+        #expect(response.errorCode == -32700)
+    }
+
+    @Test("a service's result goes into the reply as the text it encoded")
+    func resultText() throws {
+        #expect(String(decoding: JSONRPC.resultReply(id: .string("q"), resultText: Array(#"{"z":1,"a":[true]}"#.utf8)), as: UTF8.self)
+            == #"{"id":"q","jsonrpc":"2.0","result":{"z":1,"a":[true]}}"#)
+        #expect(try JSONRPC.parseResponses(JSONRPC.resultReply(id: .number(3), resultText: Array("null".utf8)))
+            == [JSONRPCResponse(id: .number(3), result: .null)])
+    }
+
     @Test("invalid requests get -32600 with the id when it is known", arguments: [
         (#"{"id":1,"method":"ping"}"#, JSONRPCID.number(1)),
         (#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#, .number(1)),
