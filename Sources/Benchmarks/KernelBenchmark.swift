@@ -107,13 +107,27 @@ struct KernelBenchmark: AsyncParsableCommand {
                             note: "\(ratios(rate(.kernelPlain))); \(workerSockets) connections, one request each"))
         }
         rows.append(contentsOf: try await busKitRows(endpoints.broker))
+        // CHP: C publisher and subscribers, through a raw XSUB/XPUB proxy and through the
+        // kernel, interleaved; a subscriber's rate is what it received per second.
+        var fanOut: [Bool: [Int: [(rate: Double, gaps: Int)]]] = [:]
+        for _ in 0..<runs {
+            for subscribers in [1, 10] {
+                for throughKernel in [false, true] {
+                    fanOut[throughKernel, default: [:]][subscribers, default: []].append(
+                        try await metal.fanOut(throughKernel: throughKernel, subscribers: subscribers, updates: updates))
+                }
+            }
+        }
         for subscribers in [1, 10] {
-            var results: [(rate: Double, gaps: Int, delivered: Int)] = []
-            for _ in 0..<runs { results.append(try chp(endpoints, subscribers: subscribers)) }
-            let middle = results.sorted { $0.rate < $1.rate }[(results.count - 1) / 2]
-            let gaps = results.map(\.gaps).reduce(0, +), delivered = results.map(\.delivered).min() ?? 0
-            rows.append(Row("CHP collector to \(subscribers) subscriber\(subscribers == 1 ? "" : "s")", rate: middle.rate,
-                            note: "\(gaps) gaps in \(runs) runs, at least \(delivered)/\(updates) delivered"))
+            let plural = subscribers == 1 ? "" : "s"
+            let raw = median(fanOut[false]![subscribers]!.map(\.rate))
+            let kernelRuns = fanOut[true]![subscribers]!, kernelRate = median(kernelRuns.map(\.rate))
+            let oneRaw = median(fanOut[false]![1]!.map(\.rate)), oneKernel = median(fanOut[true]![1]!.map(\.rate))
+            rows.append(Row("raw libzmq C XSUB/XPUB proxy, \(subscribers) subscriber\(plural)", rate: raw,
+                            note: String(format: "the metal: C PUB and SUBs, 5-frame updates; %.2fx one subscriber", raw / oneRaw)))
+            rows.append(Row("CHP collector to \(subscribers) subscriber\(plural)", rate: kernelRate,
+                            note: String(format: "%.2fx raw C, %.2fx one subscriber; %d gaps in %d runs of %d updates",
+                                         kernelRate / raw, kernelRate / oneKernel, kernelRuns.map(\.gaps).reduce(0, +), runs, updates)))
         }
         single.stop()
         direct.stop()
@@ -190,13 +204,14 @@ struct KernelBenchmark: AsyncParsableCommand {
         enum Path: CaseIterable { case raw, cMDP, kernelWindow, kernelPlain }
         let processes: [ChildProcess]
         let rawFront: String, mdpBroker: String, kernelBroker: String
+        let proxyFront: String, proxyBack: String, kernelCollector: String, kernelPublisher: String
 
         static func start(workerSockets: Int, workerWindow: Int) async throws -> Metal {
             let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
             guard FileManager.default.isExecutableFile(atPath: baseline.path) else {
                 throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
             }
-            let ports = (0..<7).map { _ in "tcp://127.0.0.1:\(freePort())" }
+            let ports = (0..<9).map { _ in "tcp://127.0.0.1:\(freePort())" }
             // Each watches its standard input, a pipe this process holds: they end with it.
             let processes = [
                 try ChildProcess(baseline, ["broker", ports[0], ports[1]]),
@@ -207,8 +222,10 @@ struct KernelBenchmark: AsyncParsableCommand {
                                                            "--snapshot", ports[3], "--publisher", ports[4], "--collector", ports[5]]),
                 try ChildProcess(baseline, ["mdp-worker", ports[2], "window", "1", String(workerWindow)]),
                 try ChildProcess(baseline, ["mdp-worker", ports[2], "plain", String(workerSockets)]),
+                try ChildProcess(baseline, ["pubsub-proxy", ports[7], ports[8]]),
             ]
-            return Metal(processes: processes, rawFront: ports[0], mdpBroker: ports[6], kernelBroker: ports[2])
+            return Metal(processes: processes, rawFront: ports[0], mdpBroker: ports[6], kernelBroker: ports[2],
+                         proxyFront: ports[7], proxyBack: ports[8], kernelCollector: ports[5], kernelPublisher: ports[4])
         }
 
         func rate(_ path: Path, clients: Int, requests: Int, window: Int) async throws -> Double {
@@ -218,6 +235,39 @@ struct KernelBenchmark: AsyncParsableCommand {
             case .cMDP: return try await rate(["mdp-client", mdpBroker, "window"] + counts)
             case .kernelWindow: return try await rate(["mdp-client", kernelBroker, "window"] + counts)
             case .kernelPlain: return try await rate(["mdp-client", kernelBroker, "plain"] + counts)
+            }
+        }
+
+        /// `updates` KVSETs from a C publisher to `subscribers` C subscribers, through the
+        /// kernel's collector and publisher or through the raw proxy: the slowest subscriber's
+        /// rate, and the sequence gaps all of them saw.
+        func fanOut(throughKernel: Bool, subscribers: Int, updates: Int) async throws -> (rate: Double, gaps: Int) {
+            // One prefix for every run: the same 1,000 keys, within the client quota however many runs.
+            let prefix = "/client/bench/"
+            let (publishTo, subscribeTo) = throughKernel ? (kernelCollector, kernelPublisher) : (proxyFront, proxyBack)
+            let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
+            return try await withThrowingTaskGroup(of: [Double]?.self) { group in
+                for _ in 0..<subscribers {
+                    group.addTask {
+                        let result = try await runCommand(baseline, ["chp-sub", subscribeTo, prefix, String(updates)], seconds: 120)
+                        guard result.status == 0 else { throw ValidationError("chp-sub: \(result)") }
+                        return result.stdout.split(separator: " ").compactMap { Double($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+                    }
+                }
+                // The publisher waits half a second for the subscriptions before it sends.
+                group.addTask {
+                    let result = try await runCommand(baseline, ["chp-pub", publishTo, prefix, String(updates)], seconds: 120)
+                    guard result.status == 0 else { throw ValidationError("chp-pub: \(result)") }
+                    return nil
+                }
+                var rates: [Double] = [], gaps = 0
+                for try await figures in group {
+                    guard let figures else { continue }
+                    guard figures.count == 2 else { throw ValidationError("chp-sub printed \(figures)") }
+                    rates.append(figures[0])
+                    gaps += Int(figures[1])
+                }
+                return (rates.min() ?? 0, gaps)
             }
         }
 
@@ -270,74 +320,6 @@ struct KernelBenchmark: AsyncParsableCommand {
             Row("BusClient to ServiceHost (JSON-RPC), sync", rate: syncRate, latencies: latencies, note: "full stack, 2 worker connections, window 16"),
             Row("BusClient to ServiceHost, 64 tasks", rate: pipelinedRate, note: "full stack, one client"),
         ]
-    }
-
-    // MARK: CHP
-
-    private func chp(_ endpoints: Kernel.Endpoints, subscribers count: Int) throws -> (rate: Double, gaps: Int, delivered: Int) {
-        let context = try ZMQContext()
-        let received = (0..<count).map { _ in Counter() }
-        let gaps = Counter()
-        let ready = DispatchGroup()
-        let finished = DispatchGroup()
-        let prefix = "/client/bench-\(UUID().uuidString.prefix(6))/"
-        var subscribers: [Thread] = []
-        for index in 0..<count {
-            let socket = try ZMQSocket(context, .sub)
-            try socket.set(.receiveHighWaterMark, 0)
-            try socket.set(.receiveTimeout, 10_000)
-            try socket.subscribe(prefix)
-            try socket.subscribe(CHP.hugzCommand)
-            try socket.connect(endpoints.publisher)
-            nonisolated(unsafe) let owned = socket
-            ready.enter()
-            finished.enter()
-            let counter = received[index]
-            let thread = Thread { [updates] in
-                defer { finished.leave() }
-                var greeted = false
-                var last: UInt64 = 0
-                var seen = 0
-                while seen < updates {
-                    // Only the sequence frame is read: the subscribers must not be the bottleneck.
-                    guard let message = try? owned.receive(), message.count == 5 else { break }
-                    if message[0].equals(CHP.hugzCommand) {
-                        if !greeted { greeted = true; ready.leave() }
-                        continue
-                    }
-                    let sequence = message[1].withUnsafeBytes { $0.reduce(UInt64(0)) { $0 << 8 | UInt64($1) } }
-                    if last != 0 && sequence != last + 1 { gaps.add(1) }
-                    last = sequence
-                    seen += 1
-                    counter.set(seen)
-                }
-                if !greeted { ready.leave() }
-            }
-            subscribers.append(thread)
-            thread.start()
-        }
-        guard ready.wait(timeout: .now() + 10) == .success else { throw ValidationError("subscribers were not greeted") }
-        let publisher = try ZMQSocket(context, .pub)
-        try publisher.set(.sendHighWaterMark, 0)
-        try publisher.connect(endpoints.collector)
-        Thread.sleep(forTimeInterval: 0.2)  // PUB/SUB joins are not acknowledged; let the collector's link settle
-        let value = Frame([UInt8](repeating: 0x41, count: 64))
-        let keys = (0..<1_000).map { Frame("\(prefix)\($0)") }
-        let empty = Frame(), sequence = CHP.sequenceFrame(0)
-        let start = monotonicNanoseconds()
-        var sent = 0
-        // Keep at most 50,000 updates ahead of the slowest subscriber (PUB drops rather than
-        // waits), sleeping rather than spinning so the kernel keeps the CPU.
-        while sent < updates {
-            let slowest = received.map(\.value).min() ?? 0
-            if sent - slowest >= 50_000 { usleep(200); continue }
-            try publisher.send([keys[sent % keys.count], sequence, empty, empty, value])
-            sent += 1
-        }
-        _ = finished.wait(timeout: .now() + 30)
-        let elapsed = Double(monotonicNanoseconds() - start) / 1e9
-        let delivered = received.map(\.value).min() ?? 0
-        return (Double(delivered) / elapsed, gaps.value, delivered)
     }
 }
 

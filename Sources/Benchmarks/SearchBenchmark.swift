@@ -38,7 +38,7 @@ struct SearchBenchmark: AsyncParsableCommand {
         let inProcess = try await measure { index in
             _ = try await table.call("countries.search", params: ["query": .string(Self.queries[index % Self.queries.count]), "limit": 20], on: search)
         }
-        rows.append(Row("countries.search in process", rate: inProcess.rate, latencies: inProcess.latencies, note: "12 queries in turn, limit 20"))
+        rows.append(Row("countries.search in process", rate: inProcess.rate, latencies: inProcess.latencies, note: "12 queries in turn, limit 20; request and reply as JSON text, as on the bus"))
 
         // Through the kernel: one client, one request at a time.
         // An in-process kernel on free loopback ports.

@@ -62,17 +62,26 @@ final class StateServer {
     /// runs out.
     @discardableResult
     func set(_ key: String, value: Frame, ttl: Double? = nil, now: UInt64) -> UInt64 {
-        apply(key, keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(), properties: Self.properties(ttl: ttl), quotaOwner: nil, now: now)
+        apply(key, at: entries.index(forKey: key), keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(),
+              properties: Self.properties(ttl: ttl), quotaOwner: nil, now: now)
+    }
+
+    /// What ``admit(_:at:size:by:collector:)`` decided.
+    private enum Admission {
+        /// Allowed, counting against this quota (nil: none).
+        case allowed(quotaOwner: String?)
+        case refused(JSONRPCError)
     }
 
     /// A peer's `state.set`: applied when ``StateAccess`` lets `peer` write `key` and the
     /// limits have room; otherwise the error to answer with (-32011 or -32010).
     func write(_ key: String, value: Frame, ttl: Double?, by peer: Peer, now: UInt64) -> Result<UInt64, JSONRPCError> {
-        switch admit(key, size: value.isEmpty ? nil : key.utf8.count + value.count, by: peer, collector: false) {
-        case .failure(let error): return .failure(error)
-        case .success(let owner):
-            return .success(apply(key, keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(), properties: Self.properties(ttl: ttl),
-                                  quotaOwner: owner, now: now))
+        let index = entries.index(forKey: key)
+        switch admit(key, at: index, size: value.isEmpty ? nil : key.utf8.count + value.count, by: peer, collector: false) {
+        case .refused(let error): return .failure(error)
+        case .allowed(let owner):
+            return .success(apply(key, at: index, keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(),
+                                  properties: Self.properties(ttl: ttl), quotaOwner: owner, now: now))
         }
     }
 
@@ -80,16 +89,17 @@ final class StateServer {
         Frame(ttl.map { ttl in "ttl=\(ttl == ttl.rounded() ? String(Int(ttl)) : String(ttl))\n" } ?? "")
     }
 
-    /// Whether `peer` may write `key` with a value of `size` bytes (nil: a deletion, which
-    /// only needs the right to write), and if so the quota it counts against.
-    private func admit(_ key: String, size: Int?, by peer: Peer, collector: Bool) -> Result<String?, JSONRPCError> {
+    /// Whether `peer` may write `key` (held at `index`, if it is) with a value of `size`
+    /// bytes (nil: a deletion, which only needs the right to write), and if so the quota it
+    /// counts against.
+    private func admit(_ key: String, at index: Dictionary<String, Entry>.Index?, size: Int?, by peer: Peer, collector: Bool) -> Admission {
         if let error = access.refusal(key, by: peer, collector: collector) {
             refusedForbidden += 1
-            return .failure(error)
+            return .refused(error)
         }
         let owner = access.isClientWritable(key) ? peer.quotaOwner : nil
-        guard let size else { return .success(owner) }
-        let old = entries[key]
+        guard let size else { return .allowed(quotaOwner: owner) }
+        let old = index.map { entries.values[$0] }
         let keys = entries.count + (old == nil ? 1 : 0), bytes = totalBytes - (old?.size ?? 0) + size
         var refusal: String?
         if keys > configuration.stateMaxKeys {
@@ -105,42 +115,51 @@ final class StateServer {
                 refusal = "this client would hold \(ownerBytes) bytes under \(access.writablePrefixes.joined(separator: ", ")), over the limit (kernel.client_state_max_bytes) of \(configuration.clientStateMaxBytes)"
             }
         }
-        guard let refusal else { return .success(owner) }
+        guard let refusal else { return .allowed(quotaOwner: owner) }
         refusedOverLimit += 1
-        return .failure(JSONRPCError(code: JSONRPCError.tooLargeCode, message: "Too large: \(refusal)"))
+        return .refused(JSONRPCError(code: JSONRPCError.tooLargeCode, message: "Too large: \(refusal)"))
     }
 
     /// Makes the change, keeps the counts, and publishes it with the frames at hand (a
     /// KVSET's own key, UUID, properties and value frames go out as they came, uncopied).
-    private func apply(_ key: String, keyFrame: Frame, value: Frame, ttl: Double?, uuid: Frame, properties: Frame,
-                       quotaOwner: String?, now: UInt64) -> UInt64 {
+    /// `index`: where `key` is held now (nil: it is not), found once by the caller.
+    private func apply(_ key: String, at index: Dictionary<String, Entry>.Index?, keyFrame: Frame, value: Frame, ttl: Double?,
+                       uuid: Frame, properties: Frame, quotaOwner: String?, now: UInt64) -> UInt64 {
         sequence += 1
-        let old: Entry?
+        let old = index.map { entries.values[$0] }
+        var new: Entry?
         if value.isEmpty {
-            old = entries.removeValue(forKey: key)
+            if let index { entries.remove(at: index) }
         } else {
             let expiresAt = ttl.map { now + UInt64($0 * 1e9) }
             if expiresAt != nil { expiring += 1 }
             let entry = Entry(sequence: sequence, value: value, expiresAt: expiresAt, quotaOwner: quotaOwner, size: key.utf8.count + value.count)
-            old = entries.updateValue(entry, forKey: key)
-            account(entry, sign: 1)
+            if let index { entries.values[index] = entry } else { entries[key] = entry }
+            new = entry
         }
-        if let old {
-            if old.expiresAt != nil { expiring -= 1 }
-            account(old, sign: -1)
-        }
+        if old?.expiresAt != nil { expiring -= 1 }
+        account(replacing: old, with: new)
         publish([keyFrame, CHP.sequenceFrame(sequence), uuid, properties, value])
         lastPublished = now
         return sequence
     }
 
-    private func account(_ entry: Entry, sign: Int) {
-        totalBytes += sign * entry.size
-        guard let owner = entry.quotaOwner else { return }
-        var held = usage[owner] ?? Usage()
-        held.keys += sign
-        held.bytes += sign * entry.size
-        usage[owner] = held.keys == 0 ? nil : held
+    /// Keeps the byte total and the quotas: one lookup when a key keeps its owner.
+    private func account(replacing old: Entry?, with new: Entry?) {
+        totalBytes += (new?.size ?? 0) - (old?.size ?? 0)
+        if let owner = new?.quotaOwner, owner == old?.quotaOwner {
+            usage[owner, default: Usage()].bytes += new!.size - old!.size
+            return
+        }
+        if let old, let owner = old.quotaOwner {
+            usage[owner, default: Usage()].keys -= 1
+            usage[owner, default: Usage()].bytes -= old.size
+            if usage[owner]?.keys == 0 { usage[owner] = nil }
+        }
+        if let new, let owner = new.quotaOwner {
+            usage[owner, default: Usage()].keys += 1
+            usage[owner, default: Usage()].bytes += new.size
+        }
     }
 
     /// A KVSET from the collector: applied under the same rules and limits as `state.set`
@@ -155,15 +174,16 @@ final class StateServer {
             return
         }
         let peer = Peer(userID: message.peerUserID, security: configuration.security)
-        switch admit(entry.key, size: message[4].isEmpty ? nil : entry.key.utf8.count + message[4].count, by: peer, collector: true) {
-        case .failure(let error):
+        let index = entries.index(forKey: entry.key)
+        switch admit(entry.key, at: index, size: message[4].isEmpty ? nil : entry.key.utf8.count + message[4].count, by: peer, collector: true) {
+        case .refused(let error):
             // The first refusal and then one in 10,000: a flood does not flood the log.
             if (refusedForbidden + refusedOverLimit) % 10_000 == 1 {
                 logger.warning("refused KVSET", metadata: ["key": "\(entry.key)", "reason": "\(error.message)",
                                                            "refused": "\(refusedForbidden + refusedOverLimit)"])
             }
-        case .success(let owner):
-            _ = apply(entry.key, keyFrame: message[0], value: message[4], ttl: entry.ttl, uuid: message[2], properties: message[3],
+        case .allowed(let owner):
+            _ = apply(entry.key, at: index, keyFrame: message[0], value: message[4], ttl: entry.ttl, uuid: message[2], properties: message[3],
                       quotaOwner: owner, now: now)
         }
     }

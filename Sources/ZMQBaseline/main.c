@@ -11,7 +11,14 @@
 //   zmq-baseline client ENDPOINT CLIENTS REQUESTS WINDOW            pipelining clients (raw)
 //   zmq-baseline mdp-client ENDPOINT SERVICE CLIENTS REQUESTS WINDOW  the same over 7/MDP
 //
-// Brokers and workers run until their standard input ends (the lifeline: the benchmark
+//   zmq-baseline pubsub-proxy FRONT BACK                XSUB front, XPUB back (zmq_proxy): the
+//                                                       metal for the kernel's CHP fan-out
+//   zmq-baseline chp-pub ENDPOINT PREFIX COUNT          PUB: COUNT 12/CHP KVSETs (64-byte values,
+//                                                       1,000 keys under PREFIX), then exits
+//   zmq-baseline chp-sub ENDPOINT PREFIX COUNT          SUB: counts COUNT updates under PREFIX and
+//                                                       prints "RATE GAPS" (sequence frame checked)
+//
+// Brokers, proxies and workers run until their standard input ends (the lifeline: the benchmark
 // holds the other end of the pipe) or they get SIGTERM. Clients send REQUESTS 64-byte
 // bodies in all, each client keeping WINDOW in flight on its own DEALER and thread, then
 // print the rate (requests per second) on stdout. Frames are moved, never copied.
@@ -90,6 +97,14 @@ static int lifeline_ended(zmq_pollitem_t *item) {
     if (!(item->revents & (ZMQ_POLLIN | ZMQ_POLLERR))) return 0;
     char buffer[64];
     return read(0, buffer, sizeof buffer) <= 0;
+}
+
+// For a process that blocks in libzmq (zmq_proxy): ends it when the lifeline ends.
+static void *watch_lifeline(void *unused) {
+    (void)unused;
+    char buffer[64];
+    while (read(0, buffer, sizeof buffer) > 0) {}
+    exit(0);
 }
 
 // MARK: The raw broker: clients' requests to workers round-robin, replies back.
@@ -296,6 +311,79 @@ static int worker(const char *endpoint, const char *service, int count, int wind
     return 0;
 }
 
+// MARK: Publish-subscribe, for the CHP rows
+
+static int pubsub_proxy(const char *front_endpoint, const char *back_endpoint) {
+    void *context = zmq_ctx_new();
+    void *front = socket_of(context, ZMQ_XSUB), *back = socket_of(context, ZMQ_XPUB);
+    if (zmq_bind(front, front_endpoint) == -1) die(front_endpoint);
+    if (zmq_bind(back, back_endpoint) == -1) die(back_endpoint);
+    // The proxy runs until the process ends: the benchmark ends it with its lifeline, which a
+    // thread watches here.
+    pthread_t watcher;
+    pthread_create(&watcher, NULL, watch_lifeline, NULL);
+    zmq_proxy(front, back, NULL);
+    return 0;
+}
+
+static int chp_pub(const char *endpoint, const char *prefix, long count) {
+    void *context = zmq_ctx_new();
+    void *socket = socket_of(context, ZMQ_PUB);
+    int forever = -1;
+    zmq_setsockopt(socket, ZMQ_LINGER, &forever, sizeof forever);  // deliver everything before exiting
+    if (zmq_connect(socket, endpoint) == -1) die(endpoint);
+    usleep(500000);  // PUB/SUB joins are not acknowledged: let the link and subscriptions settle
+    char value[64], key[256];
+    memset(value, 0x41, sizeof value);
+    unsigned char sequence[8] = {0};
+    for (long index = 0; index < count; index++) {
+        int length = snprintf(key, sizeof key, "%s%ld", prefix, index % 1000);
+        send_text(socket, key, (size_t)length, ZMQ_SNDMORE);
+        send_text(socket, sequence, sizeof sequence, ZMQ_SNDMORE);
+        send_text(socket, "", 0, ZMQ_SNDMORE);
+        send_text(socket, "", 0, ZMQ_SNDMORE);
+        send_text(socket, value, sizeof value, 0);
+    }
+    zmq_close(socket);
+    zmq_ctx_term(context);
+    return 0;
+}
+
+static int chp_sub(const char *endpoint, const char *prefix, long count) {
+    void *context = zmq_ctx_new();
+    void *socket = socket_of(context, ZMQ_SUB);
+    int timeout = 30000;
+    zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(socket, ZMQ_SUBSCRIBE, prefix, strlen(prefix));
+    if (zmq_connect(socket, endpoint) == -1) die(endpoint);
+    message_t message;
+    long seen = 0, gaps = 0;
+    unsigned long long last = 0;
+    double start = 0;
+    while (seen < count) {
+        if (receive(socket, &message, 0) != 1) break;
+        if (message.count >= 2 && zmq_msg_size(&message.parts[1]) == 8) {
+            const unsigned char *bytes = zmq_msg_data(&message.parts[1]);
+            unsigned long long sequence = 0;
+            for (int index = 0; index < 8; index++) sequence = sequence << 8 | bytes[index];
+            // The raw proxy forwards the publisher's zero sequences; the kernel numbers them.
+            if (sequence != 0 && last != 0 && sequence != last + 1) gaps++;
+            last = sequence;
+        }
+        if (seen++ == 0) start = now();
+        for (int part = 0; part < message.count; part++) zmq_msg_close(&message.parts[part]);
+    }
+    double seconds = now() - start;
+    if (seen < count) {
+        fprintf(stderr, "zmq-baseline: %ld of %ld updates within 30 s\n", seen, count);
+        return 1;
+    }
+    printf("%.0f %ld\n", (double)(count - 1) / seconds, gaps);
+    zmq_close(socket);
+    zmq_ctx_term(context);
+    return 0;
+}
+
 // MARK: Pipelining clients
 
 typedef struct {
@@ -363,6 +451,9 @@ static int clients(const char *endpoint, const char *service, int count, long re
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "broker") && argc == 4) return broker(argv[2], argv[3]);
+    if (!strcmp(mode, "pubsub-proxy") && argc == 4) return pubsub_proxy(argv[2], argv[3]);
+    if (!strcmp(mode, "chp-pub") && argc == 5) return chp_pub(argv[2], argv[3], atol(argv[4]));
+    if (!strcmp(mode, "chp-sub") && argc == 5) return chp_sub(argv[2], argv[3], atol(argv[4]));
     if (!strcmp(mode, "mdp-broker") && argc == 4) return mdp_broker(argv[2], argv[3]);
     if (!strcmp(mode, "worker") && argc == 4) return worker(argv[2], NULL, atoi(argv[3]), 1);
     if (!strcmp(mode, "mdp-worker") && (argc == 5 || argc == 6)) return worker(argv[2], argv[3], atoi(argv[4]), argc == 6 ? atoi(argv[5]) : 1);
@@ -370,6 +461,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "mdp-client") && argc == 7) return clients(argv[2], argv[3], atoi(argv[4]), atol(argv[5]), atol(argv[6]));
     fprintf(stderr,
             "usage: zmq-baseline broker FRONT BACK | mdp-broker ENDPOINT SERVICE | worker BACK SOCKETS | mdp-worker BROKER SERVICE SOCKETS [WINDOW]\n"
-            "       | client ENDPOINT CLIENTS REQUESTS WINDOW | mdp-client ENDPOINT SERVICE CLIENTS REQUESTS WINDOW\n");
+            "       | client ENDPOINT CLIENTS REQUESTS WINDOW | mdp-client ENDPOINT SERVICE CLIENTS REQUESTS WINDOW\n"
+            "       | pubsub-proxy FRONT BACK | chp-pub ENDPOINT PREFIX COUNT | chp-sub ENDPOINT PREFIX COUNT\n");
     return 64;
 }
