@@ -38,8 +38,11 @@ public struct KVEntry: Sendable, Equatable {
     }
 
     /// The `ttl` property in seconds, if present and a non-negative number.
-    public var ttl: Double? {
-        guard let text = property("ttl"), let seconds = Double(text), seconds.isFinite, seconds >= 0 else { return nil }
+    public var ttl: Double? { Self.ttl(in: properties) }
+
+    static func ttl(in properties: [(name: String, value: String)]) -> Double? {
+        guard let text = properties.first(where: { $0.name == "ttl" })?.value, let seconds = Double(text),
+              seconds.isFinite, seconds >= 0 else { return nil }
         return seconds
     }
 
@@ -132,11 +135,24 @@ extension CHP {
 
     /// Decodes a `KVSET` the server's collector (SUB) socket receives.
     public static func decodeKVSet(_ message: Message) throws(ProtocolError) -> KVEntry {
-        let (key, sequence, uuid, properties, value) = try fiveFrames(message, "KVSET")
-        guard key != hugzCommand, key != kthxbaiCommand else { throw ProtocolError("CHP", "KVSET may not use the reserved key \(key)") }
-        return KVEntry(key: key, sequence: sequence, uuid: uuid, properties: try decodeProperties(properties), value: value)
+        _ = try checkKVSet(message)
+        let frames = message.frames
+        return KVEntry(key: String(decoding: frames[0].bytes, as: UTF8.self), sequence: sequenceValue(frames[1]), uuid: frames[2].bytes,
+                       properties: try decodeProperties(frames[3]), value: frames[4])
     }
 
+    /// Checks a `KVSET` as ``decodeKVSet(_:)`` does, without building its key or entry (the
+    /// kernel keys its state by the key's bytes); returns its `ttl` property.
+    public static func checkKVSet(_ message: Message) throws(ProtocolError) -> Double? {
+        let frames = message.frames
+        guard frames.count == 5 else { throw ProtocolError("CHP", "KVSET has \(frames.count) frames, expected 5") }
+        guard !frames[0].isEmpty, frames[0].isUTF8 else { throw ProtocolError("CHP", "KVSET key must be non-empty UTF-8") }
+        guard !frames[0].equals(hugzCommand), !frames[0].equals(kthxbaiCommand) else {
+            throw ProtocolError("CHP", "KVSET may not use the reserved key \(frames[0])")
+        }
+        try checkSequenceAndUUID(frames, "KVSET")
+        return frames[3].isEmpty ? nil : KVEntry.ttl(in: try decodeProperties(frames[3]))
+    }
     /// Whether `subtree` is a valid subtree specification: empty, or `/segment/…/`.
     public static func isValidSubtree(_ subtree: String) -> Bool {
         subtree.isEmpty || (subtree.hasPrefix("/") && subtree.hasSuffix("/"))
@@ -148,12 +164,19 @@ extension CHP {
         let frames = message.frames
         guard frames.count == 5 else { throw ProtocolError("CHP", "\(name) has \(frames.count) frames, expected 5") }
         guard let key = frames[0].string, !key.isEmpty else { throw ProtocolError("CHP", "\(name) key must be non-empty UTF-8") }
+        try checkSequenceAndUUID(frames, name)
+        return (key, sequenceValue(frames[1]), frames[2].bytes, frames[3], frames[4])
+    }
+
+    private static func checkSequenceAndUUID(_ frames: [Frame], _ name: String) throws(ProtocolError) {
         guard frames[1].count == 8 else { throw ProtocolError("CHP", "\(name) sequence has \(frames[1].count) bytes, expected 8") }
-        let sequence = frames[1].withUnsafeBytes { raw in raw.reduce(UInt64(0)) { $0 << 8 | UInt64($1) } }
         guard frames[2].count == 0 || frames[2].count == 16 else {
             throw ProtocolError("CHP", "\(name) UUID has \(frames[2].count) bytes, expected 0 or 16")
         }
-        return (key, sequence, frames[2].bytes, frames[3], frames[4])
+    }
+
+    private static func sequenceValue(_ frame: Frame) -> UInt64 {
+        frame.withUnsafeBytes { raw in raw.reduce(UInt64(0)) { $0 << 8 | UInt64($1) } }
     }
 
     private static func decodeProperties(_ frame: Frame) throws(ProtocolError) -> [(name: String, value: String)] {

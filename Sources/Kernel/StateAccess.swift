@@ -1,4 +1,5 @@
 import BusProtocol
+import ZeroMQ
 
 /// Who sent a message, as far as the kernel can tell from its ZAP user id.
 enum Peer: Equatable {
@@ -54,18 +55,22 @@ enum Peer: Equatable {
 struct StateAccess {
     let writablePrefixes: [String]
     let owners: [String: String]
+    /// The same prefixes as bytes, for keys the state holds as bytes.
+    private let writablePrefixFrames: [Frame]
+    private static let kernelPrefix = Frame("/kernel/")
 
     init(configuration: KernelConfiguration) {
         writablePrefixes = configuration.collectorWritablePrefixes
         owners = configuration.statePrefixOwners
+        writablePrefixFrames = writablePrefixes.map { Frame($0) }
     }
 
-    func isClientWritable(_ key: String) -> Bool { writablePrefixes.contains { key.hasPrefix($0) } }
+    func isClientWritable(_ key: Frame) -> Bool { writablePrefixFrames.contains { key.hasPrefix($0) } }
 
     /// Nil when `peer` may write `key` through `state.set` (or, with `collector`, a KVSET);
     /// otherwise why not.
-    func refusal(_ key: String, by peer: Peer, collector: Bool) -> JSONRPCError? {
-        if key.hasPrefix("/kernel/") { return .forbidden("keys under /kernel/ are the kernel's own") }
+    func refusal(_ key: Frame, by peer: Peer, collector: Bool) -> JSONRPCError? {
+        if key.hasPrefix(Self.kernelPrefix) { return .forbidden("keys under /kernel/ are the kernel's own") }
         if isClientWritable(key) { return nil }
         switch peer {
         case .unauthenticated:
@@ -76,7 +81,7 @@ struct StateAccess {
             return nil
         case .worker(_, let service?):
             let own = ["/\(service)/"] + owners.filter { $0.value == service }.map(\.key)
-            if own.contains(where: { key.hasPrefix($0) }) { return nil }
+            if own.contains(where: { key.hasPrefix(Frame($0)) }) { return nil }
             return .forbidden("the \(service) service's key may set only keys under \((own + writablePrefixes).joined(separator: ", "))")
         }
     }

@@ -34,7 +34,8 @@ final class StateServer {
     var sendSnapshot: (Message) -> Void = { _ in }
     var publish: (Message) -> Void = { _ in }
 
-    private(set) var entries: [String: Entry] = [:]
+    /// Keyed by the key's bytes, as the KVSET carried them: no string is built per update.
+    private(set) var entries: [Frame: Entry] = [:]
     private(set) var sequence: UInt64
     /// Malformed KVSETs.
     private(set) var rejectedWrites = 0
@@ -62,7 +63,11 @@ final class StateServer {
     /// runs out.
     @discardableResult
     func set(_ key: String, value: Frame, ttl: Double? = nil, now: UInt64) -> UInt64 {
-        apply(key, at: entries.index(forKey: key), keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(),
+        set(Frame(key), value: value, ttl: ttl, now: now)
+    }
+
+    private func set(_ key: Frame, value: Frame, ttl: Double?, now: UInt64) -> UInt64 {
+        apply(key, at: entries.index(forKey: key), value: value, ttl: ttl, uuid: Frame(),
               properties: Self.properties(ttl: ttl), quotaOwner: nil, now: now)
     }
 
@@ -76,11 +81,12 @@ final class StateServer {
     /// A peer's `state.set`: applied when ``StateAccess`` lets `peer` write `key` and the
     /// limits have room; otherwise the error to answer with (-32011 or -32010).
     func write(_ key: String, value: Frame, ttl: Double?, by peer: Peer, now: UInt64) -> Result<UInt64, JSONRPCError> {
+        let key = Frame(key)
         let index = entries.index(forKey: key)
-        switch admit(key, at: index, size: value.isEmpty ? nil : key.utf8.count + value.count, by: peer, collector: false) {
+        switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: false) {
         case .refused(let error): return .failure(error)
         case .allowed(let owner):
-            return .success(apply(key, at: index, keyFrame: Frame(key), value: value, ttl: ttl, uuid: Frame(),
+            return .success(apply(key, at: index, value: value, ttl: ttl, uuid: Frame(),
                                   properties: Self.properties(ttl: ttl), quotaOwner: owner, now: now))
         }
     }
@@ -92,7 +98,7 @@ final class StateServer {
     /// Whether `peer` may write `key` (held at `index`, if it is) with a value of `size`
     /// bytes (nil: a deletion, which only needs the right to write), and if so the quota it
     /// counts against.
-    private func admit(_ key: String, at index: Dictionary<String, Entry>.Index?, size: Int?, by peer: Peer, collector: Bool) -> Admission {
+    private func admit(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, size: Int?, by peer: Peer, collector: Bool) -> Admission {
         if let error = access.refusal(key, by: peer, collector: collector) {
             refusedForbidden += 1
             return .refused(error)
@@ -123,7 +129,7 @@ final class StateServer {
     /// Makes the change, keeps the counts, and publishes it with the frames at hand (a
     /// KVSET's own key, UUID, properties and value frames go out as they came, uncopied).
     /// `index`: where `key` is held now (nil: it is not), found once by the caller.
-    private func apply(_ key: String, at index: Dictionary<String, Entry>.Index?, keyFrame: Frame, value: Frame, ttl: Double?,
+    private func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, ttl: Double?,
                        uuid: Frame, properties: Frame, quotaOwner: String?, now: UInt64) -> UInt64 {
         sequence += 1
         let old = index.map { entries.values[$0] }
@@ -133,13 +139,13 @@ final class StateServer {
         } else {
             let expiresAt = ttl.map { now + UInt64($0 * 1e9) }
             if expiresAt != nil { expiring += 1 }
-            let entry = Entry(sequence: sequence, value: value, expiresAt: expiresAt, quotaOwner: quotaOwner, size: key.utf8.count + value.count)
+            let entry = Entry(sequence: sequence, value: value, expiresAt: expiresAt, quotaOwner: quotaOwner, size: key.count + value.count)
             if let index { entries.values[index] = entry } else { entries[key] = entry }
             new = entry
         }
         if old?.expiresAt != nil { expiring -= 1 }
         account(replacing: old, with: new)
-        publish([keyFrame, CHP.sequenceFrame(sequence), uuid, properties, value])
+        publish([key, CHP.sequenceFrame(sequence), uuid, properties, value])
         lastPublished = now
         return sequence
     }
@@ -165,26 +171,26 @@ final class StateServer {
     /// A KVSET from the collector: applied under the same rules and limits as `state.set`
     /// (refusals are counted and logged, as a KVSET has no reply).
     func collect(_ message: Message, now: UInt64) {
-        let entry: KVEntry
+        let ttl: Double?
         do {
-            entry = try CHP.decodeKVSet(message)
+            ttl = try CHP.checkKVSet(message)
         } catch {
             rejectedWrites += 1
             logger.debug("dropped malformed KVSET", metadata: ["problem": "\(error)"])
             return
         }
+        let key = message[0], value = message[4]
         let peer = Peer(userID: message.peerUserID, security: configuration.security)
-        let index = entries.index(forKey: entry.key)
-        switch admit(entry.key, at: index, size: message[4].isEmpty ? nil : entry.key.utf8.count + message[4].count, by: peer, collector: true) {
+        let index = entries.index(forKey: key)
+        switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: true) {
         case .refused(let error):
             // The first refusal and then one in 10,000: a flood does not flood the log.
             if (refusedForbidden + refusedOverLimit) % 10_000 == 1 {
-                logger.warning("refused KVSET", metadata: ["key": "\(entry.key)", "reason": "\(error.message)",
+                logger.warning("refused KVSET", metadata: ["key": "\(key)", "reason": "\(error.message)",
                                                            "refused": "\(refusedForbidden + refusedOverLimit)"])
             }
         case .allowed(let owner):
-            _ = apply(entry.key, at: index, keyFrame: message[0], value: message[4], ttl: entry.ttl, uuid: message[2], properties: message[3],
-                      quotaOwner: owner, now: now)
+            _ = apply(key, at: index, value: value, ttl: ttl, uuid: message[2], properties: message[3], quotaOwner: owner, now: now)
         }
     }
 
@@ -200,15 +206,17 @@ final class StateServer {
             logger.debug("dropped malformed snapshot request", metadata: ["problem": "\(error)"])
             return
         }
-        for (key, entry) in entries where key.hasPrefix(request.subtree) {
-            sendSnapshot(CHP.kvsync(KVEntry(key: key, sequence: entry.sequence, value: entry.value), to: request.client))
+        let subtree = Frame(request.subtree)
+        for (key, entry) in entries where key.hasPrefix(subtree) {
+            sendSnapshot(CHP.kvsync(KVEntry(key: key.string ?? "", sequence: entry.sequence, value: entry.value), to: request.client))
         }
         sendSnapshot(CHP.kthxbai(sequence: sequence, subtree: request.subtree, to: request.client))
     }
 
     /// Entries under `prefix`, sorted by key.
     func entries(under prefix: String) -> [(key: String, entry: Entry)] {
-        entries.filter { $0.key.hasPrefix(prefix) }.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+        let prefix = Frame(prefix)
+        return entries.filter { $0.key.hasPrefix(prefix) }.map { ($0.key.string ?? "", $0.value) }.sorted { $0.key < $1.key }
     }
 
     // MARK: Publisher events and time
@@ -224,7 +232,7 @@ final class StateServer {
     func tick(now: UInt64) {
         if expiring > 0 {
             let expired = entries.compactMap { key, entry in (entry.expiresAt ?? .max) <= now ? key : nil }
-            for key in expired.sorted() { set(key, value: Frame(), now: now) }
+            for key in expired.sorted(by: { $0.bytes.lexicographicallyPrecedes($1.bytes) }) { set(key, value: Frame(), ttl: nil, now: now) }
         }
         if now &- lastPublished >= configuration.hugzInterval.nanoseconds {
             publish(CHP.hugz())

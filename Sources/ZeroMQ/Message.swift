@@ -164,6 +164,23 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
     /// A copy of the bytes.
     public var bytes: [UInt8] { withUnsafeBytes { Array($0) } }
 
+    /// Whether the bytes are valid UTF-8, checked without building a string when they are
+    /// ASCII (as keys and names on the bus usually are).
+    public var isUTF8: Bool {
+        withUnsafeBytes { raw in
+            raw.allSatisfy { $0 < 0x80 } || String(validating: raw.bindMemory(to: UInt8.self), as: UTF8.self) != nil
+        }
+    }
+
+    /// Whether the bytes begin with `prefix`.
+    public func hasPrefix(_ prefix: Frame) -> Bool {
+        withUnsafeBytes { mine in
+            prefix.withUnsafeBytes { other in
+                mine.count >= other.count && (other.count == 0 || memcmp(mine.baseAddress!, other.baseAddress!, other.count) == 0)
+            }
+        }
+    }
+
     /// The bytes as UTF-8 text, or `nil` when they are not valid UTF-8.
     public var string: String? {
         withUnsafeBytes { String(validating: $0.bindMemory(to: UInt8.self), as: UTF8.self) }
