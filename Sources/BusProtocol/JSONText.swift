@@ -30,25 +30,15 @@ enum JSONText {
         var parser = Parser(bytes: bytes, maxDepth: maxDepth)
         parser.skipWhitespace()
         guard parser.current == UInt8(ascii: "[") else { throw parser.error("expected an array") }
-        parser.position += 1
-        parser.skipWhitespace()
-        if parser.current == UInt8(ascii: "]") {
-            parser.position += 1
-        } else {
-            while true {
-                parser.skipWhitespace()
-                try body(try parser.value(depth: 1))
-                parser.skipWhitespace()
-                switch parser.current {
-                case UInt8(ascii: ",")?: parser.position += 1
-                case UInt8(ascii: "]")?:
-                    parser.position += 1
-                    parser.skipWhitespace()
-                    guard parser.position == bytes.count else { throw parser.error("unexpected text after the value") }
-                    return
-                default: throw parser.error("expected ',' or ']'")
-                }
+        // The body's own errors end the parse too; they travel out beside the syntax errors.
+        var failure: (any Error)?
+        do {
+            try parser.elements(depth: 1) { parser throws(SyntaxError) in
+                let value = try parser.value(depth: 1)
+                do { try body(value) } catch { failure = error; throw parser.error("stopped") }
             }
+        } catch {
+            throw failure ?? error
         }
         parser.skipWhitespace()
         guard parser.position == bytes.count else { throw parser.error("unexpected text after the value") }
@@ -71,11 +61,19 @@ enum JSONText {
         switch parser.current {
         case UInt8(ascii: "{")?:
             var members: [(key: String, range: Range<Int>)] = []
-            try parser.members(depth: 1) { key, range in members.append((key, range)) }
+            try parser.members(depth: 1) { parser, key throws(SyntaxError) in
+                let start = parser.position
+                try parser.skipValue(depth: 1)
+                members.append((key, start..<parser.position))
+            }
             outline = .object(members)
         case UInt8(ascii: "[")?:
             var elements: [Range<Int>] = []
-            try parser.elements(depth: 1) { elements.append($0) }
+            try parser.elements(depth: 1) { parser throws(SyntaxError) in
+                let start = parser.position
+                try parser.skipValue(depth: 1)
+                elements.append(start..<parser.position)
+            }
             outline = .array(elements)
         default:
             try parser.skipValue(depth: 0)
@@ -137,15 +135,16 @@ enum JSONText {
         mutating func skipValue(depth: Int) throws(SyntaxError) {
             guard let byte = current else { throw error("unexpected end of text") }
             switch byte {
-            case UInt8(ascii: "{"): try members(depth: depth + 1) { _, _ in }
-            case UInt8(ascii: "["): try elements(depth: depth + 1) { _ in }
+            case UInt8(ascii: "{"): try members(depth: depth + 1) { parser, _ throws(SyntaxError) in try parser.skipValue(depth: depth + 1) }
+            case UInt8(ascii: "["): try elements(depth: depth + 1) { parser throws(SyntaxError) in try parser.skipValue(depth: depth + 1) }
             case UInt8(ascii: "\""): try skipString()
             default: _ = try value(depth: depth)  // a literal or a number: nothing to allocate
             }
         }
 
-        /// An object's members (at its `{`): each key, and its value's range, checked and skipped.
-        mutating func members(depth: Int, _ body: (String, Range<Int>) -> Void) throws(SyntaxError) {
+        /// An object (at its `{`): for each member, after its key, `member` reads (or skips)
+        /// the value at the parser's position.
+        mutating func members(depth: Int, _ member: (inout Parser, String) throws(SyntaxError) -> Void) throws(SyntaxError) {
             guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
             position += 1
             skipWhitespace()
@@ -161,9 +160,7 @@ enum JSONText {
                 guard current == UInt8(ascii: ":") else { throw error("expected ':'") }
                 position += 1
                 skipWhitespace()
-                let start = position
-                try skipValue(depth: depth)
-                body(key, start..<position)
+                try member(&self, key)
                 skipWhitespace()
                 switch current {
                 case UInt8(ascii: ",")?: position += 1
@@ -175,8 +172,8 @@ enum JSONText {
             }
         }
 
-        /// An array's elements (at its `[`): each one's range, checked and skipped.
-        mutating func elements(depth: Int, _ body: (Range<Int>) -> Void) throws(SyntaxError) {
+        /// An array (at its `[`): `element` reads (or skips) each element at the parser's position.
+        mutating func elements(depth: Int, _ element: (inout Parser) throws(SyntaxError) -> Void) throws(SyntaxError) {
             guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
             position += 1
             skipWhitespace()
@@ -186,9 +183,7 @@ enum JSONText {
             }
             while true {
                 skipWhitespace()
-                let start = position
-                try skipValue(depth: depth)
-                body(start..<position)
+                try element(&self)
                 skipWhitespace()
                 switch current {
                 case UInt8(ascii: ",")?: position += 1
@@ -228,55 +223,15 @@ enum JSONText {
         }
 
         mutating func object(depth: Int) throws(SyntaxError) -> JSONValue {
-            guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
-            position += 1
             var members: [String: JSONValue] = [:]
-            skipWhitespace()
-            if current == UInt8(ascii: "}") {
-                position += 1
-                return .object(members)
-            }
-            while true {
-                skipWhitespace()
-                guard current == UInt8(ascii: "\"") else { throw error("expected a string key") }
-                let key = try string()
-                skipWhitespace()
-                guard current == UInt8(ascii: ":") else { throw error("expected ':'") }
-                position += 1
-                skipWhitespace()
-                members[key] = try value(depth: depth)
-                skipWhitespace()
-                switch current {
-                case UInt8(ascii: ",")?: position += 1
-                case UInt8(ascii: "}")?:
-                    position += 1
-                    return .object(members)
-                default: throw error("expected ',' or '}'")
-                }
-            }
+            try self.members(depth: depth) { parser, key throws(SyntaxError) in members[key] = try parser.value(depth: depth) }
+            return .object(members)
         }
 
         mutating func array(depth: Int) throws(SyntaxError) -> JSONValue {
-            guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
-            position += 1
             var elements: [JSONValue] = []
-            skipWhitespace()
-            if current == UInt8(ascii: "]") {
-                position += 1
-                return .array(elements)
-            }
-            while true {
-                skipWhitespace()
-                elements.append(try value(depth: depth))
-                skipWhitespace()
-                switch current {
-                case UInt8(ascii: ",")?: position += 1
-                case UInt8(ascii: "]")?:
-                    position += 1
-                    return .array(elements)
-                default: throw error("expected ',' or ']'")
-                }
-            }
+            try self.elements(depth: depth) { parser throws(SyntaxError) in elements.append(try parser.value(depth: depth)) }
+            return .array(elements)
         }
 
         mutating func string() throws(SyntaxError) -> String {

@@ -56,6 +56,13 @@ func receiveSkippingHeartbeats(_ socket: ZMQSocket, within seconds: Double = 5) 
     }
 }
 
+/// The next REQUEST a raw worker gets (heartbeats skipped): the client frame and the body.
+func receiveRequest(_ worker: ZMQSocket) async throws -> (client: Frame, body: [Frame]) {
+    let command = try MDP.decodeAtWorker(try await receiveSkippingHeartbeats(worker))
+    guard case .request(let client, let body) = command else { throw ProtocolError("MDP", "expected REQUEST, got \(command)") }
+    return (client, body)
+}
+
 /// Asks `mmi.service` until the kernel reports `service` registered (READY has no answer,
 /// and travels on another connection than the client's question).
 func waitForService(_ client: ZMQSocket, _ service: String) async throws {
@@ -350,9 +357,7 @@ struct KernelConformanceTests {
         for index in 0..<5 { try client.send(MDP.request(service: "svc", body: [Frame("r\(index)")])) }
         var held: [(Frame, [Frame])] = []
         for _ in 0..<3 {
-            guard case .request(let address, let body) = try MDP.decodeAtWorker(try await receiveSkippingHeartbeats(worker)) else {
-                Issue.record("expected REQUEST"); return
-            }
+            let (address, body) = try await receiveRequest(worker)
             // The client's routing id, then the broker's 4-byte tag.
             #expect(address.count == 5 && address.bytes.prefix(1) == [UInt8(ascii: "C")])
             held.append((address, body))
@@ -363,9 +368,7 @@ struct KernelConformanceTests {
         for (address, body) in held.reversed() { try worker.send(MDP.encode(.reply(client: address, body: body))) }
         for expected in ["r2", "r1", "r0"] { #expect(try await receive(client).last == Frame(expected)) }
         for expected in ["r3", "r4"] {
-            guard case .request(let address, let body) = try MDP.decodeAtWorker(try await receiveSkippingHeartbeats(worker)) else {
-                Issue.record("expected REQUEST"); return
-            }
+            let (address, body) = try await receiveRequest(worker)
             #expect(body == [Frame(expected)])
             try worker.send(MDP.encode(.reply(client: address, body: body)))
             #expect(try await receive(client).last == Frame(expected))
@@ -390,9 +393,7 @@ struct KernelConformanceTests {
         try healthy.send(MDP.encode(.ready(service: "svc")))
         var answered: [Frame] = []
         for _ in 0..<3 {
-            guard case .request(let address, let body) = try MDP.decodeAtWorker(try await receiveSkippingHeartbeats(healthy)) else {
-                Issue.record("expected REQUEST"); return
-            }
+            let (address, body) = try await receiveRequest(healthy)
             try healthy.send(MDP.encode(.reply(client: address, body: body)))
             answered.append(try await receive(client).last!)
         }
@@ -422,9 +423,7 @@ struct KernelConformanceTests {
         }
         // An error reply relayed is not counted by the kernel itself…
         try client.send(MDP.request(service: "svc", body: [Frame(JSONRPCRequest(id: .number(1), method: "m").jsonBytes)]))
-        guard case .request(let address, _) = try MDP.decodeAtWorker(try await receiveSkippingHeartbeats(worker)) else {
-            Issue.record("expected REQUEST"); return
-        }
+        let (address, _) = try await receiveRequest(worker)
         try worker.send(MDP.encode(.reply(client: address, body: [Frame(JSONRPCResponse(id: .number(1), error: .methodNotFound("m")).jsonBytes)])))
         _ = try await receive(client)
         #expect(try await errors() == 0)
