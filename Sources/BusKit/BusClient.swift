@@ -25,7 +25,7 @@ public final class BusClient: Sendable {
     public let maxMessageSize: Int
     let loop: SocketLoop
     private let ownsLoop: Bool
-    private let core: LoopBound<ClientCore>
+    private let core: ClientCore
 
     /// Connects to the kernel(s) at `brokers` (with several, requests are spread over
     /// those that are up).
@@ -50,21 +50,8 @@ public final class BusClient: Sendable {
             self.loop = try SocketLoop(context: try context ?? ZMQContext(), name: "bus-client")
             ownsLoop = true
         }
-        let loop = self.loop
-        core = try await loop.run {
-            let socket = try ZMQSocket(loop.context, .dealer)
-            try socket.secure(curve)
-            try socket.set(.immediate, brokers.count > 1)
-            try socket.set(.receiveHighWaterMark, 0)
-            try socket.set(.sendHighWaterMark, 0)
-            // Connection events tell when requests in flight were lost with a kernel.
-            let pair = try connectionEvents(of: socket, in: loop.context)
-            for broker in brokers { try socket.connect(broker) }
-            let core = ClientCore(loop: loop, resendAfterReconnect: resendAfterReconnect)
-            core.registration = loop.register(socket) { [weak core] message in core?.received(message) }
-            core.monitor = loop.register(pair) { [weak core] message in core?.connectionEvent(message) }
-            return LoopBound(core, loop: loop)
-        }
+        core = ClientCore(loop: self.loop, resendAfterReconnect: resendAfterReconnect)
+        try await core.connect(brokers, curve: curve)
     }
 
     /// Sends a JSON-RPC request to `service` and waits for its result.
@@ -85,11 +72,11 @@ public final class BusClient: Sendable {
                     let pending = ClientCore.Pending(service: service, method: method, timeout: timeout, deadline: deadline) {
                         continuation.resume(returning: $0)
                     }
-                    core.value.send([(id, pending)], message: MDP.request(service: service, body: [body]))
+                    core.assumeIsolated { $0.send([(id, pending)], message: MDP.request(service: service, body: [body])) }
                 }
             }
         } onCancel: {
-            loop.execute { core.value.cancel(ids: [id]) }
+            loop.execute { core.assumeIsolated { $0.cancel(ids: [id]) } }
         }
         return try outcome.get()
     }
@@ -116,11 +103,11 @@ public final class BusClient: Sendable {
                             collector.complete(index, $0)
                         })
                     }
-                    core.value.send(pendings, message: MDP.request(service: service, body: [body]))
+                    core.assumeIsolated { $0.send(pendings, message: MDP.request(service: service, body: [body])) }
                 }
             }
         } onCancel: {
-            loop.execute { core.value.cancel(ids: ids) }
+            loop.execute { core.assumeIsolated { $0.cancel(ids: ids) } }
         }
     }
 
@@ -138,8 +125,10 @@ public final class BusClient: Sendable {
         for frame in body { if let error = refusal(frame, service: service) { throw error } }
         let outcome: Result<[Frame], BusError> = await withUnsafeContinuation { continuation in
             loop.execute {
-                core.value.sendOpaque(service: service, message: MDP.request(service: service, body: body), timeout: timeout,
-                                      continuation: continuation)
+                core.assumeIsolated {
+                    $0.sendOpaque(service: service, message: MDP.request(service: service, body: body), timeout: timeout,
+                                  continuation: continuation)
+                }
             }
         }
         return try outcome.get()
@@ -177,19 +166,21 @@ public final class BusClient: Sendable {
 
     public func counters() async -> Counters {
         let core = self.core
-        return (try? await loop.run { core.value.counters }) ?? Counters()
+        return await core.counters
     }
 
     /// Closes the connection; waiting requests fail with ``BusError/closed``.
     public func close() async {
         let core = self.core
-        _ = try? await loop.run { core.value.close() }
+        await core.close()
         if ownsLoop { await loop.shutdown() }
     }
 }
 
-/// The client's state, confined to its loop thread.
-final class ClientCore {
+/// The client's state: an actor on its loop's thread (the loop is its executor). Requests
+/// reach it through `loop.execute` + `assumeIsolated`, which keeps them in order without
+/// an `await`; its socket's handlers the same way.
+actor ClientCore {
     struct Pending {
         let service: String
         let method: String
@@ -213,7 +204,8 @@ final class ClientCore {
     private static let idCounter = IDCounter()
     static func nextID() -> Int64 { idCounter.next() }
 
-    unowned let loop: SocketLoop
+    nonisolated let loop: SocketLoop
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
     let resendAfterReconnect: Bool
     var registration: SocketRegistration?
     var monitor: SocketRegistration?
@@ -235,11 +227,25 @@ final class ClientCore {
         self.resendAfterReconnect = resendAfterReconnect
     }
 
+    /// Opens the DEALER to `brokers` and starts reading it.
+    func connect(_ brokers: [String], curve: CurveClientKeys?) throws {
+        let socket = try ZMQSocket(loop.context, .dealer)
+        try socket.secure(curve)
+        try socket.set(.immediate, brokers.count > 1)
+        try socket.set(.receiveHighWaterMark, 0)
+        try socket.set(.sendHighWaterMark, 0)
+        // Connection events tell when requests in flight were lost with a kernel.
+        let pair = try connectionEvents(of: socket, in: loop.context)
+        for broker in brokers { try socket.connect(broker) }
+        registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message) } }
+        monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message) } }
+    }
+
     /// Timeouts are checked every 10 ms while anything waits (cheaper than a timer per
     /// request); an idle client leaves its loop asleep.
     private func sweepWhileWaiting() {
         guard sweeper == nil else { return }
-        sweeper = loop.scheduleRepeating(every: .milliseconds(10)) { [weak self] in self?.sweep() }
+        sweeper = loop.scheduleRepeating(every: .milliseconds(10)) { [weak self] in self?.assumeIsolated { $0.sweep() } }
     }
 
     func send(_ requests: [(id: Int64, pending: Pending)], message: Message) {

@@ -296,6 +296,8 @@ actor WorkerConnection<Hosted: BusService> {
                     }
                 }
             }
+            // The actor may have run other work while it waited: still the one stopping it?
+            guard state == .stopping else { return }
         }
         heartbeat?.cancel()
         heartbeat = nil

@@ -38,7 +38,7 @@ public final class Subscription: AsyncSequence, Sendable {
     let loop: SocketLoop
     private let ownsLoop: Bool
     private let buffer: BoundedBuffer<StateUpdate>
-    private let core: LoopBound<SubscriptionCore>
+    private let core: SubscriptionCore
 
     /// Opens a subscription.
     /// - Parameters:
@@ -54,17 +54,14 @@ public final class Subscription: AsyncSequence, Sendable {
         let loop = try loop ?? SocketLoop(context: try context ?? ZMQContext(), name: "subscription")
         let buffer = BoundedBuffer<StateUpdate>(capacity: bufferSize, whenFull: .refuse)
         let prefixes = prefixes.isEmpty ? [""] : prefixes
-        let core = try await loop.run {
-            let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot,
-                                        snapshotEndpoint: snapshot, publisherEndpoint: publisher, silenceTimeout: silenceTimeout,
-                                        curve: curve)
-            try core.start()
-            return LoopBound(core, loop: loop)
-        }
+        let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot,
+                                    snapshotEndpoint: snapshot, publisherEndpoint: publisher, silenceTimeout: silenceTimeout,
+                                    curve: curve)
+        try await core.start()
         return Subscription(loop: loop, ownsLoop: ownsLoop, buffer: buffer, core: core)
     }
 
-    private init(loop: SocketLoop, ownsLoop: Bool, buffer: BoundedBuffer<StateUpdate>, core: LoopBound<SubscriptionCore>) {
+    private init(loop: SocketLoop, ownsLoop: Bool, buffer: BoundedBuffer<StateUpdate>, core: SubscriptionCore) {
         self.loop = loop
         self.ownsLoop = ownsLoop
         self.buffer = buffer
@@ -75,10 +72,7 @@ public final class Subscription: AsyncSequence, Sendable {
     public func next() async throws -> StateUpdate? { try await buffer.next() }
 
     /// How many times the subscription resynchronised (after a kernel restart, say).
-    public func resyncCount() async -> Int {
-        let core = self.core
-        return (try? await loop.run { core.value.resyncs }) ?? 0
-    }
+    public func resyncCount() async -> Int { await core.resyncs }
 
     deinit {
         buffer.finish()
@@ -87,8 +81,7 @@ public final class Subscription: AsyncSequence, Sendable {
 
     /// Stops the subscription: its sockets close and iteration ends.
     public func cancel() async {
-        let core = self.core
-        _ = try? await loop.run { core.value.stop() }
+        await core.stop()
         buffer.finish()
         if ownsLoop { await loop.shutdown() }
     }
@@ -101,8 +94,9 @@ public final class Subscription: AsyncSequence, Sendable {
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(buffer: buffer) }
 }
 
-/// The subscription's protocol state, confined to its loop thread.
-final class SubscriptionCore {
+/// The subscription's protocol state: an actor on its loop's thread (the loop is its
+/// executor), so its sockets' handlers and timers reach it with `assumeIsolated`.
+actor SubscriptionCore {
     enum Phase: Equatable {
         /// Subscribed; waiting for the first HUGZ, which proves the subscription is live.
         case awaitingHello
@@ -111,7 +105,8 @@ final class SubscriptionCore {
         case live
     }
 
-    unowned let loop: SocketLoop
+    nonisolated let loop: SocketLoop
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
     let buffer: BoundedBuffer<StateUpdate>
     let prefixes: [String]
     let includeSnapshot: Bool
@@ -156,11 +151,11 @@ final class SubscriptionCore {
         if !prefixes.contains("") { try sub.subscribe(CHP.hugzCommand) }
         // Connection events tell a kernel restart apart from a quiet kernel.
         let pair = try connectionEvents(of: sub, in: context)
-        monitor = loop.register(pair) { [weak self] message in self?.connectionEvent(message) }
+        monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message) } }
         try sub.connect(publisherEndpoint)
-        subscriber = loop.register(sub) { [weak self] message in self?.published(message) }
+        subscriber = loop.register(sub) { [weak self] message in self?.assumeIsolated { $0.published(message) } }
         try openSnapshotSocket()
-        timer = loop.scheduleRepeating(every: .milliseconds(250)) { [weak self] in self?.checkSilence() }
+        timer = loop.scheduleRepeating(every: .milliseconds(250)) { [weak self] in self?.assumeIsolated { $0.checkSilence() } }
     }
 
     private func openSnapshotSocket() throws {
@@ -169,7 +164,7 @@ final class SubscriptionCore {
         try dealer.secure(curve)
         try dealer.set(.receiveHighWaterMark, 0)
         try dealer.connect(snapshotEndpoint)
-        snapshotSocket = loop.register(dealer) { [weak self] message in self?.snapshotReply(message) }
+        snapshotSocket = loop.register(dealer) { [weak self] message in self?.assumeIsolated { $0.snapshotReply(message) } }
     }
 
     // MARK: Publisher

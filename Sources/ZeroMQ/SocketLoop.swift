@@ -404,17 +404,18 @@ public final class LoopTimer {
 }
 
 /// A value that may be carried across threads but used only on its loop's thread,
-/// where it is checked (after swift-nio's `NIOLoopBound`).
-public struct LoopBound<Value>: @unchecked Sendable {
+/// where it is checked (after swift-nio's `NIOLoopBound`). Internal: `AsyncSocket` holds
+/// its registration this way; components own loop state as actors pinned to the loop.
+struct LoopBound<Value>: @unchecked Sendable {
     private let wrapped: Value
-    public let loop: SocketLoop
+    let loop: SocketLoop
     /// Wraps `value`; call on the loop thread (where `value` lives).
-    public init(_ value: Value, loop: SocketLoop) {
+    init(_ value: Value, loop: SocketLoop) {
         self.wrapped = value
         self.loop = loop
     }
     /// The value; stops with a message when read off the loop thread.
-    public var value: Value {
+    var value: Value {
         loop.preconditionLoopThread()
         return wrapped
     }
