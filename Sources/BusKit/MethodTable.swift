@@ -107,9 +107,7 @@ public struct MethodTable<Service: BusService>: Sendable {
                     if answer.isError { errors += 1 }
                 }
             }
-            // Only notifications: no reply at all (JSON-RPC 2.0, batch).
-            guard !replies.isEmpty else { return ([], 0) }
-            return ([UInt8(ascii: "[")] + Array(replies.joined(separator: [UInt8(ascii: ",")])) + [UInt8(ascii: "]")], errors)
+            return (JSONRPC.batchReply(replies) ?? [], errors)
         }
     }
 }

@@ -7,8 +7,8 @@ public import ZeroMQ
 /// Hosts a ``BusService`` on the bus: N Majordomo worker connections (7/MDP), each
 /// registering the service, heartbeating, and answering up to `window` requests at a time
 /// with the service's method table (the Switchboard window extension, docs/PROTOCOL.md;
-/// a window of 1 is plain 7/MDP). Heartbeats report how many replies were errors. Unknown methods get -32601, bad params -32602 naming the field,
-/// malformed JSON -32700.
+/// a window of 1 is plain 7/MDP). Heartbeats report how many replies were errors.
+/// Unknown methods get -32601, bad params -32602 naming the field, malformed JSON -32700.
 ///
 /// After a DISCONNECT from the kernel, or when the kernel falls silent (a restart), each
 /// connection registers again on a new socket; ``onReregistered`` then runs, which is

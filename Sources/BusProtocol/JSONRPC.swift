@@ -359,9 +359,20 @@ public enum JSONRPC {
     /// Encodes a list of responses as the body owed for `incoming`: one object for a single
     /// request, an array for a batch, nothing when only notifications were answered.
     public static func encodeReply(_ responses: [JSONRPCResponse], batch: Bool) -> [UInt8]? {
-        if batch {
-            return responses.isEmpty ? nil : JSONValue.array(responses.map(\.json)).jsonBytes
+        batch ? batchReply(responses.map(\.jsonBytes)) : responses.first?.jsonBytes
+    }
+
+    /// A batch's reply from its responses' JSON text: an array, or nothing when only
+    /// notifications were answered (JSON-RPC 2.0).
+    public static func batchReply(_ responses: [[UInt8]]) -> [UInt8]? {
+        guard !responses.isEmpty else { return nil }
+        var output: [UInt8] = [UInt8(ascii: "[")]
+        output.reserveCapacity(responses.reduce(2) { $0 + $1.count + 1 })
+        for (index, response) in responses.enumerated() {
+            if index > 0 { output.append(UInt8(ascii: ",")) }
+            output.append(contentsOf: response)
         }
-        return responses.first?.jsonBytes
+        output.append(UInt8(ascii: "]"))
+        return output
     }
 }

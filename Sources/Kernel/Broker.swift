@@ -344,7 +344,7 @@ final class Broker {
         }
     }
 
-    func serviceNamed(_ name: String) -> Service {
+    private func serviceNamed(_ name: String) -> Service {
         if let service = services[name] { return service }
         let service = Service(name: name)
         services[name] = service
