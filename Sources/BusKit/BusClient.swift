@@ -26,6 +26,9 @@ public final class BusClient: Sendable {
     let loop: SocketLoop
     private let ownsLoop: Bool
     private let core: ClientCore
+    /// Set by ``close()``: later requests fail at once with ``BusError/closed`` (the loop
+    /// that would answer them may be gone).
+    private let isClosed = Atomic<Bool>(false)
 
     /// Connects to the kernel(s) at `brokers` (with several, requests are spread over
     /// those that are up).
@@ -65,6 +68,7 @@ public final class BusClient: Sendable {
         let id = ClientCore.nextID()
         let body = Frame(JSONRPCRequest(id: .number(id), method: method, params: params).jsonBytes)
         if let error = refusal(body, service: service) { throw error }
+        guard !isClosed.load(ordering: .acquiring) else { throw .closed }
         let outcome: Result<JSONValue, BusError> = await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 let deadline = monotonicNanoseconds() + timeout.nanoseconds
@@ -92,6 +96,7 @@ public final class BusClient: Sendable {
         let requests = zip(ids, calls).map { id, call in JSONRPCRequest(id: .number(id), method: call.method, params: call.params).jsonBytes }
         let body = Frame(Array("[".utf8) + Array(requests.joined(separator: Array(",".utf8))) + Array("]".utf8))
         if let error = refusal(body, service: service) { return calls.map { _ in .failure(error) } }
+        guard !isClosed.load(ordering: .acquiring) else { return calls.map { _ in .failure(.closed) } }
         return await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 let deadline = monotonicNanoseconds() + timeout.nanoseconds
@@ -123,6 +128,7 @@ public final class BusClient: Sendable {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
         for frame in body { if let error = refusal(frame, service: service) { throw error } }
+        guard !isClosed.load(ordering: .acquiring) else { throw .closed }
         let outcome: Result<[Frame], BusError> = await withUnsafeContinuation { continuation in
             loop.execute {
                 core.assumeIsolated {
@@ -171,6 +177,7 @@ public final class BusClient: Sendable {
 
     /// Closes the connection; waiting requests fail with ``BusError/closed``.
     public func close() async {
+        isClosed.store(true, ordering: .releasing)
         let core = self.core
         await core.close()
         if ownsLoop { await loop.shutdown() }

@@ -98,6 +98,20 @@ struct BusKitTests {
         await kernel.stop()
     }
 
+    @Test("a closed client answers every later request at once with .closed; it never waits on its stopped loop")
+    func useAfterClose() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
+        _ = try await bus.request(service: "kernel", method: "ping")
+        await bus.close()
+        try await within(5, "requests after close") {
+            await #expect(throws: BusError.closed) { try await bus.request(service: "kernel", method: "ping") }
+            #expect(await bus.batch(service: "kernel", [(method: "ping", params: nil)]).map { try? $0.get() } == [nil])
+            await #expect(throws: BusError.closed) { try await bus.hasWorkers("kernel") }
+        }
+        await kernel.stop()
+    }
+
     @Test("a request over the kernel's max_message_size fails at once with -32010 naming the limit; a reply over it is answered -32010 by the worker")
     func oversizedRequest() async throws {
         let limit = 256 * 1024
