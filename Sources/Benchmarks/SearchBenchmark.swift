@@ -78,7 +78,7 @@ struct SearchBenchmark: AsyncParsableCommand {
         rows.append(Row("items.grouped: group + sort \(records) items", note: "\(milliseconds(itemsBuild)) (rebuild: both orders); target < 1 s"))
         for order in ["lexical", "natural"] {
             let answer = try await timed { _ = try await table.call("items.grouped", params: ["order": .string(order)], on: search) }
-            rows.append(Row("items.grouped \(order), \(records) items in process", note: "\(milliseconds(answer)) (the answer, as JSON values)"))
+            rows.append(Row("items.grouped \(order), \(records) items in process", note: "\(milliseconds(answer)) (the answer as the bus carries it: JSON text, parsed back)"))
         }
 
         // A million generated places: the 3-d tree is built once; each lookup is a descent.

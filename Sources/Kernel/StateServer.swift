@@ -66,6 +66,7 @@ final class StateServer {
         set(Frame(key), value: value, ttl: ttl, now: now)
     }
 
+    @discardableResult
     private func set(_ key: Frame, value: Frame, ttl: Double?, now: UInt64) -> UInt64 {
         apply(key, at: entries.index(forKey: key), value: value, ttl: ttl, uuid: Frame(),
               properties: Self.properties(ttl: ttl), quotaOwner: nil, now: now)
