@@ -79,7 +79,7 @@ let package = Package(
         // Config/switchboard.yaml: parsing and strict checking.
         .target(
             name: "SwitchboardConfig",
-            dependencies: ["BusKit", "Kernel", "StoreService", "FetcherService", "Catalog", .product(name: "Yams", package: "Yams")],
+            dependencies: ["BusKit", "BusProtocol", "Kernel", "StoreService", "FetcherService", "Catalog", .product(name: "Yams", package: "Yams")],
             swiftSettings: sharedSettings
         ),
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.

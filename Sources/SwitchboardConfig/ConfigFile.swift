@@ -3,6 +3,7 @@ public import Foundation
 public import Kernel
 public import StoreService
 public import FetcherService
+import BusProtocol
 import Catalog
 import Yams
 public import ZeroMQ
@@ -118,7 +119,7 @@ public struct ConfigFile: Sendable, Equatable {
             "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog",
             "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
         ].map { ($0, Schema.value) })),
-        "services": .each(Set(serviceNames), .map(["enabled": .value, "workers": .value, "log_level": .value])),
+        "services": .each(Set(serviceNames), .map(["enabled": .value, "workers": .value, "window": .value, "log_level": .value])),
         "store": .map(["path": .value, "history_limit": .value, "max_size_mb": .value]),
         "fetcher": .map([
             "attempts": .value,
@@ -217,14 +218,18 @@ public struct ConfigFile: Sendable, Equatable {
 /// Which services `switchboard up` starts, and how.
 public struct ServiceSettings: Sendable, Equatable {
     public var enabled = true
-    /// Worker connections (each holds up to 16 requests at once: ServiceHost's window).
+    /// Worker connections.
     public var workers: Int
+    /// Requests each connection holds at once (the Switchboard window extension; 1 is
+    /// plain 7/MDP, one request per connection).
+    public var window: Int
     /// Overrides the top-level `log_level` for this service.
     public var logLevel: String?
 
-    public init(enabled: Bool = true, workers: Int, logLevel: String? = nil) {
+    public init(enabled: Bool = true, workers: Int, window: Int = 16, logLevel: String? = nil) {
         self.enabled = enabled
         self.workers = workers
+        self.window = window
         self.logLevel = logLevel
     }
 }
@@ -357,6 +362,12 @@ private struct Reader {
             var settings = file.services[name]!
             if let value = entry["enabled"] { settings.enabled = try bool(value, "\(path).enabled") }
             if let value = entry["workers"] { settings.workers = try positive(value, "\(path).workers") }
+            if let value = entry["window"] {
+                settings.window = try positive(value, "\(path).window")
+                guard settings.window <= MDP.maxWindow else {
+                    throw ConfigError(path: "\(path).window", problem: "at most \(MDP.maxWindow) requests per connection, got \(settings.window)")
+                }
+            }
             if let value = entry["log_level"] { settings.logLevel = try logLevel(value, "\(path).log_level") }
             file.services[name] = settings
         }

@@ -17,6 +17,8 @@ struct Connection {
     var brokers: [String]
     var state: StateEndpoints
     var workers: Int
+    /// Requests each worker connection holds at once.
+    var window: Int
     var heartbeatInterval: Duration
     var liveness: Int
     var curve: CurveClientKeys?
@@ -27,7 +29,7 @@ struct Connection {
     var maxMessageSize = MDP.defaultMaxMessageSize
 
     func hostOptions<S>() -> ServiceHost<S>.Options {
-        ServiceHost<S>.Options(brokers: brokers, connections: workers, heartbeatInterval: heartbeatInterval,
+        ServiceHost<S>.Options(brokers: brokers, connections: workers, window: window, heartbeatInterval: heartbeatInterval,
                                heartbeatLiveness: liveness, curve: curve, maxMessageSize: maxMessageSize)
     }
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BusKit
+import BusProtocol
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -29,8 +30,10 @@ struct ServeCommand: AsyncParsableCommand {
     var broker: [String] = []
     @Option(help: "The kernel's CHP state: the snapshot endpoint (publisher on the next port), or snapshot,publisher,collector (default: the configuration's).")
     var state: String?
-    @Option(help: "Worker connections, each holding up to 16 requests at once (default: services.NAME.workers).")
+    @Option(help: "Worker connections (default: services.NAME.workers).")
     var connections: Int?
+    @Option(help: "Requests each connection holds at once, 1 to 4096; 1 is plain 7/MDP (default: services.NAME.window, 16).")
+    var window: Int?
     @Option(help: "Heartbeat interval in milliseconds (default: kernel.heartbeat_ms; match the kernel's).")
     var heartbeatMs: Int?
     @Option(help: "Missed heartbeats before the kernel is considered gone (default: kernel.liveness).")
@@ -46,6 +49,9 @@ struct ServeCommand: AsyncParsableCommand {
         }
         guard (connections ?? 1) > 0, (heartbeatMs ?? 1) > 0, (liveness ?? 1) > 0 else {
             throw ValidationError("--connections, --heartbeat-ms and --liveness must be positive")
+        }
+        if let window, !(1...MDP.maxWindow).contains(window) {
+            throw ValidationError("--window must be 1 to \(MDP.maxWindow), got \(window)")
         }
         if let state, StateEndpoints(state) == nil {
             throw ValidationError("--state: give tcp://HOST:PORT (the snapshot; the publisher is on the next port) or snapshot,publisher,collector")
@@ -63,6 +69,7 @@ struct ServeCommand: AsyncParsableCommand {
             state: state.flatMap { StateEndpoints($0) }
                 ?? StateEndpoints(snapshot: kernel.snapshotEndpoint, publisher: kernel.publisherEndpoint, collector: kernel.collectorEndpoint),
             workers: connections ?? file.services[name]?.workers ?? 2,
+            window: window ?? file.services[name]?.window ?? 16,
             heartbeatInterval: heartbeatMs.map { .milliseconds($0) } ?? kernel.heartbeatInterval,
             liveness: liveness ?? kernel.heartbeatLiveness,
             curve: curve, context: nil, instance: instance, maxMessageSize: kernel.maxMessageSize)

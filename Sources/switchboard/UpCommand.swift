@@ -139,7 +139,8 @@ struct UpCommand: AsyncParsableCommand {
         for name in services {
             let connection = Connection(brokers: [inproc("broker")],
                                         state: StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector")),
-                                        workers: file.services[name]!.workers, heartbeatInterval: configuration.heartbeatInterval,
+                                        workers: file.services[name]!.workers, window: file.services[name]!.window,
+                                        heartbeatInterval: configuration.heartbeatInterval,
                                         liveness: configuration.heartbeatLiveness, curve: keys[name]!, context: context, instance: nil,
                                         maxMessageSize: configuration.maxMessageSize)
             pieces.append(try await Pieces.service(name, file: file, connection: connection))

@@ -76,6 +76,8 @@ struct ConfigFileTests {
         ("services:\n  mailer: {workers: 1}", "services.mailer: unknown key"),
         ("services:\n  store: {workers: many}", #"services.store.workers: expected a positive integer, got "many""#),
         ("services:\n  store: {enabled: maybe}", #"services.store.enabled: expected true or false, got "maybe""#),
+        ("services:\n  store: {window: 0}", "services.store.window: expected a positive integer, got 0"),
+        ("services:\n  store: {window: 5000}", "services.store.window: at most 4096 requests per connection, got 5000"),
         ("log_level: loud", #"log_level: expected one of trace, debug, info, notice, warning, error, critical, got "loud""#),
         ("security:\n  worker_keys: [abc]", #"security.worker_keys[0]: expected a CURVE key"#),
         ("security:\n  secret_key_file: /nonexistent/x.key", "security.secret_key_file: cannot read /nonexistent/x.key"),
@@ -96,7 +98,7 @@ struct ConfigFileTests {
             kernel: {log_level: debug}
             services:
               echo: {enabled: false}
-              store: {workers: 3, log_level: trace}
+              store: {workers: 3, window: 1, log_level: trace}
             security:
               curve: true
               kernel_secret_key: "\(kernel.secretKey)"
@@ -105,8 +107,8 @@ struct ConfigFileTests {
               worker_keys: ["\(pair.publicKey)"]
             supervisor: {restart_limit: 2, restart_backoff_ms: 50}
             """)
-        #expect(file.services["echo"]?.enabled == false && file.services["store"]?.workers == 3)
-        #expect(file.services["search"] == ServiceSettings(workers: 4))
+        #expect(file.services["echo"]?.enabled == false && file.services["store"]?.workers == 3 && file.services["store"]?.window == 1)
+        #expect(file.services["search"] == ServiceSettings(workers: 4, window: 16))
         #expect(file.logLevel(for: "store") == "trace" && file.logLevel(for: "kernel") == "debug" && file.logLevel(for: "search") == "warning")
         #expect(try file.security.kernelSecurity() == KernelSecurity(secretKey: kernel.secretKey, workerKeys: [pair.publicKey]))
         let keys = try file.security.connectingKeys(as: "store")
@@ -158,12 +160,13 @@ struct ConfigFileTests {
             "SWITCHBOARD_KERNEL_BROKER": "tcp://0.0.0.0:7000",
             "SWITCHBOARD_KERNEL_NO_RETRY": "[store, pricing]",
             "SWITCHBOARD_SERVICES_STORE_WORKERS": "16",
+            "SWITCHBOARD_SERVICES_PRICING_WINDOW": "4",
             "SWITCHBOARD_FETCHER_DATASETS_ITEMS_URL": "file:///srv/items.json",
             "HOME": "/root",
         ])
         #expect(file.kernel.brokerEndpoint == "tcp://0.0.0.0:7000")
         #expect(file.kernel.nonRetriableServices == ["store", "pricing"])
-        #expect(file.services["store"]?.workers == 16)
+        #expect(file.services["store"]?.workers == 16 && file.services["pricing"]?.window == 4)
         #expect(file.fetcher.sources[.items]?.url == URL(string: "file:///srv/items.json"))
         #expect(ConfigFile.variable(for: "kernel.heartbeat_ms") == "SWITCHBOARD_KERNEL_HEARTBEAT_MS")
 
