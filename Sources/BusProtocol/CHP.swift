@@ -135,15 +135,21 @@ extension CHP {
 
     /// Decodes a `KVSET` the server's collector (SUB) socket receives.
     public static func decodeKVSet(_ message: Message) throws(ProtocolError) -> KVEntry {
-        _ = try checkKVSet(message)
+        let properties = try checkedKVSetProperties(message)
         let frames = message.frames
         return KVEntry(key: String(decoding: frames[0].bytes, as: UTF8.self), sequence: sequenceValue(frames[1]), uuid: frames[2].bytes,
-                       properties: try decodeProperties(frames[3]), value: frames[4])
+                       properties: properties, value: frames[4])
     }
 
     /// Checks a `KVSET` as ``decodeKVSet(_:)`` does, without building its key or entry (the
     /// kernel keys its state by the key's bytes); returns its `ttl` property.
     public static func checkKVSet(_ message: Message) throws(ProtocolError) -> Double? {
+        let properties = try checkedKVSetProperties(message)
+        return properties.isEmpty ? nil : KVEntry.ttl(in: properties)
+    }
+
+    /// The one check of a `KVSET`'s frames; returns its properties, decoded once.
+    private static func checkedKVSetProperties(_ message: Message) throws(ProtocolError) -> [(name: String, value: String)] {
         let frames = message.frames
         guard frames.count == 5 else { throw ProtocolError("CHP", "KVSET has \(frames.count) frames, expected 5") }
         guard !frames[0].isEmpty, frames[0].isUTF8 else { throw ProtocolError("CHP", "KVSET key must be non-empty UTF-8") }
@@ -151,8 +157,9 @@ extension CHP {
             throw ProtocolError("CHP", "KVSET may not use the reserved key \(frames[0])")
         }
         try checkSequenceAndUUID(frames, "KVSET")
-        return frames[3].isEmpty ? nil : KVEntry.ttl(in: try decodeProperties(frames[3]))
+        return try decodeProperties(frames[3])
     }
+
     /// Whether `subtree` is a valid subtree specification: empty, or `/segment/…/`.
     public static func isValidSubtree(_ subtree: String) -> Bool {
         subtree.isEmpty || (subtree.hasPrefix("/") && subtree.hasSuffix("/"))

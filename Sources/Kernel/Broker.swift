@@ -46,6 +46,8 @@ final class Broker {
 
     final class Service {
         let name: String
+        /// The name as the frame every reply for the service carries, made once.
+        let nameFrame: Frame
         var requests: Deque<Request> = []
         /// Workers with room for a request, least recently used first; a worker with a
         /// window is in it once per free place.
@@ -54,7 +56,10 @@ final class Broker {
         /// Whether a worker ever offered it; a name nobody serves is forgotten once idle.
         var everServed = false
         var stats = ServiceStats()
-        init(name: String) { self.name = name }
+        init(name: String) {
+            self.name = name
+            nameFrame = Frame(name)
+        }
     }
 
     let configuration: KernelConfiguration
@@ -187,7 +192,7 @@ final class Broker {
             let service = worker.service
             service.stats.replies += 1
             service.stats.latency.record(nanoseconds: now &- request.received)
-            send(MDP.reply(to: request.client, service: service.name, body: body))
+            send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body))
             service.idle.append(identity)
             dispatch(service)
         case .heartbeat(let errors):
