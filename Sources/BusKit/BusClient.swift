@@ -214,12 +214,23 @@ actor ClientCore {
     nonisolated let loop: SocketLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
     let resendAfterReconnect: Bool
-    var registration: SocketRegistration?
-    var monitor: SocketRegistration?
+
+    /// Where the connection is in its life; checked by every entry point, as each arrives
+    /// through `loop.execute` after the caller's state may have changed.
+    enum Lifecycle {
+        case connecting
+        /// The DEALER to the kernel(s) and its connection-event monitor.
+        case open(socket: SocketRegistration, monitor: SocketRegistration)
+        case closed
+    }
+    private var lifecycle = Lifecycle.connecting
+    /// The DEALER while the connection is open.
+    private var registration: SocketRegistration? {
+        if case .open(let socket, _) = lifecycle { socket } else { nil }
+    }
     private var pending: [Int64: Pending] = [:]
     private var opaque: [String: [OpaquePending]] = [:]
     private var sweeper: LoopTimer?
-    private var closed = false
     /// Bumped when a connection drops: requests sent in an older generation may be lost.
     private var generation = 0
     /// Ids finished lately (true: answered, false: timed out or cancelled), oldest first,
@@ -236,6 +247,7 @@ actor ClientCore {
 
     /// Opens the DEALER to `brokers` and starts reading it.
     func connect(_ brokers: [String], curve: CurveClientKeys?) throws {
+        guard case .connecting = lifecycle else { throw ZMQError(call: "connect(closed client)", code: ENOTSOCK) }
         let socket = try ZMQSocket(loop.context, .dealer)
         try socket.secure(curve)
         try socket.set(.immediate, brokers.count > 1)
@@ -244,8 +256,9 @@ actor ClientCore {
         // Connection events tell when requests in flight were lost with a kernel.
         let pair = try connectionEvents(of: socket, in: loop.context)
         for broker in brokers { try socket.connect(broker) }
-        registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message) } }
-        monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message) } }
+        let registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message) } }
+        let monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message) } }
+        lifecycle = .open(socket: registration, monitor: monitor)
     }
 
     /// Timeouts are checked every 10 ms while anything waits (cheaper than a timer per
@@ -256,7 +269,7 @@ actor ClientCore {
     }
 
     func send(_ requests: [(id: Int64, pending: Pending)], message: Message) {
-        guard !closed, let registration else {
+        guard let registration else {
             for request in requests { request.pending.complete(.failure(.closed)) }
             return
         }
@@ -300,7 +313,7 @@ actor ClientCore {
     }
 
     func sendOpaque(service: String, message: Message, timeout: Duration, continuation: UnsafeContinuation<Result<[Frame], BusError>, Never>) {
-        guard !closed, let registration else {
+        guard let registration else {
             continuation.resume(returning: .failure(.closed))
             return
         }
@@ -374,16 +387,16 @@ actor ClientCore {
     }
 
     func close() {
-        closed = true
+        if case .open(let socket, let monitor) = lifecycle {
+            socket.close()
+            monitor.close()
+        }
+        lifecycle = .closed
         sweeper?.cancel()
         for request in pending.values { request.complete(.failure(.closed)) }
         pending.removeAll()
         for waiting in opaque.values { for request in waiting { request.continuation.resume(returning: .failure(.closed)) } }
         opaque.removeAll()
-        registration?.close()
-        registration = nil
-        monitor?.close()
-        monitor = nil
     }
 }
 

@@ -34,7 +34,14 @@ public actor Kernel {
     private var zapHandler: ZAPHandler?
     private var timers: [LoopTimer] = []
     private var startedAt = Date()
-    private(set) public var endpoints: Endpoints?
+
+    /// Where the kernel is in its life: ``start()`` binds once, ``stop()`` is final.
+    enum Phase {
+        case idle
+        case serving(Endpoints)
+        case stopped
+    }
+    private var phase = Phase.idle
 
     public init(configuration: KernelConfiguration, context: ZMQContext, logger: Logger = Logger(label: "switchboard.kernel")) throws {
         self.configuration = configuration
@@ -48,7 +55,11 @@ public actor Kernel {
     /// endpoint cannot be bound, naming it.
     @discardableResult
     public func start() throws -> Endpoints {
-        if let endpoints { return endpoints }
+        switch phase {
+        case .serving(let endpoints): return endpoints
+        case .stopped: throw ZMQError(call: "start(a stopped kernel)", code: EBADF)
+        case .idle: break
+        }
         let context = loop.context
         let security = configuration.security, inprocName = configuration.inprocName
         func open(_ type: SocketType, _ endpoint: String, _ role: String,
@@ -110,7 +121,7 @@ public actor Kernel {
             wire(router: router, snapshot: snapshot, publisher: publisher, collector: collector)
             let endpoints = Endpoints(broker: brokerEndpoint, snapshot: snapshotEndpoint,
                                       publisher: publisherEndpoint, collector: collectorEndpoint)
-            self.endpoints = endpoints
+            phase = .serving(endpoints)
             startedAt = Date()
             state.set("/kernel/instance", value: Frame(JSONValue.object(["instance": .string(instance)]).jsonBytes), now: monotonicNanoseconds())
             logger.info("kernel started", metadata: ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
@@ -168,11 +179,15 @@ public actor Kernel {
 
     /// Stops serving: closes every socket and ends the loop thread.
     public func stop() async {
+        guard case .serving = phase else {
+            phase = .stopped
+            return await loop.shutdown()
+        }
+        phase = .stopped
         for timer in timers { timer.cancel() }
         timers.removeAll()
         for registration in registrations { registration.close() }
         registrations.removeAll()
-        endpoints = nil
         logger.info("kernel stopped")
         await loop.shutdown()
     }
