@@ -1,5 +1,6 @@
 public import BusProtocol
 import Foundation
+import Synchronization
 public import ZeroMQ
 
 /// One change of the kernel's state, as a ``Subscription`` delivers it.
@@ -18,26 +19,61 @@ public struct StateUpdate: Sendable, Equatable, CustomStringConvertible {
     public var description: String { "\(key)@\(sequence)=\(value)" }
 }
 
+/// What a ``Subscription`` delivers: the state's changes, and word when some were lost.
+public enum SubscriptionEvent: Sendable, Equatable, CustomStringConvertible {
+    /// One change (or, first, one entry of the snapshot).
+    case update(StateUpdate)
+    /// Updates were lost on the way: the kernel dropped them because this subscription fell
+    /// behind (`count` says how many), or the connection to the kernel dropped or went
+    /// silent (`count` nil: unknown). A resync from a snapshot has begun.
+    case missed(count: UInt64?, afterSequence: UInt64, reason: String)
+    /// The resync is done: the updates since ``missed(count:afterSequence:reason:)`` were
+    /// the keys that changed (`changed`, deletions included); the view equals the kernel's
+    /// as of `sequence` again.
+    case resynced(sequence: UInt64, changed: Int)
+
+    /// The update, when this is one.
+    public var update: StateUpdate? {
+        if case .update(let update) = self { update } else { nil }
+    }
+
+    public var description: String {
+        switch self {
+        case .update(let update): "\(update)"
+        case .missed(let count?, let after, let reason): "missed \(count) updates after sequence \(after) (\(reason)); resyncing"
+        case .missed(nil, let after, let reason): "may have missed updates after sequence \(after) (\(reason)); resyncing"
+        case .resynced(let sequence, let changed): "resynced at sequence \(sequence): \(changed) keys changed"
+        }
+    }
+}
+
 /// A view of the kernel's state under some key prefixes (12/CHP): first a consistent
-/// snapshot, then every later update, with no gap and no duplicate.
+/// snapshot, then every later update, with no gap and no duplicate; and when updates are
+/// lost anyway, never in silence.
 ///
 /// It waits for the kernel's first HUGZ before asking for the snapshot (the kernel greets
-/// every new subscription with one), so no update can fall between the two. When the
-/// connection drops, the kernel goes silent, or the reader falls more than `bufferSize`
-/// updates behind, it resynchronises by itself: it asks for a new snapshot and delivers
-/// the entries that changed. Keys deleted while it was out of touch are not reported.
+/// every new subscription with one), so no update can fall between the two. A reader that
+/// stops taking events makes it stop reading its socket once `bufferSize` events wait;
+/// the kernel then drops this subscriber's updates, and says so: every HUGZ carries how
+/// many updates it published under each topic, so the subscription counts what it missed.
+/// On such a gap, a reconnect to the kernel, or a silent kernel it delivers
+/// ``SubscriptionEvent/missed(count:afterSequence:reason:)``, asks for a new snapshot,
+/// delivers the keys that changed (deletions included) and then
+/// ``SubscriptionEvent/resynced(sequence:changed:)``.
 ///
 /// ```swift
-/// let updates = try await Subscription.open(snapshot: "tcp://127.0.0.1:5556",
-///                                           publisher: "tcp://127.0.0.1:5557", prefixes: ["/catalog/"])
-/// for try await update in updates { print(update.key, update.json ?? "deleted") }
+/// let subscription = try await Subscription.open(snapshot: "tcp://127.0.0.1:5556",
+///                                                publisher: "tcp://127.0.0.1:5557", prefixes: ["/catalog/"])
+/// for try await event in subscription {
+///     if let update = event.update { print(update.key, update.json ?? "deleted") } else { print(event) }
+/// }
 /// ```
 public final class Subscription: AsyncSequence, Sendable {
-    public typealias Element = StateUpdate
+    public typealias Element = SubscriptionEvent
 
     let loop: SocketLoop
     private let ownsLoop: Bool
-    private let buffer: BoundedBuffer<StateUpdate>
+    private let buffer: BoundedBuffer<SubscriptionEvent>
     private let core: SubscriptionCore
 
     /// Opens a subscription.
@@ -45,6 +81,7 @@ public final class Subscription: AsyncSequence, Sendable {
     ///   - prefixes: key prefixes to follow; `""` follows everything.
     ///   - includeSnapshot: deliver the current entries first (otherwise only later updates).
     ///   - silenceTimeout: resynchronise when nothing (not even HUGZ) arrives for this long.
+    ///   - bufferSize: events waiting for the reader before the subscription stops reading.
     ///   - curve: keys for a CURVE-secured kernel (nil: plain text).
     public static func open(snapshot: String, publisher: String, prefixes: [String] = [""], includeSnapshot: Bool = true,
                             context: ZMQContext? = nil, loop: SocketLoop? = nil,
@@ -52,24 +89,29 @@ public final class Subscription: AsyncSequence, Sendable {
                             curve: CurveClientKeys? = nil) async throws -> Subscription {
         let ownsLoop = loop == nil
         let loop = try loop ?? SocketLoop(context: try context ?? ZMQContext(), name: "subscription")
-        let buffer = BoundedBuffer<StateUpdate>(capacity: bufferSize, whenFull: .refuse)
         let prefixes = prefixes.isEmpty ? [""] : prefixes
+        // The core is made after the buffer, whose resume call needs it: a box bridges the two.
+        let resumeTarget = WeakCore()
+        let buffer = BoundedBuffer<SubscriptionEvent>(capacity: bufferSize, whenFull: .pauseProducer(resume: {
+            resumeTarget.resumeReading()
+        }))
         let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot,
                                     snapshotEndpoint: snapshot, publisherEndpoint: publisher, silenceTimeout: silenceTimeout,
-                                    curve: curve)
+                                    receiveHighWaterMark: Swift.max(1_000, bufferSize), curve: curve)
+        resumeTarget.core.withLock { $0.core = core }
         try await core.start()
         return Subscription(loop: loop, ownsLoop: ownsLoop, buffer: buffer, core: core)
     }
 
-    private init(loop: SocketLoop, ownsLoop: Bool, buffer: BoundedBuffer<StateUpdate>, core: SubscriptionCore) {
+    private init(loop: SocketLoop, ownsLoop: Bool, buffer: BoundedBuffer<SubscriptionEvent>, core: SubscriptionCore) {
         self.loop = loop
         self.ownsLoop = ownsLoop
         self.buffer = buffer
         self.core = core
     }
 
-    /// Waits for the next update; nil once the subscription is cancelled.
-    public func next() async throws -> StateUpdate? { try await buffer.next() }
+    /// Waits for the next event; nil once the subscription is cancelled.
+    public func next() async throws -> SubscriptionEvent? { try await buffer.next() }
 
     /// How many times the subscription resynchronised (after a kernel restart, say).
     public func resyncCount() async -> Int { await core.resyncs }
@@ -87,11 +129,24 @@ public final class Subscription: AsyncSequence, Sendable {
     }
 
     public struct AsyncIterator: AsyncIteratorProtocol {
-        let buffer: BoundedBuffer<StateUpdate>
-        public mutating func next() async throws -> StateUpdate? { try await buffer.next() }
+        let buffer: BoundedBuffer<SubscriptionEvent>
+        public mutating func next() async throws -> SubscriptionEvent? { try await buffer.next() }
     }
 
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(buffer: buffer) }
+}
+
+/// The buffer's way back to the core, which is made after it (and holds the buffer, so
+/// this reference is weak): the reader took the buffer down to half, so the core reads its
+/// socket again (on its loop thread).
+private final class WeakCore: Sendable {
+    struct Reference { weak var core: SubscriptionCore? }
+    let core = Mutex(Reference())
+
+    func resumeReading() {
+        guard let core = core.withLock({ $0.core }) else { return }
+        core.loop.execute { core.assumeIsolated { $0.resumeReading() } }
+    }
 }
 
 /// The subscription's protocol state: an actor on its loop's thread (the loop is its
@@ -103,16 +158,21 @@ actor SubscriptionCore {
         /// Receiving the snapshot of `prefixes[index]`.
         case snapshotting(index: Int)
         case live
+        case stopped
     }
 
     nonisolated let loop: SocketLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
-    let buffer: BoundedBuffer<StateUpdate>
+    let buffer: BoundedBuffer<SubscriptionEvent>
     let prefixes: [String]
+    /// The prefixes counted against the kernel's HUGZ counts: those no other prefix of
+    /// this subscription covers, so no update is counted twice.
+    let countedPrefixes: [String]
     let includeSnapshot: Bool
     let snapshotEndpoint: String
     let publisherEndpoint: String
     let silenceTimeout: Duration
+    let receiveHighWaterMark: Int
     let curve: CurveClientKeys?
 
     private var subscriber: SocketRegistration?
@@ -128,25 +188,38 @@ actor SubscriptionCore {
     private var lastSequence: UInt64 = 0
     private var lastHeard = monotonicNanoseconds()
     private var disconnected = false
+    /// The reader fell `bufferSize` events behind: the socket is not read until it catches up.
+    private var readingPaused = false
+    /// The kernel's count per counted prefix at the last HUGZ, and the updates received
+    /// under it since (nil until a HUGZ of this subscription's has come).
+    private var checkpoint: [String: UInt64] = [:]
+    private var receivedSinceCheckpoint: [String: UInt64] = [:]
+    /// A gap was announced: the next snapshot's end is announced as `resynced`.
+    private var announceResync = false
     private(set) var resyncs = 0
 
-    init(loop: SocketLoop, buffer: BoundedBuffer<StateUpdate>, prefixes: [String], includeSnapshot: Bool,
-         snapshotEndpoint: String, publisherEndpoint: String, silenceTimeout: Duration, curve: CurveClientKeys?) {
+    init(loop: SocketLoop, buffer: BoundedBuffer<SubscriptionEvent>, prefixes: [String], includeSnapshot: Bool,
+         snapshotEndpoint: String, publisherEndpoint: String, silenceTimeout: Duration, receiveHighWaterMark: Int,
+         curve: CurveClientKeys?) {
         self.loop = loop
         self.buffer = buffer
         self.prefixes = prefixes
+        countedPrefixes = Array(Set(prefixes.filter { prefix in !prefixes.contains { $0 != prefix && prefix.hasPrefix($0) } }))
         self.includeSnapshot = includeSnapshot
         self.snapshotEndpoint = snapshotEndpoint
         self.publisherEndpoint = publisherEndpoint
         self.silenceTimeout = silenceTimeout
+        self.receiveHighWaterMark = receiveHighWaterMark
         self.curve = curve
     }
 
     func start() throws {
+        guard phase == .awaitingHello, subscriber == nil else { return }
         let context = loop.context
         let sub = try ZMQSocket(context, .sub)
         try sub.secure(curve)
-        try sub.set(.receiveHighWaterMark, 100_000)
+        try sub.set(.receiveHighWaterMark, Int32(clamping: receiveHighWaterMark))
+        // The prefixes before HUGZ: a HUGZ's counts then always cover topics already live.
         for prefix in prefixes { try sub.subscribe(prefix) }
         if !prefixes.contains("") { try sub.subscribe(CHP.hugzCommand) }
         // Connection events tell a kernel restart apart from a quiet kernel.
@@ -173,32 +246,68 @@ actor SubscriptionCore {
         lastHeard = monotonicNanoseconds()
         guard let update = try? CHP.decodeUpdate(message) else { return }
         switch update {
-        case .hugz:
-            if phase == .awaitingHello { requestSnapshot(0) }
+        case .hugz(let published):
+            switch phase {
+            case .awaitingHello:
+                takeCheckpoint(published)
+                requestSnapshot(0)
+            case .snapshotting, .live:
+                checkForGap(published)
+            case .stopped:
+                break
+            }
         case .entry(let entry):
             guard prefixes.contains(where: { entry.key.hasPrefix($0) }) else { return }
             switch phase {
-            case .awaitingHello: break
+            case .awaitingHello, .stopped: return
             case .snapshotting: pendingLive.append(entry)
             case .live: apply(entry)
             }
+            for prefix in countedPrefixes where entry.key.hasPrefix(prefix) { receivedSinceCheckpoint[prefix, default: 0] += 1 }
         }
+    }
+
+    /// Starts counting from the kernel's counts in this HUGZ.
+    private func takeCheckpoint(_ published: [String: UInt64]) {
+        checkpoint = published.filter { countedPrefixes.contains($0.key) }
+        receivedSinceCheckpoint = [:]
+    }
+
+    /// Compares what the kernel published under each prefix since the last HUGZ with what
+    /// arrived: fewer arrived, so the kernel dropped some for this subscriber.
+    private func checkForGap(_ published: [String: UInt64]) {
+        var missed: UInt64 = 0
+        for prefix in countedPrefixes {
+            guard let now = published[prefix], let then = checkpoint[prefix], now >= then else { continue }
+            let received = receivedSinceCheckpoint[prefix] ?? 0
+            if now - then > received { missed += now - then - received }
+        }
+        takeCheckpoint(published)
+        guard missed > 0 else { return }
+        resync(missed: missed, reason: "the kernel dropped updates while this subscriber was behind", subscriptionIsLive: true)
     }
 
     private func apply(_ entry: KVEntry) {
         guard entry.sequence > lastSequence else { return }  // a duplicate or a stale update
         lastSequence = entry.sequence
         known[entry.key] = entry.isDelete ? nil : entry.value
-        deliver(StateUpdate(key: entry.key, sequence: entry.sequence, value: entry.value, fromSnapshot: false))
+        deliver(.update(StateUpdate(key: entry.key, sequence: entry.sequence, value: entry.value, fromSnapshot: false)))
     }
 
-    private func deliver(_ update: StateUpdate) {
-        if buffer.push(update) == .refused {
-            // The reader fell too far behind: start over from a snapshot instead of
-            // growing without bound or silently skipping updates.
-            buffer.clear()
-            resync(reason: "reader fell behind")
+    /// Hands an event to the reader; when that fills the buffer, stops reading the socket
+    /// until the reader has taken it down to half (the kernel then drops, and counts).
+    private func deliver(_ event: SubscriptionEvent) {
+        if buffer.push(event) == .full, !readingPaused {
+            readingPaused = true
+            subscriber?.pauseReading()
         }
+    }
+
+    func resumeReading() {
+        guard readingPaused, phase != .stopped else { return }
+        readingPaused = false
+        lastHeard = monotonicNanoseconds()
+        subscriber?.resumeReading()
     }
 
     // MARK: Snapshot
@@ -233,12 +342,25 @@ actor SubscriptionCore {
     }
 
     private func goLive() {
-        // Snapshot entries, sorted by key; after a resync only those that changed.
+        let snapshotSequence = snapshotSequences.max() ?? 0
+        // Snapshot entries, sorted by key; after a resync only those that changed, and
+        // a deletion for each key known before that the snapshot no longer has.
+        var changed = 0
         for key in snapshotEntries.keys.sorted() {
             let update = snapshotEntries[key]!
-            let changed = known[key] != update.value
+            let isChange = known[key] != update.value
             known[key] = update.value
-            if (firstSync && includeSnapshot) || (!firstSync && changed) { deliver(update) }
+            if (firstSync && includeSnapshot) || (!firstSync && isChange) {
+                deliver(.update(update))
+                if isChange { changed += 1 }
+            }
+        }
+        if !firstSync {
+            for key in known.keys.sorted() where snapshotEntries[key] == nil {
+                known[key] = nil
+                changed += 1
+                deliver(.update(StateUpdate(key: key, sequence: snapshotSequence, value: Frame(), fromSnapshot: true)))
+            }
         }
         lastSequence = snapshotSequences.min() ?? 0
         let sequences = snapshotSequences
@@ -250,9 +372,13 @@ actor SubscriptionCore {
             guard let index = prefixes.firstIndex(where: { entry.key.hasPrefix($0) }), entry.sequence > sequences[index] else { continue }
             apply(entry)
         }
-        lastSequence = max(lastSequence, sequences.max() ?? 0)
+        lastSequence = max(lastSequence, snapshotSequence)
         pendingLive = []
         snapshotEntries = [:]
+        if announceResync {
+            announceResync = false
+            deliver(.resynced(sequence: snapshotSequence, changed: changed))
+        }
     }
 
     // MARK: Resynchronising
@@ -263,26 +389,40 @@ actor SubscriptionCore {
             disconnected = true
         } else if event.event.contains(.connected), disconnected {
             disconnected = false
-            resync(reason: "reconnected to the kernel")
+            resync(missed: nil, reason: "reconnected to the kernel", subscriptionIsLive: false)
         }
     }
 
     private func checkSilence() {
+        // A paused socket is silent by choice: the reader is behind, not the kernel.
+        guard !readingPaused, phase != .stopped else { return }
         if monotonicNanoseconds() &- lastHeard > silenceTimeout.nanoseconds {
             lastHeard = monotonicNanoseconds()
-            resync(reason: "the kernel was silent for \(silenceTimeout.formatted)")
+            resync(missed: nil, reason: "the kernel was silent for \(silenceTimeout.formatted)", subscriptionIsLive: false)
         }
     }
 
-    private func resync(reason: String) {
+    /// Says what was missed and starts over from a snapshot. `subscriptionIsLive`: the
+    /// subscription is known to reach the kernel (a HUGZ just came), so the snapshot is
+    /// asked for at once; otherwise after the next HUGZ proves it.
+    private func resync(missed: UInt64?, reason: String, subscriptionIsLive: Bool) {
         resyncs += 1
+        if !firstSync {
+            deliver(.missed(count: missed, afterSequence: lastSequence, reason: reason))
+            announceResync = true
+        }
         // A new snapshot socket drops any half-received snapshot of the old kernel.
         try? openSnapshotSocket()
-        phase = .awaitingHello
-        // The kernel greets re-subscriptions with HUGZ, and sends one every second anyway.
+        if subscriptionIsLive {
+            requestSnapshot(0)
+        } else {
+            phase = .awaitingHello
+            // The kernel greets re-subscriptions with HUGZ, and sends one every second anyway.
+        }
     }
 
     func stop() {
+        phase = .stopped
         timer?.cancel()
         subscriber?.close()
         snapshotSocket?.close()

@@ -63,7 +63,9 @@ public enum SnapshotReply: Sendable, Equatable {
 /// What a client's subscriber connection receives.
 public enum PublishedUpdate: Sendable, Equatable {
     case entry(KVEntry)
-    case hugz
+    /// A keep-alive; from a Switchboard kernel it also says how many updates it has
+    /// published under each topic subscribed, so a subscriber can count what it missed.
+    case hugz(published: [String: UInt64])
 }
 
 extension CHP {
@@ -89,10 +91,18 @@ extension CHP {
         [Frame(entry.key), sequenceFrame(entry.sequence), Frame(entry.uuid), Frame(encodeProperties(entry.properties)), entry.value]
     }
 
-    /// `HUGZ`, the publisher's keep-alive.
-    public static func hugz() -> Message {
-        [Frame(hugzCommand), sequenceFrame(0), Frame(), Frame(), Frame()]
+    /// `HUGZ`, the publisher's keep-alive. `published` (a Switchboard extension, in the
+    /// value frame, which plain CHP subscribers ignore): for each topic subscribed, how many
+    /// updates under it were published since the topic was first subscribed.
+    public static func hugz(published: [String: UInt64] = [:]) -> Message {
+        var value = Frame()
+        if !published.isEmpty {
+            value = Frame(JSONValue.object([publishedField: .object(published.mapValues { .int(Int64(clamping: $0)) })]).jsonBytes)
+        }
+        return [Frame(hugzCommand), sequenceFrame(0), Frame(), Frame(), value]
     }
+
+    static let publishedField = "published"
 
     public static func sequenceFrame(_ sequence: UInt64) -> Frame {
         withUnsafeBytes(of: sequence.bigEndian) { Frame(copying: $0) }
@@ -129,8 +139,22 @@ extension CHP {
     /// Decodes what the client's SUB socket receives: `KVPUB` or `HUGZ`.
     public static func decodeUpdate(_ message: Message) throws(ProtocolError) -> PublishedUpdate {
         let (key, sequence, uuid, properties, value) = try fiveFrames(message, "KVPUB")
-        if key == hugzCommand { return .hugz }
+        if key == hugzCommand { return .hugz(published: try decodePublished(value)) }
         return .entry(KVEntry(key: key, sequence: sequence, uuid: uuid, properties: try decodeProperties(properties), value: value))
+    }
+
+    /// The counts a `HUGZ` carries: none when its value is empty (a plain CHP server).
+    private static func decodePublished(_ value: Frame) throws(ProtocolError) -> [String: UInt64] {
+        guard !value.isEmpty else { return [:] }
+        guard case .object(let fields)? = try? JSONValue(parsing: value.bytes), case .object(let topics)? = fields[publishedField] else {
+            throw ProtocolError("CHP", "HUGZ value is not {\"\(publishedField)\": {topic: count}}")
+        }
+        var counts: [String: UInt64] = [:]
+        for (topic, count) in topics {
+            guard case .int(let count) = count, count >= 0 else { throw ProtocolError("CHP", "HUGZ count for \(topic) is not a count") }
+            counts[topic] = UInt64(count)
+        }
+        return counts
     }
 
     /// Decodes a `KVSET` the server's collector (SUB) socket receives.

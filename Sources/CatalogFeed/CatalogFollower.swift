@@ -47,7 +47,9 @@ public actor CatalogFollower {
     public func follow(_ catalog: Subscription) {
         feed = Task { [weak self, logger] in
             do {
-                for try await update in catalog { await self?.announcement(update) }
+                for try await event in catalog {
+                    if let update = event.update { await self?.announcement(update) }
+                }
             } catch where !Task.isCancelled {
                 logger.warning("the catalog subscription ended", metadata: ["problem": "\(error)"])
             } catch {}

@@ -9,7 +9,8 @@ import ZeroMQ
 /// Loop-confined like the broker. The publisher is an XPUB: when a subscription arrives it
 /// publishes a HUGZ at once, so a subscriber can wait for its first HUGZ to know its
 /// subscription is live before it asks for the snapshot (no update can fall between the
-/// two). Sequence numbers start from the wall clock in microseconds, so they keep growing
+/// two). Every HUGZ counts the updates published under each topic, so a subscriber for
+/// which the XPUB dropped some (it fell behind) knows how many. Sequence numbers start from the wall clock in microseconds, so they keep growing
 /// across kernel restarts as long as fewer than a million updates a second are published.
 final class StateServer {
     struct Entry {
@@ -46,8 +47,16 @@ final class StateServer {
     private(set) var totalBytes = 0
     private var usage: [String: Usage] = [:]
     private let access: StateAccess
-    private var lastPublished: UInt64 = 0
+    private var lastHugz: UInt64 = 0
     private var expiring = 0
+    /// Each topic subscribed on the publisher, with how many updates were published under
+    /// it since: every HUGZ carries these counts, so a subscriber whose updates were dropped
+    /// (the XPUB drops for a subscriber that falls behind) learns how many it missed.
+    private var topics: [(prefix: Frame, published: UInt64)] = []
+    /// Topics beyond this are not counted (each costs a prefix comparison per update).
+    static let maxCountedTopics = 1024
+    /// Something was published since the last HUGZ: send one at the next tick.
+    private var countsDue = false
 
     init(configuration: KernelConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -147,7 +156,8 @@ final class StateServer {
         if old?.expiresAt != nil { expiring -= 1 }
         account(replacing: old, with: new)
         publish([key, CHP.sequenceFrame(sequence), uuid, properties, value])
-        lastPublished = now
+        for index in topics.indices where key.hasPrefix(topics[index].prefix) { topics[index].published &+= 1 }
+        countsDue = true
         return sequence
     }
 
@@ -222,22 +232,40 @@ final class StateServer {
 
     // MARK: Publisher events and time
 
-    /// A subscription or unsubscription reached the XPUB: greet subscribers with a HUGZ.
+    /// A subscription or unsubscription reached the XPUB (verbose for subscriptions: each
+    /// one arrives; an unsubscription only when the topic's last subscriber left): keep the
+    /// topic's count, and greet subscribers with a HUGZ.
     func subscriptionChanged(_ message: Message, now: UInt64) {
-        guard let first = message.first, first.count >= 1, first.withUnsafeBytes({ $0[0] }) == 1 else { return }
-        publish(CHP.hugz())
-        lastPublished = now
+        guard let first = message.first, first.count >= 1 else { return }
+        let topic = Frame(first.bytes.dropFirst())
+        let index = topics.firstIndex { $0.prefix == topic }
+        switch first.withUnsafeBytes({ $0[0] }) {
+        case 1:
+            if index == nil, topic.isUTF8, !topic.equals(CHP.hugzCommand), topics.count < Self.maxCountedTopics { topics.append((topic, 0)) }
+            sendHugz(now: now)
+        case 0:
+            if let index { topics.remove(at: index) }
+        default:
+            break
+        }
     }
 
-    /// Expires TTL entries and sends HUGZ when nothing was published for an interval.
+    /// A HUGZ with the counts of every topic subscribed.
+    private func sendHugz(now: UInt64) {
+        var published: [String: UInt64] = [:]
+        for topic in topics { published[topic.prefix.string ?? ""] = topic.published }
+        publish(CHP.hugz(published: published))
+        lastHugz = now
+        countsDue = false
+    }
+
+    /// Expires TTL entries; sends HUGZ when something was published since the last (so a
+    /// gap is known within a tick) or nothing was for an interval.
     func tick(now: UInt64) {
         if expiring > 0 {
             let expired = entries.compactMap { key, entry in (entry.expiresAt ?? .max) <= now ? key : nil }
             for key in expired.sorted(by: { $0.bytes.lexicographicallyPrecedes($1.bytes) }) { set(key, value: Frame(), ttl: nil, now: now) }
         }
-        if now &- lastPublished >= configuration.hugzInterval.nanoseconds {
-            publish(CHP.hugz())
-            lastPublished = now
-        }
+        if countsDue || now &- lastHugz >= configuration.hugzInterval.nanoseconds { sendHugz(now: now) }
     }
 }

@@ -135,7 +135,9 @@ struct Soak: AsyncParsableCommand {
         }
         let readers = subscriptions.enumerated().map { index, subscription in
             Task {
-                while let update = try? await subscription.next() { check.saw(update, subscriber: index) }
+                while let event = try? await subscription.next() {
+                    if let update = event.update { check.saw(update, subscriber: index) }
+                }
             }
         }
         let loops = busClients.enumerated().map { index, client in

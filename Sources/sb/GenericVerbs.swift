@@ -59,6 +59,12 @@ struct Subscribe: AsyncParsableCommand {
         abstract: "Print the state under some key prefixes, then every update, one JSON line each.",
         discussion: """
             Each line is {"key", "sequence", "value", "snapshot"}; a deleted key has value null.
+            When updates are lost (this reader fell behind and the kernel dropped some, or the
+            connection to the kernel dropped), stderr says how many and after which sequence;
+            the subscription then resyncs from a snapshot (the changed and deleted keys follow,
+            as "snapshot": true lines) and stderr says so. With --json these two notices are
+            also lines of their own: {"event": "missed", "count", "afterSequence", "reason"} and
+            {"event": "resynced", "sequence", "changed"}.
 
             Examples:
               sb subscribe /pricing/                 the current route and the deal, then changes
@@ -72,6 +78,7 @@ struct Subscribe: AsyncParsableCommand {
     @Argument(help: "Key prefixes (all keys when none).") var prefixes: [String] = []
     @Option(help: "Exit after this many lines.") var count: Int?
     @Flag(help: "Only updates from now on, without the current entries.") var noSnapshot = false
+    @Flag(help: "Print missed/resynced notices as JSON lines on stdout too.") var json = false
 
     func validate() throws {
         if let count, count <= 0 { throw ValidationError("--count must be positive") }
@@ -87,7 +94,12 @@ struct Subscribe: AsyncParsableCommand {
                                                        prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: !noSnapshot,
                                                        curve: try connection.curve)
         var printed = 0
-        for try await update in subscription {
+        for try await event in subscription {
+            guard let update = event.update else {
+                Output.diagnostic("\(event)")
+                if json, let line = Self.notice(event) { Output.line(line.jsonString) }
+                continue
+            }
             let value: JSONValue = update.isDelete ? .null : update.json ?? .string(String(decoding: update.value.bytes, as: UTF8.self))
             Output.line(JSONValue.object(["key": .string(update.key), "sequence": .int(Int64(update.sequence)), "value": value,
                                           "snapshot": .bool(update.fromSnapshot)]).jsonString)
@@ -95,6 +107,17 @@ struct Subscribe: AsyncParsableCommand {
             if let count, printed >= count { break }
         }
         await subscription.cancel()
+    }
+
+    static func notice(_ event: SubscriptionEvent) -> JSONValue? {
+        switch event {
+        case .update: nil
+        case .missed(let count, let after, let reason):
+            ["event": "missed", "count": count.map { .int(Int64(clamping: $0)) } ?? .null,
+             "afterSequence": .int(Int64(clamping: after)), "reason": .string(reason)]
+        case .resynced(let sequence, let changed):
+            ["event": "resynced", "sequence": .int(Int64(clamping: sequence)), "changed": .int(Int64(changed))]
+        }
     }
 }
 

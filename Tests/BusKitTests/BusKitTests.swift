@@ -232,7 +232,8 @@ struct BusKitTests {
             var values: [String: Int64] = [:]
             var lastSequence: UInt64 = 0
             var snapshotDone = false
-            for try await update in subscription {
+            for try await event in subscription {
+                let update = try #require(event.update, "no gap: \(event)")
                 if update.fromSnapshot { #expect(!snapshotDone) } else { snapshotDone = true }
                 if !update.fromSnapshot {
                     #expect(update.sequence > lastSequence, "updates arrive once, in sequence order")
@@ -267,7 +268,7 @@ struct BusKitTests {
         let sequenceBefore = try await publisher.set("/store/history", ["items": ["paris"]])
         let subscription = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
                                                        prefixes: ["/store/"], silenceTimeout: .seconds(2))
-        let first = try await within(10, "snapshot") { try await subscription.next() }
+        let first = try await within(10, "snapshot") { try await subscription.next()?.update }
         #expect(first?.key == "/store/history" && first?.fromSnapshot == true)
 
         await kernel.stop()
@@ -291,8 +292,8 @@ struct BusKitTests {
         let sequenceAfter = try await publisher.set("/store/history", ["items": ["paris", "rome"]])
         #expect(sequenceAfter > sequenceBefore)
         let next = try await within(15, "update after restart") { () -> StateUpdate? in
-            while let update = try await subscription.next() {
-                if update.json?["items"]?.arrayValue?.count == 2 { return update }
+            while let event = try await subscription.next() {
+                if let update = event.update, update.json?["items"]?.arrayValue?.count == 2 { return update }
             }
             return nil
         }

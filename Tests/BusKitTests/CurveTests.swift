@@ -51,7 +51,7 @@ struct CurveTests {
 
         let subscription = try await Subscription.open(snapshot: secured.kernel.endpoints.snapshot, publisher: secured.kernel.endpoints.publisher,
                                                        prefixes: ["/kernel/services/echo"], curve: secured.client)
-        let update = try await within(5, "the snapshot") { try await subscription.next() }
+        let update = try await within(5, "the snapshot") { try await subscription.next()?.update }
         #expect(update?.key == "/kernel/services/echo")
         await subscription.cancel()
         await bus.close()

@@ -28,7 +28,10 @@ struct CHPTests {
         #expect(try CHP.decodeUpdate(message) == .entry(entry))
         #expect(try CHP.decodeKVSet(message) == entry)
         #expect(try CHP.decodeKVSet(message).ttl == 30)
-        #expect(try CHP.decodeUpdate(CHP.hugz()) == .hugz)
+        #expect(try CHP.decodeUpdate(CHP.hugz()) == .hugz(published: [:]))
+        #expect(try CHP.decodeUpdate(CHP.hugz(published: ["/store/": 7, "": 9])) == .hugz(published: ["/store/": 7, "": 9]))
+        #expect(CHP.hugz(published: ["/a/": 1])[4].string == #"{"published":{"/a/":1}}"#)
+        #expect(throws: ProtocolError.self) { try CHP.decodeUpdate([Frame("HUGZ"), CHP.sequenceFrame(0), Frame(), Frame(), Frame("{\"published\":{\"/a/\":-1}}")]) }
         #expect(CHP.hugz().count == 5)
         let delete = KVEntry(key: "/client/x", value: Frame())
         #expect(try CHP.decodeKVSet(CHP.kv(delete)).isDelete)

@@ -231,8 +231,8 @@ struct HostileClientTests {
                                                    params: ["key": "/client/flood/mark", "value": .int(Int64(batch))])
         }
         let last = try await within(30, "the reader sees the last mark") { () -> StateUpdate? in
-            while let update = try await reader.next() {
-                if update.key == "/client/flood/mark", update.json == 19 { return update }
+            while let event = try await reader.next() {
+                if let update = event.update, update.key == "/client/flood/mark", update.json == 19 { return update }
             }
             return nil
         }

@@ -241,7 +241,8 @@ struct StoreDurabilityTests {
         // Collect until the article's deletion and the other keys have been seen.
         let seen = try await within(10, "store updates") { () -> [String: JSONValue?] in
             var seen: [String: JSONValue?] = [:]
-            while let update = try await subscription.next() {
+            while let event = try await subscription.next() {
+                guard let update = event.update else { continue }
                 seen[update.key] = update.json
                 if seen[key] != nil, seen[key]! == nil, seen["/store/history"] != nil, seen["/store/sources/selected"] != nil {
                     break

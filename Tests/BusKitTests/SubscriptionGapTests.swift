@@ -1,0 +1,126 @@
+import BusKit
+import BusProtocol
+import Foundation
+import Kernel
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+@Suite("Subscriptions never lose updates in silence")
+struct SubscriptionGapTests {
+    /// What a reader of the events sees, applied in order.
+    struct View: Sendable {
+        var state: [String: Int64] = [:]
+        var missed: [UInt64?] = []
+        var resynced = 0
+        /// A live update that skipped a value of its key, not yet followed by a `missed`.
+        var unexplainedSkip: String?
+        var skips = 0
+
+        mutating func apply(_ event: SubscriptionEvent) {
+            switch event {
+            case .update(let update):
+                let n = update.json?["n"]?.intValue
+                if !update.fromSnapshot, let n, let last = state[update.key], n != last + 1 {
+                    skips += 1
+                    unexplainedSkip = unexplainedSkip ?? "\(update.key): \(last) then \(n)"
+                }
+                state[update.key] = update.isDelete ? nil : n
+            case .missed(let count, _, _):
+                missed.append(count)
+                unexplainedSkip = nil
+            case .resynced:
+                resynced += 1
+            }
+        }
+    }
+
+    @Test("a paused subscriber under 50,000 writes: every gap signalled with its count, then resynced to the kernel's state")
+    func pausedSubscriber() async throws {
+        // A small backlog per subscriber, so the kernel's XPUB drops for the paused one.
+        let kernel = try await TestKernel.start { $0.subscriberBacklog = 200 }
+        defer { Task { await kernel.stop() } }
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
+        let publisher = StatePublisher(client: client)
+        let subscription = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
+                                                       prefixes: ["/store/probe/"], silenceTimeout: .seconds(60), bufferSize: 100)
+        var view = View()
+        // Live: the first write arrives.
+        try await publisher.set("/store/probe/k0", ["n": 0])
+        view = try await within(10, "the subscription is live") { [view] in
+            var view = view
+            while let event = try await subscription.next() {
+                view.apply(event)
+                if view.state["/store/probe/k0"] == 0 { break }
+            }
+            return view
+        }
+
+        // 50,000 writes over 500 keys while nobody reads; the last 50 keys are deleted.
+        let keys = 500, writes = 50_000
+        for batch in stride(from: 1, to: writes + 1, by: 1_000) {
+            let entries = (batch..<min(batch + 1_000, writes + 1)).map { i -> (key: String, value: JSONValue?) in
+                ("/store/probe/k\(i % keys)", ["n": .int(Int64(i / keys))])
+            }
+            for outcome in await publisher.set(many: entries) { _ = try outcome.get() }
+        }
+        for i in 0..<50 { try await publisher.set("/store/probe/k\(i)", nil) }
+        let final = try await client.request(service: "kernel", method: "state.get", params: ["prefix": "/store/probe/"])
+        var expected: [String: Int64] = [:]
+        for entry in final["entries"]?.arrayValue ?? [] {
+            expected[entry["key"]?.stringValue ?? ""] = entry["value"]?["n"]?.intValue
+        }
+        #expect(expected.count == keys - 50)
+
+        // Now read: the gaps are said, with counts, and the view ends equal to the kernel's.
+        view = try await within(60, "the view converges on the kernel's state") { [view, expected] in
+            var view = view
+            while view.state != expected || view.missed.count != view.resynced {
+                guard let event = try await subscription.next() else { break }
+                view.apply(event)
+            }
+            return view
+        }
+        #expect(!view.missed.isEmpty, "the kernel dropped updates for the paused subscriber, and it said so")
+        #expect(view.missed.allSatisfy { ($0 ?? 0) > 0 }, "each gap came with how many were missed")
+        #expect(view.unexplainedSkip == nil, "a skipped update was never followed by a missed event")
+        #expect(await subscription.resyncCount() == view.missed.count)
+        await subscription.cancel()
+        await client.close()
+    }
+
+    @Test("a subscriber that keeps up sees no gap and no notice")
+    func keepingUp() async throws {
+        let kernel = try await TestKernel.start { $0.hugzInterval = .milliseconds(100) }
+        defer { Task { await kernel.stop() } }
+        let client = try await BusClient(brokers: [kernel.endpoints.broker])
+        let publisher = StatePublisher(client: client)
+        let subscription = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
+                                                       prefixes: ["/store/a/", "/store/"])
+        var view = View()
+        try await publisher.set("/store/a/start", ["n": 0])
+        view = try await within(10, "live") { [view] in
+            var view = view
+            while let event = try await subscription.next() {
+                view.apply(event)
+                if view.state["/store/a/start"] != nil { break }
+            }
+            return view
+        }
+        for i in 1...2_000 { try await publisher.set(i % 2 == 0 ? "/store/a/x" : "/store/b/y", ["n": .int(Int64((i + 1) / 2))]) }
+        // The writes take several HUGZ intervals: each HUGZ is checked against what arrived.
+        try await publisher.set("/store/a/end", ["n": 1])
+        view = try await within(10, "every update") { [view] in
+            var view = view
+            while view.state["/store/a/end"] != 1 {
+                guard let event = try await subscription.next() else { break }
+                view.apply(event)
+            }
+            return view
+        }
+        #expect(view.missed.isEmpty && view.resynced == 0 && view.skips == 0)
+        #expect(view.state["/store/a/x"] == 1_000 && view.state["/store/b/y"] == 1_000)
+        await subscription.cancel()
+        await client.close()
+    }
+}
