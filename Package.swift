@@ -31,6 +31,8 @@ let package = Package(
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.20.0"),
         // Already in the graph through async-http-client; named for its error types.
         .package(url: "https://github.com/apple/swift-nio", from: "2.60.0"),
+        // The HTTP edge (`switchboard gateway`).
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.0.0"),
     ],
     targets: [
         // libzmq through its system headers; see the module map for why no pkg-config.
@@ -150,11 +152,26 @@ let package = Package(
             ],
             swiftSettings: sharedSettings
         ),
-        // The `switchboard` executable: `up`, `kernel`, `serve NAME`, `keygen`.
+        // The HTTP edge: JSON-RPC over POST, state as Server-Sent Events with resume, metrics,
+        // health, and the five apps' page (Resources/page).
+        .target(
+            name: "Gateway",
+            dependencies: [
+                "BusKit", "BusProtocol", "SwitchboardConfig",
+                .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            resources: [.copy("Resources")],
+            swiftSettings: sharedSettings
+        ),
+        // The `switchboard` executable: `up`, `kernel`, `serve NAME`, `gateway`, `keygen`.
         .executableTarget(
             name: "switchboard",
             dependencies: [
                 "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Supervisor",
+                "Gateway",
                 "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -277,6 +294,14 @@ let package = Package(
         .testTarget(
             name: "DeploymentTests",
             dependencies: ["BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport", "ZeroMQ"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "GatewayTests",
+            dependencies: [
+                "Gateway", "BusKit", "BusProtocol", "EchoService", "SwitchboardConfig", "SwitchboardTestSupport",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            ],
             swiftSettings: sharedSettings
         ),
         .testTarget(

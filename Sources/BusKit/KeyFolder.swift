@@ -10,6 +10,8 @@ public import ZeroMQ
 /// kernel.key  kernel.pub          the kernel's pair; clients need kernel.pub
 /// store.key   store.pub  …        one pair per service: may register that service only
 /// client.key  client.pub          the local client (sb, scripts)
+/// gateway.key gateway.pub         the HTTP gateway, a client of its own
+/// gateway.token                   the bearer token HTTP callers send to the gateway
 /// clients/NAME.pub                more clients allowed in (copy their .pub files here)
 /// ```
 /// Secret keys are written with mode 0600 and the folder with 0700.
@@ -20,6 +22,8 @@ public struct KeyFolder: Sendable, Equatable {
     /// The pair of the kernel, and of the local client.
     public static let kernel = "kernel"
     public static let client = "client"
+    /// The gateway's pair: a client like `client`.
+    public static let gateway = "gateway"
 
     public let url: URL
 
@@ -49,6 +53,29 @@ public struct KeyFolder: Sendable, Equatable {
             made.append(name)
         }
         return made
+    }
+
+    /// The gateway's bearer token file.
+    public var gatewayTokenFile: URL { url.appendingPathComponent("gateway.token") }
+
+    /// Writes a new random gateway token (mode 0600) unless there is one; returns whether
+    /// it made one.
+    @discardableResult
+    public func createGatewayToken() throws -> Bool {
+        let manager = FileManager.default
+        guard !manager.fileExists(atPath: gatewayTokenFile.path) else { return false }
+        try manager.createDirectory(at: url, withIntermediateDirectories: true)
+        var generator = SystemRandomNumberGenerator()
+        let token = (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
+        guard manager.createFile(atPath: gatewayTokenFile.path, contents: Data((token + "\n").utf8), attributes: [.posixPermissions: 0o600]) else {
+            throw KeyFolderError(path: gatewayTokenFile.path, problem: "cannot be written")
+        }
+        return true
+    }
+
+    /// The gateway token, or nil when there is no token file.
+    public func gatewayToken() -> String? {
+        (try? String(contentsOf: gatewayTokenFile, encoding: .utf8)).map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
     }
 
     /// Writes `base.key` (mode 0600) and `base.pub`, as `switchboard keygen --out` does.
@@ -89,7 +116,7 @@ public struct KeyFolder: Sendable, Equatable {
         let extra = ((try? FileManager.default.contentsOfDirectory(at: clientsFolder, includingPropertiesForKeys: nil)) ?? [])
             .filter { $0.pathExtension == "pub" }.sorted { $0.path < $1.path }
         var keys: [String] = []
-        for file in [publicKeyFile(Self.client)] + extra {
+        for file in [publicKeyFile(Self.client), publicKeyFile(Self.gateway)] + extra {
             if let key = try Self.publicKey(in: file) { keys.append(key) }
         }
         return keys

@@ -23,6 +23,8 @@ public struct StateUpdate: Sendable, Equatable, CustomStringConvertible {
 public enum SubscriptionEvent: Sendable, Equatable, CustomStringConvertible {
     /// One change (or, first, one entry of the snapshot).
     case update(StateUpdate)
+    /// The first snapshot is delivered (its sequence); live changes follow.
+    case synced(sequence: UInt64)
     /// Updates were lost on the way: the kernel dropped them because this subscription fell
     /// behind (`count` says how many), or the connection to the kernel dropped or went
     /// silent (`count` nil: unknown). A resync from a snapshot has begun.
@@ -40,6 +42,7 @@ public enum SubscriptionEvent: Sendable, Equatable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .update(let update): "\(update)"
+        case .synced(let sequence): "synced at sequence \(sequence)"
         case .missed(let count?, let after, let reason): "missed \(count) updates after sequence \(after) (\(reason)); resyncing"
         case .missed(nil, let after, let reason): "may have missed updates after sequence \(after) (\(reason)); resyncing"
         case .resynced(let sequence, let changed): "resynced at sequence \(sequence): \(changed) keys changed"
@@ -365,6 +368,13 @@ actor SubscriptionCore {
         lastSequence = snapshotSequences.min() ?? 0
         let sequences = snapshotSequences
         phase = .live
+        // Said before the updates that arrived meanwhile, which come after the snapshot.
+        if firstSync {
+            deliver(.synced(sequence: snapshotSequence))
+        } else if announceResync {
+            announceResync = false
+            deliver(.resynced(sequence: snapshotSequence, changed: changed))
+        }
         firstSync = false
         // Updates that arrived during the snapshot: keep those newer than the snapshot
         // of their own prefix.
@@ -375,10 +385,6 @@ actor SubscriptionCore {
         lastSequence = max(lastSequence, snapshotSequence)
         pendingLive = []
         snapshotEntries = [:]
-        if announceResync {
-            announceResync = false
-            deliver(.resynced(sequence: snapshotSequence, changed: changed))
-        }
     }
 
     // MARK: Resynchronising

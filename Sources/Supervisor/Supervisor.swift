@@ -20,13 +20,17 @@ public actor Supervisor {
     public struct Piece: Sendable {
         public let name: String
         public let arguments: [String]
-        /// Workers the kernel must list before the service counts as up (0: the kernel itself).
+        /// Workers the kernel must list before the service counts as up (0: the kernel
+        /// itself, or a piece that listens).
         public let workers: Int
+        /// A piece that is no worker (the gateway) is up once it accepts TCP connections here.
+        public let listensAt: (host: String, port: Int)?
 
-        public init(name: String, arguments: [String], workers: Int) {
+        public init(name: String, arguments: [String], workers: Int, listensAt: (host: String, port: Int)? = nil) {
             self.name = name
             self.arguments = arguments
             self.workers = workers
+            self.listensAt = listensAt
         }
     }
 
@@ -137,7 +141,7 @@ public actor Supervisor {
 
     /// Waits until the kernel answers `ping`, or lists `workers` workers of a service.
     private func waitUntilUp(_ child: Child) async throws {
-        try await waitUntil("\(child.piece.name) did not \(child.piece.workers == 0 ? "answer" : "register")") {
+        try await waitUntil("\(child.piece.name) did not \(child.piece.listensAt != nil ? "listen" : child.piece.workers == 0 ? "answer" : "register")") {
             guard child.pid != nil else {
                 throw StartFailure(description: "\(child.piece.name) exited while starting (its log is above)")
             }
@@ -165,6 +169,7 @@ public actor Supervisor {
     }
 
     private func isUp(_ child: Child) async throws -> Bool {
+        if let (host, port) = child.piece.listensAt { return Self.acceptsConnections(host: host, port: port) }
         if child.piece.workers == 0 {
             // Our kernel, not another one already listening there (whose answer would
             // otherwise look like ours while ours fails to bind and exits).
@@ -177,6 +182,25 @@ public actor Supervisor {
         guard let list = try? await probe.request(service: "kernel", method: "services.list", timeout: .milliseconds(500)) else { return false }
         let entry = list["services"]?.arrayValue?.first { $0["name"]?.stringValue == child.piece.name }
         return (entry?["workers"]?.intValue ?? 0) >= Int64(child.piece.workers)
+    }
+
+    /// Whether a TCP connection to `host`:`port` is accepted now.
+    static func acceptsConnections(host: String, port: Int) -> Bool {
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var found: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo(host == "0.0.0.0" ? "127.0.0.1" : host == "::" ? "::1" : host, String(port), &hints, &found) == 0, let first = found else { return false }
+        defer { freeaddrinfo(found) }
+        var address: UnsafeMutablePointer<addrinfo>? = first
+        while let current = address {
+            let fd = socket(current.pointee.ai_family, current.pointee.ai_socktype, current.pointee.ai_protocol)
+            if fd >= 0 {
+                defer { close(fd) }
+                if connect(fd, current.pointee.ai_addr, current.pointee.ai_addrlen) == 0 { return true }
+            }
+            address = current.pointee.ai_next
+        }
+        return false
     }
 
     // MARK: Exits and restarts

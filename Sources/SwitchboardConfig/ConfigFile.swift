@@ -37,6 +37,7 @@ public struct ConfigFile: Sendable, Equatable {
     public var fetcher = FetcherConfiguration.defaults
     public var security = SecuritySettings()
     public var supervisor = SupervisorSettings()
+    public var gateway = GatewaySettings()
     /// The log level of every piece unless its own section says otherwise.
     public var logLevel = "info"
     /// `kernel.log_level`: the kernel's own level, when it differs.
@@ -44,7 +45,7 @@ public struct ConfigFile: Sendable, Equatable {
 
     /// The level a piece ("kernel" or a service's name) logs at.
     public func logLevel(for piece: String) -> String {
-        (piece == "kernel" ? kernelLogLevel : services[piece]?.logLevel) ?? logLevel
+        (piece == "kernel" ? kernelLogLevel : piece == "gateway" ? gateway.logLevel : services[piece]?.logLevel) ?? logLevel
     }
 
     public init() {}
@@ -130,6 +131,10 @@ public struct ConfigFile: Sendable, Equatable {
         "security": .map(Dictionary(uniqueKeysWithValues: [
             "curve", "keys_dir", "kernel_secret_key", "kernel_secret_key_file", "server_key", "secret_key", "secret_key_file",
             "client_keys", "worker_keys",
+        ].map { ($0, Schema.value) })),
+        "gateway": .map(Dictionary(uniqueKeysWithValues: [
+            "enabled", "listen", "max_body_bytes", "prefixes", "history", "heartbeat_seconds", "request_timeout_ms",
+            "tokens", "cors_origins", "log_level",
         ].map { ($0, Schema.value) })),
         "supervisor": .map(Dictionary(uniqueKeysWithValues: [
             "start_timeout_seconds", "stop_timeout_seconds", "restart_backoff_ms", "restart_backoff_max_ms",
@@ -321,6 +326,50 @@ public struct SupervisorSettings: Sendable, Equatable {
     public init() {}
 }
 
+/// The HTTP gateway (`switchboard gateway`, started by `switchboard up`).
+public struct GatewaySettings: Sendable, Equatable {
+    public var enabled = true
+    public var host = "127.0.0.1"
+    public var port = 8080
+    /// The largest request body `POST /rpc` accepts (bigger: 413, -32010).
+    public var maxBodyBytes = 1 << 20
+    /// The key prefixes the gateway follows for `/events` (one kernel subscription).
+    public var prefixes = [""]
+    /// Changes kept, so that a reconnecting browser gets exactly what it missed.
+    public var history = 100_000
+    /// A comment line on every event stream this often, for proxies.
+    public var heartbeat: Duration = .seconds(15)
+    public var requestTimeout: Duration = .seconds(10)
+    /// Bearer tokens; none: every caller is let in (only without CURVE; with CURVE on,
+    /// `switchboard up` makes one in the key folder when none is configured).
+    public var tokens: [GatewayToken] = []
+    /// Origins that may call from a browser page of their own (none: no CORS headers).
+    public var corsOrigins: [String] = []
+    public var logLevel: String?
+
+    public init() {}
+
+    /// The token file `switchboard up` makes when CURVE is on and no token is configured.
+    public static let defaultTokenFile = "gateway.token"
+}
+
+/// One bearer token the gateway accepts, and what it allows.
+public struct GatewayToken: Sendable, Equatable {
+    public var token: String
+    /// Services it may call ("*": any).
+    public var services: [String]
+    /// Key prefixes it may write with `kernel` `state.set` (none: no writes).
+    public var writablePrefixes: [String]
+
+    public init(token: String, services: [String] = ["*"], writablePrefixes: [String] = []) {
+        self.token = token
+        self.services = services
+        self.writablePrefixes = writablePrefixes
+    }
+
+    public func allows(service: String) -> Bool { services.contains("*") || services.contains(service) }
+}
+
 /// Turns the checked tree into settings, naming the path of any bad value.
 private struct Reader {
     func read(_ tree: [String: Any]) throws -> ConfigFile {
@@ -433,7 +482,64 @@ private struct Reader {
         if let value = supervisor["restart_limit"] { u.restartLimit = try positive(value, "supervisor.restart_limit") }
         if let value = supervisor["restart_window_seconds"] { u.restartWindow = .seconds(try positive(value, "supervisor.restart_window_seconds")) }
         file.supervisor = u
+
+        let gateway = try section(tree, "gateway")
+        var g = file.gateway
+        if let value = gateway["enabled"] { g.enabled = try bool(value, "gateway.enabled") }
+        if let value = gateway["listen"] { (g.host, g.port) = try hostAndPort(value, "gateway.listen") }
+        if let value = gateway["max_body_bytes"] { g.maxBodyBytes = try positive(value, "gateway.max_body_bytes") }
+        if let value = gateway["prefixes"] {
+            g.prefixes = try strings(value, "gateway.prefixes")
+            if g.prefixes.isEmpty { throw ConfigError(path: "gateway.prefixes", problem: "expected at least one key prefix (\"\" for every key)") }
+        }
+        if let value = gateway["history"] { g.history = try positive(value, "gateway.history") }
+        if let value = gateway["heartbeat_seconds"] { g.heartbeat = .seconds(try positive(value, "gateway.heartbeat_seconds")) }
+        if let value = gateway["request_timeout_ms"] { g.requestTimeout = .milliseconds(try positive(value, "gateway.request_timeout_ms")) }
+        if let value = gateway["cors_origins"] { g.corsOrigins = try strings(value, "gateway.cors_origins") }
+        if let value = gateway["log_level"] { g.logLevel = try logLevel(value, "gateway.log_level") }
+        if let value = gateway["tokens"] { g.tokens = try tokens(value, "gateway.tokens") }
+        file.gateway = g
         return file
+    }
+
+    private func hostAndPort(_ value: Any, _ path: String) throws -> (String, Int) {
+        let problem = ConfigError(path: path, problem: "expected HOST:PORT such as 127.0.0.1:8080 or [::1]:8080, got \(ConfigFile.describe(value))")
+        guard let text = value as? String, let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]),
+              (0...65535).contains(port) else { throw problem }
+        var host = String(text[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { throw problem }
+        return (host, port)
+    }
+
+    /// `gateway.tokens`: a list of {token | token_file, services, writable_prefixes}.
+    private func tokens(_ value: Any, _ path: String) throws -> [GatewayToken] {
+        guard let list = value as? [Any] else { throw ConfigError(path: path, problem: "expected a list of tokens, got \(ConfigFile.describe(value))") }
+        return try list.enumerated().map { index, item in
+            let here = "\(path)[\(index)]"
+            let map = try ConfigFile.mapping(item, here)
+            for key in map.keys where !["token", "token_file", "services", "writable_prefixes"].contains(key) {
+                throw ConfigError(path: "\(here).\(key)", problem: "unknown key; expected one of services, token, token_file, writable_prefixes")
+            }
+            var token: String
+            switch (map["token"], map["token_file"]) {
+            case (let text as String, nil):
+                token = text
+            case (nil, let file as String):
+                do {
+                    token = try String(contentsOfFile: file, encoding: .utf8)
+                } catch {
+                    throw ConfigError(path: "\(here).token_file", problem: "cannot read \(file): \(error.localizedDescription)")
+                }
+            default:
+                throw ConfigError(path: here, problem: "give token (the text) or token_file (a file holding it), one of the two")
+            }
+            token = token.trimmingCharacters(in: .whitespacesAndNewlines)
+            guard token.count >= 16 else { throw ConfigError(path: here, problem: "a token must be at least 16 characters") }
+            let services = try map["services"].map { try strings($0, "\(here).services") } ?? ["*"]
+            let prefixes = try map["writable_prefixes"].map { try strings($0, "\(here).writable_prefixes") } ?? []
+            return GatewayToken(token: token, services: services, writablePrefixes: prefixes)
+        }
     }
 
     private func section(_ tree: [String: Any], _ name: String, parent: String? = nil) throws -> [String: Any] {

@@ -95,6 +95,7 @@ struct Subscribe: AsyncParsableCommand {
                                                        curve: try connection.curve)
         var printed = 0
         for try await event in subscription {
+            if case .synced = event { continue }
             guard let update = event.update else {
                 Output.diagnostic("\(event)")
                 if json, let line = Self.notice(event) { Output.line(line.jsonString) }
@@ -111,7 +112,7 @@ struct Subscribe: AsyncParsableCommand {
 
     static func notice(_ event: SubscriptionEvent) -> JSONValue? {
         switch event {
-        case .update: nil
+        case .update, .synced: nil
         case .missed(let count, let after, let reason):
             ["event": "missed", "count": count.map { .int(Int64(clamping: $0)) } ?? .null,
              "afterSequence": .int(Int64(clamping: after)), "reason": .string(reason)]

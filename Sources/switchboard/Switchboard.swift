@@ -14,12 +14,13 @@ struct Switchboard: AsyncParsableCommand {
             switchboard up --single-process   the same in one process, over inproc:// (for development)
             switchboard kernel            the kernel alone: Majordomo broker and state server
             switchboard serve NAME        one service (echo, store, fetcher, search, pricing), connected to a kernel
+            switchboard gateway           the bus over HTTP (JSON-RPC, Server-Sent Events, metrics, the apps' page)
             switchboard keygen --out NAME a CURVE key pair (NAME.key, NAME.pub)
 
             Settings come from --config (default: Config/switchboard.yaml when present), then
             SWITCHBOARD_* environment variables, then flags.
             """,
-        subcommands: [UpCommand.self, KernelCommand.self, ServeCommand.self, KeygenCommand.self]
+        subcommands: [UpCommand.self, KernelCommand.self, ServeCommand.self, GatewayCommand.self, KeygenCommand.self]
     )
 }
 

@@ -2,6 +2,7 @@ import ArgumentParser
 import BusKit
 import Dispatch
 import Foundation
+import Gateway
 import Kernel
 import Logging
 import ServiceLifecycle
@@ -83,9 +84,12 @@ struct UpCommand: AsyncParsableCommand {
         }
         guard file.security.kernelSecretKey == nil else { return }
         do {
-            let made = try folder.create([KeyFolder.kernel] + ConfigFile.serviceNames + [KeyFolder.client])
+            let made = try folder.create([KeyFolder.kernel] + ConfigFile.serviceNames + [KeyFolder.client, KeyFolder.gateway])
             if !made.isEmpty {
                 logger.notice("made CURVE keys", metadata: ["folder": "\(folder.path)", "keys": "\(made.joined(separator: ", "))"])
+            }
+            if file.gateway.enabled, file.gateway.tokens.isEmpty, try folder.createGatewayToken() {
+                logger.notice("made the gateway's bearer token", metadata: ["file": "\(folder.gatewayTokenFile.path)"])
             }
         } catch {
             FileHandle.standardError.write(Data("switchboard: security.keys_dir: cannot make the CURVE keys in \(folder.path): \(error.localizedDescription)\n".utf8))
@@ -109,7 +113,9 @@ struct UpCommand: AsyncParsableCommand {
         let supervisor = try Supervisor(
             executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path,
             kernel: noKernel ? nil : .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
-            services: services.map { .init(name: $0, arguments: ["serve", $0] + shared, workers: file.services[$0]!.workers) },
+            services: services.map { .init(name: $0, arguments: ["serve", $0] + shared, workers: file.services[$0]!.workers) }
+                + (file.gateway.enabled ? [.init(name: "gateway", arguments: ["gateway"] + shared, workers: 0,
+                                                 listensAt: (file.gateway.host, file.gateway.port))] : []),
             settings: file.supervisor, probe: probe, logger: logger)
         let signals = Signals.forward { _ in Task { await supervisor.requestShutdown() } }
         let status = await supervisor.run { pids in
@@ -145,6 +151,12 @@ struct UpCommand: AsyncParsableCommand {
                                         maxMessageSize: configuration.maxMessageSize)
             pieces.append(try await Pieces.service(name, file: file, connection: connection))
         }
+        if file.gateway.enabled {
+            let options = try GatewayCommand.options(file, common: common, logger: Logger(label: "switchboard.gateway"), brokers: [inproc("broker")],
+                                                     state: StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector")),
+                                                     context: context)
+            pieces.append(Gateway(options: options, logger: Logger(label: "switchboard.gateway")))
+        }
         let logger = Logger(label: "switchboard.up")
         // A ServiceGroup stops its services in reverse order: the services first, the kernel last.
         let group = ServiceGroup(services: pieces, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
@@ -173,6 +185,12 @@ struct UpCommand: AsyncParsableCommand {
             let workers = file.services[name]!.workers
             let padded = name.padding(toLength: 8, withPad: " ", startingAt: 0)
             lines.append("  \(padded) \(workers) worker\(workers == 1 ? "" : "s")\(pid[name].map { ", pid \($0)" } ?? "")")
+        }
+        if file.gateway.enabled {
+            let gateway = file.gateway
+            let host = gateway.host == "0.0.0.0" ? "127.0.0.1" : gateway.host.contains(":") ? "[\(gateway.host)]" : gateway.host
+            let token = gateway.tokens.first?.token ?? (file.security.isOn() ? file.security.keyFolder.gatewayToken() : nil)
+            lines.append("  gateway  http://\(host):\(gateway.port)/\(token.map { "#token=\($0)" } ?? "")\(pid["gateway"].map { ", pid \($0)" } ?? "")")
         }
         lines.append("Connect with: \(sbLine(file))sb services   (then: sb countries par, sb flights route; sb --help)")
         lines.append("Stop with Ctrl-C (or SIGTERM to pid \(getpid())).")

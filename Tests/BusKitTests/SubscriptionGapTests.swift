@@ -13,6 +13,7 @@ struct SubscriptionGapTests {
         var state: [String: Int64] = [:]
         var missed: [UInt64?] = []
         var resynced = 0
+        var synced = 0
         /// A live update that skipped a value of its key, not yet followed by a `missed`.
         var unexplainedSkip: String?
         var skips = 0
@@ -31,6 +32,8 @@ struct SubscriptionGapTests {
                 unexplainedSkip = nil
             case .resynced:
                 resynced += 1
+            case .synced:
+                synced += 1
             }
         }
     }
@@ -119,6 +122,7 @@ struct SubscriptionGapTests {
             return view
         }
         #expect(view.missed.isEmpty && view.resynced == 0 && view.skips == 0)
+        #expect(view.synced == 1, "the first snapshot is marked once")
         #expect(view.state["/store/a/x"] == 1_000 && view.state["/store/b/y"] == 1_000)
         await subscription.cancel()
         await client.close()

@@ -1,0 +1,108 @@
+public import BusKit
+public import BusProtocol
+import Foundation
+import Hummingbird
+public import Logging
+public import ServiceLifecycle
+public import SwitchboardConfig
+public import ZeroMQ
+
+/// `switchboard gateway`: the bus over HTTP, for browsers, apps and operators.
+///
+/// - `POST /rpc/{service}`: a JSON-RPC 2.0 request or batch in, the response out, with the
+///   HTTP status of its error (docs/GATEWAY.md has the table).
+/// - `GET /events?prefix=P`: the state under `P` as Server-Sent Events: the snapshot, `synced`,
+///   then live changes; resumable with `Last-Event-ID` (or `?since=`).
+/// - `GET /metrics`, `/healthz`, `/readyz`; `GET /`: the five apps' page.
+///
+/// One ``BusClient`` carries every HTTP request, one ``Subscription`` feeds every stream.
+public struct Gateway: Service {
+    public struct Options: Sendable {
+        public var settings: GatewaySettings
+        public var brokers: [String]
+        public var state: StateEndpoints
+        /// The gateway's own CURVE keys (nil: plain).
+        public var curve: CurveClientKeys?
+        /// The services `/readyz` waits for.
+        public var services: [String]
+        public var maxMessageSize: Int
+        /// A context shared with the kernel (for inproc:// endpoints); nil: its own.
+        public var context: ZMQContext?
+
+        public init(settings: GatewaySettings, brokers: [String], state: StateEndpoints, curve: CurveClientKeys?,
+                    services: [String], maxMessageSize: Int = MDP.defaultMaxMessageSize, context: ZMQContext? = nil) {
+            self.context = context
+            self.settings = settings
+            self.brokers = brokers
+            self.state = state
+            self.curve = curve
+            self.services = services
+            self.maxMessageSize = maxMessageSize
+        }
+    }
+
+    public let options: Options
+    let logger: Logger
+
+    public init(options: Options, logger: Logger = Logger(label: "switchboard.gateway")) {
+        self.options = options
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        try await serve()
+    }
+
+    /// Connects to the kernel, waits for the first snapshot, then serves HTTP until the
+    /// task is cancelled or a graceful shutdown (ServiceLifecycle) begins: then the event
+    /// streams end (browsers reconnect to the next gateway) and requests in flight finish.
+    /// `onListening` gets the port bound (useful with port 0).
+    public func serve(onListening: @escaping @Sendable (Int) -> Void = { _ in }) async throws {
+        let settings = options.settings
+        let client = try await BusClient(brokers: options.brokers, context: options.context, timeout: settings.requestTimeout, curve: options.curve,
+                                         maxMessageSize: options.maxMessageSize)
+        let subscription: Subscription
+        do {
+            subscription = try await Subscription.open(snapshot: options.state.snapshot, publisher: options.state.publisher,
+                                                       prefixes: settings.prefixes, context: options.context, curve: options.curve)
+        } catch {
+            await client.close()
+            throw error
+        }
+        let feed = StateFeed(prefixes: settings.prefixes, history: settings.history, logger: logger)
+        let following = Task { await feed.follow(subscription) }
+        let heartbeats = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: settings.heartbeat)
+                await feed.heartbeat()
+            }
+        }
+        defer {
+            heartbeats.cancel()
+            following.cancel()
+        }
+        await feed.waitUntilSynced()
+
+        let routes = Routes(options: options, client: client, feed: feed, page: try Page.load(), logger: logger)
+        let app = Application(router: routes.router(),
+                              configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "switchboard-gateway"),
+                              onServerRunning: { channel in
+                                  let port = channel.localAddress?.port ?? settings.port
+                                  onListening(port)
+                              },
+                              logger: logger)
+        do {
+            try await withGracefulShutdownHandler {
+                try await app.run()
+            } onGracefulShutdown: {
+                Task { await feed.closeAll() }
+            }
+        } catch {
+            await subscription.cancel()
+            await client.close()
+            throw error
+        }
+        await subscription.cancel()
+        await client.close()
+    }
+}

@@ -1,0 +1,308 @@
+import BusKit
+import BusProtocol
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import SwitchboardConfig
+import Synchronization
+
+/// The gateway's HTTP routes.
+struct Routes: Sendable {
+    let options: Gateway.Options
+    let client: BusClient
+    let feed: StateFeed
+    let page: Page
+    let logger: Logger
+    let rpcCounters = RPCCounters()
+
+    var settings: GatewaySettings { options.settings }
+
+    func router() -> Router<BasicRequestContext> {
+        let router = Router()
+        if !settings.corsOrigins.isEmpty { router.add(middleware: AllowedOrigins(origins: Set(settings.corsOrigins))) }
+        router.post("/rpc/:service") { request, context in try await rpc(request, context: context) }
+        router.get("/events") { request, _ in try await events(request) }
+        router.get("/metrics") { request, _ in try await metrics(request) }
+        router.get("/healthz") { _, _ in Self.json(.ok, ["status": "ok"]) }
+        router.get("/readyz") { _, _ in await ready() }
+        router.get("/") { _, _ in page.response(for: "index.html") }
+        router.get("/:file") { _, context in page.response(for: context.parameters.get("file") ?? "") }
+        return router
+    }
+
+    // MARK: Who may call
+
+    /// The caller's token, when tokens are configured: from `Authorization: Bearer`, or
+    /// `?access_token=` (a browser's EventSource cannot send headers). nil: let in with no
+    /// limits (no tokens configured).
+    enum Admission {
+        case open
+        case token(GatewayToken)
+        case refused(Response)
+    }
+
+    func admit(_ request: Request) -> Admission {
+        guard !settings.tokens.isEmpty else { return .open }
+        var presented: String?
+        if let header = request.headers[.authorization], header.lowercased().hasPrefix("bearer ") {
+            presented = String(header.dropFirst("bearer ".count)).trimmingCharacters(in: .whitespaces)
+        } else if let query = request.uri.queryParameters["access_token"] {
+            presented = String(query)
+        }
+        guard let presented, let token = settings.tokens.first(where: { Self.constantTimeEquals($0.token, presented) }) else {
+            var response = Self.rpcError(.unauthorized, JSONRPCError(code: JSONRPCError.forbiddenCode,
+                message: "Unauthorized: send Authorization: Bearer TOKEN (a token from gateway.tokens)"))
+            response.headers[.wwwAuthenticate] = "Bearer"
+            return .refused(response)
+        }
+        return .token(token)
+    }
+
+    static func constantTimeEquals(_ a: String, _ b: String) -> Bool {
+        let x = Array(a.utf8), y = Array(b.utf8)
+        guard x.count == y.count else { return false }
+        return zip(x, y).reduce(0) { $0 | ($1.0 ^ $1.1) } == 0
+    }
+
+    // MARK: POST /rpc/{service}
+
+    func rpc(_ request: Request, context: BasicRequestContext) async throws -> Response {
+        rpcCounters.count(\.requests)
+        let token: GatewayToken?
+        switch admit(request) {
+        case .refused(let response): return response
+        case .open: token = nil
+        case .token(let allowed): token = allowed
+        }
+        let service = context.parameters.get("service") ?? ""
+        guard MDP.isValidServiceName(service) else {
+            return Self.rpcError(.badRequest, .invalidRequest("the service name must be \(MDP.serviceNameRule), got '\(service)'"))
+        }
+        if let token, !token.allows(service: service) {
+            return Self.rpcError(.forbidden, .forbidden("this token may not call the \(service) service"))
+        }
+        var request = request
+        let body: ByteBuffer
+        do {
+            body = try await request.collectBody(upTo: settings.maxBodyBytes)
+        } catch {
+            return Self.rpcError(.contentTooLarge, .tooLarge(request.headers[.contentLength].flatMap(Int.init) ?? settings.maxBodyBytes + 1,
+                                                             limit: settings.maxBodyBytes))
+        }
+        switch JSONRPC.parseRequests(body.readableBytesView) {
+        case .unusable(let response):
+            return Self.reply(status(for: response), [UInt8](response.jsonBytes))
+        case .single(.invalid(let response)):
+            return Self.reply(status(for: response), [UInt8](response.jsonBytes))
+        case .single(.request(let call)):
+            if let refusal = refusal(call, service: service, token: token) {
+                return call.id == nil ? Response(status: .noContent) : Self.rpcError(.forbidden, refusal, id: call.id!)
+            }
+            let outcome: Result<JSONValue, BusError>
+            do {
+                outcome = .success(try await client.request(service: service, method: call.method, params: call.params))
+            } catch {
+                outcome = .failure(error)
+            }
+            guard let id = call.id else { return Response(status: .noContent) }
+            let response = Self.response(id: id, outcome)
+            return Self.reply(status(for: response), response.jsonBytes)
+        case .batch(let items):
+            var responses: [JSONRPCResponse?] = Array(repeating: nil, count: items.count)
+            var forwarded: [(index: Int, call: JSONRPCRequest)] = []
+            for (index, item) in items.enumerated() {
+                switch item {
+                case .invalid(let response): responses[index] = response
+                case .request(let call):
+                    if let refusal = refusal(call, service: service, token: token) {
+                        if let id = call.id { responses[index] = JSONRPCResponse(id: id, error: refusal) }
+                    } else {
+                        forwarded.append((index, call))
+                    }
+                }
+            }
+            if !forwarded.isEmpty {
+                let outcomes = await client.batch(service: service, forwarded.map { ($0.call.method, $0.call.params) })
+                for (sent, outcome) in zip(forwarded, outcomes) {
+                    if let id = sent.call.id { responses[sent.index] = Self.response(id: id, outcome) }
+                }
+            }
+            let answered = responses.compactMap { $0 }
+            guard !answered.isEmpty else { return Response(status: .noContent) }
+            return Self.reply(.ok, JSONValue.array(answered.map(\.json)).jsonBytes)
+        }
+    }
+
+    /// What the token forbids of this call: `state.set` outside its writable prefixes.
+    func refusal(_ call: JSONRPCRequest, service: String, token: GatewayToken?) -> JSONRPCError? {
+        guard let token, service == "kernel", call.method == "state.set" else { return nil }
+        let key = call.params?["key"]?.stringValue ?? ""
+        guard token.writablePrefixes.contains(where: { key.hasPrefix($0) }) else {
+            let allowed = token.writablePrefixes.isEmpty ? "none" : token.writablePrefixes.joined(separator: ", ")
+            return .forbidden("this token may not write \(key.isEmpty ? "that key" : key) (its writable prefixes: \(allowed))")
+        }
+        return nil
+    }
+
+    static func response(id: JSONRPCID, _ outcome: Result<JSONValue, BusError>) -> JSONRPCResponse {
+        switch outcome {
+        case .success(let result): return JSONRPCResponse(id: id, result: result)
+        case .failure(.remote(_, let error)): return JSONRPCResponse(id: id, error: error)
+        case .failure(let error):
+            let code = error.code ?? JSONRPCError.serviceUnavailableCode
+            return JSONRPCResponse(id: id, error: JSONRPCError(code: code, message: "\(error)"))
+        }
+    }
+
+    /// The HTTP status of a single response: 200 for a result, else from the error code.
+    func status(for response: JSONRPCResponse) -> HTTPResponse.Status {
+        guard case .failure(let error) = response.outcome else { return .ok }
+        return Self.status(forCode: error.code)
+    }
+
+    static func status(forCode code: Int) -> HTTPResponse.Status {
+        switch code {
+        case JSONRPCError.parseErrorCode, JSONRPCError.invalidRequestCode, JSONRPCError.invalidParamsCode: .badRequest
+        case JSONRPCError.methodNotFoundCode, JSONRPCError.notFoundCode: .notFound
+        case JSONRPCError.conflictCode: .conflict
+        case JSONRPCError.serviceUnavailableCode: .serviceUnavailable
+        case JSONRPCError.timedOutCode: .gatewayTimeout
+        case JSONRPCError.upstreamFailedCode, JSONRPCError.outcomeUnknownCode: .badGateway
+        case JSONRPCError.storageFailedCode: .serviceUnavailable
+        case JSONRPCError.tooLargeCode: .contentTooLarge
+        case JSONRPCError.forbiddenCode: .forbidden
+        default: .internalServerError
+        }
+    }
+
+    static func rpcError(_ status: HTTPResponse.Status, _ error: JSONRPCError, id: JSONRPCID = .null) -> Response {
+        reply(status, JSONRPCResponse(id: id, error: error).jsonBytes)
+    }
+
+    static func reply(_ status: HTTPResponse.Status, _ bytes: [UInt8]) -> Response {
+        Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+
+    static func json(_ status: HTTPResponse.Status, _ value: JSONValue) -> Response {
+        reply(status, value.jsonBytes)
+    }
+
+    // MARK: GET /events
+
+    func events(_ request: Request) async throws -> Response {
+        if case .refused(let response) = admit(request) { return response }
+        let query = request.uri.queryParameters
+        var prefixes = query[values: "prefix"].map(String.init)
+        if prefixes.isEmpty { prefixes = settings.prefixes }
+        for prefix in prefixes where !(await feed.covers(prefix)) {
+            return Self.rpcError(.badRequest, .invalidParams(field: "prefix",
+                "'\(prefix)' is not under what this gateway follows (gateway.prefixes: \(settings.prefixes.map { "'\($0)'" }.joined(separator: ", ")))"))
+        }
+        let lastEventID = request.headers[HTTPField.Name("Last-Event-ID")!] ?? query["since"].map(String.init)
+        var since: UInt64?
+        if let lastEventID, !lastEventID.isEmpty {
+            guard let sequence = UInt64(lastEventID) else {
+                return Self.rpcError(.badRequest, .invalidParams(field: "since", "expected an event id (a sequence number), got '\(lastEventID)'"))
+            }
+            since = sequence
+        }
+        let (id, events) = await feed.attach(prefixes: prefixes, since: since)
+        let feed = self.feed
+        var headers: HTTPFields = [.contentType: "text/event-stream", .cacheControl: "no-cache"]
+        headers[HTTPField.Name("X-Accel-Buffering")!] = "no"
+        return Response(status: .ok, headers: headers, body: ResponseBody { writer in
+            defer { Task { await feed.detach(id) } }
+            // A retry hint first, so a browser reconnects quickly after a cut.
+            try await writer.write(ByteBuffer(string: "retry: 1000\n\n"))
+            var written = 0
+            for await event in events {
+                try await writer.write(ByteBuffer(string: event.text))
+                written += 1
+                if written == 64 {
+                    await feed.sent(written)
+                    written = 0
+                }
+            }
+            await feed.sent(written)
+            try await writer.finish(nil)
+        })
+    }
+
+    // MARK: Operators
+
+    func metrics(_ request: Request) async throws -> Response {
+        if case .refused(let response) = admit(request) { return response }
+        var text = ""
+        do {
+            let kernel = try await client.request(service: "kernel", method: "metrics", timeout: .seconds(2))
+            text = kernel["text"]?.stringValue ?? ""
+        } catch {
+            text = "# the kernel did not answer: \(error)\n"
+        }
+        let streams = await feed.counters
+        let rpc = rpcCounters.snapshot()
+        let lines: [(String, String, String, Int)] = [
+            ("switchboard_gateway_streams", "gauge", "Event streams open now.", streams.open),
+            ("switchboard_gateway_streams_opened_total", "counter", "Event streams opened.", streams.opened),
+            ("switchboard_gateway_events_sent_total", "counter", "Events written to streams.", streams.eventsSent),
+            ("switchboard_gateway_resumes_total", "counter", "Streams resumed from Last-Event-ID with exactly the changes since.", streams.resumes),
+            ("switchboard_gateway_resets_total", "counter", "Streams that asked to resume and got a reset and a snapshot.", streams.resets),
+            ("switchboard_gateway_stream_overflows_total", "counter", "Streams cut because their reader fell too far behind.", streams.overflows),
+            ("switchboard_gateway_subscription_gaps_total", "counter", "Times the gateway's own subscription missed updates and resynced.", streams.missed),
+            ("switchboard_gateway_rpc_requests_total", "counter", "POST /rpc requests.", rpc.requests),
+        ]
+        for (name, type, help, value) in lines {
+            text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n\(name) \(value)\n"
+        }
+        return Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4"], body: .init(byteBuffer: ByteBuffer(string: text)))
+    }
+
+    /// Ready when the kernel answers and every expected service has a worker.
+    func ready() async -> Response {
+        do {
+            let list = try await client.request(service: "kernel", method: "services.list", timeout: .seconds(2))
+            var workers: [String: Int64] = [:]
+            for service in list["services"]?.arrayValue ?? [] {
+                if let name = service["name"]?.stringValue { workers[name] = service["workers"]?.intValue ?? 0 }
+            }
+            let missing = options.services.filter { (workers[$0] ?? 0) == 0 }
+            guard missing.isEmpty else {
+                return Self.json(.serviceUnavailable, ["status": "waiting", "servicesWithoutWorkers": .array(missing.map { .string($0) })])
+            }
+            return Self.json(.ok, ["status": "ready", "services": .array(options.services.map { .string($0) })])
+        } catch {
+            return Self.json(.serviceUnavailable, ["status": "no kernel", "problem": .string("\(error)")])
+        }
+    }
+}
+
+/// Counts of `/rpc` traffic, for `/metrics`.
+final class RPCCounters: Sendable {
+    struct Counts { var requests = 0 }
+    private let counts = Mutex(Counts())
+    func count(_ path: any WritableKeyPath<Counts, Int> & Sendable) { counts.withLock { $0[keyPath: path] += 1 } }
+    func snapshot() -> Counts { counts.withLock { $0 } }
+}
+
+/// CORS for the configured origins only: no header for any other.
+struct AllowedOrigins<Context: RequestContext>: RouterMiddleware {
+    let origins: Set<String>
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard let origin = request.headers[.origin], origins.contains(origin) else { return try await next(request, context) }
+        var response: Response
+        if request.method == .options {
+            response = Response(status: .noContent)
+            response.headers[.accessControlAllowMethods] = "GET, POST, OPTIONS"
+            response.headers[.accessControlAllowHeaders] = "Authorization, Content-Type, Last-Event-ID"
+            response.headers[.accessControlMaxAge] = "600"
+        } else {
+            response = try await next(request, context)
+        }
+        response.headers[.accessControlAllowOrigin] = origin
+        response.headers[.vary] = "Origin"
+        return response
+    }
+}

@@ -1,0 +1,230 @@
+import BusKit
+import BusProtocol
+import DequeModule
+import Foundation
+import Logging
+
+/// One Server-Sent Event, as the gateway writes it.
+struct StreamEvent: Sendable, Equatable {
+    /// `snapshot`, `synced`, `update`, `reset`, `missed`, `resynced`; nil: a comment line.
+    var name: String?
+    /// The CHP sequence it brings the reader to (its `id:`); nil: no id, the reader's last
+    /// event id stays where it was.
+    var id: UInt64?
+    /// JSON text (for a comment, the comment).
+    var data: String
+    /// The state key it concerns, for filtering by prefix (nil: every stream gets it).
+    var key: String?
+
+    var text: String {
+        guard let name else { return ": \(data)\n\n" }
+        return "event: \(name)\n" + (id.map { "id: \($0)\n" } ?? "") + "data: \(data)\n\n"
+    }
+
+    static func entry(_ name: String, key: String, sequence: UInt64, value: JSONValue, id: Bool = true) -> StreamEvent {
+        let data = JSONValue.object(["key": .string(key), "sequence": .int(Int64(clamping: sequence)), "value": value]).jsonString
+        return StreamEvent(name: name, id: id ? sequence : nil, data: data, key: key)
+    }
+
+    static func notice(_ name: String, id: UInt64? = nil, _ fields: [String: JSONValue]) -> StreamEvent {
+        StreamEvent(name: name, id: id, data: JSONValue.object(fields).jsonString, key: nil)
+    }
+}
+
+/// The gateway's one kernel subscription, fanned out to every browser: the current state
+/// under the configured prefixes, and the latest changes (`history` of them), so that a
+/// stream that reconnects with `Last-Event-ID` gets exactly what changed since.
+///
+/// Event ids are CHP sequence numbers. A snapshot is sent in sequence order, so wherever a
+/// stream breaks off, its last id is a point from which the changes after it complete it.
+actor StateFeed {
+    struct Entry {
+        var sequence: UInt64
+        var value: JSONValue
+    }
+
+    struct Change {
+        var sequence: UInt64
+        var key: String
+        /// `.null` for a deletion.
+        var value: JSONValue
+    }
+
+    /// What `/metrics` shows of the streams.
+    struct Counters: Sendable {
+        var open = 0
+        var opened = 0
+        var eventsSent = 0
+        var resumes = 0
+        var resets = 0
+        var overflows = 0
+        var missed = 0
+    }
+
+    private struct Listener {
+        let prefixes: [String]
+        let continuation: AsyncStream<StreamEvent>.Continuation
+    }
+
+    let prefixes: [String]
+    let history: Int
+    private let logger: Logger
+    private var entries: [String: Entry] = [:]
+    private var log: Deque<Change> = []
+    /// The log holds every change after this sequence.
+    private var logStart: UInt64 = 0
+    /// The sequence the state is at.
+    private var head: UInt64 = 0
+    /// The first snapshot is in.
+    private var synced = false
+    private var syncWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Between `missed` and `resynced`: the state and the log are being repaired, so a
+    /// stream that resumes now gets a reset.
+    private var repairing = false
+    private var listeners: [UUID: Listener] = [:]
+    private var closed = false
+    private(set) var counters = Counters()
+    /// Events a stream may have waiting beyond its opening ones before it is cut (the
+    /// browser reconnects and resumes from its last id).
+    static let streamBacklog = 10_000
+
+    init(prefixes: [String], history: Int, logger: Logger) {
+        self.prefixes = prefixes
+        self.history = history
+        self.logger = logger
+    }
+
+    /// Follows `subscription` until it ends.
+    func follow(_ subscription: Subscription) async {
+        do {
+            for try await event in subscription { receive(event) }
+        } catch {
+            logger.warning("the gateway's subscription ended", metadata: ["problem": "\(error)"])
+        }
+        for listener in listeners.values { listener.continuation.finish() }
+        listeners.removeAll()
+    }
+
+    /// Waits until the first snapshot is in.
+    func waitUntilSynced() async {
+        if synced { return }
+        await withCheckedContinuation { syncWaiters.append($0) }
+    }
+
+    func receive(_ event: SubscriptionEvent) {
+        switch event {
+        case .update(let update):
+            let value = update.isDelete ? JSONValue.null : update.json ?? .string(String(decoding: update.value.bytes, as: UTF8.self))
+            if update.isDelete { entries[update.key] = nil } else { entries[update.key] = Entry(sequence: update.sequence, value: value) }
+            guard synced else { return }
+            if repairing {
+                // A key the resync found changed: no id (its sequence may be older than ones sent).
+                broadcast(.entry("update", key: update.key, sequence: update.sequence, value: value, id: false))
+                return
+            }
+            log.append(Change(sequence: update.sequence, key: update.key, value: value))
+            if log.count > history, let dropped = log.popFirst() { logStart = dropped.sequence }
+            head = max(head, update.sequence)
+            broadcast(.entry("update", key: update.key, sequence: update.sequence, value: value))
+        case .synced(let sequence):
+            head = sequence
+            logStart = sequence
+            synced = true
+            for waiter in syncWaiters { waiter.resume() }
+            syncWaiters.removeAll()
+        case .missed(let count, let after, let reason):
+            repairing = true
+            counters.missed += 1
+            logger.warning("the gateway's subscription missed updates; resyncing", metadata: ["count": "\(count.map(String.init) ?? "unknown")", "reason": "\(reason)"])
+            broadcast(.notice("missed", ["count": count.map { .int(Int64(clamping: $0)) } ?? .null,
+                                         "afterSequence": .int(Int64(clamping: after)), "reason": .string(reason)]))
+        case .resynced(let sequence, let changed):
+            repairing = false
+            log.removeAll()
+            logStart = sequence
+            head = sequence
+            broadcast(.notice("resynced", id: sequence, ["sequence": .int(Int64(clamping: sequence)), "changed": .int(Int64(changed))]))
+        }
+    }
+
+    /// Whether `prefix` lies within what the gateway follows.
+    func covers(_ prefix: String) -> Bool { prefixes.contains { prefix.hasPrefix($0) } }
+
+    /// Opens a stream of the keys under `prefixes`: after `since` (a sequence this gateway
+    /// sent) exactly the changes since, else (or when those are no longer all known) a
+    /// `reset` and the snapshot; then `synced`, then live changes.
+    func attach(prefixes: [String], since: UInt64?) -> (id: UUID, events: AsyncStream<StreamEvent>) {
+        var opening: [StreamEvent] = []
+        let matches = { (key: String) in prefixes.contains { key.hasPrefix($0) } }
+        if let since, !repairing, since >= logStart, since <= head {
+            counters.resumes += 1
+            // The log is in sequence order: start after `since`.
+            var low = 0, high = log.count
+            while low < high {
+                let middle = (low + high) / 2
+                if log[middle].sequence <= since { low = middle + 1 } else { high = middle }
+            }
+            for change in log[low...] where matches(change.key) {
+                opening.append(.entry("update", key: change.key, sequence: change.sequence, value: change.value))
+            }
+        } else {
+            if let since {
+                counters.resets += 1
+                let reason = repairing ? "the gateway is resyncing with the kernel"
+                    : since > head ? "sequence \(since) is not one this gateway sent" : "the changes since \(since) are no longer all kept"
+                opening.append(.notice("reset", ["since": .int(Int64(clamping: since)), "reason": .string(reason)]))
+            }
+            for (key, entry) in entries.filter({ matches($0.key) }).sorted(by: { $0.value.sequence < $1.value.sequence }) {
+                opening.append(.entry("snapshot", key: key, sequence: entry.sequence, value: entry.value))
+            }
+        }
+        opening.append(.notice("synced", id: head, ["sequence": .int(Int64(clamping: head))]))
+        let id = UUID()
+        let (events, continuation) = AsyncStream<StreamEvent>.makeStream(bufferingPolicy: .bufferingOldest(opening.count + Self.streamBacklog))
+        for event in opening { continuation.yield(event) }
+        continuation.onTermination = { [weak self] _ in Task { await self?.detach(id) } }
+        if closed {
+            continuation.finish()
+            return (id, events)
+        }
+        listeners[id] = Listener(prefixes: prefixes, continuation: continuation)
+        counters.open = listeners.count
+        counters.opened += 1
+        return (id, events)
+    }
+
+    /// Ends every stream (shutdown); streams opened later end at once.
+    func closeAll() {
+        closed = true
+        for listener in listeners.values { listener.continuation.finish() }
+        listeners.removeAll()
+        counters.open = 0
+    }
+
+    func detach(_ id: UUID) {
+        listeners.removeValue(forKey: id)?.continuation.finish()
+        counters.open = listeners.count
+    }
+
+    func sent(_ count: Int) { counters.eventsSent += count }
+
+    /// A comment on every stream, so proxies keep idle connections.
+    func heartbeat() {
+        broadcast(StreamEvent(name: nil, id: nil, data: "keep-alive \(head)", key: nil))
+    }
+
+    private func broadcast(_ event: StreamEvent) {
+        for (id, listener) in listeners {
+            if let key = event.key, !listener.prefixes.contains(where: { key.hasPrefix($0) }) { continue }
+            if case .dropped = listener.continuation.yield(event) {
+                // The browser reads too slowly: end its stream; it reconnects and resumes
+                // from its last id, missing nothing.
+                counters.overflows += 1
+                detach(id)
+            }
+        }
+    }
+
+    /// The value of every key under `prefix`, for tests and `/readyz`.
+    func value(of key: String) -> JSONValue? { entries[key]?.value }
+}

@@ -1,0 +1,80 @@
+import ArgumentParser
+import BusKit
+import Foundation
+import Gateway
+import Logging
+import ServiceLifecycle
+import SwitchboardConfig
+import ZeroMQ
+
+struct GatewayCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "gateway",
+        abstract: "Serve the bus over HTTP: JSON-RPC, state as Server-Sent Events, metrics, health and the apps' page.",
+        discussion: """
+            POST /rpc/SERVICE    a JSON-RPC 2.0 request or batch; the HTTP status follows the error
+            GET  /events?prefix=P   the state under P: snapshot, synced, then changes (resumable)
+            GET  /metrics  /healthz  /readyz
+            GET  /         the five apps' page
+
+            With CURVE on, callers send Authorization: Bearer TOKEN (gateway.tokens, or the
+            token `switchboard up` writes to data/keys/gateway.token). Examples:
+              switchboard gateway
+              switchboard gateway --listen 127.0.0.1:9090
+            """
+    )
+
+    @OptionGroup var common: CommonOptions
+    @Option(help: "Where to listen, HOST:PORT (default: gateway.listen, 127.0.0.1:8080).")
+    var listen: String?
+
+    func run() async throws {
+        var file = try common.loadConfig()
+        common.bootstrap(file)
+        let logger = Logger(label: "switchboard.gateway")
+        if let listen {
+            var override = file
+            do {
+                override = try ConfigFile.parse("", environment: [ConfigFile.variable(for: "gateway.listen"): listen])
+            } catch {
+                FileHandle.standardError.write(Data("switchboard: --listen: \(error)\n".utf8))
+                throw ExitCode(64)
+            }
+            file.gateway.host = override.gateway.host
+            file.gateway.port = override.gateway.port
+        }
+        let kernel = file.kernel
+        let options = try Self.options(file, common: common, logger: logger,
+                                       brokers: [UpCommand.connectable(kernel.brokerEndpoint)],
+                                       state: StateEndpoints(snapshot: UpCommand.connectable(kernel.snapshotEndpoint),
+                                                             publisher: UpCommand.connectable(kernel.publisherEndpoint),
+                                                             collector: UpCommand.connectable(kernel.collectorEndpoint)))
+        let gateway = Gateway(options: options, logger: logger)
+        let group = ServiceGroup(services: [gateway], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        try await group.run()
+    }
+
+    /// The gateway's options from the configuration. Tokens: `gateway.tokens`; when none
+    /// are configured and CURVE is on, the one in the key folder (which `switchboard up`
+    /// writes), allowed every service and the kernel's writable prefixes: CURVE keeps
+    /// strangers off the bus, so the gateway must not let them in over HTTP.
+    static func options(_ file: ConfigFile, common: CommonOptions, logger: Logger, brokers: [String], state: StateEndpoints,
+                        context: ZMQContext? = nil) throws -> Gateway.Options {
+        var settings = file.gateway
+        if settings.tokens.isEmpty {
+            if file.security.isOn() {
+                guard let token = file.security.keyFolder.gatewayToken(), !token.isEmpty else {
+                    FileHandle.standardError.write(Data("switchboard: gateway: with CURVE on, HTTP callers need a token: configure gateway.tokens, or let `switchboard up` write \(file.security.keyFolder.gatewayTokenFile.path)\n".utf8))
+                    throw ExitCode(78)
+                }
+                settings.tokens = [GatewayToken(token: token, services: ["*"], writablePrefixes: file.kernel.collectorWritablePrefixes)]
+            } else {
+                logger.warning("no gateway.tokens: anyone who reaches \(settings.host):\(settings.port) may call every service")
+            }
+        }
+        let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.gateway) }
+        return Gateway.Options(settings: settings, brokers: brokers, state: state, curve: curve,
+                               services: ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true },
+                               maxMessageSize: file.kernel.maxMessageSize, context: context)
+    }
+}

@@ -1,0 +1,318 @@
+import AsyncHTTPClient
+import BusKit
+import BusProtocol
+import EchoService
+import Foundation
+import Gateway
+import NIOCore
+import NIOHTTP1
+import SwitchboardConfig
+import SwitchboardTestSupport
+import Testing
+
+/// A kernel, an echo service and a gateway in front of them on a free port.
+struct GatewayBed {
+    static let fullToken = "full-token-0123456789abcdef"
+    static let echoOnlyToken = "echo-token-0123456789abcdef"
+
+    let kernel: TestKernel
+    let host: ServiceHost<EchoService>
+    let gateway: Task<Void, any Error>
+    let port: Int
+    let http: HTTPClient
+    let bus: BusClient
+
+    static func start(_ configure: (inout GatewaySettings) -> Void = { _ in }) async throws -> GatewayBed {
+        let kernel = try await TestKernel.start {
+            fastHeartbeats(&$0)
+            $0.queueTimeout = .milliseconds(300)
+        }
+        let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: 2,
+                                                       heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                       heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+        let host = try ServiceHost(service: EchoService(instance: "echo"), options: options)
+        try await host.start()
+        var settings = GatewaySettings()
+        settings.port = 0
+        settings.maxBodyBytes = 4_096
+        settings.prefixes = ["/client/", "/store/"]
+        settings.tokens = [GatewayToken(token: fullToken, services: ["*"], writablePrefixes: ["/client/"]),
+                           GatewayToken(token: echoOnlyToken, services: ["echo"])]
+        configure(&settings)
+        let gateway = Gateway(options: .init(settings: settings, brokers: [kernel.endpoints.broker],
+                                             state: StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
+                                                                   collector: kernel.endpoints.collector),
+                                             curve: nil, services: ["echo"]))
+        let (ports, portSink) = AsyncStream<Int>.makeStream()
+        let task = Task { try await gateway.serve(onListening: { portSink.yield($0) }) }
+        let port = try await within(20, "the gateway listens") { () -> Int in
+            for await port in ports { return port }
+            throw CancellationError()
+        }
+        return GatewayBed(kernel: kernel, host: host, gateway: task, port: port, http: HTTPClient(eventLoopGroupProvider: .singleton),
+                          bus: try await BusClient(brokers: [kernel.endpoints.broker]))
+    }
+
+    /// Runs `body` against a new bed, and stops it however `body` ends.
+    static func with(_ configure: (inout GatewaySettings) -> Void = { _ in }, _ body: (GatewayBed) async throws -> Void) async throws {
+        let bed = try await start(configure)
+        do {
+            try await body(bed)
+        } catch {
+            await bed.stop()
+            throw error
+        }
+        await bed.stop()
+    }
+
+    func stop() async {
+        gateway.cancel()
+        _ = try? await gateway.value
+        try? await http.shutdown()
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    var base: String { "http://127.0.0.1:\(port)" }
+
+    /// POSTs `body` to /rpc/`service`; the status and the JSON answer (nil: no body).
+    func rpc(_ service: String, _ body: String, token: String? = fullToken) async throws -> (status: UInt, json: JSONValue?) {
+        var request = HTTPClientRequest(url: "\(base)/rpc/\(service)")
+        request.method = .POST
+        if let token { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
+        request.body = .bytes(ByteBuffer(string: body))
+        let response = try await http.execute(request, timeout: .seconds(10))
+        let bytes = try await response.body.collect(upTo: 1 << 20)
+        let json: JSONValue? = bytes.readableBytes == 0 ? Optional.none : try JSONValue(parsing: Array(bytes.readableBytesView))
+        return (response.status.code, json)
+    }
+
+    func get(_ path: String, token: String? = fullToken) async throws -> (status: UInt, text: String) {
+        var request = HTTPClientRequest(url: "\(base)\(path)")
+        if let token { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
+        let response = try await http.execute(request, timeout: .seconds(10))
+        let bytes = try await response.body.collect(upTo: 1 << 22)
+        return (response.status.code, String(buffer: bytes))
+    }
+
+    /// Opens /events; the events as they come.
+    func events(_ query: String, lastEventID: String? = nil) async throws -> EventStream {
+        var request = HTTPClientRequest(url: "\(base)/events?\(query)")
+        request.headers.add(name: "Authorization", value: "Bearer \(Self.fullToken)")
+        if let lastEventID { request.headers.add(name: "Last-Event-ID", value: lastEventID) }
+        let response = try await http.execute(request, timeout: .seconds(60))
+        #expect(response.status == .ok)
+        #expect(response.headers.first(name: "Content-Type") == "text/event-stream")
+        return EventStream(body: response.body)
+    }
+}
+
+/// One Server-Sent Event as a client reads it.
+struct SSE: Sendable, Equatable {
+    var event: String?
+    var id: String?
+    var data: String
+}
+
+/// One open event stream, read as the EventSource specification says: fields up to a
+/// blank line make an event; comment lines (starting with ':') are skipped. (mattt/EventSource
+/// 1.1.1, the mirror's SSE client, does not build on Linux: it needs URLSession.bytes.)
+final class EventStream: @unchecked Sendable {
+    private var chunks: HTTPClientResponse.Body.AsyncIterator
+    private var pending: [UInt8] = []
+
+    init(body: HTTPClientResponse.Body) {
+        chunks = body.makeAsyncIterator()
+    }
+
+    private func line() async throws -> String? {
+        while true {
+            if let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                let line = String(decoding: pending[..<newline], as: UTF8.self)
+                pending.removeSubrange(...newline)
+                return line.hasSuffix("\r") ? String(line.dropLast()) : line
+            }
+            guard let chunk = try await chunks.next() else { return nil }
+            pending += chunk.readableBytesView
+        }
+    }
+
+    /// The next event (nil: the stream ended).
+    func next(within seconds: Double = 10) async throws -> SSE? {
+        try await within(seconds, "an event") { [self] in
+            var event = SSE(event: nil, id: nil, data: "")
+            var fields = 0
+            while let line = try await line() {
+                if line.isEmpty {
+                    if fields > 0 { return event }
+                    continue
+                }
+                if line.hasPrefix(":") { continue }
+                let (name, value) = line.firstIndex(of: ":").map { (String(line[..<$0]), String(line[line.index(after: $0)...].drop { $0 == " " })) } ?? (line, "")
+                fields += 1
+                switch name {
+                case "event": event.event = value
+                case "id": event.id = value
+                case "data": event.data += event.data.isEmpty ? value : "\n" + value
+                default: fields -= 1
+                }
+            }
+            return nil
+        }
+    }
+
+    /// Events up to and including the first named `name`.
+    func until(_ name: String, within seconds: Double = 10) async throws -> [SSE] {
+        var events: [SSE] = []
+        while let event = try await next(within: seconds) {
+            events.append(event)
+            if event.event == name { return events }
+        }
+        Issue.record("the stream ended before a \(name) event")
+        return events
+    }
+}
+
+extension SSE {
+    var json: JSONValue? { try? JSONValue(parsing: Array(data.utf8)) }
+}
+
+@Suite("Gateway: the bus over HTTP")
+struct GatewayTests {
+    @Test("POST /rpc: results, and the HTTP status of each error")
+    func rpcStatuses() async throws {
+        try await GatewayBed.with { bed in
+            let ok = try await bed.rpc("echo", #"{"jsonrpc":"2.0","id":7,"method":"echo","params":{"say":"hi"}}"#)
+            #expect(ok.status == 200 && ok.json?["id"] == 7 && ok.json?["result"]?["say"] == "hi")
+            let missing = try await bed.rpc("echo", #"{"jsonrpc":"2.0","id":1,"method":"nope"}"#)
+            #expect(missing.status == 404 && missing.json?["error"]?["code"] == -32601)
+            let wrongType = try await bed.rpc("echo", #"{"jsonrpc":"2.0","id":1,"method":"sleep","params":{"ms":"long"}}"#)
+            #expect(wrongType.status == 400 && wrongType.json?["error"]?["code"] == -32602)
+            let malformed = try await bed.rpc("echo", #"{"jsonrpc":"2.0","id":1,"#)
+            #expect(malformed.status == 400 && malformed.json?["error"]?["code"] == -32700)
+            let noWorker = try await bed.rpc("nobody", #"{"jsonrpc":"2.0","id":1,"method":"x"}"#)
+            #expect(noWorker.status == 503 && noWorker.json?["error"]?["code"] == -32001)
+            let padding = String(repeating: "x", count: 5_000)
+            let tooBig = try await bed.rpc("echo", #"{"jsonrpc":"2.0","id":1,"method":"echo","params":{"pad":""# + padding + #""}}"#)
+            #expect(tooBig.status == 413 && tooBig.json?["error"]?["code"] == -32010)
+            let badName = try await bed.rpc(String(repeating: "n", count: 256), #"{"jsonrpc":"2.0","id":1,"method":"x"}"#)
+            #expect(badName.status == 400 && badName.json?["error"]?["code"] == -32600)
+
+            // A batch: one answer per request with an id, in order; a notification gets none.
+            let batch = try await bed.rpc("echo", #"[{"jsonrpc":"2.0","id":1,"method":"whoami"},{"jsonrpc":"2.0","method":"whoami"},{"jsonrpc":"2.0","id":2,"method":"nope"},5]"#)
+            #expect(batch.status == 200)
+            let answers = batch.json?.arrayValue ?? []
+            #expect(answers.count == 3)
+            #expect(answers.first?["result"] == "echo" && answers.dropFirst().first?["error"]?["code"] == -32601)
+            #expect(answers.last?["error"]?["code"] == -32600)
+            let onlyNotification = try await bed.rpc("echo", #"{"jsonrpc":"2.0","method":"whoami"}"#)
+            #expect(onlyNotification.status == 204 && onlyNotification.json.map { _ in false } ?? true, "no body")
+        }
+    }
+
+    @Test("tokens: none is 401, a service or key outside the token's grant is 403")
+    func tokens() async throws {
+        try await GatewayBed.with { bed in
+            let ping = #"{"jsonrpc":"2.0","id":1,"method":"ping"}"#
+            let anonymous = try await bed.rpc("kernel", ping, token: nil)
+            #expect(anonymous.status == 401 && anonymous.json?["error"]?["code"] == -32011)
+            #expect(try await bed.rpc("kernel", ping, token: "not-a-token-at-all-really").status == 401)
+            let echoOnly = try await bed.rpc("kernel", ping, token: GatewayBed.echoOnlyToken)
+            #expect(echoOnly.status == 403 && echoOnly.json?["error"]?["code"] == -32011)
+            #expect(try await bed.rpc("echo", #"{"jsonrpc":"2.0","id":1,"method":"whoami"}"#, token: GatewayBed.echoOnlyToken).status == 200)
+            let outside = try await bed.rpc("kernel", #"{"jsonrpc":"2.0","id":1,"method":"state.set","params":{"key":"/store/x","value":1}}"#)
+            #expect(outside.status == 403)
+            let inside = try await bed.rpc("kernel", #"{"jsonrpc":"2.0","id":1,"method":"state.set","params":{"key":"/client/x","value":1}}"#)
+            #expect(inside.status == 200 && inside.json?["result"]?["sequence"]?.intValue != nil)
+            #expect(try await bed.get("/events", token: nil).status == 401)
+            #expect(try await bed.get("/metrics", token: nil).status == 401)
+            // Health is for probes: no token.
+            #expect(try await bed.get("/healthz", token: nil).status == 200)
+        }
+    }
+
+    @Test("GET /events: snapshot in sequence order, synced, live; a resume gets exactly the changes since, deletions included")
+    func eventsAndResume() async throws {
+        try await GatewayBed.with { bed in
+            let publisher = StatePublisher(client: bed.bus)
+            for key in ["b", "a", "c"] { try await publisher.set("/client/t/\(key)", ["v": 1]) }
+            let before = try await publisher.set("/client/other", ["v": 1])
+
+            // Opened once the gateway has every write (it follows the kernel a moment behind).
+            var events: [SSE] = []
+            var first = try await bed.events("prefix=/client/")
+            while true {
+                events = try await first.until("synced")
+                if let synced = events.last?.id.flatMap(UInt64.init), synced >= before { break }
+                first = try await bed.events("prefix=/client/t/")
+            }
+            first = try await bed.events("prefix=/client/t/")
+            events = try await first.until("synced")
+            let snapshot = events.filter { $0.event == "snapshot" }
+            #expect(snapshot.count == 3)
+            let ids = snapshot.compactMap { $0.id.flatMap(UInt64.init) }
+            #expect(ids == ids.sorted(), "the snapshot comes in sequence order")
+            #expect(!events.contains { $0.json?["key"] == "/client/other" }, "only the prefix asked for")
+
+            // A live change arrives with its sequence as id.
+            let sequence = try await publisher.set("/client/t/a", ["v": 2])
+            let live = try #require(try await first.next())
+            #expect(live.event == "update" && live.id == String(sequence) && live.json?["value"]?["v"] == 2)
+            let lastID = try #require(live.id)
+
+            // The browser goes (this stream is read no more); meanwhile a change, a deletion
+            // and a new key; then it comes back with its last id.
+            let changed = try await publisher.set("/client/t/b", ["v": 3])
+            let deleted = try await publisher.set("/client/t/c", nil)
+            let added = try await publisher.set("/client/t/d", ["v": 1])
+            try await publisher.set("/client/other", ["v": 2])
+            let resumed = try await bed.events("prefix=/client/t/", lastEventID: lastID)
+            // The gateway may learn of the last writes after the stream opens: read until the
+            // last one is in.
+            var caughtUp: [SSE] = []
+            while caughtUp.last?.id != String(added) { caughtUp.append(try #require(try await resumed.next())) }
+            let updates = caughtUp.filter { $0.event != "synced" }
+            #expect(updates.allSatisfy { $0.event == "update" }, "exactly what changed, no snapshot")
+            #expect(updates.map(\.id) == [changed, deleted, added].map { String($0) })
+            #expect(updates.count == 3 && updates[1].json?["key"] == "/client/t/c" && updates[1].json?["value"] == .null)
+            if !caughtUp.contains(where: { $0.event == "synced" }) { caughtUp += try await resumed.until("synced") }
+            #expect(caughtUp.filter { $0.event != "synced" } == updates, "nothing more")
+
+            // Too old to know what changed since: a reset, then a fresh snapshot.
+            let reset = try await bed.events("prefix=/client/t/&since=5")
+            let fresh = try await reset.until("synced")
+            #expect(fresh.first?.event == "reset")
+            #expect(Set(fresh.filter { $0.event == "snapshot" }.compactMap { $0.json?["key"]?.stringValue }) == ["/client/t/a", "/client/t/b", "/client/t/d"])
+
+            // A prefix the gateway does not follow is refused.
+            #expect(try await bed.get("/events?prefix=/catalog/").status == 400)
+            let metrics = try await bed.get("/metrics").text
+            #expect(metrics.contains("switchboard_gateway_resumes_total 1"))
+            #expect(metrics.contains("switchboard_gateway_resets_total 1"))
+            #expect(metrics.contains("switchboard_requests_total"), "the kernel's own metrics too")
+        }
+    }
+
+    @Test("readiness follows the services; the page is served; shutdown ends open streams")
+    func healthPageAndShutdown() async throws {
+        try await GatewayBed.with { bed in
+            #expect(try await bed.get("/readyz").status == 200)
+            await bed.host.stop()
+            try await eventually(15, "not ready without echo") { try await bed.get("/readyz").status == 503 }
+            let page = try await bed.get("/", token: nil)
+            #expect(page.status == 200 && page.text.lowercased().contains("<!doctype html"))
+            #expect(try await bed.get("/nothing-here", token: nil).status == 404)
+
+            let stream = try await bed.events("prefix=/client/")
+            _ = try await stream.until("synced")
+            bed.gateway.cancel()
+            // It ends: cleanly, or cut (either way, not left hanging).
+            do {
+                #expect(try await stream.next(within: 15) == nil, "the stream ends when the gateway stops")
+            } catch is TimedOut {
+                Issue.record("the stream did not end when the gateway stopped")
+            } catch {}
+        }
+    }
+}
