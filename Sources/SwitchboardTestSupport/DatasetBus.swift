@@ -138,7 +138,8 @@ public func writeBusConfiguration(in folder: URL, logLevel: String = "info", hea
                                   services: String, supervisor: String, security: String? = nil,
                                   extra: String = "") throws -> (config: URL, ports: [Int]) {
     let files = try writeBundledCopies(to: folder)
-    let ports = (0..<4).map { _ in freePort() }
+    // The kernel's four endpoints, then the gateway's.
+    let ports = (0..<5).map { _ in freePort() }
     let datasets = Dataset.allCases.map { dataset in
         "    \(dataset.rawValue): {url: \"\(files[dataset]!.absoluteString)\", refresh_seconds: 3600}"
     }.joined(separator: "\n")
@@ -160,6 +161,8 @@ public func writeBusConfiguration(in folder: URL, logLevel: String = "info", hea
         \(datasets)
         supervisor:
           \(supervisor)
+        gateway:
+          listen: 127.0.0.1:\(ports[4])
         security:
           \(security ?? "keys_dir: \(busKeyFolder(in: folder).path)")
         \(extra)

@@ -170,7 +170,7 @@ public final class ChildProcess: @unchecked Sendable {
     public init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil) throws {
         process = Process()
         process.executableURL = executable
-        let watchesLifeline = executable.lastPathComponent == "switchboard" && ["up", "kernel", "serve"].contains(arguments.first ?? "")
+        let watchesLifeline = executable.lastPathComponent == "switchboard" && ["up", "kernel", "serve", "gateway"].contains(arguments.first ?? "")
         process.arguments = arguments + (watchesLifeline ? ["--lifeline-fd", "0"] : [])
         process.standardInput = lifeline
         if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }

@@ -114,7 +114,8 @@ struct UpCommand: AsyncParsableCommand {
             executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path,
             kernel: noKernel ? nil : .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
             services: services.map { .init(name: $0, arguments: ["serve", $0] + shared, workers: file.services[$0]!.workers) }
-                + (file.gateway.enabled ? [.init(name: "gateway", arguments: ["gateway"] + shared, workers: 0,
+                // The gateway runs beside the kernel, not on a services-only machine.
+                + (file.gateway.enabled && !noKernel ? [.init(name: "gateway", arguments: ["gateway"] + shared, workers: 0,
                                                  listensAt: (file.gateway.host, file.gateway.port))] : []),
             settings: file.supervisor, probe: probe, logger: logger)
         let signals = Signals.forward { _ in Task { await supervisor.requestShutdown() } }
@@ -186,7 +187,7 @@ struct UpCommand: AsyncParsableCommand {
             let padded = name.padding(toLength: 8, withPad: " ", startingAt: 0)
             lines.append("  \(padded) \(workers) worker\(workers == 1 ? "" : "s")\(pid[name].map { ", pid \($0)" } ?? "")")
         }
-        if file.gateway.enabled {
+        if file.gateway.enabled && !remoteKernel {
             let gateway = file.gateway
             let host = gateway.host == "0.0.0.0" ? "127.0.0.1" : gateway.host.contains(":") ? "[\(gateway.host)]" : gateway.host
             let token = gateway.tokens.first?.token ?? (file.security.isOn() ? file.security.keyFolder.gatewayToken() : nil)

@@ -56,7 +56,7 @@ struct UpTests {
         let banner = try await up.waitForOutput(containing: "Switchboard is up", within: 120)
         try await up.waitForOutput(containing: "Stop with Ctrl-C")
         let pids = bannerPids(up.outputSoFar)
-        #expect(Set(pids.keys) == ["kernel", "echo", "store", "fetcher", "search", "pricing"], "\(banner)")
+        #expect(Set(pids.keys) == ["kernel", "echo", "store", "fetcher", "search", "pricing", "gateway"], "\(banner)")
         #expect(up.outputSoFar.contains("Connect with: export SB_ENDPOINT=\(broker) "))
         #expect(up.outputSoFar.contains(" SB_KEY_DIR=\(busKeyFolder(in: folder).path); sb services"))
 
@@ -118,7 +118,7 @@ struct UpTests {
         defer { up.stop() }
         try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 60)
         let pids = bannerPids(up.outputSoFar)
-        #expect(Set(pids.keys) == ["kernel", "echo"])
+        #expect(Set(pids.keys) == ["kernel", "echo", "gateway"])
         up.signal(SIGKILL)
         _ = await up.exit(within: 10)
         try await eventually(20, "the kernel and echo ended") { pids.values.allSatisfy { !isAlive($0) } }

@@ -1,0 +1,239 @@
+// The five apps over the Switchboard gateway: JSON-RPC through POST /rpc/SERVICE, live
+// state through one EventSource on /events. Plain browser JavaScript, no build step.
+"use strict";
+
+// The token comes once in the address (#token=...), as `switchboard up` prints it, and is
+// kept for this tab only.
+const tokenFromAddress = new URLSearchParams(location.hash.slice(1)).get("token");
+if (tokenFromAddress) {
+  sessionStorage.setItem("switchboard-token", tokenFromAddress);
+  history.replaceState(null, "", location.pathname + location.search);
+}
+let token = sessionStorage.getItem("switchboard-token") || "";
+
+const $ = (id) => document.getElementById(id);
+
+/** An element with properties and children (text is always set as text, never as HTML). */
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(props)) {
+    if (name === "on") for (const [event, handler] of Object.entries(value)) node.addEventListener(event, handler);
+    else if (name in node) node[name] = value;
+    else node.setAttribute(name, value);
+  }
+  for (const child of children.flat()) {
+    if (child !== null && child !== undefined) node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message;
+  box.classList.remove("hidden");
+  clearTimeout(showError.timer);
+  showError.timer = setTimeout(() => box.classList.add("hidden"), 6000);
+}
+
+let nextId = 1;
+/** Calls METHOD on SERVICE; resolves to the result, rejects with the JSON-RPC error. */
+async function call(service, method, params = {}) {
+  const response = await fetch(`/rpc/${encodeURIComponent(service)}`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...(token ? { Authorization: `Bearer ${token}` } : {}) },
+    body: JSON.stringify({ jsonrpc: "2.0", id: nextId++, method, params }),
+  });
+  if (response.status === 401) askForToken();
+  const answer = await response.json().catch(() => ({ error: { message: `HTTP ${response.status}` } }));
+  if (answer.error) {
+    const error = new Error(`${service} ${method}: ${answer.error.message}`);
+    error.code = answer.error.code;
+    throw error;
+  }
+  return answer.result;
+}
+
+/** Runs an action, showing its failure instead of losing it. */
+const guarded = (action) => async (event) => {
+  if (event) event.preventDefault();
+  try { await action(event); } catch (error) { showError(error.message); }
+};
+
+function askForToken() {
+  $("token-needed").classList.remove("hidden");
+}
+$("token-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  token = $("token-input").value.trim();
+  sessionStorage.setItem("switchboard-token", token);
+  location.reload();
+});
+
+// MARK: Live state: one stream for every view.
+
+const state = new Map();           // key -> value, as the stream says
+const watchers = [];               // [prefix, render]
+const watch = (prefix, render) => watchers.push([prefix, render]);
+
+function setStatus(text) {
+  const status = $("status");
+  status.textContent = text;
+  status.className = `status ${text}`;
+}
+
+function changed(key) {
+  for (const [prefix, render] of watchers) if (key.startsWith(prefix)) render();
+}
+
+function connect() {
+  const query = new URLSearchParams();
+  for (const prefix of ["/pricing/", "/store/"]) query.append("prefix", prefix);
+  if (token) query.append("access_token", token);
+  const stream = new EventSource(`/events?${query}`);
+  let everSynced = false;
+  const apply = (event) => {
+    const { key, value } = JSON.parse(event.data);
+    if (value === null) state.delete(key); else state.set(key, value);
+    changed(key);
+  };
+  stream.addEventListener("snapshot", apply);
+  stream.addEventListener("update", apply);
+  stream.addEventListener("reset", () => {
+    // What changed since our last event is not known: the snapshot that follows replaces all.
+    const keys = [...state.keys()];
+    state.clear();
+    keys.forEach(changed);
+  });
+  stream.addEventListener("synced", () => {
+    setStatus(everSynced ? "resynced" : "live");
+    if (everSynced) setTimeout(() => $("status").textContent === "resynced" && setStatus("live"), 3000);
+    everSynced = true;
+  });
+  stream.addEventListener("missed", () => setStatus("reconnecting"));
+  stream.addEventListener("resynced", () => {
+    setStatus("resynced");
+    setTimeout(() => $("status").textContent === "resynced" && setStatus("live"), 3000);
+  });
+  // The browser reconnects by itself, sending Last-Event-ID: the gateway resumes from it.
+  stream.onerror = () => setStatus("reconnecting");
+}
+
+// MARK: Countries
+
+function dealLine(deal) {
+  return [el("strong", {}, deal.title), " ", deal.message];
+}
+
+$("country-form").addEventListener("submit", guarded(async () => {
+  const result = await call("search", "countries.search", { query: $("country-query").value });
+  $("country-count").textContent = `${result.total} ${result.total === 1 ? "country" : "countries"}`;
+  $("country-results").replaceChildren(...result.countries.map((country) =>
+    el("li", {}, el("strong", {}, country.name), ` — capital ${country.capital || "none"}, ${country.regionName || country.region || ""}`,
+       country.currency ? `, ${country.currency.name}` : "")));
+}));
+$("rollback").addEventListener("click", guarded(async () => {
+  const deal = await call("pricing", "deals.rollback");
+  $("rollback-deal").replaceChildren(...dealLine(deal));
+}));
+watch("/pricing/deal/today", () => {
+  const deal = state.get("/pricing/deal/today");
+  $("deal-today").replaceChildren(...(deal ? dealLine(deal) : []));
+});
+
+// MARK: Places
+
+$("place-form").addEventListener("submit", guarded(async () => {
+  const place = await call("search", "locations.resolve", { query: $("place-query").value });
+  $("place-result").replaceChildren(el("p", {},
+    el("strong", {}, place.label), ` at ${place.latitude}, ${place.longitude} `,
+    el("a", { href: place.webLink, target: "_blank", rel: "noopener" }, "Wikipedia Places"), " · ",
+    el("a", { href: place.deepLink }, "in the app"),
+    place.nearest ? ` · nearest known place: ${place.nearest.label} (${place.nearest.distanceKm} km)` : ""));
+}));
+$("history-clear").addEventListener("click", guarded(() => call("store", "history.clear")));
+watch("/store/history", () => {
+  const history = state.get("/store/history");
+  $("history").replaceChildren(...(history ? history.entries : []).map((entry) =>
+    el("li", {}, el("a", { href: "#places", on: { click: () => { $("place-query").value = entry.text; } } }, entry.text))));
+});
+
+// MARK: Hiring
+
+$("items-load").addEventListener("click", guarded(async () => {
+  const result = await call("search", "items.grouped");
+  const total = result.groups.reduce((sum, group) => sum + group.count, 0);
+  $("items-summary").textContent = `${total} items in ${result.groups.length} lists (${result.dropped} without a name left out)`;
+  $("items").replaceChildren(...result.groups.map((group) =>
+    el("details", {}, el("summary", {}, `List ${group.listId} (${group.count})`),
+       el("ul", { className: "list" }, group.items.map((item) => el("li", {}, item.name))))));
+}));
+
+// MARK: News
+
+async function loadSources() {
+  const result = await call("search", "sources.list");
+  const selected = new Set(result.selected);
+  $("sources").replaceChildren(...result.sources.map((source) =>
+    el("label", {}, el("input", { type: "checkbox", value: source.id, checked: selected.has(source.id) }), ` ${source.name}`)));
+}
+
+async function loadHeadlines() {
+  const result = await call("search", "headlines.list");
+  $("headlines-status").textContent = result.message || `${result.total} headlines`;
+  $("headlines").replaceChildren(...result.articles.map((article) =>
+    el("li", {}, el("a", { href: article.url, target: "_blank", rel: "noopener" }, article.title), ` (${article.source.name}) `,
+       el("button", { type: "button", on: { click: guarded(() => call("store", "articles.save", { article })) } }, "Save"))));
+}
+
+$("sources-form").addEventListener("submit", guarded(async () => {
+  const ids = [...$("sources").querySelectorAll("input:checked")].map((box) => box.value);
+  await call("store", "sources.select", { ids });
+}));
+watch("/store/sources/selected", guarded(loadHeadlines));
+watch("/store/articles/", () => {
+  const saved = [...state.entries()].filter(([key]) => key.startsWith("/store/articles/")).map(([, value]) => value)
+    .sort((a, b) => (b.savedAt || "").localeCompare(a.savedAt || ""));
+  $("saved").replaceChildren(...saved.map((entry) => {
+    const article = entry.article || entry;
+    return el("li", {}, el("a", { href: entry.url, target: "_blank", rel: "noopener" }, article.title || entry.url), " ",
+              el("button", { type: "button", on: { click: guarded(() => call("store", "articles.delete", { url: entry.url })) } }, "Delete"));
+  }));
+});
+
+// MARK: Flights
+
+const money = (price) => (price ? `${price.amount} ${price.currency}` : "—");
+
+async function loadFlights() {
+  const [outbound, inbound] = await Promise.all([
+    call("search", "flights.list", { direction: "outbound" }), call("search", "flights.list", { direction: "inbound" })]);
+  const option = (flight) => el("option", { value: flight.id, "data-from": flight.departureAirportCode, "data-to": flight.arrivalAirportCode },
+    `${flight.departureAirportCode}→${flight.arrivalAirportCode} ${flight.airline ? flight.airline.name : flight.airlineId} ${money(flight.price)}`);
+  $("outbound-select").replaceChildren(...outbound.outbound.map(option));
+  $("inbound-select").replaceChildren(el("option", { value: "" }, "(none)"), ...inbound.inbound.map(option));
+  showRoute();
+}
+
+$("route-form").addEventListener("submit", guarded(async () => {
+  const inbound = $("inbound-select").value;
+  await call("pricing", "route.select", { outboundId: Number($("outbound-select").value), ...(inbound ? { inboundId: Number(inbound) } : {}) });
+}));
+
+function showRoute() {
+  const route = state.get("/pricing/route/current");
+  if (!route) return;
+  const leg = (flight) => (flight ? `${flight.departureAirportCode}→${flight.arrivalAirportCode} (${flight.airline}, ${money(flight.price)})` : "none");
+  $("route-summary").textContent = `out ${leg(route.outbound)}, back ${leg(route.inbound)}`;
+  $("route-price").textContent = money(route.total);
+  // Which route the price is for, for scripts and tests.
+  $("route").dataset.route = `${route.outboundId || ""}/${route.inboundId || ""}`;
+  $("route-status").textContent = route.message || route.status || "";
+  if (route.outboundId) $("outbound-select").value = route.outboundId;
+  $("inbound-select").value = route.inboundId || "";
+}
+watch("/pricing/route/current", showRoute);
+
+// MARK: Start
+
+connect();
+for (const load of [loadSources, loadFlights]) guarded(load)();

@@ -1,0 +1,85 @@
+import BusKit
+import BusProtocol
+import Foundation
+import SwitchboardTestSupport
+import Testing
+
+/// Drives a page in headless Chromium (Tests/Browser/drive_page.py, the DevTools protocol
+/// over a pipe).
+let pageDriver = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    .appendingPathComponent("Browser/drive_page.py")
+let chromium = "/usr/bin/chromium"
+
+@Suite("The apps' page in a real browser", .serialized)
+struct BrowserTests {
+    @Test("the page searches \"par\", selects a route and sees its price arrive; after kill -9 of the gateway, up restarts it and the page resumes",
+          .enabled(if: FileManager.default.isExecutableFile(atPath: chromium), "skipped: no \(chromium) (Scripts/bootstrap installs it)"))
+    func pageInChromium() async throws {
+        let folder = try temporaryDirectory("browser")
+        let (config, broker) = try writeDeploymentConfig(in: folder)
+        let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
+        defer { up.stop(grace: 15) }
+        let banner = try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 120)
+        let gatewayLine = try #require(banner.split(separator: "\n").first { $0.hasPrefix("  gateway ") }, "\(banner)")
+        let url = try #require(gatewayLine.split(separator: " ").first { $0.hasPrefix("http://") }.map { String($0.dropLast($0.hasSuffix(",") ? 1 : 0)) })
+        #expect(url.contains("#token="), "the banner's address carries the token")
+        let gatewayPid = try #require(bannerPids(banner)["gateway"])
+
+        let select = """
+            const out = document.getElementById('outbound-select'), inb = document.getElementById('inbound-select');
+            const before = out.value + '/' + inb.value;
+            const pairs = [];
+            for (const o of out.options) for (const i of inb.options)
+              if (i.value && i.dataset.from === o.dataset.to && i.dataset.to === o.dataset.from && (o.value + '/' + i.value) !== before) pairs.push([o.value, i.value]);
+            if (!pairs.length) throw new Error('no other round trip to choose');
+            const [o, i] = pairs[PICK];
+            out.value = o; inb.value = i;
+            document.getElementById('route-form').requestSubmit();
+            // The price shown comes from the /pricing/route/current event, not the reply.
+            return await waitFor(() => {
+              const price = document.getElementById('route-price').textContent;
+              return document.getElementById('route').dataset.route === o + '/' + i && /^[0-9.]+ EUR$/.test(price) && (o + '/' + i + ' ' + price);
+            }, 'the price of the chosen route');
+            """
+        let steps: [[String: Any]] = [
+            ["name": "the live stream", "js": "return await waitFor(() => document.getElementById('status').textContent === 'live' && 'live', 'live');"],
+            ["name": "search par", "js": """
+                document.getElementById('country-query').value = 'par';
+                document.getElementById('country-form').requestSubmit();
+                return await waitFor(() => {
+                  const items = [...document.querySelectorAll('#country-results li')].map((li) => li.textContent);
+                  return items.some((text) => text.startsWith('France')) && items.join(' | ');
+                }, 'France among the results');
+                """],
+            ["name": "the flights and the current route", "js": """
+                return await waitFor(() => document.querySelectorAll('#outbound-select option').length > 1
+                  && document.getElementById('route-summary').textContent !== '…' && document.getElementById('route-summary').textContent, 'flights');
+                """],
+            ["name": "select a route: its price arrives", "js": select.replacingOccurrences(of: "PICK", with: "0")],
+            ["name": "kill -9 the gateway", "run": ["kill", "-9", String(gatewayPid)]],
+            ["name": "the page says it reconnected and resynced", "js": """
+                return await waitFor(() => document.getElementById('status').textContent === 'resynced' && 'resynced', 'resynced', 60000);
+                """],
+            ["name": "after the restart, a route selected again: its price arrives", "js": select.replacingOccurrences(of: "PICK", with: "pairs.length - 1")],
+        ]
+        let stepsFile = folder.appendingPathComponent("steps.json")
+        try JSONSerialization.data(withJSONObject: steps).write(to: stepsFile)
+        let screenshot = folder.appendingPathComponent("page-failure.png")
+        let run = try await runCommand(URL(fileURLWithPath: "/usr/bin/python3"),
+                                       [pageDriver.path, chromium, url, screenshot.path, stepsFile.path], seconds: 240)
+        #expect(run.status == 0, "the page failed a step (screenshot kept at \(screenshot.path)):\n\(run)")
+        let lines = run.stdout.split(separator: "\n").compactMap { try? JSONValue(parsing: Array($0.utf8)) }
+        #expect(lines.filter { $0["ok"] == true }.count == steps.count, "\(run.stdout)")
+
+        // What the page showed last is what the bus holds.
+        let shown = lines.last?["value"]?.stringValue ?? ""
+        let bus = try await BusClient(brokers: [broker], timeout: .seconds(10), curve: try busKeyFolder(in: folder).clientKeys())
+        let current = try await bus.request(service: "pricing", method: "route.current")
+        let total = "\(current["total"]?["amount"]?.stringValue ?? "?") \(current["total"]?["currency"]?.stringValue ?? "?")"
+        #expect(shown.hasSuffix(total), "page: \(shown), bus: \(current)")
+        #expect(up.outputSoFar.contains("gateway (pid \(gatewayPid)) was killed by signal 9"), "up restarted the gateway")
+        await bus.close()
+        up.signal(SIGTERM)
+        #expect(await up.exit(within: 30))
+    }
+}
