@@ -376,10 +376,11 @@ actor SubscriptionCore {
             deliver(.resynced(sequence: snapshotSequence, changed: changed))
         }
         firstSync = false
-        // Updates that arrived during the snapshot: keep those newer than the snapshot
-        // of their own prefix.
+        // Updates that arrived during the snapshot: keep those newer than the snapshot its
+        // key was last read in (with overlapping prefixes, the latest of theirs).
         for entry in pendingLive.sorted(by: { $0.sequence < $1.sequence }) {
-            guard let index = prefixes.firstIndex(where: { entry.key.hasPrefix($0) }), entry.sequence > sequences[index] else { continue }
+            let covered = prefixes.indices.filter { entry.key.hasPrefix(prefixes[$0]) }.map { sequences[$0] }.max()
+            guard let covered, entry.sequence > covered else { continue }
             apply(entry)
         }
         lastSequence = max(lastSequence, snapshotSequence)

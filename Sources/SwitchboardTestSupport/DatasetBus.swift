@@ -176,3 +176,15 @@ public func writeBusConfiguration(in folder: URL, logLevel: String = "info", hea
 public func busKeyFolder(in folder: URL) -> KeyFolder {
     KeyFolder(folder.appendingPathComponent("keys").path)
 }
+
+extension Subscription {
+    /// The next update, past the `synced` marker; nil when the subscription ends or reports
+    /// a gap (which a test of a healthy bus must not see).
+    public func nextUpdate() async throws -> StateUpdate? {
+        while let event = try await next() {
+            if case .synced = event { continue }
+            return event.update
+        }
+        return nil
+    }
+}

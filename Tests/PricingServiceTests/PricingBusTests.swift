@@ -102,20 +102,20 @@ struct PricingBusTests {
         let updates = try await Subscription.open(snapshot: bus.kernel.endpoints.snapshot, publisher: bus.kernel.endpoints.publisher,
                                                   prefixes: ["/pricing/route/current"])
         defer { Task { await updates.cancel() } }
-        let initial = try await within(10, "the current route in the snapshot") { try await updates.next()?.update }
+        let initial = try await within(10, "the current route in the snapshot") { try await updates.nextUpdate() }
         #expect(initial?.json?["total"]?["amount"] == "45.00")
 
         let fixture = [(1, "BCN", "AMS", "15"), (2, "BCN", "AMS", "20"), (3, "GIR", "AMS", "25"), (4, "BCN", "AMS", "30"), (5, "BCN", "ROT", "30"), (6, "GIR", "AMS", "32")]
         try await bus.replaceFlights(flightsFile(outbound: fixture.map { ($0.0, $0.1, $0.2, $0.3) },
                                                  inbound: [(11, "AMS", "BCN", "50"), (12, "AMS", "BCN", "40.10"), (13, "AMS", "GIR", "25"),
                                                            (14, "AMS", "GIR", "30"), (15, "AMS", "BCN", "30")]))
-        let changed = try await within(15, "the re-priced route") { try await updates.next()?.update }
+        let changed = try await within(15, "the re-priced route") { try await updates.nextUpdate() }
         #expect(changed?.json?["total"]?["amount"] == "55.10" && changed?.json?["previousTotal"]?["amount"] == "45.00")
         #expect(try await bus.request("route.current")["total"]?["amount"] == "55.10")
 
         // Inbound 12 is withdrawn: the route is unavailable, said so, and the event carries it.
         try await bus.replaceFlights(flightsFile(outbound: fixture.map { ($0.0, $0.1, $0.2, $0.3) }, inbound: [(11, "AMS", "BCN", "50")]))
-        let gone = try await within(15, "the route without its inbound flight") { try await updates.next()?.update }
+        let gone = try await within(15, "the route without its inbound flight") { try await updates.nextUpdate() }
         #expect(gone?.json?["status"] == "unavailable" && gone?.json?["total"] == .null && gone?.json?["previousTotal"]?["amount"] == "55.10")
         let current = try await bus.request("route.current")
         #expect(current["status"] == "unavailable" && current["message"]?.stringValue?.contains("inbound flight 12 is no longer offered") == true)

@@ -83,10 +83,46 @@ struct ConfigFileTests {
         ("security:\n  secret_key_file: /nonexistent/x.key", "security.secret_key_file: cannot read /nonexistent/x.key"),
         ("security:\n  curve: yes please", #"security.curve: expected true or false"#),
         ("supervisor:\n  restart_limit: 0", "supervisor.restart_limit: expected a positive integer, got 0"),
+        ("gateway:\n  listen: 8080", "gateway.listen: expected HOST:PORT"),
+        ("gateway:\n  listen: 127.0.0.1:99999", "gateway.listen: expected HOST:PORT"),
+        ("gateway:\n  prefixes: []", "gateway.prefixes: expected at least one key prefix"),
+        ("gateway:\n  tokens: [{token: short}]", "gateway.tokens[0]: a token must be at least 16 characters"),
+        ("gateway:\n  tokens: [{services: [search]}]", "gateway.tokens[0]: give token (the text) or token_file"),
+        ("gateway:\n  tokens: [{token: 0123456789abcdef, scope: x}]", "gateway.tokens[0].scope: unknown key"),
+        ("gateway:\n  token_file: x", "gateway.token_file: unknown key"),
     ])
     func rejected(text: String, message: String) {
         let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
         #expect(error?.description.hasPrefix(message) == true, "\(error?.description ?? "-")")
+    }
+
+    @Test("the gateway section")
+    func gateway() throws {
+        let folder = try FileManager.default.url(for: .itemReplacementDirectory, in: .userDomainMask, appropriateFor: URL(fileURLWithPath: "/tmp"), create: true)
+        let tokenFile = folder.appendingPathComponent("ops.token")
+        try "  0123456789abcdef-ops\n".write(to: tokenFile, atomically: true, encoding: .utf8)
+        let file = try ConfigFile.parse("""
+            gateway:
+              listen: "[::1]:9090"
+              max_body_bytes: 2048
+              prefixes: [/pricing/, /store/]
+              heartbeat_seconds: 5
+              tokens:
+                - token: 0123456789abcdef-page
+                  services: [search, pricing]
+                - token_file: \(tokenFile.path)
+                  writable_prefixes: [/client/]
+              cors_origins: [https://apps.example]
+            """)
+        let gateway = file.gateway
+        #expect(gateway.enabled && gateway.host == "::1" && gateway.port == 9090 && gateway.maxBodyBytes == 2048)
+        #expect(gateway.prefixes == ["/pricing/", "/store/"] && gateway.heartbeat == .seconds(5) && gateway.corsOrigins == ["https://apps.example"])
+        #expect(gateway.tokens == [GatewayToken(token: "0123456789abcdef-page", services: ["search", "pricing"]),
+                                   GatewayToken(token: "0123456789abcdef-ops", services: ["*"], writablePrefixes: ["/client/"])])
+        #expect(gateway.tokens[0].allows(service: "search") && !gateway.tokens[0].allows(service: "store") && gateway.tokens[1].allows(service: "store"))
+        let overridden = try ConfigFile.parse("", environment: ["SWITCHBOARD_GATEWAY_ENABLED": "false", "SWITCHBOARD_GATEWAY_LISTEN": "0.0.0.0:80"])
+        #expect(!overridden.gateway.enabled && overridden.gateway.host == "0.0.0.0" && overridden.gateway.port == 80)
+        #expect(try ConfigFile.parse("").gateway == GatewaySettings())
     }
 
     @Test("the services, security and supervisor sections")
