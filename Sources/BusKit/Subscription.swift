@@ -12,6 +12,13 @@ public struct StateUpdate: Sendable, Equatable, CustomStringConvertible {
     /// Whether this entry came from the snapshot rather than a live update.
     public var fromSnapshot: Bool
 
+    public init(key: String, sequence: UInt64, value: Frame, fromSnapshot: Bool) {
+        self.key = key
+        self.sequence = sequence
+        self.value = value
+        self.fromSnapshot = fromSnapshot
+    }
+
     public var isDelete: Bool { value.isEmpty }
     /// The value parsed as JSON, when it is JSON.
     public var json: JSONValue? { value.isEmpty ? nil : try? JSONValue(parsing: value.bytes) }

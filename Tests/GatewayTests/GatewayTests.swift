@@ -294,6 +294,26 @@ struct GatewayTests {
         }
     }
 
+    @Test("CORS: headers for a configured origin only")
+    func cors() async throws {
+        try await GatewayBed.with({ $0.corsOrigins = ["https://apps.example"] }) { bed in
+            for (origin, allowed) in [("https://apps.example", true), ("https://evil.example", false)] {
+                var preflight = HTTPClientRequest(url: "\(bed.base)/rpc/echo")
+                preflight.method = .OPTIONS
+                preflight.headers.add(name: "Origin", value: origin)
+                preflight.headers.add(name: "Access-Control-Request-Method", value: "POST")
+                let response = try await bed.http.execute(preflight, timeout: .seconds(10))
+                #expect(response.headers.first(name: "Access-Control-Allow-Origin") == (allowed ? origin : nil), "\(origin)")
+            }
+        }
+        try await GatewayBed.with { bed in
+            var request = HTTPClientRequest(url: "\(bed.base)/healthz")
+            request.headers.add(name: "Origin", value: "https://apps.example")
+            let response = try await bed.http.execute(request, timeout: .seconds(10))
+            #expect(response.headers.first(name: "Access-Control-Allow-Origin") == nil, "no CORS unless configured")
+        }
+    }
+
     @Test("readiness follows the services; the page is served; shutdown ends open streams")
     func healthPageAndShutdown() async throws {
         try await GatewayBed.with { bed in

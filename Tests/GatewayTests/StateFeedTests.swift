@@ -1,0 +1,74 @@
+import BusKit
+import BusProtocol
+@testable import Gateway
+import Logging
+import Testing
+import ZeroMQ
+
+/// The feed's bookkeeping, driven with the events a subscription delivers.
+@Suite("Gateway: the state feed behind /events")
+struct StateFeedTests {
+    func update(_ key: String, _ sequence: UInt64, _ value: String?, snapshot: Bool = false) -> SubscriptionEvent {
+        .update(StateUpdate(key: key, sequence: sequence, value: value.map { Frame($0) } ?? Frame(), fromSnapshot: snapshot))
+    }
+
+    func drain(_ stream: AsyncStream<StreamEvent>, upTo name: String) async -> [StreamEvent] {
+        var events: [StreamEvent] = []
+        for await event in stream {
+            events.append(event)
+            if event.name == name { break }
+        }
+        return events
+    }
+
+    @Test("a gap in the gateway's own subscription: streams get missed, the repairs, resynced; a resume meanwhile or from before gets a reset")
+    func gapAndRepair() async throws {
+        let feed = StateFeed(prefixes: [""], history: 100, logger: Logger(label: "test"))
+        await feed.receive(update("/a", 5, "1", snapshot: true))
+        await feed.receive(.synced(sequence: 10))
+        await feed.receive(update("/a", 11, "2"))
+        let (_, live) = await feed.attach(prefixes: ["/"], since: nil)
+        #expect(await drain(live, upTo: "synced").map(\.name) == ["snapshot", "synced"])
+
+        await feed.receive(.missed(count: 3, afterSequence: 11, reason: "test"))
+        // Resuming while the feed is repairing: what changed is not known yet.
+        let (_, during) = await feed.attach(prefixes: ["/"], since: 11)
+        #expect(await drain(during, upTo: "synced").first?.name == "reset")
+        await feed.receive(update("/a", 14, "5", snapshot: true))
+        await feed.receive(update("/b", 20, nil, snapshot: true))
+        await feed.receive(.resynced(sequence: 20, changed: 2))
+        let told = await drain(live, upTo: "resynced")
+        #expect(told.map(\.name) == ["missed", "update", "update", "resynced"])
+        #expect(told[1].id == nil, "a repair carries no id: its sequence may be older than one sent")
+        #expect(told.last?.id == 20)
+
+        // From before the gap: a reset and the repaired snapshot. From the resync on: exact.
+        let (_, old) = await feed.attach(prefixes: ["/"], since: 11)
+        let replay = await drain(old, upTo: "synced")
+        #expect(replay.map(\.name) == ["reset", "snapshot", "synced"] && replay[1].data.contains("\"value\":5"))
+        await feed.receive(update("/c", 21, "1"))
+        let (_, fresh) = await feed.attach(prefixes: ["/"], since: 20)
+        #expect(await drain(fresh, upTo: "synced").map(\.id) == [21, 21])
+        let counters = await feed.counters
+        #expect(counters.missed == 1 && counters.resets == 2 && counters.resumes == 1)
+    }
+
+    @Test("the history is bounded: a resume from before it gets a reset; a stream that falls too far behind is cut")
+    func boundedHistoryAndSlowStreams() async throws {
+        let feed = StateFeed(prefixes: [""], history: 3, logger: Logger(label: "test"))
+        await feed.receive(.synced(sequence: 1))
+        for sequence in UInt64(2)...6 { await feed.receive(update("/k", sequence, "\(sequence)")) }
+        let (_, kept) = await feed.attach(prefixes: ["/"], since: 3)
+        #expect(await drain(kept, upTo: "synced").map(\.id) == [4, 5, 6, 6])
+        let (_, lost) = await feed.attach(prefixes: ["/"], since: 2)
+        #expect(await drain(lost, upTo: "synced").first?.name == "reset")
+
+        // A stream nobody reads: cut once it holds its opening plus the backlog.
+        let (_, unread) = await feed.attach(prefixes: ["/"], since: nil)
+        for sequence in UInt64(7)...UInt64(8 + StateFeed.streamBacklog) { await feed.receive(update("/k", sequence, "1")) }
+        #expect(await feed.counters.overflows >= 1)
+        var count = 0
+        for await _ in unread { count += 1 }
+        #expect(count <= 2 + StateFeed.streamBacklog, "the stream ended instead of growing")
+    }
+}
