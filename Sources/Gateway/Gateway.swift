@@ -77,7 +77,16 @@ public struct Gateway: Service {
                 await feed.heartbeat()
             }
         }
+        // Memory back to the system after a burst to slow streams (see HeapTrim).
+        let trimming = Task {
+            var heap = HeapTrim()
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(1))
+                heap.releaseIfWorthIt()
+            }
+        }
         defer {
+            trimming.cancel()
             heartbeats.cancel()
             following.cancel()
         }

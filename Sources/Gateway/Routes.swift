@@ -218,7 +218,7 @@ struct Routes: Sendable {
             try await writer.write(ByteBuffer(string: "retry: 1000\n\n"))
             var written = 0
             for await event in events {
-                try await writer.write(ByteBuffer(string: event.text))
+                try await writer.write(event.encoded)
                 written += 1
                 if written == 64 {
                     await feed.sent(written)

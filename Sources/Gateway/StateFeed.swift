@@ -3,22 +3,30 @@ import BusProtocol
 import DequeModule
 import Foundation
 import Logging
+import NIOCore
 
-/// One Server-Sent Event, as the gateway writes it.
-struct StreamEvent: Sendable, Equatable {
+/// One Server-Sent Event, as the gateway writes it: encoded once, the same bytes written
+/// to every stream. A class, so a stream's backlog holds a reference per event, not a copy.
+final class StreamEvent: Sendable {
     /// `snapshot`, `synced`, `update`, `reset`, `missed`, `resynced`; nil: a comment line.
-    var name: String?
+    let name: String?
     /// The CHP sequence it brings the reader to (its `id:`); nil: no id, the reader's last
     /// event id stays where it was.
-    var id: UInt64?
+    let id: UInt64?
     /// JSON text (for a comment, the comment).
-    var data: String
+    let data: String
     /// The state key it concerns, for filtering by prefix (nil: every stream gets it).
-    var key: String?
+    let key: String?
+    /// The event as it goes on the wire.
+    let encoded: ByteBuffer
 
-    var text: String {
-        guard let name else { return ": \(data)\n\n" }
-        return "event: \(name)\n" + (id.map { "id: \($0)\n" } ?? "") + "data: \(data)\n\n"
+    init(name: String?, id: UInt64?, data: String, key: String?) {
+        self.name = name
+        self.id = id
+        self.data = data
+        self.key = key
+        let text = name.map { "event: \($0)\n" + (id.map { "id: \($0)\n" } ?? "") + "data: \(data)\n\n" } ?? ": \(data)\n\n"
+        encoded = ByteBuffer(string: text)
     }
 
     static func entry(_ name: String, key: String, sequence: UInt64, value: JSONValue, id: Bool = true) -> StreamEvent {

@@ -1,19 +1,22 @@
-import CZeroMQ
+internal import CZeroMQ
 
 /// Gives memory back to the system after a flood.
 ///
 /// glibc keeps freed memory in its arenas for reuse, so after a peer that flooded the
 /// kernel leaves (its libzmq pipe and queued messages freed) the process would stay at its
-/// peak size. Once a second the kernel asks how much of its heap is free and, when that is
-/// a lot more than at the last trim, has glibc return the free pages (`malloc_trim`).
-struct HeapTrim {
+/// peak size. Once a second the kernel (and the gateway, after a burst to its streams)
+/// asks how much of its heap is free and, when that is a lot more than at the last trim,
+/// has glibc return the free pages (`malloc_trim`).
+public struct HeapTrim: Sendable {
     /// Free heap bytes that make a trim worth its cost (it walks the free pages).
     static let threshold = 16 * 1024 * 1024
     private var freeAtLastTrim = 0
 
+    public init() {}
+
     /// Trims when the free heap grew by `threshold` since the last trim; returns whether it did.
     @discardableResult
-    mutating func releaseIfWorthIt() -> Bool {
+    public mutating func releaseIfWorthIt() -> Bool {
         #if os(Linux)
         let free = Int(mallinfo2().fordblks)
         defer { freeAtLastTrim = min(freeAtLastTrim, free) }
