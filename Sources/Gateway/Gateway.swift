@@ -90,7 +90,14 @@ public struct Gateway: Service {
             heartbeats.cancel()
             following.cancel()
         }
+        // Until the kernel has answered with a snapshot there is nothing to serve; say so
+        // while waiting rather than sit silent.
+        let waitingNotice = Task { [logger] in
+            try await Task.sleep(for: .seconds(5))
+            logger.warning("waiting for the kernel's state at \(options.state.snapshot) before listening on \(settings.host):\(settings.port)")
+        }
         await feed.waitUntilSynced()
+        waitingNotice.cancel()
 
         let routes = Routes(options: options, client: client, feed: feed, page: try Page.load(), logger: logger)
         let app = Application(router: routes.router(),
