@@ -59,12 +59,8 @@ struct Subscribe: AsyncParsableCommand {
         abstract: "Print the state under some key prefixes, then every update, one JSON line each.",
         discussion: """
             Each line is {"key", "sequence", "value", "snapshot"}; a deleted key has value null.
-            When updates are lost (this reader fell behind and the kernel dropped some, or the
-            connection to the kernel dropped), stderr says how many and after which sequence;
-            the subscription then resyncs from a snapshot (the changed and deleted keys follow,
-            as "snapshot": true lines) and stderr says so. With --json these two notices are
-            also lines of their own: {"event": "missed", "count", "afterSequence", "reason"} and
-            {"event": "resynced", "sequence", "changed"}.
+
+            Nothing is lost in silence: when updates are lost (this reader fell behind and the kernel dropped some, or the connection to the kernel dropped), stderr says how many and after which sequence; the subscription then resyncs from a snapshot (the changed and deleted keys follow as "snapshot": true lines) and stderr says so. With --json the two notices are also lines of their own: {"event": "missed", "count", "afterSequence", "reason"} and {"event": "resynced", "sequence", "changed"}.
 
             Examples:
               sb subscribe /pricing/                 the current route and the deal, then changes

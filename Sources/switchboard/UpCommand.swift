@@ -97,6 +97,20 @@ struct UpCommand: AsyncParsableCommand {
         }
     }
 
+    /// Whether `up` runs the gateway: when enabled, beside the kernel (not on a
+    /// services-only machine), and, with CURVE keys given by hand rather than the key
+    /// folder, only once `gateway.tokens` says who may call (up makes no token then).
+    static func runsGateway(_ file: ConfigFile, noKernel: Bool, quiet: Bool = false) -> Bool {
+        guard file.gateway.enabled, !noKernel else { return false }
+        if file.security.isOn(), file.security.kernelSecretKey != nil, file.gateway.tokens.isEmpty {
+            if !quiet {
+                Logger(label: "switchboard.up").notice("the gateway is not started: with CURVE keys given by hand it needs gateway.tokens (and uses security.secret_key to reach the kernel); see docs/GATEWAY.md")
+            }
+            return false
+        }
+        return true
+    }
+
     // MARK: Processes
 
     private func runSupervised(_ file: ConfigFile, services: [String]) async throws -> Int32 {
@@ -115,7 +129,7 @@ struct UpCommand: AsyncParsableCommand {
             kernel: noKernel ? nil : .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
             services: services.map { .init(name: $0, arguments: ["serve", $0] + shared, workers: file.services[$0]!.workers) }
                 // The gateway runs beside the kernel, not on a services-only machine.
-                + (file.gateway.enabled && !noKernel ? [.init(name: "gateway", arguments: ["gateway"] + shared, workers: 0,
+                + (Self.runsGateway(file, noKernel: noKernel) ? [.init(name: "gateway", arguments: ["gateway"] + shared, workers: 0,
                                                  listensAt: (file.gateway.host, file.gateway.port))] : []),
             settings: file.supervisor, probe: probe, logger: logger)
         let signals = Signals.forward { _ in Task { await supervisor.requestShutdown() } }
@@ -152,7 +166,7 @@ struct UpCommand: AsyncParsableCommand {
                                         maxMessageSize: configuration.maxMessageSize)
             pieces.append(try await Pieces.service(name, file: file, connection: connection))
         }
-        if file.gateway.enabled {
+        if Self.runsGateway(file, noKernel: false) {
             let options = try GatewayCommand.options(file, common: common, logger: Logger(label: "switchboard.gateway"), brokers: [inproc("broker")],
                                                      state: StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector")),
                                                      context: context)
@@ -187,7 +201,7 @@ struct UpCommand: AsyncParsableCommand {
             let padded = name.padding(toLength: 8, withPad: " ", startingAt: 0)
             lines.append("  \(padded) \(workers) worker\(workers == 1 ? "" : "s")\(pid[name].map { ", pid \($0)" } ?? "")")
         }
-        if file.gateway.enabled && !remoteKernel {
+        if runsGateway(file, noKernel: remoteKernel, quiet: true) {
             let gateway = file.gateway
             let host = gateway.host == "0.0.0.0" ? "127.0.0.1" : gateway.host.contains(":") ? "[\(gateway.host)]" : gateway.host
             let token = gateway.tokens.first?.token ?? (file.security.isOn() ? file.security.keyFolder.gatewayToken() : nil)
