@@ -44,13 +44,19 @@ struct SubscriptionGapTests {
 
     @Test("a paused subscriber under 50,000 writes: every gap signalled with its count, then resynced to the kernel's state")
     func pausedSubscriber() async throws {
-        // A small backlog per subscriber, so the kernel's XPUB drops for the paused one.
-        let kernel = try await TestKernel.start { $0.subscriberBacklog = 200 }
+        // A small backlog per subscriber, so the kernel's XPUB drops for the paused one; over
+        // inproc://, where nothing else buffers (TCP's socket buffers could hold all 50,000).
+        let name = "gap-\(UInt64.random(in: 0...UInt64.max))"
+        let kernel = try await TestKernel.start {
+            $0.subscriberBacklog = 200
+            $0.inprocName = name
+        }
         defer { Task { await kernel.stop() } }
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
         let publisher = StatePublisher(client: client)
-        let subscription = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
-                                                       prefixes: ["/store/probe/"], silenceTimeout: .seconds(60), bufferSize: 100)
+        let subscription = try await Subscription.open(snapshot: "inproc://\(name)-snapshot", publisher: "inproc://\(name)-publisher",
+                                                       prefixes: ["/store/probe/"], context: kernel.kernel.loop.context,
+                                                       silenceTimeout: .seconds(60), bufferSize: 100)
         var view = View()
         // Live: the first write arrives.
         try await publisher.set("/store/probe/k0", ["n": 0])
