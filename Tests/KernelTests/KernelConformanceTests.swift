@@ -86,6 +86,14 @@ func result(_ reply: Message) throws -> JSONValue {
 
 @Suite("Kernel conformance: raw frames against a live kernel")
 struct KernelConformanceTests {
+    @Test("lifecycle: start binds once (a second start answers the same endpoints); a stopped kernel does not start again")
+    func lifecycle() async throws {
+        let running = try await RunningKernel.start()
+        #expect(try await running.kernel.start() == running.endpoints)
+        await running.stop()
+        await #expect(throws: ZMQError.self) { try await running.kernel.start() }
+    }
+
     @Test("MDP: a raw worker and a raw client exchange a request through the kernel")
     func requestReply() async throws {
         let running = try await RunningKernel.start()
