@@ -99,7 +99,15 @@ public struct Gateway: Service {
         await feed.waitUntilSynced()
         waitingNotice.cancel()
 
-        let routes = Routes(options: options, client: client, feed: feed, page: try Page.load(), logger: logger)
+        let page: Page
+        do {
+            page = try Page.load()
+        } catch {
+            // The API and the streams work without it (a binary copied without its resources).
+            logger.warning("serving no page at /: \(error.localizedDescription)")
+            page = Page(files: [:])
+        }
+        let routes = Routes(options: options, client: client, feed: feed, page: page, logger: logger)
         let app = Application(router: routes.router(),
                               configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "switchboard-gateway"),
                               onServerRunning: { channel in

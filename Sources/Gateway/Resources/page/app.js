@@ -27,6 +27,10 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
+/** A link target from data: http(s) (or the app's own wikipedia:// deep link) only, never
+ *  a javascript: or data: address. */
+const safeURL = (url) => (/^(https?|wikipedia):\/\//i.test(url || "") ? url : "#");
+
 function showError(message) {
   const box = $("error");
   box.textContent = message;
@@ -146,8 +150,8 @@ $("place-form").addEventListener("submit", guarded(async () => {
   const place = await call("search", "locations.resolve", { query: $("place-query").value });
   $("place-result").replaceChildren(el("p", {},
     el("strong", {}, place.label), ` at ${place.latitude}, ${place.longitude} `,
-    el("a", { href: place.webLink, target: "_blank", rel: "noopener" }, "Wikipedia Places"), " · ",
-    el("a", { href: place.deepLink }, "in the app"),
+    el("a", { href: safeURL(place.webLink), target: "_blank", rel: "noopener" }, "Wikipedia Places"), " · ",
+    el("a", { href: safeURL(place.deepLink) }, "in the app"),
     place.nearest ? ` · nearest known place: ${place.nearest.label} (${place.nearest.distanceKm} km)` : ""));
 }));
 $("history-clear").addEventListener("click", guarded(() => call("store", "history.clear")));
@@ -181,7 +185,7 @@ async function loadHeadlines() {
   const result = await call("search", "headlines.list");
   $("headlines-status").textContent = result.message || `${result.total} headlines`;
   $("headlines").replaceChildren(...result.articles.map((article) =>
-    el("li", {}, el("a", { href: article.url, target: "_blank", rel: "noopener" }, article.title), ` (${article.source.name}) `,
+    el("li", {}, el("a", { href: safeURL(article.url), target: "_blank", rel: "noopener" }, article.title), ` (${article.source.name}) `,
        el("button", { type: "button", on: { click: guarded(() => call("store", "articles.save", { article })) } }, "Save"))));
 }
 
@@ -195,7 +199,7 @@ watch("/store/articles/", () => {
     .sort((a, b) => (b.savedAt || "").localeCompare(a.savedAt || ""));
   $("saved").replaceChildren(...saved.map((entry) => {
     const article = entry.article || entry;
-    return el("li", {}, el("a", { href: entry.url, target: "_blank", rel: "noopener" }, article.title || entry.url), " ",
+    return el("li", {}, el("a", { href: safeURL(entry.url), target: "_blank", rel: "noopener" }, article.title || entry.url), " ",
               el("button", { type: "button", on: { click: guarded(() => call("store", "articles.delete", { url: entry.url })) } }, "Delete"));
   }));
 });
