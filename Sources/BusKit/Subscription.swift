@@ -30,7 +30,8 @@ public struct StateUpdate: Sendable, Equatable, CustomStringConvertible {
 public enum SubscriptionEvent: Sendable, Equatable, CustomStringConvertible {
     /// One change (or, first, one entry of the snapshot).
     case update(StateUpdate)
-    /// The first snapshot is delivered (its sequence); live changes follow.
+    /// The first snapshot is delivered, with the updates that came while it was read: the
+    /// view is the kernel's as of `sequence`; every later update is newer.
     case synced(sequence: UInt64)
     /// Updates were lost on the way: the kernel dropped them because this subscription fell
     /// behind (`count` says how many), or the connection to the kernel dropped or went
@@ -375,13 +376,7 @@ actor SubscriptionCore {
         lastSequence = snapshotSequences.min() ?? 0
         let sequences = snapshotSequences
         phase = .live
-        // Said before the updates that arrived meanwhile, which come after the snapshot.
-        if firstSync {
-            deliver(.synced(sequence: snapshotSequence))
-        } else if announceResync {
-            announceResync = false
-            deliver(.resynced(sequence: snapshotSequence, changed: changed))
-        }
+        let wasFirstSync = firstSync
         firstSync = false
         // Updates that arrived during the snapshot: keep those newer than the snapshot its
         // key was last read in (with overlapping prefixes, the latest of theirs).
@@ -393,6 +388,14 @@ actor SubscriptionCore {
         lastSequence = max(lastSequence, snapshotSequence)
         pendingLive = []
         snapshotEntries = [:]
+        // Said once the updates that arrived meanwhile are in too: the view is the kernel's
+        // as of `lastSequence`, and every later update is newer.
+        if wasFirstSync {
+            deliver(.synced(sequence: lastSequence))
+        } else if announceResync {
+            announceResync = false
+            deliver(.resynced(sequence: lastSequence, changed: changed))
+        }
     }
 
     // MARK: Resynchronising

@@ -126,7 +126,8 @@ actor StateFeed {
             if update.isDelete { entries[update.key] = nil } else { entries[update.key] = Entry(sequence: update.sequence, value: value) }
             guard synced else { return }
             if repairing {
-                // A key the resync found changed: no id (its sequence may be older than ones sent).
+                // A key the resync found changed, or an update that came during its snapshot: no id;
+                // `resynced` carries the sequence the stream is at then.
                 broadcast(.entry("update", key: update.key, sequence: update.sequence, value: value, id: false))
                 return
             }

@@ -128,7 +128,7 @@ struct SubscriptionGapTests {
                 }
                 return view
             }
-            #expect(view.skips == 0 && view.missed.isEmpty, "\(view.unexplainedSkip ?? "")")
+            #expect(view.skips == 0 && view.missed.isEmpty, "skip: \(view.unexplainedSkip ?? "none"), missed: \(view.missed)")
             await subscription.cancel()
         }
         writer.cancel()
