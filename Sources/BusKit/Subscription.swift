@@ -278,22 +278,27 @@ actor SubscriptionCore {
         }
     }
 
-    /// Starts counting from the kernel's counts in this HUGZ.
+    /// Starts counting afresh from the kernel's counts in this HUGZ (the first of a sync).
     private func takeCheckpoint(_ published: [String: UInt64]) {
         checkpoint = published.filter { countedPrefixes.contains($0.key) }
         receivedSinceCheckpoint = [:]
     }
 
-    /// Compares what the kernel published under each prefix since the last HUGZ with what
-    /// arrived: fewer arrived, so the kernel dropped some for this subscriber.
+    /// Compares what the kernel published under each prefix since its checkpoint with what
+    /// arrived: fewer arrived, so the kernel dropped some for this subscriber. A HUGZ
+    /// leaves out topics whose count did not change since the previous one: their
+    /// checkpoints stand (and keep counting), so a dropped HUGZ costs only time.
     private func checkForGap(_ published: [String: UInt64]) {
         var missed: UInt64 = 0
         for prefix in countedPrefixes {
-            guard let now = published[prefix], let then = checkpoint[prefix], now >= then else { continue }
-            let received = receivedSinceCheckpoint[prefix] ?? 0
-            if now - then > received { missed += now - then - received }
+            guard let now = published[prefix] else { continue }
+            if let then = checkpoint[prefix], now >= then {
+                let received = receivedSinceCheckpoint[prefix] ?? 0
+                if now - then > received { missed += now - then - received }
+            }
+            checkpoint[prefix] = now
+            receivedSinceCheckpoint[prefix] = 0
         }
-        takeCheckpoint(published)
         guard missed > 0 else { return }
         resync(missed: missed, reason: "the kernel dropped updates while this subscriber was behind", subscriptionIsLive: true)
     }

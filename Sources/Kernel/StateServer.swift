@@ -52,9 +52,11 @@ final class StateServer {
     /// Each topic subscribed on the publisher, with how many updates were published under
     /// it since: every HUGZ carries these counts, so a subscriber whose updates were dropped
     /// (the XPUB drops for a subscriber that falls behind) learns how many it missed.
-    private var topics: [(prefix: Frame, published: UInt64)] = []
-    /// Topics beyond this are not counted (each costs a prefix comparison per update).
-    static let maxCountedTopics = 1024
+    private var topics: [(prefix: Frame, published: UInt64, sent: UInt64)] = []
+    /// Topics beyond this many, or longer than `maxCountedTopicBytes`, are not counted:
+    /// each costs a prefix comparison per update and room in every HUGZ.
+    static let maxCountedTopics = 512
+    static let maxCountedTopicBytes = 256
     /// Something was published since the last HUGZ: send one at the next tick.
     private var countsDue = false
 
@@ -241,8 +243,11 @@ final class StateServer {
         let index = topics.firstIndex { $0.prefix == topic }
         switch first.withUnsafeBytes({ $0[0] }) {
         case 1:
-            if index == nil, topic.isUTF8, !topic.equals(CHP.hugzCommand), topics.count < Self.maxCountedTopics { topics.append((topic, 0)) }
-            sendHugz(now: now)
+            if index == nil, topic.count <= Self.maxCountedTopicBytes, topic.isUTF8, !topic.equals(CHP.hugzCommand),
+               topics.count < Self.maxCountedTopics {
+                topics.append((topic, 0, 0))
+            }
+            sendHugz(now: now, every: true)
         case 0:
             if let index { topics.remove(at: index) }
         default:
@@ -250,10 +255,15 @@ final class StateServer {
         }
     }
 
-    /// A HUGZ with the counts of every topic subscribed.
-    private func sendHugz(now: UInt64) {
+    /// A HUGZ with the counts of the topics subscribed: `every` one (a greeting, or the
+    /// keep-alive when nothing was published for an interval), else those that changed
+    /// since the last HUGZ (a subscriber keeps its checkpoint for a topic left out).
+    private func sendHugz(now: UInt64, every: Bool) {
         var published: [String: UInt64] = [:]
-        for topic in topics { published[topic.prefix.string ?? ""] = topic.published }
+        for index in topics.indices where every || topics[index].published != topics[index].sent {
+            published[topics[index].prefix.string ?? ""] = topics[index].published
+            topics[index].sent = topics[index].published
+        }
         publish(CHP.hugz(published: published))
         lastHugz = now
         countsDue = false
@@ -266,6 +276,10 @@ final class StateServer {
             let expired = entries.compactMap { key, entry in (entry.expiresAt ?? .max) <= now ? key : nil }
             for key in expired.sorted(by: { $0.bytes.lexicographicallyPrecedes($1.bytes) }) { set(key, value: Frame(), ttl: nil, now: now) }
         }
-        if countsDue || now &- lastHugz >= configuration.hugzInterval.nanoseconds { sendHugz(now: now) }
+        if now &- lastHugz >= configuration.hugzInterval.nanoseconds {
+            sendHugz(now: now, every: true)
+        } else if countsDue {
+            sendHugz(now: now, every: false)
+        }
     }
 }

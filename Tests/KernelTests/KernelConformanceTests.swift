@@ -251,6 +251,35 @@ struct KernelConformanceTests {
         await running.stop()
     }
 
+    @Test("CHP HUGZ counts: the greeting carries every topic, a HUGZ after writes only the topics that changed; long topics are not counted")
+    func hugzCounts() async throws {
+        let running = try await RunningKernel.start { $0.hugzInterval = .seconds(30) }
+        let client = try running.socket(.dealer, running.endpoints.broker)
+        let subscriber = try running.socket(.sub, running.endpoints.publisher)
+        let long = "/client/" + String(repeating: "x", count: 300)
+        // HUGZ first, so every greeting reaches this subscriber.
+        for topic in ["HUGZ", "/catalog/", "/client/", long] { try subscriber.subscribe(topic) }
+        func nextHugz() async throws -> [String: UInt64] {
+            while true {
+                if case .hugz(let counts) = try CHP.decodeUpdate(try await receive(subscriber)) { return counts }
+            }
+        }
+        // A greeting per subscription message (four); the last knows every counted topic.
+        var greeting: [String: UInt64] = [:]
+        for _ in 1...4 { greeting = try await nextHugz() }
+        #expect(greeting == ["/catalog/": 0, "/client/": 0], "every counted topic, from zero; not the 300-byte one")
+
+        for n in 1...3 {
+            try client.send(kernelRequest("state.set", ["key": "/catalog/n", "value": .int(Int64(n))]))
+            _ = try await receive(client)
+        }
+        // The next HUGZ after the writes: the topic that changed, with its count, alone.
+        var counts = try await nextHugz()
+        while counts.isEmpty { counts = try await nextHugz() }
+        #expect(counts == ["/catalog/": 3])
+        await running.stop()
+    }
+
     @Test("CHP: snapshot, then live KVPUB, HUGZ, collector writes within /client/ only, TTL expiry")
     func chp() async throws {
         let running = try await RunningKernel.start { $0.hugzInterval = .milliseconds(200) }
