@@ -294,6 +294,10 @@ actor ClientCore {
                 request.complete(.failure(.remote(service: request.service, .outcomeUnknown(request.service))))
             }
         } else if event.event.contains(.connected) {
+            // Replies the old connection delivered may still wait in the socket (its
+            // monitor's events and its messages are not ordered): take them first, so no
+            // request that was answered is sent again (and answered twice).
+            registration.readQueued()
             // Whatever was handed to the old connection died with it; what was queued
             // since goes out on the new one by itself.
             for id in pending.keys where pending[id]!.generation < generation {

@@ -91,8 +91,14 @@ public final class SocketRegistration {
         onSendError?(message, error)
     }
 
-    func drain() {
-        var budget = Self.readBudget
+    /// Reads at once everything libzmq holds for this socket, as the loop would: for a
+    /// handler that must see what a connection delivered before acting on its end.
+    public func readQueued() {
+        drain(budget: .max)
+    }
+
+    func drain(budget: Int = readBudget) {
+        var budget = budget
         while isReading && !isClosed && budget > 0 {
             do {
                 guard let message = try socket.tryReceive() else { return }
