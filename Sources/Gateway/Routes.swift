@@ -15,7 +15,8 @@ struct Routes: Sendable {
     let feed: StateFeed
     let page: Page
     let logger: Logger
-    let rpcCounters = RPCCounters()
+    /// `POST /rpc` requests, for `/metrics`.
+    let rpcRequests = RequestCount()
 
     var settings: GatewaySettings { options.settings }
 
@@ -69,7 +70,7 @@ struct Routes: Sendable {
     // MARK: POST /rpc/{service}
 
     func rpc(_ request: Request, context: BasicRequestContext) async throws -> Response {
-        rpcCounters.count(\.requests)
+        rpcRequests.add()
         let token: GatewayToken?
         switch admit(request) {
         case .refused(let response): return response
@@ -242,7 +243,7 @@ struct Routes: Sendable {
             text = "# the kernel did not answer: \(error)\n"
         }
         let streams = await feed.counters
-        let rpc = rpcCounters.snapshot()
+        let rpc = rpcRequests.value
         let lines: [(String, String, String, Int)] = [
             ("switchboard_gateway_streams", "gauge", "Event streams open now.", streams.open),
             ("switchboard_gateway_streams_opened_total", "counter", "Event streams opened.", streams.opened),
@@ -251,7 +252,7 @@ struct Routes: Sendable {
             ("switchboard_gateway_resets_total", "counter", "Streams that asked to resume and got a reset and a snapshot.", streams.resets),
             ("switchboard_gateway_stream_overflows_total", "counter", "Streams cut because their reader fell too far behind.", streams.overflows),
             ("switchboard_gateway_subscription_gaps_total", "counter", "Times the gateway's own subscription missed updates and resynced.", streams.missed),
-            ("switchboard_gateway_rpc_requests_total", "counter", "POST /rpc requests.", rpc.requests),
+            ("switchboard_gateway_rpc_requests_total", "counter", "POST /rpc requests.", rpc),
         ]
         for (name, type, help, value) in lines {
             text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n\(name) \(value)\n"
@@ -278,12 +279,11 @@ struct Routes: Sendable {
     }
 }
 
-/// Counts of `/rpc` traffic, for `/metrics`.
-final class RPCCounters: Sendable {
-    struct Counts { var requests = 0 }
-    private let counts = Mutex(Counts())
-    func count(_ path: any WritableKeyPath<Counts, Int> & Sendable) { counts.withLock { $0[keyPath: path] += 1 } }
-    func snapshot() -> Counts { counts.withLock { $0 } }
+/// A count shared by the request handlers.
+final class RequestCount: Sendable {
+    private let count = Atomic<Int>(0)
+    func add() { count.add(1, ordering: .relaxed) }
+    var value: Int { count.load(ordering: .relaxed) }
 }
 
 /// CORS for the configured origins only: no header for any other.

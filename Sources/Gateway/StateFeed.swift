@@ -233,7 +233,4 @@ actor StateFeed {
             }
         }
     }
-
-    /// The value of every key under `prefix`, for tests and `/readyz`.
-    func value(of key: String) -> JSONValue? { entries[key]?.value }
 }
