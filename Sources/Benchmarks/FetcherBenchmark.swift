@@ -121,15 +121,15 @@ enum LocalServer {
     }
 }
 
-/// This process's memory, from /proc (Linux).
+/// A process's memory (this one by default), from /proc (Linux).
 enum Memory {
-    static func residentBytes() -> Int { field("VmRSS:") }
-    static func peakBytes() -> Int { field("VmHWM:") }
+    static func residentBytes(of process: String = "self") -> Int { field("VmRSS:", process) }
+    static func peakBytes(of process: String = "self") -> Int { field("VmHWM:", process) }
     /// Makes the peak start again from the current resident size.
     static func resetPeak() { try? "5".write(toFile: "/proc/self/clear_refs", atomically: false, encoding: .utf8) }
 
-    private static func field(_ name: String) -> Int {
-        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+    private static func field(_ name: String, _ process: String) -> Int {
+        guard let status = try? String(contentsOfFile: "/proc/\(process)/status", encoding: .utf8),
               let line = status.split(separator: "\n").first(where: { $0.hasPrefix(name) }),
               let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else { return 0 }
         return kilobytes * 1024

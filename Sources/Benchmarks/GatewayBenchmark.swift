@@ -73,7 +73,7 @@ struct GatewayBenchmark: AsyncParsableCommand {
             guard Date() < deadline, gateway.isRunning else { throw ValidationError("the gateway did not start") }
             try await Task.sleep(for: .milliseconds(50))
         }
-        let idle = Self.memory(of: gateway.processIdentifier)
+        let idle = Memory.residentBytes(of: "\(gateway.processIdentifier)")
         progress("Gateway benchmark: \(clients) SSE clients on one gateway process, \(updates) updates, \(ProcessInfo.processInfo.activeProcessorCount) cores")
 
         // Every client opens its stream and reads it to the `synced` marker, then counts updates.
@@ -99,7 +99,7 @@ struct GatewayBenchmark: AsyncParsableCommand {
             opened += 1
             if opened == clients { break }
         }
-        let connected = Self.memory(of: gateway.processIdentifier)
+        let connected = Memory.residentBytes(of: "\(gateway.processIdentifier)")
 
         let writer = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(60))
         defer { Task { await writer.close() } }
@@ -114,26 +114,16 @@ struct GatewayBenchmark: AsyncParsableCommand {
         var delivered = 0
         for reader in readers { delivered += try await reader.value }
         let seconds = Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9
-        let after = Self.memory(of: gateway.processIdentifier)
+        let peak = Memory.peakBytes(of: "\(gateway.processIdentifier)")
         // The gateway trims its heap once a second: what it keeps once the burst is over.
         try await Task.sleep(for: .milliseconds(2_500))
-        let settled = Self.memory(of: gateway.processIdentifier)
+        let settled = Memory.residentBytes(of: "\(gateway.processIdentifier)")
         let mib = { (bytes: Int) in String(format: "%.1f MiB", Double(bytes) / 1_048_576) }
         return [
             Row("\(clients) SSE clients, \(updates) updates each: events delivered", rate: Double(delivered) / seconds,
                 note: "\(delivered) events in \(String(format: "%.2f", seconds)) s, 0 lost"),
-            Row("gateway memory (RSS)", note: "idle \(mib(idle.rss)), \(clients) streams open \(mib(connected.rss)), peak \(mib(after.peak)), 2.5 s after the burst \(mib(settled.rss))"),
+            Row("gateway memory (RSS)", note: "idle \(mib(idle)), \(clients) streams open \(mib(connected)), peak \(mib(peak)), 2.5 s after the burst \(mib(settled))"),
         ]
-    }
-
-    /// The resident and peak resident memory of a process, from /proc.
-    static func memory(of pid: Int32) -> (rss: Int, peak: Int) {
-        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
-        func kilobytes(_ field: String) -> Int {
-            let line = status.split(separator: "\n").first { $0.hasPrefix(field) } ?? ""
-            return (Int(line.split(separator: " ").dropFirst().first { !$0.isEmpty } ?? "") ?? 0) * 1024
-        }
-        return (kilobytes("VmRSS:"), kilobytes("VmHWM:"))
     }
 }
 

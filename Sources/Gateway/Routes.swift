@@ -94,46 +94,51 @@ struct Routes: Sendable {
         }
         switch JSONRPC.parseRequests(body.readableBytesView) {
         case .unusable(let response):
-            return Self.reply(status(for: response), [UInt8](response.jsonBytes))
-        case .single(.invalid(let response)):
-            return Self.reply(status(for: response), [UInt8](response.jsonBytes))
-        case .single(.request(let call)):
-            if let refusal = refusal(call, service: service, token: token) {
-                return call.id == nil ? Response(status: .noContent) : Self.rpcError(.forbidden, refusal, id: call.id!)
-            }
-            let outcome: Result<JSONValue, BusError>
-            do {
-                outcome = .success(try await client.request(service: service, method: call.method, params: call.params))
-            } catch {
-                outcome = .failure(error)
-            }
-            guard let id = call.id else { return Response(status: .noContent) }
-            let response = Self.response(id: id, outcome)
-            return Self.reply(status(for: response), response.jsonBytes)
+            return Self.reply(Self.status(for: response), response.jsonBytes)
+        case .single(let item):
+            // A notification (no id) is answered with nothing: 204.
+            guard let response = await answers(to: [item], service: service, token: token)[0] else { return Response(status: .noContent) }
+            return Self.reply(Self.status(for: response), response.jsonBytes)
         case .batch(let items):
-            var responses: [JSONRPCResponse?] = Array(repeating: nil, count: items.count)
-            var forwarded: [(index: Int, call: JSONRPCRequest)] = []
-            for (index, item) in items.enumerated() {
-                switch item {
-                case .invalid(let response): responses[index] = response
-                case .request(let call):
-                    if let refusal = refusal(call, service: service, token: token) {
-                        if let id = call.id { responses[index] = JSONRPCResponse(id: id, error: refusal) }
-                    } else {
-                        forwarded.append((index, call))
-                    }
-                }
-            }
-            if !forwarded.isEmpty {
-                let outcomes = await client.batch(service: service, forwarded.map { ($0.call.method, $0.call.params) })
-                for (sent, outcome) in zip(forwarded, outcomes) {
-                    if let id = sent.call.id { responses[sent.index] = Self.response(id: id, outcome) }
-                }
-            }
-            let answered = responses.compactMap { $0 }
+            let answered = await answers(to: items, service: service, token: token).compactMap { $0 }
             guard !answered.isEmpty else { return Response(status: .noContent) }
             return Self.reply(.ok, JSONValue.array(answered.map(\.json)).jsonBytes)
         }
+    }
+
+    /// The response to each item, in order (nil for a notification): invalid ones and those
+    /// the token forbids are answered here, the others go to `service` in one message (a
+    /// lone request as a request, several as a batch).
+    func answers(to items: [JSONRPCItem], service: String, token: GatewayToken?) async -> [JSONRPCResponse?] {
+        var responses: [JSONRPCResponse?] = Array(repeating: nil, count: items.count)
+        var forwarded: [(index: Int, call: JSONRPCRequest)] = []
+        for (index, item) in items.enumerated() {
+            switch item {
+            case .invalid(let response): responses[index] = response
+            case .request(let call):
+                if let refusal = refusal(call, service: service, token: token) {
+                    if let id = call.id { responses[index] = JSONRPCResponse(id: id, error: refusal) }
+                } else {
+                    forwarded.append((index, call))
+                }
+            }
+        }
+        let outcomes: [Result<JSONValue, BusError>]
+        switch forwarded.count {
+        case 0: outcomes = []
+        case 1:
+            let call = forwarded[0].call
+            do {
+                outcomes = [.success(try await client.request(service: service, method: call.method, params: call.params))]
+            } catch {
+                outcomes = [.failure(error)]
+            }
+        default: outcomes = await client.batch(service: service, forwarded.map { ($0.call.method, $0.call.params) })
+        }
+        for (sent, outcome) in zip(forwarded, outcomes) {
+            if let id = sent.call.id { responses[sent.index] = Self.response(id: id, outcome) }
+        }
+        return responses
     }
 
     /// What the token forbids of this call: `state.set` outside its writable prefixes.
@@ -158,9 +163,9 @@ struct Routes: Sendable {
     }
 
     /// The HTTP status of a single response: 200 for a result, else from the error code.
-    func status(for response: JSONRPCResponse) -> HTTPResponse.Status {
+    static func status(for response: JSONRPCResponse) -> HTTPResponse.Status {
         guard case .failure(let error) = response.outcome else { return .ok }
-        return Self.status(forCode: error.code)
+        return status(forCode: error.code)
     }
 
     static func status(forCode code: Int) -> HTTPResponse.Status {

@@ -33,7 +33,7 @@ struct GatewayCommand: AsyncParsableCommand {
         common.bootstrap(file)
         let logger = Logger(label: "switchboard.gateway")
         if let listen {
-            var override = file
+            let override: ConfigFile
             do {
                 override = try ConfigFile.parse("", environment: [ConfigFile.variable(for: "gateway.listen"): listen])
             } catch {
