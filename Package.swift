@@ -55,11 +55,25 @@ let package = Package(
             dependencies: ["ZeroMQ"],
             swiftSettings: sharedSettings
         ),
+        // How a service states its methods: typed params and results, JSON Schema generated
+        // from them, params checked before a handler runs, `rpc.discover`; the method table.
+        .target(
+            name: "ContractKit",
+            dependencies: ["BusProtocol"],
+            swiftSettings: sharedSettings
+        ),
+        // Every service's contract (kernel, echo, store, fetcher, search, pricing): the one
+        // place a method's name, params and result are written; `sb` and callers use them.
+        .target(
+            name: "Contracts",
+            dependencies: ["BusProtocol", "ContractKit"],
+            swiftSettings: sharedSettings
+        ),
         // The kernel: Majordomo broker, CHP state server and the built-in `kernel` service.
         .target(
             name: "Kernel",
             dependencies: [
-                "BusProtocol", "ZeroMQ", "CZeroMQ",
+                "BusProtocol", "ContractKit", "Contracts", "ZeroMQ", "CZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -71,7 +85,7 @@ let package = Package(
         .target(
             name: "BusKit",
             dependencies: [
-                "BusProtocol", "ZeroMQ",
+                "BusProtocol", "ContractKit", "Contracts", "ZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -87,13 +101,13 @@ let package = Package(
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
         .target(
             name: "Supervisor",
-            dependencies: ["BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
             swiftSettings: sharedSettings
         ),
         // A service that answers with what it is sent: for tests, benchmarks and trying the bus.
         .target(
             name: "EchoService",
-            dependencies: ["BusKit", "BusProtocol"],
+            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol"],
             swiftSettings: sharedSettings
         ),
         // The five apps' data: models, tolerant-but-strict decoders, and the bundled copies
@@ -108,7 +122,7 @@ let package = Package(
         .target(
             name: "FetcherService",
             dependencies: [
-                "BusKit", "BusProtocol", "Catalog", "ZeroMQ",
+                "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "ZeroMQ",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -121,7 +135,7 @@ let package = Package(
         .target(
             name: "StoreService",
             dependencies: [
-                "BusKit", "BusProtocol",
+                "ContractKit", "Contracts", "BusKit", "BusProtocol",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -131,14 +145,14 @@ let package = Package(
         // Following the fetcher's `/catalog/*`: services that keep their own copies of datasets.
         .target(
             name: "CatalogFeed",
-            dependencies: ["BusKit", "BusProtocol", "Catalog", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Contracts", "BusKit", "BusProtocol", "Catalog", .product(name: "Logging", package: "swift-log")],
             swiftSettings: sharedSettings
         ),
         // The `search` service: in-memory indexes over the catalog, rebuilt when it changes.
         .target(
             name: "SearchService",
             dependencies: [
-                "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
+                "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: sharedSettings
@@ -147,7 +161,7 @@ let package = Package(
         .target(
             name: "PricingService",
             dependencies: [
-                "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
+                "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: sharedSettings
@@ -157,7 +171,7 @@ let package = Package(
         .target(
             name: "Gateway",
             dependencies: [
-                "BusKit", "BusProtocol", "SwitchboardConfig",
+                "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Logging", package: "swift-log"),
@@ -170,6 +184,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard",
             dependencies: [
+                "ContractKit", "Contracts",
                 "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Supervisor",
                 "Gateway",
                 "SwitchboardConfig", "ZeroMQ",
@@ -183,6 +198,7 @@ let package = Package(
         .executableTarget(
             name: "sb",
             dependencies: [
+                "ContractKit", "Contracts",
                 "BusKit", "BusProtocol", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
@@ -192,14 +208,14 @@ let package = Package(
         // bus with a store and a fetcher over files.
         .target(
             name: "SwitchboardTestSupport",
-            dependencies: ["Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService"],
+            dependencies: ["ContractKit", "Contracts", "Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService"],
             swiftSettings: sharedSettings
         ),
         // Benchmarks that print figures (release build): `swift run -c release switchboard-bench`.
         .executableTarget(
             name: "switchboard-bench",
             dependencies: [
-                "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
+                "ContractKit", "Contracts", "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
                 "SwitchboardTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
@@ -233,8 +249,7 @@ let package = Package(
         // Soak and chaos over a whole `switchboard up`: `Scripts/soak`.
         .executableTarget(
             name: "switchboard-soak",
-            dependencies: [
-                "BusKit", "BusProtocol", "Catalog", "Supervisor", "SwitchboardTestSupport",
+            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "Supervisor", "SwitchboardTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Sources/Soak",
@@ -247,12 +262,12 @@ let package = Package(
         ),
         .testTarget(
             name: "KernelTests",
-            dependencies: ["Kernel", "BusProtocol", "ZeroMQ"],
+            dependencies: ["ContractKit", "Contracts", "Kernel", "BusProtocol", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "BusKitTests",
-            dependencies: ["BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ"],
+            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
@@ -267,40 +282,40 @@ let package = Package(
         ),
         .testTarget(
             name: "FetcherServiceTests",
-            dependencies: ["FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
+            dependencies: ["ContractKit", "Contracts", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "StoreServiceTests",
-            dependencies: ["StoreService", "BusKit", "Catalog", "BusProtocol", "Kernel", "SwitchboardTestSupport",
+            dependencies: ["ContractKit", "Contracts", "StoreService", "BusKit", "Catalog", "BusProtocol", "Kernel", "SwitchboardTestSupport",
                            .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "SearchServiceTests",
-            dependencies: ["SearchService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
+            dependencies: ["ContractKit", "Contracts", "SearchService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
                            "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "PricingServiceTests",
-            dependencies: ["PricingService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
+            dependencies: ["ContractKit", "Contracts", "PricingService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
                            "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "SBTests",
-            dependencies: ["SearchService", "PricingService", "EchoService", "Catalog", "BusKit", "BusProtocol", "SwitchboardTestSupport"],
+            dependencies: ["ContractKit", "Contracts", "SearchService", "PricingService", "EchoService", "Catalog", "BusKit", "BusProtocol", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "DeploymentTests",
-            dependencies: ["BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport", "ZeroMQ"],
+            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "GatewayTests",
-            dependencies: [
+            dependencies: ["ContractKit", "Contracts", 
                 "Gateway", "BusKit", "BusProtocol", "EchoService", "SwitchboardConfig", "SwitchboardTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ],

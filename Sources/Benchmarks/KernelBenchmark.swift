@@ -1,6 +1,7 @@
 import ArgumentParser
 import BusKit
 import BusProtocol
+import Contracts
 import EchoService
 import Foundation
 import Histogram
@@ -145,8 +146,8 @@ struct KernelBenchmark: AsyncParsableCommand {
         let bus = try await BusClient(brokers: [broker])
         defer { Task { await bus.close() } }
         for _ in 0..<500 {
-            let list = try await bus.request(service: "kernel", method: "services.list")
-            if list["services"]?.arrayValue?.first(where: { $0["name"] == .string(service) })?["workers"]?.intValue == Int64(count) { return }
+            let list = try await bus.call(KernelAPI.servicesList)
+            if list.services.first(where: { $0.name == service })?.workers == count { return }
             try await Task.sleep(for: .milliseconds(10))
         }
         throw ValidationError("the raw echo worker did not register")
@@ -291,13 +292,13 @@ struct KernelBenchmark: AsyncParsableCommand {
         try await host.start()
         let bus = try await BusClient(brokers: [broker], timeout: .seconds(30))
         try await Task.sleep(for: .milliseconds(200))
-        for _ in 0..<500 { _ = try await bus.request(service: "echo", method: "echo", params: ["n": 1]) }
+        for _ in 0..<500 { _ = try await bus.call(EchoAPI.echo, ["n": 1]) }
         var latencies = latencyHistogram()
         let count = roundTrips / 2
         var start = monotonicNanoseconds()
         for _ in 0..<count {
             let sent = monotonicNanoseconds()
-            _ = try await bus.request(service: "echo", method: "echo", params: ["n": 1])
+            _ = try await bus.call(EchoAPI.echo, ["n": 1])
             _ = latencies.record(monotonicNanoseconds() - sent)
         }
         let syncRate = Double(count) / (Double(monotonicNanoseconds() - start) / 1e9)
@@ -307,7 +308,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             for task in 0..<64 {
                 group.addTask {
                     for _ in stride(from: task, to: total, by: 64) {
-                        _ = try await bus.request(service: "echo", method: "echo", params: ["n": 1])
+                        _ = try await bus.call(EchoAPI.echo, ["n": 1])
                     }
                 }
             }

@@ -1,5 +1,7 @@
 import ArgumentParser
 import BusKit
+import ContractKit
+import Contracts
 import BusProtocol
 import Catalog
 import Foundation
@@ -36,7 +38,7 @@ struct SearchBenchmark: AsyncParsableCommand {
 
         // countries.search in process: the method itself, with its JSON answer.
         let inProcess = try await measure { index in
-            _ = try await table.call("countries.search", params: ["query": .string(Self.queries[index % Self.queries.count]), "limit": 20], on: search)
+            _ = try await table.call(SearchAPI.countriesSearch, SearchAPI.Countries(query: Self.queries[index % Self.queries.count], limit: 20), on: search)
         }
         rows.append(Row("countries.search in process", rate: inProcess.rate, latencies: inProcess.latencies, note: "12 queries in turn, limit 20; request and reply as JSON text, as on the bus"))
 
@@ -47,10 +49,9 @@ struct SearchBenchmark: AsyncParsableCommand {
         let host = try ServiceHost(service: search, options: .init(brokers: [endpoints.broker], connections: 4))
         try await host.start()
         let client = try await BusClient(brokers: [endpoints.broker], timeout: .seconds(30))
-        while !(try await client.hasWorkers("search")) { try await Task.sleep(for: .milliseconds(20)) }
+        while !(try await client.hasWorkers(SearchAPI.service)) { try await Task.sleep(for: .milliseconds(20)) }
         let throughKernel = try await measure { index in
-            _ = try await client.request(service: "search", method: "countries.search",
-                                         params: ["query": .string(Self.queries[index % Self.queries.count]), "limit": 20])
+            _ = try await client.call(SearchAPI.countriesSearch, SearchAPI.Countries(query: Self.queries[index % Self.queries.count], limit: 20))
         }
         rows.append(Row("countries.search through the kernel", rate: throughKernel.rate, latencies: throughKernel.latencies,
                         note: "1 client, tcp loopback; target p99 < 1 ms"))
@@ -77,7 +78,7 @@ struct SearchBenchmark: AsyncParsableCommand {
         let itemsBuild = await timed { await search.load(.items(items), version: "bench-items") }
         rows.append(Row("items.grouped: group + sort \(records) items", note: "\(milliseconds(itemsBuild)) (rebuild: both orders); target < 1 s"))
         for order in ["lexical", "natural"] {
-            let answer = try await timed { _ = try await table.call("items.grouped", params: ["order": .string(order)], on: search) }
+            let answer = try await timed { _ = try await table.call(SearchAPI.itemsGrouped, SearchAPI.Items(order: order), on: search) }
             rows.append(Row("items.grouped \(order), \(records) items in process", note: "\(milliseconds(answer)) (the answer as the bus carries it: JSON text, parsed back)"))
         }
 

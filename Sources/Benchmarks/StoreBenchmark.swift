@@ -1,6 +1,7 @@
 import ArgumentParser
 import BusKit
 import BusProtocol
+import Contracts
 import Foundation
 import Histogram
 import Kernel
@@ -40,29 +41,30 @@ struct StoreBenchmark: AsyncParsableCommand {
         try await host.start()
         await store.publish(through: publisher)
         let probe = try await BusClient(brokers: [endpoints.broker])
-        while !(try await probe.hasWorkers("store")) { try await Task.sleep(for: .milliseconds(20)) }
+        while !(try await probe.hasWorkers(StoreAPI.service)) { try await Task.sleep(for: .milliseconds(20)) }
         await probe.close()
 
         progress("Store benchmark: SQLite WAL with synchronous=FULL in \(directory.path), store with \(connections) worker connections, \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per row")
         var rows: [Row] = []
         for clients in [1, 8] {
             let writes = try await measure(endpoints.broker, clients: clients) { client, index in
-                _ = try await client.request(service: "store", method: "articles.save",
-                                             params: ["article": ["url": .string("https://example.com/\(index)"), "title": "Benchmark"]])
+                _ = try await client.call(StoreAPI.articlesSave, .init(article: ["url": .string("https://example.com/\(index)"), "title": "Benchmark"]))
             }
             rows.append(Row("durable write (articles.save), \(clients) client\(clients == 1 ? "" : "s")", rate: writes.rate,
                             latencies: writes.latencies, note: "acknowledged after fsync"))
         }
-        _ = try await probeRequest(endpoints.broker, "sources.select", ["ids": ["bbc-news", "cnn", "the-verge"]])
+        let selector = try await BusClient(brokers: [endpoints.broker])
+        _ = try await selector.call(StoreAPI.sourcesSelect, .init(ids: ["bbc-news", "cnn", "the-verge"]))
+        await selector.close()
         for clients in [1, 8] {
             let reads = try await measure(endpoints.broker, clients: clients) { client, _ in
-                _ = try await client.request(service: "store", method: "sources.selected")
+                _ = try await client.call(StoreAPI.sourcesSelected)
             }
             rows.append(Row("read (sources.selected), \(clients) client\(clients == 1 ? "" : "s")", rate: reads.rate, latencies: reads.latencies))
         }
         // Each client keeps several requests in flight (replies are matched by id).
         let pipelined = try await measure(endpoints.broker, clients: 8, inFlight: 8) { client, _ in
-            _ = try await client.request(service: "store", method: "sources.selected")
+            _ = try await client.call(StoreAPI.sourcesSelected)
         }
         rows.append(Row("read (sources.selected), 8 clients x 8 in flight", rate: pipelined.rate, latencies: pipelined.latencies))
         await store.stopPublishing()
@@ -70,12 +72,6 @@ struct StoreBenchmark: AsyncParsableCommand {
         await publisherClient.close()
         await kernel.stop()
         return rows
-    }
-
-    private func probeRequest(_ broker: String, _ method: String, _ params: JSONValue) async throws -> JSONValue {
-        let client = try await BusClient(brokers: [broker])
-        defer { Task { await client.close() } }
-        return try await client.request(service: "store", method: method, params: params)
     }
 
     /// Runs `request` in a loop on `clients` clients (each its own socket) for the set time;

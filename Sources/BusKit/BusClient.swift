@@ -1,4 +1,6 @@
 public import BusProtocol
+public import ContractKit
+import Contracts
 import DequeModule
 import Foundation
 import Synchronization
@@ -23,6 +25,9 @@ public final class BusClient: Sendable {
     /// The largest request body sent; a bigger one fails at once with -32010, as the
     /// kernel would drop the connection that carried it (`kernel.max_message_size`).
     public let maxMessageSize: Int
+    /// The kernel's CHP endpoints, for ``subscribe(prefixes:includeSnapshot:silenceTimeout:bufferSize:)``.
+    public let state: StateEndpoints?
+    private let curve: CurveClientKeys?
     let loop: SocketLoop
     private let ownsLoop: Bool
     private let core: ClientCore
@@ -39,11 +44,15 @@ public final class BusClient: Sendable {
     ///   - resendAfterReconnect: send requests again that were in flight when the
     ///     connection to a kernel dropped (false: fail them with -32006).
     ///   - maxMessageSize: the kernel's `max_message_size`; bigger requests fail with -32010.
+    ///   - state: the kernel's CHP endpoints; by default the three ports after the first
+    ///     broker's (`tcp://HOST:PORT+1`...), as the kernel binds them unless told otherwise.
     public init(brokers: [String], context: ZMQContext? = nil, loop: SocketLoop? = nil, timeout: Duration = .seconds(5),
                 curve: CurveClientKeys? = nil, resendAfterReconnect: Bool = true,
-                maxMessageSize: Int = MDP.defaultMaxMessageSize) async throws {
+                maxMessageSize: Int = MDP.defaultMaxMessageSize, state: StateEndpoints? = nil) async throws {
         precondition(!brokers.isEmpty, "BusClient needs at least one broker endpoint")
         self.brokers = brokers
+        self.state = state ?? StateEndpoints(followingBroker: brokers[0])
+        self.curve = curve
         self.defaultTimeout = timeout
         self.maxMessageSize = maxMessageSize
         if let loop {
@@ -63,10 +72,31 @@ public final class BusClient: Sendable {
     ///   ``BusError/unavailable(service:message:)`` when no worker took it in time,
     ///   ``BusError/timedOut(service:method:after:)`` when nothing came back in `timeout`.
     public func request(service: String, method: String, params: JSONValue? = nil, timeout: Duration? = nil) async throws(BusError) -> JSONValue {
+        try await request(service: service, method: method, paramsText: params?.jsonBytes, timeout: timeout)
+    }
+
+    /// Calls `method` from its service's contract with typed params, and gives its result as
+    /// the contract's type. Errors as ``request(service:method:params:timeout:)``; a result
+    /// that does not fit the contract is ``BusError/remote(service:_:)`` with -32603.
+    public func call<P, R>(_ method: Method<P, R>, _ params: P, timeout: Duration? = nil) async throws(BusError) -> R {
+        let text: [UInt8]?
+        do { text = try method.paramsText(params) } catch { throw .remote(service: method.service, .invalidParams(field: "params", "\(error)")) }
+        let result = try await request(service: method.service, method: method.name, paramsText: text, timeout: timeout)
+        do { return try decodeResult(R.self, result) } catch { throw .remote(service: method.service, error as? JSONRPCError ?? .internalError("\(error)")) }
+    }
+
+    /// ``call(_:_:timeout:)`` for a method without params.
+    public func call<R>(_ method: Method<NoParams, R>, timeout: Duration? = nil) async throws(BusError) -> R {
+        try await call(method, NoParams(), timeout: timeout)
+    }
+
+    /// ``request(service:method:params:timeout:)`` with the params as JSON text, forwarded as
+    /// they are (the gateway passes a browser's params through without parsing them).
+    public func request(service: String, method: String, paramsText: [UInt8]?, timeout: Duration? = nil) async throws(BusError) -> JSONValue {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
         let id = ClientCore.nextID()
-        let body = Frame(JSONRPCRequest(id: .number(id), method: method, params: params).jsonBytes)
+        let body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: paramsText).jsonBytes)
         if let error = refusal(body, service: service) { throw error }
         guard !isClosed.load(ordering: .acquiring) else { throw .closed }
         let outcome: Result<JSONValue, BusError> = await withTaskCancellationHandler {
@@ -85,15 +115,57 @@ public final class BusClient: Sendable {
         return try outcome.get()
     }
 
-    /// Sends several JSON-RPC requests to `service` as one batch (one message, one reply)
-    /// and returns each one's outcome, in order. Cheaper than as many requests when a
-    /// service has many small things to say (say, state keys to publish).
-    public func batch(service: String, _ calls: [(method: String, params: JSONValue?)], timeout: Duration? = nil) async -> [Result<JSONValue, BusError>] {
+    // MARK: State
+
+    /// Sets `key` in the kernel's state to `value`, or deletes it when `value` is nil; `ttl`
+    /// in seconds. Returns the update's sequence number once the kernel has applied and
+    /// published it. A client writes under the kernel's writable prefixes (`/client/` by
+    /// default) as through the CHP collector, but acknowledged (`kernel` `state.publish`);
+    /// `asService` writes a service's own keys (`state.set`, see ``StatePublisher``).
+    @discardableResult
+    public func publish(key: String, value: JSONValue?, ttl: Double? = nil, asService: Bool = false) async throws(BusError) -> UInt64 {
+        try await call(asService ? KernelAPI.stateSet : KernelAPI.statePublish,
+                       KernelAPI.StateSetParams(key: key, value: value ?? .null, ttl: ttl)).sequence
+    }
+
+    /// Follows the kernel's state under `prefixes` (12/CHP): a snapshot, then every update,
+    /// with gaps reported (see ``Subscription``). It runs on this client's loop with its keys;
+    /// cancel it before closing the client.
+    public func subscribe(prefixes: [String] = [""], includeSnapshot: Bool = true, silenceTimeout: Duration = .seconds(5),
+                          bufferSize: Int = 10_000) async throws -> Subscription {
+        guard let state else {
+            throw BusError.protocolViolation("no CHP endpoints: give BusClient(state:) when the broker is not at tcp://HOST:PORT")
+        }
+        return try await Subscription.open(snapshot: state.snapshot, publisher: state.publisher, prefixes: prefixes,
+                                           includeSnapshot: includeSnapshot, loop: loop, silenceTimeout: silenceTimeout,
+                                           bufferSize: bufferSize, curve: curve)
+    }
+
+    // MARK: Batches
+
+    /// Calls `method` once for each of `params` in one JSON-RPC batch (one message, one
+    /// reply) and returns each call's outcome, in order. Cheaper than as many requests when
+    /// a service has many small things to say (say, state keys to publish).
+    public func batch<P, R>(_ method: Method<P, R>, _ params: [P], timeout: Duration? = nil) async -> [Result<R, BusError>] {
+        let texts: [[UInt8]?]
+        do { texts = try params.map(method.paramsText) } catch {
+            return params.map { _ in .failure(.remote(service: method.service, .invalidParams(field: "params", "\(error)"))) }
+        }
+        let outcomes = await batch(service: method.service, texts.map { (method.name, $0) }, timeout: timeout)
+        return outcomes.map { outcome in
+            outcome.flatMap { result in
+                Result { try decodeResult(R.self, result) }.mapError { .remote(service: method.service, $0 as? JSONRPCError ?? .internalError("\($0)")) }
+            }
+        }
+    }
+
+    /// Several requests to `service` in one JSON-RPC batch, params as JSON text.
+    public func batch(service: String, _ calls: [(method: String, paramsText: [UInt8]?)], timeout: Duration? = nil) async -> [Result<JSONValue, BusError>] {
         guard !calls.isEmpty else { return [] }
         let timeout = timeout ?? defaultTimeout
         let core = self.core
         let ids = calls.map { _ in ClientCore.nextID() }
-        let requests = zip(ids, calls).map { id, call in JSONRPCRequest(id: .number(id), method: call.method, params: call.params).jsonBytes }
+        let requests = zip(ids, calls).map { id, call in JSONRPCRequest(id: .number(id), method: call.method, paramsText: call.paramsText).jsonBytes }
         let body = Frame(Array("[".utf8) + Array(requests.joined(separator: Array(",".utf8))) + Array("]".utf8))
         if let error = refusal(body, service: service) { return calls.map { _ in .failure(error) } }
         guard !isClosed.load(ordering: .acquiring) else { return calls.map { _ in .failure(.closed) } }
@@ -114,11 +186,6 @@ public final class BusClient: Sendable {
         } onCancel: {
             loop.execute { core.assumeIsolated { $0.cancel(ids: ids) } }
         }
-    }
-
-    /// Sends a request and decodes its result as `R`.
-    public func request<R: Decodable>(_ type: R.Type, service: String, method: String, params: JSONValue? = nil, timeout: Duration? = nil) async throws -> R {
-        try await request(service: service, method: method, params: params, timeout: timeout).decode(as: R.self)
     }
 
     /// Sends an opaque request (any frames) and waits for the reply's frames. Replies to

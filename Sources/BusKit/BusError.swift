@@ -1,4 +1,5 @@
 public import BusProtocol
+public import ContractKit
 import ZeroMQ
 
 /// Why a request through the bus failed.
@@ -45,16 +46,16 @@ public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
 }
 
 extension BusClient {
-    /// A request made while answering another (a service asking the store, say): a failure
+    /// A call made while answering another (a service asking the store, say): a failure
     /// becomes a JSON-RPC error that names the service and what needed it, keeping the
     /// service's own code (-32001, -32002, -32007, ...).
-    public func request(service: String, method: String, params: JSONValue? = nil, timeout: Duration? = nil,
-                        neededFor purpose: String) async throws(JSONRPCError) -> JSONValue {
+    public func call<P, R>(_ method: Method<P, R>, _ params: P, timeout: Duration? = nil,
+                           neededFor purpose: String) async throws(JSONRPCError) -> R {
         do {
-            return try await request(service: service, method: method, params: params, timeout: timeout)
+            return try await call(method, params, timeout: timeout)
         } catch {
-            throw JSONRPCError(code: error.code ?? JSONRPCError.serviceUnavailableCode, message: "\(purpose) needs the \(service) service: \(error)",
-                               data: ["service": .string(service)])
+            throw JSONRPCError(code: error.code ?? JSONRPCError.serviceUnavailableCode, message: "\(purpose) needs the \(method.service) service: \(error)",
+                               data: ["service": .string(method.service)])
         }
     }
 }

@@ -1,4 +1,5 @@
 public import BusProtocol
+public import ContractKit
 import Foundation
 public import Logging
 public import ServiceLifecycle
@@ -69,9 +70,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
         self.reregistered = onReregistered
         let loop = try SocketLoop(context: try context ?? ZMQContext(), name: "\(Hosted.name)-host")
         self.loop = loop
-        var table = MethodTable<Hosted>()
-        service.methods(&table)
-        let frozen = table
+        let frozen = MethodTable(of: service)
         workers = (0..<options.connections).map { index in
             WorkerConnection(loop: loop, index: index, broker: options.brokers[index % options.brokers.count],
                              service: service, table: frozen, options: options, logger: logger, onReregistered: onReregistered)

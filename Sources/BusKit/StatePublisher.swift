@@ -1,4 +1,5 @@
 public import BusProtocol
+import Contracts
 
 /// Publishes a service's state keys through the kernel's `state.set` (acknowledged with a
 /// sequence number, unlike the lossy CHP collector), and remembers them so that
@@ -14,24 +15,19 @@ public actor StatePublisher {
     /// Sets `key` to `value` (deletes it when `value` is nil) and returns its sequence number.
     @discardableResult
     public func set(_ key: String, _ value: JSONValue?, ttl: Double? = nil) async throws(BusError) -> UInt64 {
-        var params: [String: JSONValue] = ["key": .string(key), "value": value ?? .null]
-        if let ttl { params["ttl"] = .double(ttl) }
-        let result = try await client.request(service: "kernel", method: "state.set", params: .object(params))
+        let sequence = try await client.publish(key: key, value: value, ttl: ttl, asService: true)
         remember(key, value, ttl: ttl)
-        return UInt64(result["sequence"]?.intValue ?? 0)
+        return sequence
     }
 
     /// Sets several keys in one message to the kernel (a JSON-RPC batch of `state.set`);
     /// returns each one's sequence number or error, in order.
     public func set(many entries: [(key: String, value: JSONValue?)]) async -> [Result<UInt64, BusError>] {
-        let calls = entries.map { entry -> (method: String, params: JSONValue?) in
-            ("state.set", ["key": .string(entry.key), "value": entry.value ?? .null])
-        }
-        let outcomes = await client.batch(service: "kernel", calls)
+        let outcomes = await client.batch(KernelAPI.stateSet, entries.map { KernelAPI.StateSetParams(key: $0.key, value: $0.value ?? .null) })
         return zip(entries, outcomes).map { entry, outcome in
-            outcome.map { result in
+            outcome.map { written in
                 remember(entry.key, entry.value, ttl: nil)
-                return UInt64(result["sequence"]?.intValue ?? 0)
+                return written.sequence
             }
         }
     }

@@ -3,6 +3,7 @@ public import BusProtocol
 public import Catalog
 import Foundation
 public import Logging
+import Contracts
 
 /// Keeps a service's copies of some datasets in step with the fetcher.
 ///
@@ -116,9 +117,8 @@ public actor CatalogFollower {
             var total = 1
             var consistent = true
             while copy.records.count < total {
-                let page = try await client.request(service: "fetcher", method: "datasets.get", params: [
-                    "name": .string(dataset.rawValue), "offset": .int(Int64(copy.records.count)), "limit": .int(Int64(pageSize)),
-                ], timeout: timeout)
+                let page = try await client.call(FetcherAPI.datasetsGet, FetcherAPI.Get(name: dataset.rawValue, offset: copy.records.count, limit: pageSize),
+                                                 timeout: timeout)
                 guard let version = page["version"]?.stringValue, let count = page["total"]?.intValue,
                       let records = page["records"]?.arrayValue else {
                     throw BusError.protocolViolation("fetcher datasets.get: a page without version, total or records")

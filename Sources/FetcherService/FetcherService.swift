@@ -4,6 +4,8 @@ public import Catalog
 public import Foundation
 public import Logging
 import ZeroMQ
+public import ContractKit
+import Contracts
 
 /// The `fetcher` service: keeps each dataset loaded from the most trusted copy it has.
 ///
@@ -13,7 +15,7 @@ import ZeroMQ
 /// error. Whenever a dataset's version (a hash of its bytes) or origin changes, it is
 /// published as `/catalog/<name>`.
 public actor FetcherService: BusService {
-    public static let name = "fetcher"
+    public static let name = FetcherAPI.service
 
     public enum Origin: String, Sendable, Codable { case remote, cache, bundled }
 
@@ -107,16 +109,12 @@ public actor FetcherService: BusService {
 
     // MARK: Methods
 
-    struct NameParams: Decodable, Sendable { let name: String }
-    struct GetParams: Decodable, Sendable { let name: String; let offset: Int?; let limit: Int? }
-    struct RefreshParams: Decodable, Sendable { let name: String? }
-
     public nonisolated func methods(_ table: inout MethodTable<FetcherService>) {
-        table.on("datasets.list") { (fetcher, _: NoParams) -> JSONValue in
+        table.on(FetcherAPI.datasetsList) { fetcher, _ in
             .array(await fetcher.entries(Dataset.allCases))
         }
-        table.on("datasets.get") { (fetcher, params: GetParams) in try await fetcher.get(params) }
-        table.on("datasets.refresh") { (fetcher, params: RefreshParams) -> JSONValue in
+        table.on(FetcherAPI.datasetsGet) { fetcher, params in try await fetcher.get(params) }
+        table.on(FetcherAPI.datasetsRefresh) { fetcher, params in
             let datasets = try params.name.map { [try Self.dataset(named: $0)] } ?? Dataset.allCases
             await withTaskGroup(of: Void.self) { group in
                 for dataset in datasets { group.addTask { await fetcher.refresh(dataset) } }
@@ -132,7 +130,7 @@ public actor FetcherService: BusService {
         return dataset
     }
 
-    func get(_ params: GetParams) throws -> JSONValue {
+    func get(_ params: FetcherAPI.Get) throws -> JSONValue {
         let dataset = try Self.dataset(named: params.name)
         let offset = params.offset ?? 0
         let limit = params.limit ?? 100
@@ -255,7 +253,7 @@ public actor FetcherService: BusService {
 
     private func storeIsUp() async -> Bool {
         guard let client else { return false }
-        return (try? await client.hasWorkers("store", timeout: .seconds(1))) == true
+        return (try? await client.hasWorkers(StoreAPI.service, timeout: .seconds(1))) == true
     }
 
     /// Replaces bundled copies with the last good remote copies the store keeps.
@@ -265,8 +263,7 @@ public actor FetcherService: BusService {
             return
         }
         for dataset in Dataset.allCases where states[dataset]?.loaded?.origin != .remote {
-            guard let snapshot = try? await client.request(service: "store", method: "snapshots.get",
-                                                           params: ["name": .string(dataset.rawValue)], timeout: .seconds(5)),
+            guard let snapshot = try? await client.call(StoreAPI.snapshotsGet, StoreAPI.Name(name: dataset.rawValue), timeout: .seconds(5)),
                   let body = snapshot["body"]?.stringValue, let version = snapshot["version"]?.stringValue else { continue }
             let bytes = Array(body.utf8)
             guard let decoded = try? await Task.detached(operation: { try dataset.decode(bytes) }).value else {
@@ -284,10 +281,10 @@ public actor FetcherService: BusService {
     private func keepInStore(_ dataset: Dataset, bytes: [UInt8], loaded: Loaded) async {
         guard let client, bytes.count <= configuration.maxSnapshotBytes, await storeIsUp() else { return }
         guard let body = String(validating: bytes, as: UTF8.self) else { return }
-        let params: JSONValue = ["name": .string(dataset.rawValue), "body": .string(body), "version": .string(loaded.version),
-                                 "origin": "remote", "fetchedAt": .string(Timestamp.format(loaded.fetchedAt))]
+        let snapshot = StoreAPI.Snapshot(name: dataset.rawValue, body: body, version: loaded.version, origin: "remote",
+                                         fetchedAt: Timestamp.format(loaded.fetchedAt))
         do {
-            _ = try await client.request(service: "store", method: "snapshots.put", params: params, timeout: .seconds(10))
+            _ = try await client.call(StoreAPI.snapshotsPut, snapshot, timeout: .seconds(10))
         } catch {
             logger.warning("cannot keep the copy in the store", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
         }

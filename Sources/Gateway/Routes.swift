@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import Contracts
 import Foundation
 import HTTPTypes
 import Hummingbird
@@ -129,11 +130,11 @@ struct Routes: Sendable {
         case 1:
             let call = forwarded[0].call
             do {
-                outcomes = [.success(try await client.request(service: service, method: call.method, params: call.params))]
+                outcomes = [.success(try await client.request(service: service, method: call.method, paramsText: call.paramsText))]
             } catch {
                 outcomes = [.failure(error)]
             }
-        default: outcomes = await client.batch(service: service, forwarded.map { ($0.call.method, $0.call.params) })
+        default: outcomes = await client.batch(service: service, forwarded.map { ($0.call.method, $0.call.paramsText) })
         }
         for (sent, outcome) in zip(forwarded, outcomes) {
             if let id = sent.call.id { responses[sent.index] = Self.response(id: id, outcome) }
@@ -141,9 +142,10 @@ struct Routes: Sendable {
         return responses
     }
 
-    /// What the token forbids of this call: `state.set` outside its writable prefixes.
+    /// What the token forbids of this call: a state write (`state.set`, `state.publish`)
+    /// outside its writable prefixes.
     func refusal(_ call: JSONRPCRequest, service: String, token: GatewayToken?) -> JSONRPCError? {
-        guard let token, service == "kernel", call.method == "state.set" else { return nil }
+        guard let token, service == KernelAPI.service, [KernelAPI.stateSet.name, KernelAPI.statePublish.name].contains(call.method) else { return nil }
         let key = call.params?["key"]?.stringValue ?? ""
         guard token.writablePrefixes.contains(where: { key.hasPrefix($0) }) else {
             let allowed = token.writablePrefixes.isEmpty ? "none" : token.writablePrefixes.joined(separator: ", ")
@@ -242,8 +244,7 @@ struct Routes: Sendable {
         if case .refused(let response) = admit(request) { return response }
         var text = ""
         do {
-            let kernel = try await client.request(service: "kernel", method: "metrics", timeout: .seconds(2))
-            text = kernel["text"]?.stringValue ?? ""
+            text = try await client.call(KernelAPI.metrics, timeout: .seconds(2)).text
         } catch {
             text = "# the kernel did not answer: \(error)\n"
         }
@@ -268,11 +269,8 @@ struct Routes: Sendable {
     /// Ready when the kernel answers and every expected service has a worker.
     func ready() async -> Response {
         do {
-            let list = try await client.request(service: "kernel", method: "services.list", timeout: .seconds(2))
-            var workers: [String: Int64] = [:]
-            for service in list["services"]?.arrayValue ?? [] {
-                if let name = service["name"]?.stringValue { workers[name] = service["workers"]?.intValue ?? 0 }
-            }
+            let list = try await client.call(KernelAPI.servicesList, timeout: .seconds(2))
+            let workers = Dictionary(list.services.map { ($0.name, $0.workers) }, uniquingKeysWith: max)
             let missing = options.services.filter { (workers[$0] ?? 0) == 0 }
             guard missing.isEmpty else {
                 return Self.json(.serviceUnavailable, ["status": "waiting", "servicesWithoutWorkers": .array(missing.map { .string($0) })])

@@ -1,4 +1,5 @@
 import BusProtocol
+import Contracts
 import DequeModule
 import Logging
 import ZeroMQ
@@ -68,7 +69,9 @@ final class Broker {
     var send: (Message) -> Void = { _ in }
     /// Answers requests for the built-in `kernel` service.
     /// The second argument is the caller's ZAP user id (nil without CURVE).
-    var builtIn: (JSONRPCRequest, String?) -> Result<JSONValue, JSONRPCError> = { request, _ in .failure(.methodNotFound(request.method)) }
+    /// Hands a request for the built-in `kernel` service (client, body, the sender's CURVE
+    /// key) to the kernel's method table, which answers through ``replyFromKernel(to:_:)``.
+    var kernelRequest: (Frame, [Frame], String?) -> Void = { _, _, _ in }
     /// Told when a service's worker count changes.
     var onWorkersChanged: (String, Int) -> Void = { _, _ in }
 
@@ -123,8 +126,8 @@ final class Broker {
             send(MDP.reply(to: client, service: name, body: [Frame(answer)]))
             return
         }
-        if name == Kernel.serviceName {
-            send(MDP.reply(to: client, service: name, body: [Frame(answerBuiltIn(body, peer: peer))]))
+        if name == KernelAPI.service {
+            kernelRequest(client, body, peer)
             return
         }
         guard services[name] != nil || services.count < configuration.maxServices else {
@@ -167,7 +170,7 @@ final class Broker {
                 disconnect(identity, reason: "this key may not register '\(name)'")
                 return
             }
-            guard !MMI.isManagement(name), name != Kernel.serviceName else {
+            guard !MMI.isManagement(name), name != KernelAPI.service else {
                 disconnect(identity, reason: "'\(name)' is reserved for the kernel")
                 return
             }
@@ -326,27 +329,9 @@ final class Broker {
         send(MDP.reply(to: client, serviceFrame: serviceFrame, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))]))
     }
 
-    private func answerBuiltIn(_ body: [Frame], peer: String?) -> [UInt8] {
-        guard body.count == 1 else {
-            return JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes
-        }
-        func answer(_ item: JSONRPCItem) -> JSONRPCResponse? {
-            switch item {
-            case .invalid(let response): return response
-            case .request(let request):
-                let outcome = builtIn(request, peer)
-                guard let id = request.id else { return nil }
-                switch outcome {
-                case .success(let result): return JSONRPCResponse(id: id, result: result)
-                case .failure(let error): return JSONRPCResponse(id: id, error: error)
-                }
-            }
-        }
-        switch JSONRPC.parseRequests(body[0].bytes) {
-        case .unusable(let response): return response.jsonBytes
-        case .single(let item): return answer(item)?.jsonBytes ?? []
-        case .batch(let items): return JSONRPC.encodeReply(items.compactMap(answer), batch: true) ?? []
-        }
+    /// The `kernel` service's answer to `client`.
+    func replyFromKernel(to client: Frame, _ reply: [UInt8]) {
+        send(MDP.reply(to: client, service: KernelAPI.service, body: [Frame(reply)]))
     }
 
     private func serviceNamed(_ name: String) -> Service {

@@ -1,4 +1,6 @@
 import BusProtocol
+public import ContractKit
+import Contracts
 import Foundation
 public import Logging
 public import ServiceLifecycle
@@ -9,9 +11,9 @@ public import ZeroMQ
 ///
 /// The actor runs on its ``SocketLoop`` (its executor is the loop), so it owns its sockets
 /// outright and handles every message without a thread hop.
-public actor Kernel {
-    /// The name of the built-in service.
-    public static let serviceName = "kernel"
+public actor Kernel: BusService {
+    /// The name of the built-in service, whose methods are ``KernelAPI``'s.
+    public static let name = KernelAPI.service
 
     /// Where the kernel listens, with the ports chosen for `*` endpoints.
     public struct Endpoints: Sendable, Equatable {
@@ -34,6 +36,10 @@ public actor Kernel {
     private var zapHandler: ZAPHandler?
     private var timers: [LoopTimer] = []
     private var startedAt = Date()
+    /// The `kernel` service's methods, answered on the loop as each request arrives.
+    private var table: MethodTable<Kernel>?
+    /// The CURVE key of the request being answered, for `state.set`'s rules.
+    private var requestPeer: String?
 
     /// Where the kernel is in its life: ``start()`` binds once, ``stop()`` is final.
     enum Phase {
@@ -154,9 +160,9 @@ public actor Kernel {
             let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
             state.set("/kernel/services/\(name)", value: Frame(value.jsonBytes), now: monotonicNanoseconds())
         }
-        broker.builtIn = { [weak self] request, peer in
-            guard let self else { return .failure(.internalError("the kernel is stopping")) }
-            return self.assumeIsolated { kernel in kernel.builtIn(request, peer: peer) }
+        table = MethodTable(of: self)
+        broker.kernelRequest = { [weak self] client, body, peer in
+            self?.assumeIsolated { kernel in kernel.answer(client: client, body: body, peer: peer) }
         }
         timers.append(loop.scheduleRepeating(every: configuration.heartbeatInterval) { broker.tick(now: monotonicNanoseconds()) })
         var heap = HeapTrim()
@@ -194,56 +200,60 @@ public actor Kernel {
 
     // MARK: The built-in `kernel` service
 
-    private func builtIn(_ request: JSONRPCRequest, peer: String?) -> Result<JSONValue, JSONRPCError> {
-        let params = request.params?.objectValue ?? [:]
-        switch request.method {
-        case "ping":
-            return .success(["pong": true, "instance": .string(instance), "pid": .int(Int64(ProcessInfo.processInfo.processIdentifier)),
-                             "uptimeSeconds": .double((Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000)])
-        case "services.list":
-            let services = broker.services.values.sorted { $0.name < $1.name }.map { service -> JSONValue in
-                let workers = broker.workers.values.filter { $0.service === service }
-                let idle = workers.filter(\.inFlight.isEmpty).count, inFlight = workers.reduce(0) { $0 + $1.inFlight.count }
-                return ["name": .string(service.name), "workers": .int(Int64(service.workers)),
-                        "idle": .int(Int64(idle)), "queued": .int(Int64(service.requests.count)),
-                        "inFlight": .int(Int64(inFlight))]
-            }
-            return .success(["services": .array(services)])
-        case "stats":
-            return .success(statistics())
-        case "metrics":
-            return .success(["contentType": "text/plain; version=0.0.4", "text": .string(prometheusText())])
-        case "state.set":
-            guard case .string(let key)? = params["key"], key.hasPrefix("/"), key.count > 1 else {
-                return .failure(.invalidParams(field: "key", "must be a path starting with '/'"))
-            }
-            var ttl: Double?
-            if let value = params["ttl"], !value.isNull {
-                switch value {
-                case .int(let seconds) where seconds >= 0: ttl = Double(seconds)
-                case .double(let seconds) where seconds >= 0 && seconds.isFinite: ttl = seconds
-                default: return .failure(.invalidParams(field: "ttl", "must be a non-negative number of seconds"))
-                }
-            }
-            let value = params["value"] ?? .null
-            let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
-            return state.write(key, value: frame, ttl: ttl, by: Peer(userID: peer, security: configuration.security), now: monotonicNanoseconds())
-                .map { ["sequence": .int(Int64($0))] }
-        case "state.get":
-            let prefix: String
-            switch params["prefix"] {
-            case nil, .null?: prefix = ""
-            case .string(let text)?: prefix = text
-            default: return .failure(.invalidParams(field: "prefix", "must be a string"))
-            }
-            let entries = state.entries(under: prefix).map { key, entry -> JSONValue in
-                let value = (try? JSONValue(parsing: entry.value.bytes)) ?? .string(entry.value.string ?? "")
-                return ["key": .string(key), "sequence": .int(Int64(entry.sequence)), "value": value]
-            }
-            return .success(["sequence": .int(Int64(state.sequence)), "entries": .array(entries)])
-        default:
-            return .failure(.methodNotFound(request.method))
+    private func answer(client: Frame, body: [Frame], peer: String?) {
+        guard let table else { return }
+        guard body.count == 1 else {
+            broker.replyFromKernel(to: client, JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes)
+            return
         }
+        requestPeer = peer
+        defer { requestPeer = nil }
+        broker.replyFromKernel(to: client, table.answerNow(body: body[0].bytes, on: self).reply)
+    }
+
+    public nonisolated func methods(_ table: inout MethodTable<Kernel>) {
+        table.onIsolated(KernelAPI.ping) { kernel, _ in kernel.ping() }
+        table.onIsolated(KernelAPI.servicesList) { kernel, _ in kernel.servicesList() }
+        table.onIsolated(KernelAPI.stats) { kernel, _ in kernel.statistics() }
+        table.onIsolated(KernelAPI.metrics) { kernel, _ in KernelAPI.Metrics(contentType: "text/plain; version=0.0.4", text: kernel.prometheusText()) }
+        table.onIsolated(KernelAPI.stateSet) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: false) }
+        table.onIsolated(KernelAPI.statePublish) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: true) }
+        table.onIsolated(KernelAPI.stateGet) { kernel, params in kernel.stateGet(prefix: params.prefix ?? "") }
+    }
+
+    private func ping() -> KernelAPI.Pong {
+        KernelAPI.Pong(pong: true, instance: instance, pid: Int(ProcessInfo.processInfo.processIdentifier),
+                       uptimeSeconds: (Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000)
+    }
+
+    private func servicesList() -> KernelAPI.ServiceList {
+        KernelAPI.ServiceList(services: broker.services.values.sorted { $0.name < $1.name }.map { service in
+            let workers = broker.workers.values.filter { $0.service === service }
+            return KernelAPI.ServiceList.Entry(name: service.name, workers: service.workers, idle: workers.filter(\.inFlight.isEmpty).count,
+                                               queued: service.requests.count, inFlight: workers.reduce(0) { $0 + $1.inFlight.count })
+        })
+    }
+
+    /// `state.set`, or with `asClient` `state.publish` (the collector's rule for the key).
+    private func stateSet(_ params: KernelAPI.StateSetParams, peer: String?, asClient: Bool) throws(JSONRPCError) -> KernelAPI.StateWritten {
+        guard params.key.hasPrefix("/"), params.key.count > 1 else {
+            throw .invalidParams(field: "key", "must be a path starting with '/'")
+        }
+        if let ttl = params.ttl, !(ttl >= 0 && ttl.isFinite) {
+            throw .invalidParams(field: "ttl", "must be a non-negative number of seconds")
+        }
+        let value = params.value ?? .null
+        let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
+        let sequence = try state.write(params.key, value: frame, ttl: params.ttl, by: Peer(userID: peer, security: configuration.security),
+                                       asClient: asClient, now: monotonicNanoseconds()).get()
+        return KernelAPI.StateWritten(sequence: sequence)
+    }
+
+    private func stateGet(prefix: String) -> KernelAPI.StateEntries {
+        KernelAPI.StateEntries(sequence: state.sequence, entries: state.entries(under: prefix).map { key, entry in
+            let value = (try? JSONValue(parsing: entry.value.bytes)) ?? .string(entry.value.string ?? "")
+            return KernelAPI.StateEntries.Entry(key: key, sequence: entry.sequence, value: value)
+        })
     }
 }
 

@@ -74,7 +74,7 @@ struct StateAccess {
         if isClientWritable(key) { return nil }
         switch peer {
         case .unauthenticated:
-            return collector ? .forbidden("the collector accepts only keys under \(writablePrefixes.joined(separator: ", "))") : nil
+            return collector ? .forbidden("clients publish only keys under \(writablePrefixes.joined(separator: ", ")) (the kernel's writable prefixes)") : nil
         case .client:
             return .forbidden("a client key may set only keys under \(writablePrefixes.joined(separator: ", "))")
         case .worker(_, nil):

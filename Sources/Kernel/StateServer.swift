@@ -90,12 +90,13 @@ final class StateServer {
         case refused(JSONRPCError)
     }
 
-    /// A peer's `state.set`: applied when ``StateAccess`` lets `peer` write `key` and the
-    /// limits have room; otherwise the error to answer with (-32011 or -32010).
-    func write(_ key: String, value: Frame, ttl: Double?, by peer: Peer, now: UInt64) -> Result<UInt64, JSONRPCError> {
+    /// A peer's `state.set` (or, `asClient`, its `state.publish`, under the collector's rule):
+    /// applied when ``StateAccess`` lets `peer` write `key` and the limits have room;
+    /// otherwise the error to answer with (-32011 or -32010).
+    func write(_ key: String, value: Frame, ttl: Double?, by peer: Peer, asClient: Bool = false, now: UInt64) -> Result<UInt64, JSONRPCError> {
         let key = Frame(key)
         let index = entries.index(forKey: key)
-        switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: false) {
+        switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: asClient) {
         case .refused(let error): return .failure(error)
         case .allowed(let owner):
             return .success(apply(key, at: index, value: value, ttl: ttl, uuid: Frame(),

@@ -5,6 +5,8 @@ import CatalogFeed
 import Foundation
 public import Logging
 import Synchronization
+public import ContractKit
+import Contracts
 
 /// The `pricing` service: round-trip quotes, the cheapest route, the current route (kept by
 /// the store, so it survives restarts) and the countries app's deals.
@@ -14,7 +16,7 @@ import Synchronization
 /// `/pricing/route/current` is published with the old and the new price. The deal of the
 /// day is published as `/pricing/deal/today` at start and at each midnight (UTC).
 public actor PricingService: BusService {
-    public static let name = "pricing"
+    public static let name = PricingAPI.service
 
     let logger: Logger
     let busTimeout: Duration
@@ -104,23 +106,19 @@ public actor PricingService: BusService {
 
     // MARK: Methods
 
-    struct QuoteParams: Decodable, Sendable { let outboundId: Int; let inboundId: Int }
-    struct SelectParams: Decodable, Sendable { let outboundId: Int; let inboundId: Int? }
-    struct RollbackParams: Decodable, Sendable { let seed: Int64? }
-    struct TodayParams: Decodable, Sendable { let date: String? }
 
     public nonisolated func methods(_ table: inout MethodTable<PricingService>) {
-        table.on("route.quote") { (pricing, params: QuoteParams) in
+        table.on(PricingAPI.routeQuote) { pricing, params in
             try await pricing.quote(params)
         }
-        table.on("route.cheapest") { (pricing, _: NoParams) in await pricing.cheapest() }
-        table.on("route.current") { (pricing, _: NoParams) in try await pricing.current() }
-        table.on("route.select") { (pricing, params: SelectParams) in try await pricing.select(params) }
-        table.on("deals.rollback") { (pricing, params: RollbackParams) in try await pricing.rollback(params) }
-        table.on("deals.today") { (pricing, params: TodayParams) in try await pricing.today(params) }
+        table.on(PricingAPI.routeCheapest) { pricing, _ in await pricing.cheapest() }
+        table.on(PricingAPI.routeCurrent) { pricing, _ in try await pricing.current() }
+        table.on(PricingAPI.routeSelect) { pricing, params in try await pricing.select(params) }
+        table.on(PricingAPI.dealsRollback) { pricing, params in try await pricing.rollback(params) }
+        table.on(PricingAPI.dealsToday) { pricing, params in try await pricing.today(params) }
     }
 
-    func quote(_ params: QuoteParams) throws -> JSONValue {
+    func quote(_ params: PricingAPI.Quote) throws -> JSONValue {
         var answer = try book.quote(outboundId: params.outboundId, inboundId: params.inboundId).json
         answer["flightsVersion"] = version(of: .flights).map(JSONValue.string) ?? .null
         return .object(answer)
@@ -140,7 +138,7 @@ public actor PricingService: BusService {
     }
 
     func current() async throws -> JSONValue {
-        let stored = try await store("route.selected", for: "the current route")
+        let stored = try await store(StoreAPI.routeSelected, NoParams(), for: "the current route")
         var firstRun = false
         let selection: Selection
         if let found = Selection(stored) {
@@ -161,7 +159,7 @@ public actor PricingService: BusService {
         return .object(answer)
     }
 
-    func select(_ params: SelectParams) async throws -> JSONValue {
+    func select(_ params: PricingAPI.Select) async throws -> JSONValue {
         // Validate before storing: unknown ids -32003, an unrelated pair -32004.
         if let inboundId = params.inboundId {
             _ = try book.quote(outboundId: params.outboundId, inboundId: inboundId)
@@ -175,13 +173,13 @@ public actor PricingService: BusService {
         return .object(priced.json)
     }
 
-    func rollback(_ params: RollbackParams) throws -> JSONValue {
+    func rollback(_ params: PricingAPI.Rollback) throws -> JSONValue {
         let seed = params.seed ?? Int64.random(in: 0...Int64.max)
         guard let deal = deals.deal(seed: UInt64(bitPattern: seed)) else { throw noCountries() }
         return deal.json(title: "Rollback Deal", extra: ["seed": .int(seed)])
     }
 
-    func today(_ params: TodayParams) throws -> JSONValue {
+    func today(_ params: PricingAPI.Today) throws -> JSONValue {
         let date: String
         if let given = params.date {
             guard let valid = Day.parse(given) else {
@@ -282,7 +280,7 @@ public actor PricingService: BusService {
 
     /// After the flights changed: the stored route priced again (and published if its price moved).
     private func repriceCurrentRoute() async {
-        if let stored = try? await store("route.selected", for: "re-pricing the current route"), let selection = Selection(stored) {
+        if let stored = try? await store(StoreAPI.routeSelected, NoParams(), for: "re-pricing the current route"), let selection = Selection(stored) {
             knownSelection = selection
         }
         guard let selection = knownSelection else { return }
@@ -311,7 +309,7 @@ public actor PricingService: BusService {
     }
 
     private func publishDealOfTheDay() async {
-        guard let publisher, let deal = try? today(TodayParams(date: nil)), deal != publishedDeal else { return }
+        guard let publisher, let deal = try? today(PricingAPI.Today()), deal != publishedDeal else { return }
         do {
             _ = try await publisher.set("/pricing/deal/today", deal)
             publishedDeal = deal
@@ -323,8 +321,7 @@ public actor PricingService: BusService {
     // MARK: The store
 
     private func storeSelection(outboundId: Int, inboundId: Int?, for purpose: String) async throws -> Selection {
-        let answer = try await store("route.select", ["outboundId": .int(Int64(outboundId)), "inboundId": inboundId.map { .int(Int64($0)) } ?? .null],
-                                     for: purpose)
+        let answer = try await store(StoreAPI.routeSelect, StoreAPI.Route(outboundId: outboundId, inboundId: inboundId), for: purpose)
         guard let selection = Selection(answer) else {
             throw JSONRPCError.internalError("the store's route.select answer has no outboundId")
         }
@@ -332,8 +329,8 @@ public actor PricingService: BusService {
     }
 
     /// Calls the store on behalf of a request; a failure says what needed it.
-    private func store(_ method: String, _ params: JSONValue? = nil, for purpose: String) async throws -> JSONValue {
-        guard let client else { throw JSONRPCError.notConnected(to: "store", neededFor: purpose) }
-        return try await client.request(service: "store", method: method, params: params, timeout: busTimeout, neededFor: purpose)
+    private func store<P, R>(_ method: Method<P, R>, _ params: P, for purpose: String) async throws -> R {
+        guard let client else { throw JSONRPCError.notConnected(to: method.service, neededFor: purpose) }
+        return try await client.call(method, params, timeout: busTimeout, neededFor: purpose)
     }
 }

@@ -2,18 +2,12 @@ import BusKit
 import BusProtocol
 import Catalog
 import Foundation
+import ContractKit
+import Contracts
 
 // The search service's methods. Each takes one snapshot of the indexes and answers from it
 // alone; params are checked first, and a bad one is -32602 naming the field.
 
-struct CountriesParams: Decodable, Sendable { let query: String?; let region: String?; let offset: Int?; let limit: Int? }
-struct LocationsParams: Decodable, Sendable { let query: String?; let offset: Int?; let limit: Int? }
-struct ResolveParams: Decodable, Sendable { let query: String }
-struct ItemsParams: Decodable, Sendable { let order: String?; let listId: Int? }
-struct SourcesParams: Decodable, Sendable { let language: String?; let category: String? }
-struct HeadlinesParams: Decodable, Sendable { let sources: [String]?; let page: Int?; let pageSize: Int? }
-struct FlightsParams: Decodable, Sendable { let direction: String? }
-struct AirlineParams: Decodable, Sendable { let id: String }
 
 /// Limits on params.
 enum Limits {
@@ -26,7 +20,7 @@ enum Limits {
 extension SearchService {
     // MARK: countries.search
 
-    nonisolated func countries(_ params: CountriesParams) throws -> JSONValue {
+    nonisolated func countries(_ params: SearchAPI.Countries) throws -> JSONValue {
         let query = try checkedQuery(params.query)
         let (offset, limit) = try paging(offset: params.offset, limit: params.limit, defaultLimit: 250)
         let index = indexes.snapshot.countries
@@ -45,7 +39,7 @@ extension SearchService {
 
     // MARK: locations.search, locations.resolve
 
-    nonisolated func locations(_ params: LocationsParams) throws -> JSONValue {
+    nonisolated func locations(_ params: SearchAPI.Locations) throws -> JSONValue {
         let query = try checkedQuery(params.query)
         let (offset, limit) = try paging(offset: params.offset, limit: params.limit, defaultLimit: 100)
         let index = indexes.snapshot.places
@@ -61,7 +55,7 @@ extension SearchService {
                 "offset": .int(Int64(offset)), "places": .array(Array(page))]
     }
 
-    func resolve(_ params: ResolveParams) async throws -> JSONValue {
+    func resolve(_ params: SearchAPI.Resolve) async throws -> JSONValue {
         let query = try checkedQuery(params.query)
         guard !query.isEmpty else { throw JSONRPCError.invalidParams(field: "query", "must not be empty: give a place name or 'latitude, longitude'") }
         let index = indexes.snapshot.places
@@ -97,7 +91,7 @@ extension SearchService {
         answer["webLink"] = .string(WikipediaLink.web(point))
         // The place resolved; recording it is secondary, so a store problem is reported, not fatal.
         do {
-            _ = try await store("history.add", ["text": .string(query)], for: "recording the search history")
+            _ = try await store(StoreAPI.historyAdd, StoreAPI.Text(text: query), for: "recording the search history")
             answer["historyRecorded"] = true
         } catch {
             logger.warning("a resolved place was not added to the history", metadata: ["problem": "\(error)"])
@@ -126,7 +120,7 @@ extension SearchService {
 
     // MARK: items.grouped
 
-    nonisolated func items(_ params: ItemsParams) throws -> JSONValue {
+    nonisolated func items(_ params: SearchAPI.Items) throws -> JSONValue {
         let orderName = params.order ?? NameOrder.lexical.rawValue
         guard let order = NameOrder(rawValue: orderName) else {
             throw JSONRPCError.invalidParams(field: "order", "must be 'lexical' or 'natural', not '\(orderName)'")
@@ -148,7 +142,7 @@ extension SearchService {
 
     // MARK: sources.list, headlines.list
 
-    func sources(_ params: SourcesParams) async throws -> JSONValue {
+    func sources(_ params: SearchAPI.Sources) async throws -> JSONValue {
         let language = (params.language ?? "en").lowercased()
         guard language == "all" || (language.count == 2 && language.allSatisfy { $0.isASCII && $0.isLetter }) else {
             throw JSONRPCError.invalidParams(field: "language", "must be a two-letter code such as 'en', or 'all'")
@@ -171,7 +165,7 @@ extension SearchService {
                 "total": .int(Int64(sources.count)), "selected": .array(selection.map(JSONValue.string)), "sources": .array(sources)]
     }
 
-    func headlines(_ params: HeadlinesParams) async throws -> JSONValue {
+    func headlines(_ params: SearchAPI.Headlines) async throws -> JSONValue {
         let page = params.page ?? 1
         let pageSize = params.pageSize ?? 20
         guard page >= 1 else { throw JSONRPCError.invalidParams(field: "page", "must be 1 or more") }
@@ -211,13 +205,13 @@ extension SearchService {
 
     /// The stored selection of news sources.
     private func selectedSources(for purpose: String) async throws -> [String] {
-        let selected = try await store("sources.selected", for: purpose)
+        let selected = try await store(StoreAPI.sourcesSelected, NoParams(), for: purpose)
         return selected["ids"]?.arrayValue?.compactMap(\.stringValue) ?? []
     }
 
     // MARK: flights.list, airlines.get
 
-    nonisolated func flights(_ params: FlightsParams) throws -> JSONValue {
+    nonisolated func flights(_ params: SearchAPI.Flights) throws -> JSONValue {
         var directions = [Flight.Direction.outbound, .inbound]
         if let name = params.direction {
             guard let direction = Flight.Direction(rawValue: name) else {
@@ -246,7 +240,7 @@ extension SearchService {
          "price": (try? JSONValue(encoding: flight.fare)) ?? .null]
     }
 
-    nonisolated func airline(_ params: AirlineParams) throws -> JSONValue {
+    nonisolated func airline(_ params: SearchAPI.Airline) throws -> JSONValue {
         let snapshot = indexes.snapshot
         guard let airline = snapshot.airlines.airlines[params.id] else {
             throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no airline has the id '\(params.id)'",

@@ -4,6 +4,8 @@ public import Catalog
 import CatalogFeed
 import Foundation
 public import Logging
+public import ContractKit
+import Contracts
 
 /// The `search` service: countries, places with Wikipedia links, the grouped hiring list,
 /// news sources and headlines, flights and airlines, all answered from in-memory indexes.
@@ -15,7 +17,7 @@ public import Logging
 /// The store keeps what belongs to the user: the search history (every resolved place)
 /// and the selected news sources.
 public actor SearchService: BusService {
-    public static let name = "search"
+    public static let name = SearchAPI.service
 
     let logger: Logger
     nonisolated let indexes = IndexHolder()
@@ -76,20 +78,20 @@ public actor SearchService: BusService {
     // MARK: Methods
 
     public nonisolated func methods(_ table: inout MethodTable<SearchService>) {
-        table.on("countries.search") { (search, params: CountriesParams) in try search.countries(params) }
-        table.on("locations.search") { (search, params: LocationsParams) in try search.locations(params) }
-        table.on("locations.resolve") { (search, params: ResolveParams) in try await search.resolve(params) }
-        table.on("items.grouped") { (search, params: ItemsParams) in try search.items(params) }
-        table.on("sources.list") { (search, params: SourcesParams) in try await search.sources(params) }
-        table.on("headlines.list") { (search, params: HeadlinesParams) in try await search.headlines(params) }
-        table.on("flights.list") { (search, params: FlightsParams) in try search.flights(params) }
-        table.on("airlines.get") { (search, params: AirlineParams) in try search.airline(params) }
-        table.on("indexes.list") { (search, _: NoParams) in search.indexList() }
+        table.on(SearchAPI.countriesSearch) { search, params in try search.countries(params) }
+        table.on(SearchAPI.locationsSearch) { search, params in try search.locations(params) }
+        table.on(SearchAPI.locationsResolve) { search, params in try await search.resolve(params) }
+        table.on(SearchAPI.itemsGrouped) { search, params in try search.items(params) }
+        table.on(SearchAPI.sourcesList) { search, params in try await search.sources(params) }
+        table.on(SearchAPI.headlinesList) { search, params in try await search.headlines(params) }
+        table.on(SearchAPI.flightsList) { search, params in try search.flights(params) }
+        table.on(SearchAPI.airlinesGet) { search, params in try search.airline(params) }
+        table.on(SearchAPI.indexesList) { search, _ in search.indexList() }
     }
 
     /// Calls the store on behalf of a request; a failure says what needed it.
-    func store(_ method: String, _ params: JSONValue? = nil, for purpose: String) async throws -> JSONValue {
-        guard let client else { throw JSONRPCError.notConnected(to: "store", neededFor: purpose) }
-        return try await client.request(service: "store", method: method, params: params, timeout: busTimeout, neededFor: purpose)
+    func store<P, R>(_ method: Method<P, R>, _ params: P, for purpose: String) async throws -> R {
+        guard let client else { throw JSONRPCError.notConnected(to: method.service, neededFor: purpose) }
+        return try await client.call(method, params, timeout: busTimeout, neededFor: purpose)
     }
 }

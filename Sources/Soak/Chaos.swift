@@ -1,5 +1,6 @@
 import BusKit
 import Catalog
+import Contracts
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -24,7 +25,9 @@ struct Chaos {
     /// The kernel and the busiest services are drawn more often.
     static let victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo"]
     /// A cheap request per service that shows it serves.
-    static let probes = ["echo": "echo", "store": "history.list", "fetcher": "datasets.list", "search": "sources.list", "pricing": "deals.today"]
+    /// A request each service answers, to see it serving again.
+    static let probes = [Call(EchoAPI.echo, [:]), Call(StoreAPI.historyList, .init()), Call(FetcherAPI.datasetsList),
+                         Call(SearchAPI.sourcesList, .init()), Call(PricingAPI.dealsToday, .init())]
 
     var random: SeededGenerator
     let processes: BusProcesses
@@ -62,10 +65,10 @@ struct Chaos {
     private func serves(_ piece: String, replacing old: Int32) async -> Bool {
         guard let pid = processes.pieces()[piece], pid != old else { return false }
         if piece == "kernel" {
-            guard let pong = try? await probe.request(service: "kernel", method: "ping"), pong["pid"]?.intValue == Int64(pid) else { return false }
+            guard let pong = try? await probe.call(KernelAPI.ping), pong.pid == Int(pid) else { return false }
             return await allServing(probe, services)
         }
-        guard await allServing(probe, [piece]), let method = Self.probes[piece] else { return false }
-        return (try? await probe.request(service: piece, method: method)) != nil
+        guard await allServing(probe, [piece]), let call = Self.probes.first(where: { $0.service == piece }) else { return false }
+        return (try? await call.send(probe)) != nil
     }
 }

@@ -2,6 +2,8 @@ import ArgumentParser
 import BusKit
 import BusProtocol
 import Catalog
+import ContractKit
+import Contracts
 import Foundation
 import Synchronization
 import Supervisor
@@ -111,8 +113,8 @@ struct Soak: AsyncParsableCommand {
         }
         // The catalog is loaded once search and pricing answer from it.
         guard await waitUntil(120, {
-            guard (try? await probe.request(service: "pricing", method: "route.cheapest")) != nil else { return false }
-            return (try? await probe.request(service: "search", method: "flights.list")) != nil
+            guard (try? await probe.call(PricingAPI.routeCheapest)) != nil else { return false }
+            return (try? await probe.call(SearchAPI.flightsList, .init())) != nil
         }) else { throw SoakFailure("the datasets did not load within 120 s") }
         report.memoryAtStart = processes.memory()
         say("the bus is up: \(processes.pieces().merging(["up": processes.upPid]) { $1 }.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
@@ -147,7 +149,7 @@ struct Soak: AsyncParsableCommand {
                     let call = mix.next()
                     let outcome: Result<JSONValue, BusError>
                     do throws(BusError) {
-                        outcome = .success(try await client.request(service: call.service, method: call.method, params: call.params))
+                        outcome = .success(try await call.send(client))
                     } catch {
                         outcome = .failure(error)
                     }
@@ -160,8 +162,7 @@ struct Soak: AsyncParsableCommand {
             var epoch: Int64 = 1, n: Int64 = 0, acknowledged: (Int64, Int64) = (0, 0), writes = 0
             while Date() < loadEnds {
                 do {
-                    _ = try await writerClient.request(service: "kernel", method: "state.set",
-                                                       params: ["key": "/client/soak/tick", "value": ["epoch": .int(epoch), "n": .int(n + 1)]])
+                    _ = try await writerClient.call(KernelAPI.stateSet, .init(key: "/client/soak/tick", value: ["epoch": .int(epoch), "n": .int(n + 1)]))
                     n += 1
                     writes += 1
                     acknowledged = (epoch, n)
@@ -229,8 +230,7 @@ struct Soak: AsyncParsableCommand {
         var stored = Set<String>()
         var offset = 0
         while true {
-            let page = try await probe.request(service: "store", method: "articles.list", params: ["offset": .int(Int64(offset)), "limit": 1_000],
-                                               timeout: .seconds(30))
+            let page = try await probe.call(StoreAPI.articlesList, .init(offset: offset, limit: 1_000), timeout: .seconds(30))
             let articles = page["articles"]?.arrayValue ?? []
             for article in articles { if let url = article["url"]?.stringValue { stored.insert(url) } }
             offset += articles.count
@@ -247,11 +247,8 @@ func say(_ line: String) {
 
 /// Whether each of `services` has a worker and answers.
 func allServing(_ probe: BusClient, _ services: [String]) async -> Bool {
-    guard let list = try? await probe.request(service: "kernel", method: "services.list") else { return false }
-    let workers = Dictionary((list["services"]?.arrayValue ?? []).compactMap { entry -> (String, Int64)? in
-        guard let name = entry["name"]?.stringValue, let count = entry["workers"]?.intValue else { return nil }
-        return (name, count)
-    }, uniquingKeysWith: { $1 })
+    guard let list = try? await probe.call(KernelAPI.servicesList) else { return false }
+    let workers = Dictionary(list.services.map { ($0.name, $0.workers) }, uniquingKeysWith: { $1 })
     return services.allSatisfy { (workers[$0] ?? 0) > 0 }
 }
 

@@ -1,16 +1,26 @@
 import BusKit
 import BusProtocol
 import Catalog
+import ContractKit
+import Contracts
 import Foundation
 import Synchronization
 
 /// One request of the mix: what to send, and the article URL when it is a store write.
 struct Call {
     let service: String
-    let method: String
-    let params: JSONValue?
+    let label: String
+    let send: @Sendable (BusClient) async throws(BusError) -> JSONValue
     var savedURL: String? = nil
-    var label: String { "\(service) \(method)" }
+
+    init<P>(_ method: Method<P, JSONValue>, _ params: P, savedURL: String? = nil) {
+        service = method.service
+        label = "\(method.service) \(method.name)"
+        send = { client throws(BusError) in try await client.call(method, params) }
+        self.savedURL = savedURL
+    }
+
+    init(_ method: Method<NoParams, JSONValue>) { self.init(method, NoParams()) }
 }
 
 /// A mix over every app's requests, drawn from a seeded generator so a run can be replayed.
@@ -34,31 +44,27 @@ struct RequestMix {
     mutating func next() -> Call {
         count += 1
         switch Int.random(in: 0..<17, using: &random) {
-        case 0: return Call(service: "search", method: "countries.search",
-                            params: ["query": .string(Self.countryQueries.randomElement(using: &random)!), "limit": 20])
-        case 1: return Call(service: "pricing", method: "deals.rollback", params: ["seed": .int(Int64.random(in: 0...1_000, using: &random))])
-        case 2: return Call(service: "pricing", method: "deals.today", params: nil)
-        case 3: return Call(service: "search", method: "locations.search", params: ["query": "Am", "limit": 10])
-        case 4: return Call(service: "search", method: "locations.resolve", params: ["query": .string(Self.places.randomElement(using: &random)!)])
-        case 5: return Call(service: "search", method: "items.grouped", params: ["order": Bool.random(using: &random) ? "natural" : "lexical"])
-        case 6: return Call(service: "search", method: "sources.list", params: nil)
-        case 7: return Call(service: "search", method: "headlines.list",
-                            params: ["sources": .array(Self.sources.randomElement(using: &random)!.map { .string($0) }), "pageSize": 5])
-        case 8: return Call(service: "search", method: "flights.list", params: nil)
-        case 9: return Call(service: "pricing", method: "route.quote",
-                            params: ["outboundId": .int(Int64.random(in: 1...6, using: &random)), "inboundId": .int(Int64.random(in: 1...6, using: &random))])
-        case 10: return Call(service: "pricing", method: "route.cheapest", params: nil)
-        case 11: return Call(service: "pricing", method: "route.current", params: nil)
+        case 0: return Call(SearchAPI.countriesSearch, .init(query: Self.countryQueries.randomElement(using: &random)!, limit: 20))
+        case 1: return Call(PricingAPI.dealsRollback, .init(seed: Int64.random(in: 0...1_000, using: &random)))
+        case 2: return Call(PricingAPI.dealsToday, .init())
+        case 3: return Call(SearchAPI.locationsSearch, .init(query: "Am", limit: 10))
+        case 4: return Call(SearchAPI.locationsResolve, .init(query: Self.places.randomElement(using: &random)!))
+        case 5: return Call(SearchAPI.itemsGrouped, .init(order: Bool.random(using: &random) ? "natural" : "lexical"))
+        case 6: return Call(SearchAPI.sourcesList, .init())
+        case 7: return Call(SearchAPI.headlinesList, .init(sources: Self.sources.randomElement(using: &random)!, pageSize: 5))
+        case 8: return Call(SearchAPI.flightsList, .init())
+        case 9: return Call(PricingAPI.routeQuote, .init(outboundId: Int.random(in: 1...6, using: &random), inboundId: Int.random(in: 1...6, using: &random)))
+        case 10: return Call(PricingAPI.routeCheapest)
+        case 11: return Call(PricingAPI.routeCurrent)
         case 12, 13:
             // A bounded set of URLs per client (saving one again replaces it): the stored
             // state stops growing, so the memory figures show leaks rather than data.
             let url = "https://soak.example/\(seed)/\(client)/\(count % Self.articlesPerClient)"
-            return Call(service: "store", method: "articles.save",
-                        params: ["article": ["url": .string(url), "title": .string("Soak article \(count)"), "source": ["id": nil, "name": "soak"]]],
+            return Call(StoreAPI.articlesSave, .init(article: ["url": .string(url), "title": .string("Soak article \(count)"), "source": ["id": nil, "name": "soak"]]),
                         savedURL: url)
-        case 14: return Call(service: "store", method: "history.list", params: ["limit": 10])
-        case 15: return Call(service: "fetcher", method: "datasets.list", params: nil)
-        default: return Call(service: "echo", method: "echo", params: ["client": .int(Int64(client)), "n": .int(Int64(count))])
+        case 14: return Call(StoreAPI.historyList, .init(limit: 10))
+        case 15: return Call(FetcherAPI.datasetsList)
+        default: return Call(EchoAPI.echo, ["client": .int(Int64(client)), "n": .int(Int64(count))])
         }
     }
 }

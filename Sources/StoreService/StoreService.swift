@@ -3,6 +3,8 @@ import BusProtocol
 import Foundation
 import GRDB
 public import Logging
+public import ContractKit
+import Contracts
 
 /// The `store` service: search history, saved articles, the news-source and route
 /// selections, and the fetcher's last good copy of each dataset, in one SQLite database.
@@ -15,7 +17,7 @@ public import Logging
 /// After a change, the matching CHP keys are published through the kernel (coalesced: a
 /// burst of writes publishes each key once, with the value as it is after the burst).
 public actor StoreService: BusService {
-    public static let name = "store"
+    public static let name = StoreAPI.service
 
     public nonisolated let configuration: StoreConfiguration
     let logger: Logger
@@ -61,32 +63,20 @@ public actor StoreService: BusService {
 
     // MARK: Methods
 
-    struct TextParams: Decodable, Sendable { let text: String }
-    struct LimitParams: Decodable, Sendable { let limit: Int? }
-    struct PageParams: Decodable, Sendable { let offset: Int?; let limit: Int? }
-    struct ArticleParams: Decodable, Sendable { let article: JSONValue }
-    struct URLParams: Decodable, Sendable { let url: String }
-    struct SourcesParams: Decodable, Sendable { let ids: [String] }
-    struct RouteParams: Decodable, Sendable { let outboundId: Int; let inboundId: Int? }
-    struct SnapshotPutParams: Decodable, Sendable {
-        let name: String; let body: String; let version: String; let origin: String; let fetchedAt: String
-    }
-    struct NameParams: Decodable, Sendable { let name: String }
-
     public nonisolated func methods(_ table: inout MethodTable<StoreService>) {
-        table.on("history.add") { (store, params: TextParams) in try await store.historyAdd(params.text) }
-        table.on("history.list") { (store, params: LimitParams) in try await store.historyList(limit: params.limit) }
-        table.on("history.clear") { (store, _: NoParams) in try await store.historyClear() }
-        table.on("articles.save") { (store, params: ArticleParams) in try await store.articlesSave(params.article) }
-        table.on("articles.list") { (store, params: PageParams) in try await store.articlesList(offset: params.offset, limit: params.limit) }
-        table.on("articles.delete") { (store, params: URLParams) in try await store.articlesDelete(params.url) }
-        table.on("sources.select") { (store, params: SourcesParams) in try await store.sourcesSelect(params.ids) }
-        table.on("sources.selected") { (store, _: NoParams) in try await store.sourcesSelected() }
-        table.on("route.select") { (store, params: RouteParams) in try await store.routeSelect(params.outboundId, params.inboundId) }
-        table.on("route.selected") { (store, _: NoParams) in try await store.routeSelected() }
-        table.on("snapshots.put") { (store, params: SnapshotPutParams) in try await store.snapshotsPut(params) }
-        table.on("snapshots.get") { (store, params: NameParams) in try await store.snapshotsGet(params.name) }
-        table.on("snapshots.list") { (store, _: NoParams) in try await store.snapshotsList() }
+        table.on(StoreAPI.historyAdd) { store, params in try await store.historyAdd(params.text) }
+        table.on(StoreAPI.historyList) { store, params in try await store.historyList(limit: params.limit) }
+        table.on(StoreAPI.historyClear) { store, _ in try await store.historyClear() }
+        table.on(StoreAPI.articlesSave) { store, params in try await store.articlesSave(params.article) }
+        table.on(StoreAPI.articlesList) { store, params in try await store.articlesList(offset: params.offset, limit: params.limit) }
+        table.on(StoreAPI.articlesDelete) { store, params in try await store.articlesDelete(params.url) }
+        table.on(StoreAPI.sourcesSelect) { store, params in try await store.sourcesSelect(params.ids) }
+        table.on(StoreAPI.sourcesSelected) { store, _ in try await store.sourcesSelected() }
+        table.on(StoreAPI.routeSelect) { store, params in try await store.routeSelect(params.outboundId, params.inboundId) }
+        table.on(StoreAPI.routeSelected) { store, _ in try await store.routeSelected() }
+        table.on(StoreAPI.snapshotsPut) { store, params in try await store.snapshotsPut(params) }
+        table.on(StoreAPI.snapshotsGet) { store, params in try await store.snapshotsGet(params.name) }
+        table.on(StoreAPI.snapshotsList) { store, _ in try await store.snapshotsList() }
     }
 
     // MARK: History
@@ -263,7 +253,7 @@ public actor StoreService: BusService {
 
     static let origins: Set<String> = ["remote", "cache", "bundled"]
 
-    func snapshotsPut(_ params: SnapshotPutParams) async throws -> JSONValue {
+    func snapshotsPut(_ params: StoreAPI.Snapshot) async throws -> JSONValue {
         let name = try Validate.datasetName(params.name)
         guard !params.version.isEmpty, params.version.count <= 200 else {
             throw JSONRPCError.invalidParams(field: "version", "must be 1 to 200 characters")

@@ -5,6 +5,7 @@ public import Logging
 public import SwitchboardConfig
 #if canImport(Glibc)
 import Glibc
+import Contracts
 #endif
 
 /// `switchboard up`: runs the kernel and each service as a process of its own.
@@ -152,7 +153,7 @@ public actor Supervisor {
     /// `up --no-kernel`: the kernel elsewhere must answer before the services start.
     private func waitForRemoteKernel() async throws {
         try await waitUntil("no kernel answers at \(probe.brokers.joined(separator: ", "))") {
-            (try? await self.probe.request(service: "kernel", method: "ping", timeout: .milliseconds(500))) != nil
+            (try? await self.probe.call(KernelAPI.ping, timeout: .milliseconds(500))) != nil
         }
     }
 
@@ -173,15 +174,16 @@ public actor Supervisor {
         if child.piece.workers == 0 {
             // Our kernel, not another one already listening there (whose answer would
             // otherwise look like ours while ours fails to bind and exits).
-            guard let pong = try? await probe.request(service: "kernel", method: "ping", timeout: .milliseconds(500)) else { return false }
-            if let pid = pong["pid"]?.intValue, let ours = child.pid, pid != Int64(ours) {
+            guard let pong = try? await probe.call(KernelAPI.ping, timeout: .milliseconds(500)) else { return false }
+            if let ours = child.pid, pong.pid != Int(ours) {
+                let pid = pong.pid
                 throw StartFailure(description: "another kernel (pid \(pid)) already answers at \(probe.brokers.joined(separator: ", ")); stop it or choose other endpoints")
             }
             return true
         }
-        guard let list = try? await probe.request(service: "kernel", method: "services.list", timeout: .milliseconds(500)) else { return false }
-        let entry = list["services"]?.arrayValue?.first { $0["name"]?.stringValue == child.piece.name }
-        return (entry?["workers"]?.intValue ?? 0) >= Int64(child.piece.workers)
+        guard let list = try? await probe.call(KernelAPI.servicesList, timeout: .milliseconds(500)) else { return false }
+        let entry = list.services.first { $0.name == child.piece.name }
+        return (entry?.workers ?? 0) >= child.piece.workers
     }
 
     /// Whether a TCP connection to `host`:`port` is accepted now.

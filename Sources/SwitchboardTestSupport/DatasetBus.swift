@@ -4,6 +4,7 @@ public import Catalog
 public import FetcherService
 public import Foundation
 public import StoreService
+import Contracts
 
 /// A kernel with a store and a fetcher that reads the datasets from files in a folder of
 /// the test's own (`file://`, so no traffic beyond loopback): the bus the services that
@@ -65,12 +66,12 @@ public struct DatasetBus: Sendable {
     /// Starts the fetcher on the bus and waits until it has read every file once (a test
     /// that changes a file afterwards is then sure its refresh reads the new one).
     public func startFetcher() async throws {
-        try await waitForWorkers(["store", "fetcher"])
+        try await waitForWorkers([StoreAPI.service, FetcherAPI.service])
         await fetcher.start(client: client, publisher: StatePublisher(client: client))
         let client = self.client
         let names = Set(datasets.map { JSONValue.string($0.rawValue) })
         try await eventually(15, "the fetcher read every file") {
-            let list = try await client.request(service: "fetcher", method: "datasets.list").arrayValue ?? []
+            let list = try await client.call(FetcherAPI.datasetsList).arrayValue ?? []
             return list.filter { names.contains($0["name"] ?? .null) }.allSatisfy { $0["origin"] == "remote" }
         }
     }
@@ -78,7 +79,7 @@ public struct DatasetBus: Sendable {
     /// Replaces a dataset's file and has the fetcher refresh it.
     public func replace(_ dataset: Dataset, with body: Data) async throws {
         try body.write(to: folder.appendingPathComponent(dataset.bundledFileName), options: .atomic)
-        _ = try await client.request(service: "fetcher", method: "datasets.refresh", params: ["name": .string(dataset.rawValue)])
+        _ = try await client.call(FetcherAPI.datasetsRefresh, FetcherAPI.Refresh(name: dataset.rawValue))
     }
 
     /// The JSON-RPC error `service` answers `method` with (nil when it succeeds or fails otherwise).

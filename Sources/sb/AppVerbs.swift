@@ -1,6 +1,8 @@
 import ArgumentParser
 import BusKit
 import BusProtocol
+import ContractKit
+import Contracts
 import Foundation
 
 // One verb per app, over the search, pricing, store and fetcher services. Each prints a
@@ -46,10 +48,8 @@ struct CountrySearch: AsyncParsableCommand {
     @Option(help: "Countries skipped first.") var offset = 0
 
     func run() async throws {
-        var params: [String: JSONValue] = ["limit": .int(Int64(limit)), "offset": .int(Int64(offset))]
-        if let query { params["query"] = .string(query) }
-        if let region { params["region"] = .string(region) }
-        try await appVerb(connection, output, { try await call($0, "search", "countries.search", .object(params)) }) { answer in
+        let params = SearchAPI.Countries(query: query, region: region, offset: offset, limit: limit)
+        try await appVerb(connection, output, { try await call($0, SearchAPI.countriesSearch, params) }) { answer in
             let countries = answer["countries"]?.arrayValue ?? []
             Output.table(["NAME", "CAPITAL", "CODE", "REGION", "CURRENCY"], countries.map { country in
                 [Output.cell(country["name"]), Output.cell(country["capital"]), Output.cell(country["code"]),
@@ -79,8 +79,8 @@ struct CountryDeal: AsyncParsableCommand {
 
     func run() async throws {
         try await appVerb(connection, output, { client in
-            let today = try await call(client, "pricing", "deals.today", date.map { ["date": .string($0)] } ?? [:])
-            let rollback = try await call(client, "pricing", "deals.rollback", seed.map { ["seed": .int($0)] } ?? [:])
+            let today = try await call(client, PricingAPI.dealsToday, PricingAPI.Today(date: date))
+            let rollback = try await call(client, PricingAPI.dealsRollback, PricingAPI.Rollback(seed: seed))
             return ["today": today, "rollback": rollback]
         }) { answer in
             for deal in [answer["today"], answer["rollback"]].compactMap({ $0 }) {
@@ -121,7 +121,7 @@ struct PlaceSearch: AsyncParsableCommand {
     @Argument(help: "A place name or coordinates.") var query: String?
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, "search", "locations.search", query.map { ["query": .string($0)] } ?? [:]) }) { answer in
+        try await appVerb(connection, output, { try await call($0, SearchAPI.locationsSearch, SearchAPI.Locations(query: query)) }) { answer in
             let places = answer["places"]?.arrayValue ?? []
             let byDistance = answer["kind"] == "coordinates"
             Output.table(["PLACE", "LATITUDE", "LONGITUDE"] + (byDistance ? ["KM"] : []), places.map { place in
@@ -150,7 +150,7 @@ struct PlaceOpen: AsyncParsableCommand {
 
     func run() async throws {
         try await withClient(connection) { client in
-            let answer = try await call(client, "search", "locations.resolve", ["query": .string(query)])
+            let answer = try await call(client, SearchAPI.locationsResolve, SearchAPI.Resolve(query: query))
             if output.json {
                 Output.json(answer, compact: true)
             } else {
@@ -193,7 +193,7 @@ struct PlaceHistory: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, "store", "history.list") }) { answer in
+        try await appVerb(connection, output, { try await call($0, StoreAPI.historyList, StoreAPI.Limit()) }) { answer in
             Output.table(["SEARCHED", "AT"], (answer["entries"]?.arrayValue ?? []).map { [Output.cell($0["text"]), Output.cell($0["addedAt"])] })
         }
     }
@@ -219,9 +219,8 @@ struct Items: AsyncParsableCommand {
     @Option(name: .customLong("list"), help: "Only this listId.") var listId: Int?
 
     func run() async throws {
-        var params: [String: JSONValue] = ["order": natural ? "natural" : "lexical"]
-        if let listId { params["listId"] = .int(Int64(listId)) }
-        try await appVerb(connection, output, { try await call($0, "search", "items.grouped", .object(params)) }) { answer in
+        let params = SearchAPI.Items(order: natural ? "natural" : "lexical", listId: listId)
+        try await appVerb(connection, output, { try await call($0, SearchAPI.itemsGrouped, params) }) { answer in
             for group in answer["groups"]?.arrayValue ?? [] {
                 Output.line(Output.styled("List \(Output.cell(group["listId"])) (\(Output.cell(group["count"])) items)", .bold))
                 for item in group["items"]?.arrayValue ?? [] {
@@ -262,14 +261,12 @@ struct NewsSources: AsyncParsableCommand {
     @Option(help: "A NewsAPI category (business, technology, ...).") var category: String?
 
     func run() async throws {
-        var params: [String: JSONValue] = [:]
-        if let language { params["language"] = .string(language) }
-        if let category { params["category"] = .string(category) }
+        let params = SearchAPI.Sources(language: language, category: category)
         try await appVerb(connection, output, { client in
             if !select.isEmpty {
-                _ = try await call(client, "store", "sources.select", ["ids": .array(select.map(JSONValue.string))])
+                _ = try await call(client, StoreAPI.sourcesSelect, StoreAPI.Sources(ids: select))
             }
-            return try await call(client, "search", "sources.list", .object(params))
+            return try await call(client, SearchAPI.sourcesList, params)
         }) { answer in
             Output.table(["", "ID", "NAME", "CATEGORY", "LANGUAGE", "COUNTRY"], (answer["sources"]?.arrayValue ?? []).map { source in
                 [source["selected"] == true ? Output.styled("*", .green) : " ", Output.cell(source["id"]), Output.cell(source["name"]),
@@ -298,9 +295,8 @@ struct NewsHeadlines: AsyncParsableCommand {
     @Option(name: .customLong("source"), help: "A source id instead of the selection (repeatable).") var sources: [String] = []
 
     func run() async throws {
-        var params: [String: JSONValue] = ["page": .int(Int64(page)), "pageSize": .int(Int64(pageSize))]
-        if !sources.isEmpty { params["sources"] = .array(sources.map(JSONValue.string)) }
-        try await appVerb(connection, output, { try await call($0, "search", "headlines.list", .object(params)) }) { answer in
+        let params = SearchAPI.Headlines(sources: sources.isEmpty ? nil : sources, page: page, pageSize: pageSize)
+        try await appVerb(connection, output, { try await call($0, SearchAPI.headlinesList, params) }) { answer in
             guard answer["status"] == "ok" else {
                 Output.line(Output.cell(answer["message"]) + (answer["status"] == "no-sources-selected" ? " (sb news sources --select ID...)" : ""))
                 return
@@ -331,19 +327,19 @@ struct NewsSave: AsyncParsableCommand {
             // The whole article when the headlines have it; else just its URL.
             var article: JSONValue = ["url": .string(url), "title": .string(url)]
             if let found = try? await findHeadline(client) { article = found }
-            return try await call(client, "store", "articles.save", ["article": article])
+            return try await call(client, StoreAPI.articlesSave, StoreAPI.Article(article: article))
         }) { answer in
             Output.line("saved \(Output.cell(answer["url"])) (id \(Output.cell(answer["id"])))")
         }
     }
 
     func findHeadline(_ client: BusClient) async throws -> JSONValue? {
-        let sources = try await call(client, "search", "sources.list", ["language": "all"])
-        let ids = (sources["sources"]?.arrayValue ?? []).compactMap { $0["id"] }
+        let sources = try await call(client, SearchAPI.sourcesList, SearchAPI.Sources(language: "all"))
+        let ids = (sources["sources"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue }
         var page = 1
         while page <= 50 {
-            let answer = try await call(client, "search", "headlines.list", ["sources": .array(Array(ids.prefix(100))), "page": .int(Int64(page)), "pageSize": 100])
-            if let article = answer["articles"]?.arrayValue?.first(where: { $0["url"] == .string(url) }) { return article }
+            let answer = try await call(client, SearchAPI.headlinesList, SearchAPI.Headlines(sources: Array(ids.prefix(100)), page: page, pageSize: 100))
+            if let article = answer["articles"]?.arrayValue?.first(where: { $0["url"] == JSONValue.string(url) }) { return article }
             guard answer["hasMore"] == true else { return nil }
             page += 1
         }
@@ -362,7 +358,7 @@ struct NewsSaved: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, "store", "articles.list", ["limit": 1_000]) }) { answer in
+        try await appVerb(connection, output, { try await call($0, StoreAPI.articlesList, StoreAPI.Page(limit: 1_000)) }) { answer in
             Output.table(["SAVED", "TITLE", "URL"], (answer["articles"]?.arrayValue ?? []).map { entry in
                 [Output.cell(entry["savedAt"]), Output.cell(entry["article"]?["title"]), Output.cell(entry["url"])]
             })
@@ -382,7 +378,7 @@ struct NewsDelete: AsyncParsableCommand {
     @Argument(help: "The article's URL.") var url: String
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, "store", "articles.delete", ["url": .string(url)]) }) { answer in
+        try await appVerb(connection, output, { try await call($0, StoreAPI.articlesDelete, StoreAPI.URL(url: url)) }) { answer in
             Output.line(answer["deleted"] == true ? "deleted \(url)" : "not saved: \(url)")
         }
     }
@@ -416,8 +412,8 @@ struct FlightList: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let params: JSONValue = outbound ? ["direction": "outbound"] : inbound ? ["direction": "inbound"] : [:]
-        try await appVerb(connection, output, { try await call($0, "search", "flights.list", params) }) { answer in
+        let params = SearchAPI.Flights(direction: outbound ? "outbound" : inbound ? "inbound" : nil)
+        try await appVerb(connection, output, { try await call($0, SearchAPI.flightsList, params) }) { answer in
             let flights = (answer["outbound"]?.arrayValue ?? []) + (answer["inbound"]?.arrayValue ?? [])
             Output.table(["ID", "DIRECTION", "FROM", "TO", "AIRLINE", "PRICE"], flights.map { flight in
                 [Output.cell(flight["id"]), Output.cell(flight["direction"]), Output.cell(flight["departureAirportCode"]),
@@ -463,10 +459,8 @@ struct FlightRoute: AsyncParsableCommand {
 
     func run() async throws {
         try await appVerb(connection, output, { client in
-            guard let outbound = select.first else { return try await call(client, "pricing", "route.current") }
-            var params: [String: JSONValue] = ["outboundId": .int(Int64(outbound))]
-            if select.count == 2 { params["inboundId"] = .int(Int64(select[1])) }
-            return try await call(client, "pricing", "route.select", .object(params))
+            guard let outbound = select.first else { return try await call(client, PricingAPI.routeCurrent) }
+            return try await call(client, PricingAPI.routeSelect, PricingAPI.Select(outboundId: outbound, inboundId: select.count == 2 ? select[1] : nil))
         }) { answer in
             showRoute(answer, title: "Current route (\(Output.cell(answer["status"])))")
         }
@@ -484,7 +478,7 @@ struct FlightCheapest: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, "pricing", "route.cheapest") }) { answer in
+        try await appVerb(connection, output, { try await call($0, PricingAPI.routeCheapest) }) { answer in
             if let first = answer["cheapestOutbound"], first != .null { showRoute(first, title: "Cheapest outbound flight") }
             if let trip = answer["cheapestRoundTrip"], trip != .null { showRoute(trip, title: "Cheapest round trip") }
         }
@@ -521,7 +515,7 @@ struct DatasetList: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, "fetcher", "datasets.list") }, show: showDatasets)
+        try await appVerb(connection, output, { try await call($0, FetcherAPI.datasetsList) }, show: showDatasets)
     }
 }
 
@@ -547,7 +541,7 @@ struct DatasetRefresh: AsyncParsableCommand {
         try await appVerb(connection, output, { client in
             Output.progress("refreshing \(name ?? "every dataset")...")
             defer { Output.endProgress() }
-            return try await call(client, "fetcher", "datasets.refresh", name.map { ["name": .string($0)] } ?? [:], timeout: timeout)
+            return try await call(client, FetcherAPI.datasetsRefresh, FetcherAPI.Refresh(name: name), timeout: timeout)
         }, show: showDatasets)
     }
 }

@@ -1,6 +1,8 @@
 import ArgumentParser
 import BusKit
 import BusProtocol
+import ContractKit
+import Contracts
 import Foundation
 import ZeroMQ
 
@@ -129,7 +131,7 @@ struct ConnectionOptions: ParsableArguments {
 
     /// A client for the kernel, with the timeout as its default.
     func client() async throws -> BusClient {
-        try await BusClient(brokers: try checkedBrokers, timeout: requestTimeout, curve: try curve)
+        try await BusClient(brokers: try checkedBrokers, timeout: requestTimeout, curve: try curve, state: try? stateEndpoints)
     }
 }
 
@@ -142,10 +144,23 @@ struct OutputOptions: ParsableArguments {
 /// Sends one request the way every verb does: the answer, or the failure printed on stderr
 /// and turned into the exit status (1 the service answered an error, 69 no service or no
 /// kernel, 75 timed out).
-func call(_ client: BusClient, _ service: String, _ method: String, _ params: JSONValue? = nil,
-          timeout: Duration? = nil) async throws -> JSONValue {
+func call<P, R>(_ client: BusClient, _ method: Method<P, R>, _ params: P, timeout: Duration? = nil) async throws -> R {
     do {
-        return try await client.request(service: service, method: method, params: params, timeout: timeout)
+        return try await client.call(method, params, timeout: timeout)
+    } catch {
+        throw await Failure(error, service: method.service, method: method.name, client: client)
+    }
+}
+
+/// ``call(_:_:_:timeout:)`` for a method without params.
+func call<R>(_ client: BusClient, _ method: Method<NoParams, R>, timeout: Duration? = nil) async throws -> R {
+    try await call(client, method, NoParams(), timeout: timeout)
+}
+
+/// `sb request`: any service and method by name, params as given.
+func call(_ client: BusClient, _ service: String, _ method: String, _ params: JSONValue?) async throws -> JSONValue {
+    do {
+        return try await client.request(service: service, method: method, params: params)
     } catch {
         throw await Failure(error, service: service, method: method, client: client)
     }
@@ -179,7 +194,7 @@ struct Failure: Error {
             case nil:
                 self.init(status: ExitStatus.unavailable, message: "no kernel answers at \(client.brokers.joined(separator: ", ")) (waited \(after.formatted); a kernel with CURVE on answers only keys it allows: sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file)",
                           error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "kernel unreachable"))
-            case false? where service != "kernel":
+            case false? where service != KernelAPI.service:
                 self.init(status: ExitStatus.unavailable, message: "\(service) \(method): no '\(service)' service is running (no worker within \(after.formatted))",
                           error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "no worker for '\(service)'"))
             default:

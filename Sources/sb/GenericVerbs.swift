@@ -1,8 +1,15 @@
 import ArgumentParser
 import BusKit
 import BusProtocol
+import ContractKit
+import Contracts
 import Foundation
 import ZeroMQ
+
+/// A contract's typed result as JSON, for printing.
+func jsonValue<T: Encodable>(of value: T) throws -> JSONValue {
+    try JSONValue(parsing: encodeJSON(value))
+}
 
 /// Reads JSON given on the command line; a mistake is a usage error (64) saying where.
 func parseJSON(_ text: String, _ what: String) throws -> JSONValue {
@@ -81,29 +88,27 @@ struct Subscribe: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let state = try connection.stateEndpoints
-        // A kernel that is not there is an error now, not a silent wait.
+        _ = try connection.stateEndpoints
         try await withClient(connection) { client in
-            _ = try await call(client, "kernel", "ping")
-        }
-        let subscription = try await Subscription.open(snapshot: state.snapshot, publisher: state.publisher,
-                                                       prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: !noSnapshot,
-                                                       curve: try connection.curve)
-        var printed = 0
-        for try await event in subscription {
-            if case .synced = event { continue }
-            guard let update = event.update else {
-                Output.diagnostic("\(event)")
-                if json, let line = Self.notice(event) { Output.line(line.jsonString) }
-                continue
+            // A kernel that is not there is an error now, not a silent wait.
+            _ = try await call(client, KernelAPI.ping)
+            let subscription = try await client.subscribe(prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: !noSnapshot)
+            var printed = 0
+            for try await event in subscription {
+                if case .synced = event { continue }
+                guard let update = event.update else {
+                    Output.diagnostic("\(event)")
+                    if json, let line = Self.notice(event) { Output.line(line.jsonString) }
+                    continue
+                }
+                let value: JSONValue = update.isDelete ? .null : update.json ?? .string(String(decoding: update.value.bytes, as: UTF8.self))
+                Output.line(JSONValue.object(["key": .string(update.key), "sequence": .int(Int64(update.sequence)), "value": value,
+                                              "snapshot": .bool(update.fromSnapshot)]).jsonString)
+                printed += 1
+                if let count, printed >= count { break }
             }
-            let value: JSONValue = update.isDelete ? .null : update.json ?? .string(String(decoding: update.value.bytes, as: UTF8.self))
-            Output.line(JSONValue.object(["key": .string(update.key), "sequence": .int(Int64(update.sequence)), "value": value,
-                                          "snapshot": .bool(update.fromSnapshot)]).jsonString)
-            printed += 1
-            if let count, printed >= count { break }
+            await subscription.cancel()
         }
-        await subscription.cancel()
     }
 
     static func notice(_ event: SubscriptionEvent) -> JSONValue? {
@@ -121,13 +126,14 @@ struct Subscribe: AsyncParsableCommand {
 struct Publish: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "publish",
-        abstract: "Set a key through the kernel's CHP collector, and wait until it is applied.",
+        abstract: "Set a key in the kernel's state and print its sequence number once it is published.",
         discussion: """
-            The collector accepts keys under its writable prefixes only (/client/ by default).
+            With CURVE on, a client may write under /client/ only; null deletes the key.
 
             Examples:
               sb publish /client/alice/status '"online"'
               sb pub /client/alice/cursor '{"x":3,"y":4}' --ttl 30
+              sb pub /client/alice/cursor null
             """,
         aliases: ["pub"]
     )
@@ -135,7 +141,7 @@ struct Publish: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The key (a path such as /client/name).") var key: String
-    @Argument(help: "The value, as JSON.") var value: String
+    @Argument(help: "The value, as JSON (null deletes).") var value: String
     @Option(help: "Seconds after which the kernel deletes the key.") var ttl: Double?
 
     func validate() throws {
@@ -146,38 +152,15 @@ struct Publish: AsyncParsableCommand {
 
     func run() async throws {
         let value = try parseJSON(self.value, "VALUE")
-        let state = try connection.stateEndpoints
-        let timeout = try connection.requestTimeout
         try await withClient(connection) { client in
-            let loop = try SocketLoop(context: try ZMQContext(), name: "sb-publish")
-            let curve = try connection.curve
-            let socket = try await loop.open(.pub) { socket in
-                try socket.secure(curve)
-                try socket.connect(state.collector)
-            }
-            var properties: [(name: String, value: String)] = []
-            if let ttl { properties.append(("ttl", String(ttl))) }
-            var uuid = [UInt8](repeating: 0, count: 16)
-            for index in uuid.indices { uuid[index] = .random(in: 0...255) }
-            let message = CHP.kv(KVEntry(key: key, uuid: uuid, properties: properties, value: Frame(value.jsonString)))
-            // PUB drops what it sends before the collector's subscription arrives, so send
-            // until the kernel shows the value (every 100 ms, within the timeout).
-            let deadline = ContinuousClock.now + timeout
-            var sequence: Int64?
-            while sequence == nil, ContinuousClock.now < deadline {
-                try socket.send(message)
-                try await Task.sleep(for: .milliseconds(100))
-                let state = try await call(client, "kernel", "state.get", ["prefix": .string(key)])
-                sequence = state["entries"]?.arrayValue?.first { $0["key"] == .string(key) && $0["value"] == value }?["sequence"]?.intValue
-            }
-            await socket.close()
-            await loop.shutdown()
-            guard let sequence else {
-                throw Failure(status: ExitStatus.serviceError,
-                              message: "the kernel did not apply \(key) within \(timeout.formatted): its collector accepts keys under its writable prefixes only (/client/ by default)")
+            let sequence: UInt64
+            do throws(BusError) {
+                sequence = try await client.publish(key: key, value: value, ttl: ttl)
+            } catch {
+                throw await Failure(error, service: KernelAPI.service, method: KernelAPI.stateSet.name, client: client)
             }
             if output.json {
-                Output.json(["key": .string(key), "sequence": .int(sequence)], compact: true)
+                Output.json(["key": .string(key), "sequence": .int(Int64(sequence))], compact: true)
             } else {
                 Output.line("published \(key) (sequence \(sequence))")
             }
@@ -197,12 +180,11 @@ struct Services: AsyncParsableCommand {
 
     func run() async throws {
         try await withClient(connection) { client in
-            let list = try await call(client, "kernel", "services.list")
+            let list = try await call(client, KernelAPI.servicesList)
             var services: [JSONValue] = []
-            for service in list["services"]?.arrayValue ?? [] {
-                var entry = service.objectValue ?? [:]
-                let name = service["name"]?.stringValue ?? ""
-                entry["available"] = .bool((try? await client.hasWorkers(name, timeout: .seconds(2))) == true)
+            for service in list.services {
+                var entry = try jsonValue(of: service).objectValue ?? [:]
+                entry["available"] = .bool((try? await client.hasWorkers(service.name, timeout: .seconds(2))) == true)
                 services.append(.object(entry))
             }
             if output.json { return Output.json(.array(services), compact: true) }
@@ -235,10 +217,10 @@ struct Stats: AsyncParsableCommand {
     func run() async throws {
         try await withClient(connection) { client in
             if prometheus {
-                let metrics = try await call(client, "kernel", "metrics")
-                return FileHandle.standardOutput.write(Data((metrics["text"]?.stringValue ?? "").utf8))
+                let metrics = try await call(client, KernelAPI.metrics)
+                return FileHandle.standardOutput.write(Data(metrics.text.utf8))
             }
-            let stats = try await call(client, "kernel", "stats")
+            let stats = try await call(client, KernelAPI.stats)
             if output.json { return Output.json(stats, compact: false) }
             let services = (stats["services"]?.objectValue ?? [:]).sorted { $0.key < $1.key }
             func micros(_ value: JSONValue?, bound: Bool = false) -> String {
@@ -268,7 +250,7 @@ struct Ping: AsyncParsableCommand {
     func run() async throws {
         try await withClient(connection) { client in
             let started = ContinuousClock.now
-            var answer = try await call(client, "kernel", "ping").objectValue ?? [:]
+            var answer = try jsonValue(of: try await call(client, KernelAPI.ping)).objectValue ?? [:]
             let milliseconds = ((ContinuousClock.now - started).seconds * 10_000).rounded() / 10
             answer["milliseconds"] = .double(milliseconds)
             if output.json { return Output.json(.object(answer), compact: true) }

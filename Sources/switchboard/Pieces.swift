@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import ContractKit
 import EchoService
 import FetcherService
 import Foundation

@@ -1,5 +1,7 @@
 import BusKit
 import BusProtocol
+import ContractKit
+import Contracts
 import EchoService
 import Foundation
 import Kernel
@@ -106,7 +108,7 @@ struct BusKitTests {
         await bus.close()
         try await within(5, "requests after close") {
             await #expect(throws: BusError.closed) { try await bus.request(service: "kernel", method: "ping") }
-            #expect(await bus.batch(service: "kernel", [(method: "ping", params: nil)]).map { try? $0.get() } == [nil])
+            #expect(await bus.batch(KernelAPI.ping, [NoParams()]).map { (try? $0.get())?.pong } == [nil])
             await #expect(throws: BusError.closed) { try await bus.hasWorkers("kernel") }
         }
         await kernel.stop()
@@ -124,7 +126,7 @@ struct BusKitTests {
         #expect(ContinuousClock.now - started < .seconds(1), "at once, not after the timeout")
         #expect(error?.code == JSONRPCError.tooLargeCode && error?.message.contains("kernel.max_message_size") == true, "\(String(describing: error))")
         #expect(error?.data?["limit"] == .int(Int64(limit)))
-        let batch = await bus.batch(service: "echo", [(method: "echo", params: ["blob": .string(String(repeating: "x", count: limit))])])
+        let batch = await bus.batch(EchoAPI.echo, [["blob": .string(String(repeating: "x", count: limit))]])
         #expect(batch.count == 1 && (try? batch[0].get()) == nil)
         let small = try await bus.request(service: "echo", method: "echo", params: ["blob": .string(String(repeating: "x", count: limit / 2))])
         #expect(small["blob"]?.stringValue?.count == limit / 2)

@@ -112,7 +112,7 @@ struct SubscriptionGapTests {
             var n: Int64 = 0
             while !Task.isCancelled {
                 n += 1
-                _ = try? await publisher.set(many: [("/store/a/x", ["n": .int(n)]), ("/store/b/y", ["n": .int(n)])])
+                _ = await publisher.set(many: [("/store/a/x", ["n": .int(n)]), ("/store/b/y", ["n": .int(n)])])
             }
         }
         defer { writer.cancel() }

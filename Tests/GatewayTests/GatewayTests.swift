@@ -223,6 +223,8 @@ struct GatewayTests {
             #expect(try await bed.rpc("echo", #"{"jsonrpc":"2.0","id":1,"method":"whoami"}"#, token: GatewayBed.echoOnlyToken).status == 200)
             let outside = try await bed.rpc("kernel", #"{"jsonrpc":"2.0","id":1,"method":"state.set","params":{"key":"/store/x","value":1}}"#)
             #expect(outside.status == 403)
+            let published = try await bed.rpc("kernel", #"{"jsonrpc":"2.0","id":1,"method":"state.publish","params":{"key":"/store/x","value":1}}"#)
+            #expect(published.status == 403, "state.publish is a state write too")
             let inside = try await bed.rpc("kernel", #"{"jsonrpc":"2.0","id":1,"method":"state.set","params":{"key":"/client/x","value":1}}"#)
             #expect(inside.status == 200 && inside.json?["result"]?["sequence"]?.intValue != nil)
             #expect(try await bed.get("/events", token: nil).status == 401)

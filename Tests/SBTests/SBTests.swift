@@ -163,7 +163,7 @@ struct SBTests {
         await bus.stop()
     }
 
-    @Test("sb subscribe --count ends by itself; sb publish goes through the collector; only /client/ is writable")
+    @Test("sb subscribe --count ends by itself; sb publish is acknowledged with its sequence; only /client/ is writable")
     func subscribeAndPublish() async throws {
         let bus = try await SBBus.start()
         let snapshot = try await bus.sb("subscribe", "/pricing/", "--count", "2")
@@ -171,12 +171,11 @@ struct SBTests {
         #expect(snapshot.status == 0 && lines.count == 2 && lines.allSatisfy { $0["snapshot"] == true })
         #expect(Set(lines.compactMap { $0["key"]?.stringValue }) == ["/pricing/deal/today", "/pricing/route/current"])
 
-        // A live update: the subscriber waits (no snapshot), the publisher writes.
-        let live = Task { try await bus.sb("sub", "--no-snapshot", "/client/", "--count", "1") }
-        try await Task.sleep(for: .milliseconds(500))  // let the subscriber connect; the publish below retries anyway
+        // The subscriber sees the write, live or (had it connected later) in its snapshot.
+        let live = Task { try await bus.sb("sub", "/client/demo", "--count", "1") }
         let published = try await bus.sb("publish", "/client/demo", #"{"hello":"world"}"#, "--json")
-        let publishedKey = try jsonLines(published.stdout).first?["key"]
-        #expect(published.status == 0 && publishedKey == "/client/demo")
+        let publishedLine = try jsonLines(published.stdout).first
+        #expect(published.status == 0 && publishedLine?["key"] == "/client/demo" && (publishedLine?["sequence"]?.intValue ?? 0) > 0)
         let update = try await live.value
         let updated = try jsonLines(update.stdout).first?["value"]
         #expect(update.status == 0 && updated == ["hello": "world"])

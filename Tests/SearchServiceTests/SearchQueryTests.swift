@@ -1,5 +1,6 @@
 import BusProtocol
 import Catalog
+import Contracts
 import Foundation
 @testable import SearchService
 import SwitchboardTestSupport
@@ -10,17 +11,17 @@ import Testing
 struct SearchQueryTests {
     let search = SearchService()
 
-    func countries(_ params: CountriesParams) throws -> [JSONValue] {
+    func countries(_ params: SearchAPI.Countries) throws -> [JSONValue] {
         try search.countries(params)["countries"]?.arrayValue ?? []
     }
 
     func names(_ query: String?, region: String? = nil, limit: Int? = nil) throws -> [String] {
-        try countries(CountriesParams(query: query, region: region, offset: nil, limit: limit)).compactMap { $0["name"]?.stringValue }
+        try countries(SearchAPI.Countries(query: query, region: region, offset: nil, limit: limit)).compactMap { $0["name"]?.stringValue }
     }
 
     @Test("countries: name prefix, then capital prefix, then other matches; case and diacritics ignored")
     func countryRanking() throws {
-        let found = try countries(CountriesParams(query: "par", region: nil, offset: nil, limit: nil))
+        let found = try countries(SearchAPI.Countries(query: "par", region: nil, offset: nil, limit: nil))
         #expect(found.first?["name"] == "Paraguay" && found.first?["match"] == "name")
         let france = try #require(found.firstIndex { $0["name"] == "France" })
         #expect(found[france]["match"] == "capital")
@@ -38,7 +39,7 @@ struct SearchQueryTests {
 
     @Test("countries: a two-letter query also matches the code exactly; longer ones do not")
     func countryCodes() throws {
-        let found = try countries(CountriesParams(query: "de", region: nil, offset: nil, limit: 1_000))
+        let found = try countries(SearchAPI.Countries(query: "de", region: nil, offset: nil, limit: 1_000))
         #expect(found.contains { $0["name"] == "Germany" && $0["match"] == "other" })
         #expect(try !names("deu").contains("Germany"))
         #expect(try names("nl", limit: 1_000).contains("Netherlands"))
@@ -46,32 +47,32 @@ struct SearchQueryTests {
 
     @Test("countries: an empty query lists all by name; region filters by code or name; paging has a total")
     func countryListing() throws {
-        let all = try search.countries(CountriesParams(query: nil, region: nil, offset: nil, limit: 1_000))
+        let all = try search.countries(SearchAPI.Countries(query: nil, region: nil, offset: nil, limit: 1_000))
         #expect(all["total"] == 249)
         let names = all["countries"]?.arrayValue?.compactMap { $0["name"]?.stringValue } ?? []
         #expect(names.count == 249 && names.first == "Afghanistan" && names.contains("Åland Islands"))
         #expect(all["countries"]?.arrayValue?.first?["match"] == nil)
 
-        let europe = try search.countries(CountriesParams(query: "", region: "EU", offset: nil, limit: nil))
+        let europe = try search.countries(SearchAPI.Countries(query: "", region: "EU", offset: nil, limit: nil))
         #expect(europe["total"]?.intValue ?? 0 > 40)
         #expect(europe["countries"]?.arrayValue?.allSatisfy { $0["region"] == "EU" } == true)
         #expect(try self.names("", region: "europe") == self.names("", region: "EU"))
-        #expect(try search.countries(CountriesParams(query: nil, region: "Americas", offset: nil, limit: nil))["total"] == 3)
+        #expect(try search.countries(SearchAPI.Countries(query: nil, region: "Americas", offset: nil, limit: nil))["total"] == 3)
 
-        let page = try search.countries(CountriesParams(query: nil, region: nil, offset: 10, limit: 5))
+        let page = try search.countries(SearchAPI.Countries(query: nil, region: nil, offset: 10, limit: 5))
         #expect(page["total"] == 249 && page["offset"] == 10)
         #expect(page["countries"]?.arrayValue?.compactMap { $0["name"]?.stringValue } == Array(names[10..<15]))
-        let beyond = try search.countries(CountriesParams(query: nil, region: nil, offset: 5_000, limit: 5))
+        let beyond = try search.countries(SearchAPI.Countries(query: nil, region: nil, offset: 5_000, limit: 5))
         #expect(beyond["total"] == 249 && beyond["countries"] == .array([]))
     }
 
     @Test("countries: limits out of range, an unknown region and an over-long query are -32602 naming the field")
     func countryBadParams() async throws {
-        for (params, field) in [(CountriesParams(query: nil, region: nil, offset: nil, limit: 0), "limit"),
-                                (CountriesParams(query: nil, region: nil, offset: nil, limit: 1_001), "limit"),
-                                (CountriesParams(query: nil, region: nil, offset: -1, limit: nil), "offset"),
-                                (CountriesParams(query: nil, region: "Atlantis", offset: nil, limit: nil), "region"),
-                                (CountriesParams(query: String(repeating: "a", count: 1_001), region: nil, offset: nil, limit: nil), "query")] {
+        for (params, field) in [(SearchAPI.Countries(query: nil, region: nil, offset: nil, limit: 0), "limit"),
+                                (SearchAPI.Countries(query: nil, region: nil, offset: nil, limit: 1_001), "limit"),
+                                (SearchAPI.Countries(query: nil, region: nil, offset: -1, limit: nil), "offset"),
+                                (SearchAPI.Countries(query: nil, region: "Atlantis", offset: nil, limit: nil), "region"),
+                                (SearchAPI.Countries(query: String(repeating: "a", count: 1_001), region: nil, offset: nil, limit: nil), "query")] {
             let error = await rpcError { try search.countries(params) }
             #expect(error?.code == -32602 && error?.data?["field"] == .string(field), "\(field)")
         }
@@ -80,7 +81,7 @@ struct SearchQueryTests {
     @Test("countries: unicode and long queries are answered, not crashed on")
     func countryUnicode() throws {
         for query in ["日本", "🇫🇷", "e\u{301}", "\u{0}", "Ω≈ç√", String(repeating: "ä", count: 1_000), String(repeating: "🇫🇷", count: 500)] {
-            _ = try search.countries(CountriesParams(query: query, region: nil, offset: nil, limit: nil))
+            _ = try search.countries(SearchAPI.Countries(query: query, region: nil, offset: nil, limit: nil))
         }
         // A decomposed é finds what a composed one does.
         #expect(try names("re\u{301}union") == names("réunion"))
@@ -114,7 +115,7 @@ struct SearchQueryTests {
 
     @Test("places: resolve by coordinates gives the nearest named place, its distance and the Wikipedia Places link")
     func resolveCoordinates() async throws {
-        let answer = try await search.resolve(ResolveParams(query: "12.9716, 77.5946"))
+        let answer = try await search.resolve(SearchAPI.Resolve(query: "12.9716, 77.5946"))
         #expect(answer["kind"] == "coordinates" && answer["name"] == .null && answer["label"] == "12.9716, 77.5946")
         #expect(answer["nearest"]?["name"] == "Mumbai")
         let km = try #require(answer["nearest"]?["distanceKm"]?.doubleValue)
@@ -125,37 +126,37 @@ struct SearchQueryTests {
         #expect(answer["historyRecorded"] == false)
 
         // A known place's own coordinates name it, and the nearest is another place.
-        let mumbai = try await search.resolve(ResolveParams(query: "19.0823998,72.8111468"))
+        let mumbai = try await search.resolve(SearchAPI.Resolve(query: "19.0823998,72.8111468"))
         #expect(mumbai["name"] == "Mumbai" && mumbai["nearest"]?["name"] != "Mumbai")
-        let error = await rpcError { try await search.resolve(ResolveParams(query: "95, 10")) }
+        let error = await rpcError { try await search.resolve(SearchAPI.Resolve(query: "95, 10")) }
         #expect(error?.code == -32602 && error?.message.contains("latitude 95 is out of range") == true)
     }
 
     @Test("places: resolve by name; an unknown name is -32003; search lists unnamed places by their coordinates")
     func resolveNames() async throws {
-        let amsterdam = try await search.resolve(ResolveParams(query: "amsterdam"))
+        let amsterdam = try await search.resolve(SearchAPI.Resolve(query: "amsterdam"))
         #expect(amsterdam["kind"] == "name" && amsterdam["name"] == "Amsterdam" && amsterdam["nearest"]?["name"] == "Copenhagen")
         #expect(amsterdam["deepLink"] == "wikipedia://places?latitude=52.3547498&longitude=4.8339215")
-        #expect(try await search.resolve(ResolveParams(query: "COPEN"))["name"] == "Copenhagen")
-        let missing = await rpcError { try await search.resolve(ResolveParams(query: "Atlantis")) }
+        #expect(try await search.resolve(SearchAPI.Resolve(query: "COPEN"))["name"] == "Copenhagen")
+        let missing = await rpcError { try await search.resolve(SearchAPI.Resolve(query: "Atlantis")) }
         #expect(missing?.code == -32003)
-        let empty = await rpcError { try await search.resolve(ResolveParams(query: "  ")) }
+        let empty = await rpcError { try await search.resolve(SearchAPI.Resolve(query: "  ")) }
         #expect(empty?.code == -32602)
 
-        let all = try search.locations(LocationsParams(query: nil, offset: nil, limit: nil))
+        let all = try search.locations(SearchAPI.Locations(query: nil, offset: nil, limit: nil))
         let labels = all["places"]?.arrayValue?.compactMap { $0["label"]?.stringValue }
         #expect(labels == ["Amsterdam", "Copenhagen", "Mumbai", "40.4380638, -3.7495758"])
         #expect(all["places"]?.arrayValue?.last?["name"] == .null)
-        let near = try search.locations(LocationsParams(query: "40.4, -3.7", offset: nil, limit: 2))
+        let near = try search.locations(SearchAPI.Locations(query: "40.4, -3.7", offset: nil, limit: 2))
         #expect(near["kind"] == "coordinates" && near["total"] == 4)
         #expect(near["places"]?.arrayValue?.first?["label"] == "40.4380638, -3.7495758")
         #expect(near["places"]?.arrayValue?.count == 2)
-        #expect(try search.locations(LocationsParams(query: "bai", offset: nil, limit: nil))["places"]?.arrayValue?.first?["name"] == "Mumbai")
+        #expect(try search.locations(SearchAPI.Locations(query: "bai", offset: nil, limit: nil))["places"]?.arrayValue?.first?["name"] == "Mumbai")
     }
 
     @Test("items: blank names dropped, grouped by listId, lexical or natural order, counts")
     func itemsGrouped() async throws {
-        let lexical = try search.items(ItemsParams(order: nil, listId: nil))
+        let lexical = try search.items(SearchAPI.Items(order: nil, listId: nil))
         #expect(lexical["order"] == "lexical" && lexical["total"] == 320 && lexical["dropped"] == 680)
         let groups = try #require(lexical["groups"]?.arrayValue)
         #expect(groups.compactMap { $0["listId"]?.intValue } == [1, 2, 3, 4])
@@ -164,13 +165,13 @@ struct SearchQueryTests {
         #expect(firstNames == firstNames.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) })
         #expect(firstNames.first == "Item 0" && firstNames.count == 81)
 
-        let natural = try search.items(ItemsParams(order: "natural", listId: 1))
+        let natural = try search.items(SearchAPI.Items(order: "natural", listId: 1))
         let naturalGroups = try #require(natural["groups"]?.arrayValue)
         #expect(naturalGroups.count == 1 && natural["total"] == 81)
         let ids = naturalGroups[0]["items"]?.arrayValue?.compactMap { $0["id"]?.intValue } ?? []
         #expect(ids == ids.sorted() && ids.count == 81)  // "Item <id>": natural order is id order
 
-        let error = await rpcError { try search.items(ItemsParams(order: "random", listId: nil)) }
+        let error = await rpcError { try search.items(SearchAPI.Items(order: "random", listId: nil)) }
         #expect(error?.code == -32602 && error?.data?["field"] == "order")
     }
 
@@ -184,13 +185,13 @@ struct SearchQueryTests {
             HiringItem(id: 8, listId: 3, name: "Item 010"),
         ]), version: "t1")
         func order(_ name: String) throws -> [[Int64]] {
-            try search.items(ItemsParams(order: name, listId: nil))["groups"]?.arrayValue?.map { group in
+            try search.items(SearchAPI.Items(order: name, listId: nil))["groups"]?.arrayValue?.map { group in
                 group["items"]?.arrayValue?.compactMap { $0["id"]?.intValue } ?? []
             } ?? []
         }
         #expect(try order("lexical") == [[5, 1, 3, 4], [8]])
         #expect(try order("natural") == [[1, 3, 4, 5], [8]])
-        #expect(try search.items(ItemsParams(order: nil, listId: nil))["dropped"] == 3)
+        #expect(try search.items(SearchAPI.Items(order: nil, listId: nil))["dropped"] == 3)
     }
 
     @Test("natural and lexical comparison")
@@ -208,45 +209,45 @@ struct SearchQueryTests {
 
     @Test("news sources and headlines without the store: the selection needs it, an explicit list does not")
     func newsWithoutStore() async throws {
-        let error = await rpcError { try await search.sources(SourcesParams(language: nil, category: nil)) }
+        let error = await rpcError { try await search.sources(SearchAPI.Sources(language: nil, category: nil)) }
         #expect(error?.code == -32001 && error?.message.contains("needs the store") == true)
-        let headlines = try await search.headlines(HeadlinesParams(sources: ["bbc-news"], page: nil, pageSize: nil))
+        let headlines = try await search.headlines(SearchAPI.Headlines(sources: ["bbc-news"], page: nil, pageSize: nil))
         #expect(headlines["status"] == "ok")
-        for (params, field) in [(HeadlinesParams(sources: [], page: 0, pageSize: nil), "page"),
-                                (HeadlinesParams(sources: [], page: nil, pageSize: 101), "pageSize"),
-                                (HeadlinesParams(sources: [], page: nil, pageSize: 0), "pageSize")] {
+        for (params, field) in [(SearchAPI.Headlines(sources: [], page: 0, pageSize: nil), "page"),
+                                (SearchAPI.Headlines(sources: [], page: nil, pageSize: 101), "pageSize"),
+                                (SearchAPI.Headlines(sources: [], page: nil, pageSize: 0), "pageSize")] {
             let error = await rpcError { try await search.headlines(params) }
             #expect(error?.data?["field"] == .string(field))
         }
-        let badLanguage = await rpcError { try await search.sources(SourcesParams(language: "english", category: nil)) }
+        let badLanguage = await rpcError { try await search.sources(SearchAPI.Sources(language: "english", category: nil)) }
         #expect(badLanguage?.data?["field"] == "language")
     }
 
     @Test("flights: both directions joined with their airline, prices as decimal strings; an unknown airline is reported")
     func flights() async throws {
-        let all = try search.flights(FlightsParams(direction: nil))
+        let all = try search.flights(SearchAPI.Flights(direction: nil))
         let outbound = try #require(all["outbound"]?.arrayValue)
         #expect(outbound.compactMap { $0["id"]?.intValue } == [1, 2, 3, 4, 5, 6])
         #expect(outbound[0]["airline"]?["name"] == "Transavia" && outbound[0]["price"] == ["amount": "15.00", "currency": "EUR"])
         #expect(all["inbound"]?.arrayValue?.count == 5 && all["unknownAirlines"] == .array([]))
-        let inbound = try search.flights(FlightsParams(direction: "inbound"))
+        let inbound = try search.flights(SearchAPI.Flights(direction: "inbound"))
         #expect(inbound["outbound"] == nil && inbound["inbound"]?.arrayValue?.count == 5)
-        let error = await rpcError { try search.flights(FlightsParams(direction: "sideways")) }
+        let error = await rpcError { try search.flights(SearchAPI.Flights(direction: "sideways")) }
         #expect(error?.code == -32602)
 
         let other = SearchService()
         await other.load(.flights([Flight(id: 1, direction: .outbound, airline: "KLM", departureAirportCode: "AMS", arrivalAirportCode: "BCN",
                                           price: Decimal(string: "99.5")!)]), version: "t1")
-        let unknown = try other.flights(FlightsParams(direction: nil))
+        let unknown = try other.flights(SearchAPI.Flights(direction: nil))
         #expect(unknown["unknownAirlines"] == ["KLM"] && unknown["outbound"]?.arrayValue?.first?["airline"] == .null)
         #expect(unknown["outbound"]?.arrayValue?.first?["price"]?["amount"] == "99.50")
     }
 
     @Test("airlines.get: an airline with its flights; an unknown id is -32003")
     func airlines() async throws {
-        let vueling = try search.airline(AirlineParams(id: "Vueling"))
+        let vueling = try search.airline(SearchAPI.Airline(id: "Vueling"))
         #expect(vueling["name"] == "Vueling (Vueling Airlines)" && vueling["flights"] == [2, 3, 12, 14])
-        let error = await rpcError { try search.airline(AirlineParams(id: "Concorde")) }
+        let error = await rpcError { try search.airline(SearchAPI.Airline(id: "Concorde")) }
         #expect(error?.code == -32003)
     }
 

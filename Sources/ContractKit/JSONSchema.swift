@@ -1,0 +1,262 @@
+public import BusProtocol
+
+/// JSON Schema (draft 2020-12) for the contracts' `Codable` types, generated from the types
+/// themselves: a type's `init(from:)` is run once against a decoder that records what it asks
+/// for (each key, its type, whether it is optional) instead of reading input. So a params
+/// struct is written once, and its schema, its check and its decoding all follow from it.
+public enum JSONSchema {
+    /// The dialect every generated schema follows.
+    public static let dialect = "https://json-schema.org/draft/2020-12/schema"
+
+    /// The schema of `type`: objects list their properties, the required ones in `required`,
+    /// and allow no others; optional properties also accept null.
+    public static func of<T: Decodable>(_ type: T.Type) -> JSONValue {
+        (try? SchemaRecorder.describe(type).schema) ?? [:]
+    }
+
+    /// Whether `schema` accepts any JSON value (nothing to check).
+    public static func acceptsAnything(_ schema: JSONValue) -> Bool { schema == [:] }
+}
+
+/// A type that states its own schema instead of having it recorded (open values, enums).
+public protocol SchemaDescribed: Decodable {
+    static var jsonSchema: JSONValue { get }
+    /// Any valid value, handed to the recorder's caller in place of a decoded one.
+    static var schemaSample: Self { get }
+}
+
+extension JSONValue: SchemaDescribed {
+    public static var jsonSchema: JSONValue { [:] }
+    public static var schemaSample: JSONValue { .null }
+}
+
+/// String enums list their cases.
+extension SchemaDescribed where Self: CaseIterable & RawRepresentable, RawValue == String {
+    public static var jsonSchema: JSONValue { ["type": "string", "enum": .array(allCases.map { .string($0.rawValue) })] }
+    public static var schemaSample: Self { allCases.first! }
+}
+
+/// Records the schema of one value while its `init(from:)` runs.
+final class SchemaRecorder {
+    enum Shape {
+        case unknown
+        case object(properties: [(name: String, schema: JSONValue)], optional: Set<String>, open: Bool)
+        case array(items: JSONValue)
+        case value(JSONValue)
+    }
+    var shape = Shape.unknown
+    var nullable = false
+
+    var schema: JSONValue {
+        let base: JSONValue
+        switch shape {
+        case .unknown: base = [:]
+        case .value(let schema): base = schema
+        case .array(let items): base = ["type": "array", "items": items]
+        case .object(let properties, let optional, let open):
+            var object: [String: JSONValue] = ["type": "object"]
+            if !properties.isEmpty {
+                object["properties"] = .object(Dictionary(properties.map { property in
+                    (property.name, optional.contains(property.name) ? Self.orNull(property.schema) : property.schema)
+                }, uniquingKeysWith: { $1 }))
+            }
+            let required = properties.map(\.name).filter { !optional.contains($0) }
+            if !required.isEmpty { object["required"] = .array(required.map { .string($0) }) }
+            if !open { object["additionalProperties"] = false }
+            base = .object(object)
+        }
+        return nullable ? Self.orNull(base) : base
+    }
+
+    /// `schema` that also accepts null.
+    static func orNull(_ schema: JSONValue) -> JSONValue {
+        if JSONSchema.acceptsAnything(schema) { return schema }
+        if case .string(let type)? = schema["type"], var object = schema.objectValue {
+            object["type"] = [.string(type), "null"]
+            return .object(object)
+        }
+        return ["anyOf": [schema, ["type": "null"]]]
+    }
+
+    /// The schema of `type` and a sample value of it.
+    static func describe<T: Decodable>(_ type: T.Type) throws -> (schema: JSONValue, sample: T) {
+        if let described = type as? any SchemaDescribed.Type {
+            return (described.jsonSchema, described.schemaSample as! T)
+        }
+        if let primitive = primitive(type) { return primitive }
+        let recorder = SchemaRecorder()
+        let sample = try T(from: RecordingDecoder(recorder: recorder))
+        return (recorder.schema, sample)
+    }
+
+    private static func primitive<T>(_ type: T.Type) -> (schema: JSONValue, sample: T)? {
+        switch type {
+        case is String.Type: return (["type": "string"], "" as! T)
+        case is Bool.Type: return (["type": "boolean"], false as! T)
+        case is Double.Type: return (["type": "number"], 0.0 as! T)
+        case is Float.Type: return (["type": "number"], Float(0) as! T)
+        case is Int.Type: return (["type": "integer"], 0 as! T)
+        case is Int64.Type: return (["type": "integer"], Int64(0) as! T)
+        case is Int32.Type: return (["type": "integer"], Int32(0) as! T)
+        case is UInt64.Type: return (["type": "integer", "minimum": 0], UInt64(0) as! T)
+        case is UInt.Type: return (["type": "integer", "minimum": 0], UInt(0) as! T)
+        case is UInt32.Type: return (["type": "integer", "minimum": 0], UInt32(0) as! T)
+        default: return nil
+        }
+    }
+}
+
+private struct RecordingDecoder: Decoder {
+    let recorder: SchemaRecorder
+    var codingPath: [any CodingKey] = []
+    var userInfo: [CodingUserInfoKey: Any] { [:] }
+
+    func container<Key: CodingKey>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
+        if case .unknown = recorder.shape { recorder.shape = .object(properties: [], optional: [], open: false) }
+        return KeyedDecodingContainer(RecordingKeyedContainer<Key>(recorder: recorder))
+    }
+
+    func unkeyedContainer() throws -> any UnkeyedDecodingContainer {
+        RecordingUnkeyedContainer(recorder: recorder)
+    }
+
+    func singleValueContainer() throws -> any SingleValueDecodingContainer {
+        RecordingSingleValueContainer(recorder: recorder)
+    }
+}
+
+private struct RecordingKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
+    let recorder: SchemaRecorder
+    var codingPath: [any CodingKey] { [] }
+
+    /// Asked for by dictionaries, which decode whatever keys there are: an open object.
+    var allKeys: [Key] {
+        if case .object(let properties, let optional, _) = recorder.shape {
+            recorder.shape = .object(properties: properties, optional: optional, open: true)
+        }
+        return []
+    }
+
+    func contains(_ key: Key) -> Bool { true }
+
+    /// `decodeIfPresent` asks this first: the key is optional.
+    func decodeNil(forKey key: Key) throws -> Bool {
+        if case .object(let properties, var optional, let open) = recorder.shape {
+            optional.insert(key.stringValue)
+            recorder.shape = .object(properties: properties, optional: optional, open: open)
+        }
+        return false
+    }
+
+    func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
+        let (schema, sample) = try SchemaRecorder.describe(type)
+        if case .object(var properties, let optional, let open) = recorder.shape {
+            properties.removeAll { $0.name == key.stringValue }
+            properties.append((key.stringValue, schema))
+            recorder.shape = .object(properties: properties, optional: optional, open: open)
+        }
+        return sample
+    }
+
+    func decode(_ type: Bool.Type, forKey key: Key) throws -> Bool { try decode(type as Bool.Type, key) }
+    func decode(_ type: String.Type, forKey key: Key) throws -> String { try decode(type as String.Type, key) }
+    func decode(_ type: Double.Type, forKey key: Key) throws -> Double { try decode(type as Double.Type, key) }
+    func decode(_ type: Float.Type, forKey key: Key) throws -> Float { try decode(type as Float.Type, key) }
+    func decode(_ type: Int.Type, forKey key: Key) throws -> Int { try decode(type as Int.Type, key) }
+    func decode(_ type: Int8.Type, forKey key: Key) throws -> Int8 { try decode(type as Int8.Type, key) }
+    func decode(_ type: Int16.Type, forKey key: Key) throws -> Int16 { try decode(type as Int16.Type, key) }
+    func decode(_ type: Int32.Type, forKey key: Key) throws -> Int32 { try decode(type as Int32.Type, key) }
+    func decode(_ type: Int64.Type, forKey key: Key) throws -> Int64 { try decode(type as Int64.Type, key) }
+    func decode(_ type: UInt.Type, forKey key: Key) throws -> UInt { try decode(type as UInt.Type, key) }
+    func decode(_ type: UInt8.Type, forKey key: Key) throws -> UInt8 { try decode(type as UInt8.Type, key) }
+    func decode(_ type: UInt16.Type, forKey key: Key) throws -> UInt16 { try decode(type as UInt16.Type, key) }
+    func decode(_ type: UInt32.Type, forKey key: Key) throws -> UInt32 { try decode(type as UInt32.Type, key) }
+    func decode(_ type: UInt64.Type, forKey key: Key) throws -> UInt64 { try decode(type as UInt64.Type, key) }
+
+    /// The generic path for the concrete overloads above (which the protocol requires).
+    private func decode<T: Decodable>(_ type: T.Type, _ key: Key) throws -> T { try decode(type, forKey: key) }
+
+    func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type, forKey key: Key) throws -> KeyedDecodingContainer<NestedKey> {
+        throw DecodingError.dataCorrupted(.init(codingPath: [key], debugDescription: "nested containers have no recorded schema"))
+    }
+    func nestedUnkeyedContainer(forKey key: Key) throws -> any UnkeyedDecodingContainer {
+        throw DecodingError.dataCorrupted(.init(codingPath: [key], debugDescription: "nested containers have no recorded schema"))
+    }
+    func superDecoder() throws -> any Decoder { RecordingDecoder(recorder: SchemaRecorder()) }
+    func superDecoder(forKey key: Key) throws -> any Decoder { RecordingDecoder(recorder: SchemaRecorder()) }
+}
+
+/// Arrays: one element is decoded (its schema is the items'), then the array ends.
+private struct RecordingUnkeyedContainer: UnkeyedDecodingContainer {
+    let recorder: SchemaRecorder
+    var codingPath: [any CodingKey] { [] }
+    var count: Int? { nil }
+    var currentIndex = 0
+    var isAtEnd: Bool { currentIndex > 0 }
+
+    mutating func decodeNil() throws -> Bool { false }
+
+    mutating func decode<T: Decodable>(_ type: T.Type) throws -> T { try decodeAny(type) }
+    mutating func decode(_ type: Bool.Type) throws -> Bool { try decodeAny(type) }
+    mutating func decode(_ type: String.Type) throws -> String { try decodeAny(type) }
+    mutating func decode(_ type: Double.Type) throws -> Double { try decodeAny(type) }
+    mutating func decode(_ type: Float.Type) throws -> Float { try decodeAny(type) }
+    mutating func decode(_ type: Int.Type) throws -> Int { try decodeAny(type) }
+    mutating func decode(_ type: Int8.Type) throws -> Int8 { try decodeAny(type) }
+    mutating func decode(_ type: Int16.Type) throws -> Int16 { try decodeAny(type) }
+    mutating func decode(_ type: Int32.Type) throws -> Int32 { try decodeAny(type) }
+    mutating func decode(_ type: Int64.Type) throws -> Int64 { try decodeAny(type) }
+    mutating func decode(_ type: UInt.Type) throws -> UInt { try decodeAny(type) }
+    mutating func decode(_ type: UInt8.Type) throws -> UInt8 { try decodeAny(type) }
+    mutating func decode(_ type: UInt16.Type) throws -> UInt16 { try decodeAny(type) }
+    mutating func decode(_ type: UInt32.Type) throws -> UInt32 { try decodeAny(type) }
+    mutating func decode(_ type: UInt64.Type) throws -> UInt64 { try decodeAny(type) }
+
+    private mutating func decodeAny<T: Decodable>(_ type: T.Type) throws -> T {
+        let (schema, sample) = try SchemaRecorder.describe(type)
+        recorder.shape = .array(items: schema)
+        currentIndex += 1
+        return sample
+    }
+
+    mutating func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type) throws -> KeyedDecodingContainer<NestedKey> {
+        throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "nested containers have no recorded schema"))
+    }
+    mutating func nestedUnkeyedContainer() throws -> any UnkeyedDecodingContainer {
+        throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "nested containers have no recorded schema"))
+    }
+    mutating func superDecoder() throws -> any Decoder { RecordingDecoder(recorder: SchemaRecorder()) }
+}
+
+private struct RecordingSingleValueContainer: SingleValueDecodingContainer {
+    let recorder: SchemaRecorder
+    var codingPath: [any CodingKey] { [] }
+
+    /// `Optional` asks this: the value may be null.
+    func decodeNil() -> Bool {
+        recorder.nullable = true
+        return false
+    }
+
+    func decode<T: Decodable>(_ type: T.Type) throws -> T { try decodeAny(type) }
+    func decode(_ type: Bool.Type) throws -> Bool { try decodeAny(type) }
+    func decode(_ type: String.Type) throws -> String { try decodeAny(type) }
+    func decode(_ type: Double.Type) throws -> Double { try decodeAny(type) }
+    func decode(_ type: Float.Type) throws -> Float { try decodeAny(type) }
+    func decode(_ type: Int.Type) throws -> Int { try decodeAny(type) }
+    func decode(_ type: Int8.Type) throws -> Int8 { try decodeAny(type) }
+    func decode(_ type: Int16.Type) throws -> Int16 { try decodeAny(type) }
+    func decode(_ type: Int32.Type) throws -> Int32 { try decodeAny(type) }
+    func decode(_ type: Int64.Type) throws -> Int64 { try decodeAny(type) }
+    func decode(_ type: UInt.Type) throws -> UInt { try decodeAny(type) }
+    func decode(_ type: UInt8.Type) throws -> UInt8 { try decodeAny(type) }
+    func decode(_ type: UInt16.Type) throws -> UInt16 { try decodeAny(type) }
+    func decode(_ type: UInt32.Type) throws -> UInt32 { try decodeAny(type) }
+    func decode(_ type: UInt64.Type) throws -> UInt64 { try decodeAny(type) }
+
+    private func decodeAny<T: Decodable>(_ type: T.Type) throws -> T {
+        let (schema, sample) = try SchemaRecorder.describe(type)
+        recorder.shape = .value(schema)
+        return sample
+    }
+}

@@ -1,0 +1,89 @@
+public import BusProtocol
+
+/// One method of a service's contract: its service, name and one-line summary, with the
+/// `Codable` types of its params and result. The service's method table, `sb` and every
+/// service that calls it use this one value, so the name is written once.
+public struct Method<Params: Codable & Sendable, Result: Codable & Sendable>: Sendable {
+    public let service: String
+    public let name: String
+    public let summary: String
+
+    public init(_ service: String, _ name: String, _ summary: String) {
+        self.service = service
+        self.name = name
+        self.summary = summary
+    }
+
+    /// Its entry in the service's `rpc.discover` document: the params by name, each with its
+    /// schema, and the result's schema, all generated from the types.
+    public var description: MethodDescription {
+        let params = JSONSchema.of(Params.self)
+        let properties = params["properties"]?.objectValue ?? [:]
+        let required = Set((params["required"]?.arrayValue ?? []).compactMap(\.stringValue))
+        return MethodDescription(
+            name: name, summary: summary,
+            params: properties.keys.sorted().map { ContentDescriptor(name: $0, required: required.contains($0), schema: properties[$0]!) },
+            result: ContentDescriptor(name: "result", required: nil, schema: JSONSchema.of(Result.self)))
+    }
+
+    /// The params' JSON text for a request (none for ``NoParams``).
+    public func paramsText(_ params: Params) throws -> [UInt8]? {
+        if params is NoParams { return nil }
+        if let json = params as? JSONValue, json.isNull { return nil }
+        return try encodeJSON(params)
+    }
+}
+
+/// For methods that take no params: accepts absent params, `{}` and `[]`.
+public struct NoParams: Codable, Sendable, SchemaDescribed {
+    public init() {}
+    public static var jsonSchema: JSONValue { ["type": "object", "additionalProperties": false] }
+    public static var schemaSample: NoParams { NoParams() }
+}
+
+extension Method where Params == NoParams, Result == ServiceDescription {
+    /// `rpc.discover`, which every service and the kernel answer with their contract.
+    public static func discover(_ service: String) -> Method {
+        Method(service, "rpc.discover", "This service's methods, with their params and result as JSON Schema (OpenRPC document).")
+    }
+}
+
+/// A service's contract as `rpc.discover` answers it: an OpenRPC document whose schemas are
+/// JSON Schema 2020-12 (`jsonSchemaDialect`).
+public struct ServiceDescription: Codable, Sendable, Equatable {
+    public struct Info: Codable, Sendable, Equatable {
+        public var title: String
+        public var version: String
+    }
+    public var openrpc = "1.3.2"
+    public var info: Info
+    public var jsonSchemaDialect = JSONSchema.dialect
+    public var methods: [MethodDescription]
+
+    public init(service: String, methods: [MethodDescription]) {
+        info = Info(title: service, version: "1")
+        self.methods = methods
+    }
+}
+
+public struct MethodDescription: Codable, Sendable, Equatable {
+    public var name: String
+    public var summary: String
+    public var paramStructure = "by-name"
+    public var params: [ContentDescriptor]
+    public var result: ContentDescriptor
+
+    public init(name: String, summary: String, params: [ContentDescriptor], result: ContentDescriptor) {
+        self.name = name
+        self.summary = summary
+        self.params = params
+        self.result = result
+    }
+}
+
+/// OpenRPC's name for a named schema: one param, or the result.
+public struct ContentDescriptor: Codable, Sendable, Equatable {
+    public var name: String
+    public var required: Bool?
+    public var schema: JSONValue
+}

@@ -1,0 +1,235 @@
+public import BusProtocol
+import Foundation
+
+/// A service of the bus: an actor with a name and a table of JSON-RPC methods, each from its
+/// contract (see ``Method``).
+///
+/// ```swift
+/// actor Echo: BusService {
+///     static let name = EchoAPI.service
+///     nonisolated func methods(_ table: inout MethodTable<Echo>) {
+///         table.on(EchoAPI.echo) { echo, params in params }
+///     }
+/// }
+/// ```
+public protocol BusService: Actor {
+    /// The service name workers register under (7/MDP READY).
+    static var name: String { get }
+    /// Adds the service's methods to `table`; called once when hosting starts.
+    nonisolated func methods(_ table: inout MethodTable<Self>)
+}
+
+/// The JSON-RPC methods of a service, each from its contract.
+///
+/// Params are checked against the schema generated from the method's `Params` type before
+/// the handler runs (a wrong type, a missing or an unknown field is answered -32602 with
+/// `data.field` and `data.expected`), then decoded straight from the request's bytes; the
+/// result is encoded straight to the reply's bytes. Every table also answers `rpc.discover`.
+public struct MethodTable<Service: BusService>: Sendable {
+    /// A handler takes the params' JSON text (nil when absent) and gives the result's.
+    enum Handler {
+        /// Runs anywhere (a service's methods, which may run concurrently).
+        case async(@Sendable (Service, [UInt8]?) async throws -> [UInt8])
+        /// Runs on the service's own executor, without suspending (the kernel's methods,
+        /// answered on its loop thread as each request arrives).
+        case isolated(@Sendable (isolated Service, [UInt8]?) throws -> [UInt8])
+    }
+    private var handlers: [String: Handler] = [:]
+    /// The methods in the order they were added, for `rpc.discover`.
+    public private(set) var descriptions: [MethodDescription] = []
+
+    /// The table of `service`'s methods.
+    public init(of service: Service) {
+        service.methods(&self)
+        let discovery = ServiceDescription(service: Service.name, methods: descriptions)
+        onIsolated(Method.discover(Service.name)) { _, _ in discovery }
+    }
+
+    /// Adds `method` with the handler that answers it. A thrown ``JSONRPCError`` is answered
+    /// as it is; any other error as -32603 with its description.
+    public mutating func on<P, R>(_ method: Method<P, R>, _ handler: @escaping @Sendable (Service, P) async throws -> R) {
+        let schema = add(method)
+        handlers[method.name] = .async { service, params in
+            try encodeResult(try await handler(service, try decodeParams(P.self, params, schema: schema)))
+        }
+    }
+
+    /// Adds `method` with a handler that runs isolated to the service and never suspends, so
+    /// ``answerNow(body:on:)`` can answer it at once.
+    public mutating func onIsolated<P, R>(_ method: Method<P, R>, _ handler: @escaping @Sendable (isolated Service, P) throws -> R) {
+        let schema = add(method)
+        handlers[method.name] = .isolated { service, params in
+            try encodeResult(try handler(service, try decodeParams(P.self, params, schema: schema)))
+        }
+    }
+
+    /// Checks `method` belongs here once, lists it for `rpc.discover`; its params' schema.
+    private mutating func add<P, R>(_ method: Method<P, R>) -> JSONValue {
+        precondition(method.service == Service.name, "\(method.name) is a method of \(method.service), not \(Service.name)")
+        precondition(handlers[method.name] == nil, "\(method.name) is already in \(Service.name)'s table")
+        descriptions.append(method.description)
+        return JSONSchema.of(P.self)
+    }
+
+    /// The names of all methods, sorted.
+    public var methodNames: [String] { handlers.keys.sorted() }
+
+    /// Runs `method` on `service` in this process, answering as a request through the bus
+    /// would (for benchmarks and single-process use).
+    public func call<P, R>(_ method: Method<P, R>, _ params: P, on service: Service) async throws -> R {
+        let body = JSONRPCRequest(id: .number(0), method: method.name, paramsText: try method.paramsText(params)).jsonBytes
+        let reply = await answer(body: body, on: service).reply
+        guard let response = try JSONRPC.parseResponses(reply).first else { throw JSONRPCError.internalError("no response") }
+        return try decodeResult(R.self, try response.outcome.get())
+    }
+
+    /// Answers a whole request body (a request or a batch), with how many of the responses
+    /// are errors (the host reports that count to the kernel, which never reads replies).
+    public func answer(body: [UInt8], on service: Service) async -> (reply: [UInt8], errors: Int) {
+        let incoming = JSONRPC.parseRequests(body)
+        var outcomes: [Result<[UInt8], any Error>] = []
+        for request in Self.requests(in: incoming) {
+            do {
+                switch handlers[request.method] {
+                case .async(let handler)?: outcomes.append(.success(try await handler(service, request.paramsText)))
+                case .isolated(let handler)?: outcomes.append(.success(try await handler(service, request.paramsText)))
+                case nil: throw JSONRPCError.methodNotFound(request.method)
+                }
+            } catch {
+                outcomes.append(.failure(error))
+            }
+        }
+        return Self.reply(incoming, outcomes)
+    }
+
+    /// ``answer(body:on:)`` without suspending, on the service's executor: for tables whose
+    /// methods are all ``onIsolated(_:_:)`` (the kernel's).
+    public func answerNow(body: [UInt8], on service: isolated Service) -> (reply: [UInt8], errors: Int) {
+        let incoming = JSONRPC.parseRequests(body)
+        let outcomes = Self.requests(in: incoming).map { request -> Result<[UInt8], any Error> in
+            switch handlers[request.method] {
+            case .isolated(let handler)?: Result { try handler(service, request.paramsText) }
+            case .async?: .failure(JSONRPCError.internalError("\(request.method) cannot be answered without suspending"))
+            case nil: .failure(JSONRPCError.methodNotFound(request.method))
+            }
+        }
+        return Self.reply(incoming, outcomes)
+    }
+
+    /// The valid requests of a body, in order.
+    private static func requests(in incoming: JSONRPCIncoming) -> [JSONRPCRequest] {
+        switch incoming {
+        case .unusable, .single(.invalid): []
+        case .single(.request(let request)): [request]
+        case .batch(let items): items.compactMap { if case .request(let request) = $0 { request } else { nil } }
+        }
+    }
+
+    /// The reply to a body, from the outcome of each of its valid requests (in order):
+    /// notifications get none; an error thrown that is no ``JSONRPCError`` is -32603.
+    private static func reply(_ incoming: JSONRPCIncoming, _ outcomes: [Result<[UInt8], any Error>]) -> (reply: [UInt8], errors: Int) {
+        var outcomes = outcomes.makeIterator()
+        func response(_ item: JSONRPCItem) -> (reply: [UInt8], isError: Bool)? {
+            switch item {
+            case .invalid(let response): return (response.jsonBytes, true)
+            case .request(let request):
+                let outcome = outcomes.next()!
+                guard let id = request.id else { return nil }
+                switch outcome {
+                case .success(let result): return (JSONRPC.resultReply(id: id, resultText: result), false)
+                case .failure(let error as JSONRPCError): return (JSONRPCResponse(id: id, error: error).jsonBytes, true)
+                case .failure(let error): return (JSONRPCResponse(id: id, error: .internalError(String(describing: error))).jsonBytes, true)
+                }
+            }
+        }
+        switch incoming {
+        case .unusable(let response): return (response.jsonBytes, 1)
+        case .single(let item):
+            guard let answer = response(item) else { return ([], 0) }
+            return (answer.reply, answer.isError ? 1 : 0)
+        case .batch(let items):
+            let answers = items.compactMap(response)
+            return (JSONRPC.batchReply(answers.map(\.reply)) ?? [], answers.filter(\.isError).count)
+        }
+    }
+}
+
+/// Checks params' JSON text against `schema`, then decodes it as `P` in one pass. Absent
+/// params (and an empty array) are an empty object, or null for `JSONValue`.
+func decodeParams<P: Decodable>(_ type: P.Type, _ text: [UInt8]?, schema: JSONValue) throws -> P {
+    if P.self == JSONValue.self {
+        guard let text else { return JSONValue.null as! P }
+        return try JSONValue(parsing: text, maxDepth: JSONRPC.maxDepth) as! P
+    }
+    var value = try text.map { try JSONValue(parsing: $0, maxDepth: JSONRPC.maxDepth) } ?? [:]
+    if value == [] { value = [:] }
+    if case .array = value {
+        throw SchemaCheck.Mismatch(field: "params", expected: "an object (params by name)", problem: "must be an object (params by name)").error
+    }
+    if let mismatch = SchemaCheck.mismatch(value, schema) { throw mismatch.error }
+    if P.self == NoParams.self { return NoParams() as! P }
+    do {
+        return try JSONDecoder().decode(P.self, from: text.map { Data($0) } ?? Data("{}".utf8))
+    } catch let error as DecodingError {
+        throw paramsError(error)
+    }
+}
+
+/// Encodes a result in one pass: JSON text with sorted keys and unescaped slashes, as
+/// ``JSONValue/jsonBytes`` writes it.
+func encodeResult<R: Encodable>(_ result: R) throws -> [UInt8] {
+    try encodeJSON(result)
+}
+
+/// JSON text of `value`, as ``JSONValue/jsonBytes`` writes it (sorted keys, slashes as they are).
+public func encodeJSON<T: Encodable>(_ value: T) throws -> [UInt8] {
+    if let json = value as? JSONValue { return json.jsonBytes }
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+    return Array(try encoder.encode(value))
+}
+
+/// A result as its contract's type: a reply that does not fit is -32603 naming the field.
+public func decodeResult<R: Decodable>(_ type: R.Type, _ value: JSONValue) throws -> R {
+    if let value = value as? R { return value }
+    do {
+        return try JSONDecoder().decode(R.self, from: Data(value.jsonBytes))
+    } catch let error as DecodingError {
+        let mismatch = paramsError(error)
+        throw JSONRPCError.internalError("the reply does not fit the contract: \(mismatch.message)")
+    }
+}
+
+private func paramsError(_ error: DecodingError) -> JSONRPCError {
+    func path(_ codingPath: [any CodingKey], _ last: (any CodingKey)? = nil) -> String {
+        let keys = codingPath + (last.map { [$0] } ?? [])
+        let text = keys.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }.joined(separator: ".")
+        return text.isEmpty ? "params" : text.replacingOccurrences(of: ".[", with: "[")
+    }
+    switch error {
+    case .keyNotFound(let key, let context):
+        return .invalidParams(field: path(context.codingPath, key), "is required")
+    case .typeMismatch(let type, let context):
+        return .invalidParams(field: path(context.codingPath), "must be \(describe(type))")
+    case .valueNotFound(let type, let context):
+        return .invalidParams(field: path(context.codingPath), "must be \(describe(type)), not null")
+    case .dataCorrupted(let context):
+        return .invalidParams(field: path(context.codingPath), context.debugDescription)
+    @unknown default:
+        return .invalidParams(field: "params", "\(error)")
+    }
+}
+
+private func describe(_ type: Any.Type) -> String {
+    switch type {
+    case is String.Type: return "a string"
+    case is Int.Type, is Int64.Type, is Int32.Type: return "an integer"
+    case is Double.Type, is Float.Type: return "a number"
+    case is Bool.Type: return "true or false"
+    default:
+        let name = String(describing: type)
+        if name.hasPrefix("Array") { return "an array" }
+        if name.hasPrefix("Dictionary") { return "an object" }
+        return "a \(name)"
+    }
+}

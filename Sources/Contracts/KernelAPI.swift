@@ -1,0 +1,78 @@
+public import BusProtocol
+public import ContractKit
+
+/// The kernel's own service, `kernel`: liveness, the service registry, figures and the CHP
+/// state written and read through requests.
+public enum KernelAPI {
+    public static let service = "kernel"
+
+    public static let ping = Method<NoParams, Pong>(service, "ping", "Liveness: the kernel's instance (new at each start), pid and uptime.")
+    public static let servicesList = Method<NoParams, ServiceList>(service, "services.list", "The registered services with their workers, queue and requests in flight.")
+    public static let stats = Method<NoParams, JSONValue>(service, "stats", "Totals and per-service requests, errors, latencies; security and state figures.")
+    public static let metrics = Method<NoParams, Metrics>(service, "metrics", "The same figures in the Prometheus text format.")
+    public static let stateSet = Method<StateSetParams, StateWritten>(service, "state.set", "Writes a CHP key (null deletes; ttl in seconds), acknowledged with its sequence number.")
+    public static let statePublish = Method<StateSetParams, StateWritten>(service, "state.publish", "Writes a key as a client, under the collector's rule (the writable prefixes, /client/ by default), acknowledged with its sequence number.")
+    public static let stateGet = Method<StateGetParams, StateEntries>(service, "state.get", "The CHP keys under a prefix with their values and sequence numbers.")
+
+    public struct Pong: Codable, Sendable {
+        public var pong: Bool
+        public var instance: String
+        public var pid: Int
+        public var uptimeSeconds: Double
+        public init(pong: Bool, instance: String, pid: Int, uptimeSeconds: Double) {
+            (self.pong, self.instance, self.pid, self.uptimeSeconds) = (pong, instance, pid, uptimeSeconds)
+        }
+    }
+
+    public struct ServiceList: Codable, Sendable {
+        public struct Entry: Codable, Sendable {
+            public var name: String
+            public var workers: Int
+            public var idle: Int
+            public var queued: Int
+            public var inFlight: Int
+            public init(name: String, workers: Int, idle: Int, queued: Int, inFlight: Int) {
+                (self.name, self.workers, self.idle, self.queued, self.inFlight) = (name, workers, idle, queued, inFlight)
+            }
+        }
+        public var services: [Entry]
+        public init(services: [Entry]) { self.services = services }
+    }
+
+    public struct Metrics: Codable, Sendable {
+        public var contentType: String
+        public var text: String
+        public init(contentType: String, text: String) { (self.contentType, self.text) = (contentType, text) }
+    }
+
+    public struct StateSetParams: Codable, Sendable {
+        /// A path starting with `/`.
+        public var key: String
+        /// Absent or null deletes the key.
+        public var value: JSONValue?
+        public var ttl: Double?
+        public init(key: String, value: JSONValue?, ttl: Double? = nil) { (self.key, self.value, self.ttl) = (key, value, ttl) }
+    }
+
+    public struct StateWritten: Codable, Sendable {
+        public var sequence: UInt64
+        public init(sequence: UInt64) { self.sequence = sequence }
+    }
+
+    public struct StateGetParams: Codable, Sendable {
+        public var prefix: String?
+        public init(prefix: String? = nil) { self.prefix = prefix }
+    }
+
+    public struct StateEntries: Codable, Sendable {
+        public struct Entry: Codable, Sendable {
+            public var key: String
+            public var sequence: UInt64
+            public var value: JSONValue
+            public init(key: String, sequence: UInt64, value: JSONValue) { (self.key, self.sequence, self.value) = (key, sequence, value) }
+        }
+        public var sequence: UInt64
+        public var entries: [Entry]
+        public init(sequence: UInt64, entries: [Entry]) { (self.sequence, self.entries) = (sequence, entries) }
+    }
+}

@@ -1,0 +1,67 @@
+public import BusProtocol
+public import ContractKit
+
+/// `store`: the apps' durable state (history, saved articles, selections, the chosen route)
+/// and the fetcher's last good dataset copies.
+public enum StoreAPI {
+    public static let service = "store"
+
+    public static let historyAdd = Method<Text, JSONValue>(service, "history.add", "Adds a search to the history (re-adding moves it to the top).")
+    public static let historyList = Method<Limit, JSONValue>(service, "history.list", "The history, most recent first.")
+    public static let historyClear = Method<NoParams, JSONValue>(service, "history.clear", "Empties the history.")
+    public static let articlesSave = Method<Article, JSONValue>(service, "articles.save", "Saves an article (an object with a url), keyed by its URL.")
+    public static let articlesList = Method<Page, JSONValue>(service, "articles.list", "The saved articles, most recently saved first.")
+    public static let articlesDelete = Method<URL, JSONValue>(service, "articles.delete", "Deletes a saved article by its URL.")
+    public static let sourcesSelect = Method<Sources, JSONValue>(service, "sources.select", "Replaces the selected news sources.")
+    public static let sourcesSelected = Method<NoParams, JSONValue>(service, "sources.selected", "The selected news sources.")
+    public static let routeSelect = Method<Route, JSONValue>(service, "route.select", "Keeps the chosen route (an outbound and optionally an inbound flight).")
+    public static let routeSelected = Method<NoParams, JSONValue>(service, "route.selected", "The chosen route, or null.")
+    public static let snapshotsPut = Method<Snapshot, JSONValue>(service, "snapshots.put", "Keeps the last good copy of a dataset.")
+    public static let snapshotsGet = Method<Name, JSONValue>(service, "snapshots.get", "The last good copy of a dataset, or null.")
+    public static let snapshotsList = Method<NoParams, JSONValue>(service, "snapshots.list", "The datasets with a kept copy: version, origin, size.")
+
+    public struct Text: Codable, Sendable {
+        public var text: String
+        public init(text: String) { self.text = text }
+    }
+    public struct Limit: Codable, Sendable {
+        public var limit: Int?
+        public init(limit: Int? = nil) { self.limit = limit }
+    }
+    public struct Page: Codable, Sendable {
+        public var offset: Int?
+        public var limit: Int?
+        public init(offset: Int? = nil, limit: Int? = nil) { (self.offset, self.limit) = (offset, limit) }
+    }
+    public struct Article: Codable, Sendable {
+        public var article: JSONValue
+        public init(article: JSONValue) { self.article = article }
+    }
+    public struct URL: Codable, Sendable {
+        public var url: String
+        public init(url: String) { self.url = url }
+    }
+    public struct Sources: Codable, Sendable {
+        public var ids: [String]
+        public init(ids: [String]) { self.ids = ids }
+    }
+    public struct Route: Codable, Sendable {
+        public var outboundId: Int
+        public var inboundId: Int?
+        public init(outboundId: Int, inboundId: Int?) { (self.outboundId, self.inboundId) = (outboundId, inboundId) }
+    }
+    public struct Snapshot: Codable, Sendable {
+        public var name: String
+        public var body: String
+        public var version: String
+        public var origin: String
+        public var fetchedAt: String
+        public init(name: String, body: String, version: String, origin: String, fetchedAt: String) {
+            (self.name, self.body, self.version, self.origin, self.fetchedAt) = (name, body, version, origin, fetchedAt)
+        }
+    }
+    public struct Name: Codable, Sendable {
+        public var name: String
+        public init(name: String) { self.name = name }
+    }
+}

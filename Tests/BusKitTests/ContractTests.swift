@@ -1,0 +1,119 @@
+import BusKit
+import BusProtocol
+import ContractKit
+import Contracts
+import EchoService
+import Kernel
+import SwitchboardTestSupport
+import Testing
+
+/// A params type with every shape the contracts use.
+private struct Sample: Codable, Sendable {
+    enum Order: String, Codable, CaseIterable, SchemaDescribed { case lexical, natural }
+    struct Inner: Codable, Sendable { var id: Int }
+    var name: String
+    var limit: Int?
+    var ratio: Double
+    var tags: [String]
+    var inner: Inner?
+    var order: Order
+    var anything: JSONValue
+}
+
+@Suite("Contracts: schemas generated from the params types, params checked before handlers, rpc.discover")
+struct ContractTests {
+    @Test("the schema of a params type: required and optional fields, arrays, nested objects, enums, nothing else allowed")
+    func generatedSchema() {
+        let schema = JSONSchema.of(Sample.self)
+        #expect(schema["type"] == "object")
+        #expect(schema["additionalProperties"] == false)
+        #expect(Set(schema["required"]?.arrayValue ?? []) == ["name", "ratio", "tags", "order", "anything"])
+        let properties = schema["properties"]?.objectValue ?? [:]
+        #expect(properties["name"] == ["type": "string"])
+        #expect(properties["limit"] == ["type": ["integer", "null"]])
+        #expect(properties["ratio"] == ["type": "number"])
+        #expect(properties["tags"] == ["type": "array", "items": ["type": "string"]])
+        #expect(properties["inner"] == ["type": ["object", "null"], "properties": ["id": ["type": "integer"]], "required": ["id"],
+                                        "additionalProperties": false])
+        #expect(properties["order"] == ["type": "string", "enum": ["lexical", "natural"]])
+        #expect(properties["anything"] == [:])
+        #expect(JSONSchema.of(NoParams.self) == ["type": "object", "additionalProperties": false])
+    }
+
+    @Test("a value is checked against the schema: the first field that does not fit, and what it should be")
+    func schemaCheck() {
+        let schema = JSONSchema.of(Sample.self)
+        let good: JSONValue = ["name": "a", "ratio": 1, "tags": ["x"], "order": "natural", "anything": [1, "two"], "limit": nil]
+        #expect(SchemaCheck.mismatch(good, schema) == nil)
+        func mismatch(_ change: (inout [String: JSONValue]) -> Void) -> SchemaCheck.Mismatch? {
+            var object = good.objectValue!
+            change(&object)
+            return SchemaCheck.mismatch(.object(object), schema)
+        }
+        #expect(mismatch { $0["name"] = 5 }.map { [$0.field, $0.expected] } == ["name", "a string"])
+        #expect(mismatch { $0["name"] = nil }.map { [$0.field, $0.expected] } == ["name", "a string"])
+        #expect(mismatch { $0["limit"] = 1.5 }.map { [$0.field, $0.expected] } == ["limit", "an integer or null"])
+        #expect(mismatch { $0["tags"] = ["x", 2] }?.field == "tags[1]")
+        #expect(mismatch { $0["inner"] = ["id": "7"] }?.field == "inner.id")
+        #expect(mismatch { $0["inner"] = ["id": 7, "extra": true] }?.field == "inner.extra")
+        #expect(mismatch { $0["order"] = "random" }.map { [$0.field, $0.expected] } == ["order", #"one of "lexical", "natural""#])
+        let unknown = mismatch { $0["colour"] = "red" }
+        #expect(unknown?.field == "colour")
+        #expect(unknown?.expected.contains("one of the fields anything, inner, limit, name, order, ratio, tags") == true)
+    }
+
+    @Test("through the bus: a wrong type, a missing or an unknown field is -32602 naming the field, and the handler never runs")
+    func paramsRefusedBeforeTheHandler() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let echo = EchoService()
+        let host = try ServiceHost(service: echo, options: .init(brokers: [kernel.endpoints.broker], connections: 1,
+                                                                 heartbeatInterval: .milliseconds(100), heartbeatLiveness: 10))
+        try await host.start()
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
+        try await eventually(5, "echo registered") { try await bus.hasWorkers(EchoAPI.service) }
+        for (params, field, expected) in [(["n": "7"], "n", "an integer"), ([:], "n", "an integer"), (["n": 7, "m": 1], "m", "one of the fields n"),
+                                          (["n": 7.5], "n", "an integer")] as [(JSONValue, String, String)] {
+            let error = await rpcError { try await bus.request(service: EchoAPI.service, method: EchoAPI.count.name, params: params) }
+            #expect(error?.code == JSONRPCError.invalidParamsCode, "\(params)")
+            #expect(error?.data?["field"] == .string(field), "\(params): \(String(describing: error))")
+            #expect(error?.data?["expected"] == .string(expected), "\(params): \(String(describing: error))")
+        }
+        let positional = await rpcError { try await bus.request(service: EchoAPI.service, method: EchoAPI.count.name, params: [7]) }
+        #expect(positional?.data?["field"] == "params")
+        #expect(await echo.handled == 0, "no handler ran")
+        #expect(try await bus.call(EchoAPI.count, .init(n: 7)) == 7)
+        #expect(try await bus.call(EchoAPI.whoami) == "echo")
+        #expect(await echo.handled == 2)
+        // The kernel's own methods are checked by the same table.
+        let kernelError = await rpcError { try await bus.request(service: KernelAPI.service, method: KernelAPI.stateSet.name, params: ["key": 1]) }
+        #expect(kernelError?.data?["field"] == "key")
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("rpc.discover: the kernel and a service describe every method with a summary and JSON Schema params and result")
+    func discovery() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let host = try await hostEcho(kernel)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
+        try await eventually(5, "echo registered") { try await bus.hasWorkers(EchoAPI.service) }
+
+        let kernelDoc = try await bus.call(Method.discover(KernelAPI.service))
+        #expect(kernelDoc.info.title == "kernel" && kernelDoc.openrpc.hasPrefix("1.") && kernelDoc.jsonSchemaDialect == JSONSchema.dialect)
+        #expect(kernelDoc.methods.map(\.name) == ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get"])
+        let stateSet = try #require(kernelDoc.methods.first { $0.name == KernelAPI.stateSet.name })
+        #expect(stateSet.summary == KernelAPI.stateSet.summary)
+        #expect(stateSet.params.map(\.name) == ["key", "ttl", "value"])
+        #expect(stateSet.params.first { $0.name == "key" }?.required == true && stateSet.params.first { $0.name == "key" }?.schema == ["type": "string"])
+        #expect(stateSet.result.schema["properties"]?["sequence"] == ["type": "integer", "minimum": 0])
+
+        let echoDoc = try await bus.call(Method.discover(EchoAPI.service))
+        #expect(echoDoc.methods.map(\.name) == ["echo", "sleep", "fail", "whoami", "count"])
+        #expect(echoDoc.methods.allSatisfy { !$0.summary.isEmpty })
+        #expect(echoDoc.methods.first { $0.name == "whoami" }?.result.schema == ["type": "string"])
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+}
