@@ -37,8 +37,8 @@ struct FetcherBenchmark: AsyncParsableCommand {
             var times: [Double] = []
             for _ in 0..<runs {
                 // A new fetcher each run, so every run downloads in full (no 304).
-                let fetcher = FetcherService(configuration: sources([dataset: server.url("/ok/\(dataset.bundledFileName)")]), environment: [:])
-                await fetcher.connect(client: client, publisher: publisher)
+                let fetcher = FetcherService(configuration: sources([dataset: server.url("/ok/\(dataset.bundledFileName)")]), environment: [:],
+                                             client: client, publisher: publisher)
                 let start = monotonicNanoseconds()
                 await fetcher.refresh(dataset)
                 times.append(Double(monotonicNanoseconds() - start) / 1e6)
@@ -68,8 +68,7 @@ struct FetcherBenchmark: AsyncParsableCommand {
         source.refreshInterval = .seconds(3_600)
         var configuration2 = sources([:])
         configuration2.sources[.items] = source
-        let fetcher = FetcherService(configuration: configuration2, environment: [:])
-        await fetcher.connect(client: client, publisher: publisher)
+        let fetcher = FetcherService(configuration: configuration2, environment: [:], client: client, publisher: publisher)
         let baseline = Memory.residentBytes()
         Memory.resetPeak()
         let start = monotonicNanoseconds()

@@ -34,12 +34,12 @@ struct StoreBenchmark: AsyncParsableCommand {
         let directory = folder.map { URL(fileURLWithPath: $0) }
             ?? FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-store-\(getpid())")
         defer { if folder == nil { try? FileManager.default.removeItem(at: directory) } }
-        let store = StoreService(configuration: StoreConfiguration(path: directory.appendingPathComponent("store.sqlite").path))
         let publisherClient = try await BusClient(brokers: [endpoints.broker])
         let publisher = StatePublisher(client: publisherClient)
+        let store = StoreService(configuration: StoreConfiguration(path: directory.appendingPathComponent("store.sqlite").path), publisher: publisher)
         let host = try ServiceHost(service: store, options: .init(brokers: [endpoints.broker], connections: connections))
         try await host.start()
-        await store.publish(through: publisher)
+        await store.start()
         let probe = try await BusClient(brokers: [endpoints.broker])
         while !(try await probe.hasWorkers(StoreAPI.service)) { try await Task.sleep(for: .milliseconds(20)) }
         await probe.close()
@@ -67,7 +67,7 @@ struct StoreBenchmark: AsyncParsableCommand {
             _ = try await client.call(StoreAPI.sourcesSelected)
         }
         rows.append(Row("read (sources.selected), 8 clients x 8 in flight", rate: pipelined.rate, latencies: pipelined.latencies))
-        await store.stopPublishing()
+        await store.stop()
         await host.stop()
         await publisherClient.close()
         await kernel.stop()

@@ -14,7 +14,7 @@ import Contracts
 /// does not decode never replaces what is loaded; it is reported as the dataset's last
 /// error. Whenever a dataset's version (a hash of its bytes) or origin changes, it is
 /// published as `/catalog/<name>`.
-public actor FetcherService: BusService {
+public actor FetcherService: BusService, ServiceWork {
     public static let name = FetcherAPI.service
 
     public enum Origin: String, Sendable, Codable { case remote, cache, bundled }
@@ -47,9 +47,13 @@ public actor FetcherService: BusService {
     private var publisher: StatePublisher?
 
     /// Loads every bundled copy at once, so the service answers from the first request.
+    /// `client` reaches the store (for the last good copies), `publisher` publishes
+    /// `/catalog/*` (both nil: a service off the bus, for tests).
     public init(configuration: FetcherConfiguration = .defaults, environment: [String: String] = ProcessInfo.processInfo.environment,
-                logger: Logger? = nil) {
+                logger: Logger? = nil, client: BusClient? = nil, publisher: StatePublisher? = nil) {
         self.configuration = configuration
+        self.client = client
+        self.publisher = publisher
         self.environment = environment
         self.logger = logger ?? Logger(label: "switchboard.fetcher")
         for dataset in Dataset.allCases {
@@ -64,17 +68,9 @@ public actor FetcherService: BusService {
         }
     }
 
-    /// Uses the bus for the store's copies and for publishing, without restoring or
-    /// scheduling anything (``start(client:publisher:)`` does all three).
-    public func connect(client: BusClient, publisher: StatePublisher) {
-        self.client = client
-        self.publisher = publisher
-    }
-
     /// Starts working on the bus: brings back the last good remote copies from the store,
     /// publishes every dataset, then refreshes each from its source now and on its schedule.
-    public func start(client: BusClient, publisher: StatePublisher) async {
-        connect(client: client, publisher: publisher)
+    public func start() async {
         await restoreFromStore()
         // In the background: with the kernel slow to answer, publishing must not hold up
         // the refreshes.
@@ -98,8 +94,6 @@ public actor FetcherService: BusService {
         for task in refreshes.values { task.cancel() }
         for task in queuedRefreshes.values { task.cancel() }
         await downloader.shutdown()
-        client = nil
-        publisher = nil
     }
 
     /// Publishes every loaded dataset (at start, and after the kernel restarted).
@@ -243,7 +237,7 @@ public actor FetcherService: BusService {
     private func publish(_ dataset: Dataset) async {
         guard let publisher else { return }
         do {
-            try await publisher.set("/catalog/\(dataset.rawValue)", .object(summary(dataset)))
+            try await publisher.set(FetcherAPI.catalogPrefix + dataset.rawValue, .object(summary(dataset)))
         } catch {
             logger.warning("cannot publish", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
         }

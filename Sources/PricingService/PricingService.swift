@@ -15,7 +15,7 @@ import Contracts
 /// fetcher announces them. When the flights change, the current route is priced again and
 /// `/pricing/route/current` is published with the old and the new price. The deal of the
 /// day is published as `/pricing/deal/today` at start and at each midnight (UTC).
-public actor PricingService: BusService {
+public actor PricingService: BusService, ServiceWork {
     public static let name = PricingAPI.service
 
     let logger: Logger
@@ -35,10 +35,18 @@ public actor PricingService: BusService {
     private var publishedRoute: RoutePrice?
     private var publishedDeal: JSONValue?
 
-    /// Loads the bundled flights and countries, so the service answers from the first request.
-    public init(logger: Logger? = nil, busTimeout: Duration = .seconds(5)) {
+    private let catalog: Subscription?
+
+    /// Loads the bundled flights and countries, so the service answers from the first
+    /// request. `client` reaches the store, `publisher` publishes `/pricing/*`, `catalog`
+    /// follows `/catalog/` (all nil: a service off the bus, for tests).
+    public init(logger: Logger? = nil, busTimeout: Duration = .seconds(5), client: BusClient? = nil, publisher: StatePublisher? = nil,
+                catalog: Subscription? = nil) {
         self.logger = logger ?? Logger(label: "switchboard.pricing")
         self.busTimeout = busTimeout
+        self.client = client
+        self.publisher = publisher
+        self.catalog = catalog
         for dataset in [Dataset.flights, .countries] {
             do {
                 let copy = try dataset.bundledCopy()
@@ -57,9 +65,8 @@ public actor PricingService: BusService {
     /// Starts working on the bus: follows the catalog, settles the current route (storing the
     /// cheapest on first run) and publishes it with the deal of the day, then the deal at
     /// each day change.
-    public func start(client: BusClient, publisher: StatePublisher, catalog: Subscription) async {
-        self.client = client
-        self.publisher = publisher
+    public func start() async {
+        guard let client, let catalog else { return }
         let follower = CatalogFollower(datasets: [.flights, .countries], client: client, timeout: busTimeout, logger: logger,
                                        currentVersion: { [weak self] dataset in self?.version(of: dataset) },
                                        install: { [weak self] content, version, _ in await self?.load(content, version: version) })
@@ -83,8 +90,6 @@ public actor PricingService: BusService {
         tasks.removeAll()
         await follower?.stop()
         follower = nil
-        client = nil
-        publisher = nil
     }
 
     /// Takes a new copy of the flights or the countries; re-prices the current route or

@@ -16,7 +16,7 @@ import Contracts
 /// read one snapshot of the indexes, so none sees a half-built index or a mix of two.
 /// The store keeps what belongs to the user: the search history (every resolved place)
 /// and the selected news sources.
-public actor SearchService: BusService {
+public actor SearchService: BusService, ServiceWork {
     public static let name = SearchAPI.service
 
     let logger: Logger
@@ -26,10 +26,16 @@ public actor SearchService: BusService {
     /// How long a call to the store or the fetcher may take.
     let busTimeout: Duration
 
-    /// Builds every index from the bundled copies, so the service answers from the first request.
-    public init(logger: Logger? = nil, busTimeout: Duration = .seconds(5)) {
+    private let catalog: Subscription?
+
+    /// Builds every index from the bundled copies, so the service answers from the first
+    /// request. `client` reaches the fetcher and the store, `catalog` follows `/catalog/`
+    /// (both nil: a service off the bus, for tests and benchmarks).
+    public init(logger: Logger? = nil, busTimeout: Duration = .seconds(5), client: BusClient? = nil, catalog: Subscription? = nil) {
         self.logger = logger ?? Logger(label: "switchboard.search")
         self.busTimeout = busTimeout
+        self.client = client
+        self.catalog = catalog
         for dataset in Dataset.allCases {
             do {
                 let copy = try dataset.bundledCopy()
@@ -53,10 +59,9 @@ public actor SearchService: BusService {
         return (places.label(found.index), found.km)
     }
 
-    /// Starts following the catalog: `catalog` is a subscription to `/catalog/`; `client`
-    /// reaches the fetcher and the store.
-    public func start(client: BusClient, catalog: Subscription) async {
-        self.client = client
+    /// Starts following the catalog.
+    public func start() async {
+        guard let client, let catalog else { return }
         let indexes = self.indexes
         let follower = CatalogFollower(datasets: Set(Dataset.allCases), client: client, timeout: busTimeout, logger: logger,
                                        currentVersion: { indexes.version(of: $0) },
@@ -68,11 +73,10 @@ public actor SearchService: BusService {
         await follower.follow(catalog)
     }
 
-    /// Stops following the catalog (the subscription is the caller's to cancel).
+    /// Stops following the catalog (the subscription is a part of its own).
     public func stop() async {
         await follower?.stop()
         follower = nil
-        client = nil
     }
 
     // MARK: Methods

@@ -16,7 +16,7 @@ import Contracts
 ///
 /// After a change, the matching CHP keys are published through the kernel (coalesced: a
 /// burst of writes publishes each key once, with the value as it is after the burst).
-public actor StoreService: BusService {
+public actor StoreService: BusService, ServiceWork {
     public static let name = StoreAPI.service
 
     public nonisolated let configuration: StoreConfiguration
@@ -32,10 +32,14 @@ public actor StoreService: BusService {
     private var dirtyKeys: Set<String> = []
     private var publishTask: Task<Void, Never>?
 
+    /// Where changes are published from ``start()`` on (nil: nowhere, for tests).
+    private let statePublisher: StatePublisher?
+
     /// Opens the database now; when that fails the service still starts and answers every
     /// request with the reason (-32007), trying to open again at most once a second.
-    public init(configuration: StoreConfiguration, logger: Logger? = nil) {
+    public init(configuration: StoreConfiguration, logger: Logger? = nil, publisher: StatePublisher? = nil) {
         self.configuration = configuration
+        statePublisher = publisher
         let logger = logger ?? Logger(label: "switchboard.store")
         self.logger = logger
         do {
@@ -47,15 +51,20 @@ public actor StoreService: BusService {
         }
     }
 
-    /// Publishes changes through `publisher` from now on, starting with every key (the
-    /// kernel may be new). Call again with the same publisher after the kernel restarted.
-    public func publish(through publisher: StatePublisher) async {
-        self.publisher = publisher
+    /// Publishes every key, then each change from now on.
+    public func start() async {
+        await republish()
+    }
+
+    /// Publishes every key again (the kernel may be new: after it restarted).
+    public func republish() async {
+        guard let statePublisher else { return }
+        publisher = statePublisher
         await markEverythingChanged()
     }
 
     /// Stops publishing (at shutdown).
-    public func stopPublishing() {
+    public func stop() {
         publishTask?.cancel()
         publishTask = nil
         publisher = nil

@@ -35,10 +35,10 @@ public struct DatasetBus: Sendable {
             configuration.sources[dataset] = .init(url: folder.appendingPathComponent(dataset.bundledFileName), refreshInterval: .seconds(3_600),
                                                    timeout: .seconds(5), maxBytes: 32 * 1_048_576)
         }
-        let fetcher = FetcherService(configuration: configuration, environment: [:])
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        let fetcher = FetcherService(configuration: configuration, environment: [:], client: client, publisher: StatePublisher(client: client))
         let fetcherHost = try ServiceHost(service: fetcher, options: hostOptions(kernel, connections: 2))
         try await fetcherHost.start()
-        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
         return DatasetBus(kernel: kernel, folder: folder, storeHost: storeHost, fetcher: fetcher, fetcherHost: fetcherHost, client: client,
                           datasets: datasets)
     }
@@ -60,14 +60,14 @@ public struct DatasetBus: Sendable {
 
     /// A subscription to `/catalog/` on this kernel.
     public func catalogSubscription() async throws -> Subscription {
-        try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, prefixes: ["/catalog/"])
+        try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, prefixes: [FetcherAPI.catalogPrefix])
     }
 
     /// Starts the fetcher on the bus and waits until it has read every file once (a test
     /// that changes a file afterwards is then sure its refresh reads the new one).
     public func startFetcher() async throws {
         try await waitForWorkers([StoreAPI.service, FetcherAPI.service])
-        await fetcher.start(client: client, publisher: StatePublisher(client: client))
+        await fetcher.start()
         let client = self.client
         let names = Set(datasets.map { JSONValue.string($0.rawValue) })
         try await eventually(15, "the fetcher read every file") {

@@ -157,7 +157,7 @@ struct Publish: AsyncParsableCommand {
             do throws(BusError) {
                 sequence = try await client.publish(key: key, value: value, ttl: ttl)
             } catch {
-                throw await Failure(error, service: KernelAPI.service, method: KernelAPI.stateSet.name, client: client)
+                throw await Failure(error, service: KernelAPI.service, method: KernelAPI.statePublish.name, client: client)
             }
             if output.json {
                 Output.json(["key": .string(key), "sequence": .int(Int64(sequence))], compact: true)

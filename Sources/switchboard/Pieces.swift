@@ -1,6 +1,7 @@
 import BusKit
 import BusProtocol
 import ContractKit
+import Contracts
 import EchoService
 import FetcherService
 import Foundation
@@ -34,14 +35,9 @@ struct Connection {
                                heartbeatLiveness: liveness, curve: curve, maxMessageSize: maxMessageSize)
     }
 
+    /// A client for the kernel, whose `subscribe` follows `state`.
     func client() async throws -> BusClient {
-        try await BusClient(brokers: brokers, context: context, curve: curve, maxMessageSize: maxMessageSize)
-    }
-
-    /// `/catalog/*` from the kernel's state server, for services that follow the datasets.
-    func catalogSubscription() async throws -> Subscription {
-        try await Subscription.open(snapshot: state.snapshot, publisher: state.publisher, prefixes: ["/catalog/"],
-                                    context: context, curve: curve)
+        try await BusClient(brokers: brokers, context: context, curve: curve, maxMessageSize: maxMessageSize, state: state)
     }
 }
 
@@ -49,71 +45,43 @@ struct Connection {
 enum Pieces {
     static let names = ConfigFile.serviceNames
 
-    /// Builds service `name`, ready to run in a `ServiceGroup`.
-    static func service(_ name: String, file: ConfigFile, connection: Connection) async throws -> any Service {
+    /// Builds service `name` as the parts of its process, in dependency order, for one
+    /// `ServiceGroup`: the client, the catalog subscription (for services that follow the
+    /// datasets), the host, then the service's own work. The group stops them in reverse.
+    static func service(_ name: String, file: ConfigFile, connection: Connection) async throws -> [any Service] {
         let logger = Logger(label: "switchboard.\(name)")
         switch name {
-        case "store":
-            let service = StoreService(configuration: file.store, logger: logger)
+        case StoreAPI.service:
             let client = try await connection.client()
-            let publisher = StatePublisher(client: client)
-            let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
-                                       onReregistered: { await service.publish(through: publisher) })
-            return HostedService(host: host, afterStart: { await service.publish(through: publisher) },
-                                 beforeStop: { await service.stopPublishing() }, afterStop: { await client.close() })
-        case "fetcher":
-            let service = FetcherService(configuration: file.fetcher, logger: logger)
-            let client = try await connection.client()
-            let publisher = StatePublisher(client: client)
+            let service = StoreService(configuration: file.store, logger: logger, publisher: StatePublisher(client: client))
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { await service.republish() })
-            return HostedService(host: host, afterStart: { await service.start(client: client, publisher: publisher) },
-                                 beforeStop: { await service.stop() }, afterStop: { await client.close() })
-        case "search":
-            let service = SearchService(logger: logger)
+            return [client, host, service]
+        case FetcherAPI.service:
             let client = try await connection.client()
-            let catalog = try await connection.catalogSubscription()
+            let service = FetcherService(configuration: file.fetcher, logger: logger, client: client, publisher: StatePublisher(client: client))
+            let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
+                                       onReregistered: { await service.republish() })
+            return [client, host, service]
+        case SearchAPI.service:
+            let client = try await connection.client()
+            let catalog = try await client.subscribe(prefixes: [FetcherAPI.catalogPrefix])
+            let service = SearchService(logger: logger, client: client, catalog: catalog)
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger)
-            return HostedService(host: host, afterStart: { await service.start(client: client, catalog: catalog) },
-                                 beforeStop: { await service.stop() }, afterStop: {
-                                     await catalog.cancel()
-                                     await client.close()
-                                 })
-        case "pricing":
-            let service = PricingService(logger: logger)
+            return [client, catalog, host, service]
+        case PricingAPI.service:
             let client = try await connection.client()
             let publisher = StatePublisher(client: client)
-            let catalog = try await connection.catalogSubscription()
+            let catalog = try await client.subscribe(prefixes: [FetcherAPI.catalogPrefix])
+            let service = PricingService(logger: logger, client: client, publisher: publisher, catalog: catalog)
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { _ = await publisher.republish() })
-            return HostedService(host: host, afterStart: { await service.start(client: client, publisher: publisher, catalog: catalog) },
-                                 beforeStop: { await service.stop() }, afterStop: {
-                                     await catalog.cancel()
-                                     await client.close()
-                                 })
-        case "echo":
-            return try ServiceHost(service: EchoService(instance: connection.instance ?? "echo-\(getpid())"),
-                                   options: connection.hostOptions(), context: connection.context, logger: logger)
+            return [client, catalog, host, service]
+        case EchoAPI.service:
+            return [try ServiceHost(service: EchoService(instance: connection.instance ?? "echo-\(getpid())"),
+                                    options: connection.hostOptions(), context: connection.context, logger: logger)]
         default:
             preconditionFailure("unknown service \(name)")
         }
-    }
-}
-
-/// A hosted service with work to do once it is registered (publish its state) and
-/// around its shutdown.
-struct HostedService<S: BusService>: Service {
-    let host: ServiceHost<S>
-    let afterStart: @Sendable () async -> Void
-    let beforeStop: @Sendable () async -> Void
-    let afterStop: @Sendable () async -> Void
-
-    func run() async throws {
-        try await host.start()
-        await afterStart()
-        try? await gracefulShutdown()
-        await beforeStop()
-        await host.stop()
-        await afterStop()
     }
 }

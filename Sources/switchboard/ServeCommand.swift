@@ -73,8 +73,8 @@ struct ServeCommand: AsyncParsableCommand {
             heartbeatInterval: heartbeatMs.map { .milliseconds($0) } ?? kernel.heartbeatInterval,
             liveness: liveness ?? kernel.heartbeatLiveness,
             curve: curve, context: nil, instance: instance, maxMessageSize: kernel.maxMessageSize)
-        let piece = try await Pieces.service(name, file: file, connection: connection)
-        let group = ServiceGroup(services: [piece], gracefulShutdownSignals: [.sigterm, .sigint], logger: Logger(label: "switchboard.\(name)"))
+        let parts = try await Pieces.service(name, file: file, connection: connection)
+        let group = ServiceGroup(services: parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: Logger(label: "switchboard.\(name)"))
         try await group.run()
     }
 }

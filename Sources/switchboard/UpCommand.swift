@@ -164,7 +164,7 @@ struct UpCommand: AsyncParsableCommand {
                                         heartbeatInterval: configuration.heartbeatInterval,
                                         liveness: configuration.heartbeatLiveness, curve: keys[name]!, context: context, instance: nil,
                                         maxMessageSize: configuration.maxMessageSize)
-            pieces.append(try await Pieces.service(name, file: file, connection: connection))
+            pieces.append(contentsOf: try await Pieces.service(name, file: file, connection: connection))
         }
         if Self.runsGateway(file, noKernel: false) {
             let options = try GatewayCommand.options(file, common: common, logger: Logger(label: "switchboard.gateway"), brokers: [inproc("broker")],

@@ -78,17 +78,17 @@ struct FetcherBus {
         }
         configuration.attempts = attempts
         configuration.retryBase = .milliseconds(20)
-        let fetcher = FetcherService(configuration: configuration, environment: [:])
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        let fetcher = FetcherService(configuration: configuration, environment: [:], client: client, publisher: StatePublisher(client: client))
         let host = try ServiceHost(service: fetcher, options: .init(brokers: o.brokers, connections: 4, heartbeatInterval: o.heartbeat,
                                                                     heartbeatLiveness: o.liveness))
         try await host.start()
-        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
         try await eventually(10, "store and fetcher registered") {
             let store = try await client.hasWorkers("store")
             let fetcher = try await client.hasWorkers("fetcher")
             return store && fetcher
         }
-        await fetcher.start(client: client, publisher: StatePublisher(client: client))
+        await fetcher.start()
         return FetcherBus(kernel: kernel, storeHost: storeHost, fetcher: fetcher, host: host, client: client, folder: folder)
     }
 

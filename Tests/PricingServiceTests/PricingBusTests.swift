@@ -23,12 +23,12 @@ struct PricingBus {
 
     static func start(folder: URL? = nil, kernel: TestKernel? = nil) async throws -> PricingBus {
         let base = try await DatasetBus.start(folder: folder, kernel: kernel, datasets: [.flights, .countries])
-        let pricing = PricingService(busTimeout: .seconds(10))
+        let catalog = try await base.catalogSubscription()
+        let pricing = PricingService(busTimeout: .seconds(10), client: base.client, publisher: StatePublisher(client: base.client), catalog: catalog)
         let pricingHost = try ServiceHost(service: pricing, options: DatasetBus.hostOptions(base.kernel, connections: 2))
         try await pricingHost.start()
         try await base.waitForWorkers(["store", "pricing"])
-        let catalog = try await base.catalogSubscription()
-        await pricing.start(client: base.client, publisher: StatePublisher(client: base.client), catalog: catalog)
+        await pricing.start()
         try await base.startFetcher()
         return PricingBus(base: base, pricing: pricing, pricingHost: pricingHost, catalog: catalog)
     }

@@ -21,18 +21,18 @@ struct SBBus {
 
     static func start() async throws -> SBBus {
         let base = try await DatasetBus.start()
-        let search = SearchService(busTimeout: .seconds(10))
+        let catalog = try await base.catalogSubscription()
+        let search = SearchService(busTimeout: .seconds(10), client: base.client, catalog: catalog)
         let searchHost = try ServiceHost(service: search, options: DatasetBus.hostOptions(base.kernel, connections: 4))
-        let pricing = PricingService(busTimeout: .seconds(10))
+        let pricing = PricingService(busTimeout: .seconds(10), client: base.client, publisher: StatePublisher(client: base.client), catalog: catalog)
         let pricingHost = try ServiceHost(service: pricing, options: DatasetBus.hostOptions(base.kernel, connections: 2))
         let echoHost = try ServiceHost(service: EchoService(instance: "echo"), options: DatasetBus.hostOptions(base.kernel, connections: 2))
         try await searchHost.start()
         try await pricingHost.start()
         try await echoHost.start()
         try await base.waitForWorkers(["search", "pricing", "echo"])
-        let catalog = try await base.catalogSubscription()
-        await search.start(client: base.client, catalog: catalog)
-        await pricing.start(client: base.client, publisher: StatePublisher(client: base.client), catalog: catalog)
+        await search.start()
+        await pricing.start()
         try await base.startFetcher()
         let endpoints = base.kernel.endpoints
         return SBBus(base: base, search: search, pricing: pricing, hosts: [searchHost, pricingHost, echoHost],

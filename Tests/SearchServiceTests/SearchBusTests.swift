@@ -19,12 +19,12 @@ struct SearchBus {
 
     static func start() async throws -> SearchBus {
         let base = try await DatasetBus.start()
-        let search = SearchService(busTimeout: .seconds(10))
+        let catalog = try await base.catalogSubscription()
+        let search = SearchService(busTimeout: .seconds(10), client: base.client, catalog: catalog)
         let searchHost = try ServiceHost(service: search, options: DatasetBus.hostOptions(base.kernel, connections: 4))
         try await searchHost.start()
         try await base.waitForWorkers(["search"])
-        let catalog = try await base.catalogSubscription()
-        await search.start(client: base.client, catalog: catalog)
+        await search.start()
         try await base.startFetcher()
         return SearchBus(base: base, search: search, searchHost: searchHost, catalog: catalog)
     }

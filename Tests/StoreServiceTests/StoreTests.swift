@@ -23,15 +23,15 @@ struct StoreBus {
         let folder = try folder ?? temporaryDirectory("store")
         let configuration = StoreConfiguration(path: folder.appendingPathComponent("db/store.sqlite").path,
                                                historyLimit: historyLimit, maxSizeBytes: maxSizeBytes)
-        let store = StoreService(configuration: configuration)
         let publisherClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(2))
         let publisher = StatePublisher(client: publisherClient)
+        let store = StoreService(configuration: configuration, publisher: publisher)
         let options = ServiceHost<StoreService>.Options(brokers: [kernel.endpoints.broker], connections: connections,
                                                         heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                         heartbeatLiveness: kernel.configuration.heartbeatLiveness)
-        let host = try ServiceHost(service: store, options: options, onReregistered: { await store.publish(through: publisher) })
+        let host = try ServiceHost(service: store, options: options, onReregistered: { await store.republish() })
         try await host.start()
-        await store.publish(through: publisher)
+        await store.start()
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(5))
         try await eventually(5, "store registered") { try await client.hasWorkers("store") }
         return StoreBus(kernel: kernel, store: store, host: host, client: client, publisherClient: publisherClient, folder: folder)
@@ -55,7 +55,7 @@ struct StoreBus {
 
     /// Stops the store and the clients; the kernel too unless `keepKernel`.
     func stop(keepKernel: Bool = false) async {
-        await store.stopPublishing()
+        await store.stop()
         await host.stop()
         await client.close()
         await publisherClient.close()
