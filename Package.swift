@@ -31,6 +31,9 @@ let package = Package(
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.20.0"),
         // Already in the graph through async-http-client; named for its error types.
         .package(url: "https://github.com/apple/swift-nio", from: "2.60.0"),
+        // Trace context: the instrumentation API, and W3C traceparent parsing.
+        .package(url: "https://github.com/apple/swift-distributed-tracing", from: "1.1.0"),
+        .package(url: "https://github.com/swift-otel/swift-w3c-trace-context", from: "1.0.0"),
         // The HTTP edge (`switchboard gateway`).
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.0.0"),
     ],
@@ -59,7 +62,12 @@ let package = Package(
         // from them, params checked before a handler runs, `rpc.discover`; the method table.
         .target(
             name: "ContractKit",
-            dependencies: ["BusProtocol"],
+            dependencies: [
+                "BusProtocol",
+                .product(name: "Instrumentation", package: "swift-distributed-tracing"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
+            ],
             swiftSettings: sharedSettings
         ),
         // Every service's contract (kernel, echo, store, fetcher, search, pricing): the one

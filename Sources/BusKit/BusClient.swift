@@ -96,7 +96,7 @@ public final class BusClient: Sendable {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
         let id = ClientCore.nextID()
-        let body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: paramsText).jsonBytes)
+        let body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: paramsText, trace: BusTracing.outgoing()).jsonBytes)
         if let error = refusal(body, service: service) { throw error }
         guard !isClosed.load(ordering: .acquiring) else { throw .closed }
         let outcome: Result<JSONValue, BusError> = await withTaskCancellationHandler {
@@ -165,7 +165,8 @@ public final class BusClient: Sendable {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
         let ids = calls.map { _ in ClientCore.nextID() }
-        let requests = zip(ids, calls).map { id, call in JSONRPCRequest(id: .number(id), method: call.method, paramsText: call.paramsText).jsonBytes }
+        let trace = BusTracing.outgoing()
+        let requests = zip(ids, calls).map { id, call in JSONRPCRequest(id: .number(id), method: call.method, paramsText: call.paramsText, trace: trace).jsonBytes }
         let body = Frame(Array("[".utf8) + Array(requests.joined(separator: Array(",".utf8))) + Array("]".utf8))
         if let error = refusal(body, service: service) { return calls.map { _ in .failure(error) } }
         guard !isClosed.load(ordering: .acquiring) else { return calls.map { _ in .failure(.closed) } }

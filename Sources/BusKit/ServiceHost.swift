@@ -70,7 +70,9 @@ public final class ServiceHost<Hosted: BusService>: Service {
         self.reregistered = onReregistered
         let loop = try SocketLoop(context: try context ?? ZMQContext(), name: "\(Hosted.name)-host")
         self.loop = loop
-        let frozen = MethodTable(of: service)
+        var table = MethodTable(of: service)
+        table.logger = logger
+        let frozen = table
         workers = (0..<options.connections).map { index in
             WorkerConnection(loop: loop, index: index, broker: options.brokers[index % options.brokers.count],
                              service: service, table: frozen, options: options, logger: logger, onReregistered: onReregistered)

@@ -111,17 +111,32 @@ public struct JSONRPCRequest: Sendable, Hashable {
     public var method: String
     /// The params' JSON text (an object or an array), or nil when absent.
     public var paramsText: [UInt8]?
+    /// W3C trace context, as the request's `traceparent` and `tracestate` members (a
+    /// Switchboard extension that JSON-RPC peers ignore; docs/PROTOCOL.md).
+    public var trace: Trace?
 
-    public init(id: JSONRPCID?, method: String, params: JSONValue? = nil) {
+    /// The values of a request's `traceparent` and `tracestate` members.
+    public struct Trace: Sendable, Hashable {
+        public var parent: String?
+        public var state: String?
+        public init(parent: String? = nil, state: String? = nil) {
+            self.parent = parent
+            self.state = state
+        }
+    }
+
+    public init(id: JSONRPCID?, method: String, params: JSONValue? = nil, trace: Trace? = nil) {
         self.id = id
         self.method = method
         self.paramsText = params?.jsonBytes
+        self.trace = trace
     }
 
-    public init(id: JSONRPCID?, method: String, paramsText: [UInt8]?) {
+    public init(id: JSONRPCID?, method: String, paramsText: [UInt8]?, trace: Trace? = nil) {
         self.id = id
         self.method = method
         self.paramsText = paramsText
+        self.trace = trace
     }
 
     /// The params as a JSON value, parsed from ``paramsText`` on each read.
@@ -134,6 +149,8 @@ public struct JSONRPCRequest: Sendable, Hashable {
         var object: [String: JSONValue] = ["jsonrpc": "2.0", "method": .string(method)]
         if let id { object["id"] = id.json }
         if let params { object["params"] = params }
+        if let parent = trace?.parent { object["traceparent"] = .string(parent) }
+        if let state = trace?.state { object["tracestate"] = .string(state) }
         return .object(object)
     }
 
@@ -154,12 +171,20 @@ public struct JSONRPCRequest: Sendable, Hashable {
             output.append(contentsOf: #","params":"#.utf8)
             output.append(contentsOf: paramsText)
         }
+        if let parent = trace?.parent {
+            output.append(contentsOf: #","traceparent":"#.utf8)
+            JSONText.writeString(parent, into: &output)
+        }
+        if let state = trace?.state {
+            output.append(contentsOf: #","tracestate":"#.utf8)
+            JSONText.writeString(state, into: &output)
+        }
         output.append(UInt8(ascii: "}"))
         return output
     }
 
     public static func == (lhs: JSONRPCRequest, rhs: JSONRPCRequest) -> Bool {
-        lhs.id == rhs.id && lhs.method == rhs.method && lhs.params == rhs.params
+        lhs.id == rhs.id && lhs.method == rhs.method && lhs.params == rhs.params && lhs.trace == rhs.trace
     }
 
     public func hash(into hasher: inout Hasher) {
@@ -280,7 +305,12 @@ public enum JSONRPC {
             }
             paramsText = Array(text[range])
         }
-        return .request(JSONRPCRequest(id: id, method: method, paramsText: paramsText))
+        // Trace members that are not strings are ignored, as a peer without tracing would.
+        var trace: JSONRPCRequest.Trace?
+        if case .string(let parent)? = value("traceparent") {
+            trace = JSONRPCRequest.Trace(parent: parent, state: value("tracestate")?.stringValue)
+        }
+        return .request(JSONRPCRequest(id: id, method: method, paramsText: paramsText, trace: trace))
     }
 
     /// A response carrying `resultText`, JSON text encoded by the service itself (so a

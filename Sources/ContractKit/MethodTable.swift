@@ -1,5 +1,7 @@
 public import BusProtocol
 import Foundation
+import Instrumentation
+public import Logging
 
 /// A service of the bus: an actor with a name and a table of JSON-RPC methods, each from its
 /// contract (see ``Method``).
@@ -35,6 +37,8 @@ public struct MethodTable<Service: BusService>: Sendable {
         case isolated(@Sendable (isolated Service, [UInt8]?) throws -> [UInt8])
     }
     private var handlers: [String: Handler] = [:]
+    /// Where answered requests of a traced request are logged (nil: nowhere).
+    public var logger: Logger?
     /// The methods in the order they were added, for `rpc.discover`.
     public private(set) var descriptions: [MethodDescription] = []
 
@@ -85,19 +89,19 @@ public struct MethodTable<Service: BusService>: Sendable {
 
     /// Answers a whole request body (a request or a batch), with how many of the responses
     /// are errors (the host reports that count to the kernel, which never reads replies).
+    /// Each request runs in the trace it carries (``BusTracing``).
     public func answer(body: [UInt8], on service: Service) async -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
         var outcomes: [Result<[UInt8], any Error>] = []
         for request in Self.requests(in: incoming) {
-            do {
-                switch handlers[request.method] {
-                case .async(let handler)?: outcomes.append(.success(try await handler(service, request.paramsText)))
-                case .isolated(let handler)?: outcomes.append(.success(try await handler(service, request.paramsText)))
+            let handler = handlers[request.method]
+            outcomes.append(await traced(request) {
+                switch handler {
+                case .async(let handler)?: try await handler(service, request.paramsText)
+                case .isolated(let handler)?: try await handler(service, request.paramsText)
                 case nil: throw JSONRPCError.methodNotFound(request.method)
                 }
-            } catch {
-                outcomes.append(.failure(error))
-            }
+            })
         }
         return Self.reply(incoming, outcomes)
     }
@@ -106,14 +110,43 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// methods are all ``onIsolated(_:_:)`` (the kernel's).
     public func answerNow(body: [UInt8], on service: isolated Service) -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
-        let outcomes = Self.requests(in: incoming).map { request -> Result<[UInt8], any Error> in
-            switch handlers[request.method] {
-            case .isolated(let handler)?: Result { try handler(service, request.paramsText) }
-            case .async?: .failure(JSONRPCError.internalError("\(request.method) cannot be answered without suspending"))
-            case nil: .failure(JSONRPCError.methodNotFound(request.method))
+        let outcomes = Self.requests(in: incoming).map { request in
+            let context = BusTracing.context(of: request)
+            return InstrumentationContext.withValue(context ?? InstrumentationContext.current) {
+                let started = ContinuousClock.now
+                let outcome = Result<[UInt8], any Error> {
+                    switch handlers[request.method] {
+                    case .isolated(let handler)?: return try handler(service, request.paramsText)
+                    case .async?: throw JSONRPCError.internalError("\(request.method) cannot be answered without suspending")
+                    case nil: throw JSONRPCError.methodNotFound(request.method)
+                    }
+                }
+                if context != nil { record(request, outcome, since: started, sampled: BusTracing.isSampled(context)) }
+                return outcome
             }
         }
         return Self.reply(incoming, outcomes)
+    }
+
+    /// Runs `body` for `request` in the request's trace, and logs it: at info when the trace
+    /// is sampled, else at debug.
+    private func traced(_ request: JSONRPCRequest, _ body: () async throws -> [UInt8]) async -> Result<[UInt8], any Error> {
+        let context = BusTracing.context(of: request)
+        return await InstrumentationContext.withValue(context ?? InstrumentationContext.current) {
+            let started = ContinuousClock.now
+            let outcome: Result<[UInt8], any Error>
+            do { outcome = .success(try await body()) } catch { outcome = .failure(error) }
+            if context != nil { record(request, outcome, since: started, sampled: BusTracing.isSampled(context)) }
+            return outcome
+        }
+    }
+
+    private func record(_ request: JSONRPCRequest, _ outcome: Result<[UInt8], any Error>, since started: ContinuousClock.Instant, sampled: Bool) {
+        guard let logger else { return }
+        let milliseconds = (ContinuousClock.now - started) / .milliseconds(1)
+        var metadata: Logger.Metadata = ["method": "\(request.method)", "ms": "\((milliseconds * 1_000).rounded() / 1_000)"]
+        if case .failure(let error) = outcome { metadata["error"] = "\((error as? JSONRPCError)?.code ?? JSONRPCError.internalErrorCode)" }
+        logger.log(level: sampled ? .info : .debug, "request answered", metadata: metadata)
     }
 
     /// The valid requests of a body, in order.

@@ -1,4 +1,4 @@
-public import BusProtocol
+import BusProtocol
 import Catalog
 public import ZeroMQ
 

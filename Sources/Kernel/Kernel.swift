@@ -160,7 +160,9 @@ public actor Kernel: BusService {
             let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
             state.set("/kernel/services/\(name)", value: Frame(value.jsonBytes), now: monotonicNanoseconds())
         }
-        table = MethodTable(of: self)
+        var table = MethodTable(of: self)
+        table.logger = logger
+        self.table = table
         broker.kernelRequest = { [weak self] client, body, peer in
             self?.assumeIsolated { kernel in kernel.answer(client: client, body: body, peer: peer) }
         }

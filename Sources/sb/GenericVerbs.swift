@@ -29,6 +29,7 @@ struct Request: AsyncParsableCommand {
               sb request kernel services.list
               sb req search countries.search '{"query":"par","limit":3}'
               sb request store history.add '{"text":"Amsterdam"}' --json
+              sb request search locations.resolve '{"query":"Rome"}' --trace   (trace ID on stderr; in each service's log)
             """,
         aliases: ["req"]
     )
@@ -38,6 +39,8 @@ struct Request: AsyncParsableCommand {
     @Argument(help: "The service (kernel, store, fetcher, search, pricing, ...).") var service: String
     @Argument(help: "The method.") var method: String
     @Argument(help: "The params, as JSON (an object or an array).") var params: String?
+    @Flag(help: "Send it in a new sampled trace: every service it reaches logs it with the trace id, printed here on stderr.")
+    var trace = false
 
     func validate() throws {
         if let params { _ = try parseParams(params) }
@@ -55,7 +58,12 @@ struct Request: AsyncParsableCommand {
     func run() async throws {
         let params = try self.params.map { try parseParams($0) }
         try await withClient(connection) { client in
-            Output.json(try await call(client, service, method, params), compact: output.json)
+            guard trace else { return Output.json(try await call(client, service, method, params), compact: output.json) }
+            let answer = try await BusTracing.withNewTrace(sampled: true) { traceID in
+                Output.diagnostic("trace \(traceID)")
+                return try await call(client, service, method, params)
+            }
+            Output.json(answer, compact: output.json)
         }
     }
 }

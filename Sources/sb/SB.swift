@@ -1,4 +1,5 @@
 import ArgumentParser
+import ContractKit
 import Foundation
 
 /// `sb`: the Switchboard client. It talks to the kernel (7/MDP requests, 12/CHP state) and
@@ -34,6 +35,7 @@ struct SB: AsyncParsableCommand {
     /// A Z85 key may begin with '-' ("-=s!e…"), which the parser would take for a flag:
     /// `--server-key KEY` becomes `--server-key=KEY` before parsing.
     static func main() async {
+        BusTracing.bootstrap()
         // Swift would quietly turn invalid UTF-8 in an argument into U+FFFD and send that.
         for index in 1..<Int(CommandLine.argc) {
             if let raw = CommandLine.unsafeArgv[index], String(validatingCString: raw) == nil {

@@ -1,4 +1,5 @@
 public import ArgumentParser
+import ContractKit
 import Foundation
 public import Logging
 import Supervisor
@@ -57,12 +58,14 @@ struct CommonOptions: ParsableArguments {
     /// unless --log-level says otherwise; and the lifeline to the supervisor, if any.
     func bootstrap(_ file: ConfigFile) {
         let override = logLevel
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
+        // Every log line written while answering a traced request carries its trace id.
+        LoggingSystem.bootstrap({ label, metadataProvider in
+            var handler = StreamLogHandler.standardError(label: label, metadataProvider: metadataProvider)
             let piece = label.hasPrefix("switchboard.") ? String(label.dropFirst("switchboard.".count)) : label
             handler.logLevel = override ?? Logger.Level(rawValue: file.logLevel(for: piece)) ?? .info
             return handler
-        }
+        }, metadataProvider: BusTracing.loggingMetadata)
+        BusTracing.bootstrap()
         if let lifelineFd { Lifeline.watch(fd: lifelineFd) }
     }
 

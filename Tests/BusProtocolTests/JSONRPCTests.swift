@@ -15,6 +15,18 @@ struct JSONRPCTests {
             == .single(.request(JSONRPCRequest(id: nil, method: "notify", params: [1, 2]))))
     }
 
+    @Test("trace context travels as traceparent/tracestate members, both ways; members of another type are ignored")
+    func traceMembers() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        let request = JSONRPCRequest(id: .number(1), method: "m", params: ["a": 1], trace: .init(parent: parent, state: "k=v"))
+        let text = String(decoding: request.jsonBytes, as: UTF8.self)
+        #expect(text.contains(#""traceparent":"\#(parent)""#) && text.contains(#""tracestate":"k=v""#), "\(text)")
+        guard case .single(.request(let parsed)) = parse(text) else { Issue.record("not a request"); return }
+        #expect(parsed == request && parsed.trace?.parent == parent && parsed.trace?.state == "k=v")
+        guard case .single(.request(let odd)) = parse(#"{"jsonrpc":"2.0","id":1,"method":"m","traceparent":7}"#) else { Issue.record("not a request"); return }
+        #expect(odd.trace == nil)
+    }
+
     @Test("params stay the text they arrived as, checked as strictly as the rest of the body")
     func paramsKeptAsText() {
         let text = #"{ "params" : { "b" : [1, 2.5, "\u00e9\n"], "a": {} } , "method":"m","id":1,"jsonrpc":"2.0"}"#

@@ -68,6 +68,18 @@ struct UpTests {
         let countries = try await bus.request(service: "search", method: "countries.search", params: ["query": "par"])
         #expect(countries["countries"]?.arrayValue?.first?["name"] == "Paraguay")
 
+        // A traced request: its trace id is in the log of every service it touched (search,
+        // and the store, which search asks to record the place).
+        let traced = try await runCommand(sbExecutable(), ["request", "search", "locations.resolve", #"{"query":"Amsterdam"}"#, "--trace",
+                                                           "--endpoint", broker, "--key-dir", busKeyFolder(in: folder).path])
+        let traceID = try #require(traced.stderr.split(separator: "\n").first { $0.hasPrefix("sb: trace ") }?.split(separator: " ").last, "\(traced)")
+        #expect(traced.status == 0 && traceID.count == 32, "\(traced)")
+        try await eventually(10, "both services logged the trace") {
+            let lines = up.outputSoFar.split(separator: "\n").filter { $0.contains("trace_id=\(traceID)") }
+            return lines.contains { $0.contains("switchboard.search:") && $0.contains("method=locations.resolve") }
+                && lines.contains { $0.contains("switchboard.store:") && $0.contains("method=history.add") }
+        }
+
         // kill -9 a service: the supervisor restarts it; requests meanwhile are answered
         // (by the old process's redispatch or the new one) and the new process registers.
         let search = try #require(pids["search"])
