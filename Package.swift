@@ -103,7 +103,7 @@ let package = Package(
         // Config/switchboard.yaml: parsing and strict checking.
         .target(
             name: "SwitchboardConfig",
-            dependencies: ["BusKit", "BusProtocol", "Kernel", "StoreService", "FetcherService", "Catalog", .product(name: "Yams", package: "Yams")],
+            dependencies: ["BusKit", "BusProtocol", "Kernel", "Catalog", .product(name: "Yams", package: "Yams")],
             swiftSettings: sharedSettings
         ),
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
@@ -280,7 +280,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SwitchboardConfigTests",
-            dependencies: ["SwitchboardConfig", "BusKit", "Kernel", "FetcherService", "ZeroMQ"],
+            dependencies: ["SwitchboardConfig", "BusKit", "Kernel", "Catalog", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

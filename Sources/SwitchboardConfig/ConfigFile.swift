@@ -1,10 +1,8 @@
 public import BusKit
 public import Foundation
 public import Kernel
-public import StoreService
-public import FetcherService
 import BusProtocol
-import Catalog
+public import Catalog
 import Yams
 public import ZeroMQ
 
@@ -26,6 +24,31 @@ public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
     }
 }
 
+/// `store:` as the file gives it; what it leaves out keeps the store's own default (the
+/// executable hands these to `StoreConfiguration`).
+public struct StoreSettings: Sendable, Equatable {
+    public var path: String?
+    public var historyLimit: Int?
+    public var maxSizeBytes: Int?
+    public init() {}
+}
+
+/// `fetcher:` as the file gives it: attempts, and per dataset what differs from the
+/// fetcher's defaults (the executable applies these to `FetcherConfiguration.defaults`).
+public struct FetcherSettings: Sendable, Equatable {
+    public struct Source: Sendable, Equatable {
+        public var url: URL?
+        public var refreshInterval: Duration?
+        public var timeout: Duration?
+        public var maxBytes: Int?
+        public var headers: [String: String]?
+        public init() {}
+    }
+    public var attempts: Int?
+    public var sources: [Dataset: Source] = [:]
+    public init() {}
+}
+
 /// `Config/switchboard.yaml`: the settings of every piece. Every key is optional; an
 /// environment variable `SWITCHBOARD_<PATH>` (the key's path in capitals, dots as
 /// underscores: `SWITCHBOARD_KERNEL_BROKER`, `SWITCHBOARD_SERVICES_STORE_WORKERS`) overrides
@@ -33,8 +56,8 @@ public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
 public struct ConfigFile: Sendable, Equatable {
     public var kernel = KernelConfiguration()
     public var services = ConfigFile.defaultServices
-    public var store = StoreConfiguration()
-    public var fetcher = FetcherConfiguration.defaults
+    public var store = StoreSettings()
+    public var fetcher = FetcherSettings()
     public var security = SecuritySettings()
     public var supervisor = SupervisorSettings()
     public var gateway = GatewaySettings()
@@ -438,7 +461,7 @@ private struct Reader {
             let path = "fetcher.datasets.\(name)"
             let dataset = Dataset(rawValue: name)!
             let entry = try ConfigFile.mapping(value, path)
-            var source = file.fetcher.sources[dataset] ?? .init(url: nil)
+            var source = file.fetcher.sources[dataset] ?? FetcherSettings.Source()
             if let url = entry["url"] {
                 guard let text = url as? String, let parsed = URL(string: text), ["http", "https", "file"].contains(parsed.scheme ?? "") else {
                     throw ConfigError(path: "\(path).url", problem: "expected an http, https or file URL, got \(ConfigFile.describe(url))")

@@ -53,13 +53,13 @@ enum Pieces {
         switch name {
         case StoreAPI.service:
             let client = try await connection.client()
-            let service = StoreService(configuration: file.store, logger: logger, publisher: StatePublisher(client: client))
+            let service = StoreService(configuration: StoreConfiguration(file.store), logger: logger, publisher: StatePublisher(client: client))
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { await service.republish() })
             return [client, host, service]
         case FetcherAPI.service:
             let client = try await connection.client()
-            let service = FetcherService(configuration: file.fetcher, logger: logger, client: client, publisher: StatePublisher(client: client))
+            let service = FetcherService(configuration: FetcherConfiguration(file.fetcher), logger: logger, client: client, publisher: StatePublisher(client: client))
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { await service.republish() })
             return [client, host, service]

@@ -1,0 +1,31 @@
+import FetcherService
+import StoreService
+import SwitchboardConfig
+
+// The configuration file knows no service; here its settings become the services' own
+// configurations, over their defaults.
+
+extension StoreConfiguration {
+    init(_ settings: StoreSettings) {
+        self.init()
+        if let path = settings.path { self.path = path }
+        if let limit = settings.historyLimit { historyLimit = limit }
+        if let bytes = settings.maxSizeBytes { maxSizeBytes = bytes }
+    }
+}
+
+extension FetcherConfiguration {
+    init(_ settings: FetcherSettings) {
+        self = .defaults
+        if let attempts = settings.attempts { self.attempts = attempts }
+        for (dataset, given) in settings.sources {
+            var source = sources[dataset] ?? Source(url: nil)
+            if let url = given.url { source.url = url }
+            if let interval = given.refreshInterval { source.refreshInterval = interval }
+            if let timeout = given.timeout { source.timeout = timeout }
+            if let bytes = given.maxBytes { source.maxBytes = bytes }
+            if let headers = given.headers { source.headers = headers }
+            sources[dataset] = source
+        }
+    }
+}
