@@ -14,6 +14,7 @@ let package = Package(
     products: [
         .executable(name: "switchboard", targets: ["switchboard"]),
         .executable(name: "sb", targets: ["sb"]),
+        .library(name: "Frames", targets: ["Frames"]),
         .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
         .library(name: "BusProtocol", targets: ["BusProtocol"]),
         .library(name: "Kernel", targets: ["Kernel"]),
@@ -43,19 +44,25 @@ let package = Package(
             name: "CZeroMQ",
             providers: [.apt(["libzmq3-dev"])]
         ),
+        // Frame and Message: the bytes of multipart messages, with no sockets and no libzmq.
+        .target(
+            name: "Frames",
+            swiftSettings: sharedSettings
+        ),
         // A safe Swift layer over libzmq, and the bridge between sockets and async code.
         .target(
             name: "ZeroMQ",
             dependencies: [
-                "CZeroMQ",
+                "CZeroMQ", "Frames",
                 .product(name: "DequeModule", package: "swift-collections"),
             ],
             swiftSettings: sharedSettings
         ),
-        // Encoders and strict decoders for 7/MDP, 8/MMI, 12/CHP and JSON-RPC 2.0; no sockets.
+        // Encoders and strict decoders for 7/MDP, 8/MMI, 12/CHP and JSON-RPC 2.0, over
+        // Frames: no sockets, no libzmq.
         .target(
             name: "BusProtocol",
-            dependencies: ["ZeroMQ"],
+            dependencies: ["Frames"],
             swiftSettings: sharedSettings
         ),
         // How a service states its methods: typed params and results, JSON Schema generated

@@ -17,7 +17,9 @@ public import ZeroMQ
 ///
 /// ```swift
 /// let bus = try await BusClient(brokers: ["tcp://127.0.0.1:5555"])
-/// let pong = try await bus.request(service: "kernel", method: "ping")
+/// let pong = try await bus.call(KernelAPI.ping)                    // a method from its contract
+/// let quote = try await bus.call(PricingAPI.routeQuote, .init(outboundId: 1, inboundId: 12))
+/// let any = try await bus.request(service: "weather", method: "forecast.get")  // any service, by name
 /// ```
 public final class BusClient: Sendable {
     public let brokers: [String]

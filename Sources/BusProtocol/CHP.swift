@@ -1,4 +1,4 @@
-public import ZeroMQ
+@_exported public import Frames
 
 /// 12/CHP, the Clustered Hashmap Protocol: frames exactly as in the RFC.
 ///

@@ -1,4 +1,4 @@
-public import ZeroMQ
+@_exported public import Frames
 
 /// 7/MDP, the Majordomo Protocol (MDP/0.1): frames exactly as in the RFC.
 ///

@@ -119,20 +119,16 @@ public actor CatalogFollower {
             while copy.records.count < total {
                 let page = try await client.call(FetcherAPI.datasetsGet, FetcherAPI.Get(name: dataset.rawValue, offset: copy.records.count, limit: pageSize),
                                                  timeout: timeout)
-                guard let version = page["version"]?.stringValue, let count = page["total"]?.intValue,
-                      let records = page["records"]?.arrayValue else {
-                    throw BusError.protocolViolation("fetcher datasets.get: a page without version, total or records")
-                }
                 if copy.records.isEmpty {
-                    copy.version = version
-                    copy.origin = page["origin"]?.stringValue ?? "unknown"
-                } else if version != copy.version {
+                    copy.version = page.version
+                    copy.origin = page.origin
+                } else if page.version != copy.version {
                     consistent = false
                     break
                 }
-                total = Int(count)
-                if records.isEmpty { break }
-                copy.records += records
+                total = page.total
+                if page.records.isEmpty { break }
+                copy.records += page.records
             }
             if consistent { return copy }
         }

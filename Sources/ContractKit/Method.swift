@@ -26,6 +26,10 @@ public struct Method<Params: Codable & Sendable, Result: Codable & Sendable>: Se
             result: ContentDescriptor(name: "result", required: nil, schema: JSONSchema.of(Result.self)))
     }
 
+    /// The same method with its result read as plain JSON, exactly as the service sent it
+    /// (for printing and forwarding).
+    public var json: Method<Params, JSONValue> { Method<Params, JSONValue>(service, name, summary) }
+
     /// The params' JSON text for a request (none for ``NoParams``).
     public func paramsText(_ params: Params) throws -> [UInt8]? {
         if params is NoParams { return nil }
@@ -33,6 +37,15 @@ public struct Method<Params: Codable & Sendable, Result: Codable & Sendable>: Se
         return try encodeJSON(params)
     }
 }
+
+/// A result type that states a reply's shape while its service builds the reply as JSON
+/// (``MethodTable/on(_:_:)-(_,(Service,P)->JSONValue)``): the type gives the schema in
+/// `rpc.discover` and lets callers decode it; debug builds check every reply against it.
+/// Optional properties may be absent or null.
+public protocol ResultShape: Codable {}
+
+extension Array: ResultShape where Element: Codable {}
+extension Optional: ResultShape where Wrapped: ResultShape {}
 
 /// For methods that take no params: accepts absent params, `{}` and `[]`.
 public struct NoParams: Codable, Sendable, SchemaDescribed {

@@ -8,9 +8,9 @@ public enum FetcherAPI {
     /// name, origin, version, records, fetch time and last error.
     public static let catalogPrefix = "/catalog/"
 
-    public static let datasetsList = Method<NoParams, JSONValue>(service, "datasets.list", "Each dataset's version, origin, fetch time and size.")
-    public static let datasetsGet = Method<Get, JSONValue>(service, "datasets.get", "A dataset's records, a page at a time, with its version.")
-    public static let datasetsRefresh = Method<Refresh, JSONValue>(service, "datasets.refresh", "Downloads one dataset (or all) now; answers with their entries.")
+    public static let datasetsList = Method<NoParams, [DatasetEntry]>(service, "datasets.list", "Each dataset's version, origin, fetch time and size.")
+    public static let datasetsGet = Method<Get, DatasetPage>(service, "datasets.get", "A dataset's records, a page at a time, with its version.")
+    public static let datasetsRefresh = Method<Refresh, [DatasetEntry]>(service, "datasets.refresh", "Downloads one dataset (or all) now; answers with their entries.")
 
     public struct Get: Codable, Sendable {
         public var name: String
@@ -21,5 +21,29 @@ public enum FetcherAPI {
     public struct Refresh: Codable, Sendable {
         public var name: String?
         public init(name: String? = nil) { self.name = name }
+    }
+
+    // MARK: Results
+
+    public struct DatasetEntry: Codable, Sendable {
+        public var name: String
+        /// "remote", "cache" or "bundled"; null with no usable copy.
+        public var origin: String?
+        public var version: String?
+        public var records: Int
+        public var dropped: Int
+        public var fetchedAt: String?
+        public var lastError: String?
+        public var nextRefresh: String?
+        public var url: String?
+    }
+    public struct DatasetPage: ResultShape, Sendable {
+        public var name: String
+        public var version: String
+        public var origin: String
+        public var total: Int
+        public var offset: Int
+        /// The dataset's records, normalised (Sources/Catalog/Models.swift).
+        public var records: [JSONValue]
     }
 }

@@ -6,19 +6,19 @@ public import ContractKit
 public enum StoreAPI {
     public static let service = "store"
 
-    public static let historyAdd = Method<Text, JSONValue>(service, "history.add", "Adds a search to the history (re-adding moves it to the top).")
-    public static let historyList = Method<Limit, JSONValue>(service, "history.list", "The history, most recent first.")
-    public static let historyClear = Method<NoParams, JSONValue>(service, "history.clear", "Empties the history.")
-    public static let articlesSave = Method<Article, JSONValue>(service, "articles.save", "Saves an article (an object with a url), keyed by its URL.")
-    public static let articlesList = Method<Page, JSONValue>(service, "articles.list", "The saved articles, most recently saved first.")
-    public static let articlesDelete = Method<URL, JSONValue>(service, "articles.delete", "Deletes a saved article by its URL.")
-    public static let sourcesSelect = Method<Sources, JSONValue>(service, "sources.select", "Replaces the selected news sources.")
-    public static let sourcesSelected = Method<NoParams, JSONValue>(service, "sources.selected", "The selected news sources.")
-    public static let routeSelect = Method<Route, JSONValue>(service, "route.select", "Keeps the chosen route (an outbound and optionally an inbound flight).")
-    public static let routeSelected = Method<NoParams, JSONValue>(service, "route.selected", "The chosen route, or null.")
-    public static let snapshotsPut = Method<Snapshot, JSONValue>(service, "snapshots.put", "Keeps the last good copy of a dataset.")
-    public static let snapshotsGet = Method<Name, JSONValue>(service, "snapshots.get", "The last good copy of a dataset, or null.")
-    public static let snapshotsList = Method<NoParams, JSONValue>(service, "snapshots.list", "The datasets with a kept copy: version, origin, size.")
+    public static let historyAdd = Method<Text, HistoryAdded>(service, "history.add", "Adds a search to the history (re-adding moves it to the top).")
+    public static let historyList = Method<Limit, History>(service, "history.list", "The history, most recent first.")
+    public static let historyClear = Method<NoParams, Cleared>(service, "history.clear", "Empties the history.")
+    public static let articlesSave = Method<Article, ArticleSaved>(service, "articles.save", "Saves an article (an object with a url), keyed by its URL.")
+    public static let articlesList = Method<Page, SavedArticles>(service, "articles.list", "The saved articles, most recently saved first.")
+    public static let articlesDelete = Method<URL, ArticleDeleted>(service, "articles.delete", "Deletes a saved article by its URL.")
+    public static let sourcesSelect = Method<Sources, SourceSelection>(service, "sources.select", "Replaces the selected news sources.")
+    public static let sourcesSelected = Method<NoParams, SourceSelection>(service, "sources.selected", "The selected news sources.")
+    public static let routeSelect = Method<Route, RouteSelection>(service, "route.select", "Keeps the chosen route (an outbound and optionally an inbound flight).")
+    public static let routeSelected = Method<NoParams, RouteSelection?>(service, "route.selected", "The chosen route, or null.")
+    public static let snapshotsPut = Method<Snapshot, SnapshotStored>(service, "snapshots.put", "Keeps the last good copy of a dataset.")
+    public static let snapshotsGet = Method<Name, Snapshot>(service, "snapshots.get", "The last good copy of a dataset, or null.")
+    public static let snapshotsList = Method<NoParams, [SnapshotEntry]>(service, "snapshots.list", "The datasets with a kept copy: version, origin, size.")
 
     public struct Text: Codable, Sendable {
         public var text: String
@@ -50,7 +50,7 @@ public enum StoreAPI {
         public var inboundId: Int?
         public init(outboundId: Int, inboundId: Int?) { (self.outboundId, self.inboundId) = (outboundId, inboundId) }
     }
-    public struct Snapshot: Codable, Sendable {
+    public struct Snapshot: ResultShape, Sendable {
         public var name: String
         public var body: String
         public var version: String
@@ -63,5 +63,71 @@ public enum StoreAPI {
     public struct Name: Codable, Sendable {
         public var name: String
         public init(name: String) { self.name = name }
+    }
+
+    // MARK: Results
+
+    public struct HistoryAdded: ResultShape, Sendable {
+        public var text: String
+        public var addedAt: String
+        /// Entries in the history now.
+        public var count: Int
+    }
+    public struct History: ResultShape, Sendable {
+        public struct Entry: Codable, Sendable {
+            public var text: String
+            public var addedAt: String
+        }
+        public var entries: [Entry]
+        public var count: Int
+    }
+    public struct Cleared: ResultShape, Sendable {
+        public var cleared: Int
+    }
+    public struct ArticleSaved: ResultShape, Sendable {
+        /// Derived from the URL.
+        public var id: String
+        public var url: String
+        public var savedAt: String
+    }
+    public struct SavedArticles: ResultShape, Sendable {
+        public struct Entry: Codable, Sendable {
+            public var id: String
+            public var url: String
+            public var savedAt: String
+            public var article: JSONValue
+        }
+        public var articles: [Entry]
+        public var total: Int
+        public var offset: Int
+    }
+    public struct ArticleDeleted: ResultShape, Sendable {
+        public var deleted: Bool
+        public var url: String
+        public var id: String
+        public var message: String?
+    }
+    public struct SourceSelection: ResultShape, Sendable {
+        public var ids: [String]
+        public var selectedAt: String?
+    }
+    public struct RouteSelection: ResultShape, Sendable {
+        public var outboundId: Int
+        public var inboundId: Int?
+        public var selectedAt: String
+    }
+    public struct SnapshotStored: ResultShape, Sendable {
+        public var name: String
+        /// False when the store holds a copy fetched later.
+        public var stored: Bool
+        public var version: String
+        public var size: Int
+    }
+    public struct SnapshotEntry: Codable, Sendable {
+        public var name: String
+        public var version: String
+        public var origin: String
+        public var fetchedAt: String
+        public var size: Int
     }
 }

@@ -257,14 +257,14 @@ public actor FetcherService: BusService, ServiceWork {
             return
         }
         for dataset in Dataset.allCases where states[dataset]?.loaded?.origin != .remote {
-            guard let snapshot = try? await client.call(StoreAPI.snapshotsGet, StoreAPI.Name(name: dataset.rawValue), timeout: .seconds(5)),
-                  let body = snapshot["body"]?.stringValue, let version = snapshot["version"]?.stringValue else { continue }
-            let bytes = Array(body.utf8)
+            guard let snapshot = try? await client.call(StoreAPI.snapshotsGet, StoreAPI.Name(name: dataset.rawValue), timeout: .seconds(5))
+            else { continue }
+            let bytes = Array(snapshot.body.utf8), version = snapshot.version
             guard let decoded = try? await Task.detached(operation: { try dataset.decode(bytes) }).value else {
                 logger.warning("the store's copy does not decode; ignored", metadata: ["dataset": "\(dataset)"])
                 continue
             }
-            let fetchedAt = snapshot["fetchedAt"]?.stringValue.flatMap(Timestamp.parse)
+            let fetchedAt = Timestamp.parse(snapshot.fetchedAt)
             let loaded = Loaded(content: decoded.content, dropped: decoded.dropped, version: version, origin: .cache,
                                 fetchedAt: fetchedAt ?? Date(), etag: nil, lastModified: nil)
             states[dataset, default: State()].loaded = loaded

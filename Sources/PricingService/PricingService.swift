@@ -146,7 +146,7 @@ public actor PricingService: BusService, ServiceWork {
         let stored = try await store(StoreAPI.routeSelected, NoParams(), for: "the current route")
         var firstRun = false
         let selection: Selection
-        if let found = Selection(stored) {
+        if let found = stored.map(Selection.init) {
             selection = found
         } else {
             // First run: the cheapest outbound with its cheapest related inbound becomes the route.
@@ -210,12 +210,11 @@ public actor PricingService: BusService, ServiceWork {
         let inboundId: Int?
         let selectedAt: String?
 
-        /// From the store's `route.selected` / `route.select` answer; nil for `null`.
-        init?(_ value: JSONValue) {
-            guard let outboundId = value["outboundId"]?.intValue else { return nil }
-            self.outboundId = Int(outboundId)
-            inboundId = value["inboundId"]?.intValue.map { Int($0) }
-            selectedAt = value["selectedAt"]?.stringValue
+        /// From the store's `route.selected` / `route.select` answer.
+        init(_ stored: StoreAPI.RouteSelection) {
+            outboundId = stored.outboundId
+            inboundId = stored.inboundId
+            selectedAt = stored.selectedAt
         }
     }
 
@@ -285,8 +284,8 @@ public actor PricingService: BusService, ServiceWork {
 
     /// After the flights changed: the stored route priced again (and published if its price moved).
     private func repriceCurrentRoute() async {
-        if let stored = try? await store(StoreAPI.routeSelected, NoParams(), for: "re-pricing the current route"), let selection = Selection(stored) {
-            knownSelection = selection
+        if let stored = try? await store(StoreAPI.routeSelected, NoParams(), for: "re-pricing the current route") {
+            knownSelection = Selection(stored)
         }
         guard let selection = knownSelection else { return }
         let priced = price(selection)
@@ -326,11 +325,7 @@ public actor PricingService: BusService, ServiceWork {
     // MARK: The store
 
     private func storeSelection(outboundId: Int, inboundId: Int?, for purpose: String) async throws -> Selection {
-        let answer = try await store(StoreAPI.routeSelect, StoreAPI.Route(outboundId: outboundId, inboundId: inboundId), for: purpose)
-        guard let selection = Selection(answer) else {
-            throw JSONRPCError.internalError("the store's route.select answer has no outboundId")
-        }
-        return selection
+        Selection(try await store(StoreAPI.routeSelect, StoreAPI.Route(outboundId: outboundId, inboundId: inboundId), for: purpose))
     }
 
     /// Calls the store on behalf of a request; a failure says what needed it.

@@ -121,10 +121,7 @@ extension SearchService {
     // MARK: items.grouped
 
     nonisolated func items(_ params: SearchAPI.Items) throws -> JSONValue {
-        let orderName = params.order ?? NameOrder.lexical.rawValue
-        guard let order = NameOrder(rawValue: orderName) else {
-            throw JSONRPCError.invalidParams(field: "order", "must be 'lexical' or 'natural', not '\(orderName)'")
-        }
+        let order: NameOrder = params.order == .natural ? .natural : .lexical
         let index = indexes.snapshot.items
         let groups = index.groups(order).filter { params.listId == nil || $0.listId == params.listId }
         var shown = 0
@@ -205,19 +202,16 @@ extension SearchService {
 
     /// The stored selection of news sources.
     private func selectedSources(for purpose: String) async throws -> [String] {
-        let selected = try await store(StoreAPI.sourcesSelected, NoParams(), for: purpose)
-        return selected["ids"]?.arrayValue?.compactMap(\.stringValue) ?? []
+        try await store(StoreAPI.sourcesSelected, NoParams(), for: purpose).ids
     }
 
     // MARK: flights.list, airlines.get
 
     nonisolated func flights(_ params: SearchAPI.Flights) throws -> JSONValue {
-        var directions = [Flight.Direction.outbound, .inbound]
-        if let name = params.direction {
-            guard let direction = Flight.Direction(rawValue: name) else {
-                throw JSONRPCError.invalidParams(field: "direction", "must be 'outbound' or 'inbound', not '\(name)'")
-            }
-            directions = [direction]
+        let directions: [Flight.Direction] = switch params.direction {
+        case nil: [.outbound, .inbound]
+        case .outbound?: [.outbound]
+        case .inbound?: [.inbound]
         }
         let snapshot = indexes.snapshot
         var unknownAirlines: Set<String> = []

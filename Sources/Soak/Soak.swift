@@ -107,7 +107,7 @@ struct Soak: AsyncParsableCommand {
             throw SoakFailure("switchboard up made no client key in \(keys.path) within 30 s")
         }
         let probe = try await BusClient(brokers: [broker], timeout: .seconds(2), curve: curve)
-        let services = ["echo", "store", "fetcher", "search", "pricing"]
+        let services = [EchoAPI.service, StoreAPI.service, FetcherAPI.service, SearchAPI.service, PricingAPI.service]
         guard await waitUntil(180, { await allServing(probe, services) }) else {
             throw SoakFailure("the bus did not come up within 180 s")
         }
@@ -231,10 +231,9 @@ struct Soak: AsyncParsableCommand {
         var offset = 0
         while true {
             let page = try await probe.call(StoreAPI.articlesList, .init(offset: offset, limit: 1_000), timeout: .seconds(30))
-            let articles = page["articles"]?.arrayValue ?? []
-            for article in articles { if let url = article["url"]?.stringValue { stored.insert(url) } }
-            offset += articles.count
-            if articles.isEmpty || offset >= (page["total"]?.intValue).map(Int.init) ?? 0 { break }
+            stored.formUnion(page.articles.map(\.url))
+            offset += page.articles.count
+            if page.articles.isEmpty || offset >= page.total { break }
         }
         return Set(acknowledged).subtracting(stored).count
     }

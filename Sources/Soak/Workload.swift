@@ -13,14 +13,14 @@ struct Call {
     let send: @Sendable (BusClient) async throws(BusError) -> JSONValue
     var savedURL: String? = nil
 
-    init<P>(_ method: Method<P, JSONValue>, _ params: P, savedURL: String? = nil) {
+    init<P, R>(_ method: Method<P, R>, _ params: P, savedURL: String? = nil) {
         service = method.service
         label = "\(method.service) \(method.name)"
-        send = { client throws(BusError) in try await client.call(method, params) }
+        send = { client throws(BusError) in try await client.call(method.json, params) }
         self.savedURL = savedURL
     }
 
-    init(_ method: Method<NoParams, JSONValue>) { self.init(method, NoParams()) }
+    init<R>(_ method: Method<NoParams, R>) { self.init(method, NoParams()) }
 }
 
 /// A mix over every app's requests, drawn from a seeded generator so a run can be replayed.
@@ -49,7 +49,7 @@ struct RequestMix {
         case 2: return Call(PricingAPI.dealsToday, .init())
         case 3: return Call(SearchAPI.locationsSearch, .init(query: "Am", limit: 10))
         case 4: return Call(SearchAPI.locationsResolve, .init(query: Self.places.randomElement(using: &random)!))
-        case 5: return Call(SearchAPI.itemsGrouped, .init(order: Bool.random(using: &random) ? "natural" : "lexical"))
+        case 5: return Call(SearchAPI.itemsGrouped, .init(order: Bool.random(using: &random) ? .natural : .lexical))
         case 6: return Call(SearchAPI.sourcesList, .init())
         case 7: return Call(SearchAPI.headlinesList, .init(sources: Self.sources.randomElement(using: &random)!, pageSize: 5))
         case 8: return Call(SearchAPI.flightsList, .init())

@@ -69,10 +69,9 @@ public struct DatasetBus: Sendable {
         try await waitForWorkers([StoreAPI.service, FetcherAPI.service])
         await fetcher.start()
         let client = self.client
-        let names = Set(datasets.map { JSONValue.string($0.rawValue) })
+        let names = Set(datasets.map(\.rawValue))
         try await eventually(15, "the fetcher read every file") {
-            let list = try await client.call(FetcherAPI.datasetsList).arrayValue ?? []
-            return list.filter { names.contains($0["name"] ?? .null) }.allSatisfy { $0["origin"] == "remote" }
+            try await client.call(FetcherAPI.datasetsList).filter { names.contains($0.name) }.allSatisfy { $0.origin == "remote" }
         }
     }
 

@@ -1,4 +1,4 @@
-public import DequeModule
+import DequeModule
 import Synchronization
 
 /// The bounded buffer between a producer on a loop thread and the tasks awaiting

@@ -219,7 +219,7 @@ struct Items: AsyncParsableCommand {
     @Option(name: .customLong("list"), help: "Only this listId.") var listId: Int?
 
     func run() async throws {
-        let params = SearchAPI.Items(order: natural ? "natural" : "lexical", listId: listId)
+        let params = SearchAPI.Items(order: natural ? .natural : .lexical, listId: listId)
         try await appVerb(connection, output, { try await call($0, SearchAPI.itemsGrouped, params) }) { answer in
             for group in answer["groups"]?.arrayValue ?? [] {
                 Output.line(Output.styled("List \(Output.cell(group["listId"])) (\(Output.cell(group["count"])) items)", .bold))
@@ -412,7 +412,7 @@ struct FlightList: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let params = SearchAPI.Flights(direction: outbound ? "outbound" : inbound ? "inbound" : nil)
+        let params = SearchAPI.Flights(direction: outbound ? .outbound : inbound ? .inbound : nil)
         try await appVerb(connection, output, { try await call($0, SearchAPI.flightsList, params) }) { answer in
             let flights = (answer["outbound"]?.arrayValue ?? []) + (answer["inbound"]?.arrayValue ?? [])
             Output.table(["ID", "DIRECTION", "FROM", "TO", "AIRLINE", "PRICE"], flights.map { flight in

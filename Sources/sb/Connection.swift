@@ -144,16 +144,19 @@ struct OutputOptions: ParsableArguments {
 /// Sends one request the way every verb does: the answer, or the failure printed on stderr
 /// and turned into the exit status (1 the service answered an error, 69 no service or no
 /// kernel, 75 timed out).
-func call<P, R>(_ client: BusClient, _ method: Method<P, R>, _ params: P, timeout: Duration? = nil) async throws -> R {
+///
+/// The answer is the JSON the service sent, whatever its contract's result type: verbs print
+/// it as it came with --json.
+func call<P, R>(_ client: BusClient, _ method: Method<P, R>, _ params: P, timeout: Duration? = nil) async throws -> JSONValue {
     do {
-        return try await client.call(method, params, timeout: timeout)
+        return try await client.call(method.json, params, timeout: timeout)
     } catch {
         throw await Failure(error, service: method.service, method: method.name, client: client)
     }
 }
 
 /// ``call(_:_:_:timeout:)`` for a method without params.
-func call<R>(_ client: BusClient, _ method: Method<NoParams, R>, timeout: Duration? = nil) async throws -> R {
+func call<R>(_ client: BusClient, _ method: Method<NoParams, R>, timeout: Duration? = nil) async throws -> JSONValue {
     try await call(client, method, NoParams(), timeout: timeout)
 }
 

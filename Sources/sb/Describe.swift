@@ -28,9 +28,10 @@ struct Describe: AsyncParsableCommand {
     func run() async throws {
         try await withClient(connection) { client in
             guard let service else { return try await describeAll(client) }
-            let description = try await call(client, Method.discover(service))
+            let document = try await call(client, Method.discover(service))
+            let description = try decodeResult(ServiceDescription.self, document)
             guard let method else {
-                if output.json { return Output.json(try jsonValue(of: description), compact: true) }
+                if output.json { return Output.json(document, compact: true) }
                 return Output.table(["METHOD", "PARAMS", "RESULT", "SUMMARY"], description.methods.map { method in
                     [method.name, Self.params(method), Self.type(method.result.schema), method.summary]
                 })
@@ -38,7 +39,7 @@ struct Describe: AsyncParsableCommand {
             guard let found = description.methods.first(where: { $0.name == method }) else {
                 throw Failure(status: ExitStatus.serviceError, message: "\(service) has no method \(method); it has \(description.methods.map(\.name).joined(separator: ", "))")
             }
-            if output.json { return Output.json(try jsonValue(of: found), compact: true) }
+            if output.json { return Output.json(try JSONValue(encoding: found), compact: true) }
             Output.line(Output.styled("\(service) \(found.name)", .bold) + "  " + found.summary)
             Output.table(["PARAM", "TYPE", "REQUIRED"], found.params.map { [$0.name, Self.type($0.schema), $0.required == true ? "yes" : "no"] })
             Output.line("result: " + Output.pretty(found.result.schema))
@@ -47,12 +48,14 @@ struct Describe: AsyncParsableCommand {
 
     /// Every registered service's methods (the kernel's first), one table.
     private func describeAll(_ client: BusClient) async throws {
-        let names = [KernelAPI.service] + (try await call(client, KernelAPI.servicesList)).services.map(\.name)
+        let list = try await call(client, KernelAPI.servicesList)
+        let names = [KernelAPI.service] + (list["services"]?.arrayValue ?? []).compactMap { $0["name"]?.stringValue }
         var documents: [String: JSONValue] = [:], rows: [[String]] = []
         for name in names {
             do {
-                let description = try await client.call(Method.discover(name))
-                documents[name] = try jsonValue(of: description)
+                let document = try await client.call(Method.discover(name).json)
+                let description = try decodeResult(ServiceDescription.self, document)
+                documents[name] = document
                 rows += description.methods.map { [name, $0.name, Self.params($0), $0.summary] }
             } catch {
                 documents[name] = .null
@@ -68,10 +71,12 @@ struct Describe: AsyncParsableCommand {
         method.params.map { "\($0.name)\($0.required == true ? "" : "?"): \(type($0.schema))" }.joined(separator: ", ")
     }
 
-    /// A schema in a few characters: `integer`, `[string]`, `object`, `any`, `"a"|"b"`.
-    static func type(_ schema: JSONValue) -> String {
+    /// A schema in a few characters: `integer`, `[string]`, `any`, `"a"|"b"`, an object's
+    /// fields (`{id: integer, name?: string}`) down to `depth` levels, `object` below.
+    static func type(_ schema: JSONValue, depth: Int = 1) -> String {
+        let type = { (inner: JSONValue) in Self.type(inner, depth: depth - 1) }
         if case .array(let choices)? = schema["enum"] { return choices.map(\.description).joined(separator: "|") }
-        if case .array(let choices)? = schema["anyOf"] { return choices.map(type).joined(separator: " | ") }
+        if case .array(let choices)? = schema["anyOf"] { return choices.map { Self.type($0, depth: depth) }.joined(separator: " | ") }
         let names: [String] = switch schema["type"] {
         case .string(let name)?: [name]
         case .array(let list)?: list.compactMap(\.stringValue).filter { $0 != "null" }
@@ -79,8 +84,8 @@ struct Describe: AsyncParsableCommand {
         }
         guard !names.isEmpty else { return "any" }
         return names.map { name in
-            if name == "array", let items = schema["items"] { return "[\(type(items))]" }
-            if name == "object", let properties = schema["properties"]?.objectValue {
+            if name == "array", let items = schema["items"] { return "[\(Self.type(items, depth: depth))]" }
+            if name == "object", depth > 0, let properties = schema["properties"]?.objectValue {
                 let required = Set((schema["required"]?.arrayValue ?? []).compactMap(\.stringValue))
                 return "{" + properties.keys.sorted().map { "\($0)\(required.contains($0) ? "" : "?"): \(type(properties[$0]!))" }.joined(separator: ", ") + "}"
             }

@@ -6,11 +6,6 @@ import Contracts
 import Foundation
 import ZeroMQ
 
-/// A contract's typed result as JSON, for printing.
-func jsonValue<T: Encodable>(of value: T) throws -> JSONValue {
-    try JSONValue(parsing: encodeJSON(value))
-}
-
 /// Reads JSON given on the command line; a mistake is a usage error (64) saying where.
 func parseJSON(_ text: String, _ what: String) throws -> JSONValue {
     do {
@@ -190,9 +185,10 @@ struct Services: AsyncParsableCommand {
         try await withClient(connection) { client in
             let list = try await call(client, KernelAPI.servicesList)
             var services: [JSONValue] = []
-            for service in list.services {
-                var entry = try jsonValue(of: service).objectValue ?? [:]
-                entry["available"] = .bool((try? await client.hasWorkers(service.name, timeout: .seconds(2))) == true)
+            for service in list["services"]?.arrayValue ?? [] {
+                var entry = service.objectValue ?? [:]
+                let name = service["name"]?.stringValue ?? ""
+                entry["available"] = .bool((try? await client.hasWorkers(name, timeout: .seconds(2))) == true)
                 services.append(.object(entry))
             }
             if output.json { return Output.json(.array(services), compact: true) }
@@ -226,7 +222,7 @@ struct Stats: AsyncParsableCommand {
         try await withClient(connection) { client in
             if prometheus {
                 let metrics = try await call(client, KernelAPI.metrics)
-                return FileHandle.standardOutput.write(Data(metrics.text.utf8))
+                return FileHandle.standardOutput.write(Data((metrics["text"]?.stringValue ?? "").utf8))
             }
             let stats = try await call(client, KernelAPI.stats)
             if output.json { return Output.json(stats, compact: false) }
@@ -258,7 +254,7 @@ struct Ping: AsyncParsableCommand {
     func run() async throws {
         try await withClient(connection) { client in
             let started = ContinuousClock.now
-            var answer = try jsonValue(of: try await call(client, KernelAPI.ping)).objectValue ?? [:]
+            var answer = try await call(client, KernelAPI.ping).objectValue ?? [:]
             let milliseconds = ((ContinuousClock.now - started).seconds * 10_000).rounded() / 10
             answer["milliseconds"] = .double(milliseconds)
             if output.json { return Output.json(.object(answer), compact: true) }

@@ -1,6 +1,7 @@
 import BusKit
 import BusProtocol
 import Catalog
+import Contracts
 import EchoService
 import Foundation
 import PricingService
@@ -93,6 +94,49 @@ struct SBTests {
         #expect(slow.status == 75 && slow.stderr.contains("no answer within"))
         let timeoutFromEnvironment = try await bus.sb("request", "echo", "sleep", #"{"ms":3000}"#, environment: ["SB_TIMEOUT": "200ms"])
         #expect(timeoutFromEnvironment.status == 75)
+        await bus.stop()
+    }
+
+    @Test("sb describe: every method of every service with its summary and schemas; a wrong param is refused naming the field")
+    func describe() async throws {
+        let bus = try await SBBus.start()
+        let all = try await bus.sb("describe", "--json")
+        #expect(all.status == 0, "\(all)")
+        let documents = try #require(try jsonLines(all.stdout).first?.objectValue)
+        // The kernel and every service on this bus answer rpc.discover, with each method of their table.
+        let expected: [String: [String]] = [
+            KernelAPI.service: ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get"],
+            SearchAPI.service: ["countries.search", "locations.search", "locations.resolve", "items.grouped", "sources.list",
+                                "headlines.list", "flights.list", "airlines.get", "indexes.list"],
+            PricingAPI.service: ["route.quote", "route.cheapest", "route.current", "route.select", "deals.rollback", "deals.today"],
+            StoreAPI.service: ["history.add", "history.list", "history.clear", "articles.save", "articles.list", "articles.delete",
+                               "sources.select", "sources.selected", "route.select", "route.selected", "snapshots.put", "snapshots.get",
+                               "snapshots.list"],
+            FetcherAPI.service: ["datasets.list", "datasets.get", "datasets.refresh"],
+            EchoAPI.service: ["echo", "sleep", "fail", "whoami", "count"],
+        ]
+        for (service, methods) in expected {
+            let document = try #require(documents[service], "\(service) described")
+            #expect(document["jsonSchemaDialect"] == "https://json-schema.org/draft/2020-12/schema")
+            let described = document["methods"]?.arrayValue ?? []
+            #expect(described.compactMap { $0["name"]?.stringValue } == methods, "\(service)")
+            for method in described {
+                #expect(method["summary"]?.stringValue?.isEmpty == false)
+                #expect(method["result"]?["schema"] != nil && method["params"]?.arrayValue != nil)
+            }
+        }
+        let quote = try #require(documents[PricingAPI.service]?["methods"]?.arrayValue?.first { $0["name"] == "route.quote" })
+        #expect(quote["params"] == [["name": "inboundId", "required": true, "schema": ["type": "integer"]],
+                                    ["name": "outboundId", "required": true, "schema": ["type": "integer"]]])
+        #expect(quote["result"]?["schema"]?["required"] == ["outbound", "inbound", "total"])
+
+        let table = try await bus.sb("describe", "search", "items.grouped")
+        #expect(table.status == 0 && table.stdout.contains(#"order   "lexical"|"natural"  no"#), "\(table)")
+        let unknown = try await bus.sb("describe", "search", "nope")
+        #expect(unknown.status == 1 && unknown.stderr.contains("search has no method nope"), "\(unknown)")
+
+        let wrong = try await bus.sb("request", "search", "items.grouped", #"{"order":"random"}"#, "--json")
+        #expect(wrong.status == 1 && wrong.stderr.contains("-32602") && wrong.stderr.contains("order"), "\(wrong)")
         await bus.stop()
     }
 

@@ -1,5 +1,6 @@
 import BusProtocol
 import Catalog
+import ContractKit
 import Contracts
 import Foundation
 @testable import SearchService
@@ -165,14 +166,15 @@ struct SearchQueryTests {
         #expect(firstNames == firstNames.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) })
         #expect(firstNames.first == "Item 0" && firstNames.count == 81)
 
-        let natural = try search.items(SearchAPI.Items(order: "natural", listId: 1))
+        let natural = try search.items(SearchAPI.Items(order: .natural, listId: 1))
         let naturalGroups = try #require(natural["groups"]?.arrayValue)
         #expect(naturalGroups.count == 1 && natural["total"] == 81)
         let ids = naturalGroups[0]["items"]?.arrayValue?.compactMap { $0["id"]?.intValue } ?? []
         #expect(ids == ids.sorted() && ids.count == 81)  // "Item <id>": natural order is id order
 
-        let error = await rpcError { try search.items(SearchAPI.Items(order: "random", listId: nil)) }
-        #expect(error?.code == -32602 && error?.data?["field"] == "order")
+        // Another order is refused by the contract, before the handler.
+        let refused = SchemaCheck.mismatch(["order": "random"], JSONSchema.of(SearchAPI.Items.self))
+        #expect(refused?.field == "order" && refused?.expected == #"one of "lexical", "natural""#)
     }
 
     @Test("items: names of white space only are dropped; ties by id; natural order reads numbers")
@@ -184,13 +186,13 @@ struct SearchQueryTests {
             HiringItem(id: 2, listId: 1, name: " \t "), HiringItem(id: 6, listId: 1, name: ""), HiringItem(id: 7, listId: 1, name: nil),
             HiringItem(id: 8, listId: 3, name: "Item 010"),
         ]), version: "t1")
-        func order(_ name: String) throws -> [[Int64]] {
+        func order(_ name: SearchAPI.Items.Order) throws -> [[Int64]] {
             try search.items(SearchAPI.Items(order: name, listId: nil))["groups"]?.arrayValue?.map { group in
                 group["items"]?.arrayValue?.compactMap { $0["id"]?.intValue } ?? []
             } ?? []
         }
-        #expect(try order("lexical") == [[5, 1, 3, 4], [8]])
-        #expect(try order("natural") == [[1, 3, 4, 5], [8]])
+        #expect(try order(.lexical) == [[5, 1, 3, 4], [8]])
+        #expect(try order(.natural) == [[1, 3, 4, 5], [8]])
         #expect(try search.items(SearchAPI.Items(order: nil, listId: nil))["dropped"] == 3)
     }
 
@@ -230,10 +232,9 @@ struct SearchQueryTests {
         #expect(outbound.compactMap { $0["id"]?.intValue } == [1, 2, 3, 4, 5, 6])
         #expect(outbound[0]["airline"]?["name"] == "Transavia" && outbound[0]["price"] == ["amount": "15.00", "currency": "EUR"])
         #expect(all["inbound"]?.arrayValue?.count == 5 && all["unknownAirlines"] == .array([]))
-        let inbound = try search.flights(SearchAPI.Flights(direction: "inbound"))
+        let inbound = try search.flights(SearchAPI.Flights(direction: .inbound))
         #expect(inbound["outbound"] == nil && inbound["inbound"]?.arrayValue?.count == 5)
-        let error = await rpcError { try search.flights(SearchAPI.Flights(direction: "sideways")) }
-        #expect(error?.code == -32602)
+        #expect(SchemaCheck.mismatch(["direction": "sideways"], JSONSchema.of(SearchAPI.Flights.self))?.field == "direction")
 
         let other = SearchService()
         await other.load(.flights([Flight(id: 1, direction: .outbound, airline: "KLM", departureAirportCode: "AMS", arrivalAirportCode: "BCN",

@@ -1,58 +1,30 @@
-internal import CZeroMQ
-import Synchronization
 #if canImport(Glibc)
 internal import Glibc
 #endif
 
-/// The bytes of one frame, held in a libzmq message (`zmq_msg_t`) that never moves.
-///
-/// A received frame keeps the buffer libzmq filled, so receiving copies nothing; sending
-/// hands libzmq a reference-counted copy of the message (`zmq_msg_copy`), so a frame can
-/// be sent any number of times, from any thread, without copying its bytes.
-final class FrameStorage: @unchecked Sendable {
-    // `@unchecked`: the bytes never change after init. `zmq_msg_copy` does write the
-    // source's share flag and count the first time, so copies are taken under `copyLock`.
-    let message: UnsafeMutablePointer<zmq_msg_t>
-    private let copyLock = Mutex<Void>(())
+/// The bytes of a frame larger than 32 bytes, shared by every copy of the frame and never
+/// changed or moved while it lives. A subclass decides where they are kept: in a heap
+/// buffer of their own (``Frame/init(copying:)``), or in the libzmq message they arrived in
+/// (the ZeroMQ module's, so a received frame is sent on without copying).
+open class FrameBuffer: @unchecked Sendable {
+    // `@unchecked`: the bytes never change after init.
+    public let bytes: UnsafeRawBufferPointer
 
-    /// An empty frame.
-    init() {
-        message = .allocate(capacity: 1)
-        zmq_msg_init(message)
+    public init(bytes: UnsafeRawBufferPointer) {
+        self.bytes = bytes
     }
+}
 
-    /// A frame holding a copy of `bytes`.
-    init(copying bytes: UnsafeRawBufferPointer) {
-        message = .allocate(capacity: 1)
-        // zmq_msg_init_size only fails when malloc does; treat that as libzmq does.
-        precondition(zmq_msg_init_size(message, bytes.count) == 0, "zmq_msg_init_size: out of memory")
-        if let base = bytes.baseAddress, bytes.count > 0 {
-            zmq_msg_data(message).copyMemory(from: base, byteCount: bytes.count)
-        }
-    }
-
-    /// Takes over a message libzmq filled in (the caller's message becomes empty).
-    init(moving received: UnsafeMutablePointer<zmq_msg_t>) {
-        message = .allocate(capacity: 1)
-        zmq_msg_init(message)
-        zmq_msg_move(message, received)
-    }
-
-    var count: Int { zmq_msg_size(message) }
-
-    func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
-        try body(UnsafeRawBufferPointer(start: zmq_msg_data(message), count: zmq_msg_size(message)))
-    }
-
-    /// Initialises `target` as a shared copy of this frame, for sending.
-    func copy(into target: UnsafeMutablePointer<zmq_msg_t>) {
-        zmq_msg_init(target)
-        copyLock.withLock { _ in _ = zmq_msg_copy(target, message) }
+/// A copy of some bytes, on the heap.
+final class HeapFrameBuffer: FrameBuffer, @unchecked Sendable {
+    init(copying source: UnsafeRawBufferPointer) {
+        let memory = UnsafeMutableRawBufferPointer.allocate(byteCount: source.count, alignment: 16)
+        if source.count > 0 { memory.copyMemory(from: source) }
+        super.init(bytes: UnsafeRawBufferPointer(memory))
     }
 
     deinit {
-        zmq_msg_close(message)
-        message.deallocate()
+        bytes.deallocate()
     }
 }
 
@@ -80,26 +52,23 @@ struct InlineBytes: Sendable {
     }
 }
 
-/// One frame of a multipart ZeroMQ message: immutable bytes, cheap to copy and to send.
-/// Frames of up to 32 bytes are held inline; larger ones in a shared libzmq message.
+/// One frame of a multipart message: immutable bytes, cheap to copy and to send.
+/// Frames of up to 32 bytes are held inline; larger ones in a shared ``FrameBuffer``.
 public struct Frame: Sendable, Hashable, CustomStringConvertible {
     enum Storage: Sendable {
         case inline(InlineBytes)
-        case shared(FrameStorage)
+        case shared(FrameBuffer)
     }
 
     let storage: Storage
 
-    init(storage: FrameStorage) { self.storage = .shared(storage) }
+    /// A frame of the bytes `buffer` holds (which should be more than 32; smaller frames
+    /// are kept inline).
+    package init(buffer: FrameBuffer) { storage = .shared(buffer) }
 
-    /// Takes over a message libzmq filled in (copying it out when it is small).
-    init(moving received: UnsafeMutablePointer<zmq_msg_t>) {
-        let size = zmq_msg_size(received)
-        if size <= InlineBytes.capacity {
-            storage = .inline(InlineBytes(UnsafeRawBufferPointer(start: zmq_msg_data(received), count: size)))
-        } else {
-            storage = .shared(FrameStorage(moving: received))
-        }
+    /// The buffer the bytes are kept in; nil for a frame held inline.
+    package var buffer: FrameBuffer? {
+        if case .shared(let buffer) = storage { buffer } else { nil }
     }
 
     /// An empty (0-byte) frame, such as the delimiter in front of a REQ/REP body.
@@ -125,21 +94,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
         if buffer.count <= InlineBytes.capacity {
             storage = .inline(InlineBytes(buffer))
         } else {
-            storage = .shared(FrameStorage(copying: buffer))
-        }
-    }
-
-    /// Initialises `target` as a message to send holding this frame's bytes.
-    func prepareForSending(_ target: UnsafeMutablePointer<zmq_msg_t>) {
-        switch storage {
-        case .inline(let inline):
-            inline.withUnsafeBytes { raw in
-                // libzmq keeps messages of up to 33 bytes inside zmq_msg_t: no allocation.
-                zmq_msg_init_size(target, raw.count)
-                if raw.count > 0 { zmq_msg_data(target).copyMemory(from: raw.baseAddress!, byteCount: raw.count) }
-            }
-        case .shared(let shared):
-            shared.copy(into: target)
+            storage = .shared(HeapFrameBuffer(copying: buffer))
         }
     }
 
@@ -147,7 +102,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
     public var count: Int {
         switch storage {
         case .inline(let inline): Int(inline.count)
-        case .shared(let shared): shared.count
+        case .shared(let shared): shared.bytes.count
         }
     }
 
@@ -157,7 +112,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
     public func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
         switch storage {
         case .inline(let inline): try inline.withUnsafeBytes(body)
-        case .shared(let shared): try shared.withUnsafeBytes(body)
+        case .shared(let shared): try body(shared.bytes)
         }
     }
 
@@ -232,7 +187,7 @@ extension Frame: ExpressibleByStringInterpolation {
     public init(stringLiteral value: String) { self.init(value) }
 }
 
-/// A multipart ZeroMQ message: the frames that libzmq delivers or sends as one unit.
+/// A multipart message: the frames that are delivered or sent as one unit.
 public struct Message: Sendable, Hashable, RandomAccessCollection, MutableCollection,
     RangeReplaceableCollection, ExpressibleByArrayLiteral, CustomStringConvertible
 {

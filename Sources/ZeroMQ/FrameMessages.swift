@@ -1,0 +1,58 @@
+internal import CZeroMQ
+@_exported public import Frames
+import Synchronization
+
+/// A received frame's bytes, left in the libzmq message (`zmq_msg_t`) that holds them, which
+/// never moves. Receiving copies nothing; sending hands libzmq a reference-counted copy of the
+/// message (`zmq_msg_copy`), so a frame is sent any number of times, from any thread, without
+/// copying its bytes.
+final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
+    // `zmq_msg_copy` writes the source's share flag and count the first time, so copies are
+    // taken under `copyLock`.
+    let message: UnsafeMutablePointer<zmq_msg_t>
+    private let copyLock = Mutex<Void>(())
+
+    /// Takes over a message libzmq filled in (the caller's message becomes empty).
+    init(moving received: UnsafeMutablePointer<zmq_msg_t>) {
+        let message = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: 1)
+        zmq_msg_init(message)
+        zmq_msg_move(message, received)
+        self.message = message
+        super.init(bytes: UnsafeRawBufferPointer(start: zmq_msg_data(message), count: zmq_msg_size(message)))
+    }
+
+    /// Initialises `target` as a shared copy of this frame, for sending.
+    func copy(into target: UnsafeMutablePointer<zmq_msg_t>) {
+        zmq_msg_init(target)
+        copyLock.withLock { _ in _ = zmq_msg_copy(target, message) }
+    }
+
+    deinit {
+        zmq_msg_close(message)
+        message.deallocate()
+    }
+}
+
+extension Frame {
+    /// Takes over a message libzmq filled in (copying it out when it is small).
+    init(moving received: UnsafeMutablePointer<zmq_msg_t>) {
+        let size = zmq_msg_size(received)
+        if size <= 32 {
+            self.init(copying: UnsafeRawBufferPointer(start: zmq_msg_data(received), count: size))
+        } else {
+            self.init(buffer: ZMQFrameBuffer(moving: received))
+        }
+    }
+
+    /// Initialises `target` as a message to send holding this frame's bytes: a shared copy
+    /// of the libzmq message it arrived in, or else a copy of its bytes (libzmq keeps up to
+    /// 33 bytes inside `zmq_msg_t`, without allocating).
+    func prepareForSending(_ target: UnsafeMutablePointer<zmq_msg_t>) {
+        if let received = buffer as? ZMQFrameBuffer { return received.copy(into: target) }
+        withUnsafeBytes { raw in
+            // zmq_msg_init_size only fails when malloc does; treat that as libzmq does.
+            precondition(zmq_msg_init_size(target, raw.count) == 0, "zmq_msg_init_size: out of memory")
+            if raw.count > 0 { zmq_msg_data(target).copyMemory(from: raw.baseAddress!, byteCount: raw.count) }
+        }
+    }
+}
