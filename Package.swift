@@ -186,7 +186,7 @@ let package = Package(
         .target(
             name: "Gateway",
             dependencies: [
-                "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig",
+                "ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Logging", package: "swift-log"),

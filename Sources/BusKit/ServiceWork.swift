@@ -26,6 +26,14 @@ extension BusClient: Service {
     }
 }
 
+extension StatePublisher: Service {
+    /// Publishes until graceful shutdown, then refuses to publish more.
+    public func run() async throws {
+        try? await gracefulShutdown()
+        close()
+    }
+}
+
 extension Subscription: Service {
     /// Delivers until graceful shutdown, then cancels.
     public func run() async throws {

@@ -7,6 +7,8 @@ import Contracts
 public actor StatePublisher {
     private let client: BusClient
     private var current: [String: (value: JSONValue, ttl: Double?)] = [:]
+    /// Set at graceful shutdown: nothing is published after it (``BusError/closed``).
+    private var closed = false
 
     public init(client: BusClient) {
         self.client = client
@@ -15,6 +17,7 @@ public actor StatePublisher {
     /// Sets `key` to `value` (deletes it when `value` is nil) and returns its sequence number.
     @discardableResult
     public func set(_ key: String, _ value: JSONValue?, ttl: Double? = nil) async throws(BusError) -> UInt64 {
+        guard !closed else { throw .closed }
         let sequence = try await client.publish(key: key, value: value, ttl: ttl, asService: true)
         remember(key, value, ttl: ttl)
         return sequence
@@ -23,6 +26,7 @@ public actor StatePublisher {
     /// Sets several keys in one message to the kernel (a JSON-RPC batch of `state.set`);
     /// returns each one's sequence number or error, in order.
     public func set(many entries: [(key: String, value: JSONValue?)]) async -> [Result<UInt64, BusError>] {
+        guard !closed else { return entries.map { _ in .failure(.closed) } }
         let outcomes = await client.batch(KernelAPI.stateSet, entries.map { KernelAPI.StateSetParams(key: $0.key, value: $0.value ?? .null) })
         return zip(entries, outcomes).map { entry, outcome in
             outcome.map { written in
@@ -49,4 +53,7 @@ public actor StatePublisher {
 
     /// The keys this publisher has set.
     public var keys: [String] { current.keys.sorted() }
+
+    /// Publishes nothing more (graceful shutdown, once the service's work has stopped).
+    public func close() { closed = true }
 }

@@ -130,7 +130,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     public func answerNow(body: [UInt8], on service: isolated Service) -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
         let outcomes = Self.requests(in: incoming).map { request in
-            let context = BusTracing.context(of: request)
+            let context = BusTracing.context(of: request.trace)
             return InstrumentationContext.withValue(context ?? InstrumentationContext.current) {
                 let started = ContinuousClock.now
                 let outcome = Result<[UInt8], any Error> {
@@ -150,7 +150,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// Runs `body` for `request` in the request's trace, and logs it: at info when the trace
     /// is sampled, else at debug.
     private func traced(_ request: JSONRPCRequest, _ body: () async throws -> [UInt8]) async -> Result<[UInt8], any Error> {
-        let context = BusTracing.context(of: request)
+        let context = BusTracing.context(of: request.trace)
         return await InstrumentationContext.withValue(context ?? InstrumentationContext.current) {
             let started = ContinuousClock.now
             let outcome: Result<[UInt8], any Error>

@@ -77,9 +77,19 @@ public enum BusTracing {
         return carrier.parent == nil ? nil : carrier
     }
 
+    /// Runs `body` in the trace `trace` carries, when it carries one: for a request that
+    /// arrived by another way (the gateway's HTTP `traceparent` header).
+    public static func withTrace<T, E: Error>(_ trace: JSONRPCRequest.Trace?, _ body: () async throws(E) -> T) async throws(E) -> T {
+        guard let context = context(of: trace) else { return try await body() }
+        let outcome: Result<T, E> = await InstrumentationContext.withValue(context) {
+            do throws(E) { return .success(try await body()) } catch { return .failure(error) }
+        }
+        return try outcome.get()
+    }
+
     /// The context a received request runs in: the current one with the request's trace.
-    static func context(of request: JSONRPCRequest) -> InstrumentationContext? {
-        guard let trace = request.trace else { return nil }
+    static func context(of trace: JSONRPCRequest.Trace?) -> InstrumentationContext? {
+        guard let trace, trace.parent != nil else { return nil }
         var context = InstrumentationContext.current ?? .topLevel
         InstrumentationSystem.instrument.extract(trace, into: &context, using: TraceMembers())
         return context

@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import ContractKit
 import Contracts
 import Foundation
 import HTTPTypes
@@ -98,19 +99,30 @@ struct Routes: Sendable {
             return Self.reply(Self.status(for: response), response.jsonBytes)
         case .single(let item):
             // A notification (no id) is answered with nothing: 204.
-            guard let response = await answers(to: [item], service: service, token: token)[0] else { return Response(status: .noContent) }
+            guard let response = await answers(to: [item], service: service, token: token, trace: Self.trace(request))[0] else {
+                return Response(status: .noContent)
+            }
             return Self.reply(Self.status(for: response), response.jsonBytes)
         case .batch(let items):
-            let answered = await answers(to: items, service: service, token: token).compactMap { $0 }
+            let answered = await answers(to: items, service: service, token: token, trace: Self.trace(request)).compactMap { $0 }
             guard !answered.isEmpty else { return Response(status: .noContent) }
             return Self.reply(.ok, JSONValue.array(answered.map(\.json)).jsonBytes)
         }
     }
 
+    /// The W3C trace context of an HTTP request (`traceparent`, `tracestate` headers).
+    static func trace(_ request: Request) -> JSONRPCRequest.Trace? {
+        guard let parent = request.headers[traceParentField] else { return nil }
+        return JSONRPCRequest.Trace(parent: parent, state: request.headers[traceStateField])
+    }
+    static let traceParentField = HTTPField.Name("traceparent")!
+    static let traceStateField = HTTPField.Name("tracestate")!
+
     /// The response to each item, in order (nil for a notification): invalid ones and those
     /// the token forbids are answered here, the others go to `service` in one message (a
-    /// lone request as a request, several as a batch).
-    func answers(to items: [JSONRPCItem], service: String, token: GatewayToken?) async -> [JSONRPCResponse?] {
+    /// lone request as a request, several as a batch), in the trace the item carries or
+    /// else the HTTP request's.
+    func answers(to items: [JSONRPCItem], service: String, token: GatewayToken?, trace: JSONRPCRequest.Trace? = nil) async -> [JSONRPCResponse?] {
         var responses: [JSONRPCResponse?] = Array(repeating: nil, count: items.count)
         var forwarded: [(index: Int, call: JSONRPCRequest)] = []
         for (index, item) in items.enumerated() {
@@ -129,12 +141,15 @@ struct Routes: Sendable {
         case 0: outcomes = []
         case 1:
             let call = forwarded[0].call
-            do {
-                outcomes = [.success(try await client.request(service: service, method: call.method, paramsText: call.paramsText))]
+            do throws(BusError) {
+                outcomes = [.success(try await BusTracing.withTrace(call.trace ?? trace) { () async throws(BusError) in
+                    try await client.request(service: service, method: call.method, paramsText: call.paramsText)
+                })]
             } catch {
                 outcomes = [.failure(error)]
             }
-        default: outcomes = await client.batch(service: service, forwarded.map { ($0.call.method, $0.call.paramsText) })
+        default:
+            outcomes = await BusTracing.withTrace(trace) { await client.batch(service: service, forwarded.map { ($0.call.method, $0.call.paramsText) }) }
         }
         for (sent, outcome) in zip(forwarded, outcomes) {
             if let id = sent.call.id { responses[sent.index] = Self.response(id: id, outcome) }

@@ -42,7 +42,8 @@ struct Describe: AsyncParsableCommand {
             if output.json { return Output.json(try JSONValue(encoding: found), compact: true) }
             Output.line(Output.styled("\(service) \(found.name)", .bold) + "  " + found.summary)
             Output.table(["PARAM", "TYPE", "REQUIRED"], found.params.map { [$0.name, Self.type($0.schema), $0.required == true ? "yes" : "no"] })
-            Output.line("result: " + Output.pretty(found.result.schema))
+            Output.line("result: " + Self.type(found.result.schema, depth: 4))
+            Output.line(Output.styled("(the params' and result's JSON Schema: sb describe \(service) \(found.name) --json)", .dim))
         }
     }
 

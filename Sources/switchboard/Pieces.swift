@@ -47,22 +47,25 @@ enum Pieces {
 
     /// Builds service `name` as the parts of its process, in dependency order, for one
     /// `ServiceGroup`: the client, the catalog subscription (for services that follow the
-    /// datasets), the host, then the service's own work. The group stops them in reverse.
+    /// datasets), the state publisher (for services that publish), the host, then the
+    /// service's own work. The group stops them in reverse.
     static func service(_ name: String, file: ConfigFile, connection: Connection) async throws -> [any Service] {
         let logger = Logger(label: "switchboard.\(name)")
         switch name {
         case StoreAPI.service:
             let client = try await connection.client()
-            let service = StoreService(configuration: StoreConfiguration(file.store), logger: logger, publisher: StatePublisher(client: client))
+            let publisher = StatePublisher(client: client)
+            let service = StoreService(configuration: StoreConfiguration(file.store), logger: logger, publisher: publisher)
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { await service.republish() })
-            return [client, host, service]
+            return [client, publisher, host, service]
         case FetcherAPI.service:
             let client = try await connection.client()
-            let service = FetcherService(configuration: FetcherConfiguration(file.fetcher), logger: logger, client: client, publisher: StatePublisher(client: client))
+            let publisher = StatePublisher(client: client)
+            let service = FetcherService(configuration: FetcherConfiguration(file.fetcher), logger: logger, client: client, publisher: publisher)
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { await service.republish() })
-            return [client, host, service]
+            return [client, publisher, host, service]
         case SearchAPI.service:
             let client = try await connection.client()
             let catalog = try await client.subscribe(prefixes: [FetcherAPI.catalogPrefix])
@@ -76,7 +79,7 @@ enum Pieces {
             let service = PricingService(logger: logger, client: client, publisher: publisher, catalog: catalog)
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { _ = await publisher.republish() })
-            return [client, catalog, host, service]
+            return [client, catalog, publisher, host, service]
         case EchoAPI.service:
             return [try ServiceHost(service: EchoService(instance: connection.instance ?? "echo-\(getpid())"),
                                     options: connection.hostOptions(), context: connection.context, logger: logger)]
