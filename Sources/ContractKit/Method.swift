@@ -38,8 +38,8 @@ public struct Method<Params: Codable & Sendable, Result: Codable & Sendable>: Se
     }
 }
 
-/// A result type that states a reply's shape while its service builds the reply as JSON
-/// (``MethodTable/on(_:_:)-(_,(Service,P)->JSONValue)``): the type gives the schema in
+/// A result type that states a reply's shape while its service builds the reply as JSON (a
+/// handler given to ``MethodTable`` that returns `JSONValue`): the type gives the schema in
 /// `rpc.discover` and lets callers decode it; debug builds check every reply against it.
 /// Optional properties may be absent or null.
 public protocol ResultShape: Codable {}

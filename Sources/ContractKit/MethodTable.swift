@@ -37,7 +37,7 @@ public struct MethodTable<Service: BusService>: Sendable {
         case isolated(@Sendable (isolated Service, [UInt8]?) throws -> [UInt8])
     }
     private var handlers: [String: Handler] = [:]
-    /// Where answered requests of a traced request are logged (nil: nowhere).
+    /// Where each request that carried a trace is logged when answered (nil: nowhere).
     public var logger: Logger?
     /// The methods in the order they were added, for `rpc.discover`.
     public private(set) var descriptions: [MethodDescription] = []

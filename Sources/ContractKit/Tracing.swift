@@ -68,12 +68,14 @@ public enum BusTracing {
     /// The trace members for a request sent now: the current task's trace continued, or a
     /// new one (unsampled). None unless an instrument is bootstrapped.
     public static func outgoing() -> JSONRPCRequest.Trace? {
+        let instrument = InstrumentationSystem.instrument
+        if instrument is NoOpInstrument { return nil }
         var context = InstrumentationContext.current ?? .topLevel
         if context[Key.self] == nil {
             context[Key.self] = TraceContext(traceID: .random(), spanID: .random(), flags: [], state: TraceState())
         }
         var carrier = JSONRPCRequest.Trace()
-        InstrumentationSystem.instrument.inject(context, into: &carrier, using: TraceMembers())
+        instrument.inject(context, into: &carrier, using: TraceMembers())
         return carrier.parent == nil ? nil : carrier
     }
 

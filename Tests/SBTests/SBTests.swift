@@ -140,6 +140,63 @@ struct SBTests {
         await bus.stop()
     }
 
+    @Test("every method of every contract, called with its typed params, answers in the shape its result type states")
+    func everyMethodFitsItsContract() async throws {
+        let bus = try await SBBus.start()
+        let client = bus.base.client
+        // Each reply is decoded into the contract's type here, and checked against it by the
+        // (debug-built) service before it is sent.
+        #expect(try await client.call(KernelAPI.ping).pong)
+        #expect(try await client.call(KernelAPI.servicesList).services.contains { $0.name == SearchAPI.service })
+        _ = try await client.call(KernelAPI.stats)
+        #expect(try await client.call(KernelAPI.metrics).text.contains("switchboard_requests_total"))
+        #expect(try await client.call(KernelAPI.statePublish, .init(key: "/client/contract", value: 1)).sequence > 0)
+        #expect(try await client.call(KernelAPI.stateGet, .init(prefix: "/client/")).entries.map(\.key) == ["/client/contract"])
+        _ = try await client.call(KernelAPI.stateSet, .init(key: "/client/contract", value: nil))
+
+        #expect(try await client.call(SearchAPI.countriesSearch, .init(query: "par", limit: 3)).countries.count == 3)
+        #expect(try await client.call(SearchAPI.locationsSearch, .init(query: "52.37, 4.89", limit: 2)).places.first?.distanceKm != nil)
+        #expect(try await client.call(SearchAPI.locationsResolve, .init(query: "Amsterdam")).historyRecorded)
+        #expect(try await client.call(SearchAPI.itemsGrouped, .init(order: .natural, listId: 1)).groups.count == 1)
+        #expect(try await client.call(SearchAPI.sourcesList, .init(language: "all")).total > 0)
+        #expect(try await client.call(SearchAPI.headlinesList, .init()).status == "no-sources-selected")
+        #expect(try await client.call(SearchAPI.flightsList, .init(direction: .inbound)).outbound == nil)
+        _ = try await client.call(SearchAPI.airlinesGet, .init(id: "Vueling"))
+        #expect(try await client.call(SearchAPI.indexesList).count == 7)
+
+        #expect(try await client.call(PricingAPI.routeQuote, .init(outboundId: 1, inboundId: 12)).flightsVersion != nil)
+        #expect(try await client.call(PricingAPI.routeCheapest).cheapestRoundTrip != nil)
+        #expect(try await client.call(PricingAPI.routeSelect, .init(outboundId: 3, inboundId: 14)).status == "priced")
+        #expect(try await client.call(PricingAPI.routeCurrent).outboundId == 3)
+        #expect(try await client.call(PricingAPI.dealsRollback, .init(seed: 42)).seed == 42)
+        #expect(try await client.call(PricingAPI.dealsToday, .init(date: "2026-12-24")).date == "2026-12-24")
+
+        #expect(try await client.call(StoreAPI.historyAdd, .init(text: "Rome")).text == "Rome")
+        #expect(try await client.call(StoreAPI.historyList, .init(limit: 5)).entries.first?.text == "Rome")
+        let saved = try await client.call(StoreAPI.articlesSave, .init(article: ["url": "https://example.com/contract", "title": "t"]))
+        #expect(try await client.call(StoreAPI.articlesList, .init()).articles.first?.id == saved.id)
+        #expect(try await client.call(StoreAPI.articlesDelete, .init(url: saved.url)).deleted)
+        #expect(try await client.call(StoreAPI.articlesDelete, .init(url: saved.url)).message != nil)
+        #expect(try await client.call(StoreAPI.sourcesSelect, .init(ids: ["bbc-news"])).ids == ["bbc-news"])
+        #expect(try await client.call(StoreAPI.sourcesSelected).ids == ["bbc-news"])
+        #expect(try await client.call(StoreAPI.routeSelected)?.outboundId == 3)
+        _ = try await client.call(StoreAPI.snapshotsPut, .init(name: "contract", body: "[]", version: "v1", origin: "remote", fetchedAt: "2026-11-24T00:00:00Z"))
+        #expect(try await client.call(StoreAPI.snapshotsGet, .init(name: "contract")).version == "v1")
+        #expect(try await client.call(StoreAPI.snapshotsList).contains { $0.name == "contract" })
+        #expect(try await client.call(StoreAPI.historyClear).cleared == 2, "Amsterdam (resolved above) and Rome")
+
+        #expect(try await client.call(FetcherAPI.datasetsList).count == 7)
+        #expect(try await client.call(FetcherAPI.datasetsGet, .init(name: "flights", limit: 2)).records.count == 2)
+        #expect(try await client.call(FetcherAPI.datasetsRefresh, .init(name: "airlines")).first?.name == "airlines")
+
+        #expect(try await client.call(EchoAPI.echo, ["a": 1]) == ["a": 1])
+        #expect(try await client.call(EchoAPI.count, .init(n: 3)) == 3)
+        #expect(try await client.call(EchoAPI.whoami) == "echo")
+        _ = try await client.call(EchoAPI.sleep, .init(ms: 1))
+        await #expect(throws: BusError.self) { try await client.call(EchoAPI.fail, .init(code: -32099)) }
+        await bus.stop()
+    }
+
     @Test("usage errors are 64 and nothing is sent: params that are not an object or array, a bad endpoint, invalid UTF-8")
     func usageErrors() async throws {
         let bus = try await SBBus.start()
