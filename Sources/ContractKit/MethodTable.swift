@@ -54,7 +54,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     public mutating func on<P, R>(_ method: Method<P, R>, _ handler: @escaping @Sendable (Service, P) async throws -> R) {
         let schema = add(method)
         handlers[method.name] = .async { service, params in
-            try encodeResult(try await handler(service, try decodeParams(P.self, params, schema: schema)))
+            try encodeJSON(try await handler(service, try decodeParams(P.self, params, schema: schema)))
         }
     }
 
@@ -82,7 +82,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     public mutating func onIsolated<P, R>(_ method: Method<P, R>, _ handler: @escaping @Sendable (isolated Service, P) throws -> R) {
         let schema = add(method)
         handlers[method.name] = .isolated { service, params in
-            try encodeResult(try handler(service, try decodeParams(P.self, params, schema: schema)))
+            try encodeJSON(try handler(service, try decodeParams(P.self, params, schema: schema)))
         }
     }
 
@@ -227,14 +227,8 @@ func decodeParams<P: Decodable>(_ type: P.Type, _ text: [UInt8]?, schema: JSONVa
     }
 }
 
-/// Encodes a result in one pass: JSON text with sorted keys and unescaped slashes, as
-/// ``JSONValue/jsonBytes`` writes it.
-func encodeResult<R: Encodable>(_ result: R) throws -> [UInt8] {
-    try encodeJSON(result)
-}
-
 /// JSON text of `value`, as ``JSONValue/jsonBytes`` writes it (sorted keys, slashes as they are).
-public func encodeJSON<T: Encodable>(_ value: T) throws -> [UInt8] {
+func encodeJSON<T: Encodable>(_ value: T) throws -> [UInt8] {
     if let json = value as? JSONValue { return json.jsonBytes }
     let encoder = JSONEncoder()
     encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
@@ -245,7 +239,7 @@ public func encodeJSON<T: Encodable>(_ value: T) throws -> [UInt8] {
 public func decodeResult<R: Decodable>(_ type: R.Type, _ value: JSONValue) throws -> R {
     if let value = value as? R { return value }
     do {
-        return try JSONDecoder().decode(R.self, from: Data(value.jsonBytes))
+        return try value.decode(as: R.self)
     } catch let error as DecodingError {
         let mismatch = paramsError(error)
         throw JSONRPCError.internalError("the reply does not fit the contract: \(mismatch.message)")
