@@ -130,6 +130,13 @@ struct SBTests {
                                     ["name": "outboundId", "required": true, "schema": ["type": "integer"]]])
         #expect(quote["result"]?["schema"]?["required"] == ["outbound", "inbound", "total"])
 
+        // docs/CONTRACTS.md is what the contracts say (regenerate: sb describe --markdown > docs/CONTRACTS.md).
+        let markdown = try await bus.sb("describe", "--markdown")
+        let documented = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("docs/CONTRACTS.md")
+        let file = try String(contentsOf: documented, encoding: .utf8)
+        #expect(markdown.status == 0 && markdown.stdout == file, "docs/CONTRACTS.md differs from the contracts: regenerate it with sb describe --markdown")
+
         let table = try await bus.sb("describe", "search", "items.grouped")
         #expect(table.status == 0 && table.stdout.contains(#"order   "lexical"|"natural"  no"#), "\(table)")
         let unknown = try await bus.sb("describe", "search", "nope")
