@@ -15,7 +15,8 @@ public import ZeroMQ
 ///   then live changes; resumable with `Last-Event-ID` (or `?since=`).
 /// - `GET /metrics`, `/healthz`, `/readyz`; `GET /`: the five apps' page.
 ///
-/// One ``BusClient`` carries every HTTP request, one ``Subscription`` feeds every stream.
+/// One ``BusClient`` carries every HTTP request, one ``Subscription`` feeds every stream;
+/// with the gateway they are the parts of its process (``parts(options:logger:)``).
 public struct Gateway: Service {
     public struct Options: Sendable {
         public var settings: GatewaySettings
@@ -42,33 +43,44 @@ public struct Gateway: Service {
     }
 
     public let options: Options
+    let client: BusClient
+    let subscription: Subscription
     let logger: Logger
 
-    public init(options: Options, logger: Logger = Logger(label: "switchboard.gateway")) {
+    /// A gateway over `client` and `subscription` (to `options.settings.prefixes`), which
+    /// stay its caller's to close.
+    public init(options: Options, client: BusClient, subscription: Subscription, logger: Logger = Logger(label: "switchboard.gateway")) {
         self.options = options
+        self.client = client
+        self.subscription = subscription
         self.logger = logger
+    }
+
+    /// The gateway's process as its parts, in dependency order for one `ServiceGroup`: the
+    /// client to the kernel, the subscription to the state it streams, the gateway.
+    public static func parts(options: Options, logger: Logger = Logger(label: "switchboard.gateway")) async throws -> [any Service] {
+        let client = try await BusClient(brokers: options.brokers, context: options.context, timeout: options.settings.requestTimeout,
+                                         curve: options.curve, maxMessageSize: options.maxMessageSize, state: options.state)
+        let subscription: Subscription
+        do {
+            subscription = try await client.subscribe(prefixes: options.settings.prefixes)
+        } catch {
+            await client.close()
+            throw error
+        }
+        return [client, subscription, Gateway(options: options, client: client, subscription: subscription, logger: logger)]
     }
 
     public func run() async throws {
         try await serve()
     }
 
-    /// Connects to the kernel, waits for the first snapshot, then serves HTTP until the
-    /// task is cancelled or a graceful shutdown (ServiceLifecycle) begins: then the event
-    /// streams end (browsers reconnect to the next gateway) and requests in flight finish.
-    /// `onListening` gets the port bound (useful with port 0).
+    /// Waits for the first snapshot, then serves HTTP until the task is cancelled or a
+    /// graceful shutdown (ServiceLifecycle) begins: then the event streams end (browsers
+    /// reconnect to the next gateway) and requests in flight finish. `onListening` gets the
+    /// port bound (useful with port 0).
     public func serve(onListening: @escaping @Sendable (Int) -> Void = { _ in }) async throws {
         let settings = options.settings
-        let client = try await BusClient(brokers: options.brokers, context: options.context, timeout: settings.requestTimeout, curve: options.curve,
-                                         maxMessageSize: options.maxMessageSize)
-        let subscription: Subscription
-        do {
-            subscription = try await Subscription.open(snapshot: options.state.snapshot, publisher: options.state.publisher,
-                                                       prefixes: settings.prefixes, context: options.context, curve: options.curve)
-        } catch {
-            await client.close()
-            throw error
-        }
         let feed = StateFeed(prefixes: settings.prefixes, history: settings.history, logger: logger)
         let following = Task { await feed.follow(subscription) }
         let heartbeats = Task {
@@ -115,18 +127,10 @@ public struct Gateway: Service {
                                   onListening(port)
                               },
                               logger: logger)
-        do {
-            try await withGracefulShutdownHandler {
-                try await app.run()
-            } onGracefulShutdown: {
-                Task { await feed.closeAll() }
-            }
-        } catch {
-            await subscription.cancel()
-            await client.close()
-            throw error
+        try await withGracefulShutdownHandler {
+            try await app.run()
+        } onGracefulShutdown: {
+            Task { await feed.closeAll() }
         }
-        await subscription.cancel()
-        await client.close()
     }
 }

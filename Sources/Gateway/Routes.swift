@@ -215,10 +215,18 @@ struct Routes: Sendable {
     // MARK: GET /events
 
     func events(_ request: Request) async throws -> Response {
-        if case .refused(let response) = admit(request) { return response }
+        let token: GatewayToken?
+        switch admit(request) {
+        case .refused(let response): return response
+        case .open: token = nil
+        case .token(let allowed): token = allowed
+        }
         let query = request.uri.queryParameters
         var prefixes = query[values: "prefix"].map(String.init)
-        if prefixes.isEmpty { prefixes = settings.prefixes }
+        if prefixes.isEmpty { prefixes = token?.readablePrefixes ?? settings.prefixes }
+        if let token, let refused = prefixes.first(where: { !token.mayRead($0) }) {
+            return Self.rpcError(.forbidden, .forbidden("this token may not read '\(refused)' (its readable prefixes: \(token.readablePrefixes?.joined(separator: ", ") ?? "")"))
+        }
         for prefix in prefixes where !(await feed.covers(prefix)) {
             return Self.rpcError(.badRequest, .invalidParams(field: "prefix",
                 "'\(prefix)' is not under what this gateway follows (gateway.prefixes: \(settings.prefixes.map { "'\($0)'" }.joined(separator: ", ")))"))

@@ -5,7 +5,8 @@ import Glibc
 #endif
 
 /// The process tree of one `switchboard up`: the supervisor and its children, found in
-/// /proc by parent pid and told apart by their command lines (`kernel`, `serve NAME`).
+/// /proc by parent pid and told apart by their command lines (`kernel`, `serve NAME`,
+/// `gateway`).
 struct BusProcesses {
     let upPid: Int32
 
@@ -59,7 +60,7 @@ struct BusProcesses {
         guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return nil }
         let arguments = data.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
         guard arguments.count >= 2 else { return nil }
-        if arguments[1] == "kernel" { return "kernel" }
+        if arguments[1] == "kernel" || arguments[1] == "gateway" { return arguments[1] }
         if arguments[1] == "serve", arguments.count >= 3 { return arguments[2] }
         return nil
     }

@@ -2,6 +2,7 @@ import BusKit
 import Catalog
 import Contracts
 import Foundation
+import Supervisor
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -23,8 +24,7 @@ struct ChaosLog {
 /// has restarted it and it serves again before the next one.
 struct Chaos {
     /// The kernel and the busiest services are drawn more often.
-    static let victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo"]
-    /// A cheap request per service that shows it serves.
+    static let victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo", "gateway"]
     /// A request each service answers, to see it serving again.
     static let probes = [Call(EchoAPI.echo, [:]), Call(StoreAPI.historyList, .init()), Call(FetcherAPI.datasetsList),
                          Call(SearchAPI.sourcesList, .init()), Call(PricingAPI.dealsToday, .init())]
@@ -33,14 +33,17 @@ struct Chaos {
     let processes: BusProcesses
     let probe: BusClient
     let services: [String]
+    /// Where the gateway listens: serving again means accepting connections there.
+    let gatewayPort: Int
     let started: Date
     var log = ChaosLog()
 
-    init(seed: UInt64, processes: BusProcesses, probe: BusClient, services: [String], started: Date) {
+    init(seed: UInt64, processes: BusProcesses, probe: BusClient, services: [String], gatewayPort: Int, started: Date) {
         random = SeededGenerator(seed: seed ^ 0xC4A0_5C4A_05C4_A05C)
         self.processes = processes
         self.probe = probe
         self.services = services
+        self.gatewayPort = gatewayPort
         self.started = started
     }
 
@@ -64,6 +67,7 @@ struct Chaos {
     /// Whether a new process of `piece` runs and the bus serves through it.
     private func serves(_ piece: String, replacing old: Int32) async -> Bool {
         guard let pid = processes.pieces()[piece], pid != old else { return false }
+        if piece == "gateway" { return Supervisor.acceptsConnections(host: "127.0.0.1", port: gatewayPort) }
         if piece == "kernel" {
             guard let pong = try? await probe.call(KernelAPI.ping), pong.pid == Int(pid) else { return false }
             return await allServing(probe, services)

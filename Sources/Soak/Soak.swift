@@ -177,7 +177,7 @@ struct Soak: AsyncParsableCommand {
             return (acknowledged.0, acknowledged.1, writes)
         }
         let chaos = Task { () -> ChaosLog in
-            var chaos = Chaos(seed: seed, processes: processes, probe: probe, services: services, started: started)
+            var chaos = Chaos(seed: seed, processes: processes, probe: probe, services: services, gatewayPort: ports[4], started: started)
             await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
             return chaos.log
         }

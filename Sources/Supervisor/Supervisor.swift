@@ -187,7 +187,7 @@ public actor Supervisor {
     }
 
     /// Whether a TCP connection to `host`:`port` is accepted now.
-    static func acceptsConnections(host: String, port: Int) -> Bool {
+    public static func acceptsConnections(host: String, port: Int) -> Bool {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         var found: UnsafeMutablePointer<addrinfo>?

@@ -383,14 +383,20 @@ public struct GatewayToken: Sendable, Equatable {
     public var services: [String]
     /// Key prefixes it may write with `kernel` `state.set` (none: no writes).
     public var writablePrefixes: [String]
+    /// Key prefixes it may stream from `/events` (nil: all the gateway follows).
+    public var readablePrefixes: [String]?
 
-    public init(token: String, services: [String] = ["*"], writablePrefixes: [String] = []) {
+    public init(token: String, services: [String] = ["*"], writablePrefixes: [String] = [], readablePrefixes: [String]? = nil) {
         self.token = token
         self.services = services
         self.writablePrefixes = writablePrefixes
+        self.readablePrefixes = readablePrefixes
     }
 
     public func allows(service: String) -> Bool { services.contains("*") || services.contains(service) }
+
+    /// Whether it may stream the keys under `prefix`.
+    public func mayRead(_ prefix: String) -> Bool { readablePrefixes.map { $0.contains { prefix.hasPrefix($0) } } ?? true }
 }
 
 /// Turns the checked tree into settings, naming the path of any bad value.
@@ -541,8 +547,8 @@ private struct Reader {
         return try list.enumerated().map { index, item in
             let here = "\(path)[\(index)]"
             let map = try ConfigFile.mapping(item, here)
-            for key in map.keys where !["token", "token_file", "services", "writable_prefixes"].contains(key) {
-                throw ConfigError(path: "\(here).\(key)", problem: "unknown key; expected one of services, token, token_file, writable_prefixes")
+            for key in map.keys where !["token", "token_file", "services", "writable_prefixes", "readable_prefixes"].contains(key) {
+                throw ConfigError(path: "\(here).\(key)", problem: "unknown key; expected one of readable_prefixes, services, token, token_file, writable_prefixes")
             }
             var token: String
             switch (map["token"], map["token_file"]) {
@@ -561,7 +567,8 @@ private struct Reader {
             guard token.count >= 16 else { throw ConfigError(path: here, problem: "a token must be at least 16 characters") }
             let services = try map["services"].map { try strings($0, "\(here).services") } ?? ["*"]
             let prefixes = try map["writable_prefixes"].map { try strings($0, "\(here).writable_prefixes") } ?? []
-            return GatewayToken(token: token, services: services, writablePrefixes: prefixes)
+            let readable = try map["readable_prefixes"].map { try strings($0, "\(here).readable_prefixes") }
+            return GatewayToken(token: token, services: services, writablePrefixes: prefixes, readablePrefixes: readable)
         }
     }
 

@@ -49,8 +49,8 @@ struct GatewayCommand: AsyncParsableCommand {
                                        state: StateEndpoints(snapshot: UpCommand.connectable(kernel.snapshotEndpoint),
                                                              publisher: UpCommand.connectable(kernel.publisherEndpoint),
                                                              collector: UpCommand.connectable(kernel.collectorEndpoint)))
-        let gateway = Gateway(options: options, logger: logger)
-        let group = ServiceGroup(services: [gateway], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let parts = try await Gateway.parts(options: options, logger: logger)
+        let group = ServiceGroup(services: parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
     }
 

@@ -170,7 +170,7 @@ struct UpCommand: AsyncParsableCommand {
             let options = try GatewayCommand.options(file, common: common, logger: Logger(label: "switchboard.gateway"), brokers: [inproc("broker")],
                                                      state: StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector")),
                                                      context: context)
-            pieces.append(Gateway(options: options, logger: Logger(label: "switchboard.gateway")))
+            pieces.append(contentsOf: try await Gateway.parts(options: options, logger: Logger(label: "switchboard.gateway")))
         }
         let logger = Logger(label: "switchboard.up")
         // A ServiceGroup stops its services in reverse order: the services first, the kernel last.

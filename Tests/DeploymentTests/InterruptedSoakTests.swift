@@ -38,10 +38,12 @@ struct InterruptedSoakTests {
             let words = piece.split(separator: " ")
             if words.count == 2, let pid = Int32(words[1]) { pids[String(words[0])] = pid }
         }
-        #expect(Set(pids.keys) == ["up", "kernel", "echo", "store", "fetcher", "search", "pricing"], "\(upLine)")
+        #expect(Set(pids.keys) == ["up", "kernel", "echo", "store", "fetcher", "search", "pricing", "gateway"], "\(upLine)")
         let portsLine = try #require(output.split(separator: "\n").first { $0.contains("; ports ") })
-        let ports = portsLine.split(separator: " ").compactMap { Int($0.trimmingCharacters(in: .punctuationCharacters)) }.suffix(4)
-        #expect(ports.count == 4, "\(portsLine)")
+        // The kernel's four endpoints and the gateway's.
+        let ports = (portsLine.components(separatedBy: "; ports ").last ?? "").split(separator: ",")
+            .compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+        #expect(ports.count == 5, "\(portsLine)")
 
         soak.signal(signal)
         #expect(await soak.exit(within: 60), "the soak ended")

@@ -14,10 +14,14 @@ import Testing
 struct GatewayBed {
     static let fullToken = "full-token-0123456789abcdef"
     static let echoOnlyToken = "echo-token-0123456789abcdef"
+    static let clientReaderToken = "client-reader-0123456789abcdef"
 
     let kernel: TestKernel
     let host: ServiceHost<EchoService>
     let gateway: Task<Void, any Error>
+    /// The gateway's parts beside it, stopped after it (as its ServiceGroup would).
+    let gatewayClient: BusClient
+    let gatewaySubscription: Subscription
     let port: Int
     let http: HTTPClient
     let bus: BusClient
@@ -37,20 +41,22 @@ struct GatewayBed {
         settings.maxBodyBytes = 4_096
         settings.prefixes = ["/client/", "/store/"]
         settings.tokens = [GatewayToken(token: fullToken, services: ["*"], writablePrefixes: ["/client/"]),
-                           GatewayToken(token: echoOnlyToken, services: ["echo"])]
+                           GatewayToken(token: echoOnlyToken, services: ["echo"]),
+                           GatewayToken(token: clientReaderToken, services: [], readablePrefixes: ["/client/"])]
         configure(&settings)
-        let gateway = Gateway(options: .init(settings: settings, brokers: [kernel.endpoints.broker],
-                                             state: StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
-                                                                   collector: kernel.endpoints.collector),
-                                             curve: nil, services: ["echo"]))
+        let state = StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, collector: kernel.endpoints.collector)
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: settings.requestTimeout, state: state)
+        let subscription = try await client.subscribe(prefixes: settings.prefixes)
+        let gateway = Gateway(options: .init(settings: settings, brokers: [kernel.endpoints.broker], state: state, curve: nil, services: ["echo"]),
+                              client: client, subscription: subscription)
         let (ports, portSink) = AsyncStream<Int>.makeStream()
         let task = Task { try await gateway.serve(onListening: { portSink.yield($0) }) }
         let port = try await within(20, "the gateway listens") { () -> Int in
             for await port in ports { return port }
             throw CancellationError()
         }
-        return GatewayBed(kernel: kernel, host: host, gateway: task, port: port, http: HTTPClient(eventLoopGroupProvider: .singleton),
-                          bus: try await BusClient(brokers: [kernel.endpoints.broker]))
+        return GatewayBed(kernel: kernel, host: host, gateway: task, gatewayClient: client, gatewaySubscription: subscription, port: port,
+                          http: HTTPClient(eventLoopGroupProvider: .singleton), bus: try await BusClient(brokers: [kernel.endpoints.broker]))
     }
 
     /// Runs `body` against a new bed, and stops it however `body` ends.
@@ -68,6 +74,8 @@ struct GatewayBed {
     func stop() async {
         gateway.cancel()
         _ = try? await gateway.value
+        await gatewaySubscription.cancel()
+        await gatewayClient.close()
         try? await http.shutdown()
         await bus.close()
         await host.stop()
@@ -97,9 +105,9 @@ struct GatewayBed {
     }
 
     /// Opens /events; the events as they come.
-    func events(_ query: String, lastEventID: String? = nil) async throws -> EventStream {
+    func events(_ query: String, lastEventID: String? = nil, token: String = fullToken) async throws -> EventStream {
         var request = HTTPClientRequest(url: "\(base)/events?\(query)")
-        request.headers.add(name: "Authorization", value: "Bearer \(Self.fullToken)")
+        request.headers.add(name: "Authorization", value: "Bearer \(token)")
         if let lastEventID { request.headers.add(name: "Last-Event-ID", value: lastEventID) }
         let response = try await http.execute(request, timeout: .seconds(60))
         #expect(response.status == .ok)
@@ -228,6 +236,10 @@ struct GatewayTests {
             let inside = try await bed.rpc("kernel", #"{"jsonrpc":"2.0","id":1,"method":"state.set","params":{"key":"/client/x","value":1}}"#)
             #expect(inside.status == 200 && inside.json?["result"]?["sequence"]?.intValue != nil)
             #expect(try await bed.get("/events", token: nil).status == 401)
+            // A token streams only under its readable prefixes.
+            #expect(try await bed.get("/events?prefix=/store/", token: GatewayBed.clientReaderToken).status == 403)
+            let readable = try await bed.events("prefix=/client/", token: GatewayBed.clientReaderToken)
+            #expect(try await readable.until("synced").last?.event == "synced")
             #expect(try await bed.get("/metrics", token: nil).status == 401)
             // Health is for probes: no token.
             #expect(try await bed.get("/healthz", token: nil).status == 200)

@@ -114,6 +114,7 @@ struct ConfigFileTests {
               tokens:
                 - token: 0123456789abcdef-page
                   services: [search, pricing]
+                  readable_prefixes: [/pricing/]
                 - token_file: \(tokenFile.path)
                   writable_prefixes: [/client/]
               cors_origins: [https://apps.example]
@@ -121,9 +122,10 @@ struct ConfigFileTests {
         let gateway = file.gateway
         #expect(gateway.enabled && gateway.host == "::1" && gateway.port == 9090 && gateway.maxBodyBytes == 2048)
         #expect(gateway.prefixes == ["/pricing/", "/store/"] && gateway.heartbeat == .seconds(5) && gateway.corsOrigins == ["https://apps.example"])
-        #expect(gateway.tokens == [GatewayToken(token: "0123456789abcdef-page", services: ["search", "pricing"]),
+        #expect(gateway.tokens == [GatewayToken(token: "0123456789abcdef-page", services: ["search", "pricing"], readablePrefixes: ["/pricing/"]),
                                    GatewayToken(token: "0123456789abcdef-ops", services: ["*"], writablePrefixes: ["/client/"])])
         #expect(gateway.tokens[0].allows(service: "search") && !gateway.tokens[0].allows(service: "store") && gateway.tokens[1].allows(service: "store"))
+        #expect(gateway.tokens[0].mayRead("/pricing/route/") && !gateway.tokens[0].mayRead("/store/") && gateway.tokens[1].mayRead("/store/"))
         let overridden = try ConfigFile.parse("", environment: ["SWITCHBOARD_GATEWAY_ENABLED": "false", "SWITCHBOARD_GATEWAY_LISTEN": "0.0.0.0:80"])
         #expect(!overridden.gateway.enabled && overridden.gateway.host == "0.0.0.0" && overridden.gateway.port == 80)
         #expect(try ConfigFile.parse("").gateway == GatewaySettings())
