@@ -161,11 +161,13 @@ public struct MethodTable<Service: BusService>: Sendable {
     }
 
     private func record(_ request: JSONRPCRequest, _ outcome: Result<[UInt8], any Error>, since started: ContinuousClock.Instant, sampled: Bool) {
-        guard let logger else { return }
+        let level: Logger.Level = sampled ? .info : .debug
+        // Most requests carry a trace and few are logged: nothing is built for those that are not.
+        guard let logger, logger.logLevel <= level else { return }
         let milliseconds = (ContinuousClock.now - started) / .milliseconds(1)
         var metadata: Logger.Metadata = ["method": "\(request.method)", "ms": "\((milliseconds * 1_000).rounded() / 1_000)"]
         if case .failure(let error) = outcome { metadata["error"] = "\((error as? JSONRPCError)?.code ?? JSONRPCError.internalErrorCode)" }
-        logger.log(level: sampled ? .info : .debug, "request answered", metadata: metadata)
+        logger.log(level: level, "request answered", metadata: metadata)
     }
 
     /// The valid requests of a body, in order.
