@@ -16,7 +16,7 @@ public struct Method<Params: Codable & Sendable, Result: Codable & Sendable>: Se
 
     /// Its entry in the service's `rpc.discover` document: the params by name, each with its
     /// schema, and the result's schema, all generated from the types.
-    public var description: MethodDescription {
+    public var methodDescription: MethodDescription {
         let params = JSONSchema.of(Params.self)
         let properties = params["properties"]?.objectValue ?? [:]
         let required = Set((params["required"]?.arrayValue ?? []).compactMap(\.stringValue))

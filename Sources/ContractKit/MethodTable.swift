@@ -90,7 +90,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     private mutating func add<P, R>(_ method: Method<P, R>) -> JSONValue {
         precondition(method.service == Service.name, "\(method.name) is a method of \(method.service), not \(Service.name)")
         precondition(handlers[method.name] == nil, "\(method.name) is already in \(Service.name)'s table")
-        descriptions.append(method.description)
+        descriptions.append(method.methodDescription)
         return JSONSchema.of(P.self)
     }
 
@@ -130,34 +130,40 @@ public struct MethodTable<Service: BusService>: Sendable {
     public func answerNow(body: [UInt8], on service: isolated Service) -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
         let outcomes = Self.requests(in: incoming).map { request in
-            let context = BusTracing.context(of: request.trace)
-            return InstrumentationContext.withValue(context ?? InstrumentationContext.current) {
-                let started = ContinuousClock.now
-                let outcome = Result<[UInt8], any Error> {
+            let run = {
+                Result<[UInt8], any Error> {
                     switch handlers[request.method] {
                     case .isolated(let handler)?: return try handler(service, request.paramsText)
                     case .async?: throw JSONRPCError.internalError("\(request.method) cannot be answered without suspending")
                     case nil: throw JSONRPCError.methodNotFound(request.method)
                     }
                 }
-                if context != nil { record(request, outcome, since: started, sampled: BusTracing.isSampled(context)) }
+            }
+            guard let context = BusTracing.context(of: request.trace) else { return run() }
+            return InstrumentationContext.withValue(context) {
+                let started = ContinuousClock.now
+                let outcome = run()
+                record(request, outcome, since: started, sampled: BusTracing.isSampled(context))
                 return outcome
             }
         }
         return Self.reply(incoming, outcomes)
     }
 
-    /// Runs `body` for `request` in the request's trace, and logs it: at info when the trace
-    /// is sampled, else at debug.
+    /// Runs `body` for `request` in the request's trace, if it carries one, and logs it: at
+    /// info when the trace is sampled, else at debug.
     private func traced(_ request: JSONRPCRequest, _ body: () async throws -> [UInt8]) async -> Result<[UInt8], any Error> {
-        let context = BusTracing.context(of: request.trace)
-        return await InstrumentationContext.withValue(context ?? InstrumentationContext.current) {
+        guard let context = BusTracing.context(of: request.trace) else { return await Self.outcome(of: body) }
+        return await InstrumentationContext.withValue(context) {
             let started = ContinuousClock.now
-            let outcome: Result<[UInt8], any Error>
-            do { outcome = .success(try await body()) } catch { outcome = .failure(error) }
-            if context != nil { record(request, outcome, since: started, sampled: BusTracing.isSampled(context)) }
+            let outcome = await Self.outcome(of: body)
+            record(request, outcome, since: started, sampled: BusTracing.isSampled(context))
             return outcome
         }
+    }
+
+    private static func outcome(of body: () async throws -> [UInt8]) async -> Result<[UInt8], any Error> {
+        do { return .success(try await body()) } catch { return .failure(error) }
     }
 
     private func record(_ request: JSONRPCRequest, _ outcome: Result<[UInt8], any Error>, since started: ContinuousClock.Instant, sampled: Bool) {
