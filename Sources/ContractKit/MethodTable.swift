@@ -40,7 +40,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// Where each request that carried a trace is logged when answered (nil: nowhere).
     public var logger: Logger?
     /// The methods in the order they were added, for `rpc.discover`.
-    public private(set) var descriptions: [MethodDescription] = []
+    private var descriptions: [MethodDescription] = []
 
     /// The table of `service`'s methods.
     public init(of service: Service) {
@@ -93,9 +93,6 @@ public struct MethodTable<Service: BusService>: Sendable {
         descriptions.append(method.methodDescription)
         return JSONSchema.of(P.self)
     }
-
-    /// The names of all methods, sorted.
-    public var methodNames: [String] { handlers.keys.sorted() }
 
     /// Runs `method` on `service` in this process, answering as a request through the bus
     /// would (for benchmarks and single-process use).
