@@ -29,6 +29,9 @@ public final class BusClient: Sendable {
     public let maxMessageSize: Int
     /// The kernel's CHP endpoints, for ``subscribe(prefixes:includeSnapshot:silenceTimeout:bufferSize:)``.
     public let state: StateEndpoints?
+    /// Names this client in every request (the JSON-RPC `client` member): with the request's
+    /// id it lets a service answer a request sent again with the reply it already gave.
+    public let clientID = BusClient.newClientID()
     private let curve: CurveClientKeys?
     let loop: SocketLoop
     private let ownsLoop: Bool
@@ -98,7 +101,7 @@ public final class BusClient: Sendable {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
         let id = ClientCore.nextID()
-        let body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: paramsText, trace: BusTracing.outgoing()).jsonBytes)
+        let body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: paramsText, trace: BusTracing.outgoing(), client: clientID).jsonBytes)
         if let error = refusal(body, service: service) { throw error }
         guard !isClosed.load(ordering: .acquiring) else { throw .closed }
         let outcome: Result<JSONValue, BusError> = await withTaskCancellationHandler {
@@ -168,7 +171,7 @@ public final class BusClient: Sendable {
         let core = self.core
         let ids = calls.map { _ in ClientCore.nextID() }
         let trace = BusTracing.outgoing()
-        let requests = zip(ids, calls).map { id, call in JSONRPCRequest(id: .number(id), method: call.method, paramsText: call.paramsText, trace: trace).jsonBytes }
+        let requests = zip(ids, calls).map { id, call in JSONRPCRequest(id: .number(id), method: call.method, paramsText: call.paramsText, trace: trace, client: clientID).jsonBytes }
         let body = Frame(Array("[".utf8) + Array(requests.joined(separator: Array(",".utf8))) + Array("]".utf8))
         if let error = refusal(body, service: service) { return calls.map { _ in .failure(error) } }
         guard !isClosed.load(ordering: .acquiring) else { return calls.map { _ in .failure(.closed) } }
@@ -228,6 +231,14 @@ public final class BusClient: Sendable {
 
     deinit {
         if ownsLoop { loop.beginShutdown() }
+    }
+
+    /// 128 random bits, base64url: unique among clients for as long as replies are remembered.
+    private static func newClientID() -> String {
+        var generator = SystemRandomNumberGenerator()
+        let bytes = (0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        return Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-")
+            .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
     }
 
     /// What the client has counted about its connection since it was opened.

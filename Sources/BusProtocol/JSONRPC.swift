@@ -61,6 +61,8 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
     public static let outcomeUnknownCode = -32006
     /// The service's storage failed (read-only, full, corrupt); `data.reason` says which.
     public static let storageFailedCode = -32007
+    /// The kernel asked is not the active one of its pair (BusKit clients then ask the other).
+    public static let notActiveCode = -32008
     public static let tooLargeCode = -32010
     public static let forbiddenCode = -32011
 
@@ -114,6 +116,10 @@ public struct JSONRPCRequest: Sendable, Hashable {
     /// W3C trace context, as the request's `traceparent` and `tracestate` members (a
     /// Switchboard extension that JSON-RPC peers ignore; docs/PROTOCOL.md).
     public var trace: Trace?
+    /// The sending client's id (its `client` member, a Switchboard extension that JSON-RPC
+    /// peers ignore): with the request's `id` it names the request, so a service can answer
+    /// one re-sent after a failover with the reply it already gave (docs/PROTOCOL.md).
+    public var client: String?
 
     /// The values of a request's `traceparent` and `tracestate` members.
     public struct Trace: Sendable, Hashable {
@@ -125,18 +131,16 @@ public struct JSONRPCRequest: Sendable, Hashable {
         }
     }
 
-    public init(id: JSONRPCID?, method: String, params: JSONValue? = nil, trace: Trace? = nil) {
-        self.id = id
-        self.method = method
-        self.paramsText = params?.jsonBytes
-        self.trace = trace
+    public init(id: JSONRPCID?, method: String, params: JSONValue? = nil, trace: Trace? = nil, client: String? = nil) {
+        self.init(id: id, method: method, paramsText: params?.jsonBytes, trace: trace, client: client)
     }
 
-    public init(id: JSONRPCID?, method: String, paramsText: [UInt8]?, trace: Trace? = nil) {
+    public init(id: JSONRPCID?, method: String, paramsText: [UInt8]?, trace: Trace? = nil, client: String? = nil) {
         self.id = id
         self.method = method
         self.paramsText = paramsText
         self.trace = trace
+        self.client = client
     }
 
     /// The params as a JSON value, parsed from ``paramsText`` on each read.
@@ -148,6 +152,7 @@ public struct JSONRPCRequest: Sendable, Hashable {
     public var json: JSONValue {
         var object: [String: JSONValue] = ["jsonrpc": "2.0", "method": .string(method)]
         if let id { object["id"] = id.json }
+        if let client { object["client"] = .string(client) }
         if let params { object["params"] = params }
         if let parent = trace?.parent { object["traceparent"] = .string(parent) }
         if let state = trace?.state { object["tracestate"] = .string(state) }
@@ -160,6 +165,11 @@ public struct JSONRPCRequest: Sendable, Hashable {
         var output: [UInt8] = []
         output.reserveCapacity(48 + method.utf8.count + (paramsText?.count ?? 0))
         output.append(UInt8(ascii: "{"))
+        if let client {
+            output.append(contentsOf: #""client":"#.utf8)
+            JSONText.writeString(client, into: &output)
+            output.append(UInt8(ascii: ","))
+        }
         if let id {
             output.append(contentsOf: #""id":"#.utf8)
             JSONText.write(id.json, into: &output)
@@ -184,7 +194,7 @@ public struct JSONRPCRequest: Sendable, Hashable {
     }
 
     public static func == (lhs: JSONRPCRequest, rhs: JSONRPCRequest) -> Bool {
-        lhs.id == rhs.id && lhs.method == rhs.method && lhs.params == rhs.params && lhs.trace == rhs.trace
+        lhs.id == rhs.id && lhs.method == rhs.method && lhs.params == rhs.params && lhs.trace == rhs.trace && lhs.client == rhs.client
     }
 
     public func hash(into hasher: inout Hasher) {
@@ -310,7 +320,7 @@ public enum JSONRPC {
         if case .string(let parent)? = value("traceparent") {
             trace = JSONRPCRequest.Trace(parent: parent, state: value("tracestate")?.stringValue)
         }
-        return .request(JSONRPCRequest(id: id, method: method, paramsText: paramsText, trace: trace))
+        return .request(JSONRPCRequest(id: id, method: method, paramsText: paramsText, trace: trace, client: value("client")?.stringValue))
     }
 
     /// A response carrying `resultText`, JSON text encoded by the service itself (so a

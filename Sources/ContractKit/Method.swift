@@ -7,11 +7,15 @@ public struct Method<Params: Codable & Sendable, Result: Codable & Sendable>: Se
     public let service: String
     public let name: String
     public let summary: String
+    /// Whether it changes state: a request sent again (after a failover, say) is then
+    /// answered with the result it already had instead of running twice (``ExactlyOnce``).
+    public let changesState: Bool
 
-    public init(_ service: String, _ name: String, _ summary: String) {
+    public init(_ service: String, _ name: String, _ summary: String, changesState: Bool = false) {
         self.service = service
         self.name = name
         self.summary = summary
+        self.changesState = changesState
     }
 
     /// Its entry in the service's `rpc.discover` document: the params by name, each with its
@@ -28,7 +32,7 @@ public struct Method<Params: Codable & Sendable, Result: Codable & Sendable>: Se
 
     /// The same method with its result read as plain JSON, exactly as the service sent it
     /// (for printing and forwarding).
-    public var json: Method<Params, JSONValue> { Method<Params, JSONValue>(service, name, summary) }
+    public var json: Method<Params, JSONValue> { Method<Params, JSONValue>(service, name, summary, changesState: changesState) }
 
     /// The params' JSON text for a request (none for ``NoParams``).
     public func paramsText(_ params: Params) throws -> [UInt8]? {

@@ -19,6 +19,13 @@ public protocol BusService: Actor {
     static var name: String { get }
     /// Adds the service's methods to `table`; called once when hosting starts.
     nonisolated func methods(_ table: inout MethodTable<Self>)
+    /// Where the results of its state-changing methods are remembered (default: in memory,
+    /// for ten minutes). A service with durable effects keeps them with the effect.
+    nonisolated func makeReplyMemory() -> any ReplyMemory
+}
+
+extension BusService {
+    public nonisolated func makeReplyMemory() -> any ReplyMemory { RecentReplies() }
 }
 
 /// The JSON-RPC methods of a service, each from its contract.
@@ -37,6 +44,9 @@ public struct MethodTable<Service: BusService>: Sendable {
         case isolated(@Sendable (isolated Service, [UInt8]?) throws -> [UInt8])
     }
     private var handlers: [String: Handler] = [:]
+    /// The methods that change state: each named request of theirs runs once.
+    private var stateChanging: Set<String> = []
+    private let exactlyOnce: ExactlyOnce
     /// Where each request that carried a trace is logged when answered (nil: nowhere).
     public var logger: Logger?
     /// The methods in the order they were added, for `rpc.discover`.
@@ -44,6 +54,7 @@ public struct MethodTable<Service: BusService>: Sendable {
 
     /// The table of `service`'s methods.
     public init(of service: Service) {
+        exactlyOnce = ExactlyOnce(memory: service.makeReplyMemory())
         service.methods(&self)
         let discovery = ServiceDescription(service: Service.name, methods: descriptions)
         onIsolated(Method.discover(Service.name)) { _, _ in discovery }
@@ -91,6 +102,7 @@ public struct MethodTable<Service: BusService>: Sendable {
         precondition(method.service == Service.name, "\(method.name) is a method of \(method.service), not \(Service.name)")
         precondition(handlers[method.name] == nil, "\(method.name) is already in \(Service.name)'s table")
         descriptions.append(method.methodDescription)
+        if method.changesState { stateChanging.insert(method.name) }
         return JSONSchema.of(P.self)
     }
 
@@ -111,12 +123,16 @@ public struct MethodTable<Service: BusService>: Sendable {
         var outcomes: [Result<[UInt8], any Error>] = []
         for request in Self.requests(in: incoming) {
             let handler = handlers[request.method]
-            outcomes.append(await traced(request) {
+            let run = { () async throws -> [UInt8] in
                 switch handler {
                 case .async(let handler)?: try await handler(service, request.paramsText)
                 case .isolated(let handler)?: try await handler(service, request.paramsText)
                 case nil: throw JSONRPCError.methodNotFound(request.method)
                 }
+            }
+            outcomes.append(await traced(request) {
+                guard stateChanging.contains(request.method), let key = RequestKey(request) else { return try await run() }
+                return try await exactlyOnce.run(key, run).get()
             })
         }
         return Self.reply(incoming, outcomes)

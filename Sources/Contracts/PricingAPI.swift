@@ -8,7 +8,7 @@ public enum PricingAPI {
     public static let routeQuote = Method<Quote, RouteQuote>(service, "route.quote", "The price of a round trip: an outbound and a related inbound flight.")
     public static let routeCheapest = Method<NoParams, Cheapest>(service, "route.cheapest", "The cheapest round trip.")
     public static let routeCurrent = Method<NoParams, CurrentRoute>(service, "route.current", "The chosen route with its current price.")
-    public static let routeSelect = Method<Select, CurrentRoute>(service, "route.select", "Chooses the route (kept by the store) and publishes its price.")
+    public static let routeSelect = Method<Select, CurrentRoute>(service, "route.select", "Chooses the route (kept by the store) and publishes its price.", changesState: true)
     public static let dealsRollback = Method<Rollback, Deal>(service, "deals.rollback", "A Rollback Deal: a random country at a discount (the same seed, the same deal).")
     public static let dealsToday = Method<Today, Deal>(service, "deals.today", "The Deal of the Day (date YYYY-MM-DD, default today in UTC).")
 

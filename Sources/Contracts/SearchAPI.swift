@@ -7,7 +7,7 @@ public enum SearchAPI {
 
     public static let countriesSearch = Method<Countries, CountryResults>(service, "countries.search", "Countries whose name or capital matches (case and accents ignored), best first.")
     public static let locationsSearch = Method<Locations, PlaceResults>(service, "locations.search", "Known places by name, or by distance from 'latitude, longitude'.")
-    public static let locationsResolve = Method<Resolve, ResolvedPlace>(service, "locations.resolve", "A place name or coordinates as Wikipedia Places links; adds it to the history.")
+    public static let locationsResolve = Method<Resolve, ResolvedPlace>(service, "locations.resolve", "A place name or coordinates as Wikipedia Places links; adds it to the history.", changesState: true)
     public static let itemsGrouped = Method<Items, GroupedItems>(service, "items.grouped", "The hiring list: named items grouped by list, sorted by name.")
     public static let sourcesList = Method<Sources, SourceList>(service, "sources.list", "News sources (English by default; language 'all'), marking the selected ones.")
     public static let headlinesList = Method<Headlines, HeadlinePage>(service, "headlines.list", "Headlines from the given or selected sources, newest first, a page at a time.")

@@ -6,17 +6,17 @@ public import ContractKit
 public enum StoreAPI {
     public static let service = "store"
 
-    public static let historyAdd = Method<Text, HistoryAdded>(service, "history.add", "Adds a search to the history (re-adding moves it to the top).")
+    public static let historyAdd = Method<Text, HistoryAdded>(service, "history.add", "Adds a search to the history (re-adding moves it to the top).", changesState: true)
     public static let historyList = Method<Limit, History>(service, "history.list", "The history, most recent first.")
-    public static let historyClear = Method<NoParams, Cleared>(service, "history.clear", "Empties the history.")
-    public static let articlesSave = Method<Article, ArticleSaved>(service, "articles.save", "Saves an article (an object with a url), keyed by its URL.")
+    public static let historyClear = Method<NoParams, Cleared>(service, "history.clear", "Empties the history.", changesState: true)
+    public static let articlesSave = Method<Article, ArticleSaved>(service, "articles.save", "Saves an article (an object with a url), keyed by its URL.", changesState: true)
     public static let articlesList = Method<Page, SavedArticles>(service, "articles.list", "The saved articles, most recently saved first.")
-    public static let articlesDelete = Method<URL, ArticleDeleted>(service, "articles.delete", "Deletes a saved article by its URL.")
-    public static let sourcesSelect = Method<Sources, SourceSelection>(service, "sources.select", "Replaces the selected news sources.")
+    public static let articlesDelete = Method<URL, ArticleDeleted>(service, "articles.delete", "Deletes a saved article by its URL.", changesState: true)
+    public static let sourcesSelect = Method<Sources, SourceSelection>(service, "sources.select", "Replaces the selected news sources.", changesState: true)
     public static let sourcesSelected = Method<NoParams, SourceSelection>(service, "sources.selected", "The selected news sources.")
-    public static let routeSelect = Method<Route, RouteSelection>(service, "route.select", "Keeps the chosen route (an outbound and optionally an inbound flight).")
+    public static let routeSelect = Method<Route, RouteSelection>(service, "route.select", "Keeps the chosen route (an outbound and optionally an inbound flight).", changesState: true)
     public static let routeSelected = Method<NoParams, RouteSelection?>(service, "route.selected", "The chosen route, or null.")
-    public static let snapshotsPut = Method<Snapshot, SnapshotStored>(service, "snapshots.put", "Keeps the last good copy of a dataset.")
+    public static let snapshotsPut = Method<Snapshot, SnapshotStored>(service, "snapshots.put", "Keeps the last good copy of a dataset.", changesState: true)
     public static let snapshotsGet = Method<Name, Snapshot>(service, "snapshots.get", "The last good copy of a dataset, or null.")
     public static let snapshotsList = Method<NoParams, [SnapshotEntry]>(service, "snapshots.list", "The datasets with a kept copy: version, origin, size.")
 
@@ -89,6 +89,8 @@ public enum StoreAPI {
         public var id: String
         public var url: String
         public var savedAt: String
+        /// False when an article with this URL was saved before (it is replaced).
+        public var created: Bool
     }
     public struct SavedArticles: ResultShape, Sendable {
         public struct Entry: Codable, Sendable {

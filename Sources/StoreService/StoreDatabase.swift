@@ -11,11 +11,15 @@ public struct StoreConfiguration: Sendable, Equatable {
     /// The largest the database may grow, in bytes (nil: no limit). Beyond it, writes fail
     /// with "full", as they would on a full disk.
     public var maxSizeBytes: Int?
+    /// How long the result of each write is kept with it, so that a request sent again
+    /// (after a failover) is answered with it instead of being written twice.
+    public var replyWindow: Duration = .seconds(600)
 
-    public init(path: String = "data/store.sqlite", historyLimit: Int = 100, maxSizeBytes: Int? = nil) {
+    public init(path: String = "data/store.sqlite", historyLimit: Int = 100, maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600)) {
         self.path = path
         self.historyLimit = historyLimit
         self.maxSizeBytes = maxSizeBytes
+        self.replyWindow = replyWindow
     }
 }
 
@@ -77,6 +81,18 @@ enum StoreDatabase {
                     fetched_at REAL NOT NULL,
                     stored_at REAL NOT NULL
                 );
+                """)
+        }
+        migrator.registerMigration("v2: remembered replies") { db in
+            // The result of each write, by request (its client's id and JSON-RPC id), written
+            // in the write's own transaction: a request sent again finds it.
+            try db.execute(sql: """
+                CREATE TABLE replies (
+                    request TEXT PRIMARY KEY,
+                    result BLOB NOT NULL,
+                    written_at REAL NOT NULL
+                );
+                CREATE INDEX replies_by_time ON replies(written_at);
                 """)
         }
         return migrator

@@ -11,8 +11,10 @@ import Contracts
 ///
 /// A write is answered only after its transaction is on disk (WAL, `synchronous = FULL`).
 /// Writes that arrive together share one transaction and one fsync (group commit), each in
-/// its own savepoint so one bad write does not fail the others. Every method is idempotent:
-/// the kernel may re-send a request whose worker died, and a second run has no further effect.
+/// its own savepoint so one bad write does not fail the others. Each write's result is kept
+/// with it, in the same savepoint, under the request's key: a request sent again (the kernel
+/// re-sends one whose worker died; a client one it sent to a kernel that failed over) is
+/// answered with that result and written once.
 ///
 /// After a change, the matching CHP keys are published through the kernel (coalesced: a
 /// burst of writes publishes each key once, with the value as it is after the burst).
@@ -27,6 +29,8 @@ public actor StoreService: BusService, ServiceWork {
 
     private var pendingWrites: [PendingWrite] = []
     private var flushing = false
+    /// When remembered results older than the window were last deleted.
+    private var lastPruned = ContinuousClock.now
 
     private var publisher: StatePublisher?
     private var dirtyKeys: Set<String> = []
@@ -68,6 +72,16 @@ public actor StoreService: BusService, ServiceWork {
         publishTask?.cancel()
         publishTask = nil
         publisher = nil
+    }
+
+    /// Results live in the database, beside the effects they answer for.
+    public nonisolated func makeReplyMemory() -> any ReplyMemory { StoredReplies(store: self) }
+
+    /// The result a write under `key` had, if it is remembered.
+    func rememberedResult(_ key: RequestKey) async throws -> [UInt8]? {
+        try await read { db in
+            try Data.fetchOne(db, sql: "SELECT result FROM replies WHERE request = ?", arguments: [key.description]).map { Array($0) }
+        }
     }
 
     // MARK: Methods
@@ -150,12 +164,13 @@ public actor StoreService: BusService, ServiceWork {
         let id = ArticleID.of(url)
         return try await write(changing: [Keys.article(id)]) { db in
             let now = Date()
+            let created = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM articles WHERE url = ?", arguments: [url]) == 0
             try db.execute(sql: """
                 INSERT INTO articles (url, id, saved_seq, saved_at, article)
                 VALUES (?, ?, (SELECT IFNULL(MAX(saved_seq), 0) + 1 FROM articles), ?, ?)
                 ON CONFLICT(url) DO UPDATE SET saved_seq = excluded.saved_seq, saved_at = excluded.saved_at, article = excluded.article
                 """, arguments: [url, id, now.timeIntervalSince1970, text])
-            return ["id": .string(id), "url": .string(url), "savedAt": .string(Timestamp.format(now))]
+            return ["id": .string(id), "url": .string(url), "savedAt": .string(Timestamp.format(now)), "created": .bool(created)]
         }
     }
 
@@ -358,11 +373,21 @@ public actor StoreService: BusService, ServiceWork {
     }
 
     /// Runs `apply` in the next group commit and returns its result once the commit is on
-    /// disk; then marks `changing` for publication.
+    /// disk; then marks `changing` for publication. The result is kept under the request's
+    /// key (``RequestKey/current``) in the same savepoint as the write.
     private func write(changing keys: [String], _ apply: @escaping @Sendable (Database) throws -> JSONValue) async throws -> JSONValue {
         let database = try openDatabase()
+        let request = RequestKey.current?.description
+        let applyAndRemember: @Sendable (Database) throws -> JSONValue = { db in
+            let result = try apply(db)
+            if let request {
+                try db.execute(sql: "INSERT OR REPLACE INTO replies (request, result, written_at) VALUES (?, ?, ?)",
+                               arguments: [request, Data(result.jsonBytes), Date().timeIntervalSince1970])
+            }
+            return result
+        }
         let result = try await withCheckedThrowingContinuation { continuation in
-            pendingWrites.append(PendingWrite(apply: apply, changing: keys, continuation: continuation))
+            pendingWrites.append(PendingWrite(apply: applyAndRemember, changing: keys, continuation: continuation))
             if !flushing {
                 flushing = true
                 Task { await self.flush(database) }
@@ -378,8 +403,13 @@ public actor StoreService: BusService, ServiceWork {
             pendingWrites.removeAll()
             let applies = batch.map(\.apply)
             let outcomes: [Result<JSONValue, any Error>]
+            // Results older than the window go, at most once a minute, in a batch's transaction.
+            let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60)
+                ? Date().timeIntervalSince1970 - configuration.replyWindow.seconds : nil
+            if forgetBefore != nil { lastPruned = .now }
             do {
                 outcomes = try await database.write { db in
+                    if let forgetBefore { try db.execute(sql: "DELETE FROM replies WHERE written_at < ?", arguments: [forgetBefore]) }
                     var outcomes: [Result<JSONValue, any Error>] = []
                     for apply in applies {
                         var value = JSONValue.null
@@ -486,6 +516,15 @@ public actor StoreService: BusService, ServiceWork {
             }
         }
     }
+}
+
+/// The store's ``ReplyMemory``: results in the database, written with their effects.
+struct StoredReplies: ReplyMemory {
+    let store: StoreService
+
+    func recall(_ key: RequestKey) async throws -> [UInt8]? { try await store.rememberedResult(key) }
+    /// Nothing to do: ``StoreService`` wrote the result in the effect's transaction.
+    func remember(_ key: RequestKey, result: [UInt8]) async {}
 }
 
 /// The CHP keys the store publishes.

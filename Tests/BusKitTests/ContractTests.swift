@@ -117,3 +117,70 @@ struct ContractTests {
         await kernel.stop()
     }
 }
+
+/// A service whose one method has an effect that counts: how often it really ran.
+private actor Counter: BusService {
+    static let name = "counter"
+    static let bump = Method<NoParams, Int>(name, "bump", "Counts one more.", changesState: true)
+    static let peek = Method<NoParams, Int>(name, "peek", "The count.")
+    var count = 0
+
+    nonisolated func methods(_ table: inout MethodTable<Counter>) {
+        table.on(Self.bump) { counter, _ in
+            try await Task.sleep(for: .milliseconds(20))
+            return await counter.increment()
+        }
+        table.on(Self.peek) { counter, _ in await counter.count }
+    }
+
+    func increment() -> Int {
+        count += 1
+        return count
+    }
+}
+
+@Suite("Exactly once: a request sent again is answered with its first result and runs once")
+struct ExactlyOnceTests {
+    private func body(_ method: String, id: Int64, client: String?) -> [UInt8] {
+        JSONRPCRequest(id: .number(id), method: method, paramsText: nil, client: client).jsonBytes
+    }
+
+    @Test("the same client and id: one run, the same reply, also for copies that arrive while the first runs")
+    func duplicates() async throws {
+        let counter = Counter()
+        let table = MethodTable(of: counter)
+        let first = await table.answer(body: body("bump", id: 1, client: "c1"), on: counter).reply
+        #expect(try JSONRPC.parseResponses(first).first?.outcome.get() == 1)
+        #expect(await table.answer(body: body("bump", id: 1, client: "c1"), on: counter).reply == first)
+        // Five copies at once: the first runs, the others wait for its result.
+        let copies = await withTaskGroup(of: [UInt8].self) { group in
+            for _ in 0..<5 { group.addTask { await table.answer(body: self.body("bump", id: 2, client: "c1"), on: counter).reply } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(Set(copies).count == 1)
+        #expect(await counter.count == 2)
+        // Another id, another client: new requests. No client: nothing to tell copies apart by.
+        _ = await table.answer(body: body("bump", id: 2, client: "c2"), on: counter)
+        _ = await table.answer(body: body("bump", id: 3, client: nil), on: counter)
+        _ = await table.answer(body: body("bump", id: 3, client: nil), on: counter)
+        #expect(await counter.count == 5)
+    }
+
+    @Test("BusClient names each request with its own client id; a method that changes nothing is not remembered")
+    func clientIDs() async throws {
+        let kernel = try await TestKernel.start()
+        let counter = Counter()
+        let host = try ServiceHost(service: counter, options: .init(brokers: [kernel.endpoints.broker], connections: 1))
+        try await host.start()
+        let one = try await BusClient(brokers: [kernel.endpoints.broker]), two = try await BusClient(brokers: [kernel.endpoints.broker])
+        #expect(one.clientID != two.clientID && one.clientID.count >= 20)
+        try await eventually(5, "counter registered") { try await one.hasWorkers("counter") }
+        #expect(try await one.call(Counter.bump) == 1)
+        #expect(try await two.call(Counter.bump) == 2)
+        #expect(try await one.call(Counter.peek) == 2)
+        await one.close()
+        await two.close()
+        await host.stop()
+        await kernel.stop()
+    }
+}

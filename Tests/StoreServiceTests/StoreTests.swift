@@ -204,6 +204,36 @@ struct StoreMethodTests {
     }
 }
 
+extension StoreMethodTests {
+    /// Sends `method` as client `client`'s request `id`, as a client re-sending it would.
+    private func send(_ bus: StoreBus, _ method: String, _ params: JSONValue, id: Int64, client: String = "re-sender") async throws -> JSONValue {
+        let body = JSONRPCRequest(id: .number(id), method: method, params: params, client: client).jsonBytes
+        let reply = try await bus.client.call(service: "store", body: [Frame(body)])
+        return try #require(try JSONRPC.parseResponses(reply[0].bytes).first).outcome.get()
+    }
+
+    @Test("a write sent again is answered with its first result and written once, also after the store restarts")
+    func writtenOnce() async throws {
+        let bus = try await StoreBus.start()
+        let saved = try await send(bus, "articles.save", article("https://example.com/once"), id: 1)
+        #expect(saved["created"] == true)
+        #expect(try await send(bus, "articles.save", article("https://example.com/once"), id: 1) == saved)
+        // A new request saving it again is a second save.
+        #expect(try await send(bus, "articles.save", article("https://example.com/once"), id: 2)["created"] == false)
+        _ = try await send(bus, "history.add", ["text": "Paris"], id: 3)
+        _ = try await send(bus, "history.add", ["text": "Rome"], id: 4)
+        _ = try await send(bus, "history.add", ["text": "Paris"], id: 3)  // run again, Paris would move to the top
+        #expect(texts(try await bus.call("history.list")) == ["Rome", "Paris"])
+        await bus.stop(keepKernel: true)
+
+        let again = try await StoreBus.start(folder: bus.folder, kernel: bus.kernel)
+        #expect(try await send(again, "articles.save", article("https://example.com/once"), id: 1) == saved)
+        #expect(try await send(again, "history.add", ["text": "Paris"], id: 3)["count"] == 1)
+        #expect(texts(try await again.call("history.list")) == ["Rome", "Paris"])
+        await again.stop()
+    }
+}
+
 @Suite("store: durability, publication and failures")
 struct StoreDurabilityTests {
     @Test("everything is still there after the store restarts")
