@@ -12,6 +12,9 @@ public import ZeroMQ
 /// their JSON-RPC id. After a kernel restart libzmq reconnects by itself, and requests that
 /// were in flight when the connection dropped are sent again once it is back (their
 /// timeout still counts from the first send), so a restart costs a delay, not an answer.
+/// Given the two kernels of a pair, it follows the active one: requests in flight when it
+/// goes, or refused by a kernel that is not active, go to the other. Each request names its
+/// client (``clientID``), so a service answers one sent twice once.
 /// Set `resendAfterReconnect` to false for requests that must not run twice: they then
 /// fail at once with -32006 (outcome unknown).
 ///
@@ -27,8 +30,8 @@ public final class BusClient: Sendable {
     /// The largest request body sent; a bigger one fails at once with -32010, as the
     /// kernel would drop the connection that carried it (`kernel.max_message_size`).
     public let maxMessageSize: Int
-    /// The kernel's CHP endpoints, for ``subscribe(prefixes:includeSnapshot:silenceTimeout:bufferSize:)``.
-    public let state: StateEndpoints?
+    /// Each kernel's CHP endpoints (nil: unknown), for ``subscribe(prefixes:includeSnapshot:silenceTimeout:bufferSize:)``.
+    public let state: [StateEndpoints]?
     /// Names this client in every request (the JSON-RPC `client` member): with the request's
     /// id it lets a service answer a request sent again with the reply it already gave.
     public let clientID = BusClient.newClientID()
@@ -40,8 +43,7 @@ public final class BusClient: Sendable {
     /// that would answer them may be gone).
     private let isClosed = Atomic<Bool>(false)
 
-    /// Connects to the kernel(s) at `brokers` (with several, requests are spread over
-    /// those that are up).
+    /// Connects to the kernel at `brokers`, or to the two kernels of a pair (primary first).
     /// - Parameters:
     ///   - loop: the loop to run the socket on; by default the client starts its own.
     ///   - timeout: the default time to wait for each reply.
@@ -49,14 +51,16 @@ public final class BusClient: Sendable {
     ///   - resendAfterReconnect: send requests again that were in flight when the
     ///     connection to a kernel dropped (false: fail them with -32006).
     ///   - maxMessageSize: the kernel's `max_message_size`; bigger requests fail with -32010.
-    ///   - state: the kernel's CHP endpoints; by default the three ports after the first
-    ///     broker's (`tcp://HOST:PORT+1`...), as the kernel binds them unless told otherwise.
+    ///   - state: each kernel's CHP endpoints, in the order of `brokers`; by default the three
+    ///     ports after each broker's (`tcp://HOST:PORT+1`...), as a kernel binds them unless
+    ///     told otherwise.
     public init(brokers: [String], context: ZMQContext? = nil, loop: SocketLoop? = nil, timeout: Duration = .seconds(5),
                 curve: CurveClientKeys? = nil, resendAfterReconnect: Bool = true,
-                maxMessageSize: Int = MDP.defaultMaxMessageSize, state: StateEndpoints? = nil) async throws {
+                maxMessageSize: Int = MDP.defaultMaxMessageSize, state: [StateEndpoints]? = nil) async throws {
         precondition(!brokers.isEmpty, "BusClient needs at least one broker endpoint")
         self.brokers = brokers
-        self.state = state ?? StateEndpoints(followingBroker: brokers[0])
+        let following = brokers.compactMap(StateEndpoints.init(followingBroker:))
+        self.state = state ?? (following.count == brokers.count ? following : nil)
         self.curve = curve
         self.defaultTimeout = timeout
         self.maxMessageSize = maxMessageSize
@@ -141,7 +145,7 @@ public final class BusClient: Sendable {
         guard let state else {
             throw BusError.protocolViolation("no CHP endpoints: give BusClient(state:) when the broker is not at tcp://HOST:PORT")
         }
-        return try await Subscription.open(snapshot: state.snapshot, publisher: state.publisher, prefixes: prefixes,
+        return try await Subscription.open(kernels: state.map { ($0.snapshot, $0.publisher) }, prefixes: prefixes,
                                            includeSnapshot: includeSnapshot, loop: loop, silenceTimeout: silenceTimeout,
                                            bufferSize: bufferSize, curve: curve)
     }
@@ -267,7 +271,14 @@ public final class BusClient: Sendable {
 
 /// The client's state: an actor on its loop's thread (the loop is its executor). Requests
 /// reach it through `loop.execute` + `assumeIsolated`, which keeps them in order without
-/// an `await`; its socket's handlers the same way.
+/// an `await`; its sockets' handlers the same way.
+///
+/// One DEALER per kernel endpoint. With one kernel, requests go to it (libzmq queues them
+/// while it is away) and those in flight when its connection drops are sent again once it is
+/// back. With a pair, requests go to the kernel that last answered as active: one answered
+/// -32008 (not active), or in flight on a connection that dropped, goes to the other kernel,
+/// at once or, when both refused lately, after a short wait; each connection heartbeats
+/// (ZMTP), so a kernel whose machine is gone is noticed too.
 actor ClientCore {
     struct Pending {
         let service: String
@@ -276,10 +287,12 @@ actor ClientCore {
         let deadline: UInt64
         /// Called once, on the loop thread, with the outcome.
         let complete: (Result<JSONValue, BusError>) -> Void
-        /// The message to send again after a reconnect; held by the first request of a
-        /// batch only, so a batch goes once.
+        /// The message to send again; held by the first request of a batch only, so a batch
+        /// goes once.
         var message: Message? = nil
-        /// The connection generation it was last sent in.
+        /// The connection it was last sent on, and that connection's generation then; nil:
+        /// not sent yet (no kernel to send it to), or to be sent again.
+        var sentOn: Int? = nil
         var generation = 0
     }
 
@@ -289,31 +302,42 @@ actor ClientCore {
         let timeout: Duration
     }
 
+    /// One kernel's DEALER and what the client knows of it.
+    struct Connection {
+        let endpoint: String
+        let socket: SocketRegistration
+        let monitor: SocketRegistration
+        var connected = false
+        /// Bumped when the connection drops: what was sent before may be lost.
+        var generation = 0
+        /// When the kernel last answered -32008 (not active).
+        var refusedAt: UInt64 = 0
+    }
+
     private static let idCounter = IDCounter()
     static func nextID() -> Int64 { idCounter.next() }
+    /// How long a kernel that answered "not active" is not asked again.
+    static let refusalPause: UInt64 = 50_000_000
 
     nonisolated let loop: SocketLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
     let resendAfterReconnect: Bool
 
-    /// Where the connection is in its life; checked by every entry point, as each arrives
+    /// Where the client is in its life; checked by every entry point, as each arrives
     /// through `loop.execute` after the caller's state may have changed.
     enum Lifecycle {
         case connecting
-        /// The DEALER to the kernel(s) and its connection-event monitor.
-        case open(socket: SocketRegistration, monitor: SocketRegistration)
+        case open
         case closed
     }
     private var lifecycle = Lifecycle.connecting
-    /// The DEALER while the connection is open.
-    private var registration: SocketRegistration? {
-        if case .open(let socket, _) = lifecycle { socket } else { nil }
-    }
+    private var connections: [Connection] = []
+    /// The kernel requests go to (the one believed active).
+    private var current = 0
+    private var isPair: Bool { connections.count > 1 }
     private var pending: [Int64: Pending] = [:]
     private var opaque: [String: [OpaquePending]] = [:]
     private var sweeper: LoopTimer?
-    /// Bumped when a connection drops: requests sent in an older generation may be lost.
-    private var generation = 0
     /// Ids finished lately (true: answered, false: timed out or cancelled), oldest first,
     /// to tell a duplicate reply from a late one.
     private var finished: [Int64: Bool] = [:]
@@ -326,20 +350,27 @@ actor ClientCore {
         self.resendAfterReconnect = resendAfterReconnect
     }
 
-    /// Opens the DEALER to `brokers` and starts reading it.
+    /// Opens a DEALER to each of `brokers` (one kernel, or the two of a pair) and starts
+    /// reading them.
     func connect(_ brokers: [String], curve: CurveClientKeys?) throws {
         guard case .connecting = lifecycle else { throw ZMQError(call: "connect(closed client)", code: ENOTSOCK) }
-        let socket = try ZMQSocket(loop.context, .dealer)
-        try socket.secure(curve)
-        try socket.set(.immediate, brokers.count > 1)
-        try socket.set(.receiveHighWaterMark, 0)
-        try socket.set(.sendHighWaterMark, 0)
-        // Connection events tell when requests in flight were lost with a kernel.
-        let pair = try connectionEvents(of: socket, in: loop.context)
-        for broker in brokers { try socket.connect(broker) }
-        let registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message) } }
-        let monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message) } }
-        lifecycle = .open(socket: registration, monitor: monitor)
+        for (index, broker) in brokers.enumerated() {
+            let socket = try ZMQSocket(loop.context, .dealer)
+            try socket.secure(curve)
+            try socket.set(.receiveHighWaterMark, 0)
+            try socket.set(.sendHighWaterMark, 0)
+            if brokers.count > 1 {
+                try socket.set(.heartbeatInterval, Int32(250))
+                try socket.set(.heartbeatTimeout, Int32(1_000))
+            }
+            // Connection events tell when requests in flight were lost with a kernel.
+            let pair = try connectionEvents(of: socket, in: loop.context)
+            try socket.connect(broker)
+            let registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message, on: index) } }
+            let monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, on: index) } }
+            connections.append(Connection(endpoint: broker, socket: registration, monitor: monitor))
+        }
+        lifecycle = .open
     }
 
     /// Timeouts are checked every 10 ms while anything waits (cheaper than a timer per
@@ -350,44 +381,85 @@ actor ClientCore {
     }
 
     func send(_ requests: [(id: Int64, pending: Pending)], message: Message) {
-        guard let registration else {
+        guard case .open = lifecycle else {
             for request in requests { request.pending.complete(.failure(.closed)) }
             return
         }
+        let target = destination()
         for (index, request) in requests.enumerated() {
             var waiting = request.pending
-            waiting.generation = generation
             if index == 0 { waiting.message = message }
+            if let target {
+                waiting.sentOn = target
+                waiting.generation = connections[target].generation
+            }
             pending[request.id] = waiting
         }
         sweepWhileWaiting()
-        registration.send(message)
+        if let target { connections[target].socket.send(message) }
     }
 
-    func connectionEvent(_ message: Message) {
-        guard let event = SocketEvent(message), let registration else { return }
+    /// The connection to send on now: the only one; or of a pair, the current kernel if it is
+    /// connected and did not just refuse, else the other if it qualifies (it becomes current);
+    /// nil: none now (the request waits for the next sweep or connection).
+    private func destination() -> Int? {
+        let now = monotonicNanoseconds()
+        guard isPair else { return now &- connections[0].refusedAt >= Self.refusalPause ? 0 : nil }
+        let usable = { (index: Int) in self.connections[index].connected && now &- self.connections[index].refusedAt >= Self.refusalPause }
+        if usable(current) { return current }
+        guard let other = connections.indices.first(where: { $0 != current && usable($0) }) else { return nil }
+        current = other
+        return other
+    }
+
+    /// Sends the requests that wait for a kernel, when one can take them.
+    private func sendWaiting() {
+        guard pending.values.contains(where: { $0.sentOn == nil }), let target = destination() else { return }
+        for id in pending.keys where pending[id]!.sentOn == nil {
+            pending[id]!.sentOn = target
+            pending[id]!.generation = connections[target].generation
+            if let message = pending[id]!.message {
+                counters.resent += 1
+                connections[target].socket.send(message)
+            }
+        }
+    }
+
+    func connectionEvent(_ message: Message, on index: Int) {
+        guard let event = SocketEvent(message), case .open = lifecycle else { return }
         if event.event.contains(.disconnected) {
-            generation += 1
-            guard !resendAfterReconnect else { return }
-            for (id, request) in pending where request.generation < generation {
-                pending.removeValue(forKey: id)
-                remember(id, answered: false)
-                request.complete(.failure(.remote(service: request.service, .outcomeUnknown(request.service))))
+            connections[index].connected = false
+            connections[index].generation += 1
+            let lost = pending.filter { $0.value.sentOn == index }.map(\.key)
+            if !resendAfterReconnect {
+                for id in lost {
+                    let request = pending.removeValue(forKey: id)!
+                    remember(id, answered: false)
+                    request.complete(.failure(.remote(service: request.service, .outcomeUnknown(request.service))))
+                }
+            } else if isPair {
+                // The other kernel takes them (it may have to take over first).
+                for id in lost { pending[id]!.sentOn = nil }
+                sendWaiting()
             }
         } else if event.event.contains(.connected) {
+            connections[index].connected = true
             // Replies the old connection delivered may still wait in the socket (its
             // monitor's events and its messages are not ordered): take them first, so no
             // request that was answered is sent again (and answered twice).
-            registration.readQueued()
-            // Whatever was handed to the old connection died with it; what was queued
-            // since goes out on the new one by itself.
-            for id in pending.keys where pending[id]!.generation < generation {
-                pending[id]!.generation = generation
-                if let message = pending[id]!.message {
-                    counters.resent += 1
-                    registration.send(message)
+            connections[index].socket.readQueued()
+            if !isPair {
+                // Whatever was handed to the old connection died with it; what was queued
+                // since goes out on the new one by itself.
+                for id in pending.keys where pending[id]!.generation < connections[0].generation {
+                    pending[id]!.generation = connections[0].generation
+                    if let message = pending[id]!.message {
+                        counters.resent += 1
+                        connections[0].socket.send(message)
+                    }
                 }
             }
+            sendWaiting()
         }
     }
 
@@ -398,13 +470,13 @@ actor ClientCore {
     }
 
     func sendOpaque(service: String, message: Message, timeout: Duration, continuation: UnsafeContinuation<Result<[Frame], BusError>, Never>) {
-        guard let registration else {
+        guard case .open = lifecycle else {
             continuation.resume(returning: .failure(.closed))
             return
         }
         opaque[service, default: []].append(OpaquePending(continuation: continuation, deadline: monotonicNanoseconds() + timeout.nanoseconds, timeout: timeout))
         sweepWhileWaiting()
-        registration.send(message)
+        connections[destination() ?? current].socket.send(message)
     }
 
     func cancel(ids: [Int64]) {
@@ -415,9 +487,13 @@ actor ClientCore {
         }
     }
 
-    func received(_ message: Message) {
+    func received(_ message: Message, on connection: Int) {
         guard let reply = try? MDP.decodeAtClient(message) else { return }
         let responses = reply.body.count == 1 ? try? JSONRPC.parseResponses(reply.body[0].bytes) : nil
+        if let responses, !responses.isEmpty, responses.allSatisfy(\.isNotActive) {
+            notActive(responses, from: connection)
+            return
+        }
         var matched = false
         for response in responses ?? [] {
             guard case .number(let id) = response.id else { continue }
@@ -448,16 +524,39 @@ actor ClientCore {
         }
     }
 
+    /// A kernel that is not active refused a message: its requests go to the other kernel
+    /// (or wait a moment, when both refused lately); until their deadline, the refusal is
+    /// what they fail with.
+    private func notActive(_ responses: [JSONRPCResponse], from connection: Int) {
+        connections[connection].refusedAt = monotonicNanoseconds()
+        for response in responses {
+            guard case .number(let id) = response.id, pending[id]?.sentOn == connection else { continue }
+            pending[id]!.sentOn = nil
+            if case .failure(let error) = response.outcome { refusals[id] = error.message }
+        }
+        sendWaiting()
+    }
+
+    /// The last "not active" answer each waiting request got, for its time-out message.
+    private var refusals: [Int64: String] = [:]
+
     private func sweep() {
         let now = monotonicNanoseconds()
         if !pending.isEmpty {
+            sendWaiting()
             let expired = pending.filter { $0.value.deadline <= now }
             for (id, request) in expired {
                 pending.removeValue(forKey: id)
                 remember(id, answered: false)
-                request.complete(.failure(.timedOut(service: request.service, method: request.method, after: request.timeout)))
+                if let refusal = refusals.removeValue(forKey: id) {
+                    let kernels = connections.map(\.endpoint).joined(separator: ", ")
+                    request.complete(.failure(.unavailable(service: request.service, message: "no kernel of \(kernels) is active: \(refusal)")))
+                } else {
+                    request.complete(.failure(.timedOut(service: request.service, method: request.method, after: request.timeout)))
+                }
             }
         }
+        if refusals.count > pending.count { refusals = refusals.filter { pending[$0.key] != nil } }
         for (service, waiting) in opaque where waiting.contains(where: { $0.deadline <= now }) {
             opaque[service] = waiting.filter { request in
                 guard request.deadline <= now else { return true }
@@ -472,16 +571,24 @@ actor ClientCore {
     }
 
     func close() {
-        if case .open(let socket, let monitor) = lifecycle {
-            socket.close()
-            monitor.close()
+        for connection in connections {
+            connection.socket.close()
+            connection.monitor.close()
         }
+        connections.removeAll()
         lifecycle = .closed
         sweeper?.cancel()
         for request in pending.values { request.complete(.failure(.closed)) }
         pending.removeAll()
         for waiting in opaque.values { for request in waiting { request.continuation.resume(returning: .failure(.closed)) } }
         opaque.removeAll()
+    }
+}
+
+extension JSONRPCResponse {
+    /// Whether it says the kernel that sent it is not the active one of its pair.
+    var isNotActive: Bool {
+        if case .failure(let error) = outcome { error.code == JSONRPCError.notActiveCode } else { false }
     }
 }
 

@@ -19,9 +19,10 @@ public import ZeroMQ
 /// shutdown, then unregisters (DISCONNECT) after in-flight requests finish.
 public final class ServiceHost<Hosted: BusService>: Service {
     public struct Options: Sendable {
-        /// The kernel(s) to register with; connections are spread over them.
+        /// The kernel to register with, or the two kernels of a pair: the service registers
+        /// with both, so the passive one can dispatch to it the moment it takes over.
         public var brokers: [String]
-        /// How many worker connections.
+        /// How many worker connections to each kernel.
         public var connections: Int
         /// Requests each connection holds at once (the window extension; 1: plain 7/MDP).
         public var window: Int
@@ -73,8 +74,8 @@ public final class ServiceHost<Hosted: BusService>: Service {
         var table = MethodTable(of: service)
         table.logger = logger
         let frozen = table
-        workers = (0..<options.connections).map { index in
-            WorkerConnection(loop: loop, index: index, broker: options.brokers[index % options.brokers.count],
+        workers = options.brokers.flatMap { broker in (0..<options.connections).map { (broker, $0) } }.enumerated().map { index, place in
+            WorkerConnection(loop: loop, index: index, broker: place.0,
                              service: service, table: frozen, options: options, logger: logger, onReregistered: onReregistered)
         }
     }

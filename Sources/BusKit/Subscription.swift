@@ -98,6 +98,19 @@ public final class Subscription: AsyncSequence, Sendable {
                             context: ZMQContext? = nil, loop: SocketLoop? = nil,
                             silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
                             curve: CurveClientKeys? = nil) async throws -> Subscription {
+        try await open(kernels: [(snapshot, publisher)], prefixes: prefixes, includeSnapshot: includeSnapshot, context: context, loop: loop,
+                       silenceTimeout: silenceTimeout, bufferSize: bufferSize, curve: curve)
+    }
+
+    /// Opens a subscription to the two kernels of a pair at once (each kernel's snapshot and
+    /// publisher endpoints): both publish every change with the same sequence number, so a
+    /// change is delivered once, from whichever brings it first, and the loss of one kernel
+    /// costs no update and no resync.
+    public static func open(kernels: [(snapshot: String, publisher: String)], prefixes: [String] = [""], includeSnapshot: Bool = true,
+                            context: ZMQContext? = nil, loop: SocketLoop? = nil,
+                            silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
+                            curve: CurveClientKeys? = nil) async throws -> Subscription {
+        precondition(!kernels.isEmpty, "a subscription needs a kernel")
         let ownsLoop = loop == nil
         let loop = try loop ?? SocketLoop(context: try context ?? ZMQContext(), name: "subscription")
         let prefixes = prefixes.isEmpty ? [""] : prefixes
@@ -107,7 +120,7 @@ public final class Subscription: AsyncSequence, Sendable {
             resumeTarget.resumeReading()
         }))
         let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot,
-                                    snapshotEndpoint: snapshot, publisherEndpoint: publisher, silenceTimeout: silenceTimeout,
+                                    kernels: kernels, silenceTimeout: silenceTimeout,
                                     receiveHighWaterMark: Swift.max(1_000, bufferSize), curve: curve)
         resumeTarget.core.withLock { $0.core = core }
         try await core.start()
@@ -126,6 +139,9 @@ public final class Subscription: AsyncSequence, Sendable {
 
     /// How many times the subscription resynchronised (after a kernel restart, say).
     public func resyncCount() async -> Int { await core.resyncs }
+
+    /// How many of its kernels (one, or the two of a pair) it is connected to now.
+    public func connectedKernels() async -> Int { await core.connectedKernels }
 
     deinit {
         buffer.finish()
@@ -172,6 +188,21 @@ actor SubscriptionCore {
         case stopped
     }
 
+    /// One kernel the subscription follows (two for a pair), with its own HUGZ counts.
+    struct Source {
+        let snapshotEndpoint: String
+        let publisherEndpoint: String
+        var subscriber: SocketRegistration?
+        var monitor: SocketRegistration?
+        var disconnected = false
+        /// The kernel's count per counted prefix at its last HUGZ, and the updates received
+        /// from it under that prefix since (nil until a HUGZ of this kernel's has come).
+        var checkpoint: [String: UInt64] = [:]
+        var receivedSinceCheckpoint: [String: UInt64] = [:]
+        /// A HUGZ came since it (re)connected: its counts can be compared.
+        var counting = false
+    }
+
     nonisolated let loop: SocketLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
     let buffer: BoundedBuffer<SubscriptionEvent>
@@ -180,15 +211,14 @@ actor SubscriptionCore {
     /// this subscription covers, so no update is counted twice.
     let countedPrefixes: [String]
     let includeSnapshot: Bool
-    let snapshotEndpoint: String
-    let publisherEndpoint: String
     let silenceTimeout: Duration
     let receiveHighWaterMark: Int
     let curve: CurveClientKeys?
 
-    private var subscriber: SocketRegistration?
+    private var sources: [Source]
+    /// The kernel the snapshot is read from.
+    private var snapshotSource = 0
     private var snapshotSocket: SocketRegistration?
-    private var monitor: SocketRegistration?
     private var timer: LoopTimer?
     private var phase = Phase.awaitingHello
     private var firstSync = true
@@ -198,46 +228,46 @@ actor SubscriptionCore {
     private var known: [String: Frame] = [:]
     private var lastSequence: UInt64 = 0
     private var lastHeard = monotonicNanoseconds()
-    private var disconnected = false
+    /// Every kernel's connection dropped at some point since the last sync: updates may
+    /// have been missed, so the next connection resyncs.
+    private var lostEveryKernel = false
     /// The reader fell `bufferSize` events behind: the socket is not read until it catches up.
     private var readingPaused = false
-    /// The kernel's count per counted prefix at the last HUGZ, and the updates received
-    /// under it since (nil until a HUGZ of this subscription's has come).
-    private var checkpoint: [String: UInt64] = [:]
-    private var receivedSinceCheckpoint: [String: UInt64] = [:]
     /// A gap was announced: the next snapshot's end is announced as `resynced`.
     private var announceResync = false
     private(set) var resyncs = 0
+    var connectedKernels: Int { sources.filter { !$0.disconnected }.count }
 
     init(loop: SocketLoop, buffer: BoundedBuffer<SubscriptionEvent>, prefixes: [String], includeSnapshot: Bool,
-         snapshotEndpoint: String, publisherEndpoint: String, silenceTimeout: Duration, receiveHighWaterMark: Int,
+         kernels: [(snapshot: String, publisher: String)], silenceTimeout: Duration, receiveHighWaterMark: Int,
          curve: CurveClientKeys?) {
         self.loop = loop
         self.buffer = buffer
         self.prefixes = prefixes
         countedPrefixes = Array(Set(prefixes.filter { prefix in !prefixes.contains { $0 != prefix && prefix.hasPrefix($0) } }))
         self.includeSnapshot = includeSnapshot
-        self.snapshotEndpoint = snapshotEndpoint
-        self.publisherEndpoint = publisherEndpoint
+        sources = kernels.map { Source(snapshotEndpoint: $0.snapshot, publisherEndpoint: $0.publisher) }
         self.silenceTimeout = silenceTimeout
         self.receiveHighWaterMark = receiveHighWaterMark
         self.curve = curve
     }
 
     func start() throws {
-        guard phase == .awaitingHello, subscriber == nil else { return }
+        guard phase == .awaitingHello, sources.allSatisfy({ $0.subscriber == nil }) else { return }
         let context = loop.context
-        let sub = try ZMQSocket(context, .sub)
-        try sub.secure(curve)
-        try sub.set(.receiveHighWaterMark, Int32(clamping: receiveHighWaterMark))
-        // The prefixes before HUGZ: a HUGZ's counts then always cover topics already live.
-        for prefix in prefixes { try sub.subscribe(prefix) }
-        if !prefixes.contains("") { try sub.subscribe(CHP.hugzCommand) }
-        // Connection events tell a kernel restart apart from a quiet kernel.
-        let pair = try connectionEvents(of: sub, in: context)
-        monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message) } }
-        try sub.connect(publisherEndpoint)
-        subscriber = loop.register(sub) { [weak self] message in self?.assumeIsolated { $0.published(message) } }
+        for index in sources.indices {
+            let sub = try ZMQSocket(context, .sub)
+            try sub.secure(curve)
+            try sub.set(.receiveHighWaterMark, Int32(clamping: receiveHighWaterMark))
+            // The prefixes before HUGZ: a HUGZ's counts then always cover topics already live.
+            for prefix in prefixes { try sub.subscribe(prefix) }
+            if !prefixes.contains("") { try sub.subscribe(CHP.hugzCommand) }
+            // Connection events tell a kernel restart apart from a quiet kernel.
+            let pair = try connectionEvents(of: sub, in: context)
+            sources[index].monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, from: index) } }
+            try sub.connect(sources[index].publisherEndpoint)
+            sources[index].subscriber = loop.register(sub) { [weak self] message in self?.assumeIsolated { $0.published(message, from: index) } }
+        }
         try openSnapshotSocket()
         timer = loop.scheduleRepeating(every: .milliseconds(250)) { [weak self] in self?.assumeIsolated { $0.checkSilence() } }
     }
@@ -247,23 +277,32 @@ actor SubscriptionCore {
         let dealer = try ZMQSocket(loop.context, .dealer)
         try dealer.secure(curve)
         try dealer.set(.receiveHighWaterMark, 0)
-        try dealer.connect(snapshotEndpoint)
+        try dealer.connect(sources[snapshotSource].snapshotEndpoint)
         snapshotSocket = loop.register(dealer) { [weak self] message in self?.assumeIsolated { $0.snapshotReply(message) } }
     }
 
     // MARK: Publisher
 
-    private func published(_ message: Message) {
+    private func published(_ message: Message, from source: Int) {
         lastHeard = monotonicNanoseconds()
         guard let update = try? CHP.decodeUpdate(message) else { return }
         switch update {
         case .hugz(let published):
             switch phase {
             case .awaitingHello:
-                takeCheckpoint(published)
+                // This kernel proved the subscription live: its snapshot is read.
+                takeCheckpoint(published, source: source)
+                if snapshotSource != source {
+                    snapshotSource = source
+                    try? openSnapshotSocket()
+                }
                 requestSnapshot(0)
             case .snapshotting, .live:
-                checkForGap(published)
+                if sources[source].counting {
+                    checkForGap(published, source: source)
+                } else {
+                    takeCheckpoint(published, source: source)
+                }
             case .stopped:
                 break
             }
@@ -274,48 +313,53 @@ actor SubscriptionCore {
             case .snapshotting: pendingLive.append(entry)
             case .live: apply(entry)
             }
-            for prefix in countedPrefixes where entry.key.hasPrefix(prefix) { receivedSinceCheckpoint[prefix, default: 0] += 1 }
+            for prefix in countedPrefixes where entry.key.hasPrefix(prefix) { sources[source].receivedSinceCheckpoint[prefix, default: 0] += 1 }
         }
     }
 
-    /// Starts counting afresh from the kernel's counts in this HUGZ (the first of a sync).
-    private func takeCheckpoint(_ published: [String: UInt64]) {
-        checkpoint = published.filter { countedPrefixes.contains($0.key) }
-        receivedSinceCheckpoint = [:]
+    /// Starts counting afresh from a kernel's counts in this HUGZ.
+    private func takeCheckpoint(_ published: [String: UInt64], source: Int) {
+        sources[source].checkpoint = published.filter { countedPrefixes.contains($0.key) }
+        sources[source].receivedSinceCheckpoint = [:]
+        sources[source].counting = true
     }
 
-    /// Compares what the kernel published under each prefix since its checkpoint with what
-    /// arrived: fewer arrived, so the kernel dropped some for this subscriber. A HUGZ
+    /// Compares what a kernel published under each prefix since its checkpoint with what
+    /// arrived from it: fewer arrived, so the kernel dropped some for this subscriber. A HUGZ
     /// leaves out topics whose count did not change since the previous one: their
     /// checkpoints stand (and keep counting), so a dropped HUGZ costs only time.
-    private func checkForGap(_ published: [String: UInt64]) {
+    private func checkForGap(_ published: [String: UInt64], source: Int) {
         var missed: UInt64 = 0
         for prefix in countedPrefixes {
             guard let now = published[prefix] else { continue }
-            if let then = checkpoint[prefix], now >= then {
-                let received = receivedSinceCheckpoint[prefix] ?? 0
+            if let then = sources[source].checkpoint[prefix], now >= then {
+                let received = sources[source].receivedSinceCheckpoint[prefix] ?? 0
                 if now - then > received { missed += now - then - received }
             }
-            checkpoint[prefix] = now
-            receivedSinceCheckpoint[prefix] = 0
+            sources[source].checkpoint[prefix] = now
+            sources[source].receivedSinceCheckpoint[prefix] = 0
         }
         guard missed > 0 else { return }
+        if snapshotSource != source {
+            snapshotSource = source
+            try? openSnapshotSocket()
+        }
         resync(missed: missed, reason: "the kernel dropped updates while this subscriber was behind", subscriptionIsLive: true)
     }
 
     private func apply(_ entry: KVEntry) {
-        guard entry.sequence > lastSequence else { return }  // a duplicate or a stale update
+        guard entry.sequence > lastSequence else { return }  // a duplicate (the other kernel's copy) or a stale update
         lastSequence = entry.sequence
         known[entry.key] = entry.isDelete ? nil : entry.value
         deliver(.update(StateUpdate(key: entry.key, sequence: entry.sequence, value: entry.value, fromSnapshot: false)))
     }
 
-    /// Hands an event to the reader; when that fills the buffer, stops reading the socket
+    /// Hands an event to the reader; when that fills the buffer, stops reading the sockets
     /// until the reader has taken it down to half (the kernel then drops, and counts).
     private func deliver(_ event: SubscriptionEvent) {
         if buffer.push(event) == .full, !readingPaused {
             readingPaused = true
-            subscriber?.pauseReading()
+            for source in sources { source.subscriber?.pauseReading() }
         }
     }
 
@@ -323,7 +367,7 @@ actor SubscriptionCore {
         guard readingPaused, phase != .stopped else { return }
         readingPaused = false
         lastHeard = monotonicNanoseconds()
-        subscriber?.resumeReading()
+        for source in sources { source.subscriber?.resumeReading() }
     }
 
     // MARK: Snapshot
@@ -405,13 +449,21 @@ actor SubscriptionCore {
 
     // MARK: Resynchronising
 
-    private func connectionEvent(_ message: Message) {
+    /// A kernel's connection dropped or came back. While another kernel stays connected it
+    /// brings every update (both publish each one), so only losing them all calls for a resync.
+    private func connectionEvent(_ message: Message, from source: Int) {
         guard let event = SocketEvent(message) else { return }
         if event.event.contains(.disconnected) {
-            disconnected = true
-        } else if event.event.contains(.connected), disconnected {
-            disconnected = false
-            resync(missed: nil, reason: "reconnected to the kernel", subscriptionIsLive: false)
+            sources[source].disconnected = true
+            sources[source].counting = false
+            if sources.allSatisfy(\.disconnected) { lostEveryKernel = true }
+        } else if event.event.contains(.connected), sources[source].disconnected {
+            sources[source].disconnected = false
+            if lostEveryKernel {
+                lostEveryKernel = false
+                snapshotSource = source
+                resync(missed: nil, reason: "reconnected to the kernel", subscriptionIsLive: false)
+            }
         }
     }
 
@@ -446,9 +498,11 @@ actor SubscriptionCore {
     func stop() {
         phase = .stopped
         timer?.cancel()
-        subscriber?.close()
+        for source in sources {
+            source.subscriber?.close()
+            source.monitor?.close()
+        }
         snapshotSocket?.close()
-        monitor?.close()
         buffer.finish()
     }
 }

@@ -19,8 +19,36 @@ public enum KernelAPI {
         public var instance: String
         public var pid: Int
         public var uptimeSeconds: Double
-        public init(pong: Bool, instance: String, pid: Int, uptimeSeconds: Double) {
-            (self.pong, self.instance, self.pid, self.uptimeSeconds) = (pong, instance, pid, uptimeSeconds)
+        /// The kernel's pair, when it is one of two.
+        public var pair: PairStatus?
+        public init(pong: Bool, instance: String, pid: Int, uptimeSeconds: Double, pair: PairStatus? = nil) {
+            (self.pong, self.instance, self.pid, self.uptimeSeconds, self.pair) = (pong, instance, pid, uptimeSeconds, pair)
+        }
+    }
+
+    /// Where a kernel of a primary/backup pair stands: the one answering is `active` (clients
+    /// are only answered by the active one) since `since`, and how it last heard its peer.
+    public struct PairStatus: Codable, Sendable, Equatable {
+        public struct Peer: Codable, Sendable, Equatable {
+            public var endpoint: String
+            /// primary or backup (starting), active, passive; absent: never heard.
+            public var state: String?
+            public var lastHeardSecondsAgo: Double?
+            public init(endpoint: String, state: String?, lastHeardSecondsAgo: Double?) {
+                (self.endpoint, self.state, self.lastHeardSecondsAgo) = (endpoint, state, lastHeardSecondsAgo)
+            }
+        }
+        /// primary or backup: the role it was configured with.
+        public var role: String
+        public var state: String
+        /// When it entered `state` (ISO 8601).
+        public var since: String
+        /// Whether it holds the whole state: always when active; when passive, once its copy
+        /// of the active one's is complete (only then can it take over).
+        public var synced: Bool
+        public var peer: Peer
+        public init(role: String, state: String, since: String, synced: Bool, peer: Peer) {
+            (self.role, self.state, self.since, self.synced, self.peer) = (role, state, since, synced, peer)
         }
     }
 
@@ -36,7 +64,9 @@ public enum KernelAPI {
             }
         }
         public var services: [Entry]
-        public init(services: [Entry]) { self.services = services }
+        /// The kernel's pair, when it is one of two.
+        public var pair: PairStatus?
+        public init(services: [Entry], pair: PairStatus? = nil) { (self.services, self.pair) = (services, pair) }
     }
 
     public struct Metrics: Codable, Sendable {

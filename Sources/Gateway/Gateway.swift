@@ -20,8 +20,9 @@ public import ZeroMQ
 public struct Gateway: Service {
     public struct Options: Sendable {
         public var settings: GatewaySettings
+        /// The kernel, or the two kernels of a pair, with each one's CHP endpoints.
         public var brokers: [String]
-        public var state: StateEndpoints
+        public var state: [StateEndpoints]
         /// The gateway's own CURVE keys (nil: plain).
         public var curve: CurveClientKeys?
         /// The services `/readyz` waits for.
@@ -30,7 +31,7 @@ public struct Gateway: Service {
         /// A context shared with the kernel (for inproc:// endpoints); nil: its own.
         public var context: ZMQContext?
 
-        public init(settings: GatewaySettings, brokers: [String], state: StateEndpoints, curve: CurveClientKeys?,
+        public init(settings: GatewaySettings, brokers: [String], state: [StateEndpoints], curve: CurveClientKeys?,
                     services: [String], maxMessageSize: Int = MDP.defaultMaxMessageSize, context: ZMQContext? = nil) {
             self.context = context
             self.settings = settings
@@ -106,7 +107,7 @@ public struct Gateway: Service {
         // while waiting rather than sit silent.
         let waitingNotice = Task { [logger] in
             try await Task.sleep(for: .seconds(5))
-            logger.warning("waiting for the kernel's state at \(options.state.snapshot) before listening on \(settings.host):\(settings.port)")
+            logger.warning("waiting for the kernel's state at \(options.state.map(\.snapshot).joined(separator: " or ")) before listening on \(settings.host):\(settings.port)")
         }
         await feed.waitUntilSynced()
         waitingNotice.cancel()

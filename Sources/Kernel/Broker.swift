@@ -74,6 +74,10 @@ final class Broker {
     var kernelRequest: (Frame, [Frame], String?) -> Void = { _, _, _ in }
     /// Told when a service's worker count changes.
     var onWorkersChanged: (String, Int) -> Void = { _, _ in }
+    /// Whether this kernel serves a client's request now (one of a pair serves only while
+    /// active); when not, why (the request is answered -32008).
+    var admitsClient: (UInt64) -> Bool = { _ in true }
+    var refusal: () -> String = { "" }
 
     private(set) var workers: [Frame: Worker] = [:]
     private(set) var services: [String: Service] = [:]
@@ -84,6 +88,8 @@ final class Broker {
     /// Bytes of request bodies waiting in all queues.
     private(set) var queuedBytes = 0
     private(set) var refusedRegistrations = 0
+    /// Client requests answered -32008: this kernel was not the active one of its pair.
+    private(set) var refusedNotActive = 0
 
     init(configuration: KernelConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -114,10 +120,22 @@ final class Broker {
         switch inbound {
         case .request(let client, let service, let body):
             totalRequests += 1
+            // Questions about this kernel (8/MMI, the kernel service) are answered by any
+            // kernel of a pair; a request for a service only by the active one, and it is
+            // what makes a passive kernel whose peer is gone take over (Binary Star).
+            if !MMI.isManagement(service), service != KernelAPI.service, !admitsClient(now) {
+                refuseNotActive(client: client, service: service, body: body)
+                return
+            }
             handleRequest(client: client, service: service, body: body, peer: message.peerUserID, now: now)
         case .worker(let identity, let command):
             handleWorker(identity, command, peer: message.peerUserID, now: now)
         }
+    }
+
+    /// Every service that has workers, with how many (for a kernel taking over as active).
+    var workerCounts: [(name: String, workers: Int)] {
+        services.values.filter { $0.everServed }.map { ($0.name, $0.workers) }
     }
 
     private func handleRequest(client: Frame, service name: String, body: [Frame], peer: String?, now: UInt64) {
@@ -327,6 +345,12 @@ final class Broker {
     private func reply(to client: Frame, serviceFrame: Frame, body: [Frame], error: JSONRPCError) {
         let bytes = body.count == 1 ? body[0].bytes : []
         send(MDP.reply(to: client, serviceFrame: serviceFrame, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))]))
+    }
+
+    /// Answers -32008: this kernel is not the active one of its pair (the client asks the other).
+    func refuseNotActive(client: Frame, service: String, body: [Frame]) {
+        refusedNotActive += 1
+        reply(to: client, service: service, body: body, error: JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: \(refusal())"))
     }
 
     /// The `kernel` service's answer to `client`.

@@ -32,6 +32,8 @@ public actor Kernel: BusService {
     private let logger: Logger
     private let broker: Broker
     private let state: StateServer
+    /// The link to the other kernel of a pair (nil: this kernel is alone).
+    private let pair: PairLink?
     private var registrations: [SocketRegistration] = []
     private var zapHandler: ZAPHandler?
     private var timers: [LoopTimer] = []
@@ -55,6 +57,9 @@ public actor Kernel: BusService {
         loop = try SocketLoop(context: context, name: "kernel")
         broker = Broker(configuration: configuration, logger: logger)
         state = StateServer(configuration: configuration, logger: logger)
+        let pair = configuration.pair.map { [instance] in PairLink(configuration: $0, instance: instance, logger: logger, now: monotonicNanoseconds()) }
+        self.pair = pair
+        state.pair = pair
     }
 
     /// Binds every endpoint and starts serving. Throws (leaving nothing bound) when an
@@ -124,14 +129,39 @@ public actor Kernel: BusService {
                 try $0.subscribe("")
             }
             opened.append(collector)
+            if let pair, let pairConfiguration = configuration.pair {
+                // The peer kernel sends on a DEALER to this ROUTER; with CURVE both kernels
+                // hold the same key pair, and the ZAP handler admits only that key here.
+                let (listener, _) = try open(.router, pairConfiguration.listen, "pair") {
+                    if security != nil { try $0.set(.zapDomain, ZAPHandler.pairDomain) }
+                }
+                opened.append(listener)
+                let sender = try ZMQSocket(context, .dealer)
+                opened.append(sender)
+                if let security {
+                    let publicKey = try CurveKeyPair.publicKey(forSecretKey: security.secretKey)
+                    try CurveClientKeys(serverKey: publicKey, secretKey: security.secretKey).apply(to: sender)
+                }
+                // Nothing waits for a peer that is not there: heartbeats and changes sent
+                // meanwhile are dropped, and the peer copies the state when it is back.
+                try sender.set(.immediate, true)
+                try sender.set(.sendHighWaterMark, 1_000_000)
+                try sender.set(.linger, 0)
+                try sender.connect(pairConfiguration.peer)
+                wire(pair, listener: listener, sender: sender)
+            }
             wire(router: router, snapshot: snapshot, publisher: publisher, collector: collector)
             let endpoints = Endpoints(broker: brokerEndpoint, snapshot: snapshotEndpoint,
                                       publisher: publisherEndpoint, collector: collectorEndpoint)
             phase = .serving(endpoints)
             startedAt = Date()
             state.set("/kernel/instance", value: Frame(JSONValue.object(["instance": .string(instance)]).jsonBytes), now: monotonicNanoseconds())
-            logger.info("kernel started", metadata: ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
-                                                     "publisher": "\(publisherEndpoint)", "collector": "\(collectorEndpoint)"])
+            var metadata: Logger.Metadata = ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
+                                             "publisher": "\(publisherEndpoint)", "collector": "\(collectorEndpoint)"]
+            if let pair = configuration.pair {
+                metadata["pair"] = "\(pair.role.rawValue), listening on \(pair.listen), peer \(pair.peer)"
+            }
+            logger.info("kernel started", metadata: metadata)
             return endpoints
         } catch {
             for registration in registrations { registration.close() }
@@ -139,6 +169,31 @@ public actor Kernel: BusService {
             for socket in opened { socket.close() }
             throw error
         }
+    }
+
+    private func wire(_ pair: PairLink, listener: ZMQSocket, sender: ZMQSocket) {
+        let state = self.state, broker = self.broker
+        let listening = loop.register(listener) { message in pair.received(message, now: monotonicNanoseconds()) }
+        let sending = loop.register(sender) { _ in }
+        sending.dropsWhenPeerFull = true
+        registrations += [listening, sending]
+        pair.send = { sending.send($0) }
+        pair.currentSequence = { state.sequence }
+        pair.snapshot = { now in state.replicatedSnapshot(now: now) }
+        pair.installSnapshot = { entries, sequence in state.install(entries, sequence: sequence, now: monotonicNanoseconds()) }
+        pair.applyReplicated = { entry in state.applyReplicated(entry, now: monotonicNanoseconds()) }
+        pair.onStateChange = { [instance] new in
+            guard new == .active else { return }
+            // The kernel's own keys now say this kernel and the workers registered with it.
+            let now = monotonicNanoseconds()
+            state.set("/kernel/instance", value: Frame(JSONValue.object(["instance": .string(instance)]).jsonBytes), now: now)
+            for (name, count) in broker.workerCounts {
+                state.set("/kernel/services/\(name)", value: Frame(JSONValue.object(["name": .string(name), "workers": .int(Int64(count))]).jsonBytes), now: now)
+            }
+        }
+        broker.admitsClient = { now in pair.admitsClient(now: now) }
+        broker.refusal = { pair.refusal }
+        timers.append(loop.scheduleRepeating(every: pair.configuration.heartbeatInterval) { pair.tick(now: monotonicNanoseconds()) })
     }
 
     private func wire(router: ZMQSocket, snapshot: ZMQSocket, publisher: ZMQSocket, collector: ZMQSocket) {
@@ -208,9 +263,28 @@ public actor Kernel: BusService {
             broker.replyFromKernel(to: client, JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes)
             return
         }
+        if let pair, !pair.isActive, Self.readsOrWritesState(body[0]), !pair.admitsClient(now: monotonicNanoseconds()) {
+            return broker.refuseNotActive(client: client, service: KernelAPI.service, body: body)
+        }
         requestPeer = peer
         defer { requestPeer = nil }
-        broker.replyFromKernel(to: client, table.answerNow(body: body[0].bytes, on: self).reply)
+        let reply = table.answerNow(body: body[0].bytes, on: self).reply
+        guard let pair else { return broker.replyFromKernel(to: client, reply) }
+        // A write is acknowledged once the peer holds it (and with it every earlier change).
+        let broker = self.broker
+        pair.afterReplication(of: state.sequence) { broker.replyFromKernel(to: client, reply) }
+    }
+
+    /// Whether a request body calls a state method: of a pair, only the active kernel answers
+    /// those (any kernel answers ping, services.list, stats and metrics about itself).
+    private static func readsOrWritesState(_ body: Frame) -> Bool {
+        let stateMethods: Set<String> = [KernelAPI.stateSet.name, KernelAPI.statePublish.name, KernelAPI.stateGet.name]
+        let requests: [JSONRPCRequest] = switch JSONRPC.parseRequests(body.bytes) {
+        case .single(.request(let request)): [request]
+        case .batch(let items): items.compactMap { if case .request(let request) = $0 { request } else { nil } }
+        default: []
+        }
+        return requests.contains { stateMethods.contains($0.method) }
     }
 
     public nonisolated func methods(_ table: inout MethodTable<Kernel>) {
@@ -225,7 +299,7 @@ public actor Kernel: BusService {
 
     private func ping() -> KernelAPI.Pong {
         KernelAPI.Pong(pong: true, instance: instance, pid: Int(ProcessInfo.processInfo.processIdentifier),
-                       uptimeSeconds: (Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000)
+                       uptimeSeconds: (Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000, pair: pair?.status)
     }
 
     private func servicesList() -> KernelAPI.ServiceList {
@@ -233,7 +307,7 @@ public actor Kernel: BusService {
             let workers = broker.workers.values.filter { $0.service === service }
             return KernelAPI.ServiceList.Entry(name: service.name, workers: service.workers, idle: workers.filter(\.inFlight.isEmpty).count,
                                                queued: service.requests.count, inFlight: workers.reduce(0) { $0 + $1.inFlight.count })
-        })
+        }, pair: pair?.status)
     }
 
     /// `state.set`, or with `asClient` `state.publish` (the collector's rule for the key).
@@ -275,7 +349,7 @@ extension Kernel {
                 "p50LatencyMicroseconds": quantile(0.5), "p99LatencyMicroseconds": quantile(0.99),
             ]
         }
-        return ["requests": .int(Int64(broker.totalRequests)), "protocolErrors": .int(Int64(broker.protocolErrors)),
+        var figures: JSONValue = ["requests": .int(Int64(broker.totalRequests)), "protocolErrors": .int(Int64(broker.protocolErrors)),
                 "droppedReplies": .int(Int64(broker.droppedReplies)), "queuedBytes": .int(Int64(broker.queuedBytes)),
                 "uptimeSeconds": .double(Date().timeIntervalSince(startedAt).rounded()),
                 "services": .object(perService),
@@ -285,6 +359,13 @@ extension Kernel {
                 "state": ["keys": .int(Int64(state.entries.count)), "bytes": .int(Int64(state.totalBytes)),
                           "sequence": .int(Int64(state.sequence)), "rejectedWrites": .int(Int64(state.rejectedWrites)),
                           "refusedForbidden": .int(Int64(state.refusedForbidden)), "refusedOverLimit": .int(Int64(state.refusedOverLimit))]]
+        if let pair, case .object(var fields) = figures {
+            var status = (try? JSONValue(encoding: pair.status))?.objectValue ?? [:]
+            status["refusedNotActive"] = .int(Int64(broker.refusedNotActive))
+            fields["pair"] = .object(status)
+            figures = .object(fields)
+        }
+        return figures
     }
 
     /// The same figures in the Prometheus text exposition format (version 0.0.4).

@@ -56,6 +56,8 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// When set, every socket also binds `inproc://NAME-broker` (`-snapshot`, `-publisher`,
     /// `-collector`), for services in the same process (`switchboard up --single-process`).
     public var inprocName: String?
+    /// One of a primary/backup pair (nil: a kernel alone).
+    public var pair: PairConfiguration?
 
     public init() {}
 

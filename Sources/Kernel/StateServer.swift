@@ -59,6 +59,15 @@ final class StateServer {
     static let maxCountedTopicBytes = 256
     /// Something was published since the last HUGZ: send one at the next tick.
     private var countsDue = false
+    /// The kernel's pair, if it has one: changes go to the peer before they are published,
+    /// and only the active kernel changes the state itself.
+    var pair: PairLink?
+    /// Whether this kernel makes changes (alone, or as the active one of its pair); a
+    /// passive one only applies its peer's.
+    private var authoritative: Bool { pair?.isActive ?? true }
+    /// Whether the state held is whole: a kernel of a pair that is still waiting, or copying
+    /// its peer's state, neither greets subscribers nor answers snapshots (its peer does).
+    private var holdsState: Bool { pair?.holdsState ?? true }
 
     init(configuration: KernelConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -79,8 +88,10 @@ final class StateServer {
 
     @discardableResult
     private func set(_ key: Frame, value: Frame, ttl: Double?, now: UInt64) -> UInt64 {
-        apply(key, at: entries.index(forKey: key), value: value, ttl: ttl, uuid: Frame(),
-              properties: Self.properties(ttl: ttl), quotaOwner: nil, now: now)
+        // A passive kernel's own keys are its active peer's to set.
+        guard authoritative else { return sequence }
+        return apply(key, at: entries.index(forKey: key), value: value, ttl: ttl, uuid: Frame(),
+                     properties: Self.properties(ttl: ttl), quotaOwner: nil, now: now)
     }
 
     /// What ``admit(_:at:size:by:collector:)`` decided.
@@ -158,10 +169,72 @@ final class StateServer {
         }
         if old?.expiresAt != nil { expiring -= 1 }
         account(replacing: old, with: new)
-        publish([key, CHP.sequenceFrame(sequence), uuid, properties, value])
+        let update: Message = [key, CHP.sequenceFrame(sequence), uuid, properties, value]
+        if let pair {
+            pair.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
+                                           quotaOwner: quotaOwner, expiresIn: ttl.map { UInt64($0 * 1e9) }))
+            pair.afterReplication(of: sequence) { [self] in emit(update, key: key) }
+        } else {
+            emit(update, key: key)
+        }
+        return sequence
+    }
+
+    /// Publishes an update and counts it under its topics (for the next HUGZ).
+    private func emit(_ update: Message, key: Frame) {
+        publish(update)
         for index in topics.indices where key.hasPrefix(topics[index].prefix) { topics[index].published &+= 1 }
         countsDue = true
-        return sequence
+    }
+
+    // MARK: Replication (a kernel pair)
+
+    /// The whole state as the peer copies it.
+    func replicatedSnapshot(now: UInt64) -> [ReplicatedEntry] {
+        entries.map { key, entry in
+            ReplicatedEntry(key: key, sequence: entry.sequence, uuid: Frame(), properties: Frame(), value: entry.value,
+                            quotaOwner: entry.quotaOwner, expiresIn: entry.expiresAt.map { $0 > now ? $0 - now : 0 })
+        }
+    }
+
+    /// Replaces the whole state with the active peer's copy (nothing is published: the
+    /// active one published every entry already).
+    func install(_ snapshot: [ReplicatedEntry], sequence: UInt64, now: UInt64) {
+        entries = [:]
+        usage = [:]
+        totalBytes = 0
+        expiring = 0
+        for item in snapshot {
+            let entry = Entry(sequence: item.sequence, value: item.value, expiresAt: item.expiresIn.map { now + $0 },
+                              quotaOwner: item.quotaOwner, size: item.key.count + item.value.count)
+            entries[item.key] = entry
+            if entry.expiresAt != nil { expiring += 1 }
+            account(replacing: nil, with: entry)
+        }
+        self.sequence = sequence
+    }
+
+    /// Applies one of the active peer's changes and publishes it with its sequence; false
+    /// when it does not follow the last one applied (then nothing changes).
+    func applyReplicated(_ item: ReplicatedEntry, now: UInt64) -> Bool {
+        guard item.sequence == sequence + 1 else { return false }
+        sequence = item.sequence
+        let index = entries.index(forKey: item.key)
+        let old = index.map { entries.values[$0] }
+        var new: Entry?
+        if item.value.isEmpty {
+            if let index { entries.remove(at: index) }
+        } else {
+            let entry = Entry(sequence: item.sequence, value: item.value, expiresAt: item.expiresIn.map { now + $0 },
+                              quotaOwner: item.quotaOwner, size: item.key.count + item.value.count)
+            if let index { entries.values[index] = entry } else { entries[item.key] = entry }
+            if entry.expiresAt != nil { expiring += 1 }
+            new = entry
+        }
+        if old?.expiresAt != nil { expiring -= 1 }
+        account(replacing: old, with: new)
+        emit([item.key, CHP.sequenceFrame(item.sequence), item.uuid, item.properties, item.value], key: item.key)
+        return true
     }
 
     /// Keeps the byte total and the quotas: one lookup when a key keeps its owner.
@@ -185,6 +258,8 @@ final class StateServer {
     /// A KVSET from the collector: applied under the same rules and limits as `state.set`
     /// (refusals are counted and logged, as a KVSET has no reply).
     func collect(_ message: Message, now: UInt64) {
+        // A passive kernel leaves clients' writes to the active one, which replicates them.
+        guard authoritative else { return }
         let ttl: Double?
         do {
             ttl = try CHP.checkKVSet(message)
@@ -213,6 +288,7 @@ final class StateServer {
     /// Answers ICANHAZ? with every entry of the subtree, then KTHXBAI with the current
     /// sequence: updates after it are exactly those still to come on the publisher.
     func snapshot(_ message: Message) {
+        guard holdsState else { return }
         let request: (client: Frame, subtree: String)
         do {
             request = try CHP.decodeSnapshotRequest(message)
@@ -260,6 +336,7 @@ final class StateServer {
     /// keep-alive when nothing was published for an interval), else those that changed
     /// since the last HUGZ (a subscriber keeps its checkpoint for a topic left out).
     private func sendHugz(now: UInt64, every: Bool) {
+        guard holdsState else { return }
         var published: [String: UInt64] = [:]
         for index in topics.indices where every || topics[index].published != topics[index].sent {
             published[topics[index].prefix.string ?? ""] = topics[index].published
@@ -273,7 +350,7 @@ final class StateServer {
     /// Expires TTL entries; sends HUGZ when something was published since the last (so a
     /// gap is known within a tick) or nothing was for an interval.
     func tick(now: UInt64) {
-        if expiring > 0 {
+        if expiring > 0, authoritative {
             let expired = entries.compactMap { key, entry in (entry.expiresAt ?? .max) <= now ? key : nil }
             for key in expired.sorted(by: { $0.bytes.lexicographicallyPrecedes($1.bytes) }) { set(key, value: Frame(), ttl: nil, now: now) }
         }

@@ -11,6 +11,8 @@ final class ZAPHandler {
     static let endpoint = "inproc://zeromq.zap.01"
     static let workerPrefix = "worker:"
     static let clientPrefix = "client:"
+    /// The ZAP domain of the pair endpoint, where only the kernel's own key is admitted.
+    static let pairDomain = "switchboard-pair"
 
     let security: KernelSecurity
     let logger: Logger
@@ -18,9 +20,13 @@ final class ZAPHandler {
     /// Sends a reply on the handler's socket.
     var send: (Message) -> Void = { _ in }
 
+    /// The kernel's public key: the pair's peer holds the same key pair.
+    private let ownPublicKey: String?
+
     init(security: KernelSecurity, logger: Logger) {
         self.security = security
         self.logger = logger
+        ownPublicKey = try? CurveKeyPair.publicKey(forSecretKey: security.secretKey)
     }
 
     func handle(_ request: Message) {
@@ -42,6 +48,12 @@ final class ZAPHandler {
             refused += 1
             logger.warning("refused a connection without a CURVE key", metadata: ["address": "\(address)"])
             return reply("400", "CURVE required")
+        }
+        if request[4].string == Self.pairDomain {
+            if key == ownPublicKey { return reply("200", "OK", user: "kernel:" + key) }
+            refused += 1
+            logger.warning("refused a key on the pair endpoint: only the kernel's own key may connect there", metadata: ["address": "\(address)", "key": "\(key)"])
+            return reply("400", "key not allowed")
         }
         if security.workerKeys.contains(key) || security.serviceKeys[key] != nil { return reply("200", "OK", user: Self.workerPrefix + key) }
         if security.clientKeys.contains(key) { return reply("200", "OK", user: Self.clientPrefix + key) }

@@ -379,6 +379,11 @@ public actor StoreService: BusService, ServiceWork {
         let database = try openDatabase()
         let request = RequestKey.current?.description
         let applyAndRemember: @Sendable (Database) throws -> JSONValue = { db in
+            // Checked again in the transaction: another store process on the same database
+            // may have written the same request since (each writes alone, so one sees it).
+            if let request, let remembered = try Data.fetchOne(db, sql: "SELECT result FROM replies WHERE request = ?", arguments: [request]) {
+                return try JSONValue(parsing: Array(remembered))
+            }
             let result = try apply(db)
             if let request {
                 try db.execute(sql: "INSERT OR REPLACE INTO replies (request, result, written_at) VALUES (?, ?, ?)",

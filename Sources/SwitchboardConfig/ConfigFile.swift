@@ -24,12 +24,23 @@ public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
     }
 }
 
+/// `pair:`: this kernel is one of a primary/backup pair (docs/PAIR.md).
+public struct PairSettings: Sendable, Equatable {
+    /// Role, where this kernel hears its peer, the peer's pair endpoint, heartbeats.
+    public var configuration: PairConfiguration
+    /// The peer kernel's broker, and its CHP endpoints (default: the three ports after it).
+    public var peerBroker: String
+    public var peerState: StateEndpoints
+}
+
 /// `store:` as the file gives it; what it leaves out keeps the store's own default (the
 /// executable hands these to `StoreConfiguration`).
 public struct StoreSettings: Sendable, Equatable {
     public var path: String?
     public var historyLimit: Int?
     public var maxSizeBytes: Int?
+    /// How long each write's result is kept for a request sent again.
+    public var rememberSeconds: Int?
     public init() {}
 }
 
@@ -61,10 +72,31 @@ public struct ConfigFile: Sendable, Equatable {
     public var security = SecuritySettings()
     public var supervisor = SupervisorSettings()
     public var gateway = GatewaySettings()
+    /// `pair:`, when this kernel is one of a primary/backup pair (also in `kernel.pair`).
+    public var pair: PairSettings?
     /// The log level of every piece unless its own section says otherwise.
     public var logLevel = "info"
     /// `kernel.log_level`: the kernel's own level, when it differs.
     public var kernelLogLevel: String?
+
+    /// The kernels every piece connects to: this configuration's, and with a pair the peer's
+    /// too (a wildcard or any-address host becomes loopback).
+    public var brokerEndpoints: [String] {
+        [Self.connectable(kernel.brokerEndpoint)] + (pair.map { [$0.peerBroker] } ?? [])
+    }
+
+    /// Each of ``brokerEndpoints``' CHP endpoints.
+    public var stateEndpoints: [StateEndpoints] {
+        [StateEndpoints(snapshot: Self.connectable(kernel.snapshotEndpoint), publisher: Self.connectable(kernel.publisherEndpoint),
+                        collector: Self.connectable(kernel.collectorEndpoint))]
+            + (pair.map { [$0.peerState] } ?? [])
+    }
+
+    /// An endpoint a client can connect to: a wildcard or any-address host becomes loopback.
+    public static func connectable(_ endpoint: String) -> String {
+        endpoint.replacingOccurrences(of: "tcp://*:", with: "tcp://127.0.0.1:")
+            .replacingOccurrences(of: "tcp://0.0.0.0:", with: "tcp://127.0.0.1:")
+    }
 
     /// The level a piece ("kernel" or a service's name) logs at.
     public func logLevel(for piece: String) -> String {
@@ -144,7 +176,8 @@ public struct ConfigFile: Sendable, Equatable {
             "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
         ].map { ($0, Schema.value) })),
         "services": .each(Set(serviceNames), .map(["enabled": .value, "workers": .value, "window": .value, "log_level": .value])),
-        "store": .map(["path": .value, "history_limit": .value, "max_size_mb": .value]),
+        "store": .map(["path": .value, "history_limit": .value, "max_size_mb": .value, "remember_seconds": .value]),
+        "pair": .map(Dictionary(uniqueKeysWithValues: ["role", "listen", "peer", "peer_broker", "peer_state", "heartbeat_ms"].map { ($0, Schema.value) })),
         "fetcher": .map([
             "attempts": .value,
             "datasets": .each(Set(Dataset.allCases.map(\.rawValue)), .map([
@@ -431,6 +464,37 @@ private struct Reader {
             }
             k.collectorWritablePrefixes = prefixes
         }
+        if tree["pair"] != nil {
+            let pair = try section(tree, "pair")
+            func required(_ key: String) throws -> Any {
+                guard let value = pair[key] else {
+                    throw ConfigError(path: "pair.\(key)", problem: "is required in a pair (role, listen, peer, peer_broker)")
+                }
+                return value
+            }
+            let roleValue = try required("role")
+            guard let roleText = roleValue as? String, let role = PairConfiguration.Role(rawValue: roleText) else {
+                throw ConfigError(path: "pair.role", problem: "expected primary or backup, got \(ConfigFile.describe(roleValue))")
+            }
+            var configuration = PairConfiguration(role: role, listen: try endpoint(try required("listen"), "pair.listen"),
+                                                  peer: try endpoint(try required("peer"), "pair.peer"))
+            if let value = pair["heartbeat_ms"] { configuration.heartbeatInterval = .milliseconds(try positive(value, "pair.heartbeat_ms")) }
+            let peerBroker = try endpoint(try required("peer_broker"), "pair.peer_broker")
+            let peerState: StateEndpoints
+            if let value = pair["peer_state"] {
+                guard let text = value as? String, let parsed = StateEndpoints(text) else {
+                    throw ConfigError(path: "pair.peer_state", problem: "expected tcp://HOST:PORT (the snapshot; publisher and collector follow) or snapshot,publisher,collector, got \(ConfigFile.describe(value))")
+                }
+                peerState = parsed
+            } else {
+                guard let following = StateEndpoints(followingBroker: peerBroker) else {
+                    throw ConfigError(path: "pair.peer_state", problem: "is required when pair.peer_broker is not tcp://HOST:PORT")
+                }
+                peerState = following
+            }
+            k.pair = configuration
+            file.pair = PairSettings(configuration: configuration, peerBroker: peerBroker, peerState: peerState)
+        }
         file.kernel = k
 
         let services = try section(tree, "services")
@@ -460,6 +524,7 @@ private struct Reader {
         }
         if let value = store["history_limit"] { file.store.historyLimit = try positive(value, "store.history_limit") }
         if let value = store["max_size_mb"] { file.store.maxSizeBytes = try positive(value, "store.max_size_mb") * 1_048_576 }
+        if let value = store["remember_seconds"] { file.store.rememberSeconds = try positive(value, "store.remember_seconds") }
 
         let fetcher = try section(tree, "fetcher")
         if let value = fetcher["attempts"] { file.fetcher.attempts = try positive(value, "fetcher.attempts") }

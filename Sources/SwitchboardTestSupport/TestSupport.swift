@@ -1,7 +1,8 @@
 public import Foundation
 import Synchronization
 public import Kernel
-import ZeroMQ
+public import ZeroMQ
+public import BusKit
 
 /// Thrown when a bounded wait in a test runs out.
 public struct TimedOut: Error, CustomStringConvertible {
@@ -144,6 +145,60 @@ public struct TestKernel: Sendable {
     }
 
     public func stop() async { await kernel.stop() }
+}
+
+/// Two kernels in a primary/backup pair on fixed loopback ports, in this process.
+public struct TestPair: Sendable {
+    /// [primary, backup]; nil where stopped.
+    public private(set) var kernels: [TestKernel?]
+    public let configurations: [KernelConfiguration]
+
+    public var brokers: [String] { configurations.map(\.brokerEndpoint) }
+    public var states: [StateEndpoints] {
+        configurations.map { StateEndpoints(snapshot: $0.snapshotEndpoint, publisher: $0.publisherEndpoint, collector: $0.collectorEndpoint) }
+    }
+
+    /// Starts both (primary first), with 100 ms pair heartbeats and `configure` applied to each.
+    public static func start(heartbeat: Duration = .milliseconds(100), _ configure: (inout KernelConfiguration) -> Void = { _ in }) async throws -> TestPair {
+        let pairPorts = [freePort(), freePort()]
+        let configurations = PairConfiguration.Role.allCases.enumerated().map { index, role in
+            var configuration = KernelConfiguration()
+            configuration.brokerEndpoint = "tcp://127.0.0.1:\(freePort())"
+            configuration.snapshotEndpoint = "tcp://127.0.0.1:\(freePort())"
+            configuration.publisherEndpoint = "tcp://127.0.0.1:\(freePort())"
+            configuration.collectorEndpoint = "tcp://127.0.0.1:\(freePort())"
+            configuration.pair = PairConfiguration(role: role, listen: "tcp://127.0.0.1:\(pairPorts[index])",
+                                                   peer: "tcp://127.0.0.1:\(pairPorts[1 - index])", heartbeatInterval: heartbeat)
+            configure(&configuration)
+            return configuration
+        }
+        var pair = TestPair(kernels: [nil, nil], configurations: configurations)
+        for index in 0..<2 { try await pair.start(index) }
+        return pair
+    }
+
+    /// Starts kernel `index` (0: primary, 1: backup) again, on its endpoints.
+    public mutating func start(_ index: Int) async throws {
+        var attempt = 0
+        while true {
+            do {
+                kernels[index] = try await TestKernel.start(configurations[index])
+                return
+            } catch let error as ZMQError where error.code == EADDRINUSE && attempt < 50 {
+                attempt += 1
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
+    }
+
+    public mutating func stop(_ index: Int) async {
+        await kernels[index]?.stop()
+        kernels[index] = nil
+    }
+
+    public mutating func stopAll() async {
+        for index in 0..<2 { await stop(index) }
+    }
 }
 
 /// Heartbeats fast enough for tests (100 ms) with a liveness that tolerates a loaded

@@ -13,7 +13,7 @@ import ZeroMQ
 /// publisher and collector on the next two ports (the kernel's defaults: 5556, 5557,
 /// 5558), or all three given comma-separated; by default the broker's host, its port + 1.
 struct ConnectionOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("The kernel's broker endpoint (env SB_ENDPOINT; default tcp://127.0.0.1:5555).", valueName: "endpoint"))
+    @Option(name: .long, help: ArgumentHelp("The kernel's broker endpoint, or a kernel pair's two, comma-separated, primary first (env SB_ENDPOINT; default tcp://127.0.0.1:5555).", valueName: "endpoint"))
     var endpoint: [String] = []
 
     @Option(name: .long, help: ArgumentHelp("The kernel's state endpoint: CHP snapshot, or snapshot,publisher,collector (env SB_STATE_ENDPOINT; default: the broker's port + 1).", valueName: "endpoint"))
@@ -113,19 +113,23 @@ struct ConnectionOptions: ParsableArguments {
         return .milliseconds(Int64((value * scale * 1_000).rounded()))
     }
 
-    /// The CHP snapshot, publisher and collector endpoints.
-    var stateEndpoints: StateEndpoints {
+    /// Each kernel's CHP snapshot, publisher and collector endpoints.
+    var stateEndpoints: [StateEndpoints] {
         get throws {
             if let text = stateEndpoint ?? environment["SB_STATE_ENDPOINT"].flatMap({ $0.isEmpty ? nil : $0 }) {
-                guard let endpoints = StateEndpoints(text) else {
-                    throw ValidationError("--state-endpoint: give tcp://HOST:PORT (the publisher and collector follow on the next two ports), or snapshot,publisher,collector")
+                let parts = text.split(separator: ";").map(String.init)
+                let endpoints = parts.compactMap { StateEndpoints($0) }
+                guard parts.count == brokers.count, endpoints.count == parts.count else {
+                    throw ValidationError("--state-endpoint: give tcp://HOST:PORT (the publisher and collector follow on the next two ports), or snapshot,publisher,collector; for a kernel pair one per kernel, separated by ';'")
                 }
                 return endpoints
             }
-            guard let endpoints = StateEndpoints(followingBroker: brokers[0]) else {
-                throw ValidationError("--state-endpoint is needed when the broker endpoint is not tcp://HOST:PORT")
+            return try brokers.map { broker in
+                guard let endpoints = StateEndpoints(followingBroker: broker) else {
+                    throw ValidationError("--state-endpoint is needed when the broker endpoint is not tcp://HOST:PORT")
+                }
+                return endpoints
             }
-            return endpoints
         }
     }
 

@@ -43,12 +43,7 @@ struct GatewayCommand: AsyncParsableCommand {
             file.gateway.host = override.gateway.host
             file.gateway.port = override.gateway.port
         }
-        let kernel = file.kernel
-        let options = try Self.options(file, common: common, logger: logger,
-                                       brokers: [UpCommand.connectable(kernel.brokerEndpoint)],
-                                       state: StateEndpoints(snapshot: UpCommand.connectable(kernel.snapshotEndpoint),
-                                                             publisher: UpCommand.connectable(kernel.publisherEndpoint),
-                                                             collector: UpCommand.connectable(kernel.collectorEndpoint)))
+        let options = try Self.options(file, common: common, logger: logger, brokers: file.brokerEndpoints, state: file.stateEndpoints)
         let parts = try await Gateway.parts(options: options, logger: logger)
         let group = ServiceGroup(services: parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
@@ -58,7 +53,7 @@ struct GatewayCommand: AsyncParsableCommand {
     /// are configured and CURVE is on, the one in the key folder (which `switchboard up`
     /// writes), allowed every service and the kernel's writable prefixes: CURVE keeps
     /// strangers off the bus, so the gateway must not let them in over HTTP.
-    static func options(_ file: ConfigFile, common: CommonOptions, logger: Logger, brokers: [String], state: StateEndpoints,
+    static func options(_ file: ConfigFile, common: CommonOptions, logger: Logger, brokers: [String], state: [StateEndpoints],
                         context: ZMQContext? = nil) throws -> Gateway.Options {
         var settings = file.gateway
         if settings.tokens.isEmpty {

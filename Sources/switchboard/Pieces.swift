@@ -16,8 +16,9 @@ import ZeroMQ
 /// Where a service finds its kernel and how it connects: what `switchboard serve` and
 /// `switchboard up --single-process` both need to build a service.
 struct Connection {
+    /// The kernel, or the two kernels of a pair, with each one's CHP endpoints.
     var brokers: [String]
-    var state: StateEndpoints
+    var state: [StateEndpoints]
     var workers: Int
     /// Requests each worker connection holds at once.
     var window: Int

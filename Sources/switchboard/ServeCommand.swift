@@ -65,9 +65,8 @@ struct ServeCommand: AsyncParsableCommand {
         let kernel = file.kernel
         let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: name) }
         let connection = Connection(
-            brokers: broker.isEmpty ? [kernel.brokerEndpoint] : broker,
-            state: state.flatMap { StateEndpoints($0) }
-                ?? StateEndpoints(snapshot: kernel.snapshotEndpoint, publisher: kernel.publisherEndpoint, collector: kernel.collectorEndpoint),
+            brokers: broker.isEmpty ? file.brokerEndpoints : broker,
+            state: state.flatMap { StateEndpoints($0) }.map { [$0] } ?? file.stateEndpoints,
             workers: connections ?? file.services[name]?.workers ?? 2,
             window: window ?? file.services[name]?.window ?? 16,
             heartbeatInterval: heartbeatMs.map { .milliseconds($0) } ?? kernel.heartbeatInterval,

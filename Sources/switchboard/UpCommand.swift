@@ -123,6 +123,8 @@ struct UpCommand: AsyncParsableCommand {
         var shared: [String] = []
         if let path = common.configPath { shared += ["--config", path] }
         if let level = common.logLevel { shared += ["--log-level", level.rawValue] }
+        // The probe asks this machine's kernel (of a pair, the passive one answers -32008,
+        // which counts as up: it answers).
         let probe = try await BusClient(brokers: [Self.connectable(file.kernel.brokerEndpoint)], timeout: .seconds(1), curve: probeKeys)
         let supervisor = try Supervisor(
             executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path,
@@ -159,7 +161,7 @@ struct UpCommand: AsyncParsableCommand {
         var pieces: [any Service] = [kernel]
         for name in services {
             let connection = Connection(brokers: [inproc("broker")],
-                                        state: StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector")),
+                                        state: [StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector"))],
                                         workers: file.services[name]!.workers, window: file.services[name]!.window,
                                         heartbeatInterval: configuration.heartbeatInterval,
                                         liveness: configuration.heartbeatLiveness, curve: keys[name]!, context: context, instance: nil,
@@ -168,7 +170,7 @@ struct UpCommand: AsyncParsableCommand {
         }
         if Self.runsGateway(file, noKernel: false) {
             let options = try GatewayCommand.options(file, common: common, logger: Logger(label: "switchboard.gateway"), brokers: [inproc("broker")],
-                                                     state: StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector")),
+                                                     state: [StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector"))],
                                                      context: context)
             pieces.append(contentsOf: try await Gateway.parts(options: options, logger: Logger(label: "switchboard.gateway")))
         }
@@ -234,8 +236,5 @@ struct UpCommand: AsyncParsableCommand {
     }
 
     /// An endpoint a client can connect to: a wildcard or any-address host becomes loopback.
-    static func connectable(_ endpoint: String) -> String {
-        endpoint.replacingOccurrences(of: "tcp://*:", with: "tcp://127.0.0.1:")
-            .replacingOccurrences(of: "tcp://0.0.0.0:", with: "tcp://127.0.0.1:")
-    }
+    static func connectable(_ endpoint: String) -> String { ConfigFile.connectable(endpoint) }
 }

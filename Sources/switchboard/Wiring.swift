@@ -11,6 +11,7 @@ extension StoreConfiguration {
         if let path = settings.path { self.path = path }
         if let limit = settings.historyLimit { historyLimit = limit }
         if let bytes = settings.maxSizeBytes { maxSizeBytes = bytes }
+        if let seconds = settings.rememberSeconds { replyWindow = .seconds(seconds) }
     }
 }
 

@@ -45,9 +45,9 @@ struct GatewayBed {
                            GatewayToken(token: clientReaderToken, services: [], readablePrefixes: ["/client/"])]
         configure(&settings)
         let state = StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, collector: kernel.endpoints.collector)
-        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: settings.requestTimeout, state: state)
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: settings.requestTimeout, state: [state])
         let subscription = try await client.subscribe(prefixes: settings.prefixes)
-        let gateway = Gateway(options: .init(settings: settings, brokers: [kernel.endpoints.broker], state: state, curve: nil, services: ["echo"]),
+        let gateway = Gateway(options: .init(settings: settings, brokers: [kernel.endpoints.broker], state: [state], curve: nil, services: ["echo"]),
                               client: client, subscription: subscription)
         let (ports, portSink) = AsyncStream<Int>.makeStream()
         let task = Task { try await gateway.serve(onListening: { portSink.yield($0) }) }

@@ -1,0 +1,392 @@
+import BusProtocol
+import Contracts
+import Foundation
+import Logging
+import ZeroMQ
+
+/// How a kernel takes part in a primary/backup pair (the Guide's Binary Star, chapter 4).
+public struct PairConfiguration: Sendable, Equatable {
+    public enum Role: String, Sendable, CaseIterable {
+        case primary, backup
+    }
+    public var role: Role
+    /// Where this kernel listens for its peer (a ROUTER; CURVE with the kernel's own key).
+    public var listen: String
+    /// The peer kernel's `listen` endpoint.
+    public var peer: String
+    /// How often the two kernels tell each other their state; the peer is gone after two
+    /// intervals without word.
+    public var heartbeatInterval: Duration
+
+    public init(role: Role, listen: String, peer: String, heartbeatInterval: Duration = .milliseconds(200)) {
+        self.role = role
+        self.listen = listen
+        self.peer = peer
+        self.heartbeatInterval = heartbeatInterval
+    }
+
+    var peerExpiry: Duration { heartbeatInterval * 2 }
+    /// How long a freshly started primary waits to hear its peer before it serves alone: a
+    /// peer that is active (it took over while this one was down) must be heard first.
+    var startupWait: Duration { heartbeatInterval * 5 }
+}
+
+/// Where a kernel of a pair stands (Binary Star's states).
+public enum PairState: String, Sendable {
+    /// Started as primary, not yet paired: serves once its peer is heard as a backup, or
+    /// once no peer answered for a while and a client asks.
+    case primary
+    /// Started as backup, not yet paired: serves nothing until it has heard its peer.
+    case backup
+    /// Serves clients; replicates its state to the peer before it publishes or acknowledges.
+    case active
+    /// Follows the active peer's state; takes over when the peer is gone and clients come.
+    case passive
+}
+
+/// The link between the two kernels of a pair: each kernel sends on a DEALER connected to
+/// its peer's ROUTER and reads what the peer sends on its own ROUTER. Frames
+/// (docs/PROTOCOL.md, "Kernel pair"): `SBPAIR01`, a command, then its fields.
+enum PairWire {
+    static let header = Frame("SBPAIR01")
+    /// `STATE json`: the sender's state, instance, role and sequence (the heartbeat).
+    static let state = Frame("STATE")
+    /// `SNAPSHOT?`: the passive asks for the whole state (it is new, or it found a gap).
+    static let snapshotRequest = Frame("SNAPSHOT?")
+    /// `KV key sequence uuid properties value owner expires`: one entry of a snapshot.
+    static let entry = Frame("KV")
+    /// `SNAPSHOT sequence`: the snapshot is complete as of `sequence`.
+    static let snapshotDone = Frame("SNAPSHOT")
+    /// `UPDATE key sequence uuid properties value owner expires`: one change, in order.
+    static let update = Frame("UPDATE")
+    /// `ACK sequence`: the passive holds every change up to `sequence`.
+    static let ack = Frame("ACK")
+
+    static func sequence(_ frame: Frame) -> UInt64? {
+        frame.withUnsafeBytes { raw in
+            raw.count == 8 ? raw.reduce(0) { $0 << 8 | UInt64($1) } : nil
+        }
+    }
+}
+
+/// A change as it travels to the peer: the CHP frames plus what only the kernel keeps.
+struct ReplicatedEntry {
+    var key: Frame
+    var sequence: UInt64
+    var uuid: Frame
+    var properties: Frame
+    var value: Frame
+    var quotaOwner: String?
+    /// Nanoseconds left until it expires (nil: never).
+    var expiresIn: UInt64?
+
+    func frames(_ command: Frame) -> Message {
+        [PairWire.header, command, key, CHP.sequenceFrame(sequence), uuid, properties, value,
+         Frame(quotaOwner ?? ""), expiresIn.map(CHP.sequenceFrame) ?? Frame()]
+    }
+
+    init(key: Frame, sequence: UInt64, uuid: Frame, properties: Frame, value: Frame, quotaOwner: String?, expiresIn: UInt64?) {
+        (self.key, self.sequence, self.uuid, self.properties, self.value) = (key, sequence, uuid, properties, value)
+        (self.quotaOwner, self.expiresIn) = (quotaOwner, expiresIn)
+    }
+
+    /// From the frames after the command (`fields` starts at the key).
+    init?(_ fields: ArraySlice<Frame>) {
+        guard fields.count == 7, let sequence = PairWire.sequence(fields[fields.startIndex + 1]) else { return nil }
+        let f = Array(fields)
+        self.init(key: f[0], sequence: sequence, uuid: f[2], properties: f[3], value: f[4],
+                  quotaOwner: f[5].isEmpty ? nil : f[5].string, expiresIn: f[6].isEmpty ? nil : PairWire.sequence(f[6]))
+    }
+}
+
+/// One kernel's side of the pair: Binary Star's state machine, the heartbeats, and the
+/// replication of the CHP state (same sequence numbers on both kernels).
+///
+/// Loop-confined like the broker and the state server. The rules:
+/// - a kernel becomes active only when clients come to it and its peer has been silent for
+///   two heartbeats (a cut between the two kernels alone, with clients still reaching the
+///   active one, never makes two actives), or when it hears its peer restarting;
+/// - the active one sends each change to the passive and publishes it, or acknowledges the
+///   write, only once the passive has it: whatever anyone saw from the active, the passive
+///   holds, so subscribers and writers move across with no gap and nothing lost;
+/// - a restarted kernel that hears an active peer becomes passive and copies its state.
+final class PairLink {
+    let configuration: PairConfiguration
+    let logger: Logger
+    let instance: String
+    private(set) var state: PairState
+    /// When the kernel entered ``state``.
+    private(set) var since = Date()
+    /// The peer as last heard: its state and instance, and when it counts as gone.
+    private(set) var peerState: PairState?
+    private(set) var peerInstance: String?
+    private var peerExpiry: UInt64
+    private(set) var lastHeard: Date?
+
+    /// Passive: holds a complete copy of the active's state (a snapshot and every change since).
+    private(set) var synced = false
+    /// Passive: a snapshot is on its way (asked at this time); changes wait until it is in.
+    private var snapshotAskedAt: UInt64?
+    private var snapshotEntries: [ReplicatedEntry] = []
+    /// Active: the peer holds a complete copy, so changes wait for its acknowledgement.
+    private(set) var peerInSync = false
+    /// Active: the highest sequence the peer acknowledged.
+    private(set) var acknowledged: UInt64 = 0
+    /// Active: every change up to this one was sent to the peer, in order.
+    private var replicatedUpTo: UInt64 = 0
+    /// Active: the sequence of the snapshot sent, until the peer acknowledges it.
+    private var snapshotSent: UInt64?
+    /// Active: what waits for the peer's acknowledgement, by the sequence it needs.
+    private var held: [(sequence: UInt64, release: () -> Void)] = []
+    private var heldStart = 0
+
+    /// Sends to the peer (DEALER; dropped while there is no connection).
+    var send: (Message) -> Void = { _ in }
+    /// Called on entering a state (after ``state`` changed).
+    var onStateChange: (PairState) -> Void = { _ in }
+    /// The state server's view, for snapshots and replication.
+    var currentSequence: () -> UInt64 = { 0 }
+    var snapshot: (UInt64) -> [ReplicatedEntry] = { _ in [] }
+    /// Passive: replaces the whole state with a snapshot, then applies one change; false when
+    /// the change does not follow the last one (a gap: ask for a snapshot).
+    var installSnapshot: ([ReplicatedEntry], UInt64) -> Void = { _, _ in }
+    var applyReplicated: (ReplicatedEntry) -> Bool = { _ in false }
+
+    init(configuration: PairConfiguration, instance: String, logger: Logger, now: UInt64) {
+        self.configuration = configuration
+        self.instance = instance
+        self.logger = logger
+        state = configuration.role == .primary ? .primary : .backup
+        peerExpiry = now + configuration.startupWait.nanoseconds
+    }
+
+    var isActive: Bool { state == .active }
+    /// Whether this kernel's state is whole: the active one's, or a passive's complete copy.
+    var holdsState: Bool { state == .active || state == .passive && synced }
+    private var peerAlive: Bool { lastHeard != nil && monotonicNanoseconds() < peerExpiry }
+
+    // MARK: Binary Star
+
+    /// A client's request arrived: whether this kernel serves it (possibly by taking over now).
+    func admitsClient(now: UInt64) -> Bool {
+        switch state {
+        case .active:
+            return true
+        case .primary where now >= peerExpiry:
+            become(.active, "no peer answered within \(configuration.startupWait.formatted) and clients came: serving alone")
+            return true
+        case .passive where now >= peerExpiry:
+            guard synced else {
+                logger.error("the active peer is gone but this kernel never completed its copy of the state: not taking over",
+                             metadata: ["peer": "\(configuration.peer)"])
+                return false
+            }
+            become(.active, "the active peer is silent and clients came: failing over")
+            return true
+        case .primary, .backup, .passive:
+            return false
+        }
+    }
+
+    /// Why a client was refused, for its error message.
+    var refusal: String {
+        switch state {
+        case .backup: "this kernel is the backup of a pair and has not heard its primary yet"
+        case .primary: "this kernel is starting as the primary of a pair and waits to hear its peer"
+        case .passive where !synced && !peerAlive: "this kernel is the passive one of its pair, its peer is gone and its copy of the state is incomplete"
+        case .passive: "this kernel is the passive one of its pair; its peer is active"
+        case .active: "this kernel is active"
+        }
+    }
+
+    private func peerSays(_ peer: PairState, instance: String, now: UInt64) {
+        peerExpiry = now + configuration.peerExpiry.nanoseconds
+        lastHeard = Date()
+        if peerInstance != instance {
+            if peerInstance != nil { logger.info("the peer kernel restarted", metadata: ["peer": "\(configuration.peer)"]) }
+            peerInstance = instance
+            peerLeftSync()
+        }
+        peerState = peer
+        switch (state, peer) {
+        case (.primary, .backup):
+            become(.active, "paired with the backup")
+        case (.primary, .active), (.backup, .active):
+            become(.passive, "the peer is active: copying its state")
+        case (.passive, .primary), (.passive, .backup):
+            // The peer restarted and holds nothing: this kernel's copy is the state.
+            become(.active, "the peer restarted: serving, and it will copy this kernel's state")
+        case (.active, .active):
+            // Two actives after a partition healed: the backup's side gives way.
+            if configuration.role == .backup {
+                logger.error("both kernels of the pair were active (the link between them was cut while clients reached both): this backup gives way and copies the primary's state; writes it took meanwhile are lost")
+                become(.passive, "giving way to the primary")
+            }
+        case (.passive, .passive) where configuration.role == .primary && synced:
+            become(.active, "both kernels were passive: the primary serves")
+        default:
+            break
+        }
+        if state == .passive, !synced, snapshotAskedAt.map({ now > $0 && now - $0 > configuration.peerExpiry.nanoseconds * 5 }) ?? true {
+            askForSnapshot(now: now)
+        }
+    }
+
+    private func become(_ new: PairState, _ reason: String) {
+        guard new != state else { return }
+        let old = state
+        state = new
+        since = Date()
+        logger.notice("kernel pair: \(old.rawValue) -> \(new.rawValue)", metadata: ["reason": "\(reason)", "peer": "\(configuration.peer)"])
+        switch new {
+        case .active:
+            snapshotAskedAt = nil
+            snapshotEntries = []
+            acknowledged = currentSequence()
+            replicatedUpTo = acknowledged
+            snapshotSent = nil
+        case .passive:
+            synced = false
+            peerLeftSync()
+            askForSnapshot(now: monotonicNanoseconds())
+        case .primary, .backup:
+            break
+        }
+        sendState()
+        onStateChange(new)
+    }
+
+    // MARK: Heartbeats
+
+    func tick(now: UInt64) {
+        sendState()
+        if state == .active, peerInSync, now >= peerExpiry {
+            logger.warning("the passive peer is silent: serving alone until it is back", metadata: ["peer": "\(configuration.peer)"])
+            peerLeftSync()
+        }
+    }
+
+    /// The peer may miss changes from now on: nothing waits for it any more.
+    private func peerLeftSync() {
+        peerInSync = false
+        snapshotSent = nil
+        releaseHeld()
+    }
+
+    private func sendState() {
+        let body: JSONValue = ["state": .string(state.rawValue), "role": .string(configuration.role.rawValue),
+                               "instance": .string(instance), "sequence": .int(Int64(clamping: currentSequence())),
+                               "synced": .bool(state == .active || synced)]
+        send([PairWire.header, PairWire.state, Frame(body.jsonBytes)])
+    }
+
+    // MARK: Messages from the peer
+
+    /// A message on the pair ROUTER: the peer's routing id, then the frames it sent.
+    func received(_ message: Message, now: UInt64) {
+        guard message.count >= 3, message[1] == PairWire.header else { return }
+        let command = message[2]
+        let fields = message.frames[3...]
+        if command == PairWire.state {
+            guard let body = fields.first.flatMap({ try? JSONValue(parsing: $0.bytes) }),
+                  let peer = body["state"]?.stringValue.flatMap(PairState.init(rawValue:)),
+                  let instance = body["instance"]?.stringValue else { return }
+            // Every change the active peer made before this heartbeat came before it on this
+            // connection: a passive copy behind its sequence missed some.
+            if state == .passive, peer == .active, synced, snapshotAskedAt == nil,
+               let sequence = body["sequence"]?.intValue, UInt64(clamping: sequence) > currentSequence() {
+                synced = false
+                logger.warning("the active peer is ahead of this kernel's copy: copying its state again",
+                               metadata: ["peer sequence": "\(sequence)", "held": "\(currentSequence())"])
+            }
+            peerSays(peer, instance: instance, now: now)
+        } else if command == PairWire.snapshotRequest {
+            guard state == .active else { return }
+            let sequence = currentSequence()
+            peerLeftSync()
+            for entry in snapshot(now) { send(entry.frames(PairWire.entry)) }
+            send([PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(sequence)])
+            // Every later change goes after the snapshot, in order, on the same connection.
+            replicatedUpTo = sequence
+            snapshotSent = sequence
+            logger.info("sent the state to the peer", metadata: ["sequence": "\(sequence)"])
+        } else if command == PairWire.ack {
+            guard state == .active, let sequence = fields.first.flatMap(PairWire.sequence) else { return }
+            acknowledged = max(acknowledged, sequence)
+            if let snapshotSent, sequence >= snapshotSent {
+                self.snapshotSent = nil
+                peerInSync = true
+                logger.info("the passive peer holds the whole state: each change is replicated before it is published or acknowledged")
+            }
+            releaseHeld(upTo: acknowledged)
+        } else if command == PairWire.entry {
+            guard state == .passive, snapshotAskedAt != nil, let entry = ReplicatedEntry(fields) else { return }
+            snapshotEntries.append(entry)
+        } else if command == PairWire.snapshotDone {
+            guard state == .passive, snapshotAskedAt != nil, let sequence = fields.first.flatMap(PairWire.sequence) else { return }
+            installSnapshot(snapshotEntries, sequence)
+            snapshotEntries = []
+            snapshotAskedAt = nil
+            synced = true
+            logger.info("copied the active peer's state", metadata: ["sequence": "\(sequence)"])
+            send([PairWire.header, PairWire.ack, CHP.sequenceFrame(sequence)])
+        } else if command == PairWire.update {
+            guard state == .passive, synced, snapshotAskedAt == nil, let entry = ReplicatedEntry(fields) else { return }
+            if applyReplicated(entry) {
+                send([PairWire.header, PairWire.ack, CHP.sequenceFrame(entry.sequence)])
+            } else {
+                synced = false
+                logger.warning("a change from the active peer did not follow the last one: copying its state again",
+                               metadata: ["sequence": "\(entry.sequence)", "held": "\(currentSequence())"])
+                askForSnapshot(now: now)
+            }
+        }
+    }
+
+    private func askForSnapshot(now: UInt64) {
+        snapshotAskedAt = now
+        snapshotEntries = []
+        send([PairWire.header, PairWire.snapshotRequest])
+    }
+
+    // MARK: Replication (active side)
+
+    /// Sends a change to the peer, in order. One the peer cannot get (it is silent) or that
+    /// does not follow what it got puts it out of sync: nothing waits for it any more, and
+    /// the gap (or the sequence in the next heartbeat) makes it ask for a snapshot.
+    func replicate(_ entry: ReplicatedEntry) {
+        guard state == .active else { return }
+        if peerAlive, entry.sequence == replicatedUpTo + 1 {
+            replicatedUpTo = entry.sequence
+        } else if peerInSync {
+            peerLeftSync()
+        }
+        if peerAlive { send(entry.frames(PairWire.update)) }
+    }
+
+    /// Runs `release` once the peer holds every change up to `sequence` (at once when it
+    /// already does, or when there is no peer in sync to wait for).
+    func afterReplication(of sequence: UInt64, _ release: @escaping () -> Void) {
+        guard peerInSync, sequence > acknowledged else { return release() }
+        held.append((sequence, release))
+    }
+
+    private func releaseHeld(upTo sequence: UInt64 = .max) {
+        while heldStart < held.count, held[heldStart].sequence <= sequence {
+            let release = held[heldStart].release
+            heldStart += 1
+            release()
+        }
+        if heldStart == held.count {
+            held.removeAll(keepingCapacity: true)
+            heldStart = 0
+        }
+    }
+
+    /// For `ping`, `services.list` and `stats`.
+    var status: KernelAPI.PairStatus {
+        KernelAPI.PairStatus(role: configuration.role.rawValue, state: state.rawValue, since: ISO8601DateFormatter().string(from: since),
+                             synced: holdsState, peer: .init(endpoint: configuration.peer, state: peerState?.rawValue,
+                                         lastHeardSecondsAgo: lastHeard.map { (Date().timeIntervalSince($0) * 1000).rounded() / 1000 }))
+    }
+}

@@ -1,0 +1,99 @@
+import BusKit
+import BusProtocol
+import ContractKit
+import Contracts
+import EchoService
+import Foundation
+import Kernel
+import Synchronization
+import SwitchboardTestSupport
+import Testing
+
+/// Everything a subscription delivered, for checks after the fact.
+private final class Events: Sendable {
+    let all = Mutex<[SubscriptionEvent]>([])
+    var updates: [StateUpdate] { all.withLock { $0.compactMap(\.update) } }
+    var losses: [SubscriptionEvent] {
+        all.withLock { $0.filter { if case .missed = $0 { true } else { false } } }
+    }
+}
+
+@Suite("Kernel pair: the backup holds the state with the same sequences and takes over when the active one goes")
+struct KernelPairTests {
+    private func pong(_ endpoint: String) async throws -> KernelAPI.Pong {
+        let client = try await BusClient(brokers: [endpoint], timeout: .seconds(2))
+        defer { Task { await client.close() } }
+        return try await client.call(KernelAPI.ping)
+    }
+
+    @Test("kill the active kernel: requests, workers and a subscription move across with nothing lost or repeated; the old one rejoins as passive; and back again")
+    func failoverAndBack() async throws {
+        var pair = try await TestPair.start(heartbeat: .milliseconds(100), fastHeartbeats)
+        let echo = EchoService()
+        let host = try ServiceHost(service: echo, options: .init(brokers: pair.brokers, connections: 1, heartbeatInterval: .milliseconds(100),
+                                                                  heartbeatLiveness: 10))
+        try await host.start()
+        let client = try await BusClient(brokers: pair.brokers, timeout: .seconds(10), state: pair.states)
+        let brokers = pair.brokers
+        try await eventually(10, "the primary active, the backup passive") {
+            let primary = try await pong(brokers[0]).pair?.state, backup = try await pong(brokers[1]).pair?.state
+            return primary == "active" && backup == "passive"
+        }
+        #expect(try await client.call(EchoAPI.count, .init(n: 1)) == 1)
+        let subscription = try await client.subscribe(prefixes: ["/client/pair/"], silenceTimeout: .seconds(3))
+        let events = Events()
+        let reader = Task { for try await event in subscription { events.all.withLock { $0.append(event) } } }
+        var written: [UInt64] = []
+        for n in 1...20 { written.append(try await client.publish(key: "/client/pair/k\(n)", value: .int(Int64(n)))) }
+
+        // The backup's copy: every key, with the primary's sequence numbers.
+        let copy = try await Subscription.open(snapshot: pair.states[1].snapshot, publisher: pair.states[1].publisher, prefixes: ["/client/pair/"])
+        var copied: [String: UInt64] = [:]
+        for try await event in copy {
+            if let update = event.update { copied[update.key] = update.sequence }
+            if case .synced = event { break }
+        }
+        await copy.cancel()
+        #expect(copied == Dictionary(uniqueKeysWithValues: (1...20).map { ("/client/pair/k\($0)", written[$0 - 1]) }))
+        // The passive one answers questions about itself, not requests for services.
+        let direct = try await BusClient(brokers: [pair.brokers[1]], timeout: .milliseconds(300))
+        await #expect(throws: BusError.self) { try await direct.call(EchoAPI.count, .init(n: 2)) }
+        await direct.close()
+
+        // The active kernel goes: the next request is answered by the other, within a second.
+        await pair.stop(0)
+        let failedOver = ContinuousClock.now
+        #expect(try await client.call(EchoAPI.count, .init(n: 2)) == 2)
+        let failover = ContinuousClock.now - failedOver
+        #expect(failover < .seconds(2), "failover took \(failover)")
+        #expect(try await pong(pair.brokers[1]).pair?.state == "active")
+        for n in 21...30 { written.append(try await client.publish(key: "/client/pair/k\(n)", value: .int(Int64(n)))) }
+        #expect(written == written.sorted() && Set(written).count == written.count)
+
+        // The old primary comes back as the passive one and copies the state; then the new
+        // active goes, and everything moves back.
+        try await pair.start(0)
+        try await eventually(10, "the old primary passive, with the whole state") {
+            let status = try await pong(brokers[0]).pair
+            return status?.state == "passive" && status?.synced == true
+        }
+        // A subscriber that lost both kernels at once resyncs (it cannot know what it missed).
+        try await eventually(10, "the subscription connected to both again") { await subscription.connectedKernels() == 2 }
+        await pair.stop(1)
+        #expect(try await client.call(EchoAPI.count, .init(n: 3)) == 3)
+        for n in 31...35 { written.append(try await client.publish(key: "/client/pair/k\(n)", value: .int(Int64(n)))) }
+        let state = try await client.call(KernelAPI.stateGet, .init(prefix: "/client/pair/"))
+        #expect(state.entries.count == 35)
+        #expect(state.entries.map(\.sequence).sorted() == written.sorted())
+
+        // (The first writes may come in the subscription's snapshot, the others live.)
+        try? await eventually(10, "the subscription saw every write") { events.updates.count >= 35 }
+        #expect(events.updates.map(\.sequence) == written, "each write once, in order: \(events.all.withLock { $0.map(\.description) })")
+        #expect(events.losses.isEmpty, "\(events.losses)")
+        reader.cancel()
+        await subscription.cancel()
+        await client.close()
+        await host.stop()
+        await pair.stopAll()
+    }
+}
