@@ -182,7 +182,7 @@ struct Services: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
 
     func run() async throws {
-        try await withClient(connection) { client in
+        try await withActiveKernel(connection, printing: !output.json) { client in
             let list = try await call(client, KernelAPI.servicesList)
             var services: [JSONValue] = []
             for service in list["services"]?.arrayValue ?? [] {
@@ -199,6 +199,35 @@ struct Services: AsyncParsableCommand {
             })
         }
     }
+}
+
+/// Runs `body` with a client of the active kernel: for a kernel pair, each kernel is asked
+/// where it stands (a table of both when `printing`), and the questions go to the active one.
+func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, _ body: (BusClient) async throws -> Void) async throws {
+    let brokers = try connection.checkedBrokers
+    var statuses: [(endpoint: String, status: KernelAPI.PairStatus?, reachable: Bool)] = []
+    for endpoint in brokers {
+        let alone = try await BusClient(brokers: [endpoint], timeout: .seconds(1), curve: try connection.curve)
+        let pong = try? await alone.call(KernelAPI.ping)
+        statuses.append((endpoint, pong?.pair, pong != nil))
+        await alone.close()
+    }
+    if printing, statuses.contains(where: { $0.status != nil }) {
+        Output.table(["KERNEL", "ROLE", "STATE", "SINCE", "PEER"], statuses.map { endpoint, status, reachable in
+            guard let status else { return [endpoint, "-", reachable ? "alone" : Output.styled("unreachable", .red), "-", "-"] }
+            let state = status.state == "passive" && !status.synced ? "passive (copying)" : status.state
+            let heard = status.peer.lastHeardSecondsAgo.map { "\(status.peer.state ?? "?"), heard \($0) s ago" } ?? "never heard"
+            return [endpoint, status.role, status.state == "active" ? Output.styled(state, .green) : state, status.since, heard]
+        })
+        Output.line("")
+    }
+    guard brokers.count > 1, let active = statuses.first(where: { $0.status?.state == "active" })?.endpoint else {
+        return try await withClient(connection, body)
+    }
+    var options = connection
+    options.endpoint = [active]
+    options.stateEndpoint = nil
+    try await withClient(options, body)
 }
 
 struct Stats: AsyncParsableCommand {
@@ -219,7 +248,7 @@ struct Stats: AsyncParsableCommand {
     var prometheus = false
 
     func run() async throws {
-        try await withClient(connection) { client in
+        try await withActiveKernel(connection, printing: !output.json && !prometheus) { client in
             if prometheus {
                 let metrics = try await call(client, KernelAPI.metrics)
                 return FileHandle.standardOutput.write(Data((metrics["text"]?.stringValue ?? "").utf8))
