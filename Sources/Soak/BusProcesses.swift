@@ -67,19 +67,36 @@ struct BusProcesses {
 }
 
 /// The whole bus on free loopback ports in `folder` with the bundled datasets, fast
-/// heartbeats, and a supervisor that restarts quickly and never gives up.
-func writeSoakConfiguration(in folder: URL) throws -> (config: URL, ports: [Int]) {
-    try writeBusConfiguration(in: folder, logLevel: "warning", heartbeatMs: 250, liveness: 4, services: """
-        echo: {workers: 2}
-          store: {workers: 4}
-          fetcher: {workers: 2}
-          search: {workers: 4}
-          pricing: {workers: 2}
-        """, supervisor: """
-        restart_backoff_ms: 100
-          restart_backoff_max_ms: 1000
-          restart_limit: 1000000
-          restart_window_seconds: 1
-          stop_timeout_seconds: 20
-        """)
+/// heartbeats, and a supervisor that restarts quickly and never gives up. With `pair`, two
+/// configurations (`primary.yaml`, `backup.yaml`) of a kernel pair with 200 ms heartbeats,
+/// sharing the folder's keys, datasets and store database; ports: five per side.
+func writeSoakConfiguration(in folder: URL, pair: Bool = false) throws -> [(config: URL, ports: [Int])] {
+    func write(_ ports: [Int]? = nil, fileName: String = "switchboard.yaml", extra: String = "") throws -> (config: URL, ports: [Int]) {
+        try writeBusConfiguration(in: folder, logLevel: "warning", heartbeatMs: 250, liveness: 4, services: """
+            echo: {workers: 2}
+              store: {workers: 4}
+              fetcher: {workers: 2}
+              search: {workers: 4}
+              pricing: {workers: 2}
+            """, supervisor: """
+            restart_backoff_ms: 100
+              restart_backoff_max_ms: 1000
+              restart_limit: 1000000
+              restart_window_seconds: 1
+              stop_timeout_seconds: 20
+            """, extra: extra, ports: ports, fileName: fileName)
+    }
+    guard pair else { return [try write()] }
+    let ports = (0..<2).map { _ in (0..<5).map { _ in freePort() } }, links = [freePort(), freePort()]
+    return try ["primary", "backup"].enumerated().map { index, role in
+        try write(ports[index], fileName: "\(role).yaml", extra: """
+            pair:
+              role: \(role)
+              listen: tcp://127.0.0.1:\(links[index])
+              peer: tcp://127.0.0.1:\(links[1 - index])
+              peer_broker: tcp://127.0.0.1:\(ports[1 - index][0])
+              peer_state: tcp://127.0.0.1:\(ports[1 - index][1]),tcp://127.0.0.1:\(ports[1 - index][2]),tcp://127.0.0.1:\(ports[1 - index][3])
+              heartbeat_ms: 200
+            """)
+    }
 }

@@ -1,4 +1,6 @@
 import BusKit
+import BusProtocol
+import ZeroMQ
 import Catalog
 import Contracts
 import Foundation
@@ -16,6 +18,8 @@ struct ChaosLog {
         let pid: Int32
         /// Seconds until the piece served again; nil if it did not within a minute.
         let recoveredAfter: Double?
+        /// Of a pair's active kernel: seconds from the kill to the first answered request.
+        var failoverAfter: Double? = nil
     }
     var kills: [Kill] = []
 }
@@ -74,5 +78,64 @@ struct Chaos {
         }
         guard await allServing(probe, [piece]), let call = Self.probes.first(where: { $0.service == piece }) else { return false }
         return (try? await call.send(probe)) != nil
+    }
+}
+
+/// With a kernel pair: kills (SIGKILL) the active kernel at seeded random intervals, times
+/// the failover (from the kill to the first request answered), and waits until `up` has
+/// restarted the killed kernel and it holds the state again as the passive one.
+struct PairChaos {
+    var random: SeededGenerator
+    let buses: [BusProcesses]
+    let kernels: [KernelPorts]
+    let curve: CurveClientKeys?
+    let started: Date
+    var log = ChaosLog()
+
+    init(seed: UInt64, buses: [BusProcesses], kernels: [KernelPorts], curve: CurveClientKeys?, started: Date) {
+        random = SeededGenerator(seed: seed ^ 0xB157_A2B1_57A2_B157)
+        (self.buses, self.kernels, self.curve, self.started) = (buses, kernels, curve, started)
+    }
+
+    mutating func run(until end: Date, killEvery interval: ClosedRange<Double>) async {
+        guard let client = try? await BusClient(brokers: kernels.map(\.broker), timeout: .seconds(30), curve: curve),
+              let alone = try? await kernels.asyncMap({ try await BusClient(brokers: [$0.broker], timeout: .seconds(1), curve: curve) })
+        else { return say("cannot connect to the kernels") }
+        defer { Task { for probe in alone + [client] { await probe.close() } } }
+        var round = 0
+        while true {
+            let wait = Double.random(in: interval, using: &random)
+            guard Date().addingTimeInterval(wait) < end else { return }
+            try? await Task.sleep(for: .milliseconds(Int(wait * 1000)))
+            let states = await alone.asyncMap { try? await $0.call(KernelAPI.ping).pair }
+            guard let active = states.firstIndex(where: { $0?.state == "active" }),
+                  states[1 - active]?.state == "passive", states[1 - active]?.synced == true,
+                  let pid = buses[active].pieces()["kernel"] else { continue }
+            round += 1
+            kill(pid, SIGKILL)
+            let killedAt = Date()
+            let answered = (try? await client.call(EchoAPI.echo, ["failover": .int(Int64(round))])) != nil
+            let failover = answered ? Date().timeIntervalSince(killedAt) : nil
+            let recovered = await waitUntil(60) {
+                guard let pong = try? await alone[active].call(KernelAPI.ping) else { return false }
+                return pong.pid != Int(pid) && pong.pair?.state == "passive" && pong.pair?.synced == true
+            }
+            let role = ["primary", "backup"][active]
+            var kill = ChaosLog.Kill(at: killedAt.timeIntervalSince(started), piece: "kernel (\(role), active)", pid: pid,
+                                     recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil)
+            kill.failoverAfter = failover
+            log.kills.append(kill)
+            say(String(format: "%6.1f s  killed the active kernel, the %@'s (pid %d): %@; %@", killedAt.timeIntervalSince(started), role, pid,
+                       failover.map { String(format: "a request answered by the other after %.3f s", $0) } ?? "NO request answered within 30 s",
+                       recovered ? String(format: "back as the passive one after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
+        }
+    }
+}
+
+extension Array {
+    func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+        var results: [T] = []
+        for element in self { results.append(try await transform(element)) }
+        return results
     }
 }

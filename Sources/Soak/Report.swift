@@ -36,7 +36,7 @@ struct SoakReport {
     var unrecovered: Int { chaos.kills.filter { $0.recoveredAfter == nil }.count }
 
     var passed: Bool {
-        problems.isEmpty && requests.sent > 0 && requests.lost == 0 && duplicated == 0 && subscribers_.gaps == 0
+        problems.isEmpty && requests.sent > 0 && requests.lost == 0 && duplicated == 0 && requests.duplicatedEffects == 0 && subscribers_.gaps == 0
             && subscribers_.backwards == 0 && staleSubscribers == 0 && missingWrites == 0 && unrecovered == 0
     }
 
@@ -51,6 +51,11 @@ struct SoakReport {
             line("serving again after a kill", String(format: "mean %.1f s, longest %.1f s, never %d", recoveries.reduce(0, +) / Double(recoveries.count),
                                                        recoveries.max()!, unrecovered))
         }
+        let failovers = chaos.kills.compactMap(\.failoverAfter)
+        if !failovers.isEmpty {
+            line("failover (kill to first answered request)", String(format: "mean %.3f s, longest %.3f s, over 1 s: %d of %d", failovers.reduce(0, +) / Double(failovers.count),
+                                                                    failovers.max()!, failovers.filter { $0 > 1 }.count, failovers.count))
+        }
         line("requests sent", "\(requests.sent)")
         line("answered", "\(requests.answered)")
         let failed = requests.failed.values.reduce(0, +) + requests.otherFailures.values.reduce(0, +)
@@ -64,6 +69,7 @@ struct SoakReport {
         line("subscription gaps after resync", "\(subscribers_.gaps) (out of order: \(subscribers_.backwards), stale at the end: \(staleSubscribers))")
         line("acknowledged store writes", "\(requests.acknowledgedWrites.count) (\(Set(requests.acknowledgedWrites).count) distinct articles)")
         line("acknowledged store writes missing after", "\(missingWrites)")
+        line("store writes applied twice", "\(requests.duplicatedEffects) (a first save of an article answered as not new)")
         Swift.print("  memory (resident MiB)                       start      end")
         for name in Set(memoryAtStart.keys).union(memoryAtEnd.keys).sorted() {
             let start = memoryAtStart[name].map { String(format: "%8.1f", $0) } ?? "       -"

@@ -36,6 +36,8 @@ struct Soak: AsyncParsableCommand {
     @Option(help: "Longest wait between two kills, in seconds.") var killMax: Double = 10
     @Option(help: "Each request's timeout, in seconds; a request not answered by then is lost.") var timeout: Double = 30
     @Option(help: "The switchboard executable (default: the one beside this program).") var switchboard: String?
+    @Flag(help: "Run a kernel pair (two `switchboard up`s, primary and backup, sharing the store's database) and kill the active kernel at each kill; prints the failover times.")
+    var pair = false
     @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
 
     func run() async throws {
@@ -49,64 +51,74 @@ struct Soak: AsyncParsableCommand {
             throw ValidationError("--duration, --clients and --kill-min must be positive and --kill-max at least --kill-min")
         }
         let folder = try temporaryDirectory("switchboard-soak")
-        let (config, ports) = try writeSoakConfiguration(in: folder)
-        let broker = "tcp://127.0.0.1:\(ports[0])"
-        say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers, a kill every \(killMin)-\(killMax) s")
-        say("replay with --seed \(seed); working folder \(folder.path); ports \(ports.map(String.init).joined(separator: ", "))")
+        let configurations = try writeSoakConfiguration(in: folder, pair: pair)
+        let kernels = configurations.map { KernelPorts(ports: $0.ports) }
+        say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers, a kill every \(killMin)-\(killMax) s"
+            + (pair ? ", a kernel pair: each kill is the active kernel's" : ""))
+        say("replay with --seed \(seed)\(pair ? " --pair" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
 
-        let log = folder.appendingPathComponent("up.log")
-        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
-        let up = Process()
-        up.executableURL = URL(fileURLWithPath: executable)
-        // The lifeline: `up` watches its stdin, a pipe only this process writes to. If the
-        // soak dies, even by SIGKILL, `up` reads end-of-file and stops the bus in order.
-        let lifeline = Pipe()
-        up.arguments = ["up", "--config", config.path, "--lifeline-fd", "0"]
-        up.standardInput = lifeline
-        let logHandle = try FileHandle(forWritingTo: log)
-        up.standardOutput = logHandle
-        up.standardError = logHandle
-        try up.run()
-        let processes = BusProcesses(upPid: up.processIdentifier)
+        var buses: [(up: Process, processes: BusProcesses, log: URL, logHandle: FileHandle)] = []
+        for (index, configuration) in configurations.enumerated() {
+            let log = folder.appendingPathComponent(pair ? ["primary.log", "backup.log"][index] : "up.log")
+            _ = FileManager.default.createFile(atPath: log.path, contents: nil)
+            let up = Process()
+            up.executableURL = URL(fileURLWithPath: executable)
+            // The lifeline: `up` watches its stdin, a pipe only this process writes to. If the
+            // soak dies, even by SIGKILL, `up` reads end-of-file and stops the bus in order.
+            let lifeline = Pipe()
+            up.arguments = ["up", "--config", configuration.config.path, "--lifeline-fd", "0"]
+            up.standardInput = lifeline
+            let logHandle = try FileHandle(forWritingTo: log)
+            up.standardOutput = logHandle
+            up.standardError = logHandle
+            try up.run()
+            buses.append((up, BusProcesses(upPid: up.processIdentifier), log, logHandle))
+            // The primary first: it makes the keys both use.
+            if pair && index == 0 { _ = await waitUntil(30) { (try? busKeyFolder(in: folder).clientKeys()) != nil } }
+        }
         // Ctrl-C or SIGTERM (a CI time-out, `timeout`): stop the bus, then end as the signal would.
         let keep = self.keep
+        let running = buses
         let signals = Signals.forward { signal in
             say("interrupted by signal \(signal): stopping the bus")
-            if !processes.stop(up, grace: 30) { say("the bus did not stop within 30 s of SIGTERM: killed") }
+            for bus in running where !bus.processes.stop(bus.up, grace: 30) { say("the bus did not stop within 30 s of SIGTERM: killed") }
             if !keep { try? FileManager.default.removeItem(at: folder) }
             Glibc.exit(128 + signal)
         }
         defer { signals.forEach { $0.cancel() } }
         var report = SoakReport(seed: seed, duration: duration, clients: clients, subscribers: subscribers)
         do {
-            report = try await drive(broker: broker, ports: ports, keys: busKeyFolder(in: folder), processes: processes, seed: seed, report: report)
+            report = try await drive(kernels: kernels, keys: busKeyFolder(in: folder), buses: buses.map(\.processes), seed: seed, report: report)
         } catch {
             say("\(error)")
             report.problems.append("\(error)")
         }
         // Stop the bus as a user would (SIGTERM to up) and see it end cleanly.
-        if !processes.stop(up, grace: 60) { report.problems.append("switchboard up did not stop within 60 s of SIGTERM") }
-        report.upExit = up.terminationStatus
-        if up.terminationStatus != 0 { report.problems.append("switchboard up exited with status \(up.terminationStatus)") }
-        try? logHandle.close()
+        for bus in buses {
+            if !bus.processes.stop(bus.up, grace: 60) { report.problems.append("switchboard up did not stop within 60 s of SIGTERM") }
+            report.upExit = bus.up.terminationStatus
+            if bus.up.terminationStatus != 0 { report.problems.append("switchboard up exited with status \(bus.up.terminationStatus)") }
+            try? bus.logHandle.close()
+        }
         report.print()
         fflush(nil)
         if !report.passed {
-            say("the bus's log: \(log.path)")
+            say("the bus's log: \(buses.map(\.log.path).joined(separator: ", "))")
         } else if !keep {
             try? FileManager.default.removeItem(at: folder)
         }
         if !report.passed { throw ExitCode(1) }
     }
 
-    private func drive(broker: String, ports: [Int], keys: KeyFolder, processes: BusProcesses, seed: UInt64, report: SoakReport) async throws -> SoakReport {
+    private func drive(kernels: [KernelPorts], keys: KeyFolder, buses: [BusProcesses], seed: UInt64, report: SoakReport) async throws -> SoakReport {
+        let brokers = kernels.map(\.broker), states = kernels.map(\.state)
         var report = report
         // `up` runs with CURVE on and makes the keys when it starts: the soak's clients use
         // the local client's key, as sb does.
         guard await waitUntil(30, { (try? keys.clientKeys()) != nil }), let curve = try keys.clientKeys() else {
             throw SoakFailure("switchboard up made no client key in \(keys.path) within 30 s")
         }
-        let probe = try await BusClient(brokers: [broker], timeout: .seconds(2), curve: curve)
+        let probe = try await BusClient(brokers: brokers, timeout: .seconds(2), curve: curve, state: states)
         let services = [EchoAPI.service, StoreAPI.service, FetcherAPI.service, SearchAPI.service, PricingAPI.service]
         guard await waitUntil(180, { await allServing(probe, services) }) else {
             throw SoakFailure("the bus did not come up within 180 s")
@@ -116,8 +128,10 @@ struct Soak: AsyncParsableCommand {
             guard (try? await probe.call(PricingAPI.routeCheapest)) != nil else { return false }
             return (try? await probe.call(SearchAPI.flightsList, .init())) != nil
         }) else { throw SoakFailure("the datasets did not load within 120 s") }
-        report.memoryAtStart = processes.memory()
-        say("the bus is up: \(processes.pieces().merging(["up": processes.upPid]) { $1 }.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+        report.memoryAtStart = memory(buses)
+        for (index, processes) in buses.enumerated() {
+            say("the bus is up\(buses.count > 1 ? " (\(["primary", "backup"][index]))" : ""): \(processes.pieces().merging(["up": processes.upPid]) { $1 }.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+        }
 
         let started = Date()
         let loadEnds = started.addingTimeInterval(duration)
@@ -126,13 +140,11 @@ struct Soak: AsyncParsableCommand {
         let tally = Tally()
         let check = SubscriberCheck()
         let timeout = Duration.milliseconds(Int(self.timeout * 1000))
-        let snapshot = "tcp://127.0.0.1:\(ports[1])", publisher = "tcp://127.0.0.1:\(ports[2])"
-
         var busClients: [BusClient] = []
-        for _ in 0..<clients { busClients.append(try await BusClient(brokers: [broker], timeout: timeout, curve: curve)) }
+        for _ in 0..<clients { busClients.append(try await BusClient(brokers: brokers, timeout: timeout, curve: curve, state: states)) }
         var subscriptions: [Subscription] = []
         for _ in 0..<subscribers {
-            subscriptions.append(try await Subscription.open(snapshot: snapshot, publisher: publisher, prefixes: ["/client/soak/"],
+            subscriptions.append(try await Subscription.open(kernels: states.map { ($0.snapshot, $0.publisher) }, prefixes: ["/client/soak/"],
                                                              silenceTimeout: .seconds(3), curve: curve))
         }
         let readers = subscriptions.enumerated().map { index, subscription in
@@ -157,7 +169,7 @@ struct Soak: AsyncParsableCommand {
                 }
             }
         }
-        let writerClient = try await BusClient(brokers: [broker], timeout: timeout, curve: curve)
+        let writerClient = try await BusClient(brokers: brokers, timeout: timeout, curve: curve, state: states)
         let writer = Task { () -> (epoch: Int64, n: Int64, writes: Int) in
             var epoch: Int64 = 1, n: Int64 = 0, acknowledged: (Int64, Int64) = (0, 0), writes = 0
             while Date() < loadEnds {
@@ -177,7 +189,12 @@ struct Soak: AsyncParsableCommand {
             return (acknowledged.0, acknowledged.1, writes)
         }
         let chaos = Task { () -> ChaosLog in
-            var chaos = Chaos(seed: seed, processes: processes, probe: probe, services: services, gatewayPort: ports[4], started: started)
+            if buses.count > 1 {
+                var chaos = PairChaos(seed: seed, buses: buses, kernels: kernels, curve: curve, started: started)
+                await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
+                return chaos.log
+            }
+            var chaos = Chaos(seed: seed, processes: buses[0], probe: probe, services: services, gatewayPort: kernels[0].gatewayPort, started: started)
             await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
             return chaos.log
         }
@@ -221,7 +238,7 @@ struct Soak: AsyncParsableCommand {
 
         // Every acknowledged store write must be in the store.
         report.missingWrites = try await missingArticles(report.requests.acknowledgedWrites, probe: probe)
-        report.memoryAtEnd = processes.memory()
+        report.memoryAtEnd = memory(buses)
         await probe.close()
         return report
     }
@@ -236,6 +253,27 @@ struct Soak: AsyncParsableCommand {
             if page.articles.isEmpty || offset >= page.total { break }
         }
         return Set(acknowledged).subtracting(stored).count
+    }
+}
+
+/// Resident memory of each bus's pieces (of a pair, the backup's marked so).
+private func memory(_ buses: [BusProcesses]) -> [String: Double] {
+    var sizes: [String: Double] = [:]
+    for (index, bus) in buses.enumerated() {
+        for (name, size) in bus.memory() { sizes[index == 0 ? name : "\(name) (backup)"] = size }
+    }
+    return sizes
+}
+
+/// One kernel's endpoints as the soak's configuration placed them (and its side's gateway).
+struct KernelPorts {
+    let broker: String
+    let state: StateEndpoints
+    let gatewayPort: Int
+    init(ports: [Int]) {
+        broker = "tcp://127.0.0.1:\(ports[0])"
+        state = StateEndpoints(snapshot: "tcp://127.0.0.1:\(ports[1])", publisher: "tcp://127.0.0.1:\(ports[2])", collector: "tcp://127.0.0.1:\(ports[3])")
+        gatewayPort = ports[4]
     }
 }
 

@@ -12,12 +12,16 @@ struct Call {
     let label: String
     let send: @Sendable (BusClient) async throws(BusError) -> JSONValue
     var savedURL: String? = nil
+    /// A save of an article never tried before: its reply must say `created`, or the
+    /// store applied some earlier copy of this very request (a duplicated effect).
+    var firstSave = false
 
-    init<P, R>(_ method: Method<P, R>, _ params: P, savedURL: String? = nil) {
+    init<P, R>(_ method: Method<P, R>, _ params: P, savedURL: String? = nil, firstSave: Bool = false) {
         service = method.service
         label = "\(method.service) \(method.name)"
         send = { client throws(BusError) in try await client.call(method.json, params) }
         self.savedURL = savedURL
+        self.firstSave = firstSave
     }
 
     init<R>(_ method: Method<NoParams, R>) { self.init(method, NoParams()) }
@@ -29,6 +33,8 @@ struct RequestMix {
     let client: Int
     let seed: UInt64
     private var count = 0
+    /// The article URLs this client tried to save.
+    private var tried: Set<Int> = []
 
     init(seed: UInt64, client: Int) {
         self.seed = seed
@@ -59,9 +65,10 @@ struct RequestMix {
         case 12, 13:
             // A bounded set of URLs per client (saving one again replaces it): the stored
             // state stops growing, so the memory figures show leaks rather than data.
-            let url = "https://soak.example/\(seed)/\(client)/\(count % Self.articlesPerClient)"
+            let index = count % Self.articlesPerClient
+            let url = "https://soak.example/\(seed)/\(client)/\(index)"
             return Call(StoreAPI.articlesSave, .init(article: ["url": .string(url), "title": .string("Soak article \(count)"), "source": ["id": nil, "name": "soak"]]),
-                        savedURL: url)
+                        savedURL: url, firstSave: tried.insert(index).inserted)
         case 14: return Call(StoreAPI.historyList, .init(limit: 10))
         case 15: return Call(FetcherAPI.datasetsList)
         default: return Call(EchoAPI.echo, ["client": .int(Int64(client)), "n": .int(Int64(count))])
@@ -81,6 +88,8 @@ final class Tally: Sendable {
         /// Failed otherwise (closed, protocol violation), by description.
         var otherFailures: [String: Int] = [:]
         var acknowledgedWrites: [String] = []
+        /// First saves answered "not new": the store applied the request twice.
+        var duplicatedEffects = 0
         var failedByMethod: [String: Int] = [:]
     }
     let counts = Mutex(Counts())
@@ -89,9 +98,10 @@ final class Tally: Sendable {
         counts.withLock { counts in
             counts.sent += 1
             switch outcome {
-            case .success:
+            case .success(let result):
                 counts.answered += 1
                 if let url = call.savedURL { counts.acknowledgedWrites.append(url) }
+                if call.firstSave, result["created"] == false { counts.duplicatedEffects += 1 }
             case .failure(.timedOut):
                 counts.lost += 1
                 counts.failedByMethod[call.label, default: 0] += 1

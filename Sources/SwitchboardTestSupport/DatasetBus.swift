@@ -136,10 +136,10 @@ public func rpcError(_ body: () async throws -> JSONValue) async -> JSONRPCError
 /// `extra` is appended as is.
 public func writeBusConfiguration(in folder: URL, logLevel: String = "info", heartbeatMs: Int = 200, liveness: Int = 10,
                                   services: String, supervisor: String, security: String? = nil,
-                                  extra: String = "") throws -> (config: URL, ports: [Int]) {
+                                  extra: String = "", ports given: [Int]? = nil, fileName: String = "switchboard.yaml") throws -> (config: URL, ports: [Int]) {
     let files = try writeBundledCopies(to: folder)
     // The kernel's four endpoints, then the gateway's.
-    let ports = (0..<5).map { _ in freePort() }
+    let ports = given ?? (0..<5).map { _ in freePort() }
     let datasets = Dataset.allCases.map { dataset in
         "    \(dataset.rawValue): {url: \"\(files[dataset]!.absoluteString)\", refresh_seconds: 3600}"
     }.joined(separator: "\n")
@@ -167,7 +167,7 @@ public func writeBusConfiguration(in folder: URL, logLevel: String = "info", hea
           \(security ?? "keys_dir: \(busKeyFolder(in: folder).path)")
         \(extra)
         """
-    let url = folder.appendingPathComponent("switchboard.yaml")
+    let url = folder.appendingPathComponent(fileName)
     try text.write(to: url, atomically: true, encoding: .utf8)
     return (url, ports)
 }

@@ -198,6 +198,9 @@ struct UpCommand: AsyncParsableCommand {
                      "  kernel   \(remoteKernel ? "(elsewhere) " : "")broker \(kernel.brokerEndpoint), state \(kernel.snapshotEndpoint) (publisher \(kernel.publisherEndpoint), collector \(kernel.collectorEndpoint))"]
         let pid = Dictionary(pids.map { ($0.name, $0.pid) }, uniquingKeysWith: { a, _ in a })
         if let kernelPid = pid["kernel"] { lines[1] += ", pid \(kernelPid)" }
+        if let pair = file.pair {
+            lines.append("  pair     \(pair.configuration.role.rawValue) of a kernel pair: peer \(pair.peerBroker), kernels talk on \(pair.configuration.listen) <-> \(pair.configuration.peer)")
+        }
         for name in services {
             let workers = file.services[name]!.workers
             let padded = name.padding(toLength: 8, withPad: " ", startingAt: 0)
@@ -218,11 +221,11 @@ struct UpCommand: AsyncParsableCommand {
     /// `export` of sb's variables (they apply to every verb, wherever its flags would go).
     static func sbLine(_ file: ConfigFile) -> String {
         let kernel = file.kernel, security = file.security
-        let broker = connectable(kernel.brokerEndpoint), snapshot = connectable(kernel.snapshotEndpoint)
+        let brokers = file.brokerEndpoints, states = file.stateEndpoints
         var variables: [String] = []
-        if broker != "tcp://127.0.0.1:5555" { variables.append("SB_ENDPOINT=\(broker)") }
-        if snapshot != StateEndpoints(followingBroker: broker)?.snapshot {
-            variables.append("SB_STATE_ENDPOINT=\(snapshot),\(connectable(kernel.publisherEndpoint)),\(connectable(kernel.collectorEndpoint))")
+        if brokers != ["tcp://127.0.0.1:5555"] { variables.append("SB_ENDPOINT=\(brokers.joined(separator: ","))") }
+        if zip(brokers, states).contains(where: { StateEndpoints(followingBroker: $0)?.snapshot != $1.snapshot }) {
+            variables.append("SB_STATE_ENDPOINT='\(states.map { "\($0.snapshot),\($0.publisher),\($0.collector)" }.joined(separator: ";"))'")
         }
         if security.isOn(), security.serverKey != nil || security.kernelSecretKey != nil {
             // Keys given explicitly: the client brings its own pair.
