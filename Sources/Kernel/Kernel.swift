@@ -148,7 +148,26 @@ public actor Kernel: BusService {
                 try sender.set(.sendHighWaterMark, 1_000_000)
                 try sender.set(.linger, 0)
                 try sender.connect(pairConfiguration.peer)
+                // The clients' way to the peer: asked whether it still serves when the link is
+                // silent; ZMTP heartbeats notice a peer whose machine is gone.
+                var asker: ZMQSocket?
+                if let peerBroker = pairConfiguration.peerBroker {
+                    let socket = try ZMQSocket(context, .dealer)
+                    opened.append(socket)
+                    if let security {
+                        let publicKey = try CurveKeyPair.publicKey(forSecretKey: security.secretKey)
+                        try CurveClientKeys(serverKey: publicKey, secretKey: security.secretKey).apply(to: socket)
+                    }
+                    let interval = Int32(clamping: Int(pairConfiguration.heartbeatInterval.nanoseconds / 1_000_000))
+                    try socket.set(.heartbeatInterval, interval)
+                    try socket.set(.heartbeatTimeout, interval * 2)
+                    try socket.set(.immediate, true)
+                    try socket.set(.linger, 0)
+                    asker = socket
+                    wirePeerBroker(pair, socket: socket, endpoint: peerBroker)
+                }
                 wire(pair, listener: listener, sender: sender)
+                _ = asker
             }
             wire(router: router, snapshot: snapshot, publisher: publisher, collector: collector)
             let endpoints = Endpoints(broker: brokerEndpoint, snapshot: snapshotEndpoint,
@@ -169,6 +188,20 @@ public actor Kernel: BusService {
             for socket in opened { socket.close() }
             throw error
         }
+    }
+
+    private func wirePeerBroker(_ pair: PairLink, socket: ZMQSocket, endpoint: String) {
+        guard let events = try? connectionEvents(of: socket, in: loop.context) else { return }
+        let monitor = loop.register(events) { message in
+            guard let event = SocketEvent(message) else { return }
+            if event.event.contains(.connected) { pair.peerBrokerConnected = true }
+            if event.event.contains(.disconnected) { pair.peerBrokerConnected = false }
+        }
+        let asking = loop.register(socket) { _ in pair.probeAnswered(now: monotonicNanoseconds()) }
+        asking.dropsWhenPeerFull = true
+        registrations += [monitor, asking]
+        pair.sendProbe = { asking.send([Frame(), Frame(MDP.clientHeader), Frame("mmi.service"), Frame(KernelAPI.service)]) }
+        try? socket.connect(endpoint)
     }
 
     private func wire(_ pair: PairLink, listener: ZMQSocket, sender: ZMQSocket) {

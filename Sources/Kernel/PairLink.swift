@@ -17,12 +17,17 @@ public struct PairConfiguration: Sendable, Equatable {
     /// How often the two kernels tell each other their state; the peer is gone after two
     /// intervals without word.
     public var heartbeatInterval: Duration
+    /// The peer's broker endpoint, the clients' way to it: when the link between the kernels
+    /// is down, a kernel asks there whether its peer still serves before it takes over (nil:
+    /// it takes over on the link's silence alone, Binary Star's rule).
+    public var peerBroker: String?
 
-    public init(role: Role, listen: String, peer: String, heartbeatInterval: Duration = .milliseconds(200)) {
+    public init(role: Role, listen: String, peer: String, heartbeatInterval: Duration = .milliseconds(200), peerBroker: String? = nil) {
         self.role = role
         self.listen = listen
         self.peer = peer
         self.heartbeatInterval = heartbeatInterval
+        self.peerBroker = peerBroker
     }
 
     var peerExpiry: Duration { heartbeatInterval * 2 }
@@ -140,8 +145,16 @@ final class PairLink {
     private var held: [(sequence: UInt64, release: () -> Void)] = []
     private var heldStart = 0
 
+    /// The clients' way to the peer (a DEALER to its broker): whether it is connected, when
+    /// the peer last answered a question there, and when the last one was asked.
+    var peerBrokerConnected = false
+    private var probeAnsweredAt: UInt64?
+    private var probeSentAt: UInt64?
+
     /// Sends to the peer (DEALER; dropped while there is no connection).
     var send: (Message) -> Void = { _ in }
+    /// Asks the peer's broker a question any kernel answers (8/MMI), over the clients' path.
+    var sendProbe: () -> Void = {}
     /// Called on entering a state (after ``state`` changed).
     var onStateChange: (PairState) -> Void = { _ in }
     /// The state server's view, for snapshots and replication.
@@ -173,6 +186,7 @@ final class PairLink {
         case .active:
             return true
         case .primary where now >= peerExpiry:
+            guard peerServes(now: now) == .gone else { return false }
             become(.active, "no peer answered within \(configuration.startupWait.formatted) and clients came: serving alone")
             return true
         case .passive where now >= peerExpiry:
@@ -181,11 +195,42 @@ final class PairLink {
                              metadata: ["peer": "\(configuration.peer)"])
                 return false
             }
+            guard peerServes(now: now) == .gone else { return false }
             become(.active, "the active peer is silent and clients came: failing over")
             return true
         case .primary, .backup, .passive:
             return false
         }
+    }
+
+    /// Whether the peer, silent on the link between the kernels, still serves clients.
+    enum PeerService: Equatable {
+        /// It answers at its broker: only the link between the kernels is down.
+        case answers
+        /// A question is on its way.
+        case checking
+        /// Its broker is unreachable or does not answer: it is gone.
+        case gone
+    }
+
+    /// What the clients' way to the peer says (asked again each heartbeat while the link is silent).
+    func peerServes(now: UInt64) -> PeerService {
+        guard configuration.peerBroker != nil, peerBrokerConnected else { return .gone }
+        let window = configuration.peerExpiry.nanoseconds
+        if let answered = probeAnsweredAt, now &- answered < window { return .answers }
+        if probeSentAt == nil { probe(now: now) }
+        if let sent = probeSentAt, now &- sent < window, sent > probeAnsweredAt ?? 0 { return .checking }
+        return .gone
+    }
+
+    private func probe(now: UInt64) {
+        probeSentAt = now
+        sendProbe()
+    }
+
+    /// The peer's broker answered the question.
+    func probeAnswered(now: UInt64) {
+        probeAnsweredAt = now
     }
 
     /// Why a client was refused, for its error message.
@@ -194,6 +239,9 @@ final class PairLink {
         case .backup: "this kernel is the backup of a pair and has not heard its primary yet"
         case .primary: "this kernel is starting as the primary of a pair and waits to hear its peer"
         case .passive where !synced && !peerAlive: "this kernel is the passive one of its pair, its peer is gone and its copy of the state is incomplete"
+        case .passive where !peerAlive && peerServes(now: monotonicNanoseconds()) == .answers:
+            "the link between the kernels of the pair is down, but the active one still answers clients at \(configuration.peerBroker ?? "its broker"): this passive one does not take over (that would make two active kernels)"
+        case .passive where !peerAlive: "this kernel is the passive one of its pair; its peer is silent and it is checking whether the peer still serves"
         case .passive: "this kernel is the passive one of its pair; its peer is active"
         case .active: "this kernel is active"
         }
@@ -260,6 +308,10 @@ final class PairLink {
 
     func tick(now: UInt64) {
         sendState()
+        // While the link is silent, keep asking the clients' way whether the peer still serves.
+        if state != .active, configuration.peerBroker != nil, lastHeard == nil || now >= peerExpiry, peerBrokerConnected {
+            probe(now: now)
+        }
         if state == .active, peerInSync, now >= peerExpiry {
             logger.warning("the passive peer is silent: serving alone until it is back", metadata: ["peer": "\(configuration.peer)"])
             peerLeftSync()

@@ -480,6 +480,7 @@ private struct Reader {
                                                   peer: try endpoint(try required("peer"), "pair.peer"))
             if let value = pair["heartbeat_ms"] { configuration.heartbeatInterval = .milliseconds(try positive(value, "pair.heartbeat_ms")) }
             let peerBroker = try endpoint(try required("peer_broker"), "pair.peer_broker")
+            configuration.peerBroker = peerBroker
             let peerState: StateEndpoints
             if let value = pair["peer_state"] {
                 guard let text = value as? String, let parsed = StateEndpoints(text) else {

@@ -160,15 +160,16 @@ public struct TestPair: Sendable {
 
     /// Starts both (primary first), with 100 ms pair heartbeats and `configure` applied to each.
     public static func start(heartbeat: Duration = .milliseconds(100), _ configure: (inout KernelConfiguration) -> Void = { _ in }) async throws -> TestPair {
-        let pairPorts = [freePort(), freePort()]
+        let pairPorts = [freePort(), freePort()], brokerPorts = [freePort(), freePort()]
         let configurations = PairConfiguration.Role.allCases.enumerated().map { index, role in
             var configuration = KernelConfiguration()
-            configuration.brokerEndpoint = "tcp://127.0.0.1:\(freePort())"
+            configuration.brokerEndpoint = "tcp://127.0.0.1:\(brokerPorts[index])"
             configuration.snapshotEndpoint = "tcp://127.0.0.1:\(freePort())"
             configuration.publisherEndpoint = "tcp://127.0.0.1:\(freePort())"
             configuration.collectorEndpoint = "tcp://127.0.0.1:\(freePort())"
             configuration.pair = PairConfiguration(role: role, listen: "tcp://127.0.0.1:\(pairPorts[index])",
-                                                   peer: "tcp://127.0.0.1:\(pairPorts[1 - index])", heartbeatInterval: heartbeat)
+                                                   peer: "tcp://127.0.0.1:\(pairPorts[1 - index])", heartbeatInterval: heartbeat,
+                                                   peerBroker: "tcp://127.0.0.1:\(brokerPorts[1 - index])")
             configure(&configuration)
             return configuration
         }

@@ -1,4 +1,5 @@
 internal import CZeroMQ
+import Foundation
 
 /// Connection events libzmq reports for a monitored socket (`zmq_socket_monitor`).
 public struct SocketEvents: OptionSet, Sendable, Hashable {
@@ -37,4 +38,16 @@ extension ZMQSocket {
         let handle = try raw("zmq_socket_monitor(\(endpoint))")
         try zmqCall("zmq_socket_monitor(\(endpoint))") { zmq_socket_monitor(handle, endpoint, Int32(events.rawValue)) }
     }
+}
+
+/// A PAIR socket that receives `socket`'s connect and disconnect events (as
+/// ``SocketEvent``): how the client, the workers, subscriptions and a kernel pair tell a
+/// restarted or gone peer from a quiet one. Call before `socket` connects, so no event is
+/// missed.
+public func connectionEvents(of socket: ZMQSocket, in context: ZMQContext) throws -> ZMQSocket {
+    let endpoint = "inproc://connection-monitor-\(UUID().uuidString)"
+    try socket.monitor(endpoint, events: [.connected, .disconnected])
+    let pair = try ZMQSocket(context, .pair)
+    try pair.connect(endpoint)
+    return pair
 }

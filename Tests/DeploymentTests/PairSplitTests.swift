@@ -1,0 +1,140 @@
+import BusProtocol
+import Foundation
+import SwitchboardTestSupport
+import Testing
+
+/// Two "machines" for a kernel pair: network namespaces joined by two veth pairs, one the
+/// network clients and services use, one the link between the kernels (the Guide's Binary
+/// Star setup), so that the kernels' link can be cut alone.
+private struct PairHosts {
+    let hosts: [String]
+    /// Each host's address on the clients' network and on the kernels' link.
+    let serviceAddresses: [String]
+    let linkAddresses: [String]
+    let linkDevices: [String]
+
+    static func make() throws -> PairHosts {
+        let tag = String(UInt32.random(in: 0..<UInt32.max), radix: 36)
+        let subnet = "10.\(Int.random(in: 200...250))"
+        let third = Int.random(in: 1...120)
+        let pair = PairHosts(hosts: ["sbpa-\(tag)", "sbpb-\(tag)"],
+                             serviceAddresses: ["\(subnet).\(third).1", "\(subnet).\(third).2"],
+                             linkAddresses: ["\(subnet).\(third + 120).1", "\(subnet).\(third + 120).2"],
+                             linkDevices: ["pl0-\(tag)", "pl1-\(tag)"])
+        do {
+            for host in pair.hosts { try TwoHosts.ip(["netns", "add", host]) }
+            for (devices, addresses) in [(["ps0-\(tag)", "ps1-\(tag)"], pair.serviceAddresses), (pair.linkDevices, pair.linkAddresses)] {
+                try TwoHosts.ip(["link", "add", devices[0], "type", "veth", "peer", "name", devices[1]])
+                for side in 0..<2 {
+                    try TwoHosts.ip(["link", "set", devices[side], "netns", pair.hosts[side]])
+                    try TwoHosts.ip(["-n", pair.hosts[side], "addr", "add", "\(addresses[side])/24", "dev", devices[side]])
+                    try TwoHosts.ip(["-n", pair.hosts[side], "link", "set", devices[side], "up"])
+                }
+            }
+            for host in pair.hosts { try TwoHosts.ip(["-n", host, "link", "set", "lo", "up"]) }
+        } catch {
+            pair.remove()
+            throw error
+        }
+        return pair
+    }
+
+    /// Cuts (or restores) the link between the kernels, on the second host's side.
+    func setKernelLink(up: Bool) throws {
+        try TwoHosts.ip(["-n", hosts[1], "link", "set", linkDevices[1], up ? "up" : "down"])
+    }
+
+    func remove() {
+        for host in hosts { _ = try? TwoHosts.ip(["netns", "del", host]) }
+    }
+
+    func broker(_ side: Int) -> String { "tcp://\(serviceAddresses[side]):5555" }
+
+    /// A kernel pair configuration for `side` (0: primary, 1: backup).
+    func configuration(_ side: Int) -> String {
+        let address = serviceAddresses[side]
+        return """
+            kernel:
+              broker: tcp://\(address):5555
+              snapshot: tcp://\(address):5556
+              publisher: tcp://\(address):5557
+              collector: tcp://\(address):5558
+              heartbeat_ms: 200
+              liveness: 5
+            pair:
+              role: \(side == 0 ? "primary" : "backup")
+              listen: tcp://\(linkAddresses[side]):5560
+              peer: tcp://\(linkAddresses[1 - side]):5560
+              peer_broker: \(broker(1 - side))
+              heartbeat_ms: 200
+            """
+    }
+
+    func start(on side: Int, _ arguments: [String]) throws -> ChildProcess {
+        try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[side], switchboardExecutable().path] + arguments)
+    }
+
+    func sb(on side: Int, _ arguments: [String]) async throws -> CommandResult {
+        try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[side], sbExecutable().path] + arguments)
+    }
+}
+
+@Suite("Kernel pair split: only the link between the kernels is cut")
+struct PairSplitTests {
+    @Test("never two active kernels: clients on both hosts are served by the active one, one that asks only the passive one gets a clear error; healed, the passive one copies what it missed and can take over with it",
+          .enabled(if: TwoHosts.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+    func kernelLinkCut() async throws {
+        let hosts = try PairHosts.make()
+        defer { hosts.remove() }
+        let folder = try temporaryDirectory("pair-split")
+        var kernels: [ChildProcess] = [], services: [ChildProcess] = []
+        defer { for process in services + kernels { process.stop() } }
+        for side in 0..<2 {
+            let config = folder.appendingPathComponent("side\(side).yaml")
+            try hosts.configuration(side).write(to: config, atomically: true, encoding: .utf8)
+            kernels.append(try hosts.start(on: side, ["kernel", "--config", config.path]))
+            services.append(try hosts.start(on: side, ["serve", "echo", "--config", config.path, "--instance", "echo-\(side)"]))
+        }
+        let both = hosts.broker(0) + "," + hosts.broker(1), backupFirst = hosts.broker(1) + "," + hosts.broker(0)
+        @Sendable func pairState(_ side: Int, from host: Int) async throws -> JSONValue? {
+            let result = try await hosts.sb(on: host, ["request", "kernel", "ping", "--endpoint", hosts.broker(side), "--timeout", "1s", "--json"])
+            return try JSONValue(parsing: Array(result.stdout.utf8))["pair"]
+        }
+        try await eventually(30, "the primary active, the backup passive with the whole state, echo registered") {
+            let primary = try await pairState(0, from: 1), backup = try await pairState(1, from: 0)
+            let echo = try await hosts.sb(on: 1, ["request", "echo", "whoami", "--endpoint", both, "--timeout", "1s"])
+            return primary?["state"] == "active" && backup?["state"] == "passive" && backup?["synced"] == true && echo.status == 0
+        }
+
+        try hosts.setKernelLink(up: false)
+        try await eventually(10, "the backup no longer hears the primary") {
+            ((try await pairState(1, from: 1))?["peer"]?["lastHeardSecondsAgo"]?.doubleValue ?? 0) > 1
+        }
+        // Clients on both hosts, the one on the backup's host asking the backup first.
+        let fromA = try await hosts.sb(on: 0, ["request", "echo", "echo", #"{"from":"a"}"#, "--endpoint", both, "--timeout", "3s"])
+        #expect(fromA.status == 0, "\(fromA)")
+        let fromB = try await hosts.sb(on: 1, ["request", "echo", "echo", #"{"from":"b"}"#, "--endpoint", backupFirst, "--timeout", "3s"])
+        #expect(fromB.status == 0, "\(fromB)")
+        let written = try await hosts.sb(on: 1, ["pub", "/client/split/during", #""cut""#, "--endpoint", backupFirst, "--timeout", "3s"])
+        #expect(written.status == 0, "\(written)")
+        // Asked alone, the passive one refuses with the reason rather than become a second active one.
+        let onlyB = try await hosts.sb(on: 1, ["request", "echo", "echo", "{}", "--endpoint", hosts.broker(1), "--timeout", "2s"])
+        #expect(onlyB.status == 69 && onlyB.stderr.contains("two active kernels"), "\(onlyB)")
+        for host in 0..<2 {
+            #expect(try await pairState(0, from: host)?["state"] == "active")
+            #expect(try await pairState(1, from: host)?["state"] == "passive")
+        }
+
+        // Healed: the backup copies what it missed; then the primary goes, and the backup
+        // takes over with the write made during the cut.
+        try hosts.setKernelLink(up: true)
+        try await eventually(20, "the backup hears the primary and holds the whole state again") {
+            let backup = try await pairState(1, from: 1)
+            return backup?["state"] == "passive" && backup?["synced"] == true && (backup?["peer"]?["lastHeardSecondsAgo"]?.doubleValue ?? 9) < 1
+        }
+        kernels[0].stop()
+        let after = try await hosts.sb(on: 1, ["request", "kernel", "state.get", #"{"prefix":"/client/split/"}"#, "--endpoint", both, "--timeout", "5s", "--json"])
+        #expect(after.status == 0 && after.stdout.contains("cut"), "\(after)")
+        #expect(try await pairState(1, from: 1)?["state"] == "active")
+    }
+}
