@@ -266,4 +266,32 @@ struct ConfigFileTests {
         }
         #expect(unfilled?.path.hasPrefix("security.") == true)
     }
+
+    @Test("the kernel pair example parses: each side's role, the link, and every piece connecting to both kernels")
+    func kernelPairExample() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let primary = try ConfigFile.load(root.appendingPathComponent("Config/kernel-pair/primary.yaml"))
+        let backup = try ConfigFile.load(root.appendingPathComponent("Config/kernel-pair/backup.yaml"))
+        #expect(primary.kernel.pair == PairConfiguration(role: .primary, listen: "tcp://192.168.100.1:5560", peer: "tcp://192.168.100.2:5560",
+                                                         heartbeatInterval: .milliseconds(200), peerBroker: "tcp://10.0.0.2:5555"))
+        #expect(backup.kernel.pair?.role == .backup && backup.kernel.pair?.peer == primary.kernel.pair?.listen)
+        #expect(primary.brokerEndpoints == ["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"])
+        #expect(backup.brokerEndpoints == ["tcp://10.0.0.2:5555", "tcp://10.0.0.1:5555"])
+        #expect(backup.stateEndpoints.map(\.publisher) == ["tcp://10.0.0.2:5557", "tcp://10.0.0.1:5557"])
+        #expect(primary.security.curve == true && backup.services["store"]?.enabled == false)
+    }
+
+    @Test("a pair section with a missing or wrong value is refused, naming the key")
+    func badPair() throws {
+        let complete = "pair:\n  role: primary\n  listen: tcp://127.0.0.1:5560\n  peer: tcp://127.0.0.1:6560\n  peer_broker: tcp://127.0.0.1:6555\n"
+        #expect(try ConfigFile.parse(complete).pair?.peerState.snapshot == "tcp://127.0.0.1:6556")
+        for (text, path) in [(complete.replacingOccurrences(of: "role: primary", with: "role: leader"), "pair.role"),
+                             (complete.replacingOccurrences(of: "  peer_broker: tcp://127.0.0.1:6555\n", with: ""), "pair.peer_broker"),
+                             (complete.replacingOccurrences(of: "listen: tcp://127.0.0.1:5560", with: "listen: 5560"), "pair.listen"),
+                             (complete + "  heartbeat_ms: 0\n", "pair.heartbeat_ms"),
+                             (complete + "  peer_state: nowhere\n", "pair.peer_state")] {
+            let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
+            #expect(error?.path == path, "\(String(describing: error))")
+        }
+    }
 }
