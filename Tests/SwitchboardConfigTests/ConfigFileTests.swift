@@ -279,6 +279,10 @@ struct ConfigFileTests {
         #expect(backup.brokerEndpoints == ["tcp://10.0.0.2:5555", "tcp://10.0.0.1:5555"])
         #expect(backup.stateEndpoints.map(\.publisher) == ["tcp://10.0.0.2:5557", "tcp://10.0.0.1:5557"])
         #expect(primary.security.curve == true && backup.services["store"]?.enabled == false)
+        // The one-machine pair of the README's session.
+        let here = try ["primary", "backup"].map { try ConfigFile.load(root.appendingPathComponent("Config/kernel-pair/one-machine/\($0).yaml")) }
+        #expect(here[0].brokerEndpoints == ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:6555"] && here[1].brokerEndpoints == ["tcp://127.0.0.1:6555", "tcp://127.0.0.1:5555"])
+        #expect(here[0].kernel.pair?.peer == here[1].kernel.pair?.listen && here[1].kernel.pair?.peer == here[0].kernel.pair?.listen)
     }
 
     @Test("a pair section with a missing or wrong value is refused, naming the key")
