@@ -60,7 +60,7 @@ enum PairWire {
     static let snapshotRequest = Frame("SNAPSHOT?")
     /// `KV key sequence uuid properties value owner expires`: one entry of a snapshot.
     static let entry = Frame("KV")
-    /// `SNAPSHOT sequence`: the snapshot is complete as of `sequence`.
+    /// `SNAPSHOT sequence count`: the snapshot is complete as of `sequence`, `count` entries.
     static let snapshotDone = Frame("SNAPSHOT")
     /// `UPDATE key sequence uuid properties value owner expires`: one change, in order.
     static let update = Frame("UPDATE")
@@ -356,8 +356,9 @@ final class PairLink {
             guard state == .active else { return }
             let sequence = currentSequence()
             peerLeftSync()
-            for entry in snapshot(now) { send(entry.frames(PairWire.entry)) }
-            send([PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(sequence)])
+            let entries = snapshot(now)
+            for entry in entries { send(entry.frames(PairWire.entry)) }
+            send([PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(sequence), CHP.sequenceFrame(UInt64(entries.count))])
             // Every later change goes after the snapshot, in order, on the same connection.
             replicatedUpTo = sequence
             snapshotSent = sequence
@@ -375,7 +376,13 @@ final class PairLink {
             guard state == .passive, snapshotAskedAt != nil, let entry = ReplicatedEntry(fields) else { return }
             snapshotEntries.append(entry)
         } else if command == PairWire.snapshotDone {
-            guard state == .passive, snapshotAskedAt != nil, let sequence = fields.first.flatMap(PairWire.sequence) else { return }
+            guard state == .passive, snapshotAskedAt != nil, fields.count == 2, let sequence = PairWire.sequence(fields[fields.startIndex]),
+                  let count = PairWire.sequence(fields[fields.startIndex + 1]) else { return }
+            // An entry lost on the way (the link dropped it): ask again rather than hold a hole.
+            guard snapshotEntries.count == Int(count) else {
+                logger.warning("the active peer's state came incomplete: asking again", metadata: ["entries": "\(snapshotEntries.count) of \(count)"])
+                return askForSnapshot(now: now)
+            }
             installSnapshot(snapshotEntries, sequence)
             snapshotEntries = []
             snapshotAskedAt = nil

@@ -55,6 +55,9 @@ final class ZAPHandler {
             logger.warning("refused a key on the pair endpoint: only the kernel's own key may connect there", metadata: ["address": "\(address)", "key": "\(key)"])
             return reply("400", "key not allowed")
         }
+        // The kernel's own key elsewhere: the pair's peer asking whether this kernel still
+        // serves (an 8/MMI question, as a client).
+        if key == ownPublicKey { return reply("200", "OK", user: Self.clientPrefix + key) }
         if security.workerKeys.contains(key) || security.serviceKeys[key] != nil { return reply("200", "OK", user: Self.workerPrefix + key) }
         if security.clientKeys.contains(key) { return reply("200", "OK", user: Self.clientPrefix + key) }
         refused += 1

@@ -1,3 +1,4 @@
+import BusKit
 import BusProtocol
 import Foundation
 import SwitchboardTestSupport
@@ -50,8 +51,9 @@ private struct PairHosts {
 
     func broker(_ side: Int) -> String { "tcp://\(serviceAddresses[side]):5555" }
 
-    /// A kernel pair configuration for `side` (0: primary, 1: backup).
-    func configuration(_ side: Int) -> String {
+    /// A kernel pair configuration for `side` (0: primary, 1: backup), CURVE on with the
+    /// keys in `keys` (both kernels hold the same key pair).
+    func configuration(_ side: Int, keys: String) -> String {
         let address = serviceAddresses[side]
         return """
             kernel:
@@ -67,6 +69,9 @@ private struct PairHosts {
               peer: tcp://\(linkAddresses[1 - side]):5560
               peer_broker: \(broker(1 - side))
               heartbeat_ms: 200
+            security:
+              curve: true
+              keys_dir: \(keys)
             """
     }
 
@@ -74,35 +79,41 @@ private struct PairHosts {
         try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[side], switchboardExecutable().path] + arguments)
     }
 
-    func sb(on side: Int, _ arguments: [String]) async throws -> CommandResult {
-        try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[side], sbExecutable().path] + arguments)
+    func sb(on side: Int, keys: String, _ arguments: [String]) async throws -> CommandResult {
+        try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[side], sbExecutable().path] + arguments,
+                             environment: ["SB_KEY_DIR": keys])
     }
 }
 
 @Suite("Kernel pair split: only the link between the kernels is cut")
 struct PairSplitTests {
-    @Test("never two active kernels: clients on both hosts are served by the active one, one that asks only the passive one gets a clear error; healed, the passive one copies what it missed and can take over with it",
+    @Test("never two active kernels (CURVE on every link): clients on both hosts are served by the active one, one that asks only the passive one gets a clear error; healed, the passive one copies what it missed and can take over with it",
           .enabled(if: TwoHosts.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
     func kernelLinkCut() async throws {
         let hosts = try PairHosts.make()
         defer { hosts.remove() }
         let folder = try temporaryDirectory("pair-split")
+        let keys = busKeyFolder(in: folder)
+        _ = try keys.create([KeyFolder.kernel, "echo", KeyFolder.client])
+        @Sendable func sb(on side: Int, _ arguments: [String]) async throws -> CommandResult {
+            try await hosts.sb(on: side, keys: keys.path, arguments)
+        }
         var kernels: [ChildProcess] = [], services: [ChildProcess] = []
         defer { for process in services + kernels { process.stop() } }
         for side in 0..<2 {
             let config = folder.appendingPathComponent("side\(side).yaml")
-            try hosts.configuration(side).write(to: config, atomically: true, encoding: .utf8)
+            try hosts.configuration(side, keys: keys.path).write(to: config, atomically: true, encoding: .utf8)
             kernels.append(try hosts.start(on: side, ["kernel", "--config", config.path]))
             services.append(try hosts.start(on: side, ["serve", "echo", "--config", config.path, "--instance", "echo-\(side)"]))
         }
         let both = hosts.broker(0) + "," + hosts.broker(1), backupFirst = hosts.broker(1) + "," + hosts.broker(0)
         @Sendable func pairState(_ side: Int, from host: Int) async throws -> JSONValue? {
-            let result = try await hosts.sb(on: host, ["request", "kernel", "ping", "--endpoint", hosts.broker(side), "--timeout", "1s", "--json"])
+            let result = try await sb(on: host, ["request", "kernel", "ping", "--endpoint", hosts.broker(side), "--timeout", "1s", "--json"])
             return try JSONValue(parsing: Array(result.stdout.utf8))["pair"]
         }
         try await eventually(30, "the primary active, the backup passive with the whole state, echo registered") {
             let primary = try await pairState(0, from: 1), backup = try await pairState(1, from: 0)
-            let echo = try await hosts.sb(on: 1, ["request", "echo", "whoami", "--endpoint", both, "--timeout", "1s"])
+            let echo = try await sb(on: 1, ["request", "echo", "whoami", "--endpoint", both, "--timeout", "1s"])
             return primary?["state"] == "active" && backup?["state"] == "passive" && backup?["synced"] == true && echo.status == 0
         }
 
@@ -111,14 +122,14 @@ struct PairSplitTests {
             ((try await pairState(1, from: 1))?["peer"]?["lastHeardSecondsAgo"]?.doubleValue ?? 0) > 1
         }
         // Clients on both hosts, the one on the backup's host asking the backup first.
-        let fromA = try await hosts.sb(on: 0, ["request", "echo", "echo", #"{"from":"a"}"#, "--endpoint", both, "--timeout", "3s"])
+        let fromA = try await sb(on: 0, ["request", "echo", "echo", #"{"from":"a"}"#, "--endpoint", both, "--timeout", "3s"])
         #expect(fromA.status == 0, "\(fromA)")
-        let fromB = try await hosts.sb(on: 1, ["request", "echo", "echo", #"{"from":"b"}"#, "--endpoint", backupFirst, "--timeout", "3s"])
+        let fromB = try await sb(on: 1, ["request", "echo", "echo", #"{"from":"b"}"#, "--endpoint", backupFirst, "--timeout", "3s"])
         #expect(fromB.status == 0, "\(fromB)")
-        let written = try await hosts.sb(on: 1, ["pub", "/client/split/during", #""cut""#, "--endpoint", backupFirst, "--timeout", "3s"])
+        let written = try await sb(on: 1, ["pub", "/client/split/during", #""cut""#, "--endpoint", backupFirst, "--timeout", "3s"])
         #expect(written.status == 0, "\(written)")
         // Asked alone, the passive one refuses with the reason rather than become a second active one.
-        let onlyB = try await hosts.sb(on: 1, ["request", "echo", "echo", "{}", "--endpoint", hosts.broker(1), "--timeout", "2s"])
+        let onlyB = try await sb(on: 1, ["request", "echo", "echo", "{}", "--endpoint", hosts.broker(1), "--timeout", "2s"])
         #expect(onlyB.status == 69 && onlyB.stderr.contains("two active kernels"), "\(onlyB)")
         for host in 0..<2 {
             #expect(try await pairState(0, from: host)?["state"] == "active")
@@ -133,7 +144,7 @@ struct PairSplitTests {
             return backup?["state"] == "passive" && backup?["synced"] == true && (backup?["peer"]?["lastHeardSecondsAgo"]?.doubleValue ?? 9) < 1
         }
         kernels[0].stop()
-        let after = try await hosts.sb(on: 1, ["request", "kernel", "state.get", #"{"prefix":"/client/split/"}"#, "--endpoint", both, "--timeout", "5s", "--json"])
+        let after = try await sb(on: 1, ["request", "kernel", "state.get", #"{"prefix":"/client/split/"}"#, "--endpoint", both, "--timeout", "5s", "--json"])
         #expect(after.status == 0 && after.stdout.contains("cut"), "\(after)")
         #expect(try await pairState(1, from: 1)?["state"] == "active")
     }
