@@ -129,45 +129,14 @@ public actor Kernel: BusService {
                 try $0.subscribe("")
             }
             opened.append(collector)
-            if let pair, let pairConfiguration = configuration.pair {
-                // The peer kernel sends on a DEALER to this ROUTER; with CURVE both kernels
-                // hold the same key pair, and the ZAP handler admits only that key here.
-                let (listener, _) = try open(.router, pairConfiguration.listen, "pair") {
+            if let pair {
+                // The peer kernel sends on a DEALER to this ROUTER; with CURVE the ZAP handler
+                // admits only the kernel's own key here (both kernels hold the same pair).
+                let (listener, _) = try open(.router, pair.configuration.listen, "pair") {
                     if security != nil { try $0.set(.zapDomain, ZAPHandler.pairDomain) }
                 }
                 opened.append(listener)
-                let sender = try ZMQSocket(context, .dealer)
-                opened.append(sender)
-                if let security {
-                    let publicKey = try CurveKeyPair.publicKey(forSecretKey: security.secretKey)
-                    try CurveClientKeys(serverKey: publicKey, secretKey: security.secretKey).apply(to: sender)
-                }
-                // Nothing waits for a peer that is not there: heartbeats and changes sent
-                // meanwhile are dropped, and the peer copies the state when it is back.
-                try sender.set(.immediate, true)
-                try sender.set(.sendHighWaterMark, 1_000_000)
-                try sender.set(.linger, 0)
-                try sender.connect(pairConfiguration.peer)
-                // The clients' way to the peer: asked whether it still serves when the link is
-                // silent; ZMTP heartbeats notice a peer whose machine is gone.
-                var asker: ZMQSocket?
-                if let peerBroker = pairConfiguration.peerBroker {
-                    let socket = try ZMQSocket(context, .dealer)
-                    opened.append(socket)
-                    if let security {
-                        let publicKey = try CurveKeyPair.publicKey(forSecretKey: security.secretKey)
-                        try CurveClientKeys(serverKey: publicKey, secretKey: security.secretKey).apply(to: socket)
-                    }
-                    let interval = Int32(clamping: Int(pairConfiguration.heartbeatInterval.nanoseconds / 1_000_000))
-                    try socket.set(.heartbeatInterval, interval)
-                    try socket.set(.heartbeatTimeout, interval * 2)
-                    try socket.set(.immediate, true)
-                    try socket.set(.linger, 0)
-                    asker = socket
-                    wirePeerBroker(pair, socket: socket, endpoint: peerBroker)
-                }
-                wire(pair, listener: listener, sender: sender)
-                _ = asker
+                try startPair(pair, listener: listener, opened: &opened)
             }
             wire(router: router, snapshot: snapshot, publisher: publisher, collector: collector)
             let endpoints = Endpoints(broker: brokerEndpoint, snapshot: snapshotEndpoint,
@@ -190,8 +159,40 @@ public actor Kernel: BusService {
         }
     }
 
-    private func wirePeerBroker(_ pair: PairLink, socket: ZMQSocket, endpoint: String) {
-        guard let events = try? connectionEvents(of: socket, in: loop.context) else { return }
+    /// The rest of the pair's sockets: the DEALER this kernel sends to its peer on, and (with
+    /// `peerBroker`) a DEALER to the peer's broker, the clients' way to it, asked whether the
+    /// peer still serves when the link is silent (ZMTP heartbeats notice a machine gone).
+    private func startPair(_ pair: PairLink, listener: ZMQSocket, opened: inout [ZMQSocket]) throws {
+        let configuration = pair.configuration, security = self.configuration.security, context = loop.context
+        // Nothing waits for a peer that is not there: what is sent meanwhile is dropped, and
+        // the peer copies the state when it is back. With CURVE, each kernel is a client of
+        // the other with the key pair they share.
+        func dealer() throws -> ZMQSocket {
+            let socket = try ZMQSocket(context, .dealer)
+            opened.append(socket)
+            if let security {
+                let publicKey = try CurveKeyPair.publicKey(forSecretKey: security.secretKey)
+                try CurveClientKeys(serverKey: publicKey, secretKey: security.secretKey).apply(to: socket)
+            }
+            try socket.set(.immediate, true)
+            try socket.set(.linger, 0)
+            return socket
+        }
+        let sender = try dealer()
+        try sender.set(.sendHighWaterMark, 1_000_000)
+        try sender.connect(configuration.peer)
+        if let peerBroker = configuration.peerBroker {
+            let asker = try dealer()
+            let interval = Int32(clamping: Int(configuration.heartbeatInterval.nanoseconds / 1_000_000))
+            try asker.set(.heartbeatInterval, interval)
+            try asker.set(.heartbeatTimeout, interval * 2)
+            try wirePeerBroker(pair, socket: asker, endpoint: peerBroker)
+        }
+        wire(pair, listener: listener, sender: sender)
+    }
+
+    private func wirePeerBroker(_ pair: PairLink, socket: ZMQSocket, endpoint: String) throws {
+        let events = try connectionEvents(of: socket, in: loop.context)
         let monitor = loop.register(events) { message in
             guard let event = SocketEvent(message) else { return }
             if event.event.contains(.connected) { pair.peerBrokerConnected = true }
@@ -201,7 +202,7 @@ public actor Kernel: BusService {
         asking.dropsWhenPeerFull = true
         registrations += [monitor, asking]
         pair.sendProbe = { asking.send([Frame(), Frame(MDP.clientHeader), Frame("mmi.service"), Frame(KernelAPI.service)]) }
-        try? socket.connect(endpoint)
+        try socket.connect(endpoint)
     }
 
     private func wire(_ pair: PairLink, listener: ZMQSocket, sender: ZMQSocket) {

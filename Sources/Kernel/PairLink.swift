@@ -157,13 +157,16 @@ final class PairLink {
     var sendProbe: () -> Void = {}
     /// Called on entering a state (after ``state`` changed).
     var onStateChange: (PairState) -> Void = { _ in }
-    /// The state server's view, for snapshots and replication.
+    /// The state server: its sequence, and its whole state for the peer's snapshot.
     var currentSequence: () -> UInt64 = { 0 }
     var snapshot: (UInt64) -> [ReplicatedEntry] = { _ in [] }
-    /// Passive: replaces the whole state with a snapshot, then applies one change; false when
-    /// the change does not follow the last one (a gap: ask for a snapshot).
+    /// Passive: replaces the whole state with the peer's snapshot (as of a sequence).
     var installSnapshot: ([ReplicatedEntry], UInt64) -> Void = { _, _ in }
+    /// Passive: applies one of the peer's changes; false when it does not follow the last
+    /// one (a gap: ask for a snapshot).
     var applyReplicated: (ReplicatedEntry) -> Bool = { _ in false }
+    /// Said once per loss of the peer: this kernel's copy is incomplete, so it cannot take over.
+    private var saidIncomplete = false
 
     init(configuration: PairConfiguration, instance: String, logger: Logger, now: UInt64) {
         self.configuration = configuration
@@ -191,8 +194,11 @@ final class PairLink {
             return true
         case .passive where now >= peerExpiry:
             guard synced else {
-                logger.error("the active peer is gone but this kernel never completed its copy of the state: not taking over",
-                             metadata: ["peer": "\(configuration.peer)"])
+                if !saidIncomplete {
+                    saidIncomplete = true
+                    logger.error("the active peer is gone but this kernel never completed its copy of the state: not taking over",
+                                 metadata: ["peer": "\(configuration.peer)"])
+                }
                 return false
             }
             guard peerServes(now: now) == .gone else { return false }
@@ -387,6 +393,7 @@ final class PairLink {
             snapshotEntries = []
             snapshotAskedAt = nil
             synced = true
+            saidIncomplete = false
             logger.info("copied the active peer's state", metadata: ["sequence": "\(sequence)"])
             send([PairWire.header, PairWire.ack, CHP.sequenceFrame(sequence)])
         } else if command == PairWire.update {

@@ -44,6 +44,10 @@ struct UpCommand: AsyncParsableCommand {
     func run() async throws {
         var file = try common.loadConfig()
         common.bootstrap(file)
+        if singleProcess, file.pair != nil {
+            FileHandle.standardError.write(Data("switchboard: --single-process: a kernel pair runs its pieces as processes that reach both kernels; drop --single-process or the pair section\n".utf8))
+            throw ExitCode(64)
+        }
         let enabled = ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true }
         try secure(&file, services: enabled)
         let status = singleProcess ? try await runInOneProcess(file, services: enabled) : try await runSupervised(file, services: enabled)
