@@ -165,8 +165,11 @@ public actor Kernel: BusService {
     private func startPair(_ pair: PairLink, listener: ZMQSocket, opened: inout [ZMQSocket]) throws {
         let configuration = pair.configuration, security = self.configuration.security, context = loop.context
         // Nothing waits for a peer that is not there: what is sent meanwhile is dropped, and
-        // the peer copies the state when it is back. With CURVE, each kernel is a client of
-        // the other with the key pair they share.
+        // the peer copies the state when it is back. ZMTP heartbeats close a connection that
+        // went silent (a cut link, a machine gone) rather than queue behind it what would
+        // arrive stale once it is back. With CURVE, each kernel is a client of the other with
+        // the key pair they share.
+        let interval = Int32(clamping: Int(configuration.heartbeatInterval.nanoseconds / 1_000_000))
         func dealer() throws -> ZMQSocket {
             let socket = try ZMQSocket(context, .dealer)
             opened.append(socket)
@@ -176,17 +179,15 @@ public actor Kernel: BusService {
             }
             try socket.set(.immediate, true)
             try socket.set(.linger, 0)
+            try socket.set(.heartbeatInterval, interval)
+            try socket.set(.heartbeatTimeout, interval * 2)
             return socket
         }
         let sender = try dealer()
         try sender.set(.sendHighWaterMark, 1_000_000)
         try sender.connect(configuration.peer)
         if let peerBroker = configuration.peerBroker {
-            let asker = try dealer()
-            let interval = Int32(clamping: Int(configuration.heartbeatInterval.nanoseconds / 1_000_000))
-            try asker.set(.heartbeatInterval, interval)
-            try asker.set(.heartbeatTimeout, interval * 2)
-            try wirePeerBroker(pair, socket: asker, endpoint: peerBroker)
+            try wirePeerBroker(pair, socket: try dealer(), endpoint: peerBroker)
         }
         wire(pair, listener: listener, sender: sender)
     }

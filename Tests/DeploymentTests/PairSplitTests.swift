@@ -107,6 +107,10 @@ struct PairSplitTests {
             services.append(try hosts.start(on: side, ["serve", "echo", "--config", config.path, "--instance", "echo-\(side)"]))
         }
         let both = hosts.broker(0) + "," + hosts.broker(1), backupFirst = hosts.broker(1) + "," + hosts.broker(0)
+        @Sendable func stateSequence(_ side: Int) async throws -> JSONValue? {
+            let result = try await sb(on: side, ["request", "kernel", "stats", "--endpoint", hosts.broker(side), "--timeout", "1s", "--json"])
+            return try JSONValue(parsing: Array(result.stdout.utf8))["state"]?["sequence"]
+        }
         @Sendable func pairState(_ side: Int, from host: Int) async throws -> JSONValue? {
             let result = try await sb(on: host, ["request", "kernel", "ping", "--endpoint", hosts.broker(side), "--timeout", "1s", "--json"])
             return try JSONValue(parsing: Array(result.stdout.utf8))["pair"]
@@ -139,13 +143,16 @@ struct PairSplitTests {
         // Healed: the backup copies what it missed; then the primary goes, and the backup
         // takes over with the write made during the cut.
         try hosts.setKernelLink(up: true)
-        try await eventually(20, "the backup hears the primary and holds the whole state again") {
+        try await eventually(20, "the backup hears the primary and holds the whole state again, to the primary's sequence") {
             let backup = try await pairState(1, from: 1)
-            return backup?["state"] == "passive" && backup?["synced"] == true && (backup?["peer"]?["lastHeardSecondsAgo"]?.doubleValue ?? 9) < 1
+            guard backup?["state"] == "passive", backup?["synced"] == true else { return false }
+            let sequences = [try await stateSequence(0), try await stateSequence(1)]
+            return sequences[0] != nil && sequences[0] == sequences[1]
         }
         kernels[0].stop()
         let after = try await sb(on: 1, ["request", "kernel", "state.get", #"{"prefix":"/client/split/"}"#, "--endpoint", both, "--timeout", "5s", "--json"])
-        #expect(after.status == 0 && after.stdout.contains("cut"), "\(after)")
+        let backupLog = kernels[1].outputSoFar.split(separator: "\n").filter { !$0.contains(" info ") || $0.contains("state") }.joined(separator: "\n")
+        #expect(after.status == 0 && after.stdout.contains("cut"), "\(after)\nthe backup kernel's log:\n\(backupLog)")
         #expect(try await pairState(1, from: 1)?["state"] == "active")
     }
 }
