@@ -1,7 +1,7 @@
 public import Foundation
 import Synchronization
 public import Kernel
-public import ZeroMQ
+import ZeroMQ
 public import BusKit
 
 /// Thrown when a bounded wait in a test runs out.

@@ -224,7 +224,7 @@ struct UpCommand: AsyncParsableCommand {
     /// What a shell needs before `sb` finds this bus: nothing for the defaults, else an
     /// `export` of sb's variables (they apply to every verb, wherever its flags would go).
     static func sbLine(_ file: ConfigFile) -> String {
-        let kernel = file.kernel, security = file.security
+        let security = file.security
         let brokers = file.brokerEndpoints, states = file.stateEndpoints
         var variables: [String] = []
         if brokers != ["tcp://127.0.0.1:5555"] { variables.append("SB_ENDPOINT=\(brokers.joined(separator: ","))") }
