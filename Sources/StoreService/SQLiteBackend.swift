@@ -1,0 +1,269 @@
+import BusProtocol
+import Foundation
+import GRDB
+import Logging
+
+/// The store's data in one SQLite file (GRDB), the default.
+///
+/// A write is answered only after its transaction is on disk (WAL, `synchronous = FULL`).
+/// Writes that arrive together share one transaction and one fsync (group commit), each in
+/// its own savepoint so one bad write does not fail the others. When the database cannot be
+/// opened, every call fails with the reason, and opening is tried again at most once a second.
+actor SQLiteBackend: StoreBackend {
+    let configuration: StoreConfiguration
+    let logger: Logger
+    private var database: DatabasePool?
+    /// Why the database could not be opened, and when that was last tried.
+    private var openFailure: (failure: StorageFailure, at: ContinuousClock.Instant)?
+    private var pendingWrites: [PendingWrite] = []
+    private var flushing = false
+    /// When remembered results older than the window were last deleted.
+    private var lastPruned = ContinuousClock.now
+
+    /// Opens the database now; when that fails, the reason is logged and every call answers it.
+    init(configuration: StoreConfiguration, logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+        do {
+            database = try StoreDatabase.open(configuration)
+        } catch {
+            let failure = StorageFailure(error, path: configuration.path)
+            openFailure = (failure, .now)
+            logger.error("cannot open the database", metadata: ["path": "\(configuration.path)", "problem": "\(failure.detail)"])
+        }
+    }
+
+    // MARK: Writes
+
+    func write(_ write: StoreWrite, request: String?) async throws -> JSONValue {
+        let apply = Self.apply(write)
+        let applyAndRemember: @Sendable (Database) throws -> JSONValue = { db in
+            // Checked again in the transaction: another store process on the same database
+            // may have written the same request since (each writes alone, so one sees it).
+            if let request, let remembered = try Data.fetchOne(db, sql: "SELECT result FROM replies WHERE request = ?", arguments: [request]) {
+                return try JSONValue(parsing: Array(remembered))
+            }
+            let result = try apply(db)
+            if let request {
+                try db.execute(sql: "INSERT OR REPLACE INTO replies (request, result, written_at) VALUES (?, ?, ?)",
+                               arguments: [request, Data(result.jsonBytes), Date().timeIntervalSince1970])
+            }
+            return result
+        }
+        let database = try openDatabase()
+        return try await withCheckedThrowingContinuation { continuation in
+            pendingWrites.append(PendingWrite(apply: applyAndRemember, continuation: continuation))
+            if !flushing {
+                flushing = true
+                Task { await self.flush(database) }
+            }
+        }
+    }
+
+    /// The SQL of each write.
+    private static func apply(_ write: StoreWrite) -> @Sendable (Database) throws -> JSONValue {
+        switch write {
+        case .historyAdd(let text, let limit):
+            return { db in
+                let now = Date()
+                // Re-adding moves the entry to the top: a new row gets the next id.
+                try db.execute(sql: "DELETE FROM history WHERE text = ?", arguments: [text])
+                try db.execute(sql: "INSERT INTO history (text, added_at) VALUES (?, ?)", arguments: [text, now.timeIntervalSince1970])
+                try db.execute(sql: "DELETE FROM history WHERE id NOT IN (SELECT id FROM history ORDER BY id DESC LIMIT ?)", arguments: [limit])
+                return StoreResults.historyAdded(text: text, at: now, count: try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM history") ?? 0)
+            }
+        case .historyClear:
+            return { db in
+                try db.execute(sql: "DELETE FROM history")
+                return StoreResults.cleared(db.changesCount)
+            }
+        case .articleSave(let url, let id, let article):
+            return { db in
+                let now = Date()
+                let created = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM articles WHERE url = ?", arguments: [url]) == 0
+                try db.execute(sql: """
+                    INSERT INTO articles (url, id, saved_seq, saved_at, article)
+                    VALUES (?, ?, (SELECT IFNULL(MAX(saved_seq), 0) + 1 FROM articles), ?, ?)
+                    ON CONFLICT(url) DO UPDATE SET saved_seq = excluded.saved_seq, saved_at = excluded.saved_at, article = excluded.article
+                    """, arguments: [url, id, now.timeIntervalSince1970, article])
+                return StoreResults.articleSaved(id: id, url: url, at: now, created: created)
+            }
+        case .articleDelete(let url, let id):
+            return { db in
+                try db.execute(sql: "DELETE FROM articles WHERE url = ?", arguments: [url])
+                return StoreResults.articleDeleted(url: url, id: id, deleted: db.changesCount > 0)
+            }
+        case .select(let name, let value):
+            return { db in
+                try db.execute(sql: """
+                    INSERT INTO selections (name, value, selected_at) VALUES (?, ?, ?)
+                    ON CONFLICT(name) DO UPDATE SET value = excluded.value, selected_at = excluded.selected_at
+                    """, arguments: [name, value, Date().timeIntervalSince1970])
+                return try selection(db, name) ?? .null
+            }
+        case .snapshotPut(let name, let body, let version, let origin, let fetchedAt):
+            return { db in
+                // A retried or late put never replaces a copy fetched later.
+                try db.execute(sql: """
+                    INSERT INTO snapshots (name, body, version, origin, fetched_at, stored_at) VALUES (?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(name) DO UPDATE SET body = excluded.body, version = excluded.version, origin = excluded.origin,
+                        fetched_at = excluded.fetched_at, stored_at = excluded.stored_at
+                    WHERE excluded.fetched_at >= snapshots.fetched_at
+                    """, arguments: [name, body, version, origin, fetchedAt, Date().timeIntervalSince1970])
+                let stored = db.changesCount > 0
+                let current = try String.fetchOne(db, sql: "SELECT version FROM snapshots WHERE name = ?", arguments: [name]) ?? version
+                return StoreResults.snapshotStored(name: name, stored: stored, version: current, size: body.count)
+            }
+        }
+    }
+
+    /// One write waiting for the next group commit.
+    private struct PendingWrite: Sendable {
+        let apply: @Sendable (Database) throws -> JSONValue
+        let continuation: CheckedContinuation<JSONValue, any Error>
+    }
+
+    /// Commits pending writes, a batch at a time, until none is left.
+    private func flush(_ database: DatabasePool) async {
+        while !pendingWrites.isEmpty {
+            let batch = pendingWrites
+            pendingWrites.removeAll()
+            let applies = batch.map(\.apply)
+            let outcomes: [Result<JSONValue, any Error>]
+            // Results older than the window go, at most once a minute, in a batch's transaction.
+            let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60)
+                ? Date().timeIntervalSince1970 - configuration.replyWindow.seconds : nil
+            if forgetBefore != nil { lastPruned = .now }
+            do {
+                outcomes = try await database.write { db in
+                    if let forgetBefore { try db.execute(sql: "DELETE FROM replies WHERE written_at < ?", arguments: [forgetBefore]) }
+                    var outcomes: [Result<JSONValue, any Error>] = []
+                    for apply in applies {
+                        var value = JSONValue.null
+                        do {
+                            try db.inSavepoint {
+                                value = try apply(db)
+                                return .commit
+                            }
+                            outcomes.append(.success(value))
+                        } catch {
+                            // SQLite may have rolled back the whole transaction (say, on a
+                            // full disk): then the batch fails as one, and nothing earlier in
+                            // it is acknowledged.
+                            guard db.isInsideTransaction else { throw error }
+                            outcomes.append(.failure(error))
+                        }
+                    }
+                    return outcomes
+                }
+            } catch {
+                let failure = StorageFailure(error, path: configuration.path)
+                logger.error("write failed", metadata: ["problem": "\(failure.detail)", "writes": "\(batch.count)"])
+                for pending in batch { pending.continuation.resume(throwing: failure.rpcError) }
+                continue
+            }
+            for (pending, outcome) in zip(batch, outcomes) {
+                switch outcome {
+                case .success(let value):
+                    pending.continuation.resume(returning: value)
+                case .failure(let error as JSONRPCError):
+                    pending.continuation.resume(throwing: error)
+                case .failure(let error):
+                    pending.continuation.resume(throwing: StorageFailure(error, path: configuration.path).rpcError)
+                }
+            }
+        }
+        flushing = false
+    }
+
+    // MARK: Reads
+
+    func read(_ read: StoreRead) async throws -> JSONValue? {
+        switch read {
+        case .history(let limit):
+            return try reading { db in try Self.history(db, limit: limit) }
+        case .articles(let offset, let limit):
+            return try reading { db in
+                let rows = try Row.fetchAll(db, sql: "SELECT id, url, saved_at, article FROM articles ORDER BY saved_seq DESC LIMIT ? OFFSET ?",
+                                            arguments: [limit, offset])
+                let total = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM articles") ?? 0
+                return StoreResults.articles(try rows.map(Self.savedArticle), total: total, offset: offset)
+            }
+        case .article(let id):
+            return try reading { db in
+                try Row.fetchOne(db, sql: "SELECT id, url, saved_at, article FROM articles WHERE id = ?", arguments: [id]).map(Self.savedArticle)
+            }
+        case .selection(let name):
+            return try reading { db in try Self.selection(db, name) }
+        case .snapshot(let name):
+            return try reading { db in
+                try Row.fetchOne(db, sql: "SELECT body, version, origin, fetched_at FROM snapshots WHERE name = ?", arguments: [name]).map { row in
+                    StoreResults.snapshot(name: name, body: row["body"], version: row["version"], origin: row["origin"], fetchedAt: row["fetched_at"])
+                }
+            }
+        case .snapshots:
+            return try reading { db in
+                let rows = try Row.fetchAll(db, sql: "SELECT name, version, origin, fetched_at, length(body) AS size FROM snapshots ORDER BY name")
+                return .array(rows.map { row in
+                    StoreResults.snapshotEntry(name: row["name"], version: row["version"], origin: row["origin"], fetchedAt: row["fetched_at"], size: row["size"])
+                })
+            }
+        }
+    }
+
+    func remembered(_ request: String) async throws -> [UInt8]? {
+        try reading { db in
+            try Data.fetchOne(db, sql: "SELECT result FROM replies WHERE request = ?", arguments: [request]).map { Array($0) }
+        }
+    }
+
+    func articleIDs() async throws -> [String] {
+        try reading { db in try String.fetchAll(db, sql: "SELECT id FROM articles") }
+    }
+
+    private static func history(_ db: Database, limit: Int) throws -> JSONValue {
+        let rows = try Row.fetchAll(db, sql: "SELECT text, added_at FROM history ORDER BY id DESC LIMIT ?", arguments: [limit])
+        return StoreResults.history(rows.map { ($0["text"], $0["added_at"]) }, count: try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM history") ?? 0)
+    }
+
+    private static func savedArticle(_ row: Row) throws -> JSONValue {
+        try StoreResults.savedArticle(id: row["id"], url: row["url"], savedAt: row["saved_at"], article: row["article"])
+    }
+
+    private static func selection(_ db: Database, _ name: String) throws -> JSONValue? {
+        try Row.fetchOne(db, sql: "SELECT value, selected_at FROM selections WHERE name = ?", arguments: [name]).map { row in
+            try StoreResults.selection(value: row["value"], selectedAt: row["selected_at"])
+        }
+    }
+
+    /// Reads on the calling thread: a read takes microseconds, less than the two thread
+    /// hops of GRDB's async `read` (measured: see the README's store figures).
+    private func reading<T>(_ body: (Database) throws -> T) throws -> T {
+        let database = try openDatabase()
+        do {
+            return try database.read(body)
+        } catch let error as JSONRPCError {
+            throw error
+        } catch {
+            throw StorageFailure(error, path: configuration.path).rpcError
+        }
+    }
+
+    private func openDatabase() throws -> DatabasePool {
+        if let database { return database }
+        if let openFailure, ContinuousClock.now - openFailure.at < .seconds(1) {
+            throw openFailure.failure.rpcError
+        }
+        do {
+            let opened = try StoreDatabase.open(configuration)
+            database = opened
+            openFailure = nil
+            logger.info("database opened", metadata: ["path": "\(configuration.path)"])
+            return opened
+        } catch {
+            let failure = StorageFailure(error, path: configuration.path)
+            openFailure = (failure, .now)
+            throw failure.rpcError
+        }
+    }
+}

@@ -1,0 +1,102 @@
+import BusProtocol
+import Foundation
+
+/// Where the store keeps its data. The service validates requests and publishes changes;
+/// a backend runs each write in a transaction, durable before it returns, and each read.
+///
+/// A write named by its request (`request`: the client's id and the JSON-RPC id) keeps its
+/// result in the same transaction as its effect, and a request kept before gets the result
+/// it had, with no second effect: that is what makes a re-sent request run once, even on
+/// store processes sharing one database.
+protocol StoreBackend: Sendable {
+    func write(_ write: StoreWrite, request: String?) async throws -> JSONValue
+    /// nil: nothing there (no such snapshot, no selection yet, no such article).
+    func read(_ read: StoreRead) async throws -> JSONValue?
+    /// The result kept for `request`, if any.
+    func remembered(_ request: String) async throws -> [UInt8]?
+    /// Every saved article's id (to publish them all).
+    func articleIDs() async throws -> [String]
+}
+
+/// The store's writes, validated, as a backend runs them.
+enum StoreWrite: Sendable {
+    /// Adds `text` to the history (an existing one moves to the top), keeps `limit` entries.
+    case historyAdd(text: String, limit: Int)
+    case historyClear
+    /// Saves the article (JSON text) under its URL; `id` is derived from the URL.
+    case articleSave(url: String, id: String, article: String)
+    case articleDelete(url: String, id: String)
+    /// Replaces the selection `name` (`sources` or `route`) with `value` (JSON text).
+    case select(name: String, value: String)
+    /// Keeps a dataset's copy unless a copy fetched later is kept (`fetchedAt`: Unix seconds).
+    case snapshotPut(name: String, body: Data, version: String, origin: String, fetchedAt: Double)
+}
+
+/// The store's reads, each answered as ``StoreResults`` shapes it.
+enum StoreRead: Sendable {
+    case history(limit: Int)
+    case articles(offset: Int, limit: Int)
+    case article(id: String)
+    case selection(name: String)
+    case snapshot(name: String)
+    case snapshots
+}
+
+/// The JSON every backend answers with, from the values it read or wrote.
+enum StoreResults {
+    static func historyAdded(text: String, at: Date, count: Int) -> JSONValue {
+        ["text": .string(text), "addedAt": .string(Timestamp.format(at)), "count": .int(Int64(count))]
+    }
+
+    static func history(_ entries: [(text: String, addedAt: Double)], count: Int) -> JSONValue {
+        ["entries": .array(entries.map { ["text": .string($0.text), "addedAt": .string(Timestamp.format(seconds: $0.addedAt))] }),
+         "count": .int(Int64(count))]
+    }
+
+    static func cleared(_ count: Int) -> JSONValue { ["cleared": .int(Int64(count))] }
+
+    static func articleSaved(id: String, url: String, at: Date, created: Bool) -> JSONValue {
+        ["id": .string(id), "url": .string(url), "savedAt": .string(Timestamp.format(at)), "created": .bool(created)]
+    }
+
+    static func savedArticle(id: String, url: String, savedAt: Double, article: String) throws -> JSONValue {
+        ["id": .string(id), "url": .string(url), "savedAt": .string(Timestamp.format(seconds: savedAt)),
+         "article": try JSONValue(parsing: Array(article.utf8))]
+    }
+
+    static func articles(_ articles: [JSONValue], total: Int, offset: Int) -> JSONValue {
+        ["articles": .array(articles), "total": .int(Int64(total)), "offset": .int(Int64(offset))]
+    }
+
+    static func articleDeleted(url: String, id: String, deleted: Bool) -> JSONValue {
+        var result: [String: JSONValue] = ["deleted": .bool(deleted), "url": .string(url), "id": .string(id)]
+        if !deleted { result["message"] = "no saved article has this URL" }
+        return .object(result)
+    }
+
+    /// A selection as answered and published: sources as `{ids, selectedAt}`, the route as
+    /// `{outboundId, inboundId, selectedAt}`.
+    static func selection(value text: String, selectedAt: Double) throws -> JSONValue {
+        let value = try JSONValue(parsing: Array(text.utf8))
+        let selectedAt = JSONValue.string(Timestamp.format(seconds: selectedAt))
+        if case .object(var fields) = value {
+            fields["selectedAt"] = selectedAt
+            return .object(fields)
+        }
+        return ["ids": value, "selectedAt": selectedAt]
+    }
+
+    static func snapshotStored(name: String, stored: Bool, version: String, size: Int) -> JSONValue {
+        ["name": .string(name), "stored": .bool(stored), "version": .string(version), "size": .int(Int64(size))]
+    }
+
+    static func snapshot(name: String, body: Data, version: String, origin: String, fetchedAt: Double) -> JSONValue {
+        ["name": .string(name), "body": .string(String(decoding: body, as: UTF8.self)), "version": .string(version),
+         "origin": .string(origin), "fetchedAt": .string(Timestamp.format(seconds: fetchedAt))]
+    }
+
+    static func snapshotEntry(name: String, version: String, origin: String, fetchedAt: Double, size: Int) -> JSONValue {
+        ["name": .string(name), "version": .string(version), "origin": .string(origin),
+         "fetchedAt": .string(Timestamp.format(seconds: fetchedAt)), "size": .int(Int64(size))]
+    }
+}
