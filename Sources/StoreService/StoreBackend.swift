@@ -18,6 +18,15 @@ protocol StoreBackend: Sendable {
     func articleIDs() async throws -> [String]
 }
 
+/// A backend that cannot be used (its configuration is wrong): every call answers why.
+struct UnusableBackend: StoreBackend {
+    let failure: StorageFailure
+    func write(_ write: StoreWrite, request: String?) async throws -> JSONValue { throw failure.rpcError }
+    func read(_ read: StoreRead) async throws -> JSONValue? { throw failure.rpcError }
+    func remembered(_ request: String) async throws -> [UInt8]? { throw failure.rpcError }
+    func articleIDs() async throws -> [String] { throw failure.rpcError }
+}
+
 /// The store's writes, validated, as a backend runs them.
 enum StoreWrite: Sendable {
     /// Adds `text` to the history (an existing one moves to the top), keeps `limit` entries.

@@ -6,6 +6,8 @@ import GRDB
 public struct StoreConfiguration: Sendable, Equatable {
     /// The SQLite file; its folder is created when missing.
     public var path: String = "data/store.sqlite"
+    /// A PostgreSQL database instead of the SQLite file (nil: SQLite, the default).
+    public var postgres: PostgresSettings?
     /// How many history entries are kept; the oldest are dropped beyond it.
     public var historyLimit = 100
     /// The largest the database may grow, in bytes (nil: no limit). Beyond it, writes fail
@@ -15,8 +17,10 @@ public struct StoreConfiguration: Sendable, Equatable {
     /// (after a failover) is answered with it instead of being written twice.
     public var replyWindow: Duration = .seconds(600)
 
-    public init(path: String = "data/store.sqlite", historyLimit: Int = 100, maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600)) {
+    public init(path: String = "data/store.sqlite", historyLimit: Int = 100, maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600),
+                postgres: PostgresSettings? = nil) {
         self.path = path
+        self.postgres = postgres
         self.historyLimit = historyLimit
         self.maxSizeBytes = maxSizeBytes
         self.replyWindow = replyWindow

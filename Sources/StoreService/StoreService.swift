@@ -37,7 +37,24 @@ public actor StoreService: BusService, ServiceWork {
         statePublisher = publisher
         let logger = logger ?? Logger(label: "switchboard.store")
         self.logger = logger
-        backend = SQLiteBackend(configuration: configuration, logger: logger)
+        if let postgres = configuration.postgres {
+            do {
+                backend = try PostgresBackend(settings: postgres, replyWindow: configuration.replyWindow, logger: logger)
+            } catch {
+                let failure = StorageFailure(error, path: postgres.redactedURL)
+                logger.error("cannot use the database", metadata: ["url": "\(postgres.redactedURL)", "problem": "\(failure.detail)"])
+                backend = UnusableBackend(failure: failure)
+            }
+        } else {
+            backend = SQLiteBackend(configuration: configuration, logger: logger)
+        }
+    }
+
+    /// Returns once the database can serve: at once for SQLite (a file that cannot be opened
+    /// is answered per request); for PostgreSQL once it answers and its schema is in place,
+    /// trying again with back-off meanwhile. The store registers with the kernel after this.
+    public func waitUntilReady() async {
+        if let postgres = backend as? PostgresBackend { await postgres.waitUntilReady() }
     }
 
     /// Publishes every key, then each change from now on.
@@ -52,11 +69,12 @@ public actor StoreService: BusService, ServiceWork {
         await markEverythingChanged()
     }
 
-    /// Stops publishing (at shutdown).
-    public func stop() {
+    /// Stops publishing and closes the database's connections (at shutdown).
+    public func stop() async {
         publishTask?.cancel()
         publishTask = nil
         publisher = nil
+        if let postgres = backend as? PostgresBackend { await postgres.close() }
     }
 
     /// Results live in the database, beside the effects they answer for.

@@ -6,7 +6,16 @@ import StoreService
 import SwitchboardTestSupport
 import Testing
 
-/// A kernel, a store hosted in this process on a database in a temporary folder, and a client.
+/// The store's backends the suite runs against: SQLite always, PostgreSQL where its server
+/// is installed (the test command's bootstrap installs it).
+enum Backend: String, CaseIterable, CustomTestStringConvertible {
+    case sqlite, postgres
+    static var available: [Backend] { TestPostgres.available ? allCases : [.sqlite] }
+    var testDescription: String { rawValue }
+}
+
+/// A kernel, a store hosted in this process on a database in a temporary folder (or on a
+/// PostgreSQL server the test started), and a client.
 struct StoreBus {
     let kernel: TestKernel
     let store: StoreService
@@ -14,15 +23,22 @@ struct StoreBus {
     let client: BusClient
     let publisherClient: BusClient
     let folder: URL
+    let backend: Backend
+    /// The PostgreSQL server of a `.postgres` bus (stopped with the kernel).
+    let postgres: TestPostgres?
 
     var databasePath: String { store.configuration.path }
 
     static func start(folder: URL? = nil, kernel: TestKernel? = nil, historyLimit: Int = 100, maxSizeBytes: Int? = nil,
-                      connections: Int = 4) async throws -> StoreBus {
+                      connections: Int = 4, backend: Backend = .sqlite, postgres: TestPostgres? = nil) async throws -> StoreBus {
         let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
         let folder = try folder ?? temporaryDirectory("store")
+        var server = postgres
+        if backend == .postgres, server == nil { server = try await TestPostgres.start() }
+        let postgres = backend == .postgres ? server : nil
         let configuration = StoreConfiguration(path: folder.appendingPathComponent("db/store.sqlite").path,
-                                               historyLimit: historyLimit, maxSizeBytes: maxSizeBytes)
+                                               historyLimit: historyLimit, maxSizeBytes: maxSizeBytes,
+                                               postgres: postgres.map { PostgresSettings(url: $0.url(), tls: .disable) })
         let publisherClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(2))
         let publisher = StatePublisher(client: publisherClient)
         let store = StoreService(configuration: configuration, publisher: publisher)
@@ -30,11 +46,13 @@ struct StoreBus {
                                                         heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                         heartbeatLiveness: kernel.configuration.heartbeatLiveness)
         let host = try ServiceHost(service: store, options: options, onReregistered: { await store.republish() })
+        await store.waitUntilReady()
         try await host.start()
         await store.start()
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(5))
         try await eventually(5, "store registered") { try await client.hasWorkers("store") }
-        return StoreBus(kernel: kernel, store: store, host: host, client: client, publisherClient: publisherClient, folder: folder)
+        return StoreBus(kernel: kernel, store: store, host: host, client: client, publisherClient: publisherClient, folder: folder,
+                        backend: backend, postgres: postgres)
     }
 
     func call(_ method: String, _ params: JSONValue? = nil) async throws(BusError) -> JSONValue {
@@ -53,13 +71,22 @@ struct StoreBus {
         }
     }
 
-    /// Stops the store and the clients; the kernel too unless `keepKernel`.
+    /// Stops the store and the clients; the kernel (and the PostgreSQL server) too unless
+    /// `keepKernel` (a restart of the store follows).
     func stop(keepKernel: Bool = false) async {
         await store.stop()
         await host.stop()
         await client.close()
         await publisherClient.close()
-        if !keepKernel { await kernel.stop() }
+        if !keepKernel {
+            await kernel.stop()
+            postgres?.stop()
+        }
+    }
+
+    /// Another store on the same database and kernel (a restart, or a second worker process).
+    func another(historyLimit: Int = 100) async throws -> StoreBus {
+        try await StoreBus.start(folder: folder, kernel: kernel, historyLimit: historyLimit, backend: backend, postgres: postgres)
     }
 }
 
@@ -73,9 +100,9 @@ func article(_ url: String, title: String = "A title") -> JSONValue {
 
 @Suite("store: every method through a live kernel")
 struct StoreMethodTests {
-    @Test("history: most recent first, re-adding moves to the top, trimmed, bounded, cleared")
-    func history() async throws {
-        let bus = try await StoreBus.start(historyLimit: 3)
+    @Test("history: most recent first, re-adding moves to the top, trimmed, bounded, cleared", arguments: Backend.available)
+    func history(backend: Backend) async throws {
+        let bus = try await StoreBus.start(historyLimit: 3, backend: backend)
         _ = try await bus.call("history.add", ["text": "  Amsterdam \n"])
         _ = try await bus.call("history.add", ["text": "Paris"])
         _ = try await bus.call("history.add", ["text": "Mumbai"])
@@ -102,9 +129,9 @@ struct StoreMethodTests {
         await bus.stop()
     }
 
-    @Test("articles: keyed by URL, most recently saved first, deleting a missing one says so")
-    func articles() async throws {
-        let bus = try await StoreBus.start()
+    @Test("articles: keyed by URL, most recently saved first, deleting a missing one says so", arguments: Backend.available)
+    func articles(backend: Backend) async throws {
+        let bus = try await StoreBus.start(backend: backend)
         let first = try await bus.call("articles.save", article("https://example.com/a", title: "First"))
         _ = try await bus.call("articles.save", article("https://example.com/b", title: "Second"))
         // Saving again keeps one copy, refreshed and moved to the top.
@@ -134,9 +161,9 @@ struct StoreMethodTests {
         await bus.stop()
     }
 
-    @Test("selections: sources (deduplicated, in order) and the route; nothing selected yet")
-    func selections() async throws {
-        let bus = try await StoreBus.start()
+    @Test("selections: sources (deduplicated, in order) and the route; nothing selected yet", arguments: Backend.available)
+    func selections(backend: Backend) async throws {
+        let bus = try await StoreBus.start(backend: backend)
         #expect(try await bus.call("sources.selected")["ids"] == [])
         #expect(try await bus.call("route.selected") == .null)
         let selected = try await bus.call("sources.select", ["ids": ["bbc-news", "cnn", "bbc-news"]])
@@ -157,9 +184,9 @@ struct StoreMethodTests {
         await bus.stop()
     }
 
-    @Test("snapshots: multi-megabyte bodies, a late put never replaces a newer copy, a missing one is -32003")
-    func snapshots() async throws {
-        let bus = try await StoreBus.start()
+    @Test("snapshots: multi-megabyte bodies, a late put never replaces a newer copy, a missing one is -32003", arguments: Backend.available)
+    func snapshots(backend: Backend) async throws {
+        let bus = try await StoreBus.start(backend: backend)
         let body = "[" + (0..<200_000).map { "{\"id\":\($0),\"name\":\"Item \($0)\"}" }.joined(separator: ",") + "]"
         #expect(body.utf8.count > 5_000_000)
         let put = try await bus.call("snapshots.put", ["name": "items", "body": .string(body), "version": "v2",
@@ -186,9 +213,9 @@ struct StoreMethodTests {
         await bus.stop()
     }
 
-    @Test("every write is idempotent: the same request twice has the effect of one")
-    func idempotent() async throws {
-        let bus = try await StoreBus.start()
+    @Test("every write is idempotent: the same request twice has the effect of one", arguments: Backend.available)
+    func idempotent(backend: Backend) async throws {
+        let bus = try await StoreBus.start(backend: backend)
         for _ in 0..<2 {
             _ = try await bus.call("history.add", ["text": "Paris"])
             _ = try await bus.call("articles.save", article("https://example.com/a"))
@@ -212,9 +239,9 @@ extension StoreMethodTests {
         return try #require(try JSONRPC.parseResponses(reply[0].bytes).first).outcome.get()
     }
 
-    @Test("a write sent again is answered with its first result and written once, also after the store restarts")
-    func writtenOnce() async throws {
-        let bus = try await StoreBus.start()
+    @Test("a write sent again is answered with its first result and written once, also after the store restarts", arguments: Backend.available)
+    func writtenOnce(backend: Backend) async throws {
+        let bus = try await StoreBus.start(backend: backend)
         let saved = try await send(bus, "articles.save", article("https://example.com/once"), id: 1)
         #expect(saved["created"] == true)
         #expect(try await send(bus, "articles.save", article("https://example.com/once"), id: 1) == saved)
@@ -226,7 +253,7 @@ extension StoreMethodTests {
         #expect(texts(try await bus.call("history.list")) == ["Rome", "Paris"])
         await bus.stop(keepKernel: true)
 
-        let again = try await StoreBus.start(folder: bus.folder, kernel: bus.kernel)
+        let again = try await bus.another()
         #expect(try await send(again, "articles.save", article("https://example.com/once"), id: 1) == saved)
         #expect(try await send(again, "history.add", ["text": "Paris"], id: 3)["count"] == 1)
         #expect(texts(try await again.call("history.list")) == ["Rome", "Paris"])
@@ -236,9 +263,9 @@ extension StoreMethodTests {
 
 @Suite("store: durability, publication and failures")
 struct StoreDurabilityTests {
-    @Test("everything is still there after the store restarts")
-    func restart() async throws {
-        let first = try await StoreBus.start()
+    @Test("everything is still there after the store restarts", arguments: Backend.available)
+    func restart(backend: Backend) async throws {
+        let first = try await StoreBus.start(backend: backend)
         _ = try await first.call("history.add", ["text": "Paris"])
         _ = try await first.call("history.add", ["text": "Rome"])
         _ = try await first.call("articles.save", article("https://example.com/a"))
@@ -248,7 +275,7 @@ struct StoreDurabilityTests {
                                                    "fetchedAt": "2026-11-21T10:00:00Z"])
         await first.stop(keepKernel: true)
 
-        let second = try await StoreBus.start(folder: first.folder, kernel: first.kernel)
+        let second = try await first.another()
         #expect(texts(try await second.call("history.list")) == ["Rome", "Paris"])
         #expect(try await second.call("articles.list")["total"] == 1)
         #expect(try await second.call("sources.selected")["ids"] == ["cnn", "bbc-news"])
@@ -257,9 +284,9 @@ struct StoreDurabilityTests {
         await second.stop()
     }
 
-    @Test("each change is published on its CHP key; a delete publishes an empty value; a kernel restart republishes")
-    func publication() async throws {
-        var bus = try await StoreBus.start()
+    @Test("each change is published on its CHP key; a delete publishes an empty value; a kernel restart republishes", arguments: Backend.available)
+    func publication(backend: Backend) async throws {
+        var bus = try await StoreBus.start(backend: backend)
         let subscription = try await Subscription.open(snapshot: bus.kernel.endpoints.snapshot, publisher: bus.kernel.endpoints.publisher,
                                                        prefixes: ["/store/"], silenceTimeout: .seconds(2))
         let saved = try await bus.call("articles.save", article("https://example.com/a"))
@@ -287,7 +314,7 @@ struct StoreDurabilityTests {
         await bus.kernel.stop()
         let restarted = try await bus.kernel.restarted()
         bus = StoreBus(kernel: restarted, store: bus.store, host: bus.host, client: bus.client,
-                       publisherClient: bus.publisherClient, folder: bus.folder)
+                       publisherClient: bus.publisherClient, folder: bus.folder, backend: bus.backend, postgres: bus.postgres)
         let client = bus.client
         try await eventually(15, "state republished to the new kernel") {
             let got = try await client.request(service: "kernel", method: "state.get", params: ["prefix": "/store/"],
@@ -299,12 +326,12 @@ struct StoreDurabilityTests {
         await bus.stop()
     }
 
-    @Test("two store workers on one database and many clients writing at once: nothing lost, each client's order kept")
-    func concurrentWriters() async throws {
-        let bus = try await StoreBus.start(historyLimit: 1_000)
+    @Test("two store workers on one database and many clients writing at once: nothing lost, each client's order kept", arguments: Backend.available)
+    func concurrentWriters(backend: Backend) async throws {
+        let bus = try await StoreBus.start(historyLimit: 1_000, backend: backend)
         // A second store instance (its own SQLite connections, as a second process would
         // have) on the same file, registered as another worker of `store`.
-        let second = try await StoreBus.start(folder: bus.folder, kernel: bus.kernel, historyLimit: 1_000)
+        let second = try await bus.another(historyLimit: 1_000)
         let clients = 8, writes = 40
         try await withThrowingTaskGroup(of: Void.self) { group in
             for c in 0..<clients {
