@@ -57,11 +57,15 @@ public final class ServiceHost<Hosted: BusService>: Service {
     private let logger: Logger
     private let workers: [WorkerConnection<Hosted>]
     private let reregistered: @Sendable () async -> Void
+    private let ready: @Sendable () async -> Void
 
-    /// - Parameter onReregistered: runs after the kernel forgot this service (it restarted)
-    ///   and the service registered again.
+    /// - Parameters:
+    ///   - onReregistered: runs after the kernel forgot this service (it restarted) and the
+    ///     service registered again.
+    ///   - ready: ``run()`` registers once this returns: a service that cannot serve yet (its
+    ///     database unreachable) is not offered to clients meanwhile.
     public init(service: Hosted, options: Options, context: ZMQContext? = nil, logger: Logger? = nil,
-                onReregistered: @escaping @Sendable () async -> Void = {}) throws {
+                onReregistered: @escaping @Sendable () async -> Void = {}, ready: @escaping @Sendable () async -> Void = {}) throws {
         precondition(!options.brokers.isEmpty && options.connections > 0, "ServiceHost needs a broker and a connection")
         precondition((1...MDP.maxWindow).contains(options.window), "ServiceHost's window must be 1...\(MDP.maxWindow)")
         self.service = service
@@ -69,6 +73,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
         let logger = logger ?? Logger(label: "switchboard.\(Hosted.name)")
         self.logger = logger
         self.reregistered = onReregistered
+        self.ready = ready
         let loop = try SocketLoop(context: try context ?? ZMQContext(), name: "\(Hosted.name)-host")
         self.loop = loop
         var table = MethodTable(of: service)
@@ -100,6 +105,8 @@ public final class ServiceHost<Hosted: BusService>: Service {
     }
 
     public func run() async throws {
+        await ready()
+        guard !Task.isCancelled else { return await loop.shutdown() }
         try await start()
         try? await gracefulShutdown()
         await stop()

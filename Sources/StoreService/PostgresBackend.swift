@@ -137,6 +137,12 @@ actor PostgresBackend: StoreBackend {
 
     private func migrate() async throws {
         guard !migrated else { return }
+        let client = self.client, logger = self.logger
+        try await bounded { try await Self.migrate(client, logger: logger) }
+        migrated = true
+    }
+
+    private static func migrate(_ client: PostgresClient, logger: Logger) async throws {
         try await client.withTransaction(logger: logger) { connection in
             // Workers starting together: one migrates, the others wait for it here.
             try await connection.query("SELECT pg_advisory_xact_lock(7214021)", logger: logger)
@@ -150,10 +156,33 @@ actor PostgresBackend: StoreBackend {
                     try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
                 }
                 try await connection.query("INSERT INTO schema_version (version) VALUES (\(index + 1))", logger: logger)
-                self.logger.notice("database schema migrated", metadata: ["version": "\(index + 1)"])
+                logger.notice("database schema migrated", metadata: ["version": "\(index + 1)"])
             }
         }
-        migrated = true
+    }
+
+    /// How long one database operation (a connection from the pool, then the queries) may
+    /// take before the caller is answered "unreachable": the pool waits for a database that
+    /// is away for as long as it is away.
+    static let operationTimeout: Duration = .seconds(4)
+
+    private struct TimedOut: Error, CustomStringConvertible {
+        var description: String { "no answer within \(PostgresBackend.operationTimeout.formatted)" }
+    }
+
+    /// Runs `body`, or gives up after ``operationTimeout`` (the body is cancelled: a
+    /// transaction cut short is rolled back, or its outcome is unknown; either way the caller
+    /// gets an error, never an acknowledgement).
+    private nonisolated func bounded<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        try await withThrowingTaskGroup(of: T.self) { group in
+            group.addTask { try await body() }
+            group.addTask {
+                try await Task.sleep(for: Self.operationTimeout)
+                throw TimedOut()
+            }
+            defer { group.cancelAll() }
+            return try await group.next()!
+        }
     }
 
     // MARK: Writes
@@ -163,8 +192,8 @@ actor PostgresBackend: StoreBackend {
             try await migrate()
             let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60) ? Date().timeIntervalSince1970 - replyWindow.seconds : nil
             if forgetBefore != nil { lastPruned = .now }
-            let logger = self.logger
-            return try await client.withTransaction(logger: logger) { connection in
+            let logger = self.logger, client = self.client
+            return try await bounded { try await client.withTransaction(logger: logger) { connection in
                 if let forgetBefore { try await connection.query("DELETE FROM replies WHERE written_at < \(forgetBefore)", logger: logger) }
                 if let request, let remembered = try await Self.remembered(request, on: connection, logger: logger) {
                     return try JSONValue(parsing: Array(remembered.utf8))
@@ -177,7 +206,7 @@ actor PostgresBackend: StoreBackend {
                                                logger: logger)
                 }
                 return result
-            }
+            } }
         } catch let error as PSQLError where error.serverInfo?[.sqlState] == "23505" && request != nil {
             if let request, let remembered = try? await remembered(request) { return try JSONValue(parsing: remembered) }
             throw failure(error).rpcError
@@ -247,8 +276,8 @@ actor PostgresBackend: StoreBackend {
     func read(_ read: StoreRead) async throws -> JSONValue? {
         do {
             try await migrate()
-            let logger = self.logger
-            return try await client.withConnection { connection in try await Self.read(read, on: connection, logger: logger) }
+            let logger = self.logger, client = self.client
+            return try await bounded { try await client.withConnection { connection in try await Self.read(read, on: connection, logger: logger) } }
         } catch let error as JSONRPCError {
             throw error
         } catch {
@@ -304,9 +333,11 @@ actor PostgresBackend: StoreBackend {
     func remembered(_ request: String) async throws -> [UInt8]? {
         do {
             try await migrate()
-            let logger = self.logger
-            return try await client.withConnection { connection in
-                try await Self.remembered(request, on: connection, logger: logger).map { Array($0.utf8) }
+            let logger = self.logger, client = self.client
+            return try await bounded {
+                try await client.withConnection { connection in
+                    try await Self.remembered(request, on: connection, logger: logger).map { Array($0.utf8) }
+                }
             }
         } catch {
             throw failure(error).rpcError
@@ -316,12 +347,12 @@ actor PostgresBackend: StoreBackend {
     func articleIDs() async throws -> [String] {
         do {
             try await migrate()
-            let logger = self.logger
-            return try await client.withConnection { connection in
+            let logger = self.logger, client = self.client
+            return try await bounded { try await client.withConnection { connection in
                 var ids: [String] = []
                 for try await (id) in try await connection.query("SELECT id FROM articles", logger: logger).decode(String.self) { ids.append(id) }
                 return ids
-            }
+            } }
         } catch {
             throw failure(error).rpcError
         }
@@ -350,6 +381,9 @@ actor PostgresBackend: StoreBackend {
     /// A failure as callers see it: -32007 with the reason and the URL without its password.
     private func failure(_ error: any Error) -> StorageFailure {
         if let failure = error as? StorageFailure { return failure }
+        if error is TimedOut {
+            return StorageFailure(reason: "unreachable", detail: "the database did not answer within \(Self.operationTimeout.formatted)", path: settings.redactedURL)
+        }
         if let error = error as? PSQLError {
             switch error.code {
             case .serverClosedConnection, .connectionError, .uncleanShutdown:

@@ -41,7 +41,21 @@ public struct StoreSettings: Sendable, Equatable {
     public var maxSizeBytes: Int?
     /// How long each write's result is kept for a request sent again.
     public var rememberSeconds: Int?
+    /// `postgres` (the `url`, `pool_size`, `tls`, `ca_file` keys) instead of the SQLite file.
+    public var postgres: Postgres?
     public init() {}
+
+    /// `store.backend: postgres` and how to reach the database.
+    public struct Postgres: Sendable, Equatable {
+        public var url: String
+        public var poolSize: Int?
+        /// disable, prefer or require.
+        public var tls: String?
+        public var caFile: String?
+        public init(url: String, poolSize: Int? = nil, tls: String? = nil, caFile: String? = nil) {
+            (self.url, self.poolSize, self.tls, self.caFile) = (url, poolSize, tls, caFile)
+        }
+    }
 }
 
 /// `fetcher:` as the file gives it: attempts, and per dataset what differs from the
@@ -176,7 +190,8 @@ public struct ConfigFile: Sendable, Equatable {
             "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
         ].map { ($0, Schema.value) })),
         "services": .each(Set(serviceNames), .map(["enabled": .value, "workers": .value, "window": .value, "log_level": .value])),
-        "store": .map(["path": .value, "history_limit": .value, "max_size_mb": .value, "remember_seconds": .value]),
+        "store": .map(["backend": .value, "path": .value, "history_limit": .value, "max_size_mb": .value, "remember_seconds": .value,
+                       "url": .value, "pool_size": .value, "tls": .value, "ca_file": .value]),
         "pair": .map(Dictionary(uniqueKeysWithValues: ["role", "listen", "peer", "peer_broker", "peer_state", "heartbeat_ms"].map { ($0, Schema.value) })),
         "fetcher": .map([
             "attempts": .value,
@@ -526,6 +541,39 @@ private struct Reader {
         if let value = store["history_limit"] { file.store.historyLimit = try positive(value, "store.history_limit") }
         if let value = store["max_size_mb"] { file.store.maxSizeBytes = try positive(value, "store.max_size_mb") * 1_048_576 }
         if let value = store["remember_seconds"] { file.store.rememberSeconds = try positive(value, "store.remember_seconds") }
+        let backend = try store["backend"].map { value -> String in
+            guard let text = value as? String, ["sqlite", "postgres"].contains(text) else {
+                throw ConfigError(path: "store.backend", problem: "expected sqlite or postgres, got \(ConfigFile.describe(value))")
+            }
+            return text
+        } ?? "sqlite"
+        if backend == "postgres" {
+            guard let value = store["url"] else {
+                throw ConfigError(path: "store.url", problem: "is required with store.backend: postgres (postgres://USER:PASSWORD@HOST:PORT/DATABASE; SWITCHBOARD_STORE_URL keeps the password out of the file)")
+            }
+            guard let url = value as? String, let components = URLComponents(string: url), ["postgres", "postgresql"].contains(components.scheme ?? ""),
+                  !(components.host ?? "").isEmpty, !(components.user ?? "").isEmpty else {
+                // The value may hold a password: it is not repeated.
+                throw ConfigError(path: "store.url", problem: "expected postgres://USER:PASSWORD@HOST:PORT/DATABASE")
+            }
+            var postgres = StoreSettings.Postgres(url: url)
+            if let value = store["pool_size"] { postgres.poolSize = try positive(value, "store.pool_size") }
+            if let value = store["tls"] {
+                guard let text = value as? String, ["disable", "prefer", "require"].contains(text) else {
+                    throw ConfigError(path: "store.tls", problem: "expected disable, prefer or require, got \(ConfigFile.describe(value))")
+                }
+                postgres.tls = text
+            }
+            if let value = store["ca_file"] {
+                guard let path = value as? String, !path.isEmpty else {
+                    throw ConfigError(path: "store.ca_file", problem: "expected a PEM file's path, got \(ConfigFile.describe(value))")
+                }
+                postgres.caFile = path
+            }
+            file.store.postgres = postgres
+        } else if let key = ["url", "pool_size", "tls", "ca_file"].first(where: { store[$0] != nil }) {
+            throw ConfigError(path: "store.\(key)", problem: "applies to store.backend: postgres only")
+        }
 
         let fetcher = try section(tree, "fetcher")
         if let value = fetcher["attempts"] { file.fetcher.attempts = try positive(value, "fetcher.attempts") }

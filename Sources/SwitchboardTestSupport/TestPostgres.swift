@@ -33,7 +33,8 @@ public final class TestPostgres: @unchecked Sendable {
         self.folder = folder
     }
 
-    public static func start() async throws -> TestPostgres {
+    /// A new cluster, started on `port` (default: a free one).
+    public static func start(port: Int? = nil) async throws -> TestPostgres {
         guard let binaries else { throw TestPostgresError(description: "no PostgreSQL server installed (Debian's postgresql package)") }
         let folder = try temporaryDirectory("postgres")
         let data = folder.appendingPathComponent("data")
@@ -42,7 +43,7 @@ public final class TestPostgres: @unchecked Sendable {
         if getuid() == 0 { try run(URL(fileURLWithPath: "/bin/chown"), ["-R", "postgres:postgres", folder.path]) }
         try run(binaries.appendingPathComponent("initdb"), ["-D", data.path, "-U", user, "--pwfile", passwordFile.path,
                                                             "--auth", "scram-sha-256", "--encoding", "UTF8", "--no-sync"])
-        let server = TestPostgres(port: freePort(), folder: folder)
+        let server = TestPostgres(port: port ?? freePort(), folder: folder)
         try server.startServer()
         return server
     }

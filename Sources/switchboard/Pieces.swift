@@ -57,8 +57,9 @@ enum Pieces {
             let client = try await connection.client()
             let publisher = StatePublisher(client: client)
             let service = StoreService(configuration: StoreConfiguration(file.store), logger: logger, publisher: publisher)
+            // On PostgreSQL it registers once the database answers (trying again meanwhile).
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
-                                       onReregistered: { await service.republish() })
+                                       onReregistered: { await service.republish() }, ready: { await service.waitUntilReady() })
             return [client, publisher, host, service]
         case FetcherAPI.service:
             let client = try await connection.client()

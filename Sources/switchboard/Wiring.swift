@@ -12,6 +12,13 @@ extension StoreConfiguration {
         if let limit = settings.historyLimit { historyLimit = limit }
         if let bytes = settings.maxSizeBytes { maxSizeBytes = bytes }
         if let seconds = settings.rememberSeconds { replyWindow = .seconds(seconds) }
+        if let given = settings.postgres {
+            var database = PostgresSettings(url: given.url)
+            if let size = given.poolSize { database.poolSize = size }
+            if let tls = given.tls.flatMap(PostgresSettings.TLSMode.init(rawValue:)) { database.tls = tls }
+            database.caFile = given.caFile
+            postgres = database
+        }
     }
 }
 

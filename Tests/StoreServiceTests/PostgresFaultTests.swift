@@ -1,0 +1,93 @@
+import BusKit
+import BusProtocol
+import Foundation
+import Kernel
+import Logging
+import StoreService
+import Synchronization
+import SwitchboardTestSupport
+import Testing
+
+/// Keeps what a logger was told, for a test to read.
+private final class LogLines: Sendable {
+    let lines = Mutex<[String]>([])
+
+    func logger(_ label: String) -> Logger {
+        Logger(label: label) { _ in Handler(lines: self) }
+    }
+
+    var text: String { lines.withLock { $0.joined(separator: "\n") } }
+
+    struct Handler: LogHandler {
+        let lines: LogLines
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .info
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+        func log(event: LogEvent) {
+            let fields = (event.metadata ?? [:]).map { "\($0.key)=\($0.value)" }.sorted().joined(separator: " ")
+            lines.lines.withLock { $0.append("\(event.level) \(event.message) \(fields)") }
+        }
+    }
+}
+
+@Suite("store on PostgreSQL: the database away at start, lost mid-run, restarted",
+       .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
+struct PostgresFaultTests {
+    @Test("unreachable at start: said with the URL but not its password, registered only once the database answers; killed: writes fail, never a false acknowledgement; restarted: the store reconnects and nothing acknowledged is lost")
+    func databaseAwayAndBack() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let port = freePort()
+        let url = "postgres://\(TestPostgres.user):\(TestPostgres.password)@127.0.0.1:\(port)/postgres"
+        let log = LogLines()
+        let store = StoreService(configuration: StoreConfiguration(postgres: PostgresSettings(url: url, tls: .disable)), logger: log.logger("store"))
+        let host = try ServiceHost(service: store, options: .init(brokers: [kernel.endpoints.broker], connections: 2, heartbeatInterval: .milliseconds(100),
+                                                                   heartbeatLiveness: 10))
+        // As ServiceHost.run does with its `ready`: register once the database can serve.
+        let registering = Task {
+            await store.waitUntilReady()
+            try await host.start()
+        }
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(5))
+        try await eventually(10, "the store said it cannot reach the database") { log.text.contains("cannot reach the database") }
+        #expect(log.text.contains("127.0.0.1:\(port)") && !log.text.contains(TestPostgres.password), "\(log.text)")
+        #expect(try await client.hasWorkers("store") == false, "not registered while the database is away")
+
+        let server = try await TestPostgres.start(port: port)
+        defer { server.stop() }
+        try await eventually(15, "registered once the database answers") { try await client.hasWorkers("store") }
+        try await registering.value
+        var acknowledged: [String] = []
+        for n in 1...5 {
+            _ = try await client.request(service: "store", method: "history.add", params: ["text": .string("before \(n)")])
+            acknowledged.append("before \(n)")
+        }
+
+        // The database goes (as in a crash): writes fail with the reason; none is acknowledged.
+        try server.kill()
+        do {
+            _ = try await client.request(service: "store", method: "history.add", params: ["text": "while away"])
+            Issue.record("a write was acknowledged with the database down")
+        } catch {
+            guard case .remote(_, let rpc) = error else { throw error }
+            #expect(rpc.code == JSONRPCError.storageFailedCode && rpc.data?["reason"] == "unreachable", "\(rpc)")
+            #expect(!rpc.message.contains(TestPostgres.password) && rpc.message.contains("127.0.0.1:\(port)"), "\(rpc.message)")
+        }
+
+        // Back: the store reconnects by itself; everything acknowledged is there.
+        try server.restart()
+        try await eventually(20, "writes succeed again") {
+            (try? await client.request(service: "store", method: "history.add", params: ["text": "after"], timeout: .seconds(2))) != nil
+        }
+        let history = try await client.request(service: "store", method: "history.list")
+        let texts = Set(history["entries"]?.arrayValue?.compactMap { $0["text"]?.stringValue } ?? [])
+        #expect(texts.isSuperset(of: acknowledged + ["after"]), "\(texts)")
+
+        await store.stop()
+        await host.stop()
+        await client.close()
+        await kernel.stop()
+    }
+}
