@@ -7,27 +7,31 @@ import Synchronization
 import SwitchboardTestSupport
 import Testing
 
-@Suite("store: kill -9 while a client writes")
+@Suite("store: kill -9 while a client writes, on SQLite and on PostgreSQL")
 struct StoreCrashTests {
-    /// A `switchboard serve store` process on `database`, registered with `kernel`.
-    static func storeProcess(_ kernel: TestKernel, database: String) throws -> ChildProcess {
+    /// A `switchboard serve store` process on `database` (a SQLite file) or on the PostgreSQL
+    /// server at `postgres` (a URL), registered with `kernel`.
+    static func storeProcess(_ kernel: TestKernel, database: String, postgres: String? = nil) throws -> ChildProcess {
         try ChildProcess(switchboardExecutable(), [
             "serve", "store", "--broker", kernel.endpoints.broker, "--db", database,
             "--heartbeat-ms", "100", "--liveness", "10", "--log-level", "error",
-        ])
+        ], environment: postgres.map { ["SWITCHBOARD_STORE_BACKEND": "postgres", "SWITCHBOARD_STORE_URL": $0, "SWITCHBOARD_STORE_TLS": "disable"] })
     }
 
-    @Test("every acknowledged write is there after a restart, over 20 kills at random moments")
-    func killNine() async throws {
+    @Test("every acknowledged write is there after a restart, over 20 kills at random moments", arguments: Backend.available)
+    func killNine(backend: Backend) async throws {
         let kernel = try await TestKernel.start(fixedPorts: true, fastHeartbeats)
         let folder = try temporaryDirectory("store-crash")
         let database = folder.appendingPathComponent("store.sqlite").path
+        let server = backend == .postgres ? try await TestPostgres.start() : nil
+        defer { server?.stop() }
+        let postgres = server?.url()
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
         var generator = SystemRandomNumberGenerator()
         let seed = UInt64.random(in: 0...UInt64.max, using: &generator)
         var random = SeededGenerator(seed: seed)
         var acknowledged: [String] = []
-        var store = try Self.storeProcess(kernel, database: database)
+        var store = try Self.storeProcess(kernel, database: database, postgres: postgres)
         for round in 0..<20 {
             try await eventually(10, "store registered (round \(round), seed \(seed))") {
                 try await client.hasWorkers("store", timeout: .milliseconds(500))
@@ -55,7 +59,7 @@ struct StoreCrashTests {
             #expect(await store.exit(within: 5), "the store process ended after kill -9")
             stop.store(true, ordering: .relaxed)
             // The request in flight when the store died is answered by the next one.
-            store = try Self.storeProcess(kernel, database: database)
+            store = try Self.storeProcess(kernel, database: database, postgres: postgres)
             acknowledged += try await within(30, "writer finished (round \(round), seed \(seed))") { await writer.value }
         }
         try await eventually(10, "store registered") { try await client.hasWorkers("store", timeout: .milliseconds(500)) }
@@ -67,7 +71,7 @@ struct StoreCrashTests {
             stored.formUnion(page["articles"]?.arrayValue?.compactMap { $0["url"]?.stringValue } ?? [])
             offset += 1_000
         }
-        print("store crash test: \(acknowledged.count) acknowledged writes over 20 kills (seed \(seed))")
+        print("store crash test (\(backend)): \(acknowledged.count) acknowledged writes over 20 kills (seed \(seed))")
         let missing = acknowledged.filter { !stored.contains($0) }
         #expect(acknowledged.count > 20, "writes were acknowledged between the kills")
         #expect(missing.isEmpty, "acknowledged but missing after kill -9 (seed \(seed)): \(missing.prefix(5))")
