@@ -313,4 +313,12 @@ struct ConfigFileTests {
             #expect(error?.path == path && error?.description.contains("s3cret") == false, "\(String(describing: error))")
         }
     }
+
+    @Test("the store-on-PostgreSQL example parses: both hosts on one database, store workers only on the second")
+    func storeOnPostgresExample() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let hosts = try ["kernel-host", "store-host"].map { try ConfigFile.load(root.appendingPathComponent("Config/store-on-postgres/\($0).yaml")) }
+        #expect(hosts.allSatisfy { $0.store.postgres?.url == "postgres://switchboard@10.0.0.3:5432/switchboard" })
+        #expect(hosts[1].services.filter { $0.value.enabled }.map(\.key) == ["store"])
+    }
 }
