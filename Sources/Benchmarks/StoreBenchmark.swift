@@ -10,11 +10,12 @@ import SwitchboardTestSupport
 import ZeroMQ
 
 /// The store through the kernel: durable writes (each acknowledged once its transaction is
-/// on disk) and reads, from one client and from several at once.
+/// on disk) and reads, from one client and from several at once, on SQLite and on a
+/// PostgreSQL server the benchmark starts on loopback (when its binaries are installed).
 struct StoreBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "store",
-        abstract: "Durable writes and reads per second through the kernel, 1 and 8 clients."
+        abstract: "Durable writes and reads per second through the kernel, 1 and 8 clients, SQLite and PostgreSQL."
     )
 
     @Option(help: "Seconds each measurement runs.")
@@ -26,8 +27,21 @@ struct StoreBenchmark: AsyncParsableCommand {
 
     func run() async throws { printTable(try await measure()) }
 
-    /// The figures, as table rows.
+    /// The figures, as table rows: SQLite's, then PostgreSQL's.
     func measure() async throws -> [Row] {
+        var rows = try await measure(postgres: nil)
+        if TestPostgres.available {
+            let server = try await TestPostgres.start()
+            defer { server.stop() }
+            rows += try await measure(postgres: server)
+        } else {
+            progress("PostgreSQL is not installed (Debian's postgresql package): its rows are left out")
+        }
+        return rows
+    }
+
+    /// The figures of one backend: SQLite in a folder, or the PostgreSQL server `postgres`.
+    private func measure(postgres: TestPostgres?) async throws -> [Row] {
         // An in-process kernel on free loopback ports.
         let kernel = try await TestKernel.start()
         let endpoints = kernel.endpoints
@@ -36,7 +50,10 @@ struct StoreBenchmark: AsyncParsableCommand {
         defer { if folder == nil { try? FileManager.default.removeItem(at: directory) } }
         let publisherClient = try await BusClient(brokers: [endpoints.broker])
         let publisher = StatePublisher(client: publisherClient)
-        let store = StoreService(configuration: StoreConfiguration(path: directory.appendingPathComponent("store.sqlite").path), publisher: publisher)
+        let configuration = StoreConfiguration(path: directory.appendingPathComponent("store.sqlite").path,
+                                               postgres: postgres.map { PostgresSettings(url: $0.url(), poolSize: connections, tls: .disable) })
+        let store = StoreService(configuration: configuration, publisher: publisher)
+        await store.waitUntilReady()
         let host = try ServiceHost(service: store, options: .init(brokers: [endpoints.broker], connections: connections))
         try await host.start()
         await store.start()
@@ -44,13 +61,16 @@ struct StoreBenchmark: AsyncParsableCommand {
         while !(try await probe.hasWorkers(StoreAPI.service)) { try await Task.sleep(for: .milliseconds(20)) }
         await probe.close()
 
-        progress("Store benchmark: SQLite WAL with synchronous=FULL in \(directory.path), store with \(connections) worker connections, \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per row")
+        let name = postgres == nil ? "SQLite" : "PostgreSQL"
+        progress(postgres == nil
+            ? "Store benchmark: SQLite WAL with synchronous=FULL in \(directory.path), store with \(connections) worker connections, \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per row"
+            : "Store benchmark: PostgreSQL on loopback (fsync on, synchronous_commit on), a pool of \(connections) connections, \(connections) worker connections")
         var rows: [Row] = []
         for clients in [1, 8] {
             let writes = try await measure(endpoints.broker, clients: clients) { client, index in
                 _ = try await client.call(StoreAPI.articlesSave, .init(article: ["url": .string("https://example.com/\(index)"), "title": "Benchmark"]))
             }
-            rows.append(Row("durable write (articles.save), \(clients) client\(clients == 1 ? "" : "s")", rate: writes.rate,
+            rows.append(Row("\(name): durable write (articles.save), \(clients) client\(clients == 1 ? "" : "s")", rate: writes.rate,
                             latencies: writes.latencies, note: "acknowledged after fsync"))
         }
         let selector = try await BusClient(brokers: [endpoints.broker])
@@ -60,13 +80,13 @@ struct StoreBenchmark: AsyncParsableCommand {
             let reads = try await measure(endpoints.broker, clients: clients) { client, _ in
                 _ = try await client.call(StoreAPI.sourcesSelected)
             }
-            rows.append(Row("read (sources.selected), \(clients) client\(clients == 1 ? "" : "s")", rate: reads.rate, latencies: reads.latencies))
+            rows.append(Row("\(name): read (sources.selected), \(clients) client\(clients == 1 ? "" : "s")", rate: reads.rate, latencies: reads.latencies))
         }
         // Each client keeps several requests in flight (replies are matched by id).
         let pipelined = try await measure(endpoints.broker, clients: 8, inFlight: 8) { client, _ in
             _ = try await client.call(StoreAPI.sourcesSelected)
         }
-        rows.append(Row("read (sources.selected), 8 clients x 8 in flight", rate: pipelined.rate, latencies: pipelined.latencies))
+        rows.append(Row("\(name): read (sources.selected), 8 clients x 8 in flight", rate: pipelined.rate, latencies: pipelined.latencies))
         await store.stop()
         await host.stop()
         await publisherClient.close()

@@ -38,6 +38,8 @@ struct Soak: AsyncParsableCommand {
     @Option(help: "The switchboard executable (default: the one beside this program).") var switchboard: String?
     @Flag(help: "Run a kernel pair (two `switchboard up`s, primary and backup, sharing the store's database) and kill the active kernel at each kill; prints the failover times.")
     var pair = false
+    @Flag(help: "Run the store on a PostgreSQL server the soak starts on loopback (and stops), instead of SQLite.")
+    var postgres = false
     @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
 
     func run() async throws {
@@ -52,10 +54,14 @@ struct Soak: AsyncParsableCommand {
         }
         let folder = try temporaryDirectory("switchboard-soak")
         let configurations = try writeSoakConfiguration(in: folder, pair: pair)
+        // The store's database: the configuration's SQLite file, or a PostgreSQL server of the soak's own.
+        let database = postgres ? try await TestPostgres.start() : nil
+        defer { database?.stop() }
+        if let database { say("the store on PostgreSQL at 127.0.0.1:\(database.port)") }
         let kernels = configurations.map { KernelPorts(ports: $0.ports) }
         say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers, a kill every \(killMin)-\(killMax) s"
             + (pair ? ", a kernel pair: each kill is the active kernel's" : ""))
-        say("replay with --seed \(seed)\(pair ? " --pair" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
+        say("replay with --seed \(seed)\(pair ? " --pair" : "")\(postgres ? " --postgres" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
 
         var buses: [(up: Process, processes: BusProcesses, log: URL, logHandle: FileHandle)] = []
         for (index, configuration) in configurations.enumerated() {
@@ -67,6 +73,10 @@ struct Soak: AsyncParsableCommand {
             // soak dies, even by SIGKILL, `up` reads end-of-file and stops the bus in order.
             let lifeline = Pipe()
             up.arguments = ["up", "--config", configuration.config.path, "--lifeline-fd", "0"]
+            if let database {
+                up.environment = ProcessInfo.processInfo.environment.merging(
+                    ["SWITCHBOARD_STORE_BACKEND": "postgres", "SWITCHBOARD_STORE_URL": database.url(), "SWITCHBOARD_STORE_TLS": "disable"]) { $1 }
+            }
             up.standardInput = lifeline
             let logHandle = try FileHandle(forWritingTo: log)
             up.standardOutput = logHandle
@@ -82,6 +92,7 @@ struct Soak: AsyncParsableCommand {
         let signals = Signals.forward { signal in
             say("interrupted by signal \(signal): stopping the bus")
             for bus in running where !bus.processes.stop(bus.up, grace: 30) { say("the bus did not stop within 30 s of SIGTERM: killed") }
+            database?.stop()
             if !keep { try? FileManager.default.removeItem(at: folder) }
             Glibc.exit(128 + signal)
         }

@@ -358,6 +358,28 @@ actor PostgresBackend: StoreBackend {
         }
     }
 
+    /// Publishes under a session advisory lock: store processes on several machines publish
+    /// one at a time, each the values it reads under the lock, so a value read before another
+    /// process's write is never published after that write's value.
+    func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T {
+        let logger = self.logger
+        // The lock is waited for no longer than an operation; the publisher tries again later.
+        try await bounded { try await self.client.withConnection { connection in
+            try await connection.query("SELECT 1", logger: logger)
+        } }
+        return try await client.withConnection { connection in
+            try await connection.query("SELECT pg_advisory_lock(7214022)", logger: logger)
+            do {
+                let result = try await body()
+                try await connection.query("SELECT pg_advisory_unlock(7214022)", logger: logger)
+                return result
+            } catch {
+                _ = try? await connection.query("SELECT pg_advisory_unlock(7214022)", logger: logger)
+                throw error
+            }
+        }
+    }
+
     private static func remembered(_ request: String, on connection: PostgresConnection, logger: Logger) async throws -> String? {
         for try await (result) in try await connection.query("SELECT result FROM replies WHERE request = \(request)", logger: logger).decode(String.self) {
             return result

@@ -16,6 +16,15 @@ protocol StoreBackend: Sendable {
     func remembered(_ request: String) async throws -> [UInt8]?
     /// Every saved article's id (to publish them all).
     func articleIDs() async throws -> [String]
+    /// Runs `body` (reading values and publishing them) while no other store process on the
+    /// same database does: publications are in the order of the values they read.
+    func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T
+}
+
+extension StoreBackend {
+    /// One process per database file (or its processes publish what they read at once, a
+    /// file shared on one machine): nothing to coordinate.
+    func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T { try await body() }
 }
 
 /// A backend that cannot be used (its configuration is wrong): every call answers why.

@@ -256,8 +256,13 @@ public actor StoreService: BusService, ServiceWork {
             var failed: [String] = []
             var problem: (any Error)?
             do {
-                let values = try await currentValues(of: keys)
-                let outcomes = await publisher.set(many: Array(zip(keys, values)).map { (key: $0.0, value: $0.1) })
+                // Store processes sharing a database publish one at a time, each the values
+                // as they are then: none can publish an older value over a newer one.
+                let batch = keys
+                let outcomes = try await backend.publishing {
+                    let values = try await self.currentValues(of: batch)
+                    return await publisher.set(many: Array(zip(batch, values)).map { (key: $0.0, value: $0.1) })
+                }
                 for (key, outcome) in zip(keys, outcomes) {
                     if case .failure(let error) = outcome { failed.append(key); problem = error }
                 }

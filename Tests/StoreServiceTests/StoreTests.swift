@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import Contracts
 import Foundation
 import Kernel
 import StoreService
@@ -355,6 +356,13 @@ struct StoreDurabilityTests {
             #expect(mine == (0..<writes).reversed().map { "c\(c)-w\($0)" })
         }
         #expect(try await second.call("articles.list")["total"] == .int(Int64(clients * writes)))
+        // What the two stores published ends as the database holds it: neither published an
+        // older history over a newer one.
+        let client = bus.client
+        try await eventually(10, "the published history is the stored one") {
+            let published = try await client.call(KernelAPI.stateGet, .init(prefix: "/store/history"))
+            return published.entries.first.map { texts($0.value) } == history
+        }
         await second.stop(keepKernel: true)
         await bus.stop()
     }
