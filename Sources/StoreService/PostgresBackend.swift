@@ -364,7 +364,7 @@ actor PostgresBackend: StoreBackend {
     func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T {
         let logger = self.logger
         // The lock is waited for no longer than an operation; the publisher tries again later.
-        try await bounded { try await self.client.withConnection { connection in
+        _ = try await bounded { try await self.client.withConnection { connection in
             try await connection.query("SELECT 1", logger: logger)
         } }
         return try await client.withConnection { connection in
