@@ -2,6 +2,9 @@ import BusProtocol
 import Foundation
 import GRDB
 import Logging
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The store's data in one SQLite file (GRDB), the default.
 ///
@@ -219,6 +222,18 @@ actor SQLiteBackend: StoreBackend {
 
     func articleIDs() async throws -> [String] {
         try reading { db in try String.fetchAll(db, sql: "SELECT id FROM articles") }
+    }
+
+    /// Store processes sharing the file (two on one machine, say a kernel pair's) publish one
+    /// at a time, under a lock on a file beside the database: each publishes the values it
+    /// reads under the lock, so none publishes an older value over a newer one.
+    func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T {
+        let descriptor = open(configuration.path + ".publishing", O_CREAT | O_RDWR | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else { return try await body() }  // a read-only folder: no other writer either
+        defer { close(descriptor) }
+        while flock(descriptor, LOCK_EX | LOCK_NB) != 0 { try await Task.sleep(for: .milliseconds(2)) }
+        defer { flock(descriptor, LOCK_UN) }
+        return try await body()
     }
 
     private static func history(_ db: Database, limit: Int) throws -> JSONValue {

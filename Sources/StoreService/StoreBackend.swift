@@ -21,12 +21,6 @@ protocol StoreBackend: Sendable {
     func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T
 }
 
-extension StoreBackend {
-    /// One process per database file (or its processes publish what they read at once, a
-    /// file shared on one machine): nothing to coordinate.
-    func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T { try await body() }
-}
-
 /// A backend that cannot be used (its configuration is wrong): every call answers why.
 struct UnusableBackend: StoreBackend {
     let failure: StorageFailure
@@ -34,6 +28,7 @@ struct UnusableBackend: StoreBackend {
     func read(_ read: StoreRead) async throws -> JSONValue? { throw failure.rpcError }
     func remembered(_ request: String) async throws -> [UInt8]? { throw failure.rpcError }
     func articleIDs() async throws -> [String] { throw failure.rpcError }
+    func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T { throw failure.rpcError }
 }
 
 /// The store's writes, validated, as a backend runs them.
