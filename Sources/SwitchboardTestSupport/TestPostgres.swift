@@ -87,7 +87,12 @@ public final class TestPostgres: @unchecked Sendable {
     /// running: Foundation's `Process` would, as the server inherits what it watches).
     private static func run(_ tool: URL, _ arguments: [String]) throws {
         let asPostgres = getuid() == 0 && tool.lastPathComponent != "chown"
-        let command = asPostgres ? ["/usr/sbin/runuser", "-u", "postgres", "--", tool.path] + arguments : [tool.path] + arguments
+        // Through a shell that closes every descriptor but the first three: nothing else of
+        // this process's (the lifelines of the test's other child processes among them) goes
+        // to the server, which outlives the tool that started it.
+        let closeOthers = #"for fd in /proc/$$/fd/*; do n=${fd##*/}; [ "$n" -gt 2 ] && eval "exec $n>&-" 2>/dev/null; done; exec "$@""#
+        let command = ["/bin/bash", "-c", closeOthers, "bash"]
+            + (asPostgres ? ["/usr/sbin/runuser", "-u", "postgres", "--", tool.path] + arguments : [tool.path] + arguments)
         let outputFile = FileManager.default.temporaryDirectory.appendingPathComponent("pg-tool-\(UUID().uuidString).log")
         defer { try? FileManager.default.removeItem(at: outputFile) }
         var actions = posix_spawn_file_actions_t()
