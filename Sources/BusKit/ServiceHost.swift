@@ -56,7 +56,6 @@ public final class ServiceHost<Hosted: BusService>: Service {
     let loop: SocketLoop
     private let logger: Logger
     private let workers: [WorkerConnection<Hosted>]
-    private let reregistered: @Sendable () async -> Void
     private let ready: @Sendable () async -> Void
 
     /// - Parameters:
@@ -72,7 +71,6 @@ public final class ServiceHost<Hosted: BusService>: Service {
         self.options = options
         let logger = logger ?? Logger(label: "switchboard.\(Hosted.name)")
         self.logger = logger
-        self.reregistered = onReregistered
         self.ready = ready
         let loop = try SocketLoop(context: try context ?? ZMQContext(), name: "\(Hosted.name)-host")
         self.loop = loop

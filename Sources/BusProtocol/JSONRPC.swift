@@ -243,6 +243,15 @@ public enum JSONRPCIncoming: Sendable, Equatable {
     case batch([JSONRPCItem])
     /// Not JSON, or an empty batch: answer with this response alone.
     case unusable(JSONRPCResponse)
+
+    /// The valid requests of the body, in order.
+    public var requests: [JSONRPCRequest] {
+        switch self {
+        case .unusable, .single(.invalid): []
+        case .single(.request(let request)): [request]
+        case .batch(let items): items.compactMap { if case .request(let request) = $0 { request } else { nil } }
+        }
+    }
 }
 
 public enum JSONRPC {

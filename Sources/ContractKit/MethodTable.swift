@@ -121,7 +121,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     public func answer(body: [UInt8], on service: Service) async -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
         var outcomes: [Result<[UInt8], any Error>] = []
-        for request in Self.requests(in: incoming) {
+        for request in incoming.requests {
             let handler = handlers[request.method]
             let run = { () async throws -> [UInt8] in
                 switch handler {
@@ -142,7 +142,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// methods are all ``onIsolated(_:_:)`` (the kernel's).
     public func answerNow(body: [UInt8], on service: isolated Service) -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
-        let outcomes = Self.requests(in: incoming).map { request in
+        let outcomes = incoming.requests.map { request in
             let run = {
                 Result<[UInt8], any Error> {
                     switch handlers[request.method] {
@@ -189,14 +189,6 @@ public struct MethodTable<Service: BusService>: Sendable {
         logger.log(level: level, "request answered", metadata: metadata)
     }
 
-    /// The valid requests of a body, in order.
-    private static func requests(in incoming: JSONRPCIncoming) -> [JSONRPCRequest] {
-        switch incoming {
-        case .unusable, .single(.invalid): []
-        case .single(.request(let request)): [request]
-        case .batch(let items): items.compactMap { if case .request(let request) = $0 { request } else { nil } }
-        }
-    }
 
     /// The reply to a body, from the outcome of each of its valid requests (in order):
     /// notifications get none; an error thrown that is no ``JSONRPCError`` is -32603.

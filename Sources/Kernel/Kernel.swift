@@ -313,14 +313,9 @@ public actor Kernel: BusService {
     /// Whether a request body calls a state method: of a pair, only the active kernel answers
     /// those (any kernel answers ping, services.list, stats and metrics about itself).
     private static func readsOrWritesState(_ body: Frame) -> Bool {
-        let stateMethods: Set<String> = [KernelAPI.stateSet.name, KernelAPI.statePublish.name, KernelAPI.stateGet.name]
-        let requests: [JSONRPCRequest] = switch JSONRPC.parseRequests(body.bytes) {
-        case .single(.request(let request)): [request]
-        case .batch(let items): items.compactMap { if case .request(let request) = $0 { request } else { nil } }
-        default: []
-        }
-        return requests.contains { stateMethods.contains($0.method) }
+        JSONRPC.parseRequests(body.bytes).requests.contains { stateMethods.contains($0.method) }
     }
+    private static let stateMethods: Set<String> = [KernelAPI.stateSet.name, KernelAPI.statePublish.name, KernelAPI.stateGet.name]
 
     public nonisolated func methods(_ table: inout MethodTable<Kernel>) {
         table.onIsolated(KernelAPI.ping) { kernel, _ in kernel.ping() }
