@@ -91,6 +91,7 @@ let package = Package(
             dependencies: [
                 "BusProtocol", "ContractKit", "Contracts", "ZeroMQ", "CZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],

@@ -36,12 +36,15 @@ public final class ServiceHost<Hosted: BusService>: Service {
         /// The kernel's `max_message_size`: a bigger reply is answered -32010 instead (the
         /// kernel would drop the worker's connection, and the client would wait in vain).
         public var maxMessageSize: Int
+        /// The kernel's `max_batch_items`: a bigger batch is refused (-32010) unanswered.
+        public var maxBatchItems: Int
 
         public init(brokers: [String], connections: Int = 2, window: Int = 16, heartbeatInterval: Duration = .milliseconds(2_500),
                     heartbeatLiveness: Int = 3, drainTimeout: Duration = .seconds(5), curve: CurveClientKeys? = nil,
-                    maxMessageSize: Int = MDP.defaultMaxMessageSize) {
+                    maxMessageSize: Int = MDP.defaultMaxMessageSize, maxBatchItems: Int = BodyLimits().maxBatchItems) {
             self.curve = curve
             self.maxMessageSize = maxMessageSize
+            self.maxBatchItems = maxBatchItems
             self.brokers = brokers
             self.connections = connections
             self.window = window
@@ -76,6 +79,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
         self.loop = loop
         var table = MethodTable(of: service)
         table.logger = logger
+        table.limits = BodyLimits(maxBatchItems: options.maxBatchItems, maxReplyBytes: options.maxMessageSize)
         let frozen = table
         workers = options.brokers.flatMap { broker in (0..<options.connections).map { (broker, $0) } }.enumerated().map { index, place in
             WorkerConnection(loop: loop, index: index, broker: place.0,
@@ -212,15 +216,13 @@ actor WorkerConnection<Hosted: BusService> {
             reregister()
         case .request(let client, let body):
             busy += 1
-            let table = self.table, service = self.service, limit = options.maxMessageSize
+            let table = self.table, service = self.service
             let bytes = body.count == 1 ? body[0].bytes : nil
             Task {
                 var answer: (reply: [UInt8], errors: Int)
                 if let bytes {
+                    // The table keeps the reply within the kernel's message limit.
                     answer = await table.answer(body: bytes, on: service)
-                    if answer.reply.count > limit {
-                        answer = (JSONRPC.errorReply(to: bytes, error: .overMessageSize("reply", bytes: answer.reply.count, limit: limit)), 1)
-                    }
                 } else {
                     answer = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
                 }

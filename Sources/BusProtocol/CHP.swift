@@ -37,13 +37,9 @@ public struct KVEntry: Sendable, Equatable {
         properties.first { $0.name == name }?.value
     }
 
-    /// The `ttl` property in seconds, if present and a non-negative number.
-    public var ttl: Double? { Self.ttl(in: properties) }
-
-    static func ttl(in properties: [(name: String, value: String)]) -> Double? {
-        guard let text = properties.first(where: { $0.name == "ttl" })?.value, let seconds = Double(text),
-              seconds.isFinite, seconds >= 0 else { return nil }
-        return seconds
+    /// The `ttl` property in seconds, if present and within ``TimeToLive/range``.
+    public var ttl: Double? {
+        property("ttl").flatMap(Double.init).flatMap { TimeToLive(seconds: $0)?.seconds }
     }
 
     public static func == (lhs: KVEntry, rhs: KVEntry) -> Bool {
@@ -166,10 +162,16 @@ extension CHP {
     }
 
     /// Checks a `KVSET` as ``decodeKVSet(_:)`` does, without building its key or entry (the
-    /// kernel keys its state by the key's bytes); returns its `ttl` property.
-    public static func checkKVSet(_ message: Message) throws(ProtocolError) -> Double? {
+    /// kernel keys its state by the key's bytes); returns its `ttl` property. A `ttl` that is
+    /// no number of seconds within ``TimeToLive/range`` makes the KVSET malformed (it is
+    /// refused, never converted).
+    public static func checkKVSet(_ message: Message) throws(ProtocolError) -> TimeToLive? {
         let properties = try checkedKVSetProperties(message)
-        return properties.isEmpty ? nil : KVEntry.ttl(in: properties)
+        guard let text = properties.first(where: { $0.name == "ttl" })?.value else { return nil }
+        guard let seconds = Double(text), let ttl = TimeToLive(seconds: seconds) else {
+            throw ProtocolError("CHP", "KVSET ttl must be \(TimeToLive.rangeDescription), got '\(text.prefix(40))'")
+        }
+        return ttl
     }
 
     /// The one check of a `KVSET`'s frames; returns its properties, decoded once.

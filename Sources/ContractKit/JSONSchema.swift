@@ -36,6 +36,14 @@ extension SchemaDescribed where Self: CaseIterable & RawRepresentable, RawValue 
     public static var schemaSample: Self { allCases.first! }
 }
 
+/// A params type that states the range of each of its numeric fields, by the field's JSON
+/// name. The generated schema carries them (`minimum`, `maximum`), so `rpc.discover` shows
+/// them and ``SchemaCheck`` refuses a number outside one before any handler converts it
+/// (-32602 naming the field and its range): ranges are the contract's rule, written once.
+public protocol NumberRanges {
+    static var numberRanges: [String: ClosedRange<Double>] { get }
+}
+
 /// Records the schema of one value while its `init(from:)` runs.
 final class SchemaRecorder {
     enum Shape {
@@ -86,7 +94,27 @@ final class SchemaRecorder {
         if let primitive = primitive(type) { return primitive }
         let recorder = SchemaRecorder()
         let sample = try T(from: RecordingDecoder(recorder: recorder))
-        return (recorder.schema, sample)
+        guard let ranged = type as? any NumberRanges.Type else { return (recorder.schema, sample) }
+        return (bounded(recorder.schema, by: ranged.numberRanges, of: type), sample)
+    }
+
+    /// `schema` with each named property's `minimum` and `maximum`.
+    private static func bounded<T>(_ schema: JSONValue, by ranges: [String: ClosedRange<Double>], of type: T.Type) -> JSONValue {
+        guard var object = schema.objectValue, var properties = object["properties"]?.objectValue else { return schema }
+        for (name, range) in ranges {
+            guard var property = properties[name]?.objectValue else {
+                preconditionFailure("\(T.self).numberRanges names '\(name)', which is no field of it")
+            }
+            property["minimum"] = number(range.lowerBound)
+            property["maximum"] = number(range.upperBound)
+            properties[name] = .object(property)
+        }
+        object["properties"] = .object(properties)
+        return .object(object)
+    }
+
+    private static func number(_ value: Double) -> JSONValue {
+        value == value.rounded() && abs(value) < 9e15 ? .int(Int64(value)) : .double(value)
     }
 
     private static func primitive<T>(_ type: T.Type) -> (schema: JSONValue, sample: T)? {

@@ -49,6 +49,8 @@ public struct MethodTable<Service: BusService>: Sendable {
     private let exactlyOnce: ExactlyOnce
     /// Where each request that carried a trace is logged when answered (nil: nowhere).
     public var logger: Logger?
+    /// What one request body may cost (the kernel's `max_batch_items` and `max_message_size`).
+    public var limits = BodyLimits()
     /// The methods in the order they were added, for `rpc.discover`.
     private var descriptions: [MethodDescription] = []
 
@@ -120,8 +122,14 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// Each request runs in the trace it carries (``BusTracing``).
     public func answer(body: [UInt8], on service: Service) async -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
+        if let refusal = limits.refusal(of: incoming) { return (refusal.jsonBytes, 1) }
         var outcomes: [Result<[UInt8], any Error>] = []
+        var budget = ReplyBudget(limit: limits.maxReplyBytes)
         for request in incoming.requests {
+            guard budget.hasRoom else {
+                outcomes.append(.failure(budget.notRun))
+                continue
+            }
             let handler = handlers[request.method]
             let run = { () async throws -> [UInt8] in
                 switch handler {
@@ -130,10 +138,10 @@ public struct MethodTable<Service: BusService>: Sendable {
                 case nil: throw JSONRPCError.methodNotFound(request.method)
                 }
             }
-            outcomes.append(await traced(request) {
+            outcomes.append(budget.admit(await traced(request) {
                 guard stateChanging.contains(request.method), let key = RequestKey(request) else { return try await run() }
                 return try await exactlyOnce.run(key, run).get()
-            })
+            }))
         }
         return Self.reply(incoming, outcomes)
     }
@@ -142,7 +150,10 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// methods are all ``onIsolated(_:_:)`` (the kernel's).
     public func answerNow(body: [UInt8], on service: isolated Service) -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
-        let outcomes = incoming.requests.map { request in
+        if let refusal = limits.refusal(of: incoming) { return (refusal.jsonBytes, 1) }
+        var budget = ReplyBudget(limit: limits.maxReplyBytes)
+        let outcomes = incoming.requests.map { request -> Result<[UInt8], any Error> in
+            guard budget.hasRoom else { return .failure(budget.notRun) }
             let run = {
                 Result<[UInt8], any Error> {
                     switch handlers[request.method] {
@@ -152,13 +163,13 @@ public struct MethodTable<Service: BusService>: Sendable {
                     }
                 }
             }
-            guard let context = BusTracing.context(of: request.trace) else { return run() }
-            return InstrumentationContext.withValue(context) {
+            guard let context = BusTracing.context(of: request.trace) else { return budget.admit(run()) }
+            return budget.admit(InstrumentationContext.withValue(context) {
                 let started = ContinuousClock.now
                 let outcome = run()
                 record(request, outcome, since: started, sampled: BusTracing.isSampled(context))
                 return outcome
-            }
+            })
         }
         return Self.reply(incoming, outcomes)
     }
@@ -216,6 +227,58 @@ public struct MethodTable<Service: BusService>: Sendable {
             let answers = items.compactMap(response)
             return (JSONRPC.batchReply(answers.map(\.reply)) ?? [], answers.filter(\.isError).count)
         }
+    }
+}
+
+/// What one request body may cost. A batch is answered in one message, so its count of
+/// requests is refused up front when over the limit, and its reply is counted as each result
+/// joins it: once the bytes pass the limit, the result that passed it and every request after
+/// (not run) are answered -32010 instead, so no reply grows past the message limit however
+/// the requests multiply what they ask for.
+public struct BodyLimits: Sendable {
+    public var maxBatchItems: Int
+    public var maxReplyBytes: Int
+    public init(maxBatchItems: Int = 100, maxReplyBytes: Int = MDP.defaultMaxMessageSize) {
+        self.maxBatchItems = maxBatchItems
+        self.maxReplyBytes = maxReplyBytes
+    }
+
+    /// The answer to a batch with too many requests (nil: within the limit).
+    func refusal(of incoming: JSONRPCIncoming) -> JSONRPCResponse? {
+        guard case .batch(let items) = incoming, items.count > maxBatchItems else { return nil }
+        return JSONRPCResponse(id: .null, error: JSONRPCError(
+            code: JSONRPCError.tooLargeCode, message: "Too large: the batch has \(items.count) requests, the limit (kernel.max_batch_items) is \(maxBatchItems)",
+            data: ["requests": .int(Int64(items.count)), "limit": .int(Int64(maxBatchItems))]))
+    }
+}
+
+/// The bytes a reply has reached while its results come in (see ``BodyLimits``).
+struct ReplyBudget {
+    let limit: Int
+    private(set) var spent = 0
+    /// Room for one more result: nothing has passed the limit yet.
+    var hasRoom: Bool { spent <= limit }
+
+    init(limit: Int) { self.limit = limit }
+
+    /// `outcome`, or -32010 when its result takes the reply past the limit.
+    mutating func admit(_ outcome: Result<[UInt8], any Error>) -> Result<[UInt8], any Error> {
+        // A result's envelope (id, "jsonrpc", separators) is counted with it.
+        let envelope = 64
+        guard case .success(let result) = outcome else {
+            spent += envelope
+            return outcome
+        }
+        spent += result.count + envelope
+        guard spent > limit else { return outcome }
+        return .failure(JSONRPCError.overMessageSize("reply", bytes: spent, limit: limit))
+    }
+
+    /// For a request not run because the reply is already full.
+    var notRun: JSONRPCError {
+        JSONRPCError(code: JSONRPCError.tooLargeCode,
+                     message: "Too large: not run: the batch's reply already passed the limit of \(limit) bytes (kernel.max_message_size); send it in smaller batches",
+                     data: ["limit": .int(Int64(limit))])
     }
 }
 

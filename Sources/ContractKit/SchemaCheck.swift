@@ -2,7 +2,7 @@ public import BusProtocol
 
 /// Checks a JSON value against a generated schema (the subset ``JSONSchema`` writes: `type`,
 /// `properties`, `required`, `additionalProperties: false`, `items`, `enum`, `anyOf`,
-/// `minimum`), naming the first field that does not fit and what was expected there.
+/// `minimum`, `maximum`), naming the first field that does not fit and what was expected there.
 public enum SchemaCheck {
     public struct Mismatch: Error, Sendable, Equatable {
         /// Where: `params`, `text`, `article.title`, `ids[2]`.
@@ -45,8 +45,8 @@ public enum SchemaCheck {
                 return Mismatch(field: here, expected: words, problem: value.isNull ? "is required to be \(words), not null" : "must be \(words)")
             }
         }
-        if case .int(let number) = value, let minimum = schema["minimum"]?.intValue, number < minimum {
-            return Mismatch(field: here, expected: "an integer of at least \(minimum)", problem: "must be at least \(minimum)")
+        if let number = value.doubleValue, let range = range(schema), !range.contains(number) {
+            return Mismatch(field: here, expected: range.words, problem: "must be \(range.words), got \(value)")
         }
         switch value {
         case .object(let members):
@@ -77,6 +77,21 @@ public enum SchemaCheck {
     }
 
     private static func join(_ field: String, _ name: String) -> String { field.isEmpty ? name : "\(field).\(name)" }
+
+    /// The numeric range a schema allows (`minimum`, `maximum`), with it in words; nil: any number.
+    private static func range(_ schema: JSONValue) -> (contains: (Double) -> Bool, words: String)? {
+        let minimum = schema["minimum"], maximum = schema["maximum"]
+        guard minimum != nil || maximum != nil else { return nil }
+        let low = minimum?.doubleValue ?? -.infinity, high = maximum?.doubleValue ?? .infinity
+        let integer = schema["type"] == "integer" || schema["type"]?.arrayValue?.contains("integer") == true
+        let kind = integer ? "an integer" : "a number"
+        let words = switch (minimum, maximum) {
+        case (let minimum?, let maximum?): "\(kind) from \(minimum) to \(maximum)"
+        case (let minimum?, nil): "\(kind) of at least \(minimum)"
+        default: "\(kind) of at most \(maximum!)"
+        }
+        return ({ low <= $0 && $0 <= high }, words)
+    }
 
     private static func fits(_ value: JSONValue, _ type: String) -> Bool {
         switch (type, value) {

@@ -25,3 +25,7 @@ public enum EchoAPI {
         public init(n: Int) { self.n = n }
     }
 }
+
+extension EchoAPI.Sleep: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["ms": 0...600_000]
+}

@@ -47,3 +47,7 @@ public enum FetcherAPI {
         public var records: [JSONValue]
     }
 }
+
+extension FetcherAPI.Get: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["offset": Ranges.offset, "limit": 1...1_000]
+}

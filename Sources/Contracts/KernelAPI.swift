@@ -12,7 +12,7 @@ public enum KernelAPI {
     public static let metrics = Method<NoParams, Metrics>(service, "metrics", "The same figures in the Prometheus text format.")
     public static let stateSet = Method<StateSetParams, StateWritten>(service, "state.set", "Writes a CHP key (null deletes; ttl in seconds), acknowledged with its sequence number.")
     public static let statePublish = Method<StateSetParams, StateWritten>(service, "state.publish", "Writes a key as a client, under the collector's rule (the writable prefixes, /client/ by default), acknowledged with its sequence number.")
-    public static let stateGet = Method<StateGetParams, StateEntries>(service, "state.get", "The CHP keys under a prefix with their values and sequence numbers.")
+    public static let stateGet = Method<StateGetParams, StateEntries>(service, "state.get", "The CHP keys under a prefix with their values and sequence numbers, a page at a time (next: the after of the next page).")
 
     public struct Pong: Codable, Sendable {
         public var pong: Bool
@@ -89,10 +89,19 @@ public enum KernelAPI {
         public init(sequence: UInt64) { self.sequence = sequence }
     }
 
+    /// One page of the keys under `prefix`, in byte order: at most `limit` entries (default
+    /// ``stateGetDefaultLimit``) and about ``stateGetPageBytes`` of values (at least one
+    /// entry); `after` is the previous page's `next`.
     public struct StateGetParams: Codable, Sendable {
         public var prefix: String?
-        public init(prefix: String? = nil) { self.prefix = prefix }
+        public var after: String?
+        public var limit: Int?
+        public init(prefix: String? = nil, after: String? = nil, limit: Int? = nil) { (self.prefix, self.after, self.limit) = (prefix, after, limit) }
     }
+    public static let stateGetDefaultLimit = 1_000
+    /// Bytes of keys and values past which a page ends: a reply stays far below any message
+    /// limit, however large the state, and a batch of pages stays within one.
+    public static let stateGetPageBytes = 1_048_576
 
     public struct StateEntries: Codable, Sendable {
         public struct Entry: Codable, Sendable {
@@ -103,6 +112,16 @@ public enum KernelAPI {
         }
         public var sequence: UInt64
         public var entries: [Entry]
-        public init(sequence: UInt64, entries: [Entry]) { (self.sequence, self.entries) = (sequence, entries) }
+        /// Present when more keys follow: the `after` of the next page.
+        public var next: String?
+        public init(sequence: UInt64, entries: [Entry], next: String? = nil) { (self.sequence, self.entries, self.next) = (sequence, entries, next) }
     }
+}
+
+extension KernelAPI.StateSetParams: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["ttl": TimeToLive.range]
+}
+
+extension KernelAPI.StateGetParams: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["limit": 1...10_000]
 }

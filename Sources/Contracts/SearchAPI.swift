@@ -158,3 +158,15 @@ public enum SearchAPI {
         public var buildMs: Double?
     }
 }
+
+extension SearchAPI.Countries: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["offset": Ranges.offset, "limit": 1...1_000]
+}
+
+extension SearchAPI.Locations: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["offset": Ranges.offset, "limit": 1...1_000]
+}
+
+extension SearchAPI.Headlines: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["page": 1...1_000_000, "pageSize": 1...100]
+}

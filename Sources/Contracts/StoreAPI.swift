@@ -133,3 +133,11 @@ public enum StoreAPI {
         public var size: Int
     }
 }
+
+extension StoreAPI.Limit: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["limit": 1...1_000_000]
+}
+
+extension StoreAPI.Page: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["offset": Ranges.offset, "limit": 1...1_000]
+}

@@ -157,6 +157,12 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
         return text.withUTF8 { equals($0) }
     }
 
+    /// Whether this frame's bytes sort before `other`'s (lexicographic; for UTF-8 text the
+    /// order of code points).
+    public func precedes(_ other: Frame) -> Bool {
+        withUnsafeBytes { lhs in other.withUnsafeBytes { rhs in lhs.lexicographicallyPrecedes(rhs) } }
+    }
+
     public static func == (lhs: Frame, rhs: Frame) -> Bool {
         lhs.withUnsafeBytes { a in
             rhs.withUnsafeBytes { b in a.count == b.count && (a.count == 0 || memcmp(a.baseAddress!, b.baseAddress!, a.count) == 0) }

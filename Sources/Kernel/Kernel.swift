@@ -246,12 +246,20 @@ public actor Kernel: BusService {
         }
         state.sendSnapshot = { snapshotRegistration.send($0) }
         state.publish = { publisherRegistration.send($0) }
+        state.setPublisherHighWaterMark = { [logger] mark in
+            do {
+                try publisher.set(.sendHighWaterMark, Int32(clamping: mark))
+            } catch {
+                logger.warning("cannot set the publisher's backlog", metadata: ["problem": "\(error)"])
+            }
+        }
         broker.onWorkersChanged = { name, count in
             let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
             state.set("/kernel/services/\(name)", value: Frame(value.jsonBytes), now: monotonicNanoseconds())
         }
         var table = MethodTable(of: self)
         table.logger = logger
+        table.limits = BodyLimits(maxBatchItems: configuration.maxBatchItems, maxReplyBytes: configuration.maxMessageSize)
         self.table = table
         broker.kernelRequest = { [weak self] client, body, peer in
             self?.assumeIsolated { kernel in kernel.answer(client: client, body: body, peer: peer) }
@@ -324,7 +332,7 @@ public actor Kernel: BusService {
         table.onIsolated(KernelAPI.metrics) { kernel, _ in KernelAPI.Metrics(contentType: "text/plain; version=0.0.4", text: kernel.prometheusText()) }
         table.onIsolated(KernelAPI.stateSet) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: false) }
         table.onIsolated(KernelAPI.statePublish) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: true) }
-        table.onIsolated(KernelAPI.stateGet) { kernel, params in kernel.stateGet(prefix: params.prefix ?? "") }
+        table.onIsolated(KernelAPI.stateGet) { kernel, params in kernel.stateGet(params) }
     }
 
     private func ping() -> KernelAPI.Pong {
@@ -345,21 +353,27 @@ public actor Kernel: BusService {
         guard params.key.hasPrefix("/"), params.key.count > 1 else {
             throw .invalidParams(field: "key", "must be a path starting with '/'")
         }
-        if let ttl = params.ttl, !(ttl >= 0 && ttl.isFinite) {
-            throw .invalidParams(field: "ttl", "must be a non-negative number of seconds")
+        // The contract's range refuses any other ttl before this runs; checked again here
+        // because this is where seconds become nanoseconds.
+        let ttl = try params.ttl.map { seconds throws(JSONRPCError) in
+            guard let ttl = TimeToLive(seconds: seconds) else { throw .invalidParams(field: "ttl", "must be \(TimeToLive.rangeDescription)") }
+            return ttl
         }
         let value = params.value ?? .null
         let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
-        let sequence = try state.write(params.key, value: frame, ttl: params.ttl, by: Peer(userID: peer, security: configuration.security),
+        let sequence = try state.write(params.key, value: frame, ttl: ttl, by: Peer(userID: peer, security: configuration.security),
                                        asClient: asClient, now: monotonicNanoseconds()).get()
         return KernelAPI.StateWritten(sequence: sequence)
     }
 
-    private func stateGet(prefix: String) -> KernelAPI.StateEntries {
-        KernelAPI.StateEntries(sequence: state.sequence, entries: state.entries(under: prefix).map { key, entry in
+    private func stateGet(_ params: KernelAPI.StateGetParams) -> KernelAPI.StateEntries {
+        let page = state.page(under: params.prefix ?? "", after: params.after, limit: params.limit ?? KernelAPI.stateGetDefaultLimit,
+                              maxBytes: KernelAPI.stateGetPageBytes)
+        let entries = page.entries.map { key, entry in
             let value = (try? JSONValue(parsing: entry.value.bytes)) ?? .string(entry.value.string ?? "")
-            return KernelAPI.StateEntries.Entry(key: key, sequence: entry.sequence, value: value)
-        })
+            return KernelAPI.StateEntries.Entry(key: key.string ?? "", sequence: entry.sequence, value: value)
+        }
+        return KernelAPI.StateEntries(sequence: state.sequence, entries: entries, next: page.more ? entries.last?.key : nil)
     }
 }
 

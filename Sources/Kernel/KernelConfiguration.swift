@@ -31,6 +31,10 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// Updates the publisher queues for one subscriber that does not read; beyond it the
     /// subscriber misses updates (and resynchronises when it notices).
     public var subscriberBacklog = 100_000
+    /// Bytes of updates the publisher queues for one subscriber that does not read, about:
+    /// while large values are published the backlog in messages shrinks to fit
+    /// (``PublisherBudget``).
+    public var subscriberBacklogBytes = 64 * 1024 * 1024
     /// The largest inbound message on any kernel socket; a peer sending more is disconnected.
     public var maxMessageSize = MDP.defaultMaxMessageSize
     /// Services whose requests are not re-sent to another worker when theirs dies; they
@@ -49,6 +53,14 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// writable prefixes.
     public var clientStateMaxKeys = 10_000
     public var clientStateMaxBytes = 16 * 1024 * 1024
+    /// The largest key and value one state entry may hold (1 MiB): state is what every
+    /// subscriber receives and every snapshot carries, so a bigger value belongs in a
+    /// service (the store) and its key in state. It also keeps a stuck subscriber's backlog
+    /// (`subscriber_backlog_bytes`) at more than a few dozen updates.
+    public var stateMaxValueBytes = 1024 * 1024
+    /// Requests one JSON-RPC batch may carry, at the kernel and at every service: a batch is
+    /// answered in one message, so its size is what bounds a reply's.
+    public var maxBatchItems = 100
     /// Interval of CHP HUGZ when nothing else is published.
     public var hugzInterval: Duration = .seconds(1)
     /// CURVE on every endpoint with the kernel's allow-lists; nil: plain text (NULL mechanism).

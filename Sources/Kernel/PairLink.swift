@@ -95,12 +95,18 @@ struct ReplicatedEntry {
         (self.quotaOwner, self.expiresIn) = (quotaOwner, expiresIn)
     }
 
-    /// From the frames after the command (`fields` starts at the key).
+    /// From the frames after the command (`fields` starts at the key); nil when malformed,
+    /// an expiry over ``TimeToLive/maxSeconds`` included (no state has one).
     init?(_ fields: ArraySlice<Frame>) {
         guard fields.count == 7, let sequence = PairWire.sequence(fields[fields.startIndex + 1]) else { return nil }
         let f = Array(fields)
+        var expiresIn: UInt64?
+        if !f[6].isEmpty {
+            guard let nanoseconds = PairWire.sequence(f[6]), TimeToLive(nanoseconds: nanoseconds) != nil else { return nil }
+            expiresIn = nanoseconds
+        }
         self.init(key: f[0], sequence: sequence, uuid: f[2], properties: f[3], value: f[4],
-                  quotaOwner: f[5].isEmpty ? nil : f[5].string, expiresIn: f[6].isEmpty ? nil : PairWire.sequence(f[6]))
+                  quotaOwner: f[5].isEmpty ? nil : f[5].string, expiresIn: expiresIn)
     }
 }
 

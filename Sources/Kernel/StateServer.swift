@@ -1,5 +1,6 @@
 import BusProtocol
 import Foundation
+import HeapModule
 import Logging
 import ZeroMQ
 
@@ -34,6 +35,9 @@ final class StateServer {
     /// Sends on the snapshot ROUTER and on the publisher XPUB.
     var sendSnapshot: (Message) -> Void = { _ in }
     var publish: (Message) -> Void = { _ in }
+    /// Sets the publisher's send high-water mark (``PublisherBudget``).
+    var setPublisherHighWaterMark: (Int) -> Void = { _ in }
+    private var budget: PublisherBudget
 
     /// Keyed by the key's bytes, as the KVSET carried them: no string is built per update.
     private(set) var entries: [Frame: Entry] = [:]
@@ -73,6 +77,7 @@ final class StateServer {
         self.configuration = configuration
         self.logger = logger
         access = StateAccess(configuration: configuration)
+        budget = PublisherBudget(maxMessages: configuration.subscriberBacklog, maxBytes: configuration.subscriberBacklogBytes)
         sequence = UInt64(Date().timeIntervalSince1970 * 1_000_000)
     }
 
@@ -82,16 +87,16 @@ final class StateServer {
     /// change and returns its sequence number. A `ttl` in seconds deletes the key when it
     /// runs out.
     @discardableResult
-    func set(_ key: String, value: Frame, ttl: Double? = nil, now: UInt64) -> UInt64 {
+    func set(_ key: String, value: Frame, ttl: TimeToLive? = nil, now: UInt64) -> UInt64 {
         set(Frame(key), value: value, ttl: ttl, now: now)
     }
 
     @discardableResult
-    private func set(_ key: Frame, value: Frame, ttl: Double?, now: UInt64) -> UInt64 {
+    private func set(_ key: Frame, value: Frame, ttl: TimeToLive?, now: UInt64) -> UInt64 {
         // A passive kernel's own keys are its active peer's to set.
         guard authoritative else { return sequence }
         return apply(key, at: entries.index(forKey: key), value: value, ttl: ttl, uuid: Frame(),
-                     properties: Self.properties(ttl: ttl), quotaOwner: nil, now: now)
+                     properties: Frame(ttl?.property ?? ""), quotaOwner: nil, now: now)
     }
 
     /// What ``admit(_:at:size:by:collector:)`` decided.
@@ -104,19 +109,15 @@ final class StateServer {
     /// A peer's `state.set` (or, `asClient`, its `state.publish`, under the collector's rule):
     /// applied when ``StateAccess`` lets `peer` write `key` and the limits have room;
     /// otherwise the error to answer with (-32011 or -32010).
-    func write(_ key: String, value: Frame, ttl: Double?, by peer: Peer, asClient: Bool = false, now: UInt64) -> Result<UInt64, JSONRPCError> {
+    func write(_ key: String, value: Frame, ttl: TimeToLive?, by peer: Peer, asClient: Bool = false, now: UInt64) -> Result<UInt64, JSONRPCError> {
         let key = Frame(key)
         let index = entries.index(forKey: key)
         switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: asClient) {
         case .refused(let error): return .failure(error)
         case .allowed(let owner):
             return .success(apply(key, at: index, value: value, ttl: ttl, uuid: Frame(),
-                                  properties: Self.properties(ttl: ttl), quotaOwner: owner, now: now))
+                                  properties: Frame(ttl?.property ?? ""), quotaOwner: owner, now: now))
         }
-    }
-
-    private static func properties(ttl: Double?) -> Frame {
-        Frame(ttl.map { ttl in "ttl=\(ttl == ttl.rounded() ? String(Int(ttl)) : String(ttl))\n" } ?? "")
     }
 
     /// Whether `peer` may write `key` (held at `index`, if it is) with a value of `size`
@@ -132,7 +133,9 @@ final class StateServer {
         let old = index.map { entries.values[$0] }
         let keys = entries.count + (old == nil ? 1 : 0), bytes = totalBytes - (old?.size ?? 0) + size
         var refusal: String?
-        if keys > configuration.stateMaxKeys {
+        if size > configuration.stateMaxValueBytes {
+            refusal = "the key and value are \(size) bytes, over the limit (kernel.state_max_value_bytes) of \(configuration.stateMaxValueBytes)"
+        } else if keys > configuration.stateMaxKeys {
             refusal = "the state holds \(entries.count) keys, the limit (kernel.state_max_keys)"
         } else if bytes > configuration.stateMaxBytes {
             refusal = "the state would hold \(bytes) bytes, over the limit (kernel.state_max_bytes) of \(configuration.stateMaxBytes)"
@@ -153,7 +156,7 @@ final class StateServer {
     /// Makes the change, keeps the counts, and publishes it with the frames at hand (a
     /// KVSET's own key, UUID, properties and value frames go out as they came, uncopied).
     /// `index`: where `key` is held now (nil: it is not), found once by the caller.
-    private func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, ttl: Double?,
+    private func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, ttl: TimeToLive?,
                        uuid: Frame, properties: Frame, quotaOwner: String?, now: UInt64) -> UInt64 {
         sequence += 1
         let old = index.map { entries.values[$0] }
@@ -161,7 +164,7 @@ final class StateServer {
         if value.isEmpty {
             if let index { entries.remove(at: index) }
         } else {
-            let expiresAt = ttl.map { now + UInt64($0 * 1e9) }
+            let expiresAt = ttl.map { now + $0.nanoseconds }
             if expiresAt != nil { expiring += 1 }
             let entry = Entry(sequence: sequence, value: value, expiresAt: expiresAt, quotaOwner: quotaOwner, size: key.count + value.count)
             if let index { entries.values[index] = entry } else { entries[key] = entry }
@@ -172,7 +175,7 @@ final class StateServer {
         let update: Message = [key, CHP.sequenceFrame(sequence), uuid, properties, value]
         if let pair {
             pair.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
-                                           quotaOwner: quotaOwner, expiresIn: ttl.map { UInt64($0 * 1e9) }))
+                                           quotaOwner: quotaOwner, expiresIn: ttl?.nanoseconds))
             pair.afterReplication(of: sequence) { [self] in emit(update, key: key) }
         } else {
             emit(update, key: key)
@@ -182,6 +185,7 @@ final class StateServer {
 
     /// Publishes an update and counts it under its topics (for the next HUGZ).
     private func emit(_ update: Message, key: Frame) {
+        if let mark = budget.published(size: update.byteCount) { setPublisherHighWaterMark(mark) }
         publish(update)
         for index in topics.indices where key.hasPrefix(topics[index].prefix) { topics[index].published &+= 1 }
         countsDue = true
@@ -260,7 +264,7 @@ final class StateServer {
     func collect(_ message: Message, now: UInt64) {
         // A passive kernel leaves clients' writes to the active one, which replicates them.
         guard authoritative else { return }
-        let ttl: Double?
+        let ttl: TimeToLive?
         do {
             ttl = try CHP.checkKVSet(message)
         } catch {
@@ -303,10 +307,35 @@ final class StateServer {
         sendSnapshot(CHP.kthxbai(sequence: sequence, subtree: request.subtree, to: request.client))
     }
 
-    /// Entries under `prefix`, sorted by key.
-    func entries(under prefix: String) -> [(key: String, entry: Entry)] {
-        let prefix = Frame(prefix)
-        return entries.filter { $0.key.hasPrefix(prefix) }.map { ($0.key.string ?? "", $0.value) }.sorted { $0.key < $1.key }
+    /// One page of the entries under `prefix` whose keys sort after `after` (by bytes): at
+    /// most `limit` of them, and no more once their keys and values pass `maxBytes` (at least
+    /// one); `more` when keys follow. One pass over the state that keeps the `limit` smallest
+    /// keys in a heap, so a page costs the same whatever the client asks for.
+    func page(under prefix: String, after: String?, limit: Int, maxBytes: Int) -> (entries: [(key: Frame, entry: Entry)], more: Bool) {
+        let prefix = Frame(prefix), after = after.map { Frame($0) }
+        var smallest = Heap<PageKey>()
+        var candidates = 0
+        for key in entries.keys where key.hasPrefix(prefix) {
+            if let after, !after.precedes(key) { continue }
+            candidates += 1
+            smallest.insert(PageKey(key: key))
+            if smallest.count > limit { _ = smallest.removeMax() }
+        }
+        var page: [(key: Frame, entry: Entry)] = []
+        var bytes = 0
+        while let next = smallest.popMin() {
+            let entry = entries[next.key]!
+            if !page.isEmpty, bytes + entry.size > maxBytes { break }
+            bytes += entry.size
+            page.append((next.key, entry))
+        }
+        return (page, candidates > page.count)
+    }
+
+    /// A key in byte order, for the page heap.
+    private struct PageKey: Comparable {
+        let key: Frame
+        static func < (lhs: PageKey, rhs: PageKey) -> Bool { lhs.key.precedes(rhs.key) }
     }
 
     // MARK: Publisher events and time

@@ -186,7 +186,8 @@ public struct ConfigFile: Sendable, Equatable {
         "kernel": .map(Dictionary(uniqueKeysWithValues: [
             "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
             "max_message_size", "no_retry", "writable_prefixes", "log_level",
-            "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog",
+            "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog", "subscriber_backlog_bytes",
+            "state_max_value_bytes", "max_batch_items",
             "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
         ].map { ($0, Schema.value) })),
         "services": .each(Set(serviceNames), .map(["enabled": .value, "workers": .value, "window": .value, "log_level": .value])),
@@ -458,19 +459,22 @@ private struct Reader {
         if let value = kernel["snapshot"] { k.snapshotEndpoint = try endpoint(value, "kernel.snapshot") }
         if let value = kernel["publisher"] { k.publisherEndpoint = try endpoint(value, "kernel.publisher") }
         if let value = kernel["collector"] { k.collectorEndpoint = try endpoint(value, "kernel.collector") }
-        if let value = kernel["heartbeat_ms"] { k.heartbeatInterval = .milliseconds(try positive(value, "kernel.heartbeat_ms")) }
-        if let value = kernel["liveness"] { k.heartbeatLiveness = try positive(value, "kernel.liveness") }
-        if let value = kernel["queue_timeout_ms"] { k.queueTimeout = .milliseconds(try positive(value, "kernel.queue_timeout_ms")) }
-        if let value = kernel["max_message_size"] { k.maxMessageSize = try positive(value, "kernel.max_message_size") }
-        if let value = kernel["max_queued"] { k.maxQueuedPerService = try positive(value, "kernel.max_queued") }
-        if let value = kernel["max_queued_bytes"] { k.maxQueuedBytes = try positive(value, "kernel.max_queued_bytes") }
-        if let value = kernel["max_services"] { k.maxServices = try positive(value, "kernel.max_services") }
-        if let value = kernel["peer_backlog"] { k.peerBacklog = try positive(value, "kernel.peer_backlog") }
-        if let value = kernel["subscriber_backlog"] { k.subscriberBacklog = try positive(value, "kernel.subscriber_backlog") }
-        if let value = kernel["state_max_keys"] { k.stateMaxKeys = try positive(value, "kernel.state_max_keys") }
-        if let value = kernel["state_max_bytes"] { k.stateMaxBytes = try positive(value, "kernel.state_max_bytes") }
-        if let value = kernel["client_state_max_keys"] { k.clientStateMaxKeys = try positive(value, "kernel.client_state_max_keys") }
-        if let value = kernel["client_state_max_bytes"] { k.clientStateMaxBytes = try positive(value, "kernel.client_state_max_bytes") }
+        if let value = kernel["heartbeat_ms"] { k.heartbeatInterval = .milliseconds(try positive(value, "kernel.heartbeat_ms", atMost: Limit.hour_ms)) }
+        if let value = kernel["liveness"] { k.heartbeatLiveness = try positive(value, "kernel.liveness", atMost: 1_000) }
+        if let value = kernel["queue_timeout_ms"] { k.queueTimeout = .milliseconds(try positive(value, "kernel.queue_timeout_ms", atMost: Limit.day_ms)) }
+        if let value = kernel["max_message_size"] { k.maxMessageSize = try positive(value, "kernel.max_message_size", atMost: 1 << 30) }
+        if let value = kernel["max_queued"] { k.maxQueuedPerService = try positive(value, "kernel.max_queued", atMost: 10_000_000) }
+        if let value = kernel["max_queued_bytes"] { k.maxQueuedBytes = try positive(value, "kernel.max_queued_bytes", atMost: 1 << 40) }
+        if let value = kernel["max_services"] { k.maxServices = try positive(value, "kernel.max_services", atMost: 1_000_000) }
+        if let value = kernel["peer_backlog"] { k.peerBacklog = try positive(value, "kernel.peer_backlog", atMost: Int(Int32.max)) }
+        if let value = kernel["subscriber_backlog"] { k.subscriberBacklog = try positive(value, "kernel.subscriber_backlog", atMost: Int(Int32.max)) }
+        if let value = kernel["subscriber_backlog_bytes"] { k.subscriberBacklogBytes = try positive(value, "kernel.subscriber_backlog_bytes", atMost: 1 << 40) }
+        if let value = kernel["state_max_value_bytes"] { k.stateMaxValueBytes = try positive(value, "kernel.state_max_value_bytes", atMost: 1 << 30) }
+        if let value = kernel["max_batch_items"] { k.maxBatchItems = try positive(value, "kernel.max_batch_items", atMost: 100_000) }
+        if let value = kernel["state_max_keys"] { k.stateMaxKeys = try positive(value, "kernel.state_max_keys", atMost: 100_000_000) }
+        if let value = kernel["state_max_bytes"] { k.stateMaxBytes = try positive(value, "kernel.state_max_bytes", atMost: 1 << 40) }
+        if let value = kernel["client_state_max_keys"] { k.clientStateMaxKeys = try positive(value, "kernel.client_state_max_keys", atMost: 100_000_000) }
+        if let value = kernel["client_state_max_bytes"] { k.clientStateMaxBytes = try positive(value, "kernel.client_state_max_bytes", atMost: 1 << 40) }
         if let value = kernel["no_retry"] { k.nonRetriableServices = Set(try strings(value, "kernel.no_retry")) }
         if let value = kernel["writable_prefixes"] {
             let prefixes = try strings(value, "kernel.writable_prefixes")
@@ -493,7 +497,7 @@ private struct Reader {
             }
             var configuration = PairConfiguration(role: role, listen: try endpoint(try required("listen"), "pair.listen"),
                                                   peer: try endpoint(try required("peer"), "pair.peer"))
-            if let value = pair["heartbeat_ms"] { configuration.heartbeatInterval = .milliseconds(try positive(value, "pair.heartbeat_ms")) }
+            if let value = pair["heartbeat_ms"] { configuration.heartbeatInterval = .milliseconds(try positive(value, "pair.heartbeat_ms", atMost: Limit.hour_ms)) }
             let peerBroker = try endpoint(try required("peer_broker"), "pair.peer_broker")
             configuration.peerBroker = peerBroker
             let peerState: StateEndpoints
@@ -519,13 +523,8 @@ private struct Reader {
             let entry = try ConfigFile.mapping(value, path)
             var settings = file.services[name]!
             if let value = entry["enabled"] { settings.enabled = try bool(value, "\(path).enabled") }
-            if let value = entry["workers"] { settings.workers = try positive(value, "\(path).workers") }
-            if let value = entry["window"] {
-                settings.window = try positive(value, "\(path).window")
-                guard settings.window <= MDP.maxWindow else {
-                    throw ConfigError(path: "\(path).window", problem: "at most \(MDP.maxWindow) requests per connection, got \(settings.window)")
-                }
-            }
+            if let value = entry["workers"] { settings.workers = try positive(value, "\(path).workers", atMost: 1_000) }
+            if let value = entry["window"] { settings.window = try positive(value, "\(path).window", atMost: MDP.maxWindow) }
             if let value = entry["log_level"] { settings.logLevel = try logLevel(value, "\(path).log_level") }
             file.services[name] = settings
         }
@@ -538,9 +537,9 @@ private struct Reader {
             }
             file.store.path = path
         }
-        if let value = store["history_limit"] { file.store.historyLimit = try positive(value, "store.history_limit") }
-        if let value = store["max_size_mb"] { file.store.maxSizeBytes = try positive(value, "store.max_size_mb") * 1_048_576 }
-        if let value = store["remember_seconds"] { file.store.rememberSeconds = try positive(value, "store.remember_seconds") }
+        if let value = store["history_limit"] { file.store.historyLimit = try positive(value, "store.history_limit", atMost: 1_000_000) }
+        if let value = store["max_size_mb"] { file.store.maxSizeBytes = try positive(value, "store.max_size_mb", atMost: 1 << 20) * 1_048_576 }
+        if let value = store["remember_seconds"] { file.store.rememberSeconds = try positive(value, "store.remember_seconds", atMost: Limit.year_s) }
         let backend = try store["backend"].map { value -> String in
             guard let text = value as? String, ["sqlite", "postgres"].contains(text) else {
                 throw ConfigError(path: "store.backend", problem: "expected sqlite or postgres, got \(ConfigFile.describe(value))")
@@ -557,7 +556,7 @@ private struct Reader {
                 throw ConfigError(path: "store.url", problem: "expected postgres://USER:PASSWORD@HOST:PORT/DATABASE")
             }
             var postgres = StoreSettings.Postgres(url: url)
-            if let value = store["pool_size"] { postgres.poolSize = try positive(value, "store.pool_size") }
+            if let value = store["pool_size"] { postgres.poolSize = try positive(value, "store.pool_size", atMost: 1_000) }
             if let value = store["tls"] {
                 guard let text = value as? String, ["disable", "prefer", "require"].contains(text) else {
                     throw ConfigError(path: "store.tls", problem: "expected disable, prefer or require, got \(ConfigFile.describe(value))")
@@ -576,7 +575,7 @@ private struct Reader {
         }
 
         let fetcher = try section(tree, "fetcher")
-        if let value = fetcher["attempts"] { file.fetcher.attempts = try positive(value, "fetcher.attempts") }
+        if let value = fetcher["attempts"] { file.fetcher.attempts = try positive(value, "fetcher.attempts", atMost: 100) }
         for (name, value) in try section(fetcher, "datasets", parent: "fetcher") {
             let path = "fetcher.datasets.\(name)"
             let dataset = Dataset(rawValue: name)!
@@ -588,9 +587,9 @@ private struct Reader {
                 }
                 source.url = parsed
             }
-            if let value = entry["refresh_seconds"] { source.refreshInterval = .seconds(try positive(value, "\(path).refresh_seconds")) }
-            if let value = entry["timeout_ms"] { source.timeout = .milliseconds(try positive(value, "\(path).timeout_ms")) }
-            if let value = entry["max_mb"] { source.maxBytes = try positive(value, "\(path).max_mb") * 1_048_576 }
+            if let value = entry["refresh_seconds"] { source.refreshInterval = .seconds(try positive(value, "\(path).refresh_seconds", atMost: Limit.year_s)) }
+            if let value = entry["timeout_ms"] { source.timeout = .milliseconds(try positive(value, "\(path).timeout_ms", atMost: Limit.day_ms)) }
+            if let value = entry["max_mb"] { source.maxBytes = try positive(value, "\(path).max_mb", atMost: 1 << 20) * 1_048_576 }
             if let value = entry["headers"] {
                 guard let headers = value as? [String: String] else {
                     throw ConfigError(path: "\(path).headers", problem: "expected a mapping of header names to strings")
@@ -618,26 +617,26 @@ private struct Reader {
 
         let supervisor = try section(tree, "supervisor")
         var u = file.supervisor
-        if let value = supervisor["start_timeout_seconds"] { u.startTimeout = .seconds(try positive(value, "supervisor.start_timeout_seconds")) }
-        if let value = supervisor["stop_timeout_seconds"] { u.stopTimeout = .seconds(try positive(value, "supervisor.stop_timeout_seconds")) }
-        if let value = supervisor["restart_backoff_ms"] { u.restartBackoff = .milliseconds(try positive(value, "supervisor.restart_backoff_ms")) }
-        if let value = supervisor["restart_backoff_max_ms"] { u.restartBackoffMax = .milliseconds(try positive(value, "supervisor.restart_backoff_max_ms")) }
-        if let value = supervisor["restart_limit"] { u.restartLimit = try positive(value, "supervisor.restart_limit") }
-        if let value = supervisor["restart_window_seconds"] { u.restartWindow = .seconds(try positive(value, "supervisor.restart_window_seconds")) }
+        if let value = supervisor["start_timeout_seconds"] { u.startTimeout = .seconds(try positive(value, "supervisor.start_timeout_seconds", atMost: Limit.day_s)) }
+        if let value = supervisor["stop_timeout_seconds"] { u.stopTimeout = .seconds(try positive(value, "supervisor.stop_timeout_seconds", atMost: Limit.day_s)) }
+        if let value = supervisor["restart_backoff_ms"] { u.restartBackoff = .milliseconds(try positive(value, "supervisor.restart_backoff_ms", atMost: Limit.day_ms)) }
+        if let value = supervisor["restart_backoff_max_ms"] { u.restartBackoffMax = .milliseconds(try positive(value, "supervisor.restart_backoff_max_ms", atMost: Limit.day_ms)) }
+        if let value = supervisor["restart_limit"] { u.restartLimit = try positive(value, "supervisor.restart_limit", atMost: 1_000_000) }
+        if let value = supervisor["restart_window_seconds"] { u.restartWindow = .seconds(try positive(value, "supervisor.restart_window_seconds", atMost: Limit.day_s)) }
         file.supervisor = u
 
         let gateway = try section(tree, "gateway")
         var g = file.gateway
         if let value = gateway["enabled"] { g.enabled = try bool(value, "gateway.enabled") }
         if let value = gateway["listen"] { (g.host, g.port) = try hostAndPort(value, "gateway.listen") }
-        if let value = gateway["max_body_bytes"] { g.maxBodyBytes = try positive(value, "gateway.max_body_bytes") }
+        if let value = gateway["max_body_bytes"] { g.maxBodyBytes = try positive(value, "gateway.max_body_bytes", atMost: 1 << 30) }
         if let value = gateway["prefixes"] {
             g.prefixes = try strings(value, "gateway.prefixes")
             if g.prefixes.isEmpty { throw ConfigError(path: "gateway.prefixes", problem: "expected at least one key prefix (\"\" for every key)") }
         }
-        if let value = gateway["history"] { g.history = try positive(value, "gateway.history") }
-        if let value = gateway["heartbeat_seconds"] { g.heartbeat = .seconds(try positive(value, "gateway.heartbeat_seconds")) }
-        if let value = gateway["request_timeout_ms"] { g.requestTimeout = .milliseconds(try positive(value, "gateway.request_timeout_ms")) }
+        if let value = gateway["history"] { g.history = try positive(value, "gateway.history", atMost: 10_000_000) }
+        if let value = gateway["heartbeat_seconds"] { g.heartbeat = .seconds(try positive(value, "gateway.heartbeat_seconds", atMost: Limit.day_s)) }
+        if let value = gateway["request_timeout_ms"] { g.requestTimeout = .milliseconds(try positive(value, "gateway.request_timeout_ms", atMost: Limit.day_ms)) }
         if let value = gateway["cors_origins"] { g.corsOrigins = try strings(value, "gateway.cors_origins") }
         if let value = gateway["log_level"] { g.logLevel = try logLevel(value, "gateway.log_level") }
         if let value = gateway["tokens"] { g.tokens = try tokens(value, "gateway.tokens") }
@@ -691,11 +690,22 @@ private struct Reader {
         return try ConfigFile.mapping(value, parent.map { "\($0).\(name)" } ?? name)
     }
 
-    private func positive(_ value: Any, _ path: String) throws -> Int {
-        guard let number = value as? Int, number > 0 else {
-            throw ConfigError(path: path, problem: "expected a positive integer, got \(ConfigFile.describe(value))")
+    /// Every number a configuration gives is checked against a range here before anything
+    /// multiplies or converts it (megabytes to bytes, milliseconds to nanoseconds, a count to
+    /// a socket option's Int32).
+    private func positive(_ value: Any, _ path: String, atMost maximum: Int) throws -> Int {
+        guard let number = value as? Int, (1...maximum).contains(number) else {
+            throw ConfigError(path: path, problem: "expected an integer from 1 to \(maximum), got \(ConfigFile.describe(value))")
         }
         return number
+    }
+
+    /// Upper bounds shared by several keys.
+    private enum Limit {
+        static let hour_ms = 3_600_000
+        static let day_ms = 86_400_000
+        static let day_s = 86_400
+        static let year_s = 31_536_000
     }
 
     private func bool(_ value: Any, _ path: String) throws -> Bool {

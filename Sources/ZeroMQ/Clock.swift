@@ -12,12 +12,18 @@ public func monotonicNanoseconds() -> UInt64 {
 }
 
 extension Duration {
-    /// The duration in whole nanoseconds (0 for a negative duration).
+    /// The duration in whole nanoseconds: 0 for a negative duration, and at most
+    /// ``maxNanoseconds`` (about 146 years), so a deadline `now + duration.nanoseconds` on the
+    /// monotonic clock never overflows, whatever duration a setting or a peer gave.
     public var nanoseconds: UInt64 {
         let (seconds, attoseconds) = components
         guard seconds >= 0 else { return 0 }
+        guard seconds < Int64(Self.maxNanoseconds / 1_000_000_000) else { return Self.maxNanoseconds }
         return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
     }
+
+    /// The ceiling of ``nanoseconds``: 2^62.
+    public static let maxNanoseconds: UInt64 = 1 << 62
 
     /// The duration in seconds, as a `Double`.
     public var seconds: Double { Double(nanoseconds) / 1e9 }

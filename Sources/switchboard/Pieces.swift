@@ -28,12 +28,13 @@ struct Connection {
     /// A shared context (in one process, for inproc:// endpoints); nil: each piece its own.
     var context: ZMQContext?
     var instance: String?
-    /// The kernel's `max_message_size`.
+    /// The kernel's `max_message_size` and `max_batch_items`.
     var maxMessageSize = MDP.defaultMaxMessageSize
+    var maxBatchItems = BodyLimits().maxBatchItems
 
     func hostOptions<S>() -> ServiceHost<S>.Options {
         ServiceHost<S>.Options(brokers: brokers, connections: workers, window: window, heartbeatInterval: heartbeatInterval,
-                               heartbeatLiveness: liveness, curve: curve, maxMessageSize: maxMessageSize)
+                               heartbeatLiveness: liveness, curve: curve, maxMessageSize: maxMessageSize, maxBatchItems: maxBatchItems)
     }
 
     /// A client for the kernel, whose `subscribe` follows `state`.

@@ -71,7 +71,8 @@ struct ServeCommand: AsyncParsableCommand {
             window: window ?? file.services[name]?.window ?? 16,
             heartbeatInterval: heartbeatMs.map { .milliseconds($0) } ?? kernel.heartbeatInterval,
             liveness: liveness ?? kernel.heartbeatLiveness,
-            curve: curve, context: nil, instance: instance, maxMessageSize: kernel.maxMessageSize)
+            curve: curve, context: nil, instance: instance, maxMessageSize: kernel.maxMessageSize,
+            maxBatchItems: kernel.maxBatchItems)
         let parts = try await Pieces.service(name, file: file, connection: connection)
         let group = ServiceGroup(services: parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: Logger(label: "switchboard.\(name)"))
         try await group.run()

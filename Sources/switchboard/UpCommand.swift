@@ -169,7 +169,7 @@ struct UpCommand: AsyncParsableCommand {
                                         workers: file.services[name]!.workers, window: file.services[name]!.window,
                                         heartbeatInterval: configuration.heartbeatInterval,
                                         liveness: configuration.heartbeatLiveness, curve: keys[name]!, context: context, instance: nil,
-                                        maxMessageSize: configuration.maxMessageSize)
+                                        maxMessageSize: configuration.maxMessageSize, maxBatchItems: configuration.maxBatchItems)
             pieces.append(contentsOf: try await Pieces.service(name, file: file, connection: connection))
         }
         if Self.runsGateway(file, noKernel: false) {

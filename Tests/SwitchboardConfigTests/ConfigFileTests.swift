@@ -64,29 +64,34 @@ struct ConfigFileTests {
     @Test("bad files are rejected with the key's path and what was expected", arguments: [
         ("kernel:\n  hearbeat_ms: 10", "kernel.hearbeat_ms: unknown key"),
         ("kernels: {}", "kernels: unknown key"),
-        ("kernel:\n  heartbeat_ms: fast", #"kernel.heartbeat_ms: expected a positive integer, got "fast""#),
-        ("kernel:\n  liveness: -1", "kernel.liveness: expected a positive integer, got -1"),
+        ("kernel:\n  heartbeat_ms: fast", #"kernel.heartbeat_ms: expected an integer from 1 to 3600000, got "fast""#),
+        ("kernel:\n  liveness: -1", "kernel.liveness: expected an integer from 1 to 1000, got -1"),
         ("kernel:\n  broker: localhost:5555", #"kernel.broker: expected an endpoint such as tcp://127.0.0.1:5555, got "localhost:5555""#),
         ("kernel:\n  writable_prefixes: [client]", "kernel.writable_prefixes: expected key prefixes starting with '/'"),
         ("kernel: [1, 2]", "kernel: expected a mapping of keys to values, got a list"),
         ("kernel: {broker: [", "not valid YAML"),
-        ("store:\n  history_limit: 0", "store.history_limit: expected a positive integer, got 0"),
+        ("store:\n  history_limit: 0", "store.history_limit: expected an integer from 1 to 1000000, got 0"),
         ("store:\n  path: [a]", "store.path: expected a file path, got a list"),
         ("store:\n  paht: x", "store.paht: unknown key"),
         ("fetcher:\n  datasets:\n    planets: {}", "fetcher.datasets.planets: unknown key"),
         ("fetcher:\n  datasets:\n    items: {url: 'ftp://x/y'}", #"fetcher.datasets.items.url: expected an http, https or file URL, got "ftp://x/y""#),
-        ("fetcher:\n  datasets:\n    items: {timeout_ms: soon}", #"fetcher.datasets.items.timeout_ms: expected a positive integer, got "soon""#),
-        ("fetcher:\n  attempts: -2", "fetcher.attempts: expected a positive integer, got -2"),
+        ("fetcher:\n  datasets:\n    items: {timeout_ms: soon}", #"fetcher.datasets.items.timeout_ms: expected an integer from 1 to 86400000, got "soon""#),
+        ("fetcher:\n  attempts: -2", "fetcher.attempts: expected an integer from 1 to 100, got -2"),
         ("services:\n  mailer: {workers: 1}", "services.mailer: unknown key"),
-        ("services:\n  store: {workers: many}", #"services.store.workers: expected a positive integer, got "many""#),
+        ("services:\n  store: {workers: many}", #"services.store.workers: expected an integer from 1 to 1000, got "many""#),
         ("services:\n  store: {enabled: maybe}", #"services.store.enabled: expected true or false, got "maybe""#),
-        ("services:\n  store: {window: 0}", "services.store.window: expected a positive integer, got 0"),
-        ("services:\n  store: {window: 5000}", "services.store.window: at most 4096 requests per connection, got 5000"),
+        ("services:\n  store: {window: 0}", "services.store.window: expected an integer from 1 to 4096, got 0"),
+        ("services:\n  store: {window: 5000}", "services.store.window: expected an integer from 1 to 4096, got 5000"),
         ("log_level: loud", #"log_level: expected one of trace, debug, info, notice, warning, error, critical, got "loud""#),
         ("security:\n  worker_keys: [abc]", #"security.worker_keys[0]: expected a CURVE key"#),
         ("security:\n  secret_key_file: /nonexistent/x.key", "security.secret_key_file: cannot read /nonexistent/x.key"),
         ("security:\n  curve: yes please", #"security.curve: expected true or false"#),
-        ("supervisor:\n  restart_limit: 0", "supervisor.restart_limit: expected a positive integer, got 0"),
+        ("supervisor:\n  restart_limit: 0", "supervisor.restart_limit: expected an integer from 1 to 1000000, got 0"),
+        // Numbers that would overflow once converted (milliseconds to nanoseconds, megabytes to bytes).
+        ("kernel:\n  queue_timeout_ms: 99999999999999", "kernel.queue_timeout_ms: expected an integer from 1 to 86400000, got 99999999999999"),
+        ("store:\n  max_size_mb: 9223372036854775807", "store.max_size_mb: expected an integer from 1 to 1048576, got 9223372036854775807"),
+        ("kernel:\n  subscriber_backlog: 4294967296", "kernel.subscriber_backlog: expected an integer from 1 to 2147483647, got 4294967296"),
+        ("kernel:\n  state_max_value_bytes: 1.5", "kernel.state_max_value_bytes: expected an integer from 1 to 1073741824, got 1.5"),
         ("gateway:\n  listen: 8080", "gateway.listen: expected HOST:PORT"),
         ("gateway:\n  listen: 127.0.0.1:99999", "gateway.listen: expected HOST:PORT"),
         ("gateway:\n  prefixes: []", "gateway.prefixes: expected at least one key prefix"),
@@ -191,9 +196,9 @@ struct ConfigFileTests {
                                         environment: ["SWITCHBOARD_KERNEL_CLIENT_STATE_MAX_KEYS": "7"])
         #expect(file.kernel.stateMaxKeys == 10 && file.kernel.clientStateMaxKeys == 7 && file.kernel.clientStateMaxBytes == 4096)
         let error = #expect(throws: ConfigError.self) { try ConfigFile.parse("kernel:\n  liveness: 3\n", environment: ["SWITCHBOARD_KERNEL_LIVENESS": "-1"]) }
-        #expect(error?.description == "SWITCHBOARD_KERNEL_LIVENESS (overrides kernel.liveness): expected a positive integer, got -1")
+        #expect(error?.description == "SWITCHBOARD_KERNEL_LIVENESS (overrides kernel.liveness): expected an integer from 1 to 1000, got -1")
         let fromFile = #expect(throws: ConfigError.self) { try ConfigFile.parse("kernel:\n  liveness: -1\n", environment: ["SWITCHBOARD_KERNEL_BROKER": "tcp://127.0.0.1:1"]) }
-        #expect(fromFile?.description == "kernel.liveness: expected a positive integer, got -1")
+        #expect(fromFile?.description == "kernel.liveness: expected an integer from 1 to 1000, got -1")
     }
 
     @Test("SWITCHBOARD_* variables override the file, typed as YAML")
@@ -223,7 +228,7 @@ struct ConfigFileTests {
         let unknown = #expect(throws: ConfigError.self) { try ConfigFile.parse("", environment: ["SWITCHBOARD_KERNEL_BROKR": "x"]) }
         #expect(unknown?.description.hasPrefix("SWITCHBOARD_KERNEL_BROKR: unknown variable") == true)
         let bad = #expect(throws: ConfigError.self) { try ConfigFile.parse("", environment: ["SWITCHBOARD_KERNEL_LIVENESS": "often"]) }
-        #expect(bad?.description == #"SWITCHBOARD_KERNEL_LIVENESS (overrides kernel.liveness): expected a positive integer, got "often""#)
+        #expect(bad?.description == #"SWITCHBOARD_KERNEL_LIVENESS (overrides kernel.liveness): expected an integer from 1 to 1000, got "often""#)
     }
 
     private func temporaryFile(_ text: String) throws -> URL {

@@ -1,0 +1,173 @@
+import BusKit
+import BusProtocol
+import Contracts
+import Foundation
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+/// Findings 1, 3 and 4 of the hostile-client review, each as it was reproduced against a
+/// live kernel process: numbers that trapped it, batches whose replies multiplied, and a
+/// stuck subscriber that grew it by the size of the values it was not reading.
+@Suite("Hostile numbers, amplifying batches and large values against a live kernel", .serialized)
+struct HostileNumbersAndRepliesTests {
+    @Test("a huge, negative, NaN or infinite ttl is refused with -32602 naming ttl and its range; the kernel lives on")
+    func ttlNumbers() async throws {
+        let kernel = try await KernelUnderAttack.start()
+        let pid = kernel.process.pid
+        for method in ["state.set", "state.publish"] {
+            for ttl: JSONValue in [1e300, 1e11, 2e10, -1, .double(31_536_000.5), .int(Int64.max)] {
+                let error = await rpcError {
+                    try await kernel.bystander.request(service: "kernel", method: method, params: ["key": "/client/t", "value": 1, "ttl": ttl])
+                }
+                #expect(error?.code == JSONRPCError.invalidParamsCode, "\(method) ttl \(ttl): \(String(describing: error))")
+                #expect(error?.data?["field"] == "ttl" && error?.message.contains("from 0 to 31536000") == true, "\(String(describing: error))")
+            }
+        }
+        // A number JSON can write but no Double holds: a parse error, not a trap.
+        let body = Frame(Array(#"{"jsonrpc":"2.0","id":7,"method":"state.set","params":{"key":"/client/t","value":1,"ttl":1e400}}"#.utf8))
+        let raw = try await kernel.bystander.call(service: "kernel", body: [body])
+        let reply = try #require(try JSONRPC.parseResponses(raw[0].bytes).first)
+        #expect(reply.failure?.code == JSONRPCError.invalidParamsCode || reply.failure?.code == JSONRPCError.parseErrorCode, "\(reply)")
+
+        // The collector: a KVSET whose ttl is out of range, NaN, infinite or no number is
+        // malformed (counted), never converted.
+        // A PUB's first messages are lost until it has connected: the round goes again until
+        // the valid KVSET at its end is applied.
+        let collector = try kernel.socket(.pub, kernel.collector)
+        var applied = false
+        for _ in 0..<500 where !applied {
+            for ttl in ["1e11", "1e300", "-5", "nan", "inf", "abc", "31536001"] {
+                try collector.send(CHP.kv(KVEntry(key: "/client/kv", properties: [("ttl", ttl)], value: Frame("1"))))
+            }
+            try collector.send(CHP.kv(KVEntry(key: "/client/kv-ok", properties: [("ttl", "30")], value: Frame("1"))))
+            let entries = try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/kv"])["entries"]
+            applied = entries?.arrayValue?.compactMap { $0["key"]?.stringValue } == ["/client/kv-ok"]
+        }
+        #expect(applied, "the valid KVSET applied after the bad ones")
+        let stats = try await kernel.stats()
+        #expect((stats["state"]?["rejectedWrites"]?.intValue ?? 0) >= 7, "\(stats)")
+        // A ttl in range still works, and expires.
+        _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": "/client/short", "value": 1, "ttl": 0.2])
+        try await eventually(10, "the key with a 0.2 s ttl expired") {
+            try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/short"])["entries"] == []
+        }
+        try await kernel.stillServes()
+        #expect(kernel.process.isRunning && kernel.process.pid == pid)
+        collector.close()
+        await kernel.stop()
+    }
+
+    @Test("every numeric param of every kernel method, at its extremes: an answer each time, never a crash")
+    func kernelParamsAtExtremes() async throws {
+        let kernel = try await KernelUnderAttack.start()
+        let extremes: [JSONValue] = [0, -1, 1, .int(Int64.max), .int(Int64.min), 1e300, -1e300, 0.5, 2e10, 1e11, "1", .null, [], [:]]
+        let calls: [(String, [String: JSONValue])] = [
+            ("state.set", ["key": "/client/x", "value": 1]), ("state.publish", ["key": "/client/x", "value": 1]),
+            ("state.get", ["prefix": "/client/"]), ("ping", [:]), ("services.list", [:]), ("stats", [:]),
+        ]
+        var answered = 0
+        for (method, base) in calls {
+            for field in ["ttl", "limit", "after", "prefix", "key", "value", "sequence"] {
+                for value in extremes {
+                    var params = base
+                    params[field] = value
+                    let body = Frame(JSONRPCRequest(id: .number(1), method: method, params: .object(params)).jsonBytes)
+                    let reply = try await kernel.bystander.call(service: "kernel", body: [body])
+                    #expect(!(try JSONRPC.parseResponses(reply[0].bytes)).isEmpty)
+                    answered += 1
+                }
+            }
+        }
+        #expect(answered == calls.count * 7 * extremes.count)
+        try await kernel.stillServes()
+        #expect(kernel.process.isRunning)
+        await kernel.stop()
+    }
+
+    @Test("state.get pages: a batch of state.get over large state stays within the message limit; a huge batch is refused")
+    func repliesBounded() async throws {
+        // A small message limit so the amplification reaches it with little state.
+        let kernel = try await KernelUnderAttack.start(["max_message_size": "4194304", "max_batch_items": "50"])
+        let value = JSONValue.string(String(repeating: "v", count: 500_000))
+        for index in 0..<30 {
+            _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": .string("/client/big/\(index)"), "value": value])
+        }
+        // Paging walks every key once, in order.
+        var keys: [String] = []
+        var after: JSONValue = .null
+        repeat {
+            let page = try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/big/", "after": after])
+            let entries = try #require(page["entries"]?.arrayValue)
+            #expect(entries.count <= 3, "a page holds about 1 MiB: \(entries.count) entries of 500 kB")
+            keys += entries.compactMap { $0["key"]?.stringValue }
+            after = page["next"] ?? .null
+        } while !after.isNull
+        #expect(keys == (0..<30).map { "/client/big/\($0)" }.sorted())
+
+        // 40 state.get in one batch (1,730 bytes that asked for 337 MB before): the reply stays
+        // under the limit; the requests past it are answered -32010, not run.
+        let one = JSONRPCRequest(id: .number(0), method: "state.get", params: ["prefix": "/client/big/"])
+        let batch = (0..<40).map { index in var request = one; request.id = .number(Int64(index)); return request }
+        let body = Frame(JSONRPC.batchReply(batch.map(\.jsonBytes))!)
+        let reply = try await kernel.bystander.call(service: "kernel", body: [body])
+        #expect(reply[0].count <= 4_194_304, "the batch's reply is \(reply[0].count) bytes")
+        let responses = try JSONRPC.parseResponses(reply[0].bytes)
+        #expect(responses.count == 40)
+        #expect(responses.contains { $0.failure?.code == JSONRPCError.tooLargeCode && $0.failure?.message.contains("kernel.max_message_size") == true })
+        #expect(responses.first?.failure == nil)
+
+        // 10,000 requests in one batch: refused whole, naming the limit.
+        let huge = Frame(JSONRPC.batchReply((0..<10_000).map { JSONRPCRequest(id: .number(Int64($0)), method: "ping").jsonBytes })!)
+        let refused = try await kernel.bystander.call(service: "kernel", body: [huge])
+        let refusal = try #require(try JSONRPC.parseResponses(refused[0].bytes).first)
+        #expect(refusal.failure?.code == JSONRPCError.tooLargeCode && refusal.failure?.message.contains("kernel.max_batch_items") == true, "\(refusal)")
+
+        // A value over the entry limit is refused, naming it.
+        let tooBig = await rpcError {
+            try await kernel.bystander.request(service: "kernel", method: "state.set",
+                                               params: ["key": "/client/huge", "value": .string(String(repeating: "h", count: 2_000_000))])
+        }
+        #expect(tooBig?.code == JSONRPCError.tooLargeCode && tooBig?.message.contains("kernel.state_max_value_bytes") == true, "\(String(describing: tooBig))")
+        try await kernel.stillServes()
+        await kernel.stop()
+    }
+
+    @Test("a subscriber that never reads while a key is overwritten with large values: the kernel holds about subscriber_backlog_bytes for it")
+    func stuckSubscriberLargeValues() async throws {
+        let kernel = try await KernelUnderAttack.start(["subscriber_backlog_bytes": "4194304"])
+        let stuck = try kernel.socket(.sub, kernel.publisher)
+        try stuck.set(.receiveHighWaterMark, 1)
+        try stuck.subscribe("")
+        let reader = try await Subscription.open(snapshot: kernel.snapshot, publisher: kernel.publisher, prefixes: ["/client/mark"])
+        let before = kernel.residentMegabytes
+        // 200 overwrites of one key with 1 MB values through the collector (paced by an
+        // acknowledged write): 200 MB if the kernel queued them all for the stuck subscriber.
+        let collector = try kernel.socket(.pub, kernel.collector)
+        let value = Frame([UInt8](repeating: 0x77, count: 1_000_000))
+        for batch in 0..<20 {
+            for _ in 0..<10 { try collector.send(CHP.kv(KVEntry(key: "/client/large", value: value))) }
+            _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": "/client/mark", "value": .int(Int64(batch))])
+        }
+        let seen = try await within(30, "the reading subscriber sees the mark") { () -> Bool in
+            while let event = try await reader.next() {
+                if event.update?.key == "/client/mark", event.update?.json == 19 { return true }
+            }
+            return false
+        }
+        #expect(seen)
+        let during = kernel.residentMegabytes
+        print("kernel memory with a stuck subscriber and 200 values of 1 MB: \(Int(before)) MB before, \(Int(during)) MB after")
+        #expect(during - before < 40, "the kernel grew from \(before) MB to \(during) MB for a subscriber that does not read")
+        stuck.close()
+        collector.close()
+        await reader.cancel()
+        try await kernel.stillServes()
+        await kernel.stop()
+    }
+}
+
+extension JSONRPCResponse {
+    /// The error it carries, if it is one.
+    var failure: JSONRPCError? { if case .failure(let error) = outcome { error } else { nil } }
+}
