@@ -260,6 +260,14 @@ public final class BusClient: Sendable {
         return await core.counters
     }
 
+    /// What became of the connections to the kernels, in words, for a diagnostic when
+    /// nothing answers: none accepted a connection, one refused this client's keys, or one
+    /// was connected (and maybe lost).
+    public func connectionSummary() async -> String {
+        let core = self.core
+        return await core.connectionSummary()
+    }
+
     /// Closes the connection; waiting requests fail with ``BusError/closed``.
     public func close() async {
         isClosed.store(true, ordering: .releasing)
@@ -294,6 +302,8 @@ actor ClientCore {
         /// not sent yet (no kernel to send it to), or to be sent again.
         var sentOn: Int? = nil
         var generation = 0
+        /// Connections that dropped while it was in flight on them.
+        var losses = 0
     }
 
     struct OpaquePending {
@@ -312,7 +322,16 @@ actor ClientCore {
         var generation = 0
         /// When the kernel last answered -32008 (not active).
         var refusedAt: UInt64 = 0
+        /// What it went through, for a diagnostic when nothing answers.
+        var everConnected = false
+        var drops = 0
+        var handshakeFailures = 0
     }
+
+    /// How many times a request is sent again after the connection it was in flight on
+    /// dropped: once. A request in flight at a second loss fails with -32012: it may be what
+    /// ended the kernel, and sending it to each kernel that restarts would end them in turn.
+    static let maxResends = 1
 
     private static let idCounter = IDCounter()
     static func nextID() -> Int64 { idCounter.next() }
@@ -364,7 +383,7 @@ actor ClientCore {
                 try socket.set(.heartbeatTimeout, Int32(1_000))
             }
             // Connection events tell when requests in flight were lost with a kernel.
-            let pair = try connectionEvents(of: socket, in: loop.context)
+            let pair = try connectionEvents(of: socket, in: loop.context, also: .handshakeFailed)
             try socket.connect(broker)
             let registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message, on: index) } }
             let monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, on: index) } }
@@ -427,23 +446,33 @@ actor ClientCore {
 
     func connectionEvent(_ message: Message, on index: Int) {
         guard let event = SocketEvent(message), case .open = lifecycle else { return }
+        if !event.event.isDisjoint(with: .handshakeFailed) { connections[index].handshakeFailures += 1 }
         if event.event.contains(.disconnected) {
             connections[index].connected = false
+            connections[index].drops += 1
+            let dropped = connections[index].generation
             connections[index].generation += 1
-            let lost = pending.filter { $0.value.sentOn == index }.map(\.key)
-            if !resendAfterReconnect {
-                for id in lost {
-                    let request = pending.removeValue(forKey: id)!
-                    remember(id, answered: false)
-                    request.complete(.failure(.remote(service: request.service, .outcomeUnknown(request.service))))
+            // Sent on the connection that dropped: in flight with it, and maybe lost.
+            let lost = pending.filter { $0.value.sentOn == index && $0.value.generation <= dropped }.map(\.key)
+            for id in lost {
+                pending[id]!.losses += 1
+                let losses = pending[id]!.losses
+                guard !resendAfterReconnect || losses > Self.maxResends else {
+                    // The other kernel of a pair takes it (it may have to take over first);
+                    // a lone kernel gets it again once it is back.
+                    if isPair { pending[id]!.sentOn = nil }
+                    continue
                 }
-            } else if isPair {
-                // The other kernel takes them (it may have to take over first).
-                for id in lost { pending[id]!.sentOn = nil }
-                sendWaiting()
+                let request = pending.removeValue(forKey: id)!
+                remember(id, answered: false)
+                request.complete(.failure(.remote(service: request.service, resendAfterReconnect
+                    ? .handlerDied("the connection to the kernel", times: losses, service: request.service)
+                    : .outcomeUnknown(request.service))))
             }
+            if isPair { sendWaiting() }
         } else if event.event.contains(.connected) {
             connections[index].connected = true
+            connections[index].everConnected = true
             // Replies the old connection delivered may still wait in the socket (its
             // monitor's events and its messages are not ordered): take them first, so no
             // request that was answered is sent again (and answered twice).
@@ -461,6 +490,17 @@ actor ClientCore {
             }
             sendWaiting()
         }
+    }
+
+    func connectionSummary() -> String {
+        connections.map { connection in
+            if connection.handshakeFailures > 0, !connection.connected {
+                return "\(connection.endpoint) refused this client's handshake \(connection.handshakeFailures) times (a kernel with CURVE on answers only keys it allows: sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file)"
+            }
+            if !connection.everConnected { return "nothing accepted a connection at \(connection.endpoint) (is the kernel running there?)" }
+            let drops = connection.drops == 0 ? "" : ", and the connection dropped \(connection.drops) time\(connection.drops == 1 ? "" : "s")"
+            return "\(connection.endpoint) is \(connection.connected ? "connected" : "not connected now")\(drops)"
+        }.joined(separator: "; ")
     }
 
     private func remember(_ id: Int64, answered: Bool) {

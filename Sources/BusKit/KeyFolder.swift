@@ -24,6 +24,9 @@ public struct KeyFolder: Sendable, Equatable {
     public static let client = "client"
     /// The gateway's pair: a client like `client`.
     public static let gateway = "gateway"
+    /// The supervisor's pair (`switchboard up`): a service key for its own state prefix,
+    /// where it says how each process it runs is doing.
+    public static let supervisor = "supervisor"
 
     public let url: URL
 

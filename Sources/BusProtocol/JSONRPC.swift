@@ -65,6 +65,9 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
     public static let notActiveCode = -32008
     public static let tooLargeCode = -32010
     public static let forbiddenCode = -32011
+    /// Whatever handled the request died each time it was handed out, as often as a request
+    /// is: it is not handed out again, as it may be what ends them.
+    public static let handlerDiedCode = -32012
 
     public static func parseError(_ detail: String) -> JSONRPCError { .init(code: parseErrorCode, message: "Parse error: \(detail)") }
     public static func invalidRequest(_ detail: String) -> JSONRPCError { .init(code: invalidRequestCode, message: "Invalid request: \(detail)") }
@@ -91,6 +94,13 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
               data: ["bytes": .int(Int64(bytes)), "limit": .int(Int64(limit))])
     }
     public static func forbidden(_ detail: String) -> JSONRPCError { .init(code: forbiddenCode, message: "Forbidden: \(detail)") }
+    /// -32012: `what` (a service's workers, the connection to the kernel) died `times` times
+    /// with this request in flight.
+    public static func handlerDied(_ what: String, times: Int, service: String) -> JSONRPCError {
+        .init(code: handlerDiedCode,
+              message: "Not sent again: \(what) died \(times) times while handling this request; it may be what ends them, so it is not handed out again",
+              data: ["service": .string(service), "times": .int(Int64(times))])
+    }
     public static func internalError(_ detail: String) -> JSONRPCError { .init(code: internalErrorCode, message: "Internal error: \(detail)") }
 
     static func formatSeconds(_ seconds: Double) -> String {

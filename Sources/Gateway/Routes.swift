@@ -295,10 +295,17 @@ struct Routes: Sendable {
             let list = try await client.call(KernelAPI.servicesList, timeout: .seconds(2))
             let workers = Dictionary(list.services.map { ($0.name, $0.workers) }, uniquingKeysWith: max)
             let missing = options.services.filter { (workers[$0] ?? 0) == 0 }
+            // What `switchboard up` says of processes that keep ending (nothing otherwise).
+            let restarting = ((try? await client.call(KernelAPI.stateGet, .init(prefix: SupervisorStatus.prefix), timeout: .seconds(2)))?.entries ?? [])
+                .compactMap { try? $0.value.decode(as: SupervisorStatus.self) }.filter { $0.state != .running }
+            var body: [String: JSONValue] = ["status": missing.isEmpty ? "ready" : "waiting"]
+            if !restarting.isEmpty { body["restarting"] = .array(restarting.compactMap { try? JSONValue(encoding: $0) }) }
             guard missing.isEmpty else {
-                return Self.json(.serviceUnavailable, ["status": "waiting", "servicesWithoutWorkers": .array(missing.map { .string($0) })])
+                body["servicesWithoutWorkers"] = .array(missing.map { .string($0) })
+                return Self.json(.serviceUnavailable, .object(body))
             }
-            return Self.json(.ok, ["status": "ready", "services": .array(options.services.map { .string($0) })])
+            body["services"] = .array(options.services.map { .string($0) })
+            return Self.json(.ok, .object(body))
         } catch {
             return Self.json(.serviceUnavailable, ["status": "no kernel", "problem": .string("\(error)")])
         }

@@ -299,7 +299,13 @@ final class Broker {
         worker.inFlight = [:]
         let retriable = !configuration.nonRetriableServices.contains(service.name)
         for var request in orphans.reversed() {
-            if retriable {
+            if request.attempts >= configuration.maxDeliveries {
+                service.stats.handlerDied += 1
+                logger.warning("not handing a request out again: each worker it went to died with it", metadata: [
+                    "service": "\(service.name)", "workers": "\(request.attempts)"])
+                reply(to: request.client, service: service.name, body: request.body,
+                      error: .handlerDied("the '\(service.name)' worker", times: request.attempts, service: service.name))
+            } else if retriable {
                 service.stats.redispatched += 1
                 request.deadline = monotonicNanoseconds() + configuration.queueTimeout.nanoseconds
                 service.requests.prepend(request)

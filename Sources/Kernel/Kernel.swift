@@ -388,7 +388,7 @@ extension Kernel {
             perService[service.name] = [
                 "requests": .int(Int64(stats.requests)), "replies": .int(Int64(stats.replies)), "errors": .int(Int64(stats.errors)),
                 "unavailable": .int(Int64(stats.unavailable)), "redispatched": .int(Int64(stats.redispatched)),
-                "outcomeUnknown": .int(Int64(stats.outcomeUnknown)), "queued": .int(Int64(service.requests.count)),
+                "outcomeUnknown": .int(Int64(stats.outcomeUnknown)), "handlerDied": .int(Int64(stats.handlerDied)), "queued": .int(Int64(service.requests.count)),
                 "workers": .int(Int64(service.workers)), "meanLatencyMicroseconds": .double(stats.latency.meanMicroseconds.rounded()),
                 "p50LatencyMicroseconds": quantile(0.5), "p99LatencyMicroseconds": quantile(0.99),
             ]
@@ -433,6 +433,7 @@ extension Kernel {
         perService("unavailable_total", "counter", "Requests answered -32001: no worker in time or the queue full.") { $0.stats.unavailable }
         perService("redispatched_total", "counter", "Requests re-sent after their worker died.") { $0.stats.redispatched }
         perService("outcome_unknown_total", "counter", "Requests answered -32006 after their worker died.") { $0.stats.outcomeUnknown }
+        perService("handler_died_total", "counter", "Requests answered -32012: each worker they were handed to died with them.") { $0.stats.handlerDied }
         perService("queue_depth", "gauge", "Requests waiting for a worker.") { $0.requests.count }
         perService("workers", "gauge", "Registered workers.") { $0.workers }
         text += "# HELP switchboard_request_duration_seconds Time from a request's arrival to its reply.\n"

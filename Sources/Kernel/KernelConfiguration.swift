@@ -37,6 +37,10 @@ public struct KernelConfiguration: Sendable, Equatable {
     public var subscriberBacklogBytes = 64 * 1024 * 1024
     /// The largest inbound message on any kernel socket; a peer sending more is disconnected.
     public var maxMessageSize = MDP.defaultMaxMessageSize
+    /// How many workers a request is handed to, at most, when each dies with it in flight:
+    /// 2 re-sends it once. After that it is answered -32012 (it may be what kills them), so
+    /// one request cannot take down every worker of a service in turn.
+    public var maxDeliveries = 2
     /// Services whose requests are not re-sent to another worker when theirs dies; they
     /// get -32006 (outcome unknown) instead.
     public var nonRetriableServices: Set<String> = []

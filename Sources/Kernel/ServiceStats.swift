@@ -12,6 +12,8 @@ struct ServiceStats {
     var unavailable = 0
     /// Re-sent to another worker after theirs died; answered -32006 instead (non-retriable).
     var redispatched = 0, outcomeUnknown = 0
+    /// Requests answered -32012: each worker they were handed to died with them.
+    var handlerDied = 0
     /// Time from the request's arrival to its reply, for replies from workers.
     var latency = LatencyHistogram()
 }

@@ -3,9 +3,9 @@ import BusProtocol
 import Foundation
 public import Logging
 public import SwitchboardConfig
+import Contracts
 #if canImport(Glibc)
 import Glibc
-import Contracts
 #endif
 
 /// `switchboard up`: runs the kernel and each service as a process of its own.
@@ -13,7 +13,11 @@ import Contracts
 /// Start: the kernel first, until it answers `ping`; then each service in order, until the
 /// kernel lists its workers. A process that ends during start fails the start. Once up, a
 /// process that exits unexpectedly is restarted after a back-off that doubles per recent
-/// restart; more than the limit within the window and everything is stopped (exit 1).
+/// restart, up to `supervisor.restart_backoff_max_ms`: never given up on, and never a reason
+/// to stop the others, which keep serving what does not need it. Past
+/// `supervisor.restart_limit` restarts within the window it counts as failing (logged once,
+/// at critical). How each process is doing goes into the kernel's state
+/// (``SupervisorStatus``), which `sb services` and the gateway's `/readyz` show.
 /// Shutdown (SIGINT/SIGTERM through ``requestShutdown()``): every service gets SIGTERM and
 /// drains, then the kernel; anything still running after the stop timeout gets SIGKILL.
 public actor Supervisor {
@@ -40,7 +44,12 @@ public actor Supervisor {
         var pid: pid_t?
         var restarts: [ContinuousClock.Instant] = []
         var pendingRestart: Task<Void, Never>?
-        init(piece: Piece) { self.piece = piece }
+        /// What the kernel's state says of it (``SupervisorStatus``).
+        var status: SupervisorStatus
+        init(piece: Piece) {
+            self.piece = piece
+            status = SupervisorStatus(name: piece.name, state: .running)
+        }
     }
 
     enum Phase { case starting, running, stopping }
@@ -48,6 +57,8 @@ public actor Supervisor {
     private let executable: String
     private let settings: SupervisorSettings
     private let probe: BusClient
+    /// Writes each process's ``SupervisorStatus`` into the kernel's state (nil: nowhere).
+    private let reporter: BusClient?
     private let logger: Logger
     private let launcher: ProcessLauncher
     /// nil: the kernel runs elsewhere (`up --no-kernel`); it must answer before services start.
@@ -60,10 +71,14 @@ public actor Supervisor {
     /// - Parameters:
     ///   - executable: the `switchboard` binary.
     ///   - probe: a client of the kernel, for `ping` and `services.list` while starting.
-    public init(executable: String, kernel: Piece?, services: [Piece], settings: SupervisorSettings, probe: BusClient, logger: Logger) throws {
+    ///   - reporter: a client with the supervisor's key, to say in the kernel's state how each
+    ///     process is doing (nil: only the log says).
+    public init(executable: String, kernel: Piece?, services: [Piece], settings: SupervisorSettings, probe: BusClient,
+                reporter: BusClient? = nil, logger: Logger) throws {
         self.executable = executable
         self.settings = settings
         self.probe = probe
+        self.reporter = reporter
         self.logger = logger
         launcher = try ProcessLauncher()
         self.kernel = kernel.map(Child.init)
@@ -103,6 +118,7 @@ public actor Supervisor {
             return exitStatus
         }
         phase = .running
+        for child in children { report(child) }
         onUp(pids)
         await withCheckedContinuation { shutdownWaiter = $0 }
         await stopAll()
@@ -132,6 +148,8 @@ public actor Supervisor {
     private func start(_ child: Child) throws {
         let pid = try launcher.spawn(executable, child.piece.arguments + ["--lifeline-fd", String(ProcessLauncher.lifelineFD)])
         child.pid = pid
+        child.status = SupervisorStatus(name: child.piece.name, state: .running, pid: Int(pid), restarts: child.restarts.count,
+                                        lastExit: child.status.lastExit)
         logger.info("started \(child.piece.name)", metadata: ["pid": "\(pid)"])
         let name = child.piece.name
         launcher.watch(pid) { [weak self] reason in
@@ -224,19 +242,29 @@ public actor Supervisor {
     private func scheduleRestart(_ child: Child, pid: pid_t, reason: ExitReason) {
         let now = ContinuousClock.now
         child.restarts.removeAll { now - $0 > settings.restartWindow }
-        guard child.restarts.count < settings.restartLimit else {
-            logger.critical("\(child.piece.name) (pid \(pid)) \(reason); it was restarted \(child.restarts.count) times within \(settings.restartWindow): giving up, stopping everything")
-            exitStatus = 1
-            requestShutdown()
-            return
-        }
         let delay = min(settings.restartBackoff * (1 << min(child.restarts.count, 20)), settings.restartBackoffMax)
         child.restarts.append(now)
-        logger.warning("\(child.piece.name) (pid \(pid)) \(reason); restarting in \(delay) (restart \(child.restarts.count) of at most \(settings.restartLimit) within \(settings.restartWindow))")
+        let recent = child.restarts.count, failing = recent >= settings.restartLimit
+        if recent == settings.restartLimit {
+            logger.critical("\(child.piece.name) keeps failing: it ended \(recent) times within \(settings.restartWindow) (last: pid \(pid) \(reason)); the other processes keep running, and it is restarted every \(settings.restartBackoffMax) at most until it stays up")
+        } else {
+            logger.warning("\(child.piece.name) (pid \(pid)) \(reason); restarting in \(delay) (\(recent) restarts within \(settings.restartWindow))")
+        }
+        child.status = SupervisorStatus(name: child.piece.name, state: failing ? .failing : .restarting, restarts: recent,
+                                        lastExit: reason.description, restartInSeconds: delay.seconds)
+        report(child)
         child.pendingRestart = Task {
             try? await Task.sleep(for: delay)
             self.restart(child)
         }
+    }
+
+    /// Writes `child`'s status into the kernel's state; a kernel that is down (or is the one
+    /// restarting) misses it, and the next change says it again.
+    private func report(_ child: Child) {
+        guard let reporter, let value = try? JSONValue(encoding: child.status) else { return }
+        let key = SupervisorStatus.key(child.piece.name)
+        Task { _ = try? await reporter.publish(key: key, value: value, asService: true) }
     }
 
     private func restart(_ child: Child) {
@@ -244,6 +272,8 @@ public actor Supervisor {
         guard phase == .running, child.pid == nil else { return }
         do {
             try start(child)
+            // A kernel that restarted lost the state where the others' statuses were.
+            for reported in child === kernel ? children : [child] { report(reported) }
         } catch {
             logger.error("cannot restart \(child.piece.name): \(error)")
             scheduleRestart(child, pid: 0, reason: .exited(127))

@@ -9,6 +9,10 @@ public struct SocketEvents: OptionSet, Sendable, Hashable {
     public static let accepted = SocketEvents(rawValue: UInt16(ZMQ_EVENT_ACCEPTED))
     public static let disconnected = SocketEvents(rawValue: UInt16(ZMQ_EVENT_DISCONNECTED))
     public static let handshakeSucceeded = SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_SUCCEEDED))
+    /// The peer refused the handshake: with CURVE, the server does not accept this key (or
+    /// the client has the wrong server key); otherwise a protocol mismatch.
+    public static let handshakeFailed = SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                                                    | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
     public static let all = SocketEvents(rawValue: UInt16(ZMQ_EVENT_ALL))
 }
 
@@ -44,9 +48,9 @@ extension ZMQSocket {
 /// ``SocketEvent``): how the client, the workers, subscriptions and a kernel pair tell a
 /// restarted or gone peer from a quiet one. Call before `socket` connects, so no event is
 /// missed.
-public func connectionEvents(of socket: ZMQSocket, in context: ZMQContext) throws -> ZMQSocket {
+public func connectionEvents(of socket: ZMQSocket, in context: ZMQContext, also: SocketEvents = []) throws -> ZMQSocket {
     let endpoint = "inproc://connection-monitor-\(UUID().uuidString)"
-    try socket.monitor(endpoint, events: [.connected, .disconnected])
+    try socket.monitor(endpoint, events: [.connected, .disconnected, also])
     let pair = try ZMQSocket(context, .pair)
     try pair.connect(endpoint)
     return pair

@@ -199,7 +199,9 @@ struct Failure: Error {
             // No answer: is the kernel there at all, and does the service have a worker?
             switch try? await client.hasWorkers(service, timeout: .seconds(1)) {
             case nil:
-                self.init(status: ExitStatus.unavailable, message: "no kernel answers at \(client.brokers.joined(separator: ", ")) (waited \(after.formatted); a kernel with CURVE on answers only keys it allows: sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file)",
+                // Say what the connection went through, not a guess.
+                let summary = await client.connectionSummary()
+                self.init(status: ExitStatus.unavailable, message: "no kernel answers at \(client.brokers.joined(separator: ", ")) (waited \(after.formatted)): \(summary)",
                           error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "kernel unreachable"))
             case false? where service != KernelAPI.service:
                 self.init(status: ExitStatus.unavailable, message: "\(service) \(method): no '\(service)' service is running (no worker within \(after.formatted))",

@@ -174,7 +174,7 @@ struct Publish: AsyncParsableCommand {
 struct Services: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "services",
-        abstract: "List the services the kernel knows, with workers, queue and whether they answer (8/MMI).",
+        abstract: "List the services the kernel knows, with workers, queue, whether they answer (8/MMI) and, under switchboard up, how their processes are doing.",
         discussion: "Example:\n  sb services --json"
     )
 
@@ -184,11 +184,15 @@ struct Services: AsyncParsableCommand {
     func run() async throws {
         try await withActiveKernel(connection, printing: !output.json) { client in
             let list = try await call(client, KernelAPI.servicesList)
+            // What `switchboard up` says of each process (nothing when the bus runs otherwise).
+            let processes = (try? await client.call(KernelAPI.stateGet, .init(prefix: SupervisorStatus.prefix)))?.entries
+                .compactMap { try? $0.value.decode(as: SupervisorStatus.self) } ?? []
             var services: [JSONValue] = []
             for service in list["services"]?.arrayValue ?? [] {
                 var entry = service.objectValue ?? [:]
                 let name = service["name"]?.stringValue ?? ""
                 entry["available"] = .bool((try? await client.hasWorkers(name, timeout: .seconds(2))) == true)
+                if let process = processes.first(where: { $0.name == name }) { entry["process"] = try? JSONValue(encoding: process) }
                 services.append(.object(entry))
             }
             if output.json { return Output.json(.array(services), compact: true) }
@@ -197,6 +201,9 @@ struct Services: AsyncParsableCommand {
                 return [Output.cell(service["name"]), Output.cell(service["workers"]), Output.cell(service["idle"]), Output.cell(service["queued"]),
                         Output.cell(service["inFlight"]), Output.styled(available ? "yes" : "no", available ? .green : .red)]
             })
+            for process in processes where process.state != .running {
+                Output.line(Output.styled("\(process.name): \(process.summary)", .red))
+            }
         }
     }
 }

@@ -88,7 +88,7 @@ struct UpCommand: AsyncParsableCommand {
         }
         guard file.security.kernelSecretKey == nil else { return }
         do {
-            let made = try folder.create([KeyFolder.kernel] + ConfigFile.serviceNames + [KeyFolder.client, KeyFolder.gateway])
+            let made = try folder.create([KeyFolder.kernel] + ConfigFile.serviceNames + [KeyFolder.client, KeyFolder.gateway, KeyFolder.supervisor])
             if !made.isEmpty {
                 logger.notice("made CURVE keys", metadata: ["folder": "\(folder.path)", "keys": "\(made.joined(separator: ", "))"])
             }
@@ -130,6 +130,10 @@ struct UpCommand: AsyncParsableCommand {
         // The probe asks this machine's kernel (of a pair, the passive one answers -32008,
         // which counts as up: it answers).
         let probe = try await BusClient(brokers: [Self.connectable(file.kernel.brokerEndpoint)], timeout: .seconds(1), curve: probeKeys)
+        // Where the supervisor says how each process is doing: this machine's kernel, with the
+        // supervisor's key (none on a services-only machine, whose kernel is elsewhere).
+        let reporter = noKernel ? nil : try await BusClient(brokers: [Self.connectable(file.kernel.brokerEndpoint)], timeout: .seconds(2),
+                                                            curve: try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.supervisor) })
         let supervisor = try Supervisor(
             executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path,
             kernel: noKernel ? nil : .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
@@ -137,13 +141,14 @@ struct UpCommand: AsyncParsableCommand {
                 // The gateway runs beside the kernel, not on a services-only machine.
                 + (Self.runsGateway(file, noKernel: noKernel) ? [.init(name: "gateway", arguments: ["gateway"] + shared, workers: 0,
                                                  listensAt: (file.gateway.host, file.gateway.port))] : []),
-            settings: file.supervisor, probe: probe, logger: logger)
+            settings: file.supervisor, probe: probe, reporter: reporter, logger: logger)
         let signals = Signals.forward { _ in Task { await supervisor.requestShutdown() } }
         let status = await supervisor.run { pids in
             Self.printBanner(file, pids: pids, services: services, singleProcess: false, remoteKernel: noKernel)
         }
         signals.forEach { $0.cancel() }
         await probe.close()
+        await reporter?.close()
         return status
     }
 

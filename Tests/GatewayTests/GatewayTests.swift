@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import BusKit
 import BusProtocol
+import Contracts
 import EchoService
 import Foundation
 import Gateway
@@ -334,6 +335,11 @@ struct GatewayTests {
             #expect(try await bed.get("/readyz").status == 200)
             await bed.host.stop()
             try await eventually(15, "not ready without echo") { try await bed.get("/readyz").status == 503 }
+            // What switchboard up's supervisor says of a process that keeps ending is part of the answer.
+            let failing = SupervisorStatus(name: "echo", state: .failing, restarts: 6, lastExit: "was killed by signal 4", restartInSeconds: 10)
+            _ = try await bed.bus.call(KernelAPI.stateSet, .init(key: SupervisorStatus.key("echo"), value: try JSONValue(encoding: failing)))
+            let ready = try await bed.get("/readyz")
+            #expect(ready.status == 503 && ready.text.contains(#""restarting":[{"#) && ready.text.contains("signal 4"), "\(ready)")
             let page = try await bed.get("/", token: nil)
             #expect(page.status == 200 && page.text.lowercased().contains("<!doctype html"))
             #expect(try await bed.get("/nothing-here", token: nil).status == 404)
