@@ -122,7 +122,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// Each request runs in the trace it carries (``BusTracing``).
     public func answer(body: [UInt8], on service: Service) async -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
-        if let refusal = limits.refusal(of: incoming) { return (refusal.jsonBytes, 1) }
+        if let refusal = limits.refusal(of: incoming) { return (refusal, 1) }
         var outcomes: [Result<[UInt8], any Error>] = []
         var budget = ReplyBudget(limit: limits.maxReplyBytes)
         for request in incoming.requests {
@@ -150,7 +150,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// methods are all ``onIsolated(_:_:)`` (the kernel's).
     public func answerNow(body: [UInt8], on service: isolated Service) -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
-        if let refusal = limits.refusal(of: incoming) { return (refusal.jsonBytes, 1) }
+        if let refusal = limits.refusal(of: incoming) { return (refusal, 1) }
         var budget = ReplyBudget(limit: limits.maxReplyBytes)
         let outcomes = incoming.requests.map { request -> Result<[UInt8], any Error> in
             guard budget.hasRoom else { return .failure(budget.notRun) }
@@ -243,12 +243,18 @@ public struct BodyLimits: Sendable {
         self.maxReplyBytes = maxReplyBytes
     }
 
-    /// The answer to a batch with too many requests (nil: within the limit).
-    func refusal(of incoming: JSONRPCIncoming) -> JSONRPCResponse? {
+    /// The reply to a batch with too many requests: the refusal for each of its ids, so a
+    /// client waiting on each hears at once (nil: within the limit).
+    func refusal(of incoming: JSONRPCIncoming) -> [UInt8]? {
         guard case .batch(let items) = incoming, items.count > maxBatchItems else { return nil }
-        return JSONRPCResponse(id: .null, error: JSONRPCError(
+        let error = JSONRPCError(
             code: JSONRPCError.tooLargeCode, message: "Too large: the batch has \(items.count) requests, the limit (kernel.max_batch_items) is \(maxBatchItems)",
-            data: ["requests": .int(Int64(items.count)), "limit": .int(Int64(maxBatchItems))]))
+            data: ["requests": .int(Int64(items.count)), "limit": .int(Int64(maxBatchItems))])
+        let responses = items.compactMap { item -> JSONRPCResponse? in
+            guard case .request(let request) = item, let id = request.id else { return nil }
+            return JSONRPCResponse(id: id, error: error)
+        }
+        return JSONRPC.encodeReply(responses.isEmpty ? [JSONRPCResponse(id: .null, error: error)] : responses, batch: true) ?? []
     }
 }
 

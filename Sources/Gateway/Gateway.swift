@@ -28,12 +28,15 @@ public struct Gateway: Service {
         /// The services `/readyz` waits for.
         public var services: [String]
         public var maxMessageSize: Int
+        /// The kernel's `max_batch_items`: a bigger batch is refused before it is forwarded.
+        public var maxBatchItems: Int
         /// A context shared with the kernel (for inproc:// endpoints); nil: its own.
         public var context: ZMQContext?
 
         public init(settings: GatewaySettings, brokers: [String], state: [StateEndpoints], curve: CurveClientKeys?,
-                    services: [String], maxMessageSize: Int = MDP.defaultMaxMessageSize, context: ZMQContext? = nil) {
+                    services: [String], maxMessageSize: Int = MDP.defaultMaxMessageSize, maxBatchItems: Int = 100, context: ZMQContext? = nil) {
             self.context = context
+            self.maxBatchItems = maxBatchItems
             self.settings = settings
             self.brokers = brokers
             self.state = state
@@ -82,7 +85,8 @@ public struct Gateway: Service {
     /// port bound (useful with port 0).
     public func serve(onListening: @escaping @Sendable (Int) -> Void = { _ in }) async throws {
         let settings = options.settings
-        let feed = StateFeed(prefixes: settings.prefixes, history: settings.history, logger: logger)
+        let feed = StateFeed(prefixes: settings.prefixes, history: settings.history, historyBytes: settings.historyBytes,
+                             streamBacklogBytes: settings.streamBacklogBytes, logger: logger)
         let following = Task { await feed.follow(subscription) }
         let heartbeats = Task {
             while !Task.isCancelled {

@@ -102,12 +102,35 @@ struct Routes: Sendable {
             guard let response = await answers(to: [item], service: service, token: token, trace: Self.trace(request))[0] else {
                 return Response(status: .noContent)
             }
-            return Self.reply(Self.status(for: response), response.jsonBytes)
+            let bytes = response.jsonBytes
+            guard bytes.count <= settings.maxResponseBytes else {
+                return Self.rpcError(.contentTooLarge, tooLargeResponse(bytes.count), id: response.id)
+            }
+            return Self.reply(Self.status(for: response), bytes)
         case .batch(let items):
+            guard items.count <= options.maxBatchItems else {
+                return Self.rpcError(.contentTooLarge, JSONRPCError(
+                    code: JSONRPCError.tooLargeCode, message: "Too large: the batch has \(items.count) requests, the limit (kernel.max_batch_items) is \(options.maxBatchItems)",
+                    data: ["requests": .int(Int64(items.count)), "limit": .int(Int64(options.maxBatchItems))]))
+            }
             let answered = await answers(to: items, service: service, token: token, trace: Self.trace(request)).compactMap { $0 }
             guard !answered.isEmpty else { return Response(status: .noContent) }
-            return Self.reply(.ok, JSONValue.array(answered.map(\.json)).jsonBytes)
+            // The body is counted as each response joins it: those past the limit are -32010.
+            var spent = 0
+            let chunks = answered.map { response -> [UInt8] in
+                let bytes = response.jsonBytes
+                spent += bytes.count + 1
+                return spent <= settings.maxResponseBytes ? bytes : JSONRPCResponse(id: response.id, error: tooLargeResponse(spent)).jsonBytes
+            }
+            return Self.reply(.ok, JSONRPC.batchReply(chunks) ?? [])
         }
+    }
+
+    /// -32010 for a response body past `gateway.max_response_bytes`.
+    func tooLargeResponse(_ bytes: Int) -> JSONRPCError {
+        JSONRPCError(code: JSONRPCError.tooLargeCode,
+                     message: "Too large: the response would be \(bytes) bytes, over the gateway's limit (gateway.max_response_bytes) of \(settings.maxResponseBytes); ask for less (a page, a smaller batch)",
+                     data: ["bytes": .int(Int64(bytes)), "limit": .int(Int64(settings.maxResponseBytes))])
     }
 
     /// The W3C trace context of an HTTP request (`traceparent`, `tracestate` headers).
@@ -192,7 +215,7 @@ struct Routes: Sendable {
         case JSONRPCError.conflictCode: .conflict
         case JSONRPCError.serviceUnavailableCode: .serviceUnavailable
         case JSONRPCError.timedOutCode: .gatewayTimeout
-        case JSONRPCError.upstreamFailedCode, JSONRPCError.outcomeUnknownCode: .badGateway
+        case JSONRPCError.upstreamFailedCode, JSONRPCError.outcomeUnknownCode, JSONRPCError.handlerDiedCode: .badGateway
         case JSONRPCError.storageFailedCode: .serviceUnavailable
         case JSONRPCError.tooLargeCode: .contentTooLarge
         case JSONRPCError.forbiddenCode: .forbidden
@@ -239,7 +262,7 @@ struct Routes: Sendable {
             }
             since = sequence
         }
-        let (id, events) = await feed.attach(prefixes: prefixes, since: since)
+        let (id, events, backlog) = await feed.attach(prefixes: prefixes, since: since)
         let feed = self.feed
         var headers: HTTPFields = [.contentType: "text/event-stream", .cacheControl: "no-cache"]
         headers[HTTPField.Name("X-Accel-Buffering")!] = "no"
@@ -250,6 +273,7 @@ struct Routes: Sendable {
             var written = 0
             for await event in events {
                 try await writer.write(event.encoded)
+                backlog.add(-event.size)
                 written += 1
                 if written == 64 {
                     await feed.sent(written)

@@ -4,6 +4,7 @@ import DequeModule
 import Foundation
 import Logging
 import NIOCore
+import Synchronization
 
 /// One Server-Sent Event, as the gateway writes it: encoded once, the same bytes written
 /// to every stream. A class, so a stream's backlog holds a reference per event, not a copy.
@@ -19,6 +20,7 @@ final class StreamEvent: Sendable {
     let key: String?
     /// The event as it goes on the wire.
     let encoded: ByteBuffer
+    var size: Int { encoded.readableBytes }
 
     init(name: String?, id: UInt64?, data: String, key: String?) {
         self.name = name
@@ -39,6 +41,14 @@ final class StreamEvent: Sendable {
     }
 }
 
+/// Bytes of events handed to one stream and not yet written by it: what its buffer holds.
+final class StreamBacklog: Sendable {
+    private let bytes = Atomic<Int>(0)
+    /// Adds `count` (negative: written); returns the new total.
+    @discardableResult
+    func add(_ count: Int) -> Int { bytes.add(count, ordering: .relaxed).newValue }
+}
+
 /// The gateway's one kernel subscription, fanned out to every browser: the current state
 /// under the configured prefixes, and the latest changes (`history` of them), so that a
 /// stream that reconnects with `Last-Event-ID` gets exactly what changed since.
@@ -49,6 +59,9 @@ actor StateFeed {
     struct Entry {
         var sequence: UInt64
         var value: JSONValue
+        /// Its `snapshot` event, made for the first stream that opens with it and shared by
+        /// every later one (a stream's opening holds references, not copies).
+        var snapshotEvent: StreamEvent?
     }
 
     struct Change {
@@ -56,6 +69,8 @@ actor StateFeed {
         var key: String
         /// `.null` for a deletion.
         var value: JSONValue
+        /// Bytes it counts against the history's byte bound: its key and value as they came.
+        var size: Int
     }
 
     /// What `/metrics` shows of the streams.
@@ -72,10 +87,18 @@ actor StateFeed {
     private struct Listener {
         let prefixes: [String]
         let continuation: AsyncStream<StreamEvent>.Continuation
+        let backlog: StreamBacklog
+        /// The bytes its backlog may reach: its opening events, and the stream backlog beyond.
+        let limit: Int
     }
 
     let prefixes: [String]
+    /// The changes kept, at most: this many, and this many bytes (the oldest go first).
     let history: Int
+    let historyBytes: Int
+    /// Bytes of events a stream may have waiting beyond its opening ones before it is cut.
+    let streamBacklogBytes: Int
+    private var logBytes = 0
     private let logger: Logger
     private var entries: [String: Entry] = [:]
     private var log: Deque<Change> = []
@@ -96,9 +119,11 @@ actor StateFeed {
     /// browser reconnects and resumes from its last id).
     static let streamBacklog = 10_000
 
-    init(prefixes: [String], history: Int, logger: Logger) {
+    init(prefixes: [String], history: Int, historyBytes: Int = 64 << 20, streamBacklogBytes: Int = 4 << 20, logger: Logger) {
         self.prefixes = prefixes
         self.history = history
+        self.historyBytes = historyBytes
+        self.streamBacklogBytes = streamBacklogBytes
         self.logger = logger
     }
 
@@ -131,8 +156,13 @@ actor StateFeed {
                 broadcast(.entry("update", key: update.key, sequence: update.sequence, value: value, id: false))
                 return
             }
-            log.append(Change(sequence: update.sequence, key: update.key, value: value))
-            if log.count > history, let dropped = log.popFirst() { logStart = dropped.sequence }
+            let change = Change(sequence: update.sequence, key: update.key, value: value, size: update.key.utf8.count + update.value.count)
+            log.append(change)
+            logBytes += change.size
+            while log.count > history || logBytes > historyBytes, let dropped = log.popFirst() {
+                logStart = dropped.sequence
+                logBytes -= dropped.size
+            }
             head = max(head, update.sequence)
             broadcast(.entry("update", key: update.key, sequence: update.sequence, value: value))
         case .synced(let sequence):
@@ -150,6 +180,7 @@ actor StateFeed {
         case .resynced(let sequence, let changed):
             repairing = false
             log.removeAll()
+            logBytes = 0
             logStart = sequence
             head = sequence
             broadcast(.notice("resynced", id: sequence, ["sequence": .int(Int64(clamping: sequence)), "changed": .int(Int64(changed))]))
@@ -162,7 +193,7 @@ actor StateFeed {
     /// Opens a stream of the keys under `prefixes`: after `since` (a sequence this gateway
     /// sent) exactly the changes since, else (or when those are no longer all known) a
     /// `reset` and the snapshot; then `synced`, then live changes.
-    func attach(prefixes: [String], since: UInt64?) -> (id: UUID, events: AsyncStream<StreamEvent>) {
+    func attach(prefixes: [String], since: UInt64?) -> (id: UUID, events: AsyncStream<StreamEvent>, backlog: StreamBacklog) {
         var opening: [StreamEvent] = []
         let matches = { (key: String) in prefixes.contains { key.hasPrefix($0) } }
         if let since, !repairing, since >= logStart, since <= head {
@@ -184,22 +215,34 @@ actor StateFeed {
                 opening.append(.notice("reset", ["since": .int(Int64(clamping: since)), "reason": .string(reason)]))
             }
             for (key, entry) in entries.filter({ matches($0.key) }).sorted(by: { $0.value.sequence < $1.value.sequence }) {
-                opening.append(.entry("snapshot", key: key, sequence: entry.sequence, value: entry.value))
+                if let shared = entry.snapshotEvent {
+                    opening.append(shared)
+                } else {
+                    let event = StreamEvent.entry("snapshot", key: key, sequence: entry.sequence, value: entry.value)
+                    entries[key]?.snapshotEvent = event
+                    opening.append(event)
+                }
             }
         }
         opening.append(.notice("synced", id: head, ["sequence": .int(Int64(clamping: head))]))
         let id = UUID()
         let (events, continuation) = AsyncStream<StreamEvent>.makeStream(bufferingPolicy: .bufferingOldest(opening.count + Self.streamBacklog))
-        for event in opening { continuation.yield(event) }
+        let backlog = StreamBacklog()
+        var openingBytes = 0
+        for event in opening {
+            openingBytes += event.size
+            continuation.yield(event)
+        }
+        backlog.add(openingBytes)
         continuation.onTermination = { [weak self] _ in Task { await self?.detach(id) } }
         if closed {
             continuation.finish()
-            return (id, events)
+            return (id, events, backlog)
         }
-        listeners[id] = Listener(prefixes: prefixes, continuation: continuation)
+        listeners[id] = Listener(prefixes: prefixes, continuation: continuation, backlog: backlog, limit: openingBytes + streamBacklogBytes)
         counters.open = listeners.count
         counters.opened += 1
-        return (id, events)
+        return (id, events, backlog)
     }
 
     /// Ends every stream (shutdown); streams opened later end at once.
@@ -225,9 +268,12 @@ actor StateFeed {
     private func broadcast(_ event: StreamEvent) {
         for (id, listener) in listeners {
             if let key = event.key, !listener.prefixes.contains(where: { key.hasPrefix($0) }) { continue }
-            if case .dropped = listener.continuation.yield(event) {
-                // The browser reads too slowly: end its stream; it reconnects and resumes
-                // from its last id, missing nothing.
+            // The browser reads too slowly (its events wait, by count or by bytes): end its
+            // stream; it reconnects and resumes from its last id, missing nothing.
+            if listener.backlog.add(event.size) > listener.limit {
+                counters.overflows += 1
+                detach(id)
+            } else if case .dropped = listener.continuation.yield(event) {
                 counters.overflows += 1
                 detach(id)
             }

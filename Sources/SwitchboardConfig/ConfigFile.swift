@@ -205,7 +205,8 @@ public struct ConfigFile: Sendable, Equatable {
             "client_keys", "worker_keys",
         ].map { ($0, Schema.value) })),
         "gateway": .map(Dictionary(uniqueKeysWithValues: [
-            "enabled", "listen", "max_body_bytes", "prefixes", "history", "heartbeat_seconds", "request_timeout_ms",
+            "enabled", "listen", "max_body_bytes", "prefixes", "history", "history_bytes", "stream_backlog_bytes", "max_response_bytes",
+            "heartbeat_seconds", "request_timeout_ms",
             "tokens", "cors_origins", "log_level",
         ].map { ($0, Schema.value) })),
         "supervisor": .map(Dictionary(uniqueKeysWithValues: [
@@ -407,8 +408,16 @@ public struct GatewaySettings: Sendable, Equatable {
     public var maxBodyBytes = 1 << 20
     /// The key prefixes the gateway follows for `/events` (one kernel subscription).
     public var prefixes = [""]
-    /// Changes kept, so that a reconnecting browser gets exactly what it missed.
+    /// Changes kept, so that a reconnecting browser gets exactly what it missed: at most
+    /// this many, and this many bytes of keys and values (the oldest go first).
     public var history = 100_000
+    public var historyBytes = 64 << 20
+    /// Bytes of events one stream may have waiting (its reader slow) beyond its opening
+    /// snapshot before it is cut; the browser reconnects and resumes from its last id.
+    public var streamBacklogBytes = 4 << 20
+    /// The largest response body `POST /rpc` sends; past it the results that do not fit are
+    /// answered -32010 (a batch), or the response is (a single request).
+    public var maxResponseBytes = 16 << 20
     /// A comment line on every event stream this often, for proxies.
     public var heartbeat: Duration = .seconds(15)
     public var requestTimeout: Duration = .seconds(10)
@@ -636,6 +645,9 @@ private struct Reader {
             if g.prefixes.isEmpty { throw ConfigError(path: "gateway.prefixes", problem: "expected at least one key prefix (\"\" for every key)") }
         }
         if let value = gateway["history"] { g.history = try positive(value, "gateway.history", atMost: 10_000_000) }
+        if let value = gateway["history_bytes"] { g.historyBytes = try positive(value, "gateway.history_bytes", atMost: 1 << 40) }
+        if let value = gateway["stream_backlog_bytes"] { g.streamBacklogBytes = try positive(value, "gateway.stream_backlog_bytes", atMost: 1 << 40) }
+        if let value = gateway["max_response_bytes"] { g.maxResponseBytes = try positive(value, "gateway.max_response_bytes", atMost: 1 << 31) }
         if let value = gateway["heartbeat_seconds"] { g.heartbeat = .seconds(try positive(value, "gateway.heartbeat_seconds", atMost: Limit.day_s)) }
         if let value = gateway["request_timeout_ms"] { g.requestTimeout = .milliseconds(try positive(value, "gateway.request_timeout_ms", atMost: Limit.day_ms)) }
         if let value = gateway["cors_origins"] { g.corsOrigins = try strings(value, "gateway.cors_origins") }

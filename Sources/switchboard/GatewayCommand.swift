@@ -70,6 +70,6 @@ struct GatewayCommand: AsyncParsableCommand {
         let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.gateway) }
         return Gateway.Options(settings: settings, brokers: brokers, state: state, curve: curve,
                                services: ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true },
-                               maxMessageSize: file.kernel.maxMessageSize, context: context)
+                               maxMessageSize: file.kernel.maxMessageSize, maxBatchItems: file.kernel.maxBatchItems, context: context)
     }
 }

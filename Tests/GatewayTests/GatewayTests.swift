@@ -309,6 +309,60 @@ struct GatewayTests {
         }
     }
 
+    @Test("bounded in bytes: the history, each stream's backlog, and response bodies")
+    func boundedInBytes() async throws {
+        try await GatewayBed.with({
+            $0.historyBytes = 20_000
+            $0.streamBacklogBytes = 64 * 1024
+            $0.maxResponseBytes = 20_000
+            $0.maxBodyBytes = 65_536
+        }) { bed in
+            let publisher = StatePublisher(client: bed.bus)
+            let value = JSONValue.string(String(repeating: "h", count: 1_000))
+            var sequences: [UInt64] = []
+            for index in 0..<60 { sequences.append(try await publisher.set("/client/h/\(index % 3)", value)) }
+            // Wait until the gateway has the last write (a stream's synced id says where it is).
+            var synced: UInt64 = 0
+            while synced < sequences.last! {
+                let probe = try await bed.events("prefix=/client/h/")
+                synced = try await probe.until("synced").last?.id.flatMap(UInt64.init) ?? 0
+            }
+            // 60 changes of about 1 kB against a 20 kB history: the last ones resume exactly,
+            // the first ones no more (a reset).
+            let recent = try await bed.events("prefix=/client/h/", lastEventID: String(sequences[50]))
+            let resumed = try await recent.until("synced")
+            #expect(resumed.filter { $0.event == "update" }.count == 9 && !resumed.contains { $0.event == "reset" }, "\(resumed.map(\.event))")
+            let old = try await bed.events("prefix=/client/h/", lastEventID: String(sequences[5]))
+            #expect(try await old.until("synced").first?.event == "reset")
+
+            // A stream that is never read: cut once its backlog passes 64 kB (the TCP buffers
+            // fill first), while another stream is served.
+            let stuck = try await bed.events("prefix=/client/flood/")
+            let big = JSONValue.string(String(repeating: "f", count: 4_000))
+            var overflowed = false
+            for round in 0..<100 where !overflowed {
+                for _ in 0..<100 { try await publisher.set("/client/flood/x", big) }
+                overflowed = try await bed.get("/metrics").text.contains("switchboard_gateway_stream_overflows_total 1")
+                if round == 99 { Issue.record("the stream that is not read was never cut") }
+            }
+            withExtendedLifetime(stuck) {}
+
+            // Response bodies: a single response over the limit is 413 with -32010, a batch's
+            // results past it are -32010 each.
+            for index in 0..<5 { try await publisher.set("/client/r/\(index)", .string(String(repeating: "r", count: 5_000))) }
+            let single = try await bed.rpc("kernel", #"{"jsonrpc":"2.0","id":1,"method":"state.get","params":{"prefix":"/client/"}}"#)
+            #expect(single.status == 413 && single.json?["error"]?["code"] == .int(Int64(JSONRPCError.tooLargeCode)), "\(single)")
+            #expect(single.json?["error"]?["message"]?.stringValue?.contains("gateway.max_response_bytes") == true)
+            let calls = (0..<30).map { #"{"jsonrpc":"2.0","id":\#($0),"method":"state.get","params":{"prefix":"/client/h/0"}}"# }
+            let batch = try await bed.rpc("kernel", "[" + calls.joined(separator: ",") + "]")
+            let answers = try #require(batch.json?.arrayValue)
+            #expect(batch.status == 200 && answers.count == 30)
+            #expect(answers.first?["result"] != nil && answers.last?["error"]?["code"] == .int(Int64(JSONRPCError.tooLargeCode)))
+            let tooMany = try await bed.rpc("echo", "[" + (0..<101).map { #"{"jsonrpc":"2.0","id":\#($0),"method":"echo"}"# }.joined(separator: ",") + "]")
+            #expect(tooMany.status == 413 && tooMany.json?["error"]?["message"]?.stringValue?.contains("kernel.max_batch_items") == true, "\(tooMany)")
+        }
+    }
+
     @Test("CORS: headers for a configured origin only")
     func cors() async throws {
         try await GatewayBed.with({ $0.corsOrigins = ["https://apps.example"] }) { bed in

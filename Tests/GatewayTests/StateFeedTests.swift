@@ -27,12 +27,12 @@ struct StateFeedTests {
         await feed.receive(update("/a", 5, "1", snapshot: true))
         await feed.receive(.synced(sequence: 10))
         await feed.receive(update("/a", 11, "2"))
-        let (_, live) = await feed.attach(prefixes: ["/"], since: nil)
+        let (_, live, _) = await feed.attach(prefixes: ["/"], since: nil)
         #expect(await drain(live, upTo: "synced").map(\.name) == ["snapshot", "synced"])
 
         await feed.receive(.missed(count: 3, afterSequence: 11, reason: "test"))
         // Resuming while the feed is repairing: what changed is not known yet.
-        let (_, during) = await feed.attach(prefixes: ["/"], since: 11)
+        let (_, during, _) = await feed.attach(prefixes: ["/"], since: 11)
         #expect(await drain(during, upTo: "synced").first?.name == "reset")
         await feed.receive(update("/a", 14, "5", snapshot: true))
         await feed.receive(update("/b", 20, nil, snapshot: true))
@@ -43,11 +43,11 @@ struct StateFeedTests {
         #expect(told.last?.id == 20)
 
         // From before the gap: a reset and the repaired snapshot. From the resync on: exact.
-        let (_, old) = await feed.attach(prefixes: ["/"], since: 11)
+        let (_, old, _) = await feed.attach(prefixes: ["/"], since: 11)
         let replay = await drain(old, upTo: "synced")
         #expect(replay.map(\.name) == ["reset", "snapshot", "synced"] && replay[1].data.contains("\"value\":5"))
         await feed.receive(update("/c", 21, "1"))
-        let (_, fresh) = await feed.attach(prefixes: ["/"], since: 20)
+        let (_, fresh, _) = await feed.attach(prefixes: ["/"], since: 20)
         #expect(await drain(fresh, upTo: "synced").map(\.id) == [21, 21])
         let counters = await feed.counters
         #expect(counters.missed == 1 && counters.resets == 2 && counters.resumes == 1)
@@ -58,13 +58,13 @@ struct StateFeedTests {
         let feed = StateFeed(prefixes: [""], history: 3, logger: Logger(label: "test"))
         await feed.receive(.synced(sequence: 1))
         for sequence in UInt64(2)...6 { await feed.receive(update("/k", sequence, "\(sequence)")) }
-        let (_, kept) = await feed.attach(prefixes: ["/"], since: 3)
+        let (_, kept, _) = await feed.attach(prefixes: ["/"], since: 3)
         #expect(await drain(kept, upTo: "synced").map(\.id) == [4, 5, 6, 6])
-        let (_, lost) = await feed.attach(prefixes: ["/"], since: 2)
+        let (_, lost, _) = await feed.attach(prefixes: ["/"], since: 2)
         #expect(await drain(lost, upTo: "synced").first?.name == "reset")
 
         // A stream nobody reads: cut once it holds its opening plus the backlog.
-        let (_, unread) = await feed.attach(prefixes: ["/"], since: nil)
+        let (_, unread, _) = await feed.attach(prefixes: ["/"], since: nil)
         for sequence in UInt64(7)...UInt64(8 + StateFeed.streamBacklog) { await feed.receive(update("/k", sequence, "1")) }
         #expect(await feed.counters.overflows >= 1)
         var count = 0
