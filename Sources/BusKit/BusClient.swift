@@ -326,6 +326,9 @@ actor ClientCore {
         var everConnected = false
         var drops = 0
         var handshakeFailures = 0
+        /// Its handshake completed since it last connected: what was sent may have reached
+        /// the kernel (a connection refused at the handshake delivered nothing).
+        var handshaken = false
     }
 
     /// How many times a request is sent again after the connection it was in flight on
@@ -383,7 +386,7 @@ actor ClientCore {
                 try socket.set(.heartbeatTimeout, Int32(1_000))
             }
             // Connection events tell when requests in flight were lost with a kernel.
-            let pair = try connectionEvents(of: socket, in: loop.context, also: .handshakeFailed)
+            let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeFailed, .handshakeSucceeded])
             try socket.connect(broker)
             let registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message, on: index) } }
             let monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, on: index) } }
@@ -447,15 +450,18 @@ actor ClientCore {
     func connectionEvent(_ message: Message, on index: Int) {
         guard let event = SocketEvent(message), case .open = lifecycle else { return }
         if !event.event.isDisjoint(with: .handshakeFailed) { connections[index].handshakeFailures += 1 }
+        if event.event.contains(.handshakeSucceeded) { connections[index].handshaken = true }
         if event.event.contains(.disconnected) {
             connections[index].connected = false
             connections[index].drops += 1
-            let dropped = connections[index].generation
+            let dropped = connections[index].generation, delivered = connections[index].handshaken
             connections[index].generation += 1
+            connections[index].handshaken = false
             // Sent on the connection that dropped: in flight with it, and maybe lost.
             let lost = pending.filter { $0.value.sentOn == index && $0.value.generation <= dropped }.map(\.key)
             for id in lost {
-                pending[id]!.losses += 1
+                // Only a connection that got through its handshake may have delivered it.
+                if delivered { pending[id]!.losses += 1 }
                 let losses = pending[id]!.losses
                 guard !resendAfterReconnect || losses > Self.maxResends else {
                     // The other kernel of a pair takes it (it may have to take over first);

@@ -283,7 +283,9 @@ public enum JSONRPC {
         do {
             outline = try JSONText.outline(body, maxDepth: maxDepth)
         } catch {
-            return .unusable(JSONRPCResponse(id: .null, error: .parseError("the body is not valid JSON")))
+            // Say which limit or fault it met: nesting past maxDepth is no syntax error.
+            let detail = error.isTooDeep ? "the body nests deeper than \(maxDepth) levels, the limit for JSON from outside" : "the body is not valid JSON (\(error))"
+            return .unusable(JSONRPCResponse(id: .null, error: .parseError(detail)))
         }
         switch outline {
         case .array(let elements):

@@ -12,6 +12,9 @@ enum JSONText {
         let offset: Int
         let problem: String
         var description: String { "invalid JSON at byte \(offset): \(problem)" }
+        /// Whether it is the nesting limit that stopped the parser.
+        var isTooDeep: Bool { problem.hasPrefix(Self.tooDeep) }
+        static let tooDeep = "nested deeper than"
     }
 
     static func parse(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) throws(SyntaxError) -> JSONValue {
@@ -145,7 +148,7 @@ enum JSONText {
         /// An object (at its `{`): for each member, after its key, `member` reads (or skips)
         /// the value at the parser's position.
         mutating func members(depth: Int, _ member: (inout Parser, String) throws(SyntaxError) -> Void) throws(SyntaxError) {
-            guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
+            guard depth <= maxDepth else { throw error("\(SyntaxError.tooDeep) \(maxDepth) levels") }
             position += 1
             skipWhitespace()
             if current == UInt8(ascii: "}") {
@@ -174,7 +177,7 @@ enum JSONText {
 
         /// An array (at its `[`): `element` reads (or skips) each element at the parser's position.
         mutating func elements(depth: Int, _ element: (inout Parser) throws(SyntaxError) -> Void) throws(SyntaxError) {
-            guard depth <= maxDepth else { throw error("nested deeper than \(maxDepth) levels") }
+            guard depth <= maxDepth else { throw error("\(SyntaxError.tooDeep) \(maxDepth) levels") }
             position += 1
             skipWhitespace()
             if current == UInt8(ascii: "]") {

@@ -14,6 +14,9 @@ import ZeroMQ
 final class Broker {
     struct Request {
         let client: Frame
+        /// Whose share of the service's places it counts against (``FairQueue``): the
+        /// sender's CURVE key, or without CURVE its connection.
+        let owner: Frame
         let service: String
         let body: [Frame]
         /// When it times out waiting for a worker (monotonic nanoseconds).
@@ -49,17 +52,27 @@ final class Broker {
         let name: String
         /// The name as the frame every reply for the service carries, made once.
         let nameFrame: Frame
-        var requests: Deque<Request> = []
+        var requests = FairQueue()
         /// Workers with room for a request, least recently used first; a worker with a
         /// window is in it once per free place.
         var idle: Deque<Frame> = []
         var workers = 0
+        /// Places of all its workers (the sum of their windows), and how many each client
+        /// holds now: no client may hold more than its share (``Broker/clientShare(of:)``).
+        var places = 0
+        var held: [Frame: Int] = [:]
         /// Whether a worker ever offered it; a name nobody serves is forgotten once idle.
         var everServed = false
         var stats = ServiceStats()
         init(name: String) {
             self.name = name
             nameFrame = Frame(name)
+        }
+
+        /// `request` no longer holds a place (answered, or its worker gone).
+        func release(_ request: Request) {
+            guard let count = held[request.owner] else { return }
+            held[request.owner] = count > 1 ? count - 1 : nil
         }
     }
 
@@ -155,7 +168,7 @@ final class Broker {
         }
         let service = serviceNamed(name)
         service.stats.requests += 1
-        let request = Request(client: client, service: name, body: body,
+        let request = Request(client: client, owner: peer.map { Frame($0) } ?? client, service: name, body: body,
                               deadline: now + configuration.queueTimeout.nanoseconds, received: now)
         let size = request.size
         guard service.requests.count < configuration.maxQueuedPerService,
@@ -197,6 +210,7 @@ final class Broker {
             workers[identity] = worker
             service.everServed = true
             service.workers += 1
+            service.places += window
             for _ in 0..<window { service.idle.append(identity) }
             logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(window)"])
             onWorkersChanged(name, service.workers)
@@ -211,6 +225,7 @@ final class Broker {
             // The body goes back as it came: the kernel never reads it. Error counts come
             // from the workers' heartbeats (below).
             let service = worker.service
+            service.release(request)
             service.stats.replies += 1
             service.stats.latency.record(nanoseconds: now &- request.received)
             send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body))
@@ -232,15 +247,29 @@ final class Broker {
 
     // MARK: Dispatch
 
+    /// Hands waiting requests to workers with room, the clients in turn, none past its share.
     private func dispatch(_ service: Service) {
-        while !service.requests.isEmpty, let identity = service.idle.popFirst() {
-            guard let worker = workers[identity], worker.hasRoom else { continue }
-            var request = service.requests.removeFirst()
+        let share = clientShare(of: service)
+        while !service.requests.isEmpty, let identity = service.idle.first {
+            guard let worker = workers[identity], worker.hasRoom else {
+                service.idle.removeFirst()
+                continue
+            }
+            guard var request = service.requests.next(where: { service.held[$0, default: 0] < share }) else { break }
+            service.idle.removeFirst()
             queuedBytes -= request.size
             request.attempts += 1
+            service.held[request.owner, default: 0] += 1
             let client = worker.sent(request)
             send(MDP.encode(.request(client: client, body: request.body), to: identity))
         }
+    }
+
+    /// The places of `service` one client may hold at once (`kernel.client_share_percent`
+    /// of them, at least one): a client with more waiting leaves the rest for others, so it
+    /// cannot hold every place with slow requests.
+    func clientShare(of service: Service) -> Int {
+        max(1, service.places * configuration.clientSharePercent / 100)
     }
 
     /// Sends heartbeats, expires silent workers and requests that waited too long.
@@ -256,26 +285,21 @@ final class Broker {
 
     func expireQueued(now: UInt64) {
         for service in services.values where !service.requests.isEmpty {
-            guard service.requests.contains(where: { $0.deadline <= now }) else { continue }
-            var kept: Deque<Request> = []
-            for request in service.requests {
-                if request.deadline <= now {
-                    queuedBytes -= request.size
-                    service.stats.unavailable += 1
-                    reply(to: request.client, service: service.name, body: request.body,
-                          error: .serviceUnavailable(service.name, within: configuration.queueTimeout.seconds))
-                } else {
-                    kept.append(request)
-                }
+            let expired = service.requests.removeExpired(now: now)
+            guard !expired.isEmpty else { continue }
+            for request in expired {
+                queuedBytes -= request.size
+                service.stats.unavailable += 1
+                reply(to: request.client, service: service.name, body: request.body,
+                      error: .serviceUnavailable(service.name, within: configuration.queueTimeout.seconds))
             }
-            service.requests = kept
             forgetIfUnserved(service)
         }
     }
 
     /// Empty queues let go of the storage a burst grew them to.
     func releaseIdleQueues() {
-        for service in services.values where service.requests.isEmpty { service.requests = [] }
+        for service in services.values { service.requests.releaseIfEmpty() }
     }
 
     /// Drops the record of a name no worker ever offered once nothing waits for it, so
@@ -286,17 +310,28 @@ final class Broker {
 
     // MARK: Workers leaving
 
-    private func remove(_ worker: Worker, reason: String) {
+    /// Removes `worker`; its requests in flight go back to the queue. `undelivered`: a
+    /// message to it that libzmq could not take (its connection gone, or full): a request it
+    /// carried never reached the worker, so that delivery does not count against it.
+    private func remove(_ worker: Worker, reason: String, undelivered: Message? = nil) {
         guard workers.removeValue(forKey: worker.identity) != nil else { return }
         let service = worker.service
         service.workers -= 1
+        service.places -= worker.window
         service.idle.removeAll { $0 == worker.identity }
         logger.info("worker removed", metadata: ["service": "\(service.name)", "reason": "\(reason)", "workers": "\(service.workers)"])
         onWorkersChanged(service.name, service.workers)
         // Its requests in flight, oldest first, go back to the front of the queue with a
         // fresh wait for another worker (or are answered -32006 for a non-retriable service).
-        let orphans = worker.inFlight.values.sorted { $0.received < $1.received }
+        var notDelivered: [Request] = []
+        if let undelivered, undelivered.count >= 5, undelivered[3].equals([MDP.Command.request.rawValue]),
+           var request = worker.answered(undelivered[4]) {
+            request.attempts -= 1
+            notDelivered.append(request)
+        }
+        let orphans = (Array(worker.inFlight.values) + notDelivered).sorted { $0.received < $1.received }
         worker.inFlight = [:]
+        for request in orphans { service.release(request) }
         let retriable = !configuration.nonRetriableServices.contains(service.name)
         for var request in orphans.reversed() {
             if request.attempts >= configuration.maxDeliveries {
@@ -320,15 +355,15 @@ final class Broker {
 
     /// A send to `identity` found no connection: a worker there died without a word (its
     /// process killed, its link cut). Its request in flight goes to another worker.
-    func peerGone(_ identity: Frame) {
-        if let worker = workers[identity] { remove(worker, reason: "its connection is gone") }
+    func peerGone(_ identity: Frame, undelivered: Message? = nil) {
+        if let worker = workers[identity] { remove(worker, reason: "its connection is gone", undelivered: undelivered) }
     }
 
     /// A send to `identity` hit its backlog limit: it does not read. A worker like that is
     /// dropped (its request goes to another); a client's reply is dropped and counted.
-    func peerFull(_ identity: Frame) {
+    func peerFull(_ identity: Frame, undelivered: Message? = nil) {
         if let worker = workers[identity] {
-            remove(worker, reason: "it does not read")
+            remove(worker, reason: "it does not read", undelivered: undelivered)
         } else {
             droppedReplies += 1
         }

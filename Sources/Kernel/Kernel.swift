@@ -121,7 +121,7 @@ public actor Kernel: BusService {
             opened.append(snapshot)
             let (publisher, publisherEndpoint) = try open(.xpub, configuration.publisherEndpoint, "publisher") {
                 try $0.set(.xpubVerbose, true)
-                try $0.set(.sendHighWaterMark, Int32(clamping: configuration.subscriberBacklog))
+                try $0.set(.sendHighWaterMark, Int32(clamping: configuration.subscriberBacklogMessages))
             }
             opened.append(publisher)
             let (collector, collectorEndpoint) = try open(.sub, configuration.collectorEndpoint, "collector") {
@@ -242,17 +242,11 @@ public actor Kernel: BusService {
         routerRegistration.dropsWhenPeerFull = true
         routerRegistration.onSendError = { message, error in
             guard let peer = message.first else { return }
-            if error.isUnroutable { broker.peerGone(peer) } else if error.isWouldBlock { broker.peerFull(peer) }
+            if error.isUnroutable { broker.peerGone(peer, undelivered: message) } else if error.isWouldBlock { broker.peerFull(peer, undelivered: message) }
         }
         state.sendSnapshot = { snapshotRegistration.send($0) }
         state.publish = { publisherRegistration.send($0) }
-        state.setPublisherHighWaterMark = { [logger] mark in
-            do {
-                try publisher.set(.sendHighWaterMark, Int32(clamping: mark))
-            } catch {
-                logger.warning("cannot set the publisher's backlog", metadata: ["problem": "\(error)"])
-            }
-        }
+
         broker.onWorkersChanged = { name, count in
             let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
             state.set("/kernel/services/\(name)", value: Frame(value.jsonBytes), now: monotonicNanoseconds())

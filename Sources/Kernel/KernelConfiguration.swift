@@ -31,12 +31,15 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// Updates the publisher queues for one subscriber that does not read; beyond it the
     /// subscriber misses updates (and resynchronises when it notices).
     public var subscriberBacklog = 100_000
-    /// Bytes of updates the publisher queues for one subscriber that does not read, about:
-    /// while large values are published the backlog in messages shrinks to fit
-    /// (``PublisherBudget``).
-    public var subscriberBacklogBytes = 64 * 1024 * 1024
+    /// Bytes of updates the publisher may queue for one subscriber that does not read: with
+    /// `state_max_value_bytes`, what sets the backlog in messages (below).
+    public var subscriberBacklogBytes = 256 * 1024 * 1024
     /// The largest inbound message on any kernel socket; a peer sending more is disconnected.
     public var maxMessageSize = MDP.defaultMaxMessageSize
+    /// The share of a service's places (its workers' windows together) one client may hold
+    /// at once, in percent (at least one place): its further requests wait while others are
+    /// served, so one client cannot take every place with slow requests.
+    public var clientSharePercent = 50
     /// How many workers a request is handed to, at most, when each dies with it in flight:
     /// 2 re-sends it once. After that it is answered -32012 (it may be what kills them), so
     /// one request cannot take down every worker of a service in turn.
@@ -76,6 +79,17 @@ public struct KernelConfiguration: Sendable, Equatable {
     public var pair: PairConfiguration?
 
     public init() {}
+
+    /// The publisher's backlog per subscriber in messages: `subscriber_backlog`, or fewer, so
+    /// that that many updates of the largest value allowed fit `subscriber_backlog_bytes`.
+    ///
+    /// libzmq bounds a subscriber's queue by messages only, and fixes the bound when the
+    /// subscriber connects: lowering it on the fly while large values flow would stall
+    /// subscribers that read (a queue's writer learns what its reader took only every half
+    /// queue or so). So the bound in bytes is kept by the count, from the largest value.
+    var subscriberBacklogMessages: Int {
+        max(1, min(subscriberBacklog, subscriberBacklogBytes / max(1, stateMaxValueBytes)))
+    }
 
     /// Milliseconds of silence after which a worker is dead.
     var workerExpiry: Duration { heartbeatInterval * heartbeatLiveness }

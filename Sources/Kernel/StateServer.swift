@@ -35,9 +35,6 @@ final class StateServer {
     /// Sends on the snapshot ROUTER and on the publisher XPUB.
     var sendSnapshot: (Message) -> Void = { _ in }
     var publish: (Message) -> Void = { _ in }
-    /// Sets the publisher's send high-water mark (``PublisherBudget``).
-    var setPublisherHighWaterMark: (Int) -> Void = { _ in }
-    private var budget: PublisherBudget
 
     /// Keyed by the key's bytes, as the KVSET carried them: no string is built per update.
     private(set) var entries: [Frame: Entry] = [:]
@@ -77,7 +74,6 @@ final class StateServer {
         self.configuration = configuration
         self.logger = logger
         access = StateAccess(configuration: configuration)
-        budget = PublisherBudget(maxMessages: configuration.subscriberBacklog, maxBytes: configuration.subscriberBacklogBytes)
         sequence = UInt64(Date().timeIntervalSince1970 * 1_000_000)
     }
 
@@ -185,7 +181,6 @@ final class StateServer {
 
     /// Publishes an update and counts it under its topics (for the next HUGZ).
     private func emit(_ update: Message, key: Frame) {
-        if let mark = budget.published(size: update.byteCount) { setPublisherHighWaterMark(mark) }
         publish(update)
         for index in topics.indices where key.hasPrefix(topics[index].prefix) { topics[index].published &+= 1 }
         countsDue = true

@@ -228,7 +228,7 @@ actor SQLiteBackend: StoreBackend {
     /// at a time, under a lock on a file beside the database: each publishes the values it
     /// reads under the lock, so none publishes an older value over a newer one.
     func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T {
-        let descriptor = open(configuration.path + ".publishing", O_CREAT | O_RDWR | O_CLOEXEC, 0o644)
+        let descriptor = open(configuration.path + ".publishing", O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { return try await body() }  // a read-only folder: no other writer either
         defer { close(descriptor) }
         while flock(descriptor, LOCK_EX | LOCK_NB) != 0 { try await Task.sleep(for: .milliseconds(2)) }

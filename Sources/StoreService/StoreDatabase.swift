@@ -1,6 +1,9 @@
 import BusProtocol
 import Foundation
 import GRDB
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Where the store keeps its database and how big it may grow.
 public struct StoreConfiguration: Sendable, Equatable {
@@ -30,15 +33,24 @@ public struct StoreConfiguration: Sendable, Equatable {
 /// Opens the SQLite database: WAL mode, `synchronous = FULL` (a commit is on disk before it
 /// returns, which is what lets the store acknowledge a write only once it is durable), a
 /// busy timeout so several store processes can share one file, and the schema migrations.
+///
+/// The users' data is theirs alone: a folder the store makes is 0700, and the database is
+/// 0600 from the moment it exists (SQLite gives its -wal and -shm files the database's
+/// mode); a database an older version left readable to others is made 0600 too.
 enum StoreDatabase {
     static func open(_ configuration: StoreConfiguration) throws -> DatabasePool {
         let url = URL(fileURLWithPath: configuration.path)
         let folder = url.deletingLastPathComponent()
         do {
-            try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+            try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
             throw StorageFailure(reason: "cannot-open", detail: "cannot create the folder \(folder.path): \(StorageFailure.systemMessage(error))",
                                  path: configuration.path)
+        }
+        let descriptor = Glibc.open(url.path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+        if descriptor >= 0 {
+            for file in [url.path, url.path + "-wal", url.path + "-shm"] { chmod(file, 0o600) }
+            close(descriptor)
         }
         var config = Configuration()
         config.label = "store"

@@ -187,7 +187,7 @@ public struct ConfigFile: Sendable, Equatable {
             "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
             "max_message_size", "no_retry", "writable_prefixes", "log_level",
             "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog", "subscriber_backlog_bytes",
-            "state_max_value_bytes", "max_batch_items", "max_deliveries",
+            "state_max_value_bytes", "max_batch_items", "max_deliveries", "client_share_percent",
             "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
         ].map { ($0, Schema.value) })),
         "services": .each(Set(serviceNames), .map(["enabled": .value, "workers": .value, "window": .value, "log_level": .value])),
@@ -479,6 +479,7 @@ private struct Reader {
         if let value = kernel["subscriber_backlog"] { k.subscriberBacklog = try positive(value, "kernel.subscriber_backlog", atMost: Int(Int32.max)) }
         if let value = kernel["subscriber_backlog_bytes"] { k.subscriberBacklogBytes = try positive(value, "kernel.subscriber_backlog_bytes", atMost: 1 << 40) }
         if let value = kernel["state_max_value_bytes"] { k.stateMaxValueBytes = try positive(value, "kernel.state_max_value_bytes", atMost: 1 << 30) }
+        if let value = kernel["client_share_percent"] { k.clientSharePercent = try positive(value, "kernel.client_share_percent", atMost: 100) }
         if let value = kernel["max_deliveries"] { k.maxDeliveries = try positive(value, "kernel.max_deliveries", atMost: 100) }
         if let value = kernel["max_batch_items"] { k.maxBatchItems = try positive(value, "kernel.max_batch_items", atMost: 100_000) }
         if let value = kernel["state_max_keys"] { k.stateMaxKeys = try positive(value, "kernel.state_max_keys", atMost: 100_000_000) }

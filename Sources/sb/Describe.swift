@@ -120,6 +120,10 @@ struct Describe: AsyncParsableCommand {
                 let required = Set((schema["required"]?.arrayValue ?? []).compactMap(\.stringValue))
                 return "{" + properties.keys.sorted().map { "\($0)\(required.contains($0) ? "" : "?"): \(type(properties[$0]!))" }.joined(separator: ", ") + "}"
             }
+            // A number's range, as its contract states it: `integer 1..1000`.
+            if name == "integer" || name == "number", schema["minimum"] != nil || schema["maximum"] != nil {
+                return "\(name) \(schema["minimum"]?.description ?? "")..\(schema["maximum"]?.description ?? "")"
+            }
             return name
         }.joined(separator: "|")
     }

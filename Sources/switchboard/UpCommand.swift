@@ -218,8 +218,16 @@ struct UpCommand: AsyncParsableCommand {
         if runsGateway(file, noKernel: remoteKernel, quiet: true) {
             let gateway = file.gateway
             let host = gateway.host == "0.0.0.0" ? "127.0.0.1" : gateway.host.contains(":") ? "[\(gateway.host)]" : gateway.host
-            let token = gateway.tokens.first?.token ?? (file.security.isOn() ? file.security.keyFolder.gatewayToken() : nil)
-            lines.append("  gateway  http://\(host):\(gateway.port)/\(token.map { "#token=\($0)" } ?? "")\(pid["gateway"].map { ", pid \($0)" } ?? "")")
+            // Where the token is, never the token itself: the banner ends up in logs.
+            let address = "http://\(host):\(gateway.port)/"
+            var line = "  gateway  \(address)"
+            if !gateway.tokens.isEmpty {
+                line += " (callers need one of gateway.tokens: open \(address)#token=YOUR-TOKEN)"
+            } else if file.security.isOn() {
+                let tokenFile = file.security.keyFolder.gatewayTokenFile.path
+                line += " (token in \(tokenFile): open \"\(address)#token=$(cat \(tokenFile))\")"
+            }
+            lines.append(line + (pid["gateway"].map { ", pid \($0)" } ?? ""))
         }
         lines.append("Connect with: \(sbLine(file))sb services   (then: sb countries par, sb flights route; sb --help)")
         lines.append("Stop with Ctrl-C (or SIGTERM to pid \(getpid())).")

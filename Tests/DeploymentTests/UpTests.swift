@@ -212,7 +212,7 @@ struct UpTests {
         for arguments in [["up"], ["kernel"], ["serve", "echo"]] {
             let result = try await runCommand(switchboardExecutable(), arguments + ["--config", bad.path])
             #expect(result.status == 78, "\(arguments)")
-            #expect(result.stderr.contains(#"kernel.heartbeat_ms: expected a positive integer, got "soon""#), "\(result.stderr)")
+            #expect(result.stderr.contains(#"kernel.heartbeat_ms: expected an integer from 1 to 3600000, got "soon""#), "\(result.stderr)")
         }
         let variable = try await runCommand(switchboardExecutable(), ["kernel", "--config", bad.path], environment: ["SWITCHBOARD_KERNEL_HEARTBEAT": "5"])
         #expect(variable.status == 78 && variable.stderr.contains("SWITCHBOARD_KERNEL_HEARTBEAT: unknown variable"), "\(variable.stderr)")
@@ -221,7 +221,7 @@ struct UpTests {
         try "log_level: info\n".write(to: good, atomically: true, encoding: .utf8)
         let badVariable = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path], environment: ["SWITCHBOARD_KERNEL_HEARTBEAT_MS": "soon"])
         #expect(badVariable.status == 78, "\(badVariable)")
-        #expect(badVariable.stderr.contains(#"SWITCHBOARD_KERNEL_HEARTBEAT_MS (overrides kernel.heartbeat_ms): expected a positive integer, got "soon""#), "\(badVariable.stderr)")
+        #expect(badVariable.stderr.contains(#"SWITCHBOARD_KERNEL_HEARTBEAT_MS (overrides kernel.heartbeat_ms): expected an integer from 1 to 3600000, got "soon""#), "\(badVariable.stderr)")
         let curve = folder.appendingPathComponent("curve.yaml")
         try "security:\n  curve: true\n  keys_dir: \(folder.appendingPathComponent("keys").path)\n".write(to: curve, atomically: true, encoding: .utf8)
         let missing = try await runCommand(switchboardExecutable(), ["kernel", "--config", curve.path])

@@ -393,7 +393,8 @@ struct KernelConformanceTests {
 
     @Test("the window extension: a worker offering 3 gets 3 requests at once and answers them in any order")
     func windowWorker() async throws {
-        let running = try await RunningKernel.start()
+        // One client may take every place here (by default it gets half; see clientShare).
+        let running = try await RunningKernel.start { $0.clientSharePercent = 100 }
         let worker = try running.socket(.dealer, running.endpoints.broker, id: "W")
         try worker.send(MDP.encode(.ready(service: "svc", window: 3)))
         let client = try running.socket(.dealer, running.endpoints.broker, id: "C")
@@ -423,9 +424,39 @@ struct KernelConformanceTests {
         await running.stop()
     }
 
+    @Test("one client holds at most its share of a service's places (half by default); another client's request is served meanwhile")
+    func clientShare() async throws {
+        let running = try await RunningKernel.start()
+        let worker = try running.socket(.dealer, running.endpoints.broker, id: "W")
+        try worker.send(MDP.encode(.ready(service: "svc", window: 4)))
+        let greedy = try running.socket(.dealer, running.endpoints.broker, id: "G")
+        let other = try running.socket(.dealer, running.endpoints.broker, id: "O")
+        try await waitForService(greedy, "svc")
+        // Ten slow requests from one client: two of the four places go to it, the rest wait.
+        for index in 0..<10 { try greedy.send(MDP.request(service: "svc", body: [Frame("g\(index)")])) }
+        var held: [(Frame, [Frame])] = []
+        for _ in 0..<2 { held.append(try await receiveRequest(worker)) }
+        #expect(held.map(\.1) == [["g0"], ["g1"]])
+        await #expect(throws: ZMQError.self) { _ = try await receiveSkippingHeartbeats(worker, within: 0.2) }
+        // Another client is served at once, beside them.
+        try other.send(MDP.request(service: "svc", body: [Frame("o0")]))
+        let (address, body) = try await receiveRequest(worker)
+        #expect(body == [Frame("o0")] && address.bytes.first == UInt8(ascii: "O"))
+        try worker.send(MDP.encode(.reply(client: address, body: body)))
+        #expect(try await receive(other).last == Frame("o0"))
+        // As the greedy client's requests are answered, its next ones go out, in order.
+        for expected in 2..<10 {
+            let (address, body) = held.removeFirst()
+            try worker.send(MDP.encode(.reply(client: address, body: body)))
+            held.append(try await receiveRequest(worker))
+            #expect(held.last?.1 == [Frame("g\(expected)")])
+        }
+        await running.stop()
+    }
+
     @Test("a window worker that dies gives every request it held to another worker, each answered once")
     func windowWorkerDeath() async throws {
-        let running = try await RunningKernel.start()
+        let running = try await RunningKernel.start { $0.clientSharePercent = 100 }
         let client = try running.socket(.dealer, running.endpoints.broker)
         let doomed = try running.socket(.dealer, running.endpoints.broker)
         try doomed.send(MDP.encode(.ready(service: "svc", window: 4)))
