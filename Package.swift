@@ -246,7 +246,7 @@ let package = Package(
         // The decoders of untrusted input as fuzz targets, and libFuzzer's driver entry.
         .target(
             name: "FuzzTargets",
-            dependencies: ["BusProtocol", "Catalog", "ZeroMQ"],
+            dependencies: ["BusProtocol", "Catalog", "Contracts", "Kernel", "ZeroMQ", .product(name: "Logging", package: "swift-log")],
             swiftSettings: sharedSettings
         ),
         .target(name: "CLibFuzzer"),

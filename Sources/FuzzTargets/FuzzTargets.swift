@@ -1,12 +1,23 @@
 import BusProtocol
 import Catalog
+import Contracts
+import Dispatch
+import Kernel
+import Logging
+import Synchronization
 public import ZeroMQ
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The decoders that read untrusted input, as fuzz targets: each takes any bytes and must
 /// return (a value or an error), never crash or hang. Used by `switchboard-fuzz`
 /// (libFuzzer) and by the tests that replay the corpus and the regressions.
 public enum FuzzTarget: String, CaseIterable, Sendable {
     case mdp, chp, jsonrpc
+    /// The kernel's own methods with any params: huge, negative, fractional and unrepresentable
+    /// numbers included (the first byte picks the method, the rest is the params' text).
+    case kernel
     case countries, locations, items, sources, headlines, flights, airlines
 
     /// Runs one input through the decoders of this target.
@@ -31,10 +42,54 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
             _ = try? JSONRPC.parseResponses(bytes)
             _ = JSONRPC.errorReply(to: bytes, error: .serviceUnavailable("fuzz", within: 1))
             if let value = try? JSONValue(parsing: bytes) { _ = value.jsonBytes }
+        case .kernel:
+            guard let selector = bytes.first else { return }
+            let method = FuzzKernel.methods[Int(selector) % FuzzKernel.methods.count]
+            let body = Array(#"{"jsonrpc":"2.0","id":1,"method":"\#(method)","params":"#.utf8) + bytes.dropFirst() + Array("}".utf8)
+            _ = FuzzKernel.answer(body)
         default:
             let dataset = Dataset(rawValue: rawValue)!
             if let decoded = try? dataset.decode(bytes) { _ = try? decoded.content.records(offset: 0, limit: 10) }
         }
+    }
+}
+
+/// One kernel in this process, started on first use (inproc endpoints only), whose
+/// methods the `kernel` target calls on its loop thread and waits for.
+enum FuzzKernel {
+    static let methods = [KernelAPI.stateSet, KernelAPI.statePublish].map(\.name)
+        + [KernelAPI.stateGet.name, KernelAPI.ping.name, KernelAPI.servicesList.name, KernelAPI.stats.name, KernelAPI.metrics.name]
+
+    static let kernel: Kernel = {
+        var configuration = KernelConfiguration()
+        let name = "fuzz-\(getpid())"
+        configuration.brokerEndpoint = "inproc://\(name)-broker"
+        configuration.snapshotEndpoint = "inproc://\(name)-snapshot"
+        configuration.publisherEndpoint = "inproc://\(name)-publisher"
+        configuration.collectorEndpoint = "inproc://\(name)-collector"
+        var logger = Logger(label: "fuzz.kernel")
+        logger.logLevel = .critical
+        let kernel = try! Kernel(configuration: configuration, context: try! ZMQContext(), logger: logger)
+        onLoop(kernel) { _ = try! $0.start() }
+        return kernel
+    }()
+
+    /// The reply to `body`, answered on the kernel's loop thread.
+    static func answer(_ body: [UInt8]) -> [UInt8] {
+        let reply = Mutex<[UInt8]>([])
+        onLoop(kernel) { kernel in reply.withLock { $0 = kernel.respond(to: body) } }
+        return reply.withLock { $0 }
+    }
+
+    /// Runs `body` on the kernel's own thread and waits for it (no Swift task involved, so
+    /// a caller on a task's thread cannot starve it).
+    private static func onLoop(_ kernel: Kernel, _ body: @escaping @Sendable (isolated Kernel) -> Void) {
+        let done = DispatchSemaphore(value: 0)
+        kernel.loop.execute {
+            kernel.assumeIsolated { body($0) }
+            done.signal()
+        }
+        done.wait()
     }
 }
 
@@ -104,6 +159,20 @@ extension FuzzTarget {
                 frames(CHP.kv(entry)),
                 frames(CHP.kv(KVEntry(key: "/client/x", value: Frame()))),
                 frames(CHP.hugz()),
+            ]
+        case .kernel:
+            func call(_ method: String, _ params: String) -> [UInt8] {
+                [UInt8(FuzzKernel.methods.firstIndex(of: method)!)] + Array(params.utf8)
+            }
+            return [
+                call("state.set", #"{"key":"/client/x","value":{"a":1},"ttl":30}"#),
+                call("state.set", #"{"key":"/client/x","value":1,"ttl":1e300}"#),
+                call("state.publish", #"{"key":"/client/y","value":"v","ttl":2e10}"#),
+                call("state.publish", #"{"key":"/client/y","value":null,"ttl":-1}"#),
+                call("state.get", #"{"prefix":"/client/","limit":10000,"after":"/client/x"}"#),
+                call("state.get", #"{"prefix":"","limit":9223372036854775807}"#),
+                call("ping", "{}"),
+                call("stats", "[]"),
             ]
         case .jsonrpc:
             return [

@@ -294,6 +294,15 @@ public actor Kernel: BusService {
 
     // MARK: The built-in `kernel` service
 
+    /// Answers a `kernel` request body here, as one through the broker is answered (for the
+    /// fuzz target, which drives the methods without sockets); empty before ``start()``.
+    public func respond(to body: [UInt8], peer: String? = nil) -> [UInt8] {
+        guard let table else { return [] }
+        requestPeer = peer
+        defer { requestPeer = nil }
+        return table.answerNow(body: body, on: self).reply
+    }
+
     private func answer(client: Frame, body: [Frame], peer: String?) {
         guard let table else { return }
         guard body.count == 1 else {
