@@ -36,6 +36,13 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
     }
 
     /// Parses JSON text strictly (see ``JSONText``); nesting deeper than `maxDepth` is an error.
+    /// Whether `bytes` are one JSON value (nested at most `maxDepth` deep), checked as
+    /// strictly as parsing does but without building anything.
+    public static func isValidText(_ bytes: some Collection<UInt8>, maxDepth: Int = 512) -> Bool {
+        let check = { (buffer: UnsafeBufferPointer<UInt8>) -> Bool in (try? JSONText.outline(buffer, maxDepth: maxDepth)) != nil }
+        return bytes.withContiguousStorageIfAvailable(check) ?? Array(bytes).withUnsafeBufferPointer(check)
+    }
+
     public init(parsing bytes: some Collection<UInt8>, maxDepth: Int = 512) throws {
         if let value = try bytes.withContiguousStorageIfAvailable({ buffer throws in try JSONText.parse(buffer, maxDepth: maxDepth) }) {
             self = value

@@ -99,6 +99,16 @@ public struct MethodTable<Service: BusService>: Sendable {
         }
     }
 
+    /// Adds `method` with an isolated handler that writes its result's JSON text itself, in
+    /// the shape of the method's result type: for results that carry stored JSON (state
+    /// values), spliced in as they are rather than parsed and encoded again.
+    public mutating func onIsolated<P, R>(_ method: Method<P, R>, encoded handler: @escaping @Sendable (isolated Service, P) throws -> [UInt8]) {
+        let schema = add(method)
+        handlers[method.name] = .isolated { service, params in
+            try handler(service, try decodeParams(P.self, params, schema: schema))
+        }
+    }
+
     /// Checks `method` belongs here once, lists it for `rpc.discover`; its params' schema.
     private mutating func add<P, R>(_ method: Method<P, R>) -> JSONValue {
         precondition(method.service == Service.name, "\(method.name) is a method of \(method.service), not \(Service.name)")

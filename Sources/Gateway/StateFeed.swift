@@ -119,7 +119,7 @@ actor StateFeed {
     /// browser reconnects and resumes from its last id).
     static let streamBacklog = 10_000
 
-    init(prefixes: [String], history: Int, historyBytes: Int = 64 << 20, streamBacklogBytes: Int = 4 << 20, logger: Logger) {
+    init(prefixes: [String], history: Int, historyBytes: Int = 16 << 20, streamBacklogBytes: Int = 4 << 20, logger: Logger) {
         self.prefixes = prefixes
         self.history = history
         self.historyBytes = historyBytes

@@ -121,7 +121,12 @@ public actor Kernel: BusService {
             opened.append(snapshot)
             let (publisher, publisherEndpoint) = try open(.xpub, configuration.publisherEndpoint, "publisher") {
                 try $0.set(.xpubVerbose, true)
-                try $0.set(.sendHighWaterMark, Int32(clamping: configuration.subscriberBacklogMessages))
+                try $0.set(.sendHighWaterMark, Int32(clamping: configuration.subscriberBacklog))
+                // A subscriber that stops draining its connection answers no PING: dropped
+                // after subscriber_timeout, with everything queued for it.
+                let timeout = Int32(clamping: Int(configuration.subscriberTimeout.nanoseconds / 1_000_000))
+                try $0.set(.heartbeatInterval, max(1, min(timeout / 3, Int32(clamping: Int(configuration.heartbeatInterval.nanoseconds / 1_000_000)))))
+                try $0.set(.heartbeatTimeout, timeout)
             }
             opened.append(publisher)
             let (collector, collectorEndpoint) = try open(.sub, configuration.collectorEndpoint, "collector") {
@@ -335,7 +340,7 @@ public actor Kernel: BusService {
         table.onIsolated(KernelAPI.metrics) { kernel, _ in KernelAPI.Metrics(contentType: "text/plain; version=0.0.4", text: kernel.prometheusText()) }
         table.onIsolated(KernelAPI.stateSet) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: false) }
         table.onIsolated(KernelAPI.statePublish) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: true) }
-        table.onIsolated(KernelAPI.stateGet) { kernel, params in kernel.stateGet(params) }
+        table.onIsolated(KernelAPI.stateGet, encoded: { kernel, params in kernel.stateGet(params) })
     }
 
     private func ping() -> KernelAPI.Pong {
@@ -369,14 +374,27 @@ public actor Kernel: BusService {
         return KernelAPI.StateWritten(sequence: sequence)
     }
 
-    private func stateGet(_ params: KernelAPI.StateGetParams) -> KernelAPI.StateEntries {
+    /// A page of ``KernelAPI/StateEntries`` as JSON text: each stored value spliced in as it
+    /// is (a value that is not JSON, from a plain CHP client, as a string), so a page costs a
+    /// copy of its bytes, not a parse and an encoding of each value.
+    private func stateGet(_ params: KernelAPI.StateGetParams) -> [UInt8] {
         let page = state.page(under: params.prefix ?? "", after: params.after, limit: params.limit ?? KernelAPI.stateGetDefaultLimit,
                               maxBytes: KernelAPI.stateGetPageBytes)
-        let entries = page.entries.map { key, entry in
-            let value = (try? JSONValue(parsing: entry.value.bytes)) ?? .string(entry.value.string ?? "")
-            return KernelAPI.StateEntries.Entry(key: key.string ?? "", sequence: entry.sequence, value: value)
+        func string(_ text: String) -> [UInt8] { JSONValue.string(text).jsonBytes }
+        var text = Array(#"{"entries":["#.utf8)
+        text.reserveCapacity(page.entries.reduce(64) { $0 + $1.entry.size + 64 })
+        for (index, (key, entry)) in page.entries.enumerated() {
+            if index > 0 { text.append(UInt8(ascii: ",")) }
+            text += Array(#"{"key":"#.utf8) + string(key.string ?? "") + Array(#","sequence":\#(entry.sequence),"value":"#.utf8)
+            entry.value.withUnsafeBytes { value in
+                if JSONValue.isValidText(value, maxDepth: JSONRPC.maxDepth) { text += value } else { text += string(String(decoding: value, as: UTF8.self)) }
+            }
+            text.append(UInt8(ascii: "}"))
         }
-        return KernelAPI.StateEntries(sequence: state.sequence, entries: entries, next: page.more ? entries.last?.key : nil)
+        text += Array("]".utf8)
+        if page.more, let last = page.entries.last { text += Array(#","next":"#.utf8) + string(last.key.string ?? "") }
+        text += Array(#","sequence":\#(state.sequence)}"#.utf8)
+        return text
     }
 }
 

@@ -31,9 +31,14 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// Updates the publisher queues for one subscriber that does not read; beyond it the
     /// subscriber misses updates (and resynchronises when it notices).
     public var subscriberBacklog = 100_000
-    /// Bytes of updates the publisher may queue for one subscriber that does not read: with
-    /// `state_max_value_bytes`, what sets the backlog in messages (below).
-    public var subscriberBacklogBytes = 256 * 1024 * 1024
+    /// How long a subscriber may leave its connection undrained (its TCP buffers and the
+    /// publisher's queue full) before the kernel drops it: ZMTP heartbeats on the publisher,
+    /// which such a subscriber does not answer. Dropping it frees everything queued for it;
+    /// it reconnects and resyncs. With the backlog in messages and `state_max_value_bytes`,
+    /// this is what bounds what one stuck subscriber holds: libzmq bounds a subscriber's
+    /// queue by messages only, fixed when it connects (a bound changed on the fly stalls
+    /// subscribers that read, whose queue's writer learns of reads only every half queue).
+    public var subscriberTimeout: Duration = .seconds(30)
     /// The largest inbound message on any kernel socket; a peer sending more is disconnected.
     public var maxMessageSize = MDP.defaultMaxMessageSize
     /// The share of a service's places (its workers' windows together) one client may hold
@@ -63,7 +68,7 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// The largest key and value one state entry may hold (1 MiB): state is what every
     /// subscriber receives and every snapshot carries, so a bigger value belongs in a
     /// service (the store) and its key in state. It also keeps a stuck subscriber's backlog
-    /// (`subscriber_backlog_bytes`) at more than a few dozen updates.
+    /// (`subscriber_backlog` updates of it at most) within reason.
     public var stateMaxValueBytes = 1024 * 1024
     /// Requests one JSON-RPC batch may carry, at the kernel and at every service: a batch is
     /// answered in one message, so its size is what bounds a reply's.
@@ -79,17 +84,6 @@ public struct KernelConfiguration: Sendable, Equatable {
     public var pair: PairConfiguration?
 
     public init() {}
-
-    /// The publisher's backlog per subscriber in messages: `subscriber_backlog`, or fewer, so
-    /// that that many updates of the largest value allowed fit `subscriber_backlog_bytes`.
-    ///
-    /// libzmq bounds a subscriber's queue by messages only, and fixes the bound when the
-    /// subscriber connects: lowering it on the fly while large values flow would stall
-    /// subscribers that read (a queue's writer learns what its reader took only every half
-    /// queue or so). So the bound in bytes is kept by the count, from the largest value.
-    var subscriberBacklogMessages: Int {
-        max(1, min(subscriberBacklog, subscriberBacklogBytes / max(1, stateMaxValueBytes)))
-    }
 
     /// Milliseconds of silence after which a worker is dead.
     var workerExpiry: Duration { heartbeatInterval * heartbeatLiveness }

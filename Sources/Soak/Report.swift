@@ -20,6 +20,8 @@ struct SoakReport {
     var memoryAtEnd: [String: Double] = [:]
     var upExit: Int32 = -1
     var problems: [String] = []
+    /// What the hostile client's run measured (`--hostile`).
+    var hostile: HostileFigures?
 
     init(seed: UInt64, duration: Double, clients: Int, subscribers: Int) {
         self.seed = seed
@@ -81,6 +83,34 @@ struct SoakReport {
         if !requests.failedByMethod.isEmpty {
             Swift.print("  failures by request: " + requests.failedByMethod.sorted { $0.value > $1.value }.prefix(8).map { "\($0.key) \($0.value)" }.joined(separator: ", "))
         }
+        hostile?.print()
         Swift.print(passed ? "PASS: nothing lost, duplicated or missing" : "FAIL")
+    }
+}
+
+/// The bystander's latency in each hostile case, and the kernel's and gateway's memory.
+struct HostileFigures: Sendable {
+    let bystander: [HostileClient.Case: Bystander.Figures]
+    let accepted: Int
+    let memoryAtStart: [String: Double]
+    let peak: [String: Double]
+    let memoryAfter: [String: Double]
+
+    func print() {
+        Swift.print("")
+        Swift.print("Hostile client: a bystander's kernel ping and echo echo (ms) while each case ran")
+        Swift.print("  " + "case".padding(toLength: 62, withPad: " ", startingAt: 0) + "   ping p50    p99    max   echo p50    p99    max  failed")
+        for hostileCase in HostileClient.Case.allCases {
+            guard let figures = bystander[hostileCase] else { continue }
+            let columns = [quantile(figures.ping, 0.5), quantile(figures.ping, 0.99), figures.ping.max() ?? .nan,
+                           quantile(figures.echo, 0.5), quantile(figures.echo, 0.99), figures.echo.max() ?? .nan]
+            Swift.print("  " + hostileCase.rawValue.padding(toLength: 62, withPad: " ", startingAt: 0)
+                        + columns.map { String(format: "%9.1f", $0) }.joined(separator: "") + String(format: "%8d", figures.failures))
+        }
+        for name in ["kernel", "gateway"] {
+            Swift.print(String(format: "  %@ memory: %.0f MB at start, %.0f MB at most during, %.0f MB 30 s after the hostile client left",
+                               name, memoryAtStart[name] ?? .nan, peak[name] ?? .nan, memoryAfter[name] ?? .nan))
+        }
+        Swift.print("  hostile ttl writes taken: \(accepted) (must be 0)")
     }
 }

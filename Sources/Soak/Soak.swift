@@ -8,6 +8,7 @@ import Foundation
 import Synchronization
 import Supervisor
 import SwitchboardTestSupport
+import ZeroMQ
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -40,6 +41,8 @@ struct Soak: AsyncParsableCommand {
     var pair = false
     @Flag(help: "Run the store on a PostgreSQL server the soak starts on loopback (and stops), instead of SQLite.")
     var postgres = false
+    @Flag(help: "No kills: instead a hostile client (huge ttl, amplifying batches, a subscriber and SSE streams that never read, slow requests), one case after another, beside the ordinary load; a bystander's latency is measured in each case, and once it has left the kernel's and gateway's memory must come back within 1.5x of their start, with no process restarted. Needs --duration of at least 100.")
+    var hostile = false
     @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
 
     func run() async throws {
@@ -52,6 +55,9 @@ struct Soak: AsyncParsableCommand {
         guard killMin > 0, killMax >= killMin, duration > 0, clients > 0 else {
             throw ValidationError("--duration, --clients and --kill-min must be positive and --kill-max at least --kill-min")
         }
+        guard !hostile || (duration >= 100 && !pair) else {
+            throw ValidationError("--hostile needs --duration of at least 100 (its cases, then 30 s for memory to come back) and no --pair")
+        }
         let folder = try temporaryDirectory("switchboard-soak")
         let configurations = try writeSoakConfiguration(in: folder, pair: pair)
         // The store's database: the configuration's SQLite file, or a PostgreSQL server of the soak's own.
@@ -59,7 +65,15 @@ struct Soak: AsyncParsableCommand {
         defer { database?.stop() }
         if let database { say("the store on PostgreSQL at 127.0.0.1:\(database.port)") }
         let kernels = configurations.map { KernelPorts(ports: $0.ports) }
-        say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers, a kill every \(killMin)-\(killMax) s"
+        if hostile {
+            // The hostile client has a client key of its own, as another user would: the
+            // kernel shares a service's places among keys.
+            let keys = busKeyFolder(in: folder)
+            try FileManager.default.createDirectory(at: keys.clientsFolder, withIntermediateDirectories: true)
+            try KeyFolder.write(try CurveKeyPair.generate(), to: keys.clientsFolder.appendingPathComponent("hostile").path, replacing: true)
+        }
+        say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers"
+            + (hostile ? ", a hostile client instead of kills" : ", a kill every \(killMin)-\(killMax) s")
             + (pair ? ", a kernel pair: each kill is the active kernel's" : ""))
         say("replay with --seed \(seed)\(pair ? " --pair" : "")\(postgres ? " --postgres" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
 
@@ -199,7 +213,12 @@ struct Soak: AsyncParsableCommand {
             }
             return (acknowledged.0, acknowledged.1, writes)
         }
+        let memoryAtStart = report.memoryAtStart, phases = duration - 40
+        let hostileRun = hostile ? Task {
+            try await Self.runHostile(keys: keys, kernel: kernels[0], curve: curve, bus: buses[0], started: started, seconds: phases, memoryAtStart: memoryAtStart)
+        } : nil
         let chaos = Task { () -> ChaosLog in
+            if hostile { return ChaosLog() }
             if buses.count > 1 {
                 var chaos = PairChaos(seed: seed, buses: buses, kernels: kernels, curve: curve, started: started)
                 await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
@@ -211,6 +230,11 @@ struct Soak: AsyncParsableCommand {
         }
 
         let chaosLog = await chaos.value
+        if let hostileRun {
+            let outcome = try await hostileRun.value
+            report.hostile = outcome.figures
+            report.problems += outcome.problems
+        }
         for loop in loops { await loop.value }
         let last = await writer.value
         report.elapsed = Date().timeIntervalSince(started)
@@ -252,6 +276,61 @@ struct Soak: AsyncParsableCommand {
         report.memoryAtEnd = memory(buses)
         await probe.close()
         return report
+    }
+
+    /// The hostile client's cases one after another (a bystander timing each), then 30 s
+    /// without it: the kernel's and gateway's memory must be back within 1.5x of their start
+    /// and no process restarted.
+    private static func runHostile(keys: KeyFolder, kernel: KernelPorts, curve: CurveClientKeys?, bus: BusProcesses, started: Date,
+                                   seconds: Double, memoryAtStart: [String: Double]) async throws -> (figures: HostileFigures, problems: [String]) {
+        var problems: [String] = []
+        let context = try ZMQContext()
+        let hostileKeys = try keys.connectingKeys(as: "clients/hostile")
+        let client = try await BusClient(brokers: [kernel.broker], context: context, timeout: .seconds(30), curve: hostileKeys, state: [kernel.state])
+        let bystanderClient = try await BusClient(brokers: [kernel.broker], timeout: .seconds(10), curve: curve, state: [kernel.state])
+        let hostile = HostileClient(client: client, context: context, kernel: kernel, curve: hostileKeys, gatewayToken: keys.gatewayToken())
+        let bystander = Bystander()
+        let pids = bus.pieces()
+        let phase = seconds / Double(HostileClient.Case.allCases.count)
+        let leaves = started.addingTimeInterval(phase * Double(HostileClient.Case.allCases.count))
+        let timing = Task { await bystander.run(bystanderClient, until: leaves) }
+        var peak: [String: Double] = [:]
+        for (index, hostileCase) in HostileClient.Case.allCases.enumerated() {
+            bystander.current.withLock { $0 = hostileCase }
+            say("hostile: \(hostileCase.rawValue)")
+            let ends = started.addingTimeInterval(phase * Double(index + 1))
+            let sampling = Task {
+                var highest: [String: Double] = [:]
+                while Date() < ends {
+                    for (name, size) in bus.memory() where ["kernel", "gateway"].contains(name) { highest[name] = max(highest[name] ?? 0, size) }
+                    try? await Task.sleep(for: .milliseconds(250))
+                }
+                return highest
+            }
+            do {
+                try await hostile.run(hostileCase, until: ends)
+            } catch {
+                problems.append("the hostile client's \(hostileCase) failed: \(error)")
+            }
+            peak.merge(await sampling.value) { max($0, $1) }
+        }
+        await timing.value
+        await client.close()
+        await bystanderClient.close()
+        say("hostile: left; 30 s for the bus to give memory back")
+        try await Task.sleep(for: .seconds(30))
+        let after = bus.memory()
+        let figures = HostileFigures(bystander: bystander.figures.withLock { $0 }, accepted: hostile.accepted.load(ordering: .relaxed),
+                                     memoryAtStart: memoryAtStart, peak: peak, memoryAfter: after)
+        for name in ["kernel", "gateway"] {
+            guard let start = memoryAtStart[name], let now = after[name] else { continue }
+            if now > start * 1.5 { problems.append(String(format: "%@ holds %.0f MB 30 s after the hostile client left, over 1.5x its %.0f MB at start", name, now, start)) }
+        }
+        for (name, pid) in pids where bus.pieces()[name] != pid {
+            problems.append("\(name) was restarted during the hostile run (pid \(pid) is gone)")
+        }
+        if figures.accepted > 0 { problems.append("\(figures.accepted) hostile ttl writes were taken instead of refused") }
+        return (figures, problems)
     }
 
     private func missingArticles(_ acknowledged: [String], probe: BusClient) async throws -> Int {

@@ -186,7 +186,7 @@ public struct ConfigFile: Sendable, Equatable {
         "kernel": .map(Dictionary(uniqueKeysWithValues: [
             "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
             "max_message_size", "no_retry", "writable_prefixes", "log_level",
-            "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog", "subscriber_backlog_bytes",
+            "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog", "subscriber_timeout_ms",
             "state_max_value_bytes", "max_batch_items", "max_deliveries", "client_share_percent",
             "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
         ].map { ($0, Schema.value) })),
@@ -411,7 +411,7 @@ public struct GatewaySettings: Sendable, Equatable {
     /// Changes kept, so that a reconnecting browser gets exactly what it missed: at most
     /// this many, and this many bytes of keys and values (the oldest go first).
     public var history = 100_000
-    public var historyBytes = 64 << 20
+    public var historyBytes = 16 << 20
     /// Bytes of events one stream may have waiting (its reader slow) beyond its opening
     /// snapshot before it is cut; the browser reconnects and resumes from its last id.
     public var streamBacklogBytes = 4 << 20
@@ -477,7 +477,7 @@ private struct Reader {
         if let value = kernel["max_services"] { k.maxServices = try positive(value, "kernel.max_services", atMost: 1_000_000) }
         if let value = kernel["peer_backlog"] { k.peerBacklog = try positive(value, "kernel.peer_backlog", atMost: Int(Int32.max)) }
         if let value = kernel["subscriber_backlog"] { k.subscriberBacklog = try positive(value, "kernel.subscriber_backlog", atMost: Int(Int32.max)) }
-        if let value = kernel["subscriber_backlog_bytes"] { k.subscriberBacklogBytes = try positive(value, "kernel.subscriber_backlog_bytes", atMost: 1 << 40) }
+        if let value = kernel["subscriber_timeout_ms"] { k.subscriberTimeout = .milliseconds(try positive(value, "kernel.subscriber_timeout_ms", atMost: Limit.day_ms)) }
         if let value = kernel["state_max_value_bytes"] { k.stateMaxValueBytes = try positive(value, "kernel.state_max_value_bytes", atMost: 1 << 30) }
         if let value = kernel["client_share_percent"] { k.clientSharePercent = try positive(value, "kernel.client_share_percent", atMost: 100) }
         if let value = kernel["max_deliveries"] { k.maxDeliveries = try positive(value, "kernel.max_deliveries", atMost: 100) }

@@ -1,0 +1,155 @@
+import BusKit
+import BusProtocol
+import Contracts
+import Foundation
+import Synchronization
+import ZeroMQ
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What the hostile-client review did to the bus, one case after another, with an ordinary
+/// client's key and the gateway's token (`switchboard-soak --hostile`). Each case runs for a
+/// while beside the ordinary load; a ``Bystander`` measures what it costs everyone else.
+final class HostileClient: Sendable {
+    enum Case: String, CaseIterable, Sendable {
+        case quiet = "quiet (no hostile client)"
+        case numbers = "huge, negative and NaN ttl (state.set, state.publish, KVSET)"
+        case batches = "batches of 40 state.get over 10 MB of state"
+        case stuckSubscriber = "a subscriber that never reads, 1 MB values overwritten"
+        case stuckStreams = "50 SSE streams that never read, 100 kB values"
+        case slowRequests = "64 echo.sleep of 3 s at once, again and again"
+    }
+
+    let client: BusClient
+    let context: ZMQContext
+    let kernel: KernelPorts
+    let curve: CurveClientKeys?
+    let gatewayToken: String?
+    /// Answers that should have been refused (a ttl taken, a huge batch answered whole).
+    let accepted = Atomic<Int>(0)
+
+    init(client: BusClient, context: ZMQContext, kernel: KernelPorts, curve: CurveClientKeys?, gatewayToken: String?) {
+        (self.client, self.context, self.kernel, self.curve, self.gatewayToken) = (client, context, kernel, curve, gatewayToken)
+    }
+
+    /// Runs `hostileCase` until `deadline`; leaves nothing behind (sockets closed, keys deleted).
+    func run(_ hostileCase: Case, until deadline: Date) async throws {
+        switch hostileCase {
+        case .quiet:
+            while Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
+        case .numbers:
+            let collector = try ZMQSocket(context, .pub)
+            try collector.secure(curve)
+            try collector.set(.linger, 0)
+            try collector.connect(kernel.state.collector)
+            defer { collector.close() }
+            while Date() < deadline {
+                for (method, ttl) in [("state.set", 1e300), ("state.publish", 2e10), ("state.set", 1e11), ("state.publish", -1)] as [(String, Double)] {
+                    if (try? await client.request(service: KernelAPI.service, method: method, params: ["key": "/client/hostile/ttl", "value": 1, "ttl": .double(ttl)])) != nil {
+                        accepted.add(1, ordering: .relaxed)
+                    }
+                }
+                try collector.send(CHP.kv(KVEntry(key: "/client/hostile/kv", properties: [("ttl", "1e11")], value: Frame("1"))))
+                try await Task.sleep(for: .milliseconds(20))
+            }
+        case .batches:
+            let value = JSONValue.string(String(repeating: "b", count: 1_000_000))
+            for index in 0..<10 { _ = try? await client.request(service: KernelAPI.service, method: "state.publish", params: ["key": .string("/client/hostile/big/\(index)"), "value": value]) }
+            let batch = (0..<40).map { JSONRPCRequest(id: .number(Int64($0)), method: "state.get", params: ["prefix": "/client/hostile/big/"]).jsonBytes }
+            let body = Frame(JSONRPC.batchReply(batch)!)
+            while Date() < deadline { _ = try? await client.call(service: KernelAPI.service, body: [body], timeout: .seconds(30)) }
+            for index in 0..<10 { _ = try? await client.request(service: KernelAPI.service, method: "state.publish", params: ["key": .string("/client/hostile/big/\(index)"), "value": nil]) }
+        case .stuckSubscriber:
+            let stuck = try ZMQSocket(context, .sub)
+            try stuck.secure(curve)
+            try stuck.set(.linger, 0)
+            try stuck.set(.receiveHighWaterMark, 1)
+            try stuck.subscribe("")
+            try stuck.connect(kernel.state.publisher)
+            defer { stuck.close() }
+            let value = JSONValue.string(String(repeating: "s", count: 1_000_000))
+            while Date() < deadline { _ = try? await client.request(service: KernelAPI.service, method: "state.publish", params: ["key": "/client/hostile/large", "value": value]) }
+            _ = try? await client.request(service: KernelAPI.service, method: "state.publish", params: ["key": "/client/hostile/large", "value": nil])
+        case .stuckStreams:
+            let streams = (0..<50).compactMap { _ in try? StuckStream(port: kernel.gatewayPort, token: gatewayToken) }
+            defer { withExtendedLifetime(streams) {} }
+            let value = JSONValue.string(String(repeating: "e", count: 100_000))
+            while Date() < deadline {
+                _ = try? await client.request(service: KernelAPI.service, method: "state.publish", params: ["key": "/client/hostile/sse", "value": value])
+                try await Task.sleep(for: .milliseconds(5))
+            }
+            _ = try? await client.request(service: KernelAPI.service, method: "state.publish", params: ["key": "/client/hostile/sse", "value": nil])
+        case .slowRequests:
+            while Date() < deadline {
+                await withTaskGroup(of: Void.self) { group in
+                    for _ in 0..<64 {
+                        group.addTask { [client] in _ = try? await client.call(EchoAPI.sleep, .init(ms: 3_000), timeout: .seconds(30)) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An HTTP connection that asks the gateway for `/events` and never reads the answer.
+final class StuckStream {
+    let fd: Int32
+    init(port: Int, token: String?) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = UInt16(port).bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        // A small receive buffer: the gateway's side fills soon.
+        var small: Int32 = 4_096
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else {
+            close(fd)
+            throw SoakFailure("cannot connect to the gateway on port \(port)")
+        }
+        let request = "GET /events?prefix=/client/\(token.map { "&access_token=\($0)" } ?? "") HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        _ = request.utf8CString.withUnsafeBytes { send(fd, $0.baseAddress, $0.count - 1, Int32(MSG_NOSIGNAL)) }
+    }
+    deinit { close(fd) }
+}
+
+/// An ordinary client beside the hostile one: a `kernel ping` and an `echo echo` every
+/// 20 ms, timed, by the case running meanwhile.
+final class Bystander: Sendable {
+    struct Figures: Sendable {
+        var ping: [Double] = []
+        var echo: [Double] = []
+        var failures = 0
+    }
+    let figures = Mutex<[HostileClient.Case: Figures]>([:])
+    let current = Mutex<HostileClient.Case>(.quiet)
+
+    func run(_ client: BusClient, until deadline: Date) async {
+        while Date() < deadline {
+            let hostileCase = current.withLock { $0 }
+            let started = ContinuousClock.now
+            let ping = try? await client.call(KernelAPI.ping, timeout: .seconds(10))
+            let pinged = ContinuousClock.now
+            let echo = try? await client.request(service: EchoAPI.service, method: EchoAPI.echo.name, params: ["n": 1], timeout: .seconds(10))
+            let echoed = ContinuousClock.now
+            figures.withLock { figures in
+                var entry = figures[hostileCase] ?? Figures()
+                if ping != nil { entry.ping.append((pinged - started) / .milliseconds(1)) } else { entry.failures += 1 }
+                if echo != nil { entry.echo.append((echoed - pinged) / .milliseconds(1)) } else { entry.failures += 1 }
+                figures[hostileCase] = entry
+            }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}
+
+/// The `q` quantile of `values` (milliseconds), nearest rank.
+func quantile(_ values: [Double], _ q: Double) -> Double {
+    guard !values.isEmpty else { return .nan }
+    let sorted = values.sorted()
+    return sorted[min(sorted.count - 1, max(0, Int((Double(sorted.count) * q).rounded(.up)) - 1))]
+}
