@@ -44,7 +44,7 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// The share of a service's places (its workers' windows together) one client may hold
     /// at once, in percent (at least one place): its further requests wait while others are
     /// served, so one client cannot take every place with slow requests.
-    public var clientSharePercent = 50
+    public var clientSharePercent = 90
     /// How many workers a request is handed to, at most, when each dies with it in flight:
     /// 2 re-sends it once. After that it is answered -32012 (it may be what kills them), so
     /// one request cannot take down every worker of a service in turn.

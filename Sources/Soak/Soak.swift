@@ -291,6 +291,12 @@ struct Soak: AsyncParsableCommand {
         let hostile = HostileClient(client: client, context: context, kernel: kernel, curve: hostileKeys, gatewayToken: keys.gatewayToken())
         let bystander = Bystander()
         let pids = bus.pieces()
+        // Where the kernel and the gateway start from: both must be running.
+        var memoryAtStart = memoryAtStart
+        for _ in 0..<100 where memoryAtStart["kernel"] == nil || memoryAtStart["gateway"] == nil {
+            try await Task.sleep(for: .milliseconds(100))
+            memoryAtStart = bus.memory()
+        }
         let phase = seconds / Double(HostileClient.Case.allCases.count)
         let leaves = started.addingTimeInterval(phase * Double(HostileClient.Case.allCases.count))
         let timing = Task { await bystander.run(bystanderClient, until: leaves) }
@@ -323,7 +329,10 @@ struct Soak: AsyncParsableCommand {
         let figures = HostileFigures(bystander: bystander.figures.withLock { $0 }, accepted: hostile.accepted.load(ordering: .relaxed),
                                      memoryAtStart: memoryAtStart, peak: peak, memoryAfter: after)
         for name in ["kernel", "gateway"] {
-            guard let start = memoryAtStart[name], let now = after[name] else { continue }
+            guard let start = memoryAtStart[name], let now = after[name] else {
+                problems.append("no \(name) process to measure (at start: \(memoryAtStart[name] == nil ? "none" : "found"), after: \(after[name] == nil ? "none" : "found"))")
+                continue
+            }
             if now > start * 1.5 { problems.append(String(format: "%@ holds %.0f MB 30 s after the hostile client left, over 1.5x its %.0f MB at start", name, now, start)) }
         }
         for (name, pid) in pids where bus.pieces()[name] != pid {

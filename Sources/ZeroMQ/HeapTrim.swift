@@ -12,7 +12,17 @@ public struct HeapTrim: Sendable {
     static let threshold = 16 * 1024 * 1024
     private var freeAtLastTrim = 0
 
-    public init() {}
+    /// Also has glibc serve blocks of 64 KiB and more (state values, replies, event bodies)
+    /// from mappings of their own, returned to the system the moment they are freed. By
+    /// default glibc raises that threshold after the first large block is freed and serves
+    /// later ones from the heap, where after a flood of large values they stay behind as
+    /// fragments no trim can return.
+    public init() {
+        #if os(Linux)
+        mallopt(M_MMAP_THRESHOLD, Self.largeBlock)
+        #endif
+    }
+    static let largeBlock: Int32 = 64 * 1024
 
     /// Trims when the free heap grew by `threshold` since the last trim; returns whether it did.
     @discardableResult

@@ -393,7 +393,7 @@ struct KernelConformanceTests {
 
     @Test("the window extension: a worker offering 3 gets 3 requests at once and answers them in any order")
     func windowWorker() async throws {
-        // One client may take every place here (by default it gets half; see clientShare).
+        // One client may take every place here (by default 90 %; see clientShare).
         let running = try await RunningKernel.start { $0.clientSharePercent = 100 }
         let worker = try running.socket(.dealer, running.endpoints.broker, id: "W")
         try worker.send(MDP.encode(.ready(service: "svc", window: 3)))
@@ -424,9 +424,9 @@ struct KernelConformanceTests {
         await running.stop()
     }
 
-    @Test("one client holds at most its share of a service's places (half by default); another client's request is served meanwhile")
+    @Test("one client holds at most its share of a service's places; another client's request is served meanwhile")
     func clientShare() async throws {
-        let running = try await RunningKernel.start()
+        let running = try await RunningKernel.start { $0.clientSharePercent = 50 }
         let worker = try running.socket(.dealer, running.endpoints.broker, id: "W")
         try worker.send(MDP.encode(.ready(service: "svc", window: 4)))
         let greedy = try running.socket(.dealer, running.endpoints.broker, id: "G")
