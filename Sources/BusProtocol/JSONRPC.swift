@@ -94,6 +94,11 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
               data: ["bytes": .int(Int64(bytes)), "limit": .int(Int64(limit))])
     }
     public static func forbidden(_ detail: String) -> JSONRPCError { .init(code: forbiddenCode, message: "Forbidden: \(detail)") }
+    /// -32010 for a batch of more requests than `kernel.max_batch_items`.
+    public static func batchTooLarge(_ requests: Int, limit: Int) -> JSONRPCError {
+        .init(code: tooLargeCode, message: "Too large: the batch has \(requests) requests, the limit (kernel.max_batch_items) is \(limit)",
+              data: ["requests": .int(Int64(requests)), "limit": .int(Int64(limit))])
+    }
     /// -32012: `what` (a service's workers, the connection to the kernel) died `times` times
     /// with this request in flight.
     public static func handlerDied(_ what: String, times: Int, service: String) -> JSONRPCError {

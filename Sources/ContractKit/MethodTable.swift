@@ -257,9 +257,7 @@ public struct BodyLimits: Sendable {
     /// client waiting on each hears at once (nil: within the limit).
     func refusal(of incoming: JSONRPCIncoming) -> [UInt8]? {
         guard case .batch(let items) = incoming, items.count > maxBatchItems else { return nil }
-        let error = JSONRPCError(
-            code: JSONRPCError.tooLargeCode, message: "Too large: the batch has \(items.count) requests, the limit (kernel.max_batch_items) is \(maxBatchItems)",
-            data: ["requests": .int(Int64(items.count)), "limit": .int(Int64(maxBatchItems))])
+        let error = JSONRPCError.batchTooLarge(items.count, limit: maxBatchItems)
         let responses = items.compactMap { item -> JSONRPCResponse? in
             guard case .request(let request) = item, let id = request.id else { return nil }
             return JSONRPCResponse(id: id, error: error)

@@ -109,9 +109,7 @@ struct Routes: Sendable {
             return Self.reply(Self.status(for: response), bytes)
         case .batch(let items):
             guard items.count <= options.maxBatchItems else {
-                return Self.rpcError(.contentTooLarge, JSONRPCError(
-                    code: JSONRPCError.tooLargeCode, message: "Too large: the batch has \(items.count) requests, the limit (kernel.max_batch_items) is \(options.maxBatchItems)",
-                    data: ["requests": .int(Int64(items.count)), "limit": .int(Int64(options.maxBatchItems))]))
+                return Self.rpcError(.contentTooLarge, .batchTooLarge(items.count, limit: options.maxBatchItems))
             }
             let answered = await answers(to: items, service: service, token: token, trace: Self.trace(request)).compactMap { $0 }
             guard !answered.isEmpty else { return Response(status: .noContent) }

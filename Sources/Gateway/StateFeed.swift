@@ -31,9 +31,23 @@ final class StreamEvent: Sendable {
         encoded = ByteBuffer(string: text)
     }
 
-    static func entry(_ name: String, key: String, sequence: UInt64, value: JSONValue, id: Bool = true) -> StreamEvent {
-        let data = JSONValue.object(["key": .string(key), "sequence": .int(Int64(clamping: sequence)), "value": value]).jsonString
-        return StreamEvent(name: name, id: id ? sequence : nil, data: data, key: key)
+    /// An entry's event, its value spliced in as the kernel holds it (JSON text as it is, any
+    /// other bytes as a string, a deletion as null): no parse, no second encoding.
+    static func entry(_ name: String, key: String, sequence: UInt64, value: Frame, id: Bool = true) -> StreamEvent {
+        var data = #"{"key":"# + JSONValue.string(key).jsonString + #","sequence":\#(sequence),"value":"#
+        value.withUnsafeBytes { bytes in
+            if bytes.isEmpty {
+                data += "null"
+            } else if !bytes.contains(0x0A), !bytes.contains(0x0D), JSONValue.isValidText(bytes, maxDepth: JSONRPC.maxDepth) {
+                data += String(decoding: bytes, as: UTF8.self)
+            } else if let value = try? JSONValue(parsing: bytes, maxDepth: JSONRPC.maxDepth) {
+                // JSON over several lines (a plain CHP client's): one line, as an event's data must be.
+                data += value.jsonString
+            } else {
+                data += JSONValue.string(String(decoding: bytes, as: UTF8.self)).jsonString
+            }
+        }
+        return StreamEvent(name: name, id: id ? sequence : nil, data: data + "}", key: key)
     }
 
     static func notice(_ name: String, id: UInt64? = nil, _ fields: [String: JSONValue]) -> StreamEvent {
@@ -58,7 +72,8 @@ final class StreamBacklog: Sendable {
 actor StateFeed {
     struct Entry {
         var sequence: UInt64
-        var value: JSONValue
+        /// As the kernel holds it (JSON text, from services and clients alike).
+        var value: Frame
         /// Its `snapshot` event, made for the first stream that opens with it and shared by
         /// every later one (a stream's opening holds references, not copies).
         var snapshotEvent: StreamEvent?
@@ -67,8 +82,8 @@ actor StateFeed {
     struct Change {
         var sequence: UInt64
         var key: String
-        /// `.null` for a deletion.
-        var value: JSONValue
+        /// Empty for a deletion.
+        var value: Frame
         /// Bytes it counts against the history's byte bound: its key and value as they came.
         var size: Int
     }
@@ -147,7 +162,7 @@ actor StateFeed {
     func receive(_ event: SubscriptionEvent) {
         switch event {
         case .update(let update):
-            let value = update.isDelete ? JSONValue.null : update.json ?? .string(String(decoding: update.value.bytes, as: UTF8.self))
+            let value = update.value
             if update.isDelete { entries[update.key] = nil } else { entries[update.key] = Entry(sequence: update.sequence, value: value) }
             guard synced else { return }
             if repairing {
@@ -156,7 +171,7 @@ actor StateFeed {
                 broadcast(.entry("update", key: update.key, sequence: update.sequence, value: value, id: false))
                 return
             }
-            let change = Change(sequence: update.sequence, key: update.key, value: value, size: update.key.utf8.count + update.value.count)
+            let change = Change(sequence: update.sequence, key: update.key, value: value, size: update.key.utf8.count + value.count)
             log.append(change)
             logBytes += change.size
             while log.count > history || logBytes > historyBytes, let dropped = log.popFirst() {

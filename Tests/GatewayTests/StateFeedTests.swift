@@ -2,6 +2,7 @@ import BusKit
 import BusProtocol
 @testable import Gateway
 import Logging
+import NIOCore
 import Testing
 import ZeroMQ
 
@@ -19,6 +20,16 @@ struct StateFeedTests {
             if event.name == name { break }
         }
         return events
+    }
+
+    @Test("an event carries the value as the kernel holds it: JSON as it is, JSON over several lines on one line, other bytes as a string, a deletion as null")
+    func eventValues() {
+        let id = StreamEvent.entry("update", key: "/k", sequence: 7, value: Frame(#"{"a":[1,2]}"#))
+        #expect(id.data == #"{"key":"/k","sequence":7,"value":{"a":[1,2]}}"#)
+        let lines = StreamEvent.entry("update", key: "/k", sequence: 8, value: Frame("{\"a\":\n 1}"))
+        #expect(lines.data == #"{"key":"/k","sequence":8,"value":{"a":1}}"# && !String(buffer: lines.encoded).dropLast(2).contains("\n\n"))
+        #expect(StreamEvent.entry("update", key: "/k", sequence: 9, value: Frame("not json")).data == #"{"key":"/k","sequence":9,"value":"not json"}"#)
+        #expect(StreamEvent.entry("update", key: "/k", sequence: 10, value: Frame()).data == #"{"key":"/k","sequence":10,"value":null}"#)
     }
 
     @Test("a gap in the gateway's own subscription: streams get missed, the repairs, resynced; a resume meanwhile or from before gets a reset")
