@@ -89,6 +89,17 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
         self = string.withUTF8 { Frame(copying: UnsafeRawBufferPointer($0)) }
     }
 
+    /// This frame with bytes of its own, for keeping: a received frame may point into a
+    /// buffer libzmq shares among the messages it read at once (8 KiB and more), which one
+    /// kept frame keeps alive whole. A frame of a message libzmq allocated alone (bigger than
+    /// `keepLimit`) stays as it is.
+    public func keepable() -> Frame {
+        guard case .shared = storage, count <= Self.keepLimit else { return self }
+        return withUnsafeBytes { Frame(copying: $0) }
+    }
+    /// libzmq reads up to 8 KiB at a time (`ZMQ_IN_BATCH_SIZE`), and messages that fit share it.
+    public static let keepLimit = 8_192
+
     /// A frame holding a copy of the bytes `buffer` points at.
     public init(copying buffer: UnsafeRawBufferPointer) {
         if buffer.count <= InlineBytes.capacity {

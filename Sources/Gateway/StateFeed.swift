@@ -134,7 +134,7 @@ actor StateFeed {
     /// browser reconnects and resumes from its last id).
     static let streamBacklog = 10_000
 
-    init(prefixes: [String], history: Int, historyBytes: Int = 16 << 20, streamBacklogBytes: Int = 4 << 20, logger: Logger) {
+    init(prefixes: [String], history: Int, historyBytes: Int = 8 << 20, streamBacklogBytes: Int = 4 << 20, logger: Logger) {
         self.prefixes = prefixes
         self.history = history
         self.historyBytes = historyBytes
@@ -162,7 +162,9 @@ actor StateFeed {
     func receive(_ event: SubscriptionEvent) {
         switch event {
         case .update(let update):
-            let value = update.value
+            // Kept for the history and the snapshot: bytes of its own, not a share of libzmq's
+            // receive buffer (a history of small changes would keep every buffer alive).
+            let value = update.value.keepable()
             if update.isDelete { entries[update.key] = nil } else { entries[update.key] = Entry(sequence: update.sequence, value: value) }
             guard synced else { return }
             if repairing {

@@ -204,9 +204,9 @@ final class StateServer {
         totalBytes = 0
         expiring = 0
         for item in snapshot {
-            let entry = Entry(sequence: item.sequence, value: item.value, expiresAt: item.expiresIn.map { now + $0 },
+            let entry = Entry(sequence: item.sequence, value: item.value.keepable(), expiresAt: item.expiresIn.map { now + $0 },
                               quotaOwner: item.quotaOwner, size: item.key.count + item.value.count)
-            entries[item.key] = entry
+            entries[item.key.keepable()] = entry
             if entry.expiresAt != nil { expiring += 1 }
             account(replacing: nil, with: entry)
         }
@@ -224,9 +224,9 @@ final class StateServer {
         if item.value.isEmpty {
             if let index { entries.remove(at: index) }
         } else {
-            let entry = Entry(sequence: item.sequence, value: item.value, expiresAt: item.expiresIn.map { now + $0 },
+            let entry = Entry(sequence: item.sequence, value: item.value.keepable(), expiresAt: item.expiresIn.map { now + $0 },
                               quotaOwner: item.quotaOwner, size: item.key.count + item.value.count)
-            if let index { entries.values[index] = entry } else { entries[item.key] = entry }
+            if let index { entries.values[index] = entry } else { entries[item.key.keepable()] = entry }
             if entry.expiresAt != nil { expiring += 1 }
             new = entry
         }
@@ -278,7 +278,10 @@ final class StateServer {
                                                            "refused": "\(refusedForbidden + refusedOverLimit)"])
             }
         case .allowed(let owner):
-            _ = apply(key, at: index, value: value, ttl: ttl, uuid: message[2], properties: message[3], quotaOwner: owner, now: now)
+            // The key and value are kept: bytes of their own, not a share of the buffer libzmq
+            // read them in with other messages (which one kept frame would keep whole).
+            _ = apply(index == nil ? key.keepable() : key, at: index, value: value.keepable(), ttl: ttl, uuid: message[2], properties: message[3],
+                      quotaOwner: owner, now: now)
         }
     }
 

@@ -108,7 +108,7 @@ struct HostileFigures: Sendable {
                         + columns.map { String(format: "%9.1f", $0) }.joined(separator: "") + String(format: "%8d", figures.failures))
         }
         for name in ["kernel", "gateway"] {
-            Swift.print(String(format: "  %@ memory: %.0f MB at start, %.0f MB at most during, %.0f MB 30 s after the hostile client left",
+            Swift.print(String(format: "  %@ memory: %.0f MB at start (after the quiet case), %.0f MB at most during, %.0f MB 30 s after the hostile client left",
                                name, memoryAtStart[name] ?? .nan, peak[name] ?? .nan, memoryAfter[name] ?? .nan))
         }
         Swift.print("  hostile ttl writes taken: \(accepted) (must be 0)")

@@ -410,8 +410,8 @@ public struct GatewaySettings: Sendable, Equatable {
     public var prefixes = [""]
     /// Changes kept, so that a reconnecting browser gets exactly what it missed: at most
     /// this many, and this many bytes of keys and values (the oldest go first).
-    public var history = 100_000
-    public var historyBytes = 16 << 20
+    public var history = 10_000
+    public var historyBytes = 8 << 20
     /// Bytes of events one stream may have waiting (its reader slow) beyond its opening
     /// snapshot before it is cut; the browser reconnects and resumes from its last id.
     public var streamBacklogBytes = 4 << 20

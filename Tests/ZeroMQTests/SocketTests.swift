@@ -64,6 +64,21 @@ struct SocketTests {
         #expect(shared.equals([UInt8](repeating: 7, count: 100_000)))
     }
 
+    @Test("a received frame kept for long gets bytes of its own (not a share of libzmq's receive buffer); a big one stays as it came")
+    func keepableFrames() throws {
+        let context = try ZMQContext()
+        let receiver = try bounded(ZMQSocket(context, .pull))
+        let sender = try bounded(ZMQSocket(context, .push))
+        try sender.connect(try receiver.bind("tcp://127.0.0.1:*"))
+        try sender.send([Frame([UInt8](repeating: 1, count: 100)), Frame([UInt8](repeating: 2, count: 100_000))])
+        let message = try receiver.receive()
+        let small = message[0], big = message[1]
+        #expect(small.buffer is ZMQFrameBuffer && big.buffer is ZMQFrameBuffer)
+        let kept = small.keepable()
+        #expect(kept == small && !(kept.buffer is ZMQFrameBuffer))
+        #expect(big.keepable().buffer === big.buffer)
+    }
+
     @Test("ROUTER routes by routing id, and router-mandatory refuses an unknown peer")
     func routerRouting() throws {
         let context = try ZMQContext()
