@@ -375,8 +375,8 @@ public actor Kernel: BusService {
     }
 
     /// A page of ``KernelAPI/StateEntries`` as JSON text: each stored value spliced in as it
-    /// is (a value that is not JSON, from a plain CHP client, as a string), so a page costs a
-    /// copy of its bytes, not a parse and an encoding of each value.
+    /// is (a value that is not JSON, from a plain CHP client, as a string; checked when it
+    /// was written), so a page costs a copy of its bytes, not a parse and an encoding of each.
     private func stateGet(_ params: KernelAPI.StateGetParams) -> [UInt8] {
         let page = state.page(under: params.prefix ?? "", after: params.after, limit: params.limit ?? KernelAPI.stateGetDefaultLimit,
                               maxBytes: KernelAPI.stateGetPageBytes)
@@ -387,7 +387,7 @@ public actor Kernel: BusService {
             if index > 0 { text.append(UInt8(ascii: ",")) }
             text += Array(#"{"key":"#.utf8) + string(key.string ?? "") + Array(#","sequence":\#(entry.sequence),"value":"#.utf8)
             entry.value.withUnsafeBytes { value in
-                if JSONValue.isValidText(value, maxDepth: JSONRPC.maxDepth) { text += value } else { text += string(String(decoding: value, as: UTF8.self)) }
+                if entry.isJSON { text += value } else { text += string(String(decoding: value, as: UTF8.self)) }
             }
             text.append(UInt8(ascii: "}"))
         }

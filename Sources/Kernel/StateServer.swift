@@ -22,7 +22,12 @@ final class StateServer {
         var quotaOwner: String?
         /// Bytes it counts against the limits: its key and value.
         var size: Int
+        /// Whether the value is JSON text (`state.set`'s always is; a plain CHP client's KVSET
+        /// may carry any bytes): `state.get` splices it in as it is, checked once here.
+        var isJSON: Bool
     }
+
+    static func isJSON(_ value: Frame) -> Bool { value.withUnsafeBytes { JSONValue.isValidText($0, maxDepth: JSONRPC.maxDepth) } }
 
     /// Keys and bytes held by one client key under the writable prefixes.
     struct Usage {
@@ -91,7 +96,7 @@ final class StateServer {
     private func set(_ key: Frame, value: Frame, ttl: TimeToLive?, now: UInt64) -> UInt64 {
         // A passive kernel's own keys are its active peer's to set.
         guard authoritative else { return sequence }
-        return apply(key, at: entries.index(forKey: key), value: value, ttl: ttl, uuid: Frame(),
+        return apply(key, at: entries.index(forKey: key), value: value, isJSON: true, ttl: ttl, uuid: Frame(),
                      properties: Frame(ttl?.property ?? ""), quotaOwner: nil, now: now)
     }
 
@@ -111,7 +116,7 @@ final class StateServer {
         switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: asClient) {
         case .refused(let error): return .failure(error)
         case .allowed(let owner):
-            return .success(apply(key, at: index, value: value, ttl: ttl, uuid: Frame(),
+            return .success(apply(key, at: index, value: value, isJSON: true, ttl: ttl, uuid: Frame(),
                                   properties: Frame(ttl?.property ?? ""), quotaOwner: owner, now: now))
         }
     }
@@ -152,7 +157,7 @@ final class StateServer {
     /// Makes the change, keeps the counts, and publishes it with the frames at hand (a
     /// KVSET's own key, UUID, properties and value frames go out as they came, uncopied).
     /// `index`: where `key` is held now (nil: it is not), found once by the caller.
-    private func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, ttl: TimeToLive?,
+    private func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, ttl: TimeToLive?,
                        uuid: Frame, properties: Frame, quotaOwner: String?, now: UInt64) -> UInt64 {
         sequence += 1
         let old = index.map { entries.values[$0] }
@@ -162,7 +167,7 @@ final class StateServer {
         } else {
             let expiresAt = ttl.map { now + $0.nanoseconds }
             if expiresAt != nil { expiring += 1 }
-            let entry = Entry(sequence: sequence, value: value, expiresAt: expiresAt, quotaOwner: quotaOwner, size: key.count + value.count)
+            let entry = Entry(sequence: sequence, value: value, expiresAt: expiresAt, quotaOwner: quotaOwner, size: key.count + value.count, isJSON: isJSON)
             if let index { entries.values[index] = entry } else { entries[key] = entry }
             new = entry
         }
@@ -205,7 +210,7 @@ final class StateServer {
         expiring = 0
         for item in snapshot {
             let entry = Entry(sequence: item.sequence, value: item.value.keepable(), expiresAt: item.expiresIn.map { now + $0 },
-                              quotaOwner: item.quotaOwner, size: item.key.count + item.value.count)
+                              quotaOwner: item.quotaOwner, size: item.key.count + item.value.count, isJSON: Self.isJSON(item.value))
             entries[item.key.keepable()] = entry
             if entry.expiresAt != nil { expiring += 1 }
             account(replacing: nil, with: entry)
@@ -225,7 +230,7 @@ final class StateServer {
             if let index { entries.remove(at: index) }
         } else {
             let entry = Entry(sequence: item.sequence, value: item.value.keepable(), expiresAt: item.expiresIn.map { now + $0 },
-                              quotaOwner: item.quotaOwner, size: item.key.count + item.value.count)
+                              quotaOwner: item.quotaOwner, size: item.key.count + item.value.count, isJSON: Self.isJSON(item.value))
             if let index { entries.values[index] = entry } else { entries[item.key.keepable()] = entry }
             if entry.expiresAt != nil { expiring += 1 }
             new = entry
@@ -280,7 +285,7 @@ final class StateServer {
         case .allowed(let owner):
             // The key and value are kept: bytes of their own, not a share of the buffer libzmq
             // read them in with other messages (which one kept frame would keep whole).
-            _ = apply(index == nil ? key.keepable() : key, at: index, value: value.keepable(), ttl: ttl, uuid: message[2], properties: message[3],
+            _ = apply(index == nil ? key.keepable() : key, at: index, value: value.keepable(), isJSON: Self.isJSON(value), ttl: ttl, uuid: message[2], properties: message[3],
                       quotaOwner: owner, now: now)
         }
     }

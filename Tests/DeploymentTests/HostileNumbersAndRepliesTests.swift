@@ -47,6 +47,14 @@ struct HostileNumbersAndRepliesTests {
         #expect(applied, "the valid KVSET applied after the bad ones")
         let stats = try await kernel.stats()
         #expect((stats["state"]?["rejectedWrites"]?.intValue ?? 0) >= 7, "\(stats)")
+        // A plain CHP client's value that is no JSON comes back from state.get as a string.
+        try collector.send(CHP.kv(KVEntry(key: "/client/raw", value: Frame("not json {"))))
+        try collector.send(CHP.kv(KVEntry(key: "/client/json", value: Frame(#"{"a": [1, 2]}"#))))
+        try await eventually(10, "both KVSETs applied") {
+            let entries = try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/"])["entries"]?.arrayValue ?? []
+            let values = Dictionary(entries.compactMap { entry in entry["key"]?.stringValue.map { ($0, entry["value"] ?? .null) } }, uniquingKeysWith: { $1 })
+            return values["/client/raw"] == "not json {" && values["/client/json"] == ["a": [1, 2]]
+        }
         // A ttl in range still works, and expires.
         _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": "/client/short", "value": 1, "ttl": 0.2])
         try await eventually(10, "the key with a 0.2 s ttl expired") {
