@@ -13,6 +13,10 @@ open class FrameBuffer: @unchecked Sendable {
     public init(bytes: UnsafeRawBufferPointer) {
         self.bytes = bytes
     }
+
+    /// Whether the bytes may lie in a buffer shared with other received messages, which this
+    /// frame keeps alive whole (see ``Frame/keepable()``).
+    open var mayShareReceiveBuffer: Bool { false }
 }
 
 /// A copy of some bytes, on the heap.
@@ -94,7 +98,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
     /// kept frame keeps alive whole. A frame of a message libzmq allocated alone (bigger than
     /// `keepLimit`) stays as it is.
     public func keepable() -> Frame {
-        guard case .shared = storage, count <= Self.keepLimit else { return self }
+        guard case .shared(let buffer) = storage, buffer.mayShareReceiveBuffer, count <= Self.keepLimit else { return self }
         return withUnsafeBytes { Frame(copying: $0) }
     }
     /// libzmq reads up to 8 KiB at a time (`ZMQ_IN_BATCH_SIZE`), and messages that fit share it.

@@ -167,8 +167,11 @@ final class StateServer {
         } else {
             let expiresAt = ttl.map { now + $0.nanoseconds }
             if expiresAt != nil { expiring += 1 }
-            let entry = Entry(sequence: sequence, value: value, expiresAt: expiresAt, quotaOwner: quotaOwner, size: key.count + value.count, isJSON: isJSON)
-            if let index { entries.values[index] = entry } else { entries[key] = entry }
+            // Kept with bytes of their own, not a share of the buffer libzmq read them in with
+            // other messages (which one kept frame would keep whole); published as they came.
+            let entry = Entry(sequence: sequence, value: value.keepable(), expiresAt: expiresAt, quotaOwner: quotaOwner,
+                              size: key.count + value.count, isJSON: isJSON)
+            if let index { entries.values[index] = entry } else { entries[key.keepable()] = entry }
             new = entry
         }
         if old?.expiresAt != nil { expiring -= 1 }
@@ -283,9 +286,7 @@ final class StateServer {
                                                            "refused": "\(refusedForbidden + refusedOverLimit)"])
             }
         case .allowed(let owner):
-            // The key and value are kept: bytes of their own, not a share of the buffer libzmq
-            // read them in with other messages (which one kept frame would keep whole).
-            _ = apply(index == nil ? key.keepable() : key, at: index, value: value.keepable(), isJSON: Self.isJSON(value), ttl: ttl, uuid: message[2], properties: message[3],
+            _ = apply(key, at: index, value: value, isJSON: Self.isJSON(value), ttl: ttl, uuid: message[2], properties: message[3],
                       quotaOwner: owner, now: now)
         }
     }

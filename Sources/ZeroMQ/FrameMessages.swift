@@ -21,6 +21,9 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
         super.init(bytes: UnsafeRawBufferPointer(start: zmq_msg_data(message), count: zmq_msg_size(message)))
     }
 
+    /// libzmq may have read it with other messages into one buffer.
+    override var mayShareReceiveBuffer: Bool { true }
+
     /// Initialises `target` as a shared copy of this frame, for sending.
     func copy(into target: UnsafeMutablePointer<zmq_msg_t>) {
         zmq_msg_init(target)
