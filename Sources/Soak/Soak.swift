@@ -148,6 +148,15 @@ struct Soak: AsyncParsableCommand {
         guard await waitUntil(180, { await allServing(probe, services) }) else {
             throw SoakFailure("the bus did not come up within 180 s")
         }
+        // `up` starts the gateway once every service has registered: the bus is up when it
+        // listens too (every piece is then there to measure and to kill).
+        guard await waitUntil(60, {
+            zip(buses, kernels).allSatisfy { bus, kernel in
+                bus.pieces()["gateway"] != nil && Supervisor.acceptsConnections(host: "127.0.0.1", port: kernel.gatewayPort)
+            }
+        }) else {
+            throw SoakFailure("the gateway did not listen within 60 s of the services registering")
+        }
         // The catalog is loaded once search and pricing answer from it.
         guard await waitUntil(120, {
             guard (try? await probe.call(PricingAPI.routeCheapest)) != nil else { return false }
