@@ -93,13 +93,13 @@ struct ConnectionOptions: ParsableArguments {
         get throws {
             guard let text = timeout ?? environment["SB_TIMEOUT"], !text.isEmpty else { return .seconds(5) }
             guard let duration = Self.duration(text) else {
-                throw ValidationError("--timeout: '\(text)' is not a duration such as 5s, 500ms or 2m")
+                throw ValidationError("--timeout: '\(text)' is not a duration such as 5s, 500ms or 2m (up to a day)")
             }
             return duration
         }
     }
 
-    /// `5s`, `500ms`, `2m`, `1.5` (seconds); positive.
+    /// `5s`, `500ms`, `2m`, `1.5` (seconds); positive, at most a day.
     static func duration(_ text: String) -> Duration? {
         let units: [(String, Double)] = [("ms", 0.001), ("s", 1), ("m", 60)]
         var number = text
@@ -109,7 +109,8 @@ struct ConnectionOptions: ParsableArguments {
             scale = factor
             break
         }
-        guard let value = Double(number), value > 0, value.isFinite else { return nil }
+        // Up to a day: checked before it becomes milliseconds (1e300 would trap the conversion).
+        guard let value = Double(number), value > 0, value.isFinite, value * scale <= 86_400 else { return nil }
         return .milliseconds(Int64((value * scale * 1_000).rounded()))
     }
 

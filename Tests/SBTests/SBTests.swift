@@ -86,6 +86,9 @@ struct SBTests {
         #expect(badJSON.status == 64 && badJSON.stderr.contains("not valid JSON") && badJSON.stderr.contains("byte"))
         let badFlag = try await bus.sb("countries", "--limit", "ten")
         #expect(badFlag.status == 64)
+        // A number that would trap once converted is a usage error.
+        let hugeTimeout = try await bus.sb("ping", "--timeout", "1e300s")
+        #expect(hugeTimeout.status == 64 && hugeTimeout.stderr.contains("--timeout"), "\(hugeTimeout)")
         let noService = try await bus.sb("request", "ghost", "x", "--timeout", "500ms")
         #expect(noService.status == 69 && noService.stderr.contains("no 'ghost' service"))
         let noKernel = try await bus.sb("ping", "--endpoint", "tcp://127.0.0.1:\(freePort())", "--timeout", "300ms")
