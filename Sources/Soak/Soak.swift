@@ -87,10 +87,17 @@ struct Soak: AsyncParsableCommand {
             // soak dies, even by SIGKILL, `up` reads end-of-file and stops the bus in order.
             let lifeline = Pipe()
             up.arguments = ["up", "--config", configuration.config.path, "--lifeline-fd", "0"]
+            var environment: [String: String] = [:]
             if let database {
-                up.environment = ProcessInfo.processInfo.environment.merging(
-                    ["SWITCHBOARD_STORE_BACKEND": "postgres", "SWITCHBOARD_STORE_URL": database.url(), "SWITCHBOARD_STORE_TLS": "disable"]) { $1 }
+                environment = ["SWITCHBOARD_STORE_BACKEND": "postgres", "SWITCHBOARD_STORE_URL": database.url(), "SWITCHBOARD_STORE_TLS": "disable"]
             }
+            if hostile {
+                // A gateway history that the ordinary load fills during the quiet case, so the
+                // memory check after the hostile client compares like with like.
+                environment["SWITCHBOARD_GATEWAY_HISTORY"] = "2000"
+                environment["SWITCHBOARD_GATEWAY_HISTORY_BYTES"] = "2097152"
+            }
+            if !environment.isEmpty { up.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
             up.standardInput = lifeline
             let logHandle = try FileHandle(forWritingTo: log)
             up.standardOutput = logHandle
@@ -304,14 +311,16 @@ struct Soak: AsyncParsableCommand {
         // case, once the ordinary load has run a while (the gateway's history and the code
         // each path touches are in by then), with both running.
         var memoryAtStart = memoryAtStart
-        let phase = seconds / Double(HostileClient.Case.allCases.count)
-        let leaves = started.addingTimeInterval(phase * Double(HostileClient.Case.allCases.count))
+        // The quiet case runs twice as long as the others: the baseline is taken at its end.
+        let shares = HostileClient.Case.allCases.map { $0 == .quiet ? 2.0 : 1.0 }
+        let phase = seconds / shares.reduce(0, +)
+        let leaves = started.addingTimeInterval(seconds)
         let timing = Task { await bystander.run(bystanderClient, until: leaves) }
         var peak: [String: Double] = [:]
         for (index, hostileCase) in HostileClient.Case.allCases.enumerated() {
             bystander.current.withLock { $0 = hostileCase }
             say("hostile: \(hostileCase.rawValue)")
-            let ends = started.addingTimeInterval(phase * Double(index + 1))
+            let ends = started.addingTimeInterval(phase * shares[...index].reduce(0, +))
             let sampling = Task {
                 var highest: [String: Double] = [:]
                 while Date() < ends {
