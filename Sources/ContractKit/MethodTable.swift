@@ -134,7 +134,7 @@ public struct MethodTable<Service: BusService>: Sendable {
         let incoming = JSONRPC.parseRequests(body)
         if let refusal = limits.refusal(of: incoming) { return (refusal, 1) }
         var outcomes: [Result<[UInt8], any Error>] = []
-        var budget = ReplyBudget(limit: limits.maxReplyBytes)
+        var budget = ReplyBudget(limit: limits.maxReplyBytes, requests: incoming.requests.count)
         for request in incoming.requests {
             guard budget.hasRoom else {
                 outcomes.append(.failure(budget.notRun))
@@ -161,7 +161,7 @@ public struct MethodTable<Service: BusService>: Sendable {
     public func answerNow(body: [UInt8], on service: isolated Service) -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
         if let refusal = limits.refusal(of: incoming) { return (refusal, 1) }
-        var budget = ReplyBudget(limit: limits.maxReplyBytes)
+        var budget = ReplyBudget(limit: limits.maxReplyBytes, requests: incoming.requests.count)
         let outcomes = incoming.requests.map { request -> Result<[UInt8], any Error> in
             guard budget.hasRoom else { return .failure(budget.notRun) }
             let run = {
@@ -269,11 +269,20 @@ public struct BodyLimits: Sendable {
 /// The bytes a reply has reached while its results come in (see ``BodyLimits``).
 struct ReplyBudget {
     let limit: Int
+    /// What results may take: the limit less room for an error response for every request,
+    /// so the errors answered in place of results that did not fit keep the whole reply
+    /// within the limit too.
+    private let forResults: Int
     private(set) var spent = 0
     /// Room for one more result: nothing has passed the limit yet.
-    var hasRoom: Bool { spent <= limit }
+    var hasRoom: Bool { spent <= forResults }
+    /// The most an error response (its id, message and data) takes.
+    static let errorRoom = 512
 
-    init(limit: Int) { self.limit = limit }
+    init(limit: Int, requests: Int) {
+        self.limit = limit
+        forResults = max(0, limit - requests * Self.errorRoom)
+    }
 
     /// `outcome`, or -32010 when its result takes the reply past the limit.
     mutating func admit(_ outcome: Result<[UInt8], any Error>) -> Result<[UInt8], any Error> {
@@ -284,7 +293,7 @@ struct ReplyBudget {
             return outcome
         }
         spent += result.count + envelope
-        guard spent > limit else { return outcome }
+        guard spent > forResults else { return outcome }
         return .failure(JSONRPCError.overMessageSize("reply", bytes: spent, limit: limit))
     }
 
