@@ -178,7 +178,7 @@ struct KernelBenchmark: AsyncParsableCommand {
 
     private func mmiRoundTrips(_ broker: String) throws -> (Double, Histogram<UInt64>) {
         let (_, socket) = try client(broker)
-        let request = MDP.request(service: "mmi.service", body: ["bench"])
+        let request = MDP.request(service: MMI.serviceQuery, body: ["bench"])
         return try measureRoundTrips { try socket.send(request); _ = try socket.receive() }
     }
 

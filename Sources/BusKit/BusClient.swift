@@ -230,7 +230,7 @@ public final class BusClient: Sendable {
 
     /// Whether a service has at least one worker (8/MMI `mmi.service`).
     public func hasWorkers(_ service: String, timeout: Duration? = nil) async throws(BusError) -> Bool {
-        try await call(service: "mmi.service", body: [Frame(service)], timeout: timeout).first?.string == "200"
+        try await call(service: MMI.serviceQuery, body: [Frame(service)], timeout: timeout).first?.string == "200"
     }
 
     deinit {

@@ -243,10 +243,13 @@ public enum MMI {
     /// Whether `service` is in the broker's own namespace.
     public static func isManagement(_ service: String) -> Bool { service.hasPrefix("mmi.") }
 
+    /// The one MMI service: whether a worker serves the service named in the body.
+    public static let serviceQuery = "mmi.service"
+
     /// The answer to an MMI request: "200" (a worker is registered for the service named in
     /// the body), "404" (none is), or "501" for any other `mmi.*` service.
     public static func answer(service: String, body: [Frame], isRegistered: (String) -> Bool) -> String {
-        guard service == "mmi.service" else { return "501" }
+        guard service == serviceQuery else { return "501" }
         guard let name = body.first?.string else { return "404" }
         return isRegistered(name) ? "200" : "404"
     }

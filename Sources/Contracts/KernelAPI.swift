@@ -6,6 +6,16 @@ public import ContractKit
 public enum KernelAPI {
     public static let service = "kernel"
 
+    /// The CHP keys the kernel writes itself (only it may write under `/kernel/`).
+    public enum StateKeys {
+        public static let prefix = "/kernel/"
+        /// This kernel's instance: a subscriber sees the kernel restart (or its pair fail over).
+        public static let instance = "/kernel/instance"
+        /// Each service's worker count.
+        public static let servicesPrefix = "/kernel/services/"
+        public static func service(_ name: String) -> String { servicesPrefix + name }
+    }
+
     public static let ping = Method<NoParams, Pong>(service, "ping", "Liveness: the kernel's instance (new at each start), pid and uptime.")
     public static let servicesList = Method<NoParams, ServiceList>(service, "services.list", "The registered services with their workers, queue and requests in flight.")
     public static let stats = Method<NoParams, JSONValue>(service, "stats", "Totals and per-service requests, errors, latencies; security and state figures.")

@@ -5,6 +5,12 @@ public import ContractKit
 public enum PricingAPI {
     public static let service = "pricing"
 
+    /// The CHP keys pricing publishes.
+    public enum StateKeys {
+        public static let routeCurrent = "/pricing/route/current"
+        public static let dealToday = "/pricing/deal/today"
+    }
+
     public static let routeQuote = Method<Quote, RouteQuote>(service, "route.quote", "The price of a round trip: an outbound and a related inbound flight.")
     public static let routeCheapest = Method<NoParams, Cheapest>(service, "route.cheapest", "The cheapest round trip.")
     public static let routeCurrent = Method<NoParams, CurrentRoute>(service, "route.current", "The chosen route with its current price.")

@@ -6,6 +6,15 @@ public import ContractKit
 public enum StoreAPI {
     public static let service = "store"
 
+    /// The CHP keys the store publishes.
+    public enum StateKeys {
+        public static let history = "/store/history"
+        public static let articlePrefix = "/store/articles/"
+        public static let sourcesSelected = "/store/sources/selected"
+        public static let routeSelected = "/store/route/selected"
+        public static func article(_ id: String) -> String { articlePrefix + id }
+    }
+
     public static let historyAdd = Method<Text, HistoryAdded>(service, "history.add", "Adds a search to the history (re-adding moves it to the top).", changesState: true)
     public static let historyList = Method<Limit, History>(service, "history.list", "The history, most recent first.")
     public static let historyClear = Method<NoParams, Cleared>(service, "history.clear", "Empties the history.", changesState: true)

@@ -146,7 +146,7 @@ extension FuzzTarget {
                 frames(atPeer(MDP.encode(.request(client: client, body: [body]), to: client))),
                 frames(atPeer(MDP.encode(.heartbeat, to: client))),
                 frames(atPeer(MDP.reply(to: client, service: "search", body: [body]))),
-                frames(Message([Frame("mmi.service"), Frame("search")])),
+                frames(Message([Frame(MMI.serviceQuery), Frame("search")])),
                 frames(atBroker(MDP.request(service: "", body: []))),
             ]
         case .chp:

@@ -76,21 +76,22 @@ final class Broker {
         }
     }
 
+    /// What the broker tells the kernel, which acts on it after each call into the broker.
+    enum Event {
+        /// An admitted request for the built-in `kernel` service, with the sender's CURVE key
+        /// (nil without CURVE); answered through ``Broker/replyFromKernel(to:_:)``.
+        case kernelRequest(client: Frame, body: [Frame], peer: String?)
+        /// A service's worker count changed.
+        case workersChanged(service: String, count: Int)
+    }
+
     let configuration: KernelConfiguration
     let logger: Logger
-    /// Sends a message on the ROUTER socket.
-    var send: (Message) -> Void = { _ in }
-    /// Answers requests for the built-in `kernel` service.
-    /// The second argument is the caller's ZAP user id (nil without CURVE).
-    /// Hands a request for the built-in `kernel` service (client, body, the sender's CURVE
-    /// key) to the kernel's method table, which answers through ``replyFromKernel(to:_:)``.
-    var kernelRequest: (Frame, [Frame], String?) -> Void = { _, _, _ in }
-    /// Told when a service's worker count changes.
-    var onWorkersChanged: (String, Int) -> Void = { _, _ in }
-    /// Whether this kernel serves a client's request now (one of a pair serves only while
-    /// active); when not, why (the request is answered -32008).
-    var admitsClient: (UInt64) -> Bool = { _ in true }
-    var refusal: () -> String = { "" }
+    /// Who is served now (one of a pair serves only while active).
+    let admission: Admission
+    /// Messages for the ROUTER socket, and events for the kernel: taken after each call.
+    let outbox = Outbox()
+    private(set) var events: [Event] = []
 
     private(set) var workers: [Frame: Worker] = [:]
     private(set) var services: [String: Service] = [:]
@@ -104,9 +105,18 @@ final class Broker {
     /// Client requests answered -32008: this kernel was not the active one of its pair.
     private(set) var refusedNotActive = 0
 
-    init(configuration: KernelConfiguration, logger: Logger) {
+    init(configuration: KernelConfiguration, logger: Logger, admission: Admission = Admission(pair: nil)) {
         self.configuration = configuration
         self.logger = logger
+        self.admission = admission
+    }
+
+    private func send(_ message: Message) { outbox.send(message) }
+
+    /// The events since the last call, for the kernel to act on.
+    func takeEvents() -> [Event] {
+        defer { events.removeAll(keepingCapacity: true) }
+        return events
     }
 
     // MARK: Inbound
@@ -122,7 +132,7 @@ final class Broker {
             // with a bad service name is answered (it would otherwise wait for nothing);
             // anything else is dropped.
             if message.count >= 3, message[2].equals(MDP.workerHeader) {
-                disconnect(message[0], reason: "\(error)")
+                disconnect(message[0], reason: "\(error)", now: now)
             } else if message.count >= 5, message[1].isEmpty, message[2].equals(MDP.clientHeader) {
                 let shown = String(decoding: message[3].bytes.prefix(64), as: UTF8.self)
                 reply(to: message[0], serviceFrame: message[3], body: Array(message.frames[4...]), error: .invalidRequest(
@@ -133,10 +143,7 @@ final class Broker {
         switch inbound {
         case .request(let client, let service, let body):
             totalRequests += 1
-            // Questions about this kernel (8/MMI, the kernel service) are answered by any
-            // kernel of a pair; a request for a service only by the active one, and it is
-            // what makes a passive kernel whose peer is gone take over (Binary Star).
-            if !MMI.isManagement(service), service != KernelAPI.service, !admitsClient(now) {
+            if !admission.admits(service: service, body: body, now: now) {
                 refuseNotActive(client: client, service: service, body: body)
                 return
             }
@@ -158,7 +165,7 @@ final class Broker {
             return
         }
         if name == KernelAPI.service {
-            kernelRequest(client, body, peer)
+            events.append(.kernelRequest(client: client, body: body, peer: peer))
             return
         }
         guard services[name] != nil || services.count < configuration.maxServices else {
@@ -191,18 +198,18 @@ final class Broker {
         switch command {
         case .ready(let name, let window):
             guard known == nil else {
-                disconnect(identity, reason: "a second READY")
+                disconnect(identity, reason: "a second READY", now: now)
                 return
             }
             // With CURVE on, only a worker key may offer a service, and a service's own key only that service.
             guard Peer(userID: peer, security: configuration.security).mayServe(name) else {
                 refusedRegistrations += 1
                 logger.warning("refused a READY: the key may not serve it", metadata: ["service": "\(name)", "peer": "\(peer ?? "-")"])
-                disconnect(identity, reason: "this key may not register '\(name)'")
+                disconnect(identity, reason: "this key may not register '\(name)'", now: now)
                 return
             }
             guard !MMI.isManagement(name), name != KernelAPI.service else {
-                disconnect(identity, reason: "'\(name)' is reserved for the kernel")
+                disconnect(identity, reason: "'\(name)' is reserved for the kernel", now: now)
                 return
             }
             let service = serviceNamed(name)
@@ -213,13 +220,13 @@ final class Broker {
             service.places += window
             for _ in 0..<window { service.idle.append(identity) }
             logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(window)"])
-            onWorkersChanged(name, service.workers)
+            events.append(.workersChanged(service: name, count: service.workers))
             dispatch(service)
         case .reply(let client, let body):
             guard let worker = known, let request = worker.answered(client) else {
                 // A reply nobody is waiting for (unknown worker, or one the broker already
                 // gave up on): per 7/MDP an unexpected command earns a DISCONNECT.
-                disconnect(identity, reason: "a REPLY with no request in flight")
+                disconnect(identity, reason: "a REPLY with no request in flight", now: now)
                 return
             }
             // The body goes back as it came: the kernel never reads it. Error counts come
@@ -233,7 +240,7 @@ final class Broker {
             dispatch(service)
         case .heartbeat(let errors):
             guard let worker = known else {
-                disconnect(identity, reason: "a HEARTBEAT before READY")
+                disconnect(identity, reason: "a HEARTBEAT before READY", now: now)
                 return
             }
             if let errors, errors >= worker.reportedErrors {
@@ -241,7 +248,7 @@ final class Broker {
                 worker.reportedErrors = errors
             }
         case .disconnect:
-            if let worker = known { remove(worker, reason: "it disconnected") }
+            if let worker = known { remove(worker, reason: "it disconnected", now: now) }
         }
     }
 
@@ -275,7 +282,7 @@ final class Broker {
     /// Sends heartbeats, expires silent workers and requests that waited too long.
     func tick(now: UInt64) {
         for worker in Array(workers.values) where worker.expiry <= now {
-            remove(worker, reason: "no heartbeat for \(configuration.workerExpiry)")
+            remove(worker, reason: "no heartbeat for \(configuration.workerExpiry)", now: now)
         }
         for worker in workers.values {
             send(MDP.encode(.heartbeat, to: worker.identity))
@@ -313,14 +320,14 @@ final class Broker {
     /// Removes `worker`; its requests in flight go back to the queue. `undelivered`: a
     /// message to it that libzmq could not take (its connection gone, or full): a request it
     /// carried never reached the worker, so that delivery does not count against it.
-    private func remove(_ worker: Worker, reason: String, undelivered: Message? = nil) {
+    private func remove(_ worker: Worker, reason: String, undelivered: Message? = nil, now: UInt64) {
         guard workers.removeValue(forKey: worker.identity) != nil else { return }
         let service = worker.service
         service.workers -= 1
         service.places -= worker.window
         service.idle.removeAll { $0 == worker.identity }
         logger.info("worker removed", metadata: ["service": "\(service.name)", "reason": "\(reason)", "workers": "\(service.workers)"])
-        onWorkersChanged(service.name, service.workers)
+        events.append(.workersChanged(service: service.name, count: service.workers))
         // Its requests in flight, oldest first, go back to the front of the queue with a
         // fresh wait for another worker (or are answered -32006 for a non-retriable service).
         var notDelivered: [Request] = []
@@ -342,7 +349,7 @@ final class Broker {
                       error: .handlerDied("the '\(service.name)' worker", times: request.attempts, service: service.name))
             } else if retriable {
                 service.stats.redispatched += 1
-                request.deadline = monotonicNanoseconds() + configuration.queueTimeout.nanoseconds
+                request.deadline = now + configuration.queueTimeout.nanoseconds
                 service.requests.prepend(request)
                 queuedBytes += request.size
             } else {
@@ -355,25 +362,25 @@ final class Broker {
 
     /// A send to `identity` found no connection: a worker there died without a word (its
     /// process killed, its link cut). Its request in flight goes to another worker.
-    func peerGone(_ identity: Frame, undelivered: Message? = nil) {
-        if let worker = workers[identity] { remove(worker, reason: "its connection is gone", undelivered: undelivered) }
+    func peerGone(_ identity: Frame, undelivered: Message? = nil, now: UInt64) {
+        if let worker = workers[identity] { remove(worker, reason: "its connection is gone", undelivered: undelivered, now: now) }
     }
 
     /// A send to `identity` hit its backlog limit: it does not read. A worker like that is
     /// dropped (its request goes to another); a client's reply is dropped and counted.
-    func peerFull(_ identity: Frame, undelivered: Message? = nil) {
+    func peerFull(_ identity: Frame, undelivered: Message? = nil, now: UInt64) {
         if let worker = workers[identity] {
-            remove(worker, reason: "it does not read", undelivered: undelivered)
+            remove(worker, reason: "it does not read", undelivered: undelivered, now: now)
         } else {
             droppedReplies += 1
         }
     }
 
-    private func disconnect(_ identity: Frame, reason: String) {
+    private func disconnect(_ identity: Frame, reason: String, now: UInt64) {
         protocolErrors += 1
         logger.info("disconnecting peer", metadata: ["reason": "\(reason)"])
         send(MDP.encode(.disconnect, to: identity))
-        if let worker = workers[identity] { remove(worker, reason: reason) }
+        if let worker = workers[identity] { remove(worker, reason: reason, now: now) }
     }
 
     // MARK: Replies the kernel writes itself
@@ -391,7 +398,7 @@ final class Broker {
     /// Answers -32008: this kernel is not the active one of its pair (the client asks the other).
     func refuseNotActive(client: Frame, service: String, body: [Frame]) {
         refusedNotActive += 1
-        reply(to: client, service: service, body: body, error: JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: \(refusal())"))
+        reply(to: client, service: service, body: body, error: JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: \(admission.refusal)"))
     }
 
     /// The `kernel` service's answer to `client`.

@@ -29,14 +29,9 @@ public actor Kernel: BusService {
 
     /// A new identity each start, so clients can tell a restarted kernel.
     public nonisolated let instance = UUID().uuidString
+    /// Where the broker, the state server and the pair link read the time.
+    public nonisolated let clock: any NanosecondClock
     private let logger: Logger
-    private let broker: Broker
-    private let state: StateServer
-    /// The link to the other kernel of a pair (nil: this kernel is alone).
-    private let pair: PairLink?
-    private var registrations: [SocketRegistration] = []
-    private var zapHandler: ZAPHandler?
-    private var timers: [LoopTimer] = []
     private var startedAt = Date()
     /// The `kernel` service's methods, answered on the loop as each request arrives.
     private var table: MethodTable<Kernel>?
@@ -46,28 +41,40 @@ public actor Kernel: BusService {
     /// Where the kernel is in its life: ``start()`` binds once, ``stop()`` is final.
     enum Phase {
         case idle
-        case serving(Endpoints)
+        case serving(Endpoints, KernelParts)
         case stopped
     }
     private var phase = Phase.idle
 
-    public init(configuration: KernelConfiguration, context: ZMQContext, logger: Logger = Logger(label: "switchboard.kernel")) throws {
+    public init(configuration: KernelConfiguration, context: ZMQContext, clock: any NanosecondClock = SystemClock(),
+                logger: Logger = Logger(label: "switchboard.kernel")) throws {
         self.configuration = configuration
+        self.clock = clock
         self.logger = logger
         loop = try SocketLoop(context: context, name: "kernel")
-        broker = Broker(configuration: configuration, logger: logger)
-        state = StateServer(configuration: configuration, logger: logger)
-        let pair = configuration.pair.map { [instance] in PairLink(configuration: $0, instance: instance, logger: logger, now: monotonicNanoseconds()) }
-        self.pair = pair
-        state.pair = pair
     }
+
+    /// The parts while serving (nil before ``start()`` and after ``stop()``).
+    var parts: KernelParts? {
+        guard case .serving(_, let parts) = phase else { return nil }
+        return parts
+    }
+
+    /// The parts the `kernel` service's methods read: its table exists only while serving.
+    private var serving: KernelParts {
+        guard let parts else { preconditionFailure("the kernel service answers only while the kernel serves") }
+        return parts
+    }
+    private var broker: Broker { serving.broker }
+    private var state: StateServer { serving.state }
+    private var pair: PairLink? { serving.pair }
 
     /// Binds every endpoint and starts serving. Throws (leaving nothing bound) when an
     /// endpoint cannot be bound, naming it.
     @discardableResult
     public func start() throws -> Endpoints {
         switch phase {
-        case .serving(let endpoints): return endpoints
+        case .serving(let endpoints, _): return endpoints
         case .stopped: throw ZMQError(call: "start(a stopped kernel)", code: EBADF)
         case .idle: break
         }
@@ -95,16 +102,11 @@ public actor Kernel: BusService {
         }
         var opened: [ZMQSocket] = []
         do {
-            if let security {
+            if security != nil {
                 // Bound before any secured socket, so no connection is admitted unasked.
                 let zap = try ZMQSocket(context, .router)
                 opened.append(zap)
                 _ = try zap.bind(ZAPHandler.endpoint)
-                let handler = ZAPHandler(security: security, logger: logger)
-                zapHandler = handler
-                let registration = loop.register(zap) { request in handler.handle(request) }
-                handler.send = { registration.send($0) }
-                registrations.append(registration)
             }
             let (router, brokerEndpoint) = try open(.router, configuration.brokerEndpoint, "broker") {
                 $0.readsPeerUserID = security != nil
@@ -134,21 +136,26 @@ public actor Kernel: BusService {
                 try $0.subscribe("")
             }
             opened.append(collector)
-            if let pair {
+            var pairSockets: (listener: ZMQSocket, sender: ZMQSocket, peerBroker: ZMQSocket?)?
+            if let pair = configuration.pair {
                 // The peer kernel sends on a DEALER to this ROUTER; with CURVE the ZAP handler
                 // admits only the kernel's own key here (both kernels hold the same pair).
-                let (listener, _) = try open(.router, pair.configuration.listen, "pair") {
+                let (listener, _) = try open(.router, pair.listen, "pair") {
                     if security != nil { try $0.set(.zapDomain, ZAPHandler.pairDomain) }
                 }
                 opened.append(listener)
-                try startPair(pair, listener: listener, opened: &opened)
+                pairSockets = try openPair(pair, listener: listener, opened: &opened)
             }
-            wire(router: router, snapshot: snapshot, publisher: publisher, collector: collector)
+            let parts = KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger)
+            try parts.serve(KernelParts.Sockets(zap: security == nil ? nil : opened[0], router: router, snapshot: snapshot,
+                                                publisher: publisher, collector: collector, pair: pairSockets), on: loop)
             let endpoints = Endpoints(broker: brokerEndpoint, snapshot: snapshotEndpoint,
                                       publisher: publisherEndpoint, collector: collectorEndpoint)
-            phase = .serving(endpoints)
+            phase = .serving(endpoints, parts)
             startedAt = Date()
-            state.set("/kernel/instance", value: Frame(JSONValue.object(["instance": .string(instance)]).jsonBytes), now: monotonicNanoseconds())
+            installMethods()
+            parts.setInstance(now: clock.now)
+            parts.flush()
             var metadata: Logger.Metadata = ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
                                              "publisher": "\(publisherEndpoint)", "collector": "\(collectorEndpoint)"]
             if let pair = configuration.pair {
@@ -157,8 +164,6 @@ public actor Kernel: BusService {
             logger.info("kernel started", metadata: metadata)
             return endpoints
         } catch {
-            for registration in registrations { registration.close() }
-            registrations.removeAll()
             for socket in opened { socket.close() }
             throw error
         }
@@ -167,8 +172,9 @@ public actor Kernel: BusService {
     /// The rest of the pair's sockets: the DEALER this kernel sends to its peer on, and (with
     /// `peerBroker`) a DEALER to the peer's broker, the clients' way to it, asked whether the
     /// peer still serves when the link is silent (ZMTP heartbeats notice a machine gone).
-    private func startPair(_ pair: PairLink, listener: ZMQSocket, opened: inout [ZMQSocket]) throws {
-        let configuration = pair.configuration, security = self.configuration.security, context = loop.context
+    private func openPair(_ configuration: PairConfiguration, listener: ZMQSocket,
+                          opened: inout [ZMQSocket]) throws -> (listener: ZMQSocket, sender: ZMQSocket, peerBroker: ZMQSocket?) {
+        let security = self.configuration.security, context = loop.context
         // Nothing waits for a peer that is not there: what is sent meanwhile is dropped, and
         // the peer copies the state when it is back. ZMTP heartbeats close a connection that
         // went silent (a cut link, a machine gone) rather than queue behind it what would
@@ -191,90 +197,15 @@ public actor Kernel: BusService {
         let sender = try dealer()
         try sender.set(.sendHighWaterMark, 1_000_000)
         try sender.connect(configuration.peer)
-        if let peerBroker = configuration.peerBroker {
-            try wirePeerBroker(pair, socket: try dealer(), endpoint: peerBroker)
-        }
-        wire(pair, listener: listener, sender: sender)
+        // Connected by the parts once its connection events are watched.
+        return (listener, sender, try configuration.peerBroker.map { _ in try dealer() })
     }
 
-    private func wirePeerBroker(_ pair: PairLink, socket: ZMQSocket, endpoint: String) throws {
-        let events = try connectionEvents(of: socket, in: loop.context)
-        let monitor = loop.register(events) { message in
-            guard let event = SocketEvent(message) else { return }
-            if event.event.contains(.connected) { pair.peerBrokerConnected = true }
-            if event.event.contains(.disconnected) { pair.peerBrokerConnected = false }
-        }
-        let asking = loop.register(socket) { _ in pair.probeAnswered(now: monotonicNanoseconds()) }
-        asking.dropsWhenPeerFull = true
-        registrations += [monitor, asking]
-        pair.sendProbe = { asking.send([Frame(), Frame(MDP.clientHeader), Frame("mmi.service"), Frame(KernelAPI.service)]) }
-        try socket.connect(endpoint)
-    }
-
-    private func wire(_ pair: PairLink, listener: ZMQSocket, sender: ZMQSocket) {
-        let state = self.state, broker = self.broker
-        let listening = loop.register(listener) { message in pair.received(message, now: monotonicNanoseconds()) }
-        let sending = loop.register(sender) { _ in }
-        sending.dropsWhenPeerFull = true
-        registrations += [listening, sending]
-        pair.send = { sending.send($0) }
-        pair.currentSequence = { state.sequence }
-        pair.snapshot = { now in state.replicatedSnapshot(now: now) }
-        pair.installSnapshot = { entries, sequence in state.install(entries, sequence: sequence, now: monotonicNanoseconds()) }
-        pair.applyReplicated = { entry in state.applyReplicated(entry, now: monotonicNanoseconds()) }
-        pair.onStateChange = { [instance] new in
-            guard new == .active else { return }
-            // The kernel's own keys now say this kernel and the workers registered with it.
-            let now = monotonicNanoseconds()
-            state.set("/kernel/instance", value: Frame(JSONValue.object(["instance": .string(instance)]).jsonBytes), now: now)
-            for (name, count) in broker.workerCounts {
-                state.set("/kernel/services/\(name)", value: Frame(JSONValue.object(["name": .string(name), "workers": .int(Int64(count))]).jsonBytes), now: now)
-            }
-        }
-        broker.admitsClient = { now in pair.admitsClient(now: now) }
-        broker.refusal = { pair.refusal }
-        timers.append(loop.scheduleRepeating(every: pair.configuration.heartbeatInterval) { pair.tick(now: monotonicNanoseconds()) })
-    }
-
-    private func wire(router: ZMQSocket, snapshot: ZMQSocket, publisher: ZMQSocket, collector: ZMQSocket) {
-        let broker = self.broker, state = self.state
-        let routerRegistration = loop.register(router) { message in broker.handle(message, now: monotonicNanoseconds()) }
-        let snapshotRegistration = loop.register(snapshot) { message in state.snapshot(message) }
-        let publisherRegistration = loop.register(publisher) { message in state.subscriptionChanged(message, now: monotonicNanoseconds()) }
-        let collectorRegistration = loop.register(collector) { message in state.collect(message, now: monotonicNanoseconds()) }
-        registrations += [routerRegistration, snapshotRegistration, publisherRegistration, collectorRegistration]
-        broker.send = { routerRegistration.send($0) }
-        routerRegistration.dropsWhenPeerFull = true
-        routerRegistration.onSendError = { message, error in
-            guard let peer = message.first else { return }
-            if error.isUnroutable { broker.peerGone(peer, undelivered: message) } else if error.isWouldBlock { broker.peerFull(peer, undelivered: message) }
-        }
-        state.sendSnapshot = { snapshotRegistration.send($0) }
-        state.publish = { publisherRegistration.send($0) }
-
-        broker.onWorkersChanged = { name, count in
-            let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
-            state.set("/kernel/services/\(name)", value: Frame(value.jsonBytes), now: monotonicNanoseconds())
-        }
+    private func installMethods() {
         var table = MethodTable(of: self)
         table.logger = logger
         table.limits = BodyLimits(maxBatchItems: configuration.maxBatchItems, maxReplyBytes: configuration.maxMessageSize)
         self.table = table
-        broker.kernelRequest = { [weak self] client, body, peer in
-            self?.assumeIsolated { kernel in kernel.answer(client: client, body: body, peer: peer) }
-        }
-        timers.append(loop.scheduleRepeating(every: configuration.heartbeatInterval) { broker.tick(now: monotonicNanoseconds()) })
-        var heap = HeapTrim()
-        timers.append(loop.scheduleRepeating(every: .seconds(1)) {
-            broker.releaseIdleQueues()
-            heap.releaseIfWorthIt()
-        })
-        let sweep = min(configuration.queueTimeout / 10, .milliseconds(100))
-        timers.append(loop.scheduleRepeating(every: max(sweep, .milliseconds(5))) {
-            let now = monotonicNanoseconds()
-            broker.expireQueued(now: now)
-            state.tick(now: now)
-        })
     }
 
     deinit {
@@ -284,15 +215,13 @@ public actor Kernel: BusService {
 
     /// Stops serving: closes every socket and ends the loop thread.
     public func stop() async {
-        guard case .serving = phase else {
+        guard case .serving(_, let parts) = phase else {
             phase = .stopped
             return await loop.shutdown()
         }
         phase = .stopped
-        for timer in timers { timer.cancel() }
-        timers.removeAll()
-        for registration in registrations { registration.close() }
-        registrations.removeAll()
+        table = nil
+        parts.close()
         logger.info("kernel stopped")
         await loop.shutdown()
     }
@@ -308,30 +237,17 @@ public actor Kernel: BusService {
         return table.answerNow(body: body, on: self).reply
     }
 
-    private func answer(client: Frame, body: [Frame], peer: String?) {
-        guard let table else { return }
+    /// A request for the `kernel` service, admitted by the broker (``Admission``).
+    func answer(client: Frame, body: [Frame], peer: String?) {
+        guard let table, let parts else { return }
         guard body.count == 1 else {
-            broker.replyFromKernel(to: client, JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes)
+            parts.broker.replyFromKernel(to: client, JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes)
             return
-        }
-        if let pair, !pair.isActive, Self.readsOrWritesState(body[0]), !pair.admitsClient(now: monotonicNanoseconds()) {
-            return broker.refuseNotActive(client: client, service: KernelAPI.service, body: body)
         }
         requestPeer = peer
         defer { requestPeer = nil }
-        let reply = table.answerNow(body: body[0].bytes, on: self).reply
-        guard let pair else { return broker.replyFromKernel(to: client, reply) }
-        // A write is acknowledged once the peer holds it (and with it every earlier change).
-        let broker = self.broker
-        pair.afterReplication(of: state.sequence) { broker.replyFromKernel(to: client, reply) }
+        parts.reply(to: client, table.answerNow(body: body[0].bytes, on: self).reply)
     }
-
-    /// Whether a request body calls a state method: of a pair, only the active kernel answers
-    /// those (any kernel answers ping, services.list, stats and metrics about itself).
-    private static func readsOrWritesState(_ body: Frame) -> Bool {
-        JSONRPC.parseRequests(body.bytes).requests.contains { stateMethods.contains($0.method) }
-    }
-    private static let stateMethods: Set<String> = [KernelAPI.stateSet.name, KernelAPI.statePublish.name, KernelAPI.stateGet.name]
 
     public nonisolated func methods(_ table: inout MethodTable<Kernel>) {
         table.onIsolated(KernelAPI.ping) { kernel, _ in kernel.ping() }
@@ -370,7 +286,7 @@ public actor Kernel: BusService {
         let value = params.value ?? .null
         let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
         let sequence = try state.write(params.key, value: frame, ttl: ttl, by: Peer(userID: peer, security: configuration.security),
-                                       asClient: asClient, now: monotonicNanoseconds()).get()
+                                       asClient: asClient, now: clock.now).get()
         return KernelAPI.StateWritten(sequence: sequence)
     }
 
@@ -419,7 +335,7 @@ extension Kernel {
                 "uptimeSeconds": .double(Date().timeIntervalSince(startedAt).rounded()),
                 "services": .object(perService),
                 "security": ["curve": .bool(configuration.security != nil),
-                             "refusedConnections": .int(Int64(zapHandler?.refused ?? 0)),
+                             "refusedConnections": .int(Int64(serving.zap?.refused ?? 0)),
                              "refusedRegistrations": .int(Int64(broker.refusedRegistrations))],
                 "state": ["keys": .int(Int64(state.entries.count)), "bytes": .int(Int64(state.totalBytes)),
                           "sequence": .int(Int64(state.sequence)), "rejectedWrites": .int(Int64(state.rejectedWrites)),
@@ -471,7 +387,7 @@ extension Kernel {
             text += "switchboard_request_duration_seconds_count\(label(service)) \(latency.count)\n"
         }
         family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(broker.protocolErrors))])
-        family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(zapHandler?.refused ?? 0))])
+        family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(serving.zap?.refused ?? 0))])
         family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(broker.refusedRegistrations))])
         family("state_keys", "gauge", "Keys in the CHP state.", [("", String(state.entries.count))])
         family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(state.totalBytes))])

@@ -148,7 +148,7 @@ final class PairLink {
     /// Active: the sequence of the snapshot sent, until the peer acknowledges it.
     private var snapshotSent: UInt64?
     /// Active: what waits for the peer's acknowledgement, by the sequence it needs.
-    private var held: [(sequence: UInt64, release: () -> Void)] = []
+    private var held: [(sequence: UInt64, item: Held)] = []
     private var heldStart = 0
 
     /// The clients' way to the peer (a DEALER to its broker): whether it is connected, when
@@ -157,35 +157,55 @@ final class PairLink {
     private var probeAnsweredAt: UInt64?
     private var probeSentAt: UInt64?
 
-    /// Sends to the peer (DEALER; dropped while there is no connection).
-    var send: (Message) -> Void = { _ in }
-    /// Asks the peer's broker a question any kernel answers (8/MMI), over the clients' path.
-    var sendProbe: () -> Void = {}
-    /// Called on entering a state (after ``state`` changed).
-    var onStateChange: (PairState) -> Void = { _ in }
-    /// The state server: its sequence, and its whole state for the peer's snapshot.
-    var currentSequence: () -> UInt64 = { 0 }
-    var snapshot: (UInt64) -> [ReplicatedEntry] = { _ in [] }
-    /// Passive: replaces the whole state with the peer's snapshot (as of a sequence).
-    var installSnapshot: ([ReplicatedEntry], UInt64) -> Void = { _, _ in }
-    /// Passive: applies one of the peer's changes; false when it does not follow the last
-    /// one (a gap: ask for a snapshot).
-    var applyReplicated: (ReplicatedEntry) -> Bool = { _ in false }
+    /// What the link tells the kernel, which acts on it after each call into the link.
+    enum Event {
+        /// This kernel became the active one: its own keys must say so.
+        case becameActive
+        /// Something held until the peer acknowledged its change, released now.
+        case released(Held)
+    }
+
+    /// What waits for the peer's acknowledgement of a change before it goes out.
+    enum Held {
+        /// A CHP update to publish, with its key (counted under its topics).
+        case publish(Message, key: Frame)
+        /// The `kernel` service's reply to a client whose write it acknowledges.
+        case reply(client: Frame, body: [UInt8])
+    }
+
+    /// Messages to the peer (a DEALER, dropped while there is no connection), and
+    /// questions for the peer's broker over the clients' path (8/MMI): taken after each call.
+    let outbox = Outbox()
+    let probes = Outbox()
+    private(set) var events: [Event] = []
+    /// The state server this kernel replicates from or into (it owns this link).
+    private unowned let replica: any PairReplica
+    private let clock: any NanosecondClock
     /// Said once per loss of the peer: this kernel's copy is incomplete, so it cannot take over.
     private var saidIncomplete = false
 
-    init(configuration: PairConfiguration, instance: String, logger: Logger, now: UInt64) {
+    init(configuration: PairConfiguration, instance: String, replica: any PairReplica, clock: any NanosecondClock, logger: Logger) {
         self.configuration = configuration
         self.instance = instance
+        self.replica = replica
+        self.clock = clock
         self.logger = logger
         state = configuration.role == .primary ? .primary : .backup
-        peerExpiry = now + configuration.startupWait.nanoseconds
+        peerExpiry = clock.now + configuration.startupWait.nanoseconds
     }
+
+    /// The events since the last call, for the kernel to act on.
+    func takeEvents() -> [Event] {
+        defer { events.removeAll(keepingCapacity: true) }
+        return events
+    }
+
+    private func send(_ message: Message) { outbox.send(message) }
 
     var isActive: Bool { state == .active }
     /// Whether this kernel's state is whole: the active one's, or a passive's complete copy.
     var holdsState: Bool { state == .active || state == .passive && synced }
-    private var peerAlive: Bool { lastHeard != nil && monotonicNanoseconds() < peerExpiry }
+    private var peerAlive: Bool { lastHeard != nil && clock.now < peerExpiry }
 
     // MARK: Binary Star
 
@@ -237,7 +257,7 @@ final class PairLink {
 
     private func probe(now: UInt64) {
         probeSentAt = now
-        sendProbe()
+        probes.send([Frame(), Frame(MDP.clientHeader), Frame(MMI.serviceQuery), Frame(KernelAPI.service)])
     }
 
     /// The peer's broker answered the question.
@@ -251,7 +271,7 @@ final class PairLink {
         case .backup: "this kernel is the backup of a pair and has not heard its primary yet"
         case .primary: "this kernel is starting as the primary of a pair and waits to hear its peer"
         case .passive where !synced && !peerAlive: "this kernel is the passive one of its pair, its peer is gone and its copy of the state is incomplete"
-        case .passive where !peerAlive && peerServes(now: monotonicNanoseconds()) == .answers:
+        case .passive where !peerAlive && peerServes(now: clock.now) == .answers:
             "the link between the kernels of the pair is down, but the active one still answers clients at \(configuration.peerBroker ?? "its broker"): this passive one does not take over (that would make two active kernels)"
         case .passive where !peerAlive: "this kernel is the passive one of its pair; its peer is silent and it is checking whether the peer still serves"
         case .passive: "this kernel is the passive one of its pair; its peer is active"
@@ -302,18 +322,18 @@ final class PairLink {
         case .active:
             snapshotAskedAt = nil
             snapshotEntries = []
-            acknowledged = currentSequence()
+            acknowledged = replica.sequence
             replicatedUpTo = acknowledged
             snapshotSent = nil
         case .passive:
             synced = false
             peerLeftSync()
-            askForSnapshot(now: monotonicNanoseconds())
+            askForSnapshot(now: clock.now)
         case .primary, .backup:
             break
         }
         sendState()
-        onStateChange(new)
+        if new == .active { events.append(.becameActive) }
     }
 
     // MARK: Heartbeats
@@ -339,7 +359,7 @@ final class PairLink {
 
     private func sendState() {
         let body: JSONValue = ["state": .string(state.rawValue), "role": .string(configuration.role.rawValue),
-                               "instance": .string(instance), "sequence": .int(Int64(clamping: currentSequence())),
+                               "instance": .string(instance), "sequence": .int(Int64(clamping: replica.sequence)),
                                "synced": .bool(state == .active || synced)]
         send([PairWire.header, PairWire.state, Frame(body.jsonBytes)])
     }
@@ -358,17 +378,17 @@ final class PairLink {
             // Every change the active peer made before this heartbeat came before it on this
             // connection: a passive copy behind its sequence missed some.
             if state == .passive, peer == .active, synced, snapshotAskedAt == nil,
-               let sequence = body["sequence"]?.intValue, UInt64(clamping: sequence) > currentSequence() {
+               let sequence = body["sequence"]?.intValue, UInt64(clamping: sequence) > replica.sequence {
                 synced = false
                 logger.warning("the active peer is ahead of this kernel's copy: copying its state again",
-                               metadata: ["peer sequence": "\(sequence)", "held": "\(currentSequence())"])
+                               metadata: ["peer sequence": "\(sequence)", "held": "\(replica.sequence)"])
             }
             peerSays(peer, instance: instance, now: now)
         } else if command == PairWire.snapshotRequest {
             guard state == .active else { return }
-            let sequence = currentSequence()
+            let sequence = replica.sequence
             peerLeftSync()
-            let entries = snapshot(now)
+            let entries = replica.replicatedSnapshot(now: now)
             for entry in entries { send(entry.frames(PairWire.entry)) }
             send([PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(sequence), CHP.sequenceFrame(UInt64(entries.count))])
             // Every later change goes after the snapshot, in order, on the same connection.
@@ -395,7 +415,7 @@ final class PairLink {
                 logger.warning("the active peer's state came incomplete: asking again", metadata: ["entries": "\(snapshotEntries.count) of \(count)"])
                 return askForSnapshot(now: now)
             }
-            installSnapshot(snapshotEntries, sequence)
+            replica.install(snapshotEntries, sequence: sequence, now: now)
             snapshotEntries = []
             snapshotAskedAt = nil
             synced = true
@@ -404,12 +424,12 @@ final class PairLink {
             send([PairWire.header, PairWire.ack, CHP.sequenceFrame(sequence)])
         } else if command == PairWire.update {
             guard state == .passive, synced, snapshotAskedAt == nil, let entry = ReplicatedEntry(fields) else { return }
-            if applyReplicated(entry) {
+            if replica.applyReplicated(entry, now: now) {
                 send([PairWire.header, PairWire.ack, CHP.sequenceFrame(entry.sequence)])
             } else {
                 synced = false
                 logger.warning("a change from the active peer did not follow the last one: copying its state again",
-                               metadata: ["sequence": "\(entry.sequence)", "held": "\(currentSequence())"])
+                               metadata: ["sequence": "\(entry.sequence)", "held": "\(replica.sequence)"])
                 askForSnapshot(now: now)
             }
         }
@@ -436,18 +456,19 @@ final class PairLink {
         if peerAlive { send(entry.frames(PairWire.update)) }
     }
 
-    /// Runs `release` once the peer holds every change up to `sequence` (at once when it
-    /// already does, or when there is no peer in sync to wait for).
-    func afterReplication(of sequence: UInt64, _ release: @escaping () -> Void) {
-        guard peerInSync, sequence > acknowledged else { return release() }
-        held.append((sequence, release))
+    /// Holds `item` until the peer holds every change up to `sequence`, then releases it as
+    /// an event; false when it need not wait (the peer already holds them, or no peer in
+    /// sync is waited for): the caller sends it now.
+    func hold(_ item: Held, until sequence: UInt64) -> Bool {
+        guard peerInSync, sequence > acknowledged else { return false }
+        held.append((sequence, item))
+        return true
     }
 
     private func releaseHeld(upTo sequence: UInt64 = .max) {
         while heldStart < held.count, held[heldStart].sequence <= sequence {
-            let release = held[heldStart].release
+            events.append(.released(held[heldStart].item))
             heldStart += 1
-            release()
         }
         if heldStart == held.count {
             held.removeAll(keepingCapacity: true)
@@ -461,4 +482,17 @@ final class PairLink {
                              synced: holdsState, peer: .init(endpoint: configuration.peer, state: peerState?.rawValue,
                                          lastHeardSecondsAgo: lastHeard.map { (Date().timeIntervalSince($0) * 1000).rounded() / 1000 }))
     }
+}
+
+/// What a pair link needs of the state it replicates: the state server.
+protocol PairReplica: AnyObject {
+    /// The sequence of the last change.
+    var sequence: UInt64 { get }
+    /// The whole state as the peer copies it.
+    func replicatedSnapshot(now: UInt64) -> [ReplicatedEntry]
+    /// Passive: replaces the whole state with the peer's snapshot (as of `sequence`).
+    func install(_ snapshot: [ReplicatedEntry], sequence: UInt64, now: UInt64)
+    /// Passive: applies one of the peer's changes; false when it does not follow the last
+    /// one (a gap: the link asks for a snapshot).
+    func applyReplicated(_ item: ReplicatedEntry, now: UInt64) -> Bool
 }

@@ -1,4 +1,5 @@
 import BusProtocol
+import Contracts
 import ZeroMQ
 
 /// Who sent a message, as far as the kernel can tell from its ZAP user id.
@@ -57,7 +58,7 @@ struct StateAccess {
     let owners: [String: String]
     /// The same prefixes as bytes, for keys the state holds as bytes.
     private let writablePrefixFrames: [Frame]
-    private static let kernelPrefix = Frame("/kernel/")
+    private static let kernelPrefix = Frame(KernelAPI.StateKeys.prefix)
 
     init(configuration: KernelConfiguration) {
         writablePrefixes = configuration.collectorWritablePrefixes

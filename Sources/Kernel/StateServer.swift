@@ -13,7 +13,7 @@ import ZeroMQ
 /// two). Every HUGZ counts the updates published under each topic, so a subscriber for
 /// which the XPUB dropped some (it fell behind) knows how many. Sequence numbers start from the wall clock in microseconds, so they keep growing
 /// across kernel restarts as long as fewer than a million updates a second are published.
-final class StateServer {
+final class StateServer: PairReplica {
     struct Entry {
         var sequence: UInt64
         var value: Frame
@@ -37,9 +37,9 @@ final class StateServer {
 
     let configuration: KernelConfiguration
     let logger: Logger
-    /// Sends on the snapshot ROUTER and on the publisher XPUB.
-    var sendSnapshot: (Message) -> Void = { _ in }
-    var publish: (Message) -> Void = { _ in }
+    /// Messages for the snapshot ROUTER and for the publisher XPUB: taken after each call.
+    let snapshots = Outbox()
+    let publisher = Outbox()
 
     /// Keyed by the key's bytes, as the KVSET carried them: no string is built per update.
     private(set) var entries: [Frame: Entry] = [:]
@@ -66,8 +66,14 @@ final class StateServer {
     /// Something was published since the last HUGZ: send one at the next tick.
     private var countsDue = false
     /// The kernel's pair, if it has one: changes go to the peer before they are published,
-    /// and only the active kernel changes the state itself.
-    var pair: PairLink?
+    /// and only the active kernel changes the state itself. Joined once, as the kernel
+    /// starts (the link refers back to this server without owning it).
+    private(set) var pair: PairLink?
+
+    func join(_ pair: PairLink) {
+        precondition(self.pair == nil, "a state server joins one pair")
+        self.pair = pair
+    }
     /// Whether this kernel makes changes (alone, or as the active one of its pair); a
     /// passive one only applies its peer's.
     private var authoritative: Bool { pair?.isActive ?? true }
@@ -180,7 +186,7 @@ final class StateServer {
         if let pair {
             pair.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
                                            quotaOwner: quotaOwner, expiresIn: ttl?.nanoseconds))
-            pair.afterReplication(of: sequence) { [self] in emit(update, key: key) }
+            if !pair.hold(.publish(update, key: key), until: sequence) { emit(update, key: key) }
         } else {
             emit(update, key: key)
         }
@@ -188,8 +194,8 @@ final class StateServer {
     }
 
     /// Publishes an update and counts it under its topics (for the next HUGZ).
-    private func emit(_ update: Message, key: Frame) {
-        publish(update)
+    func emit(_ update: Message, key: Frame) {
+        publisher.send(update)
         for index in topics.indices where key.hasPrefix(topics[index].prefix) { topics[index].published &+= 1 }
         countsDue = true
     }
@@ -306,9 +312,9 @@ final class StateServer {
         }
         let subtree = Frame(request.subtree)
         for (key, entry) in entries where key.hasPrefix(subtree) {
-            sendSnapshot(CHP.kvsync(KVEntry(key: key.string ?? "", sequence: entry.sequence, value: entry.value), to: request.client))
+            snapshots.send(CHP.kvsync(KVEntry(key: key.string ?? "", sequence: entry.sequence, value: entry.value), to: request.client))
         }
-        sendSnapshot(CHP.kthxbai(sequence: sequence, subtree: request.subtree, to: request.client))
+        snapshots.send(CHP.kthxbai(sequence: sequence, subtree: request.subtree, to: request.client))
     }
 
     /// One page of the entries under `prefix` whose keys sort after `after` (by bytes): at
@@ -375,7 +381,7 @@ final class StateServer {
             published[topics[index].prefix.string ?? ""] = topics[index].published
             topics[index].sent = topics[index].published
         }
-        publish(CHP.hugz(published: published))
+        publisher.send(CHP.hugz(published: published))
         lastHugz = now
         countsDue = false
     }

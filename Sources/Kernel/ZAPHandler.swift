@@ -17,8 +17,8 @@ final class ZAPHandler {
     let security: KernelSecurity
     let logger: Logger
     private(set) var refused = 0
-    /// Sends a reply on the handler's socket.
-    var send: (Message) -> Void = { _ in }
+    /// Replies for the handler's socket: taken after each request.
+    let outbox = Outbox()
 
     /// The kernel's public key: the pair's peer holds the same key pair.
     private let ownPublicKey: String?
@@ -30,7 +30,7 @@ final class ZAPHandler {
     }
 
     func handle(_ request: Message) {
-        if let reply = answer(request) { send(reply) }
+        if let reply = answer(request) { outbox.send(reply) }
     }
 
     /// The reply to one request as a ROUTER receives it: [peer, empty, version, id,

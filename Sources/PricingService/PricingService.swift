@@ -276,7 +276,7 @@ public actor PricingService: BusService, ServiceWork {
         value["previousTotal"] = previous?.total.flatMap { try? JSONValue(encoding: $0) } ?? .null
         value["pricedAt"] = .string(Timestamp.format(Date()))
         do {
-            _ = try await publisher.set("/pricing/route/current", .object(value))
+            _ = try await publisher.set(PricingAPI.StateKeys.routeCurrent, .object(value))
         } catch {
             logger.warning("cannot publish the current route", metadata: ["problem": "\(error)"])
         }
@@ -315,7 +315,7 @@ public actor PricingService: BusService, ServiceWork {
     private func publishDealOfTheDay() async {
         guard let publisher, let deal = try? today(PricingAPI.Today()), deal != publishedDeal else { return }
         do {
-            _ = try await publisher.set("/pricing/deal/today", deal)
+            _ = try await publisher.set(PricingAPI.StateKeys.dealToday, deal)
             publishedDeal = deal
         } catch {
             logger.warning("cannot publish the deal of the day", metadata: ["problem": "\(error)"])

@@ -307,11 +307,5 @@ struct StoredReplies: ReplyMemory {
     func remember(_ key: RequestKey, result: [UInt8]) async {}
 }
 
-/// The CHP keys the store publishes.
-enum Keys {
-    static let history = "/store/history"
-    static let articlePrefix = "/store/articles/"
-    static let sourcesSelected = "/store/sources/selected"
-    static let routeSelected = "/store/route/selected"
-    static func article(_ id: String) -> String { articlePrefix + id }
-}
+/// The CHP keys the store publishes (declared in its contract).
+typealias Keys = StoreAPI.StateKeys

@@ -11,6 +11,19 @@ public func monotonicNanoseconds() -> UInt64 {
     return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
 }
 
+/// Monotonic time in nanoseconds as the parts that keep deadlines read it (the kernel's
+/// broker, state server and pair link): the system's ``SystemClock``, or in a test one it
+/// moves by hand, so timing rules are checked in milliseconds with no sleeping.
+public protocol NanosecondClock: Sendable {
+    var now: UInt64 { get }
+}
+
+/// The monotonic clock of the system (``monotonicNanoseconds()``).
+public struct SystemClock: NanosecondClock {
+    public init() {}
+    public var now: UInt64 { monotonicNanoseconds() }
+}
+
 extension Duration {
     /// The duration in whole nanoseconds: 0 for a negative duration, and at most
     /// ``maxNanoseconds`` (about 146 years), so a deadline `now + duration.nanoseconds` on the

@@ -1,0 +1,246 @@
+import BusProtocol
+import Contracts
+import Logging
+import ZeroMQ
+
+/// Messages a kernel part has to send on one socket. The parts (broker, state server, pair
+/// link, ZAP handler) do no I/O of their own: they put what they send here and
+/// ``KernelParts`` writes it to the socket after each call into them, so a test drives a
+/// part with a clock of its own and reads what it sent, with no sockets at all.
+final class Outbox {
+    private(set) var messages: [Message] = []
+
+    func send(_ message: Message) { messages.append(message) }
+
+    var isEmpty: Bool { messages.isEmpty }
+
+    /// Hands every message to `deliver` in order, including those sent while delivering (a
+    /// failed send can make the broker re-dispatch), and empties the box.
+    func drain(_ deliver: (Message) -> Void) {
+        var index = 0
+        while index < messages.count {
+            deliver(messages[index])
+            index += 1
+        }
+        messages.removeAll(keepingCapacity: true)
+    }
+
+    /// Takes the messages (tests).
+    func take() -> [Message] {
+        defer { messages.removeAll(keepingCapacity: true) }
+        return messages
+    }
+}
+
+/// Which client requests this kernel serves now: the one rule, asked by the broker before a
+/// request goes anywhere. A kernel alone serves everything. Of a pair, any kernel answers
+/// questions about itself (8/MMI, and the `kernel` service's methods other than the state's);
+/// a request for a service, or for the state, only the active one, and asking is what makes
+/// a passive kernel whose peer is gone take over (Binary Star).
+struct Admission {
+    let pair: PairLink?
+
+    func admits(service: String, body: [Frame], now: UInt64) -> Bool {
+        guard let pair, !pair.isActive, !MMI.isManagement(service) else { return true }
+        if service == KernelAPI.service, !(body.count == 1 && Self.readsOrWritesState(body[0])) { return true }
+        return pair.admitsClient(now: now)
+    }
+
+    /// Why a request was refused (answered -32008).
+    var refusal: String { pair?.refusal ?? "" }
+
+    /// Whether a `kernel` request body calls a state method.
+    private static func readsOrWritesState(_ body: Frame) -> Bool {
+        JSONRPC.parseRequests(body.bytes).requests.contains { stateMethods.contains($0.method) }
+    }
+    private static let stateMethods: Set<String> = [KernelAPI.stateSet.name, KernelAPI.statePublish.name, KernelAPI.stateGet.name]
+}
+
+/// The kernel's parts on its loop thread, and the one place they meet: each socket's
+/// messages go to its part, and after every call what the parts sent or told is carried
+/// out (messages to their sockets, events to the part that acts on them). Built once the
+/// sockets are bound; the sockets' handlers and timers hold it weakly, so a stopped kernel
+/// frees it with everything it holds.
+final class KernelParts {
+    /// The sockets, bound and configured by ``Kernel/start()``.
+    struct Sockets {
+        var zap: ZMQSocket?
+        var router: ZMQSocket
+        var snapshot: ZMQSocket
+        var publisher: ZMQSocket
+        var collector: ZMQSocket
+        /// Of a pair: where the peer sends, where this kernel sends, and optionally a
+        /// DEALER to the peer's broker (asked whether the peer still serves; not yet connected).
+        var pair: (listener: ZMQSocket, sender: ZMQSocket, peerBroker: ZMQSocket?)?
+    }
+
+    let broker: Broker
+    let state: StateServer
+    let pair: PairLink?
+    let zap: ZAPHandler?
+    let clock: any NanosecondClock
+    private let configuration: KernelConfiguration
+    /// Answers the `kernel` service's requests (the kernel owns these parts).
+    private weak let kernel: Kernel?
+    private var registrations: Registrations?
+    private var timers: [LoopTimer] = []
+
+    private struct Registrations {
+        var zap: SocketRegistration?
+        var router: SocketRegistration
+        var snapshot: SocketRegistration
+        var publisher: SocketRegistration
+        var collector: SocketRegistration
+        var pairListener: SocketRegistration?
+        var pairSender: SocketRegistration?
+        var peerBroker: SocketRegistration?
+        var peerBrokerMonitor: SocketRegistration?
+
+        var all: [SocketRegistration] {
+            [zap, router, snapshot, publisher, collector, pairListener, pairSender, peerBroker, peerBrokerMonitor].compactMap { $0 }
+        }
+    }
+
+    init(kernel: Kernel, configuration: KernelConfiguration, instance: String, clock: any NanosecondClock, logger: Logger) {
+        self.kernel = kernel
+        self.configuration = configuration
+        self.clock = clock
+        let state = StateServer(configuration: configuration, logger: logger)
+        let pair = configuration.pair.map { PairLink(configuration: $0, instance: instance, replica: state, clock: clock, logger: logger) }
+        if let pair { state.join(pair) }
+        self.state = state
+        self.pair = pair
+        broker = Broker(configuration: configuration, logger: logger, admission: Admission(pair: pair))
+        zap = configuration.security.map { ZAPHandler(security: $0, logger: logger) }
+    }
+
+    /// Starts serving the sockets (on the loop thread).
+    func serve(_ sockets: Sockets, on loop: SocketLoop) throws {
+        func register(_ socket: ZMQSocket, _ handle: @escaping (KernelParts, Message) -> Void) -> SocketRegistration {
+            loop.register(socket) { [weak self] message in
+                guard let self else { return }
+                handle(self, message)
+                self.flush()
+            }
+        }
+        let router = register(sockets.router) { $0.broker.handle($1, now: $0.clock.now) }
+        router.dropsWhenPeerFull = true
+        router.onSendError = { [weak self] message, error in
+            guard let self, let peer = message.first else { return }
+            if error.isUnroutable {
+                broker.peerGone(peer, undelivered: message, now: clock.now)
+            } else if error.isWouldBlock {
+                broker.peerFull(peer, undelivered: message, now: clock.now)
+            }
+        }
+        var registrations = Registrations(
+            zap: sockets.zap.map { register($0) { $0.zap?.handle($1) } },
+            router: router,
+            snapshot: register(sockets.snapshot) { $0.state.snapshot($1) },
+            publisher: register(sockets.publisher) { $0.state.subscriptionChanged($1, now: $0.clock.now) },
+            collector: register(sockets.collector) { $0.state.collect($1, now: $0.clock.now) })
+        if let pair, let pairSockets = sockets.pair {
+            registrations.pairListener = register(pairSockets.listener) { $0.pair?.received($1, now: $0.clock.now) }
+            registrations.pairSender = register(pairSockets.sender) { _, _ in }
+            registrations.pairSender?.dropsWhenPeerFull = true
+            if let peerBroker = pairSockets.peerBroker {
+                let events = try connectionEvents(of: peerBroker, in: loop.context)
+                registrations.peerBrokerMonitor = register(events) { parts, message in
+                    guard let event = SocketEvent(message) else { return }
+                    if event.event.contains(.connected) { parts.pair?.peerBrokerConnected = true }
+                    if event.event.contains(.disconnected) { parts.pair?.peerBrokerConnected = false }
+                }
+                registrations.peerBroker = register(peerBroker) { parts, _ in parts.pair?.probeAnswered(now: parts.clock.now) }
+                registrations.peerBroker?.dropsWhenPeerFull = true
+                // Connected only now: its first connection is an event the monitor sees.
+                if let endpoint = pair.configuration.peerBroker { try peerBroker.connect(endpoint) }
+            }
+            repeatEvery(pair.configuration.heartbeatInterval, on: loop) { $0.pair?.tick(now: $0.clock.now) }
+        }
+        self.registrations = registrations
+        repeatEvery(configuration.heartbeatInterval, on: loop) { $0.broker.tick(now: $0.clock.now) }
+        var heap = HeapTrim()
+        repeatEvery(.seconds(1), on: loop) { parts in
+            parts.broker.releaseIdleQueues()
+            heap.releaseIfWorthIt()
+        }
+        let sweep = max(min(configuration.queueTimeout / 10, .milliseconds(100)), .milliseconds(5))
+        repeatEvery(sweep, on: loop) { parts in
+            let now = parts.clock.now
+            parts.broker.expireQueued(now: now)
+            parts.state.tick(now: now)
+        }
+    }
+
+    private func repeatEvery(_ interval: Duration, on loop: SocketLoop, _ body: @escaping (KernelParts) -> Void) {
+        timers.append(loop.scheduleRepeating(every: interval) { [weak self] in
+            guard let self else { return }
+            body(self)
+            self.flush()
+        })
+    }
+
+    /// Stops serving: the timers end and the sockets close (on the loop thread).
+    func close() {
+        for timer in timers { timer.cancel() }
+        timers.removeAll()
+        for registration in registrations?.all ?? [] { registration.close() }
+        registrations = nil
+    }
+
+    /// Carries out what the parts sent and told since the last call, until nothing is left
+    /// (an event can make a part send, a failed send can make the broker re-dispatch).
+    func flush() {
+        guard let registrations else { return }
+        repeat {
+            for event in broker.takeEvents() { handle(event) }
+            if let pair { for event in pair.takeEvents() { handle(event) } }
+            broker.outbox.drain { registrations.router.send($0) }
+            state.snapshots.drain { registrations.snapshot.send($0) }
+            state.publisher.drain { registrations.publisher.send($0) }
+            zap?.outbox.drain { registrations.zap?.send($0) }
+            pair?.outbox.drain { registrations.pairSender?.send($0) }
+            pair?.probes.drain { registrations.peerBroker?.send($0) }
+        } while !broker.events.isEmpty || !(pair?.events.isEmpty ?? true) || !broker.outbox.isEmpty
+    }
+
+    private func handle(_ event: Broker.Event) {
+        switch event {
+        case .kernelRequest(let client, let body, let peer):
+            kernel?.assumeIsolated { $0.answer(client: client, body: body, peer: peer) }
+        case .workersChanged(let service, let count):
+            setWorkers(service, count, now: clock.now)
+        }
+    }
+
+    private func handle(_ event: PairLink.Event) {
+        switch event {
+        case .becameActive:
+            // The kernel's own keys now say this kernel and the workers registered with it.
+            let now = clock.now
+            setInstance(now: now)
+            for (name, count) in broker.workerCounts { setWorkers(name, count, now: now) }
+        case .released(.publish(let update, let key)):
+            state.emit(update, key: key)
+        case .released(.reply(let client, let body)):
+            broker.replyFromKernel(to: client, body)
+        }
+    }
+
+    /// The `kernel` service's reply to `client`: of a pair, once the peer holds every change
+    /// made so far (a write is acknowledged only then).
+    func reply(to client: Frame, _ body: [UInt8]) {
+        if let pair, pair.hold(.reply(client: client, body: body), until: state.sequence) { return }
+        broker.replyFromKernel(to: client, body)
+    }
+
+    func setInstance(now: UInt64) {
+        guard let kernel else { return }
+        state.set(KernelAPI.StateKeys.instance, value: Frame(JSONValue.object(["instance": .string(kernel.instance)]).jsonBytes), now: now)
+    }
+
+    private func setWorkers(_ name: String, _ count: Int, now: UInt64) {
+        let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
+        state.set(KernelAPI.StateKeys.service(name), value: Frame(value.jsonBytes), now: now)
+    }
+}

@@ -1,0 +1,218 @@
+import BusProtocol
+import Contracts
+import Foundation
+@testable import Kernel
+import Logging
+import Synchronization
+import Testing
+import ZeroMQ
+
+/// A clock the test moves: the kernel's parts read it and nothing else, so a timing rule is
+/// checked by moving it past the deadline, in no time at all.
+final class ManualClock: NanosecondClock {
+    private let nanoseconds = Atomic<UInt64>(1_000_000_000)
+    var now: UInt64 { nanoseconds.load(ordering: .relaxed) }
+    func advance(_ duration: Duration) { nanoseconds.add(duration.nanoseconds, ordering: .relaxed) }
+}
+
+private let quiet = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+
+/// A worker's and a client's frames as the broker's ROUTER receives them.
+private func fromWorker(_ id: String, _ command: WorkerToBroker) -> Message { Message([Frame(id)] + MDP.encode(command).frames) }
+private func fromClient(_ id: String, _ service: String, _ body: String) -> Message {
+    Message([Frame(id)] + MDP.request(service: service, body: [Frame(body)]).frames)
+}
+
+/// What the broker sent to each peer, decoded: a worker's commands and a client's replies.
+private struct Sent {
+    var toWorkers: [(worker: String, command: BrokerToWorker)] = []
+    var toClients: [(client: String, body: String)] = []
+    init(_ messages: [Message]) {
+        for message in messages {
+            let peer = message[0].string ?? ""
+            let rest = Message(Array(message.frames.dropFirst()))
+            if let command = try? MDP.decodeAtWorker(rest) {
+                toWorkers.append((peer, command))
+            } else if let reply = try? MDP.decodeAtClient(rest) {
+                toClients.append((peer, reply.body.first?.string ?? ""))
+            }
+        }
+    }
+    var requests: [(worker: String, body: String)] {
+        toWorkers.compactMap { if case .request(_, let body) = $0.command { ($0.worker, body.first?.string ?? "") } else { nil } }
+    }
+}
+
+@Suite("Kernel timing rules, driven by a clock the test moves (no sockets, no sleeping)")
+struct KernelTimingTests {
+    var configuration: KernelConfiguration {
+        var configuration = KernelConfiguration()
+        configuration.heartbeatInterval = .milliseconds(500)  // worker_expiry: 3 heartbeats
+        configuration.heartbeatLiveness = 3
+        configuration.queueTimeout = .seconds(2)
+        configuration.hugzInterval = .seconds(1)
+        return configuration
+    }
+
+    @Test("a worker silent for worker_expiry is removed at the next tick, and its request goes to another worker")
+    func workerExpiry() {
+        let clock = ManualClock()
+        let broker = Broker(configuration: configuration, logger: quiet)
+        broker.handle(fromWorker("A", .ready(service: "svc", window: 1)), now: clock.now)
+        broker.handle(fromClient("C", "svc", #"{"jsonrpc":"2.0","id":1,"method":"m"}"#), now: clock.now)
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["A"])
+        broker.handle(fromWorker("B", .ready(service: "svc", window: 1)), now: clock.now)
+
+        // B heartbeats, A does not: one millisecond before its expiry A is still there...
+        clock.advance(.milliseconds(1499))
+        broker.handle(fromWorker("B", .heartbeat(errors: nil)), now: clock.now)
+        broker.tick(now: clock.now)
+        #expect(broker.workers.count == 2)
+        #expect(Sent(broker.outbox.take()).requests.isEmpty)
+        // ...and at it, A is gone and B has the request.
+        clock.advance(.milliseconds(1))
+        broker.tick(now: clock.now)
+        #expect(broker.workers.count == 1)
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["B"])
+        #expect(broker.services["svc"]?.stats.redispatched == 1)
+        #expect(broker.takeEvents().contains { if case .workersChanged("svc", 1) = $0 { true } else { false } })
+    }
+
+    @Test("a request nobody takes is answered -32001 once queue_timeout has passed, not a millisecond before")
+    func queueTimeout() throws {
+        let clock = ManualClock()
+        let broker = Broker(configuration: configuration, logger: quiet)
+        broker.handle(fromClient("C", "nobody", #"{"jsonrpc":"2.0","id":7,"method":"m"}"#), now: clock.now)
+        clock.advance(.milliseconds(1999))
+        broker.expireQueued(now: clock.now)
+        #expect(broker.outbox.take().isEmpty)
+        clock.advance(.milliseconds(1))
+        broker.expireQueued(now: clock.now)
+        let replies = Sent(broker.outbox.take()).toClients
+        #expect(replies.count == 1)
+        let reply = try JSONValue(parsing: Array(replies[0].body.utf8))
+        #expect(reply["id"]?.intValue == 7)
+        #expect(reply["error"]?["code"]?.intValue == Int64(JSONRPCError.serviceUnavailableCode))
+    }
+
+    @Test("a worker that dies holding a request hands it on once, then the client hears -32012 (max_deliveries 2)")
+    func redeliveryLimit() throws {
+        let clock = ManualClock()
+        let broker = Broker(configuration: configuration, logger: quiet)
+        broker.handle(fromClient("C", "svc", #"{"jsonrpc":"2.0","id":3,"method":"crash"}"#), now: clock.now)
+        for worker in ["A", "B"] {
+            broker.handle(fromWorker(worker, .ready(service: "svc", window: 1)), now: clock.now)
+            #expect(Sent(broker.outbox.take()).requests.map(\.worker) == [worker])
+            broker.peerGone(Frame(worker), now: clock.now)
+        }
+        let replies = Sent(broker.outbox.take()).toClients
+        #expect(replies.count == 1)
+        #expect(try JSONValue(parsing: Array(replies[0].body.utf8))["error"]?["code"]?.intValue == Int64(JSONRPCError.handlerDiedCode))
+    }
+
+    @Test("a key with a ttl is deleted (and the deletion published) at its expiry; HUGZ go out every hugz_interval")
+    func ttlAndHugz() throws {
+        let clock = ManualClock()
+        let state = StateServer(configuration: configuration, logger: quiet)
+        state.set("/client/x", value: Frame("1"), ttl: TimeToLive(seconds: 2), now: clock.now)
+        _ = state.publisher.take()
+        clock.advance(.milliseconds(1999))
+        state.tick(now: clock.now)
+        #expect(state.entries[Frame("/client/x")] != nil)
+        clock.advance(.milliseconds(1))
+        state.tick(now: clock.now)
+        #expect(state.entries[Frame("/client/x")] == nil)
+        let published = try state.publisher.take().map { try CHP.decodeUpdate($0) }
+        let deletions = published.compactMap { if case .entry(let entry) = $0, entry.key == "/client/x" { entry } else { nil } }
+        #expect(deletions.count == 1 && deletions[0].value.isEmpty)
+
+        // Nothing published since: the next HUGZ waits the whole interval.
+        clock.advance(.milliseconds(999))
+        state.tick(now: clock.now)
+        #expect(state.publisher.take().isEmpty)
+        clock.advance(.milliseconds(1))
+        state.tick(now: clock.now)
+        let hugz = try state.publisher.take().map { try CHP.decodeUpdate($0) }
+        #expect(hugz.count == 1)
+        if case .hugz = hugz.first {} else { Issue.record("expected a HUGZ, got \(hugz)") }
+    }
+
+    @Test("of a pair: the backup copies the active peer's state, refuses clients while the peer is heard, and takes over when a client comes after two silent heartbeats")
+    func failover() throws {
+        let clock = ManualClock()
+        var configuration = configuration
+        configuration.pair = PairConfiguration(role: .backup, listen: "inproc://unused-listen", peer: "inproc://unused-peer",
+                                               heartbeatInterval: .milliseconds(200))
+        let state = StateServer(configuration: configuration, logger: quiet)
+        let pair = PairLink(configuration: configuration.pair!, instance: "backup", replica: state, clock: clock, logger: quiet)
+        state.join(pair)
+        let admission = Admission(pair: pair)
+        func heartbeat(_ peerState: PairState, sequence: UInt64) -> Message {
+            let body: JSONValue = ["state": .string(peerState.rawValue), "role": "primary", "instance": "primary",
+                                   "sequence": .int(Int64(sequence)), "synced": true]
+            return Message([Frame("peer"), PairWire.header, PairWire.state, Frame(body.jsonBytes)])
+        }
+        // The primary is active: the backup becomes passive and asks for the state.
+        pair.received(heartbeat(.active, sequence: state.sequence), now: clock.now)
+        #expect(pair.state == .passive)
+        #expect(pair.outbox.take().contains { $0.count >= 2 && $0[1] == PairWire.snapshotRequest })
+        pair.received(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(state.sequence), CHP.sequenceFrame(0)]),
+                      now: clock.now)
+        #expect(pair.holdsState)
+        #expect(!admission.admits(service: "svc", body: [], now: clock.now))
+        // Questions about the kernel itself are answered by either.
+        #expect(admission.admits(service: KernelAPI.service, body: [Frame(#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)], now: clock.now))
+
+        // 399 ms of silence: still the peer's.
+        clock.advance(.milliseconds(399))
+        #expect(!admission.admits(service: "svc", body: [], now: clock.now))
+        #expect(pair.state == .passive)
+        // 400 ms (two heartbeats): the next client makes it take over.
+        clock.advance(.milliseconds(1))
+        #expect(admission.admits(service: "svc", body: [], now: clock.now))
+        #expect(pair.state == .active)
+        #expect(pair.takeEvents().contains { if case .becameActive = $0 { true } else { false } })
+    }
+
+    @Test("a stopped kernel is freed, with its broker, state server and pair link")
+    func stoppedKernelIsFreed() async throws {
+        weak var weakKernel: Kernel?
+        let parts = WeakParts()
+        let context = try ZMQContext()
+        do {
+            var configuration = KernelConfiguration()
+            configuration.brokerEndpoint = "inproc://freed-broker"
+            configuration.snapshotEndpoint = "inproc://freed-snapshot"
+            configuration.publisherEndpoint = "inproc://freed-publisher"
+            configuration.collectorEndpoint = "inproc://freed-collector"
+            configuration.pair = PairConfiguration(role: .primary, listen: "inproc://freed-pair", peer: "inproc://freed-peer")
+            let kernel = try Kernel(configuration: configuration, context: context, logger: quiet)
+            try await kernel.start()
+            await kernel.note(parts)
+            weakKernel = kernel
+            await kernel.stop()
+        }
+        #expect(parts.noted)
+        #expect(weakKernel == nil)
+        #expect(parts.parts == nil)
+        #expect(parts.state == nil)
+        #expect(parts.pair == nil)
+    }
+}
+
+/// Weak references to a kernel's parts, taken on its loop.
+final class WeakParts: @unchecked Sendable {
+    weak var parts: KernelParts?
+    weak var state: StateServer?
+    weak var pair: PairLink?
+    var noted = false
+}
+
+extension Kernel {
+    func note(_ weak: WeakParts) {
+        weak.parts = parts
+        weak.state = parts?.state
+        weak.pair = parts?.pair
+        weak.noted = parts?.pair != nil
+    }
+}
