@@ -89,7 +89,7 @@ let package = Package(
         .target(
             name: "Kernel",
             dependencies: [
-                "BusProtocol", "ContractKit", "Contracts", "ZeroMQ", "CZeroMQ",
+                "BusProtocol", "ContractKit", "Contracts", "SwitchboardConfig", "ZeroMQ", "CZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
@@ -102,17 +102,25 @@ let package = Package(
         .target(
             name: "BusKit",
             dependencies: [
-                "BusProtocol", "ContractKit", "Contracts", "ZeroMQ",
+                "BusProtocol", "ContractKit", "Contracts", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: sharedSettings
         ),
-        // Config/switchboard.yaml: parsing and strict checking.
+        // Reading a configuration file: YAML, SWITCHBOARD_* overrides, checked values with
+        // errors that name the key. Knows no module's settings: each module reads its own section.
         .target(
             name: "SwitchboardConfig",
-            dependencies: ["BusKit", "BusProtocol", "Kernel", "Catalog", .product(name: "Yams", package: "Yams")],
+            dependencies: [.product(name: "Yams", package: "Yams")],
+            swiftSettings: sharedSettings
+        ),
+        // Config/switchboard.yaml as a whole: every module's section, and where each piece
+        // finds the kernels. For the `switchboard` executable.
+        .target(
+            name: "Deployment",
+            dependencies: ["BusKit", "BusProtocol", "FetcherService", "Gateway", "Kernel", "StoreService", "Supervisor", "SwitchboardConfig"],
             swiftSettings: sharedSettings
         ),
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
@@ -139,7 +147,7 @@ let package = Package(
         .target(
             name: "FetcherService",
             dependencies: [
-                "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "ZeroMQ",
+                "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -152,7 +160,7 @@ let package = Package(
         .target(
             name: "StoreService",
             dependencies: [
-                "ContractKit", "Contracts", "BusKit", "BusProtocol",
+                "ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -204,7 +212,7 @@ let package = Package(
             dependencies: [
                 "ContractKit", "Contracts",
                 "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Supervisor",
-                "Gateway",
+                "Gateway", "Deployment",
                 "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -290,7 +298,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SwitchboardConfigTests",
-            dependencies: ["SwitchboardConfig", "BusKit", "Kernel", "Catalog", "ZeroMQ"],
+            dependencies: ["Deployment", "SwitchboardConfig", "BusKit", "FetcherService", "Gateway", "Kernel", "Catalog", "StoreService", "Supervisor", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -4,6 +4,7 @@ import Foundation
 import Gateway
 import Logging
 import ServiceLifecycle
+import Deployment
 import SwitchboardConfig
 import ZeroMQ
 

@@ -3,6 +3,7 @@ import Foundation
 import Kernel
 import Logging
 import ServiceLifecycle
+import Deployment
 import SwitchboardConfig
 import ZeroMQ
 

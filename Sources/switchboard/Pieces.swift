@@ -10,6 +10,7 @@ import PricingService
 import SearchService
 import ServiceLifecycle
 import StoreService
+import Deployment
 import SwitchboardConfig
 import ZeroMQ
 

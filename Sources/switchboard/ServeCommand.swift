@@ -4,6 +4,7 @@ import BusProtocol
 import Foundation
 import Logging
 import ServiceLifecycle
+import Deployment
 import SwitchboardConfig
 import ZeroMQ
 

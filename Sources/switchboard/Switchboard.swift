@@ -3,6 +3,7 @@ import ContractKit
 import Foundation
 public import Logging
 import Supervisor
+import Deployment
 import SwitchboardConfig
 
 @main

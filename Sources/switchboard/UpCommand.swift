@@ -7,6 +7,7 @@ import Kernel
 import Logging
 import ServiceLifecycle
 import Supervisor
+import Deployment
 import SwitchboardConfig
 import ZeroMQ
 #if canImport(Glibc)

@@ -1,5 +1,6 @@
 import FetcherService
 import StoreService
+import Deployment
 import SwitchboardConfig
 
 // The configuration file knows no service; here its settings become the services' own

@@ -1,5 +1,11 @@
 import Foundation
 import Kernel
+import Catalog
+import Deployment
+import FetcherService
+import Gateway
+import StoreService
+import Supervisor
 import SwitchboardConfig
 import Testing
 import BusKit

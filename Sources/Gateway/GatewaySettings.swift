@@ -1,0 +1,122 @@
+public import SwitchboardConfig
+import Foundation
+
+/// The HTTP gateway (`switchboard gateway`, started by `switchboard up`).
+public struct GatewaySettings: Sendable, Equatable {
+    public var enabled = true
+    public var host = "127.0.0.1"
+    public var port = 8080
+    /// The largest request body `POST /rpc` accepts (bigger: 413, -32010).
+    public var maxBodyBytes = 1 << 20
+    /// The key prefixes the gateway follows for `/events` (one kernel subscription).
+    public var prefixes = [""]
+    /// Changes kept, so that a reconnecting browser gets exactly what it missed: at most
+    /// this many, and this many bytes of keys and values (the oldest go first).
+    public var history = 10_000
+    public var historyBytes = 8 << 20
+    /// Bytes of events one stream may have waiting (its reader slow) beyond its opening
+    /// snapshot before it is cut; the browser reconnects and resumes from its last id.
+    public var streamBacklogBytes = 4 << 20
+    /// The largest response body `POST /rpc` sends; past it the results that do not fit are
+    /// answered -32010 (a batch), or the response is (a single request).
+    public var maxResponseBytes = 16 << 20
+    /// A comment line on every event stream this often, for proxies.
+    public var heartbeat: Duration = .seconds(15)
+    public var requestTimeout: Duration = .seconds(10)
+    /// Bearer tokens; none: every caller is let in (only without CURVE; with CURVE on,
+    /// `switchboard up` makes one in the key folder when none is configured).
+    public var tokens: [GatewayToken] = []
+    /// Origins that may call from a browser page of their own (none: no CORS headers).
+    public var corsOrigins: [String] = []
+    public var logLevel: String?
+
+    public init() {}
+
+    /// The token file `switchboard up` makes when CURVE is on and no token is configured.
+    public static let defaultTokenFile = "gateway.token"
+}
+
+/// One bearer token the gateway accepts, and what it allows.
+public struct GatewayToken: Sendable, Equatable {
+    public var token: String
+    /// Services it may call ("*": any).
+    public var services: [String]
+    /// Key prefixes it may write with `kernel` `state.set` (none: no writes).
+    public var writablePrefixes: [String]
+    /// Key prefixes it may stream from `/events` (nil: all the gateway follows).
+    public var readablePrefixes: [String]?
+
+    public init(token: String, services: [String] = ["*"], writablePrefixes: [String] = [], readablePrefixes: [String]? = nil) {
+        self.token = token
+        self.services = services
+        self.writablePrefixes = writablePrefixes
+        self.readablePrefixes = readablePrefixes
+    }
+
+    public func allows(service: String) -> Bool { services.contains("*") || services.contains(service) }
+
+    /// Whether it may stream the keys under `prefix`.
+    public func mayRead(_ prefix: String) -> Bool { readablePrefixes.map { $0.contains { prefix.hasPrefix($0) } } ?? true }
+}
+
+extension GatewaySettings {
+    public static let schema = ConfigSchema.values([
+        "enabled", "listen", "max_body_bytes", "prefixes", "history", "history_bytes", "stream_backlog_bytes", "max_response_bytes",
+        "heartbeat_seconds", "request_timeout_ms", "tokens", "cors_origins", "log_level",
+    ])
+
+    /// Reads `gateway:` over the defaults.
+    public init(reading gateway: ConfigSection) throws(ConfigError) {
+        self.init()
+        if let value = try gateway.bool("enabled") { enabled = value }
+        if let value = try gateway.hostAndPort("listen") { (host, port) = value }
+        if let value = try gateway.integer("max_body_bytes", atMost: 1 << 30) { maxBodyBytes = value }
+        if let value = try gateway.strings("prefixes") {
+            guard !value.isEmpty else { throw ConfigError(path: gateway.path("prefixes"), problem: "expected at least one key prefix (\"\" for every key)") }
+            prefixes = value
+        }
+        if let value = try gateway.integer("history", atMost: 10_000_000) { history = value }
+        if let value = try gateway.integer("history_bytes", atMost: 1 << 40) { historyBytes = value }
+        if let value = try gateway.integer("stream_backlog_bytes", atMost: 1 << 40) { streamBacklogBytes = value }
+        if let value = try gateway.integer("max_response_bytes", atMost: 1 << 31) { maxResponseBytes = value }
+        if let value = try gateway.seconds("heartbeat_seconds") { heartbeat = value }
+        if let value = try gateway.milliseconds("request_timeout_ms") { requestTimeout = value }
+        if let value = try gateway.strings("cors_origins") { corsOrigins = value }
+        logLevel = try gateway.logLevel("log_level")
+        if let value = gateway.values["tokens"] { tokens = try Self.tokens(value, gateway.path("tokens")) }
+    }
+
+    /// `gateway.tokens`: a list of {token | token_file, services, writable_prefixes}.
+    static func tokens(_ value: Any, _ path: String) throws(ConfigError) -> [GatewayToken] {
+        guard let list = value as? [Any] else { throw ConfigError(path: path, problem: "expected a list of tokens, got \(ConfigSection.describe(value))") }
+        var result: [GatewayToken] = []
+        for (index, item) in list.enumerated() {
+            let here = "\(path)[\(index)]"
+            let map = try ConfigSection.mapping(item, here)
+            for key in map.keys where !["token", "token_file", "services", "writable_prefixes", "readable_prefixes"].contains(key) {
+                throw ConfigError(path: "\(here).\(key)", problem: "unknown key; expected one of readable_prefixes, services, token, token_file, writable_prefixes")
+            }
+            var token: String
+            switch (map["token"], map["token_file"]) {
+            case (let text as String, nil):
+                token = text
+            case (nil, let file as String):
+                do {
+                    token = try String(contentsOfFile: file, encoding: .utf8)
+                } catch {
+                    throw ConfigError(path: "\(here).token_file", problem: "cannot read \(file): \(error.localizedDescription)")
+                }
+            default:
+                throw ConfigError(path: here, problem: "give token (the text) or token_file (a file holding it), one of the two")
+            }
+            token = token.trimmingCharacters(in: .whitespacesAndNewlines)
+            guard token.count >= 16 else { throw ConfigError(path: here, problem: "a token must be at least 16 characters") }
+            let entry = ConfigSection(path: here, values: map)
+            let services = try entry.strings("services") ?? ["*"]
+            let prefixes = try entry.strings("writable_prefixes") ?? []
+            let readable = try entry.strings("readable_prefixes")
+            result.append(GatewayToken(token: token, services: services, writablePrefixes: prefixes, readablePrefixes: readable))
+        }
+        return result
+    }
+}

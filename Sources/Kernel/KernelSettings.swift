@@ -1,0 +1,67 @@
+public import SwitchboardConfig
+
+extension KernelConfiguration {
+    /// The keys of `kernel:` (the kernel's log level is the deployment's business, read there).
+    public static let schema = ConfigSchema.values([
+        "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
+        "max_message_size", "no_retry", "writable_prefixes", "log_level",
+        "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog", "subscriber_timeout_ms",
+        "state_max_value_bytes", "max_batch_items", "max_deliveries", "client_share_percent",
+        "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
+    ])
+
+    /// Reads `kernel:` over the defaults (every key optional).
+    public init(reading kernel: ConfigSection) throws(ConfigError) {
+        self.init()
+        if let value = try kernel.endpoint("broker") { brokerEndpoint = value }
+        if let value = try kernel.endpoint("snapshot") { snapshotEndpoint = value }
+        if let value = try kernel.endpoint("publisher") { publisherEndpoint = value }
+        if let value = try kernel.endpoint("collector") { collectorEndpoint = value }
+        if let value = try kernel.milliseconds("heartbeat_ms", atMost: ConfigSection.Limit.hourMilliseconds) { heartbeatInterval = value }
+        if let value = try kernel.integer("liveness", atMost: 1_000) { heartbeatLiveness = value }
+        if let value = try kernel.milliseconds("queue_timeout_ms") { queueTimeout = value }
+        if let value = try kernel.integer("max_message_size", atMost: 1 << 30) { maxMessageSize = value }
+        if let value = try kernel.integer("max_queued", atMost: 10_000_000) { maxQueuedPerService = value }
+        if let value = try kernel.integer("max_queued_bytes", atMost: 1 << 40) { maxQueuedBytes = value }
+        if let value = try kernel.integer("max_services", atMost: 1_000_000) { maxServices = value }
+        if let value = try kernel.integer("peer_backlog", atMost: Int(Int32.max)) { peerBacklog = value }
+        if let value = try kernel.integer("subscriber_backlog", atMost: Int(Int32.max)) { subscriberBacklog = value }
+        if let value = try kernel.milliseconds("subscriber_timeout_ms") { subscriberTimeout = value }
+        if let value = try kernel.integer("state_max_value_bytes", atMost: 1 << 30) { stateMaxValueBytes = value }
+        if let value = try kernel.integer("client_share_percent", atMost: 100) { clientSharePercent = value }
+        if let value = try kernel.integer("max_deliveries", atMost: 100) { maxDeliveries = value }
+        if let value = try kernel.integer("max_batch_items", atMost: 100_000) { maxBatchItems = value }
+        if let value = try kernel.integer("state_max_keys", atMost: 100_000_000) { stateMaxKeys = value }
+        if let value = try kernel.integer("state_max_bytes", atMost: 1 << 40) { stateMaxBytes = value }
+        if let value = try kernel.integer("client_state_max_keys", atMost: 100_000_000) { clientStateMaxKeys = value }
+        if let value = try kernel.integer("client_state_max_bytes", atMost: 1 << 40) { clientStateMaxBytes = value }
+        if let value = try kernel.strings("no_retry") { nonRetriableServices = Set(value) }
+        if let prefixes = try kernel.strings("writable_prefixes") {
+            guard prefixes.allSatisfy({ $0.hasPrefix("/") }) else {
+                throw ConfigError(path: kernel.path("writable_prefixes"), problem: "expected key prefixes starting with '/'")
+            }
+            collectorWritablePrefixes = prefixes
+        }
+    }
+}
+
+extension PairConfiguration {
+    /// The keys of `pair:` this kernel reads (`peer_broker` and `peer_state` say where
+    /// clients find the peer: the deployment reads them too).
+    public static let schema = ConfigSchema.values(["role", "listen", "peer", "peer_broker", "peer_state", "heartbeat_ms"])
+
+    /// Reads `pair:`; role, listen, peer and peer_broker are required.
+    public init(reading pair: ConfigSection) throws(ConfigError) {
+        let why = "is required in a pair (role, listen, peer, peer_broker)"
+        _ = try pair.required("role", why)
+        guard let role = try? pair.choice("role", ["primary", "backup"]).flatMap(Role.init(rawValue:)) else {
+            throw pair.refuse("role", expected: "primary or backup")
+        }
+        _ = try pair.required("listen", why)
+        _ = try pair.required("peer", why)
+        _ = try pair.required("peer_broker", why)
+        self.init(role: role, listen: try pair.endpoint("listen")!, peer: try pair.endpoint("peer")!)
+        if let value = try pair.milliseconds("heartbeat_ms", atMost: ConfigSection.Limit.hourMilliseconds) { heartbeatInterval = value }
+        peerBroker = try pair.endpoint("peer_broker")
+    }
+}
