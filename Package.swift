@@ -43,11 +43,13 @@ let package = Package(
         // libzmq through its system headers; see the module map for why no pkg-config.
         .systemLibrary(
             name: "CZeroMQ",
+            path: "Sources/Bus/CZeroMQ",
             providers: [.apt(["libzmq3-dev"])]
         ),
         // Frame and Message: the bytes of multipart messages, with no sockets and no libzmq.
         .target(
             name: "Frames",
+            path: "Sources/Bus/Frames",
             swiftSettings: sharedSettings
         ),
         // A safe Swift layer over libzmq, and the bridge between sockets and async code.
@@ -57,6 +59,7 @@ let package = Package(
                 "CZeroMQ", "Frames",
                 .product(name: "DequeModule", package: "swift-collections"),
             ],
+            path: "Sources/Bus/ZeroMQ",
             swiftSettings: sharedSettings
         ),
         // Encoders and strict decoders for 7/MDP, 8/MMI, 12/CHP and JSON-RPC 2.0, over
@@ -64,6 +67,7 @@ let package = Package(
         .target(
             name: "BusProtocol",
             dependencies: ["Frames"],
+            path: "Sources/Bus/BusProtocol",
             swiftSettings: sharedSettings
         ),
         // How a service states its methods: typed params and results, JSON Schema generated
@@ -76,6 +80,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
             ],
+            path: "Sources/Bus/ContractKit",
             swiftSettings: sharedSettings
         ),
         // Every service's contract (kernel, echo, store, fetcher, search, pricing): the one
@@ -83,18 +88,20 @@ let package = Package(
         .target(
             name: "Contracts",
             dependencies: ["BusProtocol", "ContractKit"],
+            path: "Sources/Bus/Contracts",
             swiftSettings: sharedSettings
         ),
         // The kernel: Majordomo broker, CHP state server and the built-in `kernel` service.
         .target(
             name: "Kernel",
             dependencies: [
-                "BusProtocol", "ContractKit", "Contracts", "SwitchboardConfig", "ZeroMQ", "CZeroMQ",
+                "BusProtocol", "ContractKit", "Contracts", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
+            path: "Sources/Bus/Kernel",
             swiftSettings: sharedSettings
         ),
         // The runtime every client and service uses: BusClient, Subscription, ServiceHost,
@@ -107,6 +114,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
+            path: "Sources/Bus/BusKit",
             swiftSettings: sharedSettings
         ),
         // Reading a configuration file: YAML, SWITCHBOARD_* overrides, checked values with
@@ -114,6 +122,7 @@ let package = Package(
         .target(
             name: "SwitchboardConfig",
             dependencies: [.product(name: "Yams", package: "Yams")],
+            path: "Sources/Bus/SwitchboardConfig",
             swiftSettings: sharedSettings
         ),
         // Config/switchboard.yaml as a whole: every module's section, and where each piece
@@ -121,18 +130,21 @@ let package = Package(
         .target(
             name: "Deployment",
             dependencies: ["BusKit", "BusProtocol", "FetcherService", "Gateway", "Kernel", "StoreService", "Supervisor", "SwitchboardConfig"],
+            path: "Sources/Operations/Deployment",
             swiftSettings: sharedSettings
         ),
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
         .target(
             name: "Supervisor",
-            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
+            path: "Sources/Operations/Supervisor",
             swiftSettings: sharedSettings
         ),
         // A service that answers with what it is sent: for tests, benchmarks and trying the bus.
         .target(
             name: "EchoService",
             dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol"],
+            path: "Sources/Services/EchoService",
             swiftSettings: sharedSettings
         ),
         // The five apps' data: models, tolerant-but-strict decoders, and the bundled copies
@@ -140,6 +152,7 @@ let package = Package(
         .target(
             name: "Catalog",
             dependencies: ["BusProtocol", .product(name: "Crypto", package: "swift-crypto")],
+            path: "Sources/Services/Catalog",
             resources: [.copy("Resources")],
             swiftSettings: sharedSettings
         ),
@@ -154,6 +167,7 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
+            path: "Sources/Services/FetcherService",
             swiftSettings: sharedSettings
         ),
         // The `store` service: history, saved articles, selections and dataset snapshots in SQLite.
@@ -166,12 +180,14 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ],
+            path: "Sources/Services/StoreService",
             swiftSettings: sharedSettings
         ),
         // Following the fetcher's `/catalog/*`: services that keep their own copies of datasets.
         .target(
             name: "CatalogFeed",
             dependencies: ["Contracts", "BusKit", "BusProtocol", "Catalog", .product(name: "Logging", package: "swift-log")],
+            path: "Sources/Services/CatalogFeed",
             swiftSettings: sharedSettings
         ),
         // The `search` service: in-memory indexes over the catalog, rebuilt when it changes.
@@ -181,6 +197,7 @@ let package = Package(
                 "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
                 .product(name: "Logging", package: "swift-log"),
             ],
+            path: "Sources/Services/SearchService",
             swiftSettings: sharedSettings
         ),
         // The `pricing` service: round-trip quotes, the current route, deals.
@@ -190,6 +207,7 @@ let package = Package(
                 "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
                 .product(name: "Logging", package: "swift-log"),
             ],
+            path: "Sources/Services/PricingService",
             swiftSettings: sharedSettings
         ),
         // The HTTP edge: JSON-RPC over POST, state as Server-Sent Events with resume, metrics,
@@ -197,12 +215,13 @@ let package = Package(
         .target(
             name: "Gateway",
             dependencies: [
-                "ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig",
+                "ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
+            path: "Sources/Operations/Gateway",
             resources: [.copy("Resources")],
             swiftSettings: sharedSettings
         ),
@@ -210,7 +229,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "ContractKit", "Contracts",
+                "BusProtocol", "ContractKit", "Contracts",
                 "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Supervisor",
                 "Gateway", "Deployment",
                 "SwitchboardConfig", "ZeroMQ",
@@ -218,6 +237,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
+            path: "Sources/Programs/switchboard",
             swiftSettings: sharedSettings
         ),
         // `sb`, the client CLI: links BusKit, not the services.
@@ -228,13 +248,15 @@ let package = Package(
                 "BusKit", "BusProtocol", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
+            path: "Sources/Programs/sb",
             swiftSettings: sharedSettings
         ),
         // Helpers for tests: in-process kernels, free ports, child processes, bounded waits, a
         // bus with a store and a fetcher over files.
         .target(
             name: "SwitchboardTestSupport",
-            dependencies: ["ContractKit", "Contracts", "Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService"],
+            dependencies: ["Contracts", "Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService"],
+            path: "Sources/Tools/SwitchboardTestSupport",
             swiftSettings: sharedSettings
         ),
         // Benchmarks that print figures (release build): `swift run -c release switchboard-bench`.
@@ -248,37 +270,43 @@ let package = Package(
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
-            path: "Sources/Benchmarks",
+            path: "Sources/Tools/Benchmarks",
             swiftSettings: sharedSettings
         ),
         // The decoders of untrusted input as fuzz targets, and libFuzzer's driver entry.
         .target(
             name: "FuzzTargets",
             dependencies: ["BusProtocol", "Catalog", "Contracts", "Kernel", "ZeroMQ", .product(name: "Logging", package: "swift-log")],
+            path: "Sources/Tools/FuzzTargets",
             swiftSettings: sharedSettings
         ),
-        .target(name: "CLibFuzzer"),
+        .target(name: "CLibFuzzer", path: "Sources/Tools/CLibFuzzer"),
         // `Scripts/fuzz`: libFuzzer over FuzzTargets (docs/FUZZING.md).
         .executableTarget(
             name: "switchboard-fuzz",
             dependencies: ["FuzzTargets", "CLibFuzzer"],
-            path: "Sources/Fuzz",
+            path: "Sources/Tools/Fuzz",
             swiftSettings: sharedSettings
         ),
         // The metal the kernel is measured against: a raw libzmq broker, echo workers and
         // pipelining clients in C (`switchboard-bench kernel` runs them beside the kernel).
         .executableTarget(
             name: "zmq-baseline",
-            path: "Sources/ZMQBaseline",
+            path: "Sources/Tools/ZMQBaseline",
             linkerSettings: [.linkedLibrary("zmq"), .linkedLibrary("pthread")]
         ),
         // Soak and chaos over a whole `switchboard up`: `Scripts/soak`.
         .executableTarget(
             name: "switchboard-soak",
-            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "Supervisor", "SwitchboardTestSupport",
+            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "Supervisor", "SwitchboardTestSupport", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
-            path: "Sources/Soak",
+            path: "Sources/Tools/Soak",
+            swiftSettings: sharedSettings
+        ),
+        // docs/ARCHITECTURE.md, Package.swift and the imports agree (reads files; links nothing).
+        .testTarget(
+            name: "ArchitectureTests",
             swiftSettings: sharedSettings
         ),
         .testTarget(

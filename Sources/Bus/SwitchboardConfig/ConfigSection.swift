@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 
 /// One mapping of the file (`kernel:`, `services.store:`, the top level), as the module that
 /// owns it reads it: each accessor checks a value's type and range and throws a

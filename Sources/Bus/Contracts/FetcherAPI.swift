@@ -43,7 +43,7 @@ public enum FetcherAPI {
         public var origin: String
         public var total: Int
         public var offset: Int
-        /// The dataset's records, normalised (Sources/Catalog/Models.swift).
+        /// The dataset's records, normalised (Sources/Services/Catalog/Models.swift).
         public var records: [JSONValue]
     }
 }

@@ -2,7 +2,6 @@ public import BusKit
 import BusProtocol
 import Foundation
 public import Logging
-public import SwitchboardConfig
 import Contracts
 #if canImport(Glibc)
 import Glibc

@@ -4,7 +4,6 @@ import Foundation
 import Hummingbird
 public import Logging
 public import ServiceLifecycle
-public import SwitchboardConfig
 public import ZeroMQ
 
 /// `switchboard gateway`: the bus over HTTP, for browsers, apps and operators.

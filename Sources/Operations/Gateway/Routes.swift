@@ -7,7 +7,6 @@ import HTTPTypes
 import Hummingbird
 import Logging
 import NIOCore
-import SwitchboardConfig
 import Synchronization
 
 /// The gateway's HTTP routes.

@@ -1,0 +1,110 @@
+import Foundation
+import Testing
+
+/// docs/ARCHITECTURE.md's table of modules, Package.swift and the imports in Sources/ must
+/// say the same thing, and the graph must keep the rules the page states.
+@Suite("Architecture: the page, the package and the imports agree")
+struct ArchitectureTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    struct Module: Equatable {
+        var folder: String
+        var imports: Set<String>
+    }
+
+    /// The table under "## Modules and their arrows".
+    static func page() throws -> [String: Module] {
+        let text = try String(contentsOf: root.appendingPathComponent("docs/ARCHITECTURE.md"), encoding: .utf8)
+        let section = try #require(text.components(separatedBy: "## Modules and their arrows").dropFirst().first)
+        var modules: [String: Module] = [:]
+        for line in section.components(separatedBy: "\n") where line.hasPrefix("| `") {
+            let cells = line.split(separator: "|").map { $0.trimmingCharacters(in: .whitespaces) }
+            guard cells.count == 3 else { continue }
+            let imports = cells[2] == "-" ? [] : Set(cells[2].components(separatedBy: ", "))
+            modules[cells[0].trimmingCharacters(in: CharacterSet(charactersIn: "`"))] = Module(folder: cells[1], imports: imports)
+        }
+        return modules
+    }
+
+    /// Every non-test target of Package.swift: its folder under Sources/ and its dependencies
+    /// on other targets.
+    static func package() throws -> [String: (path: String, dependencies: Set<String>)] {
+        let text = try String(contentsOf: root.appendingPathComponent("Package.swift"), encoding: .utf8)
+        var targets: [String: (String, Set<String>)] = [:]
+        let declarations = text.components(separatedBy: "\n        .").dropFirst()
+        let kinds = ["target(", "executableTarget(", "systemLibrary("]
+        for declaration in declarations where kinds.contains(where: declaration.hasPrefix) {
+            let name = try #require(declaration.firstMatch(of: /name: "([^"]+)"/)?.1).description
+            let path = try #require(declaration.firstMatch(of: /path: "([^"]+)"/)?.1, "\(name) has no path").description
+            var dependencies: Set<String> = []
+            if let list = declaration.firstMatch(of: /dependencies: \[([^\]]*)\]/)?.1 {
+                // Quoted names outside `.product(...)`: the package's own targets.
+                let withoutProducts = list.replacing(/\.product\([^)]*\)/, with: "")
+                for match in withoutProducts.matches(of: /"([^"]+)"/) { dependencies.insert(String(match.1)) }
+            }
+            targets[name] = (path, dependencies)
+        }
+        return targets
+    }
+
+    /// The modules the Swift files under `path` import.
+    static func imports(under path: String) throws -> Set<String> {
+        var found: Set<String> = []
+        let folder = root.appendingPathComponent(path)
+        let files = try #require(FileManager.default.enumerator(at: folder, includingPropertiesForKeys: nil))
+        for case let file as URL in files where file.pathExtension == "swift" {
+            for line in try String(contentsOf: file, encoding: .utf8).split(separator: "\n") {
+                if let match = line.firstMatch(of: /^\s*(?:@_exported\s+|@testable\s+)?(?:public\s+|internal\s+|package\s+)?import\s+(\w+)/) {
+                    found.insert(String(match.1))
+                }
+            }
+        }
+        return found
+    }
+
+    @Test("every target is on the page, in the folder it names, with the same arrows as Package.swift and its imports")
+    func arrowsAgree() throws {
+        let page = try Self.page()
+        let package = try Self.package()
+        #expect(Set(page.keys) == Set(package.keys), "targets on the page and in Package.swift differ")
+        for (name, target) in package.sorted(by: { $0.key < $1.key }) {
+            guard let module = page[name] else { continue }
+            #expect(target.path.hasPrefix("Sources/\(module.folder)/"), "\(name) is in \(target.path), the page says Sources/\(module.folder)")
+            #expect(target.dependencies.subtracting([name]) == module.imports,
+                    "\(name): Package.swift depends on \(target.dependencies.sorted()), the page says \(module.imports.sorted())")
+            let imported = try Self.imports(under: target.path).intersection(package.keys)
+            #expect(imported == module.imports, "\(name) imports \(imported.sorted()), the page says \(module.imports.sorted())")
+        }
+    }
+
+    @Test("a module imports only from its own folder or those above it; nothing imports the tools")
+    func layers() throws {
+        let order = ["Bus", "Services", "Operations", "Programs", "Tools"]
+        let page = try Self.page()
+        for (name, module) in page {
+            let level = try #require(order.firstIndex(of: module.folder), "\(name): unknown folder \(module.folder)")
+            for dependency in module.imports {
+                let theirs = try #require(page[dependency].flatMap { order.firstIndex(of: $0.folder) })
+                #expect(theirs <= level, "\(name) (\(module.folder)) imports \(dependency) (\(order[theirs]))")
+                if module.folder != "Tools" { #expect(order[theirs] != "Tools", "\(name) imports the tool \(dependency)") }
+            }
+        }
+    }
+
+    @Test("the configuration module knows no module; the gateway does not reach the kernel; sb reaches no service; services do not import each other")
+    func rules() throws {
+        let page = try Self.page()
+        func reach(_ name: String) -> Set<String> {
+            var seen: Set<String> = [], queue = [name]
+            while let next = queue.popLast() {
+                for dependency in page[next]?.imports ?? [] where seen.insert(dependency).inserted { queue.append(dependency) }
+            }
+            return seen
+        }
+        #expect(page["SwitchboardConfig"]?.imports == [])
+        #expect(!reach("Gateway").contains("Kernel"))
+        let services: Set = ["EchoService", "FetcherService", "StoreService", "SearchService", "PricingService"]
+        #expect(reach("sb").isDisjoint(with: services.union(["Kernel"])))
+        for service in services { #expect(reach(service).isDisjoint(with: services), "\(service) imports another service") }
+    }
+}
