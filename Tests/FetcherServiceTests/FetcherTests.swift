@@ -55,6 +55,7 @@ struct FetcherBus {
     let kernel: TestKernel
     let storeHost: ServiceHost<StoreService>
     let fetcher: FetcherService
+    let work: Working
     let host: ServiceHost<FetcherService>
     let client: BusClient
     let folder: URL
@@ -88,8 +89,9 @@ struct FetcherBus {
             let fetcher = try await client.hasWorkers("fetcher")
             return store && fetcher
         }
-        await fetcher.start()
-        return FetcherBus(kernel: kernel, storeHost: storeHost, fetcher: fetcher, host: host, client: client, folder: folder)
+        let work = Working(fetcher)
+        await work.start()
+        return FetcherBus(kernel: kernel, storeHost: storeHost, fetcher: fetcher, work: work, host: host, client: client, folder: folder)
     }
 
     func entry(_ dataset: Dataset) async throws -> JSONValue {
@@ -116,7 +118,7 @@ struct FetcherBus {
     }
 
     func stop(keepKernel: Bool = false) async {
-        await fetcher.stop()
+        await work.stop()
         await host.stop()
         await storeHost.stop()
         await client.close()

@@ -16,6 +16,7 @@ struct PricingBus {
     let base: DatasetBus
     let pricing: PricingService
     let pricingHost: ServiceHost<PricingService>
+    let pricingWork: Working
     let catalog: Subscription
     var client: BusClient { base.client }
     var kernel: TestKernel { base.kernel }
@@ -28,9 +29,10 @@ struct PricingBus {
         let pricingHost = try ServiceHost(service: pricing, options: DatasetBus.hostOptions(base.kernel, connections: 2))
         try await pricingHost.start()
         try await base.waitForWorkers(["store", "pricing"])
-        await pricing.start()
+        let pricingWork = Working(pricing)
+        await pricingWork.start()
         try await base.startFetcher()
-        return PricingBus(base: base, pricing: pricing, pricingHost: pricingHost, catalog: catalog)
+        return PricingBus(base: base, pricing: pricing, pricingHost: pricingHost, pricingWork: pricingWork, catalog: catalog)
     }
 
     func request(_ method: String, _ params: JSONValue? = nil) async throws -> JSONValue {
@@ -48,7 +50,7 @@ struct PricingBus {
 
     /// Every process stopped; the kernel too unless kept.
     func stop(keepKernel: Bool = false) async {
-        await pricing.stop()
+        await pricingWork.stop()
         await catalog.cancel()
         await pricingHost.stop()
         await base.stop(keepKernel: keepKernel)

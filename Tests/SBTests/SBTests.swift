@@ -16,6 +16,7 @@ struct SBBus {
     let search: SearchService
     let pricing: PricingService
     let hosts: [any Sendable]
+    let works: [Working]
     let stops: [@Sendable () async -> Void]
     let catalog: Subscription
     let environment: [String: String]
@@ -32,11 +33,11 @@ struct SBBus {
         try await pricingHost.start()
         try await echoHost.start()
         try await base.waitForWorkers(["search", "pricing", "echo"])
-        await search.start()
-        await pricing.start()
+        let works = [Working(search), Working(pricing)]
+        for work in works { await work.start() }
         try await base.startFetcher()
         let endpoints = base.kernel.endpoints
-        return SBBus(base: base, search: search, pricing: pricing, hosts: [searchHost, pricingHost, echoHost],
+        return SBBus(base: base, search: search, pricing: pricing, hosts: [searchHost, pricingHost, echoHost], works: works,
                      stops: [{ await searchHost.stop() }, { await pricingHost.stop() }, { await echoHost.stop() }], catalog: catalog,
                      environment: ["SB_ENDPOINT": endpoints.broker,
                                    "SB_STATE_ENDPOINT": "\(endpoints.snapshot),\(endpoints.publisher),\(endpoints.collector)",
@@ -49,8 +50,7 @@ struct SBBus {
     }
 
     func stop() async {
-        await search.stop()
-        await pricing.stop()
+        for work in works { await work.stop() }
         await catalog.cancel()
         for stop in stops { await stop() }
         await base.stop()

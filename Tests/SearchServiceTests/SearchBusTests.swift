@@ -14,6 +14,7 @@ struct SearchBus {
     let base: DatasetBus
     let search: SearchService
     let searchHost: ServiceHost<SearchService>
+    let searchWork: Working
     let catalog: Subscription
     var client: BusClient { base.client }
 
@@ -24,9 +25,10 @@ struct SearchBus {
         let searchHost = try ServiceHost(service: search, options: DatasetBus.hostOptions(base.kernel, connections: 4))
         try await searchHost.start()
         try await base.waitForWorkers(["search"])
-        await search.start()
+        let searchWork = Working(search)
+        await searchWork.start()
         try await base.startFetcher()
-        return SearchBus(base: base, search: search, searchHost: searchHost, catalog: catalog)
+        return SearchBus(base: base, search: search, searchHost: searchHost, searchWork: searchWork, catalog: catalog)
     }
 
     func request(_ method: String, _ params: JSONValue? = nil) async throws -> JSONValue {
@@ -49,7 +51,7 @@ struct SearchBus {
     }
 
     func stop() async {
-        await search.stop()
+        await searchWork.stop()
         await catalog.cancel()
         await searchHost.stop()
         await base.stop()

@@ -105,7 +105,7 @@ struct PostgresFaultTests {
         // places left for writes in flight at the kill, which may or may not have been made).
         #expect(texts.isSuperset(of: (acknowledged + ["after"]).suffix(90)), "\(texts)")
 
-        await store.stop()
+        await store.finish()
         await host.stop()
         await client.close()
         await kernel.stop()

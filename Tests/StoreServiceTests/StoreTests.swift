@@ -21,6 +21,7 @@ struct StoreBus {
     let kernel: TestKernel
     let store: StoreService
     let host: ServiceHost<StoreService>
+    let work: Working
     let client: BusClient
     let publisherClient: BusClient
     let folder: URL
@@ -49,10 +50,11 @@ struct StoreBus {
         let host = try ServiceHost(service: store, options: options, onReregistered: { await store.republish() })
         await store.waitUntilReady()
         try await host.start()
-        await store.start()
+        let work = Working(store)
+        await work.start()
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(5))
         try await eventually(5, "store registered") { try await client.hasWorkers("store") }
-        return StoreBus(kernel: kernel, store: store, host: host, client: client, publisherClient: publisherClient, folder: folder,
+        return StoreBus(kernel: kernel, store: store, host: host, work: work, client: client, publisherClient: publisherClient, folder: folder,
                         backend: backend, postgres: postgres)
     }
 
@@ -75,7 +77,7 @@ struct StoreBus {
     /// Stops the store and the clients; the kernel (and the PostgreSQL server) too unless
     /// `keepKernel` (a restart of the store follows).
     func stop(keepKernel: Bool = false) async {
-        await store.stop()
+        await work.stop()
         await host.stop()
         await client.close()
         await publisherClient.close()
@@ -314,7 +316,7 @@ struct StoreDurabilityTests {
         // The kernel restarts: the store registers again and republishes its keys.
         await bus.kernel.stop()
         let restarted = try await bus.kernel.restarted()
-        bus = StoreBus(kernel: restarted, store: bus.store, host: bus.host, client: bus.client,
+        bus = StoreBus(kernel: restarted, store: bus.store, host: bus.host, work: bus.work, client: bus.client,
                        publisherClient: bus.publisherClient, folder: bus.folder, backend: bus.backend, postgres: bus.postgres)
         let client = bus.client
         try await eventually(15, "state republished to the new kernel") {

@@ -1,20 +1,48 @@
 public import ServiceLifecycle
 
-/// A service's work beside answering requests (following the catalog, publishing its
-/// state), as one part of its process's `ServiceGroup`: started when the group runs,
-/// stopped at graceful shutdown. The group lists a process's parts in dependency order
-/// (client, subscription, publisher, host, service) and stops them in reverse, so the
-/// work stops first and the client that carried it last.
+/// A service's work beside answering requests (following the catalog, refreshing, publishing
+/// its state), as one part of its process's `ServiceGroup`. The group lists a process's parts
+/// in dependency order (client, subscription, publisher, host, service) and stops them in
+/// reverse, so the work stops first and the client that carried it last.
+///
+/// Structured: ``work()`` runs as a child task of ``run()`` until graceful shutdown cancels
+/// it, and whatever it starts runs in task groups that end with it; nothing outlives the part.
 public protocol ServiceWork: Service, Actor {
-    func start() async
-    func stop() async
+    /// What must be done before the work starts, awaited (bringing back saved copies).
+    func prepare() async
+    /// The work itself: until cancelled (or done).
+    func work() async
+    /// After the work ended: releases what it held (HTTP clients, database connections).
+    func finish() async
 }
 
 extension ServiceWork {
+    public func prepare() async {}
+    public func finish() async {}
+
     public func run() async throws {
-        await start()
-        try? await gracefulShutdown()
-        await stop()
+        await prepare()
+        await withDiscardingTaskGroup { group in
+            group.addTask { await self.work() }
+            // Until graceful shutdown (or cancellation): then the work is cancelled, and the
+            // group waits for it to end.
+            try? await gracefulShutdown()
+            group.cancelAll()
+        }
+        await finish()
+    }
+
+    /// Runs the work around `body`, as ``run()`` does around a process's life: prepared
+    /// first, then cancelled, awaited and finished when `body` returns (tests, tools).
+    public func working<T: Sendable>(_ body: () async throws -> T) async throws -> T {
+        await prepare()
+        let result = await withDiscardingTaskGroup { group -> Result<T, any Error> in
+            group.addTask { await self.work() }
+            defer { group.cancelAll() }
+            do { return .success(try await body()) } catch { return .failure(error) }
+        }
+        await finish()
+        return try result.get()
     }
 }
 

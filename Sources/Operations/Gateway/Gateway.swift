@@ -86,35 +86,52 @@ public struct Gateway: Service {
         let settings = options.settings
         let feed = StateFeed(prefixes: settings.prefixes, history: settings.history, historyBytes: settings.historyBytes,
                              streamBacklogBytes: settings.streamBacklogBytes, logger: logger)
-        let following = Task { await feed.follow(subscription) }
-        let heartbeats = Task {
-            while !Task.isCancelled {
-                try? await Task.sleep(for: settings.heartbeat)
-                await feed.heartbeat()
+        // The gateway's work runs in this group and ends with it: following the state,
+        // heartbeats on the event streams, memory back after a burst (HeapTrim), and at
+        // graceful shutdown ending the streams (browsers reconnect to the next gateway).
+        try await withThrowingDiscardingTaskGroup { group in
+            group.addTask { await feed.follow(subscription) }
+            group.addTask {
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: settings.heartbeat)
+                    await feed.heartbeat()
+                }
             }
-        }
-        // Memory back to the system after a burst to slow streams (see HeapTrim).
-        let trimming = Task {
-            var heap = HeapTrim()
-            while !Task.isCancelled {
-                try? await Task.sleep(for: .seconds(1))
-                heap.releaseIfWorthIt()
+            group.addTask {
+                var heap = HeapTrim()
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: .seconds(1))
+                    heap.releaseIfWorthIt()
+                }
             }
+            await waitForState(feed)
+            let app = application(feed: feed, onListening: onListening)
+            group.addTask {
+                try? await gracefulShutdown()
+                await feed.closeAll()
+            }
+            try await app.run()
+            group.cancelAll()
         }
-        defer {
-            trimming.cancel()
-            heartbeats.cancel()
-            following.cancel()
-        }
-        // Until the kernel has answered with a snapshot there is nothing to serve; say so
-        // while waiting rather than sit silent.
-        let waitingNotice = Task { [logger] in
-            try await Task.sleep(for: .seconds(5))
-            logger.warning("waiting for the kernel's state at \(options.state.map(\.snapshot).joined(separator: " or ")) before listening on \(settings.host):\(settings.port)")
-        }
-        await feed.waitUntilSynced()
-        waitingNotice.cancel()
+    }
 
+    /// Until the kernel has answered with a snapshot there is nothing to serve; says so while
+    /// waiting rather than sit silent.
+    private func waitForState(_ feed: StateFeed) async {
+        let settings = options.settings, state = options.state, logger = self.logger
+        await withDiscardingTaskGroup { waiting in
+            waiting.addTask {
+                try? await Task.sleep(for: .seconds(5))
+                guard !Task.isCancelled else { return }
+                logger.warning("waiting for the kernel's state at \(state.map(\.snapshot).joined(separator: " or ")) before listening on \(settings.host):\(settings.port)")
+            }
+            await feed.waitUntilSynced()
+            waiting.cancelAll()
+        }
+    }
+
+    private func application(feed: StateFeed, onListening: @escaping @Sendable (Int) -> Void) -> some ApplicationProtocol {
+        let settings = options.settings
         let page: Page
         do {
             page = try Page.load()
@@ -124,17 +141,12 @@ public struct Gateway: Service {
             page = Page(files: [:])
         }
         let routes = Routes(options: options, client: client, feed: feed, page: page, logger: logger)
-        let app = Application(router: routes.router(),
+        return Application(router: routes.router(),
                               configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "switchboard-gateway"),
                               onServerRunning: { channel in
                                   let port = channel.localAddress?.port ?? settings.port
                                   onListening(port)
                               },
                               logger: logger)
-        try await withGracefulShutdownHandler {
-            try await app.run()
-        } onGracefulShutdown: {
-            Task { await feed.closeAll() }
-        }
     }
 }

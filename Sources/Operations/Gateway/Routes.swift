@@ -264,21 +264,27 @@ struct Routes: Sendable {
         var headers: HTTPFields = [.contentType: "text/event-stream", .cacheControl: "no-cache"]
         headers[HTTPField.Name("X-Accel-Buffering")!] = "no"
         return Response(status: .ok, headers: headers, body: ResponseBody { writer in
-            defer { Task { await feed.detach(id) } }
-            // A retry hint first, so a browser reconnects quickly after a cut.
-            try await writer.write(ByteBuffer(string: "retry: 1000\n\n"))
-            var written = 0
-            for await event in events {
-                try await writer.write(event.encoded)
-                backlog.add(-event.size)
-                written += 1
-                if written == 64 {
-                    await feed.sent(written)
-                    written = 0
+            // The stream leaves the feed however the writing ends (the browser gone included).
+            do {
+                // A retry hint first, so a browser reconnects quickly after a cut.
+                try await writer.write(ByteBuffer(string: "retry: 1000\n\n"))
+                var written = 0
+                for await event in events {
+                    try await writer.write(event.encoded)
+                    backlog.add(-event.size)
+                    written += 1
+                    if written == 64 {
+                        await feed.sent(written)
+                        written = 0
+                    }
                 }
+                await feed.sent(written)
+                try await writer.finish(nil)
+            } catch {
+                await feed.detach(id)
+                throw error
             }
-            await feed.sent(written)
-            try await writer.finish(nil)
+            await feed.detach(id)
         })
     }
 

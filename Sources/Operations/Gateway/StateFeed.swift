@@ -210,6 +210,7 @@ actor StateFeed {
     /// Opens a stream of the keys under `prefixes`: after `since` (a sequence this gateway
     /// sent) exactly the changes since, else (or when those are no longer all known) a
     /// `reset` and the snapshot; then `synced`, then live changes.
+    /// The caller detaches the stream when it stops reading it (``detach(_:)``).
     func attach(prefixes: [String], since: UInt64?) -> (id: UUID, events: AsyncStream<StreamEvent>, backlog: StreamBacklog) {
         var opening: [StreamEvent] = []
         let matches = { (key: String) in prefixes.contains { key.hasPrefix($0) } }
@@ -251,7 +252,6 @@ actor StateFeed {
             continuation.yield(event)
         }
         backlog.add(openingBytes)
-        continuation.onTermination = { [weak self] _ in Task { await self?.detach(id) } }
         if closed {
             continuation.finish()
             return (id, events, backlog)

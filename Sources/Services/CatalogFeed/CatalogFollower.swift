@@ -27,10 +27,10 @@ public actor CatalogFollower {
     private let currentVersion: CurrentVersion
     private let install: Install
     private let originChanged: OriginChanged
-    private var feed: Task<Void, Never>?
     /// The latest version the fetcher announced, per dataset.
     private var announced: [Dataset: String] = [:]
-    private var loaders: [Dataset: Task<Void, Never>] = [:]
+    /// Datasets being read now (each by one child task of ``follow(_:)``).
+    private var loading: Set<Dataset> = []
 
     public init(datasets: Set<Dataset>, client: BusClient, timeout: Duration = .seconds(10), logger: Logger,
                 currentVersion: @escaping CurrentVersion, install: @escaping Install,
@@ -44,35 +44,35 @@ public actor CatalogFollower {
         self.originChanged = originChanged
     }
 
-    /// Follows `catalog`, a subscription to `/catalog/` (the caller cancels it).
-    public func follow(_ catalog: Subscription) {
-        feed = Task { [weak self, logger] in
+    /// Follows `catalog`, a subscription to `/catalog/`, until it ends or the task is
+    /// cancelled; each dataset is read by a child task that ends with this call.
+    public func follow(_ catalog: Subscription) async {
+        await withDiscardingTaskGroup { group in
             do {
                 for try await event in catalog {
-                    if let update = event.update { await self?.announcement(update) }
+                    if let update = event.update, let dataset = await announcement(update) {
+                        group.addTask { await self.load(dataset) }
+                    }
                 }
             } catch where !Task.isCancelled {
                 logger.warning("the catalog subscription ended", metadata: ["problem": "\(error)"])
             } catch {}
+            group.cancelAll()
         }
     }
 
-    public func stop() {
-        feed?.cancel()
-        feed = nil
-        for loader in loaders.values { loader.cancel() }
-        loaders.removeAll()
-    }
-
-    private func announcement(_ update: StateUpdate) async {
+    /// Takes an announcement; returns the dataset to read when none is being read and the
+    /// version is new.
+    private func announcement(_ update: StateUpdate) async -> Dataset? {
         guard let value = update.json, let name = value["name"]?.stringValue, let dataset = Dataset(rawValue: name),
-              datasets.contains(dataset), let version = value["version"]?.stringValue else { return }
+              datasets.contains(dataset), let version = value["version"]?.stringValue else { return nil }
         announced[dataset] = version
         if currentVersion(dataset) == version, let origin = value["origin"]?.stringValue {
             await originChanged(dataset, version, origin)
         }
-        guard loaders[dataset] == nil, currentVersion(dataset) != version else { return }
-        loaders[dataset] = Task { await self.load(dataset) }
+        guard !loading.contains(dataset), currentVersion(dataset) != version else { return nil }
+        loading.insert(dataset)
+        return dataset
     }
 
     /// Loads `dataset` until the service has the version last announced.
@@ -98,7 +98,7 @@ public actor CatalogFollower {
                 try? await Task.sleep(for: delay)
             }
         }
-        loaders[dataset] = nil
+        loading.remove(dataset)
     }
 
     /// One dataset as read from the fetcher.

@@ -42,7 +42,6 @@ public actor FetcherService: BusService, ServiceWork {
     private var states: [Dataset: State] = [:]
     private var refreshes: [Dataset: Task<Void, Never>] = [:]
     private var queuedRefreshes: [Dataset: Task<Void, Never>] = [:]
-    private var schedules: [Task<Void, Never>] = []
     private var client: BusClient?
     private var publisher: StatePublisher?
 
@@ -70,27 +69,30 @@ public actor FetcherService: BusService, ServiceWork {
 
     /// Starts working on the bus: brings back the last good remote copies from the store,
     /// publishes every dataset, then refreshes each from its source now and on its schedule.
-    public func start() async {
+    public func prepare() async {
         await restoreFromStore()
-        // In the background: with the kernel slow to answer, publishing must not hold up
-        // the refreshes.
-        schedules.append(Task { [weak self] in await self?.republish() })
-        for dataset in Dataset.allCases {
-            guard let source = configuration.sources[dataset], source.url != nil else { continue }
-            let interval = source.refreshInterval
-            schedules.append(Task { [weak self] in
-                while !Task.isCancelled {
-                    await self?.refresh(dataset)
-                    try? await Task.sleep(for: interval)
+    }
+
+    public func work() async {
+        await withDiscardingTaskGroup { group in
+            // Beside the refreshes: with the kernel slow to answer, publishing must not hold
+            // them up.
+            group.addTask { await self.republish() }
+            for dataset in Dataset.allCases {
+                guard let source = configuration.sources[dataset], source.url != nil else { continue }
+                let interval = source.refreshInterval
+                group.addTask {
+                    while !Task.isCancelled {
+                        await self.refresh(dataset)
+                        try? await Task.sleep(for: interval)
+                    }
                 }
-            })
+            }
         }
     }
 
-    /// Stops refreshing and closes the HTTP client.
-    public func stop() async {
-        for task in schedules { task.cancel() }
-        schedules.removeAll()
+    /// Stops the refreshes still under way and closes the HTTP client.
+    public func finish() async {
         for task in refreshes.values { task.cancel() }
         for task in queuedRefreshes.values { task.cancel() }
         await downloader.shutdown()

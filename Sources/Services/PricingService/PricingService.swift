@@ -27,8 +27,6 @@ public actor PricingService: BusService, ServiceWork {
 
     private var client: BusClient?
     private var publisher: StatePublisher?
-    private var follower: CatalogFollower?
-    private var tasks: [Task<Void, Never>] = []
     /// The selection last read from or written to the store.
     private var knownSelection: Selection?
     /// What `/pricing/route/current` and `/pricing/deal/today` last carried.
@@ -65,32 +63,26 @@ public actor PricingService: BusService, ServiceWork {
     /// Starts working on the bus: follows the catalog, settles the current route (storing the
     /// cheapest on first run) and publishes it with the deal of the day, then the deal at
     /// each day change.
-    public func start() async {
+    public func work() async {
         guard let client, let catalog else { return }
         let follower = CatalogFollower(datasets: [.flights, .countries], client: client, timeout: busTimeout, logger: logger,
                                        currentVersion: { [weak self] dataset in self?.version(of: dataset) },
                                        install: { [weak self] content, version, _ in await self?.load(content, version: version) })
-        self.follower = follower
-        await follower.follow(catalog)
-        tasks.append(Task { [weak self] in await self?.settleCurrentRoute() })
-        tasks.append(Task { [weak self] in
-            await self?.publishDealOfTheDay()
-            while !Task.isCancelled {
-                try? await Task.sleep(for: Day.untilNextDay())
-                await self?.publishDealOfTheDay()
+        await withDiscardingTaskGroup { group in
+            group.addTask { await follower.follow(catalog) }
+            group.addTask { await self.settleCurrentRoute() }
+            group.addTask {
+                await self.publishDealOfTheDay()
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: Day.untilNextDay())
+                    await self.publishDealOfTheDay()
+                }
             }
-        })
+        }
     }
 
     /// The version of the copy of `dataset` held now.
     nonisolated func version(of dataset: Dataset) -> String? { versions.withLock { $0[dataset] } }
-
-    public func stop() async {
-        for task in tasks { task.cancel() }
-        tasks.removeAll()
-        await follower?.stop()
-        follower = nil
-    }
 
     /// Takes a new copy of the flights or the countries; re-prices the current route or
     /// re-publishes the deal of the day as needed. (Also for tests without a fetcher.)

@@ -22,7 +22,6 @@ public actor SearchService: BusService, ServiceWork {
     let logger: Logger
     nonisolated let indexes = IndexHolder()
     private var client: BusClient?
-    private var follower: CatalogFollower?
     /// How long a call to the store or the fetcher may take.
     let busTimeout: Duration
 
@@ -59,8 +58,8 @@ public actor SearchService: BusService, ServiceWork {
         return (places.label(found.index), found.km)
     }
 
-    /// Starts following the catalog.
-    public func start() async {
+    /// Follows the catalog until cancelled.
+    public func work() async {
         guard let client, let catalog else { return }
         let indexes = self.indexes
         let follower = CatalogFollower(datasets: Set(Dataset.allCases), client: client, timeout: busTimeout, logger: logger,
@@ -69,14 +68,7 @@ public actor SearchService: BusService, ServiceWork {
                                            indexes.rebuild(content, version: version, origin: origin)
                                        },
                                        originChanged: { dataset, version, origin in indexes.noteOrigin(origin, of: dataset, version: version) })
-        self.follower = follower
         await follower.follow(catalog)
-    }
-
-    /// Stops following the catalog (the subscription is a part of its own).
-    public func stop() async {
-        await follower?.stop()
-        follower = nil
     }
 
     // MARK: Methods

@@ -25,7 +25,9 @@ public actor StoreService: BusService, ServiceWork {
 
     private var publisher: StatePublisher?
     private var dirtyKeys: Set<String> = []
-    private var publishTask: Task<Void, Never>?
+    /// Told when keys are marked changed; ``work()`` publishes them (one signal stands for
+    /// any number: the keys are in `dirtyKeys`).
+    private let (changes, changed) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
 
     /// Where changes are published from ``start()`` on (nil: nowhere, for tests).
     private let statePublisher: StatePublisher?
@@ -57,9 +59,17 @@ public actor StoreService: BusService, ServiceWork {
         if let postgres = backend as? PostgresBackend { await postgres.waitUntilReady() }
     }
 
-    /// Publishes every key, then each change from now on.
-    public func start() async {
+    /// Publishes every key, then (``work()``) each change from now on.
+    public func prepare() async {
         await republish()
+    }
+
+    /// Publishes the keys marked changed, a batch at a time, until cancelled.
+    public func work() async {
+        for await _ in changes {
+            guard let publisher else { continue }
+            await publishChanges(through: publisher)
+        }
     }
 
     /// Publishes every key again (the kernel may be new: after it restarted).
@@ -70,9 +80,7 @@ public actor StoreService: BusService, ServiceWork {
     }
 
     /// Stops publishing and closes the database's connections (at shutdown).
-    public func stop() async {
-        publishTask?.cancel()
-        publishTask = nil
+    public func finish() async {
         publisher = nil
         if let postgres = backend as? PostgresBackend { await postgres.close() }
     }
@@ -241,8 +249,7 @@ public actor StoreService: BusService, ServiceWork {
     private func markChanged(_ keys: [String]) {
         guard !keys.isEmpty else { return }
         dirtyKeys.formUnion(keys)
-        guard let publisher, publishTask == nil else { return }
-        publishTask = Task { await self.publishChanges(through: publisher) }
+        changed.yield()
     }
 
     /// Publishes dirty keys, up to 200 in one batch to the kernel, each with its value as
@@ -280,7 +287,6 @@ public actor StoreService: BusService, ServiceWork {
             if failures == 1 { logger.warning("cannot publish changes yet", metadata: ["keys": "\(failed.count)", "problem": "\(problem)"]) }
             try? await Task.sleep(for: .milliseconds(min(2_000, 50 << min(failures, 6))))
         }
-        publishTask = nil
     }
 
     /// The published values of `keys` as the database holds them now (nil: deleted).

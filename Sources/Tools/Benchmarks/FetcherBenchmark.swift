@@ -42,7 +42,7 @@ struct FetcherBenchmark: AsyncParsableCommand {
                 let start = monotonicNanoseconds()
                 await fetcher.refresh(dataset)
                 times.append(Double(monotonicNanoseconds() - start) / 1e6)
-                await fetcher.stop()
+                await fetcher.finish()
             }
             let size = try dataset.bundledData().count
             rows.append(Row("\(dataset) (\(size / 1024) KiB)", note: String(format: "%.1f ms fetch + decode + publish", median(times))))
@@ -78,7 +78,7 @@ struct FetcherBenchmark: AsyncParsableCommand {
         rows.append(Row("fetch + decode + publish items, \(String(format: "%.0f", megabytesOfFile)) MB", note: String(
             format: "%.0f MB/s (%.2f s), peak memory +%.0f MB = %.1fx the file", megabytesOfFile / seconds, seconds,
             Double(peak) / 1e6, Double(peak) / Double(bytes.count))))
-        await fetcher.stop()
+        await fetcher.finish()
         await client.close()
         await kernel.stop()
         await server.stop()

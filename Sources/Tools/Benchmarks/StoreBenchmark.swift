@@ -56,7 +56,8 @@ struct StoreBenchmark: AsyncParsableCommand {
         await store.waitUntilReady()
         let host = try ServiceHost(service: store, options: .init(brokers: [endpoints.broker], connections: connections))
         try await host.start()
-        await store.start()
+        let work = Working(store)
+        await work.start()
         let probe = try await BusClient(brokers: [endpoints.broker])
         while !(try await probe.hasWorkers(StoreAPI.service)) { try await Task.sleep(for: .milliseconds(20)) }
         await probe.close()
@@ -87,7 +88,7 @@ struct StoreBenchmark: AsyncParsableCommand {
             _ = try await client.call(StoreAPI.sourcesSelected)
         }
         rows.append(Row("\(name): read (sources.selected), 8 clients x 8 in flight", rate: pipelined.rate, latencies: pipelined.latencies))
-        await store.stop()
+        await work.stop()
         await host.stop()
         await publisherClient.close()
         await kernel.stop()

@@ -16,6 +16,8 @@ public struct DatasetBus: Sendable {
     public let storeHost: ServiceHost<StoreService>
     public let fetcher: FetcherService
     public let fetcherHost: ServiceHost<FetcherService>
+    /// The fetcher's work, started by ``startFetcher()``.
+    public let fetcherWork: Working
     public let client: BusClient
     let datasets: [Dataset]
 
@@ -39,7 +41,7 @@ public struct DatasetBus: Sendable {
         let fetcher = FetcherService(configuration: configuration, environment: [:], client: client, publisher: StatePublisher(client: client))
         let fetcherHost = try ServiceHost(service: fetcher, options: hostOptions(kernel, connections: 2))
         try await fetcherHost.start()
-        return DatasetBus(kernel: kernel, folder: folder, storeHost: storeHost, fetcher: fetcher, fetcherHost: fetcherHost, client: client,
+        return DatasetBus(kernel: kernel, folder: folder, storeHost: storeHost, fetcher: fetcher, fetcherHost: fetcherHost, fetcherWork: Working(fetcher), client: client,
                           datasets: datasets)
     }
 
@@ -67,7 +69,7 @@ public struct DatasetBus: Sendable {
     /// that changes a file afterwards is then sure its refresh reads the new one).
     public func startFetcher() async throws {
         try await waitForWorkers([StoreAPI.service, FetcherAPI.service])
-        await fetcher.start()
+        await fetcherWork.start()
         let client = self.client
         let names = Set(datasets.map(\.rawValue))
         try await eventually(15, "the fetcher read every file") {
@@ -94,7 +96,7 @@ public struct DatasetBus: Sendable {
 
     /// Stops the fetcher, the store and the client; the kernel too unless kept.
     public func stop(keepKernel: Bool = false) async {
-        await fetcher.stop()
+        await fetcherWork.stop()
         await fetcherHost.stop()
         await storeHost.stop()
         await client.close()
