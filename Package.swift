@@ -321,7 +321,9 @@ let package = Package(
         ),
         .testTarget(
             name: "BusKitTests",
-            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ"],
+            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ",
+                           .product(name: "Logging", package: "swift-log"),
+                           .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -15,7 +15,8 @@ struct ArchitectureTests {
     /// The table under "## Modules and their arrows".
     static func page() throws -> [String: Module] {
         let text = try String(contentsOf: root.appendingPathComponent("docs/ARCHITECTURE.md"), encoding: .utf8)
-        let section = try #require(text.components(separatedBy: "## Modules and their arrows").dropFirst().first)
+        let after = try #require(text.components(separatedBy: "## Modules and their arrows").dropFirst().first)
+        let section = after.components(separatedBy: "\n## ").first ?? after
         var modules: [String: Module] = [:]
         for line in section.components(separatedBy: "\n") where line.hasPrefix("| `") {
             let cells = line.split(separator: "|").map { $0.trimmingCharacters(in: .whitespaces) }
@@ -106,5 +107,26 @@ struct ArchitectureTests {
         let services: Set = ["EchoService", "FetcherService", "StoreService", "SearchService", "PricingService"]
         #expect(reach("sb").isDisjoint(with: services.union(["Kernel"])))
         for service in services { #expect(reach(service).isDisjoint(with: services), "\(service) imports another service") }
+    }
+
+    @Test("an unstructured task starts only where the page's table of task sites names the file")
+    func taskSites() throws {
+        let text = try String(contentsOf: Self.root.appendingPathComponent("docs/ARCHITECTURE.md"), encoding: .utf8)
+        let after = try #require(text.components(separatedBy: "## Where tasks start").dropFirst().first)
+        let section = after.components(separatedBy: "\n## ").first ?? after
+        let named = Set(section.matches(of: /\| `([A-Za-z]+\/[A-Za-z]+\.swift)` \|/).map { String($0.1) })
+        for folder in ["Bus", "Services", "Operations", "Programs"] {
+            let base = Self.root.appendingPathComponent("Sources/\(folder)")
+            let files = try #require(FileManager.default.enumerator(at: base, includingPropertiesForKeys: nil))
+            for case let file as URL in files where file.pathExtension == "swift" {
+                let lines = try String(contentsOf: file, encoding: .utf8).split(separator: "\n")
+                let starts = lines.filter { line in
+                    !line.trimmingCharacters(in: .whitespaces).hasPrefix("//")
+                        && (line.contains(/(^|[^A-Za-z.])Task \{/) || line.contains("Task.detached") || line.contains(/(^|[^A-Za-z.])Task\(/))
+                }
+                let name = file.deletingLastPathComponent().lastPathComponent + "/" + file.lastPathComponent
+                #expect(starts.isEmpty || named.contains(name), "\(name) starts a task the page does not name: \(starts.first ?? "")")
+            }
+        }
     }
 }

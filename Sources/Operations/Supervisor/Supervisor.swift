@@ -42,7 +42,6 @@ public actor Supervisor {
         let piece: Piece
         var pid: pid_t?
         var restarts: [ContinuousClock.Instant] = []
-        var pendingRestart: Task<Void, Never>?
         /// What the kernel's state says of it (``SupervisorStatus``).
         var status: SupervisorStatus
         init(piece: Piece) {
@@ -66,6 +65,17 @@ public actor Supervisor {
     private var phase = Phase.starting
     private var shutdownWaiter: CheckedContinuation<Void, Never>?
     private var exitStatus: Int32 = 0
+
+    /// What happens while ``run(onUp:)`` runs, handled by its task group in order: a
+    /// process exited (told by its watcher thread), a restart or a status report to make
+    /// later or beside the rest, a shutdown asked for (told by a signal handler).
+    enum Event: Sendable {
+        case exited(name: String, pid: pid_t, reason: ExitReason)
+        case restart(name: String, after: Duration)
+        case report(key: String, value: JSONValue)
+        case shutdown
+    }
+    private let (events, eventQueue) = AsyncStream.makeStream(of: Event.self)
 
     /// - Parameters:
     ///   - executable: the `switchboard` binary.
@@ -92,6 +102,41 @@ public actor Supervisor {
     /// Starts everything, calls `onUp` once all registered, and supervises until shutdown.
     /// Returns the exit status: 0 after a clean shutdown.
     public func run(onUp: @Sendable ([(name: String, pid: Int32)]) -> Void) async -> Int32 {
+        await withDiscardingTaskGroup(returning: Int32.self) { group in
+            group.addTask { await self.handleEvents() }
+            let status = await supervise(onUp: onUp)
+            // Pending restarts and reports end with the events.
+            eventQueue.finish()
+            return status
+        }
+    }
+
+    /// Handles ``Event``s until the queue ends; delayed restarts and reports run as child
+    /// tasks, cancelled when it ends.
+    private func handleEvents() async {
+        await withDiscardingTaskGroup { group in
+            for await event in events {
+                switch event {
+                case .exited(let name, let pid, let reason):
+                    exited(name, pid: pid, reason: reason)
+                case .restart(let name, let delay):
+                    group.addTask {
+                        try? await Task.sleep(for: delay)
+                        guard !Task.isCancelled else { return }
+                        await self.restart(name)
+                    }
+                case .report(let key, let value):
+                    guard let reporter else { continue }
+                    group.addTask { _ = try? await reporter.publish(key: key, value: value, asService: true) }
+                case .shutdown:
+                    shutdown()
+                }
+            }
+            group.cancelAll()
+        }
+    }
+
+    private func supervise(onUp: @Sendable ([(name: String, pid: Int32)]) -> Void) async -> Int32 {
         do {
             if let kernel {
                 try start(kernel)
@@ -124,8 +169,13 @@ public actor Supervisor {
         return exitStatus
     }
 
-    /// Begins the ordered shutdown (SIGINT/SIGTERM). A second request kills what is left.
-    public func requestShutdown() {
+    /// Begins the ordered shutdown (SIGINT/SIGTERM; callable from a signal handler). A
+    /// second request kills what is left.
+    public nonisolated func requestShutdown() {
+        eventQueue.yield(.shutdown)
+    }
+
+    private func shutdown() {
         if phase == .stopping {
             logger.warning("second signal: killing every process now")
             for child in children { if let pid = child.pid { kill(pid, SIGKILL) } }
@@ -150,11 +200,8 @@ public actor Supervisor {
         child.status = SupervisorStatus(name: child.piece.name, state: .running, pid: Int(pid), restarts: child.restarts.count,
                                         lastExit: child.status.lastExit)
         logger.info("started \(child.piece.name)", metadata: ["pid": "\(pid)"])
-        let name = child.piece.name
-        launcher.watch(pid) { [weak self] reason in
-            guard let self else { return }
-            Task { await self.exited(name, pid: pid, reason: reason) }
-        }
+        let name = child.piece.name, queue = eventQueue
+        launcher.watch(pid) { reason in queue.yield(.exited(name: name, pid: pid, reason: reason)) }
     }
 
     /// Waits until the kernel answers `ping`, or lists `workers` workers of a service.
@@ -252,23 +299,19 @@ public actor Supervisor {
         child.status = SupervisorStatus(name: child.piece.name, state: failing ? .failing : .restarting, restarts: recent,
                                         lastExit: reason.description, restartInSeconds: delay.seconds)
         report(child)
-        child.pendingRestart = Task {
-            try? await Task.sleep(for: delay)
-            self.restart(child)
-        }
+        eventQueue.yield(.restart(name: child.piece.name, after: delay))
     }
 
     /// Writes `child`'s status into the kernel's state; a kernel that is down (or is the one
     /// restarting) misses it, and the next change says it again.
     private func report(_ child: Child) {
-        guard let reporter, let value = try? JSONValue(encoding: child.status) else { return }
-        let key = SupervisorStatus.key(child.piece.name)
-        Task { _ = try? await reporter.publish(key: key, value: value, asService: true) }
+        guard reporter != nil, let value = try? JSONValue(encoding: child.status) else { return }
+        eventQueue.yield(.report(key: SupervisorStatus.key(child.piece.name), value: value))
     }
 
-    private func restart(_ child: Child) {
-        child.pendingRestart = nil
-        guard phase == .running, child.pid == nil else { return }
+    /// A restart that came due; nothing once stopping, or when the process is back already.
+    private func restart(_ name: String) {
+        guard phase == .running, let child = children.first(where: { $0.piece.name == name }), child.pid == nil else { return }
         do {
             try start(child)
             // A kernel that restarted lost the state where the others' statuses were.
@@ -284,10 +327,6 @@ public actor Supervisor {
     /// Services first, all at once (each drains its requests in flight), then the kernel.
     private func stopAll() async {
         phase = .stopping
-        for child in children {
-            child.pendingRestart?.cancel()
-            child.pendingRestart = nil
-        }
         await stop(services)
         if let kernel { await stop([kernel]) }
     }

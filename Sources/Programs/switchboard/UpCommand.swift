@@ -143,7 +143,7 @@ struct UpCommand: AsyncParsableCommand {
                 + (Self.runsGateway(file, noKernel: noKernel) ? [.init(name: "gateway", arguments: ["gateway"] + shared, workers: 0,
                                                  listensAt: (file.gateway.host, file.gateway.port))] : []),
             settings: file.supervisor, probe: probe, reporter: reporter, logger: logger)
-        let signals = Signals.forward { _ in Task { await supervisor.requestShutdown() } }
+        let signals = Signals.forward { _ in supervisor.requestShutdown() }
         let status = await supervisor.run { pids in
             Self.printBanner(file, pids: pids, services: services, singleProcess: false, remoteKernel: noKernel)
         }
@@ -165,6 +165,8 @@ struct UpCommand: AsyncParsableCommand {
             keys[name] = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: name) }
         }
         let kernel = try Kernel(configuration: configuration, context: context, logger: Logger(label: "switchboard.kernel"))
+        // Bound now, before the group, because the pieces below open their clients and
+        // subscriptions as they are made; serving and stopping are the group's (its first part).
         try await kernel.start()
         // Over inproc:// the pieces share the kernel's context (and with CURVE on, still use keys).
         let inproc = { (role: String) in "inproc://switchboard-\(role)" }
@@ -186,17 +188,12 @@ struct UpCommand: AsyncParsableCommand {
         }
         let logger = Logger(label: "switchboard.up")
         // A ServiceGroup stops its services in reverse order: the services first, the kernel last.
-        let group = ServiceGroup(services: pieces, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
-        let banner = Task {
-            let probe = try await BusClient(brokers: [inproc("broker")], context: context, timeout: .seconds(1), curve: keys[KeyFolder.client]!)
-            defer { Task { await probe.close() } }
-            for name in services {
-                while (try? await probe.hasWorkers(name)) != true { try await Task.sleep(for: .milliseconds(50)) }
-            }
+        let probe = try await BusClient(brokers: [inproc("broker")], context: context, timeout: .seconds(1), curve: keys[KeyFolder.client]!)
+        pieces.append(Banner(probe: probe, services: services) {
             Self.printBanner(file, pids: [("switchboard", getpid())], services: services, singleProcess: true, remoteKernel: false)
-        }
+        })
+        let group = ServiceGroup(services: pieces, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
-        banner.cancel()
         return 0
     }
 
@@ -258,4 +255,23 @@ struct UpCommand: AsyncParsableCommand {
 
     /// An endpoint a client can connect to: a wildcard or any-address host becomes loopback.
     static func connectable(_ endpoint: String) -> String { ConfigFile.connectable(endpoint) }
+}
+
+/// Prints the banner of `up` in one process once every service has its workers; a part of
+/// the process's `ServiceGroup` (the last), so it ends with it.
+private struct Banner: Service {
+    let probe: BusClient
+    let services: [String]
+    let show: @Sendable () -> Void
+
+    func run() async throws {
+        do {  // until cancelled (shutdown before every service came up: no banner)
+            for name in services {
+                while (try? await probe.hasWorkers(name)) != true { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            show()
+        } catch {}
+        try? await gracefulShutdown()
+        await probe.close()
+    }
 }

@@ -1,4 +1,4 @@
-import BusProtocol
+public import BusProtocol
 import Foundation
 
 extension Dataset {
@@ -227,5 +227,18 @@ extension Dataset {
         if let message = root["message"]?.stringValue { return " saying: \(message)" }
         if let error = root["error"]?.stringValue { return " saying: \(error)" }
         return ""
+    }
+}
+
+extension Dataset {
+    /// ``decode(_:)`` off the caller's actor (`@concurrent`: on the shared pool), so an actor
+    /// decoding a large file goes on serving meanwhile.
+    @concurrent
+    public func decodeConcurrently(_ body: [UInt8]) async throws(CatalogError) -> DecodedDataset { try decode(body) }
+
+    /// ``content(fromRecords:)`` off the caller's actor, likewise.
+    @concurrent
+    public func contentConcurrently(fromRecords records: [JSONValue]) async throws(CatalogError) -> DatasetContent {
+        try content(fromRecords: records)
     }
 }

@@ -82,8 +82,7 @@ public actor CatalogFollower {
             do {
                 let started = ContinuousClock.now
                 let copy = try await Self.read(dataset, through: client, timeout: timeout)
-                // Decoding a large dataset takes a while: off this actor.
-                let content = try await Task.detached { try dataset.content(fromRecords: copy.records) }.value
+                let content = try await dataset.contentConcurrently(fromRecords: copy.records)
                 await install(content, copy.version, copy.origin)
                 logger.info("dataset followed", metadata: ["dataset": "\(dataset)", "version": "\(copy.version)", "origin": "\(copy.origin)",
                                                            "records": "\(copy.records.count)", "took": "\((ContinuousClock.now - started).formatted)"])

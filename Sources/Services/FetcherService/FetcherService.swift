@@ -209,8 +209,7 @@ public actor FetcherService: BusService, ServiceWork {
             case .notModified:
                 states[dataset, default: State()].lastError = nil
             case .body(let bytes, let etag, let lastModified):
-                // Decoding a large file takes a while: off the actor.
-                let decoded = try await Task.detached { try dataset.decode(bytes) }.value
+                let decoded = try await dataset.decodeConcurrently(bytes)
                 let loaded = Loaded(content: decoded.content, dropped: decoded.dropped, version: Dataset.version(of: bytes), origin: .remote,
                                     fetchedAt: Date(), etag: etag, lastModified: lastModified)
                 states[dataset, default: State()].lastError = nil
@@ -262,7 +261,7 @@ public actor FetcherService: BusService, ServiceWork {
             guard let snapshot = try? await client.call(StoreAPI.snapshotsGet, StoreAPI.Name(name: dataset.rawValue), timeout: .seconds(5))
             else { continue }
             let bytes = Array(snapshot.body.utf8), version = snapshot.version
-            guard let decoded = try? await Task.detached(operation: { try dataset.decode(bytes) }).value else {
+            guard let decoded = try? await dataset.decodeConcurrently(bytes) else {
                 logger.warning("the store's copy does not decode; ignored", metadata: ["dataset": "\(dataset)"])
                 continue
             }

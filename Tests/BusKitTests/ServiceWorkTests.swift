@@ -1,0 +1,67 @@
+import BusKit
+import Logging
+import ServiceLifecycle
+import Testing
+
+/// A service's own work, recording what happened to it.
+private actor RecordingWork: ServiceWork {
+    private(set) var events: [String] = []
+    private var working: CheckedContinuation<Void, Never>?
+
+    func prepare() { events.append("prepare") }
+
+    func work() async {
+        events.append("work")
+        // A child task of the work, as a service's schedules are: it must end with it.
+        await withDiscardingTaskGroup { group in
+            group.addTask {
+                while !Task.isCancelled { try? await Task.sleep(for: .seconds(3600)) }
+                await self.note("child ended")
+            }
+            group.addTask { await self.started() }
+        }
+        events.append("work ended")
+    }
+
+    func finish() { events.append("finish") }
+
+    func note(_ event: String) { events.append(event) }
+
+    private func started() {
+        working?.resume()
+        working = nil
+    }
+
+    /// Returns once `work()` runs.
+    func waitUntilWorking() async {
+        if events.contains("work") { return }
+        await withCheckedContinuation { working = $0 }
+    }
+}
+
+@Suite("ServiceWork: a service's work lives inside its run()")
+struct ServiceWorkTests {
+    @Test("run() prepares, works until graceful shutdown, cancels the work and its children, then finishes")
+    func gracefulShutdown() async throws {
+        let work = RecordingWork()
+        let group = ServiceGroup(services: [work], logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        try await withThrowingTaskGroup { tasks in
+            tasks.addTask { try await group.run() }
+            await work.waitUntilWorking()
+            await group.triggerGracefulShutdown()
+            try await tasks.waitForAll()
+        }
+        #expect(await work.events == ["prepare", "work", "child ended", "work ended", "finish"])
+    }
+
+    @Test("working(_:) runs the work around a body and ends it after")
+    func working() async throws {
+        let work = RecordingWork()
+        let answer = try await work.working {
+            await work.waitUntilWorking()
+            return 42
+        }
+        #expect(answer == 42)
+        #expect(await work.events == ["prepare", "work", "child ended", "work ended", "finish"])
+    }
+}
