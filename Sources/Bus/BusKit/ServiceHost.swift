@@ -16,7 +16,8 @@ public import ZeroMQ
 /// where a service republishes its state (see ``StatePublisher``).
 ///
 /// A `ServiceHost` is a swift-service-lifecycle `Service`: `run()` serves until graceful
-/// shutdown, then unregisters (DISCONNECT) after in-flight requests finish.
+/// shutdown, then unregisters (DISCONNECT) after in-flight requests finish. Requests are
+/// answered in task groups of ``serve(onRegistered:until:)``, which end with it.
 public final class ServiceHost<Hosted: BusService>: Service {
     public struct Options: Sendable {
         /// The kernel to register with, or the two kernels of a pair: the service registers
@@ -87,17 +88,25 @@ public final class ServiceHost<Hosted: BusService>: Service {
         }
     }
 
-    /// Registers every worker connection with the kernel. Returns once the READYs are
-    /// queued (7/MDP has no answer to READY).
-    public func start() async throws {
-        for worker in workers { try await worker.connect() }
+    /// Registers every worker connection with the kernel (`onRegistered` runs once the
+    /// READYs are queued: 7/MDP has no answer to READY), answers requests until `until`
+    /// returns, then unregisters: waits (up to the drain timeout) for requests in flight,
+    /// sends DISCONNECT, closes every connection and ends the loop. Requests still running
+    /// after the drain timeout are cancelled; nothing outlives this call.
+    public func serve(onRegistered: () -> Void = {}, until: () async -> Void) async throws {
+        do {
+            for worker in workers { try await worker.connect() }
+        } catch {
+            await loop.shutdown()
+            throw error
+        }
         logger.info("service hosted", metadata: ["service": "\(Hosted.name)", "connections": "\(workers.count)"])
-    }
-
-    /// Unregisters: waits (up to the drain timeout) for requests in flight, sends DISCONNECT
-    /// and closes every connection, then ends the loop.
-    public func stop() async {
-        for worker in workers { await worker.stop(drain: options.drainTimeout) }
+        onRegistered()
+        await withDiscardingTaskGroup { group in
+            for worker in workers { group.addTask { await worker.answerRequests() } }
+            await until()
+            for worker in workers { await worker.stop(drain: options.drainTimeout) }
+        }
         await loop.shutdown()
     }
 
@@ -109,9 +118,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
     public func run() async throws {
         await ready()
         guard !Task.isCancelled else { return await loop.shutdown() }
-        try await start()
-        try? await gracefulShutdown()
-        await stop()
+        try await serve { try? await gracefulShutdown() }
     }
 
     /// Requests being handled right now, over all connections.
@@ -152,6 +159,14 @@ actor WorkerConnection<Hosted: BusService> {
     private var errors = 0
     private var errorReport: LoopTimer?
     private var drained: [CheckedContinuation<Void, Never>] = []
+
+    /// What ``answerRequests()`` runs, as each arrives: a request, or the service's
+    /// `onReregistered` after the kernel forgot it.
+    enum Work: Sendable {
+        case request(client: Frame, body: [UInt8]?, generation: Int)
+        case reregistered
+    }
+    private let (work, workQueue) = AsyncStream.makeStream(of: Work.self)
 
     init(loop: SocketLoop, index: Int, broker: String, service: Hosted, table: MethodTable<Hosted>,
          options: ServiceHost<Hosted>.Options, logger: Logger, onReregistered: @escaping @Sendable () async -> Void) {
@@ -216,18 +231,33 @@ actor WorkerConnection<Hosted: BusService> {
             reregister()
         case .request(let client, let body):
             busy += 1
-            let table = self.table, service = self.service
-            let bytes = body.count == 1 ? body[0].bytes : nil
-            Task {
-                var answer: (reply: [UInt8], errors: Int)
-                if let bytes {
-                    // The table keeps the reply within the kernel's message limit.
-                    answer = await table.answer(body: bytes, on: service)
-                } else {
-                    answer = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
+            workQueue.yield(.request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation))
+        }
+    }
+
+    /// Answers each request as it arrives, in a child task, until the connection stops;
+    /// what still runs then is cancelled (after ``stop(drain:)`` waited for it).
+    func answerRequests() async {
+        let table = self.table, service = self.service, hook = onReregistered
+        await withDiscardingTaskGroup { group in
+            for await item in work {
+                switch item {
+                case .request(let client, let bytes, let generation):
+                    group.addTask {
+                        var answer: (reply: [UInt8], errors: Int)
+                        if let bytes {
+                            // The table keeps the reply within the kernel's message limit.
+                            answer = await table.answer(body: bytes, on: service)
+                        } else {
+                            answer = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
+                        }
+                        await self.finished(client: client, reply: answer.reply, errors: answer.errors, generation: generation)
+                    }
+                case .reregistered:
+                    group.addTask { await hook() }
                 }
-                self.finished(client: client, reply: answer.reply, errors: answer.errors, generation: generation)
             }
+            group.cancelAll()
         }
     }
 
@@ -285,13 +315,12 @@ actor WorkerConnection<Hosted: BusService> {
             logger.error("could not reconnect", metadata: ["error": "\(error)"])
             return
         }
-        if index == 0 {
-            let hook = onReregistered
-            Task.detached { await hook() }
-        }
+        if index == 0 { workQueue.yield(.reregistered) }
     }
 
     func stop(drain timeout: Duration) async {
+        // However it ends, no more work comes: answerRequests() ends once what runs is done.
+        defer { workQueue.finish() }
         guard state == .registered || state == .idle else { return }
         state = .stopping
         if busy > 0 {
