@@ -166,7 +166,37 @@ actor WorkerConnection<Hosted: BusService> {
         case request(client: Frame, body: [UInt8]?, generation: Int)
         case reregistered
     }
-    private let (work, workQueue) = AsyncStream.makeStream(of: Work.self)
+    /// Work that arrived since ``answerRequests()`` last took it, taken all at once: under
+    /// load one wake-up hands over many requests. The consumer waits in `waiting`.
+    private var pending: [Work] = []
+    private var waiting: CheckedContinuation<[Work], Never>?
+    /// No more work comes (the connection stopped): ``answerRequests()`` ends.
+    private var noMoreWork = false
+
+    private func enqueue(_ item: Work) {
+        if let waiting {
+            self.waiting = nil
+            waiting.resume(returning: [item])
+        } else {
+            pending.append(item)
+        }
+    }
+
+    private func endWork() {
+        noMoreWork = true
+        waiting?.resume(returning: [])
+        waiting = nil
+    }
+
+    /// The work that arrived, waiting for some; empty once no more comes.
+    private func nextWork() async -> [Work] {
+        if !pending.isEmpty {
+            defer { pending.removeAll(keepingCapacity: true) }
+            return pending
+        }
+        if noMoreWork { return [] }
+        return await withCheckedContinuation { waiting = $0 }
+    }
 
     init(loop: SocketLoop, index: Int, broker: String, service: Hosted, table: MethodTable<Hosted>,
          options: ServiceHost<Hosted>.Options, logger: Logger, onReregistered: @escaping @Sendable () async -> Void) {
@@ -231,7 +261,7 @@ actor WorkerConnection<Hosted: BusService> {
             reregister()
         case .request(let client, let body):
             busy += 1
-            workQueue.yield(.request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation))
+            enqueue(.request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation))
         }
     }
 
@@ -240,21 +270,23 @@ actor WorkerConnection<Hosted: BusService> {
     func answerRequests() async {
         let table = self.table, service = self.service, hook = onReregistered
         await withDiscardingTaskGroup { group in
-            for await item in work {
-                switch item {
-                case .request(let client, let bytes, let generation):
-                    group.addTask {
-                        var answer: (reply: [UInt8], errors: Int)
-                        if let bytes {
-                            // The table keeps the reply within the kernel's message limit.
-                            answer = await table.answer(body: bytes, on: service)
-                        } else {
-                            answer = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
+            while case let batch = await nextWork(), !batch.isEmpty {
+                for item in batch {
+                    switch item {
+                    case .request(let client, let bytes, let generation):
+                        group.addTask {
+                            var answer: (reply: [UInt8], errors: Int)
+                            if let bytes {
+                                // The table keeps the reply within the kernel's message limit.
+                                answer = await table.answer(body: bytes, on: service)
+                            } else {
+                                answer = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
+                            }
+                            await self.finished(client: client, reply: answer.reply, errors: answer.errors, generation: generation)
                         }
-                        await self.finished(client: client, reply: answer.reply, errors: answer.errors, generation: generation)
+                    case .reregistered:
+                        group.addTask { await hook() }
                     }
-                case .reregistered:
-                    group.addTask { await hook() }
                 }
             }
             group.cancelAll()
@@ -315,12 +347,12 @@ actor WorkerConnection<Hosted: BusService> {
             logger.error("could not reconnect", metadata: ["error": "\(error)"])
             return
         }
-        if index == 0 { workQueue.yield(.reregistered) }
+        if index == 0 { enqueue(.reregistered) }
     }
 
     func stop(drain timeout: Duration) async {
         // However it ends, no more work comes: answerRequests() ends once what runs is done.
-        defer { workQueue.finish() }
+        defer { endWork() }
         guard state == .registered || state == .idle else { return }
         state = .stopping
         if busy > 0 {
