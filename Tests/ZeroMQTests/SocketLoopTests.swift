@@ -237,35 +237,6 @@ struct SocketLoopTests {
         await loop.shutdown()
     }
 
-    @Test("a task preferring the loop's task executor runs on the loop thread and round trips")
-    func taskExecutorPreference() async throws {
-        let context = try ZMQContext()
-        let loop = try SocketLoop(context: context)
-        let endpoint = inprocEndpoint()
-        let echo = try await loop.open(.router) { try $0.bind(endpoint) }
-        let echoing = Task {
-            for try await message in echo.messages { try echo.send(message) }
-        }
-        let count = try await within(10, "round trips on the loop executor") {
-            try await withTaskExecutorPreference(loop.taskExecutor) {
-                #expect(loop.isLoopThread)
-                let client = try await loop.open(.dealer) { try $0.connect(endpoint) }
-                var count = 0
-                for index in 0..<2_000 {
-                    try client.send(["\(index)"])
-                    let reply = try await client.receive()
-                    #expect(reply == ["\(index)"])
-                    #expect(loop.isLoopThread)
-                    count += 1
-                }
-                return count
-            }
-        }
-        #expect(count == 2_000)
-        echoing.cancel()
-        await loop.shutdown()
-    }
-
     @Test("loop-only APIs know their thread")
     func loopThread() async throws {
         let context = try ZMQContext()

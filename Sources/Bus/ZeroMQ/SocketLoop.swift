@@ -23,13 +23,9 @@ internal import Glibc
 ///   mark pushes back on the peer, so nothing is dropped and memory stays bounded.
 /// - **Actors**: the loop is also a `SerialExecutor`. An actor whose `unownedExecutor` is
 ///   the loop's runs *on* the loop thread, so it may own sockets outright and use them
-///   synchronously, with no hop per message; the kernel's broker works this way.
-/// - **Tasks**: ``taskExecutor`` is a `TaskExecutor` on the same thread. Code inside
-///   `withTaskExecutorPreference(loop.taskExecutor) { … }` runs on the loop thread, so its
-///   sends go straight to libzmq and its receives resume without waking another thread:
-///   the fastest way to drive a socket from plain async code. (It is a separate object
-///   because the runtime runs a task inline only on the task executor it prefers, while
-///   actor jobs must run as the serial executor.)
+///   synchronously, with no hop per message. This is the one way a component owns state
+///   beside its sockets (the kernel, `ServiceHost`'s connections, `BusClient`, `Subscription`;
+///   docs/BRIDGE.md); ``AsyncSocket`` is for code that only sends and receives.
 /// - **Timers** (heartbeats, expiry) run on the loop too, so they need no locking.
 ///
 /// One loop can serve many sockets; a process uses one loop per busy component.
@@ -43,7 +39,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
 
     enum Work {
         case job(UnownedJob)
-        case taskJob(UnownedJob)
         case call(@Sendable () -> Void)
         case send(LoopBound<SocketRegistration>, Message)
         case stop(UnsafeContinuation<Void, Never>?)
@@ -82,7 +77,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         let fd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
         guard fd >= 0 else { throw ZMQError(call: "eventfd", code: errno) }
         wakeFD = fd
-        taskExecutor = LoopTaskExecutor(loop: self)
         var thread = pthread_t()
         let retained = Unmanaged.passRetained(self).toOpaque()
         let rc = pthread_create(&thread, nil, { argument in
@@ -121,10 +115,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
     public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
         UnownedSerialExecutor(ordinary: self)
     }
-
-    /// The loop as a task executor, for `withTaskExecutorPreference(_:operation:)`.
-    /// Set in `init`, before the thread starts, and never again.
-    public private(set) var taskExecutor: LoopTaskExecutor!
 
     public func checkIsolated() {
         // After the thread ended, late jobs run one by one on `afterStop` instead.
@@ -190,10 +180,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         switch work {
         case .job(let job):
             let executor = asUnownedSerialExecutor()
-            afterStop.async { job.runSynchronously(on: executor) }
-        case .taskJob(let job):
-            // No thread is left to prefer; the task carries on on the global executor.
-            let executor = taskExecutor.asUnownedTaskExecutor()
             afterStop.async { job.runSynchronously(on: executor) }
         case .call, .send: break
         case .stop(let continuation): continuation?.resume()
@@ -261,7 +247,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
             while let work = batch.popFirst() {
                 switch work {
                 case .job(let job): job.runSynchronously(on: asUnownedSerialExecutor())
-                case .taskJob(let job): job.runSynchronously(on: taskExecutor.asUnownedTaskExecutor())
                 case .call(let body): body()
                 case .send(let registration, let message): registration.value.send(message)
                 case .stop(let continuation):
@@ -300,7 +285,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         for work in late {
             switch work {
             case .job(let job): job.runSynchronously(on: asUnownedSerialExecutor())
-            case .taskJob(let job): job.runSynchronously(on: taskExecutor.asUnownedTaskExecutor())
             case .call(let body): body()
             case .send: break
             case .stop(let continuation): continuation?.resume()
@@ -357,21 +341,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
             timers.removeFirst()
             if !first.isCancelled { first.body() }
         }
-    }
-}
-
-/// A ``SocketLoop``'s thread as a `TaskExecutor`: tasks that prefer it run on the loop.
-public final class LoopTaskExecutor: TaskExecutor {
-    unowned let loop: SocketLoop
-
-    init(loop: SocketLoop) { self.loop = loop }
-
-    public func enqueue(_ job: consuming ExecutorJob) {
-        loop.submit(.taskJob(UnownedJob(job)))
-    }
-
-    public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
-        UnownedTaskExecutor(ordinary: self)
     }
 }
 
