@@ -110,6 +110,28 @@ struct KernelTimingTests {
         #expect(try JSONValue(parsing: Array(replies[0].body.utf8))["error"]?["code"]?.intValue == Int64(JSONRPCError.handlerDiedCode))
     }
 
+    @Test("the connections of one process dying together count as one death: the client hears -32012 only after a second process died with its request")
+    func oneProcessOneDeath() throws {
+        let clock = ManualClock()
+        let broker = Broker(configuration: configuration, logger: quiet)
+        broker.handle(fromClient("C", "svc", #"{"jsonrpc":"2.0","id":4,"method":"m"}"#), now: clock.now)
+        for connection in ["P1/0/1", "P1/1/1"] { broker.handle(fromWorker(connection, .ready(service: "svc", window: 1)), now: clock.now) }
+        // Process P1 is killed: both its connections go, one after the other.
+        for connection in ["P1/0/1", "P1/1/1"] {
+            #expect(Sent(broker.outbox.take()).requests.map(\.worker) == [connection])
+            broker.peerGone(Frame(connection), now: clock.now)
+        }
+        #expect(Sent(broker.outbox.take()).toClients.isEmpty, "one process died: the request waits for another")
+        broker.handle(fromWorker("P2/0/1", .ready(service: "svc", window: 1)), now: clock.now)
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["P2/0/1"])
+        broker.peerGone(Frame("P2/0/1"), now: clock.now)
+        let replies = Sent(broker.outbox.take()).toClients
+        #expect(replies.count == 1)
+        let error = try JSONValue(parsing: Array(replies[0].body.utf8))["error"]
+        #expect(error?["code"]?.intValue == Int64(JSONRPCError.handlerDiedCode))
+        #expect(error?["data"]?["times"]?.intValue == 2)
+    }
+
     @Test("a key with a ttl is deleted (and the deletion published) at its expiry; HUGZ go out every hugz_interval")
     func ttlAndHugz() throws {
         let clock = ManualClock()

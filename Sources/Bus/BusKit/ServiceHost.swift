@@ -82,8 +82,11 @@ public final class ServiceHost<Hosted: BusService>: Service {
         table.logger = logger
         table.limits = BodyLimits(maxBatchItems: options.maxBatchItems, maxReplyBytes: options.maxMessageSize)
         let frozen = table
+        // The connections' routing ids start with it: the kernel counts the death of this
+        // process, with all its connections, as one (kernel.max_deliveries).
+        let process = UUID().uuidString
         workers = options.brokers.flatMap { broker in (0..<options.connections).map { (broker, $0) } }.enumerated().map { index, place in
-            WorkerConnection(loop: loop, index: index, broker: place.0,
+            WorkerConnection(loop: loop, process: process, index: index, broker: place.0,
                              service: service, table: frozen, options: options, logger: logger, onReregistered: onReregistered)
         }
     }
@@ -136,6 +139,8 @@ actor WorkerConnection<Hosted: BusService> {
 
     enum State { case idle, registered, stopping, stopped }
 
+    /// The hosting process's id, the first part of the routing id `PROCESS/INDEX/GENERATION`.
+    let process: String
     let index: Int
     let broker: String
     let service: Hosted
@@ -198,9 +203,10 @@ actor WorkerConnection<Hosted: BusService> {
         return await withCheckedContinuation { waiting = $0 }
     }
 
-    init(loop: SocketLoop, index: Int, broker: String, service: Hosted, table: MethodTable<Hosted>,
+    init(loop: SocketLoop, process: String, index: Int, broker: String, service: Hosted, table: MethodTable<Hosted>,
          options: ServiceHost<Hosted>.Options, logger: Logger, onReregistered: @escaping @Sendable () async -> Void) {
         self.loop = loop
+        self.process = process
         self.index = index
         self.broker = broker
         self.service = service
@@ -221,6 +227,7 @@ actor WorkerConnection<Hosted: BusService> {
         errorReport?.cancel()
         errorReport = nil
         let socket = try ZMQSocket(loop.context, .dealer)
+        try socket.set(.routingID, Array("\(process)/\(index)/\(generation)".utf8))
         try socket.secure(options.curve)
         try socket.set(.receiveHighWaterMark, 0)
         try socket.set(.sendHighWaterMark, 0)

@@ -22,13 +22,21 @@ final class Broker {
         /// When it times out waiting for a worker (monotonic nanoseconds).
         var deadline: UInt64
         let received: UInt64
-        var attempts = 0
+        /// The worker processes it was delivered to (``Worker/process``), each once: the
+        /// connections of one process die together, which is one death, not several.
+        var deliveredTo: [Frame] = []
+        /// Whether its last delivery added to ``deliveredTo`` (undone when it never arrived).
+        var lastDeliveryCounted = false
+        var attempts: Int { deliveredTo.count }
         /// Bytes of its body, counted against ``KernelConfiguration/maxQueuedBytes``.
         var size: Int { body.reduce(0) { $0 + $1.count } }
     }
 
     final class Worker {
         let identity: Frame
+        /// The process it belongs to: a routing id `PROCESS/…` (as `ServiceHost` sets it) is
+        /// one of several connections of that process; any other is a process of its own.
+        let process: Frame
         let service: Service
         /// Requests it may hold at once: 1 for a plain 7/MDP worker, more for one that
         /// offered a window (the Switchboard extension, docs/PROTOCOL.md).
@@ -42,6 +50,10 @@ final class Broker {
         var hasRoom: Bool { inFlight.count < window }
         init(identity: Frame, service: Service, window: Int, expiry: UInt64) {
             self.identity = identity
+            process = identity.withUnsafeBytes { bytes in
+                guard bytes.first != 0, let slash = bytes.firstIndex(of: UInt8(ascii: "/")), slash > 0 else { return identity }
+                return Frame(copying: UnsafeRawBufferPointer(rebasing: bytes[..<slash]))
+            }
             self.service = service
             self.window = window
             self.expiry = expiry
@@ -265,7 +277,8 @@ final class Broker {
             guard var request = service.requests.next(where: { service.held[$0, default: 0] < share }) else { break }
             service.idle.removeFirst()
             queuedBytes -= request.size
-            request.attempts += 1
+            request.lastDeliveryCounted = !request.deliveredTo.contains(worker.process)
+            if request.lastDeliveryCounted { request.deliveredTo.append(worker.process) }
             service.held[request.owner, default: 0] += 1
             let client = worker.sent(request)
             send(MDP.encode(.request(client: client, body: request.body), to: identity))
@@ -333,7 +346,7 @@ final class Broker {
         var notDelivered: [Request] = []
         if let undelivered, undelivered.count >= 5, undelivered[3].equals([MDP.Command.request.rawValue]),
            var request = worker.answered(undelivered[4]) {
-            request.attempts -= 1
+            if request.lastDeliveryCounted { request.deliveredTo.removeLast() }
             notDelivered.append(request)
         }
         let orphans = (Array(worker.inFlight.values) + notDelivered).sorted { $0.received < $1.received }
