@@ -22,12 +22,10 @@ final class Broker {
         /// When it times out waiting for a worker (monotonic nanoseconds).
         var deadline: UInt64
         let received: UInt64
-        /// The worker processes it was delivered to (``Worker/process``), each once: the
-        /// connections of one process die together, which is one death, not several.
-        var deliveredTo: [Frame] = []
-        /// Whether its last delivery added to ``deliveredTo`` (undone when it never arrived).
-        var lastDeliveryCounted = false
-        var attempts: Int { deliveredTo.count }
+        /// Worker processes that died holding it (``Worker/process``), and the last of them:
+        /// the connections of one process die one after another, which is one death.
+        var deaths = 0
+        var lastDeadProcess: Frame?
         /// Bytes of its body, counted against ``KernelConfiguration/maxQueuedBytes``.
         var size: Int { body.reduce(0) { $0 + $1.count } }
     }
@@ -274,11 +272,9 @@ final class Broker {
                 service.idle.removeFirst()
                 continue
             }
-            guard var request = service.requests.next(where: { service.held[$0, default: 0] < share }) else { break }
+            guard let request = service.requests.next(where: { service.held[$0, default: 0] < share }) else { break }
             service.idle.removeFirst()
             queuedBytes -= request.size
-            request.lastDeliveryCounted = !request.deliveredTo.contains(worker.process)
-            if request.lastDeliveryCounted { request.deliveredTo.append(worker.process) }
             service.held[request.owner, default: 0] += 1
             let client = worker.sent(request)
             send(MDP.encode(.request(client: client, body: request.body), to: identity))
@@ -343,23 +339,31 @@ final class Broker {
         events.append(.workersChanged(service: service.name, count: service.workers))
         // Its requests in flight, oldest first, go back to the front of the queue with a
         // fresh wait for another worker (or are answered -32006 for a non-retriable service).
+        // The one libzmq could not deliver never reached it: the others count its death.
         var notDelivered: [Request] = []
         if let undelivered, undelivered.count >= 5, undelivered[3].equals([MDP.Command.request.rawValue]),
-           var request = worker.answered(undelivered[4]) {
-            if request.lastDeliveryCounted { request.deliveredTo.removeLast() }
+           let request = worker.answered(undelivered[4]) {
             notDelivered.append(request)
         }
-        let orphans = (Array(worker.inFlight.values) + notDelivered).sorted { $0.received < $1.received }
+        let heldWhenItDied = worker.inFlight.values.map { request in
+            var request = request
+            if request.lastDeadProcess != worker.process {
+                request.deaths += 1
+                request.lastDeadProcess = worker.process
+            }
+            return request
+        }
+        let orphans = (heldWhenItDied + notDelivered).sorted { $0.received < $1.received }
         worker.inFlight = [:]
         for request in orphans { service.release(request) }
         let retriable = !configuration.nonRetriableServices.contains(service.name)
         for var request in orphans.reversed() {
-            if request.attempts >= configuration.maxDeliveries {
+            if request.deaths >= configuration.maxDeliveries {
                 service.stats.handlerDied += 1
                 logger.warning("not handing a request out again: each worker it went to died with it", metadata: [
-                    "service": "\(service.name)", "workers": "\(request.attempts)"])
+                    "service": "\(service.name)", "workers": "\(request.deaths)"])
                 reply(to: request.client, service: service.name, body: request.body,
-                      error: .handlerDied("the '\(service.name)' worker", times: request.attempts, service: service.name))
+                      error: .handlerDied("the '\(service.name)' worker", times: request.deaths, service: service.name))
             } else if retriable {
                 service.stats.redispatched += 1
                 request.deadline = now + configuration.queueTimeout.nanoseconds
