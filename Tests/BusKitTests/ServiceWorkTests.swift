@@ -1,5 +1,6 @@
 import BusKit
 import Logging
+import SwitchboardTestSupport
 import ServiceLifecycle
 import Testing
 
@@ -54,14 +55,13 @@ struct ServiceWorkTests {
         #expect(await work.events == ["prepare", "work", "child ended", "work ended", "finish"])
     }
 
-    @Test("working(_:) runs the work around a body and ends it after")
+    @Test("Working (test support) starts the work as run() would and stop() ends it: prepared, cancelled with its children, finished")
     func working() async throws {
         let work = RecordingWork()
-        let answer = try await work.working {
-            await work.waitUntilWorking()
-            return 42
-        }
-        #expect(answer == 42)
+        let working = Working(work)
+        await working.start()
+        await work.waitUntilWorking()
+        await working.stop()
         #expect(await work.events == ["prepare", "work", "child ended", "work ended", "finish"])
     }
 }

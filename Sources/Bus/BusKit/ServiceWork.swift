@@ -31,19 +31,6 @@ extension ServiceWork {
         }
         await finish()
     }
-
-    /// Runs the work around `body`, as ``run()`` does around a process's life: prepared
-    /// first, then cancelled, awaited and finished when `body` returns (tests, tools).
-    public func working<T: Sendable>(_ body: () async throws -> T) async throws -> T {
-        await prepare()
-        let result = await withDiscardingTaskGroup { group -> Result<T, any Error> in
-            group.addTask { await self.work() }
-            defer { group.cancelAll() }
-            do { return .success(try await body()) } catch { return .failure(error) }
-        }
-        await finish()
-        return try result.get()
-    }
 }
 
 extension BusClient: Service {

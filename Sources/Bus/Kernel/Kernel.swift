@@ -239,14 +239,12 @@ public actor Kernel: BusService {
 
     /// A request for the `kernel` service, admitted by the broker (``Admission``).
     func answer(client: Frame, body: [Frame], peer: String?) {
-        guard let table, let parts else { return }
+        guard let parts else { return }
         guard body.count == 1 else {
             parts.broker.replyFromKernel(to: client, JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes)
             return
         }
-        requestPeer = peer
-        defer { requestPeer = nil }
-        parts.reply(to: client, table.answerNow(body: body[0].bytes, on: self).reply)
+        parts.reply(to: client, respond(to: body[0].bytes, peer: peer))
     }
 
     public nonisolated func methods(_ table: inout MethodTable<Kernel>) {
