@@ -118,8 +118,8 @@ struct FetcherBus {
     }
 
     func stop(keepKernel: Bool = false) async {
-        await work.stop()
         await host.stop()
+        await work.stop()
         await storeHost.stop()
         await client.close()
         if !keepKernel { await kernel.stop() }

@@ -50,9 +50,9 @@ struct SBBus {
     }
 
     func stop() async {
+        for stop in stops { await stop() }
         for work in works { await work.stop() }
         await catalog.cancel()
-        for stop in stops { await stop() }
         await base.stop()
     }
 }

@@ -105,9 +105,93 @@ struct PostgresFaultTests {
         // places left for writes in flight at the kill, which may or may not have been made).
         #expect(texts.isSuperset(of: (acknowledged + ["after"]).suffix(90)), "\(texts)")
 
-        await store.finish()
         await host.stop()
+        await store.finish()
         await client.close()
         await kernel.stop()
+    }
+}
+
+@Suite("store on PostgreSQL: a database that never answers")
+struct SilentDatabaseTests {
+    @Test("a server that accepts connections and then answers no query: each operation gives up at its deadline and says so, and the store still stops")
+    func silentDatabase() async throws {
+        let silent = try SilentPostgres()
+        defer { silent.stop() }
+        let log = LogLines()
+        let store = StoreService(configuration: StoreConfiguration(postgres: PostgresSettings(url: "postgres://someone:secret@127.0.0.1:\(silent.port)/db",
+                                                                                           tls: .disable)),
+                                 logger: log.logger("store"))
+        // PostgresNIO's queries do not end when their task is cancelled: an operation that
+        // awaited its query would wait here for ever.
+        let waiting = Task { await store.waitUntilReady() }
+        try await eventually(15, "the store gave up waiting for the database's answer") { log.text.contains("did not answer within") }
+        #expect(silent.connections > 0, "the store connected and sent its query")
+        waiting.cancel()
+        await waiting.value
+        await store.finish()
+    }
+}
+
+/// A PostgreSQL server that completes the start-up of every connection (trust, no TLS) and
+/// then reads and drops whatever is sent: a database that hangs mid-query.
+private final class SilentPostgres: Sendable {
+    let port: Int
+    private let listener: Int32
+    private let accepted = Accepted()
+
+    var connections: Int { accepted.withLock { $0.count } }
+
+    /// The connections accepted so far, shared with the accepting thread.
+    final class Accepted: Sendable {
+        private let sockets = Mutex<[Int32]>([])
+        func withLock<R>(_ body: (inout [Int32]) -> R) -> R { sockets.withLock { body(&$0) } }
+    }
+
+    init() throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in
+                bind(listener, address, length) == 0 && listen(listener, 8) == 0 && getsockname(listener, address, &length) == 0
+            }
+        }
+        guard bound else {
+            close(listener)
+            throw POSIXError(.EADDRNOTAVAIL)
+        }
+        self.listener = listener
+        port = Int(UInt16(bigEndian: address.sin_port))
+        let accepted = self.accepted
+        Thread.detachNewThread {
+            while case let connection = accept(listener, nil, nil), connection >= 0 {
+                accepted.withLock { $0.append(connection) }
+                Thread.detachNewThread { Self.serve(connection) }
+            }
+        }
+    }
+
+    private static func serve(_ connection: Int32) {
+        // The start-up message (length, protocol, parameters), then: authentication OK,
+        // the backend's key, ready for a query.
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        guard read(connection, &buffer, buffer.count) > 0 else { return }
+        let hello: [UInt8] = [UInt8(ascii: "R"), 0, 0, 0, 8, 0, 0, 0, 0,
+                              UInt8(ascii: "K"), 0, 0, 0, 12, 0, 0, 0, 1, 0, 0, 0, 2,
+                              UInt8(ascii: "Z"), 0, 0, 0, 5, UInt8(ascii: "I")]
+        _ = write(connection, hello, hello.count)
+        while read(connection, &buffer, buffer.count) > 0 {}
+    }
+
+    func stop() {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+        for connection in accepted.withLock({ $0 }) {
+            shutdown(connection, Int32(SHUT_RDWR))
+            close(connection)
+        }
     }
 }

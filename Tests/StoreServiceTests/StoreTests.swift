@@ -77,8 +77,8 @@ struct StoreBus {
     /// Stops the store and the clients; the kernel (and the PostgreSQL server) too unless
     /// `keepKernel` (a restart of the store follows).
     func stop(keepKernel: Bool = false) async {
-        await work.stop()
         await host.stop()
+        await work.stop()
         await client.close()
         await publisherClient.close()
         if !keepKernel {

@@ -50,8 +50,9 @@ enum Pieces {
 
     /// Builds service `name` as the parts of its process, in dependency order, for one
     /// `ServiceGroup`: the client, the catalog subscription (for services that follow the
-    /// datasets), the state publisher (for services that publish), the host, then the
-    /// service's own work. The group stops them in reverse.
+    /// datasets), the state publisher (for services that publish), the service's own work,
+    /// then the host. The group stops them in reverse: the host drains its requests while
+    /// what they use (the database, the HTTP clients, the work) is still there.
     static func service(_ name: String, file: ConfigFile, connection: Connection) async throws -> [any Service] {
         let logger = Logger(label: "switchboard.\(name)")
         switch name {
@@ -62,20 +63,20 @@ enum Pieces {
             // On PostgreSQL it registers once the database answers (trying again meanwhile).
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { await service.republish() }, ready: { await service.waitUntilReady() })
-            return [client, publisher, host, service]
+            return [client, publisher, service, host]
         case FetcherAPI.service:
             let client = try await connection.client()
             let publisher = StatePublisher(client: client)
             let service = FetcherService(configuration: FetcherConfiguration(file.fetcher), logger: logger, client: client, publisher: publisher)
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { await service.republish() })
-            return [client, publisher, host, service]
+            return [client, publisher, service, host]
         case SearchAPI.service:
             let client = try await connection.client()
             let catalog = try await client.subscribe(prefixes: [FetcherAPI.catalogPrefix])
             let service = SearchService(logger: logger, client: client, catalog: catalog)
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger)
-            return [client, catalog, host, service]
+            return [client, catalog, service, host]
         case PricingAPI.service:
             let client = try await connection.client()
             let publisher = StatePublisher(client: client)
@@ -83,7 +84,7 @@ enum Pieces {
             let service = PricingService(logger: logger, client: client, publisher: publisher, catalog: catalog)
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { _ = await publisher.republish() })
-            return [client, catalog, publisher, host, service]
+            return [client, catalog, publisher, service, host]
         case EchoAPI.service:
             return [try ServiceHost(service: EchoService(instance: connection.instance ?? "echo-\(getpid())"),
                                     options: connection.hostOptions(), context: connection.context, logger: logger)]

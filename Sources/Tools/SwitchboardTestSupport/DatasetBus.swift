@@ -96,9 +96,10 @@ public struct DatasetBus: Sendable {
 
     /// Stops the fetcher, the store and the client; the kernel too unless kept.
     public func stop(keepKernel: Bool = false) async {
-        await fetcherWork.stop()
+        // As a process's group: the hosts drain first, then the work stops.
         await fetcherHost.stop()
         await storeHost.stop()
+        await fetcherWork.stop()
         await client.close()
         if !keepKernel { await kernel.stop() }
     }
