@@ -30,7 +30,7 @@ struct BusKitTests {
         let kernel = try await TestKernel.start(fastHeartbeats)
         let host = try await hostEcho(kernel)
         let bus = try await BusClient(brokers: [kernel.endpoints.broker])
-        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        try await kernel.workers("echo")
         #expect(try await bus.request(service: "echo", method: "echo", params: ["hello": "world"]) == ["hello": "world"])
         #expect(try await bus.request(service: "kernel", method: "ping")["pong"] == true)
         await bus.close()
@@ -43,7 +43,7 @@ struct BusKitTests {
         let kernel = try await TestKernel.start(fastHeartbeats)
         let host = try await hostEcho(kernel)
         let bus = try await BusClient(brokers: [kernel.endpoints.broker])
-        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        try await kernel.workers("echo")
         await #expect(throws: BusError.remote(service: "echo", .methodNotFound("nope"))) {
             try await bus.request(service: "echo", method: "nope")
         }
@@ -120,7 +120,7 @@ struct BusKitTests {
         let kernel = try await TestKernel.start { $0.maxMessageSize = limit }
         let host = try await hostEcho(kernel)
         let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), maxMessageSize: limit)
-        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        try await kernel.workers("echo")
         let started = ContinuousClock.now
         let error = await rpcError { try await bus.request(service: "echo", method: "echo", params: ["blob": .string(String(repeating: "x", count: limit))]) }
         #expect(ContinuousClock.now - started < .seconds(1), "at once, not after the timeout")
@@ -136,7 +136,7 @@ struct BusKitTests {
         // A reply over its worker's limit is answered -32010 by the worker itself, not lost
         // with the connection the kernel would drop.
         let strict = try await hostEcho(kernel, maxMessageSize: limit / 4)
-        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        try await kernel.workers("echo")
         let bigReply = await rpcError { try await bus.request(service: "echo", method: "echo", params: ["blob": .string(String(repeating: "x", count: limit / 2))]) }
         #expect(bigReply?.code == JSONRPCError.tooLargeCode && bigReply?.message.contains("the reply is") == true, "\(String(describing: bigReply))")
         #expect(try await bus.request(service: "echo", method: "whoami") == "echo", "the worker still serves")
@@ -151,10 +151,7 @@ struct BusKitTests {
         let first = try await hostEcho(kernel, instance: "first", connections: 1)
         let second = try await hostEcho(kernel, instance: "second", connections: 1)
         let bus = try await BusClient(brokers: [kernel.endpoints.broker])
-        try await eventually(5, "both workers registered") {
-            let list = try await bus.request(service: "kernel", method: "services.list")
-            return list["services"]?.arrayValue?.contains { $0["name"] == "echo" && $0["workers"] == 2 } == true
-        }
+        try await kernel.workers("echo", atLeast: 2)
         let answers = try await withThrowingTaskGroup(of: String.self) { group in
             for _ in 0..<40 {
                 // Generous: on a loaded machine a worker may miss heartbeats and re-register, and
@@ -182,7 +179,7 @@ struct BusKitTests {
         }
         let host = try await hostEcho(kernel, connections: 4)
         let probe = try await BusClient(brokers: [kernel.endpoints.broker])
-        try await eventually(5, "echo registered") { try await probe.hasWorkers("echo") }
+        try await kernel.workers("echo")
         let totals = try await within(120, "10,000 requests") {
             try await withThrowingTaskGroup(of: Int.self) { group in
                 for client in 0..<10 {
@@ -267,7 +264,7 @@ struct BusKitTests {
             let count = await publisher.republish()
             republished.add(count, ordering: .relaxed)
         })
-        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        try await kernel.workers("echo")
         let sequenceBefore = try await publisher.set("/store/history", ["items": ["paris"]])
         let subscription = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher,
                                                        prefixes: ["/store/"], silenceTimeout: .seconds(2))

@@ -70,7 +70,7 @@ struct ContractTests {
                                                                  heartbeatInterval: .milliseconds(100), heartbeatLiveness: 10))
         try await host.start()
         let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
-        try await eventually(5, "echo registered") { try await bus.hasWorkers(EchoAPI.service) }
+        try await kernel.workers(EchoAPI.service)
         for (params, field, expected) in [(["n": "7"], "n", "an integer"), ([:], "n", "an integer"), (["n": 7, "m": 1], "m", "one of the fields n"),
                                           (["n": 7.5], "n", "an integer")] as [(JSONValue, String, String)] {
             let error = await rpcError { try await bus.request(service: EchoAPI.service, method: EchoAPI.count.name, params: params) }
@@ -97,7 +97,7 @@ struct ContractTests {
         let kernel = try await TestKernel.start(fastHeartbeats)
         let host = try await hostEcho(kernel)
         let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
-        try await eventually(5, "echo registered") { try await bus.hasWorkers(EchoAPI.service) }
+        try await kernel.workers(EchoAPI.service)
 
         let kernelDoc = try await bus.call(Method.discover(KernelAPI.service))
         #expect(kernelDoc.info.title == "kernel" && kernelDoc.openrpc.hasPrefix("1.") && kernelDoc.jsonSchemaDialect == JSONSchema.dialect)
@@ -174,7 +174,7 @@ struct ExactlyOnceTests {
         try await host.start()
         let one = try await BusClient(brokers: [kernel.endpoints.broker]), two = try await BusClient(brokers: [kernel.endpoints.broker])
         #expect(one.clientID != two.clientID && one.clientID.count >= 20)
-        try await eventually(5, "counter registered") { try await one.hasWorkers("counter") }
+        try await kernel.workers("counter")
         #expect(try await one.call(Counter.bump) == 1)
         #expect(try await two.call(Counter.bump) == 2)
         #expect(try await one.call(Counter.peek) == 2)

@@ -21,7 +21,7 @@ struct InteropTests {
         defer { worker.stop() }
         let host = try await hostEcho(kernel)
         let bus = try await BusClient(brokers: [kernel.endpoints.broker])
-        try await eventually(10, "the Python worker registered") { try await bus.hasWorkers("pyecho") }
+        try await kernel.workers("pyecho")
         // Swift client → Python worker: the echoed JSON-RPC request comes back whole.
         let reply = try await bus.call(service: "pyecho", body: ["opaque bytes", Frame()])
         #expect(reply == ["opaque bytes", Frame()])

@@ -12,7 +12,7 @@ struct StatsTests {
         let kernel = try await TestKernel.start(fastHeartbeats)
         let host = try await hostEcho(kernel)
         let bus = try await BusClient(brokers: [kernel.endpoints.broker])
-        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        try await kernel.workers("echo")
         for index in 0..<5 { _ = try await bus.request(service: "echo", method: "echo", params: ["n": .int(Int64(index))]) }
         for _ in 0..<2 { _ = try? await bus.request(service: "echo", method: "nope") }
         // An "error" inside a result is not an error reply.

@@ -34,7 +34,7 @@ struct FetcherOfflineTests {
             "--heartbeat-ms", "100", "--liveness", "10", "--log-level", "error",
         ])
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
-        try await eventually(15, "fetcher registered") { try await client.hasWorkers("fetcher") }
+        try await kernel.workers("fetcher", within: 15)
         // Every remote attempt fails at once (no route); wait until each was tried.
         try await eventually(30, "every dataset with a URL tried and failed") {
             let list = try await client.request(service: "fetcher", method: "datasets.list").arrayValue ?? []

@@ -57,7 +57,7 @@ struct PostgresFaultTests {
 
         let server = try await TestPostgres.start(port: port)
         defer { server.stop() }
-        try await eventually(15, "registered once the database answers") { try await client.hasWorkers("store") }
+        try await kernel.workers("store", within: 15)
         try await registering.value
         var acknowledged: [String] = []
         for n in 1...5 {

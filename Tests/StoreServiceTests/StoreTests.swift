@@ -53,7 +53,7 @@ struct StoreBus {
         let work = Working(store)
         await work.start()
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(5))
-        try await eventually(5, "store registered") { try await client.hasWorkers("store") }
+        try await kernel.workers("store")
         return StoreBus(kernel: kernel, store: store, host: host, work: work, client: client, publisherClient: publisherClient, folder: folder,
                         backend: backend, postgres: postgres)
     }

@@ -1,9 +1,9 @@
+import BusKit
 import BusProtocol
 import Foundation
 import Logging
 import NIOSSL
 import PostgresNIO
-import Synchronization
 
 /// Where the store's PostgreSQL database is and how to reach it.
 public struct PostgresSettings: Sendable, Equatable {
@@ -173,28 +173,11 @@ actor PostgresBackend: StoreBackend {
 
     /// Runs `body`, or gives up after ``operationTimeout`` (the body is cancelled: a
     /// transaction cut short is rolled back, or its outcome is unknown; either way the caller
-    /// gets an error, never an acknowledgement).
-    ///
-    /// The body runs in a task of its own that the deadline abandons rather than awaits:
-    /// PostgresNIO does not always end a query whose connection is lost mid-flight (a write
-    /// in flight at `pg_ctl stop -m immediate` was seen never to return, even after the pool
-    /// shut down), and a child task would hold its group, so the request, the host's drain and
-    /// the process's shutdown, forever.
+    /// gets an error, never an acknowledgement). PostgresNIO's queries ignore cancellation,
+    /// and one on a connection lost mid-flight was seen never to return, even after the pool
+    /// shut down: the deadline abandons it rather than waits for it (``withDeadline``).
     private nonisolated func bounded<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
-        let answer = FirstAnswer<T>()
-        let operation = Task {
-            do { answer.give(.success(try await body())) } catch { answer.give(.failure(error)) }
-        }
-        defer { operation.cancel() }
-        return try await withThrowingTaskGroup(of: T.self) { group in
-            group.addTask { try await answer.value() }
-            group.addTask {
-                try await Task.sleep(for: Self.operationTimeout)
-                throw TimedOut()
-            }
-            defer { group.cancelAll() }
-            return try await group.next()!
-        }
+        try await withDeadline(Self.operationTimeout, expired: { TimedOut() }, body)
     }
 
     // MARK: Writes
@@ -435,50 +418,3 @@ actor PostgresBackend: StoreBackend {
     }
 }
 
-/// The outcome of an operation, for one waiter that may stop waiting (when cancelled) before
-/// the operation ends.
-private final class FirstAnswer<T: Sendable>: Sendable {
-    private enum State {
-        case pending(CheckedContinuation<T, any Error>?)
-        case given(Result<T, any Error>)
-        case taken
-    }
-    private let state = Mutex(State.pending(nil))
-
-    /// The first outcome counts; later ones are dropped.
-    func give(_ outcome: Result<T, any Error>) {
-        let waiter: CheckedContinuation<T, any Error>? = state.withLock { state in
-            guard case .pending(let waiter) = state else { return nil }
-            if let waiter {
-                state = .taken
-                return waiter
-            }
-            state = .given(outcome)
-            return nil
-        }
-        waiter?.resume(with: outcome)
-    }
-
-    /// Waits for the outcome; cancelling the waiter ends the wait with `CancellationError`.
-    func value() async throws -> T {
-        try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { continuation in
-                let ready: Result<T, any Error>? = state.withLock { state in
-                    switch state {
-                    case .pending:
-                        state = .pending(continuation)
-                        return nil
-                    case .given(let outcome):
-                        state = .taken
-                        return outcome
-                    case .taken:
-                        return .failure(CancellationError())
-                    }
-                }
-                if let ready { continuation.resume(with: ready) }
-            }
-        } onCancel: {
-            give(.failure(CancellationError()))
-        }
-    }
-}

@@ -1,8 +1,9 @@
 public import Foundation
 import Synchronization
 public import Kernel
-import ZeroMQ
+public import ZeroMQ
 public import BusKit
+import Contracts
 
 /// Thrown when a bounded wait in a test runs out.
 public struct TimedOut: Error, CustomStringConvertible {
@@ -10,34 +11,11 @@ public struct TimedOut: Error, CustomStringConvertible {
     public var description: String { "timed out: \(what)" }
 }
 
-/// Runs `body`, failing with ``TimedOut`` if it takes longer than `seconds`.
-///
-/// The wait is bounded even when `body` ignores cancellation (say, it awaits a
-/// continuation that is never resumed): the test goes on and the stuck task is left behind.
+/// Runs `body`, failing with ``TimedOut`` if it takes longer than `seconds`, even when
+/// `body` ignores cancellation (``withDeadline``): the test goes on, the stuck task is left.
 public func within<T: Sendable>(_ seconds: Double, _ what: String = "operation",
                                 _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-    let outcome = Mutex<CheckedContinuation<T, any Error>?>(nil)
-    let finish: @Sendable (Result<T, any Error>) -> Bool = { result in
-        guard let continuation = outcome.withLock({ $0.take() }) else { return false }
-        continuation.resume(with: result)
-        return true
-    }
-    var work: Task<Void, Never>?
-    var timer: Task<Void, Never>?
-    defer {
-        timer?.cancel()
-        work?.cancel()
-    }
-    return try await withCheckedThrowingContinuation { continuation in
-        outcome.withLock { $0 = continuation }
-        work = Task {
-            do { _ = finish(.success(try await body())) } catch { _ = finish(.failure(error)) }
-        }
-        timer = Task {
-            try? await Task.sleep(for: .seconds(seconds))
-            _ = finish(.failure(TimedOut(what: what)))
-        }
-    }
+    try await withDeadline(.seconds(seconds), expired: { TimedOut(what: what) }, body)
 }
 
 /// Polls `condition` every 20 ms until it holds, failing after `seconds`.
@@ -145,6 +123,27 @@ public struct TestKernel: Sendable {
     }
 
     public func stop() async { await kernel.stop() }
+
+    /// Returns once `service` has at least `count` workers registered, awaiting the kernel's
+    /// own state key for it (`/kernel/services/NAME`, published as workers come and go)
+    /// rather than polling; fails with ``TimedOut`` after `seconds`.
+    public func workers(_ service: String, atLeast count: Int = 1, within seconds: Double = 10, curve: CurveClientKeys? = nil) async throws {
+        let key = KernelAPI.StateKeys.service(service)
+        let subscription = try await Subscription.open(snapshot: endpoints.snapshot, publisher: endpoints.publisher, prefixes: [key], curve: curve)
+        do {
+            try await SwitchboardTestSupport.within(seconds, "\(service): \(count) worker\(count == 1 ? "" : "s") registered") {
+                for try await event in subscription {
+                    guard let update = event.update, update.key == key else { continue }
+                    if (update.json?["workers"]?.intValue ?? 0) >= count { return }
+                }
+                throw TimedOut(what: "the subscription ended")
+            }
+        } catch {
+            await subscription.cancel()
+            throw error
+        }
+        await subscription.cancel()
+    }
 }
 
 /// Two kernels in a primary/backup pair on fixed loopback ports, in this process.
