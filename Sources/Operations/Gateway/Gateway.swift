@@ -78,34 +78,36 @@ public struct Gateway: Service {
         try await serve()
     }
 
-    /// Waits for the first snapshot, then serves HTTP until the task is cancelled or a
+    /// Serves HTTP once the first snapshot is in, until the task is cancelled or a
     /// graceful shutdown (ServiceLifecycle) begins: then the event streams end (browsers
     /// reconnect to the next gateway) and requests in flight finish. `onListening` gets the
     /// port bound (useful with port 0).
     public func serve(onListening: @escaping @Sendable (Int) -> Void = { _ in }) async throws {
-        let settings = options.settings
+        let settings = options.settings, subscription = self.subscription
         let feed = StateFeed(prefixes: settings.prefixes, history: settings.history, historyBytes: settings.historyBytes,
                              streamBacklogBytes: settings.streamBacklogBytes, logger: logger)
-        // The gateway's work runs in this group and ends with it: following the state,
-        // heartbeats on the event streams, memory back after a burst (HeapTrim), and at
-        // graceful shutdown ending the streams (browsers reconnect to the next gateway).
-        try await withThrowingDiscardingTaskGroup { group in
-            group.addTask { await feed.follow(subscription) }
-            group.addTask {
+        var app = application(feed: feed, onListening: onListening)
+        // The gateway's work beside HTTP, as Hummingbird's own services: its ServiceGroup runs
+        // them beside the server and stops them after the server has drained.
+        app.addServices(
+            GatewayWork { await feed.follow(subscription) },
+            GatewayWork {
                 while !Task.isCancelled {
                     try? await Task.sleep(for: settings.heartbeat)
                     await feed.heartbeat()
                 }
-            }
-            group.addTask {
+            },
+            GatewayWork {
                 var heap = HeapTrim()
                 while !Task.isCancelled {
                     try? await Task.sleep(for: .seconds(1))
                     heap.releaseIfWorthIt()
                 }
-            }
-            await waitForState(feed)
-            let app = application(feed: feed, onListening: onListening)
+            })
+        app.beforeServerStarts { await self.waitForState(feed) }
+        // Graceful shutdown ends the event streams at once (browsers reconnect to the next
+        // gateway): the server's drain would otherwise wait for streams that never end.
+        try await withThrowingDiscardingTaskGroup { group in
             group.addTask {
                 try? await gracefulShutdown()
                 await feed.closeAll()
@@ -130,7 +132,7 @@ public struct Gateway: Service {
         }
     }
 
-    private func application(feed: StateFeed, onListening: @escaping @Sendable (Int) -> Void) -> some ApplicationProtocol {
+    private func application(feed: StateFeed, onListening: @escaping @Sendable (Int) -> Void) -> Application<RouterResponder<BasicRequestContext>> {
         let settings = options.settings
         let page: Page
         do {
@@ -148,5 +150,17 @@ public struct Gateway: Service {
                                   onListening(port)
                               },
                               logger: logger)
+    }
+}
+
+/// A piece of the gateway's work (following the state, heartbeats, trimming the heap) as a
+/// service of its Hummingbird application: it runs until graceful shutdown cancels it.
+private struct GatewayWork: Service {
+    let work: @Sendable () async -> Void
+
+    init(_ work: @escaping @Sendable () async -> Void) { self.work = work }
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown { await work() }
     }
 }
