@@ -8,12 +8,13 @@ import Foundation
 // One verb per app, over the search, pricing, store and fetcher services. Each prints a
 // table (or lines) for people and, with --json, the service's answer as one JSON line.
 
-/// Runs a verb: the answer of `body` printed as JSON with --json, else by `show`.
-func appVerb(_ connection: ConnectionOptions, _ output: OutputOptions, _ body: (BusClient) async throws -> JSONValue,
-             show: (JSONValue) -> Void) async throws {
+/// Runs a verb: the answer of `body` printed as it came with --json, else shown by `show`
+/// from its contract's type.
+func appVerb<Value>(_ connection: ConnectionOptions, _ output: OutputOptions, _ body: (BusClient) async throws -> Answer<Value>,
+                    show: (Value) -> Void) async throws {
     try await withClient(connection) { client in
         let answer = try await body(client)
-        if output.json { Output.json(answer, compact: true) } else { show(answer) }
+        if output.json { Output.json(answer.json, compact: true) } else { show(answer.value) }
     }
 }
 
@@ -50,12 +51,11 @@ struct CountrySearch: AsyncParsableCommand {
     func run() async throws {
         let params = SearchAPI.Countries(query: query, region: region, offset: offset, limit: limit)
         try await appVerb(connection, output, { try await call($0, SearchAPI.countriesSearch, params) }) { answer in
-            let countries = answer["countries"]?.arrayValue ?? []
-            Output.table(["NAME", "CAPITAL", "CODE", "REGION", "CURRENCY"], countries.map { country in
+            Output.table(["NAME", "CAPITAL", "CODE", "REGION", "CURRENCY"], answer.countries.map { country in
                 [Output.cell(country["name"]), Output.cell(country["capital"]), Output.cell(country["code"]),
                  Output.cell(country["regionName"] ?? country["region"]), Output.cell(country["currency"]?["code"])]
             })
-            Output.line(Output.styled("\(countries.count) of \(Output.cell(answer["total"]))", .dim))
+            Output.line(Output.styled("\(answer.countries.count) of \(answer.total)", .dim))
         }
     }
 }
@@ -81,14 +81,13 @@ struct CountryDeal: AsyncParsableCommand {
         try await appVerb(connection, output, { client in
             let today = try await call(client, PricingAPI.dealsToday, PricingAPI.Today(date: date))
             let rollback = try await call(client, PricingAPI.dealsRollback, PricingAPI.Rollback(seed: seed))
-            return ["today": today, "rollback": rollback]
-        }) { answer in
-            for deal in [answer["today"], answer["rollback"]].compactMap({ $0 }) {
-                Output.line(Output.styled(Output.cell(deal["title"]), .bold) + "  " + Output.cell(deal["country"]?["name"])
-                            + " (\(Output.cell(deal["country"]?["code"])))" + "  -\(Output.cell(deal["discountPercent"]))%")
-                Output.line("  " + Output.cell(deal["message"]))
+            return Answer(json: ["today": today.json, "rollback": rollback.json], value: (today: today.value, rollback: rollback.value))
+        }) { deals in
+            for deal in [deals.today, deals.rollback] {
+                Output.line(Output.styled(deal.title, .bold) + "  " + deal.country.name + " (\(deal.country.code))" + "  -\(deal.discountPercent)%")
+                Output.line("  " + deal.message)
             }
-            Output.line(Output.styled("seed \(Output.cell(answer["rollback"]?["seed"])) (sb countries deal --seed N gives it again)", .dim))
+            Output.line(Output.styled("seed \(deals.rollback.seed.map(String.init) ?? "") (sb countries deal --seed N gives it again)", .dim))
         }
     }
 }
@@ -122,10 +121,9 @@ struct PlaceSearch: AsyncParsableCommand {
 
     func run() async throws {
         try await appVerb(connection, output, { try await call($0, SearchAPI.locationsSearch, SearchAPI.Locations(query: query)) }) { answer in
-            let places = answer["places"]?.arrayValue ?? []
-            let byDistance = answer["kind"] == "coordinates"
-            Output.table(["PLACE", "LATITUDE", "LONGITUDE"] + (byDistance ? ["KM"] : []), places.map { place in
-                [Output.cell(place["label"]), Output.cell(place["latitude"]), Output.cell(place["longitude"])] + (byDistance ? [Output.cell(place["distanceKm"])] : [])
+            let byDistance = answer.kind == "coordinates"
+            Output.table(["PLACE", "LATITUDE", "LONGITUDE"] + (byDistance ? ["KM"] : []), answer.places.map { place in
+                [place.label, Output.number(place.latitude), Output.number(place.longitude)] + (byDistance ? [place.distanceKm.map(Output.number) ?? ""] : [])
             })
         }
     }
@@ -151,20 +149,21 @@ struct PlaceOpen: AsyncParsableCommand {
     func run() async throws {
         try await withClient(connection) { client in
             let answer = try await call(client, SearchAPI.locationsResolve, SearchAPI.Resolve(query: query))
+            let place = answer.value
             if output.json {
-                Output.json(answer, compact: true)
+                Output.json(answer.json, compact: true)
             } else {
                 // A named place with its coordinates; an unnamed one is shown by them already.
-                let name = answer["name"].flatMap(\.stringValue).map { Output.styled($0, .bold) + "  " } ?? ""
-                Output.line(name + "\(Output.cell(answer["latitude"])), \(Output.cell(answer["longitude"]))")
-                if let nearest = answer["nearest"], nearest != .null {
-                    Output.line("  nearest known place: \(Output.cell(nearest["label"])), \(Output.cell(nearest["distanceKm"])) km")
+                let name = place.name.map { Output.styled($0, .bold) + "  " } ?? ""
+                Output.line(name + "\(Output.number(place.latitude)), \(Output.number(place.longitude))")
+                if let nearest = place.nearest {
+                    Output.line("  nearest known place: \(nearest.label), \(nearest.distanceKm.map(Output.number) ?? "") km")
                 }
-                Output.line("  " + Output.styled(Output.cell(answer["deepLink"]), .cyan))
-                Output.line("  " + Output.cell(answer["webLink"]))
+                Output.line("  " + Output.styled(place.deepLink, .cyan))
+                Output.line("  " + place.webLink)
             }
-            if answer["historyRecorded"] == false { Output.diagnostic("not added to the history: \(Output.cell(answer["historyProblem"]))") }
-            if launch, let link = answer["deepLink"]?.stringValue { try Self.launch(link) }
+            if !place.historyRecorded { Output.diagnostic("not added to the history: \(place.historyProblem ?? "")") }
+            if launch { try Self.launch(place.deepLink) }
         }
     }
 
@@ -194,7 +193,7 @@ struct PlaceHistory: AsyncParsableCommand {
 
     func run() async throws {
         try await appVerb(connection, output, { try await call($0, StoreAPI.historyList, StoreAPI.Limit()) }) { answer in
-            Output.table(["SEARCHED", "AT"], (answer["entries"]?.arrayValue ?? []).map { [Output.cell($0["text"]), Output.cell($0["addedAt"])] })
+            Output.table(["SEARCHED", "AT"], answer.entries.map { [$0.text, $0.addedAt] })
         }
     }
 }
@@ -221,13 +220,13 @@ struct Items: AsyncParsableCommand {
     func run() async throws {
         let params = SearchAPI.Items(order: natural ? .natural : .lexical, listId: listId)
         try await appVerb(connection, output, { try await call($0, SearchAPI.itemsGrouped, params) }) { answer in
-            for group in answer["groups"]?.arrayValue ?? [] {
-                Output.line(Output.styled("List \(Output.cell(group["listId"])) (\(Output.cell(group["count"])) items)", .bold))
-                for item in group["items"]?.arrayValue ?? [] {
-                    Output.line("  \(Output.cell(item["name"]))" + Output.styled("  #\(Output.cell(item["id"]))", .dim))
+            for group in answer.groups {
+                Output.line(Output.styled("List \(group.listId) (\(group.count) items)", .bold))
+                for item in group.items {
+                    Output.line("  \(item.name)" + Output.styled("  #\(item.id)", .dim))
                 }
             }
-            Output.line(Output.styled("\(Output.cell(answer["total"])) items; \(Output.cell(answer["dropped"])) without a name left out", .dim))
+            Output.line(Output.styled("\(answer.total) items; \(answer.dropped) without a name left out", .dim))
         }
     }
 }
@@ -268,9 +267,9 @@ struct NewsSources: AsyncParsableCommand {
             }
             return try await call(client, SearchAPI.sourcesList, params)
         }) { answer in
-            Output.table(["", "ID", "NAME", "CATEGORY", "LANGUAGE", "COUNTRY"], (answer["sources"]?.arrayValue ?? []).map { source in
-                [source["selected"] == true ? Output.styled("*", .green) : " ", Output.cell(source["id"]), Output.cell(source["name"]),
-                 Output.cell(source["category"]), Output.cell(source["language"]), Output.cell(source["country"])]
+            Output.table(["", "ID", "NAME", "CATEGORY", "LANGUAGE", "COUNTRY"], answer.sources.map { (source: JSONValue) -> [String] in
+                let mark = source["selected"] == true ? Output.styled("*", .green) : " "
+                return [mark] + ["id", "name", "category", "language", "country"].map { Output.cell(source[$0]) }
             })
         }
     }
@@ -297,16 +296,16 @@ struct NewsHeadlines: AsyncParsableCommand {
     func run() async throws {
         let params = SearchAPI.Headlines(sources: sources.isEmpty ? nil : sources, page: page, pageSize: pageSize)
         try await appVerb(connection, output, { try await call($0, SearchAPI.headlinesList, params) }) { answer in
-            guard answer["status"] == "ok" else {
-                Output.line(Output.cell(answer["message"]) + (answer["status"] == "no-sources-selected" ? " (sb news sources --select ID...)" : ""))
+            guard answer.status == "ok" else {
+                Output.line((answer.message ?? "") + (answer.status == "no-sources-selected" ? " (sb news sources --select ID...)" : ""))
                 return
             }
-            for article in answer["articles"]?.arrayValue ?? [] {
+            for article in answer.articles {
                 Output.line(Output.styled(Output.cell(article["title"]), .bold))
                 Output.line("  " + Output.cell(article["source"]?["name"]) + ", " + Output.cell(article["publishedAt"]) + "  " + Output.styled(Output.cell(article["url"]), .cyan))
             }
-            let more = answer["hasMore"] == true ? "; more: sb news headlines --page \(page + 1)" : ""
-            Output.line(Output.styled("page \(page), \(Output.cell(answer["total"])) in all\(more)", .dim))
+            let more = answer.hasMore ? "; more: sb news headlines --page \(page + 1)" : ""
+            Output.line(Output.styled("page \(page), \(answer.total) in all\(more)", .dim))
         }
     }
 }
@@ -329,18 +328,18 @@ struct NewsSave: AsyncParsableCommand {
             if let found = try? await findHeadline(client) { article = found }
             return try await call(client, StoreAPI.articlesSave, StoreAPI.Article(article: article))
         }) { answer in
-            Output.line("saved \(Output.cell(answer["url"])) (id \(Output.cell(answer["id"])))")
+            Output.line("saved \(answer.url) (id \(answer.id))")
         }
     }
 
     func findHeadline(_ client: BusClient) async throws -> JSONValue? {
-        let sources = try await call(client, SearchAPI.sourcesList, SearchAPI.Sources(language: "all"))
-        let ids = (sources["sources"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue }
+        let sources = try await call(client, SearchAPI.sourcesList, SearchAPI.Sources(language: "all")).value
+        let ids = sources.sources.compactMap { $0["id"]?.stringValue }
         var page = 1
         while page <= 50 {
-            let answer = try await call(client, SearchAPI.headlinesList, SearchAPI.Headlines(sources: Array(ids.prefix(100)), page: page, pageSize: 100))
-            if let article = answer["articles"]?.arrayValue?.first(where: { $0["url"] == JSONValue.string(url) }) { return article }
-            guard answer["hasMore"] == true else { return nil }
+            let answer = try await call(client, SearchAPI.headlinesList, SearchAPI.Headlines(sources: Array(ids.prefix(100)), page: page, pageSize: 100)).value
+            if let article = answer.articles.first(where: { $0["url"] == JSONValue.string(url) }) { return article }
+            guard answer.hasMore else { return nil }
             page += 1
         }
         return nil
@@ -359,8 +358,8 @@ struct NewsSaved: AsyncParsableCommand {
 
     func run() async throws {
         try await appVerb(connection, output, { try await call($0, StoreAPI.articlesList, StoreAPI.Page(limit: 1_000)) }) { answer in
-            Output.table(["SAVED", "TITLE", "URL"], (answer["articles"]?.arrayValue ?? []).map { entry in
-                [Output.cell(entry["savedAt"]), Output.cell(entry["article"]?["title"]), Output.cell(entry["url"])]
+            Output.table(["SAVED", "TITLE", "URL"], answer.articles.map { entry in
+                [entry.savedAt, Output.cell(entry.article["title"]), entry.url]
             })
         }
     }
@@ -379,7 +378,7 @@ struct NewsDelete: AsyncParsableCommand {
 
     func run() async throws {
         try await appVerb(connection, output, { try await call($0, StoreAPI.articlesDelete, StoreAPI.URL(url: url)) }) { answer in
-            Output.line(answer["deleted"] == true ? "deleted \(url)" : "not saved: \(url)")
+            Output.line(answer.deleted ? "deleted \(url)" : "not saved: \(url)")
         }
     }
 }
@@ -414,26 +413,25 @@ struct FlightList: AsyncParsableCommand {
     func run() async throws {
         let params = SearchAPI.Flights(direction: outbound ? .outbound : inbound ? .inbound : nil)
         try await appVerb(connection, output, { try await call($0, SearchAPI.flightsList, params) }) { answer in
-            let flights = (answer["outbound"]?.arrayValue ?? []) + (answer["inbound"]?.arrayValue ?? [])
+            let flights = (answer.outbound ?? []) + (answer.inbound ?? [])
             Output.table(["ID", "DIRECTION", "FROM", "TO", "AIRLINE", "PRICE"], flights.map { flight in
                 [Output.cell(flight["id"]), Output.cell(flight["direction"]), Output.cell(flight["departureAirportCode"]),
                  Output.cell(flight["arrivalAirportCode"]), Output.cell(flight["airline"]?["name"] ?? flight["airlineId"]), Output.money(flight["price"])]
             })
-            if let unknown = answer["unknownAirlines"]?.arrayValue, !unknown.isEmpty {
-                Output.diagnostic("airlines not in the airlines dataset: \(unknown.map(Output.cell).joined(separator: ", "))")
+            if !answer.unknownAirlines.isEmpty {
+                Output.diagnostic("airlines not in the airlines dataset: \(answer.unknownAirlines.joined(separator: ", "))")
             }
         }
     }
 }
 
 /// A route (outbound, inbound, total) as lines.
-func showRoute(_ route: JSONValue, title: String) {
-    Output.line(Output.styled(title, .bold) + (route["total"].map { $0 == .null ? "" : "  " + Output.money($0) } ?? ""))
-    for leg in ["outbound", "inbound"] {
-        guard let flight = route[leg], flight != .null else { continue }
+func showRoute(title: String, outbound: JSONValue, inbound: JSONValue, total: JSONValue, message: String? = nil) {
+    Output.line(Output.styled(title, .bold) + (total == .null ? "" : "  " + Output.money(total)))
+    for (leg, flight) in [("outbound", outbound), ("inbound", inbound)] where flight != .null {
         Output.line("  \(leg) \(Output.cell(flight["id"])): \(Output.cell(flight["departureAirportCode"]))→\(Output.cell(flight["arrivalAirportCode"])), \(Output.cell(flight["airline"])), \(Output.money(flight["price"]))")
     }
-    if let message = route["message"]?.stringValue { Output.line("  " + Output.styled(message, .yellow)) }
+    if let message { Output.line("  " + Output.styled(message, .yellow)) }
 }
 
 struct FlightRoute: AsyncParsableCommand {
@@ -462,7 +460,7 @@ struct FlightRoute: AsyncParsableCommand {
             guard let outbound = select.first else { return try await call(client, PricingAPI.routeCurrent) }
             return try await call(client, PricingAPI.routeSelect, PricingAPI.Select(outboundId: outbound, inboundId: select.count == 2 ? select[1] : nil))
         }) { answer in
-            showRoute(answer, title: "Current route (\(Output.cell(answer["status"])))")
+            showRoute(title: "Current route (\(answer.status))", outbound: answer.outbound, inbound: answer.inbound, total: answer.total, message: answer.message)
         }
     }
 }
@@ -479,8 +477,12 @@ struct FlightCheapest: AsyncParsableCommand {
 
     func run() async throws {
         try await appVerb(connection, output, { try await call($0, PricingAPI.routeCheapest) }) { answer in
-            if let first = answer["cheapestOutbound"], first != .null { showRoute(first, title: "Cheapest outbound flight") }
-            if let trip = answer["cheapestRoundTrip"], trip != .null { showRoute(trip, title: "Cheapest round trip") }
+            if let first = answer.cheapestOutbound {
+                showRoute(title: "Cheapest outbound flight", outbound: first.outbound, inbound: first.inbound, total: first.total, message: first.message)
+            }
+            if let trip = answer.cheapestRoundTrip {
+                showRoute(title: "Cheapest round trip", outbound: trip.outbound, inbound: trip.inbound, total: trip.total)
+            }
         }
     }
 }
@@ -496,11 +498,11 @@ struct Datasets: AsyncParsableCommand {
     )
 }
 
-func showDatasets(_ answer: JSONValue) {
-    Output.table(["DATASET", "ORIGIN", "RECORDS", "VERSION", "FETCHED", "LAST ERROR"], (answer.arrayValue ?? []).map { entry in
-        let origin = Output.cell(entry["origin"])
-        return [Output.cell(entry["name"]), Output.styled(origin, origin == "remote" ? .green : .yellow), Output.cell(entry["records"]),
-                Output.cell(entry["version"]), Output.cell(entry["fetchedAt"]), Output.cell(entry["lastError"])]
+func showDatasets(_ entries: [FetcherAPI.DatasetEntry]) {
+    Output.table(["DATASET", "ORIGIN", "RECORDS", "VERSION", "FETCHED", "LAST ERROR"], entries.map { entry in
+        let origin = entry.origin ?? ""
+        return [entry.name, Output.styled(origin, origin == "remote" ? .green : .yellow), "\(entry.records)",
+                entry.version ?? "", entry.fetchedAt ?? "", entry.lastError ?? ""]
     })
 }
 

@@ -152,17 +152,30 @@ struct OutputOptions: ParsableArguments {
 ///
 /// The answer is the JSON the service sent, whatever its contract's result type: verbs print
 /// it as it came with --json.
-func call<P, R>(_ client: BusClient, _ method: Method<P, R>, _ params: P, timeout: Duration? = nil) async throws -> JSONValue {
+func call<P, R>(_ client: BusClient, _ method: Method<P, R>, _ params: P, timeout: Duration? = nil) async throws -> Answer<R> {
+    let json: JSONValue
     do {
-        return try await client.call(method.json, params, timeout: timeout)
+        json = try await client.call(method.json, params, timeout: timeout)
     } catch {
         throw await Failure(error, service: method.service, method: method.name, client: client)
+    }
+    do {
+        return Answer(json: json, value: try decodeResult(R.self, json))
+    } catch {
+        throw Failure(status: ExitStatus.serviceError, message: "\(method.service) \(method.name): \((error as? JSONRPCError)?.message ?? "\(error)")")
     }
 }
 
 /// ``call(_:_:_:timeout:)`` for a method without params.
-func call<R>(_ client: BusClient, _ method: Method<NoParams, R>, timeout: Duration? = nil) async throws -> JSONValue {
+func call<R>(_ client: BusClient, _ method: Method<NoParams, R>, timeout: Duration? = nil) async throws -> Answer<R> {
     try await call(client, method, NoParams(), timeout: timeout)
+}
+
+/// A service's answer twice: as it came (what `--json` prints, unchanged) and as its
+/// contract's result type (what the tables read).
+struct Answer<Value: Sendable>: Sendable {
+    let json: JSONValue
+    let value: Value
 }
 
 /// `sb request`: any service and method by name, params as given.

@@ -35,10 +35,10 @@ struct Describe: AsyncParsableCommand {
     func run() async throws {
         try await withClient(connection) { client in
             guard let service else { return try await describeAll(client) }
-            let document = try await call(client, Method.discover(service))
-            let description = try decodeResult(ServiceDescription.self, document)
+            let answer = try await call(client, Method.discover(service))
+            let description = answer.value
             guard let method else {
-                if output.json { return Output.json(document, compact: true) }
+                if output.json { return Output.json(answer.json, compact: true) }
                 return Output.table(["METHOD", "PARAMS", "RESULT", "SUMMARY"], description.methods.map { method in
                     [method.name, Self.params(method), Self.type(method.result.schema), method.summary]
                 })
@@ -56,8 +56,8 @@ struct Describe: AsyncParsableCommand {
 
     /// Every registered service's methods (the kernel's first), one table.
     private func describeAll(_ client: BusClient) async throws {
-        let list = try await call(client, KernelAPI.servicesList)
-        let names = [KernelAPI.service] + (list["services"]?.arrayValue ?? []).compactMap { $0["name"]?.stringValue }
+        let list = try await call(client, KernelAPI.servicesList).value
+        let names = [KernelAPI.service] + list.services.map(\.name)
         var documents: [String: JSONValue] = [:], rows: [[String]] = [], sections: [String] = []
         for name in names {
             do {

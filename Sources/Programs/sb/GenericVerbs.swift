@@ -183,23 +183,26 @@ struct Services: AsyncParsableCommand {
 
     func run() async throws {
         try await withActiveKernel(connection, printing: !output.json) { client in
-            let list = try await call(client, KernelAPI.servicesList)
+            let list = try await call(client, KernelAPI.servicesList).value
             // What `switchboard up` says of each process (nothing when the bus runs otherwise).
             let processes = (try? await client.call(KernelAPI.stateGet, .init(prefix: SupervisorStatus.prefix)))?.entries
                 .compactMap { try? $0.value.decode(as: SupervisorStatus.self) } ?? []
-            var services: [JSONValue] = []
-            for service in list["services"]?.arrayValue ?? [] {
-                var entry = service.objectValue ?? [:]
-                let name = service["name"]?.stringValue ?? ""
-                entry["available"] = .bool((try? await client.hasWorkers(name, timeout: .seconds(2))) == true)
-                if let process = processes.first(where: { $0.name == name }) { entry["process"] = try? JSONValue(encoding: process) }
-                services.append(.object(entry))
+            var rows: [(service: KernelAPI.ServiceList.Entry, available: Bool, process: SupervisorStatus?)] = []
+            for service in list.services {
+                rows.append((service, (try? await client.hasWorkers(service.name, timeout: .seconds(2))) == true,
+                             processes.first { $0.name == service.name }))
             }
-            if output.json { return Output.json(.array(services), compact: true) }
-            Output.table(["SERVICE", "WORKERS", "IDLE", "QUEUED", "IN FLIGHT", "AVAILABLE"], services.map { service in
-                let available = service["available"] == true
-                return [Output.cell(service["name"]), Output.cell(service["workers"]), Output.cell(service["idle"]), Output.cell(service["queued"]),
-                        Output.cell(service["inFlight"]), Output.styled(available ? "yes" : "no", available ? .green : .red)]
+            if output.json {
+                return Output.json(.array(rows.map { row in
+                    var entry = (try? JSONValue(encoding: row.service))?.objectValue ?? [:]
+                    entry["available"] = .bool(row.available)
+                    if let process = row.process { entry["process"] = try? JSONValue(encoding: process) }
+                    return .object(entry)
+                }), compact: true)
+            }
+            Output.table(["SERVICE", "WORKERS", "IDLE", "QUEUED", "IN FLIGHT", "AVAILABLE"], rows.map { row in
+                [row.service.name, "\(row.service.workers)", "\(row.service.idle)", "\(row.service.queued)", "\(row.service.inFlight)",
+                 Output.styled(row.available ? "yes" : "no", row.available ? .green : .red)]
             })
             for process in processes where process.state != .running {
                 Output.line(Output.styled("\(process.name): \(process.summary)", .red))
@@ -257,10 +260,10 @@ struct Stats: AsyncParsableCommand {
     func run() async throws {
         try await withActiveKernel(connection, printing: !output.json && !prometheus) { client in
             if prometheus {
-                let metrics = try await call(client, KernelAPI.metrics)
-                return FileHandle.standardOutput.write(Data((metrics["text"]?.stringValue ?? "").utf8))
+                let metrics = try await call(client, KernelAPI.metrics).value
+                return FileHandle.standardOutput.write(Data(metrics.text.utf8))
             }
-            let stats = try await call(client, KernelAPI.stats)
+            let stats = try await call(client, KernelAPI.stats).json
             if output.json { return Output.json(stats, compact: false) }
             let services = (stats["services"]?.objectValue ?? [:]).sorted { $0.key < $1.key }
             func micros(_ value: JSONValue?, bound: Bool = false) -> String {
@@ -290,11 +293,14 @@ struct Ping: AsyncParsableCommand {
     func run() async throws {
         try await withClient(connection) { client in
             let started = ContinuousClock.now
-            var answer = try await call(client, KernelAPI.ping).objectValue ?? [:]
+            let pong = try await call(client, KernelAPI.ping)
             let milliseconds = ((ContinuousClock.now - started).seconds * 10_000).rounded() / 10
-            answer["milliseconds"] = .double(milliseconds)
-            if output.json { return Output.json(.object(answer), compact: true) }
-            Output.line("pong from the kernel at \(client.brokers.joined(separator: ", ")) in \(milliseconds) ms (up \(Output.cell(answer["uptimeSeconds"])) s)")
+            if output.json {
+                var answer = pong.json.objectValue ?? [:]
+                answer["milliseconds"] = .double(milliseconds)
+                return Output.json(.object(answer), compact: true)
+            }
+            Output.line("pong from the kernel at \(client.brokers.joined(separator: ", ")) in \(milliseconds) ms (up \(Output.number(pong.value.uptimeSeconds)) s)")
         }
     }
 }

@@ -83,6 +83,11 @@ enum Output {
         }
     }
 
+    /// A number as people read it: `3` rather than `3.0`.
+    static func number(_ value: Double) -> String {
+        value == value.rounded() && abs(value) < 1e15 ? "\(Int(value))" : "\(value)"
+    }
+
     /// Money as `45.00 EUR`.
     static func money(_ value: JSONValue?) -> String {
         guard let amount = value?["amount"]?.stringValue else { return "" }
