@@ -59,7 +59,7 @@ public enum StoreAPI {
         public var inboundId: Int?
         public init(outboundId: Int, inboundId: Int?) { (self.outboundId, self.inboundId) = (outboundId, inboundId) }
     }
-    public struct Snapshot: ResultShape, Sendable {
+    public struct Snapshot: Codable, Sendable {
         public var name: String
         public var body: String
         public var version: String
@@ -76,24 +76,25 @@ public enum StoreAPI {
 
     // MARK: Results
 
-    public struct HistoryAdded: ResultShape, Sendable {
+    public struct HistoryAdded: Codable, Sendable {
         public var text: String
         public var addedAt: String
         /// Entries in the history now.
         public var count: Int
     }
-    public struct History: ResultShape, Sendable {
+    public struct History: Codable, Sendable {
         public struct Entry: Codable, Sendable {
             public var text: String
             public var addedAt: String
         }
         public var entries: [Entry]
         public var count: Int
+        public init(entries: [Entry], count: Int) { (self.entries, self.count) = (entries, count) }
     }
-    public struct Cleared: ResultShape, Sendable {
+    public struct Cleared: Codable, Sendable {
         public var cleared: Int
     }
-    public struct ArticleSaved: ResultShape, Sendable {
+    public struct ArticleSaved: Codable, Sendable {
         /// Derived from the URL.
         public var id: String
         public var url: String
@@ -101,7 +102,7 @@ public enum StoreAPI {
         /// False when an article with this URL was saved before (it is replaced).
         public var created: Bool
     }
-    public struct SavedArticles: ResultShape, Sendable {
+    public struct SavedArticles: Codable, Sendable {
         public struct Entry: Codable, Sendable {
             public var id: String
             public var url: String
@@ -111,23 +112,26 @@ public enum StoreAPI {
         public var articles: [Entry]
         public var total: Int
         public var offset: Int
+        public init(articles: [Entry], total: Int, offset: Int) { (self.articles, self.total, self.offset) = (articles, total, offset) }
     }
-    public struct ArticleDeleted: ResultShape, Sendable {
+    public struct ArticleDeleted: Codable, Sendable {
         public var deleted: Bool
         public var url: String
         public var id: String
         public var message: String?
     }
-    public struct SourceSelection: ResultShape, Sendable {
+    public struct SourceSelection: Codable, Sendable {
         public var ids: [String]
+        /// Absent before any selection was made.
         public var selectedAt: String?
+        public init(ids: [String], selectedAt: String?) { (self.ids, self.selectedAt) = (ids, selectedAt) }
     }
-    public struct RouteSelection: ResultShape, Sendable {
+    public struct RouteSelection: Codable, Sendable {
         public var outboundId: Int
         public var inboundId: Int?
         public var selectedAt: String
     }
-    public struct SnapshotStored: ResultShape, Sendable {
+    public struct SnapshotStored: Codable, Sendable {
         public var name: String
         /// False when the store holds a copy fetched later.
         public var stored: Bool

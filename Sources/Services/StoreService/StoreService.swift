@@ -110,7 +110,7 @@ public actor StoreService: BusService, ServiceWork {
 
     static let maxTextLength = 1_000
 
-    func historyAdd(_ raw: String) async throws -> JSONValue {
+    func historyAdd(_ raw: String) async throws -> StoreAPI.HistoryAdded {
         let text = raw.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !text.isEmpty else { throw JSONRPCError.invalidParams(field: "text", "must not be empty or only whitespace") }
         guard text.count <= Self.maxTextLength else {
@@ -119,12 +119,12 @@ public actor StoreService: BusService, ServiceWork {
         return try await write(.historyAdd(text: text, limit: configuration.historyLimit), changing: [Keys.history])
     }
 
-    func historyList(limit: Int?) async throws -> JSONValue {
+    func historyList(limit: Int?) async throws -> StoreAPI.History {
         let limit = try Validate.limit(limit, default: configuration.historyLimit, max: configuration.historyLimit)
-        return try await backend.read(.history(limit: limit)) ?? .null
+        return try await read(.history(limit: limit)) ?? StoreAPI.History(entries: [], count: 0)
     }
 
-    func historyClear() async throws -> JSONValue {
+    func historyClear() async throws -> StoreAPI.Cleared {
         try await write(.historyClear, changing: [Keys.history])
     }
 
@@ -132,7 +132,7 @@ public actor StoreService: BusService, ServiceWork {
 
     static let maxArticleBytes = 256 * 1024
 
-    func articlesSave(_ article: JSONValue) async throws -> JSONValue {
+    func articlesSave(_ article: JSONValue) async throws -> StoreAPI.ArticleSaved {
         guard case .object(let fields) = article else { throw JSONRPCError.invalidParams(field: "article", "must be an object") }
         guard let url = fields["url"]?.stringValue else { throw JSONRPCError.invalidParams(field: "article.url", "is required (a string)") }
         try Validate.webURL(url, field: "article.url")
@@ -147,13 +147,13 @@ public actor StoreService: BusService, ServiceWork {
         return try await write(.articleSave(url: url, id: id, article: text), changing: [Keys.article(id)])
     }
 
-    func articlesList(offset: Int?, limit: Int?) async throws -> JSONValue {
+    func articlesList(offset: Int?, limit: Int?) async throws -> StoreAPI.SavedArticles {
         let offset = try Validate.offset(offset)
         let limit = try Validate.limit(limit, default: 100, max: 1_000)
-        return try await backend.read(.articles(offset: offset, limit: limit)) ?? .null
+        return try await read(.articles(offset: offset, limit: limit)) ?? StoreAPI.SavedArticles(articles: [], total: 0, offset: offset)
     }
 
-    func articlesDelete(_ url: String) async throws -> JSONValue {
+    func articlesDelete(_ url: String) async throws -> StoreAPI.ArticleDeleted {
         let id = ArticleID.of(url)
         return try await write(.articleDelete(url: url, id: id), changing: [Keys.article(id)])
     }
@@ -162,7 +162,7 @@ public actor StoreService: BusService, ServiceWork {
 
     static let maxSources = 100
 
-    func sourcesSelect(_ ids: [String]) async throws -> JSONValue {
+    func sourcesSelect(_ ids: [String]) async throws -> StoreAPI.SourceSelection {
         var unique: [String] = []
         for (index, id) in ids.enumerated() {
             let trimmed = id.trimmingCharacters(in: .whitespaces)
@@ -178,14 +178,14 @@ public actor StoreService: BusService, ServiceWork {
         return try await write(.select(name: "sources", value: value.jsonString), changing: [Keys.sourcesSelected])
     }
 
-    func sourcesSelected() async throws -> JSONValue {
-        try await backend.read(.selection(name: "sources")) ?? Self.noSources
+    func sourcesSelected() async throws -> StoreAPI.SourceSelection {
+        try await read(.selection(name: "sources")) ?? StoreAPI.SourceSelection(ids: [], selectedAt: nil)
     }
 
     /// The sources selection before any was made.
     static let noSources: JSONValue = ["ids": [], "selectedAt": nil]
 
-    func routeSelect(_ outboundId: Int, _ inboundId: Int?) async throws -> JSONValue {
+    func routeSelect(_ outboundId: Int, _ inboundId: Int?) async throws -> StoreAPI.RouteSelection {
         guard outboundId >= 0 else { throw JSONRPCError.invalidParams(field: "outboundId", "must not be negative") }
         if let inboundId, inboundId < 0 { throw JSONRPCError.invalidParams(field: "inboundId", "must not be negative") }
         let value: JSONValue = ["outboundId": .int(Int64(outboundId)), "inboundId": inboundId.map { .int(Int64($0)) } ?? .null]
@@ -193,15 +193,15 @@ public actor StoreService: BusService, ServiceWork {
     }
 
     /// The stored route, or null when none was ever selected.
-    func routeSelected() async throws -> JSONValue {
-        try await backend.read(.selection(name: "route")) ?? .null
+    func routeSelected() async throws -> StoreAPI.RouteSelection? {
+        try await read(.selection(name: "route"))
     }
 
     // MARK: Snapshots
 
     static let origins: Set<String> = ["remote", "cache", "bundled"]
 
-    func snapshotsPut(_ params: StoreAPI.Snapshot) async throws -> JSONValue {
+    func snapshotsPut(_ params: StoreAPI.Snapshot) async throws -> StoreAPI.SnapshotStored {
         let name = try Validate.datasetName(params.name)
         guard !params.version.isEmpty, params.version.count <= 200 else {
             throw JSONRPCError.invalidParams(field: "version", "must be 1 to 200 characters")
@@ -216,26 +216,31 @@ public actor StoreService: BusService, ServiceWork {
                                             fetchedAt: fetchedAt.timeIntervalSince1970), changing: [])
     }
 
-    func snapshotsGet(_ rawName: String) async throws -> JSONValue {
+    func snapshotsGet(_ rawName: String) async throws -> StoreAPI.Snapshot {
         let name = try Validate.datasetName(rawName)
-        guard let found = try await backend.read(.snapshot(name: name)) else {
+        guard let found: StoreAPI.Snapshot = try await read(.snapshot(name: name)) else {
             throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no snapshot of '\(name)'", data: ["name": .string(name)])
         }
         return found
     }
 
-    func snapshotsList() async throws -> JSONValue {
-        try await backend.read(.snapshots) ?? []
+    func snapshotsList() async throws -> [StoreAPI.SnapshotEntry] {
+        try await read(.snapshots) ?? []
     }
 
     // MARK: Writing
 
     /// Runs `write` (kept under the request being answered, if it is named) and marks
     /// `keys` for publication once it is durable.
-    private func write(_ write: StoreWrite, changing keys: [String]) async throws -> JSONValue {
+    private func write<Result: Decodable>(_ write: StoreWrite, changing keys: [String]) async throws -> Result {
         let result = try await backend.write(write, request: RequestKey.current?.description)
         markChanged(keys)
-        return result
+        return try decodeResult(Result.self, result)
+    }
+
+    /// What `read` finds, as the contract's type; nil when there is nothing.
+    private func read<Result: Decodable>(_ read: StoreRead) async throws -> Result? {
+        try await backend.read(read).map { try decodeResult(Result.self, $0) }
     }
 
     // MARK: Publishing
