@@ -151,7 +151,7 @@ let package = Package(
         // (the fixtures) as the offline fallback.
         .target(
             name: "Catalog",
-            dependencies: ["BusProtocol", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["BusProtocol", "Contracts", .product(name: "Crypto", package: "swift-crypto")],
             path: "Sources/Services/Catalog",
             resources: [.copy("Resources")],
             swiftSettings: sharedSettings

@@ -91,7 +91,7 @@ struct PricingBusTests {
         #expect(await bus.error("route.select", ["outboundId": "one"])?.data?["field"] == "outboundId")
         #expect(try await bus.client.request(service: "store", method: "route.selected")["outboundId"] == 1)
         let alone = try await bus.request("route.select", ["outboundId": 5])
-        #expect(alone["status"] == "incomplete" && alone["total"] == .null && alone["inbound"] == .null)
+        #expect(alone["status"] == "incomplete" && alone["total"] == nil && alone["inbound"] == nil)
         #expect(try await bus.request("route.quote", ["outboundId": 2, "inboundId": 15])["total"]?["amount"] == "50.00")
         #expect(try await bus.request("route.cheapest")["cheapestOutbound"]?["inbound"]?["id"] == 12)
         await bus.stop()
@@ -118,7 +118,7 @@ struct PricingBusTests {
         // Inbound 12 is withdrawn: the route is unavailable, said so, and the event carries it.
         try await bus.replaceFlights(flightsFile(outbound: fixture.map { ($0.0, $0.1, $0.2, $0.3) }, inbound: [(11, "AMS", "BCN", "50")]))
         let gone = try await within(15, "the route without its inbound flight") { try await updates.nextUpdate() }
-        #expect(gone?.json?["status"] == "unavailable" && gone?.json?["total"] == .null && gone?.json?["previousTotal"]?["amount"] == "55.10")
+        #expect(gone?.json?["status"] == "unavailable" && gone?.json?["total"] == nil && gone?.json?["previousTotal"]?["amount"] == "55.10")
         let current = try await bus.request("route.current")
         #expect(current["status"] == "unavailable" && current["message"]?.stringValue?.contains("inbound flight 12 is no longer offered") == true)
         await bus.stop()

@@ -1,5 +1,6 @@
 import BusProtocol
 import Catalog
+import Contracts
 import Foundation
 @testable import PricingService
 import SwitchboardTestSupport
@@ -64,7 +65,7 @@ struct PricingTests {
         await pricing.load(.flights(try flights(data)), version: "t1")
         let answer = await pricing.cheapest()
         let first = try #require(answer["cheapestOutbound"])
-        #expect(first["outbound"]?["id"] == 5 && first["inbound"] == .null && first["total"] == .null && first["complete"] == false)
+        #expect(first["outbound"]?["id"] == 5 && first["inbound"] == nil && first["total"] == nil && first["complete"] == false)
         #expect(first["message"]?.stringValue?.contains("outbound 5 (BCN→ROT) has no related inbound flight") == true)
         let trip = try #require(answer["cheapestRoundTrip"])
         #expect(trip["outbound"]?["id"] == 2 && trip["inbound"]?["id"] == 13 && trip["total"]?["amount"] == "25.00")
@@ -140,4 +141,9 @@ struct PricingTests {
             #expect(!deal.message.contains("{") && !deal.message.contains(", .") && deal.message.contains("Bouvet Island"))
         }
     }
+}
+
+/// A typed answer read as the JSON it is sent as.
+private extension Encodable {
+    subscript(_ key: String) -> JSONValue? { (try? JSONValue(encoding: self))?[key] }
 }

@@ -1,5 +1,6 @@
 public import BusProtocol
 public import ContractKit
+public import Foundation
 
 /// `pricing`: round-trip quotes, the current route (kept by the store) and the deals.
 public enum PricingAPI {
@@ -37,52 +38,95 @@ public enum PricingAPI {
         public init(date: String? = nil) { self.date = date }
     }
 
-    // MARK: Results (flights as the search service shows them; money as {"amount", "currency"})
+    // MARK: Results (money as {"amount", "currency"}, the amount a decimal string)
 
-    public struct RouteQuote: ResultShape, Sendable {
-        public var outbound: JSONValue
-        public var inbound: JSONValue
-        public var total: JSONValue
-        public var flightsVersion: String?
+    /// A flight as pricing shows it, with its fare.
+    public struct PricedFlight: Codable, Sendable, Equatable {
+        public var id: Int
+        /// "outbound" or "inbound".
+        public var direction: String
+        /// The airline's id in the airlines dataset.
+        public var airline: String
+        public var departureAirportCode: String
+        public var arrivalAirportCode: String
+        public var price: Money
+        public init(id: Int, direction: String, airline: String, departureAirportCode: String, arrivalAirportCode: String, price: Money) {
+            (self.id, self.direction, self.airline, self.departureAirportCode, self.arrivalAirportCode, self.price)
+                = (id, direction, airline, departureAirportCode, arrivalAirportCode, price)
+        }
     }
-    public struct Cheapest: ResultShape, Sendable {
+    public struct RouteQuote: Codable, Sendable {
+        public var outbound: PricedFlight
+        public var inbound: PricedFlight?
+        /// Absent unless both flights are there (in one currency).
+        public var total: Money?
+        public var flightsVersion: String?
+        public init(outbound: PricedFlight, inbound: PricedFlight?, total: Money?, flightsVersion: String?) {
+            (self.outbound, self.inbound, self.total, self.flightsVersion) = (outbound, inbound, total, flightsVersion)
+        }
+    }
+    public struct Cheapest: Codable, Sendable {
         public struct Outbound: Codable, Sendable {
-            public var outbound: JSONValue
-            public var inbound: JSONValue
-            public var total: JSONValue
+            public var outbound: PricedFlight
+            public var inbound: PricedFlight?
+            public var total: Money?
             /// Whether the outbound flight has a related inbound one.
             public var complete: Bool
             public var message: String?
+            public init(outbound: PricedFlight, inbound: PricedFlight?, total: Money?, complete: Bool, message: String?) {
+                (self.outbound, self.inbound, self.total, self.complete, self.message) = (outbound, inbound, total, complete, message)
+            }
         }
         public struct RoundTrip: Codable, Sendable {
-            public var outbound: JSONValue
-            public var inbound: JSONValue
-            public var total: JSONValue
+            public var outbound: PricedFlight
+            public var inbound: PricedFlight
+            public var total: Money?
+            public init(outbound: PricedFlight, inbound: PricedFlight, total: Money?) {
+                (self.outbound, self.inbound, self.total) = (outbound, inbound, total)
+            }
         }
         public var cheapestOutbound: Outbound?
         public var cheapestRoundTrip: RoundTrip?
+        public init(cheapestOutbound: Outbound?, cheapestRoundTrip: RoundTrip?) {
+            (self.cheapestOutbound, self.cheapestRoundTrip) = (cheapestOutbound, cheapestRoundTrip)
+        }
     }
-    public struct CurrentRoute: ResultShape, Sendable {
+    /// The chosen route priced now; also the value published at ``StateKeys/routeCurrent``
+    /// (there with `previousTotal` and `pricedAt`).
+    public struct CurrentRoute: Codable, Sendable, Equatable {
         public var outboundId: Int
         public var inboundId: Int?
         public var selectedAt: String?
         /// "priced", "incomplete" or "unavailable".
         public var status: String
-        public var outbound: JSONValue
-        public var inbound: JSONValue
-        public var total: JSONValue
+        public var outbound: PricedFlight?
+        public var inbound: PricedFlight?
+        public var total: Money?
         public var message: String?
         /// True when the route is the cheapest one, chosen on the first start.
         public var firstRun: Bool?
+        /// The total before the last change (published value only).
+        public var previousTotal: Money?
+        /// When it was priced (published value only).
+        public var pricedAt: String?
+        public init(outboundId: Int, inboundId: Int?, selectedAt: String?, status: String, outbound: PricedFlight?, inbound: PricedFlight?,
+                    total: Money?, message: String?, firstRun: Bool? = nil, previousTotal: Money? = nil, pricedAt: String? = nil) {
+            (self.outboundId, self.inboundId, self.selectedAt, self.status, self.outbound, self.inbound, self.total, self.message)
+                = (outboundId, inboundId, selectedAt, status, outbound, inbound, total, message)
+            (self.firstRun, self.previousTotal, self.pricedAt) = (firstRun, previousTotal, pricedAt)
+        }
     }
-    public struct Deal: ResultShape, Sendable {
-        public struct Country: Codable, Sendable {
+    public struct Deal: Codable, Sendable, Equatable {
+        public struct Country: Codable, Sendable, Equatable {
             public var name: String
             public var code: String
             public var capital: String?
             public var flag: String?
             public var flagEmoji: String?
             public var region: String?
+            public init(name: String, code: String, capital: String?, flag: String?, flagEmoji: String?, region: String?) {
+                (self.name, self.code, self.capital, self.flag, self.flagEmoji, self.region) = (name, code, capital, flag, flagEmoji, region)
+            }
         }
         public var title: String
         /// deals.rollback: the seed that gives this deal again.
@@ -92,5 +136,8 @@ public enum PricingAPI {
         public var country: Country
         public var discountPercent: Int
         public var message: String
+        public init(title: String, seed: Int64? = nil, date: String? = nil, country: Country, discountPercent: Int, message: String) {
+            (self.title, self.seed, self.date, self.country, self.discountPercent, self.message) = (title, seed, date, country, discountPercent, message)
+        }
     }
 }

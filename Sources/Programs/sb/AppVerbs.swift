@@ -426,10 +426,11 @@ struct FlightList: AsyncParsableCommand {
 }
 
 /// A route (outbound, inbound, total) as lines.
-func showRoute(title: String, outbound: JSONValue, inbound: JSONValue, total: JSONValue, message: String? = nil) {
-    Output.line(Output.styled(title, .bold) + (total == .null ? "" : "  " + Output.money(total)))
-    for (leg, flight) in [("outbound", outbound), ("inbound", inbound)] where flight != .null {
-        Output.line("  \(leg) \(Output.cell(flight["id"])): \(Output.cell(flight["departureAirportCode"]))→\(Output.cell(flight["arrivalAirportCode"])), \(Output.cell(flight["airline"])), \(Output.money(flight["price"]))")
+func showRoute(title: String, outbound: PricingAPI.PricedFlight?, inbound: PricingAPI.PricedFlight?, total: Money?, message: String? = nil) {
+    Output.line(Output.styled(title, .bold) + (total.map { "  \($0)" } ?? ""))
+    for (leg, flight) in [("outbound", outbound), ("inbound", inbound)] {
+        guard let flight else { continue }
+        Output.line("  \(leg) \(flight.id): \(flight.departureAirportCode)→\(flight.arrivalAirportCode), \(flight.airline), \(flight.price)")
     }
     if let message { Output.line("  " + Output.styled(message, .yellow)) }
 }

@@ -1,3 +1,4 @@
+public import Contracts
 public import Foundation
 
 /// The records of the five apps' datasets, normalised: the shapes `datasets.get` answers
@@ -163,4 +164,12 @@ public struct Airline: Codable, Sendable, Equatable {
     public var description: String?
     public var logoImg: String?
     public var mainImg: String?
+}
+
+extension Flight {
+    /// The flights' prices are whole euros.
+    public static let currency = "EUR"
+
+    /// The price with its currency.
+    public var fare: Money { Money(amount: price, currency: Self.currency) }
 }

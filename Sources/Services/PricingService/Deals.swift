@@ -1,5 +1,6 @@
 import BusProtocol
 import Catalog
+import Contracts
 import Foundation
 
 /// The countries app's deals: a country at a discount, with a message. The same seed gives
@@ -71,16 +72,12 @@ struct DealMaker: Sendable {
 }
 
 extension DealMaker.Deal {
-    func json(title: String, extra: [String: JSONValue]) -> JSONValue {
-        var object = extra
-        object["title"] = .string(title)
-        object["country"] = ["name": .string(country.name), "code": .string(country.code),
-                             "capital": country.capital.map(JSONValue.string) ?? .null, "flag": country.flag.map(JSONValue.string) ?? .null,
-                             "flagEmoji": DealMaker.flagEmoji(country.code).map(JSONValue.string) ?? .null,
-                             "region": country.region.map(JSONValue.string) ?? .null]
-        object["discountPercent"] = .int(Int64(discount))
-        object["message"] = .string(message)
-        return .object(object)
+    /// As `deals.today` and `deals.rollback` answer it.
+    func answer(title: String, seed: Int64? = nil, date: String? = nil) -> PricingAPI.Deal {
+        PricingAPI.Deal(title: title, seed: seed, date: date,
+                        country: PricingAPI.Deal.Country(name: country.name, code: country.code, capital: country.capital, flag: country.flag,
+                                                         flagEmoji: DealMaker.flagEmoji(country.code), region: country.region),
+                        discountPercent: discount, message: message)
     }
 }
 

@@ -115,26 +115,26 @@ public actor PricingService: BusService, ServiceWork {
         table.on(PricingAPI.dealsToday) { pricing, params in try await pricing.today(params) }
     }
 
-    func quote(_ params: PricingAPI.Quote) throws -> JSONValue {
-        var answer = try book.quote(outboundId: params.outboundId, inboundId: params.inboundId).json
-        answer["flightsVersion"] = version(of: .flights).map(JSONValue.string) ?? .null
-        return .object(answer)
+    func quote(_ params: PricingAPI.Quote) throws -> PricingAPI.RouteQuote {
+        let quote = try book.quote(outboundId: params.outboundId, inboundId: params.inboundId)
+        return PricingAPI.RouteQuote(outbound: quote.outbound.priced, inbound: quote.inbound?.priced, total: quote.total,
+                                     flightsVersion: version(of: .flights))
     }
 
-    func cheapest() -> JSONValue {
-        var first: JSONValue = .null
-        if let quote = book.cheapestOutbound() {
-            var object = quote.json
-            object["complete"] = .bool(quote.inbound != nil)
-            if quote.inbound == nil {
-                object["message"] = .string("outbound \(quote.outbound.id) (\(quote.outbound.leg)) has no related inbound flight, so no round trip and no total")
-            }
-            first = .object(object)
+    func cheapest() -> PricingAPI.Cheapest {
+        let first = book.cheapestOutbound().map { quote in
+            PricingAPI.Cheapest.Outbound(
+                outbound: quote.outbound.priced, inbound: quote.inbound?.priced, total: quote.total, complete: quote.inbound != nil,
+                message: quote.inbound != nil ? nil
+                    : "outbound \(quote.outbound.id) (\(quote.outbound.leg)) has no related inbound flight, so no round trip and no total")
         }
-        return ["cheapestOutbound": first, "cheapestRoundTrip": book.cheapestRoundTrip().map { .object($0.json) } ?? .null]
+        let trip = book.cheapestRoundTrip().flatMap { quote in
+            quote.inbound.map { PricingAPI.Cheapest.RoundTrip(outbound: quote.outbound.priced, inbound: $0.priced, total: quote.total) }
+        }
+        return PricingAPI.Cheapest(cheapestOutbound: first, cheapestRoundTrip: trip)
     }
 
-    func current() async throws -> JSONValue {
+    func current() async throws -> PricingAPI.CurrentRoute {
         let stored = try await store(StoreAPI.routeSelected, NoParams(), for: "the current route")
         var firstRun = false
         let selection: Selection
@@ -151,12 +151,12 @@ public actor PricingService: BusService, ServiceWork {
         knownSelection = selection
         let priced = price(selection)
         await publish(priced)
-        var answer = priced.json
-        answer["firstRun"] = .bool(firstRun)
-        return .object(answer)
+        var answer = priced.route
+        answer.firstRun = firstRun
+        return answer
     }
 
-    func select(_ params: PricingAPI.Select) async throws -> JSONValue {
+    func select(_ params: PricingAPI.Select) async throws -> PricingAPI.CurrentRoute {
         // Validate before storing: unknown ids -32003, an unrelated pair -32004.
         if let inboundId = params.inboundId {
             _ = try book.quote(outboundId: params.outboundId, inboundId: inboundId)
@@ -167,16 +167,16 @@ public actor PricingService: BusService, ServiceWork {
         knownSelection = selection
         let priced = price(selection)
         await publish(priced)
-        return .object(priced.json)
+        return priced.route
     }
 
-    func rollback(_ params: PricingAPI.Rollback) throws -> JSONValue {
+    func rollback(_ params: PricingAPI.Rollback) throws -> PricingAPI.Deal {
         let seed = params.seed ?? Int64.random(in: 0...Int64.max)
         guard let deal = deals.deal(seed: UInt64(bitPattern: seed)) else { throw noCountries() }
-        return deal.json(title: "Rollback Deal", extra: ["seed": .int(seed)])
+        return deal.answer(title: "Rollback Deal", seed: seed)
     }
 
-    func today(_ params: PricingAPI.Today) throws -> JSONValue {
+    func today(_ params: PricingAPI.Today) throws -> PricingAPI.Deal {
         let date: String
         if let given = params.date {
             guard let valid = Day.parse(given) else {
@@ -187,7 +187,7 @@ public actor PricingService: BusService, ServiceWork {
             date = Day.text(Date())
         }
         guard let deal = deals.deal(seed: DealMaker.seed(forDay: date)) else { throw noCountries() }
-        return deal.json(title: "Deal of the Day!", extra: ["date": .string(date)])
+        return deal.answer(title: "Deal of the Day!", date: date)
     }
 
     private func noCountries() -> JSONRPCError {
@@ -220,14 +220,11 @@ public actor PricingService: BusService, ServiceWork {
 
         var total: Money? { quote?.total }
 
-        var json: [String: JSONValue] {
-            var object = quote?.json ?? ["outbound": .null, "inbound": .null, "total": .null]
-            object["outboundId"] = .int(Int64(selection.outboundId))
-            object["inboundId"] = selection.inboundId.map { .int(Int64($0)) } ?? .null
-            object["selectedAt"] = selection.selectedAt.map(JSONValue.string) ?? .null
-            object["status"] = .string(status.rawValue)
-            if let message { object["message"] = .string(message) }
-            return object
+        /// As `route.current` answers it.
+        var route: PricingAPI.CurrentRoute {
+            PricingAPI.CurrentRoute(outboundId: selection.outboundId, inboundId: selection.inboundId, selectedAt: selection.selectedAt,
+                                    status: status.rawValue, outbound: quote?.outbound.priced, inbound: quote?.inbound?.priced,
+                                    total: total, message: message)
         }
 
         /// Whether a subscriber would see a difference.
@@ -264,11 +261,11 @@ public actor PricingService: BusService, ServiceWork {
         let previous = publishedRoute
         publishedRoute = route
         guard let publisher else { return }
-        var value = route.json
-        value["previousTotal"] = previous?.total.flatMap { try? JSONValue(encoding: $0) } ?? .null
-        value["pricedAt"] = .string(Timestamp.format(Date()))
+        var value = route.route
+        value.previousTotal = previous?.total
+        value.pricedAt = Timestamp.format(Date())
         do {
-            _ = try await publisher.set(PricingAPI.StateKeys.routeCurrent, .object(value))
+            _ = try await publisher.set(PricingAPI.StateKeys.routeCurrent, try JSONValue(encoding: value))
         } catch {
             logger.warning("cannot publish the current route", metadata: ["problem": "\(error)"])
         }
@@ -305,7 +302,7 @@ public actor PricingService: BusService, ServiceWork {
     }
 
     private func publishDealOfTheDay() async {
-        guard let publisher, let deal = try? today(PricingAPI.Today()), deal != publishedDeal else { return }
+        guard let publisher, let deal = try? JSONValue(encoding: today(PricingAPI.Today())), deal != publishedDeal else { return }
         do {
             _ = try await publisher.set(PricingAPI.StateKeys.dealToday, deal)
             publishedDeal = deal

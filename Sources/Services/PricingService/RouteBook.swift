@@ -1,5 +1,6 @@
 import BusProtocol
 import Catalog
+import Contracts
 
 /// The flights as pricing sees them: outbound and inbound by id, which inbound flights
 /// return from which outbound ones, and the prices of round trips.
@@ -90,19 +91,15 @@ struct Quote: Sendable, Equatable {
 
     var total: Money? { inbound.flatMap { outbound.fare.adding($0.fare) } }
 
-    var json: [String: JSONValue] {
-        ["outbound": outbound.pricingJSON, "inbound": inbound?.pricingJSON ?? .null,
-         "total": total.flatMap { try? JSONValue(encoding: $0) } ?? .null]
-    }
 }
 
 extension Flight {
     /// `BCN→AMS`.
     var leg: String { "\(departureAirportCode)→\(arrivalAirportCode)" }
 
-    var pricingJSON: JSONValue {
-        ["id": .int(Int64(id)), "direction": .string(direction.rawValue), "airline": .string(airline),
-         "departureAirportCode": .string(departureAirportCode), "arrivalAirportCode": .string(arrivalAirportCode),
-         "price": (try? JSONValue(encoding: fare)) ?? .null]
+    /// As pricing's answers show it.
+    var priced: PricingAPI.PricedFlight {
+        PricingAPI.PricedFlight(id: id, direction: direction.rawValue, airline: airline, departureAirportCode: departureAirportCode,
+                                arrivalAirportCode: arrivalAirportCode, price: fare)
     }
 }

@@ -120,7 +120,7 @@ public func writeBundledCopies(to folder: URL) throws -> [Dataset: URL] {
 
 /// The JSON-RPC error `body` throws, itself or as a service's answer through the bus (nil
 /// when it succeeds or throws something else).
-public func rpcError(_ body: () async throws -> JSONValue) async -> JSONRPCError? {
+public func rpcError<T>(_ body: () async throws -> T) async -> JSONRPCError? {
     do {
         _ = try await body()
         return nil

@@ -1,3 +1,5 @@
+public import BusProtocol
+public import ContractKit
 public import Foundation
 
 /// An amount of money: an exact decimal with its currency code (ISO 4217), never a binary
@@ -73,10 +75,10 @@ public struct Money: Sendable, Hashable, Codable, CustomStringConvertible {
     }
 }
 
-extension Flight {
-    /// The flights' prices are whole euros.
-    public static let currency = "EUR"
-
-    /// The price with its currency.
-    public var fare: Money { Money(amount: price, currency: Self.currency) }
+extension Money: SchemaDescribed {
+    public static var jsonSchema: JSONValue {
+        ["type": "object", "additionalProperties": false, "required": ["amount", "currency"],
+         "properties": ["amount": ["type": "string", "pattern": "^-?[0-9]+(\\.[0-9]+)?$"], "currency": ["type": "string"]]]
+    }
+    public static var schemaSample: Money { Money(amount: 0, currency: "EUR") }
 }
