@@ -38,7 +38,7 @@ struct FetcherOfflineTests {
         // Every remote attempt fails at once (no route); wait until each was tried.
         try await eventually(30, "every dataset with a URL tried and failed") {
             let list = try await client.request(service: "fetcher", method: "datasets.list").arrayValue ?? []
-            return list.allSatisfy { $0["url"] == .null || $0["lastError"] != .null }
+            return list.allSatisfy { $0["url"] == nil || $0["lastError"] != nil }
         }
         let list = try await client.request(service: "fetcher", method: "datasets.list").arrayValue ?? []
         #expect(list.count == Dataset.allCases.count)

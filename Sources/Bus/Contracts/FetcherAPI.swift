@@ -27,7 +27,7 @@ public enum FetcherAPI {
 
     public struct DatasetEntry: Codable, Sendable {
         public var name: String
-        /// "remote", "cache" or "bundled"; null with no usable copy.
+        /// "remote", "cache" or "bundled"; absent with no usable copy.
         public var origin: String?
         public var version: String?
         public var records: Int
@@ -36,8 +36,13 @@ public enum FetcherAPI {
         public var lastError: String?
         public var nextRefresh: String?
         public var url: String?
+        public init(name: String, origin: String?, version: String?, records: Int, dropped: Int, fetchedAt: String?, lastError: String?,
+                    nextRefresh: String?, url: String?) {
+            (self.name, self.origin, self.version, self.records, self.dropped, self.fetchedAt, self.lastError, self.nextRefresh, self.url)
+                = (name, origin, version, records, dropped, fetchedAt, lastError, nextRefresh, url)
+        }
     }
-    public struct DatasetPage: ResultShape, Sendable {
+    public struct DatasetPage: Codable, Sendable {
         public var name: String
         public var version: String
         public var origin: String
@@ -45,6 +50,9 @@ public enum FetcherAPI {
         public var offset: Int
         /// The dataset's records, normalised (Sources/Services/Catalog/Models.swift).
         public var records: [JSONValue]
+        public init(name: String, version: String, origin: String, total: Int, offset: Int, records: [JSONValue]) {
+            (self.name, self.version, self.origin, self.total, self.offset, self.records) = (name, version, origin, total, offset, records)
+        }
     }
 }
 

@@ -106,16 +106,14 @@ public actor FetcherService: BusService, ServiceWork {
     // MARK: Methods
 
     public nonisolated func methods(_ table: inout MethodTable<FetcherService>) {
-        table.on(FetcherAPI.datasetsList) { fetcher, _ in
-            .array(await fetcher.entries(Dataset.allCases))
-        }
+        table.on(FetcherAPI.datasetsList) { fetcher, _ in await fetcher.entries(Dataset.allCases) }
         table.on(FetcherAPI.datasetsGet) { fetcher, params in try await fetcher.get(params) }
         table.on(FetcherAPI.datasetsRefresh) { fetcher, params in
             let datasets = try params.name.map { [try Self.dataset(named: $0)] } ?? Dataset.allCases
             await withTaskGroup(of: Void.self) { group in
                 for dataset in datasets { group.addTask { await fetcher.refresh(dataset) } }
             }
-            return .array(await fetcher.entries(datasets))
+            return await fetcher.entries(datasets)
         }
     }
 
@@ -126,7 +124,7 @@ public actor FetcherService: BusService, ServiceWork {
         return dataset
     }
 
-    func get(_ params: FetcherAPI.Get) throws -> JSONValue {
+    func get(_ params: FetcherAPI.Get) throws -> FetcherAPI.DatasetPage {
         let dataset = try Self.dataset(named: params.name)
         let offset = params.offset ?? 0
         let limit = params.limit ?? 100
@@ -137,18 +135,19 @@ public actor FetcherService: BusService, ServiceWork {
                                data: ["name": .string(dataset.rawValue), "lastError": states[dataset]?.lastError.map(JSONValue.string) ?? .null])
         }
         let records = try loaded.content.records(offset: offset, limit: limit)
-        return ["name": .string(dataset.rawValue), "version": .string(loaded.version), "origin": .string(loaded.origin.rawValue),
-                "total": .int(Int64(loaded.content.count)), "offset": .int(Int64(offset)), "records": .array(records)]
+        return FetcherAPI.DatasetPage(name: dataset.rawValue, version: loaded.version, origin: loaded.origin.rawValue, total: loaded.content.count,
+                                      offset: offset, records: records)
     }
 
     /// One `datasets.list` entry per dataset.
-    func entries(_ datasets: [Dataset]) -> [JSONValue] {
+    func entries(_ datasets: [Dataset]) -> [FetcherAPI.DatasetEntry] {
         datasets.map { dataset in
-            var entry = summary(dataset)
-            entry["nextRefresh"] = states[dataset]?.nextRefresh.map { .string(Timestamp.format($0)) } ?? .null
-            entry["url"] = configuration.sources[dataset]?.url.map { .string($0.absoluteString) } ?? .null
-            entry["dropped"] = .int(Int64(states[dataset]?.loaded?.dropped ?? 0))
-            return .object(entry)
+            let state = states[dataset], loaded = state?.loaded
+            return FetcherAPI.DatasetEntry(name: dataset.rawValue, origin: loaded?.origin.rawValue, version: loaded?.version,
+                                           records: loaded?.content.count ?? 0, dropped: loaded?.dropped ?? 0,
+                                           fetchedAt: loaded.map { Timestamp.format($0.fetchedAt) }, lastError: state?.lastError,
+                                           nextRefresh: state?.nextRefresh.map { Timestamp.format($0) },
+                                           url: configuration.sources[dataset]?.url?.absoluteString)
         }
     }
 
