@@ -119,7 +119,7 @@ extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Ex
 extension JSONValue {
     /// Converts any `Encodable` value to a JSON value.
     public init(encoding value: some Encodable) throws {
-        self = try JSONValue(parsing: JSONEncoder().encode(value))
+        self = try JSONValueEncoder.encode(value)
     }
 
     /// Decodes this JSON value as `type`.
