@@ -142,8 +142,3 @@ struct PricingTests {
         }
     }
 }
-
-/// A typed answer read as the JSON it is sent as.
-private extension Encodable {
-    subscript(_ key: String) -> JSONValue? { (try? JSONValue(encoding: self))?[key] }
-}

@@ -42,15 +42,6 @@ public struct Method<Params: Codable & Sendable, Result: Codable & Sendable>: Se
     }
 }
 
-/// A result type that states a reply's shape while its service builds the reply as JSON (a
-/// handler given to ``MethodTable`` that returns `JSONValue`): the type gives the schema in
-/// `rpc.discover` and lets callers decode it; debug builds check every reply against it.
-/// Optional properties may be absent or null.
-public protocol ResultShape: Codable {}
-
-extension Array: ResultShape where Element: Codable {}
-extension Optional: ResultShape where Wrapped: ResultShape {}
-
 /// For methods that take no params: accepts absent params, `{}` and `[]`.
 public struct NoParams: Codable, Sendable, SchemaDescribed {
     public init() {}

@@ -71,25 +71,6 @@ public struct MethodTable<Service: BusService>: Sendable {
         }
     }
 
-    /// Adds `method`, whose handler builds its reply as JSON in the shape its result type
-    /// states. Debug builds check each reply against that shape: one that does not fit is
-    /// answered -32603 naming the field, so a drifting contract fails its tests.
-    public mutating func on<P, R: ResultShape>(_ method: Method<P, R>, _ handler: @escaping @Sendable (Service, P) async throws -> JSONValue) {
-        let schema = add(method)
-        #if DEBUG
-        let resultSchema = JSONSchema.of(R.self)
-        #endif
-        handlers[method.name] = .async { service, params in
-            let result = try await handler(service, try decodeParams(P.self, params, schema: schema))
-            #if DEBUG
-            if let mismatch = SchemaCheck.mismatch(result, resultSchema, at: "result") {
-                throw JSONRPCError.internalError("\(method.name)'s reply does not fit its contract: \(mismatch.field) should be \(mismatch.expected)")
-            }
-            #endif
-            return result.jsonBytes
-        }
-    }
-
     /// Adds `method` with a handler that runs isolated to the service and never suspends, so
     /// ``answerNow(body:on:)`` can answer it at once.
     public mutating func onIsolated<P, R>(_ method: Method<P, R>, _ handler: @escaping @Sendable (isolated Service, P) throws -> R) {
@@ -328,10 +309,7 @@ func decodeParams<P: Decodable>(_ type: P.Type, _ text: [UInt8]?, schema: JSONVa
 
 /// JSON text of `value`, as ``JSONValue/jsonBytes`` writes it (sorted keys, slashes as they are).
 func encodeJSON<T: Encodable>(_ value: T) throws -> [UInt8] {
-    if let json = value as? JSONValue { return json.jsonBytes }
-    let encoder = JSONEncoder()
-    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-    return Array(try encoder.encode(value))
+    try JSONValue(encoding: value).jsonBytes
 }
 
 /// A result as its contract's type: a reply that does not fit is -32603 naming the field.

@@ -70,7 +70,7 @@ public enum SearchAPI {
 
     // MARK: Results (records of the datasets are objects as the fetcher normalises them)
 
-    public struct CountryResults: ResultShape, Sendable {
+    public struct CountryResults: Codable, Sendable {
         public var query: String
         public var region: String?
         public var total: Int
@@ -78,6 +78,9 @@ public enum SearchAPI {
         public var limit: Int
         /// Countries, each with `match` when a capital or alternative name matched.
         public var countries: [JSONValue]
+        public init(query: String, region: String?, total: Int, offset: Int, limit: Int, countries: [JSONValue]) {
+            (self.query, self.region, self.total, self.offset, self.limit, self.countries) = (query, region, total, offset, limit, countries)
+        }
     }
     public struct Place: Codable, Sendable {
         public var name: String?
@@ -85,16 +88,22 @@ public enum SearchAPI {
         public var latitude: Double
         public var longitude: Double
         public var distanceKm: Double?
+        public init(name: String?, label: String, latitude: Double, longitude: Double, distanceKm: Double? = nil) {
+            (self.name, self.label, self.latitude, self.longitude, self.distanceKm) = (name, label, latitude, longitude, distanceKm)
+        }
     }
-    public struct PlaceResults: ResultShape, Sendable {
+    public struct PlaceResults: Codable, Sendable {
         public var query: String
         /// "name" or "coordinates".
         public var kind: String
         public var total: Int
         public var offset: Int
         public var places: [Place]
+        public init(query: String, kind: String, total: Int, offset: Int, places: [Place]) {
+            (self.query, self.kind, self.total, self.offset, self.places) = (query, kind, total, offset, places)
+        }
     }
-    public struct ResolvedPlace: ResultShape, Sendable {
+    public struct ResolvedPlace: Codable, Sendable {
         public var query: String
         public var kind: String
         public var name: String?
@@ -106,33 +115,46 @@ public enum SearchAPI {
         public var webLink: String
         public var historyRecorded: Bool
         public var historyProblem: String?
+        public init(query: String, kind: String, name: String?, label: String, latitude: Double, longitude: Double, nearest: Place?,
+                    deepLink: String, webLink: String, historyRecorded: Bool, historyProblem: String?) {
+            (self.query, self.kind, self.name, self.label, self.latitude, self.longitude, self.nearest) = (query, kind, name, label, latitude, longitude, nearest)
+            (self.deepLink, self.webLink, self.historyRecorded, self.historyProblem) = (deepLink, webLink, historyRecorded, historyProblem)
+        }
     }
-    public struct GroupedItems: ResultShape, Sendable {
+    public struct GroupedItems: Codable, Sendable {
         public struct Group: Codable, Sendable {
             public struct Item: Codable, Sendable {
                 public var id: Int
                 public var listId: Int
                 public var name: String
+                public init(id: Int, listId: Int, name: String) { (self.id, self.listId, self.name) = (id, listId, name) }
             }
             public var listId: Int
             public var count: Int
             public var items: [Item]
+            public init(listId: Int, count: Int, items: [Item]) { (self.listId, self.count, self.items) = (listId, count, items) }
         }
         public var order: String
         public var total: Int
         /// Items left out for having no name.
         public var dropped: Int
         public var groups: [Group]
+        public init(order: String, total: Int, dropped: Int, groups: [Group]) {
+            (self.order, self.total, self.dropped, self.groups) = (order, total, dropped, groups)
+        }
     }
-    public struct SourceList: ResultShape, Sendable {
+    public struct SourceList: Codable, Sendable {
         public var language: String
         public var category: String?
         public var total: Int
         public var selected: [String]
         /// Sources, each with `selected`.
         public var sources: [JSONValue]
+        public init(language: String, category: String?, total: Int, selected: [String], sources: [JSONValue]) {
+            (self.language, self.category, self.total, self.selected, self.sources) = (language, category, total, selected, sources)
+        }
     }
-    public struct HeadlinePage: ResultShape, Sendable {
+    public struct HeadlinePage: Codable, Sendable {
         /// "ok", "no-sources-selected" or "no-results".
         public var status: String
         public var message: String?
@@ -143,11 +165,19 @@ public enum SearchAPI {
         public var pageSize: Int
         public var hasMore: Bool
         public var articles: [JSONValue]
+        public init(status: String, message: String?, sources: [String], unknownSources: [String], total: Int, page: Int, pageSize: Int,
+                    hasMore: Bool, articles: [JSONValue]) {
+            (self.status, self.message, self.sources, self.unknownSources, self.total) = (status, message, sources, unknownSources, total)
+            (self.page, self.pageSize, self.hasMore, self.articles) = (page, pageSize, hasMore, articles)
+        }
     }
-    public struct FlightList: ResultShape, Sendable {
+    public struct FlightList: Codable, Sendable {
         public var outbound: [JSONValue]?
         public var inbound: [JSONValue]?
         public var unknownAirlines: [String]
+        public init(outbound: [JSONValue]?, inbound: [JSONValue]?, unknownAirlines: [String]) {
+            (self.outbound, self.inbound, self.unknownAirlines) = (outbound, inbound, unknownAirlines)
+        }
     }
     public struct IndexEntry: Codable, Sendable {
         public var name: String
@@ -156,6 +186,9 @@ public enum SearchAPI {
         public var records: Int?
         public var builtAt: String?
         public var buildMs: Double?
+        public init(name: String, version: String? = nil, origin: String? = nil, records: Int? = nil, builtAt: String? = nil, buildMs: Double? = nil) {
+            (self.name, self.version, self.origin, self.records, self.builtAt, self.buildMs) = (name, version, origin, records, builtAt, buildMs)
+        }
     }
 }
 

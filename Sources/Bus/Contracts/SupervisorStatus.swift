@@ -3,7 +3,7 @@ public import ContractKit
 /// What `switchboard up` says of each process it runs, in the kernel's state under
 /// ``prefix`` (written with the supervisor's own key, read by `sb services` and the
 /// gateway's `/readyz`).
-public struct SupervisorStatus: Codable, Sendable, Equatable, ResultShape {
+public struct SupervisorStatus: Codable, Sendable, Equatable {
     public static let prefix = "/supervisor/pieces/"
     public static func key(_ piece: String) -> String { prefix + piece }
 

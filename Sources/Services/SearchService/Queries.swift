@@ -20,7 +20,7 @@ enum Limits {
 extension SearchService {
     // MARK: countries.search
 
-    nonisolated func countries(_ params: SearchAPI.Countries) throws -> JSONValue {
+    nonisolated func countries(_ params: SearchAPI.Countries) throws -> SearchAPI.CountryResults {
         let query = try checkedQuery(params.query)
         let (offset, limit) = try paging(offset: params.offset, limit: params.limit, defaultLimit: 250)
         let index = indexes.snapshot.countries
@@ -33,40 +33,34 @@ extension SearchService {
             if let match = result.match { country["match"] = .string(match.name) }
             return .object(country)
         }
-        return ["query": .string(query), "region": params.region.map(JSONValue.string) ?? .null, "total": .int(Int64(found.count)),
-                "offset": .int(Int64(offset)), "limit": .int(Int64(limit)), "countries": .array(Array(page))]
+        return SearchAPI.CountryResults(query: query, region: params.region, total: found.count, offset: offset, limit: limit, countries: Array(page))
     }
 
     // MARK: locations.search, locations.resolve
 
-    nonisolated func locations(_ params: SearchAPI.Locations) throws -> JSONValue {
+    nonisolated func locations(_ params: SearchAPI.Locations) throws -> SearchAPI.PlaceResults {
         let query = try checkedQuery(params.query)
         let (offset, limit) = try paging(offset: params.offset, limit: params.limit, defaultLimit: 100)
         let index = indexes.snapshot.places
         let point = try coordinates(query)
         let found: [(index: Int, km: Double?)] = point.map { point in index.byDistance(from: point).map { ($0.index, $0.km) } }
             ?? index.matching(name: query).map { ($0, nil) }
-        let page = found.dropFirst(offset).prefix(limit).map { entry -> JSONValue in
-            var place = placeJSON(index, entry.index)
-            if let km = entry.km { place["distanceKm"] = .double(roundedKm(km)) }
-            return .object(place)
-        }
-        return ["query": .string(query), "kind": .string(point == nil ? "name" : "coordinates"), "total": .int(Int64(found.count)),
-                "offset": .int(Int64(offset)), "places": .array(Array(page))]
+        let page = found.dropFirst(offset).prefix(limit).map { place(index, $0.index, km: $0.km) }
+        return SearchAPI.PlaceResults(query: query, kind: point == nil ? "name" : "coordinates", total: found.count, offset: offset, places: Array(page))
     }
 
-    func resolve(_ params: SearchAPI.Resolve) async throws -> JSONValue {
+    func resolve(_ params: SearchAPI.Resolve) async throws -> SearchAPI.ResolvedPlace {
         let query = try checkedQuery(params.query)
         guard !query.isEmpty else { throw JSONRPCError.invalidParams(field: "query", "must not be empty: give a place name or 'latitude, longitude'") }
         let index = indexes.snapshot.places
-        var answer: [String: JSONValue] = ["query": .string(query)]
+        let kind: String
         let point: Coordinates
         let known: Int?
         if let coordinates = try coordinates(query) {
             point = coordinates
             // The known named place at these coordinates, if there is one.
             known = index.nearestNamed(to: coordinates).flatMap { $0.km <= PlaceIndex.samePlaceKm ? $0.index : nil }
-            answer["kind"] = "coordinates"
+            kind = "coordinates"
         } else {
             guard let found = index.resolve(name: query) else {
                 throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no known place is called '\(query)'",
@@ -74,31 +68,20 @@ extension SearchService {
             }
             point = index.points[found]
             known = found
-            answer["kind"] = "name"
+            kind = "name"
         }
-        answer["name"] = known.flatMap { index.places[$0].name }.map(JSONValue.string) ?? .null
-        answer["label"] = .string(known.map(index.label) ?? point.text)
-        answer["latitude"] = .double(point.latitude)
-        answer["longitude"] = .double(point.longitude)
-        if let nearest = index.nearestNamed(to: point, excluding: known) {
-            var place = placeJSON(index, nearest.index)
-            place["distanceKm"] = .double(roundedKm(nearest.km))
-            answer["nearest"] = .object(place)
-        } else {
-            answer["nearest"] = .null
-        }
-        answer["deepLink"] = .string(WikipediaLink.places(point))
-        answer["webLink"] = .string(WikipediaLink.web(point))
+        let nearest = index.nearestNamed(to: point, excluding: known).map { place(index, $0.index, km: $0.km) }
         // The place resolved; recording it is secondary, so a store problem is reported, not fatal.
+        var historyProblem: String?
         do {
             _ = try await store(StoreAPI.historyAdd, StoreAPI.Text(text: query), for: "recording the search history")
-            answer["historyRecorded"] = true
         } catch {
             logger.warning("a resolved place was not added to the history", metadata: ["problem": "\(error)"])
-            answer["historyRecorded"] = false
-            answer["historyProblem"] = .string("\(error)")
+            historyProblem = "\(error)"
         }
-        return .object(answer)
+        return SearchAPI.ResolvedPlace(query: query, kind: kind, name: known.flatMap { index.places[$0].name }, label: known.map(index.label) ?? point.text,
+                                       latitude: point.latitude, longitude: point.longitude, nearest: nearest, deepLink: WikipediaLink.places(point),
+                                       webLink: WikipediaLink.web(point), historyRecorded: historyProblem == nil, historyProblem: historyProblem)
     }
 
     /// The coordinates in `query`, nil for a place name, -32602 when malformed or out of range.
@@ -110,9 +93,10 @@ extension SearchService {
         }
     }
 
-    nonisolated func placeJSON(_ index: PlaceIndex, _ place: Int) -> [String: JSONValue] {
-        ["name": index.places[place].name.map(JSONValue.string) ?? .null, "label": .string(index.label(place)),
-         "latitude": .double(index.points[place].latitude), "longitude": .double(index.points[place].longitude)]
+    /// A known place as answers show it, with its distance (to the metre) when measured.
+    nonisolated func place(_ index: PlaceIndex, _ place: Int, km: Double? = nil) -> SearchAPI.Place {
+        SearchAPI.Place(name: index.places[place].name, label: index.label(place), latitude: index.points[place].latitude,
+                        longitude: index.points[place].longitude, distanceKm: km.map(roundedKm))
     }
 
     /// Kilometres to the metre.
@@ -120,26 +104,24 @@ extension SearchService {
 
     // MARK: items.grouped
 
-    nonisolated func items(_ params: SearchAPI.Items) throws -> JSONValue {
+    nonisolated func items(_ params: SearchAPI.Items) throws -> SearchAPI.GroupedItems {
         let order: NameOrder = params.order == .natural ? .natural : .lexical
         let index = indexes.snapshot.items
         let groups = index.groups(order).filter { params.listId == nil || $0.listId == params.listId }
         var shown = 0
-        let groupsJSON = groups.map { group -> JSONValue in
+        let answered = groups.map { group in
             shown += group.members.count
-            let members = group.members.map { member -> JSONValue in
+            return SearchAPI.GroupedItems.Group(listId: group.listId, count: group.members.count, items: group.members.map { member in
                 let item = index.kept[Int(member)]
-                return ["id": .int(Int64(item.id)), "listId": .int(Int64(item.listId)), "name": .string(item.name ?? "")]
-            }
-            return ["listId": .int(Int64(group.listId)), "count": .int(Int64(group.members.count)), "items": .array(members)]
+                return SearchAPI.GroupedItems.Group.Item(id: item.id, listId: item.listId, name: item.name ?? "")
+            })
         }
-        return ["order": .string(order.rawValue), "total": .int(Int64(shown)), "dropped": .int(Int64(index.dropped)),
-                "groups": .array(groupsJSON)]
+        return SearchAPI.GroupedItems(order: order.rawValue, total: shown, dropped: index.dropped, groups: answered)
     }
 
     // MARK: sources.list, headlines.list
 
-    func sources(_ params: SearchAPI.Sources) async throws -> JSONValue {
+    func sources(_ params: SearchAPI.Sources) async throws -> SearchAPI.SourceList {
         let language = (params.language ?? "en").lowercased()
         guard language == "all" || (language.count == 2 && language.allSatisfy { $0.isASCII && $0.isLetter }) else {
             throw JSONRPCError.invalidParams(field: "language", "must be a two-letter code such as 'en', or 'all'")
@@ -158,11 +140,10 @@ extension SearchService {
             object["selected"] = .bool(selection.contains(source.id))
             return .object(object)
         }
-        return ["language": .string(language), "category": params.category.map(JSONValue.string) ?? .null,
-                "total": .int(Int64(sources.count)), "selected": .array(selection.map(JSONValue.string)), "sources": .array(sources)]
+        return SearchAPI.SourceList(language: language, category: params.category, total: sources.count, selected: selection, sources: sources)
     }
 
-    func headlines(_ params: SearchAPI.Headlines) async throws -> JSONValue {
+    func headlines(_ params: SearchAPI.Headlines) async throws -> SearchAPI.HeadlinePage {
         let page = params.page ?? 1
         let pageSize = params.pageSize ?? 20
         guard page >= 1 else { throw JSONRPCError.invalidParams(field: "page", "must be 1 or more") }
@@ -187,17 +168,13 @@ extension SearchService {
         }
         // Two different empty states: nothing chosen, and nothing from what was chosen.
         let status = chosen.isEmpty ? "no-sources-selected" : found.isEmpty ? "no-results" : "ok"
-        var answer: [String: JSONValue] = [
-            "status": .string(status), "sources": .array(chosen.map(JSONValue.string)), "total": .int(Int64(found.count)),
-            "page": .int(Int64(page)), "pageSize": .int(Int64(pageSize)), "hasMore": .bool(start + articles.count < found.count),
-            "articles": .array(articles), "unknownSources": .array(unknown.map(JSONValue.string)),
-        ]
-        switch status {
-        case "no-sources-selected": answer["message"] = "no news sources are selected: choose some with store sources.select"
-        case "no-results": answer["message"] = "no headlines from the chosen sources"
-        default: break
+        let message: String? = switch status {
+        case "no-sources-selected": "no news sources are selected: choose some with store sources.select"
+        case "no-results": "no headlines from the chosen sources"
+        default: nil
         }
-        return .object(answer)
+        return SearchAPI.HeadlinePage(status: status, message: message, sources: chosen, unknownSources: unknown, total: found.count, page: page,
+                                      pageSize: pageSize, hasMore: start + articles.count < found.count, articles: Array(articles))
     }
 
     /// The stored selection of news sources.
@@ -207,7 +184,7 @@ extension SearchService {
 
     // MARK: flights.list, airlines.get
 
-    nonisolated func flights(_ params: SearchAPI.Flights) throws -> JSONValue {
+    nonisolated func flights(_ params: SearchAPI.Flights) throws -> SearchAPI.FlightList {
         let directions: [Flight.Direction] = switch params.direction {
         case nil: [.outbound, .inbound]
         case .outbound?: [.outbound]
@@ -215,16 +192,15 @@ extension SearchService {
         }
         let snapshot = indexes.snapshot
         var unknownAirlines: Set<String> = []
-        var answer: [String: JSONValue] = [:]
+        var listed: [Flight.Direction: [JSONValue]] = [:]
         for direction in directions {
-            answer[direction.rawValue] = .array(snapshot.flights.flights.filter { $0.direction == direction }.map { flight in
+            listed[direction] = snapshot.flights.flights.filter { $0.direction == direction }.map { flight in
                 let airline = snapshot.airlines.airlines[flight.airline]
                 if airline == nil { unknownAirlines.insert(flight.airline) }
                 return flightJSON(flight, airline: airline)
-            })
+            }
         }
-        answer["unknownAirlines"] = .array(unknownAirlines.sorted().map(JSONValue.string))
-        return .object(answer)
+        return SearchAPI.FlightList(outbound: listed[.outbound], inbound: listed[.inbound], unknownAirlines: unknownAirlines.sorted())
     }
 
     nonisolated func flightJSON(_ flight: Flight, airline: Airline?) -> JSONValue {
@@ -247,14 +223,13 @@ extension SearchService {
 
     // MARK: indexes.list
 
-    nonisolated func indexList() -> JSONValue {
+    nonisolated func indexList() -> [SearchAPI.IndexEntry] {
         let built = indexes.snapshot.built
-        return .array(Dataset.allCases.map { dataset in
-            guard let entry = built[dataset] else { return ["name": .string(dataset.rawValue), "version": .null] }
-            return ["name": .string(dataset.rawValue), "version": .string(entry.version), "origin": .string(entry.origin),
-                    "records": .int(Int64(entry.records)), "builtAt": .string(Timestamp.format(entry.builtAt)),
-                    "buildMs": .double((entry.buildDuration.seconds * 1_000 * 10).rounded() / 10)]
-        })
+        return Dataset.allCases.map { dataset in
+            guard let entry = built[dataset] else { return SearchAPI.IndexEntry(name: dataset.rawValue) }
+            return SearchAPI.IndexEntry(name: dataset.rawValue, version: entry.version, origin: entry.origin, records: entry.records,
+                                        builtAt: Timestamp.format(entry.builtAt), buildMs: (entry.buildDuration.seconds * 1_000 * 10).rounded() / 10)
+        }
     }
 
     // MARK: Params

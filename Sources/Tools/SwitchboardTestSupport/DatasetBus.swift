@@ -191,3 +191,9 @@ extension Subscription {
         return nil
     }
 }
+
+extension Encodable {
+    /// A typed answer's field read as the JSON it is sent as (tests that call a service's
+    /// methods in process compare with what the bus carries).
+    public subscript(_ key: String) -> JSONValue? { (try? JSONValue(encoding: self))?[key] }
+}
