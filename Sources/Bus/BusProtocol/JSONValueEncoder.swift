@@ -7,41 +7,17 @@ import Foundation
 /// out, `Date` is seconds since 2001, `Data` is base64, `URL` its absolute string.
 enum JSONValueEncoder {
     static func encode<T: Encodable>(_ value: T) throws -> JSONValue {
-        try node(for: value, at: []).resolved()
+        try self.value(of: value, at: [])
     }
 
-    /// The node of one value: a leaf for JSON's own kinds, else what the value's
-    /// `encode(to:)` builds.
-    fileprivate static func node<T: Encodable>(for value: T, at path: [any CodingKey]) throws -> Node {
-        if let json = value as? JSONValue { return Node(json) }
-        if let leaf = leaf(value) { return Node(leaf) }
+    /// The JSON of one value: JSON's own kinds directly, else what the value's `encode(to:)`
+    /// builds (complete once it returns).
+    fileprivate static func value<T: Encodable>(of value: T, at path: [any CodingKey]) throws -> JSONValue {
+        // One conformance check (cached by the runtime) rather than a cast per kind.
+        if let leaf = value as? any JSONLeaf { return leaf.json }
         let node = Node()
         try value.encode(to: TreeEncoder(node: node, codingPath: path))
-        return node
-    }
-
-    private static func leaf(_ value: Any) -> JSONValue? {
-        switch value {
-        case let text as String: .string(text)
-        case let flag as Bool: .bool(flag)
-        case let number as Int: .int(Int64(number))
-        case let number as Int64: .int(number)
-        case let number as Int32: .int(Int64(number))
-        case let number as Int16: .int(Int64(number))
-        case let number as Int8: .int(Int64(number))
-        case let number as UInt8: .int(Int64(number))
-        case let number as UInt16: .int(Int64(number))
-        case let number as UInt32: .int(Int64(number))
-        case let number as UInt: unsigned(UInt64(number))
-        case let number as UInt64: unsigned(number)
-        case let number as Double: real(number)
-        case let number as Float: real(Double(number))
-        case let number as Decimal: real(NSDecimalNumber(decimal: number).doubleValue)
-        case let date as Date: real(date.timeIntervalSinceReferenceDate)
-        case let data as Data: .string(data.base64EncodedString())
-        case let url as URL: .string(url.absoluteString)
-        default: nil
-        }
+        return node.resolved()
     }
 
     /// Unsigned numbers past `Int64.max` become doubles, as JSON numbers are read here.
@@ -56,20 +32,34 @@ enum JSONValueEncoder {
     }
 }
 
-/// A value being built: a leaf, or an object or array whose members are nodes still being
-/// filled by their own containers (kept apart so that each is mutated in place).
+/// A value being built: a single value, or an object or array. Members already complete are
+/// kept as JSON; those of a nested container, still being filled by its caller, as nodes.
 private final class Node {
-    var leaf: JSONValue?
-    var members: [String: Node]?
-    var elements: [Node]?
+    var single: JSONValue?
+    var members: [String: JSONValue]?
+    var openMembers: [String: Node] = [:]
+    var elements: [Element]?
 
-    init(_ leaf: JSONValue? = nil) { self.leaf = leaf }
+    enum Element {
+        case value(JSONValue)
+        case open(Node)
+    }
 
     func resolved() -> JSONValue {
-        if let members { return .object(members.mapValues { $0.resolved() }) }
-        if let elements { return .array(elements.map { $0.resolved() }) }
+        if var members {
+            for (key, node) in openMembers { members[key] = node.resolved() }
+            return .object(members)
+        }
+        if let elements {
+            return .array(elements.map { element in
+                switch element {
+                case .value(let value): value
+                case .open(let node): node.resolved()
+                }
+            })
+        }
         // A type that asked for no container at all encodes as `{}`, as with JSONEncoder.
-        return leaf ?? .object([:])
+        return single ?? .object([:])
     }
 
     func asObject() -> Node {
@@ -101,49 +91,49 @@ private struct KeyedContainer<Key: CodingKey>: KeyedEncodingContainerProtocol {
     let node: Node
     let codingPath: [any CodingKey]
 
-    private func set(_ child: Node, _ key: Key) { node.members![key.stringValue] = child }
-
-    mutating func encodeNil(forKey key: Key) throws { set(Node(.null), key) }
-    mutating func encode<T: Encodable>(_ value: T, forKey key: Key) throws {
-        set(try JSONValueEncoder.node(for: value, at: codingPath + [key]), key)
+    private func set(_ value: JSONValue, _ key: Key) {
+        node.members![key.stringValue] = value
+        node.openMembers[key.stringValue] = nil
     }
-    mutating func encode(_ value: Bool, forKey key: Key) throws { set(Node(.bool(value)), key) }
-    mutating func encode(_ value: String, forKey key: Key) throws { set(Node(.string(value)), key) }
-    mutating func encode(_ value: Double, forKey key: Key) throws { set(Node(JSONValueEncoder.real(value)), key) }
-    mutating func encode(_ value: Float, forKey key: Key) throws { set(Node(JSONValueEncoder.real(Double(value))), key) }
-    mutating func encode(_ value: Int, forKey key: Key) throws { set(Node(.int(Int64(value))), key) }
-    mutating func encode(_ value: Int8, forKey key: Key) throws { set(Node(.int(Int64(value))), key) }
-    mutating func encode(_ value: Int16, forKey key: Key) throws { set(Node(.int(Int64(value))), key) }
-    mutating func encode(_ value: Int32, forKey key: Key) throws { set(Node(.int(Int64(value))), key) }
-    mutating func encode(_ value: Int64, forKey key: Key) throws { set(Node(.int(value)), key) }
-    mutating func encode(_ value: UInt, forKey key: Key) throws { set(Node(JSONValueEncoder.unsigned(UInt64(value))), key) }
-    mutating func encode(_ value: UInt8, forKey key: Key) throws { set(Node(.int(Int64(value))), key) }
-    mutating func encode(_ value: UInt16, forKey key: Key) throws { set(Node(.int(Int64(value))), key) }
-    mutating func encode(_ value: UInt32, forKey key: Key) throws { set(Node(.int(Int64(value))), key) }
-    mutating func encode(_ value: UInt64, forKey key: Key) throws { set(Node(JSONValueEncoder.unsigned(value)), key) }
+
+    private func open(_ child: Node, _ key: String) -> Node {
+        node.openMembers[key] = child
+        return child
+    }
+
+    mutating func encodeNil(forKey key: Key) throws { set(.null, key) }
+    mutating func encode<T: Encodable>(_ value: T, forKey key: Key) throws {
+        set(try JSONValueEncoder.value(of: value, at: codingPath + [key]), key)
+    }
+    mutating func encode(_ value: Bool, forKey key: Key) throws { set(.bool(value), key) }
+    mutating func encode(_ value: String, forKey key: Key) throws { set(.string(value), key) }
+    mutating func encode(_ value: Double, forKey key: Key) throws { set(JSONValueEncoder.real(value), key) }
+    mutating func encode(_ value: Float, forKey key: Key) throws { set(JSONValueEncoder.real(Double(value)), key) }
+    mutating func encode(_ value: Int, forKey key: Key) throws { set(.int(Int64(value)), key) }
+    mutating func encode(_ value: Int8, forKey key: Key) throws { set(.int(Int64(value)), key) }
+    mutating func encode(_ value: Int16, forKey key: Key) throws { set(.int(Int64(value)), key) }
+    mutating func encode(_ value: Int32, forKey key: Key) throws { set(.int(Int64(value)), key) }
+    mutating func encode(_ value: Int64, forKey key: Key) throws { set(.int(value), key) }
+    mutating func encode(_ value: UInt, forKey key: Key) throws { set(JSONValueEncoder.unsigned(UInt64(value)), key) }
+    mutating func encode(_ value: UInt8, forKey key: Key) throws { set(.int(Int64(value)), key) }
+    mutating func encode(_ value: UInt16, forKey key: Key) throws { set(.int(Int64(value)), key) }
+    mutating func encode(_ value: UInt32, forKey key: Key) throws { set(.int(Int64(value)), key) }
+    mutating func encode(_ value: UInt64, forKey key: Key) throws { set(JSONValueEncoder.unsigned(value), key) }
 
     mutating func nestedContainer<NestedKey: CodingKey>(keyedBy keyType: NestedKey.Type, forKey key: Key) -> KeyedEncodingContainer<NestedKey> {
-        let child = Node().asObject()
-        set(child, key)
-        return KeyedEncodingContainer(KeyedContainer<NestedKey>(node: child, codingPath: codingPath + [key]))
+        KeyedEncodingContainer(KeyedContainer<NestedKey>(node: open(Node().asObject(), key.stringValue), codingPath: codingPath + [key]))
     }
 
     mutating func nestedUnkeyedContainer(forKey key: Key) -> any UnkeyedEncodingContainer {
-        let child = Node().asArray()
-        set(child, key)
-        return UnkeyedContainer(node: child, codingPath: codingPath + [key])
+        UnkeyedContainer(node: open(Node().asArray(), key.stringValue), codingPath: codingPath + [key])
     }
 
     mutating func superEncoder() -> any Encoder {
-        let child = Node()
-        node.members!["super"] = child
-        return TreeEncoder(node: child, codingPath: codingPath)
+        TreeEncoder(node: open(Node(), "super"), codingPath: codingPath)
     }
 
     mutating func superEncoder(forKey key: Key) -> any Encoder {
-        let child = Node()
-        set(child, key)
-        return TreeEncoder(node: child, codingPath: codingPath + [key])
+        TreeEncoder(node: open(Node(), key.stringValue), codingPath: codingPath + [key])
     }
 }
 
@@ -152,33 +142,34 @@ private struct UnkeyedContainer: UnkeyedEncodingContainer {
     let codingPath: [any CodingKey]
     var count: Int { node.elements!.count }
 
-    private func append(_ child: Node) { node.elements!.append(child) }
+    private func append(_ value: JSONValue) { node.elements!.append(.value(value)) }
+    private func open(_ child: Node) -> Node {
+        node.elements!.append(.open(child))
+        return child
+    }
     private var nextKey: any CodingKey { IndexKey(index: count) }
 
-    mutating func encodeNil() throws { append(Node(.null)) }
-    mutating func encode<T: Encodable>(_ value: T) throws { append(try JSONValueEncoder.node(for: value, at: codingPath + [nextKey])) }
-    mutating func encode(_ value: Bool) throws { append(Node(.bool(value))) }
-    mutating func encode(_ value: String) throws { append(Node(.string(value))) }
-    mutating func encode(_ value: Double) throws { append(Node(JSONValueEncoder.real(value))) }
-    mutating func encode(_ value: Int) throws { append(Node(.int(Int64(value)))) }
-    mutating func encode(_ value: Int64) throws { append(Node(.int(value))) }
+    mutating func encodeNil() throws { append(.null) }
+    mutating func encode<T: Encodable>(_ value: T) throws { append(try JSONValueEncoder.value(of: value, at: codingPath + [nextKey])) }
+    mutating func encode(_ value: Bool) throws { append(.bool(value)) }
+    mutating func encode(_ value: String) throws { append(.string(value)) }
+    mutating func encode(_ value: Double) throws { append(JSONValueEncoder.real(value)) }
+    mutating func encode(_ value: Int) throws { append(.int(Int64(value))) }
+    mutating func encode(_ value: Int64) throws { append(.int(value)) }
 
     mutating func nestedContainer<NestedKey: CodingKey>(keyedBy keyType: NestedKey.Type) -> KeyedEncodingContainer<NestedKey> {
-        let child = Node().asObject(), path = codingPath + [nextKey]
-        append(child)
-        return KeyedEncodingContainer(KeyedContainer<NestedKey>(node: child, codingPath: path))
+        let path = codingPath + [nextKey]
+        return KeyedEncodingContainer(KeyedContainer<NestedKey>(node: open(Node().asObject()), codingPath: path))
     }
 
     mutating func nestedUnkeyedContainer() -> any UnkeyedEncodingContainer {
-        let child = Node().asArray(), path = codingPath + [nextKey]
-        append(child)
-        return UnkeyedContainer(node: child, codingPath: path)
+        let path = codingPath + [nextKey]
+        return UnkeyedContainer(node: open(Node().asArray()), codingPath: path)
     }
 
     mutating func superEncoder() -> any Encoder {
-        let child = Node(), path = codingPath + [nextKey]
-        append(child)
-        return TreeEncoder(node: child, codingPath: path)
+        let path = codingPath + [nextKey]
+        return TreeEncoder(node: open(Node()), codingPath: path)
     }
 }
 
@@ -186,16 +177,13 @@ private struct SingleContainer: SingleValueEncodingContainer {
     let node: Node
     let codingPath: [any CodingKey]
 
-    mutating func encodeNil() throws { node.leaf = .null }
-    mutating func encode<T: Encodable>(_ value: T) throws {
-        let child = try JSONValueEncoder.node(for: value, at: codingPath)
-        (node.leaf, node.members, node.elements) = (child.leaf, child.members, child.elements)
-    }
-    mutating func encode(_ value: Bool) throws { node.leaf = .bool(value) }
-    mutating func encode(_ value: String) throws { node.leaf = .string(value) }
-    mutating func encode(_ value: Double) throws { node.leaf = JSONValueEncoder.real(value) }
-    mutating func encode(_ value: Int) throws { node.leaf = .int(Int64(value)) }
-    mutating func encode(_ value: Int64) throws { node.leaf = .int(value) }
+    mutating func encodeNil() throws { node.single = .null }
+    mutating func encode<T: Encodable>(_ value: T) throws { node.single = try JSONValueEncoder.value(of: value, at: codingPath) }
+    mutating func encode(_ value: Bool) throws { node.single = .bool(value) }
+    mutating func encode(_ value: String) throws { node.single = .string(value) }
+    mutating func encode(_ value: Double) throws { node.single = JSONValueEncoder.real(value) }
+    mutating func encode(_ value: Int) throws { node.single = .int(Int64(value)) }
+    mutating func encode(_ value: Int64) throws { node.single = .int(value) }
 }
 
 private struct IndexKey: CodingKey {
@@ -206,3 +194,29 @@ private struct IndexKey: CodingKey {
     var stringValue: String { "\(index)" }
     var intValue: Int? { index }
 }
+
+/// The kinds written as one JSON value, without a container: JSON's own, and those that
+/// `JSONEncoder` writes specially by default.
+private protocol JSONLeaf {
+    var json: JSONValue { get }
+}
+
+extension JSONValue: JSONLeaf { fileprivate var json: JSONValue { self } }
+extension String: JSONLeaf { fileprivate var json: JSONValue { .string(self) } }
+extension Bool: JSONLeaf { fileprivate var json: JSONValue { .bool(self) } }
+extension Int: JSONLeaf { fileprivate var json: JSONValue { .int(Int64(self)) } }
+extension Int64: JSONLeaf { fileprivate var json: JSONValue { .int(self) } }
+extension Int32: JSONLeaf { fileprivate var json: JSONValue { .int(Int64(self)) } }
+extension Int16: JSONLeaf { fileprivate var json: JSONValue { .int(Int64(self)) } }
+extension Int8: JSONLeaf { fileprivate var json: JSONValue { .int(Int64(self)) } }
+extension UInt8: JSONLeaf { fileprivate var json: JSONValue { .int(Int64(self)) } }
+extension UInt16: JSONLeaf { fileprivate var json: JSONValue { .int(Int64(self)) } }
+extension UInt32: JSONLeaf { fileprivate var json: JSONValue { .int(Int64(self)) } }
+extension UInt: JSONLeaf { fileprivate var json: JSONValue { JSONValueEncoder.unsigned(UInt64(self)) } }
+extension UInt64: JSONLeaf { fileprivate var json: JSONValue { JSONValueEncoder.unsigned(self) } }
+extension Double: JSONLeaf { fileprivate var json: JSONValue { JSONValueEncoder.real(self) } }
+extension Float: JSONLeaf { fileprivate var json: JSONValue { JSONValueEncoder.real(Double(self)) } }
+extension Decimal: JSONLeaf { fileprivate var json: JSONValue { JSONValueEncoder.real(NSDecimalNumber(decimal: self).doubleValue) } }
+extension Date: JSONLeaf { fileprivate var json: JSONValue { JSONValueEncoder.real(timeIntervalSinceReferenceDate) } }
+extension Data: JSONLeaf { fileprivate var json: JSONValue { .string(base64EncodedString()) } }
+extension URL: JSONLeaf { fileprivate var json: JSONValue { .string(absoluteString) } }
