@@ -33,7 +33,8 @@ public func eventually(_ seconds: Double = 10, _ what: String, _ condition: @esc
 /// Chosen below the range the OS takes local ports of outgoing connections from (read from
 /// /proc): a client reconnecting to a stopped kernel's port from that range can end up
 /// connected to itself on that very port (TCP simultaneous open), and the restarted kernel
-/// could not bind it.
+/// could not bind it. A port is handed out once per test process: two calls never give the
+/// same port, though it was free at each (a configuration asking for five ports got one twice).
 public func freePort() -> Int {
     let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))?
         .split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
@@ -50,8 +51,12 @@ public func freePort() -> Int {
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
         close(fd)
-        if bound == 0 { return port }
+        if bound == 0, PortsHandedOut.ports.withLock({ $0.insert(port).inserted }) { return port }
     }
+}
+
+private enum PortsHandedOut {
+    static let ports = Mutex<Set<Int>>([])
 }
 
 /// A fresh temporary directory.
