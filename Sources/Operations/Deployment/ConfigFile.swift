@@ -25,6 +25,8 @@ public struct ConfigFile: Sendable, Equatable {
     public var pair: PairSettings?
     /// The log level of every piece unless its own section says otherwise.
     public var logLevel = "info"
+    /// `log_format`: every piece's log lines as `text` or as `json` (one object per line).
+    public var logFormat = "text"
     /// `kernel.log_level`: the kernel's own level, when it differs.
     public var kernelLogLevel: String?
 
@@ -41,6 +43,7 @@ public struct ConfigFile: Sendable, Equatable {
     /// Every key the file may hold, section by section as each module declares its own.
     static let schema = ConfigSchema.map([
         "log_level": .value,
+        "log_format": .value,
         "kernel": KernelConfiguration.schema,
         "pair": PairConfiguration.schema,
         "services": .each(Set(serviceNames), ServiceSettings.schema),
@@ -67,6 +70,7 @@ public struct ConfigFile: Sendable, Equatable {
 
     init(reading file: ConfigSection) throws(ConfigError) {
         if let value = try file.logLevel("log_level") { logLevel = value }
+        if let value = try file.choice("log_format", ["text", "json"]) { logFormat = value }
         let kernelSection = try file.section("kernel")
         kernel = try KernelConfiguration(reading: kernelSection)
         kernelLogLevel = try kernelSection.logLevel("log_level")

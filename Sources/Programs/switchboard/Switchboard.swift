@@ -34,6 +34,9 @@ struct CommonOptions: ParsableArguments {
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (default: log_level in the configuration).")
     var logLevel: Logger.Level?
 
+    @Option(help: "Log lines as text, or as one JSON object per line (default: log_format in the configuration, else text).")
+    var logFormat: LogFormat?
+
     /// Set by `switchboard up`: the fd whose end-of-file means the supervisor is gone.
     @Option(help: .hidden)
     var lifelineFd: Int32?
@@ -55,15 +58,23 @@ struct CommonOptions: ParsableArguments {
         return config ?? (FileManager.default.fileExists(atPath: defaultPath) ? defaultPath : nil)
     }
 
-    /// swift-log to stderr, each label ("switchboard.store") at its piece's configured level
-    /// unless --log-level says otherwise; and the lifeline to the supervisor, if any.
+    /// swift-log to stderr, as text or JSON lines (--log-format, else `log_format`), each
+    /// label ("switchboard.store") at its piece's configured level unless --log-level says
+    /// otherwise; and the lifeline to the supervisor, if any.
     func bootstrap(_ file: ConfigFile) {
         let override = logLevel
+        let json = (logFormat ?? LogFormat(rawValue: file.logFormat) ?? .text) == .json
         // Every log line written while answering a traced request carries its trace id.
         LoggingSystem.bootstrap({ label, metadataProvider in
-            var handler = StreamLogHandler.standardError(label: label, metadataProvider: metadataProvider)
             let piece = label.hasPrefix("switchboard.") ? String(label.dropFirst("switchboard.".count)) : label
-            handler.logLevel = override ?? Logger.Level(rawValue: file.logLevel(for: piece)) ?? .info
+            let level = override ?? Logger.Level(rawValue: file.logLevel(for: piece)) ?? .info
+            if json {
+                var handler = JSONLogHandler(label: label, metadataProvider: metadataProvider)
+                handler.logLevel = level
+                return handler
+            }
+            var handler = StreamLogHandler.standardError(label: label, metadataProvider: metadataProvider)
+            handler.logLevel = level
             return handler
         }, metadataProvider: BusTracing.loggingMetadata)
         BusTracing.bootstrap()
@@ -83,3 +94,8 @@ struct CommonOptions: ParsableArguments {
 }
 
 extension Logger.Level: @retroactive ExpressibleByArgument {}
+
+/// How log lines are written.
+enum LogFormat: String, CaseIterable, ExpressibleByArgument {
+    case text, json
+}

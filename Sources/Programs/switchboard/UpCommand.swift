@@ -128,6 +128,7 @@ struct UpCommand: AsyncParsableCommand {
         var shared: [String] = []
         if let path = common.configPath { shared += ["--config", path] }
         if let level = common.logLevel { shared += ["--log-level", level.rawValue] }
+        if let format = common.logFormat { shared += ["--log-format", format.rawValue] }
         // The probe asks this machine's kernel (of a pair, the passive one answers -32008,
         // which counts as up: it answers).
         let probe = try await BusClient(brokers: [Self.connectable(file.kernel.brokerEndpoint)], timeout: .seconds(1), curve: probeKeys)
