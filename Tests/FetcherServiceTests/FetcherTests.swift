@@ -239,7 +239,7 @@ struct FetcherTests {
         // Loaded, and the refresh over (it ends by scheduling the next one).
         try await eventually(10, "airlines loaded") {
             let entry = try await bus.entry(.airlines)
-            return entry["origin"] == "remote" && entry["nextRefresh"] != .null
+            return entry["origin"] == "remote" && entry["nextRefresh"] != nil
         }
         let published = try await bus.published(.airlines)
         let again = try await bus.refresh(.airlines)
