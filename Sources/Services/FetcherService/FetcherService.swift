@@ -141,24 +141,25 @@ public actor FetcherService: BusService, ServiceWork {
 
     /// One `datasets.list` entry per dataset.
     func entries(_ datasets: [Dataset]) -> [FetcherAPI.DatasetEntry] {
-        datasets.map { dataset in
-            let state = states[dataset], loaded = state?.loaded
-            return FetcherAPI.DatasetEntry(name: dataset.rawValue, origin: loaded?.origin.rawValue, version: loaded?.version,
-                                           records: loaded?.content.count ?? 0, dropped: loaded?.dropped ?? 0,
-                                           fetchedAt: loaded.map { Timestamp.format($0.fetchedAt) }, lastError: state?.lastError,
-                                           nextRefresh: state?.nextRefresh.map { Timestamp.format($0) },
-                                           url: configuration.sources[dataset]?.url?.absoluteString)
-        }
+        datasets.map(entry)
     }
 
-    /// What `/catalog/<name>` carries.
+    /// Where `dataset` stands: its copy, last error, next refresh and source.
+    func entry(_ dataset: Dataset) -> FetcherAPI.DatasetEntry {
+        let state = states[dataset], loaded = state?.loaded
+        return FetcherAPI.DatasetEntry(name: dataset.rawValue, origin: loaded?.origin.rawValue, version: loaded?.version,
+                                       records: loaded?.content.count ?? 0, dropped: loaded?.dropped ?? 0,
+                                       fetchedAt: loaded.map { Timestamp.format($0.fetchedAt) }, lastError: state?.lastError,
+                                       nextRefresh: state?.nextRefresh.map { Timestamp.format($0) },
+                                       url: configuration.sources[dataset]?.url?.absoluteString)
+    }
+
+    /// What `/catalog/<name>` carries: part of its ``entry(_:)``, null where there is nothing.
     func summary(_ dataset: Dataset) -> [String: JSONValue] {
-        let state = states[dataset]
-        let loaded = state?.loaded
-        return ["name": .string(dataset.rawValue), "origin": loaded.map { .string($0.origin.rawValue) } ?? .null,
-                "version": loaded.map { .string($0.version) } ?? .null, "records": .int(Int64(loaded?.content.count ?? 0)),
-                "fetchedAt": loaded.map { .string(Timestamp.format($0.fetchedAt)) } ?? .null,
-                "lastError": state?.lastError.map(JSONValue.string) ?? .null]
+        let entry = entry(dataset)
+        return ["name": .string(entry.name), "origin": entry.origin.map(JSONValue.string) ?? .null,
+                "version": entry.version.map(JSONValue.string) ?? .null, "records": .int(Int64(entry.records)),
+                "fetchedAt": entry.fetchedAt.map(JSONValue.string) ?? .null, "lastError": entry.lastError.map(JSONValue.string) ?? .null]
     }
 
     // MARK: Refreshing

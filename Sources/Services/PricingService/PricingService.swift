@@ -31,7 +31,7 @@ public actor PricingService: BusService, ServiceWork {
     private var knownSelection: Selection?
     /// What `/pricing/route/current` and `/pricing/deal/today` last carried.
     private var publishedRoute: RoutePrice?
-    private var publishedDeal: JSONValue?
+    private var publishedDeal: PricingAPI.Deal?
 
     private let catalog: Subscription?
 
@@ -302,9 +302,9 @@ public actor PricingService: BusService, ServiceWork {
     }
 
     private func publishDealOfTheDay() async {
-        guard let publisher, let deal = try? JSONValue(encoding: today(PricingAPI.Today())), deal != publishedDeal else { return }
+        guard let publisher, let deal = try? today(PricingAPI.Today()), deal != publishedDeal else { return }
         do {
-            _ = try await publisher.set(PricingAPI.StateKeys.dealToday, deal)
+            _ = try await publisher.set(PricingAPI.StateKeys.dealToday, try JSONValue(encoding: deal))
             publishedDeal = deal
         } catch {
             logger.warning("cannot publish the deal of the day", metadata: ["problem": "\(error)"])

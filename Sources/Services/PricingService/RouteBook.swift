@@ -90,7 +90,6 @@ struct Quote: Sendable, Equatable {
     let inbound: Flight?
 
     var total: Money? { inbound.flatMap { outbound.fare.adding($0.fare) } }
-
 }
 
 extension Flight {

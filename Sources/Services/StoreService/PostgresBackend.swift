@@ -417,4 +417,3 @@ actor PostgresBackend: StoreBackend {
         return StorageFailure(reason: "unreachable", detail: "\(error)", path: settings.redactedURL)
     }
 }
-

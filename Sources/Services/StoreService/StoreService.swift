@@ -179,7 +179,7 @@ public actor StoreService: BusService, ServiceWork {
     }
 
     func sourcesSelected() async throws -> StoreAPI.SourceSelection {
-        try await read(.selection(name: "sources")) ?? StoreAPI.SourceSelection(ids: [], selectedAt: nil)
+        try await read(.selection(name: "sources")) ?? decodeResult(StoreAPI.SourceSelection.self, Self.noSources)
     }
 
     /// The sources selection before any was made.
