@@ -1,4 +1,4 @@
-import BusKit
+@testable import BusKit
 import BusProtocol
 import ContractKit
 import Contracts
@@ -90,11 +90,17 @@ struct BusKitTests {
             #expect(message.contains("no worker for 'ghost'"))
         }
         #expect(ContinuousClock.now - started < .seconds(3))
-        // A kernel that is not there: the client's timeout, named.
-        let nowhere = try await BusClient(brokers: ["tcp://127.0.0.1:\(freePort())"])
-        await #expect(throws: BusError.timedOut(service: "echo", method: "echo", after: .milliseconds(200))) {
-            try await nowhere.request(service: "echo", method: "echo", timeout: .milliseconds(200))
+        // A kernel that is not there: the client's timeout, named, kept by the client's clock
+        // (moved here: 30 s pass in no time).
+        let clock = ManualClock()
+        let nowhere = try await BusClient(brokers: ["tcp://127.0.0.1:\(freePort())"], clock: clock)
+        let outcome = Task { () -> BusError? in
+            do throws(BusError) { _ = try await nowhere.request(service: "echo", method: "echo", timeout: .seconds(30)) } catch { return error }
+            return nil
         }
+        try await eventually(5, "the request waits") { await nowhere.waitingCount() == 1 }
+        clock.advance(.seconds(30))
+        #expect(try await within(5, "the timeout") { await outcome.value } == BusError.timedOut(service: "echo", method: "echo", after: .seconds(30)))
         await nowhere.close()
         await bus.close()
         await kernel.stop()
@@ -330,6 +336,39 @@ struct BusKitTests {
         await bus.close()
         await careful.close()
         await kernel.stop()
+    }
+
+    @Test("requests still queued for a connection when it drops reach the kernel once after the reconnect, not twice")
+    func queuedRequestsSentOnceAfterReconnect() async throws {
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let context = try ZMQContext()
+        // A stand-in that takes one message and no more: the rest back up in TCP's buffers and
+        // in libzmq's queue for the connection, which outlives it and would send them again.
+        var standIn = try await kernelStandIn(at: endpoint, in: context, receiveHighWaterMark: 1)
+        let client = try await BusClient(brokers: [endpoint], timeout: .seconds(60))
+        let count = 64
+        let padding = JSONValue.string(String(repeating: "x", count: 256 * 1024))
+        let requests = (0..<count).map { n in
+            Task { try? await client.request(service: "echo", method: "echo", params: ["n": .int(Int64(n)), "padding": padding]) }
+        }
+        try await eventually(10, "every request handed to the connection") { await client.waitingCount() == count }
+        _ = try standIn.receive()
+        standIn.close()
+        standIn = try await kernelStandIn(at: endpoint, in: context)
+        func received() throws -> Int? {
+            let message = try standIn.receive()
+            return try JSONValue(parsing: message.frames.last!.bytes)["params"]?["n"]?.intValue.map { Int($0) }
+        }
+        var copies: [Int: Int] = [:]
+        while copies.count < count, let n = try received() { copies[n, default: 0] += 1 }
+        // Whatever was sent again went out before this last request, on the same connection.
+        #expect(await client.counters().resent > 0)
+        let last = Task { try? await client.request(service: "echo", method: "echo", params: ["n": .int(Int64(count))]) }
+        while let n = try received(), n != count { copies[n, default: 0] += 1 }
+        #expect(copies.count == count && copies.values.allSatisfy { $0 == 1 }, "sent twice: \(copies.filter { $0.value > 1 }.keys.sorted())")
+        await client.close()
+        for request in requests + [last] { _ = await request.value }
+        standIn.close()
     }
 
     @Test("a worker process killed mid-request: the other worker answers it")

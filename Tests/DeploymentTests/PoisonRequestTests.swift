@@ -68,20 +68,7 @@ struct PoisonRequestTests {
     func clientStopsResending() async throws {
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         let context = try ZMQContext()
-        // libzmq closes a listening socket in its I/O thread, after zmq_close returns: the next
-        // stand-in binds the port once it is free again (no event says when).
-        func kernelStandIn() async throws -> ZMQSocket {
-            let router = try ZMQSocket(context, .router)
-            try router.set(.linger, 0)
-            try router.set(.receiveTimeout, Int32(10_000))
-            for _ in 0..<200 {
-                if (try? router.bind(endpoint)) != nil { return router }
-                try await Task.sleep(for: .milliseconds(10))
-            }
-            _ = try router.bind(endpoint)
-            return router
-        }
-        var standIn = try await kernelStandIn()
+        var standIn = try await kernelStandIn(at: endpoint, in: context)
         let client = try await BusClient(brokers: [endpoint], timeout: .seconds(30))
         let outcome = Task { await rpcError { try await client.request(service: "echo", method: "echo", params: ["n": 1]) } }
         // Each stand-in takes the request and goes away with it, as a kernel it killed would.
@@ -90,7 +77,7 @@ struct PoisonRequestTests {
             let request = try standIn.receive()
             received.append(request.frames.last!.bytes)
             standIn.close()
-            if round == 0 { standIn = try await kernelStandIn() }
+            if round == 0 { standIn = try await kernelStandIn(at: endpoint, in: context) }
         }
         let error = await outcome.value
         #expect(received.count == 2 && received[0] == received[1], "the same request, sent twice")

@@ -7,14 +7,6 @@ import Synchronization
 import Testing
 import ZeroMQ
 
-/// A clock the test moves: the kernel's parts read it and nothing else, so a timing rule is
-/// checked by moving it past the deadline, in no time at all.
-final class ManualClock: NanosecondClock {
-    private let nanoseconds = Atomic<UInt64>(1_000_000_000)
-    var now: UInt64 { nanoseconds.load(ordering: .relaxed) }
-    func advance(_ duration: Duration) { nanoseconds.add(duration.nanoseconds, ordering: .relaxed) }
-}
-
 private let quiet = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
 
 /// A worker's and a client's frames as the broker's ROUTER receives them.

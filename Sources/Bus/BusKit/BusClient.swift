@@ -36,6 +36,7 @@ public final class BusClient: Sendable {
     /// id it lets a service answer a request sent again with the reply it already gave.
     public let clientID = BusClient.newClientID()
     private let curve: CurveClientKeys?
+    private let clock: any NanosecondClock
     let loop: SocketLoop
     private let ownsLoop: Bool
     private let core: ClientCore
@@ -54,9 +55,11 @@ public final class BusClient: Sendable {
     ///   - state: each kernel's CHP endpoints, in the order of `brokers`; by default the three
     ///     ports after each broker's (`tcp://HOST:PORT+1`...), as a kernel binds them unless
     ///     told otherwise.
+    ///   - clock: what requests' deadlines are kept by (a test moves its own).
     public init(brokers: [String], context: ZMQContext? = nil, loop: SocketLoop? = nil, timeout: Duration = .seconds(5),
                 curve: CurveClientKeys? = nil, resendAfterReconnect: Bool = true,
-                maxMessageSize: Int = MDP.defaultMaxMessageSize, state: [StateEndpoints]? = nil) async throws {
+                maxMessageSize: Int = MDP.defaultMaxMessageSize, state: [StateEndpoints]? = nil,
+                clock: any NanosecondClock = SystemClock()) async throws {
         precondition(!brokers.isEmpty, "BusClient needs at least one broker endpoint")
         self.brokers = brokers
         let following = brokers.compactMap(StateEndpoints.init(followingBroker:))
@@ -71,7 +74,8 @@ public final class BusClient: Sendable {
             self.loop = try SocketLoop(context: try context ?? ZMQContext(), name: "bus-client")
             ownsLoop = true
         }
-        core = ClientCore(loop: self.loop, resendAfterReconnect: resendAfterReconnect)
+        self.clock = clock
+        core = ClientCore(loop: self.loop, resendAfterReconnect: resendAfterReconnect, clock: clock)
         try await core.connect(brokers, curve: curve)
     }
 
@@ -110,7 +114,7 @@ public final class BusClient: Sendable {
         guard !isClosed.load(ordering: .acquiring) else { throw .closed }
         let outcome: Result<JSONValue, BusError> = await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
-                let deadline = monotonicNanoseconds() + timeout.nanoseconds
+                let deadline = clock.now + timeout.nanoseconds
                 loop.execute {
                     let pending = ClientCore.Pending(service: service, method: method, timeout: timeout, deadline: deadline) {
                         continuation.resume(returning: $0)
@@ -147,7 +151,7 @@ public final class BusClient: Sendable {
         }
         return try await Subscription.open(kernels: state.map { ($0.snapshot, $0.publisher) }, prefixes: prefixes,
                                            includeSnapshot: includeSnapshot, loop: loop, silenceTimeout: silenceTimeout,
-                                           bufferSize: bufferSize, curve: curve)
+                                           bufferSize: bufferSize, curve: curve, clock: clock)
     }
 
     // MARK: Batches
@@ -181,7 +185,7 @@ public final class BusClient: Sendable {
         guard !isClosed.load(ordering: .acquiring) else { return calls.map { _ in .failure(.closed) } }
         return await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
-                let deadline = monotonicNanoseconds() + timeout.nanoseconds
+                let deadline = clock.now + timeout.nanoseconds
                 loop.execute {
                     // Confined to the loop thread, like every completion below.
                     let collector = BatchCollector(count: calls.count) { continuation.resume(returning: $0) }
@@ -260,6 +264,12 @@ public final class BusClient: Sendable {
         return await core.counters
     }
 
+    /// Requests waiting for their reply now.
+    func waitingCount() async -> Int {
+        let core = self.core
+        return await core.waitingCount
+    }
+
     /// What became of the connections to the kernels, in words, for a diagnostic when
     /// nothing answers: none accepted a connection, one refused this client's keys, or one
     /// was connected (and maybe lost).
@@ -298,10 +308,9 @@ actor ClientCore {
         /// The message to send again; held by the first request of a batch only, so a batch
         /// goes once.
         var message: Message? = nil
-        /// The connection it was last sent on, and that connection's generation then; nil:
-        /// not sent yet (no kernel to send it to), or to be sent again.
+        /// The connection it was last sent on; nil: not sent yet (no kernel to send it to),
+        /// or to be sent again.
         var sentOn: Int? = nil
-        var generation = 0
         /// Connections that dropped while it was in flight on them.
         var losses = 0
     }
@@ -312,14 +321,15 @@ actor ClientCore {
         let timeout: Duration
     }
 
-    /// One kernel's DEALER and what the client knows of it.
+    /// One kernel's DEALER and what the client knows of it. The DEALER is replaced each time
+    /// its connection drops: libzmq keeps what it had not yet written for a dropped connection
+    /// and writes it once reconnected, while the client sends every request in flight again;
+    /// with a fresh socket each request goes out once.
     struct Connection {
         let endpoint: String
-        let socket: SocketRegistration
-        let monitor: SocketRegistration
+        var socket: SocketRegistration
+        var monitor: SocketRegistration
         var connected = false
-        /// Bumped when the connection drops: what was sent before may be lost.
-        var generation = 0
         /// When the kernel last answered -32008 (not active).
         var refusedAt: UInt64 = 0
         /// What it went through, for a diagnostic when nothing answers.
@@ -344,6 +354,7 @@ actor ClientCore {
     nonisolated let loop: SocketLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
     let resendAfterReconnect: Bool
+    let clock: any NanosecondClock
 
     /// Where the client is in its life; checked by every entry point, as each arrives
     /// through `loop.execute` after the caller's state may have changed.
@@ -366,33 +377,57 @@ actor ClientCore {
     private var finishedOrder: Deque<Int64> = []
     private static let finishedMemory = 16_384
     private(set) var counters = BusClient.Counters()
+    var waitingCount: Int { pending.count }
 
-    init(loop: SocketLoop, resendAfterReconnect: Bool) {
+    init(loop: SocketLoop, resendAfterReconnect: Bool, clock: any NanosecondClock) {
         self.loop = loop
         self.resendAfterReconnect = resendAfterReconnect
+        self.clock = clock
     }
 
     /// Opens a DEALER to each of `brokers` (one kernel, or the two of a pair) and starts
     /// reading them.
     func connect(_ brokers: [String], curve: CurveClientKeys?) throws {
         guard case .connecting = lifecycle else { throw ZMQError(call: "connect(closed client)", code: ENOTSOCK) }
+        self.curve = curve
         for (index, broker) in brokers.enumerated() {
-            let socket = try ZMQSocket(loop.context, .dealer)
-            try socket.secure(curve)
-            try socket.set(.receiveHighWaterMark, 0)
-            try socket.set(.sendHighWaterMark, 0)
-            if brokers.count > 1 {
-                try socket.set(.heartbeatInterval, Int32(250))
-                try socket.set(.heartbeatTimeout, Int32(1_000))
-            }
-            // Connection events tell when requests in flight were lost with a kernel.
-            let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeFailed, .handshakeSucceeded])
-            try socket.connect(broker)
-            let registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message, on: index) } }
-            let monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, on: index) } }
-            connections.append(Connection(endpoint: broker, socket: registration, monitor: monitor))
+            let (socket, monitor) = try open(broker, index: index, heartbeats: brokers.count > 1)
+            connections.append(Connection(endpoint: broker, socket: socket, monitor: monitor))
         }
         lifecycle = .open
+    }
+
+    private var curve: CurveClientKeys?
+
+    /// How long a replaced DEALER waits before it connects: libzmq's own reconnect interval,
+    /// so a kernel that refuses the client is not asked again at once, again and again.
+    static let reconnectInterval = Duration.milliseconds(100)
+
+    /// A DEALER connecting to `endpoint` as connection `index` (after `delay`, when given),
+    /// and its connection events. What is sent before it connects waits in its backlog.
+    private func open(_ endpoint: String, index: Int, heartbeats: Bool,
+                      connectingAfter delay: Duration? = nil) throws -> (socket: SocketRegistration, monitor: SocketRegistration) {
+        let socket = try ZMQSocket(loop.context, .dealer)
+        try socket.secure(curve)
+        try socket.set(.receiveHighWaterMark, 0)
+        try socket.set(.sendHighWaterMark, 0)
+        if heartbeats {
+            try socket.set(.heartbeatInterval, Int32(250))
+            try socket.set(.heartbeatTimeout, Int32(1_000))
+        }
+        // Connection events tell when requests in flight were lost with a kernel.
+        let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeFailed, .handshakeSucceeded])
+        if delay == nil { try socket.connect(endpoint) }
+        let registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message, on: index) } }
+        let monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, on: index) } }
+        if let delay {
+            loop.schedule(after: delay) { [weak registration] in
+                // Replaced again or closed meanwhile: nothing to connect.
+                guard let registration, !registration.isClosed else { return }
+                try? registration.socket.connect(endpoint)
+            }
+        }
+        return (registration, monitor)
     }
 
     /// Timeouts are checked every 10 ms while anything waits (cheaper than a timer per
@@ -411,10 +446,7 @@ actor ClientCore {
         for (index, request) in requests.enumerated() {
             var waiting = request.pending
             if index == 0 { waiting.message = message }
-            if let target {
-                waiting.sentOn = target
-                waiting.generation = connections[target].generation
-            }
+            waiting.sentOn = target
             pending[request.id] = waiting
         }
         sweepWhileWaiting()
@@ -425,7 +457,7 @@ actor ClientCore {
     /// connected and did not just refuse, else the other if it qualifies (it becomes current);
     /// nil: none now (the request waits for the next sweep or connection).
     private func destination() -> Int? {
-        let now = monotonicNanoseconds()
+        let now = clock.now
         guard isPair else { return now &- connections[0].refusedAt >= Self.refusalPause ? 0 : nil }
         let usable = { (index: Int) in self.connections[index].connected && now &- self.connections[index].refusedAt >= Self.refusalPause }
         if usable(current) { return current }
@@ -439,7 +471,6 @@ actor ClientCore {
         guard pending.values.contains(where: { $0.sentOn == nil }), let target = destination() else { return }
         for id in pending.keys where pending[id]!.sentOn == nil {
             pending[id]!.sentOn = target
-            pending[id]!.generation = connections[target].generation
             if let message = pending[id]!.message {
                 counters.resent += 1
                 connections[target].socket.send(message)
@@ -454,19 +485,38 @@ actor ClientCore {
         if event.event.contains(.disconnected) {
             connections[index].connected = false
             connections[index].drops += 1
-            let dropped = connections[index].generation, delivered = connections[index].handshaken
-            connections[index].generation += 1
+            let delivered = connections[index].handshaken
             connections[index].handshaken = false
+            // Replies the connection delivered may still wait in the socket (its monitor's
+            // events and its messages are not ordered): take them first, so no request that
+            // was answered is sent again (and answered twice).
+            connections[index].socket.readQueued()
+            connections[index].socket.close()
+            connections[index].monitor.close()
+            do {
+                (connections[index].socket, connections[index].monitor) = try open(connections[index].endpoint, index: index, heartbeats: isPair,
+                                                                                   connectingAfter: Self.reconnectInterval)
+            } catch {
+                // Only a context being shut down refuses a socket: the process is ending.
+                close()
+                return
+            }
             // Sent on the connection that dropped: in flight with it, and maybe lost.
-            let lost = pending.filter { $0.value.sentOn == index && $0.value.generation <= dropped }.map(\.key)
+            let lost = pending.filter { $0.value.sentOn == index }.map(\.key)
             for id in lost {
                 // Only a connection that got through its handshake may have delivered it.
                 if delivered { pending[id]!.losses += 1 }
                 let losses = pending[id]!.losses
                 guard !resendAfterReconnect || losses > Self.maxResends else {
-                    // The other kernel of a pair takes it (it may have to take over first);
-                    // a lone kernel gets it again once it is back.
-                    if isPair { pending[id]!.sentOn = nil }
+                    if isPair {
+                        // The other kernel of a pair takes it (it may have to take over first).
+                        pending[id]!.sentOn = nil
+                    } else if let message = pending[id]!.message {
+                        // A lone kernel gets it again once it is back (the new socket holds
+                        // it until then).
+                        counters.resent += 1
+                        connections[index].socket.send(message)
+                    }
                     continue
                 }
                 let request = pending.removeValue(forKey: id)!
@@ -479,28 +529,13 @@ actor ClientCore {
         } else if event.event.contains(.connected) {
             connections[index].connected = true
             connections[index].everConnected = true
-            // Replies the old connection delivered may still wait in the socket (its
-            // monitor's events and its messages are not ordered): take them first, so no
-            // request that was answered is sent again (and answered twice).
-            connections[index].socket.readQueued()
-            if !isPair {
-                // Whatever was handed to the old connection died with it; what was queued
-                // since goes out on the new one by itself.
-                for id in pending.keys where pending[id]!.generation < connections[0].generation {
-                    pending[id]!.generation = connections[0].generation
-                    if let message = pending[id]!.message {
-                        counters.resent += 1
-                        connections[0].socket.send(message)
-                    }
-                }
-            }
             sendWaiting()
         }
     }
 
     func connectionSummary() -> String {
         connections.map { connection in
-            if connection.handshakeFailures > 0, !connection.connected {
+            if connection.handshakeFailures > 0, !connection.handshaken {
                 return "\(connection.endpoint) refused this client's handshake \(connection.handshakeFailures) times (a kernel with CURVE on answers only keys it allows: sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file)"
             }
             if !connection.everConnected { return "nothing accepted a connection at \(connection.endpoint) (is the kernel running there?)" }
@@ -520,7 +555,7 @@ actor ClientCore {
             continuation.resume(returning: .failure(.closed))
             return
         }
-        opaque[service, default: []].append(OpaquePending(continuation: continuation, deadline: monotonicNanoseconds() + timeout.nanoseconds, timeout: timeout))
+        opaque[service, default: []].append(OpaquePending(continuation: continuation, deadline: clock.now + timeout.nanoseconds, timeout: timeout))
         sweepWhileWaiting()
         connections[destination() ?? current].socket.send(message)
     }
@@ -574,7 +609,7 @@ actor ClientCore {
     /// (or wait a moment, when both refused lately); until their deadline, the refusal is
     /// what they fail with.
     private func notActive(_ responses: [JSONRPCResponse], from connection: Int) {
-        connections[connection].refusedAt = monotonicNanoseconds()
+        connections[connection].refusedAt = clock.now
         for response in responses {
             guard case .number(let id) = response.id, pending[id]?.sentOn == connection else { continue }
             pending[id]!.sentOn = nil
@@ -587,7 +622,7 @@ actor ClientCore {
     private var refusals: [Int64: String] = [:]
 
     private func sweep() {
-        let now = monotonicNanoseconds()
+        let now = clock.now
         if !pending.isEmpty {
             sendWaiting()
             let expired = pending.filter { $0.value.deadline <= now }

@@ -94,12 +94,13 @@ public final class Subscription: AsyncSequence, Sendable {
     ///   - silenceTimeout: resynchronise when nothing (not even HUGZ) arrives for this long.
     ///   - bufferSize: events waiting for the reader before the subscription stops reading.
     ///   - curve: keys for a CURVE-secured kernel (nil: plain text).
+    ///   - clock: what the silence is timed by (a test moves its own).
     public static func open(snapshot: String, publisher: String, prefixes: [String] = [""], includeSnapshot: Bool = true,
                             context: ZMQContext? = nil, loop: SocketLoop? = nil,
                             silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
-                            curve: CurveClientKeys? = nil) async throws -> Subscription {
+                            curve: CurveClientKeys? = nil, clock: any NanosecondClock = SystemClock()) async throws -> Subscription {
         try await open(kernels: [(snapshot, publisher)], prefixes: prefixes, includeSnapshot: includeSnapshot, context: context, loop: loop,
-                       silenceTimeout: silenceTimeout, bufferSize: bufferSize, curve: curve)
+                       silenceTimeout: silenceTimeout, bufferSize: bufferSize, curve: curve, clock: clock)
     }
 
     /// Opens a subscription to the two kernels of a pair at once (each kernel's snapshot and
@@ -109,7 +110,7 @@ public final class Subscription: AsyncSequence, Sendable {
     public static func open(kernels: [(snapshot: String, publisher: String)], prefixes: [String] = [""], includeSnapshot: Bool = true,
                             context: ZMQContext? = nil, loop: SocketLoop? = nil,
                             silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
-                            curve: CurveClientKeys? = nil) async throws -> Subscription {
+                            curve: CurveClientKeys? = nil, clock: any NanosecondClock = SystemClock()) async throws -> Subscription {
         precondition(!kernels.isEmpty, "a subscription needs a kernel")
         let ownsLoop = loop == nil
         let loop = try loop ?? SocketLoop(context: try context ?? ZMQContext(), name: "subscription")
@@ -121,7 +122,7 @@ public final class Subscription: AsyncSequence, Sendable {
         }))
         let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot,
                                     kernels: kernels, silenceTimeout: silenceTimeout,
-                                    receiveHighWaterMark: Swift.max(1_000, bufferSize), curve: curve)
+                                    receiveHighWaterMark: Swift.max(1_000, bufferSize), curve: curve, clock: clock)
         resumeTarget.core.withLock { $0.core = core }
         try await core.start()
         return Subscription(loop: loop, ownsLoop: ownsLoop, buffer: buffer, core: core)
@@ -227,7 +228,8 @@ actor SubscriptionCore {
     private var pendingLive: [KVEntry] = []
     private var known: [String: Frame] = [:]
     private var lastSequence: UInt64 = 0
-    private var lastHeard = monotonicNanoseconds()
+    private let clock: any NanosecondClock
+    private var lastHeard: UInt64
     /// Every kernel's connection dropped at some point since the last sync: updates may
     /// have been missed, so the next connection resyncs.
     private var lostEveryKernel = false
@@ -240,8 +242,10 @@ actor SubscriptionCore {
 
     init(loop: SocketLoop, buffer: BoundedBuffer<SubscriptionEvent>, prefixes: [String], includeSnapshot: Bool,
          kernels: [(snapshot: String, publisher: String)], silenceTimeout: Duration, receiveHighWaterMark: Int,
-         curve: CurveClientKeys?) {
+         curve: CurveClientKeys?, clock: any NanosecondClock) {
         self.loop = loop
+        self.clock = clock
+        lastHeard = clock.now
         self.buffer = buffer
         self.prefixes = prefixes
         countedPrefixes = Array(Set(prefixes.filter { prefix in !prefixes.contains { $0 != prefix && prefix.hasPrefix($0) } }))
@@ -284,7 +288,7 @@ actor SubscriptionCore {
     // MARK: Publisher
 
     private func published(_ message: Message, from source: Int) {
-        lastHeard = monotonicNanoseconds()
+        lastHeard = clock.now
         guard let update = try? CHP.decodeUpdate(message) else { return }
         switch update {
         case .hugz(let published):
@@ -366,7 +370,7 @@ actor SubscriptionCore {
     func resumeReading() {
         guard readingPaused, phase != .stopped else { return }
         readingPaused = false
-        lastHeard = monotonicNanoseconds()
+        lastHeard = clock.now
         for source in sources { source.subscriber?.resumeReading() }
     }
 
@@ -470,8 +474,8 @@ actor SubscriptionCore {
     private func checkSilence() {
         // A paused socket is silent by choice: the reader is behind, not the kernel.
         guard !readingPaused, phase != .stopped else { return }
-        if monotonicNanoseconds() &- lastHeard > silenceTimeout.nanoseconds {
-            lastHeard = monotonicNanoseconds()
+        if clock.now &- lastHeard > silenceTimeout.nanoseconds {
+            lastHeard = clock.now
             resync(missed: nil, reason: "the kernel was silent for \(silenceTimeout.formatted)", subscriptionIsLive: false)
         }
     }

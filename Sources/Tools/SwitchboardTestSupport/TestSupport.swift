@@ -59,6 +59,21 @@ private enum PortsHandedOut {
     static let ports = Mutex<Set<Int>>([])
 }
 
+/// A ROUTER bound at `endpoint` standing in for a kernel, to see exactly what a client sends.
+/// libzmq closes a listening socket in its I/O thread after `zmq_close` returns, so a stand-in
+/// that replaces a closed one binds the port once it is free again (no event says when).
+public func kernelStandIn(at endpoint: String, in context: ZMQContext, receiveHighWaterMark: Int32 = 1_000) async throws -> ZMQSocket {
+    let router = try ZMQSocket(context, .router)
+    try router.set(.receiveTimeout, Int32(10_000))
+    try router.set(.receiveHighWaterMark, receiveHighWaterMark)
+    for _ in 0..<200 {
+        if (try? router.bind(endpoint)) != nil { return router }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+    _ = try router.bind(endpoint)
+    return router
+}
+
 /// A fresh temporary directory.
 public func temporaryDirectory(_ label: String = "sb-test") throws -> URL {
     let url = FileManager.default.temporaryDirectory.appendingPathComponent("\(label)-\(UUID().uuidString.prefix(8))")
