@@ -45,7 +45,10 @@ struct PostgresFaultTests {
         let store = StoreService(configuration: StoreConfiguration(postgres: PostgresSettings(url: url, tls: .disable)), logger: log.logger("store"))
         let host = try ServiceHost(service: store, options: .init(brokers: [kernel.endpoints.broker], connections: 2, heartbeatInterval: .milliseconds(100),
                                                                    heartbeatLiveness: 10))
-        // As ServiceHost.run does with its `ready`: register once the database can serve.
+        // The store's work keeps its connections; as ServiceHost.run does with its `ready`,
+        // the host registers once the database can serve.
+        let work = Working(store)
+        await work.start()
         let registering = Task {
             await store.waitUntilReady()
             try await host.start()
@@ -106,7 +109,7 @@ struct PostgresFaultTests {
         #expect(texts.isSuperset(of: (acknowledged + ["after"]).suffix(90)), "\(texts)")
 
         await host.stop()
-        await store.finish()
+        await work.stop()
         await client.close()
         await kernel.stop()
     }
@@ -122,6 +125,8 @@ struct SilentDatabaseTests {
         let store = StoreService(configuration: StoreConfiguration(postgres: PostgresSettings(url: "postgres://someone:secret@127.0.0.1:\(silent.port)/db",
                                                                                            tls: .disable)),
                                  logger: log.logger("store"))
+        let work = Working(store)
+        await work.start()
         // PostgresNIO's queries do not end when their task is cancelled: an operation that
         // awaited its query would wait here for ever.
         let waiting = Task { await store.waitUntilReady() }
@@ -129,7 +134,7 @@ struct SilentDatabaseTests {
         #expect(silent.connections > 0, "the store connected and sent its query")
         waiting.cancel()
         await waiting.value
-        await store.finish()
+        await work.stop()
     }
 }
 

@@ -48,10 +48,11 @@ struct StoreBus {
                                                         heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                         heartbeatLiveness: kernel.configuration.heartbeatLiveness)
         let host = try ServiceHost(service: store, options: options, onReregistered: { await store.republish() })
-        await store.waitUntilReady()
-        try await host.start()
+        // The work keeps the database's connections: it runs before the store can be ready.
         let work = Working(store)
         await work.start()
+        await store.waitUntilReady()
+        try await host.start()
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(5))
         try await kernel.workers("store")
         return StoreBus(kernel: kernel, store: store, host: host, work: work, client: client, publisherClient: publisherClient, folder: folder,

@@ -13,13 +13,17 @@ public protocol ServiceWork: Service, Actor {
     func prepare() async
     /// The work itself: until cancelled (or done).
     func work() async
-    /// After the work ended: releases what it held (HTTP clients, database connections).
+    /// After the work ended: releases what it held (HTTP clients).
     func finish() async
+    /// Parts of its process that must run before it and stop after it (the store's database
+    /// connections): the group lists them just before the service.
+    nonisolated var requiredParts: [any Service] { get }
 }
 
 extension ServiceWork {
     public func prepare() async {}
     public func finish() async {}
+    public nonisolated var requiredParts: [any Service] { [] }
 
     public func run() async throws {
         await prepare()

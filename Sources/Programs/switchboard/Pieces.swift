@@ -50,8 +50,8 @@ enum Pieces {
 
     /// Builds service `name` as the parts of its process, in dependency order, for one
     /// `ServiceGroup`: the client, the catalog subscription (for services that follow the
-    /// datasets), the state publisher (for services that publish), the service's own work,
-    /// then the host. The group stops them in reverse: the host drains its requests while
+    /// datasets), the state publisher (for services that publish), the parts the service
+    /// requires (the store's database connections), the service's own work, then the host. The group stops them in reverse: the host drains its requests while
     /// what they use (the database, the HTTP clients, the work) is still there.
     static func service(_ name: String, file: ConfigFile, connection: Connection) async throws -> [any Service] {
         let logger = Logger(label: "switchboard.\(name)")
@@ -63,7 +63,7 @@ enum Pieces {
             // On PostgreSQL it registers once the database answers (trying again meanwhile).
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { await service.republish() }, ready: { await service.waitUntilReady() })
-            return [client, publisher, service, host]
+            return [client, publisher] + service.requiredParts + [service, host]
         case FetcherAPI.service:
             let client = try await connection.client()
             let publisher = StatePublisher(client: client)

@@ -40,8 +40,10 @@ public actor FetcherService: BusService, ServiceWork {
     private let downloader = Downloader()
     private let environment: [String: String]
     private var states: [Dataset: State] = [:]
-    private var refreshes: [Dataset: Task<Void, Never>] = [:]
-    private var queuedRefreshes: [Dataset: Task<Void, Never>] = [:]
+    /// Datasets being downloaded, and the callers of ``refresh(_:)`` waiting for the next
+    /// download of each (the first of them runs it).
+    private var downloading: Set<Dataset> = []
+    private var waitingForNext: [Dataset: [CheckedContinuation<RefreshTurn, Never>]] = [:]
     private var client: BusClient?
     private var publisher: StatePublisher?
 
@@ -91,10 +93,8 @@ public actor FetcherService: BusService, ServiceWork {
         }
     }
 
-    /// Stops the refreshes still under way and closes the HTTP client.
+    /// Closes the HTTP client (the refreshes ended with the work).
     public func finish() async {
-        for task in refreshes.values { task.cancel() }
-        for task in queuedRefreshes.values { task.cancel() }
         await downloader.shutdown()
     }
 
@@ -164,35 +164,37 @@ public actor FetcherService: BusService, ServiceWork {
 
     // MARK: Refreshing
 
+    /// What a caller waiting for the next download of a dataset is told.
+    enum RefreshTurn: Sendable {
+        /// The download it waited for ended.
+        case done
+        /// It runs the next download itself.
+        case runNext
+    }
+
     /// Fetches `dataset` from its source, with a download that starts after this call.
-    /// While one is under way, calls queue one more to follow it, and every call arriving
-    /// meanwhile joins that one: a burst of calls costs at most two downloads.
+    /// While one is under way, callers wait for the next one, which the first of them runs
+    /// (in its own task) for them all: a burst of calls costs at most two downloads.
     public func refresh(_ dataset: Dataset) async {
-        if let queued = queuedRefreshes[dataset] {
-            await queued.value
-        } else if let running = refreshes[dataset] {
-            let queued = Task {
-                await running.value
-                guard !Task.isCancelled else { return }  // the service stopped meanwhile
-                await self.startRefresh(dataset).value
-            }
-            queuedRefreshes[dataset] = queued
-            await queued.value
+        if downloading.contains(dataset) {
+            let turn = await withCheckedContinuation { waitingForNext[dataset, default: []].append($0) }
+            guard case .runNext = turn else { return }
         } else {
-            await startRefresh(dataset).value
+            downloading.insert(dataset)
+        }
+        // Whoever waits now asked before this download starts: it answers them too.
+        let joined = waitingForNext.removeValue(forKey: dataset) ?? []
+        await fetchAndLoad(dataset)
+        for caller in joined { caller.resume(returning: .done) }
+        if var next = waitingForNext[dataset], !next.isEmpty {
+            next.removeFirst().resume(returning: .runNext)
+            waitingForNext[dataset] = next
+        } else {
+            downloading.remove(dataset)
         }
     }
 
-    private func startRefresh(_ dataset: Dataset) -> Task<Void, Never> {
-        // From here on, a new call needs a download after this one.
-        queuedRefreshes[dataset] = nil
-        let task = Task { await self.fetchAndLoad(dataset) }
-        refreshes[dataset] = task
-        return task
-    }
-
     private func fetchAndLoad(_ dataset: Dataset) async {
-        defer { refreshes[dataset] = nil }
         guard let source = configuration.sources[dataset], let url = source.url else { return }
         defer { states[dataset, default: State()].nextRefresh = Date().addingTimeInterval(source.refreshInterval.seconds) }
         let current = states[dataset]?.loaded

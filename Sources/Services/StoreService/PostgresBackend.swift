@@ -58,8 +58,9 @@ actor PostgresBackend: StoreBackend {
     let settings: PostgresSettings
     let logger: Logger
     let replyWindow: Duration
-    private let client: PostgresClient
-    private var running: Task<Void, Never>?
+    /// Its connections: a part of the store's process, run before the store's work and
+    /// stopped after it (``StoreService/requiredParts``).
+    nonisolated let client: PostgresClient
     /// Whether the schema is in place (checked before the first query and after a failure).
     private var migrated = false
     private var lastPruned = ContinuousClock.now
@@ -84,14 +85,6 @@ actor PostgresBackend: StoreBackend {
         configuration.options.maximumConnections = max(1, settings.poolSize)
         configuration.options.connectTimeout = .seconds(5)
         client = PostgresClient(configuration: configuration, backgroundLogger: logger)
-        let client = self.client
-        running = Task { await client.run() }
-    }
-
-    /// Closes every connection.
-    func close() {
-        running?.cancel()
-        running = nil
     }
 
     /// Waits until the database answers and its schema is in place, trying again with

@@ -10,7 +10,9 @@ import Glibc
 ///
 /// A write is answered only after its transaction is on disk (WAL, `synchronous = FULL`).
 /// Writes that arrive together share one transaction and one fsync (group commit), each in
-/// its own savepoint so one bad write does not fail the others. When the database cannot be
+/// its own savepoint so one bad write does not fail the others. The caller whose write finds
+/// no batch being committed commits it; writes arriving meanwhile wait, and the first of them
+/// commits the next batch. When the database cannot be
 /// opened, every call fails with the reason, and opening is tried again at most once a second.
 actor SQLiteBackend: StoreBackend {
     let configuration: StoreConfiguration
@@ -19,7 +21,8 @@ actor SQLiteBackend: StoreBackend {
     /// Why the database could not be opened, and when that was last tried.
     private var openFailure: (failure: StorageFailure, at: ContinuousClock.Instant)?
     private var pendingWrites: [PendingWrite] = []
-    private var flushing = false
+    /// Whether a caller is committing a batch (the writes that arrive meanwhile wait for the next).
+    private var committing = false
     /// When remembered results older than the window were last deleted.
     private var lastPruned = ContinuousClock.now
 
@@ -54,13 +57,16 @@ actor SQLiteBackend: StoreBackend {
             return result
         }
         let database = try openDatabase()
-        return try await withCheckedThrowingContinuation { continuation in
-            pendingWrites.append(PendingWrite(apply: applyAndRemember, continuation: continuation))
-            if !flushing {
-                flushing = true
-                Task { await self.flush(database) }
+        if committing {
+            let turn = try await withCheckedThrowingContinuation { continuation in
+                pendingWrites.append(PendingWrite(apply: applyAndRemember, waiter: continuation))
             }
+            if case .written(let result) = turn { return result }
+        } else {
+            committing = true
+            pendingWrites.append(PendingWrite(apply: applyAndRemember, waiter: nil))
         }
+        return try await commitWaitingWrites(database)
     }
 
     /// The SQL of each write.
@@ -120,63 +126,77 @@ actor SQLiteBackend: StoreBackend {
         }
     }
 
-    /// One write waiting for the next group commit.
+    /// One write waiting for the next group commit; `waiter` is nil for the write of the
+    /// caller that commits the batch.
     private struct PendingWrite: Sendable {
         let apply: @Sendable (Database) throws -> JSONValue
-        let continuation: CheckedContinuation<JSONValue, any Error>
+        var waiter: CheckedContinuation<Turn, any Error>?
     }
 
-    /// Commits pending writes, a batch at a time, until none is left.
-    private func flush(_ database: DatabasePool) async {
-        while !pendingWrites.isEmpty {
-            let batch = pendingWrites
-            pendingWrites.removeAll()
-            let applies = batch.map(\.apply)
-            let outcomes: [Result<JSONValue, any Error>]
-            // Results older than the window go, at most once a minute, in a batch's transaction.
-            let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60)
-                ? Date().timeIntervalSince1970 - configuration.replyWindow.seconds : nil
-            if forgetBefore != nil { lastPruned = .now }
-            do {
-                outcomes = try await database.write { db in
-                    if let forgetBefore { try db.execute(sql: "DELETE FROM replies WHERE written_at < ?", arguments: [forgetBefore]) }
-                    var outcomes: [Result<JSONValue, any Error>] = []
-                    for apply in applies {
-                        var value = JSONValue.null
-                        do {
-                            try db.inSavepoint {
-                                value = try apply(db)
-                                return .commit
-                            }
-                            outcomes.append(.success(value))
-                        } catch {
-                            // SQLite may have rolled back the whole transaction (say, on a
-                            // full disk): then the batch fails as one, and nothing earlier in
-                            // it is acknowledged.
-                            guard db.isInsideTransaction else { throw error }
-                            outcomes.append(.failure(error))
-                        }
-                    }
-                    return outcomes
-                }
-            } catch {
-                let failure = StorageFailure(error, path: configuration.path)
-                logger.error("write failed", metadata: ["problem": "\(failure.detail)", "writes": "\(batch.count)"])
-                for pending in batch { pending.continuation.resume(throwing: failure.rpcError) }
-                continue
-            }
-            for (pending, outcome) in zip(batch, outcomes) {
-                switch outcome {
-                case .success(let value):
-                    pending.continuation.resume(returning: value)
-                case .failure(let error as JSONRPCError):
-                    pending.continuation.resume(throwing: error)
-                case .failure(let error):
-                    pending.continuation.resume(throwing: StorageFailure(error, path: configuration.path).rpcError)
-                }
+    /// What a waiting write is told: its result, or that it commits the next batch.
+    private enum Turn: Sendable {
+        case written(JSONValue)
+        case commitNext
+    }
+
+    /// Commits every waiting write (the caller's among them) in one transaction, answers the
+    /// others, and hands the writes that arrived meanwhile to the first of them to commit.
+    private func commitWaitingWrites(_ database: DatabasePool) async throws -> JSONValue {
+        let batch = pendingWrites
+        pendingWrites.removeAll()
+        defer {
+            if pendingWrites.isEmpty {
+                committing = false
+            } else {
+                let next = pendingWrites[0].waiter
+                pendingWrites[0].waiter = nil
+                next?.resume(returning: .commitNext)
             }
         }
-        flushing = false
+        let applies = batch.map(\.apply)
+        let outcomes: [Result<JSONValue, any Error>]
+        // Results older than the window go, at most once a minute, in a batch's transaction.
+        let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60)
+            ? Date().timeIntervalSince1970 - configuration.replyWindow.seconds : nil
+        if forgetBefore != nil { lastPruned = .now }
+        do {
+            outcomes = try await database.write { db in
+                if let forgetBefore { try db.execute(sql: "DELETE FROM replies WHERE written_at < ?", arguments: [forgetBefore]) }
+                var outcomes: [Result<JSONValue, any Error>] = []
+                for apply in applies {
+                    var value = JSONValue.null
+                    do {
+                        try db.inSavepoint {
+                            value = try apply(db)
+                            return .commit
+                        }
+                        outcomes.append(.success(value))
+                    } catch {
+                        // SQLite may have rolled back the whole transaction (say, on a full
+                        // disk): then the batch fails as one, and nothing earlier in it is
+                        // acknowledged.
+                        guard db.isInsideTransaction else { throw error }
+                        outcomes.append(.failure(error))
+                    }
+                }
+                return outcomes
+            }
+        } catch {
+            let failure = StorageFailure(error, path: configuration.path)
+            logger.error("write failed", metadata: ["problem": "\(failure.detail)", "writes": "\(batch.count)"])
+            for pending in batch { pending.waiter?.resume(throwing: failure.rpcError) }
+            throw failure.rpcError
+        }
+        var own: Result<JSONValue, any Error> = .failure(JSONRPCError.internalError("the committing write was not in its batch"))
+        for (pending, outcome) in zip(batch, outcomes) {
+            let answer = outcome.mapError { error -> any Error in error as? JSONRPCError ?? StorageFailure(error, path: configuration.path).rpcError }
+            guard let waiter = pending.waiter else {
+                own = answer
+                continue
+            }
+            waiter.resume(with: answer.map(Turn.written))
+        }
+        return try own.get()
     }
 
     // MARK: Reads

@@ -2,6 +2,7 @@ public import BusKit
 import BusProtocol
 import Foundation
 public import Logging
+public import ServiceLifecycle
 public import ContractKit
 import Contracts
 
@@ -53,11 +54,18 @@ public actor StoreService: BusService, ServiceWork {
     }
 
     /// Returns once the database can serve: at once for SQLite (a file that cannot be opened
-    /// is answered per request); for PostgreSQL once it answers and its schema is in place,
-    /// trying again with back-off meanwhile. The store registers with the kernel after this.
+    /// is answered per request); for PostgreSQL once it answers and its schema is in place
+    /// (its connections are ``requiredParts``, run by the process), trying again with back-off
+    /// meanwhile. The
+    /// store registers with the kernel after this.
     public func waitUntilReady() async {
         if let postgres = backend as? PostgresBackend { await postgres.waitUntilReady() }
     }
+
+    /// The database's connections on PostgreSQL (none on SQLite): a part of the store's
+    /// process listed before the store, so it runs before the store can be ready and stops
+    /// after its work, which may query until its end.
+    public nonisolated var requiredParts: [any Service] { (backend as? PostgresBackend).map { [$0.client] } ?? [] }
 
     /// Publishes every key, then (``work()``) each change from now on.
     public func prepare() async {
@@ -79,10 +87,9 @@ public actor StoreService: BusService, ServiceWork {
         await markEverythingChanged()
     }
 
-    /// Stops publishing and closes the database's connections (at shutdown).
+    /// Stops publishing (at shutdown).
     public func finish() async {
         publisher = nil
-        if let postgres = backend as? PostgresBackend { await postgres.close() }
     }
 
     /// Results live in the database, beside the effects they answer for.

@@ -53,11 +53,12 @@ struct StoreBenchmark: AsyncParsableCommand {
         let configuration = StoreConfiguration(path: directory.appendingPathComponent("store.sqlite").path,
                                                postgres: postgres.map { PostgresSettings(url: $0.url(), poolSize: connections, tls: .disable) })
         let store = StoreService(configuration: configuration, publisher: publisher)
+        // The work keeps the database's connections: it runs before the store can be ready.
+        let work = Working(store)
+        await work.start()
         await store.waitUntilReady()
         let host = try ServiceHost(service: store, options: .init(brokers: [endpoints.broker], connections: connections))
         try await host.start()
-        let work = Working(store)
-        await work.start()
         let probe = try await BusClient(brokers: [endpoints.broker])
         while !(try await probe.hasWorkers(StoreAPI.service)) { try await Task.sleep(for: .milliseconds(20)) }
         await probe.close()
@@ -88,8 +89,8 @@ struct StoreBenchmark: AsyncParsableCommand {
             _ = try await client.call(StoreAPI.sourcesSelected)
         }
         rows.append(Row("\(name): read (sources.selected), 8 clients x 8 in flight", rate: pipelined.rate, latencies: pipelined.latencies))
-        await work.stop()
         await host.stop()
+        await work.stop()
         await publisherClient.close()
         await kernel.stop()
         return rows
