@@ -18,7 +18,7 @@ public enum KernelAPI {
 
     public static let ping = Method<NoParams, Pong>(service, "ping", "Liveness: the kernel's instance (new at each start), pid and uptime.")
     public static let servicesList = Method<NoParams, ServiceList>(service, "services.list", "The registered services with their workers, queue and requests in flight.")
-    public static let stats = Method<NoParams, JSONValue>(service, "stats", "Totals and per-service requests, errors, latencies; security and state figures.")
+    public static let stats = Method<NoParams, Stats>(service, "stats", "Totals and per-service requests, errors, latencies; security and state figures.")
     public static let metrics = Method<NoParams, Metrics>(service, "metrics", "The same figures in the Prometheus text format.")
     public static let stateSet = Method<StateSetParams, StateWritten>(service, "state.set", "Writes a CHP key (null deletes; ttl in seconds), acknowledged with its sequence number.")
     public static let statePublish = Method<StateSetParams, StateWritten>(service, "state.publish", "Writes a key as a client, under the collector's rule (the writable prefixes, /client/ by default), acknowledged with its sequence number.")
@@ -57,8 +57,83 @@ public enum KernelAPI {
         /// of the active one's is complete (only then can it take over).
         public var synced: Bool
         public var peer: Peer
-        public init(role: String, state: String, since: String, synced: Bool, peer: Peer) {
-            (self.role, self.state, self.since, self.synced, self.peer) = (role, state, since, synced, peer)
+        /// In `stats` only: requests it refused while not active (-32008).
+        public var refusedNotActive: Int?
+        public init(role: String, state: String, since: String, synced: Bool, peer: Peer, refusedNotActive: Int? = nil) {
+            (self.role, self.state, self.since, self.synced, self.peer, self.refusedNotActive) = (role, state, since, synced, peer, refusedNotActive)
+        }
+    }
+
+    /// `stats`: the kernel's totals, each service's figures, and its security and state figures.
+    public struct Stats: Codable, Sendable {
+        public struct Service: Codable, Sendable {
+            public var requests: Int
+            public var replies: Int
+            /// Replies that were JSON-RPC errors, as the workers report them.
+            public var errors: Int
+            /// Answered -32001: no worker in time, or the queue full.
+            public var unavailable: Int
+            /// Sent to another worker after theirs died.
+            public var redispatched: Int
+            /// Answered -32006 (their worker died; sending again was not allowed).
+            public var outcomeUnknown: Int
+            /// Answered -32012: each worker they were handed to died with them.
+            public var handlerDied: Int
+            public var queued: Int
+            public var workers: Int
+            public var meanLatencyMicroseconds: Double
+            /// Upper bounds of the latency buckets the quantiles fall in; absent before a reply.
+            public var p50LatencyMicroseconds: Int?
+            public var p99LatencyMicroseconds: Int?
+            public init(requests: Int, replies: Int, errors: Int, unavailable: Int, redispatched: Int, outcomeUnknown: Int, handlerDied: Int,
+                        queued: Int, workers: Int, meanLatencyMicroseconds: Double, p50LatencyMicroseconds: Int?, p99LatencyMicroseconds: Int?) {
+                (self.requests, self.replies, self.errors, self.unavailable, self.redispatched) = (requests, replies, errors, unavailable, redispatched)
+                (self.outcomeUnknown, self.handlerDied, self.queued, self.workers) = (outcomeUnknown, handlerDied, queued, workers)
+                (self.meanLatencyMicroseconds, self.p50LatencyMicroseconds, self.p99LatencyMicroseconds) = (meanLatencyMicroseconds, p50LatencyMicroseconds, p99LatencyMicroseconds)
+            }
+        }
+        public struct Security: Codable, Sendable {
+            public var curve: Bool
+            /// Connections the ZAP handler refused (a key not allowed).
+            public var refusedConnections: Int
+            /// READYs refused: the key may not serve that service.
+            public var refusedRegistrations: Int
+            public init(curve: Bool, refusedConnections: Int, refusedRegistrations: Int) {
+                (self.curve, self.refusedConnections, self.refusedRegistrations) = (curve, refusedConnections, refusedRegistrations)
+            }
+        }
+        public struct State: Codable, Sendable {
+            public var keys: Int
+            public var bytes: Int
+            public var sequence: UInt64
+            /// Malformed KVSETs.
+            public var rejectedWrites: Int
+            /// Writes to a key the writer may not write.
+            public var refusedForbidden: Int
+            /// Writes past a limit (value size, keys, bytes).
+            public var refusedOverLimit: Int
+            public init(keys: Int, bytes: Int, sequence: UInt64, rejectedWrites: Int, refusedForbidden: Int, refusedOverLimit: Int) {
+                (self.keys, self.bytes, self.sequence, self.rejectedWrites) = (keys, bytes, sequence, rejectedWrites)
+                (self.refusedForbidden, self.refusedOverLimit) = (refusedForbidden, refusedOverLimit)
+            }
+        }
+        public var requests: Int
+        /// Messages that were not 7/MDP, CHP or the pair's protocol, and were dropped.
+        public var protocolErrors: Int
+        /// Replies to clients gone or not reading, dropped.
+        public var droppedReplies: Int
+        public var queuedBytes: Int
+        public var uptimeSeconds: Double
+        /// By service name.
+        public var services: [String: Service]
+        public var security: Security
+        public var state: State
+        /// The kernel's pair, when it is one of two.
+        public var pair: PairStatus?
+        public init(requests: Int, protocolErrors: Int, droppedReplies: Int, queuedBytes: Int, uptimeSeconds: Double, services: [String: Service],
+                    security: Security, state: State, pair: PairStatus?) {
+            (self.requests, self.protocolErrors, self.droppedReplies, self.queuedBytes, self.uptimeSeconds) = (requests, protocolErrors, droppedReplies, queuedBytes, uptimeSeconds)
+            (self.services, self.security, self.state, self.pair) = (services, security, state, pair)
         }
     }
 

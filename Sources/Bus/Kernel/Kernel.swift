@@ -315,36 +315,27 @@ public actor Kernel: BusService {
 extension Kernel {
     /// `kernel` `stats`: totals, and per service its requests, replies, errors, queue
     /// depth, workers and latencies (p50/p99 are bucket bounds: upper estimates).
-    func statistics() -> JSONValue {
-        var perService: [String: JSONValue] = [:]
+    func statistics() -> KernelAPI.Stats {
+        var services: [String: KernelAPI.Stats.Service] = [:]
         for service in broker.services.values {
             let stats = service.stats
-            let quantile = { (q: Double) -> JSONValue in stats.latency.quantileMicroseconds(q).map { .int(Int64($0)) } ?? .null }
-            perService[service.name] = [
-                "requests": .int(Int64(stats.requests)), "replies": .int(Int64(stats.replies)), "errors": .int(Int64(stats.errors)),
-                "unavailable": .int(Int64(stats.unavailable)), "redispatched": .int(Int64(stats.redispatched)),
-                "outcomeUnknown": .int(Int64(stats.outcomeUnknown)), "handlerDied": .int(Int64(stats.handlerDied)), "queued": .int(Int64(service.requests.count)),
-                "workers": .int(Int64(service.workers)), "meanLatencyMicroseconds": .double(stats.latency.meanMicroseconds.rounded()),
-                "p50LatencyMicroseconds": quantile(0.5), "p99LatencyMicroseconds": quantile(0.99),
-            ]
+            services[service.name] = KernelAPI.Stats.Service(
+                requests: stats.requests, replies: stats.replies, errors: stats.errors, unavailable: stats.unavailable,
+                redispatched: stats.redispatched, outcomeUnknown: stats.outcomeUnknown, handlerDied: stats.handlerDied,
+                queued: service.requests.count, workers: service.workers, meanLatencyMicroseconds: stats.latency.meanMicroseconds.rounded(),
+                p50LatencyMicroseconds: stats.latency.quantileMicroseconds(0.5).map { Int($0) },
+                p99LatencyMicroseconds: stats.latency.quantileMicroseconds(0.99).map { Int($0) })
         }
-        var figures: JSONValue = ["requests": .int(Int64(broker.totalRequests)), "protocolErrors": .int(Int64(broker.protocolErrors)),
-                "droppedReplies": .int(Int64(broker.droppedReplies)), "queuedBytes": .int(Int64(broker.queuedBytes)),
-                "uptimeSeconds": .double(Date().timeIntervalSince(startedAt).rounded()),
-                "services": .object(perService),
-                "security": ["curve": .bool(configuration.security != nil),
-                             "refusedConnections": .int(Int64(serving.zap?.refused ?? 0)),
-                             "refusedRegistrations": .int(Int64(broker.refusedRegistrations))],
-                "state": ["keys": .int(Int64(state.entries.count)), "bytes": .int(Int64(state.totalBytes)),
-                          "sequence": .int(Int64(state.sequence)), "rejectedWrites": .int(Int64(state.rejectedWrites)),
-                          "refusedForbidden": .int(Int64(state.refusedForbidden)), "refusedOverLimit": .int(Int64(state.refusedOverLimit))]]
-        if let pair, case .object(var fields) = figures {
-            var status = (try? JSONValue(encoding: pair.status))?.objectValue ?? [:]
-            status["refusedNotActive"] = .int(Int64(broker.refusedNotActive))
-            fields["pair"] = .object(status)
-            figures = .object(fields)
-        }
-        return figures
+        var pairStatus = pair?.status
+        pairStatus?.refusedNotActive = broker.refusedNotActive
+        return KernelAPI.Stats(
+            requests: broker.totalRequests, protocolErrors: broker.protocolErrors, droppedReplies: broker.droppedReplies,
+            queuedBytes: broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
+            security: .init(curve: configuration.security != nil, refusedConnections: serving.zap?.refused ?? 0,
+                            refusedRegistrations: broker.refusedRegistrations),
+            state: .init(keys: state.entries.count, bytes: state.totalBytes, sequence: state.sequence, rejectedWrites: state.rejectedWrites,
+                         refusedForbidden: state.refusedForbidden, refusedOverLimit: state.refusedOverLimit),
+            pair: pairStatus)
     }
 
     /// The same figures in the Prometheus text exposition format (version 0.0.4).

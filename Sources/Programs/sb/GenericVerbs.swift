@@ -263,18 +263,17 @@ struct Stats: AsyncParsableCommand {
                 let metrics = try await call(client, KernelAPI.metrics).value
                 return FileHandle.standardOutput.write(Data(metrics.text.utf8))
             }
-            let stats = try await call(client, KernelAPI.stats).json
-            if output.json { return Output.json(stats, compact: false) }
-            let services = (stats["services"]?.objectValue ?? [:]).sorted { $0.key < $1.key }
-            func micros(_ value: JSONValue?, bound: Bool = false) -> String {
-                guard let value = value?.doubleValue else { return "-" }
+            let stats = try await call(client, KernelAPI.stats)
+            if output.json { return Output.json(stats.json, compact: false) }
+            func micros(_ value: Double?, bound: Bool = false) -> String {
+                guard let value else { return "-" }
                 return (bound ? "≤ " : "") + (value >= 1_000 ? "\((value / 100).rounded() / 10) ms" : "\(Int(value)) µs")
             }
-            Output.table(["SERVICE", "REQUESTS", "ERRORS", "UNAVAILABLE", "QUEUED", "WORKERS", "P50", "P99", "MEAN"], services.map { name, figures in
-                [name, Output.cell(figures["requests"]), Output.cell(figures["errors"]), Output.cell(figures["unavailable"]),
-                 Output.cell(figures["queued"]), Output.cell(figures["workers"]), micros(figures["p50LatencyMicroseconds"], bound: true),
-                 micros(figures["p99LatencyMicroseconds"], bound: true),
-                 figures["replies"]?.intValue == 0 ? "-" : micros(figures["meanLatencyMicroseconds"])]
+            Output.table(["SERVICE", "REQUESTS", "ERRORS", "UNAVAILABLE", "QUEUED", "WORKERS", "P50", "P99", "MEAN"],
+                         stats.value.services.sorted { $0.key < $1.key }.map { name, figures in
+                [name, "\(figures.requests)", "\(figures.errors)", "\(figures.unavailable)", "\(figures.queued)", "\(figures.workers)",
+                 micros(figures.p50LatencyMicroseconds.map(Double.init), bound: true), micros(figures.p99LatencyMicroseconds.map(Double.init), bound: true),
+                 figures.replies == 0 ? "-" : micros(figures.meanLatencyMicroseconds)]
             })
         }
     }
