@@ -12,7 +12,7 @@ public enum SearchAPI {
     public static let sourcesList = Method<Sources, SourceList>(service, "sources.list", "News sources (English by default; language 'all'), marking the selected ones.")
     public static let headlinesList = Method<Headlines, HeadlinePage>(service, "headlines.list", "Headlines from the given or selected sources, newest first, a page at a time.")
     public static let flightsList = Method<Flights, FlightList>(service, "flights.list", "Outbound and inbound flights, each with its airline.")
-    public static let airlinesGet = Method<Airline, JSONValue>(service, "airlines.get", "One airline by id.")
+    public static let airlinesGet = Method<Airline, AirlineFlights>(service, "airlines.get", "One airline by id, with its flights' ids.")
     public static let indexesList = Method<NoParams, [IndexEntry]>(service, "indexes.list", "The datasets indexed, with their versions and origins.")
 
     public struct Countries: Codable, Sendable {
@@ -148,9 +148,8 @@ public enum SearchAPI {
         public var category: String?
         public var total: Int
         public var selected: [String]
-        /// Sources, each with `selected`.
-        public var sources: [JSONValue]
-        public init(language: String, category: String?, total: Int, selected: [String], sources: [JSONValue]) {
+        public var sources: [ListedSource]
+        public init(language: String, category: String?, total: Int, selected: [String], sources: [ListedSource]) {
             (self.language, self.category, self.total, self.selected, self.sources) = (language, category, total, selected, sources)
         }
     }
@@ -164,19 +163,69 @@ public enum SearchAPI {
         public var page: Int
         public var pageSize: Int
         public var hasMore: Bool
-        public var articles: [JSONValue]
+        /// Never a removed one.
+        public var articles: [Article]
         public init(status: String, message: String?, sources: [String], unknownSources: [String], total: Int, page: Int, pageSize: Int,
-                    hasMore: Bool, articles: [JSONValue]) {
+                    hasMore: Bool, articles: [Article]) {
             (self.status, self.message, self.sources, self.unknownSources, self.total) = (status, message, sources, unknownSources, total)
             (self.page, self.pageSize, self.hasMore, self.articles) = (page, pageSize, hasMore, articles)
         }
     }
     public struct FlightList: Codable, Sendable {
-        public var outbound: [JSONValue]?
-        public var inbound: [JSONValue]?
+        /// Absent when only the other direction was asked for.
+        public var outbound: [ListedFlight]?
+        public var inbound: [ListedFlight]?
+        /// Airline ids of flights that the airlines dataset does not know.
         public var unknownAirlines: [String]
-        public init(outbound: [JSONValue]?, inbound: [JSONValue]?, unknownAirlines: [String]) {
+        public init(outbound: [ListedFlight]?, inbound: [ListedFlight]?, unknownAirlines: [String]) {
             (self.outbound, self.inbound, self.unknownAirlines) = (outbound, inbound, unknownAirlines)
+        }
+    }
+    /// A flight joined with its airline.
+    public struct ListedFlight: Codable, Sendable {
+        public var id: Int
+        public var direction: Flight.Direction
+        public var airlineId: String
+        /// Absent when the airlines dataset does not know `airlineId`.
+        public var airline: Contracts.Airline?
+        public var departureAirportCode: String
+        public var arrivalAirportCode: String
+        public var price: Money
+        public init(_ flight: Flight, airline: Contracts.Airline?) {
+            (id, direction, airlineId, self.airline) = (flight.id, flight.direction, flight.airline, airline)
+            (departureAirportCode, arrivalAirportCode, price) = (flight.departureAirportCode, flight.arrivalAirportCode, flight.fare)
+        }
+    }
+    /// A news source with whether it is selected: the record's fields and `selected`.
+    public struct ListedSource: Codable, Sendable {
+        public var source: NewsSource
+        public var selected: Bool
+        public init(_ source: NewsSource, selected: Bool) { (self.source, self.selected) = (source, selected) }
+        private enum Keys: String, CodingKey { case selected }
+        public init(from decoder: any Decoder) throws {
+            source = try NewsSource(from: decoder)
+            selected = try decoder.container(keyedBy: Keys.self).decode(Bool.self, forKey: .selected)
+        }
+        public func encode(to encoder: any Encoder) throws {
+            try source.encode(to: encoder)
+            var container = encoder.container(keyedBy: Keys.self)
+            try container.encode(selected, forKey: .selected)
+        }
+    }
+    /// An airline with the ids of its flights: the record's fields and `flights`.
+    public struct AirlineFlights: Codable, Sendable {
+        public var airline: Contracts.Airline
+        public var flights: [Int]
+        public init(_ airline: Contracts.Airline, flights: [Int]) { (self.airline, self.flights) = (airline, flights) }
+        private enum Keys: String, CodingKey { case flights }
+        public init(from decoder: any Decoder) throws {
+            airline = try Contracts.Airline(from: decoder)
+            flights = try decoder.container(keyedBy: Keys.self).decode([Int].self, forKey: .flights)
+        }
+        public func encode(to encoder: any Encoder) throws {
+            try airline.encode(to: encoder)
+            var container = encoder.container(keyedBy: Keys.self)
+            try container.encode(flights, forKey: .flights)
         }
     }
     public struct IndexEntry: Codable, Sendable {

@@ -267,9 +267,10 @@ struct NewsSources: AsyncParsableCommand {
             }
             return try await call(client, SearchAPI.sourcesList, params)
         }) { answer in
-            Output.table(["", "ID", "NAME", "CATEGORY", "LANGUAGE", "COUNTRY"], answer.sources.map { (source: JSONValue) -> [String] in
-                let mark = source["selected"] == true ? Output.styled("*", .green) : " "
-                return [mark] + ["id", "name", "category", "language", "country"].map { Output.cell(source[$0]) }
+            Output.table(["", "ID", "NAME", "CATEGORY", "LANGUAGE", "COUNTRY"], answer.sources.map { listed in
+                let source = listed.source
+                return [listed.selected ? Output.styled("*", .green) : " ", source.id, source.name, source.category ?? "", source.language ?? "",
+                        source.country ?? ""]
             })
         }
     }
@@ -301,8 +302,8 @@ struct NewsHeadlines: AsyncParsableCommand {
                 return
             }
             for article in answer.articles {
-                Output.line(Output.styled(Output.cell(article["title"]), .bold))
-                Output.line("  " + Output.cell(article["source"]?["name"]) + ", " + Output.cell(article["publishedAt"]) + "  " + Output.styled(Output.cell(article["url"]), .cyan))
+                Output.line(Output.styled(article.title, .bold))
+                Output.line("  " + article.source.name + ", " + article.publishedAt + "  " + Output.styled(article.url, .cyan))
             }
             let more = answer.hasMore ? "; more: sb news headlines --page \(page + 1)" : ""
             Output.line(Output.styled("page \(page), \(answer.total) in all\(more)", .dim))
@@ -325,20 +326,20 @@ struct NewsSave: AsyncParsableCommand {
         try await appVerb(connection, output, { client in
             // The whole article when the headlines have it; else just its URL.
             var article: JSONValue = ["url": .string(url), "title": .string(url)]
-            if let found = try? await findHeadline(client) { article = found }
+            if let found = try? await findHeadline(client), let encoded = try? JSONValue(encoding: found) { article = encoded }
             return try await call(client, StoreAPI.articlesSave, StoreAPI.Article(article: article))
         }) { answer in
             Output.line("saved \(answer.url) (id \(answer.id))")
         }
     }
 
-    func findHeadline(_ client: BusClient) async throws -> JSONValue? {
+    func findHeadline(_ client: BusClient) async throws -> Article? {
         let sources = try await call(client, SearchAPI.sourcesList, SearchAPI.Sources(language: "all")).value
-        let ids = sources.sources.compactMap { $0["id"]?.stringValue }
+        let ids = sources.sources.map(\.source.id)
         var page = 1
         while page <= 50 {
             let answer = try await call(client, SearchAPI.headlinesList, SearchAPI.Headlines(sources: Array(ids.prefix(100)), page: page, pageSize: 100)).value
-            if let article = answer.articles.first(where: { $0["url"] == JSONValue.string(url) }) { return article }
+            if let article = answer.articles.first(where: { $0.url == url }) { return article }
             guard answer.hasMore else { return nil }
             page += 1
         }
@@ -415,8 +416,8 @@ struct FlightList: AsyncParsableCommand {
         try await appVerb(connection, output, { try await call($0, SearchAPI.flightsList, params) }) { answer in
             let flights = (answer.outbound ?? []) + (answer.inbound ?? [])
             Output.table(["ID", "DIRECTION", "FROM", "TO", "AIRLINE", "PRICE"], flights.map { flight in
-                [Output.cell(flight["id"]), Output.cell(flight["direction"]), Output.cell(flight["departureAirportCode"]),
-                 Output.cell(flight["arrivalAirportCode"]), Output.cell(flight["airline"]?["name"] ?? flight["airlineId"]), Output.money(flight["price"])]
+                ["\(flight.id)", flight.direction.rawValue, flight.departureAirportCode, flight.arrivalAirportCode,
+                 flight.airline?.name ?? flight.airlineId, flight.price.description]
             })
             if !answer.unknownAirlines.isEmpty {
                 Output.diagnostic("airlines not in the airlines dataset: \(answer.unknownAirlines.joined(separator: ", "))")

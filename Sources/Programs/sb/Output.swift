@@ -89,8 +89,4 @@ enum Output {
     }
 
     /// Money as `45.00 EUR`.
-    static func money(_ value: JSONValue?) -> String {
-        guard let amount = value?["amount"]?.stringValue else { return "" }
-        return amount + (value?["currency"]?.stringValue.map { " " + $0 } ?? "")
-    }
 }

@@ -1,3 +1,4 @@
+import Contracts
 public import BusProtocol
 import Foundation
 
@@ -161,11 +162,9 @@ extension Dataset {
     static func article(_ value: JSONValue) -> Article? {
         guard let url = text(value["url"]) else { return nil }
         let title = text(value["title"]) ?? ""
-        let sourceName = text(value["source"]?["name"]) ?? ""
-        let removed = title == "[Removed]" || sourceName == "[Removed]"
-        return Article(source: .init(id: text(value["source"]?["id"]), name: sourceName), author: text(value["author"]),
+        return Article(source: .init(id: text(value["source"]?["id"]), name: text(value["source"]?["name"]) ?? ""), author: text(value["author"]),
                        title: title, description: text(value["description"]), url: url, urlToImage: text(value["urlToImage"]),
-                       publishedAt: text(value["publishedAt"]) ?? "", content: text(value["content"]), removed: removed)
+                       publishedAt: text(value["publishedAt"]) ?? "", content: text(value["content"]))
     }
 
     static func flight(_ value: JSONValue, _ direction: Flight.Direction) -> Flight? {

@@ -1,3 +1,4 @@
+import Contracts
 import Catalog
 
 /// The hiring list, grouped by list id and sorted within each group in both orders.

@@ -1,3 +1,4 @@
+import Contracts
 import BusProtocol
 import Catalog
 import Foundation

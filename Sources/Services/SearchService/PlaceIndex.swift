@@ -1,3 +1,4 @@
+import Contracts
 import Catalog
 
 /// The known places: by name, and by position for the nearest named place.

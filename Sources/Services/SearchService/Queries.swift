@@ -135,11 +135,7 @@ extension SearchService {
             (language == "all" || source.language?.lowercased() == language)
                 && (params.category == nil || source.category?.lowercased() == params.category?.lowercased())
         }
-        let sources = shown.map { source -> JSONValue in
-            var object = (try? JSONValue(encoding: source).objectValue) ?? [:]
-            object["selected"] = .bool(selection.contains(source.id))
-            return .object(object)
-        }
+        let sources = shown.map { SearchAPI.ListedSource($0, selected: selection.contains($0.id)) }
         return SearchAPI.SourceList(language: language, category: params.category, total: sources.count, selected: selection, sources: sources)
     }
 
@@ -161,11 +157,7 @@ extension SearchService {
         let unknown = chosen.filter { !snapshot.sources.ids.contains($0) }
         let found = chosen.isEmpty ? [] : snapshot.headlines.from(Set(chosen))
         let start = min(found.count, (page - 1).multipliedReportingOverflow(by: pageSize).overflow ? found.count : (page - 1) * pageSize)
-        let articles = found[start...].prefix(pageSize).map { article -> JSONValue in
-            var object = (try? JSONValue(encoding: article).objectValue) ?? [:]
-            object["removed"] = nil
-            return .object(object)
-        }
+        let articles = found[start...].prefix(pageSize)
         // Two different empty states: nothing chosen, and nothing from what was chosen.
         let status = chosen.isEmpty ? "no-sources-selected" : found.isEmpty ? "no-results" : "ok"
         let message: String? = switch status {
@@ -192,33 +184,24 @@ extension SearchService {
         }
         let snapshot = indexes.snapshot
         var unknownAirlines: Set<String> = []
-        var listed: [Flight.Direction: [JSONValue]] = [:]
+        var listed: [Flight.Direction: [SearchAPI.ListedFlight]] = [:]
         for direction in directions {
             listed[direction] = snapshot.flights.flights.filter { $0.direction == direction }.map { flight in
                 let airline = snapshot.airlines.airlines[flight.airline]
                 if airline == nil { unknownAirlines.insert(flight.airline) }
-                return flightJSON(flight, airline: airline)
+                return SearchAPI.ListedFlight(flight, airline: airline)
             }
         }
         return SearchAPI.FlightList(outbound: listed[.outbound], inbound: listed[.inbound], unknownAirlines: unknownAirlines.sorted())
     }
 
-    nonisolated func flightJSON(_ flight: Flight, airline: Airline?) -> JSONValue {
-        ["id": .int(Int64(flight.id)), "direction": .string(flight.direction.rawValue), "airlineId": .string(flight.airline),
-         "airline": airline.flatMap { try? JSONValue(encoding: $0) } ?? .null,
-         "departureAirportCode": .string(flight.departureAirportCode), "arrivalAirportCode": .string(flight.arrivalAirportCode),
-         "price": (try? JSONValue(encoding: flight.fare)) ?? .null]
-    }
-
-    nonisolated func airline(_ params: SearchAPI.Airline) throws -> JSONValue {
+    nonisolated func airline(_ params: SearchAPI.Airline) throws -> SearchAPI.AirlineFlights {
         let snapshot = indexes.snapshot
         guard let airline = snapshot.airlines.airlines[params.id] else {
             throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no airline has the id '\(params.id)'",
                                data: ["field": "id", "known": .array(snapshot.airlines.airlines.keys.sorted().map(JSONValue.string))])
         }
-        var object = (try? JSONValue(encoding: airline).objectValue) ?? [:]
-        object["flights"] = .array(snapshot.flights.flights.filter { $0.airline == airline.id }.map { .int(Int64($0.id)) })
-        return .object(object)
+        return SearchAPI.AirlineFlights(airline, flights: snapshot.flights.flights.filter { $0.airline == airline.id }.map(\.id))
     }
 
     // MARK: indexes.list

@@ -1,8 +1,8 @@
-public import Contracts
+public import ContractKit
 public import Foundation
 
 /// The records of the five apps' datasets, normalised: the shapes `datasets.get` answers
-/// with and the search and pricing services decode. Optional fields are absent or null in
+/// with, the search and pricing services decode, and search's results carry. Optional fields are absent or null in
 /// some real records.
 
 /// A country (countries dataset).
@@ -39,11 +39,13 @@ public struct Country: Codable, Sendable, Equatable {
         public var code: String?
         public var name: String?
         public var symbol: String?
+        public init(code: String?, name: String?, symbol: String?) { (self.code, self.name, self.symbol) = (code, name, symbol) }
     }
 
     public struct Language: Codable, Sendable, Equatable {
         public var code: String?
         public var name: String?
+        public init(code: String?, name: String?) { (self.code, self.name) = (code, name) }
     }
 }
 
@@ -84,6 +86,11 @@ public struct NewsSource: Codable, Sendable, Equatable {
     public var category: String?
     public var language: String?
     public var country: String?
+
+    public init(id: String, name: String, description: String?, url: String?, category: String?, language: String?, country: String?) {
+        (self.id, self.name, self.description, self.url) = (id, name, description, url)
+        (self.category, self.language, self.country) = (category, language, country)
+    }
 }
 
 /// A NewsAPI article (headlines dataset).
@@ -97,19 +104,26 @@ public struct Article: Codable, Sendable, Equatable {
     /// As the source gives it (ISO 8601).
     public var publishedAt: String
     public var content: String?
-    /// NewsAPI's placeholder for an article that was taken down ("[Removed]").
-    public var removed: Bool
+    /// Whether it is NewsAPI's placeholder for an article that was taken down ("[Removed]").
+    public var removed: Bool { title == "[Removed]" || source.name == "[Removed]" }
+
+    public init(source: Source, author: String?, title: String, description: String?, url: String, urlToImage: String?, publishedAt: String,
+                content: String?) {
+        (self.source, self.author, self.title, self.description, self.url) = (source, author, title, description, url)
+        (self.urlToImage, self.publishedAt, self.content) = (urlToImage, publishedAt, content)
+    }
 
     public struct Source: Codable, Sendable, Equatable {
         /// Null for some sources.
         public var id: String?
         public var name: String
+        public init(id: String?, name: String) { (self.id, self.name) = (id, name) }
     }
 }
 
 /// A flight (flights dataset), outbound or inbound.
 public struct Flight: Codable, Sendable, Equatable {
-    public enum Direction: String, Codable, Sendable { case outbound, inbound }
+    public enum Direction: String, Codable, Sendable, CaseIterable, SchemaDescribed { case outbound, inbound }
 
     public var id: Int
     public var direction: Direction
@@ -164,6 +178,10 @@ public struct Airline: Codable, Sendable, Equatable {
     public var description: String?
     public var logoImg: String?
     public var mainImg: String?
+
+    public init(id: String, name: String, headline: String?, description: String?, logoImg: String?, mainImg: String?) {
+        (self.id, self.name, self.headline, self.description, self.logoImg, self.mainImg) = (id, name, headline, description, logoImg, mainImg)
+    }
 }
 
 extension Flight {
