@@ -76,10 +76,40 @@ public enum SearchAPI {
         public var total: Int
         public var offset: Int
         public var limit: Int
-        /// Countries, each with `match` when a capital or alternative name matched.
-        public var countries: [JSONValue]
-        public init(query: String, region: String?, total: Int, offset: Int, limit: Int, countries: [JSONValue]) {
+        public var countries: [FoundCountry]
+        public init(query: String, region: String?, total: Int, offset: Int, limit: Int, countries: [FoundCountry]) {
             (self.query, self.region, self.total, self.offset, self.limit, self.countries) = (query, region, total, offset, limit, countries)
+        }
+    }
+    /// What of a country matched the query, best first: the start of its name, the start of
+    /// its capital, or another part of either.
+    public enum CountryMatch: String, Codable, Sendable, CaseIterable, SchemaDescribed { case name, capital, other }
+    /// A country countries.search found: the record's fields and `match` (absent without a query).
+    public struct FoundCountry: Codable, Sendable {
+        public var country: Country
+        public var match: CountryMatch?
+        /// The country's fields as JSON, made once when the search index was built: an answer
+        /// copies them instead of encoding every country again. Not part of the value.
+        private let fields: [String: JSONValue]?
+        public init(_ country: Country, match: CountryMatch?, fields: [String: JSONValue]? = nil) {
+            (self.country, self.match, self.fields) = (country, match, fields)
+        }
+        private enum Keys: String, CodingKey { case match }
+        public init(from decoder: any Decoder) throws {
+            country = try Country(from: decoder)
+            match = try decoder.container(keyedBy: Keys.self).decodeIfPresent(CountryMatch.self, forKey: .match)
+            fields = nil
+        }
+        public func encode(to encoder: any Encoder) throws {
+            if var fields {
+                fields["match"] = match.map { .string($0.rawValue) }
+                var container = encoder.singleValueContainer()
+                try container.encode(JSONValue.object(fields))
+                return
+            }
+            try country.encode(to: encoder)
+            var container = encoder.container(keyedBy: Keys.self)
+            try container.encodeIfPresent(match, forKey: .match)
         }
     }
     public struct Place: Codable, Sendable {

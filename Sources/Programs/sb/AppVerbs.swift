@@ -51,9 +51,8 @@ struct CountrySearch: AsyncParsableCommand {
     func run() async throws {
         let params = SearchAPI.Countries(query: query, region: region, offset: offset, limit: limit)
         try await appVerb(connection, output, { try await call($0, SearchAPI.countriesSearch, params) }) { answer in
-            Output.table(["NAME", "CAPITAL", "CODE", "REGION", "CURRENCY"], answer.countries.map { country in
-                [Output.cell(country["name"]), Output.cell(country["capital"]), Output.cell(country["code"]),
-                 Output.cell(country["regionName"] ?? country["region"]), Output.cell(country["currency"]?["code"])]
+            Output.table(["NAME", "CAPITAL", "CODE", "REGION", "CURRENCY"], answer.countries.map(\.country).map { country in
+                [country.name, country.capital ?? "", country.code, country.regionName ?? country.region ?? "", country.currency?.code ?? ""]
             })
             Output.line(Output.styled("\(answer.countries.count) of \(answer.total)", .dim))
         }

@@ -28,10 +28,8 @@ extension SearchService {
             throw JSONRPCError.invalidParams(field: "region", "no country is in region '\(region)'; known: \(index.knownRegions.joined(separator: ", "))")
         }
         let found = index.search(query, region: params.region)
-        let page = found.dropFirst(offset).prefix(limit).map { result -> JSONValue in
-            var country = result.entry.json
-            if let match = result.match { country["match"] = .string(match.name) }
-            return .object(country)
+        let page = found.dropFirst(offset).prefix(limit).map { result in
+            SearchAPI.FoundCountry(result.entry.country, match: result.match?.answered, fields: result.entry.json)
         }
         return SearchAPI.CountryResults(query: query, region: params.region, total: found.count, offset: offset, limit: limit, countries: Array(page))
     }
@@ -238,11 +236,12 @@ extension SearchService {
 }
 
 extension CountryIndex.Match {
-    var name: String {
+    /// As answers say it.
+    var answered: SearchAPI.CountryMatch {
         switch self {
-        case .namePrefix: "name"
-        case .capitalPrefix: "capital"
-        case .other: "other"
+        case .namePrefix: .name
+        case .capitalPrefix: .capital
+        case .other: .other
         }
     }
 }
