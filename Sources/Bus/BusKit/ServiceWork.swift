@@ -2,7 +2,7 @@ public import ServiceLifecycle
 
 /// A service's work beside answering requests (following the catalog, refreshing, publishing
 /// its state), as one part of its process's `ServiceGroup`. The group lists a process's parts
-/// in dependency order (client, subscription, publisher, service, host) and stops them in
+/// in dependency order (client, subscription, publisher, ``requiredParts``, service, host) and stops them in
 /// reverse: the host drains the requests in flight while the work and what ``finish()``
 /// releases are still there, and the client that carried it all stops last.
 ///

@@ -56,8 +56,7 @@ public actor StoreService: BusService, ServiceWork {
     /// Returns once the database can serve: at once for SQLite (a file that cannot be opened
     /// is answered per request); for PostgreSQL once it answers and its schema is in place
     /// (its connections are ``requiredParts``, run by the process), trying again with back-off
-    /// meanwhile. The
-    /// store registers with the kernel after this.
+    /// meanwhile. The store registers with the kernel after this.
     public func waitUntilReady() async {
         if let postgres = backend as? PostgresBackend { await postgres.waitUntilReady() }
     }
