@@ -4,11 +4,8 @@ import Catalog
 
 /// The countries, prepared for search by name, capital and code.
 struct CountryIndex: Sendable {
-    /// Why a country matched a query; also its rank (lower first).
-    enum Match: Int, Sendable, Comparable {
-        case namePrefix, capitalPrefix, other
-        static func < (a: Match, b: Match) -> Bool { a.rawValue < b.rawValue }
-    }
+    /// Why a country matched a query, as answers say it; its cases are in rank order.
+    typealias Match = SearchAPI.CountryMatch
 
     struct Entry: Sendable {
         let country: Country
@@ -50,7 +47,7 @@ struct CountryIndex: Sendable {
         let key = FoldedText(query)
         let twoLetters = folded(query).count == 2
         let regionKey = region.map(folded)
-        var ranked: [[(entry: Entry, match: Match?)]] = [[], [], []]
+        var ranked: [[(entry: Entry, match: Match?)]] = Match.allCases.map { _ in [] }
         var all: [(entry: Entry, match: Match?)] = []
         for entry in entries {
             if let regionKey, !entry.regions.contains(regionKey) { continue }
@@ -60,15 +57,15 @@ struct CountryIndex: Sendable {
             }
             let match: Match
             if entry.name.hasPrefix(key) {
-                match = .namePrefix
+                match = .name
             } else if !entry.capital.isEmpty, entry.capital.hasPrefix(key) {
-                match = .capitalPrefix
+                match = .capital
             } else if entry.name.contains(key) || entry.capital.contains(key) || (twoLetters && entry.code == key) {
                 match = .other
             } else {
                 continue
             }
-            ranked[match.rawValue].append((entry, match))
+            ranked[Match.allCases.firstIndex(of: match)!].append((entry, match))
         }
         return key.isEmpty ? all : ranked.flatMap { $0 }
     }

@@ -29,7 +29,7 @@ extension SearchService {
         }
         let found = index.search(query, region: params.region)
         let page = found.dropFirst(offset).prefix(limit).map { result in
-            SearchAPI.FoundCountry(result.entry.country, match: result.match?.answered, fields: result.entry.json)
+            SearchAPI.FoundCountry(result.entry.country, match: result.match, fields: result.entry.json)
         }
         return SearchAPI.CountryResults(query: query, region: params.region, total: found.count, offset: offset, limit: limit, countries: Array(page))
     }
@@ -232,16 +232,5 @@ extension SearchService {
             throw JSONRPCError.invalidParams(field: "limit", "must be \(Limits.pageSize.lowerBound) to \(Limits.pageSize.upperBound)")
         }
         return (offset, limit)
-    }
-}
-
-extension CountryIndex.Match {
-    /// As answers say it.
-    var answered: SearchAPI.CountryMatch {
-        switch self {
-        case .namePrefix: .name
-        case .capitalPrefix: .capital
-        case .other: .other
-        }
     }
 }
