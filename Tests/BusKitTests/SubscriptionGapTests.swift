@@ -50,8 +50,6 @@ struct SubscriptionGapTests {
         let kernel = try await TestKernel.start {
             $0.subscriberBacklog = 200
             $0.inprocName = name
-            // The writes go in batches of 1,000 (the default limit is 100).
-            $0.maxBatchItems = 1_000
         }
         defer { Task { await kernel.stop() } }
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))

@@ -289,7 +289,7 @@ struct StoreDurabilityTests {
         await second.stop()
     }
 
-    @Test("each change is published on its CHP key; a delete publishes an empty value; a kernel restart republishes", arguments: Backend.available)
+    @Test("each change is published on its CHP key; a delete publishes an empty value; a kernel restart republishes every key, more than a batch holds", arguments: Backend.available)
     func publication(backend: Backend) async throws {
         var bus = try await StoreBus.start(backend: backend)
         let subscription = try await Subscription.open(snapshot: bus.kernel.endpoints.snapshot, publisher: bus.kernel.endpoints.publisher,
@@ -315,6 +315,12 @@ struct StoreDurabilityTests {
         #expect(texts(seen["/store/history"]!!) == ["Paris"])
         #expect(seen["/store/sources/selected"]!!["ids"] == ["cnn"])
 
+        // More articles than one batch to the kernel may carry (kernel.max_batch_items, 100),
+        // saved in one call of the client's batch (which sends them as several).
+        let many = 250
+        let saves = await bus.client.batch(service: "store", (0..<many).map { ("articles.save", article("https://example.com/many/\($0)").jsonBytes) })
+        #expect(saves.filter { (try? $0.get())?["created"] == true }.count == many)
+
         // The kernel restarts: the store registers again and republishes its keys.
         await bus.kernel.stop()
         let restarted = try await bus.kernel.restarted()
@@ -326,6 +332,7 @@ struct StoreDurabilityTests {
                                                    timeout: .milliseconds(500))
             let keys = got["entries"]?.arrayValue?.compactMap { $0["key"]?.stringValue } ?? []
             return keys.contains("/store/history") && keys.contains("/store/sources/selected")
+                && keys.filter { $0.hasPrefix("/store/articles/") }.count == many
         }
         await subscription.cancel()
         await bus.stop()

@@ -30,6 +30,9 @@ public final class BusClient: Sendable {
     /// The largest request body sent; a bigger one fails at once with -32010, as the
     /// kernel would drop the connection that carried it (`kernel.max_message_size`).
     public let maxMessageSize: Int
+    /// The most requests one batch message carries (`kernel.max_batch_items`): the kernel and
+    /// every service refuse a bigger batch, so ``batch(service:_:timeout:)`` sends one as several.
+    public let maxBatchItems: Int
     /// Each kernel's CHP endpoints (nil: unknown), for ``subscribe(prefixes:includeSnapshot:silenceTimeout:bufferSize:)``.
     public let state: [StateEndpoints]?
     /// Names this client in every request (the JSON-RPC `client` member): with the request's
@@ -52,13 +55,14 @@ public final class BusClient: Sendable {
     ///   - resendAfterReconnect: send requests again that were in flight when the
     ///     connection to a kernel dropped (false: fail them with -32006).
     ///   - maxMessageSize: the kernel's `max_message_size`; bigger requests fail with -32010.
+    ///   - maxBatchItems: the kernel's `max_batch_items`; a bigger batch goes as several messages.
     ///   - state: each kernel's CHP endpoints, in the order of `brokers`; by default the three
     ///     ports after each broker's (`tcp://HOST:PORT+1`...), as a kernel binds them unless
     ///     told otherwise.
     ///   - clock: what requests' deadlines are kept by (a test moves its own).
     public init(brokers: [String], context: ZMQContext? = nil, loop: SocketLoop? = nil, timeout: Duration = .seconds(5),
                 curve: CurveClientKeys? = nil, resendAfterReconnect: Bool = true,
-                maxMessageSize: Int = MDP.defaultMaxMessageSize, state: [StateEndpoints]? = nil,
+                maxMessageSize: Int = MDP.defaultMaxMessageSize, maxBatchItems: Int = BodyLimits().maxBatchItems, state: [StateEndpoints]? = nil,
                 clock: any NanosecondClock = SystemClock()) async throws {
         precondition(!brokers.isEmpty, "BusClient needs at least one broker endpoint")
         self.brokers = brokers
@@ -67,6 +71,7 @@ public final class BusClient: Sendable {
         self.curve = curve
         self.defaultTimeout = timeout
         self.maxMessageSize = maxMessageSize
+        self.maxBatchItems = max(1, maxBatchItems)
         if let loop {
             self.loop = loop
             ownsLoop = false
@@ -172,9 +177,17 @@ public final class BusClient: Sendable {
         }
     }
 
-    /// Several requests to `service` in one JSON-RPC batch, params as JSON text.
+    /// Several requests to `service` in one JSON-RPC batch, params as JSON text; more than
+    /// ``maxBatchItems`` go as several batches, one after another (each with `timeout`).
     public func batch(service: String, _ calls: [(method: String, paramsText: [UInt8]?)], timeout: Duration? = nil) async -> [Result<JSONValue, BusError>] {
         guard !calls.isEmpty else { return [] }
+        guard calls.count <= maxBatchItems else {
+            var outcomes: [Result<JSONValue, BusError>] = []
+            for start in stride(from: 0, to: calls.count, by: maxBatchItems) {
+                outcomes += await batch(service: service, Array(calls[start..<min(start + maxBatchItems, calls.count)]), timeout: timeout)
+            }
+            return outcomes
+        }
         let timeout = timeout ?? defaultTimeout
         let core = self.core
         let ids = calls.map { _ in ClientCore.nextID() }

@@ -63,7 +63,8 @@ public struct Gateway: Service {
     /// client to the kernel, the subscription to the state it streams, the gateway.
     public static func parts(options: Options, logger: Logger = Logger(label: "switchboard.gateway")) async throws -> [any Service] {
         let client = try await BusClient(brokers: options.brokers, context: options.context, timeout: options.settings.requestTimeout,
-                                         curve: options.curve, maxMessageSize: options.maxMessageSize, state: options.state)
+                                         curve: options.curve, maxMessageSize: options.maxMessageSize, maxBatchItems: options.maxBatchItems,
+                                         state: options.state)
         let subscription: Subscription
         do {
             subscription = try await client.subscribe(prefixes: options.settings.prefixes)

@@ -40,7 +40,7 @@ struct Connection {
 
     /// A client for the kernel, whose `subscribe` follows `state`.
     func client() async throws -> BusClient {
-        try await BusClient(brokers: brokers, context: context, curve: curve, maxMessageSize: maxMessageSize, state: state)
+        try await BusClient(brokers: brokers, context: context, curve: curve, maxMessageSize: maxMessageSize, maxBatchItems: maxBatchItems, state: state)
     }
 }
 

@@ -263,9 +263,10 @@ public actor StoreService: BusService, ServiceWork {
         changed.yield()
     }
 
-    /// Publishes dirty keys, up to 200 in one batch to the kernel, each with its value as
-    /// it is now (so a burst of writes costs one publication per key), retrying with
-    /// back-off while the kernel does not answer.
+    /// Publishes dirty keys, up to 200 a round (the client sends them in batches the kernel
+    /// takes, `kernel.max_batch_items`), each with its value as it is now (so a burst of
+    /// writes costs one publication per key), retrying with back-off while the kernel does
+    /// not answer.
     private func publishChanges(through publisher: StatePublisher) async {
         var failures = 0
         while !Task.isCancelled, !dirtyKeys.isEmpty {

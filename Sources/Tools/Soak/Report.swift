@@ -37,9 +37,24 @@ struct SoakReport {
 
     var unrecovered: Int { chaos.kills.filter { $0.recoveredAfter == nil }.count }
 
-    var passed: Bool {
-        problems.isEmpty && requests.sent > 0 && requests.lost == 0 && duplicated == 0 && requests.duplicatedEffects == 0 && subscribers_.gaps == 0
-            && subscribers_.backwards == 0 && staleSubscribers == 0 && missingWrites == 0 && unrecovered == 0
+    var passed: Bool { failures.isEmpty }
+
+    /// What made the run fail, each named, so the last line of the report says it (a CI log
+    /// that keeps only the tail still shows why).
+    var failures: [String] {
+        var checks: [(failed: Bool, says: String)] = [
+            (requests.sent == 0, "no request was sent"),
+            (requests.lost > 0, "\(requests.lost) lost"),
+            (duplicated > 0, "\(duplicated) duplicated"),
+            (requests.duplicatedEffects > 0, "\(requests.duplicatedEffects) store writes applied twice"),
+            (subscribers_.gaps > 0, "\(subscribers_.gaps) subscription gaps"),
+            (subscribers_.backwards > 0, "\(subscribers_.backwards) subscription updates out of order"),
+            (staleSubscribers > 0, "\(staleSubscribers) subscribers stale at the end"),
+            (missingWrites > 0, "\(missingWrites) acknowledged store writes missing"),
+            (unrecovered > 0, "\(unrecovered) kills never recovered from"),
+        ]
+        checks += problems.map { (true, $0) }
+        return checks.filter(\.failed).map(\.says)
     }
 
     func print() {
@@ -84,7 +99,7 @@ struct SoakReport {
             Swift.print("  failures by request: " + requests.failedByMethod.sorted { $0.value > $1.value }.prefix(8).map { "\($0.key) \($0.value)" }.joined(separator: ", "))
         }
         hostile?.print()
-        Swift.print(passed ? "PASS: nothing lost, duplicated or missing" : "FAIL")
+        Swift.print(passed ? "PASS: nothing lost, duplicated or missing" : "FAIL: " + failures.joined(separator: "; "))
     }
 }
 
