@@ -42,6 +42,44 @@ struct SubscriptionGapTests {
         }
     }
 
+    @Test("a kernel gone silent: by the subscription's own clock, past its silence timeout (an hour here) it says so and resyncs at the next HUGZ")
+    func silentKernel() async throws {
+        // A stand-in kernel that speaks CHP once, then says nothing: the test's clock, not
+        // the wall's, decides when that silence is too long.
+        let context = try ZMQContext()
+        let name = "silent-\(UInt64.random(in: 0...UInt64.max))"
+        let publisher = try ZMQSocket(context, .xpub)
+        try publisher.set(.receiveTimeout, Int32(10_000))
+        _ = try publisher.bind("inproc://\(name)-publisher")
+        let snapshots = try ZMQSocket(context, .router)
+        try snapshots.set(.receiveTimeout, Int32(10_000))
+        _ = try snapshots.bind("inproc://\(name)-snapshot")
+        let clock = ManualClock()
+        let subscription = try await Subscription.open(snapshot: "inproc://\(name)-snapshot", publisher: "inproc://\(name)-publisher",
+                                                       prefixes: ["/probe/"], context: context, silenceTimeout: .seconds(3_600), clock: clock)
+        /// Greets the subscription with a HUGZ and answers the snapshot it then asks for.
+        func serveSnapshot(sequence: UInt64) throws {
+            try publisher.send(CHP.hugz())
+            let (client, subtree) = try CHP.decodeSnapshotRequest(try snapshots.receive())
+            #expect(subtree == "/probe/")
+            try snapshots.send(CHP.kthxbai(sequence: sequence, subtree: subtree, to: client))
+        }
+        // The HUGZ goes out once the XPUB holds the subscription to it.
+        while try publisher.receive()[0].bytes != [1] + Array(CHP.hugzCommand.utf8) {}
+        try serveSnapshot(sequence: 7)
+        #expect(try await within(10, "the first snapshot") { try await subscription.next() } == .synced(sequence: 7))
+
+        clock.advance(.seconds(3_601))
+        let missed = try await within(10, "the silence said") { try await subscription.next() }
+        guard case .missed(nil, 7, let reason)? = missed else { Issue.record("expected a missed event, got \(String(describing: missed))"); return }
+        #expect(reason.contains("silent"), "\(reason)")
+        try serveSnapshot(sequence: 7)
+        #expect(try await within(10, "the resync") { try await subscription.next() } == .resynced(sequence: 7, changed: 0))
+        await subscription.cancel()
+        publisher.close()
+        snapshots.close()
+    }
+
     @Test("a paused subscriber under 50,000 writes: every gap signalled with its count, then resynced to the kernel's state")
     func pausedSubscriber() async throws {
         // A small backlog per subscriber, so the kernel's XPUB drops for the paused one; over
@@ -50,9 +88,11 @@ struct SubscriptionGapTests {
         let kernel = try await TestKernel.start {
             $0.subscriberBacklog = 200
             $0.inprocName = name
+            // The writes go in batches of 1,000 (the default limit is 100): fewer round trips.
+            $0.maxBatchItems = 1_000
         }
         defer { Task { await kernel.stop() } }
-        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30), maxBatchItems: 1_000)
         let publisher = StatePublisher(client: client)
         let subscription = try await Subscription.open(snapshot: "inproc://\(name)-snapshot", publisher: "inproc://\(name)-publisher",
                                                        prefixes: ["/store/probe/"], context: kernel.kernel.loop.context,

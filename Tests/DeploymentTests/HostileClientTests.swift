@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import Contracts
 import Foundation
 import SwitchboardTestSupport
 import Testing
@@ -272,14 +273,18 @@ struct HostileClientTests {
             stuck.append(subscriber)
         }
         let bystander = kernel.bystander
-        for batch in 0..<20 {
-            // A thousand at a time in flight: the updates go out as fast as the kernel takes them.
+        let write = KernelAPI.StateSetParams(key: "/client/flood", value: value)
+        for round in 0..<20 {
+            // A thousand at a time in flight, in batches of a hundred: the updates go out as
+            // fast as the kernel takes them.
             try await withThrowingDiscardingTaskGroup { group in
-                for _ in 0..<1_000 {
-                    group.addTask { _ = try await bystander.request(service: "kernel", method: "state.set", params: ["key": "/client/flood", "value": value]) }
+                for _ in 0..<10 {
+                    group.addTask {
+                        for outcome in await bystander.batch(KernelAPI.stateSet, Array(repeating: write, count: 100)) { _ = try outcome.get() }
+                    }
                 }
             }
-            if batch.isMultiple(of: 5) { try await kernel.stillServes() }
+            if round.isMultiple(of: 5) { try await kernel.stillServes() }
         }
         try await kernel.stillServes()
         let flooded = kernel.residentMegabytes
