@@ -1,0 +1,44 @@
+import Foundation
+import SwitchboardTestSupport
+import Testing
+
+@Suite("Man pages")
+struct ManPageTests {
+    @Test("docs/man/switchboard.1 and sb.1 are what the argument parsers say now (regenerate: Scripts/man)")
+    func manPagesMatchTheParsers() async throws {
+        let products = switchboardExecutable().deletingLastPathComponent()
+        let generator = products.appendingPathComponent("generate-manual")
+        try #require(FileManager.default.isExecutableFile(atPath: generator.path),
+                     "no \(generator.path): build it with swift build --product generate-manual (Scripts/test does)")
+        let pages = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("docs/man")
+        let folder = try temporaryDirectory("man")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        for tool in ["switchboard", "sb"] {
+            let committed = try String(contentsOf: pages.appendingPathComponent("\(tool).1"), encoding: .utf8)
+            // Generated with the committed page's date, so only a change of the parser shows.
+            let dated = try #require(committed.split(separator: "\n").first { $0.hasPrefix(".Dd ") }.map { String($0.dropFirst(4)) })
+            let date = try #require(Self.isoDate(dated), "the page's date \(dated)")
+            let generated = try await runCommand(generator, [products.appendingPathComponent(tool).path, "--date", date, "--output-directory", folder.path])
+            #expect(generated.status == 0, "\(generated)")
+            // As Scripts/man writes it: a blank line between paragraphs is an mdoc .Pp.
+            let page = try String(contentsOf: folder.appendingPathComponent("\(tool).1"), encoding: .utf8)
+                .split(separator: "\n", omittingEmptySubsequences: false).map { $0.isEmpty ? ".Pp" : $0 }.joined(separator: "\n")
+            #expect(page == committed, "docs/man/\(tool).1 differs from \(tool)'s argument parser: regenerate it with Scripts/man")
+        }
+    }
+
+    /// "November 25, 2026" (how the page says it) as 2026-11-25 (how the generator takes it).
+    static func isoDate(_ text: String) -> String? {
+        let reading = DateFormatter()
+        reading.locale = Locale(identifier: "en_US_POSIX")
+        reading.timeZone = TimeZone(identifier: "UTC")
+        reading.dateFormat = "MMMM d, yyyy"
+        guard let date = reading.date(from: text) else { return nil }
+        let writing = DateFormatter()
+        writing.locale = reading.locale
+        writing.timeZone = reading.timeZone
+        writing.dateFormat = "yyyy-MM-dd"
+        return writing.string(from: date)
+    }
+}
