@@ -317,7 +317,7 @@ struct StoreDurabilityTests {
 
         // More articles than one batch to the kernel may carry (kernel.max_batch_items, 100),
         // saved in one call of the client's batch (which sends them as several).
-        let many = 250
+        let many = 120
         let saves = await bus.client.batch(service: "store", (0..<many).map { ("articles.save", article("https://example.com/many/\($0)").jsonBytes) })
         #expect(saves.filter { (try? $0.get())?["created"] == true }.count == many)
 

@@ -23,8 +23,9 @@ public actor StatePublisher {
         return sequence
     }
 
-    /// Sets several keys in one message to the kernel (a JSON-RPC batch of `state.set`);
-    /// returns each one's sequence number or error, in order.
+    /// Sets several keys in one message to the kernel (a JSON-RPC batch of `state.set`; more
+    /// than the kernel's `max_batch_items` go as several); returns each one's sequence
+    /// number or error, in order.
     public func set(many entries: [(key: String, value: JSONValue?)]) async -> [Result<UInt64, BusError>] {
         guard !closed else { return entries.map { _ in .failure(.closed) } }
         let outcomes = await client.batch(KernelAPI.stateSet, entries.map { KernelAPI.StateSetParams(key: $0.key, value: $0.value ?? .null) })
