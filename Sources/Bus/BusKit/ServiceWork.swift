@@ -2,9 +2,9 @@ public import ServiceLifecycle
 
 /// A service's work beside answering requests (following the catalog, refreshing, publishing
 /// its state), as one part of its process's `ServiceGroup`. The group lists a process's parts
-/// in dependency order (client, subscription, publisher, ``requiredParts``, service, host) and stops them in
-/// reverse: the host drains the requests in flight while the work and what ``finish()``
-/// releases are still there, and the client that carried it all stops last.
+/// in dependency order (client, subscription, publisher, ``requiredParts``, service, host)
+/// and stops them in reverse: the host drains the requests in flight while the work and what
+/// ``finish()`` releases are still there, and the client that carried it all stops last.
 ///
 /// Structured: ``work()`` runs as a child task of ``run()`` until graceful shutdown cancels
 /// it, and whatever it starts runs in task groups that end with it; nothing outlives the part.

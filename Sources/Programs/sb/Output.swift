@@ -87,6 +87,4 @@ enum Output {
     static func number(_ value: Double) -> String {
         value == value.rounded() && abs(value) < 1e15 ? "\(Int(value))" : "\(value)"
     }
-
-    /// Money as `45.00 EUR`.
 }

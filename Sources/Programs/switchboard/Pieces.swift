@@ -51,8 +51,9 @@ enum Pieces {
     /// Builds service `name` as the parts of its process, in dependency order, for one
     /// `ServiceGroup`: the client, the catalog subscription (for services that follow the
     /// datasets), the state publisher (for services that publish), the parts the service
-    /// requires (the store's database connections), the service's own work, then the host. The group stops them in reverse: the host drains its requests while
-    /// what they use (the database, the HTTP clients, the work) is still there.
+    /// requires (the store's database connections), the service's own work, then the host.
+    /// The group stops them in reverse: the host drains its requests while what they use
+    /// (the database, the HTTP clients, the work) is still there.
     static func service(_ name: String, file: ConfigFile, connection: Connection) async throws -> [any Service] {
         let logger = Logger(label: "switchboard.\(name)")
         switch name {

@@ -47,7 +47,7 @@ struct CountryIndex: Sendable {
         let key = FoldedText(query)
         let twoLetters = folded(query).count == 2
         let regionKey = region.map(folded)
-        var ranked: [[(entry: Entry, match: Match?)]] = Match.allCases.map { _ in [] }
+        var ranked: [Match: [(entry: Entry, match: Match?)]] = [:]
         var all: [(entry: Entry, match: Match?)] = []
         for entry in entries {
             if let regionKey, !entry.regions.contains(regionKey) { continue }
@@ -65,8 +65,8 @@ struct CountryIndex: Sendable {
             } else {
                 continue
             }
-            ranked[Match.allCases.firstIndex(of: match)!].append((entry, match))
+            ranked[match, default: []].append((entry, match))
         }
-        return key.isEmpty ? all : ranked.flatMap { $0 }
+        return key.isEmpty ? all : Match.allCases.flatMap { ranked[$0] ?? [] }
     }
 }
