@@ -133,6 +133,14 @@ let package = Package(
             path: "Sources/Operations/Deployment",
             swiftSettings: sharedSettings
         ),
+        // Load against a live bus (request/reply, publish/subscribe) with HDR-histogram
+        // latencies: `sb bench`, and the full-stack rows of `switchboard-bench kernel`.
+        .target(
+            name: "BusBench",
+            dependencies: ["BusKit", "BusProtocol", "ZeroMQ", .product(name: "Histogram", package: "hdrhistogram-swift")],
+            path: "Sources/Operations/BusBench",
+            swiftSettings: sharedSettings
+        ),
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
         .target(
             name: "Supervisor",
@@ -245,9 +253,10 @@ let package = Package(
         .executableTarget(
             name: "sb",
             dependencies: [
-                "ContractKit", "Contracts",
+                "BusBench", "ContractKit", "Contracts",
                 "BusKit", "BusProtocol", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],
             path: "Sources/Programs/sb",
             swiftSettings: sharedSettings
@@ -264,7 +273,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard-bench",
             dependencies: [
-                "ContractKit", "Contracts", "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
+                "BusBench", "ContractKit", "Contracts", "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
                 "SwitchboardTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),

@@ -300,6 +300,46 @@ struct SBTests {
         await bus.stop()
     }
 
+    @Test("sb bench: requests from several clients with percentiles and a CSV, failures counted by kind, publish/subscribe with nothing lost and no keys left")
+    func bench() async throws {
+        let bus = try await SBBus.start()
+        let folder = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let csv = folder.appendingPathComponent("latencies.csv").path
+        let requests = try await bus.sb("bench", "--clients", "2", "--window", "4", "--count", "300", "--warmup", "5", "--json", "--csv", csv)
+        let report = try #require(try jsonLines(requests.stdout).first, "\(requests)")
+        #expect(requests.status == 0 && report["kind"] == "request" && report["service"] == "echo")
+        #expect(report["requests"] == 300 && report["succeeded"] == 300 && report["failed"] == 0)
+        #expect(report["clientRates"]?.arrayValue?.count == 2 && (report["rate"]?.doubleValue ?? 0) > 0)
+        let latency = try #require(report["latencyMicroseconds"])
+        let (p50, p99, max) = (latency["p50"]?.doubleValue ?? 0, latency["p99"]?.doubleValue ?? 0, latency["max"]?.doubleValue ?? 0)
+        #expect(p50 > 0 && p50 <= p99 && p99 <= max)
+        let rows = try String(contentsOfFile: csv, encoding: .utf8).split(separator: "\n")
+        #expect(rows.first == "client,sent_us,latency_us,ok" && rows.count == 301 && rows.dropFirst().allSatisfy { $0.hasSuffix(",true") })
+
+        // Timed instead of counted; a service's errors counted by kind, and exit status 1.
+        let timed = try await bus.sb("bench", "--duration", "300ms", "--warmup", "0", "--json")
+        let timedReport = try jsonLines(timed.stdout).first
+        #expect(timed.status == 0 && (timedReport?["requests"]?.intValue ?? 0) > 0 && (timedReport?["seconds"]?.doubleValue ?? 0) >= 0.3)
+        let failing = try await bus.sb("bench", "request", "echo", "fail", #"{"code":-32050,"message":"no"}"#, "--count", "20", "--warmup", "0", "--json")
+        let failures = try jsonLines(failing.stdout).first
+        #expect(failing.status == 1 && failures?["failed"] == 20 && failures?["failures"] == ["-32050 no": 20])
+        #expect(failing.stderr.contains("20 of 20 requests failed"))
+        let nobody = try await bus.sb("bench", "request", "ghost", "x")
+        #expect(nobody.status == 69 && nobody.stderr.contains("no worker offers 'ghost'"))
+        let both = try await bus.sb("bench", "--count", "5", "--duration", "1s")
+        #expect(both.status == 64 && both.stderr.contains("--count or --duration"))
+
+        let published = try await bus.sb("bench", "publish", "--subscribers", "2", "--count", "500", "--keys", "20", "--json")
+        let pubsub = try #require(try jsonLines(published.stdout).first, "\(published)")
+        #expect(published.status == 0 && pubsub["published"] == 500 && pubsub["refused"] == 0)
+        #expect(pubsub["received"] == [500, 500] && pubsub["gaps"] == 0 && pubsub["lost"] == 0)
+        #expect((pubsub["deliveryMicroseconds"]?["p50"]?.doubleValue ?? 0) > 0)
+        let left = try await bus.base.client.call(KernelAPI.stateGet, .init(prefix: "/client/bench/"))
+        #expect(left.entries.isEmpty)
+        await bus.stop()
+    }
+
     @Test("app verbs: countries, deals, places, items, news, flights, datasets, as tables and as JSON")
     func appVerbs() async throws {
         let bus = try await SBBus.start()

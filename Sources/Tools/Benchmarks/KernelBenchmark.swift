@@ -1,4 +1,5 @@
 import ArgumentParser
+import BusBench
 import BusKit
 import BusProtocol
 import Contracts
@@ -287,39 +288,20 @@ struct KernelBenchmark: AsyncParsableCommand {
 
     // MARK: The full stack: BusClient and a hosted service
 
+    /// The same loads as `sb bench request` (``RequestBench``), against a kernel in this
+    /// process: synchronous, and 64 in flight from one client.
     private func busKitRows(_ broker: String) async throws -> [Row] {
         let host = try ServiceHost(service: EchoService(), options: .init(brokers: [broker], connections: 2))
         try await host.start()
         let bus = try await BusClient(brokers: [broker], timeout: .seconds(30))
-        try await Task.sleep(for: .milliseconds(200))
-        for _ in 0..<500 { _ = try await bus.call(EchoAPI.echo, ["n": 1]) }
-        var latencies = latencyHistogram()
-        let count = roundTrips / 2
-        var start = monotonicNanoseconds()
-        for _ in 0..<count {
-            let sent = monotonicNanoseconds()
-            _ = try await bus.call(EchoAPI.echo, ["n": 1])
-            _ = latencies.record(monotonicNanoseconds() - sent)
-        }
-        let syncRate = Double(count) / (Double(monotonicNanoseconds() - start) / 1e9)
-        let total = 50_000
-        start = monotonicNanoseconds()
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for task in 0..<64 {
-                group.addTask {
-                    for _ in stride(from: task, to: total, by: 64) {
-                        _ = try await bus.call(EchoAPI.echo, ["n": 1])
-                    }
-                }
-            }
-            try await group.waitForAll()
-        }
-        let pipelinedRate = Double(total) / (Double(monotonicNanoseconds() - start) / 1e9)
+        try await waitForWorkers(broker, service: EchoAPI.service, count: 2)
+        let sync = await RequestBench.echo(stop: .count(roundTrips / 2), warmup: 500).run(on: [bus])
+        let pipelined = await RequestBench.echo(window: 64, stop: .count(50_000), warmup: 500).run(on: [bus])
         await bus.close()
         await host.stop()
         return [
-            Row("BusClient to ServiceHost (JSON-RPC), sync", rate: syncRate, latencies: latencies, note: "full stack, 2 worker connections, window 16"),
-            Row("BusClient to ServiceHost, 64 tasks", rate: pipelinedRate, note: "full stack, one client"),
+            Row("BusClient to ServiceHost (JSON-RPC), sync", rate: sync.rate, latencies: sync.latencies, note: "full stack, 2 worker connections, window 16 (sb bench)"),
+            Row("BusClient to ServiceHost, 64 in flight", rate: pipelined.rate, latencies: pipelined.latencies, note: "full stack, one client (sb bench --window 64)"),
         ]
     }
 }

@@ -1,11 +1,6 @@
 import Foundation
 import Histogram
 
-/// Latencies in nanoseconds, from 100 ns to 60 s at 3 significant digits.
-func latencyHistogram() -> Histogram<UInt64> {
-    Histogram<UInt64>(lowestDiscernibleValue: 1, highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-}
-
 /// One row of a results table.
 struct Row {
     var name: String

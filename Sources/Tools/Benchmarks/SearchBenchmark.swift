@@ -1,4 +1,5 @@
 import ArgumentParser
+import BusBench
 import BusKit
 import ContractKit
 import Contracts

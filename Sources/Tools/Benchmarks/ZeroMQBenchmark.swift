@@ -1,4 +1,5 @@
 import ArgumentParser
+import BusBench
 import Foundation
 import Histogram
 import ZeroMQ
