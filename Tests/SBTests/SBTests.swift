@@ -337,6 +337,8 @@ struct SBTests {
         #expect((pubsub["deliveryMicroseconds"]?["p50"]?.doubleValue ?? 0) > 0)
         let left = try await bus.base.client.call(KernelAPI.stateGet, .init(prefix: "/client/bench/"))
         #expect(left.entries.isEmpty)
+        let noKernel = try await bus.sb("bench", "publish", "--endpoint", "tcp://127.0.0.1:\(freePort())", "--timeout", "300ms")
+        #expect(noKernel.status == 69 && noKernel.stderr.contains("no kernel answers"))
         await bus.stop()
     }
 

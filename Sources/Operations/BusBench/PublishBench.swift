@@ -22,6 +22,8 @@ public struct PublishBench: Sendable {
     /// How long a subscriber may go without an update, once everything is published, before
     /// what has not reached it counts as lost.
     public var quietAfterPublishing: Duration
+    /// How long a subscriber may take to read the (empty) snapshot and go live.
+    public var syncTimeout: Duration = .seconds(10)
 
     public init(prefix: String, count: Int, keys: Int = 100, valueBytes: Int = 64, window: Int = 64,
                 quietAfterPublishing: Duration = .seconds(2)) {
@@ -39,9 +41,13 @@ public struct PublishBench: Sendable {
             opened.append(subscription)
             // Publish only once every subscriber is live: a CHP subscriber joining late would
             // miss the first updates by design, not by loss.
-            while let event = try await subscription.next() {
-                if case .synced = event { break }
+            let synced = try await withDeadline(syncTimeout, expired: { BenchError.notSynced(after: syncTimeout) }) {
+                while let event = try await subscription.next() {
+                    if case .synced = event { return true }
+                }
+                return false
             }
+            guard synced else { throw BenchError.notSynced(after: syncTimeout) }
         }
         let subscriptions = opened
         let clock = SystemClock()
@@ -169,6 +175,16 @@ private final class DeliveryMark: Sendable {
     func delivered(at now: UInt64) {
         received.add(1, ordering: .relaxed)
         lastAt.store(now, ordering: .relaxed)
+    }
+}
+
+public enum BenchError: Error, CustomStringConvertible {
+    case notSynced(after: Duration)
+
+    public var description: String {
+        switch self {
+        case .notSynced(let after): "a subscriber did not receive the state's snapshot within \(after.formatted)"
+        }
     }
 }
 

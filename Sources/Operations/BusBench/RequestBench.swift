@@ -176,6 +176,7 @@ private struct ClientTally: Sendable {
 /// Failures by kind: the code and the first words of the message, so that many requests
 /// failing one way make one line.
 private struct FailureTally: Sendable {
+    static let kindsKept = 20
     var kinds: [String: Int] = [:]
 
     mutating func count(_ error: BusError) {
@@ -185,7 +186,12 @@ private struct FailureTally: Sendable {
         case .remote(_, let rpc): "\(rpc.code) \(rpc.message)"
         default: "\(error)"
         }
-        kinds[kind, default: 0] += 1
+        // Many distinct messages (one naming each request, say) would make a report of them.
+        if kinds[kind] == nil, kinds.count >= Self.kindsKept {
+            kinds["other failures", default: 0] += 1
+        } else {
+            kinds[kind, default: 0] += 1
+        }
     }
 }
 

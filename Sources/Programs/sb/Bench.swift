@@ -2,6 +2,7 @@ import ArgumentParser
 import BusBench
 import BusKit
 import BusProtocol
+import Contracts
 import Foundation
 import Histogram
 
@@ -170,6 +171,7 @@ struct BenchPublish: AsyncParsableCommand {
         let prefix = "/client/bench/\(ProcessInfo.processInfo.hostName)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))/"
         let bench = PublishBench(prefix: prefix, count: count, keys: keys, valueBytes: size, window: window)
         try await withClient(connection) { publisher in
+            _ = try await call(publisher, KernelAPI.ping)
             var followers: [BusClient] = []
             for _ in 0..<subscribers { followers.append(try await connection.client()) }
             let progress = BenchProgress()
