@@ -35,6 +35,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio", from: "2.60.0"),
         // Trace context: the instrumentation API, and W3C traceparent parsing.
         .package(url: "https://github.com/apple/swift-distributed-tracing", from: "1.1.0"),
+        // OpenTelemetry export of the bus's spans, OTLP/HTTP only (no gRPC stack to build).
+        .package(url: "https://github.com/swift-otel/swift-otel", from: "1.6.0", traits: ["OTLPHTTP"]),
         .package(url: "https://github.com/swift-otel/swift-w3c-trace-context", from: "1.0.0"),
         // The HTTP edge (`switchboard gateway`).
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.0.0"),
@@ -77,6 +79,7 @@ let package = Package(
             dependencies: [
                 "BusProtocol",
                 .product(name: "Instrumentation", package: "swift-distributed-tracing"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
             ],
@@ -129,7 +132,7 @@ let package = Package(
         // finds the kernels. For the `switchboard` executable.
         .target(
             name: "Deployment",
-            dependencies: ["BusKit", "BusProtocol", "FetcherService", "Gateway", "Kernel", "StoreService", "Supervisor", "SwitchboardConfig"],
+            dependencies: ["BusKit", "BusProtocol", "FetcherService", "Gateway", "Kernel", "StoreService", "Supervisor", "SwitchboardConfig", "Telemetry"],
             path: "Sources/Operations/Deployment",
             swiftSettings: sharedSettings
         ),
@@ -139,6 +142,19 @@ let package = Package(
             name: "BusBench",
             dependencies: ["BusKit", "BusProtocol", "ZeroMQ", .product(name: "Histogram", package: "hdrhistogram-swift")],
             path: "Sources/Operations/BusBench",
+            swiftSettings: sharedSettings
+        ),
+        // OpenTelemetry: the `telemetry:` section, and the OTLP exporter of the bus's spans
+        // (swift-otel) for the processes that turn it on.
+        .target(
+            name: "Telemetry",
+            dependencies: [
+                "ContractKit", "SwitchboardConfig",
+                .product(name: "OTel", package: "swift-otel"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Sources/Operations/Telemetry",
             swiftSettings: sharedSettings
         ),
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
@@ -240,7 +256,7 @@ let package = Package(
             dependencies: [
                 "BusProtocol", "ContractKit", "Contracts",
                 "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Supervisor",
-                "Gateway", "Deployment",
+                "Gateway", "Deployment", "Telemetry",
                 "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -253,8 +269,9 @@ let package = Package(
         .executableTarget(
             name: "sb",
             dependencies: [
-                "BusBench", "ContractKit", "Contracts",
+                "BusBench", "ContractKit", "Contracts", "Telemetry",
                 "BusKit", "BusProtocol", "ZeroMQ",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],

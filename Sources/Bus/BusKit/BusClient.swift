@@ -111,6 +111,13 @@ public final class BusClient: Sendable {
     /// ``request(service:method:params:timeout:)`` with the params as JSON text, forwarded as
     /// they are (the gateway passes a browser's params through without parsing them).
     public func request(service: String, method: String, paramsText: [UInt8]?, timeout: Duration? = nil) async throws(BusError) -> JSONValue {
+        guard BusTracing.recordsSpans else { return try await send(service: service, method: method, paramsText: paramsText, timeout: timeout) }
+        return try await BusTracing.withClientSpan(service: service, method: method) { () async throws(BusError) in
+            try await send(service: service, method: method, paramsText: paramsText, timeout: timeout)
+        }
+    }
+
+    private func send(service: String, method: String, paramsText: [UInt8]?, timeout: Duration?) async throws(BusError) -> JSONValue {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
         let id = ClientCore.nextID()

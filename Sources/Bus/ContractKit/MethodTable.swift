@@ -166,15 +166,31 @@ public struct MethodTable<Service: BusService>: Sendable {
     }
 
     /// Runs `body` for `request` in the request's trace, if it carries one, and logs it: at
-    /// info when the trace is sampled, else at debug.
+    /// info when the trace is sampled, else at debug. When spans are recorded, it runs in a
+    /// server span, the child of the span that sent it.
     private func traced(_ request: JSONRPCRequest, _ body: () async throws -> [UInt8]) async -> Result<[UInt8], any Error> {
-        guard let context = BusTracing.context(of: request.trace) else { return await Self.outcome(of: body) }
-        return await InstrumentationContext.withValue(context) {
-            let started = ContinuousClock.now
-            let outcome = await Self.outcome(of: body)
-            record(request, outcome, since: started, sampled: BusTracing.isSampled(context))
-            return outcome
+        let context = BusTracing.context(of: request.trace)
+        guard BusTracing.recordsSpans else {
+            guard let context else { return await Self.outcome(of: body) }
+            return await InstrumentationContext.withValue(context) { await logged(request, in: context, body) }
         }
+        do {
+            return .success(try await BusTracing.withSpan(service: Service.name, method: request.method, kind: .server,
+                                                          context: context ?? InstrumentationContext.current ?? .topLevel) {
+                try await logged(request, in: context, body).get()
+            })
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// Runs `body`, and logs the request when it carried a trace (`context`).
+    private func logged(_ request: JSONRPCRequest, in context: InstrumentationContext?, _ body: () async throws -> [UInt8]) async -> Result<[UInt8], any Error> {
+        guard context != nil else { return await Self.outcome(of: body) }
+        let started = ContinuousClock.now
+        let outcome = await Self.outcome(of: body)
+        record(request, outcome, since: started, sampled: BusTracing.isSampled(context))
+        return outcome
     }
 
     private static func outcome(of body: () async throws -> [UInt8]) async -> Result<[UInt8], any Error> {

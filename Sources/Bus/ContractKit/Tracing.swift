@@ -1,6 +1,8 @@
 public import BusProtocol
 public import Instrumentation
 public import Logging
+import Synchronization
+public import Tracing
 public import W3CTraceContext
 
 /// W3C trace context on the bus, through swift-distributed-tracing's instrumentation API.
@@ -13,8 +15,10 @@ public import W3CTraceContext
 /// `trace_id` (``loggingMetadata``). A trace with the `sampled` flag (`sb request --trace`)
 /// is logged by every service it reaches, once per request.
 ///
-/// Processes opt in with ``bootstrap()``; another instrument (an OpenTelemetry tracer) may be
-/// bootstrapped instead and propagates through the same members.
+/// Processes opt in with ``bootstrap()``, or with ``bootstrap(spansWith:)`` when they export
+/// spans (OpenTelemetry, the Telemetry module): then each request is also a span, at the
+/// client (``withClientSpan(service:method:_:)``) and around its handler, parented by the
+/// same members.
 public enum BusTracing {
     /// The trace a task runs in, in its `InstrumentationContext`.
     public enum Key: InstrumentationContextKey {
@@ -49,6 +53,102 @@ public enum BusTracing {
         InstrumentationSystem.bootstrap(Propagation())
     }
 
+    /// Makes ``Propagation`` and `tracer` the process's instruments, and records a span for
+    /// every request sent and answered. The tracer's propagation writes `traceparent` last,
+    /// so a request's parent is the span that sent it.
+    public static func bootstrap(spansWith tracer: any Tracer) {
+        InstrumentationSystem.bootstrap(MultiplexInstrument([Propagation(), tracer]))
+        spansOn.store(true, ordering: .releasing)
+    }
+
+    private static let spansOn = Atomic<Bool>(false)
+
+    /// Whether requests are spans (a tracer is bootstrapped); when not, no span is begun, so a
+    /// bus without telemetry pays nothing for them.
+    public static var recordsSpans: Bool { spansOn.load(ordering: .acquiring) }
+
+    /// Runs `body`, which sends one request, in a client span named `service/method`.
+    public static func withClientSpan<T, E: Error>(service: String, method: String, _ body: () async throws(E) -> T) async throws(E) -> T {
+        try await withSpan(service: service, method: method, kind: .client, context: InstrumentationContext.current ?? .topLevel, body)
+    }
+
+    /// Runs `body` in a span of `kind` under `context`, with the RPC's attributes; an error
+    /// thrown, or a JSON-RPC error answered (``markFailed(_:)``), marks it failed.
+    static func withSpan<T, E: Error>(service: String, method: String, kind: SpanKind, context: InstrumentationContext,
+                                      _ body: () async throws(E) -> T) async throws(E) -> T {
+        let span = InstrumentationSystem.tracer.startSpan("\(service)/\(method)", context: context, ofKind: kind)
+        span.attributes["rpc.system"] = "jsonrpc"
+        span.attributes["rpc.service"] = service
+        span.attributes["rpc.method"] = method
+        defer { span.end() }
+        let outcome: Result<T, E> = await InstrumentationContext.withValue(span.context) {
+            do throws(E) { return .success(try await body()) } catch { return .failure(error) }
+        }
+        if case .failure(let error) = outcome { markFailed(span, error) }
+        return try outcome.get()
+    }
+
+    /// Records the kernel's part in a request it routed to `service`: a span from when the
+    /// request arrived (`received`) to when its reply left (`answered`), both on the monotonic
+    /// clock whose reading now is `now`, under the trace the request carries. The kernel does
+    /// not parse bodies: only the `traceparent` member's value is looked for, and only while
+    /// spans are recorded. A request without one makes no span.
+    public static func recordDispatch(service: String, body: [UInt8], received: UInt64, answered: UInt64, now: UInt64) {
+        guard let parent = traceParent(in: body) else { return }
+        var context = InstrumentationContext.topLevel
+        InstrumentationSystem.instrument.extract(JSONRPCRequest.Trace(parent: parent), into: &context, using: TraceMembers())
+        let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
+        func wall(_ monotonic: UInt64) -> Instant { Instant(nanosecondsSinceEpoch: wallNow &- (now &- monotonic)) }
+        let span = InstrumentationSystem.tracer.startSpan("kernel dispatch \(service)", context: context, ofKind: .server, at: wall(received))
+        span.attributes["rpc.system"] = "jsonrpc"
+        span.attributes["rpc.service"] = service
+        span.end(at: wall(answered))
+    }
+
+    /// A point in time as a span takes it.
+    struct Instant: TracerInstant {
+        var nanosecondsSinceEpoch: UInt64
+        static func < (lhs: Self, rhs: Self) -> Bool { lhs.nanosecondsSinceEpoch < rhs.nanosecondsSinceEpoch }
+    }
+
+    /// The value of the first `"traceparent"` member in a JSON-RPC body (a request, or the
+    /// first of a batch that has one), found by its bytes alone.
+    static func traceParent(in body: [UInt8]) -> String? {
+        let name = Array(#""traceparent""#.utf8)
+        guard body.count > name.count else { return nil }
+        var index = 0
+        while index + name.count <= body.count {
+            guard body[index] == UInt8(ascii: "\""), body[index..<index + name.count].elementsEqual(name) else {
+                index += 1
+                continue
+            }
+            var cursor = index + name.count
+            func skipSpace() { while cursor < body.count, [0x20, 0x09, 0x0A, 0x0D].contains(body[cursor]) { cursor += 1 } }
+            skipSpace()
+            guard cursor < body.count, body[cursor] == UInt8(ascii: ":") else { index += 1; continue }
+            cursor += 1
+            skipSpace()
+            // A W3C traceparent is 55 characters of [0-9a-f-]: no escapes to undo.
+            guard cursor + 56 < body.count, body[cursor] == UInt8(ascii: "\""), body[cursor + 56] == UInt8(ascii: "\"") else { return nil }
+            return String(decoding: body[cursor + 1..<cursor + 56], as: UTF8.self)
+        }
+        return nil
+    }
+
+    static func markFailed(_ span: any Span, _ error: any Error) {
+        if let rpc = error as? JSONRPCError { span.attributes["rpc.jsonrpc.error_code"] = rpc.code }
+        span.recordError(error)
+        span.setStatus(SpanStatus(code: .error))
+    }
+
+    /// The trace id `context` carries, as the tracer writes it into `traceparent`.
+    static func traceID(of context: InstrumentationContext) -> String? {
+        var carrier = JSONRPCRequest.Trace()
+        InstrumentationSystem.instrument.inject(context, into: &carrier, using: TraceMembers())
+        guard let parent = carrier.parent, let trace = try? TraceContext(traceParentHeaderValue: parent, traceStateHeaderValue: nil) else { return nil }
+        return "\(trace.traceID)"
+    }
+
     /// `trace_id` and `span_id` of the current task's trace, for every log line
     /// (`LoggingSystem.bootstrap(_:metadataProvider:)`).
     public static let loggingMetadata = Logger.MetadataProvider {
@@ -58,7 +158,14 @@ public enum BusTracing {
 
     /// Runs `body` in a new trace, `sampled` or not (a sampled trace is logged by every
     /// service it reaches), handing it the trace id.
+    /// When spans are recorded, the trace is the tracer's: a root span around `body` (its
+    /// sampling is the tracer's too).
     public static func withNewTrace<T>(sampled: Bool, _ body: (_ traceID: String) async throws -> T) async rethrows -> T {
+        if recordsSpans {
+            let span = InstrumentationSystem.tracer.startSpan("trace", context: InstrumentationContext.current ?? .topLevel, ofKind: .internal)
+            defer { span.end() }
+            return try await InstrumentationContext.withValue(span.context) { try await body(traceID(of: span.context) ?? "") }
+        }
         var context = InstrumentationContext.current ?? .topLevel
         let trace = TraceContext(traceID: .random(), spanID: .random(), flags: sampled ? .sampled : [], state: TraceState())
         context[Key.self] = trace

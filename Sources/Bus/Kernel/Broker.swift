@@ -93,7 +93,12 @@ final class Broker {
         case kernelRequest(client: Frame, body: [Frame], peer: String?)
         /// A service's worker count changed.
         case workersChanged(service: String, count: Int)
+        /// A request was answered (told only while spans are recorded: ``recordsSpans``).
+        case answered(service: String, body: [Frame], received: UInt64, now: UInt64)
     }
+
+    /// Whether the kernel records a span for each request it routes (telemetry on).
+    var recordsSpans = false
 
     let configuration: KernelConfiguration
     let logger: Logger
@@ -246,6 +251,7 @@ final class Broker {
             service.stats.replies += 1
             service.stats.latency.record(nanoseconds: now &- request.received)
             send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body))
+            if recordsSpans { events.append(.answered(service: service.name, body: request.body, received: request.received, now: now)) }
             service.idle.append(identity)
             dispatch(service)
         case .heartbeat(let errors):

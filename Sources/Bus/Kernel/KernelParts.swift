@@ -1,4 +1,5 @@
 import BusProtocol
+import ContractKit
 import Contracts
 import Logging
 import ZeroMQ
@@ -111,6 +112,7 @@ final class KernelParts {
         self.state = state
         self.pair = pair
         broker = Broker(configuration: configuration, logger: logger, admission: Admission(pair: pair))
+        broker.recordsSpans = BusTracing.recordsSpans
         zap = configuration.security.map { ZAPHandler(security: $0, logger: logger) }
     }
 
@@ -210,6 +212,9 @@ final class KernelParts {
             kernel?.assumeIsolated { $0.answer(client: client, body: body, peer: peer) }
         case .workersChanged(let service, let count):
             setWorkers(service, count, now: clock.now)
+        case .answered(let service, let body, let received, let now):
+            guard body.count == 1 else { return }
+            BusTracing.recordDispatch(service: service, body: body[0].bytes, received: received, answered: now, now: clock.now)
         }
     }
 

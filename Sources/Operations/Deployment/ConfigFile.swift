@@ -6,6 +6,7 @@ public import Kernel
 public import StoreService
 public import Supervisor
 public import SwitchboardConfig
+public import Telemetry
 import BusProtocol
 
 /// `Config/switchboard.yaml`: the settings of every piece, each section read by the module it
@@ -21,6 +22,7 @@ public struct ConfigFile: Sendable, Equatable {
     public var security = SecuritySettings()
     public var supervisor = SupervisorSettings()
     public var gateway = GatewaySettings()
+    public var telemetry = TelemetrySettings()
     /// `pair:`, when this kernel is one of a primary/backup pair (also in `kernel.pair`).
     public var pair: PairSettings?
     /// The log level of every piece unless its own section says otherwise.
@@ -51,6 +53,7 @@ public struct ConfigFile: Sendable, Equatable {
         "fetcher": FetcherSettings.schema,
         "security": SecuritySettings.schema,
         "gateway": GatewaySettings.schema,
+        "telemetry": TelemetrySettings.schema,
         "supervisor": SupervisorSettings.schema,
     ])
 
@@ -88,6 +91,7 @@ public struct ConfigFile: Sendable, Equatable {
         security = try SecuritySettings(reading: file.section("security"))
         supervisor = try SupervisorSettings(reading: file.section("supervisor"))
         gateway = try GatewaySettings(reading: file.section("gateway"))
+        telemetry = try TelemetrySettings(reading: file.section("telemetry"))
     }
 
     /// The kernels every piece connects to: this configuration's, and with a pair the peer's

@@ -1,6 +1,9 @@
 import ArgumentParser
 import ContractKit
 import Foundation
+import Logging
+import ServiceLifecycle
+import Telemetry
 
 /// `sb`: the Switchboard client. It talks to the kernel (7/MDP requests, 12/CHP state) and
 /// links BusKit only, not the services.
@@ -35,7 +38,15 @@ struct SB: AsyncParsableCommand {
     /// A Z85 key may begin with '-' ("-=s!e…"), which the parser would take for a flag:
     /// `--server-key KEY` becomes `--server-key=KEY` before parsing.
     static func main() async {
-        BusTracing.bootstrap()
+        // With OTEL_EXPORTER_OTLP_ENDPOINT set, each request is a span exported to it; the
+        // exporter runs beside the verb and flushes once it is done.
+        let exporter: (any Service)?
+        do {
+            exporter = try Telemetry.bootstrap(TelemetrySettings(), serviceName: "sb")
+        } catch {
+            FileHandle.standardError.write(Data("sb: telemetry (OTEL_* variables): \(error)\n".utf8))
+            Foundation.exit(ExitStatus.usage)
+        }
         // Swift would quietly turn invalid UTF-8 in an argument into U+FFFD and send that.
         for index in 1..<Int(CommandLine.argc) {
             if let raw = CommandLine.unsafeArgv[index], String(validatingCString: raw) == nil {
@@ -47,7 +58,24 @@ struct SB: AsyncParsableCommand {
         if let index = arguments.firstIndex(of: "--server-key"), index + 1 < arguments.count {
             arguments[index...index + 1] = ["--server-key=\(arguments[index + 1])"]
         }
-        await main(connectionOptionsAfterVerb(arguments))
+        let verb = connectionOptionsAfterVerb(arguments)
+        guard let exporter else { return await main(verb) }
+        // `main` would exit on a failure before the spans are sent: the verb runs here beside
+        // the exporter, which is then stopped gracefully (it sends what it holds), and the
+        // process exits with the verb's outcome.
+        let group = ServiceGroup(services: [exporter], gracefulShutdownSignals: [], logger: Logger(label: "sb.telemetry"))
+        var failure: (any Error)?
+        await withTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try? await group.run() }
+            do {
+                var command = try parseAsRoot(verb)
+                if var verb = command as? any AsyncParsableCommand { try await verb.run() } else { try command.run() }
+            } catch {
+                failure = error
+            }
+            await group.triggerGracefulShutdown()
+        }
+        if let failure { exit(withError: failure) }
     }
 
     /// Options every verb takes, as in `sb --endpoint tcp://host:5555 services`: moved

@@ -31,7 +31,7 @@ struct GatewayCommand: AsyncParsableCommand {
 
     func run() async throws {
         var file = try common.loadConfig()
-        common.bootstrap(file)
+        let telemetry = try common.bootstrap(file, exporting: "gateway")
         let logger = Logger(label: "switchboard.gateway")
         if let listen {
             let override: ConfigFile
@@ -46,7 +46,7 @@ struct GatewayCommand: AsyncParsableCommand {
         }
         let options = try Self.options(file, common: common, logger: logger, brokers: file.brokerEndpoints, state: file.stateEndpoints)
         let parts = try await Gateway.parts(options: options, logger: logger)
-        let group = ServiceGroup(services: parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let group = ServiceGroup(services: telemetry + parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
     }
 

@@ -66,14 +66,14 @@ struct KernelCommand: AsyncParsableCommand {
 
     func run() async throws {
         let file = try common.loadConfig()
-        common.bootstrap(file)
+        let telemetry = try common.bootstrap(file, exporting: "kernel")
         let configuration = try kernelConfiguration(file)
         let logger = Logger(label: "switchboard.kernel")
         if configuration.security == nil {
             logger.warning("CURVE is off: any process that reaches the kernel can register as a service, read other clients' requests and write state (`switchboard up` turns CURVE on; security.curve: true with keys in security.keys_dir)")
         }
         let kernel = try Kernel(configuration: configuration, context: ZMQContext(), logger: logger)
-        let group = ServiceGroup(services: [kernel], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let group = ServiceGroup(services: telemetry + [kernel], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
     }
 }

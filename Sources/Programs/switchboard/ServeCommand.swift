@@ -61,7 +61,7 @@ struct ServeCommand: AsyncParsableCommand {
 
     func run() async throws {
         var file = try common.loadConfig()
-        common.bootstrap(file)
+        let telemetry = try common.bootstrap(file, exporting: name)
         if let db { file.store.path = db }
         let kernel = file.kernel
         let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: name) }
@@ -75,7 +75,7 @@ struct ServeCommand: AsyncParsableCommand {
             curve: curve, context: nil, instance: instance, maxMessageSize: kernel.maxMessageSize,
             maxBatchItems: kernel.maxBatchItems)
         let parts = try await Pieces.service(name, file: file, connection: connection)
-        let group = ServiceGroup(services: parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: Logger(label: "switchboard.\(name)"))
+        let group = ServiceGroup(services: telemetry + parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: Logger(label: "switchboard.\(name)"))
         try await group.run()
     }
 }

@@ -2,9 +2,11 @@ public import ArgumentParser
 import ContractKit
 import Foundation
 public import Logging
+import ServiceLifecycle
 import Supervisor
 import Deployment
 import SwitchboardConfig
+import Telemetry
 
 @main
 struct Switchboard: AsyncParsableCommand {
@@ -60,8 +62,10 @@ struct CommonOptions: ParsableArguments {
 
     /// swift-log to stderr, as text or JSON lines (--log-format, else `log_format`), each
     /// label ("switchboard.store") at its piece's configured level unless --log-level says
-    /// otherwise; and the lifeline to the supervisor, if any.
-    func bootstrap(_ file: ConfigFile) {
+    /// otherwise; tracing, exported as OpenTelemetry spans when `telemetry:` (or `OTEL_*`)
+    /// says so, for a process that runs `exporting` pieces; and the lifeline to the
+    /// supervisor, if any. Returns the span exporter, to run first in the process's group.
+    func bootstrap(_ file: ConfigFile, exporting piece: String?) throws -> [any Service] {
         let override = logLevel
         let json = (logFormat ?? LogFormat(rawValue: file.logFormat) ?? .text) == .json
         // Every log line written while answering a traced request carries its trace id.
@@ -77,8 +81,17 @@ struct CommonOptions: ParsableArguments {
             handler.logLevel = level
             return handler
         }, metadataProvider: BusTracing.loggingMetadata)
-        BusTracing.bootstrap()
         if let lifelineFd { Lifeline.watch(fd: lifelineFd) }
+        guard let piece else {
+            BusTracing.bootstrap()
+            return []
+        }
+        do {
+            return try Telemetry.bootstrap(file.telemetry, serviceName: "switchboard-\(piece)").map { [$0] } ?? []
+        } catch {
+            FileHandle.standardError.write(Data("switchboard: telemetry: \(error)\n".utf8))
+            throw ExitCode(78)
+        }
     }
 
     /// A setting derived after loading (the CURVE keys); a problem ends the process as a bad

@@ -44,14 +44,16 @@ struct UpCommand: AsyncParsableCommand {
 
     func run() async throws {
         var file = try common.loadConfig()
-        common.bootstrap(file)
+        // One process runs every piece with --single-process, so it exports their spans;
+        // otherwise each piece's own process does.
+        let telemetry = try common.bootstrap(file, exporting: singleProcess ? "up" : nil)
         if singleProcess, file.pair != nil {
             FileHandle.standardError.write(Data("switchboard: --single-process: a kernel pair runs its pieces as processes that reach both kernels; drop --single-process or the pair section\n".utf8))
             throw ExitCode(64)
         }
         let enabled = ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true }
         try secure(&file, services: enabled)
-        let status = singleProcess ? try await runInOneProcess(file, services: enabled) : try await runSupervised(file, services: enabled)
+        let status = singleProcess ? try await runInOneProcess(file, services: enabled, telemetry: telemetry) : try await runSupervised(file, services: enabled)
         if status != 0 { throw ExitCode(status) }
     }
 
@@ -156,7 +158,7 @@ struct UpCommand: AsyncParsableCommand {
 
     // MARK: One process
 
-    private func runInOneProcess(_ file: ConfigFile, services: [String]) async throws -> Int32 {
+    private func runInOneProcess(_ file: ConfigFile, services: [String], telemetry: [any Service]) async throws -> Int32 {
         let context = try ZMQContext()
         var configuration = file.kernel
         configuration.inprocName = "switchboard"
@@ -171,7 +173,7 @@ struct UpCommand: AsyncParsableCommand {
         try await kernel.start()
         // Over inproc:// the pieces share the kernel's context (and with CURVE on, still use keys).
         let inproc = { (role: String) in "inproc://switchboard-\(role)" }
-        var pieces: [any Service] = [kernel]
+        var pieces: [any Service] = telemetry + [kernel]
         for name in services {
             let connection = Connection(brokers: [inproc("broker")],
                                         state: [StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector"))],

@@ -1,0 +1,86 @@
+import ContractKit
+public import Foundation
+import OTel
+public import ServiceLifecycle
+public import SwitchboardConfig
+
+/// `telemetry:`: OpenTelemetry export of the bus's spans over OTLP/HTTP (protobuf). Off
+/// unless an endpoint is given, here or in the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) variable; the other `OTEL_*` variables swift-otel
+/// reads apply too, and win over this section.
+public struct TelemetrySettings: Sendable, Equatable {
+    /// The collector's OTLP/HTTP base URL (`http://127.0.0.1:4318`); spans go to `/v1/traces`.
+    public var endpoint: String?
+    /// The share of new traces recorded, 0 to 1; a request's own trace decides for it.
+    public var sampling = 1.0
+    /// Resource attributes added to every span (`deployment.environment: production`).
+    public var resource: [String: String] = [:]
+
+    public init() {}
+
+    public static let schema = ConfigSchema.values(["endpoint", "sampling", "resource"])
+
+    public init(reading telemetry: ConfigSection) throws(ConfigError) {
+        if let endpoint = try telemetry.text("endpoint", "an http:// or https:// URL such as http://127.0.0.1:4318") {
+            guard let url = URL(string: endpoint), ["http", "https"].contains(url.scheme ?? ""), url.host != nil else {
+                throw telemetry.refuse("endpoint", expected: "an http:// or https:// URL such as http://127.0.0.1:4318")
+            }
+            self.endpoint = endpoint
+        }
+        if let value = telemetry.values["sampling"] {
+            guard let ratio = (value as? Double) ?? (value as? Int).map(Double.init), (0...1).contains(ratio) else {
+                throw telemetry.refuse("sampling", expected: "a number from 0 to 1")
+            }
+            sampling = ratio
+        }
+        if let value = telemetry.values["resource"] {
+            let mapping = try ConfigSection.mapping(value, telemetry.path("resource"))
+            for (key, value) in mapping {
+                guard let text = (value as? String) ?? (value as? Int).map(String.init) ?? (value as? Double).map({ "\($0)" }) ?? (value as? Bool).map({ "\($0)" }) else {
+                    throw ConfigError(path: telemetry.path("resource.\(key)"), problem: "expected a string, number or true/false")
+                }
+                resource[key] = text
+            }
+        }
+    }
+
+    /// Whether spans are exported: an endpoint here or in the environment.
+    public func isOn(environment: [String: String] = ProcessInfo.processInfo.environment) -> Bool {
+        endpoint != nil || ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"].contains { !(environment[$0] ?? "").isEmpty }
+    }
+}
+
+/// Starts a process's tracing: with telemetry on, an OpenTelemetry tracer whose exporter
+/// runs as a service of the process's group (put it first: a group stops in reverse order,
+/// so the exporter flushes the spans of the parts that stopped before it); otherwise the
+/// trace context alone (``BusTracing/bootstrap()``).
+public enum Telemetry {
+    /// Bootstraps the process's instrumentation (once per process) and returns the exporter's
+    /// service, or nil when telemetry is off. `serviceName` names the process in the traces
+    /// (`switchboard-store`, `sb`).
+    public static func bootstrap(_ settings: TelemetrySettings, serviceName: String,
+                                 environment: [String: String] = ProcessInfo.processInfo.environment) throws -> (any Service)? {
+        guard settings.isOn(environment: environment) else {
+            BusTracing.bootstrap()
+            return nil
+        }
+        var configuration = OTel.Configuration.default
+        configuration.serviceName = serviceName
+        configuration.resourceAttributes = settings.resource
+        configuration.diagnosticLogLevel = .warning
+        configuration.metrics.enabled = false
+        configuration.logs.enabled = false
+        configuration.traces.enabled = true
+        configuration.traces.exporter = .otlp
+        configuration.traces.otlpExporter.protocol = .httpProtobuf
+        if let endpoint = settings.endpoint {
+            configuration.traces.otlpExporter.endpoint = endpoint.hasSuffix("/") ? "\(endpoint)v1/traces" : "\(endpoint)/v1/traces"
+        }
+        configuration.traces.sampler = .parentBasedTraceIDRatio(ratio: settings.sampling) ?? .parentBasedAlwaysOn
+        // Spans reach the collector within a second of ending, not the default five.
+        configuration.traces.batchSpanProcessor.scheduleDelay = .seconds(1)
+        let backend = try OTel.makeTracingBackend(configuration: configuration)
+        BusTracing.bootstrap(spansWith: backend.factory)
+        return backend.service
+    }
+}

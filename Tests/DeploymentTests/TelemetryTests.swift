@@ -1,0 +1,92 @@
+import BusProtocol
+import Foundation
+import SwitchboardTestSupport
+import Testing
+
+/// `Tests/Interop/otlp_receiver.py`: an OTLP/HTTP endpoint that decodes what it is sent with
+/// the official protobuf definitions (PyPI's opentelemetry-proto, in the virtual environment
+/// `Scripts/bootstrap --tests` makes) and prints each span as a JSON line.
+struct OTLPReceiver {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    let process: ChildProcess
+    let endpoint: String
+
+    static func start() async throws -> OTLPReceiver {
+        let python = root.appendingPathComponent(".build/python-otlp/bin/python")
+        let process = try ChildProcess(python, ["-u", root.appendingPathComponent("Tests/Interop/otlp_receiver.py").path, "0"])
+        let first = try await process.waitForOutput(containing: "\n", within: 20)
+        let port = try #require(try JSONValue(parsing: Array(first.prefix { $0 != "\n" }.utf8))["listening"]?.intValue, "the receiver said: \(first)")
+        return OTLPReceiver(process: process, endpoint: "http://127.0.0.1:\(port)")
+    }
+
+    /// The spans received so far.
+    var spans: [JSONValue] {
+        process.outputSoFar.split(separator: "\n").dropFirst().compactMap { try? JSONValue(parsing: Array($0.utf8)) }
+    }
+}
+
+@Suite("OpenTelemetry: every process's spans of a request reach a real OTLP receiver as one trace", .serialized)
+struct TelemetryTests {
+    @Test("one traced sb request through switchboard up: sb's request, the kernel's dispatch, search's handler, its request to the store and the store's handler, in one trace, each parented by the span that caused it")
+    func oneTrace() async throws {
+        let receiver = try await OTLPReceiver.start()
+        defer { receiver.process.stop() }
+        let folder = try temporaryDirectory("telemetry")
+        let (config, broker) = try writeDeploymentConfig(in: folder, extra: """
+            telemetry:
+              endpoint: \(receiver.endpoint)
+              resource: {deployment.environment: test}
+            """)
+        let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
+        defer { up.stop(grace: 15) }
+        try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 120)
+
+        let traced = try await runCommand(sbExecutable(), ["request", "search", "locations.resolve", #"{"query":"Amsterdam"}"#, "--trace",
+                                                           "--endpoint", broker, "--key-dir", busKeyFolder(in: folder).path],
+                                          environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint])
+        let traceID = try #require(traced.stderr.split(separator: "\n").first { $0.hasPrefix("sb: trace ") }?.split(separator: " ").last, "\(traced)")
+        #expect(traced.status == 0, "\(traced)")
+        // sb sent its spans before it exited; the bus's processes send theirs within a second.
+        let expected: Set = ["sb trace", "sb search/locations.resolve", "switchboard-kernel kernel dispatch search", "switchboard-search search/locations.resolve",
+                             "switchboard-search store/history.add", "switchboard-kernel kernel dispatch store", "switchboard-store store/history.add"]
+        @Sendable func spansOfTrace() -> [JSONValue] { receiver.spans.filter { $0["traceId"]?.stringValue == String(traceID) } }
+        try await eventually(20, "every process's spans of the trace") {
+            Set(spansOfTrace().map { "\($0["service"]?.stringValue ?? "") \($0["name"]?.stringValue ?? "")" }).isSuperset(of: expected)
+        }
+        let spans = spansOfTrace()
+        func span(_ service: String, _ name: String) throws -> JSONValue {
+            try #require(spans.first { $0["service"]?.stringValue == service && $0["name"]?.stringValue == name }, "\(spans)")
+        }
+        func id(_ span: JSONValue) -> String { span["spanId"]?.stringValue ?? "" }
+        func parent(_ span: JSONValue) -> String { span["parentSpanId"]?.stringValue ?? "" }
+        let root = try span("sb", "trace"), client = try span("sb", "search/locations.resolve")
+        let searchHandler = try span("switchboard-search", "search/locations.resolve")
+        let storeCall = try span("switchboard-search", "store/history.add"), storeHandler = try span("switchboard-store", "store/history.add")
+        let searchDispatch = try span("switchboard-kernel", "kernel dispatch search"), storeDispatch = try span("switchboard-kernel", "kernel dispatch store")
+        #expect(parent(root).isEmpty && parent(client) == id(root))
+        #expect(parent(searchHandler) == id(client) && parent(searchDispatch) == id(client))
+        #expect(parent(storeCall) == id(searchHandler))
+        #expect(parent(storeHandler) == id(storeCall) && parent(storeDispatch) == id(storeCall))
+        #expect(client["kind"] == "SPAN_KIND_CLIENT" && searchHandler["kind"] == "SPAN_KIND_SERVER" && searchHandler["attributes"]?["rpc.method"] == "locations.resolve")
+        #expect(spans.allSatisfy { $0["status"] != 2 }, "no span failed: \(spans)")
+
+        // A request that fails is a failed span, in sb and in the service; sb without an
+        // endpoint sends nothing.
+        let before = receiver.spans.count
+        let failing = try await runCommand(sbExecutable(), ["request", "echo", "fail", "--endpoint", broker, "--key-dir", busKeyFolder(in: folder).path],
+                                           environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint])
+        #expect(failing.status == 1, "\(failing)")
+        try await eventually(20, "the failed request's spans") {
+            receiver.spans.contains { $0["service"] == "sb" && $0["name"] == "echo/fail" && $0["status"] == 2 }
+                && receiver.spans.contains { $0["service"] == "switchboard-echo" && $0["name"] == "echo/fail" && $0["status"] == 2 }
+        }
+        let quiet = try await runCommand(sbExecutable(), ["request", "echo", "echo", "--endpoint", broker, "--key-dir", busKeyFolder(in: folder).path])
+        #expect(quiet.status == 0 && !receiver.spans.dropFirst(before).contains { $0["service"] == "sb" && $0["name"] == "echo/echo" })
+
+        // A bad section stops a process before it starts, naming the key.
+        let bad = folder.appendingPathComponent("bad.yaml")
+        try "telemetry:\n  sampling: 2\n".write(to: bad, atomically: true, encoding: .utf8)
+        let refused = try await runCommand(switchboardExecutable(), ["kernel", "--config", bad.path])
+        #expect(refused.status == 78 && refused.stderr.contains("telemetry.sampling"), "\(refused)")
+    }
+}

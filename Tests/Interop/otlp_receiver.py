@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""A minimal OTLP/HTTP trace receiver for the telemetry test.
+
+Accepts POST /v1/traces with an ExportTraceServiceRequest in protobuf (decoded with the
+official definitions, PyPI's opentelemetry-proto) and prints one JSON line per span on
+stdout: service (the resource's service.name), name, kind, traceId, spanId, parentSpanId,
+status code. The first line is {"listening": PORT}. It ends when its stdin closes (the
+test's lifeline), or on SIGTERM.
+
+    otlp_receiver.py [PORT]     (0 or none: any free port on 127.0.0.1)
+"""
+import json
+import os
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+
+def spans(request):
+    for resource_spans in request.resource_spans:
+        service = next((a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), "")
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                yield {
+                    "service": service,
+                    "name": span.name,
+                    "kind": Span.SpanKind.Name(span.kind),
+                    "traceId": span.trace_id.hex(),
+                    "spanId": span.span_id.hex(),
+                    "parentSpanId": span.parent_span_id.hex(),
+                    "status": span.status.code,
+                    "attributes": {a.key: a.value.string_value or a.value.int_value for a in span.attributes},
+                }
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path != "/v1/traces" or self.headers.get("Content-Type") != "application/x-protobuf":
+            self.send_response(404)
+            self.end_headers()
+            return
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        for span in spans(request):
+            print(json.dumps(span), flush=True)
+        reply = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+def main():
+    server = HTTPServer(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0), Handler)
+    print(json.dumps({"listening": server.server_address[1]}), flush=True)
+
+    def lifeline():
+        sys.stdin.buffer.read()
+        os._exit(0)
+
+    threading.Thread(target=lifeline, daemon=True).start()
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
