@@ -35,7 +35,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio", from: "2.60.0"),
         // Trace context: the instrumentation API, and W3C traceparent parsing.
         .package(url: "https://github.com/apple/swift-distributed-tracing", from: "1.1.0"),
-        // OpenTelemetry export of the bus's spans, OTLP/HTTP only (no gRPC stack to build).
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.4.1"),
+        // OpenTelemetry export of the bus's spans and metrics, OTLP/HTTP only (no gRPC stack to build).
         .package(url: "https://github.com/swift-otel/swift-otel", from: "1.6.0", traits: ["OTLPHTTP"]),
         .package(url: "https://github.com/swift-otel/swift-w3c-trace-context", from: "1.0.0"),
         // The HTTP edge (`switchboard gateway`).
@@ -102,6 +103,7 @@ let package = Package(
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             path: "Sources/Bus/Kernel",
@@ -144,7 +146,7 @@ let package = Package(
             path: "Sources/Operations/BusBench",
             swiftSettings: sharedSettings
         ),
-        // OpenTelemetry: the `telemetry:` section, and the OTLP exporter of the bus's spans
+        // OpenTelemetry: the `telemetry:` section, and the OTLP exporters of the bus's spans and the kernel's metrics
         // (swift-otel) for the processes that turn it on.
         .target(
             name: "Telemetry",
@@ -153,6 +155,7 @@ let package = Package(
                 .product(name: "OTel", package: "swift-otel"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ],
             path: "Sources/Operations/Telemetry",
             swiftSettings: sharedSettings

@@ -20,12 +20,17 @@ struct OTLPReceiver {
     }
 
     /// The spans received so far.
-    var spans: [JSONValue] {
+    var spans: [JSONValue] { received.filter { $0["spanId"] != nil } }
+
+    /// The metric data points received so far.
+    var metrics: [JSONValue] { received.filter { $0["metric"] != nil } }
+
+    private var received: [JSONValue] {
         process.outputSoFar.split(separator: "\n").dropFirst().compactMap { try? JSONValue(parsing: Array($0.utf8)) }
     }
 }
 
-@Suite("OpenTelemetry: every process's spans of a request reach a real OTLP receiver as one trace", .serialized)
+@Suite("OpenTelemetry: every process's spans of a request reach a real OTLP receiver as one trace; the kernel's figures as metrics", .serialized)
 struct TelemetryTests {
     @Test("one traced sb request through switchboard up: sb's request, the kernel's dispatch, search's handler, its request to the store and the store's handler, in one trace, each parented by the span that caused it")
     func oneTrace() async throws {
@@ -37,7 +42,8 @@ struct TelemetryTests {
               endpoint: \(receiver.endpoint)
               resource: {deployment.environment: test}
             """)
-        let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
+        // Metrics every half second instead of every minute (a standard OpenTelemetry variable).
+        let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path], environment: ["OTEL_METRIC_EXPORT_INTERVAL": "500"])
         defer { up.stop(grace: 15) }
         try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 120)
 
@@ -82,6 +88,14 @@ struct TelemetryTests {
         }
         let quiet = try await runCommand(sbExecutable(), ["request", "echo", "echo", "--endpoint", broker, "--key-dir", busKeyFolder(in: folder).path])
         #expect(quiet.status == 0 && !receiver.spans.dropFirst(before).contains { $0["service"] == "sb" && $0["name"] == "echo/echo" })
+
+        // The kernel's figures (`kernel stats`) as metrics: the requests it routed to search.
+        try await eventually(20, "the kernel's request count for search as a metric") {
+            receiver.metrics.contains { $0["service"] == "switchboard-kernel" && $0["metric"] == "switchboard.requests"
+                && $0["attributes"]?["service"] == "search" && ($0["value"]?.doubleValue ?? 0) >= 1 }
+        }
+        #expect(receiver.metrics.contains { $0["service"] == "switchboard-kernel" && $0["metric"] == "switchboard.workers"
+            && $0["attributes"]?["service"] == "store" && ($0["value"]?.doubleValue ?? 0) >= 1 }, "\(receiver.metrics.prefix(20))")
 
         // A bad section stops a process before it starts, naming the key.
         let bad = folder.appendingPathComponent("bad.yaml")

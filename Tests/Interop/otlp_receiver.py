@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A minimal OTLP/HTTP trace receiver for the telemetry test.
+"""A minimal OTLP/HTTP receiver for the telemetry test.
 
-Accepts POST /v1/traces with an ExportTraceServiceRequest in protobuf (decoded with the
-official definitions, PyPI's opentelemetry-proto) and prints one JSON line per span on
-stdout: service (the resource's service.name), name, kind, traceId, spanId, parentSpanId,
-status code. The first line is {"listening": PORT}. It ends when its stdin closes (the
+Accepts POST /v1/traces and /v1/metrics with an ExportTraceServiceRequest or an
+ExportMetricsServiceRequest in protobuf (decoded with the official definitions, PyPI's
+opentelemetry-proto) and prints one JSON line per span on stdout (service, the resource's
+service.name; name, kind, traceId, spanId, parentSpanId, status code, attributes) and one
+per metric data point (service, metric, attributes, value). The first line is {"listening": PORT}. It ends when its stdin closes (the
 test's lifeline), or on SIGTERM.
 
     otlp_receiver.py [PORT]     (0 or none: any free port on 127.0.0.1)
@@ -19,12 +20,37 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+
+def service_name(resource):
+    return next((a.value.string_value for a in resource.attributes if a.key == "service.name"), "")
+
+
+def points(request):
+    for resource_metrics in request.resource_metrics:
+        service = service_name(resource_metrics.resource)
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                data = metric.sum if metric.HasField("sum") else metric.gauge if metric.HasField("gauge") else None
+                if data is None:
+                    continue
+                for point in data.data_points:
+                    yield {
+                        "service": service,
+                        "metric": metric.name,
+                        "attributes": {a.key: a.value.string_value for a in point.attributes},
+                        "value": point.as_int if point.HasField("as_int") else point.as_double,
+                    }
 
 
 def spans(request):
     for resource_spans in request.resource_spans:
-        service = next((a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), "")
+        service = service_name(resource_spans.resource)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 yield {
@@ -42,15 +68,20 @@ def spans(request):
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        if self.path != "/v1/traces" or self.headers.get("Content-Type") != "application/x-protobuf":
+        kinds = {
+            "/v1/traces": (ExportTraceServiceRequest, ExportTraceServiceResponse, spans),
+            "/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse, points),
+        }
+        if self.path not in kinds or self.headers.get("Content-Type") != "application/x-protobuf":
             self.send_response(404)
             self.end_headers()
             return
-        request = ExportTraceServiceRequest()
+        request_type, response_type, lines = kinds[self.path]
+        request = request_type()
         request.ParseFromString(body)
-        for span in spans(request):
-            print(json.dumps(span), flush=True)
-        reply = ExportTraceServiceResponse().SerializeToString()
+        for line in lines(request):
+            print(json.dumps(line), flush=True)
+        reply = response_type().SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", str(len(reply)))

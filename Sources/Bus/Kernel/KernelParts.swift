@@ -162,9 +162,12 @@ final class KernelParts {
         self.registrations = registrations
         repeatEvery(configuration.heartbeatInterval, on: loop) { $0.broker.tick(now: $0.clock.now) }
         var heap = HeapTrim()
+        // `kernel stats` as metrics, for a backend the process bootstrapped (telemetry on).
+        let metrics = KernelMetrics.isExporting ? KernelMetrics() : nil
         repeatEvery(.seconds(1), on: loop) { parts in
             parts.broker.releaseIdleQueues()
             heap.releaseIfWorthIt()
+            if let metrics, let stats = parts.kernel?.assumeIsolated({ $0.statistics() }) { metrics.record(stats) }
         }
         let sweep = max(min(configuration.queueTimeout / 10, .milliseconds(100)), .milliseconds(5))
         repeatEvery(sweep, on: loop) { parts in

@@ -1,10 +1,12 @@
 import ContractKit
+import CoreMetrics
 public import Foundation
 import OTel
 public import ServiceLifecycle
 public import SwitchboardConfig
 
-/// `telemetry:`: OpenTelemetry export of the bus's spans over OTLP/HTTP (protobuf). Off
+/// `telemetry:`: OpenTelemetry export of the bus's spans, and the kernel's figures as metrics,
+/// over OTLP/HTTP (protobuf). Off
 /// unless an endpoint is given, here or in the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) variable; the other `OTEL_*` variables swift-otel
 /// reads apply too, and win over this section.
@@ -13,7 +15,7 @@ public struct TelemetrySettings: Sendable, Equatable {
     public var endpoint: String?
     /// The share of new traces recorded, 0 to 1; a request's own trace decides for it.
     public var sampling = 1.0
-    /// Resource attributes added to every span (`deployment.environment: production`).
+    /// Resource attributes added to every span and metric (`deployment.environment: production`).
     public var resource: [String: String] = [:]
 
     public init() {}
@@ -44,7 +46,7 @@ public struct TelemetrySettings: Sendable, Equatable {
         }
     }
 
-    /// Whether spans are exported: an endpoint here or in the environment.
+    /// Whether telemetry is exported: an endpoint here or in the environment.
     public func isOn(environment: [String: String] = ProcessInfo.processInfo.environment) -> Bool {
         endpoint != nil || ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"].contains { !(environment[$0] ?? "").isEmpty }
     }
@@ -55,20 +57,23 @@ public struct TelemetrySettings: Sendable, Equatable {
 /// so the exporter flushes the spans of the parts that stopped before it); otherwise the
 /// trace context alone (``BusTracing/bootstrap()``).
 public enum Telemetry {
-    /// Bootstraps the process's instrumentation (once per process) and returns the exporter's
-    /// service, or nil when telemetry is off. `serviceName` names the process in the traces
-    /// (`switchboard-store`, `sb`).
-    public static func bootstrap(_ settings: TelemetrySettings, serviceName: String,
-                                 environment: [String: String] = ProcessInfo.processInfo.environment) throws -> (any Service)? {
+    /// Bootstraps the process's instrumentation (once per process) and returns the exporters'
+    /// services, none when telemetry is off. `serviceName` names the process in the traces
+    /// and metrics (`switchboard-store`, `sb`); `metrics` also exports what the process
+    /// records through swift-metrics (the kernel's figures).
+    public static func bootstrap(_ settings: TelemetrySettings, serviceName: String, metrics: Bool = false,
+                                 environment: [String: String] = ProcessInfo.processInfo.environment) throws -> [any Service] {
         guard settings.isOn(environment: environment) else {
             BusTracing.bootstrap()
-            return nil
+            return []
         }
         var configuration = OTel.Configuration.default
         configuration.serviceName = serviceName
         configuration.resourceAttributes = settings.resource
         configuration.diagnosticLogLevel = .warning
-        configuration.metrics.enabled = false
+        configuration.metrics.enabled = metrics
+        configuration.metrics.exporter = .otlp
+        configuration.metrics.otlpExporter.protocol = .httpProtobuf
         configuration.logs.enabled = false
         configuration.traces.enabled = true
         configuration.traces.exporter = .otlp
@@ -76,11 +81,17 @@ public enum Telemetry {
         if let endpoint = settings.endpoint {
             configuration.traces.otlpExporter.endpoint = endpoint.hasSuffix("/") ? "\(endpoint)v1/traces" : "\(endpoint)/v1/traces"
         }
+        if let endpoint = settings.endpoint {
+            configuration.metrics.otlpExporter.endpoint = endpoint.hasSuffix("/") ? "\(endpoint)v1/metrics" : "\(endpoint)/v1/metrics"
+        }
         configuration.traces.sampler = .parentBasedTraceIDRatio(ratio: settings.sampling) ?? .parentBasedAlwaysOn
         // Spans reach the collector within a second of ending, not the default five.
         configuration.traces.batchSpanProcessor.scheduleDelay = .seconds(1)
-        let backend = try OTel.makeTracingBackend(configuration: configuration)
-        BusTracing.bootstrap(spansWith: backend.factory)
-        return backend.service
+        let tracing = try OTel.makeTracingBackend(configuration: configuration)
+        BusTracing.bootstrap(spansWith: tracing.factory)
+        guard metrics else { return [tracing.service] }
+        let metering = try OTel.makeMetricsBackend(configuration: configuration)
+        MetricsSystem.bootstrap(metering.factory)
+        return [tracing.service, metering.service]
     }
 }

@@ -40,9 +40,9 @@ struct SB: AsyncParsableCommand {
     static func main() async {
         // With OTEL_EXPORTER_OTLP_ENDPOINT set, each request is a span exported to it; the
         // exporter runs beside the verb and flushes once it is done.
-        let exporter: (any Service)?
+        let exporters: [any Service]
         do {
-            exporter = try Telemetry.bootstrap(TelemetrySettings(), serviceName: "sb")
+            exporters = try Telemetry.bootstrap(TelemetrySettings(), serviceName: "sb")
         } catch {
             FileHandle.standardError.write(Data("sb: telemetry (OTEL_* variables): \(error)\n".utf8))
             Foundation.exit(ExitStatus.usage)
@@ -59,11 +59,11 @@ struct SB: AsyncParsableCommand {
             arguments[index...index + 1] = ["--server-key=\(arguments[index + 1])"]
         }
         let verb = connectionOptionsAfterVerb(arguments)
-        guard let exporter else { return await main(verb) }
+        guard !exporters.isEmpty else { return await main(verb) }
         // `main` would exit on a failure before the spans are sent: the verb runs here beside
         // the exporter, which is then stopped gracefully (it sends what it holds), and the
         // process exits with the verb's outcome.
-        let group = ServiceGroup(services: [exporter], gracefulShutdownSignals: [], logger: Logger(label: "sb.telemetry"))
+        let group = ServiceGroup(services: exporters, gracefulShutdownSignals: [], logger: Logger(label: "sb.telemetry"))
         var failure: (any Error)?
         await withTaskGroup(of: Void.self) { tasks in
             tasks.addTask { try? await group.run() }

@@ -64,7 +64,7 @@ struct CommonOptions: ParsableArguments {
     /// label ("switchboard.store") at its piece's configured level unless --log-level says
     /// otherwise; tracing, exported as OpenTelemetry spans when `telemetry:` (or `OTEL_*`)
     /// says so, for a process that runs `exporting` pieces; and the lifeline to the
-    /// supervisor, if any. Returns the span exporter, to run first in the process's group.
+    /// supervisor, if any. Returns the exporters, to run first in the process's group.
     func bootstrap(_ file: ConfigFile, exporting piece: String?) throws -> [any Service] {
         let override = logLevel
         let json = (logFormat ?? LogFormat(rawValue: file.logFormat) ?? .text) == .json
@@ -87,7 +87,8 @@ struct CommonOptions: ParsableArguments {
             return []
         }
         do {
-            return try Telemetry.bootstrap(file.telemetry, serviceName: "switchboard-\(piece)").map { [$0] } ?? []
+            // The kernel's figures (`kernel stats`) go out as metrics from the process that runs it.
+            return try Telemetry.bootstrap(file.telemetry, serviceName: "switchboard-\(piece)", metrics: piece == "kernel" || piece == "up")
         } catch {
             FileHandle.standardError.write(Data("switchboard: telemetry: \(error)\n".utf8))
             throw ExitCode(78)
