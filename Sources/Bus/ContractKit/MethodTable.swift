@@ -166,11 +166,11 @@ public struct MethodTable<Service: BusService>: Sendable {
     }
 
     /// Runs `body` for `request` in the request's trace, if it carries one, and logs it: at
-    /// info when the trace is sampled, else at debug. When spans are recorded, it runs in a
-    /// server span, the child of the span that sent it.
+    /// info when the trace is sampled, else at debug. When spans are recorded (and the trace
+    /// is sampled), it runs in a server span, the child of the span that sent it.
     private func traced(_ request: JSONRPCRequest, _ body: () async throws -> [UInt8]) async -> Result<[UInt8], any Error> {
         let context = BusTracing.context(of: request.trace)
-        guard BusTracing.recordsSpans else {
+        guard BusTracing.recordsSpans(in: context) else {
             guard let context else { return await Self.outcome(of: body) }
             return await InstrumentationContext.withValue(context) { await logged(request, in: context, body) }
         }

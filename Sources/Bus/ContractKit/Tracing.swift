@@ -67,9 +67,21 @@ public enum BusTracing {
     /// bus without telemetry pays nothing for them.
     public static var recordsSpans: Bool { spansOn.load(ordering: .acquiring) }
 
-    /// Runs `body`, which sends one request, in a client span named `service/method`.
+    /// Runs `body`, which sends one request, in a client span named `service/method` (none
+    /// inside a trace that is not sampled: it would not be recorded).
     public static func withClientSpan<T, E: Error>(service: String, method: String, _ body: () async throws(E) -> T) async throws(E) -> T {
-        try await withSpan(service: service, method: method, kind: .client, context: InstrumentationContext.current ?? .topLevel, body)
+        let context = InstrumentationContext.current ?? .topLevel
+        guard recordsSpans(in: context) else { return try await body() }
+        return try await withSpan(service: service, method: method, kind: .client, context: context, body)
+    }
+
+    /// Whether a span begun in `context` would be recorded: always at the root of a trace
+    /// (the tracer's sampler decides), and in a trace only when it is sampled. An unsampled
+    /// request (most, at a sampling rate below 1) then costs no span anywhere.
+    static func recordsSpans(in context: InstrumentationContext?) -> Bool {
+        guard recordsSpans else { return false }
+        guard let trace = context?[Key.self] else { return true }
+        return trace.flags.contains(.sampled)
     }
 
     /// Runs `body` in a span of `kind` under `context`, with the RPC's attributes; an error
@@ -92,9 +104,10 @@ public enum BusTracing {
     /// request arrived (`received`) to when its reply left (`answered`), both on the monotonic
     /// clock whose reading now is `now`, under the trace the request carries. The kernel does
     /// not parse bodies: only the `traceparent` member's value is looked for, and only while
-    /// spans are recorded. A request without one makes no span.
+    /// spans are recorded. A request without one, or in a trace not sampled, makes no span.
     public static func recordDispatch(service: String, body: [UInt8], received: UInt64, answered: UInt64, now: UInt64) {
-        guard let parent = traceParent(in: body) else { return }
+        // A traceparent ends in its flags, "01" when sampled: an unsampled one makes no span.
+        guard let parent = traceParent(in: body), let flags = UInt8(parent.suffix(2), radix: 16), flags & 1 == 1 else { return }
         var context = InstrumentationContext.topLevel
         InstrumentationSystem.instrument.extract(JSONRPCRequest.Trace(parent: parent), into: &context, using: TraceMembers())
         let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch

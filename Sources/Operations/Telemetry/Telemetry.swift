@@ -87,6 +87,14 @@ public enum Telemetry {
         configuration.traces.sampler = .parentBasedTraceIDRatio(ratio: settings.sampling) ?? .parentBasedAlwaysOn
         // Spans reach the collector within a second of ending, not the default five.
         configuration.traces.batchSpanProcessor.scheduleDelay = .seconds(1)
+        // A collector that is down or slow holds up a process's exit (the last export, at
+        // graceful shutdown) by a few seconds at most, not the default half minute: within
+        // what `switchboard up` allows a piece to stop, and what `sb` should take to exit.
+        let exportLimit = Duration.seconds(2)
+        configuration.traces.batchSpanProcessor.exportTimeout = exportLimit
+        configuration.traces.otlpExporter.timeout = exportLimit
+        configuration.metrics.exportTimeout = exportLimit
+        configuration.metrics.otlpExporter.timeout = exportLimit
         let tracing = try OTel.makeTracingBackend(configuration: configuration)
         BusTracing.bootstrap(spansWith: tracing.factory)
         guard metrics else { return [tracing.service] }
