@@ -329,6 +329,8 @@ struct SBTests {
         #expect(nobody.status == 69 && nobody.stderr.contains("no worker offers 'ghost'"))
         let both = try await bus.sb("bench", "--count", "5", "--duration", "1s")
         #expect(both.status == 64 && both.stderr.contains("--count or --duration"))
+        let unwritable = try await bus.sb("bench", "--csv", folder.appendingPathComponent("none/latencies.csv").path)
+        #expect(unwritable.status == 64 && unwritable.stderr.contains("--csv: cannot write"))
 
         let published = try await bus.sb("bench", "publish", "--subscribers", "2", "--count", "500", "--keys", "20", "--json")
         let pubsub = try #require(try jsonLines(published.stdout).first, "\(published)")

@@ -27,8 +27,10 @@ public struct RequestBench: Sendable {
     public var stop: Stop
     /// Requests each client sends before the clock starts (connections warmed, not measured).
     public var warmup: Int
-    /// Keep every request's latency in ``RequestBenchResult/samples`` (for a CSV file).
+    /// Keep every request's latency in ``RequestBenchResult/samples`` (for a CSV file), up to
+    /// ``maxSamples``: a long timed run must not hold gigabytes of them.
     public var keepSamples: Bool
+    public static let maxSamples = 10_000_000
 
     public init(service: String, method: String, paramsText: [UInt8]?, window: Int = 1, stop: Stop = .count(10_000),
                 warmup: Int = 0, keepSamples: Bool = false) {
@@ -51,6 +53,7 @@ public struct RequestBench: Sendable {
             for _ in 0..<warmup { _ = try? await client.request(service: service, method: method, paramsText: paramsText) }
         }
         let tickets = Tickets()
+        let sampleTickets = Tickets()
         let failures = Shared(FailureTally())
         let clock = SystemClock()
         let started = clock.now
@@ -79,7 +82,7 @@ public struct RequestBench: Sendable {
                                     let latency = clock.now - sent
                                     tally.with { $0.record(latency, ok: outcome == nil) }
                                     if let outcome { failures.with { $0.count(outcome) } }
-                                    if keepSamples {
+                                    if keepSamples, sampleTickets.take() < Self.maxSamples {
                                         samples.append(LatencySample(client: index, sentAt: sent - started, latency: latency, ok: outcome == nil))
                                     }
                                     progress.add(1)
@@ -118,7 +121,8 @@ public struct RequestBenchResult: Sendable {
     public var latencies: Histogram<UInt64>
     /// Each client's requests per second.
     public var clientRates: [Double]
-    /// Every request, in the order sent, when the bench kept them.
+    /// Every request, in the order sent, when the bench kept them (the first
+    /// ``RequestBench/maxSamples``).
     public var samples: [LatencySample]
 
     public var requests: Int { succeeded + failed }

@@ -61,6 +61,10 @@ struct BenchRequest: AsyncParsableCommand {
             throw ValidationError("--size makes the params of echo echo; give other methods their PARAMS")
         }
         guard (0...100_000).contains(warmup) else { throw ValidationError("--warmup must be 0 to 100000") }
+        // Checked before the run, not after it.
+        if let csv, !FileManager.default.isWritableFile(atPath: URL(fileURLWithPath: csv).deletingLastPathComponent().path) {
+            throw ValidationError("--csv: cannot write \(csv) (no such folder, or not writable)")
+        }
         if let params {
             switch try parseJSON(params, "PARAMS") {
             case .object, .array: break
@@ -96,7 +100,12 @@ struct BenchRequest: AsyncParsableCommand {
                 await bench.run(on: clients, progress: progress)
             }
             for client in clients.dropFirst() { await client.close() }
-            if let csv { try writeCSV(result.samples, to: csv) }
+            if let csv {
+                try writeCSV(result.samples, to: csv)
+                if result.samples.count < result.requests {
+                    Output.diagnostic("the CSV holds the first \(result.samples.count) of \(result.requests) requests")
+                }
+            }
             report(result)
             if result.failed > 0 { throw Failure(status: ExitStatus.serviceError, message: "\(result.failed) of \(result.requests) requests failed") }
         }
@@ -129,13 +138,22 @@ struct BenchRequest: AsyncParsableCommand {
         }
     }
 
+    /// Writes the CSV a chunk at a time (ten million rows would be a 300 MB string).
     private func writeCSV(_ samples: [LatencySample], to path: String) throws {
-        var text = "client,sent_us,latency_us,ok\n"
-        for sample in samples {
-            text += "\(sample.client),\(Double(sample.sentAt / 100) / 10),\(Double(sample.latency / 100) / 10),\(sample.ok)\n"
+        guard FileManager.default.createFile(atPath: path, contents: nil), let file = FileHandle(forWritingAtPath: path) else {
+            throw Failure(status: ExitStatus.usage, message: "--csv: cannot write \(path)")
         }
+        defer { try? file.close() }
+        var chunk = "client,sent_us,latency_us,ok\n"
         do {
-            try text.write(toFile: path, atomically: true, encoding: .utf8)
+            for sample in samples {
+                chunk += "\(sample.client),\(Double(sample.sentAt / 100) / 10),\(Double(sample.latency / 100) / 10),\(sample.ok)\n"
+                if chunk.utf8.count >= 1 << 16 {
+                    try file.write(contentsOf: Data(chunk.utf8))
+                    chunk = ""
+                }
+            }
+            try file.write(contentsOf: Data(chunk.utf8))
         } catch {
             throw Failure(status: ExitStatus.usage, message: "--csv: cannot write \(path): \(error.localizedDescription)")
         }
