@@ -105,9 +105,9 @@ public enum BusTracing {
     /// clock whose reading now is `now`, under the trace the request carries. The kernel does
     /// not parse bodies: only the `traceparent` member's value is looked for, and only while
     /// spans are recorded. A request without one, or in a trace not sampled, makes no span.
-    public static func recordDispatch(service: String, body: [UInt8], received: UInt64, answered: UInt64, now: UInt64) {
+    public static func recordDispatch(service: String, body: Frame, received: UInt64, answered: UInt64, now: UInt64) {
         // A traceparent ends in its flags, "01" when sampled: an unsampled one makes no span.
-        guard let parent = traceParent(in: body), let flags = UInt8(parent.suffix(2), radix: 16), flags & 1 == 1 else { return }
+        guard let parent = body.withUnsafeBytes({ traceParent(in: $0) }), let flags = UInt8(parent.suffix(2), radix: 16), flags & 1 == 1 else { return }
         var context = InstrumentationContext.topLevel
         InstrumentationSystem.instrument.extract(JSONRPCRequest.Trace(parent: parent), into: &context, using: TraceMembers())
         let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
@@ -126,7 +126,7 @@ public enum BusTracing {
 
     /// The value of the first `"traceparent"` member in a JSON-RPC body (a request, or the
     /// first of a batch that has one), found by its bytes alone.
-    static func traceParent(in body: [UInt8]) -> String? {
+    static func traceParent(in body: UnsafeRawBufferPointer) -> String? {
         let name = Array(#""traceparent""#.utf8)
         guard body.count > name.count else { return nil }
         var index = 0
@@ -143,7 +143,7 @@ public enum BusTracing {
             skipSpace()
             // A W3C traceparent is 55 characters of [0-9a-f-]: no escapes to undo.
             guard cursor + 56 < body.count, body[cursor] == UInt8(ascii: "\""), body[cursor + 56] == UInt8(ascii: "\"") else { return nil }
-            return String(decoding: body[cursor + 1..<cursor + 56], as: UTF8.self)
+            return String(decoding: UnsafeRawBufferPointer(rebasing: body[cursor + 1..<cursor + 56]), as: UTF8.self)
         }
         return nil
     }

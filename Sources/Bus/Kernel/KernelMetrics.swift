@@ -11,8 +11,14 @@ final class KernelMetrics {
 
     private var counters: [String: (counter: Counter, last: Int)] = [:]
     private var gauges: [String: Gauge] = [:]
+    /// The instruments written in this sample: the others belong to services the kernel has
+    /// forgotten and are destroyed, so names from the wire (bounded at any one time by
+    /// `kernel.max_services`) do not pile up here or in the backend over time.
+    private var touched: Set<String> = []
 
     func record(_ stats: KernelAPI.Stats) {
+        touched.removeAll(keepingCapacity: true)
+        defer { forgetUntouched() }
         for (name, service) in stats.services {
             let dimensions = [("service", name)]
             count("switchboard.requests", service.requests, dimensions)
@@ -41,10 +47,22 @@ final class KernelMetrics {
         level("switchboard.uptime_seconds", stats.uptimeSeconds)
     }
 
+    private func forgetUntouched() {
+        for (key, entry) in counters where !touched.contains(key) {
+            entry.counter.destroy()
+            counters[key] = nil
+        }
+        for (key, gauge) in gauges where !touched.contains(key) {
+            gauge.destroy()
+            gauges[key] = nil
+        }
+    }
+
     private func count(_ label: String, _ total: Int, _ dimensions: [(String, String)] = []) {
         let key = Self.key(label, dimensions)
+        touched.insert(key)
         let (counter, last) = counters[key] ?? (Counter(label: label, dimensions: dimensions), 0)
-        // A total only grows; a smaller one is a fresh start (a service forgotten and seen again).
+        // A total only grows; a smaller one is a fresh start (the kernel restarted its count).
         let delta = total >= last ? total - last : total
         if delta > 0 { counter.increment(by: delta) }
         counters[key] = (counter, total)
@@ -52,6 +70,7 @@ final class KernelMetrics {
 
     private func level(_ label: String, _ value: Double, _ dimensions: [(String, String)] = []) {
         let key = Self.key(label, dimensions)
+        touched.insert(key)
         let gauge = gauges[key] ?? Gauge(label: label, dimensions: dimensions)
         gauges[key] = gauge
         gauge.record(value)

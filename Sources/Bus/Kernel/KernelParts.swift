@@ -217,7 +217,7 @@ final class KernelParts {
             setWorkers(service, count, now: clock.now)
         case .answered(let service, let body, let received, let now):
             guard body.count == 1 else { return }
-            BusTracing.recordDispatch(service: service, body: body[0].bytes, received: received, answered: now, now: clock.now)
+            BusTracing.recordDispatch(service: service, body: body[0], received: received, answered: now, now: clock.now)
         }
     }
 

@@ -131,7 +131,9 @@ public struct PublishBench: Sendable {
                 }
                 progress.add(1)
             case .missed(let count, _, _):
-                tally.gaps += Int(count ?? 1)
+                // The count comes from the kernel: clamped and added without overflow.
+                let (sum, overflow) = tally.gaps.addingReportingOverflow(Int(clamping: count ?? 1))
+                tally.gaps = overflow ? .max : sum
             default:
                 break
             }

@@ -6,8 +6,7 @@ public import ServiceLifecycle
 public import SwitchboardConfig
 
 /// `telemetry:`: OpenTelemetry export of the bus's spans, and the kernel's figures as metrics,
-/// over OTLP/HTTP (protobuf). Off
-/// unless an endpoint is given, here or in the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+/// over OTLP/HTTP (protobuf). Off unless an endpoint is given, here or in the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) variable; the other `OTEL_*` variables swift-otel
 /// reads apply too, and win over this section.
 public struct TelemetrySettings: Sendable, Equatable {
@@ -79,10 +78,10 @@ public enum Telemetry {
         configuration.traces.exporter = .otlp
         configuration.traces.otlpExporter.protocol = .httpProtobuf
         if let endpoint = settings.endpoint {
-            configuration.traces.otlpExporter.endpoint = endpoint.hasSuffix("/") ? "\(endpoint)v1/traces" : "\(endpoint)/v1/traces"
-        }
-        if let endpoint = settings.endpoint {
-            configuration.metrics.otlpExporter.endpoint = endpoint.hasSuffix("/") ? "\(endpoint)v1/metrics" : "\(endpoint)/v1/metrics"
+            // The base URL's signal paths, as OTEL_EXPORTER_OTLP_ENDPOINT's are made.
+            let base = endpoint.hasSuffix("/") ? endpoint : endpoint + "/"
+            configuration.traces.otlpExporter.endpoint = base + "v1/traces"
+            configuration.metrics.otlpExporter.endpoint = base + "v1/metrics"
         }
         configuration.traces.sampler = .parentBasedTraceIDRatio(ratio: settings.sampling) ?? .parentBasedAlwaysOn
         // Spans reach the collector within a second of ending, not the default five.
