@@ -25,10 +25,12 @@ struct MDPTests {
     @Test("worker commands round trip", arguments: [
         WorkerToBroker.ready(service: "search"),
         .ready(service: "search", window: 64),
+        .ready(service: "search", window: 1),
         .reply(client: Frame("c"), body: ["a", Frame()]),
         .heartbeat(),
         .heartbeat(errors: 0),
         .heartbeat(errors: 12),
+        .drain,
         .disconnect,
     ])
     func workerCommands(command: WorkerToBroker) throws {
@@ -40,6 +42,7 @@ struct MDPTests {
     @Test("broker commands round trip", arguments: [
         BrokerToWorker.request(client: Frame("c"), body: ["{\"id\":1}"]),
         .heartbeat,
+        .drain,
         .disconnect,
     ])
     func brokerCommands(command: BrokerToWorker) throws {
@@ -54,9 +57,11 @@ struct MDPTests {
         #expect(ready.frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x01], Array("echo".utf8)])
         #expect(MDP.encode(.heartbeat()).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04]])
         // The Switchboard extension adds one text frame; its defaults are plain 7/MDP.
-        #expect(MDP.encode(.ready(service: "echo", window: 1)) == ready)
+        #expect(MDP.encode(.ready(service: "echo", window: 1)).frames.last == "window=1")
         #expect(MDP.encode(.ready(service: "echo", window: 8)).frames.last == "window=8")
         #expect(MDP.encode(.heartbeat(errors: 3)).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04], Array("errors=3".utf8)])
+        #expect(MDP.encode(.drain).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04], Array("drain=1".utf8)])
+        #expect(MDP.encode(.drain, to: Frame("w")).frames.map(\.bytes) == [Array("w".utf8), [], Array("MDPW01".utf8), [0x04], Array("drain=1".utf8)])
     }
 
     @Test("malformed messages give typed errors, never a crash", arguments: [

@@ -230,3 +230,68 @@ extension Kernel {
         weak.noted = parts?.pair != nil
     }
 }
+
+@Suite("Draining workers: no new requests, those in flight answered, nothing re-sent")
+struct DrainTests {
+    private func broker() -> Broker {
+        var configuration = KernelConfiguration()
+        configuration.clientSharePercent = 100
+        return Broker(configuration: configuration, logger: quiet)
+    }
+    private func request(_ id: Int) -> String { #"{"jsonrpc":"2.0","id":\#(id),"method":"m"}"# }
+
+    @Test("a worker that asks to drain is told no more come, gets none, answers what it holds and leaves without a re-send")
+    func workerAsks() {
+        let clock = ManualClock(), broker = broker()
+        broker.handle(fromWorker("A", .ready(service: "svc", window: 2)), now: clock.now)
+        broker.handle(fromClient("C", "svc", request(1)), now: clock.now)
+        let held = Sent(broker.outbox.take()).toWorkers.compactMap { if case .request(let client, _) = $0.command { client } else { nil } }
+        #expect(held.count == 1)
+        broker.handle(fromWorker("B", .ready(service: "svc", window: 1)), now: clock.now)
+        broker.handle(fromWorker("A", .drain), now: clock.now)
+        #expect(Sent(broker.outbox.take()).toWorkers.map(\.command) == [.drain])
+        #expect(broker.services["svc"]?.workers == 1)
+        // A has a free place, but new requests go to B (from another client: C's share of
+        // the places left, B's one, is taken by what A still holds for it).
+        broker.handle(fromClient("D", "svc", request(2)), now: clock.now)
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["B"])
+        broker.handle(fromWorker("A", .reply(client: held[0], body: ["one"])), now: clock.now)
+        #expect(Sent(broker.outbox.take()).toClients.map(\.body) == ["one"])
+        broker.handle(fromClient("D", "svc", request(3)), now: clock.now)
+        #expect(Sent(broker.outbox.take()).requests.isEmpty)  // B is busy; A takes nothing
+        broker.handle(fromWorker("A", .disconnect), now: clock.now)
+        #expect(broker.workers.count == 1)
+        #expect(broker.services["svc"]?.stats.redispatched == 0)
+        #expect(broker.services["svc"]?.requests.count == 1)
+    }
+
+    @Test("the kernel drains a service: a window worker is told, a plain 7/MDP worker gets DISCONNECT once it holds nothing")
+    func kernelDrains() {
+        let clock = ManualClock(), broker = broker()
+        broker.handle(fromWorker("plain", .ready(service: "svc")), now: clock.now)
+        broker.handle(fromWorker("P1/0/1", .ready(service: "svc", window: 4)), now: clock.now)
+        broker.handle(fromClient("C", "svc", request(1)), now: clock.now)
+        broker.handle(fromClient("C", "svc", request(2)), now: clock.now)
+        let sent = Sent(broker.outbox.take())
+        #expect(Set(sent.requests.map(\.worker)) == ["P1/0/1", "plain"])
+        let drained = broker.drain(service: "svc", worker: nil, now: clock.now)
+        #expect(drained.count == 2)
+        #expect(Sent(broker.outbox.take()).toWorkers.map(\.worker) == ["P1/0/1"])  // plain still holds one
+        #expect(broker.services["svc"]?.workers == 0)
+        let plainClient = sent.toWorkers.compactMap { if $0.worker == "plain", case .request(let client, _) = $0.command { client } else { nil } }[0]
+        broker.handle(fromWorker("plain", .reply(client: plainClient, body: ["done"])), now: clock.now)
+        let after = Sent(broker.outbox.take())
+        #expect(after.toClients.map(\.body) == ["done"])
+        #expect(after.toWorkers.map(\.worker) == ["plain"] && after.toWorkers.map(\.command) == [.disconnect])
+        #expect(broker.workers.count == 1 && broker.services["svc"]?.stats.redispatched == 0)
+    }
+
+    @Test("a drain by id takes the connection or every connection of that process, and nothing else")
+    func byProcess() {
+        let clock = ManualClock(), broker = broker()
+        for id in ["h:1:a/0/1", "h:1:a/1/1", "h:2:b/0/1"] { broker.handle(fromWorker(id, .ready(service: "svc", window: 2)), now: clock.now) }
+        #expect(broker.drain(service: "svc", worker: "h:1:a", now: clock.now).map { $0.identity.string } == ["h:1:a/0/1", "h:1:a/1/1"])
+        #expect(broker.drain(service: "svc", worker: "h:2:b/0/1", now: clock.now).count == 1)
+        #expect(broker.drain(service: "other", worker: nil, now: clock.now).isEmpty)
+    }
+}

@@ -1,6 +1,7 @@
 public import BusProtocol
 public import ContractKit
 import Foundation
+import Synchronization
 public import Logging
 public import ServiceLifecycle
 public import ZeroMQ
@@ -16,8 +17,11 @@ public import ZeroMQ
 /// where a service republishes its state (see ``StatePublisher``).
 ///
 /// A `ServiceHost` is a swift-service-lifecycle `Service`: `run()` serves until graceful
-/// shutdown, then unregisters (DISCONNECT) after in-flight requests finish. Requests are
-/// answered in task groups of ``serve(onRegistered:until:)``, which end with it.
+/// shutdown, then drains: each connection tells the kernel to send it nothing more
+/// (`drain=1`), answers what it holds, and unregisters (DISCONNECT), so no request is
+/// re-sent elsewhere. A kernel may also tell any connection to drain (`sb drain`): the
+/// whole host then drains the same way and `run()` returns (``drainedByKernel``). Requests
+/// are answered in task groups of ``serve(onRegistered:until:)``, which end with it.
 public final class ServiceHost<Hosted: BusService>: Service {
     public struct Options: Sendable {
         /// The kernel to register with, or the two kernels of a pair: the service registers
@@ -30,7 +34,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
         public var heartbeatInterval: Duration
         /// Missed heartbeats after which the kernel is considered gone.
         public var heartbeatLiveness: Int
-        /// How long `stop()` waits for requests in flight.
+        /// How long a drain waits for requests in flight (and the kernel's word that no more come).
         public var drainTimeout: Duration
         /// Keys for a CURVE-secured kernel (a worker key; nil: plain text).
         public var curve: CurveClientKeys?
@@ -61,6 +65,11 @@ public final class ServiceHost<Hosted: BusService>: Service {
     private let logger: Logger
     private let workers: [WorkerConnection<Hosted>]
     private let ready: @Sendable () async -> Void
+    /// Told when a kernel asks a connection to drain: the whole host drains and leaves.
+    private let (drainRequests, drainRequested) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    private let drainedFlag = Mutex(false)
+    /// Whether the last ``serve(onRegistered:until:)`` ended because a kernel said to drain.
+    public var drainedByKernel: Bool { drainedFlag.withLock { $0 } }
 
     /// - Parameters:
     ///   - onReregistered: runs after the kernel forgot this service (it restarted) and the
@@ -83,12 +92,21 @@ public final class ServiceHost<Hosted: BusService>: Service {
         table.limits = BodyLimits(maxBatchItems: options.maxBatchItems, maxReplyBytes: options.maxMessageSize)
         let frozen = table
         // The connections' routing ids start with it: the kernel counts the death of this
-        // process, with all its connections, as one (kernel.max_deliveries).
-        let process = UUID().uuidString
+        // process, with all its connections, as one (kernel.max_deliveries), and an operator
+        // finds the process by it (`sb workers`, `sb drain --worker`).
+        let process = Self.processID()
+        let requests = drainRequested
         workers = options.brokers.flatMap { broker in (0..<options.connections).map { (broker, $0) } }.enumerated().map { index, place in
             WorkerConnection(loop: loop, process: process, index: index, broker: place.0,
-                             service: service, table: frozen, options: options, logger: logger, onReregistered: onReregistered)
+                             service: service, table: frozen, options: options, logger: logger, onReregistered: onReregistered,
+                             onDrainRequested: { requests.yield() })
         }
+    }
+
+    /// `HOST:PID:RANDOM`: readable, and unique however many hosts share a machine or a pid.
+    private static func processID() -> String {
+        let host = ProcessInfo.processInfo.hostName.filter { $0 != "/" && $0 != ":" }.prefix(64)
+        return "\(host):\(getpid()):\(UUID().uuidString.prefix(8).lowercased())"
     }
 
     /// Registers every worker connection with the kernel (`onRegistered` runs once the
@@ -96,7 +114,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
     /// returns, then unregisters: waits (up to the drain timeout) for requests in flight,
     /// sends DISCONNECT, closes every connection and ends the loop. Requests still running
     /// after the drain timeout are cancelled; nothing outlives this call.
-    public func serve(onRegistered: () -> Void = {}, until: () async -> Void) async throws {
+    public func serve(onRegistered: () -> Void = {}, until: @escaping @Sendable () async -> Void) async throws {
         do {
             for worker in workers { try await worker.connect() }
         } catch {
@@ -107,8 +125,24 @@ public final class ServiceHost<Hosted: BusService>: Service {
         onRegistered()
         await withDiscardingTaskGroup { group in
             for worker in workers { group.addTask { await worker.answerRequests() } }
-            await until()
-            for worker in workers { await worker.stop(drain: options.drainTimeout) }
+            // Until told to stop, or until a kernel asks for a drain.
+            let requests = drainRequests
+            let byKernel = await withTaskGroup(of: Bool.self) { race in
+                race.addTask { await until(); return false }
+                race.addTask {
+                    for await _ in requests { return true }
+                    return false
+                }
+                defer { race.cancelAll() }
+                return await race.next() ?? false
+            }
+            drainedFlag.withLock { $0 = byKernel }
+            if byKernel { logger.notice("a kernel asked this service to drain: answering what it holds, then leaving", metadata: ["service": "\(Hosted.name)"]) }
+            // Every connection at once: each stops taking requests before any waits.
+            let timeout = options.drainTimeout
+            await withDiscardingTaskGroup { stopping in
+                for worker in workers { stopping.addTask { await worker.stop(drain: timeout) } }
+            }
         }
         await loop.shutdown()
     }
@@ -137,7 +171,10 @@ actor WorkerConnection<Hosted: BusService> {
     nonisolated let loop: SocketLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
-    enum State { case idle, registered, stopping, stopped }
+    /// `draining`: the kernel was told (`drain=1`); requests it sent before it heard are
+    /// still answered, and the connection unregisters once it holds none and the kernel
+    /// said no more come.
+    enum State { case idle, registered, draining, stopped }
 
     /// The hosting process's id, the first part of the routing id `PROCESS/INDEX/GENERATION`.
     let process: String
@@ -148,6 +185,7 @@ actor WorkerConnection<Hosted: BusService> {
     let options: ServiceHost<Hosted>.Options
     let logger: Logger
     let onReregistered: @Sendable () async -> Void
+    let onDrainRequested: @Sendable () -> Void
 
     private var state = State.idle
     private var registration: SocketRegistration?
@@ -164,6 +202,8 @@ actor WorkerConnection<Hosted: BusService> {
     private var errors = 0
     private var errorReport: LoopTimer?
     private var drained: [CheckedContinuation<Void, Never>] = []
+    /// The kernel answered the drain (`drain=1`): nothing more comes on this connection.
+    private var drainAcknowledged = false
 
     /// What ``answerRequests()`` runs, as each arrives: a request, or the service's
     /// `onReregistered` after the kernel forgot it.
@@ -204,7 +244,8 @@ actor WorkerConnection<Hosted: BusService> {
     }
 
     init(loop: SocketLoop, process: String, index: Int, broker: String, service: Hosted, table: MethodTable<Hosted>,
-         options: ServiceHost<Hosted>.Options, logger: Logger, onReregistered: @escaping @Sendable () async -> Void) {
+         options: ServiceHost<Hosted>.Options, logger: Logger, onReregistered: @escaping @Sendable () async -> Void,
+         onDrainRequested: @escaping @Sendable () -> Void) {
         self.loop = loop
         self.process = process
         self.index = index
@@ -214,6 +255,7 @@ actor WorkerConnection<Hosted: BusService> {
         self.options = options
         self.logger = logger
         self.onReregistered = onReregistered
+        self.onDrainRequested = onDrainRequested
         self.liveness = options.heartbeatLiveness
     }
 
@@ -240,6 +282,7 @@ actor WorkerConnection<Hosted: BusService> {
         monitor = loop.register(pair) { [weak self] message in
             self?.assumeIsolated { $0.connectionEvent(message, generation: current) }
         }
+        // The window frame even for 1: it says this worker understands `drain=1`.
         registration?.send(MDP.encode(.ready(service: Hosted.name, window: options.window)))
         liveness = options.heartbeatLiveness
         state = .registered
@@ -251,7 +294,7 @@ actor WorkerConnection<Hosted: BusService> {
     }
 
     private func received(_ message: Message, generation: Int) {
-        guard generation == self.generation, state == .registered else { return }
+        guard generation == self.generation, state == .registered || state == .draining else { return }
         liveness = options.heartbeatLiveness
         let command: BrokerToWorker
         do {
@@ -263,6 +306,16 @@ actor WorkerConnection<Hosted: BusService> {
         switch command {
         case .heartbeat:
             break
+        case .drain where state == .draining:
+            drainAcknowledged = true
+            releaseIfDrained()
+        case .drain:
+            onDrainRequested()
+        case .disconnect where state == .draining:
+            // The kernel forgot this connection (it restarted): nothing more comes, and
+            // replies would be refused.
+            drainAcknowledged = true
+            releaseIfDrained()
         case .disconnect:
             logger.info("the kernel asked to re-register", metadata: ["connection": "\(index)"])
             reregister()
@@ -302,14 +355,18 @@ actor WorkerConnection<Hosted: BusService> {
 
     private func finished(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
         busy -= 1
-        if generation == self.generation, state == .registered || state == .stopping {
+        if generation == self.generation, state == .registered || state == .draining {
             registration?.send(MDP.encode(.reply(client: client, body: [Frame(reply)])))
             if errors > 0 { countErrors(errors) }
         }
-        if busy == 0 {
-            for waiter in drained { waiter.resume() }
-            drained.removeAll()
-        }
+        releaseIfDrained()
+    }
+
+    /// Ends a drain's wait once nothing is held and the kernel said nothing more comes.
+    private func releaseIfDrained() {
+        guard busy == 0, state != .draining || drainAcknowledged else { return }
+        for waiter in drained { waiter.resume() }
+        drained.removeAll()
     }
 
     /// Errors reach the kernel with the next heartbeat, or within 100 ms when that is later,
@@ -320,14 +377,19 @@ actor WorkerConnection<Hosted: BusService> {
         errorReport = loop.schedule(after: min(options.heartbeatInterval, .milliseconds(100))) { [weak self] in
             self?.assumeIsolated { connection in
                 connection.errorReport = nil
-                guard connection.state == .registered || connection.state == .stopping else { return }
+                guard connection.state == .registered || connection.state == .draining else { return }
                 connection.registration?.send(MDP.encode(.heartbeat(errors: connection.errors)))
             }
         }
     }
 
     private func connectionEvent(_ message: Message, generation: Int) {
-        guard generation == self.generation, state == .registered, let event = SocketEvent(message) else { return }
+        guard generation == self.generation, let event = SocketEvent(message) else { return }
+        if state == .draining, event.event.contains(.disconnected) {
+            drainAcknowledged = true
+            releaseIfDrained()
+        }
+        guard state == .registered else { return }
         if event.event.contains(.disconnected) {
             lostConnection = true
         } else if event.event.contains(.connected), lostConnection {
@@ -337,8 +399,14 @@ actor WorkerConnection<Hosted: BusService> {
     }
 
     private func beat() {
-        guard state == .registered else { return }
+        guard state == .registered || state == .draining else { return }
         liveness -= 1
+        if liveness <= 0, state == .draining {
+            // The kernel fell silent while this connection drained: nothing more comes.
+            drainAcknowledged = true
+            releaseIfDrained()
+            return
+        }
         if liveness <= 0 {
             logger.info("the kernel is silent; registering again", metadata: ["connection": "\(index)", "broker": "\(broker)"])
             reregister()
@@ -357,24 +425,35 @@ actor WorkerConnection<Hosted: BusService> {
         if index == 0 { enqueue(.reregistered) }
     }
 
+    /// Drains: tells the kernel to send nothing more, answers what it holds (and what the
+    /// kernel sent before it heard), then unregisters; after `timeout` it unregisters
+    /// anyway and what still runs is cancelled (the kernel re-sends those requests).
     func stop(drain timeout: Duration) async {
         // However it ends, no more work comes: answerRequests() ends once what runs is done.
         defer { endWork() }
         guard state == .registered || state == .idle else { return }
-        state = .stopping
-        if busy > 0 {
+        let wasRegistered = state == .registered
+        state = .draining
+        // No word can come over a connection that is down (the kernel stopped first).
+        drainAcknowledged = !wasRegistered || lostConnection
+        if wasRegistered { registration?.send(MDP.encode(.drain)) }
+        if busy > 0 || !drainAcknowledged {
             let loop = self.loop
             await withCheckedContinuation { continuation in
                 drained.append(continuation)
                 loop.schedule(after: timeout) { [weak self] in
                     self?.assumeIsolated { connection in
+                        if connection.busy > 0 || !connection.drainAcknowledged {
+                            connection.logger.warning("drain timed out; unregistering with requests still in flight (the kernel sends them to another worker)",
+                                                      metadata: ["connection": "\(connection.index)", "inFlight": "\(connection.busy)"])
+                        }
                         for waiter in connection.drained { waiter.resume() }
                         connection.drained.removeAll()
                     }
                 }
             }
             // The actor may have run other work while it waited: still the one stopping it?
-            guard state == .stopping else { return }
+            guard state == .draining else { return }
         }
         heartbeat?.cancel()
         heartbeat = nil

@@ -68,6 +68,8 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
     /// Whatever handled the request died each time it was handed out, as often as a request
     /// is: it is not handed out again, as it may be what ends them.
     public static let handlerDiedCode = -32012
+    /// A configuration file that does not read (`sb reload`); `data.key` names the key.
+    public static let invalidConfigurationCode = -32013
 
     public static func parseError(_ detail: String) -> JSONRPCError { .init(code: parseErrorCode, message: "Parse error: \(detail)") }
     public static func invalidRequest(_ detail: String) -> JSONRPCError { .init(code: invalidRequestCode, message: "Invalid request: \(detail)") }
@@ -107,6 +109,9 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
               data: ["service": .string(service), "times": .int(Int64(times))])
     }
     public static func internalError(_ detail: String) -> JSONRPCError { .init(code: internalErrorCode, message: "Internal error: \(detail)") }
+    public static func invalidConfiguration(key: String, _ detail: String) -> JSONRPCError {
+        .init(code: invalidConfigurationCode, message: "Invalid configuration: \(detail)", data: ["key": .string(key)])
+    }
 
     static func formatSeconds(_ seconds: Double) -> String {
         seconds == seconds.rounded() ? "\(Int(seconds)) s" : String(format: "%.1f s", seconds)

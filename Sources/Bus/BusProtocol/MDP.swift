@@ -45,14 +45,18 @@ public enum MDP {
 
 /// A command a worker sends to the broker.
 ///
-/// `window` and `errors` are the Switchboard worker extension (docs/PROTOCOL.md): a plain
-/// 7/MDP worker never sends them, and encoding the defaults gives plain MDP frames.
+/// `window`, `errors` and `drain` are the Switchboard worker extension (docs/PROTOCOL.md):
+/// a plain 7/MDP worker never sends them, and encoding the defaults gives plain MDP frames.
 public enum WorkerToBroker: Sendable, Equatable {
-    /// READY; `window` > 1 offers that many requests in flight on this connection.
-    case ready(service: String, window: Int = 1)
+    /// READY; `window` (1 or more) says the worker speaks the extension and takes that many
+    /// requests in flight on this connection; nil: a plain 7/MDP worker (one at a time).
+    case ready(service: String, window: Int? = nil)
     case reply(client: Frame, body: [Frame])
     /// HEARTBEAT; `errors`: how many replies on this connection were JSON-RPC errors.
     case heartbeat(errors: Int? = nil)
+    /// HEARTBEAT `drain=1`: send no more requests; DISCONNECT follows once those in
+    /// flight are answered.
+    case drain
     case disconnect
 }
 
@@ -60,6 +64,9 @@ public enum WorkerToBroker: Sendable, Equatable {
 public enum BrokerToWorker: Sendable, Equatable {
     case request(client: Frame, body: [Frame])
     case heartbeat
+    /// HEARTBEAT `drain=1` (extension workers only): no request follows on this connection;
+    /// answer those in flight, then DISCONNECT and leave.
+    case drain
     case disconnect
 }
 
@@ -86,6 +93,7 @@ extension MDP {
     private static let clientHeaderFrame = Frame(clientHeader)
     private static let workerHeaderFrame = Frame(workerHeader)
     private static let commandFrames: [Frame] = (0...5).map { Frame([UInt8($0)]) }
+    private static let drainFrame = Frame("drain=1")
 
     // MARK: Encoders
 
@@ -111,12 +119,14 @@ extension MDP {
         switch command {
         case .ready(let service, let window):
             let ready: Message = [empty, workerHeaderFrame, commandFrames[1], Frame(service)]
-            return window == 1 ? ready : ready + [Frame("window=\(window)")]
+            return window.map { ready + [Frame("window=\($0)")] } ?? ready
         case .reply(let client, let body):
             return Message([empty, workerHeaderFrame, commandFrames[3], client, empty] + body)
         case .heartbeat(let errors):
             let heartbeat: Message = [empty, workerHeaderFrame, commandFrames[4]]
             return errors.map { heartbeat + [Frame("errors=\($0)")] } ?? heartbeat
+        case .drain:
+            return [empty, workerHeaderFrame, commandFrames[4], drainFrame]
         case .disconnect:
             return [empty, workerHeaderFrame, commandFrames[5]]
         }
@@ -131,6 +141,8 @@ extension MDP {
             return Message(frames)
         case .heartbeat:
             return [worker, empty, workerHeaderFrame, commandFrames[4]]
+        case .drain:
+            return [worker, empty, workerHeaderFrame, commandFrames[4], drainFrame]
         case .disconnect:
             return [worker, empty, workerHeaderFrame, commandFrames[5]]
         }
@@ -161,7 +173,7 @@ extension MDP {
                 throw ProtocolError("MDP", "worker READY has \(frames.count - 1) frames, expected 4 (or 5 with a window)")
             }
             let service = try serviceName(frames[4], "worker READY")
-            let window = frames.count == 6 ? try extensionValue(frames[5], "window", in: 1...maxWindow) : 1
+            let window = frames.count == 6 ? try extensionValue(frames[5], "window", in: 1...maxWindow) : nil
             return .worker(sender, .ready(service: service, window: window))
         case .reply:
             guard frames.count >= 7 else { throw ProtocolError("MDP", "worker REPLY has \(frames.count - 1) frames, expected at least 6") }
@@ -169,8 +181,9 @@ extension MDP {
             return .worker(sender, .reply(client: frames[4], body: Array(frames[6...])))
         case .heartbeat:
             guard frames.count == 4 || frames.count == 5 else {
-                throw ProtocolError("MDP", "worker HEARTBEAT has \(frames.count - 1) frames, expected 3 (or 4 with an error count)")
+                throw ProtocolError("MDP", "worker HEARTBEAT has \(frames.count - 1) frames, expected 3 (or 4 with an error count or drain=1)")
             }
+            if frames.count == 5, frames[4] == drainFrame { return .worker(sender, .drain) }
             let errors = frames.count == 5 ? try extensionValue(frames[4], "errors", in: 0...Int.max) : nil
             return .worker(sender, .heartbeat(errors: errors))
         case .disconnect:
@@ -193,7 +206,8 @@ extension MDP {
             guard frames[4].isEmpty else { throw ProtocolError("MDP", "broker REQUEST frame 4 must be empty") }
             return .request(client: frames[3], body: Array(frames[5...]))
         case .heartbeat:
-            guard frames.count == 3 else { throw ProtocolError("MDP", "broker HEARTBEAT has \(frames.count) frames, expected 3") }
+            if frames.count == 4, frames[3] == drainFrame { return .drain }
+            guard frames.count == 3 else { throw ProtocolError("MDP", "broker HEARTBEAT has \(frames.count) frames, expected 3 (or 4 with drain=1)") }
             return .heartbeat
         case .disconnect:
             guard frames.count == 3 else { throw ProtocolError("MDP", "broker DISCONNECT has \(frames.count) frames, expected 3") }

@@ -23,6 +23,8 @@ public enum KernelAPI {
     public static let stateSet = Method<StateSetParams, StateWritten>(service, "state.set", "Writes a CHP key (null deletes; ttl in seconds), acknowledged with its sequence number.")
     public static let statePublish = Method<StateSetParams, StateWritten>(service, "state.publish", "Writes a key as a client, under the collector's rule (the writable prefixes, /client/ by default), acknowledged with its sequence number.")
     public static let stateGet = Method<StateGetParams, StateEntries>(service, "state.get", "The CHP keys under a prefix with their values and sequence numbers, a page at a time (next: the after of the next page).")
+    public static let workersList = Method<WorkersParams, Workers>(service, "workers.list", "Each worker connection (of a service, or all): its id, process, window, requests in flight, and whether it drains.")
+    public static let workersDrain = Method<WorkersParams, Workers>(service, "workers.drain", "Drains the workers of a service (or one worker or process by id): they take no new requests, answer those in flight, then leave.")
 
     public struct Pong: Codable, Sendable {
         public var pong: Bool
@@ -144,14 +146,42 @@ public enum KernelAPI {
             public var idle: Int
             public var queued: Int
             public var inFlight: Int
-            public init(name: String, workers: Int, idle: Int, queued: Int, inFlight: Int) {
-                (self.name, self.workers, self.idle, self.queued, self.inFlight) = (name, workers, idle, queued, inFlight)
+            /// Workers draining (not counted in `workers`): they finish what they hold, then leave.
+            public var draining: Int?
+            public init(name: String, workers: Int, idle: Int, queued: Int, inFlight: Int, draining: Int? = nil) {
+                (self.name, self.workers, self.idle, self.queued, self.inFlight, self.draining) = (name, workers, idle, queued, inFlight, draining)
             }
         }
         public var services: [Entry]
         /// The kernel's pair, when it is one of two.
         public var pair: PairStatus?
         public init(services: [Entry], pair: PairStatus? = nil) { (self.services, self.pair) = (services, pair) }
+    }
+
+    /// Which workers: those of `service` (all services when nil; `workers.drain` needs one),
+    /// or only the connection or process (the id's part before the first `/`) `worker`.
+    public struct WorkersParams: Codable, Sendable {
+        public var service: String?
+        public var worker: String?
+        public init(service: String? = nil, worker: String? = nil) { (self.service, self.worker) = (service, worker) }
+    }
+
+    public struct Workers: Codable, Sendable {
+        public struct Entry: Codable, Sendable, Equatable {
+            public var service: String
+            /// The connection's routing id (a `ServiceHost`'s: `HOST:PID:RANDOM/INDEX/GENERATION`).
+            public var id: String
+            /// The process it belongs to: the id's part before the first `/`.
+            public var process: String
+            public var window: Int
+            public var inFlight: Int
+            public var draining: Bool
+            public init(service: String, id: String, process: String, window: Int, inFlight: Int, draining: Bool) {
+                (self.service, self.id, self.process, self.window, self.inFlight, self.draining) = (service, id, process, window, inFlight, draining)
+            }
+        }
+        public var workers: [Entry]
+        public init(workers: [Entry]) { self.workers = workers }
     }
 
     public struct Metrics: Codable, Sendable {

@@ -15,6 +15,8 @@ public struct SupervisorStatus: Codable, Sendable, Equatable {
         /// Exited `restarts` times within the restart window (at least `supervisor.restart_limit`):
         /// still restarted, at the longest back-off, while the other processes keep serving.
         case failing
+        /// A kernel drained it (`sb drain`) and it left: down until `sb restart` names it.
+        case drained
     }
 
     public var name: String
@@ -34,6 +36,7 @@ public struct SupervisorStatus: Codable, Sendable, Equatable {
     public var summary: String {
         switch state {
         case .running: return "running" + (pid.map { " (pid \($0))" } ?? "")
+        case .drained: return "drained and stopped (sb restart \(name) starts it again)"
         case .restarting, .failing:
             let next = restartInSeconds.map { " in \($0 < 1 ? String(format: "%.1f", $0) : String(Int($0.rounded()))) s" } ?? ""
             return "\(state == .failing ? "failing, " : "")restarting\(next) (\(restarts) exits lately\(lastExit.map { "; last \($0)" } ?? ""))"

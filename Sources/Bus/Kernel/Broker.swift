@@ -39,14 +39,18 @@ final class Broker {
         /// Requests it may hold at once: 1 for a plain 7/MDP worker, more for one that
         /// offered a window (the Switchboard extension, docs/PROTOCOL.md).
         let window: Int
+        /// Whether its READY carried a window: it understands `drain=1` from the kernel.
+        let speaksExtension: Bool
         var expiry: UInt64
         /// Requests sent to it and not yet answered, by tag (always 0 for a window of 1).
         var inFlight: [UInt32: Request] = [:]
         var nextTag: UInt32 = 0
         /// The error count its last HEARTBEAT reported (the extension).
         var reportedErrors = 0
-        var hasRoom: Bool { inFlight.count < window }
-        init(identity: Frame, service: Service, window: Int, expiry: UInt64) {
+        /// Takes no new requests: it finishes those in flight, then leaves (a drain).
+        var draining = false
+        var hasRoom: Bool { !draining && inFlight.count < window }
+        init(identity: Frame, service: Service, window: Int, speaksExtension: Bool = true, expiry: UInt64) {
             self.identity = identity
             process = identity.withUnsafeBytes { bytes in
                 guard bytes.first != 0, let slash = bytes.firstIndex(of: UInt8(ascii: "/")), slash > 0 else { return identity }
@@ -54,6 +58,7 @@ final class Broker {
             }
             self.service = service
             self.window = window
+            self.speaksExtension = speaksExtension
             self.expiry = expiry
         }
     }
@@ -66,6 +71,7 @@ final class Broker {
         /// Workers with room for a request, least recently used first; a worker with a
         /// window is in it once per free place.
         var idle: Deque<Frame> = []
+        /// Its workers that take requests (a draining one no longer counts).
         var workers = 0
         /// Places of all its workers (the sum of their windows), and how many each client
         /// holds now: no client may hold more than its share (``Broker/clientShare(of:)``).
@@ -100,7 +106,8 @@ final class Broker {
     /// Whether the kernel records a span for each request it routes (telemetry on).
     var recordsSpans = false
 
-    let configuration: KernelConfiguration
+    /// Its limits may change while it serves (``KernelParts/reconfigure(_:)``).
+    var configuration: KernelConfiguration
     let logger: Logger
     /// Who is served now (one of a pair serves only while active).
     let admission: Admission
@@ -228,13 +235,14 @@ final class Broker {
                 return
             }
             let service = serviceNamed(name)
-            let worker = Worker(identity: identity, service: service, window: window, expiry: now + configuration.workerExpiry.nanoseconds)
+            let worker = Worker(identity: identity, service: service, window: window ?? 1, speaksExtension: window != nil,
+                                expiry: now + configuration.workerExpiry.nanoseconds)
             workers[identity] = worker
             service.everServed = true
             service.workers += 1
-            service.places += window
-            for _ in 0..<window { service.idle.append(identity) }
-            logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(window)"])
+            service.places += worker.window
+            for _ in 0..<worker.window { service.idle.append(identity) }
+            logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(worker.window)"])
             events.append(.workersChanged(service: name, count: service.workers))
             dispatch(service)
         case .reply(let client, let body):
@@ -252,8 +260,13 @@ final class Broker {
             service.stats.latency.record(nanoseconds: now &- request.received)
             send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body))
             if recordsSpans { events.append(.answered(service: service.name, body: request.body, received: request.received, now: now)) }
-            service.idle.append(identity)
-            dispatch(service)
+            if worker.draining {
+                // A plain 7/MDP worker cannot be told to drain: it is let go once idle.
+                if !worker.speaksExtension, worker.inFlight.isEmpty { disconnectDrained(worker, now: now) }
+            } else {
+                service.idle.append(identity)
+                dispatch(service)
+            }
         case .heartbeat(let errors):
             guard let worker = known else {
                 disconnect(identity, reason: "a HEARTBEAT before READY", now: now)
@@ -263,9 +276,52 @@ final class Broker {
                 worker.service.stats.errors += errors - worker.reportedErrors
                 worker.reportedErrors = errors
             }
+        case .drain:
+            guard let worker = known else {
+                disconnect(identity, reason: "a HEARTBEAT before READY", now: now)
+                return
+            }
+            startDraining(worker)
         case .disconnect:
-            if let worker = known { remove(worker, reason: "it disconnected", now: now) }
+            if let worker = known { remove(worker, reason: worker.draining ? "it drained" : "it disconnected", now: now) }
         }
+    }
+
+    // MARK: Draining
+
+    /// Stops sending `worker` requests and tells it so (`drain=1`, which also answers a
+    /// worker that asked): it answers those in flight, then disconnects. A plain 7/MDP
+    /// worker, which cannot be told, gets DISCONNECT once it holds nothing.
+    private func startDraining(_ worker: Worker, now: UInt64? = nil) {
+        if !worker.draining {
+            worker.draining = true
+            let service = worker.service
+            service.workers -= 1
+            service.places -= worker.window
+            service.idle.removeAll { $0 == worker.identity }
+            logger.info("worker draining", metadata: ["service": "\(service.name)", "inFlight": "\(worker.inFlight.count)", "workers": "\(service.workers)"])
+            events.append(.workersChanged(service: service.name, count: service.workers))
+        }
+        if worker.speaksExtension {
+            send(MDP.encode(.drain, to: worker.identity))
+        } else if worker.inFlight.isEmpty, let now {
+            disconnectDrained(worker, now: now)
+        }
+    }
+
+    private func disconnectDrained(_ worker: Worker, now: UInt64) {
+        send(MDP.encode(.disconnect, to: worker.identity))
+        remove(worker, reason: "it drained", now: now)
+    }
+
+    /// `kernel` `workers.drain`: drains the workers of `service`, or only those whose routing
+    /// id or process (the part before the first `/`) is `worker`; the routing ids drained.
+    func drain(service name: String, worker id: String?, now: UInt64) -> [Worker] {
+        let chosen = workers.values.filter { worker in
+            worker.service.name == name && (id == nil || worker.identity.equals(id!) || worker.process.equals(id!))
+        }.sorted { $0.identity.bytes.lexicographicallyPrecedes($1.identity.bytes) }
+        for worker in chosen { startDraining(worker, now: now) }
+        return chosen
     }
 
     // MARK: Dispatch
@@ -338,11 +394,13 @@ final class Broker {
     private func remove(_ worker: Worker, reason: String, undelivered: Message? = nil, now: UInt64) {
         guard workers.removeValue(forKey: worker.identity) != nil else { return }
         let service = worker.service
-        service.workers -= 1
-        service.places -= worker.window
-        service.idle.removeAll { $0 == worker.identity }
+        if !worker.draining {  // a draining worker was taken out of the counts already
+            service.workers -= 1
+            service.places -= worker.window
+            service.idle.removeAll { $0 == worker.identity }
+            events.append(.workersChanged(service: service.name, count: service.workers))
+        }
         logger.info("worker removed", metadata: ["service": "\(service.name)", "reason": "\(reason)", "workers": "\(service.workers)"])
-        events.append(.workersChanged(service: service.name, count: service.workers))
         // Its requests in flight, oldest first, go back to the front of the queue with a
         // fresh wait for another worker (or are answered -32006 for a non-retriable service).
         // The one libzmq could not deliver never reached it: the others count its death.

@@ -226,6 +226,13 @@ public actor Kernel: BusService {
         await loop.shutdown()
     }
 
+    /// Applies what can change while serving (a reload: SIGHUP): the limits and the keys
+    /// admitted (``KernelConfiguration/takeLiveSettings(from:)``); the rest needs a restart.
+    public func reconfigure(_ new: KernelConfiguration) {
+        parts?.reconfigure(new)
+        logger.info("kernel settings reloaded")
+    }
+
     // MARK: The built-in `kernel` service
 
     /// Answers a `kernel` request body here, as one through the broker is answered (for the
@@ -255,6 +262,8 @@ public actor Kernel: BusService {
         table.onIsolated(KernelAPI.stateSet) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: false) }
         table.onIsolated(KernelAPI.statePublish) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: true) }
         table.onIsolated(KernelAPI.stateGet, encoded: { kernel, params in kernel.stateGet(params) })
+        table.onIsolated(KernelAPI.workersList) { kernel, params in kernel.workersList(params) }
+        table.onIsolated(KernelAPI.workersDrain) { kernel, params in try kernel.drainWorkers(params) }
     }
 
     private func ping() -> KernelAPI.Pong {
@@ -265,9 +274,38 @@ public actor Kernel: BusService {
     private func servicesList() -> KernelAPI.ServiceList {
         KernelAPI.ServiceList(services: broker.services.values.sorted { $0.name < $1.name }.map { service in
             let workers = broker.workers.values.filter { $0.service === service }
-            return KernelAPI.ServiceList.Entry(name: service.name, workers: service.workers, idle: workers.filter(\.inFlight.isEmpty).count,
-                                               queued: service.requests.count, inFlight: workers.reduce(0) { $0 + $1.inFlight.count })
+            let draining = workers.filter(\.draining).count
+            return KernelAPI.ServiceList.Entry(name: service.name, workers: service.workers, idle: workers.filter { $0.inFlight.isEmpty && !$0.draining }.count,
+                                               queued: service.requests.count, inFlight: workers.reduce(0) { $0 + $1.inFlight.count },
+                                               draining: draining > 0 ? draining : nil)
         }, pair: pair?.status)
+    }
+
+    private func workersList(_ params: KernelAPI.WorkersParams) -> KernelAPI.Workers {
+        let chosen = broker.workers.values.filter { worker in
+            (params.service == nil || worker.service.name == params.service) && params.worker.map { worker.identity.equals($0) || worker.process.equals($0) } != false
+        }
+        return Self.workers(chosen)
+    }
+
+    private func drainWorkers(_ params: KernelAPI.WorkersParams) throws(JSONRPCError) -> KernelAPI.Workers {
+        guard let service = params.service, !service.isEmpty else { throw .invalidParams(field: "service", "is required: the service whose workers drain") }
+        let drained = broker.drain(service: service, worker: params.worker, now: clock.now)
+        guard !drained.isEmpty else {
+            throw .invalidParams(field: params.worker == nil ? "service" : "worker",
+                                 params.worker.map { "no worker of '\(service)' has the id or process '\($0)' (kernel workers.list shows them)" }
+                                     ?? "no worker offers '\(service)' here")
+        }
+        logger.notice("draining workers on request", metadata: ["service": "\(service)", "workers": "\(drained.count)"])
+        return Self.workers(drained)
+    }
+
+    private static func workers(_ workers: [Broker.Worker]) -> KernelAPI.Workers {
+        func text(_ frame: Frame) -> String { frame.string ?? frame.description }
+        return KernelAPI.Workers(workers: workers.map { worker in
+            KernelAPI.Workers.Entry(service: worker.service.name, id: text(worker.identity), process: text(worker.process), window: worker.window,
+                                    inFlight: worker.inFlight.count, draining: worker.draining)
+        }.sorted { ($0.service, $0.id) < ($1.service, $1.id) })
     }
 
     /// `state.set`, or with `asClient` `state.publish` (the collector's rule for the key).

@@ -87,6 +87,29 @@ public struct KernelConfiguration: Sendable, Equatable {
 
     /// Milliseconds of silence after which a worker is dead.
     var workerExpiry: Duration { heartbeatInterval * heartbeatLiveness }
+
+    /// Takes from `new` what a serving kernel can change (a reload, SIGHUP): the limits and
+    /// the keys it admits. Endpoints, heartbeats, socket limits and its own key pair stay.
+    mutating func takeLiveSettings(from new: KernelConfiguration) {
+        queueTimeout = new.queueTimeout
+        maxQueuedPerService = new.maxQueuedPerService
+        maxQueuedBytes = new.maxQueuedBytes
+        maxServices = new.maxServices
+        clientSharePercent = new.clientSharePercent
+        maxDeliveries = new.maxDeliveries
+        nonRetriableServices = new.nonRetriableServices
+        stateMaxKeys = new.stateMaxKeys
+        stateMaxBytes = new.stateMaxBytes
+        clientStateMaxKeys = new.clientStateMaxKeys
+        clientStateMaxBytes = new.clientStateMaxBytes
+        stateMaxValueBytes = new.stateMaxValueBytes
+        if var security, let given = new.security {
+            security.clientKeys = given.clientKeys
+            security.workerKeys = given.workerKeys
+            security.serviceKeys = given.serviceKeys
+            self.security = security
+        }
+    }
 }
 
 /// CURVE encryption and authentication on every kernel endpoint. The kernel's ZAP handler

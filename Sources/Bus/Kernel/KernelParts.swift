@@ -185,6 +185,13 @@ final class KernelParts {
         })
     }
 
+    /// Applies a reloaded configuration's live settings to every part.
+    func reconfigure(_ new: KernelConfiguration) {
+        broker.configuration.takeLiveSettings(from: new)
+        state.configuration.takeLiveSettings(from: new)
+        if let security = broker.configuration.security { zap?.security = security }
+    }
+
     /// Stops serving: the timers end and the sockets close (on the loop thread).
     func close() {
         for timer in timers { timer.cancel() }

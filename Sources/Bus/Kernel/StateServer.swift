@@ -35,7 +35,8 @@ final class StateServer: PairReplica {
         var bytes = 0
     }
 
-    let configuration: KernelConfiguration
+    /// Its limits and allowed keys may change while it serves (``KernelParts/reconfigure(_:)``).
+    var configuration: KernelConfiguration
     let logger: Logger
     /// Messages for the snapshot ROUTER and for the publisher XPUB: taken after each call.
     let snapshots = Outbox()

@@ -14,7 +14,8 @@ final class ZAPHandler {
     /// The ZAP domain of the pair endpoint, where only the kernel's own key is admitted.
     static let pairDomain = "switchboard-pair"
 
-    let security: KernelSecurity
+    /// The allow-lists may change while it serves (``KernelParts/reconfigure(_:)``).
+    var security: KernelSecurity
     let logger: Logger
     private(set) var refused = 0
     /// Replies for the handler's socket: taken after each request.

@@ -2,6 +2,7 @@ public import BusKit
 public import BusProtocol
 import Foundation
 import Hummingbird
+import Synchronization
 public import Logging
 public import ServiceLifecycle
 public import ZeroMQ
@@ -16,6 +17,14 @@ public import ZeroMQ
 ///
 /// One ``BusClient`` carries every HTTP request, one ``Subscription`` feeds every stream;
 /// with the gateway they are the parts of its process (``parts(options:logger:)``).
+/// The gateway's bearer tokens, shared by its routes and replaced whole by a reload.
+public final class GatewayTokens: Sendable {
+    private let tokens: Mutex<[GatewayToken]>
+    init(_ tokens: [GatewayToken]) { self.tokens = Mutex(tokens) }
+    public var current: [GatewayToken] { tokens.withLock { $0 } }
+    public func replace(with tokens: [GatewayToken]) { self.tokens.withLock { $0 = tokens } }
+}
+
 public struct Gateway: Service {
     public struct Options: Sendable {
         public var settings: GatewaySettings
@@ -31,12 +40,15 @@ public struct Gateway: Service {
         public var maxBatchItems: Int
         /// A context shared with the kernel (for inproc:// endpoints); nil: its own.
         public var context: ZMQContext?
+        /// Who may call: `settings.tokens` at start, replaced by a reload (SIGHUP).
+        public let tokens: GatewayTokens
 
         public init(settings: GatewaySettings, brokers: [String], state: [StateEndpoints], curve: CurveClientKeys?,
                     services: [String], maxMessageSize: Int = MDP.defaultMaxMessageSize, maxBatchItems: Int = 100, context: ZMQContext? = nil) {
             self.context = context
             self.maxBatchItems = maxBatchItems
             self.settings = settings
+            tokens = GatewayTokens(settings.tokens)
             self.brokers = brokers
             self.state = state
             self.curve = curve

@@ -46,14 +46,15 @@ struct Routes: Sendable {
     }
 
     func admit(_ request: Request) -> Admission {
-        guard !settings.tokens.isEmpty else { return .open }
+        let tokens = options.tokens.current
+        guard !tokens.isEmpty else { return .open }
         var presented: String?
         if let header = request.headers[.authorization], header.lowercased().hasPrefix("bearer ") {
             presented = String(header.dropFirst("bearer ".count)).trimmingCharacters(in: .whitespaces)
         } else if let query = request.uri.queryParameters["access_token"] {
             presented = String(query)
         }
-        guard let presented, let token = settings.tokens.first(where: { Self.constantTimeEquals($0.token, presented) }) else {
+        guard let presented, let token = tokens.first(where: { Self.constantTimeEquals($0.token, presented) }) else {
             var response = Self.rpcError(.unauthorized, JSONRPCError(code: JSONRPCError.forbiddenCode,
                 message: "Unauthorized: send Authorization: Bearer TOKEN (a token from gateway.tokens)"))
             response.headers[.wwwAuthenticate] = "Bearer"

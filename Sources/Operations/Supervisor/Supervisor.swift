@@ -1,8 +1,9 @@
 public import BusKit
-import BusProtocol
+public import BusProtocol
+public import ContractKit
 import Foundation
 public import Logging
-import Contracts
+public import Contracts
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -19,14 +20,25 @@ import Glibc
 /// (``SupervisorStatus``), which `sb services` and the gateway's `/readyz` show.
 /// Shutdown (SIGINT/SIGTERM through ``requestShutdown()``): every service gets SIGTERM and
 /// drains, then the kernel; anything still running after the stop timeout gets SIGKILL.
-public actor Supervisor {
+///
+/// Rolling restart (``rollingRestart(_:)``: `sb restart`, SIGUSR2): one service at a time, a
+/// new process starts and registers its workers beside the old one, which is then told to
+/// drain (SIGTERM) and leaves once it has answered what it holds; no request fails or is
+/// re-sent. The gateway, which cannot share its port, is stopped and then started. A service
+/// that exits 0 on its own was drained (`sb drain`): it stays down until `sb restart` names it.
+/// Reload (``reload()``: `sb reload`, SIGHUP): the configuration is read again; if it reads,
+/// every process is sent SIGHUP to apply what it can, and a service whose worker count
+/// changed is restarted the rolling way. The supervisor answers both on the bus as the
+/// `supervisor` service (``SupervisorAPI``).
+public actor Supervisor: BusService {
+    public static let name = SupervisorAPI.service
     /// One process to run: `switchboard ARGUMENTS`.
     public struct Piece: Sendable {
         public let name: String
         public let arguments: [String]
         /// Workers the kernel must list before the service counts as up (0: the kernel
-        /// itself, or a piece that listens).
-        public let workers: Int
+        /// itself, or a piece that listens); a reload may change it.
+        public var workers: Int
         /// A piece that is no worker (the gateway) is up once it accepts TCP connections here.
         public let listensAt: (host: String, port: Int)?
 
@@ -39,8 +51,10 @@ public actor Supervisor {
     }
 
     final class Child {
-        let piece: Piece
+        var piece: Piece
         var pid: pid_t?
+        /// The process a rolling restart is replacing: it drains while `pid` serves.
+        var retiring: pid_t?
         var restarts: [ContinuousClock.Instant] = []
         /// What the kernel's state says of it (``SupervisorStatus``).
         var status: SupervisorStatus
@@ -74,8 +88,16 @@ public actor Supervisor {
         case restart(name: String, after: Duration)
         case report(key: String, value: JSONValue)
         case shutdown
+        /// SIGUSR2 and SIGHUP: a rolling restart of everything, a reload.
+        case rollingRestart
+        case reload
     }
     private let (events, eventQueue) = AsyncStream.makeStream(of: Event.self)
+
+    /// Reads the configuration again for ``reload()`` (nil: reloads are refused).
+    private let configuration: (any ConfigurationReloading)?
+    /// A rolling restart (or reload) runs: another waits its turn's end, refused.
+    private var replacing = false
 
     /// - Parameters:
     ///   - executable: the `switchboard` binary.
@@ -83,8 +105,9 @@ public actor Supervisor {
     ///   - reporter: a client with the supervisor's key, to say in the kernel's state how each
     ///     process is doing (nil: only the log says).
     public init(executable: String, kernel: Piece?, services: [Piece], settings: SupervisorSettings, probe: BusClient,
-                reporter: BusClient? = nil, logger: Logger) throws {
+                reporter: BusClient? = nil, configuration: (any ConfigurationReloading)? = nil, logger: Logger) throws {
         self.executable = executable
+        self.configuration = configuration
         self.settings = settings
         self.probe = probe
         self.reporter = reporter
@@ -130,6 +153,14 @@ public actor Supervisor {
                     group.addTask { _ = try? await reporter.publish(key: key, value: value, asService: true) }
                 case .shutdown:
                     shutdown()
+                case .rollingRestart:
+                    group.addTask {
+                        do { _ = try await self.rollingRestart(nil) } catch { self.logger.error("rolling restart (SIGUSR2): \(error)") }
+                    }
+                case .reload:
+                    group.addTask {
+                        do { _ = try await self.reload() } catch { self.logger.error("reload (SIGHUP) refused; the running configuration stays: \(error)") }
+                    }
                 }
             }
             group.cancelAll()
@@ -173,6 +204,16 @@ public actor Supervisor {
     /// second request kills what is left.
     public nonisolated func requestShutdown() {
         eventQueue.yield(.shutdown)
+    }
+
+    /// A rolling restart of every service (SIGUSR2; callable from a signal handler).
+    public nonisolated func requestRollingRestart() {
+        eventQueue.yield(.rollingRestart)
+    }
+
+    /// A reload of the configuration (SIGHUP; callable from a signal handler).
+    public nonisolated func requestReload() {
+        eventQueue.yield(.reload)
     }
 
     private func shutdown() {
@@ -226,7 +267,7 @@ public actor Supervisor {
     private func waitUntil(_ failure: String, _ condition: () async throws -> Bool) async throws {
         let deadline = ContinuousClock.now + settings.startTimeout
         while ContinuousClock.now < deadline {
-            guard phase == .starting else { return }
+            guard phase != .stopping else { return }
             if try await condition() { return }
             try? await Task.sleep(for: .milliseconds(50))
         }
@@ -272,7 +313,20 @@ public actor Supervisor {
     // MARK: Exits and restarts
 
     private func exited(_ name: String, pid: pid_t, reason: ExitReason) {
-        guard let child = children.first(where: { $0.piece.name == name }), child.pid == pid else { return }
+        guard let child = children.first(where: { $0.piece.name == name }) else { return }
+        if child.retiring == pid {
+            child.retiring = nil
+            logger.info("\(child.piece.name) (pid \(pid)) \(reason) after draining")
+            return
+        }
+        guard child.pid == pid else { return }
+        if let old = child.retiring {
+            // The replacement ended while starting: the old process keeps serving.
+            logger.error("the new \(child.piece.name) (pid \(pid)) \(reason) while starting; pid \(old) keeps serving")
+            child.pid = old
+            child.retiring = nil
+            return
+        }
         child.pid = nil
         switch phase {
         case .starting:
@@ -280,6 +334,11 @@ public actor Supervisor {
         case .stopping:
             logger.info("\(child.piece.name) (pid \(pid)) \(reason)")
             if reason != .exited(0) && reason != .signalled(SIGTERM) { exitStatus = 1 }
+        case .running where reason == .exited(0) && child.piece.workers > 0:
+            // A service leaves with status 0 only when a kernel drained it (`sb drain`).
+            logger.notice("\(child.piece.name) (pid \(pid)) drained and left; it stays down until `sb restart \(child.piece.name)`")
+            child.status = SupervisorStatus(name: child.piece.name, state: .drained, restarts: child.restarts.count, lastExit: reason.description)
+            report(child)
         case .running:
             scheduleRestart(child, pid: pid, reason: reason)
         }
@@ -324,6 +383,139 @@ public actor Supervisor {
 
     // MARK: Stopping
 
+    // MARK: Rolling restarts
+
+    /// Replaces each named piece's process (default: every service, then the gateway), one
+    /// at a time; the kernel is not among them (it would take the bus down: a kernel pair
+    /// fails over instead, docs/PAIR.md).
+    public func rollingRestart(_ names: [String]?) async throws(JSONRPCError) -> [SupervisorAPI.Restarted.Entry] {
+        let chosen = try pieces(names)
+        guard phase == .running else { throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: the bus is \(phase == .starting ? "still starting" : "stopping")") }
+        guard !replacing else { throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: a rolling restart or reload is already running") }
+        replacing = true
+        defer { replacing = false }
+        logger.notice("rolling restart", metadata: ["pieces": "\(chosen.map(\.piece.name).joined(separator: ", "))"])
+        var done: [SupervisorAPI.Restarted.Entry] = []
+        for child in chosen {
+            guard phase == .running else { break }
+            do {
+                done.append(try await replace(child))
+            } catch {
+                logger.error("rolling restart stopped at \(child.piece.name): \(error)")
+                throw JSONRPCError(code: JSONRPCError.internalErrorCode, message: "Restart of \(child.piece.name) failed: \(error)",
+                                   data: ["restarted": .array(done.map { .string($0.name) })])
+            }
+        }
+        logger.notice("rolling restart done", metadata: ["pieces": "\(done.map(\.name).joined(separator: ", "))"])
+        return done
+    }
+
+    private func pieces(_ names: [String]?) throws(JSONRPCError) -> [Child] {
+        guard let names, !names.isEmpty else { return services }
+        return try names.map { name throws(JSONRPCError) in
+            if name == kernel?.piece.name {
+                throw .invalidParams(field: "services", "the kernel is not restarted in place (every client would lose it): restart switchboard up, or fail a kernel pair over (docs/PAIR.md)")
+            }
+            guard let child = services.first(where: { $0.piece.name == name }) else {
+                throw .invalidParams(field: "services", "'\(name)' is not run here; known: \(services.map(\.piece.name).joined(separator: ", "))")
+            }
+            return child
+        }
+    }
+
+    /// One piece: a service gets its new process first (registered beside the old one),
+    /// then the old one drains; the gateway is stopped, then started (one port).
+    private func replace(_ child: Child) async throws -> SupervisorAPI.Restarted.Entry {
+        let name = child.piece.name
+        guard let old = child.pid else {
+            // Down (drained, or waiting for a restart): started, nothing to drain.
+            try start(child)
+            try await waitUntilUp(child)
+            report(child)
+            return .init(name: name, oldPid: nil, newPid: Int(child.pid ?? 0))
+        }
+        if child.piece.listensAt != nil {
+            child.retiring = old
+            child.pid = nil
+            try await retire(child, old)
+            try start(child)
+            try await waitUntilUp(child)
+        } else {
+            let before = try await registeredWorkers(name)
+            child.retiring = old
+            do {
+                try start(child)
+                let new = child.pid
+                try await waitUntil("the new \(name) did not register") {
+                    guard child.pid == new else { throw StartFailure(description: "the new \(name) exited while starting (its log is above)") }
+                    return try await self.registeredWorkers(name) >= before + child.piece.workers
+                }
+            } catch {
+                if let new = child.pid, new != old { kill(new, SIGKILL) }
+                child.pid = old
+                child.retiring = nil
+                throw error
+            }
+            try await retire(child, old)
+        }
+        logger.notice("restarted \(name)", metadata: ["old": "\(old)", "new": "\(child.pid ?? 0)"])
+        report(child)
+        return .init(name: name, oldPid: Int(old), newPid: Int(child.pid ?? 0))
+    }
+
+    /// SIGTERM to the retiring process (it drains), and its end within the stop timeout
+    /// (SIGKILL after it).
+    private func retire(_ child: Child, _ pid: pid_t) async throws {
+        kill(pid, SIGTERM)
+        let deadline = ContinuousClock.now + settings.stopTimeout
+        while child.retiring == pid, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+        if child.retiring == pid {
+            logger.error("\(child.piece.name) (pid \(pid)) did not drain within \(settings.stopTimeout); killing it")
+            kill(pid, SIGKILL)
+            while child.retiring == pid { try? await Task.sleep(for: .milliseconds(20)) }
+        }
+    }
+
+    private func registeredWorkers(_ name: String) async throws -> Int {
+        let list = try await probe.call(KernelAPI.servicesList, timeout: .seconds(1))
+        return list.services.first { $0.name == name }?.workers ?? 0
+    }
+
+    // MARK: Reloading
+
+    /// Reads the configuration again; refused (the running one kept) when it does not read.
+    /// Otherwise every process applies what it can (SIGHUP), and services whose worker
+    /// count changed are restarted the rolling way.
+    public func reload() async throws(JSONRPCError) -> SupervisorAPI.Reloaded {
+        guard let configuration else { throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: this supervisor has no configuration to reload") }
+        guard phase == .running else { throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: the bus is not running yet") }
+        let change = try configuration.reload()
+        for child in children {
+            for pid in [child.pid, child.retiring].compactMap({ $0 }) { kill(pid, SIGHUP) }
+        }
+        var report = change.report
+        var resized: [String] = []
+        for child in services {
+            guard let workers = change.workers[child.piece.name], workers != child.piece.workers else { continue }
+            child.piece.workers = workers
+            resized.append(child.piece.name)
+        }
+        if !resized.isEmpty {
+            report.restarted = try await rollingRestart(resized).map(\.name)
+        }
+        logger.notice("configuration reloaded", metadata: [
+            "applied": "\(report.applied.joined(separator: ", "))", "needsRestart": "\(report.needsRestart.joined(separator: ", "))",
+            "restarted": "\(report.restarted.joined(separator: ", "))"])
+        return report
+    }
+
+    public nonisolated func methods(_ table: inout MethodTable<Supervisor>) {
+        table.on(SupervisorAPI.restart) { supervisor, params in .init(restarted: try await supervisor.rollingRestart(params.services)) }
+        table.on(SupervisorAPI.reload) { supervisor, _ in try await supervisor.reload() }
+    }
+
+    // MARK: Stopping
+
     /// Services first, all at once (each drains its requests in flight), then the kernel.
     private func stopAll() async {
         phase = .stopping
@@ -332,19 +524,34 @@ public actor Supervisor {
     }
 
     private func stop(_ children: [Child]) async {
-        for child in children { if let pid = child.pid { kill(pid, SIGTERM) } }
+        func running(_ child: Child) -> [pid_t] { [child.pid, child.retiring].compactMap { $0 } }
+        for child in children { for pid in running(child) { kill(pid, SIGTERM) } }
         let deadline = ContinuousClock.now + settings.stopTimeout
-        while children.contains(where: { $0.pid != nil }) && ContinuousClock.now < deadline {
+        while children.contains(where: { !running($0).isEmpty }) && ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(20))
         }
         for child in children {
-            guard let pid = child.pid else { continue }
-            logger.error("\(child.piece.name) (pid \(pid)) did not stop within \(settings.stopTimeout); killing it")
-            exitStatus = 1
-            kill(pid, SIGKILL)
+            for pid in running(child) {
+                logger.error("\(child.piece.name) (pid \(pid)) did not stop within \(settings.stopTimeout); killing it")
+                exitStatus = 1
+                kill(pid, SIGKILL)
+            }
         }
-        while children.contains(where: { $0.pid != nil }) {
+        while children.contains(where: { !running($0).isEmpty }) {
             try? await Task.sleep(for: .milliseconds(20))
         }
     }
+}
+
+/// Reads the configuration again for ``Supervisor/reload()``.
+public protocol ConfigurationReloading: Sendable {
+    /// What changed, and each service's worker count now; throws (naming the key) when the
+    /// file does not read, keeping the running configuration.
+    func reload() throws(JSONRPCError) -> ConfigurationChange
+}
+
+public struct ConfigurationChange: Sendable {
+    public var report: SupervisorAPI.Reloaded
+    public var workers: [String: Int]
+    public init(report: SupervisorAPI.Reloaded, workers: [String: Int]) { (self.report, self.workers) = (report, workers) }
 }

@@ -237,6 +237,7 @@ enum ExitStatus {
     static let usage: Int32 = 64
     static let unavailable: Int32 = 69
     static let timedOut: Int32 = 75
+    static let configuration: Int32 = 78
 }
 
 /// Runs a verb's body with a client: prints a failure on stderr and exits with its status.

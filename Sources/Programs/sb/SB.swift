@@ -13,11 +13,11 @@ struct SB: AsyncParsableCommand {
         commandName: "sb",
         abstract: "Talk to a Switchboard bus: requests, state subscriptions, scripts, and a verb for each app.",
         discussion: """
-            Generic verbs: request (req), subscribe (sub), publish (pub), run, services, describe, stats, ping, bench. App verbs: countries, places, items, news, flights, datasets.
+            Generic verbs: request (req), subscribe (sub), publish (pub), run, services, describe, stats, ping, bench. Operations: workers, drain, restart, reload. App verbs: countries, places, items, news, flights, datasets.
 
             Every verb takes --endpoint (SB_ENDPOINT, default tcp://127.0.0.1:5555), --state-endpoint (SB_STATE_ENDPOINT) and --timeout (SB_TIMEOUT, default 5s); for a kernel with CURVE on, --server-key (SB_SERVER_KEY) and --key-file (SB_KEY_FILE). App verbs print tables, or JSON with --json. Data goes to stdout, diagnostics to stderr. Colour only on a terminal, never with NO_COLOR set.
 
-            Exit status: 0 success, 1 the service answered an error, 64 usage (bad flags or JSON), 69 no such service or no kernel, 75 timed out.
+            Exit status: 0 success, 1 the service answered an error, 64 usage (bad flags or JSON), 69 no such service or no kernel, 75 timed out, 78 a configuration refused (sb reload).
 
             Examples:
               sb services
@@ -32,6 +32,7 @@ struct SB: AsyncParsableCommand {
             Shell completions: sb --generate-completion-script bash (or zsh, fish).
             """,
         subcommands: [Request.self, Subscribe.self, Publish.self, Run.self, Services.self, Describe.self, Stats.self, Ping.self, Bench.self,
+                      Workers.self, Drain.self, Restart.self, Reload.self,
                       Countries.self, Places.self, Items.self, News.self, Flights.self, Datasets.self]
     )
 

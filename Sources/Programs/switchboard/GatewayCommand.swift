@@ -46,7 +46,11 @@ struct GatewayCommand: AsyncParsableCommand {
         }
         let options = try Self.options(file, common: common, logger: logger, brokers: file.brokerEndpoints, state: file.stateEndpoints)
         let parts = try await Gateway.parts(options: options, logger: logger)
-        let group = ServiceGroup(services: telemetry + parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        // SIGHUP: the log level and the tokens.
+        let reloading = try common.reloading("switchboard.gateway") { file in
+            if let tokens = try? Self.tokens(file, logger: logger) { options.tokens.replace(with: tokens) }
+        }
+        let group = ServiceGroup(services: telemetry + [reloading] + parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
     }
 
@@ -54,19 +58,26 @@ struct GatewayCommand: AsyncParsableCommand {
     /// are configured and CURVE is on, the one in the key folder (which `switchboard up`
     /// writes), allowed every service and the kernel's writable prefixes: CURVE keeps
     /// strangers off the bus, so the gateway must not let them in over HTTP.
+    static func tokens(_ file: ConfigFile, logger: Logger) throws(ConfigError) -> [GatewayToken] {
+        guard file.gateway.tokens.isEmpty else { return file.gateway.tokens }
+        guard file.security.isOn() else {
+            logger.warning("no gateway.tokens: anyone who reaches \(file.gateway.host):\(file.gateway.port) may call every service")
+            return []
+        }
+        guard let token = file.security.keyFolder.gatewayToken(), !token.isEmpty else {
+            throw ConfigError(path: "gateway.tokens", problem: "with CURVE on, HTTP callers need a token: configure gateway.tokens, or let `switchboard up` write \(file.security.keyFolder.gatewayTokenFile.path)")
+        }
+        return [GatewayToken(token: token, services: ["*"], writablePrefixes: file.kernel.collectorWritablePrefixes)]
+    }
+
     static func options(_ file: ConfigFile, common: CommonOptions, logger: Logger, brokers: [String], state: [StateEndpoints],
                         context: ZMQContext? = nil) throws -> Gateway.Options {
         var settings = file.gateway
-        if settings.tokens.isEmpty {
-            if file.security.isOn() {
-                guard let token = file.security.keyFolder.gatewayToken(), !token.isEmpty else {
-                    FileHandle.standardError.write(Data("switchboard: gateway: with CURVE on, HTTP callers need a token: configure gateway.tokens, or let `switchboard up` write \(file.security.keyFolder.gatewayTokenFile.path)\n".utf8))
-                    throw ExitCode(78)
-                }
-                settings.tokens = [GatewayToken(token: token, services: ["*"], writablePrefixes: file.kernel.collectorWritablePrefixes)]
-            } else {
-                logger.warning("no gateway.tokens: anyone who reaches \(settings.host):\(settings.port) may call every service")
-            }
+        do {
+            settings.tokens = try tokens(file, logger: logger)
+        } catch {
+            FileHandle.standardError.write(Data("switchboard: gateway: \(error)\n".utf8))
+            throw ExitCode(78)
         }
         let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.gateway) }
         return Gateway.Options(settings: settings, brokers: brokers, state: state, curve: curve,

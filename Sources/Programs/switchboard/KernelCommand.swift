@@ -73,7 +73,11 @@ struct KernelCommand: AsyncParsableCommand {
             logger.warning("CURVE is off: any process that reaches the kernel can register as a service, read other clients' requests and write state (`switchboard up` turns CURVE on; security.curve: true with keys in security.keys_dir)")
         }
         let kernel = try Kernel(configuration: configuration, context: ZMQContext(), logger: logger)
-        let group = ServiceGroup(services: telemetry + [kernel], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        // SIGHUP: the limits and allowed keys of the file read again (flags still win).
+        let reloading = try common.reloading("switchboard.kernel") { file in
+            if let reloaded = try? kernelConfiguration(file) { await kernel.reconfigure(reloaded) }
+        }
+        let group = ServiceGroup(services: telemetry + [kernel, reloading], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
     }
 }

@@ -93,4 +93,14 @@ enum Pieces {
             preconditionFailure("unknown service \(name)")
         }
     }
+
+    /// The parts of a service for its process's `ServiceGroup`: the host, last, returns on
+    /// its own only when a kernel drained it (`sb drain`); `drained` says what the group does
+    /// then (a `serve` process shuts down gracefully and exits 0; `up --single-process`, which
+    /// runs other services too, carries on without it).
+    static func grouped(_ parts: [any Service], drained: ServiceGroupConfiguration.ServiceConfiguration.TerminationBehavior) -> [ServiceGroupConfiguration.ServiceConfiguration] {
+        parts.enumerated().map { index, part in
+            index == parts.count - 1 ? .init(service: part, successTerminationBehavior: drained) : .init(service: part)
+        }
+    }
 }

@@ -75,7 +75,12 @@ struct ServeCommand: AsyncParsableCommand {
             curve: curve, context: nil, instance: instance, maxMessageSize: kernel.maxMessageSize,
             maxBatchItems: kernel.maxBatchItems)
         let parts = try await Pieces.service(name, file: file, connection: connection)
-        let group = ServiceGroup(services: telemetry + parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: Logger(label: "switchboard.\(name)"))
+        // SIGTERM drains (the host tells the kernel, answers what it holds, then leaves); so
+        // does a kernel's `workers.drain`, after which the process exits 0.
+        // SIGHUP: the log level (a new worker count takes a restart: `up` does it rolling).
+        let reloading = try common.reloading("switchboard.\(name)")
+        let group = ServiceGroup(configuration: .init(services: (telemetry + [reloading]).map { .init(service: $0) } + Pieces.grouped(parts, drained: .gracefullyShutdownGroup),
+                                                      gracefulShutdownSignals: [.sigterm, .sigint], logger: Logger(label: "switchboard.\(name)")))
         try await group.run()
     }
 }

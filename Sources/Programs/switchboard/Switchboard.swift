@@ -1,6 +1,7 @@
 public import ArgumentParser
 import ContractKit
 import Foundation
+import Synchronization
 public import Logging
 import ServiceLifecycle
 import Supervisor
@@ -66,20 +67,17 @@ struct CommonOptions: ParsableArguments {
     /// says so, for a process that runs `exporting` pieces; and the lifeline to the
     /// supervisor, if any. Returns the exporters, to run first in the process's group.
     func bootstrap(_ file: ConfigFile, exporting piece: String?) throws -> [any Service] {
-        let override = logLevel
         let json = (logFormat ?? LogFormat(rawValue: file.logFormat) ?? .text) == .json
+        // Each piece's level is live: a reload (SIGHUP) changes it in loggers made already.
+        let levels = LiveLogLevels(override: logLevel, file: file)
+        Self.levels.withLock { $0 = levels }
         // Every log line written while answering a traced request carries its trace id.
         LoggingSystem.bootstrap({ label, metadataProvider in
             let piece = label.hasPrefix("switchboard.") ? String(label.dropFirst("switchboard.".count)) : label
-            let level = override ?? Logger.Level(rawValue: file.logLevel(for: piece)) ?? .info
-            if json {
-                var handler = JSONLogHandler(label: label, metadataProvider: metadataProvider)
-                handler.logLevel = level
-                return handler
-            }
-            var handler = StreamLogHandler.standardError(label: label, metadataProvider: metadataProvider)
-            handler.logLevel = level
-            return handler
+            var handler: any LogHandler = json ? JSONLogHandler(label: label, metadataProvider: metadataProvider)
+                : StreamLogHandler.standardError(label: label, metadataProvider: metadataProvider)
+            handler.logLevel = .trace  // the live level decides
+            return LiveLevelHandler(handler, cell: levels.cell(for: piece))
         }, metadataProvider: BusTracing.loggingMetadata)
         if let lifelineFd { Lifeline.watch(fd: lifelineFd) }
         guard let piece else {
@@ -93,6 +91,23 @@ struct CommonOptions: ParsableArguments {
             FileHandle.standardError.write(Data("switchboard: telemetry: \(error)\n".utf8))
             throw ExitCode(78)
         }
+    }
+
+    /// The live log levels ``bootstrap(_:exporting:)`` made, for ``reloading(apply:)``.
+    private static let levels = Mutex<LiveLogLevels?>(nil)
+
+    /// The part of a process's group that reloads the configuration on SIGHUP (after
+    /// ``bootstrap(_:exporting:)``): log levels, then what `apply` takes of the new file.
+    func reloading(_ label: String, apply: @escaping @Sendable (ConfigFile) async -> Void = { _ in }) throws -> any Service {
+        let levels = Self.levels.withLock { $0 }!
+        let reloader: ConfigReloader
+        do {
+            reloader = try ConfigReloader(path: configPath)
+        } catch {
+            FileHandle.standardError.write(Data("switchboard: \(configPath ?? "configuration"): \(error)\n".utf8))
+            throw ExitCode(78)
+        }
+        return Reloading(reloader: reloader, levels: levels, apply: apply, logger: Logger(label: label))
     }
 
     /// A setting derived after loading (the CURVE keys); a problem ends the process as a bad

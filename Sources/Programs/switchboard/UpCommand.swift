@@ -53,8 +53,19 @@ struct UpCommand: AsyncParsableCommand {
         }
         let enabled = ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true }
         try secure(&file, services: enabled)
-        let status = singleProcess ? try await runInOneProcess(file, services: enabled, telemetry: telemetry) : try await runSupervised(file, services: enabled)
+        let status = singleProcess ? try await runInOneProcess(file, services: enabled, telemetry: telemetry)
+            : try await runSupervised(file, services: enabled, reloader: try reloader())
         if status != 0 { throw ExitCode(status) }
+    }
+
+    /// What SIGHUP and `sb reload` read again: made after `secure`, whose variable it sees.
+    private func reloader() throws -> ConfigReloader {
+        do {
+            return try ConfigReloader(path: common.configPath, supervised: true)
+        } catch {
+            FileHandle.standardError.write(Data("switchboard: \(common.configPath ?? "configuration"): \(error)\n".utf8))
+            throw ExitCode(78)
+        }
     }
 
     // MARK: Security
@@ -120,7 +131,7 @@ struct UpCommand: AsyncParsableCommand {
 
     // MARK: Processes
 
-    private func runSupervised(_ file: ConfigFile, services: [String]) async throws -> Int32 {
+    private func runSupervised(_ file: ConfigFile, services: [String], reloader: ConfigReloader) async throws -> Int32 {
         let logger = Logger(label: "switchboard.up")
         if !noKernel { _ = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() } }
         // The probe asks the kernel whether each piece is up: on a services-only machine, which
@@ -145,10 +156,33 @@ struct UpCommand: AsyncParsableCommand {
                 // The gateway runs beside the kernel, not on a services-only machine.
                 + (Self.runsGateway(file, noKernel: noKernel) ? [.init(name: "gateway", arguments: ["gateway"] + shared, workers: 0,
                                                  listensAt: (file.gateway.host, file.gateway.port))] : []),
-            settings: file.supervisor, probe: probe, reporter: reporter, logger: logger)
-        let signals = Signals.forward { _ in supervisor.requestShutdown() }
-        let status = await supervisor.run { pids in
-            Self.printBanner(file, pids: pids, services: services, singleProcess: false, remoteKernel: noKernel)
+            settings: file.supervisor, probe: probe, reporter: reporter, configuration: reloader, logger: logger)
+        // `sb restart` and `sb reload` reach the supervisor as the `supervisor` service of its
+        // kernel (with the supervisor's key); SIGUSR2 and SIGHUP do the same.
+        let host = noKernel ? nil : try ServiceHost(
+            service: supervisor,
+            options: .init(brokers: [Self.connectable(file.kernel.brokerEndpoint)], connections: 1, window: 4,
+                           heartbeatInterval: file.kernel.heartbeatInterval, heartbeatLiveness: file.kernel.heartbeatLiveness,
+                           curve: try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.supervisor) },
+                           maxMessageSize: file.kernel.maxMessageSize, maxBatchItems: file.kernel.maxBatchItems),
+            logger: logger)
+        let (stopping, stop) = AsyncStream.makeStream(of: Void.self)
+        let signals = Signals.forward { _ in
+            stop.finish()
+            supervisor.requestShutdown()
+        } + Signals.handle([SIGHUP]) { _ in supervisor.requestReload() } + Signals.handle([SIGUSR2]) { _ in supervisor.requestRollingRestart() }
+        let status = await withTaskGroup(of: Int32?.self) { group in
+            if let host {
+                group.addTask {
+                    try? await host.serve { for await _ in stopping {} }
+                    return nil
+                }
+            }
+            let status = await supervisor.run { pids in
+                Self.printBanner(file, pids: pids, services: services, singleProcess: false, remoteKernel: noKernel)
+            }
+            stop.finish()
+            return status
         }
         signals.forEach { $0.cancel() }
         await probe.close()
@@ -173,7 +207,7 @@ struct UpCommand: AsyncParsableCommand {
         try await kernel.start()
         // Over inproc:// the pieces share the kernel's context (and with CURVE on, still use keys).
         let inproc = { (role: String) in "inproc://switchboard-\(role)" }
-        var pieces: [any Service] = telemetry + [kernel]
+        var pieces: [ServiceGroupConfiguration.ServiceConfiguration] = (telemetry + [kernel]).map { .init(service: $0) }
         for name in services {
             let connection = Connection(brokers: [inproc("broker")],
                                         state: [StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector"))],
@@ -181,21 +215,31 @@ struct UpCommand: AsyncParsableCommand {
                                         heartbeatInterval: configuration.heartbeatInterval,
                                         liveness: configuration.heartbeatLiveness, curve: keys[name]!, context: context, instance: nil,
                                         maxMessageSize: configuration.maxMessageSize, maxBatchItems: configuration.maxBatchItems)
-            pieces.append(contentsOf: try await Pieces.service(name, file: file, connection: connection))
+            pieces.append(contentsOf: Pieces.grouped(try await Pieces.service(name, file: file, connection: connection), drained: .ignore))
         }
+        var gateway: Gateway.Options?
         if Self.runsGateway(file, noKernel: false) {
             let options = try GatewayCommand.options(file, common: common, logger: Logger(label: "switchboard.gateway"), brokers: [inproc("broker")],
                                                      state: [StateEndpoints(snapshot: inproc("snapshot"), publisher: inproc("publisher"), collector: inproc("collector"))],
                                                      context: context)
-            pieces.append(contentsOf: try await Gateway.parts(options: options, logger: Logger(label: "switchboard.gateway")))
+            pieces.append(contentsOf: try await Gateway.parts(options: options, logger: Logger(label: "switchboard.gateway")).map { .init(service: $0) })
+            gateway = options
         }
+        // SIGHUP: log levels, the kernel's limits and allowed keys, the gateway's tokens.
+        let kernelSecurity = configuration.security
+        pieces.append(.init(service: try common.reloading("switchboard.up") { [gateway] reloaded in
+            var next = reloaded.kernel
+            next.security = (try? reloaded.security.kernelSecurity()) ?? kernelSecurity
+            await kernel.reconfigure(next)
+            if let gateway, let tokens = try? GatewayCommand.tokens(reloaded, logger: Logger(label: "switchboard.gateway")) { gateway.tokens.replace(with: tokens) }
+        }))
         let logger = Logger(label: "switchboard.up")
         // A ServiceGroup stops its services in reverse order: the services first, the kernel last.
         let probe = try await BusClient(brokers: [inproc("broker")], context: context, timeout: .seconds(1), curve: keys[KeyFolder.client]!)
-        pieces.append(Banner(probe: probe, services: services) {
+        pieces.append(.init(service: Banner(probe: probe, services: services) {
             Self.printBanner(file, pids: [("switchboard", getpid())], services: services, singleProcess: true, remoteKernel: false)
-        })
-        let group = ServiceGroup(services: pieces, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        }))
+        let group = ServiceGroup(configuration: .init(services: pieces, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
         return 0
     }
