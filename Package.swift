@@ -134,7 +134,7 @@ let package = Package(
         // finds the kernels. For the `switchboard` executable.
         .target(
             name: "Deployment",
-            dependencies: ["BusKit", "BusProtocol", "FetcherService", "Gateway", "Kernel", "StoreService", "Supervisor", "SwitchboardConfig", "Telemetry"],
+            dependencies: ["BusKit", "BusProtocol", "Contracts", "FetcherService", "Gateway", "Kernel", "StoreService", "Supervisor", "SwitchboardConfig", "Telemetry"],
             path: "Sources/Operations/Deployment",
             swiftSettings: sharedSettings
         ),
@@ -163,7 +163,7 @@ let package = Package(
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
         .target(
             name: "Supervisor",
-            dependencies: ["Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
             path: "Sources/Operations/Supervisor",
             swiftSettings: sharedSettings
         ),

@@ -101,7 +101,7 @@ struct ContractTests {
 
         let kernelDoc = try await bus.call(Method.discover(KernelAPI.service))
         #expect(kernelDoc.info.title == "kernel" && kernelDoc.openrpc.hasPrefix("1.") && kernelDoc.jsonSchemaDialect == JSONSchema.dialect)
-        #expect(kernelDoc.methods.map(\.name) == ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get"])
+        #expect(kernelDoc.methods.map(\.name) == ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get", "workers.list", "workers.drain"])
         let stateSet = try #require(kernelDoc.methods.first { $0.name == KernelAPI.stateSet.name })
         #expect(stateSet.summary == KernelAPI.stateSet.summary)
         #expect(stateSet.params.map(\.name) == ["key", "ttl", "value"])

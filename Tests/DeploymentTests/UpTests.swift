@@ -104,7 +104,7 @@ struct UpTests {
         try await eventually(60, "every service registered with the new kernel") {
             let list = try await bus.request(service: "kernel", method: "services.list", timeout: .seconds(1))
             let workers = (list["services"]?.arrayValue ?? []).reduce(into: [String: Int64]()) { $0[$1["name"]?.stringValue ?? ""] = $1["workers"]?.intValue }
-            return workers == ["echo": 1, "store": 2, "fetcher": 2, "search": 2, "pricing": 1]
+            return workers == ["echo": 1, "store": 2, "fetcher": 2, "search": 2, "pricing": 1, "supervisor": 1]
         }
         #expect(try await bus.request(service: "search", method: "countries.search", params: ["query": "par"])["countries"] != nil)
         await bus.close()

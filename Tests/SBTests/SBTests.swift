@@ -57,11 +57,6 @@ struct SBBus {
     }
 }
 
-/// The JSON lines of an output.
-func jsonLines(_ text: String) throws -> [JSONValue] {
-    try text.split(separator: "\n").map { try JSONValue(parsing: Array($0.utf8)) }
-}
-
 @Suite("sb: every verb against a live bus, tables and JSON, exit statuses", .serialized)
 struct SBTests {
     @Test("generic verbs: ping, services, request; exit statuses 0, 1, 64, 69, 75")
@@ -108,7 +103,7 @@ struct SBTests {
         let documents = try #require(try jsonLines(all.stdout).first?.objectValue)
         // The kernel and every service on this bus answer rpc.discover, with each method of their table.
         let expected: [String: [String]] = [
-            KernelAPI.service: ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get"],
+            KernelAPI.service: ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get", "workers.list", "workers.drain"],
             SearchAPI.service: ["countries.search", "locations.search", "locations.resolve", "items.grouped", "sources.list",
                                 "headlines.list", "flights.list", "airlines.get", "indexes.list"],
             PricingAPI.service: ["route.quote", "route.cheapest", "route.current", "route.select", "deals.rollback", "deals.today"],

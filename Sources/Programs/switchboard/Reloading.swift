@@ -1,3 +1,4 @@
+import BusProtocol
 import Deployment
 import Dispatch
 import Foundation
@@ -82,6 +83,19 @@ struct LiveLevelHandler: LogHandler {
         set { inner[metadataKey: key] = newValue }
     }
     func log(event: LogEvent) { inner.log(event: event) }
+}
+
+/// `switchboard up`'s reload (``Supervisor/reload()``): the file read again, and the
+/// supervisor's own log levels with it (its processes apply theirs on SIGHUP).
+struct SupervisedReload: ConfigurationReloading {
+    let reloader: ConfigReloader
+    let levels: LiveLogLevels
+
+    func reload() throws(JSONRPCError) -> ConfigurationChange {
+        let change = try reloader.reload()
+        levels.apply(reloader.file)
+        return change
+    }
 }
 
 /// A part of a process's group that reloads the configuration on SIGHUP: the file is read

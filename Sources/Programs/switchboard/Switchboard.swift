@@ -99,15 +99,22 @@ struct CommonOptions: ParsableArguments {
     /// The part of a process's group that reloads the configuration on SIGHUP (after
     /// ``bootstrap(_:exporting:)``): log levels, then what `apply` takes of the new file.
     func reloading(_ label: String, apply: @escaping @Sendable (ConfigFile) async -> Void = { _ in }) throws -> any Service {
-        let levels = Self.levels.withLock { $0 }!
-        let reloader: ConfigReloader
+        Reloading(reloader: try reloader(supervised: false), levels: Self.levels.withLock { $0 }!, apply: apply, logger: Logger(label: label))
+    }
+
+    /// What `switchboard up` reloads with (SIGHUP, `sb reload`): made after its security
+    /// settings, whose variable it sees.
+    func supervisedReload() throws -> SupervisedReload {
+        SupervisedReload(reloader: try reloader(supervised: true), levels: Self.levels.withLock { $0 }!)
+    }
+
+    private func reloader(supervised: Bool) throws -> ConfigReloader {
         do {
-            reloader = try ConfigReloader(path: configPath)
+            return try ConfigReloader(path: configPath, supervised: supervised)
         } catch {
             FileHandle.standardError.write(Data("switchboard: \(configPath ?? "configuration"): \(error)\n".utf8))
             throw ExitCode(78)
         }
-        return Reloading(reloader: reloader, levels: levels, apply: apply, logger: Logger(label: label))
     }
 
     /// A setting derived after loading (the CURVE keys); a problem ends the process as a bad

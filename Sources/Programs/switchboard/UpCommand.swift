@@ -54,18 +54,8 @@ struct UpCommand: AsyncParsableCommand {
         let enabled = ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true }
         try secure(&file, services: enabled)
         let status = singleProcess ? try await runInOneProcess(file, services: enabled, telemetry: telemetry)
-            : try await runSupervised(file, services: enabled, reloader: try reloader())
+            : try await runSupervised(file, services: enabled, reloader: try common.supervisedReload())
         if status != 0 { throw ExitCode(status) }
-    }
-
-    /// What SIGHUP and `sb reload` read again: made after `secure`, whose variable it sees.
-    private func reloader() throws -> ConfigReloader {
-        do {
-            return try ConfigReloader(path: common.configPath, supervised: true)
-        } catch {
-            FileHandle.standardError.write(Data("switchboard: \(common.configPath ?? "configuration"): \(error)\n".utf8))
-            throw ExitCode(78)
-        }
     }
 
     // MARK: Security
@@ -131,7 +121,7 @@ struct UpCommand: AsyncParsableCommand {
 
     // MARK: Processes
 
-    private func runSupervised(_ file: ConfigFile, services: [String], reloader: ConfigReloader) async throws -> Int32 {
+    private func runSupervised(_ file: ConfigFile, services: [String], reloader: SupervisedReload) async throws -> Int32 {
         let logger = Logger(label: "switchboard.up")
         if !noKernel { _ = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() } }
         // The probe asks the kernel whether each piece is up: on a services-only machine, which

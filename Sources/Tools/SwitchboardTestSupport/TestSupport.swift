@@ -4,6 +4,7 @@ public import Kernel
 public import ZeroMQ
 public import BusKit
 import Contracts
+public import BusProtocol
 
 /// Thrown when a bounded wait in a test runs out.
 public struct TimedOut: Error, CustomStringConvertible {
@@ -441,4 +442,9 @@ public func residentBytes(of pid: Int32) -> Int? {
         if words.count >= 2, let kilobytes = Int(words[1]) { return kilobytes * 1024 }
     }
     return nil
+}
+
+/// The JSON lines of an output (`sb --json`).
+public func jsonLines(_ text: String) throws -> [JSONValue] {
+    try text.split(separator: "\n").map { try JSONValue(parsing: Array($0.utf8)) }
 }
