@@ -489,6 +489,8 @@ public actor Supervisor: BusService {
     public func reload() async throws(JSONRPCError) -> SupervisorAPI.Reloaded {
         guard let configuration else { throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: this supervisor has no configuration to reload") }
         guard phase == .running else { throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: the bus is not running yet") }
+        // A process starting for a rolling restart may not handle SIGHUP yet.
+        guard !replacing else { throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: a rolling restart is running; reload once it is done") }
         let change = try configuration.reload()
         for child in children {
             for pid in [child.pid, child.retiring].compactMap({ $0 }) { kill(pid, SIGHUP) }

@@ -67,6 +67,8 @@ struct CommonOptions: ParsableArguments {
     /// says so, for a process that runs `exporting` pieces; and the lifeline to the
     /// supervisor, if any. Returns the exporters, to run first in the process's group.
     func bootstrap(_ file: ConfigFile, exporting piece: String?) throws -> [any Service] {
+        // A SIGHUP before the reloading part listens must not end the process (its default).
+        signal(SIGHUP, SIG_IGN)
         let json = (logFormat ?? LogFormat(rawValue: file.logFormat) ?? .text) == .json
         // Each piece's level is live: a reload (SIGHUP) changes it in loggers made already.
         let levels = LiveLogLevels(override: logLevel, file: file)
