@@ -1,7 +1,6 @@
 public import BusProtocol
 public import ContractKit
 import Foundation
-import Synchronization
 public import Logging
 public import ServiceLifecycle
 public import ZeroMQ
@@ -20,7 +19,7 @@ public import ZeroMQ
 /// shutdown, then drains: each connection tells the kernel to send it nothing more
 /// (`drain=1`), answers what it holds, and unregisters (DISCONNECT), so no request is
 /// re-sent elsewhere. A kernel may also tell any connection to drain (`sb drain`): the
-/// whole host then drains the same way and `run()` returns (``drainedByKernel``). Requests
+/// whole host then drains the same way and `run()` returns. Requests
 /// are answered in task groups of ``serve(onRegistered:until:)``, which end with it.
 public final class ServiceHost<Hosted: BusService>: Service {
     public struct Options: Sendable {
@@ -67,9 +66,6 @@ public final class ServiceHost<Hosted: BusService>: Service {
     private let ready: @Sendable () async -> Void
     /// Told when a kernel asks a connection to drain: the whole host drains and leaves.
     private let (drainRequests, drainRequested) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
-    private let drainedFlag = Mutex(false)
-    /// Whether the last ``serve(onRegistered:until:)`` ended because a kernel said to drain.
-    public var drainedByKernel: Bool { drainedFlag.withLock { $0 } }
 
     /// - Parameters:
     ///   - onReregistered: runs after the kernel forgot this service (it restarted) and the
@@ -136,7 +132,6 @@ public final class ServiceHost<Hosted: BusService>: Service {
                 defer { race.cancelAll() }
                 return await race.next() ?? false
             }
-            drainedFlag.withLock { $0 = byKernel }
             if byKernel { logger.notice("a kernel asked this service to drain: answering what it holds, then leaving", metadata: ["service": "\(Hosted.name)"]) }
             // Every connection at once: each stops taking requests before any waits.
             let timeout = options.drainTimeout

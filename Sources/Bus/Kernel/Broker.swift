@@ -50,6 +50,8 @@ final class Broker {
         /// Takes no new requests: it finishes those in flight, then leaves (a drain).
         var draining = false
         var hasRoom: Bool { !draining && inFlight.count < window }
+        /// Whether `id` names it: its routing id, or its process (the part before the first `/`).
+        func isNamed(_ id: String) -> Bool { identity.equals(id) || process.equals(id) }
         init(identity: Frame, service: Service, window: Int, speaksExtension: Bool = true, expiry: UInt64) {
             self.identity = identity
             process = identity.withUnsafeBytes { bytes in
@@ -281,7 +283,7 @@ final class Broker {
                 disconnect(identity, reason: "a HEARTBEAT before READY", now: now)
                 return
             }
-            startDraining(worker)
+            startDraining(worker, now: now)
         case .disconnect:
             if let worker = known { remove(worker, reason: worker.draining ? "it drained" : "it disconnected", now: now) }
         }
@@ -292,7 +294,7 @@ final class Broker {
     /// Stops sending `worker` requests and tells it so (`drain=1`, which also answers a
     /// worker that asked): it answers those in flight, then disconnects. A plain 7/MDP
     /// worker, which cannot be told, gets DISCONNECT once it holds nothing.
-    private func startDraining(_ worker: Worker, now: UInt64? = nil) {
+    private func startDraining(_ worker: Worker, now: UInt64) {
         if !worker.draining {
             worker.draining = true
             let service = worker.service
@@ -304,7 +306,7 @@ final class Broker {
         }
         if worker.speaksExtension {
             send(MDP.encode(.drain, to: worker.identity))
-        } else if worker.inFlight.isEmpty, let now {
+        } else if worker.inFlight.isEmpty {
             disconnectDrained(worker, now: now)
         }
     }
@@ -318,7 +320,7 @@ final class Broker {
     /// id or process (the part before the first `/`) is `worker`; the routing ids drained.
     func drain(service name: String, worker id: String?, now: UInt64) -> [Worker] {
         let chosen = workers.values.filter { worker in
-            worker.service.name == name && (id == nil || worker.identity.equals(id!) || worker.process.equals(id!))
+            worker.service.name == name && id.map(worker.isNamed) != false
         }.sorted { $0.identity.bytes.lexicographicallyPrecedes($1.identity.bytes) }
         for worker in chosen { startDraining(worker, now: now) }
         return chosen

@@ -283,7 +283,7 @@ public actor Kernel: BusService {
 
     private func workersList(_ params: KernelAPI.WorkersParams) -> KernelAPI.Workers {
         let chosen = broker.workers.values.filter { worker in
-            (params.service == nil || worker.service.name == params.service) && params.worker.map { worker.identity.equals($0) || worker.process.equals($0) } != false
+            (params.service == nil || worker.service.name == params.service) && params.worker.map(worker.isNamed) != false
         }
         return Self.workers(chosen)
     }

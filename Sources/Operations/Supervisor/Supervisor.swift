@@ -286,9 +286,8 @@ public actor Supervisor: BusService {
             }
             return true
         }
-        guard let list = try? await probe.call(KernelAPI.servicesList, timeout: .milliseconds(500)) else { return false }
-        let entry = list.services.first { $0.name == child.piece.name }
-        return (entry?.workers ?? 0) >= child.piece.workers
+        guard let workers = try? await registeredWorkers(child.piece.name) else { return false }
+        return workers >= child.piece.workers
     }
 
     /// Whether a TCP connection to `host`:`port` is accepted now.
@@ -476,8 +475,9 @@ public actor Supervisor: BusService {
         }
     }
 
+    /// The workers the kernel lists for `name` (those taking requests: not draining).
     private func registeredWorkers(_ name: String) async throws -> Int {
-        let list = try await probe.call(KernelAPI.servicesList, timeout: .seconds(1))
+        let list = try await probe.call(KernelAPI.servicesList, timeout: .milliseconds(500))
         return list.services.first { $0.name == name }?.workers ?? 0
     }
 

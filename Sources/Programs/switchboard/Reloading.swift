@@ -25,11 +25,11 @@ final class LiveLogLevels: Sendable {
     private let cells = Mutex<[String: Cell]>([:])
     /// `--log-level` wins over every configuration, the first and the reloaded.
     private let override: Logger.Level?
-    private let configured = Mutex<ConfigFile?>(nil)
+    private let configured: Mutex<ConfigFile>
 
     init(override: Logger.Level?, file: ConfigFile) {
         self.override = override
-        configured.withLock { $0 = file }
+        configured = Mutex(file)
     }
 
     func cell(for piece: String) -> Cell {
@@ -50,7 +50,7 @@ final class LiveLogLevels: Sendable {
     }
 
     private func level(for piece: String) -> Logger.Level {
-        override ?? configured.withLock { $0.flatMap { Logger.Level(rawValue: $0.logLevel(for: piece)) } } ?? .info
+        override ?? configured.withLock { Logger.Level(rawValue: $0.logLevel(for: piece)) } ?? .info
     }
 }
 
