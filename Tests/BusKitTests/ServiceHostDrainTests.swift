@@ -1,0 +1,141 @@
+import BusKit
+import BusProtocol
+import ContractKit
+import Foundation
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+/// A service whose `hold` answers only once the test opens its gate.
+private actor Held: BusService {
+    static let name = "held"
+    static let hold = Method<NoParams, Int>(name, "hold", "Answers once the gate opens.")
+    private var open = false
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+    private(set) var started = 0
+
+    nonisolated func methods(_ table: inout MethodTable<Held>) {
+        table.on(Self.hold) { held, _ in await held.pass() }
+    }
+
+    private func pass() async -> Int {
+        started += 1
+        if !open { await withCheckedContinuation { waiting.append($0) } }
+        return started
+    }
+
+    func release() {
+        open = true
+        for waiter in waiting { waiter.resume() }
+        waiting.removeAll()
+    }
+}
+
+/// The worker's side of a drain (``ServiceHost`` stopping), seen from a ROUTER standing in
+/// for the kernel: it says `drain=1` before anything else, answers every request it holds or
+/// gets before the kernel's answer, and sends DISCONNECT only when both are done. (The
+/// kernel's side is `DrainTests`, with a clock the test moves.)
+@Suite("ServiceHost drains: drain=1 first, every request answered, DISCONNECT only after the kernel's word and the last reply")
+struct ServiceHostDrainTests {
+    /// What the stand-in kernel reads: the worker's commands, its heartbeats counted apart.
+    private struct StandIn {
+        let router: ZMQSocket
+        var worker = Frame()
+        var heartbeats = 0
+
+        /// The next command that is not a plain heartbeat (those are counted).
+        mutating func next() throws -> WorkerToBroker {
+            while true {
+                let message = try router.receive()
+                guard case .worker(let identity, let command) = try MDP.decodeAtBroker(message) else { continue }
+                worker = identity
+                if case .heartbeat = command {
+                    heartbeats += 1
+                    // Answered, so the worker keeps hearing its kernel while it waits.
+                    try router.send(MDP.encode(.heartbeat, to: worker))
+                    continue
+                }
+                return command
+            }
+        }
+
+        /// Reads until `count` more heartbeats came: the worker is still there, waiting.
+        mutating func heartbeats(_ count: Int) throws -> [WorkerToBroker] {
+            let target = heartbeats + count
+            var others: [WorkerToBroker] = []
+            while heartbeats < target {
+                let message = try router.receive()
+                guard case .worker(_, let command) = try MDP.decodeAtBroker(message) else { continue }
+                if case .heartbeat = command {
+                    heartbeats += 1
+                    try router.send(MDP.encode(.heartbeat, to: worker))
+                } else {
+                    others.append(command)
+                }
+            }
+            return others
+        }
+
+        func request(_ id: Int, client: String) throws {
+            let body = Frame(JSONRPCRequest(id: .number(Int64(id)), method: Held.hold.name, paramsText: nil).jsonBytes)
+            try router.send(MDP.encode(.request(client: Frame(client), body: [body]), to: worker))
+        }
+    }
+
+    private func host(at endpoint: String) throws -> (ServiceHost<Held>, Held) {
+        let held = Held()
+        // Heartbeats every 50 ms; a drain that waited for nothing would be over at once, and
+        // one that waited out its timeout would take 30 s.
+        let options = ServiceHost<Held>.Options(brokers: [endpoint], connections: 1, window: 4, heartbeatInterval: .milliseconds(50),
+                                                heartbeatLiveness: 20, drainTimeout: .seconds(30))
+        return (try ServiceHost(service: held, options: options), held)
+    }
+
+    @Test("with requests in flight: drain=1, a request sent before the kernel heard is answered too, no DISCONNECT until both replies are out")
+    func busy() async throws {
+        let context = try ZMQContext()
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        var kernel = StandIn(router: try await kernelStandIn(at: endpoint, in: context))
+        defer { kernel.router.close() }
+        let (host, held) = try host(at: endpoint)
+        try await host.start()
+        #expect(try kernel.next() == .ready(service: Held.name, window: 4))
+        try kernel.request(1, client: "c1")
+
+        let stopping = Task { await host.stop() }
+        #expect(try kernel.next() == .drain, "drain=1 is the first thing a stopping worker says")
+        try kernel.request(2, client: "c2")  // sent before the kernel heard
+        try kernel.router.send(MDP.encode(.drain, to: kernel.worker))
+        #expect(try kernel.heartbeats(3).isEmpty, "nothing is answered and nothing said while both requests are held")
+
+        await held.release()
+        var replies: [String] = []
+        var after: WorkerToBroker
+        repeat {
+            after = try kernel.next()
+            if case .reply(let client, _) = after { replies.append(client.string ?? "") }
+        } while replies.count < 2 && after != .disconnect
+        #expect(replies.sorted() == ["c1", "c2"])
+        #expect(try kernel.next() == .disconnect)
+        await stopping.value
+        #expect(await held.started == 2)
+    }
+
+    @Test("idle: drain=1, then no DISCONNECT until the kernel answers drain=1")
+    func waitsForTheKernel() async throws {
+        let context = try ZMQContext()
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        var kernel = StandIn(router: try await kernelStandIn(at: endpoint, in: context))
+        defer { kernel.router.close() }
+        let (host, _) = try host(at: endpoint)
+        try await host.start()
+        #expect(try kernel.next() == .ready(service: Held.name, window: 4))
+
+        let stopping = Task { await host.stop() }
+        #expect(try kernel.next() == .drain)
+        #expect(try kernel.heartbeats(3).isEmpty, "it waits for the kernel's word: a request may still be on its way")
+        try kernel.router.send(MDP.encode(.drain, to: kernel.worker))
+        #expect(try kernel.next() == .disconnect)
+        await stopping.value
+    }
+}
