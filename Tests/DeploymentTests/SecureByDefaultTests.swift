@@ -30,7 +30,7 @@ struct SecureByDefaultTests {
         let banner = try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 60)
 
         // Keys made on first run, private.
-        for name in ["kernel", "echo", "store", "client"] {
+        for name in ["kernel", "echo", "store", "client", "operator"] {
             let attributes = try FileManager.default.attributesOfItem(atPath: keys.secretKeyFile(name).path)
             #expect((attributes[.posixPermissions] as? Int) == 0o600, "\(name).key is private")
         }
@@ -126,6 +126,36 @@ struct SecureByDefaultTests {
         await bobClient.close()
         let limits = try await client.request(service: "kernel", method: "stats")
         #expect(limits["state"]?["refusedOverLimit"] == 1, "\(limits)")
+
+        // 4. Only an operator's key drains workers, restarts or reloads: a client's is refused
+        //    before anything reaches a worker; sb sends these with operator.key by itself.
+        let drainByClient = await rpcError { try await client.request(service: "kernel", method: "workers.drain", params: ["service": "echo"]) }
+        #expect(drainByClient?.code == JSONRPCError.forbiddenCode && drainByClient?.message.contains("operator") == true, "\(String(describing: drainByClient))")
+        let restartByClient = await rpcError { try await client.request(service: "supervisor", method: "reload") }
+        #expect(restartByClient?.code == JSONRPCError.forbiddenCode, "\(String(describing: restartByClient))")
+        let security = try await client.request(service: "kernel", method: "stats")["security"]
+        #expect(security?["refusedRequests"] == 2, "\(String(describing: security))")
+        // Nor through the gateway, whose key is a client's: any holder of an HTTP token.
+        let post = """
+            import sys, urllib.request, urllib.error
+            request = urllib.request.Request(sys.argv[1], data=sys.argv[3].encode(), headers={"Authorization": "Bearer " + sys.argv[2]})
+            try:
+                response = urllib.request.urlopen(request, timeout=10); print(response.status, response.read().decode())
+            except urllib.error.HTTPError as error:
+                print(error.code, error.read().decode())
+            """
+        let token = try #require(keys.gatewayToken())
+        for (path, body) in [("supervisor", #"{"jsonrpc":"2.0","id":1,"method":"restart"}"#),
+                             ("kernel", #"{"jsonrpc":"2.0","id":1,"method":"workers.drain","params":{"service":"store"}}"#)] {
+            let http = try await runCommand(URL(fileURLWithPath: "/usr/bin/python3"), ["-c", post, "http://127.0.0.1:\(ports[4])/rpc/\(path)", token, body])
+            #expect(http.stdout.hasPrefix("403 ") && http.stdout.contains("-32011"), "\(path) over HTTP: \(http)")
+        }
+        #expect(try await storeWorkers() == 2)
+        let drainByOperator = try await runCommand(sbExecutable(), ["request", "kernel", "workers.drain", #"{"service":"nosuch"}"#], environment: environment)
+        #expect(drainByOperator.status == 1 && drainByOperator.stderr.contains("-32602") && drainByOperator.stderr.contains("no worker offers 'nosuch'"),
+                "admitted, and answered by the kernel: \(drainByOperator)")
+        let reload = try await runCommand(sbExecutable(), ["reload", "--json"], environment: environment)
+        #expect(reload.status == 0, "\(reload)")
 
         await client.close()
         up.signal(SIGTERM)

@@ -173,17 +173,17 @@ struct KernelTimingTests {
         pair.received(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(state.sequence), CHP.sequenceFrame(0)]),
                       now: clock.now)
         #expect(pair.holdsState)
-        #expect(!admission.admits(service: "svc", body: [], now: clock.now))
+        #expect(admission.verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .notActive)
         // Questions about the kernel itself are answered by either.
-        #expect(admission.admits(service: KernelAPI.service, body: [Frame(#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)], now: clock.now))
+        #expect(admission.verdict(service: KernelAPI.service, body: [Frame(#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)], peer: nil, security: nil, now: clock.now) == .admitted)
 
         // 399 ms of silence: still the peer's.
         clock.advance(.milliseconds(399))
-        #expect(!admission.admits(service: "svc", body: [], now: clock.now))
+        #expect(admission.verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .notActive)
         #expect(pair.state == .passive)
         // 400 ms (two heartbeats): the next client makes it take over.
         clock.advance(.milliseconds(1))
-        #expect(admission.admits(service: "svc", body: [], now: clock.now))
+        #expect(admission.verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
         #expect(pair.state == .active)
         #expect(pair.takeEvents().contains { if case .becameActive = $0 { true } else { false } })
     }
@@ -293,5 +293,49 @@ struct DrainTests {
         #expect(broker.drain(service: "svc", worker: "h:1:a", now: clock.now).map { $0.identity.string } == ["h:1:a/0/1", "h:1:a/1/1"])
         #expect(broker.drain(service: "svc", worker: "h:2:b/0/1", now: clock.now).count == 1)
         #expect(broker.drain(service: "other", worker: nil, now: clock.now).isEmpty)
+    }
+}
+
+@Suite("What only operators may ask: refused from any other key before it reaches a worker")
+struct OperatorsOnlyTests {
+    /// A broker with CURVE on whose allow-lists hold one key of each kind.
+    private func broker() -> Broker {
+        var configuration = KernelConfiguration()
+        configuration.security = KernelSecurity(secretKey: "unused", clientKeys: ["C"], serviceKeys: ["S": SupervisorAPI.service],
+                                                operatorKeys: ["O"])
+        return Broker(configuration: configuration, logger: quiet)
+    }
+    private func request(from user: String, _ service: String, _ method: String) -> Message {
+        var message = fromClient("peer-\(user)", service, #"{"jsonrpc":"2.0","id":1,"method":"\#(method)"}"#)
+        message.peerUserID = "client:" + user
+        return message
+    }
+
+    @Test("the supervisor's methods and kernel workers.drain: -32011 to a client key, passed on for an operator's key; the rest open to clients")
+    func refusedToClients() throws {
+        let clock = ManualClock(), broker = broker()
+        var ready = fromWorker("sup", .ready(service: SupervisorAPI.service, window: 4))
+        ready.peerUserID = "worker:S"
+        broker.handle(ready, now: clock.now)
+        _ = broker.outbox.take()
+        _ = broker.takeEvents()
+
+        broker.handle(request(from: "C", SupervisorAPI.service, SupervisorAPI.restart.name), now: clock.now)
+        let refused = Sent(broker.outbox.take())
+        #expect(refused.requests.isEmpty)
+        let error = try JSONValue(parsing: Array(refused.toClients[0].body.utf8))["error"]
+        #expect(error?["code"]?.intValue == Int64(JSONRPCError.forbiddenCode))
+        #expect(error?["message"]?.stringValue?.contains("operator.key") == true)
+        broker.handle(request(from: "C", KernelAPI.service, KernelAPI.workersDrain.name), now: clock.now)
+        #expect(Sent(broker.outbox.take()).toClients.count == 1)
+        #expect(broker.takeEvents().isEmpty)  // never reached the kernel's methods
+        #expect(broker.refusedNotOperator == 2)
+
+        broker.handle(request(from: "O", SupervisorAPI.service, SupervisorAPI.restart.name), now: clock.now)
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["sup"])
+        broker.handle(request(from: "O", KernelAPI.service, KernelAPI.workersDrain.name), now: clock.now)
+        broker.handle(request(from: "C", KernelAPI.service, KernelAPI.workersList.name), now: clock.now)
+        #expect(broker.takeEvents().count == 2)
+        #expect(broker.refusedNotOperator == 2)
     }
 }

@@ -90,6 +90,7 @@ struct ConfigFileTests {
         ("services:\n  store: {window: 5000}", "services.store.window: expected an integer from 1 to 4096, got 5000"),
         ("log_level: loud", #"log_level: expected one of trace, debug, info, notice, warning, error, critical, got "loud""#),
         ("security:\n  worker_keys: [abc]", #"security.worker_keys[0]: expected a CURVE key"#),
+        ("security:\n  operator_keys: [abc]", #"security.operator_keys[0]: expected a CURVE key"#),
         ("security:\n  secret_key_file: /nonexistent/x.key", "security.secret_key_file: cannot read /nonexistent/x.key"),
         ("security:\n  curve: yes please", #"security.curve: expected true or false"#),
         ("supervisor:\n  restart_limit: 0", "supervisor.restart_limit: expected an integer from 1 to 1000000, got 0"),
@@ -187,6 +188,15 @@ struct ConfigFileTests {
         let client = try #require(try keys.publicKey("client"))
         #expect(security.clientKeys.count == 2 && security.clientKeys.contains(client))
         #expect(security.workerKeys.isEmpty)
+        // Operators: operator.pub, operators/*.pub and security.operator_keys.
+        #expect(security.operatorKeys.isEmpty)
+        #expect(try keys.create(["operator"]) == ["operator"])
+        try KeyFolder.write(try CurveKeyPair.generate(), to: keys.operatorsFolder.appendingPathComponent("ann").path, replacing: false)
+        let listed = try CurveKeyPair.generate().publicKey
+        let operators = try #require(try ConfigFile.parse("security:\n  curve: true\n  keys_dir: \(folder.path)\n  operator_keys: [\"\(listed)\"]\n")
+            .security.kernelSecurity()).operatorKeys
+        let local = try #require(try keys.publicKey("operator"))
+        #expect(operators.count == 3 && operators.contains(local) && operators.contains(listed))
         let store = try #require(try file.security.connectingKeys(as: "store"))
         let storePublic = try keys.publicKey("store"), kernelPublic = try keys.publicKey("kernel")
         #expect(store.publicKey == storePublic && store.serverKey == kernelPublic)

@@ -10,9 +10,11 @@ public import ZeroMQ
 /// kernel.key  kernel.pub          the kernel's pair; clients need kernel.pub
 /// store.key   store.pub  …        one pair per service: may register that service only
 /// client.key  client.pub          the local client (sb, scripts)
+/// operator.key operator.pub       the local operator: sb drain, restart, reload
 /// gateway.key gateway.pub         the HTTP gateway, a client of its own
 /// gateway.token                   the bearer token HTTP callers send to the gateway
 /// clients/NAME.pub                more clients allowed in (copy their .pub files here)
+/// operators/NAME.pub              more operators (clients that may also drain, restart, reload)
 /// ```
 /// Secret keys are written with mode 0600 and the folder with 0700.
 public struct KeyFolder: Sendable, Equatable {
@@ -24,6 +26,8 @@ public struct KeyFolder: Sendable, Equatable {
     public static let client = "client"
     /// The gateway's pair: a client like `client`.
     public static let gateway = "gateway"
+    /// The local operator's pair: a client that may also ask what `OperatorsOnly` lists.
+    public static let `operator` = "operator"
     /// The supervisor's pair (`switchboard up`): a service key for its own state prefix,
     /// where it says how each process it runs is doing.
     public static let supervisor = "supervisor"
@@ -40,13 +44,15 @@ public struct KeyFolder: Sendable, Equatable {
     public func publicKeyFile(_ name: String) -> URL { url.appendingPathComponent("\(name).pub") }
     /// Public keys of further clients allowed in.
     public var clientsFolder: URL { url.appendingPathComponent("clients") }
+    /// Public keys of further operators.
+    public var operatorsFolder: URL { url.appendingPathComponent("operators") }
 
     /// Writes a pair for each of `names` that has no secret key file yet; returns the names
     /// it made a pair for.
     @discardableResult
     public func create(_ names: [String]) throws -> [String] {
         let manager = FileManager.default
-        for folder in [url, clientsFolder] {
+        for folder in [url, clientsFolder, operatorsFolder] {
             try manager.createDirectory(at: folder, withIntermediateDirectories: true)
             try manager.setAttributes([.posixPermissions: 0o700], ofItemAtPath: folder.path)
         }
@@ -114,12 +120,21 @@ public struct KeyFolder: Sendable, Equatable {
         try Self.publicKey(in: publicKeyFile(name))
     }
 
-    /// The local client's public key and every `clients/*.pub`.
+    /// The local client's public key, the gateway's, and every `clients/*.pub`.
     public func clientPublicKeys() throws(KeyFolderError) -> [String] {
-        let extra = ((try? FileManager.default.contentsOfDirectory(at: clientsFolder, includingPropertiesForKeys: nil)) ?? [])
+        try publicKeys([publicKeyFile(Self.client), publicKeyFile(Self.gateway)], andIn: clientsFolder)
+    }
+
+    /// The local operator's public key and every `operators/*.pub`.
+    public func operatorPublicKeys() throws(KeyFolderError) -> [String] {
+        try publicKeys([publicKeyFile(Self.operator)], andIn: operatorsFolder)
+    }
+
+    private func publicKeys(_ files: [URL], andIn folder: URL) throws(KeyFolderError) -> [String] {
+        let extra = ((try? FileManager.default.contentsOfDirectory(at: folder, includingPropertiesForKeys: nil)) ?? [])
             .filter { $0.pathExtension == "pub" }.sorted { $0.path < $1.path }
         var keys: [String] = []
-        for file in [publicKeyFile(Self.client), publicKeyFile(Self.gateway)] + extra {
+        for file in files + extra {
             if let key = try Self.publicKey(in: file) { keys.append(key) }
         }
         return keys
@@ -143,6 +158,12 @@ public struct KeyFolder: Sendable, Equatable {
     public func clientKeys() throws(KeyFolderError) -> CurveClientKeys? {
         guard FileManager.default.fileExists(atPath: secretKeyFile(Self.client).path) else { return nil }
         return try connectingKeys(as: Self.client)
+    }
+
+    /// The local operator's keys when the folder holds `operator.key`, else the client's.
+    public func operatorKeys() throws(KeyFolderError) -> CurveClientKeys? {
+        guard FileManager.default.fileExists(atPath: secretKeyFile(Self.operator).path) else { return try clientKeys() }
+        return try connectingKeys(as: Self.operator)
     }
 
     private static func publicKey(in file: URL) throws(KeyFolderError) -> String? {

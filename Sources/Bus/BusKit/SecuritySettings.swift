@@ -9,7 +9,7 @@ import Foundation
 /// and the local client's key (and any in `clients/`), and each piece takes its own pair.
 /// Or explicitly, for machines that do not share a folder: the kernel's secret key and the
 /// allow-lists, and for a connecting piece the kernel's public key and its own secret key.
-/// Keys in `client_keys` and `worker_keys` are allowed in either way.
+/// Keys in `client_keys`, `worker_keys` and `operator_keys` are allowed in either way.
 public struct SecuritySettings: Sendable, Equatable {
     /// nil when the configuration does not say: `switchboard up` then turns CURVE on; the
     /// kernel or a service run alone stays plain (with a warning), for any ZeroMQ peer.
@@ -20,12 +20,15 @@ public struct SecuritySettings: Sendable, Equatable {
     public var secretKey: String?
     public var clientKeys: [String] = []
     public var workerKeys: [String] = []
+    /// Clients that may also drain workers, restart services and reload (`OperatorsOnly`).
+    public var operatorKeys: [String] = []
 
     public init() {}
 
     public static let schema = ConfigSchema.map([
         "curve": .value, "keys_dir": .value, "kernel_secret_key": .text, "kernel_secret_key_file": .value,
         "server_key": .text, "secret_key": .text, "secret_key_file": .value, "client_keys": .value, "worker_keys": .value,
+        "operator_keys": .value,
     ])
 
     /// Reads `security:` (a key given as a file is read now, so a missing file is named here).
@@ -37,6 +40,7 @@ public struct SecuritySettings: Sendable, Equatable {
         if security.has("server_key") { serverKey = try Self.z85Key(security.values["server_key"]!, security.path("server_key")) }
         if let list = try security.strings("client_keys") { clientKeys = try Self.keys(list, security.path("client_keys")) }
         if let list = try security.strings("worker_keys") { workerKeys = try Self.keys(list, security.path("worker_keys")) }
+        if let list = try security.strings("operator_keys") { operatorKeys = try Self.keys(list, security.path("operator_keys")) }
     }
 
     public var keyFolder: KeyFolder { KeyFolder(keysDir) }

@@ -24,7 +24,7 @@ public enum KernelAPI {
     public static let statePublish = Method<StateSetParams, StateWritten>(service, "state.publish", "Writes a key as a client, under the collector's rule (the writable prefixes, /client/ by default), acknowledged with its sequence number.")
     public static let stateGet = Method<StateGetParams, StateEntries>(service, "state.get", "The CHP keys under a prefix with their values and sequence numbers, a page at a time (next: the after of the next page).")
     public static let workersList = Method<WorkersParams, Workers>(service, "workers.list", "Each worker connection (of a service, or all): its id, process, window, requests in flight, and whether it drains.")
-    public static let workersDrain = Method<WorkersParams, Workers>(service, "workers.drain", "Drains the workers of a service (or one worker or process by id): they take no new requests, answer those in flight, then leave.")
+    public static let workersDrain = Method<WorkersParams, Workers>(service, "workers.drain", "Drains the workers of a service (or one worker or process by id): they take no new requests, answer those in flight, then leave. For operators' keys only.")
 
     public struct Pong: Codable, Sendable {
         public var pong: Bool
@@ -100,8 +100,10 @@ public enum KernelAPI {
             public var refusedConnections: Int
             /// READYs refused: the key may not serve that service.
             public var refusedRegistrations: Int
-            public init(curve: Bool, refusedConnections: Int, refusedRegistrations: Int) {
-                (self.curve, self.refusedConnections, self.refusedRegistrations) = (curve, refusedConnections, refusedRegistrations)
+            /// Requests for operators only (``OperatorsOnly``) refused: not an operator's key.
+            public var refusedRequests: Int
+            public init(curve: Bool, refusedConnections: Int, refusedRegistrations: Int, refusedRequests: Int = 0) {
+                (self.curve, self.refusedConnections, self.refusedRegistrations, self.refusedRequests) = (curve, refusedConnections, refusedRegistrations, refusedRequests)
             }
         }
         public struct State: Codable, Sendable {

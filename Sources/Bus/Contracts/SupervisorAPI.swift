@@ -2,7 +2,7 @@ public import ContractKit
 
 /// `switchboard up`'s own service, `supervisor` (registered with the supervisor's key beside
 /// its kernel): rolling restarts and configuration reloads, asked for by `sb restart` and
-/// `sb reload` (or SIGUSR2 and SIGHUP to `up`).
+/// `sb reload` (or SIGUSR2 and SIGHUP to `up`). For operators' keys only (``OperatorsOnly``).
 public enum SupervisorAPI {
     public static let service = "supervisor"
 

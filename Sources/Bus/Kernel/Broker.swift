@@ -128,6 +128,8 @@ final class Broker {
     private(set) var refusedRegistrations = 0
     /// Client requests answered -32008: this kernel was not the active one of its pair.
     private(set) var refusedNotActive = 0
+    /// Requests for operators only (``OperatorsOnly``) refused: another key sent them.
+    private(set) var refusedNotOperator = 0
 
     init(configuration: KernelConfiguration, logger: Logger, admission: Admission = Admission(pair: nil)) {
         self.configuration = configuration
@@ -167,8 +169,9 @@ final class Broker {
         switch inbound {
         case .request(let client, let service, let body):
             totalRequests += 1
-            if !admission.admits(service: service, body: body, now: now) {
-                refuseNotActive(client: client, service: service, body: body)
+            let verdict = admission.verdict(service: service, body: body, peer: message.peerUserID, security: configuration.security, now: now)
+            guard verdict == .admitted else {
+                refuse(client: client, service: service, body: body, verdict)
                 return
             }
             handleRequest(client: client, service: service, body: body, peer: message.peerUserID, now: now)
@@ -478,10 +481,17 @@ final class Broker {
         send(MDP.reply(to: client, serviceFrame: serviceFrame, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))]))
     }
 
-    /// Answers -32008: this kernel is not the active one of its pair (the client asks the other).
-    func refuseNotActive(client: Frame, service: String, body: [Frame]) {
-        refusedNotActive += 1
-        reply(to: client, service: service, body: body, error: JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: \(admission.refusal)"))
+    /// Answers a request ``Admission`` refused: -32008 when this kernel is not the active one
+    /// of its pair (the client asks the other), -32011 when only an operator may ask it.
+    func refuse(client: Frame, service: String, body: [Frame], _ verdict: Admission.Verdict) {
+        switch verdict {
+        case .admitted: return
+        case .notActive: refusedNotActive += 1
+        case .notOperator:
+            refusedNotOperator += 1
+            logger.warning("refused a request for operators only from another key", metadata: ["service": "\(service)"])
+        }
+        reply(to: client, service: service, body: body, error: admission.refusal(verdict, service: service))
     }
 
     /// The `kernel` service's answer to `client`.

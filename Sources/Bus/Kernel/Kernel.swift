@@ -370,7 +370,7 @@ extension Kernel {
             requests: broker.totalRequests, protocolErrors: broker.protocolErrors, droppedReplies: broker.droppedReplies,
             queuedBytes: broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
             security: .init(curve: configuration.security != nil, refusedConnections: serving.zap?.refused ?? 0,
-                            refusedRegistrations: broker.refusedRegistrations),
+                            refusedRegistrations: broker.refusedRegistrations, refusedRequests: broker.refusedNotOperator),
             state: .init(keys: state.entries.count, bytes: state.totalBytes, sequence: state.sequence, rejectedWrites: state.rejectedWrites,
                          refusedForbidden: state.refusedForbidden, refusedOverLimit: state.refusedOverLimit),
             pair: pairStatus)
@@ -416,6 +416,7 @@ extension Kernel {
         family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(broker.protocolErrors))])
         family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(serving.zap?.refused ?? 0))])
         family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(broker.refusedRegistrations))])
+        family("refused_requests_total", "counter", "Requests for operators only (workers.drain, the supervisor) refused: not an operator's key.", [("", String(broker.refusedNotOperator))])
         family("state_keys", "gauge", "Keys in the CHP state.", [("", String(state.entries.count))])
         family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(state.totalBytes))])
         family("state_refused_total", "counter", "State writes refused: forbidden for the writer's key, or over a key or byte limit.",

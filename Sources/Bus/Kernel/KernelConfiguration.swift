@@ -107,6 +107,7 @@ public struct KernelConfiguration: Sendable, Equatable {
             security.clientKeys = given.clientKeys
             security.workerKeys = given.workerKeys
             security.serviceKeys = given.serviceKeys
+            security.operatorKeys = given.operatorKeys
             self.security = security
         }
     }
@@ -125,11 +126,16 @@ public struct KernelSecurity: Sendable, Equatable {
     /// Public keys (Z85) of one service each (key -> service name): they may register that
     /// service only and write only its state prefixes.
     public var serviceKeys: [String: String]
+    /// Public keys (Z85) of operators: clients that may also ask what ``OperatorsOnly``
+    /// lists (draining workers, restarts, reloads).
+    public var operatorKeys: Set<String>
 
-    public init(secretKey: String, clientKeys: Set<String> = [], workerKeys: Set<String> = [], serviceKeys: [String: String] = [:]) {
+    public init(secretKey: String, clientKeys: Set<String> = [], workerKeys: Set<String> = [], serviceKeys: [String: String] = [:],
+                operatorKeys: Set<String> = []) {
         self.secretKey = secretKey
         self.clientKeys = clientKeys
         self.workerKeys = workerKeys
         self.serviceKeys = serviceKeys
+        self.operatorKeys = operatorKeys
     }
 }

@@ -38,6 +38,7 @@ final class KernelMetrics {
         count("switchboard.dropped_replies", stats.droppedReplies)
         count("switchboard.refused_connections", stats.security.refusedConnections)
         count("switchboard.refused_registrations", stats.security.refusedRegistrations)
+        count("switchboard.refused_requests", stats.security.refusedRequests)
         count("switchboard.state.refused", stats.state.refusedForbidden, [("reason", "forbidden")])
         count("switchboard.state.refused", stats.state.refusedOverLimit, [("reason", "limit")])
         level("switchboard.queued_bytes", Double(stats.queuedBytes))

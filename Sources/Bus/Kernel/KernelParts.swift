@@ -34,26 +34,51 @@ final class Outbox {
 }
 
 /// Which client requests this kernel serves now: the one rule, asked by the broker before a
-/// request goes anywhere. A kernel alone serves everything. Of a pair, any kernel answers
+/// request goes anywhere. With CURVE on, what ``OperatorsOnly`` lists is served to operators'
+/// keys only. Otherwise a kernel alone serves everything. Of a pair, any kernel answers
 /// questions about itself (8/MMI, and the `kernel` service's methods other than the state's);
 /// a request for a service, or for the state, only the active one, and asking is what makes
 /// a passive kernel whose peer is gone take over (Binary Star).
 struct Admission {
     let pair: PairLink?
 
-    func admits(service: String, body: [Frame], now: UInt64) -> Bool {
-        guard let pair, !pair.isActive, !MMI.isManagement(service) else { return true }
-        if service == KernelAPI.service, !(body.count == 1 && Self.readsOrWritesState(body[0])) { return true }
-        return pair.admitsClient(now: now)
+    enum Verdict: Equatable {
+        case admitted
+        /// This kernel is not the active one of its pair (answered -32008).
+        case notActive
+        /// What only operators may ask, from another key (answered -32011).
+        case notOperator
     }
 
-    /// Why a request was refused (answered -32008).
-    var refusal: String { pair?.refusal ?? "" }
-
-    /// Whether a `kernel` request body calls a state method.
-    private static func readsOrWritesState(_ body: Frame) -> Bool {
-        JSONRPC.parseRequests(body.bytes).requests.contains { stateMethods.contains($0.method) }
+    /// Whether the kernel serves a request for `service` from `peer` (its ZAP user id), given
+    /// who may ask what (`security`, nil without CURVE).
+    func verdict(service: String, body: [Frame], peer: String?, security: KernelSecurity?, now: UInt64) -> Verdict {
+        // A body is read only when a rule needs its methods, and only for the kernel's own
+        // service, whose requests are few.
+        let isKernel = service == KernelAPI.service
+        func calls(_ names: Set<String>) -> Bool {
+            isKernel && body.count == 1 && JSONRPC.parseRequests(body[0].bytes).requests.contains { names.contains($0.method) }
+        }
+        if let security, OperatorsOnly.services.contains(service) || calls(OperatorsOnly.kernelMethods),
+           !Peer(userID: peer, security: security).isOperator {
+            return .notOperator
+        }
+        guard let pair, !pair.isActive, !MMI.isManagement(service) else { return .admitted }
+        if isKernel, !calls(Self.stateMethods) { return .admitted }
+        return pair.admitsClient(now: now) ? .admitted : .notActive
     }
+
+    /// Why a request was refused.
+    func refusal(_ verdict: Verdict, service: String) -> JSONRPCError {
+        switch verdict {
+        case .admitted, .notActive:
+            JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: \(pair?.refusal ?? "")")
+        case .notOperator:
+            .forbidden("\(service == KernelAPI.service ? "this kernel method" : "the '\(service)' service") is for operators' keys only: "
+                + "sb sends it with KEYS/operator.key, which switchboard up makes; another machine's operator needs its public key in the kernel's KEYS/operators/ or security.operator_keys")
+        }
+    }
+
     private static let stateMethods: Set<String> = [KernelAPI.stateSet.name, KernelAPI.statePublish.name, KernelAPI.stateGet.name]
 }
 

@@ -8,6 +8,9 @@ enum Peer: Equatable {
     case unauthenticated
     /// A client key: requests, subscriptions, and state under the writable prefixes.
     case client(key: String)
+    /// An operator's key: a client that may also ask what ``OperatorsOnly`` lists. Looked up
+    /// at each request, so a key removed by a reload stops being one at once.
+    case `operator`(key: String)
     /// A worker key: may register `service` only, or any service when nil (a key for a
     /// whole services host, `security.worker_keys`).
     case worker(key: String, service: String?)
@@ -22,6 +25,8 @@ enum Peer: Equatable {
             self = .worker(key: key, service: nil)
         } else if userID.hasPrefix(ZAPHandler.workerPrefix), let service = security.serviceKeys[key] {
             self = .worker(key: key, service: service)
+        } else if security.operatorKeys.contains(key) {
+            self = .operator(key: key)
         } else {
             self = .client(key: key)
         }
@@ -31,7 +36,7 @@ enum Peer: Equatable {
     func mayServe(_ service: String) -> Bool {
         switch self {
         case .unauthenticated: true
-        case .client: false
+        case .client, .operator: false
         case .worker(_, let only): only == nil || only == service
         }
     }
@@ -40,7 +45,16 @@ enum Peer: Equatable {
     var quotaOwner: String {
         switch self {
         case .unauthenticated: "(unauthenticated)"
-        case .client(let key), .worker(let key, _): key
+        case .client(let key), .operator(let key), .worker(let key, _): key
+        }
+    }
+
+    /// Whether it may ask what ``OperatorsOnly`` lists: an operator's key, or anyone
+    /// when nobody can be told apart (no CURVE).
+    var isOperator: Bool {
+        switch self {
+        case .unauthenticated, .operator: true
+        case .client, .worker: false
         }
     }
 }
@@ -76,7 +90,7 @@ struct StateAccess {
         switch peer {
         case .unauthenticated:
             return collector ? .forbidden("clients publish only keys under \(writablePrefixes.joined(separator: ", ")) (the kernel's writable prefixes)") : nil
-        case .client:
+        case .client, .operator:
             return .forbidden("a client key may set only keys under \(writablePrefixes.joined(separator: ", "))")
         case .worker(_, nil):
             return nil

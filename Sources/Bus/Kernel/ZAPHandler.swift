@@ -5,8 +5,9 @@ import ZeroMQ
 ///
 /// libzmq asks it, over `inproc://zeromq.zap.01` in the kernel's context, about every
 /// connection to a CURVE-secured kernel socket. A peer is admitted only if its public key
-/// is on an allow-list; its user id ("worker:KEY" or "client:KEY") then travels with each
-/// of its messages, which is how the broker refuses a READY from a client key (``Peer``).
+/// is on an allow-list; its user id ("worker:KEY" or "client:KEY", an operator's key too)
+/// then travels with each of its messages, which is how the broker refuses a READY from a
+/// client key and what only operators may ask from anyone else (``Peer``).
 final class ZAPHandler {
     static let endpoint = "inproc://zeromq.zap.01"
     static let workerPrefix = "worker:"
@@ -60,7 +61,7 @@ final class ZAPHandler {
         // serves (an 8/MMI question, as a client).
         if key == ownPublicKey { return reply("200", "OK", user: Self.clientPrefix + key) }
         if security.workerKeys.contains(key) || security.serviceKeys[key] != nil { return reply("200", "OK", user: Self.workerPrefix + key) }
-        if security.clientKeys.contains(key) { return reply("200", "OK", user: Self.clientPrefix + key) }
+        if security.clientKeys.contains(key) || security.operatorKeys.contains(key) { return reply("200", "OK", user: Self.clientPrefix + key) }
         refused += 1
         logger.warning("refused an unknown CURVE key", metadata: ["address": "\(address)", "key": "\(key)"])
         return reply("400", "key not allowed")

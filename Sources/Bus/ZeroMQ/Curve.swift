@@ -101,7 +101,7 @@ public enum CurveKeyFile {
 
     public static func publicFile(_ pair: CurveKeyPair) -> String {
         """
-        # Switchboard CURVE public key: add it to security.worker_keys or security.client_keys.
+        # Switchboard CURVE public key: add it to security.worker_keys, client_keys or operator_keys.
         public-key = \(pair.publicKey)
 
         """

@@ -150,9 +150,9 @@ extension SecuritySettings {
         guard isOn() else { return nil }
         if let kernelSecretKey {
             guard !clientKeys.isEmpty || !workerKeys.isEmpty else {
-                throw ConfigError(path: "security.worker_keys", problem: "no key is allowed: list the public keys of the services (and clients in security.client_keys)")
+                throw ConfigError(path: "security.worker_keys", problem: "no key is allowed: list the public keys of the services (and clients in security.client_keys, operators in security.operator_keys)")
             }
-            return KernelSecurity(secretKey: kernelSecretKey, clientKeys: Set(clientKeys), workerKeys: Set(workerKeys))
+            return KernelSecurity(secretKey: kernelSecretKey, clientKeys: Set(clientKeys), workerKeys: Set(workerKeys), operatorKeys: Set(operatorKeys))
         }
         let folder = keyFolder
         do {
@@ -160,7 +160,7 @@ extension SecuritySettings {
             for name in services { if let key = try folder.publicKey(name) { serviceKeys[key] = name } }
             return KernelSecurity(secretKey: try folder.secretKey(KeyFolder.kernel),
                                   clientKeys: Set(try folder.clientPublicKeys() + clientKeys), workerKeys: Set(workerKeys),
-                                  serviceKeys: serviceKeys)
+                                  serviceKeys: serviceKeys, operatorKeys: Set(try folder.operatorPublicKeys() + operatorKeys))
         } catch {
             throw ConfigError(path: "security.keys_dir", problem: "\(error)")
         }

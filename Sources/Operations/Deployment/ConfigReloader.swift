@@ -17,10 +17,10 @@ public final class ConfigReloader: ConfigurationReloading {
 
     /// Keys applied without a restart (`*`: any one name). Log levels, in every process;
     /// worker counts, by `up` restarting that service the rolling way; the gateway's tokens;
-    /// the kernel's allowed keys (and the key folder's `clients/*.pub`, read again) and limits.
+    /// the kernel's allowed keys (and the key folder's `clients/*.pub` and `operators/*.pub`, read again) and limits.
     public static let liveKeys = [
         "log_level", "kernel.log_level", "services.*.log_level", "gateway.log_level",
-        "services.*.workers", "gateway.tokens", "security.client_keys", "security.worker_keys",
+        "services.*.workers", "gateway.tokens", "security.client_keys", "security.worker_keys", "security.operator_keys",
         "kernel.queue_timeout_ms", "kernel.max_queued", "kernel.max_queued_bytes", "kernel.max_services",
         "kernel.client_share_percent", "kernel.max_deliveries", "kernel.no_retry",
         "kernel.state_max_keys", "kernel.state_max_bytes", "kernel.client_state_max_keys", "kernel.client_state_max_bytes",

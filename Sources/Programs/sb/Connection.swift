@@ -40,31 +40,30 @@ struct ConnectionOptions: ParsableArguments {
     }
 
     /// The CURVE keys to connect with: the server key and key file given, else the local
-    /// client's keys in the key folder, else nil (plain text).
-    var curve: CurveClientKeys? {
-        get throws {
-            let serverKey = self.serverKey ?? environment["SB_SERVER_KEY"].flatMap { $0.isEmpty ? nil : $0 }
-            let keyFile = self.keyFile ?? environment["SB_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
-            guard let serverKey else {
-                if keyFile != nil { throw ValidationError("--key-file needs --server-key (the kernel's public key)") }
-                do {
-                    return try keyFolder.clientKeys()
-                } catch {
-                    throw ValidationError("--key-dir: \(error)")
-                }
-            }
-            guard let keyFile else { throw ValidationError("--server-key needs --key-file (this client's key pair, from `switchboard keygen --out`)") }
-            guard let text = try? String(contentsOfFile: keyFile, encoding: .utf8) else {
-                throw ValidationError("--key-file: cannot read \(keyFile)")
-            }
-            guard let secret = CurveKeyFile.secretKey(in: text) else {
-                throw ValidationError("--key-file: \(keyFile) holds no secret key (use the .key file `switchboard keygen --out` writes, not the .pub)")
-            }
+    /// client's keys in the key folder (the operator's, `asOperator`, when it holds them),
+    /// else nil (plain text).
+    func curve(asOperator: Bool = false) throws -> CurveClientKeys? {
+        let serverKey = self.serverKey ?? environment["SB_SERVER_KEY"].flatMap { $0.isEmpty ? nil : $0 }
+        let keyFile = self.keyFile ?? environment["SB_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+        guard let serverKey else {
+            if keyFile != nil { throw ValidationError("--key-file needs --server-key (the kernel's public key)") }
             do {
-                return try CurveClientKeys(serverKey: serverKey, secretKey: secret)
+                return try asOperator ? keyFolder.operatorKeys() : keyFolder.clientKeys()
             } catch {
-                throw ValidationError("--server-key: '\(serverKey)' is not a CURVE public key (40 characters of Z85)")
+                throw ValidationError("--key-dir: \(error)")
             }
+        }
+        guard let keyFile else { throw ValidationError("--server-key needs --key-file (this client's key pair, from `switchboard keygen --out`)") }
+        guard let text = try? String(contentsOfFile: keyFile, encoding: .utf8) else {
+            throw ValidationError("--key-file: cannot read \(keyFile)")
+        }
+        guard let secret = CurveKeyFile.secretKey(in: text) else {
+            throw ValidationError("--key-file: \(keyFile) holds no secret key (use the .key file `switchboard keygen --out` writes, not the .pub)")
+        }
+        do {
+            return try CurveClientKeys(serverKey: serverKey, secretKey: secret)
+        } catch {
+            throw ValidationError("--server-key: '\(serverKey)' is not a CURVE public key (40 characters of Z85)")
         }
     }
 
@@ -134,9 +133,10 @@ struct ConnectionOptions: ParsableArguments {
         }
     }
 
-    /// A client for the kernel, with the timeout as its default.
-    func client() async throws -> BusClient {
-        try await BusClient(brokers: try checkedBrokers, timeout: requestTimeout, curve: try curve, state: try? stateEndpoints)
+    /// A client for the kernel, with the timeout as its default; `asOperator` for what only
+    /// operators may ask (`OperatorsOnly`).
+    func client(asOperator: Bool = false) async throws -> BusClient {
+        try await BusClient(brokers: try checkedBrokers, timeout: requestTimeout, curve: try curve(asOperator: asOperator), state: try? stateEndpoints)
     }
 }
 
@@ -241,8 +241,8 @@ enum ExitStatus {
 }
 
 /// Runs a verb's body with a client: prints a failure on stderr and exits with its status.
-func withClient(_ connection: ConnectionOptions, _ body: (BusClient) async throws -> Void) async throws {
-    let client = try await connection.client()
+func withClient(_ connection: ConnectionOptions, asOperator: Bool = false, _ body: (BusClient) async throws -> Void) async throws {
+    let client = try await connection.client(asOperator: asOperator)
     do {
         try await body(client)
         await client.close()

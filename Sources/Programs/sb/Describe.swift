@@ -33,7 +33,9 @@ struct Describe: AsyncParsableCommand {
     }
 
     func run() async throws {
-        try await withClient(connection) { client in
+        // The operator's key where there is one: the supervisor answers only operators,
+        // its rpc.discover too (the kernel does not read other services' bodies).
+        try await withClient(connection, asOperator: true) { client in
             guard let service else { return try await describeAll(client) }
             let answer = try await call(client, Method.discover(service))
             let description = answer.value

@@ -52,7 +52,7 @@ struct Request: AsyncParsableCommand {
 
     func run() async throws {
         let params = try self.params.map { try parseParams($0) }
-        try await withClient(connection) { client in
+        try await withClient(connection, asOperator: OperatorsOnly.contains(service: service, method: method)) { client in
             guard trace else { return Output.json(try await call(client, service, method, params), compact: output.json) }
             let answer = try await BusTracing.withNewTrace(sampled: true) { traceID in
                 Output.diagnostic("trace \(traceID)")
@@ -213,11 +213,13 @@ struct Services: AsyncParsableCommand {
 
 /// Runs `body` with a client of the active kernel: for a kernel pair, each kernel is asked
 /// where it stands (a table of both when `printing`), and the questions go to the active one.
-func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, _ body: (BusClient) async throws -> Void) async throws {
+/// `asOperator`: with the operator's key, for what only operators may ask.
+func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, asOperator: Bool = false,
+                      _ body: (BusClient) async throws -> Void) async throws {
     let brokers = try connection.checkedBrokers
     var statuses: [(endpoint: String, status: KernelAPI.PairStatus?, reachable: Bool)] = []
     for endpoint in brokers {
-        let alone = try await BusClient(brokers: [endpoint], timeout: .seconds(1), curve: try connection.curve)
+        let alone = try await BusClient(brokers: [endpoint], timeout: .seconds(1), curve: try connection.curve(asOperator: asOperator))
         let pong = try? await alone.call(KernelAPI.ping)
         statuses.append((endpoint, pong?.pair, pong != nil))
         await alone.close()
@@ -232,12 +234,12 @@ func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, _ body: (
         Output.line("")
     }
     guard brokers.count > 1, let active = statuses.first(where: { $0.status?.state == "active" })?.endpoint else {
-        return try await withClient(connection, body)
+        return try await withClient(connection, asOperator: asOperator, body)
     }
     var options = connection
     options.endpoint = [active]
     options.stateEndpoint = nil
-    try await withClient(options, body)
+    try await withClient(options, asOperator: asOperator, body)
 }
 
 struct Stats: AsyncParsableCommand {

@@ -37,7 +37,7 @@ struct Drain: AsyncParsableCommand {
         commandName: "drain",
         abstract: "Drain a service's workers: they take no new requests (the kernel sends them elsewhere), answer those they hold, then leave.",
         discussion: """
-            A Switchboard worker process whose connection is drained drains all its connections and exits (status 0); under switchboard up it stays down until sb restart SERVICE. A plain 7/MDP worker is sent DISCONNECT once it holds nothing. Requests for a service with no worker left wait in the kernel's queue (kernel.queue_timeout_ms) for one.
+            A Switchboard worker process whose connection is drained drains all its connections and exits (status 0); under switchboard up it stays down until sb restart SERVICE. A plain 7/MDP worker is sent DISCONNECT once it holds nothing. Requests for a service with no worker left wait in the kernel's queue (kernel.queue_timeout_ms) for one. Sent with the operator's key (KEYS/operator.key, which switchboard up makes); the kernel refuses any other key (-32011).
             Examples:
               sb drain search                          every search worker
               sb drain search --worker web1:4242:9f3c2a1b   one process (sb workers shows the ids)
@@ -50,7 +50,7 @@ struct Drain: AsyncParsableCommand {
     @Option(help: "Only this worker: a connection id, or a process (the id's part before the first /).") var worker: String?
 
     func run() async throws {
-        try await withActiveKernel(connection, printing: false) { client in
+        try await withActiveKernel(connection, printing: false, asOperator: true) { client in
             let answer = try await call(client, KernelAPI.workersDrain, .init(service: service, worker: worker))
             if output.json { return Output.json(answer.json, compact: true) }
             let processes = Set(answer.value.workers.map(\.process))
@@ -64,7 +64,7 @@ struct Restart: AsyncParsableCommand {
         commandName: "restart",
         abstract: "Replace the processes of switchboard up's services one at a time, without a failed or re-sent request.",
         discussion: """
-            For each service, up starts a new process, waits until its workers are registered beside the old ones, then tells the old process to drain: it takes no new requests, answers those it holds, and leaves. The gateway, which cannot share its port, is stopped and then started. The kernel is not restarted this way. SIGUSR2 to switchboard up restarts every service the same way. This waits for the whole restart (--timeout applies to each service, at least 2 minutes).
+            For each service, up starts a new process, waits until its workers are registered beside the old ones, then tells the old process to drain: it takes no new requests, answers those it holds, and leaves. The gateway, which cannot share its port, is stopped and then started. The kernel is not restarted this way. SIGUSR2 to switchboard up restarts every service the same way. This waits for the whole restart (--timeout applies to each service, at least 2 minutes). Sent with the operator's key (KEYS/operator.key, which switchboard up makes); the kernel refuses any other key (-32011).
             Examples:
               sb restart                  every service, then the gateway
               sb restart search pricing
@@ -76,7 +76,7 @@ struct Restart: AsyncParsableCommand {
     @Argument(help: "The services, in order (default: all that up runs).") var services: [String] = []
 
     func run() async throws {
-        try await withActiveKernel(connection, printing: false) { client in
+        try await withActiveKernel(connection, printing: false, asOperator: true) { client in
             try await requireSupervisor(client)
             let timeout = max(try connection.requestTimeout, .seconds(120)) * max(services.count, 6)
             let answer = try await call(client, SupervisorAPI.restart, .init(services: services.isEmpty ? nil : services), timeout: timeout)
@@ -93,7 +93,7 @@ struct Reload: AsyncParsableCommand {
         commandName: "reload",
         abstract: "Make switchboard up read its configuration again and apply what can change live.",
         discussion: """
-            Live: log levels, worker counts (that service is restarted the rolling way), gateway.tokens, the kernel's allowed keys (security.client_keys, worker_keys, and the key folder's clients/*.pub) and its limits (queue_timeout_ms, max_queued, max_queued_bytes, max_services, client_share_percent, max_deliveries, no_retry, state_max_*, client_state_max_*). Anything else changed is listed as needing a restart. A file that does not read is refused and the running configuration stays: the message names the key, exit status 78. SIGHUP to switchboard up does the same.
+            Live: log levels, worker counts (that service is restarted the rolling way), gateway.tokens, the kernel's allowed keys (security.client_keys, worker_keys, operator_keys, and the key folder's clients/*.pub and operators/*.pub) and its limits (queue_timeout_ms, max_queued, max_queued_bytes, max_services, client_share_percent, max_deliveries, no_retry, state_max_*, client_state_max_*). Anything else changed is listed as needing a restart. A file that does not read is refused and the running configuration stays: the message names the key, exit status 78. SIGHUP to switchboard up does the same. Sent with the operator's key (KEYS/operator.key, which switchboard up makes); the kernel refuses any other key (-32011).
             Example:
               sb reload
             """
@@ -103,7 +103,7 @@ struct Reload: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
 
     func run() async throws {
-        try await withActiveKernel(connection, printing: false) { client in
+        try await withActiveKernel(connection, printing: false, asOperator: true) { client in
             try await requireSupervisor(client)
             let answer: Answer<SupervisorAPI.Reloaded>
             do {

@@ -92,7 +92,7 @@ struct UpCommand: AsyncParsableCommand {
         }
         guard file.security.kernelSecretKey == nil else { return }
         do {
-            let made = try folder.create([KeyFolder.kernel] + ConfigFile.serviceNames + [KeyFolder.client, KeyFolder.gateway, KeyFolder.supervisor])
+            let made = try folder.create([KeyFolder.kernel] + ConfigFile.serviceNames + [KeyFolder.client, KeyFolder.operator, KeyFolder.gateway, KeyFolder.supervisor])
             if !made.isEmpty {
                 logger.notice("made CURVE keys", metadata: ["folder": "\(folder.path)", "keys": "\(made.joined(separator: ", "))"])
             }
