@@ -42,7 +42,10 @@ struct PostgresFaultTests {
         let port = freePort()
         let url = "postgres://\(TestPostgres.user):\(TestPostgres.password)@127.0.0.1:\(port)/postgres"
         let log = LogLines()
-        let store = StoreService(configuration: StoreConfiguration(postgres: PostgresSettings(url: url, tls: .disable)), logger: log.logger("store"))
+        // A deadline of 1 s (store.timeout_ms) rather than the default 4: the database being
+        // away is what is waited for, twice.
+        let store = StoreService(configuration: StoreConfiguration(postgres: PostgresSettings(url: url, tls: .disable, operationTimeout: .seconds(1))),
+                                 logger: log.logger("store"))
         let host = try ServiceHost(service: store, options: .init(brokers: [kernel.endpoints.broker], connections: 2, heartbeatInterval: .milliseconds(100),
                                                                    heartbeatLiveness: 10))
         // The store's work keeps its connections; as ServiceHost.run does with its `ready`,
@@ -123,14 +126,14 @@ struct SilentDatabaseTests {
         defer { silent.stop() }
         let log = LogLines()
         let store = StoreService(configuration: StoreConfiguration(postgres: PostgresSettings(url: "postgres://someone:secret@127.0.0.1:\(silent.port)/db",
-                                                                                           tls: .disable)),
+                                                                                           tls: .disable, operationTimeout: .seconds(1))),
                                  logger: log.logger("store"))
         let work = Working(store)
         await work.start()
         // PostgresNIO's queries do not end when their task is cancelled: an operation that
         // awaited its query would wait here for ever.
         let waiting = Task { await store.waitUntilReady() }
-        try await eventually(15, "the store gave up waiting for the database's answer") { log.text.contains("did not answer within") }
+        try await eventually(15, "the store gave up waiting for the database's answer") { log.text.contains("did not answer within 1") }
         #expect(silent.connections > 0, "the store connected and sent its query")
         waiting.cancel()
         await waiting.value

@@ -18,6 +18,7 @@ extension StoreConfiguration {
             if let size = given.poolSize { database.poolSize = size }
             if let tls = given.tls.flatMap(PostgresSettings.TLSMode.init(rawValue:)) { database.tls = tls }
             database.caFile = given.caFile
+            if let timeout = given.timeout { database.operationTimeout = timeout }
             postgres = database
         }
     }

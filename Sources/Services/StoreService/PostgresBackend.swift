@@ -24,12 +24,17 @@ public struct PostgresSettings: Sendable, Equatable {
     public var tls: TLSMode
     /// A PEM file of the certificate authority that signed the server's certificate.
     public var caFile: String?
+    /// How long one database operation (a connection from the pool, then the queries) may
+    /// take before the caller is answered "unreachable": the pool waits for a database that
+    /// is away for as long as it is away.
+    public var operationTimeout: Duration
 
-    public init(url: String, poolSize: Int = 8, tls: TLSMode = .prefer, caFile: String? = nil) {
+    public init(url: String, poolSize: Int = 8, tls: TLSMode = .prefer, caFile: String? = nil, operationTimeout: Duration = .seconds(4)) {
         self.url = url
         self.poolSize = poolSize
         self.tls = tls
         self.caFile = caFile
+        self.operationTimeout = operationTimeout
     }
 
     /// The URL as errors and logs show it: without the password.
@@ -155,22 +160,19 @@ actor PostgresBackend: StoreBackend {
         }
     }
 
-    /// How long one database operation (a connection from the pool, then the queries) may
-    /// take before the caller is answered "unreachable": the pool waits for a database that
-    /// is away for as long as it is away.
-    static let operationTimeout: Duration = .seconds(4)
-
     private struct TimedOut: Error, CustomStringConvertible {
-        var description: String { "no answer within \(PostgresBackend.operationTimeout.formatted)" }
+        let after: Duration
+        var description: String { "no answer within \(after.formatted)" }
     }
 
-    /// Runs `body`, or gives up after ``operationTimeout`` (the body is cancelled: a
+    /// Runs `body`, or gives up after ``PostgresSettings/operationTimeout`` (the body is cancelled: a
     /// transaction cut short is rolled back, or its outcome is unknown; either way the caller
     /// gets an error, never an acknowledgement). PostgresNIO's queries ignore cancellation,
     /// and one on a connection lost mid-flight was seen never to return, even after the pool
     /// shut down: the deadline abandons it rather than waits for it (``withDeadline``).
     private nonisolated func bounded<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
-        try await withDeadline(Self.operationTimeout, expired: { TimedOut() }, body)
+        let timeout = settings.operationTimeout
+        return try await withDeadline(timeout, expired: { TimedOut(after: timeout) }, body)
     }
 
     // MARK: Writes
@@ -392,7 +394,7 @@ actor PostgresBackend: StoreBackend {
     private func failure(_ error: any Error) -> StorageFailure {
         if let failure = error as? StorageFailure { return failure }
         if error is TimedOut {
-            return StorageFailure(reason: "unreachable", detail: "the database did not answer within \(Self.operationTimeout.formatted)", path: settings.redactedURL)
+            return StorageFailure(reason: "unreachable", detail: "the database did not answer within \(settings.operationTimeout.formatted)", path: settings.redactedURL)
         }
         if let error = error as? PSQLError {
             switch error.code {

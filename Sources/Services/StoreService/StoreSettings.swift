@@ -9,7 +9,7 @@ public struct StoreSettings: Sendable, Equatable {
     public var maxSizeBytes: Int?
     /// How long each write's result is kept for a request sent again.
     public var rememberSeconds: Int?
-    /// `postgres` (the `url`, `pool_size`, `tls`, `ca_file` keys) instead of the SQLite file.
+    /// `postgres` (the `url`, `pool_size`, `tls`, `ca_file`, `timeout_ms` keys) instead of the SQLite file.
     public var postgres: Postgres?
     public init() {}
 
@@ -20,14 +20,16 @@ public struct StoreSettings: Sendable, Equatable {
         /// disable, prefer or require.
         public var tls: String?
         public var caFile: String?
-        public init(url: String, poolSize: Int? = nil, tls: String? = nil, caFile: String? = nil) {
-            (self.url, self.poolSize, self.tls, self.caFile) = (url, poolSize, tls, caFile)
+        /// How long one database operation may take before the caller hears "unreachable".
+        public var timeout: Duration?
+        public init(url: String, poolSize: Int? = nil, tls: String? = nil, caFile: String? = nil, timeout: Duration? = nil) {
+            (self.url, self.poolSize, self.tls, self.caFile, self.timeout) = (url, poolSize, tls, caFile, timeout)
         }
     }
 }
 
 extension StoreSettings {
-    public static let schema = ConfigSchema.values(["backend", "path", "history_limit", "max_size_mb", "remember_seconds", "url", "pool_size", "tls", "ca_file"])
+    public static let schema = ConfigSchema.values(["backend", "path", "history_limit", "max_size_mb", "remember_seconds", "url", "pool_size", "tls", "ca_file", "timeout_ms"])
 
     /// Reads `store:`.
     public init(reading store: ConfigSection) throws(ConfigError) {
@@ -46,8 +48,9 @@ extension StoreSettings {
                 throw ConfigError(path: store.path("url"), problem: "expected postgres://USER:PASSWORD@HOST:PORT/DATABASE")
             }
             postgres = Postgres(url: url, poolSize: try store.integer("pool_size", atMost: 1_000), tls: try store.choice("tls", ["disable", "prefer", "require"]),
-                                caFile: try store.text("ca_file", "a PEM file's path"))
-        } else if let key = ["url", "pool_size", "tls", "ca_file"].first(where: store.has) {
+                                caFile: try store.text("ca_file", "a PEM file's path"),
+                                timeout: try store.milliseconds("timeout_ms"))
+        } else if let key = ["url", "pool_size", "tls", "ca_file", "timeout_ms"].first(where: store.has) {
             throw ConfigError(path: store.path(key), problem: "applies to store.backend: postgres only")
         }
     }
