@@ -143,12 +143,15 @@ final class KernelParts {
 
     /// Starts serving the sockets (on the loop thread).
     func serve(_ sockets: Sockets, on loop: SocketLoop) throws {
+        // What a batch of messages produced is written out once, after the batch: one round
+        // of sends (and of waking libzmq's I/O thread) per batch rather than per message.
         func register(_ socket: ZMQSocket, _ handle: @escaping (KernelParts, Message) -> Void) -> SocketRegistration {
-            loop.register(socket) { [weak self] message in
+            let registration = loop.register(socket) { [weak self] message in
                 guard let self else { return }
                 handle(self, message)
-                self.flush()
             }
+            registration.afterReading = { [weak self] in self?.flush() }
+            return registration
         }
         let router = register(sockets.router) { $0.broker.handle($1, now: $0.clock.now) }
         router.dropsWhenPeerFull = true

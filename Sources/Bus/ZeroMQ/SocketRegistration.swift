@@ -22,6 +22,9 @@ public final class SocketRegistration {
     public private(set) var lastSendError: ZMQError?
     /// Called for each send that fails after queuing (the message is dropped).
     public var onSendError: ((Message, ZMQError) -> Void)?
+    /// Called once after each batch of messages read (up to the read budget), for a handler
+    /// that writes out what a batch produced in one go rather than after every message.
+    public var afterReading: (() -> Void)?
     /// A message libzmq cannot take at once (`EAGAIN`) is dropped and reported through
     /// ``onSendError`` instead of waiting in the backlog. For a ROUTER with
     /// router-mandatory, whose `EAGAIN` concerns one peer: waiting would hold up the
@@ -99,6 +102,9 @@ public final class SocketRegistration {
 
     func drain(budget: Int = readBudget) {
         var budget = budget
+        let start = budget
+        // However the batch ends (nothing left, the budget spent, the socket closed).
+        defer { if budget < start, let afterReading { afterReading() } }
         while isReading && !isClosed && budget > 0 {
             do {
                 guard let message = try socket.tryReceive() else { return }
