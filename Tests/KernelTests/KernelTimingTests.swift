@@ -339,3 +339,73 @@ struct OperatorsOnlyTests {
         #expect(broker.refusedNotOperator == 2)
     }
 }
+
+@Suite("Fair queue: clients served in turn, none past its share, none remembered once done")
+struct FairQueueTests {
+    private func broker() -> Broker {
+        var configuration = KernelConfiguration()
+        configuration.queueTimeout = .seconds(2)
+        return Broker(configuration: configuration, logger: quiet)
+    }
+    private func request(_ name: String) -> String { #"{"jsonrpc":"2.0","id":"\#(name)","method":"m"}"# }
+    /// The requests sent to workers, in order: the client frame to answer with, and the id.
+    private func dispatched(_ broker: Broker) -> [(client: Frame, id: String)] {
+        broker.outbox.take().compactMap { message in
+            guard case .request(let client, let body)? = try? MDP.decodeAtWorker(Message(Array(message.frames.dropFirst()))),
+                  let text = body.first?.string else { return nil }
+            return (client, String(text.split(separator: "\"")[7]))
+        }
+    }
+
+    @Test("one client's flood waits behind its own requests: another client's comes next, and a request back from a dead worker keeps its place")
+    func inTurn() {
+        let clock = ManualClock(), broker = broker()
+        broker.handle(fromWorker("W", .ready(service: "svc")), now: clock.now)
+        for name in ["a1", "a2", "a3", "a4"] { broker.handle(fromClient("A", "svc", request(name)), now: clock.now) }
+        broker.handle(fromClient("B", "svc", request("b1")), now: clock.now)
+        #expect(dispatched(broker).map(\.id) == ["a1"])
+        var order: [String] = []
+        for _ in 0..<2 {
+            broker.handle(fromWorker("W", .reply(client: Frame("A"), body: ["done"])), now: clock.now)
+            order += dispatched(broker).map(\.id)
+        }
+        #expect(order == ["a2", "b1"])
+        // W dies holding b1: b1 goes first again, before A's a3 and a4.
+        broker.handle(fromWorker("W", .disconnect), now: clock.now)
+        broker.handle(fromWorker("V", .ready(service: "svc")), now: clock.now)
+        #expect(dispatched(broker).map(\.id) == ["b1"])
+        for (client, next) in [("B", ["a3"]), ("A", ["a4"]), ("A", [])] {
+            broker.handle(fromWorker("V", .reply(client: Frame(client), body: ["done"])), now: clock.now)
+            #expect(dispatched(broker).map(\.id) == next)
+        }
+        let queue = broker.services["svc"]!.requests
+        #expect(queue.isEmpty && queue.bytes == 0 && queue.clientCount == 0)
+        #expect(broker.queuedBytes == 0)
+    }
+
+    @Test("a client holds at most its share of the places; what waits past the queue timeout is answered -32001; nobody is remembered once answered")
+    func shareAndExpiry() {
+        let clock = ManualClock(), broker = broker()
+        // Four places, 90% share: one client holds at most three.
+        broker.handle(fromWorker("W", .ready(service: "svc", window: 4)), now: clock.now)
+        for index in 1...5 { broker.handle(fromClient("A", "svc", request("a\(index)")), now: clock.now) }
+        var held = dispatched(broker)
+        #expect(held.map(\.id) == ["a1", "a2", "a3"])
+        #expect(broker.services["svc"]!.requests.held(by: Frame("A")) == 3)
+        broker.handle(fromClient("B", "svc", request("b1")), now: clock.now)
+        held += dispatched(broker)
+        #expect(held.map(\.id) == ["a1", "a2", "a3", "b1"])
+        #expect(broker.services["svc"]!.requests.count == 2)
+        clock.advance(.milliseconds(2001))
+        broker.expireQueued(now: clock.now)
+        let answered = Sent(broker.outbox.take()).toClients
+        #expect(answered.map(\.client) == ["A", "A"])
+        #expect(answered.allSatisfy { $0.body.contains("-32001") })
+        #expect(broker.services["svc"]!.requests.isEmpty && broker.services["svc"]!.requests.bytes == 0 && broker.queuedBytes == 0)
+        // Both still hold their places until answered; then neither is remembered.
+        #expect(broker.services["svc"]!.requests.clientCount == 2)
+        for request in held { broker.handle(fromWorker("W", .reply(client: request.client, body: ["done"])), now: clock.now) }
+        #expect(Sent(broker.outbox.take()).toClients.count == 4)
+        #expect(broker.services["svc"]!.requests.clientCount == 0)
+    }
+}

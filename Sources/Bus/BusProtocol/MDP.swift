@@ -51,7 +51,8 @@ public enum WorkerToBroker: Sendable, Equatable {
     /// READY; `window` (1 or more) says the worker speaks the extension and takes that many
     /// requests in flight on this connection; nil: a plain 7/MDP worker (one at a time).
     case ready(service: String, window: Int? = nil)
-    case reply(client: Frame, body: [Frame])
+    /// `body`: the frames after the empty one, in the message they arrived in when decoded.
+    case reply(client: Frame, body: ArraySlice<Frame>)
     /// HEARTBEAT; `errors`: how many replies on this connection were JSON-RPC errors.
     case heartbeat(errors: Int? = nil)
     /// HEARTBEAT `drain=1`: send no more requests; DISCONNECT follows once those in
@@ -72,8 +73,9 @@ public enum BrokerToWorker: Sendable, Equatable {
 
 /// What arrives on the broker's ROUTER socket.
 public enum BrokerInbound: Sendable, Equatable {
-    /// A client's REQUEST: `client` is its routing id.
-    case request(client: Frame, service: String, body: [Frame])
+    /// A client's REQUEST: `client` is its routing id; `body` the frames after the service
+    /// name, in the message they arrived in (the broker passes them on without copying).
+    case request(client: Frame, service: String, body: ArraySlice<Frame>)
     /// A worker command: `worker` is its routing id.
     case worker(Frame, WorkerToBroker)
 }
@@ -109,7 +111,18 @@ extension MDP {
 
     /// The same with the service frame as the client sent it (even one that is no usable name).
     public static func reply(to client: Frame, serviceFrame: Frame, body: [Frame]) -> Message {
-        var frames = [client, empty, clientHeaderFrame, serviceFrame]
+        reply(to: client, serviceFrame: serviceFrame, body: body[...])
+    }
+
+    /// The same with the body as a slice of the message it arrived in.
+    public static func reply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>) -> Message {
+        // Sized once: an array literal followed by an append would allocate twice.
+        var frames: [Frame] = []
+        frames.reserveCapacity(4 + body.count)
+        frames.append(client)
+        frames.append(empty)
+        frames.append(clientHeaderFrame)
+        frames.append(serviceFrame)
         frames.append(contentsOf: body)
         return Message(frames)
     }
@@ -136,9 +149,7 @@ extension MDP {
     public static func encode(_ command: BrokerToWorker, to worker: Frame) -> Message {
         switch command {
         case .request(let client, let body):
-            var frames = [worker, empty, workerHeaderFrame, commandFrames[2], client, empty]
-            frames.append(contentsOf: body)
-            return Message(frames)
+            return request(to: worker, client: client, body: body[...])
         case .heartbeat:
             return [worker, empty, workerHeaderFrame, commandFrames[4]]
         case .drain:
@@ -146,6 +157,21 @@ extension MDP {
         case .disconnect:
             return [worker, empty, workerHeaderFrame, commandFrames[5]]
         }
+    }
+
+    /// A REQUEST to `worker` for the broker's ROUTER: `[worker, "", "MDPW01", 0x02, client, "", body…]`.
+    public static func request(to worker: Frame, client: Frame, body: ArraySlice<Frame>) -> Message {
+        // Sized once: an array literal followed by an append would allocate twice.
+        var frames: [Frame] = []
+        frames.reserveCapacity(6 + body.count)
+        frames.append(worker)
+        frames.append(empty)
+        frames.append(workerHeaderFrame)
+        frames.append(commandFrames[2])
+        frames.append(client)
+        frames.append(empty)
+        frames.append(contentsOf: body)
+        return Message(frames)
     }
 
     // MARK: Decoders
@@ -160,7 +186,7 @@ extension MDP {
         if header.equals(clientHeader) {
             guard frames.count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(frames.count - 1) frames, expected at least 4") }
             let service = try serviceName(frames[3], "client REQUEST")
-            return .request(client: sender, service: service, body: Array(frames[4...]))
+            return .request(client: sender, service: service, body: frames[4...])
         }
         guard header.equals(workerHeader) else {
             throw ProtocolError("MDP", "unknown protocol header \(header)")
@@ -178,7 +204,7 @@ extension MDP {
         case .reply:
             guard frames.count >= 7 else { throw ProtocolError("MDP", "worker REPLY has \(frames.count - 1) frames, expected at least 6") }
             guard frames[5].isEmpty else { throw ProtocolError("MDP", "worker REPLY frame 4 must be empty") }
-            return .worker(sender, .reply(client: frames[4], body: Array(frames[6...])))
+            return .worker(sender, .reply(client: frames[4], body: frames[6...]))
         case .heartbeat:
             guard frames.count == 4 || frames.count == 5 else {
                 throw ProtocolError("MDP", "worker HEARTBEAT has \(frames.count - 1) frames, expected 3 (or 4 with an error count or drain=1)")

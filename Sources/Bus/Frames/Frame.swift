@@ -35,10 +35,14 @@ final class HeapFrameBuffer: FrameBuffer, @unchecked Sendable {
 /// Up to 32 bytes held inside a ``Frame`` itself: most frames on the bus (protocol
 /// headers, routing ids, command bytes, sequence numbers, keys) are this small, and keeping
 /// them inline saves two allocations per frame on every receive and send.
+/// Inlinable with ``Frame``'s readers (below): they are generic over the caller's closure,
+/// and a generic call across modules is not specialized, so every read of a frame's bytes in
+/// the kernel's hot path went through the unspecialized version (docs/BENCHMARKS.md, issue 33).
+@usableFromInline
 struct InlineBytes: Sendable {
     static let capacity = 32
-    var count: UInt8
-    var bytes: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
+    @usableFromInline var count: UInt8
+    @usableFromInline var bytes: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
 
     init(_ buffer: UnsafeRawBufferPointer) {
         count = UInt8(buffer.count)
@@ -47,6 +51,7 @@ struct InlineBytes: Sendable {
         }
     }
 
+    @inlinable
     func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
         var copy = bytes
         let count = Int(self.count)
@@ -59,12 +64,13 @@ struct InlineBytes: Sendable {
 /// One frame of a multipart message: immutable bytes, cheap to copy and to send.
 /// Frames of up to 32 bytes are held inline; larger ones in a shared ``FrameBuffer``.
 public struct Frame: Sendable, Hashable, CustomStringConvertible {
+    @usableFromInline
     enum Storage: Sendable {
         case inline(InlineBytes)
         case shared(FrameBuffer)
     }
 
-    let storage: Storage
+    @usableFromInline let storage: Storage
 
     /// A frame of the bytes `buffer` holds (which should be more than 32; smaller frames
     /// are kept inline).
@@ -114,6 +120,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// The number of bytes.
+    @inlinable
     public var count: Int {
         switch storage {
         case .inline(let inline): Int(inline.count)
@@ -121,9 +128,11 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    @inlinable
     public var isEmpty: Bool { count == 0 }
 
     /// Calls `body` with the frame's bytes, without copying them.
+    @inlinable
     public func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
         switch storage {
         case .inline(let inline): try inline.withUnsafeBytes(body)

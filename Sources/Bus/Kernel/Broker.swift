@@ -12,13 +12,16 @@ import ZeroMQ
 /// queue (or is answered -32006 for a non-retriable service); replies from a worker the
 /// broker no longer knows are dropped, so a client never gets two replies.
 final class Broker {
-    struct Request {
+    /// A class, not a struct: a request moves from its queue to a worker and back, and a
+    /// reference moves without copying (and retaining) each of its frames.
+    final class Request {
         let client: Frame
         /// Whose share of the service's places it counts against (``FairQueue``): the
         /// sender's CURVE key, or without CURVE its connection.
-        let owner: Frame
+        let owner: FairQueue.Client
         let service: String
-        let body: [Frame]
+        /// The frames after the service name, in the message they arrived in (not copied).
+        let body: ArraySlice<Frame>
         /// When it times out waiting for a worker (monotonic nanoseconds).
         var deadline: UInt64
         let received: UInt64
@@ -27,7 +30,17 @@ final class Broker {
         var deaths = 0
         var lastDeadProcess: Frame?
         /// Bytes of its body, counted against ``KernelConfiguration/maxQueuedBytes``.
-        var size: Int { body.reduce(0) { $0 + $1.count } }
+        let size: Int
+
+        init(client: Frame, owner: FairQueue.Client, service: String, body: ArraySlice<Frame>, deadline: UInt64, received: UInt64) {
+            self.client = client
+            self.owner = owner
+            self.service = service
+            self.body = body
+            self.deadline = deadline
+            self.received = received
+            size = body.reduce(0) { $0 + $1.count }
+        }
     }
 
     final class Worker {
@@ -35,7 +48,8 @@ final class Broker {
         /// The process it belongs to: a routing id `PROCESS/…` (as `ServiceHost` sets it) is
         /// one of several connections of that process; any other is a process of its own.
         let process: Frame
-        let service: Service
+        /// Unowned: a service is forgotten only when no worker ever offered it.
+        unowned let service: Service
         /// Requests it may hold at once: 1 for a plain 7/MDP worker, more for one that
         /// offered a window (the Switchboard extension, docs/PROTOCOL.md).
         let window: Int
@@ -72,25 +86,18 @@ final class Broker {
         var requests = FairQueue()
         /// Workers with room for a request, least recently used first; a worker with a
         /// window is in it once per free place.
-        var idle: Deque<Frame> = []
+        var idle: Deque<Worker> = []
         /// Its workers that take requests (a draining one no longer counts).
         var workers = 0
-        /// Places of all its workers (the sum of their windows), and how many each client
-        /// holds now: no client may hold more than its share (``Broker/clientShare(of:)``).
+        /// Places of all its workers (the sum of their windows): no client may hold more
+        /// than its share of them (``Broker/clientShare(of:)``).
         var places = 0
-        var held: [Frame: Int] = [:]
         /// Whether a worker ever offered it; a name nobody serves is forgotten once idle.
         var everServed = false
         var stats = ServiceStats()
         init(name: String) {
             self.name = name
             nameFrame = Frame(name)
-        }
-
-        /// `request` no longer holds a place (answered, or its worker gone).
-        func release(_ request: Request) {
-            guard let count = held[request.owner] else { return }
-            held[request.owner] = count > 1 ? count - 1 : nil
         }
     }
 
@@ -137,6 +144,15 @@ final class Broker {
         self.admission = admission
     }
 
+    deinit {
+        // A waiting request holds its client, which holds the request; an idle worker is
+        // held by its service.
+        for service in services.values {
+            service.requests.removeAll()
+            service.idle.removeAll()
+        }
+    }
+
     private func send(_ message: Message) { outbox.send(message) }
 
     /// The events since the last call, for the kernel to act on.
@@ -161,7 +177,7 @@ final class Broker {
                 disconnect(message[0], reason: "\(error)", now: now)
             } else if message.count >= 5, message[1].isEmpty, message[2].equals(MDP.clientHeader) {
                 let shown = String(decoding: message[3].bytes.prefix(64), as: UTF8.self)
-                reply(to: message[0], serviceFrame: message[3], body: Array(message.frames[4...]), error: .invalidRequest(
+                reply(to: message[0], serviceFrame: message[3], body: message.frames[4...], error: .invalidRequest(
                     "the service name must be \(MDP.serviceNameRule), got \(message[3].isEmpty ? "an empty name" : "'\(shown)'")"))
             }
             return
@@ -185,14 +201,14 @@ final class Broker {
         services.values.filter { $0.everServed }.map { ($0.name, $0.workers) }
     }
 
-    private func handleRequest(client: Frame, service name: String, body: [Frame], peer: String?, now: UInt64) {
+    private func handleRequest(client: Frame, service name: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
         if MMI.isManagement(name) {
-            let answer = MMI.answer(service: name, body: body) { [services] in (services[$0]?.workers ?? 0) > 0 }
+            let answer = MMI.answer(service: name, body: Array(body)) { [services] in (services[$0]?.workers ?? 0) > 0 }
             send(MDP.reply(to: client, service: name, body: [Frame(answer)]))
             return
         }
         if name == KernelAPI.service {
-            events.append(.kernelRequest(client: client, body: body, peer: peer))
+            events.append(.kernelRequest(client: client, body: Array(body), peer: peer))
             return
         }
         guard services[name] != nil || services.count < configuration.maxServices else {
@@ -202,7 +218,7 @@ final class Broker {
         }
         let service = serviceNamed(name)
         service.stats.requests += 1
-        let request = Request(client: client, owner: peer.map { Frame($0) } ?? client, service: name, body: body,
+        let request = Request(client: client, owner: service.requests.client(peer.map { Frame($0) } ?? client), service: name, body: body,
                               deadline: now + configuration.queueTimeout.nanoseconds, received: now)
         let size = request.size
         guard service.requests.count < configuration.maxQueuedPerService,
@@ -246,7 +262,7 @@ final class Broker {
             service.everServed = true
             service.workers += 1
             service.places += worker.window
-            for _ in 0..<worker.window { service.idle.append(identity) }
+            for _ in 0..<worker.window { service.idle.append(worker) }
             logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(worker.window)"])
             events.append(.workersChanged(service: name, count: service.workers))
             dispatch(service)
@@ -260,16 +276,16 @@ final class Broker {
             // The body goes back as it came: the kernel never reads it. Error counts come
             // from the workers' heartbeats (below).
             let service = worker.service
-            service.release(request)
+            service.requests.release(request)
             service.stats.replies += 1
             service.stats.latency.record(nanoseconds: now &- request.received)
             send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body))
-            if recordsSpans { events.append(.answered(service: service.name, body: request.body, received: request.received, now: now)) }
+            if recordsSpans { events.append(.answered(service: service.name, body: Array(request.body), received: request.received, now: now)) }
             if worker.draining {
                 // A plain 7/MDP worker cannot be told to drain: it is let go once idle.
                 if !worker.speaksExtension, worker.inFlight.isEmpty { disconnectDrained(worker, now: now) }
             } else {
-                service.idle.append(identity)
+                service.idle.append(worker)
                 dispatch(service)
             }
         case .heartbeat(let errors):
@@ -303,7 +319,7 @@ final class Broker {
             let service = worker.service
             service.workers -= 1
             service.places -= worker.window
-            service.idle.removeAll { $0 == worker.identity }
+            service.idle.removeAll { $0 === worker }
             logger.info("worker draining", metadata: ["service": "\(service.name)", "inFlight": "\(worker.inFlight.count)", "workers": "\(service.workers)"])
             events.append(.workersChanged(service: service.name, count: service.workers))
         }
@@ -334,17 +350,16 @@ final class Broker {
     /// Hands waiting requests to workers with room, the clients in turn, none past its share.
     private func dispatch(_ service: Service) {
         let share = clientShare(of: service)
-        while !service.requests.isEmpty, let identity = service.idle.first {
-            guard let worker = workers[identity], worker.hasRoom else {
+        while !service.requests.isEmpty, let worker = service.idle.first {
+            guard worker.hasRoom else {
                 service.idle.removeFirst()
                 continue
             }
-            guard let request = service.requests.next(where: { service.held[$0, default: 0] < share }) else { break }
+            guard let request = service.requests.next(share: share) else { break }
             service.idle.removeFirst()
             queuedBytes -= request.size
-            service.held[request.owner, default: 0] += 1
             let client = worker.sent(request)
-            send(MDP.encode(.request(client: client, body: request.body), to: identity))
+            send(MDP.request(to: worker.identity, client: client, body: request.body))
         }
     }
 
@@ -402,7 +417,7 @@ final class Broker {
         if !worker.draining {  // a draining worker was taken out of the counts already
             service.workers -= 1
             service.places -= worker.window
-            service.idle.removeAll { $0 == worker.identity }
+            service.idle.removeAll { $0 === worker }
             events.append(.workersChanged(service: service.name, count: service.workers))
         }
         logger.info("worker removed", metadata: ["service": "\(service.name)", "reason": "\(reason)", "workers": "\(service.workers)"])
@@ -414,19 +429,17 @@ final class Broker {
            let request = worker.answered(undelivered[4]) {
             notDelivered.append(request)
         }
-        let heldWhenItDied = worker.inFlight.values.map { request in
-            var request = request
-            if request.lastDeadProcess != worker.process {
-                request.deaths += 1
-                request.lastDeadProcess = worker.process
-            }
-            return request
+        let heldWhenItDied = Array(worker.inFlight.values)
+        for request in heldWhenItDied where request.lastDeadProcess != worker.process {
+            request.deaths += 1
+            request.lastDeadProcess = worker.process
         }
         let orphans = (heldWhenItDied + notDelivered).sorted { $0.received < $1.received }
         worker.inFlight = [:]
-        for request in orphans { service.release(request) }
         let retriable = !configuration.nonRetriableServices.contains(service.name)
-        for var request in orphans.reversed() {
+        for request in orphans.reversed() {
+            // Queued again before its place is released, so its client stays known.
+            defer { service.requests.release(request) }
             if request.deaths >= configuration.maxDeliveries {
                 service.stats.handlerDied += 1
                 logger.warning("not handing a request out again: each worker it went to died with it", metadata: [
@@ -472,18 +485,18 @@ final class Broker {
     // MARK: Replies the kernel writes itself
 
     /// Answers a request the kernel could not deliver, with `error` for each id in its body.
-    private func reply(to client: Frame, service: String, body: [Frame], error: JSONRPCError) {
+    private func reply(to client: Frame, service: String, body: ArraySlice<Frame>, error: JSONRPCError) {
         reply(to: client, serviceFrame: Frame(service), body: body, error: error)
     }
 
-    private func reply(to client: Frame, serviceFrame: Frame, body: [Frame], error: JSONRPCError) {
-        let bytes = body.count == 1 ? body[0].bytes : []
+    private func reply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>, error: JSONRPCError) {
+        let bytes = body.count == 1 ? body.first!.bytes : []
         send(MDP.reply(to: client, serviceFrame: serviceFrame, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))]))
     }
 
     /// Answers a request ``Admission`` refused: -32008 when this kernel is not the active one
     /// of its pair (the client asks the other), -32011 when only an operator may ask it.
-    func refuse(client: Frame, service: String, body: [Frame], _ verdict: Admission.Verdict) {
+    func refuse(client: Frame, service: String, body: ArraySlice<Frame>, _ verdict: Admission.Verdict) {
         switch verdict {
         case .admitted: return
         case .notActive: refusedNotActive += 1

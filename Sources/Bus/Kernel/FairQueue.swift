@@ -1,55 +1,88 @@
 import DequeModule
 import ZeroMQ
 
-/// A service's waiting requests: one queue per client, the clients served in turn.
+/// A service's waiting requests: one queue per client, the clients served in turn, and the
+/// places of the service each client holds.
 ///
 /// One client's flood waits behind its own earlier requests, not in front of everyone
 /// else's: each time a worker has room, the next client in turn whose share of the service's
 /// places allows another sends its oldest request. A client is its CURVE key (all its
 /// connections together), or without CURVE its connection.
 struct FairQueue {
-    private var queues: [Frame: Deque<Broker.Request>] = [:]
+    /// One client of the service: its waiting requests, oldest first, and how many of the
+    /// service's places its requests hold. A request carries its client, so dispatching and
+    /// answering it reach the client with no lookup by key (docs/BENCHMARKS.md, issue 33).
+    final class Client {
+        let id: Frame
+        fileprivate var waiting: Deque<Broker.Request> = []
+        fileprivate(set) var held = 0
+        fileprivate var inTurn = false
+        fileprivate var isKnown = false
+        init(id: Frame) { self.id = id }
+    }
+
+    /// Clients with requests waiting or places held; the others are forgotten, so clients
+    /// that come and go cannot grow it.
+    private var clients: [Frame: Client] = [:]
     /// Clients with requests waiting, in the order they are served.
-    private var turn: Deque<Frame> = []
+    private var turn: Deque<Client> = []
     private(set) var count = 0
     /// Bytes of the bodies waiting.
     private(set) var bytes = 0
 
     var isEmpty: Bool { count == 0 }
 
+    /// The client `id` (a new one when it has nothing waiting or held); forgotten again
+    /// unless a request of it is queued.
+    func client(_ id: Frame) -> Client {
+        if let client = clients[id] { return client }
+        return Client(id: id)
+    }
+
+    /// How many places `id` holds now.
+    func held(by id: Frame) -> Int { clients[id]?.held ?? 0 }
+
+    /// Clients known now: those with requests waiting or places held.
+    var clientCount: Int { clients.count }
+
     /// Queues `request` last among its client's.
     mutating func append(_ request: Broker.Request) {
-        add(request) { $0.append($1) }
+        let client = request.owner
+        track(client)
+        client.waiting.append(request)
+        if !client.inTurn {
+            client.inTurn = true
+            turn.append(client)
+        }
+        added(request)
     }
 
     /// Queues `request` first among its client's, and its client first in turn (a request back
     /// from a worker that died keeps its place).
     mutating func prepend(_ request: Broker.Request) {
-        add(request) { $0.prepend($1) }
-        if let index = turn.firstIndex(of: request.owner), index != 0 {
+        let client = request.owner
+        track(client)
+        client.waiting.prepend(request)
+        if client.inTurn, let index = turn.firstIndex(where: { $0 === client }) {
             turn.remove(at: index)
-            turn.prepend(request.owner)
         }
+        client.inTurn = true
+        turn.prepend(client)
+        added(request)
     }
 
-    private mutating func add(_ request: Broker.Request, _ insert: (inout Deque<Broker.Request>, Broker.Request) -> Void) {
-        if queues[request.owner] == nil { turn.append(request.owner) }
-        insert(&queues[request.owner, default: []], request)
-        count += 1
-        bytes += request.size
-    }
-
-    /// The oldest request of the next client in turn that `mayTake` allows another place;
-    /// nil when no waiting client may take one now.
-    mutating func next(where mayTake: (Frame) -> Bool) -> Broker.Request? {
+    /// The oldest request of the next client in turn that holds fewer than `share` places,
+    /// now counted as holding one more; nil when no waiting client may take one now.
+    mutating func next(share: Int) -> Broker.Request? {
         for _ in 0..<turn.count {
-            let owner = turn.removeFirst()
-            guard mayTake(owner) else {
-                turn.append(owner)
+            let client = turn.removeFirst()
+            guard client.held < share else {
+                turn.append(client)
                 continue
             }
-            let request = queues[owner]!.removeFirst()
-            if queues[owner]!.isEmpty { queues[owner] = nil } else { turn.append(owner) }
+            let request = client.waiting.removeFirst()
+            if client.waiting.isEmpty { client.inTurn = false } else { turn.append(client) }
+            client.held += 1
             count -= 1
             bytes -= request.size
             return request
@@ -57,32 +90,67 @@ struct FairQueue {
         return nil
     }
 
+    /// `request`, handed out by ``next(share:)``, no longer holds a place (answered, or its
+    /// worker gone).
+    mutating func release(_ request: Broker.Request) {
+        let client = request.owner
+        guard client.held > 0 else { return }
+        client.held -= 1
+        forgetIfIdle(client)
+    }
+
     /// Removes and returns every request whose deadline has passed.
     mutating func removeExpired(now: UInt64) -> [Broker.Request] {
         var expired: [Broker.Request] = []
-        for owner in Array(turn) {
-            guard queues[owner]!.contains(where: { $0.deadline <= now }) else { continue }
+        for client in turn where client.waiting.contains(where: { $0.deadline <= now }) {
             var kept: Deque<Broker.Request> = []
-            for request in queues[owner]! {
+            for request in client.waiting {
                 if request.deadline <= now { expired.append(request) } else { kept.append(request) }
             }
-            if kept.isEmpty {
-                queues[owner] = nil
-                turn.removeAll { $0 == owner }
-            } else {
-                queues[owner] = kept
-            }
+            client.waiting = kept
         }
+        guard !expired.isEmpty else { return [] }
+        for client in turn where client.waiting.isEmpty {
+            client.inTurn = false
+            forgetIfIdle(client)
+        }
+        turn.removeAll { !$0.inTurn }
         count -= expired.count
         bytes -= expired.reduce(0) { $0 + $1.size }
         return expired
     }
 
-    /// Lets go of the storage a burst grew it to, when nothing waits.
+    /// Lets go of the storage a burst grew it to, when nothing waits or is held.
     mutating func releaseIfEmpty() {
-        if isEmpty {
-            queues = [:]
+        if clients.isEmpty {
+            clients = [:]
             turn = []
         }
+    }
+
+    /// Drops every waiting request: a waiting request holds its client, which holds it.
+    mutating func removeAll() {
+        for client in turn { client.waiting.removeAll() }
+        turn.removeAll()
+        clients.removeAll()
+        count = 0
+        bytes = 0
+    }
+
+    private mutating func track(_ client: Client) {
+        guard !client.isKnown else { return }
+        client.isKnown = true
+        clients[client.id] = client
+    }
+
+    private mutating func forgetIfIdle(_ client: Client) {
+        guard client.isKnown, client.held == 0, client.waiting.isEmpty else { return }
+        client.isKnown = false
+        clients[client.id] = nil
+    }
+
+    private mutating func added(_ request: Broker.Request) {
+        count += 1
+        bytes += request.size
     }
 }

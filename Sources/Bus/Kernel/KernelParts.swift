@@ -52,12 +52,12 @@ struct Admission {
 
     /// Whether the kernel serves a request for `service` from `peer` (its ZAP user id), given
     /// who may ask what (`security`, nil without CURVE).
-    func verdict(service: String, body: [Frame], peer: String?, security: KernelSecurity?, now: UInt64) -> Verdict {
+    func verdict(service: String, body: ArraySlice<Frame>, peer: String?, security: KernelSecurity?, now: UInt64) -> Verdict {
         // A body is read only when a rule needs its methods, and only for the kernel's own
         // service, whose requests are few.
         let isKernel = service == KernelAPI.service
         func calls(_ names: Set<String>) -> Bool {
-            isKernel && body.count == 1 && JSONRPC.parseRequests(body[0].bytes).requests.contains { names.contains($0.method) }
+            isKernel && body.count == 1 && JSONRPC.parseRequests(body.first!.bytes).requests.contains { names.contains($0.method) }
         }
         if let security, OperatorsOnly.services.contains(service) || calls(OperatorsOnly.kernelMethods),
            !Peer(userID: peer, security: security).isOperator {

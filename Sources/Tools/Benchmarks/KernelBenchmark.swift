@@ -335,7 +335,7 @@ final class RawEchoWorker: @unchecked Sendable {
                 for (index, socket) in owned.enumerated() where poller.events(at: index).contains(.readable) {
                     while let message = try? socket.tryReceive() {
                         if case .request(let client, let body)? = try? MDP.decodeAtWorker(message) {
-                            try? socket.send(MDP.encode(.reply(client: client, body: body)))
+                            try? socket.send(MDP.encode(.reply(client: client, body: body[...])))
                         }
                     }
                 }
