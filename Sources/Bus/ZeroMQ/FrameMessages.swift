@@ -9,16 +9,21 @@ import Synchronization
 final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
     // `zmq_msg_copy` writes the source's share flag and count the first time, so copies are
     // taken under `copyLock`.
-    let message: UnsafeMutablePointer<zmq_msg_t>
+    /// The message, held in the object itself: one allocation per received frame, not two.
+    private var message = zmq_msg_t()
     private let copyLock = Mutex<Void>(())
 
-    /// Takes over a message libzmq filled in (the caller's message becomes empty).
+    /// libzmq keeps up to this many bytes inside a `zmq_msg_t` itself; a larger message's
+    /// bytes lie outside it and stay where they are when the message is moved.
+    static let keptInsideMessage = 33
+
+    /// Takes over a message libzmq filled in, of more than ``keptInsideMessage`` bytes (the
+    /// caller's message becomes empty).
     init(moving received: UnsafeMutablePointer<zmq_msg_t>) {
-        let message = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: 1)
-        zmq_msg_init(message)
-        zmq_msg_move(message, received)
-        self.message = message
-        super.init(bytes: UnsafeRawBufferPointer(start: zmq_msg_data(message), count: zmq_msg_size(message)))
+        precondition(zmq_msg_size(received) > Self.keptInsideMessage)
+        super.init(bytes: UnsafeRawBufferPointer(start: zmq_msg_data(received), count: zmq_msg_size(received)))
+        zmq_msg_init(&message)
+        zmq_msg_move(&message, received)
     }
 
     /// libzmq may have read it with other messages into one buffer.
@@ -27,20 +32,20 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
     /// Initialises `target` as a shared copy of this frame, for sending.
     func copy(into target: UnsafeMutablePointer<zmq_msg_t>) {
         zmq_msg_init(target)
-        copyLock.withLock { _ in _ = zmq_msg_copy(target, message) }
+        copyLock.withLock { _ in _ = zmq_msg_copy(target, &message) }
     }
 
     deinit {
-        zmq_msg_close(message)
-        message.deallocate()
+        zmq_msg_close(&message)
     }
 }
 
 extension Frame {
-    /// Takes over a message libzmq filled in (copying it out when it is small).
+    /// Takes over a message libzmq filled in (copying it out when it is small: held inline
+    /// up to 32 bytes, a 33-byte one in a heap buffer of its own).
     init(moving received: UnsafeMutablePointer<zmq_msg_t>) {
         let size = zmq_msg_size(received)
-        if size <= 32 {
+        if size <= ZMQFrameBuffer.keptInsideMessage {
             self.init(copying: UnsafeRawBufferPointer(start: zmq_msg_data(received), count: size))
         } else {
             self.init(buffer: ZMQFrameBuffer(moving: received))

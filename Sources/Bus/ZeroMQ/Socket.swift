@@ -106,21 +106,21 @@ public final class ZMQSocket {
     public func send(_ message: Message, options: SendOptions = []) throws(ZMQError) {
         let handle = try raw("zmq_msg_send")
         guard !message.isEmpty else { throw ZMQError(call: "zmq_msg_send(no frames)", code: EINVAL) }
-        var part = zmq_msg_t()
-        let last = message.count - 1
-        for index in 0...last {
-            let frame = message.frames[index]
-            var flags = options.rawValue
-            if index < last { flags |= ZMQ_SNDMORE }
-            // After the first frame is accepted libzmq takes the rest of the message
-            // whole, so an EAGAIN can only happen on frame 0 and nothing half-sent remains.
-            try withUnsafeMutablePointer(to: &part) { part throws(ZMQError) in
-                frame.prepareForSending(part)
+        // The frames are read in place, not copied out one by one (a copy retains a frame's buffer).
+        try message.frames.withUnsafeBufferPointer { frames throws(ZMQError) in
+            var part = zmq_msg_t()
+            let last = frames.count - 1
+            for index in 0...last {
+                var flags = options.rawValue
+                if index < last { flags |= ZMQ_SNDMORE }
+                // After the first frame is accepted libzmq takes the rest of the message
+                // whole, so an EAGAIN can only happen on frame 0 and nothing half-sent remains.
+                frames[index].prepareForSending(&part)
                 do throws(ZMQError) {
-                    try zmqCall("zmq_msg_send(\(type))") { zmq_msg_send(part, handle, flags) }
+                    try zmqCall("zmq_msg_send(\(type))") { zmq_msg_send(&part, handle, flags) }
                 } catch {
                     // Not sent: the frame's reference is ours to release.
-                    zmq_msg_close(part)
+                    zmq_msg_close(&part)
                     throw error
                 }
             }
