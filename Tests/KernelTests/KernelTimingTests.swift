@@ -383,6 +383,25 @@ struct FairQueueTests {
         #expect(broker.queuedBytes == 0)
     }
 
+    @Test("a worker's places are reused, but a late reply for an earlier use of a place answers nothing: the worker is disconnected")
+    func staleTag() {
+        let clock = ManualClock(), broker = broker()
+        broker.handle(fromWorker("W", .ready(service: "svc", window: 2)), now: clock.now)
+        broker.handle(fromClient("A", "svc", request("a1")), now: clock.now)
+        let first = dispatched(broker)
+        broker.handle(fromWorker("W", .reply(client: first[0].client, body: ["one"])), now: clock.now)
+        #expect(Sent(broker.outbox.take()).toClients.map(\.body) == ["one"])
+        broker.handle(fromClient("A", "svc", request("a2")), now: clock.now)
+        let second = dispatched(broker)
+        // The same place, another tag.
+        #expect(second.map(\.id) == ["a2"] && second[0].client != first[0].client)
+        broker.handle(fromWorker("W", .reply(client: first[0].client, body: ["late"])), now: clock.now)
+        let sent = Sent(broker.outbox.take())
+        #expect(sent.toClients.isEmpty)
+        #expect(sent.toWorkers.map(\.command) == [.disconnect])
+        #expect(broker.workers.isEmpty && broker.services["svc"]!.requests.count == 1)
+    }
+
     @Test("a client holds at most its share of the places; what waits past the queue timeout is answered -32001; nobody is remembered once answered")
     func shareAndExpiry() {
         let clock = ManualClock(), broker = broker()

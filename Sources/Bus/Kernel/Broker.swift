@@ -56,9 +56,8 @@ final class Broker {
         /// Whether its READY carried a window: it understands `drain=1` from the kernel.
         let speaksExtension: Bool
         var expiry: UInt64
-        /// Requests sent to it and not yet answered, by tag (always 0 for a window of 1).
-        var inFlight: [UInt32: Request] = [:]
-        var nextTag: UInt32 = 0
+        /// Requests sent to it and not yet answered, by the tag its replies echo.
+        var inFlight = InFlight()
         /// The error count its last HEARTBEAT reported (the extension).
         var reportedErrors = 0
         /// Takes no new requests: it finishes those in flight, then leaves (a drain).
@@ -429,13 +428,13 @@ final class Broker {
            let request = worker.answered(undelivered[4]) {
             notDelivered.append(request)
         }
-        let heldWhenItDied = Array(worker.inFlight.values)
+        let heldWhenItDied = worker.inFlight.all
         for request in heldWhenItDied where request.lastDeadProcess != worker.process {
             request.deaths += 1
             request.lastDeadProcess = worker.process
         }
         let orphans = (heldWhenItDied + notDelivered).sorted { $0.received < $1.received }
-        worker.inFlight = [:]
+        worker.inFlight = InFlight()
         let retriable = !configuration.nonRetriableServices.contains(service.name)
         for request in orphans.reversed() {
             // Queued again before its place is released, so its client stays known.
@@ -525,17 +524,12 @@ extension Broker.Worker {
     /// window gets the client's routing id followed by a 4-byte tag, which it echoes like
     /// any client frame, so its replies can come back in any order.
     func sent(_ request: Broker.Request) -> Frame {
-        guard window > 1 else {
-            inFlight[0] = request
-            return request.client
-        }
-        repeat { nextTag &+= 1 } while inFlight[nextTag] != nil
-        inFlight[nextTag] = request
-        let tag = nextTag.littleEndian
+        let tag = inFlight.insert(request)
+        guard window > 1 else { return request.client }
         return request.client.withUnsafeBytes { client in
             withUnsafeTemporaryAllocation(byteCount: client.count + 4, alignment: 4) { buffer in
                 buffer.copyMemory(from: client)
-                buffer.storeBytes(of: tag, toByteOffset: client.count, as: UInt32.self)
+                buffer.storeBytes(of: tag.littleEndian, toByteOffset: client.count, as: UInt32.self)
                 return Frame(copying: UnsafeRawBufferPointer(buffer))
             }
         }
@@ -544,17 +538,71 @@ extension Broker.Worker {
     /// The request a REPLY with `client` answers, no longer in flight; nil when none is.
     func answered(_ client: Frame) -> Broker.Request? {
         guard window > 1 else {
-            guard let request = inFlight[0], request.client == client else { return nil }
-            inFlight[0] = nil
-            return request
+            // One slot: its request is the one a plain worker's reply names by the client alone.
+            guard let tag = inFlight.firstTag, let request = inFlight.request(tagged: tag), request.client == client else { return nil }
+            return inFlight.remove(tagged: tag)
         }
         let tag: UInt32? = client.withUnsafeBytes { raw in
             raw.count >= 4 ? UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: raw.count - 4, as: UInt32.self)) : nil
         }
-        guard let tag, let request = inFlight[tag],
+        guard let tag, let request = inFlight.request(tagged: tag),
               client.withUnsafeBytes({ $0.count == request.client.count + 4 && request.client.equals($0.prefix($0.count - 4)) })
         else { return nil }
-        inFlight[tag] = nil
+        return inFlight.remove(tagged: tag)
+    }
+}
+
+/// The requests a worker holds, by tag: a slot per place of its window, so sending and
+/// answering index an array instead of hashing a key. A tag is the slot (low 16 bits) and
+/// how many times the slot was used (high 16 bits), so a late reply for an earlier use of a
+/// slot does not match the request in it now. A worker with a window of 1 has one slot.
+struct InFlight {
+    private var held: [Broker.Request?] = []
+    /// The tag of each slot's request (or its last one).
+    private var tags: [UInt32] = []
+    private var free: [Int] = []
+    private(set) var count = 0
+
+    var isEmpty: Bool { count == 0 }
+
+    /// The tag of the first slot's request (or its last one).
+    var firstTag: UInt32? { tags.first }
+
+    /// Every request held, oldest slot first.
+    var all: [Broker.Request] { held.compactMap { $0 } }
+
+    /// Holds `request`; its tag.
+    mutating func insert(_ request: Broker.Request) -> UInt32 {
+        let slot: Int, tag: UInt32
+        if let reused = free.popLast() {
+            slot = reused
+            tag = (tags[slot] &+ 0x1_0000) & 0xFFFF_0000 | UInt32(slot)
+        } else {
+            slot = held.count
+            tag = UInt32(slot)
+            held.append(nil)
+            tags.append(tag)
+        }
+        tags[slot] = tag
+        held[slot] = request
+        count += 1
+        return tag
+    }
+
+    /// The request held under `tag`, if any.
+    func request(tagged tag: UInt32) -> Broker.Request? {
+        let slot = Int(tag & 0xFFFF)
+        guard slot < held.count, tags[slot] == tag else { return nil }
+        return held[slot]
+    }
+
+    /// Lets go of the request under `tag`.
+    mutating func remove(tagged tag: UInt32) -> Broker.Request? {
+        guard let request = request(tagged: tag) else { return nil }
+        let slot = Int(tag & 0xFFFF)
+        held[slot] = nil
+        free.append(slot)
+        count -= 1
         return request
     }
 }
