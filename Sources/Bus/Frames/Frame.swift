@@ -175,6 +175,14 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
         return withUnsafeBytes { $0.elementsEqual(other) }
     }
 
+    /// Whether the frame holds exactly the bytes `raw` points at (not generic, so a caller in
+    /// another module gets no unspecialized call).
+    public func equals(_ raw: UnsafeRawBufferPointer) -> Bool {
+        withUnsafeBytes { mine in
+            mine.count == raw.count && (mine.count == 0 || memcmp(mine.baseAddress!, raw.baseAddress!, mine.count) == 0)
+        }
+    }
+
     /// Whether the frame holds exactly the UTF-8 bytes of `text`.
     public func equals(_ text: String) -> Bool {
         var text = text

@@ -546,7 +546,7 @@ extension Broker.Worker {
             raw.count >= 4 ? UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: raw.count - 4, as: UInt32.self)) : nil
         }
         guard let tag, let request = inFlight.request(tagged: tag),
-              client.withUnsafeBytes({ $0.count == request.client.count + 4 && request.client.equals($0.prefix($0.count - 4)) })
+              client.withUnsafeBytes({ $0.count == request.client.count + 4 && request.client.equals(UnsafeRawBufferPointer(rebasing: $0.prefix($0.count - 4))) })
         else { return nil }
         return inFlight.remove(tagged: tag)
     }

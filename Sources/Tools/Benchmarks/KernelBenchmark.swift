@@ -73,11 +73,17 @@ struct KernelBenchmark: AsyncParsableCommand {
         var directRuns: [(Double, Histogram<UInt64>)] = [], mmiRuns = directRuns, kernelRuns = directRuns
         // Pipelined rates by path and client count, every path once per round.
         var rates: [Metal.Path: [Int: [Double]]] = [:]
+        // One C client sending one request at a time through the C 7/MDP broker and through
+        // the kernel, to the same C window worker program.
+        var syncRates: [Metal.Path: [Double]] = [:]
         for round in 1...runs {
             progress("round \(round) of \(runs)")
             directRuns.append(try directRoundTrips(direct.endpoint, payload))
             mmiRuns.append(try mmiRoundTrips(endpoints.broker))
             kernelRuns.append(try kernelRoundTrips(endpoints.broker, payload))
+            for path in [Metal.Path.cMDP, .kernelWindow] {
+                syncRates[path, default: []].append(try await metal.rate(path, clients: 1, requests: roundTrips, window: 1))
+            }
             for clients in [1, 8] {
                 for path in Metal.Path.allCases {
                     rates[path, default: [:]][clients, default: []].append(
@@ -94,6 +100,11 @@ struct KernelBenchmark: AsyncParsableCommand {
             Row("kernel MMI round trip (kernel answers)", rate: mmiRT.0, latencies: mmiRT.1, note: versusDirect(mmiRT)),
             Row("kernel round trip (MDP)", rate: kernelRT.0, latencies: kernelRT.1, note: versusDirect(kernelRT)),
         ]
+        let syncMDP = median(syncRates[.cMDP]!), syncKernel = median(syncRates[.kernelWindow]!)
+        rows.append(Row("C 7/MDP broker, synchronous, C client and worker", rate: syncMDP,
+                        note: String(format: "mean round trip %.1f µs; one request at a time", 1e6 / syncMDP)))
+        rows.append(Row("kernel, synchronous, C client and worker", rate: syncKernel,
+                        note: String(format: "mean round trip %.1f µs, %.2fx the C 7/MDP broker's", 1e6 / syncKernel, syncMDP / syncKernel)))
         for clients in [1, 8] {
             let plural = clients == 1 ? "" : "s"
             func rate(_ path: Metal.Path) -> Double { median(rates[path]![clients]!) }
