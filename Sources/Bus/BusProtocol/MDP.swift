@@ -116,13 +116,23 @@ extension MDP {
 
     /// The same with the body as a slice of the message it arrived in.
     public static func reply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>) -> Message {
-        // Sized once: an array literal followed by an append would allocate twice.
+        message((client, empty, clientHeaderFrame, serviceFrame), nil, body)
+    }
+
+    /// `head`'s frames, then `body`'s, in one array sized once (appending a body to an array
+    /// literal would allocate twice); `head` is a tuple's worth of frames, not an array.
+    private static func message(_ head: (Frame, Frame, Frame, Frame), _ more: (Frame, Frame)?,
+                                _ body: ArraySlice<Frame>) -> Message {
         var frames: [Frame] = []
-        frames.reserveCapacity(4 + body.count)
-        frames.append(client)
-        frames.append(empty)
-        frames.append(clientHeaderFrame)
-        frames.append(serviceFrame)
+        frames.reserveCapacity(6 + body.count)
+        frames.append(head.0)
+        frames.append(head.1)
+        frames.append(head.2)
+        frames.append(head.3)
+        if let more {
+            frames.append(more.0)
+            frames.append(more.1)
+        }
         frames.append(contentsOf: body)
         return Message(frames)
     }
@@ -161,17 +171,7 @@ extension MDP {
 
     /// A REQUEST to `worker` for the broker's ROUTER: `[worker, "", "MDPW01", 0x02, client, "", body…]`.
     public static func request(to worker: Frame, client: Frame, body: ArraySlice<Frame>) -> Message {
-        // Sized once: an array literal followed by an append would allocate twice.
-        var frames: [Frame] = []
-        frames.reserveCapacity(6 + body.count)
-        frames.append(worker)
-        frames.append(empty)
-        frames.append(workerHeaderFrame)
-        frames.append(commandFrames[2])
-        frames.append(client)
-        frames.append(empty)
-        frames.append(contentsOf: body)
-        return Message(frames)
+        message((worker, empty, workerHeaderFrame, commandFrames[2]), (client, empty), body)
     }
 
     // MARK: Decoders
