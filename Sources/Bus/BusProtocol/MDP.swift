@@ -38,8 +38,11 @@ public enum MDP {
 
     /// Whether `name` is a usable service name: 1 to 255 printable ASCII characters.
     public static func isValidServiceName(_ name: String) -> Bool {
-        let bytes = name.utf8
-        return !bytes.isEmpty && bytes.count <= maxServiceNameLength && bytes.allSatisfy { $0 >= 0x21 && $0 <= 0x7E }
+        isValidServiceName(name.utf8)
+    }
+
+    private static func isValidServiceName(_ bytes: some Collection<UInt8>) -> Bool {
+        !bytes.isEmpty && bytes.count <= maxServiceNameLength && bytes.allSatisfy { $0 >= 0x21 && $0 <= 0x7E }
     }
 }
 
@@ -271,9 +274,11 @@ extension MDP {
     }
 
     private static func serviceName(_ frame: Frame, _ context: String) throws(ProtocolError) -> String {
-        guard let name = frame.string, isValidServiceName(name) else {
-            throw ProtocolError("MDP", "\(context): service name must be \(serviceNameRule)")
+        // Checked on the bytes, then read as ASCII: no UTF-8 validation per request.
+        let name: String? = frame.withUnsafeBytes { raw in
+            isValidServiceName(raw) ? String(decoding: raw, as: UTF8.self) : nil
         }
+        guard let name else { throw ProtocolError("MDP", "\(context): service name must be \(serviceNameRule)") }
         return name
     }
 }
