@@ -73,6 +73,9 @@ struct KernelBenchmark: AsyncParsableCommand {
         var directRuns: [(Double, Histogram<UInt64>)] = [], mmiRuns = directRuns, kernelRuns = directRuns
         // Pipelined rates by path and client count, every path once per round.
         var rates: [Metal.Path: [Int: [Double]]] = [:]
+        // The broker process's CPU time (user and system) per request in the same runs: a
+        // cost the machine's other load disturbs far less than a rate.
+        var cpu: [Metal.Path: [Int: [Double]]] = [:]
         // One C client sending one request at a time through the C 7/MDP broker and through
         // the kernel, to the same C window worker program.
         var syncRates: [Metal.Path: [Double]] = [:]
@@ -86,8 +89,12 @@ struct KernelBenchmark: AsyncParsableCommand {
             }
             for clients in [1, 8] {
                 for path in Metal.Path.allCases {
+                    let before = metal.brokerCPUSeconds(path)
                     rates[path, default: [:]][clients, default: []].append(
                         try await metal.rate(path, clients: clients, requests: requests, window: window))
+                    if let before, let after = metal.brokerCPUSeconds(path) {
+                        cpu[path, default: [:]][clients, default: []].append((after - before) / Double(requests) * 1e6)
+                    }
                 }
             }
         }
@@ -110,12 +117,16 @@ struct KernelBenchmark: AsyncParsableCommand {
             func rate(_ path: Metal.Path) -> Double { median(rates[path]![clients]!) }
             let raw = rate(.raw), mdp = rate(.cMDP)
             func ratios(_ value: Double) -> String { String(format: "%.2fx raw C, %.2fx C MDP", value / raw, value / mdp) }
+            /// The broker process's CPU per request, median of the rounds.
+            func cpuNote(_ path: Metal.Path) -> String {
+                cpu[path]?[clients].map { String(format: "; CPU %.2f µs a request", median($0)) } ?? ""
+            }
             rows.append(Row("raw libzmq C broker, pipelined, \(clients) client\(plural)", rate: raw,
                             note: "the metal: ROUTER-ROUTER, no protocol, C clients (window \(window) each) and worker"))
             rows.append(Row("C 7/MDP broker, pipelined, \(clients) client\(plural)", rate: mdp,
-                            note: String(format: "%.2fx raw C; the kernel's frames in C, window worker", mdp / raw)))
+                            note: String(format: "%.2fx raw C; the kernel's frames in C, window worker", mdp / raw) + cpuNote(.cMDP)))
             rows.append(Row("kernel, C window worker, pipelined, \(clients) client\(plural)", rate: rate(.kernelWindow),
-                            note: "\(ratios(rate(.kernelWindow))); switchboard kernel process, one connection, window \(workerWindow)"))
+                            note: "\(ratios(rate(.kernelWindow))); switchboard kernel process, one connection, window \(workerWindow)\(cpuNote(.kernelWindow))"))
             rows.append(Row("kernel, plain MDP C worker, pipelined, \(clients) client\(plural)", rate: rate(.kernelPlain),
                             note: "\(ratios(rate(.kernelPlain))); \(workerSockets) connections, one request each"))
         }
@@ -239,6 +250,22 @@ struct KernelBenchmark: AsyncParsableCommand {
             ]
             return Metal(processes: processes, rawFront: ports[0], mdpBroker: ports[6], kernelBroker: ports[2],
                          proxyFront: ports[7], proxyBack: ports[8], kernelCollector: ports[5], kernelPublisher: ports[4])
+        }
+
+        /// The user and system CPU time the process brokering `path` has used so far, from
+        /// `/proc/PID/stat` (Linux; nil elsewhere).
+        func brokerCPUSeconds(_ path: Path) -> Double? {
+            let broker = switch path {
+            case .raw: processes[0]
+            case .cMDP: processes[2]
+            case .kernelWindow, .kernelPlain: processes[4]
+            }
+            guard let stat = try? String(contentsOfFile: "/proc/\(broker.process.processIdentifier)/stat", encoding: .utf8),
+                  let close = stat.lastIndex(of: ")") else { return nil }
+            // Fields after the command's closing parenthesis, from the third: utime is the 14th, stime the 15th.
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+            return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
         }
 
         func rate(_ path: Path, clients: Int, requests: Int, window: Int) async throws -> Double {
