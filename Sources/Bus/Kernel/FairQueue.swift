@@ -120,12 +120,12 @@ struct FairQueue {
         return expired
     }
 
-    /// Lets go of the storage a burst grew it to, when nothing waits or is held.
+    /// Lets go of the storage a burst grew it to: the turn's when nothing waits, the
+    /// clients' when none holds a place either.
     mutating func releaseIfEmpty() {
-        if clients.isEmpty {
-            clients = [:]
-            turn = []
-        }
+        guard isEmpty else { return }
+        turn = []
+        if clients.isEmpty { clients = [:] }
     }
 
     /// Drops every waiting request: a waiting request holds its client, which holds it.
