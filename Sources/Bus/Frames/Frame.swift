@@ -167,11 +167,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 
     /// Whether the frame holds exactly these bytes.
     public func equals(_ other: some Sequence<UInt8>) -> Bool {
-        if let fast = other.withContiguousStorageIfAvailable({ contiguous in
-            withUnsafeBytes { mine in
-                mine.count == contiguous.count && (mine.count == 0 || memcmp(mine.baseAddress!, contiguous.baseAddress!, mine.count) == 0)
-            }
-        }) { return fast }
+        if let fast = other.withContiguousStorageIfAvailable({ equals(UnsafeRawBufferPointer($0)) }) { return fast }
         return withUnsafeBytes { $0.elementsEqual(other) }
     }
 
@@ -196,9 +192,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
     }
 
     public static func == (lhs: Frame, rhs: Frame) -> Bool {
-        lhs.withUnsafeBytes { a in
-            rhs.withUnsafeBytes { b in a.count == b.count && (a.count == 0 || memcmp(a.baseAddress!, b.baseAddress!, a.count) == 0) }
-        }
+        rhs.withUnsafeBytes { lhs.equals($0) }
     }
 
     public func hash(into hasher: inout Hasher) {

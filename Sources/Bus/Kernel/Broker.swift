@@ -19,7 +19,6 @@ final class Broker {
         /// Whose share of the service's places it counts against (``FairQueue``): the
         /// sender's CURVE key, or without CURVE its connection.
         let owner: FairQueue.Client
-        let service: String
         /// The frames after the service name, in the message they arrived in (not copied).
         let body: ArraySlice<Frame>
         /// When it times out waiting for a worker (monotonic nanoseconds).
@@ -32,10 +31,9 @@ final class Broker {
         /// Bytes of its body, counted against ``KernelConfiguration/maxQueuedBytes``.
         let size: Int
 
-        init(client: Frame, owner: FairQueue.Client, service: String, body: ArraySlice<Frame>, deadline: UInt64, received: UInt64) {
+        init(client: Frame, owner: FairQueue.Client, body: ArraySlice<Frame>, deadline: UInt64, received: UInt64) {
             self.client = client
             self.owner = owner
-            self.service = service
             self.body = body
             self.deadline = deadline
             self.received = received
@@ -217,7 +215,7 @@ final class Broker {
         }
         let service = serviceNamed(name)
         service.stats.requests += 1
-        let request = Request(client: client, owner: service.requests.client(peer.map { Frame($0) } ?? client), service: name, body: body,
+        let request = Request(client: client, owner: service.requests.client(peer.map { Frame($0) } ?? client), body: body,
                               deadline: now + configuration.queueTimeout.nanoseconds, received: now)
         let size = request.size
         guard service.requests.count < configuration.maxQueuedPerService,
