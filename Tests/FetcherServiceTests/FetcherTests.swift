@@ -38,15 +38,9 @@ struct FixtureServer {
 /// A tiny GET for the test's own questions to the server (not the code under test).
 enum URLSessionless {
     static func get(_ url: URL) async throws -> (Data, Int) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = ["-c", "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())", url.absoluteString]
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        try process.run()
-        let data = pipe.fileHandleForReading.readDataToEndOfFile()
-        while process.isRunning { try await Task.sleep(for: .milliseconds(5)) }
-        return (data, Int(process.terminationStatus))
+        let result = try await runCommand(URL(fileURLWithPath: "/usr/bin/python3"), [
+            "-c", "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())", url.absoluteString])
+        return (Data(result.stdout.utf8), Int(result.status))
     }
 }
 

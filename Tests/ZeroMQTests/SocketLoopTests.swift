@@ -173,6 +173,41 @@ struct SocketLoopTests {
         await loop.shutdown()
     }
 
+    @Test("a stopped loop is freed with its context and what its handlers and timers held")
+    func stoppedLoopIsFreed() async throws {
+        // What owns a loop is what its handlers and timers usually capture (a client, a
+        // host): a reference kept after the loop stops keeps the owner, the loop, its
+        // context and the context's threads and descriptors for good.
+        final class Owner: @unchecked Sendable { var loop: SocketLoop? }
+        weak var weakLoop: SocketLoop?
+        weak var weakContext: ZMQContext?
+        weak var weakOwner: Owner?
+        do {
+            let context = try ZMQContext()
+            let loop = try SocketLoop(context: context)
+            let owner = Owner()
+            owner.loop = loop
+            (weakLoop, weakContext, weakOwner) = (loop, context, owner)
+            try await loop.run {
+                let socket = try ZMQSocket(context, .pull)
+                try socket.bind(inprocEndpoint("freed"))
+                let registration = loop.register(socket) { _ in _ = owner }
+                registration.onSendError = { _, _ in _ = owner }
+                registration.afterReading = { _ = owner }
+                // A repeating timer nobody cancels, and a one-shot one still pending.
+                loop.scheduleRepeating(every: .milliseconds(1)) { _ = owner }
+                loop.schedule(after: .seconds(60)) { _ = owner }
+            }
+            await loop.shutdown()
+        }
+        // The loop's thread lets go of the loop as it ends, just after `shutdown` returns.
+        let deadline = ContinuousClock.now + .seconds(5)
+        while weakLoop != nil, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(2)) }
+        #expect(weakLoop == nil)
+        #expect(weakOwner == nil)
+        #expect(weakContext == nil)
+    }
+
     @Test("a timer scheduled by queued work fires although nothing else wakes the loop")
     func timerFromQueuedWork() async throws {
         let context = try ZMQContext()

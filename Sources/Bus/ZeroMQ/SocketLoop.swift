@@ -273,6 +273,10 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         // Close sockets and wake their consumers before anyone waiting on shutdown resumes.
         for registration in registrations { registration.close(reason: stoppedError) }
         registrations.removeAll()
+        // The poll set holds the registrations too (and through their handlers, often the
+        // loop's owners, which hold the loop): a stopped loop must let go of them.
+        pollOwners.removeAll()
+        pollItems.removeAll()
         timers.removeAll()
         // From here on `submit` refuses work; what was queued before still runs here, on the
         // loop thread, so no `run` continuation is left hanging. Sockets it opens are closed
@@ -356,8 +360,10 @@ public final class LoopTimer {
     let deadline: UInt64
     let body: () -> Void
     fileprivate(set) var isCancelled = false
-    /// For a repeating timer: the one-shot timer currently armed.
-    fileprivate var current: LoopTimer?
+    /// For a repeating timer: the one-shot timer currently armed. Weak: the loop holds it,
+    /// and it holds this handle (to re-arm), so a strong reference back would be a cycle
+    /// that outlives the loop and keeps whatever the body captured.
+    fileprivate weak var current: LoopTimer?
 
     init(id: UInt64, deadline: UInt64, body: @escaping () -> Void) {
         self.id = id

@@ -10,7 +10,9 @@ public final class SocketRegistration {
     public let socket: ZMQSocket
     unowned let loop: SocketLoop
     let handle: UnsafeMutableRawPointer?
-    private let onMessage: (Message) -> Void
+    /// Let go of when the socket closes, with the other handlers: they often hold the
+    /// registration's owner, which holds the registration.
+    private var onMessage: ((Message) -> Void)?
     private var backlog: Deque<Message> = []
     private var closeHandlers: [(ZMQError) -> Void] = []
     /// Whether the loop reads this socket; ``pauseReading()`` clears it.
@@ -108,7 +110,7 @@ public final class SocketRegistration {
         while isReading && !isClosed && budget > 0 {
             do {
                 guard let message = try socket.tryReceive() else { return }
-                onMessage(message)
+                onMessage?(message)
             } catch {
                 close(reason: error)
                 return
@@ -137,6 +139,9 @@ public final class SocketRegistration {
         guard !isClosed else { return }
         isClosed = true
         backlog.removeAll()
+        onMessage = nil
+        onSendError = nil
+        afterReading = nil
         loop.unregister(self)
         socket.close()
         let handlers = closeHandlers

@@ -272,7 +272,9 @@ public final class ChildProcess: @unchecked Sendable {
 
     /// Ends the process: SIGTERM, then SIGKILL after `grace` seconds; waits for it.
     public func stop(grace: Double = 5) {
-        guard process.isRunning else { return }
+        // Foundation's Process keeps its pipes open until someone waits for it, even once it
+        // has exited: without this wait every finished child left two descriptors behind.
+        guard process.isRunning else { return process.waitUntilExit() }
         kill(pid, SIGTERM)
         let deadline = Date().addingTimeInterval(grace)
         while process.isRunning && Date() < deadline { usleep(10_000) }
@@ -389,10 +391,12 @@ public func runCommand(_ executable: URL, _ arguments: [String], environment: [S
     while process.isRunning {
         if Date() > deadline {
             kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
             throw TimedOut(what: "\(executable.lastPathComponent) \(arguments.joined(separator: " "))")
         }
         try await Task.sleep(for: .milliseconds(10))
     }
+    process.waitUntilExit()  // returns at once now; see ChildProcess.stop
     // The readers finish once the pipes close.
     while collected.withLock({ $0.count }) < 2, Date() < deadline { try await Task.sleep(for: .milliseconds(5)) }
     let outputs = collected.withLock { $0 }
