@@ -42,6 +42,50 @@ struct InteropTests {
         await kernel.stop()
     }
 
+    @Test("18/MDP peers written from RFC 18: parts in order to a 0.2 client, gathered for a 7/MDP client, a 0.2 client served by a 7/MDP service, a worker killed mid-stream")
+    func mdp02() async throws {
+        let kernel = try await TestKernel.start { fastHeartbeats(&$0) }
+        let streaming = try ChildProcess(python, [peersScript.path, "worker02", kernel.endpoints.broker, "pystream", "3"])
+        defer { streaming.stop() }
+        let dying = try ChildProcess(python, [peersScript.path, "worker02", kernel.endpoints.broker, "pydying", "2", "die"])
+        defer { dying.stop() }
+        let host = try await hostEcho(kernel)
+        try await kernel.workers("pystream")
+        try await kernel.workers("pydying")
+        try await kernel.workers("echo")
+        let request = #"{"jsonrpc":"2.0","id":7,"method":"m"}"#
+        func run(_ mode: String, _ service: String, _ body: String) async throws -> [String] {
+            let peer = try ChildProcess(python, [peersScript.path, mode, kernel.endpoints.broker, service, body])
+            #expect(await peer.exit(within: 15))
+            let output = peer.readOutput()
+            #expect(peer.process.terminationStatus == 0, "\(output)")
+            return output.split(separator: "\n").map(String.init)
+        }
+        func part(_ final: Bool, _ body: [String]) -> JSONValue { ["final": .bool(final), "body": .array(body.map { .string($0) })] }
+
+        // 0.2 worker → 0.2 client: each PARTIAL in order, then the FINAL.
+        let parts = try await run("client02", "pystream", request).map { try JSONValue(parsing: Array($0.utf8)) }
+        #expect(parts == [part(false, ["part-1"]), part(false, ["part-2"]), part(false, ["part-3"]), part(true, [request])])
+        // 0.2 worker → 7/MDP client (zguide's REQ): one REPLY with every part's frames, then the FINAL's.
+        #expect(try await run("client", "pystream", request) == ["part-1", "part-2", "part-3", request])
+        // 0.2 client → a Swift 7/MDP service: its REPLY arrives as the FINAL.
+        let echoed = try await run("client02", "echo", #"{"jsonrpc":"2.0","id":9,"method":"echo","params":{"from":"python"}}"#)
+        #expect(echoed.count == 1)
+        let final = try JSONValue(parsing: Array(echoed[0].utf8))
+        #expect(final["final"] == true)
+        let response = try JSONRPC.parseResponses(Array((final["body"]?.arrayValue?.first?.stringValue ?? "").utf8))
+        #expect(response == [JSONRPCResponse(id: .number(9), result: ["from": "python"])])
+        // A worker that dies after two parts: the client gets both, then a FINAL saying so.
+        let cut = try await run("client02", "pydying", request).map { try JSONValue(parsing: Array($0.utf8)) }
+        #expect(cut.prefix(2) == [part(false, ["part-1"]), part(false, ["part-2"])], "the dying worker said: \(dying.outputSoFar)")
+        #expect(cut.count == 3 && cut.last?["final"] == true)
+        let error = try JSONValue(parsing: Array((cut.last?["body"]?.arrayValue?.first?.stringValue ?? "").utf8))["error"]
+        #expect(error?["code"]?.intValue == Int64(JSONRPCError.streamEndedCode))
+        #expect(error?["data"]?["parts"]?.intValue == 2)
+        await host.stop()
+        await kernel.stop()
+    }
+
     @Test("a pyzmq CHP subscriber gets the snapshot and live updates")
     func chp() async throws {
         let kernel = try await TestKernel.start()

@@ -47,7 +47,7 @@ struct ServiceHostDrainTests {
         mutating func next() throws -> WorkerToBroker {
             while true {
                 let message = try router.receive()
-                guard case .worker(let identity, let command) = try MDP.decodeAtBroker(message) else { continue }
+                guard case .worker(let identity, let command, _) = try MDP.decodeAtBroker(message) else { continue }
                 worker = identity
                 if case .heartbeat = command {
                     heartbeats += 1
@@ -65,7 +65,7 @@ struct ServiceHostDrainTests {
             var others: [WorkerToBroker] = []
             while heartbeats < target {
                 let message = try router.receive()
-                guard case .worker(_, let command) = try MDP.decodeAtBroker(message) else { continue }
+                guard case .worker(_, let command, _) = try MDP.decodeAtBroker(message) else { continue }
                 if case .heartbeat = command {
                     heartbeats += 1
                     try router.send(MDP.encode(.heartbeat, to: worker))

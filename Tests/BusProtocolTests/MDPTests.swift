@@ -123,7 +123,8 @@ struct MDPTests {
     @Test("10,000 random messages decode to a value or an error")
     func randomInput() {
         var generator = SystemRandomNumberGenerator()
-        let pieces: [Frame] = ["", "MDPC01", "MDPW01", Frame([1]), Frame([2]), Frame([3]), Frame([4]), Frame([5]), "echo", "ICANHAZ?", "KTHXBAI", "HUGZ"]
+        let pieces: [Frame] = ["", "MDPC01", "MDPW01", "MDPC02", "MDPW02", Frame([1]), Frame([2]), Frame([3]), Frame([4]), Frame([5]), Frame([6]),
+                               "echo", "ICANHAZ?", "KTHXBAI", "HUGZ"]
         for _ in 0..<10_000 {
             let count = Int.random(in: 0...8, using: &generator)
             let frames = (0..<count).map { _ -> Frame in
@@ -139,5 +140,98 @@ struct MDPTests {
             _ = try? CHP.decodeSnapshotReply(message)
             _ = try? CHP.decodeSnapshotRequest(message)
         }
+    }
+}
+
+@Suite("18/MDP (Majordomo 0.2) codecs: the exact frames of RFC 18, beside 7/MDP")
+struct MDP02Tests {
+    let client = Frame("client-1")
+    let worker = Frame([0x00, 0x6B, 0x8B, 0x45, 0x67])
+
+    @Test("a client REQUEST has no empty first frame and a command frame; the broker reads it as 0.2")
+    func clientRequest() throws {
+        let message = MDP.request(service: "echo", body: ["hello", "world"], version: .v02)
+        #expect(message.frames.map(\.bytes) == [Array("MDPC02".utf8), [0x01], Array("echo".utf8), Array("hello".utf8), Array("world".utf8)])
+        #expect(try MDP.decodeAtBroker(Message([client] + message.frames)) == .request(client: client, service: "echo", body: ["hello", "world"], version: .v02))
+    }
+
+    @Test("PARTIAL (0x02) and FINAL (0x03) reach the client with the service; 7/MDP's REPLY is final too")
+    func clientReplies() throws {
+        let partial = MDP.reply(to: client, serviceFrame: "echo", body: ["part"], version: .v02, final: false)
+        #expect(partial.frames.map(\.bytes) == [Array("client-1".utf8), Array("MDPC02".utf8), [0x02], Array("echo".utf8), Array("part".utf8)])
+        let final = MDP.reply(to: client, serviceFrame: "echo", body: ["end"], version: .v02)
+        #expect(final[2] == Frame([0x03]))
+        #expect(try MDP.decodeAtClient(Message(Array(partial.frames.dropFirst()))) == ClientReply(service: "echo", body: ["part"], isFinal: false))
+        #expect(try MDP.decodeAtClient(Message(Array(final.frames.dropFirst()))) == ClientReply(service: "echo", body: ["end"], isFinal: true))
+        let plain = MDP.reply(to: client, serviceFrame: "echo", body: ["end"], version: .v01)
+        #expect(try MDP.decodeAtClient(Message(Array(plain.frames.dropFirst()))).isFinal)
+    }
+
+    @Test("worker commands round trip in 0.2", arguments: [
+        WorkerToBroker.ready(service: "search"),
+        .ready(service: "search", window: 64),
+        .partial(client: Frame("c"), body: ["a", Frame()]),
+        .reply(client: Frame("c"), body: ["z"]),
+        .heartbeat(),
+        .heartbeat(errors: 3),
+        .drain,
+        .disconnect,
+    ])
+    func workerCommands(command: WorkerToBroker) throws {
+        let encoded = MDP.encode(command, version: .v02)
+        #expect(encoded[0] == "MDPW02")
+        #expect(try MDP.decodeAtBroker(Message([worker] + encoded.frames)) == .worker(worker, command, version: .v02))
+    }
+
+    @Test("broker commands round trip in 0.2", arguments: [
+        BrokerToWorker.request(client: Frame("c"), body: ["{\"id\":1}", "second"]),
+        .heartbeat,
+        .drain,
+        .disconnect,
+    ])
+    func brokerCommands(command: BrokerToWorker) throws {
+        let encoded = MDP.encode(command, to: worker, version: .v02)
+        #expect(encoded[0] == worker && encoded[1] == "MDPW02")
+        #expect(try MDP.decodeAtWorker(Message(Array(encoded.frames.dropFirst()))) == command)
+    }
+
+    @Test("the exact bytes of the worker's commands: 0x01 READY, 0x02 REQUEST, 0x03 PARTIAL, 0x04 FINAL, 0x05 HEARTBEAT, 0x06 DISCONNECT")
+    func exactBytes() {
+        let header = Array("MDPW02".utf8)
+        #expect(MDP.encode(.ready(service: "echo"), version: .v02).frames.map(\.bytes) == [header, [0x01], Array("echo".utf8)])
+        #expect(MDP.encode(.partial(client: "c", body: ["b"]), version: .v02).frames.map(\.bytes) == [header, [0x03], [0x63], [], [0x62]])
+        #expect(MDP.encode(.reply(client: "c", body: ["b"]), version: .v02).frames.map(\.bytes) == [header, [0x04], [0x63], [], [0x62]])
+        #expect(MDP.encode(.heartbeat(), version: .v02).frames.map(\.bytes) == [header, [0x05]])
+        #expect(MDP.encode(.disconnect, version: .v02).frames.map(\.bytes) == [header, [0x06]])
+        #expect(MDP.request(to: "w", client: "c", body: ["b"], version: .v02).frames.map(\.bytes) == [[0x77], header, [0x02], [0x63], [], [0x62]])
+        #expect(MDP.encode(.heartbeat, to: "w", version: .v02).frames.map(\.bytes) == [[0x77], header, [0x05]])
+    }
+
+    @Test("malformed 0.2 messages give typed errors, never a crash", arguments: [
+        (["id", "MDPC02", Frame([0x02]), "echo", "body"], "may only send REQUEST"),
+        (["id", "MDPC02", Frame([0x01]), "echo"], "client REQUEST has 3 frames"),
+        (["id", "MDPC02", Frame([0x01]), "", "body"], "service name"),
+        (["id", "MDPW02", Frame([0x07])], "unknown worker command"),
+        (["id", "MDPW02", Frame([0x01])], "READY has 2 frames"),
+        (["id", "MDPW02", Frame([0x01]), "a", "window=0"], "expected window=N"),
+        (["id", "MDPW02", Frame([0x02]), "c", "", "x"], "may not send REQUEST"),
+        (["id", "MDPW02", Frame([0x03]), "c", "x", "body"], "frame 3 must be empty"),
+        (["id", "MDPW02", Frame([0x04]), "c", ""], "has 4 frames"),
+        (["id", "MDPW02", Frame([0x05]), "errors=x"], "expected errors=N"),
+        (["id", "MDPW02", Frame([0x06]), "x"], "DISCONNECT has 3 frames"),
+        (["id", "MDPX02", Frame([0x01]), "echo", "body"], "MDPC02 or MDPW02"),
+    ] as [(Message, String)])
+    func malformedAtBroker(message: Message, problem: String) {
+        let error = #expect(throws: ProtocolError.self) { try MDP.decodeAtBroker(message) }
+        #expect(error?.problem.contains(problem) == true, "\(error?.problem ?? "-") should mention \(problem)")
+    }
+
+    @Test("a 0.2 worker and client reject what a broker may not send them")
+    func malformedAtPeers() {
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtWorker(["MDPW02", Frame([0x03]), "c", "", "x"]) }
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtWorker(["MDPW02", Frame([0x02]), "c", "x", "body"]) }
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtWorker(["MDPW02", Frame([0x05]), "x"]) }
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtClient(["MDPC02", Frame([0x01]), "echo", "x"]) }
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtClient(["MDPC02", Frame([0x02]), "echo"]) }
     }
 }

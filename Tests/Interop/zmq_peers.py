@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
 """Plain pyzmq peers for Switchboard's kernel, written from the RFCs alone:
-a 7/MDP worker, a 7/MDP client (with an 8/MMI query) and a 12/CHP subscriber.
+a 7/MDP worker, a 7/MDP client (with an 8/MMI query), an 18/MDP (Majordomo 0.2)
+worker and client, and a 12/CHP subscriber.
 
 Usage:
   zmq_peers.py worker BROKER SERVICE       echo every request until SIGTERM
-  zmq_peers.py client BROKER SERVICE BODY  send one request, print the reply body
+  zmq_peers.py client BROKER SERVICE BODY  send one request, print the reply body's frames, a line each
+  zmq_peers.py worker02 BROKER SERVICE PARTS [die]
+                                           18/MDP: answer every request with PARTS PARTIAL replies
+                                           ("part-1"...), then a FINAL echoing the body; with "die",
+                                           exit after the parts instead, without a FINAL
+  zmq_peers.py client02 BROKER SERVICE BODY
+                                           18/MDP: send one request; print every PARTIAL and the
+                                           FINAL as JSON lines {"final": bool, "body": [text...]}
   zmq_peers.py subscribe SNAPSHOT PUBLISHER SUBTREE COUNT
                                            print the snapshot, then COUNT live updates, as JSON lines
 Exit status 0 on success, 1 on a protocol error, 2 on a timeout.
@@ -107,7 +115,81 @@ def client(broker, service, body):
         fail(2, "no reply")
     if frames[0] != b"MDPC01" or frames[1] != service.encode():
         fail(1, "bad reply header: %r" % frames[:2])
-    print(frames[2].decode())
+    for frame in frames[2:]:
+        print(frame.decode())
+
+
+def worker02(broker, service, parts, die):
+    """18/MDP: no empty first frame; READY 0x01, REQUEST 0x02, PARTIAL 0x03, FINAL 0x04,
+    HEARTBEAT 0x05, DISCONNECT 0x06."""
+    import threading
+    threading.Thread(target=exit_when_parent_is_gone, daemon=True).start()
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    socket.sndtimeo = 1000
+    socket.connect(broker)
+    socket.send_multipart([b"MDPW02", b"\x01", service.encode()])
+    running = True
+
+    def stop(*_):
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+    parent = os.getppid()
+    while running and os.getppid() == parent:
+        if poller.poll(100):
+            frames = socket.recv_multipart()
+            if frames[0] != b"MDPW02":
+                fail(1, "bad header: %r" % frames[:1])
+            command = frames[1]
+            if command == b"\x02":  # REQUEST: client address, empty, body
+                client, empty, body = frames[2], frames[3], frames[4:]
+                if empty != b"":
+                    fail(1, "REQUEST frame 3 not empty")
+                for index in range(1, parts + 1):
+                    socket.send_multipart([b"MDPW02", b"\x03", client, b"", b"part-%d" % index])
+                if die:
+                    # Sends only queue: the parts must be out before the process goes.
+                    socket.linger = 5000
+                    socket.close()
+                    context.term()
+                    os._exit(3)
+                socket.send_multipart([b"MDPW02", b"\x04", client, b""] + body)
+            elif command == b"\x06":  # DISCONNECT
+                return
+        try:
+            socket.send_multipart([b"MDPW02", b"\x05"])  # HEARTBEAT
+        except zmq.Again:
+            pass
+    try:
+        socket.send_multipart([b"MDPW02", b"\x06"])
+    except zmq.Again:
+        pass
+
+
+def client02(broker, service, body):
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)  # 18/MDP: a DEALER, and no empty frame
+    socket.linger = 0
+    socket.rcvtimeo = TIMEOUT_MS
+    secure(socket)
+    socket.connect(broker)
+    socket.send_multipart([b"MDPC02", b"\x01", service.encode(), body.encode()])
+    while True:
+        try:
+            frames = socket.recv_multipart()
+        except zmq.Again:
+            fail(2, "no FINAL")
+        if frames[0] != b"MDPC02" or frames[1] not in (b"\x02", b"\x03") or frames[2] != service.encode():
+            fail(1, "bad reply header: %r" % frames[:3])
+        final = frames[1] == b"\x03"
+        print(json.dumps({"final": final, "body": [frame.decode() for frame in frames[3:]]}), flush=True)
+        if final:
+            return
 
 
 def subscribe(snapshot_endpoint, publisher_endpoint, subtree, count):
@@ -163,6 +245,10 @@ if __name__ == "__main__":
         worker(sys.argv[2], sys.argv[3])
     elif mode == "client" and len(sys.argv) == 5:
         client(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif mode == "worker02" and len(sys.argv) in (5, 6):
+        worker02(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:] == ["die"])
+    elif mode == "client02" and len(sys.argv) == 5:
+        client02(sys.argv[2], sys.argv[3], sys.argv[4])
     elif mode == "subscribe" and len(sys.argv) == 6:
         subscribe(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
     else:

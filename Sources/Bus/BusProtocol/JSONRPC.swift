@@ -70,6 +70,9 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
     public static let handlerDiedCode = -32012
     /// A configuration file that does not read (`sb reload`); `data.key` names the key.
     public static let invalidConfigurationCode = -32013
+    /// A reply in parts ended before its FINAL; `data.parts` says how many parts came and
+    /// `data.reason` why it ended (`worker_died`, `overrun`).
+    public static let streamEndedCode = -32014
 
     public static func parseError(_ detail: String) -> JSONRPCError { .init(code: parseErrorCode, message: "Parse error: \(detail)") }
     public static func invalidRequest(_ detail: String) -> JSONRPCError { .init(code: invalidRequestCode, message: "Invalid request: \(detail)") }
@@ -107,6 +110,11 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
         .init(code: handlerDiedCode,
               message: "Not sent again: \(what) died \(times) times while handling this request; it may be what ends them, so it is not handed out again",
               data: ["service": .string(service), "times": .int(Int64(times))])
+    }
+    /// -32014: the parts of a reply stopped after `parts` of them, because `what`.
+    public static func streamEnded(_ what: String, parts: Int, reason: String, service: String) -> JSONRPCError {
+        .init(code: streamEndedCode, message: "Stream ended: \(what) after \(parts) part\(parts == 1 ? "" : "s"); the parts that came are all there are",
+              data: ["parts": .int(Int64(parts)), "reason": .string(reason), "service": .string(service)])
     }
     public static func internalError(_ detail: String) -> JSONRPCError { .init(code: internalErrorCode, message: "Internal error: \(detail)") }
     public static func invalidConfiguration(key: String, _ detail: String) -> JSONRPCError {

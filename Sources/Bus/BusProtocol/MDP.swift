@@ -1,6 +1,9 @@
 @_exported public import Frames
 
-/// 7/MDP, the Majordomo Protocol (MDP/0.1): frames exactly as in the RFC.
+/// The Majordomo Protocol, both versions on one broker socket: 7/MDP (MDP/0.1, one REPLY
+/// per request) and 18/MDP (MDP/0.2, zero or more PARTIAL replies and one FINAL), frames
+/// exactly as in the RFCs. 0.2 drops 0.1's empty first frame and numbers the worker's
+/// commands differently; each message says its version in its header frame.
 ///
 /// Messages are shown as the application sees them. On the broker's ROUTER socket
 /// every message starts with one more frame, the peer's routing id; the broker-side
@@ -10,6 +13,25 @@ public enum MDP {
     public static let clientHeader = "MDPC01"
     /// The worker sub-protocol header, MDP/Worker v0.1.
     public static let workerHeader = "MDPW01"
+    /// The 18/MDP headers, MDP/Client and MDP/Worker v0.2.
+    public static let clientHeader02 = "MDPC02"
+    public static let workerHeader02 = "MDPW02"
+
+    /// Which Majordomo a peer speaks: 7/MDP (0.1) or 18/MDP (0.2, replies in parts).
+    public enum Version: Sendable, Equatable, CustomStringConvertible {
+        case v01, v02
+        public var description: String { self == .v01 ? "MDP/0.1" : "MDP/0.2" }
+    }
+
+    /// 18/MDP's worker command codes (0.1's are ``Command``).
+    enum WorkerCommand02: UInt8 {
+        case ready = 0x01, request = 0x02, partial = 0x03, final = 0x04, heartbeat = 0x05, disconnect = 0x06
+    }
+
+    /// 18/MDP's client command codes.
+    enum ClientCommand02: UInt8 {
+        case request = 0x01, partial = 0x02, final = 0x03
+    }
 
     /// Worker sub-protocol command codes (frame 2).
     public enum Command: UInt8, Sendable, CustomStringConvertible {
@@ -54,8 +76,11 @@ public enum WorkerToBroker: Sendable, Equatable {
     /// READY; `window` (1 or more) says the worker speaks the extension and takes that many
     /// requests in flight on this connection; nil: a plain 7/MDP worker (one at a time).
     case ready(service: String, window: Int? = nil)
-    /// `body`: the frames after the empty one, in the message they arrived in when decoded.
+    /// The last (0.1: only) reply to a request: 7/MDP's REPLY, 18/MDP's FINAL. `body`: the
+    /// frames after the empty one, in the message they arrived in when decoded.
     case reply(client: Frame, body: ArraySlice<Frame>)
+    /// 18/MDP's PARTIAL: one more part of the reply; the request stays in flight.
+    case partial(client: Frame, body: ArraySlice<Frame>)
     /// HEARTBEAT; `errors`: how many replies on this connection were JSON-RPC errors.
     case heartbeat(errors: Int? = nil)
     /// HEARTBEAT `drain=1`: send no more requests; DISCONNECT follows once those in
@@ -78,18 +103,21 @@ public enum BrokerToWorker: Sendable, Equatable {
 public enum BrokerInbound: Sendable, Equatable {
     /// A client's REQUEST: `client` is its routing id; `body` the frames after the service
     /// name, in the message they arrived in (the broker passes them on without copying).
-    case request(client: Frame, service: String, body: ArraySlice<Frame>)
+    case request(client: Frame, service: String, body: ArraySlice<Frame>, version: MDP.Version = .v01)
     /// A worker command: `worker` is its routing id.
-    case worker(Frame, WorkerToBroker)
+    case worker(Frame, WorkerToBroker, version: MDP.Version = .v01)
 }
 
-/// A REPLY as a client receives it.
+/// A reply as a client receives it: 7/MDP's REPLY and 18/MDP's FINAL are final, an 18/MDP
+/// PARTIAL is not (more follows).
 public struct ClientReply: Sendable, Equatable {
     public var service: String
     public var body: [Frame]
-    public init(service: String, body: [Frame]) {
+    public var isFinal: Bool
+    public init(service: String, body: [Frame], isFinal: Bool = true) {
         self.service = service
         self.body = body
+        self.isFinal = isFinal
     }
 }
 
@@ -97,14 +125,20 @@ extension MDP {
     private static let empty = Frame()
     private static let clientHeaderFrame = Frame(clientHeader)
     private static let workerHeaderFrame = Frame(workerHeader)
-    private static let commandFrames: [Frame] = (0...5).map { Frame([UInt8($0)]) }
+    private static let clientHeader02Frame = Frame(clientHeader02)
+    private static let workerHeader02Frame = Frame(workerHeader02)
+    private static let commandFrames: [Frame] = (0...6).map { Frame([UInt8($0)]) }
     private static let drainFrame = Frame("drain=1")
 
     // MARK: Encoders
 
-    /// A client's REQUEST, for a DEALER socket: `["", "MDPC01", service, body…]`.
-    public static func request(service: String, body: [Frame]) -> Message {
-        Message([empty, clientHeaderFrame, Frame(service)] + body)
+    /// A client's REQUEST, for a DEALER socket: `["", "MDPC01", service, body…]`, or in 0.2
+    /// `["MDPC02", 0x01, service, body…]`.
+    public static func request(service: String, body: [Frame], version: Version = .v01) -> Message {
+        switch version {
+        case .v01: Message([empty, clientHeaderFrame, Frame(service)] + body)
+        case .v02: Message([clientHeader02Frame, commandFrames[Int(ClientCommand02.request.rawValue)], Frame(service)] + body)
+        }
     }
 
     /// A REPLY to a client, for the broker's ROUTER: `[client, "", "MDPC01", service, body…]`.
@@ -120,6 +154,19 @@ extension MDP {
     /// The same with the body as a slice of the message it arrived in.
     public static func reply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>) -> Message {
         message((client, empty, clientHeaderFrame, serviceFrame), nil, body)
+    }
+
+    /// A reply to a client of either version: 0.1's REPLY (always final), or 0.2's FINAL or
+    /// PARTIAL `[client, "MDPC02", 0x03 or 0x02, service, body…]`.
+    public static func reply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>, version: Version, final: Bool = true) -> Message {
+        switch version {
+        case .v01:
+            precondition(final, "7/MDP has no partial replies")
+            return message((client, empty, clientHeaderFrame, serviceFrame), nil, body)
+        case .v02:
+            let command = final ? ClientCommand02.final : ClientCommand02.partial
+            return message((client, clientHeader02Frame, commandFrames[Int(command.rawValue)], serviceFrame), nil, body)
+        }
     }
 
     /// `head`'s frames, then `body`'s, in one array sized once (appending a body to an array
@@ -141,13 +188,16 @@ extension MDP {
     }
 
     /// A worker command, for the worker's DEALER socket.
-    public static func encode(_ command: WorkerToBroker) -> Message {
+    public static func encode(_ command: WorkerToBroker, version: Version = .v01) -> Message {
+        if version == .v02 { return encode02(command) }
         switch command {
         case .ready(let service, let window):
             let ready: Message = [empty, workerHeaderFrame, commandFrames[1], Frame(service)]
             return window.map { ready + [Frame("window=\($0)")] } ?? ready
         case .reply(let client, let body):
             return Message([empty, workerHeaderFrame, commandFrames[3], client, empty] + body)
+        case .partial:
+            preconditionFailure("7/MDP has no partial replies: a worker streams in 18/MDP")
         case .heartbeat(let errors):
             let heartbeat: Message = [empty, workerHeaderFrame, commandFrames[4]]
             return errors.map { heartbeat + [Frame("errors=\($0)")] } ?? heartbeat
@@ -158,23 +208,64 @@ extension MDP {
         }
     }
 
-    /// A broker command to `worker`, for the broker's ROUTER socket.
-    public static func encode(_ command: BrokerToWorker, to worker: Frame) -> Message {
+    /// The 18/MDP worker commands: no empty first frame, and commands numbered anew.
+    private static func encode02(_ command: WorkerToBroker) -> Message {
+        let header = workerHeader02Frame
+        func code(_ command: WorkerCommand02) -> Frame { commandFrames[Int(command.rawValue)] }
         switch command {
-        case .request(let client, let body):
-            return request(to: worker, client: client, body: body[...])
-        case .heartbeat:
-            return [worker, empty, workerHeaderFrame, commandFrames[4]]
+        case .ready(let service, let window):
+            let ready: Message = [header, code(.ready), Frame(service)]
+            return window.map { ready + [Frame("window=\($0)")] } ?? ready
+        case .reply(let client, let body):
+            return Message([header, code(.final), client, empty] + body)
+        case .partial(let client, let body):
+            return Message([header, code(.partial), client, empty] + body)
+        case .heartbeat(let errors):
+            let heartbeat: Message = [header, code(.heartbeat)]
+            return errors.map { heartbeat + [Frame("errors=\($0)")] } ?? heartbeat
         case .drain:
-            return [worker, empty, workerHeaderFrame, commandFrames[4], drainFrame]
+            return [header, code(.heartbeat), drainFrame]
         case .disconnect:
-            return [worker, empty, workerHeaderFrame, commandFrames[5]]
+            return [header, code(.disconnect)]
         }
     }
 
-    /// A REQUEST to `worker` for the broker's ROUTER: `[worker, "", "MDPW01", 0x02, client, "", body…]`.
-    public static func request(to worker: Frame, client: Frame, body: ArraySlice<Frame>) -> Message {
-        message((worker, empty, workerHeaderFrame, commandFrames[2]), (client, empty), body)
+    /// A broker command to `worker`, for the broker's ROUTER socket, in the worker's version.
+    public static func encode(_ command: BrokerToWorker, to worker: Frame, version: Version = .v01) -> Message {
+        switch (command, version) {
+        case (.request(let client, let body), _):
+            return request(to: worker, client: client, body: body[...], version: version)
+        case (.heartbeat, .v01):
+            return [worker, empty, workerHeaderFrame, commandFrames[4]]
+        case (.drain, .v01):
+            return [worker, empty, workerHeaderFrame, commandFrames[4], drainFrame]
+        case (.disconnect, .v01):
+            return [worker, empty, workerHeaderFrame, commandFrames[5]]
+        case (.heartbeat, .v02):
+            return [worker, workerHeader02Frame, commandFrames[Int(WorkerCommand02.heartbeat.rawValue)]]
+        case (.drain, .v02):
+            return [worker, workerHeader02Frame, commandFrames[Int(WorkerCommand02.heartbeat.rawValue)], drainFrame]
+        case (.disconnect, .v02):
+            return [worker, workerHeader02Frame, commandFrames[Int(WorkerCommand02.disconnect.rawValue)]]
+        }
+    }
+
+    /// A REQUEST to `worker` for the broker's ROUTER: `[worker, "", "MDPW01", 0x02, client, "", body…]`,
+    /// or in 0.2 `[worker, "MDPW02", 0x02, client, "", body…]`.
+    public static func request(to worker: Frame, client: Frame, body: ArraySlice<Frame>, version: Version = .v01) -> Message {
+        switch version {
+        case .v01: return message((worker, empty, workerHeaderFrame, commandFrames[2]), (client, empty), body)
+        case .v02:
+            var frames: [Frame] = []
+            frames.reserveCapacity(5 + body.count)
+            frames.append(worker)
+            frames.append(workerHeader02Frame)
+            frames.append(commandFrames[Int(WorkerCommand02.request.rawValue)])
+            frames.append(client)
+            frames.append(empty)
+            frames.append(contentsOf: body)
+            return Message(frames)
+        }
     }
 
     // MARK: Decoders
@@ -184,84 +275,138 @@ extension MDP {
         let frames = message.frames
         guard frames.count >= 3 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 3") }
         let sender = frames[0]
-        guard frames[1].isEmpty else { throw ProtocolError("MDP", "frame 1 must be empty (got \(frames[1].count) bytes)") }
-        let header = frames[2]
-        if header.equals(clientHeader) {
+        if frames[1].isEmpty {
+            let header = frames[2]
+            if header.equals(clientHeader) {
+                guard frames.count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(frames.count - 1) frames, expected at least 4") }
+                let service = try serviceName(frames[3], "client REQUEST")
+                return .request(client: sender, service: service, body: frames[4...])
+            }
+            guard header.equals(workerHeader) else { throw ProtocolError("MDP", "unknown protocol header \(header)") }
+            guard frames.count >= 4 else { throw ProtocolError("MDP", "worker message has no command frame") }
+            return .worker(sender, try workerCommand(frames, at: 3, .v01))
+        }
+        if frames[1].equals(clientHeader02) {
+            guard frames[2].count == 1, frames[2].withUnsafeBytes({ $0[0] }) == ClientCommand02.request.rawValue else {
+                throw ProtocolError("MDP", "a client may only send REQUEST (0x01), got \(frames[2])")
+            }
             guard frames.count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(frames.count - 1) frames, expected at least 4") }
             let service = try serviceName(frames[3], "client REQUEST")
-            return .request(client: sender, service: service, body: frames[4...])
+            return .request(client: sender, service: service, body: frames[4...], version: .v02)
         }
-        guard header.equals(workerHeader) else {
-            throw ProtocolError("MDP", "unknown protocol header \(header)")
+        guard frames[1].equals(workerHeader02) else {
+            throw ProtocolError("MDP", "frame 1 must be empty (7/MDP) or MDPC02 or MDPW02 (18/MDP), got \(frames[1])")
         }
-        guard frames.count >= 4 else { throw ProtocolError("MDP", "worker message has no command frame") }
-        let command = try workerCommand(frames[3])
-        switch command {
+        return .worker(sender, try workerCommand(frames, at: 2, .v02), version: .v02)
+    }
+
+    /// A worker's command whose command frame is `frames[at]`: the two versions differ in
+    /// what comes before it (0.1's empty frame) and in the codes, not in what follows.
+    /// Frame counts in errors are those after the routing id.
+    private static func workerCommand(_ frames: [Frame], at index: Int, _ version: Version) throws(ProtocolError) -> WorkerToBroker {
+        let before = index - 1  // frames before the command, after the routing id
+        let after = frames.count - index - 1  // frames after the command
+        func count(_ name: String, _ expected: String) -> ProtocolError {
+            ProtocolError("MDP", "worker \(name) has \(frames.count - 1) frames, expected \(expected)")
+        }
+        switch try workerVerb(frames[index], version) {
         case .ready:
-            guard frames.count == 5 || frames.count == 6 else {
-                throw ProtocolError("MDP", "worker READY has \(frames.count - 1) frames, expected 4 (or 5 with a window)")
-            }
-            let service = try serviceName(frames[4], "worker READY")
-            let window = frames.count == 6 ? try extensionValue(frames[5], "window", in: 1...maxWindow) : nil
-            return .worker(sender, .ready(service: service, window: window))
-        case .reply:
-            guard frames.count >= 7 else { throw ProtocolError("MDP", "worker REPLY has \(frames.count - 1) frames, expected at least 6") }
-            guard frames[5].isEmpty else { throw ProtocolError("MDP", "worker REPLY frame 4 must be empty") }
-            return .worker(sender, .reply(client: frames[4], body: frames[6...]))
+            guard after == 1 || after == 2 else { throw count("READY", "\(before + 2) (or \(before + 3) with a window)") }
+            let service = try serviceName(frames[index + 1], "worker READY")
+            let window = after == 2 ? try extensionValue(frames[index + 2], "window", in: 1...maxWindow) : nil
+            return .ready(service: service, window: window)
+        case .partial, .final:
+            let verb = try workerVerb(frames[index], version)
+            let name = verb == .partial ? "PARTIAL" : version == .v01 ? "REPLY" : "FINAL"
+            guard after >= 3 else { throw count(name, "at least \(before + 4)") }
+            guard frames[index + 2].isEmpty else { throw ProtocolError("MDP", "worker \(name) frame \(index + 1) must be empty") }
+            let client = frames[index + 1], body = frames[(index + 3)...]
+            return verb == .partial ? .partial(client: client, body: body) : .reply(client: client, body: body)
         case .heartbeat:
-            guard frames.count == 4 || frames.count == 5 else {
-                throw ProtocolError("MDP", "worker HEARTBEAT has \(frames.count - 1) frames, expected 3 (or 4 with an error count or drain=1)")
-            }
-            if frames.count == 5, frames[4] == drainFrame { return .worker(sender, .drain) }
-            let errors = frames.count == 5 ? try extensionValue(frames[4], "errors", in: 0...Int.max) : nil
-            return .worker(sender, .heartbeat(errors: errors))
+            guard after <= 1 else { throw count("HEARTBEAT", "\(before + 1) (or \(before + 2) with an error count or drain=1)") }
+            if after == 1, frames[index + 1] == drainFrame { return .drain }
+            return .heartbeat(errors: after == 1 ? try extensionValue(frames[index + 1], "errors", in: 0...Int.max) : nil)
         case .disconnect:
-            guard frames.count == 4 else { throw ProtocolError("MDP", "worker DISCONNECT has \(frames.count - 1) frames, expected 3") }
-            return .worker(sender, .disconnect)
+            guard after == 0 else { throw count("DISCONNECT", "\(before + 1)") }
+            return .disconnect
         case .request:
             throw ProtocolError("MDP", "a worker may not send REQUEST")
         }
     }
 
-    /// Decodes a message a worker's DEALER socket received from the broker.
-    public static func decodeAtWorker(_ message: Message) throws(ProtocolError) -> BrokerToWorker {
-        let frames = message.frames
-        guard frames.count >= 3 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 3") }
-        guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
-        guard frames[1].equals(workerHeader) else { throw ProtocolError("MDP", "expected header MDPW01, got \(frames[1])") }
-        switch try workerCommand(frames[2]) {
-        case .request:
-            guard frames.count >= 6 else { throw ProtocolError("MDP", "broker REQUEST has \(frames.count) frames, expected at least 6") }
-            guard frames[4].isEmpty else { throw ProtocolError("MDP", "broker REQUEST frame 4 must be empty") }
-            return .request(client: frames[3], body: Array(frames[5...]))
-        case .heartbeat:
-            if frames.count == 4, frames[3] == drainFrame { return .drain }
-            guard frames.count == 3 else { throw ProtocolError("MDP", "broker HEARTBEAT has \(frames.count) frames, expected 3 (or 4 with drain=1)") }
-            return .heartbeat
-        case .disconnect:
-            guard frames.count == 3 else { throw ProtocolError("MDP", "broker DISCONNECT has \(frames.count) frames, expected 3") }
-            return .disconnect
-        case .ready, .reply:
-            throw ProtocolError("MDP", "a broker may not send \(try workerCommand(frames[2]))")
+    /// A worker-protocol command, whichever version numbered it.
+    private enum WorkerVerb: CustomStringConvertible {
+        case ready, request, partial, final, heartbeat, disconnect
+        var description: String {
+            switch self {
+            case .ready: "READY"; case .request: "REQUEST"; case .partial: "PARTIAL"; case .final: "FINAL"
+            case .heartbeat: "HEARTBEAT"; case .disconnect: "DISCONNECT"
+            }
         }
     }
 
-    /// Decodes a REPLY a client's DEALER socket received.
+    private static func workerVerb(_ frame: Frame, _ version: Version) throws(ProtocolError) -> WorkerVerb {
+        let code: UInt8? = frame.count == 1 ? frame.withUnsafeBytes { $0[0] } : nil
+        let verb: WorkerVerb? = switch (version, code) {
+        case (.v01, Command.ready.rawValue?), (.v02, WorkerCommand02.ready.rawValue?): .ready
+        case (.v01, Command.request.rawValue?), (.v02, WorkerCommand02.request.rawValue?): .request
+        case (.v02, WorkerCommand02.partial.rawValue?): .partial
+        case (.v01, Command.reply.rawValue?), (.v02, WorkerCommand02.final.rawValue?): .final
+        case (.v01, Command.heartbeat.rawValue?), (.v02, WorkerCommand02.heartbeat.rawValue?): .heartbeat
+        case (.v01, Command.disconnect.rawValue?), (.v02, WorkerCommand02.disconnect.rawValue?): .disconnect
+        default: nil
+        }
+        guard let verb else { throw ProtocolError("MDP", "unknown worker command \(frame)") }
+        return verb
+    }
+
+    /// Decodes a message a worker's DEALER socket received from the broker (either version).
+    public static func decodeAtWorker(_ message: Message) throws(ProtocolError) -> BrokerToWorker {
+        let frames = message.frames
+        guard frames.count >= 2 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 2") }
+        let index: Int, version: Version
+        if frames[0].equals(workerHeader02) {
+            (index, version) = (1, .v02)
+        } else {
+            guard frames.count >= 3 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 3") }
+            guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
+            guard frames[1].equals(workerHeader) else { throw ProtocolError("MDP", "expected header MDPW01, got \(frames[1])") }
+            (index, version) = (2, .v01)
+        }
+        let after = frames.count - index - 1
+        switch try workerVerb(frames[index], version) {
+        case .request:
+            guard after >= 3 else { throw ProtocolError("MDP", "broker REQUEST has \(frames.count) frames, expected at least \(index + 4)") }
+            guard frames[index + 2].isEmpty else { throw ProtocolError("MDP", "broker REQUEST frame \(index + 2) must be empty") }
+            return .request(client: frames[index + 1], body: Array(frames[(index + 3)...]))
+        case .heartbeat:
+            if after == 1, frames[index + 1] == drainFrame { return .drain }
+            guard after == 0 else { throw ProtocolError("MDP", "broker HEARTBEAT has \(frames.count) frames, expected \(index + 1) (or \(index + 2) with drain=1)") }
+            return .heartbeat
+        case .disconnect:
+            guard after == 0 else { throw ProtocolError("MDP", "broker DISCONNECT has \(frames.count) frames, expected \(index + 1)") }
+            return .disconnect
+        case let verb:
+            throw ProtocolError("MDP", "a broker may not send \(verb)")
+        }
+    }
+
+    /// Decodes a reply a client's DEALER socket received: 7/MDP's REPLY, or 18/MDP's
+    /// PARTIAL or FINAL.
     public static func decodeAtClient(_ message: Message) throws(ProtocolError) -> ClientReply {
         let frames = message.frames
+        if frames.first?.equals(clientHeader02) == true {
+            guard frames.count >= 4 else { throw ProtocolError("MDP", "client PARTIAL or FINAL has \(frames.count) frames, expected at least 4") }
+            let command = frames[1].count == 1 ? frames[1].withUnsafeBytes { ClientCommand02(rawValue: $0[0]) } : nil
+            guard let command, command != .request else { throw ProtocolError("MDP", "expected PARTIAL (0x02) or FINAL (0x03), got \(frames[1])") }
+            return ClientReply(service: String(decoding: frames[2].bytes, as: UTF8.self), body: Array(frames[3...]), isFinal: command == .final)
+        }
         guard frames.count >= 4 else { throw ProtocolError("MDP", "client REPLY has \(frames.count) frames, expected at least 4") }
         guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
         guard frames[1].equals(clientHeader) else { throw ProtocolError("MDP", "expected header MDPC01, got \(frames[1])") }
         // The service frame echoes the request's, whatever it held: a broker answers a
         // request for an unusable name too.
         return ClientReply(service: String(decoding: frames[2].bytes, as: UTF8.self), body: Array(frames[3...]))
-    }
-
-    private static func workerCommand(_ frame: Frame) throws(ProtocolError) -> Command {
-        guard frame.count == 1, let command = frame.withUnsafeBytes({ Command(rawValue: $0[0]) }) else {
-            throw ProtocolError("MDP", "unknown worker command \(frame)")
-        }
-        return command
     }
 
     /// The number in an extension frame `NAME=DIGITS`.

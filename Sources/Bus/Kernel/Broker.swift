@@ -4,18 +4,42 @@ import DequeModule
 import Logging
 import ZeroMQ
 
-/// The Majordomo broker (7/MDP with 8/MMI) on the kernel's ROUTER socket.
+/// The Majordomo broker (7/MDP and 18/MDP, with 8/MMI) on the kernel's ROUTER socket.
 ///
 /// Loop-confined: every method runs on the kernel's loop thread, so the registry needs no
 /// locks. Idle workers are served least recently used first; each worker has at most one
 /// request in flight (MDP); a request whose worker dies goes back to the front of its
 /// queue (or is answered -32006 for a non-retriable service); replies from a worker the
 /// broker no longer knows are dropped, so a client never gets two replies.
+///
+/// Each peer speaks the version its messages say. An 18/MDP worker may answer in parts
+/// (PARTIAL, then FINAL): an 18/MDP client gets each part as it comes; a 7/MDP client gets
+/// them all in one REPLY at the end (every part's frames, then the FINAL's). A stream that
+/// cannot go on ends with a FINAL error saying how many parts came and why
+/// (docs/PROTOCOL.md, "Replies in parts").
 final class Broker {
+    /// A client to answer, and the Majordomo version it asked in.
+    struct Caller: Equatable {
+        let client: Frame
+        let version: MDP.Version
+    }
+
+    /// Why a reply in parts stopped reaching its client before its end.
+    enum StreamBreak: Equatable {
+        /// A part found the client's backlog full (it does not read fast enough).
+        case overrun
+        /// The client's connection is gone: nothing more is sent.
+        case clientGone
+        /// The parts gathered for a 7/MDP client passed the bound.
+        case tooLarge
+    }
+
     /// A class, not a struct: a request moves from its queue to a worker and back, and a
     /// reference moves without copying (and retaining) each of its frames.
     final class Request {
         let client: Frame
+        /// The Majordomo the client asked in, which its replies are written in.
+        let version: MDP.Version
         /// Whose share of the service's places it counts against (``FairQueue``): the
         /// sender's CURVE key, or without CURVE its connection.
         let owner: FairQueue.Client
@@ -30,9 +54,20 @@ final class Broker {
         var lastDeadProcess: Frame?
         /// Bytes of its body, counted against ``KernelConfiguration/maxQueuedBytes``.
         let size: Int
+        /// PARTIAL replies its worker sent so far (18/MDP): once there is one, the request is
+        /// never handed to another worker, which would repeat them.
+        var parts = 0
+        /// For a 7/MDP client: the parts' frames, sent with the FINAL's in one REPLY.
+        var gathered: [Frame] = []
+        var gatheredBytes = 0
+        /// Set when the parts stopped reaching the client; the FINAL then says why.
+        var broken: StreamBreak?
 
-        init(client: Frame, owner: FairQueue.Client, body: ArraySlice<Frame>, deadline: UInt64, received: UInt64) {
+        var caller: Caller { Caller(client: client, version: version) }
+
+        init(client: Frame, version: MDP.Version = .v01, owner: FairQueue.Client, body: ArraySlice<Frame>, deadline: UInt64, received: UInt64) {
             self.client = client
+            self.version = version
             self.owner = owner
             self.body = body
             self.deadline = deadline
@@ -53,6 +88,8 @@ final class Broker {
         let window: Int
         /// Whether its READY carried a window: it understands `drain=1` from the kernel.
         let speaksExtension: Bool
+        /// The Majordomo its READY was in; every command it sends must be in the same.
+        let version: MDP.Version
         var expiry: UInt64
         /// Requests sent to it and not yet answered, by the tag its replies echo.
         var inFlight = InFlight()
@@ -63,8 +100,9 @@ final class Broker {
         var hasRoom: Bool { !draining && inFlight.count < window }
         /// Whether `id` names it: its routing id, or its process (the part before the first `/`).
         func isNamed(_ id: String) -> Bool { identity.equals(id) || process.equals(id) }
-        init(identity: Frame, service: Service, window: Int, speaksExtension: Bool = true, expiry: UInt64) {
+        init(identity: Frame, service: Service, window: Int, speaksExtension: Bool = true, version: MDP.Version = .v01, expiry: UInt64) {
             self.identity = identity
+            self.version = version
             process = identity.withUnsafeBytes { bytes in
                 guard bytes.first != 0, let slash = bytes.firstIndex(of: UInt8(ascii: "/")), slash > 0 else { return identity }
                 return Frame(copying: UnsafeRawBufferPointer(rebasing: bytes[..<slash]))
@@ -102,7 +140,7 @@ final class Broker {
     enum Event {
         /// An admitted request for the built-in `kernel` service, with the sender's CURVE key
         /// (nil without CURVE); answered through ``Broker/replyFromKernel(to:_:)``.
-        case kernelRequest(client: Frame, body: [Frame], peer: String?)
+        case kernelRequest(Caller, body: [Frame], peer: String?)
         /// A service's worker count changed.
         case workersChanged(service: String, count: Int)
         /// A request was answered (told only while spans are recorded: ``recordsSpans``).
@@ -127,6 +165,13 @@ final class Broker {
     private(set) var totalRequests = 0
     /// Replies dropped because their client does not read (its backlog is full).
     private(set) var droppedReplies = 0
+    /// Requests answered in parts that have had a part and no FINAL yet, by client: where a
+    /// failed send to a client finds the streams it breaks.
+    private var streams: [Frame: [Request]] = [:]
+    /// Bytes of parts gathered for 7/MDP clients, counted with the queued bytes.
+    private(set) var gatheredBytes = 0
+    /// Streams that ended early (worker died, client overrun or gone, too large to gather).
+    private(set) var brokenStreams = 0
     /// Bytes of request bodies waiting in all queues.
     private(set) var queuedBytes = 0
     private(set) var refusedRegistrations = 0
@@ -171,25 +216,30 @@ final class Broker {
             // with a bad service name is answered (it would otherwise wait for nothing);
             // anything else is dropped.
             if message.count >= 3, message[2].equals(MDP.workerHeader) {
-                disconnect(message[0], reason: "\(error)", now: now)
-            } else if message.count >= 5, message[1].isEmpty, message[2].equals(MDP.clientHeader) {
+                disconnect(message[0], version: .v01, reason: "\(error)", now: now)
+            } else if message.count >= 2, message[1].equals(MDP.workerHeader02) {
+                disconnect(message[0], version: .v02, reason: "\(error)", now: now)
+            } else if message.count >= 5, message[1].isEmpty || message[2].count == 1,
+                      let version: MDP.Version = message[1].isEmpty && message[2].equals(MDP.clientHeader) ? .v01
+                          : message[1].equals(MDP.clientHeader02) ? .v02 : nil {
                 let shown = String(decoding: message[3].bytes.prefix(64), as: UTF8.self)
-                reply(to: message[0], serviceFrame: message[3], body: message.frames[4...], error: .invalidRequest(
+                reply(to: Caller(client: message[0], version: version), serviceFrame: message[3], body: message.frames[4...], error: .invalidRequest(
                     "the service name must be \(MDP.serviceNameRule), got \(message[3].isEmpty ? "an empty name" : "'\(shown)'")"))
             }
             return
         }
         switch inbound {
-        case .request(let client, let service, let body):
+        case .request(let client, let service, let body, let version):
             totalRequests += 1
+            let caller = Caller(client: client, version: version)
             let verdict = admission.verdict(service: service, body: body, peer: message.peerUserID, security: configuration.security, now: now)
             guard verdict == .admitted else {
-                refuse(client: client, service: service, body: body, verdict)
+                refuse(caller, service: service, body: body, verdict)
                 return
             }
-            handleRequest(client: client, service: service, body: body, peer: message.peerUserID, now: now)
-        case .worker(let identity, let command):
-            handleWorker(identity, command, peer: message.peerUserID, now: now)
+            handleRequest(caller, service: service, body: body, peer: message.peerUserID, now: now)
+        case .worker(let identity, let command, let version):
+            handleWorker(identity, command, version: version, peer: message.peerUserID, now: now)
         }
     }
 
@@ -198,32 +248,33 @@ final class Broker {
         services.values.filter { $0.everServed }.map { ($0.name, $0.workers) }
     }
 
-    private func handleRequest(client: Frame, service name: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
+    private func handleRequest(_ caller: Caller, service name: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
+        let client = caller.client
         if MMI.isManagement(name) {
             let answer = MMI.answer(service: name, body: Array(body)) { [services] in (services[$0]?.workers ?? 0) > 0 }
-            send(MDP.reply(to: client, service: name, body: [Frame(answer)]))
+            send(MDP.reply(to: client, serviceFrame: Frame(name), body: [Frame(answer)], version: caller.version))
             return
         }
         if name == KernelAPI.service {
-            events.append(.kernelRequest(client: client, body: Array(body), peer: peer))
+            events.append(.kernelRequest(caller, body: Array(body), peer: peer))
             return
         }
         guard services[name] != nil || services.count < configuration.maxServices else {
-            reply(to: client, service: name, body: body, error: JSONRPCError(
+            reply(to: caller, service: name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
             return
         }
         let service = serviceNamed(name)
         service.stats.requests += 1
-        let request = Request(client: client, owner: service.requests.client(peer.map { Frame($0) } ?? client), body: body,
-                              deadline: now + configuration.queueTimeout.nanoseconds, received: now)
+        let request = Request(client: client, version: caller.version, owner: service.requests.client(peer.map { Frame($0) } ?? client),
+                              body: body, deadline: now + configuration.queueTimeout.nanoseconds, received: now)
         let size = request.size
         guard service.requests.count < configuration.maxQueuedPerService,
               queuedBytes + size <= configuration.maxQueuedBytes || service.requests.isEmpty && !service.idle.isEmpty else {
             service.stats.unavailable += 1
             let error = JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
                                      message: "Service unavailable: '\(name)' has \(service.requests.count) requests queued (\(queuedBytes) bytes queued in all)")
-            reply(to: client, service: name, body: body, error: error)
+            reply(to: caller, service: name, body: body, error: error)
             forgetIfUnserved(service)
             return
         }
@@ -232,29 +283,34 @@ final class Broker {
         dispatch(service)
     }
 
-    private func handleWorker(_ identity: Frame, _ command: WorkerToBroker, peer: String?, now: UInt64) {
+    private func handleWorker(_ identity: Frame, _ command: WorkerToBroker, version: MDP.Version, peer: String?, now: UInt64) {
         let known = workers[identity]
+        if let known, known.version != version {
+            self.disconnect(identity, version: version, reason: "a command in \(version) after a READY in \(known.version)", now: now)
+            return
+        }
         known?.expiry = now + configuration.workerExpiry.nanoseconds
+        func disconnect(_ reason: String) { self.disconnect(identity, version: version, reason: reason, now: now) }
         switch command {
         case .ready(let name, let window):
             guard known == nil else {
-                disconnect(identity, reason: "a second READY", now: now)
+                disconnect("a second READY")
                 return
             }
             // With CURVE on, only a worker key may offer a service, and a service's own key only that service.
             guard Peer(userID: peer, security: configuration.security).mayServe(name) else {
                 refusedRegistrations += 1
                 logger.warning("refused a READY: the key may not serve it", metadata: ["service": "\(name)", "peer": "\(peer ?? "-")"])
-                disconnect(identity, reason: "this key may not register '\(name)'", now: now)
+                disconnect("this key may not register '\(name)'")
                 return
             }
             guard !MMI.isManagement(name), name != KernelAPI.service else {
-                disconnect(identity, reason: "'\(name)' is reserved for the kernel", now: now)
+                disconnect("'\(name)' is reserved for the kernel")
                 return
             }
             let service = serviceNamed(name)
             let worker = Worker(identity: identity, service: service, window: window ?? 1, speaksExtension: window != nil,
-                                expiry: now + configuration.workerExpiry.nanoseconds)
+                                version: version, expiry: now + configuration.workerExpiry.nanoseconds)
             workers[identity] = worker
             service.everServed = true
             service.workers += 1
@@ -263,11 +319,17 @@ final class Broker {
             logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(worker.window)"])
             events.append(.workersChanged(service: name, count: service.workers))
             dispatch(service)
+        case .partial(let client, let body):
+            guard let worker = known, let request = worker.holding(client) else {
+                disconnect("a PARTIAL with no request in flight")
+                return
+            }
+            relayPart(body, of: request, service: worker.service)
         case .reply(let client, let body):
             guard let worker = known, let request = worker.answered(client) else {
                 // A reply nobody is waiting for (unknown worker, or one the broker already
                 // gave up on): per 7/MDP an unexpected command earns a DISCONNECT.
-                disconnect(identity, reason: "a REPLY with no request in flight", now: now)
+                disconnect("a REPLY with no request in flight")
                 return
             }
             // The body goes back as it came: the kernel never reads it. Error counts come
@@ -276,7 +338,11 @@ final class Broker {
             service.requests.release(request)
             service.stats.replies += 1
             service.stats.latency.record(nanoseconds: now &- request.received)
-            send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body))
+            if request.parts == 0 {
+                send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version))
+            } else {
+                endStream(request, service: service, final: body)
+            }
             if recordsSpans { events.append(.answered(service: service.name, body: Array(request.body), received: request.received, now: now)) }
             if worker.draining {
                 // A plain 7/MDP worker cannot be told to drain: it is let go once idle.
@@ -287,7 +353,7 @@ final class Broker {
             }
         case .heartbeat(let errors):
             guard let worker = known else {
-                disconnect(identity, reason: "a HEARTBEAT before READY", now: now)
+                disconnect("a HEARTBEAT before READY")
                 return
             }
             if let errors, errors >= worker.reportedErrors {
@@ -296,7 +362,7 @@ final class Broker {
             }
         case .drain:
             guard let worker = known else {
-                disconnect(identity, reason: "a HEARTBEAT before READY", now: now)
+                disconnect("a HEARTBEAT before READY")
                 return
             }
             startDraining(worker, now: now)
@@ -321,14 +387,14 @@ final class Broker {
             events.append(.workersChanged(service: service.name, count: service.workers))
         }
         if worker.speaksExtension {
-            send(MDP.encode(.drain, to: worker.identity))
+            send(MDP.encode(.drain, to: worker.identity, version: worker.version))
         } else if worker.inFlight.isEmpty {
             disconnectDrained(worker, now: now)
         }
     }
 
     private func disconnectDrained(_ worker: Worker, now: UInt64) {
-        send(MDP.encode(.disconnect, to: worker.identity))
+        send(MDP.encode(.disconnect, to: worker.identity, version: worker.version))
         remove(worker, reason: "it drained", now: now)
     }
 
@@ -356,7 +422,7 @@ final class Broker {
             service.idle.removeFirst()
             queuedBytes -= request.size
             let client = worker.sent(request)
-            send(MDP.request(to: worker.identity, client: client, body: request.body))
+            send(MDP.request(to: worker.identity, client: client, body: request.body, version: worker.version))
         }
     }
 
@@ -373,7 +439,7 @@ final class Broker {
             remove(worker, reason: "no heartbeat for \(configuration.workerExpiry)", now: now)
         }
         for worker in workers.values {
-            send(MDP.encode(.heartbeat, to: worker.identity))
+            send(MDP.encode(.heartbeat, to: worker.identity, version: worker.version))
         }
         expireQueued(now: now)
     }
@@ -385,7 +451,7 @@ final class Broker {
             for request in expired {
                 queuedBytes -= request.size
                 service.stats.unavailable += 1
-                reply(to: request.client, service: service.name, body: request.body,
+                reply(to: request.caller, service: service.name, body: request.body,
                       error: .serviceUnavailable(service.name, within: configuration.queueTimeout.seconds))
             }
             forgetIfUnserved(service)
@@ -422,8 +488,10 @@ final class Broker {
         // fresh wait for another worker (or are answered -32006 for a non-retriable service).
         // The one libzmq could not deliver never reached it: the others count its death.
         var notDelivered: [Request] = []
-        if let undelivered, undelivered.count >= 5, undelivered[3].equals([MDP.Command.request.rawValue]),
-           let request = worker.answered(undelivered[4]) {
+        // A REQUEST is [worker, "", MDPW01, 0x02, client, …] in 0.1, [worker, MDPW02, 0x02, client, …] in 0.2.
+        let commandIndex = worker.version == .v01 ? 3 : 2
+        if let undelivered, undelivered.count > commandIndex + 1, undelivered[commandIndex].equals([MDP.Command.request.rawValue]),
+           let request = worker.answered(undelivered[commandIndex + 1]) {
             notDelivered.append(request)
         }
         let heldWhenItDied = worker.inFlight.all
@@ -437,11 +505,15 @@ final class Broker {
         for request in orphans.reversed() {
             // Queued again before its place is released, so its client stays known.
             defer { service.requests.release(request) }
-            if request.deaths >= configuration.maxDeliveries {
+            if request.parts > 0 {
+                // Its client has parts already: another worker would send them again.
+                endStream(request, service: service, error: .streamEnded(
+                    "the '\(service.name)' worker died", parts: request.parts, reason: "worker_died", service: service.name))
+            } else if request.deaths >= configuration.maxDeliveries {
                 service.stats.handlerDied += 1
                 logger.warning("not handing a request out again: each worker it went to died with it", metadata: [
                     "service": "\(service.name)", "workers": "\(request.deaths)"])
-                reply(to: request.client, service: service.name, body: request.body,
+                reply(to: request.caller, service: service.name, body: request.body,
                       error: .handlerDied("the '\(service.name)' worker", times: request.deaths, service: service.name))
             } else if retriable {
                 service.stats.redispatched += 1
@@ -450,50 +522,128 @@ final class Broker {
                 queuedBytes += request.size
             } else {
                 service.stats.outcomeUnknown += 1
-                reply(to: request.client, service: service.name, body: request.body, error: .outcomeUnknown(service.name))
+                reply(to: request.caller, service: service.name, body: request.body, error: .outcomeUnknown(service.name))
             }
         }
         if retriable { dispatch(service) }
     }
 
     /// A send to `identity` found no connection: a worker there died without a word (its
-    /// process killed, its link cut). Its request in flight goes to another worker.
+    /// process killed, its link cut), and its request in flight goes to another worker; or a
+    /// client left, and its streams send it nothing more.
     func peerGone(_ identity: Frame, undelivered: Message? = nil, now: UInt64) {
-        if let worker = workers[identity] { remove(worker, reason: "its connection is gone", undelivered: undelivered, now: now) }
+        if let worker = workers[identity] {
+            remove(worker, reason: "its connection is gone", undelivered: undelivered, now: now)
+        } else {
+            breakStreams(of: identity, .clientGone)
+        }
     }
 
     /// A send to `identity` hit its backlog limit: it does not read. A worker like that is
-    /// dropped (its request goes to another); a client's reply is dropped and counted.
+    /// dropped (its request goes to another); a client's reply is dropped and counted, and
+    /// a part of a stream to it ends the stream (its FINAL says so).
     func peerFull(_ identity: Frame, undelivered: Message? = nil, now: UInt64) {
         if let worker = workers[identity] {
             remove(worker, reason: "it does not read", undelivered: undelivered, now: now)
         } else {
             droppedReplies += 1
+            breakStreams(of: identity, .overrun)
         }
     }
 
-    private func disconnect(_ identity: Frame, reason: String, now: UInt64) {
+    private func disconnect(_ identity: Frame, version: MDP.Version, reason: String, now: UInt64) {
         protocolErrors += 1
         logger.info("disconnecting peer", metadata: ["reason": "\(reason)"])
-        send(MDP.encode(.disconnect, to: identity))
+        send(MDP.encode(.disconnect, to: identity, version: version))
         if let worker = workers[identity] { remove(worker, reason: reason, now: now) }
+    }
+
+    // MARK: Replies in parts (18/MDP)
+
+    /// One PARTIAL of `request`'s reply: on to an 18/MDP client now, kept for a 7/MDP one.
+    private func relayPart(_ body: ArraySlice<Frame>, of request: Request, service: Service) {
+        request.parts += 1
+        if request.parts == 1 { streams[request.client, default: []].append(request) }
+        guard request.broken == nil else { return }
+        switch request.version {
+        case .v02:
+            send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body, version: .v02, final: false))
+        case .v01:
+            // A 7/MDP client has no partial replies: the parts wait for the FINAL, within
+            // bounds (a message part's limit per stream, the queue's bytes in all).
+            let size = body.reduce(0) { $0 + $1.count }
+            if request.gatheredBytes + size > configuration.maxMessageSize
+                || queuedBytes + gatheredBytes + size > configuration.maxQueuedBytes {
+                gatheredBytes -= request.gatheredBytes
+                request.gathered = []
+                request.gatheredBytes = 0
+                breakStream(request, .tooLarge)
+            } else {
+                request.gathered.append(contentsOf: body.map { $0.keepable() })
+                request.gatheredBytes += size
+                gatheredBytes += size
+            }
+        }
+    }
+
+    /// `request`'s stream is over: its FINAL (`final`, the worker's last body) or `error`
+    /// goes to the client, unless the stream broke, when the error says so.
+    private func endStream(_ request: Request, service: Service, final: ArraySlice<Frame>? = nil, error: JSONRPCError? = nil) {
+        if var list = streams[request.client] {
+            list.removeAll { $0 === request }
+            streams[request.client] = list.isEmpty ? nil : list
+        }
+        gatheredBytes -= request.gatheredBytes
+        defer {
+            request.gathered = []
+            request.gatheredBytes = 0
+        }
+        var error = error
+        switch request.broken {
+        case nil: break
+        case .clientGone: return
+        case .overrun:
+            error = .streamEnded("the client did not read the parts as fast as they came", parts: request.parts, reason: "overrun", service: service.name)
+        case .tooLarge:
+            error = JSONRPCError(code: JSONRPCError.tooLargeCode,
+                                 message: "Too large: a reply in \(request.parts) parts is more than a 7/MDP client can be sent in one (kernel.max_message_size, max_queued_bytes); ask in MDP/0.2 (MDPC02) to get it part by part",
+                                 data: ["parts": .int(Int64(request.parts)), "service": .string(service.name)])
+        }
+        if error != nil { brokenStreams += 1 }
+        if let error {
+            reply(to: request.caller, service: service.name, body: request.body, error: error)
+        } else if let final {
+            send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: request.gathered[...] + final, version: request.version))
+        }
+    }
+
+    private func breakStream(_ request: Request, _ reason: StreamBreak) {
+        guard request.broken == nil else { return }
+        request.broken = reason
+        logger.info("a reply in parts stopped reaching its client", metadata: ["reason": "\(reason)", "parts": "\(request.parts)"])
+    }
+
+    /// Every stream to `client` breaks: a failed send names the client, not the request.
+    private func breakStreams(of client: Frame, _ reason: StreamBreak) {
+        for request in streams[client] ?? [] { breakStream(request, reason) }
     }
 
     // MARK: Replies the kernel writes itself
 
     /// Answers a request the kernel could not deliver, with `error` for each id in its body.
-    private func reply(to client: Frame, service: String, body: ArraySlice<Frame>, error: JSONRPCError) {
-        reply(to: client, serviceFrame: Frame(service), body: body, error: error)
+    private func reply(to caller: Caller, service: String, body: ArraySlice<Frame>, error: JSONRPCError) {
+        reply(to: caller, serviceFrame: Frame(service), body: body, error: error)
     }
 
-    private func reply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>, error: JSONRPCError) {
+    private func reply(to caller: Caller, serviceFrame: Frame, body: ArraySlice<Frame>, error: JSONRPCError) {
         let bytes = body.count == 1 ? body.first!.bytes : []
-        send(MDP.reply(to: client, serviceFrame: serviceFrame, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))]))
+        send(MDP.reply(to: caller.client, serviceFrame: serviceFrame, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))],
+                       version: caller.version))
     }
 
     /// Answers a request ``Admission`` refused: -32008 when this kernel is not the active one
     /// of its pair (the client asks the other), -32011 when only an operator may ask it.
-    func refuse(client: Frame, service: String, body: ArraySlice<Frame>, _ verdict: Admission.Verdict) {
+    func refuse(_ caller: Caller, service: String, body: ArraySlice<Frame>, _ verdict: Admission.Verdict) {
         switch verdict {
         case .admitted: return
         case .notActive: refusedNotActive += 1
@@ -501,13 +651,14 @@ final class Broker {
             refusedNotOperator += 1
             logger.warning("refused a request for operators only from another key", metadata: ["service": "\(service)"])
         }
-        reply(to: client, service: service, body: body, error: admission.refusal(verdict, service: service))
+        reply(to: caller, service: service, body: body, error: admission.refusal(verdict, service: service))
     }
 
-    /// The `kernel` service's answer to `client`.
-    func replyFromKernel(to client: Frame, _ reply: [UInt8]) {
-        send(MDP.reply(to: client, service: KernelAPI.service, body: [Frame(reply)]))
+    /// The `kernel` service's answer to `caller`.
+    func replyFromKernel(to caller: Caller, _ reply: [UInt8]) {
+        send(MDP.reply(to: caller.client, serviceFrame: Self.kernelServiceFrame, body: [Frame(reply)], version: caller.version))
     }
+    private static let kernelServiceFrame = Frame(KernelAPI.service)
 
     private func serviceNamed(_ name: String) -> Service {
         if let service = services[name] { return service }
@@ -533,12 +684,24 @@ extension Broker.Worker {
         }
     }
 
-    /// The request a REPLY with `client` answers, no longer in flight; nil when none is.
+    /// The request a PARTIAL with `client` belongs to, still in flight; nil when none is.
+    func holding(_ client: Frame) -> Broker.Request? {
+        guard let tag = tag(of: client) else { return nil }
+        return inFlight.request(tagged: tag)
+    }
+
+    /// The request a REPLY (FINAL) with `client` answers, no longer in flight; nil when none is.
     func answered(_ client: Frame) -> Broker.Request? {
+        guard let tag = tag(of: client) else { return nil }
+        return inFlight.remove(tagged: tag)
+    }
+
+    /// The tag of the request in flight that `client` (as a worker echoes it) names.
+    private func tag(of client: Frame) -> UInt32? {
         guard window > 1 else {
             // One slot: its request is the one a plain worker's reply names by the client alone.
             guard let tag = inFlight.firstTag, let request = inFlight.request(tagged: tag), request.client == client else { return nil }
-            return inFlight.remove(tagged: tag)
+            return tag
         }
         let tag: UInt32? = client.withUnsafeBytes { raw in
             raw.count >= 4 ? UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: raw.count - 4, as: UInt32.self)) : nil
@@ -546,7 +709,7 @@ extension Broker.Worker {
         guard let tag, let request = inFlight.request(tagged: tag),
               client.withUnsafeBytes({ $0.count == request.client.count + 4 && request.client.equals(UnsafeRawBufferPointer(rebasing: $0.prefix($0.count - 4))) })
         else { return nil }
-        return inFlight.remove(tagged: tag)
+        return tag
     }
 }
 

@@ -245,13 +245,13 @@ public actor Kernel: BusService {
     }
 
     /// A request for the `kernel` service, admitted by the broker (``Admission``).
-    func answer(client: Frame, body: [Frame], peer: String?) {
+    func answer(_ caller: Broker.Caller, body: [Frame], peer: String?) {
         guard let parts else { return }
         guard body.count == 1 else {
-            parts.broker.replyFromKernel(to: client, JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes)
+            parts.broker.replyFromKernel(to: caller, JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes)
             return
         }
-        parts.reply(to: client, respond(to: body[0].bytes, peer: peer))
+        parts.reply(to: caller, respond(to: body[0].bytes, peer: peer))
     }
 
     public nonisolated func methods(_ table: inout MethodTable<Kernel>) {

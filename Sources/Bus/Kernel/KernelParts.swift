@@ -246,8 +246,8 @@ final class KernelParts {
 
     private func handle(_ event: Broker.Event) {
         switch event {
-        case .kernelRequest(let client, let body, let peer):
-            kernel?.assumeIsolated { $0.answer(client: client, body: body, peer: peer) }
+        case .kernelRequest(let caller, let body, let peer):
+            kernel?.assumeIsolated { $0.answer(caller, body: body, peer: peer) }
         case .workersChanged(let service, let count):
             setWorkers(service, count, now: clock.now)
         case .answered(let service, let body, let received, let now):
@@ -265,16 +265,16 @@ final class KernelParts {
             for (name, count) in broker.workerCounts { setWorkers(name, count, now: now) }
         case .released(.publish(let update, let key)):
             state.emit(update, key: key)
-        case .released(.reply(let client, let body)):
-            broker.replyFromKernel(to: client, body)
+        case .released(.reply(let caller, let body)):
+            broker.replyFromKernel(to: caller, body)
         }
     }
 
-    /// The `kernel` service's reply to `client`: of a pair, once the peer holds every change
+    /// The `kernel` service's reply to `caller`: of a pair, once the peer holds every change
     /// made so far (a write is acknowledged only then).
-    func reply(to client: Frame, _ body: [UInt8]) {
-        if let pair, pair.hold(.reply(client: client, body: body), until: state.sequence) { return }
-        broker.replyFromKernel(to: client, body)
+    func reply(to caller: Broker.Caller, _ body: [UInt8]) {
+        if let pair, pair.hold(.reply(caller, body: body), until: state.sequence) { return }
+        broker.replyFromKernel(to: caller, body)
     }
 
     func setInstance(now: UInt64) {

@@ -170,7 +170,7 @@ final class PairLink {
         /// A CHP update to publish, with its key (counted under its topics).
         case publish(Message, key: Frame)
         /// The `kernel` service's reply to a client whose write it acknowledges.
-        case reply(client: Frame, body: [UInt8])
+        case reply(Broker.Caller, body: [UInt8])
     }
 
     /// Messages to the peer (a DEALER, dropped while there is no connection), and

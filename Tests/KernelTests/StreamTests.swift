@@ -1,0 +1,229 @@
+import BusProtocol
+import Contracts
+@testable import Kernel
+import Logging
+import Testing
+import ZeroMQ
+
+private let quiet = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+
+/// Frames as the broker's ROUTER receives them, from a peer speaking `version`.
+private func fromWorker(_ id: String, _ command: WorkerToBroker, _ version: MDP.Version = .v02) -> Message {
+    Message([Frame(id)] + MDP.encode(command, version: version).frames)
+}
+private func fromClient(_ id: String, _ service: String, _ body: String, _ version: MDP.Version = .v02) -> Message {
+    Message([Frame(id)] + MDP.request(service: service, body: [Frame(body)], version: version).frames)
+}
+private func request(_ id: Int) -> String { #"{"jsonrpc":"2.0","id":\#(id),"method":"m"}"# }
+
+/// One message the broker sent to a client, decoded.
+private struct ToClient: Equatable {
+    var client: String
+    var version: MDP.Version
+    var isFinal: Bool
+    var body: [String]
+}
+
+/// What the broker sent: requests to workers (with the client frame to echo) and replies.
+private struct Sent {
+    var requests: [(worker: String, client: Frame)] = []
+    var disconnects: [(worker: String, version: MDP.Version)] = []
+    var toClients: [ToClient] = []
+    init(_ messages: [Message]) {
+        for message in messages {
+            let peer = message[0].string ?? ""
+            let rest = Message(Array(message.frames.dropFirst()))
+            let version: MDP.Version = rest[0].isEmpty ? .v01 : .v02
+            if let command = try? MDP.decodeAtWorker(rest) {
+                if case .request(let client, _) = command { requests.append((peer, client)) }
+                if case .disconnect = command { disconnects.append((peer, version)) }
+            } else if let reply = try? MDP.decodeAtClient(rest) {
+                toClients.append(ToClient(client: peer, version: version, isFinal: reply.isFinal, body: reply.body.map { $0.string ?? "" }))
+            }
+        }
+    }
+}
+
+@Suite("Replies in parts (18/MDP beside 7/MDP): each version mix, and every early end of a stream")
+struct StreamTests {
+    private func broker(_ configure: (inout KernelConfiguration) -> Void = { _ in }) -> Broker {
+        var configuration = KernelConfiguration()
+        configure(&configuration)
+        return Broker(configuration: configuration, logger: quiet)
+    }
+
+    /// A request from `client` handed to the one worker `worker` (which registered in
+    /// `workerVersion`); the client frame that worker echoes.
+    private func dispatched(_ broker: Broker, client: String, clientVersion: MDP.Version, worker: String = "W",
+                            workerVersion: MDP.Version = .v02, window: Int? = nil) -> Frame {
+        if broker.workers[Frame(worker)] == nil {
+            broker.handle(fromWorker(worker, .ready(service: "svc", window: window), workerVersion), now: 0)
+        }
+        broker.handle(fromClient(client, "svc", request(1), clientVersion), now: 0)
+        let sent = Sent(broker.outbox.take())
+        #expect(sent.requests.count == 1)
+        return sent.requests[0].client
+    }
+
+    @Test("an 18/MDP client gets each PARTIAL as it comes, in order, then the FINAL; the worker is free only after the FINAL")
+    func partsInOrder() {
+        let broker = broker()
+        let client = dispatched(broker, client: "C", clientVersion: .v02)
+        for part in ["one", "two", "three"] {
+            broker.handle(fromWorker("W", .partial(client: client, body: [Frame(part)])), now: 0)
+            #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C", version: .v02, isFinal: false, body: [part])])
+        }
+        #expect(broker.workers[Frame("W")]?.inFlight.count == 1)
+        broker.handle(fromWorker("W", .reply(client: client, body: ["end", "frames"])), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C", version: .v02, isFinal: true, body: ["end", "frames"])])
+        #expect(broker.workers[Frame("W")]?.inFlight.count == 0)
+        #expect(broker.brokenStreams == 0)
+    }
+
+    @Test("a 7/MDP worker's REPLY reaches an 18/MDP client as its FINAL; an 18/MDP worker's FINAL reaches a 7/MDP client as its REPLY")
+    func versionMix() {
+        let broker = broker()
+        var client = dispatched(broker, client: "C2", clientVersion: .v02, worker: "plain", workerVersion: .v01)
+        broker.handle(fromWorker("plain", .reply(client: client, body: ["hi"]), .v01), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C2", version: .v02, isFinal: true, body: ["hi"])])
+
+        let other = self.broker()
+        client = dispatched(other, client: "C1", clientVersion: .v01)
+        other.handle(fromWorker("W", .reply(client: client, body: ["hi"])), now: 0)
+        #expect(Sent(other.outbox.take()).toClients == [ToClient(client: "C1", version: .v01, isFinal: true, body: ["hi"])])
+    }
+
+    @Test("a 7/MDP client asking a streaming worker gets one REPLY: every part's frames, then the FINAL's, in order")
+    func gatheredForPlainClient() {
+        let broker = broker()
+        let client = dispatched(broker, client: "C", clientVersion: .v01)
+        broker.handle(fromWorker("W", .partial(client: client, body: ["a", "b"])), now: 0)
+        broker.handle(fromWorker("W", .partial(client: client, body: ["c"])), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients.isEmpty)
+        #expect(broker.gatheredBytes == 3)
+        broker.handle(fromWorker("W", .reply(client: client, body: ["end"])), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C", version: .v01, isFinal: true, body: ["a", "b", "c", "end"])])
+        #expect(broker.gatheredBytes == 0)
+    }
+
+    @Test("parts too large to gather for a 7/MDP client: dropped at once, and the REPLY is -32010 saying so and how to ask instead")
+    func gatherBound() throws {
+        let broker = broker { $0.maxMessageSize = 10 }
+        let client = dispatched(broker, client: "C", clientVersion: .v01)
+        broker.handle(fromWorker("W", .partial(client: client, body: ["12345678"])), now: 0)
+        broker.handle(fromWorker("W", .partial(client: client, body: ["12345678"])), now: 0)
+        #expect(broker.gatheredBytes == 0)
+        broker.handle(fromWorker("W", .reply(client: client, body: ["end"])), now: 0)
+        let replies = Sent(broker.outbox.take()).toClients
+        #expect(replies.count == 1)
+        let error = try JSONValue(parsing: Array(replies[0].body[0].utf8))["error"]
+        #expect(error?["code"]?.intValue == Int64(JSONRPCError.tooLargeCode))
+        #expect(error?["data"]?["parts"]?.intValue == 2)
+        #expect(error?["message"]?.stringValue?.contains("MDPC02") == true)
+    }
+
+    @Test("a worker that dies mid-stream: the client's FINAL is -32014 with the parts it got, and the request goes to no other worker")
+    func workerDiesMidStream() throws {
+        let broker = broker()
+        let client = dispatched(broker, client: "C", clientVersion: .v02)
+        broker.handle(fromWorker("spare", .ready(service: "svc")), now: 0)
+        broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
+        broker.handle(fromWorker("W", .partial(client: client, body: ["two"])), now: 0)
+        _ = broker.outbox.take()
+        broker.peerGone(Frame("W"), now: 0)
+        let sent = Sent(broker.outbox.take())
+        #expect(sent.requests.isEmpty, "a second worker would send the parts again")
+        #expect(sent.toClients.count == 1 && sent.toClients[0].isFinal)
+        let error = try JSONValue(parsing: Array(sent.toClients[0].body[0].utf8))["error"]
+        #expect(error?["code"]?.intValue == Int64(JSONRPCError.streamEndedCode))
+        #expect(error?["data"]?["parts"]?.intValue == 2)
+        #expect(error?["data"]?["reason"]?.stringValue == "worker_died")
+        #expect(try JSONValue(parsing: Array(sent.toClients[0].body[0].utf8))["id"]?.intValue == 1, "answered under the request's id")
+    }
+
+    @Test("a worker that dies before its first part: the request goes to another worker, as a 7/MDP request would")
+    func workerDiesBeforeAnyPart() {
+        let broker = broker()
+        _ = dispatched(broker, client: "C", clientVersion: .v02)
+        broker.handle(fromWorker("spare", .ready(service: "svc")), now: 0)
+        broker.peerGone(Frame("W"), now: 0)
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["spare"])
+    }
+
+    @Test("a client that does not read: its stream ends, later parts are not sent, and the FINAL is -32014 overrun with the parts sent")
+    func overrun() throws {
+        let broker = broker()
+        let client = dispatched(broker, client: "C", clientVersion: .v02)
+        broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
+        _ = broker.outbox.take()
+        broker.peerFull(Frame("C"), now: 0)  // the ROUTER could not take a part for C
+        broker.handle(fromWorker("W", .partial(client: client, body: ["two"])), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients.isEmpty)
+        broker.handle(fromWorker("W", .reply(client: client, body: ["end"])), now: 0)
+        let final = Sent(broker.outbox.take()).toClients
+        #expect(final.count == 1 && final[0].isFinal)
+        let error = try JSONValue(parsing: Array(final[0].body[0].utf8))["error"]
+        #expect(error?["data"]?["reason"]?.stringValue == "overrun")
+        #expect(error?["data"]?["parts"]?.intValue == 2)
+        #expect(broker.brokenStreams == 1)
+    }
+
+    @Test("a client that is gone: nothing more is sent to it, and the worker is free at its FINAL")
+    func clientGone() {
+        let broker = broker()
+        let client = dispatched(broker, client: "C", clientVersion: .v02)
+        broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
+        _ = broker.outbox.take()
+        broker.peerGone(Frame("C"), now: 0)
+        broker.handle(fromWorker("W", .partial(client: client, body: ["two"])), now: 0)
+        broker.handle(fromWorker("W", .reply(client: client, body: ["end"])), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients.isEmpty)
+        #expect(broker.workers[Frame("W")]?.inFlight.count == 0)
+    }
+
+    @Test("two streams to one client through a window worker stay apart, each in order")
+    func twoStreams() throws {
+        let broker = broker { $0.clientSharePercent = 100 }
+        broker.handle(fromWorker("W", .ready(service: "svc", window: 2)), now: 0)
+        broker.handle(fromClient("C", "svc", request(1)), now: 0)
+        broker.handle(fromClient("C", "svc", request(2)), now: 0)
+        let clients = Sent(broker.outbox.take()).requests.map(\.client)
+        try #require(clients.count == 2)
+        #expect(clients[0] != clients[1])
+        broker.handle(fromWorker("W", .partial(client: clients[1], body: ["2a"])), now: 0)
+        broker.handle(fromWorker("W", .partial(client: clients[0], body: ["1a"])), now: 0)
+        broker.handle(fromWorker("W", .reply(client: clients[0], body: ["1z"])), now: 0)
+        broker.handle(fromWorker("W", .reply(client: clients[1], body: ["2z"])), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients.map(\.body) == [["2a"], ["1a"], ["1z"], ["2z"]])
+    }
+
+    @Test("a PARTIAL with nothing in flight, or a worker changing version, is a protocol error: DISCONNECT in its own version")
+    func protocolErrors() {
+        let broker = broker()
+        broker.handle(fromWorker("W", .ready(service: "svc")), now: 0)
+        broker.handle(fromWorker("W", .partial(client: "nobody", body: ["x"])), now: 0)
+        var sent = Sent(broker.outbox.take())
+        #expect(sent.disconnects.map(\.worker) == ["W"] && sent.disconnects.map(\.version) == [.v02])
+        #expect(broker.workers.isEmpty)
+        broker.handle(fromWorker("V", .ready(service: "svc"), .v01), now: 0)
+        broker.handle(fromWorker("V", .heartbeat(), .v02), now: 0)
+        sent = Sent(broker.outbox.take())
+        #expect(sent.disconnects.map(\.worker) == ["V"])
+        #expect(broker.workers.isEmpty)
+        #expect(broker.protocolErrors == 2)
+    }
+
+    @Test("the kernel's own answers speak the client's version: 8/MMI, errors, a bad service name")
+    func kernelAnswersInVersion() {
+        let broker = broker()
+        broker.handle(fromWorker("W", .ready(service: "svc")), now: 0)
+        broker.handle(Message([Frame("C")] + MDP.request(service: MMI.serviceQuery, body: ["svc"], version: .v02).frames), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C", version: .v02, isFinal: true, body: ["200"])])
+        broker.handle(fromClient("C", "bad name", request(1)), now: 0)
+        let refused = Sent(broker.outbox.take()).toClients
+        #expect(refused.count == 1 && refused[0].version == .v02 && refused[0].isFinal && refused[0].body[0].contains("-32600"))
+        broker.handle(fromClient("C", KernelAPI.service, request(2)), now: 0)
+        let events = broker.takeEvents()
+        #expect(events.contains { if case .kernelRequest(let caller, _, _) = $0 { caller.version == .v02 } else { false } })
+    }
+}
