@@ -61,6 +61,20 @@ def exit_when_parent_is_gone():
     os._exit(0)
 
 
+def leave(context, socket, disconnect):
+    """Says DISCONNECT if the broker can take it at once, then exits: a worker told to stop
+    waits for no kernel (a test may have stopped it first). Whatever was queued is given
+    a moment to go out: a process that exits at once loses it."""
+    try:
+        socket.send_multipart(disconnect, zmq.DONTWAIT)
+    except zmq.Again:
+        pass
+    socket.linger = 200
+    socket.close()
+    context.term()
+    os._exit(0)
+
+
 def worker(broker, service):
     import threading
     threading.Thread(target=exit_when_parent_is_gone, daemon=True).start()
@@ -81,7 +95,7 @@ def worker(broker, service):
     poller.register(socket, zmq.POLLIN)
     parent = os.getppid()
     while running and os.getppid() == parent:  # a test that crashed leaves no worker behind
-        if poller.poll(500):
+        if poller.poll(100):
             frames = socket.recv_multipart()
             if frames[:2] != [b"", b"MDPW01"]:
                 fail(1, "bad header: %r" % frames[:2])
@@ -90,15 +104,13 @@ def worker(broker, service):
                 client, empty, body = frames[3], frames[4], frames[5:]
                 socket.send_multipart([b"", b"MDPW01", b"\x03", client, b""] + body)
             elif command == b"\x05":  # DISCONNECT
-                return
-        try:
-            socket.send_multipart([b"", b"MDPW01", b"\x04"])  # HEARTBEAT
-        except zmq.Again:
-            pass
-    try:
-        socket.send_multipart([b"", b"MDPW01", b"\x05"])  # DISCONNECT
-    except zmq.Again:
-        pass
+                os._exit(0)
+        if running:
+            try:
+                socket.send_multipart([b"", b"MDPW01", b"\x04"], zmq.DONTWAIT)  # HEARTBEAT (dropped when it cannot go now)
+            except zmq.Again:
+                pass
+    leave(context, socket, [b"", b"MDPW01", b"\x05"])
 
 
 def client(broker, service, body):
@@ -160,15 +172,13 @@ def worker02(broker, service, parts, die):
                     os._exit(3)
                 socket.send_multipart([b"MDPW02", b"\x04", client, b""] + body)
             elif command == b"\x06":  # DISCONNECT
-                return
-        try:
-            socket.send_multipart([b"MDPW02", b"\x05"])  # HEARTBEAT
-        except zmq.Again:
-            pass
-    try:
-        socket.send_multipart([b"MDPW02", b"\x06"])
-    except zmq.Again:
-        pass
+                os._exit(0)
+        if running:
+            try:
+                socket.send_multipart([b"MDPW02", b"\x05"], zmq.DONTWAIT)  # HEARTBEAT
+            except zmq.Again:
+                pass
+    leave(context, socket, [b"MDPW02", b"\x06"])
 
 
 def client02(broker, service, body):

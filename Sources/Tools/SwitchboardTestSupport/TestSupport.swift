@@ -261,7 +261,7 @@ public final class ChildProcess: @unchecked Sendable {
             }
             if data.isEmpty { handle.readabilityHandler = nil }
         }
-        try process.run()
+        try startUnblocked(process)
     }
 
     public var pid: Int32 { process.processIdentifier }
@@ -320,6 +320,19 @@ public final class ChildProcess: @unchecked Sendable {
     }
 
     deinit { stop(grace: 1) }
+}
+
+/// Starts `process` with no signal blocked. Foundation's `Process` hands a child the signal
+/// mask of the thread that starts it, and the threads Swift concurrency runs on block nearly
+/// every signal: a child that handles SIGTERM itself (the Python fixtures) never saw one, so
+/// each ``ChildProcess/stop(grace:)`` waited out its grace and sent SIGKILL. (The
+/// supervisor's own spawn sets an empty mask the same way.)
+func startUnblocked(_ process: Process) throws {
+    var empty = sigset_t(), previous = sigset_t()
+    sigemptyset(&empty)
+    pthread_sigmask(SIG_SETMASK, &empty, &previous)
+    defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
+    try process.run()
 }
 
 /// What a child process wrote so far, and whether it closed its output.
@@ -384,7 +397,7 @@ public func runCommand(_ executable: URL, _ arguments: [String], environment: [S
         return thread
     }
     _ = readers  // they end by themselves when the pipes close
-    try process.run()
+    try startUnblocked(process)
     if let input { stdin.fileHandleForWriting.write(input) }
     try stdin.fileHandleForWriting.close()
     let deadline = Date().addingTimeInterval(seconds)
