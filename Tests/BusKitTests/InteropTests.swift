@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import Contracts
 import EchoService
 import Foundation
 import SwitchboardTestSupport
@@ -82,6 +83,10 @@ struct InteropTests {
         let error = try JSONValue(parsing: Array((cut.last?["body"]?.arrayValue?.first?.stringValue ?? "").utf8))["error"]
         #expect(error?["code"]?.intValue == Int64(JSONRPCError.streamEndedCode))
         #expect(error?["data"]?["parts"]?.intValue == 2)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let stats = try await bus.call(KernelAPI.stats)
+        #expect(stats.brokenStreams == 1 && stats.gatheredBytes == 0, "kernel stats count the stream that broke")
+        await bus.close()
         await host.stop()
         await kernel.stop()
     }

@@ -126,6 +126,11 @@ public enum KernelAPI {
         public var protocolErrors: Int
         /// Replies to clients gone or not reading, dropped.
         public var droppedReplies: Int
+        /// Replies in parts (18/MDP) that ended before their FINAL: the worker died, the client
+        /// did not read or left, or the parts were too many to gather for a 7/MDP client.
+        public var brokenStreams: Int
+        /// Bytes of parts held for 7/MDP clients until their FINAL.
+        public var gatheredBytes: Int
         public var queuedBytes: Int
         public var uptimeSeconds: Double
         /// By service name.
@@ -134,9 +139,10 @@ public enum KernelAPI {
         public var state: State
         /// The kernel's pair, when it is one of two.
         public var pair: PairStatus?
-        public init(requests: Int, protocolErrors: Int, droppedReplies: Int, queuedBytes: Int, uptimeSeconds: Double, services: [String: Service],
-                    security: Security, state: State, pair: PairStatus?) {
+        public init(requests: Int, protocolErrors: Int, droppedReplies: Int, brokenStreams: Int = 0, gatheredBytes: Int = 0, queuedBytes: Int,
+                    uptimeSeconds: Double, services: [String: Service], security: Security, state: State, pair: PairStatus?) {
             (self.requests, self.protocolErrors, self.droppedReplies, self.queuedBytes, self.uptimeSeconds) = (requests, protocolErrors, droppedReplies, queuedBytes, uptimeSeconds)
+            (self.brokenStreams, self.gatheredBytes) = (brokenStreams, gatheredBytes)
             (self.services, self.security, self.state, self.pair) = (services, security, state, pair)
         }
     }

@@ -368,7 +368,7 @@ extension Kernel {
         pairStatus?.refusedNotActive = broker.refusedNotActive
         return KernelAPI.Stats(
             requests: broker.totalRequests, protocolErrors: broker.protocolErrors, droppedReplies: broker.droppedReplies,
-            queuedBytes: broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
+            brokenStreams: broker.brokenStreams, gatheredBytes: broker.gatheredBytes, queuedBytes: broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
             security: .init(curve: configuration.security != nil, refusedConnections: serving.zap?.refused ?? 0,
                             refusedRegistrations: broker.refusedRegistrations, refusedRequests: broker.refusedNotOperator),
             state: .init(keys: state.entries.count, bytes: state.totalBytes, sequence: state.sequence, rejectedWrites: state.rejectedWrites,
@@ -414,6 +414,8 @@ extension Kernel {
             text += "switchboard_request_duration_seconds_count\(label(service)) \(latency.count)\n"
         }
         family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(broker.protocolErrors))])
+        family("broken_streams_total", "counter", "Replies in parts (18/MDP) that ended before their FINAL.", [("", String(broker.brokenStreams))])
+        family("gathered_bytes", "gauge", "Bytes of reply parts held for 7/MDP clients until their FINAL.", [("", String(broker.gatheredBytes))])
         family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(serving.zap?.refused ?? 0))])
         family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(broker.refusedRegistrations))])
         family("refused_requests_total", "counter", "Requests for operators only (workers.drain, the supervisor) refused: not an operator's key.", [("", String(broker.refusedNotOperator))])

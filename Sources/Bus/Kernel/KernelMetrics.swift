@@ -36,6 +36,8 @@ final class KernelMetrics {
         }
         count("switchboard.protocol_errors", stats.protocolErrors)
         count("switchboard.dropped_replies", stats.droppedReplies)
+        count("switchboard.broken_streams", stats.brokenStreams)
+        level("switchboard.gathered_bytes", Double(stats.gatheredBytes))
         count("switchboard.refused_connections", stats.security.refusedConnections)
         count("switchboard.refused_registrations", stats.security.refusedRegistrations)
         count("switchboard.refused_requests", stats.security.refusedRequests)
