@@ -222,6 +222,9 @@ struct StreamTests {
         broker.handle(fromClient("C", "bad name", request(1)), now: 0)
         let refused = Sent(broker.outbox.take()).toClients
         #expect(refused.count == 1 && refused[0].version == .v02 && refused[0].isFinal && refused[0].body[0].contains("-32600"))
+        // A 0.2 client's message that is no REQUEST is dropped, not answered as a bad name.
+        broker.handle(Message([Frame("C"), "MDPC02", Frame([0x02]), "svc", "body"]), now: 0)
+        #expect(broker.outbox.take().isEmpty)
         broker.handle(fromClient("C", KernelAPI.service, request(2)), now: 0)
         let events = broker.takeEvents()
         #expect(events.contains { if case .kernelRequest(let caller, _, _) = $0 { caller.version == .v02 } else { false } })

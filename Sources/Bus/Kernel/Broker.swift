@@ -219,9 +219,10 @@ final class Broker {
                 disconnect(message[0], version: .v01, reason: "\(error)", now: now)
             } else if message.count >= 2, message[1].equals(MDP.workerHeader02) {
                 disconnect(message[0], version: .v02, reason: "\(error)", now: now)
-            } else if message.count >= 5, message[1].isEmpty || message[2].count == 1,
+            } else if message.count >= 5,
                       let version: MDP.Version = message[1].isEmpty && message[2].equals(MDP.clientHeader) ? .v01
-                          : message[1].equals(MDP.clientHeader02) ? .v02 : nil {
+                          : message[1].equals(MDP.clientHeader02) && message[2].equals([0x01]) ? .v02 : nil {
+                // A REQUEST whose only fault is its service name (0.2's header says REQUEST).
                 let shown = String(decoding: message[3].bytes.prefix(64), as: UTF8.self)
                 reply(to: Caller(client: message[0], version: version), serviceFrame: message[3], body: message.frames[4...], error: .invalidRequest(
                     "the service name must be \(MDP.serviceNameRule), got \(message[3].isEmpty ? "an empty name" : "'\(shown)'")"))
