@@ -61,29 +61,50 @@ def exit_when_parent_is_gone():
     os._exit(0)
 
 
-def leave(context, socket, disconnect):
-    """Says DISCONNECT if the broker can take it at once, then exits: a worker told to stop
-    waits for no kernel (a test may have stopped it first). Whatever was queued is given
-    a moment to go out: a process that exits at once loses it."""
-    try:
-        socket.send_multipart(disconnect, zmq.DONTWAIT)
-    except zmq.Again:
-        pass
-    socket.linger = 200
+# The worker protocol of each version: the frames before the command, and the commands.
+# 7/MDP (MDPW01) starts with an empty frame and answers with one REPLY (0x03); 18/MDP
+# (MDPW02) has no empty frame and answers with PARTIALs, then a FINAL.
+WORKER = {
+    "0.1": {"head": [b"", b"MDPW01"], "ready": b"\x01", "request": b"\x02", "final": b"\x03",
+            "heartbeat": b"\x04", "disconnect": b"\x05"},
+    "0.2": {"head": [b"MDPW02"], "ready": b"\x01", "request": b"\x02", "partial": b"\x03", "final": b"\x04",
+            "heartbeat": b"\x05", "disconnect": b"\x06"},
+}
+
+
+def leave(context, socket, status, last=None, linger=200):
+    """Sends `last` if the broker can take it at once, gives what is queued `linger` ms to
+    go out (a process that exits at once loses it), and exits. A worker told to stop waits
+    for no kernel: a test may have stopped it first."""
+    if last is not None:
+        try:
+            socket.send_multipart(last, zmq.DONTWAIT)
+        except zmq.Again:
+            pass
+    socket.linger = linger
     socket.close()
     context.term()
-    os._exit(0)
+    os._exit(status)
 
 
-def worker(broker, service):
+def serve(broker, service, version, answer):
+    """Registers as a worker of SERVICE and calls answer(send, client, body) for each
+    request, with send(command, frames) sending one command of this version, until SIGTERM
+    or DISCONNECT."""
     import threading
     threading.Thread(target=exit_when_parent_is_gone, daemon=True).start()
+    protocol = WORKER[version]
+    head = protocol["head"]
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.linger = 0
     socket.sndtimeo = 1000  # a send to a kernel that is gone must not block forever
+
+    def send(command, frames, flags=0):
+        socket.send_multipart(head + [protocol[command]] + frames, flags)
+
     socket.connect(broker)
-    socket.send_multipart([b"", b"MDPW01", b"\x01", service.encode()])
+    send("ready", [service.encode()])
     running = True
 
     def stop(*_):
@@ -97,20 +118,28 @@ def worker(broker, service):
     while running and os.getppid() == parent:  # a test that crashed leaves no worker behind
         if poller.poll(100):
             frames = socket.recv_multipart()
-            if frames[:2] != [b"", b"MDPW01"]:
-                fail(1, "bad header: %r" % frames[:2])
-            command = frames[2]
-            if command == b"\x02":  # REQUEST: client address, empty, body
-                client, empty, body = frames[3], frames[4], frames[5:]
-                socket.send_multipart([b"", b"MDPW01", b"\x03", client, b""] + body)
-            elif command == b"\x05":  # DISCONNECT
+            if frames[:len(head)] != head:
+                fail(1, "bad header: %r" % frames[:len(head)])
+            command, rest = frames[len(head)], frames[len(head) + 1:]
+            if command == protocol["request"]:  # client address, empty, body
+                if len(rest) < 3 or rest[1] != b"":
+                    fail(1, "bad REQUEST: %r" % rest)
+                answer(send, context, socket, rest[0], rest[2:])
+            elif command == protocol["disconnect"]:
                 os._exit(0)
         if running:
             try:
-                socket.send_multipart([b"", b"MDPW01", b"\x04"], zmq.DONTWAIT)  # HEARTBEAT (dropped when it cannot go now)
+                send("heartbeat", [], zmq.DONTWAIT)  # dropped when it cannot go now
             except zmq.Again:
                 pass
-    leave(context, socket, [b"", b"MDPW01", b"\x05"])
+    leave(context, socket, 0, head + [protocol["disconnect"]])
+
+
+def worker(broker, service):
+    def echo(send, context, socket, client, body):
+        send("final", [client, b""] + body)
+
+    serve(broker, service, "0.1", echo)
 
 
 def client(broker, service, body):
@@ -132,53 +161,14 @@ def client(broker, service, body):
 
 
 def worker02(broker, service, parts, die):
-    """18/MDP: no empty first frame; READY 0x01, REQUEST 0x02, PARTIAL 0x03, FINAL 0x04,
-    HEARTBEAT 0x05, DISCONNECT 0x06."""
-    import threading
-    threading.Thread(target=exit_when_parent_is_gone, daemon=True).start()
-    context = zmq.Context()
-    socket = context.socket(zmq.DEALER)
-    socket.linger = 0
-    socket.sndtimeo = 1000
-    socket.connect(broker)
-    socket.send_multipart([b"MDPW02", b"\x01", service.encode()])
-    running = True
+    def stream(send, context, socket, client, body):
+        for index in range(1, parts + 1):
+            send("partial", [client, b"", b"part-%d" % index])
+        if die:
+            leave(context, socket, 3, linger=5000)  # the parts go out, the FINAL never does
+        send("final", [client, b""] + body)
 
-    def stop(*_):
-        nonlocal running
-        running = False
-
-    signal.signal(signal.SIGTERM, stop)
-    poller = zmq.Poller()
-    poller.register(socket, zmq.POLLIN)
-    parent = os.getppid()
-    while running and os.getppid() == parent:
-        if poller.poll(100):
-            frames = socket.recv_multipart()
-            if frames[0] != b"MDPW02":
-                fail(1, "bad header: %r" % frames[:1])
-            command = frames[1]
-            if command == b"\x02":  # REQUEST: client address, empty, body
-                client, empty, body = frames[2], frames[3], frames[4:]
-                if empty != b"":
-                    fail(1, "REQUEST frame 3 not empty")
-                for index in range(1, parts + 1):
-                    socket.send_multipart([b"MDPW02", b"\x03", client, b"", b"part-%d" % index])
-                if die:
-                    # Sends only queue: the parts must be out before the process goes.
-                    socket.linger = 5000
-                    socket.close()
-                    context.term()
-                    os._exit(3)
-                socket.send_multipart([b"MDPW02", b"\x04", client, b""] + body)
-            elif command == b"\x06":  # DISCONNECT
-                os._exit(0)
-        if running:
-            try:
-                socket.send_multipart([b"MDPW02", b"\x05"], zmq.DONTWAIT)  # HEARTBEAT
-            except zmq.Again:
-                pass
-    leave(context, socket, [b"MDPW02", b"\x06"])
+    serve(broker, service, "0.2", stream)
 
 
 def client02(broker, service, body):

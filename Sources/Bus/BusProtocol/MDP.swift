@@ -153,7 +153,7 @@ extension MDP {
 
     /// The same with the body as a slice of the message it arrived in.
     public static func reply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>) -> Message {
-        message((client, empty, clientHeaderFrame, serviceFrame), nil, body)
+        reply(to: client, serviceFrame: serviceFrame, body: body, version: .v01)
     }
 
     /// A reply to a client of either version: 0.1's REPLY (always final), or 0.2's FINAL or
@@ -162,110 +162,76 @@ extension MDP {
         switch version {
         case .v01:
             precondition(final, "7/MDP has no partial replies")
-            return message((client, empty, clientHeaderFrame, serviceFrame), nil, body)
+            return message((client, empty, clientHeaderFrame, serviceFrame), body)
         case .v02:
             let command = final ? ClientCommand02.final : ClientCommand02.partial
-            return message((client, clientHeader02Frame, commandFrames[Int(command.rawValue)], serviceFrame), nil, body)
+            return message((client, clientHeader02Frame, commandFrames[Int(command.rawValue)], serviceFrame), body)
         }
     }
 
     /// `head`'s frames, then `body`'s, in one array sized once (appending a body to an array
     /// literal would allocate twice); `head` is a tuple's worth of frames, not an array.
-    private static func message(_ head: (Frame, Frame, Frame, Frame), _ more: (Frame, Frame)?,
-                                _ body: ArraySlice<Frame>) -> Message {
+    private static func message(_ head: (Frame, Frame, Frame, Frame), _ body: ArraySlice<Frame>) -> Message {
         var frames: [Frame] = []
-        frames.reserveCapacity(6 + body.count)
+        frames.reserveCapacity(4 + body.count)
         frames.append(head.0)
         frames.append(head.1)
         frames.append(head.2)
         frames.append(head.3)
-        if let more {
-            frames.append(more.0)
-            frames.append(more.1)
-        }
         frames.append(contentsOf: body)
         return Message(frames)
     }
 
     /// A worker command, for the worker's DEALER socket.
     public static func encode(_ command: WorkerToBroker, version: Version = .v01) -> Message {
-        if version == .v02 { return encode02(command) }
         switch command {
         case .ready(let service, let window):
-            let ready: Message = [empty, workerHeaderFrame, commandFrames[1], Frame(service)]
-            return window.map { ready + [Frame("window=\($0)")] } ?? ready
+            workerMessage(to: nil, .ready, version, Frame(service), window.map { Frame("window=\($0)") })
         case .reply(let client, let body):
-            return Message([empty, workerHeaderFrame, commandFrames[3], client, empty] + body)
-        case .partial:
-            preconditionFailure("7/MDP has no partial replies: a worker streams in 18/MDP")
-        case .heartbeat(let errors):
-            let heartbeat: Message = [empty, workerHeaderFrame, commandFrames[4]]
-            return errors.map { heartbeat + [Frame("errors=\($0)")] } ?? heartbeat
-        case .drain:
-            return [empty, workerHeaderFrame, commandFrames[4], drainFrame]
-        case .disconnect:
-            return [empty, workerHeaderFrame, commandFrames[5]]
-        }
-    }
-
-    /// The 18/MDP worker commands: no empty first frame, and commands numbered anew.
-    private static func encode02(_ command: WorkerToBroker) -> Message {
-        let header = workerHeader02Frame
-        func code(_ command: WorkerCommand02) -> Frame { commandFrames[Int(command.rawValue)] }
-        switch command {
-        case .ready(let service, let window):
-            let ready: Message = [header, code(.ready), Frame(service)]
-            return window.map { ready + [Frame("window=\($0)")] } ?? ready
-        case .reply(let client, let body):
-            return Message([header, code(.final), client, empty] + body)
+            workerMessage(to: nil, .final, version, client, empty, body: body)
         case .partial(let client, let body):
-            return Message([header, code(.partial), client, empty] + body)
+            workerMessage(to: nil, .partial, version, client, empty, body: body)
         case .heartbeat(let errors):
-            let heartbeat: Message = [header, code(.heartbeat)]
-            return errors.map { heartbeat + [Frame("errors=\($0)")] } ?? heartbeat
+            workerMessage(to: nil, .heartbeat, version, errors.map { Frame("errors=\($0)") })
         case .drain:
-            return [header, code(.heartbeat), drainFrame]
+            workerMessage(to: nil, .heartbeat, version, drainFrame)
         case .disconnect:
-            return [header, code(.disconnect)]
+            workerMessage(to: nil, .disconnect, version)
         }
     }
 
     /// A broker command to `worker`, for the broker's ROUTER socket, in the worker's version.
     public static func encode(_ command: BrokerToWorker, to worker: Frame, version: Version = .v01) -> Message {
-        switch (command, version) {
-        case (.request(let client, let body), _):
-            return request(to: worker, client: client, body: body[...], version: version)
-        case (.heartbeat, .v01):
-            return [worker, empty, workerHeaderFrame, commandFrames[4]]
-        case (.drain, .v01):
-            return [worker, empty, workerHeaderFrame, commandFrames[4], drainFrame]
-        case (.disconnect, .v01):
-            return [worker, empty, workerHeaderFrame, commandFrames[5]]
-        case (.heartbeat, .v02):
-            return [worker, workerHeader02Frame, commandFrames[Int(WorkerCommand02.heartbeat.rawValue)]]
-        case (.drain, .v02):
-            return [worker, workerHeader02Frame, commandFrames[Int(WorkerCommand02.heartbeat.rawValue)], drainFrame]
-        case (.disconnect, .v02):
-            return [worker, workerHeader02Frame, commandFrames[Int(WorkerCommand02.disconnect.rawValue)]]
+        switch command {
+        case .request(let client, let body): request(to: worker, client: client, body: body[...], version: version)
+        case .heartbeat: workerMessage(to: worker, .heartbeat, version)
+        case .drain: workerMessage(to: worker, .heartbeat, version, drainFrame)
+        case .disconnect: workerMessage(to: worker, .disconnect, version)
         }
     }
 
     /// A REQUEST to `worker` for the broker's ROUTER: `[worker, "", "MDPW01", 0x02, client, "", body…]`,
     /// or in 0.2 `[worker, "MDPW02", 0x02, client, "", body…]`.
     public static func request(to worker: Frame, client: Frame, body: ArraySlice<Frame>, version: Version = .v01) -> Message {
-        switch version {
-        case .v01: return message((worker, empty, workerHeaderFrame, commandFrames[2]), (client, empty), body)
-        case .v02:
-            var frames: [Frame] = []
-            frames.reserveCapacity(5 + body.count)
-            frames.append(worker)
-            frames.append(workerHeader02Frame)
-            frames.append(commandFrames[Int(WorkerCommand02.request.rawValue)])
-            frames.append(client)
-            frames.append(empty)
-            frames.append(contentsOf: body)
-            return Message(frames)
-        }
+        workerMessage(to: worker, .request, version, client, empty, body: body)
+    }
+
+    /// A worker-protocol message in one array sized once: the routing id (on the broker's
+    /// side), the version's head (0.1: `""`, `MDPW01`; 0.2: `MDPW02`), the command's code in
+    /// that version, up to two frames after it, then `body`.
+    private static func workerMessage(to worker: Frame?, _ verb: WorkerVerb, _ version: Version, _ first: Frame? = nil,
+                                      _ second: Frame? = nil, body: ArraySlice<Frame> = []) -> Message {
+        guard let code = verb.code(in: version) else { preconditionFailure("\(version) has no \(verb)") }
+        var frames: [Frame] = []
+        frames.reserveCapacity(6 + body.count)
+        if let worker { frames.append(worker) }
+        if version == .v01 { frames.append(empty) }
+        frames.append(version == .v01 ? workerHeaderFrame : workerHeader02Frame)
+        frames.append(commandFrames[Int(code)])
+        if let first { frames.append(first) }
+        if let second { frames.append(second) }
+        frames.append(contentsOf: body)
+        return Message(frames)
     }
 
     // MARK: Decoders
@@ -335,7 +301,7 @@ extension MDP {
     }
 
     /// A worker-protocol command, whichever version numbered it.
-    private enum WorkerVerb: CustomStringConvertible {
+    private enum WorkerVerb: CaseIterable, CustomStringConvertible {
         case ready, request, partial, final, heartbeat, disconnect
         var description: String {
             switch self {
@@ -343,20 +309,31 @@ extension MDP {
             case .heartbeat: "HEARTBEAT"; case .disconnect: "DISCONNECT"
             }
         }
+
+        /// Its code in `version` (7/MDP has no PARTIAL; its REPLY is the FINAL).
+        func code(in version: Version) -> UInt8? {
+            switch (self, version) {
+            case (.ready, .v01): Command.ready.rawValue
+            case (.request, .v01): Command.request.rawValue
+            case (.partial, .v01): nil
+            case (.final, .v01): Command.reply.rawValue
+            case (.heartbeat, .v01): Command.heartbeat.rawValue
+            case (.disconnect, .v01): Command.disconnect.rawValue
+            case (.ready, .v02): WorkerCommand02.ready.rawValue
+            case (.request, .v02): WorkerCommand02.request.rawValue
+            case (.partial, .v02): WorkerCommand02.partial.rawValue
+            case (.final, .v02): WorkerCommand02.final.rawValue
+            case (.heartbeat, .v02): WorkerCommand02.heartbeat.rawValue
+            case (.disconnect, .v02): WorkerCommand02.disconnect.rawValue
+            }
+        }
     }
 
     private static func workerVerb(_ frame: Frame, _ version: Version) throws(ProtocolError) -> WorkerVerb {
         let code: UInt8? = frame.count == 1 ? frame.withUnsafeBytes { $0[0] } : nil
-        let verb: WorkerVerb? = switch (version, code) {
-        case (.v01, Command.ready.rawValue?), (.v02, WorkerCommand02.ready.rawValue?): .ready
-        case (.v01, Command.request.rawValue?), (.v02, WorkerCommand02.request.rawValue?): .request
-        case (.v02, WorkerCommand02.partial.rawValue?): .partial
-        case (.v01, Command.reply.rawValue?), (.v02, WorkerCommand02.final.rawValue?): .final
-        case (.v01, Command.heartbeat.rawValue?), (.v02, WorkerCommand02.heartbeat.rawValue?): .heartbeat
-        case (.v01, Command.disconnect.rawValue?), (.v02, WorkerCommand02.disconnect.rawValue?): .disconnect
-        default: nil
+        guard let code, let verb = WorkerVerb.allCases.first(where: { $0.code(in: version) == code }) else {
+            throw ProtocolError("MDP", "unknown worker command \(frame)")
         }
-        guard let verb else { throw ProtocolError("MDP", "unknown worker command \(frame)") }
         return verb
     }
 
