@@ -188,6 +188,47 @@ struct KernelTimingTests {
         #expect(pair.takeEvents().contains { if case .becameActive = $0 { true } else { false } })
     }
 
+    @Test("of a pair: a restarted passive whose request for the state came before its first heartbeat is waited for once it acknowledges the state, and changes wait for it from the moment the state is sent")
+    func activeWaitsForRestartedPassive() throws {
+        let clock = ManualClock()
+        var configuration = configuration
+        configuration.pair = PairConfiguration(role: .primary, listen: "inproc://unused-listen", peer: "inproc://unused-peer",
+                                               heartbeatInterval: .milliseconds(200))
+        let state = StateServer(configuration: configuration, logger: quiet)
+        let pair = PairLink(configuration: configuration.pair!, instance: "primary", replica: state, clock: clock, logger: quiet)
+        state.join(pair)
+        func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
+        func heartbeat(_ peerState: PairState, instance: String) -> Message {
+            let body: JSONValue = ["state": .string(peerState.rawValue), "role": "backup", "instance": .string(instance),
+                                   "sequence": 0, "synced": false]
+            return fromPeer([PairWire.state, Frame(body.jsonBytes)])
+        }
+        let released = { pair.takeEvents().filter { if case .released = $0 { true } else { false } }.count }
+        let publish = PairLink.Held.publish(Message([Frame("/k")]), key: Frame("/k"))
+        // Paired with a backup: active.
+        pair.received(heartbeat(.backup, instance: "backup-1"), now: clock.now)
+        #expect(pair.state == .active)
+        // The backup restarts; the new one's first word is its request for the state, its
+        // heartbeat (a new instance) comes after it.
+        pair.received(fromPeer([PairWire.snapshotRequest, Frame("backup-2")]), now: clock.now)
+        let sent = state.sequence
+        #expect(pair.outbox.take().contains { $0.count >= 2 && $0[1] == PairWire.snapshotDone })
+        pair.received(heartbeat(.passive, instance: "backup-2"), now: clock.now)
+        // Sent the state, not yet acknowledged: a change waits for the peer.
+        #expect(pair.hold(publish, until: sent + 1))
+        pair.received(fromPeer([PairWire.ack, CHP.sequenceFrame(sent)]), now: clock.now)
+        #expect(pair.peerInSync)
+        #expect(released() == 0)
+        pair.received(fromPeer([PairWire.ack, CHP.sequenceFrame(sent + 1)]), now: clock.now)
+        #expect(released() == 1)
+        #expect(pair.hold(publish, until: sent + 2))
+        // The passive falls silent: what waited for it goes out, and nothing waits any more.
+        clock.advance(.milliseconds(401))
+        pair.tick(now: clock.now)
+        #expect(released() == 1)
+        #expect(!pair.hold(publish, until: sent + 3))
+    }
+
     @Test("a stopped kernel is freed, with its broker, state server and pair link")
     func stoppedKernelIsFreed() async throws {
         weak var weakKernel: Kernel?

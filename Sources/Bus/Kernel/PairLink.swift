@@ -56,7 +56,7 @@ enum PairWire {
     static let header = Frame("SBPAIR01")
     /// `STATE json`: the sender's state, instance, role and sequence (the heartbeat).
     static let state = Frame("STATE")
-    /// `SNAPSHOT?`: the passive asks for the whole state (it is new, or it found a gap).
+    /// `SNAPSHOT? instance`: the passive asks for the whole state (it is new, or it found a gap).
     static let snapshotRequest = Frame("SNAPSHOT?")
     /// `KV key sequence uuid properties value owner expires`: one entry of a snapshot.
     static let entry = Frame("KV")
@@ -206,6 +206,8 @@ final class PairLink {
     /// Whether this kernel's state is whole: the active one's, or a passive's complete copy.
     var holdsState: Bool { state == .active || state == .passive && synced }
     private var peerAlive: Bool { lastHeard != nil && clock.now < peerExpiry }
+    /// Active: changes wait for the peer's acknowledgement (it holds, or is being sent, the whole state).
+    private var peerWaitedFor: Bool { peerInSync || snapshotSent != nil }
 
     // MARK: Binary Star
 
@@ -282,11 +284,7 @@ final class PairLink {
     private func peerSays(_ peer: PairState, instance: String, now: UInt64) {
         peerExpiry = now + configuration.peerExpiry.nanoseconds
         lastHeard = Date()
-        if peerInstance != instance {
-            if peerInstance != nil { logger.info("the peer kernel restarted", metadata: ["peer": "\(configuration.peer)"]) }
-            peerInstance = instance
-            peerLeftSync()
-        }
+        if heard(instance: instance) { peerLeftSync() }
         peerState = peer
         switch (state, peer) {
         case (.primary, .backup):
@@ -310,6 +308,14 @@ final class PairLink {
         if state == .passive, !synced, snapshotAskedAt.map({ now > $0 && now - $0 > configuration.peerExpiry.nanoseconds * 5 }) ?? true {
             askForSnapshot(now: now)
         }
+    }
+
+    /// Notes the peer's instance; true when it is a new one (the peer restarted and holds nothing of this kernel's).
+    private func heard(instance: String) -> Bool {
+        guard peerInstance != instance else { return false }
+        if peerInstance != nil { logger.info("the peer kernel restarted", metadata: ["peer": "\(configuration.peer)"]) }
+        peerInstance = instance
+        return true
     }
 
     private func become(_ new: PairState, _ reason: String) {
@@ -344,7 +350,7 @@ final class PairLink {
         if state != .active, configuration.peerBroker != nil, lastHeard == nil || now >= peerExpiry, peerBrokerConnected {
             probe(now: now)
         }
-        if state == .active, peerInSync, now >= peerExpiry {
+        if state == .active, peerWaitedFor, now >= peerExpiry {
             logger.warning("the passive peer is silent: serving alone until it is back", metadata: ["peer": "\(configuration.peer)"])
             peerLeftSync()
         }
@@ -386,6 +392,9 @@ final class PairLink {
             peerSays(peer, instance: instance, now: now)
         } else if command == PairWire.snapshotRequest {
             guard state == .active else { return }
+            // A restarted peer's request can come before its first heartbeat: noted here, that
+            // heartbeat is not taken for news of a restart, which would stop the wait for this copy.
+            if let instance = fields.first?.string { _ = heard(instance: instance) }
             let sequence = replica.sequence
             peerLeftSync()
             let entries = replica.replicatedSnapshot(now: now)
@@ -438,7 +447,7 @@ final class PairLink {
     private func askForSnapshot(now: UInt64) {
         snapshotAskedAt = now
         snapshotEntries = []
-        send([PairWire.header, PairWire.snapshotRequest])
+        send([PairWire.header, PairWire.snapshotRequest, Frame(instance)])
     }
 
     // MARK: Replication (active side)
@@ -450,7 +459,7 @@ final class PairLink {
         guard state == .active else { return }
         if peerAlive, entry.sequence == replicatedUpTo + 1 {
             replicatedUpTo = entry.sequence
-        } else if peerInSync {
+        } else if peerWaitedFor {
             peerLeftSync()
         }
         if peerAlive { send(entry.frames(PairWire.update)) }
@@ -459,8 +468,12 @@ final class PairLink {
     /// Holds `item` until the peer holds every change up to `sequence`, then releases it as
     /// an event; false when it need not wait (the peer already holds them, or no peer in
     /// sync is waited for): the caller sends it now.
+    ///
+    /// A peer that was sent the snapshot is waited for too: it counts itself whole (and may
+    /// take over) as soon as the snapshot is in, before its acknowledgement gets here, so a
+    /// change published meanwhile without waiting could be one it never got.
     func hold(_ item: Held, until sequence: UInt64) -> Bool {
-        guard peerInSync, sequence > acknowledged else { return false }
+        guard peerWaitedFor, sequence > acknowledged else { return false }
         held.append((sequence, item))
         return true
     }
