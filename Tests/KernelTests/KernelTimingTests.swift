@@ -151,15 +151,21 @@ struct KernelTimingTests {
         if case .hugz = hugz.first {} else { Issue.record("expected a HUGZ, got \(hugz)") }
     }
 
+    /// A pair link in `role` (heartbeats every 200 ms) with its state server, on `clock`.
+    func pairLink(_ role: PairConfiguration.Role, clock: ManualClock) -> (StateServer, PairLink) {
+        var configuration = configuration
+        configuration.pair = PairConfiguration(role: role, listen: "inproc://unused-listen", peer: "inproc://unused-peer",
+                                               heartbeatInterval: .milliseconds(200))
+        let state = StateServer(configuration: configuration, logger: quiet)
+        let pair = PairLink(configuration: configuration.pair!, instance: role.rawValue, replica: state, clock: clock, logger: quiet)
+        state.join(pair)
+        return (state, pair)
+    }
+
     @Test("of a pair: the backup copies the active peer's state, refuses clients while the peer is heard, and takes over when a client comes after two silent heartbeats")
     func failover() throws {
         let clock = ManualClock()
-        var configuration = configuration
-        configuration.pair = PairConfiguration(role: .backup, listen: "inproc://unused-listen", peer: "inproc://unused-peer",
-                                               heartbeatInterval: .milliseconds(200))
-        let state = StateServer(configuration: configuration, logger: quiet)
-        let pair = PairLink(configuration: configuration.pair!, instance: "backup", replica: state, clock: clock, logger: quiet)
-        state.join(pair)
+        let (state, pair) = pairLink(.backup, clock: clock)
         let admission = Admission(pair: pair)
         func heartbeat(_ peerState: PairState, sequence: UInt64) -> Message {
             let body: JSONValue = ["state": .string(peerState.rawValue), "role": "primary", "instance": "primary",
@@ -191,12 +197,7 @@ struct KernelTimingTests {
     @Test("of a pair: a restarted passive whose request for the state came before its first heartbeat is waited for once it acknowledges the state, and changes wait for it from the moment the state is sent")
     func activeWaitsForRestartedPassive() throws {
         let clock = ManualClock()
-        var configuration = configuration
-        configuration.pair = PairConfiguration(role: .primary, listen: "inproc://unused-listen", peer: "inproc://unused-peer",
-                                               heartbeatInterval: .milliseconds(200))
-        let state = StateServer(configuration: configuration, logger: quiet)
-        let pair = PairLink(configuration: configuration.pair!, instance: "primary", replica: state, clock: clock, logger: quiet)
-        state.join(pair)
+        let (state, pair) = pairLink(.primary, clock: clock)
         func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
         func heartbeat(_ peerState: PairState, instance: String) -> Message {
             let body: JSONValue = ["state": .string(peerState.rawValue), "role": "backup", "instance": .string(instance),
