@@ -27,6 +27,24 @@ struct JSONRPCTests {
         #expect(odd.trace == nil)
     }
 
+    @Test("asking for parts is the stream member, true only; a part's body carries its request's id and reads back; a part is no response")
+    func parts() throws {
+        let request = JSONRPCRequest(id: .number(3), method: "m", trace: .init(parent: "p"), stream: true)
+        let text = String(decoding: request.jsonBytes, as: UTF8.self)
+        #expect(text == #"{"id":3,"jsonrpc":"2.0","method":"m","stream":true,"traceparent":"p"}"#)
+        guard case .single(.request(let parsed)) = parse(text) else { Issue.record("not a request"); return }
+        #expect(parsed.stream && parsed == request)
+        #expect(try JSONValue(parsing: request.jsonBytes) == request.json)
+        guard case .single(.request(let other)) = parse(#"{"jsonrpc":"2.0","id":1,"method":"m","stream":"yes"}"#) else { Issue.record("not a request"); return }
+        #expect(!other.stream)
+        let part = JSONRPC.partReply(id: .string("a"), partText: Array(#"{"n":1}"#.utf8))
+        #expect(String(decoding: part, as: UTF8.self) == #"{"id":"a","jsonrpc":"2.0","part":{"n":1}}"#)
+        let read = try JSONRPC.parsePart(part)
+        #expect(read.id == .string("a") && read.part == ["n": 1])
+        #expect(throws: ProtocolError.self) { try JSONRPC.parsePart(Array(#"{"id":1,"jsonrpc":"2.0","result":1}"#.utf8)) }
+        #expect(throws: ProtocolError.self) { try JSONRPC.parseResponses(part) }
+    }
+
     @Test("params stay the text they arrived as, checked as strictly as the rest of the body")
     func paramsKeptAsText() {
         let text = #"{ "params" : { "b" : [1, 2.5, "\u00e9\n"], "a": {} } , "method":"m","id":1,"jsonrpc":"2.0"}"#

@@ -1,6 +1,7 @@
 import BusKit
 import BusProtocol
 import Catalog
+import Contracts
 import FetcherService
 import Foundation
 import Kernel
@@ -66,7 +67,17 @@ struct SearchBusTests {
         defer { Task { await bus.stop() } }
         #expect(try await bus.request("countries.search", ["query": "par"])["countries"]?.arrayValue?.first?["name"] == "Paraguay")
         #expect(try await bus.request("locations.search")["total"] == 4)
-        #expect(try await bus.request("items.grouped", ["order": "natural"])["total"] == 320)
+        let whole = try await bus.client.call(SearchAPI.itemsGrouped, .init(order: .natural))
+        #expect(whole.total == 320)
+        // In parts: the same groups and items, in the same order, each part within one group.
+        let parts = bus.client.stream(SearchAPI.itemsGroupedStream, .init(order: .natural))
+        var streamed: [SearchAPI.GroupedItems.Group] = []
+        for try await part in parts { streamed.append(part) }
+        let end = try await parts.end()
+        #expect(end.total == 320 && end.dropped == whole.dropped && end.groups.isEmpty)
+        let gathered = SearchAPI.itemsGroupedStream.gather(end, streamed)
+        #expect(gathered.groups.map(\.listId) == whole.groups.map(\.listId))
+        #expect(gathered.groups.map { $0.items.map(\.id) } == whole.groups.map { $0.items.map(\.id) })
         #expect(try await bus.request("sources.list")["sources"]?.arrayValue?.isEmpty == false)
         #expect(try await bus.request("headlines.list")["status"] == "no-sources-selected")
         #expect(try await bus.request("flights.list")["outbound"]?.arrayValue?.count == 6)

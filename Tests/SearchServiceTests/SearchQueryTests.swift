@@ -12,6 +12,12 @@ import Testing
 struct SearchQueryTests {
     let search = SearchService()
 
+    /// items.grouped in one reply, as a 7/MDP caller gets it: the parts gathered back in.
+    func items(_ params: SearchAPI.Items, of service: SearchService? = nil) async throws -> SearchAPI.GroupedItems {
+        let service = service ?? search
+        return try await MethodTable(of: service).call(SearchAPI.itemsGrouped, params, on: service)
+    }
+
     func countries(_ params: SearchAPI.Countries) throws -> [JSONValue] {
         try search.countries(params)["countries"]?.arrayValue ?? []
     }
@@ -157,7 +163,7 @@ struct SearchQueryTests {
 
     @Test("items: blank names dropped, grouped by listId, lexical or natural order, counts")
     func itemsGrouped() async throws {
-        let lexical = try search.items(SearchAPI.Items(order: nil, listId: nil))
+        let lexical = try await items(SearchAPI.Items(order: nil, listId: nil))
         #expect(lexical["order"] == "lexical" && lexical["total"] == 320 && lexical["dropped"] == 680)
         let groups = try #require(lexical["groups"]?.arrayValue)
         #expect(groups.compactMap { $0["listId"]?.intValue } == [1, 2, 3, 4])
@@ -166,7 +172,7 @@ struct SearchQueryTests {
         #expect(firstNames == firstNames.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) })
         #expect(firstNames.first == "Item 0" && firstNames.count == 81)
 
-        let natural = try search.items(SearchAPI.Items(order: .natural, listId: 1))
+        let natural = try await items(SearchAPI.Items(order: .natural, listId: 1))
         let naturalGroups = try #require(natural["groups"]?.arrayValue)
         #expect(naturalGroups.count == 1 && natural["total"] == 81)
         let ids = naturalGroups[0]["items"]?.arrayValue?.compactMap { $0["id"]?.intValue } ?? []
@@ -186,14 +192,25 @@ struct SearchQueryTests {
             HiringItem(id: 2, listId: 1, name: " \t "), HiringItem(id: 6, listId: 1, name: ""), HiringItem(id: 7, listId: 1, name: nil),
             HiringItem(id: 8, listId: 3, name: "Item 010"),
         ]), version: "t1")
-        func order(_ name: SearchAPI.Items.Order) throws -> [[Int64]] {
-            try search.items(SearchAPI.Items(order: name, listId: nil))["groups"]?.arrayValue?.map { group in
+        func order(_ name: SearchAPI.Items.Order) async throws -> [[Int64]] {
+            try await items(SearchAPI.Items(order: name, listId: nil), of: search)["groups"]?.arrayValue?.map { group in
                 group["items"]?.arrayValue?.compactMap { $0["id"]?.intValue } ?? []
             } ?? []
         }
-        #expect(try order(.lexical) == [[5, 1, 3, 4], [8]])
-        #expect(try order(.natural) == [[1, 3, 4, 5], [8]])
-        #expect(try search.items(SearchAPI.Items(order: nil, listId: nil))["dropped"] == 3)
+        #expect(try await order(.lexical) == [[5, 1, 3, 4], [8]])
+        #expect(try await order(.natural) == [[1, 3, 4, 5], [8]])
+        #expect(try await items(SearchAPI.Items(order: nil, listId: nil), of: search)["dropped"] == 3)
+    }
+
+    @Test("items in parts: a group bigger than a part comes in several, and gathered back it is one group, in order")
+    func itemsInParts() async throws {
+        let search = SearchService()
+        let big = SearchAPI.GroupedItems.itemsPerPart * 2 + 500
+        await search.load(.items((0..<big).map { HiringItem(id: $0, listId: $0 < big - 3 ? 1 : 2, name: "Item \($0)") }), version: "t1")
+        let whole = try await items(SearchAPI.Items(order: .natural), of: search)
+        #expect(whole.groups.map(\.listId) == [1, 2])
+        #expect(whole.groups[0].items.map(\.id) == Array(0..<(big - 3)) && whole.groups[0].count == big - 3)
+        #expect(whole.total == big)
     }
 
     @Test("natural and lexical comparison")

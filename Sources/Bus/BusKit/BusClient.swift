@@ -108,6 +108,58 @@ public final class BusClient: Sendable {
         try await call(method, NoParams(), timeout: timeout)
     }
 
+    /// Calls a method that answers in parts (18/MDP) and gives its parts as they come, each as
+    /// its contract's part type; the stream's ``PartStream/end()`` is the result less the
+    /// parts. `timeout`: the longest wait for the first part, and between parts. A worker
+    /// that answers in one reply (7/MDP) gives no part and its whole result as the end.
+    public func stream<P, Part, R>(_ method: StreamMethod<P, Part, R>, _ params: P, timeout: Duration? = nil,
+                                   bufferSize: Int = 10_000) -> PartStream<Part, R> {
+        let text: Result<[UInt8]?, BusError> = Result { try method.method.paramsText(params) }
+            .mapError { .remote(service: method.service, .invalidParams(field: "params", "\($0)")) }
+        return openStream(service: method.service, method: method.name, paramsText: text, timeout: timeout, bufferSize: bufferSize)
+    }
+
+    /// ``stream(_:_:timeout:bufferSize:)`` for any service's method, by name, params as JSON
+    /// text, parts and end as plain JSON.
+    public func stream(service: String, method: String, paramsText: [UInt8]?, timeout: Duration? = nil,
+                       bufferSize: Int = 10_000) -> PartStream<JSONValue, JSONValue> {
+        openStream(service: service, method: method, paramsText: .success(paramsText), timeout: timeout, bufferSize: bufferSize)
+    }
+
+    private func openStream<Part, End>(service: String, method: String, paramsText: Result<[UInt8]?, BusError>, timeout: Duration?,
+                                       bufferSize: Int) -> PartStream<Part, End> {
+        let state = PartStreamState(service: service, method: method, bufferSize: bufferSize)
+        let id = ClientCore.nextID()
+        let core = self.core, loop = self.loop
+        let stream = PartStream<Part, End>(handle: PartStreamHandle(state: state) {
+            loop.execute { core.assumeIsolated { $0.cancel(ids: [id]) } }
+        })
+        let body: Frame
+        switch paramsText {
+        case .failure(let error):
+            state.ended(.failure(error))
+            return stream
+        case .success(let text):
+            body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: text, trace: BusTracing.outgoing(), client: clientID, stream: true).jsonBytes)
+        }
+        if let error = refusal(body, service: service) {
+            state.ended(.failure(error))
+            return stream
+        }
+        guard !isClosed.load(ordering: .acquiring) else {
+            state.ended(.failure(.closed))
+            return stream
+        }
+        let timeout = timeout ?? defaultTimeout
+        let deadline = clock.now + timeout.nanoseconds
+        loop.execute {
+            var pending = ClientCore.Pending(service: service, method: method, timeout: timeout, deadline: deadline) { state.ended($0) }
+            pending.onPart = { state.received($0) }
+            core.assumeIsolated { $0.send([(id, pending)], message: MDP.request(service: service, body: [body], version: .v02)) }
+        }
+        return stream
+    }
+
     /// ``request(service:method:params:timeout:)`` with the params as JSON text, forwarded as
     /// they are (the gateway passes a browser's params through without parsing them).
     public func request(service: String, method: String, paramsText: [UInt8]?, timeout: Duration? = nil) async throws(BusError) -> JSONValue {
@@ -322,9 +374,14 @@ actor ClientCore {
         let service: String
         let method: String
         let timeout: Duration
-        let deadline: UInt64
+        /// For a reply in parts, moved on by each part: the timeout is the longest silence.
+        var deadline: UInt64
         /// Called once, on the loop thread, with the outcome.
         let complete: (Result<JSONValue, BusError>) -> Void
+        /// A reply in parts: takes each part (false: the reader is too far behind).
+        var onPart: ((JSONValue) -> Bool)? = nil
+        /// Parts received: a request that had some is never sent again (they would repeat).
+        var parts = 0
         /// The message to send again; held by the first request of a batch only, so a batch
         /// goes once.
         var message: Message? = nil
@@ -524,6 +581,11 @@ actor ClientCore {
             // Sent on the connection that dropped: in flight with it, and maybe lost.
             let lost = pending.filter { $0.value.sentOn == index }.map(\.key)
             for id in lost {
+                if pending[id]!.parts > 0 {
+                    endStream(id, .streamEnded("the connection to the kernel dropped", parts: pending[id]!.parts, reason: "connection_lost",
+                                               service: pending[id]!.service))
+                    continue
+                }
                 // Only a connection that got through its handshake may have delivered it.
                 if delivered { pending[id]!.losses += 1 }
                 let losses = pending[id]!.losses
@@ -590,6 +652,7 @@ actor ClientCore {
 
     func received(_ message: Message, on connection: Int) {
         guard let reply = try? MDP.decodeAtClient(message) else { return }
+        guard reply.isFinal else { return receivedPart(reply) }
         let responses = reply.body.count == 1 ? try? JSONRPC.parseResponses(reply.body[0].bytes) : nil
         if let responses, !responses.isEmpty, responses.allSatisfy(\.isNotActive) {
             notActive(responses, from: connection)
@@ -623,6 +686,26 @@ actor ClientCore {
             opaque[reply.service] = waiting
             first.continuation.resume(returning: .success(reply.body))
         }
+    }
+
+    /// One part of a reply in parts: to its stream's reader, if it still reads.
+    private func receivedPart(_ reply: ClientReply) {
+        guard reply.body.count == 1, let (id, part) = try? JSONRPC.parsePart(reply.body[0].bytes), case .number(let number) = id,
+              let onPart = pending[number]?.onPart else { return }
+        guard onPart(part) else {
+            let request = pending[number]!
+            return endStream(number, .streamEnded("this reader fell \(request.parts) parts behind", parts: request.parts, reason: "reader_behind",
+                                                  service: request.service))
+        }
+        pending[number]!.parts += 1
+        pending[number]!.deadline = clock.now + pending[number]!.timeout.nanoseconds
+    }
+
+    /// Ends a reply in parts early on this side, telling its reader why.
+    private func endStream(_ id: Int64, _ error: JSONRPCError) {
+        guard let request = pending.removeValue(forKey: id) else { return }
+        remember(id, answered: false)
+        request.complete(.failure(.remote(service: request.service, error)))
     }
 
     /// A kernel that is not active refused a message: its requests go to the other kernel

@@ -181,6 +181,8 @@ actor WorkerConnection<Hosted: BusService> {
     let logger: Logger
     let onReregistered: @Sendable () async -> Void
     let onDrainRequested: @Sendable () -> Void
+    /// 18/MDP when a method answers in parts (PARTIAL is 0.2's), else 7/MDP.
+    let version: MDP.Version
 
     private var state = State.idle
     private var registration: SocketRegistration?
@@ -252,6 +254,7 @@ actor WorkerConnection<Hosted: BusService> {
         self.onReregistered = onReregistered
         self.onDrainRequested = onDrainRequested
         self.liveness = options.heartbeatLiveness
+        version = table.streams ? .v02 : .v01
     }
 
     func connect() throws {
@@ -278,7 +281,7 @@ actor WorkerConnection<Hosted: BusService> {
             self?.assumeIsolated { $0.connectionEvent(message, generation: current) }
         }
         // The window frame even for 1: it says this worker understands `drain=1`.
-        registration?.send(MDP.encode(.ready(service: Hosted.name, window: options.window)))
+        registration?.send(MDP.encode(.ready(service: Hosted.name, window: options.window), version: version))
         liveness = options.heartbeatLiveness
         state = .registered
         if heartbeat == nil {
@@ -323,17 +326,24 @@ actor WorkerConnection<Hosted: BusService> {
     /// Answers each request as it arrives, in a child task, until the connection stops;
     /// what still runs then is cancelled (after ``stop(drain:)`` waited for it).
     func answerRequests() async {
-        let table = self.table, service = self.service, hook = onReregistered
+        let table = self.table, service = self.service, hook = onReregistered, streams = version == .v02
         await withDiscardingTaskGroup { group in
             while case let batch = await nextWork(), !batch.isEmpty {
                 for item in batch {
                     switch item {
                     case .request(let client, let bytes, let generation):
+                        var parts: PartOut?
+                        if streams {
+                            parts = { [weak self] part in
+                                guard let self else { throw CancellationError() }
+                                try await self.sendPart(part, client: client, generation: generation)
+                            }
+                        }
                         group.addTask {
                             var answer: (reply: [UInt8], errors: Int)
                             if let bytes {
                                 // The table keeps the reply within the kernel's message limit.
-                                answer = await table.answer(body: bytes, on: service)
+                                answer = await table.answer(body: bytes, on: service, parts: parts)
                             } else {
                                 answer = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
                             }
@@ -351,10 +361,19 @@ actor WorkerConnection<Hosted: BusService> {
     private func finished(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
         busy -= 1
         if generation == self.generation, state == .registered || state == .draining {
-            registration?.send(MDP.encode(.reply(client: client, body: [Frame(reply)])))
+            registration?.send(MDP.encode(.reply(client: client, body: [Frame(reply)]), version: version))
             if errors > 0 { countErrors(errors) }
         }
         releaseIfDrained()
+    }
+
+    /// Sends one part of a reply in parts; throws when the connection it belongs to is gone
+    /// (the kernel ends that stream for its client: nothing more of it can arrive).
+    private func sendPart(_ body: [UInt8], client: Frame, generation: Int) throws {
+        guard generation == self.generation, state == .registered || state == .draining, let registration else {
+            throw JSONRPCError.streamEnded("the connection to the kernel", parts: 0, reason: "connection_lost", service: Hosted.name)
+        }
+        registration.send(MDP.encode(.partial(client: client, body: [Frame(body)][...]), version: version))
     }
 
     /// Ends a drain's wait once nothing is held and the kernel said nothing more comes.
@@ -373,7 +392,7 @@ actor WorkerConnection<Hosted: BusService> {
             self?.assumeIsolated { connection in
                 connection.errorReport = nil
                 guard connection.state == .registered || connection.state == .draining else { return }
-                connection.registration?.send(MDP.encode(.heartbeat(errors: connection.errors)))
+                connection.registration?.send(MDP.encode(.heartbeat(errors: connection.errors), version: connection.version))
             }
         }
     }
@@ -407,7 +426,7 @@ actor WorkerConnection<Hosted: BusService> {
             reregister()
             return
         }
-        registration?.send(MDP.encode(.heartbeat(errors: errors > 0 ? errors : nil)))
+        registration?.send(MDP.encode(.heartbeat(errors: errors > 0 ? errors : nil), version: version))
     }
 
     private func reregister() {
@@ -431,7 +450,7 @@ actor WorkerConnection<Hosted: BusService> {
         state = .draining
         // No word can come over a connection that is down (the kernel stopped first).
         drainAcknowledged = !wasRegistered || lostConnection
-        if wasRegistered { registration?.send(MDP.encode(.drain)) }
+        if wasRegistered { registration?.send(MDP.encode(.drain, version: version)) }
         if busy > 0 || !drainAcknowledged {
             let loop = self.loop
             await withCheckedContinuation { continuation in
@@ -452,10 +471,10 @@ actor WorkerConnection<Hosted: BusService> {
         }
         heartbeat?.cancel()
         heartbeat = nil
-        if errorReport != nil { registration?.send(MDP.encode(.heartbeat(errors: errors))) }
+        if errorReport != nil { registration?.send(MDP.encode(.heartbeat(errors: errors), version: version)) }
         errorReport?.cancel()
         errorReport = nil
-        registration?.send(MDP.encode(.disconnect))
+        registration?.send(MDP.encode(.disconnect, version: version))
         // Give the DISCONNECT a moment to leave before the socket closes.
         try? registration?.socket.set(.linger, 200)
         registration?.close()

@@ -148,6 +148,10 @@ public struct JSONRPCRequest: Sendable, Hashable {
     /// peers ignore): with the request's `id` it names the request, so a service can answer
     /// one re-sent after a failover with the reply it already gave (docs/PROTOCOL.md).
     public var client: String?
+    /// Asks for the result in parts (its `stream` member, a Switchboard extension): a method
+    /// that can stream answers with a PARTIAL per part and a FINAL (18/MDP); any other
+    /// method, and a 7/MDP worker, answer one reply as if it were absent (docs/PROTOCOL.md).
+    public var stream = false
 
     /// The values of a request's `traceparent` and `tracestate` members.
     public struct Trace: Sendable, Hashable {
@@ -159,16 +163,17 @@ public struct JSONRPCRequest: Sendable, Hashable {
         }
     }
 
-    public init(id: JSONRPCID?, method: String, params: JSONValue? = nil, trace: Trace? = nil, client: String? = nil) {
-        self.init(id: id, method: method, paramsText: params?.jsonBytes, trace: trace, client: client)
+    public init(id: JSONRPCID?, method: String, params: JSONValue? = nil, trace: Trace? = nil, client: String? = nil, stream: Bool = false) {
+        self.init(id: id, method: method, paramsText: params?.jsonBytes, trace: trace, client: client, stream: stream)
     }
 
-    public init(id: JSONRPCID?, method: String, paramsText: [UInt8]?, trace: Trace? = nil, client: String? = nil) {
+    public init(id: JSONRPCID?, method: String, paramsText: [UInt8]?, trace: Trace? = nil, client: String? = nil, stream: Bool = false) {
         self.id = id
         self.method = method
         self.paramsText = paramsText
         self.trace = trace
         self.client = client
+        self.stream = stream
     }
 
     /// The params as a JSON value, parsed from ``paramsText`` on each read.
@@ -184,6 +189,7 @@ public struct JSONRPCRequest: Sendable, Hashable {
         if let params { object["params"] = params }
         if let parent = trace?.parent { object["traceparent"] = .string(parent) }
         if let state = trace?.state { object["tracestate"] = .string(state) }
+        if stream { object["stream"] = true }
         return .object(object)
     }
 
@@ -209,6 +215,7 @@ public struct JSONRPCRequest: Sendable, Hashable {
             output.append(contentsOf: #","params":"#.utf8)
             output.append(contentsOf: paramsText)
         }
+        if stream { output.append(contentsOf: #","stream":true"#.utf8) }
         if let parent = trace?.parent {
             output.append(contentsOf: #","traceparent":"#.utf8)
             JSONText.writeString(parent, into: &output)
@@ -223,6 +230,7 @@ public struct JSONRPCRequest: Sendable, Hashable {
 
     public static func == (lhs: JSONRPCRequest, rhs: JSONRPCRequest) -> Bool {
         lhs.id == rhs.id && lhs.method == rhs.method && lhs.params == rhs.params && lhs.trace == rhs.trace && lhs.client == rhs.client
+            && lhs.stream == rhs.stream
     }
 
     public func hash(into hasher: inout Hasher) {
@@ -359,20 +367,46 @@ public enum JSONRPC {
         if case .string(let parent)? = value("traceparent") {
             trace = JSONRPCRequest.Trace(parent: parent, state: value("tracestate")?.stringValue)
         }
-        return .request(JSONRPCRequest(id: id, method: method, paramsText: paramsText, trace: trace, client: value("client")?.stringValue))
+        return .request(JSONRPCRequest(id: id, method: method, paramsText: paramsText, trace: trace, client: value("client")?.stringValue,
+                                       stream: value("stream") == .bool(true)))
     }
 
     /// A response carrying `resultText`, JSON text encoded by the service itself (so a
     /// result is written once, straight to bytes).
     public static func resultReply(id: JSONRPCID, resultText: [UInt8]) -> [UInt8] {
+        envelope(id: id, member: #","jsonrpc":"2.0","result":"#, text: resultText)
+    }
+
+    /// `{"id":ID` + `member` (which names the last member) + `text` + `}`: keys in sorted order.
+    private static func envelope(id: JSONRPCID, member: StaticString, text: [UInt8]) -> [UInt8] {
         var output: [UInt8] = []
-        output.reserveCapacity(40 + resultText.count)
+        output.reserveCapacity(40 + text.count)
         output.append(contentsOf: #"{"id":"#.utf8)
         JSONText.write(id.json, into: &output)
-        output.append(contentsOf: #","jsonrpc":"2.0","result":"#.utf8)
-        output.append(contentsOf: resultText)
+        output.append(contentsOf: UnsafeBufferPointer(start: member.utf8Start, count: member.utf8CodeUnitCount))
+        output.append(contentsOf: text)
         output.append(UInt8(ascii: "}"))
         return output
+    }
+
+    /// One part of a reply in parts (an 18/MDP PARTIAL's body): `{"id":ID,"jsonrpc":"2.0","part":PART}`,
+    /// `partText` written by the service itself. The FINAL is a response as any other.
+    public static func partReply(id: JSONRPCID, partText: [UInt8]) -> [UInt8] {
+        envelope(id: id, member: #","jsonrpc":"2.0","part":"#, text: partText)
+    }
+
+    /// Reads a PARTIAL's body (see ``partReply(id:partText:)``): its id and its part.
+    public static func parsePart(_ bytes: some Collection<UInt8>) throws(ProtocolError) -> (id: JSONRPCID, part: JSONValue) {
+        let value: JSONValue
+        do { value = try JSONValue(parsing: Array(bytes), maxDepth: maxDepth) } catch { throw ProtocolError("JSON-RPC", "a part is not JSON: \(error)") }
+        guard case .object(let object) = value, object["jsonrpc"] == .string("2.0"), let part = object["part"] else {
+            throw ProtocolError("JSON-RPC", "a part must be an object with \"jsonrpc\": \"2.0\", an id and a \"part\"")
+        }
+        switch object["id"] {
+        case .int(let number)?: return (.number(number), part)
+        case .string(let string)?: return (.string(string), part)
+        default: throw ProtocolError("JSON-RPC", "a part's id must be a string or an integer")
+        }
     }
 
     /// Parses a response body: one response or a batch of them.

@@ -42,6 +42,32 @@ public struct Method<Params: Codable & Sendable, Result: Codable & Sendable>: Se
     }
 }
 
+/// A method that can answer in parts (18/MDP PARTIALs, then a FINAL): `method` is its
+/// one-reply form (name, params, the whole result), `Part` what each part carries. Asked
+/// to stream, the service sends each part as it has it and ends with its result less the
+/// parts; asked otherwise (7/MDP, a batch), it answers one reply: `gather` puts the parts
+/// back into that result, so both forms give the same answer.
+public struct StreamMethod<Params: Codable & Sendable, Part: Codable & Sendable, Result: Codable & Sendable>: Sendable {
+    public let method: Method<Params, Result>
+    public let gather: @Sendable (Result, [Part]) -> Result
+
+    public init(_ method: Method<Params, Result>, part: Part.Type, gather: @escaping @Sendable (Result, [Part]) -> Result) {
+        precondition(!method.changesState, "\(method.name): a method that changes state is answered once, not in parts")
+        self.method = method
+        self.gather = gather
+    }
+
+    public var service: String { method.service }
+    public var name: String { method.name }
+
+    /// The one-reply form's entry, with the part's schema (`x-part`).
+    public var methodDescription: MethodDescription {
+        var description = method.methodDescription
+        description.part = ContentDescriptor(name: "part", required: nil, schema: JSONSchema.of(Part.self))
+        return description
+    }
+}
+
 /// For methods that take no params: accepts absent params, `{}` and `[]`.
 public struct NoParams: Codable, Sendable, SchemaDescribed {
     public init() {}
@@ -80,12 +106,20 @@ public struct MethodDescription: Codable, Sendable, Equatable {
     public var paramStructure = "by-name"
     public var params: [ContentDescriptor]
     public var result: ContentDescriptor
+    /// What each part carries, for a method that can answer in parts (OpenRPC extension `x-part`).
+    public var part: ContentDescriptor?
 
-    public init(name: String, summary: String, params: [ContentDescriptor], result: ContentDescriptor) {
+    public init(name: String, summary: String, params: [ContentDescriptor], result: ContentDescriptor, part: ContentDescriptor? = nil) {
         self.name = name
         self.summary = summary
         self.params = params
         self.result = result
+        self.part = part
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case name, summary, paramStructure, params, result
+        case part = "x-part"
     }
 }
 

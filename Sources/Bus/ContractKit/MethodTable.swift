@@ -1,6 +1,7 @@
 public import BusProtocol
 import Foundation
 import Instrumentation
+import Synchronization
 public import Logging
 
 /// A service of the bus: an actor with a name and a table of JSON-RPC methods, each from its
@@ -42,6 +43,8 @@ public struct MethodTable<Service: BusService>: Sendable {
         /// Runs on the service's own executor, without suspending (the kernel's methods,
         /// answered on its loop thread as each request arrives).
         case isolated(@Sendable (isolated Service, [UInt8]?) throws -> [UInt8])
+        /// Answers in parts: each goes to `out` as it comes (nil: kept for the one reply).
+        case stream(@Sendable (Service, [UInt8]?, _ out: PartOut?) async throws -> [UInt8])
     }
     private var handlers: [String: Handler] = [:]
     /// The methods that change state: each named request of theirs runs once.
@@ -90,11 +93,29 @@ public struct MethodTable<Service: BusService>: Sendable {
         }
     }
 
+    /// Adds a method that can answer in parts: the handler sends each part to `parts` as it
+    /// has it and returns the result less the parts. Asked to stream (18/MDP), the parts go
+    /// out one by one and the result ends the stream; asked otherwise, the one reply is the
+    /// result with the parts gathered back in (``StreamMethod/gather``).
+    public mutating func onStream<P, Part, R>(_ method: StreamMethod<P, Part, R>,
+                                             _ handler: @escaping @Sendable (Service, P, Parts<Part>) async throws -> R) {
+        let schema = add(method.method, description: method.methodDescription)
+        let maxPartBytes = limits.maxReplyBytes - 64
+        handlers[method.name] = .stream { service, params, out in
+            let parts = Parts<Part>(out: out, maxBytes: maxPartBytes)
+            let result = try await handler(service, try decodeParams(P.self, params, schema: schema), parts)
+            return try encodeJSON(out == nil ? method.gather(result, parts.kept) : result)
+        }
+    }
+
+    /// Whether any method answers in parts (its worker speaks 18/MDP).
+    public var streams: Bool { descriptions.contains { $0.part != nil } }
+
     /// Checks `method` belongs here once, lists it for `rpc.discover`; its params' schema.
-    private mutating func add<P, R>(_ method: Method<P, R>) -> JSONValue {
+    private mutating func add<P, R>(_ method: Method<P, R>, description: MethodDescription? = nil) -> JSONValue {
         precondition(method.service == Service.name, "\(method.name) is a method of \(method.service), not \(Service.name)")
         precondition(handlers[method.name] == nil, "\(method.name) is already in \(Service.name)'s table")
-        descriptions.append(method.methodDescription)
+        descriptions.append(description ?? method.methodDescription)
         if method.changesState { stateChanging.insert(method.name) }
         return JSONSchema.of(P.self)
     }
@@ -110,9 +131,12 @@ public struct MethodTable<Service: BusService>: Sendable {
 
     /// Answers a whole request body (a request or a batch), with how many of the responses
     /// are errors (the host reports that count to the kernel, which never reads replies).
-    /// Each request runs in the trace it carries (``BusTracing``).
-    public func answer(body: [UInt8], on service: Service) async -> (reply: [UInt8], errors: Int) {
+    /// Each request runs in the trace it carries (``BusTracing``). `parts`: where the parts
+    /// of a single request that asks to stream go, each a PARTIAL's whole body (nil: this
+    /// worker answers in one reply only).
+    public func answer(body: [UInt8], on service: Service, parts: PartOut? = nil) async -> (reply: [UInt8], errors: Int) {
         let incoming = JSONRPC.parseRequests(body)
+        let single = if case .single = incoming { true } else { false }
         if let refusal = limits.refusal(of: incoming) { return (refusal, 1) }
         var outcomes: [Result<[UInt8], any Error>] = []
         var budget = ReplyBudget(limit: limits.maxReplyBytes, requests: incoming.requests.count)
@@ -124,8 +148,12 @@ public struct MethodTable<Service: BusService>: Sendable {
             let handler = handlers[request.method]
             let run = { () async throws -> [UInt8] in
                 switch handler {
-                case .async(let handler)?: try await handler(service, request.paramsText)
-                case .isolated(let handler)?: try await handler(service, request.paramsText)
+                case .async(let handler)?: return try await handler(service, request.paramsText)
+                case .isolated(let handler)?: return try await handler(service, request.paramsText)
+                case .stream(let handler)?:
+                    // Parts go out only for a lone request that asked for them and can be told apart by its id.
+                    guard single, request.stream, let id = request.id, id != .null, let parts else { return try await handler(service, request.paramsText, nil) }
+                    return try await handler(service, request.paramsText) { part in try await parts(JSONRPC.partReply(id: id, partText: part)) }
                 case nil: throw JSONRPCError.methodNotFound(request.method)
                 }
             }
@@ -149,7 +177,7 @@ public struct MethodTable<Service: BusService>: Sendable {
                 Result<[UInt8], any Error> {
                     switch handlers[request.method] {
                     case .isolated(let handler)?: return try handler(service, request.paramsText)
-                    case .async?: throw JSONRPCError.internalError("\(request.method) cannot be answered without suspending")
+                    case .async?, .stream?: throw JSONRPCError.internalError("\(request.method) cannot be answered without suspending")
                     case nil: throw JSONRPCError.methodNotFound(request.method)
                     }
                 }
@@ -235,6 +263,37 @@ public struct MethodTable<Service: BusService>: Sendable {
             return (JSONRPC.batchReply(answers.map(\.reply)) ?? [], answers.filter(\.isError).count)
         }
     }
+}
+
+/// Where a part's JSON text goes when a request is answered in parts.
+public typealias PartOut = @Sendable ([UInt8]) async throws -> Void
+
+/// Where a streaming method's handler sends its parts (``MethodTable/onStream(_:_:)``): out
+/// as PARTIALs one by one, or kept for the one reply when the request did not ask to stream.
+public final class Parts<Part: Codable & Sendable>: Sendable {
+    private let out: PartOut?
+    private let maxBytes: Int
+    private let keptParts = Mutex<[Part]>([])
+
+    init(out: PartOut?, maxBytes: Int) {
+        self.out = out
+        self.maxBytes = maxBytes
+    }
+
+    /// Whether the parts go out one by one (the caller asked to stream).
+    public var areStreamed: Bool { out != nil }
+
+    /// Sends one part. Throws when the task was cancelled, when the part alone is over the
+    /// kernel's message limit (-32010: the stream ends there), or when it cannot go out.
+    public func send(_ part: Part) async throws {
+        try Task.checkCancellation()
+        guard let out else { return keptParts.withLock { $0.append(part) } }
+        let text = try encodeJSON(part)
+        guard text.count <= maxBytes else { throw JSONRPCError.overMessageSize("part", bytes: text.count, limit: maxBytes) }
+        try await out(text)
+    }
+
+    var kept: [Part] { keptParts.withLock { $0 } }
 }
 
 /// What one request body may cost. A batch is answered in one message, so its count of

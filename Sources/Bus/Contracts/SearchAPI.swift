@@ -9,6 +9,20 @@ public enum SearchAPI {
     public static let locationsSearch = Method<Locations, PlaceResults>(service, "locations.search", "Known places by name, or by distance from 'latitude, longitude'.")
     public static let locationsResolve = Method<Resolve, ResolvedPlace>(service, "locations.resolve", "A place name or coordinates as Wikipedia Places links; adds it to the history.", changesState: true)
     public static let itemsGrouped = Method<Items, GroupedItems>(service, "items.grouped", "The hiring list: named items grouped by list, sorted by name.")
+    /// `items.grouped` in parts: each part is a run of up to ``GroupedItems/itemsPerPart``
+    /// items of one group (a big group comes in several, `count` its whole size), in the
+    /// order of the one reply; the end is the answer with no groups (order, total, dropped).
+    public static let itemsGroupedStream = StreamMethod(itemsGrouped, part: GroupedItems.Group.self) { end, parts in
+        var whole = end
+        for part in parts {
+            if let last = whole.groups.indices.last, whole.groups[last].listId == part.listId {
+                whole.groups[last].items += part.items
+            } else {
+                whole.groups.append(part)
+            }
+        }
+        return whole
+    }
     public static let sourcesList = Method<Sources, SourceList>(service, "sources.list", "News sources (English by default; language 'all'), marking the selected ones.")
     public static let headlinesList = Method<Headlines, HeadlinePage>(service, "headlines.list", "Headlines from the given or selected sources, newest first, a page at a time.")
     public static let flightsList = Method<Flights, FlightList>(service, "flights.list", "Outbound and inbound flights, each with its airline.")
@@ -164,6 +178,8 @@ public enum SearchAPI {
             public var items: [Item]
             public init(listId: Int, count: Int, items: [Item]) { (self.listId, self.count, self.items) = (listId, count, items) }
         }
+        /// The most items one part of ``SearchAPI/itemsGroupedStream`` carries.
+        public static let itemsPerPart = 1_000
         public var order: String
         public var total: Int
         /// Items left out for having no name.

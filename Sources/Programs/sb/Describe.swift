@@ -52,6 +52,9 @@ struct Describe: AsyncParsableCommand {
             Output.line(Output.styled("\(service) \(found.name)", .bold) + "  " + found.summary)
             Output.table(["PARAM", "TYPE", "REQUIRED"], found.params.map { [$0.name, Self.type($0.schema), $0.required == true ? "yes" : "no"] })
             Output.line("result: " + Self.type(found.result.schema, depth: 4))
+            if let part = found.part {
+                Output.line("in parts (sb request \(service) \(found.name) --stream): each part " + Self.type(part.schema, depth: 4) + ", then the result less the parts")
+            }
             Output.line(Output.styled("(the params' and result's JSON Schema: sb describe \(service) \(found.name) --json)", .dim))
         }
     }
@@ -94,7 +97,8 @@ struct Describe: AsyncParsableCommand {
         let cell = { (text: String) in text.replacingOccurrences(of: "|", with: "\\|") }
         let code = { (text: String) in text.isEmpty ? "—" : "`" + cell(text) + "`" }
         let rows = description.methods.map { method in
-            "| `\(method.name)` | \(code(params(method))) | \(code(type(method.result.schema, depth: 2))) | \(cell(method.summary)) |"
+            let parts = method.part.map { " In parts (`--stream`): each \(code(type($0.schema, depth: 2)))." } ?? ""
+            return "| `\(method.name)` | \(code(params(method))) | \(code(type(method.result.schema, depth: 2))) | \(cell(method.summary))\(parts) |"
         }
         return "## `\(service)`\n\n| method | params | result | what it does |\n|---|---|---|---|\n" + rows.joined(separator: "\n") + "\n"
     }

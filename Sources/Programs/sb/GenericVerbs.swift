@@ -25,6 +25,12 @@ struct Request: AsyncParsableCommand {
               sb req search countries.search '{"query":"par","limit":3}'
               sb request store history.add '{"text":"Amsterdam"}' --json
               sb request search locations.resolve '{"query":"Rome"}' --trace   (trace ID on stderr; in each service's log)
+              sb request search items.grouped '{"order":"natural"}' --stream   (a JSON line per part as it comes)
+
+            With --stream the request asks for its result in parts (18/MDP): each part is printed as it
+            arrives, one JSON line {"part": ...}, then one line {"end": ...} with the result less its parts
+            (a method that cannot stream prints only the end: its whole result). A stream that ends early
+            (its worker died, this reader fell behind) says on stderr how many parts came and why, and exits 1.
             """,
         aliases: ["req"]
     )
@@ -36,6 +42,8 @@ struct Request: AsyncParsableCommand {
     @Argument(help: "The params, as JSON (an object or an array).") var params: String?
     @Flag(help: "Send it in a new sampled trace: every service it reaches logs it with the trace id, printed here on stderr.")
     var trace = false
+    @Flag(help: "Ask for the result in parts and print each as it comes, a JSON line each ({\"part\": ...}, then {\"end\": ...}).")
+    var stream = false
 
     func validate() throws {
         if let params { _ = try parseParams(params) }
@@ -53,12 +61,28 @@ struct Request: AsyncParsableCommand {
     func run() async throws {
         let params = try self.params.map { try parseParams($0) }
         try await withClient(connection, asOperator: OperatorsOnly.contains(service: service, method: method)) { client in
-            guard trace else { return Output.json(try await call(client, service, method, params), compact: output.json) }
-            let answer = try await BusTracing.withNewTrace(sampled: true) { traceID in
+            guard trace else { return try await answer(client, params) }
+            try await BusTracing.withNewTrace(sampled: true) { traceID in
                 Output.diagnostic("trace \(traceID)")
-                return try await call(client, service, method, params)
+                try await answer(client, params)
             }
-            Output.json(answer, compact: output.json)
+        }
+    }
+
+    private func answer(_ client: BusClient, _ params: JSONValue?) async throws {
+        guard stream else { return Output.json(try await call(client, service, method, params), compact: output.json) }
+        let parts = client.stream(service: service, method: method, paramsText: params?.jsonBytes)
+        do throws(BusError) {
+            do {
+                for try await part in parts { Output.line(JSONValue.object(["part": part]).jsonString) }
+            } catch let error as BusError {
+                throw error
+            } catch {
+                throw BusError.cancelled(service: service, method: method)
+            }
+            Output.line(JSONValue.object(["end": try await parts.end()]).jsonString)
+        } catch {
+            throw await Failure(error, service: service, method: method, client: client)
         }
     }
 }

@@ -102,19 +102,22 @@ extension SearchService {
 
     // MARK: items.grouped
 
-    nonisolated func items(_ params: SearchAPI.Items) throws -> SearchAPI.GroupedItems {
+    /// Sends each group in runs of up to `itemsPerPart` items, in order; the answer without its groups.
+    nonisolated func items(_ params: SearchAPI.Items, parts: Parts<SearchAPI.GroupedItems.Group>) async throws -> SearchAPI.GroupedItems {
         let order: NameOrder = params.order == .natural ? .natural : .lexical
         let index = indexes.snapshot.items
         let groups = index.groups(order).filter { params.listId == nil || $0.listId == params.listId }
-        var shown = 0
-        let answered = groups.map { group in
-            shown += group.members.count
-            return SearchAPI.GroupedItems.Group(listId: group.listId, count: group.members.count, items: group.members.map { member in
-                let item = index.kept[Int(member)]
-                return SearchAPI.GroupedItems.Group.Item(id: item.id, listId: item.listId, name: item.name ?? "")
-            })
+        for group in groups {
+            for start in stride(from: 0, to: group.members.count, by: SearchAPI.GroupedItems.itemsPerPart) {
+                let run = group.members[start..<min(start + SearchAPI.GroupedItems.itemsPerPart, group.members.count)]
+                try await parts.send(SearchAPI.GroupedItems.Group(listId: group.listId, count: group.members.count, items: run.map { member in
+                    let item = index.kept[Int(member)]
+                    return SearchAPI.GroupedItems.Group.Item(id: item.id, listId: item.listId, name: item.name ?? "")
+                }))
+            }
         }
-        return SearchAPI.GroupedItems(order: order.rawValue, total: shown, dropped: index.dropped, groups: answered)
+        let shown = groups.reduce(0) { $0 + $1.members.count }
+        return SearchAPI.GroupedItems(order: order.rawValue, total: shown, dropped: index.dropped, groups: [])
     }
 
     // MARK: sources.list, headlines.list

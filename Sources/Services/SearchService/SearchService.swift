@@ -77,7 +77,7 @@ public actor SearchService: BusService, ServiceWork {
         table.on(SearchAPI.countriesSearch) { search, params in try search.countries(params) }
         table.on(SearchAPI.locationsSearch) { search, params in try search.locations(params) }
         table.on(SearchAPI.locationsResolve) { search, params in try await search.resolve(params) }
-        table.on(SearchAPI.itemsGrouped) { search, params in try search.items(params) }
+        table.onStream(SearchAPI.itemsGroupedStream) { search, params, parts in try await search.items(params, parts: parts) }
         table.on(SearchAPI.sourcesList) { search, params in try await search.sources(params) }
         table.on(SearchAPI.headlinesList) { search, params in try await search.headlines(params) }
         table.on(SearchAPI.flightsList) { search, params in try search.flights(params) }

@@ -1,0 +1,109 @@
+public import BusProtocol
+public import ContractKit
+import Synchronization
+import ZeroMQ
+
+/// A reply in parts (18/MDP), as it comes: iterate it for the parts, then ``end()`` gives the
+/// result that closed the stream. A stream that ends early throws the reason when the
+/// iteration reaches it (`-32014` with `data.parts` when the worker died or the kernel
+/// dropped parts for this reader, or any error the service answered), never a silent end.
+///
+/// Cancelling the task that iterates, or dropping the stream unfinished, ends the request on
+/// this side: later parts are dropped as they arrive. (18/MDP has no way to tell the worker;
+/// it runs to its end.) A reader that falls `bufferSize` parts behind ends the stream with
+/// `-32014` (`reason: "reader_behind"`) rather than hold more.
+///
+/// ```swift
+/// let groups = bus.stream(SearchAPI.itemsGroupedStream, .init(order: .natural))
+/// for try await group in groups { print(group.listId, group.count) }
+/// let summary = try await groups.end()        // total, dropped: the result less its parts
+/// ```
+public struct PartStream<Part: Decodable & Sendable, End: Decodable & Sendable>: AsyncSequence, Sendable {
+    public typealias Element = Part
+    let handle: PartStreamHandle
+    var state: PartStreamState { handle.state }
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let handle: PartStreamHandle
+        public mutating func next() async throws -> Part? {
+            let state = handle.state
+            let raw: JSONValue?
+            do {
+                raw = try await state.buffer.next()
+            } catch is CancellationError {
+                handle.cancel()
+                throw CancellationError()
+            }
+            guard let raw else { return nil }
+            do { return try decodeResult(Part.self, raw) } catch {
+                handle.cancel()
+                throw BusError.remote(service: state.service, error as? JSONRPCError ?? .internalError("\(error)"))
+            }
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(handle: handle) }
+
+    /// The result that ended the stream, once it came (parts not yet read are skipped).
+    public func end() async throws(BusError) -> End {
+        do {
+            while try await state.buffer.next() != nil {}
+        } catch let error as BusError {
+            throw error
+        } catch {
+            handle.cancel()
+            throw .cancelled(service: state.service, method: state.method)
+        }
+        guard let result = state.ending.withLock({ $0 }) else { throw .closed }
+        let value = try result.get()
+        do { return try decodeResult(End.self, value) } catch { throw .remote(service: state.service, error as? JSONRPCError ?? .internalError("\(error)")) }
+    }
+
+    /// Parts received and not yet read.
+    public var buffered: Int { state.buffer.count }
+}
+
+/// The parts waiting to be read and the result that ended the stream: filled by the client's
+/// core on its loop thread, read by the stream's reader.
+final class PartStreamState: Sendable {
+    let service: String
+    let method: String
+    let buffer: BoundedBuffer<JSONValue>
+    let ending = Mutex<Result<JSONValue, BusError>?>(nil)
+
+    init(service: String, method: String, bufferSize: Int) {
+        self.service = service
+        self.method = method
+        buffer = BoundedBuffer(capacity: bufferSize, whenFull: .refuse)
+    }
+
+    /// A part came: false when the reader is too far behind to take it.
+    func received(_ part: JSONValue) -> Bool { buffer.push(part) != .refused }
+
+    /// The stream ended: with its result, or with why it ended early.
+    func ended(_ outcome: Result<JSONValue, BusError>) {
+        ending.withLock { $0 = $0 ?? outcome }
+        switch outcome {
+        case .success: buffer.finish()
+        case .failure(let error): buffer.finish(throwing: error)
+        }
+    }
+}
+
+/// The reader's hold on a stream: when the last reader lets go before the end, the request
+/// ends on the client's side. (The core holds the state, not this, so dropping it is seen.)
+final class PartStreamHandle: Sendable {
+    let state: PartStreamState
+    private let cancelRequest: @Sendable () -> Void
+
+    init(state: PartStreamState, cancelRequest: @escaping @Sendable () -> Void) {
+        self.state = state
+        self.cancelRequest = cancelRequest
+    }
+
+    func cancel() {
+        if state.ending.withLock({ $0 == nil }) { cancelRequest() }
+    }
+
+    deinit { cancel() }
+}

@@ -1,0 +1,186 @@
+@testable import BusKit
+import BusProtocol
+import ContractKit
+import Contracts
+import Foundation
+import Kernel
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+/// A service with one method that answers in parts: the numbers 1...n, one a part.
+private enum NumbersAPI {
+    static let service = "numbers"
+    struct Count: Codable, Sendable {
+        var n: Int
+        /// Throws -32042 after this many parts.
+        var failAfter: Int?
+        /// Waits (until cancelled) after this many parts.
+        var holdAfter: Int?
+    }
+    struct Tally: Codable, Sendable {
+        var total: Int
+        var numbers: [Int]
+    }
+    struct Number: Codable, Sendable { var n: Int }
+    static let countMethod = Method<Count, Tally>(service, "count", "The numbers 1 to n.")
+    static let count = StreamMethod(countMethod, part: Number.self) { end, parts in
+        var whole = end
+        whole.numbers = parts.map(\.n)
+        return whole
+    }
+}
+
+private actor Numbers: BusService {
+    static let name = NumbersAPI.service
+    nonisolated func methods(_ table: inout MethodTable<Numbers>) {
+        table.onStream(NumbersAPI.count) { _, params, parts in
+            for number in 0..<max(0, params.n) {
+                if number == params.failAfter { throw JSONRPCError(code: -32042, message: "stopped after \(number)") }
+                try await parts.send(.init(n: number + 1))
+                if number + 1 == params.holdAfter { try await Task.sleep(for: .seconds(600)) }
+            }
+            return NumbersAPI.Tally(total: params.n, numbers: [])
+        }
+    }
+}
+
+@Suite("BusKit: replies in parts, from a hosted service's handler to a client's AsyncSequence")
+struct PartStreamTests {
+    private func hostNumbers(_ kernel: TestKernel) async throws -> ServiceHost<Numbers> {
+        let options = ServiceHost<Numbers>.Options(brokers: [kernel.endpoints.broker], connections: 1,
+                                                   heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness, drainTimeout: .milliseconds(100))
+        let host = try ServiceHost(service: Numbers(), options: options)
+        try await host.start()
+        try await kernel.workers(NumbersAPI.service)
+        return host
+    }
+
+    @Test("the parts come in order as the contract's type, then the result less the parts; asked in one reply, the parts are gathered into it; rpc.discover states the part")
+    func partsInOrder() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let host = try await hostNumbers(kernel)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let stream = bus.stream(NumbersAPI.count, .init(n: 25))
+        var numbers: [Int] = []
+        for try await part in stream { numbers.append(part.n) }
+        #expect(numbers == Array(1...25))
+        let end = try await stream.end()
+        #expect(end.total == 25 && end.numbers.isEmpty)
+        // The same method in one reply (7/MDP): the same answer, whole.
+        #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 5)).numbers == [1, 2, 3, 4, 5])
+        let contract = try await bus.call(Method.discover(NumbersAPI.service))
+        #expect(contract.methods.first { $0.name == "count" }?.part?.schema["properties"]?["n"] != nil)
+        let document = try await bus.request(service: NumbersAPI.service, method: "rpc.discover")
+        #expect(document["methods"]?.arrayValue?.first { $0["name"] == "count" }?["x-part"] != nil)
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("a service's error after some parts ends the iteration with that error; a 7/MDP worker asked for parts answers its whole result as the end")
+    func errorsAndOneReplyWorkers() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let counter = try await hostNumbers(kernel)
+        let echo = try await hostEcho(kernel)
+        try await kernel.workers("echo")
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let failing = bus.stream(NumbersAPI.count, .init(n: 10, failAfter: 3))
+        var numbers: [Int] = []
+        await #expect(throws: BusError.remote(service: NumbersAPI.service, JSONRPCError(code: -32042, message: "stopped after 3"))) {
+            for try await part in failing { numbers.append(part.n) }
+        }
+        #expect(numbers == [1, 2, 3])
+        let echoed = bus.stream(service: "echo", method: "echo", paramsText: Array(#"{"a":1}"#.utf8))
+        var parts = 0
+        for try await _ in echoed { parts += 1 }
+        #expect(parts == 0)
+        #expect(try await echoed.end() == ["a": 1])
+        // Params that do not fit: the error, and no part.
+        await #expect(throws: BusError.self) { _ = try await bus.stream(service: NumbersAPI.service, method: "count", paramsText: Array(#"{"n":"x"}"#.utf8)).end() }
+        await bus.close()
+        await echo.stop()
+        await counter.stop()
+        await kernel.stop()
+    }
+
+    @Test("a reader that falls behind its buffer is told: the parts it has, then -32014 reader_behind; the client goes on serving")
+    func readerBehind() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let host = try await hostNumbers(kernel)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let stream = bus.stream(NumbersAPI.count, .init(n: 50), bufferSize: 4)
+        try await eventually(10, "the stream ended unread") { stream.state.ending.withLock { $0 != nil } }
+        var numbers: [Int] = []
+        do {
+            for try await part in stream { numbers.append(part.n) }
+            Issue.record("expected -32014")
+        } catch let error as BusError {
+            guard case .remote(_, let rpc) = error else { Issue.record("expected a remote error, got \(error)"); return }
+            #expect(rpc.code == JSONRPCError.streamEndedCode)
+            #expect(rpc.data?["reason"] == "reader_behind")
+            #expect(rpc.data?["parts"] == 4)
+        }
+        #expect(numbers == [1, 2, 3, 4])
+        #expect(await bus.waitingCount() == 0)
+        #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 2)).numbers == [1, 2])
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("leaving the loop early ends the request on the client's side: nothing waits, later parts are dropped, the client goes on serving")
+    func leavingEarly() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let host = try await hostNumbers(kernel)
+        // A timeout far past the wait below: only the cancel can end the request in time.
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(60))
+        do {
+            // The service holds after 5 parts: only the client can end this request.
+            for try await part in bus.stream(NumbersAPI.count, .init(n: 10, holdAfter: 5)) where part.n == 3 { break }
+        }
+        try await eventually(10, "the request ended on the client's side") { await bus.waitingCount() == 0 }
+        #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 3)).numbers == [1, 2, 3])
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("a worker that dies mid-stream: the reader gets the parts that came, then -32014 worker_died with their count")
+    func workerDiesMidStream() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let context = try ZMQContext()
+        let worker = try ZMQSocket(context, .dealer)
+        try worker.set(.receiveTimeout, Int32(5_000))
+        try worker.connect(kernel.endpoints.broker)
+        try worker.send(MDP.encode(.ready(service: "dying"), version: .v02))
+        try await kernel.workers("dying")
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let stream = bus.stream(service: "dying", method: "m", paramsText: nil)
+        guard case .request(let client, let body) = try MDP.decodeAtWorker(try worker.receive()),
+              case .single(.request(let request)) = JSONRPC.parseRequests(body[0].bytes), let id = request.id else {
+            Issue.record("expected a JSON-RPC request")
+            return
+        }
+        #expect(request.stream)
+        for n in 1...2 {
+            try worker.send(MDP.encode(.partial(client: client, body: [Frame(JSONRPC.partReply(id: id, partText: Array("\(n)".utf8)))][...]), version: .v02))
+        }
+        try worker.set(.linger, 0)
+        worker.close()
+        var parts: [JSONValue] = []
+        do {
+            for try await part in stream { parts.append(part) }
+            Issue.record("expected -32014")
+        } catch let error as BusError {
+            guard case .remote(_, let rpc) = error else { Issue.record("expected a remote error, got \(error)"); return }
+            #expect(rpc.code == JSONRPCError.streamEndedCode)
+            #expect(rpc.data?["reason"] == "worker_died")
+            #expect(rpc.data?["parts"] == 2)
+        }
+        #expect(parts == [1, 2])
+        await bus.close()
+        await kernel.stop()
+    }
+}
