@@ -109,7 +109,8 @@ struct ContractTests {
         #expect(stateSet.result.schema["properties"]?["sequence"] == ["type": "integer", "minimum": 0])
 
         let echoDoc = try await bus.call(Method.discover(EchoAPI.service))
-        #expect(echoDoc.methods.map(\.name) == ["echo", "sleep", "fail", "whoami", "count"])
+        #expect(echoDoc.methods.map(\.name) == ["echo", "sleep", "fail", "whoami", "count", "numbers"])
+        #expect(echoDoc.methods.first { $0.name == "numbers" }?.part?.schema == ["type": "integer"])
         #expect(echoDoc.methods.allSatisfy { !$0.summary.isEmpty })
         #expect(echoDoc.methods.first { $0.name == "whoami" }?.result.schema == ["type": "string"])
         await bus.close()

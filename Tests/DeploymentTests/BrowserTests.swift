@@ -55,6 +55,15 @@ struct BrowserTests {
                   return items.some((text) => text.startsWith('France')) && items.join(' | ');
                 }, 'France among the results');
                 """],
+            ["name": "the hiring list, in parts", "js": """
+                document.getElementById('items-load').click();
+                return await waitFor(() => {
+                  const summary = document.getElementById('items-summary').textContent;
+                  const lists = document.querySelectorAll('#items details').length;
+                  const shown = document.querySelectorAll('#items li').length;
+                  return /^320 items in [0-9]+ lists/.test(summary) && shown === 320 && lists > 1 && summary;
+                }, 'the whole hiring list');
+                """],
             ["name": "the flights and the current route", "js": """
                 return await waitFor(() => document.querySelectorAll('#outbound-select option').length > 1
                   && document.getElementById('route-summary').textContent !== '…' && document.getElementById('route-summary').textContent, 'flights');

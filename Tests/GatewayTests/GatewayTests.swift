@@ -97,6 +97,22 @@ struct GatewayBed {
         return (response.status.code, json)
     }
 
+    /// POSTs `body` to /rpc/`service` accepting `accept`: the status, the content type and the body's text.
+    func post(_ service: String, _ body: String, accept: String) async throws -> (status: UInt, type: String?, text: String) {
+        let response = try await open(service, body, accept: accept)
+        let bytes = try await response.body.collect(upTo: 1 << 22)
+        return (response.status.code, response.headers.first(name: "Content-Type"), String(buffer: bytes))
+    }
+
+    func open(_ service: String, _ body: String, accept: String) async throws -> HTTPClientResponse {
+        var request = HTTPClientRequest(url: "\(base)/rpc/\(service)")
+        request.method = .POST
+        request.headers.add(name: "Authorization", value: "Bearer \(Self.fullToken)")
+        request.headers.add(name: "Accept", value: accept)
+        request.body = .bytes(ByteBuffer(string: body))
+        return try await http.execute(request, timeout: .seconds(30))
+    }
+
     func get(_ path: String, token: String? = fullToken) async throws -> (status: UInt, text: String) {
         var request = HTTPClientRequest(url: "\(base)\(path)")
         if let token { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
@@ -217,6 +233,35 @@ struct GatewayTests {
             #expect(answers.last?["error"]?["code"] == -32600)
             let onlyNotification = try await bed.rpc("echo", #"{"jsonrpc":"2.0","method":"whoami"}"#)
             #expect(onlyNotification.status == 204 && onlyNotification.json.map { _ in false } ?? true, "no body")
+        }
+    }
+
+    @Test("a reply in parts over HTTP: NDJSON or Server-Sent Events by the Accept header, each part as the bus carried it, then the response; answered before any part, it is an ordinary reply")
+    func replyInParts() async throws {
+        try await GatewayBed.with { bed in
+            let numbers = #"{"jsonrpc":"2.0","id":5,"method":"numbers","params":{"n":3}}"#
+            let lines = try await bed.post("echo", numbers, accept: "application/x-ndjson")
+            #expect(lines.status == 200 && lines.type == "application/x-ndjson")
+            let json = lines.text.split(separator: "\n").map { try? JSONValue(parsing: Array($0.utf8)) }
+            #expect(json.count == 4, "\(lines.text)")
+            #expect(json.prefix(3).map { $0?["part"] } == [1, 2, 3] && json.prefix(3).allSatisfy { $0?["id"] == 5 })
+            #expect(json.last??["id"] == 5 && json.last??["result"] == ["count": 3, "numbers": []])
+
+            // Server-Sent Events: a part event each, then the end.
+            let response = try await bed.open("echo", numbers, accept: "text/event-stream")
+            #expect(response.status == .ok && response.headers.first(name: "Content-Type") == "text/event-stream")
+            let events = try await EventStream(body: response.body).until("end")
+            #expect(events.map(\.event) == ["part", "part", "part", "end"])
+            #expect(events.map { $0.json?["part"] ?? $0.json?["result"]?["count"] } == [1, 2, 3, 3])
+
+            // The same request without the Accept header: one reply, the parts gathered in.
+            #expect(try await bed.rpc("echo", numbers).json?["result"]?["numbers"] == [1, 2, 3])
+            // Refused before any part: the error with its own status, as without the header.
+            let refused = try await bed.post("echo", #"{"jsonrpc":"2.0","id":6,"method":"numbers","params":{"n":-1}}"#, accept: "application/x-ndjson")
+            #expect(refused.status == 400 && (try? JSONValue(parsing: Array(refused.text.utf8)))?["error"]?["code"] == -32602, "\(refused)")
+            // A method that answers in one reply: that reply.
+            let echoed = try await bed.post("echo", #"{"jsonrpc":"2.0","id":7,"method":"echo","params":{"a":1}}"#, accept: "application/x-ndjson")
+            #expect(echoed.status == 200 && (try? JSONValue(parsing: Array(echoed.text.utf8)))?["result"] == ["a": 1], "\(echoed)")
         }
     }
 

@@ -111,7 +111,7 @@ struct SBTests {
                                "sources.select", "sources.selected", "route.select", "route.selected", "snapshots.put", "snapshots.get",
                                "snapshots.list"],
             FetcherAPI.service: ["datasets.list", "datasets.get", "datasets.refresh"],
-            EchoAPI.service: ["echo", "sleep", "fail", "whoami", "count"],
+            EchoAPI.service: ["echo", "sleep", "fail", "whoami", "count", "numbers"],
         ]
         for (service, methods) in expected {
             let document = try #require(documents[service], "\(service) described")

@@ -23,7 +23,7 @@ public struct PartStream<Part: Decodable & Sendable, End: Decodable & Sendable>:
     let handle: PartStreamHandle
     var state: PartStreamState { handle.state }
 
-    public struct AsyncIterator: AsyncIteratorProtocol {
+    public struct AsyncIterator: AsyncIteratorProtocol, Sendable {
         let handle: PartStreamHandle
         public mutating func next() async throws -> Part? {
             let state = handle.state

@@ -97,6 +97,9 @@ struct Routes: Sendable {
         switch JSONRPC.parseRequests(body.readableBytesView) {
         case .unusable(let response):
             return Self.reply(Self.status(for: response), response.jsonBytes)
+        case .single(.request(let call)) where Self.partsFormat(request) != nil && call.id != nil && call.id != .null
+                && refusal(call, service: service, token: token) == nil:
+            return await streamed(call, id: call.id!, service: service, trace: Self.trace(request), format: Self.partsFormat(request)!)
         case .single(let item):
             // A notification (no id) is answered with nothing: 204.
             guard let response = await answers(to: [item], service: service, token: token, trace: Self.trace(request))[0] else {
@@ -121,6 +124,74 @@ struct Routes: Sendable {
                 return spent <= settings.maxResponseBytes ? bytes : JSONRPCResponse(id: response.id, error: tooLargeResponse(spent)).jsonBytes
             }
             return Self.reply(.ok, JSONRPC.batchReply(chunks) ?? [])
+        }
+    }
+
+    // MARK: Replies in parts
+
+    /// How a client that can take a reply in parts asked for it (its Accept header).
+    enum PartsFormat {
+        /// `application/x-ndjson`: a JSON line per part, then the response's line.
+        case ndjson
+        /// `text/event-stream`: an `event: part` per part, then an `event: end` with the response.
+        case eventStream
+    }
+
+    static func partsFormat(_ request: Request) -> PartsFormat? {
+        let accept = request.headers[.accept] ?? ""
+        if accept.contains("application/x-ndjson") { return .ndjson }
+        if accept.contains("text/event-stream") { return .eventStream }
+        return nil
+    }
+
+    /// A lone request relayed in parts as they come: each part as the PARTIAL's body carried
+    /// it (`{"id","jsonrpc","part"}`), then the JSON-RPC response that ended the stream (its
+    /// result less the parts, or the error that ended it early, with `data.parts`). A request
+    /// answered before any part (an error, a method or worker that answers in one reply) is
+    /// answered as without the Accept header, with its HTTP status.
+    func streamed(_ call: JSONRPCRequest, id: JSONRPCID, service: String, trace: JSONRPCRequest.Trace?, format: PartsFormat) async -> Response {
+        let parts = await BusTracing.withTrace(call.trace ?? trace) {
+            client.stream(service: service, method: call.method, paramsText: call.paramsText)
+        }
+        var iterator = parts.makeAsyncIterator()
+        let first: JSONValue?
+        do {
+            first = try await iterator.next()
+        } catch {
+            let response = Self.response(id: id, .failure(error as? BusError ?? .cancelled(service: service, method: call.method)))
+            return Self.reply(Self.status(for: response), response.jsonBytes)
+        }
+        guard let first else {
+            let response: JSONRPCResponse
+            do throws(BusError) { response = Self.response(id: id, .success(try await parts.end())) } catch { response = Self.response(id: id, .failure(error)) }
+            return Self.reply(Self.status(for: response), response.jsonBytes)
+        }
+        var headers: HTTPFields = [.contentType: format == .ndjson ? "application/x-ndjson" : "text/event-stream", .cacheControl: "no-cache"]
+        headers[HTTPField.Name("X-Accel-Buffering")!] = "no"
+        let limit = settings.maxResponseBytes
+        return Response(status: .ok, headers: headers, body: ResponseBody { [iterator] writer in
+            var iterator = iterator, part: JSONValue? = first, end: JSONRPCResponse
+            do {
+                while let current = part {
+                    let body = JSONRPC.partReply(id: id, partText: current.jsonBytes)
+                    guard body.count <= limit else { throw BusError.remote(service: service, tooLargeResponse(body.count)) }
+                    try await writer.write(Self.framed(body, format, event: "part"))
+                    part = try await iterator.next()
+                }
+                end = Self.response(id: id, .success(try await parts.end()))
+            } catch let error as BusError {
+                end = Self.response(id: id, .failure(error))
+            }
+            // Any other error is the browser's connection: the stream ends, and with it the request.
+            try await writer.write(Self.framed(end.jsonBytes, format, event: "end"))
+            try await writer.finish(nil)
+        })
+    }
+
+    static func framed(_ json: [UInt8], _ format: PartsFormat, event: String) -> ByteBuffer {
+        switch format {
+        case .ndjson: ByteBuffer(bytes: json + [UInt8(ascii: "\n")])
+        case .eventStream: ByteBuffer(bytes: Array("event: \(event)\ndata: ".utf8) + json + Array("\n\n".utf8))
         }
     }
 

@@ -38,6 +38,14 @@ public actor EchoService: BusService {
             await echo.count()
             return params.n
         }
+        table.onStream(EchoAPI.numbers) { echo, params, parts in
+            await echo.count()
+            for number in 0..<params.n {
+                if number > 0, let ms = params.everyMs, ms > 0 { try await Task.sleep(for: .milliseconds(ms)) }
+                try await parts.send(number + 1)
+            }
+            return EchoAPI.NumberList(count: params.n, numbers: [])
+        }
     }
 
     private func count() { handled += 1 }

@@ -8,7 +8,7 @@ struct SwitchboardBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard-bench",
         abstract: "Measure Switchboard's layers and print the figures.",
-        subcommands: [AllBenchmarks.self, ZeroMQBenchmark.self, KernelBenchmark.self, StoreBenchmark.self, FetcherBenchmark.self, SearchBenchmark.self, JSONBenchmark.self, GatewayBenchmark.self]
+        subcommands: [AllBenchmarks.self, ZeroMQBenchmark.self, KernelBenchmark.self, StoreBenchmark.self, FetcherBenchmark.self, SearchBenchmark.self, JSONBenchmark.self, GatewayBenchmark.self, StreamBenchmark.self]
     )
 }
 
@@ -28,7 +28,7 @@ struct AllBenchmarks: AsyncParsableCommand {
                 return row
             }
         }
-        progress("switchboard-bench all: zmq, json, kernel, store, search, fetcher, gateway (each with its defaults)")
+        progress("switchboard-bench all: zmq, json, kernel, store, search, fetcher, gateway, stream (each with its defaults)")
         section("zmq", try await ZeroMQBenchmark.parse([]).measure())
         section("json", try JSONBenchmark.parse([]).measure())
         section("kernel", try await KernelBenchmark.parse([]).measure())
@@ -36,6 +36,7 @@ struct AllBenchmarks: AsyncParsableCommand {
         section("search", try await SearchBenchmark.parse([]).measure())
         section("fetcher", try await FetcherBenchmark.parse([]).measure())
         section("gateway", try await GatewayBenchmark.parse([]).measure())
+        section("stream", try await StreamBenchmark.parse([]).measure())
         say("Switchboard benchmarks, \(Date().formatted(.iso8601.year().month().day())), \(machineDescription()), \(String(format: "%.0f", Date().timeIntervalSince(started))) s")
         printTable(rows)
     }

@@ -18,6 +18,17 @@
 //   zmq-baseline chp-sub ENDPOINT PREFIX COUNT          SUB: counts COUNT updates under PREFIX and
 //                                                       prints "RATE GAPS" (sequence frame checked)
 //
+//   zmq-baseline stream-server ENDPOINT PARTS SIZE      ROUTER: answers each request with PARTS
+//                                                       messages of SIZE bytes, then "END": the
+//                                                       metal for a reply in parts
+//   zmq-baseline mdp02-stream-worker BROKER SERVICE PARTS SIZE  the same as an 18/MDP worker:
+//                                                       PARTS PARTIALs, then a FINAL "END"
+//   zmq-baseline stream-client ENDPOINT SERVICE|- ROUNDS  one request at a time (18/MDP to
+//                                                       SERVICE, or raw with -), ROUNDS times:
+//                                                       prints "FIRST_PART_US PARTS_PER_S" (the
+//                                                       median time to the first part, and parts
+//                                                       per second over every round)
+//
 // Brokers, proxies and workers run until their standard input ends (the lifeline: the benchmark
 // holds the other end of the pipe) or they get SIGTERM. Clients send REQUESTS 64-byte
 // bodies in all, each client keeping WINDOW in flight on its own DEALER and thread, then
@@ -99,6 +110,16 @@ static int lifeline_ended(zmq_pollitem_t *item) {
     return read(0, buffer, sizeof buffer) <= 0;
 }
 
+// Polls ITEMS (the last is the lifeline): 1 when something is ready, 0 to poll again (a
+// signal), -1 when the lifeline ended.
+static int poll_with_lifeline(zmq_pollitem_t *items, int count) {
+    if (zmq_poll(items, count, -1) == -1) {
+        if (zmq_errno() == EINTR) return 0;
+        die("zmq_poll");
+    }
+    return lifeline_ended(&items[count - 1]) ? -1 : 1;
+}
+
 // For a process that blocks in libzmq (zmq_proxy): ends it when the lifeline ends.
 static void *watch_lifeline(void *unused) {
     (void)unused;
@@ -120,11 +141,9 @@ static int broker(const char *front_endpoint, const char *back_endpoint) {
     message_t message;
     while (1) {
         // Until a worker is there, requests wait in libzmq.
-        if (zmq_poll(worker_count ? items : items + 1, worker_count ? 3 : 2, -1) == -1) {
-            if (zmq_errno() == EINTR) continue;
-            die("zmq_poll");
-        }
-        if (lifeline_ended(&items[2])) break;
+        int ready = poll_with_lifeline(worker_count ? items : items + 1, worker_count ? 3 : 2);
+        if (ready < 0) break;
+        if (ready == 0) continue;
         // Drain each socket in batches before sleeping again.
         for (int batch = 0; batch < 1000 && receive(back, &message, ZMQ_DONTWAIT) == 1; batch++) {
             if (message.count == 2 && zmq_msg_size(&message.parts[1]) == 5 && memcmp(zmq_msg_data(&message.parts[1]), "READY", 5) == 0) {
@@ -185,11 +204,9 @@ static int mdp_broker(const char *endpoint, const char *service) {
     zmq_pollitem_t items[] = {{router, 0, ZMQ_POLLIN, 0}, {NULL, 0, ZMQ_POLLIN, 0}};
     message_t message;
     while (1) {
-        if (zmq_poll(items, 2, -1) == -1) {
-            if (zmq_errno() == EINTR) continue;
-            die("zmq_poll");
-        }
-        if (lifeline_ended(&items[1])) break;
+        int ready = poll_with_lifeline(items, 2);
+        if (ready < 0) break;
+        if (ready == 0) continue;
         for (int batch = 0; batch < 1000 && receive(router, &message, ZMQ_DONTWAIT) == 1; batch++) {
             int worker_message = message.count >= 4 && zmq_msg_size(&message.parts[2]) == 6 &&
                                  memcmp(zmq_msg_data(&message.parts[2]), "MDPW01", 6) == 0;
@@ -276,11 +293,9 @@ static int worker(const char *endpoint, const char *service, int count, int wind
     items[count] = (zmq_pollitem_t){NULL, 0, ZMQ_POLLIN, 0};
     message_t message;
     while (1) {
-        if (zmq_poll(items, count + 1, -1) == -1) {
-            if (zmq_errno() == EINTR) continue;
-            die("zmq_poll");
-        }
-        if (lifeline_ended(&items[count])) break;
+        int ready = poll_with_lifeline(items, count + 1);
+        if (ready < 0) break;
+        if (ready == 0) continue;
         for (int index = 0; index < count; index++) {
             if (!(items[index].revents & ZMQ_POLLIN)) continue;
             while (receive(sockets[index], &message, ZMQ_DONTWAIT) == 1) {
@@ -448,6 +463,104 @@ static int clients(const char *endpoint, const char *service, int count, long re
     return 0;
 }
 
+// MARK: Replies in parts, for the stream rows
+
+static int stream_server(const char *endpoint, const char *service, long parts, size_t size) {
+    void *context = zmq_ctx_new();
+    void *socket = socket_of(context, service ? ZMQ_DEALER : ZMQ_ROUTER);
+    if ((service ? zmq_connect(socket, endpoint) : zmq_bind(socket, endpoint)) == -1) die(endpoint);
+    if (service) {
+        send_text(socket, "MDPW02", 6, ZMQ_SNDMORE);
+        send_text(socket, "\x01", 1, ZMQ_SNDMORE);
+        send_text(socket, service, strlen(service), 0);
+    }
+    char *body = malloc(size);
+    memset(body, 0x5A, size);
+    zmq_pollitem_t items[2] = {{socket, 0, ZMQ_POLLIN, 0}, {NULL, 0, ZMQ_POLLIN, 0}};
+    message_t message;
+    while (1) {
+        int ready = poll_with_lifeline(items, 2);
+        if (ready < 0) break;
+        if (ready == 0) continue;
+        while (receive(socket, &message, ZMQ_DONTWAIT) == 1) {
+            if (service) {
+                // 18/MDP: [MDPW02, command, ...]; REQUEST [MDPW02, 0x02, client, "", body].
+                char command = message.count >= 2 ? *(char *)zmq_msg_data(&message.parts[1]) : 0;
+                if (command == 0x05) {  // HEARTBEAT, answered in kind
+                    send_text(socket, "MDPW02", 6, ZMQ_SNDMORE);
+                    send_text(socket, "\x05", 1, 0);
+                }
+                if (command == 0x02 && message.count >= 5) {
+                    zmq_msg_t *client = &message.parts[2];
+                    for (long part = 0; part <= parts; part++) {
+                        send_text(socket, "MDPW02", 6, ZMQ_SNDMORE);
+                        send_text(socket, part < parts ? "\x03" : "\x04", 1, ZMQ_SNDMORE);
+                        send_text(socket, zmq_msg_data(client), zmq_msg_size(client), ZMQ_SNDMORE);
+                        send_text(socket, "", 0, ZMQ_SNDMORE);
+                        if (part < parts) send_text(socket, body, size, 0); else send_text(socket, "END", 3, 0);
+                    }
+                }
+            } else {
+                // Raw: [client, body].
+                zmq_msg_t *client = &message.parts[0];
+                for (long part = 0; part <= parts; part++) {
+                    send_text(socket, zmq_msg_data(client), zmq_msg_size(client), ZMQ_SNDMORE);
+                    if (part < parts) send_text(socket, body, size, 0); else send_text(socket, "END", 3, 0);
+                }
+            }
+            for (int index = 0; index < message.count; index++) zmq_msg_close(&message.parts[index]);
+        }
+    }
+    return 0;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int stream_client(const char *endpoint, const char *service, int rounds) {
+    void *context = zmq_ctx_new();
+    void *socket = socket_of(context, ZMQ_DEALER);
+    int timeout = 30000;
+    zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    if (zmq_connect(socket, endpoint) == -1) die(endpoint);
+    double *firsts = calloc((size_t)rounds, sizeof(double));
+    double streaming = 0;
+    long received = 0;
+    message_t reply;
+    for (int round = 0; round < rounds; round++) {
+        double start = now();
+        if (service) {
+            send_text(socket, "MDPC02", 6, ZMQ_SNDMORE);
+            send_text(socket, "\x01", 1, ZMQ_SNDMORE);
+            send_text(socket, service, strlen(service), ZMQ_SNDMORE);
+        }
+        send_text(socket, "go", 2, 0);
+        int first = 1, done = 0;
+        while (!done) {
+            if (receive(socket, &reply, 0) != 1) {
+                fprintf(stderr, "zmq-baseline: no part within 30 s\n");
+                return 1;
+            }
+            if (service) done = reply.count >= 2 && *(char *)zmq_msg_data(&reply.parts[1]) == 0x03;
+            else done = zmq_msg_size(&reply.parts[0]) == 3 && !memcmp(zmq_msg_data(&reply.parts[0]), "END", 3);
+            if (!done) received++;
+            if (first) {
+                firsts[round] = now() - start;
+                first = 0;
+            }
+            for (int part = 0; part < reply.count; part++) zmq_msg_close(&reply.parts[part]);
+        }
+        streaming += now() - start;
+    }
+    qsort(firsts, (size_t)rounds, sizeof(double), compare_doubles);
+    printf("%.1f %.0f\n", firsts[rounds / 2] * 1e6, (double)received / streaming);
+    zmq_close(socket);
+    zmq_ctx_term(context);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "broker") && argc == 4) return broker(argv[2], argv[3]);
@@ -459,9 +572,13 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "mdp-worker") && (argc == 5 || argc == 6)) return worker(argv[2], argv[3], atoi(argv[4]), argc == 6 ? atoi(argv[5]) : 1);
     if (!strcmp(mode, "client") && argc == 6) return clients(argv[2], NULL, atoi(argv[3]), atol(argv[4]), atol(argv[5]));
     if (!strcmp(mode, "mdp-client") && argc == 7) return clients(argv[2], argv[3], atoi(argv[4]), atol(argv[5]), atol(argv[6]));
+    if (!strcmp(mode, "stream-server") && argc == 5) return stream_server(argv[2], NULL, atol(argv[3]), (size_t)atol(argv[4]));
+    if (!strcmp(mode, "mdp02-stream-worker") && argc == 6) return stream_server(argv[2], argv[3], atol(argv[4]), (size_t)atol(argv[5]));
+    if (!strcmp(mode, "stream-client") && argc == 5) return stream_client(argv[2], strcmp(argv[3], "-") ? argv[3] : NULL, atoi(argv[4]));
     fprintf(stderr,
             "usage: zmq-baseline broker FRONT BACK | mdp-broker ENDPOINT SERVICE | worker BACK SOCKETS | mdp-worker BROKER SERVICE SOCKETS [WINDOW]\n"
             "       | client ENDPOINT CLIENTS REQUESTS WINDOW | mdp-client ENDPOINT SERVICE CLIENTS REQUESTS WINDOW\n"
-            "       | pubsub-proxy FRONT BACK | chp-pub ENDPOINT PREFIX COUNT | chp-sub ENDPOINT PREFIX COUNT\n");
+            "       | pubsub-proxy FRONT BACK | chp-pub ENDPOINT PREFIX COUNT | chp-sub ENDPOINT PREFIX COUNT\n"
+            "       | stream-server ENDPOINT PARTS SIZE | mdp02-stream-worker BROKER SERVICE PARTS SIZE | stream-client ENDPOINT SERVICE|- ROUNDS\n");
     return 64;
 }

@@ -40,21 +40,58 @@ function showError(message) {
 }
 
 let nextId = 1;
-/** Calls METHOD on SERVICE; resolves to the result, rejects with the JSON-RPC error. */
-async function call(service, method, params = {}) {
+/** POSTs one JSON-RPC request for METHOD to SERVICE, accepting ACCEPT. */
+async function post(service, method, params, accept) {
   const response = await fetch(`/rpc/${encodeURIComponent(service)}`, {
     method: "POST",
-    headers: { "Content-Type": "application/json", ...(token ? { Authorization: `Bearer ${token}` } : {}) },
+    headers: { "Content-Type": "application/json", Accept: accept, ...(token ? { Authorization: `Bearer ${token}` } : {}) },
     body: JSON.stringify({ jsonrpc: "2.0", id: nextId++, method, params }),
   });
   if (response.status === 401) askForToken();
-  const answer = await response.json().catch(() => ({ error: { message: `HTTP ${response.status}` } }));
+  return response;
+}
+
+/** A JSON-RPC response's result, or its error thrown. */
+function resultOf(service, method, answer) {
   if (answer.error) {
     const error = new Error(`${service} ${method}: ${answer.error.message}`);
     error.code = answer.error.code;
     throw error;
   }
   return answer.result;
+}
+
+/** Calls METHOD on SERVICE; resolves to the result, rejects with the JSON-RPC error. */
+async function call(service, method, params = {}) {
+  const response = await post(service, method, params, "application/json");
+  const answer = await response.json().catch(() => ({ error: { message: `HTTP ${response.status}` } }));
+  return resultOf(service, method, answer);
+}
+
+/** Calls METHOD on SERVICE asking for its result in parts (a JSON line each): ON_PART gets
+ *  each as it comes; resolves to the end (the result less its parts), rejects with the
+ *  JSON-RPC error, which says how many parts came when the stream ended early. A method that
+ *  answers in one reply gives no part and its whole result. */
+async function stream(service, method, params, onPart) {
+  const response = await post(service, method, params, "application/x-ndjson");
+  if (!(response.headers.get("Content-Type") || "").startsWith("application/x-ndjson")) {
+    const answer = await response.json().catch(() => ({ error: { message: `HTTP ${response.status}` } }));
+    return resultOf(service, method, answer);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffered = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffered += value;
+    for (let newline = buffered.indexOf("\n"); newline >= 0; newline = buffered.indexOf("\n")) {
+      const line = JSON.parse(buffered.slice(0, newline));
+      buffered = buffered.slice(newline + 1);
+      if ("part" in line) onPart(line.part);
+      else return resultOf(service, method, line);
+    }
+  }
+  throw new Error(`${service} ${method}: the connection ended before the answer did`);
 }
 
 /** Runs an action, showing its failure instead of losing it. */
@@ -163,13 +200,30 @@ watch("/store/history", () => {
 
 // MARK: Hiring
 
+// The list comes in parts (runs of one group's items) and is shown as they arrive.
 $("items-load").addEventListener("click", guarded(async () => {
-  const result = await call("search", "items.grouped");
-  const total = result.groups.reduce((sum, group) => sum + group.count, 0);
-  $("items-summary").textContent = `${total} items in ${result.groups.length} lists (${result.dropped} without a name left out)`;
-  $("items").replaceChildren(...result.groups.map((group) =>
-    el("details", {}, el("summary", {}, `List ${group.listId} (${group.count})`),
-       el("ul", { className: "list" }, group.items.map((item) => el("li", {}, item.name))))));
+  const lists = new Map();
+  let shown = 0;
+  $("items").replaceChildren();
+  $("items-summary").textContent = "Loading…";
+  const end = await stream("search", "items.grouped", {}, (part) => {
+    let list = lists.get(part.listId);
+    if (!list) {
+      list = el("ul", { className: "list" });
+      lists.set(part.listId, list);
+      $("items").append(el("details", {}, el("summary", {}, `List ${part.listId} (${part.count})`), list));
+    }
+    list.append(...part.items.map((item) => el("li", {}, item.name)));
+    shown += part.items.length;
+    $("items-summary").textContent = `${shown} items so far…`;
+  });
+  // A gateway or worker that answers in one reply: the groups come with the end.
+  for (const group of end.groups) {
+    $("items").append(el("details", {}, el("summary", {}, `List ${group.listId} (${group.count})`),
+      el("ul", { className: "list" }, group.items.map((item) => el("li", {}, item.name)))));
+    lists.set(group.listId, true);
+  }
+  $("items-summary").textContent = `${end.total} items in ${lists.size} lists (${end.dropped} without a name left out)`;
 }));
 
 // MARK: News
