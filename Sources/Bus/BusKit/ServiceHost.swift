@@ -1,6 +1,7 @@
 public import BusProtocol
 public import ContractKit
 import Foundation
+import Synchronization
 public import Logging
 public import ServiceLifecycle
 public import ZeroMQ
@@ -199,6 +200,11 @@ actor WorkerConnection<Hosted: BusService> {
     private var errors = 0
     private var errorReport: LoopTimer?
     private var drained: [CheckedContinuation<Void, Never>] = []
+    /// Parts handed over by handlers (off the loop), sent by the loop in batches.
+    nonisolated let partOutbox = PartOutbox()
+    /// ``generation`` as handlers off the loop see it (-1 once stopped): a part for an earlier
+    /// connection tells its handler the stream is over.
+    nonisolated let currentGeneration = Atomic<Int>(0)
     /// The kernel answered the drain (`drain=1`): nothing more comes on this connection.
     private var drainAcknowledged = false
 
@@ -262,6 +268,7 @@ actor WorkerConnection<Hosted: BusService> {
         registration?.close()
         monitor?.close()
         generation += 1
+        currentGeneration.store(generation, ordering: .relaxed)
         lostConnection = false
         errors = 0
         errorReport?.cancel()
@@ -359,6 +366,8 @@ actor WorkerConnection<Hosted: BusService> {
     }
 
     private func finished(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
+        // The parts that wait go first: the FINAL ends the stream.
+        flushParts()
         busy -= 1
         if generation == self.generation, state == .registered || state == .draining {
             registration?.send(MDP.encode(.reply(client: client, body: [Frame(reply)]), version: version))
@@ -367,13 +376,28 @@ actor WorkerConnection<Hosted: BusService> {
         releaseIfDrained()
     }
 
-    /// Sends one part of a reply in parts; throws when the connection it belongs to is gone
-    /// (the kernel ends that stream for its client: nothing more of it can arrive).
-    private func sendPart(_ body: [UInt8], client: Frame, generation: Int) throws {
-        guard generation == self.generation, state == .registered || state == .draining, let registration else {
+    /// Hands one part of a reply in parts to the loop, which sends what has gathered in one
+    /// turn (a hop to the loop thread per part would wake it, and libzmq's I/O thread, once a
+    /// part). Waits while ``PartOutbox/limit`` parts wait, so a fast handler is held to the
+    /// pace of the socket.
+    nonisolated private func sendPart(_ body: [UInt8], client: Frame, generation: Int) async throws {
+        guard currentGeneration.load(ordering: .relaxed) == generation else {
             throw JSONRPCError.streamEnded("the connection to the kernel", parts: 0, reason: "connection_lost", service: Hosted.name)
         }
-        registration.send(MDP.encode(.partial(client: client, body: [Frame(body)][...]), version: version))
+        let message = MDP.encode(.partial(client: client, body: [Frame(body)][...]), version: version)
+        if partOutbox.add(message, generation: generation) {
+            loop.execute { [weak self] in self?.assumeIsolated { $0.flushParts() } }
+        }
+        await partOutbox.waitForRoom()
+    }
+
+    /// Sends the parts that gathered; those of an earlier connection are dropped (the kernel
+    /// ended their streams when it went).
+    private func flushParts() {
+        let usable = state == .registered || state == .draining
+        for (message, generation) in partOutbox.take() where usable && generation == self.generation {
+            registration?.send(message)
+        }
     }
 
     /// Ends a drain's wait once nothing is held and the kernel said nothing more comes.
@@ -482,5 +506,49 @@ actor WorkerConnection<Hosted: BusService> {
         monitor?.close()
         monitor = nil
         state = .stopped
+        currentGeneration.store(-1, ordering: .relaxed)
+    }
+}
+
+/// The parts handlers hand to a worker connection from their own tasks, waiting for its loop
+/// to send them: the first part of a batch schedules one flush, the rest ride along.
+final class PartOutbox: Sendable {
+    /// Parts that may wait at once; a handler that finds this many waits for the flush.
+    static let limit = 1_024
+    private struct State {
+        var parts: [(Message, generation: Int)] = []
+        var waiters: [UnsafeContinuation<Void, Never>] = []
+    }
+    private let state = Mutex(State())
+
+    /// Queues a part; true when it is the first since the last flush (schedule one).
+    func add(_ message: Message, generation: Int) -> Bool {
+        state.withLock { state in
+            state.parts.append((message, generation))
+            return state.parts.count == 1
+        }
+    }
+
+    /// Returns once fewer than ``limit`` parts wait.
+    func waitForRoom() async {
+        guard state.withLock({ $0.parts.count >= Self.limit }) else { return }
+        await withUnsafeContinuation { continuation in
+            let full = state.withLock { state in
+                guard state.parts.count >= Self.limit else { return false }
+                state.waiters.append(continuation)
+                return true
+            }
+            if !full { continuation.resume() }
+        }
+    }
+
+    /// Everything that waits, for the loop to send; the waiting handlers go on.
+    func take() -> [(Message, generation: Int)] {
+        let (parts, waiters) = state.withLock { state in
+            defer { state = State() }
+            return (state.parts, state.waiters)
+        }
+        for waiter in waiters { waiter.resume() }
+        return parts
     }
 }
