@@ -183,4 +183,37 @@ struct PartStreamTests {
         await bus.close()
         await kernel.stop()
     }
+
+    @Test("a request to every worker: each echo worker's own answer, tagged with its worker, then the count; a stopped worker is not waited for")
+    func everyWorker() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let one = try await hostEcho(kernel, instance: "one", connections: 1)
+        let two = try await hostEcho(kernel, instance: "two", connections: 1)
+        try await kernel.workers("echo", atLeast: 2)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let gather = bus.gather(EchoAPI.whoami)
+        var asked: [String] = [], answers: [String: String] = [:]
+        for try await event in gather {
+            switch event {
+            case .asked(let workers): asked = workers
+            case .answer(let worker, let outcome): answers[worker] = try outcome.get()
+            }
+        }
+        let end = try await gather.end()
+        #expect(asked.count == 2 && Set(answers.keys) == Set(asked))
+        #expect(Set(answers.values) == ["one", "two"])
+        #expect(end == GatherSummary(expected: 2, answered: 2, missing: []))
+        // Errors come back per worker.
+        var codes: [Int] = []
+        for try await event in bus.gather(EchoAPI.fail, .init(code: -32042)) {
+            if case .answer(_, .failure(let error)) = event { codes.append(error.code) }
+        }
+        #expect(codes == [-32042, -32042])
+        await two.stop()
+        try await eventually(10, "one echo worker left") { try await bus.call(KernelAPI.servicesList).services.first { $0.name == "echo" }?.workers == 1 }
+        #expect(try await bus.gather(EchoAPI.whoami).end() == GatherSummary(expected: 1, answered: 1, missing: []))
+        await bus.close()
+        await one.stop()
+        await kernel.stop()
+    }
 }

@@ -230,3 +230,91 @@ struct StreamTests {
         #expect(events.contains { if case .kernelRequest(let caller, _, _) = $0 { caller.version == .v02 } else { false } })
     }
 }
+
+@Suite("A request to every worker of a service (all:SERVICE): a copy each, answers tagged, an explicit end")
+struct GatherTests {
+    private func broker() -> Broker {
+        var configuration = KernelConfiguration()
+        configuration.queueTimeout = .seconds(1)
+        return Broker(configuration: configuration, logger: quiet)
+    }
+
+    /// The body of a part the kernel writes for request 7.
+    private func kernelPart(_ part: String) -> String { #"{"id":7,"jsonrpc":"2.0","part":\#(part)}"# }
+
+    @Test("one copy to each worker registered (a busy plain worker gets its copy once free), first who was asked, each answer tagged with its worker, a death reported, then the FINAL with the counts")
+    func everyWorker() {
+        let broker = broker()
+        broker.handle(fromWorker("A", .ready(service: "svc"), .v01), now: 0)
+        // A holds another client's request: its one place is taken.
+        broker.handle(fromClient("X", "svc", request(1), .v01), now: 0)
+        let busy = Sent(broker.outbox.take()).requests[0].client
+        broker.handle(fromWorker("B", .ready(service: "svc", window: 4)), now: 0)
+        broker.handle(fromWorker("C", .ready(service: "svc")), now: 0)
+        _ = broker.outbox.take()
+
+        broker.handle(fromClient("G", "all:svc", request(7)), now: 0)
+        var sent = Sent(broker.outbox.take())
+        #expect(sent.toClients == [ToClient(client: "G", version: .v02, isFinal: false, body: [kernelPart(#"{"expected":3,"workers":["A","B","C"]}"#)])])
+        #expect(sent.requests.map(\.worker) == ["B", "C"])
+        let copyB = sent.requests[0].client
+
+        broker.handle(fromWorker("B", .reply(client: copyB, body: ["from B"])), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "G", version: .v02, isFinal: false, body: [#"{"worker":"B"}"#, "from B"])])
+        // A answers the other client; its place goes to the copy that waited for it.
+        broker.handle(fromWorker("A", .reply(client: busy, body: ["for X"]), .v01), now: 0)
+        sent = Sent(broker.outbox.take())
+        #expect(sent.toClients == [ToClient(client: "X", version: .v01, isFinal: true, body: ["for X"])])
+        #expect(sent.requests.map(\.worker) == ["A"])
+        let copyA = sent.requests[0].client
+        // C dies with its copy: reported, not sent to another worker.
+        broker.peerGone(Frame("C"), now: 0)
+        #expect(Sent(broker.outbox.take()).requests.isEmpty)
+        broker.handle(fromWorker("A", .reply(client: copyA, body: ["from A"]), .v01), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients == [
+            ToClient(client: "G", version: .v02, isFinal: false, body: [#"{"worker":"A"}"#, "from A"]),
+            ToClient(client: "G", version: .v02, isFinal: true,
+                     body: [#"{"id":7,"jsonrpc":"2.0","result":{"answered":2,"expected":3,"missing":[{"reason":"died","worker":"C"}]}}"#]),
+        ])
+        #expect(broker.gathers.isEmpty && broker.workers[Frame("A")]?.inFlight.count == 0)
+    }
+
+    @Test("at the deadline the workers not heard from are timed_out; a late answer is dropped and frees its worker's place")
+    func deadline() {
+        let broker = broker()
+        broker.handle(fromWorker("A", .ready(service: "svc")), now: 0)
+        broker.handle(fromWorker("B", .ready(service: "svc")), now: 0)
+        broker.handle(fromClient("G", "all:svc", request(7)), now: 0)
+        let copies = Sent(broker.outbox.take()).requests
+        broker.handle(fromWorker("A", .reply(client: copies[0].client, body: ["from A"])), now: 500_000_000)
+        _ = broker.outbox.take()
+        broker.expireQueued(now: 999_999_999)
+        #expect(Sent(broker.outbox.take()).toClients.isEmpty)
+        broker.expireQueued(now: 1_000_000_000)
+        #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "G", version: .v02, isFinal: true,
+            body: [#"{"id":7,"jsonrpc":"2.0","result":{"answered":1,"expected":2,"missing":[{"reason":"timed_out","worker":"B"}]}}"#])])
+        broker.handle(fromWorker("B", .reply(client: copies[1].client, body: ["late"])), now: 2_000_000_000)
+        #expect(Sent(broker.outbox.take()).toClients.isEmpty)
+        #expect(broker.workers[Frame("B")]?.hasRoom == true)
+    }
+
+    @Test("a 7/MDP client gets every answer in one REPLY; a service nobody serves is -32001; no worker may register under all:")
+    func plainClientsAndRefusals() {
+        let broker = broker()
+        broker.handle(fromWorker("A", .ready(service: "svc")), now: 0)
+        broker.handle(fromClient("G", "all:svc", request(7), .v01), now: 0)
+        let copy = Sent(broker.outbox.take()).requests[0].client
+        broker.handle(fromWorker("A", .reply(client: copy, body: ["from A"])), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "G", version: .v01, isFinal: true, body: [
+            kernelPart(#"{"expected":1,"workers":["A"]}"#), #"{"worker":"A"}"#, "from A",
+            #"{"id":7,"jsonrpc":"2.0","result":{"answered":1,"expected":1,"missing":[]}}"#])])
+
+        for name in ["all:nobody", "all:kernel", "all:mmi.service"] {
+            broker.handle(fromClient("G", name, request(8)), now: 0)
+            let answer = Sent(broker.outbox.take()).toClients
+            #expect(answer.count == 1 && answer[0].isFinal && answer[0].body[0].contains("-32001"), "\(name): \(answer)")
+        }
+        broker.handle(fromWorker("Z", .ready(service: "all:svc")), now: 0)
+        #expect(Sent(broker.outbox.take()).disconnects.map(\.worker) == ["Z"])
+    }
+}

@@ -119,6 +119,27 @@ public final class BusClient: Sendable {
         return openStream(service: method.service, method: method.name, paramsText: text, timeout: timeout, bufferSize: bufferSize)
     }
 
+    /// Sends `method` to every worker of its service registered now (`all:SERVICE`,
+    /// docs/PROTOCOL.md): first which workers were asked, then each answer as it comes,
+    /// tagged with its worker; the end says how many answered and who did not, and why
+    /// (died, drained, timed out: the kernel's queue timeout is the deadline).
+    public func gather<P, R>(_ method: Method<P, R>, _ params: P, timeout: Duration? = nil) -> PartStream<GatherEvent<R>, GatherSummary> {
+        let text: Result<[UInt8]?, BusError> = Result { try method.paramsText(params) }
+            .mapError { .remote(service: method.service, .invalidParams(field: "params", "\($0)")) }
+        return openStream(service: method.service, method: method.name, paramsText: text, timeout: timeout, bufferSize: 10_000, everyWorker: true)
+    }
+
+    /// ``gather(_:_:timeout:)`` without params.
+    public func gather<R>(_ method: Method<NoParams, R>, timeout: Duration? = nil) -> PartStream<GatherEvent<R>, GatherSummary> {
+        gather(method, NoParams(), timeout: timeout)
+    }
+
+    /// ``gather(_:_:timeout:)`` for any service's method, by name, as plain JSON: the parts
+    /// are `{"expected", "workers"}`, then `{"worker", "result"}` or `{"worker", "error"}`.
+    public func gather(service: String, method: String, paramsText: [UInt8]?, timeout: Duration? = nil) -> PartStream<JSONValue, JSONValue> {
+        openStream(service: service, method: method, paramsText: .success(paramsText), timeout: timeout, bufferSize: 10_000, everyWorker: true)
+    }
+
     /// ``stream(_:_:timeout:bufferSize:)`` for any service's method, by name, params as JSON
     /// text, parts and end as plain JSON.
     public func stream(service: String, method: String, paramsText: [UInt8]?, timeout: Duration? = nil,
@@ -127,7 +148,8 @@ public final class BusClient: Sendable {
     }
 
     private func openStream<Part, End>(service: String, method: String, paramsText: Result<[UInt8]?, BusError>, timeout: Duration?,
-                                       bufferSize: Int) -> PartStream<Part, End> {
+                                       bufferSize: Int, everyWorker: Bool = false) -> PartStream<Part, End> {
+        let service = everyWorker ? "all:" + service : service
         let state = PartStreamState(service: service, method: method, bufferSize: bufferSize)
         let id = ClientCore.nextID()
         let core = self.core, loop = self.loop
@@ -140,7 +162,8 @@ public final class BusClient: Sendable {
             state.ended(.failure(error))
             return stream
         case .success(let text):
-            body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: text, trace: BusTracing.outgoing(), client: clientID, stream: true).jsonBytes)
+            body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: text, trace: BusTracing.outgoing(), client: clientID,
+                                        stream: !everyWorker).jsonBytes)
         }
         if let error = refusal(body, service: service) {
             state.ended(.failure(error))
@@ -690,8 +713,7 @@ actor ClientCore {
 
     /// One part of a reply in parts: to its stream's reader, if it still reads.
     private func receivedPart(_ reply: ClientReply) {
-        guard reply.body.count == 1, let (id, part) = try? JSONRPC.parsePart(reply.body[0].bytes), case .number(let number) = id,
-              let onPart = pending[number]?.onPart else { return }
+        guard let (id, part) = Self.part(of: reply.body), case .number(let number) = id, let onPart = pending[number]?.onPart else { return }
         guard onPart(part) else {
             let request = pending[number]!
             return endStream(number, .streamEnded("this reader fell \(request.parts) parts behind", parts: request.parts, reason: "reader_behind",
@@ -699,6 +721,23 @@ actor ClientCore {
         }
         pending[number]!.parts += 1
         pending[number]!.deadline = clock.now + pending[number]!.timeout.nanoseconds
+    }
+
+    /// A PARTIAL's id and part: one frame `{"id","jsonrpc","part"}`; or, from a request to
+    /// every worker, the worker's tag and its answer (`{"worker", "result"}` or `{"worker",
+    /// "error"}`), or one of its own parts (`{"worker", "part"}`).
+    static func part(of body: [Frame]) -> (id: JSONRPCID, part: JSONValue)? {
+        if body.count == 1 { return try? JSONRPC.parsePart(body[0].bytes) }
+        guard body.count == 2, let tag = try? JSONValue(parsing: body[0].bytes), let worker = tag["worker"] else { return nil }
+        if tag["partial"] == true {
+            guard let (id, part) = try? JSONRPC.parsePart(body[1].bytes) else { return nil }
+            return (id, ["worker": worker, "part": part])
+        }
+        guard let response = try? JSONRPC.parseResponses(body[1].bytes).first else { return nil }
+        switch response.outcome {
+        case .success(let result): return (response.id, ["worker": worker, "result": result])
+        case .failure: return (response.id, ["worker": worker, "error": response.json["error"] ?? .null])
+        }
     }
 
     /// Ends a reply in parts early on this side, telling its reader why.

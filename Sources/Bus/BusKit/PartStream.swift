@@ -107,3 +107,42 @@ final class PartStreamHandle: Sendable {
 
     deinit { cancel() }
 }
+
+/// One part of a request to every worker (``BusClient/gather(_:_:timeout:)``).
+public enum GatherEvent<Result: Decodable & Sendable>: Decodable, Sendable {
+    /// First: the workers the request went to, one answer expected from each.
+    case asked(workers: [String])
+    /// One worker's answer: its result, or the error it answered.
+    case answer(worker: String, Swift.Result<Result, JSONRPCError>)
+
+    private enum Keys: String, CodingKey { case workers, worker, result, error }
+    private enum ErrorKeys: String, CodingKey { case code, message, data }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: Keys.self)
+        if let workers = try container.decodeIfPresent([String].self, forKey: .workers) {
+            self = .asked(workers: workers)
+            return
+        }
+        let worker = try container.decode(String.self, forKey: .worker)
+        if container.contains(.error) {
+            let error = try container.nestedContainer(keyedBy: ErrorKeys.self, forKey: .error)
+            self = .answer(worker: worker, .failure(JSONRPCError(code: try error.decode(Int.self, forKey: .code), message: try error.decode(String.self, forKey: .message),
+                                                                 data: try error.decodeIfPresent(JSONValue.self, forKey: .data))))
+        } else {
+            self = .answer(worker: worker, .success(try container.decode(Result.self, forKey: .result)))
+        }
+    }
+}
+
+/// How a request to every worker ended: answers expected and received, and each worker that
+/// did not answer, with why (`died`, `drained`, `timed_out`).
+public struct GatherSummary: Codable, Sendable, Equatable {
+    public struct Missing: Codable, Sendable, Equatable {
+        public var worker: String
+        public var reason: String
+    }
+    public var expected: Int
+    public var answered: Int
+    public var missing: [Missing]
+}

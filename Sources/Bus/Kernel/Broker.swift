@@ -62,6 +62,8 @@ final class Broker {
         var gatheredBytes = 0
         /// Set when the parts stopped reaching the client; the FINAL then says why.
         var broken: StreamBreak?
+        /// A copy of a request to every worker: the gather it answers, and the worker's name.
+        var gather: (of: Gather, worker: String)?
 
         var caller: Caller { Caller(client: client, version: version) }
 
@@ -97,6 +99,8 @@ final class Broker {
         var reportedErrors = 0
         /// Takes no new requests: it finishes those in flight, then leaves (a drain).
         var draining = false
+        /// Copies of requests to every worker that wait for a place of this worker's own.
+        var gatherCopies: Deque<Request> = []
         var hasRoom: Bool { !draining && inFlight.count < window }
         /// Whether `id` names it: its routing id, or its process (the part before the first `/`).
         func isNamed(_ id: String) -> Bool { identity.equals(id) || process.equals(id) }
@@ -133,6 +137,31 @@ final class Broker {
         init(name: String) {
             self.name = name
             nameFrame = Frame(name)
+        }
+    }
+
+    /// A request to every worker of a service (`all:SERVICE`): a copy to each worker
+    /// registered when it came, each answer relayed as a part tagged with its worker, and the
+    /// FINAL written by the kernel once every worker answered, died or left, or the deadline
+    /// passed (docs/PROTOCOL.md, "A request to every worker").
+    final class Gather {
+        /// The reply in parts to the client: every part and the FINAL go through it.
+        let stream: Request
+        /// `all:SERVICE`, as the client's replies name it.
+        let asked: Service
+        /// The request's JSON-RPC id, for the parts and the FINAL the kernel writes.
+        let id: JSONRPCID
+        let expected: Int
+        /// Workers whose answer is still awaited.
+        var waiting: Set<String>
+        var answered = 0
+        var missing: [(worker: String, reason: String)] = []
+        let deadline: UInt64
+        var finished = false
+        init(stream: Request, asked: Service, id: JSONRPCID, workers: [String], deadline: UInt64) {
+            (self.stream, self.asked, self.id, self.deadline) = (stream, asked, id, deadline)
+            expected = workers.count
+            waiting = Set(workers)
         }
     }
 
@@ -174,6 +203,10 @@ final class Broker {
     private(set) var brokenStreams = 0
     /// Bytes of request bodies waiting in all queues.
     private(set) var queuedBytes = 0
+    /// Requests to every worker of a service still gathering answers.
+    private(set) var gathers: [Gather] = []
+    /// Requests to every worker of a service (`all:SERVICE`) the kernel took.
+    private(set) var totalGathers = 0
     private(set) var refusedRegistrations = 0
     /// Client requests answered -32008: this kernel was not the active one of its pair.
     private(set) var refusedNotActive = 0
@@ -233,7 +266,9 @@ final class Broker {
         case .request(let client, let service, let body, let version):
             totalRequests += 1
             let caller = Caller(client: client, version: version)
-            let verdict = admission.verdict(service: service, body: body, peer: message.peerUserID, security: configuration.security, now: now)
+            // A request to every worker of a service is admitted as one to that service.
+            let admitted = service.hasPrefix(Self.everyWorker) ? String(service.dropFirst(Self.everyWorker.count)) : service
+            let verdict = admission.verdict(service: admitted, body: body, peer: message.peerUserID, security: configuration.security, now: now)
             guard verdict == .admitted else {
                 refuse(caller, service: service, body: body, verdict)
                 return
@@ -258,6 +293,10 @@ final class Broker {
         }
         if name == KernelAPI.service {
             events.append(.kernelRequest(caller, body: Array(body), peer: peer))
+            return
+        }
+        if name.hasPrefix(Self.everyWorker) {
+            scatter(caller, to: String(name.dropFirst(Self.everyWorker.count)), body: body, now: now)
             return
         }
         guard services[name] != nil || services.count < configuration.maxServices else {
@@ -305,7 +344,7 @@ final class Broker {
                 disconnect("this key may not register '\(name)'")
                 return
             }
-            guard !MMI.isManagement(name), name != KernelAPI.service else {
+            guard !MMI.isManagement(name), name != KernelAPI.service, !name.hasPrefix(Self.everyWorker) else {
                 disconnect("'\(name)' is reserved for the kernel")
                 return
             }
@@ -325,6 +364,10 @@ final class Broker {
                 disconnect("a PARTIAL with no request in flight")
                 return
             }
+            if let (gather, name) = request.gather {
+                if !gather.finished { relayPart([Self.tag(name, partial: true)] + body, of: gather.stream, service: gather.asked) }
+                return
+            }
             relayPart(body, of: request, service: worker.service)
         case .reply(let client, let body):
             guard let worker = known, let request = worker.answered(client) else {
@@ -336,6 +379,11 @@ final class Broker {
             // The body goes back as it came: the kernel never reads it. Error counts come
             // from the workers' heartbeats (below).
             let service = worker.service
+            if let (gather, name) = request.gather {
+                gatherAnswered(gather, by: name, body: body)
+                placeFreed(worker, now: now)
+                return
+            }
             service.requests.release(request)
             service.stats.replies += 1
             service.stats.latency.record(nanoseconds: now &- request.received)
@@ -345,13 +393,7 @@ final class Broker {
                 endStream(request, service: service, final: body)
             }
             if recordsSpans { events.append(.answered(service: service.name, body: Array(request.body), received: request.received, now: now)) }
-            if worker.draining {
-                // A plain 7/MDP worker cannot be told to drain: it is let go once idle.
-                if !worker.speaksExtension, worker.inFlight.isEmpty { disconnectDrained(worker, now: now) }
-            } else {
-                service.idle.append(worker)
-                dispatch(service)
-            }
+            placeFreed(worker, now: now)
         case .heartbeat(let errors):
             guard let worker = known else {
                 disconnect("a HEARTBEAT before READY")
@@ -372,6 +414,114 @@ final class Broker {
         }
     }
 
+    /// A place of `worker` is free again: a copy of a request to every worker waiting for it
+    /// goes first, else the service's queue.
+    private func placeFreed(_ worker: Worker, now: UInt64) {
+        if worker.draining {
+            // A plain 7/MDP worker cannot be told to drain: it is let go once idle.
+            if !worker.speaksExtension, worker.inFlight.isEmpty { disconnectDrained(worker, now: now) }
+        } else if let copy = worker.gatherCopies.popFirst() {
+            send(copy, to: worker)
+        } else {
+            worker.service.idle.append(worker)
+            dispatch(worker.service)
+        }
+    }
+
+    private func send(_ request: Request, to worker: Worker) {
+        let client = worker.sent(request)
+        send(MDP.request(to: worker.identity, client: client, body: request.body, version: worker.version))
+    }
+
+    // MARK: A request to every worker
+
+    /// The service-name prefix that sends a request to every worker of the service after it.
+    static let everyWorker = "all:"
+
+    /// Sends a copy of the request to each worker of `name` registered now (at once to one
+    /// with a free place, else when it has one), and tells the client how many answers to
+    /// expect, from which workers.
+    private func scatter(_ caller: Caller, to name: String, body: ArraySlice<Frame>, now: UInt64) {
+        let asked = Service(name: Self.everyWorker + name)
+        guard let service = services[name], name != KernelAPI.service, !MMI.isManagement(name) else {
+            return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
+                code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
+        }
+        let chosen = workers.values.filter { $0.service === service && !$0.draining }.sorted { Self.name(of: $0) < Self.name(of: $1) }
+        guard !chosen.isEmpty else {
+            return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
+                code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
+        }
+        totalGathers += 1
+        let owner = FairQueue.Client(id: caller.client)
+        let stream = Request(client: caller.client, version: caller.version, owner: owner, body: body, deadline: 0, received: now)
+        var id = JSONRPCID.null
+        if body.count == 1, case .single(.request(let request)) = JSONRPC.parseRequests(body.first!.bytes) { id = request.id ?? .null }
+        let names = chosen.map(Self.name(of:))
+        let gather = Gather(stream: stream, asked: asked, id: id, workers: names, deadline: now + configuration.queueTimeout.nanoseconds)
+        gathers.append(gather)
+        let notice: JSONValue = ["expected": .int(Int64(names.count)), "workers": .array(names.map(JSONValue.string))]
+        relayPart([Frame(JSONRPC.partReply(id: id, partText: notice.jsonBytes))], of: stream, service: asked)
+        for (worker, name) in zip(chosen, names) {
+            let copy = Request(client: caller.client, version: caller.version, owner: owner, body: body, deadline: gather.deadline, received: now)
+            copy.gather = (gather, name)
+            if worker.hasRoom, let place = service.idle.firstIndex(where: { $0 === worker }) {
+                service.idle.remove(at: place)
+                send(copy, to: worker)
+            } else {
+                worker.gatherCopies.append(copy)
+            }
+        }
+    }
+
+    /// A worker's name in what the client gets: its routing id, as text when it is text.
+    static func name(of worker: Worker) -> String {
+        let bytes = worker.identity.bytes
+        if !bytes.isEmpty, bytes.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) { return String(decoding: bytes, as: UTF8.self) }
+        return "0x" + bytes.map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// The frame that comes first in each part relaying a worker's answer.
+    static func tag(_ worker: String, partial: Bool = false) -> Frame {
+        let tag: JSONValue = partial ? ["worker": .string(worker), "partial": true] : ["worker": .string(worker)]
+        return Frame(tag.jsonBytes)
+    }
+
+    private func gatherAnswered(_ gather: Gather, by worker: String, body: ArraySlice<Frame>) {
+        guard !gather.finished, gather.waiting.remove(worker) != nil else { return }
+        gather.answered += 1
+        relayPart([Self.tag(worker)] + body, of: gather.stream, service: gather.asked)
+        if gather.waiting.isEmpty { finish(gather) }
+    }
+
+    /// `worker` will not answer `gather`: it died, or left.
+    private func gatherMissing(_ gather: Gather, _ worker: String, _ reason: String) {
+        guard !gather.finished, gather.waiting.remove(worker) != nil else { return }
+        gather.missing.append((worker, reason))
+        if gather.waiting.isEmpty { finish(gather) }
+    }
+
+    /// The FINAL: how many were expected and answered, and who did not answer, and why.
+    private func finish(_ gather: Gather) {
+        gather.finished = true
+        gathers.removeAll { $0 === gather }
+        for name in gather.waiting.sorted() { gather.missing.append((name, "timed_out")) }
+        gather.waiting = []
+        for worker in workers.values where !worker.gatherCopies.isEmpty {
+            worker.gatherCopies.removeAll { $0.gather?.of === gather }
+        }
+        let summary: JSONValue = [
+            "expected": .int(Int64(gather.expected)), "answered": .int(Int64(gather.answered)),
+            "missing": .array(gather.missing.map { ["worker": .string($0.worker), "reason": .string($0.reason)] }),
+        ]
+        endStream(gather.stream, service: gather.asked, final: [Frame(JSONRPC.resultReply(id: gather.id, resultText: summary.jsonBytes))])
+    }
+
+    /// Ends the gathers whose deadline passed: the workers not heard from are `timed_out`.
+    private func expireGathers(now: UInt64) {
+        for gather in gathers where gather.deadline <= now { finish(gather) }
+    }
+
     // MARK: Draining
 
     /// Stops sending `worker` requests and tells it so (`drain=1`, which also answers a
@@ -384,6 +534,8 @@ final class Broker {
             service.workers -= 1
             service.places -= worker.window
             service.idle.removeAll { $0 === worker }
+            for copy in worker.gatherCopies { if let (gather, name) = copy.gather { gatherMissing(gather, name, "drained") } }
+            worker.gatherCopies.removeAll()
             logger.info("worker draining", metadata: ["service": "\(service.name)", "inFlight": "\(worker.inFlight.count)", "workers": "\(service.workers)"])
             events.append(.workersChanged(service: service.name, count: service.workers))
         }
@@ -446,6 +598,7 @@ final class Broker {
     }
 
     func expireQueued(now: UInt64) {
+        if !gathers.isEmpty { expireGathers(now: now) }
         for service in services.values where !service.requests.isEmpty {
             let expired = service.requests.removeExpired(now: now)
             guard !expired.isEmpty else { continue }
@@ -495,7 +648,13 @@ final class Broker {
            let request = worker.answered(undelivered[commandIndex + 1]) {
             notDelivered.append(request)
         }
-        let heldWhenItDied = worker.inFlight.all
+        // Copies of requests to every worker are not handed to another: that one has its own.
+        for copy in worker.inFlight.all + worker.gatherCopies + notDelivered {
+            if let (gather, name) = copy.gather { gatherMissing(gather, name, "died") }
+        }
+        worker.gatherCopies.removeAll()
+        notDelivered.removeAll { $0.gather != nil }
+        let heldWhenItDied = worker.inFlight.all.filter { $0.gather == nil }
         for request in heldWhenItDied where request.lastDeadProcess != worker.process {
             request.deaths += 1
             request.lastDeadProcess = worker.process

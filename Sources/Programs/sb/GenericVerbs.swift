@@ -26,11 +26,17 @@ struct Request: AsyncParsableCommand {
               sb request store history.add '{"text":"Amsterdam"}' --json
               sb request search locations.resolve '{"query":"Rome"}' --trace   (trace ID on stderr; in each service's log)
               sb request search items.grouped '{"order":"natural"}' --stream   (a JSON line per part as it comes)
+              sb request echo whoami --all                                 (every echo worker's answer, a JSON line each)
 
             With --stream the request asks for its result in parts (18/MDP): each part is printed as it
             arrives, one JSON line {"part": ...}, then one line {"end": ...} with the result less its parts
             (a method that cannot stream prints only the end: its whole result). A stream that ends early
             (its worker died, this reader fell behind) says on stderr how many parts came and why, and exits 1.
+
+            With --all the request goes to every worker of the service registered now, one copy each: a line
+            {"part": {"expected", "workers"}} first, then one {"part": {"worker", "result"}} (or "error") per
+            answer as it comes, then {"end": {"expected", "answered", "missing"}}: the workers that did not answer
+            (they died, drained, or did not answer within the kernel's queue timeout) are in "missing" with why.
             """,
         aliases: ["req"]
     )
@@ -44,9 +50,12 @@ struct Request: AsyncParsableCommand {
     var trace = false
     @Flag(help: "Ask for the result in parts and print each as it comes, a JSON line each ({\"part\": ...}, then {\"end\": ...}).")
     var stream = false
+    @Flag(help: "Send it to every worker of the service and print each answer as it comes, tagged with its worker (see above).")
+    var all = false
 
     func validate() throws {
         if let params { _ = try parseParams(params) }
+        if stream && all { throw ValidationError("--stream and --all do not go together: --all asks each worker for one answer") }
     }
 
     /// JSON-RPC params are by-name (an object) or by-position (an array), never a bare value.
@@ -70,8 +79,9 @@ struct Request: AsyncParsableCommand {
     }
 
     private func answer(_ client: BusClient, _ params: JSONValue?) async throws {
-        guard stream else { return Output.json(try await call(client, service, method, params), compact: output.json) }
-        let parts = client.stream(service: service, method: method, paramsText: params?.jsonBytes)
+        guard stream || all else { return Output.json(try await call(client, service, method, params), compact: output.json) }
+        let parts = all ? client.gather(service: service, method: method, paramsText: params?.jsonBytes)
+            : client.stream(service: service, method: method, paramsText: params?.jsonBytes)
         do throws(BusError) {
             do {
                 for try await part in parts { Output.line(JSONValue.object(["part": part]).jsonString) }
