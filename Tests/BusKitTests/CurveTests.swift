@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import Contracts
 import EchoService
 import Foundation
 import Kernel
@@ -48,6 +49,11 @@ struct CurveTests {
         try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
         #expect(try await bus.request(service: "echo", method: "echo", params: ["secret": "sauce"]) == ["secret": "sauce"])
         #expect(try await secured.stats(bus)["security"]?["curve"] == true)
+        // Replies in parts (18/MDP) and a request to every worker, over CURVE too.
+        var numbers: [Int] = []
+        for try await number in bus.stream(EchoAPI.numbers, .init(n: 3)) { numbers.append(number) }
+        #expect(numbers == [1, 2, 3])
+        #expect(try await bus.gather(EchoAPI.whoami).end() == GatherSummary(expected: 1, answered: 1, missing: []))
 
         let subscription = try await Subscription.open(snapshot: secured.kernel.endpoints.snapshot, publisher: secured.kernel.endpoints.publisher,
                                                        prefixes: ["/kernel/services/echo"], curve: secured.client)

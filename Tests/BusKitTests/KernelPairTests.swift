@@ -40,6 +40,11 @@ struct KernelPairTests {
             return primary == "active" && backup == "passive"
         }
         #expect(try await client.call(EchoAPI.count, .init(n: 1)) == 1)
+        // Replies in parts and a request to every worker go to the active kernel as any request.
+        var numbers: [Int] = []
+        for try await number in client.stream(EchoAPI.numbers, .init(n: 3)) { numbers.append(number) }
+        #expect(numbers == [1, 2, 3])
+        #expect(try await client.gather(EchoAPI.whoami).end() == GatherSummary(expected: 1, answered: 1, missing: []))
         let subscription = try await client.subscribe(prefixes: ["/client/pair/"], silenceTimeout: .seconds(3))
         let events = Events()
         let reader = Task { for try await event in subscription { events.all.withLock { $0.append(event) } } }

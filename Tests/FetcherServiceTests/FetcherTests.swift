@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import Contracts
 import Catalog
 import FetcherService
 import Foundation
@@ -142,6 +143,22 @@ struct FetcherTests {
         #expect(page["total"] == 1000 && page["records"]?.arrayValue?.count == 2 && page["origin"] == "remote")
         let bad = try? await bus.client.request(service: "fetcher", method: "datasets.get", params: ["name": "planets"])
         #expect(bad == nil)
+        await bus.stop()
+        await server.stop()
+    }
+
+    @Test("a refresh of every dataset in parts: one progress part as each download ends, a failed one says so, then the whole answer")
+    func refreshInParts() async throws {
+        let server = try await FixtureServer.start()
+        let bus = try await FetcherBus.start([.items: server.url("/ok/hiring.json"), .countries: server.url("/status/500/countries.json")], attempts: 1)
+        let refresh = bus.client.stream(FetcherAPI.datasetsRefreshStream, .init())
+        var steps: [FetcherAPI.RefreshProgress] = []
+        for try await step in refresh { steps.append(step) }
+        let end = try await refresh.end()
+        #expect(steps.map(\.done) == Array(1...Dataset.allCases.count) && steps.allSatisfy { $0.total == Dataset.allCases.count })
+        #expect(Set(steps.map(\.name)) == Set(Dataset.allCases.map(\.rawValue)))
+        #expect(steps.first { $0.name == "countries" }?.lastError != nil && steps.first { $0.name == "items" }?.lastError == nil)
+        #expect(end.map(\.name) == Dataset.allCases.map(\.rawValue))
         await bus.stop()
         await server.stop()
     }

@@ -141,8 +141,10 @@ public struct GatherSummary: Codable, Sendable, Equatable {
     public struct Missing: Codable, Sendable, Equatable {
         public var worker: String
         public var reason: String
+        public init(worker: String, reason: String) { (self.worker, self.reason) = (worker, reason) }
     }
     public var expected: Int
     public var answered: Int
     public var missing: [Missing]
+    public init(expected: Int, answered: Int, missing: [Missing]) { (self.expected, self.answered, self.missing) = (expected, answered, missing) }
 }

@@ -11,6 +11,9 @@ public enum FetcherAPI {
     public static let datasetsList = Method<NoParams, [DatasetEntry]>(service, "datasets.list", "Each dataset's version, origin, fetch time and size.")
     public static let datasetsGet = Method<Get, DatasetPage>(service, "datasets.get", "A dataset's records, a page at a time, with its version.")
     public static let datasetsRefresh = Method<Refresh, [DatasetEntry]>(service, "datasets.refresh", "Downloads one dataset (or all) now; answers with their entries.")
+    /// `datasets.refresh` with its progress in parts: one as each dataset's download ends, in
+    /// the order they end; the end is the whole answer, as in one reply.
+    public static let datasetsRefreshStream = StreamMethod(datasetsRefresh, part: RefreshProgress.self) { end, _ in end }
 
     public struct Get: Codable, Sendable {
         public var name: String
@@ -24,6 +27,15 @@ public enum FetcherAPI {
     }
 
     // MARK: Results
+
+    /// One dataset's download ended (`done` of `total`), failed when `lastError` says so.
+    public struct RefreshProgress: Codable, Sendable {
+        public var name: String
+        public var done: Int
+        public var total: Int
+        public var lastError: String?
+        public init(name: String, done: Int, total: Int, lastError: String?) { (self.name, self.done, self.total, self.lastError) = (name, done, total, lastError) }
+    }
 
     public struct DatasetEntry: Codable, Sendable {
         public var name: String

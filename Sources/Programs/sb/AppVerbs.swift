@@ -542,9 +542,12 @@ struct DatasetRefresh: AsyncParsableCommand {
     func run() async throws {
         let timeout = max(try connection.requestTimeout, .seconds(60))
         try await appVerb(connection, output, { client in
+            // A bar on a terminal, moved on as each dataset's download ends (the parts of the reply).
             Output.progress("refreshing \(name ?? "every dataset")...")
             defer { Output.endProgress() }
-            return try await call(client, FetcherAPI.datasetsRefresh, FetcherAPI.Refresh(name: name), timeout: timeout)
+            return try await stream(client, FetcherAPI.datasetsRefreshStream, FetcherAPI.Refresh(name: name), timeout: timeout) { step in
+                Output.progress("\(Output.bar(Double(step.done) / Double(max(step.total, 1)))) \(step.done)/\(step.total)  \(step.name)\(step.lastError == nil ? "" : " (failed)")")
+            }
         }, show: showDatasets)
     }
 }

@@ -244,8 +244,7 @@ private func showingProgress<T: Sendable>(_ progress: BenchProgress, total: Int?
             while !Task.isCancelled {
                 let done = progress.count, elapsed = Date().timeIntervalSince(started)
                 let fraction = min(1, total.map { Double(done) / Double(max($0, 1)) } ?? duration.map { elapsed / $0.seconds } ?? 0)
-                let bar = String(repeating: "█", count: Int(fraction * 30)).padding(toLength: 30, withPad: "·", startingAt: 0)
-                Output.progress("\(bar) \(Int(fraction * 100))%  \(grouped(done))\(total.map { "/\(grouped($0))" } ?? "")  \(grouped(Int(Double(done) / max(elapsed, 0.001))))/s")
+                Output.progress("\(Output.bar(fraction)) \(Int(fraction * 100))%  \(grouped(done))\(total.map { "/\(grouped($0))" } ?? "")  \(grouped(Int(Double(done) / max(elapsed, 0.001))))/s")
                 try? await Task.sleep(for: .milliseconds(100))
             }
         }

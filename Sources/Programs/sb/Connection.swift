@@ -166,6 +166,30 @@ func call<P, R>(_ client: BusClient, _ method: Method<P, R>, _ params: P, timeou
     }
 }
 
+/// Calls a method that answers in parts: `onPart` sees each as it comes; the answer is the end.
+func stream<P, Part, R>(_ client: BusClient, _ method: StreamMethod<P, Part, R>, _ params: P, timeout: Duration? = nil,
+                        onPart: (Part) -> Void) async throws -> Answer<R> {
+    let end = try await read(client.stream(method, params, timeout: timeout), from: client, service: method.service, method: method.name, onPart: onPart)
+    return Answer(json: (try? JSONValue(encoding: end)) ?? .null, value: end)
+}
+
+/// Reads a reply in parts to its end: `onPart` sees each part; a failure is ready to print.
+func read<Part, End>(_ parts: PartStream<Part, End>, from client: BusClient, service: String, method: String,
+                     onPart: (Part) -> Void) async throws -> End {
+    do throws(BusError) {
+        do {
+            for try await part in parts { onPart(part) }
+        } catch let error as BusError {
+            throw error
+        } catch {
+            throw BusError.cancelled(service: service, method: method)
+        }
+        return try await parts.end()
+    } catch {
+        throw await Failure(error, service: service, method: method, client: client)
+    }
+}
+
 /// ``call(_:_:_:timeout:)`` for a method without params.
 func call<R>(_ client: BusClient, _ method: Method<NoParams, R>, timeout: Duration? = nil) async throws -> Answer<R> {
     try await call(client, method, NoParams(), timeout: timeout)

@@ -82,18 +82,10 @@ struct Request: AsyncParsableCommand {
         guard stream || all else { return Output.json(try await call(client, service, method, params), compact: output.json) }
         let parts = all ? client.gather(service: service, method: method, paramsText: params?.jsonBytes)
             : client.stream(service: service, method: method, paramsText: params?.jsonBytes)
-        do throws(BusError) {
-            do {
-                for try await part in parts { Output.line(JSONValue.object(["part": part]).jsonString) }
-            } catch let error as BusError {
-                throw error
-            } catch {
-                throw BusError.cancelled(service: service, method: method)
-            }
-            Output.line(JSONValue.object(["end": try await parts.end()]).jsonString)
-        } catch {
-            throw await Failure(error, service: service, method: method, client: client)
+        let end = try await read(parts, from: client, service: service, method: method) { part in
+            Output.line(JSONValue.object(["part": part]).jsonString)
         }
+        Output.line(JSONValue.object(["end": end]).jsonString)
     }
 }
 

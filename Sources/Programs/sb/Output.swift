@@ -23,6 +23,11 @@ enum Output {
         FileHandle.standardError.write(Data(("\r\u{1B}[2K" + text).utf8))
     }
 
+    /// A bar of `width` cells, `fraction` of them full.
+    static func bar(_ fraction: Double, width: Int = 30) -> String {
+        String(repeating: "█", count: Int(min(1, max(0, fraction)) * Double(width))).padding(toLength: width, withPad: "·", startingAt: 0)
+    }
+
     static func endProgress() {
         guard stderrIsTerminal else { return }
         FileHandle.standardError.write(Data("\r\u{1B}[2K".utf8))

@@ -108,10 +108,21 @@ public actor FetcherService: BusService, ServiceWork {
     public nonisolated func methods(_ table: inout MethodTable<FetcherService>) {
         table.on(FetcherAPI.datasetsList) { fetcher, _ in await fetcher.entries(Dataset.allCases) }
         table.on(FetcherAPI.datasetsGet) { fetcher, params in try await fetcher.get(params) }
-        table.on(FetcherAPI.datasetsRefresh) { fetcher, params in
+        table.onStream(FetcherAPI.datasetsRefreshStream) { fetcher, params, parts in
             let datasets = try params.name.map { [try Self.dataset(named: $0)] } ?? Dataset.allCases
-            await withTaskGroup(of: Void.self) { group in
-                for dataset in datasets { group.addTask { await fetcher.refresh(dataset) } }
+            try await withThrowingTaskGroup(of: Dataset.self) { group in
+                for dataset in datasets {
+                    group.addTask {
+                        await fetcher.refresh(dataset)
+                        return dataset
+                    }
+                }
+                var done = 0
+                for try await dataset in group {
+                    done += 1
+                    let entry = await fetcher.entries([dataset]).first
+                    try await parts.send(.init(name: dataset.rawValue, done: done, total: datasets.count, lastError: entry?.lastError))
+                }
             }
             return await fetcher.entries(datasets)
         }

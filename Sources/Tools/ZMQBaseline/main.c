@@ -25,9 +25,14 @@
 //                                                       PARTS PARTIALs, then a FINAL "END"
 //   zmq-baseline stream-client ENDPOINT SERVICE|- ROUNDS  one request at a time (18/MDP to
 //                                                       SERVICE, or raw with -), ROUNDS times:
-//                                                       prints "FIRST_PART_US PARTS_PER_S" (the
-//                                                       median time to the first part, and parts
-//                                                       per second over every round)
+//                                                       prints "FIRST_PART_US PARTS_PER_S END_US"
+//                                                       (the median time to the first part, parts
+//                                                       per second over every round, the median
+//                                                       time to the end)
+//   zmq-baseline gather-client ENDPOINTS ROUNDS         a ROUTER connected to each of the
+//                                                       comma-separated stream-servers: sends one
+//                                                       request to each and waits for every "END",
+//                                                       ROUNDS times; prints the median round in µs
 //
 // Brokers, proxies and workers run until their standard input ends (the lifeline: the benchmark
 // holds the other end of the pipe) or they get SIGTERM. Clients send REQUESTS 64-byte
@@ -526,6 +531,7 @@ static int stream_client(const char *endpoint, const char *service, int rounds) 
     zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
     if (zmq_connect(socket, endpoint) == -1) die(endpoint);
     double *firsts = calloc((size_t)rounds, sizeof(double));
+    double *ends = calloc((size_t)rounds, sizeof(double));
     double streaming = 0;
     long received = 0;
     message_t reply;
@@ -552,10 +558,56 @@ static int stream_client(const char *endpoint, const char *service, int rounds) 
             }
             for (int part = 0; part < reply.count; part++) zmq_msg_close(&reply.parts[part]);
         }
-        streaming += now() - start;
+        ends[round] = now() - start;
+        streaming += ends[round];
     }
     qsort(firsts, (size_t)rounds, sizeof(double), compare_doubles);
-    printf("%.1f %.0f\n", firsts[rounds / 2] * 1e6, (double)received / streaming);
+    qsort(ends, (size_t)rounds, sizeof(double), compare_doubles);
+    printf("%.1f %.0f %.1f\n", firsts[rounds / 2] * 1e6, (double)received / streaming, ends[rounds / 2] * 1e6);
+    zmq_close(socket);
+    zmq_ctx_term(context);
+    return 0;
+}
+
+static int gather_client(char *endpoints, int rounds) {
+    void *context = zmq_ctx_new();
+    void *socket = socket_of(context, ZMQ_ROUTER);
+    int one = 1, timeout = 30000;
+    zmq_setsockopt(socket, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    int count = 0;
+    for (char *endpoint = strtok(endpoints, ","); endpoint; endpoint = strtok(NULL, ","), count++) {
+        char name[16];
+        int length = snprintf(name, sizeof name, "w%d", count);
+        zmq_setsockopt(socket, ZMQ_CONNECT_ROUTING_ID, name, (size_t)length);
+        if (zmq_connect(socket, endpoint) == -1) die(endpoint);
+    }
+    double *times = calloc((size_t)rounds, sizeof(double));
+    message_t reply;
+    for (int round = -1; round < rounds; round++) {  // round -1: until every connection takes a send
+        double start = now();
+        for (int index = 0; index < count; index++) {
+            char name[16];
+            int length = snprintf(name, sizeof name, "w%d", index);
+            while (zmq_send(socket, name, (size_t)length, ZMQ_SNDMORE) == -1) {
+                if (zmq_errno() != EHOSTUNREACH || round >= 0) die("zmq_send");
+                usleep(1000);
+            }
+            send_text(socket, "go", 2, 0);
+        }
+        for (int answers = 0; answers < count;) {
+            if (receive(socket, &reply, 0) != 1) {
+                fprintf(stderr, "zmq-baseline: no answer within 30 s\n");
+                return 1;
+            }
+            int end = reply.count == 2 && zmq_msg_size(&reply.parts[1]) == 3 && !memcmp(zmq_msg_data(&reply.parts[1]), "END", 3);
+            answers += end;
+            for (int part = 0; part < reply.count; part++) zmq_msg_close(&reply.parts[part]);
+        }
+        if (round >= 0) times[round] = now() - start;
+    }
+    qsort(times, (size_t)rounds, sizeof(double), compare_doubles);
+    printf("%.1f\n", times[rounds / 2] * 1e6);
     zmq_close(socket);
     zmq_ctx_term(context);
     return 0;
@@ -574,11 +626,13 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "mdp-client") && argc == 7) return clients(argv[2], argv[3], atoi(argv[4]), atol(argv[5]), atol(argv[6]));
     if (!strcmp(mode, "stream-server") && argc == 5) return stream_server(argv[2], NULL, atol(argv[3]), (size_t)atol(argv[4]));
     if (!strcmp(mode, "mdp02-stream-worker") && argc == 6) return stream_server(argv[2], argv[3], atol(argv[4]), (size_t)atol(argv[5]));
+    if (!strcmp(mode, "gather-client") && argc == 4) return gather_client(argv[2], atoi(argv[3]));
     if (!strcmp(mode, "stream-client") && argc == 5) return stream_client(argv[2], strcmp(argv[3], "-") ? argv[3] : NULL, atoi(argv[4]));
     fprintf(stderr,
             "usage: zmq-baseline broker FRONT BACK | mdp-broker ENDPOINT SERVICE | worker BACK SOCKETS | mdp-worker BROKER SERVICE SOCKETS [WINDOW]\n"
             "       | client ENDPOINT CLIENTS REQUESTS WINDOW | mdp-client ENDPOINT SERVICE CLIENTS REQUESTS WINDOW\n"
             "       | pubsub-proxy FRONT BACK | chp-pub ENDPOINT PREFIX COUNT | chp-sub ENDPOINT PREFIX COUNT\n"
-            "       | stream-server ENDPOINT PARTS SIZE | mdp02-stream-worker BROKER SERVICE PARTS SIZE | stream-client ENDPOINT SERVICE|- ROUNDS\n");
+            "       | stream-server ENDPOINT PARTS SIZE | mdp02-stream-worker BROKER SERVICE PARTS SIZE | stream-client ENDPOINT SERVICE|- ROUNDS\n"
+            "       | gather-client ENDPOINT,ENDPOINT,... ROUNDS\n");
     return 64;
 }
