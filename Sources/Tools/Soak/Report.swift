@@ -14,6 +14,7 @@ struct SoakReport {
     var lateReplies = 0
     var ticksWritten = 0
     var subscribers_ = SubscriberCheck.Counts()
+    var parts = PartsCheck.Counts()
     var staleSubscribers = 0
     var missingWrites = 0
     var memoryAtStart: [String: Double] = [:]
@@ -51,6 +52,10 @@ struct SoakReport {
             (subscribers_.backwards > 0, "\(subscribers_.backwards) subscription updates out of order"),
             (staleSubscribers > 0, "\(staleSubscribers) subscribers stale at the end"),
             (missingWrites > 0, "\(missingWrites) acknowledged store writes missing"),
+            (parts.streams == 0, "no reply in parts was asked for"),
+            (parts.partsOutOfSequence > 0, "\(parts.partsOutOfSequence) parts lost, repeated or out of order"),
+            (parts.miscounted > 0, "\(parts.miscounted) streams whose end did not count the parts that came"),
+            (parts.gathersMiscounted > 0, "\(parts.gathersMiscounted) requests to every worker that did not account for each worker once"),
             (unrecovered > 0, "\(unrecovered) kills never recovered from"),
         ]
         checks += problems.map { (true, $0) }
@@ -84,6 +89,9 @@ struct SoakReport {
         line("subscription updates seen", "\(subscribers_.updates) of \(ticksWritten) acknowledged writes x \(subscribers)")
         line("subscription resyncs", "\(subscribers_.resyncs.values.reduce(0, +))")
         line("subscription gaps after resync", "\(subscribers_.gaps) (out of order: \(subscribers_.backwards), stale at the end: \(staleSubscribers))")
+        line("replies in parts (echo numbers, 200 each)", "\(parts.streams) streams, \(parts.parts) parts; ended early, told: \(parts.endedEarly.values.reduce(0, +)); failed otherwise: \(parts.failed.values.reduce(0, +))\(parts.failed.isEmpty ? "" : " (" + parts.failed.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ") + ")")")
+        line("parts lost, repeated or out of order", "\(parts.partsOutOfSequence) (streams miscounted: \(parts.miscounted))")
+        line("requests to every echo worker", "\(parts.gathers), \(parts.gatherAnswers) answers, \(parts.gatherMissing) workers missing (told); miscounted: \(parts.gathersMiscounted)")
         line("acknowledged store writes", "\(requests.acknowledgedWrites.count) (\(Set(requests.acknowledgedWrites).count) distinct articles)")
         line("acknowledged store writes missing after", "\(missingWrites)")
         line("store writes applied twice", "\(requests.duplicatedEffects) (a first save of an article answered as not new)")

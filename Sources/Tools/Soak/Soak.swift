@@ -229,6 +229,17 @@ struct Soak: AsyncParsableCommand {
             }
             return (acknowledged.0, acknowledged.1, writes)
         }
+        // Replies in parts and requests to every worker, one after the other, beside the load.
+        let partsCheck = PartsCheck()
+        let partsClient = try await BusClient(brokers: brokers, timeout: timeout, curve: curve, state: states)
+        let partsLoop = Task {
+            var round = 0
+            while Date() < loadEnds {
+                round += 1
+                if round % 4 == 0 { await partsCheck.gather(partsClient) } else { await partsCheck.stream(partsClient) }
+                try? await Task.sleep(for: .milliseconds(20))
+            }
+        }
         let memoryAtStart = report.memoryAtStart, phases = duration - 40
         let hostileRun = hostile ? Task {
             try await Self.runHostile(keys: keys, kernel: kernels[0], curve: curve, bus: buses[0], started: started, seconds: phases, memoryAtStart: memoryAtStart)
@@ -252,6 +263,8 @@ struct Soak: AsyncParsableCommand {
             report.problems += outcome.problems
         }
         for loop in loops { await loop.value }
+        await partsLoop.value
+        report.parts = partsCheck.counts.withLock { $0 }
         let last = await writer.value
         report.elapsed = Date().timeIntervalSince(started)
         report.chaos = chaosLog
@@ -275,7 +288,7 @@ struct Soak: AsyncParsableCommand {
         }
 
         var resent = 0, duplicates = 0, late = 0
-        for client in busClients + [writerClient] {
+        for client in busClients + [writerClient, partsClient] {
             let counters = await client.counters()
             resent += counters.resent
             duplicates += counters.duplicateReplies

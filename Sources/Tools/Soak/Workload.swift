@@ -140,3 +140,88 @@ final class SubscriberCheck: Sendable {
         }
     }
 }
+
+/// Replies in parts and requests to every worker under the same chaos: each stream must bring
+/// its numbers in order with none missing or repeated, and one that ends early must say how
+/// many came; each gather must account for every worker it asked, once.
+final class PartsCheck: Sendable {
+    struct Counts {
+        var streams = 0
+        /// Streams that ended early, told why (by code).
+        var endedEarly: [Int: Int] = [:]
+        var parts = 0
+        /// A part that was not the next number: lost, repeated or out of order.
+        var partsOutOfSequence = 0
+        /// A stream whose end disagreed with the parts that came (a whole stream short, or an
+        /// early end whose count was not what arrived).
+        var miscounted = 0
+        var gathers = 0
+        var gatherAnswers = 0
+        var gatherMissing = 0
+        /// A gather whose end did not account for each worker asked exactly once.
+        var gathersMiscounted = 0
+        var failed: [String: Int] = [:]
+    }
+    let counts = Mutex(Counts())
+
+    static let partsPerStream = 200
+
+    /// One stream of the numbers 1...partsPerStream from an echo worker.
+    func stream(_ client: BusClient) async {
+        let stream = client.stream(EchoAPI.numbers, .init(n: Self.partsPerStream))
+        var next = 1, received = 0, outOfSequence = 0
+        var ending: BusError?
+        do {
+            for try await number in stream {
+                if number != next { outOfSequence += 1 }
+                next = number + 1
+                received += 1
+            }
+            let end = try await stream.end()
+            if end.count != Self.partsPerStream || received != Self.partsPerStream { ending = .protocolViolation("a whole stream of \(received) parts") }
+        } catch let error as BusError {
+            ending = error
+        } catch {
+            ending = .cancelled(service: EchoAPI.service, method: EchoAPI.numbersMethod.name)
+        }
+        counts.withLock { counts in
+            counts.streams += 1
+            counts.parts += received
+            counts.partsOutOfSequence += outOfSequence
+            guard let ending else { return }
+            if case .protocolViolation = ending {
+                counts.miscounted += 1
+            } else if case .remote(_, let error) = ending, error.code == JSONRPCError.streamEndedCode {
+                counts.endedEarly[error.code, default: 0] += 1
+                if error.data?["parts"]?.intValue != Int64(received) { counts.miscounted += 1 }
+            } else {
+                counts.failed["\(ending.code ?? 0)", default: 0] += 1
+            }
+        }
+    }
+
+    /// One `whoami` to every echo worker.
+    func gather(_ client: BusClient) async {
+        let gather = client.gather(EchoAPI.whoami)
+        var asked: [String] = [], answered: [String] = []
+        do {
+            for try await event in gather {
+                switch event {
+                case .asked(let workers): asked = workers
+                case .answer(let worker, _): answered.append(worker)
+                }
+            }
+            let end = try await gather.end()
+            let accounted = answered + end.missing.map(\.worker)
+            let consistent = end.expected == asked.count && end.answered == answered.count && accounted.sorted() == asked.sorted()
+            counts.withLock { counts in
+                counts.gathers += 1
+                counts.gatherAnswers += answered.count
+                counts.gatherMissing += end.missing.count
+                if !consistent { counts.gathersMiscounted += 1 }
+            }
+        } catch {
+            counts.withLock { $0.failed["\((error as? BusError)?.code ?? 0)", default: 0] += 1 }
+        }
+    }
+}
