@@ -298,6 +298,25 @@ struct GatherTests {
         #expect(broker.workers[Frame("B")]?.hasRoom == true)
     }
 
+    @Test("a worker that begins to drain before its copy reached it is reported drained, and gets no copy")
+    func drained() {
+        let broker = broker()
+        broker.handle(fromWorker("B", .ready(service: "svc")), now: 0)
+        // B's one place is taken by another client's request.
+        broker.handle(fromClient("X", "svc", request(1), .v01), now: 0)
+        broker.handle(fromWorker("A", .ready(service: "svc", window: 2)), now: 0)
+        _ = broker.outbox.take()
+        broker.handle(fromClient("G", "all:svc", request(7)), now: 0)
+        let copies = Sent(broker.outbox.take()).requests
+        #expect(copies.map(\.worker) == ["A"])
+        _ = broker.drain(service: "svc", worker: "B", now: 0)
+        broker.handle(fromWorker("A", .reply(client: copies[0].client, body: ["from A"])), now: 0)
+        let sent = Sent(broker.outbox.take())
+        #expect(sent.requests.isEmpty)
+        #expect(sent.toClients.last == ToClient(client: "G", version: .v02, isFinal: true,
+            body: [#"{"id":7,"jsonrpc":"2.0","result":{"answered":1,"expected":2,"missing":[{"reason":"drained","worker":"B"}]}}"#]))
+    }
+
     @Test("a 7/MDP client gets every answer in one REPLY; a service nobody serves is -32001; no worker may register under all:")
     func plainClientsAndRefusals() {
         let broker = broker()
