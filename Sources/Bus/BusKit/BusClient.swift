@@ -149,7 +149,7 @@ public final class BusClient: Sendable {
 
     private func openStream<Part, End>(service: String, method: String, paramsText: Result<[UInt8]?, BusError>, timeout: Duration?,
                                        bufferSize: Int, everyWorker: Bool = false) -> PartStream<Part, End> {
-        let service = everyWorker ? "all:" + service : service
+        let service = everyWorker ? MDP.everyWorkerPrefix + service : service
         let state = PartStreamState(service: service, method: method, bufferSize: bufferSize)
         let id = ClientCore.nextID()
         let core = self.core, loop = self.loop

@@ -57,6 +57,9 @@ public enum MDP {
 
     /// What a usable service name is, for error messages.
     public static let serviceNameRule = "1 to \(maxServiceNameLength) printable ASCII characters"
+    /// A request for `all:SERVICE` goes to every worker of SERVICE (a Switchboard extension,
+    /// docs/PROTOCOL.md "A request to every worker"); no worker may register such a name.
+    public static let everyWorkerPrefix = "all:"
 
     /// Whether `name` is a usable service name: 1 to 255 printable ASCII characters.
     public static func isValidServiceName(_ name: String) -> Bool {

@@ -205,8 +205,6 @@ final class Broker {
     private(set) var queuedBytes = 0
     /// Requests to every worker of a service still gathering answers.
     private(set) var gathers: [Gather] = []
-    /// Requests to every worker of a service (`all:SERVICE`) the kernel took.
-    private(set) var totalGathers = 0
     private(set) var refusedRegistrations = 0
     /// Client requests answered -32008: this kernel was not the active one of its pair.
     private(set) var refusedNotActive = 0
@@ -435,8 +433,7 @@ final class Broker {
 
     // MARK: A request to every worker
 
-    /// The service-name prefix that sends a request to every worker of the service after it.
-    static let everyWorker = "all:"
+    static let everyWorker = MDP.everyWorkerPrefix
 
     /// Sends a copy of the request to each worker of `name` registered now (at once to one
     /// with a free place, else when it has one), and tells the client how many answers to
@@ -452,7 +449,6 @@ final class Broker {
             return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
         }
-        totalGathers += 1
         let owner = FairQueue.Client(id: caller.client)
         let stream = Request(client: caller.client, version: caller.version, owner: owner, body: body, deadline: 0, received: now)
         var id = JSONRPCID.null
