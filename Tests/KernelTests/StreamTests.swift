@@ -277,6 +277,7 @@ struct GatherTests {
                      body: [#"{"id":7,"jsonrpc":"2.0","result":{"answered":2,"expected":3,"missing":[{"reason":"died","worker":"C"}]}}"#]),
         ])
         #expect(broker.gathers.isEmpty && broker.workers[Frame("A")]?.inFlight.count == 0)
+        #expect(broker.queuedBytes == 0)
     }
 
     @Test("at the deadline the workers not heard from are timed_out; a late answer is dropped and frees its worker's place")
@@ -298,6 +299,32 @@ struct GatherTests {
         #expect(broker.workers[Frame("B")]?.hasRoom == true)
     }
 
+    @Test("bounded: one client's requests to every worker in progress hold at most its share of a worker's places, and the bodies held count in the queued bytes")
+    func bounded() {
+        var configuration = KernelConfiguration()
+        configuration.maxQueuedBytes = 200
+        let broker = Broker(configuration: configuration, logger: quiet)
+        broker.handle(fromWorker("A", .ready(service: "svc")), now: 0)
+        broker.handle(fromClient("G", "all:svc", request(7)), now: 0)
+        let first = Sent(broker.outbox.take()).requests[0].client
+        #expect(broker.queuedBytes == request(7).utf8.count)
+        // A plain worker: one place, so one in progress for G; another client may still ask.
+        broker.handle(fromClient("G", "all:svc", request(8)), now: 0)
+        let refused = Sent(broker.outbox.take()).toClients
+        #expect(refused.count == 1 && refused[0].isFinal && refused[0].body[0].contains("-32001"), "\(refused)")
+        broker.handle(fromClient("H", "all:svc", request(9)), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients.map(\.isFinal) == [false])
+        // H's copy waits for A's place: its body counts twice (held, and waiting).
+        #expect(broker.queuedBytes == request(7).utf8.count + 2 * request(9).utf8.count)
+        // Over the bytes: refused at once.
+        broker.handle(fromClient("K", "all:svc", String(repeating: "x", count: 150)), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients.first?.body.first?.contains("-32001") == true)
+        broker.handle(fromWorker("A", .reply(client: first, body: ["from A"])), now: 0)
+        let next = Sent(broker.outbox.take()).requests
+        broker.handle(fromWorker("A", .reply(client: next[0].client, body: ["from A"])), now: 0)
+        #expect(broker.gathers.isEmpty && broker.queuedBytes == 0)
+    }
+
     @Test("a worker that begins to drain before its copy reached it is reported drained, and gets no copy")
     func drained() {
         let broker = broker()
@@ -315,6 +342,7 @@ struct GatherTests {
         #expect(sent.requests.isEmpty)
         #expect(sent.toClients.last == ToClient(client: "G", version: .v02, isFinal: true,
             body: [#"{"id":7,"jsonrpc":"2.0","result":{"answered":1,"expected":2,"missing":[{"reason":"drained","worker":"B"}]}}"#]))
+        #expect(broker.queuedBytes == 0)
     }
 
     @Test("a 7/MDP client gets every answer in one REPLY; a service nobody serves is -32001; no worker may register under all:")

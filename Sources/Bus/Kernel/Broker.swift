@@ -419,6 +419,7 @@ final class Broker {
             // A plain 7/MDP worker cannot be told to drain: it is let go once idle.
             if !worker.speaksExtension, worker.inFlight.isEmpty { disconnectDrained(worker, now: now) }
         } else if let copy = worker.gatherCopies.popFirst() {
+            stopWaiting([copy])
             send(copy, to: worker)
         } else {
             worker.service.idle.append(worker)
@@ -449,6 +450,18 @@ final class Broker {
             return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
         }
+        // Bounded like the queues: the body is held while it gathers, once more for each copy
+        // that waits for a place, counted in the queued bytes; and one client's requests to
+        // every worker in progress hold at most its share of a worker's places.
+        let size = body.reduce(0) { $0 + $1.count }, waitingCopies = chosen.filter { !$0.hasRoom }.count
+        let inProgress = gathers.count { $0.stream.client == caller.client && $0.asked.name == asked.name }
+        guard queuedBytes + size * (1 + waitingCopies) <= configuration.maxQueuedBytes, inProgress < clientShare(of: service) else {
+            service.stats.unavailable += 1
+            return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
+                code: JSONRPCError.serviceUnavailableCode,
+                message: "Service unavailable: \(inProgress) requests to every '\(name)' worker from this client are in progress (\(queuedBytes) bytes queued in all)"))
+        }
+        queuedBytes += size
         let owner = FairQueue.Client(id: caller.client)
         let stream = Request(client: caller.client, version: caller.version, owner: owner, body: body, deadline: 0, received: now)
         var id = JSONRPCID.null
@@ -466,8 +479,14 @@ final class Broker {
                 send(copy, to: worker)
             } else {
                 worker.gatherCopies.append(copy)
+                queuedBytes += size
             }
         }
+    }
+
+    /// Copies that no longer wait for a place (sent, or dropped) leave the queued bytes.
+    private func stopWaiting(_ copies: some Sequence<Request>) {
+        for copy in copies { queuedBytes -= copy.size }
     }
 
     /// A worker's name in what the client gets: its routing id, as text when it is text.
@@ -503,7 +522,9 @@ final class Broker {
         gathers.removeAll { $0 === gather }
         for name in gather.waiting.sorted() { gather.missing.append((name, "timed_out")) }
         gather.waiting = []
+        queuedBytes -= gather.stream.size
         for worker in workers.values where !worker.gatherCopies.isEmpty {
+            stopWaiting(worker.gatherCopies.filter { $0.gather?.of === gather })
             worker.gatherCopies.removeAll { $0.gather?.of === gather }
         }
         let summary: JSONValue = [
@@ -530,8 +551,10 @@ final class Broker {
             service.workers -= 1
             service.places -= worker.window
             service.idle.removeAll { $0 === worker }
-            for copy in worker.gatherCopies { if let (gather, name) = copy.gather { gatherMissing(gather, name, "drained") } }
+            let copies = worker.gatherCopies
             worker.gatherCopies.removeAll()
+            stopWaiting(copies)
+            for copy in copies { if let (gather, name) = copy.gather { gatherMissing(gather, name, "drained") } }
             logger.info("worker draining", metadata: ["service": "\(service.name)", "inFlight": "\(worker.inFlight.count)", "workers": "\(service.workers)"])
             events.append(.workersChanged(service: service.name, count: service.workers))
         }
@@ -645,10 +668,12 @@ final class Broker {
             notDelivered.append(request)
         }
         // Copies of requests to every worker are not handed to another: that one has its own.
-        for copy in worker.inFlight.all + worker.gatherCopies + notDelivered {
+        let waitingCopies = worker.gatherCopies
+        worker.gatherCopies.removeAll()
+        stopWaiting(waitingCopies)
+        for copy in worker.inFlight.all + waitingCopies + notDelivered {
             if let (gather, name) = copy.gather { gatherMissing(gather, name, "died") }
         }
-        worker.gatherCopies.removeAll()
         notDelivered.removeAll { $0.gather != nil }
         let heldWhenItDied = worker.inFlight.all.filter { $0.gather == nil }
         for request in heldWhenItDied where request.lastDeadProcess != worker.process {
