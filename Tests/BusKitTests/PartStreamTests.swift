@@ -17,12 +17,17 @@ private enum NumbersAPI {
         var failAfter: Int?
         /// Waits (until cancelled) after this many parts.
         var holdAfter: Int?
+        /// Characters of padding in each part.
+        var padding: Int?
     }
     struct Tally: Codable, Sendable {
         var total: Int
         var numbers: [Int]
     }
-    struct Number: Codable, Sendable { var n: Int }
+    struct Number: Codable, Sendable {
+        var n: Int
+        var pad: String?
+    }
     static let countMethod = Method<Count, Tally>(service, "count", "The numbers 1 to n.")
     static let count = StreamMethod(countMethod, part: Number.self) { end, parts in
         var whole = end
@@ -37,7 +42,7 @@ private actor Numbers: BusService {
         table.onStream(NumbersAPI.count) { _, params, parts in
             for number in 0..<max(0, params.n) {
                 if number == params.failAfter { throw JSONRPCError(code: -32042, message: "stopped after \(number)") }
-                try await parts.send(.init(n: number + 1))
+                try await parts.send(.init(n: number + 1, pad: params.padding.map { String(repeating: "p", count: $0) }))
                 if number + 1 == params.holdAfter { try await Task.sleep(for: .seconds(600)) }
             }
             return NumbersAPI.Tally(total: params.n, numbers: [])
@@ -50,7 +55,8 @@ struct PartStreamTests {
     private func hostNumbers(_ kernel: TestKernel) async throws -> ServiceHost<Numbers> {
         let options = ServiceHost<Numbers>.Options(brokers: [kernel.endpoints.broker], connections: 1,
                                                    heartbeatInterval: kernel.configuration.heartbeatInterval,
-                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness, drainTimeout: .milliseconds(100))
+                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness, drainTimeout: .milliseconds(100),
+                                                   maxMessageSize: kernel.configuration.maxMessageSize)
         let host = try ServiceHost(service: Numbers(), options: options)
         try await host.start()
         try await kernel.workers(NumbersAPI.service)
@@ -102,6 +108,28 @@ struct PartStreamTests {
         await bus.close()
         await echo.stop()
         await counter.stop()
+        await kernel.stop()
+    }
+
+    @Test("a part over the kernel's message limit the host was given ends the stream with -32010, and the worker stays registered")
+    func partOverTheLimit() async throws {
+        let kernel = try await TestKernel.start {
+            fastHeartbeats(&$0)
+            $0.maxMessageSize = 4_096
+        }
+        let host = try await hostNumbers(kernel)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        var numbers: [Int] = []
+        do {
+            for try await part in bus.stream(NumbersAPI.count, .init(n: 3, padding: 5_000)) { numbers.append(part.n) }
+            Issue.record("expected -32010")
+        } catch let error as BusError {
+            #expect(error.code == JSONRPCError.tooLargeCode, "\(error)")
+        }
+        #expect(numbers.isEmpty)
+        #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 2)).numbers == [1, 2])
+        await bus.close()
+        await host.stop()
         await kernel.stop()
     }
 

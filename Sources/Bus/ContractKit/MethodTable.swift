@@ -100,9 +100,8 @@ public struct MethodTable<Service: BusService>: Sendable {
     public mutating func onStream<P, Part, R>(_ method: StreamMethod<P, Part, R>,
                                              _ handler: @escaping @Sendable (Service, P, Parts<Part>) async throws -> R) {
         let schema = add(method.method, description: method.methodDescription)
-        let maxPartBytes = limits.maxReplyBytes - 64
         handlers[method.name] = .stream { service, params, out in
-            let parts = Parts<Part>(out: out, maxBytes: maxPartBytes)
+            let parts = Parts<Part>(out: out)
             let result = try await handler(service, try decodeParams(P.self, params, schema: schema), parts)
             return try encodeJSON(out == nil ? method.gather(result, parts.kept) : result)
         }
@@ -153,7 +152,14 @@ public struct MethodTable<Service: BusService>: Sendable {
                 case .stream(let handler)?:
                     // Parts go out only for a lone request that asked for them and can be told apart by its id.
                     guard single, request.stream, let id = request.id, id != .null, let parts else { return try await handler(service, request.paramsText, nil) }
-                    return try await handler(service, request.paramsText) { part in try await parts(JSONRPC.partReply(id: id, partText: part)) }
+                    // Each part within the kernel's message limit, as the table's limits are now
+                    // (a host sets them after the methods are added).
+                    let limit = limits.maxReplyBytes
+                    return try await handler(service, request.paramsText) { part in
+                        let body = JSONRPC.partReply(id: id, partText: part)
+                        guard body.count <= limit else { throw JSONRPCError.overMessageSize("part", bytes: body.count, limit: limit) }
+                        try await parts(body)
+                    }
                 case nil: throw JSONRPCError.methodNotFound(request.method)
                 }
             }
@@ -272,12 +278,10 @@ public typealias PartOut = @Sendable ([UInt8]) async throws -> Void
 /// as PARTIALs one by one, or kept for the one reply when the request did not ask to stream.
 public final class Parts<Part: Codable & Sendable>: Sendable {
     private let out: PartOut?
-    private let maxBytes: Int
     private let keptParts = Mutex<[Part]>([])
 
-    init(out: PartOut?, maxBytes: Int) {
+    init(out: PartOut?) {
         self.out = out
-        self.maxBytes = maxBytes
     }
 
     /// Whether the parts go out one by one (the caller asked to stream).
@@ -288,9 +292,7 @@ public final class Parts<Part: Codable & Sendable>: Sendable {
     public func send(_ part: Part) async throws {
         try Task.checkCancellation()
         guard let out else { return keptParts.withLock { $0.append(part) } }
-        let text = try encodeJSON(part)
-        guard text.count <= maxBytes else { throw JSONRPCError.overMessageSize("part", bytes: text.count, limit: maxBytes) }
-        try await out(text)
+        try await out(try encodeJSON(part))
     }
 
     var kept: [Part] { keptParts.withLock { $0 } }
