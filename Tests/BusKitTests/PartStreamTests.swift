@@ -133,12 +133,14 @@ struct PartStreamTests {
         await kernel.stop()
     }
 
-    @Test("a reader that falls behind its buffer is told: the parts it has, then -32014 reader_behind; the client goes on serving")
-    func readerBehind() async throws {
+    @Test("a reader that falls behind its buffer, in parts or in bytes, is told: the parts it has, then -32014 reader_behind; the client goes on serving",
+          arguments: [(bufferSize: 4, bufferBytes: 64 << 20, padding: 0), (bufferSize: 1_000, bufferBytes: 4_600, padding: 1_000)])
+    func readerBehind(bound: (bufferSize: Int, bufferBytes: Int, padding: Int)) async throws {
         let kernel = try await TestKernel.start(fastHeartbeats)
         let host = try await hostNumbers(kernel)
         let bus = try await BusClient(brokers: [kernel.endpoints.broker])
-        let stream = bus.stream(NumbersAPI.count, .init(n: 50), bufferSize: 4)
+        // Four parts fit either bound (a padded part is about 1,045 bytes), the fifth does not.
+        let stream = bus.stream(NumbersAPI.count, .init(n: 50, padding: bound.padding), bufferSize: bound.bufferSize, bufferBytes: bound.bufferBytes)
         try await eventually(10, "the stream ended unread") { stream.state.ending.withLock { $0 != nil } }
         var numbers: [Int] = []
         do {

@@ -112,11 +112,14 @@ public final class BusClient: Sendable {
     /// its contract's part type; the stream's ``PartStream/end()`` is the result less the
     /// parts. `timeout`: the longest wait for the first part, and between parts. A worker
     /// that answers in one reply (7/MDP) gives no part and its whole result as the end.
+    /// `bufferSize`, `bufferBytes`: the parts, and their bytes, received and not yet read
+    /// that the stream holds; one more ends it (-32014 `reader_behind`).
     public func stream<P, Part, R>(_ method: StreamMethod<P, Part, R>, _ params: P, timeout: Duration? = nil,
-                                   bufferSize: Int = 10_000) -> PartStream<Part, R> {
+                                   bufferSize: Int = 10_000, bufferBytes: Int = 64 << 20) -> PartStream<Part, R> {
         let text: Result<[UInt8]?, BusError> = Result { try method.method.paramsText(params) }
             .mapError { .remote(service: method.service, .invalidParams(field: "params", "\($0)")) }
-        return openStream(service: method.service, method: method.name, paramsText: text, timeout: timeout, bufferSize: bufferSize)
+        return openStream(service: method.service, method: method.name, paramsText: text, timeout: timeout, bufferSize: bufferSize,
+                          bufferBytes: bufferBytes)
     }
 
     /// Sends `method` to every worker of its service registered now (`all:SERVICE`,
@@ -126,7 +129,7 @@ public final class BusClient: Sendable {
     public func gather<P, R>(_ method: Method<P, R>, _ params: P, timeout: Duration? = nil) -> PartStream<GatherEvent<R>, GatherSummary> {
         let text: Result<[UInt8]?, BusError> = Result { try method.paramsText(params) }
             .mapError { .remote(service: method.service, .invalidParams(field: "params", "\($0)")) }
-        return openStream(service: method.service, method: method.name, paramsText: text, timeout: timeout, bufferSize: 10_000, everyWorker: true)
+        return openStream(service: method.service, method: method.name, paramsText: text, timeout: timeout, everyWorker: true)
     }
 
     /// ``gather(_:_:timeout:)`` without params.
@@ -137,20 +140,20 @@ public final class BusClient: Sendable {
     /// ``gather(_:_:timeout:)`` for any service's method, by name, as plain JSON: the parts
     /// are `{"expected", "workers"}`, then `{"worker", "result"}` or `{"worker", "error"}`.
     public func gather(service: String, method: String, paramsText: [UInt8]?, timeout: Duration? = nil) -> PartStream<JSONValue, JSONValue> {
-        openStream(service: service, method: method, paramsText: .success(paramsText), timeout: timeout, bufferSize: 10_000, everyWorker: true)
+        openStream(service: service, method: method, paramsText: .success(paramsText), timeout: timeout, everyWorker: true)
     }
 
-    /// ``stream(_:_:timeout:bufferSize:)`` for any service's method, by name, params as JSON
+    /// ``stream(_:_:timeout:bufferSize:bufferBytes:)`` for any service's method, by name, params as JSON
     /// text, parts and end as plain JSON.
     public func stream(service: String, method: String, paramsText: [UInt8]?, timeout: Duration? = nil,
-                       bufferSize: Int = 10_000) -> PartStream<JSONValue, JSONValue> {
-        openStream(service: service, method: method, paramsText: .success(paramsText), timeout: timeout, bufferSize: bufferSize)
+                       bufferSize: Int = 10_000, bufferBytes: Int = 64 << 20) -> PartStream<JSONValue, JSONValue> {
+        openStream(service: service, method: method, paramsText: .success(paramsText), timeout: timeout, bufferSize: bufferSize, bufferBytes: bufferBytes)
     }
 
     private func openStream<Part, End>(service: String, method: String, paramsText: Result<[UInt8]?, BusError>, timeout: Duration?,
-                                       bufferSize: Int, everyWorker: Bool = false) -> PartStream<Part, End> {
+                                       bufferSize: Int = 10_000, bufferBytes: Int = 64 << 20, everyWorker: Bool = false) -> PartStream<Part, End> {
         let service = everyWorker ? MDP.everyWorkerPrefix + service : service
-        let state = PartStreamState(service: service, method: method, bufferSize: bufferSize)
+        let state = PartStreamState(service: service, method: method, bufferSize: bufferSize, bufferBytes: bufferBytes)
         let id = ClientCore.nextID()
         let core = self.core, loop = self.loop
         let stream = PartStream<Part, End>(handle: PartStreamHandle(state: state) {
@@ -177,7 +180,7 @@ public final class BusClient: Sendable {
         let deadline = clock.now + timeout.nanoseconds
         loop.execute {
             var pending = ClientCore.Pending(service: service, method: method, timeout: timeout, deadline: deadline) { state.ended($0) }
-            pending.onPart = { state.received($0) }
+            pending.onPart = { state.received($0, bytes: $1) }
             core.assumeIsolated { $0.send([(id, pending)], message: MDP.request(service: service, body: [body], version: .v02)) }
         }
         return stream
@@ -401,8 +404,8 @@ actor ClientCore {
         var deadline: UInt64
         /// Called once, on the loop thread, with the outcome.
         let complete: (Result<JSONValue, BusError>) -> Void
-        /// A reply in parts: takes each part (false: the reader is too far behind).
-        var onPart: ((JSONValue) -> Bool)? = nil
+        /// A reply in parts: takes each part with the bytes it came in (false: the reader is too far behind).
+        var onPart: ((JSONValue, Int) -> Bool)? = nil
         /// Parts received: a request that had some is never sent again (they would repeat).
         var parts = 0
         /// The message to send again; held by the first request of a batch only, so a batch
@@ -714,9 +717,9 @@ actor ClientCore {
     /// One part of a reply in parts: to its stream's reader, if it still reads.
     private func receivedPart(_ reply: ClientReply) {
         guard let (id, part) = Self.part(of: reply.body), case .number(let number) = id, let onPart = pending[number]?.onPart else { return }
-        guard onPart(part) else {
+        guard onPart(part, reply.body.reduce(0) { $0 + $1.count }) else {
             let request = pending[number]!
-            return endStream(number, .streamEnded("this reader fell \(request.parts) parts behind", parts: request.parts, reason: "reader_behind",
+            return endStream(number, .streamEnded("this reader fell a whole buffer of parts behind", parts: request.parts, reason: "reader_behind",
                                                   service: request.service))
         }
         pending[number]!.parts += 1

@@ -10,8 +10,8 @@ import ZeroMQ
 ///
 /// Cancelling the task that iterates, or dropping the stream unfinished, ends the request on
 /// this side: later parts are dropped as they arrive. (18/MDP has no way to tell the worker;
-/// it runs to its end.) A reader that falls `bufferSize` parts behind ends the stream with
-/// `-32014` (`reason: "reader_behind"`) rather than hold more.
+/// it runs to its end.) A reader that falls `bufferSize` parts, or `bufferBytes` bytes of
+/// them, behind ends the stream with `-32014` (`reason: "reader_behind"`) rather than hold more.
 ///
 /// ```swift
 /// let groups = bus.stream(SearchAPI.itemsGroupedStream, .init(order: .natural))
@@ -27,14 +27,15 @@ public struct PartStream<Part: Decodable & Sendable, End: Decodable & Sendable>:
         let handle: PartStreamHandle
         public mutating func next() async throws -> Part? {
             let state = handle.state
-            let raw: JSONValue?
+            let received: (part: JSONValue, bytes: Int)?
             do {
-                raw = try await state.buffer.next()
+                received = try await state.buffer.next()
             } catch is CancellationError {
                 handle.cancel()
                 throw CancellationError()
             }
-            guard let raw else { return nil }
+            guard let (raw, bytes) = received else { return nil }
+            state.bufferedBytes.subtract(bytes, ordering: .relaxed)
             do { return try decodeResult(Part.self, raw) } catch {
                 handle.cancel()
                 throw BusError.remote(service: state.service, error as? JSONRPCError ?? .internalError("\(error)"))
@@ -68,17 +69,25 @@ public struct PartStream<Part: Decodable & Sendable, End: Decodable & Sendable>:
 final class PartStreamState: Sendable {
     let service: String
     let method: String
-    let buffer: BoundedBuffer<JSONValue>
+    /// Each part with the bytes it came in, counted in ``bufferedBytes`` until it is read.
+    let buffer: BoundedBuffer<(part: JSONValue, bytes: Int)>
+    let bufferedBytes = Atomic<Int>(0)
+    let maxBufferedBytes: Int
     let ending = Mutex<Result<JSONValue, BusError>?>(nil)
 
-    init(service: String, method: String, bufferSize: Int) {
+    init(service: String, method: String, bufferSize: Int, bufferBytes: Int) {
         self.service = service
         self.method = method
         buffer = BoundedBuffer(capacity: bufferSize, whenFull: .refuse)
+        maxBufferedBytes = bufferBytes
     }
 
-    /// A part came: false when the reader is too far behind to take it.
-    func received(_ part: JSONValue) -> Bool { buffer.push(part) != .refused }
+    /// A part came, in `bytes`: false when the reader is too far behind to take it.
+    func received(_ part: JSONValue, bytes: Int) -> Bool {
+        guard bufferedBytes.load(ordering: .relaxed) + bytes <= maxBufferedBytes, buffer.push((part, bytes)) != .refused else { return false }
+        bufferedBytes.add(bytes, ordering: .relaxed)
+        return true
+    }
 
     /// The stream ended: with its result, or with why it ended early.
     func ended(_ outcome: Result<JSONValue, BusError>) {
