@@ -445,7 +445,8 @@ final class Broker {
             return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
         }
-        let chosen = workers.values.filter { $0.service === service && !$0.draining }.sorted { Self.name(of: $0) < Self.name(of: $1) }
+        // Each worker with its name, made once, in the order of the names.
+        let chosen = workers.values.filter { $0.service === service && !$0.draining }.map { ($0, Self.name(of: $0)) }.sorted { $0.1 < $1.1 }
         guard !chosen.isEmpty else {
             return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
@@ -453,7 +454,7 @@ final class Broker {
         // Bounded like the queues: the body is held while it gathers, once more for each copy
         // that waits for a place, counted in the queued bytes; and one client's requests to
         // every worker in progress hold at most its share of a worker's places.
-        let size = body.reduce(0) { $0 + $1.count }, waitingCopies = chosen.filter { !$0.hasRoom }.count
+        let size = body.reduce(0) { $0 + $1.count }, waitingCopies = chosen.filter { !$0.0.hasRoom }.count
         let inProgress = gathers.count { $0.stream.client == caller.client && $0.asked.name == asked.name }
         guard queuedBytes + size * (1 + waitingCopies) <= configuration.maxQueuedBytes, inProgress < clientShare(of: service) else {
             service.stats.unavailable += 1
@@ -466,12 +467,12 @@ final class Broker {
         let stream = Request(client: caller.client, version: caller.version, owner: owner, body: body, deadline: 0, received: now)
         var id = JSONRPCID.null
         if body.count == 1, case .single(.request(let request)) = JSONRPC.parseRequests(body.first!.bytes) { id = request.id ?? .null }
-        let names = chosen.map(Self.name(of:))
+        let names = chosen.map(\.1)
         let gather = Gather(stream: stream, asked: asked, id: id, workers: names, deadline: now + configuration.queueTimeout.nanoseconds)
         gathers.append(gather)
         let notice: JSONValue = ["expected": .int(Int64(names.count)), "workers": .array(names.map(JSONValue.string))]
         relayPart([Frame(JSONRPC.partReply(id: id, partText: notice.jsonBytes))], of: stream, service: asked)
-        for (worker, name) in zip(chosen, names) {
+        for (worker, name) in chosen {
             let copy = Request(client: caller.client, version: caller.version, owner: owner, body: body, deadline: gather.deadline, received: now)
             copy.gather = (gather, name)
             if worker.hasRoom, let place = service.idle.firstIndex(where: { $0 === worker }) {

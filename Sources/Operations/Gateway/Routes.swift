@@ -94,12 +94,13 @@ struct Routes: Sendable {
             return Self.rpcError(.contentTooLarge, .tooLarge(request.headers[.contentLength].flatMap(Int.init) ?? settings.maxBodyBytes + 1,
                                                              limit: settings.maxBodyBytes))
         }
+        let partsFormat = Self.partsFormat(request)
         switch JSONRPC.parseRequests(body.readableBytesView) {
         case .unusable(let response):
             return Self.reply(Self.status(for: response), response.jsonBytes)
-        case .single(.request(let call)) where Self.partsFormat(request) != nil && call.id != nil && call.id != .null
+        case .single(.request(let call)) where partsFormat != nil && call.id != nil && call.id != .null
                 && refusal(call, service: service, token: token) == nil:
-            return await streamed(call, id: call.id!, service: service, trace: Self.trace(request), format: Self.partsFormat(request)!)
+            return await streamed(call, id: call.id!, service: service, trace: Self.trace(request), format: partsFormat!)
         case .single(let item):
             // A notification (no id) is answered with nothing: 204.
             guard let response = await answers(to: [item], service: service, token: token, trace: Self.trace(request))[0] else {
