@@ -36,6 +36,8 @@ struct SubscriptionGapTests {
             case .resynced:
                 resynced += 1
                 resyncing = false
+            case .reset:
+                Issue.record("a subscription opened without a sequence was reset")
             case .synced:
                 synced += 1
             }
@@ -60,7 +62,7 @@ struct SubscriptionGapTests {
         /// Greets the subscription with a HUGZ and answers the snapshot it then asks for.
         func serveSnapshot(sequence: UInt64) throws {
             try publisher.send(CHP.hugz())
-            let (client, subtree) = try CHP.decodeSnapshotRequest(try snapshots.receive())
+            let (client, subtree, _) = try CHP.decodeSnapshotRequest(try snapshots.receive())
             #expect(subtree == "/probe/")
             try snapshots.send(CHP.kthxbai(sequence: sequence, subtree: subtree, to: client))
         }

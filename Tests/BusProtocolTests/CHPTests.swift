@@ -8,7 +8,7 @@ struct CHPTests {
     func snapshot() throws {
         #expect(CHP.icanhaz(subtree: "/catalog/") == ["ICANHAZ?", "/catalog/"])
         let client = Frame("sub-1")
-        #expect(try CHP.decodeSnapshotRequest(Message([client] + CHP.icanhaz(subtree: "").frames)) == (client, ""))
+        #expect(try CHP.decodeSnapshotRequest(Message([client] + CHP.icanhaz(subtree: "").frames)) == (client, "", nil))
         let entry = KVEntry(key: "/catalog/countries", sequence: 258, value: "{\"n\":1}")
         let sync = CHP.kvsync(entry, to: client)
         #expect(sync.count == 6)
@@ -16,7 +16,24 @@ struct CHPTests {
         #expect(try CHP.decodeSnapshotReply(Message(Array(sync.frames.dropFirst()))) == .entry(entry))
         let done = CHP.kthxbai(sequence: 9, subtree: "/catalog/", to: client)
         #expect(done[1] == "KTHXBAI")
-        #expect(try CHP.decodeSnapshotReply(Message(Array(done.frames.dropFirst()))) == .done(sequence: 9, subtree: "/catalog/"))
+        #expect(try CHP.decodeSnapshotReply(Message(Array(done.frames.dropFirst()))) == .done(sequence: 9, subtree: "/catalog/", since: nil))
+    }
+
+    @Test("A resume: ICANHAZ? with the sequence the client is at, a KTHXBAI that says since (extensions plain CHP peers never see)")
+    func resume() throws {
+        let client = Frame("sub-1")
+        let asked = CHP.icanhaz(subtree: "/client/", since: 258)
+        #expect(asked.count == 3)
+        #expect(asked[2].bytes == [0, 0, 0, 0, 0, 0, 1, 2])
+        #expect(try CHP.decodeSnapshotRequest(Message([client] + asked.frames)) == (client, "/client/", 258))
+        let done = CHP.kthxbai(sequence: 300, subtree: "/client/", since: 258, to: client)
+        #expect(done[4] == "since=258\n")
+        #expect(try CHP.decodeSnapshotReply(Message(Array(done.frames.dropFirst()))) == .done(sequence: 300, subtree: "/client/", since: 258))
+        #expect(throws: ProtocolError.self) { try CHP.decodeSnapshotRequest(["c", "ICANHAZ?", "/", "short"]) }
+        #expect(throws: ProtocolError.self) { try CHP.decodeSnapshotRequest(["c", "ICANHAZ?", "/", Frame(CHP.sequenceFrame(1).bytes), "more"]) }
+        #expect(throws: ProtocolError.self) {
+            try CHP.decodeSnapshotReply(["KTHXBAI", CHP.sequenceFrame(1), Frame(), "since=soon\n", "/"])
+        }
     }
 
     @Test("KVPUB and KVSET carry UUID and properties; HUGZ is recognised")

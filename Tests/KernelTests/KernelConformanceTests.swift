@@ -304,7 +304,7 @@ struct KernelConformanceTests {
         let snapshot = try running.socket(.dealer, running.endpoints.snapshot)
         try snapshot.send(CHP.icanhaz(subtree: "/catalog/"))
         #expect(try CHP.decodeSnapshotReply(try await receive(snapshot)) == .entry(KVEntry(key: "/catalog/countries", sequence: UInt64(first), value: Frame((["count": 249] as JSONValue).jsonBytes))))
-        guard case .done(let snapshotSequence, "/catalog/") = try CHP.decodeSnapshotReply(try await receive(snapshot)) else {
+        guard case .done(let snapshotSequence, "/catalog/", nil) = try CHP.decodeSnapshotReply(try await receive(snapshot)) else {
             Issue.record("expected KTHXBAI"); return
         }
         #expect(snapshotSequence >= UInt64(first))

@@ -225,22 +225,26 @@ public final class BusClient: Sendable {
     /// published it. A client writes under the kernel's writable prefixes (`/client/` by
     /// default) as through the CHP collector, but acknowledged (`kernel` `state.publish`);
     /// `asService` writes a service's own keys (`state.set`, see ``StatePublisher``).
+    /// `revision`: compare-and-set, written only if the key is at that revision (its last
+    /// change's sequence; 0: absent), else ``BusError/remote(service:_:)`` with -32004 and
+    /// the key's revision in `data.revision`. The returned sequence is the key's new revision.
     @discardableResult
-    public func publish(key: String, value: JSONValue?, ttl: Double? = nil, asService: Bool = false) async throws(BusError) -> UInt64 {
+    public func publish(key: String, value: JSONValue?, ttl: Double? = nil, revision: UInt64? = nil,
+                        asService: Bool = false) async throws(BusError) -> UInt64 {
         try await call(asService ? KernelAPI.stateSet : KernelAPI.statePublish,
-                       KernelAPI.StateSetParams(key: key, value: value ?? .null, ttl: ttl)).sequence
+                       KernelAPI.StateSetParams(key: key, value: value ?? .null, ttl: ttl, revision: revision)).sequence
     }
 
     /// Follows the kernel's state under `prefixes` (12/CHP): a snapshot, then every update,
     /// with gaps reported (see ``Subscription``). It runs on this client's loop with its keys;
     /// cancel it before closing the client.
-    public func subscribe(prefixes: [String] = [""], includeSnapshot: Bool = true, silenceTimeout: Duration = .seconds(5),
-                          bufferSize: Int = 10_000) async throws -> Subscription {
+    public func subscribe(prefixes: [String] = [""], includeSnapshot: Bool = true, since: UInt64? = nil,
+                          silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000) async throws -> Subscription {
         guard let state else {
             throw BusError.protocolViolation("no CHP endpoints: give BusClient(state:) when the broker is not at tcp://HOST:PORT")
         }
         return try await Subscription.open(kernels: state.map { ($0.snapshot, $0.publisher) }, prefixes: prefixes,
-                                           includeSnapshot: includeSnapshot, loop: loop, silenceTimeout: silenceTimeout,
+                                           includeSnapshot: includeSnapshot, since: since, loop: loop, silenceTimeout: silenceTimeout,
                                            bufferSize: bufferSize, curve: curve, clock: clock)
     }
 

@@ -41,6 +41,10 @@ public enum SubscriptionEvent: Sendable, Equatable, CustomStringConvertible {
     /// the keys that changed (`changed`, deletions included); the view equals the kernel's
     /// as of `sequence` again.
     case resynced(sequence: UInt64, changed: Int)
+    /// A subscription opened to resume after `since` cannot: the kernel no longer holds
+    /// every change after it (or never made it). What follows is the whole snapshot, then
+    /// ``synced(sequence:)``: drop what was held before.
+    case reset(since: UInt64, reason: String)
 
     /// The update, when this is one.
     public var update: StateUpdate? {
@@ -54,6 +58,7 @@ public enum SubscriptionEvent: Sendable, Equatable, CustomStringConvertible {
         case .missed(let count?, let after, let reason): "missed \(count) updates after sequence \(after) (\(reason)); resyncing"
         case .missed(nil, let after, let reason): "may have missed updates after sequence \(after) (\(reason)); resyncing"
         case .resynced(let sequence, let changed): "resynced at sequence \(sequence): \(changed) keys changed"
+        case .reset(let since, let reason): "cannot resume after sequence \(since) (\(reason)); the whole snapshot follows"
         }
     }
 }
@@ -91,16 +96,21 @@ public final class Subscription: AsyncSequence, Sendable {
     /// - Parameters:
     ///   - prefixes: key prefixes to follow; `""` follows everything.
     ///   - includeSnapshot: deliver the current entries first (otherwise only later updates).
+    ///   - since: resume where a reader stopped: the sequence of the last change it saw (or
+    ///     of its last `synced`/`resynced`). It gets exactly the changes after it, deletions
+    ///     included, then ``SubscriptionEvent/synced(sequence:)``, while the kernel still holds
+    ///     them (`kernel.state_history_*`); otherwise ``SubscriptionEvent/reset(since:reason:)``
+    ///     and the whole snapshot.
     ///   - silenceTimeout: resynchronise when nothing (not even HUGZ) arrives for this long.
     ///   - bufferSize: events waiting for the reader before the subscription stops reading.
     ///   - curve: keys for a CURVE-secured kernel (nil: plain text).
     ///   - clock: what the silence is timed by (a test moves its own).
     public static func open(snapshot: String, publisher: String, prefixes: [String] = [""], includeSnapshot: Bool = true,
-                            context: ZMQContext? = nil, loop: SocketLoop? = nil,
+                            since: UInt64? = nil, context: ZMQContext? = nil, loop: SocketLoop? = nil,
                             silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
                             curve: CurveClientKeys? = nil, clock: any NanosecondClock = SystemClock()) async throws -> Subscription {
-        try await open(kernels: [(snapshot, publisher)], prefixes: prefixes, includeSnapshot: includeSnapshot, context: context, loop: loop,
-                       silenceTimeout: silenceTimeout, bufferSize: bufferSize, curve: curve, clock: clock)
+        try await open(kernels: [(snapshot, publisher)], prefixes: prefixes, includeSnapshot: includeSnapshot, since: since, context: context,
+                       loop: loop, silenceTimeout: silenceTimeout, bufferSize: bufferSize, curve: curve, clock: clock)
     }
 
     /// Opens a subscription to the two kernels of a pair at once (each kernel's snapshot and
@@ -108,7 +118,7 @@ public final class Subscription: AsyncSequence, Sendable {
     /// change is delivered once, from whichever brings it first, and the loss of one kernel
     /// costs no update and no resync.
     public static func open(kernels: [(snapshot: String, publisher: String)], prefixes: [String] = [""], includeSnapshot: Bool = true,
-                            context: ZMQContext? = nil, loop: SocketLoop? = nil,
+                            since: UInt64? = nil, context: ZMQContext? = nil, loop: SocketLoop? = nil,
                             silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
                             curve: CurveClientKeys? = nil, clock: any NanosecondClock = SystemClock()) async throws -> Subscription {
         precondition(!kernels.isEmpty, "a subscription needs a kernel")
@@ -120,7 +130,7 @@ public final class Subscription: AsyncSequence, Sendable {
         let buffer = BoundedBuffer<SubscriptionEvent>(capacity: bufferSize, whenFull: .pauseProducer(resume: {
             resumeTarget.resumeReading()
         }))
-        let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot,
+        let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot, since: since,
                                     kernels: kernels, silenceTimeout: silenceTimeout,
                                     receiveHighWaterMark: Swift.max(1_000, bufferSize), curve: curve, clock: clock)
         resumeTarget.core.withLock { $0.core = core }
@@ -223,8 +233,21 @@ actor SubscriptionCore {
     private var timer: LoopTimer?
     private var phase = Phase.awaitingHello
     private var firstSync = true
+    /// The sequence the subscription was opened to resume after (until its first sync).
+    private var resumeFrom: UInt64?
+    /// The sequence this round of snapshot requests asked to resume after (nil: a whole snapshot).
+    private var asked: UInt64?
     private var snapshotSequences: [UInt64] = []
     private var snapshotEntries: [String: StateUpdate] = [:]
+    /// What the snapshot connection brought for the prefix being read, before its KTHXBAI
+    /// says whether it is the changes since `asked` or the whole subtree.
+    private var received: [KVEntry] = []
+    /// The changes since `asked`, of every prefix read so far.
+    private var changesSince: [KVEntry] = []
+    /// Prefixes of this round that came whole (their changes were no longer all held), and
+    /// that came as the changes since `asked`.
+    private var cameWhole = 0
+    private var cameAsChanges = 0
     private var pendingLive: [KVEntry] = []
     private var known: [String: Frame] = [:]
     private var lastSequence: UInt64 = 0
@@ -240,7 +263,7 @@ actor SubscriptionCore {
     private(set) var resyncs = 0
     var connectedKernels: Int { sources.filter { !$0.disconnected }.count }
 
-    init(loop: SocketLoop, buffer: BoundedBuffer<SubscriptionEvent>, prefixes: [String], includeSnapshot: Bool,
+    init(loop: SocketLoop, buffer: BoundedBuffer<SubscriptionEvent>, prefixes: [String], includeSnapshot: Bool, since: UInt64?,
          kernels: [(snapshot: String, publisher: String)], silenceTimeout: Duration, receiveHighWaterMark: Int,
          curve: CurveClientKeys?, clock: any NanosecondClock) {
         self.loop = loop
@@ -250,6 +273,7 @@ actor SubscriptionCore {
         self.prefixes = prefixes
         countedPrefixes = Array(Set(prefixes.filter { prefix in !prefixes.contains { $0 != prefix && prefix.hasPrefix($0) } }))
         self.includeSnapshot = includeSnapshot
+        resumeFrom = since
         sources = kernels.map { Source(snapshotEndpoint: $0.snapshot, publisherEndpoint: $0.publisher) }
         self.silenceTimeout = silenceTimeout
         self.receiveHighWaterMark = receiveHighWaterMark
@@ -376,17 +400,25 @@ actor SubscriptionCore {
 
     // MARK: Snapshot
 
-    private func requestSnapshot(_ index: Int) {
+    /// Asks for the snapshot of `prefixes[index]`: from the first, each in turn. The kernel is
+    /// asked for only the changes after the sequence the view is at (the one the subscription
+    /// was opened to resume after, or after a gap the last one delivered); it sends the whole
+    /// subtree when it no longer holds them all. `whole`: ask for whole subtrees only.
+    private func requestSnapshot(_ index: Int, whole: Bool = false) {
         if index == 0 {
             snapshotSequences = []
             snapshotEntries = [:]
+            changesSince = []
+            (cameWhole, cameAsChanges) = (0, 0)
             pendingLive = []
+            asked = whole ? nil : firstSync ? resumeFrom : lastSequence > 0 ? lastSequence : nil
         }
+        received = []
         phase = .snapshotting(index: index)
         let prefix = prefixes[index]
         // A CHP subtree is empty or ends in '/'; other prefixes ask for all and filter.
         let subtree = CHP.isValidSubtree(prefix) ? prefix : ""
-        snapshotSocket?.send(CHP.icanhaz(subtree: subtree))
+        snapshotSocket?.send(CHP.icanhaz(subtree: subtree, since: asked))
     }
 
     private func snapshotReply(_ message: Message) {
@@ -394,11 +426,25 @@ actor SubscriptionCore {
         switch reply {
         case .entry(let entry):
             guard entry.key.hasPrefix(prefixes[index]) else { return }
-            snapshotEntries[entry.key] = StateUpdate(key: entry.key, sequence: entry.sequence, value: entry.value, fromSnapshot: true)
-        case .done(let sequence, _):
+            received.append(entry)
+        case .done(let sequence, _, let since):
+            if since != nil, since == asked {
+                cameAsChanges += 1
+                changesSince += received
+            } else {
+                cameWhole += 1
+                for entry in received {
+                    snapshotEntries[entry.key] = StateUpdate(key: entry.key, sequence: entry.sequence, value: entry.value, fromSnapshot: true)
+                }
+            }
+            received = []
             snapshotSequences.append(sequence)
             if index + 1 < prefixes.count {
                 requestSnapshot(index + 1)
+            } else if cameWhole > 0, cameAsChanges > 0 {
+                // Some prefixes came as changes, some whole: read them all whole (rare: the
+                // history was trimmed between two requests of one round).
+                requestSnapshot(0, whole: true)
             } else {
                 goLive()
             }
@@ -406,6 +452,13 @@ actor SubscriptionCore {
     }
 
     private func goLive() {
+        if cameWhole == 0 {
+            goLiveWithChanges()
+            return
+        }
+        if firstSync, let since = resumeFrom {
+            deliver(.reset(since: since, reason: "the kernel no longer holds every change after sequence \(since)"))
+        }
         let snapshotSequence = snapshotSequences.max() ?? 0
         // Snapshot entries, sorted by key; after a resync only those that changed, and
         // a deletion for each key known before that the snapshot no longer has.
@@ -414,7 +467,7 @@ actor SubscriptionCore {
             let update = snapshotEntries[key]!
             let isChange = known[key] != update.value
             known[key] = update.value
-            if (firstSync && includeSnapshot) || (!firstSync && isChange) {
+            if (firstSync && (includeSnapshot || resumeFrom != nil)) || (!firstSync && isChange) {
                 deliver(.update(update))
                 if isChange { changed += 1 }
             }
@@ -426,11 +479,33 @@ actor SubscriptionCore {
                 deliver(.update(StateUpdate(key: key, sequence: snapshotSequence, value: Frame(), fromSnapshot: true)))
             }
         }
+        finishSync(changed: changed)
+    }
+
+    /// The kernel sent the changes since `asked` for every prefix: each once (prefixes may
+    /// overlap), in order, deletions included.
+    private func goLiveWithChanges() {
+        var last: UInt64 = 0
+        for entry in changesSince.sorted(by: { $0.sequence < $1.sequence }) where entry.sequence != last {
+            last = entry.sequence
+            known[entry.key] = entry.isDelete ? nil : entry.value
+            deliver(.update(StateUpdate(key: entry.key, sequence: entry.sequence, value: entry.value, fromSnapshot: false)))
+        }
+        let changed = Set(changesSince.map(\.key)).count
+        changesSince = []
+        finishSync(changed: changed)
+    }
+
+    /// The round's snapshots are delivered: the updates that came meanwhile follow, then
+    /// word that the view is the kernel's.
+    private func finishSync(changed: Int) {
+        let snapshotSequence = snapshotSequences.max() ?? 0
         lastSequence = snapshotSequences.min() ?? 0
         let sequences = snapshotSequences
         phase = .live
         let wasFirstSync = firstSync
         firstSync = false
+        resumeFrom = nil
         // Updates that arrived during the snapshot: keep those newer than the snapshot its
         // key was last read in (with overlapping prefixes, the latest of theirs).
         for entry in pendingLive.sorted(by: { $0.sequence < $1.sequence }) {

@@ -53,7 +53,9 @@ public struct KVEntry: Sendable, Equatable {
 public enum SnapshotReply: Sendable, Equatable {
     case entry(KVEntry)
     /// The end of the snapshot: the highest sequence it covers, and the subtree asked for.
-    case done(sequence: UInt64, subtree: String)
+    /// `since`: the entries before it were the changes after that sequence, in order and
+    /// deletions included (the kernel held them), not the whole subtree.
+    case done(sequence: UInt64, subtree: String, since: UInt64?)
 }
 
 /// What a client's subscriber connection receives.
@@ -67,9 +69,13 @@ public enum PublishedUpdate: Sendable, Equatable {
 extension CHP {
     // MARK: Encoders
 
-    /// `ICANHAZ?` for the client's DEALER snapshot socket.
-    public static func icanhaz(subtree: String) -> Message {
-        [Frame(icanhazCommand), Frame(subtree)]
+    /// `ICANHAZ?` for the client's DEALER snapshot socket. `since` (a Switchboard extension,
+    /// a third frame a plain CHP client never sends): the sequence the client's view is at;
+    /// a kernel that still holds every change after it sends those instead of the snapshot
+    /// and says so in its `KTHXBAI` (``SnapshotReply/done(sequence:subtree:since:)``).
+    public static func icanhaz(subtree: String, since: UInt64? = nil) -> Message {
+        guard let since else { return [Frame(icanhazCommand), Frame(subtree)] }
+        return [Frame(icanhazCommand), Frame(subtree), sequenceFrame(since)]
     }
 
     /// `KVSYNC` to `client`, for the server's ROUTER snapshot socket.
@@ -77,10 +83,14 @@ extension CHP {
         [client, Frame(entry.key), sequenceFrame(entry.sequence), Frame(), Frame(), entry.value]
     }
 
-    /// `KTHXBAI` to `client`, for the server's ROUTER snapshot socket.
-    public static func kthxbai(sequence: UInt64, subtree: String, to client: Frame) -> Message {
-        [client, Frame(kthxbaiCommand), sequenceFrame(sequence), Frame(), Frame(), Frame(subtree)]
+    /// `KTHXBAI` to `client`, for the server's ROUTER snapshot socket. `since`: what came
+    /// before it were the changes after that sequence (a `since=N` property, which plain
+    /// CHP clients ignore).
+    public static func kthxbai(sequence: UInt64, subtree: String, since: UInt64? = nil, to client: Frame) -> Message {
+        [client, Frame(kthxbaiCommand), sequenceFrame(sequence), Frame(), Frame(since.map { "\(sinceProperty)=\($0)\n" } ?? ""), Frame(subtree)]
     }
+
+    static let sinceProperty = "since"
 
     /// `KVPUB` (server to subscribers) or `KVSET` (client to collector): the same five frames.
     public static func kv(_ entry: KVEntry) -> Message {
@@ -110,24 +120,31 @@ extension CHP {
 
     // MARK: Decoders
 
-    /// Decodes `ICANHAZ?` as the server's ROUTER receives it: `[client, "ICANHAZ?", subtree]`.
-    /// Returns the client's routing id and the subtree.
-    public static func decodeSnapshotRequest(_ message: Message) throws(ProtocolError) -> (client: Frame, subtree: String) {
+    /// Decodes `ICANHAZ?` as the server's ROUTER receives it: `[client, "ICANHAZ?", subtree]`,
+    /// or with the sequence the client is at as a third frame (``icanhaz(subtree:since:)``).
+    /// Returns the client's routing id, the subtree and that sequence.
+    public static func decodeSnapshotRequest(_ message: Message) throws(ProtocolError) -> (client: Frame, subtree: String, since: UInt64?) {
         let frames = message.frames
-        guard frames.count == 3 else { throw ProtocolError("CHP", "ICANHAZ? has \(frames.count - 1) frames, expected 2") }
+        guard frames.count == 3 || frames.count == 4 else { throw ProtocolError("CHP", "ICANHAZ? has \(frames.count - 1) frames, expected 2 (or 3 with a sequence)") }
         guard frames[1].equals(icanhazCommand) else { throw ProtocolError("CHP", "expected ICANHAZ?, got \(frames[1])") }
         guard let subtree = frames[2].string, isValidSubtree(subtree) else {
             throw ProtocolError("CHP", "subtree must be empty or a path ending in '/' (got \(frames[2]))")
         }
-        return (frames[0], subtree)
+        guard frames.count == 4 else { return (frames[0], subtree, nil) }
+        guard frames[3].count == 8 else { throw ProtocolError("CHP", "ICANHAZ? sequence has \(frames[3].count) bytes, expected 8") }
+        return (frames[0], subtree, sequenceValue(frames[3]))
     }
 
     /// Decodes what the client's DEALER snapshot socket receives.
     public static func decodeSnapshotReply(_ message: Message) throws(ProtocolError) -> SnapshotReply {
-        let (key, sequence, _, _, value) = try fiveFrames(message, "KVSYNC")
+        let (key, sequence, _, properties, value) = try fiveFrames(message, "KVSYNC")
         if key == kthxbaiCommand {
             guard let subtree = value.string else { throw ProtocolError("CHP", "KTHXBAI subtree is not UTF-8") }
-            return .done(sequence: sequence, subtree: subtree)
+            let since = try decodeProperties(properties).first { $0.name == sinceProperty }.map { property throws(ProtocolError) in
+                guard let since = UInt64(property.value) else { throw ProtocolError("CHP", "KTHXBAI since is not a sequence: \(property.value.prefix(40))") }
+                return since
+            }
+            return .done(sequence: sequence, subtree: subtree, since: since)
         }
         return .entry(KVEntry(key: key, sequence: sequence, value: value))
     }

@@ -182,7 +182,8 @@ public struct MethodTable<Service: BusService>: Sendable {
             let run = {
                 Result<[UInt8], any Error> {
                     switch handlers[request.method] {
-                    case .isolated(let handler)?: return try handler(service, request.paramsText)
+                    // The request's key is known to the handler, as in ``answer(body:on:)``'s exactly-once runs.
+                    case .isolated(let handler)?: return try RequestKey.$current.withValue(RequestKey(request)) { try handler(service, request.paramsText) }
                     case .async?, .stream?: throw JSONRPCError.internalError("\(request.method) cannot be answered without suspending")
                     case nil: throw JSONRPCError.methodNotFound(request.method)
                     }

@@ -20,9 +20,10 @@ public enum KernelAPI {
     public static let servicesList = Method<NoParams, ServiceList>(service, "services.list", "The registered services with their workers, queue and requests in flight.")
     public static let stats = Method<NoParams, Stats>(service, "stats", "Totals and per-service requests, errors, latencies; security and state figures.")
     public static let metrics = Method<NoParams, Metrics>(service, "metrics", "The same figures in the Prometheus text format.")
-    public static let stateSet = Method<StateSetParams, StateWritten>(service, "state.set", "Writes a CHP key (null deletes; ttl in seconds), acknowledged with its sequence number.")
-    public static let statePublish = Method<StateSetParams, StateWritten>(service, "state.publish", "Writes a key as a client, under the collector's rule (the writable prefixes, /client/ by default), acknowledged with its sequence number.")
-    public static let stateGet = Method<StateGetParams, StateEntries>(service, "state.get", "The CHP keys under a prefix with their values and sequence numbers, a page at a time (next: the after of the next page).")
+    public static let stateSet = Method<StateSetParams, StateWritten>(service, "state.set", "Writes a CHP key (null deletes; ttl in seconds), acknowledged with its sequence number, the key's new revision. With revision: only if the key is at that revision (0: absent), else -32004 with data.revision.")
+    public static let statePublish = Method<StateSetParams, StateWritten>(service, "state.publish", "Writes a key as a client, under the collector's rule (the writable prefixes, /client/ by default), acknowledged with its sequence number. With revision: compare-and-set, as state.set.")
+    public static let stateGet = Method<StateGetParams, StateEntries>(service, "state.get", "The CHP keys under a prefix with their values and sequence numbers (each key's revision), a page at a time (next: the after of the next page).")
+    public static let stateHistory = Method<StateHistoryParams, StateRevisions>(service, "state.history", "A key's recent revisions, oldest first, deletions as null values, within the kernel's history bounds (kernel.state_history_*).")
     public static let workersList = Method<WorkersParams, Workers>(service, "workers.list", "Each worker connection (of a service, or all): its id, process, window, requests in flight, and whether it drains.")
     public static let workersDrain = Method<WorkersParams, Workers>(service, "workers.drain", "Drains the workers of a service (or one worker or process by id): they take no new requests, answer those in flight, then leave. For operators' keys only.")
 
@@ -116,9 +117,33 @@ public enum KernelAPI {
             public var refusedForbidden: Int
             /// Writes past a limit (value size, keys, bytes).
             public var refusedOverLimit: Int
-            public init(keys: Int, bytes: Int, sequence: UInt64, rejectedWrites: Int, refusedForbidden: Int, refusedOverLimit: Int) {
+            /// Compare-and-sets refused: the key was not at the revision given (-32004).
+            public var refusedConflict: Int
+            public var history: History
+            public init(keys: Int, bytes: Int, sequence: UInt64, rejectedWrites: Int, refusedForbidden: Int, refusedOverLimit: Int,
+                        refusedConflict: Int = 0, history: History) {
                 (self.keys, self.bytes, self.sequence, self.rejectedWrites) = (keys, bytes, sequence, rejectedWrites)
-                (self.refusedForbidden, self.refusedOverLimit) = (refusedForbidden, refusedOverLimit)
+                (self.refusedForbidden, self.refusedOverLimit, self.refusedConflict, self.history) = (refusedForbidden, refusedOverLimit, refusedConflict, history)
+            }
+        }
+        /// The state's recent changes the kernel keeps, and their bounds.
+        public struct History: Codable, Sendable {
+            public var changes: Int
+            public var bytes: Int
+            /// Keys with revisions held.
+            public var keys: Int
+            /// Every change after this sequence is held: a subscriber at it or later resumes exactly.
+            public var since: UInt64
+            public var maxChanges: Int
+            public var maxBytes: Int
+            public var perKey: Int
+            /// Snapshot requests answered with the changes since the sequence they gave, and
+            /// those answered with a whole snapshot (the changes were no longer all held).
+            public var resumes: Int
+            public var resumesRefused: Int
+            public init(changes: Int, bytes: Int, keys: Int, since: UInt64, maxChanges: Int, maxBytes: Int, perKey: Int, resumes: Int, resumesRefused: Int) {
+                (self.changes, self.bytes, self.keys, self.since) = (changes, bytes, keys, since)
+                (self.maxChanges, self.maxBytes, self.perKey, self.resumes, self.resumesRefused) = (maxChanges, maxBytes, perKey, resumes, resumesRefused)
             }
         }
         public var requests: Int
@@ -204,12 +229,44 @@ public enum KernelAPI {
         /// Absent or null deletes the key.
         public var value: JSONValue?
         public var ttl: Double?
-        public init(key: String, value: JSONValue?, ttl: Double? = nil) { (self.key, self.value, self.ttl) = (key, value, ttl) }
+        /// Compare-and-set: write only if the key is at this revision (the sequence of its
+        /// last change, as `state.get` shows it); 0: only if the key is absent. Otherwise
+        /// -32004, with the key's revision in `data.revision`.
+        public var revision: UInt64?
+        public init(key: String, value: JSONValue?, ttl: Double? = nil, revision: UInt64? = nil) {
+            (self.key, self.value, self.ttl, self.revision) = (key, value, ttl, revision)
+        }
     }
 
     public struct StateWritten: Codable, Sendable {
+        /// The change's sequence number: the key's new revision.
         public var sequence: UInt64
         public init(sequence: UInt64) { self.sequence = sequence }
+    }
+
+    public struct StateHistoryParams: Codable, Sendable {
+        public var key: String
+        public init(key: String) { self.key = key }
+    }
+
+    /// A key's revisions the kernel still holds, oldest first.
+    public struct StateRevisions: Codable, Sendable {
+        public struct Revision: Codable, Sendable, Equatable {
+            public var sequence: UInt64
+            /// Null: the key was deleted (or its TTL ran out).
+            public var value: JSONValue
+            public init(sequence: UInt64, value: JSONValue) { (self.sequence, self.value) = (sequence, value) }
+        }
+        public var key: String
+        public var revisions: [Revision]
+        /// The state's sequence now.
+        public var sequence: UInt64
+        /// The history holds every change after this sequence: an older revision may have
+        /// existed before it.
+        public var since: UInt64
+        public init(key: String, revisions: [Revision], sequence: UInt64, since: UInt64) {
+            (self.key, self.revisions, self.sequence, self.since) = (key, revisions, sequence, since)
+        }
     }
 
     /// One page of the keys under `prefix`, in byte order: at most `limit` entries (default

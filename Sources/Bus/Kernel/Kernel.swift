@@ -262,6 +262,7 @@ public actor Kernel: BusService {
         table.onIsolated(KernelAPI.stateSet) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: false) }
         table.onIsolated(KernelAPI.statePublish) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: true) }
         table.onIsolated(KernelAPI.stateGet, encoded: { kernel, params in kernel.stateGet(params) })
+        table.onIsolated(KernelAPI.stateHistory) { kernel, params in kernel.stateHistory(params) }
         table.onIsolated(KernelAPI.workersList) { kernel, params in kernel.workersList(params) }
         table.onIsolated(KernelAPI.workersDrain) { kernel, params in try kernel.drainWorkers(params) }
     }
@@ -321,9 +322,33 @@ public actor Kernel: BusService {
         }
         let value = params.value ?? .null
         let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
-        let sequence = try state.write(params.key, value: frame, ttl: ttl, by: Peer(userID: peer, security: configuration.security),
-                                       asClient: asClient, now: clock.now).get()
+        let sequence = try state.write(params.key, value: frame, ttl: ttl, expected: params.revision, uuid: Self.digest(RequestKey.current),
+                                       by: Peer(userID: peer, security: configuration.security), asClient: asClient, now: clock.now).get()
         return KernelAPI.StateWritten(sequence: sequence)
+    }
+
+    /// The CHP UUID of a change a request made: 16 bytes from its client and id (two FNV-1a
+    /// hashes), the same on both kernels of a pair, so a request sent again is known.
+    static func digest(_ key: RequestKey?) -> Frame {
+        guard let key else { return Frame() }
+        var first: UInt64 = 0xcbf2_9ce4_8422_2325, second: UInt64 = 0x6c62_272e_07bb_0142
+        for byte in key.description.utf8 {
+            first = (first ^ UInt64(byte)) &* 0x0000_0100_0000_01b3
+            second = (second ^ UInt64(byte)) &* 0x0000_0100_0000_01b3 &+ 0x9e37_79b9
+        }
+        var bytes = [UInt8]()
+        withUnsafeBytes(of: first.bigEndian) { bytes += $0 }
+        withUnsafeBytes(of: second.bigEndian) { bytes += $0 }
+        return Frame(bytes)
+    }
+
+    private func stateHistory(_ params: KernelAPI.StateHistoryParams) -> KernelAPI.StateRevisions {
+        let revisions = state.history.revisions(of: Frame(params.key)).map { change in
+            let value: JSONValue = change.value.isEmpty ? .null
+                : (try? JSONValue(parsing: change.value.bytes)) ?? .string(String(decoding: change.value.bytes, as: UTF8.self))
+            return KernelAPI.StateRevisions.Revision(sequence: change.sequence, value: value)
+        }
+        return KernelAPI.StateRevisions(key: params.key, revisions: revisions, sequence: state.sequence, since: state.history.start)
     }
 
     /// A page of ``KernelAPI/StateEntries`` as JSON text: each stored value spliced in as it
@@ -372,7 +397,11 @@ extension Kernel {
             security: .init(curve: configuration.security != nil, refusedConnections: serving.zap?.refused ?? 0,
                             refusedRegistrations: broker.refusedRegistrations, refusedRequests: broker.refusedNotOperator),
             state: .init(keys: state.entries.count, bytes: state.totalBytes, sequence: state.sequence, rejectedWrites: state.rejectedWrites,
-                         refusedForbidden: state.refusedForbidden, refusedOverLimit: state.refusedOverLimit),
+                         refusedForbidden: state.refusedForbidden, refusedOverLimit: state.refusedOverLimit, refusedConflict: state.refusedConflict,
+                         history: .init(changes: state.history.changes.count, bytes: state.history.bytes, keys: state.history.keys,
+                                        since: state.history.start, maxChanges: state.history.limits.changes,
+                                        maxBytes: state.history.limits.bytes, perKey: state.history.limits.perKey,
+                                        resumes: state.resumes, resumesRefused: state.resumesRefused)),
             pair: pairStatus)
     }
 
@@ -423,6 +452,11 @@ extension Kernel {
         family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(state.totalBytes))])
         family("state_refused_total", "counter", "State writes refused: forbidden for the writer's key, or over a key or byte limit.",
                [("{reason=\"forbidden\"}", String(state.refusedForbidden)), ("{reason=\"limit\"}", String(state.refusedOverLimit))])
+        family("state_refused_conflict_total", "counter", "Compare-and-sets refused: the key was not at the revision given.", [("", String(state.refusedConflict))])
+        family("state_history_changes", "gauge", "Recent changes of the state kept for resumes and state.history.", [("", String(state.history.changes.count))])
+        family("state_history_bytes", "gauge", "Bytes of keys and values in the state's kept changes.", [("", String(state.history.bytes))])
+        family("state_resumes_total", "counter", "Subscribers resumed from a sequence: with the changes since, or with a whole snapshot (no longer held).",
+               [("{outcome=\"exact\"}", String(state.resumes)), ("{outcome=\"snapshot\"}", String(state.resumesRefused))])
         family("state_sequence", "counter", "The CHP sequence number.", [("", String(state.sequence))])
         family("uptime_seconds", "gauge", "Seconds since the kernel started.", [("", String(Date().timeIntervalSince(startedAt).rounded()))])
         return text

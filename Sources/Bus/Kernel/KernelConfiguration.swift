@@ -70,6 +70,13 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// service (the store) and its key in state. It also keeps a stuck subscriber's backlog
     /// (`subscriber_backlog` updates of it at most) within reason.
     public var stateMaxValueBytes = 1024 * 1024
+    /// The state's recent changes kept: what a subscriber resumes from (`ICANHAZ?` with the
+    /// sequence it stopped at) and what `state.history` reads, at most this many changes and
+    /// bytes of keys and values; the oldest go first.
+    public var stateHistoryChanges = 100_000
+    public var stateHistoryBytes = 64 * 1024 * 1024
+    /// Revisions `state.history` gives of one key, at most.
+    public var stateHistoryPerKey = 16
     /// Requests one JSON-RPC batch may carry, at the kernel and at every service: a batch is
     /// answered in one message, so its size is what bounds a reply's.
     public var maxBatchItems = 100
@@ -103,6 +110,9 @@ public struct KernelConfiguration: Sendable, Equatable {
         clientStateMaxKeys = new.clientStateMaxKeys
         clientStateMaxBytes = new.clientStateMaxBytes
         stateMaxValueBytes = new.stateMaxValueBytes
+        stateHistoryChanges = new.stateHistoryChanges
+        stateHistoryBytes = new.stateHistoryBytes
+        stateHistoryPerKey = new.stateHistoryPerKey
         if var security, let given = new.security {
             security.clientKeys = given.clientKeys
             security.workerKeys = given.workerKeys

@@ -79,7 +79,7 @@ struct Admission {
         }
     }
 
-    private static let stateMethods: Set<String> = [KernelAPI.stateSet.name, KernelAPI.statePublish.name, KernelAPI.stateGet.name]
+    private static let stateMethods: Set<String> = [KernelAPI.stateSet.name, KernelAPI.statePublish.name, KernelAPI.stateGet.name, KernelAPI.stateHistory.name]
 }
 
 /// The kernel's parts on its loop thread, and the one place they meet: each socket's

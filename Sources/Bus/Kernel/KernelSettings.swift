@@ -8,6 +8,7 @@ extension KernelConfiguration {
         "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog", "subscriber_timeout_ms",
         "state_max_value_bytes", "max_batch_items", "max_deliveries", "client_share_percent",
         "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
+        "state_history_changes", "state_history_bytes", "state_history_per_key",
     ])
 
     /// Reads `kernel:` over the defaults (every key optional).
@@ -35,6 +36,9 @@ extension KernelConfiguration {
         if let value = try kernel.integer("state_max_bytes", atMost: 1 << 40) { stateMaxBytes = value }
         if let value = try kernel.integer("client_state_max_keys", atMost: 100_000_000) { clientStateMaxKeys = value }
         if let value = try kernel.integer("client_state_max_bytes", atMost: 1 << 40) { clientStateMaxBytes = value }
+        if let value = try kernel.integer("state_history_changes", atMost: 100_000_000) { stateHistoryChanges = value }
+        if let value = try kernel.integer("state_history_bytes", atMost: 1 << 40) { stateHistoryBytes = value }
+        if let value = try kernel.integer("state_history_per_key", atMost: 100_000) { stateHistoryPerKey = value }
         if let value = try kernel.strings("no_retry") { nonRetriableServices = Set(value) }
         if let prefixes = try kernel.strings("writable_prefixes") {
             guard prefixes.allSatisfy({ $0.hasPrefix("/") }) else {

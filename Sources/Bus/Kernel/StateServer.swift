@@ -36,7 +36,12 @@ final class StateServer: PairReplica {
     }
 
     /// Its limits and allowed keys may change while it serves (``KernelParts/reconfigure(_:)``).
-    var configuration: KernelConfiguration
+    var configuration: KernelConfiguration {
+        didSet {
+            history.limits = Self.historyLimits(configuration)
+            history.trim()
+        }
+    }
     let logger: Logger
     /// Messages for the snapshot ROUTER and for the publisher XPUB: taken after each call.
     let snapshots = Outbox()
@@ -47,11 +52,19 @@ final class StateServer: PairReplica {
     private(set) var sequence: UInt64
     /// Malformed KVSETs.
     private(set) var rejectedWrites = 0
-    /// Writes refused by ``StateAccess`` (-32011) and by the key and byte limits (-32010).
+    /// Snapshot requests answered with the changes since the sequence they gave, and those
+    /// answered with the whole snapshot because the changes were no longer all held.
+    private(set) var resumes = 0
+    private(set) var resumesRefused = 0
+    /// Writes refused by ``StateAccess`` (-32011), by the key and byte limits (-32010), and
+    /// compare-and-sets whose key had moved on (-32004).
     private(set) var refusedForbidden = 0
+    private(set) var refusedConflict = 0
     private(set) var refusedOverLimit = 0
     /// Bytes of keys and values held.
     private(set) var totalBytes = 0
+    /// The recent changes: resumes from a sequence, and `state.history`.
+    private(set) var history: StateHistory
     private var usage: [String: Usage] = [:]
     private let access: StateAccess
     private var lastHugz: UInt64 = 0
@@ -87,6 +100,11 @@ final class StateServer: PairReplica {
         self.logger = logger
         access = StateAccess(configuration: configuration)
         sequence = UInt64(Date().timeIntervalSince1970 * 1_000_000)
+        history = StateHistory(start: sequence, limits: Self.historyLimits(configuration))
+    }
+
+    private static func historyLimits(_ configuration: KernelConfiguration) -> StateHistory.Limits {
+        .init(changes: configuration.stateHistoryChanges, bytes: configuration.stateHistoryBytes, perKey: configuration.stateHistoryPerKey)
     }
 
     // MARK: Writes
@@ -115,17 +133,39 @@ final class StateServer: PairReplica {
     }
 
     /// A peer's `state.set` (or, `asClient`, its `state.publish`, under the collector's rule):
-    /// applied when ``StateAccess`` lets `peer` write `key` and the limits have room;
-    /// otherwise the error to answer with (-32011 or -32010).
-    func write(_ key: String, value: Frame, ttl: TimeToLive?, by peer: Peer, asClient: Bool = false, now: UInt64) -> Result<UInt64, JSONRPCError> {
+    /// applied when ``StateAccess`` lets `peer` write `key`, the limits have room and, given
+    /// an `expected` revision, the key is at it (0: absent); otherwise the error to answer
+    /// with (-32011, -32010, or -32004 with the key's revision). `uuid`: the request's
+    /// digest, kept with the change, so the same compare-and-set sent again after a failover
+    /// is answered with the revision it made, not refused.
+    func write(_ key: String, value: Frame, ttl: TimeToLive?, expected: UInt64? = nil, uuid: Frame = Frame(), by peer: Peer,
+               asClient: Bool = false, now: UInt64) -> Result<UInt64, JSONRPCError> {
         let key = Frame(key)
         let index = entries.index(forKey: key)
         switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: asClient) {
         case .refused(let error): return .failure(error)
         case .allowed(let owner):
-            return .success(apply(key, at: index, value: value, isJSON: true, ttl: ttl, uuid: Frame(),
+            if let expected {
+                let revision = index.map { entries.values[$0].sequence } ?? 0
+                if revision != expected {
+                    if !uuid.isEmpty, let made = history.revisions(of: key).last(where: { $0.sequence > expected && $0.uuid == uuid }) {
+                        return .success(made.sequence)
+                    }
+                    refusedConflict += 1
+                    return .failure(Self.conflict(key.string ?? "", revision: revision, expected: expected))
+                }
+            }
+            return .success(apply(key, at: index, value: value, isJSON: true, ttl: ttl, uuid: uuid,
                                   properties: Frame(ttl?.property ?? ""), quotaOwner: owner, now: now))
         }
+    }
+
+    /// -32004: the key is not at the revision the writer read.
+    static func conflict(_ key: String, revision: UInt64, expected: UInt64) -> JSONRPCError {
+        let now = revision == 0 ? "absent" : "at revision \(revision)"
+        let asked = expected == 0 ? "absent (create only)" : "at revision \(expected)"
+        return JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: \(key) is \(now), not \(asked); read it again and decide",
+                            data: ["key": .string(key), "revision": .int(Int64(clamping: revision)), "expected": .int(Int64(clamping: expected))])
     }
 
     /// Whether `peer` may write `key` (held at `index`, if it is) with a value of `size`
@@ -168,21 +208,24 @@ final class StateServer: PairReplica {
                        uuid: Frame, properties: Frame, quotaOwner: String?, now: UInt64) -> UInt64 {
         sequence += 1
         let old = index.map { entries.values[$0] }
+        // Kept with bytes of their own, not a share of the buffer libzmq read them in with
+        // other messages (which one kept frame would keep whole); published as they came.
+        // The state and the history share them.
+        let keptKey = index.map { entries.keys[$0] } ?? key.keepable()
         var new: Entry?
         if value.isEmpty {
             if let index { entries.remove(at: index) }
         } else {
             let expiresAt = ttl.map { now + $0.nanoseconds }
             if expiresAt != nil { expiring += 1 }
-            // Kept with bytes of their own, not a share of the buffer libzmq read them in with
-            // other messages (which one kept frame would keep whole); published as they came.
             let entry = Entry(sequence: sequence, value: value.keepable(), expiresAt: expiresAt, quotaOwner: quotaOwner,
                               size: key.count + value.count, isJSON: isJSON)
-            if let index { entries.values[index] = entry } else { entries[key.keepable()] = entry }
+            if let index { entries.values[index] = entry } else { entries[keptKey] = entry }
             new = entry
         }
         if old?.expiresAt != nil { expiring -= 1 }
         account(replacing: old, with: new)
+        history.record(.init(sequence: sequence, key: keptKey, value: new?.value ?? Frame(), uuid: uuid.isEmpty ? uuid : uuid.keepable()))
         let update: Message = [key, CHP.sequenceFrame(sequence), uuid, properties, value]
         if let pair {
             pair.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
@@ -226,6 +269,7 @@ final class StateServer: PairReplica {
             account(replacing: nil, with: entry)
         }
         self.sequence = sequence
+        history.restart(after: sequence)
     }
 
     /// Applies one of the active peer's changes and publishes it with its sequence; false
@@ -235,18 +279,20 @@ final class StateServer: PairReplica {
         sequence = item.sequence
         let index = entries.index(forKey: item.key)
         let old = index.map { entries.values[$0] }
+        let keptKey = index.map { entries.keys[$0] } ?? item.key.keepable()
         var new: Entry?
         if item.value.isEmpty {
             if let index { entries.remove(at: index) }
         } else {
             let entry = Entry(sequence: item.sequence, value: item.value.keepable(), expiresAt: item.expiresIn.map { now + $0 },
                               quotaOwner: item.quotaOwner, size: item.key.count + item.value.count, isJSON: Self.isJSON(item.value))
-            if let index { entries.values[index] = entry } else { entries[item.key.keepable()] = entry }
+            if let index { entries.values[index] = entry } else { entries[keptKey] = entry }
             if entry.expiresAt != nil { expiring += 1 }
             new = entry
         }
         if old?.expiresAt != nil { expiring -= 1 }
         account(replacing: old, with: new)
+        history.record(.init(sequence: item.sequence, key: keptKey, value: new?.value ?? Frame(), uuid: item.uuid.isEmpty ? item.uuid : item.uuid.keepable()))
         emit([item.key, CHP.sequenceFrame(item.sequence), item.uuid, item.properties, item.value], key: item.key)
         return true
     }
@@ -301,10 +347,12 @@ final class StateServer: PairReplica {
     // MARK: Reads
 
     /// Answers ICANHAZ? with every entry of the subtree, then KTHXBAI with the current
-    /// sequence: updates after it are exactly those still to come on the publisher.
+    /// sequence: updates after it are exactly those still to come on the publisher. Asked
+    /// with the sequence the client is at, and holding every change since, it sends those
+    /// changes instead (deletions as empty values), in order, and says so in the KTHXBAI.
     func snapshot(_ message: Message) {
         guard holdsState else { return }
-        let request: (client: Frame, subtree: String)
+        let request: (client: Frame, subtree: String, since: UInt64?)
         do {
             request = try CHP.decodeSnapshotRequest(message)
         } catch {
@@ -312,6 +360,15 @@ final class StateServer: PairReplica {
             return
         }
         let subtree = Frame(request.subtree)
+        if let since = request.since, let changes = history.changes(after: since, head: sequence) {
+            resumes += 1
+            for change in changes where change.key.hasPrefix(subtree) {
+                snapshots.send(CHP.kvsync(KVEntry(key: change.key.string ?? "", sequence: change.sequence, value: change.value), to: request.client))
+            }
+            snapshots.send(CHP.kthxbai(sequence: sequence, subtree: request.subtree, since: since, to: request.client))
+            return
+        }
+        if request.since != nil { resumesRefused += 1 }
         for (key, entry) in entries where key.hasPrefix(subtree) {
             snapshots.send(CHP.kvsync(KVEntry(key: key.string ?? "", sequence: entry.sequence, value: entry.value), to: request.client))
         }

@@ -194,6 +194,8 @@ actor StateFeed {
             logger.warning("the gateway's subscription missed updates; resyncing", metadata: ["count": "\(count.map(String.init) ?? "unknown")", "reason": "\(reason)"])
             broadcast(.notice("missed", ["count": count.map { .int(Int64(clamping: $0)) } ?? .null,
                                          "afterSequence": .int(Int64(clamping: after)), "reason": .string(reason)]))
+        case .reset:
+            break  // The feed's subscription is opened without a sequence to resume after.
         case .resynced(let sequence, let changed):
             repairing = false
             log.removeAll()

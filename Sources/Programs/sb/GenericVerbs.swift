@@ -96,12 +96,15 @@ struct Subscribe: AsyncParsableCommand {
         discussion: """
             Each line is {"key", "sequence", "value", "snapshot"}; a deleted key has value null.
 
-            Nothing is lost in silence: when updates are lost (this reader fell behind and the kernel dropped some, or the connection to the kernel dropped), stderr says how many and after which sequence; the subscription then resyncs from a snapshot (the changed and deleted keys follow as "snapshot": true lines) and stderr says so. With --json the two notices are also lines of their own: {"event": "missed", "count", "afterSequence", "reason"} and {"event": "resynced", "sequence", "changed"}.
+            Nothing is lost in silence: when updates are lost (this reader fell behind and the kernel dropped some, or the connection to the kernel dropped), stderr says how many and after which sequence; the subscription then resyncs (with the changes since, when the kernel still holds them, else from a snapshot: the changed and deleted keys follow as "snapshot": true lines) and stderr says so. With --json the notices are also lines of their own: {"event": "missed", "count", "afterSequence", "reason"}, {"event": "resynced", "sequence", "changed"} and {"event": "reset", "since", "reason"}.
+
+            --since N resumes after sequence N (the last line's "sequence" a reader printed): exactly the changes after it, deletions included, while the kernel holds them (kernel.state_history_changes, sb stats shows what it holds); otherwise a reset notice and the whole snapshot.
 
             Examples:
               sb subscribe /pricing/                 the current route and the deal, then changes
               sb sub /catalog/ /store/ --count 5     five lines, then exit
               sb sub --no-snapshot /client/          only what changes from now on
+              sb sub /client/ --since 1764115200000123   what changed after that sequence
             """,
         aliases: ["sub"]
     )
@@ -110,10 +113,12 @@ struct Subscribe: AsyncParsableCommand {
     @Argument(help: "Key prefixes (all keys when none).") var prefixes: [String] = []
     @Option(help: "Exit after this many lines.") var count: Int?
     @Flag(help: "Only updates from now on, without the current entries.") var noSnapshot = false
+    @Option(help: "Resume after this sequence: the changes since, not the snapshot.") var since: UInt64?
     @Flag(help: "Print missed/resynced notices as JSON lines on stdout too.") var json = false
 
     func validate() throws {
         if let count, count <= 0 { throw ValidationError("--count must be positive") }
+        if since != nil, noSnapshot { throw ValidationError("--since and --no-snapshot exclude each other: --since already starts after a sequence") }
     }
 
     func run() async throws {
@@ -121,7 +126,7 @@ struct Subscribe: AsyncParsableCommand {
         try await withClient(connection) { client in
             // A kernel that is not there is an error now, not a silent wait.
             _ = try await call(client, KernelAPI.ping)
-            let subscription = try await client.subscribe(prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: !noSnapshot)
+            let subscription = try await client.subscribe(prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: !noSnapshot, since: since)
             var printed = 0
             for try await event in subscription {
                 if case .synced = event { continue }
@@ -148,6 +153,8 @@ struct Subscribe: AsyncParsableCommand {
              "afterSequence": .int(Int64(clamping: after)), "reason": .string(reason)]
         case .resynced(let sequence, let changed):
             ["event": "resynced", "sequence": .int(Int64(clamping: sequence)), "changed": .int(Int64(changed))]
+        case .reset(let since, let reason):
+            ["event": "reset", "since": .int(Int64(clamping: since)), "reason": .string(reason)]
         }
     }
 }

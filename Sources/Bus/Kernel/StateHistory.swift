@@ -1,0 +1,107 @@
+import DequeModule
+import Frames
+
+/// The state's recent changes in sequence order: what a subscriber that knows where it
+/// stopped resumes from (`ICANHAZ?` with a sequence), and each key's recent revisions
+/// (`state.history`). Bounded by changes, bytes and revisions per key; the oldest go first.
+/// A deletion (or a TTL running out) is a change like any other, with an empty value.
+struct StateHistory {
+    struct Change {
+        let sequence: UInt64
+        let key: Frame
+        /// Empty: the key was deleted.
+        let value: Frame
+        /// The CHP UUID the change carried: for a `state.set`, a digest of its request (client
+        /// and id), so the same request sent again after a failover is known as the same.
+        let uuid: Frame
+        /// Bytes it counts against the byte bound.
+        var size: Int { key.count + value.count + uuid.count }
+    }
+
+    struct Limits: Equatable {
+        /// Changes the log keeps.
+        var changes: Int
+        var bytes: Int
+        /// Revisions `state.history` gives of one key.
+        var perKey: Int
+    }
+
+    var limits: Limits
+    private(set) var changes: Deque<Change> = []
+    private(set) var bytes = 0
+    /// Every change after this sequence is held.
+    private(set) var start: UInt64
+    /// The sequences of each key's revisions still in the log, oldest first, at most `perKey`.
+    private var revisionsByKey: [Frame: Deque<UInt64>] = [:]
+
+    init(start: UInt64, limits: Limits) {
+        self.start = start
+        self.limits = limits
+    }
+
+    /// Keys with revisions held.
+    var keys: Int { revisionsByKey.count }
+
+    mutating func record(_ change: Change) {
+        changes.append(change)
+        bytes += change.size
+        if limits.perKey > 0 {
+            let index = revisionsByKey.index(forKey: change.key)
+            if let index {
+                revisionsByKey.values[index].append(change.sequence)
+                if revisionsByKey.values[index].count > limits.perKey { revisionsByKey.values[index].removeFirst() }
+            } else {
+                revisionsByKey[change.key] = [change.sequence]
+            }
+        }
+        trim()
+    }
+
+    /// Drops the oldest changes until the log is within its bounds (after a reload too).
+    mutating func trim() {
+        while changes.count > limits.changes || bytes > limits.bytes, let oldest = changes.popFirst() {
+            start = oldest.sequence
+            bytes -= oldest.size
+            // The key's oldest revision held is this one, unless the per-key bound dropped it already.
+            if let index = revisionsByKey.index(forKey: oldest.key), revisionsByKey.values[index].first == oldest.sequence {
+                revisionsByKey.values[index].removeFirst()
+                if revisionsByKey.values[index].isEmpty { revisionsByKey.remove(at: index) }
+            }
+        }
+    }
+
+    /// Forgets everything: the log starts again after `sequence` (a copy of the peer's state
+    /// was installed).
+    mutating func restart(after sequence: UInt64) {
+        changes = []
+        revisionsByKey = [:]
+        bytes = 0
+        start = sequence
+    }
+
+    /// The changes after `since` (nil when the log no longer holds them all, or `since` is
+    /// past `head`, the last sequence).
+    func changes(after since: UInt64, head: UInt64) -> Deque<Change>.SubSequence? {
+        guard since >= start, since <= head else { return nil }
+        return changes[position(after: since)...]
+    }
+
+    /// The revisions of `key` held, oldest first.
+    func revisions(of key: Frame) -> [Change] {
+        guard let sequences = revisionsByKey[key] else { return [] }
+        return sequences.compactMap { sequence in
+            let index = position(after: sequence - 1)
+            return index < changes.endIndex && changes[index].sequence == sequence ? changes[index] : nil
+        }
+    }
+
+    /// The index of the first change with a sequence after `sequence`.
+    private func position(after sequence: UInt64) -> Int {
+        var low = changes.startIndex, high = changes.endIndex
+        while low < high {
+            let middle = (low + high) / 2
+            if changes[middle].sequence <= sequence { low = middle + 1 } else { high = middle }
+        }
+        return low
+    }
+}

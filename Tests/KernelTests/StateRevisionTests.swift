@@ -1,0 +1,147 @@
+import BusProtocol
+import ContractKit
+import Contracts
+@testable import Kernel
+import Logging
+import Testing
+import ZeroMQ
+
+private let quiet = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+
+/// Revisions of the kernel's state, on a state server alone (no sockets, the test's clock):
+/// compare-and-set, the history and its bounds, resuming from a sequence.
+@Suite("State revisions: compare-and-set, history, resume")
+struct StateRevisionTests {
+    func server(changes: Int = 100, bytes: Int = 1 << 20, perKey: Int = 4) -> StateServer {
+        var configuration = KernelConfiguration()
+        configuration.stateHistoryChanges = changes
+        configuration.stateHistoryBytes = bytes
+        configuration.stateHistoryPerKey = perKey
+        return StateServer(configuration: configuration, logger: quiet)
+    }
+
+    func write(_ state: StateServer, _ key: String, _ value: String?, expected: UInt64? = nil, uuid: Frame = Frame(), now: UInt64 = 0)
+        -> Result<UInt64, JSONRPCError>
+    {
+        state.write(key, value: value.map { Frame($0) } ?? Frame(), ttl: nil, expected: expected, uuid: uuid, by: .unauthenticated, now: now)
+    }
+
+    @Test("create only if absent, update only at the revision read; a mismatch is -32004 with the key's revision, and changes nothing")
+    func compareAndSet() throws {
+        let state = server()
+        let created = try write(state, "/client/route", #""LHR-JFK""#, expected: 0).get()
+        // Created already: a second create is refused, naming the revision it is at.
+        guard case .failure(let error) = write(state, "/client/route", #""CDG-SFO""#, expected: 0) else { Issue.record("a second create won"); return }
+        #expect(error.code == JSONRPCError.conflictCode)
+        #expect(error.data?["revision"] == .int(Int64(created)))
+        #expect(error.data?["expected"] == 0)
+        #expect(state.entries[Frame("/client/route")]?.value == Frame(#""LHR-JFK""#))
+        // Two writers read `created`; the first to write wins, the second is told.
+        let updated = try write(state, "/client/route", #""CDG-SFO""#, expected: created).get()
+        #expect(updated > created)
+        guard case .failure(let stale) = write(state, "/client/route", #""AMS-BOS""#, expected: created) else { Issue.record("a stale write won"); return }
+        #expect(stale.data?["revision"] == .int(Int64(updated)))
+        #expect(state.refusedConflict == 2)
+        // A deletion is a revision too; the key is then absent (0), so it can be created again.
+        _ = try write(state, "/client/route", nil, expected: updated).get()
+        #expect(state.entries[Frame("/client/route")] == nil)
+        guard case .failure = write(state, "/client/route", #""x""#, expected: updated) else { Issue.record("wrote a deleted key at its old revision"); return }
+        #expect(try write(state, "/client/route", #""again""#, expected: 0).get() > updated)
+    }
+
+    @Test("the same compare-and-set sent again (its reply lost in a failover) is answered with the revision it made, on the peer too")
+    func sentAgain() throws {
+        let active = server()
+        let request = Kernel.digest(RequestKey(client: "c1", id: .number(7)))
+        #expect(request.count == 16)
+        let first = try write(active, "/client/k", "1", expected: 0, uuid: request).get()
+        // The same request again: the revision it made, and no second change.
+        #expect(try write(active, "/client/k", "1", expected: 0, uuid: request).get() == first)
+        #expect(active.sequence == first)
+        // Another request with the same expectation is refused.
+        guard case .failure = write(active, "/client/k", "2", expected: 0, uuid: Kernel.digest(RequestKey(client: "c2", id: .number(7)))) else {
+            Issue.record("another client's create won")
+            return
+        }
+
+        // The passive peer applies the active one's changes (as the pair replicates them) and
+        // holds the same revisions; asked the same request after a failover, it answers the same.
+        let passive = server()
+        passive.install([], sequence: first - 1, now: 0)
+        let published = active.publisher.take().filter { $0[0] == Frame("/client/k") }
+        for message in published {
+            let item = ReplicatedEntry(key: message[0], sequence: UInt64(bigEndianBytes: message[1]), uuid: message[2], properties: message[3],
+                                       value: message[4], quotaOwner: nil, expiresIn: nil)
+            #expect(passive.applyReplicated(item, now: 0))
+        }
+        #expect(passive.entries[Frame("/client/k")]?.sequence == first)
+        #expect(passive.history.revisions(of: Frame("/client/k")).map(\.sequence) == active.history.revisions(of: Frame("/client/k")).map(\.sequence))
+        #expect(try write(passive, "/client/k", "1", expected: 0, uuid: request).get() == first)
+    }
+
+    @Test("the history keeps each key's last revisions (per_key), the log its last changes by count and bytes; deletions and TTL expiry included")
+    func historyBounds() throws {
+        let state = server(changes: 6, bytes: 1 << 20, perKey: 3)
+        var sequences: [UInt64] = []
+        for value in 1...5 { sequences.append(try write(state, "/client/a", "\(value)").get()) }
+        // Five revisions of /client/a; the key keeps its last three.
+        #expect(state.history.revisions(of: Frame("/client/a")).map(\.sequence) == Array(sequences.suffix(3)))
+        // A deletion, and a key that expires: both revisions.
+        let deleted = try write(state, "/client/a", nil).get()
+        state.set("/client/t", value: Frame("1"), ttl: TimeToLive(seconds: 1), now: 0)
+        state.tick(now: 1_000_000_000)
+        let expiry = state.history.revisions(of: Frame("/client/t"))
+        #expect(expiry.count == 2 && expiry[1].value.isEmpty)
+        #expect(state.history.revisions(of: Frame("/client/a")).last?.sequence == deleted)
+        #expect(state.history.revisions(of: Frame("/client/a")).last?.value.isEmpty == true)
+        // Six changes at most: 8 were made, so the first two are gone and the log starts after them.
+        #expect(state.history.changes.count == 6)
+        #expect(state.history.start == sequences[1])
+
+        // Bytes: a bound of 40 bytes of keys and values keeps only the last changes that fit.
+        let small = server(changes: 100, bytes: 40, perKey: 16)
+        for value in 1...10 { _ = try write(small, "/client/b", "\(value)0000").get() }  // 15 bytes each
+        #expect(small.history.bytes <= 40)
+        #expect(small.history.changes.count == 2)
+        // A smaller bound by a reload trims at once.
+        small.configuration.stateHistoryChanges = 1
+        #expect(small.history.changes.count == 1)
+    }
+
+    @Test("ICANHAZ? with a sequence gets exactly the changes after it, deletions included, in order; one the history no longer covers gets the snapshot")
+    func resume() throws {
+        let state = server(changes: 4)
+        let client = Frame("sub")
+        func ask(_ since: UInt64?) throws -> (entries: [KVEntry], done: SnapshotReply) {
+            state.snapshot(Message([client] + CHP.icanhaz(subtree: "/client/", since: since).frames))
+            let replies = try state.snapshots.take().map { try CHP.decodeSnapshotReply(Message(Array($0.frames.dropFirst()))) }
+            let entries = replies.compactMap { if case .entry(let entry) = $0 { entry } else { nil } }
+            return (entries, replies.last!)
+        }
+        let a = try write(state, "/client/a", "1").get()
+        _ = try write(state, "/client/b", "2").get()
+        let deleteA = try write(state, "/client/a", nil).get()
+        state.set("/other/x", value: Frame("3"), now: 0)
+        let resumed = try ask(a)
+        #expect(resumed.entries.map(\.key) == ["/client/b", "/client/a"])
+        #expect(resumed.entries.last?.sequence == deleteA && resumed.entries.last?.isDelete == true)
+        #expect(resumed.done == .done(sequence: state.sequence, subtree: "/client/", since: a))
+        // Nothing since the head: no entries, still a resume.
+        #expect(try ask(state.sequence).entries.isEmpty)
+        #expect(state.resumes == 2)
+        // The log holds 4 changes: asked from before them, the whole subtree, and no since.
+        _ = try write(state, "/client/c", "4").get()
+        let whole = try ask(a - 1)
+        #expect(Set(whole.entries.map(\.key)) == ["/client/b", "/client/c"])
+        #expect(whole.done == .done(sequence: state.sequence, subtree: "/client/", since: nil))
+        // A sequence this kernel never reached: the snapshot.
+        #expect(try ask(state.sequence + 10).done == .done(sequence: state.sequence, subtree: "/client/", since: nil))
+        #expect(state.resumesRefused == 2)
+    }
+}
+
+extension UInt64 {
+    init(bigEndianBytes frame: Frame) {
+        self = frame.bytes.reduce(0) { $0 << 8 | UInt64($1) }
+    }
+}
