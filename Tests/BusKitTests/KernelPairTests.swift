@@ -101,4 +101,42 @@ struct KernelPairTests {
         await host.stop()
         await pair.stopAll()
     }
+
+    @Test("two clients racing compare-and-sets on one key while the active kernel is killed: exactly one wins each round, and what was decided stays decided")
+    func raceAcrossFailover() async throws {
+        var pair = try await TestPair.start(heartbeat: .milliseconds(100), fastHeartbeats)
+        let brokers = pair.brokers
+        try await eventually(10, "the primary active, the backup passive with the whole state") {
+            let primary = try await pong(brokers[0]).pair, backup = try await pong(brokers[1]).pair
+            return primary?.state == "active" && backup?.state == "passive" && backup?.synced == true
+        }
+        let clients = [try await BusClient(brokers: brokers, timeout: .seconds(10)), try await BusClient(brokers: brokers, timeout: .seconds(10))]
+        let key = "/client/pair/race"
+        var winners: [UInt64] = []
+        var killing: Task<Void, Never>?
+        for round in 0..<40 {
+            let read = try await revision(of: key, clients[round % 2])
+            if round == 30, let primary = pair.kernels[0] {
+                // The kill races the round's two writes.
+                killing = Task { await primary.stop() }
+            }
+            async let first = compareAndSet(clients[0], key, ["by": 0, "round": .int(Int64(round))], at: read)
+            async let second = compareAndSet(clients[1], key, ["by": 1, "round": .int(Int64(round))], at: read)
+            let outcomes = try await [first, second]
+            let won = outcomes.compactMap { if case .won(let revision) = $0 { revision } else { nil } }
+            #expect(won.count == 1, "round \(round): \(outcomes)")
+            #expect(outcomes.contains(.lost(at: won.first ?? 0)), "round \(round): \(outcomes)")
+            winners += won
+        }
+        await killing?.value
+        #expect(try await pong(brokers[1]).pair?.state == "active")
+        // The backup holds every winner's revision, the last one as the key's.
+        #expect(try await revision(of: key, clients[0]) == winners.last)
+        let history = try await clients[0].call(KernelAPI.stateHistory, .init(key: key))
+        // Its last 16 revisions (the default per key): winners from before the kill and after.
+        #expect(history.revisions.map(\.sequence) == Array(winners.suffix(16)))
+        for client in clients { await client.close() }
+        await pair.stop(0)
+        await pair.stopAll()
+    }
 }
