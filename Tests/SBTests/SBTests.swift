@@ -292,6 +292,26 @@ struct SBTests {
         #expect(refused.status == 1 && refused.stderr.contains("writable prefixes"))
         let notJSON = try await bus.sb("pub", "/client/x", "hello")
         #expect(notJSON.status == 64)
+
+        // sb kv: revisions, compare-and-set, history, a watch from a revision.
+        func revision(_ result: CommandResult) throws -> UInt64 { UInt64(try jsonLines(result.stdout).first?["revision"]?.intValue ?? -1) }
+        let put = try revision(try await bus.sb("kv", "put", "/client/kv/route", #""LHR-JFK""#, "--json"))
+        let got = try await bus.sb("kv", "get", "/client/kv/route")
+        #expect(got.status == 0 && got.stdout == "/client/kv/route revision \(put)\n\"LHR-JFK\"\n")
+        let changed = try revision(try await bus.sb("kv", "update", "/client/kv/route", #""CDG-SFO""#, "\(put)", "--json"))
+        #expect(changed > put)
+        let stale = try await bus.sb("kv", "update", "/client/kv/route", #""AMS-BOS""#, "\(put)")
+        #expect(stale.status == 1 && stale.stderr.contains("-32004") && stale.stderr.contains("at revision \(changed)"))
+        let taken = try await bus.sb("kv", "create", "/client/kv/route", #""x""#)
+        #expect(taken.status == 1 && taken.stderr.contains("-32004"))
+        let deleted = try revision(try await bus.sb("kv", "del", "/client/kv/route", "--revision", "\(changed)", "--json"))
+        #expect(try await bus.sb("kv", "get", "/client/kv/route").status == 1)
+        let history = try await bus.sb("kv", "history", "/client/kv/route")
+        #expect(history.status == 0 && history.stdout.contains("\(deleted)  DEL") && history.stdout.contains("\(put)  PUT  \"LHR-JFK\""))
+        let watched = try await bus.sb("kv", "watch", "/client/kv/", "--since", "\(put)", "--count", "2")
+        #expect(watched.stdout == "\(changed) PUT /client/kv/route \"CDG-SFO\"\n\(deleted) DEL /client/kv/route\n")
+        let resumed = try await bus.sb("sub", "/client/kv/", "--since", "\(changed)", "--count", "1")
+        #expect(try jsonLines(resumed.stdout).first?["sequence"]?.intValue == Int64(deleted))
         await bus.stop()
     }
 
@@ -407,7 +427,7 @@ struct SBTests {
 
     @Test("--help has examples for each verb")
     func help() async throws {
-        for verb in [["request"], ["subscribe"], ["publish"], ["run"], ["countries", "deal"], ["places", "open"], ["items"],
+        for verb in [["request"], ["subscribe"], ["publish"], ["kv"], ["run"], ["countries", "deal"], ["places", "open"], ["items"],
                      ["news", "headlines"], ["flights", "route"], ["datasets", "refresh"]] {
             let help = try await runCommand(sbExecutable(), verb + ["--help"])
             #expect(help.status == 0 && help.stdout.contains("Example"), "\(verb)")

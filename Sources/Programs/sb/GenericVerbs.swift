@@ -122,22 +122,35 @@ struct Subscribe: AsyncParsableCommand {
     }
 
     func run() async throws {
+        try await Self.follow(connection, prefixes: prefixes, includeSnapshot: !noSnapshot, since: since, count: count, notices: json) { update, value in
+            Output.line(Self.line(update, value).jsonString)
+        }
+    }
+
+    /// The line `sb sub` prints for an update (and `sb kv watch --json`).
+    static func line(_ update: StateUpdate, _ value: JSONValue) -> JSONValue {
+        ["key": .string(update.key), "sequence": .int(Int64(update.sequence)), "value": value, "snapshot": .bool(update.fromSnapshot)]
+    }
+
+    /// Follows the state under `prefixes`, handing `print` each update with its value (null
+    /// for a deletion), until `count` of them; notices go to stderr, and with `notices` to
+    /// stdout as JSON lines too.
+    static func follow(_ connection: ConnectionOptions, prefixes: [String], includeSnapshot: Bool, since: UInt64?, count: Int?, notices: Bool,
+                       print: (StateUpdate, JSONValue) -> Void) async throws {
         _ = try connection.stateEndpoints
         try await withClient(connection) { client in
             // A kernel that is not there is an error now, not a silent wait.
             _ = try await call(client, KernelAPI.ping)
-            let subscription = try await client.subscribe(prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: !noSnapshot, since: since)
+            let subscription = try await client.subscribe(prefixes: prefixes.isEmpty ? [""] : prefixes, includeSnapshot: includeSnapshot, since: since)
             var printed = 0
             for try await event in subscription {
                 if case .synced = event { continue }
                 guard let update = event.update else {
                     Output.diagnostic("\(event)")
-                    if json, let line = Self.notice(event) { Output.line(line.jsonString) }
+                    if notices, let line = notice(event) { Output.line(line.jsonString) }
                     continue
                 }
-                let value: JSONValue = update.isDelete ? .null : update.json ?? .string(String(decoding: update.value.bytes, as: UTF8.self))
-                Output.line(JSONValue.object(["key": .string(update.key), "sequence": .int(Int64(update.sequence)), "value": value,
-                                              "snapshot": .bool(update.fromSnapshot)]).jsonString)
+                print(update, update.isDelete ? .null : update.json ?? .string(String(decoding: update.value.bytes, as: UTF8.self)))
                 printed += 1
                 if let count, printed >= count { break }
             }
@@ -170,6 +183,8 @@ struct Publish: AsyncParsableCommand {
               sb publish /client/alice/status '"online"'
               sb pub /client/alice/cursor '{"x":3,"y":4}' --ttl 30
               sb pub /client/alice/cursor null
+
+            sb kv put does the same; sb kv create and sb kv update write only at the revision given.
             """,
         aliases: ["pub"]
     )
@@ -189,12 +204,7 @@ struct Publish: AsyncParsableCommand {
     func run() async throws {
         let value = try parseJSON(self.value, "VALUE")
         try await withClient(connection) { client in
-            let sequence: UInt64
-            do throws(BusError) {
-                sequence = try await client.publish(key: key, value: value, ttl: ttl)
-            } catch {
-                throw await Failure(error, service: KernelAPI.service, method: KernelAPI.statePublish.name, client: client)
-            }
+            let sequence = try await writeState(client, key: key, value: value, ttl: ttl)
             if output.json {
                 Output.json(["key": .string(key), "sequence": .int(Int64(sequence))], compact: true)
             } else {

@@ -31,7 +31,7 @@ struct SB: AsyncParsableCommand {
 
             Shell completions: sb --generate-completion-script bash (or zsh, fish).
             """,
-        subcommands: [Request.self, Subscribe.self, Publish.self, Run.self, Services.self, Describe.self, Stats.self, Ping.self, Bench.self,
+        subcommands: [Request.self, Subscribe.self, Publish.self, KV.self, Run.self, Services.self, Describe.self, Stats.self, Ping.self, Bench.self,
                       Workers.self, Drain.self, Restart.self, Reload.self,
                       Countries.self, Places.self, Items.self, News.self, Flights.self, Datasets.self]
     )
