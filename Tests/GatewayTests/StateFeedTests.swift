@@ -82,4 +82,50 @@ struct StateFeedTests {
         for await _ in unread { count += 1 }
         #expect(count <= 2 + StateFeed.streamBacklog, "the stream ended instead of growing")
     }
+
+    /// The kernel's history as a test states it.
+    struct KernelHistory: ChangeLog {
+        let answer: StateChanges?
+        func changes(under prefixes: [String], since: UInt64, timeout: Duration) async throws -> StateChanges? { answer }
+    }
+
+    func change(_ key: String, _ sequence: UInt64, _ value: String?) -> StateUpdate {
+        StateUpdate(key: key, sequence: sequence, value: value.map { Frame($0) } ?? Frame(), fromSnapshot: false)
+    }
+
+    @Test("a resume this gateway cannot serve (it restarted, or the browser comes from another) comes from the kernel's history, joined to its own log; one from further ahead gets nothing twice")
+    func resumeFromTheKernel() async throws {
+        // A restarted gateway: its memory starts at 100. The kernel holds from before.
+        let history = StateChanges(changes: [change("/a", 95, "1"), change("/b", 98, nil), change("/c", 101, "3")], sequence: 101)
+        let feed = StateFeed(prefixes: [""], history: 100, changeLog: KernelHistory(answer: history), logger: Logger(label: "test"))
+        await feed.receive(.synced(sequence: 100))
+        await feed.receive(update("/c", 101, "3"))
+        await feed.receive(update("/d", 102, "4"))
+        let (_, resumed, _) = await feed.attach(prefixes: ["/"], since: 90)
+        let opening = await drain(resumed, upTo: "synced")
+        #expect(opening.map(\.id) == [95, 98, 101, 102, 102])
+        #expect(opening[1].data == #"{"key":"/b","sequence":98,"value":null}"#)
+        #expect(await feed.counters.kernelResumes == 1)
+
+        // A browser that saw up to 105 on a gateway further along: nothing up to 105 again.
+        let ahead = StateFeed(prefixes: [""], history: 100, changeLog: KernelHistory(answer: StateChanges(changes: [change("/e", 106, "6")], sequence: 106)),
+                              logger: Logger(label: "test"))
+        await ahead.receive(.synced(sequence: 102))
+        let (_, moved, _) = await ahead.attach(prefixes: ["/"], since: 105)
+        #expect(await drain(moved, upTo: "synced").map(\.id) == [105])
+        for sequence in UInt64(103)...106 { await ahead.receive(update("/e", sequence, "\(sequence)")) }
+        var live: [UInt64?] = []
+        for await event in moved {
+            live.append(event.id)
+            if event.id == 106 { break }
+        }
+        #expect(live == [106])
+
+        // The kernel no longer holds them either: a reset and the snapshot.
+        let forgotten = StateFeed(prefixes: [""], history: 100, changeLog: KernelHistory(answer: nil), logger: Logger(label: "test"))
+        await forgotten.receive(update("/a", 5, "1", snapshot: true))
+        await forgotten.receive(.synced(sequence: 100))
+        let (_, reset, _) = await forgotten.attach(prefixes: ["/"], since: 50)
+        #expect(await drain(reset, upTo: "synced").map(\.name) == ["reset", "snapshot", "synced"])
+    }
 }

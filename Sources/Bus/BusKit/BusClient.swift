@@ -248,6 +248,45 @@ public final class BusClient: Sendable {
                                            bufferSize: bufferSize, curve: curve, clock: clock)
     }
 
+    /// The changes under `prefixes` after `since`, in order and deletions included, up to the
+    /// sequence given with them; nil when the kernel no longer holds every change after `since`
+    /// (`kernel.state_history_*`) or never reached it. One resuming subscription, read to its
+    /// first sync and closed.
+    public func changes(under prefixes: [String], since: UInt64, timeout: Duration = .seconds(5)) async throws -> StateChanges? {
+        let subscription = try await subscribe(prefixes: prefixes, since: since)
+        do {
+            let changes = try await Self.readChanges(subscription, timeout: timeout)
+            await subscription.cancel()
+            return changes
+        } catch {
+            await subscription.cancel()
+            throw error
+        }
+    }
+
+    private static func readChanges(_ subscription: Subscription, timeout: Duration) async throws -> StateChanges? {
+        try await withThrowingTaskGroup(of: StateChanges?.self) { group in
+            group.addTask {
+                var changes: [StateUpdate] = []
+                for try await event in subscription {
+                    switch event {
+                    case .update(let update): changes.append(update)
+                    case .synced(let sequence): return StateChanges(changes: changes, sequence: sequence)
+                    case .reset: return nil
+                    case .missed, .resynced: break
+                    }
+                }
+                throw BusError.closed
+            }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                throw BusError.timedOut(service: KernelAPI.service, method: "ICANHAZ?", after: timeout)
+            }
+            defer { group.cancelAll() }
+            return try await group.next()!
+        }
+    }
+
     // MARK: Batches
 
     /// Calls `method` once for each of `params` in one JSON-RPC batch (one message, one

@@ -26,6 +26,15 @@ public struct StateUpdate: Sendable, Equatable, CustomStringConvertible {
     public var description: String { "\(key)@\(sequence)=\(value)" }
 }
 
+/// The changes after a sequence, as ``BusClient/changes(under:since:timeout:)`` gives them.
+public struct StateChanges: Sendable, Equatable {
+    /// In sequence order; a deletion has an empty value.
+    public var changes: [StateUpdate]
+    /// The sequence they bring a view to.
+    public var sequence: UInt64
+    public init(changes: [StateUpdate], sequence: UInt64) { (self.changes, self.sequence) = (changes, sequence) }
+}
+
 /// What a ``Subscription`` delivers: the state's changes, and word when some were lost.
 public enum SubscriptionEvent: Sendable, Equatable, CustomStringConvertible {
     /// One change (or, first, one entry of the snapshot).

@@ -98,7 +98,7 @@ public struct Gateway: Service {
     public func serve(onListening: @escaping @Sendable (Int) -> Void = { _ in }) async throws {
         let settings = options.settings, subscription = self.subscription
         let feed = StateFeed(prefixes: settings.prefixes, history: settings.history, historyBytes: settings.historyBytes,
-                             streamBacklogBytes: settings.streamBacklogBytes, logger: logger)
+                             streamBacklogBytes: settings.streamBacklogBytes, changeLog: client, logger: logger)
         var app = application(feed: feed, onListening: onListening)
         // The gateway's work beside HTTP, as Hummingbird's own services: its ServiceGroup runs
         // them beside the server and stops them after the server has drained.

@@ -63,9 +63,19 @@ final class StreamBacklog: Sendable {
     func add(_ count: Int) -> Int { bytes.add(count, ordering: .relaxed).newValue }
 }
 
+/// Where the changes after a sequence come from when this gateway did not see them all
+/// (it restarted, or the browser comes from another gateway): the kernel's own history.
+protocol ChangeLog: Sendable {
+    func changes(under prefixes: [String], since: UInt64, timeout: Duration) async throws -> StateChanges?
+}
+
+extension BusClient: ChangeLog {}
+
 /// The gateway's one kernel subscription, fanned out to every browser: the current state
 /// under the configured prefixes, and the latest changes (`history` of them), so that a
-/// stream that reconnects with `Last-Event-ID` gets exactly what changed since.
+/// stream that reconnects with `Last-Event-ID` gets exactly what changed since: from this
+/// gateway's memory, or else from the kernel's history, so a browser moved to another
+/// gateway, or to a restarted one, resumes exactly too.
 ///
 /// Event ids are CHP sequence numbers. A snapshot is sent in sequence order, so wherever a
 /// stream breaks off, its last id is a point from which the changes after it complete it.
@@ -94,6 +104,8 @@ actor StateFeed {
         var opened = 0
         var eventsSent = 0
         var resumes = 0
+        /// Resumed from the kernel's history (this gateway had not seen every change since).
+        var kernelResumes = 0
         var resets = 0
         var overflows = 0
         var missed = 0
@@ -105,6 +117,9 @@ actor StateFeed {
         let backlog: StreamBacklog
         /// The bytes its backlog may reach: its opening events, and the stream backlog beyond.
         let limit: Int
+        /// Events up to this sequence reached the browser already (it resumed from a later
+        /// sequence than this gateway had seen): they are not sent again.
+        let seenThrough: UInt64
     }
 
     let prefixes: [String]
@@ -115,6 +130,8 @@ actor StateFeed {
     let streamBacklogBytes: Int
     private var logBytes = 0
     private let logger: Logger
+    /// The kernel's history, for resumes this gateway cannot serve from its own.
+    private let changeLog: (any ChangeLog)?
     private var entries: [String: Entry] = [:]
     private var log: Deque<Change> = []
     /// The log holds every change after this sequence.
@@ -134,8 +151,10 @@ actor StateFeed {
     /// browser reconnects and resumes from its last id).
     static let streamBacklog = 10_000
 
-    init(prefixes: [String], history: Int, historyBytes: Int = 8 << 20, streamBacklogBytes: Int = 4 << 20, logger: Logger) {
+    init(prefixes: [String], history: Int, historyBytes: Int = 8 << 20, streamBacklogBytes: Int = 4 << 20, changeLog: (any ChangeLog)? = nil,
+         logger: Logger) {
         self.prefixes = prefixes
+        self.changeLog = changeLog
         self.history = history
         self.historyBytes = historyBytes
         self.streamBacklogBytes = streamBacklogBytes
@@ -209,29 +228,30 @@ actor StateFeed {
     /// Whether `prefix` lies within what the gateway follows.
     func covers(_ prefix: String) -> Bool { prefixes.contains { prefix.hasPrefix($0) } }
 
-    /// Opens a stream of the keys under `prefixes`: after `since` (a sequence this gateway
-    /// sent) exactly the changes since, else (or when those are no longer all known) a
-    /// `reset` and the snapshot; then `synced`, then live changes.
-    /// The caller detaches the stream when it stops reading it (``detach(_:)``).
-    func attach(prefixes: [String], since: UInt64?) -> (id: UUID, events: AsyncStream<StreamEvent>, backlog: StreamBacklog) {
+    /// Opens a stream of the keys under `prefixes`: after `since` (a sequence any gateway of
+    /// this kernel sent) exactly the changes since, from this gateway's memory or the kernel's
+    /// history; else (when neither holds them all) a `reset` and the snapshot; then `synced`,
+    /// then live changes. The caller detaches the stream when it stops reading it (``detach(_:)``).
+    func attach(prefixes: [String], since: UInt64?) async -> (id: UUID, events: AsyncStream<StreamEvent>, backlog: StreamBacklog) {
         var opening: [StreamEvent] = []
         let matches = { (key: String) in prefixes.contains { key.hasPrefix($0) } }
-        if let since, !repairing, since >= logStart, since <= head {
+        var resumed = false
+        if let since, let changes = changes(after: since, matching: matches) {
             counters.resumes += 1
-            // The log is in sequence order: start after `since`.
-            var low = 0, high = log.count
-            while low < high {
-                let middle = (low + high) / 2
-                if log[middle].sequence <= since { low = middle + 1 } else { high = middle }
-            }
-            for change in log[low...] where matches(change.key) {
-                opening.append(.entry("update", key: change.key, sequence: change.sequence, value: change.value))
-            }
-        } else {
+            opening = changes
+            resumed = true
+        } else if let since, let changes = await kernelChanges(under: prefixes, after: since, matching: matches) {
+            // (The state may have moved on during that wait: what was fetched is joined to this
+            // gateway's own log at the head it has now, and the stream is attached with no
+            // wait between.)
+            counters.kernelResumes += 1
+            opening = changes
+            resumed = true
+        }
+        if !resumed {
             if let since {
                 counters.resets += 1
-                let reason = repairing ? "the gateway is resyncing with the kernel"
-                    : since > head ? "sequence \(since) is not one this gateway sent" : "the changes since \(since) are no longer all kept"
+                let reason = repairing ? "the gateway is resyncing with the kernel" : "the changes since \(since) are no longer all kept"
                 opening.append(.notice("reset", ["since": .int(Int64(clamping: since)), "reason": .string(reason)]))
             }
             for (key, entry) in entries.filter({ matches($0.key) }).sorted(by: { $0.value.sequence < $1.value.sequence }) {
@@ -244,7 +264,9 @@ actor StateFeed {
                 }
             }
         }
-        opening.append(.notice("synced", id: head, ["sequence": .int(Int64(clamping: head))]))
+        // A browser that resumed from further than this gateway has seen is at its own sequence.
+        let seenThrough = resumed ? since ?? 0 : 0, position = max(head, seenThrough)
+        opening.append(.notice("synced", id: position, ["sequence": .int(Int64(clamping: position))]))
         let id = UUID()
         let (events, continuation) = AsyncStream<StreamEvent>.makeStream(bufferingPolicy: .bufferingOldest(opening.count + Self.streamBacklog))
         let backlog = StreamBacklog()
@@ -258,7 +280,8 @@ actor StateFeed {
             continuation.finish()
             return (id, events, backlog)
         }
-        listeners[id] = Listener(prefixes: prefixes, continuation: continuation, backlog: backlog, limit: openingBytes + streamBacklogBytes)
+        listeners[id] = Listener(prefixes: prefixes, continuation: continuation, backlog: backlog, limit: openingBytes + streamBacklogBytes,
+                                 seenThrough: seenThrough)
         counters.open = listeners.count
         counters.opened += 1
         return (id, events, backlog)
@@ -284,9 +307,46 @@ actor StateFeed {
         broadcast(StreamEvent(name: nil, id: nil, data: "keep-alive \(head)", key: nil))
     }
 
+    /// This gateway's own log of the changes after `since` (nil when it does not hold them all).
+    private func changes(after since: UInt64, matching matches: (String) -> Bool) -> [StreamEvent]? {
+        guard !repairing, since >= logStart, since <= head else { return nil }
+        // The log is in sequence order: start after `since`.
+        var low = 0, high = log.count
+        while low < high {
+            let middle = (low + high) / 2
+            if log[middle].sequence <= since { low = middle + 1 } else { high = middle }
+        }
+        return log[low...].filter { matches($0.key) }.map { .entry("update", key: $0.key, sequence: $0.sequence, value: $0.value) }
+    }
+
+    /// The changes after `since` from the kernel's history, up to this gateway's head (its own
+    /// log covers the rest; nil when neither covers them). Beyond its head they come live.
+    private func kernelChanges(under prefixes: [String], after since: UInt64, matching matches: (String) -> Bool) async -> [StreamEvent]? {
+        guard let changeLog, !repairing else { return nil }
+        let fetched: StateChanges?
+        do {
+            fetched = try await changeLog.changes(under: prefixes, since: since, timeout: .seconds(5))
+        } catch {
+            logger.warning("could not read the kernel's history for a resume", metadata: ["since": "\(since)", "problem": "\(error)"])
+            return nil
+        }
+        guard let fetched, !repairing else { return nil }
+        let upTo = min(fetched.sequence, head)
+        var events = fetched.changes.filter { $0.sequence <= upTo }.map {
+            StreamEvent.entry("update", key: $0.key, sequence: $0.sequence, value: $0.value.keepable())
+        }
+        if upTo < head {
+            // The kernel answered before this gateway's latest changes: its own log has them.
+            guard upTo >= logStart, let rest = changes(after: max(upTo, since), matching: matches) else { return nil }
+            events += rest
+        }
+        return events
+    }
+
     private func broadcast(_ event: StreamEvent) {
         for (id, listener) in listeners {
             if let key = event.key, !listener.prefixes.contains(where: { key.hasPrefix($0) }) { continue }
+            if let sequence = event.id, sequence <= listener.seenThrough { continue }
             // The browser reads too slowly (its events wait, by count or by bytes): end its
             // stream; it reconnects and resumes from its last id, missing nothing.
             if listener.backlog.add(event.size) > listener.limit {
