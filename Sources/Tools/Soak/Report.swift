@@ -13,6 +13,7 @@ struct SoakReport {
     var duplicated = 0
     var lateReplies = 0
     var ticksWritten = 0
+    var ticks = TickWriter()
     var subscribers_ = SubscriberCheck.Counts()
     var parts = PartsCheck.Counts()
     var staleSubscribers = 0
@@ -51,6 +52,7 @@ struct SoakReport {
             (subscribers_.gaps > 0, "\(subscribers_.gaps) subscription gaps"),
             (subscribers_.backwards > 0, "\(subscribers_.backwards) subscription updates out of order"),
             (staleSubscribers > 0, "\(staleSubscribers) subscribers stale at the end"),
+            (subscribers_.resumes == 0 && duration >= 30, "no subscription was resumed from a sequence"),
             (missingWrites > 0, "\(missingWrites) acknowledged store writes missing"),
             (parts.streams == 0, "no reply in parts was asked for"),
             (parts.partsOutOfSequence > 0, "\(parts.partsOutOfSequence) parts lost, repeated or out of order"),
@@ -88,6 +90,8 @@ struct SoakReport {
         line("re-sent after a kernel restart", "\(resent) (late replies dropped: \(lateReplies))")
         line("subscription updates seen", "\(subscribers_.updates) of \(ticksWritten) acknowledged writes x \(subscribers)")
         line("subscription resyncs", "\(subscribers_.resyncs.values.reduce(0, +))")
+        line("ticks written with compare-and-set", "\(ticks.writes); refused as moved on: \(ticks.conflicts); unknown outcomes found applied: \(ticks.foundApplied), not applied: \(ticks.foundNotApplied); epochs: \(ticks.epochs)")
+        line("subscriptions resumed from a sequence", "\(subscribers_.resumes) (the kernel no longer held the changes, snapshot instead: \(subscribers_.resets))")
         line("subscription gaps after resync", "\(subscribers_.gaps) (out of order: \(subscribers_.backwards), stale at the end: \(staleSubscribers))")
         line("replies in parts (echo numbers, 200 each)", "\(parts.streams) streams, \(parts.parts) parts; ended early, told: \(parts.endedEarly.values.reduce(0, +)); failed otherwise: \(parts.failed.values.reduce(0, +))\(parts.failed.isEmpty ? "" : " (" + parts.failed.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ") + ")")")
         line("parts lost, repeated or out of order", "\(parts.partsOutOfSequence) (streams miscounted: \(parts.miscounted))")

@@ -183,17 +183,48 @@ struct Soak: AsyncParsableCommand {
         let timeout = Duration.milliseconds(Int(self.timeout * 1000))
         var busClients: [BusClient] = []
         for _ in 0..<clients { busClients.append(try await BusClient(brokers: brokers, timeout: timeout, curve: curve, state: states)) }
-        var subscriptions: [Subscription] = []
-        for _ in 0..<subscribers {
-            subscriptions.append(try await Subscription.open(kernels: states.map { ($0.snapshot, $0.publisher) }, prefixes: ["/client/soak/"],
-                                                             silenceTimeout: .seconds(3), curve: curve))
-        }
-        let readers = subscriptions.enumerated().map { index, subscription in
-            Task {
-                while let event = try? await subscription.next() {
-                    if let update = event.update { check.saw(update, subscriber: index) }
+        // Each subscriber leaves every few seconds and comes back with the sequence it had
+        // reached: it must get exactly the ticks it missed (the check counts any gap).
+        let kernelStates = states.map { ($0.snapshot, $0.publisher) }
+        let following = Following()
+        var readers: [Task<Void, Never>] = []
+        for index in 0..<subscribers {
+            let first = try await Subscription.open(kernels: kernelStates, prefixes: ["/client/soak/"], silenceTimeout: .seconds(3), curve: curve)
+            following.subscriptions.withLock { $0[index] = first }
+            readers.append(Task {
+                var generator = SeededGenerator(seed: seed &+ UInt64(index) &* 7_919)
+                var subscription = first, position: UInt64 = 0
+                func take(_ event: SubscriptionEvent) {
+                    switch event {
+                    case .update(let update):
+                        check.saw(update, subscriber: index)
+                        position = max(position, update.sequence)
+                    case .synced(let sequence), .resynced(let sequence, _):
+                        position = max(position, sequence)
+                    case .reset:
+                        check.counts.withLock { $0.resets += 1 }
+                    case .missed:
+                        break
+                    }
                 }
-            }
+                while !following.loadOver.withLock({ $0 }) {
+                    let leaves = Date().addingTimeInterval(Double.random(in: 3...8, using: &generator))
+                    while Date() < leaves, !following.loadOver.withLock({ $0 }), let event = try? await subscription.next() { take(event) }
+                    if following.loadOver.withLock({ $0 }) { break }
+                    let resyncs = await subscription.resyncCount()
+                    check.counts.withLock { $0.resyncs[index, default: 0] += resyncs }
+                    await subscription.cancel()
+                    guard let next = try? await Subscription.open(kernels: kernelStates, prefixes: ["/client/soak/"], since: position,
+                                                                  silenceTimeout: .seconds(3), curve: curve) else { continue }
+                    check.counts.withLock { $0.resumes += 1 }
+                    subscription = next
+                    following.subscriptions.withLock { $0[index] = next }
+                }
+                // The load is over: read on until the soak ends the subscription.
+                while let event = try? await subscription.next() { take(event) }
+                let resyncs = await subscription.resyncCount()
+                check.counts.withLock { $0.resyncs[index, default: 0] += resyncs }
+            })
         }
         let loops = busClients.enumerated().map { index, client in
             Task {
@@ -211,23 +242,16 @@ struct Soak: AsyncParsableCommand {
             }
         }
         let writerClient = try await BusClient(brokers: brokers, timeout: timeout, curve: curve, state: states)
-        let writer = Task { () -> (epoch: Int64, n: Int64, writes: Int) in
-            var epoch: Int64 = 1, n: Int64 = 0, acknowledged: (Int64, Int64) = (0, 0), writes = 0
+        // The writer writes each tick with compare-and-set at the revision its last write made:
+        // a write whose answer was lost is found applied (its revision moved the key on) or
+        // not, and none is applied twice.
+        let writer = Task { () -> TickWriter in
+            var ticks = TickWriter()
             while Date() < loadEnds {
-                do {
-                    _ = try await writerClient.call(KernelAPI.stateSet, .init(key: "/client/soak/tick", value: ["epoch": .int(epoch), "n": .int(n + 1)]))
-                    n += 1
-                    writes += 1
-                    acknowledged = (epoch, n)
-                } catch {
-                    // Maybe applied, maybe not: start a new epoch so no subscriber is
-                    // expected to have seen the next number.
-                    epoch += 1
-                    n = 0
-                }
+                await ticks.write(writerClient)
                 try? await Task.sleep(for: .milliseconds(20))
             }
-            return (acknowledged.0, acknowledged.1, writes)
+            return ticks
         }
         // Replies in parts and requests to every worker, one after the other, beside the load.
         let partsCheck = PartsCheck()
@@ -265,23 +289,28 @@ struct Soak: AsyncParsableCommand {
         for loop in loops { await loop.value }
         await partsLoop.value
         report.parts = partsCheck.counts.withLock { $0 }
-        let last = await writer.value
+        let ticks = await writer.value
+        let last = ticks.acknowledged
         report.elapsed = Date().timeIntervalSince(started)
         report.chaos = chaosLog
-        report.ticksWritten = last.writes
+        report.ticksWritten = ticks.writes
+        report.ticks = ticks
+        // The key is at the revision of the last acknowledged compare-and-set: none was lost
+        // or applied twice across the kills.
+        if let revision = ticks.revision, let now = try? await writerClient.call(KernelAPI.stateGet, .init(prefix: TickWriter.key, limit: 1)),
+           now.entries.first?.sequence != revision {
+            report.problems.append("the tick key is at revision \(now.entries.first.map { "\($0.sequence)" } ?? "none"), not \(revision), the last one acknowledged")
+        }
 
         // Every subscriber must end on the last acknowledged tick.
+        following.loadOver.withLock { $0 = true }
         let converged = await waitUntil(30) {
             check.counts.withLock { counts in
                 (0..<subscribers).allSatisfy { counts.lastSeen[$0].map { $0.epoch == last.epoch && $0.n == last.n } ?? false }
             }
         }
-        for (index, subscription) in subscriptions.enumerated() {
-            let resyncs = await subscription.resyncCount()
-            check.counts.withLock { $0.resyncs[index] = resyncs }
-            await subscription.cancel()
-        }
-        for reader in readers { reader.cancel() }
+        for subscription in following.subscriptions.withLock({ Array($0.values) }) { await subscription.cancel() }
+        for reader in readers { await reader.value }
         report.subscriberCounts = check.counts.withLock { $0 }
         report.staleSubscribers = converged ? 0 : check.counts.withLock { counts in
             (0..<subscribers).filter { counts.lastSeen[$0].map { $0.epoch != last.epoch || $0.n != last.n } ?? true }.count

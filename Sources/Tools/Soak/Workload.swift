@@ -113,6 +113,71 @@ final class Tally: Sendable {
     }
 }
 
+/// The soak's writer of ticks under `/client/soak/tick`: each written with compare-and-set at
+/// the revision its last write made, so a write whose answer was lost (a kill, a failover) is
+/// found applied or not by reading the key, and none is applied twice.
+struct TickWriter: Sendable {
+    static let key = "/client/soak/tick"
+    var epoch: Int64 = 1
+    var n: Int64 = 0
+    var acknowledged: (epoch: Int64, n: Int64) = (0, 0)
+    /// The key's revision after the last write known applied (0: absent; nil: not known, so
+    /// the next write is unconditional and starts a new epoch).
+    var revision: UInt64? = 0
+    var writes = 0
+    /// Refused because the key had moved on (a write of this writer's whose answer was lost).
+    var conflicts = 0
+    /// Writes whose outcome was unknown, then found applied or not by reading the key.
+    var foundApplied = 0
+    var foundNotApplied = 0
+    /// Outcomes it could not learn (the key could not be read): a new epoch began.
+    var epochs = 1
+
+    mutating func write(_ client: BusClient) async {
+        let value: JSONValue = ["epoch": .int(epoch), "n": .int(n + 1)]
+        do throws(BusError) {
+            advance(to: try await client.call(KernelAPI.stateSet, .init(key: Self.key, value: value, revision: revision)).sequence)
+        } catch {
+            if case .remote(_, let refusal) = error, refusal.code == JSONRPCError.conflictCode { conflicts += 1 }
+            await settle(client, tried: value)
+        }
+    }
+
+    private mutating func advance(to revision: UInt64) {
+        n += 1
+        writes += 1
+        acknowledged = (epoch, n)
+        self.revision = revision
+    }
+
+    /// Reads the key to learn whether the write of `tried` happened.
+    private mutating func settle(_ client: BusClient, tried: JSONValue) async {
+        guard let page = try? await client.call(KernelAPI.stateGet, .init(prefix: Self.key, limit: 1)) else {
+            epoch += 1
+            epochs += 1
+            n = 0
+            revision = nil
+            return
+        }
+        let entry = page.entries.first { $0.key == Self.key }
+        if let entry, entry.value == tried {
+            foundApplied += 1
+            advance(to: entry.sequence)
+        } else {
+            // Not applied (yet): the same tick is tried again at the key's revision now.
+            foundNotApplied += 1
+            revision = entry?.sequence ?? 0
+        }
+    }
+}
+
+/// The subscriptions the subscribers hold now (each is replaced as it leaves and resumes),
+/// and whether the load is over (then they stay, to be read to the last tick).
+final class Following: Sendable {
+    let loadOver = Mutex(false)
+    let subscriptions = Mutex<[Int: Subscription]>([:])
+}
+
 /// The subscribers' view of the writer's ticks, and what they found wrong.
 final class SubscriberCheck: Sendable {
     struct Counts {
@@ -125,6 +190,10 @@ final class SubscriberCheck: Sendable {
         var backwards = 0
         var lastSeen: [Int: (epoch: Int64, n: Int64)] = [:]
         var resyncs: [Int: Int] = [:]
+        /// Subscriptions reopened with the sequence they had reached, and of those the ones
+        /// the kernel could not resume (it no longer held the changes): a snapshot instead.
+        var resumes = 0
+        var resets = 0
     }
     let counts = Mutex(Counts())
 
