@@ -101,10 +101,11 @@ struct ContractTests {
 
         let kernelDoc = try await bus.call(Method.discover(KernelAPI.service))
         #expect(kernelDoc.info.title == "kernel" && kernelDoc.openrpc.hasPrefix("1.") && kernelDoc.jsonSchemaDialect == JSONSchema.dialect)
-        #expect(kernelDoc.methods.map(\.name) == ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get", "workers.list", "workers.drain"])
+        #expect(kernelDoc.methods.map(\.name) == ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get", "state.history",
+                                                   "workers.list", "workers.drain"])
         let stateSet = try #require(kernelDoc.methods.first { $0.name == KernelAPI.stateSet.name })
         #expect(stateSet.summary == KernelAPI.stateSet.summary)
-        #expect(stateSet.params.map(\.name) == ["key", "ttl", "value"])
+        #expect(stateSet.params.map(\.name) == ["key", "revision", "ttl", "value"])
         #expect(stateSet.params.first { $0.name == "key" }?.required == true && stateSet.params.first { $0.name == "key" }?.schema == ["type": "string"])
         #expect(stateSet.result.schema["properties"]?["sequence"] == ["type": "integer", "minimum": 0])
 

@@ -103,7 +103,8 @@ struct SBTests {
         let documents = try #require(try jsonLines(all.stdout).first?.objectValue)
         // The kernel and every service on this bus answer rpc.discover, with each method of their table.
         let expected: [String: [String]] = [
-            KernelAPI.service: ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get", "workers.list", "workers.drain"],
+            KernelAPI.service: ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get", "state.history",
+                                "workers.list", "workers.drain"],
             SearchAPI.service: ["countries.search", "locations.search", "locations.resolve", "items.grouped", "sources.list",
                                 "headlines.list", "flights.list", "airlines.get", "indexes.list"],
             PricingAPI.service: ["route.quote", "route.cheapest", "route.current", "route.select", "deals.rollback", "deals.today"],

@@ -73,8 +73,8 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// The state's recent changes kept: what a subscriber resumes from (`ICANHAZ?` with the
     /// sequence it stopped at) and what `state.history` reads, at most this many changes and
     /// bytes of keys and values; the oldest go first.
-    public var stateHistoryChanges = 100_000
-    public var stateHistoryBytes = 64 * 1024 * 1024
+    public var stateHistoryChanges = 10_000
+    public var stateHistoryBytes = 8 * 1024 * 1024
     /// Revisions `state.history` gives of one key, at most.
     public var stateHistoryPerKey = 16
     /// Requests one JSON-RPC batch may carry, at the kernel and at every service: a batch is

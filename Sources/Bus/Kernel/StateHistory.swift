@@ -1,5 +1,5 @@
 import DequeModule
-import Frames
+import BusProtocol
 
 /// The state's recent changes in sequence order: what a subscriber that knows where it
 /// stopped resumes from (`ICANHAZ?` with a sequence), and each key's recent revisions
