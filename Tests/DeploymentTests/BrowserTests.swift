@@ -69,6 +69,23 @@ struct BrowserTests {
                   && document.getElementById('route-summary').textContent !== '…' && document.getElementById('route-summary').textContent, 'flights');
                 """],
             ["name": "select a route: its price arrives", "js": select.replacingOccurrences(of: "PICK", with: "0")],
+            ["name": "no news source chosen yet: the page says so in words", "js": """
+                return await waitFor(() => document.getElementById('headlines-status').textContent.startsWith('No news sources chosen yet') &&
+                  document.getElementById('headlines-status').textContent, 'the empty state');
+                """],
+            ["name": "a choice that lost a race says so and shows the winner", "js": """
+                // Someone else chooses the route again; once the page has seen it, its view is put
+                // back one revision, as if that change had not arrived yet, and the page chooses.
+                const shown = state.get('/pricing/route/current');
+                await call('pricing', 'route.select', { outboundId: shown.outboundId, ...(shown.inboundId ? { inboundId: shown.inboundId } : {}), revision: shown.revision });
+                await waitFor(() => state.get('/pricing/route/current').revision === shown.revision + 1, 'the other choice');
+                state.set('/pricing/route/current', shown);
+                document.getElementById('route-form').requestSubmit();
+                return await waitFor(() => {
+                  const notice = document.getElementById('notice');
+                  return !notice.classList.contains('hidden') && notice.textContent.startsWith('Someone else changed the route') && notice.textContent;
+                }, 'the notice of the lost race');
+                """],
             ["name": "kill -9 the gateway", "run": ["kill", "-9", String(gatewayPid)]],
             ["name": "the page says it reconnected and resynced", "js": """
                 return await waitFor(() => document.getElementById('status').textContent === 'resynced' && 'resynced', 'resynced', 60000);

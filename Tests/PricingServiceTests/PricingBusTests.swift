@@ -97,6 +97,26 @@ struct PricingBusTests {
         await bus.stop()
     }
 
+    @Test("two clients choosing a route at once: one wins, the other gets -32004 with the winner priced, and the published route is the winner's")
+    func selectRace() async throws {
+        let bus = try await PricingBus.start()
+        let shown = try await bus.request("route.current")
+        let revision = try #require(shown["revision"]?.intValue)
+        async let first = bus.error("route.select", ["outboundId": 3, "inboundId": 14, "revision": .int(revision)])
+        async let second = bus.error("route.select", ["outboundId": 2, "inboundId": 15, "revision": .int(revision)])
+        let refusals = await [first, second]
+        let lost = try #require(refusals.compactMap { $0 }.first, "one of the two must lose: \(refusals)")
+        #expect(refusals.compactMap { $0 }.count == 1 && lost.code == -32004, "\(refusals)")
+        let winner = refusals[0] == nil ? (3, 14) : (2, 15)
+        let current = lost.data?["current"]
+        #expect(current?["outboundId"] == .int(Int64(winner.0)) && current?["inboundId"] == .int(Int64(winner.1)) && current?["total"] != nil,
+                "the loser sees the winner priced: \(current ?? .null)")
+        #expect(current?["revision"] == .int(revision + 1) && lost.message.contains("chosen meanwhile"))
+        let now = try await bus.request("route.current")
+        #expect(now["outboundId"] == .int(Int64(winner.0)) && now["revision"] == .int(revision + 1))
+        await bus.stop()
+    }
+
     @Test("a flights refresh that changes the current route's price publishes the old and the new price; gone flights are reported, not failed")
     func repricedOnFlightsChange() async throws {
         let bus = try await PricingBus.start()

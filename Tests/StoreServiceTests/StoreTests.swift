@@ -189,6 +189,38 @@ struct StoreMethodTests {
         await bus.stop()
     }
 
+    @Test("selections by compare-and-set: of two choosers at one revision exactly one wins, the other gets -32004 with the winner; nothing is overwritten in silence", arguments: Backend.available)
+    func selectionRaces(backend: Backend) async throws {
+        let bus = try await StoreBus.start(backend: backend)
+        #expect(try await bus.call("sources.selected")["revision"] == 0)
+        for (method, choices) in [("route.select", [["outboundId": 1, "inboundId": 3], ["outboundId": 2, "inboundId": 4]] as [JSONValue]),
+                                  ("sources.select", [["ids": ["cnn"]], ["ids": ["reuters", "bbc-news"]]])] {
+            var revision: Int64 = 0
+            for round in 0..<10 {
+                func at(_ choice: JSONValue) -> JSONValue {
+                    guard case .object(var fields) = choice else { return choice }
+                    fields["revision"] = .int(revision)
+                    return .object(fields)
+                }
+                async let first = bus.failure(method, at(choices[0]))
+                async let second = bus.failure(method, at(choices[1]))
+                let refusals = await [first, second]
+                let lost = refusals.compactMap { $0 }
+                #expect(lost.count == 1 && lost.first?.code == -32004, "\(method) round \(round): \(refusals)")
+                // The loser is told what won: the other choice, at the next revision.
+                let winner = refusals[0] == nil ? choices[0] : choices[1]
+                let current = lost.first?.data?["current"]
+                #expect(current?["revision"] == .int(revision + 1) && lost.first?.data?["revision"] == .int(revision + 1), "\(lost)")
+                #expect(current?["ids"] == winner["ids"] && current?["outboundId"] == winner["outboundId"], "\(method): \(current ?? .null)")
+                revision += 1
+            }
+            // A write without a revision replaces whatever is there.
+            #expect(try await bus.call(method, choices[0])["revision"] == .int(revision + 1))
+        }
+        #expect(try await bus.call("route.selected")["revision"] == 11)
+        await bus.stop()
+    }
+
     @Test("snapshots: multi-megabyte bodies, a late put never replaces a newer copy, a missing one is -32003", arguments: Backend.available)
     func snapshots(backend: Backend) async throws {
         let bus = try await StoreBus.start(backend: backend)

@@ -54,8 +54,12 @@ extension BusClient {
         do {
             return try await call(method, params, timeout: timeout)
         } catch {
+            // The service's own data stays (a conflict's winner, say), with the service named.
+            var data: [String: JSONValue] = [:]
+            if case .remote(_, let remote) = error, case .object(let fields)? = remote.data { data = fields }
+            data["service"] = .string(method.service)
             throw JSONRPCError(code: error.code ?? JSONRPCError.serviceUnavailableCode, message: "\(purpose) needs the \(method.service) service: \(error)",
-                               data: ["service": .string(method.service)])
+                               data: .object(data))
         }
     }
 }

@@ -27,7 +27,13 @@ public enum PricingAPI {
     public struct Select: Codable, Sendable {
         public var outboundId: Int
         public var inboundId: Int?
-        public init(outboundId: Int, inboundId: Int?) { (self.outboundId, self.inboundId) = (outboundId, inboundId) }
+        /// Compare-and-set: the route's revision the chooser saw (``CurrentRoute/revision``; 0:
+        /// none chosen yet). Chosen meanwhile by someone else: -32004 with the winner priced in
+        /// `data.current`, nothing changed.
+        public var revision: Int?
+        public init(outboundId: Int, inboundId: Int?, revision: Int? = nil) {
+            (self.outboundId, self.inboundId, self.revision) = (outboundId, inboundId, revision)
+        }
     }
     public struct Rollback: Codable, Sendable {
         public var seed: Int64?
@@ -97,6 +103,8 @@ public enum PricingAPI {
         public var outboundId: Int
         public var inboundId: Int?
         public var selectedAt: String?
+        /// Counts the choices made: what `route.select` takes to change it only if nobody else did.
+        public var revision: Int?
         /// "priced", "incomplete" or "unavailable".
         public var status: String
         public var outbound: PricedFlight?
@@ -110,9 +118,10 @@ public enum PricingAPI {
         /// When it was priced (published value only).
         public var pricedAt: String?
         public init(outboundId: Int, inboundId: Int?, selectedAt: String?, status: String, outbound: PricedFlight?, inbound: PricedFlight?,
-                    total: Money?, message: String?, firstRun: Bool? = nil, previousTotal: Money? = nil, pricedAt: String? = nil) {
+                    total: Money?, message: String?, firstRun: Bool? = nil, previousTotal: Money? = nil, pricedAt: String? = nil, revision: Int? = nil) {
             (self.outboundId, self.inboundId, self.selectedAt, self.status, self.outbound, self.inbound, self.total, self.message)
                 = (outboundId, inboundId, selectedAt, status, outbound, inbound, total, message)
+            self.revision = revision
             (self.firstRun, self.previousTotal, self.pricedAt) = (firstRun, previousTotal, pricedAt)
         }
     }

@@ -21,9 +21,9 @@ public enum StoreAPI {
     public static let articlesSave = Method<Article, ArticleSaved>(service, "articles.save", "Saves an article (an object with a url), keyed by its URL.", changesState: true)
     public static let articlesList = Method<Page, SavedArticles>(service, "articles.list", "The saved articles, most recently saved first.")
     public static let articlesDelete = Method<URL, ArticleDeleted>(service, "articles.delete", "Deletes a saved article by its URL.", changesState: true)
-    public static let sourcesSelect = Method<Sources, SourceSelection>(service, "sources.select", "Replaces the selected news sources.", changesState: true)
+    public static let sourcesSelect = Method<Sources, SourceSelection>(service, "sources.select", "Replaces the selected news sources; with revision, only if the selection is still at it (else -32004 with data.current).", changesState: true)
     public static let sourcesSelected = Method<NoParams, SourceSelection>(service, "sources.selected", "The selected news sources.")
-    public static let routeSelect = Method<Route, RouteSelection>(service, "route.select", "Keeps the chosen route (an outbound and optionally an inbound flight).", changesState: true)
+    public static let routeSelect = Method<Route, RouteSelection>(service, "route.select", "Keeps the chosen route (an outbound and optionally an inbound flight); with revision, only if the choice is still at it (else -32004 with data.current).", changesState: true)
     public static let routeSelected = Method<NoParams, RouteSelection?>(service, "route.selected", "The chosen route, or null.")
     public static let snapshotsPut = Method<Snapshot, SnapshotStored>(service, "snapshots.put", "Keeps the last good copy of a dataset.", changesState: true)
     public static let snapshotsGet = Method<Name, Snapshot>(service, "snapshots.get", "The last good copy of a dataset, or null.")
@@ -52,12 +52,18 @@ public enum StoreAPI {
     }
     public struct Sources: Codable, Sendable {
         public var ids: [String]
-        public init(ids: [String]) { self.ids = ids }
+        /// Compare-and-set: the selection's revision the chooser saw (0: none made yet).
+        public var revision: Int?
+        public init(ids: [String], revision: Int? = nil) { (self.ids, self.revision) = (ids, revision) }
     }
     public struct Route: Codable, Sendable {
         public var outboundId: Int
         public var inboundId: Int?
-        public init(outboundId: Int, inboundId: Int?) { (self.outboundId, self.inboundId) = (outboundId, inboundId) }
+        /// Compare-and-set: the choice's revision the chooser saw (0: none made yet).
+        public var revision: Int?
+        public init(outboundId: Int, inboundId: Int?, revision: Int? = nil) {
+            (self.outboundId, self.inboundId, self.revision) = (outboundId, inboundId, revision)
+        }
     }
     public struct Snapshot: Codable, Sendable {
         public var name: String
@@ -124,12 +130,16 @@ public enum StoreAPI {
         public var ids: [String]
         /// Absent before any selection was made.
         public var selectedAt: String?
-        public init(ids: [String], selectedAt: String?) { (self.ids, self.selectedAt) = (ids, selectedAt) }
+        /// Counts the selections made: 0 before the first. What a compare-and-set gives back.
+        public var revision: Int
+        public init(ids: [String], selectedAt: String?, revision: Int = 0) { (self.ids, self.selectedAt, self.revision) = (ids, selectedAt, revision) }
     }
     public struct RouteSelection: Codable, Sendable {
         public var outboundId: Int
         public var inboundId: Int?
         public var selectedAt: String
+        /// Counts the choices made (1 for the first). What a compare-and-set gives back.
+        public var revision: Int
     }
     public struct SnapshotStored: Codable, Sendable {
         public var name: String

@@ -248,6 +248,7 @@ struct NewsSources: AsyncParsableCommand {
             Examples:
               sb news sources
               sb news sources --select bbc-news reuters
+              sb news sources --select reuters --revision 3    only if nobody chose since revision 3 (else exit 1, -32004)
               sb news sources --language all --category technology
             """
     )
@@ -255,14 +256,19 @@ struct NewsSources: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Option(parsing: .upToNextOption, help: "Select these source ids (replacing the selection).") var select: [String] = []
+    @Option(help: "With --select: only if the selection is still at this revision (sb request store sources.selected shows it).") var revision: Int?
     @Option(help: "A two-letter language code, or 'all'.") var language: String?
     @Option(help: "A NewsAPI category (business, technology, ...).") var category: String?
+
+    func validate() throws {
+        if revision != nil, select.isEmpty { throw ValidationError("--revision goes with --select") }
+    }
 
     func run() async throws {
         let params = SearchAPI.Sources(language: language, category: category)
         try await appVerb(connection, output, { client in
             if !select.isEmpty {
-                _ = try await call(client, StoreAPI.sourcesSelect, StoreAPI.Sources(ids: select))
+                _ = try await call(client, StoreAPI.sourcesSelect, StoreAPI.Sources(ids: select, revision: revision))
             }
             return try await call(client, SearchAPI.sourcesList, params)
         }) { answer in
@@ -444,6 +450,7 @@ struct FlightRoute: AsyncParsableCommand {
               sb flights route
               sb flights route --select 3 14
               sb flights route --select 5          an outbound flight alone
+              sb flights route --select 3 14 --revision 7   only if nobody chose since revision 7 (else exit 1, -32004 and the winner)
             """
     )
 
@@ -451,15 +458,17 @@ struct FlightRoute: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Option(parsing: .upToNextOption, help: ArgumentHelp("Choose the route: an outbound id, then optionally an inbound id.", valueName: "id"))
     var select: [Int] = []
+    @Option(help: "With --select: only if the route is still at this revision (sb flights route --json shows it).") var revision: Int?
 
     func validate() throws {
         if select.count > 2 { throw ValidationError("--select takes an outbound id and at most one inbound id") }
+        if revision != nil, select.isEmpty { throw ValidationError("--revision goes with --select") }
     }
 
     func run() async throws {
         try await appVerb(connection, output, { client in
             guard let outbound = select.first else { return try await call(client, PricingAPI.routeCurrent) }
-            return try await call(client, PricingAPI.routeSelect, PricingAPI.Select(outboundId: outbound, inboundId: select.count == 2 ? select[1] : nil))
+            return try await call(client, PricingAPI.routeSelect, PricingAPI.Select(outboundId: outbound, inboundId: select.count == 2 ? select[1] : nil, revision: revision))
         }) { answer in
             showRoute(title: "Current route (\(answer.status))", outbound: answer.outbound, inbound: answer.inbound, total: answer.total, message: answer.message)
         }

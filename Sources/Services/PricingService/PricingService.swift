@@ -163,7 +163,19 @@ public actor PricingService: BusService, ServiceWork {
         } else {
             _ = try book.outboundFlight(params.outboundId)
         }
-        let selection = try await storeSelection(outboundId: params.outboundId, inboundId: params.inboundId, for: "storing the route")
+        let selection: Selection
+        do {
+            selection = try await storeSelection(outboundId: params.outboundId, inboundId: params.inboundId, revision: params.revision, for: "storing the route")
+        } catch let error as JSONRPCError where error.code == JSONRPCError.conflictCode {
+            // Someone chose first: say who won, priced, and change nothing.
+            guard let current = error.data?["current"], !current.isNull,
+                  let stored = try? decodeResult(StoreAPI.RouteSelection.self, current) else { throw error }
+            let winner = price(Selection(stored))
+            throw JSONRPCError(code: JSONRPCError.conflictCode,
+                               message: "Conflict: the route was chosen meanwhile (outbound \(stored.outboundId)\(stored.inboundId.map { ", inbound \($0)" } ?? ""), revision \(stored.revision)); choose again to replace it",
+                               data: ["revision": .int(Int64(stored.revision)), "expected": .int(Int64(params.revision ?? 0)),
+                                      "current": (try? JSONValue(encoding: winner.route)) ?? .null])
+        }
         knownSelection = selection
         let priced = price(selection)
         await publish(priced)
@@ -201,12 +213,14 @@ public actor PricingService: BusService, ServiceWork {
         let outboundId: Int
         let inboundId: Int?
         let selectedAt: String?
+        let revision: Int
 
         /// From the store's `route.selected` / `route.select` answer.
         init(_ stored: StoreAPI.RouteSelection) {
             outboundId = stored.outboundId
             inboundId = stored.inboundId
             selectedAt = stored.selectedAt
+            revision = stored.revision
         }
     }
 
@@ -224,7 +238,7 @@ public actor PricingService: BusService, ServiceWork {
         var route: PricingAPI.CurrentRoute {
             PricingAPI.CurrentRoute(outboundId: selection.outboundId, inboundId: selection.inboundId, selectedAt: selection.selectedAt,
                                     status: status.rawValue, outbound: quote?.outbound.priced, inbound: quote?.inbound?.priced,
-                                    total: total, message: message)
+                                    total: total, message: message, revision: selection.revision)
         }
 
         /// Whether a subscriber would see a difference.
@@ -313,8 +327,8 @@ public actor PricingService: BusService, ServiceWork {
 
     // MARK: The store
 
-    private func storeSelection(outboundId: Int, inboundId: Int?, for purpose: String) async throws -> Selection {
-        Selection(try await store(StoreAPI.routeSelect, StoreAPI.Route(outboundId: outboundId, inboundId: inboundId), for: purpose))
+    private func storeSelection(outboundId: Int, inboundId: Int?, revision: Int? = nil, for purpose: String) async throws -> Selection {
+        Selection(try await store(StoreAPI.routeSelect, StoreAPI.Route(outboundId: outboundId, inboundId: inboundId, revision: revision), for: purpose))
     }
 
     /// Calls the store on behalf of a request; a failure says what needed it.

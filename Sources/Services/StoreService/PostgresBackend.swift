@@ -132,6 +132,7 @@ actor PostgresBackend: StoreBackend {
         CREATE TABLE replies (request TEXT PRIMARY KEY, result TEXT NOT NULL, written_at DOUBLE PRECISION NOT NULL);
         CREATE INDEX replies_by_time ON replies(written_at);
         """,
+        "ALTER TABLE selections ADD COLUMN revision BIGINT NOT NULL DEFAULT 1;",
     ]
 
     private func migrate() async throws {
@@ -235,12 +236,32 @@ actor PostgresBackend: StoreBackend {
         case .articleDelete(let url, let id):
             let deleted = try await count("WITH gone AS (DELETE FROM articles WHERE url = \(url) RETURNING 1) SELECT COUNT(*) FROM gone", on: connection, logger: logger)
             return StoreResults.articleDeleted(url: url, id: id, deleted: deleted > 0)
-        case .select(let name, let value):
-            try await connection.query("""
-                INSERT INTO selections (name, value, selected_at) VALUES (\(name), \(value), \(Date().timeIntervalSince1970))
-                ON CONFLICT (name) DO UPDATE SET value = excluded.value, selected_at = excluded.selected_at
-                """, logger: logger)
-            return try await selection(name, on: connection, logger: logger) ?? .null
+        case .select(let name, let value, let expected):
+            let now = Date().timeIntervalSince1970
+            // Each statement decides alone (an UPDATE waits for a concurrent one and checks the
+            // revision again after it): of two choosers at the same revision, one changes it.
+            let changed: Int
+            switch expected {
+            case nil:
+                changed = try await count("""
+                    WITH put AS (INSERT INTO selections (name, value, selected_at, revision) VALUES (\(name), \(value), \(now), 1)
+                    ON CONFLICT (name) DO UPDATE SET value = excluded.value, selected_at = excluded.selected_at, revision = selections.revision + 1
+                    RETURNING 1) SELECT COUNT(*) FROM put
+                    """, on: connection, logger: logger)
+            case 0?:
+                changed = try await count("""
+                    WITH put AS (INSERT INTO selections (name, value, selected_at, revision) VALUES (\(name), \(value), \(now), 1)
+                    ON CONFLICT (name) DO NOTHING RETURNING 1) SELECT COUNT(*) FROM put
+                    """, on: connection, logger: logger)
+            case let expected?:
+                changed = try await count("""
+                    WITH put AS (UPDATE selections SET value = \(value), selected_at = \(now), revision = revision + 1
+                    WHERE name = \(name) AND revision = \(expected) RETURNING 1) SELECT COUNT(*) FROM put
+                    """, on: connection, logger: logger)
+            }
+            let current = try await selection(name, on: connection, logger: logger)
+            guard changed > 0 else { throw StoreResults.selectionConflict(name, current: current, expected: expected ?? 0) }
+            return current ?? .null
         case .snapshotPut(let name, let body, let version, let origin, let fetchedAt):
             // A retried or late put never replaces a copy fetched later.
             let stored = try await count("""
@@ -378,9 +399,9 @@ actor PostgresBackend: StoreBackend {
     }
 
     private static func selection(_ name: String, on connection: PostgresConnection, logger: Logger) async throws -> JSONValue? {
-        for try await (value, selectedAt) in try await connection.query("SELECT value, selected_at FROM selections WHERE name = \(name)",
-                                                                        logger: logger).decode((String, Double).self) {
-            return try StoreResults.selection(value: value, selectedAt: selectedAt)
+        for try await (value, selectedAt, revision) in try await connection.query("SELECT value, selected_at, revision FROM selections WHERE name = \(name)",
+                                                                                  logger: logger).decode((String, Double, Int).self) {
+            return try StoreResults.selection(value: value, selectedAt: selectedAt, revision: revision)
         }
         return nil
     }

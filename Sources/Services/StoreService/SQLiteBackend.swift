@@ -102,11 +102,17 @@ actor SQLiteBackend: StoreBackend {
                 try db.execute(sql: "DELETE FROM articles WHERE url = ?", arguments: [url])
                 return StoreResults.articleDeleted(url: url, id: id, deleted: db.changesCount > 0)
             }
-        case .select(let name, let value):
+        case .select(let name, let value, let expected):
             return { db in
+                // One writer at a time (this transaction holds the database's write lock): the
+                // revision read here is the one replaced.
+                if let expected {
+                    let current = try selection(db, name)
+                    guard (current?["revision"]?.intValue ?? 0) == expected else { throw StoreResults.selectionConflict(name, current: current, expected: expected) }
+                }
                 try db.execute(sql: """
-                    INSERT INTO selections (name, value, selected_at) VALUES (?, ?, ?)
-                    ON CONFLICT(name) DO UPDATE SET value = excluded.value, selected_at = excluded.selected_at
+                    INSERT INTO selections (name, value, selected_at, revision) VALUES (?, ?, ?, 1)
+                    ON CONFLICT(name) DO UPDATE SET value = excluded.value, selected_at = excluded.selected_at, revision = selections.revision + 1
                     """, arguments: [name, value, Date().timeIntervalSince1970])
                 return try selection(db, name) ?? .null
             }
@@ -266,8 +272,8 @@ actor SQLiteBackend: StoreBackend {
     }
 
     private static func selection(_ db: Database, _ name: String) throws -> JSONValue? {
-        try Row.fetchOne(db, sql: "SELECT value, selected_at FROM selections WHERE name = ?", arguments: [name]).map { row in
-            try StoreResults.selection(value: row["value"], selectedAt: row["selected_at"])
+        try Row.fetchOne(db, sql: "SELECT value, selected_at, revision FROM selections WHERE name = ?", arguments: [name]).map { row in
+            try StoreResults.selection(value: row["value"], selectedAt: row["selected_at"], revision: row["revision"])
         }
     }
 

@@ -39,8 +39,9 @@ enum StoreWrite: Sendable {
     /// Saves the article (JSON text) under its URL; `id` is derived from the URL.
     case articleSave(url: String, id: String, article: String)
     case articleDelete(url: String, id: String)
-    /// Replaces the selection `name` (`sources` or `route`) with `value` (JSON text).
-    case select(name: String, value: String)
+    /// Replaces the selection `name` (`sources` or `route`) with `value` (JSON text); given
+    /// `expected`, only if the selection is at that revision (0: none yet), else -32004.
+    case select(name: String, value: String, expected: Int?)
     /// Keeps a dataset's copy unless a copy fetched later is kept (`fetchedAt`: Unix seconds).
     case snapshotPut(name: String, body: Data, version: String, origin: String, fetchedAt: Double)
 }
@@ -89,14 +90,24 @@ enum StoreResults {
 
     /// A selection as answered and published: sources as `{ids, selectedAt}`, the route as
     /// `{outboundId, inboundId, selectedAt}`.
-    static func selection(value text: String, selectedAt: Double) throws -> JSONValue {
+    static func selection(value text: String, selectedAt: Double, revision: Int) throws -> JSONValue {
         let value = try JSONValue(parsing: Array(text.utf8))
-        let selectedAt = JSONValue.string(Timestamp.format(seconds: selectedAt))
+        let selectedAt = JSONValue.string(Timestamp.format(seconds: selectedAt)), revision = JSONValue.int(Int64(revision))
         if case .object(var fields) = value {
             fields["selectedAt"] = selectedAt
+            fields["revision"] = revision
             return .object(fields)
         }
-        return ["ids": value, "selectedAt": selectedAt]
+        return ["ids": value, "selectedAt": selectedAt, "revision": revision]
+    }
+
+    /// -32004: the selection `name` moved on from the revision its chooser saw; `current`
+    /// (the selection now, null: none) is what won.
+    static func selectionConflict(_ name: String, current: JSONValue?, expected: Int) -> JSONRPCError {
+        let revision = current?["revision"]?.intValue ?? 0
+        return JSONRPCError(code: JSONRPCError.conflictCode,
+                            message: "Conflict: the \(name) was chosen meanwhile (revision \(revision), not \(expected)); see data.current and choose again",
+                            data: ["revision": .int(revision), "expected": .int(Int64(expected)), "current": current ?? .null])
     }
 
     static func snapshotStored(name: String, stored: Bool, version: String, size: Int) -> JSONValue {

@@ -111,6 +111,10 @@ enum StoreDatabase {
                 CREATE INDEX replies_by_time ON replies(written_at);
                 """)
         }
+        migrator.registerMigration("v3: selection revisions") { db in
+            // Each selection counts its changes: a chooser may replace it only at the revision it saw.
+            try db.execute(sql: "ALTER TABLE selections ADD COLUMN revision INTEGER NOT NULL DEFAULT 1")
+        }
         return migrator
     }
 }

@@ -103,9 +103,9 @@ public actor StoreService: BusService, ServiceWork {
         table.on(StoreAPI.articlesSave) { store, params in try await store.articlesSave(params.article) }
         table.on(StoreAPI.articlesList) { store, params in try await store.articlesList(offset: params.offset, limit: params.limit) }
         table.on(StoreAPI.articlesDelete) { store, params in try await store.articlesDelete(params.url) }
-        table.on(StoreAPI.sourcesSelect) { store, params in try await store.sourcesSelect(params.ids) }
+        table.on(StoreAPI.sourcesSelect) { store, params in try await store.sourcesSelect(params.ids, revision: params.revision) }
         table.on(StoreAPI.sourcesSelected) { store, _ in try await store.sourcesSelected() }
-        table.on(StoreAPI.routeSelect) { store, params in try await store.routeSelect(params.outboundId, params.inboundId) }
+        table.on(StoreAPI.routeSelect) { store, params in try await store.routeSelect(params.outboundId, params.inboundId, revision: params.revision) }
         table.on(StoreAPI.routeSelected) { store, _ in try await store.routeSelected() }
         table.on(StoreAPI.snapshotsPut) { store, params in try await store.snapshotsPut(params) }
         table.on(StoreAPI.snapshotsGet) { store, params in try await store.snapshotsGet(params.name) }
@@ -168,7 +168,7 @@ public actor StoreService: BusService, ServiceWork {
 
     static let maxSources = 100
 
-    func sourcesSelect(_ ids: [String]) async throws -> StoreAPI.SourceSelection {
+    func sourcesSelect(_ ids: [String], revision: Int?) async throws -> StoreAPI.SourceSelection {
         var unique: [String] = []
         for (index, id) in ids.enumerated() {
             let trimmed = id.trimmingCharacters(in: .whitespaces)
@@ -181,7 +181,7 @@ public actor StoreService: BusService, ServiceWork {
             throw JSONRPCError.invalidParams(field: "ids", "at most \(Self.maxSources) sources can be selected")
         }
         let value: JSONValue = .array(unique.map(JSONValue.string))
-        return try await write(.select(name: "sources", value: value.jsonString), changing: [Keys.sourcesSelected])
+        return try await write(.select(name: "sources", value: value.jsonString, expected: revision), changing: [Keys.sourcesSelected])
     }
 
     func sourcesSelected() async throws -> StoreAPI.SourceSelection {
@@ -189,13 +189,13 @@ public actor StoreService: BusService, ServiceWork {
     }
 
     /// The sources selection before any was made.
-    static let noSources: JSONValue = ["ids": [], "selectedAt": nil]
+    static let noSources: JSONValue = ["ids": [], "selectedAt": nil, "revision": 0]
 
-    func routeSelect(_ outboundId: Int, _ inboundId: Int?) async throws -> StoreAPI.RouteSelection {
+    func routeSelect(_ outboundId: Int, _ inboundId: Int?, revision: Int?) async throws -> StoreAPI.RouteSelection {
         guard outboundId >= 0 else { throw JSONRPCError.invalidParams(field: "outboundId", "must not be negative") }
         if let inboundId, inboundId < 0 { throw JSONRPCError.invalidParams(field: "inboundId", "must not be negative") }
         let value: JSONValue = ["outboundId": .int(Int64(outboundId)), "inboundId": inboundId.map { .int(Int64($0)) } ?? .null]
-        return try await write(.select(name: "route", value: value.jsonString), changing: [Keys.routeSelected])
+        return try await write(.select(name: "route", value: value.jsonString, expected: revision), changing: [Keys.routeSelected])
     }
 
     /// The stored route, or null when none was ever selected.

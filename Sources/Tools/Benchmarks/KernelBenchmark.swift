@@ -133,26 +133,32 @@ struct KernelBenchmark: AsyncParsableCommand {
         rows.append(contentsOf: try await busKitRows(endpoints.broker))
         // CHP: C publisher and subscribers, through a raw XSUB/XPUB proxy and through the
         // kernel, interleaved; a subscriber's rate is what it received per second.
-        var fanOut: [Bool: [Int: [(rate: Double, gaps: Int)]]] = [:]
+        var fanOut: [Metal.FanOut: [Int: [(rate: Double, gaps: Int, missing: Int)]]] = [:]
         for _ in 0..<runs {
             for subscribers in [1, 10] {
-                for throughKernel in [false, true] {
-                    fanOut[throughKernel, default: [:]][subscribers, default: []].append(
-                        try await metal.fanOut(throughKernel: throughKernel, subscribers: subscribers, updates: updates))
+                for path in Metal.FanOut.allCases {
+                    fanOut[path, default: [:]][subscribers, default: []].append(try await metal.fanOut(path, subscribers: subscribers, updates: updates))
                 }
             }
         }
         for subscribers in [1, 10] {
             let plural = subscribers == 1 ? "" : "s"
-            let raw = median(fanOut[false]![subscribers]!.map(\.rate))
-            let kernelRuns = fanOut[true]![subscribers]!, kernelRate = median(kernelRuns.map(\.rate))
-            let oneRaw = median(fanOut[false]![1]!.map(\.rate)), oneKernel = median(fanOut[true]![1]!.map(\.rate))
+            let raw = median(fanOut[.raw]![subscribers]!.map(\.rate))
+            let kernelRuns = fanOut[.kernel]![subscribers]!, kernelRate = median(kernelRuns.map(\.rate))
+            let bareRuns = fanOut[.kernelWithoutHistory]![subscribers]!, bareRate = median(bareRuns.map(\.rate))
+            let oneRaw = median(fanOut[.raw]![1]!.map(\.rate)), oneKernel = median(fanOut[.kernel]![1]!.map(\.rate))
             rows.append(Row("raw libzmq C XSUB/XPUB proxy, \(subscribers) subscriber\(plural)", rate: raw,
-                            note: String(format: "the metal: C PUB and SUBs, 5-frame updates; %.2fx one subscriber", raw / oneRaw)))
+                            note: String(format: "the metal: C PUB and SUBs, 5-frame updates; %.2fx one subscriber; %d never came",
+                                         raw / oneRaw, fanOut[.raw]![subscribers]!.map(\.missing).reduce(0, +))))
             rows.append(Row("CHP collector to \(subscribers) subscriber\(plural)", rate: kernelRate,
-                            note: String(format: "%.2fx raw C, %.2fx one subscriber; %d gaps in %d runs of %d updates",
-                                         kernelRate / raw, kernelRate / oneKernel, kernelRuns.map(\.gaps).reduce(0, +), runs, updates)))
+                            note: String(format: "%.2fx raw C, %.2fx one subscriber, %.2fx without history; %d gaps, %d never came (dropped by the collector's PUB) in %d runs of %d updates",
+                                         kernelRate / raw, kernelRate / oneKernel, kernelRate / bareRate, kernelRuns.map(\.gaps).reduce(0, +),
+                                         kernelRuns.map(\.missing).reduce(0, +), runs, updates)))
+            rows.append(Row("CHP collector to \(subscribers) subscriber\(plural), history of 1 change", rate: bareRate,
+                            note: String(format: "%.2fx raw C; kernel.state_history_changes 1: what revisions and history cost is the row above's ratio; %d gaps, %d never came",
+                                         bareRate / raw, bareRuns.map(\.gaps).reduce(0, +), bareRuns.map(\.missing).reduce(0, +))))
         }
+        rows.append(contentsOf: try await historyMemory(metal))
         single.stop()
         direct.stop()
         await kernel.stop()
@@ -161,6 +167,34 @@ struct KernelBenchmark: AsyncParsableCommand {
             for name in ["broker", "snapshot", "publisher", "collector", "direct"] {
                 try? FileManager.default.removeItem(atPath: String(endpoint(name).dropFirst("ipc://".count)))
             }
+        }
+        return rows
+    }
+
+    /// The kernel's memory with its history at its bounds: 20,000 acknowledged writes of 1 KiB
+    /// values to 100 keys (the history holds 8 MiB of them), beside the kernel that keeps one
+    /// change; resident MiB of each, before and after.
+    private func historyMemory(_ metal: Metal) async throws -> [Row] {
+        func resident(_ process: ChildProcess) -> Double {
+            let status = (try? String(contentsOfFile: "/proc/\(process.process.processIdentifier)/status", encoding: .utf8)) ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+            return (Double(line.split(separator: " ").dropFirst().first ?? "") ?? 0) / 1024
+        }
+        let value = JSONValue.string(String(repeating: "v", count: 1_024))
+        var rows: [Row] = []
+        for (name, broker, process) in [("kernel", metal.kernelBroker, metal.kernel), ("kernel with a history of 1 change", metal.bareBroker, metal.bareKernel)] {
+            let before = resident(process)
+            let client = try await BusClient(brokers: [broker], timeout: .seconds(30))
+            let started = ContinuousClock.now
+            let writes = 20_000
+            for n in 0..<writes { try await client.publish(key: "/client/history/k\(n % 100)", value: value) }
+            let seconds = (ContinuousClock.now - started).seconds
+            let stats = try await client.call(KernelAPI.stats)
+            await client.close()
+            let after = resident(process)
+            rows.append(Row("history at its bounds: \(name)", rate: Double(writes) / seconds,
+                            note: String(format: "acknowledged 1 KiB writes/s; resident %.1f MiB before, %.1f after; history %d changes, %.1f MiB",
+                                         before, after, stats.state.history.changes, Double(stats.state.history.bytes) / 1_048_576)))
         }
         return rows
     }
@@ -226,16 +260,23 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// in the same rounds as the rest.
     struct Metal {
         enum Path: CaseIterable { case raw, cMDP, kernelWindow, kernelPlain }
+        /// Where CHP updates go: the raw proxy, the kernel, or a second kernel that keeps one
+        /// change of history (the cost of revisions and history is the difference).
+        enum FanOut: CaseIterable { case raw, kernel, kernelWithoutHistory }
         let processes: [ChildProcess]
         let rawFront: String, mdpBroker: String, kernelBroker: String
         let proxyFront: String, proxyBack: String, kernelCollector: String, kernelPublisher: String
+        let bareBroker: String, bareCollector: String, barePublisher: String
+        /// The kernel processes, with and without history.
+        var kernel: ChildProcess { processes[4] }
+        var bareKernel: ChildProcess { processes[8] }
 
         static func start(workerSockets: Int, workerWindow: Int) async throws -> Metal {
             let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
             guard FileManager.default.isExecutableFile(atPath: baseline.path) else {
                 throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
             }
-            let ports = (0..<9).map { _ in "tcp://127.0.0.1:\(freePort())" }
+            let ports = (0..<13).map { _ in "tcp://127.0.0.1:\(freePort())" }
             // Each watches its standard input, a pipe this process holds: they end with it.
             let processes = [
                 try ChildProcess(baseline, ["broker", ports[0], ports[1]]),
@@ -247,9 +288,14 @@ struct KernelBenchmark: AsyncParsableCommand {
                 try ChildProcess(baseline, ["mdp-worker", ports[2], "window", "1", String(workerWindow)]),
                 try ChildProcess(baseline, ["mdp-worker", ports[2], "plain", String(workerSockets)]),
                 try ChildProcess(baseline, ["pubsub-proxy", ports[7], ports[8]]),
+                try ChildProcess(switchboardExecutable(), ["kernel", "--log-level", "error", "--broker", ports[9], "--snapshot", ports[10],
+                                                           "--publisher", ports[11], "--collector", ports[12]],
+                                 environment: ["SWITCHBOARD_KERNEL_STATE_HISTORY_CHANGES": "1",
+                                               "SWITCHBOARD_KERNEL_STATE_HISTORY_BYTES": "1"]),
             ]
             return Metal(processes: processes, rawFront: ports[0], mdpBroker: ports[6], kernelBroker: ports[2],
-                         proxyFront: ports[7], proxyBack: ports[8], kernelCollector: ports[5], kernelPublisher: ports[4])
+                         proxyFront: ports[7], proxyBack: ports[8], kernelCollector: ports[5], kernelPublisher: ports[4],
+                         bareBroker: ports[9], bareCollector: ports[12], barePublisher: ports[11])
         }
 
         /// The user and system CPU time the process brokering `path` has used so far, from
@@ -281,10 +327,14 @@ struct KernelBenchmark: AsyncParsableCommand {
         /// `updates` KVSETs from a C publisher to `subscribers` C subscribers, through the
         /// kernel's collector and publisher or through the raw proxy: the slowest subscriber's
         /// rate, and the sequence gaps all of them saw.
-        func fanOut(throughKernel: Bool, subscribers: Int, updates: Int) async throws -> (rate: Double, gaps: Int) {
+        func fanOut(_ path: FanOut, subscribers: Int, updates: Int) async throws -> (rate: Double, gaps: Int, missing: Int) {
             // One prefix for every run: the same 1,000 keys, within the client quota however many runs.
             let prefix = "/client/bench/"
-            let (publishTo, subscribeTo) = throughKernel ? (kernelCollector, kernelPublisher) : (proxyFront, proxyBack)
+            let (publishTo, subscribeTo) = switch path {
+            case .raw: (proxyFront, proxyBack)
+            case .kernel: (kernelCollector, kernelPublisher)
+            case .kernelWithoutHistory: (bareCollector, barePublisher)
+            }
             let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
             return try await withThrowingTaskGroup(of: [Double]?.self) { group in
                 for _ in 0..<subscribers {
@@ -300,14 +350,15 @@ struct KernelBenchmark: AsyncParsableCommand {
                     guard result.status == 0 else { throw ValidationError("chp-pub: \(result)") }
                     return nil
                 }
-                var rates: [Double] = [], gaps = 0
+                var rates: [Double] = [], gaps = 0, missing = 0
                 for try await figures in group {
                     guard let figures else { continue }
-                    guard figures.count == 2 else { throw ValidationError("chp-sub printed \(figures)") }
+                    guard figures.count == 3 else { throw ValidationError("chp-sub printed \(figures)") }
                     rates.append(figures[0])
                     gaps += Int(figures[1])
+                    missing += Int(figures[2])
                 }
-                return (rates.min() ?? 0, gaps)
+                return (rates.min() ?? 0, gaps, missing)
             }
         }
 

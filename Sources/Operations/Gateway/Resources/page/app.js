@@ -56,6 +56,7 @@ function resultOf(service, method, answer) {
   if (answer.error) {
     const error = new Error(`${service} ${method}: ${answer.error.message}`);
     error.code = answer.error.code;
+    error.data = answer.error.data;
     throw error;
   }
   return answer.result;
@@ -235,19 +236,53 @@ async function loadSources() {
     el("label", {}, el("input", { type: "checkbox", value: source.id, checked: selected.has(source.id) }), ` ${source.name}`)));
 }
 
+/** Ticks the sources IDS, and only those. */
+function showSources(ids) {
+  const chosen = new Set(ids);
+  for (const box of $("sources").querySelectorAll("input")) box.checked = chosen.has(box.value);
+}
+
+/** What the headlines' status says to a person (the service's own message names its methods). */
+const headlineWords = {
+  "no-sources-selected": "No news sources chosen yet: tick some above and press Save selection.",
+  "no-results": "None of the chosen sources has headlines now: choose others above.",
+};
+
 async function loadHeadlines() {
   const result = await call("search", "headlines.list");
-  $("headlines-status").textContent = result.message || `${result.total} headlines`;
+  $("headlines-status").textContent = headlineWords[result.status] || `${result.total} headlines`;
   $("headlines").replaceChildren(...result.articles.map((article) =>
     el("li", {}, el("a", { href: safeURL(article.url), target: "_blank", rel: "noopener" }, article.title), ` (${article.source.name}) `,
        el("button", { type: "button", on: { click: guarded(() => call("store", "articles.save", { article })) } }, "Save"))));
 }
 
+/** Says that a choice lost a race: someone else chose first, and what they chose is shown now. */
+function lostRace(what, winner) {
+  $("notice").textContent = `Someone else changed ${what} just before you: ${winner}. Their choice is shown; choose again to replace it.`;
+  $("notice").classList.remove("hidden");
+  clearTimeout(lostRace.timer);
+  lostRace.timer = setTimeout(() => $("notice").classList.add("hidden"), 10000);
+}
+
+// Each choice is sent with the revision the page showed: one made meanwhile elsewhere is not
+// overwritten in silence (the store answers -32004 with the winner).
 $("sources-form").addEventListener("submit", guarded(async () => {
   const ids = [...$("sources").querySelectorAll("input:checked")].map((box) => box.value);
-  await call("store", "sources.select", { ids });
+  const shown = state.get("/store/sources/selected");
+  try {
+    await call("store", "sources.select", { ids, revision: shown ? shown.revision || 0 : 0 });
+  } catch (error) {
+    if (error.code !== -32004 || !error.data || !error.data.current) throw error;
+    const winner = error.data.current;
+    showSources(winner.ids || []);
+    lostRace("the news sources", (winner.ids || []).join(", ") || "none");
+  }
 }));
-watch("/store/sources/selected", guarded(loadHeadlines));
+watch("/store/sources/selected", () => {
+  const selection = state.get("/store/sources/selected");
+  if (selection) showSources(selection.ids || []);
+  guarded(loadHeadlines)();
+});
 watch("/store/articles/", () => {
   const saved = [...state.entries()].filter(([key]) => key.startsWith("/store/articles/")).map(([, value]) => value)
     .sort((a, b) => (b.savedAt || "").localeCompare(a.savedAt || ""));
@@ -274,7 +309,18 @@ async function loadFlights() {
 
 $("route-form").addEventListener("submit", guarded(async () => {
   const inbound = $("inbound-select").value;
-  await call("pricing", "route.select", { outboundId: Number($("outbound-select").value), ...(inbound ? { inboundId: Number(inbound) } : {}) });
+  const shown = state.get("/pricing/route/current");
+  try {
+    await call("pricing", "route.select", { outboundId: Number($("outbound-select").value), ...(inbound ? { inboundId: Number(inbound) } : {}),
+                                            revision: shown ? shown.revision || 0 : 0 });
+  } catch (error) {
+    if (error.code !== -32004 || !error.data || !error.data.current) throw error;
+    const winner = error.data.current;
+    const leg = (flight) => (flight ? `${flight.departureAirportCode}→${flight.arrivalAirportCode}` : "none");
+    lostRace("the route", `out ${leg(winner.outbound)}, back ${leg(winner.inbound)} for ${money(winner.total)}`);
+    if (winner.outboundId) $("outbound-select").value = winner.outboundId;
+    $("inbound-select").value = winner.inboundId || "";
+  }
 }));
 
 function showRoute() {
