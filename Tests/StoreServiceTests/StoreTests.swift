@@ -197,13 +197,15 @@ struct StoreMethodTests {
                                   ("sources.select", [["ids": ["cnn"]], ["ids": ["reuters", "bbc-news"]]])] {
             var revision: Int64 = 0
             for round in 0..<10 {
-                func at(_ choice: JSONValue) -> JSONValue {
-                    guard case .object(var fields) = choice else { return choice }
+                var asked: [JSONValue] = []
+                for choice in choices {
+                    guard case .object(var fields) = choice else { continue }
                     fields["revision"] = .int(revision)
-                    return .object(fields)
+                    asked.append(.object(fields))
                 }
-                async let first = bus.failure(method, at(choices[0]))
-                async let second = bus.failure(method, at(choices[1]))
+                let (one, other) = (asked[0], asked[1])
+                async let first = bus.failure(method, one)
+                async let second = bus.failure(method, other)
                 let refusals = await [first, second]
                 let lost = refusals.compactMap { $0 }
                 #expect(lost.count == 1 && lost.first?.code == -32004, "\(method) round \(round): \(refusals)")

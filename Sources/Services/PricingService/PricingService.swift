@@ -241,10 +241,12 @@ public actor PricingService: BusService, ServiceWork {
                                     total: total, message: message, revision: selection.revision)
         }
 
-        /// Whether a subscriber would see a difference.
+        /// Whether a subscriber would see a difference (a choice of the same route again is one:
+        /// its revision, which the next compare-and-set needs, moved on).
         func differs(from other: RoutePrice?) -> Bool {
             guard let other else { return true }
-            return (selection.outboundId, selection.inboundId, status, total) != (other.selection.outboundId, other.selection.inboundId, other.status, other.total)
+            return (selection.outboundId, selection.inboundId, selection.revision, status, total)
+                != (other.selection.outboundId, other.selection.inboundId, other.selection.revision, other.status, other.total)
         }
     }
 

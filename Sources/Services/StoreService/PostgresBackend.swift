@@ -203,6 +203,9 @@ actor PostgresBackend: StoreBackend {
             throw failure(error).rpcError
         } catch let error as JSONRPCError {
             throw error
+        } catch let error as PostgresTransactionError where error.closureError is JSONRPCError {
+            // Refused by the write itself (a compare-and-set that lost): rolled back, not a storage failure.
+            throw error.closureError as! JSONRPCError
         } catch {
             migrated = false
             throw failure(error).rpcError

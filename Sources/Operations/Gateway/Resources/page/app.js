@@ -274,6 +274,8 @@ $("sources-form").addEventListener("submit", guarded(async () => {
   } catch (error) {
     if (error.code !== -32004 || !error.data || !error.data.current) throw error;
     const winner = error.data.current;
+    // What won is the state now (its event may still be on its way): a second choice replaces it.
+    if (!shown || (winner.revision || 0) > (shown.revision || 0)) state.set("/store/sources/selected", winner);
     showSources(winner.ids || []);
     lostRace("the news sources", (winner.ids || []).join(", ") || "none");
   }
@@ -316,10 +318,10 @@ $("route-form").addEventListener("submit", guarded(async () => {
   } catch (error) {
     if (error.code !== -32004 || !error.data || !error.data.current) throw error;
     const winner = error.data.current;
+    if (!shown || (winner.revision || 0) > (shown.revision || 0)) state.set("/pricing/route/current", { ...shown, ...winner });
+    showRoute();
     const leg = (flight) => (flight ? `${flight.departureAirportCode}→${flight.arrivalAirportCode}` : "none");
     lostRace("the route", `out ${leg(winner.outbound)}, back ${leg(winner.inbound)} for ${money(winner.total)}`);
-    if (winner.outboundId) $("outbound-select").value = winner.outboundId;
-    $("inbound-select").value = winner.inboundId || "";
   }
 }));
 
