@@ -120,13 +120,7 @@ struct KernelPairTests {
                 // The kill races the round's two writes.
                 killing = Task { await primary.stop() }
             }
-            async let first = compareAndSet(clients[0], key, ["by": 0, "round": .int(Int64(round))], at: read)
-            async let second = compareAndSet(clients[1], key, ["by": 1, "round": .int(Int64(round))], at: read)
-            let outcomes = try await [first, second]
-            let won = outcomes.compactMap { if case .won(let revision) = $0 { revision } else { nil } }
-            #expect(won.count == 1, "round \(round): \(outcomes)")
-            #expect(outcomes.contains(.lost(at: won.first ?? 0)), "round \(round): \(outcomes)")
-            winners += won
+            winners += try await raceRound(clients, key, round: round, at: read)
         }
         await killing?.value
         #expect(try await pong(brokers[1]).pair?.state == "active")

@@ -24,6 +24,18 @@ func compareAndSet(_ client: BusClient, _ key: String, _ value: JSONValue, at re
     }
 }
 
+/// One round of two clients writing `key` at the revision `read`, at once: exactly one must
+/// win and the other be told the winner's revision. Returns the winner's revision.
+func raceRound(_ clients: [BusClient], _ key: String, round: Int, at read: UInt64) async throws -> [UInt64] {
+    async let first = compareAndSet(clients[0], key, ["by": 0, "round": .int(Int64(round))], at: read)
+    async let second = compareAndSet(clients[1], key, ["by": 1, "round": .int(Int64(round))], at: read)
+    let outcomes = try await [first, second]
+    let won = outcomes.compactMap { if case .won(let revision) = $0 { revision } else { nil } }
+    #expect(won.count == 1, "round \(round): \(outcomes)")
+    #expect(outcomes.contains(.lost(at: won.first ?? 0)), "round \(round): \(outcomes)")
+    return won
+}
+
 /// The revision `key` is at (0: absent).
 func revision(of key: String, _ client: BusClient) async throws -> UInt64 {
     let page = try await client.call(KernelAPI.stateGet, .init(prefix: key, limit: 1))
@@ -39,14 +51,7 @@ struct StateRevisionBusTests {
         let key = "/client/race/route"
         var winners: [UInt64] = []
         for round in 0..<50 {
-            let read = try await revision(of: key, clients[0])
-            async let first = compareAndSet(clients[0], key, ["by": 0, "round": .int(Int64(round))], at: read)
-            async let second = compareAndSet(clients[1], key, ["by": 1, "round": .int(Int64(round))], at: read)
-            let outcomes = try await [first, second]
-            let won = outcomes.compactMap { if case .won(let revision) = $0 { revision } else { nil } }
-            #expect(won.count == 1, "round \(round): \(outcomes)")
-            #expect(outcomes.contains(.lost(at: won.first ?? 0)), "round \(round): \(outcomes)")
-            winners += won
+            winners += try await raceRound(clients, key, round: round, at: try await revision(of: key, clients[0]))
         }
         // The key's history holds the last winners' revisions, in order (16 per key by default).
         let history = try await clients[0].call(KernelAPI.stateHistory, .init(key: key))
