@@ -253,6 +253,10 @@ actor SubscriptionCore {
     private var received: [KVEntry] = []
     /// The changes since `asked`, of every prefix read so far.
     private var changesSince: [KVEntry] = []
+    /// Updates before the last one delivered may be missing (the kernel dropped some, or went
+    /// silent): the next round reads whole subtrees, not only the changes after that one. A
+    /// lost connection alone loses only what came after it, so then the changes are asked for.
+    private var needsWholeSnapshot = false
     /// Prefixes of this round that came whole (their changes were no longer all held), and
     /// that came as the changes since `asked`.
     private var cameWhole = 0
@@ -381,6 +385,7 @@ actor SubscriptionCore {
             snapshotSource = source
             try? openSnapshotSocket()
         }
+        needsWholeSnapshot = true
         resync(missed: missed, reason: "the kernel dropped updates while this subscriber was behind", subscriptionIsLive: true)
     }
 
@@ -420,7 +425,7 @@ actor SubscriptionCore {
             changesSince = []
             (cameWhole, cameAsChanges) = (0, 0)
             pendingLive = []
-            asked = whole ? nil : firstSync ? resumeFrom : lastSequence > 0 ? lastSequence : nil
+            asked = whole ? nil : firstSync ? resumeFrom : !needsWholeSnapshot && lastSequence > 0 ? lastSequence : nil
         }
         received = []
         phase = .snapshotting(index: index)
@@ -508,6 +513,7 @@ actor SubscriptionCore {
     /// The round's snapshots are delivered: the updates that came meanwhile follow, then
     /// word that the view is the kernel's.
     private func finishSync(changed: Int) {
+        if cameWhole > 0 { needsWholeSnapshot = false }
         let snapshotSequence = snapshotSequences.max() ?? 0
         lastSequence = snapshotSequences.min() ?? 0
         let sequences = snapshotSequences
@@ -560,6 +566,7 @@ actor SubscriptionCore {
         guard !readingPaused, phase != .stopped else { return }
         if clock.now &- lastHeard > silenceTimeout.nanoseconds {
             lastHeard = clock.now
+            needsWholeSnapshot = true
             resync(missed: nil, reason: "the kernel was silent for \(silenceTimeout.formatted)", subscriptionIsLive: false)
         }
     }

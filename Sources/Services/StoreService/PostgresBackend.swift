@@ -198,15 +198,17 @@ actor PostgresBackend: StoreBackend {
                 }
                 return result
             } }
-        } catch let error as PSQLError where error.serverInfo?[.sqlState] == "23505" && request != nil {
-            if let request, let remembered = try? await remembered(request) { return try JSONValue(parsing: remembered) }
-            throw failure(error).rpcError
-        } catch let error as JSONRPCError {
-            throw error
-        } catch let error as PostgresTransactionError where error.closureError is JSONRPCError {
-            // Refused by the write itself (a compare-and-set that lost): rolled back, not a storage failure.
-            throw error.closureError as! JSONRPCError
         } catch {
+            // What went wrong inside the transaction comes wrapped in PostgresNIO's transaction error.
+            let error = (error as? PostgresTransactionError)?.closureError ?? error
+            if let refusal = error as? JSONRPCError {
+                // Refused by the write itself (a compare-and-set that lost): rolled back, not a storage failure.
+                throw refusal
+            }
+            if let request, let duplicate = error as? PSQLError, duplicate.serverInfo?[.sqlState] == "23505" {
+                if let remembered = try? await remembered(request) { return try JSONValue(parsing: remembered) }
+                throw failure(error).rpcError
+            }
             migrated = false
             throw failure(error).rpcError
         }

@@ -93,6 +93,7 @@ struct SoakReport {
         line("ticks written with compare-and-set", "\(ticks.writes); refused as moved on: \(ticks.conflicts); unknown outcomes found applied: \(ticks.foundApplied), not applied: \(ticks.foundNotApplied); epochs: \(ticks.epochs)")
         line("subscriptions resumed from a sequence", "\(subscribers_.resumes) (the kernel no longer held the changes, snapshot instead: \(subscribers_.resets))")
         line("subscription gaps after resync", "\(subscribers_.gaps) (out of order: \(subscribers_.backwards), stale at the end: \(staleSubscribers))")
+        for note in subscribers_.gapNotes { line("  a gap", note) }
         line("replies in parts (echo numbers, 200 each)", "\(parts.streams) streams, \(parts.parts) parts; ended early, told: \(parts.endedEarly.values.reduce(0, +)); failed otherwise: \(parts.failed.values.reduce(0, +))\(parts.failed.isEmpty ? "" : " (" + parts.failed.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ") + ")")")
         line("parts lost, repeated or out of order", "\(parts.partsOutOfSequence) (streams miscounted: \(parts.miscounted))")
         line("requests to every echo worker", "\(parts.gathers), \(parts.gatherAnswers) answers, \(parts.gatherMissing) workers missing (told); miscounted: \(parts.gathersMiscounted)")

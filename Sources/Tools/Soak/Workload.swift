@@ -159,14 +159,24 @@ struct TickWriter: Sendable {
             revision = nil
             return
         }
-        let entry = page.entries.first { $0.key == Self.key }
-        if let entry, entry.value == tried {
+        guard let entry = page.entries.first(where: { $0.key == Self.key }) else {
+            // The key is gone: a kernel alone restarted and lost its state. Its subscribers
+            // may get the new kernel's first ticks before they notice the restart (their resync
+            // follows), so the count starts again in a new epoch, from an absent key.
+            foundNotApplied += 1
+            epoch += 1
+            epochs += 1
+            n = 0
+            revision = 0
+            return
+        }
+        if entry.value == tried {
             foundApplied += 1
             advance(to: entry.sequence)
         } else {
             // Not applied (yet): the same tick is tried again at the key's revision now.
             foundNotApplied += 1
-            revision = entry?.sequence ?? 0
+            revision = entry.sequence
         }
     }
 }
@@ -194,6 +204,8 @@ final class SubscriberCheck: Sendable {
         /// the kernel could not resume (it no longer held the changes): a snapshot instead.
         var resumes = 0
         var resets = 0
+        /// The first gaps, said: which subscriber, what it had, what came.
+        var gapNotes: [String] = []
     }
     let counts = Mutex(Counts())
 
@@ -202,7 +214,12 @@ final class SubscriberCheck: Sendable {
         counts.withLock { counts in
             counts.updates += 1
             if !update.fromSnapshot, let last = counts.lastSeen[subscriber], last.epoch == epoch {
-                if n > last.n + 1 { counts.gaps += 1 }
+                if n > last.n + 1 {
+                    counts.gaps += 1
+                    if counts.gapNotes.count < 5 {
+                        counts.gapNotes.append("subscriber \(subscriber) had tick \(last.n), then \(n) (sequence \(update.sequence)) of epoch \(epoch)")
+                    }
+                }
                 if n < last.n { counts.backwards += 1 }
             }
             counts.lastSeen[subscriber] = (epoch, n)
