@@ -106,7 +106,7 @@ enum StoreResults {
     static func selectionConflict(_ name: String, current: JSONValue?, expected: Int) -> JSONRPCError {
         let revision = current?["revision"]?.intValue ?? 0
         return JSONRPCError(code: JSONRPCError.conflictCode,
-                            message: "Conflict: the \(name) was chosen meanwhile (revision \(revision), not \(expected)); see data.current and choose again",
+                            message: "Conflict: \(name == "sources" ? "the news sources were" : "the \(name) was") chosen meanwhile (revision \(revision), not \(expected)); see data.current and choose again",
                             data: ["revision": .int(revision), "expected": .int(Int64(expected)), "current": current ?? .null])
     }
 
