@@ -207,25 +207,7 @@ final class StateServer: PairReplica {
     private func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, ttl: TimeToLive?,
                        uuid: Frame, properties: Frame, quotaOwner: String?, now: UInt64) -> UInt64 {
         sequence += 1
-        let old = index.map { entries.values[$0] }
-        // Kept with bytes of their own, not a share of the buffer libzmq read them in with
-        // other messages (which one kept frame would keep whole); published as they came.
-        // The state and the history share them.
-        let keptKey = index.map { entries.keys[$0] } ?? key.keepable()
-        var new: Entry?
-        if value.isEmpty {
-            if let index { entries.remove(at: index) }
-        } else {
-            let expiresAt = ttl.map { now + $0.nanoseconds }
-            if expiresAt != nil { expiring += 1 }
-            let entry = Entry(sequence: sequence, value: value.keepable(), expiresAt: expiresAt, quotaOwner: quotaOwner,
-                              size: key.count + value.count, isJSON: isJSON)
-            if let index { entries.values[index] = entry } else { entries[keptKey] = entry }
-            new = entry
-        }
-        if old?.expiresAt != nil { expiring -= 1 }
-        account(replacing: old, with: new)
-        history.record(.init(sequence: sequence, key: keptKey, value: new?.value ?? Frame(), uuid: uuid.isEmpty ? uuid : uuid.keepable()))
+        store(key, at: index, value: value, isJSON: isJSON, expiresAt: ttl.map { now + $0.nanoseconds }, quotaOwner: quotaOwner, uuid: uuid)
         let update: Message = [key, CHP.sequenceFrame(sequence), uuid, properties, value]
         if let pair {
             pair.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
@@ -277,24 +259,34 @@ final class StateServer: PairReplica {
     func applyReplicated(_ item: ReplicatedEntry, now: UInt64) -> Bool {
         guard item.sequence == sequence + 1 else { return false }
         sequence = item.sequence
-        let index = entries.index(forKey: item.key)
+        store(item.key, at: entries.index(forKey: item.key), value: item.value, isJSON: Self.isJSON(item.value),
+              expiresAt: item.expiresIn.map { now + $0 }, quotaOwner: item.quotaOwner, uuid: item.uuid)
+        emit([item.key, CHP.sequenceFrame(item.sequence), item.uuid, item.properties, item.value], key: item.key)
+        return true
+    }
+
+    /// Makes the change numbered `sequence` in the state and its history (held at `index`, if
+    /// it is): the one place both this kernel's changes and its peer's are stored.
+    private func store(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, expiresAt: UInt64?,
+                       quotaOwner: String?, uuid: Frame) {
         let old = index.map { entries.values[$0] }
-        let keptKey = index.map { entries.keys[$0] } ?? item.key.keepable()
+        // Kept with bytes of their own, not a share of the buffer libzmq read them in with
+        // other messages (which one kept frame would keep whole); published as they came.
+        // The state and the history share them.
+        let keptKey = index.map { entries.keys[$0] } ?? key.keepable()
         var new: Entry?
-        if item.value.isEmpty {
+        if value.isEmpty {
             if let index { entries.remove(at: index) }
         } else {
-            let entry = Entry(sequence: item.sequence, value: item.value.keepable(), expiresAt: item.expiresIn.map { now + $0 },
-                              quotaOwner: item.quotaOwner, size: item.key.count + item.value.count, isJSON: Self.isJSON(item.value))
+            if expiresAt != nil { expiring += 1 }
+            let entry = Entry(sequence: sequence, value: value.keepable(), expiresAt: expiresAt, quotaOwner: quotaOwner,
+                              size: key.count + value.count, isJSON: isJSON)
             if let index { entries.values[index] = entry } else { entries[keptKey] = entry }
-            if entry.expiresAt != nil { expiring += 1 }
             new = entry
         }
         if old?.expiresAt != nil { expiring -= 1 }
         account(replacing: old, with: new)
-        history.record(.init(sequence: item.sequence, key: keptKey, value: new?.value ?? Frame(), uuid: item.uuid.isEmpty ? item.uuid : item.uuid.keepable()))
-        emit([item.key, CHP.sequenceFrame(item.sequence), item.uuid, item.properties, item.value], key: item.key)
-        return true
+        history.record(.init(sequence: sequence, key: keptKey, value: new?.value ?? Frame(), uuid: uuid.isEmpty ? uuid : uuid.keepable()))
     }
 
     /// Keeps the byte total and the quotas: one lookup when a key keeps its owner.
