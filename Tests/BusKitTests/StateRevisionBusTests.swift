@@ -65,7 +65,9 @@ struct StateRevisionBusTests {
     @Test("a subscription opened with the sequence a reader stopped at gets exactly the changes since, deletions included; past the history, a reset and the snapshot")
     func resume() async throws {
         let kernel = try await TestKernel.start { $0.stateHistoryChanges = 20 }
-        let client = try await BusClient(brokers: [kernel.endpoints.broker])
+        let endpoints = kernel.endpoints
+        let client = try await BusClient(brokers: [endpoints.broker],
+                                         state: [StateEndpoints(snapshot: endpoints.snapshot, publisher: endpoints.publisher, collector: endpoints.collector)])
         try await client.publish(key: "/client/r/a", value: 1)
         let stoppedAt = try await client.publish(key: "/client/r/b", value: 2)
         // What happened while the reader was away.
@@ -97,13 +99,22 @@ struct StateRevisionBusTests {
         ])
 
         // 20 more changes: the kernel no longer holds those after `stoppedAt`.
-        for n in 0..<20 { try await client.publish(key: "/client/r/n", value: .int(Int64(n))) }
+        var firstOfTwenty: UInt64 = 0
+        for n in 0..<20 {
+            let written = try await client.publish(key: "/client/r/n", value: .int(Int64(n)))
+            if n == 0 { firstOfTwenty = written }
+        }
         let reset = try await opening(since: stoppedAt)
         guard case .reset(since: stoppedAt, _) = reset.first else { Issue.record("expected a reset first: \(reset)"); return }
         #expect(Set(reset.compactMap(\.update).map(\.key)) == ["/client/r/b", "/client/r/c", "/client/r/n"])
         #expect(reset.compactMap(\.update).allSatisfy { $0.fromSnapshot })
+        // The changes alone, as the gateway asks: none held after `stoppedAt`, so nil and no snapshot.
+        let unheld = try await client.changes(under: ["/client/r/"], since: stoppedAt)
+        #expect(unheld == nil)
+        let held = try await client.changes(under: ["/client/r/"], since: firstOfTwenty)
+        #expect(held?.changes.map(\.key) == Array(repeating: "/client/r/n", count: 19))
         let stats = try await client.call(KernelAPI.stats)
-        #expect(stats.state.history.changes == 20 && stats.state.history.resumes == 1 && stats.state.history.resumesRefused == 1)
+        #expect(stats.state.history.changes == 20 && stats.state.history.resumes == 2 && stats.state.history.resumesRefused == 2)
         await client.close()
         await kernel.stop()
     }

@@ -62,7 +62,7 @@ struct SubscriptionGapTests {
         /// Greets the subscription with a HUGZ and answers the snapshot it then asks for.
         func serveSnapshot(sequence: UInt64) throws {
             try publisher.send(CHP.hugz())
-            let (client, subtree, _) = try CHP.decodeSnapshotRequest(try snapshots.receive())
+            let (client, subtree, _, _) = try CHP.decodeSnapshotRequest(try snapshots.receive())
             #expect(subtree == "/probe/")
             try snapshots.send(CHP.kthxbai(sequence: sequence, subtree: subtree, to: client))
         }

@@ -112,8 +112,8 @@ struct StateRevisionTests {
     func resume() throws {
         let state = server(changes: 4)
         let client = Frame("sub")
-        func ask(_ since: UInt64?) throws -> (entries: [KVEntry], done: SnapshotReply) {
-            state.snapshot(Message([client] + CHP.icanhaz(subtree: "/client/", since: since).frames))
+        func ask(_ since: UInt64?, changesOnly: Bool = false) throws -> (entries: [KVEntry], done: SnapshotReply) {
+            state.snapshot(Message([client] + CHP.icanhaz(subtree: "/client/", since: since, changesOnly: changesOnly).frames))
             let replies = try state.snapshots.take().map { try CHP.decodeSnapshotReply(Message(Array($0.frames.dropFirst()))) }
             let entries = replies.compactMap { if case .entry(let entry) = $0 { entry } else { nil } }
             return (entries, replies.last!)
@@ -137,6 +137,11 @@ struct StateRevisionTests {
         // A sequence this kernel never reached: the snapshot.
         #expect(try ask(state.sequence + 10).done == .done(sequence: state.sequence, subtree: "/client/", since: nil))
         #expect(state.resumesRefused == 2)
+        // Asked for the changes or nothing: held, the same changes; not held, a bare KTHXBAI.
+        #expect(try ask(deleteA, changesOnly: true).entries.map(\.key) == ["/client/c"])
+        let nothing = try ask(a - 1, changesOnly: true)
+        #expect(nothing.entries.isEmpty && nothing.done == .done(sequence: state.sequence, subtree: "/client/", since: nil))
+        #expect(state.resumesRefused == 3)
     }
 }
 

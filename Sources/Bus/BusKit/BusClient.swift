@@ -240,20 +240,18 @@ public final class BusClient: Sendable {
     /// cancel it before closing the client.
     public func subscribe(prefixes: [String] = [""], includeSnapshot: Bool = true, since: UInt64? = nil,
                           silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000) async throws -> Subscription {
-        guard let state else {
-            throw BusError.protocolViolation("no CHP endpoints: give BusClient(state:) when the broker is not at tcp://HOST:PORT")
-        }
-        return try await Subscription.open(kernels: state.map { ($0.snapshot, $0.publisher) }, prefixes: prefixes,
+        try await Subscription.open(kernels: try stateKernels(), prefixes: prefixes,
                                            includeSnapshot: includeSnapshot, since: since, loop: loop, silenceTimeout: silenceTimeout,
                                            bufferSize: bufferSize, curve: curve, clock: clock)
     }
 
     /// The changes under `prefixes` after `since`, in order and deletions included, up to the
     /// sequence given with them; nil when the kernel no longer holds every change after `since`
-    /// (`kernel.state_history_*`) or never reached it. One resuming subscription, read to its
-    /// first sync and closed.
+    /// (`kernel.state_history_*`) or never reached it (then nothing else is sent: no snapshot).
+    /// One resuming subscription, read to its first sync and closed.
     public func changes(under prefixes: [String], since: UInt64, timeout: Duration = .seconds(5)) async throws -> StateChanges? {
-        let subscription = try await subscribe(prefixes: prefixes, since: since)
+        let subscription = try await Subscription.open(kernels: try stateKernels(), prefixes: prefixes, since: since,
+                                                       changesOnly: true, loop: loop, curve: curve, clock: clock)
         do {
             let changes = try await Self.readChanges(subscription, timeout: timeout)
             await subscription.cancel()
@@ -262,6 +260,14 @@ public final class BusClient: Sendable {
             await subscription.cancel()
             throw error
         }
+    }
+
+    /// Each kernel's snapshot and publisher endpoints.
+    private func stateKernels() throws(BusError) -> [(snapshot: String, publisher: String)] {
+        guard let state else {
+            throw BusError.protocolViolation("no CHP endpoints: give BusClient(state:) when the broker is not at tcp://HOST:PORT")
+        }
+        return state.map { ($0.snapshot, $0.publisher) }
     }
 
     private static func readChanges(_ subscription: Subscription, timeout: Duration) async throws -> StateChanges? {

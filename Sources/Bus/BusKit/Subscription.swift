@@ -125,9 +125,11 @@ public final class Subscription: AsyncSequence, Sendable {
     /// Opens a subscription to the two kernels of a pair at once (each kernel's snapshot and
     /// publisher endpoints): both publish every change with the same sequence number, so a
     /// change is delivered once, from whichever brings it first, and the loss of one kernel
-    /// costs no update and no resync.
+    /// costs no update and no resync. `changesOnly` (with `since`): when the kernel no longer
+    /// holds the changes, ``SubscriptionEvent/reset(since:reason:)`` and `synced` come without
+    /// the snapshot (for a caller that wants the changes or nothing, and closes it after).
     public static func open(kernels: [(snapshot: String, publisher: String)], prefixes: [String] = [""], includeSnapshot: Bool = true,
-                            since: UInt64? = nil, context: ZMQContext? = nil, loop: SocketLoop? = nil,
+                            since: UInt64? = nil, changesOnly: Bool = false, context: ZMQContext? = nil, loop: SocketLoop? = nil,
                             silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
                             curve: CurveClientKeys? = nil, clock: any NanosecondClock = SystemClock()) async throws -> Subscription {
         precondition(!kernels.isEmpty, "a subscription needs a kernel")
@@ -140,7 +142,7 @@ public final class Subscription: AsyncSequence, Sendable {
             resumeTarget.resumeReading()
         }))
         let core = SubscriptionCore(loop: loop, buffer: buffer, prefixes: prefixes, includeSnapshot: includeSnapshot, since: since,
-                                    kernels: kernels, silenceTimeout: silenceTimeout,
+                                    changesOnly: changesOnly, kernels: kernels, silenceTimeout: silenceTimeout,
                                     receiveHighWaterMark: Swift.max(1_000, bufferSize), curve: curve, clock: clock)
         resumeTarget.core.withLock { $0.core = core }
         try await core.start()
@@ -244,6 +246,8 @@ actor SubscriptionCore {
     private var firstSync = true
     /// The sequence the subscription was opened to resume after (until its first sync).
     private var resumeFrom: UInt64?
+    /// Its first sync wants the changes after `resumeFrom` or nothing, never a snapshot.
+    private let changesOnly: Bool
     /// The sequence this round of snapshot requests asked to resume after (nil: a whole snapshot).
     private var asked: UInt64?
     private var snapshotSequences: [UInt64] = []
@@ -276,7 +280,7 @@ actor SubscriptionCore {
     private(set) var resyncs = 0
     var connectedKernels: Int { sources.filter { !$0.disconnected }.count }
 
-    init(loop: SocketLoop, buffer: BoundedBuffer<SubscriptionEvent>, prefixes: [String], includeSnapshot: Bool, since: UInt64?,
+    init(loop: SocketLoop, buffer: BoundedBuffer<SubscriptionEvent>, prefixes: [String], includeSnapshot: Bool, since: UInt64?, changesOnly: Bool,
          kernels: [(snapshot: String, publisher: String)], silenceTimeout: Duration, receiveHighWaterMark: Int,
          curve: CurveClientKeys?, clock: any NanosecondClock) {
         self.loop = loop
@@ -287,6 +291,7 @@ actor SubscriptionCore {
         countedPrefixes = Array(Set(prefixes.filter { prefix in !prefixes.contains { $0 != prefix && prefix.hasPrefix($0) } }))
         self.includeSnapshot = includeSnapshot
         resumeFrom = since
+        self.changesOnly = changesOnly
         sources = kernels.map { Source(snapshotEndpoint: $0.snapshot, publisherEndpoint: $0.publisher) }
         self.silenceTimeout = silenceTimeout
         self.receiveHighWaterMark = receiveHighWaterMark
@@ -432,7 +437,7 @@ actor SubscriptionCore {
         let prefix = prefixes[index]
         // A CHP subtree is empty or ends in '/'; other prefixes ask for all and filter.
         let subtree = CHP.isValidSubtree(prefix) ? prefix : ""
-        snapshotSocket?.send(CHP.icanhaz(subtree: subtree, since: asked))
+        snapshotSocket?.send(CHP.icanhaz(subtree: subtree, since: asked, changesOnly: firstSync && changesOnly))
     }
 
     private func snapshotReply(_ message: Message) {
@@ -455,7 +460,7 @@ actor SubscriptionCore {
             snapshotSequences.append(sequence)
             if index + 1 < prefixes.count {
                 requestSnapshot(index + 1)
-            } else if cameWhole > 0, cameAsChanges > 0 {
+            } else if cameWhole > 0, cameAsChanges > 0, !(firstSync && changesOnly) {
                 // Some prefixes came as changes, some whole: read them all whole (rare: the
                 // history was trimmed between two requests of one round).
                 requestSnapshot(0, whole: true)

@@ -73,10 +73,15 @@ extension CHP {
     /// a third frame a plain CHP client never sends): the sequence the client's view is at;
     /// a kernel that still holds every change after it sends those instead of the snapshot
     /// and says so in its `KTHXBAI` (``SnapshotReply/done(sequence:subtree:since:)``).
-    public static func icanhaz(subtree: String, since: UInt64? = nil) -> Message {
+    /// `changesOnly` (a fourth frame): when it does not hold them, a bare `KTHXBAI` rather than
+    /// the whole subtree, for a client that wants the changes or nothing.
+    public static func icanhaz(subtree: String, since: UInt64? = nil, changesOnly: Bool = false) -> Message {
         guard let since else { return [Frame(icanhazCommand), Frame(subtree)] }
-        return [Frame(icanhazCommand), Frame(subtree), sequenceFrame(since)]
+        guard changesOnly else { return [Frame(icanhazCommand), Frame(subtree), sequenceFrame(since)] }
+        return [Frame(icanhazCommand), Frame(subtree), sequenceFrame(since), Frame(changesOnlyFlag)]
     }
+
+    static let changesOnlyFlag = "changes-only"
 
     /// `KVSYNC` to `client`, for the server's ROUTER snapshot socket.
     public static func kvsync(_ entry: KVEntry, to client: Frame) -> Message {
@@ -121,18 +126,25 @@ extension CHP {
     // MARK: Decoders
 
     /// Decodes `ICANHAZ?` as the server's ROUTER receives it: `[client, "ICANHAZ?", subtree]`,
-    /// or with the sequence the client is at as a third frame (``icanhaz(subtree:since:)``).
-    /// Returns the client's routing id, the subtree and that sequence.
-    public static func decodeSnapshotRequest(_ message: Message) throws(ProtocolError) -> (client: Frame, subtree: String, since: UInt64?) {
+    /// or with the sequence the client is at as a third frame and `changes-only` as a fourth
+    /// (``icanhaz(subtree:since:changesOnly:)``). Returns the client's routing id, the subtree,
+    /// that sequence and whether only the changes are wanted.
+    public static func decodeSnapshotRequest(_ message: Message) throws(ProtocolError)
+        -> (client: Frame, subtree: String, since: UInt64?, changesOnly: Bool)
+    {
         let frames = message.frames
-        guard frames.count == 3 || frames.count == 4 else { throw ProtocolError("CHP", "ICANHAZ? has \(frames.count - 1) frames, expected 2 (or 3 with a sequence)") }
+        guard (3...5).contains(frames.count) else {
+            throw ProtocolError("CHP", "ICANHAZ? has \(frames.count - 1) frames, expected 2 (or 3 with a sequence, 4 with changes-only)")
+        }
         guard frames[1].equals(icanhazCommand) else { throw ProtocolError("CHP", "expected ICANHAZ?, got \(frames[1])") }
         guard let subtree = frames[2].string, isValidSubtree(subtree) else {
             throw ProtocolError("CHP", "subtree must be empty or a path ending in '/' (got \(frames[2]))")
         }
-        guard frames.count == 4 else { return (frames[0], subtree, nil) }
+        guard frames.count >= 4 else { return (frames[0], subtree, nil, false) }
         guard frames[3].count == 8 else { throw ProtocolError("CHP", "ICANHAZ? sequence has \(frames[3].count) bytes, expected 8") }
-        return (frames[0], subtree, sequenceValue(frames[3]))
+        guard frames.count == 5 else { return (frames[0], subtree, sequenceValue(frames[3]), false) }
+        guard frames[4].equals(changesOnlyFlag) else { throw ProtocolError("CHP", "ICANHAZ? fourth frame must be \(changesOnlyFlag), got \(frames[4])") }
+        return (frames[0], subtree, sequenceValue(frames[3]), true)
     }
 
     /// Decodes what the client's DEALER snapshot socket receives.

@@ -344,7 +344,7 @@ final class StateServer: PairReplica {
     /// changes instead (deletions as empty values), in order, and says so in the KTHXBAI.
     func snapshot(_ message: Message) {
         guard holdsState else { return }
-        let request: (client: Frame, subtree: String, since: UInt64?)
+        let request: (client: Frame, subtree: String, since: UInt64?, changesOnly: Bool)
         do {
             request = try CHP.decodeSnapshotRequest(message)
         } catch {
@@ -361,6 +361,11 @@ final class StateServer: PairReplica {
             return
         }
         if request.since != nil { resumesRefused += 1 }
+        if request.changesOnly {
+            // Not held, and the client wants the changes or nothing: no snapshot.
+            snapshots.send(CHP.kthxbai(sequence: sequence, subtree: request.subtree, to: request.client))
+            return
+        }
         for (key, entry) in entries where key.hasPrefix(subtree) {
             snapshots.send(CHP.kvsync(KVEntry(key: key.string ?? "", sequence: entry.sequence, value: entry.value), to: request.client))
         }
