@@ -41,6 +41,10 @@ public final class BusClient: Sendable {
     private let curve: CurveClientKeys?
     private let clock: any NanosecondClock
     let loop: SocketLoop
+    /// The client's loop thread as a task executor: a task that prefers it
+    /// (`withTaskExecutorPreference(bus.executor)`) sends and is answered on the thread
+    /// that serves the socket, without waking another thread per request.
+    public var executor: any TaskExecutor { loop }
     private let ownsLoop: Bool
     private let core: ClientCore
     /// Set by ``close()``: later requests fail at once with ``BusError/closed`` (the loop

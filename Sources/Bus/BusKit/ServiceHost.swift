@@ -61,7 +61,11 @@ public final class ServiceHost<Hosted: BusService>: Service {
 
     public let service: Hosted
     public let options: Options
-    let loop: SocketLoop
+    /// A loop thread per worker connection: it serves the connection's socket and runs the
+    /// handlers of the requests that came on it (a hop to the cooperative pool and back
+    /// would wake two threads per request), so a host answers on as many threads as it has
+    /// connections.
+    let loops: [SocketLoop]
     private let logger: Logger
     private let workers: [WorkerConnection<Hosted>]
     private let ready: @Sendable () async -> Void
@@ -82,8 +86,10 @@ public final class ServiceHost<Hosted: BusService>: Service {
         let logger = logger ?? Logger(label: "switchboard.\(Hosted.name)")
         self.logger = logger
         self.ready = ready
-        let loop = try SocketLoop(context: try context ?? ZMQContext(), name: "\(Hosted.name)-host")
-        self.loop = loop
+        let context = try context ?? ZMQContext()
+        let places = options.brokers.flatMap { broker in (0..<options.connections).map { _ in broker } }
+        let loops = try places.indices.map { index in try SocketLoop(context: context, name: "\(Hosted.name.prefix(10))-\(index)") }
+        self.loops = loops
         var table = MethodTable(of: service)
         table.logger = logger
         table.limits = BodyLimits(maxBatchItems: options.maxBatchItems, maxReplyBytes: options.maxMessageSize)
@@ -93,8 +99,8 @@ public final class ServiceHost<Hosted: BusService>: Service {
         // finds the process by it (`sb workers`, `sb drain --worker`).
         let process = Self.processID()
         let requests = drainRequested
-        workers = options.brokers.flatMap { broker in (0..<options.connections).map { (broker, $0) } }.enumerated().map { index, place in
-            WorkerConnection(loop: loop, process: process, index: index, broker: place.0,
+        workers = places.enumerated().map { index, broker in
+            WorkerConnection(loop: loops[index], process: process, index: index, broker: broker,
                              service: service, table: frozen, options: options, logger: logger, onReregistered: onReregistered,
                              onDrainRequested: { requests.yield() })
         }
@@ -115,13 +121,14 @@ public final class ServiceHost<Hosted: BusService>: Service {
         do {
             for worker in workers { try await worker.connect() }
         } catch {
-            await loop.shutdown()
+            await shutdownLoops()
             throw error
         }
         logger.info("service hosted", metadata: ["service": "\(Hosted.name)", "connections": "\(workers.count)"])
         onRegistered()
         await withDiscardingTaskGroup { group in
-            for worker in workers { group.addTask { await worker.answerRequests() } }
+            // On the connection's loop: the handlers too, with no hop to the pool and back.
+            for worker in workers { group.addTask(executorPreference: worker.loop) { await worker.answerRequests() } }
             // Until told to stop, or until a kernel asks for a drain.
             let requests = drainRequests
             let byKernel = await withTaskGroup(of: Bool.self) { race in
@@ -140,17 +147,21 @@ public final class ServiceHost<Hosted: BusService>: Service {
                 for worker in workers { stopping.addTask { await worker.stop(drain: timeout) } }
             }
         }
-        await loop.shutdown()
+        await shutdownLoops()
+    }
+
+    private func shutdownLoops() async {
+        for loop in loops { await loop.shutdown() }
     }
 
     deinit {
-        // Released without stop(): close the connections and end the thread anyway.
-        loop.beginShutdown()
+        // Released without stop(): close the connections and end the threads anyway.
+        for loop in loops { loop.beginShutdown() }
     }
 
     public func run() async throws {
         await ready()
-        guard !Task.isCancelled else { return await loop.shutdown() }
+        guard !Task.isCancelled else { return await shutdownLoops() }
         try await serve { try? await gracefulShutdown() }
     }
 
@@ -162,7 +173,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
     }
 }
 
-/// One MDP worker connection, running on the host's loop thread.
+/// One MDP worker connection, running on its loop thread, where its requests' handlers run too.
 actor WorkerConnection<Hosted: BusService> {
     nonisolated let loop: SocketLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
@@ -330,7 +341,10 @@ actor WorkerConnection<Hosted: BusService> {
         }
     }
 
-    /// Answers each request as it arrives, in a child task, until the connection stops;
+    /// Answers each request as it arrives, in a child task, until the connection stops. It
+    /// runs in a task that prefers the connection's loop (``ServiceHost/serve``), and so do
+    /// its children: a handler that awaits lets the loop serve the socket meanwhile; one that
+    /// computes holds it, as an event loop's handler would;
     /// what still runs then is cancelled (after ``stop(drain:)`` waited for it).
     func answerRequests() async {
         let table = self.table, service = self.service, hook = onReregistered, streams = version == .v02

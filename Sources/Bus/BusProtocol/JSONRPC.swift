@@ -297,6 +297,7 @@ public enum JSONRPC {
     /// Parses a request body (one request or a batch), strictly: `"jsonrpc": "2.0"`, a
     /// string `method`, an id that is a string, an integer or null, params that are an
     /// object or an array. Never throws; bad input becomes the error response it deserves.
+    @inlinable  // specialized where called: a generic call per request looked up metadata
     public static func parseRequests(_ bytes: some Collection<UInt8>) -> JSONRPCIncoming {
         if let parsed = bytes.withContiguousStorageIfAvailable({ parseRequests(in: $0) }) { return parsed }
         return Array(bytes).withUnsafeBufferPointer { parseRequests(in: $0) }
@@ -304,7 +305,7 @@ public enum JSONRPC {
 
     /// One pass over the body: the envelope's members are read, the params only checked and
     /// kept as text, for the service to decode straight into its handler's type.
-    private static func parseRequests(in body: UnsafeBufferPointer<UInt8>) -> JSONRPCIncoming {
+    @usableFromInline static func parseRequests(in body: UnsafeBufferPointer<UInt8>) -> JSONRPCIncoming {
         let outline: JSONText.Outline
         do {
             outline = try JSONText.outline(body, maxDepth: maxDepth)

@@ -43,12 +43,17 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         return bytes.withContiguousStorageIfAvailable(check) ?? Array(bytes).withUnsafeBufferPointer(check)
     }
 
+    @inlinable  // specialized where called: a generic call per reply looked up metadata
     public init(parsing bytes: some Collection<UInt8>, maxDepth: Int = 512) throws {
-        if let value = try bytes.withContiguousStorageIfAvailable({ buffer throws in try JSONText.parse(buffer, maxDepth: maxDepth) }) {
+        if let value = try bytes.withContiguousStorageIfAvailable({ buffer throws in try Self.parse(buffer, maxDepth: maxDepth) }) {
             self = value
         } else {
-            self = try Array(bytes).withUnsafeBufferPointer { buffer throws in try JSONText.parse(buffer, maxDepth: maxDepth) }
+            self = try Array(bytes).withUnsafeBufferPointer { buffer throws in try Self.parse(buffer, maxDepth: maxDepth) }
         }
+    }
+
+    @usableFromInline static func parse(_ buffer: UnsafeBufferPointer<UInt8>, maxDepth: Int) throws -> JSONValue {
+        try JSONText.parse(buffer, maxDepth: maxDepth)
     }
 
     /// Parses JSON text that must be an array, handing each element to `body` as soon as it

@@ -26,11 +26,14 @@ internal import Glibc
 ///   synchronously, with no hop per message. This is the one way a component owns state
 ///   beside its sockets (the kernel, `ServiceHost`'s connections, `BusClient`, `Subscription`;
 ///   docs/BRIDGE.md); ``AsyncSocket`` is for code that only sends and receives.
+/// - **Tasks**: the loop is a `TaskExecutor` too. A task that prefers it runs its own code
+///   and the default actors it calls here, and is resumed here when answered, with no
+///   thread woken per request (the service host's handlers, `BusClient.executor`).
 /// - **Timers** (heartbeats, expiry) run on the loop too, so they need no locking.
 ///
 /// One loop can serve many sockets; a process uses one loop per busy component.
 /// Call ``shutdown()`` when done: it closes the loop's sockets and ends the thread.
-public final class SocketLoop: SerialExecutor, @unchecked Sendable {
+public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable {
     // `@unchecked`: cross-thread state is behind `shared` (a Mutex) or atomic; the rest
     // (`registrations`, `timers`, poll arrays) is touched only on the loop thread.
 
@@ -116,10 +119,21 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         UnownedSerialExecutor(ordinary: self)
     }
 
+    public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
+        UnownedTaskExecutor(ordinary: self)
+    }
+
     public func checkIsolated() {
         // After the thread ended, late jobs run one by one on `afterStop` instead.
         if shared.withLock({ $0.state == .stopped }) { return }
         preconditionLoopThread()
+    }
+
+    /// Runs a job as both executors it may have been enqueued to: an actor's pinned here, and
+    /// the preferred executor of a task (so the task's nonisolated code stays on this thread
+    /// instead of hopping to the cooperative pool and back).
+    private func run(_ job: UnownedJob) {
+        job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
     }
 
     /// Runs `body` on the loop thread soon; safe to call from any thread.
@@ -236,23 +250,32 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
 
     // MARK: The loop
 
+    /// How many times the loop takes newly queued work before it polls its sockets again.
+    static let workRoundsPerPoll = 8
+
     private func runLoop() {
         threadID.store(currentThreadID(), ordering: .releasing)
         czmq_name_current_thread(String(name.prefix(15)))
         var batch: Deque<Work> = []
         while true {
-            // 1. Take everything queued and run it.
-            shared.withLock { swap(&batch, &$0.work) }
+            // 1. Take everything queued and run it; what that work queued (a task resumed on
+            //    the loop, a hop to an actor pinned here) runs too, a few rounds before the
+            //    sockets are polled again: a poll per hop costs a system call each.
             var stopRequested = false
-            while let work = batch.popFirst() {
-                switch work {
-                case .job(let job): job.runSynchronously(on: asUnownedSerialExecutor())
-                case .call(let body): body()
-                case .send(let registration, let message): registration.value.send(message)
-                case .stop(let continuation):
-                    if let continuation { stopWaiters.append(continuation) }
-                    stopRequested = true
+            for _ in 0..<Self.workRoundsPerPoll {
+                shared.withLock { swap(&batch, &$0.work) }
+                if batch.isEmpty { break }
+                while let work = batch.popFirst() {
+                    switch work {
+                    case .job(let job): run(job)
+                    case .call(let body): body()
+                    case .send(let registration, let message): registration.value.send(message)
+                    case .stop(let continuation):
+                        if let continuation { stopWaiters.append(continuation) }
+                        stopRequested = true
+                    }
                 }
+                if stopRequested { break }
             }
             if stopRequested { break }
             // 2. Sleep in zmq_poll until a socket, the wake-up descriptor or the next timer
@@ -288,7 +311,7 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         }
         for work in late {
             switch work {
-            case .job(let job): job.runSynchronously(on: asUnownedSerialExecutor())
+            case .job(let job): run(job)
             case .call(let body): body()
             case .send: break
             case .stop(let continuation): continuation?.resume()

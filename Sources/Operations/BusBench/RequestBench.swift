@@ -63,7 +63,7 @@ public struct RequestBench: Sendable {
         // would take hundreds of kilobytes each.
         let perClient: [ClientTally] = await withTaskGroup(of: (Int, ClientTally).self) { group in
             for (index, client) in clients.enumerated() {
-                group.addTask {
+                group.addTask(executorPreference: client.executor) {
                     let tally = Shared(ClientTally())
                     await withTaskGroup(of: Void.self) { slots in
                         for _ in 0..<window {

@@ -1,0 +1,76 @@
+@testable import BusKit
+import BusProtocol
+import ContractKit
+import Foundation
+import Kernel
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+#if canImport(Glibc)
+import Glibc
+#endif
+
+private enum ThreadsAPI {
+    static let service = "threads"
+    static let whereRun = Method<NoParams, String>(service, "where", "The threads the handler ran on: at its start, after a sleep, in the service actor.")
+}
+
+/// Names the threads its handler runs on: at its start, after it awaited a sleep, and inside
+/// the service's own (default) actor.
+private actor Threads: BusService {
+    static let name = ThreadsAPI.service
+    nonisolated func methods(_ table: inout MethodTable<Threads>) {
+        table.on(ThreadsAPI.whereRun) { service, _ in
+            let first = currentThreadName()
+            try await Task.sleep(for: .milliseconds(1))
+            let afterSleep = currentThreadName()
+            let inActor = await service.threadName()
+            return "\(first) \(afterSleep) \(inActor)"
+        }
+    }
+
+    func threadName() -> String { currentThreadName() }
+}
+
+private func currentThreadName() -> String { "\(UInt(bitPattern: Int(bitPattern: pthread_self())))" }
+
+/// The thread `loop` runs on, named as ``currentThreadName()`` names threads.
+private func thread(of loop: SocketLoop) async throws -> String {
+    try await loop.run { currentThreadName() }
+}
+
+@Suite("Loops as task executors: a hosted handler and a client's caller stay on their loop threads")
+struct LoopExecutorTests {
+    @Test("a handler runs on its connection's loop thread, after it awaits too; a caller that prefers bus.executor is answered on the client's loop")
+    func threads() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let options = ServiceHost<Threads>.Options(brokers: [kernel.endpoints.broker], connections: 2,
+                                                   heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+        let host = try ServiceHost(service: Threads(), options: options)
+        try await host.start()
+        try await kernel.workers(ThreadsAPI.service, atLeast: 2)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+
+        var loops: Set<String> = []
+        for _ in 0..<20 {
+            let names = try await bus.call(ThreadsAPI.whereRun).split(separator: " ").map(String.init)
+            #expect(names.count == 3 && Set(names).count == 1, "one thread for the whole handler: \(names)")
+                loops.formUnion(names)
+        }
+        var hostLoops: Set<String> = []
+        for loop in host.loops { hostLoops.insert(try await thread(of: loop)) }
+        #expect(hostLoops.count == 2, "a loop thread per connection")
+        #expect(!loops.isEmpty && loops.isSubset(of: hostLoops), "the handlers ran on the connections' loops: \(loops) of \(hostLoops)")
+
+        let answeredOn = try await withTaskExecutorPreference(bus.executor) {
+            _ = try await bus.call(ThreadsAPI.whereRun)
+            return currentThreadName()
+        }
+        #expect(answeredOn == (try await thread(of: bus.loop)))
+
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+}
