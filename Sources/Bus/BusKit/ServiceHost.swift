@@ -27,7 +27,8 @@ public final class ServiceHost<Hosted: BusService>: Service {
         /// The kernel to register with, or the two kernels of a pair: the service registers
         /// with both, so the passive one can dispatch to it the moment it takes over.
         public var brokers: [String]
-        /// How many worker connections to each kernel.
+        /// How many worker connections to each kernel, each served (and its handlers run)
+        /// on a loop thread of its own.
         public var connections: Int
         /// Requests each connection holds at once (the window extension; 1: plain 7/MDP).
         public var window: Int
