@@ -3,6 +3,7 @@ import BusProtocol
 @testable import Gateway
 import Logging
 import NIOCore
+import SwitchboardTestSupport
 import Testing
 import ZeroMQ
 
@@ -127,5 +128,59 @@ struct StateFeedTests {
         await forgotten.receive(.synced(sequence: 100))
         let (_, reset, _) = await forgotten.attach(prefixes: ["/"], since: 50)
         #expect(await drain(reset, upTo: "synced").map(\.name) == ["reset", "snapshot", "synced"])
+    }
+
+    /// A kernel history that answers only once let go.
+    actor HeldHistory: ChangeLog {
+        private var waiting: [CheckedContinuation<Void, Never>] = []
+        private var held = true
+        let answer: StateChanges
+        init(answer: StateChanges) { self.answer = answer }
+
+        func changes(under prefixes: [String], since: UInt64, timeout: Duration) async throws -> StateChanges? {
+            if held { await withCheckedContinuation { waiting.append($0) } }
+            return answer
+        }
+
+        var waiters: Int { waiting.count }
+
+        func letGo() {
+            held = false
+            for waiter in waiting { waiter.resume() }
+            waiting.removeAll()
+        }
+    }
+
+    @Test("at most 4 resumes read the kernel's history at once (each answer may be megabytes): a fifth gets a reset and the snapshot at once")
+    func kernelResumesBounded() async throws {
+        let history = HeldHistory(answer: StateChanges(changes: [], sequence: 200))
+        let feed = StateFeed(prefixes: [""], history: 100, changeLog: history, logger: Logger(label: "test"))
+        await feed.receive(update("/a", 150, "1", snapshot: true))
+        await feed.receive(.synced(sequence: 200))
+        await withDiscardingTaskGroup { group in
+            for _ in 0..<StateFeed.kernelResumesAtOnce {
+                group.addTask { _ = await feed.attach(prefixes: ["/"], since: 50) }
+            }
+            // Each of them waits in the kernel's history (the feed is free meanwhile).
+            var turns = 0
+            while await history.waiters < StateFeed.kernelResumesAtOnce, turns < 100_000 {
+                turns += 1
+                await Task.yield()
+            }
+            #expect(await history.waiters == StateFeed.kernelResumesAtOnce)
+            // Bounded: were it to wait for the history too, it would wait for the letGo below.
+            let fifth = try? await within(5, "a fifth resume, answered at once") {
+                let (_, events, _) = await feed.attach(prefixes: ["/"], since: 50)
+                return await drain(events, upTo: "synced").map(\.name)
+            }
+            await history.letGo()
+            #expect(fifth == ["reset", "snapshot", "synced"])
+            #expect(await feed.counters.kernelResumesDeclined == 1)
+        }
+        #expect(await feed.counters.kernelResumes == StateFeed.kernelResumesAtOnce)
+        // Once they are done, the kernel's history serves resumes again.
+        let (_, later, _) = await feed.attach(prefixes: ["/"], since: 50)
+        #expect(await drain(later, upTo: "synced").map(\.name) == ["synced"])
+        #expect(await feed.counters.kernelResumes == StateFeed.kernelResumesAtOnce + 1)
     }
 }

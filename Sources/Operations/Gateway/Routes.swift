@@ -379,6 +379,7 @@ struct Routes: Sendable {
             ("switchboard_gateway_events_sent_total", "counter", "Events written to streams.", streams.eventsSent),
             ("switchboard_gateway_resumes_total", "counter", "Streams resumed from Last-Event-ID with exactly the changes since, from this gateway's memory.", streams.resumes),
             ("switchboard_gateway_kernel_resumes_total", "counter", "Streams resumed from Last-Event-ID with exactly the changes since, from the kernel's history (the gateway had not seen them all).", streams.kernelResumes),
+            ("switchboard_gateway_kernel_resumes_declined_total", "counter", "Resumes reset to the snapshot because the most reads of the kernel's history at once were under way.", streams.kernelResumesDeclined),
             ("switchboard_gateway_resets_total", "counter", "Streams that asked to resume and got a reset and a snapshot.", streams.resets),
             ("switchboard_gateway_stream_overflows_total", "counter", "Streams cut because their reader fell too far behind.", streams.overflows),
             ("switchboard_gateway_subscription_gaps_total", "counter", "Times the gateway's own subscription missed updates and resynced.", streams.missed),

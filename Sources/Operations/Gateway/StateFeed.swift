@@ -98,6 +98,13 @@ actor StateFeed {
         var size: Int
     }
 
+    /// Reads of the kernel's history at once: each answer may be as large as the kernel's
+    /// history (`kernel.state_history_bytes`, 8 MiB by default) while it is joined, and any
+    /// HTTP caller can ask for one with an old `Last-Event-ID`; beyond these, a resume gets
+    /// a reset and the snapshot from this gateway's memory.
+    static let kernelResumesAtOnce = 4
+    private var kernelResumesUnderWay = 0
+
     /// What `/metrics` shows of the streams.
     struct Counters: Sendable {
         var open = 0
@@ -106,6 +113,9 @@ actor StateFeed {
         var resumes = 0
         /// Resumed from the kernel's history (this gateway had not seen every change since).
         var kernelResumes = 0
+        /// Resumes that could have asked the kernel's history but found ``StateFeed/kernelResumesAtOnce``
+        /// under way: reset to the snapshot instead.
+        var kernelResumesDeclined = 0
         var resets = 0
         var overflows = 0
         var missed = 0
@@ -323,6 +333,12 @@ actor StateFeed {
     /// log covers the rest; nil when neither covers them). Beyond its head they come live.
     private func kernelChanges(under prefixes: [String], after since: UInt64, matching matches: (String) -> Bool) async -> [StreamEvent]? {
         guard let changeLog, !repairing else { return nil }
+        guard kernelResumesUnderWay < Self.kernelResumesAtOnce else {
+            counters.kernelResumesDeclined += 1
+            return nil
+        }
+        kernelResumesUnderWay += 1
+        defer { kernelResumesUnderWay -= 1 }
         let fetched: StateChanges?
         do {
             fetched = try await changeLog.changes(under: prefixes, since: since, timeout: .seconds(5))
