@@ -352,19 +352,19 @@ struct BusKitTests {
             Task { try? await client.request(service: "echo", method: "echo", params: ["n": .int(Int64(n)), "padding": padding]) }
         }
         try await eventually(10, "every request handed to the connection") { await client.waitingCount() == count }
-        _ = try standIn.receive()
+        _ = try await standIn.receiveOffPool()
         standIn.close()
         standIn = try await kernelStandIn(at: endpoint, in: context)
-        func received() throws -> Int? {
-            let message = try standIn.receive()
+        func received() async throws -> Int? {
+            let message = try await standIn.receiveOffPool()
             return try JSONValue(parsing: message.frames.last!.bytes)["params"]?["n"]?.intValue.map { Int($0) }
         }
         var copies: [Int: Int] = [:]
-        while copies.count < count, let n = try received() { copies[n, default: 0] += 1 }
+        while copies.count < count, let n = try await received() { copies[n, default: 0] += 1 }
         // Whatever was sent again went out before this last request, on the same connection.
         #expect(await client.counters().resent > 0)
         let last = Task { try? await client.request(service: "echo", method: "echo", params: ["n": .int(Int64(count))]) }
-        while let n = try received(), n != count { copies[n, default: 0] += 1 }
+        while let n = try await received(), n != count { copies[n, default: 0] += 1 }
         #expect(copies.count == count && copies.values.allSatisfy { $0 == 1 }, "sent twice: \(copies.filter { $0.value > 1 }.keys.sorted())")
         await client.close()
         for request in requests + [last] { _ = await request.value }

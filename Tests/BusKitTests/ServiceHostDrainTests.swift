@@ -44,9 +44,9 @@ struct ServiceHostDrainTests {
         var heartbeats = 0
 
         /// The next command that is not a plain heartbeat (those are counted).
-        mutating func next() throws -> WorkerToBroker {
+        mutating func next() async throws -> WorkerToBroker {
             while true {
-                let message = try router.receive()
+                let message = try await router.receiveOffPool()
                 guard case .worker(let identity, let command, _) = try MDP.decodeAtBroker(message) else { continue }
                 worker = identity
                 if case .heartbeat = command {
@@ -60,11 +60,11 @@ struct ServiceHostDrainTests {
         }
 
         /// Reads until `count` more heartbeats came: the worker is still there, waiting.
-        mutating func heartbeats(_ count: Int) throws -> [WorkerToBroker] {
+        mutating func heartbeats(_ count: Int) async throws -> [WorkerToBroker] {
             let target = heartbeats + count
             var others: [WorkerToBroker] = []
             while heartbeats < target {
-                let message = try router.receive()
+                let message = try await router.receiveOffPool()
                 guard case .worker(_, let command, _) = try MDP.decodeAtBroker(message) else { continue }
                 if case .heartbeat = command {
                     heartbeats += 1
@@ -99,24 +99,24 @@ struct ServiceHostDrainTests {
         defer { kernel.router.close() }
         let (host, held) = try host(at: endpoint)
         try await host.start()
-        #expect(try kernel.next() == .ready(service: Held.name, window: 4))
+        #expect(try await kernel.next() == .ready(service: Held.name, window: 4))
         try kernel.request(1, client: "c1")
 
         let stopping = Task { await host.stop() }
-        #expect(try kernel.next() == .drain, "drain=1 is the first thing a stopping worker says")
+        #expect(try await kernel.next() == .drain, "drain=1 is the first thing a stopping worker says")
         try kernel.request(2, client: "c2")  // sent before the kernel heard
         try kernel.router.send(MDP.encode(.drain, to: kernel.worker))
-        #expect(try kernel.heartbeats(3).isEmpty, "nothing is answered and nothing said while both requests are held")
+        #expect(try await kernel.heartbeats(3).isEmpty, "nothing is answered and nothing said while both requests are held")
 
         await held.release()
         var replies: [String] = []
         var after: WorkerToBroker
         repeat {
-            after = try kernel.next()
+            after = try await kernel.next()
             if case .reply(let client, _) = after { replies.append(client.string ?? "") }
         } while replies.count < 2 && after != .disconnect
         #expect(replies.sorted() == ["c1", "c2"])
-        #expect(try kernel.next() == .disconnect)
+        #expect(try await kernel.next() == .disconnect)
         await stopping.value
         #expect(await held.started == 2)
     }
@@ -129,13 +129,13 @@ struct ServiceHostDrainTests {
         defer { kernel.router.close() }
         let (host, _) = try host(at: endpoint)
         try await host.start()
-        #expect(try kernel.next() == .ready(service: Held.name, window: 4))
+        #expect(try await kernel.next() == .ready(service: Held.name, window: 4))
 
         let stopping = Task { await host.stop() }
-        #expect(try kernel.next() == .drain)
-        #expect(try kernel.heartbeats(3).isEmpty, "it waits for the kernel's word: a request may still be on its way")
+        #expect(try await kernel.next() == .drain)
+        #expect(try await kernel.heartbeats(3).isEmpty, "it waits for the kernel's word: a request may still be on its way")
         try kernel.router.send(MDP.encode(.drain, to: kernel.worker))
-        #expect(try kernel.next() == .disconnect)
+        #expect(try await kernel.next() == .disconnect)
         await stopping.value
     }
 }

@@ -74,7 +74,7 @@ struct PoisonRequestTests {
         // Each stand-in takes the request and goes away with it, as a kernel it killed would.
         var received: [[UInt8]] = []
         for round in 0..<2 {
-            let request = try standIn.receive()
+            let request = try await standIn.receiveOffPool()
             received.append(request.frames.last!.bytes)
             standIn.close()
             if round == 0 { standIn = try await kernelStandIn(at: endpoint, in: context) }

@@ -75,6 +75,20 @@ public func kernelStandIn(at endpoint: String, in context: ZMQContext, receiveHi
     return router
 }
 
+extension ZMQSocket {
+    /// The next message, waited for on a thread of its own (up to the socket's receive
+    /// timeout): a test reading a stand-in's socket must not hold one of the cooperative
+    /// pool's threads (two on a 2-core machine) while the tests beside it need them.
+    public func receiveOffPool() async throws -> Message {
+        nonisolated(unsafe) let socket = self
+        return try await withCheckedThrowingContinuation { continuation in
+            // The continuation hands the socket back to the task (libzmq allows moving a
+            // socket between threads with a full memory barrier between uses).
+            Thread { continuation.resume(with: Result { try socket.receive() }) }.start()
+        }
+    }
+}
+
 /// A fresh temporary directory.
 public func temporaryDirectory(_ label: String = "sb-test") throws -> URL {
     let url = FileManager.default.temporaryDirectory.appendingPathComponent("\(label)-\(UUID().uuidString.prefix(8))")
