@@ -241,7 +241,8 @@ actor PostgresBackend: StoreBackend {
         case .articleDelete(let url, let id):
             let deleted = try await count("WITH gone AS (DELETE FROM articles WHERE url = \(url) RETURNING 1) SELECT COUNT(*) FROM gone", on: connection, logger: logger)
             return StoreResults.articleDeleted(url: url, id: id, deleted: deleted > 0)
-        case .select(let name, let value, let expected):
+        case .select(let chosen, let value, let expected):
+            let name = chosen.rawValue
             let now = Date().timeIntervalSince1970
             // Each statement decides alone (an UPDATE waits for a concurrent one and checks the
             // revision again after it): of two choosers at the same revision, one changes it.
@@ -265,7 +266,7 @@ actor PostgresBackend: StoreBackend {
                     """, on: connection, logger: logger)
             }
             let current = try await selection(name, on: connection, logger: logger)
-            guard changed > 0 else { throw StoreResults.selectionConflict(name, current: current, expected: expected ?? 0) }
+            guard changed > 0 else { throw StoreResults.selectionConflict(chosen, current: current, expected: expected ?? 0) }
             return current ?? .null
         case .snapshotPut(let name, let body, let version, let origin, let fetchedAt):
             // A retried or late put never replaces a copy fetched later.
@@ -326,8 +327,8 @@ actor PostgresBackend: StoreBackend {
                 return try StoreResults.savedArticle(id: id, url: url, savedAt: savedAt, article: article)
             }
             return nil
-        case .selection(let name):
-            return try await selection(name, on: connection, logger: logger)
+        case .selection(let chosen):
+            return try await selection(chosen.rawValue, on: connection, logger: logger)
         case .snapshot(let name):
             for try await (body, version, origin, fetchedAt) in try await connection.query(
                 "SELECT body, version, origin, fetched_at FROM snapshots WHERE name = \(name)", logger: logger

@@ -102,13 +102,14 @@ actor SQLiteBackend: StoreBackend {
                 try db.execute(sql: "DELETE FROM articles WHERE url = ?", arguments: [url])
                 return StoreResults.articleDeleted(url: url, id: id, deleted: db.changesCount > 0)
             }
-        case .select(let name, let value, let expected):
+        case .select(let chosen, let value, let expected):
+            let name = chosen.rawValue
             return { db in
                 // One writer at a time (this transaction holds the database's write lock): the
                 // revision read here is the one replaced.
                 if let expected {
                     let current = try selection(db, name)
-                    guard (current?["revision"]?.intValue ?? 0) == expected else { throw StoreResults.selectionConflict(name, current: current, expected: expected) }
+                    guard (current?["revision"]?.intValue ?? 0) == expected else { throw StoreResults.selectionConflict(chosen, current: current, expected: expected) }
                 }
                 try db.execute(sql: """
                     INSERT INTO selections (name, value, selected_at, revision) VALUES (?, ?, ?, 1)
@@ -222,8 +223,8 @@ actor SQLiteBackend: StoreBackend {
             return try reading { db in
                 try Row.fetchOne(db, sql: "SELECT id, url, saved_at, article FROM articles WHERE id = ?", arguments: [id]).map(Self.savedArticle)
             }
-        case .selection(let name):
-            return try reading { db in try Self.selection(db, name) }
+        case .selection(let chosen):
+            return try reading { db in try Self.selection(db, chosen.rawValue) }
         case .snapshot(let name):
             return try reading { db in
                 try Row.fetchOne(db, sql: "SELECT body, version, origin, fetched_at FROM snapshots WHERE name = ?", arguments: [name]).map { row in

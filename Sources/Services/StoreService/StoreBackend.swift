@@ -39,11 +39,25 @@ enum StoreWrite: Sendable {
     /// Saves the article (JSON text) under its URL; `id` is derived from the URL.
     case articleSave(url: String, id: String, article: String)
     case articleDelete(url: String, id: String)
-    /// Replaces the selection `name` (`sources` or `route`) with `value` (JSON text); given
-    /// `expected`, only if the selection is at that revision (0: none yet), else -32004.
-    case select(name: String, value: String, expected: Int?)
+    /// Replaces the selection with `value` (JSON text); given `expected`, only if the
+    /// selection is at that revision (0: none yet), else -32004.
+    case select(Selection, value: String, expected: Int?)
     /// Keeps a dataset's copy unless a copy fetched later is kept (`fetchedAt`: Unix seconds).
     case snapshotPut(name: String, body: Data, version: String, origin: String, fetchedAt: Double)
+}
+
+/// A choice the store keeps, under its name (the `selections` table's key).
+enum Selection: String, Sendable {
+    case sources
+    case route
+
+    /// What a lost compare-and-set says was chosen meanwhile.
+    var chosenMeanwhile: String {
+        switch self {
+        case .sources: "the news sources were"
+        case .route: "the route was"
+        }
+    }
 }
 
 /// The store's reads, each answered as ``StoreResults`` shapes it.
@@ -51,7 +65,7 @@ enum StoreRead: Sendable {
     case history(limit: Int)
     case articles(offset: Int, limit: Int)
     case article(id: String)
-    case selection(name: String)
+    case selection(Selection)
     case snapshot(name: String)
     case snapshots
 }
@@ -103,10 +117,10 @@ enum StoreResults {
 
     /// -32004: the selection `name` moved on from the revision its chooser saw; `current`
     /// (the selection now, null: none) is what won.
-    static func selectionConflict(_ name: String, current: JSONValue?, expected: Int) -> JSONRPCError {
+    static func selectionConflict(_ selection: Selection, current: JSONValue?, expected: Int) -> JSONRPCError {
         let revision = current?["revision"]?.intValue ?? 0
         return JSONRPCError(code: JSONRPCError.conflictCode,
-                            message: "Conflict: \(name == "sources" ? "the news sources were" : "the \(name) was") chosen meanwhile (revision \(revision), not \(expected)); see data.current and choose again",
+                            message: "Conflict: \(selection.chosenMeanwhile) chosen meanwhile (revision \(revision), not \(expected)); see data.current and choose again",
                             data: ["revision": .int(revision), "expected": .int(Int64(expected)), "current": current ?? .null])
     }
 

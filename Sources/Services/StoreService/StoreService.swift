@@ -181,11 +181,11 @@ public actor StoreService: BusService, ServiceWork {
             throw JSONRPCError.invalidParams(field: "ids", "at most \(Self.maxSources) sources can be selected")
         }
         let value: JSONValue = .array(unique.map(JSONValue.string))
-        return try await write(.select(name: "sources", value: value.jsonString, expected: revision), changing: [Keys.sourcesSelected])
+        return try await write(.select(.sources, value: value.jsonString, expected: revision), changing: [Keys.sourcesSelected])
     }
 
     func sourcesSelected() async throws -> StoreAPI.SourceSelection {
-        try await read(.selection(name: "sources")) ?? decodeResult(StoreAPI.SourceSelection.self, Self.noSources)
+        try await read(.selection(.sources)) ?? decodeResult(StoreAPI.SourceSelection.self, Self.noSources)
     }
 
     /// The sources selection before any was made.
@@ -195,12 +195,12 @@ public actor StoreService: BusService, ServiceWork {
         guard outboundId >= 0 else { throw JSONRPCError.invalidParams(field: "outboundId", "must not be negative") }
         if let inboundId, inboundId < 0 { throw JSONRPCError.invalidParams(field: "inboundId", "must not be negative") }
         let value: JSONValue = ["outboundId": .int(Int64(outboundId)), "inboundId": inboundId.map { .int(Int64($0)) } ?? .null]
-        return try await write(.select(name: "route", value: value.jsonString, expected: revision), changing: [Keys.routeSelected])
+        return try await write(.select(.route, value: value.jsonString, expected: revision), changing: [Keys.routeSelected])
     }
 
     /// The stored route, or null when none was ever selected.
     func routeSelected() async throws -> StoreAPI.RouteSelection? {
-        try await read(.selection(name: "route"))
+        try await read(.selection(.route))
     }
 
     // MARK: Snapshots
@@ -307,8 +307,8 @@ public actor StoreService: BusService, ServiceWork {
         for key in keys {
             switch key {
             case Keys.history: values.append(try await backend.read(.history(limit: configuration.historyLimit)))
-            case Keys.sourcesSelected: values.append(try await backend.read(.selection(name: "sources")) ?? Self.noSources)
-            case Keys.routeSelected: values.append(try await backend.read(.selection(name: "route")))
+            case Keys.sourcesSelected: values.append(try await backend.read(.selection(.sources)) ?? Self.noSources)
+            case Keys.routeSelected: values.append(try await backend.read(.selection(.route)))
             default: values.append(try await backend.read(.article(id: String(key.dropFirst(Keys.articlePrefix.count)))))
             }
         }
