@@ -73,10 +73,13 @@ let package = Package(
             path: "Sources/Bus/BusProtocol",
             swiftSettings: sharedSettings
         ),
-        // How a service states its methods: typed params and results, JSON Schema generated
-        // from them, params checked before a handler runs, `rpc.discover`; the method table.
+        // Every service's contract (kernel, echo, store, fetcher, search, pricing): the one
+        // place a method's name, params and result are written; `sb` and callers use them.
+        // `Kit/` is how a contract is stated: typed params and results, JSON Schema generated
+        // from them, params checked before a handler runs, `rpc.discover`, the method table,
+        // trace context and exactly-once keys.
         .target(
-            name: "ContractKit",
+            name: "Contracts",
             dependencies: [
                 "BusProtocol",
                 .product(name: "Instrumentation", package: "swift-distributed-tracing"),
@@ -84,14 +87,6 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
             ],
-            path: "Sources/Bus/ContractKit",
-            swiftSettings: sharedSettings
-        ),
-        // Every service's contract (kernel, echo, store, fetcher, search, pricing): the one
-        // place a method's name, params and result are written; `sb` and callers use them.
-        .target(
-            name: "Contracts",
-            dependencies: ["BusProtocol", "ContractKit"],
             path: "Sources/Bus/Contracts",
             swiftSettings: sharedSettings
         ),
@@ -99,7 +94,7 @@ let package = Package(
         .target(
             name: "Kernel",
             dependencies: [
-                "BusProtocol", "ContractKit", "Contracts", "SwitchboardConfig", "ZeroMQ",
+                "BusProtocol", "Contracts", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
@@ -114,7 +109,7 @@ let package = Package(
         .target(
             name: "BusKit",
             dependencies: [
-                "BusProtocol", "ContractKit", "Contracts", "SwitchboardConfig", "ZeroMQ",
+                "BusProtocol", "Contracts", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -151,7 +146,7 @@ let package = Package(
         .target(
             name: "Telemetry",
             dependencies: [
-                "ContractKit", "SwitchboardConfig",
+                "Contracts", "SwitchboardConfig",
                 .product(name: "OTel", package: "swift-otel"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -163,14 +158,14 @@ let package = Package(
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
         .target(
             name: "Supervisor",
-            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
             path: "Sources/Operations/Supervisor",
             swiftSettings: sharedSettings
         ),
         // A service that answers with what it is sent: for tests, benchmarks and trying the bus.
         .target(
             name: "EchoService",
-            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol"],
+            dependencies: ["Contracts", "BusKit", "BusProtocol"],
             path: "Sources/Services/EchoService",
             swiftSettings: sharedSettings
         ),
@@ -187,7 +182,7 @@ let package = Package(
         .target(
             name: "FetcherService",
             dependencies: [
-                "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "SwitchboardConfig", "ZeroMQ",
+                "Contracts", "BusKit", "BusProtocol", "Catalog", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -201,7 +196,7 @@ let package = Package(
         .target(
             name: "StoreService",
             dependencies: [
-                "ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig",
+                "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -222,7 +217,7 @@ let package = Package(
         .target(
             name: "SearchService",
             dependencies: [
-                "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
+                "Contracts", "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Sources/Services/SearchService",
@@ -232,7 +227,7 @@ let package = Package(
         .target(
             name: "PricingService",
             dependencies: [
-                "ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
+                "Contracts", "BusKit", "BusProtocol", "Catalog", "CatalogFeed",
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Sources/Services/PricingService",
@@ -243,7 +238,7 @@ let package = Package(
         .target(
             name: "Gateway",
             dependencies: [
-                "ContractKit", "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", "ZeroMQ",
+                "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Logging", package: "swift-log"),
@@ -257,7 +252,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "BusProtocol", "ContractKit", "Contracts",
+                "BusProtocol", "Contracts",
                 "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Supervisor",
                 "Gateway", "Deployment", "Telemetry",
                 "SwitchboardConfig", "ZeroMQ",
@@ -272,7 +267,7 @@ let package = Package(
         .executableTarget(
             name: "sb",
             dependencies: [
-                "BusBench", "ContractKit", "Contracts", "Telemetry",
+                "BusBench", "Contracts", "Telemetry",
                 "BusKit", "BusProtocol", "ZeroMQ",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -293,7 +288,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard-bench",
             dependencies: [
-                "BusBench", "ContractKit", "Contracts", "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
+                "BusBench", "Contracts", "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
                 "SwitchboardTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
@@ -328,7 +323,7 @@ let package = Package(
         // Soak and chaos over a whole `switchboard up`: `Scripts/soak`.
         .executableTarget(
             name: "switchboard-soak",
-            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "Supervisor", "SwitchboardTestSupport", "ZeroMQ",
+            dependencies: ["Contracts", "BusKit", "BusProtocol", "Catalog", "Supervisor", "SwitchboardTestSupport", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Sources/Tools/Soak",
@@ -346,12 +341,12 @@ let package = Package(
         ),
         .testTarget(
             name: "KernelTests",
-            dependencies: ["ContractKit", "Contracts", "Kernel", "BusProtocol", "ZeroMQ"],
+            dependencies: ["Contracts", "Kernel", "BusProtocol", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "BusKitTests",
-            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ",
+            dependencies: ["Contracts", "BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ",
                            .product(name: "Logging", package: "swift-log"),
                            .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")],
             swiftSettings: sharedSettings
@@ -368,40 +363,40 @@ let package = Package(
         ),
         .testTarget(
             name: "FetcherServiceTests",
-            dependencies: ["ContractKit", "Contracts", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
+            dependencies: ["Contracts", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "StoreServiceTests",
-            dependencies: ["ContractKit", "Contracts", "StoreService", "BusKit", "Catalog", "BusProtocol", "Kernel", "SwitchboardTestSupport",
+            dependencies: ["Contracts", "StoreService", "BusKit", "Catalog", "BusProtocol", "Kernel", "SwitchboardTestSupport",
                            .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "SearchServiceTests",
-            dependencies: ["ContractKit", "Contracts", "SearchService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
+            dependencies: ["Contracts", "SearchService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
                            "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "PricingServiceTests",
-            dependencies: ["ContractKit", "Contracts", "PricingService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
+            dependencies: ["Contracts", "PricingService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
                            "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "SBTests",
-            dependencies: ["ContractKit", "Contracts", "SearchService", "PricingService", "EchoService", "Catalog", "BusKit", "BusProtocol", "SwitchboardTestSupport"],
+            dependencies: ["Contracts", "SearchService", "PricingService", "EchoService", "Catalog", "BusKit", "BusProtocol", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "DeploymentTests",
-            dependencies: ["ContractKit", "Contracts", "BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport", "ZeroMQ"],
+            dependencies: ["Contracts", "BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "GatewayTests",
-            dependencies: ["ContractKit", "Contracts", 
+            dependencies: ["Contracts", 
                 "Gateway", "BusKit", "BusProtocol", "EchoService", "SwitchboardConfig", "SwitchboardTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ],

@@ -1,6 +1,5 @@
 import BusKit
 import BusProtocol
-import ContractKit
 import Contracts
 import EchoService
 import Foundation

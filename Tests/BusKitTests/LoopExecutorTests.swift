@@ -1,6 +1,6 @@
 @testable import BusKit
 import BusProtocol
-import ContractKit
+import Contracts
 import Foundation
 import Kernel
 import SwitchboardTestSupport

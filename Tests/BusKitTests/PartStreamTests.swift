@@ -1,6 +1,5 @@
 @testable import BusKit
 import BusProtocol
-import ContractKit
 import Contracts
 import Foundation
 import Kernel

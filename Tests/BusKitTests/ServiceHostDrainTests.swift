@@ -1,6 +1,6 @@
 import BusKit
 import BusProtocol
-import ContractKit
+import Contracts
 import Foundation
 import SwitchboardTestSupport
 import Testing

@@ -1,5 +1,4 @@
 import BusProtocol
-import ContractKit
 import Contracts
 @testable import Kernel
 import Logging

@@ -1,6 +1,5 @@
 import BusProtocol
 import Catalog
-import ContractKit
 import Contracts
 import Foundation
 @testable import SearchService

@@ -1,6 +1,5 @@
 public import BusProtocol
-public import ContractKit
-import Contracts
+public import Contracts
 import DequeModule
 import Foundation
 import Synchronization

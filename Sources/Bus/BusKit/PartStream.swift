@@ -1,5 +1,5 @@
 public import BusProtocol
-public import ContractKit
+public import Contracts
 import Synchronization
 import ZeroMQ
 

@@ -1,5 +1,5 @@
 public import BusProtocol
-public import ContractKit
+public import Contracts
 import Foundation
 import Synchronization
 public import Logging

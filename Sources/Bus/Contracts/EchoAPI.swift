@@ -1,5 +1,4 @@
 public import BusProtocol
-public import ContractKit
 
 /// `echo`, the service for tests, benchmarks and trying the bus.
 public enum EchoAPI {

@@ -1,5 +1,4 @@
 public import BusProtocol
-public import ContractKit
 
 /// `fetcher`: the five apps' datasets, downloaded, checked and kept as the last good copy.
 public enum FetcherAPI {

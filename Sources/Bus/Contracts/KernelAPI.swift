@@ -1,5 +1,4 @@
 public import BusProtocol
-public import ContractKit
 
 /// The kernel's own service, `kernel`: liveness, the service registry, figures and the CHP
 /// state written and read through requests.

@@ -1,5 +1,4 @@
 public import BusProtocol
-public import ContractKit
 public import Foundation
 
 /// An amount of money: an exact decimal with its currency code (ISO 4217), never a binary

@@ -1,5 +1,4 @@
 public import BusProtocol
-public import ContractKit
 public import Foundation
 
 /// `pricing`: round-trip quotes, the current route (kept by the store) and the deals.

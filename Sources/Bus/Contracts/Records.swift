@@ -1,4 +1,3 @@
-public import ContractKit
 public import Foundation
 
 /// The records of the five apps' datasets, normalised: the shapes `datasets.get` answers

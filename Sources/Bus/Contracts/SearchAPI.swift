@@ -1,5 +1,4 @@
 public import BusProtocol
-public import ContractKit
 
 /// `search`: queries over the service's own copies of the datasets.
 public enum SearchAPI {

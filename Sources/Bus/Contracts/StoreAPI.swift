@@ -1,5 +1,4 @@
 public import BusProtocol
-public import ContractKit
 
 /// `store`: the apps' durable state (history, saved articles, selections, the chosen route)
 /// and the fetcher's last good dataset copies.

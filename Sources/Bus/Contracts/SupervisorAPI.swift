@@ -1,4 +1,3 @@
-public import ContractKit
 
 /// `switchboard up`'s own service, `supervisor` (registered with the supervisor's key beside
 /// its kernel): rolling restarts and configuration reloads, asked for by `sb restart` and

@@ -1,4 +1,3 @@
-public import ContractKit
 
 /// What `switchboard up` says of each process it runs, in the kernel's state under
 /// ``prefix`` (written with the supervisor's own key, read by `sb services` and the

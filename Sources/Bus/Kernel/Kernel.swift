@@ -1,6 +1,5 @@
 import BusProtocol
-public import ContractKit
-import Contracts
+public import Contracts
 import Foundation
 public import Logging
 public import ServiceLifecycle

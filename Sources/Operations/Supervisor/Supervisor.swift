@@ -1,6 +1,5 @@
 public import BusKit
 public import BusProtocol
-public import ContractKit
 import Foundation
 public import Logging
 public import Contracts

@@ -1,4 +1,4 @@
-import ContractKit
+import Contracts
 import CoreMetrics
 public import Foundation
 import OTel

@@ -1,5 +1,5 @@
 import ArgumentParser
-import ContractKit
+import Contracts
 import Foundation
 import Logging
 import ServiceLifecycle

@@ -1,5 +1,5 @@
 public import ArgumentParser
-import ContractKit
+import Contracts
 import Foundation
 import Synchronization
 public import Logging

@@ -1,7 +1,6 @@
 import BusKit
 import BusProtocol
-public import ContractKit
-import Contracts
+public import Contracts
 
 /// A service for tests, benchmarks and trying the bus: it answers with what it is sent.
 ///

@@ -4,8 +4,7 @@ public import Catalog
 public import Foundation
 public import Logging
 import ZeroMQ
-public import ContractKit
-import Contracts
+public import Contracts
 
 /// The `fetcher` service: keeps each dataset loaded from the most trusted copy it has.
 ///

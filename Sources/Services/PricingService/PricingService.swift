@@ -5,8 +5,7 @@ import CatalogFeed
 import Foundation
 public import Logging
 import Synchronization
-public import ContractKit
-import Contracts
+public import Contracts
 
 /// The `pricing` service: round-trip quotes, the cheapest route, the current route (kept by
 /// the store, so it survives restarts) and the countries app's deals.

@@ -2,7 +2,6 @@ import BusKit
 import BusProtocol
 import Catalog
 import Foundation
-import ContractKit
 import Contracts
 
 // The search service's methods. Each takes one snapshot of the indexes and answers from it

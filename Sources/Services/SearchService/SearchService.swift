@@ -4,8 +4,7 @@ public import Catalog
 import CatalogFeed
 import Foundation
 public import Logging
-public import ContractKit
-import Contracts
+public import Contracts
 
 /// The `search` service: countries, places with Wikipedia links, the grouped hiring list,
 /// news sources and headlines, flights and airlines, all answered from in-memory indexes.

@@ -3,8 +3,7 @@ import BusProtocol
 import Foundation
 public import Logging
 public import ServiceLifecycle
-public import ContractKit
-import Contracts
+public import Contracts
 
 /// The `store` service: search history, saved articles, the news-source and route
 /// selections, and the fetcher's last good copy of each dataset, in a ``StoreBackend``

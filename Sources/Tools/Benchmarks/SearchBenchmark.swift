@@ -1,7 +1,6 @@
 import ArgumentParser
 import BusBench
 import BusKit
-import ContractKit
 import Contracts
 import BusProtocol
 import Catalog

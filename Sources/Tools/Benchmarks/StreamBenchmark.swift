@@ -1,7 +1,6 @@
 import ArgumentParser
 import BusKit
 import BusProtocol
-import ContractKit
 import Contracts
 import EchoService
 import Foundation

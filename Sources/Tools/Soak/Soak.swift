@@ -2,7 +2,6 @@ import ArgumentParser
 import BusKit
 import BusProtocol
 import Catalog
-import ContractKit
 import Contracts
 import Foundation
 import Synchronization

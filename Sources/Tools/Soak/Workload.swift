@@ -1,7 +1,6 @@
 import BusKit
 import BusProtocol
 import Catalog
-import ContractKit
 import Contracts
 import Foundation
 import Synchronization
