@@ -1,5 +1,5 @@
 public import BusProtocol
-public import Contracts
+import Contracts
 import Synchronization
 import ZeroMQ
 

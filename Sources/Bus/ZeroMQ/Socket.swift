@@ -40,6 +40,10 @@ public final class ZMQSocket {
     private var handle: UnsafeMutableRawPointer?
     /// Received messages carry the peer's ZAP user id (``Message/peerUserID``).
     public var readsPeerUserID = false
+    /// How many libzmq calls were made on this socket. Any of them may take in the wake-up
+    /// that the socket's `ZMQ_FD` signalled, so a ``SocketLoop`` reads the socket's events
+    /// after every call instead of waiting for a signal that will not come again.
+    @exclusivity(unchecked) private(set) var operations: UInt = 0
 
     /// Opens a socket of `type` in `context`.
     public init(_ context: ZMQContext, _ type: SocketType) throws(ZMQError) {
@@ -65,6 +69,7 @@ public final class ZMQSocket {
     @inline(__always)
     func raw(_ call: @autoclosure () -> String) throws(ZMQError) -> UnsafeMutableRawPointer {
         guard let handle else { throw ZMQError(call: call(), code: ENOTSOCK) }
+        operations &+= 1
         return handle
     }
 

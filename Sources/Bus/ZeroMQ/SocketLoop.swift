@@ -16,7 +16,7 @@ internal import Glibc
 /// - **Sends** from any thread are queued to the loop (a lock and an `eventfd` that wakes
 ///   it only when it sleeps) and written by the loop; a message libzmq cannot take yet
 ///   (`EAGAIN`) waits in a per-socket backlog until the socket is writable.
-/// - **Receives**: the loop waits in `zmq_poll` on all its sockets and the wake-up
+/// - **Receives**: the loop waits in `poll` on its sockets' `ZMQ_FD`s and the wake-up
 ///   descriptor, drains readable sockets and hands each message to the socket's handler.
 ///   ``AsyncSocket`` turns that into an `AsyncSequence` with a bounded buffer: when its
 ///   consumer falls behind, the loop stops reading that socket and libzmq's high-water
@@ -63,7 +63,8 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
     // Loop-thread state.
     private var registrations: [SocketRegistration] = []
     private var pollSetChanged = true
-    private var pollItems: [zmq_pollitem_t] = []
+    /// The wake-up descriptor, then each polled registration's `ZMQ_FD`.
+    private var pollDescriptors: [pollfd] = []
     private var pollOwners: [SocketRegistration] = []
     private var timers: [LoopTimer] = []
     private var nextTimerID: UInt64 = 0
@@ -278,9 +279,12 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
                 if stopRequested { break }
             }
             if stopRequested { break }
-            // 2. Sleep in zmq_poll until a socket, the wake-up descriptor or the next timer
+            // 2. Serve the sockets used since their events were read: libzmq may have taken in
+            //    their descriptor's signal meanwhile (a send, a receive, an option).
+            let served = serveSocketsUsedSinceRead()
+            // 3. Sleep until a socket's descriptor, the wake-up descriptor or the next timer
             //    (including timers the work just scheduled), unless more work came in.
-            let timeout = nextPollTimeout()
+            let timeout = served ? 0 : nextPollTimeout()
             let sleep = shared.withLock { shared -> Bool in
                 shared.sleeping = shared.work.isEmpty && timeout != 0
                 return shared.sleeping
@@ -299,7 +303,7 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
         // The poll set holds the registrations too (and through their handlers, often the
         // loop's owners, which hold the loop): a stopped loop must let go of them.
         pollOwners.removeAll()
-        pollItems.removeAll()
+        pollDescriptors.removeAll()
         timers.removeAll()
         // From here on `submit` refuses work; what was queued before still runs here, on the
         // loop thread, so no `run` continuation is left hanging. Sockets it opens are closed
@@ -323,34 +327,43 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
 
     private var stoppedError: ZMQError { ZMQError(call: "SocketLoop(\(name)) shut down", code: czmq_ETERM) }
 
+    /// Why not `zmq_poll`: it reads every socket's events before and after it sleeps, and for
+    /// a socket with nothing new that is a system call (libzmq polls the socket's mailbox), so
+    /// the kernel's five sockets cost some fifteen system calls per wake-up. Here a socket's
+    /// events are read only when its descriptor signalled or the socket was used since.
     private func poll(timeoutMilliseconds: Int) {
         if pollSetChanged {
             pollOwners = registrations
-            pollItems = [zmq_pollitem_t(socket: nil, fd: wakeFD, events: Int16(ZMQ_POLLIN), revents: 0)]
+            pollDescriptors = [pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)]
             for registration in pollOwners {
-                pollItems.append(zmq_pollitem_t(socket: registration.handle, fd: -1, events: 0, revents: 0))
+                pollDescriptors.append(pollfd(fd: registration.descriptor, events: Int16(POLLIN), revents: 0))
             }
             pollSetChanged = false
         }
-        for (index, registration) in pollOwners.enumerated() {
-            pollItems[index + 1].events = registration.interest
-        }
-        let count = Int32(pollItems.count)
-        let ready = pollItems.withUnsafeMutableBufferPointer { zmq_poll($0.baseAddress, count, timeoutMilliseconds) }
+        let count = nfds_t(pollDescriptors.count)
+        let ready = pollDescriptors.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, count, Int32(timeoutMilliseconds)) }
         shared.withLock { $0.sleeping = false }
         guard ready > 0 else { return }
-        if pollItems[0].revents != 0 {
+        if pollDescriptors[0].revents != 0 {
             var value: UInt64 = 0
             _ = Glibc.read(wakeFD, &value, 8)
         }
         // Handlers may register or close sockets; serve the set polled, skipping closed ones.
         let owners = pollOwners
-        for (index, registration) in owners.enumerated() {
-            let events = pollItems[index + 1].revents
-            guard events != 0, !registration.isClosed else { continue }
-            if events & Int16(ZMQ_POLLOUT) != 0 { registration.flushBacklog() }
-            if events & Int16(ZMQ_POLLIN) != 0 { registration.drain() }
+        for (index, registration) in owners.enumerated() where pollDescriptors[index + 1].revents != 0 {
+            registration.serveEvents()
         }
+    }
+
+    /// Reads and serves the events of every socket used since they were last read; whether
+    /// any read or sent (then the loop polls without sleeping: there may be more waiting,
+    /// read on the next turn, when the socket counts as used again).
+    private func serveSocketsUsedSinceRead() -> Bool {
+        var served = false
+        for registration in registrations where !registration.isClosed && registration.needsEventsRead {
+            if registration.serveEvents() { served = true }
+        }
+        return served
     }
 
     private func nextPollTimeout() -> Int {

@@ -36,6 +36,9 @@ extension SocketOption where Value == Int32 {
     public static var sendTimeout: Self { .init(ZMQ_SNDTIMEO, "ZMQ_SNDTIMEO") }
     /// Readiness bits (`ZMQ_EVENTS`); read through ``ZMQSocket/events()``.
     static var events: Self { .init(ZMQ_EVENTS, "ZMQ_EVENTS") }
+    /// A descriptor that becomes readable when libzmq has news for the socket, which its
+    /// events then tell (`ZMQ_FD`; ``SocketLoop`` waits on it).
+    static var fileDescriptor: Self { .init(ZMQ_FD, "ZMQ_FD") }
     /// The security mechanism in use: 0 null, 1 plain, 2 curve, 3 gssapi.
     public static var mechanism: Self { .init(ZMQ_MECHANISM, "ZMQ_MECHANISM") }
 }

@@ -9,7 +9,6 @@ internal import Glibc
 public final class SocketRegistration {
     public let socket: ZMQSocket
     unowned let loop: SocketLoop
-    let handle: UnsafeMutableRawPointer?
     /// Let go of when the socket closes, with the other handlers: they often hold the
     /// registration's owner, which holds the registration.
     private var onMessage: ((Message) -> Void)?
@@ -39,16 +38,38 @@ public final class SocketRegistration {
     init(loop: SocketLoop, socket: ZMQSocket, onMessage: @escaping (Message) -> Void) {
         self.loop = loop
         self.socket = socket
-        self.handle = try? socket.raw("register")
+        self.descriptor = (try? socket.get(.fileDescriptor)) ?? -1
         self.onMessage = onMessage
     }
 
-    /// The `zmq_poll` events the loop should watch for.
-    var interest: Int16 {
-        var events: Int16 = 0
-        if isReading { events |= Int16(ZMQ_POLLIN) }
-        if !backlog.isEmpty { events |= Int16(ZMQ_POLLOUT) }
-        return events
+    /// The socket's `ZMQ_FD`, which the loop waits on: readable when libzmq has news for the
+    /// socket (a message where there was none, room to send again), not necessarily a message.
+    let descriptor: Int32
+    /// The socket's operation count when the loop last read its events; nil until it has.
+    private var eventsReadAt: UInt?
+
+    /// Whether the socket was used since its events were read (or was told to be read again):
+    /// its descriptor may then not signal what is waiting, as libzmq documents for `ZMQ_FD`.
+    var needsEventsRead: Bool { eventsReadAt != socket.operations }
+
+    /// Reads the socket's events (`ZMQ_EVENTS`, which also takes in libzmq's news) and serves
+    /// them: reads what is waiting, sends what waits in the backlog once there is room.
+    /// Returns whether it read or sent anything.
+    @discardableResult
+    func serveEvents() -> Bool {
+        guard !isClosed else { return false }
+        let events = (try? socket.events()) ?? []
+        eventsReadAt = socket.operations
+        var served = false
+        if events.contains(.writable), !backlog.isEmpty {
+            flushBacklog()
+            served = true
+        }
+        if events.contains(.readable), isReading, !isClosed {
+            drain()
+            served = true
+        }
+        return served
     }
 
     public var backlogCount: Int { backlog.count }
@@ -122,8 +143,12 @@ public final class SocketRegistration {
     /// Stops reading this socket; libzmq queues up to its high-water mark, then pushes back.
     public func pauseReading() { isReading = false }
 
-    /// Reads this socket again.
-    public func resumeReading() { isReading = true }
+    /// Reads this socket again, including what arrived while it was paused (whose arrival
+    /// the descriptor signalled then).
+    public func resumeReading() {
+        isReading = true
+        eventsReadAt = nil
+    }
 
     /// Calls `handler` once when the socket is closed, with the reason.
     public func onClose(_ handler: @escaping (ZMQError) -> Void) {
