@@ -58,7 +58,15 @@ public final class SocketRegistration {
     @discardableResult
     func serveEvents() -> Bool {
         guard !isClosed else { return false }
-        let events = (try? socket.events()) ?? []
+        let events: PollEvents
+        do {
+            events = try socket.events()
+        } catch {
+            // The context was shut down (ETERM) or the socket closed under the loop: as a
+            // receive that fails, the registration closes, so the context's end is not held up.
+            close(reason: error)
+            return false
+        }
         eventsReadAt = socket.operations
         var served = false
         if events.contains(.writable), !backlog.isEmpty {
