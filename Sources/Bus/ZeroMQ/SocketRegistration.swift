@@ -61,11 +61,15 @@ public final class SocketRegistration {
         let events: PollEvents
         do {
             events = try socket.events()
-        } catch {
-            // The context was shut down (ETERM) or the socket closed under the loop: as a
-            // receive that fails, the registration closes, so the context's end is not held up.
+        } catch where error.isTerminated || error.code == ENOTSOCK {
+            // The context was shut down or the socket closed under the loop: as a receive
+            // that fails, the registration closes, so the context's end is not held up.
             close(reason: error)
             return false
+        } catch {
+            // Interrupted by a signal (EINTR): read again on the next turn, without sleeping.
+            eventsReadAt = nil
+            return true
         }
         eventsReadAt = socket.operations
         var served = false
