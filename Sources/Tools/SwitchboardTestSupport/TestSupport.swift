@@ -284,6 +284,12 @@ public final class ChildProcess: @unchecked Sendable {
     /// Sends `signal` to the process.
     public func signal(_ signal: Int32) { kill(pid, signal) }
 
+    /// Writes `text` to the process's standard input (its lifeline), for a child that reads
+    /// commands there, such as `psql`.
+    public func send(_ text: String) {
+        lifeline.fileHandleForWriting.write(Data(text.utf8))
+    }
+
     /// Ends the process: SIGTERM, then SIGKILL after `grace` seconds; waits for it.
     public func stop(grace: Double = 5) {
         // Foundation's Process keeps its pipes open until someone waits for it, even once it
