@@ -162,27 +162,29 @@ extension MDP {
     /// A reply to a client of either version: 0.1's REPLY (always final), or 0.2's FINAL or
     /// PARTIAL `[client, "MDPC02", 0x03 or 0x02, service, body…]`.
     public static func reply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>, version: Version, final: Bool = true) -> Message {
+        var frames: [Frame] = []
+        frames.reserveCapacity(4 + body.count)
+        appendReply(to: client, serviceFrame: serviceFrame, body: body, version: version, final: final, into: &frames)
+        return Message(frames)
+    }
+
+    /// The same reply's frames, appended to `frames`: a broker that writes the messages of a
+    /// batch one after another into one array allocates nothing per message.
+    public static func appendReply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>, version: Version, final: Bool = true,
+                                   into frames: inout [Frame]) {
+        frames.append(client)
         switch version {
         case .v01:
             precondition(final, "7/MDP has no partial replies")
-            return message((client, empty, clientHeaderFrame, serviceFrame), body)
+            frames.append(empty)
+            frames.append(clientHeaderFrame)
         case .v02:
             let command = final ? ClientCommand02.final : ClientCommand02.partial
-            return message((client, clientHeader02Frame, commandFrames[Int(command.rawValue)], serviceFrame), body)
+            frames.append(clientHeader02Frame)
+            frames.append(commandFrames[Int(command.rawValue)])
         }
-    }
-
-    /// `head`'s frames, then `body`'s, in one array sized once (appending a body to an array
-    /// literal would allocate twice); `head` is a tuple's worth of frames, not an array.
-    private static func message(_ head: (Frame, Frame, Frame, Frame), _ body: ArraySlice<Frame>) -> Message {
-        var frames: [Frame] = []
-        frames.reserveCapacity(4 + body.count)
-        frames.append(head.0)
-        frames.append(head.1)
-        frames.append(head.2)
-        frames.append(head.3)
+        frames.append(serviceFrame)
         frames.append(contentsOf: body)
-        return Message(frames)
     }
 
     /// A worker command, for the worker's DEALER socket.
@@ -219,14 +221,26 @@ extension MDP {
         workerMessage(to: worker, .request, version, client, empty, body: body)
     }
 
-    /// A worker-protocol message in one array sized once: the routing id (on the broker's
-    /// side), the version's head (0.1: `""`, `MDPW01`; 0.2: `MDPW02`), the command's code in
-    /// that version, up to two frames after it, then `body`.
+    /// The same REQUEST's frames, appended to `frames` (as ``appendReply(to:serviceFrame:body:version:final:into:)``).
+    public static func appendRequest(to worker: Frame, client: Frame, body: ArraySlice<Frame>, version: Version = .v01, into frames: inout [Frame]) {
+        appendWorkerMessage(to: worker, .request, version, client, empty, body: body, into: &frames)
+    }
+
+    /// A worker-protocol message in one array sized once (see ``appendWorkerMessage``).
     private static func workerMessage(to worker: Frame?, _ verb: WorkerVerb, _ version: Version, _ first: Frame? = nil,
                                       _ second: Frame? = nil, body: ArraySlice<Frame> = []) -> Message {
-        guard let code = verb.code(in: version) else { preconditionFailure("\(version) has no \(verb)") }
         var frames: [Frame] = []
         frames.reserveCapacity(6 + body.count)
+        appendWorkerMessage(to: worker, verb, version, first, second, body: body, into: &frames)
+        return Message(frames)
+    }
+
+    /// A worker-protocol message's frames: the routing id (on the broker's side), the
+    /// version's head (0.1: `""`, `MDPW01`; 0.2: `MDPW02`), the command's code in that
+    /// version, up to two frames after it, then `body`.
+    private static func appendWorkerMessage(to worker: Frame?, _ verb: WorkerVerb, _ version: Version, _ first: Frame?,
+                                            _ second: Frame?, body: ArraySlice<Frame>, into frames: inout [Frame]) {
+        guard let code = verb.code(in: version) else { preconditionFailure("\(version) has no \(verb)") }
         if let worker { frames.append(worker) }
         if version == .v01 { frames.append(empty) }
         frames.append(version == .v01 ? workerHeaderFrame : workerHeader02Frame)
@@ -234,7 +248,6 @@ extension MDP {
         if let first { frames.append(first) }
         if let second { frames.append(second) }
         frames.append(contentsOf: body)
-        return Message(frames)
     }
 
     // MARK: Decoders
@@ -246,16 +259,16 @@ extension MDP {
         let sender = frames[0]
         if frames[1].isEmpty {
             let header = frames[2]
-            if header.equals(clientHeader) {
+            if header == clientHeaderFrame {
                 guard frames.count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(frames.count - 1) frames, expected at least 4") }
                 let service = try serviceName(frames[3], "client REQUEST")
                 return .request(client: sender, service: service, body: frames[4...])
             }
-            guard header.equals(workerHeader) else { throw ProtocolError("MDP", "unknown protocol header \(header)") }
+            guard header == workerHeaderFrame else { throw ProtocolError("MDP", "unknown protocol header \(header)") }
             guard frames.count >= 4 else { throw ProtocolError("MDP", "worker message has no command frame") }
             return .worker(sender, try workerCommand(frames, at: 3, .v01))
         }
-        if frames[1].equals(clientHeader02) {
+        if frames[1] == clientHeader02Frame {
             guard frames[2].count == 1, frames[2].withUnsafeBytes({ $0[0] }) == ClientCommand02.request.rawValue else {
                 throw ProtocolError("MDP", "a client may only send REQUEST (0x01), got \(frames[2])")
             }
@@ -263,7 +276,7 @@ extension MDP {
             let service = try serviceName(frames[3], "client REQUEST")
             return .request(client: sender, service: service, body: frames[4...], version: .v02)
         }
-        guard frames[1].equals(workerHeader02) else {
+        guard frames[1] == workerHeader02Frame else {
             throw ProtocolError("MDP", "frame 1 must be empty (7/MDP) or MDPC02 or MDPW02 (18/MDP), got \(frames[1])")
         }
         return .worker(sender, try workerCommand(frames, at: 2, .v02), version: .v02)
@@ -345,12 +358,12 @@ extension MDP {
         let frames = message.frames
         guard frames.count >= 2 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 2") }
         let index: Int, version: Version
-        if frames[0].equals(workerHeader02) {
+        if frames[0] == workerHeader02Frame {
             (index, version) = (1, .v02)
         } else {
             guard frames.count >= 3 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 3") }
             guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
-            guard frames[1].equals(workerHeader) else { throw ProtocolError("MDP", "expected header MDPW01, got \(frames[1])") }
+            guard frames[1] == workerHeaderFrame else { throw ProtocolError("MDP", "expected header MDPW01, got \(frames[1])") }
             (index, version) = (2, .v01)
         }
         let after = frames.count - index - 1
@@ -375,7 +388,7 @@ extension MDP {
     /// PARTIAL or FINAL.
     public static func decodeAtClient(_ message: Message) throws(ProtocolError) -> ClientReply {
         let frames = message.frames
-        if frames.first?.equals(clientHeader02) == true {
+        if frames.first == clientHeader02Frame {
             guard frames.count >= 4 else { throw ProtocolError("MDP", "client PARTIAL or FINAL has \(frames.count) frames, expected at least 4") }
             let command = frames[1].count == 1 ? frames[1].withUnsafeBytes { ClientCommand02(rawValue: $0[0]) } : nil
             guard let command, command != .request else { throw ProtocolError("MDP", "expected PARTIAL (0x02) or FINAL (0x03), got \(frames[1])") }
@@ -383,7 +396,7 @@ extension MDP {
         }
         guard frames.count >= 4 else { throw ProtocolError("MDP", "client REPLY has \(frames.count) frames, expected at least 4") }
         guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
-        guard frames[1].equals(clientHeader) else { throw ProtocolError("MDP", "expected header MDPC01, got \(frames[1])") }
+        guard frames[1] == clientHeaderFrame else { throw ProtocolError("MDP", "expected header MDPC01, got \(frames[1])") }
         // The service frame echoes the request's, whatever it held: a broker answers a
         // request for an unusable name too.
         return ClientReply(service: String(decoding: frames[2].bytes, as: UTF8.self), body: Array(frames[3...]))

@@ -20,7 +20,9 @@ open class FrameBuffer: @unchecked Sendable {
 }
 
 /// A copy of some bytes, on the heap.
+@usableFromInline
 final class HeapFrameBuffer: FrameBuffer, @unchecked Sendable {
+    @usableFromInline
     init(copying source: UnsafeRawBufferPointer) {
         let memory = UnsafeMutableRawBufferPointer.allocate(byteCount: source.count, alignment: 16)
         if source.count > 0 { memory.copyMemory(from: source) }
@@ -40,10 +42,11 @@ final class HeapFrameBuffer: FrameBuffer, @unchecked Sendable {
 /// the kernel's hot path went through the unspecialized version (docs/BENCHMARKS.md, issue 33).
 @usableFromInline
 struct InlineBytes: Sendable {
-    static let capacity = 32
+    @usableFromInline static let capacity = 32
     @usableFromInline var count: UInt8
     @usableFromInline var bytes: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
 
+    @inlinable
     init(_ buffer: UnsafeRawBufferPointer) {
         count = UInt8(buffer.count)
         if let base = buffer.baseAddress, buffer.count > 0 {
@@ -74,9 +77,13 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 
     /// A frame of the bytes `buffer` holds (which should be more than 32; smaller frames
     /// are kept inline).
-    package init(buffer: FrameBuffer) { storage = .shared(buffer) }
+    package init(buffer: FrameBuffer) {
+        assert(buffer.bytes.count > InlineBytes.capacity, "a frame of up to 32 bytes is held inline")
+        storage = .shared(buffer)
+    }
 
     /// The buffer the bytes are kept in; nil for a frame held inline.
+    @inlinable
     package var buffer: FrameBuffer? {
         if case .shared(let buffer) = storage { buffer } else { nil }
     }
@@ -110,7 +117,9 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
     /// libzmq reads up to 8 KiB at a time (`ZMQ_IN_BATCH_SIZE`), and messages that fit share it.
     public static let keepLimit = 8_192
 
-    /// A frame holding a copy of the bytes `buffer` points at.
+    /// A frame holding a copy of the bytes `buffer` points at (inlinable: every received
+    /// frame of up to 33 bytes is made by it).
+    @inlinable
     public init(copying buffer: UnsafeRawBufferPointer) {
         if buffer.count <= InlineBytes.capacity {
             storage = .inline(InlineBytes(buffer))
@@ -191,10 +200,22 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
         withUnsafeBytes { lhs in other.withUnsafeBytes { rhs in lhs.lexicographicallyPrecedes(rhs) } }
     }
 
+    /// Inlinable, and two small frames compare without a call: protocol headers and routing
+    /// ids are compared on every message. A frame of up to 32 bytes is always held inline
+    /// (zeros after its bytes) and a longer one never is, so frames held differently differ.
+    @inlinable
     public static func == (lhs: Frame, rhs: Frame) -> Bool {
-        rhs.withUnsafeBytes { lhs.equals($0) }
+        switch (lhs.storage, rhs.storage) {
+        case (.inline(let left), .inline(let right)):
+            left.count == right.count && left.bytes == right.bytes
+        case (.shared(let left), .shared(let right)):
+            left === right || rhs.withUnsafeBytes { lhs.equals($0) }
+        default:
+            false
+        }
     }
 
+    @inlinable
     public func hash(into hasher: inout Hasher) {
         withUnsafeBytes { hasher.combine(bytes: $0) }
     }

@@ -92,9 +92,9 @@ final class Broker {
         let speaksExtension: Bool
         /// The Majordomo its READY was in; every command it sends must be in the same.
         let version: MDP.Version
-        var expiry: UInt64
+        @exclusivity(unchecked) var expiry: UInt64
         /// Requests sent to it and not yet answered, by the tag its replies echo.
-        var inFlight = InFlight()
+        @exclusivity(unchecked) var inFlight = InFlight()
         /// The error count its last HEARTBEAT reported (the extension).
         var reportedErrors = 0
         /// Takes no new requests: it finishes those in flight, then leaves (a drain).
@@ -122,10 +122,10 @@ final class Broker {
         let name: String
         /// The name as the frame every reply for the service carries, made once.
         let nameFrame: Frame
-        var requests = FairQueue()
+        @exclusivity(unchecked) var requests = FairQueue()
         /// Workers with room for a request, least recently used first; a worker with a
         /// window is in it once per free place.
-        var idle: Deque<Worker> = []
+        @exclusivity(unchecked) var idle: Deque<Worker> = []
         /// Its workers that take requests (a draining one no longer counts).
         var workers = 0
         /// Places of all its workers (the sum of their windows): no client may hold more
@@ -133,7 +133,7 @@ final class Broker {
         var places = 0
         /// Whether a worker ever offered it; a name nobody serves is forgotten once idle.
         var everServed = false
-        var stats = ServiceStats()
+        @exclusivity(unchecked) var stats = ServiceStats()
         init(name: String) {
             self.name = name
             nameFrame = Frame(name)
@@ -180,18 +180,32 @@ final class Broker {
     var recordsSpans = false
 
     /// Its limits may change while it serves (``KernelParts/reconfigure(_:)``).
-    var configuration: KernelConfiguration
+    var configuration: KernelConfiguration {
+        didSet { timeouts = Timeouts(configuration) }
+    }
+    /// The configuration's durations in nanoseconds, worked out once rather than for every
+    /// message (a `Duration`'s arithmetic is 128-bit: 2% of the kernel's time per request).
+    private(set) var timeouts: Timeouts
+
+    struct Timeouts {
+        let queue: UInt64
+        let workerExpiry: UInt64
+        init(_ configuration: KernelConfiguration) {
+            queue = configuration.queueTimeout.nanoseconds
+            workerExpiry = configuration.workerExpiry.nanoseconds
+        }
+    }
     let logger: Logger
     /// Who is served now (one of a pair serves only while active).
     let admission: Admission
     /// Messages for the ROUTER socket, and events for the kernel: taken after each call.
     let outbox = Outbox()
-    private(set) var events: [Event] = []
+    @exclusivity(unchecked) private(set) var events: [Event] = []
 
-    private(set) var workers: [Frame: Worker] = [:]
-    private(set) var services: [String: Service] = [:]
+    @exclusivity(unchecked) private(set) var workers: [Frame: Worker] = [:]
+    @exclusivity(unchecked) private(set) var services: [String: Service] = [:]
     private(set) var protocolErrors = 0
-    private(set) var totalRequests = 0
+    @exclusivity(unchecked) private(set) var totalRequests = 0
     /// Replies dropped because their client does not read (its backlog is full).
     private(set) var droppedReplies = 0
     /// Requests answered in parts that have had a part and no FINAL yet, by client: where a
@@ -202,7 +216,7 @@ final class Broker {
     /// Streams that ended early (worker died, client overrun or gone, too large to gather).
     private(set) var brokenStreams = 0
     /// Bytes of request bodies waiting in all queues.
-    private(set) var queuedBytes = 0
+    @exclusivity(unchecked) private(set) var queuedBytes = 0
     /// Requests to every worker of a service still gathering answers.
     private(set) var gathers: [Gather] = []
     private(set) var refusedRegistrations = 0
@@ -213,6 +227,7 @@ final class Broker {
 
     init(configuration: KernelConfiguration, logger: Logger, admission: Admission = Admission(pair: nil)) {
         self.configuration = configuration
+        timeouts = Timeouts(configuration)
         self.logger = logger
         self.admission = admission
     }
@@ -297,15 +312,16 @@ final class Broker {
             scatter(caller, to: String(name.dropFirst(Self.everyWorker.count)), body: body, now: now)
             return
         }
-        guard services[name] != nil || services.count < configuration.maxServices else {
+        // One lookup by name per request: a name not known yet is recorded only while the
+        // registry has room.
+        guard let service = services[name] ?? (services.count < configuration.maxServices ? serviceNamed(name) : nil) else {
             reply(to: caller, service: name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
             return
         }
-        let service = serviceNamed(name)
         service.stats.requests += 1
         let request = Request(client: client, version: caller.version, owner: service.requests.client(peer.map { Frame($0) } ?? client),
-                              body: body, deadline: now + configuration.queueTimeout.nanoseconds, received: now)
+                              body: body, deadline: now + timeouts.queue, received: now)
         let size = request.size
         guard service.requests.count < configuration.maxQueuedPerService,
               queuedBytes + size <= configuration.maxQueuedBytes || service.requests.isEmpty && !service.idle.isEmpty else {
@@ -327,7 +343,7 @@ final class Broker {
             self.disconnect(identity, version: version, reason: "a command in \(version) after a READY in \(known.version)", now: now)
             return
         }
-        known?.expiry = now + configuration.workerExpiry.nanoseconds
+        known?.expiry = now + timeouts.workerExpiry
         func disconnect(_ reason: String) { self.disconnect(identity, version: version, reason: reason, now: now) }
         switch command {
         case .ready(let name, let window):
@@ -348,7 +364,7 @@ final class Broker {
             }
             let service = serviceNamed(name)
             let worker = Worker(identity: identity, service: service, window: window ?? 1, speaksExtension: window != nil,
-                                version: version, expiry: now + configuration.workerExpiry.nanoseconds)
+                                version: version, expiry: now + timeouts.workerExpiry)
             workers[identity] = worker
             service.everServed = true
             service.workers += 1
@@ -386,7 +402,7 @@ final class Broker {
             service.stats.replies += 1
             service.stats.latency.record(nanoseconds: now &- request.received)
             if request.parts == 0 {
-                send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version))
+                outbox.write { MDP.appendReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version, into: &$0) }
             } else {
                 endStream(request, service: service, final: body)
             }
@@ -429,7 +445,7 @@ final class Broker {
 
     private func send(_ request: Request, to worker: Worker) {
         let client = worker.sent(request)
-        send(MDP.request(to: worker.identity, client: client, body: request.body, version: worker.version))
+        outbox.write { MDP.appendRequest(to: worker.identity, client: client, body: request.body, version: worker.version, into: &$0) }
     }
 
     // MARK: A request to every worker
@@ -468,7 +484,7 @@ final class Broker {
         var id = JSONRPCID.null
         if body.count == 1, case .single(.request(let request)) = JSONRPC.parseRequests(body.first!.bytes) { id = request.id ?? .null }
         let names = chosen.map(\.1)
-        let gather = Gather(stream: stream, asked: asked, id: id, workers: names, deadline: now + configuration.queueTimeout.nanoseconds)
+        let gather = Gather(stream: stream, asked: asked, id: id, workers: names, deadline: now + timeouts.queue)
         gathers.append(gather)
         let notice: JSONValue = ["expected": .int(Int64(names.count)), "workers": .array(names.map(JSONValue.string))]
         relayPart([Frame(JSONRPC.partReply(id: id, partText: notice.jsonBytes))], of: stream, service: asked)
@@ -594,8 +610,7 @@ final class Broker {
             guard let request = service.requests.next(share: share) else { break }
             service.idle.removeFirst()
             queuedBytes -= request.size
-            let client = worker.sent(request)
-            send(MDP.request(to: worker.identity, client: client, body: request.body, version: worker.version))
+            send(request, to: worker)
         }
     }
 
@@ -699,7 +714,7 @@ final class Broker {
                       error: .handlerDied("the '\(service.name)' worker", times: request.deaths, service: service.name))
             } else if retriable {
                 service.stats.redispatched += 1
-                request.deadline = now + configuration.queueTimeout.nanoseconds
+                request.deadline = now + timeouts.queue
                 service.requests.prepend(request)
                 queuedBytes += request.size
             } else {

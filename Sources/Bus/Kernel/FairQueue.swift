@@ -14,10 +14,10 @@ struct FairQueue {
     /// answering it reach the client with no lookup by key (docs/BENCHMARKS.md, issue 33).
     final class Client {
         let id: Frame
-        fileprivate var waiting: Deque<Broker.Request> = []
-        fileprivate(set) var held = 0
-        fileprivate var inTurn = false
-        fileprivate var isKnown = false
+        @exclusivity(unchecked) fileprivate var waiting: Deque<Broker.Request> = []
+        @exclusivity(unchecked) fileprivate(set) var held = 0
+        @exclusivity(unchecked) fileprivate var inTurn = false
+        @exclusivity(unchecked) fileprivate var isKnown = false
         init(id: Frame) { self.id = id }
     }
 

@@ -8,26 +8,44 @@ import ZeroMQ
 /// ``KernelParts`` writes it to the socket after each call into them, so a test drives a
 /// part with a clock of its own and reads what it sent, with no sockets at all.
 final class Outbox {
-    private(set) var messages: [Message] = []
+    /// Every message's frames, one message after another, in one array kept from flush to
+    /// flush: a message written here costs no array of its own (docs/BENCHMARKS.md, issue 33).
+    /// Loop-confined, so its accesses need no exclusivity checks.
+    @exclusivity(unchecked) private var frames: [Frame] = []
+    /// Where each message ends in `frames`.
+    @exclusivity(unchecked) private var ends: [Int] = []
 
-    func send(_ message: Message) { messages.append(message) }
+    func send(_ message: Message) {
+        frames.append(contentsOf: message.frames)
+        ends.append(frames.count)
+    }
 
-    var isEmpty: Bool { messages.isEmpty }
+    /// Writes one message: `encode` appends its frames.
+    func write(_ encode: (inout [Frame]) -> Void) {
+        encode(&frames)
+        ends.append(frames.count)
+    }
 
-    /// Hands every message to `deliver` in order, including those sent while delivering (a
-    /// failed send can make the broker re-dispatch), and empties the box.
-    func drain(_ deliver: (Message) -> Void) {
-        var index = 0
-        while index < messages.count {
-            deliver(messages[index])
+    var isEmpty: Bool { ends.isEmpty }
+
+    /// Hands every message's frames to `deliver` in order, including those sent while
+    /// delivering (a failed send can make the broker re-dispatch), and empties the box.
+    func drain(_ deliver: (ArraySlice<Frame>) -> Void) {
+        var index = 0, start = 0
+        while index < ends.count {
+            let end = ends[index]
+            deliver(frames[start..<end])
+            start = end
             index += 1
         }
-        messages.removeAll(keepingCapacity: true)
+        frames.removeAll(keepingCapacity: true)
+        ends.removeAll(keepingCapacity: true)
     }
 
     /// Takes the messages (tests).
     func take() -> [Message] {
-        defer { messages.removeAll(keepingCapacity: true) }
+        var messages: [Message] = []
+        drain { messages.append(Message(Array($0))) }
         return messages
     }
 }
@@ -234,12 +252,12 @@ final class KernelParts {
         repeat {
             for event in broker.takeEvents() { handle(event) }
             if let pair { for event in pair.takeEvents() { handle(event) } }
-            broker.outbox.drain { registrations.router.send($0) }
-            state.snapshots.drain { registrations.snapshot.send($0) }
-            state.publisher.drain { registrations.publisher.send($0) }
-            zap?.outbox.drain { registrations.zap?.send($0) }
-            pair?.outbox.drain { registrations.pairSender?.send($0) }
-            pair?.probes.drain { registrations.peerBroker?.send($0) }
+            broker.outbox.drain { registrations.router.send(frames: $0) }
+            state.snapshots.drain { registrations.snapshot.send(frames: $0) }
+            state.publisher.drain { registrations.publisher.send(frames: $0) }
+            zap?.outbox.drain { registrations.zap?.send(frames: $0) }
+            pair?.outbox.drain { registrations.pairSender?.send(frames: $0) }
+            pair?.probes.drain { registrations.peerBroker?.send(frames: $0) }
         } while !broker.events.isEmpty || !(pair?.events.isEmpty ?? true) || !broker.outbox.isEmpty
     }
 

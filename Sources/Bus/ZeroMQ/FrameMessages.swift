@@ -10,7 +10,7 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
     // `zmq_msg_copy` writes the source's share flag and count the first time, so copies are
     // taken under `copyLock`.
     /// The message, held in the object itself: one allocation per received frame, not two.
-    private var message = zmq_msg_t()
+    @exclusivity(unchecked) private var message = zmq_msg_t()
     private let copyLock = Mutex<Void>(())
 
     /// libzmq keeps up to this many bytes inside a `zmq_msg_t` itself; a larger message's

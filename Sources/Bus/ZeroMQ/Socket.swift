@@ -109,10 +109,15 @@ public final class ZMQSocket {
     /// when the message cannot be queued now; no frame of it was sent in that case.
     /// Frames are handed to libzmq by reference (no byte is copied).
     public func send(_ message: Message, options: SendOptions = []) throws(ZMQError) {
+        try send(frames: message.frames[...], options: options)
+    }
+
+    /// Sends `frames` as one multipart message: a message's frames among others' in one array.
+    public func send(frames: ArraySlice<Frame>, options: SendOptions = []) throws(ZMQError) {
         let handle = try raw("zmq_msg_send")
-        guard !message.isEmpty else { throw ZMQError(call: "zmq_msg_send(no frames)", code: EINVAL) }
+        guard !frames.isEmpty else { throw ZMQError(call: "zmq_msg_send(no frames)", code: EINVAL) }
         // The frames are read in place, not copied out one by one (a copy retains a frame's buffer).
-        try message.frames.withUnsafeBufferPointer { frames throws(ZMQError) in
+        try frames.withUnsafeBufferPointer { frames throws(ZMQError) in
             var part = zmq_msg_t()
             let last = frames.count - 1
             for index in 0...last {
@@ -135,8 +140,13 @@ public final class ZMQSocket {
     /// Sends without blocking; returns `false` (sending nothing) when libzmq cannot take
     /// the message now (`EAGAIN`: high-water mark reached, or no peer yet).
     public func trySend(_ message: Message) throws(ZMQError) -> Bool {
+        try trySend(frames: message.frames[...])
+    }
+
+    /// The same for a message's frames among others' in one array.
+    public func trySend(frames: ArraySlice<Frame>) throws(ZMQError) -> Bool {
         do {
-            try send(message, options: .dontWait)
+            try send(frames: frames, options: .dontWait)
             return true
         } catch where error.isAgain {
             return false
@@ -159,16 +169,28 @@ public final class ZMQSocket {
         try receive(flags: ZMQ_DONTWAIT)
     }
 
+    /// Receives one whole message into `message` (replacing its frames, in its array when
+    /// the array is not shared) if one is waiting; false when none is (`EAGAIN`). For a reader
+    /// that lets go of most messages at once: it reads them without an array each.
+    public func tryReceive(into message: inout Message) throws(ZMQError) -> Bool {
+        try receive(into: &message, flags: ZMQ_DONTWAIT)
+    }
+
     private func receive(flags: Int32) throws(ZMQError) -> Message? {
+        var message = Message()
+        message.reserveCapacity(8)
+        return try receive(into: &message, flags: flags) ? message : nil
+    }
+
+    private func receive(into message: inout Message, flags: Int32) throws(ZMQError) -> Bool {
         let handle = try raw("zmq_msg_recv")
+        message.frames.removeAll(keepingCapacity: true)
+        message.peerUserID = nil
         var part = zmq_msg_t()
-        var frames: [Frame] = []
-        frames.reserveCapacity(8)
-        var userID: String?
         while true {
             // Only the first frame can be missing: the rest of a multipart message
             // arrives with it, so later frames are read without DONTWAIT.
-            let frameFlags = frames.isEmpty ? flags : 0
+            let frameFlags = message.frames.isEmpty ? flags : 0
             var more = false
             do throws(ZMQError) {
                 try withUnsafeMutablePointer(to: &part) { part throws(ZMQError) in
@@ -181,19 +203,15 @@ public final class ZMQSocket {
                     }
                     more = zmq_msg_more(part) == 1
                     if !more && readsPeerUserID, let value = zmq_msg_gets(part, "User-Id") {
-                        userID = String(cString: value)
+                        message.peerUserID = String(cString: value)
                     }
-                    frames.append(Frame(moving: part))
+                    message.frames.append(Frame(moving: part))
                     zmq_msg_close(part)
                 }
-            } catch where error.isAgain && frames.isEmpty && flags & ZMQ_DONTWAIT != 0 {
-                return nil
+            } catch where error.isAgain && message.frames.isEmpty && flags & ZMQ_DONTWAIT != 0 {
+                return false
             }
-            if !more {
-                var message = Message(frames)
-                message.peerUserID = userID
-                return message
-            }
+            if !more { return true }
         }
     }
 

@@ -12,7 +12,7 @@ public final class SocketRegistration {
     /// Let go of when the socket closes, with the other handlers: they often hold the
     /// registration's owner, which holds the registration.
     private var onMessage: ((Message) -> Void)?
-    private var backlog: Deque<Message> = []
+    @exclusivity(unchecked) private var backlog: Deque<Message> = []
     private var closeHandlers: [(ZMQError) -> Void] = []
     /// Whether the loop reads this socket; ``pauseReading()`` clears it.
     public private(set) var isReading = true
@@ -35,6 +35,12 @@ public final class SocketRegistration {
     /// How many messages the loop reads from one socket before serving the others.
     static let readBudget = 256
 
+    /// The message being read: read into the same array every time, unless the handler kept
+    /// the last one (then it is the handler's, and the next is read into a new array).
+    @exclusivity(unchecked) private var inbox = Message()
+    /// Frames the inbox's array keeps room for between messages; a larger one is let go.
+    static let inboxCapacity = 64
+
     init(loop: SocketLoop, socket: ZMQSocket, onMessage: @escaping (Message) -> Void) {
         self.loop = loop
         self.socket = socket
@@ -46,7 +52,7 @@ public final class SocketRegistration {
     /// socket (a message where there was none, room to send again), not necessarily a message.
     let descriptor: Int32
     /// The socket's operation count when the loop last read its events; nil until it has.
-    private var eventsReadAt: UInt?
+    @exclusivity(unchecked) private var eventsReadAt: UInt?
 
     /// Whether the socket was used since its events were read (or was told to be read again):
     /// its descriptor may then not signal what is waiting, as libzmq documents for `ZMQ_FD`.
@@ -90,20 +96,26 @@ public final class SocketRegistration {
     /// it yet. An error other than `EAGAIN` drops the message and is reported through
     /// ``onSendError`` (and thrown here when it happens at once).
     public func send(_ message: Message) {
+        send(frames: message.frames[...])
+    }
+
+    /// The same for a message's frames among others' in one array (a kernel part's outbox):
+    /// they are copied into a message of their own only when they cannot be sent at once.
+    public func send(frames: ArraySlice<Frame>) {
         guard !isClosed else { return }
         if backlog.isEmpty {
             do {
-                if try socket.trySend(message) { return }
+                if try socket.trySend(frames: frames) { return }
             } catch {
-                sendFailed(message, error)
+                sendFailed(Message(Array(frames)), error)
                 return
             }
             if dropsWhenPeerFull {
-                sendFailed(message, ZMQError(call: "zmq_msg_send(peer full)", code: EAGAIN))
+                sendFailed(Message(Array(frames)), ZMQError(call: "zmq_msg_send(peer full)", code: EAGAIN))
                 return
             }
         }
-        backlog.append(message)
+        backlog.append(Message(Array(frames)))
     }
 
     /// Sends now and throws what libzmq says, including `EAGAIN`; nothing is queued.
@@ -142,12 +154,13 @@ public final class SocketRegistration {
         defer { if budget < start, let afterReading { afterReading() } }
         while isReading && !isClosed && budget > 0 {
             do {
-                guard let message = try socket.tryReceive() else { return }
-                onMessage?(message)
+                guard try socket.tryReceive(into: &inbox) else { return }
             } catch {
                 close(reason: error)
                 return
             }
+            onMessage?(inbox)
+            inbox.frames.removeAll(keepingCapacity: inbox.frames.capacity <= Self.inboxCapacity)
             budget -= 1
         }
     }
