@@ -102,6 +102,17 @@ extension CHP {
         [Frame(entry.key), sequenceFrame(entry.sequence), Frame(entry.uuid), Frame(encodeProperties(entry.properties)), entry.value]
     }
 
+    /// A `KVPUB` of frames at hand (a KVSET's own key, UUID, properties and value, sent on
+    /// uncopied) with the server's `sequence`, appended to `frames`: a server that writes its
+    /// updates one after another into one array allocates nothing per update.
+    public static func appendKVPub(key: Frame, sequence: UInt64, uuid: Frame, properties: Frame, value: Frame, into frames: inout [Frame]) {
+        frames.append(key)
+        frames.append(sequenceFrame(sequence))
+        frames.append(uuid)
+        frames.append(properties)
+        frames.append(value)
+    }
+
     /// `HUGZ`, the publisher's keep-alive. `published` (a Switchboard extension, in the
     /// value frame, which plain CHP subscribers ignore): for each topic subscribed, how many
     /// updates under it were published since the topic was first subscribed.

@@ -56,6 +56,27 @@ enum JSONText {
         case scalar
     }
 
+    /// Whether `bytes` are one JSON value, checked as strictly as ``parse``, building
+    /// nothing: bytes that cannot begin a value are told at once, without an error's message.
+    static func isValid(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) -> Bool {
+        var parser = Parser(bytes: bytes, maxDepth: maxDepth)
+        parser.skipWhitespace()
+        switch parser.current ?? 0 {
+        case UInt8(ascii: "{"), UInt8(ascii: "["), UInt8(ascii: "\""), UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+             UInt8(ascii: "t"), UInt8(ascii: "f"), UInt8(ascii: "n"):
+            break
+        default:
+            return false
+        }
+        do throws(SyntaxError) {
+            try parser.skipValue(depth: 0)
+        } catch {
+            return false
+        }
+        parser.skipWhitespace()
+        return parser.position == bytes.count
+    }
+
     /// Outlines the one JSON value in `bytes`, checking all of it as strictly as ``parse``.
     static func outline(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) throws(SyntaxError) -> Outline {
         var parser = Parser(bytes: bytes, maxDepth: maxDepth)

@@ -35,14 +35,20 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         }
     }
 
-    /// Parses JSON text strictly (see ``JSONText``); nesting deeper than `maxDepth` is an error.
     /// Whether `bytes` are one JSON value (nested at most `maxDepth` deep), checked as
     /// strictly as parsing does but without building anything.
     public static func isValidText(_ bytes: some Collection<UInt8>, maxDepth: Int = 512) -> Bool {
-        let check = { (buffer: UnsafeBufferPointer<UInt8>) -> Bool in (try? JSONText.outline(buffer, maxDepth: maxDepth)) != nil }
+        let check = { (buffer: UnsafeBufferPointer<UInt8>) -> Bool in JSONText.isValid(buffer, maxDepth: maxDepth) }
         return bytes.withContiguousStorageIfAvailable(check) ?? Array(bytes).withUnsafeBufferPointer(check)
     }
 
+    /// The same for bytes in memory, such as a frame's (not generic: from another module the
+    /// generic one is called unspecialized, and copied the bytes into an array).
+    public static func isValidText(_ bytes: UnsafeRawBufferPointer, maxDepth: Int = 512) -> Bool {
+        JSONText.isValid(bytes.assumingMemoryBound(to: UInt8.self), maxDepth: maxDepth)
+    }
+
+    /// Parses JSON text strictly (see ``JSONText``); nesting deeper than `maxDepth` is an error.
     @inlinable  // specialized where called: a generic call per reply looked up metadata
     public init(parsing bytes: some Collection<UInt8>, maxDepth: Int = 512) throws {
         if let value = try bytes.withContiguousStorageIfAvailable({ buffer throws in try Self.parse(buffer, maxDepth: maxDepth) }) {

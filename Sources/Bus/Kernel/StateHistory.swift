@@ -31,29 +31,21 @@ struct StateHistory {
     private(set) var bytes = 0
     /// Every change after this sequence is held.
     private(set) var start: UInt64
-    /// The sequences of each key's revisions still in the log, oldest first, at most `perKey`.
-    private var revisionsByKey: [Frame: Deque<UInt64>] = [:]
 
     init(start: UInt64, limits: Limits) {
         self.start = start
         self.limits = limits
     }
 
-    /// Keys with revisions held.
-    var keys: Int { revisionsByKey.count }
+    /// Keys with revisions held (counted when asked: `kernel stats`).
+    var keys: Int { limits.perKey > 0 ? Set(changes.lazy.map(\.key)).count : 0 }
 
+    /// Recording costs no lookup by key: a key's revisions are found by reading the log
+    /// backwards when asked (`state.history`, a compare-and-set's retry), which is rare
+    /// beside the updates that record them (docs/BENCHMARKS.md, issue 33).
     mutating func record(_ change: Change) {
         changes.append(change)
         bytes += change.size
-        if limits.perKey > 0 {
-            let index = revisionsByKey.index(forKey: change.key)
-            if let index {
-                revisionsByKey.values[index].append(change.sequence)
-                if revisionsByKey.values[index].count > limits.perKey { revisionsByKey.values[index].removeFirst() }
-            } else {
-                revisionsByKey[change.key] = [change.sequence]
-            }
-        }
         trim()
     }
 
@@ -62,11 +54,6 @@ struct StateHistory {
         while changes.count > limits.changes || bytes > limits.bytes, let oldest = changes.popFirst() {
             start = oldest.sequence
             bytes -= oldest.size
-            // The key's oldest revision held is this one, unless the per-key bound dropped it already.
-            if let index = revisionsByKey.index(forKey: oldest.key), revisionsByKey.values[index].first == oldest.sequence {
-                revisionsByKey.values[index].removeFirst()
-                if revisionsByKey.values[index].isEmpty { revisionsByKey.remove(at: index) }
-            }
         }
     }
 
@@ -74,7 +61,6 @@ struct StateHistory {
     /// was installed).
     mutating func restart(after sequence: UInt64) {
         changes = []
-        revisionsByKey = [:]
         bytes = 0
         start = sequence
     }
@@ -86,13 +72,14 @@ struct StateHistory {
         return changes[position(after: since)...]
     }
 
-    /// The revisions of `key` held, oldest first.
+    /// The revisions of `key` held, oldest first: its latest `limits.perKey` changes in the log.
     func revisions(of key: Frame) -> [Change] {
-        guard let sequences = revisionsByKey[key] else { return [] }
-        return sequences.compactMap { sequence in
-            let index = position(after: sequence - 1)
-            return index < changes.endIndex && changes[index].sequence == sequence ? changes[index] : nil
+        var found: [Change] = []
+        for change in changes.reversed() where change.key == key {
+            guard found.count < limits.perKey else { break }
+            found.append(change)
         }
+        return found.reversed()
     }
 
     /// The index of the first change with a sequence after `sequence`.

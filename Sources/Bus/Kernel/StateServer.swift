@@ -48,8 +48,8 @@ final class StateServer: PairReplica {
     let publisher = Outbox()
 
     /// Keyed by the key's bytes, as the KVSET carried them: no string is built per update.
-    private(set) var entries: [Frame: Entry] = [:]
-    private(set) var sequence: UInt64
+    @exclusivity(unchecked) private(set) var entries: [Frame: Entry] = [:]
+    @exclusivity(unchecked) private(set) var sequence: UInt64
     /// Malformed KVSETs.
     private(set) var rejectedWrites = 0
     /// Snapshot requests answered with the changes since the sequence they gave, and those
@@ -62,17 +62,17 @@ final class StateServer: PairReplica {
     private(set) var refusedConflict = 0
     private(set) var refusedOverLimit = 0
     /// Bytes of keys and values held.
-    private(set) var totalBytes = 0
+    @exclusivity(unchecked) private(set) var totalBytes = 0
     /// The recent changes: resumes from a sequence, and `state.history`.
-    private(set) var history: StateHistory
-    private var usage: [String: Usage] = [:]
+    @exclusivity(unchecked) private(set) var history: StateHistory
+    @exclusivity(unchecked) private var usage: [String: Usage] = [:]
     private let access: StateAccess
     private var lastHugz: UInt64 = 0
     private var expiring = 0
     /// Each topic subscribed on the publisher, with how many updates were published under
     /// it since: every HUGZ carries these counts, so a subscriber whose updates were dropped
     /// (the XPUB drops for a subscriber that falls behind) learns how many it missed.
-    private var topics: [(prefix: Frame, published: UInt64, sent: UInt64)] = []
+    @exclusivity(unchecked) private var topics: [(prefix: Frame, published: UInt64, sent: UInt64)] = []
     /// Topics beyond this many, or longer than `maxCountedTopicBytes`, are not counted:
     /// each costs a prefix comparison per update and room in every HUGZ.
     static let maxCountedTopics = 512
@@ -178,8 +178,9 @@ final class StateServer: PairReplica {
         }
         let owner = access.isClientWritable(key) ? peer.quotaOwner : nil
         guard let size else { return .allowed(quotaOwner: owner) }
-        let old = index.map { entries.values[$0] }
-        let keys = entries.count + (old == nil ? 1 : 0), bytes = totalBytes - (old?.size ?? 0) + size
+        // The held entry's size and owner only: a copy of the whole entry retains its frames.
+        let oldSize = index.map { entries.values[$0].size }, oldOwner = index.flatMap { entries.values[$0].quotaOwner }
+        let keys = entries.count + (oldSize == nil ? 1 : 0), bytes = totalBytes - (oldSize ?? 0) + size
         var refusal: String?
         if size > configuration.stateMaxValueBytes {
             refusal = "the key and value are \(size) bytes, over the limit (kernel.state_max_value_bytes) of \(configuration.stateMaxValueBytes)"
@@ -188,8 +189,8 @@ final class StateServer: PairReplica {
         } else if bytes > configuration.stateMaxBytes {
             refusal = "the state would hold \(bytes) bytes, over the limit (kernel.state_max_bytes) of \(configuration.stateMaxBytes)"
         } else if let owner {
-            let held = usage[owner] ?? Usage(), same = old?.quotaOwner == owner
-            let ownerKeys = held.keys + (same ? 0 : 1), ownerBytes = held.bytes + size - (same ? old!.size : 0)
+            let held = usage[owner] ?? Usage(), same = oldOwner == owner
+            let ownerKeys = held.keys + (same ? 0 : 1), ownerBytes = held.bytes + size - (same ? oldSize! : 0)
             if ownerKeys > configuration.clientStateMaxKeys {
                 refusal = "this client holds \(held.keys) keys under \(access.writablePrefixes.joined(separator: ", ")), the limit (kernel.client_state_max_keys)"
             } else if ownerBytes > configuration.clientStateMaxBytes {
@@ -208,13 +209,15 @@ final class StateServer: PairReplica {
                        uuid: Frame, properties: Frame, quotaOwner: String?, now: UInt64) -> UInt64 {
         sequence += 1
         store(key, at: index, value: value, isJSON: isJSON, expiresAt: ttl.map { now + $0.nanoseconds }, quotaOwner: quotaOwner, uuid: uuid)
-        let update: Message = [key, CHP.sequenceFrame(sequence), uuid, properties, value]
         if let pair {
             pair.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
                                            quotaOwner: quotaOwner, expiresIn: ttl?.nanoseconds))
-            if !pair.hold(.publish(update, key: key), until: sequence) { emit(update, key: key) }
+            var update: [Frame] = []
+            CHP.appendKVPub(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value, into: &update)
+            if !pair.hold(.publish(Message(update), key: key), until: sequence) { emit(Message(update), key: key) }
         } else {
-            emit(update, key: key)
+            publisher.write { CHP.appendKVPub(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value, into: &$0) }
+            published(key)
         }
         return sequence
     }
@@ -222,6 +225,11 @@ final class StateServer: PairReplica {
     /// Publishes an update and counts it under its topics (for the next HUGZ).
     func emit(_ update: Message, key: Frame) {
         publisher.send(update)
+        published(key)
+    }
+
+    /// Counts an update of `key` published under each topic it falls under.
+    private func published(_ key: Frame) {
         for index in topics.indices where key.hasPrefix(topics[index].prefix) { topics[index].published &+= 1 }
         countsDue = true
     }
@@ -261,7 +269,8 @@ final class StateServer: PairReplica {
         sequence = item.sequence
         store(item.key, at: entries.index(forKey: item.key), value: item.value, isJSON: Self.isJSON(item.value),
               expiresAt: item.expiresIn.map { now + $0 }, quotaOwner: item.quotaOwner, uuid: item.uuid)
-        emit([item.key, CHP.sequenceFrame(item.sequence), item.uuid, item.properties, item.value], key: item.key)
+        publisher.write { CHP.appendKVPub(key: item.key, sequence: item.sequence, uuid: item.uuid, properties: item.properties, value: item.value, into: &$0) }
+        published(item.key)
         return true
     }
 
