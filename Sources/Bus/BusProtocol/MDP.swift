@@ -221,9 +221,10 @@ extension MDP {
         workerMessage(to: worker, .request, version, client, empty, body: body)
     }
 
-    /// The same REQUEST's frames, appended to `frames` (as ``appendReply(to:serviceFrame:body:version:final:into:)``).
-    public static func appendRequest(to worker: Frame, client: Frame, body: ArraySlice<Frame>, version: Version = .v01, into frames: inout [Frame]) {
-        appendWorkerMessage(to: worker, .request, version, client, empty, body: body, into: &frames)
+    /// The same REQUEST's frames up to its body, appended to `frames` (as
+    /// ``appendReply(to:serviceFrame:body:version:final:into:)``); the body's frames follow.
+    public static func appendRequestHead(to worker: Frame, client: Frame, version: Version = .v01, into frames: inout [Frame]) {
+        appendWorkerMessage(to: worker, .request, version, client, empty, body: [], into: &frames)
     }
 
     /// A worker-protocol message in one array sized once (see ``appendWorkerMessage``).

@@ -44,8 +44,12 @@ final class Broker {
         /// Whose share of the service's places it counts against (``FairQueue``): the
         /// sender's CURVE key, or without CURVE its connection.
         let owner: FairQueue.Client
-        /// The frames after the service name, in the message they arrived in (not copied).
-        let body: ArraySlice<Frame>
+        /// The frames after the service name. Most bodies are one frame, held alone: the
+        /// message it arrived in is let go at once, and its socket reads the next message into
+        /// the same array (docs/BENCHMARKS.md, issue 33). Longer ones stay a slice of it.
+        private let onlyFrame: Frame?
+        private let frames: ArraySlice<Frame>
+        var body: ArraySlice<Frame> { onlyFrame.map { [$0][...] } ?? frames }
         /// When it times out waiting for a worker (monotonic nanoseconds).
         var deadline: UInt64
         let received: UInt64
@@ -72,10 +76,19 @@ final class Broker {
             self.client = client
             self.version = version
             self.owner = owner
-            self.body = body
+            if body.count == 1 {
+                (onlyFrame, frames) = (body.first, [])
+            } else {
+                (onlyFrame, frames) = (nil, body)
+            }
             self.deadline = deadline
             self.received = received
             size = body.reduce(0) { $0 + $1.count }
+        }
+
+        /// Appends the body's frames to a message being written.
+        func appendBody(into message: inout [Frame]) {
+            if let onlyFrame { message.append(onlyFrame) } else { message.append(contentsOf: frames) }
         }
     }
 
@@ -315,7 +328,7 @@ final class Broker {
         }
         // One lookup by name per request: a name not known yet is recorded only while the
         // registry has room.
-        guard let service = services[name] ?? (services.count < configuration.maxServices ? serviceNamed(name) : nil) else {
+        guard let service = knownService(name) ?? (services.count < configuration.maxServices ? serviceNamed(name) : nil) else {
             reply(to: caller, service: name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
             return
@@ -339,7 +352,7 @@ final class Broker {
     }
 
     private func handleWorker(_ identity: Frame, _ command: WorkerToBroker, version: MDP.Version, peer: String?, now: UInt64) {
-        let known = workers[identity]
+        let known = knownWorker(identity)
         if let known, known.version != version {
             self.disconnect(identity, version: version, reason: "a command in \(version) after a READY in \(known.version)", now: now)
             return
@@ -446,7 +459,10 @@ final class Broker {
 
     private func send(_ request: Request, to worker: Worker) {
         let client = worker.sent(request)
-        outbox.write { MDP.appendRequest(to: worker.identity, client: client, body: request.body, version: worker.version, into: &$0) }
+        outbox.write { message in
+            MDP.appendRequestHead(to: worker.identity, client: client, version: worker.version, into: &message)
+            request.appendBody(into: &message)
+        }
     }
 
     // MARK: A request to every worker
@@ -656,7 +672,10 @@ final class Broker {
     /// Drops the record of a name no worker ever offered once nothing waits for it, so
     /// requests for made-up names cannot grow the registry.
     private func forgetIfUnserved(_ service: Service) {
-        if !service.everServed, service.requests.isEmpty { services[service.name] = nil }
+        if !service.everServed, service.requests.isEmpty {
+            services[service.name] = nil
+            if lastService === service { lastService = nil }
+        }
     }
 
     // MARK: Workers leaving
@@ -666,6 +685,7 @@ final class Broker {
     /// carried never reached the worker, so that delivery does not count against it.
     private func remove(_ worker: Worker, reason: String, undelivered: Message? = nil, now: UInt64) {
         guard workers.removeValue(forKey: worker.identity) != nil else { return }
+        if lastWorker === worker { lastWorker = nil }
         let service = worker.service
         if !worker.draining {  // a draining worker was taken out of the counts already
             service.workers -= 1
@@ -857,6 +877,26 @@ final class Broker {
         send(MDP.reply(to: caller.client, serviceFrame: Self.kernelServiceFrame, body: [Frame(reply)], version: caller.version))
     }
     private static let kernelServiceFrame = Frame(KernelAPI.service)
+
+    /// The worker that sent the last worker message, and the service the last request was
+    /// for: a worker's replies and a client's requests come in runs, so most lookups end here
+    /// instead of hashing a routing id or a name (3% of the kernel's time per request).
+    @exclusivity(unchecked) private var lastWorker: Worker?
+    @exclusivity(unchecked) private var lastService: Service?
+
+    private func knownWorker(_ identity: Frame) -> Worker? {
+        if let lastWorker, lastWorker.identity == identity { return lastWorker }
+        let worker = workers[identity]
+        if let worker { lastWorker = worker }
+        return worker
+    }
+
+    private func knownService(_ name: String) -> Service? {
+        if let lastService, lastService.name == name { return lastService }
+        let service = services[name]
+        if let service { lastService = service }
+        return service
+    }
 
     private func serviceNamed(_ name: String) -> Service {
         if let service = services[name] { return service }

@@ -34,10 +34,18 @@ struct FairQueue {
 
     /// The client `id` (a new one when it has nothing waiting or held); forgotten again
     /// unless a request of it is queued.
-    func client(_ id: Frame) -> Client {
-        if let client = clients[id] { return client }
+    mutating func client(_ id: Frame) -> Client {
+        if let lastClient, lastClient.isKnown, lastClient.id == id { return lastClient }
+        if let client = clients[id] {
+            lastClient = client
+            return client
+        }
         return Client(id: id)
     }
+
+    /// The client last asked for or queued: a client's requests come in runs, so most
+    /// lookups end here instead of hashing its routing id. Valid while it is known.
+    private var lastClient: Client?
 
     /// How many places `id` holds now.
     func held(by id: Frame) -> Int { clients[id]?.held ?? 0 }
@@ -133,6 +141,7 @@ struct FairQueue {
         for client in turn { client.waiting.removeAll() }
         turn.removeAll()
         clients.removeAll()
+        lastClient = nil
         count = 0
         bytes = 0
     }
@@ -141,6 +150,7 @@ struct FairQueue {
         guard !client.isKnown else { return }
         client.isKnown = true
         clients[client.id] = client
+        lastClient = client
     }
 
     private mutating func forgetIfIdle(_ client: Client) {
