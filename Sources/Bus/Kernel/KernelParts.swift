@@ -38,9 +38,14 @@ final class Outbox {
             start = end
             index += 1
         }
-        frames.removeAll(keepingCapacity: true)
-        ends.removeAll(keepingCapacity: true)
+        // The room a burst grew it to (a large snapshot) is let go; a usual flush's is kept.
+        let keeps = frames.capacity <= Self.keptCapacity
+        frames.removeAll(keepingCapacity: keeps)
+        ends.removeAll(keepingCapacity: keeps)
     }
+
+    /// Frames of room kept from one flush to the next (40 bytes each).
+    static let keptCapacity = 16_384
 
     /// Takes the messages (tests).
     func take() -> [Message] {

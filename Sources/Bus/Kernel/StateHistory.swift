@@ -3,7 +3,8 @@ import BusProtocol
 
 /// The state's recent changes in sequence order: what a subscriber that knows where it
 /// stopped resumes from (`ICANHAZ?` with a sequence), and each key's recent revisions
-/// (`state.history`). Bounded by changes, bytes and revisions per key; the oldest go first.
+/// (`state.history`, at most `limits.perKey` of a key). Bounded by changes and bytes; the
+/// oldest go first.
 /// A deletion (or a TTL running out) is a change like any other, with an empty value.
 struct StateHistory {
     struct Change {

@@ -156,6 +156,7 @@ public final class SocketRegistration {
             do {
                 guard try socket.tryReceive(into: &inbox) else { return }
             } catch {
+                inbox = Message()
                 close(reason: error)
                 return
             }
