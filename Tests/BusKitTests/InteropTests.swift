@@ -86,6 +86,7 @@ struct InteropTests {
         let bus = try await BusClient(brokers: [kernel.endpoints.broker])
         let stats = try await bus.call(KernelAPI.stats)
         #expect(stats.brokenStreams == 1 && stats.gatheredBytes == 0, "kernel stats count the stream that broke")
+        #expect(stats.streamsInProgress == 0 && stats.gathersInProgress == 0, "and no longer count it in progress")
         await bus.close()
         await host.stop()
         await kernel.stop()

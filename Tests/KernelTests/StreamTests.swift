@@ -74,10 +74,11 @@ struct StreamTests {
             #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C", version: .v02, isFinal: false, body: [part])])
         }
         #expect(broker.workers[Frame("W")]?.inFlight.count == 1)
+        #expect(broker.streamsInProgress == 1)
         broker.handle(fromWorker("W", .reply(client: client, body: ["end", "frames"])), now: 0)
         #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C", version: .v02, isFinal: true, body: ["end", "frames"])])
         #expect(broker.workers[Frame("W")]?.inFlight.count == 0)
-        #expect(broker.brokenStreams == 0)
+        #expect(broker.brokenStreams == 0 && broker.streamsInProgress == 0)
     }
 
     @Test("a 7/MDP worker's REPLY reaches an 18/MDP client as its FINAL; an 18/MDP worker's FINAL reaches a 7/MDP client as its REPLY")
@@ -257,6 +258,7 @@ struct GatherTests {
         var sent = Sent(broker.outbox.take())
         #expect(sent.toClients == [ToClient(client: "G", version: .v02, isFinal: false, body: [kernelPart(#"{"expected":3,"workers":["A","B","C"]}"#)])])
         #expect(sent.requests.map(\.worker) == ["B", "C"])
+        #expect(broker.gathers.count == 1 && broker.streamsInProgress == 1)
         let copyB = sent.requests[0].client
 
         broker.handle(fromWorker("B", .reply(client: copyB, body: ["from B"])), now: 0)
@@ -276,7 +278,7 @@ struct GatherTests {
             ToClient(client: "G", version: .v02, isFinal: true,
                      body: [#"{"id":7,"jsonrpc":"2.0","result":{"answered":2,"expected":3,"missing":[{"reason":"died","worker":"C"}]}}"#]),
         ])
-        #expect(broker.gathers.isEmpty && broker.workers[Frame("A")]?.inFlight.count == 0)
+        #expect(broker.gathers.isEmpty && broker.streamsInProgress == 0 && broker.workers[Frame("A")]?.inFlight.count == 0)
         #expect(broker.queuedBytes == 0)
     }
 

@@ -155,6 +155,10 @@ public enum KernelAPI {
         public var brokenStreams: Int
         /// Bytes of parts held for 7/MDP clients until their FINAL.
         public var gatheredBytes: Int
+        /// Replies in parts under way now (a part relayed, no FINAL yet), and requests to every
+        /// worker of a service still gathering answers (absent from a kernel older than them).
+        public var streamsInProgress: Int?
+        public var gathersInProgress: Int?
         public var queuedBytes: Int
         public var uptimeSeconds: Double
         /// By service name.
@@ -163,10 +167,12 @@ public enum KernelAPI {
         public var state: State
         /// The kernel's pair, when it is one of two.
         public var pair: PairStatus?
-        public init(requests: Int, protocolErrors: Int, droppedReplies: Int, brokenStreams: Int = 0, gatheredBytes: Int = 0, queuedBytes: Int,
+        public init(requests: Int, protocolErrors: Int, droppedReplies: Int, brokenStreams: Int = 0, gatheredBytes: Int = 0,
+                    streamsInProgress: Int? = nil, gathersInProgress: Int? = nil, queuedBytes: Int,
                     uptimeSeconds: Double, services: [String: Service], security: Security, state: State, pair: PairStatus?) {
             (self.requests, self.protocolErrors, self.droppedReplies, self.queuedBytes, self.uptimeSeconds) = (requests, protocolErrors, droppedReplies, queuedBytes, uptimeSeconds)
             (self.brokenStreams, self.gatheredBytes) = (brokenStreams, gatheredBytes)
+            (self.streamsInProgress, self.gathersInProgress) = (streamsInProgress, gathersInProgress)
             (self.services, self.security, self.state, self.pair) = (services, security, state, pair)
         }
     }

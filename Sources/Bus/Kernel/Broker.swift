@@ -233,6 +233,8 @@ final class Broker {
     @exclusivity(unchecked) private(set) var queuedBytes = 0
     /// Requests to every worker of a service still gathering answers.
     private(set) var gathers: [Gather] = []
+    /// Replies in parts under way, a gather's among them: a part relayed, no FINAL yet (`kernel stats`).
+    var streamsInProgress: Int { streams.values.reduce(0) { $0 + $1.count } }
     private(set) var refusedRegistrations = 0
     /// Client requests answered -32008: this kernel was not the active one of its pair.
     private(set) var refusedNotActive = 0

@@ -392,7 +392,8 @@ extension Kernel {
         pairStatus?.refusedNotActive = broker.refusedNotActive
         return KernelAPI.Stats(
             requests: broker.totalRequests, protocolErrors: broker.protocolErrors, droppedReplies: broker.droppedReplies,
-            brokenStreams: broker.brokenStreams, gatheredBytes: broker.gatheredBytes, queuedBytes: broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
+            brokenStreams: broker.brokenStreams, gatheredBytes: broker.gatheredBytes,
+            streamsInProgress: broker.streamsInProgress, gathersInProgress: broker.gathers.count, queuedBytes: broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
             security: .init(curve: configuration.security != nil, refusedConnections: serving.zap?.refused ?? 0,
                             refusedRegistrations: broker.refusedRegistrations, refusedRequests: broker.refusedNotOperator),
             state: .init(keys: state.entries.count, bytes: state.totalBytes, sequence: state.sequence, rejectedWrites: state.rejectedWrites,
@@ -444,6 +445,8 @@ extension Kernel {
         family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(broker.protocolErrors))])
         family("broken_streams_total", "counter", "Replies in parts (18/MDP) that ended before their FINAL.", [("", String(broker.brokenStreams))])
         family("gathered_bytes", "gauge", "Bytes of reply parts held for 7/MDP clients until their FINAL.", [("", String(broker.gatheredBytes))])
+        family("streams_in_progress", "gauge", "Replies in parts (18/MDP) under way: a part relayed, no FINAL yet.", [("", String(broker.streamsInProgress))])
+        family("gathers_in_progress", "gauge", "Requests to every worker of a service (all:SERVICE) still gathering answers.", [("", String(broker.gathers.count))])
         family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(serving.zap?.refused ?? 0))])
         family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(broker.refusedRegistrations))])
         family("refused_requests_total", "counter", "Requests for operators only (workers.drain, the supervisor) refused: not an operator's key.", [("", String(broker.refusedNotOperator))])

@@ -38,6 +38,8 @@ final class KernelMetrics {
         count("switchboard.dropped_replies", stats.droppedReplies)
         count("switchboard.broken_streams", stats.brokenStreams)
         level("switchboard.gathered_bytes", Double(stats.gatheredBytes))
+        level("switchboard.streams_in_progress", Double(stats.streamsInProgress ?? 0))
+        level("switchboard.gathers_in_progress", Double(stats.gathersInProgress ?? 0))
         count("switchboard.refused_connections", stats.security.refusedConnections)
         count("switchboard.refused_registrations", stats.security.refusedRegistrations)
         count("switchboard.refused_requests", stats.security.refusedRequests)
