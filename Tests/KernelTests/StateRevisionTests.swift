@@ -96,6 +96,12 @@ struct StateRevisionTests {
         // Six changes at most: 8 were made, so the first two are gone and the log starts after them.
         #expect(state.history.changes.count == 6)
         #expect(state.history.start == sequences[1])
+        // The keys with revisions held, counted again whenever the log changed.
+        #expect(state.history.keys == 2)
+        _ = try write(state, "/client/c", "1").get()
+        #expect(state.history.keys == 3)
+        for value in 1...6 { _ = try write(state, "/client/d", "\(value)").get() }
+        #expect(state.history.keys == 1)
 
         // Bytes: a bound of 40 bytes of keys and values keeps only the last changes that fit.
         let small = server(changes: 100, bytes: 40, perKey: 16)

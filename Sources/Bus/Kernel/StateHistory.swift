@@ -38,8 +38,24 @@ struct StateHistory {
         self.limits = limits
     }
 
-    /// Keys with revisions held (counted when asked: `kernel stats`).
-    var keys: Int { limits.perKey > 0 ? Set(changes.lazy.map(\.key)).count : 0 }
+    /// Keys with revisions held, counted over the log when asked (`kernel stats`) and kept
+    /// until the log changes: any client may ask for the stats, and asking again and again
+    /// must not make the kernel hash the whole log each time.
+    var keys: Int {
+        guard limits.perKey > 0 else { return 0 }
+        let version = (last: changes.last?.sequence ?? start, count: changes.count)
+        if let counted = keyCount.counted, counted.version == version { return counted.keys }
+        let keys = Set(changes.lazy.map(\.key)).count
+        keyCount.counted = (version, keys)
+        return keys
+    }
+
+    /// The last count of ``keys``, and the log it was counted over (its last sequence and
+    /// length: the log only grows at its end and shrinks at its start).
+    private final class KeyCount {
+        var counted: (version: (last: UInt64, count: Int), keys: Int)?
+    }
+    private let keyCount = KeyCount()
 
     /// Recording costs no lookup by key: a key's revisions are found by reading the log
     /// backwards when asked (`state.history`, a compare-and-set's retry), which is rare
