@@ -75,6 +75,17 @@ struct StateFeedTests {
         let (_, lost, _) = await feed.attach(prefixes: ["/"], since: 2)
         #expect(await drain(lost, upTo: "synced").first?.name == "reset")
 
+        // Bounded in bytes too, each change counting its record as well as its key and value:
+        // a bound of three small changes keeps three, however small they are.
+        let record = MemoryLayout<StateFeed.Change>.stride
+        let small = StateFeed(prefixes: [""], history: 100, historyBytes: 3 * record + record / 2, logger: Logger(label: "test"))
+        await small.receive(.synced(sequence: 1))
+        for sequence in UInt64(2)...9 { await small.receive(update("/k", sequence, "1")) }
+        let (_, three, _) = await small.attach(prefixes: ["/"], since: 6)
+        #expect(await drain(three, upTo: "synced").map(\.id) == [7, 8, 9, 9])
+        let (_, four, _) = await small.attach(prefixes: ["/"], since: 5)
+        #expect(await drain(four, upTo: "synced").first?.name == "reset")
+
         // A stream nobody reads: cut once it holds its opening plus the backlog.
         let (_, unread, _) = await feed.attach(prefixes: ["/"], since: nil)
         for sequence in UInt64(7)...UInt64(8 + StateFeed.streamBacklog) { await feed.receive(update("/k", sequence, "1")) }

@@ -103,11 +103,19 @@ struct StateRevisionTests {
         for value in 1...6 { _ = try write(state, "/client/d", "\(value)").get() }
         #expect(state.history.keys == 1)
 
-        // Bytes: a bound of 40 bytes of keys and values keeps only the last changes that fit.
-        let small = server(changes: 100, bytes: 40, perKey: 16)
-        for value in 1...10 { _ = try write(small, "/client/b", "\(value)0000").get() }  // 15 bytes each
-        #expect(small.history.bytes <= 40)
+        // Bytes: each change counts the memory it holds, its record in the log too, so a bound
+        // for two small changes keeps the last two, however small they are.
+        let record = MemoryLayout<StateHistory.Change>.stride
+        let small = server(changes: 100, bytes: 2 * record + record / 2, perKey: 16)
+        for value in 1...10 { _ = try write(small, "/client/b", "\(value)").get() }
+        #expect(small.history.bytes == 2 * record)
         #expect(small.history.changes.count == 2)
+        // A value over 32 bytes is held in a buffer of its own: its bytes and the buffer's count.
+        let large = server(changes: 100, bytes: 1 << 20, perKey: 16)
+        let text = "\"" + String(repeating: "v", count: 98) + "\""
+        _ = try write(large, "/client/v", text).get()
+        #expect(large.history.bytes == record + Frame(text).heldBytes)
+        #expect(Frame(text).heldBytes > 100 && Frame("1").heldBytes == 0)
         // A smaller bound by a reload trims at once.
         small.configuration.stateHistoryChanges = 1
         #expect(small.history.changes.count == 1)

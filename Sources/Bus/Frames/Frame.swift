@@ -140,6 +140,13 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
     @inlinable
     public var isEmpty: Bool { count == 0 }
 
+    /// Memory the frame keeps alive outside its own storage, for bounds in bytes: none for a
+    /// frame held inline; for a larger one its bytes and what keeping them costs (the buffer
+    /// object and its allocation). A value holding frames counts its own size beside this.
+    public var heldBytes: Int { buffer == nil ? 0 : count + Self.bufferOverhead }
+    /// A buffer object's header and fields, and the allocator's rounding, near enough.
+    static let bufferOverhead = 64
+
     /// Calls `body` with the frame's bytes, without copying them.
     @inlinable
     public func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {

@@ -456,7 +456,7 @@ extension Kernel {
                [("{reason=\"forbidden\"}", String(state.refusedForbidden)), ("{reason=\"limit\"}", String(state.refusedOverLimit))])
         family("state_refused_conflict_total", "counter", "Compare-and-sets refused: the key was not at the revision given.", [("", String(state.refusedConflict))])
         family("state_history_changes", "gauge", "Recent changes of the state kept for resumes and state.history.", [("", String(state.history.changes.count))])
-        family("state_history_bytes", "gauge", "Bytes of keys and values in the state's kept changes.", [("", String(state.history.bytes))])
+        family("state_history_bytes", "gauge", "Bytes the state's kept changes hold: keys, values and each change's record.", [("", String(state.history.bytes))])
         family("state_resumes_total", "counter", "Subscribers resumed from a sequence: with the changes since, or with a whole snapshot (no longer held).",
                [("{outcome=\"exact\"}", String(state.resumes)), ("{outcome=\"snapshot\"}", String(state.resumesRefused))])
         family("state_sequence", "counter", "The CHP sequence number.", [("", String(state.sequence))])

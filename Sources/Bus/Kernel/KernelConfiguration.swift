@@ -72,7 +72,7 @@ public struct KernelConfiguration: Sendable, Equatable {
     public var stateMaxValueBytes = 1024 * 1024
     /// The state's recent changes kept: what a subscriber resumes from (`ICANHAZ?` with the
     /// sequence it stopped at) and what `state.history` reads, at most this many changes and
-    /// bytes of keys and values; the oldest go first.
+    /// bytes (each change's key, value, UUID and record); the oldest go first.
     public var stateHistoryChanges = 10_000
     public var stateHistoryBytes = 8 * 1024 * 1024
     /// Revisions `state.history` gives of one key, at most.

@@ -15,8 +15,9 @@ struct StateHistory {
         /// The CHP UUID the change carried: for a `state.set`, a digest of its request (client
         /// and id), so the same request sent again after a failover is known as the same.
         let uuid: Frame
-        /// Bytes it counts against the byte bound.
-        var size: Int { key.count + value.count + uuid.count }
+        /// Bytes it counts against the byte bound: the memory it holds, its record in the
+        /// log as well as its key, value and UUID, so that small changes are not free.
+        var size: Int { MemoryLayout<Change>.stride + key.heldBytes + value.heldBytes + uuid.heldBytes }
     }
 
     struct Limits: Equatable {

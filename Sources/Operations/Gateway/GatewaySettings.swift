@@ -11,7 +11,7 @@ public struct GatewaySettings: Sendable, Equatable {
     /// The key prefixes the gateway follows for `/events` (one kernel subscription).
     public var prefixes = [""]
     /// Changes kept, so that a reconnecting browser gets exactly what it missed: at most
-    /// this many, and this many bytes of keys and values (the oldest go first).
+    /// this many, and this many bytes of keys, values and each change's record (the oldest go first).
     public var history = 10_000
     public var historyBytes = 8 << 20
     /// Bytes of events one stream may have waiting (its reader slow) beyond its opening

@@ -94,8 +94,17 @@ actor StateFeed {
         var key: String
         /// Empty for a deletion.
         var value: Frame
-        /// Bytes it counts against the history's byte bound: its key and value as they came.
+        /// Bytes it counts against the history's byte bound: the memory it holds, its record
+        /// in the log as well as its key and value, so that small changes are not free.
         var size: Int
+
+        init(sequence: UInt64, key: String, value: Frame) {
+            (self.sequence, self.key, self.value) = (sequence, key, value)
+            // A String of up to 15 UTF-8 bytes is held inside it; a longer one in a buffer of
+            // its own with a 32-byte header.
+            let keyBytes = key.utf8.count > 15 ? key.utf8.count + 32 : 0
+            size = MemoryLayout<Change>.stride + keyBytes + value.heldBytes
+        }
     }
 
     /// Reads of the kernel's history at once: each answer may be as large as the kernel's
@@ -202,7 +211,7 @@ actor StateFeed {
                 broadcast(.entry("update", key: update.key, sequence: update.sequence, value: value, id: false))
                 return
             }
-            let change = Change(sequence: update.sequence, key: update.key, value: value, size: update.key.utf8.count + value.count)
+            let change = Change(sequence: update.sequence, key: update.key, value: value)
             log.append(change)
             logBytes += change.size
             while log.count > history || logBytes > historyBytes, let dropped = log.popFirst() {
