@@ -74,8 +74,45 @@ struct StateRevisionTests {
             #expect(passive.applyReplicated(item, now: 0))
         }
         #expect(passive.entries[Frame("/client/k")]?.sequence == first)
-        #expect(passive.history.revisions(of: Frame("/client/k")).map(\.sequence) == active.history.revisions(of: Frame("/client/k")).map(\.sequence))
+        #expect(passive.revisions(of: Frame("/client/k")).map(\.sequence) == active.revisions(of: Frame("/client/k")).map(\.sequence))
         #expect(try write(passive, "/client/k", "1", expected: 0, uuid: request).get() == first)
+    }
+
+    @Test("a key's revisions among many keys' changes: through a deletion and a re-creation, cut where the log was trimmed, none after a copy of the peer's state")
+    func revisionChains() throws {
+        let state = server(changes: 40, perKey: 16)
+        func revisions(_ key: String) -> [UInt64] { state.revisions(of: Frame(key)).map(\.sequence) }
+        var mine: [UInt64] = []
+        for round in 0..<4 {
+            for other in 0..<3 { _ = try write(state, "/client/other\(other)", "\(round)").get() }
+            mine.append(try write(state, "/client/mine", "\(round)").get())
+        }
+        #expect(revisions("/client/mine") == mine)
+        // Deleted (twice: the second deletes an absent key), then made again: one chain.
+        mine.append(try write(state, "/client/mine", nil).get())
+        _ = try write(state, "/client/other0", "x").get()
+        #expect(revisions("/client/mine") == mine, "a deleted key's revisions end with its deletion")
+        mine.append(try write(state, "/client/mine", nil).get())
+        mine.append(try write(state, "/client/mine", "again").get())
+        #expect(revisions("/client/mine") == mine)
+        #expect(state.revisions(of: Frame("/client/mine")).map(\.value.isEmpty) == [false, false, false, false, true, true, false])
+        #expect(revisions("/client/never").isEmpty)
+        // 40 changes kept: after 30 more of other keys the first of mine are gone, the rest remain.
+        for index in 0..<30 { _ = try write(state, "/client/other\(index % 3)", "\(index)").get() }
+        let kept = revisions("/client/mine")
+        #expect(!kept.isEmpty && kept.count < mine.count && kept == Array(mine.suffix(kept.count)))
+        #expect(kept.allSatisfy { $0 > state.history.start })
+        // A deletion trimmed off the log: the key has no revisions left, and a new one starts afresh.
+        _ = try write(state, "/client/gone", "1").get()
+        let gone = try write(state, "/client/gone", nil).get()
+        #expect(revisions("/client/gone").last == gone)
+        for index in 0..<40 { _ = try write(state, "/client/other\(index % 3)", "\(index)").get() }
+        #expect(revisions("/client/gone").isEmpty)
+        let reborn = try write(state, "/client/gone", "2").get()
+        #expect(revisions("/client/gone") == [reborn])
+        // A copy of the peer's state installed: the log starts after it, and so do the chains.
+        state.install([], sequence: state.sequence + 10, now: 0)
+        #expect(revisions("/client/gone").isEmpty)
     }
 
     @Test("the history keeps each key's last revisions (per_key), the log its last changes by count and bytes; deletions and TTL expiry included")
@@ -84,15 +121,15 @@ struct StateRevisionTests {
         var sequences: [UInt64] = []
         for value in 1...5 { sequences.append(try write(state, "/client/a", "\(value)").get()) }
         // Five revisions of /client/a; the key keeps its last three.
-        #expect(state.history.revisions(of: Frame("/client/a")).map(\.sequence) == Array(sequences.suffix(3)))
+        #expect(state.revisions(of: Frame("/client/a")).map(\.sequence) == Array(sequences.suffix(3)))
         // A deletion, and a key that expires: both revisions.
         let deleted = try write(state, "/client/a", nil).get()
         state.set("/client/t", value: Frame("1"), ttl: TimeToLive(seconds: 1), now: 0)
         state.tick(now: 1_000_000_000)
-        let expiry = state.history.revisions(of: Frame("/client/t"))
+        let expiry = state.revisions(of: Frame("/client/t"))
         #expect(expiry.count == 2 && expiry[1].value.isEmpty)
-        #expect(state.history.revisions(of: Frame("/client/a")).last?.sequence == deleted)
-        #expect(state.history.revisions(of: Frame("/client/a")).last?.value.isEmpty == true)
+        #expect(state.revisions(of: Frame("/client/a")).last?.sequence == deleted)
+        #expect(state.revisions(of: Frame("/client/a")).last?.value.isEmpty == true)
         // Six changes at most: 8 were made, so the first two are gone and the log starts after them.
         #expect(state.history.changes.count == 6)
         #expect(state.history.start == sequences[1])

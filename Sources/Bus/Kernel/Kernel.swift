@@ -342,7 +342,7 @@ public actor Kernel: BusService {
     }
 
     private func stateHistory(_ params: KernelAPI.StateHistoryParams) -> KernelAPI.StateRevisions {
-        let revisions = state.history.revisions(of: Frame(params.key)).map { change in
+        let revisions = state.revisions(of: Frame(params.key)).map { change in
             let value: JSONValue = change.value.isEmpty ? .null
                 : (try? JSONValue(parsing: change.value.bytes)) ?? .string(String(decoding: change.value.bytes, as: UTF8.self))
             return KernelAPI.StateRevisions.Revision(sequence: change.sequence, value: value)

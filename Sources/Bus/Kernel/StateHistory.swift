@@ -6,6 +6,11 @@ import BusProtocol
 /// (`state.history`, at most `limits.perKey` of a key). Bounded by changes and bytes; the
 /// oldest go first.
 /// A deletion (or a TTL running out) is a change like any other, with an empty value.
+///
+/// A key's revisions are chained: each change names the key's change before it, so they are
+/// found from the key's last change (its entry's sequence, or its deletion's) by a few binary
+/// searches of the log, with no lookup by key when a change is recorded (docs/BENCHMARKS.md,
+/// issue 33) and no reading of the whole log when asked (any client may ask).
 struct StateHistory {
     struct Change {
         let sequence: UInt64
@@ -15,9 +20,16 @@ struct StateHistory {
         /// The CHP UUID the change carried: for a `state.set`, a digest of its request (client
         /// and id), so the same request sent again after a failover is known as the same.
         let uuid: Frame
+        /// The sequence of the key's change before this one; 0: none.
+        let previous: UInt64
         /// Bytes it counts against the byte bound: the memory it holds, its record in the
-        /// log as well as its key, value and UUID, so that small changes are not free.
-        var size: Int { MemoryLayout<Change>.stride + key.heldBytes + value.heldBytes + uuid.heldBytes }
+        /// log as well as its key, value and UUID (and a deletion's place in ``deletions``),
+        /// so that small changes are not free.
+        var size: Int {
+            MemoryLayout<Change>.stride + key.heldBytes + value.heldBytes + uuid.heldBytes + (value.isEmpty ? Self.deletionBytes : 0)
+        }
+        /// A key and sequence in a dictionary, with its share of the table, near enough.
+        static let deletionBytes = 96
     }
 
     struct Limits: Equatable {
@@ -58,10 +70,20 @@ struct StateHistory {
     }
     private let keyCount = KeyCount()
 
-    /// Recording costs no lookup by key: a key's revisions are found by reading the log
-    /// backwards when asked (`state.history`, a compare-and-set's retry), which is rare
-    /// beside the updates that record them (docs/BENCHMARKS.md, issue 33).
+    /// The last change of each key that is not in the state, a deletion or expiry the log
+    /// holds: where its chain of revisions starts. Looked up only for a key the state does
+    /// not hold (a new key, or one deleted again), and changed only by deletions.
+    private var deletions: [Frame: UInt64] = [:]
+
+    /// The last change of `key`, which the state does not hold, for the change that follows
+    /// it (0: none the log holds); it is no longer the key's last.
+    mutating func takeLastDeletion(of key: Frame) -> UInt64 {
+        guard !deletions.isEmpty else { return 0 }
+        return deletions.removeValue(forKey: key) ?? 0
+    }
+
     mutating func record(_ change: Change) {
+        if change.value.isEmpty { deletions[change.key] = change.sequence }
         changes.append(change)
         bytes += change.size
         trim()
@@ -72,6 +94,7 @@ struct StateHistory {
         while changes.count > limits.changes || bytes > limits.bytes, let oldest = changes.popFirst() {
             start = oldest.sequence
             bytes -= oldest.size
+            if oldest.value.isEmpty, deletions[oldest.key] == oldest.sequence { deletions[oldest.key] = nil }
         }
     }
 
@@ -79,6 +102,7 @@ struct StateHistory {
     /// was installed).
     mutating func restart(after sequence: UInt64) {
         changes = []
+        deletions = [:]
         bytes = 0
         start = sequence
     }
@@ -90,12 +114,16 @@ struct StateHistory {
         return changes[position(after: since)...]
     }
 
-    /// The revisions of `key` held, oldest first: its latest `limits.perKey` changes in the log.
-    func revisions(of key: Frame) -> [Change] {
+    /// The revisions of `key` held, oldest first: its latest `limits.perKey` changes in the
+    /// log, followed back from `last`, its last change's sequence when the state holds it.
+    func revisions(of key: Frame, last: UInt64?) -> [Change] {
+        var sequence = last ?? deletions[key] ?? 0
         var found: [Change] = []
-        for change in changes.reversed() where change.key == key {
-            guard found.count < limits.perKey else { break }
-            found.append(change)
+        while sequence > start, found.count < limits.perKey {
+            let index = position(after: sequence - 1)
+            guard index < changes.endIndex, changes[index].sequence == sequence, changes[index].key == key else { break }
+            found.append(changes[index])
+            sequence = changes[index].previous
         }
         return found.reversed()
     }

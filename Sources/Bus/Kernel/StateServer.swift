@@ -148,7 +148,7 @@ final class StateServer: PairReplica {
             if let expected {
                 let revision = index.map { entries.values[$0].sequence } ?? 0
                 if revision != expected {
-                    if !uuid.isEmpty, let made = history.revisions(of: key).last(where: { $0.sequence > expected && $0.uuid == uuid }) {
+                    if !uuid.isEmpty, let made = revisions(of: key).last(where: { $0.sequence > expected && $0.uuid == uuid }) {
                         return .success(made.sequence)
                     }
                     refusedConflict += 1
@@ -295,7 +295,14 @@ final class StateServer: PairReplica {
         }
         if old?.expiresAt != nil { expiring -= 1 }
         account(replacing: old, with: new)
-        history.record(.init(sequence: sequence, key: keptKey, value: new?.value ?? Frame(), uuid: uuid.isEmpty ? uuid : uuid.keepable()))
+        let previous = old?.sequence ?? history.takeLastDeletion(of: keptKey)
+        history.record(.init(sequence: sequence, key: keptKey, value: new?.value ?? Frame(), uuid: uuid.isEmpty ? uuid : uuid.keepable(),
+                             previous: previous))
+    }
+
+    /// The revisions of `key` the history holds, oldest first (``StateHistory/revisions(of:last:)``).
+    func revisions(of key: Frame) -> [StateHistory.Change] {
+        history.revisions(of: key, last: entries[key]?.sequence)
     }
 
     /// Keeps the byte total and the quotas: one lookup when a key keeps its owner.
