@@ -39,7 +39,10 @@ public final class BusClient: Sendable {
     public let clientID = BusClient.newClientID()
     private let curve: CurveClientKeys?
     private let clock: any NanosecondClock
-    let loop: SocketLoop
+    /// The loop its socket runs on: other clients made with it (`BusClient(loop:)`) share its
+    /// thread, as many connections in one program should (a thread each, and libzmq's I/O
+    /// thread each, outnumber the cores and spend their time waking one another).
+    public let loop: SocketLoop
     /// The client's loop thread as a task executor: a task that prefers it
     /// (`withTaskExecutorPreference(bus.executor)`) sends and is answered on the thread
     /// that serves the socket, without waking another thread per request.

@@ -134,8 +134,10 @@ struct ConnectionOptions: ParsableArguments {
 
     /// A client for the kernel, with the timeout as its default; `asOperator` for what only
     /// operators may ask (`OperatorsOnly`).
-    func client(asOperator: Bool = false) async throws -> BusClient {
-        try await BusClient(brokers: try checkedBrokers, timeout: requestTimeout, curve: try curve(asOperator: asOperator), state: try? stateEndpoints)
+    /// A client of the kernel; on `loop` (another client's) when given, sharing its thread.
+    func client(asOperator: Bool = false, loop: SocketLoop? = nil) async throws -> BusClient {
+        try await BusClient(brokers: try checkedBrokers, loop: loop, timeout: requestTimeout, curve: try curve(asOperator: asOperator),
+                            state: try? stateEndpoints)
     }
 }
 

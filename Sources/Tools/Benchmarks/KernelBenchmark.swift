@@ -378,7 +378,7 @@ struct KernelBenchmark: AsyncParsableCommand {
     // MARK: The full stack: BusClient and a hosted service
 
     /// The same loads as `sb bench request` (``RequestBench``), against a kernel in this
-    /// process: synchronous, and 64 in flight from one client.
+    /// process: synchronous, 64 in flight from one client, and from 8 on one socket thread.
     private func busKitRows(_ broker: String) async throws -> [Row] {
         let host = try ServiceHost(service: EchoService(), options: .init(brokers: [broker], connections: 2))
         try await host.start()
@@ -386,11 +386,19 @@ struct KernelBenchmark: AsyncParsableCommand {
         try await waitForWorkers(broker, service: EchoAPI.service, count: 2)
         let sync = await RequestBench.echo(stop: .count(roundTrips / 2), warmup: 500).run(on: [bus])
         let pipelined = await RequestBench.echo(window: 64, stop: .count(50_000), warmup: 500).run(on: [bus])
+        // 8 connections sharing the first one's socket thread (as `sb bench --clients` runs them),
+        // the same 64 in flight in all.
+        var clients = [bus]
+        for _ in 1..<8 { clients.append(try await BusClient(brokers: [broker], loop: bus.loop, timeout: .seconds(30))) }
+        let eight = await RequestBench.echo(window: 8, stop: .count(50_000), warmup: 100).run(on: clients)
+        for client in clients.dropFirst() { await client.close() }
         await bus.close()
         await host.stop()
         return [
             Row("BusClient to ServiceHost (JSON-RPC), sync", rate: sync.rate, latencies: sync.latencies, note: "full stack, 2 worker connections, window 16 (sb bench)"),
             Row("BusClient to ServiceHost, 64 in flight", rate: pipelined.rate, latencies: pipelined.latencies, note: "full stack, one client (sb bench --window 64)"),
+            Row("BusClient to ServiceHost, 8 clients x 8 in flight", rate: eight.rate, latencies: eight.latencies,
+                note: String(format: "%.2fx one client's 64 in flight; one socket thread (sb bench --clients 8 --window 8)", eight.rate / pipelined.rate)),
         ]
     }
 }
