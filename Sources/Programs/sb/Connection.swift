@@ -133,8 +133,8 @@ struct ConnectionOptions: ParsableArguments {
     }
 
     /// A client for the kernel, with the timeout as its default; `asOperator` for what only
-    /// operators may ask (`OperatorsOnly`).
-    /// A client of the kernel; on `loop` (another client's) when given, sharing its thread.
+    /// operators may ask (`OperatorsOnly`); on `loop` (another client's) when given, sharing
+    /// its thread.
     func client(asOperator: Bool = false, loop: SocketLoop? = nil) async throws -> BusClient {
         try await BusClient(brokers: try checkedBrokers, loop: loop, timeout: requestTimeout, curve: try curve(asOperator: asOperator),
                             state: try? stateEndpoints)
