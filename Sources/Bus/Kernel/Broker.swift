@@ -8,10 +8,11 @@ import ZeroMQ
 ///
 /// Loop-confined: every method runs on the kernel's loop thread, so the registry needs no
 /// locks, and the state touched per message is `@exclusivity(unchecked)`: nothing reaches it
-/// from elsewhere, and the checks cost 5% of the kernel's time per request. Idle workers are served least recently used first; each worker has at most one
-/// request in flight (MDP); a request whose worker dies goes back to the front of its
-/// queue (or is answered -32006 for a non-retriable service); replies from a worker the
-/// broker no longer knows are dropped, so a client never gets two replies.
+/// from elsewhere, and the checks cost 5% of the kernel's time per request. Idle workers are
+/// served least recently used first; each worker has at most one request in flight (MDP); a
+/// request whose worker dies goes back to the front of its queue (or is answered -32006 for a
+/// non-retriable service); replies from a worker the broker no longer knows are dropped, so a
+/// client never gets two replies.
 ///
 /// Each peer speaks the version its messages say. An 18/MDP worker may answer in parts
 /// (PARTIAL, then FINAL): an 18/MDP client gets each part as it comes; a 7/MDP client gets
