@@ -272,6 +272,26 @@ struct SocketLoopTests {
         await loop.shutdown()
     }
 
+    @Test("a task that prefers the loop runs its nonisolated code there without a job per hop, and its actor's code as the actor's")
+    func taskExecutor() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let pinned = PinnedCounter(loop: loop)
+        let before = try await loop.run { loop.jobsRun }
+        let (onLoop, depth) = await withTaskExecutorPreference(loop.taskExecutor) {
+            (loop.isLoopThread, await nestedNonisolated(depth: 50))
+        }
+        let after = try await loop.run { loop.jobsRun }
+        #expect(onLoop && depth == 50)
+        // Run as isolated to the loop, each nonisolated function's hop to the generic executor
+        // was a job of its own (50 and more here): a task's code runs as nonisolated code.
+        #expect(after - before < 10, "\(after - before) jobs for one task's nonisolated calls")
+        // An actor pinned to the loop is still served isolated, from a task that prefers it.
+        let counted = await withTaskExecutorPreference(loop.taskExecutor) { await pinned.increment() }
+        #expect(counted == 1)
+        await loop.shutdown()
+    }
+
     @Test("loop-only APIs know their thread")
     func loopThread() async throws {
         let context = try ZMQContext()
@@ -279,5 +299,24 @@ struct SocketLoopTests {
         #expect(!loop.isLoopThread)
         #expect(try await loop.run { loop.isLoopThread })
         await loop.shutdown()
+    }
+}
+
+/// Calls itself `depth` times, each call a nonisolated async function.
+private nonisolated func nestedNonisolated(depth: Int) async -> Int {
+    guard depth > 0 else { return 0 }
+    return await nestedNonisolated(depth: depth - 1) + 1
+}
+
+/// An actor on a loop, checked to run isolated there.
+private actor PinnedCounter {
+    nonisolated let loop: SocketLoop
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+    private var count = 0
+    init(loop: SocketLoop) { self.loop = loop }
+    func increment() -> Int {
+        loop.preconditionLoopThread()
+        count += 1
+        return count
     }
 }

@@ -46,7 +46,7 @@ public final class BusClient: Sendable {
     /// The client's loop thread as a task executor: a task that prefers it
     /// (`withTaskExecutorPreference(bus.executor)`) sends and is answered on the thread
     /// that serves the socket, without waking another thread per request.
-    public var executor: any TaskExecutor { loop }
+    public var executor: any TaskExecutor { loop.taskExecutor }
     private let ownsLoop: Bool
     private let core: ClientCore
     /// Set by ``close()``: later requests fail at once with ``BusError/closed`` (the loop

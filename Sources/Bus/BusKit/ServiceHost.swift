@@ -129,7 +129,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
         onRegistered()
         await withDiscardingTaskGroup { group in
             // On the connection's loop: the handlers too, with no hop to the pool and back.
-            for worker in workers { group.addTask(executorPreference: worker.loop) { await worker.answerRequests() } }
+            for worker in workers { group.addTask(executorPreference: worker.loop.taskExecutor) { await worker.answerRequests() } }
             // Until told to stop, or until a kernel asks for a drain.
             let requests = drainRequests
             let byKernel = await withTaskGroup(of: Bool.self) { race in

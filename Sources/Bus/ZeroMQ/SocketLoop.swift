@@ -26,22 +26,28 @@ internal import Glibc
 ///   synchronously, with no hop per message. This is the one way a component owns state
 ///   beside its sockets (the kernel, `ServiceHost`'s connections, `BusClient`, `Subscription`;
 ///   docs/BRIDGE.md); ``AsyncSocket`` is for code that only sends and receives.
-/// - **Tasks**: the loop is a `TaskExecutor` too. A task that prefers it runs its own code
-///   and the default actors it calls here, and is resumed here when answered, with no
-///   thread woken per request (the service host's handlers, `BusClient.executor`).
+/// - **Tasks**: ``taskExecutor`` is the same thread as a `TaskExecutor`. A task that prefers
+///   it runs its own code and the default actors it calls here, and is resumed here when
+///   answered, with no thread woken per request (the service host's handlers,
+///   `BusClient.executor`).
 /// - **Timers** (heartbeats, expiry) run on the loop too, so they need no locking.
 ///
 /// One loop can serve many sockets; a process uses one loop per busy component.
 /// Call ``shutdown()`` when done: it closes the loop's sockets and ends the thread.
-public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable {
+public final class SocketLoop: SerialExecutor, @unchecked Sendable {
     // `@unchecked`: cross-thread state is behind `shared` (a Mutex) or atomic; the rest
     // (`registrations`, `timers`, poll arrays) is touched only on the loop thread.
 
     public let context: ZMQContext
     public let name: String
+    /// The loop as a task executor, for tasks that prefer its thread.
+    public let taskExecutor = LoopTaskExecutor()
 
     enum Work {
-        case job(UnownedJob)
+        /// A job enqueued on the loop as an actor's serial executor.
+        case actorJob(UnownedJob)
+        /// A job of a task that prefers ``taskExecutor``, running nonisolated code.
+        case taskJob(UnownedJob)
         case call(@Sendable () -> Void)
         case send(LoopBound<SocketRegistration>, Message)
         case stop(UnsafeContinuation<Void, Never>?)
@@ -70,6 +76,8 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
     private var nextTimerID: UInt64 = 0
     private var stopWaiters: [UnsafeContinuation<Void, Never>] = []
     private var finishing = false
+    /// Executor jobs run (actors' and tasks'), for tests that count hops. Loop thread only.
+    package private(set) var jobsRun = 0
 
     /// Starts a loop thread.
     /// - Parameters:
@@ -95,6 +103,7 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
             throw ZMQError(call: "pthread_create", code: rc)
         }
         pthread_detach(thread)
+        taskExecutor.loop = self
     }
 
     deinit { close(wakeFD) }
@@ -113,15 +122,11 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
     }
 
     public func enqueue(_ job: consuming ExecutorJob) {
-        submit(.job(UnownedJob(job)))
+        submit(.actorJob(UnownedJob(job)))
     }
 
     public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
         UnownedSerialExecutor(ordinary: self)
-    }
-
-    public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
-        UnownedTaskExecutor(ordinary: self)
     }
 
     public func checkIsolated() {
@@ -130,11 +135,22 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
         preconditionLoopThread()
     }
 
-    /// Runs a job as both executors it may have been enqueued to: an actor's pinned here, and
-    /// the preferred executor of a task (so the task's nonisolated code stays on this thread
-    /// instead of hopping to the cooperative pool and back).
-    private func run(_ job: UnownedJob) {
-        job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
+    /// Runs a job as what it was enqueued to: isolated to an actor pinned here, or as a task's
+    /// nonisolated code on its preferred executor. Run as both, a task's nonisolated code would
+    /// count as isolated to the loop, and each hop of it to the generic executor (the start of
+    /// every nonisolated async function, the return from an actor) would be enqueued again:
+    /// some twenty times per request in a service host (docs/BENCHMARKS.md, issue 33).
+    private func run(_ work: Work) {
+        switch work {
+        case .actorJob(let job):
+            jobsRun += 1
+            job.runSynchronously(on: asUnownedSerialExecutor())
+        case .taskJob(let job):
+            jobsRun += 1
+            job.runSynchronously(on: taskExecutor.asUnownedTaskExecutor())
+        case .call(let body): body()
+        case .send, .stop: break
+        }
     }
 
     /// Runs `body` on the loop thread soon; safe to call from any thread.
@@ -193,8 +209,11 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
     /// so on a serial queue; socket work has nothing left to act on.
     private func runAfterStop(_ work: Work) {
         switch work {
-        case .job(let job):
+        case .actorJob(let job):
             let executor = asUnownedSerialExecutor()
+            afterStop.async { job.runSynchronously(on: executor) }
+        case .taskJob(let job):
+            let executor = taskExecutor.asUnownedTaskExecutor()
             afterStop.async { job.runSynchronously(on: executor) }
         case .call, .send: break
         case .stop(let continuation): continuation?.resume()
@@ -268,8 +287,7 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
                 if batch.isEmpty { break }
                 while let work = batch.popFirst() {
                     switch work {
-                    case .job(let job): run(job)
-                    case .call(let body): body()
+                    case .actorJob, .taskJob, .call: run(work)
                     case .send(let registration, let message): registration.value.send(message)
                     case .stop(let continuation):
                         if let continuation { stopWaiters.append(continuation) }
@@ -315,8 +333,7 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
         }
         for work in late {
             switch work {
-            case .job(let job): run(job)
-            case .call(let body): body()
+            case .actorJob, .taskJob, .call: run(work)
             case .send: break
             case .stop(let continuation): continuation?.resume()
             }
@@ -381,6 +398,34 @@ public final class SocketLoop: SerialExecutor, TaskExecutor, @unchecked Sendable
             timers.removeFirst()
             if !first.isCancelled { first.body() }
         }
+    }
+}
+
+/// A ``SocketLoop``'s thread as a `TaskExecutor`: a task that prefers it
+/// (`group.addTask(executorPreference: loop.taskExecutor)`) runs its nonisolated code there.
+/// Apart from the loop (which is a `SerialExecutor`) because an executor is told only the job,
+/// not which of the two it was enqueued to, and each must run as what it is.
+public final class LoopTaskExecutor: TaskExecutor, @unchecked Sendable {
+    // `@unchecked`: `loop` is set once, before the executor is handed out.
+    /// Weak: the loop holds its task executor, and a task may hold the executor after the loop
+    /// is gone; its jobs then run one by one on a queue of their own.
+    fileprivate weak var loop: SocketLoop?
+    private let orphaned = DispatchQueue(label: "LoopTaskExecutor.orphaned")
+
+    fileprivate init() {}
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        if let loop {
+            loop.submit(.taskJob(job))
+        } else {
+            let executor = asUnownedTaskExecutor()
+            orphaned.async { job.runSynchronously(on: executor) }
+        }
+    }
+
+    public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
+        UnownedTaskExecutor(ordinary: self)
     }
 }
 
