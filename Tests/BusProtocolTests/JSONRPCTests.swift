@@ -15,6 +15,14 @@ struct JSONRPCTests {
             == .single(.request(JSONRPCRequest(id: nil, method: "notify", params: [1, 2]))))
     }
 
+    @Test("a member given twice counts once, the last, as in a parsed object; members JSON-RPC does not name are ignored")
+    func repeatedAndUnknownMembers() {
+        #expect(parse(#"{"jsonrpc":"2.0","id":1,"method":"first","method":"second","id":2,"extra":{"x":[1]},"client":"a","client":"b"}"#)
+            == .single(.request(JSONRPCRequest(id: .number(2), method: "second", client: "b"))))
+        #expect(parse(#"{"jsonrpc":"2.0","id":1,"method":"m","method":7}"#)
+            == .single(.invalid(JSONRPCResponse(id: .number(1), error: .invalidRequest("method must be a non-empty string")))))
+    }
+
     @Test("trace context travels as traceparent/tracestate members, both ways; members of another type are ignored")
     func traceMembers() {
         let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -19,10 +19,16 @@ struct JSONBenchmark: AsyncParsableCommand {
     /// The figures, as table rows.
     func measure() throws -> [Row] {
         let request = Array(#"{"jsonrpc":"2.0","id":42,"method":"articles.save","params":{"article":{"source":{"id":null,"name":"BBC News"},"author":"A. Writer","title":"A headline of some length","url":"https://example.com/a","publishedAt":"2026-11-21T10:00:00Z","score":1.5,"read":false}}}"#.utf8)
+        // As `sb bench` sends the echo service's echo: a trace context and the client's id.
+        let traced = Array(#"{"client":"sb-3f2a9c1e","id":1207,"jsonrpc":"2.0","method":"echo","params":{"text":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"},"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}"#.utf8)
         let reply = JSONRPCResponse(id: .number(42), result: ["ids": ["bbc-news", "cnn", "the-verge"], "selectedAt": "2026-11-21T10:00:00.000Z"])
         var rows: [Row] = []
         rows.append(measure("parse a request (JSONRPC.parseRequests)") {
             if case .single(.request(let parsed)) = JSONRPC.parseRequests(request) { return parsed.method.count }
+            return 0
+        })
+        rows.append(measure("parse a traced request as sb sends it") {
+            if case .single(.request(let parsed)) = JSONRPC.parseRequests(traced) { return parsed.method.count }
             return 0
         })
         rows.append(measure("encode a reply (JSONRPCResponse.jsonBytes)") { reply.jsonBytes.count })
