@@ -12,6 +12,7 @@ import Glibc
 
 private enum ThreadsAPI {
     static let service = "threads"
+    static let plain = Method<NoParams, Int>(service, "plain", "Answers without awaiting anything.")
     static let whereRun = Method<NoParams, String>(service, "where", "The threads the handler ran on: at its start, after a sleep, in the service actor.")
 }
 
@@ -27,6 +28,7 @@ private actor Threads: BusService {
             let inActor = await service.threadName()
             return "\(first) \(afterSleep) \(inActor)"
         }
+        table.on(ThreadsAPI.plain) { _, _ in 1 }
     }
 
     func threadName() -> String { currentThreadName() }
@@ -69,6 +71,31 @@ struct LoopExecutorTests {
         }
         #expect(answeredOn == (try await thread(of: bus.loop)))
 
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("a request costs its host's loop at most three jobs: no job per hop of the handler's code, none to hand back the reply")
+    func jobsPerRequest() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let options = ServiceHost<Threads>.Options(brokers: [kernel.endpoints.broker], connections: 1,
+                                                   heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+        let host = try ServiceHost(service: Threads(), options: options)
+        try await host.start()
+        try await kernel.workers(ThreadsAPI.service, atLeast: 1)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        _ = try await bus.call(ThreadsAPI.plain)
+        let loop = host.loops[0]
+        let requests = 200
+        let before = try await loop.run { loop.jobsRun }
+        for _ in 0..<requests { _ = try await bus.call(ThreadsAPI.plain) }
+        let jobs = try await loop.run { loop.jobsRun } - before
+        // One at a time: the request wakes the connection's task, which starts the handler's
+        // (three jobs in a debug build). Actors' jobs run without the loop's task executor, six
+        // (each hop back to the connection a job); the reply handed back as an actor hop, five.
+        #expect(jobs <= 3 * requests + 10, "\(jobs) jobs for \(requests) requests")
         await bus.close()
         await host.stop()
         await kernel.stop()

@@ -369,7 +369,7 @@ actor WorkerConnection<Hosted: BusService> {
                             } else {
                                 answer = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
                             }
-                            await self.finished(client: client, reply: answer.reply, errors: answer.errors, generation: generation)
+                            self.deliver(client: client, reply: answer.reply, errors: answer.errors, generation: generation)
                         }
                     case .reregistered:
                         group.addTask { await hook() }
@@ -377,6 +377,17 @@ actor WorkerConnection<Hosted: BusService> {
                 }
             }
             group.cancelAll()
+        }
+    }
+
+    /// Hands a reply to the connection. The handler's task prefers the loop, so it is usually
+    /// on the loop thread already, where the connection's state lives: it goes on at once
+    /// there, rather than as a job queued for the actor (a hop per request).
+    nonisolated private func deliver(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
+        if loop.isLoopThread {
+            assumeIsolated { $0.finished(client: client, reply: reply, errors: errors, generation: generation) }
+        } else {
+            loop.execute { [self] in assumeIsolated { $0.finished(client: client, reply: reply, errors: errors, generation: generation) } }
         }
     }
 

@@ -135,16 +135,18 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         preconditionLoopThread()
     }
 
-    /// Runs a job as what it was enqueued to: isolated to an actor pinned here, or as a task's
-    /// nonisolated code on its preferred executor. Run as both, a task's nonisolated code would
-    /// count as isolated to the loop, and each hop of it to the generic executor (the start of
-    /// every nonisolated async function, the return from an actor) would be enqueued again:
-    /// some twenty times per request in a service host (docs/BENCHMARKS.md, issue 33).
+    /// Runs a job as what it was enqueued to: a task's as its nonisolated code on the task
+    /// executor; an actor's isolated to the actor, on the task executor too, since the tasks
+    /// that call the actors pinned here prefer it (else each hop back to the same actor would
+    /// count as a change of task executor, and be a job of its own). Run as isolated to the
+    /// loop, a task's nonisolated code hopped to the generic executor through a job of its
+    /// own at each async function it entered: some twenty per request in a service host
+    /// (docs/BENCHMARKS.md, issue 33).
     private func run(_ work: Work) {
         switch work {
         case .actorJob(let job):
             jobsRun += 1
-            job.runSynchronously(on: asUnownedSerialExecutor())
+            job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: taskExecutor.asUnownedTaskExecutor())
         case .taskJob(let job):
             jobsRun += 1
             job.runSynchronously(on: taskExecutor.asUnownedTaskExecutor())

@@ -32,6 +32,8 @@ struct JSONBenchmark: AsyncParsableCommand {
             return 0
         })
         rows.append(measure("encode a reply (JSONRPCResponse.jsonBytes)") { reply.jsonBytes.count })
+        let replyBytes = reply.jsonBytes
+        rows.append(measure("parse a reply (JSONRPC.parseResponses)") { (try? JSONRPC.parseResponses(replyBytes).count) ?? 0 })
         return rows
     }
 
