@@ -34,10 +34,14 @@ struct JSONTextTests {
         #expect(throws: (any Error).self) { try parse(text) }
     }
 
-    @Test("invalid UTF-8 is rejected")
-    func invalidUTF8() {
+    @Test("invalid UTF-8 is rejected, in a value and in a key; ASCII and valid UTF-8 read as they are")
+    func invalidUTF8() throws {
         #expect(throws: (any Error).self) { try JSONValue(parsing: [0x22, 0xC3, 0x28, 0x22]) }
         #expect(throws: (any Error).self) { try JSONValue(parsing: [0x22, 0x5C, 0x6E, 0xFF, 0x22]) }
+        #expect(throws: (any Error).self) { try JSONValue(parsing: [0x7B, 0x22, 0xFF, 0x22, 0x3A, 0x31, 0x7D]) }
+        #expect(throws: (any Error).self) { try JSONValue(parsing: [0x22, 0x61, 0xED, 0xA0, 0x80, 0x22]) }  // a surrogate's bytes
+        #expect(try JSONValue(parsing: Array(#"{"café":"Zürich ✈ 東京","plain":"ascii"}"#.utf8))
+            == ["café": "Zürich ✈ 東京", "plain": "ascii"])
     }
 
     @Test("nesting is bounded")

@@ -234,4 +234,12 @@ struct MDP02Tests {
         #expect(throws: ProtocolError.self) { try MDP.decodeAtClient(["MDPC02", Frame([0x01]), "echo", "x"]) }
         #expect(throws: ProtocolError.self) { try MDP.decodeAtClient(["MDPC02", Frame([0x02]), "echo"]) }
     }
+
+    @Test("a frame's text: ASCII and valid UTF-8 read as they are, invalid UTF-8 is nil")
+    func frameText() {
+        #expect(Frame("echo").string == "echo")
+        #expect(Frame("Zürich ✈ 東京, and longer than a frame holds inline").string == "Zürich ✈ 東京, and longer than a frame holds inline")
+        #expect(Frame([0x61, 0xC3, 0x28]).string == nil)
+        #expect(Frame([0xFF]).string == nil && !Frame([0xFF]).isUTF8)
+    }
 }

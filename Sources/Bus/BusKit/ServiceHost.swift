@@ -6,6 +6,45 @@ public import Logging
 public import ServiceLifecycle
 public import ZeroMQ
 
+/// How a ``ServiceHost`` hosts its service. Not nested in the generic host, so the worker
+/// connections that read it per request need no type looked up at run time.
+public struct ServiceHostOptions: Sendable {
+    /// The kernel to register with, or the two kernels of a pair: the service registers
+    /// with both, so the passive one can dispatch to it the moment it takes over.
+    public var brokers: [String]
+    /// How many worker connections to each kernel, each served (and its handlers run)
+    /// on a loop thread of its own.
+    public var connections: Int
+    /// Requests each connection holds at once (the window extension; 1: plain 7/MDP).
+    public var window: Int
+    public var heartbeatInterval: Duration
+    /// Missed heartbeats after which the kernel is considered gone.
+    public var heartbeatLiveness: Int
+    /// How long a drain waits for requests in flight (and the kernel's word that no more come).
+    public var drainTimeout: Duration
+    /// Keys for a CURVE-secured kernel (a worker key; nil: plain text).
+    public var curve: CurveClientKeys?
+    /// The kernel's `max_message_size`: a bigger reply is answered -32010 instead (the
+    /// kernel would drop the worker's connection, and the client would wait in vain).
+    public var maxMessageSize: Int
+    /// The kernel's `max_batch_items`: a bigger batch is refused (-32010) unanswered.
+    public var maxBatchItems: Int
+
+    public init(brokers: [String], connections: Int = 2, window: Int = 16, heartbeatInterval: Duration = .milliseconds(2_500),
+                heartbeatLiveness: Int = 3, drainTimeout: Duration = .seconds(5), curve: CurveClientKeys? = nil,
+                maxMessageSize: Int = MDP.defaultMaxMessageSize, maxBatchItems: Int = BodyLimits().maxBatchItems) {
+        self.curve = curve
+        self.maxMessageSize = maxMessageSize
+        self.maxBatchItems = maxBatchItems
+        self.brokers = brokers
+        self.connections = connections
+        self.window = window
+        self.heartbeatInterval = heartbeatInterval
+        self.heartbeatLiveness = heartbeatLiveness
+        self.drainTimeout = drainTimeout
+    }
+}
+
 /// Hosts a ``BusService`` on the bus: N Majordomo worker connections (7/MDP), each
 /// registering the service, heartbeating, and answering up to `window` requests at a time
 /// with the service's method table (the Switchboard window extension, docs/PROTOCOL.md;
@@ -23,42 +62,8 @@ public import ZeroMQ
 /// whole host then drains the same way and `run()` returns. Requests
 /// are answered in task groups of ``serve(onRegistered:until:)``, which end with it.
 public final class ServiceHost<Hosted: BusService>: Service {
-    public struct Options: Sendable {
-        /// The kernel to register with, or the two kernels of a pair: the service registers
-        /// with both, so the passive one can dispatch to it the moment it takes over.
-        public var brokers: [String]
-        /// How many worker connections to each kernel, each served (and its handlers run)
-        /// on a loop thread of its own.
-        public var connections: Int
-        /// Requests each connection holds at once (the window extension; 1: plain 7/MDP).
-        public var window: Int
-        public var heartbeatInterval: Duration
-        /// Missed heartbeats after which the kernel is considered gone.
-        public var heartbeatLiveness: Int
-        /// How long a drain waits for requests in flight (and the kernel's word that no more come).
-        public var drainTimeout: Duration
-        /// Keys for a CURVE-secured kernel (a worker key; nil: plain text).
-        public var curve: CurveClientKeys?
-        /// The kernel's `max_message_size`: a bigger reply is answered -32010 instead (the
-        /// kernel would drop the worker's connection, and the client would wait in vain).
-        public var maxMessageSize: Int
-        /// The kernel's `max_batch_items`: a bigger batch is refused (-32010) unanswered.
-        public var maxBatchItems: Int
-
-        public init(brokers: [String], connections: Int = 2, window: Int = 16, heartbeatInterval: Duration = .milliseconds(2_500),
-                    heartbeatLiveness: Int = 3, drainTimeout: Duration = .seconds(5), curve: CurveClientKeys? = nil,
-                    maxMessageSize: Int = MDP.defaultMaxMessageSize, maxBatchItems: Int = BodyLimits().maxBatchItems) {
-            self.curve = curve
-            self.maxMessageSize = maxMessageSize
-            self.maxBatchItems = maxBatchItems
-            self.brokers = brokers
-            self.connections = connections
-            self.window = window
-            self.heartbeatInterval = heartbeatInterval
-            self.heartbeatLiveness = heartbeatLiveness
-            self.drainTimeout = drainTimeout
-        }
-    }
+    /// How the service is hosted (``ServiceHostOptions``).
+    public typealias Options = ServiceHostOptions
 
     public let service: Hosted
     public let options: Options
@@ -68,7 +73,7 @@ public final class ServiceHost<Hosted: BusService>: Service {
     /// connections.
     let loops: [SocketLoop]
     private let logger: Logger
-    private let workers: [WorkerConnection<Hosted>]
+    private let workers: [WorkerConnection]
     private let ready: @Sendable () async -> Void
     /// Told when a kernel asks a connection to drain: the whole host drains and leaves.
     private let (drainRequests, drainRequested) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
@@ -101,9 +106,9 @@ public final class ServiceHost<Hosted: BusService>: Service {
         let process = Self.processID()
         let requests = drainRequested
         workers = places.enumerated().map { index, broker in
-            WorkerConnection(loop: loops[index], process: process, index: index, broker: broker,
-                             service: service, table: frozen, options: options, logger: logger, onReregistered: onReregistered,
-                             onDrainRequested: { requests.yield() })
+            WorkerConnection(loop: loops[index], process: process, index: index, broker: broker, serviceName: Hosted.name,
+                             streams: frozen.streams, answer: { body, parts in await frozen.answer(body: body, on: service, parts: parts) },
+                             options: options, logger: logger, onReregistered: onReregistered, onDrainRequested: { requests.yield() })
         }
     }
 
@@ -174,8 +179,18 @@ public final class ServiceHost<Hosted: BusService>: Service {
     }
 }
 
+/// What a worker connection's ``WorkerConnection/answerRequests()`` runs, as each arrives: a
+/// request, or the service's `onReregistered` after the kernel forgot it. Not nested in the
+/// generic connection: its type would then be looked up at run time for every request queued.
+enum HostWork: Sendable {
+    case request(client: Frame, body: [UInt8]?, generation: Int)
+    case reregistered
+}
+
 /// One MDP worker connection, running on its loop thread, where its requests' handlers run too.
-actor WorkerConnection<Hosted: BusService> {
+/// Not generic over the service (it answers through `answer`): the methods of a generic actor
+/// in another module than the service look up their types at run time, several per request.
+actor WorkerConnection {
     nonisolated let loop: SocketLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
@@ -188,9 +203,10 @@ actor WorkerConnection<Hosted: BusService> {
     let process: String
     let index: Int
     let broker: String
-    let service: Hosted
-    let table: MethodTable<Hosted>
-    let options: ServiceHost<Hosted>.Options
+    let serviceName: String
+    /// The service's method table answering a request body (``MethodTable/answer(body:on:parts:)``).
+    let answer: @Sendable (_ body: [UInt8], _ parts: PartOut?) async -> (reply: [UInt8], errors: Int)
+    let options: ServiceHostOptions
     let logger: Logger
     let onReregistered: @Sendable () async -> Void
     let onDrainRequested: @Sendable () -> Void
@@ -220,12 +236,7 @@ actor WorkerConnection<Hosted: BusService> {
     /// The kernel answered the drain (`drain=1`): nothing more comes on this connection.
     private var drainAcknowledged = false
 
-    /// What ``answerRequests()`` runs, as each arrives: a request, or the service's
-    /// `onReregistered` after the kernel forgot it.
-    enum Work: Sendable {
-        case request(client: Frame, body: [UInt8]?, generation: Int)
-        case reregistered
-    }
+    typealias Work = HostWork
     /// Work that arrived since ``answerRequests()`` last took it, taken all at once: under
     /// load one wake-up hands over many requests. The consumer waits in `waiting`.
     private var pending: [Work] = []
@@ -258,21 +269,22 @@ actor WorkerConnection<Hosted: BusService> {
         return await withCheckedContinuation { waiting = $0 }
     }
 
-    init(loop: SocketLoop, process: String, index: Int, broker: String, service: Hosted, table: MethodTable<Hosted>,
-         options: ServiceHost<Hosted>.Options, logger: Logger, onReregistered: @escaping @Sendable () async -> Void,
+    init(loop: SocketLoop, process: String, index: Int, broker: String, serviceName: String, streams: Bool,
+         answer: @escaping @Sendable ([UInt8], PartOut?) async -> (reply: [UInt8], errors: Int),
+         options: ServiceHostOptions, logger: Logger, onReregistered: @escaping @Sendable () async -> Void,
          onDrainRequested: @escaping @Sendable () -> Void) {
         self.loop = loop
         self.process = process
         self.index = index
         self.broker = broker
-        self.service = service
-        self.table = table
+        self.serviceName = serviceName
+        self.answer = answer
         self.options = options
         self.logger = logger
         self.onReregistered = onReregistered
         self.onDrainRequested = onDrainRequested
         self.liveness = options.heartbeatLiveness
-        version = table.streams ? .v02 : .v01
+        version = streams ? .v02 : .v01
     }
 
     func connect() throws {
@@ -300,7 +312,7 @@ actor WorkerConnection<Hosted: BusService> {
             self?.assumeIsolated { $0.connectionEvent(message, generation: current) }
         }
         // The window frame even for 1: it says this worker understands `drain=1`.
-        registration?.send(MDP.encode(.ready(service: Hosted.name, window: options.window), version: version))
+        registration?.send(MDP.encode(.ready(service: serviceName, window: options.window), version: version))
         liveness = options.heartbeatLiveness
         state = .registered
         if heartbeat == nil {
@@ -348,7 +360,7 @@ actor WorkerConnection<Hosted: BusService> {
     /// computes holds it, as an event loop's handler would;
     /// what still runs then is cancelled (after ``stop(drain:)`` waited for it).
     func answerRequests() async {
-        let table = self.table, service = self.service, hook = onReregistered, streams = version == .v02
+        let answer = self.answer, hook = onReregistered, streams = version == .v02
         await withDiscardingTaskGroup { group in
             while case let batch = await nextWork(), !batch.isEmpty {
                 for item in batch {
@@ -362,14 +374,14 @@ actor WorkerConnection<Hosted: BusService> {
                             }
                         }
                         group.addTask {
-                            var answer: (reply: [UInt8], errors: Int)
+                            var outcome: (reply: [UInt8], errors: Int)
                             if let bytes {
                                 // The table keeps the reply within the kernel's message limit.
-                                answer = await table.answer(body: bytes, on: service, parts: parts)
+                                outcome = await answer(bytes, parts)
                             } else {
-                                answer = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
+                                outcome = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
                             }
-                            self.deliver(client: client, reply: answer.reply, errors: answer.errors, generation: generation)
+                            self.deliver(client: client, reply: outcome.reply, errors: outcome.errors, generation: generation)
                         }
                     case .reregistered:
                         group.addTask { await hook() }
@@ -408,7 +420,7 @@ actor WorkerConnection<Hosted: BusService> {
     /// pace of the socket.
     nonisolated private func sendPart(_ body: [UInt8], client: Frame, generation: Int) async throws {
         guard currentGeneration.load(ordering: .relaxed) == generation else {
-            throw JSONRPCError.streamEnded("the connection to the kernel", parts: 0, reason: "connection_lost", service: Hosted.name)
+            throw JSONRPCError.streamEnded("the connection to the kernel", parts: 0, reason: "connection_lost", service: serviceName)
         }
         let message = MDP.encode(.partial(client: client, body: [Frame(body)][...]), version: version)
         if partOutbox.add(message, generation: generation) {

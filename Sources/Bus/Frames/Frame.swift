@@ -178,7 +178,12 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 
     /// The bytes as UTF-8 text, or `nil` when they are not valid UTF-8.
     public var string: String? {
-        withUnsafeBytes { String(validating: $0.bindMemory(to: UInt8.self), as: UTF8.self) }
+        withUnsafeBytes { raw in
+            let bytes = raw.bindMemory(to: UInt8.self)
+            // As JSON text's strings: ASCII needs no validation, whose generic call looks up metadata.
+            if bytes.allSatisfy({ $0 < 0x80 }) { return String(decoding: bytes, as: UTF8.self) }
+            return String(validating: bytes, as: UTF8.self)
+        }
     }
 
     /// Whether the frame holds exactly these bytes.

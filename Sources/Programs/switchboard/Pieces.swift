@@ -32,9 +32,9 @@ struct Connection {
     var maxMessageSize = MDP.defaultMaxMessageSize
     var maxBatchItems = BodyLimits().maxBatchItems
 
-    func hostOptions<S>() -> ServiceHost<S>.Options {
-        ServiceHost<S>.Options(brokers: brokers, connections: workers, window: window, heartbeatInterval: heartbeatInterval,
-                               heartbeatLiveness: liveness, curve: curve, maxMessageSize: maxMessageSize, maxBatchItems: maxBatchItems)
+    func hostOptions() -> ServiceHostOptions {
+        ServiceHostOptions(brokers: brokers, connections: workers, window: window, heartbeatInterval: heartbeatInterval,
+                           heartbeatLiveness: liveness, curve: curve, maxMessageSize: maxMessageSize, maxBatchItems: maxBatchItems)
     }
 
     /// A client for the kernel, whose `subscribe` follows `state`.

@@ -46,7 +46,7 @@ public struct DatasetBus: Sendable {
     }
 
     /// Host options for a service on this kernel, with its fast heartbeats.
-    public static func hostOptions<S>(_ kernel: TestKernel, connections: Int) -> ServiceHost<S>.Options {
+    public static func hostOptions(_ kernel: TestKernel, connections: Int) -> ServiceHostOptions {
         .init(brokers: [kernel.endpoints.broker], connections: connections, heartbeatInterval: kernel.configuration.heartbeatInterval,
               heartbeatLiveness: kernel.configuration.heartbeatLiveness)
     }
