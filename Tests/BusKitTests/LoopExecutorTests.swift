@@ -41,18 +41,20 @@ private func thread(of loop: SocketLoop) async throws -> String {
     try await loop.run { currentThreadName() }
 }
 
+/// A kernel, the threads service hosted on `connections` connections, and a client.
+private func startThreads(connections: Int) async throws -> (TestKernel, ServiceHost<Threads>, BusClient) {
+    let kernel = try await TestKernel.start(fastHeartbeats)
+    let host = try ServiceHost(service: Threads(), options: DatasetBus.hostOptions(kernel, connections: connections))
+    try await host.start()
+    try await kernel.workers(ThreadsAPI.service, atLeast: connections)
+    return (kernel, host, try await BusClient(brokers: [kernel.endpoints.broker]))
+}
+
 @Suite("Loops as task executors: a hosted handler and a client's caller stay on their loop threads")
 struct LoopExecutorTests {
     @Test("a handler runs on its connection's loop thread, after it awaits too; a caller that prefers bus.executor is answered on the client's loop")
     func threads() async throws {
-        let kernel = try await TestKernel.start(fastHeartbeats)
-        let options = ServiceHost<Threads>.Options(brokers: [kernel.endpoints.broker], connections: 2,
-                                                   heartbeatInterval: kernel.configuration.heartbeatInterval,
-                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness)
-        let host = try ServiceHost(service: Threads(), options: options)
-        try await host.start()
-        try await kernel.workers(ThreadsAPI.service, atLeast: 2)
-        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let (kernel, host, bus) = try await startThreads(connections: 2)
 
         var loops: Set<String> = []
         for _ in 0..<20 {
@@ -78,14 +80,7 @@ struct LoopExecutorTests {
 
     @Test("a request costs its host's loop at most three jobs: no job per hop of the handler's code, none to hand back the reply")
     func jobsPerRequest() async throws {
-        let kernel = try await TestKernel.start(fastHeartbeats)
-        let options = ServiceHost<Threads>.Options(brokers: [kernel.endpoints.broker], connections: 1,
-                                                   heartbeatInterval: kernel.configuration.heartbeatInterval,
-                                                   heartbeatLiveness: kernel.configuration.heartbeatLiveness)
-        let host = try ServiceHost(service: Threads(), options: options)
-        try await host.start()
-        try await kernel.workers(ThreadsAPI.service, atLeast: 1)
-        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        let (kernel, host, bus) = try await startThreads(connections: 1)
         _ = try await bus.call(ThreadsAPI.plain)
         let loop = host.loops[0]
         let requests = 200
