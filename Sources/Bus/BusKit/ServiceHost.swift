@@ -179,14 +179,6 @@ public final class ServiceHost<Hosted: BusService>: Service {
     }
 }
 
-/// What a worker connection's ``WorkerConnection/answerRequests()`` runs, as each arrives: a
-/// request, or the service's `onReregistered` after the kernel forgot it. Not nested in the
-/// generic connection: its type would then be looked up at run time for every request queued.
-enum HostWork: Sendable {
-    case request(client: Frame, body: [UInt8]?, generation: Int)
-    case reregistered
-}
-
 /// One MDP worker connection, running on its loop thread, where its requests' handlers run too.
 /// Not generic over the service (it answers through `answer`): the methods of a generic actor
 /// in another module than the service look up their types at run time, several per request.
@@ -236,7 +228,12 @@ actor WorkerConnection {
     /// The kernel answered the drain (`drain=1`): nothing more comes on this connection.
     private var drainAcknowledged = false
 
-    typealias Work = HostWork
+    /// What ``answerRequests()`` runs, as each arrives: a request, or the service's
+    /// `onReregistered` after the kernel forgot it.
+    enum Work: Sendable {
+        case request(client: Frame, body: [UInt8]?, generation: Int)
+        case reregistered
+    }
     /// Work that arrived since ``answerRequests()`` last took it, taken all at once: under
     /// load one wake-up hands over many requests. The consumer waits in `waiting`.
     private var pending: [Work] = []
