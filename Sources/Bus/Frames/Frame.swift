@@ -178,12 +178,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 
     /// The bytes as UTF-8 text, or `nil` when they are not valid UTF-8.
     public var string: String? {
-        withUnsafeBytes { raw in
-            let bytes = raw.bindMemory(to: UInt8.self)
-            // As JSON text's strings: ASCII needs no validation, whose generic call looks up metadata.
-            if bytes.allSatisfy({ $0 < 0x80 }) { return String(decoding: bytes, as: UTF8.self) }
-            return String(validating: bytes, as: UTF8.self)
-        }
+        withUnsafeBytes { String(checkingUTF8: $0.bindMemory(to: UInt8.self)) }
     }
 
     /// Whether the frame holds exactly these bytes.
@@ -244,6 +239,21 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
                 return String([digits[Int(byte >> 4)], digits[Int(byte & 0x0F)]])
             }.joined()
             return "0x" + hex + (raw.count > 64 ? "…(\(raw.count) bytes)" : "")
+        }
+    }
+}
+
+extension String {
+    /// `bytes` as text, or nil when they are not valid UTF-8. ASCII (keys, names, most text on
+    /// the bus) is taken as it is: `String(validating:as:)` is a generic call into the standard
+    /// library that looks up type metadata under a lock every time, most of the 4% of a service
+    /// host's time once spent looking up metadata (docs/BENCHMARKS.md, issue 33).
+    public init?(checkingUTF8 bytes: UnsafeBufferPointer<UInt8>) {
+        if bytes.allSatisfy({ $0 < 0x80 }) {
+            self = String(decoding: bytes, as: UTF8.self)
+        } else {
+            guard let text = String(validating: bytes, as: UTF8.self) else { return nil }
+            self = text
         }
     }
 }
