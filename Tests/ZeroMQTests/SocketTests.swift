@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 @testable import ZeroMQ
 
@@ -77,6 +78,36 @@ struct SocketTests {
         let kept = small.keepable()
         #expect(kept == small && !(kept.buffer is ZMQFrameBuffer))
         #expect(big.keepable().buffer === big.buffer)
+    }
+
+    @Test("a received frame is sent from several threads at once, every copy intact")
+    func receivedFrameSentFromThreads() throws {
+        let context = try ZMQContext()
+        let receiver = try bounded(ZMQSocket(context, .pull))
+        let sender = try bounded(ZMQSocket(context, .push))
+        try sender.connect(try receiver.bind("tcp://127.0.0.1:*"))
+        let small = [UInt8](repeating: 3, count: 100), big = [UInt8](repeating: 4, count: 100_000)
+        try sender.send([Frame(small), Frame(big)])
+        // Frames that came over TCP: held in libzmq's messages, copied (not locked) to send.
+        let received = try receiver.receive()
+        #expect(received[0].buffer is ZMQFrameBuffer && received[1].buffer is ZMQFrameBuffer)
+        let threads = 4, sends = 200
+        let intact = Mutex(0)
+        DispatchQueue.concurrentPerform(iterations: threads) { _ in
+            do {
+                let pull = try bounded(ZMQSocket(context, .pull)), push = try bounded(ZMQSocket(context, .push))
+                try push.connect(try pull.bind(inprocEndpoint("copies")))
+                for _ in 0..<sends {
+                    try push.send(received)
+                    let copy = try pull.receive()
+                    if copy.count == 2, copy[0].equals(small), copy[1].equals(big) { intact.withLock { $0 += 1 } }
+                }
+            } catch {
+                Issue.record(error)
+            }
+        }
+        #expect(intact.withLock { $0 } == threads * sends)
+        #expect(received[0].equals(small) && received[1].equals(big))
     }
 
     @Test("ROUTER routes by routing id, and router-mandatory refuses an unknown peer")

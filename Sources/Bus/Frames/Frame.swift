@@ -84,8 +84,17 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 
     /// The buffer the bytes are kept in; nil for a frame held inline.
     @inlinable
-    package var buffer: FrameBuffer? {
-        if case .shared(let buffer) = storage { buffer } else { nil }
+    package var buffer: FrameBuffer? { withBuffer { $0 } }
+
+    /// Calls `body` with the buffer the bytes are kept in (nil for a frame held inline),
+    /// borrowed: ``buffer`` returns a reference of its own, a retain and a release per call,
+    /// which sending every frame paid (docs/BENCHMARKS.md, issue 33).
+    @inlinable
+    package func withBuffer<R>(_ body: (FrameBuffer?) -> R) -> R {
+        switch storage {
+        case .inline: body(nil)
+        case .shared(let buffer): body(buffer)
+        }
     }
 
     /// An empty (0-byte) frame, such as the delimiter in front of a REQ/REP body.
@@ -197,8 +206,9 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 
     /// Whether the frame holds exactly the UTF-8 bytes of `text`.
     public func equals(_ text: String) -> Bool {
-        var text = text
-        return text.withUTF8 { equals($0) }
+        // Read in place: `withUTF8` needs a mutable copy of the string, a retain.
+        text.utf8.withContiguousStorageIfAvailable { equals(UnsafeRawBufferPointer($0)) }
+            ?? withUnsafeBytes { $0.elementsEqual(text.utf8) }
     }
 
     /// Whether this frame's bytes sort before `other`'s (lexicographic; for UTF-8 text the

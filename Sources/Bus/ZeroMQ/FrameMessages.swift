@@ -1,17 +1,15 @@
 internal import CZeroMQ
 @_exported public import Frames
-import Synchronization
 
 /// A received frame's bytes, left in the libzmq message (`zmq_msg_t`) that holds them, which
 /// never moves. Receiving copies nothing; sending hands libzmq a reference-counted copy of the
 /// message (`zmq_msg_copy`), so a frame is sent any number of times, from any thread, without
 /// copying its bytes.
 final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
-    // `zmq_msg_copy` writes the source's share flag and count the first time, so copies are
-    // taken under `copyLock`.
+    // `@unchecked`: the message is written only in init (below); after that libzmq reads it
+    // and counts its references atomically.
     /// The message, held in the object itself: one allocation per received frame, not two.
     @exclusivity(unchecked) private var message = zmq_msg_t()
-    private let copyLock = Mutex<Void>(())
 
     /// libzmq keeps up to this many bytes inside a `zmq_msg_t` itself; a larger message's
     /// bytes lie outside it and stay where they are when the message is moved.
@@ -24,6 +22,14 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
         super.init(bytes: UnsafeRawBufferPointer(start: zmq_msg_data(received), count: zmq_msg_size(received)))
         zmq_msg_init(&message)
         zmq_msg_move(&message, received)
+        // Made a shared message now, on the thread that read it: `zmq_msg_copy` writes the
+        // source's share flag and count the first time it copies it, and only adds to the
+        // count (atomically) after that, so copies for sending are then taken from any
+        // thread without a lock (one lock and unlock per frame sent, before).
+        var share = zmq_msg_t()
+        zmq_msg_init(&share)
+        _ = zmq_msg_copy(&share, &message)
+        zmq_msg_close(&share)
     }
 
     /// libzmq may have read it with other messages into one buffer.
@@ -32,7 +38,7 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
     /// Initialises `target` as a shared copy of this frame, for sending.
     func copy(into target: UnsafeMutablePointer<zmq_msg_t>) {
         zmq_msg_init(target)
-        copyLock.withLock { _ in _ = zmq_msg_copy(target, &message) }
+        _ = zmq_msg_copy(target, &message)
     }
 
     deinit {
@@ -55,8 +61,16 @@ extension Frame {
     /// Initialises `target` as a message to send holding this frame's bytes: a shared copy
     /// of the libzmq message it arrived in, or else a copy of its bytes (libzmq keeps up to
     /// 33 bytes inside `zmq_msg_t`, without allocating).
+    @inline(__always)
     func prepareForSending(_ target: UnsafeMutablePointer<zmq_msg_t>) {
-        if let received = buffer as? ZMQFrameBuffer { return received.copy(into: target) }
+        // Checked, then downcast unchecked: a checked cast's result is a reference of its own
+        // (a retain and a release per frame sent).
+        let shared = withBuffer { buffer in
+            guard let buffer, buffer is ZMQFrameBuffer else { return false }
+            unsafeDowncast(buffer, to: ZMQFrameBuffer.self).copy(into: target)
+            return true
+        }
+        if shared { return }
         withUnsafeBytes { raw in
             // zmq_msg_init_size only fails when malloc does; treat that as libzmq does.
             precondition(zmq_msg_init_size(target, raw.count) == 0, "zmq_msg_init_size: out of memory")
