@@ -14,6 +14,10 @@ final class Outbox {
     @exclusivity(unchecked) private var frames: [Frame] = []
     /// Where each message ends in `frames`.
     @exclusivity(unchecked) private var ends: [Int] = []
+    /// The arrays of the last flush, written into while a flush delivers the others.
+    @exclusivity(unchecked) private var spareFrames: [Frame] = []
+    @exclusivity(unchecked) private var spareEnds: [Int] = []
+    private var draining = false
 
     func send(_ message: Message) {
         frames.append(contentsOf: message.frames)
@@ -28,24 +32,41 @@ final class Outbox {
 
     var isEmpty: Bool { ends.isEmpty }
 
-    /// Hands every message's frames to `deliver` in order, including those sent while
+    /// Hands every message's frames to `deliver` in order, including those written while
     /// delivering (a failed send can make the broker re-dispatch), and empties the box.
-    func drain(_ deliver: (ArraySlice<Frame>) -> Void) {
-        var index = 0, start = 0
-        while index < ends.count {
-            let end = ends[index]
-            deliver(frames[start..<end])
-            start = end
-            index += 1
+    /// The frames are lent in place, not as slices of the array (each slice retained it):
+    /// what is written meanwhile goes to the spare arrays, delivered next.
+    func drain(_ deliver: (UnsafeBufferPointer<Frame>) -> Void) {
+        // Drained from within a delivery, the spare arrays would change under it: what is
+        // written then is delivered by the drain under way.
+        guard !draining else { return }
+        draining = true
+        defer { draining = false }
+        while !ends.isEmpty {
+            swap(&frames, &spareFrames)
+            swap(&ends, &spareEnds)
+            spareFrames.withUnsafeBufferPointer { all in
+                var start = 0
+                for end in spareEnds {
+                    deliver(UnsafeBufferPointer(rebasing: all[start..<end]))
+                    start = end
+                }
+            }
+            // The room a burst grew it to (a large snapshot) is let go; a usual flush's is kept.
+            let keeps = spareFrames.capacity <= Self.keptCapacity
+            spareFrames.removeAll(keepingCapacity: keeps)
+            spareEnds.removeAll(keepingCapacity: keeps)
         }
-        // The room a burst grew it to (a large snapshot) is let go; a usual flush's is kept.
-        let keeps = frames.capacity <= Self.keptCapacity
-        frames.removeAll(keepingCapacity: keeps)
-        ends.removeAll(keepingCapacity: keeps)
     }
 
     /// Frames of room kept from one flush to the next (40 bytes each).
     static let keptCapacity = 16_384
+
+    /// Sends every message on `registration`'s socket (drops them when there is none).
+    func drain(to registration: SocketRegistration?) {
+        guard let registration else { return drain { _ in } }
+        drain { registration.send(frames: $0) }
+    }
 
     /// Takes the messages (tests).
     func take() -> [Message] {
@@ -175,7 +196,10 @@ final class KernelParts {
             registration.afterReading = { [weak self] in self?.flush() }
             return registration
         }
-        let router = register(sockets.router) { $0.broker.handle($1, now: $0.clock.now) }
+        // The broker's socket, the busiest, goes to the broker with no weak reference to load
+        // per message (the broker holds nothing that holds the registration).
+        let router = loop.register(sockets.router) { [broker, clock] in broker.handle($0, now: clock.now) }
+        router.afterReading = { [weak self] in self?.flush() }
         router.dropsWhenPeerFull = true
         router.onSendError = { [weak self] message, error in
             guard let self, let peer = message.first else { return }
@@ -257,12 +281,12 @@ final class KernelParts {
         repeat {
             for event in broker.takeEvents() { handle(event) }
             if let pair { for event in pair.takeEvents() { handle(event) } }
-            broker.outbox.drain { registrations.router.send(frames: $0) }
-            state.snapshots.drain { registrations.snapshot.send(frames: $0) }
-            state.publisher.drain { registrations.publisher.send(frames: $0) }
-            zap?.outbox.drain { registrations.zap?.send(frames: $0) }
-            pair?.outbox.drain { registrations.pairSender?.send(frames: $0) }
-            pair?.probes.drain { registrations.peerBroker?.send(frames: $0) }
+            broker.outbox.drain(to: registrations.router)
+            state.snapshots.drain(to: registrations.snapshot)
+            state.publisher.drain(to: registrations.publisher)
+            zap?.outbox.drain(to: registrations.zap)
+            pair?.outbox.drain(to: registrations.pairSender)
+            pair?.probes.drain(to: registrations.peerBroker)
         } while !broker.events.isEmpty || !(pair?.events.isEmpty ?? true) || !broker.outbox.isEmpty
     }
 

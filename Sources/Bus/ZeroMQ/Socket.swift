@@ -109,30 +109,30 @@ public final class ZMQSocket {
     /// when the message cannot be queued now; no frame of it was sent in that case.
     /// Frames are handed to libzmq by reference (no byte is copied).
     public func send(_ message: Message, options: SendOptions = []) throws(ZMQError) {
-        try send(frames: message.frames[...], options: options)
+        try message.frames.withUnsafeBufferPointer { frames throws(ZMQError) in try send(frames: frames, options: options) }
     }
 
-    /// Sends `frames` as one multipart message: a message's frames among others' in one array.
-    public func send(frames: ArraySlice<Frame>, options: SendOptions = []) throws(ZMQError) {
+    /// Sends `frames` as one multipart message: a message's frames among others' in one
+    /// array, lent in place (a copy of a frame, or a slice of the array, is a retain).
+    public func send(frames: UnsafeBufferPointer<Frame>, options: SendOptions = []) throws(ZMQError) {
         let handle = try raw("zmq_msg_send")
         guard !frames.isEmpty else { throw ZMQError(call: "zmq_msg_send(no frames)", code: EINVAL) }
-        // The frames are read in place, not copied out one by one (a copy retains a frame's buffer).
-        try frames.withUnsafeBufferPointer { frames throws(ZMQError) in
-            var part = zmq_msg_t()
-            let last = frames.count - 1
-            for index in 0...last {
-                var flags = options.rawValue
-                if index < last { flags |= ZMQ_SNDMORE }
-                // After the first frame is accepted libzmq takes the rest of the message
-                // whole, so an EAGAIN can only happen on frame 0 and nothing half-sent remains.
-                frames[index].prepareForSending(&part)
-                do throws(ZMQError) {
-                    try zmqCall("zmq_msg_send(\(type))") { zmq_msg_send(&part, handle, flags) }
-                } catch {
-                    // Not sent: the frame's reference is ours to release.
-                    zmq_msg_close(&part)
-                    throw error
-                }
+        var part = zmq_msg_t()
+        let last = frames.count - 1
+        for index in 0...last {
+            var flags = options.rawValue
+            if index < last { flags |= ZMQ_SNDMORE }
+            // After the first frame is accepted libzmq takes the rest of the message
+            // whole, so an EAGAIN can only happen on frame 0 and nothing half-sent remains.
+            // Through the pointer, borrowed in place: the buffer's subscript returns a copy
+            // (a retain and a release of a frame held in a buffer).
+            (frames.baseAddress! + index).pointee.prepareForSending(&part)
+            do throws(ZMQError) {
+                try zmqCall("zmq_msg_send(\(type))") { zmq_msg_send(&part, handle, flags) }
+            } catch {
+                // Not sent: the frame's reference is ours to release.
+                zmq_msg_close(&part)
+                throw error
             }
         }
     }
@@ -140,11 +140,11 @@ public final class ZMQSocket {
     /// Sends without blocking; returns `false` (sending nothing) when libzmq cannot take
     /// the message now (`EAGAIN`: high-water mark reached, or no peer yet).
     public func trySend(_ message: Message) throws(ZMQError) -> Bool {
-        try trySend(frames: message.frames[...])
+        try message.frames.withUnsafeBufferPointer { frames throws(ZMQError) in try trySend(frames: frames) }
     }
 
     /// The same for a message's frames among others' in one array.
-    public func trySend(frames: ArraySlice<Frame>) throws(ZMQError) -> Bool {
+    public func trySend(frames: UnsafeBufferPointer<Frame>) throws(ZMQError) -> Bool {
         do {
             try send(frames: frames, options: .dontWait)
             return true

@@ -96,12 +96,13 @@ public final class SocketRegistration {
     /// it yet. An error other than `EAGAIN` drops the message and is reported through
     /// ``onSendError`` (and thrown here when it happens at once).
     public func send(_ message: Message) {
-        send(frames: message.frames[...])
+        message.frames.withUnsafeBufferPointer { send(frames: $0) }
     }
 
-    /// The same for a message's frames among others' in one array (a kernel part's outbox):
-    /// they are copied into a message of their own only when they cannot be sent at once.
-    public func send(frames: ArraySlice<Frame>) {
+    /// The same for a message's frames among others' in one array (a kernel part's outbox),
+    /// lent in place: they are copied into a message of their own only when they cannot be
+    /// sent at once.
+    public func send(frames: UnsafeBufferPointer<Frame>) {
         guard !isClosed else { return }
         if backlog.isEmpty {
             do {
@@ -148,20 +149,28 @@ public final class SocketRegistration {
     }
 
     func drain(budget: Int = readBudget) {
+        // The handler and the message are held in locals for the batch: read from the
+        // object, each would be retained and released per message.
+        guard let onMessage else { return }
+        var message = Message()
+        swap(&message, &inbox)
         var budget = budget
         let start = budget
         // However the batch ends (nothing left, the budget spent, the socket closed).
-        defer { if budget < start, let afterReading { afterReading() } }
+        defer {
+            inbox = message
+            if budget < start, let afterReading { afterReading() }
+        }
         while isReading && !isClosed && budget > 0 {
             do {
-                guard try socket.tryReceive(into: &inbox) else { return }
+                guard try socket.tryReceive(into: &message) else { return }
             } catch {
-                inbox = Message()
+                message = Message()
                 close(reason: error)
                 return
             }
-            onMessage?(inbox)
-            inbox.frames.removeAll(keepingCapacity: inbox.frames.capacity <= Self.inboxCapacity)
+            onMessage(message)
+            message.frames.removeAll(keepingCapacity: message.frames.capacity <= Self.inboxCapacity)
             budget -= 1
         }
     }
