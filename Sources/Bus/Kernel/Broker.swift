@@ -349,6 +349,14 @@ final class Broker {
             forgetIfUnserved(service)
             return
         }
+        // Nothing waiting and a place free: straight to the worker, as the queue would send it
+        // (the client's share allowing), without passing through the queue's turn.
+        if service.requests.isEmpty, let worker = service.idle.first, worker.hasRoom,
+           service.requests.holdAtOnce(request, share: clientShare(of: service)) {
+            service.idle.removeFirst()
+            send(request, to: worker)
+            return
+        }
         service.requests.append(request)
         queuedBytes += size
         dispatch(service)

@@ -65,6 +65,17 @@ struct FairQueue {
         added(request)
     }
 
+    /// Counts `request`, which waits for nothing (nothing is queued and a place is free), as
+    /// holding a place at once, when its client holds fewer than `share`: what ``append(_:)``
+    /// and ``next(share:)`` would do, without the queue. False (nothing done) otherwise.
+    mutating func holdAtOnce(_ request: Broker.Request, share: Int) -> Bool {
+        let client = request.owner
+        guard isEmpty, client.held < share else { return false }
+        track(client)
+        client.held += 1
+        return true
+    }
+
     /// Queues `request` first among its client's, and its client first in turn (a request back
     /// from a worker that died keeps its place).
     mutating func prepend(_ request: Broker.Request) {

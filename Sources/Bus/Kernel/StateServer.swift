@@ -178,8 +178,9 @@ final class StateServer: PairReplica {
         }
         let owner = access.isClientWritable(key) ? peer.quotaOwner : nil
         guard let size else { return .allowed(quotaOwner: owner) }
-        // The held entry's size and owner only: a copy of the whole entry retains its frames.
-        let oldSize = index.map { entries.values[$0].size }, oldOwner = index.flatMap { entries.values[$0].quotaOwner }
+        // The held entry's size and owner only, read in place: a copy of the entry retains its frames.
+        let held = index.map { readInPlace($0) { ($0.size, $0.quotaOwner) } }
+        let oldSize = held?.0, oldOwner = held?.1
         let keys = entries.count + (oldSize == nil ? 1 : 0), bytes = totalBytes - (oldSize ?? 0) + size
         var refusal: String?
         if size > configuration.stateMaxValueBytes {
@@ -200,6 +201,12 @@ final class StateServer: PairReplica {
         guard let refusal else { return .allowed(quotaOwner: owner) }
         refusedOverLimit += 1
         return .refused(JSONRPCError(code: JSONRPCError.tooLargeCode, message: "Too large: \(refusal)"))
+    }
+
+    /// Reads the entry at `index` in place: a read through the map (its getter) copies the
+    /// whole entry, retaining its value and owner, for every field read.
+    private func readInPlace<R>(_ index: Dictionary<Frame, Entry>.Index, _ read: (inout Entry) -> R) -> R {
+        read(&entries.values[index])
     }
 
     /// Makes the change, keeps the counts, and publishes it with the frames at hand (a
@@ -256,7 +263,7 @@ final class StateServer: PairReplica {
                               quotaOwner: item.quotaOwner, size: item.key.count + item.value.count, isJSON: Self.isJSON(item.value))
             entries[item.key.keepable()] = entry
             if entry.expiresAt != nil { expiring += 1 }
-            account(replacing: nil, with: entry)
+            account(replacing: nil, withSize: entry.size, owner: entry.quotaOwner)
         }
         self.sequence = sequence
         history.restart(after: sequence)
@@ -278,25 +285,31 @@ final class StateServer: PairReplica {
     /// it is): the one place both this kernel's changes and its peer's are stored.
     private func store(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, expiresAt: UInt64?,
                        quotaOwner: String?, uuid: Frame) {
-        let old = index.map { entries.values[$0] }
         // Kept with bytes of their own, not a share of the buffer libzmq read them in with
         // other messages (which one kept frame would keep whole); published as they came.
         // The state and the history share them.
         let keptKey = index.map { entries.keys[$0] } ?? key.keepable()
-        var new: Entry?
+        let keptValue = value.isEmpty ? Frame() : value.keepable()
+        let size = key.count + value.count
+        // The entry replaced is moved out of the map, not copied: a copy retains its value and
+        // its owner, and every read of a field through the map copies the whole entry.
+        var old: Entry?
         if value.isEmpty {
-            if let index { entries.remove(at: index) }
+            if let index { old = entries.remove(at: index).value }
         } else {
             if expiresAt != nil { expiring += 1 }
-            let entry = Entry(sequence: sequence, value: value.keepable(), expiresAt: expiresAt, quotaOwner: quotaOwner,
-                              size: key.count + value.count, isJSON: isJSON)
-            if let index { entries.values[index] = entry } else { entries[keptKey] = entry }
-            new = entry
+            var entry = Entry(sequence: sequence, value: keptValue, expiresAt: expiresAt, quotaOwner: quotaOwner, size: size, isJSON: isJSON)
+            if let index {
+                swap(&entry, &entries.values[index])
+                old = entry
+            } else {
+                entries[keptKey] = entry
+            }
         }
         if old?.expiresAt != nil { expiring -= 1 }
-        account(replacing: old, with: new)
+        account(replacing: old, withSize: value.isEmpty ? nil : size, owner: quotaOwner)
         let previous = old?.sequence ?? history.takeLastDeletion(of: keptKey)
-        history.record(.init(sequence: sequence, key: keptKey, value: new?.value ?? Frame(), uuid: uuid.isEmpty ? uuid : uuid.keepable(),
+        history.record(.init(sequence: sequence, key: keptKey, value: keptValue, uuid: uuid.isEmpty ? uuid : uuid.keepable(),
                              previous: previous))
     }
 
@@ -305,11 +318,13 @@ final class StateServer: PairReplica {
         history.revisions(of: key, last: entries[key]?.sequence)
     }
 
-    /// Keeps the byte total and the quotas: one lookup when a key keeps its owner.
-    private func account(replacing old: Entry?, with new: Entry?) {
-        totalBytes += (new?.size ?? 0) - (old?.size ?? 0)
-        if let owner = new?.quotaOwner, owner == old?.quotaOwner {
-            usage[owner, default: Usage()].bytes += new!.size - old!.size
+    /// Keeps the byte total and the quotas when `old` (nil: none held) is replaced by an entry
+    /// of `newSize` bytes counted against `newOwner` (nil size: deleted). One lookup when a
+    /// key keeps its owner.
+    private func account(replacing old: Entry?, withSize newSize: Int?, owner newOwner: String?) {
+        totalBytes += (newSize ?? 0) - (old?.size ?? 0)
+        if let newSize, let old, let owner = newOwner, owner == old.quotaOwner {
+            usage[owner, default: Usage()].bytes += newSize - old.size
             return
         }
         if let old, let owner = old.quotaOwner {
@@ -317,9 +332,9 @@ final class StateServer: PairReplica {
             usage[owner, default: Usage()].bytes -= old.size
             if usage[owner]?.keys == 0 { usage[owner] = nil }
         }
-        if let new, let owner = new.quotaOwner {
+        if let newSize, let owner = newOwner {
             usage[owner, default: Usage()].keys += 1
-            usage[owner, default: Usage()].bytes += new.size
+            usage[owner, default: Usage()].bytes += newSize
         }
     }
 
