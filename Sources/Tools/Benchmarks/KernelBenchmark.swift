@@ -79,13 +79,20 @@ struct KernelBenchmark: AsyncParsableCommand {
         // One C client sending one request at a time through the C 7/MDP broker and through
         // the kernel, to the same C window worker program.
         var syncRates: [Metal.Path: [Double]] = [:]
+        // The broker process's CPU per round trip in the same runs: with one request at a time
+        // the rate moves with the machine's scheduling far more than the work done does.
+        var syncCPU: [Metal.Path: [Double]] = [:]
         for round in 1...runs {
             progress("round \(round) of \(runs)")
             directRuns.append(try directRoundTrips(direct.endpoint, payload))
             mmiRuns.append(try mmiRoundTrips(endpoints.broker))
             kernelRuns.append(try kernelRoundTrips(endpoints.broker, payload))
             for path in [Metal.Path.cMDP, .kernelWindow] {
+                let before = metal.brokerCPUSeconds(path)
                 syncRates[path, default: []].append(try await metal.rate(path, clients: 1, requests: roundTrips, window: 1))
+                if let before, let after = metal.brokerCPUSeconds(path) {
+                    syncCPU[path, default: []].append((after - before) / Double(roundTrips) * 1e6)
+                }
             }
             for clients in [1, 8] {
                 for path in Metal.Path.allCases {
@@ -108,10 +115,14 @@ struct KernelBenchmark: AsyncParsableCommand {
             Row("kernel round trip (MDP)", rate: kernelRT.0, latencies: kernelRT.1, note: versusDirect(kernelRT)),
         ]
         let syncMDP = median(syncRates[.cMDP]!), syncKernel = median(syncRates[.kernelWindow]!)
+        func syncCPUNote(_ path: Metal.Path) -> String {
+            syncCPU[path].map { String(format: "; CPU %.1f µs a round trip", median($0)) } ?? ""
+        }
         rows.append(Row("C 7/MDP broker, synchronous, C client and worker", rate: syncMDP,
-                        note: String(format: "mean round trip %.1f µs; one request at a time", 1e6 / syncMDP)))
+                        note: String(format: "mean round trip %.1f µs; one request at a time", 1e6 / syncMDP) + syncCPUNote(.cMDP)))
         rows.append(Row("kernel, synchronous, C client and worker", rate: syncKernel,
-                        note: String(format: "mean round trip %.1f µs, %.2fx the C 7/MDP broker's", 1e6 / syncKernel, syncMDP / syncKernel)))
+                        note: String(format: "mean round trip %.1f µs, %.2fx the C 7/MDP broker's", 1e6 / syncKernel, syncMDP / syncKernel)
+                            + syncCPUNote(.kernelWindow)))
         for clients in [1, 8] {
             let plural = clients == 1 ? "" : "s"
             func rate(_ path: Metal.Path) -> Double { median(rates[path]![clients]!) }
