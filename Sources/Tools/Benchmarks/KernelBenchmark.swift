@@ -21,7 +21,7 @@ struct KernelBenchmark: AsyncParsableCommand {
 
     @Option(help: "Synchronous round trips per measurement.")
     var roundTrips = 20_000
-    @Option(help: "Requests per pipelined measurement (per client).")
+    @Option(help: "Requests per pipelined measurement (in all, shared by the clients).")
     var requests = 200_000
     @Option(help: "Requests in flight per client when pipelining.")
     var window = 500
@@ -88,20 +88,15 @@ struct KernelBenchmark: AsyncParsableCommand {
             mmiRuns.append(try mmiRoundTrips(endpoints.broker))
             kernelRuns.append(try kernelRoundTrips(endpoints.broker, payload))
             for path in [Metal.Path.cMDP, .kernelWindow] {
-                let before = metal.brokerCPUSeconds(path)
-                syncRates[path, default: []].append(try await metal.rate(path, clients: 1, requests: roundTrips, window: 1))
-                if let before, let after = metal.brokerCPUSeconds(path) {
-                    syncCPU[path, default: []].append((after - before) / Double(roundTrips) * 1e6)
-                }
+                let measured = try await metal.rateAndCPU(path, clients: 1, requests: roundTrips, window: 1)
+                syncRates[path, default: []].append(measured.rate)
+                if let perRequest = measured.cpu { syncCPU[path, default: []].append(perRequest) }
             }
             for clients in [1, 8] {
                 for path in Metal.Path.allCases {
-                    let before = metal.brokerCPUSeconds(path)
-                    rates[path, default: [:]][clients, default: []].append(
-                        try await metal.rate(path, clients: clients, requests: requests, window: window))
-                    if let before, let after = metal.brokerCPUSeconds(path) {
-                        cpu[path, default: [:]][clients, default: []].append((after - before) / Double(requests) * 1e6)
-                    }
+                    let measured = try await metal.rateAndCPU(path, clients: clients, requests: requests, window: window)
+                    rates[path, default: [:]][clients, default: []].append(measured.rate)
+                    if let perRequest = measured.cpu { cpu[path, default: [:]][clients, default: []].append(perRequest) }
                 }
             }
         }
@@ -311,7 +306,16 @@ struct KernelBenchmark: AsyncParsableCommand {
 
         /// The user and system CPU time the process brokering `path` has used so far, from
         /// `/proc/PID/stat` (Linux; nil elsewhere).
-        func brokerCPUSeconds(_ path: Path) -> Double? {
+        /// The rate of `requests` (in all) from `clients` C clients through `path`, and the
+        /// broker process's CPU per request in µs in the same run (nil when /proc cannot say).
+        func rateAndCPU(_ path: Path, clients: Int, requests: Int, window: Int) async throws -> (rate: Double, cpu: Double?) {
+            let before = brokerCPUSeconds(path)
+            let rate = try await rate(path, clients: clients, requests: requests, window: window)
+            guard let before, let after = brokerCPUSeconds(path) else { return (rate, nil) }
+            return (rate, (after - before) / Double(requests) * 1e6)
+        }
+
+        private func brokerCPUSeconds(_ path: Path) -> Double? {
             let broker = switch path {
             case .raw: processes[0]
             case .cMDP: processes[2]
