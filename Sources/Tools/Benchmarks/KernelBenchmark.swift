@@ -304,8 +304,6 @@ struct KernelBenchmark: AsyncParsableCommand {
                          bareBroker: ports[9], bareCollector: ports[12], barePublisher: ports[11])
         }
 
-        /// The user and system CPU time the process brokering `path` has used so far, from
-        /// `/proc/PID/stat` (Linux; nil elsewhere).
         /// The rate of `requests` (in all) from `clients` C clients through `path`, and the
         /// broker process's CPU per request in µs in the same run (nil when /proc cannot say).
         func rateAndCPU(_ path: Path, clients: Int, requests: Int, window: Int) async throws -> (rate: Double, cpu: Double?) {
@@ -315,6 +313,8 @@ struct KernelBenchmark: AsyncParsableCommand {
             return (rate, (after - before) / Double(requests) * 1e6)
         }
 
+        /// The user and system CPU time the process brokering `path` has used so far, from
+        /// `/proc/PID/stat` (Linux; nil elsewhere).
         private func brokerCPUSeconds(_ path: Path) -> Double? {
             let broker = switch path {
             case .raw: processes[0]
