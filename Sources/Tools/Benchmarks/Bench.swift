@@ -8,7 +8,7 @@ struct SwitchboardBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard-bench",
         abstract: "Measure Switchboard's layers and print the figures.",
-        subcommands: [AllBenchmarks.self, ZeroMQBenchmark.self, KernelBenchmark.self, StoreBenchmark.self, FetcherBenchmark.self, SearchBenchmark.self, JSONBenchmark.self, GatewayBenchmark.self, StreamBenchmark.self]
+        subcommands: [AllBenchmarks.self, ZeroMQBenchmark.self, KernelBenchmark.self, StoreBenchmark.self, FetcherBenchmark.self, SearchBenchmark.self, JSONBenchmark.self, GatewayBenchmark.self, StreamBenchmark.self, SocketLayerFloorCommand.self]
     )
 }
 

@@ -135,6 +135,8 @@ struct KernelBenchmark: AsyncParsableCommand {
                             note: "\(ratios(rate(.kernelWindow))); switchboard kernel process, one connection, window \(workerWindow)\(cpuNote(.kernelWindow))"))
             rows.append(Row("kernel, plain MDP C worker, pipelined, \(clients) client\(plural)", rate: rate(.kernelPlain),
                             note: "\(ratios(rate(.kernelPlain))); \(workerSockets) connections, one request each"))
+            rows.append(Row("the kernel's socket layer alone, pipelined, \(clients) client\(plural)", rate: rate(.floor),
+                            note: "\(ratios(rate(.floor))); a Swift 7/MDP forwarder on SocketLoop with the kernel's codec, no bookkeeping: the kernel's floor\(cpuNote(.floor))"))
         }
         rows.append(contentsOf: try await busKitRows(endpoints.broker))
         // CHP: C publisher and subscribers, through a raw XSUB/XPUB proxy and through the
@@ -163,6 +165,10 @@ struct KernelBenchmark: AsyncParsableCommand {
             rows.append(Row("CHP collector to \(subscribers) subscriber\(plural), history of 1 change", rate: bareRate,
                             note: String(format: "%.2fx raw C; kernel.state_history_changes 1: what revisions and history cost is the row above's ratio; %d gaps, %d never came",
                                          bareRate / raw, bareRuns.map(\.gaps).reduce(0, +), bareRuns.map(\.missing).reduce(0, +))))
+            let floorRuns = fanOut[.floor]![subscribers]!, floorRate = median(floorRuns.map(\.rate))
+            rows.append(Row("the kernel's socket layer alone, CHP to \(subscribers) subscriber\(plural)", rate: floorRate,
+                            note: String(format: "%.2fx raw C; a Swift republisher on SocketLoop, no state, history or quotas: the collector's floor; %d gaps, %d never came",
+                                         floorRate / raw, floorRuns.map(\.gaps).reduce(0, +), floorRuns.map(\.missing).reduce(0, +))))
         }
         rows.append(contentsOf: try await historyMemory(metal))
         single.stop()
@@ -262,17 +268,20 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// Raw libzmq in C (`zmq-baseline`): a ROUTER-ROUTER broker with no protocol and an echo
     /// worker; a C broker moving exactly the kernel's 7/MDP frames; and `switchboard kernel`
     /// as its own process with a C echo worker offering a window (one connection) and a
-    /// plain 7/MDP one (many connections). The same C pipelining clients measure all four,
-    /// in the same rounds as the rest.
+    /// plain 7/MDP one (many connections); and the kernel's socket layer alone
+    /// (`switchboard-bench socket-floor`, ``SocketLayerFloorCommand``) with a C window worker. The same C pipelining
+    /// clients measure them all, in the same rounds as the rest.
     struct Metal {
-        enum Path: CaseIterable { case raw, cMDP, kernelWindow, kernelPlain }
+        enum Path: CaseIterable { case raw, cMDP, kernelWindow, kernelPlain, floor }
         /// Where CHP updates go: the raw proxy, the kernel, or a second kernel that keeps one
-        /// change of history (the cost of revisions and history is the difference).
-        enum FanOut: CaseIterable { case raw, kernel, kernelWithoutHistory }
+        /// change of history (the cost of revisions and history is the difference), or the
+        /// socket layer's republisher (``SocketLayerFloorCommand``).
+        enum FanOut: CaseIterable { case raw, kernel, kernelWithoutHistory, floor }
         let processes: [ChildProcess]
         let rawFront: String, mdpBroker: String, kernelBroker: String
         let proxyFront: String, proxyBack: String, kernelCollector: String, kernelPublisher: String
         let bareBroker: String, bareCollector: String, barePublisher: String
+        let floorBroker: String, floorCollector: String, floorPublisher: String
         /// The kernel processes, with and without history.
         var kernel: ChildProcess { processes[4] }
         var bareKernel: ChildProcess { processes[8] }
@@ -282,7 +291,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             guard FileManager.default.isExecutableFile(atPath: baseline.path) else {
                 throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
             }
-            let ports = (0..<13).map { _ in "tcp://127.0.0.1:\(freePort())" }
+            let ports = (0..<16).map { _ in "tcp://127.0.0.1:\(freePort())" }
             // Each watches its standard input, a pipe this process holds: they end with it.
             let processes = [
                 try ChildProcess(baseline, ["broker", ports[0], ports[1]]),
@@ -298,10 +307,14 @@ struct KernelBenchmark: AsyncParsableCommand {
                                                            "--publisher", ports[11], "--collector", ports[12]],
                                  environment: ["SWITCHBOARD_KERNEL_STATE_HISTORY_CHANGES": "1",
                                                "SWITCHBOARD_KERNEL_STATE_HISTORY_BYTES": "1"]),
+                try ChildProcess(productsDirectory().appendingPathComponent("switchboard-bench"),
+                                 ["socket-floor", "--broker", ports[13], "--collector", ports[14], "--publisher", ports[15]]),
+                try ChildProcess(baseline, ["mdp-worker", ports[13], "window", "1", String(workerWindow)]),
             ]
             return Metal(processes: processes, rawFront: ports[0], mdpBroker: ports[6], kernelBroker: ports[2],
                          proxyFront: ports[7], proxyBack: ports[8], kernelCollector: ports[5], kernelPublisher: ports[4],
-                         bareBroker: ports[9], bareCollector: ports[12], barePublisher: ports[11])
+                         bareBroker: ports[9], bareCollector: ports[12], barePublisher: ports[11],
+                         floorBroker: ports[13], floorCollector: ports[14], floorPublisher: ports[15])
         }
 
         /// The rate of `requests` (in all) from `clients` C clients through `path`, and the
@@ -320,6 +333,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             case .raw: processes[0]
             case .cMDP: processes[2]
             case .kernelWindow, .kernelPlain: processes[4]
+            case .floor: processes[9]
             }
             guard let stat = try? String(contentsOfFile: "/proc/\(broker.process.processIdentifier)/stat", encoding: .utf8),
                   let close = stat.lastIndex(of: ")") else { return nil }
@@ -336,6 +350,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             case .cMDP: return try await rate(["mdp-client", mdpBroker, "window"] + counts)
             case .kernelWindow: return try await rate(["mdp-client", kernelBroker, "window"] + counts)
             case .kernelPlain: return try await rate(["mdp-client", kernelBroker, "plain"] + counts)
+            case .floor: return try await rate(["mdp-client", floorBroker, "window"] + counts)
             }
         }
 
@@ -349,6 +364,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             case .raw: (proxyFront, proxyBack)
             case .kernel: (kernelCollector, kernelPublisher)
             case .kernelWithoutHistory: (bareCollector, barePublisher)
+            case .floor: (floorCollector, floorPublisher)
             }
             let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
             return try await withThrowingTaskGroup(of: [Double]?.self) { group in
