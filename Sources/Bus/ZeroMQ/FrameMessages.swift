@@ -47,8 +47,9 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
 }
 
 extension Frame {
-    /// Takes over a message libzmq filled in (copying it out when it is small: held inline
-    /// up to 32 bytes, a 33-byte one in a heap buffer of its own).
+    /// Takes over a message libzmq filled in, leaving it empty; a small one is copied out
+    /// instead (held inline up to 32 bytes, a 33-byte one in a heap buffer of its own) and
+    /// left as it was, for its owner to close or receive into again.
     init(moving received: UnsafeMutablePointer<zmq_msg_t>) {
         let size = zmq_msg_size(received)
         if size <= ZMQFrameBuffer.keptInsideMessage {

@@ -126,7 +126,16 @@ public final class ZMQSocket {
             // whole, so an EAGAIN can only happen on frame 0 and nothing half-sent remains.
             // Through the pointer, borrowed in place: the buffer's subscript returns a copy
             // (a retain and a release of a frame held in a buffer).
-            (frames.baseAddress! + index).pointee.prepareForSending(&part)
+            let frame = frames.baseAddress! + index
+            if frame.pointee.isHeldInline {
+                // Its bytes copied by `zmq_send` into a message of its own: one call into
+                // libzmq rather than three (a message made, its data found, sent).
+                try frame.pointee.withUnsafeBytes { raw throws(ZMQError) in
+                    _ = try zmqCall("zmq_send(\(type))") { zmq_send(handle, raw.baseAddress, raw.count, flags) }
+                }
+                continue
+            }
+            frame.pointee.prepareForSending(&part)
             do throws(ZMQError) {
                 try zmqCall("zmq_msg_send(\(type))") { zmq_msg_send(&part, handle, flags) }
             } catch {
@@ -186,32 +195,28 @@ public final class ZMQSocket {
         let handle = try raw("zmq_msg_recv")
         message.frames.removeAll(keepingCapacity: true)
         message.peerUserID = nil
+        // One message for every part: `zmq_msg_recv` lets go of what it held before it
+        // fills it again, so a part copied out (up to 33 bytes) needs no close of its own.
         var part = zmq_msg_t()
-        while true {
-            // Only the first frame can be missing: the rest of a multipart message
-            // arrives with it, so later frames are read without DONTWAIT.
-            let frameFlags = message.frames.isEmpty ? flags : 0
-            var more = false
-            do throws(ZMQError) {
-                try withUnsafeMutablePointer(to: &part) { part throws(ZMQError) in
-                    zmq_msg_init(part)
-                    do throws(ZMQError) {
-                        try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, frameFlags) }
-                    } catch {
-                        zmq_msg_close(part)
-                        throw error
-                    }
-                    more = zmq_msg_more(part) == 1
-                    if !more && readsPeerUserID, let value = zmq_msg_gets(part, "User-Id") {
-                        message.peerUserID = String(cString: value)
-                    }
-                    message.frames.append(Frame(moving: part))
-                    zmq_msg_close(part)
+        zmq_msg_init(&part)
+        defer { zmq_msg_close(&part) }
+        return try withUnsafeMutablePointer(to: &part) { part throws(ZMQError) -> Bool in
+            while true {
+                // Only the first frame can be missing: the rest of a multipart message
+                // arrives with it, so later frames are read without DONTWAIT.
+                let frameFlags = message.frames.isEmpty ? flags : 0
+                do throws(ZMQError) {
+                    try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, frameFlags) }
+                } catch where error.isAgain && message.frames.isEmpty && flags & ZMQ_DONTWAIT != 0 {
+                    return false
                 }
-            } catch where error.isAgain && message.frames.isEmpty && flags & ZMQ_DONTWAIT != 0 {
-                return false
+                let more = zmq_msg_more(part) == 1
+                if !more && readsPeerUserID, let value = zmq_msg_gets(part, "User-Id") {
+                    message.peerUserID = String(cString: value)
+                }
+                message.frames.append(Frame(moving: part))
+                if !more { return true }
             }
-            if !more { return true }
         }
     }
 
