@@ -107,7 +107,8 @@ public final class ZMQSocket {
     ///
     /// With ``SendOptions/dontWait`` it throws an error whose ``ZMQError/isAgain`` is true
     /// when the message cannot be queued now; no frame of it was sent in that case.
-    /// Frames are handed to libzmq by reference (no byte is copied).
+    /// A frame over 33 bytes that was received is handed back to libzmq by reference (none of
+    /// its bytes copied); any other frame is copied into the message libzmq sends.
     public func send(_ message: Message, options: SendOptions = []) throws(ZMQError) {
         try message.frames.withUnsafeBufferPointer { frames throws(ZMQError) in try send(frames: frames, options: options) }
     }
