@@ -269,8 +269,8 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// worker; a C broker moving exactly the kernel's 7/MDP frames; and `switchboard kernel`
     /// as its own process with a C echo worker offering a window (one connection) and a
     /// plain 7/MDP one (many connections); and the kernel's socket layer alone
-    /// (`switchboard-bench socket-floor`, ``SocketLayerFloorCommand``) with a C window worker. The same C pipelining
-    /// clients measure them all, in the same rounds as the rest.
+    /// (`switchboard-bench socket-floor`, ``SocketLayerFloorCommand``) with a C window worker.
+    /// The same C pipelining clients measure them all, in the same rounds as the rest.
     struct Metal {
         enum Path: CaseIterable { case raw, cMDP, kernelWindow, kernelPlain, floor }
         /// Where CHP updates go: the raw proxy, the kernel, or a second kernel that keeps one
@@ -282,9 +282,10 @@ struct KernelBenchmark: AsyncParsableCommand {
         let proxyFront: String, proxyBack: String, kernelCollector: String, kernelPublisher: String
         let bareBroker: String, bareCollector: String, barePublisher: String
         let floorBroker: String, floorCollector: String, floorPublisher: String
-        /// The kernel processes, with and without history.
+        /// The kernel processes, with and without history, and the socket layer's.
         var kernel: ChildProcess { processes[4] }
         var bareKernel: ChildProcess { processes[8] }
+        var socketFloor: ChildProcess { processes[9] }
 
         static func start(workerSockets: Int, workerWindow: Int) async throws -> Metal {
             let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
@@ -332,8 +333,8 @@ struct KernelBenchmark: AsyncParsableCommand {
             let broker = switch path {
             case .raw: processes[0]
             case .cMDP: processes[2]
-            case .kernelWindow, .kernelPlain: processes[4]
-            case .floor: processes[9]
+            case .kernelWindow, .kernelPlain: kernel
+            case .floor: socketFloor
             }
             guard let stat = try? String(contentsOfFile: "/proc/\(broker.process.processIdentifier)/stat", encoding: .utf8),
                   let close = stat.lastIndex(of: ")") else { return nil }
