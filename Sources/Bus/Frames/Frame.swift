@@ -97,15 +97,6 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
-    /// Whether the bytes are held in the frame itself (up to 32 of them), not in a buffer.
-    @inlinable
-    package var isHeldInline: Bool {
-        switch storage {
-        case .inline: true
-        case .shared: false
-        }
-    }
-
     /// An empty (0-byte) frame, such as the delimiter in front of a REQ/REP body.
     public init() { storage = .inline(InlineBytes(UnsafeRawBufferPointer(start: nil, count: 0))) }
 

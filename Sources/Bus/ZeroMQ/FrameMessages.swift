@@ -59,23 +59,18 @@ extension Frame {
         }
     }
 
-    /// Initialises `target` as a message to send holding this frame's bytes: a shared copy
-    /// of the libzmq message it arrived in, or else a copy of its bytes (libzmq keeps up to
-    /// 33 bytes inside `zmq_msg_t`, without allocating).
+    /// For a frame received from libzmq (over 33 bytes), initialises `target` as a shared
+    /// copy of the message it arrived in, for sending without copying its bytes, and returns
+    /// true; for any other frame returns false and leaves `target` alone (its bytes are
+    /// copied by `zmq_send`).
     @inline(__always)
-    func prepareForSending(_ target: UnsafeMutablePointer<zmq_msg_t>) {
+    func shareReceived(into target: UnsafeMutablePointer<zmq_msg_t>) -> Bool {
         // Checked, then downcast unchecked: a checked cast's result is a reference of its own
         // (a retain and a release per frame sent).
-        let shared = withBuffer { buffer in
+        withBuffer { buffer in
             guard let buffer, buffer is ZMQFrameBuffer else { return false }
             unsafeDowncast(buffer, to: ZMQFrameBuffer.self).copy(into: target)
             return true
-        }
-        if shared { return }
-        withUnsafeBytes { raw in
-            // zmq_msg_init_size only fails when malloc does; treat that as libzmq does.
-            precondition(zmq_msg_init_size(target, raw.count) == 0, "zmq_msg_init_size: out of memory")
-            if raw.count > 0 { zmq_msg_data(target).copyMemory(from: raw.baseAddress!, byteCount: raw.count) }
         }
     }
 }

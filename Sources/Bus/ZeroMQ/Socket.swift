@@ -128,15 +128,14 @@ public final class ZMQSocket {
             // Through the pointer, borrowed in place: the buffer's subscript returns a copy
             // (a retain and a release of a frame held in a buffer).
             let frame = frames.baseAddress! + index
-            if frame.pointee.isHeldInline {
-                // Its bytes copied by `zmq_send` into a message of its own: one call into
-                // libzmq rather than three (a message made, its data found, sent).
+            guard frame.pointee.shareReceived(into: &part) else {
+                // Any other frame's bytes copied by `zmq_send` into a message of its own: one
+                // call into libzmq rather than three (a message made, its data found, sent).
                 try frame.pointee.withUnsafeBytes { raw throws(ZMQError) in
                     _ = try zmqCall("zmq_send(\(type))") { zmq_send(handle, raw.baseAddress, raw.count, flags) }
                 }
                 continue
             }
-            frame.pointee.prepareForSending(&part)
             do throws(ZMQError) {
                 try zmqCall("zmq_msg_send(\(type))") { zmq_msg_send(&part, handle, flags) }
             } catch {
