@@ -13,6 +13,7 @@ struct MDPTests {
         #expect(message == ["", "MDPC01", "echo", "hello", "world"])
         let routed = Message([client] + message.frames)
         #expect(try MDP.decodeAtBroker(routed) == .request(client: client, service: "echo", body: ["hello", "world"]))
+        #expect(try MDP.decodeAtBroker(PartsReader().read(routed)) == .request(client: client, service: "echo", body: ["hello", "world"]))
     }
 
     @Test("a REPLY reaches the client with its service and body")
@@ -37,6 +38,7 @@ struct MDPTests {
         let encoded = MDP.encode(command)
         #expect(encoded[0].isEmpty && encoded[1] == "MDPW01")
         #expect(try MDP.decodeAtBroker(Message([worker] + encoded.frames)) == .worker(worker, command))
+        #expect(try MDP.decodeAtBroker(PartsReader().read(Message([worker] + encoded.frames))) == .worker(worker, command))
     }
 
     @Test("broker commands round trip", arguments: [
@@ -85,10 +87,14 @@ struct MDPTests {
         (["id", "", "MDPW01", Frame([0x04]), "errors=-1"], "expected errors=N"),
         (["id", "", "MDPW01", Frame([0x04]), "errors=1", "x"], "HEARTBEAT has 5 frames"),
     ] as [(Message, String)])
-    func malformedAtBroker(message: Message, problem: String) {
+    func malformedAtBroker(message: Message, problem: String) throws {
         let error = #expect(throws: ProtocolError.self) { try MDP.decodeAtBroker(message) }
         #expect(error?.proto == "MDP")
         #expect(error?.problem.contains(problem) == true, "\(error?.problem ?? "-") should mention \(problem)")
+        // Read where the socket received it, the same error.
+        let parts = try PartsReader().read(message)
+        let fromParts = #expect(throws: ProtocolError.self) { try MDP.decodeAtBroker(parts) }
+        #expect(fromParts?.problem == error?.problem)
     }
 
     @Test("a worker rejects what a broker may not send")
@@ -120,8 +126,9 @@ struct MDPTests {
         #expect(MMI.answer(service: "mmi.other", body: ["echo"], isRegistered: registered) == "501")
     }
 
-    @Test("10,000 random messages decode to a value or an error")
-    func randomInput() {
+    @Test("10,000 random messages decode to a value or an error, at the broker the same from parts as from frames")
+    func randomInput() throws {
+        let reader = try PartsReader()
         var generator = SystemRandomNumberGenerator()
         let pieces: [Frame] = ["", "MDPC01", "MDPW01", "MDPC02", "MDPW02", Frame([1]), Frame([2]), Frame([3]), Frame([4]), Frame([5]), Frame([6]),
                                "echo", "ICANHAZ?", "KTHXBAI", "HUGZ"]
@@ -132,7 +139,12 @@ struct MDPTests {
                 return Frame((0..<Int.random(in: 0...12, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) })
             }
             let message = Message(frames)
-            _ = try? MDP.decodeAtBroker(message)
+            let decoded = Result { () throws(ProtocolError) in try MDP.decodeAtBroker(message) }
+            if !message.isEmpty {
+                let parts = try reader.read(message)
+                let fromParts = Result { () throws(ProtocolError) in try MDP.decodeAtBroker(parts) }
+                #expect(fromParts == decoded, "\(message)")
+            }
             _ = try? MDP.decodeAtWorker(message)
             _ = try? MDP.decodeAtClient(message)
             _ = try? CHP.decodeUpdate(message)
@@ -140,6 +152,27 @@ struct MDPTests {
             _ = try? CHP.decodeSnapshotReply(message)
             _ = try? CHP.decodeSnapshotRequest(message)
         }
+    }
+}
+
+/// Messages sent over a socket pair and read into parts, as the broker reads its ROUTER. A
+/// part's bytes are valid until the next message is read.
+final class PartsReader {
+    let context: ZMQContext
+    let sender: ZMQSocket, receiver: ZMQSocket
+    let parts = ZMQReceivedParts()
+
+    init() throws {
+        context = try ZMQContext()
+        (sender, receiver) = (try ZMQSocket(context, .pair), try ZMQSocket(context, .pair))
+        try receiver.bind("inproc://mdp-parts")
+        try sender.connect("inproc://mdp-parts")
+    }
+
+    func read(_ message: Message) throws -> ZMQReceivedParts {
+        try sender.send(message)
+        try #require(try receiver.tryReceive(into: parts))
+        return parts
     }
 }
 
@@ -221,9 +254,11 @@ struct MDP02Tests {
         (["id", "MDPW02", Frame([0x06]), "x"], "DISCONNECT has 3 frames"),
         (["id", "MDPX02", Frame([0x01]), "echo", "body"], "MDPC02 or MDPW02"),
     ] as [(Message, String)])
-    func malformedAtBroker(message: Message, problem: String) {
+    func malformedAtBroker(message: Message, problem: String) throws {
         let error = #expect(throws: ProtocolError.self) { try MDP.decodeAtBroker(message) }
         #expect(error?.problem.contains(problem) == true, "\(error?.problem ?? "-") should mention \(problem)")
+        let parts = try PartsReader().read(message)
+        #expect(throws: try #require(error)) { try MDP.decodeAtBroker(parts) }
     }
 
     @Test("a 0.2 worker and client reject what a broker may not send them")

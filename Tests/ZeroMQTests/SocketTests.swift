@@ -53,30 +53,44 @@ struct SocketTests {
         #expect(try receiver.receive() == [Frame()])
     }
 
-    @Test("frames of every size around the inline and in-message bounds arrive intact, message after message, read into one message")
+    @Test("frames of every size around the inline and in-message bounds arrive intact, message after message, read into the same parts")
     func framesAroundTheInlineBound() throws {
         // Sizes either side of a frame's inline bytes (32) and of what libzmq keeps inside a
-        // message (33): small frames go out through zmq_send, and every part of a message is
-        // received into one libzmq message, copied out or taken over.
+        // message (33): small frames go out through zmq_send, and every message is received
+        // into the same parts, one libzmq message each, their slots grown past the first 8
+        // by a message of 24 parts (what was read before moves with them).
         let sizes = [0, 1, 31, 32, 33, 34, 64, 8_192]
         let context = try ZMQContext()
         let receiver = try bounded(ZMQSocket(context, .pull))
         let sender = try bounded(ZMQSocket(context, .push))
         try sender.connect(try bindUnique(receiver, .tcp))
         func frames(_ round: Int) -> [Frame] {
-            sizes.map { size in Frame((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ round &+ size) }) }
+            let frames = (round == 7 ? sizes + sizes + sizes : sizes).enumerated().map { index, size in
+                Frame((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ round &+ size &+ index) })
+            }
+            return round % 2 == 0 ? frames : frames.reversed()
         }
-        for round in 0..<20 { try sender.send(Message(round % 2 == 0 ? frames(round) : frames(round).reversed())) }
+        for round in 0..<20 { try sender.send(Message(frames(round))) }
         var poller = ZMQPoller()
         _ = try poller.add(receiver)
-        var message = Message()
+        let parts = ZMQReceivedParts()
+        var kept: [[Frame]] = []
         for round in 0..<20 {
-            // Waits for the message (bounded), then reads it into the same message as the last.
-            while try !receiver.tryReceive(into: &message) {
+            // Waits for the message (bounded), then reads it into the same parts as the last.
+            while try !receiver.tryReceive(into: parts) {
                 try #require(try poller.poll(timeoutMilliseconds: 5_000) == 1, "message \(round) did not come")
             }
-            #expect(message.frames == (round % 2 == 0 ? frames(round) : frames(round).reversed()))
+            let expected = frames(round)
+            #expect(parts.count == expected.count)
+            #expect((0..<parts.count).allSatisfy { expected[$0].equals(parts[$0]) })
+            // A part made a frame twice: two frames of the same bytes.
+            #expect(parts.message().frames == expected && parts.frames(from: 0) == expected[...])
+            kept.append(parts.message().frames)
+            if round % 5 == 4 { parts.release() }
         }
+        // Frames made of parts outlive the parts they were read into.
+        parts.release()
+        #expect(kept == (0..<20).map(frames))
     }
 
     @Test("a frame can be sent many times without its bytes changing")

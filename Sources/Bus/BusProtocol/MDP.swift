@@ -255,60 +255,69 @@ extension MDP {
 
     /// Decodes a message read from the broker's ROUTER socket (routing id first).
     public static func decodeAtBroker(_ message: Message) throws(ProtocolError) -> BrokerInbound {
-        let frames = message.frames
-        guard frames.count >= 3 else { throw ProtocolError("MDP", "message has \(frames.count) frames, expected at least 3") }
-        let sender = frames[0]
-        if frames[1].isEmpty {
-            let header = frames[2]
-            if header == clientHeaderFrame {
-                guard frames.count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(frames.count - 1) frames, expected at least 4") }
-                let service = try serviceName(frames[3], "client REQUEST")
-                return .request(client: sender, service: service, body: frames[4...])
+        try decodeAtBroker(parts: message.frames)
+    }
+
+    /// The same, read where the socket received it: headers compared in place, frames made
+    /// only of the routing ids and the body, which the broker keeps (docs/BENCHMARKS.md,
+    /// issue 33). The body is a slice of an array the parts reuse when it was not kept.
+    public static func decodeAtBroker(_ parts: ReceivedParts) throws(ProtocolError) -> BrokerInbound {
+        try decodeAtBroker(parts: parts)
+    }
+
+    private static func decodeAtBroker(parts frames: some BrokerParts) throws(ProtocolError) -> BrokerInbound {
+        let count = frames.count
+        guard count >= 3 else { throw ProtocolError("MDP", "message has \(count) frames, expected at least 3") }
+        if frames.isEmpty(1) {
+            if frames.part(2, equals: clientHeaderFrame) {
+                guard count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(count - 1) frames, expected at least 4") }
+                let service = try serviceName(frames, 3, "client REQUEST")
+                return .request(client: frames.frame(0), service: service, body: frames.frames(from: 4))
             }
-            guard header == workerHeaderFrame else { throw ProtocolError("MDP", "unknown protocol header \(header)") }
-            guard frames.count >= 4 else { throw ProtocolError("MDP", "worker message has no command frame") }
-            return .worker(sender, try workerCommand(frames, at: 3, .v01))
+            guard frames.part(2, equals: workerHeaderFrame) else { throw ProtocolError("MDP", "unknown protocol header \(frames.frame(2))") }
+            guard count >= 4 else { throw ProtocolError("MDP", "worker message has no command frame") }
+            return .worker(frames.frame(0), try workerCommand(frames, at: 3, .v01))
         }
-        if frames[1] == clientHeader02Frame {
-            guard frames[2].count == 1, frames[2].withUnsafeBytes({ $0[0] }) == ClientCommand02.request.rawValue else {
-                throw ProtocolError("MDP", "a client may only send REQUEST (0x01), got \(frames[2])")
+        if frames.part(1, equals: clientHeader02Frame) {
+            guard frames.part(2, equals: commandFrames[Int(ClientCommand02.request.rawValue)]) else {
+                throw ProtocolError("MDP", "a client may only send REQUEST (0x01), got \(frames.frame(2))")
             }
-            guard frames.count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(frames.count - 1) frames, expected at least 4") }
-            let service = try serviceName(frames[3], "client REQUEST")
-            return .request(client: sender, service: service, body: frames[4...], version: .v02)
+            guard count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(count - 1) frames, expected at least 4") }
+            let service = try serviceName(frames, 3, "client REQUEST")
+            return .request(client: frames.frame(0), service: service, body: frames.frames(from: 4), version: .v02)
         }
-        guard frames[1] == workerHeader02Frame else {
-            throw ProtocolError("MDP", "frame 1 must be empty (7/MDP) or MDPC02 or MDPW02 (18/MDP), got \(frames[1])")
+        guard frames.part(1, equals: workerHeader02Frame) else {
+            throw ProtocolError("MDP", "frame 1 must be empty (7/MDP) or MDPC02 or MDPW02 (18/MDP), got \(frames.frame(1))")
         }
-        return .worker(sender, try workerCommand(frames, at: 2, .v02), version: .v02)
+        return .worker(frames.frame(0), try workerCommand(frames, at: 2, .v02), version: .v02)
     }
 
     /// A worker's command whose command frame is `frames[at]`: the two versions differ in
     /// what comes before it (0.1's empty frame) and in the codes, not in what follows.
     /// Frame counts in errors are those after the routing id.
-    private static func workerCommand(_ frames: [Frame], at index: Int, _ version: Version) throws(ProtocolError) -> WorkerToBroker {
+    private static func workerCommand(_ frames: some BrokerParts, at index: Int, _ version: Version) throws(ProtocolError) -> WorkerToBroker {
         let before = index - 1  // frames before the command, after the routing id
         let after = frames.count - index - 1  // frames after the command
         func count(_ name: String, _ expected: String) -> ProtocolError {
             ProtocolError("MDP", "worker \(name) has \(frames.count - 1) frames, expected \(expected)")
         }
-        switch try workerVerb(frames[index], version) {
+        let verb = try workerVerb(frames.commandCode(index), version) { frames.frame(index) }
+        switch verb {
         case .ready:
             guard after == 1 || after == 2 else { throw count("READY", "\(before + 2) (or \(before + 3) with a window)") }
-            let service = try serviceName(frames[index + 1], "worker READY")
-            let window = after == 2 ? try extensionValue(frames[index + 2], "window", in: 1...maxWindow) : nil
+            let service = try serviceName(frames, index + 1, "worker READY")
+            let window = after == 2 ? try extensionValue(frames.frame(index + 2), "window", in: 1...maxWindow) : nil
             return .ready(service: service, window: window)
         case .partial, .final:
-            let verb = try workerVerb(frames[index], version)
             let name = verb == .partial ? "PARTIAL" : version == .v01 ? "REPLY" : "FINAL"
             guard after >= 3 else { throw count(name, "at least \(before + 4)") }
-            guard frames[index + 2].isEmpty else { throw ProtocolError("MDP", "worker \(name) frame \(index + 1) must be empty") }
-            let client = frames[index + 1], body = frames[(index + 3)...]
+            guard frames.isEmpty(index + 2) else { throw ProtocolError("MDP", "worker \(name) frame \(index + 1) must be empty") }
+            let client = frames.frame(index + 1), body = frames.frames(from: index + 3)
             return verb == .partial ? .partial(client: client, body: body) : .reply(client: client, body: body)
         case .heartbeat:
             guard after <= 1 else { throw count("HEARTBEAT", "\(before + 1) (or \(before + 2) with an error count or drain=1)") }
-            if after == 1, frames[index + 1] == drainFrame { return .drain }
-            return .heartbeat(errors: after == 1 ? try extensionValue(frames[index + 1], "errors", in: 0...Int.max) : nil)
+            if after == 1, frames.part(index + 1, equals: drainFrame) { return .drain }
+            return .heartbeat(errors: after == 1 ? try extensionValue(frames.frame(index + 1), "errors", in: 0...Int.max) : nil)
         case .disconnect:
             guard after == 0 else { throw count("DISCONNECT", "\(before + 1)") }
             return .disconnect
@@ -347,9 +356,14 @@ extension MDP {
     }
 
     private static func workerVerb(_ frame: Frame, _ version: Version) throws(ProtocolError) -> WorkerVerb {
-        let code: UInt8? = frame.count == 1 ? frame.withUnsafeBytes { $0[0] } : nil
+        try workerVerb(frame.count == 1 ? frame.withUnsafeBytes { $0[0] } : nil, version) { frame }
+    }
+
+    /// The command whose one-byte code is `code` (nil: the frame was not one byte long);
+    /// `frame` is shown in the error.
+    private static func workerVerb(_ code: UInt8?, _ version: Version, _ frame: () -> Frame) throws(ProtocolError) -> WorkerVerb {
         guard let code, let verb = WorkerVerb.allCases.first(where: { $0.code(in: version) == code }) else {
-            throw ProtocolError("MDP", "unknown worker command \(frame)")
+            throw ProtocolError("MDP", "unknown worker command \(frame())")
         }
         return verb
     }
@@ -412,9 +426,9 @@ extension MDP {
         return value
     }
 
-    private static func serviceName(_ frame: Frame, _ context: String) throws(ProtocolError) -> String {
+    private static func serviceName(_ frames: some BrokerParts, _ index: Int, _ context: String) throws(ProtocolError) -> String {
         // Checked on the bytes, then read as ASCII: no UTF-8 validation per request.
-        let name: String? = frame.withUnsafeBytes { raw in
+        let name: String? = frames.withPart(index) { raw in
             isValidServiceName(raw) ? String(decoding: raw, as: UTF8.self) : nil
         }
         guard let name else { throw ProtocolError("MDP", "\(context): service name must be \(serviceNameRule)") }
@@ -437,4 +451,34 @@ public enum MMI {
         guard let name = body.first?.string else { return "404" }
         return isRegistered(name) ? "200" : "404"
     }
+}
+
+/// A message read at the broker, as its decoder reads it: frames in an array, or parts where
+/// the socket received them (``ReceivedParts``). One decoder serves both, specialized for each.
+private protocol BrokerParts {
+    var count: Int { get }
+    func withPart<R>(_ index: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R
+    func isEmpty(_ index: Int) -> Bool
+    func part(_ index: Int, equals frame: Frame) -> Bool
+    /// The part's byte when it is one byte long (a command's code).
+    func commandCode(_ index: Int) -> UInt8?
+    /// The part, to keep.
+    func frame(_ index: Int) -> Frame
+    /// The parts from `index` on, to keep.
+    func frames(from index: Int) -> ArraySlice<Frame>
+}
+
+extension [Frame]: BrokerParts {
+    func withPart<R>(_ index: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R { self[index].withUnsafeBytes(body) }
+    func isEmpty(_ index: Int) -> Bool { self[index].isEmpty }
+    func part(_ index: Int, equals frame: Frame) -> Bool { self[index] == frame }
+    func commandCode(_ index: Int) -> UInt8? { self[index].count == 1 ? self[index].withUnsafeBytes { $0[0] } : nil }
+    func frame(_ index: Int) -> Frame { self[index] }
+    func frames(from index: Int) -> ArraySlice<Frame> { self[index...] }
+}
+
+extension ReceivedParts: BrokerParts {
+    func withPart<R>(_ index: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R { body(self[index]) }
+    func isEmpty(_ index: Int) -> Bool { self[index].isEmpty }
+    func commandCode(_ index: Int) -> UInt8? { self[index].count == 1 ? self[index][0] : nil }
 }

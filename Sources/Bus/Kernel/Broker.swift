@@ -268,44 +268,65 @@ final class Broker {
 
     // MARK: Inbound
 
+    /// A message read from the ROUTER, where the socket holds it: frames are made only of
+    /// what the broker keeps (routing ids, a request's body).
+    func handle(_ parts: ReceivedParts, now: UInt64) {
+        guard let inbound = decoded({ () throws(ProtocolError) in try MDP.decodeAtBroker(parts) }, else: parts.message, now: now) else { return }
+        handle(inbound, peer: parts.peerUserID, now: now)
+    }
+
+    /// The same for a message of frames (tests drive the broker with these).
     func handle(_ message: Message, now: UInt64) {
-        let inbound: BrokerInbound
+        guard let inbound = decoded({ () throws(ProtocolError) in try MDP.decodeAtBroker(message) }, else: { message }, now: now) else { return }
+        handle(inbound, peer: message.peerUserID, now: now)
+    }
+
+    /// What `decode` read, or nil when the message (made by `message` only then) was malformed
+    /// and has been dealt with.
+    private func decoded(_ decode: () throws(ProtocolError) -> BrokerInbound, else message: () -> Message, now: UInt64) -> BrokerInbound? {
         do {
-            inbound = try MDP.decodeAtBroker(message)
+            return try decode()
         } catch {
-            protocolErrors += 1
-            logger.debug("dropped malformed message", metadata: ["problem": "\(error)"])
-            // A peer speaking the worker protocol badly is disconnected; a client's request
-            // with a bad service name is answered (it would otherwise wait for nothing);
-            // anything else is dropped.
-            if message.count >= 3, message[2].equals(MDP.workerHeader) {
-                disconnect(message[0], version: .v01, reason: "\(error)", now: now)
-            } else if message.count >= 2, message[1].equals(MDP.workerHeader02) {
-                disconnect(message[0], version: .v02, reason: "\(error)", now: now)
-            } else if message.count >= 5,
-                      let version: MDP.Version = message[1].isEmpty && message[2].equals(MDP.clientHeader) ? .v01
-                          : message[1].equals(MDP.clientHeader02) && message[2].equals([0x01]) ? .v02 : nil {
-                // A REQUEST whose only fault is its service name (0.2's header says REQUEST).
-                let shown = String(decoding: message[3].bytes.prefix(64), as: UTF8.self)
-                reply(to: Caller(client: message[0], version: version), serviceFrame: message[3], body: message.frames[4...], error: .invalidRequest(
-                    "the service name must be \(MDP.serviceNameRule), got \(message[3].isEmpty ? "an empty name" : "'\(shown)'")"))
-            }
-            return
+            malformed(message(), error, now: now)
+            return nil
         }
+    }
+
+    private func malformed(_ message: Message, _ error: ProtocolError, now: UInt64) {
+        protocolErrors += 1
+        logger.debug("dropped malformed message", metadata: ["problem": "\(error)"])
+        // A peer speaking the worker protocol badly is disconnected; a client's request
+        // with a bad service name is answered (it would otherwise wait for nothing);
+        // anything else is dropped.
+        if message.count >= 3, message[2].equals(MDP.workerHeader) {
+            disconnect(message[0], version: .v01, reason: "\(error)", now: now)
+        } else if message.count >= 2, message[1].equals(MDP.workerHeader02) {
+            disconnect(message[0], version: .v02, reason: "\(error)", now: now)
+        } else if message.count >= 5,
+                  let version: MDP.Version = message[1].isEmpty && message[2].equals(MDP.clientHeader) ? .v01
+                      : message[1].equals(MDP.clientHeader02) && message[2].equals([0x01]) ? .v02 : nil {
+            // A REQUEST whose only fault is its service name (0.2's header says REQUEST).
+            let shown = String(decoding: message[3].bytes.prefix(64), as: UTF8.self)
+            reply(to: Caller(client: message[0], version: version), serviceFrame: message[3], body: message.frames[4...], error: .invalidRequest(
+                "the service name must be \(MDP.serviceNameRule), got \(message[3].isEmpty ? "an empty name" : "'\(shown)'")"))
+        }
+    }
+
+    private func handle(_ inbound: BrokerInbound, peer: String?, now: UInt64) {
         switch inbound {
         case .request(let client, let service, let body, let version):
             totalRequests += 1
             let caller = Caller(client: client, version: version)
             // A request to every worker of a service is admitted as one to that service.
             let admitted = service.hasPrefix(Self.everyWorker) ? String(service.dropFirst(Self.everyWorker.count)) : service
-            let verdict = admission.verdict(service: admitted, body: body, peer: message.peerUserID, security: configuration.security, now: now)
+            let verdict = admission.verdict(service: admitted, body: body, peer: peer, security: configuration.security, now: now)
             guard verdict == .admitted else {
                 refuse(caller, service: service, body: body, verdict)
                 return
             }
-            handleRequest(caller, service: service, body: body, peer: message.peerUserID, now: now)
+            handleRequest(caller, service: service, body: body, peer: peer, now: now)
         case .worker(let identity, let command, let version):
-            handleWorker(identity, command, version: version, peer: message.peerUserID, now: now)
+            handleWorker(identity, command, version: version, peer: peer, now: now)
         }
     }
 

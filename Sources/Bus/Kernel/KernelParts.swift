@@ -125,7 +125,7 @@ final class KernelParts {
         }
         // The broker's socket, the busiest, goes to the broker with no weak reference to load
         // per message (the broker holds nothing that holds the registration).
-        let router = loop.register(sockets.router) { [broker, clock] in broker.handle($0, now: clock.now) }
+        let router = loop.register(readingParts: sockets.router) { [broker, clock] in broker.handle($0, now: clock.now) }
         router.afterReading = { [weak self] in self?.flush() }
         router.dropsWhenPeerFull = true
         router.onSendError = { [weak self] message, error in

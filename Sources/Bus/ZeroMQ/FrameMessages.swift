@@ -12,24 +12,20 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
     @exclusivity(unchecked) private var message = zmq_msg_t()
 
     /// libzmq keeps up to this many bytes inside a `zmq_msg_t` itself; a larger message's
-    /// bytes lie outside it and stay where they are when the message is moved.
+    /// bytes lie outside it, in a block it counts references to, and stay where they are.
     static let keptInsideMessage = 33
 
-    /// Takes over a message libzmq filled in, of more than ``keptInsideMessage`` bytes (the
-    /// caller's message becomes empty).
-    init(moving received: UnsafeMutablePointer<zmq_msg_t>) {
+    /// Shares the bytes of a message libzmq filled in, of more than ``keptInsideMessage``
+    /// bytes (the received message is left as it is, for its owner to close or read into).
+    init(sharing received: UnsafeMutablePointer<zmq_msg_t>) {
         precondition(zmq_msg_size(received) > Self.keptInsideMessage)
-        super.init(bytes: UnsafeRawBufferPointer(start: zmq_msg_data(received), count: zmq_msg_size(received)))
         zmq_msg_init(&message)
-        zmq_msg_move(&message, received)
-        // Made a shared message now, on the thread that read it: `zmq_msg_copy` writes the
-        // source's share flag and count the first time it copies it, and only adds to the
-        // count (atomically) after that, so copies for sending are then taken from any
-        // thread without a lock (one lock and unlock per frame sent, before).
-        var share = zmq_msg_t()
-        zmq_msg_init(&share)
-        _ = zmq_msg_copy(&share, &message)
-        zmq_msg_close(&share)
+        // The first copy of a received message marks its block shared, on the thread that read
+        // it: later copies for sending, from any thread, only add to its count atomically
+        // (`zmq_msg_copy` takes a lock the first time it shares a message, once per frame sent
+        // before this).
+        _ = zmq_msg_copy(&message, received)
+        super.init(bytes: UnsafeRawBufferPointer(start: zmq_msg_data(&message), count: zmq_msg_size(&message)))
     }
 
     /// libzmq may have read it with other messages into one buffer.
@@ -46,19 +42,78 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
     }
 }
 
-extension Frame {
-    /// Takes over a message libzmq filled in, leaving it empty; a small one is copied out
-    /// instead (held inline up to 32 bytes, a 33-byte one in a heap buffer of its own) and
-    /// left as it was, for its owner to close or receive into again.
-    init(moving received: UnsafeMutablePointer<zmq_msg_t>) {
-        let size = zmq_msg_size(received)
-        if size <= ZMQFrameBuffer.keptInsideMessage {
-            self.init(copying: UnsafeRawBufferPointer(start: zmq_msg_data(received), count: size))
-        } else {
-            self.init(buffer: ZMQFrameBuffer(moving: received))
+/// A socket's received parts, each in a libzmq message of its own kept from one message to
+/// the next (`zmq_msg_recv` lets go of what a message held before it fills it again), so
+/// reading a part initialises and closes nothing. Used on the socket's thread only.
+public final class ZMQReceivedParts: ReceivedParts {
+    /// One initialised message per part slot; they never move while a part is read from them
+    /// (a part of up to 33 bytes lies inside its message).
+    @exclusivity(unchecked) private var messages: UnsafeMutablePointer<zmq_msg_t>
+    @exclusivity(unchecked) private var slots: Int
+    /// Slots read into since the parts were last released (an earlier message may have had
+    /// more parts than the last).
+    @exclusivity(unchecked) private var used = 0
+
+    public override init() {
+        slots = 8
+        messages = .allocate(capacity: slots)
+        for slot in 0..<slots { zmq_msg_init(messages + slot) }
+        super.init()
+        reserve(slots)
+    }
+
+    deinit {
+        for slot in 0..<slots { zmq_msg_close(messages + slot) }
+        messages.deallocate()
+    }
+
+    /// The message part `index` is read into, with room made for it.
+    func slot(_ index: Int) -> UnsafeMutablePointer<zmq_msg_t> {
+        if index >= slots { grow(to: index + 1) }
+        return messages + index
+    }
+
+    /// Records part `index`, just read into its slot, as the message's last so far.
+    func received(_ index: Int) {
+        let message = messages + index
+        received(index, UnsafeRawBufferPointer(start: zmq_msg_data(message), count: zmq_msg_size(message)))
+        if index >= used { used = index + 1 }
+    }
+
+    private func grow(to needed: Int) {
+        let larger = max(needed, slots * 2)
+        let moved = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: larger)
+        for slot in 0..<larger { zmq_msg_init(moved + slot) }
+        // Moved as libzmq moves them (never copied byte for byte), then read again: a small
+        // part's bytes moved with its message.
+        for slot in 0..<slots { zmq_msg_move(moved + slot, messages + slot); zmq_msg_close(messages + slot) }
+        messages.deallocate()
+        messages = moved
+        slots = larger
+        reserve(larger)
+        for index in 0..<count {
+            received(index, UnsafeRawBufferPointer(start: zmq_msg_data(messages + index), count: zmq_msg_size(messages + index)))
         }
     }
 
+    public override func frame(_ index: Int) -> Frame {
+        let bytes = self[index]
+        guard bytes.count > ZMQFrameBuffer.keptInsideMessage else { return Frame(copying: bytes) }
+        return Frame(buffer: ZMQFrameBuffer(sharing: messages + index))
+    }
+
+    /// Lets go of the parts read (a large one holds libzmq's receive buffer), after a batch.
+    public func release() {
+        for slot in 0..<used where zmq_msg_size(messages + slot) > ZMQFrameBuffer.keptInsideMessage {
+            zmq_msg_close(messages + slot)
+            zmq_msg_init(messages + slot)
+        }
+        clear()
+        used = 0
+    }
+}
+
+extension Frame {
     /// For a frame received from libzmq (over 33 bytes), initialises `target` as a shared
     /// copy of the message it arrived in, for sending without copying its bytes, and returns
     /// true; for any other frame returns false and leaves `target` alone (its bytes are

@@ -178,45 +178,44 @@ public final class ZMQSocket {
         try receive(flags: ZMQ_DONTWAIT)
     }
 
-    /// Receives one whole message into `message` (replacing its frames, in its array when
-    /// the array is not shared) if one is waiting; false when none is (`EAGAIN`). For a reader
-    /// that lets go of most messages at once: it reads them without an array each.
-    public func tryReceive(into message: inout Message) throws(ZMQError) -> Bool {
-        try receive(into: &message, flags: ZMQ_DONTWAIT)
+    /// Receives one whole message into `parts` if one is waiting; false when none is
+    /// (`EAGAIN`). For a reader that looks at parts where libzmq holds them and makes frames
+    /// only of those it keeps (``SocketRegistration``'s handlers).
+    public func tryReceive(into parts: ZMQReceivedParts) throws(ZMQError) -> Bool {
+        try receive(into: parts, flags: ZMQ_DONTWAIT)
     }
+
+    /// The parts the blocking and one-off receives read into (a socket is used on one
+    /// thread at a time).
+    private lazy var received = ZMQReceivedParts()
 
     private func receive(flags: Int32) throws(ZMQError) -> Message? {
-        var message = Message()
-        message.reserveCapacity(8)
-        return try receive(into: &message, flags: flags) ? message : nil
+        let parts = received
+        defer { parts.release() }
+        return try receive(into: parts, flags: flags) ? parts.message() : nil
     }
 
-    private func receive(into message: inout Message, flags: Int32) throws(ZMQError) -> Bool {
+    private func receive(into parts: ZMQReceivedParts, flags: Int32) throws(ZMQError) -> Bool {
         let handle = try raw("zmq_msg_recv")
-        message.frames.removeAll(keepingCapacity: true)
-        message.peerUserID = nil
-        // One message for every part: `zmq_msg_recv` lets go of what it held before it
-        // fills it again, so a part copied out (up to 33 bytes) needs no close of its own.
-        var part = zmq_msg_t()
-        zmq_msg_init(&part)
-        defer { zmq_msg_close(&part) }
-        return try withUnsafeMutablePointer(to: &part) { part throws(ZMQError) -> Bool in
-            while true {
-                // Only the first frame can be missing: the rest of a multipart message
-                // arrives with it, so later frames are read without DONTWAIT.
-                let frameFlags = message.frames.isEmpty ? flags : 0
-                do throws(ZMQError) {
-                    try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, frameFlags) }
-                } catch where error.isAgain && message.frames.isEmpty && flags & ZMQ_DONTWAIT != 0 {
-                    return false
-                }
-                let more = zmq_msg_more(part) == 1
-                if !more && readsPeerUserID, let value = zmq_msg_gets(part, "User-Id") {
-                    message.peerUserID = String(cString: value)
-                }
-                message.frames.append(Frame(moving: part))
-                if !more { return true }
+        parts.clear()
+        var index = 0
+        while true {
+            let part = parts.slot(index)
+            // Only the first part can be missing: the rest of a multipart message arrives
+            // with it, so later parts are read without DONTWAIT.
+            do throws(ZMQError) {
+                try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, index == 0 ? flags : 0) }
+            } catch where error.isAgain && index == 0 && flags & ZMQ_DONTWAIT != 0 {
+                return false
             }
+            parts.received(index)
+            guard zmq_msg_more(part) == 1 else {
+                if readsPeerUserID, let value = zmq_msg_gets(part, "User-Id") {
+                    parts.received(peerUserID: String(cString: value))
+                }
+                return true
+            }
+            index += 1
         }
     }
 

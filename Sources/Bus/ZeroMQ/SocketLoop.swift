@@ -228,7 +228,17 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
     /// message received on it. Loop thread only (inside ``run(_:)`` or a pinned actor).
     public func register(_ socket: ZMQSocket, onMessage: @escaping (Message) -> Void) -> SocketRegistration {
         preconditionLoopThread()
-        let registration = SocketRegistration(loop: self, socket: socket, onMessage: onMessage)
+        return add(SocketRegistration(loop: self, socket: socket, handler: .message(onMessage)))
+    }
+
+    /// Registers `socket` with a handler given each message's parts where libzmq holds them,
+    /// valid during the call: for a hot path that makes frames only of the parts it keeps.
+    public func register(readingParts socket: ZMQSocket, onParts: @escaping (ReceivedParts) -> Void) -> SocketRegistration {
+        preconditionLoopThread()
+        return add(SocketRegistration(loop: self, socket: socket, handler: .parts(onParts)))
+    }
+
+    private func add(_ registration: SocketRegistration) -> SocketRegistration {
         registrations.append(registration)
         pollSetChanged = true
         if finishing { registration.close(reason: stoppedError) }

@@ -9,9 +9,15 @@ internal import Glibc
 public final class SocketRegistration {
     public let socket: ZMQSocket
     unowned let loop: SocketLoop
+    /// What a received message is handed to: a ``Message`` of frames, or the parts where
+    /// libzmq holds them, for a handler that makes frames only of what it keeps.
+    enum Handler {
+        case message((Message) -> Void)
+        case parts((ReceivedParts) -> Void)
+    }
     /// Let go of when the socket closes, with the other handlers: they often hold the
     /// registration's owner, which holds the registration.
-    private var onMessage: ((Message) -> Void)?
+    private var handler: Handler?
     @exclusivity(unchecked) private var backlog: Deque<Message> = []
     private var closeHandlers: [(ZMQError) -> Void] = []
     /// Whether the loop reads this socket; ``pauseReading()`` clears it.
@@ -35,17 +41,21 @@ public final class SocketRegistration {
     /// How many messages the loop reads from one socket before serving the others.
     static let readBudget = 256
 
-    /// The message being read: read into the same array every time, unless the handler kept
-    /// the last one (then it is the handler's, and the next is read into a new array).
+    /// The parts every message is read into.
+    private let parts = ZMQReceivedParts()
+    @exclusivity(unchecked) private var draining = false
+    /// The message a ``Handler/message`` handler is given: made in the same array every time,
+    /// unless the handler kept the last one (then it is the handler's, and the next is made
+    /// in a new array).
     @exclusivity(unchecked) private var inbox = Message()
     /// Frames the inbox's array keeps room for between messages; a larger one is let go.
     static let inboxCapacity = 64
 
-    init(loop: SocketLoop, socket: ZMQSocket, onMessage: @escaping (Message) -> Void) {
+    init(loop: SocketLoop, socket: ZMQSocket, handler: Handler) {
         self.loop = loop
         self.socket = socket
         self.descriptor = (try? socket.get(.fileDescriptor)) ?? -1
-        self.onMessage = onMessage
+        self.handler = handler
     }
 
     /// The socket's `ZMQ_FD`, which the loop waits on: readable when libzmq has news for the
@@ -143,34 +153,45 @@ public final class SocketRegistration {
     }
 
     /// Reads at once everything libzmq holds for this socket, as the loop would: for a
-    /// handler that must see what a connection delivered before acting on its end.
+    /// handler that must see what a connection delivered before acting on its end (another
+    /// socket's: from this socket's own handler it does nothing, the batch under way reads on).
     public func readQueued() {
         drain(budget: .max)
     }
 
     func drain(budget: Int = readBudget) {
         // The handler and the message are held in locals for the batch: read from the
-        // object, each would be retained and released per message.
-        guard let onMessage else { return }
+        // object, each would be retained and released per message. A drain from within the
+        // handler would read over the parts it is looking at: the drain under way reads on.
+        guard let handler, !draining else { return }
+        draining = true
         var message = Message()
         swap(&message, &inbox)
+        let parts = parts
         var budget = budget
         let start = budget
         // However the batch ends (nothing left, the budget spent, the socket closed).
         defer {
+            draining = false
+            parts.release()
             inbox = message
             if budget < start, let afterReading { afterReading() }
         }
         while isReading && !isClosed && budget > 0 {
             do {
-                guard try socket.tryReceive(into: &message) else { return }
+                guard try socket.tryReceive(into: parts) else { return }
             } catch {
-                message = Message()
                 close(reason: error)
                 return
             }
-            onMessage(message)
-            message.frames.removeAll(keepingCapacity: message.frames.capacity <= Self.inboxCapacity)
+            switch handler {
+            case .parts(let handle):
+                handle(parts)
+            case .message(let handle):
+                parts.append(to: &message)
+                handle(message)
+                message.frames.removeAll(keepingCapacity: message.frames.capacity <= Self.inboxCapacity)
+            }
             budget -= 1
         }
     }
@@ -199,7 +220,7 @@ public final class SocketRegistration {
         guard !isClosed else { return }
         isClosed = true
         backlog.removeAll()
-        onMessage = nil
+        handler = nil
         onSendError = nil
         afterReading = nil
         loop.unregister(self)

@@ -70,13 +70,13 @@ private final class MDPForwarder {
 
     static func serve(_ socket: ZMQSocket, on loop: SocketLoop) {
         let forwarder = MDPForwarder()
-        let router = loop.register(socket) { [forwarder] in forwarder.handle($0) }
+        let router = loop.register(readingParts: socket) { [forwarder] in forwarder.handle($0) }
         router.dropsWhenPeerFull = true
         router.afterReading = { [outbox = forwarder.outbox, unowned router] in outbox.drain(to: router) }
     }
 
-    private func handle(_ message: Message) {
-        switch try? MDP.decodeAtBroker(message) {
+    private func handle(_ parts: ReceivedParts) {
+        switch try? MDP.decodeAtBroker(parts) {
         case .request(let client, _, let body, _)?:
             waiting.append(body.count == 1 ? Waiting(client: client, onlyFrame: body.first, frames: [])
                                            : Waiting(client: client, onlyFrame: nil, frames: body))

@@ -1,0 +1,117 @@
+/// The parts of one received message, read where the socket received them: a handler on a
+/// hot path (the broker) compares headers in place and makes a ``Frame`` only of a part it
+/// keeps, instead of one of every part (docs/BENCHMARKS.md, issue 33). The ZeroMQ module's
+/// subclass reads into it; a part's bytes are valid until the next message is read into the
+/// same parts, so nothing read here outlives the handler's call unless it was made a frame.
+/// Used on one thread at a time.
+open class ReceivedParts {
+    /// What was read, behind a pointer: a class's stored property read or written from
+    /// another module is checked for exclusive access at run time whatever it is marked (a
+    /// thread-local lookup each time, more than the read itself), memory behind a `let`
+    /// pointer is not.
+    @usableFromInline struct State {
+        /// Each part's bytes, the first `count` meaningful.
+        @usableFromInline var spans: UnsafeMutableBufferPointer<UnsafeRawBufferPointer>
+        @usableFromInline var count = 0
+        @usableFromInline var peerUserID: String?
+    }
+    @usableFromInline let state: UnsafeMutablePointer<State>
+
+    public init() {
+        let spans = UnsafeMutableBufferPointer<UnsafeRawBufferPointer>.allocate(capacity: 8)
+        spans.initialize(repeating: UnsafeRawBufferPointer(start: nil, count: 0))
+        state = .allocate(capacity: 1)
+        state.initialize(to: State(spans: spans))
+    }
+
+    deinit {
+        state.pointee.spans.deallocate()
+        state.deinitialize(count: 1)
+        state.deallocate()
+    }
+
+    /// How many parts the message has.
+    @inlinable
+    public final var count: Int { state.pointee.count }
+
+    /// The peer's ZAP user id, when the socket reads it (``Message/peerUserID``).
+    public final var peerUserID: String? { state.pointee.peerUserID }
+
+    /// The bytes of part `index` (`0 ..< count`), valid until the next message is read.
+    @inlinable
+    public final subscript(index: Int) -> UnsafeRawBufferPointer {
+        precondition(index >= 0 && index < state.pointee.count, "part \(index) of \(state.pointee.count)")
+        return state.pointee.spans[index]
+    }
+
+    /// Whether part `index` holds exactly `frame`'s bytes (headers, command codes): their
+    /// lengths first, then byte by byte, inlined (headers are a few bytes).
+    @inlinable
+    public final func part(_ index: Int, equals frame: Frame) -> Bool {
+        let part = self[index]
+        guard part.count == frame.count else { return false }
+        return frame.withUnsafeBytes { $0.elementsEqual(part) }
+    }
+
+    /// Part `index` as a frame of its own, to keep: a copy of a small part (held inline up to
+    /// 32 bytes); a larger part's bytes shared where the socket received them, when the
+    /// socket can share them (the ZeroMQ module's parts do), copied otherwise.
+    open func frame(_ index: Int) -> Frame {
+        Frame(copying: self[index])
+    }
+
+    /// Every part as frames: the message as ``Message`` holds it.
+    public final func message() -> Message {
+        var message = Message()
+        append(to: &message)
+        return message
+    }
+
+    /// Appends every part, as frames, to `message`, and its user id.
+    public final func append(to message: inout Message) {
+        message.frames.reserveCapacity(message.frames.count + count)
+        for index in 0..<count { message.frames.append(frame(index)) }
+        message.peerUserID = peerUserID
+    }
+
+    /// The parts from `index` on as frames (a body, kept), in an array these parts reuse
+    /// for the next message unless the slice is kept.
+    public final func frames(from index: Int) -> ArraySlice<Frame> {
+        kept.removeAll(keepingCapacity: true)
+        for index in index..<count { kept.append(frame(index)) }
+        return kept[...]
+    }
+    @exclusivity(unchecked) private final var kept: [Frame] = []
+
+    // MARK: For the socket that reads into the parts
+
+    /// Starts a message: no parts yet.
+    @inlinable
+    package final func clear() {
+        state.pointee.count = 0
+        state.pointee.peerUserID = nil
+    }
+
+    /// Records the bytes of part `index`, just read, as the message's last so far; there is
+    /// room for it (``reserve(_:)``).
+    @inlinable
+    package final func received(_ index: Int, _ bytes: UnsafeRawBufferPointer) {
+        state.pointee.spans[index] = bytes
+        state.pointee.count = index + 1
+    }
+
+    package final func received(peerUserID: String?) {
+        state.pointee.peerUserID = peerUserID
+    }
+
+    /// Room for `parts` parts; what was read is kept.
+    package final func reserve(_ parts: Int) {
+        let spans = state.pointee.spans
+        guard parts > spans.count else { return }
+        let larger = UnsafeMutableBufferPointer<UnsafeRawBufferPointer>.allocate(capacity: max(parts, spans.count * 2))
+        larger.initialize(repeating: UnsafeRawBufferPointer(start: nil, count: 0))
+        _ = larger.update(fromContentsOf: spans)
+        spans.deallocate()
+        state.pointee.spans = larger
+    }
+}
