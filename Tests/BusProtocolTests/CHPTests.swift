@@ -48,6 +48,8 @@ struct CHPTests {
         #expect(try CHP.decodeUpdate(message) == .entry(entry))
         #expect(try CHP.decodeKVSet(message) == entry)
         #expect(try CHP.decodeKVSet(message).ttl == 30)
+        // As the kernel's collector reads it: the same check, in place.
+        #expect(try CHP.checkKVSet(PartsReader().read(message))?.seconds == 30)
         #expect(try CHP.decodeUpdate(CHP.hugz()) == .hugz(published: [:]))
         #expect(try CHP.decodeUpdate(CHP.hugz(published: ["/store/": 7, "": 9])) == .hugz(published: ["/store/": 7, "": 9]))
         #expect(CHP.hugz(published: ["/a/": 1])[4].string == #"{"published":{"/a/":1}}"#)
@@ -65,9 +67,11 @@ struct CHPTests {
         (["/k", Frame([0, 0, 0, 0, 0, 0, 0, 1]), "", "no-equals-sign", "v"], "not name=value"),
         (["HUGZ", Frame([0, 0, 0, 0, 0, 0, 0, 0]), "", "", "v"], "reserved key"),
     ] as [(Message, String)])
-    func malformedKVSet(message: Message, problem: String) {
+    func malformedKVSet(message: Message, problem: String) throws {
         let error = #expect(throws: ProtocolError.self) { try CHP.decodeKVSet(message) }
         #expect(error?.problem.contains(problem) == true, "\(error?.problem ?? "-") should mention \(problem)")
+        let parts = try PartsReader().read(message)
+        #expect(throws: try #require(error)) { try CHP.checkKVSet(parts) }
     }
 
     @Test("ICANHAZ? with a bad subtree or shape is refused")

@@ -126,7 +126,7 @@ struct MDPTests {
         #expect(MMI.answer(service: "mmi.other", body: ["echo"], isRegistered: registered) == "501")
     }
 
-    @Test("10,000 random messages decode to a value or an error, at the broker the same from parts as from frames")
+    @Test("10,000 random messages decode to a value or an error, at the broker and the collector the same from parts as from frames")
     func randomInput() throws {
         let reader = try PartsReader()
         var generator = SystemRandomNumberGenerator()
@@ -144,6 +144,8 @@ struct MDPTests {
                 let parts = try reader.read(message)
                 let fromParts = Result { () throws(ProtocolError) in try MDP.decodeAtBroker(parts) }
                 #expect(fromParts == decoded, "\(message)")
+                let checked = Result { () throws(ProtocolError) in try CHP.checkKVSet(message) }
+                #expect(Result { () throws(ProtocolError) in try CHP.checkKVSet(parts) } == checked, "\(message)")
             }
             _ = try? MDP.decodeAtWorker(message)
             _ = try? MDP.decodeAtClient(message)

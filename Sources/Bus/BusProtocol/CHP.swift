@@ -195,8 +195,8 @@ extension CHP {
 
     /// Decodes a `KVSET` the server's collector (SUB) socket receives.
     public static func decodeKVSet(_ message: Message) throws(ProtocolError) -> KVEntry {
-        let properties = try checkedKVSetProperties(message)
         let frames = message.frames
+        let properties = try checkedKVSetProperties(frames)
         return KVEntry(key: String(decoding: frames[0].bytes, as: UTF8.self), sequence: sequenceValue(frames[1]), uuid: frames[2].bytes,
                        properties: properties, value: frames[4])
     }
@@ -206,7 +206,16 @@ extension CHP {
     /// no number of seconds within ``TimeToLive/range`` makes the KVSET malformed (it is
     /// refused, never converted).
     public static func checkKVSet(_ message: Message) throws(ProtocolError) -> TimeToLive? {
-        let properties = try checkedKVSetProperties(message)
+        try checkKVSet(parts: message.frames)
+    }
+
+    /// The same, read where the socket received it (the kernel's collector).
+    public static func checkKVSet(_ parts: ReceivedParts) throws(ProtocolError) -> TimeToLive? {
+        try checkKVSet(parts: parts)
+    }
+
+    private static func checkKVSet(parts: some MessageParts) throws(ProtocolError) -> TimeToLive? {
+        let properties = try checkedKVSetProperties(parts)
         guard let text = properties.first(where: { $0.name == "ttl" })?.value else { return nil }
         guard let seconds = Double(text), let ttl = TimeToLive(seconds: seconds) else {
             throw ProtocolError("CHP", "KVSET ttl must be \(TimeToLive.rangeDescription), got '\(text.prefix(40))'")
@@ -215,16 +224,17 @@ extension CHP {
     }
 
     /// The one check of a `KVSET`'s frames; returns its properties, decoded once.
-    private static func checkedKVSetProperties(_ message: Message) throws(ProtocolError) -> [(name: String, value: String)] {
-        let frames = message.frames
+    private static func checkedKVSetProperties(_ frames: some MessageParts) throws(ProtocolError) -> [(name: String, value: String)] {
         guard frames.count == 5 else { throw ProtocolError("CHP", "KVSET has \(frames.count) frames, expected 5") }
-        guard !frames[0].isEmpty, frames[0].isUTF8 else { throw ProtocolError("CHP", "KVSET key must be non-empty UTF-8") }
-        guard !frames[0].equals(hugzCommand), !frames[0].equals(kthxbaiCommand) else {
-            throw ProtocolError("CHP", "KVSET may not use the reserved key \(frames[0])")
+        guard !frames.isEmpty(0), frames.withPart(0, Frame.isUTF8) else { throw ProtocolError("CHP", "KVSET key must be non-empty UTF-8") }
+        guard !frames.part(0, equals: hugzFrame), !frames.part(0, equals: kthxbaiFrame) else {
+            throw ProtocolError("CHP", "KVSET may not use the reserved key \(frames.frame(0))")
         }
         try checkSequenceAndUUID(frames, "KVSET")
-        return try decodeProperties(frames[3])
+        return frames.isEmpty(3) ? [] : try decodeProperties(frames.frame(3))
     }
+    private static let hugzFrame = Frame(hugzCommand)
+    private static let kthxbaiFrame = Frame(kthxbaiCommand)
 
     /// Whether `subtree` is a valid subtree specification: empty, or `/segment/…/`.
     public static func isValidSubtree(_ subtree: String) -> Bool {
@@ -241,10 +251,10 @@ extension CHP {
         return (key, sequenceValue(frames[1]), frames[2].bytes, frames[3], frames[4])
     }
 
-    private static func checkSequenceAndUUID(_ frames: [Frame], _ name: String) throws(ProtocolError) {
-        guard frames[1].count == 8 else { throw ProtocolError("CHP", "\(name) sequence has \(frames[1].count) bytes, expected 8") }
-        guard frames[2].count == 0 || frames[2].count == 16 else {
-            throw ProtocolError("CHP", "\(name) UUID has \(frames[2].count) bytes, expected 0 or 16")
+    private static func checkSequenceAndUUID(_ frames: some MessageParts, _ name: String) throws(ProtocolError) {
+        guard frames.partCount(1) == 8 else { throw ProtocolError("CHP", "\(name) sequence has \(frames.partCount(1)) bytes, expected 8") }
+        guard frames.partCount(2) == 0 || frames.partCount(2) == 16 else {
+            throw ProtocolError("CHP", "\(name) UUID has \(frames.partCount(2)) bytes, expected 0 or 16")
         }
     }
 

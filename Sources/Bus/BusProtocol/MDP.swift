@@ -265,7 +265,7 @@ extension MDP {
         try decodeAtBroker(parts: parts)
     }
 
-    private static func decodeAtBroker(parts frames: some BrokerParts) throws(ProtocolError) -> BrokerInbound {
+    private static func decodeAtBroker(parts frames: some MessageParts) throws(ProtocolError) -> BrokerInbound {
         let count = frames.count
         guard count >= 3 else { throw ProtocolError("MDP", "message has \(count) frames, expected at least 3") }
         if frames.isEmpty(1) {
@@ -295,7 +295,7 @@ extension MDP {
     /// A worker's command whose command frame is `frames[at]`: the two versions differ in
     /// what comes before it (0.1's empty frame) and in the codes, not in what follows.
     /// Frame counts in errors are those after the routing id.
-    private static func workerCommand(_ frames: some BrokerParts, at index: Int, _ version: Version) throws(ProtocolError) -> WorkerToBroker {
+    private static func workerCommand(_ frames: some MessageParts, at index: Int, _ version: Version) throws(ProtocolError) -> WorkerToBroker {
         let before = index - 1  // frames before the command, after the routing id
         let after = frames.count - index - 1  // frames after the command
         func count(_ name: String, _ expected: String) -> ProtocolError {
@@ -426,7 +426,7 @@ extension MDP {
         return value
     }
 
-    private static func serviceName(_ frames: some BrokerParts, _ index: Int, _ context: String) throws(ProtocolError) -> String {
+    private static func serviceName(_ frames: some MessageParts, _ index: Int, _ context: String) throws(ProtocolError) -> String {
         // Checked on the bytes, then read as ASCII: no UTF-8 validation per request.
         let name: String? = frames.withPart(index) { raw in
             isValidServiceName(raw) ? String(decoding: raw, as: UTF8.self) : nil
@@ -451,34 +451,4 @@ public enum MMI {
         guard let name = body.first?.string else { return "404" }
         return isRegistered(name) ? "200" : "404"
     }
-}
-
-/// A message read at the broker, as its decoder reads it: frames in an array, or parts where
-/// the socket received them (``ReceivedParts``). One decoder serves both, specialized for each.
-private protocol BrokerParts {
-    var count: Int { get }
-    func withPart<R>(_ index: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R
-    func isEmpty(_ index: Int) -> Bool
-    func part(_ index: Int, equals frame: Frame) -> Bool
-    /// The part's byte when it is one byte long (a command's code).
-    func commandCode(_ index: Int) -> UInt8?
-    /// The part, to keep.
-    func frame(_ index: Int) -> Frame
-    /// The parts from `index` on, to keep.
-    func frames(from index: Int) -> ArraySlice<Frame>
-}
-
-extension [Frame]: BrokerParts {
-    func withPart<R>(_ index: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R { self[index].withUnsafeBytes(body) }
-    func isEmpty(_ index: Int) -> Bool { self[index].isEmpty }
-    func part(_ index: Int, equals frame: Frame) -> Bool { self[index] == frame }
-    func commandCode(_ index: Int) -> UInt8? { self[index].count == 1 ? self[index].withUnsafeBytes { $0[0] } : nil }
-    func frame(_ index: Int) -> Frame { self[index] }
-    func frames(from index: Int) -> ArraySlice<Frame> { self[index...] }
-}
-
-extension ReceivedParts: BrokerParts {
-    func withPart<R>(_ index: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R { body(self[index]) }
-    func isEmpty(_ index: Int) -> Bool { self[index].isEmpty }
-    func commandCode(_ index: Int) -> UInt8? { self[index].count == 1 ? self[index][0] : nil }
 }

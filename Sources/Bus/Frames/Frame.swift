@@ -170,10 +170,11 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 
     /// Whether the bytes are valid UTF-8, checked without building a string when they are
     /// ASCII (as keys and names on the bus usually are).
-    public var isUTF8: Bool {
-        withUnsafeBytes { raw in
-            raw.allSatisfy { $0 < 0x80 } || String(validating: raw.bindMemory(to: UInt8.self), as: UTF8.self) != nil
-        }
+    public var isUTF8: Bool { withUnsafeBytes(Self.isUTF8) }
+
+    /// Whether `raw` holds valid UTF-8 (as ``isUTF8``).
+    public static func isUTF8(_ raw: UnsafeRawBufferPointer) -> Bool {
+        raw.allSatisfy { $0 < 0x80 } || String(validating: raw.bindMemory(to: UInt8.self), as: UTF8.self) != nil
     }
 
     /// Whether the bytes begin with `prefix`.

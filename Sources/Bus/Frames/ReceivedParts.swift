@@ -60,6 +60,14 @@ open class ReceivedParts {
         Frame(copying: self[index])
     }
 
+    /// Part `index` as a frame with bytes of its own, for keeping long: what
+    /// `frame(index).keepable()` gives (a part of up to ``Frame/keepLimit`` bytes may lie in a
+    /// buffer libzmq shares among messages), without sharing it first.
+    public final func keepableFrame(_ index: Int) -> Frame {
+        let bytes = self[index]
+        return bytes.count <= Frame.keepLimit ? Frame(copying: bytes) : frame(index)
+    }
+
     /// Every part as frames: the message as ``Message`` holds it.
     public final func message() -> Message {
         var message = Message()

@@ -136,12 +136,15 @@ final class KernelParts {
                 broker.peerFull(peer, undelivered: message, now: clock.now)
             }
         }
+        // The collector's too, the next busiest: a KVSET's parts read where libzmq holds them.
+        let collector = loop.register(readingParts: sockets.collector) { [state, clock] in state.collect($0, now: clock.now) }
+        collector.afterReading = { [weak self] in self?.flush() }
         var registrations = Registrations(
             zap: sockets.zap.map { register($0) { $0.zap?.handle($1) } },
             router: router,
             snapshot: register(sockets.snapshot) { $0.state.snapshot($1) },
             publisher: register(sockets.publisher) { $0.state.subscriptionChanged($1, now: $0.clock.now) },
-            collector: register(sockets.collector) { $0.state.collect($1, now: $0.clock.now) })
+            collector: collector)
         if let pair, let pairSockets = sockets.pair {
             registrations.pairListener = register(pairSockets.listener) { $0.pair?.received($1, now: $0.clock.now) }
             registrations.pairSender = register(pairSockets.sender) { _, _ in }

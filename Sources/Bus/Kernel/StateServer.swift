@@ -340,19 +340,21 @@ final class StateServer: PairReplica {
 
     /// A KVSET from the collector: applied under the same rules and limits as `state.set`
     /// (refusals are counted and logged, as a KVSET has no reply).
-    func collect(_ message: Message, now: UInt64) {
+    func collect(_ parts: ReceivedParts, now: UInt64) {
         // A passive kernel leaves clients' writes to the active one, which replicates them.
         guard authoritative else { return }
         let ttl: TimeToLive?
         do {
-            ttl = try CHP.checkKVSet(message)
+            ttl = try CHP.checkKVSet(parts)
         } catch {
             rejectedWrites += 1
             logger.debug("dropped malformed KVSET", metadata: ["problem": "\(error)"])
             return
         }
-        let key = message[0], value = message[4]
-        let peer = Peer(userID: message.peerUserID, security: configuration.security)
+        // The key and the value with bytes of their own, as the state keeps them (a frame
+        // sharing libzmq's receive buffer would be copied again to be kept).
+        let key = parts.keepableFrame(0), value = parts.keepableFrame(4)
+        let peer = Peer(userID: parts.peerUserID, security: configuration.security)
         let index = entries.index(forKey: key)
         switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: true) {
         case .refused(let error):
@@ -362,7 +364,7 @@ final class StateServer: PairReplica {
                                                            "refused": "\(refusedForbidden + refusedOverLimit)"])
             }
         case .allowed(let owner):
-            _ = apply(key, at: index, value: value, isJSON: Self.isJSON(value), ttl: ttl, uuid: message[2], properties: message[3],
+            _ = apply(key, at: index, value: value, isJSON: Self.isJSON(value), ttl: ttl, uuid: parts.frame(2), properties: parts.frame(3),
                       quotaOwner: owner, now: now)
         }
     }

@@ -51,8 +51,8 @@ struct SocketLayerFloorCommand: AsyncParsableCommand {
 }
 
 /// Requests to the one worker that said READY, as many at once as its window (the rest wait,
-/// as the C 7/MDP broker's do), replies to their clients, written to an ``Outbox`` sent after
-/// each batch read, as the kernel's broker does. Loop-confined, its state unchecked for
+/// as the C 7/MDP broker's do), replies to their clients: read where the socket holds them and
+/// written to an ``Outbox`` sent after each batch read, as the kernel's broker does. Loop-confined, its state unchecked for
 /// exclusivity as the broker's is.
 private final class MDPForwarder {
     /// A request waiting: its body held as the broker holds it (a one-frame body alone, so the
@@ -111,9 +111,9 @@ private final class MDPForwarder {
     }
 }
 
-/// Each KVSET published as a KVPUB with the next sequence number, written to an ``Outbox``
-/// sent after each batch read, as the kernel's state server does; subscriptions read and let
-/// go. Loop-confined.
+/// Each KVSET published as a KVPUB with the next sequence number, read where the socket holds
+/// it and written to an ``Outbox`` sent after each batch read, as the kernel's state server
+/// does; subscriptions read and let go. Loop-confined.
 private final class CHPRepublisher {
     @exclusivity(unchecked) private var sequence: UInt64 = 0
     private let outbox = Outbox()
@@ -121,13 +121,13 @@ private final class CHPRepublisher {
     static func serve(from collector: ZMQSocket, to publisher: ZMQSocket, on loop: SocketLoop) {
         let republisher = CHPRepublisher()
         let publisher = loop.register(publisher) { _ in }
-        let collector = loop.register(collector) { [republisher] in republisher.handle($0) }
+        let collector = loop.register(readingParts: collector) { [republisher] in republisher.handle($0) }
         collector.afterReading = { [outbox = republisher.outbox] in outbox.drain(to: publisher) }
     }
 
-    private func handle(_ message: Message) {
-        do { _ = try CHP.checkKVSet(message) } catch { return }
+    private func handle(_ parts: ReceivedParts) {
+        do { _ = try CHP.checkKVSet(parts) } catch { return }
         sequence += 1
-        outbox.write { CHP.appendKVPub(key: message[0], sequence: sequence, uuid: message[2], properties: message[3], value: message[4], into: &$0) }
+        outbox.write { CHP.appendKVPub(key: parts.frame(0), sequence: sequence, uuid: parts.frame(2), properties: parts.frame(3), value: parts.frame(4), into: &$0) }
     }
 }
