@@ -93,6 +93,27 @@ struct SocketTests {
         #expect(kept == (0..<20).map(frames))
     }
 
+    @Test("a message of many parts grows the parts' room while it is read; released, the room goes back")
+    func manyPartsGiveTheirRoomBack() throws {
+        let context = try ZMQContext()
+        let receiver = try bounded(ZMQSocket(context, .pull))
+        let sender = try bounded(ZMQSocket(context, .push))
+        try sender.connect(try receiver.bind(inprocEndpoint()))
+        let many = Message((0..<1_000).map { Frame("part \($0)") })
+        try sender.send(many)
+        try sender.send(["after", "it"])
+        var poller = ZMQPoller()
+        _ = try poller.add(receiver)
+        let parts = ZMQReceivedParts()
+        while try !receiver.tryReceive(into: parts) {
+            try #require(try poller.poll(timeoutMilliseconds: 5_000) == 1, "the message of 1,000 parts did not come")
+        }
+        #expect(parts.count == 1_000 && parts.slots >= 1_000 && parts.message() == many)
+        parts.release()
+        #expect(parts.slots == ReceivedParts.initialRoom)
+        #expect(try receiver.tryReceive(into: parts) && parts.message() == ["after", "it"])
+    }
+
     @Test("a frame can be sent many times without its bytes changing")
     func frameReuse() throws {
         let context = try ZMQContext()

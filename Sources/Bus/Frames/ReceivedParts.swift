@@ -18,11 +18,18 @@ open class ReceivedParts {
     @usableFromInline let state: UnsafeMutablePointer<State>
 
     public init() {
-        let spans = UnsafeMutableBufferPointer<UnsafeRawBufferPointer>.allocate(capacity: 8)
+        let spans = UnsafeMutableBufferPointer<UnsafeRawBufferPointer>.allocate(capacity: Self.initialRoom)
         spans.initialize(repeating: UnsafeRawBufferPointer(start: nil, count: 0))
         state = .allocate(capacity: 1)
         state.initialize(to: State(spans: spans))
     }
+
+    /// Parts there is room for at first, and again after a message of more than
+    /// ``keptRoom`` parts was let go.
+    package static let initialRoom = 8
+    /// Parts there is room for from one batch to the next: a message of more grows the room
+    /// (the peer chooses how many parts it sends), which its reader gives back afterwards.
+    package static let keptRoom = 64
 
     deinit {
         state.pointee.spans.deallocate()
@@ -101,7 +108,7 @@ open class ReceivedParts {
     }
 
     /// Records the bytes of part `index`, just read, as the message's last so far; there is
-    /// room for it (``reserve(_:)``).
+    /// room for it (``setRoom(_:)``).
     @inlinable
     package final func received(_ index: Int, _ bytes: UnsafeRawBufferPointer) {
         state.pointee.spans[index] = bytes
@@ -112,14 +119,15 @@ open class ReceivedParts {
         state.pointee.peerUserID = peerUserID
     }
 
-    /// Room for `parts` parts; what was read is kept.
-    package final func reserve(_ parts: Int) {
+    /// Room for exactly `parts` parts (at least ``count``); what was read is kept.
+    package final func setRoom(_ parts: Int) {
+        precondition(parts >= count, "room for \(parts) of \(count) parts read")
         let spans = state.pointee.spans
-        guard parts > spans.count else { return }
-        let larger = UnsafeMutableBufferPointer<UnsafeRawBufferPointer>.allocate(capacity: max(parts, spans.count * 2))
-        larger.initialize(repeating: UnsafeRawBufferPointer(start: nil, count: 0))
-        _ = larger.update(fromContentsOf: spans)
+        guard parts != spans.count else { return }
+        let resized = UnsafeMutableBufferPointer<UnsafeRawBufferPointer>.allocate(capacity: parts)
+        resized.initialize(repeating: UnsafeRawBufferPointer(start: nil, count: 0))
+        for index in 0..<count { resized[index] = spans[index] }
         spans.deallocate()
-        state.pointee.spans = larger
+        state.pointee.spans = resized
     }
 }

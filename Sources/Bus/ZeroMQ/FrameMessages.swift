@@ -49,21 +49,28 @@ public final class ZMQReceivedParts: ReceivedParts {
     /// One initialised message per part slot; they never move while a part is read from them
     /// (a part of up to 33 bytes lies inside its message).
     @exclusivity(unchecked) private var messages: UnsafeMutablePointer<zmq_msg_t>
-    @exclusivity(unchecked) private var slots: Int
+    @exclusivity(unchecked) private(set) var slots = ReceivedParts.initialRoom
     /// Slots read into since the parts were last released (an earlier message may have had
     /// more parts than the last).
     @exclusivity(unchecked) private var used = 0
 
     public override init() {
-        slots = 8
-        messages = .allocate(capacity: slots)
-        for slot in 0..<slots { zmq_msg_init(messages + slot) }
+        messages = Self.initialisedMessages(slots)
         super.init()
-        reserve(slots)
     }
 
     deinit {
-        for slot in 0..<slots { zmq_msg_close(messages + slot) }
+        Self.close(messages, slots)
+    }
+
+    private static func initialisedMessages(_ count: Int) -> UnsafeMutablePointer<zmq_msg_t> {
+        let messages = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: count)
+        for slot in 0..<count { zmq_msg_init(messages + slot) }
+        return messages
+    }
+
+    private static func close(_ messages: UnsafeMutablePointer<zmq_msg_t>, _ count: Int) {
+        for slot in 0..<count { zmq_msg_close(messages + slot) }
         messages.deallocate()
     }
 
@@ -82,18 +89,15 @@ public final class ZMQReceivedParts: ReceivedParts {
 
     private func grow(to needed: Int) {
         let larger = max(needed, slots * 2)
-        let moved = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: larger)
-        for slot in 0..<larger { zmq_msg_init(moved + slot) }
+        let moved = Self.initialisedMessages(larger)
         // Moved as libzmq moves them (never copied byte for byte), then read again: a small
         // part's bytes moved with its message.
-        for slot in 0..<slots { zmq_msg_move(moved + slot, messages + slot); zmq_msg_close(messages + slot) }
-        messages.deallocate()
+        for slot in 0..<slots { zmq_msg_move(moved + slot, messages + slot) }
+        Self.close(messages, slots)
         messages = moved
         slots = larger
-        reserve(larger)
-        for index in 0..<count {
-            received(index, UnsafeRawBufferPointer(start: zmq_msg_data(messages + index), count: zmq_msg_size(messages + index)))
-        }
+        setRoom(larger)
+        for index in 0..<count { received(index) }
     }
 
     public override func frame(_ index: Int) -> Frame {
@@ -110,6 +114,13 @@ public final class ZMQReceivedParts: ReceivedParts {
         }
         clear()
         used = 0
+        // A message of many parts (the peer's choice) grew the slots: their room goes back.
+        if slots > ReceivedParts.keptRoom {
+            Self.close(messages, slots)
+            slots = ReceivedParts.initialRoom
+            messages = Self.initialisedMessages(slots)
+            setRoom(slots)
+        }
     }
 }
 
