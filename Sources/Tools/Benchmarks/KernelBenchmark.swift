@@ -153,7 +153,13 @@ struct KernelBenchmark: AsyncParsableCommand {
             let plural = subscribers == 1 ? "" : "s"
             let raw = median(fanOut[.raw]![subscribers]!.map(\.rate))
             let kernelRuns = fanOut[.kernel]![subscribers]!, kernelRate = median(kernelRuns.map(\.rate))
-            let bareRuns = fanOut[.kernelWithoutHistory]![subscribers]!, bareRate = median(bareRuns.map(\.rate))
+            let bareRate = median(fanOut[.kernelWithoutHistory]![subscribers]!.map(\.rate))
+            /// A row for `path` beside the raw proxy and the kernel: its ratio to raw C, what it is, its gaps and losses.
+            func besideRow(_ path: Metal.FanOut, _ title: String, _ what: String) -> Row {
+                let runs = fanOut[path]![subscribers]!, rate = median(runs.map(\.rate))
+                return Row(title, rate: rate, note: String(format: "%.2fx raw C; ", rate / raw)
+                               + "\(what); \(runs.map(\.gaps).reduce(0, +)) gaps, \(runs.map(\.missing).reduce(0, +)) never came")
+            }
             let oneRaw = median(fanOut[.raw]![1]!.map(\.rate)), oneKernel = median(fanOut[.kernel]![1]!.map(\.rate))
             rows.append(Row("raw libzmq C XSUB/XPUB proxy, \(subscribers) subscriber\(plural)", rate: raw,
                             note: String(format: "the metal: C PUB and SUBs, 5-frame updates; %.2fx one subscriber; %d never came",
@@ -162,13 +168,10 @@ struct KernelBenchmark: AsyncParsableCommand {
                             note: String(format: "%.2fx raw C, %.2fx one subscriber, %.2fx without history; %d gaps, %d never came (dropped by the collector's PUB) in %d runs of %d updates",
                                          kernelRate / raw, kernelRate / oneKernel, kernelRate / bareRate, kernelRuns.map(\.gaps).reduce(0, +),
                                          kernelRuns.map(\.missing).reduce(0, +), runs, updates)))
-            rows.append(Row("CHP collector to \(subscribers) subscriber\(plural), history of 1 change", rate: bareRate,
-                            note: String(format: "%.2fx raw C; kernel.state_history_changes 1: what revisions and history cost is the row above's ratio; %d gaps, %d never came",
-                                         bareRate / raw, bareRuns.map(\.gaps).reduce(0, +), bareRuns.map(\.missing).reduce(0, +))))
-            let floorRuns = fanOut[.floor]![subscribers]!, floorRate = median(floorRuns.map(\.rate))
-            rows.append(Row("the kernel's socket layer alone, CHP to \(subscribers) subscriber\(plural)", rate: floorRate,
-                            note: String(format: "%.2fx raw C; a Swift republisher on SocketLoop, no state, history or quotas: the collector's floor; %d gaps, %d never came",
-                                         floorRate / raw, floorRuns.map(\.gaps).reduce(0, +), floorRuns.map(\.missing).reduce(0, +))))
+            rows.append(besideRow(.kernelWithoutHistory, "CHP collector to \(subscribers) subscriber\(plural), history of 1 change",
+                                  "kernel.state_history_changes 1: what revisions and history cost is the row above's ratio"))
+            rows.append(besideRow(.floor, "the kernel's socket layer alone, CHP to \(subscribers) subscriber\(plural)",
+                                  "a Swift republisher on SocketLoop, no state, history or quotas: the collector's floor"))
         }
         rows.append(contentsOf: try await historyMemory(metal))
         single.stop()

@@ -52,8 +52,8 @@ struct SocketLayerFloorCommand: AsyncParsableCommand {
 
 /// Requests to the one worker that said READY, as many at once as its window (the rest wait,
 /// as the C 7/MDP broker's do), replies to their clients: read where the socket holds them and
-/// written to an ``Outbox`` sent after each batch read, as the kernel's broker does. Loop-confined, its state unchecked for
-/// exclusivity as the broker's is.
+/// written to an ``Outbox`` sent after each batch read, as the kernel's broker does.
+/// Loop-confined, its state unchecked for exclusivity as the broker's is.
 private final class MDPForwarder {
     /// A request waiting: its body held as the broker holds it (a one-frame body alone, so the
     /// array it arrived in is read into again).
