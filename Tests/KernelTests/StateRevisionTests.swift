@@ -193,6 +193,48 @@ struct StateRevisionTests {
         #expect(nothing.entries.isEmpty && nothing.done == .done(sequence: state.sequence, subtree: "/client/", since: nil))
         #expect(state.resumesRefused == 3)
     }
+
+    @Test("each client key's quota follows its writes, deletions and keys another client takes over; its limit holds; a peer's copy counts the same")
+    func quotas() throws {
+        var configuration = KernelConfiguration()
+        configuration.clientStateMaxKeys = 3
+        let state = StateServer(configuration: configuration, logger: quiet)
+        let a = Peer.client(key: "A"), b = Peer.client(key: "B")
+        func set(_ key: String, _ value: String?, by peer: Peer) -> Result<UInt64, JSONRPCError> {
+            state.write(key, value: value.map { Frame($0) } ?? Frame(), ttl: nil, by: peer, now: 0)
+        }
+        func usage(_ owner: String) -> [Int]? { state.quotas[owner].map { [$0.keys, $0.bytes] } }
+        let size = { (key: String, value: String) in key.utf8.count + value.utf8.count }
+
+        _ = try set("/client/1", "1", by: a).get()
+        _ = try set("/client/2", "22", by: a).get()
+        #expect(usage("A") == [2, size("/client/1", "1") + size("/client/2", "22")])
+        // Rewritten by its owner: the same key, the new size.
+        _ = try set("/client/2", "2222", by: a).get()
+        #expect(usage("A") == [2, size("/client/1", "1") + size("/client/2", "2222")])
+        // Taken over by another client: it counts against that one's quota from then on.
+        _ = try set("/client/1", "b", by: b).get()
+        #expect(usage("A") == [1, size("/client/2", "2222")] && usage("B") == [1, size("/client/1", "b")])
+        // A quota goes with its last key.
+        _ = try set("/client/2", nil, by: a).get()
+        #expect(usage("A") == nil && state.quotas.count == 1)
+        // Three keys, then the fourth is refused (-32010) and counts nowhere; B's is untouched.
+        for key in ["/client/3", "/client/4", "/client/5"] { _ = try set(key, "x", by: a).get() }
+        guard case .failure(let refused) = set("/client/6", "x", by: a) else { Issue.record("a fourth key was kept"); return }
+        #expect(refused.code == JSONRPCError.tooLargeCode && refused.message.contains("kernel.client_state_max_keys"))
+        #expect(usage("A") == [3, 3 * size("/client/3", "x")] && usage("B") == [1, size("/client/1", "b")])
+        // Deleting one makes room again.
+        _ = try set("/client/3", nil, by: a).get()
+        _ = try set("/client/6", "x", by: a).get()
+        #expect(usage("A") == [3, 3 * size("/client/3", "x")])
+        #expect(state.totalBytes == usage("A")![1] + usage("B")![1])
+
+        // The passive peer's copy of the whole state counts the same.
+        let passive = StateServer(configuration: configuration, logger: quiet)
+        passive.install(state.replicatedSnapshot(now: 0), sequence: state.sequence, now: 0)
+        #expect(passive.quotas.mapValues { [$0.keys, $0.bytes] } == state.quotas.mapValues { [$0.keys, $0.bytes] })
+        #expect(passive.totalBytes == state.totalBytes)
+    }
 }
 
 extension UInt64 {

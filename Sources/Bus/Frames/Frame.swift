@@ -9,14 +9,15 @@ internal import Glibc
 open class FrameBuffer: @unchecked Sendable {
     // `@unchecked`: the bytes never change after init.
     public let bytes: UnsafeRawBufferPointer
-
-    public init(bytes: UnsafeRawBufferPointer) {
-        self.bytes = bytes
-    }
-
     /// Whether the bytes may lie in a buffer shared with other received messages, which this
-    /// frame keeps alive whole (see ``Frame/keepable()``).
-    open var mayShareReceiveBuffer: Bool { false }
+    /// frame keeps alive whole (see ``Frame/keepable()``). Stored, not overridden: every value
+    /// the state keeps is asked (a call through the class's table each time).
+    public let mayShareReceiveBuffer: Bool
+
+    public init(bytes: UnsafeRawBufferPointer, mayShareReceiveBuffer: Bool = false) {
+        self.bytes = bytes
+        self.mayShareReceiveBuffer = mayShareReceiveBuffer
+    }
 }
 
 /// A copy of some bytes, on the heap.

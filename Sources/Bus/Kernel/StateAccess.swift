@@ -80,24 +80,30 @@ struct StateAccess {
         writablePrefixFrames = writablePrefixes.map { Frame($0) }
     }
 
-    func isClientWritable(_ key: Frame) -> Bool { writablePrefixFrames.contains { key.hasPrefix($0) } }
+    /// Whether `peer` may write `key` through `state.set` (or, with `collector`, a KVSET).
+    enum Verdict {
+        /// Under the writable prefixes: anyone may, and it counts against the writer's quota.
+        case clientWritable
+        /// Elsewhere, by a peer that may.
+        case allowed
+        case refused(JSONRPCError)
+    }
 
-    /// Nil when `peer` may write `key` through `state.set` (or, with `collector`, a KVSET);
-    /// otherwise why not.
-    func refusal(_ key: Frame, by peer: Peer, collector: Bool) -> JSONRPCError? {
-        if key.hasPrefix(Self.kernelPrefix) { return .forbidden("keys under /kernel/ are the kernel's own") }
-        if isClientWritable(key) { return nil }
+    /// Whether `peer` may write `key` (each prefix compared once per write).
+    func verdict(_ key: Frame, by peer: Peer, collector: Bool) -> Verdict {
+        if key.hasPrefix(Self.kernelPrefix) { return .refused(.forbidden("keys under /kernel/ are the kernel's own")) }
+        if writablePrefixFrames.contains(where: { key.hasPrefix($0) }) { return .clientWritable }
         switch peer {
         case .unauthenticated:
-            return collector ? .forbidden("clients publish only keys under \(writablePrefixes.joined(separator: ", ")) (the kernel's writable prefixes)") : nil
+            return collector ? .refused(.forbidden("clients publish only keys under \(writablePrefixes.joined(separator: ", ")) (the kernel's writable prefixes)")) : .allowed
         case .client, .operator:
-            return .forbidden("a client key may set only keys under \(writablePrefixes.joined(separator: ", "))")
+            return .refused(.forbidden("a client key may set only keys under \(writablePrefixes.joined(separator: ", "))"))
         case .worker(_, nil):
-            return nil
+            return .allowed
         case .worker(_, let service?):
             let own = ["/\(service)/"] + owners.filter { $0.value == service }.map(\.key)
-            if own.contains(where: { key.hasPrefix(Frame($0)) }) { return nil }
-            return .forbidden("the \(service) service's key may set only keys under \((own + writablePrefixes).joined(separator: ", "))")
+            if own.contains(where: { key.hasPrefix(Frame($0)) }) { return .allowed }
+            return .refused(.forbidden("the \(service) service's key may set only keys under \((own + writablePrefixes).joined(separator: ", "))"))
         }
     }
 }

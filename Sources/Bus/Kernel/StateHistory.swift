@@ -24,9 +24,12 @@ struct StateHistory {
         let previous: UInt64
         /// Bytes it counts against the byte bound: the memory it holds, its record in the
         /// log as well as its key, value and UUID (and a deletion's place in ``deletions``),
-        /// so that small changes are not free.
-        var size: Int {
-            MemoryLayout<Change>.stride + key.heldBytes + value.heldBytes + uuid.heldBytes + (value.isEmpty ? Self.deletionBytes : 0)
+        /// so that small changes are not free. Counted once, as it is recorded.
+        let size: Int
+
+        init(sequence: UInt64, key: Frame, value: Frame, uuid: Frame, previous: UInt64) {
+            (self.sequence, self.key, self.value, self.uuid, self.previous) = (sequence, key, value, uuid, previous)
+            size = MemoryLayout<Change>.stride + key.heldBytes + value.heldBytes + uuid.heldBytes + (value.isEmpty ? Self.deletionBytes : 0)
         }
         /// A key and sequence in a dictionary, with its share of the table, near enough.
         static let deletionBytes = 96

@@ -18,8 +18,8 @@ final class StateServer: PairReplica {
         var sequence: UInt64
         var value: Frame
         var expiresAt: UInt64?
-        /// For a key under the writable prefixes, the key whose quota it counts against.
-        var quotaOwner: String?
+        /// For a key under the writable prefixes, the quota it counts against.
+        var quota: Quota?
         /// Bytes it counts against the limits: its key and value.
         var size: Int
         /// Whether the value is JSON text (`state.set`'s always is; a plain CHP client's KVSET
@@ -29,10 +29,14 @@ final class StateServer: PairReplica {
 
     static func isJSON(_ value: Frame) -> Bool { value.withUnsafeBytes { JSONValue.isValidText($0, maxDepth: JSONRPC.maxDepth) } }
 
-    /// Keys and bytes held by one client key under the writable prefixes.
-    struct Usage {
+    /// Keys and bytes held by one client key under the writable prefixes. An entry refers to
+    /// its quota, so a write counts without looking its owner up by name (a hash of the key
+    /// each time; docs/BENCHMARKS.md, issue 33).
+    final class Quota {
+        let owner: String
         var keys = 0
         var bytes = 0
+        init(owner: String) { self.owner = owner }
     }
 
     /// Its limits and allowed keys may change while it serves (``KernelParts/reconfigure(_:)``).
@@ -65,7 +69,11 @@ final class StateServer: PairReplica {
     @exclusivity(unchecked) private(set) var totalBytes = 0
     /// The recent changes: resumes from a sequence, and `state.history`.
     @exclusivity(unchecked) private(set) var history: StateHistory
-    @exclusivity(unchecked) private var usage: [String: Usage] = [:]
+    /// The quotas holding a key; one is dropped when its last key goes.
+    @exclusivity(unchecked) private(set) var quotas: [String: Quota] = [:]
+    /// The quota last written under: writes come in runs from one client, whose quota is then
+    /// found by comparing its key, not hashing it.
+    @exclusivity(unchecked) private var lastQuota: Quota?
     private let access: StateAccess
     private var lastHugz: UInt64 = 0
     private var expiring = 0
@@ -122,13 +130,13 @@ final class StateServer: PairReplica {
         // A passive kernel's own keys are its active peer's to set.
         guard authoritative else { return sequence }
         return apply(key, at: entries.index(forKey: key), value: value, isJSON: true, ttl: ttl, uuid: Frame(),
-                     properties: Frame(ttl?.property ?? ""), quotaOwner: nil, now: now)
+                     properties: Frame(ttl?.property ?? ""), quota: nil, now: now)
     }
 
     /// What ``admit(_:at:size:by:collector:)`` decided.
     private enum Admission {
         /// Allowed, counting against this quota (nil: none).
-        case allowed(quotaOwner: String?)
+        case allowed(quota: Quota?)
         case refused(JSONRPCError)
     }
 
@@ -144,7 +152,7 @@ final class StateServer: PairReplica {
         let index = entries.index(forKey: key)
         switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: asClient) {
         case .refused(let error): return .failure(error)
-        case .allowed(let owner):
+        case .allowed(let quota):
             if let expected {
                 let revision = index.map { entries.values[$0].sequence } ?? 0
                 if revision != expected {
@@ -156,7 +164,7 @@ final class StateServer: PairReplica {
                 }
             }
             return .success(apply(key, at: index, value: value, isJSON: true, ttl: ttl, uuid: uuid,
-                                  properties: Frame(ttl?.property ?? ""), quotaOwner: owner, now: now))
+                                  properties: Frame(ttl?.property ?? ""), quota: quota, now: now))
         }
     }
 
@@ -172,15 +180,18 @@ final class StateServer: PairReplica {
     /// bytes (nil: a deletion, which only needs the right to write), and if so the quota it
     /// counts against.
     private func admit(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, size: Int?, by peer: Peer, collector: Bool) -> Admission {
-        if let error = access.refusal(key, by: peer, collector: collector) {
+        let quota: Quota?
+        switch access.verdict(key, by: peer, collector: collector) {
+        case .refused(let error):
             refusedForbidden += 1
             return .refused(error)
+        case .clientWritable: quota = self.quota(of: peer.quotaOwner)
+        case .allowed: quota = nil
         }
-        let owner = access.isClientWritable(key) ? peer.quotaOwner : nil
-        guard let size else { return .allowed(quotaOwner: owner) }
-        // The held entry's size and owner only, read in place: a copy of the entry retains its frames.
-        let held = index.map { readInPlace($0) { ($0.size, $0.quotaOwner) } }
-        let oldSize = held?.0, oldOwner = held?.1
+        guard let size else { return .allowed(quota: quota) }
+        // The held entry's size and quota only, read in place: a copy of the entry retains its frames.
+        let held = index.map { readInPlace($0) { ($0.size, $0.quota) } }
+        let oldSize = held?.0, oldQuota = held?.1
         let keys = entries.count + (oldSize == nil ? 1 : 0), bytes = totalBytes - (oldSize ?? 0) + size
         var refusal: String?
         if size > configuration.stateMaxValueBytes {
@@ -189,18 +200,27 @@ final class StateServer: PairReplica {
             refusal = "the state holds \(entries.count) keys, the limit (kernel.state_max_keys)"
         } else if bytes > configuration.stateMaxBytes {
             refusal = "the state would hold \(bytes) bytes, over the limit (kernel.state_max_bytes) of \(configuration.stateMaxBytes)"
-        } else if let owner {
-            let held = usage[owner] ?? Usage(), same = oldOwner == owner
-            let ownerKeys = held.keys + (same ? 0 : 1), ownerBytes = held.bytes + size - (same ? oldSize! : 0)
+        } else if let quota {
+            let same = oldQuota === quota
+            let ownerKeys = quota.keys + (same ? 0 : 1), ownerBytes = quota.bytes + size - (same ? oldSize! : 0)
             if ownerKeys > configuration.clientStateMaxKeys {
-                refusal = "this client holds \(held.keys) keys under \(access.writablePrefixes.joined(separator: ", ")), the limit (kernel.client_state_max_keys)"
+                refusal = "this client holds \(quota.keys) keys under \(access.writablePrefixes.joined(separator: ", ")), the limit (kernel.client_state_max_keys)"
             } else if ownerBytes > configuration.clientStateMaxBytes {
                 refusal = "this client would hold \(ownerBytes) bytes under \(access.writablePrefixes.joined(separator: ", ")), over the limit (kernel.client_state_max_bytes) of \(configuration.clientStateMaxBytes)"
             }
         }
-        guard let refusal else { return .allowed(quotaOwner: owner) }
+        guard let refusal else { return .allowed(quota: quota) }
         refusedOverLimit += 1
         return .refused(JSONRPCError(code: JSONRPCError.tooLargeCode, message: "Too large: \(refusal)"))
+    }
+
+    /// The quota of `owner`'s writes: the last one written under, the one held, or a new one
+    /// (kept once it holds a key, ``account(replacing:withSize:quota:)``).
+    private func quota(of owner: String) -> Quota {
+        if let lastQuota, lastQuota.owner == owner { return lastQuota }
+        let quota = quotas[owner] ?? Quota(owner: owner)
+        lastQuota = quota
+        return quota
     }
 
     /// Reads the entry at `index` in place: a read through the map (its getter) copies the
@@ -213,12 +233,12 @@ final class StateServer: PairReplica {
     /// KVSET's own key, UUID, properties and value frames go out as they came, uncopied).
     /// `index`: where `key` is held now (nil: it is not), found once by the caller.
     private func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, ttl: TimeToLive?,
-                       uuid: Frame, properties: Frame, quotaOwner: String?, now: UInt64) -> UInt64 {
+                       uuid: Frame, properties: Frame, quota: Quota?, now: UInt64) -> UInt64 {
         sequence += 1
-        store(key, at: index, value: value, isJSON: isJSON, expiresAt: ttl.map { now + $0.nanoseconds }, quotaOwner: quotaOwner, uuid: uuid)
+        store(key, at: index, value: value, isJSON: isJSON, expiresAt: ttl.map { now + $0.nanoseconds }, quota: quota, uuid: uuid)
         if let pair {
             pair.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
-                                           quotaOwner: quotaOwner, expiresIn: ttl?.nanoseconds))
+                                           quotaOwner: quota?.owner, expiresIn: ttl?.nanoseconds))
             var update: [Frame] = []
             CHP.appendKVPub(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value, into: &update)
             if !pair.hold(.publish(Message(update), key: key), until: sequence) { emit(Message(update), key: key) }
@@ -247,7 +267,7 @@ final class StateServer: PairReplica {
     func replicatedSnapshot(now: UInt64) -> [ReplicatedEntry] {
         entries.map { key, entry in
             ReplicatedEntry(key: key, sequence: entry.sequence, uuid: Frame(), properties: Frame(), value: entry.value,
-                            quotaOwner: entry.quotaOwner, expiresIn: entry.expiresAt.map { $0 > now ? $0 - now : 0 })
+                            quotaOwner: entry.quota?.owner, expiresIn: entry.expiresAt.map { $0 > now ? $0 - now : 0 })
         }
     }
 
@@ -255,15 +275,16 @@ final class StateServer: PairReplica {
     /// active one published every entry already).
     func install(_ snapshot: [ReplicatedEntry], sequence: UInt64, now: UInt64) {
         entries = [:]
-        usage = [:]
+        quotas = [:]
+        lastQuota = nil
         totalBytes = 0
         expiring = 0
         for item in snapshot {
             let entry = Entry(sequence: item.sequence, value: item.value.keepable(), expiresAt: item.expiresIn.map { now + $0 },
-                              quotaOwner: item.quotaOwner, size: item.key.count + item.value.count, isJSON: Self.isJSON(item.value))
+                              quota: item.quotaOwner.map(quota(of:)), size: item.key.count + item.value.count, isJSON: Self.isJSON(item.value))
             entries[item.key.keepable()] = entry
             if entry.expiresAt != nil { expiring += 1 }
-            account(replacing: nil, withSize: entry.size, owner: entry.quotaOwner)
+            account(replacing: nil, withSize: entry.size, quota: entry.quota)
         }
         self.sequence = sequence
         history.restart(after: sequence)
@@ -275,7 +296,7 @@ final class StateServer: PairReplica {
         guard item.sequence == sequence + 1 else { return false }
         sequence = item.sequence
         store(item.key, at: entries.index(forKey: item.key), value: item.value, isJSON: Self.isJSON(item.value),
-              expiresAt: item.expiresIn.map { now + $0 }, quotaOwner: item.quotaOwner, uuid: item.uuid)
+              expiresAt: item.expiresIn.map { now + $0 }, quota: item.quotaOwner.map(quota(of:)), uuid: item.uuid)
         publisher.write { CHP.appendKVPub(key: item.key, sequence: item.sequence, uuid: item.uuid, properties: item.properties, value: item.value, into: &$0) }
         published(item.key)
         return true
@@ -284,7 +305,7 @@ final class StateServer: PairReplica {
     /// Makes the change numbered `sequence` in the state and its history (held at `index`, if
     /// it is): the one place both this kernel's changes and its peer's are stored.
     private func store(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, expiresAt: UInt64?,
-                       quotaOwner: String?, uuid: Frame) {
+                       quota: Quota?, uuid: Frame) {
         // Kept with bytes of their own, not a share of the buffer libzmq read them in with
         // other messages (which one kept frame would keep whole); published as they came.
         // The state and the history share them.
@@ -298,7 +319,7 @@ final class StateServer: PairReplica {
             if let index { old = entries.remove(at: index).value }
         } else {
             if expiresAt != nil { expiring += 1 }
-            var entry = Entry(sequence: sequence, value: keptValue, expiresAt: expiresAt, quotaOwner: quotaOwner, size: size, isJSON: isJSON)
+            var entry = Entry(sequence: sequence, value: keptValue, expiresAt: expiresAt, quota: quota, size: size, isJSON: isJSON)
             if let index {
                 swap(&entry, &entries.values[index])
                 old = entry
@@ -307,7 +328,7 @@ final class StateServer: PairReplica {
             }
         }
         if old?.expiresAt != nil { expiring -= 1 }
-        account(replacing: old, withSize: value.isEmpty ? nil : size, owner: quotaOwner)
+        account(replacing: old, withSize: value.isEmpty ? nil : size, quota: quota)
         let previous = old?.sequence ?? history.takeLastDeletion(of: keptKey)
         history.record(.init(sequence: sequence, key: keptKey, value: keptValue, uuid: uuid.isEmpty ? uuid : uuid.keepable(),
                              previous: previous))
@@ -319,22 +340,23 @@ final class StateServer: PairReplica {
     }
 
     /// Keeps the byte total and the quotas when `old` (nil: none held) is replaced by an entry
-    /// of `newSize` bytes counted against `newOwner` (nil size: deleted). One lookup when a
-    /// key keeps its owner.
-    private func account(replacing old: Entry?, withSize newSize: Int?, owner newOwner: String?) {
+    /// of `newSize` bytes counted against `quota` (nil size: deleted). A quota is held while
+    /// it counts a key, and let go with its last.
+    private func account(replacing old: Entry?, withSize newSize: Int?, quota: Quota?) {
         totalBytes += (newSize ?? 0) - (old?.size ?? 0)
-        if let newSize, let old, let owner = newOwner, owner == old.quotaOwner {
-            usage[owner, default: Usage()].bytes += newSize - old.size
+        if let newSize, let old, let quota, quota === old.quota {
+            quota.bytes += newSize - old.size
             return
         }
-        if let old, let owner = old.quotaOwner {
-            usage[owner, default: Usage()].keys -= 1
-            usage[owner, default: Usage()].bytes -= old.size
-            if usage[owner]?.keys == 0 { usage[owner] = nil }
+        if let old, let held = old.quota {
+            held.keys -= 1
+            held.bytes -= old.size
+            if held.keys == 0 { quotas[held.owner] = nil }
         }
-        if let newSize, let owner = newOwner {
-            usage[owner, default: Usage()].keys += 1
-            usage[owner, default: Usage()].bytes += newSize
+        if let newSize, let quota {
+            if quota.keys == 0 { quotas[quota.owner] = quota }
+            quota.keys += 1
+            quota.bytes += newSize
         }
     }
 
@@ -363,9 +385,9 @@ final class StateServer: PairReplica {
                 logger.warning("refused KVSET", metadata: ["key": "\(key)", "reason": "\(error.message)",
                                                            "refused": "\(refusedForbidden + refusedOverLimit)"])
             }
-        case .allowed(let owner):
+        case .allowed(let quota):
             _ = apply(key, at: index, value: value, isJSON: Self.isJSON(value), ttl: ttl, uuid: parts.frame(2), properties: parts.frame(3),
-                      quotaOwner: owner, now: now)
+                      quota: quota, now: now)
         }
     }
 

@@ -25,11 +25,9 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
         // (`zmq_msg_copy` takes a lock the first time it shares a message, once per frame sent
         // before this).
         _ = zmq_msg_copy(&message, received)
-        super.init(bytes: UnsafeRawBufferPointer(start: zmq_msg_data(&message), count: zmq_msg_size(&message)))
+        // libzmq may have read it with other messages into one buffer.
+        super.init(bytes: UnsafeRawBufferPointer(start: zmq_msg_data(&message), count: zmq_msg_size(&message)), mayShareReceiveBuffer: true)
     }
-
-    /// libzmq may have read it with other messages into one buffer.
-    override var mayShareReceiveBuffer: Bool { true }
 
     /// Initialises `target` as a shared copy of this frame, for sending.
     func copy(into target: UnsafeMutablePointer<zmq_msg_t>) {
