@@ -57,7 +57,11 @@ open class ReceivedParts {
     public final func part(_ index: Int, equals frame: Frame) -> Bool {
         let part = self[index]
         guard part.count == frame.count else { return false }
-        return frame.withUnsafeBytes { $0.elementsEqual(part) }
+        // A plain loop: `elementsEqual` stayed a call (a generic one, specialized) per header.
+        return frame.withUnsafeBytes { mine in
+            for index in 0..<part.count where mine[index] != part[index] { return false }
+            return true
+        }
     }
 
     /// Part `index` as a frame of its own, to keep: a copy of a small part (held inline up to
