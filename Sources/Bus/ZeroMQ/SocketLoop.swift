@@ -130,8 +130,10 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
     }
 
     public func checkIsolated() {
-        // After the thread ended, late jobs run one by one on `afterStop` instead.
-        if shared.withLock({ $0.state == .stopped }) { return }
+        // Asked for each request a hosted service answers and a client sends (`assumeIsolated`
+        // from a task running on the loop as its task executor): the thread first, without
+        // the lock. After the thread ended, late jobs run one by one on `afterStop` instead.
+        if isLoopThread || shared.withLock({ $0.state == .stopped }) { return }
         preconditionLoopThread()
     }
 
