@@ -291,6 +291,7 @@ let package = Package(
                 "BusBench", "Contracts", "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
                 "SwitchboardTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
