@@ -399,8 +399,12 @@ struct FairQueueTests {
         }
     }
 
+    /// Longer than a client's turn may last.
+    private let afterTurn = Duration.nanoseconds(Int64(FairQueue.runNanoseconds) + 1)
+
     @Test("one client's flood waits behind its own requests: another client's comes next, and a request back from a dead worker keeps its place")
     func inTurn() {
+        // Slow requests: each answer comes after a turn's time, so a turn is one request.
         let clock = ManualClock(), broker = broker()
         broker.handle(fromWorker("W", .ready(service: "svc")), now: clock.now)
         for name in ["a1", "a2", "a3", "a4"] { broker.handle(fromClient("A", "svc", request(name)), now: clock.now) }
@@ -408,6 +412,7 @@ struct FairQueueTests {
         #expect(dispatched(broker).map(\.id) == ["a1"])
         var order: [String] = []
         for _ in 0..<2 {
+            clock.advance(afterTurn)
             broker.handle(fromWorker("W", .reply(client: Frame("A"), body: ["done"])), now: clock.now)
             order += dispatched(broker).map(\.id)
         }
@@ -417,12 +422,40 @@ struct FairQueueTests {
         broker.handle(fromWorker("V", .ready(service: "svc")), now: clock.now)
         #expect(dispatched(broker).map(\.id) == ["b1"])
         for (client, next) in [("B", ["a3"]), ("A", ["a4"]), ("A", [])] {
+            clock.advance(afterTurn)
             broker.handle(fromWorker("V", .reply(client: Frame(client), body: ["done"])), now: clock.now)
             #expect(dispatched(broker).map(\.id) == next)
         }
         let queue = broker.services["svc"]!.requests
         #expect(queue.isEmpty && queue.bytes == 0 && queue.clientCount == 0)
         #expect(broker.queuedBytes == 0)
+    }
+
+    @Test("places that free up quickly go to one client's requests in a row, at most a turn's worth; then the next client's turn")
+    func turnsOfSeveral() {
+        let clock = ManualClock(), broker = broker()
+        broker.handle(fromWorker("W", .ready(service: "svc")), now: clock.now)
+        let flood = FairQueue.maxRun + 8
+        for index in 1...flood { broker.handle(fromClient("A", "svc", request("a\(index)")), now: clock.now) }
+        broker.handle(fromClient("B", "svc", request("b1")), now: clock.now)
+        var order = dispatched(broker).map(\.id)
+        #expect(order == ["a1"])
+        // Each answer at once: A's turn goes on for maxRun requests, then B's comes.
+        func answer(_ client: String) {
+            broker.handle(fromWorker("W", .reply(client: Frame(client), body: ["done"])), now: clock.now)
+            order += dispatched(broker).map(\.id)
+        }
+        for _ in 0..<FairQueue.maxRun { answer("A") }
+        #expect(Array(order.dropFirst()) == (2...(FairQueue.maxRun + 1)).map { "a\($0)" })
+        answer("A")
+        #expect(order.last == "b1")
+        // B has nothing more: A's next turn, which ends by time as much as by count.
+        answer("B")
+        #expect(order.last == "a\(FairQueue.maxRun + 2)")
+        broker.handle(fromClient("B", "svc", request("b2")), now: clock.now)
+        clock.advance(afterTurn)
+        answer("A")
+        #expect(order.last == "b2")
     }
 
     @Test("a worker's places are reused, but a late reply for an earlier use of a place answers nothing: the worker is disconnected")

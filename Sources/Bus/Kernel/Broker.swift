@@ -380,7 +380,7 @@ final class Broker {
         }
         service.requests.append(request)
         queuedBytes += size
-        dispatch(service)
+        dispatch(service, now: now)
     }
 
     private func handleWorker(_ identity: Frame, _ command: WorkerToBroker, version: MDP.Version, peer: String?, now: UInt64) {
@@ -418,7 +418,7 @@ final class Broker {
             for _ in 0..<worker.window { service.idle.append(worker) }
             logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(worker.window)"])
             events.append(.workersChanged(service: name, count: service.workers))
-            dispatch(service)
+            dispatch(service, now: now)
         case .partial(let client, let body):
             guard let worker = known, let request = worker.holding(client) else {
                 disconnect("a PARTIAL with no request in flight")
@@ -485,7 +485,7 @@ final class Broker {
             send(copy, to: worker)
         } else {
             worker.service.idle.append(worker)
-            dispatch(worker.service)
+            dispatch(worker.service, now: now)
         }
     }
 
@@ -649,14 +649,14 @@ final class Broker {
     // MARK: Dispatch
 
     /// Hands waiting requests to workers with room, the clients in turn, none past its share.
-    private func dispatch(_ service: Service) {
+    private func dispatch(_ service: Service, now: UInt64) {
         let share = clientShare(of: service)
         while !service.requests.isEmpty, let worker = service.idle.first {
             guard worker.hasRoom else {
                 service.idle.removeFirst()
                 continue
             }
-            guard let request = service.requests.next(share: share) else { break }
+            guard let request = service.requests.next(share: share, now: now) else { break }
             service.idle.removeFirst()
             queuedBytes -= request.size
             send(request, to: worker)
@@ -775,7 +775,7 @@ final class Broker {
                 reply(to: request.caller, service: service.name, body: request.body, error: .outcomeUnknown(service.name))
             }
         }
-        if retriable { dispatch(service) }
+        if retriable { dispatch(service, now: now) }
     }
 
     /// A send to `identity` found no connection: a worker there died without a word (its

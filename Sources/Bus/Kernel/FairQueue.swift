@@ -8,7 +8,17 @@ import ZeroMQ
 /// else's: each time a worker has room, the next client in turn whose share of the service's
 /// places allows another sends its oldest request. A client is its CURVE key (all its
 /// connections together), or without CURVE its connection.
+///
+/// A turn lasts while places free up quickly: up to ``maxRun`` requests, handed out within
+/// ``runNanoseconds`` of the first. Turns of one request each sent every client's replies
+/// interleaved, one or two to each connection at a time, which cost libzmq's I/O thread a
+/// third more a request with 8 clients than with one (docs/BENCHMARKS.md, issue 33); a slow
+/// service still takes one request a turn, as a place frees up only after the time is past.
 struct FairQueue {
+    /// The most requests one turn hands out.
+    static let maxRun = 32
+    /// How long after its first request a turn may go on.
+    static let runNanoseconds: UInt64 = 200_000
     /// One client of the service: its waiting requests, oldest first, and how many of the
     /// service's places its requests hold. A request carries its client, so dispatching and
     /// answering it reach the client with no lookup by key (docs/BENCHMARKS.md, issue 33).
@@ -18,6 +28,9 @@ struct FairQueue {
         @exclusivity(unchecked) fileprivate(set) var held = 0
         @exclusivity(unchecked) fileprivate var inTurn = false
         @exclusivity(unchecked) fileprivate var isKnown = false
+        /// Requests handed out in its turn so far (0: its turn has not begun), and when the first was.
+        @exclusivity(unchecked) fileprivate var run = 0
+        @exclusivity(unchecked) fileprivate var runStarted: UInt64 = 0
         init(id: Frame) { self.id = id }
     }
 
@@ -91,16 +104,31 @@ struct FairQueue {
     }
 
     /// The oldest request of the next client in turn that holds fewer than `share` places,
-    /// now counted as holding one more; nil when no waiting client may take one now.
-    mutating func next(share: Int) -> Broker.Request? {
-        for _ in 0..<turn.count {
-            let client = turn.removeFirst()
+    /// now counted as holding one more; nil when no waiting client may take one now. The
+    /// client whose turn it is keeps it (stays first) until its turn is over at `now`.
+    mutating func next(share: Int, now: UInt64) -> Broker.Request? {
+        // One more than the clients: the first one's turn may end here, and it may be the only one.
+        for _ in 0...turn.count {
+            guard let client = turn.popFirst() else { return nil }
+            if client.run > 0, client.run >= Self.maxRun || now &- client.runStarted >= Self.runNanoseconds {
+                client.run = 0
+                turn.append(client)
+                continue
+            }
             guard client.held < share else {
+                client.run = 0
                 turn.append(client)
                 continue
             }
             let request = client.waiting.removeFirst()
-            if client.waiting.isEmpty { client.inTurn = false } else { turn.append(client) }
+            if client.run == 0 { client.runStarted = now }
+            client.run += 1
+            if client.waiting.isEmpty {
+                client.inTurn = false
+                client.run = 0
+            } else {
+                turn.prepend(client)
+            }
             client.held += 1
             count -= 1
             bytes -= request.size
@@ -131,6 +159,7 @@ struct FairQueue {
         guard !expired.isEmpty else { return [] }
         for client in turn where client.waiting.isEmpty {
             client.inTurn = false
+            client.run = 0
             forgetIfIdle(client)
         }
         turn.removeAll { !$0.inTurn }
