@@ -446,6 +446,7 @@ struct FairQueueTests {
             order += dispatched(broker).map(\.id)
         }
         for _ in 0..<FairQueue.maxRun { answer("A") }
+        #expect(order.prefix(3) == ["a1", "a2", "a3"], "turns of one request each")
         #expect(Array(order.dropFirst()) == (2...(FairQueue.maxRun + 1)).map { "a\($0)" })
         answer("A")
         #expect(order.last == "b1")
