@@ -301,7 +301,7 @@ extension MDP {
         func count(_ name: String, _ expected: String) -> ProtocolError {
             ProtocolError("MDP", "worker \(name) has \(frames.count - 1) frames, expected \(expected)")
         }
-        let verb = try workerVerb(frames.commandCode(index), version) { frames.frame(index) }
+        let verb = try workerVerb(frames, at: index, version)
         switch verb {
         case .ready:
             guard after == 1 || after == 2 else { throw count("READY", "\(before + 2) (or \(before + 3) with a window)") }
@@ -355,15 +355,10 @@ extension MDP {
         }
     }
 
-    private static func workerVerb(_ frame: Frame, _ version: Version) throws(ProtocolError) -> WorkerVerb {
-        try workerVerb(frame.count == 1 ? frame.withUnsafeBytes { $0[0] } : nil, version) { frame }
-    }
-
-    /// The command whose one-byte code is `code` (nil: the frame was not one byte long);
-    /// `frame` is shown in the error.
-    private static func workerVerb(_ code: UInt8?, _ version: Version, _ frame: () -> Frame) throws(ProtocolError) -> WorkerVerb {
-        guard let code, let verb = WorkerVerb.allCases.first(where: { $0.code(in: version) == code }) else {
-            throw ProtocolError("MDP", "unknown worker command \(frame())")
+    /// The command whose one-byte code is part `index` of `frames`.
+    private static func workerVerb(_ frames: some MessageParts, at index: Int, _ version: Version) throws(ProtocolError) -> WorkerVerb {
+        guard let code = frames.commandCode(index), let verb = WorkerVerb.allCases.first(where: { $0.code(in: version) == code }) else {
+            throw ProtocolError("MDP", "unknown worker command \(frames.frame(index))")
         }
         return verb
     }
@@ -382,7 +377,7 @@ extension MDP {
             (index, version) = (2, .v01)
         }
         let after = frames.count - index - 1
-        switch try workerVerb(frames[index], version) {
+        switch try workerVerb(frames, at: index, version) {
         case .request:
             guard after >= 3 else { throw ProtocolError("MDP", "broker REQUEST has \(frames.count) frames, expected at least \(index + 4)") }
             guard frames[index + 2].isEmpty else { throw ProtocolError("MDP", "broker REQUEST frame \(index + 2) must be empty") }
