@@ -349,7 +349,8 @@ let package = Package(
             name: "BusKitTests",
             dependencies: ["Contracts", "BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ",
                            .product(name: "Logging", package: "swift-log"),
-                           .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")],
+                           .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                           .product(name: "W3CTraceContext", package: "swift-w3c-trace-context")],
             swiftSettings: sharedSettings
         ),
         .testTarget(
