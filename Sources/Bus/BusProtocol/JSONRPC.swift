@@ -197,7 +197,9 @@ public struct JSONRPCRequest: Sendable, Hashable {
     /// text goes in as it is.
     public var jsonBytes: [UInt8] {
         var output: [UInt8] = []
-        output.reserveCapacity(48 + method.utf8.count + (paramsText?.count ?? 0))
+        // Room for every member at once (a string with escapes may still grow it).
+        output.reserveCapacity(64 + method.utf8.count + (paramsText?.count ?? 0) + (client.map { $0.utf8.count + 12 } ?? 0)
+                               + (trace?.parent.map { $0.utf8.count + 16 } ?? 0) + (trace?.state.map { $0.utf8.count + 16 } ?? 0))
         output.append(UInt8(ascii: "{"))
         if let client {
             output.append(contentsOf: #""client":"#.utf8)

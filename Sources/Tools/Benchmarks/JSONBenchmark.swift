@@ -31,6 +31,9 @@ struct JSONBenchmark: AsyncParsableCommand {
             if case .single(.request(let parsed)) = JSONRPC.parseRequests(traced) { return parsed.method.count }
             return 0
         })
+        let sent = JSONRPCRequest(id: .number(1207), method: "echo", paramsText: Array(#"{"text":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#.utf8),
+                                  trace: .init(parent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"), client: "sb-3f2a9c1e")
+        rows.append(measure("encode a traced request as sb sends it (JSONRPCRequest.jsonBytes)") { sent.jsonBytes.count })
         rows.append(measure("encode a reply (JSONRPCResponse.jsonBytes)") { reply.jsonBytes.count })
         let replyBytes = reply.jsonBytes
         rows.append(measure("parse a reply (JSONRPC.parseResponses)") { (try? JSONRPC.parseResponses(replyBytes).count) ?? 0 })
