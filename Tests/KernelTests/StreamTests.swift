@@ -123,6 +123,30 @@ struct StreamTests {
         #expect(error?["message"]?.stringValue?.contains("MDPC02") == true)
     }
 
+    @Test("parts of more frames than a reader takes in one message: the 7/MDP client's REPLY is -32010 too, by parts or by the FINAL")
+    func gatherFrameBound() throws {
+        let broker = broker()
+        let frames = Broker.maxGatheredFrames
+        // By parts: one frame too many.
+        let first = dispatched(broker, client: "C", clientVersion: .v01)
+        broker.handle(fromWorker("W", .partial(client: first, body: Array(repeating: Frame("p"), count: frames)[...])), now: 0)
+        #expect(broker.gatheredBytes == frames)
+        broker.handle(fromWorker("W", .partial(client: first, body: ["p"])), now: 0)
+        #expect(broker.gatheredBytes == 0)
+        broker.handle(fromWorker("W", .reply(client: first, body: ["end"])), now: 0)
+        var replies = Sent(broker.outbox.take()).toClients
+        // By the FINAL: the parts fit, the FINAL's frames do not.
+        let second = dispatched(broker, client: "D", clientVersion: .v01)
+        broker.handle(fromWorker("W", .partial(client: second, body: Array(repeating: Frame("p"), count: frames - 1)[...])), now: 0)
+        broker.handle(fromWorker("W", .reply(client: second, body: ["end", "more"])), now: 0)
+        replies += Sent(broker.outbox.take()).toClients
+        #expect(replies.map(\.client) == ["C", "D"] && replies.allSatisfy { $0.body.count == 1 })
+        for reply in replies {
+            #expect(try JSONValue(parsing: Array(reply.body[0].utf8))["error"]?["code"]?.intValue == Int64(JSONRPCError.tooLargeCode))
+        }
+        #expect(broker.gatheredBytes == 0)
+    }
+
     @Test("a worker that dies mid-stream: the client's FINAL is -32014 with the parts it got, and the request goes to no other worker")
     func workerDiesMidStream() throws {
         let broker = broker()

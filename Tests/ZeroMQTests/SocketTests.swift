@@ -114,6 +114,30 @@ struct SocketTests {
         #expect(try receiver.tryReceive(into: parts) && parts.message() == ["after", "it"])
     }
 
+    @Test("a message of more parts than the limit is read to its end and let go, counted; one of exactly the limit arrives whole")
+    func partLimit() throws {
+        let context = try ZMQContext()
+        let receiver = try bounded(ZMQSocket(context, .pull))
+        let sender = try bounded(ZMQSocket(context, .push))
+        try sender.connect(try receiver.bind(inprocEndpoint()))
+        let atLimit = Message((0..<ZMQSocket.maxParts).map { Frame("part \($0)") })
+        try sender.send(Message((0...ZMQSocket.maxParts).map { _ in Frame("") }))
+        try sender.send(["between"])
+        try sender.send(Message((0..<ZMQSocket.maxParts * 3).map { _ in Frame("x") }))
+        try sender.send(atLimit)
+        // Both ways of reading: into parts as the loop does, and the blocking receive.
+        var poller = ZMQPoller()
+        _ = try poller.add(receiver)
+        let parts = ZMQReceivedParts()
+        while try !receiver.tryReceive(into: parts) {
+            try #require(try poller.poll(timeoutMilliseconds: 5_000) == 1, "nothing came")
+        }
+        #expect(parts.message() == ["between"] && receiver.messagesOverPartLimit == 1)
+        parts.release()
+        #expect(try receiver.receive() == atLimit)
+        #expect(receiver.messagesOverPartLimit == 2)
+    }
+
     @Test("a frame can be sent many times without its bytes changing")
     func frameReuse() throws {
         let context = try ZMQContext()

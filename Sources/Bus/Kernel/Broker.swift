@@ -820,10 +820,12 @@ final class Broker {
             send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: body, version: .v02, final: false))
         case .v01:
             // A 7/MDP client has no partial replies: the parts wait for the FINAL, within
-            // bounds (a message part's limit per stream, the queue's bytes in all).
+            // bounds (a message part's limit per stream, the queue's bytes in all, and the
+            // frames a reader takes in one message).
             let size = body.reduce(0) { $0 + $1.count }
             if request.gatheredBytes + size > configuration.maxMessageSize
-                || queuedBytes + gatheredBytes + size > configuration.maxQueuedBytes {
+                || queuedBytes + gatheredBytes + size > configuration.maxQueuedBytes
+                || request.gathered.count + body.count > Self.maxGatheredFrames {
                 gatheredBytes -= request.gatheredBytes
                 request.gathered = []
                 request.gatheredBytes = 0
@@ -835,6 +837,10 @@ final class Broker {
             }
         }
     }
+
+    /// Frames gathered into one REPLY for a 7/MDP client at most: with its header, within
+    /// what a reader takes in one message (``ZMQSocket/maxParts``).
+    static let maxGatheredFrames = ZMQSocket.maxParts - 8
 
     /// `request`'s stream is over: its FINAL (`final`, the worker's last body) or `error`
     /// goes to the client, unless the stream broke, when the error says so.
@@ -849,6 +855,7 @@ final class Broker {
             request.gatheredBytes = 0
         }
         var error = error
+        if let final, request.broken == nil, request.gathered.count + final.count > Self.maxGatheredFrames { request.broken = .tooLarge }
         switch request.broken {
         case nil: break
         case .clientGone: return
@@ -856,7 +863,7 @@ final class Broker {
             error = .streamEnded("the client did not read the parts as fast as they came", parts: request.parts, reason: "overrun", service: service.name)
         case .tooLarge:
             error = JSONRPCError(code: JSONRPCError.tooLargeCode,
-                                 message: "Too large: a reply in \(request.parts) parts is more than a 7/MDP client can be sent in one (kernel.max_message_size, max_queued_bytes); ask in MDP/0.2 (MDPC02) to get it part by part",
+                                 message: "Too large: a reply in \(request.parts) parts is more than a 7/MDP client can be sent in one (kernel.max_message_size, max_queued_bytes, \(Self.maxGatheredFrames) frames); ask in MDP/0.2 (MDPC02) to get it part by part",
                                  data: ["parts": .int(Int64(request.parts)), "service": .string(service.name)])
         }
         if error != nil { brokenStreams += 1 }
