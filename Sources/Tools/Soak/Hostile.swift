@@ -19,6 +19,7 @@ final class HostileClient: Sendable {
         case stuckSubscriber = "a subscriber that never reads, 1 MB values overwritten"
         case stuckStreams = "50 SSE streams that never read, 100 kB values"
         case slowRequests = "64 echo.sleep of 3 s at once, again and again"
+        case manyParts = "echo requests of half a million one-byte parts, 5 a second"
     }
 
     let client: BusClient
@@ -80,6 +81,18 @@ final class HostileClient: Sendable {
                 try await Task.sleep(for: .milliseconds(5))
             }
             _ = try? await client.request(service: KernelAPI.service, method: "state.publish", params: ["key": "/client/hostile/sse", "value": nil])
+        case .manyParts:
+            // libzmq bounds a part's size, not how many parts a message has.
+            let dealer = try ZMQSocket(context, .dealer)
+            try dealer.secure(curve)
+            try dealer.set(.linger, 0)
+            try dealer.connect(kernel.broker)
+            defer { dealer.close() }
+            let request = MDP.request(service: EchoAPI.service, body: Array(repeating: Frame("x"), count: 500_000))
+            while Date() < deadline {
+                try dealer.send(request)
+                try await Task.sleep(for: .milliseconds(200))
+            }
         case .slowRequests:
             while Date() < deadline {
                 await withTaskGroup(of: Void.self) { group in
