@@ -143,6 +143,17 @@ struct JSONRPCTests {
         #expect(try JSONRPC.parseResponses(batch) == [ok, failed])
         #expect(throws: ProtocolError.self) { try JSONRPC.parseResponses(Array(#"{"jsonrpc":"2.0","id":1}"#.utf8)) }
         #expect(throws: ProtocolError.self) { try JSONRPC.parseResponses(Array("nope".utf8)) }
+        // The envelope as a parsed object would read it: the last of a repeated member, a
+        // missing id as null, members it does not name ignored, an escaped key as its text.
+        #expect(try JSONRPC.parseResponses(Array(#"{"id":1,"jsonrpc":"2.0","result":1,"result":{"a":[2]},"x":{}}"#.utf8))
+                == [JSONRPCResponse(id: .number(1), result: ["a": [2]])])
+        #expect(try JSONRPC.parseResponses(Array(#" {"jsonrpc":"2.0","res\u0075lt":null} "#.utf8)) == [JSONRPCResponse(id: .null, result: .null)])
+        for refused in [#"{"jsonrpc":"2.0","id":1,"result":1,"error":{"code":1,"message":"m"}}"#, #"{"jsonrpc":"1.0","id":1,"result":1}"#,
+                        #"{"jsonrpc":"2.0","id":[1],"result":1}"#, #"{"jsonrpc":"2.0","id":1,"error":{"code":"1","message":"m"}}"#,
+                        #"[{"jsonrpc":"2.0","id":1,"result":1},2]"#, "3", #"{"jsonrpc":"2.0","id":1,"result":1} x"#,
+                        #"{"jsonrpc":"2.0","id":1,"result":"# + String(repeating: "[", count: JSONRPC.maxDepth) + String(repeating: "]", count: JSONRPC.maxDepth) + "}"] {
+            #expect(throws: ProtocolError.self, "\(refused)") { try JSONRPC.parseResponses(Array(refused.utf8)) }
+        }
     }
 
     @Test("the kernel's -32001 names the service and the wait")

@@ -436,36 +436,70 @@ public enum JSONRPC {
 
     /// Parses a response body: one response or a batch of them.
     public static func parseResponses(_ bytes: some Collection<UInt8>) throws(ProtocolError) -> [JSONRPCResponse] {
-        let value: JSONValue
-        do {
-            value = try JSONValue(parsing: bytes, maxDepth: maxDepth)
-        } catch {
-            throw ProtocolError("JSON-RPC", "the response is not valid JSON")
-        }
-        if case .array(let elements) = value {
-            var responses: [JSONRPCResponse] = []
-            for element in elements { responses.append(try response(from: element)) }
-            return responses
-        }
-        return [try response(from: value)]
+        let parsed = bytes.withContiguousStorageIfAvailable { parseResponses(in: $0) } ?? Array(bytes).withUnsafeBufferPointer { parseResponses(in: $0) }
+        return try parsed.get()
     }
 
-    static func response(from value: JSONValue) throws(ProtocolError) -> JSONRPCResponse {
-        guard case .object(let object) = value, object["jsonrpc"] == .string("2.0") else {
-            throw ProtocolError("JSON-RPC", "a response must be an object with \"jsonrpc\": \"2.0\"")
+    /// As a request is read: the envelope's members found in one pass over the text, then
+    /// only their values parsed (the result, which the caller gets as a value). Parsing the
+    /// whole response into a tree built a dictionary of the envelope too, for four members.
+    private static func parseResponses(in body: UnsafeBufferPointer<UInt8>) -> Result<[JSONRPCResponse], ProtocolError> {
+        let outline: JSONText.Outline
+        do {
+            outline = try JSONText.outline(body, maxDepth: maxDepth)
+        } catch {
+            return .failure(ProtocolError("JSON-RPC", "the response is not valid JSON"))
         }
+        return Result { () throws(ProtocolError) -> [JSONRPCResponse] in
+            switch outline {
+            case .array(let elements):
+                var responses: [JSONRPCResponse] = []
+                responses.reserveCapacity(elements.count)
+                for range in elements {
+                    let element = UnsafeBufferPointer(rebasing: body[range])
+                    guard case .object(let members)? = try? JSONText.outline(element, maxDepth: maxDepth) else { throw notAResponse }
+                    responses.append(try response(members, in: element))
+                }
+                return responses
+            case .object(let members):
+                return [try response(members, in: body)]
+            case .scalar:
+                throw notAResponse
+            }
+        }
+    }
+
+    private static let notAResponse = ProtocolError("JSON-RPC", "a response must be an object with \"jsonrpc\": \"2.0\"")
+
+    /// A response from its envelope's members; a member given twice counts once, the last.
+    private static func response(_ members: [(key: String, range: Range<Int>)], in text: UnsafeBufferPointer<UInt8>) throws(ProtocolError) -> JSONRPCResponse {
+        var idRange, jsonrpcRange, resultRange, errorRange: Range<Int>?
+        for member in members {
+            switch member.key {
+            case "id": idRange = member.range
+            case "jsonrpc": jsonrpcRange = member.range
+            case "result": resultRange = member.range
+            case "error": errorRange = member.range
+            default: break
+            }
+        }
+        // The outline checked the whole text, nesting included: each value parses.
+        func value(_ range: Range<Int>?) -> JSONValue? {
+            range.flatMap { try? JSONText.parse(UnsafeBufferPointer(rebasing: text[$0]), maxDepth: maxDepth) }
+        }
+        guard value(jsonrpcRange) == .string("2.0") else { throw notAResponse }
         let id: JSONRPCID
-        switch object["id"] {
+        switch value(idRange) {
         case .int(let number)?: id = .number(number)
         case .string(let string)?: id = .string(string)
         case .null?, nil: id = .null
         default: throw ProtocolError("JSON-RPC", "response id must be a string, an integer or null")
         }
-        if let result = object["result"] {
-            guard object["error"] == nil else { throw ProtocolError("JSON-RPC", "a response has both result and error") }
+        if let result = value(resultRange) {
+            guard errorRange == nil else { throw ProtocolError("JSON-RPC", "a response has both result and error") }
             return JSONRPCResponse(id: id, result: result)
         }
-        guard case .object(let error)? = object["error"], let code = error["code"]?.intValue,
+        guard case .object(let error)? = value(errorRange), let code = error["code"]?.intValue,
             case .string(let message)? = error["message"]
         else { throw ProtocolError("JSON-RPC", "a response needs a result or an error with code and message") }
         return JSONRPCResponse(id: id, error: JSONRPCError(code: Int(code), message: message, data: error["data"]))
