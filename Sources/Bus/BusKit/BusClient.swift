@@ -576,7 +576,11 @@ actor ClientCore {
         // Connection events tell when requests in flight were lost with a kernel.
         let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeFailed, .handshakeSucceeded])
         if delay == nil { try socket.connect(endpoint) }
-        let registration = loop.register(socket) { [weak self] message in self?.assumeIsolated { $0.received(message, on: index) } }
+        let registration = loop.register(readingParts: socket) { [weak self] parts in
+            // Read during this call on the loop thread, where the client's state lives too.
+            nonisolated(unsafe) let parts = parts
+            self?.assumeIsolated { $0.received(parts, on: index) }
+        }
         let monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, on: index) } }
         if let delay {
             loop.schedule(after: delay) { [weak registration] in
@@ -731,10 +735,16 @@ actor ClientCore {
         }
     }
 
-    func received(_ message: Message, on connection: Int) {
-        guard let reply = try? MDP.decodeAtClient(message) else { return }
-        guard reply.isFinal else { return receivedPart(reply) }
-        let responses = reply.body.count == 1 ? try? JSONRPC.parseResponses(reply.body[0].bytes) : nil
+    /// A reply, read where the socket received it: a JSON-RPC reply's one body part is parsed
+    /// in place, and frames are made only of a part or an opaque reply.
+    func received(_ parts: ReceivedParts, on connection: Int) {
+        guard let isFinal = try? MDP.clientReplyIsFinal(parts) else { return }
+        func reply() -> ClientReply {
+            ClientReply(service: String(decoding: parts[MDP.clientReplyService], as: UTF8.self),
+                        body: Array(parts.frames(from: MDP.clientReplyBody)), isFinal: isFinal)
+        }
+        guard isFinal else { return receivedPart(reply()) }
+        let responses = parts.count == MDP.clientReplyBody + 1 ? try? JSONRPC.parseResponses(parts[MDP.clientReplyBody]) : nil
         if let responses, !responses.isEmpty, responses.allSatisfy(\.isNotActive) {
             notActive(responses, from: connection)
             return
@@ -762,7 +772,7 @@ actor ClientCore {
                 request.complete(.failure(.remote(service: request.service, error)))
             }
         }
-        if !matched, var waiting = opaque[reply.service], !waiting.isEmpty {
+        if !matched, !opaque.isEmpty, case let reply = reply(), var waiting = opaque[reply.service], !waiting.isEmpty {
             let first = waiting.removeFirst()
             opaque[reply.service] = waiting
             first.continuation.resume(returning: .success(reply.body))

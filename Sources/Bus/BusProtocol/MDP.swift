@@ -398,18 +398,34 @@ extension MDP {
     /// PARTIAL or FINAL.
     public static func decodeAtClient(_ message: Message) throws(ProtocolError) -> ClientReply {
         let frames = message.frames
-        if frames.first == clientHeader02Frame {
+        let isFinal = try replyIsFinal(frames)
+        return ClientReply(service: String(decoding: frames[clientReplyService].bytes, as: UTF8.self),
+                           body: Array(frames[clientReplyBody...]), isFinal: isFinal)
+    }
+
+    /// The same reply read where the socket received it (a client reads a JSON-RPC reply's
+    /// one body part in place): whether it is the last of its request's; its service is part
+    /// ``clientReplyService``, its body the parts from ``clientReplyBody`` on.
+    public static func clientReplyIsFinal(_ parts: ReceivedParts) throws(ProtocolError) -> Bool {
+        try replyIsFinal(parts)
+    }
+
+    /// Where a reply's service and body lie, in either version.
+    public static let clientReplyService = 2, clientReplyBody = 3
+
+    private static func replyIsFinal(_ frames: some MessageParts) throws(ProtocolError) -> Bool {
+        if frames.count > 0, frames.part(0, equals: clientHeader02Frame) {
             guard frames.count >= 4 else { throw ProtocolError("MDP", "client PARTIAL or FINAL has \(frames.count) frames, expected at least 4") }
-            let command = frames[1].count == 1 ? frames[1].withUnsafeBytes { ClientCommand02(rawValue: $0[0]) } : nil
-            guard let command, command != .request else { throw ProtocolError("MDP", "expected PARTIAL (0x02) or FINAL (0x03), got \(frames[1])") }
-            return ClientReply(service: String(decoding: frames[2].bytes, as: UTF8.self), body: Array(frames[3...]), isFinal: command == .final)
+            let command = frames.commandCode(1).flatMap(ClientCommand02.init(rawValue:))
+            guard let command, command != .request else { throw ProtocolError("MDP", "expected PARTIAL (0x02) or FINAL (0x03), got \(frames.frame(1))") }
+            return command == .final
         }
         guard frames.count >= 4 else { throw ProtocolError("MDP", "client REPLY has \(frames.count) frames, expected at least 4") }
-        guard frames[0].isEmpty else { throw ProtocolError("MDP", "frame 0 must be empty") }
-        guard frames[1] == clientHeaderFrame else { throw ProtocolError("MDP", "expected header MDPC01, got \(frames[1])") }
+        guard frames.isEmpty(0) else { throw ProtocolError("MDP", "frame 0 must be empty") }
+        guard frames.part(1, equals: clientHeaderFrame) else { throw ProtocolError("MDP", "expected header MDPC01, got \(frames.frame(1))") }
         // The service frame echoes the request's, whatever it held: a broker answers a
         // request for an unusable name too.
-        return ClientReply(service: String(decoding: frames[2].bytes, as: UTF8.self), body: Array(frames[3...]))
+        return true
     }
 
     /// The number in an extension frame `NAME=DIGITS`.
