@@ -1,4 +1,4 @@
-import BusKit
+@testable import BusKit
 import BusProtocol
 import Contracts
 import Foundation
@@ -19,9 +19,23 @@ private actor Held: BusService {
     }
 
     private func pass() async -> Int {
-        started += 1
+        countStarted()
         if !open { await withCheckedContinuation { waiting.append($0) } }
         return started
+    }
+
+    private var counting: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
+
+    /// Returns once `count` handlers have started.
+    func started(atLeast count: Int) async {
+        if started >= count { return }
+        await withCheckedContinuation { counting.append((count, $0)) }
+    }
+
+    private func countStarted() {
+        started += 1
+        for waiter in counting where waiter.count <= started { waiter.continuation.resume() }
+        counting.removeAll { $0.count <= started }
     }
 
     func release() {
@@ -119,6 +133,41 @@ struct ServiceHostDrainTests {
         #expect(try await kernel.next() == .disconnect)
         await stopping.value
         #expect(await held.started == 2)
+    }
+
+    @Test("a connection answers as many requests at once as its window holds, by answerers that then take the next ones: 4 held at once, 40 more, 4 answerers in all")
+    func answerersTakeRequestAfterRequest() async throws {
+        let context = try ZMQContext()
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        var kernel = StandIn(router: try await kernelStandIn(at: endpoint, in: context))
+        defer { kernel.router.close() }
+        let (host, held) = try host(at: endpoint)
+        try await host.start()
+        #expect(try await kernel.next() == .ready(service: Held.name, window: 4))
+        for id in 1...4 { try kernel.request(id, client: "c\(id)") }
+        // All four run at once: none answers before the gate opens, and it opens only now.
+        await held.started(atLeast: 4)
+        await held.release()
+        var replies = 0
+        func readReplies(_ count: Int) async throws {
+            let target = replies + count
+            while replies < target {
+                if case .reply = try await kernel.next() { replies += 1 }
+            }
+        }
+        try await readReplies(4)
+        for round in 0..<10 {
+            for id in 1...4 { try kernel.request(100 + round * 4 + id, client: "d\(id)") }
+            try await readReplies(4)
+        }
+        #expect(await held.started == 44)
+        #expect(await host.answerersStarted() == 4, "an answerer per request at once, not per request")
+
+        let stopping = Task { await host.stop() }
+        #expect(try await kernel.next() == .drain)
+        try kernel.router.send(MDP.encode(.drain, to: kernel.worker))
+        #expect(try await kernel.next() == .disconnect)
+        await stopping.value
     }
 
     @Test("idle: drain=1, then no DISCONNECT until the kernel answers drain=1")

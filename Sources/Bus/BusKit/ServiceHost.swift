@@ -1,5 +1,6 @@
 public import BusProtocol
 public import Contracts
+import DequeModule
 import Foundation
 import Synchronization
 public import Logging
@@ -171,6 +172,13 @@ public final class ServiceHost<Hosted: BusService>: Service {
         try await serve { try? await gracefulShutdown() }
     }
 
+    /// Answerers started over all connections (each answers request after request).
+    func answerersStarted() async -> Int {
+        var total = 0
+        for worker in workers { total += await worker.answerersStarted }
+        return total
+    }
+
     /// Requests being handled right now, over all connections.
     public func inFlight() async -> Int {
         var total = 0
@@ -228,18 +236,35 @@ actor WorkerConnection {
     /// The kernel answered the drain (`drain=1`): nothing more comes on this connection.
     private var drainAcknowledged = false
 
-    /// What ``answerRequests()`` runs, as each arrives: a request, or the service's
-    /// `onReregistered` after the kernel forgot it.
+    /// What ``answerRequests()`` starts, as each is needed: an answerer (a request waits and
+    /// none is free), or the service's `onReregistered` after the kernel forgot it.
     enum Work: Sendable {
-        case request(client: Frame, body: [UInt8]?, generation: Int)
+        case answerer
         case reregistered
     }
-    /// Work that arrived since ``answerRequests()`` last took it, taken all at once: under
-    /// load one wake-up hands over many requests. The consumer waits in `waiting`.
+    /// Work asked for since ``answerRequests()`` last took it, taken all at once. The
+    /// consumer waits in `waiting`.
     private var pending: [Work] = []
     private var waiting: CheckedContinuation<[Work], Never>?
-    /// No more work comes (the connection stopped): ``answerRequests()`` ends.
+    /// No more work comes (the connection stopped): ``answerRequests()`` ends, and so does
+    /// each answerer once nothing is queued.
     private var noMoreWork = false
+
+    /// A request to answer, taken by the first free answerer.
+    struct Request: Sendable {
+        let client: Frame
+        let body: [UInt8]?
+        let generation: Int
+    }
+    /// Requests no answerer has taken yet; answerers waiting for one; answerers asked for and
+    /// not yet running. Answerers are long-lived child tasks of ``answerRequests()``, as many
+    /// as requests ran at once: a child task per request cost its creation, its place in the
+    /// group and a wake-up of ``answerRequests()`` before it ran.
+    private var queued: Deque<Request> = []
+    private var idle: [UnsafeContinuation<Request?, Never>] = []
+    private var starting = 0
+    /// Answerers started since the connection was made (tests: they are reused).
+    private(set) var answerersStarted = 0
 
     private func enqueue(_ item: Work) {
         if let waiting {
@@ -250,21 +275,49 @@ actor WorkerConnection {
         }
     }
 
+    /// Hands `request` to a free answerer, or queues it (asking for one more answerer when
+    /// the ones on their way would not be enough).
+    private func answer(_ request: Request) {
+        if let answerer = idle.popLast() { return answerer.resume(returning: request) }
+        queued.append(request)
+        if starting < queued.count {
+            starting += 1
+            enqueue(.answerer)
+        }
+    }
+
+    /// What an answerer finds when it looks for its next request.
+    enum Next { case request(Request), wait, done }
+
+    /// A queued request, if any; else whether to wait for one or stop (none come any more).
+    private func next() -> Next {
+        if let request = queued.popFirst() { return .request(request) }
+        return noMoreWork ? .done : .wait
+    }
+
+    /// Waits `answerer` for the next request. The continuation's closure may run as a job of
+    /// its own (swiftlang/swift#85668), after other work on the loop: a request queued or
+    /// the end of work meanwhile is handed over by a job too, not by resuming the
+    /// continuation inside its own closure (a first version did, and the host crashed
+    /// running a job with nothing to run).
+    private func park(_ answerer: UnsafeContinuation<Request?, Never>) {
+        if noMoreWork {
+            loop.execute { answerer.resume(returning: nil) }
+        } else if let request = queued.popFirst() {
+            loop.execute { answerer.resume(returning: request) }
+        } else {
+            idle.append(answerer)
+        }
+    }
+
     private func endWork() {
         noMoreWork = true
         waiting?.resume(returning: [])
         waiting = nil
+        for answerer in idle { answerer.resume(returning: nil) }
+        idle.removeAll()
     }
 
-    /// The work that arrived, waiting for some; empty once no more comes.
-    private func nextWork() async -> [Work] {
-        if !pending.isEmpty {
-            defer { pending.removeAll(keepingCapacity: true) }
-            return pending
-        }
-        if noMoreWork { return [] }
-        return await withCheckedContinuation { waiting = $0 }
-    }
 
     init(loop: SocketLoop, process: String, index: Int, broker: String, serviceName: String, streams: Bool,
          answer: @escaping @Sendable ([UInt8], PartOut?) async -> (reply: [UInt8], errors: Int),
@@ -347,46 +400,82 @@ actor WorkerConnection {
             reregister()
         case .request(let client, let body):
             busy += 1
-            enqueue(.request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation))
+            answer(Request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation))
         }
     }
 
-    /// Answers each request as it arrives, in a child task, until the connection stops. It
-    /// runs in a task that prefers the connection's loop (``ServiceHost/serve``), and so do
-    /// its children: a handler that awaits lets the loop serve the socket meanwhile; one that
-    /// computes holds it, as an event loop's handler would;
-    /// what still runs then is cancelled (after ``stop(drain:)`` waited for it).
+    /// Starts answerers as requests need them, until the connection stops. It runs in a task
+    /// that prefers the connection's loop (``ServiceHost/serve``), and so do its children: a
+    /// handler that awaits lets the loop serve the socket meanwhile; one that computes holds
+    /// it, as an event loop's handler would; what still runs after ``stop(drain:)`` waited
+    /// for it is cancelled.
     func answerRequests() async {
-        let answer = self.answer, hook = onReregistered, streams = version == .v02
+        let hook = onReregistered
         await withDiscardingTaskGroup { group in
             while case let batch = await nextWork(), !batch.isEmpty {
                 for item in batch {
                     switch item {
-                    case .request(let client, let bytes, let generation):
-                        var parts: PartOut?
-                        if streams {
-                            parts = { [weak self] part in
-                                guard let self else { throw CancellationError() }
-                                try await self.sendPart(part, client: client, generation: generation)
-                            }
-                        }
-                        group.addTask {
-                            var outcome: (reply: [UInt8], errors: Int)
-                            if let bytes {
-                                // The table keeps the reply within the kernel's message limit.
-                                outcome = await answer(bytes, parts)
-                            } else {
-                                outcome = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
-                            }
-                            self.deliver(client: client, reply: outcome.reply, errors: outcome.errors, generation: generation)
-                        }
-                    case .reregistered:
-                        group.addTask { await hook() }
+                    case .answerer: group.addTask { await self.answerQueued() }
+                    case .reregistered: group.addTask { await hook() }
                     }
                 }
             }
             group.cancelAll()
         }
+    }
+
+    /// One answerer: takes requests one after another until no more come. Off the actor, on
+    /// the loop thread (its task prefers the loop): the connection's state is reached with
+    /// `assumeIsolated`, never by a hop to the actor and back.
+    nonisolated private func answerQueued() async {
+        onLoop { connection in
+            connection.starting -= 1
+            connection.answerersStarted += 1
+        }
+        let answer = self.answer, streams = version == .v02
+        while let request = await nextRequest() {
+            let client = request.client, generation = request.generation
+            var parts: PartOut?
+            if streams {
+                parts = { [weak self] part in
+                    guard let self else { throw CancellationError() }
+                    try await self.sendPart(part, client: client, generation: generation)
+                }
+            }
+            var outcome: (reply: [UInt8], errors: Int)
+            if let bytes = request.body {
+                // The table keeps the reply within the kernel's message limit.
+                outcome = await answer(bytes, parts)
+            } else {
+                outcome = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
+            }
+            deliver(client: client, reply: outcome.reply, errors: outcome.errors, generation: generation)
+        }
+    }
+
+    /// The work asked for, waiting for some; empty once no more comes.
+    private func nextWork() async -> [Work] {
+        if !pending.isEmpty {
+            defer { pending.removeAll(keepingCapacity: true) }
+            return pending
+        }
+        if noMoreWork { return [] }
+        return await withCheckedContinuation { waiting = $0 }
+    }
+
+    /// The next request for an answerer: a queued one at once, else the next to arrive
+    /// (``answer(_:)`` hands it over); nil once no more come.
+    nonisolated private func nextRequest() async -> Request? {
+        switch onLoop({ $0.next() }) {
+        case .request(let request): return request
+        case .done: return nil
+        case .wait: return await withUnsafeContinuation { answerer in onLoop { $0.park(answerer) } }
+        }
+    }
+
+    /// Runs `body` on the connection's state from the loop thread, where an answerer runs.
+    nonisolated private func onLoop<T: Sendable>(_ body: (isolated WorkerConnection) -> T) -> T {
+        assumeIsolated(body)
     }
 
     /// Hands a reply to the connection. The handler's task prefers the loop, so it is usually
