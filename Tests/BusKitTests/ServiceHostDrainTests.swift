@@ -105,15 +105,27 @@ struct ServiceHostDrainTests {
         return (try ServiceHost(service: held, options: options), held)
     }
 
-    @Test("with requests in flight: drain=1, a request sent before the kernel heard is answered too, no DISCONNECT until both replies are out")
-    func busy() async throws {
+    /// A host of `Held` with window 4, registered with a stand-in kernel on an endpoint of its own.
+    private func registeredHost() async throws -> (kernel: StandIn, host: ServiceHost<Held>, held: Held, context: ZMQContext) {
         let context = try ZMQContext()
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         var kernel = StandIn(router: try await kernelStandIn(at: endpoint, in: context))
-        defer { kernel.router.close() }
-        let (host, held) = try host(at: endpoint)
-        try await host.start()
-        #expect(try await kernel.next() == .ready(service: Held.name, window: 4))
+        do {
+            let (host, held) = try host(at: endpoint)
+            try await host.start()
+            #expect(try await kernel.next() == .ready(service: Held.name, window: 4))
+            return (kernel, host, held, context)
+        } catch {
+            kernel.router.close()
+            throw error
+        }
+    }
+
+    @Test("with requests in flight: drain=1, a request sent before the kernel heard is answered too, no DISCONNECT until both replies are out")
+    func busy() async throws {
+        let (standIn, host, held, context) = try await registeredHost()
+        var kernel = standIn
+        defer { withExtendedLifetime(context) { kernel.router.close() } }
         try kernel.request(1, client: "c1")
 
         let stopping = Task { await host.stop() }
@@ -137,13 +149,9 @@ struct ServiceHostDrainTests {
 
     @Test("a connection answers as many requests at once as its window holds, by answerers that then take the next ones: 4 held at once, 40 more, 4 answerers in all")
     func answerersTakeRequestAfterRequest() async throws {
-        let context = try ZMQContext()
-        let endpoint = "tcp://127.0.0.1:\(freePort())"
-        var kernel = StandIn(router: try await kernelStandIn(at: endpoint, in: context))
-        defer { kernel.router.close() }
-        let (host, held) = try host(at: endpoint)
-        try await host.start()
-        #expect(try await kernel.next() == .ready(service: Held.name, window: 4))
+        let (standIn, host, held, context) = try await registeredHost()
+        var kernel = standIn
+        defer { withExtendedLifetime(context) { kernel.router.close() } }
         for id in 1...4 { try kernel.request(id, client: "c\(id)") }
         // All four run at once: none answers before the gate opens, and it opens only now.
         await held.started(atLeast: 4)
@@ -172,13 +180,9 @@ struct ServiceHostDrainTests {
 
     @Test("idle: drain=1, then no DISCONNECT until the kernel answers drain=1")
     func waitsForTheKernel() async throws {
-        let context = try ZMQContext()
-        let endpoint = "tcp://127.0.0.1:\(freePort())"
-        var kernel = StandIn(router: try await kernelStandIn(at: endpoint, in: context))
-        defer { kernel.router.close() }
-        let (host, _) = try host(at: endpoint)
-        try await host.start()
-        #expect(try await kernel.next() == .ready(service: Held.name, window: 4))
+        let (standIn, host, _, context) = try await registeredHost()
+        var kernel = standIn
+        defer { withExtendedLifetime(context) { kernel.router.close() } }
 
         let stopping = Task { await host.stop() }
         #expect(try await kernel.next() == .drain)
