@@ -855,7 +855,10 @@ final class Broker {
             request.gatheredBytes = 0
         }
         var error = error
-        if let final, request.broken == nil, request.gathered.count + final.count > Self.maxGatheredFrames { request.broken = .tooLarge }
+        // Parts gathered for a 7/MDP client, and the FINAL's frames with them: one message.
+        if let final, request.broken == nil, !request.gathered.isEmpty, request.gathered.count + final.count > Self.maxGatheredFrames {
+            request.broken = .tooLarge
+        }
         switch request.broken {
         case nil: break
         case .clientGone: return
