@@ -201,7 +201,7 @@ public enum BusTracing {
             let current = InstrumentationContext.current?[Key.self]
             let sent = TraceContext(traceID: current?.traceID ?? .fresh(), spanID: .fresh(), flags: current?.flags ?? [],
                                     state: current?.state ?? TraceState())
-            return JSONRPCRequest.Trace(parent: traceParent(of: sent), state: sent.state.isEmpty ? nil : sent.traceStateHeaderValue)
+            return JSONRPCRequest.Trace(parent: traceParent(of: sent), state: sent.traceStateHeaderValue)
         }
         let instrument = InstrumentationSystem.instrument
         if instrument is NoOpInstrument { return nil }
