@@ -36,6 +36,10 @@ struct KernelBenchmark: AsyncParsableCommand {
     @Option(help: "Transport for the kernel's endpoints: tcp (loopback) or ipc (Unix sockets in a temporary folder).")
     var transport = "tcp"
 
+    /// The full stack's shape (``busKitRows(_:)``), which the C rows at the same shape repeat:
+    /// requests in flight from one client, the host's worker connections and each one's window.
+    static let fullStackInFlight = 64, fullStackConnections = 2, fullStackWindow = 16
+
     func validate() throws {
         guard ["tcp", "ipc"].contains(transport) else { throw ValidationError("--transport must be tcp or ipc") }
     }
@@ -67,6 +71,7 @@ struct KernelBenchmark: AsyncParsableCommand {
         defer { metal.stop() }
         try await waitForWorkers(metal.kernelBroker, service: "window", count: 1)
         try await waitForWorkers(metal.kernelBroker, service: "plain", count: workerSockets)
+        try await waitForWorkers(metal.kernelBroker, service: "shape", count: Self.fullStackConnections)
 
         // Round trips: direct, MMI and through the kernel once per round, rounds
         // interleaved, then the median round of each.
@@ -93,11 +98,16 @@ struct KernelBenchmark: AsyncParsableCommand {
                 if let perRequest = measured.cpu { syncCPU[path, default: []].append(perRequest) }
             }
             for clients in [1, 8] {
-                for path in Metal.Path.allCases {
+                for path in Metal.Path.pipelined {
                     let measured = try await metal.rateAndCPU(path, clients: clients, requests: requests, window: window)
                     rates[path, default: [:]][clients, default: []].append(measured.rate)
                     if let perRequest = measured.cpu { cpu[path, default: [:]][clients, default: []].append(perRequest) }
                 }
+            }
+            for path in [Metal.Path.cMDPFullStackShape, .kernelFullStackShape] {
+                let measured = try await metal.rateAndCPU(path, clients: 1, requests: requests / 2, window: Self.fullStackInFlight)
+                rates[path, default: [:]][1, default: []].append(measured.rate)
+                if let perRequest = measured.cpu { cpu[path, default: [:]][1, default: []].append(perRequest) }
             }
         }
         let directRT = medianByP50(directRuns), mmiRT = medianByP50(mmiRuns), kernelRT = medianByP50(kernelRuns)
@@ -138,7 +148,20 @@ struct KernelBenchmark: AsyncParsableCommand {
             rows.append(Row("the kernel's socket layer alone, pipelined, \(clients) client\(plural)", rate: rate(.floor),
                             note: "\(ratios(rate(.floor))); a Swift 7/MDP forwarder on SocketLoop with the kernel's codec, no bookkeeping: the kernel's floor\(cpuNote(.floor))"))
         }
-        rows.append(contentsOf: try await busKitRows(endpoints.broker))
+        // The full stack's shape with C ends: what a client and a host that cost nothing would
+        // leave of the kernel's pipelined rate, with only 64 requests in flight and 16 a connection.
+        let kernelPipelined = median(rates[.kernelWindow]![1]!), cPipelined = median(rates[.cMDP]![1]!)
+        let cShape = median(rates[.cMDPFullStackShape]![1]!), kernelShape = median(rates[.kernelFullStackShape]![1]!)
+        func shapeCPU(_ path: Metal.Path) -> String {
+            cpu[path]?[1].map { String(format: "; CPU %.2f µs a request", median($0)) } ?? ""
+        }
+        let shape = "C client \(Self.fullStackInFlight) in flight, C worker \(Self.fullStackConnections) connections x window \(Self.fullStackWindow)"
+        rows.append(Row("C 7/MDP broker, the full stack's shape", rate: cShape,
+                        note: String(format: "%.2fx its pipelined rate; ", cShape / cPipelined) + shape + shapeCPU(.cMDPFullStackShape)))
+        rows.append(Row("kernel, the full stack's shape", rate: kernelShape,
+                        note: String(format: "%.2fx the kernel's pipelined rate, %.2fx the C 7/MDP broker's at this shape; ", kernelShape / kernelPipelined, kernelShape / cShape)
+                            + shape + shapeCPU(.kernelFullStackShape)))
+        rows.append(contentsOf: try await busKitRows(endpoints.broker, kernelPipelined: kernelPipelined, kernelShape: kernelShape))
         // CHP: C publisher and subscribers, through a raw XSUB/XPUB proxy and through the
         // kernel, interleaved; a subscriber's rate is what it received per second.
         var fanOut: [Metal.FanOut: [Int: [(rate: Double, gaps: Int, missing: Int)]]] = [:]
@@ -275,7 +298,14 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// (`switchboard-bench socket-floor`, ``SocketLayerFloorCommand``) with a C window worker.
     /// The same C pipelining clients measure them all, in the same rounds as the rest.
     struct Metal {
-        enum Path: CaseIterable { case raw, cMDP, kernelWindow, kernelPlain, floor }
+        enum Path {
+            case raw, cMDP, kernelWindow, kernelPlain, floor
+            /// C client and worker at the full stack's shape (``fullStackInFlight`` and so on),
+            /// through the C 7/MDP broker and through the kernel.
+            case cMDPFullStackShape, kernelFullStackShape
+            /// The paths measured at the pipelined window, 1 and 8 clients.
+            static let pipelined: [Path] = [.raw, .cMDP, .kernelWindow, .kernelPlain, .floor]
+        }
         /// Where CHP updates go: the raw proxy, the kernel, or a second kernel that keeps one
         /// change of history (the cost of revisions and history is the difference), or the
         /// socket layer's republisher (``SocketLayerFloorCommand``).
@@ -285,6 +315,8 @@ struct KernelBenchmark: AsyncParsableCommand {
         let proxyFront: String, proxyBack: String, kernelCollector: String, kernelPublisher: String
         let bareBroker: String, bareCollector: String, barePublisher: String
         let floorBroker: String, floorCollector: String, floorPublisher: String
+        /// The C 7/MDP broker for ``Path/cMDPFullStackShape`` (its C broker serves one service).
+        let shapeBroker: String
         /// The kernel processes, with and without history, and the socket layer's.
         var kernel: ChildProcess { processes[4] }
         var bareKernel: ChildProcess { processes[8] }
@@ -295,7 +327,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             guard FileManager.default.isExecutableFile(atPath: baseline.path) else {
                 throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
             }
-            let ports = (0..<16).map { _ in "tcp://127.0.0.1:\(freePort())" }
+            let ports = (0..<17).map { _ in "tcp://127.0.0.1:\(freePort())" }
             // Each watches its standard input, a pipe this process holds: they end with it.
             let processes = [
                 try ChildProcess(baseline, ["broker", ports[0], ports[1]]),
@@ -314,11 +346,16 @@ struct KernelBenchmark: AsyncParsableCommand {
                 try ChildProcess(productsDirectory().appendingPathComponent("switchboard-bench"),
                                  ["socket-floor", "--broker", ports[13], "--collector", ports[14], "--publisher", ports[15]]),
                 try ChildProcess(baseline, ["mdp-worker", ports[13], "window", "1", String(workerWindow)]),
+                try ChildProcess(baseline, ["mdp-broker", ports[16], "shape"]),
+                try ChildProcess(baseline, ["mdp-worker", ports[16], "shape", String(KernelBenchmark.fullStackConnections),
+                                            String(KernelBenchmark.fullStackWindow)]),
+                try ChildProcess(baseline, ["mdp-worker", ports[2], "shape", String(KernelBenchmark.fullStackConnections),
+                                            String(KernelBenchmark.fullStackWindow)]),
             ]
             return Metal(processes: processes, rawFront: ports[0], mdpBroker: ports[6], kernelBroker: ports[2],
                          proxyFront: ports[7], proxyBack: ports[8], kernelCollector: ports[5], kernelPublisher: ports[4],
                          bareBroker: ports[9], bareCollector: ports[12], barePublisher: ports[11],
-                         floorBroker: ports[13], floorCollector: ports[14], floorPublisher: ports[15])
+                         floorBroker: ports[13], floorCollector: ports[14], floorPublisher: ports[15], shapeBroker: ports[16])
         }
 
         /// The rate of `requests` (in all) from `clients` C clients through `path`, and the
@@ -336,7 +373,8 @@ struct KernelBenchmark: AsyncParsableCommand {
             let broker = switch path {
             case .raw: processes[0]
             case .cMDP: processes[2]
-            case .kernelWindow, .kernelPlain: kernel
+            case .cMDPFullStackShape: processes[11]
+            case .kernelWindow, .kernelPlain, .kernelFullStackShape: kernel
             case .floor: socketFloor
             }
             guard let stat = try? String(contentsOfFile: "/proc/\(broker.process.processIdentifier)/stat", encoding: .utf8),
@@ -355,6 +393,8 @@ struct KernelBenchmark: AsyncParsableCommand {
             case .kernelWindow: return try await rate(["mdp-client", kernelBroker, "window"] + counts)
             case .kernelPlain: return try await rate(["mdp-client", kernelBroker, "plain"] + counts)
             case .floor: return try await rate(["mdp-client", floorBroker, "window"] + counts)
+            case .cMDPFullStackShape: return try await rate(["mdp-client", shapeBroker, "shape"] + counts)
+            case .kernelFullStackShape: return try await rate(["mdp-client", kernelBroker, "shape"] + counts)
             }
         }
 
@@ -414,13 +454,16 @@ struct KernelBenchmark: AsyncParsableCommand {
 
     /// The same loads as `sb bench request` (``RequestBench``), against a kernel in this
     /// process: synchronous, 64 in flight from one client, and from 8 on one socket thread.
-    private func busKitRows(_ broker: String) async throws -> [Row] {
-        let host = try ServiceHost(service: EchoService(), options: .init(brokers: [broker], connections: 2))
+    /// `kernelPipelined`, `kernelShape`: the kernel's pipelined rate and its rate at the same
+    /// shape with C ends, for the ratios.
+    private func busKitRows(_ broker: String, kernelPipelined: Double, kernelShape: Double) async throws -> [Row] {
+        let host = try ServiceHost(service: EchoService(),
+                                   options: .init(brokers: [broker], connections: Self.fullStackConnections, window: Self.fullStackWindow))
         try await host.start()
         let bus = try await BusClient(brokers: [broker], timeout: .seconds(30))
         try await waitForWorkers(broker, service: EchoAPI.service, count: 2)
         let sync = await RequestBench.echo(stop: .count(roundTrips / 2), warmup: 500).run(on: [bus])
-        let pipelined = await RequestBench.echo(window: 64, stop: .count(50_000), warmup: 500).run(on: [bus])
+        let pipelined = await RequestBench.echo(window: Self.fullStackInFlight, stop: .count(50_000), warmup: 500).run(on: [bus])
         // 8 connections sharing the first one's socket thread (as `sb bench --clients` runs them),
         // the same 64 in flight in all.
         var clients = [bus]
@@ -431,7 +474,9 @@ struct KernelBenchmark: AsyncParsableCommand {
         await host.stop()
         return [
             Row("BusClient to ServiceHost (JSON-RPC), sync", rate: sync.rate, latencies: sync.latencies, note: "full stack, 2 worker connections, window 16 (sb bench)"),
-            Row("BusClient to ServiceHost, 64 in flight", rate: pipelined.rate, latencies: pipelined.latencies, note: "full stack, one client (sb bench --window 64)"),
+            Row("BusClient to ServiceHost, 64 in flight", rate: pipelined.rate, latencies: pipelined.latencies,
+                note: String(format: "%.2fx the kernel's pipelined rate, %.2fx its rate at this shape with C ends; full stack, one client (sb bench --window 64)",
+                             pipelined.rate / kernelPipelined, pipelined.rate / kernelShape)),
             Row("BusClient to ServiceHost, 8 clients x 8 in flight", rate: eight.rate, latencies: eight.latencies,
                 note: String(format: "%.2fx one client's 64 in flight; one socket thread (sb bench --clients 8 --window 8)", eight.rate / pipelined.rate)),
         ]
