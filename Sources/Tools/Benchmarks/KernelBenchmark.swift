@@ -36,7 +36,7 @@ struct KernelBenchmark: AsyncParsableCommand {
     @Option(help: "Transport for the kernel's endpoints: tcp (loopback) or ipc (Unix sockets in a temporary folder).")
     var transport = "tcp"
 
-    /// The full stack's shape (``busKitRows(_:)``), which the C rows at the same shape repeat:
+    /// The full stack's shape (``busKitRows(_:kernelPipelined:kernelShape:)``), which the C rows at the same shape repeat:
     /// requests in flight from one client, the host's worker connections and each one's window.
     static let fullStackInFlight = 64, fullStackConnections = 2, fullStackWindow = 16
 
@@ -461,7 +461,7 @@ struct KernelBenchmark: AsyncParsableCommand {
                                    options: .init(brokers: [broker], connections: Self.fullStackConnections, window: Self.fullStackWindow))
         try await host.start()
         let bus = try await BusClient(brokers: [broker], timeout: .seconds(30))
-        try await waitForWorkers(broker, service: EchoAPI.service, count: 2)
+        try await waitForWorkers(broker, service: EchoAPI.service, count: Self.fullStackConnections)
         let sync = await RequestBench.echo(stop: .count(roundTrips / 2), warmup: 500).run(on: [bus])
         let pipelined = await RequestBench.echo(window: Self.fullStackInFlight, stop: .count(50_000), warmup: 500).run(on: [bus])
         // 8 connections sharing the first one's socket thread (as `sb bench --clients` runs them),
@@ -473,10 +473,10 @@ struct KernelBenchmark: AsyncParsableCommand {
         await bus.close()
         await host.stop()
         return [
-            Row("BusClient to ServiceHost (JSON-RPC), sync", rate: sync.rate, latencies: sync.latencies, note: "full stack, 2 worker connections, window 16 (sb bench)"),
-            Row("BusClient to ServiceHost, 64 in flight", rate: pipelined.rate, latencies: pipelined.latencies,
-                note: String(format: "%.2fx the kernel's pipelined rate, %.2fx its rate at this shape with C ends; full stack, one client (sb bench --window 64)",
-                             pipelined.rate / kernelPipelined, pipelined.rate / kernelShape)),
+            Row("BusClient to ServiceHost (JSON-RPC), sync", rate: sync.rate, latencies: sync.latencies, note: "full stack, \(Self.fullStackConnections) worker connections, window \(Self.fullStackWindow) (sb bench)"),
+            Row("BusClient to ServiceHost, \(Self.fullStackInFlight) in flight", rate: pipelined.rate, latencies: pipelined.latencies,
+                note: String(format: "%.2fx the kernel's pipelined rate, %.2fx its rate at this shape with C ends; full stack, one client (sb bench --window %d)",
+                             pipelined.rate / kernelPipelined, pipelined.rate / kernelShape, Self.fullStackInFlight)),
             Row("BusClient to ServiceHost, 8 clients x 8 in flight", rate: eight.rate, latencies: eight.latencies,
                 note: String(format: "%.2fx one client's 64 in flight; one socket thread (sb bench --clients 8 --window 8)", eight.rate / pipelined.rate)),
         ]
