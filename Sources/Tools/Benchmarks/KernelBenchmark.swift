@@ -36,9 +36,11 @@ struct KernelBenchmark: AsyncParsableCommand {
     @Option(help: "Transport for the kernel's endpoints: tcp (loopback) or ipc (Unix sockets in a temporary folder).")
     var transport = "tcp"
 
-    /// The full stack's shape (``busKitRows(_:kernelPipelined:kernelShape:)``), which the C rows at the same shape repeat:
+    /// The full stack's shape (``busKitRows(_:kernelPipelined:kernelShape:kernelManyOverOne:)``), which the C rows at the same shape repeat:
     /// requests in flight from one client, the host's worker connections and each one's window.
     static let fullStackInFlight = 64, fullStackConnections = 2, fullStackWindow = 16
+    /// Clients sharing those requests in flight in the many-clients rows.
+    static let fullStackClients = 8
 
     func validate() throws {
         guard ["tcp", "ipc"].contains(transport) else { throw ValidationError("--transport must be tcp or ipc") }
@@ -104,10 +106,14 @@ struct KernelBenchmark: AsyncParsableCommand {
                     if let perRequest = measured.cpu { cpu[path, default: [:]][clients, default: []].append(perRequest) }
                 }
             }
+            // The same in flight from one client, and from 8 sockets on one thread (as the
+            // full stack's 8 BusClients share one socket thread).
             for path in [Metal.Path.cMDPFullStackShape, .kernelFullStackShape] {
-                let measured = try await metal.rateAndCPU(path, clients: 1, requests: requests / 2, window: Self.fullStackInFlight)
-                rates[path, default: [:]][1, default: []].append(measured.rate)
-                if let perRequest = measured.cpu { cpu[path, default: [:]][1, default: []].append(perRequest) }
+                for clients in [1, Self.fullStackClients] {
+                    let measured = try await metal.rateAndCPU(path, clients: clients, requests: requests / 2, window: Self.fullStackInFlight / clients)
+                    rates[path, default: [:]][clients, default: []].append(measured.rate)
+                    if let perRequest = measured.cpu { cpu[path, default: [:]][clients, default: []].append(perRequest) }
+                }
             }
         }
         let directRT = medianByP50(directRuns), mmiRT = medianByP50(mmiRuns), kernelRT = medianByP50(kernelRuns)
@@ -161,7 +167,16 @@ struct KernelBenchmark: AsyncParsableCommand {
         rows.append(Row("kernel, the full stack's shape", rate: kernelShape,
                         note: String(format: "%.2fx the kernel's pipelined rate, %.2fx the C 7/MDP broker's at this shape; ", kernelShape / kernelPipelined, kernelShape / cShape)
                             + shape + shapeCPU(.kernelFullStackShape)))
-        rows.append(contentsOf: try await busKitRows(endpoints.broker, kernelPipelined: kernelPipelined, kernelShape: kernelShape))
+        // The same in flight from 8 C clients on one thread: what 8 sockets cost a client
+        // program (libzmq's events of each socket read per wake-up) beside the full stack's row.
+        let many = Self.fullStackClients, manyWindow = Self.fullStackInFlight / many
+        let cMany = median(rates[.cMDPFullStackShape]![many]!), kernelMany = median(rates[.kernelFullStackShape]![many]!)
+        rows.append(Row("C 7/MDP broker, the full stack's shape, \(many) C clients x \(manyWindow)", rate: cMany,
+                        note: String(format: "%.2fx one C client's %d in flight; the \(many) clients on one thread (zmq_poll)", cMany / cShape, Self.fullStackInFlight)))
+        rows.append(Row("kernel, the full stack's shape, \(many) C clients x \(manyWindow)", rate: kernelMany,
+                        note: String(format: "%.2fx one C client's %d in flight; the \(many) clients on one thread (zmq_poll)", kernelMany / kernelShape, Self.fullStackInFlight)))
+        rows.append(contentsOf: try await busKitRows(endpoints.broker, kernelPipelined: kernelPipelined, kernelShape: kernelShape,
+                                                     kernelManyOverOne: kernelMany / kernelShape))
         // CHP: C publisher and subscribers, through a raw XSUB/XPUB proxy and through the
         // kernel, interleaved; a subscriber's rate is what it received per second.
         var fanOut: [Metal.FanOut: [Int: [(rate: Double, gaps: Int, missing: Int)]]] = [:]
@@ -455,8 +470,9 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// The same loads as `sb bench request` (``RequestBench``), against a kernel in this
     /// process: synchronous, 64 in flight from one client, and from 8 on one socket thread.
     /// `kernelPipelined`, `kernelShape`: the kernel's pipelined rate and its rate at the same
-    /// shape with C ends, for the ratios.
-    private func busKitRows(_ broker: String, kernelPipelined: Double, kernelShape: Double) async throws -> [Row] {
+    /// shape with C ends; `kernelManyOverOne`: 8 C clients' rate at that shape over one's. For
+    /// the ratios.
+    private func busKitRows(_ broker: String, kernelPipelined: Double, kernelShape: Double, kernelManyOverOne: Double) async throws -> [Row] {
         let host = try ServiceHost(service: EchoService(),
                                    options: .init(brokers: [broker], connections: Self.fullStackConnections, window: Self.fullStackWindow))
         try await host.start()
@@ -466,9 +482,10 @@ struct KernelBenchmark: AsyncParsableCommand {
         let pipelined = await RequestBench.echo(window: Self.fullStackInFlight, stop: .count(50_000), warmup: 500).run(on: [bus])
         // 8 connections sharing the first one's socket thread (as `sb bench --clients` runs them),
         // the same 64 in flight in all.
+        let many = Self.fullStackClients, manyWindow = Self.fullStackInFlight / many
         var clients = [bus]
-        for _ in 1..<8 { clients.append(try await BusClient(brokers: [broker], loop: bus.loop, timeout: .seconds(30))) }
-        let eight = await RequestBench.echo(window: 8, stop: .count(50_000), warmup: 100).run(on: clients)
+        for _ in 1..<many { clients.append(try await BusClient(brokers: [broker], loop: bus.loop, timeout: .seconds(30))) }
+        let shared = await RequestBench.echo(window: manyWindow, stop: .count(50_000), warmup: 100).run(on: clients)
         for client in clients.dropFirst() { await client.close() }
         await bus.close()
         await host.stop()
@@ -477,8 +494,9 @@ struct KernelBenchmark: AsyncParsableCommand {
             Row("BusClient to ServiceHost, \(Self.fullStackInFlight) in flight", rate: pipelined.rate, latencies: pipelined.latencies,
                 note: String(format: "%.2fx the kernel's pipelined rate, %.2fx its rate at this shape with C ends; full stack, one client (sb bench --window %d)",
                              pipelined.rate / kernelPipelined, pipelined.rate / kernelShape, Self.fullStackInFlight)),
-            Row("BusClient to ServiceHost, 8 clients x 8 in flight", rate: eight.rate, latencies: eight.latencies,
-                note: String(format: "%.2fx one client's 64 in flight; one socket thread (sb bench --clients 8 --window 8)", eight.rate / pipelined.rate)),
+            Row("BusClient to ServiceHost, \(many) clients x \(manyWindow) in flight", rate: shared.rate, latencies: shared.latencies,
+                note: String(format: "%.2fx one client's %d in flight (C clients through the kernel: %.2fx); one socket thread (sb bench --clients %d --window %d)",
+                             shared.rate / pipelined.rate, Self.fullStackInFlight, kernelManyOverOne, many, manyWindow)),
         ]
     }
 }
