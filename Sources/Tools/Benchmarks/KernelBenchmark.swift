@@ -106,8 +106,8 @@ struct KernelBenchmark: AsyncParsableCommand {
                     if let perRequest = measured.cpu { cpu[path, default: [:]][clients, default: []].append(perRequest) }
                 }
             }
-            // The same in flight from one client, and from 8 sockets on one thread (as the
-            // full stack's 8 BusClients share one socket thread).
+            // The same in flight from one client, and shared by 8 clients (the C program runs each
+            // on a thread of its own; the full stack's 8 BusClients share one socket thread).
             for path in [Metal.Path.cMDPFullStackShape, .kernelFullStackShape] {
                 for clients in [1, Self.fullStackClients] {
                     let measured = try await metal.rateAndCPU(path, clients: clients, requests: requests / 2, window: Self.fullStackInFlight / clients)
@@ -167,14 +167,14 @@ struct KernelBenchmark: AsyncParsableCommand {
         rows.append(Row("kernel, the full stack's shape", rate: kernelShape,
                         note: String(format: "%.2fx the kernel's pipelined rate, %.2fx the C 7/MDP broker's at this shape; ", kernelShape / kernelPipelined, kernelShape / cShape)
                             + shape + shapeCPU(.kernelFullStackShape)))
-        // The same in flight from 8 C clients on one thread: what 8 sockets cost a client
-        // program (libzmq's events of each socket read per wake-up) beside the full stack's row.
+        // The same in flight shared by 8 C clients, each on a thread of its own with blocking
+        // receives: what 8 connections cost C, beside the full stack's 8 BusClients.
         let many = Self.fullStackClients, manyWindow = Self.fullStackInFlight / many
         let cMany = median(rates[.cMDPFullStackShape]![many]!), kernelMany = median(rates[.kernelFullStackShape]![many]!)
         rows.append(Row("C 7/MDP broker, the full stack's shape, \(many) C clients x \(manyWindow)", rate: cMany,
-                        note: String(format: "%.2fx one C client's %d in flight; the \(many) clients on one thread (zmq_poll)", cMany / cShape, Self.fullStackInFlight)))
+                        note: String(format: "%.2fx one C client's %d in flight; each C client a thread of its own, blocking receives", cMany / cShape, Self.fullStackInFlight)))
         rows.append(Row("kernel, the full stack's shape, \(many) C clients x \(manyWindow)", rate: kernelMany,
-                        note: String(format: "%.2fx one C client's %d in flight; the \(many) clients on one thread (zmq_poll)", kernelMany / kernelShape, Self.fullStackInFlight)))
+                        note: String(format: "%.2fx one C client's %d in flight; each C client a thread of its own, blocking receives", kernelMany / kernelShape, Self.fullStackInFlight)))
         rows.append(contentsOf: try await busKitRows(endpoints.broker, kernelPipelined: kernelPipelined, kernelShape: kernelShape,
                                                      kernelManyOverOne: kernelMany / kernelShape))
         // CHP: C publisher and subscribers, through a raw XSUB/XPUB proxy and through the
