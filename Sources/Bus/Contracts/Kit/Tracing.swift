@@ -34,7 +34,7 @@ public enum BusTracing {
         public func extract<Carrier, Extract: Extractor>(_ carrier: Carrier, into context: inout InstrumentationContext, using extractor: Extract)
         where Extract.Carrier == Carrier {
             guard let parent = extractor.extract(key: "traceparent", from: carrier),
-                  let trace = try? TraceContext(traceParentHeaderValue: parent, traceStateHeaderValue: extractor.extract(key: "tracestate", from: carrier))
+                  let trace = Self.trace(parent: parent, state: extractor.extract(key: "tracestate", from: carrier))
             else { return }
             context[Key.self] = trace
         }
@@ -42,10 +42,28 @@ public enum BusTracing {
         public func inject<Carrier, Inject: Injector>(_ context: InstrumentationContext, into carrier: inout Carrier, using injector: Inject)
         where Inject.Carrier == Carrier {
             guard let trace = context[Key.self] else { return }
-            let sent = TraceContext(traceID: trace.traceID, spanID: .fresh(), flags: trace.flags, state: trace.state)
-            injector.inject(sent.traceParentHeaderValue, forKey: "traceparent", into: &carrier)
-            if let state = sent.traceStateHeaderValue, !state.isEmpty { injector.inject(state, forKey: "tracestate", into: &carrier) }
+            let members = Self.members(sentIn: trace)
+            if let parent = members.parent { injector.inject(parent, forKey: "traceparent", into: &carrier) }
+            if let state = members.state, !state.isEmpty { injector.inject(state, forKey: "tracestate", into: &carrier) }
         }
+
+        /// The trace a request's members name (nil: none readable). What ``extract`` reads, and
+        /// ``BusTracing/context(of:)`` without the instrument API.
+        static func trace(parent: String, state: String?) -> TraceContext? {
+            try? TraceContext(traceParentHeaderValue: parent, traceStateHeaderValue: state)
+        }
+
+        /// The members of a request sent in `trace`: the same trace, a span of its own. What
+        /// ``inject`` writes, and ``BusTracing/outgoing()`` without the instrument API.
+        static func members(sentIn trace: TraceContext) -> JSONRPCRequest.Trace {
+            let sent = TraceContext(traceID: trace.traceID, spanID: .fresh(), flags: trace.flags, state: trace.state)
+            return JSONRPCRequest.Trace(parent: traceParent(of: sent), state: sent.traceStateHeaderValue)
+        }
+    }
+
+    /// A trace of its own (not sampled) for a request sent outside any.
+    private static func untracedStart() -> TraceContext {
+        TraceContext(traceID: .fresh(), spanID: .fresh(), flags: [], state: TraceState())
     }
 
     /// Makes ``Propagation`` the process's instrument (once per process, at start).
@@ -197,18 +215,12 @@ public enum BusTracing {
     /// new one (unsampled). None unless an instrument is bootstrapped.
     public static func outgoing() -> JSONRPCRequest.Trace? {
         if propagatesAlone {
-            // What ``Propagation/inject`` writes, without the instrument API.
-            let current = InstrumentationContext.current?[Key.self]
-            let sent = TraceContext(traceID: current?.traceID ?? .fresh(), spanID: .fresh(), flags: current?.flags ?? [],
-                                    state: current?.state ?? TraceState())
-            return JSONRPCRequest.Trace(parent: traceParent(of: sent), state: sent.traceStateHeaderValue)
+            return Propagation.members(sentIn: InstrumentationContext.current?[Key.self] ?? untracedStart())
         }
         let instrument = InstrumentationSystem.instrument
         if instrument is NoOpInstrument { return nil }
         var context = InstrumentationContext.current ?? .topLevel
-        if context[Key.self] == nil {
-            context[Key.self] = TraceContext(traceID: .fresh(), spanID: .fresh(), flags: [], state: TraceState())
-        }
+        if context[Key.self] == nil { context[Key.self] = untracedStart() }
         var carrier = JSONRPCRequest.Trace()
         instrument.inject(context, into: &carrier, using: TraceMembers())
         return carrier.parent == nil ? nil : carrier
@@ -229,8 +241,7 @@ public enum BusTracing {
         guard let trace, let parent = trace.parent else { return nil }
         var context = InstrumentationContext.current ?? .topLevel
         if propagatesAlone {
-            // What ``Propagation/extract`` reads, without the instrument API.
-            if let received = try? TraceContext(traceParentHeaderValue: parent, traceStateHeaderValue: trace.state) { context[Key.self] = received }
+            if let received = Propagation.trace(parent: parent, state: trace.state) { context[Key.self] = received }
         } else {
             InstrumentationSystem.instrument.extract(trace, into: &context, using: TraceMembers())
         }
