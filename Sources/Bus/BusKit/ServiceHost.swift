@@ -296,17 +296,15 @@ actor WorkerConnection {
     }
 
     /// Waits `answerer` for the next request. The continuation's closure may run as a job of
-    /// its own (swiftlang/swift#85668), after other work on the loop: a request queued or
-    /// the end of work meanwhile is handed over by a job too, not by resuming the
-    /// continuation inside its own closure (a first version did, and the host crashed
-    /// running a job with nothing to run).
+    /// its own (swiftlang/swift#85668), after other work on the loop: what ``next()`` finds
+    /// meanwhile (a request queued, or the end of work) is handed over by a job too, not by
+    /// resuming the continuation inside its own closure (a first version did, and the host
+    /// crashed running a job with nothing to run).
     private func park(_ answerer: UnsafeContinuation<Request?, Never>) {
-        if noMoreWork {
-            loop.execute { answerer.resume(returning: nil) }
-        } else if let request = queued.popFirst() {
-            loop.execute { answerer.resume(returning: request) }
-        } else {
-            idle.append(answerer)
+        switch next() {
+        case .request(let request): loop.execute { answerer.resume(returning: request) }
+        case .done: loop.execute { answerer.resume(returning: nil) }
+        case .wait: idle.append(answerer)
         }
     }
 
@@ -317,7 +315,6 @@ actor WorkerConnection {
         for answerer in idle { answerer.resume(returning: nil) }
         idle.removeAll()
     }
-
 
     init(loop: SocketLoop, process: String, index: Int, broker: String, serviceName: String, streams: Bool,
          answer: @escaping @Sendable ([UInt8], PartOut?) async -> (reply: [UInt8], errors: Int),
