@@ -16,6 +16,14 @@ struct SocketTests {
         }
     }
 
+    /// A PUSH connected to a PULL bound on a unique endpoint of `transport`, both bounded.
+    func pushPull(_ context: ZMQContext, _ transport: Transport = .inproc) throws -> (sender: ZMQSocket, receiver: ZMQSocket) {
+        let receiver = try bounded(ZMQSocket(context, .pull))
+        let sender = try bounded(ZMQSocket(context, .push))
+        try sender.connect(try bindUnique(receiver, transport))
+        return (sender, receiver)
+    }
+
     @Test("request and reply round trip", arguments: Transport.allCases)
     func roundTrip(transport: Transport) throws {
         let context = try ZMQContext()
@@ -36,9 +44,7 @@ struct SocketTests {
     @Test("multipart messages keep empty and 8 MiB frames intact", arguments: Transport.allCases)
     func multipartIntegrity(transport: Transport) throws {
         let context = try ZMQContext()
-        let receiver = try bounded(ZMQSocket(context, .pull))
-        let sender = try bounded(ZMQSocket(context, .push))
-        try sender.connect(try bindUnique(receiver, transport))
+        let (sender, receiver) = try pushPull(context, transport)
         var big = [UInt8](repeating: 0, count: 8 * 1024 * 1024)
         for index in big.indices { big[index] = UInt8(truncatingIfNeeded: index &* 31 &+ index >> 13) }
         let message: Message = [Frame(), Frame(big), "tail", Frame()]
@@ -61,9 +67,7 @@ struct SocketTests {
         // by a message of 24 parts (what was read before moves with them).
         let sizes = [0, 1, 31, 32, 33, 34, 64, 8_192]
         let context = try ZMQContext()
-        let receiver = try bounded(ZMQSocket(context, .pull))
-        let sender = try bounded(ZMQSocket(context, .push))
-        try sender.connect(try bindUnique(receiver, .tcp))
+        let (sender, receiver) = try pushPull(context, .tcp)
         func frames(_ round: Int) -> [Frame] {
             let frames = (round == 7 ? sizes + sizes + sizes : sizes).enumerated().map { index, size in
                 Frame((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ round &+ size &+ index) })
@@ -96,9 +100,7 @@ struct SocketTests {
     @Test("a message of many parts grows the parts' room while it is read; released, the room goes back")
     func manyPartsGiveTheirRoomBack() throws {
         let context = try ZMQContext()
-        let receiver = try bounded(ZMQSocket(context, .pull))
-        let sender = try bounded(ZMQSocket(context, .push))
-        try sender.connect(try receiver.bind(inprocEndpoint()))
+        let (sender, receiver) = try pushPull(context)
         let many = Message((0..<1_000).map { Frame("part \($0)") })
         try sender.send(many)
         try sender.send(["after", "it"])
@@ -117,9 +119,7 @@ struct SocketTests {
     @Test("a message of more parts than the limit is read to its end and let go, counted; one of exactly the limit arrives whole")
     func partLimit() throws {
         let context = try ZMQContext()
-        let receiver = try bounded(ZMQSocket(context, .pull))
-        let sender = try bounded(ZMQSocket(context, .push))
-        try sender.connect(try receiver.bind(inprocEndpoint()))
+        let (sender, receiver) = try pushPull(context)
         let atLimit = Message((0..<ZMQSocket.maxParts).map { Frame("part \($0)") })
         try sender.send(Message((0...ZMQSocket.maxParts).map { _ in Frame("") }))
         try sender.send(["between"])
@@ -141,9 +141,7 @@ struct SocketTests {
     @Test("a frame can be sent many times without its bytes changing")
     func frameReuse() throws {
         let context = try ZMQContext()
-        let receiver = try bounded(ZMQSocket(context, .pull))
-        let sender = try bounded(ZMQSocket(context, .push))
-        try sender.connect(try receiver.bind(inprocEndpoint()))
+        let (sender, receiver) = try pushPull(context)
         let shared = Frame([UInt8](repeating: 7, count: 100_000))
         for _ in 0..<10 { try sender.send([shared]) }
         for _ in 0..<10 { #expect(try receiver.receive() == [shared]) }
@@ -153,9 +151,7 @@ struct SocketTests {
     @Test("a received frame kept for long gets bytes of its own (not a share of libzmq's receive buffer); a big one stays as it came")
     func keepableFrames() throws {
         let context = try ZMQContext()
-        let receiver = try bounded(ZMQSocket(context, .pull))
-        let sender = try bounded(ZMQSocket(context, .push))
-        try sender.connect(try receiver.bind("tcp://127.0.0.1:*"))
+        let (sender, receiver) = try pushPull(context, .tcp)
         try sender.send([Frame([UInt8](repeating: 1, count: 100)), Frame([UInt8](repeating: 2, count: 100_000))])
         let message = try receiver.receive()
         let small = message[0], big = message[1]
@@ -168,9 +164,7 @@ struct SocketTests {
     @Test("a received frame is sent from several threads at once, every copy intact")
     func receivedFrameSentFromThreads() throws {
         let context = try ZMQContext()
-        let receiver = try bounded(ZMQSocket(context, .pull))
-        let sender = try bounded(ZMQSocket(context, .push))
-        try sender.connect(try receiver.bind("tcp://127.0.0.1:*"))
+        let (sender, receiver) = try pushPull(context, .tcp)
         let small = [UInt8](repeating: 3, count: 100), big = [UInt8](repeating: 4, count: 100_000)
         try sender.send([Frame(small), Frame(big)])
         // Frames that came over TCP: held in libzmq's messages, copied (not locked) to send.
