@@ -1,4 +1,4 @@
-internal import CZeroMQ
+package import CZeroMQ
 @_exported public import Frames
 
 /// A received frame's bytes, left in the libzmq message (`zmq_msg_t`) that holds them, which
@@ -72,8 +72,9 @@ public final class ZMQReceivedParts: ReceivedParts {
         messages.deallocate()
     }
 
-    /// The message part `index` is read into, with room made for it.
-    func slot(_ index: Int) -> UnsafeMutablePointer<zmq_msg_t> {
+    /// The message part `index` is read into, with room made for it (package: a benchmark
+    /// moves received parts out of their slots, as a C broker does, `MessageMover`).
+    package func slot(_ index: Int) -> UnsafeMutablePointer<zmq_msg_t> {
         if index >= slots { grow(to: index + 1) }
         return messages + index
     }

@@ -24,10 +24,12 @@ struct SocketLayerFloorCommand: AsyncParsableCommand {
     var collector: String
     @Option(help: "Endpoint for CHP subscribers.")
     var publisher: String
+    @Flag(help: "Forward 7/MDP by moving libzmq's messages, no Frame of any part (MessageMover).")
+    var moveMessages = false
 
     func run() async throws {
         let loop = try SocketLoop(context: ZMQContext(), name: "floor")
-        try await loop.run { [broker, collector, publisher] in
+        try await loop.run { [broker, collector, publisher, moveMessages] in
             let configuration = KernelConfiguration()
             let router = try ZMQSocket(loop.context, .router)
             // As the kernel's ROUTER: a full peer's messages are dropped rather than waited for.
@@ -42,7 +44,7 @@ struct SocketLayerFloorCommand: AsyncParsableCommand {
             try xpub.set(.xpubVerbose, true)
             try xpub.set(.sendHighWaterMark, Int32(clamping: configuration.subscriberBacklog))
             try xpub.bind(publisher)
-            MDPForwarder.serve(router, on: loop)
+            if moveMessages { MessageMover.serve(router, on: loop) } else { MDPForwarder.serve(router, on: loop) }
             CHPRepublisher.serve(from: subscriber, to: xpub, on: loop)
         }
         // The benchmark holds the other end of standard input: it ends when the benchmark does.

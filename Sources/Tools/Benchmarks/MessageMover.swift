@@ -1,0 +1,144 @@
+internal import CZeroMQ
+import BusProtocol
+import DequeModule
+import ZeroMQ
+#if canImport(Glibc)
+internal import Glibc
+#endif
+
+/// A 7/MDP forwarder on the kernel's ``SocketLoop`` that moves libzmq's messages as the C
+/// 7/MDP broker does (`zmq_msg_move` out of the received parts, `zmq_msg_send` after each batch)
+/// and makes no ``Frame`` of any part: what the socket loop costs without the frame model
+/// (`switchboard-bench socket-floor --move-messages`; `switchboard-bench kernel` measures it
+/// beside the kernel's socket layer, docs/BENCHMARKS.md, issue 33). One worker (the last to
+/// say READY in 7/MDP), as many requests at once as its window; the rest wait, their parts
+/// held as libzmq's messages. Loop-confined; its state unchecked for exclusivity, as the
+/// broker's is.
+final class MessageMover {
+    /// Messages owned here: initialised, each closed or sent exactly once. A message is moved
+    /// between these arrays bitwise, as `zmq_msg_move` moves it, the place it left never used again.
+    @exclusivity(unchecked) private var waitingParts: Deque<zmq_msg_t> = []
+    /// How many of `waitingParts` each waiting request has (its client, the empty frame, its body).
+    @exclusivity(unchecked) private var waitingCounts: Deque<Int> = []
+    /// Parts to send after the batch, and whether each has more parts after it.
+    @exclusivity(unchecked) private var outgoing: [zmq_msg_t] = []
+    @exclusivity(unchecked) private var outgoingMore: [Bool] = []
+    @exclusivity(unchecked) private var workerIdentity: [UInt8] = []
+    @exclusivity(unchecked) private var service: [UInt8] = []
+    @exclusivity(unchecked) private var credits = 0
+    private let socket: ZMQSocket
+
+    private init(socket: ZMQSocket) { self.socket = socket }
+
+    deinit {
+        for index in waitingParts.indices { zmq_msg_close(&waitingParts[index]) }
+        for index in outgoing.indices { zmq_msg_close(&outgoing[index]) }
+    }
+
+    static func serve(_ socket: ZMQSocket, on loop: SocketLoop) {
+        let mover = MessageMover(socket: socket)
+        let router = loop.register(readingParts: socket) { [mover] in mover.handle($0) }
+        router.afterReading = { [mover] in mover.flush() }
+    }
+
+    private func handle(_ received: ReceivedParts) {
+        guard let parts = received as? ZMQReceivedParts, parts.count >= 4 else { return }
+        let header = parts[2]
+        func isHeader(_ expected: StaticString) -> Bool {
+            header.count == expected.utf8CodeUnitCount && memcmp(header.baseAddress!, expected.utf8Start, header.count) == 0
+        }
+        if isHeader("MDPC01") {
+            // [client][empty][MDPC01][service][body...]: the client, the empty frame and the body wait.
+            guard parts.count >= 5 else { return }
+            take(parts.slot(0))
+            take(parts.slot(1))
+            for index in 4..<parts.count { take(parts.slot(index)) }
+            waitingCounts.append(parts.count - 2)
+        } else if isHeader("MDPW01"), parts[3].count == 1 {
+            switch parts[3][0] {
+            case 0x01:
+                guard case .worker(let identity, .ready(let name, let window), _)? = try? MDP.decodeAtBroker(parts) else { return }
+                workerIdentity = identity.bytes
+                service = Array(name.utf8)
+                credits = window ?? 1
+            case 0x03:
+                // [worker][empty][MDPW01][REPLY][client][empty][body...] to [client][empty][MDPC01][service][body...].
+                guard parts.count >= 7 else { return }
+                credits += 1
+                send(moving: parts.slot(4), more: true)
+                send(moving: parts.slot(5), more: true)
+                send(copying: "MDPC01", more: true)
+                service.withUnsafeBytes { send(copying: $0, more: true) }
+                for index in 6..<parts.count { send(moving: parts.slot(index), more: index < parts.count - 1) }
+            default:
+                return
+            }
+        } else {
+            return
+        }
+        dispatch()
+    }
+
+    /// Requests to the worker while its window has room: [worker][empty][MDPW01][REQUEST] and the request's parts.
+    private func dispatch() {
+        guard !workerIdentity.isEmpty else { return }
+        while credits > 0, let count = waitingCounts.popFirst() {
+            credits -= 1
+            workerIdentity.withUnsafeBytes { send(copying: $0, more: true) }
+            send(copying: "", more: true)
+            send(copying: "MDPW01", more: true)
+            send(copying: "\u{02}", more: true)
+            for index in 0..<count {
+                var part = waitingParts.removeFirst()
+                send(moving: &part, more: index < count - 1)
+            }
+        }
+    }
+
+    private func take(_ part: UnsafeMutablePointer<zmq_msg_t>) {
+        var moved = zmq_msg_t()
+        zmq_msg_init(&moved)
+        zmq_msg_move(&moved, part)
+        waitingParts.append(moved)
+    }
+
+    private func send(moving part: UnsafeMutablePointer<zmq_msg_t>, more: Bool) {
+        var moved = zmq_msg_t()
+        zmq_msg_init(&moved)
+        zmq_msg_move(&moved, part)
+        outgoing.append(moved)
+        outgoingMore.append(more)
+    }
+
+    private func send(copying bytes: UnsafeRawBufferPointer, more: Bool) {
+        var message = zmq_msg_t()
+        zmq_msg_init_size(&message, bytes.count)
+        if !bytes.isEmpty { zmq_msg_data(&message).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+        outgoing.append(message)
+        outgoingMore.append(more)
+    }
+
+    private func send(copying text: StaticString, more: Bool) {
+        send(copying: UnsafeRawBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount), more: more)
+    }
+
+    /// Sends what the batch wrote. A message whose first part libzmq refuses (its peer gone or
+    /// full: the kernel's ROUTER options) is dropped whole, its other parts closed unsent.
+    private func flush() {
+        guard !outgoing.isEmpty, let handle = try? socket.raw("zmq_msg_send") else { return }
+        var dropping = false
+        outgoing.withUnsafeMutableBufferPointer { messages in
+            for index in messages.indices {
+                let more = outgoingMore[index]
+                if dropping || zmq_msg_send(&messages[index], handle, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) == -1 {
+                    zmq_msg_close(&messages[index])
+                    dropping = more
+                } else {
+                    dropping = false
+                }
+            }
+        }
+        outgoing.removeAll(keepingCapacity: true)
+        outgoingMore.removeAll(keepingCapacity: true)
+    }
+}
