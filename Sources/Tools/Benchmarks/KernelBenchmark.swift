@@ -39,8 +39,9 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// The full stack's shape (``busKitRows(_:kernelPipelined:kernelShape:kernelManyOverOne:)``), which the C rows at the same shape repeat:
     /// requests in flight from one client, the host's worker connections and each one's window.
     static let fullStackInFlight = 64, fullStackConnections = 2, fullStackWindow = 16
-    /// Clients sharing those requests in flight in the many-clients rows.
+    /// Clients sharing those requests in flight in the many-clients rows, and each one's share.
     static let fullStackClients = 8
+    static var fullStackInFlightEach: Int { fullStackInFlight / fullStackClients }
 
     func validate() throws {
         guard ["tcp", "ipc"].contains(transport) else { throw ValidationError("--transport must be tcp or ipc") }
@@ -171,7 +172,7 @@ struct KernelBenchmark: AsyncParsableCommand {
                             + shape + shapeCPU(.kernelFullStackShape)))
         // The same in flight shared by 8 C clients, each on a thread of its own with blocking
         // receives: what 8 connections cost C, beside the full stack's 8 BusClients.
-        let many = Self.fullStackClients, manyWindow = Self.fullStackInFlight / many
+        let many = Self.fullStackClients, manyWindow = Self.fullStackInFlightEach
         let cMany = median(rates[.cMDPFullStackShape]![many]!), kernelMany = median(rates[.kernelFullStackShape]![many]!)
         rows.append(Row("C 7/MDP broker, the full stack's shape, \(many) C clients x \(manyWindow)", rate: cMany,
                         note: String(format: "%.2fx one C client's %d in flight; each C client a thread of its own, blocking receives", cMany / cShape, Self.fullStackInFlight)))
@@ -350,6 +351,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             guard FileManager.default.isExecutableFile(atPath: baseline.path) else {
                 throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
             }
+            let bench = productsDirectory().appendingPathComponent("switchboard-bench")
             let ports = (0..<20).map { _ in "tcp://127.0.0.1:\(freePort())" }
             // Each watches its standard input, a pipe this process holds: they end with it.
             let processes = [
@@ -366,16 +368,14 @@ struct KernelBenchmark: AsyncParsableCommand {
                                                            "--publisher", ports[11], "--collector", ports[12]],
                                  environment: ["SWITCHBOARD_KERNEL_STATE_HISTORY_CHANGES": "1",
                                                "SWITCHBOARD_KERNEL_STATE_HISTORY_BYTES": "1"]),
-                try ChildProcess(productsDirectory().appendingPathComponent("switchboard-bench"),
-                                 ["socket-floor", "--broker", ports[13], "--collector", ports[14], "--publisher", ports[15]]),
+                try ChildProcess(bench, ["socket-floor", "--broker", ports[13], "--collector", ports[14], "--publisher", ports[15]]),
                 try ChildProcess(baseline, ["mdp-worker", ports[13], "window", "1", String(workerWindow)]),
                 try ChildProcess(baseline, ["mdp-broker", ports[16], "shape"]),
                 try ChildProcess(baseline, ["mdp-worker", ports[16], "shape", String(KernelBenchmark.fullStackConnections),
                                             String(KernelBenchmark.fullStackWindow)]),
                 try ChildProcess(baseline, ["mdp-worker", ports[2], "shape", String(KernelBenchmark.fullStackConnections),
                                             String(KernelBenchmark.fullStackWindow)]),
-                try ChildProcess(productsDirectory().appendingPathComponent("switchboard-bench"),
-                                 ["socket-floor", "--move-messages", "--broker", ports[17], "--collector", ports[18], "--publisher", ports[19]]),
+                try ChildProcess(bench, ["socket-floor", "--move-messages", "--broker", ports[17], "--collector", ports[18], "--publisher", ports[19]]),
                 try ChildProcess(baseline, ["mdp-worker", ports[17], "window", "1", String(workerWindow)]),
             ]
             return Metal(processes: processes, rawFront: ports[0], mdpBroker: ports[6], kernelBroker: ports[2],
@@ -496,7 +496,7 @@ struct KernelBenchmark: AsyncParsableCommand {
         let pipelined = await RequestBench.echo(window: Self.fullStackInFlight, stop: .count(50_000), warmup: 500).run(on: [bus])
         // 8 connections sharing the first one's socket thread (as `sb bench --clients` runs them),
         // the same 64 in flight in all.
-        let many = Self.fullStackClients, manyWindow = Self.fullStackInFlight / many
+        let many = Self.fullStackClients, manyWindow = Self.fullStackInFlightEach
         var clients = [bus]
         for _ in 1..<many { clients.append(try await BusClient(brokers: [broker], loop: bus.loop, timeout: .seconds(30))) }
         let shared = await RequestBench.echo(window: manyWindow, stop: .count(50_000), warmup: 100).run(on: clients)
