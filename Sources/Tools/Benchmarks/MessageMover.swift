@@ -42,7 +42,9 @@ final class MessageMover {
     }
 
     private func handle(_ received: ReceivedParts) {
-        guard let parts = received as? ZMQReceivedParts, parts.count >= 4 else { return }
+        // The loop's parts are always libzmq's: known by their type (a compare), not cast per message.
+        guard type(of: received) == ZMQReceivedParts.self, received.count >= 4 else { return }
+        let parts = unsafeDowncast(received, to: ZMQReceivedParts.self)
         let header = parts[2]
         func isHeader(_ expected: StaticString) -> Bool {
             header.count == expected.utf8CodeUnitCount && memcmp(header.baseAddress!, expected.utf8Start, header.count) == 0
@@ -95,18 +97,20 @@ final class MessageMover {
         }
     }
 
-    private func take(_ part: UnsafeMutablePointer<zmq_msg_t>) {
+    /// `part`'s message, moved out of it (`part` is left empty).
+    private static func moved(_ part: UnsafeMutablePointer<zmq_msg_t>) -> zmq_msg_t {
         var moved = zmq_msg_t()
         zmq_msg_init(&moved)
         zmq_msg_move(&moved, part)
-        waitingParts.append(moved)
+        return moved
+    }
+
+    private func take(_ part: UnsafeMutablePointer<zmq_msg_t>) {
+        waitingParts.append(Self.moved(part))
     }
 
     private func send(moving part: UnsafeMutablePointer<zmq_msg_t>, more: Bool) {
-        var moved = zmq_msg_t()
-        zmq_msg_init(&moved)
-        zmq_msg_move(&moved, part)
-        outgoing.append(moved)
+        outgoing.append(Self.moved(part))
         outgoingMore.append(more)
     }
 
