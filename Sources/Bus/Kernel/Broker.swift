@@ -98,8 +98,9 @@ final class Broker {
         /// The process it belongs to: a routing id `PROCESS/…` (as `ServiceHost` sets it) is
         /// one of several connections of that process; any other is a process of its own.
         let process: Frame
-        /// Unowned: a service is forgotten only when no worker ever offered it.
-        unowned let service: Service
+        /// Held strongly (an unowned reference cost a check on every reply): a removed worker
+        /// leaves its service's idle list, and the broker's `deinit` empties the rest.
+        let service: Service
         /// Requests it may hold at once: 1 for a plain 7/MDP worker, more for one that
         /// offered a window (the Switchboard extension, docs/PROTOCOL.md).
         let window: Int
@@ -113,9 +114,9 @@ final class Broker {
         /// The error count its last HEARTBEAT reported (the extension).
         var reportedErrors = 0
         /// Takes no new requests: it finishes those in flight, then leaves (a drain).
-        var draining = false
+        @exclusivity(unchecked) var draining = false
         /// Copies of requests to every worker that wait for a place of this worker's own.
-        var gatherCopies: Deque<Request> = []
+        @exclusivity(unchecked) var gatherCopies: Deque<Request> = []
         var hasRoom: Bool { !draining && inFlight.count < window }
         /// Whether `id` names it: its routing id, or its process (the part before the first `/`).
         func isNamed(_ id: String) -> Bool { identity.equals(id) || process.equals(id) }
@@ -145,7 +146,7 @@ final class Broker {
         var workers = 0
         /// Places of all its workers (the sum of their windows): no client may hold more
         /// than its share of them (``Broker/clientShare(of:)``).
-        var places = 0
+        @exclusivity(unchecked) var places = 0
         /// Whether a worker ever offered it; a name nobody serves is forgotten once idle.
         var everServed = false
         @exclusivity(unchecked) var stats = ServiceStats()
@@ -195,12 +196,12 @@ final class Broker {
     var recordsSpans = false
 
     /// Its limits may change while it serves (``KernelParts/reconfigure(_:)``).
-    var configuration: KernelConfiguration {
+    @exclusivity(unchecked) var configuration: KernelConfiguration {
         didSet { timeouts = Timeouts(configuration) }
     }
     /// The configuration's durations in nanoseconds, worked out once rather than for every
     /// message (a `Duration`'s arithmetic is 128-bit: 2% of the kernel's time per request).
-    private(set) var timeouts: Timeouts
+    @exclusivity(unchecked) private(set) var timeouts: Timeouts
 
     struct Timeouts {
         let queue: UInt64
@@ -251,7 +252,7 @@ final class Broker {
 
     deinit {
         // A waiting request holds its client, which holds the request; an idle worker is
-        // held by its service.
+        // held by its service, which it holds.
         for service in services.values {
             service.requests.removeAll()
             service.idle.removeAll()

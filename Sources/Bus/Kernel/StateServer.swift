@@ -40,7 +40,7 @@ final class StateServer: PairReplica {
     }
 
     /// Its limits and allowed keys may change while it serves (``KernelParts/reconfigure(_:)``).
-    var configuration: KernelConfiguration {
+    @exclusivity(unchecked) var configuration: KernelConfiguration {
         didSet {
             history.limits = Self.historyLimits(configuration)
             history.trim()
@@ -90,7 +90,7 @@ final class StateServer: PairReplica {
     /// The kernel's pair, if it has one: changes go to the peer before they are published,
     /// and only the active kernel changes the state itself. Joined once, as the kernel
     /// starts (the link refers back to this server without owning it).
-    private(set) var pair: PairLink?
+    @exclusivity(unchecked) private(set) var pair: PairLink?
 
     func join(_ pair: PairLink) {
         precondition(self.pair == nil, "a state server joins one pair")

@@ -37,9 +37,11 @@ public struct SendOptions: OptionSet, Sendable {
 public final class ZMQSocket {
     public let context: ZMQContext
     public let type: SocketType
-    private var handle: UnsafeMutableRawPointer?
+    /// Unchecked, as the loop's other hot fields: read for every call (twice a message
+    /// received), and a socket is used on one thread at a time.
+    @exclusivity(unchecked) private var handle: UnsafeMutableRawPointer?
     /// Received messages carry the peer's ZAP user id (``Message/peerUserID``).
-    public var readsPeerUserID = false
+    @exclusivity(unchecked) public var readsPeerUserID = false
     /// How many libzmq calls were made on this socket. Any of them may take in the wake-up
     /// that the socket's `ZMQ_FD` signalled, so a ``SocketLoop`` reads the socket's events
     /// after every call instead of waiting for a signal that will not come again.
@@ -204,7 +206,7 @@ public final class ZMQSocket {
     /// (``messagesOverPartLimit``), and the next one is read.
     public static let maxParts = 4_096
     /// Messages let go for having more than ``maxParts`` parts.
-    public private(set) var messagesOverPartLimit = 0
+    @exclusivity(unchecked) public private(set) var messagesOverPartLimit = 0
 
     private func receive(into parts: ZMQReceivedParts, flags: Int32) throws(ZMQError) -> Bool {
         let handle = try raw("zmq_msg_recv")
