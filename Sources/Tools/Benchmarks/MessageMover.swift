@@ -2,9 +2,6 @@ internal import CZeroMQ
 import BusProtocol
 import DequeModule
 import ZeroMQ
-#if canImport(Glibc)
-internal import Glibc
-#endif
 
 /// A 7/MDP forwarder on the kernel's ``SocketLoop`` that moves libzmq's messages as the C
 /// 7/MDP broker does (`zmq_msg_move` out of the received parts, `zmq_msg_send` after each batch)
@@ -28,6 +25,10 @@ final class MessageMover {
     @exclusivity(unchecked) private var credits = 0
     private let socket: ZMQSocket
 
+    /// The 7/MDP frames it reads and writes, from the codec's own constants.
+    private static let clientHeader = Frame(MDP.clientHeader), workerHeader = Frame(MDP.workerHeader)
+    private static let requestCommand = Frame([MDP.Command.request.rawValue])
+
     private init(socket: ZMQSocket) { self.socket = socket }
 
     deinit {
@@ -45,31 +46,27 @@ final class MessageMover {
         // The loop's parts are always libzmq's: known by their type (a compare), not cast per message.
         guard type(of: received) == ZMQReceivedParts.self, received.count >= 4 else { return }
         let parts = unsafeDowncast(received, to: ZMQReceivedParts.self)
-        let header = parts[2]
-        func isHeader(_ expected: StaticString) -> Bool {
-            header.count == expected.utf8CodeUnitCount && memcmp(header.baseAddress!, expected.utf8Start, header.count) == 0
-        }
-        if isHeader("MDPC01") {
+        if parts.part(2, equals: Self.clientHeader) {
             // [client][empty][MDPC01][service][body...]: the client, the empty frame and the body wait.
             guard parts.count >= 5 else { return }
             take(parts.slot(0))
             take(parts.slot(1))
             for index in 4..<parts.count { take(parts.slot(index)) }
             waitingCounts.append(parts.count - 2)
-        } else if isHeader("MDPW01"), parts[3].count == 1 {
-            switch parts[3][0] {
-            case 0x01:
+        } else if parts.part(2, equals: Self.workerHeader), parts[3].count == 1 {
+            switch MDP.Command(rawValue: parts[3][0]) {
+            case .ready:
                 guard case .worker(let identity, .ready(let name, let window), _)? = try? MDP.decodeAtBroker(parts) else { return }
                 workerIdentity = identity.bytes
                 service = Array(name.utf8)
                 credits = window ?? 1
-            case 0x03:
+            case .reply:
                 // [worker][empty][MDPW01][REPLY][client][empty][body...] to [client][empty][MDPC01][service][body...].
                 guard parts.count >= 7 else { return }
                 credits += 1
                 send(moving: parts.slot(4), more: true)
                 send(moving: parts.slot(5), more: true)
-                send(copying: "MDPC01", more: true)
+                send(Self.clientHeader, more: true)
                 service.withUnsafeBytes { send(copying: $0, more: true) }
                 for index in 6..<parts.count { send(moving: parts.slot(index), more: index < parts.count - 1) }
             default:
@@ -87,9 +84,9 @@ final class MessageMover {
         while credits > 0, let count = waitingCounts.popFirst() {
             credits -= 1
             workerIdentity.withUnsafeBytes { send(copying: $0, more: true) }
-            send(copying: "", more: true)
-            send(copying: "MDPW01", more: true)
-            send(copying: "\u{02}", more: true)
+            send(Frame(), more: true)
+            send(Self.workerHeader, more: true)
+            send(Self.requestCommand, more: true)
             for index in 0..<count {
                 var part = waitingParts.removeFirst()
                 send(moving: &part, more: index < count - 1)
@@ -122,8 +119,8 @@ final class MessageMover {
         outgoingMore.append(more)
     }
 
-    private func send(copying text: StaticString, more: Bool) {
-        send(copying: UnsafeRawBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount), more: more)
+    private func send(_ frame: Frame, more: Bool) {
+        frame.withUnsafeBytes { send(copying: $0, more: more) }
     }
 
     /// Sends what the batch wrote. A message whose first part libzmq refuses (its peer gone or
