@@ -408,3 +408,46 @@ struct BusKitTests {
 extension Result where Success == JSONValue, Failure == JSONRPCError {
     var failureCode: Int? { if case .failure(let error) = self { error.code } else { nil } }
 }
+
+/// A service whose `block` holds its thread (no await) for `ms` milliseconds, as a handler
+/// that parses a huge body or makes a blocking database call does.
+private actor Blocking: BusService {
+    static let name = "blocking"
+    struct Params: Codable, Sendable { var ms: Int }
+    static let block = Method<Params, Int>(name, "block", "Holds its thread for ms milliseconds, then answers with ms.")
+
+    nonisolated func methods(_ table: inout MethodTable<Blocking>) {
+        table.on(Self.block) { _, params in
+            usleep(UInt32(params.ms) * 1_000)
+            return params.ms
+        }
+    }
+}
+
+@Suite("ServiceHost keeps its heartbeats whatever its handlers do")
+struct HandlerIsolationTests {
+    @Test("handlers that hold their threads for three worker expiries: every connection keeps beating, each reply arrives, no worker is dropped or request sent twice")
+    func blockingHandlers() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let expiry = kernel.configuration.heartbeatInterval * kernel.configuration.heartbeatLiveness
+        let options = ServiceHost<Blocking>.Options(brokers: [kernel.endpoints.broker], connections: 2, window: 2,
+                                                    heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                    heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+        let host = try ServiceHost(service: Blocking(), options: options)
+        try await host.start()
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(60))
+        try await kernel.workers("blocking", atLeast: 2)
+        let ms = Int((expiry * 3) / .milliseconds(1))
+        // As many at once as the host has places: every connection's handlers hold threads.
+        let answers = try await withThrowingTaskGroup(of: Int.self) { group in
+            for _ in 0..<4 { group.addTask { try await bus.call(Blocking.block, .init(ms: ms)) } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(answers == [ms, ms, ms, ms])
+        let stats = try await bus.call(KernelAPI.stats).services["blocking"]
+        #expect(stats?.workers == 2 && stats?.redispatched == 0 && stats?.replies == 4, "\(String(describing: stats))")
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+}

@@ -147,8 +147,8 @@ struct ServiceHostDrainTests {
         #expect(await held.started == 2)
     }
 
-    @Test("a connection answers as many requests at once as its window holds, by answerers that then take the next ones: 4 held at once, 40 more, 4 answerers in all")
-    func answerersTakeRequestAfterRequest() async throws {
+    @Test("a connection answers as many requests at once as its window holds: 4 held at once, then 40 more")
+    func answersAWindowAtOnce() async throws {
         let (standIn, host, held, context) = try await registeredHost()
         var kernel = standIn
         defer { withExtendedLifetime(context) { kernel.router.close() } }
@@ -169,7 +169,6 @@ struct ServiceHostDrainTests {
             try await readReplies(4)
         }
         #expect(await held.started == 44)
-        #expect(await host.answerersStarted() == 4, "an answerer per request at once, not per request")
 
         let stopping = Task { await host.stop() }
         #expect(try await kernel.next() == .drain)

@@ -1,6 +1,5 @@
 public import BusProtocol
 public import Contracts
-import DequeModule
 import Foundation
 import Synchronization
 public import Logging
@@ -13,8 +12,8 @@ public struct ServiceHostOptions: Sendable {
     /// The kernel to register with, or the two kernels of a pair: the service registers
     /// with both, so the passive one can dispatch to it the moment it takes over.
     public var brokers: [String]
-    /// How many worker connections to each kernel, each served (and its handlers run)
-    /// on a loop thread of its own.
+    /// How many worker connections to each kernel, each served on a loop thread of its own
+    /// (its handlers run on the cooperative pool).
     public var connections: Int
     /// Requests each connection holds at once (the window extension; 1: plain 7/MDP).
     public var window: Int
@@ -68,10 +67,8 @@ public final class ServiceHost<Hosted: BusService>: Service {
 
     public let service: Hosted
     public let options: Options
-    /// A loop thread per worker connection: it serves the connection's socket and runs the
-    /// handlers of the requests that came on it (a hop to the cooperative pool and back
-    /// would wake two threads per request), so a host answers on as many threads as it has
-    /// connections.
+    /// A loop thread per worker connection: it serves the connection's socket and its
+    /// heartbeats and nothing else, so no handler can keep it from them.
     let loops: [SocketLoop]
     private let logger: Logger
     private let workers: [WorkerConnection]
@@ -134,8 +131,8 @@ public final class ServiceHost<Hosted: BusService>: Service {
         logger.info("service hosted", metadata: ["service": "\(Hosted.name)", "connections": "\(workers.count)"])
         onRegistered()
         await withDiscardingTaskGroup { group in
-            // On the connection's loop: the handlers too, with no hop to the pool and back.
-            for worker in workers { group.addTask(executorPreference: worker.loop.taskExecutor) { await worker.answerRequests() } }
+            // Each connection's requests are taken on its loop and answered on the pool.
+            for worker in workers { group.addTask { await worker.answerRequests() } }
             // Until told to stop, or until a kernel asks for a drain.
             let requests = drainRequests
             let byKernel = await withTaskGroup(of: Bool.self) { race in
@@ -172,13 +169,6 @@ public final class ServiceHost<Hosted: BusService>: Service {
         try await serve { try? await gracefulShutdown() }
     }
 
-    /// Answerers started over all connections (each answers request after request).
-    func answerersStarted() async -> Int {
-        var total = 0
-        for worker in workers { total += await worker.answerersStarted }
-        return total
-    }
-
     /// Requests being handled right now, over all connections.
     public func inFlight() async -> Int {
         var total = 0
@@ -187,7 +177,8 @@ public final class ServiceHost<Hosted: BusService>: Service {
     }
 }
 
-/// One MDP worker connection, running on its loop thread, where its requests' handlers run too.
+/// One MDP worker connection, running on its loop thread; its requests' handlers run on the
+/// cooperative pool.
 /// Not generic over the service (it answers through `answer`): the methods of a generic actor
 /// in another module than the service look up their types at run time, several per request.
 actor WorkerConnection {
@@ -236,35 +227,26 @@ actor WorkerConnection {
     /// The kernel answered the drain (`drain=1`): nothing more comes on this connection.
     private var drainAcknowledged = false
 
-    /// What ``answerRequests()`` starts, as each is needed: an answerer (a request waits and
-    /// none is free), or the service's `onReregistered` after the kernel forgot it.
+    /// What ``answerRequests()`` starts: a request to answer, or the service's
+    /// `onReregistered` after the kernel forgot it.
     enum Work: Sendable {
-        case answerer
+        case request(Request)
         case reregistered
     }
     /// Work asked for since ``answerRequests()`` last took it, taken all at once. The
     /// consumer waits in `waiting`.
     private var pending: [Work] = []
     private var waiting: CheckedContinuation<[Work], Never>?
-    /// No more work comes (the connection stopped): ``answerRequests()`` ends, and so does
-    /// each answerer once nothing is queued.
+    /// No more work comes (the connection stopped): ``answerRequests()`` ends once what
+    /// runs is done.
     private var noMoreWork = false
 
-    /// A request to answer, taken by the first free answerer.
+    /// A request to answer.
     struct Request: Sendable {
         let client: Frame
         let body: [UInt8]?
         let generation: Int
     }
-    /// Requests no answerer has taken yet; answerers waiting for one; answerers asked for and
-    /// not yet running. Answerers are long-lived child tasks of ``answerRequests()``, as many
-    /// as requests ran at once: a child task per request cost its creation, its place in the
-    /// group and a wake-up of ``answerRequests()`` before it ran.
-    private var queued: Deque<Request> = []
-    private var idle: [UnsafeContinuation<Request?, Never>] = []
-    private var starting = 0
-    /// Answerers started since the connection was made (tests: they are reused).
-    private(set) var answerersStarted = 0
 
     private func enqueue(_ item: Work) {
         if let waiting {
@@ -275,45 +257,10 @@ actor WorkerConnection {
         }
     }
 
-    /// Hands `request` to a free answerer, or queues it (asking for one more answerer when
-    /// the ones on their way would not be enough).
-    private func answer(_ request: Request) {
-        if let answerer = idle.popLast() { return answerer.resume(returning: request) }
-        queued.append(request)
-        if starting < queued.count {
-            starting += 1
-            enqueue(.answerer)
-        }
-    }
-
-    /// What an answerer finds when it looks for its next request.
-    enum Next { case request(Request), wait, done }
-
-    /// A queued request, if any; else whether to wait for one or stop (none come any more).
-    private func next() -> Next {
-        if let request = queued.popFirst() { return .request(request) }
-        return noMoreWork ? .done : .wait
-    }
-
-    /// Waits `answerer` for the next request. The continuation's closure may run as a job of
-    /// its own (swiftlang/swift#85668), after other work on the loop: what ``next()`` finds
-    /// meanwhile (a request queued, or the end of work) is handed over by a job too, not by
-    /// resuming the continuation inside its own closure (a first version did, and the host
-    /// crashed running a job with nothing to run).
-    private func park(_ answerer: UnsafeContinuation<Request?, Never>) {
-        switch next() {
-        case .request(let request): loop.execute { answerer.resume(returning: request) }
-        case .done: loop.execute { answerer.resume(returning: nil) }
-        case .wait: idle.append(answerer)
-        }
-    }
-
     private func endWork() {
         noMoreWork = true
         waiting?.resume(returning: [])
         waiting = nil
-        for answerer in idle { answerer.resume(returning: nil) }
-        idle.removeAll()
     }
 
     init(loop: SocketLoop, process: String, index: Int, broker: String, serviceName: String, streams: Bool,
@@ -397,22 +344,23 @@ actor WorkerConnection {
             reregister()
         case .request(let client, let body):
             busy += 1
-            answer(Request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation))
+            enqueue(.request(Request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation)))
         }
     }
 
-    /// Starts answerers as requests need them, until the connection stops. It runs in a task
-    /// that prefers the connection's loop (``ServiceHost/serve``), and so do its children: a
-    /// handler that awaits lets the loop serve the socket meanwhile; one that computes holds
-    /// it, as an event loop's handler would; what still runs after ``stop(drain:)`` waited
-    /// for it is cancelled.
+    /// Answers each request in a child task of its own, until the connection stops. The
+    /// children run on the cooperative pool, never on the connection's loop thread: the loop
+    /// only moves messages and keeps the heartbeats, so a handler that computes for seconds
+    /// (a multi-megabyte body parsed or encoded, a blocking database call) cannot silence the
+    /// connection and make the kernel drop it with the reply still to come. What still runs
+    /// after ``stop(drain:)`` waited for it is cancelled.
     func answerRequests() async {
         let hook = onReregistered
         await withDiscardingTaskGroup { group in
             while case let batch = await nextWork(), !batch.isEmpty {
                 for item in batch {
                     switch item {
-                    case .answerer: group.addTask { await self.answerQueued() }
+                    case .request(let request): group.addTask { await self.answer(request) }
                     case .reregistered: group.addTask { await hook() }
                     }
                 }
@@ -421,33 +369,25 @@ actor WorkerConnection {
         }
     }
 
-    /// One answerer: takes requests one after another until no more come. Off the actor, on
-    /// the loop thread (its task prefers the loop): the connection's state is reached with
-    /// `assumeIsolated`, never by a hop to the actor and back.
-    nonisolated private func answerQueued() async {
-        onLoop { connection in
-            connection.starting -= 1
-            connection.answerersStarted += 1
-        }
-        let answer = self.answer, streams = version == .v02
-        while let request = await nextRequest() {
-            let client = request.client, generation = request.generation
-            var parts: PartOut?
-            if streams {
-                parts = { [weak self] part in
-                    guard let self else { throw CancellationError() }
-                    try await self.sendPart(part, client: client, generation: generation)
-                }
+    /// Runs the service's method table on one request, off the loop, and hands the reply to
+    /// the loop to send.
+    nonisolated private func answer(_ request: Request) async {
+        let client = request.client, generation = request.generation
+        var parts: PartOut?
+        if version == .v02 {
+            parts = { [weak self] part in
+                guard let self else { throw CancellationError() }
+                try await self.sendPart(part, client: client, generation: generation)
             }
-            var outcome: (reply: [UInt8], errors: Int)
-            if let bytes = request.body {
-                // The table keeps the reply within the kernel's message limit.
-                outcome = await answer(bytes, parts)
-            } else {
-                outcome = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
-            }
-            deliver(client: client, reply: outcome.reply, errors: outcome.errors, generation: generation)
         }
+        let outcome: (reply: [UInt8], errors: Int)
+        if let bytes = request.body {
+            // The table keeps the reply within the kernel's message limit.
+            outcome = await answer(bytes, parts)
+        } else {
+            outcome = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
+        }
+        await finished(client: client, reply: outcome.reply, errors: outcome.errors, generation: generation)
     }
 
     /// The work asked for, waiting for some; empty once no more comes.
@@ -458,32 +398,6 @@ actor WorkerConnection {
         }
         if noMoreWork { return [] }
         return await withCheckedContinuation { waiting = $0 }
-    }
-
-    /// The next request for an answerer: a queued one at once, else the next to arrive
-    /// (``answer(_:)`` hands it over); nil once no more come.
-    nonisolated private func nextRequest() async -> Request? {
-        switch onLoop({ $0.next() }) {
-        case .request(let request): return request
-        case .done: return nil
-        case .wait: return await withUnsafeContinuation { answerer in onLoop { $0.park(answerer) } }
-        }
-    }
-
-    /// Runs `body` on the connection's state from the loop thread, where an answerer runs.
-    nonisolated private func onLoop<T: Sendable>(_ body: (isolated WorkerConnection) -> T) -> T {
-        assumeIsolated(body)
-    }
-
-    /// Hands a reply to the connection. The handler's task prefers the loop, so it is usually
-    /// on the loop thread already, where the connection's state lives: it goes on at once
-    /// there, rather than as a job queued for the actor (a hop per request).
-    nonisolated private func deliver(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
-        if loop.isLoopThread {
-            assumeIsolated { $0.finished(client: client, reply: reply, errors: errors, generation: generation) }
-        } else {
-            loop.execute { [self] in assumeIsolated { $0.finished(client: client, reply: reply, errors: errors, generation: generation) } }
-        }
     }
 
     private func finished(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
