@@ -88,6 +88,20 @@ struct StoreBus {
         }
     }
 
+    /// Runs `body` on a new bus, and stops it however `body` ends: a failed test leaves no
+    /// store registering with a kernel that is gone.
+    static func with(historyLimit: Int = 100, maxSizeBytes: Int? = nil, backend: Backend = .sqlite,
+                     _ body: (StoreBus) async throws -> Void) async throws {
+        let bus = try await start(historyLimit: historyLimit, maxSizeBytes: maxSizeBytes, backend: backend)
+        do {
+            try await body(bus)
+        } catch {
+            await bus.stop()
+            throw error
+        }
+        await bus.stop()
+    }
+
     /// Another store on the same database and kernel (a restart, or a second worker process).
     func another(historyLimit: Int = 100) async throws -> StoreBus {
         try await StoreBus.start(folder: folder, kernel: kernel, historyLimit: historyLimit, backend: backend, postgres: postgres)
@@ -106,167 +120,166 @@ func article(_ url: String, title: String = "A title") -> JSONValue {
 struct StoreMethodTests {
     @Test("history: most recent first, re-adding moves to the top, trimmed, bounded, cleared", arguments: Backend.available)
     func history(backend: Backend) async throws {
-        let bus = try await StoreBus.start(historyLimit: 3, backend: backend)
-        _ = try await bus.call("history.add", ["text": "  Amsterdam \n"])
-        _ = try await bus.call("history.add", ["text": "Paris"])
-        _ = try await bus.call("history.add", ["text": "Mumbai"])
-        #expect(texts(try await bus.call("history.list")) == ["Mumbai", "Paris", "Amsterdam"])
-        // Re-adding moves it up rather than duplicating it.
-        let added = try await bus.call("history.add", ["text": "Amsterdam"])
-        #expect(added["text"] == "Amsterdam" && added["count"] == 3)
-        #expect(texts(try await bus.call("history.list")) == ["Amsterdam", "Mumbai", "Paris"])
-        // Bounded: the oldest goes.
-        _ = try await bus.call("history.add", ["text": "12.9716, 77.5946"])
-        #expect(texts(try await bus.call("history.list")) == ["12.9716, 77.5946", "Amsterdam", "Mumbai"])
-        #expect(texts(try await bus.call("history.list", ["limit": 2])) == ["12.9716, 77.5946", "Amsterdam"])
-        // Bad input.
-        for bad: JSONValue in [["text": "   "], ["text": ""], ["text": .string(String(repeating: "x", count: 1_001))]] {
-            let error = await bus.failure("history.add", bad)
-            #expect(error?.code == -32602 && error?.data?["field"] == "text")
+        try await StoreBus.with(historyLimit: 3, backend: backend) { bus async throws in
+            _ = try await bus.call("history.add", ["text": "  Amsterdam \n"])
+            _ = try await bus.call("history.add", ["text": "Paris"])
+            _ = try await bus.call("history.add", ["text": "Mumbai"])
+            #expect(texts(try await bus.call("history.list")) == ["Mumbai", "Paris", "Amsterdam"])
+            // Re-adding moves it up rather than duplicating it.
+            let added = try await bus.call("history.add", ["text": "Amsterdam"])
+            #expect(added["text"] == "Amsterdam" && added["count"] == 3)
+            #expect(texts(try await bus.call("history.list")) == ["Amsterdam", "Mumbai", "Paris"])
+            // Bounded: the oldest goes.
+            _ = try await bus.call("history.add", ["text": "12.9716, 77.5946"])
+            #expect(texts(try await bus.call("history.list")) == ["12.9716, 77.5946", "Amsterdam", "Mumbai"])
+            #expect(texts(try await bus.call("history.list", ["limit": 2])) == ["12.9716, 77.5946", "Amsterdam"])
+            // Bad input.
+            for bad: JSONValue in [["text": "   "], ["text": ""], ["text": .string(String(repeating: "x", count: 1_001))]] {
+                let error = await bus.failure("history.add", bad)
+                #expect(error?.code == -32602 && error?.data?["field"] == "text")
+            }
+            #expect(await bus.failure("history.add", ["text": 5])?.data?["field"] == "text")
+            #expect(await bus.failure("history.list", ["limit": 0])?.data?["field"] == "limit")
+            // Cleared, and clearing again is harmless (idempotent).
+            #expect(try await bus.call("history.clear")["cleared"] == 3)
+            #expect(try await bus.call("history.clear")["cleared"] == 0)
+            #expect(texts(try await bus.call("history.list")).isEmpty)
         }
-        #expect(await bus.failure("history.add", ["text": 5])?.data?["field"] == "text")
-        #expect(await bus.failure("history.list", ["limit": 0])?.data?["field"] == "limit")
-        // Cleared, and clearing again is harmless (idempotent).
-        #expect(try await bus.call("history.clear")["cleared"] == 3)
-        #expect(try await bus.call("history.clear")["cleared"] == 0)
-        #expect(texts(try await bus.call("history.list")).isEmpty)
-        await bus.stop()
     }
 
     @Test("articles: keyed by URL, most recently saved first, deleting a missing one says so", arguments: Backend.available)
     func articles(backend: Backend) async throws {
-        let bus = try await StoreBus.start(backend: backend)
-        let first = try await bus.call("articles.save", article("https://example.com/a", title: "First"))
-        _ = try await bus.call("articles.save", article("https://example.com/b", title: "Second"))
-        // Saving again keeps one copy, refreshed and moved to the top.
-        let again = try await bus.call("articles.save", article("https://example.com/a", title: "First, updated"))
-        #expect(again["id"] == first["id"])
-        let list = try await bus.call("articles.list")
-        #expect(list["total"] == 2)
-        let saved = list["articles"]?.arrayValue ?? []
-        #expect(saved.map { $0["url"]?.stringValue } == ["https://example.com/a", "https://example.com/b"])
-        #expect(saved.first?["article"]?["title"] == "First, updated")
-        #expect(saved.first?["id"]?.stringValue == ArticleID.of("https://example.com/a"))
-        // Paging.
-        let page = try await bus.call("articles.list", ["offset": 1, "limit": 1])
-        #expect(page["articles"]?.arrayValue?.map { $0["url"]?.stringValue } == ["https://example.com/b"])
-        // Delete, then delete again: the second says nothing was there, without failing.
-        #expect(try await bus.call("articles.delete", ["url": "https://example.com/b"])["deleted"] == true)
-        let missing = try await bus.call("articles.delete", ["url": "https://example.com/b"])
-        #expect(missing["deleted"] == false && missing["message"] != nil)
-        #expect(try await bus.call("articles.list")["total"] == 1)
-        // Bad input.
-        #expect(await bus.failure("articles.save", ["article": "https://example.com"])?.data?["field"] == "article")
-        #expect(await bus.failure("articles.save", ["article": ["title": "no url"]])?.data?["field"] == "article.url")
-        #expect(await bus.failure("articles.save", ["article": ["url": "ftp://x/y"]])?.data?["field"] == "article.url")
-        let huge = ["article": ["url": "https://example.com/huge", "content": .string(String(repeating: "x", count: 300_000))]] as JSONValue
-        #expect(await bus.failure("articles.save", huge)?.code == -32010)
-        #expect(await bus.failure("articles.delete", [:])?.data?["field"] == "url")
-        await bus.stop()
+        try await StoreBus.with(backend: backend) { bus async throws in
+            let first = try await bus.call("articles.save", article("https://example.com/a", title: "First"))
+            _ = try await bus.call("articles.save", article("https://example.com/b", title: "Second"))
+            // Saving again keeps one copy, refreshed and moved to the top.
+            let again = try await bus.call("articles.save", article("https://example.com/a", title: "First, updated"))
+            #expect(again["id"] == first["id"])
+            let list = try await bus.call("articles.list")
+            #expect(list["total"] == 2)
+            let saved = list["articles"]?.arrayValue ?? []
+            #expect(saved.map { $0["url"]?.stringValue } == ["https://example.com/a", "https://example.com/b"])
+            #expect(saved.first?["article"]?["title"] == "First, updated")
+            #expect(saved.first?["id"]?.stringValue == ArticleID.of("https://example.com/a"))
+            // Paging.
+            let page = try await bus.call("articles.list", ["offset": 1, "limit": 1])
+            #expect(page["articles"]?.arrayValue?.map { $0["url"]?.stringValue } == ["https://example.com/b"])
+            // Delete, then delete again: the second says nothing was there, without failing.
+            #expect(try await bus.call("articles.delete", ["url": "https://example.com/b"])["deleted"] == true)
+            let missing = try await bus.call("articles.delete", ["url": "https://example.com/b"])
+            #expect(missing["deleted"] == false && missing["message"] != nil)
+            #expect(try await bus.call("articles.list")["total"] == 1)
+            // Bad input.
+            #expect(await bus.failure("articles.save", ["article": "https://example.com"])?.data?["field"] == "article")
+            #expect(await bus.failure("articles.save", ["article": ["title": "no url"]])?.data?["field"] == "article.url")
+            #expect(await bus.failure("articles.save", ["article": ["url": "ftp://x/y"]])?.data?["field"] == "article.url")
+            let huge = ["article": ["url": "https://example.com/huge", "content": .string(String(repeating: "x", count: 300_000))]] as JSONValue
+            #expect(await bus.failure("articles.save", huge)?.code == -32010)
+            #expect(await bus.failure("articles.delete", [:])?.data?["field"] == "url")
+        }
     }
 
     @Test("selections: sources (deduplicated, in order) and the route; nothing selected yet", arguments: Backend.available)
     func selections(backend: Backend) async throws {
-        let bus = try await StoreBus.start(backend: backend)
-        #expect(try await bus.call("sources.selected")["ids"] == [])
-        #expect(try await bus.call("route.selected") == .null)
-        let selected = try await bus.call("sources.select", ["ids": ["bbc-news", "cnn", "bbc-news"]])
-        #expect(selected["ids"] == ["bbc-news", "cnn"] && selected["selectedAt"]?.stringValue != nil)
-        #expect(try await bus.call("sources.selected")["ids"] == ["bbc-news", "cnn"])
-        _ = try await bus.call("sources.select", ["ids": []])
-        #expect(try await bus.call("sources.selected")["ids"] == [])
-        #expect(await bus.failure("sources.select", ["ids": ["ok", " "]])?.data?["field"] == "ids[1]")
-        #expect(await bus.failure("sources.select", ["ids": "cnn"])?.data?["field"] == "ids")
+        try await StoreBus.with(backend: backend) { bus async throws in
+            #expect(try await bus.call("sources.selected")["ids"] == [])
+            #expect(try await bus.call("route.selected") == .null)
+            let selected = try await bus.call("sources.select", ["ids": ["bbc-news", "cnn", "bbc-news"]])
+            #expect(selected["ids"] == ["bbc-news", "cnn"] && selected["selectedAt"]?.stringValue != nil)
+            #expect(try await bus.call("sources.selected")["ids"] == ["bbc-news", "cnn"])
+            _ = try await bus.call("sources.select", ["ids": []])
+            #expect(try await bus.call("sources.selected")["ids"] == [])
+            #expect(await bus.failure("sources.select", ["ids": ["ok", " "]])?.data?["field"] == "ids[1]")
+            #expect(await bus.failure("sources.select", ["ids": "cnn"])?.data?["field"] == "ids")
 
-        let route = try await bus.call("route.select", ["outboundId": 1, "inboundId": 3])
-        #expect(route["outboundId"] == 1 && route["inboundId"] == 3)
-        _ = try await bus.call("route.select", ["outboundId": 5])
-        let stored = try await bus.call("route.selected")
-        // An optional field without a value is absent from a result (its contract type's rule).
-        #expect(stored["outboundId"] == 5 && stored["inboundId"] == nil)
-        #expect(await bus.failure("route.select", ["inboundId": 2])?.data?["field"] == "outboundId")
-        #expect(await bus.failure("route.select", ["outboundId": -1])?.data?["field"] == "outboundId")
-        await bus.stop()
+            let route = try await bus.call("route.select", ["outboundId": 1, "inboundId": 3])
+            #expect(route["outboundId"] == 1 && route["inboundId"] == 3)
+            _ = try await bus.call("route.select", ["outboundId": 5])
+            let stored = try await bus.call("route.selected")
+            // An optional field without a value is absent from a result (its contract type's rule).
+            #expect(stored["outboundId"] == 5 && stored["inboundId"] == nil)
+            #expect(await bus.failure("route.select", ["inboundId": 2])?.data?["field"] == "outboundId")
+            #expect(await bus.failure("route.select", ["outboundId": -1])?.data?["field"] == "outboundId")
+        }
     }
 
     @Test("selections by compare-and-set: of two choosers at one revision exactly one wins, the other gets -32004 with the winner; nothing is overwritten in silence", arguments: Backend.available)
     func selectionRaces(backend: Backend) async throws {
-        let bus = try await StoreBus.start(backend: backend)
-        #expect(try await bus.call("sources.selected")["revision"] == 0)
-        for (method, choices) in [("route.select", [["outboundId": 1, "inboundId": 3], ["outboundId": 2, "inboundId": 4]] as [JSONValue]),
-                                  ("sources.select", [["ids": ["cnn"]], ["ids": ["reuters", "bbc-news"]]])] {
-            var revision: Int64 = 0
-            for round in 0..<10 {
-                var asked: [JSONValue] = []
-                for choice in choices {
-                    guard case .object(var fields) = choice else { continue }
-                    fields["revision"] = .int(revision)
-                    asked.append(.object(fields))
+        try await StoreBus.with(backend: backend) { bus async throws in
+            #expect(try await bus.call("sources.selected")["revision"] == 0)
+            for (method, choices) in [("route.select", [["outboundId": 1, "inboundId": 3], ["outboundId": 2, "inboundId": 4]] as [JSONValue]),
+                                      ("sources.select", [["ids": ["cnn"]], ["ids": ["reuters", "bbc-news"]]])] {
+                var revision: Int64 = 0
+                for round in 0..<10 {
+                    var asked: [JSONValue] = []
+                    for choice in choices {
+                        guard case .object(var fields) = choice else { continue }
+                        fields["revision"] = .int(revision)
+                        asked.append(.object(fields))
+                    }
+                    let (one, other) = (asked[0], asked[1])
+                    async let first = bus.failure(method, one)
+                    async let second = bus.failure(method, other)
+                    let refusals = await [first, second]
+                    let lost = refusals.compactMap { $0 }
+                    #expect(lost.count == 1 && lost.first?.code == -32004, "\(method) round \(round): \(refusals)")
+                    // The loser is told what won: the other choice, at the next revision.
+                    let winner = refusals[0] == nil ? choices[0] : choices[1]
+                    let current = lost.first?.data?["current"]
+                    #expect(current?["revision"] == .int(revision + 1) && lost.first?.data?["revision"] == .int(revision + 1), "\(lost)")
+                    #expect(current?["ids"] == winner["ids"] && current?["outboundId"] == winner["outboundId"], "\(method): \(current ?? .null)")
+                    revision += 1
                 }
-                let (one, other) = (asked[0], asked[1])
-                async let first = bus.failure(method, one)
-                async let second = bus.failure(method, other)
-                let refusals = await [first, second]
-                let lost = refusals.compactMap { $0 }
-                #expect(lost.count == 1 && lost.first?.code == -32004, "\(method) round \(round): \(refusals)")
-                // The loser is told what won: the other choice, at the next revision.
-                let winner = refusals[0] == nil ? choices[0] : choices[1]
-                let current = lost.first?.data?["current"]
-                #expect(current?["revision"] == .int(revision + 1) && lost.first?.data?["revision"] == .int(revision + 1), "\(lost)")
-                #expect(current?["ids"] == winner["ids"] && current?["outboundId"] == winner["outboundId"], "\(method): \(current ?? .null)")
-                revision += 1
+                // A write without a revision replaces whatever is there.
+                #expect(try await bus.call(method, choices[0])["revision"] == .int(revision + 1))
             }
-            // A write without a revision replaces whatever is there.
-            #expect(try await bus.call(method, choices[0])["revision"] == .int(revision + 1))
+            #expect(try await bus.call("route.selected")["revision"] == 11)
         }
-        #expect(try await bus.call("route.selected")["revision"] == 11)
-        await bus.stop()
     }
 
-    @Test("snapshots: multi-megabyte bodies, a late put never replaces a newer copy, a missing one is -32003", arguments: Backend.available)
+    @Test("snapshots: multi-megabyte bodies, a late put never replaces a newer copy, a missing one is null", arguments: Backend.available)
     func snapshots(backend: Backend) async throws {
-        let bus = try await StoreBus.start(backend: backend)
-        let body = "[" + (0..<200_000).map { "{\"id\":\($0),\"name\":\"Item \($0)\"}" }.joined(separator: ",") + "]"
-        #expect(body.utf8.count > 5_000_000)
-        let put = try await bus.call("snapshots.put", ["name": "items", "body": .string(body), "version": "v2",
-                                                       "origin": "remote", "fetchedAt": "2026-11-21T10:00:00Z"])
-        #expect(put["stored"] == true)
-        // A retried put of an older copy (fetched earlier) does not replace it.
-        let late = try await bus.call("snapshots.put", ["name": "items", "body": "[]", "version": "v1",
-                                                        "origin": "remote", "fetchedAt": "2026-11-21T09:00:00.000Z"])
-        #expect(late["stored"] == false && late["version"] == "v2")
-        let got = try await bus.call("snapshots.get", ["name": "items"])
-        #expect(got["version"] == "v2" && got["origin"] == "remote" && got["fetchedAt"] == "2026-11-21T10:00:00.000Z")
-        #expect(got["body"]?.stringValue == body)
-        let list = try await bus.call("snapshots.list")
-        #expect(list.arrayValue?.first?["name"] == "items" && list.arrayValue?.first?["size"] == .int(Int64(body.utf8.count)))
+        try await StoreBus.with(backend: backend) { bus async throws in
+            let body = "[" + (0..<200_000).map { "{\"id\":\($0),\"name\":\"Item \($0)\"}" }.joined(separator: ",") + "]"
+            #expect(body.utf8.count > 5_000_000)
+            let put = try await bus.call("snapshots.put", ["name": "items", "body": .string(body), "version": "v2",
+                                                           "origin": "remote", "fetchedAt": "2026-11-21T10:00:00Z"])
+            #expect(put["stored"] == true)
+            // A retried put of an older copy (fetched earlier) does not replace it.
+            let late = try await bus.call("snapshots.put", ["name": "items", "body": "[]", "version": "v1",
+                                                            "origin": "remote", "fetchedAt": "2026-11-21T09:00:00.000Z"])
+            #expect(late["stored"] == false && late["version"] == "v2")
+            let got = try await bus.call("snapshots.get", ["name": "items"])
+            #expect(got["version"] == "v2" && got["origin"] == "remote" && got["fetchedAt"] == "2026-11-21T10:00:00.000Z")
+            #expect(got["body"]?.stringValue == body)
+            let list = try await bus.call("snapshots.list")
+            #expect(list.arrayValue?.first?["name"] == "items" && list.arrayValue?.first?["size"] == .int(Int64(body.utf8.count)))
 
-        let missing = await bus.failure("snapshots.get", ["name": "flights"])
-        #expect(missing?.code == -32003)
-        #expect(await bus.failure("snapshots.put", ["name": "Bad Name", "body": "", "version": "v", "origin": "remote",
-                                                    "fetchedAt": "2026-11-21T10:00:00Z"])?.data?["field"] == "name")
-        #expect(await bus.failure("snapshots.put", ["name": "items", "body": "", "version": "v", "origin": "somewhere",
-                                                    "fetchedAt": "2026-11-21T10:00:00Z"])?.data?["field"] == "origin")
-        #expect(await bus.failure("snapshots.put", ["name": "items", "body": "", "version": "v", "origin": "remote",
-                                                    "fetchedAt": "yesterday"])?.data?["field"] == "fetchedAt")
-        await bus.stop()
+            #expect(try await bus.call("snapshots.get", ["name": "flights"]) == .null, "no copy kept is no error")
+            #expect(await bus.failure("snapshots.put", ["name": "Bad Name", "body": "", "version": "v", "origin": "remote",
+                                                        "fetchedAt": "2026-11-21T10:00:00Z"])?.data?["field"] == "name")
+            #expect(await bus.failure("snapshots.put", ["name": "items", "body": "", "version": "v", "origin": "somewhere",
+                                                        "fetchedAt": "2026-11-21T10:00:00Z"])?.data?["field"] == "origin")
+            #expect(await bus.failure("snapshots.put", ["name": "items", "body": "", "version": "v", "origin": "remote",
+                                                        "fetchedAt": "yesterday"])?.data?["field"] == "fetchedAt")
+        }
     }
 
     @Test("every write is idempotent: the same request twice has the effect of one", arguments: Backend.available)
     func idempotent(backend: Backend) async throws {
-        let bus = try await StoreBus.start(backend: backend)
-        for _ in 0..<2 {
-            _ = try await bus.call("history.add", ["text": "Paris"])
-            _ = try await bus.call("articles.save", article("https://example.com/a"))
-            _ = try await bus.call("sources.select", ["ids": ["cnn"]])
-            _ = try await bus.call("route.select", ["outboundId": 1, "inboundId": 3])
-            _ = try await bus.call("articles.delete", ["url": "https://example.com/gone"])
+        try await StoreBus.with(backend: backend) { bus async throws in
+            for _ in 0..<2 {
+                _ = try await bus.call("history.add", ["text": "Paris"])
+                _ = try await bus.call("articles.save", article("https://example.com/a"))
+                _ = try await bus.call("sources.select", ["ids": ["cnn"]])
+                _ = try await bus.call("route.select", ["outboundId": 1, "inboundId": 3])
+                _ = try await bus.call("articles.delete", ["url": "https://example.com/gone"])
+            }
+            #expect(texts(try await bus.call("history.list")) == ["Paris"])
+            #expect(try await bus.call("articles.list")["total"] == 1)
+            #expect(try await bus.call("sources.selected")["ids"] == ["cnn"])
+            #expect(try await bus.call("route.selected")["outboundId"] == 1)
         }
-        #expect(texts(try await bus.call("history.list")) == ["Paris"])
-        #expect(try await bus.call("articles.list")["total"] == 1)
-        #expect(try await bus.call("sources.selected")["ids"] == ["cnn"])
-        #expect(try await bus.call("route.selected")["outboundId"] == 1)
-        await bus.stop()
     }
 }
 
@@ -374,42 +387,42 @@ struct StoreDurabilityTests {
 
     @Test("two store workers on one database and many clients writing at once: nothing lost, each client's order kept", arguments: Backend.available)
     func concurrentWriters(backend: Backend) async throws {
-        let bus = try await StoreBus.start(historyLimit: 1_000, backend: backend)
-        // A second store instance (its own SQLite connections, as a second process would
-        // have) on the same file, registered as another worker of `store`.
-        let second = try await bus.another(historyLimit: 1_000)
-        let clients = 8, writes = 40
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for c in 0..<clients {
-                group.addTask {
-                    let client = try await BusClient(brokers: [bus.kernel.endpoints.broker])
-                    for w in 0..<writes {
-                        _ = try await client.request(service: "store", method: "history.add", params: ["text": .string("c\(c)-w\(w)")])
-                        _ = try await client.request(service: "store", method: "articles.save",
-                                                     params: article("https://example.com/\(c)/\(w)"))
+        try await StoreBus.with(historyLimit: 1_000, backend: backend) { bus async throws in
+            // A second store instance (its own SQLite connections, as a second process would
+            // have) on the same file, registered as another worker of `store`.
+            let second = try await bus.another(historyLimit: 1_000)
+            let clients = 8, writes = 40
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for c in 0..<clients {
+                    group.addTask {
+                        let client = try await BusClient(brokers: [bus.kernel.endpoints.broker])
+                        for w in 0..<writes {
+                            _ = try await client.request(service: "store", method: "history.add", params: ["text": .string("c\(c)-w\(w)")])
+                            _ = try await client.request(service: "store", method: "articles.save",
+                                                         params: article("https://example.com/\(c)/\(w)"))
+                        }
+                        await client.close()
                     }
-                    await client.close()
                 }
+                try await group.waitForAll()
             }
-            try await group.waitForAll()
+            let history = texts(try await bus.call("history.list", ["limit": 1_000]))
+            #expect(history.count == clients * writes)
+            // Most recent first: each client's own writes appear newest to oldest.
+            for c in 0..<clients {
+                let mine = history.filter { $0.hasPrefix("c\(c)-") }
+                #expect(mine == (0..<writes).reversed().map { "c\(c)-w\($0)" })
+            }
+            #expect(try await second.call("articles.list")["total"] == .int(Int64(clients * writes)))
+            // What the two stores published ends as the database holds it: neither published an
+            // older history over a newer one.
+            let client = bus.client
+            try await eventually(10, "the published history is the stored one") {
+                let published = try await client.call(KernelAPI.stateGet, .init(prefix: "/store/history"))
+                return published.entries.first.map { texts($0.value) } == history
+            }
+            await second.stop(keepKernel: true)
         }
-        let history = texts(try await bus.call("history.list", ["limit": 1_000]))
-        #expect(history.count == clients * writes)
-        // Most recent first: each client's own writes appear newest to oldest.
-        for c in 0..<clients {
-            let mine = history.filter { $0.hasPrefix("c\(c)-") }
-            #expect(mine == (0..<writes).reversed().map { "c\(c)-w\($0)" })
-        }
-        #expect(try await second.call("articles.list")["total"] == .int(Int64(clients * writes)))
-        // What the two stores published ends as the database holds it: neither published an
-        // older history over a newer one.
-        let client = bus.client
-        try await eventually(10, "the published history is the stored one") {
-            let published = try await client.call(KernelAPI.stateGet, .init(prefix: "/store/history"))
-            return published.entries.first.map { texts($0.value) } == history
-        }
-        await second.stop(keepKernel: true)
-        await bus.stop()
     }
 
     @Test("a database path that cannot be opened: one sentence with the path and the system's reason, no error dump")
@@ -448,29 +461,29 @@ struct StoreDurabilityTests {
 
     @Test("a full database: writes beyond it fail with 'full', earlier ones stay, reads go on")
     func full() async throws {
-        let bus = try await StoreBus.start(maxSizeBytes: 128 * 1024)
-        var acknowledged: [String] = []
-        var failure: JSONRPCError?
-        for index in 0..<200 {
-            let url = "https://example.com/\(index)"
-            do {
-                let params: JSONValue = ["article": ["url": .string(url), "content": .string(String(repeating: "x", count: 4_000))]]
-                _ = try await bus.call("articles.save", params)
-                acknowledged.append(url)
-            } catch {
-                if case .remote(_, let rpc) = error { failure = rpc }
-                break
+        try await StoreBus.with(maxSizeBytes: 128 * 1024) { bus async throws in
+            var acknowledged: [String] = []
+            var failure: JSONRPCError?
+            for index in 0..<200 {
+                let url = "https://example.com/\(index)"
+                do {
+                    let params: JSONValue = ["article": ["url": .string(url), "content": .string(String(repeating: "x", count: 4_000))]]
+                    _ = try await bus.call("articles.save", params)
+                    acknowledged.append(url)
+                } catch {
+                    if case .remote(_, let rpc)? = error as? BusError { failure = rpc }
+                    break
+                }
             }
+            #expect(failure?.code == -32007 && failure?.data?["reason"] == "full", "\(String(describing: failure))")
+            #expect(!acknowledged.isEmpty)
+            let list = try await bus.call("articles.list", ["limit": 1_000])
+            let stored = Set(list["articles"]?.arrayValue?.compactMap { $0["url"]?.stringValue } ?? [])
+            #expect(stored == Set(acknowledged))
+            // Deleting frees room; writing works again.
+            _ = try await bus.call("articles.delete", ["url": .string(acknowledged[0])])
+            _ = try await bus.call("history.add", ["text": "still works"])
         }
-        #expect(failure?.code == -32007 && failure?.data?["reason"] == "full", "\(String(describing: failure))")
-        #expect(!acknowledged.isEmpty)
-        let list = try await bus.call("articles.list", ["limit": 1_000])
-        let stored = Set(list["articles"]?.arrayValue?.compactMap { $0["url"]?.stringValue } ?? [])
-        #expect(stored == Set(acknowledged))
-        // Deleting frees room; writing works again.
-        _ = try await bus.call("articles.delete", ["url": .string(acknowledged[0])])
-        _ = try await bus.call("history.add", ["text": "still works"])
-        await bus.stop()
     }
 
     @Test("a read-only database file: writes get a clear error; reads go on")
