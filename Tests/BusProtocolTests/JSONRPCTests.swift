@@ -89,7 +89,7 @@ struct JSONRPCTests {
         (#"{"jsonrpc":"2.0","id":2,"method":5}"#, .number(2)),
         (#"{"jsonrpc":"2.0","id":3,"method":"m","params":"str"}"#, .number(3)),
         (#"{"jsonrpc":"2.0","id":{"a":1},"method":"m"}"#, .null),
-        (#"{"jsonrpc":"2.0","id":1.5,"method":"m"}"#, .null),
+        (#"{"jsonrpc":"2.0","id":true,"method":"m"}"#, .null),
         (#"42"#, .null),
     ])
     func invalidRequest(text: String, id: JSONRPCID) {
@@ -99,6 +99,21 @@ struct JSONRPCTests {
         }
         #expect(response.id == id)
         #expect(response.outcome == .failure(JSONRPCError(code: -32600, message: response.outcome.errorMessage ?? "")))
+    }
+
+    @Test("a fractional id and an integer id past Int64 are valid (SHOULD NOT, not MUST NOT): answered, the id echoed as sent",
+          arguments: ["1.5", "-0.25", "9223372036854775808", "123456789012345678901234567890", "1e3"])
+    func numberIDs(id: String) throws {
+        guard case .single(.request(let request)) = parse(#"{"jsonrpc":"2.0","id":\#(id),"method":"m"}"#) else {
+            Issue.record("expected a request for id \(id)")
+            return
+        }
+        #expect(request.id == .numberText(id))
+        let reply = JSONRPCResponse(id: try #require(request.id), result: true).jsonBytes
+        #expect(String(decoding: reply, as: UTF8.self) == #"{"id":\#(id),"jsonrpc":"2.0","result":true}"#)
+        let refused = JSONRPCResponse(id: .numberText(id), error: .methodNotFound("m")).jsonBytes
+        #expect(String(decoding: refused, as: UTF8.self).contains(#""id":\#(id),"#))
+        #expect(try JSONRPC.parseResponses(reply).first?.id == .numberText(id), "and a client reads it back")
     }
 
     @Test("not JSON gives -32700; an empty batch -32600")

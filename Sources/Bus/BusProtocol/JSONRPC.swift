@@ -5,11 +5,16 @@ public enum JSONRPCID: Sendable, Hashable, Codable, CustomStringConvertible {
     case number(Int64)
     case string(String)
     case null
+    /// A number that is not an Int64 (`1.5`, or an integer past Int64's range): JSON-RPC 2.0
+    /// says ids SHOULD NOT be such numbers, not MUST NOT, so it is answered, and echoed as
+    /// the JSON text it was sent as (a Double would change it).
+    case numberText(String)
 
     public init(from decoder: any Decoder) throws {
         let container = try decoder.singleValueContainer()
         if container.decodeNil() { self = .null }
         else if let number = try? container.decode(Int64.self) { self = .number(number) }
+        else if let number = try? container.decode(Double.self) { self = .numberText(JSONValue.double(number).jsonString) }
         else { self = .string(try container.decode(String.self)) }
     }
 
@@ -19,18 +24,47 @@ public enum JSONRPCID: Sendable, Hashable, Codable, CustomStringConvertible {
         case .number(let number): try container.encode(number)
         case .string(let string): try container.encode(string)
         case .null: try container.encodeNil()
+        case .numberText(let text): try container.encode(Double(text) ?? 0)
         }
     }
 
+    /// The id from a request's or a response's `id` member: `value` parsed, `text` as sent.
+    /// Nil when it is no valid id (an object, an array, a boolean).
+    init?(_ value: JSONValue?, text: some Collection<UInt8>) {
+        switch value {
+        case nil, .null?: self = .null
+        case .int(let number)?: self = .number(number)
+        case .string(let string)?: self = .string(string)
+        case .double?: self = .numberText(String(decoding: text, as: UTF8.self))
+        default: return nil
+        }
+    }
+
+    /// The id as a JSON value: a ``numberText`` as the nearest Double.
     var json: JSONValue {
         switch self {
         case .number(let number): .int(number)
         case .string(let string): .string(string)
         case .null: .null
+        case .numberText(let text): .double(Double(text) ?? 0)
         }
     }
 
-    public var description: String { json.jsonString }
+    /// Writes the id as JSON text.
+    func write(into output: inout [UInt8]) {
+        switch self {
+        case .number(let number): JSONText.write(.int(number), into: &output)
+        case .string(let string): JSONText.writeString(string, into: &output)
+        case .null: output.append(contentsOf: "null".utf8)
+        case .numberText(let text): output.append(contentsOf: text.utf8)
+        }
+    }
+
+    public var description: String {
+        var output: [UInt8] = []
+        write(into: &output)
+        return String(decoding: output, as: UTF8.self)
+    }
 }
 
 /// A JSON-RPC 2.0 error object, also thrown by service methods.
@@ -208,7 +242,7 @@ public struct JSONRPCRequest: Sendable, Hashable {
         }
         if let id {
             output.append(contentsOf: #""id":"#.utf8)
-            JSONText.write(id.json, into: &output)
+            id.write(into: &output)
             output.append(UInt8(ascii: ","))
         }
         output.append(contentsOf: #""jsonrpc":"2.0","method":"#.utf8)
@@ -257,6 +291,8 @@ public struct JSONRPCResponse: Sendable, Hashable {
         self.outcome = .failure(error)
     }
 
+    /// The response as a JSON value (an id sent as a fraction or past Int64 becomes the
+    /// nearest Double here; ``jsonBytes`` writes it as sent).
     public var json: JSONValue {
         var object: [String: JSONValue] = ["jsonrpc": "2.0", "id": id.json]
         switch outcome {
@@ -266,7 +302,19 @@ public struct JSONRPCResponse: Sendable, Hashable {
         return .object(object)
     }
 
-    public var jsonBytes: [UInt8] { json.jsonBytes }
+    /// The response as JSON text, members in sorted order.
+    public var jsonBytes: [UInt8] {
+        switch outcome {
+        case .success(let result): return JSONRPC.resultReply(id: id, resultText: result.jsonBytes)
+        case .failure(let error):
+            var output = Array(#"{"error":"#.utf8)
+            JSONText.write(error.json, into: &output)
+            output.append(contentsOf: #","id":"#.utf8)
+            id.write(into: &output)
+            output.append(contentsOf: #","jsonrpc":"2.0"}"#.utf8)
+            return output
+        }
+    }
 }
 
 /// One element of a request body: a valid request, or the error response owed for it.
@@ -372,13 +420,11 @@ public enum JSONRPC {
         let ranges = EnvelopeMembers(members)
         func value(_ range: Range<Int>?) -> JSONValue? { memberValue(range, in: text) }
         var id: JSONRPCID?
-        switch value(ranges.id) {
-        case nil: id = nil
-        case .null?: id = .null
-        case .int(let number)?: id = .number(number)
-        case .string(let string)?: id = .string(string)
-        default:
-            return .invalid(JSONRPCResponse(id: .null, error: .invalidRequest("id must be a string, an integer or null")))
+        if let range = ranges.id {
+            guard let valid = JSONRPCID(value(range), text: text[range]) else {
+                return .invalid(JSONRPCResponse(id: .null, error: .invalidRequest("id must be a string, a number or null")))
+            }
+            id = valid
         }
         let replyID = id ?? .null
         guard value(ranges.jsonrpc) == .string("2.0") else {
@@ -414,7 +460,7 @@ public enum JSONRPC {
         var output: [UInt8] = []
         output.reserveCapacity(40 + text.count)
         output.append(contentsOf: #"{"id":"#.utf8)
-        JSONText.write(id.json, into: &output)
+        id.write(into: &output)
         output.append(contentsOf: UnsafeBufferPointer(start: member.utf8Start, count: member.utf8CodeUnitCount))
         output.append(contentsOf: text)
         output.append(UInt8(ascii: "}"))
@@ -483,12 +529,8 @@ public enum JSONRPC {
         let ranges = EnvelopeMembers(members)
         func value(_ range: Range<Int>?) -> JSONValue? { memberValue(range, in: text) }
         guard value(ranges.jsonrpc) == .string("2.0") else { throw notAResponse }
-        let id: JSONRPCID
-        switch value(ranges.id) {
-        case .int(let number)?: id = .number(number)
-        case .string(let string)?: id = .string(string)
-        case .null?, nil: id = .null
-        default: throw ProtocolError("JSON-RPC", "response id must be a string, an integer or null")
+        guard let id = JSONRPCID(value(ranges.id), text: ranges.id.map { text[$0] } ?? text[0..<0]) else {
+            throw ProtocolError("JSON-RPC", "response id must be a string, a number or null")
         }
         if let result = value(ranges.result) {
             guard ranges.error == nil else { throw ProtocolError("JSON-RPC", "a response has both result and error") }

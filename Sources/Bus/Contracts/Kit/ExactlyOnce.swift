@@ -25,6 +25,7 @@ public struct RequestKey: Hashable, Sendable, CustomStringConvertible {
     public var description: String {
         switch id {
         case .number(let number): client + " " + String(number)
+        case .numberText(let text): client + " " + text
         case .string(let string): client + " \"" + string
         case .null: client
         }
