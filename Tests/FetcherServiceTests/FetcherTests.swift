@@ -108,7 +108,8 @@ struct FetcherBus {
     /// Waits until the store keeps a copy of `dataset` (written after a good download).
     func waitForSnapshot(_ dataset: Dataset) async throws {
         try await eventually(10, "the store keeps \(dataset)") {
-            (try? await client.request(service: "store", method: "snapshots.get", params: ["name": .string(dataset.rawValue)])) != nil
+            let kept = try? await client.request(service: "store", method: "snapshots.get", params: ["name": .string(dataset.rawValue)])
+            return kept != nil && kept != .null
         }
     }
 

@@ -25,7 +25,7 @@ public enum StoreAPI {
     public static let routeSelect = Method<Route, RouteSelection>(service, "route.select", "Keeps the chosen route (an outbound and optionally an inbound flight); with revision, only if the choice is still at it (else -32004 with data.current).", changesState: true)
     public static let routeSelected = Method<NoParams, RouteSelection?>(service, "route.selected", "The chosen route, or null.")
     public static let snapshotsPut = Method<Snapshot, SnapshotStored>(service, "snapshots.put", "Keeps the last good copy of a dataset.", changesState: true)
-    public static let snapshotsGet = Method<Name, Snapshot>(service, "snapshots.get", "The last good copy of a dataset, or null.")
+    public static let snapshotsGet = Method<Name, Snapshot?>(service, "snapshots.get", "The last good copy of a dataset, or null when none is kept.")
     public static let snapshotsList = Method<NoParams, [SnapshotEntry]>(service, "snapshots.list", "The datasets with a kept copy: version, origin, size.")
 
     public struct Text: Codable, Sendable {

@@ -221,12 +221,10 @@ public actor StoreService: BusService, ServiceWork {
                                             fetchedAt: fetchedAt.timeIntervalSince1970), changing: [])
     }
 
-    func snapshotsGet(_ rawName: String) async throws -> StoreAPI.Snapshot {
-        let name = try Validate.datasetName(rawName)
-        guard let found: StoreAPI.Snapshot = try await read(.snapshot(name: name)) else {
-            throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no snapshot of '\(name)'", data: ["name": .string(name)])
-        }
-        return found
+    /// Null when no copy is kept: the fetcher asks for every dataset at start, and a dataset
+    /// never fetched is no error.
+    func snapshotsGet(_ rawName: String) async throws -> StoreAPI.Snapshot? {
+        try await read(.snapshot(name: Validate.datasetName(rawName)))
     }
 
     func snapshotsList() async throws -> [StoreAPI.SnapshotEntry] {

@@ -82,8 +82,9 @@ extension Method where Params == NoParams, Result == ServiceDescription {
     }
 }
 
-/// A service's contract as `rpc.discover` answers it: an OpenRPC document whose schemas are
-/// JSON Schema 2020-12 (`jsonSchemaDialect`).
+/// A service's contract as `rpc.discover` answers it: an OpenRPC 1.3.2 document whose schemas
+/// are JSON Schema 2020-12, said in `x-jsonSchemaDialect` (OpenRPC's root allows only its
+/// own fields and `x-` extensions).
 public struct ServiceDescription: Codable, Sendable, Equatable {
     public struct Info: Codable, Sendable, Equatable {
         public var title: String
@@ -93,6 +94,11 @@ public struct ServiceDescription: Codable, Sendable, Equatable {
     public var info: Info
     public var jsonSchemaDialect = JSONSchema.dialect
     public var methods: [MethodDescription]
+
+    enum CodingKeys: String, CodingKey {
+        case openrpc, info, methods
+        case jsonSchemaDialect = "x-jsonSchemaDialect"
+    }
 
     public init(service: String, methods: [MethodDescription]) {
         info = Info(title: service, version: "1")
