@@ -351,6 +351,10 @@ struct GatewayTests {
             #expect(metrics.contains("switchboard_gateway_resumes_total 1"))
             #expect(metrics.contains("switchboard_gateway_resets_total 1"))
             #expect(metrics.contains("switchboard_requests_total"), "the kernel's own metrics too")
+            // Counted as written, though no stream has ended yet (a browser's ends by leaving).
+            let sent = metrics.split(separator: "\n").first { $0.hasPrefix("switchboard_gateway_events_sent_total ") }
+                .flatMap { Int($0.split(separator: " ")[1]) } ?? 0
+            #expect(sent >= events.count + 1 + caughtUp.count + fresh.count, "events sent: \(sent)")
         }
     }
 

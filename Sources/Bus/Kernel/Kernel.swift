@@ -459,7 +459,7 @@ extension Kernel {
         family("state_history_bytes", "gauge", "Bytes the state's kept changes hold: keys, values and each change's record.", [("", String(state.history.bytes))])
         family("state_resumes_total", "counter", "Subscribers resumed from a sequence: with the changes since, or with a whole snapshot (no longer held).",
                [("{outcome=\"exact\"}", String(state.resumes)), ("{outcome=\"snapshot\"}", String(state.resumesRefused))])
-        family("state_sequence", "counter", "The CHP sequence number.", [("", String(state.sequence))])
+        family("state_sequence", "gauge", "The CHP sequence number: the position of the latest change, not a count of events.", [("", String(state.sequence))])
         family("uptime_seconds", "gauge", "Seconds since the kernel started.", [("", String(Date().timeIntervalSince(startedAt).rounded()))])
         return text
     }

@@ -340,17 +340,11 @@ struct Routes: Sendable {
             do {
                 // A retry hint first, so a browser reconnects quickly after a cut.
                 try await writer.write(ByteBuffer(string: "retry: 1000\n\n"))
-                var written = 0
                 for await event in events {
                     try await writer.write(event.encoded)
                     backlog.add(-event.size)
-                    written += 1
-                    if written == 64 {
-                        await feed.sent(written)
-                        written = 0
-                    }
+                    feed.eventsSent.add(1, ordering: .relaxed)
                 }
-                await feed.sent(written)
                 try await writer.finish(nil)
             } catch {
                 await feed.detach(id)
@@ -375,7 +369,7 @@ struct Routes: Sendable {
         let lines: [(String, String, String, Int)] = [
             ("switchboard_gateway_streams", "gauge", "Event streams open now.", streams.open),
             ("switchboard_gateway_streams_opened_total", "counter", "Event streams opened.", streams.opened),
-            ("switchboard_gateway_events_sent_total", "counter", "Events written to streams.", streams.eventsSent),
+            ("switchboard_gateway_events_sent_total", "counter", "Events written to streams.", feed.eventsSent.load(ordering: .relaxed)),
             ("switchboard_gateway_resumes_total", "counter", "Streams resumed from Last-Event-ID with exactly the changes since, from this gateway's memory.", streams.resumes),
             ("switchboard_gateway_kernel_resumes_total", "counter", "Streams resumed from Last-Event-ID with exactly the changes since, from the kernel's history (the gateway had not seen them all).", streams.kernelResumes),
             ("switchboard_gateway_kernel_resumes_declined_total", "counter", "Resumes reset to the snapshot because the most reads of the kernel's history at once were under way.", streams.kernelResumesDeclined),

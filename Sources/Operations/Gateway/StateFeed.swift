@@ -118,7 +118,6 @@ actor StateFeed {
     struct Counters: Sendable {
         var open = 0
         var opened = 0
-        var eventsSent = 0
         var resumes = 0
         /// Resumed from the kernel's history (this gateway had not seen every change since).
         var kernelResumes = 0
@@ -166,6 +165,9 @@ actor StateFeed {
     private var listeners: [UUID: Listener] = [:]
     private var closed = false
     private(set) var counters = Counters()
+    /// Events written to streams, counted as each is written by the stream's own task: a
+    /// browser's stream ends by disconnecting, and what it was sent counts all the same.
+    nonisolated let eventsSent = Atomic<Int>(0)
     /// Events a stream may have waiting beyond its opening ones before it is cut (the
     /// browser reconnects and resumes from its last id).
     static let streamBacklog = 10_000
@@ -319,7 +321,6 @@ actor StateFeed {
         counters.open = listeners.count
     }
 
-    func sent(_ count: Int) { counters.eventsSent += count }
 
     /// A comment on every stream, so proxies keep idle connections.
     func heartbeat() {
