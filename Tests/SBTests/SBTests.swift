@@ -77,6 +77,8 @@ struct SBTests {
 
         let serviceError = try await bus.sb("request", "search", "countries.search", #"{"limit":0}"#)
         #expect(serviceError.status == 1 && serviceError.stderr.contains("error -32602") && serviceError.stdout.isEmpty)
+        #expect(serviceError.stderr.contains("data: {") && serviceError.stderr.contains(#""field":"limit""#),
+                "the error's data, as one line of JSON: \(serviceError.stderr)")
         let badJSON = try await bus.sb("request", "search", "countries.search", #"{"query":"#)
         #expect(badJSON.status == 64 && badJSON.stderr.contains("not valid JSON") && badJSON.stderr.contains("byte"))
         let badFlag = try await bus.sb("countries", "--limit", "ten")
@@ -401,7 +403,9 @@ struct SBTests {
         let unrelated = try await bus.sb("flights", "route", "--select", "1", "13")
         #expect(unrelated.status == 1 && unrelated.stderr.contains("-32004"))
         #expect(try await bus.sb("flights", "route").stdout.contains("55.00 EUR"))
-        #expect(try await bus.sb("flights", "cheapest").stdout.contains("Cheapest round trip  45.00 EUR"))
+        let cheapest = try await bus.sb("flights", "cheapest").stdout
+        #expect(cheapest.contains("Cheapest round trip  45.00 EUR"))
+        #expect(cheapest.contains("Cheapest outbound and its cheapest return  45.00 EUR"), "the total is the pair's: \(cheapest)")
 
         let datasets = try jsonLines(try await bus.sb("datasets", "--json").stdout).first?.arrayValue
         #expect(datasets?.count == 7 && datasets?.allSatisfy { $0["origin"] == "remote" } == true)

@@ -487,7 +487,7 @@ struct FlightCheapest: AsyncParsableCommand {
     func run() async throws {
         try await appVerb(connection, output, { try await call($0, PricingAPI.routeCheapest) }) { answer in
             if let first = answer.cheapestOutbound {
-                showRoute(title: "Cheapest outbound flight", outbound: first.outbound, inbound: first.inbound, total: first.total, message: first.message)
+                showRoute(title: "Cheapest outbound and its cheapest return", outbound: first.outbound, inbound: first.inbound, total: first.total, message: first.message)
             }
             if let trip = answer.cheapestRoundTrip {
                 showRoute(title: "Cheapest round trip", outbound: trip.outbound, inbound: trip.inbound, total: trip.total)

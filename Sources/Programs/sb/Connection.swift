@@ -230,7 +230,10 @@ struct Failure: Error {
         case .remote(_, let rpc):
             let status: Int32 = rpc.code == JSONRPCError.serviceUnavailableCode ? ExitStatus.unavailable
                 : rpc.code == JSONRPCError.timedOutCode ? ExitStatus.timedOut : ExitStatus.serviceError
-            self.init(status: status, message: "\(service) \(method): error \(rpc.code): \(rpc.message)", error: rpc)
+            // The error's data (data.field, data.expected, a conflict's current value) as one
+            // line of JSON: a script reads it, and no string in it can break the line.
+            let data = rpc.data.map { " data: \($0.jsonString)" } ?? ""
+            self.init(status: status, message: "\(service) \(method): error \(rpc.code): \(rpc.message)\(data)", error: rpc)
         case .unavailable(_, let message):
             self.init(status: ExitStatus.unavailable, message: "\(service) \(method): \(message)",
                       error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: message))
