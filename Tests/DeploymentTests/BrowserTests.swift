@@ -37,7 +37,8 @@ struct BrowserTests {
               if (i.value && i.dataset.from === o.dataset.to && i.dataset.to === o.dataset.from && (o.value + '/' + i.value) !== before) pairs.push([o.value, i.value]);
             if (!pairs.length) throw new Error('no other round trip to choose');
             const [o, i] = pairs[PICK];
-            out.value = o; inb.value = i;
+            // As a person picks: the outbound first (the inbound list narrows to its returns).
+            out.value = o; out.dispatchEvent(new Event('change')); inb.value = i;
             document.getElementById('route-form').requestSubmit();
             // The price shown comes from the /pricing/route/current event, not the reply.
             return await waitFor(() => {
@@ -69,6 +70,30 @@ struct BrowserTests {
                   && document.getElementById('route-summary').textContent !== '…' && document.getElementById('route-summary').textContent, 'flights');
                 """],
             ["name": "select a route: its price arrives", "js": select.replacingOccurrences(of: "PICK", with: "0")],
+            ["name": "an outbound chosen: only the inbound flights that return from it are offered; an error never covers the price", "js": """
+                const out = document.getElementById('outbound-select'), inb = document.getElementById('inbound-select');
+                const shown = out.value;
+                let offered = 0;
+                for (const candidate of out.options) {
+                  out.value = candidate.value; out.dispatchEvent(new Event('change'));
+                  for (const option of inb.options) {
+                    if (!option.value || option.disabled) continue;
+                    if (option.dataset.from !== candidate.dataset.to || option.dataset.to !== candidate.dataset.from)
+                      throw new Error('outbound ' + candidate.value + ' offers inbound ' + option.value + ', which does not return from it');
+                    offered += 1;
+                  }
+                }
+                out.value = shown; out.dispatchEvent(new Event('change'));
+                if (!offered) throw new Error('no inbound offered at all');
+                showError('A long error message, as a refused request would show. '.repeat(6));
+                window.scrollTo(0, document.documentElement.scrollHeight);
+                await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+                const box = document.getElementById('error').getBoundingClientRect();
+                const price = document.getElementById('route-price').getBoundingClientRect();
+                if (price.bottom > box.top) throw new Error('the error box (top ' + box.top + ') covers the price (bottom ' + price.bottom + ')');
+                document.getElementById('error').click();
+                return offered + ' inbound choices offered over ' + out.options.length + ' outbound flights';
+                """],
             ["name": "no news source chosen yet: the page says so in words", "js": """
                 return await waitFor(() => document.getElementById('headlines-status').textContent.startsWith('No news sources chosen yet') &&
                   document.getElementById('headlines-status').textContent, 'the empty state');

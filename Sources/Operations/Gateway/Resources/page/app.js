@@ -31,13 +31,22 @@ function el(tag, props = {}, ...children) {
  *  a javascript: or data: address. */
 const safeURL = (url) => (/^(https?|wikipedia):\/\//i.test(url || "") ? url : "#");
 
+/** Shows MESSAGE in the box at the foot of the window; the page makes room for it below its
+ * last section, so the box never covers what a person is reading (the route's price). A click
+ * dismisses it. */
 function showError(message) {
   const box = $("error");
   box.textContent = message;
   box.classList.remove("hidden");
+  document.body.style.paddingBottom = `${box.offsetHeight + 32}px`;
   clearTimeout(showError.timer);
-  showError.timer = setTimeout(() => box.classList.add("hidden"), 6000);
+  showError.timer = setTimeout(hideError, 6000);
 }
+function hideError() {
+  $("error").classList.add("hidden");
+  document.body.style.paddingBottom = "";
+}
+$("error").addEventListener("click", hideError);
 
 let nextId = 1;
 /** POSTs one JSON-RPC request for METHOD to SERVICE, accepting ACCEPT. */
@@ -306,8 +315,24 @@ async function loadFlights() {
     `${flight.departureAirportCode}→${flight.arrivalAirportCode} ${flight.airline ? flight.airline.name : flight.airlineId} ${money(flight.price)}`);
   $("outbound-select").replaceChildren(...outbound.outbound.map(option));
   $("inbound-select").replaceChildren(el("option", { value: "" }, "(none)"), ...inbound.inbound.map(option));
+  narrowInbound();
   showRoute();
 }
+
+/** Offers only the inbound flights that return from the chosen outbound (the service refuses
+ * any other pair): the reverse leg, from where the outbound lands to where it took off. */
+function narrowInbound() {
+  const chosen = $("outbound-select").selectedOptions[0];
+  const inbound = $("inbound-select");
+  for (const option of inbound.options) {
+    if (!option.value) continue;
+    const returns = !!chosen && option.dataset.from === chosen.dataset.to && option.dataset.to === chosen.dataset.from;
+    option.hidden = !returns;
+    option.disabled = !returns;
+  }
+  if (inbound.selectedOptions[0] && inbound.selectedOptions[0].disabled) inbound.value = "";
+}
+$("outbound-select").addEventListener("change", narrowInbound);
 
 $("route-form").addEventListener("submit", guarded(async () => {
   const inbound = $("inbound-select").value;
@@ -335,6 +360,7 @@ function showRoute() {
   $("route").dataset.route = `${route.outboundId || ""}/${route.inboundId || ""}`;
   $("route-status").textContent = route.message || route.status || "";
   if (route.outboundId) $("outbound-select").value = route.outboundId;
+  narrowInbound();
   $("inbound-select").value = route.inboundId || "";
 }
 watch("/pricing/route/current", showRoute);
