@@ -315,6 +315,16 @@ struct SBTests {
         #expect(watched.stdout == "\(changed) PUT /client/kv/route \"CDG-SFO\"\n\(deleted) DEL /client/kv/route\n")
         let resumed = try await bus.sb("sub", "/client/kv/", "--since", "\(changed)", "--count", "1")
         #expect(try jsonLines(resumed.stdout).first?["sequence"]?.intValue == Int64(deleted))
+        // A key may hold any character: printed for people, its control characters are
+        // escaped, so it cannot forge a line or move a terminal's cursor.
+        let forged = "/client/kv/x\n999 PUT /client/kv/route \"forged\"\u{1B}[2J"
+        let written = try await bus.sb("kv", "put", forged, "1")
+        let shown = try await bus.sb("kv", "get", forged)
+        let watchedForged = try await bus.sb("kv", "watch", forged, "--count", "1")
+        for output in [written.stdout, shown.stdout, watchedForged.stdout] {
+            #expect(output.contains(#"/client/kv/x\n999 PUT"#) && !output.contains("\u{1B}"), "\(output)")
+        }
+        #expect(written.stdout.split(separator: "\n").count == 1 && shown.stdout.split(separator: "\n").count == 2)
         await bus.stop()
     }
 

@@ -55,12 +55,12 @@ struct KVGet: AsyncParsableCommand {
         try await withClient(connection) { client in
             let page = try await call(client, KernelAPI.stateGet, .init(prefix: target.key, limit: 1)).value
             guard let entry = page.entries.first(where: { $0.key == target.key }) else {
-                throw Failure(status: ExitStatus.serviceError, message: "no key \(target.key) (sb kv history shows whether it was deleted)")
+                throw Failure(status: ExitStatus.serviceError, message: "no key \(Output.printable(target.key)) (sb kv history shows whether it was deleted)")
             }
             if output.json {
                 Output.json(["key": .string(entry.key), "revision": .int(Int64(clamping: entry.sequence)), "value": entry.value], compact: true)
             } else {
-                Output.line("\(entry.key) revision \(entry.sequence)")
+                Output.line("\(Output.printable(entry.key)) revision \(entry.sequence)")
                 Output.line(Output.stdoutIsTerminal ? Output.pretty(entry.value) : shown(entry.value))
             }
         }
@@ -94,7 +94,7 @@ private func printWritten(_ key: String, _ revision: UInt64, json: Bool) {
     if json {
         Output.json(["key": .string(key), "revision": .int(Int64(clamping: revision))], compact: true)
     } else {
-        Output.line("\(key) revision \(revision)")
+        Output.line("\(Output.printable(key)) revision \(revision)")
     }
 }
 
@@ -145,7 +145,7 @@ struct KVHistory: AsyncParsableCommand {
             let answer = try await call(client, KernelAPI.stateHistory, .init(key: target.key))
             if output.json { return Output.json(answer.json, compact: true) }
             guard !answer.value.revisions.isEmpty else {
-                return Output.line("no revisions of \(target.key) since sequence \(answer.value.since)")
+                return Output.line("no revisions of \(Output.printable(target.key)) since sequence \(answer.value.since)")
             }
             Output.table(["REVISION", "OP", "VALUE"], answer.value.revisions.map { revision in
                 ["\(revision.sequence)", revision.value.isNull ? "DEL" : "PUT", revision.value.isNull ? "" : shown(revision.value)]
@@ -175,7 +175,7 @@ struct KVWatch: AsyncParsableCommand {
             if json {
                 Output.line(Subscribe.line(update, value).jsonString)
             } else {
-                Output.line("\(update.sequence) \(update.isDelete ? "DEL" : "PUT") \(update.key)" + (update.isDelete ? "" : " \(shown(value))"))
+                Output.line("\(update.sequence) \(update.isDelete ? "DEL" : "PUT") \(Output.printable(update.key))" + (update.isDelete ? "" : " \(shown(value))"))
             }
         }
     }

@@ -13,6 +13,25 @@ enum Output {
         FileHandle.standardOutput.write(Data((text + "\n").utf8))
     }
 
+    /// `text` from the bus (a key) for a line people read: control characters (a newline, a
+    /// terminal's escape) written as JSON writes them (`\n`, `\u001b`), so no key forges a
+    /// line of output or moves the cursor.
+    static func printable(_ text: String) -> String {
+        let isControl = { (scalar: Unicode.Scalar) in scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar == "\u{2028}" || scalar == "\u{2029}" }
+        guard text.unicodeScalars.contains(where: isControl) else { return text }
+        var escaped = ""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\n": escaped += "\\n"
+            case "\r": escaped += "\\r"
+            case "\t": escaped += "\\t"
+            case _ where isControl(scalar): escaped += String(format: "\\u%04x", scalar.value)
+            default: escaped.unicodeScalars.append(scalar)
+            }
+        }
+        return escaped
+    }
+
     static func diagnostic(_ text: String) {
         FileHandle.standardError.write(Data(("sb: " + text + "\n").utf8))
     }
