@@ -3,6 +3,7 @@ import BusProtocol
 import Contracts
 import Foundation
 import Kernel
+import Synchronization
 import SwitchboardTestSupport
 import Testing
 import ZeroMQ
@@ -37,11 +38,18 @@ private enum NumbersAPI {
 
 private actor Numbers: BusService {
     static let name = NumbersAPI.service
+    /// Parts its handlers have handed over, and handlers running now, over all its instances.
+    static let partsSent = Atomic<Int>(0)
+    static let running = Atomic<Int>(0)
+
     nonisolated func methods(_ table: inout MethodTable<Numbers>) {
         table.onStream(NumbersAPI.count) { _, params, parts in
+            Self.running.add(1, ordering: .relaxed)
+            defer { Self.running.subtract(1, ordering: .relaxed) }
             for number in 0..<max(0, params.n) {
                 if number == params.failAfter { throw JSONRPCError(code: -32042, message: "stopped after \(number)") }
                 try await parts.send(.init(n: number + 1, pad: params.padding.map { String(repeating: "p", count: $0) }))
+                Self.partsSent.add(1, ordering: .relaxed)
                 if number + 1 == params.holdAfter { try await Task.sleep(for: .seconds(600)) }
             }
             return NumbersAPI.Tally(total: params.n, numbers: [])
@@ -174,6 +182,66 @@ struct PartStreamTests {
         await bus.close()
         await host.stop()
         await kernel.stop()
+    }
+
+    @Test("a reader that hangs up on a long stream: the kernel tells the worker, whose handler ends at its next part and frees its place")
+    func hangUpStopsTheWorker() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let host = try await hostNumbers(kernel)
+        let before = Numbers.partsSent.load(ordering: .relaxed)
+        let reader = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(60))
+        var read = 0
+        for try await _ in reader.stream(NumbersAPI.count, .init(n: 1_000_000)) {
+            read += 1
+            if read == 5 { break }
+        }
+        await reader.close()
+        // The kernel's next part to the reader finds it gone: it tells the worker to stop.
+        try await eventually(30, "the handler ended") { await host.inFlight() == 0 && Numbers.running.load(ordering: .relaxed) == 0 }
+        let made = Numbers.partsSent.load(ordering: .relaxed) - before
+        #expect(made < 500_000, "the handler made \(made) parts of 1,000,000 for a reader gone after 5")
+        // Its place serves the next request at once.
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 3)).numbers == [1, 2, 3])
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("a kernel that reads nothing: the handler is held after a bounded number of parts (the socket's high-water mark, then the part outbox), not all it was asked for")
+    func partsAreBoundedByWhatTheKernelReads() async throws {
+        let context = try ZMQContext()
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let router = try await kernelStandIn(at: endpoint, in: context)
+        defer { withExtendedLifetime(context) { router.close() } }
+        // Slow heartbeats: the worker must not give up on this silent stand-in while the test runs.
+        let options = ServiceHost<Numbers>.Options(brokers: [endpoint], connections: 1, heartbeatInterval: .seconds(20),
+                                                   heartbeatLiveness: 3, drainTimeout: .milliseconds(100))
+        let host = try ServiceHost(service: Numbers(), options: options)
+        try await host.start()
+        var worker = Frame()
+        repeat {
+            guard case .worker(let identity, let command, _) = try MDP.decodeAtBroker(try await router.receiveOffPool()) else { continue }
+            worker = identity
+            if case .ready = command { break }
+        } while true
+        let before = Numbers.partsSent.load(ordering: .relaxed)
+        let asked = 100_000
+        let body = JSONRPCRequest(id: .number(1), method: NumbersAPI.countMethod.name, params: ["n": .int(Int64(asked)), "padding": 1_000], stream: true)
+        try router.send(MDP.encode(.request(client: Frame("c"), body: [Frame(body.jsonBytes)]), to: worker, version: .v02))
+        // The stand-in reads nothing more: the handler makes parts until it is held, then waits.
+        // Held: no part made for half a second (a plateau has no event to await).
+        var made = 0
+        let deadline = ContinuousClock.now + .seconds(30)
+        while true {
+            try await Task.sleep(for: .milliseconds(500))
+            let now = Numbers.partsSent.load(ordering: .relaxed) - before
+            if now > 0, now == made { break }
+            made = now
+            guard ContinuousClock.now < deadline else { throw TimedOut(what: "the handler is held (\(made) parts made)") }
+        }
+        #expect(made < asked / 2, "\(made) parts of \(asked) made for a kernel that reads none")
+        await host.stop()
     }
 
     @Test("a worker that dies mid-stream: the reader gets the parts that came, then -32014 worker_died with their count")

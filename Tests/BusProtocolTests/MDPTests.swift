@@ -45,6 +45,7 @@ struct MDPTests {
         BrokerToWorker.request(client: Frame("c"), body: ["{\"id\":1}"]),
         .heartbeat,
         .drain,
+        .stop(client: Frame([0x00, 0x6B, 0x8B, 0x45, 0x67, 0x01, 0x00, 0x00, 0x00])),
         .disconnect,
     ])
     func brokerCommands(command: BrokerToWorker) throws {
@@ -64,6 +65,7 @@ struct MDPTests {
         #expect(MDP.encode(.heartbeat(errors: 3)).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04], Array("errors=3".utf8)])
         #expect(MDP.encode(.drain).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04], Array("drain=1".utf8)])
         #expect(MDP.encode(.drain, to: Frame("w")).frames.map(\.bytes) == [Array("w".utf8), [], Array("MDPW01".utf8), [0x04], Array("drain=1".utf8)])
+        #expect(MDP.encode(.stop(client: "c"), to: Frame("w")).frames.map(\.bytes) == [Array("w".utf8), [], Array("MDPW01".utf8), [0x04], Array("stop=1".utf8), [0x63]])
     }
 
     @Test("malformed messages give typed errors, never a crash", arguments: [
@@ -222,6 +224,7 @@ struct MDP02Tests {
         BrokerToWorker.request(client: Frame("c"), body: ["{\"id\":1}", "second"]),
         .heartbeat,
         .drain,
+        .stop(client: Frame("c")),
         .disconnect,
     ])
     func brokerCommands(command: BrokerToWorker) throws {

@@ -532,7 +532,7 @@ struct KernelConformanceTests {
             case .disconnect:
                 // As a real worker would: the kernel forgot us (we were too slow), register again.
                 try worker.send(MDP.encode(.ready(service: service)))
-            case .heartbeat, .drain:
+            case .heartbeat, .drain, .stop:
                 break
             }
         }

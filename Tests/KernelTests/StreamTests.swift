@@ -28,6 +28,7 @@ private struct ToClient: Equatable {
 private struct Sent {
     var requests: [(worker: String, client: Frame)] = []
     var disconnects: [(worker: String, version: MDP.Version)] = []
+    var stops: [(worker: String, client: Frame)] = []
     var toClients: [ToClient] = []
     init(_ messages: [Message]) {
         for message in messages {
@@ -37,6 +38,7 @@ private struct Sent {
             if let command = try? MDP.decodeAtWorker(rest) {
                 if case .request(let client, _) = command { requests.append((peer, client)) }
                 if case .disconnect = command { disconnects.append((peer, version)) }
+                if case .stop(let client) = command { stops.append((peer, client)) }
             } else if let reply = try? MDP.decodeAtClient(rest) {
                 toClients.append(ToClient(client: peer, version: version, isFinal: reply.isFinal, body: reply.body.map { $0.string ?? "" }))
             }
@@ -204,6 +206,33 @@ struct StreamTests {
         broker.handle(fromWorker("W", .reply(client: client, body: ["end"])), now: 0)
         #expect(Sent(broker.outbox.take()).toClients.isEmpty)
         #expect(broker.workers[Frame("W")]?.inFlight.count == 0)
+    }
+
+    @Test("a stream that breaks (client gone, overrun, too large to gather) tells its extension worker to stop it, naming its client frame, once; a plain 18/MDP worker is not told",
+          arguments: ["gone", "overrun", "tooLarge"])
+    func stopsItsWorker(breaking: String) throws {
+        for window in [4, nil] as [Int?] {
+            let broker = broker { $0.maxMessageSize = 1_000 }
+            let client = dispatched(broker, client: "C", clientVersion: breaking == "tooLarge" ? .v01 : .v02, window: window)
+            broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
+            _ = broker.outbox.take()
+            switch breaking {
+            case "gone": broker.peerGone(Frame("C"), now: 0)
+            case "overrun": broker.peerFull(Frame("C"), now: 0)
+            default: broker.handle(fromWorker("W", .partial(client: client, body: [Frame(String(repeating: "x", count: 2_000))])), now: 0)
+            }
+            broker.handle(fromWorker("W", .partial(client: client, body: ["two"])), now: 0)
+            let sent = Sent(broker.outbox.take())
+            if window == nil {
+                #expect(sent.stops.isEmpty, "a plain worker cannot be told")
+            } else {
+                #expect(sent.stops.count == 1 && sent.stops.first?.worker == "W" && sent.stops.first?.client == client, "\(breaking)")
+            }
+            // Its FINAL frees the place, and the client hears why (or nothing, when gone).
+            broker.handle(fromWorker("W", .reply(client: client, body: ["stopped"])), now: 0)
+            #expect(broker.workers[Frame("W")]?.inFlight.count == 0)
+            #expect(Sent(broker.outbox.take()).toClients.count == (breaking == "gone" ? 0 : 1))
+        }
     }
 
     @Test("two streams to one client through a window worker stay apart, each in order")

@@ -1,5 +1,6 @@
 public import BusProtocol
 public import Contracts
+import DequeModule
 import Foundation
 import Synchronization
 public import Logging
@@ -212,6 +213,8 @@ actor WorkerConnection {
     private var lostConnection = false
     private var heartbeat: LoopTimer?
     private var liveness: Int
+    /// Messages libzmq queues for the kernel; past them, replies and parts wait on this side.
+    static let sendHighWaterMark: Int32 = 1_000
     /// Bumped on every new socket, so a reply computed for an old socket is not sent.
     private var generation = 0
     private(set) var busy = 0
@@ -221,6 +224,10 @@ actor WorkerConnection {
     private var drained: [CheckedContinuation<Void, Never>] = []
     /// Parts handed over by handlers (off the loop), sent by the loop in batches.
     nonisolated let partOutbox = PartOutbox()
+    /// Requests in flight by the client frame the kernel sent them with, and those of them
+    /// whose parts nobody reads any more (the kernel said `stop`): their next part ends them.
+    private var running: [Frame: Int] = [:]
+    nonisolated let stopped = Mutex<Set<Frame>>([])
     /// ``generation`` as handlers off the loop see it (-1 once stopped): a part for an earlier
     /// connection tells its handler the stream is over.
     nonisolated let currentGeneration = Atomic<Int>(0)
@@ -295,12 +302,17 @@ actor WorkerConnection {
         try socket.set(.routingID, Array("\(process)/\(index)/\(generation)".utf8))
         try socket.secure(options.curve)
         try socket.set(.receiveHighWaterMark, 0)
-        try socket.set(.sendHighWaterMark, 0)
+        // Bounded, so that parts a handler makes faster than the kernel reads wait in the part
+        // outbox, where they hold the handler back, and not in libzmq's queue, which would grow.
+        try socket.set(.sendHighWaterMark, Self.sendHighWaterMark)
         let pair = try connectionEvents(of: socket, in: loop.context)
         try socket.connect(broker)
         let current = generation
         registration = loop.register(socket) { [weak self] message in
             self?.assumeIsolated { $0.received(message, generation: current) }
+        }
+        registration?.onBacklogSent = { [weak self] in
+            self?.assumeIsolated { $0.flushParts() }
         }
         monitor = loop.register(pair) { [weak self] message in
             self?.assumeIsolated { $0.connectionEvent(message, generation: current) }
@@ -309,6 +321,8 @@ actor WorkerConnection {
         registration?.send(MDP.encode(.ready(service: serviceName, window: options.window), version: version))
         liveness = options.heartbeatLiveness
         state = .registered
+        // Parts still waiting for the old socket are dropped, and their handlers go on.
+        flushParts()
         if heartbeat == nil {
             heartbeat = loop.scheduleRepeating(every: options.heartbeatInterval) { [weak self] in
                 self?.assumeIsolated { $0.beat() }
@@ -342,8 +356,12 @@ actor WorkerConnection {
         case .disconnect:
             logger.info("the kernel asked to re-register", metadata: ["connection": "\(index)"])
             reregister()
+        case .stop(let client):
+            // Only a request still running: the client frame may come again in a later one.
+            if running[client] != nil { _ = stopped.withLock { $0.insert(client) } }
         case .request(let client, let body):
             busy += 1
+            running[client, default: 0] += 1
             enqueue(.request(Request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation)))
         }
     }
@@ -404,6 +422,10 @@ actor WorkerConnection {
         // The parts that wait go first: the FINAL ends the stream.
         flushParts()
         busy -= 1
+        if let count = running[client] {
+            running[client] = count > 1 ? count - 1 : nil
+            if count == 1 { _ = stopped.withLock { $0.remove(client) } }
+        }
         if generation == self.generation, state == .registered || state == .draining {
             registration?.send(MDP.encode(.reply(client: client, body: [Frame(reply)]), version: version))
             if errors > 0 { countErrors(errors) }
@@ -413,25 +435,35 @@ actor WorkerConnection {
 
     /// Hands one part of a reply in parts to the loop, which sends what has gathered in one
     /// turn (a hop to the loop thread per part would wake it, and libzmq's I/O thread, once a
-    /// part). Waits while ``PartOutbox/limit`` parts wait, so a fast handler is held to the
-    /// pace of the socket.
+    /// part). Waits while the outbox is full (``PartOutbox``), so a handler is held to the pace
+    /// at which the kernel reads; throws once the kernel said nobody reads this request's
+    /// parts, which ends the handler.
     nonisolated private func sendPart(_ body: [UInt8], client: Frame, generation: Int) async throws {
         guard currentGeneration.load(ordering: .relaxed) == generation else {
             throw JSONRPCError.streamEnded("the connection to the kernel", parts: 0, reason: "connection_lost", service: serviceName)
         }
+        if stopped.withLock({ $0.contains(client) }) {
+            throw JSONRPCError.streamEnded("its client", parts: 0, reason: "stopped", service: serviceName)
+        }
         let message = MDP.encode(.partial(client: client, body: [Frame(body)][...]), version: version)
-        if partOutbox.add(message, generation: generation) {
+        if partOutbox.add(message, bytes: body.count, generation: generation) {
             loop.execute { [weak self] in self?.assumeIsolated { $0.flushParts() } }
         }
         await partOutbox.waitForRoom()
     }
 
-    /// Sends the parts that gathered; those of an earlier connection are dropped (the kernel
-    /// ended their streams when it went).
+    /// Sends the parts that gathered, as fast as libzmq takes them: past the socket's
+    /// high-water mark they stay in the outbox (whose handlers wait for room) until the socket
+    /// has room again (``SocketRegistration/onBacklogSent``). Those of an earlier connection
+    /// are dropped (the kernel ended their streams when it went).
     private func flushParts() {
         let usable = state == .registered || state == .draining
-        for (message, generation) in partOutbox.take() where usable && generation == self.generation {
-            registration?.send(message)
+        while !(usable && (registration?.backlogCount ?? 0) > 0) {
+            let batch = partOutbox.take(upTo: 64)
+            if batch.isEmpty { return }
+            for (message, generation) in batch where usable && generation == self.generation {
+                registration?.send(message)
+            }
         }
     }
 
@@ -542,34 +574,41 @@ actor WorkerConnection {
         monitor = nil
         state = .stopped
         currentGeneration.store(-1, ordering: .relaxed)
+        flushParts()
     }
 }
 
 /// The parts handlers hand to a worker connection from their own tasks, waiting for its loop
-/// to send them: the first part of a batch schedules one flush, the rest ride along.
+/// to send them: the first part of a batch schedules one flush, the rest ride along. Bounded
+/// in parts and in bytes: a handler that finds either bound reached waits until the loop has
+/// sent some, so a stream nobody reads fast enough costs its worker at most this much.
 final class PartOutbox: Sendable {
-    /// Parts that may wait at once; a handler that finds this many waits for the flush.
+    /// Parts, and bytes of their bodies, that may wait at once (one part always may).
     static let limit = 1_024
+    static let byteLimit = 4 << 20
     private struct State {
-        var parts: [(Message, generation: Int)] = []
+        var parts: Deque<(message: Message, generation: Int, bytes: Int)> = []
+        var bytes = 0
         var waiters: [UnsafeContinuation<Void, Never>] = []
+        var isFull: Bool { parts.count >= PartOutbox.limit || bytes >= PartOutbox.byteLimit }
     }
     private let state = Mutex(State())
 
-    /// Queues a part; true when it is the first since the last flush (schedule one).
-    func add(_ message: Message, generation: Int) -> Bool {
+    /// Queues a part of `bytes`; true when it is the first since the last flush (schedule one).
+    func add(_ message: Message, bytes: Int, generation: Int) -> Bool {
         state.withLock { state in
-            state.parts.append((message, generation))
+            state.parts.append((message, generation, bytes))
+            state.bytes += bytes
             return state.parts.count == 1
         }
     }
 
-    /// Returns once fewer than ``limit`` parts wait.
+    /// Returns once the outbox is below its bounds.
     func waitForRoom() async {
-        guard state.withLock({ $0.parts.count >= Self.limit }) else { return }
+        guard state.withLock({ $0.isFull }) else { return }
         await withUnsafeContinuation { continuation in
             let full = state.withLock { state in
-                guard state.parts.count >= Self.limit else { return false }
+                guard state.isFull else { return false }
                 state.waiters.append(continuation)
                 return true
             }
@@ -577,11 +616,16 @@ final class PartOutbox: Sendable {
         }
     }
 
-    /// Everything that waits, for the loop to send; the waiting handlers go on.
-    func take() -> [(Message, generation: Int)] {
+    /// Up to `count` of the oldest parts, for the loop to send; the waiting handlers go on
+    /// once there is room.
+    func take(upTo count: Int) -> [(Message, generation: Int)] {
         let (parts, waiters) = state.withLock { state in
-            defer { state = State() }
-            return (state.parts, state.waiters)
+            let taken = state.parts.prefix(count)
+            state.parts.removeFirst(taken.count)
+            state.bytes -= taken.reduce(0) { $0 + $1.bytes }
+            var waiters: [UnsafeContinuation<Void, Never>] = []
+            if !state.isFull { swap(&waiters, &state.waiters) }
+            return (taken.map { ($0.message, $0.generation) }, waiters)
         }
         for waiter in waiters { waiter.resume() }
         return parts

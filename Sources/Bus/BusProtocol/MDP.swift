@@ -99,6 +99,9 @@ public enum BrokerToWorker: Sendable, Equatable {
     /// HEARTBEAT `drain=1` (extension workers only): no request follows on this connection;
     /// answer those in flight, then DISCONNECT and leave.
     case drain
+    /// HEARTBEAT `stop=1` and the client frame of a request in flight (extension workers
+    /// only): nobody reads that request's parts any more; end it with its FINAL now.
+    case stop(client: Frame)
     case disconnect
 }
 
@@ -132,6 +135,7 @@ extension MDP {
     private static let workerHeader02Frame = Frame(workerHeader02)
     private static let commandFrames: [Frame] = (0...6).map { Frame([UInt8($0)]) }
     private static let drainFrame = Frame("drain=1")
+    private static let stopFrame = Frame("stop=1")
 
     // MARK: Encoders
 
@@ -211,6 +215,7 @@ extension MDP {
         case .request(let client, let body): request(to: worker, client: client, body: body[...], version: version)
         case .heartbeat: workerMessage(to: worker, .heartbeat, version)
         case .drain: workerMessage(to: worker, .heartbeat, version, drainFrame)
+        case .stop(let client): workerMessage(to: worker, .heartbeat, version, stopFrame, client)
         case .disconnect: workerMessage(to: worker, .disconnect, version)
         }
     }
@@ -384,7 +389,10 @@ extension MDP {
             return .request(client: frames[index + 1], body: Array(frames[(index + 3)...]))
         case .heartbeat:
             if after == 1, frames[index + 1] == drainFrame { return .drain }
-            guard after == 0 else { throw ProtocolError("MDP", "broker HEARTBEAT has \(frames.count) frames, expected \(index + 1) (or \(index + 2) with drain=1)") }
+            if after == 2, frames[index + 1] == stopFrame { return .stop(client: frames[index + 2]) }
+            guard after == 0 else {
+                throw ProtocolError("MDP", "broker HEARTBEAT has \(frames.count) frames, expected \(index + 1) (or \(index + 2) with drain=1, \(index + 3) with stop=1 and a client)")
+            }
             return .heartbeat
         case .disconnect:
             guard after == 0 else { throw ProtocolError("MDP", "broker DISCONNECT has \(frames.count) frames, expected \(index + 1)") }

@@ -68,6 +68,11 @@ final class Broker {
         var gatheredBytes = 0
         /// Set when the parts stopped reaching the client; the FINAL then says why.
         var broken: StreamBreak?
+        /// The extension worker sending its parts and the client frame it echoes, from its
+        /// first PARTIAL: told `stop` when the stream breaks, so it ends the request at once
+        /// rather than computing parts nobody reads while it holds a place.
+        weak var streamWorker: Worker?
+        var streamClient: Frame?
         /// A copy of a request to every worker: the gather it answers, and the worker's name.
         var gather: (of: Gather, worker: String)?
 
@@ -429,6 +434,7 @@ final class Broker {
                 if !gather.finished { relayPart([Self.tag(name, partial: true)] + body, of: gather.stream, service: gather.asked) }
                 return
             }
+            if request.parts == 0, worker.speaksExtension { (request.streamWorker, request.streamClient) = (worker, client) }
             relayPart(body, of: request, service: worker.service)
         case .reply(let client, let body):
             guard let worker = known, let request = worker.answered(client) else {
@@ -882,6 +888,12 @@ final class Broker {
         guard request.broken == nil else { return }
         request.broken = reason
         logger.info("a reply in parts stopped reaching its client", metadata: ["reason": "\(reason)", "parts": "\(request.parts)"])
+        // An extension worker is told to end it; a plain 18/MDP worker sends on to its FINAL,
+        // as the RFC has it (the parts are dropped here).
+        if let worker = request.streamWorker, let client = request.streamClient, workers[worker.identity] === worker {
+            send(MDP.encode(.stop(client: client), to: worker.identity, version: worker.version))
+        }
+        request.streamWorker = nil
     }
 
     /// Every stream to `client` breaks: a failed send names the client, not the request.

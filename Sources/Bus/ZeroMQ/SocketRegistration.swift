@@ -32,6 +32,9 @@ public final class SocketRegistration {
     /// Called once after each batch of messages read (up to the read budget), for a handler
     /// that writes out what a batch produced in one go rather than after every message.
     public var afterReading: (() -> Void)?
+    /// Called once the backlog has all gone to libzmq: the socket takes messages again, for
+    /// an owner that holds its own back while it is full.
+    public var onBacklogSent: (() -> Void)?
     /// A message libzmq cannot take at once (`EAGAIN`) is dropped and reported through
     /// ``onSendError`` instead of waiting in the backlog. For a ROUTER with
     /// router-mandatory, whose `EAGAIN` concerns one peer: waiting would hold up the
@@ -92,6 +95,7 @@ public final class SocketRegistration {
         if events.contains(.writable), !backlog.isEmpty {
             flushBacklog()
             served = true
+            if backlog.isEmpty { onBacklogSent?() }
         }
         if events.contains(.readable), isReading, !isClosed {
             drain()
@@ -223,6 +227,7 @@ public final class SocketRegistration {
         handler = nil
         onSendError = nil
         afterReading = nil
+        onBacklogSent = nil
         loop.unregister(self)
         socket.close()
         let handlers = closeHandlers

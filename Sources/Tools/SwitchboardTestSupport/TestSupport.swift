@@ -9,6 +9,7 @@ public import BusProtocol
 /// Thrown when a bounded wait in a test runs out.
 public struct TimedOut: Error, CustomStringConvertible {
     public let what: String
+    public init(what: String) { self.what = what }
     public var description: String { "timed out: \(what)" }
 }
 
