@@ -355,6 +355,11 @@ struct GatewayTests {
             let sent = metrics.split(separator: "\n").first { $0.hasPrefix("switchboard_gateway_events_sent_total ") }
                 .flatMap { Int($0.split(separator: " ")[1]) } ?? 0
             #expect(sent >= events.count + 1 + caughtUp.count + fresh.count, "events sent: \(sent)")
+            // The whole text, the kernel's and the gateway's, as Prometheus' own checker reads it.
+            let promtool = repositoryRoot().appendingPathComponent(".build/promtool/usr/bin/promtool")
+            try #require(FileManager.default.isExecutableFile(atPath: promtool.path), "no promtool: Scripts/bootstrap --tests takes it out of Debian's prometheus package")
+            let checked = try await runCommand(promtool, ["check", "metrics"], input: Data(metrics.utf8))
+            #expect(checked.status == 0 && checked.stdout.isEmpty && checked.stderr.isEmpty, "\(checked)")
         }
     }
 

@@ -37,7 +37,7 @@ struct ManPageTests {
         #expect(lint.status == 0 && lint.stdout.isEmpty && lint.stderr.isEmpty, "\(lint)")
     }
 
-    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    static let repository = repositoryRoot()
 
     /// "November 25, 2026" (how the page says it) as 2026-11-25 (how the generator takes it).
     static func isoDate(_ text: String) -> String? {

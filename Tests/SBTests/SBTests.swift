@@ -103,6 +103,14 @@ struct SBTests {
         let all = try await bus.sb("describe", "--json")
         #expect(all.status == 0, "\(all)")
         let documents = try #require(try jsonLines(all.stdout).first?.objectValue)
+        // Every document keeps OpenRPC's rules, as a validator nobody on this project wrote reads them.
+        let folder = try temporaryDirectory("openrpc")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let documentsFile = folder.appendingPathComponent("documents.json")
+        try Data(all.stdout.utf8).write(to: documentsFile)
+        let checker = repositoryRoot().appendingPathComponent("Tests/Validators/check_openrpc.py")
+        let checked = try await runCommand(URL(fileURLWithPath: "/usr/bin/python3"), [checker.path, documentsFile.path])
+        #expect(checked.status == 0 && checked.stdout.contains("documents checked, 0 problems"), "\(checked)")
         // The kernel and every service on this bus answer rpc.discover, with each method of their table.
         let expected: [String: [String]] = [
             KernelAPI.service: ["ping", "services.list", "stats", "metrics", "state.set", "state.publish", "state.get", "state.history",

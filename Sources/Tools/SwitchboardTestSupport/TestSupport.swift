@@ -30,6 +30,11 @@ public func eventually(_ seconds: Double = 10, _ what: String, _ condition: @esc
     throw TimedOut(what: what)
 }
 
+/// The repository's folder, from the path of the test file that asks (`Tests/TARGET/FILE.swift`).
+public func repositoryRoot(_ testFile: String = #filePath) -> URL {
+    URL(fileURLWithPath: testFile).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+}
+
 /// A loopback TCP port that was free a moment ago.
 ///
 /// Chosen below the range the OS takes local ports of outgoing connections from (read from
