@@ -70,6 +70,41 @@ struct KernelTimingTests {
         #expect(broker.takeEvents().contains { if case .workersChanged("svc", 1) = $0 { true } else { false } })
     }
 
+    @Test("a worker removed for silence that then answers: kept while its request still waits (the client gets it once, no other worker is sent it), dropped once another worker has it",
+          arguments: [1, 4])
+    func lateReply(window: Int) throws {
+        let clock = ManualClock()
+        let broker = Broker(configuration: configuration, logger: quiet)
+        broker.handle(fromWorker("A", .ready(service: "svc", window: window)), now: clock.now)
+        broker.handle(fromClient("C", "svc", #"{"jsonrpc":"2.0","id":1,"method":"m"}"#), now: clock.now)
+        broker.handle(fromClient("D", "svc", #"{"jsonrpc":"2.0","id":2,"method":"m"}"#), now: clock.now)
+        let sent = Sent(broker.outbox.take()).toWorkers.compactMap { if case .request(let client, _) = $0.command { client } else { nil } }
+        #expect(sent.count == min(window, 2))
+        clock.advance(.milliseconds(1500))
+        broker.tick(now: clock.now)
+        #expect(broker.workers.isEmpty && broker.services["svc"]?.requests.count == 2)
+        _ = broker.outbox.take()
+        // A was late, not dead: its answer reaches C, and C's request leaves the queue.
+        broker.handle(fromWorker("A", .reply(client: sent[0], body: ["late answer"])), now: clock.now)
+        let afterLate = Sent(broker.outbox.take())
+        #expect(afterLate.toClients.map(\.client) == ["C"] && afterLate.toClients.first?.body == "late answer")
+        #expect(afterLate.toWorkers.contains { $0.worker == "A" && $0.command == .disconnect }, "A registers again")
+        #expect(broker.services["svc"]?.requests.count == 1)
+        // The same answer again is no second reply.
+        broker.handle(fromWorker("A", .reply(client: sent[0], body: ["late answer"])), now: clock.now)
+        #expect(Sent(broker.outbox.take()).toClients.isEmpty)
+        // B takes what waits (D's): an answer from A for it now is dropped, and B's is the one D gets.
+        broker.handle(fromWorker("B", .ready(service: "svc", window: 1)), now: clock.now)
+        let toB = Sent(broker.outbox.take()).toWorkers.compactMap { if case .request(let client, _) = $0.command { client } else { nil } }
+        #expect(toB == [Frame("D")])
+        if sent.count > 1 {
+            broker.handle(fromWorker("A", .reply(client: sent[1], body: ["too late"])), now: clock.now)
+            #expect(Sent(broker.outbox.take()).toClients.isEmpty)
+        }
+        broker.handle(fromWorker("B", .reply(client: Frame("D"), body: ["from B"])), now: clock.now)
+        #expect(Sent(broker.outbox.take()).toClients.map(\.body) == ["from B"])
+    }
+
     @Test("a request nobody takes is answered -32001 once queue_timeout has passed, not a millisecond before")
     func queueTimeout() throws {
         let clock = ManualClock()

@@ -236,6 +236,10 @@ final class Broker {
     private(set) var gatheredBytes = 0
     /// Streams that ended early (worker died, client overrun or gone, too large to gather).
     private(set) var brokenStreams = 0
+    /// Requests of workers removed for silence, by worker and by the client frame the worker
+    /// echoes, queued again until `until`: a worker that was only late (its host stalled)
+    /// may still answer one before another worker takes it, and that answer is kept.
+    private var lateWorkers: [Frame: (service: Service, requests: [Frame: Request], until: UInt64)] = [:]
     /// Bytes of request bodies waiting in all queues.
     @exclusivity(unchecked) private(set) var queuedBytes = 0
     /// Requests to every worker of a service still gathering answers.
@@ -439,7 +443,9 @@ final class Broker {
         case .reply(let client, let body):
             guard let worker = known, let request = worker.answered(client) else {
                 // A reply nobody is waiting for (unknown worker, or one the broker already
-                // gave up on): per 7/MDP an unexpected command earns a DISCONNECT.
+                // gave up on): per 7/MDP an unexpected command earns a DISCONNECT. The answer
+                // of a worker removed for silence is kept while its request still waits.
+                if known == nil { answerLate(identity, client: client, body: body, now: now) }
                 disconnect("a REPLY with no request in flight")
                 return
             }
@@ -680,8 +686,9 @@ final class Broker {
     /// Sends heartbeats, expires silent workers and requests that waited too long.
     func tick(now: UInt64) {
         for worker in Array(workers.values) where worker.expiry <= now {
-            remove(worker, reason: "no heartbeat for \(configuration.workerExpiry)", now: now)
+            remove(worker, reason: "no heartbeat for \(configuration.workerExpiry)", silent: true, now: now)
         }
+        if !lateWorkers.isEmpty { lateWorkers = lateWorkers.filter { $0.value.until > now } }
         for worker in workers.values {
             send(MDP.encode(.heartbeat, to: worker.identity, version: worker.version))
         }
@@ -722,7 +729,7 @@ final class Broker {
     /// Removes `worker`; its requests in flight go back to the queue. `undelivered`: a
     /// message to it that libzmq could not take (its connection gone, or full): a request it
     /// carried never reached the worker, so that delivery does not count against it.
-    private func remove(_ worker: Worker, reason: String, undelivered: Message? = nil, now: UInt64) {
+    private func remove(_ worker: Worker, reason: String, silent: Bool = false, undelivered: Message? = nil, now: UInt64) {
         guard workers.removeValue(forKey: worker.identity) != nil else { return }
         if lastWorker === worker { lastWorker = nil }
         let service = worker.service
@@ -757,7 +764,9 @@ final class Broker {
             request.lastDeadProcess = worker.process
         }
         let orphans = (heldWhenItDied + notDelivered).sorted { $0.received < $1.received }
+        let echoed = silent ? worker.inFlight.echoedClients(by: worker) : [:]
         worker.inFlight = InFlight()
+        var late: [Frame: Request] = [:]
         let retriable = !configuration.nonRetriableServices.contains(service.name)
         for request in orphans.reversed() {
             // Queued again before its place is released, so its client stays known.
@@ -777,12 +786,28 @@ final class Broker {
                 request.deadline = now + timeouts.queue
                 service.requests.prepend(request)
                 queuedBytes += request.size
+                if let client = echoed[ObjectIdentifier(request)] { late[client] = request }
             } else {
                 service.stats.outcomeUnknown += 1
                 reply(to: request.caller, service: service.name, body: request.body, error: .outcomeUnknown(service.name))
             }
         }
+        if !late.isEmpty { lateWorkers[worker.identity] = (service, late, now + timeouts.queue) }
         if retriable { dispatch(service, now: now) }
+    }
+
+    /// A REPLY from `identity`, a worker removed for silence, to a request of its that still
+    /// waits in the queue: the client gets it, and the request leaves the queue.
+    private func answerLate(_ identity: Frame, client: Frame, body: ArraySlice<Frame>, now: UInt64) {
+        guard var record = lateWorkers[identity], let request = record.requests.removeValue(forKey: client) else { return }
+        lateWorkers[identity] = record.requests.isEmpty ? nil : record
+        let service = record.service
+        guard service.requests.remove(request) else { return }
+        queuedBytes -= request.size
+        service.stats.replies += 1
+        service.stats.latency.record(nanoseconds: now &- request.received)
+        outbox.write { MDP.appendReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version, into: &$0) }
+        logger.info("kept the answer of a worker removed for silence: its request still waited", metadata: ["service": "\(service.name)"])
     }
 
     /// A send to `identity` found no connection: a worker there died without a word (its
@@ -966,7 +991,11 @@ extension Broker.Worker {
     /// window gets the client's routing id followed by a 4-byte tag, which it echoes like
     /// any client frame, so its replies can come back in any order.
     func sent(_ request: Broker.Request) -> Frame {
-        let tag = inFlight.insert(request)
+        echoedClient(of: request, tag: inFlight.insert(request))
+    }
+
+    /// The client frame this worker is sent `request` with under `tag`, and echoes.
+    func echoedClient(of request: Broker.Request, tag: UInt32) -> Frame {
         guard window > 1 else { return request.client }
         return request.client.withUnsafeBytes { client in
             withUnsafeTemporaryAllocation(byteCount: client.count + 4, alignment: 4) { buffer in
@@ -1048,6 +1077,15 @@ struct InFlight {
         let slot = Int(tag & 0xFFFF)
         guard slot < held.count, tags[slot] == tag else { return nil }
         return held[slot]
+    }
+
+    /// The client frame `worker` echoes for each request held, by request.
+    func echoedClients(by worker: Broker.Worker) -> [ObjectIdentifier: Frame] {
+        var frames: [ObjectIdentifier: Frame] = [:]
+        for (slot, request) in held.enumerated() {
+            if let request { frames[ObjectIdentifier(request)] = worker.echoedClient(of: request, tag: tags[slot]) }
+        }
+        return frames
     }
 
     /// Lets go of the request under `tag`.

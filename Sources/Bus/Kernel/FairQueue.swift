@@ -146,6 +146,23 @@ struct FairQueue {
         forgetIfIdle(client)
     }
 
+    /// Takes `request` out of the queue if it waits there; false when it does not (it was
+    /// handed out again, answered or expired meanwhile).
+    mutating func remove(_ request: Broker.Request) -> Bool {
+        let client = request.owner
+        guard let index = client.waiting.firstIndex(where: { $0 === request }) else { return false }
+        client.waiting.remove(at: index)
+        if client.waiting.isEmpty, client.inTurn {
+            client.inTurn = false
+            client.run = 0
+            turn.removeAll { $0 === client }
+        }
+        count -= 1
+        bytes -= request.size
+        forgetIfIdle(client)
+        return true
+    }
+
     /// Removes and returns every request whose deadline has passed.
     mutating func removeExpired(now: UInt64) -> [Broker.Request] {
         var expired: [Broker.Request] = []
