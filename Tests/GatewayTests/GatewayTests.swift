@@ -4,7 +4,7 @@ import BusProtocol
 import Contracts
 import EchoService
 import Foundation
-import Gateway
+@testable import Gateway
 import NIOCore
 import NIOHTTP1
 import SwitchboardConfig
@@ -361,6 +361,44 @@ struct GatewayTests {
             let checked = try await runCommand(promtool, ["check", "metrics"], input: Data(metrics.utf8))
             #expect(checked.status == 0 && checked.stdout.isEmpty && checked.stderr.isEmpty, "\(checked)")
         }
+    }
+
+    @Test("what one address may make the gateway send: its opening snapshots come out of a budget; past it /events is 429 with Retry-After, and other routes are served")
+    func snapshotBudget() async throws {
+        try await GatewayBed.with({ $0.snapshotBytesPerMinute = 6_000 }) { bed in
+            let publisher = StatePublisher(client: bed.bus)
+            let value = JSONValue.string(String(repeating: "s", count: 2_000))
+            var last: UInt64 = 0
+            for index in 0..<4 { last = try await publisher.set("/client/s/\(index)", value) }
+            // Opened once the gateway has every write: this one snapshot (8 kB) empties the budget.
+            var synced: UInt64 = 0
+            while synced < last {
+                let stream = try await bed.events("prefix=/client/s/")
+                synced = try await stream.until("synced").last?.id.flatMap(UInt64.init) ?? 0
+            }
+            var request = HTTPClientRequest(url: "\(bed.base)/events?prefix=/client/s/")
+            request.headers.add(name: "Authorization", value: "Bearer \(GatewayBed.fullToken)")
+            request.headers.add(name: "Last-Event-ID", value: "1")
+            let refused = try await bed.http.execute(request, timeout: .seconds(10))
+            let body = String(buffer: try await refused.body.collect(upTo: 1 << 16))
+            let retryAfter = Int(refused.headers.first(name: "Retry-After") ?? "") ?? 0
+            #expect(refused.status == .tooManyRequests && retryAfter >= 1 && retryAfter <= 62, "\(refused.status) \(retryAfter)")
+            #expect(body.contains("snapshot_bytes_per_minute") && body.contains("retryAfterSeconds"), "\(body)")
+            #expect(try await bed.get("/healthz", token: nil).status == 200)
+        }
+    }
+
+    @Test("a snapshot budget refills with time; one larger than a minute's worth passes when the budget is full, then waits for its bytes")
+    func snapshotBudgetRefills() {
+        let budget = SnapshotBudget(bytesPerMinute: 600)  // 10 bytes a second
+        let start = ContinuousClock.now
+        #expect(budget.waitBeforeSnapshot(for: "a", now: start) == nil)
+        budget.charge(1_600, to: "a", now: start)  // 1,000 bytes past the budget
+        #expect(budget.waitBeforeSnapshot(for: "a", now: start) == 101)
+        #expect(budget.waitBeforeSnapshot(for: "b", now: start) == nil, "another address has its own")
+        #expect(budget.waitBeforeSnapshot(for: "a", now: start + .seconds(99)) == 2)
+        #expect(budget.waitBeforeSnapshot(for: "a", now: start + .seconds(101)) == nil)
+        #expect(SnapshotBudget(bytesPerMinute: 0).waitBeforeSnapshot(for: "a") == nil, "0: no bound")
     }
 
     @Test("bounded in bytes: the history, each stream's backlog, and response bodies")

@@ -145,7 +145,7 @@ public struct Gateway: Service {
         }
     }
 
-    private func application(feed: StateFeed, onListening: @escaping @Sendable (Int) -> Void) -> Application<RouterResponder<BasicRequestContext>> {
+    private func application(feed: StateFeed, onListening: @escaping @Sendable (Int) -> Void) -> Application<RouterResponder<GatewayContext>> {
         let settings = options.settings
         let page: Page
         do {
@@ -155,7 +155,8 @@ public struct Gateway: Service {
             logger.warning("serving no page at /: \(error.localizedDescription)")
             page = Page(files: [:])
         }
-        let routes = Routes(options: options, client: client, feed: feed, page: page, logger: logger)
+        let routes = Routes(options: options, client: client, feed: feed, page: page, logger: logger,
+                            snapshotBudget: SnapshotBudget(bytesPerMinute: settings.snapshotBytesPerMinute))
         return Application(router: routes.router(),
                               configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "switchboard-gateway"),
                               onServerRunning: { channel in

@@ -17,6 +17,9 @@ public struct GatewaySettings: Sendable, Equatable {
     /// Bytes of events one stream may have waiting (its reader slow) beyond its opening
     /// snapshot before it is cut; the browser reconnects and resumes from its last id.
     public var streamBacklogBytes = 4 << 20
+    /// Bytes of opening snapshots one caller (an address) may be sent a minute (0: no bound):
+    /// past them, `/events` answers 429 with Retry-After until the caller's budget refills.
+    public var snapshotBytesPerMinute = 64 << 20
     /// The largest response body `POST /rpc` sends; past it the results that do not fit are
     /// answered -32010 (a batch), or the response is (a single request).
     public var maxResponseBytes = 16 << 20
@@ -61,7 +64,7 @@ public struct GatewayToken: Sendable, Equatable {
 
 extension GatewaySettings {
     public static let schema = ConfigSchema.values([
-        "enabled", "listen", "max_body_bytes", "prefixes", "history", "history_bytes", "stream_backlog_bytes", "max_response_bytes",
+        "enabled", "listen", "max_body_bytes", "prefixes", "history", "history_bytes", "stream_backlog_bytes", "snapshot_bytes_per_minute", "max_response_bytes",
         "heartbeat_seconds", "request_timeout_ms", "tokens", "cors_origins", "log_level",
     ])
 
@@ -78,6 +81,7 @@ extension GatewaySettings {
         if let value = try gateway.integer("history", atMost: 10_000_000) { history = value }
         if let value = try gateway.integer("history_bytes", atMost: 1 << 40) { historyBytes = value }
         if let value = try gateway.integer("stream_backlog_bytes", atMost: 1 << 40) { streamBacklogBytes = value }
+        if let value = try gateway.integer("snapshot_bytes_per_minute", atMost: 1 << 40) { snapshotBytesPerMinute = value }
         if let value = try gateway.integer("max_response_bytes", atMost: 1 << 31) { maxResponseBytes = value }
         if let value = try gateway.seconds("heartbeat_seconds") { heartbeat = value }
         if let value = try gateway.milliseconds("request_timeout_ms") { requestTimeout = value }

@@ -9,22 +9,35 @@ import NIOCore
 import Synchronization
 
 /// The gateway's HTTP routes.
+/// A request's context: Hummingbird's basics, and the caller's address (what a caller's
+/// ``SnapshotBudget`` is kept by).
+struct GatewayContext: RequestContext, RemoteAddressRequestContext {
+    var coreContext: CoreRequestContextStorage
+    let remoteAddress: SocketAddress?
+
+    init(source: ApplicationRequestContextSource) {
+        coreContext = .init(source: source)
+        remoteAddress = source.channel.remoteAddress
+    }
+}
+
 struct Routes: Sendable {
     let options: Gateway.Options
     let client: BusClient
     let feed: StateFeed
     let page: Page
     let logger: Logger
+    let snapshotBudget: SnapshotBudget
     /// `POST /rpc` requests, for `/metrics`.
     let rpcRequests = RequestCount()
 
     var settings: GatewaySettings { options.settings }
 
-    func router() -> Router<BasicRequestContext> {
-        let router = Router()
+    func router() -> Router<GatewayContext> {
+        let router = Router(context: GatewayContext.self)
         if !settings.corsOrigins.isEmpty { router.add(middleware: AllowedOrigins(origins: Set(settings.corsOrigins))) }
         router.post("/rpc/:service") { request, context in try await rpc(request, context: context) }
-        router.get("/events") { request, _ in try await events(request) }
+        router.get("/events") { request, context in try await events(request, context: context) }
         router.get("/metrics") { request, _ in try await metrics(request) }
         router.get("/healthz") { _, _ in Self.json(.ok, ["status": "ok"]) }
         router.get("/readyz") { _, _ in await ready() }
@@ -70,7 +83,7 @@ struct Routes: Sendable {
 
     // MARK: POST /rpc/{service}
 
-    func rpc(_ request: Request, context: BasicRequestContext) async throws -> Response {
+    func rpc(_ request: Request, context: GatewayContext) async throws -> Response {
         rpcRequests.add()
         let token: GatewayToken?
         switch admit(request) {
@@ -306,7 +319,7 @@ struct Routes: Sendable {
 
     // MARK: GET /events
 
-    func events(_ request: Request) async throws -> Response {
+    func events(_ request: Request, context: GatewayContext) async throws -> Response {
         let token: GatewayToken?
         switch admit(request) {
         case .refused(let response): return response
@@ -331,7 +344,18 @@ struct Routes: Sendable {
             }
             since = sequence
         }
+        // What one caller may make the gateway send: the opening events (a snapshot, or the
+        // changes since its last id) come out of its address's budget.
+        let caller = context.remoteAddress?.ipAddress ?? "unknown"
+        if let seconds = snapshotBudget.waitBeforeSnapshot(for: caller) {
+            var response = Self.rpcError(.tooManyRequests, JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
+                message: "Too many snapshots: this address was sent gateway.snapshot_bytes_per_minute (\(settings.snapshotBytesPerMinute) bytes) of opening events in the last minute; try again in \(seconds) s",
+                data: ["retryAfterSeconds": .int(Int64(seconds))]))
+            response.headers[.retryAfter] = "\(seconds)"
+            return response
+        }
         let (id, events, backlog) = await feed.attach(prefixes: prefixes, since: since)
+        snapshotBudget.charge(backlog.waiting, to: caller)
         let feed = self.feed
         var headers: HTTPFields = [.contentType: "text/event-stream", .cacheControl: "no-cache"]
         headers[HTTPField.Name("X-Accel-Buffering")!] = "no"

@@ -61,6 +61,8 @@ final class StreamBacklog: Sendable {
     /// Adds `count` (negative: written); returns the new total.
     @discardableResult
     func add(_ count: Int) -> Int { bytes.add(count, ordering: .relaxed).newValue }
+    /// The bytes waiting now (right after ``StateFeed/attach(prefixes:since:)``: the opening events').
+    var waiting: Int { bytes.load(ordering: .relaxed) }
 }
 
 /// Where the changes after a sequence come from when this gateway did not see them all
