@@ -20,7 +20,12 @@ final class HostileClient: Sendable {
         case stuckStreams = "50 SSE streams that never read, 100 kB values"
         case slowRequests = "64 echo.sleep of 3 s at once, again and again"
         case manyParts = "echo requests of 100,000 one-byte parts, 5 a second"
+        case unreadStreams = "160 echo replies of a million parts each, never read"
     }
+
+    /// The processes whose memory the hostile run watches: each must be back within 1.5x of
+    /// its start once the hostile client left.
+    static let measured = ["kernel", "gateway", "echo"]
 
     let client: BusClient
     let context: ZMQContext
@@ -93,6 +98,24 @@ final class HostileClient: Sendable {
                 try dealer.send(request)
                 try await Task.sleep(for: .milliseconds(200))
             }
+        case .unreadStreams:
+            // 18/MDP requests asking for a million parts each, on connections that read
+            // nothing: the kernel ends each stream when its client's backlog is full and tells
+            // the worker to stop; meanwhile the worker's outgoing parts stay bounded.
+            let dealers = try (0..<10).map { _ in
+                let dealer = try ZMQSocket(context, .dealer)
+                try dealer.secure(curve)
+                try dealer.set(.linger, 0)
+                try dealer.connect(kernel.broker)
+                return dealer
+            }
+            defer { for dealer in dealers { dealer.close() } }
+            let body = JSONRPCRequest(id: .number(1), method: EchoAPI.numbersMethod.name, params: ["n": 1_000_000], stream: true).jsonBytes
+            let request = MDP.request(service: EchoAPI.service, body: [Frame(body)], version: .v02)
+            for dealer in dealers {
+                for _ in 0..<16 { try dealer.send(request) }
+            }
+            while Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
         case .slowRequests:
             while Date() < deadline {
                 await withTaskGroup(of: Void.self) { group in

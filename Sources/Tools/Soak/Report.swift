@@ -116,7 +116,7 @@ struct SoakReport {
     }
 }
 
-/// The bystander's latency in each hostile case, and the kernel's and gateway's memory.
+/// The bystander's latency in each hostile case, and the memory of the processes it watches.
 struct HostileFigures: Sendable {
     let bystander: [HostileClient.Case: Bystander.Figures]
     let accepted: Int
@@ -135,7 +135,7 @@ struct HostileFigures: Sendable {
             Swift.print("  " + hostileCase.rawValue.padding(toLength: 62, withPad: " ", startingAt: 0)
                         + columns.map { String(format: "%9.1f", $0) }.joined(separator: "") + String(format: "%8d", figures.failures))
         }
-        for name in ["kernel", "gateway"] {
+        for name in HostileClient.measured {
             Swift.print(String(format: "  %@ memory: %.0f MB at start (after the quiet case), %.0f MB at most during, %.0f MB 30 s after the hostile client left",
                                name, memoryAtStart[name] ?? .nan, peak[name] ?? .nan, memoryAfter[name] ?? .nan))
         }
