@@ -69,7 +69,9 @@ struct KernelPairTests {
         let failedOver = ContinuousClock.now
         #expect(try await client.call(EchoAPI.count, .init(n: 2)) == 2)
         let failover = ContinuousClock.now - failedOver
-        #expect(failover < .seconds(2), "failover took \(failover)")
+        // Well under a second on a quiet machine (Scripts/soak --pair measures it); the bound
+        // only tells the pair's move from the client's 10 s timeout, with room for a loaded one.
+        #expect(failover < .seconds(5), "failover took \(failover)")
         #expect(try await pong(pair.brokers[1]).pair?.state == "active")
         for n in 21...30 { written.append(try await client.publish(key: "/client/pair/k\(n)", value: .int(Int64(n)))) }
         #expect(written == written.sorted() && Set(written).count == written.count)
