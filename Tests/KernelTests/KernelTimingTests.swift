@@ -105,6 +105,24 @@ struct KernelTimingTests {
         #expect(Sent(broker.outbox.take()).toClients.map(\.body) == ["from B"])
     }
 
+    @Test("a worker removed for silence that goes on with a reply in parts: its parts are dropped, so its FINAL is dropped too, and the request waits for another worker")
+    func lateStream() throws {
+        let clock = ManualClock()
+        let broker = Broker(configuration: configuration, logger: quiet)
+        broker.handle(Message([Frame("A")] + MDP.encode(.ready(service: "svc", window: 4), version: .v02).frames), now: clock.now)
+        broker.handle(Message([Frame("C")] + MDP.request(service: "svc", body: [#"{"jsonrpc":"2.0","id":1,"method":"m","stream":true}"#], version: .v02).frames),
+                      now: clock.now)
+        let sent = Sent(broker.outbox.take()).toWorkers.compactMap { if case .request(let client, _) = $0.command { client } else { nil } }
+        clock.advance(.milliseconds(1500))
+        broker.tick(now: clock.now)
+        _ = broker.outbox.take()
+        for command in [WorkerToBroker.partial(client: sent[0], body: ["1"]), .reply(client: sent[0], body: ["the end"])] {
+            broker.handle(Message([Frame("A")] + MDP.encode(command, version: .v02).frames), now: clock.now)
+        }
+        #expect(Sent(broker.outbox.take()).toClients.isEmpty, "no end without its parts")
+        #expect(broker.services["svc"]?.requests.count == 1)
+    }
+
     @Test("a request nobody takes is answered -32001 once queue_timeout has passed, not a millisecond before")
     func queueTimeout() throws {
         let clock = ManualClock()

@@ -431,6 +431,9 @@ final class Broker {
             dispatch(service, now: now)
         case .partial(let client, let body):
             guard let worker = known, let request = worker.holding(client) else {
+                // A worker removed for silence that goes on with a reply in parts: its parts
+                // are dropped here, so its FINAL must not reach the client as the whole answer.
+                if known == nil { lateWorkers[identity]?.requests[client] = nil }
                 disconnect("a PARTIAL with no request in flight")
                 return
             }
