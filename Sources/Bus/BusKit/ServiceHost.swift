@@ -427,7 +427,13 @@ actor WorkerConnection {
             if count == 1 { _ = stopped.withLock { $0.remove(client) } }
         }
         if generation == self.generation, state == .registered || state == .draining {
-            registration?.send(MDP.encode(.reply(client: client, body: [Frame(reply)]), version: version))
+            let message = MDP.encode(.reply(client: client, body: [Frame(reply)]), version: version)
+            // Parts still waiting (the socket is full) go first: the FINAL must not pass them.
+            if partOutbox.isEmpty {
+                registration?.send(message)
+            } else {
+                _ = partOutbox.add(message, bytes: 0, generation: generation)
+            }
             if errors > 0 { countErrors(errors) }
         }
         releaseIfDrained()
@@ -602,6 +608,8 @@ final class PartOutbox: Sendable {
             return state.parts.count == 1
         }
     }
+
+    var isEmpty: Bool { state.withLock { $0.parts.isEmpty } }
 
     /// Returns once the outbox is below its bounds.
     func waitForRoom() async {
