@@ -402,6 +402,16 @@ struct GatewayTests {
         #expect(SnapshotBudget(bytesPerMinute: 0).waitBeforeSnapshot(for: "a") == nil, "0: no bound")
     }
 
+    @Test("a snapshot budget tracks at most maxCallers addresses, even when every one of them is in debt")
+    func snapshotBudgetIsBounded() {
+        let budget = SnapshotBudget(bytesPerMinute: 600)
+        let start = ContinuousClock.now
+        for index in 0..<SnapshotBudget.maxCallers { budget.charge(1_000, to: "10.0.\(index)", now: start) }
+        budget.charge(2_000, to: "deepest", now: start)
+        #expect(budget.callers <= SnapshotBudget.maxCallers)
+        #expect(budget.waitBeforeSnapshot(for: "deepest", now: start) != nil, "the callers deepest in debt are kept")
+    }
+
     @Test("bounded in bytes: the history, each stream's backlog, and response bodies")
     func boundedInBytes() async throws {
         try await GatewayBed.with({

@@ -224,8 +224,9 @@ actor WorkerConnection {
     private var drained: [CheckedContinuation<Void, Never>] = []
     /// Parts handed over by handlers (off the loop), sent by the loop in batches.
     nonisolated let partOutbox = PartOutbox()
-    /// Requests in flight by the client frame the kernel sent them with, and those of them
-    /// whose parts nobody reads any more (the kernel said `stop`): their next part ends them.
+    /// Requests in flight by the client frame the kernel sent them with (on a connection
+    /// that can answer in parts, the only kind told `stop`), and those of them whose parts
+    /// nobody reads any more (the kernel said `stop`): their next part ends them.
     private var running: [Frame: Int] = [:]
     nonisolated let stopped = Mutex<Set<Frame>>([])
     /// ``generation`` as handlers off the loop see it (-1 once stopped): a part for an earlier
@@ -361,7 +362,7 @@ actor WorkerConnection {
             if running[client] != nil { _ = stopped.withLock { $0.insert(client) } }
         case .request(let client, let body):
             busy += 1
-            running[client, default: 0] += 1
+            if version == .v02 { running[client, default: 0] += 1 }
             enqueue(.request(Request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation)))
         }
     }
@@ -420,16 +421,16 @@ actor WorkerConnection {
 
     private func finished(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
         // The parts that wait go first: the FINAL ends the stream.
-        flushParts()
+        let partsSent = flushParts()
         busy -= 1
-        if let count = running[client] {
+        if version == .v02, let count = running[client] {
             running[client] = count > 1 ? count - 1 : nil
             if count == 1 { _ = stopped.withLock { $0.remove(client) } }
         }
         if generation == self.generation, state == .registered || state == .draining {
             let message = MDP.encode(.reply(client: client, body: [Frame(reply)]), version: version)
             // Parts still waiting (the socket is full) go first: the FINAL must not pass them.
-            if partOutbox.isEmpty {
+            if partsSent {
                 registration?.send(message)
             } else {
                 _ = partOutbox.add(message, bytes: 0, generation: generation)
@@ -462,15 +463,18 @@ actor WorkerConnection {
     /// high-water mark they stay in the outbox (whose handlers wait for room) until the socket
     /// has room again (``SocketRegistration/onBacklogSent``). Those of an earlier connection
     /// are dropped (the kernel ended their streams when it went).
-    private func flushParts() {
+    /// Returns whether the outbox is empty now (false: parts wait for the socket).
+    @discardableResult
+    private func flushParts() -> Bool {
         let usable = state == .registered || state == .draining
         while !(usable && (registration?.backlogCount ?? 0) > 0) {
             let batch = partOutbox.take(upTo: 64)
-            if batch.isEmpty { return }
+            if batch.isEmpty { return true }
             for (message, generation) in batch where usable && generation == self.generation {
                 registration?.send(message)
             }
         }
+        return false
     }
 
     /// Ends a drain's wait once nothing is held and the kernel said nothing more comes.
@@ -608,8 +612,6 @@ final class PartOutbox: Sendable {
             return state.parts.count == 1
         }
     }
-
-    var isEmpty: Bool { state.withLock { $0.parts.isEmpty } }
 
     /// Returns once the outbox is below its bounds.
     func waitForRoom() async {

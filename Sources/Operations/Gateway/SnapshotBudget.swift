@@ -10,7 +10,9 @@ import Synchronization
 /// state, again and again, to anyone who asks.
 final class SnapshotBudget: Sendable {
     let bytesPerMinute: Int
-    /// Callers tracked at most; past it, those whose bucket is full again are forgotten first.
+    /// Callers tracked at most; past it, those whose bucket is full again are forgotten, and
+    /// if that is not enough (callers from that many addresses at once), those closest to full
+    /// until half are left: memory stays bounded, at the cost of a fresh budget for them.
     static let maxCallers = 100_000
     private struct Bucket {
         var bytes: Double
@@ -22,6 +24,9 @@ final class SnapshotBudget: Sendable {
     init(bytesPerMinute: Int) {
         self.bytesPerMinute = bytesPerMinute
     }
+
+    /// Callers tracked now.
+    var callers: Int { buckets.withLock { $0.count } }
 
     private var perSecond: Double { Double(bytesPerMinute) / 60 }
 
@@ -39,8 +44,11 @@ final class SnapshotBudget: Sendable {
         buckets.withLock { buckets in
             let left = buckets[caller].map { refilled($0, now: now) } ?? Double(bytesPerMinute)
             buckets[caller] = Bucket(bytes: left - Double(bytes), at: now)
+            guard buckets.count > Self.maxCallers else { return }
+            buckets = buckets.filter { refilled($0.value, now: now) < Double(bytesPerMinute) }
             if buckets.count > Self.maxCallers {
-                buckets = buckets.filter { refilled($0.value, now: now) < Double(bytesPerMinute) }
+                let kept = buckets.sorted { refilled($0.value, now: now) < refilled($1.value, now: now) }.prefix(Self.maxCallers / 2)
+                buckets = Dictionary(uniqueKeysWithValues: kept.map { ($0.key, $0.value) })
             }
         }
     }
