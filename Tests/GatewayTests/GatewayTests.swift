@@ -62,14 +62,7 @@ struct GatewayBed {
 
     /// Runs `body` against a new bed, and stops it however `body` ends.
     static func with(_ configure: (inout GatewaySettings) -> Void = { _ in }, _ body: (GatewayBed) async throws -> Void) async throws {
-        let bed = try await start(configure)
-        do {
-            try await body(bed)
-        } catch {
-            await bed.stop()
-            throw error
-        }
-        await bed.stop()
+        try await stopping(try await start(configure), with: { await $0.stop() }, body)
     }
 
     func stop() async {

@@ -92,14 +92,8 @@ struct StoreBus {
     /// store registering with a kernel that is gone.
     static func with(historyLimit: Int = 100, maxSizeBytes: Int? = nil, backend: Backend = .sqlite,
                      _ body: (StoreBus) async throws -> Void) async throws {
-        let bus = try await start(historyLimit: historyLimit, maxSizeBytes: maxSizeBytes, backend: backend)
-        do {
-            try await body(bus)
-        } catch {
-            await bus.stop()
-            throw error
-        }
-        await bus.stop()
+        try await stopping(try await start(historyLimit: historyLimit, maxSizeBytes: maxSizeBytes, backend: backend),
+                           with: { await $0.stop() }, body)
     }
 
     /// Another store on the same database and kernel (a restart, or a second worker process).

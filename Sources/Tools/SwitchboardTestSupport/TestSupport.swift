@@ -20,6 +20,19 @@ public func within<T: Sendable>(_ seconds: Double, _ what: String = "operation",
     try await withDeadline(.seconds(seconds), expired: { TimedOut(what: what) }, body)
 }
 
+/// Runs `body` on `started`, then `stop(started)` however `body` ends: a test that fails
+/// leaves nothing it started running (Swift has no `defer` that awaits).
+public func stopping<Started>(_ started: Started, with stop: (Started) async -> Void,
+                              _ body: (Started) async throws -> Void) async throws {
+    do {
+        try await body(started)
+    } catch {
+        await stop(started)
+        throw error
+    }
+    await stop(started)
+}
+
 /// Polls `condition` every 20 ms until it holds, failing after `seconds`.
 public func eventually(_ seconds: Double = 10, _ what: String, _ condition: @escaping @Sendable () async throws -> Bool) async throws {
     let deadline = Date().addingTimeInterval(seconds)
