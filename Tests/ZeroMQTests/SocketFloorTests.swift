@@ -8,16 +8,14 @@ import Testing
 /// rows mean nothing. Driven here with hand-made 7/MDP and CHP frames, not the codecs it uses.
 @Suite("The socket layer's floor (switchboard-bench socket-floor)")
 struct SocketFloorTests {
-    @Test("it forwards 7/MDP requests within the worker's window and replies to their clients, and republishes KVSETs in order; with --move-messages too (libzmq's messages moved, no frames)",
-          arguments: [false, true])
-    func forwardsAndRepublishes(movingMessages: Bool) async throws {
+    @Test("it forwards 7/MDP requests within the worker's window and replies to their clients, and republishes KVSETs in order")
+    func forwardsAndRepublishes() async throws {
         let folder = try temporaryDirectory("floor")
         defer { try? FileManager.default.removeItem(at: folder) }
         let endpoints = ["broker", "collector", "publisher"].map { "ipc://" + folder.appendingPathComponent($0).path }
         let (broker, collector, publisher) = (endpoints[0], endpoints[1], endpoints[2])
         let bench = switchboardExecutable().deletingLastPathComponent().appendingPathComponent("switchboard-bench")
-        let floor = try ChildProcess(bench, ["socket-floor", "--broker", broker, "--collector", collector, "--publisher", publisher]
-                                     + (movingMessages ? ["--move-messages"] : []))
+        let floor = try ChildProcess(bench, ["socket-floor", "--broker", broker, "--collector", collector, "--publisher", publisher])
         defer { floor.stop() }
 
         let context = try ZMQContext()

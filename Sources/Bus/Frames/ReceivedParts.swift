@@ -1,27 +1,22 @@
 /// The parts of one received message, read where the socket received them: a handler on a
 /// hot path (the broker) compares headers in place and makes a ``Frame`` only of a part it
-/// keeps, instead of one of every part (docs/BENCHMARKS.md, issue 33). The ZeroMQ module's
-/// subclass reads into it; a part's bytes are valid until the next message is read into the
+/// keeps, instead of one of every part. The ZeroMQ module's subclass reads into it; a part's bytes are valid until the next message is read into the
 /// same parts, so nothing read here outlives the handler's call unless it was made a frame.
 /// Used on one thread at a time.
 open class ReceivedParts {
-    /// What was read, behind a pointer: a class's stored property read or written from
-    /// another module is checked for exclusive access at run time whatever it is marked (a
-    /// thread-local lookup each time, more than the read itself), memory behind a `let`
-    /// pointer is not.
+    /// What was read.
     @usableFromInline struct State {
         /// Each part's bytes, the first `count` meaningful.
         @usableFromInline var spans: UnsafeMutableBufferPointer<UnsafeRawBufferPointer>
         @usableFromInline var count = 0
         @usableFromInline var peerUserID: String?
     }
-    @usableFromInline let state: UnsafeMutablePointer<State>
+    @usableFromInline final var state: State
 
     public init() {
         let spans = UnsafeMutableBufferPointer<UnsafeRawBufferPointer>.allocate(capacity: Self.initialRoom)
         spans.initialize(repeating: UnsafeRawBufferPointer(start: nil, count: 0))
-        state = .allocate(capacity: 1)
-        state.initialize(to: State(spans: spans))
+        state = State(spans: spans)
     }
 
     /// Parts there is room for at first, and again after a message of more than
@@ -32,23 +27,21 @@ open class ReceivedParts {
     package static let keptRoom = 64
 
     deinit {
-        state.pointee.spans.deallocate()
-        state.deinitialize(count: 1)
-        state.deallocate()
+        state.spans.deallocate()
     }
 
     /// How many parts the message has.
     @inlinable
-    public final var count: Int { state.pointee.count }
+    public final var count: Int { state.count }
 
     /// The peer's ZAP user id, when the socket reads it (``Message/peerUserID``).
-    public final var peerUserID: String? { state.pointee.peerUserID }
+    public final var peerUserID: String? { state.peerUserID }
 
     /// The bytes of part `index` (`0 ..< count`), valid until the next message is read.
     @inlinable
     public final subscript(index: Int) -> UnsafeRawBufferPointer {
-        precondition(index >= 0 && index < state.pointee.count, "part \(index) of \(state.pointee.count)")
-        return state.pointee.spans[index]
+        precondition(index >= 0 && index < state.count, "part \(index) of \(state.count)")
+        return state.spans[index]
     }
 
     /// Whether part `index` holds exactly `frame`'s bytes (headers, command codes): their
@@ -100,38 +93,38 @@ open class ReceivedParts {
         for index in index..<count { kept.append(frame(index)) }
         return kept[...]
     }
-    @exclusivity(unchecked) private final var kept: [Frame] = []
+    private final var kept: [Frame] = []
 
     // MARK: For the socket that reads into the parts
 
     /// Starts a message: no parts yet.
     @inlinable
     package final func clear() {
-        state.pointee.count = 0
-        state.pointee.peerUserID = nil
+        state.count = 0
+        state.peerUserID = nil
     }
 
     /// Records the bytes of part `index`, just read, as the message's last so far; there is
     /// room for it (``setRoom(_:)``).
     @inlinable
     package final func received(_ index: Int, _ bytes: UnsafeRawBufferPointer) {
-        state.pointee.spans[index] = bytes
-        state.pointee.count = index + 1
+        state.spans[index] = bytes
+        state.count = index + 1
     }
 
     package final func received(peerUserID: String?) {
-        state.pointee.peerUserID = peerUserID
+        state.peerUserID = peerUserID
     }
 
     /// Room for exactly `parts` parts (at least ``count``); what was read is kept.
     package final func setRoom(_ parts: Int) {
         precondition(parts >= count, "room for \(parts) of \(count) parts read")
-        let spans = state.pointee.spans
+        let spans = state.spans
         guard parts != spans.count else { return }
         let resized = UnsafeMutableBufferPointer<UnsafeRawBufferPointer>.allocate(capacity: parts)
         resized.initialize(repeating: UnsafeRawBufferPointer(start: nil, count: 0))
         for index in 0..<count { resized[index] = spans[index] }
         spans.deallocate()
-        state.pointee.spans = resized
+        state.spans = resized
     }
 }

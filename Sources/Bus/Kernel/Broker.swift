@@ -7,12 +7,10 @@ import ZeroMQ
 /// The Majordomo broker (7/MDP and 18/MDP, with 8/MMI) on the kernel's ROUTER socket.
 ///
 /// Loop-confined: every method runs on the kernel's loop thread, so the registry needs no
-/// locks, and the state touched per message is `@exclusivity(unchecked)`: nothing reaches it
-/// from elsewhere, and the checks cost 5% of the kernel's time per request. Idle workers are
-/// served least recently used first; each worker has at most one request in flight (MDP); a
-/// request whose worker dies goes back to the front of its queue (or is answered -32006 for a
-/// non-retriable service); replies from a worker the broker no longer knows are dropped, so a
-/// client never gets two replies.
+/// locks. Idle workers are served least recently used first; each worker has at most one
+/// request in flight (MDP); a request whose worker dies goes back to the front of its queue
+/// (or is answered -32006 for a non-retriable service); replies from a worker the broker no
+/// longer knows are dropped, so a client never gets two replies.
 ///
 /// Each peer speaks the version its messages say. An 18/MDP worker may answer in parts
 /// (PARTIAL, then FINAL): an 18/MDP client gets each part as it comes; a 7/MDP client gets
@@ -113,15 +111,15 @@ final class Broker {
         let speaksExtension: Bool
         /// The Majordomo its READY was in; every command it sends must be in the same.
         let version: MDP.Version
-        @exclusivity(unchecked) var expiry: UInt64
+        var expiry: UInt64
         /// Requests sent to it and not yet answered, by the tag its replies echo.
-        @exclusivity(unchecked) var inFlight = InFlight()
+        var inFlight = InFlight()
         /// The error count its last HEARTBEAT reported (the extension).
         var reportedErrors = 0
         /// Takes no new requests: it finishes those in flight, then leaves (a drain).
-        @exclusivity(unchecked) var draining = false
+        var draining = false
         /// Copies of requests to every worker that wait for a place of this worker's own.
-        @exclusivity(unchecked) var gatherCopies: Deque<Request> = []
+        var gatherCopies: Deque<Request> = []
         var hasRoom: Bool { !draining && inFlight.count < window }
         /// Whether `id` names it: its routing id, or its process (the part before the first `/`).
         func isNamed(_ id: String) -> Bool { identity.equals(id) || process.equals(id) }
@@ -143,18 +141,18 @@ final class Broker {
         let name: String
         /// The name as the frame every reply for the service carries, made once.
         let nameFrame: Frame
-        @exclusivity(unchecked) var requests = FairQueue()
+        var requests = FairQueue()
         /// Workers with room for a request, least recently used first; a worker with a
         /// window is in it once per free place.
-        @exclusivity(unchecked) var idle: Deque<Worker> = []
+        var idle: Deque<Worker> = []
         /// Its workers that take requests (a draining one no longer counts).
         var workers = 0
         /// Places of all its workers (the sum of their windows): no client may hold more
         /// than its share of them (``Broker/clientShare(of:)``).
-        @exclusivity(unchecked) var places = 0
+        var places = 0
         /// Whether a worker ever offered it; a name nobody serves is forgotten once idle.
         var everServed = false
-        @exclusivity(unchecked) var stats = ServiceStats()
+        var stats = ServiceStats()
         init(name: String) {
             self.name = name
             nameFrame = Frame(name)
@@ -201,12 +199,12 @@ final class Broker {
     var recordsSpans = false
 
     /// Its limits may change while it serves (``KernelParts/reconfigure(_:)``).
-    @exclusivity(unchecked) var configuration: KernelConfiguration {
+    var configuration: KernelConfiguration {
         didSet { timeouts = Timeouts(configuration) }
     }
     /// The configuration's durations in nanoseconds, worked out once rather than for every
     /// message (a `Duration`'s arithmetic is 128-bit: 2% of the kernel's time per request).
-    @exclusivity(unchecked) private(set) var timeouts: Timeouts
+    private(set) var timeouts: Timeouts
 
     struct Timeouts {
         let queue: UInt64
@@ -221,12 +219,12 @@ final class Broker {
     let admission: Admission
     /// Messages for the ROUTER socket, and events for the kernel: taken after each call.
     let outbox = Outbox()
-    @exclusivity(unchecked) private(set) var events: [Event] = []
+    private(set) var events: [Event] = []
 
-    @exclusivity(unchecked) private(set) var workers: [Frame: Worker] = [:]
-    @exclusivity(unchecked) private(set) var services: [String: Service] = [:]
+    private(set) var workers: [Frame: Worker] = [:]
+    private(set) var services: [String: Service] = [:]
     private(set) var protocolErrors = 0
-    @exclusivity(unchecked) private(set) var totalRequests = 0
+    private(set) var totalRequests = 0
     /// Replies dropped because their client does not read (its backlog is full).
     private(set) var droppedReplies = 0
     /// Requests answered in parts that have had a part and no FINAL yet, by client: where a
@@ -241,7 +239,7 @@ final class Broker {
     /// may still answer one before another worker takes it, and that answer is kept.
     private var lateWorkers: [Frame: (service: Service, requests: [Frame: Request], until: UInt64)] = [:]
     /// Bytes of request bodies waiting in all queues.
-    @exclusivity(unchecked) private(set) var queuedBytes = 0
+    private(set) var queuedBytes = 0
     /// Requests to every worker of a service still gathering answers.
     private(set) var gathers: [Gather] = []
     /// Replies in parts under way, a gather's among them: a part relayed, no FINAL yet (`kernel stats`).
@@ -964,8 +962,8 @@ final class Broker {
     /// The worker that sent the last worker message, and the service the last request was
     /// for: a worker's replies and a client's requests come in runs, so most lookups end here
     /// instead of hashing a routing id or a name (3% of the kernel's time per request).
-    @exclusivity(unchecked) private var lastWorker: Worker?
-    @exclusivity(unchecked) private var lastService: Service?
+    private var lastWorker: Worker?
+    private var lastService: Service?
 
     private func knownWorker(_ identity: Frame) -> Worker? {
         if let lastWorker, lastWorker.identity == identity { return lastWorker }

@@ -24,13 +24,13 @@ struct FairQueue {
     /// answering it reach the client with no lookup by key (docs/BENCHMARKS.md, issue 33).
     final class Client {
         let id: Frame
-        @exclusivity(unchecked) fileprivate var waiting: Deque<Broker.Request> = []
-        @exclusivity(unchecked) fileprivate(set) var held = 0
-        @exclusivity(unchecked) fileprivate var inTurn = false
-        @exclusivity(unchecked) fileprivate var isKnown = false
+        fileprivate var waiting: Deque<Broker.Request> = []
+        fileprivate(set) var held = 0
+        fileprivate var inTurn = false
+        fileprivate var isKnown = false
         /// Requests handed out in its turn so far (0: its turn has not begun), and when the first was.
-        @exclusivity(unchecked) fileprivate var run = 0
-        @exclusivity(unchecked) fileprivate var runStarted: UInt64 = 0
+        fileprivate var run = 0
+        fileprivate var runStarted: UInt64 = 0
         init(id: Frame) { self.id = id }
     }
 

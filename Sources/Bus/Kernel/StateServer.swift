@@ -40,7 +40,7 @@ final class StateServer: PairReplica {
     }
 
     /// Its limits and allowed keys may change while it serves (``KernelParts/reconfigure(_:)``).
-    @exclusivity(unchecked) var configuration: KernelConfiguration {
+    var configuration: KernelConfiguration {
         didSet {
             history.limits = Self.historyLimits(configuration)
             history.trim()
@@ -52,8 +52,8 @@ final class StateServer: PairReplica {
     let publisher = Outbox()
 
     /// Keyed by the key's bytes, as the KVSET carried them: no string is built per update.
-    @exclusivity(unchecked) private(set) var entries: [Frame: Entry] = [:]
-    @exclusivity(unchecked) private(set) var sequence: UInt64
+    private(set) var entries: [Frame: Entry] = [:]
+    private(set) var sequence: UInt64
     /// Malformed KVSETs.
     private(set) var rejectedWrites = 0
     /// Snapshot requests answered with the changes since the sequence they gave, and those
@@ -66,21 +66,21 @@ final class StateServer: PairReplica {
     private(set) var refusedConflict = 0
     private(set) var refusedOverLimit = 0
     /// Bytes of keys and values held.
-    @exclusivity(unchecked) private(set) var totalBytes = 0
+    private(set) var totalBytes = 0
     /// The recent changes: resumes from a sequence, and `state.history`.
-    @exclusivity(unchecked) private(set) var history: StateHistory
+    private(set) var history: StateHistory
     /// The quotas holding a key; one is dropped when its last key goes.
-    @exclusivity(unchecked) private(set) var quotas: [String: Quota] = [:]
+    private(set) var quotas: [String: Quota] = [:]
     /// The quota last written under: writes come in runs from one client, whose quota is then
     /// found by comparing its key, not hashing it.
-    @exclusivity(unchecked) private var lastQuota: Quota?
+    private var lastQuota: Quota?
     private let access: StateAccess
     private var lastHugz: UInt64 = 0
     private var expiring = 0
     /// Each topic subscribed on the publisher, with how many updates were published under
     /// it since: every HUGZ carries these counts, so a subscriber whose updates were dropped
     /// (the XPUB drops for a subscriber that falls behind) learns how many it missed.
-    @exclusivity(unchecked) private var topics: [(prefix: Frame, published: UInt64, sent: UInt64)] = []
+    private var topics: [(prefix: Frame, published: UInt64, sent: UInt64)] = []
     /// Topics beyond this many, or longer than `maxCountedTopicBytes`, are not counted:
     /// each costs a prefix comparison per update and room in every HUGZ.
     static let maxCountedTopics = 512
@@ -90,7 +90,7 @@ final class StateServer: PairReplica {
     /// The kernel's pair, if it has one: changes go to the peer before they are published,
     /// and only the active kernel changes the state itself. Joined once, as the kernel
     /// starts (the link refers back to this server without owning it).
-    @exclusivity(unchecked) private(set) var pair: PairLink?
+    private(set) var pair: PairLink?
 
     func join(_ pair: PairLink) {
         precondition(self.pair == nil, "a state server joins one pair")

@@ -9,7 +9,7 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
     // `@unchecked`: the message is written only in init (below); after that libzmq reads it
     // and counts its references atomically.
     /// The message, held in the object itself: one allocation per received frame, not two.
-    @exclusivity(unchecked) private var message = zmq_msg_t()
+    private var message = zmq_msg_t()
 
     /// libzmq keeps up to this many bytes inside a `zmq_msg_t` itself; a larger message's
     /// bytes lie outside it, in a block it counts references to, and stay where they are.
@@ -46,11 +46,11 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
 public final class ZMQReceivedParts: ReceivedParts {
     /// One initialised message per part slot; they never move while a part is read from them
     /// (a part of up to 33 bytes lies inside its message).
-    @exclusivity(unchecked) private var messages: UnsafeMutablePointer<zmq_msg_t>
-    @exclusivity(unchecked) private(set) var slots = ReceivedParts.initialRoom
+    private var messages: UnsafeMutablePointer<zmq_msg_t>
+    private(set) var slots = ReceivedParts.initialRoom
     /// Slots read into since the parts were last released (an earlier message may have had
     /// more parts than the last).
-    @exclusivity(unchecked) private var used = 0
+    private var used = 0
 
     public override init() {
         messages = Self.initialisedMessages(slots)
@@ -72,9 +72,8 @@ public final class ZMQReceivedParts: ReceivedParts {
         messages.deallocate()
     }
 
-    /// The message part `index` is read into, with room made for it (package: a benchmark
-    /// moves received parts out of their slots, as a C broker does, `MessageMover`).
-    package func slot(_ index: Int) -> UnsafeMutablePointer<zmq_msg_t> {
+    /// The message part `index` is read into, with room made for it.
+    func slot(_ index: Int) -> UnsafeMutablePointer<zmq_msg_t> {
         if index >= slots { grow(to: index + 1) }
         return messages + index
     }

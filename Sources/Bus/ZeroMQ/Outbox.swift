@@ -6,14 +6,13 @@
 /// message. Loop-confined.
 public final class Outbox {
     /// Every message's frames, one message after another, in one array kept from flush to
-    /// flush: a message written here costs no array of its own (docs/BENCHMARKS.md, issue 33).
-    /// Loop-confined, so its accesses need no exclusivity checks.
-    @exclusivity(unchecked) private var frames: [Frame] = []
+    /// flush: a message written here costs no array of its own.
+    private var frames: [Frame] = []
     /// Where each message ends in `frames`.
-    @exclusivity(unchecked) private var ends: [Int] = []
+    private var ends: [Int] = []
     /// The arrays of the last flush, written into while a flush delivers the others.
-    @exclusivity(unchecked) private var spareFrames: [Frame] = []
-    @exclusivity(unchecked) private var spareEnds: [Int] = []
+    private var spareFrames: [Frame] = []
+    private var spareEnds: [Int] = []
     private var draining = false
 
     public init() {}

@@ -37,15 +37,14 @@ public struct SendOptions: OptionSet, Sendable {
 public final class ZMQSocket {
     public let context: ZMQContext
     public let type: SocketType
-    /// Unchecked, as the loop's other hot fields: read for every call (twice a message
-    /// received), and a socket is used on one thread at a time.
-    @exclusivity(unchecked) private var handle: UnsafeMutableRawPointer?
+    /// Nil once closed. A socket is used on one thread at a time.
+    private var handle: UnsafeMutableRawPointer?
     /// Received messages carry the peer's ZAP user id (``Message/peerUserID``).
-    @exclusivity(unchecked) public var readsPeerUserID = false
+    public var readsPeerUserID = false
     /// How many libzmq calls were made on this socket. Any of them may take in the wake-up
     /// that the socket's `ZMQ_FD` signalled, so a ``SocketLoop`` reads the socket's events
     /// after every call instead of waiting for a signal that will not come again.
-    @exclusivity(unchecked) private(set) var operations: UInt = 0
+    private(set) var operations: UInt = 0
 
     /// Opens a socket of `type` in `context`.
     public init(_ context: ZMQContext, _ type: SocketType) throws(ZMQError) {
@@ -68,10 +67,9 @@ public final class ZMQSocket {
 
     public var isClosed: Bool { handle == nil }
 
-    /// The libzmq socket, for a call about to be made on it (counted in ``operations``);
-    /// package: a benchmark sends libzmq's messages itself (`MessageMover`).
+    /// The libzmq socket, for a call about to be made on it (counted in ``operations``).
     @inline(__always)
-    package func raw(_ call: @autoclosure () -> String) throws(ZMQError) -> UnsafeMutableRawPointer {
+    func raw(_ call: @autoclosure () -> String) throws(ZMQError) -> UnsafeMutableRawPointer {
         guard let handle else { throw ZMQError(call: call(), code: ENOTSOCK) }
         operations &+= 1
         return handle
@@ -206,7 +204,7 @@ public final class ZMQSocket {
     /// (``messagesOverPartLimit``), and the next one is read.
     public static let maxParts = 4_096
     /// Messages let go for having more than ``maxParts`` parts.
-    @exclusivity(unchecked) public private(set) var messagesOverPartLimit = 0
+    public private(set) var messagesOverPartLimit = 0
 
     private func receive(into parts: ZMQReceivedParts, flags: Int32) throws(ZMQError) -> Bool {
         let handle = try raw("zmq_msg_recv")

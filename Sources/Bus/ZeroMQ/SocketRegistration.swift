@@ -18,7 +18,7 @@ public final class SocketRegistration {
     /// Let go of when the socket closes, with the other handlers: they often hold the
     /// registration's owner, which holds the registration.
     private var handler: Handler?
-    @exclusivity(unchecked) private var backlog: Deque<Message> = []
+    private var backlog: Deque<Message> = []
     private var closeHandlers: [(ZMQError) -> Void] = []
     /// Whether the loop reads this socket; ``pauseReading()`` clears it.
     public private(set) var isReading = true
@@ -46,11 +46,11 @@ public final class SocketRegistration {
 
     /// The parts every message is read into.
     private let parts = ZMQReceivedParts()
-    @exclusivity(unchecked) private var draining = false
+    private var draining = false
     /// The message a ``Handler/message`` handler is given: made in the same array every time,
     /// unless the handler kept the last one (then it is the handler's, and the next is made
     /// in a new array).
-    @exclusivity(unchecked) private var inbox = Message()
+    private var inbox = Message()
     /// Frames the inbox's array keeps room for between messages; a larger one is let go.
     static let inboxCapacity = 64
 
@@ -65,7 +65,7 @@ public final class SocketRegistration {
     /// socket (a message where there was none, room to send again), not necessarily a message.
     let descriptor: Int32
     /// The socket's operation count when the loop last read its events; nil until it has.
-    @exclusivity(unchecked) private var eventsReadAt: UInt?
+    private var eventsReadAt: UInt?
 
     /// Whether the socket was used since its events were read (or was told to be read again):
     /// its descriptor may then not signal what is waiting, as libzmq documents for `ZMQ_FD`.

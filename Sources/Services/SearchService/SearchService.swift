@@ -49,14 +49,6 @@ public actor SearchService: BusService, ServiceWork {
         indexes.rebuild(content, version: version, origin: origin)
     }
 
-    /// The named place nearest to a point, and how far it is (for benchmarks; the methods
-    /// answer with more).
-    public nonisolated func nearestNamedPlace(latitude: Double, longitude: Double) -> (name: String, distanceKm: Double)? {
-        let places = indexes.snapshot.places
-        guard let found = places.nearestNamed(to: Coordinates(latitude: latitude, longitude: longitude)) else { return nil }
-        return (places.label(found.index), found.km)
-    }
-
     /// Follows the catalog until cancelled.
     public func work() async {
         guard let client, let catalog else { return }

@@ -154,8 +154,6 @@ struct KernelBenchmark: AsyncParsableCommand {
                             note: "\(ratios(rate(.kernelPlain))); \(workerSockets) connections, one request each"))
             rows.append(Row("the kernel's socket layer alone, pipelined, \(clients) client\(plural)", rate: rate(.floor),
                             note: "\(ratios(rate(.floor))); a Swift 7/MDP forwarder on SocketLoop with the kernel's codec, no bookkeeping: the kernel's floor\(cpuNote(.floor))"))
-            rows.append(Row("the socket loop moving libzmq's messages, pipelined, \(clients) client\(plural)", rate: rate(.mover),
-                            note: "\(ratios(rate(.mover))); the same forwarder with no Frame of any part, messages moved as the C broker moves them: the loop without the frame model\(cpuNote(.mover))"))
         }
         // The full stack's shape with C ends: what a client and a host that cost nothing would
         // leave of the kernel's pipelined rate, with only 64 requests in flight and 16 a connection.
@@ -313,19 +311,16 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// worker; a C broker moving exactly the kernel's 7/MDP frames; and `switchboard kernel`
     /// as its own process with a C echo worker offering a window (one connection) and a
     /// plain 7/MDP one (many connections); and the kernel's socket layer alone
-    /// (`switchboard-bench socket-floor`, ``SocketLayerFloorCommand``) with a C window worker,
-    /// and that layer's loop moving libzmq's messages with no frames (`--move-messages`,
-    /// ``MessageMover``). The same C pipelining clients measure them all, in the same rounds as the rest.
+    /// (`switchboard-bench socket-floor`, ``SocketLayerFloorCommand``) with a C window worker.
+    /// The same C pipelining clients measure them all, in the same rounds as the rest.
     struct Metal {
         enum Path {
             case raw, cMDP, kernelWindow, kernelPlain, floor
-            /// The socket layer's forwarder moving libzmq's messages (``MessageMover``).
-            case mover
             /// C client and worker at the full stack's shape (``fullStackInFlight`` and so on),
             /// through the C 7/MDP broker and through the kernel.
             case cMDPFullStackShape, kernelFullStackShape
             /// The paths measured at the pipelined window, 1 and 8 clients.
-            static let pipelined: [Path] = [.raw, .cMDP, .kernelWindow, .kernelPlain, .floor, .mover]
+            static let pipelined: [Path] = [.raw, .cMDP, .kernelWindow, .kernelPlain, .floor]
         }
         /// Where CHP updates go: the raw proxy, the kernel, or a second kernel that keeps one
         /// change of history (the cost of revisions and history is the difference), or the
@@ -338,13 +333,10 @@ struct KernelBenchmark: AsyncParsableCommand {
         let floorBroker: String, floorCollector: String, floorPublisher: String
         /// The C 7/MDP broker for ``Path/cMDPFullStackShape`` (its C broker serves one service).
         let shapeBroker: String
-        /// The socket layer moving libzmq's messages (``Path/mover``).
-        let moverBroker: String
         /// The kernel processes, with and without history, and the socket layer's.
         var kernel: ChildProcess { processes[4] }
         var bareKernel: ChildProcess { processes[8] }
         var socketFloor: ChildProcess { processes[9] }
-        var messageMover: ChildProcess { processes[14] }
 
         static func start(workerSockets: Int, workerWindow: Int) async throws -> Metal {
             let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
@@ -352,7 +344,7 @@ struct KernelBenchmark: AsyncParsableCommand {
                 throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
             }
             let bench = productsDirectory().appendingPathComponent("switchboard-bench")
-            let ports = (0..<20).map { _ in "tcp://127.0.0.1:\(freePort())" }
+            let ports = (0..<17).map { _ in "tcp://127.0.0.1:\(freePort())" }
             // Each watches its standard input, a pipe this process holds: they end with it.
             let processes = [
                 try ChildProcess(baseline, ["broker", ports[0], ports[1]]),
@@ -375,14 +367,11 @@ struct KernelBenchmark: AsyncParsableCommand {
                                             String(KernelBenchmark.fullStackWindow)]),
                 try ChildProcess(baseline, ["mdp-worker", ports[2], "shape", String(KernelBenchmark.fullStackConnections),
                                             String(KernelBenchmark.fullStackWindow)]),
-                try ChildProcess(bench, ["socket-floor", "--move-messages", "--broker", ports[17], "--collector", ports[18], "--publisher", ports[19]]),
-                try ChildProcess(baseline, ["mdp-worker", ports[17], "window", "1", String(workerWindow)]),
             ]
             return Metal(processes: processes, rawFront: ports[0], mdpBroker: ports[6], kernelBroker: ports[2],
                          proxyFront: ports[7], proxyBack: ports[8], kernelCollector: ports[5], kernelPublisher: ports[4],
                          bareBroker: ports[9], bareCollector: ports[12], barePublisher: ports[11],
-                         floorBroker: ports[13], floorCollector: ports[14], floorPublisher: ports[15], shapeBroker: ports[16],
-                         moverBroker: ports[17])
+                         floorBroker: ports[13], floorCollector: ports[14], floorPublisher: ports[15], shapeBroker: ports[16])
         }
 
         /// The rate of `requests` (in all) from `clients` C clients through `path`, and the
@@ -403,7 +392,6 @@ struct KernelBenchmark: AsyncParsableCommand {
             case .cMDPFullStackShape: processes[11]
             case .kernelWindow, .kernelPlain, .kernelFullStackShape: kernel
             case .floor: socketFloor
-            case .mover: messageMover
             }
             guard let stat = try? String(contentsOfFile: "/proc/\(broker.process.processIdentifier)/stat", encoding: .utf8),
                   let close = stat.lastIndex(of: ")") else { return nil }
@@ -421,7 +409,6 @@ struct KernelBenchmark: AsyncParsableCommand {
             case .kernelWindow: return try await rate(["mdp-client", kernelBroker, "window"] + counts)
             case .kernelPlain: return try await rate(["mdp-client", kernelBroker, "plain"] + counts)
             case .floor: return try await rate(["mdp-client", floorBroker, "window"] + counts)
-            case .mover: return try await rate(["mdp-client", moverBroker, "window"] + counts)
             case .cMDPFullStackShape: return try await rate(["mdp-client", shapeBroker, "shape"] + counts)
             case .kernelFullStackShape: return try await rate(["mdp-client", kernelBroker, "shape"] + counts)
             }

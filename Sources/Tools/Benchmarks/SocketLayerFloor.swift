@@ -10,7 +10,7 @@ import ZeroMQ
 /// kernel's codecs and socket options, and none of its work (no fair queue, heartbeats,
 /// stats, state, history or quotas). Measured with the same C programs as the kernel, in a
 /// process of its own as the kernel is, it is the floor the kernel's figures stand on: what
-/// the kernel does above it costs the difference (docs/BENCHMARKS.md, issue 33).
+/// the kernel does above it costs the difference (docs/PERFORMANCE.md).
 struct SocketLayerFloorCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "socket-floor",
@@ -24,12 +24,10 @@ struct SocketLayerFloorCommand: AsyncParsableCommand {
     var collector: String
     @Option(help: "Endpoint for CHP subscribers.")
     var publisher: String
-    @Flag(help: "Forward 7/MDP by moving libzmq's messages, no Frame of any part (MessageMover).")
-    var moveMessages = false
 
     func run() async throws {
         let loop = try SocketLoop(context: ZMQContext(), name: "floor")
-        try await loop.run { [broker, collector, publisher, moveMessages] in
+        try await loop.run { [broker, collector, publisher] in
             let configuration = KernelConfiguration()
             let router = try ZMQSocket(loop.context, .router)
             // As the kernel's ROUTER: a full peer's messages are dropped rather than waited for.
@@ -44,7 +42,7 @@ struct SocketLayerFloorCommand: AsyncParsableCommand {
             try xpub.set(.xpubVerbose, true)
             try xpub.set(.sendHighWaterMark, Int32(clamping: configuration.subscriberBacklog))
             try xpub.bind(publisher)
-            if moveMessages { MessageMover.serve(router, on: loop) } else { MDPForwarder.serve(router, on: loop) }
+            MDPForwarder.serve(router, on: loop)
             CHPRepublisher.serve(from: subscriber, to: xpub, on: loop)
         }
         // The benchmark holds the other end of standard input: it ends when the benchmark does.

@@ -119,8 +119,8 @@ public struct MethodTable<Service: BusService>: Sendable {
         return JSONSchema.of(P.self)
     }
 
-    /// Runs `method` on `service` in this process, answering as a request through the bus
-    /// would (for benchmarks and single-process use).
+    /// Runs `method` on `service` in this process, answered as a request through the bus
+    /// is: its request and reply as JSON text (a service used without a bus, its tests).
     public func call<P, R>(_ method: Method<P, R>, _ params: P, on service: Service) async throws -> R {
         let body = JSONRPCRequest(id: .number(0), method: method.name, paramsText: try method.paramsText(params)).jsonBytes
         let reply = await answer(body: body, on: service).reply
