@@ -290,8 +290,6 @@ let package = Package(
             dependencies: [
                 "BusBench", "Contracts", "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
                 "SwitchboardTestSupport",
-                // libzmq's messages, moved by `socket-floor --move-messages` as a C broker moves them.
-                "CZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),

@@ -129,4 +129,42 @@ struct ArchitectureTests {
             }
         }
     }
+
+    /// Places where the code switches Swift's run-time exclusivity checks off, by file, with
+    /// the measured reason each must stay. Empty: no measurement showed a check on the hot
+    /// paths costing more than the machine's run-to-run noise. The count only goes down.
+    static let uncheckedExclusivity: [String: (count: Int, reason: String)] = [:]
+
+    /// The Swift files under the library and program folders (not the tools), with their text.
+    static func productionSources() throws -> [(name: String, text: String)] {
+        var sources: [(String, String)] = []
+        for folder in ["Bus", "Services", "Operations", "Programs"] {
+            let base = root.appendingPathComponent("Sources/\(folder)")
+            let files = try #require(FileManager.default.enumerator(at: base, includingPropertiesForKeys: nil))
+            for case let file as URL in files where file.pathExtension == "swift" {
+                let name = String(file.path.dropFirst(root.path.count + 1))
+                sources.append((name, try String(contentsOf: file, encoding: .utf8)))
+            }
+        }
+        return sources
+    }
+
+    @Test("the libraries keep Swift's run-time exclusivity checks, but for the allowlist's places")
+    func exclusivityChecked() throws {
+        for (name, text) in try Self.productionSources() {
+            let count = text.matches(of: /@exclusivity\(unchecked\)/).count
+            #expect(count <= (Self.uncheckedExclusivity[name]?.count ?? 0),
+                    "\(name) switches exclusivity checks off \(count) times; the allowlist in ArchitectureTests names its reason, or it goes")
+        }
+    }
+
+    @Test("code comments state rules, not history: none cites an issue or the benchmark notes")
+    func commentsCiteNoIssues() throws {
+        for (name, text) in try Self.productionSources() {
+            for line in text.split(separator: "\n") where line.contains("//") {
+                let comment = line[line.range(of: "//")!.lowerBound...]
+                #expect(!comment.contains(/[Ii]ssue #?[0-9]+|BENCHMARKS\.md/), "\(name): \(comment)")
+            }
+        }
+    }
 }

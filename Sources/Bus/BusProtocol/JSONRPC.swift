@@ -415,8 +415,8 @@ public enum JSONRPC {
     private static let notAnObject = JSONRPCItem.invalid(JSONRPCResponse(id: .null, error: .invalidRequest("a request must be a JSON object")))
 
     private static func request(_ members: [(key: String, range: Range<Int>)], in text: UnsafeBufferPointer<UInt8>) -> JSONRPCItem {
-        // The members a request may have, read in one pass: a dictionary of them was a third
-        // of parsing a traced request (1.65 µs with it, 1.03 without: `switchboard-bench json`).
+        // The members a request may have, read in one pass: a dictionary of them, built per
+        // request, costs parsing a small request a large share (`switchboard-bench json`).
         let ranges = EnvelopeMembers(members)
         func value(_ range: Range<Int>?) -> JSONValue? { memberValue(range, in: text) }
         var id: JSONRPCID?

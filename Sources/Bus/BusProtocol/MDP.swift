@@ -264,8 +264,8 @@ extension MDP {
     }
 
     /// The same, read where the socket received it: headers compared in place, frames made
-    /// only of the routing ids and the body, which the broker keeps (docs/BENCHMARKS.md,
-    /// issue 33). The body is a slice of an array the parts reuse when it was not kept.
+    /// only of the routing ids and the body, which the broker keeps.
+    /// The body is a slice of an array the parts reuse when it was not kept.
     public static func decodeAtBroker(_ parts: ReceivedParts) throws(ProtocolError) -> BrokerInbound {
         try decodeAtBroker(parts: parts)
     }

@@ -40,7 +40,7 @@ final class HeapFrameBuffer: FrameBuffer, @unchecked Sendable {
 /// them inline saves two allocations per frame on every receive and send.
 /// Inlinable with ``Frame``'s readers (below): they are generic over the caller's closure,
 /// and a generic call across modules is not specialized, so every read of a frame's bytes in
-/// the kernel's hot path went through the unspecialized version (docs/BENCHMARKS.md, issue 33).
+/// the kernel's hot path went through the unspecialized version.
 @usableFromInline
 struct InlineBytes: Sendable {
     @usableFromInline static let capacity = 32
@@ -89,7 +89,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 
     /// Calls `body` with the buffer the bytes are kept in (nil for a frame held inline),
     /// borrowed: ``buffer`` returns a reference of its own, a retain and a release per call,
-    /// which sending every frame paid (docs/BENCHMARKS.md, issue 33).
+    /// which sending every frame paid.
     @inlinable
     package func withBuffer<R>(_ body: (FrameBuffer?) -> R) -> R {
         switch storage {
@@ -258,8 +258,7 @@ public struct Frame: Sendable, Hashable, CustomStringConvertible {
 extension String {
     /// `bytes` as text, or nil when they are not valid UTF-8. ASCII (keys, names, most text on
     /// the bus) is taken as it is: `String(validating:as:)` is a generic call into the standard
-    /// library that looks up type metadata under a lock every time, most of the 4% of a service
-    /// host's time once spent looking up metadata (docs/BENCHMARKS.md, issue 33).
+    /// library that looks up type metadata under a lock every time.
     public init?(checkingUTF8 bytes: UnsafeBufferPointer<UInt8>) {
         if bytes.allSatisfy({ $0 < 0x80 }) {
             self = String(decoding: bytes, as: UTF8.self)

@@ -45,7 +45,7 @@ final class Broker {
         let owner: FairQueue.Client
         /// The frames after the service name. Most bodies are one frame, held alone: the
         /// message it arrived in is let go at once, and its socket reads the next message into
-        /// the same array (docs/BENCHMARKS.md, issue 33). Longer ones stay a slice of it.
+        /// the same array. Longer ones stay a slice of it.
         private let onlyFrame: Frame?
         private let frames: ArraySlice<Frame>
         var body: ArraySlice<Frame> { onlyFrame.map { [$0][...] } ?? frames }
@@ -203,7 +203,7 @@ final class Broker {
         didSet { timeouts = Timeouts(configuration) }
     }
     /// The configuration's durations in nanoseconds, worked out once rather than for every
-    /// message (a `Duration`'s arithmetic is 128-bit: 2% of the kernel's time per request).
+    /// message (a `Duration`'s arithmetic is 128-bit).
     private(set) var timeouts: Timeouts
 
     struct Timeouts {
@@ -961,7 +961,7 @@ final class Broker {
 
     /// The worker that sent the last worker message, and the service the last request was
     /// for: a worker's replies and a client's requests come in runs, so most lookups end here
-    /// instead of hashing a routing id or a name (3% of the kernel's time per request).
+    /// instead of hashing a routing id or a name.
     private var lastWorker: Worker?
     private var lastService: Service?
 

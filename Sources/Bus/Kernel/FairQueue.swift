@@ -11,8 +11,8 @@ import ZeroMQ
 ///
 /// A turn lasts while places free up quickly: up to ``maxRun`` requests, handed out within
 /// ``runNanoseconds`` of the first. Turns of one request each sent every client's replies
-/// interleaved, one or two to each connection at a time, which cost libzmq's I/O thread a
-/// third more a request with 8 clients than with one (docs/BENCHMARKS.md, issue 33); a slow
+/// interleaved, one or two to each connection at a time, which cost libzmq's I/O thread
+/// more a request with 8 clients than with one; a slow
 /// service still takes one request a turn, as a place frees up only after the time is past.
 struct FairQueue {
     /// The most requests one turn hands out.
@@ -21,7 +21,7 @@ struct FairQueue {
     static let runNanoseconds: UInt64 = 200_000
     /// One client of the service: its waiting requests, oldest first, and how many of the
     /// service's places its requests hold. A request carries its client, so dispatching and
-    /// answering it reach the client with no lookup by key (docs/BENCHMARKS.md, issue 33).
+    /// answering it reach the client with no lookup by key.
     final class Client {
         let id: Frame
         fileprivate var waiting: Deque<Broker.Request> = []

@@ -9,8 +9,8 @@ import BusProtocol
 ///
 /// A key's revisions are chained: each change names the key's change before it, so they are
 /// found from the key's last change (its entry's sequence, or its deletion's) by a few binary
-/// searches of the log, with no lookup by key when a change is recorded (docs/BENCHMARKS.md,
-/// issue 33) and no reading of the whole log when asked (any client may ask).
+/// searches of the log, with no lookup by key when a change is recorded
+/// and no reading of the whole log when asked (any client may ask).
 struct StateHistory {
     struct Change {
         let sequence: UInt64

@@ -31,7 +31,7 @@ final class StateServer: PairReplica {
 
     /// Keys and bytes held by one client key under the writable prefixes. An entry refers to
     /// its quota, so a write counts without looking its owner up by name (a hash of the key
-    /// each time; docs/BENCHMARKS.md, issue 33).
+    /// each time).
     final class Quota {
         let owner: String
         var keys = 0

@@ -142,8 +142,7 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
     /// that call the actors pinned here prefer it (else each hop back to the same actor would
     /// count as a change of task executor, and be a job of its own). Run as isolated to the
     /// loop, a task's nonisolated code hopped to the generic executor through a job of its
-    /// own at each async function it entered: some twenty per request in a service host
-    /// (docs/BENCHMARKS.md, issue 33).
+    /// own at each async function it entered, many per request in a service host.
     private func run(_ work: Work) {
         switch work {
         case .actorJob(let job):

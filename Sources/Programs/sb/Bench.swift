@@ -93,7 +93,7 @@ struct BenchRequest: AsyncParsableCommand {
             }
             var clients = [first]
             // One socket thread for every connection, as a program with many would have: a thread
-            // each (and libzmq's I/O thread each) made 8 clients slower than 1 (issue 33).
+            // each (and libzmq's I/O thread each) made 8 clients slower than 1.
             for _ in 1..<self.clients { clients.append(try await connection.client(loop: first.loop)) }
             let progress = BenchProgress()
             let total: Int? = if case .count(let count) = stop { count } else { nil }

@@ -83,8 +83,7 @@ public enum BusTracing {
     /// What this process bootstrapped. With ``Propagation`` alone (every `switchboard` piece
     /// and `sb` without telemetry) a request's trace members are written and read here at
     /// once: through the instrument API each request took a lock, a dynamic cast, an
-    /// existential call, a context dictionary of its own and a header built by interpolation
-    /// (~10% of a client's and a few % of a host's CPU a request).
+    /// existential call, a context dictionary of its own and a header built by interpolation.
     private enum Mode: UInt8 { case unknown, propagation, spans }
     private static let mode = Atomic<UInt8>(Mode.unknown.rawValue)
     private static var propagatesAlone: Bool { mode.load(ordering: .acquiring) == Mode.propagation.rawValue }
