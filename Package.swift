@@ -307,6 +307,16 @@ let package = Package(
             swiftSettings: sharedSettings
         ),
         .target(name: "CLibFuzzer", path: "Sources/Tools/CLibFuzzer"),
+        // Heap allocations counted per thread and per process: HotPathCostTests holds the hot
+        // paths to a cost per message.
+        .target(name: "CRuntimeCounters", path: "Sources/Tools/RuntimeCounters"),
+        // Heap allocations per message on the hot paths, in a process of its own.
+        .executableTarget(
+            name: "switchboard-costs",
+            dependencies: ["BusKit", "BusProtocol", "Contracts", "CRuntimeCounters", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ"],
+            path: "Sources/Tools/Costs",
+            swiftSettings: sharedSettings
+        ),
         // `Scripts/fuzz`: libFuzzer over FuzzTargets (docs/FUZZING.md).
         .executableTarget(
             name: "switchboard-fuzz",
@@ -402,6 +412,12 @@ let package = Package(
                 "Gateway", "BusKit", "BusProtocol", "EchoService", "SwitchboardConfig", "SwitchboardTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ],
+            swiftSettings: sharedSettings
+        ),
+        // Heap allocations per request and per state update (`switchboard-costs`), with bounds.
+        .testTarget(
+            name: "HotPathCostTests",
+            dependencies: ["SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -1,0 +1,137 @@
+import BusKit
+import BusProtocol
+import Contracts
+import CRuntimeCounters
+import EchoService
+import Foundation
+import Kernel
+import SwitchboardTestSupport
+import ZeroMQ
+
+/// `switchboard-costs`: heap allocations per message on the hot paths, printed as one JSON
+/// object (`HotPathCostTests` holds them to bounds; run it on a release build to see what
+/// a change to the hot paths saves).
+///
+/// Counts do not wobble as rates do: each path is driven one message at a time, so no
+/// batching changes the count, and the kernel's are read on the thread that does its work.
+/// In a process of its own, so that nothing else allocates while the whole process is counted.
+@main
+struct Costs {
+    static let messages = 2_000
+
+    static func main() async throws {
+        rc_install()
+        let figures = [
+            "kernelRequest": try await kernelRequest(),
+            "kernelUpdate": try await kernelUpdate(),
+            "fullStackCall": try await fullStackCall(),
+        ]
+        let text = figures.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\(String(format: "%.3f", $0.value))" }.joined(separator: ",")
+        print("{\(text)}")
+    }
+
+    /// Allocations per message between two counts.
+    static func perMessage(_ before: rc_counts, _ after: rc_counts, messages: Int = messages) -> Double {
+        Double(after.allocations - before.allocations) / Double(messages)
+    }
+
+    /// A socket that gives up on a receive or a send after 5 s and closes at once.
+    static func bounded(_ socket: ZMQSocket) throws -> ZMQSocket {
+        try socket.set(.receiveTimeout, Int32(5_000))
+        try socket.set(.sendTimeout, Int32(5_000))
+        try socket.set(.linger, 0)
+        return socket
+    }
+
+    /// The kernel's loop thread, per request: a 7/MDP request from a raw client to a raw
+    /// worker and its reply back (read, fair queue, dispatch, reply, two sends; libzmq's
+    /// messages included).
+    static func kernelRequest() async throws -> Double {
+        let kernel = try await TestKernel.start()
+        var measured = 0.0
+        try await stopping(kernel, with: { await $0.stop() }) { kernel in
+            let context = try ZMQContext()
+            let worker = try bounded(ZMQSocket(context, .dealer))
+            try worker.connect(kernel.endpoints.broker)
+            try worker.send(MDP.encode(.ready(service: "echo")))
+            let client = try bounded(ZMQSocket(context, .dealer))
+            try client.connect(kernel.endpoints.broker)
+            let body = Frame(String(repeating: "x", count: 64))
+            func roundTrip() throws {
+                try client.send(MDP.request(service: "echo", body: [body]))
+                var request: BrokerToWorker
+                repeat { request = try MDP.decodeAtWorker(try worker.receive()) } while request == .heartbeat
+                guard case .request(let from, let requestBody) = request else { throw TimedOut(what: "a REQUEST") }
+                try worker.send(MDP.encode(.reply(client: from, body: requestBody[...])))
+                _ = try client.receive()
+            }
+            for _ in 0..<200 { try roundTrip() }
+            let before = try await kernel.kernel.loop.run { rc_this_thread() }
+            for _ in 0..<messages { try roundTrip() }
+            measured = perMessage(before, try await kernel.kernel.loop.run { rc_this_thread() })
+        }
+        return measured
+    }
+
+    /// The kernel's loop thread, per CHP update: a KVSET in, its sequence, the map, the
+    /// history and the quota, the update out to a subscriber.
+    static func kernelUpdate() async throws -> Double {
+        let kernel = try await TestKernel.start()
+        var measured = 0.0
+        try await stopping(kernel, with: { await $0.stop() }) { kernel in
+            let context = try ZMQContext()
+            let subscriber = try bounded(ZMQSocket(context, .sub))
+            try subscriber.subscribe("/client/cost/")
+            try subscriber.connect(kernel.endpoints.publisher)
+            let publisher = try bounded(ZMQSocket(context, .pub))
+            try publisher.connect(kernel.endpoints.collector)
+            let value = Frame(String(repeating: "v", count: 64))
+            // A subscription takes effect a moment after it is made: publish until one arrives.
+            try subscriber.set(.receiveTimeout, Int32(100))
+            var arrived = false
+            for _ in 0..<100 where !arrived {
+                try publisher.send(CHP.kv(KVEntry(key: "/client/cost/first", value: value)))
+                arrived = (try? subscriber.receive()) != nil
+            }
+            guard arrived else { throw TimedOut(what: "the subscription to take effect") }
+            try subscriber.set(.receiveTimeout, Int32(5_000))
+            var index = 0
+            /// One update, published and received (a first update sent twice may come again).
+            func update() throws {
+                index += 1
+                let key = "/client/cost/\(index % 100)"
+                try publisher.send(CHP.kv(KVEntry(key: key, value: value)))
+                while try subscriber.receive()[0] != Frame(key) {}
+            }
+            for _ in 0..<200 { try update() }
+            let before = try await kernel.kernel.loop.run { rc_this_thread() }
+            for _ in 0..<messages { try update() }
+            measured = perMessage(before, try await kernel.kernel.loop.run { rc_this_thread() })
+        }
+        return measured
+    }
+
+    /// The whole process, per call: `BusClient.call` to a hosted echo method and back through
+    /// the kernel (the client, the kernel and the host with its handler's child task).
+    static func fullStackCall() async throws -> Double {
+        let kernel = try await TestKernel.start()
+        var measured = 0.0
+        try await stopping(kernel, with: { await $0.stop() }) { kernel in
+            let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: 2)
+            let host = try ServiceHost(service: EchoService(instance: "cost"), options: options)
+            try await host.start()
+            try await stopping(host, with: { await $0.stop() }) { _ in
+                let client = try await BusClient(brokers: [kernel.endpoints.broker])
+                try await stopping(client, with: { await $0.close() }) { client in
+                    try await kernel.workers("echo")
+                    let params: JSONValue = ["text": .string(String(repeating: "x", count: 64))]
+                    for _ in 0..<200 { _ = try await client.call(EchoAPI.echo, params) }
+                    let before = rc_process()
+                    for _ in 0..<messages { _ = try await client.call(EchoAPI.echo, params) }
+                    measured = perMessage(before, rc_process())
+                }
+            }
+        }
+        return measured
+    }
+}
