@@ -45,6 +45,40 @@ private actor Held: BusService {
     }
 }
 
+/// A service whose `chunks` answers in many parts of 4 KiB: more than libzmq's queue, the
+/// connection and the host's part outbox hold at once, when the kernel reads slowly.
+private actor Chunks: BusService {
+    static let name = "chunks"
+    static let chunksMethod = Method<NoParams, Int>(name, "chunks", "Parts of 4 KiB, then their count.")
+    static let chunks = StreamMethod(chunksMethod, part: String.self) { end, _ in end }
+    static let count = 10_000
+    static let chunk = String(repeating: "c", count: 4_096)
+    private(set) var sent = 0
+    private var counting: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
+
+    nonisolated func methods(_ table: inout MethodTable<Chunks>) {
+        table.onStream(Self.chunks) { chunks, _, parts in
+            for _ in 0..<Self.count {
+                try await parts.send(Self.chunk)
+                await chunks.countSent()
+            }
+            return Self.count
+        }
+    }
+
+    private func countSent() {
+        sent += 1
+        for waiter in counting where waiter.count <= sent { waiter.continuation.resume() }
+        counting.removeAll { $0.count <= sent }
+    }
+
+    /// Returns once `count` parts were handed to the host.
+    func sent(atLeast count: Int) async {
+        if sent >= count { return }
+        await withCheckedContinuation { counting.append((count, $0)) }
+    }
+}
+
 /// The worker's side of a drain (``ServiceHost`` stopping), seen from a ROUTER standing in
 /// for the kernel: it says `drain=1` before anything else, answers every request it holds or
 /// gets before the kernel's answer, and sends DISCONNECT only when both are done. (The
@@ -174,6 +208,51 @@ struct ServiceHostDrainTests {
         #expect(try await kernel.next() == .drain)
         try kernel.router.send(MDP.encode(.drain, to: kernel.worker))
         #expect(try await kernel.next() == .disconnect)
+        await stopping.value
+    }
+
+    @Test("parts and a reply still waiting for a full socket are sent before DISCONNECT: none is lost when the drain ends")
+    func sendsWhatWaits() async throws {
+        let context = try ZMQContext()
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        var kernel = StandIn(router: try await kernelStandIn(at: endpoint, in: context, receiveHighWaterMark: 1))
+        defer { withExtendedLifetime(context) { kernel.router.close() } }
+        let chunks = Chunks()
+        // The stand-in reads nothing for a while: the worker must not take it for dead.
+        let options = ServiceHost<Chunks>.Options(brokers: [endpoint], connections: 1, heartbeatInterval: .milliseconds(100),
+                                                  heartbeatLiveness: 300, drainTimeout: .seconds(60))
+        let host = try ServiceHost(service: chunks, options: options)
+        try await host.start()
+        guard case .ready(Chunks.name, _) = try await kernel.next() else { Issue.record("expected READY"); return }
+        let body = Frame(JSONRPCRequest(id: .number(1), method: Chunks.chunksMethod.name, paramsText: nil, stream: true).jsonBytes)
+        try kernel.router.send(MDP.encode(.request(client: Frame("c1"), body: [body]), to: kernel.worker, version: .v02))
+        // More than libzmq's queue (1,000) and the part outbox (1,024) hold: the handler now
+        // waits for room, and parts wait on the host's side.
+        await chunks.sent(atLeast: 2_100)
+
+        let stopping = Task { await host.stop() }
+        var parts = 0
+        var final = false
+        var drained = false
+        // Read as fast as possible; heartbeats answered only until the drain is: a reply the
+        // worker never reads before it closes would make its end of the connection reset it,
+        // and what was in flight would be lost on the way, whoever sent it.
+        while true {
+            let message = try await kernel.router.receiveOffPool()
+            guard case .worker(_, let command, _) = try MDP.decodeAtBroker(message) else { continue }
+            switch command {
+            case .partial: parts += 1
+            case .reply: final = true
+            case .heartbeat where !drained: try kernel.router.send(MDP.encode(.heartbeat, to: kernel.worker, version: .v02))
+            case .drain:
+                drained = true
+                try kernel.router.send(MDP.encode(.drain, to: kernel.worker, version: .v02))
+            default: break
+            }
+            if command == .disconnect { break }
+        }
+        #expect(parts == Chunks.count, "every part before DISCONNECT")
+        #expect(final, "the FINAL before DISCONNECT")
         await stopping.value
     }
 

@@ -313,7 +313,10 @@ actor WorkerConnection {
             self?.assumeIsolated { $0.received(message, generation: current) }
         }
         registration?.onBacklogSent = { [weak self] in
-            self?.assumeIsolated { $0.flushParts() }
+            self?.assumeIsolated { connection in
+                connection.flushParts()
+                connection.releaseIfDrained()
+            }
         }
         monitor = loop.register(pair) { [weak self] message in
             self?.assumeIsolated { $0.connectionEvent(message, generation: current) }
@@ -351,8 +354,9 @@ actor WorkerConnection {
             onDrainRequested()
         case .disconnect where state == .draining:
             // The kernel forgot this connection (it restarted): nothing more comes, and
-            // replies would be refused.
+            // replies would be refused (so none waits to be sent).
             drainAcknowledged = true
+            lostConnection = true
             releaseIfDrained()
         case .disconnect:
             logger.info("the kernel asked to re-register", metadata: ["connection": "\(index)"])
@@ -477,9 +481,14 @@ actor WorkerConnection {
         return false
     }
 
-    /// Ends a drain's wait once nothing is held and the kernel said nothing more comes.
+    /// Whether replies or parts still wait to be sent (the socket was full) to a kernel that
+    /// is there: a drain waits for them, or closing the socket would throw them away.
+    private var unsent: Bool { !lostConnection && (!partOutbox.isEmpty || (registration?.backlogCount ?? 0) > 0) }
+
+    /// Ends a drain's wait once nothing is held or waits to be sent, and the kernel said
+    /// nothing more comes.
     private func releaseIfDrained() {
-        guard busy == 0, state != .draining || drainAcknowledged else { return }
+        guard busy == 0, state != .draining || (drainAcknowledged && !unsent) else { return }
         for waiter in drained { waiter.resume() }
         drained.removeAll()
     }
@@ -502,6 +511,7 @@ actor WorkerConnection {
         guard generation == self.generation, let event = SocketEvent(message) else { return }
         if state == .draining, event.event.contains(.disconnected) {
             drainAcknowledged = true
+            lostConnection = true
             releaseIfDrained()
         }
         guard state == .registered else { return }
@@ -517,8 +527,10 @@ actor WorkerConnection {
         guard state == .registered || state == .draining else { return }
         liveness -= 1
         if liveness <= 0, state == .draining {
-            // The kernel fell silent while this connection drained: nothing more comes.
+            // The kernel fell silent while this connection drained: nothing more comes, and
+            // nothing more can be sent.
             drainAcknowledged = true
+            lostConnection = true
             releaseIfDrained()
             return
         }
@@ -552,13 +564,13 @@ actor WorkerConnection {
         // No word can come over a connection that is down (the kernel stopped first).
         drainAcknowledged = !wasRegistered || lostConnection
         if wasRegistered { registration?.send(MDP.encode(.drain, version: version)) }
-        if busy > 0 || !drainAcknowledged {
+        if busy > 0 || !drainAcknowledged || unsent {
             let loop = self.loop
             await withCheckedContinuation { continuation in
                 drained.append(continuation)
                 loop.schedule(after: timeout) { [weak self] in
                     self?.assumeIsolated { connection in
-                        if connection.busy > 0 || !connection.drainAcknowledged {
+                        if connection.busy > 0 || !connection.drainAcknowledged || connection.unsent {
                             connection.logger.warning("drain timed out; unregistering with requests still in flight (the kernel sends them to another worker)",
                                                       metadata: ["connection": "\(connection.index)", "inFlight": "\(connection.busy)"])
                         }
@@ -625,6 +637,8 @@ final class PartOutbox: Sendable {
             if !full { continuation.resume() }
         }
     }
+
+    var isEmpty: Bool { state.withLock { $0.parts.isEmpty } }
 
     /// Up to `count` of the oldest parts, for the loop to send; the waiting handlers go on
     /// once there is room.
