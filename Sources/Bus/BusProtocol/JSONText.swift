@@ -1,10 +1,11 @@
 /// JSON text (RFC 8259) to ``JSONValue`` and back, in one pass over the bytes.
 ///
 /// Every request and reply on the bus goes through here twice, so it is written for that:
-/// `JSONDecoder` can only learn a value's type by trying each and catching the errors, and `JSONSerialization` builds Foundation objects that
-/// must then be bridged. This parser is strict (no trailing commas, no comments, no
-/// leading zeros, no unescaped control characters, valid UTF-8 only, nothing after the
-/// value) and bounds nesting, so hostile input cannot exhaust the stack.
+/// `JSONDecoder` can only learn a value's type by trying each and catching the errors, and
+/// `JSONSerialization` builds Foundation objects that must then be bridged. This parser is
+/// strict (no trailing commas, no comments, no leading zeros, no unescaped control
+/// characters, valid UTF-8 only, nothing after the value) and bounds nesting, so hostile
+/// input cannot exhaust the stack.
 /// `switchboard-bench json` measures it.
 enum JSONText {
     struct SyntaxError: Error, CustomStringConvertible {

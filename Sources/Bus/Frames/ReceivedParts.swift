@@ -1,8 +1,8 @@
 /// The parts of one received message, read where the socket received them: a handler on a
 /// hot path (the broker) compares headers in place and makes a ``Frame`` only of a part it
-/// keeps, instead of one of every part. The ZeroMQ module's subclass reads into it; a part's bytes are valid until the next message is read into the
-/// same parts, so nothing read here outlives the handler's call unless it was made a frame.
-/// Used on one thread at a time.
+/// keeps, instead of one of every part. The ZeroMQ module's subclass reads into it; a part's
+/// bytes are valid until the next message is read into the same parts, so nothing read here
+/// outlives the handler's call unless it was made a frame. Used on one thread at a time.
 open class ReceivedParts {
     /// What was read.
     @usableFromInline struct State {
