@@ -19,9 +19,11 @@ struct HotPathCostTests {
     /// The kernel's loop thread, per CHP update to one subscriber.
     static let kernelUpdate = 16.5
     /// The whole process, per `BusClient.call` to a hosted echo method, one at a time. Threads
-    /// meet differently from call to call (a reply may come before its caller waits), so the
-    /// count moves by an allocation: the bound is about two above.
-    static let fullStackCall = 167.0
+    /// meet differently from call to call (a reply that comes before its caller waits needs
+    /// no continuation), more so on a loaded machine: 164.5-165.6 counted on an idle one, 167.8
+    /// beside a compile. So this bound catches a handful more a call, not one; the kernel's
+    /// catch one.
+    static let fullStackCall = 175.0
 
     struct Figures: Decodable {
         let kernelRequest: Double
