@@ -115,24 +115,21 @@ struct ArchitectureTests {
         let after = try #require(text.components(separatedBy: "## Where tasks start").dropFirst().first)
         let section = after.components(separatedBy: "\n## ").first ?? after
         let named = Set(section.matches(of: /\| `([A-Za-z]+\/[A-Za-z]+\.swift)` \|/).map { String($0.1) })
-        for folder in ["Bus", "Services", "Operations", "Programs"] {
-            let base = Self.root.appendingPathComponent("Sources/\(folder)")
-            let files = try #require(FileManager.default.enumerator(at: base, includingPropertiesForKeys: nil))
-            for case let file as URL in files where file.pathExtension == "swift" {
-                let lines = try String(contentsOf: file, encoding: .utf8).split(separator: "\n")
-                let starts = lines.filter { line in
-                    !line.trimmingCharacters(in: .whitespaces).hasPrefix("//")
-                        && (line.contains(/(^|[^A-Za-z.])Task \{/) || line.contains("Task.detached") || line.contains(/(^|[^A-Za-z.])Task\(/))
-                }
-                let name = file.deletingLastPathComponent().lastPathComponent + "/" + file.lastPathComponent
-                #expect(starts.isEmpty || named.contains(name), "\(name) starts a task the page does not name: \(starts.first ?? "")")
+        for (path, text) in try Self.productionSources() {
+            let starts = text.split(separator: "\n").filter { line in
+                !line.trimmingCharacters(in: .whitespaces).hasPrefix("//")
+                    && (line.contains(/(^|[^A-Za-z.])Task \{/) || line.contains("Task.detached") || line.contains(/(^|[^A-Za-z.])Task\(/))
             }
+            // As the page names it: the module's folder and the file.
+            let name = path.split(separator: "/").suffix(2).joined(separator: "/")
+            #expect(starts.isEmpty || named.contains(name), "\(name) starts a task the page does not name: \(starts.first ?? "")")
         }
     }
 
     /// Places where the code switches Swift's run-time exclusivity checks off, by file, with
-    /// the measured reason each must stay. Empty: no measurement showed a check on the hot
-    /// paths costing more than the machine's run-to-run noise. The count only goes down.
+    /// the measured reason each must stay. Empty: what the checks cost the kernel
+    /// (docs/PERFORMANCE.md) is to go by keeping its per-message state in value types, which
+    /// are checked when compiled, not by switching checks off. The count only goes down.
     static let uncheckedExclusivity: [String: (count: Int, reason: String)] = [:]
 
     /// The Swift files under the library and program folders (not the tools), with their text.

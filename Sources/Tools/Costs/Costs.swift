@@ -35,6 +35,23 @@ struct Costs {
         Double(after.allocations - before.allocations) / Double(messages)
     }
 
+    /// Runs `measure` against a kernel of its own, stopped however it ends.
+    static func withKernel(_ measure: (TestKernel) async throws -> Double) async throws -> Double {
+        let kernel = try await TestKernel.start()
+        var measured = 0.0
+        try await stopping(kernel, with: { await $0.stop() }) { measured = try await measure($0) }
+        return measured
+    }
+
+    /// Allocations per message on `kernel`'s loop thread while `send` runs ``messages`` times,
+    /// after 200 to warm up.
+    static func perMessage(onLoopOf kernel: TestKernel, _ send: () throws -> Void) async throws -> Double {
+        for _ in 0..<200 { try send() }
+        let before = try await kernel.kernel.loop.run { rc_this_thread() }
+        for _ in 0..<messages { try send() }
+        return perMessage(before, try await kernel.kernel.loop.run { rc_this_thread() })
+    }
+
     /// A socket that gives up on a receive or a send after 5 s and closes at once.
     static func bounded(_ socket: ZMQSocket) throws -> ZMQSocket {
         try socket.set(.receiveTimeout, Int32(5_000))
@@ -47,9 +64,7 @@ struct Costs {
     /// worker and its reply back (read, fair queue, dispatch, reply, two sends; libzmq's
     /// messages included).
     static func kernelRequest() async throws -> Double {
-        let kernel = try await TestKernel.start()
-        var measured = 0.0
-        try await stopping(kernel, with: { await $0.stop() }) { kernel in
+        try await withKernel { kernel in
             let context = try ZMQContext()
             let worker = try bounded(ZMQSocket(context, .dealer))
             try worker.connect(kernel.endpoints.broker)
@@ -65,20 +80,14 @@ struct Costs {
                 try worker.send(MDP.encode(.reply(client: from, body: requestBody[...])))
                 _ = try client.receive()
             }
-            for _ in 0..<200 { try roundTrip() }
-            let before = try await kernel.kernel.loop.run { rc_this_thread() }
-            for _ in 0..<messages { try roundTrip() }
-            measured = perMessage(before, try await kernel.kernel.loop.run { rc_this_thread() })
+            return try await perMessage(onLoopOf: kernel, roundTrip)
         }
-        return measured
     }
 
     /// The kernel's loop thread, per CHP update: a KVSET in, its sequence, the map, the
     /// history and the quota, the update out to a subscriber.
     static func kernelUpdate() async throws -> Double {
-        let kernel = try await TestKernel.start()
-        var measured = 0.0
-        try await stopping(kernel, with: { await $0.stop() }) { kernel in
+        try await withKernel { kernel in
             let context = try ZMQContext()
             let subscriber = try bounded(ZMQSocket(context, .sub))
             try subscriber.subscribe("/client/cost/")
@@ -103,20 +112,15 @@ struct Costs {
                 try publisher.send(CHP.kv(KVEntry(key: key, value: value)))
                 while try subscriber.receive()[0] != Frame(key) {}
             }
-            for _ in 0..<200 { try update() }
-            let before = try await kernel.kernel.loop.run { rc_this_thread() }
-            for _ in 0..<messages { try update() }
-            measured = perMessage(before, try await kernel.kernel.loop.run { rc_this_thread() })
+            return try await perMessage(onLoopOf: kernel, update)
         }
-        return measured
     }
 
     /// The whole process, per call: `BusClient.call` to a hosted echo method and back through
     /// the kernel (the client, the kernel and the host with its handler's child task).
     static func fullStackCall() async throws -> Double {
-        let kernel = try await TestKernel.start()
-        var measured = 0.0
-        try await stopping(kernel, with: { await $0.stop() }) { kernel in
+        try await withKernel { kernel in
+            var measured = 0.0
             let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: 2)
             let host = try ServiceHost(service: EchoService(instance: "cost"), options: options)
             try await host.start()
@@ -131,7 +135,7 @@ struct Costs {
                     measured = perMessage(before, rc_process())
                 }
             }
+            return measured
         }
-        return measured
     }
 }
