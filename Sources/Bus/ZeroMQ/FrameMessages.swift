@@ -72,7 +72,8 @@ public final class ZMQReceivedParts: ReceivedParts {
         messages.deallocate()
     }
 
-    /// The message part `index` is read into, with room made for it.
+    /// The message part `index` is read into (by `zmq_msg_recv`, which takes a pointer to
+    /// it), with room made for it.
     func slot(_ index: Int) -> UnsafeMutablePointer<zmq_msg_t> {
         if index >= slots { grow(to: index + 1) }
         return messages + index

@@ -37,7 +37,8 @@ public struct SendOptions: OptionSet, Sendable {
 public final class ZMQSocket {
     public let context: ZMQContext
     public let type: SocketType
-    /// Nil once closed. A socket is used on one thread at a time.
+    /// libzmq's socket, an opaque pointer in its C API; nil once closed. A socket is used on
+    /// one thread at a time.
     private var handle: UnsafeMutableRawPointer?
     /// Received messages carry the peer's ZAP user id (``Message/peerUserID``).
     public var readsPeerUserID = false
