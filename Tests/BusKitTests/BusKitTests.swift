@@ -281,16 +281,11 @@ struct BusKitTests {
         let restarted = kernel
 
         // The worker registers again by itself; requests work again.
-        try await eventually(15, "echo registered with the new kernel") {
-            try await bus.hasWorkers("echo", timeout: .milliseconds(500))
-        }
+        try await kernel.workers("echo", within: 15)
         // A connection may still be settling in (a request it lost is re-sent after its expiry).
         #expect(try await bus.request(service: "echo", method: "whoami", timeout: .seconds(15)) == "echo")
         // The service republished its state, so the new kernel has it...
-        try await eventually(10, "state republished") {
-            let got = try await bus.request(service: "kernel", method: "state.get", params: ["prefix": "/store/"], timeout: .milliseconds(500))
-            return got["entries"]?.arrayValue?.count == 1
-        }
+        try await kernel.state("/store/", "state republished") { $0.count == 1 }
         #expect(republished.load(ordering: .relaxed) >= 1)
         // ...and the subscription resynchronised and goes on with live updates. Sequence
         // numbers keep growing across the restart.
@@ -378,17 +373,13 @@ struct BusKitTests {
              "--liveness", "10", "--instance", instance, "--log-level", "warning"]
         }
         let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
-        @Sendable func echoWorkers() async throws -> Int64? {
-            let list = try await bus.request(service: "kernel", method: "services.list")
-            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["workers"]?.intValue
-        }
         // The doomed worker registers first, so it is the least recently used: it gets the request.
         let doomed = try ChildProcess(switchboardExecutable(), arguments("doomed"))
         defer { doomed.stop(grace: 1) }
-        try await eventually(20, "the doomed worker registered") { try await echoWorkers() == 1 }
+        try await kernel.workers("echo", within: 20, "the doomed worker registered") { $0 == 1 }
         let survivor = try ChildProcess(switchboardExecutable(), arguments("survivor"))
         defer { survivor.stop() }
-        try await eventually(20, "the survivor registered") { try await echoWorkers() == 2 }
+        try await kernel.workers("echo", within: 20, "the survivor registered") { $0 == 2 }
         let slow = Task { try await bus.request(service: "echo", method: "sleep", params: ["ms": 1_500]) }
         try await eventually(10, "the request is in flight") {
             let list = try await bus.request(service: "kernel", method: "services.list")

@@ -46,7 +46,7 @@ struct CurveTests {
         let secured = try await SecuredBus.start()
         let host = try await secured.host(with: secured.worker)
         let bus = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.client)
-        try await eventually(5, "echo registered") { try await bus.hasWorkers("echo") }
+        try await secured.kernel.workers("echo", curve: secured.client)
         #expect(try await bus.request(service: "echo", method: "echo", params: ["secret": "sauce"]) == ["secret": "sauce"])
         #expect(try await secured.stats(bus)["security"]?["curve"] == true)
         // Replies in parts (18/MDP) and a request to every worker, over CURVE too.
@@ -70,7 +70,7 @@ struct CurveTests {
         let secured = try await SecuredBus.start()
         let host = try await secured.host(with: secured.worker)
         let insider = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.client)
-        try await eventually(5, "echo registered") { try await insider.hasWorkers("echo") }
+        try await secured.kernel.workers("echo", curve: secured.client)
 
         let stranger = try await BusClient(brokers: [secured.kernel.endpoints.broker], timeout: .milliseconds(500),
                                            curve: try secured.keys(try CurveKeyPair.generate().secretKey))
@@ -110,7 +110,7 @@ struct CurveTests {
 
         // The same service with a worker key registers.
         let host = try await secured.host(with: secured.worker)
-        try await eventually(5, "echo registered with a worker key") { try await bus.hasWorkers("echo") }
+        try await secured.kernel.workers("echo", curve: secured.client)
         let worker = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.worker)
         #expect(try await worker.request(service: "kernel", method: "state.set", params: ["key": "/catalog/test", "value": 1])["sequence"] != nil)
         await worker.close()

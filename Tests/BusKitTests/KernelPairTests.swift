@@ -46,7 +46,16 @@ struct KernelPairTests {
         #expect(try await client.gather(EchoAPI.whoami).end() == GatherSummary(expected: 1, answered: 1, missing: []))
         let subscription = try await client.subscribe(prefixes: ["/client/pair/"], silenceTimeout: .seconds(3))
         let events = Events()
-        let reader = Task { for try await event in subscription { events.all.withLock { $0.append(event) } } }
+        // Reads until it has the 35 writes below.
+        let reader = Task {
+            for try await event in subscription {
+                let updates = events.all.withLock { all in
+                    all.append(event)
+                    return all.count { $0.update != nil }
+                }
+                if updates >= 35 { return }
+            }
+        }
         var written: [UInt64] = []
         for n in 1...20 { written.append(try await client.publish(key: "/client/pair/k\(n)", value: .int(Int64(n)))) }
 
@@ -93,7 +102,7 @@ struct KernelPairTests {
         #expect(state.entries.map(\.sequence).sorted() == written.sorted())
 
         // (The first writes may come in the subscription's snapshot, the others live.)
-        try? await eventually(10, "the subscription saw every write") { events.updates.count >= 35 }
+        try? await within(10, "the subscription saw every write") { try await reader.value }
         #expect(events.updates.map(\.sequence) == written, "each write once, in order: \(events.all.withLock { $0.map(\.description) })")
         #expect(events.losses.isEmpty, "\(events.losses)")
         reader.cancel()

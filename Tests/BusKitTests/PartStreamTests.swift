@@ -310,7 +310,7 @@ struct PartStreamTests {
         }
         #expect(codes == [-32042, -32042])
         await two.stop()
-        try await eventually(10, "one echo worker left") { try await bus.call(KernelAPI.servicesList).services.first { $0.name == "echo" }?.workers == 1 }
+        try await kernel.workers("echo", "one echo worker left") { $0 == 1 }
         #expect(try await bus.gather(EchoAPI.whoami).end() == GatherSummary(expected: 1, answered: 1, missing: []))
         await bus.close()
         await one.stop()

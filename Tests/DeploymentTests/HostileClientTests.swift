@@ -25,9 +25,8 @@ struct KernelUnderAttack {
             "--publisher", endpoints[2], "--collector", endpoints[3],
         ], environment: settings.reduce(into: [:]) { $0["SWITCHBOARD_KERNEL_" + $1.key.uppercased()] = $1.value })
         let bystander = try await BusClient(brokers: [endpoints[0]], timeout: .seconds(5))
-        try await eventually(30, "the kernel answers") {
-            (try? await bystander.request(service: "kernel", method: "ping", timeout: .milliseconds(500))) != nil
-        }
+        // Sent before the kernel has bound its port: libzmq holds it until it connects.
+        _ = try await bystander.request(service: "kernel", method: "ping", timeout: .seconds(30))
         return KernelUnderAttack(process: process, broker: endpoints[0], snapshot: endpoints[1], publisher: endpoints[2],
                                  collector: endpoints[3], bystander: bystander, context: try ZMQContext())
     }
@@ -35,6 +34,16 @@ struct KernelUnderAttack {
     /// The bystander's request is answered (within the client's 5 s).
     func stillServes() async throws {
         #expect(try await bystander.request(service: "kernel", method: "ping")["pong"] == true)
+    }
+
+    /// Its state under `prefix` once `condition` holds of it (``awaitState``).
+    func state(_ prefix: String, _ what: String, until condition: @escaping @Sendable ([String: JSONValue]) -> Bool) async throws {
+        try await awaitState(snapshot: snapshot, publisher: publisher, prefix: prefix, what, until: condition)
+    }
+
+    /// Returns once the number of `service`'s workers satisfies `condition`.
+    func workers(_ service: String, _ what: String, where condition: @escaping @Sendable (Int) -> Bool) async throws {
+        try await SwitchboardTestSupport.workers(service, snapshot: snapshot, publisher: publisher, what, where: condition)
     }
 
     var residentMegabytes: Double { Double(residentBytes(of: process.pid) ?? 0) / 1_048_576 }

@@ -52,25 +52,20 @@ struct HostileNumbersAndRepliesTests {
             try collector.send(CHP.kv(KVEntry(key: "/client/kv", properties: [("ttl", ttl)], value: Frame("1"))))
         }
         try collector.send(CHP.kv(KVEntry(key: "/client/kv-ok2", properties: [("ttl", "30")], value: Frame("1"))))
-        try await eventually(10, "the round's valid KVSET applied") {
-            let entries = try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/kv-ok2"])["entries"]
-            return entries?.arrayValue?.isEmpty == false
-        }
+        try await kernel.state("/client/kv-ok2", "the round's valid KVSET applied") { !$0.isEmpty }
         let stats = try await kernel.stats()
         #expect((stats["state"]?["rejectedWrites"]?.intValue ?? 0) - rejectedBefore == 7, "\(stats)")
         // A plain CHP client's value that is no JSON comes back from state.get as a string.
         try collector.send(CHP.kv(KVEntry(key: "/client/raw", value: Frame("not json {"))))
         try collector.send(CHP.kv(KVEntry(key: "/client/json", value: Frame(#"{"a": [1, 2]}"#))))
-        try await eventually(10, "both KVSETs applied") {
-            let entries = try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/"])["entries"]?.arrayValue ?? []
-            let values = Dictionary(entries.compactMap { entry in entry["key"]?.stringValue.map { ($0, entry["value"] ?? .null) } }, uniquingKeysWith: { $1 })
-            return values["/client/raw"] == "not json {" && values["/client/json"] == ["a": [1, 2]]
-        }
+        try await kernel.state("/client/", "both KVSETs applied") { $0["/client/raw"] != nil && $0["/client/json"] != nil }
+        let entries = try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/"])["entries"]?.arrayValue ?? []
+        let values = Dictionary(entries.compactMap { entry in entry["key"]?.stringValue.map { ($0, entry["value"] ?? .null) } }, uniquingKeysWith: { $1 })
+        #expect(values["/client/raw"] == "not json {" && values["/client/json"] == ["a": [1, 2]], "\(values)")
         // A ttl in range still works, and expires.
         _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": "/client/short", "value": 1, "ttl": 0.2])
-        try await eventually(10, "the key with a 0.2 s ttl expired") {
-            try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/short"])["entries"] == []
-        }
+        try await kernel.state("/client/short", "the key with a 0.2 s ttl expired") { $0.isEmpty }
+        #expect(try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/short"])["entries"] == [])
         try await kernel.stillServes()
         #expect(kernel.process.isRunning && kernel.process.pid == pid)
         collector.close()

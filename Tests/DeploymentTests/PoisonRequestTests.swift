@@ -20,10 +20,7 @@ struct PoisonRequestTests {
             try worker.send(MDP.encode(.ready(service: "fragile")))
             return worker
         }
-        try await eventually(10, "the three workers registered") {
-            let list = try await kernel.bystander.request(service: "kernel", method: "services.list")
-            return list["services"]?.arrayValue?.first { $0["name"] == "fragile" }?["workers"] == 3
-        }
+        try await kernel.workers("fragile", "the three workers registered") { $0 == 3 }
         let answered = Answered()
         let outcome = Task {
             let error = await rpcError { try await kernel.bystander.request(service: "fragile", method: "crash", timeout: .seconds(20)) }

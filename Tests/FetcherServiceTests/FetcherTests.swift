@@ -79,11 +79,8 @@ struct FetcherBus {
         let host = try ServiceHost(service: fetcher, options: .init(brokers: o.brokers, connections: 4, heartbeatInterval: o.heartbeat,
                                                                     heartbeatLiveness: o.liveness))
         try await host.start()
-        try await eventually(10, "store and fetcher registered") {
-            let store = try await client.hasWorkers("store")
-            let fetcher = try await client.hasWorkers("fetcher")
-            return store && fetcher
-        }
+        try await kernel.workers("store")
+        try await kernel.workers("fetcher")
         let work = Working(fetcher)
         await work.start()
         return FetcherBus(kernel: kernel, storeHost: storeHost, fetcher: fetcher, work: work, host: host, client: client, folder: folder)
@@ -103,6 +100,13 @@ struct FetcherBus {
         let state = try await client.request(service: "kernel", method: "state.get", params: ["prefix": .string("/catalog/\(dataset.rawValue)")])
         guard let entry = state["entries"]?.arrayValue?.first, let sequence = entry["sequence"]?.intValue else { return nil }
         return (sequence, entry["value"] ?? .null)
+    }
+
+    /// Waits until `dataset`'s remote copy is the loaded one: its `/catalog/` entry says so
+    /// (published once the copy is installed).
+    func remoteCopy(_ dataset: Dataset, within seconds: Double = 10) async throws {
+        let key = FetcherAPI.catalogPrefix + dataset.rawValue
+        try await kernel.state(key, within: seconds, "\(dataset) loaded from the server") { $0[key]?["origin"] == "remote" }
     }
 
     /// Waits until the store keeps a copy of `dataset` (written after a good download).
@@ -128,11 +132,11 @@ struct FetcherTests {
     func success() async throws {
         let server = try await FixtureServer.start()
         let bus = try await FetcherBus.start([.items: server.url("/ok/hiring.json"), .countries: server.url("/redirect/countries.json")])
-        try await eventually(10, "items loaded from the server") { try await bus.entry(.items)["origin"] == "remote" }
+        try await bus.remoteCopy(.items)
         let items = try await bus.entry(.items)
         #expect(items["records"] == 1000 && items["lastError"] == nil && items["fetchedAt"]?.stringValue != nil)
         // Followed a redirect.
-        try await eventually(10, "countries loaded through a redirect") { try await bus.entry(.countries)["origin"] == "remote" }
+        try await bus.remoteCopy(.countries)
         // Published with the same version and origin.
         let published = try await bus.published(.items)
         #expect(published?.value["origin"] == "remote" && published?.value["version"] == items["version"])
@@ -168,7 +172,7 @@ struct FetcherTests {
     func retries() async throws {
         let server = try await FixtureServer.start()
         let bus = try await FetcherBus.start([.items: server.url("/flaky/2/hiring.json")])
-        try await eventually(10, "items loaded after retries") { try await bus.entry(.items)["origin"] == "remote" }
+        try await bus.remoteCopy(.items)
         #expect(try await server.count("/flaky/2/hiring.json") == 3)
         await bus.stop()
         await server.stop()
@@ -179,7 +183,7 @@ struct FetcherTests {
         let server = try await FixtureServer.start()
         let path = "/slow/1/hiring.json"
         let bus = try await FetcherBus.start([.items: server.url(path)], timeout: .seconds(10))
-        try await eventually(15, "items loaded") { try await bus.entry(.items)["origin"] == "remote" }
+        try await bus.remoteCopy(.items, within: 15)
         let before = try await server.count(path)
         // On the service itself: through the bus, the worker connections would let only a few in at once.
         let first = Task { await bus.fetcher.refresh(.items) }
@@ -206,7 +210,7 @@ struct FetcherTests {
         let server = try await FixtureServer.start()
         // First a good remote copy, then the source turns bad.
         let good = try await FetcherBus.start([.items: server.url("/ok/hiring.json")], timeout: .milliseconds(500), attempts: 2)
-        try await eventually(10, "items loaded") { try await good.entry(.items)["origin"] == "remote" }
+        try await good.remoteCopy(.items)
         let before = try await good.entry(.items)
         let publishedBefore = try await good.published(.items)
         try await good.waitForSnapshot(.items)
@@ -277,7 +281,7 @@ struct FetcherTests {
     func serverGone() async throws {
         let server = try await FixtureServer.start()
         let bus = try await FetcherBus.start([.locations: server.url("/ok/locations.json")], timeout: .milliseconds(500), attempts: 1)
-        try await eventually(10, "locations loaded") { try await bus.entry(.locations)["origin"] == "remote" }
+        try await bus.remoteCopy(.locations)
         let version = try await bus.entry(.locations)["version"]
         try await bus.waitForSnapshot(.locations)
         await server.stop()

@@ -1,6 +1,7 @@
 import BusKit
 import BusProtocol
 import Catalog
+import Contracts
 import FetcherService
 import Foundation
 import Kernel
@@ -148,10 +149,8 @@ struct PricingBusTests {
     func dealOfTheDay() async throws {
         let bus = try await PricingBus.start()
         let today = try await bus.request("deals.today")
-        try await eventually(10, "the deal published") {
-            let state = try await bus.client.request(service: "kernel", method: "state.get", params: ["prefix": "/pricing/deal/today"])
-            return state["entries"]?.arrayValue?.first?["value"] == today
-        }
+        let key = PricingAPI.StateKeys.dealToday
+        try await bus.kernel.state(key, "the deal published") { $0[key] == today }
         #expect(try await bus.request("deals.rollback", ["seed": 7]) == bus.request("deals.rollback", ["seed": 7]))
         await bus.stop()
     }

@@ -35,12 +35,7 @@ struct ProcessTests {
         var services = try Self.startServices(kernel, config: config)
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
         func ready() async throws {
-            try await eventually(30, "every service registered") {
-                for name in ["store", "fetcher", "search", "pricing"] where !(try await client.hasWorkers(name, timeout: .milliseconds(500))) {
-                    return false
-                }
-                return true
-            }
+            for name in ["store", "fetcher", "search", "pricing"] { try await kernel.workers(name, within: 30) }
         }
         try await ready()
         let search = { (method: String, params: JSONValue) in try await client.request(service: "search", method: method, params: params) }

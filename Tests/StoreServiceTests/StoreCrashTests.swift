@@ -33,9 +33,7 @@ struct StoreCrashTests {
         var acknowledged: [String] = []
         var store = try Self.storeProcess(kernel, database: database, postgres: postgres)
         for round in 0..<20 {
-            try await eventually(10, "store registered (round \(round), seed \(seed))") {
-                try await client.hasWorkers("store", timeout: .milliseconds(500))
-            }
+            try await kernel.workers("store", "store registered (round \(round), seed \(seed))") { $0 >= 1 }
             // A writer that saves articles one after another, each acknowledged in turn.
             let stop = Atomic<Bool>(false)
             let writer = Task { () -> [String] in
@@ -62,7 +60,7 @@ struct StoreCrashTests {
             store = try Self.storeProcess(kernel, database: database, postgres: postgres)
             acknowledged += try await within(30, "writer finished (round \(round), seed \(seed))") { await writer.value }
         }
-        try await eventually(10, "store registered") { try await client.hasWorkers("store", timeout: .milliseconds(500)) }
+        try await kernel.workers("store")
         let list = try await client.request(service: "store", method: "articles.list", params: ["limit": 1_000])
         var stored = Set(list["articles"]?.arrayValue?.compactMap { $0["url"]?.stringValue } ?? [])
         var offset = 1_000

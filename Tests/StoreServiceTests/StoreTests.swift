@@ -367,13 +367,9 @@ struct StoreDurabilityTests {
         let restarted = try await bus.kernel.restarted()
         bus = StoreBus(kernel: restarted, store: bus.store, host: bus.host, work: bus.work, client: bus.client,
                        publisherClient: bus.publisherClient, folder: bus.folder, backend: bus.backend, postgres: bus.postgres)
-        let client = bus.client
-        try await eventually(15, "state republished to the new kernel") {
-            let got = try await client.request(service: "kernel", method: "state.get", params: ["prefix": "/store/"],
-                                                   timeout: .milliseconds(500))
-            let keys = got["entries"]?.arrayValue?.compactMap { $0["key"]?.stringValue } ?? []
-            return keys.contains("/store/history") && keys.contains("/store/sources/selected")
-                && keys.filter { $0.hasPrefix("/store/articles/") }.count == many
+        try await restarted.state("/store/", within: 15, "state republished to the new kernel") { state in
+            state["/store/history"] != nil && state["/store/sources/selected"] != nil
+                && state.keys.filter { $0.hasPrefix("/store/articles/") }.count == many
         }
         await subscription.cancel()
         await bus.stop()
@@ -410,10 +406,8 @@ struct StoreDurabilityTests {
             #expect(try await second.call("articles.list")["total"] == .int(Int64(clients * writes)))
             // What the two stores published ends as the database holds it: neither published an
             // older history over a newer one.
-            let client = bus.client
-            try await eventually(10, "the published history is the stored one") {
-                let published = try await client.call(KernelAPI.stateGet, .init(prefix: "/store/history"))
-                return published.entries.first.map { texts($0.value) } == history
+            try await bus.kernel.state("/store/history", "the published history is the stored one") { state in
+                state["/store/history"].map(texts) == history
             }
             await second.stop(keepKernel: true)
         }

@@ -178,25 +178,74 @@ public struct TestKernel: Sendable {
 
     public func stop() async { await kernel.stop() }
 
-    /// Returns once `service` has at least `count` workers registered, awaiting the kernel's
-    /// own state key for it (`/kernel/services/NAME`, published as workers come and go)
-    /// rather than polling; fails with ``TimedOut`` after `seconds`.
+    /// Returns once `service` has at least `count` workers registered; fails with
+    /// ``TimedOut`` after `seconds`.
     public func workers(_ service: String, atLeast count: Int = 1, within seconds: Double = 10, curve: CurveClientKeys? = nil) async throws {
-        let key = KernelAPI.StateKeys.service(service)
-        let subscription = try await Subscription.open(snapshot: endpoints.snapshot, publisher: endpoints.publisher, prefixes: [key], curve: curve)
-        do {
-            try await SwitchboardTestSupport.within(seconds, "\(service): \(count) worker\(count == 1 ? "" : "s") registered") {
-                for try await event in subscription {
-                    guard let update = event.update, update.key == key else { continue }
-                    if (update.json?["workers"]?.intValue ?? 0) >= count { return }
+        try await workers(service, within: seconds, curve: curve, "\(service): \(count) worker\(count == 1 ? "" : "s") registered") { $0 >= count }
+    }
+
+    /// Returns once the number of `service`'s workers satisfies `condition`, awaiting the
+    /// kernel's own state key for it (`/kernel/services/NAME`, published as workers come and
+    /// go) rather than polling; fails with ``TimedOut`` after `seconds`.
+    public func workers(_ service: String, within seconds: Double = 10, curve: CurveClientKeys? = nil, _ what: String,
+                        where condition: @escaping @Sendable (Int) -> Bool) async throws {
+        try await SwitchboardTestSupport.workers(service, snapshot: endpoints.snapshot, publisher: endpoints.publisher, within: seconds, curve: curve, what, where: condition)
+    }
+
+    /// The kernel's state under `prefix` once `condition` holds of it (``awaitState``).
+    @discardableResult
+    public func state(_ prefix: String, within seconds: Double = 10, curve: CurveClientKeys? = nil, _ what: String,
+                      until condition: @escaping @Sendable ([String: JSONValue]) -> Bool) async throws -> [String: JSONValue] {
+        try await awaitState(snapshot: endpoints.snapshot, publisher: endpoints.publisher, prefix: prefix, within: seconds, curve: curve,
+                             what, until: condition)
+    }
+}
+
+/// Returns once the number of `service`'s workers on the kernel at these state endpoints
+/// satisfies `condition` (its `/kernel/services/NAME` key; none: 0).
+public func workers(_ service: String, snapshot: String, publisher: String, within seconds: Double = 10, curve: CurveClientKeys? = nil,
+                    _ what: String, where condition: @escaping @Sendable (Int) -> Bool) async throws {
+    let key = KernelAPI.StateKeys.service(service)
+    try await awaitState(snapshot: snapshot, publisher: publisher, prefix: key, within: seconds, curve: curve, what) { state in
+        condition(Int(state[key]?["workers"]?.intValue ?? 0))
+    }
+}
+
+/// The kernel's state under `prefix` (each key's JSON value; a deleted key is absent) once
+/// `condition` holds of it, followed through a subscription: the snapshot, then every change,
+/// so the wait ends at the change it waits for instead of polling `state.get`. `condition` is
+/// first asked once the snapshot is in (an empty state there is an answer, not "not read
+/// yet"). Fails with ``TimedOut`` after `seconds`.
+@discardableResult
+public func awaitState(snapshot: String, publisher: String, prefix: String, within seconds: Double = 10, curve: CurveClientKeys? = nil,
+                       _ what: String, until condition: @escaping @Sendable ([String: JSONValue]) -> Bool) async throws -> [String: JSONValue] {
+    let subscription = try await Subscription.open(snapshot: snapshot, publisher: publisher, prefixes: [prefix], curve: curve)
+    do {
+        let state = try await SwitchboardTestSupport.within(seconds, what) {
+            var state: [String: JSONValue] = [:]
+            var synced = false
+            for try await event in subscription {
+                switch event {
+                case .update(let update):
+                    guard update.key.hasPrefix(prefix) else { continue }
+                    if update.isDelete { state.removeValue(forKey: update.key) } else { state[update.key] = update.json ?? .null }
+                case .synced, .resynced:
+                    synced = true
+                case .reset:
+                    state = [:]
+                    continue
+                case .missed:
+                    continue
                 }
-                throw TimedOut(what: "the subscription ended")
+                if synced, condition(state) { return state }
             }
-        } catch {
-            await subscription.cancel()
-            throw error
+            throw TimedOut(what: "\(what): the subscription ended")
         }
         await subscription.cancel()
+        return state
+    } catch {
+        await subscription.cancel()
+        throw error
     }
 }
 
