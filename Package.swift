@@ -31,8 +31,10 @@ let package = Package(
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.0"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.20.0"),
-        // Already in the graph through async-http-client; named for its error types.
+        // Already in the graph through async-http-client; named for its error types and, for
+        // the etcd client's TLS settings, NIOSSL's.
         .package(url: "https://github.com/apple/swift-nio", from: "2.60.0"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.27.0"),
         // Trace context: the instrumentation API, and W3C traceparent parsing.
         .package(url: "https://github.com/apple/swift-distributed-tracing", from: "1.1.0"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.4.1"),
@@ -102,6 +104,21 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             path: "Sources/Bus/Kernel",
+            swiftSettings: sharedSettings
+        ),
+        // A client of etcd's v3 API (keys, transactions, leases, watches) over its JSON
+        // gateway: where a deployment keeps the kernel's state when it grows past one kernel.
+        .target(
+            name: "Etcd",
+            dependencies: [
+                "BusProtocol",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
+            path: "Sources/Bus/Etcd",
             swiftSettings: sharedSettings
         ),
         // The runtime every client and service uses: BusClient, Subscription, ServiceHost,
@@ -376,6 +393,11 @@ let package = Package(
         .testTarget(
             name: "FetcherServiceTests",
             dependencies: ["Contracts", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
+            name: "EtcdTests",
+            dependencies: ["Etcd", "BusProtocol", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

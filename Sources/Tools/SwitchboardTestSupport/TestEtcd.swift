@@ -1,0 +1,89 @@
+public import Foundation
+
+/// An etcd cluster of its own for a test: `members` etcd processes (Debian's `etcd-server`)
+/// with their data in a temporary folder, on free loopback ports, each started as a
+/// ``ChildProcess``; ``stop()`` ends every one and removes the folder.
+public final class TestEtcd: @unchecked Sendable {
+    public static let executable = URL(fileURLWithPath: "/usr/bin/etcd")
+    public static var available: Bool { FileManager.default.isExecutableFile(atPath: executable.path) }
+
+    public let folder: URL
+    /// Each member's client URL (`http://127.0.0.1:PORT`), what ``EtcdClient`` takes.
+    public let clientURLs: [String]
+    private let peerURLs: [String]
+    private let token: String
+    private var processes: [ChildProcess?]
+
+    private init(folder: URL, clientURLs: [String], peerURLs: [String]) {
+        self.folder = folder
+        self.clientURLs = clientURLs
+        self.peerURLs = peerURLs
+        token = "test-\(UUID().uuidString)"
+        processes = Array(repeating: nil, count: clientURLs.count)
+    }
+
+    /// Starts a new cluster of `members` and returns once every member serves clients.
+    public static func start(members: Int = 1) async throws -> TestEtcd {
+        guard available else { throw TestEtcdError(description: "etcd is not installed (Debian's etcd-server package)") }
+        let cluster = TestEtcd(folder: try temporaryDirectory("etcd"), clientURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" },
+                               peerURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" })
+        do {
+            for member in 0..<members { try cluster.launch(member) }
+            for member in 0..<members { try await cluster.waitUntilServing(member) }
+        } catch {
+            cluster.stop()
+            throw error
+        }
+        return cluster
+    }
+
+    /// Kills member `member` at once (SIGKILL, as a crash), keeping its data.
+    public func kill(_ member: Int) {
+        processes[member]?.signal(SIGKILL)
+        processes[member]?.stop(grace: 5)
+        processes[member] = nil
+    }
+
+    /// Starts member `member` again on its data; returns once it serves clients.
+    public func restart(_ member: Int) async throws {
+        kill(member)
+        try launch(member)
+        try await waitUntilServing(member)
+    }
+
+    /// The member's output so far (etcd's JSON log lines).
+    public func log(_ member: Int) -> String { processes[member]?.outputSoFar ?? "" }
+
+    /// Stops every member and removes the folder.
+    public func stop() {
+        for member in processes.indices {
+            processes[member]?.stop(grace: 5)
+            processes[member] = nil
+        }
+        try? FileManager.default.removeItem(at: folder)
+    }
+
+    private func launch(_ member: Int) throws {
+        let cluster = peerURLs.enumerated().map { "m\($0.offset)=\($0.element)" }.joined(separator: ",")
+        processes[member] = try ChildProcess(Self.executable, [
+            "--name", "m\(member)", "--data-dir", folder.appendingPathComponent("m\(member)").path,
+            "--listen-client-urls", clientURLs[member], "--advertise-client-urls", clientURLs[member],
+            "--listen-peer-urls", peerURLs[member], "--initial-advertise-peer-urls", peerURLs[member],
+            "--initial-cluster", cluster, "--initial-cluster-token", token, "--initial-cluster-state", "new",
+            "--logger", "zap", "--log-outputs", "stderr",
+        ])
+    }
+
+    /// Waits for the member's log to say it joined a cluster with a leader and serves clients.
+    private func waitUntilServing(_ member: Int) async throws {
+        guard let process = processes[member] else { return }
+        try await process.waitForOutput(containing: "published local member to cluster", within: 60)
+        try await process.waitForOutput(containing: "serving client traffic", within: 60)
+    }
+
+    deinit { stop() }
+}
+
+public struct TestEtcdError: Error, CustomStringConvertible {
+    public let description: String
+}
