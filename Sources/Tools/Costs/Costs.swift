@@ -8,9 +8,10 @@ import Kernel
 import SwitchboardTestSupport
 import ZeroMQ
 
-/// `switchboard-costs`: heap allocations per message on the hot paths, printed as one JSON
-/// object (`HotPathCostTests` holds them to bounds; run it on a release build to see what
-/// a change to the hot paths saves).
+/// `switchboard-costs`: heap allocations, retains, releases and exclusivity checks per
+/// message on the hot paths, printed as one JSON object, a member per path
+/// (`HotPathCostTests` holds them to bounds; run it on a release build to see what a change
+/// to the hot paths saves).
 ///
 /// Counts do not wobble as rates do: each path is driven one message at a time, so no
 /// batching changes the count, and the kernel's are read on the thread that does its work.
@@ -26,26 +27,36 @@ struct Costs {
             "kernelUpdate": try await kernelUpdate(),
             "fullStackCall": try await fullStackCall(),
         ]
-        let text = figures.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\(String(format: "%.3f", $0.value))" }.joined(separator: ",")
+        let text = figures.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\($0.value.json)" }.joined(separator: ",")
         print("{\(text)}")
     }
 
-    /// Allocations per message between two counts.
-    static func perMessage(_ before: rc_counts, _ after: rc_counts, messages: Int = messages) -> Double {
-        Double(after.allocations - before.allocations) / Double(messages)
+    /// What one message cost on average.
+    struct PerMessage {
+        var allocations, retains, releases, accessChecks: Double
+
+        var json: String {
+            String(format: #"{"allocations":%.3f,"retains":%.3f,"releases":%.3f,"accessChecks":%.3f}"#, allocations, retains, releases, accessChecks)
+        }
+    }
+
+    /// The counts per message between two readings.
+    static func perMessage(_ before: rc_counts, _ after: rc_counts, messages: Int = messages) -> PerMessage {
+        func each(_ field: KeyPath<rc_counts, UInt64>) -> Double { Double(after[keyPath: field] - before[keyPath: field]) / Double(messages) }
+        return PerMessage(allocations: each(\.allocations), retains: each(\.retains), releases: each(\.releases), accessChecks: each(\.accessChecks))
     }
 
     /// Runs `measure` against a kernel of its own, stopped however it ends.
-    static func withKernel(_ measure: (TestKernel) async throws -> Double) async throws -> Double {
+    static func withKernel(_ measure: (TestKernel) async throws -> PerMessage) async throws -> PerMessage {
         let kernel = try await TestKernel.start()
-        var measured = 0.0
+        var measured = PerMessage(allocations: 0, retains: 0, releases: 0, accessChecks: 0)
         try await stopping(kernel, with: { await $0.stop() }) { measured = try await measure($0) }
         return measured
     }
 
     /// Allocations per message on `kernel`'s loop thread while `send` runs ``messages`` times,
     /// after 200 to warm up.
-    static func perMessage(onLoopOf kernel: TestKernel, _ send: () throws -> Void) async throws -> Double {
+    static func perMessage(onLoopOf kernel: TestKernel, _ send: () throws -> Void) async throws -> PerMessage {
         for _ in 0..<200 { try send() }
         let before = try await kernel.kernel.loop.run { rc_this_thread() }
         for _ in 0..<messages { try send() }
@@ -63,7 +74,7 @@ struct Costs {
     /// The kernel's loop thread, per request: a 7/MDP request from a raw client to a raw
     /// worker and its reply back (read, fair queue, dispatch, reply, two sends; libzmq's
     /// messages included).
-    static func kernelRequest() async throws -> Double {
+    static func kernelRequest() async throws -> PerMessage {
         try await withKernel { kernel in
             let context = try ZMQContext()
             let worker = try bounded(ZMQSocket(context, .dealer))
@@ -86,7 +97,7 @@ struct Costs {
 
     /// The kernel's loop thread, per CHP update: a KVSET in, its sequence, the map, the
     /// history and the quota, the update out to a subscriber.
-    static func kernelUpdate() async throws -> Double {
+    static func kernelUpdate() async throws -> PerMessage {
         try await withKernel { kernel in
             let context = try ZMQContext()
             let subscriber = try bounded(ZMQSocket(context, .sub))
@@ -118,9 +129,9 @@ struct Costs {
 
     /// The whole process, per call: `BusClient.call` to a hosted echo method and back through
     /// the kernel (the client, the kernel and the host with its handler's child task).
-    static func fullStackCall() async throws -> Double {
+    static func fullStackCall() async throws -> PerMessage {
         try await withKernel { kernel in
-            var measured = 0.0
+            var measured = PerMessage(allocations: 0, retains: 0, releases: 0, accessChecks: 0)
             let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: 2)
             let host = try ServiceHost(service: EchoService(instance: "cost"), options: options)
             try await host.start()
