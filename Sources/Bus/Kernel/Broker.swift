@@ -218,7 +218,7 @@ final class Broker {
     /// Who is served now (one of a pair serves only while active).
     let admission: Admission
     /// Messages for the ROUTER socket, and events for the kernel: taken after each call.
-    let outbox = Outbox()
+    var outbox = Outbox()
     private(set) var events: [Event] = []
 
     private(set) var workers: [Frame: Worker] = [:]

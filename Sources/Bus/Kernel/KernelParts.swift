@@ -211,13 +211,26 @@ final class KernelParts {
         repeat {
             for event in broker.takeEvents() { handle(event) }
             if let pair { for event in pair.takeEvents() { handle(event) } }
-            broker.outbox.drain(to: registrations.router)
-            state.snapshots.drain(to: registrations.snapshot)
-            state.publisher.drain(to: registrations.publisher)
-            zap?.outbox.drain(to: registrations.zap)
-            pair?.outbox.drain(to: registrations.pairSender)
-            pair?.probes.drain(to: registrations.peerBroker)
+            // What a part writes while its batch is sent (a failed send makes the broker
+            // re-dispatch) is the next batch.
+            while let batch = broker.outbox.takeBatch() { send(batch, on: registrations.router); broker.outbox.reuse(batch) }
+            while let batch = state.snapshots.takeBatch() { send(batch, on: registrations.snapshot); state.snapshots.reuse(batch) }
+            while let batch = state.publisher.takeBatch() { send(batch, on: registrations.publisher); state.publisher.reuse(batch) }
+            if let zap {
+                while let batch = zap.outbox.takeBatch() { send(batch, on: registrations.zap); zap.outbox.reuse(batch) }
+            }
+            if let pair {
+                while let batch = pair.outbox.takeBatch() { send(batch, on: registrations.pairSender); pair.outbox.reuse(batch) }
+                while let batch = pair.probes.takeBatch() { send(batch, on: registrations.peerBroker); pair.probes.reuse(batch) }
+            }
         } while !broker.events.isEmpty || !(pair?.events.isEmpty ?? true) || !broker.outbox.isEmpty
+    }
+
+    /// Sends a part's batch on `registration`, or drops it when there is none (a socket this
+    /// kernel does not have).
+    private func send(_ batch: Outbox.Batch, on registration: SocketRegistration?) {
+        guard let registration else { return }
+        batch.forEach { registration.send(frames: $0) }
     }
 
     private func handle(_ event: Broker.Event) {

@@ -175,8 +175,8 @@ final class PairLink {
 
     /// Messages to the peer (a DEALER, dropped while there is no connection), and
     /// questions for the peer's broker over the clients' path (8/MMI): taken after each call.
-    let outbox = Outbox()
-    let probes = Outbox()
+    var outbox = Outbox()
+    var probes = Outbox()
     private(set) var events: [Event] = []
     /// The state server this kernel replicates from or into (it owns this link).
     private unowned let replica: any PairReplica

@@ -48,8 +48,8 @@ final class StateServer: PairReplica {
     }
     let logger: Logger
     /// Messages for the snapshot ROUTER and for the publisher XPUB: taken after each call.
-    let snapshots = Outbox()
-    let publisher = Outbox()
+    var snapshots = Outbox()
+    var publisher = Outbox()
 
     /// Keyed by the key's bytes, as the KVSET carried them: no string is built per update.
     private(set) var entries: [Frame: Entry] = [:]

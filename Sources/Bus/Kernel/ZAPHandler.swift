@@ -20,7 +20,7 @@ final class ZAPHandler {
     let logger: Logger
     private(set) var refused = 0
     /// Replies for the handler's socket: taken after each request.
-    let outbox = Outbox()
+    var outbox = Outbox()
 
     /// The kernel's public key: the pair's peer holds the same key pair.
     private let ownPublicKey: String?

@@ -3,73 +3,86 @@
 /// (broker, state server, pair link, ZAP handler) write here, so a test drives a part with
 /// a clock of its own and reads what it sent, with no sockets at all; and a batch's messages
 /// go to libzmq one after another, one wake-up of its I/O thread per batch rather than per
-/// message. Loop-confined.
-public final class Outbox {
-    /// Every message's frames, one message after another, in one array kept from flush to
-    /// flush: a message written here costs no array of its own.
+/// message.
+///
+/// A value, owned by the part that writes it. Sending takes what it holds as a ``Batch``
+/// (``takeBatch()``) and sends that: the outbox is not held while its messages go out, so a
+/// part that writes to it meanwhile (a failed send makes the broker re-dispatch) writes the
+/// next batch, which its owner takes and sends in turn:
+///
+/// ```swift
+/// while let batch = broker.outbox.takeBatch() {
+///     batch.forEach { router.send(frames: $0) }
+///     broker.outbox.reuse(batch)
+/// }
+/// ```
+public struct Outbox {
+    /// Every message's frames, one message after another, in one array kept from batch to
+    /// batch: a message written here costs no array of its own.
     private var frames: [Frame] = []
     /// Where each message ends in `frames`.
     private var ends: [Int] = []
-    /// The arrays of the last flush, written into while a flush delivers the others.
-    private var spareFrames: [Frame] = []
-    private var spareEnds: [Int] = []
-    private var draining = false
 
     public init() {}
 
-    public func send(_ message: Message) {
+    public mutating func send(_ message: Message) {
         frames.append(contentsOf: message.frames)
         ends.append(frames.count)
     }
 
     /// Writes one message: `encode` appends its frames.
-    public func write(_ encode: (inout [Frame]) -> Void) {
+    public mutating func write(_ encode: (inout [Frame]) -> Void) {
         encode(&frames)
         ends.append(frames.count)
     }
 
     public var isEmpty: Bool { ends.isEmpty }
 
-    /// Hands every message's frames to `deliver` in order, including those written while
-    /// delivering (a failed send can make the broker re-dispatch), and empties the box.
-    /// The frames are lent in place, not as slices of the array (each slice retained it):
-    /// what is written meanwhile goes to the spare arrays, delivered next.
-    public func drain(_ deliver: (UnsafeBufferPointer<Frame>) -> Void) {
-        // Drained from within a delivery, the spare arrays would change under it: what is
-        // written then is delivered by the drain under way.
-        guard !draining else { return }
-        draining = true
-        defer { draining = false }
-        while !ends.isEmpty {
-            swap(&frames, &spareFrames)
-            swap(&ends, &spareEnds)
-            spareFrames.withUnsafeBufferPointer { all in
+    /// Messages taken out of an outbox to be sent.
+    public struct Batch {
+        fileprivate var frames: [Frame] = []
+        fileprivate var ends: [Int] = []
+
+        /// Lends each message's frames to `deliver`, in order, in place (a slice of the
+        /// array would retain it once a message).
+        public func forEach(_ deliver: (UnsafeBufferPointer<Frame>) -> Void) {
+            frames.withUnsafeBufferPointer { all in
                 var start = 0
-                for end in spareEnds {
+                for end in ends {
                     deliver(UnsafeBufferPointer(rebasing: all[start..<end]))
                     start = end
                 }
             }
-            // The room a burst grew it to (a large snapshot) is let go; a usual flush's is kept.
-            let keeps = spareFrames.capacity <= Self.keptCapacity
-            spareFrames.removeAll(keepingCapacity: keeps)
-            spareEnds.removeAll(keepingCapacity: keeps)
         }
     }
 
-    /// Frames of room kept from one flush to the next (40 bytes each).
-    static let keptCapacity = 16_384
-
-    /// Sends every message on `registration`'s socket (drops them when there is none).
-    public func drain(to registration: SocketRegistration?) {
-        guard let registration else { return drain { _ in } }
-        drain { registration.send(frames: $0) }
+    /// Every message written so far, leaving the outbox empty; nil when there is none.
+    public mutating func takeBatch() -> Batch? {
+        guard !ends.isEmpty else { return nil }
+        var batch = Batch()
+        swap(&batch.frames, &frames)
+        swap(&batch.ends, &ends)
+        return batch
     }
 
+    /// Takes back a batch that was sent, for its room: the next batch is written into its
+    /// arrays, unless something was written meanwhile or a burst grew them past what is kept.
+    public mutating func reuse(_ batch: consuming Batch) {
+        guard ends.isEmpty, batch.frames.capacity <= Self.keptCapacity else { return }
+        var batch = batch
+        batch.frames.removeAll(keepingCapacity: true)
+        batch.ends.removeAll(keepingCapacity: true)
+        swap(&frames, &batch.frames)
+        swap(&ends, &batch.ends)
+    }
+
+    /// Frames of room kept from one batch to the next (40 bytes each).
+    static let keptCapacity = 16_384
+
     /// Takes the messages (tests).
-    public func take() -> [Message] {
+    public mutating func take() -> [Message] {
         var messages: [Message] = []
-        drain { messages.append(Message(Array($0))) }
+        takeBatch()?.forEach { messages.append(Message(Array($0))) }
         return messages
     }
 }

@@ -54,7 +54,7 @@ struct SocketLayerFloorCommand: AsyncParsableCommand {
 /// Requests to the one worker that said READY, as many at once as its window (the rest wait,
 /// as the C 7/MDP broker's do), replies to their clients: read where the socket holds them and
 /// written to an ``Outbox`` sent after each batch read, as the kernel's broker does.
-/// Loop-confined, its state unchecked for exclusivity as the broker's is.
+/// Loop-confined.
 private final class MDPForwarder {
     /// A request waiting: its body held as the broker holds it (a one-frame body alone, so the
     /// array it arrived in is read into again).
@@ -63,18 +63,23 @@ private final class MDPForwarder {
         let onlyFrame: Frame?
         let frames: ArraySlice<Frame>
     }
-    @exclusivity(unchecked) private var worker: (identity: Frame, service: Frame)?
-    @exclusivity(unchecked) private var credits = 0
+    private var worker: (identity: Frame, service: Frame)?
+    private var credits = 0
     /// A queue, as the broker's: under 8 clients' load it never empties (an array read from an
     /// index and cleared only once emptied grew without end, and the floor paid its copies).
-    @exclusivity(unchecked) private var waiting: Deque<Waiting> = []
-    private let outbox = Outbox()
+    private var waiting: Deque<Waiting> = []
+    private var outbox = Outbox()
 
     static func serve(_ socket: ZMQSocket, on loop: SocketLoop) {
         let forwarder = MDPForwarder()
         let router = loop.register(readingParts: socket) { [forwarder] in forwarder.handle($0) }
         router.dropsWhenPeerFull = true
-        router.afterReading = { [outbox = forwarder.outbox, unowned router] in outbox.drain(to: router) }
+        router.afterReading = { [forwarder, unowned router] in
+            while let batch = forwarder.outbox.takeBatch() {
+                batch.forEach { router.send(frames: $0) }
+                forwarder.outbox.reuse(batch)
+            }
+        }
     }
 
     private func handle(_ parts: ReceivedParts) {
@@ -111,14 +116,19 @@ private final class MDPForwarder {
 /// it and written to an ``Outbox`` sent after each batch read, as the kernel's state server
 /// does; subscriptions read and let go. Loop-confined.
 private final class CHPRepublisher {
-    @exclusivity(unchecked) private var sequence: UInt64 = 0
-    private let outbox = Outbox()
+    private var sequence: UInt64 = 0
+    private var outbox = Outbox()
 
     static func serve(from collector: ZMQSocket, to publisher: ZMQSocket, on loop: SocketLoop) {
         let republisher = CHPRepublisher()
         let publisher = loop.register(publisher) { _ in }
         let collector = loop.register(readingParts: collector) { [republisher] in republisher.handle($0) }
-        collector.afterReading = { [outbox = republisher.outbox] in outbox.drain(to: publisher) }
+        collector.afterReading = { [republisher] in
+            while let batch = republisher.outbox.takeBatch() {
+                batch.forEach { publisher.send(frames: $0) }
+                republisher.outbox.reuse(batch)
+            }
+        }
     }
 
     private func handle(_ parts: ReceivedParts) {
