@@ -29,18 +29,18 @@ struct HotPathCostTests {
     }
 
     /// The kernel's loop thread, per request (a raw client and worker, one request at a
-    /// time): 42.5-45.1 allocations, 372-380 retains, 410-421 releases, 362-371 checks
+    /// time): 42.5-45.1 allocations, 372-380 retains, 410-421 releases, 295-299 checks
     /// counted on one machine. Half an allocation and 3% of the others above.
-    static let kernelRequest = Counts(allocations: 45.5, retains: 392, releases: 434, accessChecks: 382)
-    /// The kernel's loop thread, per CHP update to one subscriber (14.7-16.1, 202-206, 216-222, 177-183).
-    static let kernelUpdate = Counts(allocations: 16.5, retains: 213, releases: 229, accessChecks: 189)
+    static let kernelRequest = Counts(allocations: 45.5, retains: 392, releases: 434, accessChecks: 308)
+    /// The kernel's loop thread, per CHP update to one subscriber (14.7-16.1, 202-206, 216-222, 152-155).
+    static let kernelUpdate = Counts(allocations: 16.5, retains: 213, releases: 229, accessChecks: 160)
     /// The whole process, per `BusClient.call` to a hosted echo method, one at a time. Threads
     /// meet differently from call to call (a reply that comes before its caller waits needs
     /// no continuation), more so on a loaded machine: 159.7-168.2 allocations, 938-972
-    /// retains, 1,053-1,094 releases and 670-691 checks counted on an idle one, 167.8
+    /// retains, 1,053-1,094 releases and 561-578 checks counted on an idle one, 167.8
     /// allocations beside a compile. So these bounds catch a handful more a call, not one;
     /// the kernel's catch one.
-    static let fullStackCall = Counts(allocations: 175, retains: 1_040, releases: 1_170, accessChecks: 740)
+    static let fullStackCall = Counts(allocations: 175, retains: 1_040, releases: 1_170, accessChecks: 620)
 
     @Test("requests and state updates through the kernel, and calls through the full stack, cost no more than their bounds")
     func costsPerMessage() async throws {

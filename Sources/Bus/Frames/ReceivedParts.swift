@@ -10,6 +10,15 @@ open class ReceivedParts {
         @usableFromInline var spans: UnsafeMutableBufferPointer<UnsafeRawBufferPointer>
         @usableFromInline var count = 0
         @usableFromInline var peerUserID: String?
+
+        /// Makes the first `count` parts those `bytes` gives, sent by `peerUserID`.
+        @inlinable
+        mutating func record(_ count: Int, peerUserID: String?, _ bytes: (Int) -> UnsafeRawBufferPointer) {
+            precondition(count <= spans.count, "\(count) parts read with room for \(spans.count)")
+            for index in 0..<count { spans[index] = bytes(index) }
+            self.count = count
+            self.peerUserID = peerUserID
+        }
     }
     @usableFromInline final var state: State
 
@@ -104,16 +113,12 @@ open class ReceivedParts {
         state.peerUserID = nil
     }
 
-    /// Records the bytes of part `index`, just read, as the message's last so far; there is
-    /// room for it (``setRoom(_:)``).
+    /// Records the message just read: its `count` parts, the bytes of each from `bytes`, and
+    /// its sender's user id; there is room for them (``setRoom(_:)``). One write of the state
+    /// a message, not one a part.
     @inlinable
-    package final func received(_ index: Int, _ bytes: UnsafeRawBufferPointer) {
-        state.spans[index] = bytes
-        state.count = index + 1
-    }
-
-    package final func received(peerUserID: String?) {
-        state.peerUserID = peerUserID
+    package final func received(_ count: Int, peerUserID: String?, _ bytes: (Int) -> UnsafeRawBufferPointer) {
+        state.record(count, peerUserID: peerUserID, bytes)
     }
 
     /// Room for exactly `parts` parts (at least ``count``); what was read is kept.

@@ -45,7 +45,7 @@ final class ZMQFrameBuffer: FrameBuffer, @unchecked Sendable {
 /// reading a part initialises and closes nothing. Used on the socket's thread only.
 public final class ZMQReceivedParts: ReceivedParts {
     /// One initialised message per part slot; they never move while a part is read from them
-    /// (a part of up to 33 bytes lies inside its message).
+    /// (a part of up to 33 bytes lies inside its message), only while a message is read in.
     private var messages: UnsafeMutablePointer<zmq_msg_t>
     private(set) var slots = ReceivedParts.initialRoom
     /// Slots read into since the parts were last released (an earlier message may have had
@@ -72,31 +72,31 @@ public final class ZMQReceivedParts: ReceivedParts {
         messages.deallocate()
     }
 
-    /// The message part `index` is read into (by `zmq_msg_recv`, which takes a pointer to
-    /// it), with room made for it.
-    func slot(_ index: Int) -> UnsafeMutablePointer<zmq_msg_t> {
-        if index >= slots { grow(to: index + 1) }
-        return messages + index
+    /// Where the parts of a message are read into (by `zmq_msg_recv`, which takes a pointer
+    /// to a message), one slot after another, with room for `parts` of them at least. Making
+    /// room moves the slots (as libzmq moves messages, never byte for byte): ask again before
+    /// reading past the room there was, and record the parts once the whole message is in
+    /// (``received(count:peerUserID:)``), when none moves any more.
+    func slots(forAtLeast parts: Int) -> UnsafeMutablePointer<zmq_msg_t> {
+        if parts > slots { grow(to: parts) }
+        return messages
     }
 
-    /// Records part `index`, just read into its slot, as the message's last so far.
-    func received(_ index: Int) {
-        let message = messages + index
-        received(index, UnsafeRawBufferPointer(start: zmq_msg_data(message), count: zmq_msg_size(message)))
-        if index >= used { used = index + 1 }
+    /// Records the first `count` slots, just read into, as the message's parts.
+    func received(count: Int, peerUserID: String?) {
+        let messages = self.messages
+        received(count, peerUserID: peerUserID) { UnsafeRawBufferPointer(start: zmq_msg_data(messages + $0), count: zmq_msg_size(messages + $0)) }
+        if count > used { used = count }
     }
 
     private func grow(to needed: Int) {
         let larger = max(needed, slots * 2)
         let moved = Self.initialisedMessages(larger)
-        // Moved as libzmq moves them (never copied byte for byte), then read again: a small
-        // part's bytes moved with its message.
         for slot in 0..<slots { zmq_msg_move(moved + slot, messages + slot) }
         Self.close(messages, slots)
         messages = moved
         slots = larger
         setRoom(larger)
-        for index in 0..<count { received(index) }
     }
 
     public override func frame(_ index: Int) -> Frame {

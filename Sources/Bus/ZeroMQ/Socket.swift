@@ -209,22 +209,28 @@ public final class ZMQSocket {
 
     private func receive(into parts: ZMQReceivedParts, flags: Int32) throws(ZMQError) -> Bool {
         let handle = try raw("zmq_msg_recv")
-        parts.clear()
+        var slots = parts.slots(forAtLeast: 1)
+        var room = parts.slots
         var index = 0
         while true {
-            let part = parts.slot(index)
+            if index == room {
+                slots = parts.slots(forAtLeast: index + 1)
+                room = parts.slots
+            }
+            let part = slots + index
             // Only the first part can be missing: the rest of a multipart message arrives
             // with it, so later parts are read without DONTWAIT.
             do throws(ZMQError) {
                 try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, index == 0 ? flags : 0) }
-            } catch where error.isAgain && index == 0 && flags & ZMQ_DONTWAIT != 0 {
-                return false
+            } catch {
+                // Nothing of a message cut short is read: the parts are empty.
+                parts.clear()
+                if error.isAgain && index == 0 && flags & ZMQ_DONTWAIT != 0 { return false }
+                throw error
             }
-            parts.received(index)
             guard zmq_msg_more(part) == 1 else {
-                if readsPeerUserID, let value = zmq_msg_gets(part, "User-Id") {
-                    parts.received(peerUserID: String(cString: value))
-                }
+                let peerUserID = readsPeerUserID ? zmq_msg_gets(part, "User-Id").map { String(cString: $0) } : nil
+                parts.received(count: index + 1, peerUserID: peerUserID)
                 return true
             }
             index += 1
@@ -234,7 +240,6 @@ public final class ZMQSocket {
                     try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, 0) }
                 }
                 messagesOverPartLimit += 1
-                parts.clear()
                 index = 0
             }
         }
