@@ -176,8 +176,20 @@ struct KernelBenchmark: AsyncParsableCommand {
                         note: String(format: "%.2fx one C client's %d in flight; each C client a thread of its own, blocking receives", cMany / cShape, Self.fullStackInFlight)))
         rows.append(Row("kernel, the full stack's shape, \(many) C clients x \(manyWindow)", rate: kernelMany,
                         note: String(format: "%.2fx one C client's %d in flight; each C client a thread of its own, blocking receives", kernelMany / kernelShape, Self.fullStackInFlight)))
+        // NATS beside the full stack: what a team would run instead (when Scripts/bench set it up).
+        let nats = NATSAnchor.available
+            ? try await NATSAnchor.measure(runs: runs, requests: requests, window: window, inFlight: Self.fullStackInFlight, roundTrips: roundTrips)
+            : nil
+        if let nats {
+            rows.append(Row("nats-server, C requester and responder, pipelined", rate: nats.pipelined,
+                            note: "the anchor: libnats (window \(window)), the better of answers sent at once and libnats's gathering flusher"))
+            rows.append(Row("nats-server, C requester and responder, \(Self.fullStackInFlight) in flight", rate: nats.atFullStackShape,
+                            note: "the full stack's shape from one client"))
+            rows.append(Row("nats-server, C requester and responder, sync", rate: nats.sync,
+                            note: String(format: "p50 %.1f µs; natsConnection_Request, one at a time", nats.syncP50Microseconds)))
+        }
         rows.append(contentsOf: try await busKitRows(endpoints.broker, kernelPipelined: kernelPipelined, kernelShape: kernelShape,
-                                                     kernelManyOverOne: kernelMany / kernelShape))
+                                                     kernelManyOverOne: kernelMany / kernelShape, nats: nats))
         // CHP: C publisher and subscribers, through a raw XSUB/XPUB proxy and through the
         // kernel, interleaved; a subscriber's rate is what it received per second.
         var fanOut: [Metal.FanOut: [Int: [(rate: Double, gaps: Int, missing: Int)]]] = [:]
@@ -473,7 +485,8 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// `kernelPipelined`, `kernelShape`: the kernel's pipelined rate and its rate at the same
     /// shape with C ends; `kernelManyOverOne`: 8 C clients' rate at that shape over one's. For
     /// the ratios.
-    private func busKitRows(_ broker: String, kernelPipelined: Double, kernelShape: Double, kernelManyOverOne: Double) async throws -> [Row] {
+    private func busKitRows(_ broker: String, kernelPipelined: Double, kernelShape: Double, kernelManyOverOne: Double,
+                            nats: NATSAnchor.Figures?) async throws -> [Row] {
         let host = try ServiceHost(service: EchoService(),
                                    options: .init(brokers: [broker], connections: Self.fullStackConnections, window: Self.fullStackWindow))
         try await host.start()
@@ -490,11 +503,15 @@ struct KernelBenchmark: AsyncParsableCommand {
         for client in clients.dropFirst() { await client.close() }
         await bus.close()
         await host.stop()
+        let syncP50 = Double(sync.latencies.valueAtPercentile(50)) / 1_000
+        let versusNATS = nats.map { String(format: "%.2fx NATS at its shape, %.2fx NATS pipelined; ", pipelined.rate / $0.atFullStackShape, pipelined.rate / $0.pipelined) } ?? ""
+        let syncVersusNATS = nats.map { String(format: "p50 %.2fx NATS's, %.2fx its rate; ", syncP50 / $0.syncP50Microseconds, sync.rate / $0.sync) } ?? ""
         return [
-            Row("BusClient to ServiceHost (JSON-RPC), sync", rate: sync.rate, latencies: sync.latencies, note: "full stack, \(Self.fullStackConnections) worker connections, window \(Self.fullStackWindow) (sb bench)"),
+            Row("BusClient to ServiceHost (JSON-RPC), sync", rate: sync.rate, latencies: sync.latencies,
+                note: "\(syncVersusNATS)full stack, \(Self.fullStackConnections) worker connections, window \(Self.fullStackWindow) (sb bench)"),
             Row("BusClient to ServiceHost, \(Self.fullStackInFlight) in flight", rate: pipelined.rate, latencies: pipelined.latencies,
-                note: String(format: "%.2fx the kernel's pipelined rate, %.2fx its rate at this shape with C ends; full stack, one client (sb bench --window %d)",
-                             pipelined.rate / kernelPipelined, pipelined.rate / kernelShape, Self.fullStackInFlight)),
+                note: versusNATS + String(format: "%.2fx the kernel's pipelined rate, %.2fx its rate at this shape with C ends; full stack, one client (sb bench --window %d)",
+                                          pipelined.rate / kernelPipelined, pipelined.rate / kernelShape, Self.fullStackInFlight)),
             Row("BusClient to ServiceHost, \(many) clients x \(manyWindow) in flight", rate: shared.rate, latencies: shared.latencies,
                 note: String(format: "%.2fx one client's %d in flight (C clients through the kernel: %.2fx); one socket thread (sb bench --clients %d --window %d)",
                              shared.rate / pipelined.rate, Self.fullStackInFlight, kernelManyOverOne, many, manyWindow)),
