@@ -7,9 +7,9 @@ import Testing
 private func bytes(_ text: String) -> [UInt8] { Array(text.utf8) }
 
 /// Runs `body` with a client of a new etcd cluster of `members`; stops both however it ends.
-private func withEtcd(members: Int = 1, settings: (inout EtcdClient.Settings) -> Void = { _ in },
+private func withEtcd(members: Int = 1, arguments: [String] = [], settings: (inout EtcdClient.Settings) -> Void = { _ in },
                       _ body: (TestEtcd, EtcdClient) async throws -> Void) async throws {
-    let cluster = try await TestEtcd.start(members: members)
+    let cluster = try await TestEtcd.start(members: members, arguments: arguments)
     var clientSettings = EtcdClient.Settings(endpoints: cluster.clientURLs)
     settings(&clientSettings)
     let client = try EtcdClient(settings: clientSettings)
@@ -209,9 +209,10 @@ struct EtcdClientTests {
         }
     }
 
-    @Test("with authentication on: a client with the user's password is served, one without is refused")
+    @Test("with authentication on: a client with the user's password is served, also once its token expired; one without is refused")
     func authentication() async throws {
-        try await withEtcd { cluster, etcd in
+        // Tokens that expire after a second unused.
+        try await withEtcd(arguments: ["--auth-token-ttl", "1"]) { cluster, etcd in
             let etcdctl = URL(fileURLWithPath: "/usr/bin/etcdctl")
             let environment = ["ETCDCTL_API": "3"]
             let endpoint = ["--endpoints", cluster.clientURLs[0]]
@@ -225,6 +226,12 @@ struct EtcdClientTests {
             (settings.username, settings.password) = ("app", "s3cret-app")
             let app = try EtcdClient(settings: settings)
             #expect(try await app.put(bytes("/app/x"), bytes("1")) > 0)
+            var watch = app.watch(prefix: bytes("/app/"), from: 1).makeAsyncIterator()
+            #expect(try await events(1, from: &watch).first?.keyValue.keyString == "/app/x")
+            // Past the token's life (time, which no event marks): the client asks for a new one.
+            try await Task.sleep(for: .seconds(2.5))
+            #expect(try await app.put(bytes("/app/y"), bytes("2")) > 0)
+            #expect(try await events(1, from: &watch).first?.keyValue.keyString == "/app/y")
             let outside = await #expect(throws: EtcdError.self) { try await app.put(bytes("/other"), bytes("1")) }
             #expect(outside?.description.contains("permission denied") == true, "\(String(describing: outside))")
             await app.close()

@@ -188,10 +188,14 @@ public final class EtcdClient: Sendable {
         do {
             return try await callOnce(path, body, operation: operation)
         } catch where error.kind == .refused(code: EtcdError.unauthenticated) && settings.username != nil {
-            token.withLock { $0 = nil }
+            forgetToken()
             return try await callOnce(path, body, operation: operation)
         }
     }
+
+    /// Drops the authentication token (etcd refused it: it expired): the next request asks
+    /// for a new one.
+    func forgetToken() { token.withLock { $0 = nil } }
 
     private func callOnce(_ path: String, _ body: JSONValue, operation: String) async throws(EtcdError) -> JSONValue {
         var unreachable: [String] = []

@@ -67,6 +67,11 @@ public struct EtcdWatch: AsyncSequence, Sendable {
             guard !line.isEmpty else { return nil }
             let message = try EtcdClient.answer(line, status: 200, operation: operation, endpoint: endpoint)
             guard let result = message["result"] else {
+                // A stream's error comes as {"error": {"grpc_code", "message", ...}}.
+                if let error = message["error"] {
+                    throw EtcdError(operation: operation, endpoint: endpoint, kind: .refused(code: Int(error["grpc_code"]?.intValue ?? 0)),
+                                    message: error["message"]?.stringValue ?? "\(error)")
+                }
                 throw EtcdError(operation: operation, endpoint: endpoint, kind: .malformedAnswer, message: "a line with no result")
             }
             let compactRevision = GatewayJSON.int(result["compact_revision"])
@@ -119,6 +124,10 @@ public struct EtcdWatch: AsyncSequence, Sendable {
                         self.endpoint = endpoint
                         client.answered(by: index)
                         return
+                    } catch let error as EtcdError where error.kind == .refused(code: EtcdError.unauthenticated) && client.settings.username != nil {
+                        // The token expired while the watch was away: the next try asks for a new one.
+                        client.forgetToken()
+                        problems.append("\(endpoint): \(error.message)")
                     } catch let error as EtcdError where error.kind != .unreachable && error.kind != .timedOut {
                         throw error
                     } catch {

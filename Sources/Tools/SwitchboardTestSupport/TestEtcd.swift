@@ -12,21 +12,24 @@ public final class TestEtcd: @unchecked Sendable {
     public let clientURLs: [String]
     private let peerURLs: [String]
     private let token: String
+    private let arguments: [String]
     private var processes: [ChildProcess?]
 
-    private init(folder: URL, clientURLs: [String], peerURLs: [String]) {
+    private init(folder: URL, clientURLs: [String], peerURLs: [String], arguments: [String]) {
         self.folder = folder
         self.clientURLs = clientURLs
         self.peerURLs = peerURLs
+        self.arguments = arguments
         token = "test-\(UUID().uuidString)"
         processes = Array(repeating: nil, count: clientURLs.count)
     }
 
-    /// Starts a new cluster of `members` and returns once every member serves clients.
-    public static func start(members: Int = 1) async throws -> TestEtcd {
+    /// Starts a new cluster of `members`, each with etcd's flags and `arguments`, and returns
+    /// once every member serves clients.
+    public static func start(members: Int = 1, arguments: [String] = []) async throws -> TestEtcd {
         guard available else { throw TestEtcdError(description: "etcd is not installed (Debian's etcd-server package)") }
         let cluster = TestEtcd(folder: try temporaryDirectory("etcd"), clientURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" },
-                               peerURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" })
+                               peerURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" }, arguments: arguments)
         do {
             for member in 0..<members { try cluster.launch(member) }
             for member in 0..<members { try await cluster.waitUntilServing(member) }
@@ -71,7 +74,7 @@ public final class TestEtcd: @unchecked Sendable {
             "--listen-peer-urls", peerURLs[member], "--initial-advertise-peer-urls", peerURLs[member],
             "--initial-cluster", cluster, "--initial-cluster-token", token, "--initial-cluster-state", "new",
             "--logger", "zap", "--log-outputs", "stderr",
-        ])
+        ] + arguments)
     }
 
     /// Waits for the member's log to say it joined a cluster with a leader and serves clients.
