@@ -89,6 +89,13 @@ public final class ZMQReceivedParts: ReceivedParts {
         if count > used { used = count }
     }
 
+    /// Empties the parts after a message was cut short by an error, its first `count` slots
+    /// read into: they are let go with the others at ``release()``.
+    func cutShort(after count: Int) {
+        clear()
+        if count > used { used = count }
+    }
+
     private func grow(to needed: Int) {
         let larger = max(needed, slots * 2)
         let moved = Self.initialisedMessages(larger)

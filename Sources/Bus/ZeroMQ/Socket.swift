@@ -224,7 +224,7 @@ public final class ZMQSocket {
                 try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, index == 0 ? flags : 0) }
             } catch {
                 // Nothing of a message cut short is read: the parts are empty.
-                parts.clear()
+                parts.cutShort(after: index)
                 if error.isAgain && index == 0 && flags & ZMQ_DONTWAIT != 0 { return false }
                 throw error
             }
