@@ -1,9 +1,10 @@
 public import Foundation
+import Synchronization
 
 /// An etcd cluster of its own for a test: `members` etcd processes (Debian's `etcd-server`)
 /// with their data in a temporary folder, on free loopback ports, each started as a
 /// ``ChildProcess``; ``stop()`` ends every one and removes the folder.
-public final class TestEtcd: @unchecked Sendable {
+public final class TestEtcd: Sendable {
     public static let executable = URL(fileURLWithPath: "/usr/bin/etcd")
     public static var available: Bool { FileManager.default.isExecutableFile(atPath: executable.path) }
 
@@ -13,7 +14,8 @@ public final class TestEtcd: @unchecked Sendable {
     private let peerURLs: [String]
     private let token: String
     private let arguments: [String]
-    private var processes: [ChildProcess?]
+    /// Each member's process while it runs.
+    private let processes: Mutex<[ChildProcess?]>
 
     private init(folder: URL, clientURLs: [String], peerURLs: [String], arguments: [String]) {
         self.folder = folder
@@ -21,7 +23,7 @@ public final class TestEtcd: @unchecked Sendable {
         self.peerURLs = peerURLs
         self.arguments = arguments
         token = "test-\(UUID().uuidString)"
-        processes = Array(repeating: nil, count: clientURLs.count)
+        processes = Mutex(Array(repeating: nil, count: clientURLs.count))
     }
 
     /// Starts a new cluster of `members`, each with etcd's flags and `arguments`, and returns
@@ -42,9 +44,9 @@ public final class TestEtcd: @unchecked Sendable {
 
     /// Kills member `member` at once (SIGKILL, as a crash), keeping its data.
     public func kill(_ member: Int) {
-        processes[member]?.signal(SIGKILL)
-        processes[member]?.stop(grace: 5)
-        processes[member] = nil
+        guard let process = processes.withLock({ processes in processes[member].take() }) else { return }
+        process.signal(SIGKILL)
+        process.stop(grace: 5)
     }
 
     /// Starts member `member` again on its data; returns once it serves clients.
@@ -55,31 +57,33 @@ public final class TestEtcd: @unchecked Sendable {
     }
 
     /// The member's output so far (etcd's JSON log lines).
-    public func log(_ member: Int) -> String { processes[member]?.outputSoFar ?? "" }
+    public func log(_ member: Int) -> String { processes.withLock { $0[member] }?.outputSoFar ?? "" }
 
     /// Stops every member and removes the folder.
     public func stop() {
-        for member in processes.indices {
-            processes[member]?.stop(grace: 5)
-            processes[member] = nil
+        let running = processes.withLock { processes in
+            defer { processes = processes.map { _ in nil } }
+            return processes
         }
+        for process in running { process?.stop(grace: 5) }
         try? FileManager.default.removeItem(at: folder)
     }
 
     private func launch(_ member: Int) throws {
         let cluster = peerURLs.enumerated().map { "m\($0.offset)=\($0.element)" }.joined(separator: ",")
-        processes[member] = try ChildProcess(Self.executable, [
+        let process = try ChildProcess(Self.executable, [
             "--name", "m\(member)", "--data-dir", folder.appendingPathComponent("m\(member)").path,
             "--listen-client-urls", clientURLs[member], "--advertise-client-urls", clientURLs[member],
             "--listen-peer-urls", peerURLs[member], "--initial-advertise-peer-urls", peerURLs[member],
             "--initial-cluster", cluster, "--initial-cluster-token", token, "--initial-cluster-state", "new",
             "--logger", "zap", "--log-outputs", "stderr",
         ] + arguments)
+        processes.withLock { $0[member] = process }
     }
 
     /// Waits for the member's log to say it joined a cluster with a leader and serves clients.
     private func waitUntilServing(_ member: Int) async throws {
-        guard let process = processes[member] else { return }
+        guard let process = processes.withLock({ $0[member] }) else { return }
         try await process.waitForOutput(containing: "published local member to cluster", within: 60)
         try await process.waitForOutput(containing: "serving client traffic", within: 60)
     }
