@@ -201,10 +201,7 @@ public final class EtcdClient: Sendable {
         var unreachable: [String] = []
         for (index, endpoint) in endpointsToTry() {
             do {
-                let request = try await request(endpoint + path, body: body, operation: operation, endpoint: endpoint)
-                let response = try await http.execute(request, timeout: TimeAmount(settings.requestTimeout))
-                let bytes = try await response.body.collect(upTo: Self.maxAnswerBytes)
-                let answer = try Self.answer(Array(bytes.readableBytesView), status: response.status.code, operation: operation, endpoint: endpoint)
+                let answer = try await exchange(try await request(endpoint + path, body: body, endpoint: endpoint), operation: operation, endpoint: endpoint)
                 answered(by: index)
                 return answer
             } catch let error as EtcdError {
@@ -219,12 +216,24 @@ public final class EtcdClient: Sendable {
         throw EtcdError(operation: operation, endpoint: nil, kind: .unreachable, message: "no member reachable: \(unreachable.joined(separator: ", "))")
     }
 
+    /// Sends `request` and returns etcd's whole answer (up to ``maxAnswerBytes``), or the
+    /// error it carries.
+    private func exchange(_ request: HTTPClientRequest, operation: String, endpoint: String) async throws -> JSONValue {
+        let response = try await http.execute(request, timeout: TimeAmount(settings.requestTimeout))
+        let bytes = try await response.body.collect(upTo: Self.maxAnswerBytes)
+        return try Self.answer(Array(bytes.readableBytesView), status: response.status.code, operation: operation, endpoint: endpoint)
+    }
+
     /// A POST of `body` to `url`, with the token when authentication is on.
-    func request(_ url: String, body: JSONValue, operation: String, endpoint: String) async throws -> HTTPClientRequest {
+    func request(_ url: String, body: JSONValue, endpoint: String) async throws -> HTTPClientRequest {
+        Self.post(url, body, token: try await authenticationToken(endpoint: endpoint))
+    }
+
+    private static func post(_ url: String, _ body: JSONValue, token: String?) -> HTTPClientRequest {
         var request = HTTPClientRequest(url: url)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/json")
-        if let token = try await authenticationToken(endpoint: endpoint) { request.headers.add(name: "Authorization", value: token) }
+        if let token { request.headers.add(name: "Authorization", value: token) }
         request.body = .bytes(ByteBuffer(bytes: body.jsonBytes))
         return request
     }
@@ -234,14 +243,11 @@ public final class EtcdClient: Sendable {
     private func authenticationToken(endpoint: String) async throws -> String? {
         guard let username = settings.username else { return nil }
         if let token = token.withLock({ $0 }) { return token }
-        var request = HTTPClientRequest(url: endpoint + "/v3/auth/authenticate")
-        request.method = .POST
-        request.body = .bytes(ByteBuffer(bytes: JSONValue.object(["name": .string(username), "password": .string(settings.password ?? "")]).jsonBytes))
-        let response = try await http.execute(request, timeout: TimeAmount(settings.requestTimeout))
-        let bytes = try await response.body.collect(upTo: 1 << 20)
-        let answer = try Self.answer(Array(bytes.readableBytesView), status: response.status.code, operation: "authenticate as \(username)", endpoint: endpoint)
+        let operation = "authenticate as \(username)"
+        let credentials: JSONValue = ["name": .string(username), "password": .string(settings.password ?? "")]
+        let answer = try await exchange(Self.post(endpoint + "/v3/auth/authenticate", credentials, token: nil), operation: operation, endpoint: endpoint)
         guard let fresh = answer["token"]?.stringValue, !fresh.isEmpty else {
-            throw EtcdError(operation: "authenticate as \(username)", endpoint: endpoint, kind: .malformedAnswer, message: "no token in the answer")
+            throw EtcdError(operation: operation, endpoint: endpoint, kind: .malformedAnswer, message: "no token in the answer")
         }
         token.withLock { $0 = fresh }
         return fresh

@@ -47,16 +47,24 @@ public struct EtcdWatch: AsyncSequence, Sendable {
                     continue
                 }
                 if body == nil { try await connect() }
+                let chunk: ByteBuffer?
                 do {
-                    if let chunk = try await body?.next() {
-                        pending.append(contentsOf: chunk.readableBytesView)
-                    } else {
-                        body = nil  // The member closed the stream: connect again.
-                    }
+                    chunk = try await body?.next()
                 } catch {
                     if Task.isCancelled { return nil }
-                    body = nil
+                    body = nil  // The connection dropped: connect again.
+                    continue
                 }
+                guard let chunk else {
+                    body = nil  // The member closed the stream: connect again.
+                    continue
+                }
+                // A line is one answer: bounded as a whole answer is.
+                guard pending.count + chunk.readableBytes <= EtcdClient.maxAnswerBytes else {
+                    throw EtcdError(operation: operation, endpoint: endpoint, kind: .malformedAnswer,
+                                    message: "a line of the watch past \(EtcdClient.maxAnswerBytes) bytes")
+                }
+                pending.append(contentsOf: chunk.readableBytesView)
             }
             return nil
         }
@@ -87,11 +95,13 @@ public struct EtcdWatch: AsyncSequence, Sendable {
             if result["created"]?.boolValue == true { return nil }
             let events = (result["events"]?.arrayValue ?? []).map(GatewayJSON.event)
             let revision = GatewayJSON.revision(result)
+            // The revision after, wrapping: a revision no etcd reaches (Int64.max) from a member
+            // leaves the resume point where it was instead of trapping.
             if let last = events.last {
-                next = Swift.max(next, last.keyValue.modRevision + 1)
+                next = Swift.max(next, last.keyValue.modRevision &+ 1)
                 return .events(events, revision: revision)
             }
-            next = Swift.max(next, revision + 1)
+            next = Swift.max(next, revision &+ 1)
             return .progress(revision: revision)
         }
 
@@ -111,8 +121,7 @@ public struct EtcdWatch: AsyncSequence, Sendable {
                 for (index, endpoint) in client.endpointsToTry() {
                     try Task.checkCancellation()
                     do {
-                        let request = try await client.request(endpoint + "/v3/watch", body: ["create_request": .object(create)],
-                                                               operation: operation, endpoint: endpoint)
+                        let request = try await client.request(endpoint + "/v3/watch", body: ["create_request": .object(create)], endpoint: endpoint)
                         // Open as long as the watch lasts: it ends when the caller stops or the member goes.
                         let response = try await client.http.execute(request, deadline: .distantFuture)
                         guard response.status == .ok else {
