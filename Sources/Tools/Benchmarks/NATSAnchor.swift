@@ -32,9 +32,9 @@ struct NATSAnchor {
         guard let server = serverCandidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else {
             throw ValidationError("no nats-server: Scripts/bench installs it")
         }
-        let url = "nats://127.0.0.1:\(freePort())"
-        let port = url.split(separator: ":").last.map(String.init) ?? ""
-        let nats = try ChildProcess(URL(fileURLWithPath: server), ["-a", "127.0.0.1", "-p", port])
+        let port = freePort()
+        let url = "nats://127.0.0.1:\(port)"
+        let nats = try ChildProcess(URL(fileURLWithPath: server), ["-a", "127.0.0.1", "-p", String(port)])
         defer { nats.stop() }
         try await nats.waitForOutput(containing: "Server is ready")
         let responders = try ["asap", "buffered"].map { mode in try ChildProcess(baseline, ["responder", url, "echo.\(mode)", mode]) }
@@ -61,6 +61,4 @@ struct NATSAnchor {
         }
         return Figures(pipelined: median(pipelined), atFullStackShape: median(atShape), sync: median(sync), syncP50Microseconds: median(p50))
     }
-
-    private static func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
 }

@@ -97,6 +97,10 @@ static double run(natsConnection *connection, natsSubscription *inbox, const cha
     double started = seconds_now();
     if (window == 1) {
         double *round_trips = malloc(sizeof(double) * (size_t)count);
+        if (round_trips == NULL) {
+            fprintf(stderr, "nats-baseline: no memory for %ld round trips\n", count);
+            exit(1);
+        }
         for (long index = 0; index < count; index++) {
             double sent_at = seconds_now();
             natsMsg *reply = NULL;
@@ -156,7 +160,7 @@ static int requester(const char *url, const char *subject, long count, long wind
 
 int main(int argc, char **argv) {
     if (argc == 5 && strcmp(argv[1], "responder") == 0) return responder(argv[2], argv[3], strcmp(argv[4], "asap") == 0);
-    if (argc == 7 && strcmp(argv[1], "requester") == 0) {
+    if (argc == 7 && strcmp(argv[1], "requester") == 0 && atol(argv[4]) > 0 && atol(argv[5]) > 0) {
         return requester(argv[2], argv[3], atol(argv[4]), atol(argv[5]), strcmp(argv[6], "asap") == 0);
     }
     fprintf(stderr, "usage: nats-baseline responder URL SUBJECT asap|buffered | requester URL SUBJECT COUNT WINDOW asap|buffered\n");
