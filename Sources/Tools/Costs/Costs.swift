@@ -54,7 +54,7 @@ struct Costs {
         return measured
     }
 
-    /// Allocations per message on `kernel`'s loop thread while `send` runs ``messages`` times,
+    /// The counts per message on `kernel`'s loop thread while `send` runs ``messages`` times,
     /// after 200 to warm up.
     static func perMessage(onLoopOf kernel: TestKernel, _ send: () throws -> Void) async throws -> PerMessage {
         for _ in 0..<200 { try send() }

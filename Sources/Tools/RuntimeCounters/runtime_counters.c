@@ -71,12 +71,18 @@ void *aligned_alloc(size_t alignment, size_t size) {
     return __libc_memalign(alignment, size);
 }
 
-// The runtime's own entry points, found once (a race finds the same address twice).
+// The runtime's own entry points, found on first use: other libraries' start-up code calls
+// them through these definitions before any constructor of this file could run. Threads
+// that race to find one store the same address.
 #define RUNTIME(name, type) \
-    static type name##_next; \
+    static _Atomic(type) name##_next; \
     static inline type name##_runtime(void) { \
-        if (name##_next == NULL) name##_next = (type)dlsym(RTLD_NEXT, #name); \
-        return name##_next; \
+        type next = atomic_load_explicit(&name##_next, memory_order_relaxed); \
+        if (next == NULL) { \
+            next = (type)dlsym(RTLD_NEXT, #name); \
+            atomic_store_explicit(&name##_next, next, memory_order_relaxed); \
+        } \
+        return next; \
     }
 
 typedef void *(*retain_fn)(void *);
