@@ -93,7 +93,8 @@ public final class ZMQReceivedParts: ReceivedParts {
     /// read into: they are let go with the others at ``release()``.
     func cutShort(after count: Int) {
         clear()
-        if count > used { used = count }
+        // Most often nothing was read (no message waited): `used` stays as it is.
+        if count > 0, count > used { used = count }
     }
 
     private func grow(to needed: Int) {
