@@ -96,7 +96,7 @@ let package = Package(
         .target(
             name: "Kernel",
             dependencies: [
-                "BusProtocol", "Contracts", "SwitchboardConfig", "ZeroMQ",
+                "BusProtocol", "Contracts", "Etcd", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
@@ -397,7 +397,7 @@ let package = Package(
         ),
         .testTarget(
             name: "EtcdTests",
-            dependencies: ["Etcd", "BusProtocol", "SwitchboardTestSupport"],
+            dependencies: ["Etcd", "BusProtocol", "BusKit", "Contracts", "Kernel", "SwitchboardConfig", "ZeroMQ", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

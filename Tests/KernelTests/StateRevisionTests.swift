@@ -22,7 +22,7 @@ struct StateRevisionTests {
     func write(_ state: StateServer, _ key: String, _ value: String?, expected: UInt64? = nil, uuid: Frame = Frame(), now: UInt64 = 0)
         -> Result<UInt64, JSONRPCError>
     {
-        state.write(key, value: value.map { Frame($0) } ?? Frame(), ttl: nil, expected: expected, uuid: uuid, by: .unauthenticated, now: now)
+        state.write(key, value: value.map { Frame($0) } ?? Frame(), ttl: nil, expected: expected, uuid: uuid, by: .unauthenticated, now: now).map { $0.sequence! }
     }
 
     @Test("create only if absent, update only at the revision read; a mismatch is -32004 with the key's revision, and changes nothing")
@@ -201,7 +201,7 @@ struct StateRevisionTests {
         let state = StateServer(configuration: configuration, logger: quiet)
         let a = Peer.client(key: "A"), b = Peer.client(key: "B")
         func set(_ key: String, _ value: String?, by peer: Peer) -> Result<UInt64, JSONRPCError> {
-            state.write(key, value: value.map { Frame($0) } ?? Frame(), ttl: nil, by: peer, now: 0)
+            state.write(key, value: value.map { Frame($0) } ?? Frame(), ttl: nil, by: peer, now: 0).map { $0.sequence! }
         }
         func usage(_ owner: String) -> [Int]? { state.quotas[owner].map { [$0.keys, $0.bytes] } }
         let size = { (key: String, value: String) in key.utf8.count + value.utf8.count }

@@ -122,8 +122,11 @@ public final class EtcdClient: Sendable {
             "failure": .array(failure.map(GatewayJSON.operation)),
         ]
         let answer = try await call("/v3/kv/txn", request, operation: "transaction")
-        let ranges = (answer["responses"]?.arrayValue ?? []).compactMap { $0["response_range"].map(GatewayJSON.range) }
-        return EtcdTransaction(succeeded: answer["succeeded"]?.boolValue ?? false, revision: GatewayJSON.revision(answer), ranges: ranges)
+        let responses = answer["responses"]?.arrayValue ?? []
+        let ranges = responses.compactMap { $0["response_range"].map(GatewayJSON.range) }
+        let deleted = responses.compactMap { $0["response_delete_range"].map { GatewayJSON.int($0["deleted"]) } }
+        return EtcdTransaction(succeeded: answer["succeeded"]?.boolValue ?? false, revision: GatewayJSON.revision(answer), ranges: ranges,
+                               deleted: deleted)
     }
 
     /// Drops the history before `revision`: a read or watch of an older revision then fails

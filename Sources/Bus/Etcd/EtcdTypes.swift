@@ -78,6 +78,8 @@ public struct EtcdTransaction: Sendable, Equatable {
     public var revision: Int64
     /// What each range operation of the branch that ran read, in order (writes give none).
     public var ranges: [EtcdRange]
+    /// How many keys each delete operation of the branch that ran deleted, in order.
+    public var deleted: [Int64]
 }
 
 /// A lease: keys attached to it are deleted when it expires.

@@ -19,7 +19,7 @@ import ZeroMQ
 /// (docs/PROTOCOL.md, "Replies in parts").
 final class Broker {
     /// A client to answer, and the Majordomo version it asked in.
-    struct Caller: Equatable {
+    struct Caller: Equatable, Sendable {
         let client: Frame
         let version: MDP.Version
     }

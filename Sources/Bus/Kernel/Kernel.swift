@@ -30,16 +30,18 @@ public actor Kernel: BusService {
     public nonisolated let instance = UUID().uuidString
     /// Where the broker, the state server and the pair link read the time.
     public nonisolated let clock: any NanosecondClock
-    private let logger: Logger
+    let logger: Logger
     private var startedAt = Date()
     /// The `kernel` service's methods, answered on the loop as each request arrives.
     private var table: MethodTable<Kernel>?
     /// The CURVE key of the request being answered, for `state.set`'s rules.
-    private var requestPeer: String?
+    @TaskLocal static var requestPeer: String?
 
     /// Where the kernel is in its life: ``start()`` binds once, ``stop()`` is final.
     enum Phase {
         case idle
+        /// Reading the state from etcd before binding.
+        case starting
         case serving(Endpoints, KernelParts)
         case stopped
     }
@@ -68,15 +70,44 @@ public actor Kernel: BusService {
     private var state: StateServer { serving.state }
     private var pair: PairLink? { serving.pair }
 
-    /// Binds every endpoint and starts serving. Throws (leaving nothing bound) when an
-    /// endpoint cannot be bound, naming it.
+    /// Binds every endpoint and starts serving; with the state on etcd, reads it from there
+    /// first. Throws (leaving nothing bound) when etcd cannot be read or an endpoint cannot be
+    /// bound, naming it.
     @discardableResult
-    public func start() throws -> Endpoints {
+    public func start() async throws -> Endpoints {
         switch phase {
         case .serving(let endpoints, _): return endpoints
         case .stopped: throw ZMQError(call: "start(a stopped kernel)", code: EBADF)
+        case .starting: throw ZMQError(call: "start(a kernel already starting)", code: EALREADY)
         case .idle: break
         }
+        guard let settings = configuration.stateEtcd else { return try bind(state: nil) }
+        guard configuration.pair == nil else {
+            phase = .stopped
+            throw ZMQError(call: "start(a pair with kernel.state.backend: etcd: not supported yet; run one kernel on etcd)", code: EINVAL)
+        }
+        phase = .starting
+        do {
+            let state = try await Self.connectState(settings, logger: logger)
+            guard case .starting = phase else {
+                await closeState(state.link)
+                throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF)
+            }
+            phase = .idle
+            do {
+                return try bind(state: state)
+            } catch {
+                await closeState(state.link)
+                throw error
+            }
+        } catch {
+            if case .starting = phase { phase = .idle }
+            throw error
+        }
+    }
+
+    /// Binds every endpoint and serves them, with the state read from etcd if it keeps it.
+    private func bind(state etcd: (link: EtcdStateLink, entries: [ReplicatedEntry], revision: Int64)?) throws -> Endpoints {
         let context = loop.context
         let security = configuration.security, inprocName = configuration.inprocName
         func open(_ type: SocketType, _ endpoint: String, _ role: String,
@@ -146,6 +177,10 @@ public actor Kernel: BusService {
                 pairSockets = try openPair(pair, listener: listener, opened: &opened)
             }
             let parts = KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger)
+            if let etcd {
+                parts.state.install(etcd.entries, sequence: EtcdSequence.end(of: etcd.revision), now: clock.now)
+                parts.etcd = etcd.link
+            }
             try parts.serve(KernelParts.Sockets(zap: security == nil ? nil : opened[0], router: router, snapshot: snapshot,
                                                 publisher: publisher, collector: collector, pair: pairSockets), on: loop)
             let endpoints = Endpoints(broker: brokerEndpoint, snapshot: snapshotEndpoint,
@@ -153,6 +188,7 @@ public actor Kernel: BusService {
             phase = .serving(endpoints, parts)
             startedAt = Date()
             installMethods()
+            if let etcd { followState(etcd.link) }
             parts.setInstance(now: clock.now)
             parts.flush()
             var metadata: Logger.Metadata = ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
@@ -160,6 +196,7 @@ public actor Kernel: BusService {
             if let pair = configuration.pair {
                 metadata["pair"] = "\(pair.role.rawValue), listening on \(pair.listen), peer \(pair.peer)"
             }
+            if let settings = configuration.stateEtcd { metadata["state"] = "etcd \(settings.endpoints.joined(separator: ",")) \(settings.prefix)" }
             logger.info("kernel started", metadata: metadata)
             return endpoints
         } catch {
@@ -221,6 +258,10 @@ public actor Kernel: BusService {
         phase = .stopped
         table = nil
         parts.close()
+        if let link = parts.etcd {
+            parts.etcd = nil
+            await closeState(link)
+        }
         logger.info("kernel stopped")
         await loop.shutdown()
     }
@@ -238,9 +279,7 @@ public actor Kernel: BusService {
     /// fuzz target, which drives the methods without sockets); empty before ``start()``.
     public func respond(to body: [UInt8], peer: String? = nil) -> [UInt8] {
         guard let table else { return [] }
-        requestPeer = peer
-        defer { requestPeer = nil }
-        return table.answerNow(body: body, on: self).reply
+        return Self.$requestPeer.withValue(peer) { table.answerNow(body: body, on: self).reply }
     }
 
     /// A request for the `kernel` service, admitted by the broker (``Admission``).
@@ -250,16 +289,26 @@ public actor Kernel: BusService {
             parts.broker.replyFromKernel(to: caller, JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes)
             return
         }
-        parts.reply(to: caller, respond(to: body[0].bytes, peer: peer))
+        guard let etcd = parts.etcd else { return parts.reply(to: caller, respond(to: body[0].bytes, peer: peer)) }
+        // With the state on etcd a write is answered once etcd has it: the loop goes on meanwhile.
+        etcd.requests.continuation.yield(EtcdStateLink.Request(caller: caller, body: body[0].bytes, peer: peer))
     }
+
+    /// The `kernel` service's methods while serving.
+    var methodTable: MethodTable<Kernel>? { table }
 
     public nonisolated func methods(_ table: inout MethodTable<Kernel>) {
         table.onIsolated(KernelAPI.ping) { kernel, _ in kernel.ping() }
         table.onIsolated(KernelAPI.servicesList) { kernel, _ in kernel.servicesList() }
         table.onIsolated(KernelAPI.stats) { kernel, _ in kernel.statistics() }
         table.onIsolated(KernelAPI.metrics) { kernel, _ in KernelAPI.Metrics(contentType: "text/plain; version=0.0.4", text: kernel.prometheusText()) }
-        table.onIsolated(KernelAPI.stateSet) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: false) }
-        table.onIsolated(KernelAPI.statePublish) { kernel, params in try kernel.stateSet(params, peer: kernel.requestPeer, asClient: true) }
+        if configuration.stateEtcd == nil {
+            table.onIsolated(KernelAPI.stateSet) { kernel, params in try kernel.stateSet(params, peer: Self.requestPeer, asClient: false).made() }
+            table.onIsolated(KernelAPI.statePublish) { kernel, params in try kernel.stateSet(params, peer: Self.requestPeer, asClient: true).made() }
+        } else {
+            table.on(KernelAPI.stateSet) { kernel, params in try await kernel.stateSetOnEtcd(params, asClient: false) }
+            table.on(KernelAPI.statePublish) { kernel, params in try await kernel.stateSetOnEtcd(params, asClient: true) }
+        }
         table.onIsolated(KernelAPI.stateGet, encoded: { kernel, params in kernel.stateGet(params) })
         table.onIsolated(KernelAPI.stateHistory) { kernel, params in kernel.stateHistory(params) }
         table.onIsolated(KernelAPI.workersList) { kernel, params in kernel.workersList(params) }
@@ -308,8 +357,17 @@ public actor Kernel: BusService {
         }.sorted { ($0.service, $0.id) < ($1.service, $1.id) })
     }
 
+    /// `state.set` or `state.publish` with the state on etcd: admitted here, answered once
+    /// etcd committed it and the copy holds it.
+    private func stateSetOnEtcd(_ params: KernelAPI.StateSetParams, asClient: Bool) async throws -> KernelAPI.StateWritten {
+        switch try stateSet(params, peer: Self.requestPeer, asClient: asClient) {
+        case .made(let sequence): return KernelAPI.StateWritten(sequence: sequence)
+        case .toCommit(let write): return KernelAPI.StateWritten(sequence: try await commitToEtcd(write))
+        }
+    }
+
     /// `state.set`, or with `asClient` `state.publish` (the collector's rule for the key).
-    private func stateSet(_ params: KernelAPI.StateSetParams, peer: String?, asClient: Bool) throws(JSONRPCError) -> KernelAPI.StateWritten {
+    private func stateSet(_ params: KernelAPI.StateSetParams, peer: String?, asClient: Bool) throws(JSONRPCError) -> StateServer.Written {
         guard params.key.hasPrefix("/"), params.key.count > 1 else {
             throw .invalidParams(field: "key", "must be a path starting with '/'")
         }
@@ -321,9 +379,8 @@ public actor Kernel: BusService {
         }
         let value = params.value ?? .null
         let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
-        let sequence = try state.write(params.key, value: frame, ttl: ttl, expected: params.revision, uuid: Self.digest(RequestKey.current),
-                                       by: Peer(userID: peer, security: configuration.security), asClient: asClient, now: clock.now).get()
-        return KernelAPI.StateWritten(sequence: sequence)
+        return try state.write(params.key, value: frame, ttl: ttl, expected: params.revision, uuid: Self.digest(RequestKey.current),
+                               by: Peer(userID: peer, security: configuration.security), asClient: asClient, now: clock.now).get()
     }
 
     /// The CHP UUID of a change a request made: 16 bytes from its client and id (two FNV-1a
@@ -468,7 +525,7 @@ extension Kernel {
 extension Kernel: Service {
     /// Serves until graceful shutdown (SIGTERM/SIGINT through a `ServiceGroup`), then stops.
     public func run() async throws {
-        try start()
+        try await start()
         try? await gracefulShutdown()
         await stop()
     }

@@ -89,6 +89,10 @@ public struct KernelConfiguration: Sendable, Equatable {
     public var inprocName: String?
     /// One of a primary/backup pair (nil: a kernel alone).
     public var pair: PairConfiguration?
+    /// Where the state is kept: nil, in this kernel's memory (copied to its pair's peer);
+    /// else in etcd, which keeps every acknowledged write, and which every kernel pointed at
+    /// it serves from a copy fed by one watch (`kernel.state.backend: etcd`).
+    public var stateEtcd: EtcdStateSettings?
 
     public init() {}
 
@@ -121,6 +125,24 @@ public struct KernelConfiguration: Sendable, Equatable {
             self.security = security
         }
     }
+}
+
+/// The etcd cluster that keeps the state (`kernel.state.etcd`), as etcd's clients name it.
+public struct EtcdStateSettings: Sendable, Equatable {
+    /// Each member's client URL, `http://HOST:PORT` or `https://HOST:PORT`.
+    public var endpoints: [String]
+    /// Where under etcd's keys the state lives: a key `/a` is kept at `PREFIX/a`, so several
+    /// buses (or other users) can share one cluster.
+    public var prefix = "/switchboard/state"
+    public var username: String?
+    public var password: String?
+    /// PEM files for `https://` members: their CA, and this kernel's certificate and key
+    /// when they ask clients for one.
+    public var caFile: String?
+    public var certificateFile: String?
+    public var keyFile: String?
+
+    public init(endpoints: [String]) { self.endpoints = endpoints }
 }
 
 /// CURVE encryption and authentication on every kernel endpoint. The kernel's ZAP handler

@@ -74,6 +74,8 @@ final class KernelParts {
     let state: StateServer
     let pair: PairLink?
     let zap: ZAPHandler?
+    /// Where the state's changes are made when etcd keeps it (set before serving).
+    var etcd: EtcdStateLink?
     let clock: any NanosecondClock
     private let configuration: KernelConfiguration
     /// Answers the `kernel` service's requests (the kernel owns these parts).
@@ -224,6 +226,11 @@ final class KernelParts {
                 while let batch = pair.probes.takeBatch() { send(batch, on: registrations.peerBroker); pair.probes.reuse(batch) }
             }
         } while !broker.events.isEmpty || !(pair?.events.isEmpty ?? true) || !broker.outbox.isEmpty
+        if let etcd, !state.durableWrites.isEmpty {
+            for write in state.durableWrites { etcd.queue.append(EtcdStateLink.Pending(write: write, done: nil)) }
+            state.durableWrites.removeAll(keepingCapacity: true)
+            kernel?.assumeIsolated { $0.startWritingState() }
+        }
     }
 
     /// Sends a part's batch on `registration`, or drops it when there is none (a socket this
@@ -249,9 +256,7 @@ final class KernelParts {
         switch event {
         case .becameActive:
             // The kernel's own keys now say this kernel and the workers registered with it.
-            let now = clock.now
-            setInstance(now: now)
-            for (name, count) in broker.workerCounts { setWorkers(name, count, now: now) }
+            writeOwnKeys(now: clock.now)
         case .released(.publish(let update, let key)):
             state.emit(update, key: key)
         case .released(.reply(let caller, let body)):
@@ -264,6 +269,12 @@ final class KernelParts {
     func reply(to caller: Broker.Caller, _ body: [UInt8]) {
         if let pair, pair.hold(.reply(caller, body: body), until: state.sequence) { return }
         broker.replyFromKernel(to: caller, body)
+    }
+
+    /// Writes every one of the kernel's own keys: its instance, and each service's workers.
+    func writeOwnKeys(now: UInt64) {
+        setInstance(now: now)
+        for (name, count) in broker.workerCounts { setWorkers(name, count, now: now) }
     }
 
     func setInstance(now: UInt64) {

@@ -2,14 +2,25 @@ public import SwitchboardConfig
 
 extension KernelConfiguration {
     /// The keys of `kernel:` (the kernel's log level is the deployment's business, read there).
-    public static let schema = ConfigSchema.values([
+    public static let schema = ConfigSchema.map(valueKeys.merging(["state": stateSchema]) { $1 })
+
+    /// `kernel.state:`: where the state is kept.
+    static let stateSchema = ConfigSchema.map([
+        "backend": .value,
+        "etcd": .map([
+            "endpoints": .value, "prefix": .value, "username": .text, "password": .text,
+            "ca_file": .value, "cert_file": .value, "key_file": .value,
+        ]),
+    ])
+
+    private static let valueKeys = Dictionary(uniqueKeysWithValues: [
         "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
         "max_message_size", "no_retry", "writable_prefixes", "log_level",
         "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog", "subscriber_timeout_ms",
         "state_max_value_bytes", "max_batch_items", "max_deliveries", "client_share_percent",
         "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
         "state_history_changes", "state_history_bytes", "state_history_per_key",
-    ])
+    ].map { ($0, ConfigSchema.value) })
 
     /// Reads `kernel:` over the defaults (every key optional).
     public init(reading kernel: ConfigSection) throws(ConfigError) {
@@ -46,7 +57,55 @@ extension KernelConfiguration {
             }
             collectorWritablePrefixes = prefixes
         }
+        stateEtcd = try Self.readStateBackend(try kernel.section("state"))
+        if let stateEtcd { try checkFits(etcd: stateEtcd, kernel) }
     }
+
+    /// `kernel.state.backend` (`memory`, the default, or `etcd`) and its `etcd:` settings.
+    private static func readStateBackend(_ state: ConfigSection) throws(ConfigError) -> EtcdStateSettings? {
+        let backend = try state.choice("backend", ["memory", "etcd"]) ?? "memory"
+        let etcd = try state.section("etcd")
+        guard backend == "etcd" else {
+            if !etcd.values.isEmpty { throw ConfigError(path: state.path("etcd"), problem: "is read only with kernel.state.backend: etcd") }
+            return nil
+        }
+        guard let endpoints = try etcd.strings("endpoints"), !endpoints.isEmpty else {
+            throw ConfigError(path: etcd.path("endpoints"), problem: "is required with kernel.state.backend: etcd: the etcd members' client URLs, such as [http://127.0.0.1:2379]")
+        }
+        for endpoint in endpoints where !(endpoint.hasPrefix("http://") || endpoint.hasPrefix("https://")) {
+            throw ConfigError(path: etcd.path("endpoints"), problem: "expected http://HOST:PORT or https://HOST:PORT, got \(endpoint)")
+        }
+        var settings = EtcdStateSettings(endpoints: endpoints)
+        if let prefix = try etcd.text("prefix", "a key prefix such as /switchboard/state") {
+            guard prefix.hasPrefix("/"), !prefix.hasSuffix("/") else { throw etcd.refuse("prefix", expected: "a key prefix starting with '/', without a '/' at the end") }
+            settings.prefix = prefix
+        }
+        settings.username = try etcd.text("username", "etcd's user name")
+        settings.password = try etcd.text("password", "etcd's password")
+        guard (settings.username == nil) == (settings.password == nil) else {
+            throw ConfigError(path: etcd.path(settings.username == nil ? "username" : "password"), problem: "is required with \(settings.username == nil ? "password" : "username")")
+        }
+        settings.caFile = try etcd.text("ca_file", "a PEM file")
+        settings.certificateFile = try etcd.text("cert_file", "a PEM file")
+        settings.keyFile = try etcd.text("key_file", "a PEM file")
+        guard (settings.certificateFile == nil) == (settings.keyFile == nil) else {
+            throw ConfigError(path: etcd.path(settings.keyFile == nil ? "key_file" : "cert_file"), problem: "is required with \(settings.keyFile == nil ? "cert_file" : "key_file")")
+        }
+        return settings
+    }
+
+    /// With etcd, one entry must fit one etcd request (which etcd bounds), and the pair's own
+    /// copying of the state has no part (both kernels read etcd).
+    private func checkFits(etcd: EtcdStateSettings, _ kernel: ConfigSection) throws(ConfigError) {
+        if stateMaxValueBytes > Self.etcdMaxValueBytes {
+            throw ConfigError(path: kernel.path("state_max_value_bytes"),
+                              problem: "is \(stateMaxValueBytes), over what one etcd request carries with its record (\(Self.etcdMaxValueBytes) bytes of etcd's 1.5 MiB request limit) for kernel.state.backend: etcd")
+        }
+    }
+
+    /// The largest key and value a state entry may hold on etcd: etcd refuses a request over
+    /// 1.5 MiB (`--max-request-bytes`), and the record and the request's own fields need room.
+    public static let etcdMaxValueBytes = 1_536 * 1_024 - 16 * 1_024
 }
 
 extension PairConfiguration {

@@ -1,8 +1,26 @@
 import BusProtocol
+import Contracts
 import Foundation
 import HeapModule
 import Logging
 import ZeroMQ
+
+/// A change admitted in durable mode, on its way to etcd: made in the state when etcd's watch
+/// brings it back.
+struct DurableWrite {
+    var key: Frame
+    /// Empty: the key is deleted.
+    var value: Frame
+    var ttl: TimeToLive?
+    /// Compare-and-set: the sequence the key must be at (0: absent).
+    var expected: UInt64?
+    /// The request's digest (``Kernel/digest(_:)``), kept with the change.
+    var uuid: Frame
+    /// Whose quota it counts against (a client's write under the writable prefixes).
+    var owner: String?
+    /// One of the kernel's own keys (`/kernel/`): kept only as long as the kernel is there.
+    var kernelOwn: Bool
+}
 
 /// The Clustered Hashmap server (12/CHP): a sequenced key-value map with snapshots,
 /// published updates, TTL expiry and a collector for clients' writes.
@@ -103,9 +121,19 @@ final class StateServer: PairReplica {
     /// its peer's state, neither greets subscribers nor answers snapshots (its peer does).
     private var holdsState: Bool { pair?.holdsState ?? true }
 
+    /// Whether etcd keeps the state (``KernelConfiguration/stateEtcd``): then a change this
+    /// kernel admits is not made here but handed over (``durableWrites``, or returned to the
+    /// caller), and made here when etcd's watch brings it back (``applyCommitted(_:)``), so
+    /// every kernel on that etcd holds the same changes with the same sequence numbers.
+    let durable: Bool
+    /// Durable mode: the changes admitted with no one waiting for an answer (the collector's,
+    /// the kernel's own keys), taken after each call as the outboxes are.
+    var durableWrites: [DurableWrite] = []
+
     init(configuration: KernelConfiguration, logger: Logger) {
         self.configuration = configuration
         self.logger = logger
+        durable = configuration.stateEtcd != nil
         access = StateAccess(configuration: configuration)
         sequence = UInt64(Date().timeIntervalSince1970 * 1_000_000)
         history = StateHistory(start: sequence, limits: Self.historyLimits(configuration))
@@ -129,8 +157,30 @@ final class StateServer: PairReplica {
     private func set(_ key: Frame, value: Frame, ttl: TimeToLive?, now: UInt64) -> UInt64 {
         // A passive kernel's own keys are its active peer's to set.
         guard authoritative else { return sequence }
+        if durable {
+            durableWrites.append(DurableWrite(key: key, value: value, ttl: ttl, expected: nil, uuid: Frame(), owner: nil, kernelOwn: true))
+            return sequence
+        }
         return apply(key, at: entries.index(forKey: key), value: value, isJSON: true, ttl: ttl, uuid: Frame(),
                      properties: Frame(ttl?.property ?? ""), quota: nil, now: now)
+    }
+
+    /// What a write admitted came to: made here (its sequence number), or, in durable mode,
+    /// to be written to etcd and answered once it is back.
+    enum Written {
+        case made(UInt64)
+        case toCommit(DurableWrite)
+
+        /// The answer when the state is in memory: every change is made here at once.
+        func made() -> KernelAPI.StateWritten {
+            guard case .made(let sequence) = self else { preconditionFailure("a change in memory is made at once") }
+            return KernelAPI.StateWritten(sequence: sequence)
+        }
+
+        /// The sequence number, when the change was made here.
+        var sequence: UInt64? {
+            if case .made(let sequence) = self { sequence } else { nil }
+        }
     }
 
     /// What ``admit(_:at:size:by:collector:)`` decided.
@@ -147,7 +197,7 @@ final class StateServer: PairReplica {
     /// digest, kept with the change, so the same compare-and-set sent again after a failover
     /// is answered with the revision it made, not refused.
     func write(_ key: String, value: Frame, ttl: TimeToLive?, expected: UInt64? = nil, uuid: Frame = Frame(), by peer: Peer,
-               asClient: Bool = false, now: UInt64) -> Result<UInt64, JSONRPCError> {
+               asClient: Bool = false, now: UInt64) -> Result<Written, JSONRPCError> {
         let key = Frame(key)
         let index = entries.index(forKey: key)
         switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: asClient) {
@@ -157,16 +207,22 @@ final class StateServer: PairReplica {
                 let revision = index.map { entries.values[$0].sequence } ?? 0
                 if revision != expected {
                     if !uuid.isEmpty, let made = revisions(of: key).last(where: { $0.sequence > expected && $0.uuid == uuid }) {
-                        return .success(made.sequence)
+                        return .success(.made(made.sequence))
                     }
                     refusedConflict += 1
                     return .failure(Self.conflict(key.string ?? "", revision: revision, expected: expected))
                 }
             }
-            return .success(apply(key, at: index, value: value, isJSON: true, ttl: ttl, uuid: uuid,
-                                  properties: Frame(ttl?.property ?? ""), quota: quota, now: now))
+            if durable {
+                return .success(.toCommit(DurableWrite(key: key, value: value, ttl: ttl, expected: expected, uuid: uuid, owner: quota?.owner, kernelOwn: false)))
+            }
+            return .success(.made(apply(key, at: index, value: value, isJSON: true, ttl: ttl, uuid: uuid,
+                                        properties: Frame(ttl?.property ?? ""), quota: quota, now: now)))
         }
     }
+
+    /// Durable mode: a compare-and-set etcd refused (the key had moved on there).
+    func countConflict() { refusedConflict += 1 }
 
     /// -32004: the key is not at the revision the writer read.
     static func conflict(_ key: String, revision: UInt64, expected: UInt64) -> JSONRPCError {
@@ -294,12 +350,27 @@ final class StateServer: PairReplica {
     /// when it does not follow the last one applied (then nothing changes).
     func applyReplicated(_ item: ReplicatedEntry, now: UInt64) -> Bool {
         guard item.sequence == sequence + 1 else { return false }
+        applyMadeElsewhere(item, now: now)
+        return true
+    }
+
+    /// Durable mode: applies a change etcd committed (its watch brought it) and publishes it
+    /// with its sequence; false, changing nothing, when it is not after the last one applied
+    /// (etcd's revisions only grow: that would be a change seen twice).
+    func applyCommitted(_ item: ReplicatedEntry, now: UInt64) -> Bool {
+        guard item.sequence > sequence else { return false }
+        applyMadeElsewhere(item, now: now)
+        return true
+    }
+
+    /// Stores and publishes a change whose sequence was given where it was made (the active
+    /// peer, or etcd).
+    private func applyMadeElsewhere(_ item: ReplicatedEntry, now: UInt64) {
         sequence = item.sequence
         store(item.key, at: entries.index(forKey: item.key), value: item.value, isJSON: Self.isJSON(item.value),
               expiresAt: item.expiresIn.map { now + $0 }, quota: item.quotaOwner.map(quota(of:)), uuid: item.uuid)
         publisher.write { CHP.appendKVPub(key: item.key, sequence: item.sequence, uuid: item.uuid, properties: item.properties, value: item.value, into: &$0) }
         published(item.key)
-        return true
     }
 
     /// Makes the change numbered `sequence` in the state and its history (held at `index`, if
@@ -385,6 +456,9 @@ final class StateServer: PairReplica {
                 logger.warning("refused KVSET", metadata: ["key": "\(key)", "reason": "\(error.message)",
                                                            "refused": "\(refusedForbidden + refusedOverLimit)"])
             }
+        case .allowed(let quota) where durable:
+            durableWrites.append(DurableWrite(key: key, value: value, ttl: ttl, expected: nil, uuid: parts.keepableFrame(2), owner: quota?.owner,
+                                              kernelOwn: false))
         case .allowed(let quota):
             _ = apply(key, at: index, value: value, isJSON: Self.isJSON(value), ttl: ttl, uuid: parts.frame(2), properties: parts.frame(3),
                       quota: quota, now: now)

@@ -70,7 +70,13 @@ enum FuzzKernel {
         var logger = Logger(label: "fuzz.kernel")
         logger.logLevel = .critical
         let kernel = try! Kernel(configuration: configuration, context: try! ZMQContext(), logger: logger)
-        onLoop(kernel) { _ = try! $0.start() }
+        // Started from a task: the fuzzer's thread waits on it (the kernel runs on its own loop thread).
+        let started = DispatchSemaphore(value: 0)
+        Task {
+            _ = try! await kernel.start()
+            started.signal()
+        }
+        started.wait()
         return kernel
     }()
 

@@ -1,0 +1,451 @@
+import BusProtocol
+import DequeModule
+import Etcd
+import Foundation
+import Logging
+
+// The state kept in etcd (`kernel.state.backend: etcd`).
+//
+// The rules:
+// - a change is made in etcd first and in the kernel's copy only when etcd's watch brings it
+//   back, so every kernel on the same etcd holds the same changes in the same order;
+// - a change's CHP sequence number is its etcd revision and its place in that revision's
+//   transaction (``EtcdSequence``): etcd numbers transactions, CHP numbers each change;
+// - a write is answered once the copy holds it: a client that reads after its write, from
+//   the same kernel, sees it;
+// - compare-and-set is etcd's transaction on the key's `mod_revision`; a TTL is a lease; the
+//   kernel's own keys (`/kernel/`) hang on the kernel's lease and go when it does.
+
+/// CHP sequence numbers of changes kept in etcd: the revision times ``perRevision`` plus the
+/// change's place among those of its transaction. Any kernel watching the same etcd gives a
+/// change the same number, and the numbers only grow.
+enum EtcdSequence {
+    /// Room for the changes of one transaction (a batch holds at most
+    /// ``EtcdStateLink/maxBatchOperations``; etcd's own bound, `--max-txn-ops`, is 128).
+    static let perRevision: UInt64 = 1_000
+
+    static func of(revision: Int64, place: Int) -> UInt64 { UInt64(revision) * perRevision + UInt64(place) }
+    static func revision(of sequence: UInt64) -> Int64 { Int64(sequence / perRevision) }
+    /// The last sequence number `revision` can hold: a copy read at `revision` is at it.
+    static func end(of revision: Int64) -> UInt64 { UInt64(revision) * perRevision + perRevision - 1 }
+}
+
+/// A state entry as etcd keeps it: a one-line JSON header (its place in its transaction, the
+/// request's digest, whose quota it counts against, its TTL), a newline, then the value's
+/// bytes exactly as they were written, so `etcdctl get` shows both.
+struct EtcdStateRecord {
+    var place: Int
+    var uuid: Frame
+    var owner: String?
+    var ttlSeconds: Int64?
+    var value: Frame
+
+    init(place: Int, uuid: Frame, owner: String?, ttlSeconds: Int64?, value: Frame) {
+        (self.place, self.uuid, self.owner, self.ttlSeconds, self.value) = (place, uuid, owner, ttlSeconds, value)
+    }
+
+    func encoded() -> [UInt8] {
+        var header: [String: JSONValue] = ["i": .int(Int64(place))]
+        if !uuid.isEmpty { header["uuid"] = .string(uuid.bytes.map { String(format: "%02x", $0) }.joined()) }
+        if let owner { header["owner"] = .string(owner) }
+        if let ttlSeconds { header["ttl"] = .int(ttlSeconds) }
+        var bytes = JSONValue.object(header).jsonBytes
+        bytes.append(UInt8(ascii: "\n"))
+        value.withUnsafeBytes { bytes += $0 }
+        return bytes
+    }
+
+    /// What etcd holds at a key: a record, or a value written there by something else (then
+    /// all of it is the value, at `place`).
+    init(decoding bytes: [UInt8], place: Int) {
+        self.init(place: place, uuid: Frame(), owner: nil, ttlSeconds: nil, value: Frame(bytes))
+        guard let newline = bytes.firstIndex(of: UInt8(ascii: "\n")),
+              case .object(let header)? = try? JSONValue(parsing: Array(bytes[..<newline])),
+              let index = header["i"]?.intValue, (0..<Int64(EtcdSequence.perRevision)).contains(index) else { return }
+        self.place = Int(index)
+        if let hex = header["uuid"]?.stringValue { uuid = Frame(Self.bytes(hex: hex)) }
+        owner = header["owner"]?.stringValue
+        ttlSeconds = header["ttl"]?.intValue
+        value = Frame(bytes[(newline + 1)...])
+    }
+
+    /// The CHP properties frame (`ttl=SECONDS`), as the change was published where it was made.
+    var properties: Frame { Frame(ttlSeconds.flatMap { TimeToLive(seconds: Double($0)) }?.property ?? "") }
+
+    private static func bytes(hex: String) -> [UInt8] {
+        var bytes: [UInt8] = [], digits = Array(hex.utf8)
+        guard digits.count.isMultiple(of: 2) else { return [] }
+        for index in stride(from: 0, to: digits.count, by: 2) {
+            guard let byte = UInt8(String(decoding: digits[index..<index + 2], as: UTF8.self), radix: 16) else { return [] }
+            bytes.append(byte)
+        }
+        return bytes
+    }
+}
+
+/// The kernel's link to the etcd that keeps its state: the writes on their way, the answers
+/// waiting for the watch, the kernel's lease. Confined to the kernel's loop, as its parts are.
+final class EtcdStateLink {
+    /// Changes one transaction carries at most, and the bytes of their keys and values (a
+    /// larger write goes alone): within etcd's defaults (128 operations, 1.5 MiB a request).
+    static let maxBatchOperations = 128
+    static let maxBatchBytes = 1_024 * 1_024
+    /// The kernel's lease, in seconds: its own keys outlive it by at most this long.
+    static let leaseSeconds: Int64 = 10
+
+    struct Pending {
+        var write: DurableWrite
+        /// Whom to answer with the change's sequence number (nil: nobody waits, as for the
+        /// collector's writes).
+        var done: CheckedContinuation<UInt64, any Error>?
+    }
+
+    /// A request for the `kernel` service, answered in the link's work (a state write waits
+    /// for etcd there).
+    struct Request: Sendable {
+        var caller: Broker.Caller
+        var body: [UInt8]
+        var peer: String?
+    }
+
+    /// A change written at a revision the copy does not hold yet.
+    struct Awaited: Hashable {
+        var revision: Int64
+        var key: [UInt8]
+    }
+
+    let client: EtcdClient
+    /// Where the state lives under etcd's keys (``EtcdStateSettings/prefix``).
+    let prefix: [UInt8]
+    var lease: Int64
+    /// Admitted, not yet sent, in order.
+    var queue = Deque<Pending>()
+    /// Rung when something is queued: the writer takes the queue until it is empty.
+    let doorbell: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
+    /// The `kernel` service's requests, each answered in a child task of the link's work.
+    let requests: (stream: AsyncStream<Request>, continuation: AsyncStream<Request>.Continuation)
+    /// The link's work: one task for the kernel's life (``Kernel/followState(_:)``), its
+    /// children the watch, the lease's renewal, the writer and the requests under way.
+    var work: Task<Void, Never>?
+    /// The keys of the transaction in flight, with what the watch brought for them while it
+    /// was (revision, sequence): the watch's event can come before the transaction's answer.
+    var inFlight: [[UInt8]: [(revision: Int64, sequence: UInt64)]] = [:]
+    /// Answers waiting for the watch to bring their change.
+    var awaited: [Awaited: CheckedContinuation<UInt64, any Error>] = [:]
+    /// The revision of the last change applied, and how many of its changes were: the place
+    /// of the next one of the same revision.
+    var lastRevision: Int64
+    var placesApplied = 0
+    /// The latest revision etcd reported to the watch: the copy's lag is this less `lastRevision`.
+    var reportedRevision: Int64
+    private(set) var transactions = 0
+    private(set) var failedWrites = 0
+    /// Ended (``failAll(_:)``): a wait that comes after is answered at once.
+    private var closedWith: JSONRPCError?
+
+    init(client: EtcdClient, prefix: [UInt8], lease: Int64, revision: Int64) {
+        (self.client, self.prefix, self.lease) = (client, prefix, lease)
+        lastRevision = revision
+        reportedRevision = revision
+        doorbell = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        requests = AsyncStream.makeStream(of: Request.self)
+    }
+
+    /// The next transaction's writes: in order, up to the bounds, each key once (etcd refuses
+    /// a key twice in one transaction), and a compare-and-set alone (its comparison decides
+    /// the whole transaction).
+    func takeBatch() -> [Pending]? {
+        guard !queue.isEmpty else { return nil }
+        var batch: [Pending] = [], keys = Set<Frame>(), bytes = 0
+        while let next = queue.first, batch.count < Self.maxBatchOperations {
+            let size = next.write.key.count + next.write.value.count
+            let alone = next.write.expected != nil
+            if !batch.isEmpty, alone || batch[0].write.expected != nil || keys.contains(next.write.key) || bytes + size > Self.maxBatchBytes { break }
+            batch.append(queue.removeFirst())
+            keys.insert(next.write.key)
+            bytes += size
+        }
+        return batch
+    }
+
+    /// A change of `key` (etcd's key) the watch applied as `sequence`: answers whoever waits
+    /// for it.
+    func applied(_ key: [UInt8], revision: Int64, sequence: UInt64) {
+        if !awaited.isEmpty, let done = awaited.removeValue(forKey: Awaited(revision: revision, key: key)) {
+            done.resume(returning: sequence)
+        } else if inFlight[key] != nil {
+            inFlight[key]?.append((revision, sequence))
+        }
+    }
+
+    /// Answers `done` with the sequence of the change to `key` committed at `revision`, now if
+    /// the watch brought it already, else when it does.
+    func answer(_ done: CheckedContinuation<UInt64, any Error>?, key: [UInt8], revision: Int64) {
+        guard let done else { return }
+        if let closedWith {
+            done.resume(throwing: closedWith)
+        } else if let seen = inFlight[key]?.first(where: { $0.revision == revision }) {
+            done.resume(returning: seen.sequence)
+        } else {
+            awaited[Awaited(revision: revision, key: key)] = done
+        }
+    }
+
+    func committed() { transactions += 1 }
+    func failed(_ count: Int) { failedWrites += count }
+
+    /// Ends every wait with `error` (the kernel stops, or the copy cannot follow etcd).
+    func failAll(_ error: JSONRPCError) {
+        closedWith = error
+        for pending in queue { pending.done?.resume(throwing: error) }
+        queue.removeAll()
+        for done in awaited.values { done.resume(throwing: error) }
+        awaited.removeAll()
+    }
+}
+
+extension EtcdClient.Settings {
+    init(_ settings: EtcdStateSettings) {
+        self.init(endpoints: settings.endpoints)
+        (username, password) = (settings.username, settings.password)
+        (caFile, certificateFile, keyFile) = (settings.caFile, settings.certificateFile, settings.keyFile)
+    }
+}
+
+extension Kernel {
+    /// Connects to the etcd that keeps the state, takes the kernel's lease, and reads the
+    /// state: the entries as the copy's ``ReplicatedEntry`` list, and the revision read at.
+    static func connectState(_ settings: EtcdStateSettings, logger: Logger) async throws
+        -> (link: EtcdStateLink, entries: [ReplicatedEntry], revision: Int64)
+    {
+        let client = try EtcdClient(settings: EtcdClient.Settings(settings))
+        do {
+            let prefix = Array(settings.prefix.utf8)
+            let lease = try await client.grantLease(ttl: EtcdStateLink.leaseSeconds)
+            let range = try await client.range(prefix: prefix)
+            let entries = range.keyValues.map { kv in
+                let record = EtcdStateRecord(decoding: kv.value, place: 0)
+                return ReplicatedEntry(key: Frame(kv.key.dropFirst(prefix.count)), sequence: EtcdSequence.of(revision: kv.modRevision, place: record.place),
+                                       uuid: record.uuid, properties: record.properties, value: record.value, quotaOwner: record.owner, expiresIn: nil)
+            }
+            logger.info("state read from etcd", metadata: ["keys": "\(entries.count)", "revision": "\(range.revision)",
+                                                           "endpoints": "\(settings.endpoints.joined(separator: ","))", "prefix": "\(settings.prefix)"])
+            return (EtcdStateLink(client: client, prefix: prefix, lease: lease.id, revision: range.revision), entries, range.revision)
+        } catch {
+            await client.close()
+            throw error
+        }
+    }
+
+    /// Starts the link's work, which lasts until ``closeState(_:)``: the watch that feeds the
+    /// copy, the lease's renewal, the writer, and each `kernel` request (``EtcdStateLink/requests``).
+    func followState(_ link: EtcdStateLink) {
+        let requests = link.requests.stream, doorbell = link.doorbell.stream
+        link.work = Task {
+            await withDiscardingTaskGroup { group in
+                group.addTask { await self.followEtcd() }
+                group.addTask { await self.keepLeaseAlive() }
+                group.addTask { await self.writeQueued(doorbell) }
+                for await request in requests {
+                    group.addTask { await self.answer(request) }
+                }
+                group.cancelAll()
+            }
+        }
+    }
+
+    /// Answers a `kernel` request; one that writes the state, once etcd has the change.
+    private func answer(_ request: EtcdStateLink.Request) async {
+        guard let table = methodTable else { return }
+        let reply = await Self.$requestPeer.withValue(request.peer) { await table.answer(body: request.body, on: self).reply }
+        guard let parts else { return }
+        parts.reply(to: request.caller, reply)
+        parts.flush()
+    }
+
+    /// Applies every change etcd's watch brings, from the revision after the one read.
+    private func followEtcd() async {
+        guard let link = parts?.etcd else { return }
+        do {
+            for try await update in link.client.watch(prefix: link.prefix, from: link.lastRevision + 1) {
+                guard let parts, parts.etcd === link else { return }
+                switch update {
+                case .events(let events, let revision):
+                    apply(events, from: link, to: parts)
+                    link.reportedRevision = max(link.reportedRevision, revision)
+                    parts.flush()
+                case .progress(let revision):
+                    link.reportedRevision = max(link.reportedRevision, revision)
+                case .compacted(let revision):
+                    // The copy can no longer follow: a kernel restarted reads the state again.
+                    logger.critical("etcd compacted the revisions the kernel's copy of the state needs: restart the kernel to read it again",
+                                    metadata: ["from": "\(link.lastRevision + 1)", "compacted": "\(revision)"])
+                    link.failAll(JSONRPCError(code: JSONRPCError.storageFailedCode, message: "Storage failed: the kernel's copy of the state cannot follow etcd (compacted at \(revision))"))
+                    return
+                }
+            }
+        } catch {
+            if !Task.isCancelled { logger.error("the watch of the state in etcd ended", metadata: ["error": "\(error)"]) }
+        }
+    }
+
+    private func apply(_ events: [EtcdEvent], from link: EtcdStateLink, to parts: KernelParts) {
+        let now = clock.now
+        for event in events {
+            let revision = event.keyValue.modRevision
+            if revision != link.lastRevision { (link.lastRevision, link.placesApplied) = (revision, 0) }
+            let place = link.placesApplied
+            link.placesApplied += 1
+            let sequence = EtcdSequence.of(revision: revision, place: place)
+            let key = Frame(event.keyValue.key.dropFirst(link.prefix.count))
+            let item = switch event.kind {
+            case .put:
+                { (record: EtcdStateRecord) in
+                    ReplicatedEntry(key: key, sequence: sequence, uuid: record.uuid, properties: record.properties, value: record.value,
+                                    quotaOwner: record.owner, expiresIn: nil)
+                }(EtcdStateRecord(decoding: event.keyValue.value, place: place))
+            case .delete:
+                ReplicatedEntry(key: key, sequence: sequence, uuid: Frame(), properties: Frame(), value: Frame(), quotaOwner: nil, expiresIn: nil)
+            }
+            if parts.state.applyCommitted(item, now: now) { link.applied(event.keyValue.key, revision: revision, sequence: sequence) }
+        }
+    }
+
+    /// Renews the kernel's lease; when it ran out (the kernel was cut off from etcd for
+    /// longer than it), takes a new one and writes the kernel's own keys again.
+    private func keepLeaseAlive() async {
+        guard let link = parts?.etcd else { return }
+        while !Task.isCancelled {
+            try? await Task.sleep(for: .seconds(EtcdStateLink.leaseSeconds) / 3)
+            guard let parts, parts.etcd === link, !Task.isCancelled else { return }
+            do {
+                if try await link.client.keepAlive(link.lease) == 0 {
+                    link.lease = try await link.client.grantLease(ttl: EtcdStateLink.leaseSeconds).id
+                    logger.warning("the kernel's lease in etcd ran out: its own keys are written again under a new one")
+                    parts.writeOwnKeys(now: clock.now)
+                    parts.flush()
+                }
+            } catch {
+                logger.warning("cannot renew the kernel's lease in etcd", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    /// A write admitted by the state server, made in etcd; its sequence number once the copy
+    /// holds it.
+    func commitToEtcd(_ write: DurableWrite) async throws -> UInt64 {
+        guard let parts, let link = parts.etcd else { throw JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping") }
+        return try await withCheckedThrowingContinuation { done in
+            link.queue.append(EtcdStateLink.Pending(write: write, done: done))
+            startWritingState()
+        }
+    }
+
+    /// Wakes the writer: something is queued.
+    func startWritingState() {
+        parts?.etcd?.doorbell.continuation.yield()
+    }
+
+    /// Sends what is queued whenever the doorbell rings, one transaction at a time: that
+    /// keeps the changes in the order they were admitted.
+    private func writeQueued(_ doorbell: AsyncStream<Void>) async {
+        for await _ in doorbell {
+            while let link = parts?.etcd, let batch = link.takeBatch() { await write(batch, with: link) }
+        }
+    }
+
+    /// One transaction: the batch's puts (with their places) then its deletes, so the watch's
+    /// events come in the places the records say.
+    private func write(_ batch: [EtcdStateLink.Pending], with link: EtcdStateLink) async {
+        var puts: [(pending: EtcdStateLink.Pending, key: [UInt8])] = [], deletes: [(pending: EtcdStateLink.Pending, key: [UInt8])] = []
+        var operations: [EtcdOperation] = []
+        var failed: [(EtcdStateLink.Pending, any Error)] = []
+        for pending in batch {
+            let key = link.prefix + pending.write.key.bytes
+            if pending.write.value.isEmpty {
+                deletes.append((pending, key))
+                continue
+            }
+            var lease = pending.write.kernelOwn ? link.lease : 0
+            var ttlSeconds: Int64?
+            if let ttl = pending.write.ttl {
+                // etcd's leases count whole seconds (and round a very short one up to its minimum).
+                ttlSeconds = max(1, Int64(ttl.seconds.rounded(.up)))
+                do {
+                    lease = try await link.client.grantLease(ttl: ttlSeconds!).id
+                } catch {
+                    failed.append((pending, error))
+                    continue
+                }
+            }
+            let record = EtcdStateRecord(place: puts.count, uuid: pending.write.uuid, owner: pending.write.owner, ttlSeconds: ttlSeconds, value: pending.write.value)
+            operations.append(.put(key: key, value: record.encoded(), lease: lease))
+            puts.append((pending, key))
+        }
+        operations += deletes.map { .delete(key: $0.key) }
+        var compare: [EtcdCompare] = [], otherwise: [EtcdOperation] = []
+        if let cas = batch.first, let expected = cas.write.expected {
+            let key = link.prefix + cas.write.key.bytes
+            compare = [expected == 0 ? .absent(key) : EtcdCompare(key: key, .equal, .modRevision(EtcdSequence.revision(of: expected)))]
+            otherwise = [.range(key: key)]
+        }
+        for (_, key) in puts + deletes { link.inFlight[key] = [] }
+        defer { link.inFlight.removeAll() }
+        do {
+            guard !operations.isEmpty else { throw failed.first?.1 ?? JSONRPCError.internalError("nothing to write") }
+            let transaction = try await link.client.transaction(when: compare, then: operations, else: otherwise)
+            link.committed()
+            guard transaction.succeeded else {
+                // The key moved on since the copy this kernel checked against was made.
+                let current = transaction.ranges.first?.keyValues.first
+                let revision = current.map { EtcdSequence.of(revision: $0.modRevision, place: EtcdStateRecord(decoding: $0.value, place: 0).place) } ?? 0
+                parts?.state.countConflict()
+                let write = batch[0].write
+                batch[0].done?.resume(throwing: StateServer.conflict(write.key.string ?? "", revision: revision, expected: write.expected ?? 0))
+                return
+            }
+            for (pending, key) in puts { link.answer(pending.done, key: key, revision: transaction.revision) }
+            for (index, (pending, key)) in deletes.enumerated() {
+                if index < transaction.deleted.count, transaction.deleted[index] == 0 {
+                    // Nothing to delete: nothing changed, the copy is where it is.
+                    pending.done?.resume(returning: parts?.state.sequence ?? 0)
+                } else {
+                    link.answer(pending.done, key: key, revision: transaction.revision)
+                }
+            }
+        } catch {
+            failed = batch.map { ($0, error) }
+        }
+        guard !failed.isEmpty else { return }
+        link.failed(failed.count)
+        logger.warning("a state write to etcd failed", metadata: ["writes": "\(failed.count)", "error": "\(failed[0].1)"])
+        for (pending, error) in failed { pending.done?.resume(throwing: Self.writeFailure(error)) }
+    }
+
+    /// What a client is told of a write etcd did not take: nothing written when no member
+    /// could be reached; else the outcome is unknown (it may have been committed).
+    static func writeFailure(_ error: any Error) -> JSONRPCError {
+        if let error = error as? JSONRPCError { return error }
+        guard let error = error as? EtcdError else { return .internalError("\(error)") }
+        switch error.kind {
+        case .unreachable:
+            return JSONRPCError(code: JSONRPCError.storageFailedCode, message: "Storage failed: nothing written, \(error)")
+        case .refused(let code) where code == 3:
+            return JSONRPCError(code: JSONRPCError.tooLargeCode, message: "Too large: \(error)")
+        default:
+            return JSONRPCError(code: JSONRPCError.outcomeUnknownCode, message: "Outcome unknown: the write may have been kept; read the key (\(error))")
+        }
+    }
+
+    /// Ends the link: the waits (answered -32008), the kernel's lease (its own keys go at
+    /// once), the connections, and its work, awaited.
+    func closeState(_ link: EtcdStateLink) async {
+        link.requests.continuation.finish()
+        link.doorbell.continuation.finish()
+        link.work?.cancel()
+        link.failAll(JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping"))
+        try? await link.client.revoke(link.lease)
+        await link.client.close()
+        await link.work?.value
+    }
+}

@@ -1,0 +1,184 @@
+import BusKit
+import BusProtocol
+import Contracts
+import Etcd
+import Foundation
+import Kernel
+import SwitchboardConfig
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+/// The kernel's state kept in a real etcd (`kernel.state.backend: etcd`), started by each test.
+@Suite(.serialized, .enabled(if: TestEtcd.available, "needs etcd-server (Scripts/bootstrap --tests installs it)"))
+struct EtcdStateTests {
+    /// Where the tests keep the state under etcd's keys.
+    static let prefix = "/sb-test/state"
+
+    /// A kernel on `cluster`'s etcd, on fixed ports so it can be restarted where it was.
+    static func kernel(on cluster: TestEtcd, _ configure: (inout KernelConfiguration) -> Void = { _ in }) async throws -> TestKernel {
+        try await TestKernel.start(fixedPorts: true) { configuration in
+            var settings = EtcdStateSettings(endpoints: cluster.clientURLs)
+            settings.prefix = prefix
+            configuration.stateEtcd = settings
+            configure(&configuration)
+        }
+    }
+
+    /// Runs `body` with an etcd member, a kernel on it, a client of each; stops all however it ends.
+    func withKernelOnEtcd(_ body: (TestEtcd, TestKernel, BusClient, EtcdClient) async throws -> Void) async throws {
+        let cluster = try await TestEtcd.start()
+        let etcd = try EtcdClient(endpoints: cluster.clientURLs)
+        var kernel: TestKernel?
+        var bus: BusClient?
+        do {
+            kernel = try await Self.kernel(on: cluster)
+            bus = try await BusClient(brokers: [kernel!.endpoints.broker], timeout: .seconds(20))
+            try await body(cluster, kernel!, bus!, etcd)
+        } catch {
+            await bus?.close()
+            await kernel?.stop()
+            await etcd.close()
+            cluster.stop()
+            throw error
+        }
+        await bus?.close()
+        await kernel?.stop()
+        await etcd.close()
+        cluster.stop()
+    }
+
+    func set(_ bus: BusClient, _ key: String, _ value: JSONValue, revision: UInt64? = nil) async throws -> UInt64 {
+        try await bus.call(KernelAPI.stateSet, .init(key: key, value: value, revision: revision)).sequence
+    }
+
+    func entries(_ bus: BusClient, _ prefix: String) async throws -> [String: KernelAPI.StateEntries.Entry] {
+        let page = try await bus.call(KernelAPI.stateGet, .init(prefix: prefix))
+        return Dictionary(uniqueKeysWithValues: page.entries.map { ($0.key, $0) })
+    }
+
+    /// The etcd key of state key `key`, and what etcd holds there.
+    func kept(_ etcd: EtcdClient, _ key: String) async throws -> EtcdKeyValue? {
+        try await etcd.range(Array((Self.prefix + key).utf8)).keyValues.first
+    }
+
+    @Test("state.set is kept in etcd: the sequence is its revision, compare-and-set is etcd's, a delete deletes; the kernel's own keys hang on its lease")
+    func writesAreEtcdWrites() async throws {
+        try await withKernelOnEtcd { _, _, bus, etcd in
+            let first = try await set(bus, "/pricing/route", ["from": "LHR", "to": "JFK"])
+            let stored = try #require(try await kept(etcd, "/pricing/route"))
+            #expect(first == UInt64(stored.modRevision) * 1_000)
+            // A header line, then the value exactly as written.
+            #expect(stored.valueString.split(separator: "\n").last == #"{"from":"LHR","to":"JFK"}"#)
+            // Read back from the kernel's copy, at once (the write was answered once the copy had it).
+            #expect(try await entries(bus, "/pricing/")["/pricing/route"]?.sequence == first)
+            #expect(try await entries(bus, "/pricing/")["/pricing/route"]?.value == ["from": "LHR", "to": "JFK"])
+
+            // Compare-and-set: at the revision read it wins, at an older one it is -32004 naming the key's.
+            let second = try await set(bus, "/pricing/route", ["from": "CDG", "to": "SFO"], revision: first)
+            #expect(second > first)
+            let conflict = await #expect(throws: BusError.self) { _ = try await set(bus, "/pricing/route", "lost", revision: first) }
+            guard case .remote(_, let error)? = conflict else { Issue.record("expected -32004"); return }
+            #expect(error.code == JSONRPCError.conflictCode)
+            #expect(error.data?["revision"]?.intValue == Int64(second))
+            #expect(try await kept(etcd, "/pricing/route")?.valueString.hasSuffix(#"{"from":"CDG","to":"SFO"}"#) == true)
+            // Create only: once.
+            _ = try await set(bus, "/pricing/new", 1, revision: 0)
+            await #expect(throws: BusError.self) { _ = try await set(bus, "/pricing/new", 2, revision: 0) }
+
+            // A delete deletes in etcd; deleting what is not there changes nothing.
+            _ = try await set(bus, "/pricing/route", .null)
+            #expect(try await kept(etcd, "/pricing/route") == nil)
+            #expect(try await entries(bus, "/pricing/")["/pricing/route"] == nil)
+            _ = try await set(bus, "/pricing/route", .null)
+
+            // The kernel's instance key is attached to a lease: it goes when the kernel does.
+            #expect(try await kept(etcd, KernelAPI.StateKeys.instance).map { $0.lease != 0 } == true)
+        }
+    }
+
+    @Test("a new kernel on the same etcd serves the same state with the same sequence numbers")
+    func restartKeepsEverything() async throws {
+        try await withKernelOnEtcd { cluster, kernel, bus, _ in
+            var written: [String: UInt64] = [:]
+            for n in 1...20 { written["/orders/\(n)"] = try await set(bus, "/orders/\(n)", .int(Int64(n))) }
+            let before = try await entries(bus, "/orders/")
+            await bus.close()
+            await kernel.stop()
+
+            let again = try await kernel.restarted()
+            let client = try await BusClient(brokers: [again.endpoints.broker], timeout: .seconds(20))
+            let after = try await entries(client, "/orders/")
+            #expect(after.count == 20)
+            for (key, sequence) in written {
+                #expect(after[key]?.sequence == sequence, "\(key)")
+                #expect(after[key]?.value == before[key]?.value)
+            }
+            // Writes go on after the last revision, so subscribers' sequences keep growing.
+            #expect(try await set(client, "/orders/21", 21) > written.values.max()!)
+            await client.close()
+            await again.stop()
+            _ = cluster
+        }
+    }
+
+    @Test("collector KVSETs on etcd: batched into transactions, each published once in order")
+    func collectorWritesAreBatched() async throws {
+        try await withKernelOnEtcd { _, kernel, _, etcd in
+            let count = 500
+            let context = try ZMQContext()
+            let collector = try ZMQSocket(context, .pub)
+            defer { collector.close() }
+            try collector.connect(kernel.endpoints.collector)
+            // Sent until the kernel has one (a PUB drops what it sends before it is connected).
+            var connected = false
+            for round in 0..<100 where !connected {
+                try collector.send(CHP.kv(KVEntry(key: "/client/probe", value: Frame("\(round)"))))
+                connected = (try? await kernel.state("/client/probe", within: 0.5, "the collector connected") { !$0.isEmpty }) != nil
+            }
+            try #require(connected)
+            for n in 0..<count { try collector.send(CHP.kv(KVEntry(key: "/client/k\(n)", value: Frame("\(n)")))) }
+            let state = try await kernel.state("/client/k", within: 60, "every KVSET applied") { $0.count == count }
+            #expect(state["/client/k\(count - 1)"] == .int(Int64(count - 1)))
+            let kept = try await etcd.range(prefix: Array((Self.prefix + "/client/k").utf8))
+            #expect(kept.keyValues.count == count)
+            // Fewer transactions than writes: what arrived together went together.
+            let revisions = Set(kept.keyValues.map(\.modRevision))
+            #expect(revisions.count < count / 2, "\(revisions.count) transactions for \(count) writes")
+        }
+    }
+
+    @Test("a TTL on etcd is a lease: the key goes when it runs out, and the deletion is published")
+    func ttlIsALease() async throws {
+        try await withKernelOnEtcd { _, kernel, bus, etcd in
+            _ = try await bus.call(KernelAPI.stateSet, .init(key: "/pricing/quote", value: "soon gone", ttl: 2))
+            #expect(try await kept(etcd, "/pricing/quote").map { $0.lease != 0 } == true)
+            try await kernel.state("/pricing/quote", within: 30, "the key expired") { $0.isEmpty }
+            #expect(try await kept(etcd, "/pricing/quote") == nil)
+        }
+    }
+
+    @Test("a kernel whose etcd cannot be reached does not start, and says which etcd")
+    func unreachableEtcd() async throws {
+        var settings = EtcdStateSettings(endpoints: ["http://127.0.0.1:\(freePort())"])
+        settings.prefix = Self.prefix
+        let started = await #expect(throws: (any Error).self) {
+            _ = try await TestKernel.start { $0.stateEtcd = settings }
+        }
+        #expect("\(started.map { "\($0)" } ?? "")".contains("etcd"))
+    }
+
+    @Test("kernel.state: etcd needs endpoints, and refuses a value limit over what one etcd request carries")
+    func configuration() throws {
+        let etcd: [String: Any] = ["backend": "etcd", "etcd": ["endpoints": ["http://10.0.0.1:2379"], "prefix": "/bus"]]
+        let read = try KernelConfiguration(reading: ConfigSection(path: "kernel", values: ["state": etcd]))
+        #expect(read.stateEtcd?.endpoints == ["http://10.0.0.1:2379"])
+        #expect(read.stateEtcd?.prefix == "/bus")
+        #expect(try KernelConfiguration(reading: ConfigSection(path: "kernel", values: [:])).stateEtcd == nil)
+        #expect(throws: ConfigError.self) { try KernelConfiguration(reading: ConfigSection(path: "kernel", values: ["state": ["backend": "etcd"]])) }
+        let tooLarge = #expect(throws: ConfigError.self) {
+            try KernelConfiguration(reading: ConfigSection(path: "kernel", values: ["state": etcd, "state_max_value_bytes": 2_000_000]))
+        }
+        #expect(tooLarge?.description.contains("etcd") == true)
+    }
+}
