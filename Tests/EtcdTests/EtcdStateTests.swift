@@ -101,7 +101,11 @@ struct EtcdStateTests {
     func restartKeepsEverything() async throws {
         try await withKernelOnEtcd { cluster, kernel, bus, _ in
             var written: [String: UInt64] = [:]
-            for n in 1...20 { written["/orders/\(n)"] = try await set(bus, "/orders/\(n)", .int(Int64(n))) }
+            for n in 1...10 { written["/orders/\(n)"] = try await set(bus, "/orders/\(n)", .int(Int64(n))) }
+            // A subscriber stopped here, before the last ten writes and the restart.
+            let stoppedAt = written["/orders/10"]!
+            for n in 11...20 { written["/orders/\(n)"] = try await set(bus, "/orders/\(n)", .int(Int64(n))) }
+            _ = try await set(bus, "/orders/3", .null)
             let before = try await entries(bus, "/orders/")
             await bus.close()
             await kernel.stop()
@@ -109,11 +113,19 @@ struct EtcdStateTests {
             let again = try await kernel.restarted()
             let client = try await BusClient(brokers: [again.endpoints.broker], timeout: .seconds(20))
             let after = try await entries(client, "/orders/")
-            #expect(after.count == 20)
-            for (key, sequence) in written {
+            #expect(after.count == 19)
+            for (key, sequence) in written where key != "/orders/3" {
                 #expect(after[key]?.sequence == sequence, "\(key)")
                 #expect(after[key]?.value == before[key]?.value)
             }
+            // It resumes from where it stopped, without a reset: the changes since, the deletion included.
+            let state = StateEndpoints(snapshot: again.endpoints.snapshot, publisher: again.endpoints.publisher, collector: again.endpoints.collector)
+            let follower = try await BusClient(brokers: [again.endpoints.broker], state: [state])
+            let changes = try #require(try await follower.changes(under: ["/orders/"], since: stoppedAt), "a reset: the new kernel does not hold the changes")
+            #expect(changes.changes.map(\.key) == (11...20).map { "/orders/\($0)" } + ["/orders/3"])
+            #expect(changes.changes.map(\.sequence) == (11...20).map { written["/orders/\($0)"]! } + [changes.changes.last!.sequence])
+            #expect(changes.changes.last?.value.isEmpty == true)
+            await follower.close()
             // Writes go on after the last revision, so subscribers' sequences keep growing.
             #expect(try await set(client, "/orders/21", 21) > written.values.max()!)
             await client.close()

@@ -115,8 +115,10 @@ final class EtcdStateLink {
     }
 
     let client: EtcdClient
-    /// Where the state lives under etcd's keys (``EtcdStateSettings/prefix``).
+    /// Where the state lives under etcd's keys (``EtcdStateSettings/prefix``): a state key
+    /// `/a` at `PREFIX/a`; the prefix itself is the kernels' mark (``Kernel/connectState``).
     let prefix: [UInt8]
+    var statePrefix: [UInt8] { prefix + [UInt8(ascii: "/")] }
     var lease: Int64
     /// Admitted, not yet sent, in order.
     var queue = Deque<Pending>()
@@ -149,6 +151,11 @@ final class EtcdStateLink {
         reportedRevision = revision
         doorbell = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         requests = AsyncStream.makeStream(of: Request.self)
+    }
+
+    /// The state's changes, and the marks, from `revision` on.
+    func watch(from revision: Int64) -> EtcdWatch {
+        client.watch(prefix, end: EtcdClient.prefixEnd(statePrefix), from: revision)
     }
 
     /// The next transaction's writes: in order, up to the bounds, each key once (etcd refuses
@@ -213,28 +220,63 @@ extension EtcdClient.Settings {
 }
 
 extension Kernel {
-    /// Connects to the etcd that keeps the state, takes the kernel's lease, and reads the
-    /// state: the entries as the copy's ``ReplicatedEntry`` list, and the revision read at.
-    static func connectState(_ settings: EtcdStateSettings, logger: Logger) async throws
-        -> (link: EtcdStateLink, entries: [ReplicatedEntry], revision: Int64)
-    {
+    /// Connects to the etcd that keeps the state, takes the kernel's lease, and marks where
+    /// reading the state must reach: a write to the prefix itself (no state key is empty),
+    /// whose revision the link's ``EtcdStateLink/lastRevision`` starts at.
+    static func connectState(_ settings: EtcdStateSettings, instance: String, logger: Logger) async throws -> EtcdStateLink {
         let client = try EtcdClient(settings: EtcdClient.Settings(settings))
         do {
             let prefix = Array(settings.prefix.utf8)
             let lease = try await client.grantLease(ttl: EtcdStateLink.leaseSeconds)
-            let range = try await client.range(prefix: prefix)
-            let entries = range.keyValues.map { kv in
-                let record = EtcdStateRecord(decoding: kv.value, place: 0)
-                return ReplicatedEntry(key: Frame(kv.key.dropFirst(prefix.count)), sequence: EtcdSequence.of(revision: kv.modRevision, place: record.place),
-                                       uuid: record.uuid, properties: record.properties, value: record.value, quotaOwner: record.owner, expiresIn: nil)
-            }
-            logger.info("state read from etcd", metadata: ["keys": "\(entries.count)", "revision": "\(range.revision)",
-                                                           "endpoints": "\(settings.endpoints.joined(separator: ","))", "prefix": "\(settings.prefix)"])
-            return (EtcdStateLink(client: client, prefix: prefix, lease: lease.id, revision: range.revision), entries, range.revision)
+            let marked = try await client.put(prefix, Array(instance.utf8), lease: lease.id)
+            return EtcdStateLink(client: client, prefix: prefix, lease: lease.id, revision: marked)
         } catch {
             await client.close()
             throw error
         }
+    }
+
+    /// Reads the state into `state` up to the link's mark: as it was `kernel.state_history_changes`
+    /// revisions before, then every change since, so the copy's history holds the recent
+    /// changes and a subscriber that followed an earlier kernel resumes without a reset. When
+    /// etcd no longer holds those revisions (compacted), as it is at the mark, history empty.
+    func readState(into state: StateServer, from link: EtcdStateLink) async throws {
+        let mark = link.lastRevision
+        let from = max(mark - Int64(configuration.stateHistoryChanges), 0)
+        func load(at revision: Int64) async throws {
+            let range = revision == 0 ? nil : try await link.client.range(prefix: link.statePrefix, revision: revision)
+            let entries = (range?.keyValues ?? []).map { kv in
+                let record = EtcdStateRecord(decoding: kv.value, place: 0)
+                return ReplicatedEntry(key: Frame(kv.key.dropFirst(link.prefix.count)), sequence: EtcdSequence.of(revision: kv.modRevision, place: record.place),
+                                       uuid: record.uuid, properties: record.properties, value: record.value, quotaOwner: record.owner, expiresIn: nil)
+            }
+            state.install(entries, sequence: EtcdSequence.end(of: revision), now: clock.now)
+            (link.lastRevision, link.placesApplied) = (revision, 0)
+        }
+        do {
+            try await load(at: from)
+        } catch let error as EtcdError where error.kind == .compacted {
+            try await load(at: mark)
+        }
+        if from < mark {
+            replay: for try await update in link.watch(from: from + 1) {
+                switch update {
+                case .events(let events, _):
+                    apply(events, from: link, to: state)
+                    // The mark itself is no change of the state's: reaching it is the end.
+                    if let last = events.last?.keyValue.modRevision, last >= mark { break replay }
+                case .progress(let revision):
+                    if revision >= mark { break replay }
+                case .compacted:
+                    try await load(at: mark)
+                    break replay
+                }
+            }
+        }
+        // Nobody subscribes yet: what the replay published goes nowhere.
+        while state.publisher.takeBatch() != nil {}
+        logger.info("state read from etcd", metadata: ["keys": "\(state.entries.count)", "revision": "\(link.lastRevision)", "history": "\(state.history.changes.count)",
+                                                       "endpoints": "\(link.client.settings.endpoints.joined(separator: ","))", "prefix": "\(String(decoding: link.prefix, as: UTF8.self))"])
     }
 
     /// Starts the link's work, which lasts until ``closeState(_:)``: the watch that feeds the
@@ -267,11 +309,11 @@ extension Kernel {
     private func followEtcd() async {
         guard let link = parts?.etcd else { return }
         do {
-            for try await update in link.client.watch(prefix: link.prefix, from: link.lastRevision + 1) {
+            for try await update in link.watch(from: link.lastRevision + 1) {
                 guard let parts, parts.etcd === link else { return }
                 switch update {
                 case .events(let events, let revision):
-                    apply(events, from: link, to: parts)
+                    apply(events, from: link, to: parts.state)
                     link.reportedRevision = max(link.reportedRevision, revision)
                     parts.flush()
                 case .progress(let revision):
@@ -289,9 +331,11 @@ extension Kernel {
         }
     }
 
-    private func apply(_ events: [EtcdEvent], from link: EtcdStateLink, to parts: KernelParts) {
+    /// Makes the changes the watch brought in `state`, each with its sequence number (the
+    /// revision and its place there); writes to etcd that are not the state's (the mark) have none.
+    private func apply(_ events: [EtcdEvent], from link: EtcdStateLink, to state: StateServer) {
         let now = clock.now
-        for event in events {
+        for event in events where event.keyValue.key.starts(with: link.statePrefix) {
             let revision = event.keyValue.modRevision
             if revision != link.lastRevision { (link.lastRevision, link.placesApplied) = (revision, 0) }
             let place = link.placesApplied
@@ -307,7 +351,7 @@ extension Kernel {
             case .delete:
                 ReplicatedEntry(key: key, sequence: sequence, uuid: Frame(), properties: Frame(), value: Frame(), quotaOwner: nil, expiresIn: nil)
             }
-            if parts.state.applyCommitted(item, now: now) { link.applied(event.keyValue.key, revision: revision, sequence: sequence) }
+            if state.applyCommitted(item, now: now) { link.applied(event.keyValue.key, revision: revision, sequence: sequence) }
         }
     }
 

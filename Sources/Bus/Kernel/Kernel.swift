@@ -81,23 +81,24 @@ public actor Kernel: BusService {
         case .starting: throw ZMQError(call: "start(a kernel already starting)", code: EALREADY)
         case .idle: break
         }
-        guard let settings = configuration.stateEtcd else { return try bind(state: nil) }
+        let parts = KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger)
+        guard let settings = configuration.stateEtcd else { return try bind(parts) }
         guard configuration.pair == nil else {
             phase = .stopped
             throw ZMQError(call: "start(a pair with kernel.state.backend: etcd: not supported yet; run one kernel on etcd)", code: EINVAL)
         }
         phase = .starting
         do {
-            let state = try await Self.connectState(settings, logger: logger)
-            guard case .starting = phase else {
-                await closeState(state.link)
-                throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF)
-            }
-            phase = .idle
+            let link = try await Self.connectState(settings, instance: instance, logger: logger)
             do {
-                return try bind(state: state)
+                try await readState(into: parts.state, from: link)
+                guard case .starting = phase else { throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF) }
+                phase = .idle
+                parts.etcd = link
+                return try bind(parts)
             } catch {
-                await closeState(state.link)
+                parts.etcd = nil
+                await closeState(link)
                 throw error
             }
         } catch {
@@ -106,8 +107,9 @@ public actor Kernel: BusService {
         }
     }
 
-    /// Binds every endpoint and serves them, with the state read from etcd if it keeps it.
-    private func bind(state etcd: (link: EtcdStateLink, entries: [ReplicatedEntry], revision: Int64)?) throws -> Endpoints {
+    /// Binds every endpoint and serves them with `parts` (their state read from etcd, if it
+    /// keeps it).
+    private func bind(_ parts: KernelParts) throws -> Endpoints {
         let context = loop.context
         let security = configuration.security, inprocName = configuration.inprocName
         func open(_ type: SocketType, _ endpoint: String, _ role: String,
@@ -176,11 +178,6 @@ public actor Kernel: BusService {
                 opened.append(listener)
                 pairSockets = try openPair(pair, listener: listener, opened: &opened)
             }
-            let parts = KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger)
-            if let etcd {
-                parts.state.install(etcd.entries, sequence: EtcdSequence.end(of: etcd.revision), now: clock.now)
-                parts.etcd = etcd.link
-            }
             try parts.serve(KernelParts.Sockets(zap: security == nil ? nil : opened[0], router: router, snapshot: snapshot,
                                                 publisher: publisher, collector: collector, pair: pairSockets), on: loop)
             let endpoints = Endpoints(broker: brokerEndpoint, snapshot: snapshotEndpoint,
@@ -188,7 +185,7 @@ public actor Kernel: BusService {
             phase = .serving(endpoints, parts)
             startedAt = Date()
             installMethods()
-            if let etcd { followState(etcd.link) }
+            if let link = parts.etcd { followState(link) }
             parts.setInstance(now: clock.now)
             parts.flush()
             var metadata: Logger.Metadata = ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
