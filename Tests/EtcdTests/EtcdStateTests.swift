@@ -93,7 +93,20 @@ struct EtcdStateTests {
             _ = try await set(bus, "/pricing/route", .null)
 
             // The kernel's instance key is attached to a lease: it goes when the kernel does.
-            #expect(try await kept(etcd, KernelAPI.StateKeys.instance).map { $0.lease != 0 } == true)
+            let instance = try #require(try await kept(etcd, KernelAPI.StateKeys.instance))
+            #expect(instance.lease != 0)
+
+            // What the kernel says of its etcd: where, how far its copy is, its lease.
+            let stats = try #require(try await bus.call(KernelAPI.stats).state.etcd)
+            #expect(stats.prefix == Self.prefix)
+            #expect(stats.revision >= stored.modRevision)
+            #expect(stats.lease == String(instance.lease, radix: 16))
+            #expect(stats.transactions >= 5)
+            #expect(stats.failedWrites == 0)
+            let metrics = try await bus.call(KernelAPI.metrics).text
+            for family in ["revision", "lag_revisions", "transactions_total", "failed_writes_total", "dropped_writes_total", "queued_writes"] {
+                #expect(metrics.contains("\nswitchboard_state_etcd_\(family) "), "\(family)")
+            }
         }
     }
 

@@ -119,10 +119,35 @@ public enum KernelAPI {
             /// Compare-and-sets refused: the key was not at the revision given (-32004).
             public var refusedConflict: Int
             public var history: History
+            /// Where the state is kept when it is not in the kernel's memory (absent: in memory).
+            public var etcd: Etcd?
             public init(keys: Int, bytes: Int, sequence: UInt64, rejectedWrites: Int, refusedForbidden: Int, refusedOverLimit: Int,
-                        refusedConflict: Int = 0, history: History) {
+                        refusedConflict: Int = 0, history: History, etcd: Etcd? = nil) {
                 (self.keys, self.bytes, self.sequence, self.rejectedWrites) = (keys, bytes, sequence, rejectedWrites)
                 (self.refusedForbidden, self.refusedOverLimit, self.refusedConflict, self.history) = (refusedForbidden, refusedOverLimit, refusedConflict, history)
+                self.etcd = etcd
+            }
+        }
+        /// The etcd that keeps the state (`kernel.state.backend: etcd`), as this kernel follows it.
+        public struct Etcd: Codable, Sendable {
+            public var endpoints: [String]
+            public var prefix: String
+            /// The revision of the last change the kernel's copy holds.
+            public var revision: Int64
+            /// Revisions etcd reported past the copy's (other keys' changes count too).
+            public var lagRevisions: Int64
+            /// The kernel's lease (its own keys hang on it), in hexadecimal as etcdctl shows it.
+            public var lease: String
+            /// Transactions sent, writes etcd did not take (answered with an error), collector
+            /// writes dropped because too many waited for etcd, and writes waiting now.
+            public var transactions: Int
+            public var failedWrites: Int
+            public var droppedWrites: Int
+            public var queuedWrites: Int
+            public init(endpoints: [String], prefix: String, revision: Int64, lagRevisions: Int64, lease: String,
+                        transactions: Int, failedWrites: Int, droppedWrites: Int, queuedWrites: Int) {
+                (self.endpoints, self.prefix, self.revision, self.lagRevisions, self.lease) = (endpoints, prefix, revision, lagRevisions, lease)
+                (self.transactions, self.failedWrites, self.droppedWrites, self.queuedWrites) = (transactions, failedWrites, droppedWrites, queuedWrites)
             }
         }
         /// The state's recent changes the kernel keeps, and their bounds.

@@ -92,6 +92,11 @@ final class EtcdStateLink {
     static let maxBatchBytes = 1_024 * 1_024
     /// The kernel's lease, in seconds: its own keys outlive it by at most this long.
     static let leaseSeconds: Int64 = 10
+    /// Writes waiting for etcd, at most, and their bytes: beyond them a collector write is
+    /// dropped (counted) and a `state.set` refused with -32001, so a flood faster than etcd
+    /// takes it does not grow the kernel.
+    static let maxQueued = 50_000
+    static let maxQueuedBytes = 64 * 1_024 * 1_024
 
     struct Pending {
         var write: DurableWrite
@@ -121,7 +126,8 @@ final class EtcdStateLink {
     var statePrefix: [UInt8] { prefix + [UInt8(ascii: "/")] }
     var lease: Int64
     /// Admitted, not yet sent, in order.
-    var queue = Deque<Pending>()
+    private(set) var queue = Deque<Pending>()
+    private var queuedBytes = 0
     /// Rung when something is queued: the writer takes the queue until it is empty.
     let doorbell: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
     /// The `kernel` service's requests, each answered in a child task of the link's work.
@@ -142,6 +148,7 @@ final class EtcdStateLink {
     var reportedRevision: Int64
     private(set) var transactions = 0
     private(set) var failedWrites = 0
+    private(set) var droppedWrites = 0
     /// Ended (``failAll(_:)``): a wait that comes after is answered at once.
     private var closedWith: JSONRPCError?
 
@@ -172,7 +179,21 @@ final class EtcdStateLink {
             keys.insert(next.write.key)
             bytes += size
         }
+        queuedBytes -= bytes
         return batch
+    }
+
+    /// Queues `pending` unless the queue is full (the kernel's own keys are always taken:
+    /// they are few); false when it was not.
+    func enqueue(_ pending: Pending) -> Bool {
+        let size = pending.write.key.count + pending.write.value.count
+        guard pending.write.kernelOwn || (queue.count < Self.maxQueued && queuedBytes + size <= Self.maxQueuedBytes) else {
+            if pending.done == nil { droppedWrites += 1 }
+            return false
+        }
+        queue.append(pending)
+        queuedBytes += size
+        return true
     }
 
     /// A change of `key` (etcd's key) the watch applied as `sequence`: answers whoever waits
@@ -206,6 +227,7 @@ final class EtcdStateLink {
         closedWith = error
         for pending in queue { pending.done?.resume(throwing: error) }
         queue.removeAll()
+        queuedBytes = 0
         for done in awaited.values { done.resume(throwing: error) }
         awaited.removeAll()
     }
@@ -380,7 +402,10 @@ extension Kernel {
     func commitToEtcd(_ write: DurableWrite) async throws -> UInt64 {
         guard let parts, let link = parts.etcd else { throw JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping") }
         return try await withCheckedThrowingContinuation { done in
-            link.queue.append(EtcdStateLink.Pending(write: write, done: done))
+            guard link.enqueue(EtcdStateLink.Pending(write: write, done: done)) else {
+                return done.resume(throwing: JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
+                                                          message: "Unavailable: \(link.queue.count) state writes are waiting for etcd, the most the kernel keeps; try again"))
+            }
             startWritingState()
         }
     }

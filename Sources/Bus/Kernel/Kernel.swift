@@ -455,7 +455,12 @@ extension Kernel {
                          history: .init(changes: state.history.changes.count, bytes: state.history.bytes, keys: state.history.keys,
                                         since: state.history.start, maxChanges: state.history.limits.changes,
                                         maxBytes: state.history.limits.bytes, perKey: state.history.limits.perKey,
-                                        resumes: state.resumes, resumesRefused: state.resumesRefused)),
+                                        resumes: state.resumes, resumesRefused: state.resumesRefused),
+                         etcd: serving.etcd.map { link in
+                             .init(endpoints: link.client.settings.endpoints, prefix: String(decoding: link.prefix, as: UTF8.self), revision: link.lastRevision,
+                                   lagRevisions: max(0, link.reportedRevision - link.lastRevision), lease: String(link.lease, radix: 16),
+                                   transactions: link.transactions, failedWrites: link.failedWrites, droppedWrites: link.droppedWrites, queuedWrites: link.queue.count)
+                         }),
             pair: pairStatus)
     }
 
@@ -514,6 +519,15 @@ extension Kernel {
         family("state_resumes_total", "counter", "Subscribers resumed from a sequence: with the changes since, or with a whole snapshot (no longer held).",
                [("{outcome=\"exact\"}", String(state.resumes)), ("{outcome=\"snapshot\"}", String(state.resumesRefused))])
         family("state_sequence", "gauge", "The CHP sequence number: the position of the latest change, not a count of events.", [("", String(state.sequence))])
+        if let etcd = serving.etcd {
+            family("state_etcd_revision", "gauge", "The etcd revision of the last change the kernel's copy of the state holds.", [("", String(etcd.lastRevision))])
+            family("state_etcd_lag_revisions", "gauge", "Revisions etcd reported past the kernel's copy of the state.",
+                   [("", String(max(0, etcd.reportedRevision - etcd.lastRevision)))])
+            family("state_etcd_transactions_total", "counter", "Transactions the kernel sent etcd with state writes.", [("", String(etcd.transactions))])
+            family("state_etcd_failed_writes_total", "counter", "State writes etcd did not take (answered with an error).", [("", String(etcd.failedWrites))])
+            family("state_etcd_dropped_writes_total", "counter", "Collector writes dropped: too many waited for etcd.", [("", String(etcd.droppedWrites))])
+            family("state_etcd_queued_writes", "gauge", "State writes waiting for etcd.", [("", String(etcd.queue.count))])
+        }
         family("uptime_seconds", "gauge", "Seconds since the kernel started.", [("", String(Date().timeIntervalSince(startedAt).rounded()))])
         return text
     }

@@ -227,8 +227,13 @@ final class KernelParts {
             }
         } while !broker.events.isEmpty || !(pair?.events.isEmpty ?? true) || !broker.outbox.isEmpty
         if let etcd, !state.durableWrites.isEmpty {
-            for write in state.durableWrites { etcd.queue.append(EtcdStateLink.Pending(write: write, done: nil)) }
+            let dropped = etcd.droppedWrites
+            for write in state.durableWrites { _ = etcd.enqueue(EtcdStateLink.Pending(write: write, done: nil)) }
             state.durableWrites.removeAll(keepingCapacity: true)
+            // The first drop and then one in 10,000: a flood does not flood the log.
+            if etcd.droppedWrites > dropped, dropped % 10_000 == 0 {
+                state.logger.warning("collector writes dropped: too many wait for etcd", metadata: ["dropped": "\(etcd.droppedWrites)"])
+            }
             kernel?.assumeIsolated { $0.startWritingState() }
         }
     }

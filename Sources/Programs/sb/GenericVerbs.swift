@@ -319,6 +319,11 @@ struct Stats: AsyncParsableCommand {
                  micros(figures.p50LatencyMicroseconds.map(Double.init), bound: true), micros(figures.p99LatencyMicroseconds.map(Double.init), bound: true),
                  figures.replies == 0 ? "-" : micros(figures.meanLatencyMicroseconds)]
             })
+            if let etcd = stats.value.state.etcd {
+                Output.line()
+                Output.line("state on etcd \(etcd.endpoints.joined(separator: ",")) under \(etcd.prefix): revision \(etcd.revision) (\(etcd.lagRevisions) behind), "
+                    + "lease \(etcd.lease), \(etcd.queuedWrites) writes waiting, \(etcd.failedWrites) failed, \(etcd.droppedWrites) dropped")
+            }
         }
     }
 }
