@@ -305,7 +305,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard-bench",
             dependencies: [
-                "BusBench", "Contracts", "ZeroMQ", "BusProtocol", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
+                "BusBench", "Contracts", "ZeroMQ", "BusProtocol", "Etcd", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
                 "SwitchboardTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "DequeModule", package: "swift-collections"),

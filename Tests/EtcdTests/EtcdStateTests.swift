@@ -165,11 +165,21 @@ struct EtcdStateTests {
             for n in 0..<count { try collector.send(CHP.kv(KVEntry(key: "/client/k\(n)", value: Frame("\(n)")))) }
             let state = try await kernel.state("/client/k", within: 60, "every KVSET applied") { $0.count == count }
             #expect(state["/client/k\(count - 1)"] == .int(Int64(count - 1)))
-            let kept = try await etcd.range(prefix: Array((Self.prefix + "/client/k").utf8))
-            #expect(kept.keyValues.count == count)
+            let stored = try await etcd.range(prefix: Array((Self.prefix + "/client/k").utf8))
+            #expect(stored.keyValues.count == count)
             // Fewer transactions than writes: what arrived together went together.
-            let revisions = Set(kept.keyValues.map(\.modRevision))
+            let revisions = Set(stored.keyValues.map(\.modRevision))
             #expect(revisions.count < count / 2, "\(revisions.count) transactions for \(count) writes")
+
+            // Transactions go a few at once, but one key's writes are made in the order they came.
+            for n in 0..<300 {
+                try collector.send(CHP.kv(KVEntry(key: "/client/same", value: Frame("\(n)"))))
+                try collector.send(CHP.kv(KVEntry(key: "/client/k\(n)", value: Frame("\(n + 1_000)"))))
+            }
+            try await kernel.state("/client/", within: 60, "the last writes applied") { $0["/client/k299"] == 1_299 && $0["/client/same"] != nil }
+            #expect(try await kept(etcd, "/client/same")?.valueString.hasSuffix("\n299") == true)
+            let final = try await kernel.state("/client/same", "the key's last value") { !$0.isEmpty }
+            #expect(final["/client/same"] == 299)
         }
     }
 

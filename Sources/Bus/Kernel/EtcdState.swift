@@ -90,6 +90,9 @@ final class EtcdStateLink {
     /// larger write goes alone): within etcd's defaults (128 operations, 1.5 MiB a request).
     static let maxBatchOperations = 128
     static let maxBatchBytes = 1_024 * 1_024
+    /// Transactions in flight at once: etcd commits those that come together with one write
+    /// to its log, so a few at once take many more changes a second than one at a time.
+    static let maxTransactionsInFlight = 4
     /// The kernel's lease, in seconds: its own keys outlive it by at most this long.
     static let leaseSeconds: Int64 = 10
     /// Writes waiting for etcd, at most, and their bytes: beyond them a collector write is
@@ -98,7 +101,7 @@ final class EtcdStateLink {
     static let maxQueued = 50_000
     static let maxQueuedBytes = 64 * 1_024 * 1_024
 
-    struct Pending {
+    struct Pending: Sendable {
         var write: DurableWrite
         /// Whom to answer with the change's sequence number (nil: nobody waits, as for the
         /// collector's writes).
@@ -135,9 +138,12 @@ final class EtcdStateLink {
     /// The link's work: one task for the kernel's life (``Kernel/followState(_:)``), its
     /// children the watch, the lease's renewal, the writer and the requests under way.
     var work: Task<Void, Never>?
-    /// The keys of the transaction in flight, with what the watch brought for them while it
-    /// was (revision, sequence): the watch's event can come before the transaction's answer.
+    /// The keys of the transactions in flight (etcd's keys), with what the watch brought for
+    /// them meanwhile (revision, sequence): the watch's event can come before the
+    /// transaction's answer. A key in flight waits for its transaction before it goes again.
     var inFlight: [[UInt8]: [(revision: Int64, sequence: UInt64)]] = [:]
+    /// Transactions sent and not answered yet.
+    var transactionsInFlight = 0
     /// Answers waiting for the watch to bring their change.
     var awaited: [Awaited: CheckedContinuation<UInt64, any Error>] = [:]
     /// The revision of the last change applied, and how many of its changes were: the place
@@ -165,22 +171,33 @@ final class EtcdStateLink {
         client.watch(prefix, end: EtcdClient.prefixEnd(statePrefix), from: revision)
     }
 
-    /// The next transaction's writes: in order, up to the bounds, each key once (etcd refuses
-    /// a key twice in one transaction), and a compare-and-set alone (its comparison decides
-    /// the whole transaction).
+    /// The next transaction's writes, marked in flight: from the front of the queue, in
+    /// order, up to the bounds; each key once (etcd refuses a key twice in one transaction) and
+    /// none in flight already (a key's changes are made in the order they came); a
+    /// compare-and-set alone (its comparison decides the whole transaction). Nil when nothing
+    /// can go now.
     func takeBatch() -> [Pending]? {
-        guard !queue.isEmpty else { return nil }
-        var batch: [Pending] = [], keys = Set<Frame>(), bytes = 0
+        guard transactionsInFlight < Self.maxTransactionsInFlight else { return nil }
+        var batch: [Pending] = [], bytes = 0
         while let next = queue.first, batch.count < Self.maxBatchOperations {
+            let key = prefix + next.write.key.bytes
             let size = next.write.key.count + next.write.value.count
             let alone = next.write.expected != nil
-            if !batch.isEmpty, alone || batch[0].write.expected != nil || keys.contains(next.write.key) || bytes + size > Self.maxBatchBytes { break }
+            if inFlight[key] != nil || (!batch.isEmpty && (alone || batch[0].write.expected != nil || bytes + size > Self.maxBatchBytes)) { break }
             batch.append(queue.removeFirst())
-            keys.insert(next.write.key)
+            inFlight[key] = []
             bytes += size
         }
+        guard !batch.isEmpty else { return nil }
         queuedBytes -= bytes
+        transactionsInFlight += 1
         return batch
+    }
+
+    /// `batch`'s transaction was answered: its keys may go again.
+    func finished(_ batch: [Pending]) {
+        for pending in batch { inFlight[prefix + pending.write.key.bytes] = nil }
+        transactionsInFlight -= 1
     }
 
     /// Queues `pending` unless the queue is full (the kernel's own keys are always taken:
@@ -415,17 +432,30 @@ extension Kernel {
         parts?.etcd?.doorbell.continuation.yield()
     }
 
-    /// Sends what is queued whenever the doorbell rings, one transaction at a time: that
-    /// keeps the changes in the order they were admitted.
+    /// Sends what is queued whenever the doorbell rings, a few transactions at once
+    /// (``EtcdStateLink/takeBatch()`` says which writes can go), each in a child task that
+    /// rings again when it is answered.
     private func writeQueued(_ doorbell: AsyncStream<Void>) async {
-        for await _ in doorbell {
-            while let link = parts?.etcd, let batch = link.takeBatch() { await write(batch, with: link) }
+        await withDiscardingTaskGroup { group in
+            for await _ in doorbell {
+                while let batch = parts?.etcd?.takeBatch() {
+                    group.addTask {
+                        await self.write(batch)
+                        await self.startWritingState()
+                    }
+                }
+            }
         }
     }
 
     /// One transaction: the batch's puts (with their places) then its deletes, so the watch's
     /// events come in the places the records say.
-    private func write(_ batch: [EtcdStateLink.Pending], with link: EtcdStateLink) async {
+    private func write(_ batch: [EtcdStateLink.Pending]) async {
+        guard let link = parts?.etcd else {
+            for pending in batch { pending.done?.resume(throwing: JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping")) }
+            return
+        }
+        defer { link.finished(batch) }
         var puts: [(pending: EtcdStateLink.Pending, key: [UInt8])] = [], deletes: [(pending: EtcdStateLink.Pending, key: [UInt8])] = []
         var operations: [EtcdOperation] = []
         var failed: [(EtcdStateLink.Pending, any Error)] = []
@@ -458,8 +488,6 @@ extension Kernel {
             compare = [expected == 0 ? .absent(key) : EtcdCompare(key: key, .equal, .modRevision(EtcdSequence.revision(of: expected)))]
             otherwise = [.range(key: key)]
         }
-        for (_, key) in puts + deletes { link.inFlight[key] = [] }
-        defer { link.inFlight.removeAll() }
         do {
             guard !operations.isEmpty else { throw failed.first?.1 ?? JSONRPCError.internalError("nothing to write") }
             let transaction = try await link.client.transaction(when: compare, then: operations, else: otherwise)

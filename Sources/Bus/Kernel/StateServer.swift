@@ -7,7 +7,7 @@ import ZeroMQ
 
 /// A change admitted in durable mode, on its way to etcd: made in the state when etcd's watch
 /// brings it back.
-struct DurableWrite {
+struct DurableWrite: Sendable {
     var key: Frame
     /// Empty: the key is deleted.
     var value: Frame
