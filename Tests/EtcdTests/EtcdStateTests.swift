@@ -193,6 +193,30 @@ struct EtcdStateTests {
         }
     }
 
+    @Test("etcd gone: a write is answered with an error naming etcd, never left waiting; etcd back: writes and the copy go on")
+    func etcdGoesAndComesBack() async throws {
+        try await withKernelOnEtcd { cluster, kernel, bus, _ in
+            let before = try await set(bus, "/pricing/before", 1)
+            cluster.kill(0)
+            let refused = await #expect(throws: BusError.self) { _ = try await set(bus, "/pricing/during", 2) }
+            guard case .remote(_, let error)? = refused else { Issue.record("expected an error from the kernel, got \(String(describing: refused))"); return }
+            #expect([JSONRPCError.storageFailedCode, JSONRPCError.outcomeUnknownCode].contains(error.code), "\(error)")
+            #expect(error.message.contains("etcd"), "\(error)")
+            // Reads go on from the kernel's copy.
+            #expect(try await entries(bus, "/pricing/")["/pricing/before"]?.sequence == before)
+
+            try await cluster.restart(0)
+            let after = try await within(60, "a write once etcd is back") {
+                while true {
+                    if let sequence = try? await set(bus, "/pricing/after", 3) { return sequence }
+                }
+            }
+            #expect(after > before)
+            // The copy follows again: the write came back through the watch.
+            try await kernel.state("/pricing/after", "the write in the copy") { $0["/pricing/after"] == 3 }
+        }
+    }
+
     @Test("a kernel whose etcd cannot be reached does not start, and says which etcd")
     func unreachableEtcd() async throws {
         var settings = EtcdStateSettings(endpoints: ["http://127.0.0.1:\(freePort())"])

@@ -345,4 +345,12 @@ struct ConfigFileTests {
         #expect(hosts.allSatisfy { $0.store.postgres?.url == "postgres://switchboard@10.0.0.3:5432/switchboard" })
         #expect(hosts[1].services.filter { $0.value.enabled }.map(\.key) == ["store"])
     }
+
+    @Test("the state-on-etcd example parses: the kernel's state in the three-member etcd")
+    func stateOnEtcdExample() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let host = try ConfigFile.load(root.appendingPathComponent("Config/state-on-etcd/kernel-host.yaml"))
+        #expect(host.kernel.stateEtcd?.endpoints == ["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"])
+        #expect(host.kernel.stateEtcd?.prefix == "/switchboard/state")
+    }
 }

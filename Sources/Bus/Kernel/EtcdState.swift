@@ -155,8 +155,9 @@ final class EtcdStateLink {
     private(set) var transactions = 0
     private(set) var failedWrites = 0
     private(set) var droppedWrites = 0
-    /// Ended (``failAll(_:)``): a wait that comes after is answered at once.
-    private var closedWith: JSONRPCError?
+    /// Ended (``failAll(_:)``): nothing more is written, and a wait that comes after is
+    /// answered at once.
+    private(set) var closedWith: JSONRPCError?
 
     init(client: EtcdClient, prefix: [UInt8], lease: Int64, revision: Int64) {
         (self.client, self.prefix, self.lease) = (client, prefix, lease)
@@ -203,6 +204,7 @@ final class EtcdStateLink {
     /// Queues `pending` unless the queue is full (the kernel's own keys are always taken:
     /// they are few); false when it was not.
     func enqueue(_ pending: Pending) -> Bool {
+        guard closedWith == nil else { return false }
         let size = pending.write.key.count + pending.write.value.count
         guard pending.write.kernelOwn || (queue.count < Self.maxQueued && queuedBytes + size <= Self.maxQueuedBytes) else {
             if pending.done == nil { droppedWrites += 1 }
@@ -420,6 +422,7 @@ extension Kernel {
         guard let parts, let link = parts.etcd else { throw JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping") }
         return try await withCheckedThrowingContinuation { done in
             guard link.enqueue(EtcdStateLink.Pending(write: write, done: done)) else {
+                if let closed = link.closedWith { return done.resume(throwing: closed) }
                 return done.resume(throwing: JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
                                                           message: "Unavailable: \(link.queue.count) state writes are waiting for etcd, the most the kernel keeps; try again"))
             }
