@@ -6,6 +6,7 @@ import Foundation
 import Kernel
 import SwitchboardConfig
 import SwitchboardTestSupport
+import Synchronization
 import Testing
 import ZeroMQ
 
@@ -214,6 +215,64 @@ struct EtcdStateTests {
             #expect(after > before)
             // The copy follows again: the write came back through the watch.
             try await kernel.state("/pricing/after", "the write in the copy") { $0["/pricing/after"] == 3 }
+        }
+    }
+
+    @Test("one writer per state: a second kernel on the same etcd waits for the first to go, then serves the same state")
+    func oneWriter() async throws {
+        let cluster = try await TestEtcd.start()
+        defer { cluster.stop() }
+        let first = try await Self.kernel(on: cluster)
+        let bus = try await BusClient(brokers: [first.endpoints.broker], timeout: .seconds(20))
+        let written = try await set(bus, "/pricing/route", "LHR-JFK")
+        let secondStarted = Mutex(false)
+        let second = Task {
+            let kernel = try await Self.kernel(on: cluster)
+            secondStarted.withLock { $0 = true }
+            return kernel
+        }
+        // The first still writes, and holds the election, while the second waits.
+        #expect(try await set(bus, "/pricing/route", "CDG-SFO", revision: written) > written)
+        let etcd = try EtcdClient(endpoints: cluster.clientURLs)
+        let holder = try await etcd.range(Array((Self.prefix + ".active").utf8)).keyValues.first
+        #expect(holder?.valueString == first.kernel.instance)
+        #expect(secondStarted.withLock { $0 } == false)
+        await bus.close()
+        await first.stop()
+
+        // Stopped, the first let its election go: the second takes it at once.
+        let taken = try await within(30, "the second kernel started") { try await second.value }
+        let client = try await BusClient(brokers: [taken.endpoints.broker], timeout: .seconds(20))
+        #expect(try await entries(client, "/pricing/")["/pricing/route"]?.value == "CDG-SFO")
+        #expect(try await etcd.range(Array((Self.prefix + ".active").utf8)).keyValues.first?.valueString == taken.kernel.instance)
+        await client.close()
+        await taken.stop()
+        await etcd.close()
+    }
+
+    @Test("fenced: a kernel whose election another took writes nothing more, and answers -32008")
+    func fenced() async throws {
+        try await withKernelOnEtcd { _, kernel, bus, etcd in
+            _ = try await set(bus, "/pricing/before", 1)
+            // Another kernel takes the election (as one would once this one's lease ran out
+            // while it was cut off): the key made again, under its lease.
+            let election = Array((Self.prefix + ".active").utf8)
+            let intruder = try await etcd.grantLease(ttl: 30)
+            _ = try await etcd.delete(election)
+            _ = try await etcd.put(election, Array("another kernel".utf8), lease: intruder.id)
+
+            // A client keeps asking a kernel that answers -32008 (its pair's other may take over)
+            // until its deadline, then gives up saying why.
+            let impatient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(2))
+            for attempt in 0..<2 {
+                let refused = await #expect(throws: BusError.self) { _ = try await set(impatient, "/pricing/zombie", .int(Int64(attempt))) }
+                guard case .unavailable(_, let message)? = refused else { Issue.record("expected not active, got \(String(describing: refused))"); return }
+                #expect(message.contains("Not active: this kernel no longer writes the state"), "\(message)")
+            }
+            await impatient.close()
+            #expect(try await kept(etcd, "/pricing/zombie") == nil)
+            // What it held, it still serves.
+            #expect(try await entries(bus, "/pricing/")["/pricing/before"]?.value == 1)
         }
     }
 

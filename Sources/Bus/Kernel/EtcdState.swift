@@ -14,7 +14,11 @@ import Logging
 // - a write is answered once the copy holds it: a client that reads after its write, from
 //   the same kernel, sees it;
 // - compare-and-set is etcd's transaction on the key's `mod_revision`; a TTL is a lease; the
-//   kernel's own keys (`/kernel/`) hang on the kernel's lease and go when it does.
+//   kernel's own keys (`/kernel/`) hang on the kernel's lease and go when it does;
+// - one kernel writes a prefix's state: the one that holds its election key (`PREFIX.active`,
+//   under its lease). Every transaction it sends requires the key still to be the one it
+//   created, so a kernel that lost it (its lease ran out while it was cut off, or another took
+//   it) writes nothing: it answers -32008 from then on.
 
 /// CHP sequence numbers of changes kept in etcd: the revision times ``perRevision`` plus the
 /// change's place among those of its transaction. Any kernel watching the same etcd gives a
@@ -124,10 +128,17 @@ final class EtcdStateLink {
 
     let client: EtcdClient
     /// Where the state lives under etcd's keys (``EtcdStateSettings/prefix``): a state key
-    /// `/a` at `PREFIX/a`; the prefix itself is the kernels' mark (``Kernel/connectState``).
+    /// `/a` at `PREFIX/a`.
     let prefix: [UInt8]
     var statePrefix: [UInt8] { prefix + [UInt8(ascii: "/")] }
-    var lease: Int64
+    /// The key whose holder writes the state: `PREFIX.active`, the holder's instance under its
+    /// lease (``Kernel/connectState(_:instance:logger:)``).
+    static func electionKey(_ prefix: [UInt8]) -> [UInt8] { prefix + Array(".active".utf8) }
+    var electionKey: [UInt8] { Self.electionKey(prefix) }
+    /// The revision that created the election key this kernel holds: every transaction
+    /// requires it still (a key created again has another).
+    let elected: Int64
+    let lease: Int64
     /// Admitted, not yet sent, in order.
     private(set) var queue = Deque<Pending>()
     private var queuedBytes = 0
@@ -159,15 +170,15 @@ final class EtcdStateLink {
     /// answered at once.
     private(set) var closedWith: JSONRPCError?
 
-    init(client: EtcdClient, prefix: [UInt8], lease: Int64, revision: Int64) {
-        (self.client, self.prefix, self.lease) = (client, prefix, lease)
+    init(client: EtcdClient, prefix: [UInt8], lease: Int64, elected revision: Int64) {
+        (self.client, self.prefix, self.lease, self.elected) = (client, prefix, lease, revision)
         lastRevision = revision
         reportedRevision = revision
         doorbell = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         requests = AsyncStream.makeStream(of: Request.self)
     }
 
-    /// The state's changes, and the marks, from `revision` on.
+    /// The state's changes, and the election's, from `revision` on.
     func watch(from revision: Int64) -> EtcdWatch {
         client.watch(prefix, end: EtcdClient.prefixEnd(statePrefix), from: revision)
     }
@@ -261,16 +272,28 @@ extension EtcdClient.Settings {
 }
 
 extension Kernel {
-    /// Connects to the etcd that keeps the state, takes the kernel's lease, and marks where
-    /// reading the state must reach: a write to the prefix itself (no state key is empty),
-    /// whose revision the link's ``EtcdStateLink/lastRevision`` starts at.
+    /// Connects to the etcd that keeps the state and wins its election: creates the election
+    /// key under a new lease of its own, once no other kernel holds it (waiting, while one
+    /// does, for its key to go: its kernel stopped, or its lease ran out). The election's
+    /// revision is where reading the state must reach (the link's ``EtcdStateLink/lastRevision``).
     static func connectState(_ settings: EtcdStateSettings, instance: String, logger: Logger) async throws -> EtcdStateLink {
         let client = try EtcdClient(settings: EtcdClient.Settings(settings))
         do {
-            let prefix = Array(settings.prefix.utf8)
-            let lease = try await client.grantLease(ttl: EtcdStateLink.leaseSeconds)
-            let marked = try await client.put(prefix, Array(instance.utf8), lease: lease.id)
-            return EtcdStateLink(client: client, prefix: prefix, lease: lease.id, revision: marked)
+            let prefix = Array(settings.prefix.utf8), election = EtcdStateLink.electionKey(prefix)
+            while true {
+                let lease = try await client.grantLease(ttl: EtcdStateLink.leaseSeconds)
+                let campaign = try await client.transaction(when: [.absent(election)], then: [.put(key: election, value: Array(instance.utf8), lease: lease.id)],
+                                                            else: [.range(key: election)])
+                if campaign.succeeded { return EtcdStateLink(client: client, prefix: prefix, lease: lease.id, elected: campaign.revision) }
+                try? await client.revoke(lease.id)
+                let holder = campaign.ranges.first?.keyValues.first
+                logger.notice("another kernel writes this state: waiting for it to go (it stops, or its lease runs out)",
+                              metadata: ["election": "\(String(decoding: election, as: UTF8.self))", "holder": "\(holder?.valueString ?? "")",
+                                         "lease": "\(String(holder?.lease ?? 0, radix: 16))"])
+                waiting: for try await update in client.watch(election, from: campaign.revision + 1) {
+                    if case .events(let events, _) = update, events.contains(where: { $0.kind == .delete }) { break waiting }
+                }
+            }
         } catch {
             await client.close()
             throw error
@@ -396,24 +419,29 @@ extension Kernel {
         }
     }
 
-    /// Renews the kernel's lease; when it ran out (the kernel was cut off from etcd for
-    /// longer than it), takes a new one and writes the kernel's own keys again.
+    /// Renews the kernel's lease. When it ran out (the kernel was cut off from etcd for
+    /// longer than it), so did its election: it writes no more.
     private func keepLeaseAlive() async {
         guard let link = parts?.etcd else { return }
-        while !Task.isCancelled {
+        while !Task.isCancelled, link.closedWith == nil {
             try? await Task.sleep(for: .seconds(EtcdStateLink.leaseSeconds) / 3)
-            guard let parts, parts.etcd === link, !Task.isCancelled else { return }
+            guard parts?.etcd === link, !Task.isCancelled else { return }
             do {
-                if try await link.client.keepAlive(link.lease) == 0 {
-                    link.lease = try await link.client.grantLease(ttl: EtcdStateLink.leaseSeconds).id
-                    logger.warning("the kernel's lease in etcd ran out: its own keys are written again under a new one")
-                    parts.writeOwnKeys(now: clock.now)
-                    parts.flush()
-                }
+                if try await link.client.keepAlive(link.lease) == 0 { lostElection(link, why: "its lease in etcd ran out") }
             } catch {
                 logger.warning("cannot renew the kernel's lease in etcd", metadata: ["error": "\(error)"])
             }
         }
+    }
+
+    /// This kernel no longer holds the state's election: every write from now on is answered
+    /// -32008, and the kernel stays so (restarted, it stands again).
+    private func lostElection(_ link: EtcdStateLink, why: String) {
+        guard link.closedWith == nil else { return }
+        let election = String(decoding: link.electionKey, as: UTF8.self)
+        logger.critical("this kernel no longer writes the state: \(why); restart it to stand for \(election) again")
+        link.failAll(JSONRPCError(code: JSONRPCError.notActiveCode,
+                                  message: "Not active: this kernel no longer writes the state (\(why)); another kernel may hold \(election)"))
     }
 
     /// A write admitted by the state server, made in etcd; its sequence number once the copy
@@ -485,19 +513,25 @@ extension Kernel {
             puts.append((pending, key))
         }
         operations += deletes.map { .delete(key: $0.key) }
-        var compare: [EtcdCompare] = [], otherwise: [EtcdOperation] = []
+        // Fenced: only while the election key is still the one this kernel created.
+        var compare = [EtcdCompare(key: link.electionKey, .equal, .createRevision(link.elected))]
+        var otherwise: [EtcdOperation] = [.range(key: link.electionKey)]
         if let cas = batch.first, let expected = cas.write.expected {
             let key = link.prefix + cas.write.key.bytes
-            compare = [expected == 0 ? .absent(key) : EtcdCompare(key: key, .equal, .modRevision(EtcdSequence.revision(of: expected)))]
-            otherwise = [.range(key: key)]
+            compare.append(expected == 0 ? .absent(key) : EtcdCompare(key: key, .equal, .modRevision(EtcdSequence.revision(of: expected))))
+            otherwise.append(.range(key: key))
         }
         do {
             guard !operations.isEmpty else { throw failed.first?.1 ?? JSONRPCError.internalError("nothing to write") }
             let transaction = try await link.client.transaction(when: compare, then: operations, else: otherwise)
             link.committed()
             guard transaction.succeeded else {
+                guard transaction.ranges.first?.keyValues.first?.createRevision == link.elected else {
+                    lostElection(link, why: "another kernel took its election key")
+                    throw link.closedWith!
+                }
                 // The key moved on since the copy this kernel checked against was made.
-                let current = transaction.ranges.first?.keyValues.first
+                let current = transaction.ranges.dropFirst().first?.keyValues.first
                 let revision = current.map { EtcdSequence.of(revision: $0.modRevision, place: EtcdStateRecord(decoding: $0.value, place: 0).place) } ?? 0
                 parts?.state.countConflict()
                 let write = batch[0].write
