@@ -1,0 +1,118 @@
+import Foundation
+import Synchronization
+
+/// One operation on a versioned register (a state key: its value and the sequence number of
+/// its last change), as a client saw it: what it asked, what it was answered, and when it
+/// asked and was answered. Checked by ``isLinearizable(_:)``.
+public struct RegisterOperation: Sendable, CustomStringConvertible {
+    public enum Call: Sendable, Equatable {
+        case read
+        case write(String)
+        /// Compare-and-set: write the value only if the register is at `expected` (0: absent).
+        case compareAndSet(expected: UInt64, String)
+    }
+
+    public enum Answer: Sendable, Equatable {
+        /// What a read found (nil value: absent, at sequence 0).
+        case read(String?, sequence: UInt64)
+        /// A write or compare-and-set made, with the register's new sequence.
+        case written(sequence: UInt64)
+        /// A compare-and-set refused: the register was at `sequence`.
+        case conflict(sequence: UInt64)
+        /// No answer, or one that does not say whether it was made (a time-out, an outcome
+        /// unknown): it may have taken effect at any time after it was asked.
+        case unknown
+    }
+
+    public var client: Int
+    public var call: Call
+    public var answer: Answer
+    /// Nanoseconds on one monotonic clock.
+    public var called: UInt64
+    public var answered: UInt64
+
+    public init(client: Int, call: Call, answer: Answer, called: UInt64, answered: UInt64) {
+        (self.client, self.call, self.answer, self.called, self.answered) = (client, call, answer, called, answered)
+    }
+
+    public var description: String { "client \(client): \(call) -> \(answer) [\(called)...\(answered)]" }
+}
+
+/// Clients' operations, recorded from several tasks.
+public final class RegisterHistory: Sendable {
+    private let operations = Mutex<[RegisterOperation]>([])
+    public init() {}
+
+    public func record(_ operation: RegisterOperation) { operations.withLock { $0.append(operation) } }
+    public var all: [RegisterOperation] { operations.withLock { $0 } }
+}
+
+/// Whether `history` is linearizable for a register with compare-and-set (Wing and Gong's
+/// search, with Lowe's memo of states already tried): some order of the operations that
+/// keeps every operation answered before another was asked before it, in which each
+/// answer is what the register gives at that point. An operation with an unknown answer
+/// may appear anywhere after it was asked, or not at all; the sequence it would have made
+/// is then unknown until a read says it.
+public func isLinearizable(_ history: [RegisterOperation]) -> Bool {
+    struct State: Hashable {
+        var value: String?
+        /// Nil: written by an operation whose answer was lost, its sequence not read yet.
+        var sequence: UInt64?
+    }
+    let operations = history.sorted { $0.called < $1.called }
+    let count = operations.count
+    let never = UInt64.max
+    let returns = operations.map { $0.answer == .unknown ? never : $0.answered }
+
+    /// The register after `operation` from `state`, nil when its answer is impossible there.
+    func step(_ state: State, _ operation: RegisterOperation) -> State? {
+        switch (operation.call, operation.answer) {
+        case (.read, .read(let value, let sequence)):
+            guard state.value == value, state.sequence == nil || state.sequence == sequence else { return nil }
+            return State(value: value, sequence: sequence)
+        case (.read, _):
+            return state
+        case (.write(let value), .written(let sequence)):
+            if let current = state.sequence, sequence <= current { return nil }
+            return State(value: value, sequence: sequence)
+        case (.write(let value), _):
+            return State(value: value, sequence: nil)
+        case (.compareAndSet(let expected, let value), .written(let sequence)):
+            guard state.sequence == nil || state.sequence == expected else { return nil }
+            if let current = state.sequence, sequence <= current { return nil }
+            return State(value: value, sequence: sequence)
+        case (.compareAndSet(let expected, _), .conflict(let sequence)):
+            guard state.sequence == nil || (state.sequence != expected && state.sequence == sequence) else { return nil }
+            return State(value: state.value, sequence: sequence)
+        case (.compareAndSet(let expected, let value), _):
+            guard state.sequence == nil || state.sequence == expected else { return state }
+            return State(value: value, sequence: nil)
+        }
+    }
+
+    struct Visit: Hashable {
+        var done: [UInt64]
+        var state: State
+    }
+    var visited = Set<Visit>()
+    var done = [UInt64](repeating: 0, count: (count + 63) / 64)
+    func isDone(_ index: Int) -> Bool { done[index / 64] & (1 << UInt64(index % 64)) != 0 }
+    func flip(_ index: Int) { done[index / 64] ^= 1 << UInt64(index % 64) }
+
+    func search(_ state: State, remaining: Int) -> Bool {
+        // Every answered operation placed: those with unknown answers may not have happened.
+        if (0..<count).allSatisfy({ isDone($0) || returns[$0] == never }) { return true }
+        guard visited.insert(Visit(done: done, state: state)).inserted else { return false }
+        // The next to take effect is one asked before every operation not yet placed was answered.
+        var earliestReturn = never
+        for index in 0..<count where !isDone(index) { earliestReturn = min(earliestReturn, returns[index]) }
+        for index in 0..<count where !isDone(index) && operations[index].called < earliestReturn {
+            guard let next = step(state, operations[index]) else { continue }
+            flip(index)
+            if search(next, remaining: remaining - 1) { return true }
+            flip(index)
+        }
+        return false
+    }
+    return search(State(value: nil, sequence: 0), remaining: count)
+}

@@ -1,0 +1,151 @@
+import BusKit
+import BusProtocol
+import Contracts
+import Etcd
+import Foundation
+import Kernel
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+/// The checker itself, on histories whose answer is known.
+@Suite("linearizability of a register with compare-and-set: the checker")
+struct LinearizabilityCheckerTests {
+    func op(_ client: Int, _ call: RegisterOperation.Call, _ answer: RegisterOperation.Answer, _ called: UInt64, _ answered: UInt64) -> RegisterOperation {
+        RegisterOperation(client: client, call: call, answer: answer, called: called, answered: answered)
+    }
+
+    @Test("linearizable: overlapping operations in either order, a lost answer that did or did not happen")
+    func linearizable() {
+        #expect(isLinearizable([
+            op(0, .write("a"), .written(sequence: 10), 0, 10),
+            op(1, .read, .read("a", sequence: 10), 11, 12),
+            // Overlapping: the read may see the write or not.
+            op(0, .write("b"), .written(sequence: 20), 13, 30),
+            op(1, .read, .read("a", sequence: 10), 14, 15),
+            op(1, .read, .read("b", sequence: 20), 31, 32),
+            op(2, .compareAndSet(expected: 20, "c"), .written(sequence: 30), 33, 40),
+            op(1, .compareAndSet(expected: 20, "d"), .conflict(sequence: 30), 41, 42),
+        ]))
+        // A write whose answer was lost: a later read says it happened, and with which sequence.
+        #expect(isLinearizable([
+            op(0, .write("a"), .unknown, 0, 5),
+            op(1, .read, .read("a", sequence: 7), 6, 8),
+            op(1, .compareAndSet(expected: 7, "b"), .written(sequence: 9), 9, 10),
+        ]))
+        #expect(isLinearizable([op(0, .write("a"), .unknown, 0, 5), op(1, .read, .read(nil, sequence: 0), 6, 8)]))
+    }
+
+    @Test("not linearizable: a read of an older value after a write was answered; two compare-and-sets won at one sequence; a sequence that goes back")
+    func notLinearizable() {
+        #expect(!isLinearizable([
+            op(0, .write("a"), .written(sequence: 10), 0, 1),
+            op(0, .write("b"), .written(sequence: 20), 2, 3),
+            op(1, .read, .read("a", sequence: 10), 4, 5),
+        ]))
+        #expect(!isLinearizable([
+            op(0, .write("a"), .written(sequence: 10), 0, 1),
+            op(1, .compareAndSet(expected: 10, "b"), .written(sequence: 20), 2, 5),
+            op(2, .compareAndSet(expected: 10, "c"), .written(sequence: 30), 2, 5),
+        ]))
+        #expect(!isLinearizable([
+            op(0, .write("a"), .written(sequence: 10), 0, 1),
+            op(0, .write("b"), .written(sequence: 5), 2, 3),
+        ]))
+    }
+}
+
+/// The kernel on a three-member etcd: clients' reads, writes and compare-and-sets of one key,
+/// the etcd leader killed under them.
+@Suite(.serialized, .enabled(if: TestEtcd.available, "needs etcd-server (Scripts/bootstrap --tests installs it)"))
+struct EtcdLinearizabilityTests {
+    static let key = "/client/register"
+
+    /// Which member leads (`etcdctl endpoint status`): its index in the cluster's members.
+    func leader(of cluster: TestEtcd) async throws -> Int {
+        let status = try await runCommand(URL(fileURLWithPath: "/usr/bin/etcdctl"),
+                                          ["endpoint", "status", "-w", "json", "--endpoints", cluster.clientURLs.joined(separator: ",")],
+                                          environment: ["ETCDCTL_API": "3"])
+        let members = try JSONValue(parsing: Array(status.stdout.utf8)).arrayValue ?? []
+        let index = members.firstIndex { $0["Status"]?["header"]?["member_id"] == $0["Status"]?["leader"] }
+        return try #require(index, "no leader in \(status)")
+    }
+
+    @Test("writes, compare-and-sets and reads of one key by four clients, the etcd leader killed under them: linearizable; every acknowledged write published once, in order")
+    func leaderKilledUnderLoad() async throws {
+        let cluster = try await TestEtcd.start(members: 3)
+        defer { cluster.stop() }
+        let kernel = try await EtcdStateTests.kernel(on: cluster)
+        let state = StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, collector: kernel.endpoints.collector)
+        let follower = try await BusClient(brokers: [kernel.endpoints.broker], state: [state])
+        let subscription = try await follower.subscribe(prefixes: [Self.key])
+        let history = RegisterHistory()
+        let leader = try await leader(of: cluster), broker = kernel.endpoints.broker
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for client in 0..<4 {
+                group.addTask {
+                    let bus = try await BusClient(brokers: [broker], timeout: .seconds(10))
+                    // The register's sequence as this client last knew it: what its compare-and-sets expect.
+                    var lastRead: UInt64 = 0
+                    for n in 0..<40 {
+                        if client == 0 && n == 15 { cluster.kill(leader) }
+                        let value = "\(client)-\(n)"
+                        let call: RegisterOperation.Call = switch n % 3 {
+                        case 0: .read
+                        case 1: .write(value)
+                        default: .compareAndSet(expected: lastRead, value)
+                        }
+                        let called = monotonicNanoseconds()
+                        var answer = RegisterOperation.Answer.unknown
+                        do {
+                            switch call {
+                            case .read:
+                                let page = try await bus.call(KernelAPI.stateGet, .init(prefix: Self.key))
+                                let entry = page.entries.first { $0.key == Self.key }
+                                answer = .read(entry?.value.stringValue, sequence: entry?.sequence ?? 0)
+                                lastRead = entry?.sequence ?? 0
+                            case .write(let value):
+                                lastRead = try await bus.publish(key: Self.key, value: .string(value))
+                                answer = .written(sequence: lastRead)
+                            case .compareAndSet(let expected, let value):
+                                answer = .written(sequence: try await bus.publish(key: Self.key, value: .string(value), revision: expected))
+                            }
+                        } catch let BusError.remote(_, error) where error.code == JSONRPCError.conflictCode {
+                            answer = .conflict(sequence: UInt64(error.data?["revision"]?.intValue ?? -1))
+                        } catch {
+                            // Unanswered while etcd chose a leader: it may or may not have been made.
+                            answer = .unknown
+                        }
+                        history.record(RegisterOperation(client: client, call: call, answer: answer, called: called, answered: monotonicNanoseconds()))
+                    }
+                    await bus.close()
+                }
+            }
+            try await group.waitForAll()
+        }
+        let operations = history.all
+        let unknown = operations.filter { $0.answer == .unknown }.count
+        #expect(unknown <= 8, "only operations in flight while etcd chose a leader may go unanswered: \(unknown)")
+        #expect(isLinearizable(operations), "\(operations.sorted { $0.called < $1.called })")
+
+        // The subscriber saw every acknowledged write once, in order.
+        let acknowledged = Set(operations.compactMap { operation -> UInt64? in
+            if case .written(let sequence) = operation.answer { sequence } else { nil }
+        })
+        let published = try await within(30, "every acknowledged write published") {
+            var published: [UInt64] = []
+            for try await event in subscription {
+                guard case .update(let update) = event, !update.fromSnapshot else { continue }
+                published.append(update.sequence)
+                if acknowledged.isSubset(of: Set(published)) { break }
+            }
+            return published
+        }
+        #expect(acknowledged.isSubset(of: Set(published)))
+        #expect(published == published.sorted() && Set(published).count == published.count, "each change once, in order")
+        await subscription.cancel()
+        await follower.close()
+        await kernel.stop()
+    }
+}
