@@ -218,34 +218,40 @@ struct EtcdStateTests {
         }
     }
 
-    @Test("one writer per state: a second kernel on the same etcd waits for the first to go, then serves the same state")
+    @Test("one writer per state: a second kernel on the same etcd waits for the first to go, then serves the same state; a client given both moves across")
     func oneWriter() async throws {
         let cluster = try await TestEtcd.start()
         defer { cluster.stop() }
         let first = try await Self.kernel(on: cluster)
-        let bus = try await BusClient(brokers: [first.endpoints.broker], timeout: .seconds(20))
+        // The second kernel's endpoints, known before it binds them.
+        let ports = (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" }
+        let bus = try await BusClient(brokers: [first.endpoints.broker, ports[0]], timeout: .seconds(30))
         let written = try await set(bus, "/pricing/route", "LHR-JFK")
         let secondStarted = Mutex(false)
         let second = Task {
-            let kernel = try await Self.kernel(on: cluster)
+            let kernel = try await Self.kernel(on: cluster) { configuration in
+                (configuration.brokerEndpoint, configuration.snapshotEndpoint) = (ports[0], ports[1])
+                (configuration.publisherEndpoint, configuration.collectorEndpoint) = (ports[2], ports[3])
+            }
             secondStarted.withLock { $0 = true }
             return kernel
         }
         // The first still writes, and holds the election, while the second waits.
-        #expect(try await set(bus, "/pricing/route", "CDG-SFO", revision: written) > written)
+        let moved = try await set(bus, "/pricing/route", "CDG-SFO", revision: written)
+        #expect(moved > written)
         let etcd = try EtcdClient(endpoints: cluster.clientURLs)
         let holder = try await etcd.range(Array((Self.prefix + ".active").utf8)).keyValues.first
         #expect(holder?.valueString == first.kernel.instance)
         #expect(secondStarted.withLock { $0 } == false)
-        await bus.close()
         await first.stop()
 
-        // Stopped, the first let its election go: the second takes it at once.
+        // Stopped, the first let its election go: the second takes it at once, and the
+        // client's next write reaches it.
+        #expect(try await set(bus, "/pricing/route", "AMS-NRT", revision: moved) > moved)
         let taken = try await within(30, "the second kernel started") { try await second.value }
-        let client = try await BusClient(brokers: [taken.endpoints.broker], timeout: .seconds(20))
-        #expect(try await entries(client, "/pricing/")["/pricing/route"]?.value == "CDG-SFO")
+        #expect(try await entries(bus, "/pricing/")["/pricing/route"]?.value == "AMS-NRT")
         #expect(try await etcd.range(Array((Self.prefix + ".active").utf8)).keyValues.first?.valueString == taken.kernel.instance)
-        await client.close()
+        await bus.close()
         await taken.stop()
         await etcd.close()
     }
