@@ -184,6 +184,26 @@ struct EtcdStateTests {
         }
     }
 
+    @Test("a client's quota holds on etcd though its writes come faster than etcd takes them: writes in flight count")
+    func quotaCountsWritesInFlight() async throws {
+        let cluster = try await TestEtcd.start()
+        defer { cluster.stop() }
+        let kernel = try await Self.kernel(on: cluster) { $0.clientStateMaxKeys = 3 }
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        let etcd = try EtcdClient(endpoints: cluster.clientURLs)
+        // Ten writes at once: the kernel admits them all before etcd has answered one.
+        let outcomes = await withTaskGroup(of: Bool.self) { group in
+            for n in 0..<10 { group.addTask { (try? await bus.publish(key: "/client/quota/\(n)", value: .int(Int64(n)))) != nil } }
+            return await group.reduce(into: [Bool]()) { $0.append($1) }
+        }
+        #expect(outcomes.filter { $0 }.count == 3)
+        #expect(try await etcd.range(prefix: Array((Self.prefix + "/client/quota/").utf8)).keyValues.count == 3)
+        #expect(try await bus.call(KernelAPI.stats).state.refusedOverLimit == 7)
+        await etcd.close()
+        await bus.close()
+        await kernel.stop()
+    }
+
     @Test("a TTL on etcd is a lease: the key goes when it runs out, and the deletion is published")
     func ttlIsALease() async throws {
         try await withKernelOnEtcd { _, kernel, bus, etcd in

@@ -252,10 +252,14 @@ final class EtcdStateLink {
     func committed() { transactions += 1 }
     func failed(_ count: Int) { failedWrites += count }
 
-    /// Ends every wait with `error` (the kernel stops, or the copy cannot follow etcd).
-    func failAll(_ error: JSONRPCError) {
+    /// Ends every wait with `error` (the kernel stops, or the copy cannot follow etcd); the
+    /// writes that were queued, each given to `settled`.
+    func failAll(_ error: JSONRPCError, settled: (DurableWrite) -> Void = { _ in }) {
         closedWith = error
-        for pending in queue { pending.done?.resume(throwing: error) }
+        for pending in queue {
+            settled(pending.write)
+            pending.done?.resume(throwing: error)
+        }
         queue.removeAll()
         queuedBytes = 0
         for done in awaited.values { done.resume(throwing: error) }
@@ -386,7 +390,8 @@ extension Kernel {
                     // The copy can no longer follow: a kernel restarted reads the state again.
                     logger.critical("etcd compacted the revisions the kernel's copy of the state needs: restart the kernel to read it again",
                                     metadata: ["from": "\(link.lastRevision + 1)", "compacted": "\(revision)"])
-                    link.failAll(JSONRPCError(code: JSONRPCError.storageFailedCode, message: "Storage failed: the kernel's copy of the state cannot follow etcd (compacted at \(revision))"))
+                    link.failAll(JSONRPCError(code: JSONRPCError.storageFailedCode, message: "Storage failed: the kernel's copy of the state cannot follow etcd (compacted at \(revision))"),
+                                 settled: { parts.state.settled($0) })
                     return
                 }
             }
@@ -441,7 +446,8 @@ extension Kernel {
         let election = String(decoding: link.electionKey, as: UTF8.self)
         logger.critical("this kernel no longer writes the state: \(why); restart it to stand for \(election) again")
         link.failAll(JSONRPCError(code: JSONRPCError.notActiveCode,
-                                  message: "Not active: this kernel no longer writes the state (\(why)); another kernel may hold \(election)"))
+                                  message: "Not active: this kernel no longer writes the state (\(why)); another kernel may hold \(election)"),
+                     settled: { parts?.state.settled($0) })
     }
 
     /// A write admitted by the state server, made in etcd; its sequence number once the copy
@@ -450,6 +456,7 @@ extension Kernel {
         guard let parts, let link = parts.etcd else { throw JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping") }
         return try await withCheckedThrowingContinuation { done in
             guard link.enqueue(EtcdStateLink.Pending(write: write, done: done)) else {
+                parts.state.settled(write)
                 if let closed = link.closedWith { return done.resume(throwing: closed) }
                 return done.resume(throwing: JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
                                                           message: "Unavailable: \(link.queue.count) state writes are waiting for etcd, the most the kernel keeps; try again"))
@@ -486,7 +493,10 @@ extension Kernel {
             for pending in batch { pending.done?.resume(throwing: JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping")) }
             return
         }
-        defer { link.finished(batch) }
+        defer {
+            link.finished(batch)
+            for pending in batch { parts?.state.settled(pending.write) }
+        }
         var puts: [(pending: EtcdStateLink.Pending, key: [UInt8])] = [], deletes: [(pending: EtcdStateLink.Pending, key: [UInt8])] = []
         var operations: [EtcdOperation] = []
         var failed: [(EtcdStateLink.Pending, any Error)] = []

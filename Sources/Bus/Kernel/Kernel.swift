@@ -81,8 +81,9 @@ public actor Kernel: BusService {
         case .starting: throw ZMQError(call: "start(a kernel already starting)", code: EALREADY)
         case .idle: break
         }
-        let parts = KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger)
-        guard let settings = configuration.stateEtcd else { return try bind(parts) }
+        guard let settings = configuration.stateEtcd else {
+            return try bind(KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger))
+        }
         guard configuration.pair == nil else {
             phase = .stopped
             throw ZMQError(call: "start(a pair with kernel.state.backend: etcd: not supported yet; run one kernel on etcd)", code: EINVAL)
@@ -91,13 +92,12 @@ public actor Kernel: BusService {
         do {
             let link = try await Self.connectState(settings, instance: instance, logger: logger)
             do {
+                let parts = KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger, etcd: link)
                 try await readState(into: parts.state, from: link)
                 guard case .starting = phase else { throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF) }
                 phase = .idle
-                parts.etcd = link
                 return try bind(parts)
             } catch {
-                parts.etcd = nil
                 await closeState(link)
                 throw error
             }
@@ -255,10 +255,7 @@ public actor Kernel: BusService {
         phase = .stopped
         table = nil
         parts.close()
-        if let link = parts.etcd {
-            parts.etcd = nil
-            await closeState(link)
-        }
+        if let link = parts.etcd { await closeState(link) }
         logger.info("kernel stopped")
         await loop.shutdown()
     }

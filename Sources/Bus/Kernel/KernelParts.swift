@@ -74,8 +74,8 @@ final class KernelParts {
     let state: StateServer
     let pair: PairLink?
     let zap: ZAPHandler?
-    /// Where the state's changes are made when etcd keeps it (set before serving).
-    var etcd: EtcdStateLink?
+    /// Where the state's changes are made when etcd keeps it.
+    let etcd: EtcdStateLink?
     let clock: any NanosecondClock
     private let configuration: KernelConfiguration
     /// Answers the `kernel` service's requests (the kernel owns these parts).
@@ -99,8 +99,10 @@ final class KernelParts {
         }
     }
 
-    init(kernel: Kernel, configuration: KernelConfiguration, instance: String, clock: any NanosecondClock, logger: Logger) {
+    init(kernel: Kernel, configuration: KernelConfiguration, instance: String, clock: any NanosecondClock, logger: Logger,
+         etcd: EtcdStateLink? = nil) {
         self.kernel = kernel
+        self.etcd = etcd
         self.configuration = configuration
         self.clock = clock
         let state = StateServer(configuration: configuration, logger: logger)
@@ -228,7 +230,7 @@ final class KernelParts {
         } while !broker.events.isEmpty || !(pair?.events.isEmpty ?? true) || !broker.outbox.isEmpty
         if let etcd, !state.durableWrites.isEmpty {
             let dropped = etcd.droppedWrites
-            for write in state.durableWrites { _ = etcd.enqueue(EtcdStateLink.Pending(write: write, done: nil)) }
+            for write in state.durableWrites where !etcd.enqueue(EtcdStateLink.Pending(write: write, done: nil)) { state.settled(write) }
             state.durableWrites.removeAll(keepingCapacity: true)
             // The first drop and then one in 10,000: a flood does not flood the log.
             if etcd.droppedWrites > dropped, dropped % 10_000 == 0 {

@@ -20,6 +20,10 @@ struct DurableWrite: Sendable {
     var owner: String?
     /// One of the kernel's own keys (`/kernel/`): kept only as long as the kernel is there.
     var kernelOwn: Bool
+    /// What it counts against the limits until etcd has answered (``StateServer/settled(_:)``):
+    /// a key (when it was not held) and its bytes.
+    var countedKeys = 0
+    var countedBytes = 0
 }
 
 /// The Clustered Hashmap server (12/CHP): a sequenced key-value map with snapshots,
@@ -129,6 +133,11 @@ final class StateServer: PairReplica {
     /// Durable mode: the changes admitted with no one waiting for an answer (the collector's,
     /// the kernel's own keys), taken after each call as the outboxes are.
     var durableWrites: [DurableWrite] = []
+    /// Durable mode: what the writes admitted and not yet answered by etcd count against the
+    /// limits, as if made (a key not held as a new one, its bytes added), so that writing
+    /// faster than etcd takes the writes does not pass a limit.
+    private var pending = (keys: 0, bytes: 0)
+    private var pendingByOwner: [String: (keys: Int, bytes: Int)] = [:]
 
     init(configuration: KernelConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -214,7 +223,8 @@ final class StateServer: PairReplica {
                 }
             }
             if durable {
-                return .success(.toCommit(DurableWrite(key: key, value: value, ttl: ttl, expected: expected, uuid: uuid, owner: quota?.owner, kernelOwn: false)))
+                return .success(.toCommit(counted(DurableWrite(key: key, value: value, ttl: ttl, expected: expected, uuid: uuid, owner: quota?.owner, kernelOwn: false),
+                                                  new: index == nil)))
             }
             return .success(.made(apply(key, at: index, value: value, isJSON: true, ttl: ttl, uuid: uuid,
                                         properties: Frame(ttl?.property ?? ""), quota: quota, now: now)))
@@ -223,6 +233,32 @@ final class StateServer: PairReplica {
 
     /// Durable mode: a compare-and-set etcd refused (the key had moved on there).
     func countConflict() { refusedConflict += 1 }
+
+    /// Durable mode: `write` counted against the limits from now until it is settled.
+    private func counted(_ write: DurableWrite, new: Bool) -> DurableWrite {
+        var write = write
+        guard !write.value.isEmpty else { return write }
+        (write.countedKeys, write.countedBytes) = (new ? 1 : 0, write.key.count + write.value.count)
+        pending.keys += write.countedKeys
+        pending.bytes += write.countedBytes
+        if let owner = write.owner {
+            let held = pendingByOwner[owner] ?? (0, 0)
+            pendingByOwner[owner] = (held.keys + write.countedKeys, held.bytes + write.countedBytes)
+        }
+        return write
+    }
+
+    /// Durable mode: etcd answered `write` (made or not), or it was dropped: it no longer
+    /// counts as pending (made, it counts as held once the watch brings it).
+    func settled(_ write: DurableWrite) {
+        guard write.countedKeys + write.countedBytes > 0 else { return }
+        pending.keys -= write.countedKeys
+        pending.bytes -= write.countedBytes
+        if let owner = write.owner, let held = pendingByOwner[owner] {
+            let left = (held.keys - write.countedKeys, held.bytes - write.countedBytes)
+            pendingByOwner[owner] = left.0 == 0 && left.1 == 0 ? nil : left
+        }
+    }
 
     /// -32004: the key is not at the revision the writer read.
     static func conflict(_ key: String, revision: UInt64, expected: UInt64) -> JSONRPCError {
@@ -248,7 +284,9 @@ final class StateServer: PairReplica {
         // The held entry's size and quota only, read in place: a copy of the entry retains its frames.
         let held = index.map { readInPlace($0) { ($0.size, $0.quota) } }
         let oldSize = held?.0, oldQuota = held?.1
-        let keys = entries.count + (oldSize == nil ? 1 : 0), bytes = totalBytes - (oldSize ?? 0) + size
+        // In memory nothing is pending: the counts are not read at all there.
+        let waiting = durable ? pending : (keys: 0, bytes: 0)
+        let keys = entries.count + waiting.keys + (oldSize == nil ? 1 : 0), bytes = totalBytes + waiting.bytes - (oldSize ?? 0) + size
         var refusal: String?
         if size > configuration.stateMaxValueBytes {
             refusal = "the key and value are \(size) bytes, over the limit (kernel.state_max_value_bytes) of \(configuration.stateMaxValueBytes)"
@@ -258,7 +296,8 @@ final class StateServer: PairReplica {
             refusal = "the state would hold \(bytes) bytes, over the limit (kernel.state_max_bytes) of \(configuration.stateMaxBytes)"
         } else if let quota {
             let same = oldQuota === quota
-            let ownerKeys = quota.keys + (same ? 0 : 1), ownerBytes = quota.bytes + size - (same ? oldSize! : 0)
+            let owed = durable ? pendingByOwner[quota.owner] ?? (0, 0) : (0, 0)
+            let ownerKeys = quota.keys + owed.0 + (same ? 0 : 1), ownerBytes = quota.bytes + owed.1 + size - (same ? oldSize! : 0)
             if ownerKeys > configuration.clientStateMaxKeys {
                 refusal = "this client holds \(quota.keys) keys under \(access.writablePrefixes.joined(separator: ", ")), the limit (kernel.client_state_max_keys)"
             } else if ownerBytes > configuration.clientStateMaxBytes {
@@ -456,10 +495,12 @@ final class StateServer: PairReplica {
                 logger.warning("refused KVSET", metadata: ["key": "\(key)", "reason": "\(error.message)",
                                                            "refused": "\(refusedForbidden + refusedOverLimit)"])
             }
-        case .allowed(let quota) where durable:
-            durableWrites.append(DurableWrite(key: key, value: value, ttl: ttl, expected: nil, uuid: parts.keepableFrame(2), owner: quota?.owner,
-                                              kernelOwn: false))
         case .allowed(let quota):
+            if durable {
+                durableWrites.append(counted(DurableWrite(key: key, value: value, ttl: ttl, expected: nil, uuid: parts.keepableFrame(2), owner: quota?.owner,
+                                                          kernelOwn: false), new: index == nil))
+                return
+            }
             _ = apply(key, at: index, value: value, isJSON: Self.isJSON(value), ttl: ttl, uuid: parts.frame(2), properties: parts.frame(3),
                       quota: quota, now: now)
         }
