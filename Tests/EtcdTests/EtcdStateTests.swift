@@ -302,6 +302,45 @@ struct EtcdStateTests {
         }
     }
 
+    @Test("cut off from etcd while the revisions it missed were compacted: back, the kernel's copy catches up and its subscribers see it; writes go on")
+    func catchesUpPastCompaction() async throws {
+        let cluster = try await TestEtcd.start(members: 3)
+        defer { cluster.stop() }
+        // The kernel knows one member: that member gone, it is cut off.
+        let kernel = try await Self.kernel(on: cluster) { $0.stateEtcd?.endpoints = [cluster.clientURLs[0]] }
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
+        let state = StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, collector: kernel.endpoints.collector)
+        let follower = try await BusClient(brokers: [kernel.endpoints.broker], state: [state])
+        _ = try await set(bus, "/pricing/kept", 1)
+        _ = try await set(bus, "/pricing/gone", 2)
+        let subscription = try await follower.subscribe(prefixes: ["/pricing/"])
+
+        cluster.kill(0)
+        let others = try EtcdClient(endpoints: Array(cluster.clientURLs.dropFirst()))
+        _ = try await others.put(Array((Self.prefix + "/pricing/new").utf8), Array("3".utf8))
+        _ = try await others.delete(Array((Self.prefix + "/pricing/gone").utf8))
+        try await others.compact(to: try await others.put(Array((Self.prefix + "/pricing/last").utf8), Array("4".utf8)))
+        try await cluster.restart(0)
+
+        let seen = try await within(60, "the subscriber saw the copy catch up") {
+            var view: [String: JSONValue] = [:]
+            for try await event in subscription {
+                guard case .update(let update) = event else { continue }
+                if update.isDelete { view[update.key] = nil } else { view[update.key] = update.json ?? .null }
+                if view["/pricing/last"] == 4, view["/pricing/new"] == 3, view["/pricing/gone"] == nil, !update.fromSnapshot { break }
+            }
+            return view
+        }
+        #expect(seen == ["/pricing/kept": 1, "/pricing/new": 3, "/pricing/last": 4])
+        #expect(try await entries(bus, "/pricing/").keys.sorted() == ["/pricing/kept", "/pricing/last", "/pricing/new"])
+        #expect(try await set(bus, "/pricing/after", 5) > 0)
+        await subscription.cancel()
+        await others.close()
+        await follower.close()
+        await bus.close()
+        await kernel.stop()
+    }
+
     @Test("a kernel whose etcd cannot be reached does not start, and says which etcd")
     func unreachableEtcd() async throws {
         var settings = EtcdStateSettings(endpoints: ["http://127.0.0.1:\(freePort())"])

@@ -156,7 +156,10 @@ final class EtcdStateLink {
     /// Transactions sent and not answered yet.
     var transactionsInFlight = 0
     /// Answers waiting for the watch to bring their change.
-    var awaited: [Awaited: CheckedContinuation<UInt64, any Error>] = [:]
+    var awaited: [Awaited: Pending] = [:]
+    /// The state server whose limits count the writes until they are settled
+    /// (``StateServer/settled(_:)``): made, answered otherwise, or dropped.
+    weak var state: StateServer?
     /// The revision of the last change applied, and how many of its changes were: the place
     /// of the next one of the same revision.
     var lastRevision: Int64
@@ -176,6 +179,13 @@ final class EtcdStateLink {
         reportedRevision = revision
         doorbell = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         requests = AsyncStream.makeStream(of: Request.self)
+    }
+
+    /// The state's entry that etcd's `kv` holds (its key without the prefix).
+    func entry(_ kv: EtcdKeyValue) -> ReplicatedEntry {
+        let record = EtcdStateRecord(decoding: kv.value, place: 0)
+        return ReplicatedEntry(key: Frame(kv.key.dropFirst(prefix.count)), sequence: EtcdSequence.of(revision: kv.modRevision, place: record.place),
+                               uuid: record.uuid, properties: record.properties, value: record.value, quotaOwner: record.owner, expiresIn: nil)
     }
 
     /// The state's changes, and the election's, from `revision` on.
@@ -229,40 +239,44 @@ final class EtcdStateLink {
     /// A change of `key` (etcd's key) the watch applied as `sequence`: answers whoever waits
     /// for it.
     func applied(_ key: [UInt8], revision: Int64, sequence: UInt64) {
-        if !awaited.isEmpty, let done = awaited.removeValue(forKey: Awaited(revision: revision, key: key)) {
-            done.resume(returning: sequence)
+        if !awaited.isEmpty, let pending = awaited.removeValue(forKey: Awaited(revision: revision, key: key)) {
+            state?.settled(pending.write)
+            pending.done?.resume(returning: sequence)
         } else if inFlight[key] != nil {
             inFlight[key]?.append((revision, sequence))
         }
     }
 
-    /// Answers `done` with the sequence of the change to `key` committed at `revision`, now if
-    /// the watch brought it already, else when it does.
-    func answer(_ done: CheckedContinuation<UInt64, any Error>?, key: [UInt8], revision: Int64) {
-        guard let done else { return }
+    /// Settles `pending`, committed at `revision` as a change to `key`, and answers it with the
+    /// change's sequence: now if the watch brought it already, else when it does (until then
+    /// it counts against the limits).
+    func answer(_ pending: Pending, key: [UInt8], revision: Int64) {
         if let closedWith {
-            done.resume(throwing: closedWith)
+            settle(pending, closedWith)
         } else if let seen = inFlight[key]?.first(where: { $0.revision == revision }) {
-            done.resume(returning: seen.sequence)
+            state?.settled(pending.write)
+            pending.done?.resume(returning: seen.sequence)
         } else {
-            awaited[Awaited(revision: revision, key: key)] = done
+            awaited[Awaited(revision: revision, key: key)] = pending
         }
+    }
+
+    /// Settles `pending` with `error`: it counts no more, and whoever waits is told.
+    func settle(_ pending: Pending, _ error: any Error) {
+        state?.settled(pending.write)
+        pending.done?.resume(throwing: error)
     }
 
     func committed() { transactions += 1 }
     func failed(_ count: Int) { failedWrites += count }
 
-    /// Ends every wait with `error` (the kernel stops, or the copy cannot follow etcd); the
-    /// writes that were queued, each given to `settled`.
-    func failAll(_ error: JSONRPCError, settled: (DurableWrite) -> Void = { _ in }) {
+    /// Settles every write waiting with `error` (the kernel stops, or lost its election).
+    func failAll(_ error: JSONRPCError) {
         closedWith = error
-        for pending in queue {
-            settled(pending.write)
-            pending.done?.resume(throwing: error)
-        }
+        for pending in queue { settle(pending, error) }
         queue.removeAll()
         queuedBytes = 0
-        for done in awaited.values { done.resume(throwing: error) }
+        for pending in awaited.values { settle(pending, error) }
         awaited.removeAll()
     }
 }
@@ -313,12 +327,7 @@ extension Kernel {
         let from = max(mark - Int64(configuration.stateHistoryChanges), 0)
         func load(at revision: Int64) async throws {
             let range = revision == 0 ? nil : try await link.client.range(prefix: link.statePrefix, revision: revision)
-            let entries = (range?.keyValues ?? []).map { kv in
-                let record = EtcdStateRecord(decoding: kv.value, place: 0)
-                return ReplicatedEntry(key: Frame(kv.key.dropFirst(link.prefix.count)), sequence: EtcdSequence.of(revision: kv.modRevision, place: record.place),
-                                       uuid: record.uuid, properties: record.properties, value: record.value, quotaOwner: record.owner, expiresIn: nil)
-            }
-            state.install(entries, sequence: EtcdSequence.end(of: revision), now: clock.now)
+            state.install((range?.keyValues ?? []).map(link.entry), sequence: EtcdSequence.end(of: revision), now: clock.now)
             (link.lastRevision, link.placesApplied) = (revision, 0)
         }
         do {
@@ -373,31 +382,74 @@ extension Kernel {
         parts.flush()
     }
 
-    /// Applies every change etcd's watch brings, from the revision after the one read.
+    /// Applies every change etcd's watch brings, from the revision after the one read, for as
+    /// long as the kernel serves: a watch that fails (no member answered for a while) is made
+    /// again from where the copy is, and one whose revisions were compacted away first makes
+    /// the copy catch up (``catchUp(_:)``).
     private func followEtcd() async {
         guard let link = parts?.etcd else { return }
-        do {
-            for try await update in link.watch(from: link.lastRevision + 1) {
-                guard let parts, parts.etcd === link else { return }
-                switch update {
-                case .events(let events, let revision):
-                    apply(events, from: link, to: parts.state)
-                    link.reportedRevision = max(link.reportedRevision, revision)
-                    parts.flush()
-                case .progress(let revision):
-                    link.reportedRevision = max(link.reportedRevision, revision)
-                case .compacted(let revision):
-                    // The copy can no longer follow: a kernel restarted reads the state again.
-                    logger.critical("etcd compacted the revisions the kernel's copy of the state needs: restart the kernel to read it again",
-                                    metadata: ["from": "\(link.lastRevision + 1)", "compacted": "\(revision)"])
-                    link.failAll(JSONRPCError(code: JSONRPCError.storageFailedCode, message: "Storage failed: the kernel's copy of the state cannot follow etcd (compacted at \(revision))"),
-                                 settled: { parts.state.settled($0) })
-                    return
+        while !Task.isCancelled, parts?.etcd === link {
+            do {
+                for try await update in link.watch(from: link.lastRevision + 1) {
+                    guard let parts, parts.etcd === link else { return }
+                    switch update {
+                    case .events(let events, let revision):
+                        apply(events, from: link, to: parts.state)
+                        link.reportedRevision = max(link.reportedRevision, revision)
+                        parts.flush()
+                    case .progress(let revision):
+                        link.reportedRevision = max(link.reportedRevision, revision)
+                    case .compacted(let revision):
+                        logger.warning("etcd compacted revisions the kernel's copy of the state had not read: it reads the state as it is",
+                                       metadata: ["from": "\(link.lastRevision + 1)", "compacted": "\(revision)"])
+                        try await catchUp(link)
+                    }
                 }
+            } catch {
+                if Task.isCancelled { return }
+                logger.error("the watch of the state in etcd failed: watching again", metadata: ["error": "\(error)"])
+                try? await Task.sleep(for: .seconds(1))
             }
-        } catch {
-            if !Task.isCancelled { logger.error("the watch of the state in etcd ended", metadata: ["error": "\(error)"]) }
         }
+    }
+
+    /// Makes the copy what etcd holds now, when the changes since the copy's revision are no
+    /// longer in etcd: each key changed meanwhile is applied with its sequence, and each key
+    /// gone is deleted (numbered at the end of the revision read, after its changes), all
+    /// published, so subscribers following this kernel see the state as it is. The history
+    /// starts again: a subscriber resuming from before gets the whole snapshot.
+    private func catchUp(_ link: EtcdStateLink) async throws {
+        let range = try await link.client.range(prefix: link.statePrefix)
+        guard let parts, parts.etcd === link else { return }
+        let state = parts.state, now = clock.now
+        let current = Dictionary(range.keyValues.map { let entry = link.entry($0); return (entry.key, entry) }, uniquingKeysWith: { $1 })
+        let changed = current.values.filter { state.entries[$0.key]?.sequence != $0.sequence }.sorted { $0.sequence < $1.sequence }
+        let gone = state.entries.keys.filter { current[$0] == nil }.sorted { $0.precedes($1) }
+        // The deletions take the numbers at the end of the revision read, which its own changes
+        // (at most a batch) never reach.
+        let room = Int(EtcdSequence.perRevision) - EtcdStateLink.maxBatchOperations
+        if gone.count <= room {
+            for entry in changed { _ = state.applyCommitted(entry, now: now) }
+            let firstDeletion = EtcdSequence.end(of: range.revision) + 1 - UInt64(gone.count)
+            for (index, key) in gone.enumerated() {
+                _ = state.applyCommitted(ReplicatedEntry(key: key, sequence: firstDeletion + UInt64(index), uuid: Frame(), properties: Frame(), value: Frame(),
+                                                         quotaOwner: nil, expiresIn: nil), now: now)
+            }
+            state.restartHistory()
+        } else {
+            logger.error("more keys went meanwhile than can be numbered: the copy is replaced without publishing; subscribers of this kernel must resubscribe",
+                         metadata: ["gone": "\(gone.count)"])
+            state.install(Array(current.values), sequence: EtcdSequence.end(of: range.revision), now: now)
+        }
+        (link.lastRevision, link.placesApplied) = (range.revision, Int(EtcdSequence.perRevision))
+        link.reportedRevision = max(link.reportedRevision, range.revision)
+        // Writes committed in the revisions compacted away: the watch will not bring them.
+        for (awaited, pending) in link.awaited where awaited.revision <= range.revision {
+            link.awaited[awaited] = nil
+            state.settled(pending.write)
+            pending.done?.resume(returning: state.entries[Frame(awaited.key.dropFirst(link.prefix.count))]?.sequence ?? state.sequence)
+        }
+        parts.flush()
     }
 
     /// Makes the changes the watch brought in `state`, each with its sequence number (the
@@ -446,8 +498,7 @@ extension Kernel {
         let election = String(decoding: link.electionKey, as: UTF8.self)
         logger.critical("this kernel no longer writes the state: \(why); restart it to stand for \(election) again")
         link.failAll(JSONRPCError(code: JSONRPCError.notActiveCode,
-                                  message: "Not active: this kernel no longer writes the state (\(why)); another kernel may hold \(election)"),
-                     settled: { parts?.state.settled($0) })
+                                  message: "Not active: this kernel no longer writes the state (\(why)); another kernel may hold \(election)"))
     }
 
     /// A write admitted by the state server, made in etcd; its sequence number once the copy
@@ -493,10 +544,7 @@ extension Kernel {
             for pending in batch { pending.done?.resume(throwing: JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping")) }
             return
         }
-        defer {
-            link.finished(batch)
-            for pending in batch { parts?.state.settled(pending.write) }
-        }
+        defer { link.finished(batch) }
         var puts: [(pending: EtcdStateLink.Pending, key: [UInt8])] = [], deletes: [(pending: EtcdStateLink.Pending, key: [UInt8])] = []
         var operations: [EtcdOperation] = []
         var failed: [(EtcdStateLink.Pending, any Error)] = []
@@ -545,16 +593,17 @@ extension Kernel {
                 let revision = current.map { EtcdSequence.of(revision: $0.modRevision, place: EtcdStateRecord(decoding: $0.value, place: 0).place) } ?? 0
                 parts?.state.countConflict()
                 let write = batch[0].write
-                batch[0].done?.resume(throwing: StateServer.conflict(write.key.string ?? "", revision: revision, expected: write.expected ?? 0))
+                link.settle(batch[0], StateServer.conflict(write.key.string ?? "", revision: revision, expected: write.expected ?? 0))
                 return
             }
-            for (pending, key) in puts { link.answer(pending.done, key: key, revision: transaction.revision) }
+            for (pending, key) in puts { link.answer(pending, key: key, revision: transaction.revision) }
             for (index, (pending, key)) in deletes.enumerated() {
                 if index < transaction.deleted.count, transaction.deleted[index] == 0 {
                     // Nothing to delete: nothing changed, the copy is where it is.
+                    link.state?.settled(pending.write)
                     pending.done?.resume(returning: parts?.state.sequence ?? 0)
                 } else {
-                    link.answer(pending.done, key: key, revision: transaction.revision)
+                    link.answer(pending, key: key, revision: transaction.revision)
                 }
             }
         } catch {
@@ -563,7 +612,7 @@ extension Kernel {
         guard !failed.isEmpty else { return }
         link.failed(failed.count)
         logger.warning("a state write to etcd failed", metadata: ["writes": "\(failed.count)", "error": "\(failed[0].1)"])
-        for (pending, error) in failed { pending.done?.resume(throwing: Self.writeFailure(error)) }
+        for (pending, error) in failed { link.settle(pending, Self.writeFailure(error)) }
     }
 
     /// What a client is told of a write etcd did not take: nothing written when no member

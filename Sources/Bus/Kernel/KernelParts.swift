@@ -109,6 +109,7 @@ final class KernelParts {
         let pair = configuration.pair.map { PairLink(configuration: $0, instance: instance, replica: state, clock: clock, logger: logger) }
         if let pair { state.join(pair) }
         self.state = state
+        etcd?.state = state
         self.pair = pair
         broker = Broker(configuration: configuration, logger: logger, admission: Admission(pair: pair))
         broker.recordsSpans = BusTracing.recordsSpans

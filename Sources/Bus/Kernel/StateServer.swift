@@ -231,6 +231,10 @@ final class StateServer: PairReplica {
         }
     }
 
+    /// Durable mode: the changes held so far no longer follow one another without a gap (the
+    /// copy caught up with etcd past compacted revisions): the history starts again here.
+    func restartHistory() { history.restart(after: sequence) }
+
     /// Durable mode: a compare-and-set etcd refused (the key had moved on there).
     func countConflict() { refusedConflict += 1 }
 
