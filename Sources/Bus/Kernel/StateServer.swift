@@ -138,6 +138,8 @@ final class StateServer: PairReplica {
     /// faster than etcd takes the writes does not pass a limit.
     private var pending = (keys: 0, bytes: 0)
     private var pendingByOwner: [String: (keys: Int, bytes: Int)] = [:]
+    /// Writes pending per key: a key not held counts once however many writes it waits for.
+    private var pendingPerKey: [Frame: Int] = [:]
 
     init(configuration: KernelConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -242,7 +244,9 @@ final class StateServer: PairReplica {
     private func counted(_ write: DurableWrite, new: Bool) -> DurableWrite {
         var write = write
         guard !write.value.isEmpty else { return write }
-        (write.countedKeys, write.countedBytes) = (new ? 1 : 0, write.key.count + write.value.count)
+        let waiting = pendingPerKey[write.key, default: 0]
+        pendingPerKey[write.key] = waiting + 1
+        (write.countedKeys, write.countedBytes) = (new && waiting == 0 ? 1 : 0, write.key.count + write.value.count)
         pending.keys += write.countedKeys
         pending.bytes += write.countedBytes
         if let owner = write.owner {
@@ -256,6 +260,7 @@ final class StateServer: PairReplica {
     /// counts as pending (made, it counts as held once the watch brings it).
     func settled(_ write: DurableWrite) {
         guard write.countedKeys + write.countedBytes > 0 else { return }
+        if let waiting = pendingPerKey[write.key] { pendingPerKey[write.key] = waiting > 1 ? waiting - 1 : nil }
         pending.keys -= write.countedKeys
         pending.bytes -= write.countedBytes
         if let owner = write.owner, let held = pendingByOwner[owner] {

@@ -1,5 +1,8 @@
 import ArgumentParser
+import BusBench
 import Foundation
+import Histogram
+import ZeroMQ
 
 /// Benchmarks that print figures. Build in release mode:
 /// `swift run -c release switchboard-bench zmq`.
@@ -61,4 +64,32 @@ func say(_ line: String) {
 /// Writes a progress line to standard error.
 func progress(_ line: String) {
     FileHandle.standardError.write(Data((line + "\n").utf8))
+}
+
+/// Runs `operation` in a loop in `lanes` tasks at once for `seconds`: the total rate, and the
+/// latency of every operation. `operation` is given its lane and how many it did before.
+func measureRate(lanes: Int, seconds: Double,
+                 _ operation: @escaping @Sendable (_ lane: Int, _ done: Int) async throws -> Void) async throws -> (rate: Double, latencies: Histogram<UInt64>) {
+    let nanoseconds = UInt64(seconds * 1e9), start = monotonicNanoseconds()
+    let results = try await withThrowingTaskGroup(of: (Int, Histogram<UInt64>).self) { group in
+        for lane in 0..<lanes {
+            group.addTask {
+                var latencies = latencyHistogram(), done = 0
+                while monotonicNanoseconds() - start < nanoseconds {
+                    let sent = monotonicNanoseconds()
+                    try await operation(lane, done)
+                    _ = latencies.record(monotonicNanoseconds() - sent)
+                    done += 1
+                }
+                return (done, latencies)
+            }
+        }
+        var all: [(Int, Histogram<UInt64>)] = []
+        for try await result in group { all.append(result) }
+        return all
+    }
+    let elapsed = Double(monotonicNanoseconds() - start) / 1e9
+    var latencies = latencyHistogram()
+    for (_, histogram) in results { latencies.add(histogram) }
+    return (Double(results.map(\.0).reduce(0, +)) / elapsed, latencies)
 }

@@ -40,7 +40,7 @@ struct EtcdStateBenchmark: AsyncParsableCommand {
 
         // etcd's own client: the same writes, each a put of its own.
         let etcd = try EtcdClient(endpoints: cluster.clientURLs)
-        let direct = try await Self.rate(lanes: inFlight, seconds: seconds) { lane, _ in
+        let direct = try await measureRate(lanes: inFlight, seconds: seconds) { lane, _ in
             try await etcd.put(Array("/bench/direct/\(lane)".utf8), value)
         }
         await etcd.close()
@@ -53,7 +53,7 @@ struct EtcdStateBenchmark: AsyncParsableCommand {
         for _ in 0..<4 { clients.append(try await BusClient(brokers: [kernel.endpoints.broker], loop: loop, timeout: .seconds(30))) }
         let json = JSONValue.string(String(decoding: value, as: UTF8.self))
         let lanes = clients
-        let throughKernel = try await Self.rate(lanes: inFlight, seconds: seconds) { lane, _ in
+        let throughKernel = try await measureRate(lanes: inFlight, seconds: seconds) { lane, _ in
             _ = try await lanes[lane % lanes.count].call(KernelAPI.stateSet, .init(key: "/bench/\(lane)", value: json))
         }
         for client in clients { await client.close() }
@@ -97,32 +97,5 @@ struct EtcdStateBenchmark: AsyncParsableCommand {
             for try await result in group where result != nil { figures = result }
             return figures!
         }
-    }
-
-    /// Runs `write` in a loop in `lanes` tasks for `seconds`: the total rate, every latency.
-    private static func rate(lanes: Int, seconds: Double,
-                             _ write: @escaping @Sendable (Int, Int) async throws -> Void) async throws -> (rate: Double, latencies: Histogram<UInt64>) {
-        let nanoseconds = UInt64(seconds * 1e9), start = monotonicNanoseconds()
-        let results = try await withThrowingTaskGroup(of: (Int, Histogram<UInt64>).self) { group in
-            for lane in 0..<lanes {
-                group.addTask {
-                    var latencies = latencyHistogram(), done = 0
-                    while monotonicNanoseconds() - start < nanoseconds {
-                        let sent = monotonicNanoseconds()
-                        try await write(lane, done)
-                        _ = latencies.record(monotonicNanoseconds() - sent)
-                        done += 1
-                    }
-                    return (done, latencies)
-                }
-            }
-            var all: [(Int, Histogram<UInt64>)] = []
-            for try await result in group { all.append(result) }
-            return all
-        }
-        let elapsed = Double(monotonicNanoseconds() - start) / 1e9
-        var latencies = latencyHistogram()
-        for (_, histogram) in results { latencies.add(histogram) }
-        return (Double(results.map(\.0).reduce(0, +)) / elapsed, latencies)
     }
 }

@@ -106,34 +106,13 @@ struct StoreBenchmark: AsyncParsableCommand {
         let loop = try SocketLoop(context: ZMQContext(), name: "bench-clients")
         var clients: [BusClient] = []
         for _ in 0..<count { clients.append(try await BusClient(brokers: [broker], loop: loop, timeout: .seconds(30))) }
-        let nanoseconds = UInt64(seconds * 1e9)
-        let start = monotonicNanoseconds()
-        let results = try await withThrowingTaskGroup(of: (Int, Histogram<UInt64>).self) { group in
-            for (index, client) in clients.enumerated() {
-              for lane in 0..<inFlight {
-                let number = index * inFlight + lane
-                group.addTask {
-                    var latencies = latencyHistogram()
-                    var done = 0
-                    while monotonicNanoseconds() - start < nanoseconds {
-                        let sent = monotonicNanoseconds()
-                        try await request(client, number * 10_000_000 + done + Int(start % 1_000_000) * 100_000_000)
-                        _ = latencies.record(monotonicNanoseconds() - sent)
-                        done += 1
-                    }
-                    return (done, latencies)
-                }
-              }
-            }
-            var all: [(Int, Histogram<UInt64>)] = []
-            for try await result in group { all.append(result) }
-            return all
+        // Each request's number is unique across lanes and runs (an article's URL).
+        let run = Int(monotonicNanoseconds() % 1_000_000) * 100_000_000, lanes = clients
+        let measured = try await measureRate(lanes: count * inFlight, seconds: seconds) { lane, done in
+            try await request(lanes[lane / inFlight], lane * 10_000_000 + done + run)
         }
-        let elapsed = Double(monotonicNanoseconds() - start) / 1e9
-        var latencies = latencyHistogram()
-        for (_, histogram) in results { latencies.add(histogram) }
         for client in clients { await client.close() }
         await loop.shutdown()
-        return (Double(results.map(\.0).reduce(0, +)) / elapsed, latencies)
+        return measured
     }
 }
