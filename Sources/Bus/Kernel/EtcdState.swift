@@ -352,7 +352,7 @@ extension Kernel {
         }
         // Nobody subscribes yet: what the replay published goes nowhere.
         while state.publisher.takeBatch() != nil {}
-        logger.info("state read from etcd", metadata: ["keys": "\(state.entries.count)", "revision": "\(link.lastRevision)", "history": "\(state.history.changes.count)",
+        logger.info("state read from etcd", metadata: ["keys": "\(state.entries.count)", "revision": "\(max(link.lastRevision, mark))", "history": "\(state.history.changes.count)",
                                                        "endpoints": "\(link.client.settings.endpoints.joined(separator: ","))", "prefix": "\(String(decoding: link.prefix, as: UTF8.self))"])
     }
 
