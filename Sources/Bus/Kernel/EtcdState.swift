@@ -318,10 +318,11 @@ extension Kernel {
         }
     }
 
-    /// Reads the state into `state` up to the link's mark: as it was `kernel.state_history_changes`
-    /// revisions before, then every change since, so the copy's history holds the recent
-    /// changes and a subscriber that followed an earlier kernel resumes without a reset. When
-    /// etcd no longer holds those revisions (compacted), as it is at the mark, history empty.
+    /// Reads the state into `state` up to the revision of the kernel's election (the mark:
+    /// every change before it is in etcd): as it was `kernel.state_history_changes` revisions
+    /// before, then every change since, so the copy's history holds the recent changes and a
+    /// subscriber that followed an earlier kernel resumes without a reset. When etcd no longer
+    /// holds those revisions (compacted), as it is at the mark, history empty.
     func readState(into state: StateServer, from link: EtcdStateLink) async throws {
         let mark = link.lastRevision
         let from = max(mark - Int64(configuration.stateHistoryChanges), 0)
