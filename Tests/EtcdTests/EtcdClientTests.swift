@@ -180,6 +180,20 @@ struct EtcdClientTests {
         }
     }
 
+    @Test("a client released without close() lets its connections go instead of trapping")
+    func releasedWithoutClose() async throws {
+        let cluster = try await TestEtcd.start()
+        defer { cluster.stop() }
+        do {
+            let forgotten = try EtcdClient(endpoints: cluster.clientURLs)
+            _ = try await forgotten.put(bytes("/forgotten"), bytes("1"))
+        }
+        // Still running: async-http-client traps when a client it made is released open.
+        let client = try EtcdClient(endpoints: cluster.clientURLs)
+        #expect(try await client.range(bytes("/forgotten")).keyValues.first?.valueString == "1")
+        await client.close()
+    }
+
     @Test("three members, the one the client and a watch talk to killed under writes: writes go on through another, the watch sees every revision once, in order")
     func memberKilled() async throws {
         try await withEtcd(members: 3) { cluster, etcd in

@@ -310,8 +310,10 @@ struct EtcdStateTests {
     func catchesUpPastCompaction() async throws {
         let cluster = try await TestEtcd.start(members: 3)
         defer { cluster.stop() }
-        // The kernel knows one member: that member gone, it is cut off.
-        let kernel = try await Self.kernel(on: cluster) { $0.stateEtcd?.endpoints = [cluster.clientURLs[0]] }
+        // The kernel knows one member, not the leader: that member gone, it is cut off, and
+        // the others go on without choosing a leader.
+        let leader = try await leader(of: cluster), cutOff = (leader + 1) % 3
+        let kernel = try await Self.kernel(on: cluster) { $0.stateEtcd?.endpoints = [cluster.clientURLs[cutOff]] }
         let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
         let state = StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, collector: kernel.endpoints.collector)
         let follower = try await BusClient(brokers: [kernel.endpoints.broker], state: [state])
@@ -319,12 +321,12 @@ struct EtcdStateTests {
         _ = try await set(bus, "/pricing/gone", 2)
         let subscription = try await follower.subscribe(prefixes: ["/pricing/"])
 
-        cluster.kill(0)
-        let others = try EtcdClient(endpoints: Array(cluster.clientURLs.dropFirst()))
+        cluster.kill(cutOff)
+        let others = try EtcdClient(endpoints: cluster.clientURLs.enumerated().filter { $0.offset != cutOff }.map(\.element))
         _ = try await others.put(Array((Self.prefix + "/pricing/new").utf8), Array("3".utf8))
         _ = try await others.delete(Array((Self.prefix + "/pricing/gone").utf8))
         try await others.compact(to: try await others.put(Array((Self.prefix + "/pricing/last").utf8), Array("4".utf8)))
-        try await cluster.restart(0)
+        try await cluster.restart(cutOff)
 
         let seen = try await within(60, "the subscriber saw the copy catch up") {
             var view: [String: JSONValue] = [:]
@@ -368,4 +370,14 @@ struct EtcdStateTests {
         }
         #expect(tooLarge?.description.contains("etcd") == true)
     }
+}
+
+/// Which member of `cluster` leads (`etcdctl endpoint status`): its index in the members.
+func leader(of cluster: TestEtcd) async throws -> Int {
+    let status = try await runCommand(URL(fileURLWithPath: "/usr/bin/etcdctl"),
+                                      ["endpoint", "status", "-w", "json", "--endpoints", cluster.clientURLs.joined(separator: ",")],
+                                      environment: ["ETCDCTL_API": "3"])
+    let members = try JSONValue(parsing: Array(status.stdout.utf8)).arrayValue ?? []
+    let index = members.firstIndex { $0["Status"]?["header"]?["member_id"] == $0["Status"]?["leader"] }
+    return try #require(index, "no leader in \(status)")
 }

@@ -61,16 +61,6 @@ struct LinearizabilityCheckerTests {
 struct EtcdLinearizabilityTests {
     static let key = "/client/register"
 
-    /// Which member leads (`etcdctl endpoint status`): its index in the cluster's members.
-    func leader(of cluster: TestEtcd) async throws -> Int {
-        let status = try await runCommand(URL(fileURLWithPath: "/usr/bin/etcdctl"),
-                                          ["endpoint", "status", "-w", "json", "--endpoints", cluster.clientURLs.joined(separator: ",")],
-                                          environment: ["ETCDCTL_API": "3"])
-        let members = try JSONValue(parsing: Array(status.stdout.utf8)).arrayValue ?? []
-        let index = members.firstIndex { $0["Status"]?["header"]?["member_id"] == $0["Status"]?["leader"] }
-        return try #require(index, "no leader in \(status)")
-    }
-
     @Test("writes, compare-and-sets and reads of one key by four clients, the etcd leader killed under them: linearizable; every acknowledged write published once, in order")
     func leaderKilledUnderLoad() async throws {
         let cluster = try await TestEtcd.start(members: 3)

@@ -79,9 +79,19 @@ public final class EtcdClient: Sendable {
         http = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
     }
 
+    /// Set once ``close()`` ran.
+    private let closed = Atomic<Bool>(false)
+
     /// Closes its connections; watches end.
     public func close() async {
+        closed.store(true, ordering: .relaxed)
         try? await http.shutdown()
+    }
+
+    deinit {
+        // Released without close() (its owner threw on the way): its connections still go,
+        // in the background, rather than async-http-client trapping for a client left open.
+        if !closed.load(ordering: .relaxed) { http.shutdown { _ in } }
     }
 
     // MARK: Keys
