@@ -68,7 +68,10 @@ struct EtcdStateTests {
         try await withKernelOnEtcd { _, _, bus, etcd in
             let first = try await set(bus, "/pricing/route", ["from": "LHR", "to": "JFK"])
             let stored = try #require(try await kept(etcd, "/pricing/route"))
-            #expect(first == UInt64(stored.modRevision) * 1_000)
+            // Its revision, and its place in its transaction (which may carry the kernel's own keys too).
+            let header = try JSONValue(parsing: Array(stored.valueString.split(separator: "\n").first.map(String.init)!.utf8))
+            let place = try #require(header["i"]?.intValue)
+            #expect(first == UInt64(stored.modRevision) * 1_000 + UInt64(place))
             // A header line, then the value exactly as written.
             #expect(stored.valueString.split(separator: "\n").last == #"{"from":"LHR","to":"JFK"}"#)
             // Read back from the kernel's copy, at once (the write was answered once the copy had it).
