@@ -102,7 +102,7 @@ struct EtcdLinearizabilityTests {
                                 answer = .written(sequence: try await bus.publish(key: Self.key, value: .string(value), revision: expected))
                             }
                         } catch let BusError.remote(_, error) where error.code == JSONRPCError.conflictCode {
-                            answer = .conflict(sequence: UInt64(error.data?["revision"]?.intValue ?? -1))
+                            answer = .conflict(sequence: UInt64(clamping: error.data?["revision"]?.intValue ?? -1))
                         } catch {
                             // Unanswered while etcd chose a leader: it may or may not have been made.
                             answer = .unknown

@@ -28,10 +28,16 @@ enum EtcdSequence {
     /// ``EtcdStateLink/maxBatchOperations``; etcd's own bound, `--max-txn-ops`, is 128).
     static let perRevision: UInt64 = 1_000
 
-    static func of(revision: Int64, place: Int) -> UInt64 { UInt64(revision) * perRevision + UInt64(place) }
+    /// The revisions that have numbers (etcd's stay far below: a write a nanosecond for
+    /// 500 years); what an answer from the wire says beyond them is held to them, not trapped on.
+    static let revisions: ClosedRange<Int64> = 0...Int64(UInt64.max / perRevision - 1)
+
+    static func of(revision: Int64, place: Int) -> UInt64 {
+        UInt64(min(max(revision, revisions.lowerBound), revisions.upperBound)) * perRevision + UInt64(min(max(place, 0), Int(perRevision) - 1))
+    }
     static func revision(of sequence: UInt64) -> Int64 { Int64(sequence / perRevision) }
     /// The last sequence number `revision` can hold: a copy read at `revision` is at it.
-    static func end(of revision: Int64) -> UInt64 { UInt64(revision) * perRevision + perRevision - 1 }
+    static func end(of revision: Int64) -> UInt64 { of(revision: revision, place: Int(perRevision) - 1) }
 }
 
 /// A state entry as etcd keeps it: a one-line JSON header (its place in its transaction, the
@@ -181,10 +187,12 @@ final class EtcdStateLink {
         requests = AsyncStream.makeStream(of: Request.self)
     }
 
-    /// The state's entry that etcd's `kv` holds (its key without the prefix).
-    func entry(_ kv: EtcdKeyValue) -> ReplicatedEntry {
-        let record = EtcdStateRecord(decoding: kv.value, place: 0)
-        return ReplicatedEntry(key: Frame(kv.key.dropFirst(prefix.count)), sequence: EtcdSequence.of(revision: kv.modRevision, place: record.place),
+    /// The state's entry that etcd's `kv` holds (its key without the prefix), numbered by its
+    /// revision and its place there: the one its record says, or `place` when the watch
+    /// counted it (a value etcd holds that is not a record has no place of its own).
+    func entry(_ kv: EtcdKeyValue, place: Int? = nil) -> ReplicatedEntry {
+        let record = EtcdStateRecord(decoding: kv.value, place: place ?? 0)
+        return ReplicatedEntry(key: Frame(kv.key.dropFirst(prefix.count)), sequence: EtcdSequence.of(revision: kv.modRevision, place: place ?? record.place),
                                uuid: record.uuid, properties: record.properties, value: record.value, quotaOwner: record.owner, expiresIn: nil)
     }
 
@@ -328,7 +336,7 @@ extension Kernel {
         let from = max(mark - Int64(configuration.stateHistoryChanges), 0)
         func load(at revision: Int64) async throws {
             let range = revision == 0 ? nil : try await link.client.range(prefix: link.statePrefix, revision: revision)
-            state.install((range?.keyValues ?? []).map(link.entry), sequence: EtcdSequence.end(of: revision), now: clock.now)
+            state.install((range?.keyValues ?? []).map { link.entry($0) }, sequence: EtcdSequence.end(of: revision), now: clock.now)
             (link.lastRevision, link.placesApplied) = (revision, 0)
         }
         do {
@@ -433,8 +441,7 @@ extension Kernel {
             for entry in changed { _ = state.applyCommitted(entry, now: now) }
             let firstDeletion = EtcdSequence.end(of: range.revision) + 1 - UInt64(gone.count)
             for (index, key) in gone.enumerated() {
-                _ = state.applyCommitted(ReplicatedEntry(key: key, sequence: firstDeletion + UInt64(index), uuid: Frame(), properties: Frame(), value: Frame(),
-                                                         quotaOwner: nil, expiresIn: nil), now: now)
+                _ = state.applyCommitted(.deletion(of: key, sequence: firstDeletion + UInt64(index)), now: now)
             }
             state.restartHistory()
         } else {
@@ -462,18 +469,12 @@ extension Kernel {
             if revision != link.lastRevision { (link.lastRevision, link.placesApplied) = (revision, 0) }
             let place = link.placesApplied
             link.placesApplied += 1
-            let sequence = EtcdSequence.of(revision: revision, place: place)
-            let key = Frame(event.keyValue.key.dropFirst(link.prefix.count))
             let item = switch event.kind {
-            case .put:
-                { (record: EtcdStateRecord) in
-                    ReplicatedEntry(key: key, sequence: sequence, uuid: record.uuid, properties: record.properties, value: record.value,
-                                    quotaOwner: record.owner, expiresIn: nil)
-                }(EtcdStateRecord(decoding: event.keyValue.value, place: place))
-            case .delete:
-                ReplicatedEntry(key: key, sequence: sequence, uuid: Frame(), properties: Frame(), value: Frame(), quotaOwner: nil, expiresIn: nil)
+            case .put: link.entry(event.keyValue, place: place)
+            case .delete: ReplicatedEntry.deletion(of: Frame(event.keyValue.key.dropFirst(link.prefix.count)),
+                                                   sequence: EtcdSequence.of(revision: revision, place: place))
             }
-            if state.applyCommitted(item, now: now) { link.applied(event.keyValue.key, revision: revision, sequence: sequence) }
+            if state.applyCommitted(item, now: now) { link.applied(event.keyValue.key, revision: revision, sequence: item.sequence) }
         }
     }
 
@@ -591,7 +592,7 @@ extension Kernel {
                 }
                 // The key moved on since the copy this kernel checked against was made.
                 let current = transaction.ranges.dropFirst().first?.keyValues.first
-                let revision = current.map { EtcdSequence.of(revision: $0.modRevision, place: EtcdStateRecord(decoding: $0.value, place: 0).place) } ?? 0
+                let revision = current.map { link.entry($0).sequence } ?? 0
                 parts?.state.countConflict()
                 let write = batch[0].write
                 link.settle(batch[0], StateServer.conflict(write.key.string ?? "", revision: revision, expected: write.expected ?? 0))
@@ -624,7 +625,7 @@ extension Kernel {
         switch error.kind {
         case .unreachable:
             return JSONRPCError(code: JSONRPCError.storageFailedCode, message: "Storage failed: nothing written, \(error)")
-        case .refused(let code) where code == 3:
+        case .refused(let code) where code == 3 && error.message.contains("too large"):
             return JSONRPCError(code: JSONRPCError.tooLargeCode, message: "Too large: \(error)")
         default:
             return JSONRPCError(code: JSONRPCError.outcomeUnknownCode, message: "Outcome unknown: the write may have been kept; read the key (\(error))")

@@ -95,6 +95,11 @@ struct ReplicatedEntry {
         (self.quotaOwner, self.expiresIn) = (quotaOwner, expiresIn)
     }
 
+    /// `key` deleted, as change `sequence`.
+    static func deletion(of key: Frame, sequence: UInt64) -> ReplicatedEntry {
+        ReplicatedEntry(key: key, sequence: sequence, uuid: Frame(), properties: Frame(), value: Frame(), quotaOwner: nil, expiresIn: nil)
+    }
+
     /// From the frames after the command (`fields` starts at the key); nil when malformed,
     /// an expiry over ``TimeToLive/maxSeconds`` included (no state has one).
     init?(_ fields: ArraySlice<Frame>) {
