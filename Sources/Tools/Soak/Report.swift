@@ -17,6 +17,8 @@ struct SoakReport {
     var subscribers_ = SubscriberCheck.Counts()
     var parts = PartsCheck.Counts()
     var staleSubscribers = 0
+    /// Each stale subscriber: what it had and what it went through last.
+    var staleNotes: [String] = []
     var missingWrites = 0
     var memoryAtStart: [String: Double] = [:]
     var memoryAtEnd: [String: Double] = [:]
@@ -94,6 +96,7 @@ struct SoakReport {
         line("subscriptions resumed from a sequence", "\(subscribers_.resumes) (the kernel no longer held the changes, snapshot instead: \(subscribers_.resets))")
         line("subscription gaps after resync", "\(subscribers_.gaps) (out of order: \(subscribers_.backwards), stale at the end: \(staleSubscribers))")
         for note in subscribers_.gapNotes { line("  a gap", note) }
+        for note in staleNotes { line("  stale", note) }
         line("replies in parts (echo numbers, 200 each)", "\(parts.streams) streams, \(parts.parts) parts; ended early, told: \(parts.endedEarly.values.reduce(0, +)); failed otherwise: \(parts.failed.values.reduce(0, +))\(parts.failed.isEmpty ? "" : " (" + parts.failed.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ") + ")")")
         line("parts lost, repeated or out of order", "\(parts.partsOutOfSequence) (streams miscounted: \(parts.miscounted))")
         line("requests to every echo worker", "\(parts.gathers), \(parts.gatherAnswers) answers, \(parts.gatherMissing) workers missing (told); miscounted: \(parts.gathersMiscounted)")

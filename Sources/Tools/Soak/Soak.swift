@@ -194,6 +194,7 @@ struct Soak: AsyncParsableCommand {
                 var generator = SeededGenerator(seed: seed &+ UInt64(index) &* 7_919)
                 var subscription = first, position: UInt64 = 0
                 func take(_ event: SubscriptionEvent) {
+                    check.note(event.update.map { "update \($0.sequence): \($0.json.map { "\($0)" } ?? "deleted")" } ?? "\(event)", subscriber: index)
                     switch event {
                     case .update(let update):
                         check.saw(update, subscriber: index)
@@ -213,8 +214,20 @@ struct Soak: AsyncParsableCommand {
                     let resyncs = await subscription.resyncCount()
                     check.counts.withLock { $0.resyncs[index, default: 0] += resyncs }
                     await subscription.cancel()
-                    guard let next = try? await Subscription.open(kernels: kernelStates, prefixes: ["/client/soak/"], since: position,
-                                                                  silenceTimeout: .seconds(3), curve: curve) else { continue }
+                    check.note("left; resuming after sequence \(position)", subscriber: index)
+                    // Tried again until it opens (bounded): the reader must end holding an
+                    // open subscription, or it could not see the last tick.
+                    var next: Subscription?
+                    for _ in 0..<50 where next == nil {
+                        do {
+                            next = try await Subscription.open(kernels: kernelStates, prefixes: ["/client/soak/"], since: position,
+                                                               silenceTimeout: .seconds(3), curve: curve)
+                        } catch {
+                            check.note("could not resume: \(error)", subscriber: index)
+                            try? await Task.sleep(for: .milliseconds(200))
+                        }
+                    }
+                    guard let next else { break }
                     check.counts.withLock { $0.resumes += 1 }
                     subscription = next
                     following.subscriptions.withLock { $0[index] = next }
@@ -311,8 +324,14 @@ struct Soak: AsyncParsableCommand {
         for subscription in following.subscriptions.withLock({ Array($0.values) }) { await subscription.cancel() }
         for reader in readers { await reader.value }
         report.subscriberCounts = check.counts.withLock { $0 }
-        report.staleSubscribers = converged ? 0 : check.counts.withLock { counts in
-            (0..<subscribers).filter { counts.lastSeen[$0].map { $0.epoch != last.epoch || $0.n != last.n } ?? true }.count
+        let stale = converged ? [] : check.counts.withLock { counts in
+            (0..<subscribers).filter { counts.lastSeen[$0].map { $0.epoch != last.epoch || $0.n != last.n } ?? true }
+        }
+        report.staleSubscribers = stale.count
+        for index in stale {
+            let had = report.subscriberCounts.lastSeen[index].map { "tick \($0.n) of epoch \($0.epoch)" } ?? "no tick"
+            report.staleNotes.append("subscriber \(index) had \(had), not tick \(last.n) of epoch \(last.epoch) (sequence \(ticks.revision.map { "\($0)" } ?? "unknown")); its last events: "
+                                     + (report.subscriberCounts.recent[index] ?? []).joined(separator: "; "))
         }
 
         var resent = 0, duplicates = 0, late = 0

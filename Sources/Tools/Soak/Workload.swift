@@ -205,8 +205,21 @@ final class SubscriberCheck: Sendable {
         var resets = 0
         /// The first gaps, said: which subscriber, what it had, what came.
         var gapNotes: [String] = []
+        /// Each subscriber's last few events, said, so a subscriber stale at the end shows
+        /// what it went through last.
+        var recent: [Int: [String]] = [:]
     }
     let counts = Mutex(Counts())
+    private let started = ContinuousClock.now
+
+    /// Keeps what happened to a subscriber (an event, a resume) among its last few.
+    func note(_ what: String, subscriber: Int) {
+        let at = (ContinuousClock.now - started).formatted(.units(allowed: [.seconds], fractionalPart: .show(length: 1)))
+        counts.withLock { counts in
+            counts.recent[subscriber, default: []].append("\(at) \(what)")
+            if counts.recent[subscriber]!.count > 8 { counts.recent[subscriber]!.removeFirst() }
+        }
+    }
 
     func saw(_ update: StateUpdate, subscriber: Int) {
         guard let epoch = update.json?["epoch"]?.intValue, let n = update.json?["n"]?.intValue else { return }
