@@ -15,7 +15,7 @@ struct LogFormatTests {
         try await kernel.workers("echo")
         let traced = try await runCommand(sbExecutable(), ["request", "echo", "echo", #"{"hello":"log"}"#, "--trace", "--endpoint", kernel.endpoints.broker])
         let traceID = try #require(traced.stderr.split(separator: "\n").first { $0.hasPrefix("sb: trace ") }?.split(separator: " ").last, "\(traced)")
-        try await eventually(10, "echo logged the traced request") { echo.outputSoFar.contains(String(traceID)) }
+        try await echo.waitForOutput(containing: String(traceID), within: 10)
         echo.signal(SIGTERM)
         #expect(await echo.exit(within: 30))
 

@@ -25,8 +25,19 @@ struct OTLPReceiver {
     /// The metric data points received so far.
     var metrics: [JSONValue] { received.filter { $0["metric"] != nil } }
 
-    private var received: [JSONValue] {
-        process.outputSoFar.split(separator: "\n").dropFirst().compactMap { try? JSONValue(parsing: Array($0.utf8)) }
+    /// Waits until `condition` holds of the spans and metric data points received (asked
+    /// again each time the receiver prints one).
+    func waitFor(_ what: String, within seconds: Double = 20, _ condition: @escaping @Sendable (_ spans: [JSONValue], _ metrics: [JSONValue]) -> Bool) async throws {
+        try await process.waitForOutput(what, within: seconds) { output in
+            let received = Self.received(output)
+            return condition(received.filter { $0["spanId"] != nil }, received.filter { $0["metric"] != nil })
+        }
+    }
+
+    private var received: [JSONValue] { Self.received(process.outputSoFar) }
+
+    private static func received(_ output: String) -> [JSONValue] {
+        output.split(separator: "\n").dropFirst().compactMap { try? JSONValue(parsing: Array($0.utf8)) }
     }
 }
 
@@ -55,11 +66,11 @@ struct TelemetryTests {
         // sb sent its spans before it exited; the bus's processes send theirs within a second.
         let expected: Set = ["sb trace", "sb search/locations.resolve", "switchboard-kernel kernel dispatch search", "switchboard-search search/locations.resolve",
                              "switchboard-search store/history.add", "switchboard-kernel kernel dispatch store", "switchboard-store store/history.add"]
-        @Sendable func spansOfTrace() -> [JSONValue] { receiver.spans.filter { $0["traceId"]?.stringValue == String(traceID) } }
-        try await eventually(20, "every process's spans of the trace") {
-            Set(spansOfTrace().map { "\($0["service"]?.stringValue ?? "") \($0["name"]?.stringValue ?? "")" }).isSuperset(of: expected)
+        @Sendable func ofTrace(_ spans: [JSONValue]) -> [JSONValue] { spans.filter { $0["traceId"]?.stringValue == String(traceID) } }
+        try await receiver.waitFor("every process's spans of the trace") { spans, _ in
+            Set(ofTrace(spans).map { "\($0["service"]?.stringValue ?? "") \($0["name"]?.stringValue ?? "")" }).isSuperset(of: expected)
         }
-        let spans = spansOfTrace()
+        let spans = ofTrace(receiver.spans)
         func span(_ service: String, _ name: String) throws -> JSONValue {
             try #require(spans.first { $0["service"]?.stringValue == service && $0["name"]?.stringValue == name }, "\(spans)")
         }
@@ -84,16 +95,16 @@ struct TelemetryTests {
         let failing = try await runCommand(sbExecutable(), ["request", "echo", "fail", "--endpoint", broker, "--key-dir", busKeyFolder(in: folder).path],
                                            environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint])
         #expect(failing.status == 1, "\(failing)")
-        try await eventually(20, "the failed request's spans") {
-            receiver.spans.contains { $0["service"] == "sb" && $0["name"] == "echo/fail" && $0["status"] == 2 }
-                && receiver.spans.contains { $0["service"] == "switchboard-echo" && $0["name"] == "echo/fail" && $0["status"] == 2 }
-                && receiver.spans.contains { $0["service"] == "switchboard-kernel" && $0["name"] == "kernel dispatch echo" }
+        try await receiver.waitFor("the failed request's spans") { spans, _ in
+            spans.contains { $0["service"] == "sb" && $0["name"] == "echo/fail" && $0["status"] == 2 }
+                && spans.contains { $0["service"] == "switchboard-echo" && $0["name"] == "echo/fail" && $0["status"] == 2 }
+                && spans.contains { $0["service"] == "switchboard-kernel" && $0["name"] == "kernel dispatch echo" }
         }
         #expect(!receiver.spans.contains { $0["name"] == "echo/echo" }, "an unsampled request made a span")
 
         // The kernel's figures (`kernel stats`) as metrics: the requests it routed to search.
-        try await eventually(20, "the kernel's request count for search as a metric") {
-            receiver.metrics.contains { $0["service"] == "switchboard-kernel" && $0["metric"] == "switchboard.requests"
+        try await receiver.waitFor("the kernel's request count for search as a metric") { _, metrics in
+            metrics.contains { $0["service"] == "switchboard-kernel" && $0["metric"] == "switchboard.requests"
                 && $0["attributes"]?["service"] == "search" && ($0["value"]?.doubleValue ?? 0) >= 1 }
         }
         #expect(receiver.metrics.contains { $0["service"] == "switchboard-kernel" && $0["metric"] == "switchboard.workers"

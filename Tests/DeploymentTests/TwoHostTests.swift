@@ -1,4 +1,5 @@
 import BusProtocol
+import Contracts
 import Foundation
 import SwitchboardTestSupport
 import Testing
@@ -109,22 +110,29 @@ struct TwoHostTests {
         @Sendable func whoami() async throws -> CommandResult {
             try await hosts.run(in: hosts.kernelHost, sbExecutable(), ["request", "echo", "whoami", "--endpoint", broker, "--timeout", "2s", "--json"])
         }
-        @Sendable func echoWorkers() async throws -> Int64? {
-            let result = try await hosts.run(in: hosts.kernelHost, sbExecutable(), ["request", "kernel", "services.list", "--endpoint", broker, "--json"])
-            let list = try JSONValue(parsing: Array(result.stdout.utf8))
-            return list["services"]?.arrayValue?.first { $0["name"] == "echo" }?["workers"]?.intValue
+        // echo's worker count as the kernel publishes it (`sb sub` on the kernel's host prints
+        // each change): each wait ends at the change it waits for.
+        let echoKey = KernelAPI.StateKeys.service("echo")
+        let watch = try hosts.start(in: hosts.kernelHost, sbExecutable(), ["sub", echoKey, "--endpoint", broker, "--timeout", "30s", "--key-dir", folder.path])
+        defer { watch.stop() }
+        @Sendable func echoWorkers(_ count: Int64, within seconds: Double, _ what: String) async throws {
+            try await watch.waitForOutput(what, within: seconds) { output in
+                let lines = output.split(separator: "\n", omittingEmptySubsequences: false).dropLast().filter { $0.hasPrefix("{") }
+                let last = lines.last.flatMap { try? JSONValue(parsing: Array($0.utf8)) }
+                return last?["key"]?.stringValue == echoKey && (last?["value"]?["workers"]?.intValue ?? 0) == count
+            }
         }
-        try await eventually(30, "the far worker registered") { try await echoWorkers() == 2 }
+        try await echoWorkers(2, within: 30, "the far worker registered")
         let answer = try await whoami()
         #expect(answer.status == 0 && answer.stdout.contains("far-away"), "\(answer)")
 
         try hosts.setLink(up: false)
-        try await eventually(30, "the kernel dropped the unreachable workers") { try await echoWorkers() == 0 }
+        try await echoWorkers(0, within: 30, "the kernel dropped the unreachable workers")
         let cut = try await whoami()
         #expect(cut.status != 0, "no worker while the link is down")
 
         try hosts.setLink(up: true)
-        try await eventually(60, "the worker registered again") { try await echoWorkers() == 2 }
+        try await echoWorkers(2, within: 60, "the worker registered again")
         let again = try await whoami()
         #expect(again.status == 0 && again.stdout.contains("far-away"), "\(again)")
     }

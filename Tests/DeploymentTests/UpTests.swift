@@ -15,11 +15,11 @@ func writeDeploymentConfig(in folder: URL, services: String = """
       fetcher: {workers: 2}
       search: {workers: 2}
       pricing: {workers: 1}
-    """, security: String? = nil, extra: String = "") throws -> (config: URL, broker: String) {
+    """, security: String? = nil, extra: String = "", ports given: [Int]? = nil) throws -> (config: URL, broker: String) {
     let (config, ports) = try writeBusConfiguration(in: folder, services: services, supervisor: """
         restart_backoff_ms: 100
           stop_timeout_seconds: 10
-        """, security: security, extra: extra)
+        """, security: security, extra: extra, ports: given)
     return (config, "tcp://127.0.0.1:\(ports[0])")
 }
 
@@ -51,7 +51,9 @@ struct UpTests {
     @Test("all register; kill -9 of a service is followed by its restart while the bus answers; SIGTERM ends everything cleanly")
     func processTree() async throws {
         let folder = try temporaryDirectory("up")
-        let (config, broker) = try writeDeploymentConfig(in: folder)
+        let ports = (0..<5).map { _ in freePort() }
+        let (config, broker) = try writeDeploymentConfig(in: folder, ports: ports)
+        let (snapshot, publisher) = ("tcp://127.0.0.1:\(ports[1])", "tcp://127.0.0.1:\(ports[2])")
         let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
         defer { up.stop(grace: 15) }
         let banner = try await up.waitForOutput(containing: "Switchboard is up", within: 120)
@@ -75,8 +77,8 @@ struct UpTests {
                                                            "--endpoint", broker, "--key-dir", busKeyFolder(in: folder).path])
         let traceID = try #require(traced.stderr.split(separator: "\n").first { $0.hasPrefix("sb: trace ") }?.split(separator: " ").last, "\(traced)")
         #expect(traced.status == 0 && traceID.count == 32, "\(traced)")
-        try await eventually(10, "both services logged the trace") {
-            let lines = up.outputSoFar.split(separator: "\n").filter { $0.contains("trace_id=\(traceID)") }
+        try await up.waitForOutput("both services logged the trace", within: 10) { output in
+            let lines = output.split(separator: "\n").filter { $0.contains("trace_id=\(traceID)") }
             return lines.contains { $0.contains("switchboard.search:") && $0.contains("method=locations.resolve") }
                 && lines.contains { $0.contains("switchboard.store:") && $0.contains("method=history.add") }
         }
@@ -90,10 +92,8 @@ struct UpTests {
         try await up.waitForOutput(containing: "search (pid \(search)) was killed by signal 9 (SIGKILL); restarting")
         let restarted = try await up.waitForOutput(containing: "started search")
         #expect(restarted.components(separatedBy: "started search").count == 3, "started at boot and once more")
-        try await eventually(30, "the new search registered") {
-            let list = try await bus.request(service: "kernel", method: "services.list")
-            return list["services"]?.arrayValue?.first { $0["name"] == "search" }?["workers"] == 2
-        }
+        let curve = try busKeyFolder(in: folder).clientKeys()
+        try await workers("search", snapshot: snapshot, publisher: publisher, within: 30, curve: curve, "the new search registered") { $0 == 2 }
         #expect(try await bus.request(service: "search", method: "countries.search", params: ["query": "ger"])["countries"] != nil)
         #expect(try await bus.request(service: "pricing", method: "route.cheapest")["cheapestOutbound"] != nil)
 
@@ -101,9 +101,11 @@ struct UpTests {
         let kernel = try #require(pids["kernel"])
         kill(kernel, SIGKILL)
         try await up.waitForOutput(containing: "kernel (pid \(kernel)) was killed by signal 9 (SIGKILL); restarting")
-        try await eventually(60, "every service registered with the new kernel") {
-            let list = try await bus.request(service: "kernel", method: "services.list", timeout: .seconds(1))
-            let workers = (list["services"]?.arrayValue ?? []).reduce(into: [String: Int64]()) { $0[$1["name"]?.stringValue ?? ""] = $1["workers"]?.intValue }
+        try await awaitState(snapshot: snapshot, publisher: publisher, prefix: KernelAPI.StateKeys.servicesPrefix, within: 60, curve: curve,
+                             "every service registered with the new kernel") { state in
+            let workers = state.reduce(into: [String: Int64]()) { workers, entry in
+                if let count = entry.value["workers"]?.intValue, count > 0 { workers[String(entry.key.dropFirst(KernelAPI.StateKeys.servicesPrefix.count))] = count }
+            }
             return workers == ["echo": 1, "store": 2, "fetcher": 2, "search": 2, "pricing": 1, "supervisor": 1]
         }
         #expect(try await bus.request(service: "search", method: "countries.search", params: ["query": "par"])["countries"] != nil)
@@ -166,10 +168,13 @@ struct UpTests {
         #expect(services.status == 0 && services.stdout.contains("echo: failing, restarting"), "\(services)")
         #expect(try await bus.request(service: "search", method: "countries.search", params: ["query": "par"])["countries"] != nil)
         // Once it stays up, it is running again and serves; up never stopped.
-        try await eventually(30, "echo runs and serves again") {
-            guard try await echoStatus()?.state == .running else { return false }
-            return (try? await bus.request(service: "echo", method: "echo", params: ["x": 1], timeout: .seconds(1))) != nil
+        let (snapshot, publisher) = ("tcp://127.0.0.1:\(ports[1])", "tcp://127.0.0.1:\(ports[2])")
+        let curve = try busKeyFolder(in: folder).clientKeys()
+        try await awaitState(snapshot: snapshot, publisher: publisher, prefix: SupervisorStatus.key("echo"), within: 30, curve: curve, "echo runs again") { state in
+            (try? state[SupervisorStatus.key("echo")]?.decode(as: SupervisorStatus.self))?.state == .running
         }
+        try await workers("echo", snapshot: snapshot, publisher: publisher, within: 30, curve: curve, "echo registered again") { $0 == 1 }
+        #expect(try await bus.request(service: "echo", method: "echo", params: ["x": 1])["x"] == 1)
         #expect(up.process.isRunning)
         #expect(!up.outputSoFar.contains("stopping everything"))
         for name in ["kernel", "search", "fetcher"] { #expect(isAlive(try #require(pids[name])), "\(name) kept running") }

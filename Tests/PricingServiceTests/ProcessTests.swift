@@ -1,6 +1,7 @@
 import BusKit
 import BusProtocol
 import Catalog
+import Contracts
 import Foundation
 import Kernel
 import SwitchboardTestSupport
@@ -66,10 +67,13 @@ struct ProcessTests {
         kernel = try await kernel.restarted()
         services = try Self.startServices(kernel, config: config)
         try await ready()
-        try await eventually(15, "the chosen route after the restart") {
-            let current = try await pricing("route.current", [:])
-            return current["outboundId"] == 6 && current["inboundId"] == 13 && current["total"]?["amount"] == "57.00"
+        // Pricing reads the chosen route back from the store and publishes it.
+        let routeKey = PricingAPI.StateKeys.routeCurrent
+        try await kernel.state(routeKey, within: 15, "the chosen route published after the restart") { state in
+            state[routeKey]?["outboundId"] == 6 && state[routeKey]?["inboundId"] == 13 && state[routeKey]?["total"]?["amount"] == "57.00"
         }
+        let current = try await pricing("route.current", [:])
+        #expect(current["outboundId"] == 6 && current["inboundId"] == 13 && current["total"]?["amount"] == "57.00", "\(current)")
         for service in services { service.stop() }
         await client.close()
         await kernel.stop()

@@ -8,15 +8,20 @@ import Synchronization
 import SwitchboardTestSupport
 import Testing
 
-/// Keeps what a logger was told, for a test to read.
+/// Keeps what a logger was told, for a test to read and to wait on.
 private final class LogLines: Sendable {
-    let lines = Mutex<[String]>([])
+    let lines = Observed<[String]>([])
 
     func logger(_ label: String) -> Logger {
         Logger(label: label) { _ in Handler(lines: self) }
     }
 
-    var text: String { lines.withLock { $0.joined(separator: "\n") } }
+    var text: String { lines.value.joined(separator: "\n") }
+
+    /// Waits until a line holds `text`.
+    func waitFor(_ text: String, within seconds: Double, _ what: String) async throws {
+        try await lines.wait(within: seconds, what) { $0.contains { $0.contains(text) } }
+    }
 
     struct Handler: LogHandler {
         let lines: LogLines
@@ -28,7 +33,7 @@ private final class LogLines: Sendable {
         }
         func log(event: LogEvent) {
             let fields = (event.metadata ?? [:]).map { "\($0.key)=\($0.value)" }.sorted().joined(separator: " ")
-            lines.lines.withLock { $0.append("\(event.level) \(event.message) \(fields)") }
+            lines.lines.update { $0.append("\(event.level) \(event.message) \(fields)") }
         }
     }
 }
@@ -57,7 +62,7 @@ struct PostgresFaultTests {
             try await host.start()
         }
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(5))
-        try await eventually(10, "the store said it cannot reach the database") { log.text.contains("cannot reach the database") }
+        try await log.waitFor("cannot reach the database", within: 10, "the store said it cannot reach the database")
         #expect(log.text.contains("127.0.0.1:\(port)") && !log.text.contains(TestPostgres.password), "\(log.text)")
         #expect(try await client.hasWorkers("store") == false, "not registered while the database is away")
 
@@ -73,6 +78,7 @@ struct PostgresFaultTests {
 
         // The database goes (as in a crash) while a writer writes: what was acknowledged before
         // must be there afterwards; what was in flight failed (or was acknowledged, and is there too).
+        let written = Observed(0)
         let writing = Task { () -> [String] in
             var done: [String] = []
             for n in 0..<2_000 {
@@ -80,15 +86,14 @@ struct PostgresFaultTests {
                 do {
                     _ = try await client.request(service: "store", method: "history.add", params: ["text": .string(text)], timeout: .seconds(6))
                     done.append(text)
+                    written.update { $0 += 1 }
                 } catch {
                     break
                 }
             }
             return done
         }
-        try await eventually(10, "writes on their way") {
-            ((try await client.request(service: "store", method: "history.list", params: ["limit": 1]))["count"]?.intValue ?? 0) > 20
-        }
+        try await written.wait(within: 10, "writes on their way") { $0 > 20 }
         try server.kill()
         acknowledged += await writing.value
         do {
@@ -133,7 +138,7 @@ struct SilentDatabaseTests {
         // PostgresNIO's queries do not end when their task is cancelled: an operation that
         // awaited its query would wait here for ever.
         let waiting = Task { await store.waitUntilReady() }
-        try await eventually(15, "the store gave up waiting for the database's answer") { log.text.contains("did not answer within 1") }
+        try await log.waitFor("did not answer within 1", within: 15, "the store gave up waiting for the database's answer")
         #expect(silent.connections > 0, "the store connected and sent its query")
         waiting.cancel()
         await waiting.value

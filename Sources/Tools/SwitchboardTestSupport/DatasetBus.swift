@@ -53,11 +53,7 @@ public struct DatasetBus: Sendable {
 
     /// Waits until each of `services` has a worker.
     public func waitForWorkers(_ services: [String]) async throws {
-        let client = self.client
-        try await eventually(10, "\(services.joined(separator: ", ")) registered") {
-            for service in services where !(try await client.hasWorkers(service)) { return false }
-            return true
-        }
+        for service in services { try await kernel.workers(service) }
     }
 
     /// A subscription to `/catalog/` on this kernel.
@@ -70,10 +66,10 @@ public struct DatasetBus: Sendable {
     public func startFetcher() async throws {
         try await waitForWorkers([StoreAPI.service, FetcherAPI.service])
         await fetcherWork.start()
-        let client = self.client
-        let names = Set(datasets.map(\.rawValue))
-        try await eventually(15, "the fetcher read every file") {
-            try await client.call(FetcherAPI.datasetsList).filter { names.contains($0.name) }.allSatisfy { $0.origin == "remote" }
+        // Each dataset's catalog key says where its copy came from.
+        let keys = datasets.map { FetcherAPI.catalogPrefix + $0.rawValue }
+        try await kernel.state(FetcherAPI.catalogPrefix, within: 15, "the fetcher read every file") { state in
+            keys.allSatisfy { state[$0]?["origin"] == "remote" }
         }
     }
 

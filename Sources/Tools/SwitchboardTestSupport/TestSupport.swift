@@ -322,7 +322,7 @@ public final class ChildProcess: @unchecked Sendable {
     public let output: Pipe
     private let lifeline = Pipe()
     /// What the process wrote so far (stdout and stderr together), and whether it closed them.
-    private let captured = CapturedOutput()
+    private let captured = Observed(CapturedOutput())
 
     /// Starts `executable` with `arguments`; its stdout and stderr go to ``output``.
     public init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil) throws {
@@ -338,8 +338,8 @@ public final class ChildProcess: @unchecked Sendable {
         let captured = self.captured
         output.fileHandleForReading.readabilityHandler = { handle in
             let data = handle.availableData
-            captured.state.withLock { state in
-                if data.isEmpty { state.closed = true } else { state.data.append(data) }
+            captured.update { output in
+                if data.isEmpty { output.closed = true } else { output.data.append(data) }
             }
             if data.isEmpty { handle.readabilityHandler = nil }
         }
@@ -382,28 +382,34 @@ public final class ChildProcess: @unchecked Sendable {
     }
 
     /// Everything the process wrote so far.
-    public var outputSoFar: String {
-        captured.state.withLock { String(decoding: $0.data, as: UTF8.self) }
-    }
+    public var outputSoFar: String { captured.value.text }
 
     /// Waits until the output holds `text` (failing after `seconds`, or when the process
     /// ends without writing it); returns the output so far.
     @discardableResult
     public func waitForOutput(containing text: String, within seconds: Double = 30) async throws -> String {
-        let deadline = Date().addingTimeInterval(seconds)
-        while true {
-            let (output, closed) = captured.state.withLock { (String(decoding: $0.data, as: UTF8.self), $0.closed) }
-            if output.contains(text) { return output }
-            if closed { throw ChildProcessEnded(output: output) }
-            if Date() >= deadline { throw TimedOut(what: "output containing \"\(text)\"; so far:\n\(output)") }
-            try await Task.sleep(for: .milliseconds(20))
+        try await waitForOutput("output containing \"\(text)\"", within: seconds) { $0.contains(text) }
+    }
+
+    /// Waits until `condition` holds of the output so far, asked again each time the process
+    /// writes (failing after `seconds`, or when the process ends first); returns the output.
+    @discardableResult
+    public func waitForOutput(_ what: String, within seconds: Double = 30, where condition: @escaping @Sendable (String) -> Bool) async throws -> String {
+        do {
+            return try await captured.wait(within: seconds, what) { output in
+                if condition(output.text) { return true }
+                if output.closed { throw ChildProcessEnded(output: output.text) }
+                return false
+            }.text
+        } catch let timedOut as TimedOut {
+            throw TimedOut(what: "\(timedOut.what); so far:\n\(outputSoFar)")
         }
     }
 
     /// Everything the process wrote (call after it ended: waits up to 10 s for the pipe to close).
     public func readOutput() -> String {
         let deadline = Date().addingTimeInterval(10)
-        while !captured.state.withLock({ $0.closed }) && Date() < deadline { usleep(5_000) }
+        while !captured.value.closed && Date() < deadline { usleep(5_000) }
         return outputSoFar
     }
 
@@ -424,8 +430,10 @@ func startUnblocked(_ process: Process) throws {
 }
 
 /// What a child process wrote so far, and whether it closed its output.
-final class CapturedOutput: Sendable {
-    let state = Mutex<(data: Data, closed: Bool)>((Data(), false))
+struct CapturedOutput: Sendable {
+    var data = Data()
+    var closed = false
+    var text: String { String(decoding: data, as: UTF8.self) }
 }
 
 /// The process ended before writing what a test waited for; `output` is what it wrote.
