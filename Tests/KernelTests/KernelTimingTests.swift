@@ -247,6 +247,63 @@ struct KernelTimingTests {
         #expect(pair.takeEvents().contains { if case .becameActive = $0 { true } else { false } })
     }
 
+    @Test("of a pair: of two actives the one active for less time gives way, the primary too (a restarted primary that served alone before it heard its peer); too close to tell, the backup does")
+    func twoActives() throws {
+        func heartbeat(from role: PairConfiguration.Role, activeFor: Duration?) -> Message {
+            var body: [String: JSONValue] = ["state": "active", "role": .string(role.rawValue), "instance": .string("peer-\(role)"),
+                                             "sequence": 0, "synced": true]
+            if let activeFor { body["activeForMs"] = .int(Int64(activeFor.nanoseconds / 1_000_000)) }
+            return Message([Frame("peer"), PairWire.header, PairWire.state, Frame(JSONValue.object(body).jsonBytes)])
+        }
+        /// A primary that heard nobody and served alone once a client came, then was active for `served`.
+        func primaryServingAlone(for served: Duration) -> (PairLink, ManualClock, StateServer) {
+            let clock = ManualClock()
+            let (state, pair) = pairLink(.primary, clock: clock)
+            clock.advance(.seconds(1))
+            #expect(Admission(pair: pair).verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
+            #expect(pair.state == .active)
+            clock.advance(served)
+            return (pair, clock, state)
+        }
+        // A primary restarted a moment ago against a backup active for 5 s: the primary gives way.
+        do {
+            let (pair, clock, state) = primaryServingAlone(for: .milliseconds(100))
+            pair.received(heartbeat(from: .backup, activeFor: .seconds(5)), now: clock.now)
+            #expect(pair.state == .passive)
+            withExtendedLifetime(state) {}
+        }
+        // A primary active for a minute against a backup that took over 2 s ago: it stays.
+        do {
+            let (pair, clock, state) = primaryServingAlone(for: .seconds(60))
+            pair.received(heartbeat(from: .backup, activeFor: .seconds(2)), now: clock.now)
+            #expect(pair.state == .active)
+            withExtendedLifetime(state) {}
+        }
+        // Within two heartbeats of each other, or a peer that does not say: the primary stays.
+        do {
+            let (pair, clock, state) = primaryServingAlone(for: .seconds(5))
+            pair.received(heartbeat(from: .backup, activeFor: .milliseconds(5_300)), now: clock.now)
+            #expect(pair.state == .active)
+            pair.received(heartbeat(from: .backup, activeFor: nil), now: clock.now)
+            #expect(pair.state == .active)
+            withExtendedLifetime(state) {}
+        }
+        // ...and the backup gives way.
+        do {
+            let clock = ManualClock()
+            let (state, pair) = pairLink(.backup, clock: clock)
+            // Paired as passive (its copy complete), then the primary goes silent and a client comes.
+            pair.received(heartbeat(from: .primary, activeFor: .zero), now: clock.now)
+            pair.received(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(0), CHP.sequenceFrame(0)]), now: clock.now)
+            clock.advance(.seconds(1))
+            #expect(Admission(pair: pair).verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
+            clock.advance(.seconds(5))
+            pair.received(heartbeat(from: .primary, activeFor: nil), now: clock.now)
+            #expect(pair.state == .passive)
+            withExtendedLifetime(state) {}
+        }
+    }
+
     @Test("of a pair: a restarted passive whose request for the state came before its first heartbeat is waited for once it acknowledges the state, and changes wait for it from the moment the state is sent")
     func activeWaitsForRestartedPassive() throws {
         let clock = ManualClock()

@@ -133,6 +133,9 @@ final class PairLink {
     private(set) var state: PairState
     /// When the kernel entered ``state``.
     private(set) var since = Date()
+    /// When this kernel last became active (on its clock), told to the peer as a duration so
+    /// two actives can tell which one served first.
+    private var activeSince: UInt64?
     /// The peer as last heard: its state and instance, and when it counts as gone.
     private(set) var peerState: PairState?
     private(set) var peerInstance: String?
@@ -286,7 +289,7 @@ final class PairLink {
         }
     }
 
-    private func peerSays(_ peer: PairState, instance: String, now: UInt64) {
+    private func peerSays(_ peer: PairState, instance: String, activeFor peerActiveFor: UInt64?, now: UInt64) {
         peerExpiry = now + configuration.peerExpiry.nanoseconds
         lastHeard = Date()
         if heard(instance: instance) { peerLeftSync() }
@@ -300,10 +303,22 @@ final class PairLink {
             // The peer restarted and holds nothing: this kernel's copy is the state.
             become(.active, "the peer restarted: serving, and it will copy this kernel's state")
         case (.active, .active):
-            // Two actives after a partition healed: the backup's side gives way.
-            if configuration.role == .backup {
-                logger.error("both kernels of the pair were active (the link between them was cut while clients reached both): this backup gives way and copies the primary's state; writes it took meanwhile are lost")
-                become(.passive, "giving way to the primary")
+            // Two actives: after a partition healed, or a restarted kernel that heard neither
+            // its peer nor the peer's broker in time (an overloaded machine) and served alone.
+            // The one that became active later gives way: the other has served longer, and a
+            // restarted kernel holds nothing, so giving it the state would lose all of it.
+            // Too close to tell (or a peer that does not say): the backup gives way.
+            let mine = activeSince.map { now &- $0 } ?? 0
+            let margin = UInt64(configuration.heartbeatInterval.nanoseconds) * 2
+            let givesWay: Bool
+            if let theirs = peerActiveFor, theirs > mine &+ margin || mine > theirs &+ margin {
+                givesWay = theirs > mine
+            } else {
+                givesWay = configuration.role == .backup
+            }
+            if givesWay {
+                logger.error("both kernels of the pair were active: this one, active for \(Duration.nanoseconds(mine).formatted), gives way to its peer, active for \(peerActiveFor.map { Duration.nanoseconds($0).formatted } ?? "an unknown time"), and copies its state; writes this one took meanwhile are lost")
+                become(.passive, "giving way to the peer, which was active first")
             }
         case (.passive, .passive) where configuration.role == .primary && synced:
             become(.active, "both kernels were passive: the primary serves")
@@ -331,6 +346,7 @@ final class PairLink {
         logger.notice("kernel pair: \(old.rawValue) -> \(new.rawValue)", metadata: ["reason": "\(reason)", "peer": "\(configuration.peer)"])
         switch new {
         case .active:
+            activeSince = clock.now
             snapshotAskedAt = nil
             snapshotEntries = []
             acknowledged = replica.sequence
@@ -369,10 +385,11 @@ final class PairLink {
     }
 
     private func sendState() {
-        let body: JSONValue = ["state": .string(state.rawValue), "role": .string(configuration.role.rawValue),
-                               "instance": .string(instance), "sequence": .int(Int64(clamping: replica.sequence)),
-                               "synced": .bool(state == .active || synced)]
-        send([PairWire.header, PairWire.state, Frame(body.jsonBytes)])
+        var body: [String: JSONValue] = ["state": .string(state.rawValue), "role": .string(configuration.role.rawValue),
+                                         "instance": .string(instance), "sequence": .int(Int64(clamping: replica.sequence)),
+                                         "synced": .bool(state == .active || synced)]
+        if state == .active, let activeSince { body["activeForMs"] = .int(Int64(clamping: (clock.now &- activeSince) / 1_000_000)) }
+        send([PairWire.header, PairWire.state, Frame(JSONValue.object(body).jsonBytes)])
     }
 
     // MARK: Messages from the peer
@@ -394,7 +411,8 @@ final class PairLink {
                 logger.warning("the active peer is ahead of this kernel's copy: copying its state again",
                                metadata: ["peer sequence": "\(sequence)", "held": "\(replica.sequence)"])
             }
-            peerSays(peer, instance: instance, now: now)
+            let activeFor = body["activeForMs"]?.intValue.map { UInt64(clamping: $0) &* 1_000_000 }
+            peerSays(peer, instance: instance, activeFor: activeFor, now: now)
         } else if command == PairWire.snapshotRequest {
             guard state == .active else { return }
             // A restarted peer's request can come before its first heartbeat: noted here, that
