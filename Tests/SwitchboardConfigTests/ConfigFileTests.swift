@@ -353,4 +353,12 @@ struct ConfigFileTests {
         #expect(host.kernel.stateEtcd?.endpoints == ["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"])
         #expect(host.kernel.stateEtcd?.prefix == "/switchboard/state")
     }
+
+    @Test("a pair on etcd is refused at the pair section, saying what to run instead")
+    func pairOnEtcdRefused() throws {
+        let text = "kernel:\n  state:\n    backend: etcd\n    etcd:\n      endpoints: [http://127.0.0.1:2379]\n"
+            + "pair:\n  role: primary\n  listen: tcp://127.0.0.1:5560\n  peer: tcp://127.0.0.1:6560\n  peer_broker: tcp://127.0.0.1:6555\n"
+        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
+        #expect(error?.path == "pair" && error?.problem.contains("run one kernel on etcd") == true, "\(String(describing: error))")
+    }
 }

@@ -79,6 +79,11 @@ public struct ConfigFile: Sendable, Equatable {
         kernelLogLevel = try kernelSection.logLevel("log_level")
         if file.has("pair") {
             let section = try file.section("pair")
+            // A pair's kernels replicate their state to each other; on etcd each would write
+            // it there too, fenced by one election that they do not yet share.
+            guard kernel.stateEtcd == nil else {
+                throw ConfigError(path: "pair", problem: "a kernel pair with kernel.state.backend: etcd is not supported yet: run one kernel on etcd, or the pair with the state in memory")
+            }
             let configuration = try PairConfiguration(reading: section)
             kernel.pair = configuration
             pair = try PairSettings(reading: section, configuration: configuration)
