@@ -44,21 +44,29 @@ struct SubscriptionGapTests {
         }
     }
 
-    @Test("a kernel gone silent: by the subscription's own clock, past its silence timeout (an hour here) it says so and resyncs at the next HUGZ")
-    func silentKernel() async throws {
-        // A stand-in kernel that speaks CHP once, then says nothing: the test's clock, not
-        // the wall's, decides when that silence is too long.
+    /// A stand-in kernel's publisher (an XPUB) and snapshot socket (a ROUTER) over inproc://,
+    /// each receive bounded to 10 s, and a subscription to `/probe/` on them whose silence
+    /// timeout (an hour) runs on `clock`.
+    func standInKernel(_ name: String, clock: ManualClock) async throws -> (publisher: ZMQSocket, snapshots: ZMQSocket, subscription: Subscription) {
         let context = try ZMQContext()
-        let name = "silent-\(UInt64.random(in: 0...UInt64.max))"
+        let name = "\(name)-\(UInt64.random(in: 0...UInt64.max))"
         let publisher = try ZMQSocket(context, .xpub)
         try publisher.set(.receiveTimeout, Int32(10_000))
         _ = try publisher.bind("inproc://\(name)-publisher")
         let snapshots = try ZMQSocket(context, .router)
         try snapshots.set(.receiveTimeout, Int32(10_000))
         _ = try snapshots.bind("inproc://\(name)-snapshot")
-        let clock = ManualClock()
         let subscription = try await Subscription.open(snapshot: "inproc://\(name)-snapshot", publisher: "inproc://\(name)-publisher",
                                                        prefixes: ["/probe/"], context: context, silenceTimeout: .seconds(3_600), clock: clock)
+        return (publisher, snapshots, subscription)
+    }
+
+    @Test("a kernel gone silent: by the subscription's own clock, past its silence timeout (an hour here) it says so and resyncs at the next HUGZ")
+    func silentKernel() async throws {
+        // A stand-in kernel that speaks CHP once, then says nothing: the test's clock, not
+        // the wall's, decides when that silence is too long.
+        let clock = ManualClock()
+        let (publisher, snapshots, subscription) = try await standInKernel("silent", clock: clock)
         /// Greets the subscription with a HUGZ and answers the snapshot it then asks for.
         func serveSnapshot(sequence: UInt64) throws {
             try publisher.send(CHP.hugz())
@@ -77,6 +85,47 @@ struct SubscriptionGapTests {
         #expect(reason.contains("silent"), "\(reason)")
         try serveSnapshot(sequence: 7)
         #expect(try await within(10, "the resync") { try await subscription.next() } == .resynced(sequence: 7, changed: 0))
+        await subscription.cancel()
+        publisher.close()
+        snapshots.close()
+    }
+
+    @Test("a change below the last sequence delivered that the view never had (the kernels' histories parted): said, and resynced from a whole snapshot; the other kernel's copies and what the sync covered are not")
+    func partedHistories() async throws {
+        let (publisher, snapshots, subscription) = try await standInKernel("parted", clock: ManualClock())
+        func publish(_ key: String, _ sequence: UInt64) throws {
+            try publisher.send(CHP.kv(KVEntry(key: key, sequence: sequence, value: Frame("\(sequence)"))))
+        }
+        func next(_ what: String) async throws -> SubscriptionEvent? { try await within(10, what) { try await subscription.next() } }
+        while try publisher.receive()[0].bytes != [1] + Array(CHP.hugzCommand.utf8) {}
+        try publisher.send(CHP.hugz())
+        let (first, subtree, _, _) = try CHP.decodeSnapshotRequest(try snapshots.receive())
+        try snapshots.send(CHP.kthxbai(sequence: 7, subtree: subtree, to: first))
+        #expect(try await next("the first snapshot") == .synced(sequence: 7))
+
+        try publish("/probe/a", 100)
+        #expect(try await next("a change")?.update?.sequence == 100)
+        // The other kernel's copy of it, and a change the sync covered: nothing.
+        try publish("/probe/a", 100)
+        try publish("/probe/b", 5)
+        try publish("/probe/c", 101)
+        #expect(try await next("the next change")?.update?.sequence == 101)
+        // A change between the sync and the last one delivered that was never delivered.
+        try publish("/probe/b", 50)
+        let missed = try await next("the parting said")
+        guard case .missed(nil, 101, let reason)? = missed else { Issue.record("expected a missed event, got \(String(describing: missed))"); return }
+        #expect(reason.contains("parted"), "\(reason)")
+        let (client, _, since, _) = try CHP.decodeSnapshotRequest(try snapshots.receive())
+        #expect(since == nil, "a whole snapshot is asked for")
+        try snapshots.send(CHP.kvsync(KVEntry(key: "/probe/b", sequence: 50, value: Frame("50")), to: client))
+        try snapshots.send(CHP.kthxbai(sequence: 60, subtree: subtree, to: client))
+        var events: [SubscriptionEvent] = []
+        while events.last.map({ if case .resynced = $0 { false } else { true } }) ?? true { events.append(try #require(try await next("the resync"))) }
+        #expect(events.compactMap(\.update).map { "\($0.key) \($0.isDelete ? "deleted" : "set")" } == ["/probe/b set", "/probe/a deleted", "/probe/c deleted"])
+        #expect(events.last == .resynced(sequence: 60, changed: 3))
+        // The view follows the kernel it resynced from, from its sequence on.
+        try publish("/probe/d", 61)
+        #expect(try await next("a change after the resync")?.update?.sequence == 61)
         await subscription.cancel()
         publisher.close()
         snapshots.close()

@@ -268,6 +268,12 @@ actor SubscriptionCore {
     private var pendingLive: [KVEntry] = []
     private var known: [String: Frame] = [:]
     private var lastSequence: UInt64 = 0
+    /// The sequence the last sync covered: an update at or below it is in the view already.
+    private var syncedSequence: UInt64 = 0
+    /// The sequences delivered live since the last sync, the latest few, in order: an update
+    /// below the last one delivered is the other kernel's copy of one of these, or a change
+    /// this view never had (``apply(_:)``).
+    private var recentSequences = RecentSequences()
     private let clock: any NanosecondClock
     private var lastHeard: UInt64
     /// Every kernel's connection dropped at some point since the last sync: updates may
@@ -395,8 +401,21 @@ actor SubscriptionCore {
     }
 
     private func apply(_ entry: KVEntry) {
-        guard entry.sequence > lastSequence else { return }  // a duplicate (the other kernel's copy) or a stale update
+        guard entry.sequence > lastSequence else {
+            // Below the last one delivered: the other kernel's copy of a change (or one the
+            // last sync covered), unless it is a change this view never had. Kernels publish
+            // their changes in order, so such a change means the kernels' histories parted
+            // (two actives, and the one this view followed gave way) or a restarted kernel
+            // numbers from behind the old one's clock: only a whole snapshot repairs the view.
+            if entry.sequence > syncedSequence, recentSequences.covers(entry.sequence), !recentSequences.contains(entry.sequence) {
+                needsWholeSnapshot = true
+                resync(missed: nil, reason: "a kernel published a change at sequence \(entry.sequence), before the last one this view has (\(lastSequence)), that it never had: the kernels' histories parted",
+                       subscriptionIsLive: true)
+            }
+            return
+        }
         lastSequence = entry.sequence
+        recentSequences.append(entry.sequence)
         known[entry.key] = entry.isDelete ? nil : entry.value
         deliver(.update(StateUpdate(key: entry.key, sequence: entry.sequence, value: entry.value, fromSnapshot: false)))
     }
@@ -521,6 +540,8 @@ actor SubscriptionCore {
         if cameWhole > 0 { needsWholeSnapshot = false }
         let snapshotSequence = snapshotSequences.max() ?? 0
         lastSequence = snapshotSequences.min() ?? 0
+        syncedSequence = snapshotSequence
+        if cameWhole > 0 { recentSequences = RecentSequences() }
         let sequences = snapshotSequences
         phase = .live
         let wasFirstSync = firstSync
@@ -604,5 +625,41 @@ actor SubscriptionCore {
         }
         snapshotSocket?.close()
         buffer.finish()
+    }
+}
+
+/// The latest sequences a subscription delivered, in increasing order, at most `capacity`
+/// of them: whether one was delivered, for an update below the last.
+struct RecentSequences {
+    private var sequences: [UInt64] = []
+    /// Where the oldest is once the ring is full.
+    private var start = 0
+    static let capacity = 4_096
+
+    mutating func append(_ sequence: UInt64) {
+        if sequences.count < Self.capacity {
+            sequences.append(sequence)
+        } else {
+            sequences[start] = sequence
+            start = (start + 1) % Self.capacity
+        }
+    }
+
+    /// Whether what is kept tells of `sequence`: every sequence delivered since the ring was
+    /// made, until it is full; then those from the oldest kept on.
+    func covers(_ sequence: UInt64) -> Bool {
+        sequences.count < Self.capacity || sequence >= sequences[start]
+    }
+
+    /// Whether `sequence` was delivered, among those kept (a binary search of the ring).
+    func contains(_ sequence: UInt64) -> Bool {
+        var low = 0, high = sequences.count
+        while low < high {
+            let middle = (low + high) / 2
+            let value = sequences[(start + middle) % sequences.count]
+            if value == sequence { return true }
+            if value < sequence { low = middle + 1 } else { high = middle }
+        }
+        return false
     }
 }
