@@ -55,6 +55,86 @@ struct LinearizabilityCheckerTests {
     }
 }
 
+/// A state key through the kernel: `state.get`, `state.publish`, and `state.publish` with a
+/// revision for compare-and-set.
+struct KernelRegister: RegisterClient {
+    let bus: BusClient
+    let key: String
+
+    func perform(_ call: RegisterOperation.Call) async -> RegisterOperation.Answer {
+        do {
+            switch call {
+            case .read:
+                let entry = try await bus.call(KernelAPI.stateGet, .init(prefix: key)).entries.first { $0.key == key }
+                return .read(entry?.value.stringValue, sequence: entry?.sequence ?? 0)
+            case .write(let value):
+                return .written(sequence: try await bus.publish(key: key, value: .string(value)))
+            case .compareAndSet(let expected, let value):
+                return .written(sequence: try await bus.publish(key: key, value: .string(value), revision: expected))
+            }
+        } catch let BusError.remote(_, error) where error.code == JSONRPCError.conflictCode {
+            return .conflict(sequence: UInt64(clamping: error.data?["revision"]?.intValue ?? -1))
+        } catch {
+            // Unanswered (while etcd chose a leader, say): it may or may not have been made.
+            return .unknown
+        }
+    }
+
+    func close() async { await bus.close() }
+}
+
+/// A register in memory, whose writes and compare-and-sets are made at once; deliberately
+/// broken with `readsOneBehind`: a read answers what it held before its last write (as a
+/// replica one change behind would).
+actor MemoryRegister {
+    let readsOneBehind: Bool
+    init(readsOneBehind: Bool) { self.readsOneBehind = readsOneBehind }
+
+    private var current: (value: String?, sequence: UInt64) = (nil, 0)
+    private var previous: (value: String?, sequence: UInt64) = (nil, 0)
+
+    func perform(_ call: RegisterOperation.Call) -> RegisterOperation.Answer {
+        switch call {
+        case .read:
+            let read = readsOneBehind ? previous : current
+            return .read(read.value, sequence: read.sequence)
+        case .write(let value):
+            return write(value)
+        case .compareAndSet(let expected, let value):
+            return expected == current.sequence ? write(value) : .conflict(sequence: current.sequence)
+        }
+    }
+
+    private func write(_ value: String) -> RegisterOperation.Answer {
+        previous = current
+        current = (value, current.sequence + 1)
+        return .written(sequence: current.sequence)
+    }
+
+    struct Client: RegisterClient {
+        let register: MemoryRegister
+        func perform(_ call: RegisterOperation.Call) async -> RegisterOperation.Answer {
+            // A turn for the other clients between calls, as a network would give them.
+            await Task.yield()
+            return await register.perform(call)
+        }
+        func close() async {}
+    }
+}
+
+@Suite("linearizability of a register with compare-and-set: the workload against a register in memory, sound and deliberately broken")
+struct BrokenRegisterTests {
+    @Test("the workload the kernel on etcd passes: a sound register passes it; one whose reads are a change behind fails it")
+    func staleReadsFail() async throws {
+        for readsOneBehind in [false, true] {
+            let register = MemoryRegister(readsOneBehind: readsOneBehind)
+            let operations = try await registerWorkload(clients: 4, operations: 40, connect: { _ in MemoryRegister.Client(register: register) })
+            #expect(operations.count == 160)
+            #expect(isLinearizable(operations) == !readsOneBehind, "reads one behind: \(readsOneBehind); \(operations.sorted { $0.called < $1.called })")
+        }
+    }
+}
+
 /// The kernel on a three-member etcd: clients' reads, writes and compare-and-sets of one key,
 /// the etcd leader killed under them.
 @Suite(.serialized, .enabled(if: TestEtcd.available, "needs etcd-server (Scripts/bootstrap --tests installs it)"))
@@ -69,52 +149,12 @@ struct EtcdLinearizabilityTests {
         let state = StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, collector: kernel.endpoints.collector)
         let follower = try await BusClient(brokers: [kernel.endpoints.broker], state: [state])
         let subscription = try await follower.subscribe(prefixes: [Self.key])
-        let history = RegisterHistory()
         let leader = try await leader(of: cluster), broker = kernel.endpoints.broker
-
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for client in 0..<4 {
-                group.addTask {
-                    let bus = try await BusClient(brokers: [broker], timeout: .seconds(10))
-                    // The register's sequence as this client last knew it: what its compare-and-sets expect.
-                    var lastRead: UInt64 = 0
-                    for n in 0..<40 {
-                        if client == 0 && n == 15 { cluster.kill(leader) }
-                        let value = "\(client)-\(n)"
-                        let call: RegisterOperation.Call = switch n % 3 {
-                        case 0: .read
-                        case 1: .write(value)
-                        default: .compareAndSet(expected: lastRead, value)
-                        }
-                        let called = monotonicNanoseconds()
-                        var answer = RegisterOperation.Answer.unknown
-                        do {
-                            switch call {
-                            case .read:
-                                let page = try await bus.call(KernelAPI.stateGet, .init(prefix: Self.key))
-                                let entry = page.entries.first { $0.key == Self.key }
-                                answer = .read(entry?.value.stringValue, sequence: entry?.sequence ?? 0)
-                                lastRead = entry?.sequence ?? 0
-                            case .write(let value):
-                                lastRead = try await bus.publish(key: Self.key, value: .string(value))
-                                answer = .written(sequence: lastRead)
-                            case .compareAndSet(let expected, let value):
-                                answer = .written(sequence: try await bus.publish(key: Self.key, value: .string(value), revision: expected))
-                            }
-                        } catch let BusError.remote(_, error) where error.code == JSONRPCError.conflictCode {
-                            answer = .conflict(sequence: UInt64(clamping: error.data?["revision"]?.intValue ?? -1))
-                        } catch {
-                            // Unanswered while etcd chose a leader: it may or may not have been made.
-                            answer = .unknown
-                        }
-                        history.record(RegisterOperation(client: client, call: call, answer: answer, called: called, answered: monotonicNanoseconds()))
-                    }
-                    await bus.close()
-                }
-            }
-            try await group.waitForAll()
-        }
-        let operations = history.all
+        let operations = try await registerWorkload(clients: 4, operations: 40, connect: { _ in
+            KernelRegister(bus: try await BusClient(brokers: [broker], timeout: .seconds(10)), key: Self.key)
+        }, before: { client, n in
+            if client == 0 && n == 15 { cluster.kill(leader) }
+        })
         let unknown = operations.filter { $0.answer == .unknown }.count
         #expect(unknown <= 8, "only operations in flight while etcd chose a leader may go unanswered: \(unknown)")
         #expect(isLinearizable(operations), "\(operations.sorted { $0.called < $1.called })")

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import ZeroMQ
 
 /// One operation on a versioned register (a state key: its value and the sequence number of
 /// its last change), as a client saw it: what it asked, what it was answered, and when it
@@ -45,6 +46,50 @@ public final class RegisterHistory: Sendable {
 
     public func record(_ operation: RegisterOperation) { operations.withLock { $0.append(operation) } }
     public var all: [RegisterOperation] { operations.withLock { $0 } }
+}
+
+/// One client's way to the register under test: the answer to each call (``RegisterOperation/Answer/unknown``
+/// when none came, or one that does not say whether the call took effect).
+public protocol RegisterClient: Sendable {
+    func perform(_ call: RegisterOperation.Call) async -> RegisterOperation.Answer
+    func close() async
+}
+
+/// `clients` clients at once, each making `operations` calls one after another (a read, a
+/// write, a compare-and-set at the sequence it last read or wrote, in turn) on a register
+/// of its own connection (`connect`), each recorded with when it was asked and answered.
+/// `before` runs before each call (a test kills something there).
+public func registerWorkload(clients: Int, operations: Int, connect: @escaping @Sendable (_ client: Int) async throws -> any RegisterClient,
+                             before: @escaping @Sendable (_ client: Int, _ n: Int) -> Void = { _, _ in }) async throws -> [RegisterOperation] {
+    let history = RegisterHistory()
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for client in 0..<clients {
+            group.addTask {
+                let register = try await connect(client)
+                // The register's sequence as this client last knew it: what its compare-and-sets expect.
+                var known: UInt64 = 0
+                for n in 0..<operations {
+                    before(client, n)
+                    let value = "\(client)-\(n)"
+                    let call: RegisterOperation.Call = switch n % 3 {
+                    case 0: .read
+                    case 1: .write(value)
+                    default: .compareAndSet(expected: known, value)
+                    }
+                    let called = monotonicNanoseconds()
+                    let answer = await register.perform(call)
+                    history.record(RegisterOperation(client: client, call: call, answer: answer, called: called, answered: monotonicNanoseconds()))
+                    switch (call, answer) {
+                    case (.read, .read(_, let sequence)), (.write, .written(let sequence)): known = sequence
+                    default: break
+                    }
+                }
+                await register.close()
+            }
+        }
+        try await group.waitForAll()
+    }
+    return history.all
 }
 
 /// Whether `history` is linearizable for a register with compare-and-set (Wing and Gong's
