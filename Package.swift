@@ -425,7 +425,7 @@ let package = Package(
         ),
         .testTarget(
             name: "DeploymentTests",
-            dependencies: ["Contracts", "BusKit", "BusProtocol", "Catalog", "SwitchboardTestSupport", "ZeroMQ"],
+            dependencies: ["Contracts", "BusKit", "BusProtocol", "Catalog", "Etcd", "SwitchboardTestSupport", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

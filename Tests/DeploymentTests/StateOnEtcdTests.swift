@@ -1,6 +1,7 @@
 import BusKit
 import BusProtocol
 import Contracts
+import Etcd
 import Foundation
 import SwitchboardTestSupport
 import Testing
@@ -16,6 +17,8 @@ struct StateOnEtcdTests {
         let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path], environment: [
             "SWITCHBOARD_KERNEL_STATE_BACKEND": "etcd",
             "SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS": "[\(cluster.clientURLs.joined(separator: ","))]",
+            // The killed kernel's election goes with its lease: the new one stands after it.
+            "SWITCHBOARD_KERNEL_STATE_ETCD_LEASE_SECONDS": "2",
         ])
         defer { up.stop(grace: 15) }
         try await up.waitForOutput(containing: "Stop with Ctrl-C", within: 120)
@@ -41,5 +44,42 @@ struct StateOnEtcdTests {
         await bus.close()
         up.signal(SIGTERM)
         #expect(await up.exit(within: 60))
+    }
+
+    @Test("a kernel process whose election another kernel took answers -32008, then ends with an error saying so (its supervisor starts it again, to stand again)")
+    func lostElectionEnds() async throws {
+        let cluster = try await TestEtcd.start()
+        defer { cluster.stop() }
+        let folder = try temporaryDirectory("kernel-etcd")
+        let config = folder.appendingPathComponent("empty.yaml")
+        try "".write(to: config, atomically: true, encoding: .utf8)
+        let ports = (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" }
+        let kernel = try ChildProcess(switchboardExecutable(), [
+            "kernel", "--config", config.path, "--broker", ports[0], "--snapshot", ports[1], "--publisher", ports[2], "--collector", ports[3],
+        ], environment: [
+            "SWITCHBOARD_KERNEL_STATE_BACKEND": "etcd",
+            "SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS": "[\(cluster.clientURLs.joined(separator: ","))]",
+        ])
+        defer { kernel.stop() }
+        let bus = try await BusClient(brokers: [ports[0]], timeout: .seconds(20))
+        _ = try await bus.publish(key: "/client/before", value: 1)
+
+        // Another kernel takes the election (as one waiting would once this one's lease ran
+        // out while it was cut off): the key made again, under its own lease.
+        let etcd = try EtcdClient(endpoints: cluster.clientURLs)
+        let election = Array("/switchboard/state.active".utf8)
+        let intruder = try await etcd.grantLease(ttl: 30)
+        _ = try await etcd.delete(election)
+        _ = try await etcd.put(election, Array("another kernel".utf8), lease: intruder.id)
+        await etcd.close()
+
+        let refused = await #expect(throws: BusError.self) {
+            _ = try await BusClient(brokers: [ports[0]], timeout: .seconds(2)).publish(key: "/client/after", value: 2)
+        }
+        #expect("\(String(describing: refused))".contains("no longer writes the state"), "\(String(describing: refused))")
+        try await kernel.waitForOutput(containing: "lost the election of its state in etcd", within: 30)
+        #expect(await kernel.exit(within: 30))
+        #expect(kernel.process.terminationStatus != 0, "\(kernel.outputSoFar)")
+        await bus.close()
     }
 }

@@ -360,12 +360,17 @@ struct EtcdStateTests {
         #expect("\(started.map { "\($0)" } ?? "")".contains("etcd"))
     }
 
-    @Test("kernel.state: etcd needs endpoints, and refuses a value limit over what one etcd request carries")
+    @Test("kernel.state: etcd needs endpoints, and refuses a value limit over what one etcd request carries and a lease shorter than etcd grants")
     func configuration() throws {
-        let etcd: [String: Any] = ["backend": "etcd", "etcd": ["endpoints": ["http://10.0.0.1:2379"], "prefix": "/bus"]]
+        let etcd: [String: Any] = ["backend": "etcd", "etcd": ["endpoints": ["http://10.0.0.1:2379"], "prefix": "/bus", "lease_seconds": 3]]
         let read = try KernelConfiguration(reading: ConfigSection(path: "kernel", values: ["state": etcd]))
         #expect(read.stateEtcd?.endpoints == ["http://10.0.0.1:2379"])
         #expect(read.stateEtcd?.prefix == "/bus")
+        #expect(read.stateEtcd?.leaseSeconds == 3)
+        let shortLease = #expect(throws: ConfigError.self) {
+            try KernelConfiguration(reading: ConfigSection(path: "kernel", values: ["state": ["backend": "etcd", "etcd": ["endpoints": ["http://10.0.0.1:2379"], "lease_seconds": 1]]]))
+        }
+        #expect(shortLease?.path == "kernel.state.etcd.lease_seconds" && shortLease?.problem.contains("at least 2") == true, "\(String(describing: shortLease))")
         #expect(try KernelConfiguration(reading: ConfigSection(path: "kernel", values: [:])).stateEtcd == nil)
         #expect(throws: ConfigError.self) { try KernelConfiguration(reading: ConfigSection(path: "kernel", values: ["state": ["backend": "etcd"]])) }
         let tooLarge = #expect(throws: ConfigError.self) {

@@ -103,8 +103,6 @@ final class EtcdStateLink {
     /// Transactions in flight at once: etcd commits those that come together with one write
     /// to its log, so a few at once take many more changes a second than one at a time.
     static let maxTransactionsInFlight = 4
-    /// The kernel's lease, in seconds: its own keys outlive it by at most this long.
-    static let leaseSeconds: Int64 = 10
     /// Writes waiting for etcd, at most, and their bytes: beyond them a collector write is
     /// dropped (counted) and a `state.set` refused with -32001, so a flood faster than etcd
     /// takes it does not grow the kernel.
@@ -144,7 +142,10 @@ final class EtcdStateLink {
     /// The revision that created the election key this kernel holds: every transaction
     /// requires it still (a key created again has another).
     let elected: Int64
+    /// The kernel's lease: its election and its own keys outlive the kernel by at most its
+    /// time to live (`kernel.state.etcd.lease_seconds`).
     let lease: Int64
+    let leaseSeconds: Int
     /// Admitted, not yet sent, in order.
     private(set) var queue = Deque<Pending>()
     private var queuedBytes = 0
@@ -152,6 +153,8 @@ final class EtcdStateLink {
     let doorbell: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
     /// The `kernel` service's requests, each answered in a child task of the link's work.
     let requests: (stream: AsyncStream<Request>, continuation: AsyncStream<Request>.Continuation)
+    /// Why the kernel lost the state's election, once it has (``Kernel/run()`` ends then).
+    let lost: (stream: AsyncStream<String>, continuation: AsyncStream<String>.Continuation)
     /// The link's work: one task for the kernel's life (``Kernel/followState(_:)``), its
     /// children the watch, the lease's renewal, the writer and the requests under way.
     var work: Task<Void, Never>?
@@ -179,12 +182,13 @@ final class EtcdStateLink {
     /// answered at once.
     private(set) var closedWith: JSONRPCError?
 
-    init(client: EtcdClient, prefix: [UInt8], lease: Int64, elected revision: Int64) {
-        (self.client, self.prefix, self.lease, self.elected) = (client, prefix, lease, revision)
+    init(client: EtcdClient, prefix: [UInt8], lease: Int64, leaseSeconds: Int, elected revision: Int64) {
+        (self.client, self.prefix, self.lease, self.leaseSeconds, self.elected) = (client, prefix, lease, leaseSeconds, revision)
         lastRevision = revision
         reportedRevision = revision
         doorbell = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         requests = AsyncStream.makeStream(of: Request.self)
+        lost = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingNewest(1))
     }
 
     /// The state's entry that etcd's `kv` holds (its key without the prefix), numbered by its
@@ -307,10 +311,12 @@ extension Kernel {
         do {
             let prefix = Array(settings.prefix.utf8), election = EtcdStateLink.electionKey(prefix)
             while true {
-                let lease = try await client.grantLease(ttl: EtcdStateLink.leaseSeconds)
+                let lease = try await client.grantLease(ttl: Int64(settings.leaseSeconds))
                 let campaign = try await client.transaction(when: [.absent(election)], then: [.put(key: election, value: Array(instance.utf8), lease: lease.id)],
                                                             else: [.range(key: election)])
-                if campaign.succeeded { return EtcdStateLink(client: client, prefix: prefix, lease: lease.id, elected: campaign.revision) }
+                if campaign.succeeded {
+                    return EtcdStateLink(client: client, prefix: prefix, lease: lease.id, leaseSeconds: settings.leaseSeconds, elected: campaign.revision)
+                }
                 try? await client.revoke(lease.id)
                 let holder = campaign.ranges.first?.keyValues.first
                 logger.notice("another kernel writes this state: waiting for it to go (it stops, or its lease runs out)",
@@ -483,7 +489,8 @@ extension Kernel {
     private func keepLeaseAlive() async {
         guard let link = parts?.etcd else { return }
         while !Task.isCancelled, link.closedWith == nil {
-            try? await Task.sleep(for: .seconds(EtcdStateLink.leaseSeconds) / 3)
+            // Three renewals a lease: one late or lost still leaves time for the next.
+            try? await Task.sleep(for: .seconds(link.leaseSeconds) / 3)
             guard parts?.etcd === link, !Task.isCancelled else { return }
             do {
                 if try await link.client.keepAlive(link.lease) == 0 { lostElection(link, why: "its lease in etcd ran out") }
@@ -494,13 +501,15 @@ extension Kernel {
     }
 
     /// This kernel no longer holds the state's election: every write from now on is answered
-    /// -32008, and the kernel stays so (restarted, it stands again).
+    /// -32008. Run as a process (``Kernel/run()``) it then ends, so that its supervisor starts
+    /// it again and it stands for the election again (waiting while another kernel holds it).
     private func lostElection(_ link: EtcdStateLink, why: String) {
         guard link.closedWith == nil else { return }
         let election = String(decoding: link.electionKey, as: UTF8.self)
-        logger.critical("this kernel no longer writes the state: \(why); restart it to stand for \(election) again")
+        logger.critical("this kernel no longer writes the state: \(why); started again, it stands for \(election) again")
         link.failAll(JSONRPCError(code: JSONRPCError.notActiveCode,
                                   message: "Not active: this kernel no longer writes the state (\(why)); another kernel may hold \(election)"))
+        link.lost.continuation.yield(why)
     }
 
     /// A write admitted by the state server, made in etcd; its sequence number once the copy
@@ -636,6 +645,7 @@ extension Kernel {
     /// once), the connections, and its work, awaited.
     func closeState(_ link: EtcdStateLink) async {
         link.requests.continuation.finish()
+        link.lost.continuation.finish()
         link.doorbell.continuation.finish()
         link.work?.cancel()
         link.failAll(JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping"))

@@ -532,9 +532,41 @@ extension Kernel {
 
 extension Kernel: Service {
     /// Serves until graceful shutdown (SIGTERM/SIGINT through a `ServiceGroup`), then stops.
+    static let lostElectionGrace = Duration.seconds(1)
+
     public func run() async throws {
         try await start()
-        try? await gracefulShutdown()
+        // Until shutdown, or until a kernel that keeps its state in etcd loses the election
+        // (another kernel writes the state now): then it ends with an error, so its supervisor
+        // starts it again and it waits to stand again rather than serve without writing.
+        let lost = parts?.etcd?.lost.stream
+        let why = await withTaskGroup(of: String?.self) { group in
+            group.addTask {
+                try? await gracefulShutdown()
+                return nil
+            }
+            if let lost {
+                group.addTask {
+                    for await why in lost { return why }
+                    return nil
+                }
+            }
+            defer { group.cancelAll() }
+            return await group.next() ?? nil
+        }
+        if why != nil {
+            // A moment answering -32008 before it goes: the requests under way get their
+            // answer, and clients learn to ask the other kernel, rather than wait out a
+            // timeout on a kernel that vanished.
+            try? await Task.sleep(for: Self.lostElectionGrace)
+        }
         await stop()
+        if let why { throw KernelLostElection(why: why) }
     }
+}
+
+/// The kernel ended because it no longer holds the election of the state it keeps in etcd.
+public struct KernelLostElection: Error, CustomStringConvertible {
+    public let why: String
+    public var description: String { "this kernel lost the election of its state in etcd (\(why)): it ends, to stand again when started" }
 }

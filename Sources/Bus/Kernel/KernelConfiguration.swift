@@ -141,6 +141,14 @@ public struct EtcdStateSettings: Sendable, Equatable {
     public var caFile: String?
     public var certificateFile: String?
     public var keyFile: String?
+    /// The time to live of the kernel's lease, which holds its election and its own keys: a
+    /// kernel killed or cut off from etcd holds the election this long, so another kernel
+    /// waiting for it takes over after it. Shorter fails over sooner; a kernel that cannot
+    /// renew it for that long (etcd choosing a leader, a loaded machine) loses the election.
+    public var leaseSeconds = Self.defaultLeaseSeconds
+    public static let defaultLeaseSeconds = 10
+    /// etcd grants no shorter lease (it raises a shorter one to about this).
+    public static let leaseSecondsRange = 2...3_600
 
     public init(endpoints: [String]) { self.endpoints = endpoints }
 }

@@ -9,7 +9,7 @@ extension KernelConfiguration {
         "backend": .value,
         "etcd": .map([
             "endpoints": .value, "prefix": .value, "username": .text, "password": .text,
-            "ca_file": .value, "cert_file": .value, "key_file": .value,
+            "ca_file": .value, "cert_file": .value, "key_file": .value, "lease_seconds": .value,
         ]),
     ])
 
@@ -84,6 +84,12 @@ extension KernelConfiguration {
         settings.password = try etcd.text("password", "etcd's password")
         guard (settings.username == nil) == (settings.password == nil) else {
             throw ConfigError(path: etcd.path(settings.username == nil ? "username" : "password"), problem: "is required with \(settings.username == nil ? "password" : "username")")
+        }
+        if let seconds = try etcd.integer("lease_seconds", atMost: EtcdStateSettings.leaseSecondsRange.upperBound) {
+            guard seconds >= EtcdStateSettings.leaseSecondsRange.lowerBound else {
+                throw etcd.refuse("lease_seconds", expected: "at least \(EtcdStateSettings.leaseSecondsRange.lowerBound) (etcd grants no shorter lease)")
+            }
+            settings.leaseSeconds = seconds
         }
         settings.caFile = try etcd.text("ca_file", "a PEM file")
         settings.certificateFile = try etcd.text("cert_file", "a PEM file")
