@@ -6,6 +6,23 @@ import Foundation
 import SwitchboardTestSupport
 import Testing
 
+/// A `switchboard kernel` process with its state in `cluster` (no configuration file, CURVE
+/// off), on ports of its own: the process and its broker endpoint.
+func kernelOnEtcd(_ cluster: TestEtcd, leaseSeconds: Int = 10) throws -> (process: ChildProcess, broker: String) {
+    let folder = try temporaryDirectory("kernel-etcd")
+    let config = folder.appendingPathComponent("empty.yaml")
+    try "".write(to: config, atomically: true, encoding: .utf8)
+    let ports = (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" }
+    let process = try ChildProcess(switchboardExecutable(), [
+        "kernel", "--config", config.path, "--broker", ports[0], "--snapshot", ports[1], "--publisher", ports[2], "--collector", ports[3],
+    ], environment: [
+        "SWITCHBOARD_KERNEL_STATE_BACKEND": "etcd",
+        "SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS": "[\(cluster.clientURLs.joined(separator: ","))]",
+        "SWITCHBOARD_KERNEL_STATE_ETCD_LEASE_SECONDS": "\(leaseSeconds)",
+    ])
+    return (process, ports[0])
+}
+
 @Suite("switchboard up with the state on etcd", .serialized, .enabled(if: TestEtcd.available, "needs etcd-server (Scripts/bootstrap --tests installs it)"))
 struct StateOnEtcdTests {
     @Test("kernel.state.backend: etcd from the environment: acknowledged state outlives kill -9 of the kernel, with its sequence numbers; sb stats names the etcd")
@@ -46,22 +63,37 @@ struct StateOnEtcdTests {
         #expect(await up.exit(within: 60))
     }
 
+    @Test("a second kernel on the same etcd waits, asking the active one at its broker; kill -9 of the active: the second takes its election once it stops answering, long before its lease runs out, and serves what was written")
+    func standbyTakesOver() async throws {
+        let cluster = try await TestEtcd.start()
+        defer { cluster.stop() }
+        // A lease far longer than the waits below: a takeover within them is the standby's doing.
+        func startKernel() throws -> (process: ChildProcess, broker: String) { try kernelOnEtcd(cluster, leaseSeconds: 120) }
+        let active = try startKernel()
+        defer { active.process.stop() }
+        let bus = try await BusClient(brokers: [active.broker], timeout: .seconds(20))
+        let written = try await bus.publish(key: "/client/note", value: "before")
+        let standby = try startKernel()
+        defer { standby.process.stop() }
+        try await standby.process.waitForOutput(containing: "the kernel holding the election answers at its broker", within: 30)
+
+        active.process.signal(SIGKILL)
+        try await standby.process.waitForOutput(containing: "taking its election rather than wait for its lease", within: 30)
+        let moved = try await BusClient(brokers: [active.broker, standby.broker], timeout: .seconds(30))
+        let entries = try await moved.call(KernelAPI.stateGet, .init(prefix: "/client/")).entries
+        #expect(entries.map(\.key) == ["/client/note"] && entries.first?.sequence == written)
+        #expect(try await moved.publish(key: "/client/note", value: "after", revision: written) > written)
+        await moved.close()
+        await bus.close()
+    }
+
     @Test("a kernel process whose election another kernel took answers -32008, then ends with an error saying so (its supervisor starts it again, to stand again)")
     func lostElectionEnds() async throws {
         let cluster = try await TestEtcd.start()
         defer { cluster.stop() }
-        let folder = try temporaryDirectory("kernel-etcd")
-        let config = folder.appendingPathComponent("empty.yaml")
-        try "".write(to: config, atomically: true, encoding: .utf8)
-        let ports = (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" }
-        let kernel = try ChildProcess(switchboardExecutable(), [
-            "kernel", "--config", config.path, "--broker", ports[0], "--snapshot", ports[1], "--publisher", ports[2], "--collector", ports[3],
-        ], environment: [
-            "SWITCHBOARD_KERNEL_STATE_BACKEND": "etcd",
-            "SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS": "[\(cluster.clientURLs.joined(separator: ","))]",
-        ])
+        let (kernel, broker) = try kernelOnEtcd(cluster)
         defer { kernel.stop() }
-        let bus = try await BusClient(brokers: [ports[0]], timeout: .seconds(20))
+        let bus = try await BusClient(brokers: [broker], timeout: .seconds(20))
         _ = try await bus.publish(key: "/client/before", value: 1)
 
         // Another kernel takes the election (as one waiting would once this one's lease ran
@@ -74,7 +106,7 @@ struct StateOnEtcdTests {
         await etcd.close()
 
         let refused = await #expect(throws: BusError.self) {
-            _ = try await BusClient(brokers: [ports[0]], timeout: .seconds(2)).publish(key: "/client/after", value: 2)
+            _ = try await BusClient(brokers: [broker], timeout: .seconds(2)).publish(key: "/client/after", value: 2)
         }
         #expect("\(String(describing: refused))".contains("no longer writes the state"), "\(String(describing: refused))")
         try await kernel.waitForOutput(containing: "lost the election of its state in etcd", within: 30)

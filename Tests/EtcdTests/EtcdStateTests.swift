@@ -267,8 +267,11 @@ struct EtcdStateTests {
         let moved = try await set(bus, "/pricing/route", "CDG-SFO", revision: written)
         #expect(moved > written)
         let etcd = try EtcdClient(endpoints: cluster.clientURLs)
-        let holder = try await etcd.range(Array((Self.prefix + ".active").utf8)).keyValues.first
-        #expect(holder?.valueString == first.kernel.instance)
+        // The election key names the holder and the broker a waiting kernel asks it at.
+        @Sendable func holder() async throws -> JSONValue? {
+            try await etcd.range(Array((Self.prefix + ".active").utf8)).keyValues.first.map { try JSONValue(parsing: $0.value) }
+        }
+        #expect(try await holder() == ["instance": .string(first.kernel.instance), "broker": .string(first.endpoints.broker)])
         #expect(secondStarted.withLock { $0 } == false)
         await first.stop()
 
@@ -277,7 +280,7 @@ struct EtcdStateTests {
         #expect(try await set(bus, "/pricing/route", "AMS-NRT", revision: moved) > moved)
         let taken = try await within(30, "the second kernel started") { try await second.value }
         #expect(try await entries(bus, "/pricing/")["/pricing/route"]?.value == "AMS-NRT")
-        #expect(try await etcd.range(Array((Self.prefix + ".active").utf8)).keyValues.first?.valueString == taken.kernel.instance)
+        #expect(try await holder()?["instance"]?.stringValue == taken.kernel.instance)
         await bus.close()
         await taken.stop()
         await etcd.close()

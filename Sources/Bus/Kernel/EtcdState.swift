@@ -136,7 +136,7 @@ final class EtcdStateLink {
     let prefix: [UInt8]
     var statePrefix: [UInt8] { prefix + [UInt8(ascii: "/")] }
     /// The key whose holder writes the state: `PREFIX.active`, the holder's instance under its
-    /// lease (``Kernel/connectState(_:instance:logger:)``).
+    /// lease (``Kernel/connectState(_:)``).
     static func electionKey(_ prefix: [UInt8]) -> [UInt8] { prefix + Array(".active".utf8) }
     var electionKey: [UInt8] { Self.electionKey(prefix) }
     /// The revision that created the election key this kernel holds: every transaction
@@ -302,36 +302,6 @@ extension EtcdClient.Settings {
 }
 
 extension Kernel {
-    /// Connects to the etcd that keeps the state and wins its election: creates the election
-    /// key under a new lease of its own, once no other kernel holds it (waiting, while one
-    /// does, for its key to go: its kernel stopped, or its lease ran out). The election's
-    /// revision is where reading the state must reach (the link's ``EtcdStateLink/lastRevision``).
-    static func connectState(_ settings: EtcdStateSettings, instance: String, logger: Logger) async throws -> EtcdStateLink {
-        let client = try EtcdClient(settings: EtcdClient.Settings(settings))
-        do {
-            let prefix = Array(settings.prefix.utf8), election = EtcdStateLink.electionKey(prefix)
-            while true {
-                let lease = try await client.grantLease(ttl: Int64(settings.leaseSeconds))
-                let campaign = try await client.transaction(when: [.absent(election)], then: [.put(key: election, value: Array(instance.utf8), lease: lease.id)],
-                                                            else: [.range(key: election)])
-                if campaign.succeeded {
-                    return EtcdStateLink(client: client, prefix: prefix, lease: lease.id, leaseSeconds: settings.leaseSeconds, elected: campaign.revision)
-                }
-                try? await client.revoke(lease.id)
-                let holder = campaign.ranges.first?.keyValues.first
-                logger.notice("another kernel writes this state: waiting for it to go (it stops, or its lease runs out)",
-                              metadata: ["election": "\(String(decoding: election, as: UTF8.self))", "holder": "\(holder?.valueString ?? "")",
-                                         "lease": "\(String(holder?.lease ?? 0, radix: 16))"])
-                waiting: for try await update in client.watch(election, from: campaign.revision + 1) {
-                    if case .events(let events, _) = update, events.contains(where: { $0.kind == .delete }) { break waiting }
-                }
-            }
-        } catch {
-            await client.close()
-            throw error
-        }
-    }
-
     /// Reads the state into `state` up to the revision of the kernel's election (the mark:
     /// every change before it is in etcd): as it was `kernel.state_history_changes` revisions
     /// before, then every change since, so the copy's history holds the recent changes and a

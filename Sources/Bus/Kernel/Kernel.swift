@@ -90,7 +90,7 @@ public actor Kernel: BusService {
         }
         phase = .starting
         do {
-            let link = try await Self.connectState(settings, instance: instance, logger: logger)
+            let link = try await connectState(settings)
             do {
                 let parts = KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger, etcd: link)
                 try await readState(into: parts.state, from: link)
