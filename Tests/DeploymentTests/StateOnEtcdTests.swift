@@ -87,6 +87,23 @@ struct StateOnEtcdTests {
         await bus.close()
     }
 
+    @Test("a kernel waiting for the election ends at SIGTERM, with status 0")
+    func waitingKernelStops() async throws {
+        let cluster = try await TestEtcd.start()
+        defer { cluster.stop() }
+        let (active, broker) = try kernelOnEtcd(cluster)
+        defer { active.stop() }
+        let bus = try await BusClient(brokers: [broker], timeout: .seconds(20))
+        _ = try await bus.publish(key: "/client/note", value: 1)
+        await bus.close()
+        let (waiting, _) = try kernelOnEtcd(cluster)
+        defer { waiting.stop() }
+        try await waiting.waitForOutput(containing: "another kernel writes this state: waiting for it to go", within: 30)
+        waiting.signal(SIGTERM)
+        #expect(await waiting.exit(within: 30), "\(waiting.outputSoFar)")
+        #expect(waiting.process.terminationStatus == 0, "\(waiting.outputSoFar)")
+    }
+
     @Test("a kernel process whose election another kernel took answers -32008, then ends with an error saying so (its supervisor starts it again, to stand again)")
     func lostElectionEnds() async throws {
         let cluster = try await TestEtcd.start()

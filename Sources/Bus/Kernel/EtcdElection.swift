@@ -124,6 +124,7 @@ extension Kernel {
             let prefix = Array(settings.prefix.utf8), election = EtcdStateLink.electionKey(prefix)
             let mine = ElectionValue(instance: instance, broker: ElectionValue.advertised(configuration.brokerEndpoint))
             while true {
+                try Task.checkCancellation()
                 let lease = try await client.grantLease(ttl: Int64(settings.leaseSeconds))
                 let campaign = try await client.transaction(when: [.absent(election)], then: [.put(key: election, value: mine.bytes, lease: lease.id)],
                                                             else: [.range(key: election)])

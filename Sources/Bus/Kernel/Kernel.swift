@@ -535,7 +535,15 @@ extension Kernel: Service {
     static let lostElectionGrace = Duration.seconds(1)
 
     public func run() async throws {
-        try await start()
+        do {
+            // A kernel waiting for the election of its state in etcd waits until it is asked
+            // to stop, no longer.
+            _ = try await cancelWhenGracefulShutdown { try await self.start() }
+        } catch where Task.isShuttingDownGracefully {
+            // Cancelled by the shutdown (whatever the wait in progress made of that).
+            await stop()
+            return
+        }
         // Until shutdown, or until a kernel that keeps its state in etcd loses the election
         // (another kernel writes the state now): then it ends with an error, so its supervisor
         // starts it again and it waits to stand again rather than serve without writing.
