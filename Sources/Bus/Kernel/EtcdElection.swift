@@ -11,10 +11,12 @@ import ZeroMQ
 //   kernel stopped (and let it go), or its lease ran out;
 // - a waiting kernel also asks the holder, at the broker the key names, whether it still
 //   serves (8/MMI, as a client would, every 200 ms): a holder it has heard answer that then
-//   stays silent for a second is taken to be gone, and its key is deleted (only if it is
-//   still that holder's), so the waiting kernel takes over in about a second rather than
-//   at the end of the holder's lease. A holder that was only cut off from this kernel, not
-//   from etcd, is fenced by it: its next write fails, it stops writing and ends;
+//   stays silent for a second with its connection down (its process ended, or ZMTP
+//   heartbeats found its machine gone) is taken to be gone, and its key is deleted (only if
+//   it is still that holder's), so the waiting kernel takes over in about a second rather
+//   than at the end of the holder's lease. A holder silent but connected is busy, not gone
+//   (an overloaded machine): its lease decides. A holder that was only cut off from this
+//   kernel, not from etcd, is fenced by the takeover: its next write fails, it ends;
 // - a holder never heard (its broker unreachable from here, or still starting) is waited
 //   for until its lease runs out.
 
@@ -52,11 +54,14 @@ struct ElectionValue: Equatable {
 
 /// Asks the kernel holding the election, at its broker, whether it still serves (an 8/MMI
 /// question for the `kernel` service every `interval`); `silent` yields once a kernel that
-/// answered has then not answered for `window`. Lives on the kernel's loop thread.
+/// answered has then not answered for `window` and its connection is down. Lives on the
+/// kernel's loop thread.
 final class HolderProbe {
     private var registration: SocketRegistration?
+    private var monitor: SocketRegistration?
     private var timer: LoopTimer?
     private var answeredAt: UInt64?
+    private var connected = false
     private let window: UInt64
     let silent: AsyncStream<Void>
     private let continuation: AsyncStream<Void>.Continuation
@@ -73,15 +78,32 @@ final class HolderProbe {
             }
             try socket.set(.immediate, true)
             try socket.set(.linger, 0)
-            try socket.connect(endpoint)
+            // A machine gone closes no connection: ZMTP heartbeats notice it.
+            let milliseconds = Int32(clamping: Int(interval.nanoseconds / 1_000_000))
+            try socket.set(.heartbeatInterval, milliseconds)
+            try socket.set(.heartbeatTimeout, milliseconds * 5)
         } catch {
             socket.close()
             throw error
         }
         self.window = window.nanoseconds
         (silent, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
-        registration = loop.register(socket) { [weak self] _ in self?.answered() }
-        registration?.dropsWhenPeerFull = true
+        do {
+            let events = try connectionEvents(of: socket, in: loop.context)
+            monitor = loop.register(events) { [weak self] message in
+                guard let self, let event = SocketEvent(message) else { return }
+                if event.event.contains(.connected) { connected = true }
+                if event.event.contains(.disconnected) { connected = false }
+            }
+            registration = loop.register(socket) { [weak self] _ in self?.answered() }
+            registration?.dropsWhenPeerFull = true
+            // Connected once its connection events are watched, so the first is seen.
+            try socket.connect(endpoint)
+        } catch {
+            if registration == nil { socket.close() }
+            stop()
+            throw error
+        }
         timer = loop.scheduleRepeating(every: interval) { [weak self] in self?.ask() }
     }
 
@@ -91,7 +113,7 @@ final class HolderProbe {
     }
 
     private func ask() {
-        if let answeredAt, monotonicNanoseconds() &- answeredAt > window {
+        if let answeredAt, !connected, monotonicNanoseconds() &- answeredAt > window {
             continuation.yield()
             stop()
             return
@@ -104,6 +126,8 @@ final class HolderProbe {
         timer = nil
         registration?.close()
         registration = nil
+        monitor?.close()
+        monitor = nil
         continuation.finish()
     }
 }
