@@ -615,13 +615,15 @@ actor ClientCore {
         if let target { connections[target].socket.send(message) }
     }
 
-    /// The connection to send on now: the only one; or of a pair, the current kernel if it is
-    /// connected and did not just refuse, else the other if it qualifies (it becomes current);
-    /// nil: none now (the request waits for the next sweep or connection).
+    /// The connection to send on now: the only one; or of a pair, the current kernel if its
+    /// connection got through the handshake and it did not just refuse, else the other if it
+    /// qualifies (it becomes current); nil: none now (the request waits for the next sweep or
+    /// connection). A connection the system accepted but no kernel greets (a frozen process)
+    /// never qualifies, so requests go to the other kernel rather than wait there.
     private func destination() -> Int? {
         let now = clock.now
         guard isPair else { return now &- connections[0].refusedAt >= Self.refusalPause ? 0 : nil }
-        let usable = { (index: Int) in self.connections[index].connected && now &- self.connections[index].refusedAt >= Self.refusalPause }
+        let usable = { (index: Int) in self.connections[index].handshaken && now &- self.connections[index].refusedAt >= Self.refusalPause }
         if usable(current) { return current }
         guard let other = connections.indices.first(where: { $0 != current && usable($0) }) else { return nil }
         current = other
@@ -643,7 +645,10 @@ actor ClientCore {
     func connectionEvent(_ message: Message, on index: Int) {
         guard let event = SocketEvent(message), case .open = lifecycle else { return }
         if !event.event.isDisjoint(with: .handshakeFailed) { connections[index].handshakeFailures += 1 }
-        if event.event.contains(.handshakeSucceeded) { connections[index].handshaken = true }
+        if event.event.contains(.handshakeSucceeded) {
+            connections[index].handshaken = true
+            if isPair { sendWaiting() }
+        }
         if event.event.contains(.disconnected) {
             connections[index].connected = false
             connections[index].drops += 1
