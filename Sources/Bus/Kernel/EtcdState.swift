@@ -349,6 +349,7 @@ extension Kernel {
             await withDiscardingTaskGroup { group in
                 group.addTask { await self.followEtcd() }
                 group.addTask { await self.keepLeaseAlive() }
+                group.addTask { await self.watchElection() }
                 group.addTask { await self.writeQueued(doorbell) }
                 for await request in requests {
                     group.addTask { await self.answer(request) }
@@ -451,6 +452,39 @@ extension Kernel {
                                                    sequence: EtcdSequence.of(revision: revision, place: place))
             }
             if state.applyCommitted(item, now: now) { link.applied(event.keyValue.key, revision: revision, sequence: item.sequence) }
+        }
+    }
+
+    /// Watches the kernel's own election key: once it is gone or made again by another (a
+    /// waiting kernel took it from this one, thought gone), this kernel has lost the election
+    /// at once, rather than at its next write (which the fence would refuse anyway).
+    private func watchElection() async {
+        guard let link = parts?.etcd else { return }
+        var from = link.elected + 1
+        while !Task.isCancelled, link.closedWith == nil, parts?.etcd === link {
+            do {
+                for try await update in link.client.watch(link.electionKey, from: from) {
+                    switch update {
+                    case .events(let events, _):
+                        if events.contains(where: { $0.kind == .delete || $0.keyValue.createRevision != link.elected }) {
+                            return lostElection(link, why: "another kernel took its election key")
+                        }
+                    case .progress:
+                        break
+                    case .compacted:
+                        // What happened meanwhile is gone (and the watch ends): the key as it
+                        // is now says.
+                        let now = try await link.client.range(link.electionKey)
+                        guard now.keyValues.first?.createRevision == link.elected else {
+                            return lostElection(link, why: "another kernel took its election key")
+                        }
+                        from = now.revision + 1
+                    }
+                }
+            } catch {
+                // etcd unreachable: the lease's renewal and the fenced writes say what that costs.
+                try? await Task.sleep(for: .seconds(1))
+            }
         }
     }
 
