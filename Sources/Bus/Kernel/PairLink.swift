@@ -311,7 +311,7 @@ final class PairLink {
             let mine = activeSince.map { now &- $0 } ?? 0
             let margin = UInt64(configuration.heartbeatInterval.nanoseconds) * 2
             let givesWay: Bool
-            if let theirs = peerActiveFor, theirs > mine &+ margin || mine > theirs &+ margin {
+            if let theirs = peerActiveFor, (theirs > mine ? theirs - mine : mine - theirs) > margin {
                 givesWay = theirs > mine
             } else {
                 givesWay = configuration.role == .backup
@@ -411,7 +411,11 @@ final class PairLink {
                 logger.warning("the active peer is ahead of this kernel's copy: copying its state again",
                                metadata: ["peer sequence": "\(sequence)", "held": "\(replica.sequence)"])
             }
-            let activeFor = body["activeForMs"]?.intValue.map { UInt64(clamping: $0) &* 1_000_000 }
+            // From the wire: a figure past what nanoseconds hold is held there, not wrapped.
+            let activeFor = body["activeForMs"]?.intValue.map { milliseconds in
+                let (nanoseconds, overflow) = UInt64(clamping: milliseconds).multipliedReportingOverflow(by: 1_000_000)
+                return overflow ? UInt64.max : nanoseconds
+            }
             peerSays(peer, instance: instance, activeFor: activeFor, now: now)
         } else if command == PairWire.snapshotRequest {
             guard state == .active else { return }
