@@ -252,8 +252,7 @@ final class EtcdStateLink {
     /// for it.
     func applied(_ key: [UInt8], revision: Int64, sequence: UInt64) {
         if !awaited.isEmpty, let pending = awaited.removeValue(forKey: Awaited(revision: revision, key: key)) {
-            state?.settled(pending.write)
-            pending.done?.resume(returning: sequence)
+            settle(pending, sequence: sequence)
         } else if inFlight[key] != nil {
             inFlight[key]?.append((revision, sequence))
         }
@@ -266,8 +265,7 @@ final class EtcdStateLink {
         if let closedWith {
             settle(pending, closedWith)
         } else if let seen = inFlight[key]?.first(where: { $0.revision == revision }) {
-            state?.settled(pending.write)
-            pending.done?.resume(returning: seen.sequence)
+            settle(pending, sequence: seen.sequence)
         } else {
             awaited[Awaited(revision: revision, key: key)] = pending
         }
@@ -277,6 +275,12 @@ final class EtcdStateLink {
     func settle(_ pending: Pending, _ error: any Error) {
         state?.settled(pending.write)
         pending.done?.resume(throwing: error)
+    }
+
+    /// Settles `pending`, answered with the sequence the copy holds its change at (or is at).
+    func settle(_ pending: Pending, sequence: UInt64) {
+        state?.settled(pending.write)
+        pending.done?.resume(returning: sequence)
     }
 
     func committed() { transactions += 1 }
@@ -431,8 +435,7 @@ extension Kernel {
         // Writes committed in the revisions compacted away: the watch will not bring them.
         for (awaited, pending) in link.awaited where awaited.revision <= range.revision {
             link.awaited[awaited] = nil
-            state.settled(pending.write)
-            pending.done?.resume(returning: state.entries[Frame(awaited.key.dropFirst(link.prefix.count))]?.sequence ?? state.sequence)
+            link.settle(pending, sequence: state.entries[Frame(awaited.key.dropFirst(link.prefix.count))]?.sequence ?? state.sequence)
         }
         parts.flush()
     }
@@ -615,8 +618,7 @@ extension Kernel {
             for (index, (pending, key)) in deletes.enumerated() {
                 if index < transaction.deleted.count, transaction.deleted[index] == 0 {
                     // Nothing to delete: nothing changed, the copy is where it is.
-                    link.state?.settled(pending.write)
-                    pending.done?.resume(returning: parts?.state.sequence ?? 0)
+                    link.settle(pending, sequence: parts?.state.sequence ?? 0)
                 } else {
                     link.answer(pending, key: key, revision: transaction.revision)
                 }
