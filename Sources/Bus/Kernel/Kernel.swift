@@ -531,9 +531,12 @@ extension Kernel {
 }
 
 extension Kernel: Service {
-    /// Serves until graceful shutdown (SIGTERM/SIGINT through a `ServiceGroup`), then stops.
+    /// How long a kernel that lost the election of its state in etcd answers -32008 before
+    /// it ends.
     static let lostElectionGrace = Duration.seconds(1)
 
+    /// Serves until graceful shutdown (SIGTERM/SIGINT through a `ServiceGroup`), then stops;
+    /// a kernel keeping its state in etcd that loses the election ends with an error.
     public func run() async throws {
         do {
             // A kernel waiting for the election of its state in etcd waits until it is asked
