@@ -119,14 +119,7 @@ struct KernelPairTests {
         let frozen = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(frozen) }
         let port = freePort()
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = UInt16(port).bigEndian
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(frozen, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        try #require(bound == 0 && listen(frozen, 16) == 0)
+        try #require(bindLoopback(frozen, port: port) && listen(frozen, 16) == 0)
         let kernel = try await TestKernel.start(fastHeartbeats)
         let client = try await BusClient(brokers: ["tcp://127.0.0.1:\(port)", kernel.endpoints.broker], timeout: .seconds(10))
         for _ in 0..<3 { #expect(try await client.call(KernelAPI.ping).pong) }

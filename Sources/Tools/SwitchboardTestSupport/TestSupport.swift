@@ -63,16 +63,21 @@ public func freePort() -> Int {
     while true {
         let port = Int.random(in: candidates)
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = UInt16(port).bigEndian
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
+        let bound = bindLoopback(fd, port: port)
         close(fd)
-        if bound == 0, PortsHandedOut.ports.withLock({ $0.insert(port).inserted }) { return port }
+        if bound, PortsHandedOut.ports.withLock({ $0.insert(port).inserted }) { return port }
     }
+}
+
+/// Binds the socket `fd` to 127.0.0.1:`port`; whether it could.
+public func bindLoopback(_ fd: Int32, port: Int) -> Bool {
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = UInt16(port).bigEndian
+    return withUnsafeMutablePointer(to: &address) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    } == 0
 }
 
 private enum PortsHandedOut {
