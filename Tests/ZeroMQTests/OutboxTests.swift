@@ -1,6 +1,12 @@
 import Testing
 import ZeroMQ
 
+/// An encoding that writes its frames where the outbox keeps them.
+private struct ThreeFrames: MessageEncoding {
+    let frames: [Frame]
+    func appendFrames(to target: inout [Frame]) { for frame in frames { target.append(frame) } }
+}
+
 @Suite("Outbox: messages written between sends, taken in batches")
 struct OutboxTests {
     @Test("a batch holds every message written so far, in order; what is written while it is sent is the next batch; its room is reused")
@@ -8,7 +14,7 @@ struct OutboxTests {
         var outbox = Outbox()
         #expect(outbox.takeBatch() == nil && outbox.isEmpty)
         outbox.send(Message([Frame("a"), Frame("1")]))
-        outbox.write { $0 += [Frame("b"), Frame("2"), Frame("3")] }
+        outbox.send(ThreeFrames(frames: [Frame("b"), Frame("2"), Frame("3")]))
         var sent: [[Frame]] = []
         let first = outbox.takeBatch()
         #expect(outbox.isEmpty, "taking a batch empties the outbox")

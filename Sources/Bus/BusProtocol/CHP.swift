@@ -103,14 +103,25 @@ extension CHP {
     }
 
     /// A `KVPUB` of frames at hand (a KVSET's own key, UUID, properties and value, sent on
-    /// uncopied) with the server's `sequence`, appended to `frames`: a server that writes its
-    /// updates one after another into one array allocates nothing per update.
-    public static func appendKVPub(key: Frame, sequence: UInt64, uuid: Frame, properties: Frame, value: Frame, into frames: inout [Frame]) {
-        frames.append(key)
-        frames.append(sequenceFrame(sequence))
-        frames.append(uuid)
-        frames.append(properties)
-        frames.append(value)
+    /// uncopied) with the server's `sequence`.
+    public struct KVPub: MessageEncoding {
+        public var key: Frame
+        public var sequence: UInt64
+        public var uuid: Frame
+        public var properties: Frame
+        public var value: Frame
+
+        public init(key: Frame, sequence: UInt64, uuid: Frame, properties: Frame, value: Frame) {
+            (self.key, self.sequence, self.uuid, self.properties, self.value) = (key, sequence, uuid, properties, value)
+        }
+
+        public func appendFrames(to frames: inout [Frame]) {
+            frames.append(key)
+            frames.append(sequenceFrame(sequence))
+            frames.append(uuid)
+            frames.append(properties)
+            frames.append(value)
+        }
     }
 
     /// `HUGZ`, the publisher's keep-alive. `published` (a Switchboard extension, in the

@@ -168,27 +168,38 @@ extension MDP {
     public static func reply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>, version: Version, final: Bool = true) -> Message {
         var frames: [Frame] = []
         frames.reserveCapacity(4 + body.count)
-        appendReply(to: client, serviceFrame: serviceFrame, body: body, version: version, final: final, into: &frames)
+        BrokerReply(to: client, serviceFrame: serviceFrame, body: body, version: version, final: final).appendFrames(to: &frames)
         return Message(frames)
     }
 
-    /// The same reply's frames, appended to `frames`: a broker that writes the messages of a
-    /// batch one after another into one array allocates nothing per message.
-    public static func appendReply(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>, version: Version, final: Bool = true,
-                                   into frames: inout [Frame]) {
-        frames.append(client)
-        switch version {
-        case .v01:
-            precondition(final, "7/MDP has no partial replies")
-            frames.append(empty)
-            frames.append(clientHeaderFrame)
-        case .v02:
-            let command = final ? ClientCommand02.final : ClientCommand02.partial
-            frames.append(clientHeader02Frame)
-            frames.append(commandFrames[Int(command.rawValue)])
+    /// A reply to a client as the broker writes it into its outbox: the body is a slice of
+    /// the message it arrived in, sent on uncopied.
+    public struct BrokerReply: MessageEncoding {
+        public var client: Frame
+        public var serviceFrame: Frame
+        public var body: ArraySlice<Frame>
+        public var version: Version
+        public var final: Bool
+
+        public init(to client: Frame, serviceFrame: Frame, body: ArraySlice<Frame>, version: Version, final: Bool = true) {
+            (self.client, self.serviceFrame, self.body, self.version, self.final) = (client, serviceFrame, body, version, final)
         }
-        frames.append(serviceFrame)
-        frames.append(contentsOf: body)
+
+        public func appendFrames(to frames: inout [Frame]) {
+            frames.append(client)
+            switch version {
+            case .v01:
+                precondition(final, "7/MDP has no partial replies")
+                frames.append(empty)
+                frames.append(clientHeaderFrame)
+            case .v02:
+                let command = final ? ClientCommand02.final : ClientCommand02.partial
+                frames.append(clientHeader02Frame)
+                frames.append(commandFrames[Int(command.rawValue)])
+            }
+            frames.append(serviceFrame)
+            frames.append(contentsOf: body)
+        }
     }
 
     /// A worker command, for the worker's DEALER socket.
@@ -226,8 +237,8 @@ extension MDP {
         workerMessage(to: worker, .request, version, client, empty, body: body)
     }
 
-    /// The same REQUEST's frames up to its body, appended to `frames` (as
-    /// ``appendReply(to:serviceFrame:body:version:final:into:)``); the body's frames follow.
+    /// The same REQUEST's frames up to its body, appended to `frames` (for an encoding that
+    /// appends the body from where the request keeps it: see ``MessageEncoding``).
     public static func appendRequestHead(to worker: Frame, client: Frame, version: Version = .v01, into frames: inout [Frame]) {
         appendWorkerMessage(to: worker, .request, version, client, empty, body: [], into: &frames)
     }

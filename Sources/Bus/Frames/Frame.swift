@@ -273,8 +273,20 @@ extension Frame: ExpressibleByStringInterpolation {
     public init(stringLiteral value: String) { self.init(value) }
 }
 
+/// A message described by its parts, written as frames where it is sent: an ``Outbox``
+/// appends a batch's messages one after another into one array, so a message written as
+/// an encoding costs no array of its own. The encoding sees only the array it appends to.
+public protocol MessageEncoding {
+    /// Appends this message's frames, in order, to `frames`.
+    func appendFrames(to frames: inout [Frame])
+}
+
+extension Array: MessageEncoding where Element == Frame {
+    public func appendFrames(to frames: inout [Frame]) { frames.append(contentsOf: self) }
+}
+
 /// A multipart message: the frames that are delivered or sent as one unit.
-public struct Message: Sendable, Hashable, RandomAccessCollection, MutableCollection,
+public struct Message: MessageEncoding, Sendable, Hashable, RandomAccessCollection, MutableCollection,
     RangeReplaceableCollection, ExpressibleByArrayLiteral, CustomStringConvertible
 {
     public var frames: [Frame]
@@ -285,6 +297,11 @@ public struct Message: Sendable, Hashable, RandomAccessCollection, MutableCollec
     public init() { frames = [] }
     public init(_ frames: [Frame]) { self.frames = frames }
     public init(arrayLiteral elements: Frame...) { frames = elements }
+    /// The frames `encoding` writes, in an array of their own.
+    public init(_ encoding: some MessageEncoding) {
+        frames = []
+        encoding.appendFrames(to: &frames)
+    }
 
     public var startIndex: Int { frames.startIndex }
     public var endIndex: Int { frames.endIndex }
@@ -296,6 +313,8 @@ public struct Message: Sendable, Hashable, RandomAccessCollection, MutableCollec
         frames.replaceSubrange(subrange, with: newElements)
     }
     public mutating func reserveCapacity(_ n: Int) { frames.reserveCapacity(n) }
+
+    public func appendFrames(to frames: inout [Frame]) { frames.append(contentsOf: self.frames) }
 
     /// The total number of bytes over all frames.
     public var byteCount: Int { frames.reduce(0) { $0 + $1.count } }

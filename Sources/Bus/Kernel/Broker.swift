@@ -96,6 +96,20 @@ final class Broker {
         }
     }
 
+    /// A request as it goes to a worker: 7/MDP's REQUEST head with the client's address as
+    /// the worker will echo it, then the body from where the request keeps it.
+    struct WorkerRequest: MessageEncoding {
+        let worker: Frame
+        let client: Frame
+        let version: MDP.Version
+        let request: Request
+
+        func appendFrames(to frames: inout [Frame]) {
+            MDP.appendRequestHead(to: worker, client: client, version: version, into: &frames)
+            request.appendBody(into: &frames)
+        }
+    }
+
     final class Worker {
         let identity: Frame
         /// The process it belongs to: a routing id `PROCESS/…` (as `ServiceHost` sets it) is
@@ -462,7 +476,7 @@ final class Broker {
             service.stats.replies += 1
             service.stats.latency.record(nanoseconds: now &- request.received)
             if request.parts == 0 {
-                outbox.write { MDP.appendReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version, into: &$0) }
+                outbox.send(MDP.BrokerReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version))
             } else {
                 endStream(request, service: service, final: body)
             }
@@ -504,11 +518,7 @@ final class Broker {
     }
 
     private func send(_ request: Request, to worker: Worker) {
-        let client = worker.sent(request)
-        outbox.write { message in
-            MDP.appendRequestHead(to: worker.identity, client: client, version: worker.version, into: &message)
-            request.appendBody(into: &message)
-        }
+        outbox.send(WorkerRequest(worker: worker.identity, client: worker.sent(request), version: worker.version, request: request))
     }
 
     // MARK: A request to every worker
@@ -807,7 +817,7 @@ final class Broker {
         queuedBytes -= request.size
         service.stats.replies += 1
         service.stats.latency.record(nanoseconds: now &- request.received)
-        outbox.write { MDP.appendReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version, into: &$0) }
+        outbox.send(MDP.BrokerReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version))
         logger.info("kept the answer of a worker removed for silence: its request still waited", metadata: ["service": "\(service.name)"])
     }
 

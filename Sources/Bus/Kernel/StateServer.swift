@@ -343,11 +343,10 @@ final class StateServer: PairReplica {
         if let pair {
             pair.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
                                            quotaOwner: quota?.owner, expiresIn: ttl?.nanoseconds))
-            var update: [Frame] = []
-            CHP.appendKVPub(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value, into: &update)
-            if !pair.hold(.publish(Message(update), key: key), until: sequence) { emit(Message(update), key: key) }
+            let update = Message(CHP.KVPub(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value))
+            if !pair.hold(.publish(update, key: key), until: sequence) { emit(update, key: key) }
         } else {
-            publisher.write { CHP.appendKVPub(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value, into: &$0) }
+            publisher.send(CHP.KVPub(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value))
             published(key)
         }
         return sequence
@@ -417,7 +416,7 @@ final class StateServer: PairReplica {
         sequence = item.sequence
         store(item.key, at: entries.index(forKey: item.key), value: item.value, isJSON: Self.isJSON(item.value),
               expiresAt: item.expiresIn.map { now + $0 }, quota: item.quotaOwner.map(quota(of:)), uuid: item.uuid)
-        publisher.write { CHP.appendKVPub(key: item.key, sequence: item.sequence, uuid: item.uuid, properties: item.properties, value: item.value, into: &$0) }
+        publisher.send(CHP.KVPub(key: item.key, sequence: item.sequence, uuid: item.uuid, properties: item.properties, value: item.value))
         published(item.key)
     }
 

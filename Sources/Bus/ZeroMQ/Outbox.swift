@@ -19,20 +19,17 @@
 public struct Outbox {
     /// Every message's frames, one message after another, in one array kept from batch to
     /// batch: a message written here costs no array of its own.
-    private var frames: [Frame] = []
+    @usableFromInline var frames: [Frame] = []
     /// Where each message ends in `frames`.
-    private var ends: [Int] = []
+    @usableFromInline var ends: [Int] = []
 
     public init() {}
 
-    public mutating func send(_ message: Message) {
-        frames.append(contentsOf: message.frames)
-        ends.append(frames.count)
-    }
-
-    /// Writes one message: `encode` appends its frames.
-    public mutating func write(_ encode: (inout [Frame]) -> Void) {
-        encode(&frames)
+    /// Writes one message. The encoding is a value that appends its frames and cannot reach
+    /// the outbox, so nothing else touches the outbox while the frames are written.
+    @inlinable
+    public mutating func send(_ message: some MessageEncoding) {
+        message.appendFrames(to: &frames)
         ends.append(frames.count)
     }
 

@@ -63,6 +63,16 @@ private final class MDPForwarder {
         let onlyFrame: Frame?
         let frames: ArraySlice<Frame>
     }
+    /// A waiting request as it goes to the worker, written as the broker writes it.
+    private struct RequestToWorker: MessageEncoding {
+        let worker: Frame
+        let request: Waiting
+
+        func appendFrames(to frames: inout [Frame]) {
+            MDP.appendRequestHead(to: worker, client: request.client, into: &frames)
+            if let only = request.onlyFrame { frames.append(only) } else { frames.append(contentsOf: request.frames) }
+        }
+    }
     private var worker: (identity: Frame, service: Frame)?
     private var credits = 0
     /// A queue, as the broker's: under 8 clients' load it never empties (an array read from an
@@ -93,7 +103,7 @@ private final class MDPForwarder {
         case .worker(_, .reply(let client, let body), _)?:
             guard let worker else { return }
             credits += 1
-            outbox.write { MDP.appendReply(to: client, serviceFrame: worker.service, body: body, version: .v01, into: &$0) }
+            outbox.send(MDP.BrokerReply(to: client, serviceFrame: worker.service, body: body, version: .v01))
         default:
             return
         }
@@ -103,10 +113,7 @@ private final class MDPForwarder {
     private func dispatch() {
         guard let worker else { return }
         while credits > 0, let request = waiting.popFirst() {
-            outbox.write { frames in
-                MDP.appendRequestHead(to: worker.identity, client: request.client, into: &frames)
-                if let only = request.onlyFrame { frames.append(only) } else { frames.append(contentsOf: request.frames) }
-            }
+            outbox.send(RequestToWorker(worker: worker.identity, request: request))
             credits -= 1
         }
     }
@@ -134,6 +141,6 @@ private final class CHPRepublisher {
     private func handle(_ parts: ReceivedParts) {
         do { _ = try CHP.checkKVSet(parts) } catch { return }
         sequence += 1
-        outbox.write { CHP.appendKVPub(key: parts.frame(0), sequence: sequence, uuid: parts.frame(2), properties: parts.frame(3), value: parts.frame(4), into: &$0) }
+        outbox.send(CHP.KVPub(key: parts.frame(0), sequence: sequence, uuid: parts.frame(2), properties: parts.frame(3), value: parts.frame(4)))
     }
 }
