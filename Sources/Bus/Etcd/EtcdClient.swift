@@ -38,12 +38,19 @@ public final class EtcdClient: Sendable {
         public var requestTimeout: Duration = .seconds(5)
         /// How long connecting to one endpoint may take before the next is tried.
         public var connectTimeout: Duration = .seconds(1)
+        /// How long a watch may hear nothing before it connects again, from where it was (to
+        /// the next member when this one cannot be reached): a member cut off from this
+        /// client by the network sends nothing and closes nothing, and etcd's own progress
+        /// notices on an idle watch are minutes apart.
+        public var watchSilence: Duration = .seconds(3)
 
         public init(endpoints: [String]) { self.endpoints = endpoints }
     }
 
     public let settings: Settings
     let http: HTTPClient
+    /// For watches: the same, with a read timeout of ``Settings/watchSilence``.
+    let watchHTTP: HTTPClient
     /// The index of the endpoint that answered last: tried first.
     private let preferred = Atomic<Int>(0)
     /// The authentication token, once there is one.
@@ -77,6 +84,8 @@ public final class EtcdClient: Sendable {
             }
         }
         http = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+        configuration.timeout.read = TimeAmount(settings.watchSilence)
+        watchHTTP = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
     }
 
     /// Set once ``close()`` ran.
@@ -86,12 +95,16 @@ public final class EtcdClient: Sendable {
     public func close() async {
         closed.store(true, ordering: .relaxed)
         try? await http.shutdown()
+        try? await watchHTTP.shutdown()
     }
 
     deinit {
         // Released without close() (its owner threw on the way): its connections still go,
         // in the background, rather than async-http-client trapping for a client left open.
-        if !closed.load(ordering: .relaxed) { http.shutdown { _ in } }
+        if !closed.load(ordering: .relaxed) {
+            http.shutdown { _ in }
+            watchHTTP.shutdown { _ in }
+        }
     }
 
     // MARK: Keys

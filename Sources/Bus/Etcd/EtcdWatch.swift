@@ -5,9 +5,10 @@ import NIOCore
 /// The changes to a range of keys from a revision on, as they happen (etcd's watch over its
 /// JSON gateway: one long POST whose answer is a stream of JSON lines).
 ///
-/// When the connection drops or its member goes, it connects again (to the next member when
-/// one cannot be reached) and resumes from the revision after the last change it delivered,
-/// so nothing is delivered twice or skipped. It ends with ``EtcdWatchUpdate/compacted(revision:)``
+/// When the connection drops, its member goes or loses etcd's leader (the watch asks for one,
+/// as etcd's own client does), or nothing came for ``EtcdClient/Settings/watchSilence``, it
+/// connects again (to the next member when one cannot be reached) and resumes from the
+/// revision after the last change it delivered, so nothing is delivered twice or skipped. It ends with ``EtcdWatchUpdate/compacted(revision:)``
 /// when etcd no longer holds the revisions it must resume from, and throws when etcd refuses
 /// the watch or no member answers for ``EtcdClient/Settings/requestTimeout`` in a row.
 /// Cancelling the task that iterates it ends it.
@@ -121,9 +122,13 @@ public struct EtcdWatch: AsyncSequence, Sendable {
                 for (index, endpoint) in client.endpointsToTry() {
                     try Task.checkCancellation()
                     do {
-                        let request = try await client.request(endpoint + "/v3/watch", body: ["create_request": .object(create)], endpoint: endpoint)
-                        // Open as long as the watch lasts: it ends when the caller stops or the member goes.
-                        let response = try await client.http.execute(request, deadline: .distantFuture)
+                        var request = try await client.request(endpoint + "/v3/watch", body: ["create_request": .object(create)], endpoint: endpoint)
+                        // gRPC metadata through etcd's gateway: a member that has no leader (cut
+                        // off from etcd's majority) ends the watch rather than keep it silent.
+                        request.headers.add(name: "Grpc-Metadata-hasleader", value: "true")
+                        // Open as long as the watch lasts: it ends when the caller stops, the
+                        // member goes, or it is silent too long (the read timeout).
+                        let response = try await client.watchHTTP.execute(request, deadline: .distantFuture)
                         guard response.status == .ok else {
                             let bytes = try await response.body.collect(upTo: 1 << 20)
                             _ = try EtcdClient.answer(Array(bytes.readableBytesView), status: response.status.code, operation: operation, endpoint: endpoint)
