@@ -286,7 +286,7 @@ struct EtcdStateTests {
         await etcd.close()
     }
 
-    @Test("fenced: a kernel whose election another took writes nothing more, and answers -32008")
+    @Test("fenced: a kernel whose election another took writes and reads nothing more, and answers -32008")
     func fenced() async throws {
         try await withKernelOnEtcd { _, kernel, bus, etcd in
             _ = try await set(bus, "/pricing/before", 1)
@@ -305,10 +305,12 @@ struct EtcdStateTests {
                 guard case .unavailable(_, let message)? = refused else { Issue.record("expected not active, got \(String(describing: refused))"); return }
                 #expect(message.contains("Not active: this kernel no longer writes the state"), "\(message)")
             }
-            await impatient.close()
             #expect(try await kept(etcd, "/pricing/zombie") == nil)
-            // What it held, it still serves.
-            #expect(try await entries(bus, "/pricing/")["/pricing/before"]?.value == 1)
+            // Nor does it answer reads: its copy no longer follows the state another writes.
+            let read = await #expect(throws: BusError.self) { _ = try await impatient.call(KernelAPI.stateGet, .init(prefix: "/pricing/")) }
+            guard case .unavailable(_, let message)? = read else { Issue.record("expected not active, got \(String(describing: read))"); return }
+            #expect(message.contains("Not active: this kernel no longer writes the state"), "\(message)")
+            await impatient.close()
         }
     }
 

@@ -9,16 +9,21 @@ import ZeroMQ
 // (`PREFIX.active`, under the kernel's lease). The rules:
 // - a kernel creates the key when no other holds it, and otherwise waits for it to go: its
 //   kernel stopped (and let it go), or its lease ran out;
+// - the holder stops serving the state (-32008) once its lease may have run out without a
+//   renewal, counted from when it sent the last renewal that succeeded: before etcd lets the
+//   key go, so two kernels never serve the state at once, even when the holder is cut off
+//   from etcd and from the others (`Kernel.expireLease`). A renewal that finds the lease
+//   still its own (etcd had no leader for a moment) lets it serve again; one that finds it
+//   gone ends its election, and the kernel;
 // - a waiting kernel also asks the holder, at the broker the key names, whether it still
-//   serves (8/MMI, as a client would, every 200 ms): a holder it has heard answer that then
-//   stays silent for a second with its connection down (its process ended, or ZMTP
-//   heartbeats found its machine gone) is taken to be gone, and its key is deleted (only if
-//   it is still that holder's), so the waiting kernel takes over in about a second rather
-//   than at the end of the holder's lease. A holder silent but connected is busy, not gone
-//   (an overloaded machine): its lease decides. A holder that was only cut off from this
-//   kernel, not from etcd, is fenced by the takeover: its next write fails, it ends;
-// - a holder never heard (its broker unreachable from here, or still starting) is waited
-//   for until its lease runs out.
+//   serves (8/MMI, as a client would, every 200 ms). A holder it has heard answer that then
+//   stays silent for a second with its connection down, and whose machine refuses a
+//   connection to that broker (the machine is up and nothing listens there: the kernel's
+//   process ended), is gone: its key is deleted (only if it is still that holder's), so the
+//   waiting kernel takes over in about a second rather than at the end of the holder's lease;
+// - a holder silent without a refusal (its machine gone, cut off from here, frozen, or
+//   overloaded) may still be serving clients it reaches: its lease decides, and so does a
+//   holder never heard (its broker unreachable from here, or still starting).
 
 /// What the election key holds: the holding kernel's instance and, when it binds one that
 /// others can reach, its broker (so a waiting kernel can ask whether it still serves).
@@ -53,9 +58,9 @@ struct ElectionValue: Equatable {
 }
 
 /// Asks the kernel holding the election, at its broker, whether it still serves (an 8/MMI
-/// question for the `kernel` service every `interval`); `silent` yields once a kernel that
-/// answered has then not answered for `window` and its connection is down. Lives on the
-/// kernel's loop thread.
+/// question for the `kernel` service every `interval`); `silent` yields, at each question
+/// from then on, once a kernel that answered has then not answered for `window` and its
+/// connection is down. Lives on the kernel's loop thread.
 final class HolderProbe {
     private var registration: SocketRegistration?
     private var monitor: SocketRegistration?
@@ -115,8 +120,6 @@ final class HolderProbe {
     private func ask() {
         if let answeredAt, !connected, monotonicNanoseconds() &- answeredAt > window {
             continuation.yield()
-            stop()
-            return
         }
         registration?.send([Frame(), Frame(MDP.clientHeader), Frame(MMI.serviceQuery), Frame(KernelAPI.service)])
     }
@@ -149,11 +152,12 @@ extension Kernel {
             let mine = ElectionValue(instance: instance, broker: ElectionValue.advertised(configuration.brokerEndpoint))
             while true {
                 try Task.checkCancellation()
+                let granted = ContinuousClock.now
                 let lease = try await client.grantLease(ttl: Int64(settings.leaseSeconds))
                 let campaign = try await client.transaction(when: [.absent(election)], then: [.put(key: election, value: mine.bytes, lease: lease.id)],
                                                             else: [.range(key: election)])
                 if campaign.succeeded {
-                    return EtcdStateLink(client: client, prefix: prefix, lease: lease.id, leaseSeconds: settings.leaseSeconds, elected: campaign.revision)
+                    return EtcdStateLink(client: client, prefix: prefix, lease: lease.id, leaseSeconds: settings.leaseSeconds, granted: granted, elected: campaign.revision)
                 }
                 try? await client.revoke(lease.id)
                 guard let holder = campaign.ranges.first?.keyValues.first else { continue }
@@ -170,7 +174,7 @@ extension Kernel {
     private func waitForElection(_ client: EtcdClient, _ election: [UInt8], held holder: EtcdKeyValue, from revision: Int64) async throws {
         let value = ElectionValue(decoding: holder.value)
         let electionName = String(decoding: election, as: UTF8.self)
-        logger.notice("another kernel writes this state: waiting for it to go (it stops, its lease runs out, or it stops answering at its broker)",
+        logger.notice("another kernel writes this state: waiting for it to go (it stops, its lease runs out, or its process is gone)",
                       metadata: ["election": "\(electionName)", "holder": "\(value.instance)", "broker": "\(value.broker ?? "none named")",
                                  "lease": "\(String(holder.lease, radix: 16))"])
         var probe: HolderProbe?
@@ -194,9 +198,11 @@ extension Kernel {
                 }
                 return false
             }
-            if let silent {
+            if let silent, let broker = value.broker {
                 group.addTask {
-                    for await _ in silent { return true }
+                    for await _ in silent {
+                        if await Kernel.refusesConnection(broker) { return true }
+                    }
                     return nil
                 }
             }
@@ -211,8 +217,57 @@ extension Kernel {
         let taken = try await client.transaction(when: [EtcdCompare(key: election, .equal, .createRevision(holder.createRevision))],
                                                  then: [.delete(key: election)], else: [])
         if taken.succeeded {
-            logger.warning("the kernel holding the election stopped answering at its broker: taking its election rather than wait for its lease",
+            logger.warning("the kernel holding the election stopped answering and its machine refuses connections to its broker: taking its election rather than wait for its lease",
                            metadata: ["holder": "\(value.instance)", "broker": "\(value.broker ?? "")", "silent for": "\(Self.holderSilence.formatted)"])
         }
+    }
+
+    /// Whether the machine at `endpoint` (`tcp://HOST:PORT` or `ipc://PATH`) refuses a
+    /// connection there now: it answered, and nothing listens (the kernel's process ended).
+    /// No answer within half a second (the machine gone, or cut off from here) is no refusal.
+    static func refusesConnection(_ endpoint: String) async -> Bool {
+        await withCheckedContinuation { done in
+            // A connect may wait: off the loop and the cooperative threads.
+            DispatchQueue.global().async { done.resume(returning: refusesConnectionNow(endpoint, waiting: 500)) }
+        }
+    }
+
+    private static func refusesConnectionNow(_ endpoint: String, waiting milliseconds: Int32) -> Bool {
+        if endpoint.hasPrefix("ipc://") {
+            let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            guard fd >= 0 else { return false }
+            defer { close(fd) }
+            var address = sockaddr_un()
+            address.sun_family = sa_family_t(AF_UNIX)
+            let path = Array(endpoint.dropFirst("ipc://".count).utf8)
+            guard path.count < MemoryLayout.size(ofValue: address.sun_path) else { return false }
+            withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: path) }
+            let result = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            }
+            return result != 0 && (errno == ECONNREFUSED || errno == ENOENT)
+        }
+        guard endpoint.hasPrefix("tcp://") else { return false }
+        let address = endpoint.dropFirst("tcp://".count)
+        guard let colon = address.lastIndex(of: ":") else { return false }
+        let host = String(address[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        let port = String(address[address.index(after: colon)...])
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var found: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo(host, port, &hints, &found) == 0, let first = found else { return false }
+        defer { freeaddrinfo(found) }
+        let fd = socket(first.pointee.ai_family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        if connect(fd, first.pointee.ai_addr, first.pointee.ai_addrlen) == 0 { return false }
+        if errno == ECONNREFUSED { return true }
+        guard errno == EINPROGRESS else { return false }
+        var ready = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+        guard poll(&ready, 1, milliseconds) == 1 else { return false }
+        var error: Int32 = 0
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 else { return false }
+        return error == ECONNREFUSED
     }
 }

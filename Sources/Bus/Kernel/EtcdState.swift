@@ -146,6 +146,16 @@ final class EtcdStateLink {
     /// time to live (`kernel.state.etcd.lease_seconds`).
     let lease: Int64
     let leaseSeconds: Int
+    /// When the kernel's lease may have run out in etcd, unless renewed before: a renewal
+    /// counts from when it was sent, since etcd counts from when it got it, which is later.
+    /// Past it another kernel may hold the election, so this one serves the state no more
+    /// (``leaseLapsed``) even if no etcd member it reaches can tell it so (cut off from
+    /// etcd's majority), until a renewal says the lease is still its own.
+    var leaseHeldUntil: ContinuousClock.Instant
+    /// Past ``leaseHeldUntil`` with no renewal since: the state's methods are answered
+    /// -32008. A renewal that succeeds ends it (etcd without a leader for a moment extends
+    /// every lease); one that finds the lease gone ends the election.
+    var leaseLapsed = false
     /// Admitted, not yet sent, in order.
     private(set) var queue = Deque<Pending>()
     private var queuedBytes = 0
@@ -166,6 +176,10 @@ final class EtcdStateLink {
     var transactionsInFlight = 0
     /// Answers waiting for the watch to bring their change.
     var awaited: [Awaited: Pending] = [:]
+    /// Compare-and-sets etcd refused, by etcd's key, each waiting for the copy to hold the
+    /// change etcd found there (its revision; 0: the key was gone): answered before, the
+    /// refusal would name a revision a read from the copy does not show yet.
+    var refusals: [[UInt8]: [(revision: Int64, pending: Pending, refusal: JSONRPCError)]] = [:]
     /// The state server whose limits count the writes until they are settled
     /// (``StateServer/settled(_:)``): made, answered otherwise, or dropped.
     weak var state: StateServer?
@@ -182,8 +196,10 @@ final class EtcdStateLink {
     /// answered at once.
     private(set) var closedWith: JSONRPCError?
 
-    init(client: EtcdClient, prefix: [UInt8], lease: Int64, leaseSeconds: Int, elected revision: Int64) {
+    /// `granted`: when the lease's grant was sent.
+    init(client: EtcdClient, prefix: [UInt8], lease: Int64, leaseSeconds: Int, granted: ContinuousClock.Instant, elected revision: Int64) {
         (self.client, self.prefix, self.lease, self.leaseSeconds, self.elected) = (client, prefix, lease, leaseSeconds, revision)
+        leaseHeldUntil = granted + .seconds(leaseSeconds)
         lastRevision = revision
         reportedRevision = revision
         doorbell = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
@@ -251,6 +267,11 @@ final class EtcdStateLink {
     /// A change of `key` (etcd's key) the watch applied as `sequence`: answers whoever waits
     /// for it.
     func applied(_ key: [UInt8], revision: Int64, sequence: UInt64) {
+        if !refusals.isEmpty, let waiting = refusals[key] {
+            for waiter in waiting where waiter.revision <= revision { settle(waiter.pending, waiter.refusal) }
+            let rest = waiting.filter { $0.revision > revision }
+            refusals[key] = rest.isEmpty ? nil : rest
+        }
         if !awaited.isEmpty, let pending = awaited.removeValue(forKey: Awaited(revision: revision, key: key)) {
             settle(pending, sequence: sequence)
         } else if inFlight[key] != nil {
@@ -268,6 +289,19 @@ final class EtcdStateLink {
             settle(pending, sequence: seen.sequence)
         } else {
             awaited[Awaited(revision: revision, key: key)] = pending
+        }
+    }
+
+    /// Refuses `pending`, a compare-and-set etcd found `key` (etcd's key) at `revision` for
+    /// (0: gone), once the copy holds that change: now if it does (`held`: the revision of the
+    /// copy's change of the key, 0 when it has none), else when the watch brings it.
+    func refuse(_ pending: Pending, _ refusal: JSONRPCError, key: [UInt8], at revision: Int64, held: Int64) {
+        let seen = inFlight[key]?.contains { $0.revision >= revision } ?? false
+        if closedWith != nil || seen || (revision == 0 ? held == 0 : held >= revision) {
+            settle(pending, closedWith ?? refusal)
+        } else {
+            // A key gone waits for the copy's next change of it: its deletion.
+            refusals[key, default: []].append((revision == 0 ? held + 1 : revision, pending, refusal))
         }
     }
 
@@ -294,6 +328,8 @@ final class EtcdStateLink {
         queuedBytes = 0
         for pending in awaited.values { settle(pending, error) }
         awaited.removeAll()
+        for waiting in refusals.values { for waiter in waiting { settle(waiter.pending, error) } }
+        refusals.removeAll()
     }
 }
 
@@ -353,6 +389,7 @@ extension Kernel {
             await withDiscardingTaskGroup { group in
                 group.addTask { await self.followEtcd() }
                 group.addTask { await self.keepLeaseAlive() }
+                group.addTask { await self.expireLease() }
                 group.addTask { await self.watchElection() }
                 group.addTask { await self.writeQueued(doorbell) }
                 for await request in requests {
@@ -432,6 +469,9 @@ extension Kernel {
         }
         (link.lastRevision, link.placesApplied) = (range.revision, Int(EtcdSequence.perRevision))
         link.reportedRevision = max(link.reportedRevision, range.revision)
+        // Refusals made before the state read: the copy holds what they saw, or later.
+        for waiting in link.refusals.values { for waiter in waiting { link.settle(waiter.pending, waiter.refusal) } }
+        link.refusals.removeAll()
         // Writes committed in the revisions compacted away: the watch will not bring them.
         for (awaited, pending) in link.awaited where awaited.revision <= range.revision {
             link.awaited[awaited] = nil
@@ -499,11 +539,34 @@ extension Kernel {
             // Three renewals a lease: one late or lost still leaves time for the next.
             try? await Task.sleep(for: .seconds(link.leaseSeconds) / 3)
             guard parts?.etcd === link, !Task.isCancelled else { return }
+            let sent = ContinuousClock.now
             do {
-                if try await link.client.keepAlive(link.lease) == 0 { lostElection(link, why: "its lease in etcd ran out") }
+                let seconds = try await link.client.keepAlive(link.lease)
+                if seconds <= 0 { return lostElection(link, why: "its lease in etcd ran out") }
+                link.leaseHeldUntil = max(link.leaseHeldUntil, sent + .seconds(seconds))
+                if link.leaseLapsed, ContinuousClock.now < link.leaseHeldUntil {
+                    link.leaseLapsed = false
+                    logger.notice("the kernel's lease in etcd is renewed: it serves the state again")
+                }
             } catch {
                 logger.warning("cannot renew the kernel's lease in etcd", metadata: ["error": "\(error)"])
             }
+        }
+    }
+
+    /// Stops serving the state once the lease may have run out without a renewal (cut off
+    /// from etcd's majority, the kernel hears from nobody that another kernel took over): it
+    /// must not answer from its copy past the time another kernel may write the state.
+    private func expireLease() async {
+        guard let link = parts?.etcd else { return }
+        while !Task.isCancelled, link.closedWith == nil, parts?.etcd === link {
+            let until = link.leaseHeldUntil
+            if ContinuousClock.now >= until, !link.leaseLapsed {
+                link.leaseLapsed = true
+                logger.warning("cannot renew the kernel's lease in etcd for \(link.leaseSeconds) s (no majority of etcd's members answered): it serves the state no more until it does")
+            }
+            // Lapsed, the renewal ends it; the lease's end is looked at again shortly.
+            try? await Task.sleep(until: max(until, .now + .milliseconds(100)), clock: .continuous)
         }
     }
 
@@ -611,7 +674,9 @@ extension Kernel {
                 let revision = current.map { link.entry($0).sequence } ?? 0
                 parts?.state.countConflict()
                 let write = batch[0].write
-                link.settle(batch[0], StateServer.conflict(write.key.string ?? "", revision: revision, expected: write.expected ?? 0))
+                let held = parts?.state.entries[write.key].map { EtcdSequence.revision(of: $0.sequence) } ?? 0
+                link.refuse(batch[0], StateServer.conflict(write.key.string ?? "", revision: revision, expected: write.expected ?? 0),
+                            key: link.prefix + write.key.bytes, at: current?.modRevision ?? 0, held: held)
                 return
             }
             for (pending, key) in puts { link.answer(pending, key: key, revision: transaction.revision) }

@@ -303,8 +303,14 @@ public actor Kernel: BusService {
             table.on(KernelAPI.stateSet) { kernel, params in try await kernel.stateSetOnEtcd(params, asClient: false) }
             table.on(KernelAPI.statePublish) { kernel, params in try await kernel.stateSetOnEtcd(params, asClient: true) }
         }
-        table.onIsolated(KernelAPI.stateGet, encoded: { kernel, params in kernel.stateGet(params) })
-        table.onIsolated(KernelAPI.stateHistory) { kernel, params in kernel.stateHistory(params) }
+        table.onIsolated(KernelAPI.stateGet, encoded: { kernel, params in
+            try kernel.servingState()
+            return kernel.stateGet(params)
+        })
+        table.onIsolated(KernelAPI.stateHistory) { kernel, params in
+            try kernel.servingState()
+            return kernel.stateHistory(params)
+        }
         table.onIsolated(KernelAPI.workersList) { kernel, params in kernel.workersList(params) }
         table.onIsolated(KernelAPI.workersDrain) { kernel, params in try kernel.drainWorkers(params) }
     }
@@ -354,9 +360,22 @@ public actor Kernel: BusService {
     /// `state.set` or `state.publish` with the state on etcd: admitted here, answered once
     /// etcd committed it and the copy holds it.
     private func stateSetOnEtcd(_ params: KernelAPI.StateSetParams, asClient: Bool) async throws -> KernelAPI.StateWritten {
+        try servingState()
         switch try stateSet(params, peer: Self.requestPeer, asClient: asClient) {
         case .made(let sequence): return KernelAPI.StateWritten(sequence: sequence)
         case .toCommit(let write): return KernelAPI.StateWritten(sequence: try await commitToEtcd(write))
+        }
+    }
+
+    /// Refuses the state's methods (-32008) once this kernel lost the election of its state
+    /// in etcd, or while its lease may have run out unrenewed: its copy may then miss what
+    /// another kernel writes, so even a read from it could answer what is no longer so.
+    private func servingState() throws(JSONRPCError) {
+        guard let link = parts?.etcd else { return }
+        if let closed = link.closedWith { throw closed }
+        if link.leaseLapsed {
+            throw JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: this kernel could not renew its lease in etcd for \(link.leaseSeconds) s "
+                + "(no majority of etcd's members answered); it serves the state again once it does, or another kernel takes over")
         }
     }
 
