@@ -36,7 +36,7 @@ struct LinearizabilityCheckerTests {
         #expect(isLinearizable([op(0, .write("a"), .unknown, 0, 5), op(1, .read, .read(nil, sequence: 0), 6, 8)]))
     }
 
-    @Test("not linearizable: a read of an older value after a write was answered; two compare-and-sets won at one sequence; a sequence that goes back")
+    @Test("not linearizable: a read of an older value after a write was answered; two compare-and-sets won at one sequence; a sequence that goes back, after a lost write too")
     func notLinearizable() {
         #expect(!isLinearizable([
             op(0, .write("a"), .written(sequence: 10), 0, 1),
@@ -51,6 +51,13 @@ struct LinearizabilityCheckerTests {
         #expect(!isLinearizable([
             op(0, .write("a"), .written(sequence: 10), 0, 1),
             op(0, .write("b"), .written(sequence: 5), 2, 3),
+        ]))
+        // A write whose answer was lost numbers above what came before it: no later answer
+        // may name an older sequence because of it.
+        #expect(!isLinearizable([
+            op(0, .write("a"), .written(sequence: 10), 0, 1),
+            op(1, .write("b"), .unknown, 2, 3),
+            op(1, .compareAndSet(expected: 5, "c"), .conflict(sequence: 7), 4, 5),
         ]))
     }
 }

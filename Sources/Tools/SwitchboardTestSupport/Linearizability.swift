@@ -56,11 +56,13 @@ public protocol RegisterClient: Sendable {
 }
 
 /// `clients` clients at once, each making `operations` calls one after another (a read, a
-/// write, a compare-and-set at the sequence it last read or wrote, in turn) on a register
-/// of its own connection (`connect`), each recorded with when it was asked and answered.
-/// `before` runs before each call (a test kills something there).
-public func registerWorkload(clients: Int, operations: Int, connect: @escaping @Sendable (_ client: Int) async throws -> any RegisterClient,
-                             before: @escaping @Sendable (_ client: Int, _ n: Int) -> Void = { _, _ in }) async throws -> [RegisterOperation] {
+/// write, a compare-and-set at the sequence it last knew, in turn; with `reads` false, a
+/// write and a compare-and-set) on a register of its own connection (`connect`), each
+/// recorded with when it was asked and answered. `before` runs before each call (a test
+/// cuts or kills something there).
+public func registerWorkload(clients: Int, operations: Int, reads: Bool = true,
+                             connect: @escaping @Sendable (_ client: Int) async throws -> any RegisterClient,
+                             before: @escaping @Sendable (_ client: Int, _ n: Int) async throws -> Void = { _, _ in }) async throws -> [RegisterOperation] {
     let history = RegisterHistory()
     try await withThrowingTaskGroup(of: Void.self) { group in
         for client in 0..<clients {
@@ -69,9 +71,9 @@ public func registerWorkload(clients: Int, operations: Int, connect: @escaping @
                 // The register's sequence as this client last knew it: what its compare-and-sets expect.
                 var known: UInt64 = 0
                 for n in 0..<operations {
-                    before(client, n)
+                    try await before(client, n)
                     let value = "\(client)-\(n)"
-                    let call: RegisterOperation.Call = switch n % 3 {
+                    let call: RegisterOperation.Call = switch reads ? n % 3 : 1 + n % 2 {
                     case 0: .read
                     case 1: .write(value)
                     default: .compareAndSet(expected: known, value)
@@ -80,7 +82,7 @@ public func registerWorkload(clients: Int, operations: Int, connect: @escaping @
                     let answer = await register.perform(call)
                     history.record(RegisterOperation(client: client, call: call, answer: answer, called: called, answered: monotonicNanoseconds()))
                     switch (call, answer) {
-                    case (.read, .read(_, let sequence)), (.write, .written(let sequence)): known = sequence
+                    case (.read, .read(_, let sequence)), (_, .written(let sequence)), (.compareAndSet, .conflict(let sequence)): known = sequence
                     default: break
                     }
                 }
@@ -101,8 +103,17 @@ public func registerWorkload(clients: Int, operations: Int, connect: @escaping @
 public func isLinearizable(_ history: [RegisterOperation]) -> Bool {
     struct State: Hashable {
         var value: String?
-        /// Nil: written by an operation whose answer was lost, its sequence not read yet.
+        /// Nil: written by an operation whose answer was lost, its sequence not read yet;
+        /// it is then above `above`, since every change numbers above the one before.
         var sequence: UInt64?
+        var above: UInt64 = 0
+
+        /// The sequence after an operation whose answer was lost changed the register.
+        var unknownNext: State { State(value: value, sequence: nil, above: sequence ?? above) }
+        /// Whether the register can be at `sequence` now.
+        func canBe(at sequence: UInt64) -> Bool { self.sequence.map { $0 == sequence } ?? (sequence > above) }
+        /// Whether a change can be numbered `sequence` now.
+        func canChange(to sequence: UInt64) -> Bool { sequence > (self.sequence ?? above) }
     }
     let operations = history.sorted { $0.called < $1.called }
     let count = operations.count
@@ -113,25 +124,29 @@ public func isLinearizable(_ history: [RegisterOperation]) -> Bool {
     func step(_ state: State, _ operation: RegisterOperation) -> State? {
         switch (operation.call, operation.answer) {
         case (.read, .read(let value, let sequence)):
-            guard state.value == value, state.sequence == nil || state.sequence == sequence else { return nil }
+            guard state.value == value, state.canBe(at: sequence) else { return nil }
             return State(value: value, sequence: sequence)
         case (.read, _):
             return state
         case (.write(let value), .written(let sequence)):
-            if let current = state.sequence, sequence <= current { return nil }
+            guard state.canChange(to: sequence) else { return nil }
             return State(value: value, sequence: sequence)
         case (.write(let value), _):
-            return State(value: value, sequence: nil)
+            var next = state.unknownNext
+            next.value = value
+            return next
         case (.compareAndSet(let expected, let value), .written(let sequence)):
-            guard state.sequence == nil || state.sequence == expected else { return nil }
-            if let current = state.sequence, sequence <= current { return nil }
+            guard state.canBe(at: expected), state.canChange(to: sequence) else { return nil }
             return State(value: value, sequence: sequence)
         case (.compareAndSet(let expected, _), .conflict(let sequence)):
-            guard state.sequence == nil || (state.sequence != expected && state.sequence == sequence) else { return nil }
+            guard sequence != expected, state.canBe(at: sequence) else { return nil }
             return State(value: state.value, sequence: sequence)
         case (.compareAndSet(let expected, let value), _):
-            guard state.sequence == nil || state.sequence == expected else { return state }
-            return State(value: value, sequence: nil)
+            // Made only if the register was at `expected`: placed here, it was (or nothing changed).
+            guard state.canBe(at: expected) else { return state }
+            var next = state.unknownNext
+            next.value = value
+            return next
         }
     }
 

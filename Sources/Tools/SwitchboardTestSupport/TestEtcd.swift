@@ -14,14 +14,17 @@ public final class TestEtcd: Sendable {
     private let peerURLs: [String]
     private let token: String
     private let arguments: [String]
+    /// Each member's network namespace (`ip netns`), or nil for this one's loopback.
+    private let namespaces: [String?]
     /// Each member's process while it runs.
     private let processes: Mutex<[ChildProcess?]>
 
-    private init(folder: URL, clientURLs: [String], peerURLs: [String], arguments: [String]) {
+    private init(folder: URL, clientURLs: [String], peerURLs: [String], arguments: [String], namespaces: [String?]) {
         self.folder = folder
         self.clientURLs = clientURLs
         self.peerURLs = peerURLs
         self.arguments = arguments
+        self.namespaces = namespaces
         token = "test-\(UUID().uuidString)"
         processes = Mutex(Array(repeating: nil, count: clientURLs.count))
     }
@@ -29,9 +32,21 @@ public final class TestEtcd: Sendable {
     /// Starts a new cluster of `members`, each with etcd's flags and `arguments`, and returns
     /// once every member serves clients.
     public static func start(members: Int = 1, arguments: [String] = []) async throws -> TestEtcd {
+        try await start(TestEtcd(folder: try temporaryDirectory("etcd"), clientURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" },
+                                 peerURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" }, arguments: arguments,
+                                 namespaces: Array(repeating: nil, count: members)))
+    }
+
+    /// A cluster of one member on each host: a network namespace the test made (`ip netns`)
+    /// and the member's address there, on etcd's own ports (2379 for clients, 2380 for peers).
+    public static func start(on hosts: [(namespace: String, address: String)], arguments: [String] = []) async throws -> TestEtcd {
+        try await start(TestEtcd(folder: try temporaryDirectory("etcd"), clientURLs: hosts.map { "http://\($0.address):2379" },
+                                 peerURLs: hosts.map { "http://\($0.address):2380" }, arguments: arguments, namespaces: hosts.map(\.namespace)))
+    }
+
+    private static func start(_ cluster: TestEtcd) async throws -> TestEtcd {
         guard available else { throw TestEtcdError(description: "etcd is not installed (Debian's etcd-server package)") }
-        let cluster = TestEtcd(folder: try temporaryDirectory("etcd"), clientURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" },
-                               peerURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" }, arguments: arguments)
+        let members = cluster.clientURLs.count
         do {
             for member in 0..<members { try cluster.launch(member) }
             for member in 0..<members { try await cluster.waitUntilServing(member) }
@@ -71,13 +86,16 @@ public final class TestEtcd: Sendable {
 
     private func launch(_ member: Int) throws {
         let cluster = peerURLs.enumerated().map { "m\($0.offset)=\($0.element)" }.joined(separator: ",")
-        let process = try ChildProcess(Self.executable, [
+        let etcd = [
             "--name", "m\(member)", "--data-dir", folder.appendingPathComponent("m\(member)").path,
             "--listen-client-urls", clientURLs[member], "--advertise-client-urls", clientURLs[member],
             "--listen-peer-urls", peerURLs[member], "--initial-advertise-peer-urls", peerURLs[member],
             "--initial-cluster", cluster, "--initial-cluster-token", token, "--initial-cluster-state", "new",
             "--logger", "zap", "--log-outputs", "stderr",
-        ] + arguments)
+        ] + arguments
+        // `ip netns exec` enters the namespace and runs etcd in its place (same pid).
+        let process = try namespaces[member].map { try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", $0, Self.executable.path] + etcd) }
+            ?? ChildProcess(Self.executable, etcd)
         processes.withLock { $0[member] = process }
     }
 
