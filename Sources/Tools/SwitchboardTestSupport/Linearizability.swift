@@ -56,11 +56,10 @@ public protocol RegisterClient: Sendable {
 }
 
 /// `clients` clients at once, each making `operations` calls one after another (a read, a
-/// write, a compare-and-set at the sequence it last knew, in turn; with `reads` false, a
-/// write and a compare-and-set) on a register of its own connection (`connect`), each
-/// recorded with when it was asked and answered. `before` runs before each call (a test
-/// cuts or kills something there).
-public func registerWorkload(clients: Int, operations: Int, reads: Bool = true,
+/// write, a compare-and-set at the sequence it last knew, in turn) on a register of its own
+/// connection (`connect`), each recorded with when it was asked and answered. `before` runs
+/// before each call (a test cuts or kills something there).
+public func registerWorkload(clients: Int, operations: Int,
                              connect: @escaping @Sendable (_ client: Int) async throws -> any RegisterClient,
                              before: @escaping @Sendable (_ client: Int, _ n: Int) async throws -> Void = { _, _ in }) async throws -> [RegisterOperation] {
     let history = RegisterHistory()
@@ -73,7 +72,7 @@ public func registerWorkload(clients: Int, operations: Int, reads: Bool = true,
                 for n in 0..<operations {
                     try await before(client, n)
                     let value = "\(client)-\(n)"
-                    let call: RegisterOperation.Call = switch reads ? n % 3 : 1 + n % 2 {
+                    let call: RegisterOperation.Call = switch n % 3 {
                     case 0: .read
                     case 1: .write(value)
                     default: .compareAndSet(expected: known, value)
