@@ -17,10 +17,10 @@ import ZeroMQ
 //   gone ends its election, and the kernel;
 // - a waiting kernel also asks the holder, at the broker the key names, whether it still
 //   serves (8/MMI, as a client would, every 200 ms). A holder it has heard answer that then
-//   stays silent for a second with its connection down, and whose machine refuses a
+//   stays silent for 400 ms with its connection down, and whose machine refuses a
 //   connection to that broker (the machine is up and nothing listens there: the kernel's
 //   process ended), is gone: its key is deleted (only if it is still that holder's), so the
-//   waiting kernel takes over in about a second rather than at the end of the holder's lease;
+//   waiting kernel takes over within a second rather than at the end of the holder's lease;
 // - a holder silent without a refusal (its machine gone, cut off from here, frozen, or
 //   overloaded) may still be serving clients it reaches: its lease decides, and so does a
 //   holder never heard (its broker unreachable from here, or still starting).
@@ -137,9 +137,11 @@ final class HolderProbe {
 
 extension Kernel {
     /// How often a waiting kernel asks the holder whether it still serves, and how long a
-    /// holder that answered may then stay silent before it is taken to be gone.
+    /// holder that answered may then stay silent before its machine is asked whether anything
+    /// listens at its broker: two questions unanswered. Short, because the refusal, not the
+    /// silence, is what says the holder is gone.
     static let holderProbeInterval = Duration.milliseconds(200)
-    static let holderSilence = Duration.seconds(1)
+    static let holderSilence = Duration.milliseconds(400)
 
     /// Connects to the etcd that keeps the state and wins its election: creates the election
     /// key under a new lease of its own, once no other kernel holds it (waiting, while one
