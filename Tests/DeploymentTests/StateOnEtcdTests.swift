@@ -87,6 +87,36 @@ struct StateOnEtcdTests {
         await bus.close()
     }
 
+    @Test("switchboard up beside another bus on the same etcd: its kernel stands by, up starts its services at once and runs; the other bus stopped, this one's kernel takes over and its echo worker answers")
+    func upStandsBy() async throws {
+        let cluster = try await TestEtcd.start()
+        defer { cluster.stop() }
+        let folder = try temporaryDirectory("up-standby")
+        let environment = ["SWITCHBOARD_KERNEL_STATE_BACKEND": "etcd", "SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS": "[\(cluster.clientURLs.joined(separator: ","))]"]
+        let (activeConfig, activeBroker) = try writeDeploymentConfig(in: folder, services: echoOnly)
+        let active = try ChildProcess(switchboardExecutable(), ["up", "--config", activeConfig.path], environment: environment)
+        defer { active.stop(grace: 15) }
+        try await active.waitForOutput(containing: "Stop with Ctrl-C", within: 120)
+        // The same folder, keys and database; ports of its own.
+        let (standbyConfig, standbyPorts) = try writeBusConfiguration(in: folder, services: echoOnly, supervisor: "restart_backoff_ms: 100", fileName: "standby.yaml")
+        let standby = try ChildProcess(switchboardExecutable(), ["up", "--config", standbyConfig.path], environment: environment)
+        defer { standby.stop(grace: 15) }
+        try await standby.waitForOutput(containing: "the kernel stands by", within: 60)
+        try await standby.waitForOutput(containing: "Stop with Ctrl-C", within: 60)
+
+        let bus = try await BusClient(brokers: [activeBroker, "tcp://127.0.0.1:\(standbyPorts[0])"], timeout: .seconds(30),
+                                      curve: try busKeyFolder(in: folder).clientKeys())
+        _ = try await bus.call(EchoAPI.echo, ["before": "stop"])
+        active.signal(SIGTERM)
+        #expect(await active.exit(within: 30))
+        let answer = try await bus.call(EchoAPI.echo, ["after": "stop"])
+        #expect(answer == ["after": "stop"])
+        let pong = try await BusClient(brokers: ["tcp://127.0.0.1:\(standbyPorts[0])"], timeout: .seconds(10), curve: try busKeyFolder(in: folder).clientKeys())
+        #expect(try await pong.call(KernelAPI.ping).pong)
+        await pong.close()
+        await bus.close()
+    }
+
     @Test("a kernel waiting for the election ends at SIGTERM, with status 0")
     func waitingKernelStops() async throws {
         let cluster = try await TestEtcd.start()

@@ -136,6 +136,15 @@ final class HolderProbe {
 }
 
 extension Kernel {
+    /// Whether a kernel holds the election of the state `settings` name now (false too when
+    /// no etcd member answers): a kernel started on them that does not answer then stands by.
+    public static func stateElectionHeld(_ settings: EtcdStateSettings) async -> Bool {
+        guard let client = try? EtcdClient(settings: EtcdClient.Settings(settings)) else { return false }
+        let held = try? await client.range(EtcdStateLink.electionKey(Array(settings.prefix.utf8))).keyValues.isEmpty == false
+        await client.close()
+        return held ?? false
+    }
+
     /// How often a waiting kernel asks the holder whether it still serves, and how long a
     /// holder that answered may then stay silent before its machine is asked whether anything
     /// listens at its broker: two questions unanswered. Short, because the refusal, not the
@@ -184,7 +193,7 @@ extension Kernel {
             do {
                 probe = try HolderProbe(endpoint: broker, loop: loop, security: configuration.security, every: Self.holderProbeInterval, silentAfter: Self.holderSilence)
                 let logger = self.logger
-                probe?.onFirstAnswer = { logger.info("the kernel holding the election answers at its broker", metadata: ["broker": "\(broker)"]) }
+                probe?.onFirstAnswer = { logger.notice("the kernel holding the election answers at its broker: standing by", metadata: ["broker": "\(broker)"]) }
             } catch {
                 logger.warning("cannot ask the kernel holding the election at its broker: waiting for its lease", metadata: ["broker": "\(broker)", "error": "\(error)"])
             }

@@ -97,15 +97,22 @@ public actor Supervisor: BusService {
     private let configuration: (any ConfigurationReloading)?
     /// A rolling restart (or reload) runs: another waits its turn's end, refused.
     private var replacing = false
+    /// Whether a kernel that does not answer yet stands by for another that serves its state
+    /// (it waits for the state's election in etcd): nil when the kernel never waits.
+    private let kernelStandsBy: (@Sendable () async -> Bool)?
 
     /// - Parameters:
     ///   - executable: the `switchboard` binary.
     ///   - probe: a client of the kernel, for `ping` and `services.list` while starting.
     ///   - reporter: a client with the supervisor's key, to say in the kernel's state how each
     ///     process is doing (nil: only the log says).
+    ///   - kernelStandsBy: for a kernel that may wait for another (its state in etcd), whether
+    ///     another holds the state's election now.
     public init(executable: String, kernel: Piece?, services: [Piece], settings: SupervisorSettings, probe: BusClient,
-                reporter: BusClient? = nil, configuration: (any ConfigurationReloading)? = nil, logger: Logger) throws {
+                reporter: BusClient? = nil, configuration: (any ConfigurationReloading)? = nil,
+                kernelStandsBy: (@Sendable () async -> Bool)? = nil, logger: Logger) throws {
         self.executable = executable
+        self.kernelStandsBy = kernelStandsBy
         self.configuration = configuration
         self.settings = settings
         self.probe = probe
@@ -168,16 +175,21 @@ public actor Supervisor: BusService {
 
     private func supervise(onUp: @Sendable ([(name: String, pid: Int32)]) -> Void) async -> Int32 {
         do {
+            var standingBy = false
             if let kernel {
                 try start(kernel)
-                try await waitUntilUp(kernel)
+                standingBy = try await waitUntilServing(kernel)
             } else {
                 try await waitForRemoteKernel()
+            }
+            if standingBy {
+                logger.notice("the kernel stands by: another kernel serves the state (it holds the state's election in etcd); the services start now and register once this kernel serves")
             }
             for service in services {
                 guard phase == .starting else { break }
                 try start(service)
-                try await waitUntilUp(service)
+                // A kernel standing by registers nobody: the services wait for it themselves.
+                if !standingBy { try await waitUntilUp(service) }
             }
         } catch {
             if phase == .starting {
@@ -244,14 +256,33 @@ public actor Supervisor: BusService {
         launcher.watch(pid) { reason in queue.yield(.exited(name: name, pid: pid, reason: reason)) }
     }
 
-    /// Waits until the kernel answers `ping`, or lists `workers` workers of a service.
-    private func waitUntilUp(_ child: Child) async throws {
+    /// Waits until the kernel answers `ping`, or lists `workers` workers of a service, or
+    /// `otherwise` holds.
+    private func waitUntilUp(_ child: Child, otherwise: () async -> Bool = { false }) async throws {
         try await waitUntil("\(child.piece.name) did not \(child.piece.listensAt != nil ? "listen" : child.piece.workers == 0 ? "answer" : "register")") {
             guard child.pid != nil else {
                 throw StartFailure(description: "\(child.piece.name) exited while starting (its log is above)")
             }
-            return try await self.isUp(child)
+            if try await self.isUp(child) { return true }
+            return await otherwise()
         }
+    }
+
+    /// Waits until the kernel answers `ping` (false), or finds it standing by for another
+    /// kernel that serves its state (true; asked once a second).
+    private func waitUntilServing(_ kernel: Child) async throws -> Bool {
+        guard let kernelStandsBy else {
+            try await waitUntilUp(kernel)
+            return false
+        }
+        var standingBy = false, asked = ContinuousClock.now
+        try await waitUntilUp(kernel) {
+            guard ContinuousClock.now - asked >= .seconds(1) else { return false }
+            asked = .now
+            standingBy = await kernelStandsBy()
+            return standingBy
+        }
+        return standingBy
     }
 
     /// `up --no-kernel`: the kernel elsewhere must answer before the services start.

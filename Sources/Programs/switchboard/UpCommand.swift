@@ -139,6 +139,9 @@ struct UpCommand: AsyncParsableCommand {
         // supervisor's key (none on a services-only machine, whose kernel is elsewhere).
         let reporter = noKernel ? nil : try await BusClient(brokers: [Self.connectable(file.kernel.brokerEndpoint)], timeout: .seconds(2),
                                                             curve: try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.supervisor) })
+        // A kernel keeping its state in etcd may wait for another kernel's election.
+        var kernelStandsBy: (@Sendable () async -> Bool)?
+        if let state = file.kernel.stateEtcd { kernelStandsBy = { await Kernel.stateElectionHeld(state) } }
         let supervisor = try Supervisor(
             executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path,
             kernel: noKernel ? nil : .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
@@ -146,7 +149,7 @@ struct UpCommand: AsyncParsableCommand {
                 // The gateway runs beside the kernel, not on a services-only machine.
                 + (Self.runsGateway(file, noKernel: noKernel) ? [.init(name: "gateway", arguments: ["gateway"] + shared, workers: 0,
                                                  listensAt: (file.gateway.host, file.gateway.port))] : []),
-            settings: file.supervisor, probe: probe, reporter: reporter, configuration: reloader, logger: logger)
+            settings: file.supervisor, probe: probe, reporter: reporter, configuration: reloader, kernelStandsBy: kernelStandsBy, logger: logger)
         // `sb restart` and `sb reload` reach the supervisor as the `supervisor` service of its
         // kernel (with the supervisor's key); SIGUSR2 and SIGHUP do the same.
         let host = noKernel ? nil : try ServiceHost(

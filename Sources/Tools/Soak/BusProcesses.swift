@@ -68,9 +68,10 @@ struct BusProcesses {
 
 /// The whole bus on free loopback ports in `folder` with the bundled datasets, fast
 /// heartbeats, and a supervisor that restarts quickly and never gives up. With `pair`, two
-/// configurations (`primary.yaml`, `backup.yaml`) of a kernel pair with 200 ms heartbeats,
-/// sharing the folder's keys, datasets and store database; ports: five per side.
-func writeSoakConfiguration(in folder: URL, pair: Bool = false) throws -> [(config: URL, ports: [Int])] {
+/// configurations (`primary.yaml`, `backup.yaml`) sharing the folder's keys, datasets and
+/// store database, ports five per side: `linked`, of a kernel pair with 200 ms heartbeats;
+/// else two buses whose kernels another setting joins (the state in one etcd).
+func writeSoakConfiguration(in folder: URL, pair: Bool = false, linked: Bool = true) throws -> [(config: URL, ports: [Int])] {
     func write(_ ports: [Int]? = nil, fileName: String = "switchboard.yaml", extra: String = "") throws -> (config: URL, ports: [Int]) {
         try writeBusConfiguration(in: folder, logLevel: "warning", heartbeatMs: 250, liveness: 4, services: """
             echo: {workers: 2}
@@ -89,7 +90,8 @@ func writeSoakConfiguration(in folder: URL, pair: Bool = false) throws -> [(conf
     guard pair else { return [try write()] }
     let ports = (0..<2).map { _ in (0..<5).map { _ in freePort() } }, links = [freePort(), freePort()]
     return try ["primary", "backup"].enumerated().map { index, role in
-        try write(ports[index], fileName: "\(role).yaml", extra: """
+        guard linked else { return try write(ports[index], fileName: "\(role).yaml") }
+        return try write(ports[index], fileName: "\(role).yaml", extra: """
             pair:
               role: \(role)
               listen: tcp://127.0.0.1:\(links[index])

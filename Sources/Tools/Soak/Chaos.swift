@@ -83,18 +83,30 @@ struct Chaos {
 
 /// With a kernel pair: kills (SIGKILL) the active kernel at seeded random intervals, times
 /// the failover (from the kill to the first request answered), and waits until `up` has
-/// restarted the killed kernel and it holds the state again as the passive one.
+/// restarted the killed kernel and it holds the state again as the passive one, or, with
+/// the state in etcd (`standbyLogs`, each bus's log), waits for the election again.
 struct PairChaos {
     var random: SeededGenerator
     let buses: [BusProcesses]
     let kernels: [KernelPorts]
     let curve: CurveClientKeys?
     let started: Date
+    let standbyLogs: [URL]?
     var log = ChaosLog()
 
-    init(seed: UInt64, buses: [BusProcesses], kernels: [KernelPorts], curve: CurveClientKeys?, started: Date) {
+    init(seed: UInt64, buses: [BusProcesses], kernels: [KernelPorts], curve: CurveClientKeys?, started: Date, standbyLogs: [URL]? = nil) {
         random = SeededGenerator(seed: seed ^ 0xB157_A2B1_57A2_B157)
-        (self.buses, self.kernels, self.curve, self.started) = (buses, kernels, curve, started)
+        (self.buses, self.kernels, self.curve, self.started, self.standbyLogs) = (buses, kernels, curve, started, standbyLogs)
+    }
+
+    /// What a kernel waiting on etcd logs once it hears the active one: ready to take over.
+    static let standbyReady = "the kernel holding the election answers at its broker"
+
+    /// How many times the buses' logs say a kernel stood by, ready.
+    func timesReady() -> Int {
+        (standbyLogs ?? []).reduce(0) { count, log in
+            count + ((try? String(contentsOf: log, encoding: .utf8)).map { $0.components(separatedBy: Self.standbyReady).count - 1 } ?? 0)
+        }
     }
 
     mutating func run(until end: Date, killEvery interval: ClosedRange<Double>) async {
@@ -107,27 +119,39 @@ struct PairChaos {
             let wait = Double.random(in: interval, using: &random)
             guard Date().addingTimeInterval(wait) < end else { return }
             try? await Task.sleep(for: .milliseconds(Int(wait * 1000)))
-            let states = await alone.asyncMap { try? await $0.call(KernelAPI.ping).pair }
-            guard let active = states.firstIndex(where: { $0?.state == "active" }),
-                  states[1 - active]?.state == "passive", states[1 - active]?.synced == true,
-                  let pid = buses[active].pieces()["kernel"] else { continue }
+            let active: Int
+            if standbyLogs != nil {
+                // Only the kernel holding the election binds its endpoints; the other waits.
+                let pongs = await alone.asyncMap { try? await $0.call(KernelAPI.ping) }
+                guard let serving = pongs.firstIndex(where: { $0 != nil }), pongs[1 - serving] == nil, timesReady() > 0 else { continue }
+                active = serving
+            } else {
+                let states = await alone.asyncMap { try? await $0.call(KernelAPI.ping).pair }
+                guard let serving = states.firstIndex(where: { $0?.state == "active" }),
+                      states[1 - serving]?.state == "passive", states[1 - serving]?.synced == true else { continue }
+                active = serving
+            }
+            guard let pid = buses[active].pieces()["kernel"] else { continue }
             round += 1
+            let readyBefore = timesReady()
             kill(pid, SIGKILL)
             let killedAt = Date()
             let answered = (try? await client.call(EchoAPI.echo, ["failover": .int(Int64(round))])) != nil
             let failover = answered ? Date().timeIntervalSince(killedAt) : nil
             let recovered = await waitUntil(60) {
+                // The restarted kernel stands by, or won the election back and the other does.
+                if standbyLogs != nil { return timesReady() > readyBefore }
                 guard let pong = try? await alone[active].call(KernelAPI.ping) else { return false }
                 return pong.pid != Int(pid) && pong.pair?.state == "passive" && pong.pair?.synced == true
             }
-            let role = ["primary", "backup"][active]
+            let role = ["primary", "backup"][active], standby = standbyLogs == nil ? "the passive one" : "the one waiting for the election"
             var kill = ChaosLog.Kill(at: killedAt.timeIntervalSince(started), piece: "kernel (\(role), active)", pid: pid,
                                      recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil)
             kill.failoverAfter = failover
             log.kills.append(kill)
             say(String(format: "%6.1f s  killed the active kernel, the %@'s (pid %d): %@; %@", killedAt.timeIntervalSince(started), role, pid,
                        failover.map { String(format: "a request answered by the other after %.3f s", $0) } ?? "NO request answered within 30 s",
-                       recovered ? String(format: "back as the passive one after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
+                       recovered ? String(format: "back as %@ after %.1f s", standby, Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
         }
     }
 }

@@ -38,6 +38,8 @@ struct Soak: AsyncParsableCommand {
     @Option(help: "The switchboard executable (default: the one beside this program).") var switchboard: String?
     @Flag(help: "Run a kernel pair (two `switchboard up`s, primary and backup, sharing the store's database) and kill the active kernel at each kill; prints the failover times.")
     var pair = false
+    @Flag(help: "With --pair: the two kernels keep the state in an etcd the soak starts on loopback (and stops), and etcd's election, not a pair link, says which one serves: the other waits, and takes over when the active one is killed.")
+    var etcd = false
     @Flag(help: "Run the store on a PostgreSQL server the soak starts on loopback (and stops), instead of SQLite.")
     var postgres = false
     @Flag(help: "No kills: instead a hostile client (huge ttl, amplifying batches, a subscriber and SSE streams that never read, slow requests, replies in parts nobody reads), one case after another, beside the ordinary load; a bystander's latency is measured in each case, and once it has left the memory of the kernel, the gateway and the echo worker must come back within 1.5x of their start, with no process restarted. Needs --duration of at least 100.")
@@ -57,8 +59,13 @@ struct Soak: AsyncParsableCommand {
         guard !hostile || (duration >= 100 && !pair) else {
             throw ValidationError("--hostile needs --duration of at least 100 (its cases, then 30 s for memory to come back) and no --pair")
         }
+        guard !etcd || pair else { throw ValidationError("--etcd is for a kernel pair: add --pair") }
         let folder = try temporaryDirectory("switchboard-soak")
-        let configurations = try writeSoakConfiguration(in: folder, pair: pair)
+        // The state's etcd: one member of the soak's own, when asked for.
+        let stateEtcd = etcd ? try await TestEtcd.start() : nil
+        defer { stateEtcd?.stop() }
+        if let stateEtcd { say("the state in etcd at \(stateEtcd.clientURLs.joined(separator: ","))") }
+        let configurations = try writeSoakConfiguration(in: folder, pair: pair, linked: stateEtcd == nil)
         // The store's database: the configuration's SQLite file, or a PostgreSQL server of the soak's own.
         let database = postgres ? try await TestPostgres.start() : nil
         defer { database?.stop() }
@@ -74,7 +81,7 @@ struct Soak: AsyncParsableCommand {
         say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers"
             + (hostile ? ", a hostile client instead of kills" : ", a kill every \(killMin)-\(killMax) s")
             + (pair ? ", a kernel pair: each kill is the active kernel's" : ""))
-        say("replay with --seed \(seed)\(pair ? " --pair" : "")\(postgres ? " --postgres" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
+        say("replay with --seed \(seed)\(pair ? " --pair" : "")\(etcd ? " --etcd" : "")\(postgres ? " --postgres" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
 
         var buses: [(up: Process, processes: BusProcesses, log: URL, logHandle: FileHandle)] = []
         for (index, configuration) in configurations.enumerated() {
@@ -89,6 +96,12 @@ struct Soak: AsyncParsableCommand {
             var environment: [String: String] = [:]
             if let database {
                 environment = ["SWITCHBOARD_STORE_BACKEND": "postgres", "SWITCHBOARD_STORE_URL": database.url(), "SWITCHBOARD_STORE_TLS": "disable"]
+            }
+            if let stateEtcd {
+                environment["SWITCHBOARD_KERNEL_STATE_BACKEND"] = "etcd"
+                environment["SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS"] = "[\(stateEtcd.clientURLs.joined(separator: ","))]"
+                // The chaos knows a kernel stands by from its notice.
+                environment["SWITCHBOARD_LOG_LEVEL"] = "notice"
             }
             if hostile {
                 // A gateway history that the ordinary load fills during the quiet case, so the
@@ -119,7 +132,7 @@ struct Soak: AsyncParsableCommand {
         defer { signals.forEach { $0.cancel() } }
         var report = SoakReport(seed: seed, duration: duration, clients: clients, subscribers: subscribers)
         do {
-            report = try await drive(kernels: kernels, keys: busKeyFolder(in: folder), buses: buses.map(\.processes), seed: seed, report: report)
+            report = try await drive(kernels: kernels, keys: busKeyFolder(in: folder), buses: buses.map(\.processes), logs: buses.map(\.log), seed: seed, report: report)
         } catch {
             say("\(error)")
             report.problems.append("\(error)")
@@ -141,7 +154,7 @@ struct Soak: AsyncParsableCommand {
         if !report.passed { throw ExitCode(1) }
     }
 
-    private func drive(kernels: [KernelPorts], keys: KeyFolder, buses: [BusProcesses], seed: UInt64, report: SoakReport) async throws -> SoakReport {
+    private func drive(kernels: [KernelPorts], keys: KeyFolder, buses: [BusProcesses], logs: [URL], seed: UInt64, report: SoakReport) async throws -> SoakReport {
         let brokers = kernels.map(\.broker), states = kernels.map(\.state)
         var report = report
         // `up` runs with CURVE on and makes the keys when it starts: the soak's clients use
@@ -155,11 +168,13 @@ struct Soak: AsyncParsableCommand {
             throw SoakFailure("the bus did not come up within 180 s")
         }
         // `up` starts the gateway once every service has registered: the bus is up when it
-        // listens too (every piece is then there to measure and to kill).
+        // listens too (every piece is then there to measure and to kill). A bus whose kernel
+        // waits for the state's election in etcd has no services registered until it serves.
         guard await waitUntil(60, {
-            zip(buses, kernels).allSatisfy { bus, kernel in
+            let listening = zip(buses, kernels).map { bus, kernel in
                 bus.pieces()["gateway"] != nil && Supervisor.acceptsConnections(host: "127.0.0.1", port: kernel.gatewayPort)
             }
+            return etcd ? listening.contains(true) : !listening.contains(false)
         }) else {
             throw SoakFailure("the gateway did not listen within 60 s of the services registering")
         }
@@ -283,7 +298,7 @@ struct Soak: AsyncParsableCommand {
         let chaos = Task { () -> ChaosLog in
             if hostile { return ChaosLog() }
             if buses.count > 1 {
-                var chaos = PairChaos(seed: seed, buses: buses, kernels: kernels, curve: curve, started: started)
+                var chaos = PairChaos(seed: seed, buses: buses, kernels: kernels, curve: curve, started: started, standbyLogs: etcd ? logs : nil)
                 await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
                 return chaos.log
             }
