@@ -9,10 +9,15 @@ import Testing
 /// A `switchboard kernel` process with its state in `cluster` (no configuration file, CURVE
 /// off), on ports of its own: the process and its broker endpoint.
 func kernelOnEtcd(_ cluster: TestEtcd, leaseSeconds: Int = 10) throws -> (process: ChildProcess, broker: String) {
+    let kernel = try kernelOnEtcd(cluster, leaseSeconds: leaseSeconds, endpoints: (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" })
+    return (kernel.process, kernel.endpoints[0])
+}
+
+/// The same on the endpoints given: broker, snapshot, publisher, collector.
+func kernelOnEtcd(_ cluster: TestEtcd, leaseSeconds: Int = 10, endpoints ports: [String]) throws -> (process: ChildProcess, endpoints: [String]) {
     let folder = try temporaryDirectory("kernel-etcd")
     let config = folder.appendingPathComponent("empty.yaml")
     try "".write(to: config, atomically: true, encoding: .utf8)
-    let ports = (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" }
     let process = try ChildProcess(switchboardExecutable(), [
         "kernel", "--config", config.path, "--broker", ports[0], "--snapshot", ports[1], "--publisher", ports[2], "--collector", ports[3],
     ], environment: [
@@ -20,7 +25,7 @@ func kernelOnEtcd(_ cluster: TestEtcd, leaseSeconds: Int = 10) throws -> (proces
         "SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS": "[\(cluster.clientURLs.joined(separator: ","))]",
         "SWITCHBOARD_KERNEL_STATE_ETCD_LEASE_SECONDS": "\(leaseSeconds)",
     ])
-    return (process, ports[0])
+    return (process, ports)
 }
 
 @Suite("switchboard up with the state on etcd", .serialized, .enabled(if: TestEtcd.available, "needs etcd-server (Scripts/bootstrap --tests installs it)"))
@@ -115,6 +120,42 @@ struct StateOnEtcdTests {
         #expect(try await pong.call(KernelAPI.ping).pong)
         await pong.close()
         await bus.close()
+    }
+
+    @Test("a subscriber following both kernels on one etcd sees every acknowledged write once, in order, across kill -9 of the active one")
+    func subscriberAcrossFailover() async throws {
+        let cluster = try await TestEtcd.start()
+        defer { cluster.stop() }
+        let ports = (0..<2).map { _ in (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" } }
+        let active = try kernelOnEtcd(cluster, endpoints: ports[0])
+        defer { active.process.stop() }
+        try await active.process.waitForOutput(containing: "kernel started", within: 30)
+        let standby = try kernelOnEtcd(cluster, endpoints: ports[1])
+        defer { standby.process.stop() }
+        try await standby.process.waitForOutput(containing: "the kernel holding the election answers at its broker", within: 30)
+
+        let writer = try await BusClient(brokers: [ports[0][0], ports[1][0]], timeout: .seconds(30))
+        let subscription = try await Subscription.open(kernels: ports.map { ($0[1], $0[2]) }, prefixes: ["/client/tick"], silenceTimeout: .seconds(3))
+        var acknowledged: [UInt64] = []
+        for n in 0..<80 {
+            if n == 30 { active.process.signal(SIGKILL) }
+            acknowledged.append(try await writer.publish(key: "/client/tick", value: .int(Int64(n))))
+        }
+        let expected = Set(acknowledged)
+        let (seen, events) = try await within(30, "every acknowledged write delivered") {
+            var seen: [UInt64] = [], events: [String] = []
+            for try await event in subscription {
+                events.append("\(event)")
+                guard case .update(let update) = event else { continue }
+                seen.append(update.sequence)
+                if expected.isSubset(of: Set(seen)) { break }
+            }
+            return (seen, events)
+        }
+        #expect(Set(acknowledged).isSubset(of: Set(seen)), "missing: \(Set(acknowledged).subtracting(seen).sorted()); events: \(events.suffix(60))")
+        #expect(seen == seen.sorted() && Set(seen).count == seen.count, "\(seen)")
+        await subscription.cancel()
+        await writer.close()
     }
 
     @Test("a kernel waiting for the election ends at SIGTERM, with status 0")

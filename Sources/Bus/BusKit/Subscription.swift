@@ -216,7 +216,10 @@ actor SubscriptionCore {
         let publisherEndpoint: String
         var subscriber: SocketRegistration?
         var monitor: SocketRegistration?
-        var disconnected = false
+        /// Not connected, before its first connection too: a kernel never reached (one
+        /// standing by for the state's election binds nothing until it takes over) brings
+        /// no update, so losing the others is losing every kernel.
+        var disconnected = true
         /// The kernel's count per counted prefix at its last HUGZ, and the updates received
         /// from it under that prefix since (nil until a HUGZ of this kernel's has come).
         var checkpoint: [String: UInt64] = [:]

@@ -229,7 +229,9 @@ final class SubscriberCheck: Sendable {
                 if n > last.n + 1 {
                     counts.gaps += 1
                     if counts.gapNotes.count < 5 {
-                        counts.gapNotes.append("subscriber \(subscriber) had tick \(last.n), then \(n) (sequence \(update.sequence)) of epoch \(epoch)")
+                        // What the subscriber went through up to the gap says where the tick went.
+                        let before = (counts.recent[subscriber] ?? []).map { "\n        \($0)" }.joined()
+                        counts.gapNotes.append("subscriber \(subscriber) had tick \(last.n), then \(n) (sequence \(update.sequence)) of epoch \(epoch); its last events:\(before)")
                     }
                 }
                 if n < last.n { counts.backwards += 1 }
