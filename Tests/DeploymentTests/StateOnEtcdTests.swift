@@ -134,12 +134,23 @@ struct StateOnEtcdTests {
         defer { standby.process.stop() }
         try await standby.process.waitForOutput(containing: "the kernel holding the election answers at its broker", within: 30)
 
-        let writer = try await BusClient(brokers: [ports[0][0], ports[1][0]], timeout: .seconds(30))
-        let subscription = try await Subscription.open(kernels: ports.map { ($0[1], $0[2]) }, prefixes: ["/client/tick"], silenceTimeout: .seconds(3))
-        var acknowledged: [UInt64] = []
-        for n in 0..<80 {
-            if n == 30 { active.process.signal(SIGKILL) }
-            acknowledged.append(try await writer.publish(key: "/client/tick", value: .int(Int64(n))))
+        let subscription = try await Subscription.open(kernels: ports.map { ($0[1], $0[2]) }, prefixes: ["/client/tick/"], silenceTimeout: .seconds(3))
+        // Writers at once, so the new kernel publishes as soon as it serves.
+        let brokers = [ports[0][0], ports[1][0]]
+        let acknowledged = try await withThrowingTaskGroup(of: [UInt64].self) { group in
+            for writer in 0..<4 {
+                group.addTask {
+                    let bus = try await BusClient(brokers: brokers, timeout: .seconds(30))
+                    var made: [UInt64] = []
+                    for n in 0..<40 {
+                        if writer == 0 && n == 15 { active.process.signal(SIGKILL) }
+                        made.append(try await bus.publish(key: "/client/tick/\(writer)", value: .int(Int64(n))))
+                    }
+                    await bus.close()
+                    return made
+                }
+            }
+            return try await group.reduce(into: []) { $0 += $1 }
         }
         let expected = Set(acknowledged)
         let (seen, events) = try await within(30, "every acknowledged write delivered") {
@@ -155,7 +166,6 @@ struct StateOnEtcdTests {
         #expect(Set(acknowledged).isSubset(of: Set(seen)), "missing: \(Set(acknowledged).subtracting(seen).sorted()); events: \(events.suffix(60))")
         #expect(seen == seen.sorted() && Set(seen).count == seen.count, "\(seen)")
         await subscription.cancel()
-        await writer.close()
     }
 
     @Test("a kernel waiting for the election ends at SIGTERM, with status 0")
