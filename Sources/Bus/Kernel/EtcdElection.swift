@@ -136,13 +136,17 @@ final class HolderProbe {
 }
 
 extension Kernel {
-    /// Whether a kernel holds the election of the state `settings` name now (false too when
-    /// no etcd member answers): a kernel started on them that does not answer then stands by.
-    public static func stateElectionHeld(_ settings: EtcdStateSettings) async -> Bool {
+    /// Whether another kernel than the one at `broker` holds the election of the state
+    /// `settings` name now (false too when no etcd member answers): a kernel started at
+    /// `broker` on them that does not answer then stands by, rather than still starting.
+    public static func stateElectionHeld(_ settings: EtcdStateSettings, byOtherThan broker: String) async -> Bool {
         guard let client = try? EtcdClient(settings: EtcdClient.Settings(settings)) else { return false }
-        let held = try? await client.range(EtcdStateLink.electionKey(Array(settings.prefix.utf8))).keyValues.isEmpty == false
+        let holder = try? await client.range(EtcdStateLink.electionKey(Array(settings.prefix.utf8))).keyValues.first
         await client.close()
-        return held ?? false
+        guard let holder = holder ?? nil else { return false }
+        // A kernel bound on every interface names no broker: then any holder counts.
+        let own = ElectionValue.advertised(broker)
+        return own == nil || ElectionValue(decoding: holder.value).broker != own
     }
 
     /// How often a waiting kernel asks the holder whether it still serves, and how long a

@@ -141,7 +141,10 @@ struct UpCommand: AsyncParsableCommand {
                                                             curve: try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.supervisor) })
         // A kernel keeping its state in etcd may wait for another kernel's election.
         var kernelStandsBy: (@Sendable () async -> Bool)?
-        if let state = file.kernel.stateEtcd { kernelStandsBy = { await Kernel.stateElectionHeld(state) } }
+        if let state = file.kernel.stateEtcd {
+            let broker = file.kernel.brokerEndpoint
+            kernelStandsBy = { await Kernel.stateElectionHeld(state, byOtherThan: broker) }
+        }
         let supervisor = try Supervisor(
             executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path,
             kernel: noKernel ? nil : .init(name: "kernel", arguments: ["kernel"] + shared, workers: 0),
