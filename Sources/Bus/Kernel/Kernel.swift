@@ -373,7 +373,9 @@ public actor Kernel: BusService {
     private func servingState() throws(JSONRPCError) {
         guard let link = parts?.etcd else { return }
         if let closed = link.closedWith { throw closed }
-        if link.leaseLapsed {
+        // The rule is the time itself; the flag is set by a watcher that may not have run
+        // yet when a request comes (after the process was frozen, say).
+        if link.leaseLapsed || ContinuousClock.now >= link.leaseHeldUntil {
             throw JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: this kernel could not renew its lease in etcd for \(link.leaseSeconds) s "
                 + "(no majority of etcd's members answered); it serves the state again once it does, or another kernel takes over")
         }
