@@ -237,9 +237,10 @@ extension Kernel {
         }
     }
 
-    /// Whether the machine at `endpoint` (`tcp://HOST:PORT` or `ipc://PATH`) refuses a
-    /// connection there now: it answered, and nothing listens (the kernel's process ended).
-    /// No answer within half a second (the machine gone, or cut off from here) is no refusal.
+    /// Whether the machine at `endpoint` (`tcp://HOST:PORT`) refuses a connection there now:
+    /// it answered, and nothing listens (the kernel's process ended). No answer within half a
+    /// second (the machine gone, or cut off from here) is no refusal, nor is an endpoint of
+    /// another kind (an `ipc://` holder, on this machine, is left to its lease).
     static func refusesConnection(_ endpoint: String) async -> Bool {
         await withCheckedContinuation { done in
             // A connect may wait: off the loop and the cooperative threads.
@@ -248,20 +249,6 @@ extension Kernel {
     }
 
     private static func refusesConnectionNow(_ endpoint: String, waiting milliseconds: Int32) -> Bool {
-        if endpoint.hasPrefix("ipc://") {
-            let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-            guard fd >= 0 else { return false }
-            defer { close(fd) }
-            var address = sockaddr_un()
-            address.sun_family = sa_family_t(AF_UNIX)
-            let path = Array(endpoint.dropFirst("ipc://".count).utf8)
-            guard path.count < MemoryLayout.size(ofValue: address.sun_path) else { return false }
-            withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: path) }
-            let result = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-            }
-            return result != 0 && (errno == ECONNREFUSED || errno == ENOENT)
-        }
         guard endpoint.hasPrefix("tcp://") else { return false }
         let address = endpoint.dropFirst("tcp://".count)
         guard let colon = address.lastIndex(of: ":") else { return false }
