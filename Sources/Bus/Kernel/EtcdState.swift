@@ -543,7 +543,9 @@ extension Kernel {
             do {
                 let seconds = try await link.client.keepAlive(link.lease)
                 if seconds <= 0 { return lostElection(link, why: "its lease in etcd ran out") }
-                link.leaseHeldUntil = max(link.leaseHeldUntil, sent + .seconds(seconds))
+                // etcd's answer, held to the lease granted: a larger figure from the wire
+                // would only let the kernel serve longer than it may.
+                link.leaseHeldUntil = max(link.leaseHeldUntil, sent + .seconds(min(seconds, Int64(link.leaseSeconds))))
                 if link.leaseLapsed, ContinuousClock.now < link.leaseHeldUntil {
                     link.leaseLapsed = false
                     logger.notice("the kernel's lease in etcd is renewed: it serves the state again")
