@@ -105,6 +105,29 @@ struct BusKitTests {
         await kernel.stop()
     }
 
+    @Test("a request asked by a task already cancelled ends at once as .cancelled, alone or in a batch; it never waits for its timeout")
+    func askedWhenCancelled() async throws {
+        // No kernel, and a clock nobody moves: only the cancellation can end these requests.
+        let clock = ManualClock()
+        let nowhere = try await BusClient(brokers: ["tcp://127.0.0.1:\(freePort())"], clock: clock)
+        let outcome = Task { () -> [BusError?] in
+            withUnsafeCurrentTask { $0?.cancel() }
+            var errors: [BusError?] = []
+            do throws(BusError) {
+                _ = try await nowhere.request(service: "echo", method: "echo", timeout: .seconds(30))
+                errors.append(nil)
+            } catch { errors.append(error) }
+            for outcome in await nowhere.batch(KernelAPI.ping, [NoParams(), NoParams()], timeout: .seconds(30)) {
+                if case .failure(let error) = outcome { errors.append(error) } else { errors.append(nil) }
+            }
+            return errors
+        }
+        let cancelledPing = BusError.cancelled(service: "kernel", method: "ping")
+        #expect(try await within(5, "the cancelled requests") { await outcome.value } == [.cancelled(service: "echo", method: "echo"), cancelledPing, cancelledPing])
+        #expect(await nowhere.waitingCount() == 0)
+        await nowhere.close()
+    }
+
     @Test("a closed client answers every later request at once with .closed; it never waits on its stopped loop")
     func useAfterClose() async throws {
         let kernel = try await TestKernel.start(fastHeartbeats)

@@ -534,6 +534,11 @@ actor ClientCore {
     private var finished: [Int64: Bool] = [:]
     private var finishedOrder: Deque<Int64> = []
     private static let finishedMemory = 16_384
+    /// Ids whose task was cancelled before their request reached the loop. A task already
+    /// cancelled when it asks runs its cancellation handler first, so its cancel arrives
+    /// here before its send: the send then ends the request at once, rather than leaving it
+    /// to wait its whole timeout for a caller that is gone.
+    private var cancelledBeforeSending: Set<Int64> = []
     private(set) var counters = BusClient.Counters()
     var waitingCount: Int { pending.count }
 
@@ -600,6 +605,13 @@ actor ClientCore {
     }
 
     func send(_ requests: [(id: Int64, pending: Pending)], message: Message) {
+        // The ids of one send are cancelled together (one task asked for them all).
+        var cancelledEarly = false
+        for request in requests where cancelledBeforeSending.remove(request.id) != nil { cancelledEarly = true }
+        if cancelledEarly {
+            for request in requests { request.pending.complete(.failure(.cancelled(service: request.pending.service, method: request.pending.method))) }
+            return
+        }
         guard case .open = lifecycle else {
             for request in requests { request.pending.complete(.failure(.closed)) }
             return
@@ -732,9 +744,14 @@ actor ClientCore {
         connections[destination() ?? current].socket.send(message)
     }
 
+    /// Ends the requests of a cancelled task with ``BusError/cancelled(service:method:)``.
     func cancel(ids: [Int64]) {
         for id in ids {
-            guard let request = pending.removeValue(forKey: id) else { continue }
+            guard let request = pending.removeValue(forKey: id) else {
+                // Not finished either: its send is still on its way to the loop.
+                if finished[id] == nil, case .open = lifecycle { cancelledBeforeSending.insert(id) }
+                continue
+            }
             remember(id, answered: false)
             request.complete(.failure(.cancelled(service: request.service, method: request.method)))
         }

@@ -9,7 +9,8 @@ public import ServiceLifecycle
 /// Structured: ``work()`` runs as a child task of ``run()`` until graceful shutdown cancels
 /// it, and whatever it starts runs in task groups that end with it; nothing outlives the part.
 public protocol ServiceWork: Service, Actor {
-    /// What must be done before the work starts, awaited (bringing back saved copies).
+    /// What must be done before the work starts, awaited (bringing back saved copies);
+    /// cancelled, like the work, by graceful shutdown.
     func prepare() async
     /// The work itself: until cancelled (or done).
     func work() async
@@ -26,9 +27,14 @@ extension ServiceWork {
     public nonisolated var requiredParts: [any Service] { [] }
 
     public func run() async throws {
-        await prepare()
         await withDiscardingTaskGroup { group in
-            group.addTask { await self.work() }
+            // Preparing is cancelled by graceful shutdown too: what it awaits (requests to
+            // a kernel changing hands, each with its own timeout) must not hold up the stop.
+            group.addTask {
+                await self.prepare()
+                guard !Task.isCancelled else { return }
+                await self.work()
+            }
             // Until graceful shutdown (or cancellation): then the work is cancelled, and the
             // group waits for it to end.
             try? await gracefulShutdown()

@@ -99,7 +99,7 @@ public actor FetcherService: BusService, ServiceWork {
 
     /// Publishes every loaded dataset (at start, and after the kernel restarted).
     public func republish() async {
-        for dataset in Dataset.allCases { await publish(dataset) }
+        for dataset in Dataset.allCases where !Task.isCancelled { await publish(dataset) }
     }
 
     // MARK: Methods
@@ -251,6 +251,8 @@ public actor FetcherService: BusService, ServiceWork {
         guard let publisher else { return }
         do {
             try await publisher.set(FetcherAPI.catalogPrefix + dataset.rawValue, .object(summary(dataset)))
+        } catch .cancelled {
+            // Stopping: the publisher's next start publishes every dataset anyway.
         } catch {
             logger.warning("cannot publish", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
         }
