@@ -18,7 +18,9 @@ struct ChaosLog {
         let pid: Int32
         /// Seconds until the piece served again; nil if it did not within a minute.
         let recoveredAfter: Double?
-        /// Of a pair's active kernel: seconds from the kill to the first answered request.
+        /// Of a pair's active kernel: whether a request was asked after the kill, and seconds
+        /// from the kill to the first one answered (nil: none within 30 s).
+        var failoverAsked = false
         var failoverAfter: Double? = nil
     }
     var kills: [Kill] = []
@@ -136,8 +138,17 @@ struct PairChaos {
             let readyBefore = timesReady()
             kill(pid, SIGKILL)
             let killedAt = Date()
-            let answered = (try? await client.call(EchoAPI.echo, ["failover": .int(Int64(round))])) != nil
-            let failover = answered ? Date().timeIntervalSince(killedAt) : nil
+            // Until a request is answered: one refused on the way (no worker registered with
+            // the new kernel yet: -32001) is part of the failover, and asked again.
+            var failover: Double?, refused = 0
+            while failover == nil, Date().timeIntervalSince(killedAt) < 30 {
+                if (try? await client.call(EchoAPI.echo, ["failover": .int(Int64(round))], timeout: .seconds(30))) != nil {
+                    failover = Date().timeIntervalSince(killedAt)
+                } else {
+                    refused += 1
+                    try? await Task.sleep(for: .milliseconds(50))
+                }
+            }
             let recovered = await waitUntil(60) {
                 // The restarted kernel stands by, or won the election back and the other does.
                 if standbyLogs != nil { return timesReady() > readyBefore }
@@ -147,10 +158,12 @@ struct PairChaos {
             let role = ["primary", "backup"][active], standby = standbyLogs == nil ? "the passive one" : "the one waiting for the election"
             var kill = ChaosLog.Kill(at: killedAt.timeIntervalSince(started), piece: "kernel (\(role), active)", pid: pid,
                                      recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil)
+            kill.failoverAsked = true
             kill.failoverAfter = failover
             log.kills.append(kill)
             say(String(format: "%6.1f s  killed the active kernel, the %@'s (pid %d): %@; %@", killedAt.timeIntervalSince(started), role, pid,
-                       failover.map { String(format: "a request answered by the other after %.3f s", $0) } ?? "NO request answered within 30 s",
+                       failover.map { String(format: "a request answered by the other after %.3f s", $0) + (refused > 0 ? " (\(refused) refused before)" : "") }
+                           ?? "NO request answered within 30 s",
                        recovered ? String(format: "back as %@ after %.1f s", standby, Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
         }
     }

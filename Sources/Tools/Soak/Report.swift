@@ -40,6 +40,8 @@ struct SoakReport {
     }
 
     var unrecovered: Int { chaos.kills.filter { $0.recoveredAfter == nil }.count }
+    /// Kills of a pair's active kernel that no answered request followed.
+    var failedOver: Int { chaos.kills.filter { $0.failoverAsked && $0.failoverAfter == nil }.count }
 
     var passed: Bool { failures.isEmpty }
 
@@ -61,6 +63,7 @@ struct SoakReport {
             (parts.miscounted > 0, "\(parts.miscounted) streams whose end did not count the parts that came"),
             (parts.gathersMiscounted > 0, "\(parts.gathersMiscounted) requests to every worker that did not account for each worker once"),
             (unrecovered > 0, "\(unrecovered) kills never recovered from"),
+            (failedOver > 0, "\(failedOver) kills of the active kernel after which no request was answered within 30 s"),
         ]
         checks += problems.map { (true, $0) }
         return checks.filter(\.failed).map(\.says)
