@@ -204,34 +204,33 @@ struct KernelTimingTests {
         if case .hugz = hugz.first {} else { Issue.record("expected a HUGZ, got \(hugz)") }
     }
 
-    /// A pair link in `role` (heartbeats every 200 ms) with its state server, on `clock`.
-    func pairLink(_ role: PairConfiguration.Role, clock: ManualClock) -> (StateServer, PairLink) {
+    /// A state server with a pair link in `role` (heartbeats every 200 ms), on `clock`.
+    func pairedState(_ role: PairConfiguration.Role, clock: ManualClock) -> StateServer {
         var configuration = configuration
         configuration.pair = PairConfiguration(role: role, listen: "inproc://unused-listen", peer: "inproc://unused-peer",
                                                heartbeatInterval: .milliseconds(200))
         let state = StateServer(configuration: configuration, logger: quiet)
-        let pair = PairLink(configuration: configuration.pair!, instance: role.rawValue, replica: state, clock: clock, logger: quiet)
-        state.join(pair)
-        return (state, pair)
+        state.join(PairLink(configuration: configuration.pair!, instance: role.rawValue, clock: clock, logger: quiet))
+        return state
     }
 
     @Test("of a pair: the backup copies the active peer's state, refuses clients while the peer is heard, and takes over when a client comes after two silent heartbeats")
     func failover() throws {
         let clock = ManualClock()
-        let (state, pair) = pairLink(.backup, clock: clock)
-        let admission = Admission(pair: pair)
+        let state = pairedState(.backup, clock: clock)
+        let admission = Admission(pairedState: state)
         func heartbeat(_ peerState: PairState, sequence: UInt64) -> Message {
             let body: JSONValue = ["state": .string(peerState.rawValue), "role": "primary", "instance": "primary",
                                    "sequence": .int(Int64(sequence)), "synced": true]
             return Message([Frame("peer"), PairWire.header, PairWire.state, Frame(body.jsonBytes)])
         }
         // The primary is active: the backup becomes passive and asks for the state.
-        pair.received(heartbeat(.active, sequence: state.sequence), now: clock.now)
-        #expect(pair.state == .passive)
-        #expect(pair.outbox.take().contains { $0.count >= 2 && $0[1] == PairWire.snapshotRequest })
-        pair.received(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(state.sequence), CHP.sequenceFrame(0)]),
-                      now: clock.now)
-        #expect(pair.holdsState)
+        state.pairReceived(heartbeat(.active, sequence: state.sequence), now: clock.now)
+        #expect(state.pair!.state == .passive)
+        #expect(state.pair!.outbox.take().contains { $0.count >= 2 && $0[1] == PairWire.snapshotRequest })
+        state.pairReceived(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(state.sequence), CHP.sequenceFrame(0)]),
+                           now: clock.now)
+        #expect(state.pair!.holdsState)
         #expect(admission.verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .notActive)
         // Questions about the kernel itself are answered by either.
         #expect(admission.verdict(service: KernelAPI.service, body: [Frame(#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)], peer: nil, security: nil, now: clock.now) == .admitted)
@@ -239,12 +238,12 @@ struct KernelTimingTests {
         // 399 ms of silence: still the peer's.
         clock.advance(.milliseconds(399))
         #expect(admission.verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .notActive)
-        #expect(pair.state == .passive)
+        #expect(state.pair!.state == .passive)
         // 400 ms (two heartbeats): the next client makes it take over.
         clock.advance(.milliseconds(1))
         #expect(admission.verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
-        #expect(pair.state == .active)
-        #expect(pair.takeEvents().contains { if case .becameActive = $0 { true } else { false } })
+        #expect(state.pair!.state == .active)
+        #expect(state.pair!.takeEvents().contains { if case .becameActive = $0 { true } else { false } })
     }
 
     @Test("of a pair: of two actives the one active for less time gives way, the primary too (a restarted primary that served alone before it heard its peer); too close to tell, the backup does")
@@ -256,91 +255,116 @@ struct KernelTimingTests {
             return Message([Frame("peer"), PairWire.header, PairWire.state, Frame(JSONValue.object(body).jsonBytes)])
         }
         /// A primary that heard nobody and served alone once a client came, then was active for `served`.
-        func primaryServingAlone(for served: Duration) -> (PairLink, ManualClock, StateServer) {
+        func primaryServingAlone(for served: Duration) -> (StateServer, ManualClock) {
             let clock = ManualClock()
-            let (state, pair) = pairLink(.primary, clock: clock)
+            let state = pairedState(.primary, clock: clock)
             clock.advance(.seconds(1))
-            #expect(Admission(pair: pair).verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
-            #expect(pair.state == .active)
+            #expect(Admission(pairedState: state).verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
+            #expect(state.pair!.state == .active)
             clock.advance(served)
-            return (pair, clock, state)
+            return (state, clock)
         }
         // A primary restarted a moment ago against a backup active for 5 s: the primary gives way.
         do {
-            let (pair, clock, state) = primaryServingAlone(for: .milliseconds(100))
-            pair.received(heartbeat(from: .backup, activeFor: .seconds(5)), now: clock.now)
-            #expect(pair.state == .passive)
-            withExtendedLifetime(state) {}
+            let (state, clock) = primaryServingAlone(for: .milliseconds(100))
+            state.pairReceived(heartbeat(from: .backup, activeFor: .seconds(5)), now: clock.now)
+            #expect(state.pair!.state == .passive)
         }
         // A primary active for a minute against a backup that took over 2 s ago: it stays.
         do {
-            let (pair, clock, state) = primaryServingAlone(for: .seconds(60))
-            pair.received(heartbeat(from: .backup, activeFor: .seconds(2)), now: clock.now)
-            #expect(pair.state == .active)
-            withExtendedLifetime(state) {}
+            let (state, clock) = primaryServingAlone(for: .seconds(60))
+            state.pairReceived(heartbeat(from: .backup, activeFor: .seconds(2)), now: clock.now)
+            #expect(state.pair!.state == .active)
         }
         // Within two heartbeats of each other, or a peer that does not say: the primary stays.
         do {
-            let (pair, clock, state) = primaryServingAlone(for: .seconds(5))
-            pair.received(heartbeat(from: .backup, activeFor: .milliseconds(5_300)), now: clock.now)
-            #expect(pair.state == .active)
-            pair.received(heartbeat(from: .backup, activeFor: nil), now: clock.now)
-            #expect(pair.state == .active)
-            withExtendedLifetime(state) {}
+            let (state, clock) = primaryServingAlone(for: .seconds(5))
+            state.pairReceived(heartbeat(from: .backup, activeFor: .milliseconds(5_300)), now: clock.now)
+            #expect(state.pair!.state == .active)
+            state.pairReceived(heartbeat(from: .backup, activeFor: nil), now: clock.now)
+            #expect(state.pair!.state == .active)
         }
         // ...and the backup gives way.
         do {
             let clock = ManualClock()
-            let (state, pair) = pairLink(.backup, clock: clock)
+            let state = pairedState(.backup, clock: clock)
             // Paired as passive (its copy complete), then the primary goes silent and a client comes.
-            pair.received(heartbeat(from: .primary, activeFor: .zero), now: clock.now)
-            pair.received(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(0), CHP.sequenceFrame(0)]), now: clock.now)
+            state.pairReceived(heartbeat(from: .primary, activeFor: .zero), now: clock.now)
+            state.pairReceived(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(0), CHP.sequenceFrame(0)]), now: clock.now)
             clock.advance(.seconds(1))
-            #expect(Admission(pair: pair).verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
+            #expect(Admission(pairedState: state).verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
             clock.advance(.seconds(5))
-            pair.received(heartbeat(from: .primary, activeFor: nil), now: clock.now)
-            #expect(pair.state == .passive)
-            withExtendedLifetime(state) {}
+            state.pairReceived(heartbeat(from: .primary, activeFor: nil), now: clock.now)
+            #expect(state.pair!.state == .passive)
         }
     }
 
     @Test("of a pair: a restarted passive whose request for the state came before its first heartbeat is waited for once it acknowledges the state, and changes wait for it from the moment the state is sent")
     func activeWaitsForRestartedPassive() throws {
         let clock = ManualClock()
-        let (state, pair) = pairLink(.primary, clock: clock)
+        let state = pairedState(.primary, clock: clock)
         func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
         func heartbeat(_ peerState: PairState, instance: String) -> Message {
             let body: JSONValue = ["state": .string(peerState.rawValue), "role": "backup", "instance": .string(instance),
                                    "sequence": 0, "synced": false]
             return fromPeer([PairWire.state, Frame(body.jsonBytes)])
         }
-        let released = { pair.takeEvents().filter { if case .released = $0 { true } else { false } }.count }
+        let released = { state.pair!.takeEvents().filter { if case .released = $0 { true } else { false } }.count }
         let publish = PairLink.Held.publish(Message([Frame("/k")]), key: Frame("/k"))
         // Paired with a backup: active.
-        pair.received(heartbeat(.backup, instance: "backup-1"), now: clock.now)
-        #expect(pair.state == .active)
+        state.pairReceived(heartbeat(.backup, instance: "backup-1"), now: clock.now)
+        #expect(state.pair!.state == .active)
         // The backup restarts; the new one's first word is its request for the state, its
         // heartbeat (a new instance) comes after it.
-        pair.received(fromPeer([PairWire.snapshotRequest, Frame("backup-2")]), now: clock.now)
+        state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-2")]), now: clock.now)
         let sent = state.sequence
-        #expect(pair.outbox.take().contains { $0.count >= 2 && $0[1] == PairWire.snapshotDone })
-        pair.received(heartbeat(.passive, instance: "backup-2"), now: clock.now)
+        #expect(state.pair!.outbox.take().contains { $0.count >= 2 && $0[1] == PairWire.snapshotDone })
+        state.pairReceived(heartbeat(.passive, instance: "backup-2"), now: clock.now)
         // Sent the state, not yet acknowledged: a change waits for the peer.
-        #expect(pair.hold(publish, until: sent + 1))
-        pair.received(fromPeer([PairWire.ack, CHP.sequenceFrame(sent)]), now: clock.now)
-        #expect(pair.peerInSync)
+        let heldForTheSnapshot = state.pair!.hold(publish, until: sent + 1)
+        #expect(heldForTheSnapshot)
+        state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(sent)]), now: clock.now)
+        #expect(state.pair!.peerInSync)
         #expect(released() == 0)
-        pair.received(fromPeer([PairWire.ack, CHP.sequenceFrame(sent + 1)]), now: clock.now)
+        state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(sent + 1)]), now: clock.now)
         #expect(released() == 1)
-        #expect(pair.hold(publish, until: sent + 2))
+        let heldForTheAck = state.pair!.hold(publish, until: sent + 2)
+        #expect(heldForTheAck)
         // The passive falls silent: what waited for it goes out, and nothing waits any more.
         clock.advance(.milliseconds(401))
-        pair.tick(now: clock.now)
+        state.pairTick(now: clock.now)
         #expect(released() == 1)
-        #expect(!pair.hold(publish, until: sent + 3))
+        let heldWithNoPeer = state.pair!.hold(publish, until: sent + 3)
+        #expect(!heldWithNoPeer)
     }
 
-    @Test("a stopped kernel is freed, with its broker, state server and pair link")
+    @Test("of a pair: a passive applies the active's next change, publishes it and acknowledges it; a change that does not follow changes nothing and makes it ask for the whole state again")
+    func passiveAppliesChanges() throws {
+        let clock = ManualClock()
+        let state = pairedState(.backup, clock: clock)
+        func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer")] + frames) }
+        let heartbeat: JSONValue = ["state": "active", "role": "primary", "instance": "primary", "sequence": 0, "synced": true]
+        state.pairReceived(fromPeer([PairWire.header, PairWire.state, Frame(heartbeat.jsonBytes)]), now: clock.now)
+        state.pairReceived(fromPeer([PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(0), CHP.sequenceFrame(0)]), now: clock.now)
+        #expect(state.pair!.holdsState)
+        _ = state.pair!.outbox.take()
+        var change = ReplicatedEntry(key: Frame("/k"), sequence: 1, uuid: Frame(), properties: Frame(), value: Frame("1"), quotaOwner: nil, expiresIn: nil)
+        state.pairReceived(fromPeer(change.frames(PairWire.update).frames), now: clock.now)
+        #expect(state.sequence == 1)
+        #expect(state.pair!.outbox.take() == [[PairWire.header, PairWire.ack, CHP.sequenceFrame(1)]])
+        let published = try state.publisher.take().map { try CHP.decodeUpdate($0) }
+        guard case .entry(let entry) = published.first, published.count == 1 else { Issue.record("expected one update, got \(published)"); return }
+        #expect(entry.key == "/k" && entry.sequence == 1 && entry.value == Frame("1"))
+        // Change 3 after change 1: one was lost on the way.
+        change.sequence = 3
+        state.pairReceived(fromPeer(change.frames(PairWire.update).frames), now: clock.now)
+        #expect(state.sequence == 1)
+        #expect(!state.pair!.holdsState)
+        #expect(state.pair!.outbox.take().contains { $0.count >= 2 && $0[1] == PairWire.snapshotRequest })
+        #expect(state.publisher.take().isEmpty)
+    }
+
+    @Test("a stopped kernel is freed, with its broker and its state server (which holds the pair link)")
     func stoppedKernelIsFreed() async throws {
         weak var weakKernel: Kernel?
         let parts = WeakParts()
@@ -362,7 +386,6 @@ struct KernelTimingTests {
         #expect(weakKernel == nil)
         #expect(parts.parts == nil)
         #expect(parts.state == nil)
-        #expect(parts.pair == nil)
     }
 }
 
@@ -370,7 +393,6 @@ struct KernelTimingTests {
 final class WeakParts: @unchecked Sendable {
     weak var parts: KernelParts?
     weak var state: StateServer?
-    weak var pair: PairLink?
     var noted = false
 }
 
@@ -378,8 +400,7 @@ extension Kernel {
     func note(_ weak: WeakParts) {
         weak.parts = parts
         weak.state = parts?.state
-        weak.pair = parts?.pair
-        weak.noted = parts?.pair != nil
+        weak.noted = parts?.state.pair != nil
     }
 }
 

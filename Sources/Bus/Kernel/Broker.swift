@@ -264,7 +264,7 @@ final class Broker {
     /// Requests for operators only (``OperatorsOnly``) refused: another key sent them.
     private(set) var refusedNotOperator = 0
 
-    init(configuration: KernelConfiguration, logger: Logger, admission: Admission = Admission(pair: nil)) {
+    init(configuration: KernelConfiguration, logger: Logger, admission: Admission = Admission(pairedState: nil)) {
         self.configuration = configuration
         timeouts = Timeouts(configuration)
         self.logger = logger

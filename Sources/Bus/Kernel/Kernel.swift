@@ -68,7 +68,7 @@ public actor Kernel: BusService {
     }
     private var broker: Broker { serving.broker }
     private var state: StateServer { serving.state }
-    private var pair: PairLink? { serving.pair }
+    private var pair: PairLink? { serving.state.pair }
 
     /// Binds every endpoint and starts serving; with the state on etcd, reads it from there
     /// first. Throws (leaving nothing bound) when etcd cannot be read or an endpoint cannot be

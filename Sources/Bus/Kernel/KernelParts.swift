@@ -10,7 +10,8 @@ import ZeroMQ
 /// a request for a service, or for the state, only the active one, and asking is what makes
 /// a passive kernel whose peer is gone take over (Binary Star).
 struct Admission {
-    let pair: PairLink?
+    /// Of a pair: the state server, which holds the pair's link (nil: a kernel alone).
+    let pairedState: StateServer?
 
     enum Verdict: Equatable {
         case admitted
@@ -33,16 +34,16 @@ struct Admission {
            !Peer(userID: peer, security: security).isOperator {
             return .notOperator
         }
-        guard let pair, !pair.isActive, !MMI.isManagement(service) else { return .admitted }
+        guard let pairedState, pairedState.pair?.isActive == false, !MMI.isManagement(service) else { return .admitted }
         if isKernel, !calls(Self.stateMethods) { return .admitted }
-        return pair.admitsClient(now: now) ? .admitted : .notActive
+        return pairedState.admitsClient(now: now) ? .admitted : .notActive
     }
 
     /// Why a request was refused.
     func refusal(_ verdict: Verdict, service: String) -> JSONRPCError {
         switch verdict {
         case .admitted, .notActive:
-            JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: \(pair?.refusal ?? "")")
+            JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: \(pairedState?.pair?.refusal() ?? "")")
         case .notOperator:
             .forbidden("\(service == KernelAPI.service ? "this kernel method" : "the '\(service)' service") is for operators' keys only: "
                 + "sb sends it with KEYS/operator.key, which switchboard up makes; another machine's operator needs its public key in the kernel's KEYS/operators/ or security.operator_keys")
@@ -72,7 +73,9 @@ final class KernelParts {
 
     let broker: Broker
     let state: StateServer
-    let pair: PairLink?
+    /// ``StateServer/isPaired``, kept here too: ``flush()`` asks it at every turn, and
+    /// asking the state server would retain it each time.
+    private let isPaired: Bool
     let zap: ZAPHandler?
     /// Where the state's changes are made when etcd keeps it.
     let etcd: EtcdStateLink?
@@ -106,12 +109,11 @@ final class KernelParts {
         self.configuration = configuration
         self.clock = clock
         let state = StateServer(configuration: configuration, logger: logger)
-        let pair = configuration.pair.map { PairLink(configuration: $0, instance: instance, replica: state, clock: clock, logger: logger) }
-        if let pair { state.join(pair) }
+        if let pair = configuration.pair { state.join(PairLink(configuration: pair, instance: instance, clock: clock, logger: logger)) }
         self.state = state
+        isPaired = state.isPaired
         etcd?.state = state
-        self.pair = pair
-        broker = Broker(configuration: configuration, logger: logger, admission: Admission(pair: pair))
+        broker = Broker(configuration: configuration, logger: logger, admission: Admission(pairedState: state.isPaired ? state : nil))
         broker.recordsSpans = BusTracing.recordsSpans
         zap = configuration.security.map { ZAPHandler(security: $0, logger: logger) }
     }
@@ -150,23 +152,23 @@ final class KernelParts {
             snapshot: register(sockets.snapshot) { $0.state.snapshot($1) },
             publisher: register(sockets.publisher) { $0.state.subscriptionChanged($1, now: $0.clock.now) },
             collector: collector)
-        if let pair, let pairSockets = sockets.pair {
-            registrations.pairListener = register(pairSockets.listener) { $0.pair?.received($1, now: $0.clock.now) }
+        if let pair = configuration.pair, let pairSockets = sockets.pair {
+            registrations.pairListener = register(pairSockets.listener) { $0.state.pairReceived($1, now: $0.clock.now) }
             registrations.pairSender = register(pairSockets.sender) { _, _ in }
             registrations.pairSender?.dropsWhenPeerFull = true
             if let peerBroker = pairSockets.peerBroker {
                 let events = try connectionEvents(of: peerBroker, in: loop.context)
                 registrations.peerBrokerMonitor = register(events) { parts, message in
                     guard let event = SocketEvent(message) else { return }
-                    if event.event.contains(.connected) { parts.pair?.peerBrokerConnected = true }
-                    if event.event.contains(.disconnected) { parts.pair?.peerBrokerConnected = false }
+                    if event.event.contains(.connected) { parts.state.pair?.peerBrokerConnected = true }
+                    if event.event.contains(.disconnected) { parts.state.pair?.peerBrokerConnected = false }
                 }
-                registrations.peerBroker = register(peerBroker) { parts, _ in parts.pair?.probeAnswered(now: parts.clock.now) }
+                registrations.peerBroker = register(peerBroker) { parts, _ in parts.state.pair?.probeAnswered(now: parts.clock.now) }
                 registrations.peerBroker?.dropsWhenPeerFull = true
                 // Connected only now: its first connection is an event the monitor sees.
-                if let endpoint = pair.configuration.peerBroker { try peerBroker.connect(endpoint) }
+                if let endpoint = pair.peerBroker { try peerBroker.connect(endpoint) }
             }
-            repeatEvery(pair.configuration.heartbeatInterval, on: loop) { $0.pair?.tick(now: $0.clock.now) }
+            repeatEvery(pair.heartbeatInterval, on: loop) { $0.state.pairTick(now: $0.clock.now) }
         }
         self.registrations = registrations
         repeatEvery(configuration.heartbeatInterval, on: loop) { $0.broker.tick(now: $0.clock.now) }
@@ -215,7 +217,7 @@ final class KernelParts {
         guard let registrations else { return }
         repeat {
             for event in broker.takeEvents() { handle(event) }
-            if let pair { for event in pair.takeEvents() { handle(event) } }
+            if isPaired { for event in state.pair?.takeEvents() ?? [] { handle(event) } }
             // What a part writes while its batch is sent (a failed send makes the broker
             // re-dispatch) is the next batch.
             while let batch = broker.outbox.takeBatch() { send(batch, on: registrations.router); broker.outbox.reuse(batch) }
@@ -224,11 +226,11 @@ final class KernelParts {
             if let zap {
                 while let batch = zap.outbox.takeBatch() { send(batch, on: registrations.zap); zap.outbox.reuse(batch) }
             }
-            if let pair {
-                while let batch = pair.outbox.takeBatch() { send(batch, on: registrations.pairSender); pair.outbox.reuse(batch) }
-                while let batch = pair.probes.takeBatch() { send(batch, on: registrations.peerBroker); pair.probes.reuse(batch) }
+            if isPaired {
+                while let batch = state.pair?.outbox.takeBatch() { send(batch, on: registrations.pairSender); state.pair?.outbox.reuse(batch) }
+                while let batch = state.pair?.probes.takeBatch() { send(batch, on: registrations.peerBroker); state.pair?.probes.reuse(batch) }
             }
-        } while !broker.events.isEmpty || !(pair?.events.isEmpty ?? true) || !broker.outbox.isEmpty
+        } while !broker.events.isEmpty || isPaired && state.pair?.hasEvents == true || !broker.outbox.isEmpty
         if let etcd, !state.durableWrites.isEmpty {
             let dropped = etcd.droppedWrites
             for write in state.durableWrites where !etcd.enqueue(EtcdStateLink.Pending(write: write, done: nil)) { state.settled(write) }
@@ -275,7 +277,7 @@ final class KernelParts {
     /// The `kernel` service's reply to `caller`: of a pair, once the peer holds every change
     /// made so far (a write is acknowledged only then).
     func reply(to caller: Broker.Caller, _ body: [UInt8]) {
-        if let pair, pair.hold(.reply(caller, body: body), until: state.sequence) { return }
+        if isPaired, state.pair?.hold(.reply(caller, body: body), until: state.sequence) == true { return }
         broker.replyFromKernel(to: caller, body)
     }
 

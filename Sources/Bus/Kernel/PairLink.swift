@@ -75,7 +75,7 @@ enum PairWire {
 }
 
 /// A change as it travels to the peer: the CHP frames plus what only the kernel keeps.
-struct ReplicatedEntry {
+struct ReplicatedEntry: Equatable {
     var key: Frame
     var sequence: UInt64
     var uuid: Frame
@@ -118,7 +118,11 @@ struct ReplicatedEntry {
 /// One kernel's side of the pair: Binary Star's state machine, the heartbeats, and the
 /// replication of the CHP state (same sequence numbers on both kernels).
 ///
-/// Loop-confined like the broker and the state server. The rules:
+/// A value owned by the state server it replicates (``StateServer/pair``), on the kernel's
+/// loop. It never calls back into that server: each method takes what it needs of the
+/// state (its `sequence`) and says what to do to it (``Replication``); what goes to the peer
+/// collects in ``outbox`` and ``probes``, and what the kernel acts on in ``takeEvents()``,
+/// taken after each call. The rules:
 /// - a kernel becomes active only when clients come to it and its peer has been silent for
 ///   two heartbeats (a cut between the two kernels alone, with clients still reaching the
 ///   active one, never makes two actives), or when it hears its peer restarting;
@@ -126,7 +130,7 @@ struct ReplicatedEntry {
 ///   write, only once the passive has it: whatever anyone saw from the active, the passive
 ///   holds, so subscribers and writers move across with no gap and nothing lost;
 /// - a restarted kernel that hears an active peer becomes passive and copies its state.
-final class PairLink {
+struct PairLink {
     let configuration: PairConfiguration
     let logger: Logger
     let instance: String
@@ -181,21 +185,30 @@ final class PairLink {
         case reply(Broker.Caller, body: [UInt8])
     }
 
+    /// What a message from the peer asks of the state this kernel holds: the state server
+    /// does it, then tells the link how it went where the link needs to know.
+    enum Replication: Equatable {
+        /// Active: the peer asked for the whole state; answer with ``sendSnapshot(_:sequence:)``.
+        case sendSnapshot
+        /// Passive: replace the whole state with the peer's (as of `sequence`).
+        case install([ReplicatedEntry], sequence: UInt64)
+        /// Passive: apply the peer's next change; tell ``applied(_:follows:sequence:)`` whether
+        /// it followed the last one.
+        case apply(ReplicatedEntry)
+    }
+
     /// Messages to the peer (a DEALER, dropped while there is no connection), and
     /// questions for the peer's broker over the clients' path (8/MMI): taken after each call.
     var outbox = Outbox()
     var probes = Outbox()
-    private(set) var events: [Event] = []
-    /// The state server this kernel replicates from or into (it owns this link).
-    private unowned let replica: any PairReplica
+    private var events: [Event] = []
     private let clock: any NanosecondClock
     /// Said once per loss of the peer: this kernel's copy is incomplete, so it cannot take over.
     private var saidIncomplete = false
 
-    init(configuration: PairConfiguration, instance: String, replica: any PairReplica, clock: any NanosecondClock, logger: Logger) {
+    init(configuration: PairConfiguration, instance: String, clock: any NanosecondClock, logger: Logger) {
         self.configuration = configuration
         self.instance = instance
-        self.replica = replica
         self.clock = clock
         self.logger = logger
         state = configuration.role == .primary ? .primary : .backup
@@ -203,12 +216,14 @@ final class PairLink {
     }
 
     /// The events since the last call, for the kernel to act on.
-    func takeEvents() -> [Event] {
+    mutating func takeEvents() -> [Event] {
         defer { events.removeAll(keepingCapacity: true) }
         return events
     }
 
-    private func send(_ message: Message) { outbox.send(message) }
+    var hasEvents: Bool { !events.isEmpty }
+
+    private mutating func send(_ message: Message) { outbox.send(message) }
 
     var isActive: Bool { state == .active }
     /// Whether this kernel's state is whole: the active one's, or a passive's complete copy.
@@ -219,14 +234,15 @@ final class PairLink {
 
     // MARK: Binary Star
 
-    /// A client's request arrived: whether this kernel serves it (possibly by taking over now).
-    func admitsClient(now: UInt64) -> Bool {
+    /// A client's request arrived: whether this kernel serves it (possibly by taking over
+    /// now). `sequence`: the last change of the state this kernel holds.
+    mutating func admitsClient(now: UInt64, sequence: UInt64) -> Bool {
         switch state {
         case .active:
             return true
         case .primary where now >= peerExpiry:
             guard peerServes(now: now) == .gone else { return false }
-            become(.active, "no peer answered within \(configuration.startupWait.formatted) and clients came: serving alone")
+            become(.active, "no peer answered within \(configuration.startupWait.formatted) and clients came: serving alone", sequence: sequence)
             return true
         case .passive where now >= peerExpiry:
             guard synced else {
@@ -238,7 +254,7 @@ final class PairLink {
                 return false
             }
             guard peerServes(now: now) == .gone else { return false }
-            become(.active, "the active peer is silent and clients came: failing over")
+            become(.active, "the active peer is silent and clients came: failing over", sequence: sequence)
             return true
         case .primary, .backup, .passive:
             return false
@@ -255,8 +271,9 @@ final class PairLink {
         case gone
     }
 
-    /// What the clients' way to the peer says (asked again each heartbeat while the link is silent).
-    func peerServes(now: UInt64) -> PeerService {
+    /// What the clients' way to the peer says (asked again each heartbeat while the link is
+    /// silent; asked now if it never was).
+    mutating func peerServes(now: UInt64) -> PeerService {
         guard configuration.peerBroker != nil, peerBrokerConnected else { return .gone }
         let window = configuration.peerExpiry.nanoseconds
         if let answered = probeAnsweredAt, now &- answered < window { return .answers }
@@ -265,18 +282,18 @@ final class PairLink {
         return .gone
     }
 
-    private func probe(now: UInt64) {
+    private mutating func probe(now: UInt64) {
         probeSentAt = now
         probes.send([Frame(), Frame(MDP.clientHeader), Frame(MMI.serviceQuery), Frame(KernelAPI.service)])
     }
 
     /// The peer's broker answered the question.
-    func probeAnswered(now: UInt64) {
+    mutating func probeAnswered(now: UInt64) {
         probeAnsweredAt = now
     }
 
     /// Why a client was refused, for its error message.
-    var refusal: String {
+    mutating func refusal() -> String {
         switch state {
         case .backup: "this kernel is the backup of a pair and has not heard its primary yet"
         case .primary: "this kernel is starting as the primary of a pair and waits to hear its peer"
@@ -289,19 +306,19 @@ final class PairLink {
         }
     }
 
-    private func peerSays(_ peer: PairState, instance: String, activeFor peerActiveFor: UInt64?, now: UInt64) {
+    private mutating func peerSays(_ peer: PairState, instance: String, activeFor peerActiveFor: UInt64?, now: UInt64, sequence: UInt64) {
         peerExpiry = now + configuration.peerExpiry.nanoseconds
         lastHeard = Date()
         if heard(instance: instance) { peerLeftSync() }
         peerState = peer
         switch (state, peer) {
         case (.primary, .backup):
-            become(.active, "paired with the backup")
+            become(.active, "paired with the backup", sequence: sequence)
         case (.primary, .active), (.backup, .active):
-            become(.passive, "the peer is active: copying its state")
+            become(.passive, "the peer is active: copying its state", sequence: sequence)
         case (.passive, .primary), (.passive, .backup):
             // The peer restarted and holds nothing: this kernel's copy is the state.
-            become(.active, "the peer restarted: serving, and it will copy this kernel's state")
+            become(.active, "the peer restarted: serving, and it will copy this kernel's state", sequence: sequence)
         case (.active, .active):
             // Two actives: after a partition healed, or a restarted kernel that heard neither
             // its peer nor the peer's broker in time (an overloaded machine) and served alone.
@@ -318,10 +335,10 @@ final class PairLink {
             }
             if givesWay {
                 logger.error("both kernels of the pair were active: this one, active for \(Duration.nanoseconds(mine).formatted), gives way to its peer, active for \(peerActiveFor.map { Duration.nanoseconds($0).formatted } ?? "an unknown time"), and copies its state; writes this one took meanwhile are lost")
-                become(.passive, "giving way to the peer, which was active first")
+                become(.passive, "giving way to the peer, which was active first", sequence: sequence)
             }
         case (.passive, .passive) where configuration.role == .primary && synced:
-            become(.active, "both kernels were passive: the primary serves")
+            become(.active, "both kernels were passive: the primary serves", sequence: sequence)
         default:
             break
         }
@@ -331,14 +348,14 @@ final class PairLink {
     }
 
     /// Notes the peer's instance; true when it is a new one (the peer restarted and holds nothing of this kernel's).
-    private func heard(instance: String) -> Bool {
+    private mutating func heard(instance: String) -> Bool {
         guard peerInstance != instance else { return false }
         if peerInstance != nil { logger.info("the peer kernel restarted", metadata: ["peer": "\(configuration.peer)"]) }
         peerInstance = instance
         return true
     }
 
-    private func become(_ new: PairState, _ reason: String) {
+    private mutating func become(_ new: PairState, _ reason: String, sequence: UInt64) {
         guard new != state else { return }
         let old = state
         state = new
@@ -349,7 +366,7 @@ final class PairLink {
             activeSince = clock.now
             snapshotAskedAt = nil
             snapshotEntries = []
-            acknowledged = replica.sequence
+            acknowledged = sequence
             replicatedUpTo = acknowledged
             snapshotSent = nil
         case .passive:
@@ -359,14 +376,14 @@ final class PairLink {
         case .primary, .backup:
             break
         }
-        sendState()
+        sendState(sequence: sequence)
         if new == .active { events.append(.becameActive) }
     }
 
     // MARK: Heartbeats
 
-    func tick(now: UInt64) {
-        sendState()
+    mutating func tick(now: UInt64, sequence: UInt64) {
+        sendState(sequence: sequence)
         // While the link is silent, keep asking the clients' way whether the peer still serves.
         if state != .active, configuration.peerBroker != nil, lastHeard == nil || now >= peerExpiry, peerBrokerConnected {
             probe(now: now)
@@ -378,15 +395,15 @@ final class PairLink {
     }
 
     /// The peer may miss changes from now on: nothing waits for it any more.
-    private func peerLeftSync() {
+    private mutating func peerLeftSync() {
         peerInSync = false
         snapshotSent = nil
         releaseHeld()
     }
 
-    private func sendState() {
+    private mutating func sendState(sequence: UInt64) {
         var body: [String: JSONValue] = ["state": .string(state.rawValue), "role": .string(configuration.role.rawValue),
-                                         "instance": .string(instance), "sequence": .int(Int64(clamping: replica.sequence)),
+                                         "instance": .string(instance), "sequence": .int(Int64(clamping: sequence)),
                                          "synced": .bool(state == .active || synced)]
         if state == .active, let activeSince { body["activeForMs"] = .int(Int64(clamping: (clock.now &- activeSince) / 1_000_000)) }
         send([PairWire.header, PairWire.state, Frame(JSONValue.object(body).jsonBytes)])
@@ -395,83 +412,98 @@ final class PairLink {
     // MARK: Messages from the peer
 
     /// A message on the pair ROUTER: the peer's routing id, then the frames it sent.
-    func received(_ message: Message, now: UInt64) {
-        guard message.count >= 3, message[1] == PairWire.header else { return }
+    /// `sequence`: the last change of the state this kernel holds. Returns what the message
+    /// asks of that state, if anything.
+    mutating func received(_ message: Message, now: UInt64, sequence: UInt64) -> Replication? {
+        guard message.count >= 3, message[1] == PairWire.header else { return nil }
         let command = message[2]
         let fields = message.frames[3...]
         if command == PairWire.state {
             guard let body = fields.first.flatMap({ try? JSONValue(parsing: $0.bytes) }),
                   let peer = body["state"]?.stringValue.flatMap(PairState.init(rawValue:)),
-                  let instance = body["instance"]?.stringValue else { return }
+                  let instance = body["instance"]?.stringValue else { return nil }
             // Every change the active peer made before this heartbeat came before it on this
             // connection: a passive copy behind its sequence missed some.
             if state == .passive, peer == .active, synced, snapshotAskedAt == nil,
-               let sequence = body["sequence"]?.intValue, UInt64(clamping: sequence) > replica.sequence {
+               let peerSequence = body["sequence"]?.intValue, UInt64(clamping: peerSequence) > sequence {
                 synced = false
                 logger.warning("the active peer is ahead of this kernel's copy: copying its state again",
-                               metadata: ["peer sequence": "\(sequence)", "held": "\(replica.sequence)"])
+                               metadata: ["peer sequence": "\(peerSequence)", "held": "\(sequence)"])
             }
             // From the wire: a figure past what nanoseconds hold is held there, not wrapped.
             let activeFor = body["activeForMs"]?.intValue.map { milliseconds in
                 let (nanoseconds, overflow) = UInt64(clamping: milliseconds).multipliedReportingOverflow(by: 1_000_000)
                 return overflow ? UInt64.max : nanoseconds
             }
-            peerSays(peer, instance: instance, activeFor: activeFor, now: now)
+            peerSays(peer, instance: instance, activeFor: activeFor, now: now, sequence: sequence)
         } else if command == PairWire.snapshotRequest {
-            guard state == .active else { return }
+            guard state == .active else { return nil }
             // A restarted peer's request can come before its first heartbeat: noted here, that
             // heartbeat is not taken for news of a restart, which would stop the wait for this copy.
             if let instance = fields.first?.string { _ = heard(instance: instance) }
-            let sequence = replica.sequence
-            peerLeftSync()
-            let entries = replica.replicatedSnapshot(now: now)
-            for entry in entries { send(entry.frames(PairWire.entry)) }
-            send([PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(sequence), CHP.sequenceFrame(UInt64(entries.count))])
-            // Every later change goes after the snapshot, in order, on the same connection.
-            replicatedUpTo = sequence
-            snapshotSent = sequence
-            logger.info("sent the state to the peer", metadata: ["sequence": "\(sequence)"])
+            return .sendSnapshot
         } else if command == PairWire.ack {
-            guard state == .active, let sequence = fields.first.flatMap(PairWire.sequence) else { return }
-            acknowledged = max(acknowledged, sequence)
-            if let snapshotSent, sequence >= snapshotSent {
+            guard state == .active, let acked = fields.first.flatMap(PairWire.sequence) else { return nil }
+            acknowledged = max(acknowledged, acked)
+            if let snapshotSent, acked >= snapshotSent {
                 self.snapshotSent = nil
                 peerInSync = true
                 logger.info("the passive peer holds the whole state: each change is replicated before it is published or acknowledged")
             }
             releaseHeld(upTo: acknowledged)
         } else if command == PairWire.entry {
-            guard state == .passive, snapshotAskedAt != nil, let entry = ReplicatedEntry(fields) else { return }
+            guard state == .passive, snapshotAskedAt != nil, let entry = ReplicatedEntry(fields) else { return nil }
             snapshotEntries.append(entry)
         } else if command == PairWire.snapshotDone {
-            guard state == .passive, snapshotAskedAt != nil, fields.count == 2, let sequence = PairWire.sequence(fields[fields.startIndex]),
-                  let count = PairWire.sequence(fields[fields.startIndex + 1]) else { return }
+            guard state == .passive, snapshotAskedAt != nil, fields.count == 2, let snapshotSequence = PairWire.sequence(fields[fields.startIndex]),
+                  let count = PairWire.sequence(fields[fields.startIndex + 1]) else { return nil }
             // An entry lost on the way (the link dropped it): ask again rather than hold a hole.
             guard snapshotEntries.count == Int(count) else {
                 logger.warning("the active peer's state came incomplete: asking again", metadata: ["entries": "\(snapshotEntries.count) of \(count)"])
-                return askForSnapshot(now: now)
+                askForSnapshot(now: now)
+                return nil
             }
-            replica.install(snapshotEntries, sequence: sequence, now: now)
+            let entries = snapshotEntries
             snapshotEntries = []
             snapshotAskedAt = nil
             synced = true
             saidIncomplete = false
-            logger.info("copied the active peer's state", metadata: ["sequence": "\(sequence)"])
-            send([PairWire.header, PairWire.ack, CHP.sequenceFrame(sequence)])
+            logger.info("copied the active peer's state", metadata: ["sequence": "\(snapshotSequence)"])
+            send([PairWire.header, PairWire.ack, CHP.sequenceFrame(snapshotSequence)])
+            return .install(entries, sequence: snapshotSequence)
         } else if command == PairWire.update {
-            guard state == .passive, synced, snapshotAskedAt == nil, let entry = ReplicatedEntry(fields) else { return }
-            if replica.applyReplicated(entry, now: now) {
-                send([PairWire.header, PairWire.ack, CHP.sequenceFrame(entry.sequence)])
-            } else {
-                synced = false
-                logger.warning("a change from the active peer did not follow the last one: copying its state again",
-                               metadata: ["sequence": "\(entry.sequence)", "held": "\(replica.sequence)"])
-                askForSnapshot(now: now)
-            }
+            guard state == .passive, synced, snapshotAskedAt == nil, let entry = ReplicatedEntry(fields) else { return nil }
+            return .apply(entry)
+        }
+        return nil
+    }
+
+    /// Passive: the change ``Replication/apply(_:)`` asked for was applied (`follows`), or
+    /// did not follow the last one applied and changed nothing; `sequence`: the last change
+    /// now held.
+    mutating func applied(_ entry: ReplicatedEntry, follows: Bool, sequence: UInt64) {
+        if follows {
+            send([PairWire.header, PairWire.ack, CHP.sequenceFrame(entry.sequence)])
+        } else {
+            synced = false
+            logger.warning("a change from the active peer did not follow the last one: copying its state again",
+                           metadata: ["sequence": "\(entry.sequence)", "held": "\(sequence)"])
+            askForSnapshot(now: clock.now)
         }
     }
 
-    private func askForSnapshot(now: UInt64) {
+    /// Active: sends the whole state the peer asked for (``Replication/sendSnapshot``), as
+    /// of `sequence`; every later change goes after it, in order, on the same connection.
+    mutating func sendSnapshot(_ entries: [ReplicatedEntry], sequence: UInt64) {
+        peerLeftSync()
+        for entry in entries { send(entry.frames(PairWire.entry)) }
+        send([PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(sequence), CHP.sequenceFrame(UInt64(entries.count))])
+        replicatedUpTo = sequence
+        snapshotSent = sequence
+        logger.info("sent the state to the peer", metadata: ["sequence": "\(sequence)"])
+    }
+
+    private mutating func askForSnapshot(now: UInt64) {
         snapshotAskedAt = now
         snapshotEntries = []
         send([PairWire.header, PairWire.snapshotRequest, Frame(instance)])
@@ -482,7 +514,7 @@ final class PairLink {
     /// Sends a change to the peer, in order. One the peer cannot get (it is silent) or that
     /// does not follow what it got puts it out of sync: nothing waits for it any more, and
     /// the gap (or the sequence in the next heartbeat) makes it ask for a snapshot.
-    func replicate(_ entry: ReplicatedEntry) {
+    mutating func replicate(_ entry: ReplicatedEntry) {
         guard state == .active else { return }
         if peerAlive, entry.sequence == replicatedUpTo + 1 {
             replicatedUpTo = entry.sequence
@@ -499,13 +531,13 @@ final class PairLink {
     /// A peer that was sent the snapshot is waited for too: it counts itself whole (and may
     /// take over) as soon as the snapshot is in, before its acknowledgement gets here, so a
     /// change published meanwhile without waiting could be one it never got.
-    func hold(_ item: Held, until sequence: UInt64) -> Bool {
+    mutating func hold(_ item: Held, until sequence: UInt64) -> Bool {
         guard peerWaitedFor, sequence > acknowledged else { return false }
         held.append((sequence, item))
         return true
     }
 
-    private func releaseHeld(upTo sequence: UInt64 = .max) {
+    private mutating func releaseHeld(upTo sequence: UInt64 = .max) {
         while heldStart < held.count, held[heldStart].sequence <= sequence {
             events.append(.released(held[heldStart].item))
             heldStart += 1
@@ -522,17 +554,4 @@ final class PairLink {
                              synced: holdsState, peer: .init(endpoint: configuration.peer, state: peerState?.rawValue,
                                          lastHeardSecondsAgo: lastHeard.map { (Date().timeIntervalSince($0) * 1000).rounded() / 1000 }))
     }
-}
-
-/// What a pair link needs of the state it replicates: the state server.
-protocol PairReplica: AnyObject {
-    /// The sequence of the last change.
-    var sequence: UInt64 { get }
-    /// The whole state as the peer copies it.
-    func replicatedSnapshot(now: UInt64) -> [ReplicatedEntry]
-    /// Passive: replaces the whole state with the peer's snapshot (as of `sequence`).
-    func install(_ snapshot: [ReplicatedEntry], sequence: UInt64, now: UInt64)
-    /// Passive: applies one of the peer's changes; false when it does not follow the last
-    /// one (a gap: the link asks for a snapshot).
-    func applyReplicated(_ item: ReplicatedEntry, now: UInt64) -> Bool
 }

@@ -35,7 +35,7 @@ struct DurableWrite: Sendable {
 /// two). Every HUGZ counts the updates published under each topic, so a subscriber for
 /// which the XPUB dropped some (it fell behind) knows how many. Sequence numbers start from the wall clock in microseconds, so they keep growing
 /// across kernel restarts as long as fewer than a million updates a second are published.
-final class StateServer: PairReplica {
+final class StateServer {
     struct Entry {
         var sequence: UInt64
         var value: Frame
@@ -111,19 +111,24 @@ final class StateServer: PairReplica {
     private var countsDue = false
     /// The kernel's pair, if it has one: changes go to the peer before they are published,
     /// and only the active kernel changes the state itself. Joined once, as the kernel
-    /// starts (the link refers back to this server without owning it).
-    private(set) var pair: PairLink?
+    /// starts; the link is this server's, and what it asks of the state this server does
+    /// (``pairReceived(_:now:)``).
+    var pair: PairLink?
+    /// Whether the kernel is one of a pair (it joins its link as it starts): the paths of
+    /// every request and change ask this, not ``pair``, whose every reading is an access
+    /// to a stored value of this class.
+    let isPaired: Bool
 
     func join(_ pair: PairLink) {
-        precondition(self.pair == nil, "a state server joins one pair")
+        precondition(isPaired && self.pair == nil, "a state server of a pair joins its one link")
         self.pair = pair
     }
     /// Whether this kernel makes changes (alone, or as the active one of its pair); a
     /// passive one only applies its peer's.
-    private var authoritative: Bool { pair?.isActive ?? true }
+    private var authoritative: Bool { !isPaired || pair?.isActive == true }
     /// Whether the state held is whole: a kernel of a pair that is still waiting, or copying
     /// its peer's state, neither greets subscribers nor answers snapshots (its peer does).
-    private var holdsState: Bool { pair?.holdsState ?? true }
+    private var holdsState: Bool { !isPaired || pair?.holdsState == true }
 
     /// Whether etcd keeps the state (``KernelConfiguration/stateEtcd``): then a change this
     /// kernel admits is not made here but handed over (``durableWrites``, or returned to the
@@ -145,6 +150,7 @@ final class StateServer: PairReplica {
         self.configuration = configuration
         self.logger = logger
         durable = configuration.stateEtcd != nil
+        isPaired = configuration.pair != nil
         access = StateAccess(configuration: configuration)
         sequence = UInt64(Date().timeIntervalSince1970 * 1_000_000)
         history = StateHistory(start: sequence, limits: Self.historyLimits(configuration))
@@ -340,11 +346,11 @@ final class StateServer: PairReplica {
                        uuid: Frame, properties: Frame, quota: Quota?, now: UInt64) -> UInt64 {
         sequence += 1
         store(key, at: index, value: value, isJSON: isJSON, expiresAt: ttl.map { now + $0.nanoseconds }, quota: quota, uuid: uuid)
-        if let pair {
-            pair.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
-                                           quotaOwner: quota?.owner, expiresIn: ttl?.nanoseconds))
+        if isPaired {
+            pair?.replicate(ReplicatedEntry(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value,
+                                            quotaOwner: quota?.owner, expiresIn: ttl?.nanoseconds))
             let update = Message(CHP.KVPub(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value))
-            if !pair.hold(.publish(update, key: key), until: sequence) { emit(update, key: key) }
+            if pair?.hold(.publish(update, key: key), until: sequence) != true { emit(update, key: key) }
         } else {
             publisher.send(CHP.KVPub(key: key, sequence: sequence, uuid: uuid, properties: properties, value: value))
             published(key)
@@ -365,6 +371,32 @@ final class StateServer: PairReplica {
     }
 
     // MARK: Replication (a kernel pair)
+
+    /// A message from the peer, on the pair's ROUTER: the link takes it, and this server
+    /// does what it asks of the state.
+    func pairReceived(_ message: Message, now: UInt64) {
+        guard let replication = pair?.received(message, now: now, sequence: sequence) else { return }
+        switch replication {
+        case .sendSnapshot:
+            pair?.sendSnapshot(replicatedSnapshot(now: now), sequence: sequence)
+        case .install(let snapshot, let snapshotSequence):
+            install(snapshot, sequence: snapshotSequence, now: now)
+        case .apply(let entry):
+            let follows = applyReplicated(entry, now: now)
+            pair?.applied(entry, follows: follows, sequence: sequence)
+        }
+    }
+
+    /// The pair's heartbeat.
+    func pairTick(now: UInt64) {
+        pair?.tick(now: now, sequence: sequence)
+    }
+
+    /// A client's request arrived: whether this kernel serves it (alone: always; of a pair:
+    /// see ``PairLink/admitsClient(now:sequence:)``).
+    func admitsClient(now: UInt64) -> Bool {
+        !isPaired || pair?.admitsClient(now: now, sequence: sequence) == true
+    }
 
     /// The whole state as the peer copies it.
     func replicatedSnapshot(now: UInt64) -> [ReplicatedEntry] {
