@@ -29,11 +29,11 @@ struct HotPathCostTests {
     }
 
     /// The kernel's loop thread, per request (a raw client and worker, one request at a
-    /// time): 42.5-45.1 allocations, 372-380 retains, 410-421 releases, 295-299 checks
-    /// counted on one machine. Half an allocation and 3% of the others above.
-    static let kernelRequest = Counts(allocations: 45.5, retains: 392, releases: 434, accessChecks: 308)
-    /// The kernel's loop thread, per CHP update to one subscriber (14.7-16.1, 202-206, 216-222, 152-155).
-    static let kernelUpdate = Counts(allocations: 16.5, retains: 213, releases: 229, accessChecks: 160)
+    /// time): 45.0 allocations, 368 retains, 411 releases, 287 checks counted on one
+    /// machine. Half an allocation and 3% of the others above.
+    static let kernelRequest = Counts(allocations: 45.5, retains: 380, releases: 424, accessChecks: 296)
+    /// The kernel's loop thread, per CHP update to one subscriber (16.0, 204, 220, 151).
+    static let kernelUpdate = Counts(allocations: 16.5, retains: 210, releases: 227, accessChecks: 156)
     /// The whole process, per `BusClient.call` to a hosted echo method, one at a time. Threads
     /// meet differently from call to call (a reply that comes before its caller waits needs
     /// no continuation), more so on a loaded machine: 159.7-168.2 allocations, 938-972

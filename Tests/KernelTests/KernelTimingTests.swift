@@ -49,7 +49,7 @@ struct KernelTimingTests {
     @Test("a worker silent for worker_expiry is removed at the next tick, and its request goes to another worker")
     func workerExpiry() {
         let clock = ManualClock()
-        let broker = Broker(configuration: configuration, logger: quiet)
+        var broker = Broker(configuration: configuration, logger: quiet)
         broker.handle(fromWorker("A", .ready(service: "svc", window: 1)), now: clock.now)
         broker.handle(fromClient("C", "svc", #"{"jsonrpc":"2.0","id":1,"method":"m"}"#), now: clock.now)
         #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["A"])
@@ -74,7 +74,7 @@ struct KernelTimingTests {
           arguments: [1, 4])
     func lateReply(window: Int) throws {
         let clock = ManualClock()
-        let broker = Broker(configuration: configuration, logger: quiet)
+        var broker = Broker(configuration: configuration, logger: quiet)
         broker.handle(fromWorker("A", .ready(service: "svc", window: window)), now: clock.now)
         broker.handle(fromClient("C", "svc", #"{"jsonrpc":"2.0","id":1,"method":"m"}"#), now: clock.now)
         broker.handle(fromClient("D", "svc", #"{"jsonrpc":"2.0","id":2,"method":"m"}"#), now: clock.now)
@@ -108,7 +108,7 @@ struct KernelTimingTests {
     @Test("a worker removed for silence that goes on with a reply in parts: its parts are dropped, so its FINAL is dropped too, and the request waits for another worker")
     func lateStream() throws {
         let clock = ManualClock()
-        let broker = Broker(configuration: configuration, logger: quiet)
+        var broker = Broker(configuration: configuration, logger: quiet)
         broker.handle(Message([Frame("A")] + MDP.encode(.ready(service: "svc", window: 4), version: .v02).frames), now: clock.now)
         broker.handle(Message([Frame("C")] + MDP.request(service: "svc", body: [#"{"jsonrpc":"2.0","id":1,"method":"m","stream":true}"#], version: .v02).frames),
                       now: clock.now)
@@ -126,7 +126,7 @@ struct KernelTimingTests {
     @Test("a request nobody takes is answered -32001 once queue_timeout has passed, not a millisecond before")
     func queueTimeout() throws {
         let clock = ManualClock()
-        let broker = Broker(configuration: configuration, logger: quiet)
+        var broker = Broker(configuration: configuration, logger: quiet)
         broker.handle(fromClient("C", "nobody", #"{"jsonrpc":"2.0","id":7,"method":"m"}"#), now: clock.now)
         clock.advance(.milliseconds(1999))
         broker.expireQueued(now: clock.now)
@@ -143,7 +143,7 @@ struct KernelTimingTests {
     @Test("a worker that dies holding a request hands it on once, then the client hears -32012 (max_deliveries 2)")
     func redeliveryLimit() throws {
         let clock = ManualClock()
-        let broker = Broker(configuration: configuration, logger: quiet)
+        var broker = Broker(configuration: configuration, logger: quiet)
         broker.handle(fromClient("C", "svc", #"{"jsonrpc":"2.0","id":3,"method":"crash"}"#), now: clock.now)
         for worker in ["A", "B"] {
             broker.handle(fromWorker(worker, .ready(service: "svc", window: 1)), now: clock.now)
@@ -158,7 +158,7 @@ struct KernelTimingTests {
     @Test("the connections of one process dying together count as one death: the client hears -32012 only after a second process died with its request")
     func oneProcessOneDeath() throws {
         let clock = ManualClock()
-        let broker = Broker(configuration: configuration, logger: quiet)
+        var broker = Broker(configuration: configuration, logger: quiet)
         broker.handle(fromClient("C", "svc", #"{"jsonrpc":"2.0","id":4,"method":"m"}"#), now: clock.now)
         for connection in ["P1/0/1", "P1/1/1"] { broker.handle(fromWorker(connection, .ready(service: "svc", window: 1)), now: clock.now) }
         // Process P1 is killed: both its connections go, one after the other.
@@ -415,7 +415,8 @@ struct DrainTests {
 
     @Test("a worker that asks to drain is told no more come, gets none, answers what it holds and leaves without a re-send")
     func workerAsks() {
-        let clock = ManualClock(), broker = broker()
+        let clock = ManualClock()
+        var broker = broker()
         broker.handle(fromWorker("A", .ready(service: "svc", window: 2)), now: clock.now)
         broker.handle(fromClient("C", "svc", request(1)), now: clock.now)
         let held = Sent(broker.outbox.take()).toWorkers.compactMap { if case .request(let client, _) = $0.command { client } else { nil } }
@@ -440,7 +441,8 @@ struct DrainTests {
 
     @Test("the kernel drains a service: a window worker is told, a plain 7/MDP worker gets DISCONNECT once it holds nothing")
     func kernelDrains() {
-        let clock = ManualClock(), broker = broker()
+        let clock = ManualClock()
+        var broker = broker()
         broker.handle(fromWorker("plain", .ready(service: "svc")), now: clock.now)
         broker.handle(fromWorker("P1/0/1", .ready(service: "svc", window: 4)), now: clock.now)
         broker.handle(fromClient("C", "svc", request(1)), now: clock.now)
@@ -461,7 +463,8 @@ struct DrainTests {
 
     @Test("a drain by id takes the connection or every connection of that process, and nothing else")
     func byProcess() {
-        let clock = ManualClock(), broker = broker()
+        let clock = ManualClock()
+        var broker = broker()
         for id in ["h:1:a/0/1", "h:1:a/1/1", "h:2:b/0/1"] { broker.handle(fromWorker(id, .ready(service: "svc", window: 2)), now: clock.now) }
         #expect(broker.drain(service: "svc", worker: "h:1:a", now: clock.now).map { $0.identity.string } == ["h:1:a/0/1", "h:1:a/1/1"])
         #expect(broker.drain(service: "svc", worker: "h:2:b/0/1", now: clock.now).count == 1)
@@ -486,7 +489,8 @@ struct OperatorsOnlyTests {
 
     @Test("the supervisor's methods and kernel workers.drain: -32011 to a client key, passed on for an operator's key; the rest open to clients")
     func refusedToClients() throws {
-        let clock = ManualClock(), broker = broker()
+        let clock = ManualClock()
+        var broker = broker()
         var ready = fromWorker("sup", .ready(service: SupervisorAPI.service, window: 4))
         ready.peerUserID = "worker:S"
         broker.handle(ready, now: clock.now)
@@ -522,7 +526,7 @@ struct FairQueueTests {
     }
     private func request(_ name: String) -> String { #"{"jsonrpc":"2.0","id":"\#(name)","method":"m"}"# }
     /// The requests sent to workers, in order: the client frame to answer with, and the id.
-    private func dispatched(_ broker: Broker) -> [(client: Frame, id: String)] {
+    private func dispatched(_ broker: inout Broker) -> [(client: Frame, id: String)] {
         broker.outbox.take().compactMap { message in
             guard case .request(let client, let body)? = try? MDP.decodeAtWorker(Message(Array(message.frames.dropFirst()))),
                   let text = body.first?.string else { return nil }
@@ -536,26 +540,27 @@ struct FairQueueTests {
     @Test("one client's flood waits behind its own requests: another client's comes next, and a request back from a dead worker keeps its place")
     func inTurn() {
         // Slow requests: each answer comes after a turn's time, so a turn is one request.
-        let clock = ManualClock(), broker = broker()
+        let clock = ManualClock()
+        var broker = broker()
         broker.handle(fromWorker("W", .ready(service: "svc")), now: clock.now)
         for name in ["a1", "a2", "a3", "a4"] { broker.handle(fromClient("A", "svc", request(name)), now: clock.now) }
         broker.handle(fromClient("B", "svc", request("b1")), now: clock.now)
-        #expect(dispatched(broker).map(\.id) == ["a1"])
+        #expect(dispatched(&broker).map(\.id) == ["a1"])
         var order: [String] = []
         for _ in 0..<2 {
             clock.advance(afterTurn)
             broker.handle(fromWorker("W", .reply(client: Frame("A"), body: ["done"])), now: clock.now)
-            order += dispatched(broker).map(\.id)
+            order += dispatched(&broker).map(\.id)
         }
         #expect(order == ["a2", "b1"])
         // W dies holding b1: b1 goes first again, before A's a3 and a4.
         broker.handle(fromWorker("W", .disconnect), now: clock.now)
         broker.handle(fromWorker("V", .ready(service: "svc")), now: clock.now)
-        #expect(dispatched(broker).map(\.id) == ["b1"])
+        #expect(dispatched(&broker).map(\.id) == ["b1"])
         for (client, next) in [("B", ["a3"]), ("A", ["a4"]), ("A", [])] {
             clock.advance(afterTurn)
             broker.handle(fromWorker("V", .reply(client: Frame(client), body: ["done"])), now: clock.now)
-            #expect(dispatched(broker).map(\.id) == next)
+            #expect(dispatched(&broker).map(\.id) == next)
         }
         let queue = broker.services["svc"]!.requests
         #expect(queue.isEmpty && queue.bytes == 0 && queue.clientCount == 0)
@@ -564,17 +569,18 @@ struct FairQueueTests {
 
     @Test("places that free up quickly go to one client's requests in a row, at most a turn's worth; then the next client's turn")
     func turnsOfSeveral() {
-        let clock = ManualClock(), broker = broker()
+        let clock = ManualClock()
+        var broker = broker()
         broker.handle(fromWorker("W", .ready(service: "svc")), now: clock.now)
         let flood = FairQueue.maxRun + 8
         for index in 1...flood { broker.handle(fromClient("A", "svc", request("a\(index)")), now: clock.now) }
         broker.handle(fromClient("B", "svc", request("b1")), now: clock.now)
-        var order = dispatched(broker).map(\.id)
+        var order = dispatched(&broker).map(\.id)
         #expect(order == ["a1"])
         // Each answer at once: A's turn goes on for maxRun requests, then B's comes.
         func answer(_ client: String) {
             broker.handle(fromWorker("W", .reply(client: Frame(client), body: ["done"])), now: clock.now)
-            order += dispatched(broker).map(\.id)
+            order += dispatched(&broker).map(\.id)
         }
         for _ in 0..<FairQueue.maxRun { answer("A") }
         #expect(order.prefix(3) == ["a1", "a2", "a3"], "turns of one request each")
@@ -592,14 +598,15 @@ struct FairQueueTests {
 
     @Test("a worker's places are reused, but a late reply for an earlier use of a place answers nothing: the worker is disconnected")
     func staleTag() {
-        let clock = ManualClock(), broker = broker()
+        let clock = ManualClock()
+        var broker = broker()
         broker.handle(fromWorker("W", .ready(service: "svc", window: 2)), now: clock.now)
         broker.handle(fromClient("A", "svc", request("a1")), now: clock.now)
-        let first = dispatched(broker)
+        let first = dispatched(&broker)
         broker.handle(fromWorker("W", .reply(client: first[0].client, body: ["one"])), now: clock.now)
         #expect(Sent(broker.outbox.take()).toClients.map(\.body) == ["one"])
         broker.handle(fromClient("A", "svc", request("a2")), now: clock.now)
-        let second = dispatched(broker)
+        let second = dispatched(&broker)
         // The same place, another tag.
         #expect(second.map(\.id) == ["a2"] && second[0].client != first[0].client)
         broker.handle(fromWorker("W", .reply(client: first[0].client, body: ["late"])), now: clock.now)
@@ -611,15 +618,16 @@ struct FairQueueTests {
 
     @Test("a client holds at most its share of the places; what waits past the queue timeout is answered -32001; nobody is remembered once answered")
     func shareAndExpiry() {
-        let clock = ManualClock(), broker = broker()
+        let clock = ManualClock()
+        var broker = broker()
         // Four places, 90% share: one client holds at most three.
         broker.handle(fromWorker("W", .ready(service: "svc", window: 4)), now: clock.now)
         for index in 1...5 { broker.handle(fromClient("A", "svc", request("a\(index)")), now: clock.now) }
-        var held = dispatched(broker)
+        var held = dispatched(&broker)
         #expect(held.map(\.id) == ["a1", "a2", "a3"])
         #expect(broker.services["svc"]!.requests.held(by: Frame("A")) == 3)
         broker.handle(fromClient("B", "svc", request("b1")), now: clock.now)
-        held += dispatched(broker)
+        held += dispatched(&broker)
         #expect(held.map(\.id) == ["a1", "a2", "a3", "b1"])
         #expect(broker.services["svc"]!.requests.count == 2)
         clock.advance(.milliseconds(2001))

@@ -56,7 +56,7 @@ struct StreamTests {
 
     /// A request from `client` handed to the one worker `worker` (which registered in
     /// `workerVersion`); the client frame that worker echoes.
-    private func dispatched(_ broker: Broker, client: String, clientVersion: MDP.Version, worker: String = "W",
+    private func dispatched(_ broker: inout Broker, client: String, clientVersion: MDP.Version, worker: String = "W",
                             workerVersion: MDP.Version = .v02, window: Int? = nil) -> Frame {
         if broker.workers[Frame(worker)] == nil {
             broker.handle(fromWorker(worker, .ready(service: "svc", window: window), workerVersion), now: 0)
@@ -69,8 +69,8 @@ struct StreamTests {
 
     @Test("an 18/MDP client gets each PARTIAL as it comes, in order, then the FINAL; the worker is free only after the FINAL")
     func partsInOrder() {
-        let broker = broker()
-        let client = dispatched(broker, client: "C", clientVersion: .v02)
+        var broker = broker()
+        let client = dispatched(&broker, client: "C", clientVersion: .v02)
         for part in ["one", "two", "three"] {
             broker.handle(fromWorker("W", .partial(client: client, body: [Frame(part)])), now: 0)
             #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C", version: .v02, isFinal: false, body: [part])])
@@ -85,21 +85,21 @@ struct StreamTests {
 
     @Test("a 7/MDP worker's REPLY reaches an 18/MDP client as its FINAL; an 18/MDP worker's FINAL reaches a 7/MDP client as its REPLY")
     func versionMix() {
-        let broker = broker()
-        var client = dispatched(broker, client: "C2", clientVersion: .v02, worker: "plain", workerVersion: .v01)
+        var broker = broker()
+        var client = dispatched(&broker, client: "C2", clientVersion: .v02, worker: "plain", workerVersion: .v01)
         broker.handle(fromWorker("plain", .reply(client: client, body: ["hi"]), .v01), now: 0)
         #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C2", version: .v02, isFinal: true, body: ["hi"])])
 
-        let other = self.broker()
-        client = dispatched(other, client: "C1", clientVersion: .v01)
+        var other = self.broker()
+        client = dispatched(&other, client: "C1", clientVersion: .v01)
         other.handle(fromWorker("W", .reply(client: client, body: ["hi"])), now: 0)
         #expect(Sent(other.outbox.take()).toClients == [ToClient(client: "C1", version: .v01, isFinal: true, body: ["hi"])])
     }
 
     @Test("a 7/MDP client asking a streaming worker gets one REPLY: every part's frames, then the FINAL's, in order")
     func gatheredForPlainClient() {
-        let broker = broker()
-        let client = dispatched(broker, client: "C", clientVersion: .v01)
+        var broker = broker()
+        let client = dispatched(&broker, client: "C", clientVersion: .v01)
         broker.handle(fromWorker("W", .partial(client: client, body: ["a", "b"])), now: 0)
         broker.handle(fromWorker("W", .partial(client: client, body: ["c"])), now: 0)
         #expect(Sent(broker.outbox.take()).toClients.isEmpty)
@@ -111,8 +111,8 @@ struct StreamTests {
 
     @Test("parts too large to gather for a 7/MDP client: dropped at once, and the REPLY is -32010 saying so and how to ask instead")
     func gatherBound() throws {
-        let broker = broker { $0.maxMessageSize = 10 }
-        let client = dispatched(broker, client: "C", clientVersion: .v01)
+        var broker = broker { $0.maxMessageSize = 10 }
+        let client = dispatched(&broker, client: "C", clientVersion: .v01)
         broker.handle(fromWorker("W", .partial(client: client, body: ["12345678"])), now: 0)
         broker.handle(fromWorker("W", .partial(client: client, body: ["12345678"])), now: 0)
         #expect(broker.gatheredBytes == 0)
@@ -127,10 +127,10 @@ struct StreamTests {
 
     @Test("parts of more frames than a reader takes in one message: the 7/MDP client's REPLY is -32010 too, by parts or by the FINAL")
     func gatherFrameBound() throws {
-        let broker = broker()
+        var broker = broker()
         let frames = Broker.maxGatheredFrames
         // By parts: one frame too many.
-        let first = dispatched(broker, client: "C", clientVersion: .v01)
+        let first = dispatched(&broker, client: "C", clientVersion: .v01)
         broker.handle(fromWorker("W", .partial(client: first, body: Array(repeating: Frame("p"), count: frames)[...])), now: 0)
         #expect(broker.gatheredBytes == frames)
         broker.handle(fromWorker("W", .partial(client: first, body: ["p"])), now: 0)
@@ -138,7 +138,7 @@ struct StreamTests {
         broker.handle(fromWorker("W", .reply(client: first, body: ["end"])), now: 0)
         var replies = Sent(broker.outbox.take()).toClients
         // By the FINAL: the parts fit, the FINAL's frames do not.
-        let second = dispatched(broker, client: "D", clientVersion: .v01)
+        let second = dispatched(&broker, client: "D", clientVersion: .v01)
         broker.handle(fromWorker("W", .partial(client: second, body: Array(repeating: Frame("p"), count: frames - 1)[...])), now: 0)
         broker.handle(fromWorker("W", .reply(client: second, body: ["end", "more"])), now: 0)
         replies += Sent(broker.outbox.take()).toClients
@@ -151,8 +151,8 @@ struct StreamTests {
 
     @Test("a worker that dies mid-stream: the client's FINAL is -32014 with the parts it got, and the request goes to no other worker")
     func workerDiesMidStream() throws {
-        let broker = broker()
-        let client = dispatched(broker, client: "C", clientVersion: .v02)
+        var broker = broker()
+        let client = dispatched(&broker, client: "C", clientVersion: .v02)
         broker.handle(fromWorker("spare", .ready(service: "svc")), now: 0)
         broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
         broker.handle(fromWorker("W", .partial(client: client, body: ["two"])), now: 0)
@@ -170,8 +170,8 @@ struct StreamTests {
 
     @Test("a worker that dies before its first part: the request goes to another worker, as a 7/MDP request would")
     func workerDiesBeforeAnyPart() {
-        let broker = broker()
-        _ = dispatched(broker, client: "C", clientVersion: .v02)
+        var broker = broker()
+        _ = dispatched(&broker, client: "C", clientVersion: .v02)
         broker.handle(fromWorker("spare", .ready(service: "svc")), now: 0)
         broker.peerGone(Frame("W"), now: 0)
         #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["spare"])
@@ -179,8 +179,8 @@ struct StreamTests {
 
     @Test("a client that does not read: its stream ends, later parts are not sent, and the FINAL is -32014 overrun with the parts sent")
     func overrun() throws {
-        let broker = broker()
-        let client = dispatched(broker, client: "C", clientVersion: .v02)
+        var broker = broker()
+        let client = dispatched(&broker, client: "C", clientVersion: .v02)
         broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
         _ = broker.outbox.take()
         broker.peerFull(Frame("C"), now: 0)  // the ROUTER could not take a part for C
@@ -197,8 +197,8 @@ struct StreamTests {
 
     @Test("a client that is gone: nothing more is sent to it, and the worker is free at its FINAL")
     func clientGone() {
-        let broker = broker()
-        let client = dispatched(broker, client: "C", clientVersion: .v02)
+        var broker = broker()
+        let client = dispatched(&broker, client: "C", clientVersion: .v02)
         broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
         _ = broker.outbox.take()
         broker.peerGone(Frame("C"), now: 0)
@@ -212,8 +212,8 @@ struct StreamTests {
           arguments: ["gone", "overrun", "tooLarge"])
     func stopsItsWorker(breaking: String) throws {
         for window in [4, nil] as [Int?] {
-            let broker = broker { $0.maxMessageSize = 1_000 }
-            let client = dispatched(broker, client: "C", clientVersion: breaking == "tooLarge" ? .v01 : .v02, window: window)
+            var broker = broker { $0.maxMessageSize = 1_000 }
+            let client = dispatched(&broker, client: "C", clientVersion: breaking == "tooLarge" ? .v01 : .v02, window: window)
             broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
             _ = broker.outbox.take()
             switch breaking {
@@ -237,7 +237,7 @@ struct StreamTests {
 
     @Test("two streams to one client through a window worker stay apart, each in order")
     func twoStreams() throws {
-        let broker = broker { $0.clientSharePercent = 100 }
+        var broker = broker { $0.clientSharePercent = 100 }
         broker.handle(fromWorker("W", .ready(service: "svc", window: 2)), now: 0)
         broker.handle(fromClient("C", "svc", request(1)), now: 0)
         broker.handle(fromClient("C", "svc", request(2)), now: 0)
@@ -253,7 +253,7 @@ struct StreamTests {
 
     @Test("a PARTIAL with nothing in flight, or a worker changing version, is a protocol error: DISCONNECT in its own version")
     func protocolErrors() {
-        let broker = broker()
+        var broker = broker()
         broker.handle(fromWorker("W", .ready(service: "svc")), now: 0)
         broker.handle(fromWorker("W", .partial(client: "nobody", body: ["x"])), now: 0)
         var sent = Sent(broker.outbox.take())
@@ -269,7 +269,7 @@ struct StreamTests {
 
     @Test("the kernel's own answers speak the client's version: 8/MMI, errors, a bad service name")
     func kernelAnswersInVersion() {
-        let broker = broker()
+        var broker = broker()
         broker.handle(fromWorker("W", .ready(service: "svc")), now: 0)
         broker.handle(Message([Frame("C")] + MDP.request(service: MMI.serviceQuery, body: ["svc"], version: .v02).frames), now: 0)
         #expect(Sent(broker.outbox.take()).toClients == [ToClient(client: "C", version: .v02, isFinal: true, body: ["200"])])
@@ -298,7 +298,7 @@ struct GatherTests {
 
     @Test("one copy to each worker registered (a busy plain worker gets its copy once free), first who was asked, each answer tagged with its worker, a death reported, then the FINAL with the counts")
     func everyWorker() {
-        let broker = broker()
+        var broker = broker()
         broker.handle(fromWorker("A", .ready(service: "svc"), .v01), now: 0)
         // A holds another client's request: its one place is taken.
         broker.handle(fromClient("X", "svc", request(1), .v01), now: 0)
@@ -337,7 +337,7 @@ struct GatherTests {
 
     @Test("at the deadline the workers not heard from are timed_out; a late answer is dropped and frees its worker's place")
     func deadline() {
-        let broker = broker()
+        var broker = broker()
         broker.handle(fromWorker("A", .ready(service: "svc")), now: 0)
         broker.handle(fromWorker("B", .ready(service: "svc")), now: 0)
         broker.handle(fromClient("G", "all:svc", request(7)), now: 0)
@@ -358,7 +358,7 @@ struct GatherTests {
     func bounded() {
         var configuration = KernelConfiguration()
         configuration.maxQueuedBytes = 200
-        let broker = Broker(configuration: configuration, logger: quiet)
+        var broker = Broker(configuration: configuration, logger: quiet)
         broker.handle(fromWorker("A", .ready(service: "svc")), now: 0)
         broker.handle(fromClient("G", "all:svc", request(7)), now: 0)
         let first = Sent(broker.outbox.take()).requests[0].client
@@ -382,7 +382,7 @@ struct GatherTests {
 
     @Test("a worker that begins to drain before its copy reached it is reported drained, and gets no copy")
     func drained() {
-        let broker = broker()
+        var broker = broker()
         broker.handle(fromWorker("B", .ready(service: "svc")), now: 0)
         // B's one place is taken by another client's request.
         broker.handle(fromClient("X", "svc", request(1), .v01), now: 0)
@@ -402,7 +402,7 @@ struct GatherTests {
 
     @Test("a 7/MDP client gets every answer in one REPLY; a service nobody serves is -32001; no worker may register under all:")
     func plainClientsAndRefusals() {
-        let broker = broker()
+        var broker = broker()
         broker.handle(fromWorker("A", .ready(service: "svc")), now: 0)
         broker.handle(fromClient("G", "all:svc", request(7), .v01), now: 0)
         let copy = Sent(broker.outbox.take()).requests[0].client

@@ -6,18 +6,22 @@ import ZeroMQ
 
 /// The Majordomo broker (7/MDP and 18/MDP, with 8/MMI) on the kernel's ROUTER socket.
 ///
-/// Loop-confined: every method runs on the kernel's loop thread, so the registry needs no
-/// locks. Idle workers are served least recently used first; each worker has at most one
-/// request in flight (MDP); a request whose worker dies goes back to the front of its queue
-/// (or is answered -32006 for a non-retriable service); replies from a worker the broker no
-/// longer knows are dropped, so a client never gets two replies.
+/// A value the kernel's parts own (``KernelParts/broker``), never copied (`~Copyable`), on
+/// the kernel's loop thread: a message goes in, and what to send comes out in ``outbox``
+/// and what to act on in ``takeEvents()``; it holds no callback and nothing reaches into
+/// it while a method runs, so its own state needs neither locks nor run-time checks.
+///
+/// Idle workers are served least recently used first; each worker has at most one request
+/// in flight (MDP); a request whose worker dies goes back to the front of its queue (or is
+/// answered -32006 for a non-retriable service); replies from a worker the broker no longer
+/// knows are dropped, so a client never gets two replies.
 ///
 /// Each peer speaks the version its messages say. An 18/MDP worker may answer in parts
 /// (PARTIAL, then FINAL): an 18/MDP client gets each part as it comes; a 7/MDP client gets
 /// them all in one REPLY at the end (every part's frames, then the FINAL's). A stream that
 /// cannot go on ends with a FINAL error saying how many parts came and why
 /// (docs/PROTOCOL.md, "Replies in parts").
-final class Broker {
+struct Broker: ~Copyable {
     /// A client to answer, and the Majordomo version it asked in.
     struct Caller: Equatable, Sendable {
         let client: Frame
@@ -273,17 +277,17 @@ final class Broker {
 
     deinit {
         // A waiting request holds its client, which holds the request; an idle worker is
-        // held by its service, which it holds.
+        // held by its service, which it holds: the cycles end with the broker.
         for service in services.values {
             service.requests.removeAll()
             service.idle.removeAll()
         }
     }
 
-    private func send(_ message: Message) { outbox.send(message) }
+    private mutating func send(_ message: Message) { outbox.send(message) }
 
     /// The events since the last call, for the kernel to act on.
-    func takeEvents() -> [Event] {
+    mutating func takeEvents() -> [Event] {
         defer { events.removeAll(keepingCapacity: true) }
         return events
     }
@@ -292,20 +296,20 @@ final class Broker {
 
     /// A message read from the ROUTER, where the socket holds it: frames are made only of
     /// what the broker keeps (routing ids, a request's body).
-    func handle(_ parts: ReceivedParts, now: UInt64) {
+    mutating func handle(_ parts: ReceivedParts, now: UInt64) {
         guard let inbound = decoded({ () throws(ProtocolError) in try MDP.decodeAtBroker(parts) }, else: parts.message, now: now) else { return }
         handle(inbound, peer: parts.peerUserID, now: now)
     }
 
     /// The same for a message of frames (tests drive the broker with these).
-    func handle(_ message: Message, now: UInt64) {
+    mutating func handle(_ message: Message, now: UInt64) {
         guard let inbound = decoded({ () throws(ProtocolError) in try MDP.decodeAtBroker(message) }, else: { message }, now: now) else { return }
         handle(inbound, peer: message.peerUserID, now: now)
     }
 
     /// What `decode` read, or nil when the message (made by `message` only then) was malformed
     /// and has been dealt with.
-    private func decoded(_ decode: () throws(ProtocolError) -> BrokerInbound, else message: () -> Message, now: UInt64) -> BrokerInbound? {
+    private mutating func decoded(_ decode: () throws(ProtocolError) -> BrokerInbound, else message: () -> Message, now: UInt64) -> BrokerInbound? {
         do {
             return try decode()
         } catch {
@@ -314,7 +318,7 @@ final class Broker {
         }
     }
 
-    private func malformed(_ message: Message, _ error: ProtocolError, now: UInt64) {
+    private mutating func malformed(_ message: Message, _ error: ProtocolError, now: UInt64) {
         protocolErrors += 1
         logger.debug("dropped malformed message", metadata: ["problem": "\(error)"])
         // A peer speaking the worker protocol badly is disconnected; a client's request
@@ -334,7 +338,7 @@ final class Broker {
         }
     }
 
-    private func handle(_ inbound: BrokerInbound, peer: String?, now: UInt64) {
+    private mutating func handle(_ inbound: BrokerInbound, peer: String?, now: UInt64) {
         switch inbound {
         case .request(let client, let service, let body, let version):
             totalRequests += 1
@@ -357,7 +361,7 @@ final class Broker {
         services.values.filter { $0.everServed }.map { ($0.name, $0.workers) }
     }
 
-    private func handleRequest(_ caller: Caller, service name: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
+    private mutating func handleRequest(_ caller: Caller, service name: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
         let client = caller.client
         if MMI.isManagement(name) {
             let answer = MMI.answer(service: name, body: Array(body)) { [services] in (services[$0]?.workers ?? 0) > 0 }
@@ -405,7 +409,7 @@ final class Broker {
         dispatch(service, now: now)
     }
 
-    private func handleWorker(_ identity: Frame, _ command: WorkerToBroker, version: MDP.Version, peer: String?, now: UInt64) {
+    private mutating func handleWorker(_ identity: Frame, _ command: WorkerToBroker, version: MDP.Version, peer: String?, now: UInt64) {
         let known = knownWorker(identity)
         if let known, known.version != version {
             self.disconnect(identity, version: version, reason: "a command in \(version) after a READY in \(known.version)", now: now)
@@ -504,7 +508,7 @@ final class Broker {
 
     /// A place of `worker` is free again: a copy of a request to every worker waiting for it
     /// goes first, else the service's queue.
-    private func placeFreed(_ worker: Worker, now: UInt64) {
+    private mutating func placeFreed(_ worker: Worker, now: UInt64) {
         if worker.draining {
             // A plain 7/MDP worker cannot be told to drain: it is let go once idle.
             if !worker.speaksExtension, worker.inFlight.isEmpty { disconnectDrained(worker, now: now) }
@@ -517,7 +521,7 @@ final class Broker {
         }
     }
 
-    private func send(_ request: Request, to worker: Worker) {
+    private mutating func send(_ request: Request, to worker: Worker) {
         outbox.send(WorkerRequest(worker: worker.identity, client: worker.sent(request), version: worker.version, request: request))
     }
 
@@ -528,7 +532,7 @@ final class Broker {
     /// Sends a copy of the request to each worker of `name` registered now (at once to one
     /// with a free place, else when it has one), and tells the client how many answers to
     /// expect, from which workers.
-    private func scatter(_ caller: Caller, to name: String, body: ArraySlice<Frame>, now: UInt64) {
+    private mutating func scatter(_ caller: Caller, to name: String, body: ArraySlice<Frame>, now: UInt64) {
         let asked = Service(name: Self.everyWorker + name)
         guard let service = services[name], name != KernelAPI.service, !MMI.isManagement(name) else {
             return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
@@ -575,7 +579,7 @@ final class Broker {
     }
 
     /// Copies that no longer wait for a place (sent, or dropped) leave the queued bytes.
-    private func stopWaiting(_ copies: some Sequence<Request>) {
+    private mutating func stopWaiting(_ copies: some Sequence<Request>) {
         for copy in copies { queuedBytes -= copy.size }
     }
 
@@ -592,7 +596,7 @@ final class Broker {
         return Frame(tag.jsonBytes)
     }
 
-    private func gatherAnswered(_ gather: Gather, by worker: String, body: ArraySlice<Frame>) {
+    private mutating func gatherAnswered(_ gather: Gather, by worker: String, body: ArraySlice<Frame>) {
         guard !gather.finished, gather.waiting.remove(worker) != nil else { return }
         gather.answered += 1
         relayPart([Self.tag(worker)] + body, of: gather.stream, service: gather.asked)
@@ -600,14 +604,14 @@ final class Broker {
     }
 
     /// `worker` will not answer `gather`: it died, or left.
-    private func gatherMissing(_ gather: Gather, _ worker: String, _ reason: String) {
+    private mutating func gatherMissing(_ gather: Gather, _ worker: String, _ reason: String) {
         guard !gather.finished, gather.waiting.remove(worker) != nil else { return }
         gather.missing.append((worker, reason))
         if gather.waiting.isEmpty { finish(gather) }
     }
 
     /// The FINAL: how many were expected and answered, and who did not answer, and why.
-    private func finish(_ gather: Gather) {
+    private mutating func finish(_ gather: Gather) {
         gather.finished = true
         gathers.removeAll { $0 === gather }
         for name in gather.waiting.sorted() { gather.missing.append((name, "timed_out")) }
@@ -625,7 +629,7 @@ final class Broker {
     }
 
     /// Ends the gathers whose deadline passed: the workers not heard from are `timed_out`.
-    private func expireGathers(now: UInt64) {
+    private mutating func expireGathers(now: UInt64) {
         for gather in gathers where gather.deadline <= now { finish(gather) }
     }
 
@@ -634,7 +638,7 @@ final class Broker {
     /// Stops sending `worker` requests and tells it so (`drain=1`, which also answers a
     /// worker that asked): it answers those in flight, then disconnects. A plain 7/MDP
     /// worker, which cannot be told, gets DISCONNECT once it holds nothing.
-    private func startDraining(_ worker: Worker, now: UInt64) {
+    private mutating func startDraining(_ worker: Worker, now: UInt64) {
         if !worker.draining {
             worker.draining = true
             let service = worker.service
@@ -655,14 +659,14 @@ final class Broker {
         }
     }
 
-    private func disconnectDrained(_ worker: Worker, now: UInt64) {
+    private mutating func disconnectDrained(_ worker: Worker, now: UInt64) {
         send(MDP.encode(.disconnect, to: worker.identity, version: worker.version))
         remove(worker, reason: "it drained", now: now)
     }
 
     /// `kernel` `workers.drain`: drains the workers of `service`, or only those whose routing
     /// id or process (the part before the first `/`) is `worker`; the routing ids drained.
-    func drain(service name: String, worker id: String?, now: UInt64) -> [Worker] {
+    mutating func drain(service name: String, worker id: String?, now: UInt64) -> [Worker] {
         let chosen = workers.values.filter { worker in
             worker.service.name == name && id.map(worker.isNamed) != false
         }.sorted { $0.identity.bytes.lexicographicallyPrecedes($1.identity.bytes) }
@@ -673,7 +677,7 @@ final class Broker {
     // MARK: Dispatch
 
     /// Hands waiting requests to workers with room, the clients in turn, none past its share.
-    private func dispatch(_ service: Service, now: UInt64) {
+    private mutating func dispatch(_ service: Service, now: UInt64) {
         let share = clientShare(of: service)
         while !service.requests.isEmpty, let worker = service.idle.first {
             guard worker.hasRoom else {
@@ -690,12 +694,12 @@ final class Broker {
     /// The places of `service` one client may hold at once (`kernel.client_share_percent`
     /// of them, at least one): a client with more waiting leaves the rest for others, so it
     /// cannot hold every place with slow requests.
-    func clientShare(of service: Service) -> Int {
+    mutating func clientShare(of service: Service) -> Int {
         max(1, service.places * configuration.clientSharePercent / 100)
     }
 
     /// Sends heartbeats, expires silent workers and requests that waited too long.
-    func tick(now: UInt64) {
+    mutating func tick(now: UInt64) {
         for worker in Array(workers.values) where worker.expiry <= now {
             remove(worker, reason: "no heartbeat for \(configuration.workerExpiry)", silent: true, now: now)
         }
@@ -706,7 +710,7 @@ final class Broker {
         expireQueued(now: now)
     }
 
-    func expireQueued(now: UInt64) {
+    mutating func expireQueued(now: UInt64) {
         if !gathers.isEmpty { expireGathers(now: now) }
         for service in services.values where !service.requests.isEmpty {
             let expired = service.requests.removeExpired(now: now)
@@ -722,13 +726,13 @@ final class Broker {
     }
 
     /// Empty queues let go of the storage a burst grew them to.
-    func releaseIdleQueues() {
+    mutating func releaseIdleQueues() {
         for service in services.values { service.requests.releaseIfEmpty() }
     }
 
     /// Drops the record of a name no worker ever offered once nothing waits for it, so
     /// requests for made-up names cannot grow the registry.
-    private func forgetIfUnserved(_ service: Service) {
+    private mutating func forgetIfUnserved(_ service: Service) {
         if !service.everServed, service.requests.isEmpty {
             services[service.name] = nil
             if lastService === service { lastService = nil }
@@ -740,7 +744,7 @@ final class Broker {
     /// Removes `worker`; its requests in flight go back to the queue. `undelivered`: a
     /// message to it that libzmq could not take (its connection gone, or full): a request it
     /// carried never reached the worker, so that delivery does not count against it.
-    private func remove(_ worker: Worker, reason: String, silent: Bool = false, undelivered: Message? = nil, now: UInt64) {
+    private mutating func remove(_ worker: Worker, reason: String, silent: Bool = false, undelivered: Message? = nil, now: UInt64) {
         guard workers.removeValue(forKey: worker.identity) != nil else { return }
         if lastWorker === worker { lastWorker = nil }
         let service = worker.service
@@ -809,7 +813,7 @@ final class Broker {
 
     /// A REPLY from `identity`, a worker removed for silence, to a request of its that still
     /// waits in the queue: the client gets it, and the request leaves the queue.
-    private func answerLate(_ identity: Frame, client: Frame, body: ArraySlice<Frame>, now: UInt64) {
+    private mutating func answerLate(_ identity: Frame, client: Frame, body: ArraySlice<Frame>, now: UInt64) {
         guard var record = lateWorkers[identity], let request = record.requests.removeValue(forKey: client) else { return }
         lateWorkers[identity] = record.requests.isEmpty ? nil : record
         let service = record.service
@@ -824,7 +828,7 @@ final class Broker {
     /// A send to `identity` found no connection: a worker there died without a word (its
     /// process killed, its link cut), and its request in flight goes to another worker; or a
     /// client left, and its streams send it nothing more.
-    func peerGone(_ identity: Frame, undelivered: Message? = nil, now: UInt64) {
+    mutating func peerGone(_ identity: Frame, undelivered: Message? = nil, now: UInt64) {
         if let worker = workers[identity] {
             remove(worker, reason: "its connection is gone", undelivered: undelivered, now: now)
         } else {
@@ -835,7 +839,7 @@ final class Broker {
     /// A send to `identity` hit its backlog limit: it does not read. A worker like that is
     /// dropped (its request goes to another); a client's reply is dropped and counted, and
     /// a part of a stream to it ends the stream (its FINAL says so).
-    func peerFull(_ identity: Frame, undelivered: Message? = nil, now: UInt64) {
+    mutating func peerFull(_ identity: Frame, undelivered: Message? = nil, now: UInt64) {
         if let worker = workers[identity] {
             remove(worker, reason: "it does not read", undelivered: undelivered, now: now)
         } else {
@@ -844,7 +848,7 @@ final class Broker {
         }
     }
 
-    private func disconnect(_ identity: Frame, version: MDP.Version, reason: String, now: UInt64) {
+    private mutating func disconnect(_ identity: Frame, version: MDP.Version, reason: String, now: UInt64) {
         protocolErrors += 1
         logger.info("disconnecting peer", metadata: ["reason": "\(reason)"])
         send(MDP.encode(.disconnect, to: identity, version: version))
@@ -854,7 +858,7 @@ final class Broker {
     // MARK: Replies in parts (18/MDP)
 
     /// One PARTIAL of `request`'s reply: on to an 18/MDP client now, kept for a 7/MDP one.
-    private func relayPart(_ body: ArraySlice<Frame>, of request: Request, service: Service) {
+    private mutating func relayPart(_ body: ArraySlice<Frame>, of request: Request, service: Service) {
         request.parts += 1
         if request.parts == 1 { streams[request.client, default: []].append(request) }
         guard request.broken == nil else { return }
@@ -887,7 +891,7 @@ final class Broker {
 
     /// `request`'s stream is over: its FINAL (`final`, the worker's last body) or `error`
     /// goes to the client, unless the stream broke, when the error says so.
-    private func endStream(_ request: Request, service: Service, final: ArraySlice<Frame>? = nil, error: JSONRPCError? = nil) {
+    private mutating func endStream(_ request: Request, service: Service, final: ArraySlice<Frame>? = nil, error: JSONRPCError? = nil) {
         if var list = streams[request.client] {
             list.removeAll { $0 === request }
             streams[request.client] = list.isEmpty ? nil : list
@@ -920,7 +924,7 @@ final class Broker {
         }
     }
 
-    private func breakStream(_ request: Request, _ reason: StreamBreak) {
+    private mutating func breakStream(_ request: Request, _ reason: StreamBreak) {
         guard request.broken == nil else { return }
         request.broken = reason
         logger.info("a reply in parts stopped reaching its client", metadata: ["reason": "\(reason)", "parts": "\(request.parts)"])
@@ -933,18 +937,18 @@ final class Broker {
     }
 
     /// Every stream to `client` breaks: a failed send names the client, not the request.
-    private func breakStreams(of client: Frame, _ reason: StreamBreak) {
+    private mutating func breakStreams(of client: Frame, _ reason: StreamBreak) {
         for request in streams[client] ?? [] { breakStream(request, reason) }
     }
 
     // MARK: Replies the kernel writes itself
 
     /// Answers a request the kernel could not deliver, with `error` for each id in its body.
-    private func reply(to caller: Caller, service: String, body: ArraySlice<Frame>, error: JSONRPCError) {
+    private mutating func reply(to caller: Caller, service: String, body: ArraySlice<Frame>, error: JSONRPCError) {
         reply(to: caller, serviceFrame: Frame(service), body: body, error: error)
     }
 
-    private func reply(to caller: Caller, serviceFrame: Frame, body: ArraySlice<Frame>, error: JSONRPCError) {
+    private mutating func reply(to caller: Caller, serviceFrame: Frame, body: ArraySlice<Frame>, error: JSONRPCError) {
         let bytes = body.count == 1 ? body.first!.bytes : []
         send(MDP.reply(to: caller.client, serviceFrame: serviceFrame, body: [Frame(JSONRPC.errorReply(to: bytes, error: error))],
                        version: caller.version))
@@ -952,7 +956,7 @@ final class Broker {
 
     /// Answers a request ``Admission`` refused: -32008 when this kernel is not the active one
     /// of its pair (the client asks the other), -32011 when only an operator may ask it.
-    func refuse(_ caller: Caller, service: String, body: ArraySlice<Frame>, _ verdict: Admission.Verdict) {
+    mutating func refuse(_ caller: Caller, service: String, body: ArraySlice<Frame>, _ verdict: Admission.Verdict) {
         switch verdict {
         case .admitted: return
         case .notActive: refusedNotActive += 1
@@ -964,7 +968,7 @@ final class Broker {
     }
 
     /// The `kernel` service's answer to `caller`.
-    func replyFromKernel(to caller: Caller, _ reply: [UInt8]) {
+    mutating func replyFromKernel(to caller: Caller, _ reply: [UInt8]) {
         send(MDP.reply(to: caller.client, serviceFrame: Self.kernelServiceFrame, body: [Frame(reply)], version: caller.version))
     }
     private static let kernelServiceFrame = Frame(KernelAPI.service)
@@ -975,21 +979,21 @@ final class Broker {
     private var lastWorker: Worker?
     private var lastService: Service?
 
-    private func knownWorker(_ identity: Frame) -> Worker? {
+    private mutating func knownWorker(_ identity: Frame) -> Worker? {
         if let lastWorker, lastWorker.identity == identity { return lastWorker }
         let worker = workers[identity]
         if let worker { lastWorker = worker }
         return worker
     }
 
-    private func knownService(_ name: String) -> Service? {
+    private mutating func knownService(_ name: String) -> Service? {
         if let lastService, lastService.name == name { return lastService }
         let service = services[name]
         if let service { lastService = service }
         return service
     }
 
-    private func serviceNamed(_ name: String) -> Service {
+    private mutating func serviceNamed(_ name: String) -> Service {
         if let service = services[name] { return service }
         let service = Service(name: name)
         services[name] = service

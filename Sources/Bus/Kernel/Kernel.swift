@@ -66,7 +66,6 @@ public actor Kernel: BusService {
         guard let parts else { preconditionFailure("the kernel service answers only while the kernel serves") }
         return parts
     }
-    private var broker: Broker { serving.broker }
     private var state: StateServer { serving.state }
     private var pair: PairLink? { serving.state.pair }
 
@@ -321,8 +320,8 @@ public actor Kernel: BusService {
     }
 
     private func servicesList() -> KernelAPI.ServiceList {
-        KernelAPI.ServiceList(services: broker.services.values.sorted { $0.name < $1.name }.map { service in
-            let workers = broker.workers.values.filter { $0.service === service }
+        KernelAPI.ServiceList(services: serving.broker.services.values.sorted { $0.name < $1.name }.map { service in
+            let workers = serving.broker.workers.values.filter { $0.service === service }
             let draining = workers.filter(\.draining).count
             return KernelAPI.ServiceList.Entry(name: service.name, workers: service.workers, idle: workers.filter { $0.inFlight.isEmpty && !$0.draining }.count,
                                                queued: service.requests.count, inFlight: workers.reduce(0) { $0 + $1.inFlight.count },
@@ -331,7 +330,7 @@ public actor Kernel: BusService {
     }
 
     private func workersList(_ params: KernelAPI.WorkersParams) -> KernelAPI.Workers {
-        let chosen = broker.workers.values.filter { worker in
+        let chosen = serving.broker.workers.values.filter { worker in
             (params.service == nil || worker.service.name == params.service) && params.worker.map(worker.isNamed) != false
         }
         return Self.workers(chosen)
@@ -339,7 +338,7 @@ public actor Kernel: BusService {
 
     private func drainWorkers(_ params: KernelAPI.WorkersParams) throws(JSONRPCError) -> KernelAPI.Workers {
         guard let service = params.service, !service.isEmpty else { throw .invalidParams(field: "service", "is required: the service whose workers drain") }
-        let drained = broker.drain(service: service, worker: params.worker, now: clock.now)
+        let drained = serving.broker.drain(service: service, worker: params.worker, now: clock.now)
         guard !drained.isEmpty else {
             throw .invalidParams(field: params.worker == nil ? "service" : "worker",
                                  params.worker.map { "no worker of '\(service)' has the id or process '\($0)' (kernel workers.list shows them)" }
@@ -451,7 +450,7 @@ extension Kernel {
     /// depth, workers and latencies (p50/p99 are bucket bounds: upper estimates).
     func statistics() -> KernelAPI.Stats {
         var services: [String: KernelAPI.Stats.Service] = [:]
-        for service in broker.services.values {
+        for service in serving.broker.services.values {
             let stats = service.stats
             services[service.name] = KernelAPI.Stats.Service(
                 requests: stats.requests, replies: stats.replies, errors: stats.errors, unavailable: stats.unavailable,
@@ -461,13 +460,13 @@ extension Kernel {
                 p99LatencyMicroseconds: stats.latency.quantileMicroseconds(0.99).map { Int($0) })
         }
         var pairStatus = pair?.status
-        pairStatus?.refusedNotActive = broker.refusedNotActive
+        pairStatus?.refusedNotActive = serving.broker.refusedNotActive
         return KernelAPI.Stats(
-            requests: broker.totalRequests, protocolErrors: broker.protocolErrors, droppedReplies: broker.droppedReplies,
-            brokenStreams: broker.brokenStreams, gatheredBytes: broker.gatheredBytes,
-            streamsInProgress: broker.streamsInProgress, gathersInProgress: broker.gathers.count, queuedBytes: broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
+            requests: serving.broker.totalRequests, protocolErrors: serving.broker.protocolErrors, droppedReplies: serving.broker.droppedReplies,
+            brokenStreams: serving.broker.brokenStreams, gatheredBytes: serving.broker.gatheredBytes,
+            streamsInProgress: serving.broker.streamsInProgress, gathersInProgress: serving.broker.gathers.count, queuedBytes: serving.broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
             security: .init(curve: configuration.security != nil, refusedConnections: serving.zap?.refused ?? 0,
-                            refusedRegistrations: broker.refusedRegistrations, refusedRequests: broker.refusedNotOperator),
+                            refusedRegistrations: serving.broker.refusedRegistrations, refusedRequests: serving.broker.refusedNotOperator),
             state: .init(keys: state.entries.count, bytes: state.totalBytes, sequence: state.sequence, rejectedWrites: state.rejectedWrites,
                          refusedForbidden: state.refusedForbidden, refusedOverLimit: state.refusedOverLimit, refusedConflict: state.refusedConflict,
                          history: .init(changes: state.history.changes.count, bytes: state.history.bytes, keys: state.history.keys,
@@ -489,7 +488,7 @@ extension Kernel {
             text += "# HELP switchboard_\(name) \(help)\n# TYPE switchboard_\(name) \(type)\n"
             for sample in samples { text += "switchboard_\(name)\(sample.labels) \(sample.value)\n" }
         }
-        let services = broker.services.values.sorted { $0.name < $1.name }
+        let services = serving.broker.services.values.sorted { $0.name < $1.name }
         func label(_ service: Broker.Service, _ extra: String = "") -> String {
             let escaped = service.name.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
             return "{service=\"\(escaped)\"\(extra)}"
@@ -519,14 +518,14 @@ extension Kernel {
             text += "switchboard_request_duration_seconds_sum\(label(service)) \(Double(latency.sumNanoseconds) / 1_000_000_000)\n"
             text += "switchboard_request_duration_seconds_count\(label(service)) \(latency.count)\n"
         }
-        family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(broker.protocolErrors))])
-        family("broken_streams_total", "counter", "Replies in parts (18/MDP) that ended before their FINAL.", [("", String(broker.brokenStreams))])
-        family("gathered_bytes", "gauge", "Bytes of reply parts held for 7/MDP clients until their FINAL.", [("", String(broker.gatheredBytes))])
-        family("streams_in_progress", "gauge", "Replies in parts (18/MDP) under way: a part relayed, no FINAL yet.", [("", String(broker.streamsInProgress))])
-        family("gathers_in_progress", "gauge", "Requests to every worker of a service (all:SERVICE) still gathering answers.", [("", String(broker.gathers.count))])
+        family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(serving.broker.protocolErrors))])
+        family("broken_streams_total", "counter", "Replies in parts (18/MDP) that ended before their FINAL.", [("", String(serving.broker.brokenStreams))])
+        family("gathered_bytes", "gauge", "Bytes of reply parts held for 7/MDP clients until their FINAL.", [("", String(serving.broker.gatheredBytes))])
+        family("streams_in_progress", "gauge", "Replies in parts (18/MDP) under way: a part relayed, no FINAL yet.", [("", String(serving.broker.streamsInProgress))])
+        family("gathers_in_progress", "gauge", "Requests to every worker of a service (all:SERVICE) still gathering answers.", [("", String(serving.broker.gathers.count))])
         family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(serving.zap?.refused ?? 0))])
-        family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(broker.refusedRegistrations))])
-        family("refused_requests_total", "counter", "Requests for operators only (workers.drain, the supervisor) refused: not an operator's key.", [("", String(broker.refusedNotOperator))])
+        family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(serving.broker.refusedRegistrations))])
+        family("refused_requests_total", "counter", "Requests for operators only (workers.drain, the supervisor) refused: not an operator's key.", [("", String(serving.broker.refusedNotOperator))])
         family("state_keys", "gauge", "Keys in the CHP state.", [("", String(state.entries.count))])
         family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(state.totalBytes))])
         family("state_refused_total", "counter", "State writes refused: forbidden for the writer's key, or over a key or byte limit.",

@@ -71,7 +71,7 @@ final class KernelParts {
         var pair: (listener: ZMQSocket, sender: ZMQSocket, peerBroker: ZMQSocket?)?
     }
 
-    let broker: Broker
+    var broker: Broker
     let state: StateServer
     /// ``StateServer/isPaired``, kept here too: ``flush()`` asks it at every turn, and
     /// asking the state server would retain it each time.
@@ -130,9 +130,11 @@ final class KernelParts {
             registration.afterReading = { [weak self] in self?.flush() }
             return registration
         }
-        // The broker's socket, the busiest, goes to the broker with no weak reference to load
-        // per message (the broker holds nothing that holds the registration).
-        let router = loop.register(readingParts: sockets.router) { [broker, clock] in broker.handle($0, now: clock.now) }
+        // The broker's socket, the busiest: its messages are read where libzmq holds them.
+        let router = loop.register(readingParts: sockets.router) { [weak self] parts in
+            guard let self else { return }
+            broker.handle(parts, now: clock.now)
+        }
         router.afterReading = { [weak self] in self?.flush() }
         router.dropsWhenPeerFull = true
         router.onSendError = { [weak self] message, error in
