@@ -130,11 +130,11 @@ final class KernelParts {
             registration.afterReading = { [weak self] in self?.flush() }
             return registration
         }
-        // The broker's socket, the busiest: its messages are read where libzmq holds them.
-        let router = loop.register(readingParts: sockets.router) { [weak self] parts in
-            guard let self else { return }
-            broker.handle(parts, now: clock.now)
-        }
+        // The broker's socket, the busiest: its messages are read where libzmq holds them,
+        // by a handler that holds these parts strongly, with no weak reference to load per
+        // message. The registration lets go of its handler when its socket closes
+        // (``close()``, or the loop's end), which ends the cycle.
+        let router = loop.register(readingParts: sockets.router) { [self] parts in broker.handle(parts, now: clock.now) }
         router.afterReading = { [weak self] in self?.flush() }
         router.dropsWhenPeerFull = true
         router.onSendError = { [weak self] message, error in
