@@ -211,6 +211,30 @@ struct EtcdStateTests {
         await kernel.stop()
     }
 
+    @Test("a kernel on etcd stopped with state writes still queued for it: each is answered or fails, none runs against the stopped kernel (which would end the process)")
+    func stopsWithWritesQueued() async throws {
+        let cluster = try await TestEtcd.start()
+        defer { cluster.stop() }
+        let kernel = try await Self.kernel(on: cluster)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        _ = try await set(bus, "/first", 0)
+        // Far more writes than etcd answers at once, so many still wait for their turn on
+        // the kernel when it stops.
+        let writes = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for n in 0..<300 { group.addTask { _ = try? await bus.call(KernelAPI.stateSet, .init(key: "/stopping/\(n)", value: .int(Int64(n)))) } }
+            }
+        }
+        let etcd = try EtcdClient(endpoints: cluster.clientURLs)
+        try await eventually(10, "writes reached etcd") {
+            (try? await etcd.range(prefix: Array((Self.prefix + "/stopping/").utf8)).keyValues.count) ?? 0 > 0
+        }
+        await kernel.stop()
+        await bus.close()
+        await etcd.close()
+        try await within(30, "every write answered or failed") { await writes.value }
+    }
+
     @Test("a TTL on etcd is a lease: the key goes when it runs out, and the deletion is published")
     func ttlIsALease() async throws {
         try await withKernelOnEtcd { _, kernel, bus, etcd in

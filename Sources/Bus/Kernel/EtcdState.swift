@@ -402,7 +402,8 @@ extension Kernel {
 
     /// Answers a `kernel` request; one that writes the state, once etcd has the change.
     private func answer(_ request: EtcdStateLink.Request) async {
-        guard let table = methodTable else { return }
+        // Taken up after the kernel stopped: its methods read the parts, which are gone.
+        guard let table = methodTable, parts != nil else { return }
         let reply = await Self.$requestPeer.withValue(request.peer) { await table.answer(body: request.body, on: self).reply }
         guard let parts else { return }
         parts.reply(to: request.caller, reply)
@@ -587,7 +588,7 @@ extension Kernel {
     /// A write admitted by the state server, made in etcd; its sequence number once the copy
     /// holds it.
     func commitToEtcd(_ write: DurableWrite) async throws -> UInt64 {
-        guard let parts, let link = parts.etcd else { throw JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping") }
+        guard let parts, let link = parts.etcd else { throw Self.stopping }
         return try await withCheckedThrowingContinuation { done in
             guard link.enqueue(EtcdStateLink.Pending(write: write, done: done)) else {
                 parts.state.settled(write)

@@ -370,7 +370,8 @@ public actor Kernel: BusService {
     /// in etcd, or while its lease may have run out unrenewed: its copy may then miss what
     /// another kernel writes, so even a read from it could answer what is no longer so.
     private func servingState() throws(JSONRPCError) {
-        guard let link = parts?.etcd else { return }
+        guard let parts else { throw Self.stopping }
+        guard let link = parts.etcd else { return }
         if let closed = link.closedWith { throw closed }
         // The rule is the time itself; the flag is set by a watcher that may not have run
         // yet when a request comes (after the process was frozen, say).
@@ -379,6 +380,10 @@ public actor Kernel: BusService {
                 + "(no majority of etcd's members answered); it serves the state again once it does, or another kernel takes over")
         }
     }
+
+    /// What a request the kernel takes up after it stopped is answered (it may have waited
+    /// for its turn while the kernel stopped).
+    static let stopping = JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: the kernel is stopping")
 
     /// `state.set`, or with `asClient` `state.publish` (the collector's rule for the key).
     private func stateSet(_ params: KernelAPI.StateSetParams, peer: String?, asClient: Bool) throws(JSONRPCError) -> StateServer.Written {
