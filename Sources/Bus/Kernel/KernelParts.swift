@@ -56,8 +56,9 @@ struct Admission {
 /// The kernel's parts on its loop thread, and the one place they meet: each socket's
 /// messages go to its part, and after every call what the parts sent or told is carried
 /// out (messages to their sockets, events to the part that acts on them). Built once the
-/// sockets are bound; the sockets' handlers and timers hold it weakly, so a stopped kernel
-/// frees it with everything it holds.
+/// sockets are bound; the sockets' handlers and timers hold it weakly (the broker socket's
+/// handler strongly, until ``close()`` closes that socket), so a stopped kernel frees it with
+/// everything it holds.
 final class KernelParts {
     /// The sockets, bound and configured by ``Kernel/start()``.
     struct Sockets {
