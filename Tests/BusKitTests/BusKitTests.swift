@@ -110,20 +110,26 @@ struct BusKitTests {
         // No kernel, and a clock nobody moves: only the cancellation can end these requests.
         let clock = ManualClock()
         let nowhere = try await BusClient(brokers: ["tcp://127.0.0.1:\(freePort())"], clock: clock)
-        let outcome = Task { () -> [BusError?] in
-            withUnsafeCurrentTask { $0?.cancel() }
-            var errors: [BusError?] = []
-            do throws(BusError) {
-                _ = try await nowhere.request(service: "echo", method: "echo", timeout: .seconds(30))
-                errors.append(nil)
-            } catch { errors.append(error) }
-            for outcome in await nowhere.batch(KernelAPI.ping, [NoParams(), NoParams()], timeout: .seconds(30)) {
-                if case .failure(let error) = outcome { errors.append(error) } else { errors.append(nil) }
+        // A child task added to a group already cancelled starts cancelled.
+        let errors = try await within(5, "the cancelled requests") {
+            await withTaskGroup(of: [BusError?].self) { group in
+                group.cancelAll()
+                group.addTask {
+                    var errors: [BusError?] = []
+                    do throws(BusError) {
+                        _ = try await nowhere.request(service: "echo", method: "echo", timeout: .seconds(30))
+                        errors.append(nil)
+                    } catch { errors.append(error) }
+                    for outcome in await nowhere.batch(KernelAPI.ping, [NoParams(), NoParams()], timeout: .seconds(30)) {
+                        if case .failure(let error) = outcome { errors.append(error) } else { errors.append(nil) }
+                    }
+                    return errors
+                }
+                return await group.next() ?? []
             }
-            return errors
         }
         let cancelledPing = BusError.cancelled(service: "kernel", method: "ping")
-        #expect(try await within(5, "the cancelled requests") { await outcome.value } == [.cancelled(service: "echo", method: "echo"), cancelledPing, cancelledPing])
+        #expect(errors == [.cancelled(service: "echo", method: "echo"), cancelledPing, cancelledPing])
         #expect(await nowhere.waitingCount() == 0)
         await nowhere.close()
     }
