@@ -180,7 +180,7 @@ struct KernelTimingTests {
     @Test("a key with a ttl is deleted (and the deletion published) at its expiry; HUGZ go out every hugz_interval")
     func ttlAndHugz() throws {
         let clock = ManualClock()
-        let state = StateServer(configuration: configuration, logger: quiet)
+        var state = StateServer(configuration: configuration, logger: quiet)
         state.set("/client/x", value: Frame("1"), ttl: TimeToLive(seconds: 2), now: clock.now)
         _ = state.publisher.take()
         clock.advance(.milliseconds(1999))
@@ -209,16 +209,19 @@ struct KernelTimingTests {
         var configuration = configuration
         configuration.pair = PairConfiguration(role: role, listen: "inproc://unused-listen", peer: "inproc://unused-peer",
                                                heartbeatInterval: .milliseconds(200))
-        let state = StateServer(configuration: configuration, logger: quiet)
-        state.join(PairLink(configuration: configuration.pair!, instance: role.rawValue, clock: clock, logger: quiet))
-        return state
+        return StateServer(configuration: configuration, logger: quiet,
+                           pair: PairLink(configuration: configuration.pair!, instance: role.rawValue, clock: clock, logger: quiet))
+    }
+
+    /// Whether a kernel of a pair holding `state` serves a client's request for `service` now.
+    func serves(_ state: inout StateServer, _ service: String, body: ArraySlice<Frame> = [], now: UInt64) -> Bool {
+        Admission(isPaired: true).verdict(service: service, body: body, peer: nil, security: nil, now: now) { state.pairRefusal(now: $0) } == .admitted
     }
 
     @Test("of a pair: the backup copies the active peer's state, refuses clients while the peer is heard, and takes over when a client comes after two silent heartbeats")
     func failover() throws {
         let clock = ManualClock()
-        let state = pairedState(.backup, clock: clock)
-        let admission = Admission(pairedState: state)
+        var state = pairedState(.backup, clock: clock)
         func heartbeat(_ peerState: PairState, sequence: UInt64) -> Message {
             let body: JSONValue = ["state": .string(peerState.rawValue), "role": "primary", "instance": "primary",
                                    "sequence": .int(Int64(sequence)), "synced": true]
@@ -231,17 +234,17 @@ struct KernelTimingTests {
         state.pairReceived(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(state.sequence), CHP.sequenceFrame(0)]),
                            now: clock.now)
         #expect(state.pair!.holdsState)
-        #expect(admission.verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .notActive)
+        #expect(serves(&state, "svc", now: clock.now) == false)
         // Questions about the kernel itself are answered by either.
-        #expect(admission.verdict(service: KernelAPI.service, body: [Frame(#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)], peer: nil, security: nil, now: clock.now) == .admitted)
+        #expect(serves(&state, KernelAPI.service, body: [Frame(#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)], now: clock.now))
 
         // 399 ms of silence: still the peer's.
         clock.advance(.milliseconds(399))
-        #expect(admission.verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .notActive)
+        #expect(serves(&state, "svc", now: clock.now) == false)
         #expect(state.pair!.state == .passive)
         // 400 ms (two heartbeats): the next client makes it take over.
         clock.advance(.milliseconds(1))
-        #expect(admission.verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
+        #expect(serves(&state, "svc", now: clock.now))
         #expect(state.pair!.state == .active)
         #expect(state.pair!.takeEvents().contains { if case .becameActive = $0 { true } else { false } })
     }
@@ -255,30 +258,32 @@ struct KernelTimingTests {
             return Message([Frame("peer"), PairWire.header, PairWire.state, Frame(JSONValue.object(body).jsonBytes)])
         }
         /// A primary that heard nobody and served alone once a client came, then was active for `served`.
-        func primaryServingAlone(for served: Duration) -> (StateServer, ManualClock) {
-            let clock = ManualClock()
-            let state = pairedState(.primary, clock: clock)
+        func primaryServingAlone(for served: Duration, clock: ManualClock) -> StateServer {
+            var state = pairedState(.primary, clock: clock)
             clock.advance(.seconds(1))
-            #expect(Admission(pairedState: state).verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
+            #expect(serves(&state, "svc", now: clock.now))
             #expect(state.pair!.state == .active)
             clock.advance(served)
-            return (state, clock)
+            return state
         }
         // A primary restarted a moment ago against a backup active for 5 s: the primary gives way.
         do {
-            let (state, clock) = primaryServingAlone(for: .milliseconds(100))
+            let clock = ManualClock()
+            var state = primaryServingAlone(for: .milliseconds(100), clock: clock)
             state.pairReceived(heartbeat(from: .backup, activeFor: .seconds(5)), now: clock.now)
             #expect(state.pair!.state == .passive)
         }
         // A primary active for a minute against a backup that took over 2 s ago: it stays.
         do {
-            let (state, clock) = primaryServingAlone(for: .seconds(60))
+            let clock = ManualClock()
+            var state = primaryServingAlone(for: .seconds(60), clock: clock)
             state.pairReceived(heartbeat(from: .backup, activeFor: .seconds(2)), now: clock.now)
             #expect(state.pair!.state == .active)
         }
         // Within two heartbeats of each other, or a peer that does not say: the primary stays.
         do {
-            let (state, clock) = primaryServingAlone(for: .seconds(5))
+            let clock = ManualClock()
+            var state = primaryServingAlone(for: .seconds(5), clock: clock)
             state.pairReceived(heartbeat(from: .backup, activeFor: .milliseconds(5_300)), now: clock.now)
             #expect(state.pair!.state == .active)
             state.pairReceived(heartbeat(from: .backup, activeFor: nil), now: clock.now)
@@ -287,12 +292,12 @@ struct KernelTimingTests {
         // ...and the backup gives way.
         do {
             let clock = ManualClock()
-            let state = pairedState(.backup, clock: clock)
+            var state = pairedState(.backup, clock: clock)
             // Paired as passive (its copy complete), then the primary goes silent and a client comes.
             state.pairReceived(heartbeat(from: .primary, activeFor: .zero), now: clock.now)
             state.pairReceived(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(0), CHP.sequenceFrame(0)]), now: clock.now)
             clock.advance(.seconds(1))
-            #expect(Admission(pairedState: state).verdict(service: "svc", body: [], peer: nil, security: nil, now: clock.now) == .admitted)
+            #expect(serves(&state, "svc", now: clock.now))
             clock.advance(.seconds(5))
             state.pairReceived(heartbeat(from: .primary, activeFor: nil), now: clock.now)
             #expect(state.pair!.state == .passive)
@@ -302,14 +307,14 @@ struct KernelTimingTests {
     @Test("of a pair: a restarted passive whose request for the state came before its first heartbeat is waited for once it acknowledges the state, and changes wait for it from the moment the state is sent")
     func activeWaitsForRestartedPassive() throws {
         let clock = ManualClock()
-        let state = pairedState(.primary, clock: clock)
+        var state = pairedState(.primary, clock: clock)
         func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
         func heartbeat(_ peerState: PairState, instance: String) -> Message {
             let body: JSONValue = ["state": .string(peerState.rawValue), "role": "backup", "instance": .string(instance),
                                    "sequence": 0, "synced": false]
             return fromPeer([PairWire.state, Frame(body.jsonBytes)])
         }
-        let released = { state.pair!.takeEvents().filter { if case .released = $0 { true } else { false } }.count }
+        func released() -> Int { state.pair!.takeEvents().filter { if case .released = $0 { true } else { false } }.count }
         let publish = PairLink.Held.publish(Message([Frame("/k")]), key: Frame("/k"))
         // Paired with a backup: active.
         state.pairReceived(heartbeat(.backup, instance: "backup-1"), now: clock.now)
@@ -341,7 +346,7 @@ struct KernelTimingTests {
     @Test("of a pair: a passive applies the active's next change, publishes it and acknowledges it; a change that does not follow changes nothing and makes it ask for the whole state again")
     func passiveAppliesChanges() throws {
         let clock = ManualClock()
-        let state = pairedState(.backup, clock: clock)
+        var state = pairedState(.backup, clock: clock)
         func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer")] + frames) }
         let heartbeat: JSONValue = ["state": "active", "role": "primary", "instance": "primary", "sequence": 0, "synced": true]
         state.pairReceived(fromPeer([PairWire.header, PairWire.state, Frame(heartbeat.jsonBytes)]), now: clock.now)
@@ -364,7 +369,7 @@ struct KernelTimingTests {
         #expect(state.publisher.take().isEmpty)
     }
 
-    @Test("a stopped kernel is freed, with its broker and its state server (which holds the pair link)")
+    @Test("a stopped kernel is freed, with its parts (the broker, and the state server with the pair link)")
     func stoppedKernelIsFreed() async throws {
         weak var weakKernel: Kernel?
         let parts = WeakParts()
@@ -385,21 +390,18 @@ struct KernelTimingTests {
         #expect(parts.noted)
         #expect(weakKernel == nil)
         #expect(parts.parts == nil)
-        #expect(parts.state == nil)
     }
 }
 
 /// Weak references to a kernel's parts, taken on its loop.
 final class WeakParts: @unchecked Sendable {
     weak var parts: KernelParts?
-    weak var state: StateServer?
     var noted = false
 }
 
 extension Kernel {
     func note(_ weak: WeakParts) {
         weak.parts = parts
-        weak.state = parts?.state
         weak.noted = parts?.state.pair != nil
     }
 }

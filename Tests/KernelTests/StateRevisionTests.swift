@@ -19,7 +19,7 @@ struct StateRevisionTests {
         return StateServer(configuration: configuration, logger: quiet)
     }
 
-    func write(_ state: StateServer, _ key: String, _ value: String?, expected: UInt64? = nil, uuid: Frame = Frame(), now: UInt64 = 0)
+    func write(_ state: inout StateServer, _ key: String, _ value: String?, expected: UInt64? = nil, uuid: Frame = Frame(), now: UInt64 = 0)
         -> Result<UInt64, JSONRPCError>
     {
         state.write(key, value: value.map { Frame($0) } ?? Frame(), ttl: nil, expected: expected, uuid: uuid, by: .unauthenticated, now: now).map { $0.sequence! }
@@ -27,88 +27,89 @@ struct StateRevisionTests {
 
     @Test("create only if absent, update only at the revision read; a mismatch is -32004 with the key's revision, and changes nothing")
     func compareAndSet() throws {
-        let state = server()
-        let created = try write(state, "/client/route", #""LHR-JFK""#, expected: 0).get()
+        var state = server()
+        let created = try write(&state, "/client/route", #""LHR-JFK""#, expected: 0).get()
         // Created already: a second create is refused, naming the revision it is at.
-        guard case .failure(let error) = write(state, "/client/route", #""CDG-SFO""#, expected: 0) else { Issue.record("a second create won"); return }
+        guard case .failure(let error) = write(&state, "/client/route", #""CDG-SFO""#, expected: 0) else { Issue.record("a second create won"); return }
         #expect(error.code == JSONRPCError.conflictCode)
         #expect(error.data?["revision"] == .int(Int64(created)))
         #expect(error.data?["expected"] == 0)
         #expect(state.entries[Frame("/client/route")]?.value == Frame(#""LHR-JFK""#))
         // Two writers read `created`; the first to write wins, the second is told.
-        let updated = try write(state, "/client/route", #""CDG-SFO""#, expected: created).get()
+        let updated = try write(&state, "/client/route", #""CDG-SFO""#, expected: created).get()
         #expect(updated > created)
-        guard case .failure(let stale) = write(state, "/client/route", #""AMS-BOS""#, expected: created) else { Issue.record("a stale write won"); return }
+        guard case .failure(let stale) = write(&state, "/client/route", #""AMS-BOS""#, expected: created) else { Issue.record("a stale write won"); return }
         #expect(stale.data?["revision"] == .int(Int64(updated)))
         #expect(state.refusedConflict == 2)
         // A deletion is a revision too; the key is then absent (0), so it can be created again.
-        _ = try write(state, "/client/route", nil, expected: updated).get()
+        _ = try write(&state, "/client/route", nil, expected: updated).get()
         #expect(state.entries[Frame("/client/route")] == nil)
-        guard case .failure = write(state, "/client/route", #""x""#, expected: updated) else { Issue.record("wrote a deleted key at its old revision"); return }
-        #expect(try write(state, "/client/route", #""again""#, expected: 0).get() > updated)
+        guard case .failure = write(&state, "/client/route", #""x""#, expected: updated) else { Issue.record("wrote a deleted key at its old revision"); return }
+        #expect(try write(&state, "/client/route", #""again""#, expected: 0).get() > updated)
     }
 
     @Test("the same compare-and-set sent again (its reply lost in a failover) is answered with the revision it made, on the peer too")
     func sentAgain() throws {
-        let active = server()
+        var active = server()
         let request = Kernel.digest(RequestKey(client: "c1", id: .number(7)))
         #expect(request.count == 16)
-        let first = try write(active, "/client/k", "1", expected: 0, uuid: request).get()
+        let first = try write(&active, "/client/k", "1", expected: 0, uuid: request).get()
         // The same request again: the revision it made, and no second change.
-        #expect(try write(active, "/client/k", "1", expected: 0, uuid: request).get() == first)
+        #expect(try write(&active, "/client/k", "1", expected: 0, uuid: request).get() == first)
         #expect(active.sequence == first)
         // Another request with the same expectation is refused.
-        guard case .failure = write(active, "/client/k", "2", expected: 0, uuid: Kernel.digest(RequestKey(client: "c2", id: .number(7)))) else {
+        guard case .failure = write(&active, "/client/k", "2", expected: 0, uuid: Kernel.digest(RequestKey(client: "c2", id: .number(7)))) else {
             Issue.record("another client's create won")
             return
         }
 
         // The passive peer applies the active one's changes (as the pair replicates them) and
         // holds the same revisions; asked the same request after a failover, it answers the same.
-        let passive = server()
+        var passive = server()
         passive.install([], sequence: first - 1, now: 0)
         let published = active.publisher.take().filter { $0[0] == Frame("/client/k") }
         for message in published {
             let item = ReplicatedEntry(key: message[0], sequence: UInt64(bigEndianBytes: message[1]), uuid: message[2], properties: message[3],
                                        value: message[4], quotaOwner: nil, expiresIn: nil)
-            #expect(passive.applyReplicated(item, now: 0))
+            let applied = passive.applyReplicated(item, now: 0)
+            #expect(applied)
         }
         #expect(passive.entries[Frame("/client/k")]?.sequence == first)
         #expect(passive.revisions(of: Frame("/client/k")).map(\.sequence) == active.revisions(of: Frame("/client/k")).map(\.sequence))
-        #expect(try write(passive, "/client/k", "1", expected: 0, uuid: request).get() == first)
+        #expect(try write(&passive, "/client/k", "1", expected: 0, uuid: request).get() == first)
     }
 
     @Test("a key's revisions among many keys' changes: through a deletion and a re-creation, cut where the log was trimmed, none after a copy of the peer's state")
     func revisionChains() throws {
-        let state = server(changes: 40, perKey: 16)
+        var state = server(changes: 40, perKey: 16)
         func revisions(_ key: String) -> [UInt64] { state.revisions(of: Frame(key)).map(\.sequence) }
         var mine: [UInt64] = []
         for round in 0..<4 {
-            for other in 0..<3 { _ = try write(state, "/client/other\(other)", "\(round)").get() }
-            mine.append(try write(state, "/client/mine", "\(round)").get())
+            for other in 0..<3 { _ = try write(&state, "/client/other\(other)", "\(round)").get() }
+            mine.append(try write(&state, "/client/mine", "\(round)").get())
         }
         #expect(revisions("/client/mine") == mine)
         // Deleted (twice: the second deletes an absent key), then made again: one chain.
-        mine.append(try write(state, "/client/mine", nil).get())
-        _ = try write(state, "/client/other0", "x").get()
+        mine.append(try write(&state, "/client/mine", nil).get())
+        _ = try write(&state, "/client/other0", "x").get()
         #expect(revisions("/client/mine") == mine, "a deleted key's revisions end with its deletion")
-        mine.append(try write(state, "/client/mine", nil).get())
-        mine.append(try write(state, "/client/mine", "again").get())
+        mine.append(try write(&state, "/client/mine", nil).get())
+        mine.append(try write(&state, "/client/mine", "again").get())
         #expect(revisions("/client/mine") == mine)
         #expect(state.revisions(of: Frame("/client/mine")).map(\.value.isEmpty) == [false, false, false, false, true, true, false])
         #expect(revisions("/client/never").isEmpty)
         // 40 changes kept: after 30 more of other keys the first of mine are gone, the rest remain.
-        for index in 0..<30 { _ = try write(state, "/client/other\(index % 3)", "\(index)").get() }
+        for index in 0..<30 { _ = try write(&state, "/client/other\(index % 3)", "\(index)").get() }
         let kept = revisions("/client/mine")
         #expect(!kept.isEmpty && kept.count < mine.count && kept == Array(mine.suffix(kept.count)))
         #expect(kept.allSatisfy { $0 > state.history.start })
         // A deletion trimmed off the log: the key has no revisions left, and a new one starts afresh.
-        _ = try write(state, "/client/gone", "1").get()
-        let gone = try write(state, "/client/gone", nil).get()
+        _ = try write(&state, "/client/gone", "1").get()
+        let gone = try write(&state, "/client/gone", nil).get()
         #expect(revisions("/client/gone").last == gone)
-        for index in 0..<40 { _ = try write(state, "/client/other\(index % 3)", "\(index)").get() }
+        for index in 0..<40 { _ = try write(&state, "/client/other\(index % 3)", "\(index)").get() }
         #expect(revisions("/client/gone").isEmpty)
-        let reborn = try write(state, "/client/gone", "2").get()
+        let reborn = try write(&state, "/client/gone", "2").get()
         #expect(revisions("/client/gone") == [reborn])
         // A copy of the peer's state installed: the log starts after it, and so do the chains.
         state.install([], sequence: state.sequence + 10, now: 0)
@@ -117,13 +118,13 @@ struct StateRevisionTests {
 
     @Test("the history keeps each key's last revisions (per_key), the log its last changes by count and bytes; deletions and TTL expiry included")
     func historyBounds() throws {
-        let state = server(changes: 6, bytes: 1 << 20, perKey: 3)
+        var state = server(changes: 6, bytes: 1 << 20, perKey: 3)
         var sequences: [UInt64] = []
-        for value in 1...5 { sequences.append(try write(state, "/client/a", "\(value)").get()) }
+        for value in 1...5 { sequences.append(try write(&state, "/client/a", "\(value)").get()) }
         // Five revisions of /client/a; the key keeps its last three.
         #expect(state.revisions(of: Frame("/client/a")).map(\.sequence) == Array(sequences.suffix(3)))
         // A deletion, and a key that expires: both revisions.
-        let deleted = try write(state, "/client/a", nil).get()
+        let deleted = try write(&state, "/client/a", nil).get()
         state.set("/client/t", value: Frame("1"), ttl: TimeToLive(seconds: 1), now: 0)
         state.tick(now: 1_000_000_000)
         let expiry = state.revisions(of: Frame("/client/t"))
@@ -135,22 +136,22 @@ struct StateRevisionTests {
         #expect(state.history.start == sequences[1])
         // The keys with revisions held, counted again whenever the log changed.
         #expect(state.history.keys == 2)
-        _ = try write(state, "/client/c", "1").get()
+        _ = try write(&state, "/client/c", "1").get()
         #expect(state.history.keys == 3)
-        for value in 1...6 { _ = try write(state, "/client/d", "\(value)").get() }
+        for value in 1...6 { _ = try write(&state, "/client/d", "\(value)").get() }
         #expect(state.history.keys == 1)
 
         // Bytes: each change counts the memory it holds, its record in the log too, so a bound
         // for two small changes keeps the last two, however small they are.
         let record = MemoryLayout<StateHistory.Change>.stride
-        let small = server(changes: 100, bytes: 2 * record + record / 2, perKey: 16)
-        for value in 1...10 { _ = try write(small, "/client/b", "\(value)").get() }
+        var small = server(changes: 100, bytes: 2 * record + record / 2, perKey: 16)
+        for value in 1...10 { _ = try write(&small, "/client/b", "\(value)").get() }
         #expect(small.history.bytes == 2 * record)
         #expect(small.history.changes.count == 2)
         // A value over 32 bytes is held in a buffer of its own: its bytes and the buffer's count.
-        let large = server(changes: 100, bytes: 1 << 20, perKey: 16)
+        var large = server(changes: 100, bytes: 1 << 20, perKey: 16)
         let text = "\"" + String(repeating: "v", count: 98) + "\""
-        _ = try write(large, "/client/v", text).get()
+        _ = try write(&large, "/client/v", text).get()
         #expect(large.history.bytes == record + Frame(text).heldBytes)
         #expect(Frame(text).heldBytes > 100 && Frame("1").heldBytes == 0)
         // A smaller bound by a reload trims at once.
@@ -160,7 +161,7 @@ struct StateRevisionTests {
 
     @Test("ICANHAZ? with a sequence gets exactly the changes after it, deletions included, in order; one the history no longer covers gets the snapshot")
     func resume() throws {
-        let state = server(changes: 4)
+        var state = server(changes: 4)
         let client = Frame("sub")
         func ask(_ since: UInt64?, changesOnly: Bool = false) throws -> (entries: [KVEntry], done: SnapshotReply) {
             state.snapshot(Message([client] + CHP.icanhaz(subtree: "/client/", since: since, changesOnly: changesOnly).frames))
@@ -168,9 +169,9 @@ struct StateRevisionTests {
             let entries = replies.compactMap { if case .entry(let entry) = $0 { entry } else { nil } }
             return (entries, replies.last!)
         }
-        let a = try write(state, "/client/a", "1").get()
-        _ = try write(state, "/client/b", "2").get()
-        let deleteA = try write(state, "/client/a", nil).get()
+        let a = try write(&state, "/client/a", "1").get()
+        _ = try write(&state, "/client/b", "2").get()
+        let deleteA = try write(&state, "/client/a", nil).get()
         state.set("/other/x", value: Frame("3"), now: 0)
         let resumed = try ask(a)
         #expect(resumed.entries.map(\.key) == ["/client/b", "/client/a"])
@@ -180,7 +181,7 @@ struct StateRevisionTests {
         #expect(try ask(state.sequence).entries.isEmpty)
         #expect(state.resumes == 2)
         // The log holds 4 changes: asked from before them, the whole subtree, and no since.
-        _ = try write(state, "/client/c", "4").get()
+        _ = try write(&state, "/client/c", "4").get()
         let whole = try ask(a - 1)
         #expect(Set(whole.entries.map(\.key)) == ["/client/b", "/client/c"])
         #expect(whole.done == .done(sequence: state.sequence, subtree: "/client/", since: nil))
@@ -198,7 +199,7 @@ struct StateRevisionTests {
     func quotas() throws {
         var configuration = KernelConfiguration()
         configuration.clientStateMaxKeys = 3
-        let state = StateServer(configuration: configuration, logger: quiet)
+        var state = StateServer(configuration: configuration, logger: quiet)
         let a = Peer.client(key: "A"), b = Peer.client(key: "B")
         func set(_ key: String, _ value: String?, by peer: Peer) -> Result<UInt64, JSONRPCError> {
             state.write(key, value: value.map { Frame($0) } ?? Frame(), ttl: nil, by: peer, now: 0).map { $0.sequence! }
@@ -230,7 +231,7 @@ struct StateRevisionTests {
         #expect(state.totalBytes == usage("A")![1] + usage("B")![1])
 
         // The passive peer's copy of the whole state counts the same.
-        let passive = StateServer(configuration: configuration, logger: quiet)
+        var passive = StateServer(configuration: configuration, logger: quiet)
         passive.install(state.replicatedSnapshot(now: 0), sequence: state.sequence, now: 0)
         #expect(passive.quotas.mapValues { [$0.keys, $0.bytes] } == state.quotas.mapValues { [$0.keys, $0.bytes] })
         #expect(passive.totalBytes == state.totalBytes)

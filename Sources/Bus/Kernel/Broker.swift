@@ -268,7 +268,7 @@ struct Broker: ~Copyable {
     /// Requests for operators only (``OperatorsOnly``) refused: another key sent them.
     private(set) var refusedNotOperator = 0
 
-    init(configuration: KernelConfiguration, logger: Logger, admission: Admission = Admission(pairedState: nil)) {
+    init(configuration: KernelConfiguration, logger: Logger, admission: Admission = Admission(isPaired: false)) {
         self.configuration = configuration
         timeouts = Timeouts(configuration)
         self.logger = logger
@@ -296,16 +296,21 @@ struct Broker: ~Copyable {
 
     /// A message read from the ROUTER, where the socket holds it: frames are made only of
     /// what the broker keeps (routing ids, a request's body).
-    mutating func handle(_ parts: ReceivedParts, now: UInt64) {
+    /// `pairRefusal`: of a pair, what the pair says of a request only the active kernel serves
+    /// (``Admission``); alone, never asked.
+    mutating func handle(_ parts: ReceivedParts, now: UInt64, pairRefusal: Admission.PairRefusal = Self.alone) {
         guard let inbound = decoded({ () throws(ProtocolError) in try MDP.decodeAtBroker(parts) }, else: parts.message, now: now) else { return }
-        handle(inbound, peer: parts.peerUserID, now: now)
+        handle(inbound, peer: parts.peerUserID, now: now, pairRefusal: pairRefusal)
     }
 
     /// The same for a message of frames (tests drive the broker with these).
-    mutating func handle(_ message: Message, now: UInt64) {
+    mutating func handle(_ message: Message, now: UInt64, pairRefusal: Admission.PairRefusal = Self.alone) {
         guard let inbound = decoded({ () throws(ProtocolError) in try MDP.decodeAtBroker(message) }, else: { message }, now: now) else { return }
-        handle(inbound, peer: message.peerUserID, now: now)
+        handle(inbound, peer: message.peerUserID, now: now, pairRefusal: pairRefusal)
     }
+
+    /// A kernel alone serves every request it admits.
+    static func alone(now: UInt64) -> String? { nil }
 
     /// What `decode` read, or nil when the message (made by `message` only then) was malformed
     /// and has been dealt with.
@@ -338,14 +343,14 @@ struct Broker: ~Copyable {
         }
     }
 
-    private mutating func handle(_ inbound: BrokerInbound, peer: String?, now: UInt64) {
+    private mutating func handle(_ inbound: BrokerInbound, peer: String?, now: UInt64, pairRefusal: Admission.PairRefusal) {
         switch inbound {
         case .request(let client, let service, let body, let version):
             totalRequests += 1
             let caller = Caller(client: client, version: version)
             // A request to every worker of a service is admitted as one to that service.
             let admitted = service.hasPrefix(Self.everyWorker) ? String(service.dropFirst(Self.everyWorker.count)) : service
-            let verdict = admission.verdict(service: admitted, body: body, peer: peer, security: configuration.security, now: now)
+            let verdict = admission.verdict(service: admitted, body: body, peer: peer, security: configuration.security, now: now, pairRefusal: pairRefusal)
             guard verdict == .admitted else {
                 refuse(caller, service: service, body: body, verdict)
                 return

@@ -180,9 +180,9 @@ final class EtcdStateLink {
     /// change etcd found there (its revision; 0: the key was gone): answered before, the
     /// refusal would name a revision a read from the copy does not show yet.
     var refusals: [[UInt8]: [(revision: Int64, pending: Pending, refusal: JSONRPCError)]] = [:]
-    /// The state server whose limits count the writes until they are settled
-    /// (``StateServer/settled(_:)``): made, answered otherwise, or dropped.
-    weak var state: StateServer?
+    /// The kernel's parts, whose state server's limits count the writes until they are
+    /// settled (``StateServer/settled(_:)``): made, answered otherwise, or dropped.
+    weak var parts: KernelParts?
     /// The revision of the last change applied, and how many of its changes were: the place
     /// of the next one of the same revision.
     var lastRevision: Int64
@@ -307,13 +307,13 @@ final class EtcdStateLink {
 
     /// Settles `pending` with `error`: it counts no more, and whoever waits is told.
     func settle(_ pending: Pending, _ error: any Error) {
-        state?.settled(pending.write)
+        parts?.state.settled(pending.write)
         pending.done?.resume(throwing: error)
     }
 
     /// Settles `pending`, answered with the sequence the copy holds its change at (or is at).
     func settle(_ pending: Pending, sequence: UInt64) {
-        state?.settled(pending.write)
+        parts?.state.settled(pending.write)
         pending.done?.resume(returning: sequence)
     }
 
@@ -342,17 +342,17 @@ extension EtcdClient.Settings {
 }
 
 extension Kernel {
-    /// Reads the state into `state` up to the revision of the kernel's election (the mark:
+    /// Reads the state into `parts`' state server up to the revision of the kernel's election (the mark:
     /// every change before it is in etcd): as it was `kernel.state_history_changes` revisions
     /// before, then every change since, so the copy's history holds the recent changes and a
     /// subscriber that followed an earlier kernel resumes without a reset. When etcd no longer
     /// holds those revisions (compacted), as it is at the mark, history empty.
-    func readState(into state: StateServer, from link: EtcdStateLink) async throws {
+    func readState(into parts: KernelParts, from link: EtcdStateLink) async throws {
         let mark = link.lastRevision
         let from = max(mark - Int64(configuration.stateHistoryChanges), 0)
         func load(at revision: Int64) async throws {
             let range = revision == 0 ? nil : try await link.client.range(prefix: link.statePrefix, revision: revision)
-            state.install((range?.keyValues ?? []).map { link.entry($0) }, sequence: EtcdSequence.end(of: revision), now: clock.now)
+            parts.state.install((range?.keyValues ?? []).map { link.entry($0) }, sequence: EtcdSequence.end(of: revision), now: clock.now)
             (link.lastRevision, link.placesApplied) = (revision, 0)
         }
         do {
@@ -364,7 +364,7 @@ extension Kernel {
             replay: for try await update in link.watch(from: from + 1) {
                 switch update {
                 case .events(let events, _):
-                    apply(events, from: link, to: state)
+                    apply(events, from: link, to: parts)
                     // The mark itself is no change of the state's: reaching it is the end.
                     if let last = events.last?.keyValue.modRevision, last >= mark { break replay }
                 case .progress(let revision):
@@ -376,8 +376,8 @@ extension Kernel {
             }
         }
         // Nobody subscribes yet: what the replay published goes nowhere.
-        while state.publisher.takeBatch() != nil {}
-        logger.info("state read from etcd", metadata: ["keys": "\(state.entries.count)", "revision": "\(max(link.lastRevision, mark))", "history": "\(state.history.changes.count)",
+        while parts.state.publisher.takeBatch() != nil {}
+        logger.info("state read from etcd", metadata: ["keys": "\(parts.state.entries.count)", "revision": "\(max(link.lastRevision, mark))", "history": "\(parts.state.history.changes.count)",
                                                        "endpoints": "\(link.client.settings.endpoints.joined(separator: ","))", "prefix": "\(String(decoding: link.prefix, as: UTF8.self))"])
     }
 
@@ -422,7 +422,7 @@ extension Kernel {
                     guard let parts, parts.etcd === link else { return }
                     switch update {
                     case .events(let events, let revision):
-                        apply(events, from: link, to: parts.state)
+                        apply(events, from: link, to: parts)
                         link.reportedRevision = max(link.reportedRevision, revision)
                         parts.flush()
                     case .progress(let revision):
@@ -449,24 +449,24 @@ extension Kernel {
     private func catchUp(_ link: EtcdStateLink) async throws {
         let range = try await link.client.range(prefix: link.statePrefix)
         guard let parts, parts.etcd === link else { return }
-        let state = parts.state, now = clock.now
+        let now = clock.now
         let current = Dictionary(range.keyValues.map { let entry = link.entry($0); return (entry.key, entry) }, uniquingKeysWith: { $1 })
-        let changed = current.values.filter { state.entries[$0.key]?.sequence != $0.sequence }.sorted { $0.sequence < $1.sequence }
-        let gone = state.entries.keys.filter { current[$0] == nil }.sorted { $0.precedes($1) }
+        let changed = current.values.filter { parts.state.entries[$0.key]?.sequence != $0.sequence }.sorted { $0.sequence < $1.sequence }
+        let gone = parts.state.entries.keys.filter { current[$0] == nil }.sorted { $0.precedes($1) }
         // The deletions take the numbers at the end of the revision read, which its own changes
         // (at most a batch) never reach.
         let room = Int(EtcdSequence.perRevision) - EtcdStateLink.maxBatchOperations
         if gone.count <= room {
-            for entry in changed { _ = state.applyCommitted(entry, now: now) }
+            for entry in changed { _ = parts.state.applyCommitted(entry, now: now) }
             let firstDeletion = EtcdSequence.end(of: range.revision) + 1 - UInt64(gone.count)
             for (index, key) in gone.enumerated() {
-                _ = state.applyCommitted(.deletion(of: key, sequence: firstDeletion + UInt64(index)), now: now)
+                _ = parts.state.applyCommitted(.deletion(of: key, sequence: firstDeletion + UInt64(index)), now: now)
             }
-            state.restartHistory()
+            parts.state.restartHistory()
         } else {
             logger.error("more keys went meanwhile than can be numbered: the copy is replaced without publishing; subscribers of this kernel must resubscribe",
                          metadata: ["gone": "\(gone.count)"])
-            state.install(Array(current.values), sequence: EtcdSequence.end(of: range.revision), now: now)
+            parts.state.install(Array(current.values), sequence: EtcdSequence.end(of: range.revision), now: now)
         }
         (link.lastRevision, link.placesApplied) = (range.revision, Int(EtcdSequence.perRevision))
         link.reportedRevision = max(link.reportedRevision, range.revision)
@@ -476,14 +476,14 @@ extension Kernel {
         // Writes committed in the revisions compacted away: the watch will not bring them.
         for (awaited, pending) in link.awaited where awaited.revision <= range.revision {
             link.awaited[awaited] = nil
-            link.settle(pending, sequence: state.entries[Frame(awaited.key.dropFirst(link.prefix.count))]?.sequence ?? state.sequence)
+            link.settle(pending, sequence: parts.state.entries[Frame(awaited.key.dropFirst(link.prefix.count))]?.sequence ?? parts.state.sequence)
         }
         parts.flush()
     }
 
-    /// Makes the changes the watch brought in `state`, each with its sequence number (the
+    /// Makes the changes the watch brought in `parts`' state, each with its sequence number (the
     /// revision and its place there); writes to etcd that are not the state's (the mark) have none.
-    private func apply(_ events: [EtcdEvent], from link: EtcdStateLink, to state: StateServer) {
+    private func apply(_ events: [EtcdEvent], from link: EtcdStateLink, to parts: KernelParts) {
         let now = clock.now
         for event in events where event.keyValue.key.starts(with: link.statePrefix) {
             let revision = event.keyValue.modRevision
@@ -495,7 +495,7 @@ extension Kernel {
             case .delete: ReplicatedEntry.deletion(of: Frame(event.keyValue.key.dropFirst(link.prefix.count)),
                                                    sequence: EtcdSequence.of(revision: revision, place: place))
             }
-            if state.applyCommitted(item, now: now) { link.applied(event.keyValue.key, revision: revision, sequence: item.sequence) }
+            if parts.state.applyCommitted(item, now: now) { link.applied(event.keyValue.key, revision: revision, sequence: item.sequence) }
         }
     }
 

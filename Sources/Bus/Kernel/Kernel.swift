@@ -66,7 +66,6 @@ public actor Kernel: BusService {
         guard let parts else { preconditionFailure("the kernel service answers only while the kernel serves") }
         return parts
     }
-    private var state: StateServer { serving.state }
     private var pair: PairLink? { serving.state.pair }
 
     /// Binds every endpoint and starts serving; with the state on etcd, reads it from there
@@ -92,7 +91,7 @@ public actor Kernel: BusService {
             let link = try await connectState(settings)
             do {
                 let parts = KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger, etcd: link)
-                try await readState(into: parts.state, from: link)
+                try await readState(into: parts, from: link)
                 guard case .starting = phase else { throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF) }
                 phase = .idle
                 return try bind(parts)
@@ -398,7 +397,7 @@ public actor Kernel: BusService {
         }
         let value = params.value ?? .null
         let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
-        return try state.write(params.key, value: frame, ttl: ttl, expected: params.revision, uuid: Self.digest(RequestKey.current),
+        return try serving.state.write(params.key, value: frame, ttl: ttl, expected: params.revision, uuid: Self.digest(RequestKey.current),
                                by: Peer(userID: peer, security: configuration.security), asClient: asClient, now: clock.now).get()
     }
 
@@ -418,19 +417,19 @@ public actor Kernel: BusService {
     }
 
     private func stateHistory(_ params: KernelAPI.StateHistoryParams) -> KernelAPI.StateRevisions {
-        let revisions = state.revisions(of: Frame(params.key)).map { change in
+        let revisions = serving.state.revisions(of: Frame(params.key)).map { change in
             let value: JSONValue = change.value.isEmpty ? .null
                 : (try? JSONValue(parsing: change.value.bytes)) ?? .string(String(decoding: change.value.bytes, as: UTF8.self))
             return KernelAPI.StateRevisions.Revision(sequence: change.sequence, value: value)
         }
-        return KernelAPI.StateRevisions(key: params.key, revisions: revisions, sequence: state.sequence, since: state.history.start)
+        return KernelAPI.StateRevisions(key: params.key, revisions: revisions, sequence: serving.state.sequence, since: serving.state.history.start)
     }
 
     /// A page of ``KernelAPI/StateEntries`` as JSON text: each stored value spliced in as it
     /// is (a value that is not JSON, from a plain CHP client, as a string; checked when it
     /// was written), so a page costs a copy of its bytes, not a parse and an encoding of each.
     private func stateGet(_ params: KernelAPI.StateGetParams) -> [UInt8] {
-        let page = state.page(under: params.prefix ?? "", after: params.after, limit: params.limit ?? KernelAPI.stateGetDefaultLimit,
+        let page = serving.state.page(under: params.prefix ?? "", after: params.after, limit: params.limit ?? KernelAPI.stateGetDefaultLimit,
                               maxBytes: KernelAPI.stateGetPageBytes)
         func string(_ text: String) -> [UInt8] { JSONValue.string(text).jsonBytes }
         var text = Array(#"{"entries":["#.utf8)
@@ -445,7 +444,7 @@ public actor Kernel: BusService {
         }
         text += Array("]".utf8)
         if page.more, let last = page.entries.last { text += Array(#","next":"#.utf8) + string(last.key.string ?? "") }
-        text += Array(#","sequence":\#(state.sequence)}"#.utf8)
+        text += Array(#","sequence":\#(serving.state.sequence)}"#.utf8)
         return text
     }
 }
@@ -472,12 +471,12 @@ extension Kernel {
             streamsInProgress: serving.broker.streamsInProgress, gathersInProgress: serving.broker.gathers.count, queuedBytes: serving.broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
             security: .init(curve: configuration.security != nil, refusedConnections: serving.zap?.refused ?? 0,
                             refusedRegistrations: serving.broker.refusedRegistrations, refusedRequests: serving.broker.refusedNotOperator),
-            state: .init(keys: state.entries.count, bytes: state.totalBytes, sequence: state.sequence, rejectedWrites: state.rejectedWrites,
-                         refusedForbidden: state.refusedForbidden, refusedOverLimit: state.refusedOverLimit, refusedConflict: state.refusedConflict,
-                         history: .init(changes: state.history.changes.count, bytes: state.history.bytes, keys: state.history.keys,
-                                        since: state.history.start, maxChanges: state.history.limits.changes,
-                                        maxBytes: state.history.limits.bytes, perKey: state.history.limits.perKey,
-                                        resumes: state.resumes, resumesRefused: state.resumesRefused),
+            state: .init(keys: serving.state.entries.count, bytes: serving.state.totalBytes, sequence: serving.state.sequence, rejectedWrites: serving.state.rejectedWrites,
+                         refusedForbidden: serving.state.refusedForbidden, refusedOverLimit: serving.state.refusedOverLimit, refusedConflict: serving.state.refusedConflict,
+                         history: .init(changes: serving.state.history.changes.count, bytes: serving.state.history.bytes, keys: serving.state.history.keys,
+                                        since: serving.state.history.start, maxChanges: serving.state.history.limits.changes,
+                                        maxBytes: serving.state.history.limits.bytes, perKey: serving.state.history.limits.perKey,
+                                        resumes: serving.state.resumes, resumesRefused: serving.state.resumesRefused),
                          etcd: serving.etcd.map { link in
                              .init(endpoints: link.client.settings.endpoints, prefix: String(decoding: link.prefix, as: UTF8.self), revision: link.lastRevision,
                                    lagRevisions: max(0, link.reportedRevision - link.lastRevision), lease: String(link.lease, radix: 16),
@@ -531,16 +530,16 @@ extension Kernel {
         family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(serving.zap?.refused ?? 0))])
         family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(serving.broker.refusedRegistrations))])
         family("refused_requests_total", "counter", "Requests for operators only (workers.drain, the supervisor) refused: not an operator's key.", [("", String(serving.broker.refusedNotOperator))])
-        family("state_keys", "gauge", "Keys in the CHP state.", [("", String(state.entries.count))])
-        family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(state.totalBytes))])
+        family("state_keys", "gauge", "Keys in the CHP state.", [("", String(serving.state.entries.count))])
+        family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(serving.state.totalBytes))])
         family("state_refused_total", "counter", "State writes refused: forbidden for the writer's key, or over a key or byte limit.",
-               [("{reason=\"forbidden\"}", String(state.refusedForbidden)), ("{reason=\"limit\"}", String(state.refusedOverLimit))])
-        family("state_refused_conflict_total", "counter", "Compare-and-sets refused: the key was not at the revision given.", [("", String(state.refusedConflict))])
-        family("state_history_changes", "gauge", "Recent changes of the state kept for resumes and state.history.", [("", String(state.history.changes.count))])
-        family("state_history_bytes", "gauge", "Bytes the state's kept changes hold: keys, values and each change's record.", [("", String(state.history.bytes))])
+               [("{reason=\"forbidden\"}", String(serving.state.refusedForbidden)), ("{reason=\"limit\"}", String(serving.state.refusedOverLimit))])
+        family("state_refused_conflict_total", "counter", "Compare-and-sets refused: the key was not at the revision given.", [("", String(serving.state.refusedConflict))])
+        family("state_history_changes", "gauge", "Recent changes of the state kept for resumes and state.history.", [("", String(serving.state.history.changes.count))])
+        family("state_history_bytes", "gauge", "Bytes the state's kept changes hold: keys, values and each change's record.", [("", String(serving.state.history.bytes))])
         family("state_resumes_total", "counter", "Subscribers resumed from a sequence: with the changes since, or with a whole snapshot (no longer held).",
-               [("{outcome=\"exact\"}", String(state.resumes)), ("{outcome=\"snapshot\"}", String(state.resumesRefused))])
-        family("state_sequence", "gauge", "The CHP sequence number: the position of the latest change, not a count of events.", [("", String(state.sequence))])
+               [("{outcome=\"exact\"}", String(serving.state.resumes)), ("{outcome=\"snapshot\"}", String(serving.state.resumesRefused))])
+        family("state_sequence", "gauge", "The CHP sequence number: the position of the latest change, not a count of events.", [("", String(serving.state.sequence))])
         if let etcd = serving.etcd {
             family("state_etcd_revision", "gauge", "The etcd revision of the last change the kernel's copy of the state holds.", [("", String(etcd.lastRevision))])
             family("state_etcd_lag_revisions", "gauge", "Revisions etcd reported past the kernel's copy of the state.",

@@ -10,20 +10,25 @@ import ZeroMQ
 /// a request for a service, or for the state, only the active one, and asking is what makes
 /// a passive kernel whose peer is gone take over (Binary Star).
 struct Admission {
-    /// Of a pair: the state server, which holds the pair's link (nil: a kernel alone).
-    let pairedState: StateServer?
+    /// Whether the kernel is one of a pair.
+    let isPaired: Bool
 
     enum Verdict: Equatable {
         case admitted
-        /// This kernel is not the active one of its pair (answered -32008).
-        case notActive
+        /// This kernel is not the active one of its pair (answered -32008), and why.
+        case notActive(String)
         /// What only operators may ask, from another key (answered -32011).
         case notOperator
     }
 
+    /// Of a pair: asked about a request only the active kernel serves, nil when this kernel
+    /// serves it (possibly by taking over now), else why not (``StateServer/pairRefusal(now:)``).
+    typealias PairRefusal = (_ now: UInt64) -> String?
+
     /// Whether the kernel serves a request for `service` from `peer` (its ZAP user id), given
     /// who may ask what (`security`, nil without CURVE).
-    func verdict(service: String, body: ArraySlice<Frame>, peer: String?, security: KernelSecurity?, now: UInt64) -> Verdict {
+    func verdict(service: String, body: ArraySlice<Frame>, peer: String?, security: KernelSecurity?, now: UInt64,
+                 pairRefusal: PairRefusal) -> Verdict {
         // A body is read only when a rule needs its methods, and only for the kernel's own
         // service, whose requests are few.
         let isKernel = service == KernelAPI.service
@@ -34,16 +39,16 @@ struct Admission {
            !Peer(userID: peer, security: security).isOperator {
             return .notOperator
         }
-        guard let pairedState, pairedState.pair?.isActive == false, !MMI.isManagement(service) else { return .admitted }
+        guard isPaired, !MMI.isManagement(service) else { return .admitted }
         if isKernel, !calls(Self.stateMethods) { return .admitted }
-        return pairedState.admitsClient(now: now) ? .admitted : .notActive
+        return pairRefusal(now).map { .notActive($0) } ?? .admitted
     }
 
     /// Why a request was refused.
     func refusal(_ verdict: Verdict, service: String) -> JSONRPCError {
         switch verdict {
-        case .admitted, .notActive:
-            JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: \(pairedState?.pair?.refusal() ?? "")")
+        case .admitted: JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active")
+        case .notActive(let why): JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: \(why)")
         case .notOperator:
             .forbidden("\(service == KernelAPI.service ? "this kernel method" : "the '\(service)' service") is for operators' keys only: "
                 + "sb sends it with KEYS/operator.key, which switchboard up makes; another machine's operator needs its public key in the kernel's KEYS/operators/ or security.operator_keys")
@@ -57,7 +62,7 @@ struct Admission {
 /// messages go to its part, and after every call what the parts sent or told is carried
 /// out (messages to their sockets, events to the part that acts on them). Built once the
 /// sockets are bound; the sockets' handlers and timers hold it weakly (the broker socket's
-/// handler strongly, until ``close()`` closes that socket), so a stopped kernel frees it with
+/// and the collector's handlers strongly, until ``close()`` closes those sockets), so a stopped kernel frees it with
 /// everything it holds.
 final class KernelParts {
     /// The sockets, bound and configured by ``Kernel/start()``.
@@ -73,9 +78,9 @@ final class KernelParts {
     }
 
     var broker: Broker
-    let state: StateServer
-    /// ``StateServer/isPaired``, kept here too: ``flush()`` asks it at every turn, and
-    /// asking the state server would retain it each time.
+    var state: StateServer
+    /// ``StateServer/isPaired``, kept here too: ``flush()`` and the router's handler ask it
+    /// at every turn.
     private let isPaired: Bool
     let zap: ZAPHandler?
     /// Where the state's changes are made when etcd keeps it.
@@ -109,14 +114,13 @@ final class KernelParts {
         self.etcd = etcd
         self.configuration = configuration
         self.clock = clock
-        let state = StateServer(configuration: configuration, logger: logger)
-        if let pair = configuration.pair { state.join(PairLink(configuration: pair, instance: instance, clock: clock, logger: logger)) }
-        self.state = state
-        isPaired = state.isPaired
-        etcd?.state = state
-        broker = Broker(configuration: configuration, logger: logger, admission: Admission(pairedState: state.isPaired ? state : nil))
+        state = StateServer(configuration: configuration, logger: logger,
+                            pair: configuration.pair.map { PairLink(configuration: $0, instance: instance, clock: clock, logger: logger) })
+        isPaired = configuration.pair != nil
+        broker = Broker(configuration: configuration, logger: logger, admission: Admission(isPaired: isPaired))
         broker.recordsSpans = BusTracing.recordsSpans
         zap = configuration.security.map { ZAPHandler(security: $0, logger: logger) }
+        etcd?.parts = self
     }
 
     /// Starts serving the sockets (on the loop thread).
@@ -135,7 +139,13 @@ final class KernelParts {
         // by a handler that holds these parts strongly, with no weak reference to load per
         // message. The registration lets go of its handler when its socket closes
         // (``close()``, or the loop's end), which ends the cycle.
-        let router = loop.register(readingParts: sockets.router) { [self] parts in broker.handle(parts, now: clock.now) }
+        let router = loop.register(readingParts: sockets.router) { [self] parts in
+            if isPaired {
+                broker.handle(parts, now: clock.now) { state.pairRefusal(now: $0) }
+            } else {
+                broker.handle(parts, now: clock.now)
+            }
+        }
         router.afterReading = { [weak self] in self?.flush() }
         router.dropsWhenPeerFull = true
         router.onSendError = { [weak self] message, error in
@@ -146,8 +156,9 @@ final class KernelParts {
                 broker.peerFull(peer, undelivered: message, now: clock.now)
             }
         }
-        // The collector's too, the next busiest: a KVSET's parts read where libzmq holds them.
-        let collector = loop.register(readingParts: sockets.collector) { [state, clock] in state.collect($0, now: clock.now) }
+        // The collector's too, the next busiest: a KVSET's parts read where libzmq holds them,
+        // by a handler holding these parts as the router's does.
+        let collector = loop.register(readingParts: sockets.collector) { [self] in state.collect($0, now: clock.now) }
         collector.afterReading = { [weak self] in self?.flush() }
         var registrations = Registrations(
             zap: sockets.zap.map { register($0) { $0.zap?.handle($1) } },
@@ -280,7 +291,10 @@ final class KernelParts {
     /// The `kernel` service's reply to `caller`: of a pair, once the peer holds every change
     /// made so far (a write is acknowledged only then).
     func reply(to caller: Broker.Caller, _ body: [UInt8]) {
-        if isPaired, state.pair?.hold(.reply(caller, body: body), until: state.sequence) == true { return }
+        if isPaired {
+            let made = state.sequence
+            if state.pair?.hold(.reply(caller, body: body), until: made) == true { return }
+        }
         broker.replyFromKernel(to: caller, body)
     }
 

@@ -29,13 +29,14 @@ struct DurableWrite: Sendable {
 /// The Clustered Hashmap server (12/CHP): a sequenced key-value map with snapshots,
 /// published updates, TTL expiry and a collector for clients' writes.
 ///
-/// Loop-confined like the broker. The publisher is an XPUB: when a subscription arrives it
+/// A noncopyable value ``KernelParts`` owns on the loop, like the broker: a copy could make a
+/// change the kernel never publishes. The publisher is an XPUB: when a subscription arrives it
 /// publishes a HUGZ at once, so a subscriber can wait for its first HUGZ to know its
 /// subscription is live before it asks for the snapshot (no update can fall between the
 /// two). Every HUGZ counts the updates published under each topic, so a subscriber for
 /// which the XPUB dropped some (it fell behind) knows how many. Sequence numbers start from the wall clock in microseconds, so they keep growing
 /// across kernel restarts as long as fewer than a million updates a second are published.
-final class StateServer {
+struct StateServer: ~Copyable {
     struct Entry {
         var sequence: UInt64
         var value: Frame
@@ -110,19 +111,13 @@ final class StateServer {
     /// Something was published since the last HUGZ: send one at the next tick.
     private var countsDue = false
     /// The kernel's pair, if it has one: changes go to the peer before they are published,
-    /// and only the active kernel changes the state itself. Joined once, as the kernel
-    /// starts; the link is this server's, and what it asks of the state this server does
-    /// (``pairReceived(_:now:)``).
+    /// and only the active kernel changes the state itself. The link is this server's, and
+    /// what it asks of the state this server does (``pairReceived(_:now:)``).
     var pair: PairLink?
-    /// Whether the kernel is one of a pair (it joins its link as it starts): the paths of
-    /// every request and change ask this, not ``pair``, whose every reading is an access
-    /// to a stored value of this class.
+    /// Whether the kernel is one of a pair: the paths of every request and change ask this,
+    /// not ``pair``, which is a larger value to look into.
     let isPaired: Bool
 
-    func join(_ pair: PairLink) {
-        precondition(isPaired && self.pair == nil, "a state server of a pair joins its one link")
-        self.pair = pair
-    }
     /// Whether this kernel makes changes (alone, or as the active one of its pair); a
     /// passive one only applies its peer's.
     private var authoritative: Bool { !isPaired || pair?.isActive == true }
@@ -146,11 +141,14 @@ final class StateServer {
     /// Writes pending per key: a key not held counts once however many writes it waits for.
     private var pendingPerKey: [Frame: Int] = [:]
 
-    init(configuration: KernelConfiguration, logger: Logger) {
+    /// `pair`: the kernel's link to its peer, when `configuration` names one.
+    init(configuration: KernelConfiguration, logger: Logger, pair: PairLink? = nil) {
+        precondition((configuration.pair == nil) == (pair == nil), "a state server has a pair link exactly when its kernel is one of a pair")
         self.configuration = configuration
         self.logger = logger
+        self.pair = pair
         durable = configuration.stateEtcd != nil
-        isPaired = configuration.pair != nil
+        isPaired = pair != nil
         access = StateAccess(configuration: configuration)
         sequence = UInt64(Date().timeIntervalSince1970 * 1_000_000)
         history = StateHistory(start: sequence, limits: Self.historyLimits(configuration))
@@ -166,12 +164,12 @@ final class StateServer {
     /// change and returns its sequence number. A `ttl` in seconds deletes the key when it
     /// runs out.
     @discardableResult
-    func set(_ key: String, value: Frame, ttl: TimeToLive? = nil, now: UInt64) -> UInt64 {
+    mutating func set(_ key: String, value: Frame, ttl: TimeToLive? = nil, now: UInt64) -> UInt64 {
         set(Frame(key), value: value, ttl: ttl, now: now)
     }
 
     @discardableResult
-    private func set(_ key: Frame, value: Frame, ttl: TimeToLive?, now: UInt64) -> UInt64 {
+    private mutating func set(_ key: Frame, value: Frame, ttl: TimeToLive?, now: UInt64) -> UInt64 {
         // A passive kernel's own keys are its active peer's to set.
         guard authoritative else { return sequence }
         if durable {
@@ -213,7 +211,7 @@ final class StateServer {
     /// with (-32011, -32010, or -32004 with the key's revision). `uuid`: the request's
     /// digest, kept with the change, so the same compare-and-set sent again after a failover
     /// is answered with the revision it made, not refused.
-    func write(_ key: String, value: Frame, ttl: TimeToLive?, expected: UInt64? = nil, uuid: Frame = Frame(), by peer: Peer,
+    mutating func write(_ key: String, value: Frame, ttl: TimeToLive?, expected: UInt64? = nil, uuid: Frame = Frame(), by peer: Peer,
                asClient: Bool = false, now: UInt64) -> Result<Written, JSONRPCError> {
         let key = Frame(key)
         let index = entries.index(forKey: key)
@@ -241,13 +239,13 @@ final class StateServer {
 
     /// Durable mode: the changes held so far no longer follow one another without a gap (the
     /// copy caught up with etcd past compacted revisions): the history starts again here.
-    func restartHistory() { history.restart(after: sequence) }
+    mutating func restartHistory() { history.restart(after: sequence) }
 
     /// Durable mode: a compare-and-set etcd refused (the key had moved on there).
-    func countConflict() { refusedConflict += 1 }
+    mutating func countConflict() { refusedConflict += 1 }
 
     /// Durable mode: `write` counted against the limits from now until it is settled.
-    private func counted(_ write: DurableWrite, new: Bool) -> DurableWrite {
+    private mutating func counted(_ write: DurableWrite, new: Bool) -> DurableWrite {
         var write = write
         guard !write.value.isEmpty else { return write }
         let waiting = pendingPerKey[write.key, default: 0]
@@ -264,7 +262,7 @@ final class StateServer {
 
     /// Durable mode: etcd answered `write` (made or not), or it was dropped: it no longer
     /// counts as pending (made, it counts as held once the watch brings it).
-    func settled(_ write: DurableWrite) {
+    mutating func settled(_ write: DurableWrite) {
         guard write.countedKeys + write.countedBytes > 0 else { return }
         if let waiting = pendingPerKey[write.key] { pendingPerKey[write.key] = waiting > 1 ? waiting - 1 : nil }
         pending.keys -= write.countedKeys
@@ -286,7 +284,7 @@ final class StateServer {
     /// Whether `peer` may write `key` (held at `index`, if it is) with a value of `size`
     /// bytes (nil: a deletion, which only needs the right to write), and if so the quota it
     /// counts against.
-    private func admit(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, size: Int?, by peer: Peer, collector: Bool) -> Admission {
+    private mutating func admit(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, size: Int?, by peer: Peer, collector: Bool) -> Admission {
         let quota: Quota?
         switch access.verdict(key, by: peer, collector: collector) {
         case .refused(let error):
@@ -326,7 +324,7 @@ final class StateServer {
 
     /// The quota of `owner`'s writes: the last one written under, the one held, or a new one
     /// (kept once it holds a key, ``account(replacing:withSize:quota:)``).
-    private func quota(of owner: String) -> Quota {
+    private mutating func quota(of owner: String) -> Quota {
         if let lastQuota, lastQuota.owner == owner { return lastQuota }
         let quota = quotas[owner] ?? Quota(owner: owner)
         lastQuota = quota
@@ -335,14 +333,14 @@ final class StateServer {
 
     /// Reads the entry at `index` in place: a read through the map (its getter) copies the
     /// whole entry, retaining its value and owner, for every field read.
-    private func readInPlace<R>(_ index: Dictionary<Frame, Entry>.Index, _ read: (inout Entry) -> R) -> R {
+    private mutating func readInPlace<R>(_ index: Dictionary<Frame, Entry>.Index, _ read: (inout Entry) -> R) -> R {
         read(&entries.values[index])
     }
 
     /// Makes the change, keeps the counts, and publishes it with the frames at hand (a
     /// KVSET's own key, UUID, properties and value frames go out as they came, uncopied).
     /// `index`: where `key` is held now (nil: it is not), found once by the caller.
-    private func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, ttl: TimeToLive?,
+    private mutating func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, ttl: TimeToLive?,
                        uuid: Frame, properties: Frame, quota: Quota?, now: UInt64) -> UInt64 {
         sequence += 1
         store(key, at: index, value: value, isJSON: isJSON, expiresAt: ttl.map { now + $0.nanoseconds }, quota: quota, uuid: uuid)
@@ -359,13 +357,13 @@ final class StateServer {
     }
 
     /// Publishes an update and counts it under its topics (for the next HUGZ).
-    func emit(_ update: Message, key: Frame) {
+    mutating func emit(_ update: Message, key: Frame) {
         publisher.send(update)
         published(key)
     }
 
     /// Counts an update of `key` published under each topic it falls under.
-    private func published(_ key: Frame) {
+    private mutating func published(_ key: Frame) {
         for index in topics.indices where key.hasPrefix(topics[index].prefix) { topics[index].published &+= 1 }
         countsDue = true
     }
@@ -374,11 +372,12 @@ final class StateServer {
 
     /// A message from the peer, on the pair's ROUTER: the link takes it, and this server
     /// does what it asks of the state.
-    func pairReceived(_ message: Message, now: UInt64) {
+    mutating func pairReceived(_ message: Message, now: UInt64) {
         guard let replication = pair?.received(message, now: now, sequence: sequence) else { return }
         switch replication {
         case .sendSnapshot:
-            pair?.sendSnapshot(replicatedSnapshot(now: now), sequence: sequence)
+            let snapshot = replicatedSnapshot(now: now)
+            pair?.sendSnapshot(snapshot, sequence: sequence)
         case .install(let snapshot, let snapshotSequence):
             install(snapshot, sequence: snapshotSequence, now: now)
         case .apply(let entry):
@@ -388,14 +387,16 @@ final class StateServer {
     }
 
     /// The pair's heartbeat.
-    func pairTick(now: UInt64) {
+    mutating func pairTick(now: UInt64) {
         pair?.tick(now: now, sequence: sequence)
     }
 
-    /// A client's request arrived: whether this kernel serves it (alone: always; of a pair:
-    /// see ``PairLink/admitsClient(now:sequence:)``).
-    func admitsClient(now: UInt64) -> Bool {
-        !isPaired || pair?.admitsClient(now: now, sequence: sequence) == true
+    /// A client's request that only the active kernel of a pair serves arrived: nil when this
+    /// kernel serves it (alone: always; of a pair: see ``PairLink/admitsClient(now:sequence:)``,
+    /// which may take over now), else why it does not.
+    mutating func pairRefusal(now: UInt64) -> String? {
+        guard isPaired, pair?.admitsClient(now: now, sequence: sequence) == false else { return nil }
+        return pair?.refusal()
     }
 
     /// The whole state as the peer copies it.
@@ -408,15 +409,16 @@ final class StateServer {
 
     /// Replaces the whole state with the active peer's copy (nothing is published: the
     /// active one published every entry already).
-    func install(_ snapshot: [ReplicatedEntry], sequence: UInt64, now: UInt64) {
+    mutating func install(_ snapshot: [ReplicatedEntry], sequence: UInt64, now: UInt64) {
         entries = [:]
         quotas = [:]
         lastQuota = nil
         totalBytes = 0
         expiring = 0
         for item in snapshot {
+            let owner: Quota? = if let name = item.quotaOwner { quota(of: name) } else { nil }
             let entry = Entry(sequence: item.sequence, value: item.value.keepable(), expiresAt: item.expiresIn.map { now + $0 },
-                              quota: item.quotaOwner.map(quota(of:)), size: item.key.count + item.value.count, isJSON: Self.isJSON(item.value))
+                              quota: owner, size: item.key.count + item.value.count, isJSON: Self.isJSON(item.value))
             entries[item.key.keepable()] = entry
             if entry.expiresAt != nil { expiring += 1 }
             account(replacing: nil, withSize: entry.size, quota: entry.quota)
@@ -427,7 +429,7 @@ final class StateServer {
 
     /// Applies one of the active peer's changes and publishes it with its sequence; false
     /// when it does not follow the last one applied (then nothing changes).
-    func applyReplicated(_ item: ReplicatedEntry, now: UInt64) -> Bool {
+    mutating func applyReplicated(_ item: ReplicatedEntry, now: UInt64) -> Bool {
         guard item.sequence == sequence + 1 else { return false }
         applyMadeElsewhere(item, now: now)
         return true
@@ -436,7 +438,7 @@ final class StateServer {
     /// Durable mode: applies a change etcd committed (its watch brought it) and publishes it
     /// with its sequence; false, changing nothing, when it is not after the last one applied
     /// (etcd's revisions only grow: that would be a change seen twice).
-    func applyCommitted(_ item: ReplicatedEntry, now: UInt64) -> Bool {
+    mutating func applyCommitted(_ item: ReplicatedEntry, now: UInt64) -> Bool {
         guard item.sequence > sequence else { return false }
         applyMadeElsewhere(item, now: now)
         return true
@@ -444,17 +446,18 @@ final class StateServer {
 
     /// Stores and publishes a change whose sequence was given where it was made (the active
     /// peer, or etcd).
-    private func applyMadeElsewhere(_ item: ReplicatedEntry, now: UInt64) {
+    private mutating func applyMadeElsewhere(_ item: ReplicatedEntry, now: UInt64) {
         sequence = item.sequence
+        let owner: Quota? = if let name = item.quotaOwner { quota(of: name) } else { nil }
         store(item.key, at: entries.index(forKey: item.key), value: item.value, isJSON: Self.isJSON(item.value),
-              expiresAt: item.expiresIn.map { now + $0 }, quota: item.quotaOwner.map(quota(of:)), uuid: item.uuid)
+              expiresAt: item.expiresIn.map { now + $0 }, quota: owner, uuid: item.uuid)
         publisher.send(CHP.KVPub(key: item.key, sequence: item.sequence, uuid: item.uuid, properties: item.properties, value: item.value))
         published(item.key)
     }
 
     /// Makes the change numbered `sequence` in the state and its history (held at `index`, if
     /// it is): the one place both this kernel's changes and its peer's are stored.
-    private func store(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, expiresAt: UInt64?,
+    private mutating func store(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, expiresAt: UInt64?,
                        quota: Quota?, uuid: Frame) {
         // Kept with bytes of their own, not a share of the buffer libzmq read them in with
         // other messages (which one kept frame would keep whole); published as they came.
@@ -492,7 +495,7 @@ final class StateServer {
     /// Keeps the byte total and the quotas when `old` (nil: none held) is replaced by an entry
     /// of `newSize` bytes counted against `quota` (nil size: deleted). A quota is held while
     /// it counts a key, and let go with its last.
-    private func account(replacing old: Entry?, withSize newSize: Int?, quota: Quota?) {
+    private mutating func account(replacing old: Entry?, withSize newSize: Int?, quota: Quota?) {
         totalBytes += (newSize ?? 0) - (old?.size ?? 0)
         if let newSize, let old, let quota, quota === old.quota {
             quota.bytes += newSize - old.size
@@ -512,7 +515,7 @@ final class StateServer {
 
     /// A KVSET from the collector: applied under the same rules and limits as `state.set`
     /// (refusals are counted and logged, as a KVSET has no reply).
-    func collect(_ parts: ReceivedParts, now: UInt64) {
+    mutating func collect(_ parts: ReceivedParts, now: UInt64) {
         // A passive kernel leaves clients' writes to the active one, which replicates them.
         guard authoritative else { return }
         let ttl: TimeToLive?
@@ -552,7 +555,7 @@ final class StateServer {
     /// sequence: updates after it are exactly those still to come on the publisher. Asked
     /// with the sequence the client is at, and holding every change since, it sends those
     /// changes instead (deletions as empty values), in order, and says so in the KTHXBAI.
-    func snapshot(_ message: Message) {
+    mutating func snapshot(_ message: Message) {
         guard holdsState else { return }
         let request: (client: Frame, subtree: String, since: UInt64?, changesOnly: Bool)
         do {
@@ -618,7 +621,7 @@ final class StateServer {
     /// A subscription or unsubscription reached the XPUB (verbose for subscriptions: each
     /// one arrives; an unsubscription only when the topic's last subscriber left): keep the
     /// topic's count, and greet subscribers with a HUGZ.
-    func subscriptionChanged(_ message: Message, now: UInt64) {
+    mutating func subscriptionChanged(_ message: Message, now: UInt64) {
         guard let first = message.first, first.count >= 1 else { return }
         let topic = Frame(first.bytes.dropFirst())
         let index = topics.firstIndex { $0.prefix == topic }
@@ -639,7 +642,7 @@ final class StateServer {
     /// A HUGZ with the counts of the topics subscribed: `every` one (a greeting, or the
     /// keep-alive when nothing was published for an interval), else those that changed
     /// since the last HUGZ (a subscriber keeps its checkpoint for a topic left out).
-    private func sendHugz(now: UInt64, every: Bool) {
+    private mutating func sendHugz(now: UInt64, every: Bool) {
         guard holdsState else { return }
         var published: [String: UInt64] = [:]
         for index in topics.indices where every || topics[index].published != topics[index].sent {
@@ -653,7 +656,7 @@ final class StateServer {
 
     /// Expires TTL entries; sends HUGZ when something was published since the last (so a
     /// gap is known within a tick) or nothing was for an interval.
-    func tick(now: UInt64) {
+    mutating func tick(now: UInt64) {
         if expiring > 0, authoritative {
             let expired = entries.compactMap { key, entry in (entry.expiresAt ?? .max) <= now ? key : nil }
             for key in expired.sorted(by: { $0.bytes.lexicographicallyPrecedes($1.bytes) }) { set(key, value: Frame(), ttl: nil, now: now) }
