@@ -369,6 +369,31 @@ struct KernelTimingTests {
         #expect(state.publisher.take().isEmpty)
     }
 
+    @Test("a kernel request taken up after the kernel stopped is answered -32008 by every method, not run against parts that are gone (with the state on etcd each request is a task, which can wait for its turn while the kernel stops)")
+    func answeredAfterStop() async throws {
+        let context = try ZMQContext()
+        var configuration = KernelConfiguration()
+        configuration.brokerEndpoint = "inproc://after-stop-broker"
+        configuration.snapshotEndpoint = "inproc://after-stop-snapshot"
+        configuration.publisherEndpoint = "inproc://after-stop-publisher"
+        configuration.collectorEndpoint = "inproc://after-stop-collector"
+        let kernel = try Kernel(configuration: configuration, context: context, logger: quiet)
+        try await kernel.start()
+        let table = try #require(await kernel.methodTable)
+        await kernel.stop()
+        let calls: [(method: String, params: String)] = [
+            ("ping", "{}"), ("services.list", "{}"), ("stats", "{}"), ("metrics", "{}"), ("workers.list", "{}"),
+            ("workers.drain", #"{"service":"echo"}"#), ("state.get", "{}"), ("state.history", #"{"key":"/client/k"}"#),
+            ("state.set", #"{"key":"/client/k","value":1}"#), ("state.publish", #"{"key":"/client/k","value":1}"#),
+        ]
+        for call in calls {
+            let body = #"{"jsonrpc":"2.0","id":1,"method":"\#(call.method)","params":\#(call.params)}"#
+            let reply = await table.answer(body: Array(body.utf8), on: kernel).reply
+            let error = try JSONValue(parsing: reply)["error"]
+            #expect(error?["code"]?.intValue == Int64(JSONRPCError.notActiveCode), "\(call.method): \(String(decoding: reply, as: UTF8.self))")
+        }
+    }
+
     @Test("a stopped kernel is freed, with its parts (the broker, and the state server with the pair link)")
     func stoppedKernelIsFreed() async throws {
         weak var weakKernel: Kernel?

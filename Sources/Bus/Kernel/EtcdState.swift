@@ -402,7 +402,7 @@ extension Kernel {
 
     /// Answers a `kernel` request; one that writes the state, once etcd has the change.
     private func answer(_ request: EtcdStateLink.Request) async {
-        // Taken up after the kernel stopped: its methods read the parts, which are gone.
+        // Taken up after the kernel stopped: there is no socket to answer on.
         guard let table = methodTable, parts != nil else { return }
         let reply = await Self.$requestPeer.withValue(request.peer) { await table.answer(body: request.body, on: self).reply }
         guard let parts else { return }

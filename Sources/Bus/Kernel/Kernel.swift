@@ -61,12 +61,13 @@ public actor Kernel: BusService {
         return parts
     }
 
-    /// The parts the `kernel` service's methods read: its table exists only while serving.
-    private var serving: KernelParts {
-        guard let parts else { preconditionFailure("the kernel service answers only while the kernel serves") }
+    /// The parts the `kernel` service's methods read. A request can be taken up after the
+    /// kernel stopped (with the state on etcd each one is answered by a task of its own,
+    /// which may wait for its turn on the kernel while it stops): it is answered -32008.
+    private func serving() throws(JSONRPCError) -> KernelParts {
+        guard let parts else { throw Self.stopping }
         return parts
     }
-    private var pair: PairLink? { serving.state.pair }
 
     /// Binds every endpoint and starts serving; with the state on etcd, reads it from there
     /// first. Throws (leaving nothing bound) when etcd cannot be read or an endpoint cannot be
@@ -290,10 +291,10 @@ public actor Kernel: BusService {
     var methodTable: MethodTable<Kernel>? { table }
 
     public nonisolated func methods(_ table: inout MethodTable<Kernel>) {
-        table.onIsolated(KernelAPI.ping) { kernel, _ in kernel.ping() }
-        table.onIsolated(KernelAPI.servicesList) { kernel, _ in kernel.servicesList() }
-        table.onIsolated(KernelAPI.stats) { kernel, _ in kernel.statistics() }
-        table.onIsolated(KernelAPI.metrics) { kernel, _ in KernelAPI.Metrics(contentType: "text/plain; version=0.0.4", text: kernel.prometheusText()) }
+        table.onIsolated(KernelAPI.ping) { kernel, _ in try kernel.ping() }
+        table.onIsolated(KernelAPI.servicesList) { kernel, _ in try kernel.servicesList() }
+        table.onIsolated(KernelAPI.stats) { kernel, _ in try kernel.statistics() }
+        table.onIsolated(KernelAPI.metrics) { kernel, _ in KernelAPI.Metrics(contentType: "text/plain; version=0.0.4", text: try kernel.prometheusText()) }
         if configuration.stateEtcd == nil {
             table.onIsolated(KernelAPI.stateSet) { kernel, params in try kernel.stateSet(params, peer: Self.requestPeer, asClient: false).made() }
             table.onIsolated(KernelAPI.statePublish) { kernel, params in try kernel.stateSet(params, peer: Self.requestPeer, asClient: true).made() }
@@ -301,35 +302,31 @@ public actor Kernel: BusService {
             table.on(KernelAPI.stateSet) { kernel, params in try await kernel.stateSetOnEtcd(params, asClient: false) }
             table.on(KernelAPI.statePublish) { kernel, params in try await kernel.stateSetOnEtcd(params, asClient: true) }
         }
-        table.onIsolated(KernelAPI.stateGet, encoded: { kernel, params in
-            try kernel.servingState()
-            return kernel.stateGet(params)
-        })
-        table.onIsolated(KernelAPI.stateHistory) { kernel, params in
-            try kernel.servingState()
-            return kernel.stateHistory(params)
-        }
-        table.onIsolated(KernelAPI.workersList) { kernel, params in kernel.workersList(params) }
+        table.onIsolated(KernelAPI.stateGet, encoded: { kernel, params in kernel.stateGet(params, in: try kernel.servingState()) })
+        table.onIsolated(KernelAPI.stateHistory) { kernel, params in kernel.stateHistory(params, in: try kernel.servingState()) }
+        table.onIsolated(KernelAPI.workersList) { kernel, params in try kernel.workersList(params) }
         table.onIsolated(KernelAPI.workersDrain) { kernel, params in try kernel.drainWorkers(params) }
     }
 
-    private func ping() -> KernelAPI.Pong {
-        KernelAPI.Pong(pong: true, instance: instance, pid: Int(ProcessInfo.processInfo.processIdentifier),
-                       uptimeSeconds: (Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000, pair: pair?.status)
+    private func ping() throws(JSONRPCError) -> KernelAPI.Pong {
+        let parts = try serving()
+        return KernelAPI.Pong(pong: true, instance: instance, pid: Int(ProcessInfo.processInfo.processIdentifier),
+                              uptimeSeconds: (Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000, pair: parts.state.pair?.status)
     }
 
-    private func servicesList() -> KernelAPI.ServiceList {
-        KernelAPI.ServiceList(services: serving.broker.services.values.sorted { $0.name < $1.name }.map { service in
-            let workers = serving.broker.workers.values.filter { $0.service === service }
+    private func servicesList() throws(JSONRPCError) -> KernelAPI.ServiceList {
+        let parts = try serving()
+        return KernelAPI.ServiceList(services: parts.broker.services.values.sorted { $0.name < $1.name }.map { service in
+            let workers = parts.broker.workers.values.filter { $0.service === service }
             let draining = workers.filter(\.draining).count
             return KernelAPI.ServiceList.Entry(name: service.name, workers: service.workers, idle: workers.filter { $0.inFlight.isEmpty && !$0.draining }.count,
                                                queued: service.requests.count, inFlight: workers.reduce(0) { $0 + $1.inFlight.count },
                                                draining: draining > 0 ? draining : nil)
-        }, pair: pair?.status)
+        }, pair: parts.state.pair?.status)
     }
 
-    private func workersList(_ params: KernelAPI.WorkersParams) -> KernelAPI.Workers {
-        let chosen = serving.broker.workers.values.filter { worker in
+    private func workersList(_ params: KernelAPI.WorkersParams) throws(JSONRPCError) -> KernelAPI.Workers {
+        let chosen = try serving().broker.workers.values.filter { worker in
             (params.service == nil || worker.service.name == params.service) && params.worker.map(worker.isNamed) != false
         }
         return Self.workers(chosen)
@@ -337,7 +334,7 @@ public actor Kernel: BusService {
 
     private func drainWorkers(_ params: KernelAPI.WorkersParams) throws(JSONRPCError) -> KernelAPI.Workers {
         guard let service = params.service, !service.isEmpty else { throw .invalidParams(field: "service", "is required: the service whose workers drain") }
-        let drained = serving.broker.drain(service: service, worker: params.worker, now: clock.now)
+        let drained = try serving().broker.drain(service: service, worker: params.worker, now: clock.now)
         guard !drained.isEmpty else {
             throw .invalidParams(field: params.worker == nil ? "service" : "worker",
                                  params.worker.map { "no worker of '\(service)' has the id or process '\($0)' (kernel workers.list shows them)" }
@@ -358,7 +355,6 @@ public actor Kernel: BusService {
     /// `state.set` or `state.publish` with the state on etcd: admitted here, answered once
     /// etcd committed it and the copy holds it.
     private func stateSetOnEtcd(_ params: KernelAPI.StateSetParams, asClient: Bool) async throws -> KernelAPI.StateWritten {
-        try servingState()
         switch try stateSet(params, peer: Self.requestPeer, asClient: asClient) {
         case .made(let sequence): return KernelAPI.StateWritten(sequence: sequence)
         case .toCommit(let write): return KernelAPI.StateWritten(sequence: try await commitToEtcd(write))
@@ -368,9 +364,9 @@ public actor Kernel: BusService {
     /// Refuses the state's methods (-32008) once this kernel lost the election of its state
     /// in etcd, or while its lease may have run out unrenewed: its copy may then miss what
     /// another kernel writes, so even a read from it could answer what is no longer so.
-    private func servingState() throws(JSONRPCError) {
-        guard let parts else { throw Self.stopping }
-        guard let link = parts.etcd else { return }
+    private func servingState() throws(JSONRPCError) -> KernelParts {
+        let parts = try serving()
+        guard let link = parts.etcd else { return parts }
         if let closed = link.closedWith { throw closed }
         // The rule is the time itself; the flag is set by a watcher that may not have run
         // yet when a request comes (after the process was frozen, say).
@@ -378,6 +374,7 @@ public actor Kernel: BusService {
             throw JSONRPCError(code: JSONRPCError.notActiveCode, message: "Not active: this kernel could not renew its lease in etcd for \(link.leaseSeconds) s "
                 + "(no majority of etcd's members answered); it serves the state again once it does, or another kernel takes over")
         }
+        return parts
     }
 
     /// What a request the kernel takes up after it stopped is answered (it may have waited
@@ -386,6 +383,7 @@ public actor Kernel: BusService {
 
     /// `state.set`, or with `asClient` `state.publish` (the collector's rule for the key).
     private func stateSet(_ params: KernelAPI.StateSetParams, peer: String?, asClient: Bool) throws(JSONRPCError) -> StateServer.Written {
+        let parts = try servingState()
         guard params.key.hasPrefix("/"), params.key.count > 1 else {
             throw .invalidParams(field: "key", "must be a path starting with '/'")
         }
@@ -397,7 +395,7 @@ public actor Kernel: BusService {
         }
         let value = params.value ?? .null
         let frame = value.isNull ? Frame() : Frame(value.jsonBytes)
-        return try serving.state.write(params.key, value: frame, ttl: ttl, expected: params.revision, uuid: Self.digest(RequestKey.current),
+        return try parts.state.write(params.key, value: frame, ttl: ttl, expected: params.revision, uuid: Self.digest(RequestKey.current),
                                by: Peer(userID: peer, security: configuration.security), asClient: asClient, now: clock.now).get()
     }
 
@@ -416,20 +414,20 @@ public actor Kernel: BusService {
         return Frame(bytes)
     }
 
-    private func stateHistory(_ params: KernelAPI.StateHistoryParams) -> KernelAPI.StateRevisions {
-        let revisions = serving.state.revisions(of: Frame(params.key)).map { change in
+    private func stateHistory(_ params: KernelAPI.StateHistoryParams, in parts: KernelParts) -> KernelAPI.StateRevisions {
+        let revisions = parts.state.revisions(of: Frame(params.key)).map { change in
             let value: JSONValue = change.value.isEmpty ? .null
                 : (try? JSONValue(parsing: change.value.bytes)) ?? .string(String(decoding: change.value.bytes, as: UTF8.self))
             return KernelAPI.StateRevisions.Revision(sequence: change.sequence, value: value)
         }
-        return KernelAPI.StateRevisions(key: params.key, revisions: revisions, sequence: serving.state.sequence, since: serving.state.history.start)
+        return KernelAPI.StateRevisions(key: params.key, revisions: revisions, sequence: parts.state.sequence, since: parts.state.history.start)
     }
 
     /// A page of ``KernelAPI/StateEntries`` as JSON text: each stored value spliced in as it
     /// is (a value that is not JSON, from a plain CHP client, as a string; checked when it
     /// was written), so a page costs a copy of its bytes, not a parse and an encoding of each.
-    private func stateGet(_ params: KernelAPI.StateGetParams) -> [UInt8] {
-        let page = serving.state.page(under: params.prefix ?? "", after: params.after, limit: params.limit ?? KernelAPI.stateGetDefaultLimit,
+    private func stateGet(_ params: KernelAPI.StateGetParams, in parts: KernelParts) -> [UInt8] {
+        let page = parts.state.page(under: params.prefix ?? "", after: params.after, limit: params.limit ?? KernelAPI.stateGetDefaultLimit,
                               maxBytes: KernelAPI.stateGetPageBytes)
         func string(_ text: String) -> [UInt8] { JSONValue.string(text).jsonBytes }
         var text = Array(#"{"entries":["#.utf8)
@@ -444,7 +442,7 @@ public actor Kernel: BusService {
         }
         text += Array("]".utf8)
         if page.more, let last = page.entries.last { text += Array(#","next":"#.utf8) + string(last.key.string ?? "") }
-        text += Array(#","sequence":\#(serving.state.sequence)}"#.utf8)
+        text += Array(#","sequence":\#(parts.state.sequence)}"#.utf8)
         return text
     }
 }
@@ -452,9 +450,10 @@ public actor Kernel: BusService {
 extension Kernel {
     /// `kernel` `stats`: totals, and per service its requests, replies, errors, queue
     /// depth, workers and latencies (p50/p99 are bucket bounds: upper estimates).
-    func statistics() -> KernelAPI.Stats {
+    func statistics() throws(JSONRPCError) -> KernelAPI.Stats {
+        let parts = try serving()
         var services: [String: KernelAPI.Stats.Service] = [:]
-        for service in serving.broker.services.values {
+        for service in parts.broker.services.values {
             let stats = service.stats
             services[service.name] = KernelAPI.Stats.Service(
                 requests: stats.requests, replies: stats.replies, errors: stats.errors, unavailable: stats.unavailable,
@@ -463,21 +462,21 @@ extension Kernel {
                 p50LatencyMicroseconds: stats.latency.quantileMicroseconds(0.5).map { Int($0) },
                 p99LatencyMicroseconds: stats.latency.quantileMicroseconds(0.99).map { Int($0) })
         }
-        var pairStatus = pair?.status
-        pairStatus?.refusedNotActive = serving.broker.refusedNotActive
+        var pairStatus = parts.state.pair?.status
+        pairStatus?.refusedNotActive = parts.broker.refusedNotActive
         return KernelAPI.Stats(
-            requests: serving.broker.totalRequests, protocolErrors: serving.broker.protocolErrors, droppedReplies: serving.broker.droppedReplies,
-            brokenStreams: serving.broker.brokenStreams, gatheredBytes: serving.broker.gatheredBytes,
-            streamsInProgress: serving.broker.streamsInProgress, gathersInProgress: serving.broker.gathers.count, queuedBytes: serving.broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
-            security: .init(curve: configuration.security != nil, refusedConnections: serving.zap?.refused ?? 0,
-                            refusedRegistrations: serving.broker.refusedRegistrations, refusedRequests: serving.broker.refusedNotOperator),
-            state: .init(keys: serving.state.entries.count, bytes: serving.state.totalBytes, sequence: serving.state.sequence, rejectedWrites: serving.state.rejectedWrites,
-                         refusedForbidden: serving.state.refusedForbidden, refusedOverLimit: serving.state.refusedOverLimit, refusedConflict: serving.state.refusedConflict,
-                         history: .init(changes: serving.state.history.changes.count, bytes: serving.state.history.bytes, keys: serving.state.history.keys,
-                                        since: serving.state.history.start, maxChanges: serving.state.history.limits.changes,
-                                        maxBytes: serving.state.history.limits.bytes, perKey: serving.state.history.limits.perKey,
-                                        resumes: serving.state.resumes, resumesRefused: serving.state.resumesRefused),
-                         etcd: serving.etcd.map { link in
+            requests: parts.broker.totalRequests, protocolErrors: parts.broker.protocolErrors, droppedReplies: parts.broker.droppedReplies,
+            brokenStreams: parts.broker.brokenStreams, gatheredBytes: parts.broker.gatheredBytes,
+            streamsInProgress: parts.broker.streamsInProgress, gathersInProgress: parts.broker.gathers.count, queuedBytes: parts.broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
+            security: .init(curve: configuration.security != nil, refusedConnections: parts.zap?.refused ?? 0,
+                            refusedRegistrations: parts.broker.refusedRegistrations, refusedRequests: parts.broker.refusedNotOperator),
+            state: .init(keys: parts.state.entries.count, bytes: parts.state.totalBytes, sequence: parts.state.sequence, rejectedWrites: parts.state.rejectedWrites,
+                         refusedForbidden: parts.state.refusedForbidden, refusedOverLimit: parts.state.refusedOverLimit, refusedConflict: parts.state.refusedConflict,
+                         history: .init(changes: parts.state.history.changes.count, bytes: parts.state.history.bytes, keys: parts.state.history.keys,
+                                        since: parts.state.history.start, maxChanges: parts.state.history.limits.changes,
+                                        maxBytes: parts.state.history.limits.bytes, perKey: parts.state.history.limits.perKey,
+                                        resumes: parts.state.resumes, resumesRefused: parts.state.resumesRefused),
+                         etcd: parts.etcd.map { link in
                              .init(endpoints: link.client.settings.endpoints, prefix: String(decoding: link.prefix, as: UTF8.self), revision: link.lastRevision,
                                    lagRevisions: max(0, link.reportedRevision - link.lastRevision), lease: String(link.lease, radix: 16),
                                    transactions: link.transactions, failedWrites: link.failedWrites, droppedWrites: link.droppedWrites, queuedWrites: link.queue.count)
@@ -486,13 +485,14 @@ extension Kernel {
     }
 
     /// The same figures in the Prometheus text exposition format (version 0.0.4).
-    func prometheusText() -> String {
+    func prometheusText() throws(JSONRPCError) -> String {
+        let parts = try serving()
         var text = ""
         func family(_ name: String, _ type: String, _ help: String, _ samples: [(labels: String, value: String)]) {
             text += "# HELP switchboard_\(name) \(help)\n# TYPE switchboard_\(name) \(type)\n"
             for sample in samples { text += "switchboard_\(name)\(sample.labels) \(sample.value)\n" }
         }
-        let services = serving.broker.services.values.sorted { $0.name < $1.name }
+        let services = parts.broker.services.values.sorted { $0.name < $1.name }
         func label(_ service: Broker.Service, _ extra: String = "") -> String {
             let escaped = service.name.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
             return "{service=\"\(escaped)\"\(extra)}"
@@ -522,25 +522,25 @@ extension Kernel {
             text += "switchboard_request_duration_seconds_sum\(label(service)) \(Double(latency.sumNanoseconds) / 1_000_000_000)\n"
             text += "switchboard_request_duration_seconds_count\(label(service)) \(latency.count)\n"
         }
-        family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(serving.broker.protocolErrors))])
-        family("broken_streams_total", "counter", "Replies in parts (18/MDP) that ended before their FINAL.", [("", String(serving.broker.brokenStreams))])
-        family("gathered_bytes", "gauge", "Bytes of reply parts held for 7/MDP clients until their FINAL.", [("", String(serving.broker.gatheredBytes))])
-        family("streams_in_progress", "gauge", "Replies in parts (18/MDP) under way: a part relayed, no FINAL yet.", [("", String(serving.broker.streamsInProgress))])
-        family("gathers_in_progress", "gauge", "Requests to every worker of a service (all:SERVICE) still gathering answers.", [("", String(serving.broker.gathers.count))])
-        family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(serving.zap?.refused ?? 0))])
-        family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(serving.broker.refusedRegistrations))])
-        family("refused_requests_total", "counter", "Requests for operators only (workers.drain, the supervisor) refused: not an operator's key.", [("", String(serving.broker.refusedNotOperator))])
-        family("state_keys", "gauge", "Keys in the CHP state.", [("", String(serving.state.entries.count))])
-        family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(serving.state.totalBytes))])
+        family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(parts.broker.protocolErrors))])
+        family("broken_streams_total", "counter", "Replies in parts (18/MDP) that ended before their FINAL.", [("", String(parts.broker.brokenStreams))])
+        family("gathered_bytes", "gauge", "Bytes of reply parts held for 7/MDP clients until their FINAL.", [("", String(parts.broker.gatheredBytes))])
+        family("streams_in_progress", "gauge", "Replies in parts (18/MDP) under way: a part relayed, no FINAL yet.", [("", String(parts.broker.streamsInProgress))])
+        family("gathers_in_progress", "gauge", "Requests to every worker of a service (all:SERVICE) still gathering answers.", [("", String(parts.broker.gathers.count))])
+        family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(parts.zap?.refused ?? 0))])
+        family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(parts.broker.refusedRegistrations))])
+        family("refused_requests_total", "counter", "Requests for operators only (workers.drain, the supervisor) refused: not an operator's key.", [("", String(parts.broker.refusedNotOperator))])
+        family("state_keys", "gauge", "Keys in the CHP state.", [("", String(parts.state.entries.count))])
+        family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(parts.state.totalBytes))])
         family("state_refused_total", "counter", "State writes refused: forbidden for the writer's key, or over a key or byte limit.",
-               [("{reason=\"forbidden\"}", String(serving.state.refusedForbidden)), ("{reason=\"limit\"}", String(serving.state.refusedOverLimit))])
-        family("state_refused_conflict_total", "counter", "Compare-and-sets refused: the key was not at the revision given.", [("", String(serving.state.refusedConflict))])
-        family("state_history_changes", "gauge", "Recent changes of the state kept for resumes and state.history.", [("", String(serving.state.history.changes.count))])
-        family("state_history_bytes", "gauge", "Bytes the state's kept changes hold: keys, values and each change's record.", [("", String(serving.state.history.bytes))])
+               [("{reason=\"forbidden\"}", String(parts.state.refusedForbidden)), ("{reason=\"limit\"}", String(parts.state.refusedOverLimit))])
+        family("state_refused_conflict_total", "counter", "Compare-and-sets refused: the key was not at the revision given.", [("", String(parts.state.refusedConflict))])
+        family("state_history_changes", "gauge", "Recent changes of the state kept for resumes and state.history.", [("", String(parts.state.history.changes.count))])
+        family("state_history_bytes", "gauge", "Bytes the state's kept changes hold: keys, values and each change's record.", [("", String(parts.state.history.bytes))])
         family("state_resumes_total", "counter", "Subscribers resumed from a sequence: with the changes since, or with a whole snapshot (no longer held).",
-               [("{outcome=\"exact\"}", String(serving.state.resumes)), ("{outcome=\"snapshot\"}", String(serving.state.resumesRefused))])
-        family("state_sequence", "gauge", "The CHP sequence number: the position of the latest change, not a count of events.", [("", String(serving.state.sequence))])
-        if let etcd = serving.etcd {
+               [("{outcome=\"exact\"}", String(parts.state.resumes)), ("{outcome=\"snapshot\"}", String(parts.state.resumesRefused))])
+        family("state_sequence", "gauge", "The CHP sequence number: the position of the latest change, not a count of events.", [("", String(parts.state.sequence))])
+        if let etcd = parts.etcd {
             family("state_etcd_revision", "gauge", "The etcd revision of the last change the kernel's copy of the state holds.", [("", String(etcd.lastRevision))])
             family("state_etcd_lag_revisions", "gauge", "Revisions etcd reported past the kernel's copy of the state.",
                    [("", String(max(0, etcd.reportedRevision - etcd.lastRevision)))])

@@ -192,7 +192,7 @@ final class KernelParts {
         repeatEvery(.seconds(1), on: loop) { parts in
             parts.broker.releaseIdleQueues()
             heap.releaseIfWorthIt()
-            if let metrics, let stats = parts.kernel?.assumeIsolated({ $0.statistics() }) { metrics.record(stats) }
+            if let metrics, let stats = parts.kernel?.assumeIsolated({ try? $0.statistics() }) { metrics.record(stats) }
         }
         let sweep = max(min(configuration.queueTimeout / 10, .milliseconds(100)), .milliseconds(5))
         repeatEvery(sweep, on: loop) { parts in
