@@ -151,6 +151,49 @@ struct EtcdStateTests {
         }
     }
 
+    @Test("a subscriber resuming from before the kernel's history gets the changes since from etcd's revisions, not a reset; once etcd compacted them, the whole snapshot")
+    func resumeBeforeHistory() async throws {
+        let cluster = try await TestEtcd.start()
+        let etcd = try EtcdClient(endpoints: cluster.clientURLs)
+        var kernel: TestKernel?
+        var bus: BusClient?
+        var follower: BusClient?
+        func stopAll() async {
+            await follower?.close()
+            await bus?.close()
+            await kernel?.stop()
+            await etcd.close()
+            cluster.stop()
+        }
+        do {
+            kernel = try await Self.kernel(on: cluster) { $0.stateHistoryChanges = 4 }
+            bus = try await BusClient(brokers: [kernel!.endpoints.broker], timeout: .seconds(20))
+            var written: [UInt64] = []
+            for n in 1...12 {
+                written.append(try await set(bus!, "/orders/\(n)", .int(Int64(n))))
+                // Changes under another subtree, which the resume leaves out.
+                if n % 4 == 0 { _ = try await set(bus!, "/other/\(n)", .int(Int64(n))) }
+            }
+            _ = try await set(bus!, "/orders/2", .null)
+            let endpoints = kernel!.endpoints
+            follower = try await BusClient(brokers: [endpoints.broker],
+                                           state: [StateEndpoints(snapshot: endpoints.snapshot, publisher: endpoints.publisher, collector: endpoints.collector)])
+            // Nine changes back, the kernel holding the last four: read from etcd.
+            let changes = try #require(try await follower!.changes(under: ["/orders/"], since: written[2]), "a reset: the changes were not read from etcd")
+            #expect(changes.changes.map(\.key) == (4...12).map { "/orders/\($0)" } + ["/orders/2"])
+            #expect(Array(changes.changes.map(\.sequence).dropLast()) == Array(written[3...]))
+            #expect(changes.changes.last?.value.isEmpty == true && changes.changes.last!.sequence > written.last!)
+            #expect(changes.changes.map(\.value).dropLast() == (4...12).map { Frame("\($0)") })
+            // Compacted in etcd: the whole snapshot (a changes-only resume gets nothing).
+            try await etcd.compact(to: try await etcd.put(Array("/sb-test/elsewhere".utf8), Array("1".utf8)))
+            #expect(try await follower!.changes(under: ["/orders/"], since: written[2]) == nil)
+        } catch {
+            await stopAll()
+            throw error
+        }
+        await stopAll()
+    }
+
     @Test("collector KVSETs on etcd: batched into transactions, each published once in order")
     func collectorWritesAreBatched() async throws {
         try await withKernelOnEtcd { _, kernel, _, etcd in

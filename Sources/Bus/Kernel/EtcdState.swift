@@ -116,13 +116,18 @@ final class EtcdStateLink {
         var done: CheckedContinuation<UInt64, any Error>?
     }
 
-    /// A request for the `kernel` service, answered in the link's work (a state write waits
-    /// for etcd there).
-    struct Request: Sendable {
-        var caller: Broker.Caller
-        var body: [UInt8]
-        var peer: String?
+    /// What the link's work answers in a task of its own: a request for the `kernel` service
+    /// (a state write waits for etcd there), or a subscriber's resume from before the copy's
+    /// history (read from etcd's revisions).
+    enum Request: Sendable {
+        case kernel(caller: Broker.Caller, body: [UInt8], peer: String?)
+        case resume(StateServer.SnapshotRequest, through: UInt64)
     }
+
+    /// At most this many resumes read etcd's revisions at once (each a watch, and what it
+    /// brings held until it is answered); more get what the copy holds.
+    static let maxResumesReading = 4
+    var resumesReading = 0
 
     /// A change written at a revision the copy does not hold yet.
     struct Awaited: Hashable {
@@ -161,7 +166,8 @@ final class EtcdStateLink {
     private var queuedBytes = 0
     /// Rung when something is queued: the writer takes the queue until it is empty.
     let doorbell: (stream: AsyncStream<Void>, continuation: AsyncStream<Void>.Continuation)
-    /// The `kernel` service's requests, each answered in a child task of the link's work.
+    /// The `kernel` service's requests and the resumes read from etcd, each answered in a
+    /// child task of the link's work.
     let requests: (stream: AsyncStream<Request>, continuation: AsyncStream<Request>.Continuation)
     /// Why the kernel lost the state's election, once it has (``Kernel/run()`` ends then).
     let lost: (stream: AsyncStream<String>, continuation: AsyncStream<String>.Continuation)
@@ -217,6 +223,30 @@ final class EtcdStateLink {
     }
 
     /// The state's changes, and the election's, from `revision` on.
+    /// Where the numbering of the state's changes is: the revision of the last one numbered,
+    /// and how many of that revision's changes were (the place of the next one).
+    struct Numbering {
+        var revision: Int64
+        var places: Int
+    }
+
+    /// The state's changes among `events` (writes to etcd that are not the state's, the
+    /// election key, have none), each with its sequence number: its revision and its place
+    /// among that revision's changes, counted on from `numbering`.
+    func changes(in events: [EtcdEvent], numbering: inout Numbering) -> [(key: [UInt8], revision: Int64, entry: ReplicatedEntry)] {
+        events.filter { $0.keyValue.key.starts(with: statePrefix) }.map { event in
+            let revision = event.keyValue.modRevision
+            if revision != numbering.revision { numbering = Numbering(revision: revision, places: 0) }
+            let place = numbering.places
+            numbering.places += 1
+            let entry = switch event.kind {
+            case .put: self.entry(event.keyValue, place: place)
+            case .delete: ReplicatedEntry.deletion(of: Frame(event.keyValue.key.dropFirst(prefix.count)), sequence: EtcdSequence.of(revision: revision, place: place))
+            }
+            return (event.keyValue.key, revision, entry)
+        }
+    }
+
     func watch(from revision: Int64) -> EtcdWatch {
         client.watch(prefix, end: EtcdClient.prefixEnd(statePrefix), from: revision)
     }
@@ -393,7 +423,10 @@ extension Kernel {
                 group.addTask { await self.watchElection() }
                 group.addTask { await self.writeQueued(doorbell) }
                 for await request in requests {
-                    group.addTask { await self.answer(request) }
+                    switch request {
+                    case .kernel(let caller, let body, let peer): group.addTask { await self.answer(caller, body: body, peer: peer) }
+                    case .resume(let resume, let through): group.addTask { await self.resume(resume, through: through) }
+                    }
                 }
                 group.cancelAll()
             }
@@ -401,12 +434,12 @@ extension Kernel {
     }
 
     /// Answers a `kernel` request; one that writes the state, once etcd has the change.
-    private func answer(_ request: EtcdStateLink.Request) async {
+    private func answer(_ caller: Broker.Caller, body: [UInt8], peer: String?) async {
         // Taken up after the kernel stopped: there is no socket to answer on.
         guard let table = methodTable, parts != nil else { return }
-        let reply = await Self.$requestPeer.withValue(request.peer) { await table.answer(body: request.body, on: self).reply }
+        let reply = await Self.$requestPeer.withValue(peer) { await table.answer(body: body, on: self).reply }
         guard let parts else { return }
-        parts.reply(to: request.caller, reply)
+        parts.reply(to: caller, reply)
         parts.flush()
     }
 
@@ -481,22 +514,61 @@ extension Kernel {
         parts.flush()
     }
 
-    /// Makes the changes the watch brought in `parts`' state, each with its sequence number (the
-    /// revision and its place there); writes to etcd that are not the state's (the mark) have none.
+    /// Makes the state's changes the watch brought in `parts`' state, each with its sequence
+    /// number (``EtcdStateLink/changes(in:numbering:)``).
     private func apply(_ events: [EtcdEvent], from link: EtcdStateLink, to parts: KernelParts) {
         let now = clock.now
-        for event in events where event.keyValue.key.starts(with: link.statePrefix) {
-            let revision = event.keyValue.modRevision
-            if revision != link.lastRevision { (link.lastRevision, link.placesApplied) = (revision, 0) }
-            let place = link.placesApplied
-            link.placesApplied += 1
-            let item = switch event.kind {
-            case .put: link.entry(event.keyValue, place: place)
-            case .delete: ReplicatedEntry.deletion(of: Frame(event.keyValue.key.dropFirst(link.prefix.count)),
-                                                   sequence: EtcdSequence.of(revision: revision, place: place))
-            }
-            if parts.state.applyCommitted(item, now: now) { link.applied(event.keyValue.key, revision: revision, sequence: item.sequence) }
+        var numbering = EtcdStateLink.Numbering(revision: link.lastRevision, places: link.placesApplied)
+        for change in link.changes(in: events, numbering: &numbering) {
+            (link.lastRevision, link.placesApplied) = (numbering.revision, numbering.places)
+            if parts.state.applyCommitted(change.entry, now: now) { link.applied(change.key, revision: change.revision, sequence: change.entry.sequence) }
         }
+        (link.lastRevision, link.placesApplied) = (numbering.revision, numbering.places)
+    }
+
+    /// Answers a subscriber's resume from before the copy's history with the changes etcd
+    /// holds after its sequence, through `through` (a change the copy held when it was
+    /// asked), read by a watch from its revision; the whole snapshot when etcd compacted
+    /// them or did not give them within twice its request timeout.
+    private func resume(_ request: StateServer.SnapshotRequest, through: UInt64) async {
+        guard let link = parts?.etcd, let since = request.since else { return }
+        defer { link.resumesReading -= 1 }
+        let wait = link.client.settings.requestTimeout * 2
+        let changes = await withTaskGroup(of: [ReplicatedEntry]?.self) { group in
+            group.addTask { try? await self.changesInEtcd(after: since, through: through) }
+            group.addTask {
+                try? await Task.sleep(for: wait)
+                return nil
+            }
+            defer { group.cancelAll() }
+            return await group.next() ?? nil
+        }
+        guard let parts, parts.etcd === link else { return }
+        if changes == nil { logger.notice("a resume from before the kernel's history got the whole snapshot: etcd no longer holds those revisions, or did not answer",
+                                          metadata: ["since": "\(since)"]) }
+        parts.state.answer(request, changes: changes, through: through)
+        parts.flush()
+    }
+
+    /// The state's changes after sequence `since` through `through`, as etcd's watch gives
+    /// them from the revision of `since`; nil when etcd compacted them.
+    private func changesInEtcd(after since: UInt64, through: UInt64) async throws -> [ReplicatedEntry]? {
+        guard let link = parts?.etcd else { return nil }
+        let (first, last) = (EtcdSequence.revision(of: since), EtcdSequence.revision(of: through))
+        var numbering = EtcdStateLink.Numbering(revision: 0, places: 0)
+        var found: [ReplicatedEntry] = []
+        for try await update in link.watch(from: first) {
+            switch update {
+            case .events(let events, _):
+                found += link.changes(in: events, numbering: &numbering).map(\.entry).filter { $0.sequence > since && $0.sequence <= through }
+                if let reached = events.last?.keyValue.modRevision, reached >= last { return found }
+            case .progress(let revision):
+                if revision >= last { return found }
+            case .compacted:
+                return nil
+            }
+        }
+        return nil
     }
 
     /// Watches the kernel's own election key: once it is gone or made again by another (a

@@ -284,7 +284,7 @@ public actor Kernel: BusService {
         }
         guard let etcd = parts.etcd else { return parts.reply(to: caller, respond(to: body[0].bytes, peer: peer)) }
         // With the state on etcd a write is answered once etcd has it: the loop goes on meanwhile.
-        etcd.requests.continuation.yield(EtcdStateLink.Request(caller: caller, body: body[0].bytes, peer: peer))
+        etcd.requests.continuation.yield(.kernel(caller: caller, body: body[0].bytes, peer: peer))
     }
 
     /// The `kernel` service's methods while serving.

@@ -229,6 +229,18 @@ final class KernelParts {
     /// (an event can make a part send, a failed send can make the broker re-dispatch).
     func flush() {
         guard let registrations else { return }
+        if let etcd, !state.resumesFromEtcd.isEmpty {
+            // Read from etcd a few at a time; the rest get what the copy holds.
+            for (request, through) in state.resumesFromEtcd {
+                if etcd.resumesReading < EtcdStateLink.maxResumesReading, etcd.closedWith == nil {
+                    etcd.resumesReading += 1
+                    etcd.requests.continuation.yield(.resume(request, through: through))
+                } else {
+                    state.answer(request)
+                }
+            }
+            state.resumesFromEtcd.removeAll()
+        }
         repeat {
             for event in broker.takeEvents() { handle(event) }
             if isPaired { for event in state.pair?.takeEvents() ?? [] { handle(event) } }

@@ -551,25 +551,49 @@ struct StateServer: ~Copyable {
 
     // MARK: Reads
 
+    /// A snapshot request (ICANHAZ?): the client's routing id, the subtree, the sequence it
+    /// resumes from (nil: none) and whether it wants the changes or nothing.
+    struct SnapshotRequest {
+        let client: Frame
+        let subtree: String
+        let since: UInt64?
+        let changesOnly: Bool
+    }
+
+    /// Durable mode: resumes from before the history held, to be answered from etcd's
+    /// revisions (``answer(_:changes:through:)``), taken after each call as the outboxes are.
+    var resumesFromEtcd: [(request: SnapshotRequest, through: UInt64)] = []
+
     /// Answers ICANHAZ? with every entry of the subtree, then KTHXBAI with the current
     /// sequence: updates after it are exactly those still to come on the publisher. Asked
     /// with the sequence the client is at, and holding every change since, it sends those
     /// changes instead (deletions as empty values), in order, and says so in the KTHXBAI.
+    /// In durable mode a resume from before the history, to a copy that holds changes since
+    /// it started, waits for etcd's revisions (``resumesFromEtcd``).
     mutating func snapshot(_ message: Message) {
         guard holdsState else { return }
-        let request: (client: Frame, subtree: String, since: UInt64?, changesOnly: Bool)
+        let request: SnapshotRequest
         do {
-            request = try CHP.decodeSnapshotRequest(message)
+            let decoded = try CHP.decodeSnapshotRequest(message)
+            request = SnapshotRequest(client: decoded.client, subtree: decoded.subtree, since: decoded.since, changesOnly: decoded.changesOnly)
         } catch {
             logger.debug("dropped malformed snapshot request", metadata: ["problem": "\(error)"])
             return
         }
+        if durable, let since = request.since, since < history.start, EtcdSequence.revision(of: since) > 0, let last = history.changes.last {
+            resumesFromEtcd.append((request, last.sequence))
+            return
+        }
+        answer(request)
+    }
+
+    /// Answers `request` from what this server holds: the changes since its sequence when
+    /// the history holds them, else the whole snapshot (or, changes only, nothing).
+    mutating func answer(_ request: SnapshotRequest) {
         let subtree = Frame(request.subtree)
         if let since = request.since, let changes = history.changes(after: since, head: sequence) {
             resumes += 1
-            for change in changes where change.key.hasPrefix(subtree) {
-                snapshots.send(CHP.kvsync(KVEntry(key: change.key.string ?? "", sequence: change.sequence, value: change.value), to: request.client))
-            }
+            for change in changes where change.key.hasPrefix(subtree) { sync(change.key, change.sequence, change.value, to: request.client) }
             snapshots.send(CHP.kthxbai(sequence: sequence, subtree: request.subtree, since: since, to: request.client))
             return
         }
@@ -579,10 +603,28 @@ struct StateServer: ~Copyable {
             snapshots.send(CHP.kthxbai(sequence: sequence, subtree: request.subtree, to: request.client))
             return
         }
-        for (key, entry) in entries where key.hasPrefix(subtree) {
-            snapshots.send(CHP.kvsync(KVEntry(key: key.string ?? "", sequence: entry.sequence, value: entry.value), to: request.client))
-        }
+        for (key, entry) in entries where key.hasPrefix(subtree) { sync(key, entry.sequence, entry.value, to: request.client) }
         snapshots.send(CHP.kthxbai(sequence: sequence, subtree: request.subtree, to: request.client))
+    }
+
+    /// Durable mode: answers a resume from before the history with `changes`, what etcd
+    /// holds after its sequence `through` a change this server held when it was asked, and
+    /// the history's changes since; the whole snapshot when etcd no longer holds them (nil),
+    /// or the history moved past `through` meanwhile.
+    mutating func answer(_ request: SnapshotRequest, changes: [ReplicatedEntry]?, through: UInt64) {
+        guard let since = request.since, let changes, let later = history.changes(after: through, head: sequence) else { return answer(request) }
+        resumes += 1
+        let subtree = Frame(request.subtree)
+        for change in changes where change.sequence > since && change.sequence <= through && change.key.hasPrefix(subtree) {
+            sync(change.key, change.sequence, change.value, to: request.client)
+        }
+        for change in later where change.key.hasPrefix(subtree) { sync(change.key, change.sequence, change.value, to: request.client) }
+        snapshots.send(CHP.kthxbai(sequence: sequence, subtree: request.subtree, since: since, to: request.client))
+    }
+
+    /// One entry of a snapshot, or one change of a resume (a deletion: an empty value), to `client`.
+    private mutating func sync(_ key: Frame, _ sequence: UInt64, _ value: Frame, to client: Frame) {
+        snapshots.send(CHP.kvsync(KVEntry(key: key.string ?? "", sequence: sequence, value: value), to: client))
     }
 
     /// One page of the entries under `prefix` whose keys sort after `after` (by bytes): at
