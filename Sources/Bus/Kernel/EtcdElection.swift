@@ -16,10 +16,10 @@ import ZeroMQ
 //   still its own (etcd had no leader for a moment) lets it serve again; one that finds it
 //   gone ends its election, and the kernel;
 // - a waiting kernel also asks the holder, at the broker the key names, whether it still
-//   serves (8/MMI, as a client would, every 200 ms). A holder it has heard answer that then
-//   stays silent for 400 ms with its connection down, and whose machine refuses a
-//   connection to that broker (the machine is up and nothing listens there: the kernel's
-//   process ended), is gone: its key is deleted (only if it is still that holder's), so the
+//   serves (8/MMI, as a client would, every 200 ms). A holder it has heard answer whose
+//   connection then drops, and whose machine (asked at once, then every 200 ms while the
+//   connection stays down) refuses a connection to that broker (the machine is up and nothing
+//   listens there: the kernel's process ended), is gone: its key is deleted (only if it is still that holder's), so the
 //   waiting kernel takes over within a second rather than at the end of the holder's lease;
 // - a holder silent without a refusal (its machine gone, cut off from here, frozen, or
 //   overloaded) may still be serving clients it reaches: its lease decides, and so does a
@@ -58,22 +58,24 @@ struct ElectionValue: Equatable {
 }
 
 /// Asks the kernel holding the election, at its broker, whether it still serves (an 8/MMI
-/// question for the `kernel` service every `interval`); `silent` yields, at each question
-/// from then on, once a kernel that answered has then not answered for `window` and its
-/// connection is down. Lives on the kernel's loop thread.
+/// question for the `kernel` service every `interval`); `inDoubt` yields, once a kernel
+/// answered, as soon as its connection drops (its process ended, or the network between
+/// failed) and at each question while it stays down: whether it is gone is for its machine
+/// to say (``Kernel/refusesConnection(_:)``), and a process that is ending may still hold its
+/// listening socket for a moment after its connections dropped. Lives on the kernel's loop
+/// thread.
 final class HolderProbe {
     private var registration: SocketRegistration?
     private var monitor: SocketRegistration?
     private var timer: LoopTimer?
     private var answeredAt: UInt64?
     private var connected = false
-    private let window: UInt64
-    let silent: AsyncStream<Void>
+    let inDoubt: AsyncStream<Void>
     private let continuation: AsyncStream<Void>.Continuation
     /// Called once, when the holder first answers.
     var onFirstAnswer: (() -> Void)?
 
-    init(endpoint: String, loop: SocketLoop, security: KernelSecurity?, every interval: Duration, silentAfter window: Duration) throws {
+    init(endpoint: String, loop: SocketLoop, security: KernelSecurity?, every interval: Duration) throws {
         let socket = try ZMQSocket(loop.context, .dealer)
         do {
             if let security {
@@ -91,14 +93,17 @@ final class HolderProbe {
             socket.close()
             throw error
         }
-        self.window = window.nanoseconds
-        (silent, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        (inDoubt, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         do {
             let events = try connectionEvents(of: socket, in: loop.context)
             monitor = loop.register(events) { [weak self] message in
                 guard let self, let event = SocketEvent(message) else { return }
                 if event.event.contains(.connected) { connected = true }
-                if event.event.contains(.disconnected) { connected = false }
+                if event.event.contains(.disconnected) {
+                    connected = false
+                    // Whether the holder is gone is for its machine to say now, not after its silence.
+                    if answeredAt != nil { continuation.yield() }
+                }
             }
             registration = loop.register(socket) { [weak self] _ in self?.answered() }
             registration?.dropsWhenPeerFull = true
@@ -118,7 +123,7 @@ final class HolderProbe {
     }
 
     private func ask() {
-        if let answeredAt, !connected, monotonicNanoseconds() &- answeredAt > window {
+        if answeredAt != nil, !connected {
             continuation.yield()
         }
         registration?.send([Frame(), Frame(MDP.clientHeader), Frame(MMI.serviceQuery), Frame(KernelAPI.service)])
@@ -149,12 +154,11 @@ extension Kernel {
         return own == nil || ElectionValue(decoding: holder.value).broker != own
     }
 
-    /// How often a waiting kernel asks the holder whether it still serves, and how long a
-    /// holder that answered may then stay silent before its machine is asked whether anything
-    /// listens at its broker: two questions unanswered. Short, because the refusal, not the
-    /// silence, is what says the holder is gone.
+    /// How often a waiting kernel asks the holder whether it still serves, and so how often,
+    /// while the connection to a holder that answered is down, it asks the holder's machine
+    /// whether anything listens at its broker. Short, because the refusal, not the silence,
+    /// is what says the holder is gone.
     static let holderProbeInterval = Duration.milliseconds(200)
-    static let holderSilence = Duration.milliseconds(400)
 
     /// Connects to the etcd that keeps the state and wins its election: creates the election
     /// key under a new lease of its own, once no other kernel holds it (waiting, while one
@@ -195,7 +199,7 @@ extension Kernel {
         var probe: HolderProbe?
         if let broker = value.broker {
             do {
-                probe = try HolderProbe(endpoint: broker, loop: loop, security: configuration.security, every: Self.holderProbeInterval, silentAfter: Self.holderSilence)
+                probe = try HolderProbe(endpoint: broker, loop: loop, security: configuration.security, every: Self.holderProbeInterval)
                 let logger = self.logger
                 probe?.onFirstAnswer = { logger.notice("the kernel holding the election answers at its broker: standing by", metadata: ["broker": "\(broker)"]) }
             } catch {
@@ -203,19 +207,20 @@ extension Kernel {
             }
         }
         defer { probe?.stop() }
-        let silent = probe?.silent
-        // The first to say: the key's deletion (false), or the holder's silence (true). A
-        // probe that ended without the holder falling silent says nothing (nil).
-        let holderFellSilent = try await withThrowingTaskGroup(of: Bool?.self) { group in
+        let inDoubt = probe?.inDoubt
+        // The first to say: the key's deletion (false), or the holder's machine refusing a
+        // connection to its broker once the holder was in doubt (true). A probe that ended
+        // without that says nothing (nil).
+        let holderGone = try await withThrowingTaskGroup(of: Bool?.self) { group in
             group.addTask {
                 for try await update in client.watch(election, from: revision) {
                     if case .events(let events, _) = update, events.contains(where: { $0.kind == .delete }) { return false }
                 }
                 return false
             }
-            if let silent, let broker = value.broker {
+            if let inDoubt, let broker = value.broker {
                 group.addTask {
-                    for await _ in silent {
+                    for await _ in inDoubt {
                         if await Kernel.refusesConnection(broker) { return true }
                     }
                     return nil
@@ -227,13 +232,13 @@ extension Kernel {
             }
             return false
         }
-        guard holderFellSilent else { return }
-        // Deleted only if it is still the silent holder's: one that started meanwhile keeps it.
+        guard holderGone else { return }
+        // Deleted only if it is still the gone holder's: one that started meanwhile keeps it.
         let taken = try await client.transaction(when: [EtcdCompare(key: election, .equal, .createRevision(holder.createRevision))],
                                                  then: [.delete(key: election)], else: [])
         if taken.succeeded {
-            logger.warning("the kernel holding the election stopped answering and its machine refuses connections to its broker: taking its election rather than wait for its lease",
-                           metadata: ["holder": "\(value.instance)", "broker": "\(value.broker ?? "")", "silent for": "\(Self.holderSilence.formatted)"])
+            logger.warning("the kernel holding the election is gone (its connection dropped, and its machine refuses connections to its broker): taking its election rather than wait for its lease",
+                           metadata: ["holder": "\(value.instance)", "broker": "\(value.broker ?? "")"])
         }
     }
 
