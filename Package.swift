@@ -392,7 +392,8 @@ let package = Package(
         ),
         .testTarget(
             name: "FetcherServiceTests",
-            dependencies: ["Contracts", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
+            dependencies: ["Contracts", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport",
+                           .product(name: "Logging", package: "swift-log")],
             swiftSettings: sharedSettings
         ),
         .testTarget(

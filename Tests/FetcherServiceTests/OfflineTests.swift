@@ -1,13 +1,31 @@
 import BusKit
 import BusProtocol
 import Catalog
+import FetcherService
 import Foundation
 import Kernel
+import Logging
+import Synchronization
 import SwitchboardTestSupport
 import Testing
 
 @Suite("fetcher: no network at all")
 struct FetcherOfflineTests {
+    @Test("no kernel answers its publications (one standing by, or away): said once as a warning, the rest at debug level")
+    func publishingToNoKernel() async throws {
+        let logs = LogLines()
+        let client = try await BusClient(brokers: ["tcp://127.0.0.1:\(freePort())"], timeout: .milliseconds(200))
+        let fetcher = FetcherService(configuration: FetcherConfiguration(sources: [:]), environment: [:],
+                                     logger: Logger(label: "fetcher", factory: { _ in logs.handler() }), client: client, publisher: StatePublisher(client: client))
+        await fetcher.republish()
+        await fetcher.republish()
+        await fetcher.finish()
+        await client.close()
+        let failures = logs.lines.filter { $0.message.hasPrefix("cannot publish") }
+        #expect(failures.count == 2 * Dataset.allCases.count)
+        #expect(failures.map(\.level) == [.warning] + Array(repeating: .debug, count: failures.count - 1))
+    }
+
     /// `unshare -n` gives the fetcher a network namespace of its own with no interface up:
     /// the real URLs cannot be reached. The kernel listens on ipc:// (a Unix socket in a
     /// temporary folder), which crosses network namespaces.
@@ -64,4 +82,25 @@ func runQuietly(_ tool: String, _ arguments: [String]) throws -> Int32 {
     try process.run()
     process.waitUntilExit()
     return process.terminationStatus
+}
+
+/// Every line logged through its handlers, at every level.
+final class LogLines: Sendable {
+    private let stored = Mutex<[(level: Logger.Level, message: String)]>([])
+    var lines: [(level: Logger.Level, message: String)] { stored.withLock { $0 } }
+
+    func handler() -> Handler { Handler(lines: self) }
+
+    struct Handler: LogHandler {
+        let lines: LogLines
+        var logLevel: Logger.Level = .trace
+        var metadata: Logger.Metadata = [:]
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+        func log(event: LogEvent) {
+            lines.stored.withLock { $0.append((event.level, "\(event.message)")) }
+        }
+    }
 }

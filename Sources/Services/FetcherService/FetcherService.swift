@@ -45,6 +45,8 @@ public actor FetcherService: BusService, ServiceWork {
     private var waitingForNext: [Dataset: [CheckedContinuation<RefreshTurn, Never>]] = [:]
     private var client: BusClient?
     private var publisher: StatePublisher?
+    /// The last publication failed (said once, until one succeeds).
+    private var publishFailing = false
 
     /// Loads every bundled copy at once, so the service answers from the first request.
     /// `client` reaches the store (for the last good copies), `publisher` publishes
@@ -251,10 +253,19 @@ public actor FetcherService: BusService, ServiceWork {
         guard let publisher else { return }
         do {
             try await publisher.set(FetcherAPI.catalogPrefix + dataset.rawValue, .object(summary(dataset)))
+            if publishFailing {
+                publishFailing = false
+                logger.notice("publishing again", metadata: ["dataset": "\(dataset)"])
+            }
         } catch .cancelled {
             // Stopping: the publisher's next start publishes every dataset anyway.
         } catch {
-            logger.warning("cannot publish", metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
+            // Said once until a publication succeeds: a kernel that stands by (its peer serves
+            // the state) or is away fails every one, and every dataset is published again
+            // when the service registers with a kernel anew.
+            logger.log(level: publishFailing ? .debug : .warning, "cannot publish; every dataset is published again once the service registers with a kernel",
+                       metadata: ["dataset": "\(dataset)", "problem": "\(error)"])
+            publishFailing = true
         }
     }
 
