@@ -458,7 +458,7 @@ actor WorkerConnection {
         }
         let message = MDP.encode(.partial(client: client, body: [Frame(body)][...]), version: version)
         if partOutbox.add(message, bytes: body.count, generation: generation) {
-            loop.execute { [weak self] in self?.assumeIsolated { $0.flushParts() } }
+            loop.execute { [weak self] in _ = self?.assumeIsolated { $0.flushParts() } }
         }
         await partOutbox.waitForRoom()
     }

@@ -222,7 +222,6 @@ final class EtcdStateLink {
                                uuid: record.uuid, properties: record.properties, value: record.value, quotaOwner: record.owner, expiresIn: nil)
     }
 
-    /// The state's changes, and the election's, from `revision` on.
     /// Where the numbering of the state's changes is: the revision of the last one numbered,
     /// and how many of that revision's changes were (the place of the next one).
     struct Numbering {
@@ -247,6 +246,7 @@ final class EtcdStateLink {
         }
     }
 
+    /// The state's changes, and the election's, from `revision` on.
     func watch(from revision: Int64) -> EtcdWatch {
         client.watch(prefix, end: EtcdClient.prefixEnd(statePrefix), from: revision)
     }
@@ -372,11 +372,11 @@ extension EtcdClient.Settings {
 }
 
 extension Kernel {
-    /// Reads the state into `parts`' state server up to the revision of the kernel's election (the mark:
-    /// every change before it is in etcd): as it was `kernel.state_history_changes` revisions
-    /// before, then every change since, so the copy's history holds the recent changes and a
-    /// subscriber that followed an earlier kernel resumes without a reset. When etcd no longer
-    /// holds those revisions (compacted), as it is at the mark, history empty.
+    /// Reads the state into `parts`' state server up to the revision of the kernel's election
+    /// (the mark: every change before it is in etcd): as it was `kernel.state_history_changes`
+    /// revisions before, then every change since, so the copy's history holds the recent
+    /// changes and a subscriber that followed an earlier kernel resumes without a reset. When
+    /// etcd no longer holds those revisions (compacted), as it is at the mark, history empty.
     func readState(into parts: KernelParts, from link: EtcdStateLink) async throws {
         let mark = link.lastRevision
         let from = max(mark - Int64(configuration.stateHistoryChanges), 0)

@@ -62,8 +62,8 @@ struct Admission {
 /// messages go to its part, and after every call what the parts sent or told is carried
 /// out (messages to their sockets, events to the part that acts on them). Built once the
 /// sockets are bound; the sockets' handlers and timers hold it weakly (the broker socket's
-/// and the collector's handlers strongly, until ``close()`` closes those sockets), so a stopped kernel frees it with
-/// everything it holds.
+/// and the collector's handlers strongly, until ``close()`` closes those sockets), so a
+/// stopped kernel frees it with everything it holds.
 final class KernelParts {
     /// The sockets, bound and configured by ``Kernel/start()``.
     struct Sockets {
