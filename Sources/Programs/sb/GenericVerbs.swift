@@ -97,7 +97,7 @@ struct Subscribe: AsyncParsableCommand {
 
             Nothing is lost in silence: when updates are lost (this reader fell behind and the kernel dropped some, or the connection to the kernel dropped), stderr says how many and after which sequence; the subscription then resyncs (with the changes since, when the kernel still holds them, else from a snapshot: the changed and deleted keys follow as "snapshot": true lines) and stderr says so. With --json the notices are also lines of their own: {"event": "missed", "count", "afterSequence", "reason"}, {"event": "resynced", "sequence", "changed"} and {"event": "reset", "since", "reason"}.
 
-            --since N resumes after sequence N (the last line's "sequence" a reader printed): exactly the changes after it, deletions included, while the kernel holds them (kernel.state_history_changes, sb stats shows what it holds); otherwise a reset notice and the whole snapshot.
+            --since N resumes after sequence N (the last line's "sequence" a reader printed): exactly the changes after it, deletions included, while the kernel holds them (kernel.state_history_changes, sb stats shows what it holds) or, with the state on etcd, while etcd does; otherwise a reset notice and the whole snapshot.
 
             Examples:
               sb subscribe /pricing/                 the current route and the deal, then changes
