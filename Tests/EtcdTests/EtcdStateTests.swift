@@ -151,7 +151,7 @@ struct EtcdStateTests {
         }
     }
 
-    @Test("a subscriber resuming from before the kernel's history gets the changes since from etcd's revisions, not a reset; once etcd compacted them, the whole snapshot")
+    @Test("a subscriber resuming from before the kernel's history gets the changes since from etcd's revisions, not a reset; when they hold more than the history may, or etcd compacted them, the whole snapshot")
     func resumeBeforeHistory() async throws {
         let cluster = try await TestEtcd.start()
         let etcd = try EtcdClient(endpoints: cluster.clientURLs)
@@ -166,7 +166,10 @@ struct EtcdStateTests {
             cluster.stop()
         }
         do {
-            kernel = try await Self.kernel(on: cluster) { $0.stateHistoryChanges = 4 }
+            kernel = try await Self.kernel(on: cluster) { configuration in
+                configuration.stateHistoryChanges = 4
+                configuration.stateHistoryBytes = 16 * 1024
+            }
             bus = try await BusClient(brokers: [kernel!.endpoints.broker], timeout: .seconds(20))
             var written: [UInt64] = []
             for n in 1...12 {
@@ -184,6 +187,12 @@ struct EtcdStateTests {
             #expect(Array(changes.changes.map(\.sequence).dropLast()) == Array(written[3...]))
             #expect(changes.changes.last?.value.isEmpty == true && changes.changes.last!.sequence > written.last!)
             #expect(changes.changes.map(\.value).dropLast() == (4...12).map { Frame("\($0)") })
+            // Changes that hold more than the kernel's own history may (state_history_bytes):
+            // the whole snapshot, not a read that size.
+            let beforeBig = try await set(bus!, "/big/0", 0)
+            for n in 1...6 { _ = try await set(bus!, "/big/\(n)", .string(String(repeating: "v", count: 4_000))) }
+            for n in 1...4 { _ = try await set(bus!, "/other/after/\(n)", .int(Int64(n))) }
+            #expect(try await follower!.changes(under: ["/big/"], since: beforeBig) == nil)
             // Compacted in etcd: the whole snapshot (a changes-only resume gets nothing).
             try await etcd.compact(to: try await etcd.put(Array("/sb-test/elsewhere".utf8), Array("1".utf8)))
             #expect(try await follower!.changes(under: ["/orders/"], since: written[2]) == nil)

@@ -529,7 +529,8 @@ extension Kernel {
     /// Answers a subscriber's resume from before the copy's history with the changes etcd
     /// holds after its sequence, through `through` (a change the copy held when it was
     /// asked), read by a watch from its revision; the whole snapshot when etcd compacted
-    /// them or did not give them within twice its request timeout.
+    /// them, did not give them within twice its request timeout, or they hold more than the
+    /// kernel's own history may (`kernel.state_history_bytes`: one resume holds no more).
     private func resume(_ request: StateServer.SnapshotRequest, through: UInt64) async {
         guard let link = parts?.etcd, let since = request.since else { return }
         defer { link.resumesReading -= 1 }
@@ -544,23 +545,31 @@ extension Kernel {
             return await group.next() ?? nil
         }
         guard let parts, parts.etcd === link else { return }
-        if changes == nil { logger.notice("a resume from before the kernel's history got the whole snapshot: etcd no longer holds those revisions, or did not answer",
+        if changes == nil { logger.notice("a resume from before the kernel's history got the whole snapshot: etcd no longer holds those revisions, did not answer, or they are more than kernel.state_history_bytes",
                                           metadata: ["since": "\(since)"]) }
         parts.state.answer(request, changes: changes, through: through)
         parts.flush()
     }
 
     /// The state's changes after sequence `since` through `through`, as etcd's watch gives
-    /// them from the revision of `since`; nil when etcd compacted them.
+    /// them from the revision of `since`; nil when etcd compacted them, or once they hold more
+    /// than `kernel.state_history_bytes` (counted as the history counts a change: its key,
+    /// its value and its record).
     private func changesInEtcd(after since: UInt64, through: UInt64) async throws -> [ReplicatedEntry]? {
-        guard let link = parts?.etcd else { return nil }
+        guard let parts, let link = parts.etcd else { return nil }
         let (first, last) = (EtcdSequence.revision(of: since), EtcdSequence.revision(of: through))
+        let maxBytes = parts.state.configuration.stateHistoryBytes
         var numbering = EtcdStateLink.Numbering(revision: 0, places: 0)
         var found: [ReplicatedEntry] = []
+        var bytes = 0
         for try await update in link.watch(from: first) {
             switch update {
             case .events(let events, _):
-                found += link.changes(in: events, numbering: &numbering).map(\.entry).filter { $0.sequence > since && $0.sequence <= through }
+                for change in link.changes(in: events, numbering: &numbering) where change.entry.sequence > since && change.entry.sequence <= through {
+                    bytes += MemoryLayout<ReplicatedEntry>.stride + change.entry.key.count + change.entry.value.count
+                    if bytes > maxBytes { return nil }
+                    found.append(change.entry)
+                }
                 if let reached = events.last?.keyValue.modRevision, reached >= last { return found }
             case .progress(let revision):
                 if revision >= last { return found }
