@@ -297,7 +297,8 @@ let package = Package(
         // bus with a store and a fetcher over files.
         .target(
             name: "SwitchboardTestSupport",
-            dependencies: ["Contracts", "Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService"],
+            dependencies: ["Contracts", "Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService",
+                           .product(name: "Logging", package: "swift-log")],
             path: "Sources/Tools/SwitchboardTestSupport",
             swiftSettings: sharedSettings
         ),
@@ -392,8 +393,7 @@ let package = Package(
         ),
         .testTarget(
             name: "FetcherServiceTests",
-            dependencies: ["Contracts", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport",
-                           .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Contracts", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -4,8 +4,6 @@ import Catalog
 import FetcherService
 import Foundation
 import Kernel
-import Logging
-import Synchronization
 import SwitchboardTestSupport
 import Testing
 
@@ -16,14 +14,15 @@ struct FetcherOfflineTests {
         let logs = LogLines()
         let client = try await BusClient(brokers: ["tcp://127.0.0.1:\(freePort())"], timeout: .milliseconds(200))
         let fetcher = FetcherService(configuration: FetcherConfiguration(sources: [:]), environment: [:],
-                                     logger: Logger(label: "fetcher", factory: { _ in logs.handler() }), client: client, publisher: StatePublisher(client: client))
+                                     logger: logs.logger("fetcher", level: .debug), client: client, publisher: StatePublisher(client: client))
         await fetcher.republish()
         await fetcher.republish()
         await fetcher.finish()
         await client.close()
-        let failures = logs.lines.filter { $0.message.hasPrefix("cannot publish") }
+        // Each line is "LEVEL MESSAGE fields".
+        let failures = logs.lines.value.filter { $0.split(separator: " ", maxSplits: 1).last?.hasPrefix("cannot publish") == true }
         #expect(failures.count == 2 * Dataset.allCases.count)
-        #expect(failures.map(\.level) == [.warning] + Array(repeating: .debug, count: failures.count - 1))
+        #expect(failures.map { $0.prefix { $0 != " " } } == ["warning"] + Array(repeating: "debug", count: failures.count - 1))
     }
 
     /// `unshare -n` gives the fetcher a network namespace of its own with no interface up:
@@ -84,23 +83,3 @@ func runQuietly(_ tool: String, _ arguments: [String]) throws -> Int32 {
     return process.terminationStatus
 }
 
-/// Every line logged through its handlers, at every level.
-final class LogLines: Sendable {
-    private let stored = Mutex<[(level: Logger.Level, message: String)]>([])
-    var lines: [(level: Logger.Level, message: String)] { stored.withLock { $0 } }
-
-    func handler() -> Handler { Handler(lines: self) }
-
-    struct Handler: LogHandler {
-        let lines: LogLines
-        var logLevel: Logger.Level = .trace
-        var metadata: Logger.Metadata = [:]
-        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-            get { metadata[key] }
-            set { metadata[key] = newValue }
-        }
-        func log(event: LogEvent) {
-            lines.stored.withLock { $0.append((event.level, "\(event.message)")) }
-        }
-    }
-}

@@ -2,41 +2,10 @@ import BusKit
 import BusProtocol
 import Foundation
 import Kernel
-import Logging
 import StoreService
 import Synchronization
 import SwitchboardTestSupport
 import Testing
-
-/// Keeps what a logger was told, for a test to read and to wait on.
-private final class LogLines: Sendable {
-    let lines = Observed<[String]>([])
-
-    func logger(_ label: String) -> Logger {
-        Logger(label: label) { _ in Handler(lines: self) }
-    }
-
-    var text: String { lines.value.joined(separator: "\n") }
-
-    /// Waits until a line holds `text`.
-    func waitFor(_ text: String, within seconds: Double, _ what: String) async throws {
-        try await lines.wait(within: seconds, what) { $0.contains { $0.contains(text) } }
-    }
-
-    struct Handler: LogHandler {
-        let lines: LogLines
-        var metadata: Logger.Metadata = [:]
-        var logLevel: Logger.Level = .info
-        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-            get { metadata[key] }
-            set { metadata[key] = newValue }
-        }
-        func log(event: LogEvent) {
-            let fields = (event.metadata ?? [:]).map { "\($0.key)=\($0.value)" }.sorted().joined(separator: " ")
-            lines.lines.update { $0.append("\(event.level) \(event.message) \(fields)") }
-        }
-    }
-}
 
 @Suite("store on PostgreSQL: the database away at start, lost mid-run, restarted",
        .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
