@@ -147,13 +147,15 @@ extension CHP {
 
     // MARK: Decoders
 
+    /// An `ICANHAZ?` as the server reads it: the client's routing id, the subtree, the sequence
+    /// the client resumes from (nil: none) and whether only the changes are wanted.
+    public typealias SnapshotRequest = (client: Frame, subtree: String, since: UInt64?, changesOnly: Bool)
+
     /// Decodes `ICANHAZ?` as the server's ROUTER receives it: `[client, "ICANHAZ?", subtree]`,
     /// or with the sequence the client is at as a third frame and `changes-only` as a fourth
     /// (``icanhaz(subtree:since:changesOnly:)``). Returns the client's routing id, the subtree,
     /// that sequence and whether only the changes are wanted.
-    public static func decodeSnapshotRequest(_ message: Message) throws(ProtocolError)
-        -> (client: Frame, subtree: String, since: UInt64?, changesOnly: Bool)
-    {
+    public static func decodeSnapshotRequest(_ message: Message) throws(ProtocolError) -> SnapshotRequest {
         let frames = message.frames
         guard (3...5).contains(frames.count) else {
             throw ProtocolError("CHP", "ICANHAZ? has \(frames.count - 1) frames, expected 2 (or 3 with a sequence, 4 with changes-only)")

@@ -18,9 +18,10 @@ import ZeroMQ
 // - a waiting kernel also asks the holder, at the broker the key names, whether it still
 //   serves (8/MMI, as a client would, every 200 ms). A holder it has heard answer whose
 //   connection then drops, and whose machine (asked at once, then every 200 ms while the
-//   connection stays down) refuses a connection to that broker (the machine is up and nothing
-//   listens there: the kernel's process ended), is gone: its key is deleted (only if it is still that holder's), so the
-//   waiting kernel takes over within a second rather than at the end of the holder's lease;
+//   connection stays down) refuses a connection to that broker (the machine is up and
+//   nothing listens there: the kernel's process ended), is gone: its key is deleted (only if
+//   it is still that holder's), so the waiting kernel takes over within a second rather than
+//   at the end of the holder's lease;
 // - a holder silent without a refusal (its machine gone, cut off from here, frozen, or
 //   overloaded) may still be serving clients it reaches: its lease decides, and so does a
 //   holder never heard (its broker unreachable from here, or still starting).

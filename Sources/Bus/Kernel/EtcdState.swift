@@ -121,7 +121,7 @@ final class EtcdStateLink {
     /// history (read from etcd's revisions).
     enum Request: Sendable {
         case kernel(caller: Broker.Caller, body: [UInt8], peer: String?)
-        case resume(StateServer.SnapshotRequest, through: UInt64)
+        case resume(CHP.SnapshotRequest, through: UInt64)
     }
 
     /// At most this many resumes read etcd's revisions at once (each a watch, and what it
@@ -520,7 +520,6 @@ extension Kernel {
         let now = clock.now
         var numbering = EtcdStateLink.Numbering(revision: link.lastRevision, places: link.placesApplied)
         for change in link.changes(in: events, numbering: &numbering) {
-            (link.lastRevision, link.placesApplied) = (numbering.revision, numbering.places)
             if parts.state.applyCommitted(change.entry, now: now) { link.applied(change.key, revision: change.revision, sequence: change.entry.sequence) }
         }
         (link.lastRevision, link.placesApplied) = (numbering.revision, numbering.places)
@@ -531,7 +530,7 @@ extension Kernel {
     /// asked), read by a watch from its revision; the whole snapshot when etcd compacted
     /// them, did not give them within twice its request timeout, or they hold more than the
     /// kernel's own history may (`kernel.state_history_bytes`: one resume holds no more).
-    private func resume(_ request: StateServer.SnapshotRequest, through: UInt64) async {
+    private func resume(_ request: CHP.SnapshotRequest, through: UInt64) async {
         guard let link = parts?.etcd, let since = request.since else { return }
         defer { link.resumesReading -= 1 }
         let wait = link.client.settings.requestTimeout * 2

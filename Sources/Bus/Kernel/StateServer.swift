@@ -551,18 +551,9 @@ struct StateServer: ~Copyable {
 
     // MARK: Reads
 
-    /// A snapshot request (ICANHAZ?): the client's routing id, the subtree, the sequence it
-    /// resumes from (nil: none) and whether it wants the changes or nothing.
-    struct SnapshotRequest {
-        let client: Frame
-        let subtree: String
-        let since: UInt64?
-        let changesOnly: Bool
-    }
-
     /// Durable mode: resumes from before the history held, to be answered from etcd's
     /// revisions (``answer(_:changes:through:)``), taken after each call as the outboxes are.
-    var resumesFromEtcd: [(request: SnapshotRequest, through: UInt64)] = []
+    var resumesFromEtcd: [(request: CHP.SnapshotRequest, through: UInt64)] = []
 
     /// Answers ICANHAZ? with every entry of the subtree, then KTHXBAI with the current
     /// sequence: updates after it are exactly those still to come on the publisher. Asked
@@ -572,10 +563,9 @@ struct StateServer: ~Copyable {
     /// it started, waits for etcd's revisions (``resumesFromEtcd``).
     mutating func snapshot(_ message: Message) {
         guard holdsState else { return }
-        let request: SnapshotRequest
+        let request: CHP.SnapshotRequest
         do {
-            let decoded = try CHP.decodeSnapshotRequest(message)
-            request = SnapshotRequest(client: decoded.client, subtree: decoded.subtree, since: decoded.since, changesOnly: decoded.changesOnly)
+            request = try CHP.decodeSnapshotRequest(message)
         } catch {
             logger.debug("dropped malformed snapshot request", metadata: ["problem": "\(error)"])
             return
@@ -589,7 +579,7 @@ struct StateServer: ~Copyable {
 
     /// Answers `request` from what this server holds: the changes since its sequence when
     /// the history holds them, else the whole snapshot (or, changes only, nothing).
-    mutating func answer(_ request: SnapshotRequest) {
+    mutating func answer(_ request: CHP.SnapshotRequest) {
         let subtree = Frame(request.subtree)
         if let since = request.since, let changes = history.changes(after: since, head: sequence) {
             resumes += 1
@@ -608,16 +598,15 @@ struct StateServer: ~Copyable {
     }
 
     /// Durable mode: answers a resume from before the history with `changes`, what etcd
-    /// holds after its sequence `through` a change this server held when it was asked, and
-    /// the history's changes since; the whole snapshot when etcd no longer holds them (nil),
-    /// or the history moved past `through` meanwhile.
-    mutating func answer(_ request: SnapshotRequest, changes: [ReplicatedEntry]?, through: UInt64) {
+    /// holds after its sequence through `through` (a change this server held when it was
+    /// asked; the caller gives no others), and the history's changes since; the whole
+    /// snapshot when etcd no longer holds them (nil), or the history moved past `through`
+    /// meanwhile.
+    mutating func answer(_ request: CHP.SnapshotRequest, changes: [ReplicatedEntry]?, through: UInt64) {
         guard let since = request.since, let changes, let later = history.changes(after: through, head: sequence) else { return answer(request) }
         resumes += 1
         let subtree = Frame(request.subtree)
-        for change in changes where change.sequence > since && change.sequence <= through && change.key.hasPrefix(subtree) {
-            sync(change.key, change.sequence, change.value, to: request.client)
-        }
+        for change in changes where change.key.hasPrefix(subtree) { sync(change.key, change.sequence, change.value, to: request.client) }
         for change in later where change.key.hasPrefix(subtree) { sync(change.key, change.sequence, change.value, to: request.client) }
         snapshots.send(CHP.kthxbai(sequence: sequence, subtree: request.subtree, since: since, to: request.client))
     }
