@@ -78,7 +78,8 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
     /// Compact JSON text with sorted keys (stable output for tests and diffs).
     public var jsonBytes: [UInt8] {
         var output: [UInt8] = []
-        output.reserveCapacity(64)
+        // Most values a request or a reply carries fit at once (a larger one grows as it must).
+        output.reserveCapacity(256)
         JSONText.write(self, into: &output)
         return output
     }
@@ -133,8 +134,8 @@ extension JSONValue {
         self = try JSONValueEncoder.encode(value)
     }
 
-    /// Decodes this JSON value as `type`.
+    /// Decodes this JSON value as `type`, straight from the tree (``JSONValueDecoder``).
     public func decode<T: Decodable>(as type: T.Type = T.self) throws -> T {
-        try JSONDecoder().decode(T.self, from: Data(jsonBytes))
+        try JSONValueDecoder.decode(T.self, from: self)
     }
 }

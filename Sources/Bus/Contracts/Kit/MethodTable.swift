@@ -364,8 +364,9 @@ struct ReplyBudget {
     }
 }
 
-/// Checks params' JSON text against `schema`, then decodes it as `P` in one pass. Absent
-/// params (and an empty array) are an empty object, or null for `JSONValue`.
+/// Parses params' JSON text once, checks the tree against `schema`, then decodes `P` from the
+/// tree (``JSONValue/decode(as:)``). Absent params (and an empty array) are an empty object,
+/// or null for `JSONValue`.
 func decodeParams<P: Decodable>(_ type: P.Type, _ text: [UInt8]?, schema: JSONValue) throws -> P {
     if P.self == JSONValue.self {
         guard let text else { return JSONValue.null as! P }
@@ -379,7 +380,7 @@ func decodeParams<P: Decodable>(_ type: P.Type, _ text: [UInt8]?, schema: JSONVa
     if let mismatch = SchemaCheck.mismatch(value, schema) { throw mismatch.error }
     if P.self == NoParams.self { return NoParams() as! P }
     do {
-        return try JSONDecoder().decode(P.self, from: text.map { Data($0) } ?? Data("{}".utf8))
+        return try value.decode(as: P.self)
     } catch let error as DecodingError {
         throw paramsError(error)
     }
