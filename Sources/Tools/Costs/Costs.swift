@@ -14,19 +14,26 @@ import ZeroMQ
 /// to the hot paths saves).
 ///
 /// Counts do not wobble as rates do: each path is driven one message at a time, so no
-/// batching changes the count, and the kernel's are read on the thread that does its work.
-/// In a process of its own, so that nothing else allocates while the whole process is counted.
+/// batching changes the count; the kernel's are read on the thread that does its work, and a
+/// call's in the client's process and the host's, each a process of its own (`kernel` and
+/// `host`, run by this tool as children) so that nothing else allocates while each is counted.
 @main
 struct Costs {
     static let messages = 2_000
 
     static func main() async throws {
         rc_install()
-        let figures = [
+        // The kernel and the host of a counted call, each a process of its own (``fullStackSplit()``).
+        switch CommandLine.arguments.dropFirst().first {
+        case "kernel"?: return try await serveKernel()
+        case "host"?: return try await serveHost(broker: CommandLine.arguments[2])
+        default: break
+        }
+        var figures = [
             "kernelRequest": try await kernelRequest(),
             "kernelUpdate": try await kernelUpdate(),
-            "fullStackCall": try await fullStackCall(),
         ]
+        (figures["clientCall"], figures["hostCall"]) = try await fullStackSplit()
         let text = figures.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\($0.value.json)" }.joined(separator: ",")
         print("{\(text)}")
     }
@@ -127,26 +134,99 @@ struct Costs {
         }
     }
 
-    /// The whole process, per call: `BusClient.call` to a hosted echo method and back through
-    /// the kernel (the client, the kernel and the host with its handler's child task).
-    static func fullStackCall() async throws -> PerMessage {
-        try await withKernel { kernel in
-            var measured = PerMessage(allocations: 0, retains: 0, releases: 0, accessChecks: 0)
-            let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: 2)
-            let host = try ServiceHost(service: EchoService(instance: "cost"), options: options)
-            try await host.start()
-            try await stopping(host, with: { await $0.stop() }) { _ in
-                let client = try await BusClient(brokers: [kernel.endpoints.broker])
-                try await stopping(client, with: { await $0.close() }) { client in
-                    try await kernel.workers("echo")
-                    let params: JSONValue = ["text": .string(String(repeating: "x", count: 64))]
-                    for _ in 0..<200 { _ = try await client.call(EchoAPI.echo, params) }
-                    let before = rc_process()
-                    for _ in 0..<messages { _ = try await client.call(EchoAPI.echo, params) }
-                    measured = perMessage(before, rc_process())
-                }
-            }
-            return measured
+    // MARK: The full stack, a process each
+
+    /// Per call, each side in a process of its own and counted whole (its Swift code, its
+    /// socket thread and libzmq's): the client (this process, `BusClient.call` one at a time)
+    /// and the host (`switchboard-costs host`, a `ServiceHost` of the echo service); the kernel
+    /// runs in a third (`switchboard-costs kernel`), not counted here.
+    static func fullStackSplit() async throws -> (client: PerMessage, host: PerMessage) {
+        let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        let kernel = try ChildProcess(me, ["kernel"])
+        defer { kernel.stop() }
+        let broker = try await endpoint(printedBy: kernel)
+        let host = try ChildProcess(me, ["host", broker])
+        defer { host.stop() }
+        try await host.waitForOutput(containing: "hosting\n")
+        let client = try await BusClient(brokers: [broker])
+        var measured: (client: PerMessage, host: PerMessage)?
+        try await stopping(client, with: { await $0.close() }) { client in
+            try await eventually(10, "the echo service's workers to register") { try await client.hasWorkers(EchoAPI.service) }
+            let params: JSONValue = ["text": .string(String(repeating: "x", count: 64))]
+            for _ in 0..<200 { _ = try await client.call(EchoAPI.echo, params) }
+            let hostBefore = try await counts(of: host, reading: 1)
+            let before = rc_process()
+            for _ in 0..<messages { _ = try await client.call(EchoAPI.echo, params) }
+            let after = rc_process()
+            let hostAfter = try await counts(of: host, reading: 2)
+            measured = (perMessage(before, after), perMessage(hostBefore, hostAfter))
         }
+        return measured!
+    }
+
+    /// `switchboard-costs kernel`: a kernel on free ports, its broker's endpoint printed, until
+    /// stdin closes.
+    static func serveKernel() async throws {
+        let kernel = try await TestKernel.start()
+        say("broker \(kernel.endpoints.broker)")
+        await untilStdinCloses()
+        await kernel.stop()
+    }
+
+    /// `switchboard-costs host BROKER`: the echo service hosted on `broker`; prints "hosting"
+    /// once it serves, then its process's counts (`reading N allocations retains releases
+    /// checks`) for each line on stdin, until stdin closes.
+    static func serveHost(broker: String) async throws {
+        let options = ServiceHost<EchoService>.Options(brokers: [broker], connections: 2)
+        let host = try ServiceHost(service: EchoService(instance: "cost"), options: options)
+        try await host.start()
+        say("hosting")
+        await untilStdinCloses { reading in
+            let counts = rc_process()
+            say("reading \(reading) \(counts.allocations) \(counts.retains) \(counts.releases) \(counts.accessChecks)")
+        }
+        await host.stop()
+    }
+
+    /// Writes `line` to stdout at once (a parent waits for it).
+    static func say(_ line: String) {
+        FileHandle.standardOutput.write(Data((line + "\n").utf8))
+    }
+
+    /// Reads stdin off the cooperative pool, calling `eachLine` with each line's number (from
+    /// 1), until it closes.
+    static func untilStdinCloses(_ eachLine: @escaping @Sendable (Int) -> Void = { _ in }) async {
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            Thread {
+                var lines = 0
+                while readLine() != nil {
+                    lines += 1
+                    eachLine(lines)
+                }
+                done.resume()
+            }.start()
+        }
+    }
+
+    /// The broker endpoint a `switchboard-costs kernel` printed.
+    static func endpoint(printedBy kernel: ChildProcess) async throws -> String {
+        let output = try await kernel.waitForOutput("the kernel's broker endpoint") { line(startingWith: "broker ", in: $0) != nil }
+        return String(line(startingWith: "broker ", in: output)!.dropFirst("broker ".count))
+    }
+
+    /// The counts `host` prints for its `number`th reading.
+    static func counts(of host: ChildProcess, reading number: Int) async throws -> rc_counts {
+        host.send("read\n")
+        let prefix = "reading \(number) "
+        let output = try await host.waitForOutput("the host's reading \(number)") { line(startingWith: prefix, in: $0) != nil }
+        let reading = line(startingWith: prefix, in: output)!
+        let numbers = reading.dropFirst(prefix.count).split(separator: " ").compactMap { UInt64($0) }
+        guard numbers.count == 4 else { throw TimedOut(what: "four counts in \"\(reading)\"") }
+        return rc_counts(allocations: numbers[0], retains: numbers[1], releases: numbers[2], accessChecks: numbers[3])
+    }
+
+    /// The first whole line (newline written) of `output` that starts with `prefix`.
+    static func line(startingWith prefix: String, in output: String) -> Substring? {
+        output.split(separator: "\n", omittingEmptySubsequences: false).dropLast().first { $0.hasPrefix(prefix) }
     }
 }
