@@ -197,7 +197,7 @@ actor WorkerConnection {
     let broker: String
     let serviceName: String
     /// The service's method table answering a request body (``MethodTable/answer(body:on:parts:)``).
-    let answer: @Sendable (_ body: [UInt8], _ parts: PartOut?) async -> (reply: [UInt8], errors: Int)
+    let answer: @Sendable (_ body: Frame, _ parts: PartOut?) async -> (reply: [UInt8], errors: Int)
     let options: ServiceHostOptions
     let logger: Logger
     let onReregistered: @Sendable () async -> Void
@@ -241,10 +241,11 @@ actor WorkerConnection {
         case request(Request)
         case reregistered
     }
-    /// Work asked for since ``answerRequests()`` last took it, taken all at once. The
-    /// consumer waits in `waiting`.
+    /// Work asked for since ``answerRequests()`` last took it, taken all at once (swapped
+    /// with the batch it has done, so neither array is made anew). The consumer waits in
+    /// `waiting`.
     private var pending: [Work] = []
-    private var waiting: CheckedContinuation<[Work], Never>?
+    private var waiting: CheckedContinuation<Void, Never>?
     /// No more work comes (the connection stopped): ``answerRequests()`` ends once what
     /// runs is done.
     private var noMoreWork = false
@@ -252,27 +253,28 @@ actor WorkerConnection {
     /// A request to answer.
     struct Request: Sendable {
         let client: Frame
-        let body: [UInt8]?
+        let body: Frame?
         let generation: Int
     }
 
     private func enqueue(_ item: Work) {
-        if let waiting {
-            self.waiting = nil
-            waiting.resume(returning: [item])
-        } else {
-            pending.append(item)
-        }
+        pending.append(item)
+        wakeConsumer()
     }
 
     private func endWork() {
         noMoreWork = true
-        waiting?.resume(returning: [])
-        waiting = nil
+        wakeConsumer()
+    }
+
+    private func wakeConsumer() {
+        guard let waiting else { return }
+        self.waiting = nil
+        waiting.resume()
     }
 
     init(loop: SocketLoop, process: String, index: Int, broker: String, serviceName: String, streams: Bool,
-         answer: @escaping @Sendable ([UInt8], PartOut?) async -> (reply: [UInt8], errors: Int),
+         answer: @escaping @Sendable (Frame, PartOut?) async -> (reply: [UInt8], errors: Int),
          options: ServiceHostOptions, logger: Logger, onReregistered: @escaping @Sendable () async -> Void,
          onDrainRequested: @escaping @Sendable () -> Void) {
         self.loop = loop
@@ -367,7 +369,7 @@ actor WorkerConnection {
         case .request(let client, let body):
             busy += 1
             if version == .v02 { running[client, default: 0] += 1 }
-            enqueue(.request(Request(client: client, body: body.count == 1 ? body[0].bytes : nil, generation: generation)))
+            enqueue(.request(Request(client: client, body: body.count == 1 ? body[0] : nil, generation: generation)))
         }
     }
 
@@ -380,7 +382,10 @@ actor WorkerConnection {
     func answerRequests() async {
         let hook = onReregistered
         await withDiscardingTaskGroup { group in
-            while case let batch = await nextWork(), !batch.isEmpty {
+            var batch: [Work] = []
+            while true {
+                await nextWork(into: &batch)
+                if batch.isEmpty { break }
                 for item in batch {
                     switch item {
                     case .request(let request): group.addTask { await self.answer(request) }
@@ -404,23 +409,21 @@ actor WorkerConnection {
             }
         }
         let outcome: (reply: [UInt8], errors: Int)
-        if let bytes = request.body {
+        if let body = request.body {
             // The table keeps the reply within the kernel's message limit.
-            outcome = await answer(bytes, parts)
+            outcome = await answer(body, parts)
         } else {
             outcome = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
         }
         await finished(client: client, reply: outcome.reply, errors: outcome.errors, generation: generation)
     }
 
-    /// The work asked for, waiting for some; empty once no more comes.
-    private func nextWork() async -> [Work] {
-        if !pending.isEmpty {
-            defer { pending.removeAll(keepingCapacity: true) }
-            return pending
-        }
-        if noMoreWork { return [] }
-        return await withCheckedContinuation { waiting = $0 }
+    /// The work asked for into `batch` (what it held is done), waiting for some; empty once
+    /// no more comes.
+    private func nextWork(into batch: inout [Work]) async {
+        batch.removeAll(keepingCapacity: true)
+        if pending.isEmpty && !noMoreWork { await withCheckedContinuation { waiting = $0 } }
+        swap(&batch, &pending)
     }
 
     private func finished(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
@@ -643,13 +646,18 @@ final class PartOutbox: Sendable {
     /// Up to `count` of the oldest parts, for the loop to send; the waiting handlers go on
     /// once there is room.
     func take(upTo count: Int) -> [(Message, generation: Int)] {
-        let (parts, waiters) = state.withLock { state in
-            let taken = state.parts.prefix(count)
-            state.parts.removeFirst(taken.count)
-            state.bytes -= taken.reduce(0) { $0 + $1.bytes }
+        let (parts, waiters) = state.withLock { state -> ([(Message, generation: Int)], [UnsafeContinuation<Void, Never>]) in
+            // Nothing waits (every reply's flush asks): nothing to copy or free.
+            guard !state.parts.isEmpty else { return ([], []) }
+            var taken: [(Message, generation: Int)] = []
+            taken.reserveCapacity(min(count, state.parts.count))
+            while taken.count < count, let part = state.parts.popFirst() {
+                taken.append((part.message, part.generation))
+                state.bytes -= part.bytes
+            }
             var waiters: [UnsafeContinuation<Void, Never>] = []
             if !state.isFull { swap(&waiters, &state.waiters) }
-            return (taken.map { ($0.message, $0.generation) }, waiters)
+            return (taken, waiters)
         }
         for waiter in waiters { waiter.resume() }
         return parts

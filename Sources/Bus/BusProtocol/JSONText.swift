@@ -85,6 +85,9 @@ enum JSONText {
         switch parser.current {
         case UInt8(ascii: "{")?:
             var members: [(key: String, range: Range<Int>)] = []
+            // Room for a whole envelope at once (a request has up to eight members): grown
+            // from empty, the array was allocated anew at its first, second, third and fifth.
+            members.reserveCapacity(8)
             try parser.members(depth: 1) { parser, key throws(SyntaxError) in
                 let start = parser.position
                 try parser.skipValue(depth: 1)
@@ -401,6 +404,14 @@ enum JSONText {
             output.append(UInt8(ascii: "]"))
         case .object(let members):
             output.append(UInt8(ascii: "{"))
+            // One member is in order already (and needs no array of sorted keys).
+            if members.count == 1, let (key, member) = members.first {
+                writeString(key, into: &output)
+                output.append(UInt8(ascii: ":"))
+                write(member, into: &output)
+                output.append(UInt8(ascii: "}"))
+                return
+            }
             for (index, key) in members.keys.sorted().enumerated() {
                 if index > 0 { output.append(UInt8(ascii: ",")) }
                 writeString(key, into: &output)

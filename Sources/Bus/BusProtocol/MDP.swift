@@ -142,10 +142,20 @@ extension MDP {
     /// A client's REQUEST, for a DEALER socket: `["", "MDPC01", service, body…]`, or in 0.2
     /// `["MDPC02", 0x01, service, body…]`.
     public static func request(service: String, body: [Frame], version: Version = .v01) -> Message {
+        // One array, made at its size (a literal joined to the body made two).
+        var frames: [Frame] = []
+        frames.reserveCapacity(3 + body.count)
         switch version {
-        case .v01: Message([empty, clientHeaderFrame, Frame(service)] + body)
-        case .v02: Message([clientHeader02Frame, commandFrames[Int(ClientCommand02.request.rawValue)], Frame(service)] + body)
+        case .v01:
+            frames.append(empty)
+            frames.append(clientHeaderFrame)
+        case .v02:
+            frames.append(clientHeader02Frame)
+            frames.append(commandFrames[Int(ClientCommand02.request.rawValue)])
         }
+        frames.append(Frame(service))
+        frames.append(contentsOf: body)
+        return Message(frames)
     }
 
     /// A REPLY to a client, for the broker's ROUTER: `[client, "", "MDPC01", service, body…]`.

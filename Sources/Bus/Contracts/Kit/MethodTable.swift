@@ -134,12 +134,22 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// of a single request that asks to stream go, each a PARTIAL's whole body (nil: this
     /// worker answers in one reply only).
     public func answer(body: [UInt8], on service: Service, parts: PartOut? = nil) async -> (reply: [UInt8], errors: Int) {
-        let incoming = JSONRPC.parseRequests(body)
+        await answer(JSONRPC.parseRequests(body), on: service, parts: parts)
+    }
+
+    /// ``answer(body:on:parts:)`` for a body as it arrived in a frame, read where it lies.
+    public func answer(body: Frame, on service: Service, parts: PartOut? = nil) async -> (reply: [UInt8], errors: Int) {
+        await answer(body.withUnsafeBytes { JSONRPC.parseRequests($0) }, on: service, parts: parts)
+    }
+
+    private func answer(_ incoming: JSONRPCIncoming, on service: Service, parts: PartOut?) async -> (reply: [UInt8], errors: Int) {
         let single = if case .single = incoming { true } else { false }
         if let refusal = limits.refusal(of: incoming) { return (refusal, 1) }
+        let requests = incoming.requests
         var outcomes: [Result<[UInt8], any Error>] = []
-        var budget = ReplyBudget(limit: limits.maxReplyBytes, requests: incoming.requests.count)
-        for request in incoming.requests {
+        outcomes.reserveCapacity(requests.count)
+        var budget = ReplyBudget(limit: limits.maxReplyBytes, requests: requests.count)
+        for request in requests {
             guard budget.hasRoom else {
                 outcomes.append(.failure(budget.notRun))
                 continue
