@@ -235,17 +235,14 @@ actor WorkerConnection {
     /// The kernel answered the drain (`drain=1`): nothing more comes on this connection.
     private var drainAcknowledged = false
 
-    /// What ``answerRequests()`` starts: a request to answer, or the service's
-    /// `onReregistered` after the kernel forgot it.
-    enum Work: Sendable {
-        case request(Request)
-        case reregistered
-    }
-    /// Work asked for since ``answerRequests()`` last took it, taken all at once (swapped
-    /// with the batch it has done, so neither array is made anew). The consumer waits in
-    /// `waiting`.
-    private var pending: [Work] = []
-    private var waiting: CheckedContinuation<Void, Never>?
+    /// Requests taken from the kernel that no answerer has picked up yet, oldest first.
+    private var requests: Deque<Request> = []
+    /// Answerers waiting for a request: each is given one, or nil once no more come.
+    private var idleAnswerers: [CheckedContinuation<Request?, Never>] = []
+    /// Times the service's `onReregistered` is to run (the kernel forgot the service), not
+    /// yet started; ``answerRequests()`` waits in `hooksWaiting` for them.
+    private var reregistrations = 0
+    private var hooksWaiting: CheckedContinuation<Void, Never>?
     /// No more work comes (the connection stopped): ``answerRequests()`` ends once what
     /// runs is done.
     private var noMoreWork = false
@@ -257,20 +254,30 @@ actor WorkerConnection {
         let generation: Int
     }
 
-    private func enqueue(_ item: Work) {
-        pending.append(item)
-        wakeConsumer()
+    private func enqueue(_ request: Request) {
+        if let answerer = idleAnswerers.popLast() {
+            answerer.resume(returning: request)
+        } else {
+            requests.append(request)
+        }
+    }
+
+    private func enqueueReregistered() {
+        reregistrations += 1
+        wakeHooks()
     }
 
     private func endWork() {
         noMoreWork = true
-        wakeConsumer()
+        for answerer in idleAnswerers { answerer.resume(returning: nil) }
+        idleAnswerers.removeAll()
+        wakeHooks()
     }
 
-    private func wakeConsumer() {
-        guard let waiting else { return }
-        self.waiting = nil
-        waiting.resume()
+    private func wakeHooks() {
+        guard let hooksWaiting else { return }
+        self.hooksWaiting = nil
+        hooksWaiting.resume()
     }
 
     init(loop: SocketLoop, process: String, index: Int, broker: String, serviceName: String, streams: Bool,
@@ -369,32 +376,62 @@ actor WorkerConnection {
         case .request(let client, let body):
             busy += 1
             if version == .v02 { running[client, default: 0] += 1 }
-            enqueue(.request(Request(client: client, body: body.count == 1 ? body[0] : nil, generation: generation)))
+            enqueue(Request(client: client, body: body.count == 1 ? body[0] : nil, generation: generation))
         }
     }
 
-    /// Answers each request in a child task of its own, until the connection stops. The
-    /// children run on the cooperative pool, never on the connection's loop thread: the loop
-    /// only moves messages and keeps the heartbeats, so a handler that computes for seconds
-    /// (a multi-megabyte body parsed or encoded, a blocking database call) cannot silence the
-    /// connection and make the kernel drop it with the reply still to come. What still runs
-    /// after ``stop(drain:)`` waited for it is cancelled.
+    /// Answers the connection's requests until it stops, in a child task per window slot (as
+    /// hummingbird serves each connection in a task of its own): the kernel sends no more than
+    /// the window at once, so a request never waits for an answerer, and none is made per
+    /// request. The answerers run on the cooperative pool, never on the connection's loop
+    /// thread: the loop only moves messages and keeps the heartbeats, so a handler that
+    /// computes for seconds (a multi-megabyte body parsed or encoded, a blocking database
+    /// call) cannot silence the connection and make the kernel drop it with the reply still
+    /// to come. The service's `onReregistered` runs in a child task of its own. What still
+    /// runs after ``stop(drain:)`` waited for it is cancelled.
     func answerRequests() async {
         let hook = onReregistered
         await withDiscardingTaskGroup { group in
-            var batch: [Work] = []
-            while true {
-                await nextWork(into: &batch)
-                if batch.isEmpty { break }
-                for item in batch {
-                    switch item {
-                    case .request(let request): group.addTask { await self.answer(request) }
-                    case .reregistered: group.addTask { await hook() }
-                    }
+            for _ in 0..<options.window {
+                group.addTask {
+                    while let request = await self.nextRequest() { await self.answer(request) }
                 }
+            }
+            while let hooks = await hooksToRun() {
+                for _ in 0..<hooks { group.addTask { await hook() } }
             }
             group.cancelAll()
         }
+    }
+
+    /// The oldest request no answerer has taken, waiting for one; nil once no more come.
+    /// Asked again where the continuation is made: the actor has been seen to run other work
+    /// (a stop) between the call and the continuation's body, so a check made before it can
+    /// be stale there.
+    private func nextRequest() async -> Request? {
+        if let request = requests.popFirst() { return request }
+        return await withCheckedContinuation { answerer in
+            if let request = requests.popFirst() {
+                answerer.resume(returning: request)
+            } else if noMoreWork {
+                answerer.resume(returning: nil)
+            } else {
+                idleAnswerers.append(answerer)
+            }
+        }
+    }
+
+    /// How many times to run `onReregistered` now, waiting until it is asked for; nil once
+    /// no more work comes.
+    private func hooksToRun() async -> Int? {
+        while reregistrations == 0 {
+            if noMoreWork { return nil }
+            await withCheckedContinuation { waiter in
+                if reregistrations > 0 || noMoreWork { waiter.resume() } else { hooksWaiting = waiter }
+            }
+        }
+        defer { reregistrations = 0 }
+        return reregistrations
     }
 
     /// Runs the service's method table on one request, off the loop, and hands the reply to
@@ -416,14 +453,6 @@ actor WorkerConnection {
             outcome = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
         }
         await finished(client: client, reply: outcome.reply, errors: outcome.errors, generation: generation)
-    }
-
-    /// The work asked for into `batch` (what it held is done), waiting for some; empty once
-    /// no more comes.
-    private func nextWork(into batch: inout [Work]) async {
-        batch.removeAll(keepingCapacity: true)
-        if pending.isEmpty && !noMoreWork { await withCheckedContinuation { waiting = $0 } }
-        swap(&batch, &pending)
     }
 
     private func finished(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
@@ -552,7 +581,7 @@ actor WorkerConnection {
             logger.error("could not reconnect", metadata: ["error": "\(error)"])
             return
         }
-        if index == 0 { enqueue(.reregistered) }
+        if index == 0 { enqueueReregistered() }
     }
 
     /// Drains: tells the kernel to send nothing more, answers what it holds (and what the

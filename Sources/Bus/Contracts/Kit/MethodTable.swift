@@ -154,31 +154,36 @@ public struct MethodTable<Service: BusService>: Sendable {
                 outcomes.append(.failure(budget.notRun))
                 continue
             }
-            let handler = handlers[request.method]
-            let run = { () async throws -> [UInt8] in
-                switch handler {
-                case .async(let handler)?: return try await handler(service, request.paramsText)
-                case .isolated(let handler)?: return try await handler(service, request.paramsText)
-                case .stream(let handler)?:
-                    // Parts go out only for a lone request that asked for them and can be told apart by its id.
-                    guard single, request.stream, let id = request.id, id != .null, let parts else { return try await handler(service, request.paramsText, nil) }
-                    // Each part within the kernel's message limit, as the table's limits are now
-                    // (a host sets them after the methods are added).
-                    let limit = limits.maxReplyBytes
-                    return try await handler(service, request.paramsText) { part in
-                        let body = JSONRPC.partReply(id: id, partText: part)
-                        guard body.count <= limit else { throw JSONRPCError.overMessageSize("part", bytes: body.count, limit: limit) }
-                        try await parts(body)
-                    }
-                case nil: throw JSONRPCError.methodNotFound(request.method)
-                }
-            }
+            // Closures handed straight to non-escaping parameters: their contexts stay on the stack.
             outcomes.append(budget.admit(await traced(request) {
-                guard stateChanging.contains(request.method), let key = RequestKey(request) else { return try await run() }
-                return try await exactlyOnce.run(key, run).get()
+                guard stateChanging.contains(request.method), let key = RequestKey(request) else {
+                    return try await run(request, on: service, single: single, parts: parts)
+                }
+                return try await exactlyOnce.run(key) { try await run(request, on: service, single: single, parts: parts) }.get()
             }))
         }
         return Self.reply(incoming, outcomes)
+    }
+
+    /// Runs `request`'s handler; `single`: the body held this request alone (only then can it
+    /// answer in parts, to `parts`).
+    private func run(_ request: JSONRPCRequest, on service: Service, single: Bool, parts: PartOut?) async throws -> [UInt8] {
+        switch handlers[request.method] {
+        case .async(let handler)?: return try await handler(service, request.paramsText)
+        case .isolated(let handler)?: return try await handler(service, request.paramsText)
+        case .stream(let handler)?:
+            // Parts go out only for a lone request that asked for them and can be told apart by its id.
+            guard single, request.stream, let id = request.id, id != .null, let parts else { return try await handler(service, request.paramsText, nil) }
+            // Each part within the kernel's message limit, as the table's limits are now
+            // (a host sets them after the methods are added).
+            let limit = limits.maxReplyBytes
+            return try await handler(service, request.paramsText) { part in
+                let body = JSONRPC.partReply(id: id, partText: part)
+                guard body.count <= limit else { throw JSONRPCError.overMessageSize("part", bytes: body.count, limit: limit) }
+                try await parts(body)
+            }
+        case nil: throw JSONRPCError.methodNotFound(request.method)
+        }
     }
 
     /// ``answer(body:on:)`` without suspending, on the service's executor: for tables whose
