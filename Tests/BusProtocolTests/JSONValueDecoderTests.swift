@@ -4,45 +4,23 @@ import Testing
 
 @Suite("JSONValue.decode(as:): a typed value straight from a JSON tree, as JSONDecoder reads its text")
 struct JSONValueDecoderTests {
-    struct Inner: Codable, Equatable {
-        var name: String
-        var note: String?
-    }
+    typealias Inner = JSONValueEncoderTests.Inner
 
-    enum Kind: String, Codable { case one, two }
-
-    struct Everything: Codable, Equatable {
-        var text = "a \"quoted\" / slashed é"
-        var flag = true
-        var int = -42
-        var int8: Int8 = -8
-        // Integers past Int64 are doubles in a tree, as parsing reads them.
-        var uint64 = UInt64(Int64.max)
-        var small: UInt32 = 7
-        var whole = 5.0
-        var fraction = 0.1
-        var float: Float = 1.5
-        var missing: String? = nil
-        var present: Int? = 3
-        var kind = Kind.two
-        var inner = Inner(name: "x", note: nil)
-        var list = [Inner(name: "a", note: "n"), Inner(name: "b", note: nil)]
-        var nested = [[1, 2], [], [3]]
-        var table = ["b": 2, "a": 1]
-        var record: JSONValue = ["kept": [1, "as", nil, true], "n": 2.5]
-        var decimal = Decimal(string: "12.5")!
-        var url = URL(string: "https://example.org/a?b=c")!
-        var data = Data([0, 1, 2, 250])
-        var date = Date(timeIntervalSinceReferenceDate: 86_400)
+    /// The encoder's test value, with an integer a tree keeps exact: past `Int64` a tree
+    /// holds a double, as parsing reads one (``JSONValueDecoder``).
+    static var everything: JSONValueEncoderTests.Everything {
+        var value = JSONValueEncoderTests.Everything()
+        value.uint64 = UInt64(Int64.max)
+        return value
     }
 
     @Test("every kind of field reads back as JSONDecoder reads it from the text")
     func sameAsJSONDecoder() throws {
-        let text = try JSONEncoder().encode(Everything())
-        let viaText = try JSONDecoder().decode(Everything.self, from: text)
-        let viaTree = try JSONValue(parsing: text).decode(as: Everything.self)
+        let text = try JSONEncoder().encode(Self.everything)
+        let viaText = try JSONDecoder().decode(JSONValueEncoderTests.Everything.self, from: text)
+        let viaTree = try JSONValue(parsing: text).decode(as: JSONValueEncoderTests.Everything.self)
         #expect(viaTree == viaText)
-        #expect(viaTree == Everything())
+        #expect(viaTree == Self.everything)
     }
 
     @Test("top-level arrays, optionals, single values and a JSONValue as it is")

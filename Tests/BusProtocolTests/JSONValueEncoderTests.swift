@@ -11,7 +11,7 @@ struct JSONValueEncoderTests {
 
     enum Kind: String, Codable { case one, two }
 
-    struct Everything: Codable {
+    struct Everything: Codable, Equatable {
         var text = "a \"quoted\" / slashed é"
         var flag = true
         var int = -42
