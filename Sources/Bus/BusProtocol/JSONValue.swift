@@ -78,8 +78,7 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
     /// Compact JSON text with sorted keys (stable output for tests and diffs).
     public var jsonBytes: [UInt8] {
         var output: [UInt8] = []
-        // Most values a request or a reply carries fit at once (a larger one grows as it must).
-        output.reserveCapacity(256)
+        output.reserveCapacity(64)
         JSONText.write(self, into: &output)
         return output
     }
