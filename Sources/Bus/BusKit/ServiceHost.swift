@@ -599,6 +599,12 @@ actor WorkerConnection {
         if busy > 0 || !drainAcknowledged || unsent {
             let loop = self.loop
             await withCheckedContinuation { continuation in
+                // Asked again here, as in nextRequest(): what ran between the check above and
+                // this body may have released the waiters already, and would not again.
+                guard busy > 0 || !drainAcknowledged || unsent else {
+                    continuation.resume()
+                    return
+                }
                 drained.append(continuation)
                 loop.schedule(after: timeout) { [weak self] in
                     self?.assumeIsolated { connection in
