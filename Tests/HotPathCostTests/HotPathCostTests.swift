@@ -40,10 +40,10 @@ struct HotPathCostTests {
     /// the host's, each counted whole (the kernel in a third). Threads meet differently from
     /// call to call (a reply that comes before its caller waits needs no continuation): the
     /// client 42.7-43.1 allocations, 217-220 retains, 247-251 releases, 115-118 checks counted
-    /// on an idle machine; the host 62.1-64.5, 314-323, 355-368, 163-173. So these bounds catch
+    /// on an idle machine; the host 55.6-55.8, 316, 354-355, 134-135. So these bounds catch
     /// a few more a call, not one; the kernel's catch one.
     static let clientCall = Counts(allocations: 45.5, retains: 232, releases: 264, accessChecks: 124)
-    static let hostCall = Counts(allocations: 67, retains: 340, releases: 386, accessChecks: 184)
+    static let hostCall = Counts(allocations: 59, retains: 330, releases: 370, accessChecks: 145)
 
     @Test("requests and state updates through the kernel, and calls from a client to a hosted service, cost no more than their bounds")
     func costsPerMessage() async throws {

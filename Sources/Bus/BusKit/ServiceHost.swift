@@ -222,8 +222,8 @@ actor WorkerConnection {
     private var errors = 0
     private var errorReport: LoopTimer?
     private var drained: [CheckedContinuation<Void, Never>] = []
-    /// Parts handed over by handlers (off the loop), sent by the loop in batches.
-    nonisolated let partOutbox = PartOutbox()
+    /// Parts and replies handed over by handlers (off the loop), sent by the loop in batches.
+    nonisolated let outbox = AnswerOutbox()
     /// Requests in flight by the client frame the kernel sent them with (on a connection
     /// that can answer in parts, the only kind told `stop`), and those of them whose parts
     /// nobody reads any more (the kernel said `stop`): their next part ends them.
@@ -235,10 +235,10 @@ actor WorkerConnection {
     /// The kernel answered the drain (`drain=1`): nothing more comes on this connection.
     private var drainAcknowledged = false
 
-    /// Requests taken from the kernel that no answerer has picked up yet, oldest first.
-    private var requests: Deque<Request> = []
-    /// Answerers waiting for a request: each is given one, or nil once no more come.
-    private var idleAnswerers: [CheckedContinuation<Request?, Never>] = []
+    /// Requests taken from the kernel, which the answerers take in turn from their own
+    /// tasks, with no hop to the loop; finished once no more come. Not bounded here: the
+    /// kernel sends a connection no more than its window at once.
+    nonisolated let requests = BoundedBuffer<Request>(capacity: .max, whenFull: .refuse)
     /// Times the service's `onReregistered` is to run (the kernel forgot the service), not
     /// yet started; ``answerRequests()`` waits in `hooksWaiting` for them.
     private var reregistrations = 0
@@ -254,14 +254,6 @@ actor WorkerConnection {
         let generation: Int
     }
 
-    private func enqueue(_ request: Request) {
-        if let answerer = idleAnswerers.popLast() {
-            answerer.resume(returning: request)
-        } else {
-            requests.append(request)
-        }
-    }
-
     private func enqueueReregistered() {
         reregistrations += 1
         wakeHooks()
@@ -269,8 +261,7 @@ actor WorkerConnection {
 
     private func endWork() {
         noMoreWork = true
-        for answerer in idleAnswerers { answerer.resume(returning: nil) }
-        idleAnswerers.removeAll()
+        requests.finish()
         wakeHooks()
     }
 
@@ -323,7 +314,7 @@ actor WorkerConnection {
         }
         registration?.onBacklogSent = { [weak self] in
             self?.assumeIsolated { connection in
-                connection.flushParts()
+                connection.flushOutbox()
                 connection.releaseIfDrained()
             }
         }
@@ -334,8 +325,8 @@ actor WorkerConnection {
         registration?.send(MDP.encode(.ready(service: serviceName, window: options.window), version: version))
         liveness = options.heartbeatLiveness
         state = .registered
-        // Parts still waiting for the old socket are dropped, and their handlers go on.
-        flushParts()
+        // Parts and replies still waiting for the old socket are dropped, and their handlers go on.
+        flushOutbox()
         if heartbeat == nil {
             heartbeat = loop.scheduleRepeating(every: options.heartbeatInterval) { [weak self] in
                 self?.assumeIsolated { $0.beat() }
@@ -376,14 +367,16 @@ actor WorkerConnection {
         case .request(let client, let body):
             busy += 1
             if version == .v02 { running[client, default: 0] += 1 }
-            enqueue(Request(client: client, body: body.count == 1 ? body[0] : nil, generation: generation))
+            requests.push(Request(client: client, body: body.count == 1 ? body[0] : nil, generation: generation))
         }
     }
 
     /// Answers the connection's requests until it stops, in a child task per window slot (as
     /// hummingbird serves each connection in a task of its own): the kernel sends no more than
     /// the window at once, so a request never waits for an answerer, and none is made per
-    /// request. The answerers run on the cooperative pool, never on the connection's loop
+    /// request. An answerer takes its requests from ``requests`` and hands its replies to
+    /// ``outbox`` without a hop to the loop: the loop sends what gathered in one turn. The
+    /// answerers run on the cooperative pool, never on the connection's loop
     /// thread: the loop only moves messages and keeps the heartbeats, so a handler that
     /// computes for seconds (a multi-megabyte body parsed or encoded, a blocking database
     /// call) cannot silence the connection and make the kernel drop it with the reply still
@@ -393,9 +386,7 @@ actor WorkerConnection {
         let hook = onReregistered
         await withDiscardingTaskGroup { group in
             for _ in 0..<options.window {
-                group.addTask {
-                    while let request = await self.nextRequest() { await self.answer(request) }
-                }
+                group.addTask { await self.answerInTurn() }
             }
             while let hooks = await hooksToRun() {
                 for _ in 0..<hooks { group.addTask { await hook() } }
@@ -404,21 +395,10 @@ actor WorkerConnection {
         }
     }
 
-    /// The oldest request no answerer has taken, waiting for one; nil once no more come.
-    /// Asked again where the continuation is made: the actor has been seen to run other work
-    /// (a stop) between the call and the continuation's body, so a check made before it can
-    /// be stale there.
-    private func nextRequest() async -> Request? {
-        if let request = requests.popFirst() { return request }
-        return await withCheckedContinuation { answerer in
-            if let request = requests.popFirst() {
-                answerer.resume(returning: request)
-            } else if noMoreWork {
-                answerer.resume(returning: nil)
-            } else {
-                idleAnswerers.append(answerer)
-            }
-        }
+    /// One answerer: the oldest request no other answerer has taken, in turn, until no more
+    /// come (or the answerers are cancelled).
+    nonisolated private func answerInTurn() async {
+        while let request = try? await requests.next() { await answer(request) }
     }
 
     /// How many times to run `onReregistered` now, waiting until it is asked for; nil once
@@ -435,7 +415,7 @@ actor WorkerConnection {
     }
 
     /// Runs the service's method table on one request, off the loop, and hands the reply to
-    /// the loop to send.
+    /// the loop to send (after the request's parts: the reply ends its stream).
     nonisolated private func answer(_ request: Request) async {
         let client = request.client, generation = request.generation
         var parts: PartOut?
@@ -452,33 +432,33 @@ actor WorkerConnection {
         } else {
             outcome = (JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes, 1)
         }
-        await finished(client: client, reply: outcome.reply, errors: outcome.errors, generation: generation)
+        let reply = MDP.encode(.reply(client: client, body: [Frame(outcome.reply)]), version: version)
+        handOver(reply, bytes: 0, generation: generation, ends: (client, outcome.errors))
     }
 
-    private func finished(client: Frame, reply: [UInt8], errors: Int, generation: Int) {
-        // The parts that wait go first: the FINAL ends the stream.
-        let partsSent = flushParts()
+    /// Queues `message` in the outbox, and has the loop flush it when it is the first since
+    /// the last flush (the rest ride along). `ends`: the request it answers, and how many of
+    /// its replies were errors; nil for a part.
+    nonisolated private func handOver(_ message: Message, bytes: Int, generation: Int, ends: AnswerOutbox.Ends?) {
+        if outbox.add(message, bytes: bytes, generation: generation, ends: ends) {
+            loop.execute { [weak self] in _ = self?.assumeIsolated { $0.flushOutbox() } }
+        }
+    }
+
+    /// A request's reply has left the outbox (sent, or dropped with the connection it came
+    /// on): it no longer holds the connection.
+    private func ended(_ request: AnswerOutbox.Ends, sent: Bool) {
         busy -= 1
-        if version == .v02, let count = running[client] {
-            running[client] = count > 1 ? count - 1 : nil
-            if count == 1 { _ = stopped.withLock { $0.remove(client) } }
+        if version == .v02, let count = running[request.client] {
+            running[request.client] = count > 1 ? count - 1 : nil
+            if count == 1 { _ = stopped.withLock { $0.remove(request.client) } }
         }
-        if generation == self.generation, state == .registered || state == .draining {
-            let message = MDP.encode(.reply(client: client, body: [Frame(reply)]), version: version)
-            // Parts still waiting (the socket is full) go first: the FINAL must not pass them.
-            if partsSent {
-                registration?.send(message)
-            } else {
-                _ = partOutbox.add(message, bytes: 0, generation: generation)
-            }
-            if errors > 0 { countErrors(errors) }
-        }
-        releaseIfDrained()
+        if sent, request.errors > 0 { countErrors(request.errors) }
     }
 
     /// Hands one part of a reply in parts to the loop, which sends what has gathered in one
     /// turn (a hop to the loop thread per part would wake it, and libzmq's I/O thread, once a
-    /// part). Waits while the outbox is full (``PartOutbox``), so a handler is held to the pace
+    /// part). Waits while the outbox is full (``AnswerOutbox``), so a handler is held to the pace
     /// at which the kernel reads; throws once the kernel said nobody reads this request's
     /// parts, which ends the handler.
     nonisolated private func sendPart(_ body: [UInt8], client: Frame, generation: Int) async throws {
@@ -489,33 +469,36 @@ actor WorkerConnection {
             throw JSONRPCError.streamEnded("its client", parts: 0, reason: "stopped", service: serviceName)
         }
         let message = MDP.encode(.partial(client: client, body: [Frame(body)][...]), version: version)
-        if partOutbox.add(message, bytes: body.count, generation: generation) {
-            loop.execute { [weak self] in _ = self?.assumeIsolated { $0.flushParts() } }
-        }
-        await partOutbox.waitForRoom()
+        handOver(message, bytes: body.count, generation: generation, ends: nil)
+        await outbox.waitForRoom()
     }
 
-    /// Sends the parts that gathered, as fast as libzmq takes them: past the socket's
-    /// high-water mark they stay in the outbox (whose handlers wait for room) until the socket
-    /// has room again (``SocketRegistration/onBacklogSent``). Those of an earlier connection
-    /// are dropped (the kernel ended their streams when it went).
-    /// Returns whether the outbox is empty now (false: parts wait for the socket).
-    @discardableResult
-    private func flushParts() -> Bool {
+    /// Sends the parts and replies that gathered, in the order they were handed over, as fast
+    /// as libzmq takes them: past the socket's high-water mark they stay in the outbox (whose
+    /// handlers wait for room) until the socket has room again
+    /// (``SocketRegistration/onBacklogSent``). Those of an earlier connection are dropped (the
+    /// kernel ended their streams, and sends their requests again, when it went).
+    private func flushOutbox() {
         let usable = state == .registered || state == .draining
+        var anyEnded = false
+        defer { if anyEnded { releaseIfDrained() } }
         while !(usable && (registration?.backlogCount ?? 0) > 0) {
-            let batch = partOutbox.take(upTo: 64)
-            if batch.isEmpty { return true }
-            for (message, generation) in batch where usable && generation == self.generation {
-                registration?.send(message)
+            let batch = outbox.take(upTo: 64)
+            if batch.isEmpty { return }
+            for entry in batch {
+                let current = usable && entry.generation == generation
+                if current { registration?.send(entry.message) }
+                if let request = entry.ends {
+                    ended(request, sent: current)
+                    anyEnded = true
+                }
             }
         }
-        return false
     }
 
     /// Whether replies or parts still wait to be sent (the socket was full) to a kernel that
     /// is there: a drain waits for them, or closing the socket would throw them away.
-    private var unsent: Bool { !lostConnection && (!partOutbox.isEmpty || (registration?.backlogCount ?? 0) > 0) }
+    private var unsent: Bool { !lostConnection && (!outbox.isEmpty || (registration?.backlogCount ?? 0) > 0) }
 
     /// Ends a drain's wait once nothing is held or waits to be sent, and the kernel said
     /// nothing more comes.
@@ -634,32 +617,39 @@ actor WorkerConnection {
         monitor = nil
         state = .stopped
         currentGeneration.store(-1, ordering: .relaxed)
-        flushParts()
+        flushOutbox()
     }
 }
 
-/// The parts handlers hand to a worker connection from their own tasks, waiting for its loop
-/// to send them: the first part of a batch schedules one flush, the rest ride along. Bounded
-/// in parts and in bytes: a handler that finds either bound reached waits until the loop has
-/// sent some, so a stream nobody reads fast enough costs its worker at most this much.
-final class PartOutbox: Sendable {
-    /// Parts, and bytes of their bodies, that may wait at once (one part always may).
+/// What handlers hand to a worker connection from their own tasks, waiting for its loop to
+/// send it: the parts of replies in parts, and the replies that end requests, in the order
+/// handed over (a reply never passes its own parts). The first of a batch schedules one
+/// flush, the rest ride along. Bounded in entries and in bytes of parts: a handler sending a
+/// part that finds either bound reached waits until the loop has sent some, so a stream nobody
+/// reads fast enough costs its worker at most this much. A reply never waits: the window
+/// bounds them.
+final class AnswerOutbox: Sendable {
+    /// Entries, and bytes of their parts' bodies, that may wait at once (one part always may).
     static let limit = 1_024
     static let byteLimit = 4 << 20
+    /// The request a reply ends, and how many of its replies were JSON-RPC errors.
+    typealias Ends = (client: Frame, errors: Int)
+    typealias Entry = (message: Message, generation: Int, ends: Ends?)
     private struct State {
-        var parts: Deque<(message: Message, generation: Int, bytes: Int)> = []
+        var entries: Deque<(entry: Entry, bytes: Int)> = []
         var bytes = 0
         var waiters: [UnsafeContinuation<Void, Never>] = []
-        var isFull: Bool { parts.count >= PartOutbox.limit || bytes >= PartOutbox.byteLimit }
+        var isFull: Bool { entries.count >= AnswerOutbox.limit || bytes >= AnswerOutbox.byteLimit }
     }
     private let state = Mutex(State())
 
-    /// Queues a part of `bytes`; true when it is the first since the last flush (schedule one).
-    func add(_ message: Message, bytes: Int, generation: Int) -> Bool {
+    /// Queues a message (a part of `bytes`, or a reply that `ends` a request); true when it
+    /// is the first since the last flush (schedule one).
+    func add(_ message: Message, bytes: Int, generation: Int, ends: Ends?) -> Bool {
         state.withLock { state in
-            state.parts.append((message, generation, bytes))
+            state.entries.append(((message, generation, ends), bytes))
             state.bytes += bytes
-            return state.parts.count == 1
+            return state.entries.count == 1
         }
     }
 
@@ -676,25 +666,25 @@ final class PartOutbox: Sendable {
         }
     }
 
-    var isEmpty: Bool { state.withLock { $0.parts.isEmpty } }
+    var isEmpty: Bool { state.withLock { $0.entries.isEmpty } }
 
-    /// Up to `count` of the oldest parts, for the loop to send; the waiting handlers go on
+    /// Up to `count` of the oldest entries, for the loop to send; the waiting handlers go on
     /// once there is room.
-    func take(upTo count: Int) -> [(Message, generation: Int)] {
-        let (parts, waiters) = state.withLock { state -> ([(Message, generation: Int)], [UnsafeContinuation<Void, Never>]) in
-            // Nothing waits (every reply's flush asks): nothing to copy or free.
-            guard !state.parts.isEmpty else { return ([], []) }
-            var taken: [(Message, generation: Int)] = []
-            taken.reserveCapacity(min(count, state.parts.count))
-            while taken.count < count, let part = state.parts.popFirst() {
-                taken.append((part.message, part.generation))
-                state.bytes -= part.bytes
+    func take(upTo count: Int) -> [Entry] {
+        let (taken, waiters) = state.withLock { state -> ([Entry], [UnsafeContinuation<Void, Never>]) in
+            // Nothing waits (every flush that finds the socket free asks): nothing to copy or free.
+            guard !state.entries.isEmpty else { return ([], []) }
+            var taken: [Entry] = []
+            taken.reserveCapacity(min(count, state.entries.count))
+            while taken.count < count, let next = state.entries.popFirst() {
+                taken.append(next.entry)
+                state.bytes -= next.bytes
             }
             var waiters: [UnsafeContinuation<Void, Never>] = []
             if !state.isFull { swap(&waiters, &state.waiters) }
             return (taken, waiters)
         }
         for waiter in waiters { waiter.resume() }
-        return parts
+        return taken
     }
 }

@@ -1,5 +1,5 @@
-import DequeModule
-import Synchronization
+public import DequeModule
+public import Synchronization
 
 /// The bounded buffer between a producer on a loop thread and the tasks awaiting
 /// ``next()``, served in the order they started waiting. It is the one buffer of the
@@ -27,28 +27,33 @@ public final class BoundedBuffer<Element: Sendable>: Sendable {
         case refused
     }
 
-    private typealias Waiter = UnsafeContinuation<Element?, any Error>
-    private struct State: ~Copyable {
-        var items: Deque<Element> = []
-        var waiters: Deque<(id: UInt64, continuation: Waiter)> = []
-        var nextWaiterID: UInt64 = 0
+    @usableFromInline typealias Waiter = UnsafeContinuation<Element?, any Error>
+    @usableFromInline struct State: ~Copyable {
+        @usableFromInline var items: Deque<Element> = []
+        @usableFromInline var waiters: Deque<(id: UInt64, continuation: Waiter)> = []
+        @usableFromInline var nextWaiterID: UInt64 = 0
         /// Finished: later pushes are refused; what is buffered is still handed out.
-        var finished = false
-        var error: (any Error)?
-        var paused = false
+        @usableFromInline var finished = false
+        @usableFromInline var error: (any Error)?
+        @usableFromInline var paused = false
+        @usableFromInline init() {}
     }
 
     public let capacity: Int
-    private let whenFull: WhenFull
-    private let state = Mutex(State())
+    @usableFromInline let whenFull: WhenFull
+    @usableFromInline let state = Mutex(State())
 
     public init(capacity: Int, whenFull: WhenFull) {
         self.capacity = max(1, capacity)
         self.whenFull = whenFull
     }
 
+    // The methods a request or an update goes through are inlinable, so a user in another
+    // module gets them specialized to its element: unspecialized, each call looks up the
+    // metadata of its deque and tuples at run time.
+
     /// Called by the producer for each element.
-    @discardableResult
+    @inlinable @discardableResult
     public func push(_ element: Element) -> PushOutcome {
         let pauses = if case .pauseProducer = whenFull { true } else { false }
         let (waiter, outcome) = state.withLock { state -> (Waiter?, PushOutcome) in
@@ -91,6 +96,7 @@ public final class BoundedBuffer<Element: Sendable>: Sendable {
     }
 
     /// The next element if one is buffered, without waiting.
+    @inlinable
     public func tryNext() -> Element? {
         let (element, resume) = state.withLock { state -> (Element?, Bool) in
             guard let element = state.items.popFirst() else { return (nil, false) }
@@ -101,6 +107,7 @@ public final class BoundedBuffer<Element: Sendable>: Sendable {
     }
 
     /// The next element, waiting for one; nil once finished without an error.
+    @inlinable
     public func next() async throws -> Element? {
         if let element = tryNext() { return element }
         let id = state.withLock { state -> UInt64 in
@@ -136,20 +143,20 @@ public final class BoundedBuffer<Element: Sendable>: Sendable {
     }
 
     /// Whether a paused producer may go on: the buffer is down to half.
-    private func takeResume(_ state: inout State) -> Bool {
+    @usableFromInline func takeResume(_ state: inout State) -> Bool {
         guard state.paused, state.items.count <= capacity / 2 else { return false }
         state.paused = false
         return true
     }
 
-    private func resume() {
+    @usableFromInline func resume() {
         if case .pauseProducer(let resume) = whenFull { resume() }
     }
 }
 
 /// What a waiting ``BoundedBuffer/next()`` finds under the lock. (At file level: a local
 /// generic enum inside the closure crashes the Swift 6.3 compiler.)
-private enum WaitOutcome<Element> {
+@usableFromInline enum WaitOutcome<Element> {
     case waiting
     case element(Element, resume: Bool)
     case end((any Error)?)
