@@ -39,6 +39,9 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// The full stack's shape (``busKitRows(_:kernelPipelined:kernelShape:kernelManyOverOne:)``), which the C rows at the same shape repeat:
     /// requests in flight from one client, the host's worker connections and each one's window.
     static let fullStackInFlight = 64, fullStackConnections = 2, fullStackWindow = 16
+    /// The host's window in the row at the pipelined window (`window` in flight, as NATS's
+    /// pipelined row): deep enough that the service's window does not bound it first.
+    static let deepWindow = 256
     /// Clients sharing those requests in flight in the many-clients rows, and each one's share.
     static let fullStackClients = 8
     static var fullStackInFlightEach: Int { fullStackInFlight / fullStackClients }
@@ -501,8 +504,15 @@ struct KernelBenchmark: AsyncParsableCommand {
         for _ in 1..<many { clients.append(try await BusClient(brokers: [broker], loop: bus.loop, timeout: .seconds(30))) }
         let shared = await RequestBench.echo(window: manyWindow, stop: .count(50_000), warmup: 100).run(on: clients)
         for client in clients.dropFirst() { await client.close() }
-        await bus.close()
         await host.stop()
+        // At NATS's pipelined window, to a host whose window does not bound it first.
+        let deepHost = try ServiceHost(service: EchoService(),
+                                       options: .init(brokers: [broker], connections: Self.fullStackConnections, window: Self.deepWindow))
+        try await deepHost.start()
+        try await waitForWorkers(broker, service: EchoAPI.service, count: Self.fullStackConnections)
+        let deep = await RequestBench.echo(window: window, stop: .count(100_000), warmup: 1_000).run(on: [bus])
+        await bus.close()
+        await deepHost.stop()
         let syncP50 = Double(sync.latencies.valueAtPercentile(50)) / 1_000
         let versusNATS = nats.map { String(format: "%.2fx NATS at its shape, %.2fx NATS pipelined; ", pipelined.rate / $0.atFullStackShape, pipelined.rate / $0.pipelined) } ?? ""
         let syncVersusNATS = nats.map { String(format: "p50 %.2fx NATS's, %.2fx its rate; ", syncP50 / $0.syncP50Microseconds, sync.rate / $0.sync) } ?? ""
@@ -512,6 +522,10 @@ struct KernelBenchmark: AsyncParsableCommand {
             Row("BusClient to ServiceHost, \(Self.fullStackInFlight) in flight", rate: pipelined.rate, latencies: pipelined.latencies,
                 note: versusNATS + String(format: "%.2fx the kernel's pipelined rate, %.2fx its rate at this shape with C ends; full stack, one client (sb bench --window %d)",
                                           pipelined.rate / kernelPipelined, pipelined.rate / kernelShape, Self.fullStackInFlight)),
+            Row("BusClient to ServiceHost, \(window) in flight", rate: deep.rate, latencies: deep.latencies,
+                note: (nats.map { String(format: "%.2fx NATS pipelined; ", deep.rate / $0.pipelined) } ?? "")
+                    + String(format: "%.2fx the row above; host %d connections x window %d (sb bench --window %d, switchboard serve --window %d)",
+                             deep.rate / pipelined.rate, Self.fullStackConnections, Self.deepWindow, window, Self.deepWindow)),
             Row("BusClient to ServiceHost, \(many) clients x \(manyWindow) in flight", rate: shared.rate, latencies: shared.latencies,
                 note: String(format: "%.2fx one client's %d in flight (C clients through the kernel: %.2fx); one socket thread (sb bench --clients %d --window %d)",
                              shared.rate / pipelined.rate, Self.fullStackInFlight, kernelManyOverOne, many, manyWindow)),
