@@ -90,6 +90,17 @@ struct SBTests {
         #expect(noService.status == 69 && noService.stderr.contains("no 'ghost' service"))
         let noKernel = try await bus.sb("ping", "--endpoint", "tcp://127.0.0.1:\(freePort())", "--timeout", "300ms")
         #expect(noKernel.status == 69 && noKernel.stderr.contains("no kernel answers") && noKernel.stderr.contains("nothing accepted a connection"))
+        // Keys left from a bus with CURVE on, used against this one (CURVE off): the refusal says which.
+        let keys = try temporaryDirectory("sb-keys")
+        defer { try? FileManager.default.removeItem(at: keys) }
+        let made = try await runCommand(switchboardExecutable(), ["keygen", "--out", keys.appendingPathComponent("other").path])
+        #expect(made.status == 0, "\(made)")
+        let publicFile = try String(contentsOf: keys.appendingPathComponent("other.pub"), encoding: .utf8)
+        let serverKey = try #require(publicFile.split(separator: "\n").first { $0.hasPrefix("public-key = ") }?.dropFirst("public-key = ".count))
+        let otherBus = try await bus.sb("ping", "--timeout", "1s", "--key-file", keys.appendingPathComponent("other.key").path,
+                                        "--server-key", String(serverKey))
+        #expect(otherBus.status == 69 && otherBus.stderr.contains("refused this client's handshake")
+                && otherBus.stderr.contains("this client spoke CURVE, which a kernel with CURVE off does not"), "\(otherBus)")
         let slow = try await bus.sb("request", "echo", "sleep", #"{"ms":3000}"#, "--timeout", "300ms")
         #expect(slow.status == 75 && slow.stderr.contains("no answer within"))
         let timeoutFromEnvironment = try await bus.sb("request", "echo", "sleep", #"{"ms":3000}"#, environment: ["SB_TIMEOUT": "200ms"])

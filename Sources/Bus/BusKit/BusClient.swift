@@ -720,7 +720,11 @@ actor ClientCore {
     func connectionSummary() -> String {
         connections.map { connection in
             if connection.handshakeFailures > 0, !connection.handshaken {
-                return "\(connection.endpoint) refused this client's handshake \(connection.handshakeFailures) times (a kernel with CURVE on answers only keys it allows: sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file)"
+                // Both ends of a mismatch see a refused handshake: say which side this one took.
+                let why = curve == nil
+                    ? "this client spoke plain text, and a kernel with CURVE on answers only CURVE clients with keys it allows"
+                    : "this client spoke CURVE, which a kernel with CURVE off does not, and a kernel with CURVE on answers only keys it allows"
+                return "\(connection.endpoint) refused this client's handshake \(connection.handshakeFailures) times (\(why): sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file)"
             }
             if !connection.everConnected { return "nothing accepted a connection at \(connection.endpoint) (is the kernel running there?)" }
             let drops = connection.drops == 0 ? "" : ", and the connection dropped \(connection.drops) time\(connection.drops == 1 ? "" : "s")"

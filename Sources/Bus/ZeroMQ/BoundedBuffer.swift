@@ -3,7 +3,8 @@ public import Synchronization
 
 /// The bounded buffer between a producer on a loop thread and the tasks awaiting
 /// ``next()``, served in the order they started waiting. It is the one buffer of the
-/// bridge: an ``AsyncSocket``'s inbox and a subscription's updates both use it.
+/// bridge: an ``AsyncSocket``'s inbox, a subscription's updates and a hosted service's
+/// requests (for its answerers) all use it.
 ///
 /// What happens when it is full is the owner's choice:
 /// - ``WhenFull/pauseProducer(resume:)``: the element is kept and ``push(_:)`` answers
