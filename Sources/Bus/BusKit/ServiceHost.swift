@@ -239,13 +239,10 @@ actor WorkerConnection {
     /// tasks, with no hop to the loop; finished once no more come. Not bounded here: the
     /// kernel sends a connection no more than its window at once.
     nonisolated let requests = BoundedBuffer<Request>(capacity: .max, whenFull: .refuse)
-    /// Times the service's `onReregistered` is to run (the kernel forgot the service), not
-    /// yet started; ``answerRequests()`` waits in `hooksWaiting` for them.
-    private var reregistrations = 0
-    private var hooksWaiting: CheckedContinuation<Void, Never>?
-    /// No more work comes (the connection stopped): ``answerRequests()`` ends once what
-    /// runs is done.
-    private var noMoreWork = false
+    /// One element each time the service's `onReregistered` is to run (the kernel forgot the
+    /// service), which ``answerRequests()`` runs in a child task; finished once no more work
+    /// comes (the connection stopped).
+    private let (reregistrations, reregistered) = AsyncStream.makeStream(of: Void.self)
 
     /// A request to answer.
     struct Request: Sendable {
@@ -254,21 +251,10 @@ actor WorkerConnection {
         let generation: Int
     }
 
-    private func enqueueReregistered() {
-        reregistrations += 1
-        wakeHooks()
-    }
-
+    /// No more work comes: ``answerRequests()`` ends once what runs is done.
     private func endWork() {
-        noMoreWork = true
         requests.finish()
-        wakeHooks()
-    }
-
-    private func wakeHooks() {
-        guard let hooksWaiting else { return }
-        self.hooksWaiting = nil
-        hooksWaiting.resume()
+        reregistered.finish()
     }
 
     init(loop: SocketLoop, process: String, index: Int, broker: String, serviceName: String, streams: Bool,
@@ -388,9 +374,7 @@ actor WorkerConnection {
             for _ in 0..<options.window {
                 group.addTask { await self.answerInTurn() }
             }
-            while let hooks = await hooksToRun() {
-                for _ in 0..<hooks { group.addTask { await hook() } }
-            }
+            for await _ in reregistrations { group.addTask { await hook() } }
             group.cancelAll()
         }
     }
@@ -399,19 +383,6 @@ actor WorkerConnection {
     /// come (or the answerers are cancelled).
     nonisolated private func answerInTurn() async {
         while let request = try? await requests.next() { await answer(request) }
-    }
-
-    /// How many times to run `onReregistered` now, waiting until it is asked for; nil once
-    /// no more work comes.
-    private func hooksToRun() async -> Int? {
-        while reregistrations == 0 {
-            if noMoreWork { return nil }
-            await withCheckedContinuation { waiter in
-                if reregistrations > 0 || noMoreWork { waiter.resume() } else { hooksWaiting = waiter }
-            }
-        }
-        defer { reregistrations = 0 }
-        return reregistrations
     }
 
     /// Runs the service's method table on one request, off the loop, and hands the reply to
@@ -564,7 +535,7 @@ actor WorkerConnection {
             logger.error("could not reconnect", metadata: ["error": "\(error)"])
             return
         }
-        if index == 0 { enqueueReregistered() }
+        if index == 0 { reregistered.yield() }
     }
 
     /// Drains: tells the kernel to send nothing more, answers what it holds (and what the
@@ -582,8 +553,8 @@ actor WorkerConnection {
         if busy > 0 || !drainAcknowledged || unsent {
             let loop = self.loop
             await withCheckedContinuation { continuation in
-                // Asked again here, as in nextRequest(): what ran between the check above and
-                // this body may have released the waiters already, and would not again.
+                // Asked again here: the actor may run other work between the check above and
+                // this body, and what released the waiters then would not release them again.
                 guard busy > 0 || !drainAcknowledged || unsent else {
                     continuation.resume()
                     return
