@@ -90,6 +90,57 @@ struct SubscriptionGapTests {
         snapshots.close()
     }
 
+    @Test("a snapshot request its kernel never answers: asked again once the silence timeout passes by the subscription's clock, with no new HUGZ needed")
+    func unansweredSnapshot() async throws {
+        let clock = ManualClock()
+        let (publisher, snapshots, subscription) = try await standInKernel("unanswered", clock: clock)
+        while try publisher.receive()[0].bytes != [1] + Array(CHP.hugzCommand.utf8) {}
+        try publisher.send(CHP.hugz())
+        _ = try CHP.decodeSnapshotRequest(try snapshots.receive())
+        // The request is dropped unanswered; nothing more comes from the kernel.
+        clock.advance(.seconds(3_601))
+        let (client, subtree, _, _) = try CHP.decodeSnapshotRequest(try snapshots.receive())
+        try snapshots.send(CHP.kthxbai(sequence: 7, subtree: subtree, to: client))
+        #expect(try await within(10, "the snapshot asked again") { try await subscription.next() } == .synced(sequence: 7))
+        await subscription.cancel()
+        publisher.close()
+        snapshots.close()
+    }
+
+    @Test("the kernel asked for the snapshot goes before it answers, the other kernel of the pair still up: the snapshot is asked of the other at once, not after a silence")
+    func snapshotKernelGoes() async throws {
+        // Two stand-in kernels over TCP (connection events are TCP's); the subscription's
+        // clock never moves, so no timeout can be what asks again.
+        let context = try ZMQContext()
+        func standIn() throws -> (publisher: ZMQSocket, snapshots: ZMQSocket, endpoints: (snapshot: String, publisher: String)) {
+            let publisher = try ZMQSocket(context, .xpub)
+            try publisher.set(.receiveTimeout, Int32(10_000))
+            try publisher.set(.linger, Int32(0))
+            let publisherEndpoint = try publisher.bind("tcp://127.0.0.1:*")
+            let snapshots = try ZMQSocket(context, .router)
+            try snapshots.set(.receiveTimeout, Int32(10_000))
+            try snapshots.set(.linger, Int32(0))
+            return (publisher, snapshots, (try snapshots.bind("tcp://127.0.0.1:*"), publisherEndpoint))
+        }
+        let first = try standIn(), second = try standIn()
+        let subscription = try await Subscription.open(
+            kernels: [first.endpoints, second.endpoints],
+            prefixes: ["/probe/"], context: context, silenceTimeout: .seconds(3_600), clock: ManualClock())
+        for kernel in [first, second] {
+            while try kernel.publisher.receive()[0].bytes != [1] + Array(CHP.hugzCommand.utf8) {}
+        }
+        try first.publisher.send(CHP.hugz())
+        _ = try CHP.decodeSnapshotRequest(try first.snapshots.receive())
+        first.publisher.close()
+        first.snapshots.close()
+        let (client, subtree, _, _) = try CHP.decodeSnapshotRequest(try second.snapshots.receive())
+        try second.snapshots.send(CHP.kthxbai(sequence: 9, subtree: subtree, to: client))
+        #expect(try await within(10, "the snapshot of the other kernel") { try await subscription.next() } == .synced(sequence: 9))
+        await subscription.cancel()
+        second.publisher.close()
+        second.snapshots.close()
+    }
+
     @Test("a change below the last sequence delivered that the view never had (the kernels' histories parted): said, and resynced from a whole snapshot; the other kernel's copies and what the sync covered are not")
     func partedHistories() async throws {
         let (publisher, snapshots, subscription) = try await standInKernel("parted", clock: ManualClock())

@@ -110,7 +110,8 @@ public final class Subscription: AsyncSequence, Sendable {
     ///     included, then ``SubscriptionEvent/synced(sequence:)``, while the kernel still holds
     ///     them (`kernel.state_history_*`); otherwise ``SubscriptionEvent/reset(since:reason:)``
     ///     and the whole snapshot.
-    ///   - silenceTimeout: resynchronise when nothing (not even HUGZ) arrives for this long.
+    ///   - silenceTimeout: resynchronise when nothing (not even HUGZ) arrives for this long;
+    ///     a snapshot the kernel asked does not answer for this long is asked again.
     ///   - bufferSize: events waiting for the reader before the subscription stops reading.
     ///   - curve: keys for a CURVE-secured kernel (nil: plain text).
     ///   - clock: what the silence is timed by (a test moves its own).
@@ -279,6 +280,8 @@ actor SubscriptionCore {
     private var recentSequences = RecentSequences()
     private let clock: any NanosecondClock
     private var lastHeard: UInt64
+    /// When the snapshot being read was asked for, or its last message came.
+    private var snapshotHeard: UInt64
     /// Every kernel's connection dropped at some point since the last sync: updates may
     /// have been missed, so the next connection resyncs.
     private var lostEveryKernel = false
@@ -295,6 +298,7 @@ actor SubscriptionCore {
         self.loop = loop
         self.clock = clock
         lastHeard = clock.now
+        snapshotHeard = clock.now
         self.buffer = buffer
         self.prefixes = prefixes
         countedPrefixes = Array(Set(prefixes.filter { prefix in !prefixes.contains { $0 != prefix && prefix.hasPrefix($0) } }))
@@ -456,6 +460,7 @@ actor SubscriptionCore {
         }
         received = []
         phase = .snapshotting(index: index)
+        snapshotHeard = clock.now
         let prefix = prefixes[index]
         // A CHP subtree is empty or ends in '/'; other prefixes ask for all and filter.
         let subtree = CHP.isValidSubtree(prefix) ? prefix : ""
@@ -464,6 +469,7 @@ actor SubscriptionCore {
 
     private func snapshotReply(_ message: Message) {
         guard case .snapshotting(let index) = phase, let reply = try? CHP.decodeSnapshotReply(message) else { return }
+        snapshotHeard = clock.now
         switch reply {
         case .entry(let entry):
             guard entry.key.hasPrefix(prefixes[index]) else { return }
@@ -574,25 +580,49 @@ actor SubscriptionCore {
 
     /// A kernel's connection dropped or came back. While another kernel stays connected it
     /// brings every update (both publish each one), so only losing them all calls for a resync.
+    /// A snapshot being read from a kernel whose connection dropped is asked again of a
+    /// connected kernel as soon as there is one: the one asked will not answer.
     private func connectionEvent(_ message: Message, from source: Int) {
         guard let event = SocketEvent(message) else { return }
         if event.event.contains(.disconnected) {
             sources[source].disconnected = true
             sources[source].counting = false
-            if sources.allSatisfy(\.disconnected) { lostEveryKernel = true }
+            if sources.allSatisfy(\.disconnected) {
+                lostEveryKernel = true
+            } else if case .snapshotting = phase, source == snapshotSource {
+                askSnapshotAgain()
+            }
         } else if event.event.contains(.connected), sources[source].disconnected {
             sources[source].disconnected = false
             if lostEveryKernel {
                 lostEveryKernel = false
                 snapshotSource = source
                 resync(missed: nil, reason: "reconnected to the kernel", subscriptionIsLive: false)
+            } else if case .snapshotting = phase, sources[snapshotSource].disconnected {
+                askSnapshotAgain()
             }
         }
+    }
+
+    /// Asks this round's snapshots again from the first prefix, of another connected kernel
+    /// when there is one (a new socket, so nothing half-received from the old one mixes in).
+    private func askSnapshotAgain() {
+        if let other = sources.indices.first(where: { $0 != snapshotSource && !sources[$0].disconnected }) {
+            snapshotSource = other
+        }
+        try? openSnapshotSocket()
+        requestSnapshot(0)
     }
 
     private func checkSilence() {
         // A paused socket is silent by choice: the reader is behind, not the kernel.
         guard !readingPaused, phase != .stopped else { return }
+        if case .snapshotting = phase {
+            // Reading a snapshot, the kernel asked is heard only when it answers: the other
+            // kernel's HUGZ say nothing of it. Silent this long, it went or lost the request.
+            if clock.now &- snapshotHeard > silenceTimeout.nanoseconds { askSnapshotAgain() }
+            return
+        }
         if clock.now &- lastHeard > silenceTimeout.nanoseconds {
             lastHeard = clock.now
             needsWholeSnapshot = true
