@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import SwitchboardTestSupport
 import Testing
 @testable import ZeroMQ
 
@@ -9,9 +10,9 @@ struct SocketLoopTests {
     func concurrentSenders() async throws {
         let context = try ZMQContext()
         let loop = try SocketLoop(context: context, name: "test-loop")
-        let receiver = try await loop.open(.pull) { try $0.bind("tcp://127.0.0.1:*") }
+        let receiver = try await LoopSocket.open(.pull, on: loop) { try $0.bind("tcp://127.0.0.1:*") }
         let endpoint = try await receiver.withSocket { try $0.get(.lastEndpoint) }
-        let sender = try await loop.open(.push) { try $0.connect(endpoint) }
+        let sender = try await LoopSocket.open(.push, on: loop) { try $0.connect(endpoint) }
         let tasks = 8, perTask = 12_500
 
         let counts = try await within(60, "100,000 messages") {
@@ -46,11 +47,11 @@ struct SocketLoopTests {
         let context = try ZMQContext()
         let loop = try SocketLoop(context: context)
         let endpoint = inprocEndpoint()
-        let receiver = try await loop.open(.pull, bufferSize: 8) {
+        let receiver = try await LoopSocket.open(.pull, on: loop, bufferSize: 8) {
             try $0.set(.receiveHighWaterMark, 10)
             try $0.bind(endpoint)
         }
-        let sender = try await loop.open(.push) {
+        let sender = try await LoopSocket.open(.push, on: loop) {
             try $0.set(.sendHighWaterMark, 10)
             try $0.connect(endpoint)
         }
@@ -66,31 +67,6 @@ struct SocketLoopTests {
             }
             try await sending
         }
-        await loop.shutdown()
-    }
-
-    @Test("the send queue is bounded: past its limit send fails with EAGAIN")
-    func sendQueueLimit() async throws {
-        let context = try ZMQContext()
-        let loop = try SocketLoop(context: context)
-        // A peer that never reads, over inproc with the smallest pipes: libzmq takes a
-        // message or two, then every message stays queued in the loop. (A peer that is not
-        // there at all is not deterministic: a refused TCP connection drops the pipe's
-        // messages, which makes room again.)
-        let endpoint = "inproc://never-reads-\(UInt64.random(in: 0...UInt64.max))"
-        let peer = try ZMQSocket(context, .router)
-        try peer.set(.receiveHighWaterMark, 1)
-        try peer.bind(endpoint)
-        defer { peer.close() }
-        let sender = try await loop.open(.dealer, sendQueueLimit: 100) {
-            try $0.set(.sendHighWaterMark, 1)
-            try $0.connect(endpoint)
-        }
-        var failure: ZMQError?
-        for index in 0..<100_000 {
-            do { try sender.send(["\(index)"]) } catch { failure = error; break }
-        }
-        #expect(failure?.isAgain == true)
         await loop.shutdown()
     }
 
@@ -126,7 +102,7 @@ struct SocketLoopTests {
         let echo = Echo(loop: loop)
         let endpoint = inprocEndpoint()
         try await echo.start(endpoint: endpoint)
-        let client = try await loop.open(.dealer) { try $0.connect(endpoint) }
+        let client = try await LoopSocket.open(.dealer, on: loop) { try $0.connect(endpoint) }
         try await within(10, "echo") {
             for index in 0..<1_000 {
                 try client.send(["ping \(index)"])
@@ -229,11 +205,11 @@ struct SocketLoopTests {
         let context = try ZMQContext()
         let loop = try SocketLoop(context: context)
         let endpoint = inprocEndpoint()
-        let receiver = try await loop.open(.pull) { try $0.bind(endpoint) }
+        let receiver = try await LoopSocket.open(.pull, on: loop) { try $0.bind(endpoint) }
         let waiting = Task { try await receiver.receive() }
         waiting.cancel()
         await #expect(throws: CancellationError.self) { try await waiting.value }
-        let sender = try await loop.open(.push) { try $0.connect(endpoint) }
+        let sender = try await LoopSocket.open(.push, on: loop) { try $0.connect(endpoint) }
         try sender.send(["after"])
         #expect(try await within(5, "receive after cancel") { try await receiver.receive() } == ["after"])
         await loop.shutdown()
@@ -243,7 +219,7 @@ struct SocketLoopTests {
     func shutdown() async throws {
         let context = try ZMQContext()
         let loop = try SocketLoop(context: context)
-        let socket = try await loop.open(.pull) { try $0.bind(inprocEndpoint()) }
+        let socket = try await LoopSocket.open(.pull, on: loop) { try $0.bind(inprocEndpoint()) }
         let iterating = Task { () -> Int in
             var count = 0
             for try await _ in socket.messages { count += 1 }
@@ -256,14 +232,14 @@ struct SocketLoopTests {
         #expect(throws: ZMQError.self) { try socket.send(["late"]) }
         await loop.shutdown()
         // Work sent to a stopped loop is refused, not lost in a queue nobody reads.
-        await #expect(throws: (any Error).self) { _ = try await loop.open(.push) }
+        await #expect(throws: (any Error).self) { _ = try await LoopSocket.open(.push, on: loop) }
     }
 
     @Test("sendAndConfirm reports an unroutable peer; plain sends count it")
     func confirmedSend() async throws {
         let context = try ZMQContext()
         let loop = try SocketLoop(context: context)
-        let router = try await loop.open(.router) {
+        let router = try await LoopSocket.open(.router, on: loop) {
             try $0.set(.routerMandatory, true)
             try $0.bind(inprocEndpoint())
         }

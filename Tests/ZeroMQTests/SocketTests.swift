@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+import SwitchboardTestSupport
 @testable import ZeroMQ
 
 @Suite("Sockets over real libzmq")

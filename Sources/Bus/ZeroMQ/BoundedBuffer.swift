@@ -3,16 +3,16 @@ public import Synchronization
 
 /// The bounded buffer between a producer on a loop thread and the tasks awaiting
 /// ``next()``, served in the order they started waiting. It is the one buffer of the
-/// bridge: an ``AsyncSocket``'s inbox, a subscription's updates and a hosted service's
+/// bridge: a subscription's updates, a stream's parts (BusKit) and a hosted service's
 /// requests (for its answerers) all use it.
 ///
 /// What happens when it is full is the owner's choice:
 /// - ``WhenFull/pauseProducer(resume:)``: the element is kept and ``push(_:)`` answers
 ///   ``PushOutcome/full``, so the producer stops reading; `resume` is called once a consumer
-///   has taken the buffer down to half (an inbox pauses its socket: backpressure reaches
-///   libzmq's own high-water marks).
+///   has taken the buffer down to half (a subscription pauses its sockets: backpressure
+///   reaches libzmq's own high-water marks, and the kernel's dropping is then counted).
 /// - ``WhenFull/refuse``: the element is dropped and ``push(_:)`` answers
-///   ``PushOutcome/refused`` (a subscription then resynchronises from a snapshot).
+///   ``PushOutcome/refused`` (a stream's reader too far behind ends the stream).
 public final class BoundedBuffer<Element: Sendable>: Sendable {
     public enum WhenFull: Sendable {
         case refuse

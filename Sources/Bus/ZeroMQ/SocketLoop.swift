@@ -18,14 +18,13 @@ internal import Glibc
 ///   (`EAGAIN`) waits in a per-socket backlog until the socket is writable.
 /// - **Receives**: the loop waits in `poll` on its sockets' `ZMQ_FD`s and the wake-up
 ///   descriptor, drains readable sockets and hands each message to the socket's handler.
-///   ``AsyncSocket`` turns that into an `AsyncSequence` with a bounded buffer: when its
-///   consumer falls behind, the loop stops reading that socket and libzmq's high-water
-///   mark pushes back on the peer, so nothing is dropped and memory stays bounded.
+///   A handler that cannot keep up pauses its socket's reading: libzmq's high-water mark
+///   then pushes back on the peer, so nothing is dropped and memory stays bounded.
 /// - **Actors**: the loop is also a `SerialExecutor`. An actor whose `unownedExecutor` is
 ///   the loop's runs *on* the loop thread, so it may own sockets outright and use them
 ///   synchronously, with no hop per message. This is the one way a component owns state
 ///   beside its sockets (the kernel, `ServiceHost`'s connections, `BusClient`, `Subscription`;
-///   docs/BRIDGE.md); ``AsyncSocket`` is for code that only sends and receives.
+///   docs/BRIDGE.md).
 /// - **Tasks**: ``taskExecutor`` is the same thread as a `TaskExecutor`. A task that prefers
 ///   it runs its own code and the default actors it calls here, and is resumed here when
 ///   answered, with no thread woken per request (the service host's handlers,
@@ -49,7 +48,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         /// A job of a task that prefers ``taskExecutor``, running nonisolated code.
         case taskJob(UnownedJob)
         case call(@Sendable () -> Void)
-        case send(LoopBound<SocketRegistration>, Message)
         case stop(UnsafeContinuation<Void, Never>?)
     }
 
@@ -152,7 +150,7 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
             jobsRun += 1
             job.runSynchronously(on: taskExecutor.asUnownedTaskExecutor())
         case .call(let body): body()
-        case .send, .stop: break
+        case .stop: break
         }
     }
 
@@ -218,7 +216,7 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         case .taskJob(let job):
             let executor = taskExecutor.asUnownedTaskExecutor()
             afterStop.async { job.runSynchronously(on: executor) }
-        case .call, .send: break
+        case .call: break
         case .stop(let continuation): continuation?.resume()
         }
     }
@@ -301,7 +299,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
                 while let work = batch.popFirst() {
                     switch work {
                     case .actorJob, .taskJob, .call: run(work)
-                    case .send(let registration, let message): registration.value.send(message)
                     case .stop(let continuation):
                         if let continuation { stopWaiters.append(continuation) }
                         stopRequested = true
@@ -347,7 +344,6 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         for work in late {
             switch work {
             case .actorJob, .taskJob, .call: run(work)
-            case .send: break
             case .stop(let continuation): continuation?.resume()
             }
         }
@@ -469,24 +465,6 @@ public final class LoopTimer {
     public func cancel() {
         isCancelled = true
         current?.cancel()
-    }
-}
-
-/// A value that may be carried across threads but used only on its loop's thread,
-/// where it is checked (after swift-nio's `NIOLoopBound`). Internal: `AsyncSocket` holds
-/// its registration this way; components own loop state as actors pinned to the loop.
-struct LoopBound<Value>: @unchecked Sendable {
-    private let wrapped: Value
-    let loop: SocketLoop
-    /// Wraps `value`; call on the loop thread (where `value` lives).
-    init(_ value: Value, loop: SocketLoop) {
-        self.wrapped = value
-        self.loop = loop
-    }
-    /// The value; stops with a message when read off the loop thread.
-    var value: Value {
-        loop.preconditionLoopThread()
-        return wrapped
     }
 }
 

@@ -2,6 +2,7 @@ import ArgumentParser
 import BusBench
 import Foundation
 import Histogram
+import SwitchboardTestSupport
 import ZeroMQ
 
 /// Raw libzmq sockets driven from one thread against the same sockets reached through the
@@ -54,9 +55,9 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
         ]
         let sync = medianByP50(bridgeSync), pipelined = median(bridgePipe)
         let ratio = Double(sync.1.valueAtPercentile(50)) / Double(raw.1.valueAtPercentile(50))
-        rows.append(Row("bridge round trip (AsyncSocket, a task on the global pool)", rate: sync.0, latencies: sync.1,
+        rows.append(Row("bridge round trip (LoopSocket, a task on the global pool)", rate: sync.0, latencies: sync.1,
                         note: String(format: "p50 %.2fx raw", ratio)))
-        rows.append(Row("bridge pipelined (AsyncSocket)", rate: pipelined,
+        rows.append(Row("bridge pipelined (LoopSocket)", rate: pipelined,
                         note: String(format: "%.0f%% of raw", pipelined / rawRate * 100)))
         return rows
     }
@@ -104,52 +105,40 @@ struct ZeroMQBenchmark: AsyncParsableCommand {
     // MARK: Through the bridge, from async code
 
     private func bridgeRoundTrips(_ endpoint: String, _ payload: Frame) async throws -> (Double, Histogram<UInt64>) {
-        let context = try ZMQContext()
-        let loop = try SocketLoop(context: context, name: "bench-loop")
-        defer { Task { await loop.shutdown() } }
-        return try await bridgeRoundTrips(loop, endpoint, payload)
-    }
-
-    private func bridgeRoundTrips(_ loop: SocketLoop, _ endpoint: String, _ payload: Frame) async throws -> (Double, Histogram<UInt64>) {
-        let socket = try await loop.open(.dealer) { try $0.connect(endpoint) }
+        let loop = try SocketLoop(context: try ZMQContext(), name: "bench-loop")
+        let dealer = try await LoopSocket.open(.dealer, on: loop) { try $0.connect(endpoint) }
         let message: Message = [payload]
-        for _ in 0..<1_000 { try socket.send(message); _ = try await socket.receive() }
+        for _ in 0..<1_000 { try dealer.send(message); _ = try await dealer.receive() }
         var latencies = latencyHistogram()
         let start = monotonicNanoseconds()
         for _ in 0..<roundTrips {
             let sent = monotonicNanoseconds()
-            try socket.send(message)
-            _ = try await socket.receive()
+            try dealer.send(message)
+            _ = try await dealer.receive()
             _ = latencies.record(monotonicNanoseconds() - sent)
         }
         let rate = Double(roundTrips) / (Double(monotonicNanoseconds() - start) / 1e9)
-        await socket.close()
+        await loop.shutdown()
         return (rate, latencies)
     }
 
     private func bridgePipelined(_ endpoint: String, _ payload: Frame) async throws -> Double {
-        let context = try ZMQContext()
-        let loop = try SocketLoop(context: context, name: "bench-loop")
-        defer { Task { await loop.shutdown() } }
-        return try await bridgePipelined(loop, endpoint, payload)
-    }
-
-    private func bridgePipelined(_ loop: SocketLoop, _ endpoint: String, _ payload: Frame) async throws -> Double {
-        let socket = try await loop.open(.dealer) { try $0.connect(endpoint) }
+        let loop = try SocketLoop(context: try ZMQContext(), name: "bench-loop")
+        let dealer = try await LoopSocket.open(.dealer, on: loop) { try $0.connect(endpoint) }
         let message: Message = [payload]
-        try socket.send(message); _ = try await socket.receive()
+        try dealer.send(message); _ = try await dealer.receive()
         let start = monotonicNanoseconds()
         var sent = 0, received = 0
         while received < messages {
             while sent < messages && sent - received < window {
-                try socket.send(message)
+                try dealer.send(message)
                 sent += 1
             }
-            _ = try await socket.receive()
+            _ = try await dealer.receive()
             received += 1
         }
         let rate = Double(messages) / (Double(monotonicNanoseconds() - start) / 1e9)
-        await socket.close()
+        await loop.shutdown()
         return rate
     }
 }

@@ -1,17 +1,10 @@
 internal import CZeroMQ
-
-/// Readiness for ``ZMQPoller`` and ``ZMQSocket/events()``.
-public struct PollEvents: OptionSet, Sendable, Hashable {
-    public let rawValue: Int16
-    public init(rawValue: Int16) { self.rawValue = rawValue }
-    public static let readable = PollEvents(rawValue: Int16(ZMQ_POLLIN))
-    public static let writable = PollEvents(rawValue: Int16(ZMQ_POLLOUT))
-    public static let error = PollEvents(rawValue: Int16(ZMQ_POLLERR))
-}
+public import ZeroMQ
 
 /// Waits on several sockets (and plain file descriptors) at once, with `zmq_poll`.
 ///
-/// Like the sockets it holds, a poller belongs to one thread.
+/// Like the sockets it holds, a poller belongs to one thread. For tests and benchmarks that
+/// drive sockets from one thread: the bus's own code waits in a `SocketLoop`.
 public struct ZMQPoller {
     private var items: [zmq_pollitem_t] = []
     private var sockets: [ZMQSocket?] = []
