@@ -109,12 +109,12 @@ struct FetcherBus {
         try await kernel.state(key, within: seconds, "\(dataset) loaded from the server") { $0[key]?["origin"] == "remote" }
     }
 
-    /// Waits until the store keeps a copy of `dataset` (written after a good download).
+    /// Waits until the store keeps a copy of `dataset`, written after a good download: a
+    /// refresh waits for the download under way, which writes the copy before it ends.
     func waitForSnapshot(_ dataset: Dataset) async throws {
-        try await eventually(10, "the store keeps \(dataset)") {
-            let kept = try? await client.request(service: "store", method: "snapshots.get", params: ["name": .string(dataset.rawValue)])
-            return kept != nil && kept != .null
-        }
+        _ = try await refresh(dataset)
+        let kept = try await client.request(service: "store", method: "snapshots.get", params: ["name": .string(dataset.rawValue)])
+        #expect(kept != .null, "the store keeps \(dataset)")
     }
 
     func stop(keepKernel: Bool = false) async {
