@@ -580,8 +580,11 @@ actor WorkerConnection {
         errorReport?.cancel()
         errorReport = nil
         registration?.send(MDP.encode(.disconnect, version: version))
-        // Give the DISCONNECT a moment to leave before the socket closes.
-        try? registration?.socket.set(.linger, 200)
+        // What libzmq still holds for the kernel (up to its high-water mark of parts and
+        // replies, then the DISCONNECT) leaves after the socket is closed: it lingers until all
+        // of it has, for at most the drain's timeout (a kernel that is there reads it at once;
+        // a loaded one may take seconds), and not at all once the kernel is gone.
+        try? registration?.socket.set(.linger, lostConnection ? 0 : Int32(clamping: timeout.nanoseconds / 1_000_000))
         registration?.close()
         registration = nil
         monitor?.close()
