@@ -1,7 +1,6 @@
 import Foundation
 import Synchronization
 import Testing
-import SwitchboardTestSupport
 @testable import ZeroMQ
 
 @Suite("Sockets over real libzmq")

@@ -69,9 +69,8 @@ public final class ZMQSocket {
     public var isClosed: Bool { handle == nil }
 
     /// The libzmq socket, for a call about to be made on it (counted in ``operations``).
-    /// Package-wide: the tests' `ZMQPoller` hands it to `zmq_poll`.
     @inline(__always)
-    package func raw(_ call: @autoclosure () -> String) throws(ZMQError) -> UnsafeMutableRawPointer {
+    func raw(_ call: @autoclosure () -> String) throws(ZMQError) -> UnsafeMutableRawPointer {
         guard let handle else { throw ZMQError(call: call(), code: ENOTSOCK) }
         operations &+= 1
         return handle

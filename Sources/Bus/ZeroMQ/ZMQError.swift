@@ -43,7 +43,7 @@ public struct ZMQError: Error, Sendable, Equatable, CustomStringConvertible {
 /// This is the only place that reads `zmq_errno()`; every wrapper goes through it.
 @inline(__always)
 @discardableResult
-package func zmqCall(_ name: @autoclosure () -> String, _ body: () -> Int32) throws(ZMQError) -> Int32 {
+func zmqCall(_ name: @autoclosure () -> String, _ body: () -> Int32) throws(ZMQError) -> Int32 {
     while true {
         let rc = body()
         if rc != -1 { return rc }
