@@ -129,6 +129,8 @@ struct HostileFigures: Sendable {
     let memoryAtStart: [String: Double]
     let peak: [String: Double]
     let memoryAfter: [String: Double]
+    /// From the hostile client leaving to `memoryAfter`: when all were back, or the limit.
+    let secondsToGiveBack: Double
 
     func print() {
         Swift.print("")
@@ -142,8 +144,8 @@ struct HostileFigures: Sendable {
                         + columns.map { String(format: "%9.1f", $0) }.joined(separator: "") + String(format: "%8d", figures.failures))
         }
         for name in HostileClient.measured {
-            Swift.print(String(format: "  %@ memory: %.0f MB at start (after the quiet case), %.0f MB at most during, %.0f MB 30 s after the hostile client left",
-                               name, memoryAtStart[name] ?? .nan, peak[name] ?? .nan, memoryAfter[name] ?? .nan))
+            Swift.print(String(format: "  %@ memory: %.0f MB at start (after the quiet case), %.0f MB at most during, %.0f MB %.1f s after the hostile client left",
+                               name, memoryAtStart[name] ?? .nan, peak[name] ?? .nan, memoryAfter[name] ?? .nan, secondsToGiveBack))
         }
         Swift.print("  hostile ttl writes taken: \(accepted) (must be 0)")
     }

@@ -57,7 +57,7 @@ struct Soak: AsyncParsableCommand {
             throw ValidationError("--duration, --clients and --kill-min must be positive and --kill-max at least --kill-min")
         }
         guard !hostile || (duration >= 100 && !pair) else {
-            throw ValidationError("--hostile needs --duration of at least 100 (its cases, then 30 s for memory to come back) and no --pair")
+            throw ValidationError("--hostile needs --duration of at least 100 (its cases, one after another) and no --pair")
         }
         guard !etcd || pair else { throw ValidationError("--etcd is for a kernel pair: add --pair") }
         let folder = try temporaryDirectory("switchboard-soak")
@@ -369,7 +369,20 @@ struct Soak: AsyncParsableCommand {
         return report
     }
 
-    /// The hostile client's cases one after another (a bystander timing each), then 30 s
+    /// How long the bus has, once the hostile client left, to give its memory back, and to
+    /// within what multiple of its memory at start.
+    static let memoryReturnLimit = 30.0
+    static let memoryReturnFactor = 1.5
+
+    /// Whether every measured process is back within ``memoryReturnFactor`` of its start.
+    private static func memoryIsBack(_ now: [String: Double], from start: [String: Double]) -> Bool {
+        HostileClient.measured.allSatisfy { name in
+            guard let before = start[name], let size = now[name] else { return false }
+            return size <= before * memoryReturnFactor
+        }
+    }
+
+    /// The hostile client's cases one after another (a bystander timing each), then up to 30 s
     /// without it: the memory of the kernel, the gateway and the echo worker must be back
     /// within 1.5x of their start (the worker's never 256 MB above it), and no process restarted.
     private static func runHostile(keys: KeyFolder, kernel: KernelPorts, curve: CurveClientKeys?, bus: BusProcesses, started: Date,
@@ -421,17 +434,27 @@ struct Soak: AsyncParsableCommand {
         await timing.value
         await client.close()
         await bystanderClient.close()
-        say("hostile: left; 30 s for the bus to give memory back")
-        try await Task.sleep(for: .seconds(30))
-        let after = bus.memory()
+        say("hostile: left; up to \(Int(Self.memoryReturnLimit)) s for the bus to give memory back")
+        // Memory is only seen by sampling it: each measured process is sampled until all are
+        // back within their bound, or the limit has passed (then the last sample is judged).
+        let left = Date()
+        var after = bus.memory()
+        while !Self.memoryIsBack(after, from: memoryAtStart), Date().timeIntervalSince(left) < Self.memoryReturnLimit {
+            try await Task.sleep(for: .milliseconds(500))
+            after = bus.memory()
+        }
         let figures = HostileFigures(bystander: bystander.figures.withLock { $0 }, accepted: hostile.accepted.load(ordering: .relaxed),
-                                     memoryAtStart: memoryAtStart, peak: peak, memoryAfter: after)
+                                     memoryAtStart: memoryAtStart, peak: peak, memoryAfter: after,
+                                     secondsToGiveBack: Date().timeIntervalSince(left))
         for name in HostileClient.measured {
             guard let start = memoryAtStart[name], let now = after[name] else {
                 problems.append("no \(name) process to measure (at start: \(memoryAtStart[name] == nil ? "none" : "found"), after: \(after[name] == nil ? "none" : "found"))")
                 continue
             }
-            if now > start * 1.5 { problems.append(String(format: "%@ holds %.0f MB 30 s after the hostile client left, over 1.5x its %.0f MB at start", name, now, start)) }
+            if now > start * Self.memoryReturnFactor {
+                problems.append(String(format: "%@ holds %.0f MB %.0f s after the hostile client left, over %.1fx its %.0f MB at start",
+                                       name, now, Self.memoryReturnLimit, Self.memoryReturnFactor, start))
+            }
             // What a worker's outgoing parts may hold is bounded (its socket's queue, then its
             // part outbox): streams nobody reads never grow it far past its start.
             if name == EchoAPI.service, let highest = peak[name], highest > start + 256 {
