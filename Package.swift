@@ -146,7 +146,7 @@ let package = Package(
         // finds the kernels. For the `switchboard` executable.
         .target(
             name: "Deployment",
-            dependencies: ["BusKit", "BusProtocol", "Contracts", "FetcherService", "Gateway", "Kernel", "StoreService", "Supervisor", "SwitchboardConfig", "Telemetry"],
+            dependencies: ["BusKit", "BusProtocol", "Contracts", "FetcherService", "Gateway", "Kernel", "StoreService", "StreamsService", "Supervisor", "SwitchboardConfig", "Telemetry"],
             path: "Sources/Operations/Deployment",
             swiftSettings: sharedSettings
         ),
@@ -209,11 +209,23 @@ let package = Package(
             path: "Sources/Services/FetcherService",
             swiftSettings: sharedSettings
         ),
+        // The durable engines the store and the streams service keep their data in: a
+        // SQLite file written with group commit and the requests' results beside their effects.
+        .target(
+            name: "Storage",
+            dependencies: [
+                "BusProtocol", "Contracts",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/Services/Storage",
+            swiftSettings: sharedSettings
+        ),
         // The `store` service: history, saved articles, selections and dataset snapshots in SQLite.
         .target(
             name: "StoreService",
             dependencies: [
-                "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig",
+                "Contracts", "BusKit", "BusProtocol", "Storage", "SwitchboardConfig",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -221,6 +233,17 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             path: "Sources/Services/StoreService",
+            swiftSettings: sharedSettings
+        ),
+        // The `streams` service: durable streams and their consumers, in SQLite.
+        .target(
+            name: "StreamsService",
+            dependencies: [
+                "Contracts", "BusProtocol", "Storage", "SwitchboardConfig",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/Services/StreamsService",
             swiftSettings: sharedSettings
         ),
         // Following the fetcher's `/catalog/*`: services that keep their own copies of datasets.
@@ -270,7 +293,7 @@ let package = Package(
             name: "switchboard",
             dependencies: [
                 "BusProtocol", "Contracts",
-                "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Supervisor",
+                "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "StreamsService", "Supervisor",
                 "Gateway", "Deployment", "Telemetry",
                 "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -307,7 +330,8 @@ let package = Package(
             name: "switchboard-bench",
             dependencies: [
                 "BusBench", "Contracts", "ZeroMQ", "BusProtocol", "Etcd", "Kernel", "BusKit", "EchoService", "StoreService", "FetcherService", "SearchService", "Catalog",
-                "SwitchboardTestSupport",
+                "Storage", "StreamsService", "SwitchboardTestSupport",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
@@ -408,6 +432,11 @@ let package = Package(
             swiftSettings: sharedSettings
         ),
         .testTarget(
+            name: "StreamsServiceTests",
+            dependencies: ["Contracts", "StreamsService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
+            swiftSettings: sharedSettings
+        ),
+        .testTarget(
             name: "SearchServiceTests",
             dependencies: ["Contracts", "SearchService", "FetcherService", "StoreService", "Catalog", "BusKit", "BusProtocol", "Kernel",
                            "SwitchboardTestSupport"],
@@ -421,7 +450,8 @@ let package = Package(
         ),
         .testTarget(
             name: "SBTests",
-            dependencies: ["Contracts", "SearchService", "PricingService", "EchoService", "Catalog", "BusKit", "BusProtocol", "SwitchboardTestSupport"],
+            dependencies: ["Contracts", "SearchService", "PricingService", "EchoService", "StreamsService", "Catalog", "BusKit", "BusProtocol",
+                           "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

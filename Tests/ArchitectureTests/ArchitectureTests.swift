@@ -104,7 +104,7 @@ struct ArchitectureTests {
         }
         #expect(page["SwitchboardConfig"]?.imports == [])
         #expect(!reach("Gateway").contains("Kernel"))
-        let services: Set = ["EchoService", "FetcherService", "StoreService", "SearchService", "PricingService"]
+        let services: Set = ["EchoService", "FetcherService", "StoreService", "StreamsService", "SearchService", "PricingService"]
         #expect(reach("sb").isDisjoint(with: services.union(["Kernel"])))
         for service in services { #expect(reach(service).isDisjoint(with: services), "\(service) imports another service") }
     }

@@ -38,7 +38,7 @@ struct InterruptedSoakTests {
             let words = piece.split(separator: " ")
             if words.count == 2, let pid = Int32(words[1]) { pids[String(words[0])] = pid }
         }
-        #expect(Set(pids.keys) == ["up", "kernel", "echo", "store", "fetcher", "search", "pricing", "gateway"], "\(upLine)")
+        #expect(Set(pids.keys) == ["up", "kernel", "echo", "store", "streams", "fetcher", "search", "pricing", "gateway"], "\(upLine)")
         let portsLine = try #require(output.split(separator: "\n").first { $0.contains("; ports ") })
         // The kernel's four endpoints and the gateway's.
         let ports = (portsLine.components(separatedBy: "; ports ").last ?? "").split(separator: ",")

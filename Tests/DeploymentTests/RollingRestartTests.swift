@@ -33,7 +33,7 @@ struct RollingRestartTests {
         }
         let restart = try await sb("restart", "--json", seconds: 120)
         let restarted = try #require(try jsonLines(restart.stdout).first?["restarted"]?.arrayValue, "\(restart)")
-        #expect(restart.status == 0 && restarted.compactMap { $0["name"]?.stringValue } == ["echo", "store", "fetcher", "search", "pricing", "gateway"])
+        #expect(restart.status == 0 && restarted.compactMap { $0["name"]?.stringValue } == ["echo", "store", "streams", "fetcher", "search", "pricing", "gateway"])
         for entry in restarted {
             let name = entry["name"]?.stringValue ?? ""
             #expect(entry["oldPid"]?.intValue == Int64(old[name] ?? 0) && entry["newPid"]?.intValue != entry["oldPid"]?.intValue, "\(name)")

@@ -23,6 +23,7 @@ struct SecureByDefaultTests {
               fetcher: {enabled: false}
               search: {enabled: false}
               pricing: {enabled: false}
+              streams: {enabled: false}
             """, supervisor: "restart_backoff_ms: 100", security: "keys_dir: \(keys.path)")
         let broker = "tcp://127.0.0.1:\(ports[0])", collectorEndpoint = "tcp://127.0.0.1:\(ports[3])"
         let up = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path], environment: ["SWITCHBOARD_KERNEL_CLIENT_STATE_MAX_KEYS": "20"])
@@ -203,6 +204,7 @@ struct SecureByDefaultTests {
               fetcher: {enabled: false}
               search: {enabled: false}
               pricing: {enabled: false}
+              streams: {enabled: false}
             """, supervisor: "restart_backoff_ms: 100")
         let kernel = try ChildProcess(switchboardExecutable(), ["up", "--config", config.path])
         defer { kernel.stop() }

@@ -15,6 +15,7 @@ func writeDeploymentConfig(in folder: URL, services: String = """
       fetcher: {workers: 2}
       search: {workers: 2}
       pricing: {workers: 1}
+      streams: {workers: 1}
     """, security: String? = nil, extra: String = "", ports given: [Int]? = nil) throws -> (config: URL, broker: String) {
     let (config, ports) = try writeBusConfiguration(in: folder, services: services, supervisor: """
         restart_backoff_ms: 100
@@ -30,6 +31,7 @@ let echoOnly = """
       fetcher: {enabled: false}
       search: {enabled: false}
       pricing: {enabled: false}
+      streams: {enabled: false}
     """
 
 /// The pids in `switchboard up`'s banner ("  search   2 workers, pid 123"), by piece.
@@ -59,7 +61,7 @@ struct UpTests {
         let banner = try await up.waitForOutput(containing: "Switchboard is up", within: 120)
         try await up.waitForOutput(containing: "Stop with Ctrl-C")
         let pids = bannerPids(up.outputSoFar)
-        #expect(Set(pids.keys) == ["kernel", "echo", "store", "fetcher", "search", "pricing", "gateway"], "\(banner)")
+        #expect(Set(pids.keys) == ["kernel", "echo", "store", "streams", "fetcher", "search", "pricing", "gateway"], "\(banner)")
         #expect(up.outputSoFar.contains("Connect with: export SB_ENDPOINT=\(broker) "))
         #expect(up.outputSoFar.contains(" SB_KEY_DIR=\(busKeyFolder(in: folder).path); sb services"))
 
@@ -106,7 +108,7 @@ struct UpTests {
             let workers = state.reduce(into: [String: Int64]()) { workers, entry in
                 if let count = entry.value["workers"]?.intValue, count > 0 { workers[String(entry.key.dropFirst(KernelAPI.StateKeys.servicesPrefix.count))] = count }
             }
-            return workers == ["echo": 1, "store": 2, "fetcher": 2, "search": 2, "pricing": 1, "supervisor": 1]
+            return workers == ["echo": 1, "store": 2, "streams": 1, "fetcher": 2, "search": 2, "pricing": 1, "supervisor": 1]
         }
         #expect(try await bus.request(service: "search", method: "countries.search", params: ["query": "par"])["countries"] != nil)
         await bus.close()
@@ -117,11 +119,11 @@ struct UpTests {
         #expect(await up.exit(within: 60))
         #expect(up.process.terminationStatus == 0, "\(up.readOutput().suffix(2_000))")
         let output = String(decoding: up.readOutput().utf8.dropFirst(before), as: UTF8.self)
-        let servicesStopped = ["echo", "store", "fetcher", "search", "pricing"].compactMap { name in
+        let servicesStopped = ["echo", "store", "streams", "fetcher", "search", "pricing"].compactMap { name in
             output.range(of: "] \(name) (pid")?.lowerBound
         }
         let kernelStopped = try #require(output.range(of: "] kernel (pid")?.lowerBound)
-        #expect(servicesStopped.count == 5 && servicesStopped.allSatisfy { $0 < kernelStopped }, "services stop before the kernel")
+        #expect(servicesStopped.count == 6 && servicesStopped.allSatisfy { $0 < kernelStopped }, "services stop before the kernel")
         for (name, pid) in pids where name != "search" && name != "kernel" { #expect(!isAlive(pid), "\(name) (pid \(pid)) is still running") }
     }
 
@@ -134,6 +136,7 @@ struct UpTests {
               fetcher: {workers: 1}
               search: {workers: 1}
               pricing: {enabled: false}
+              streams: {enabled: false}
             """, supervisor: """
             restart_backoff_ms: 500
               restart_backoff_max_ms: 2000
@@ -300,7 +303,7 @@ struct SecuredUpTests {
         let result = try await runCommand(sbExecutable(), ["countries", "par", "--json", "--endpoint", broker], environment: keyed)
         #expect(result.status == 0 && result.stdout.contains("Paraguay"), "\(result)")
         let services = try await runCommand(sbExecutable(), ["request", "kernel", "services.list", "--endpoint", broker], environment: keyed)
-        for name in ["echo", "store", "fetcher", "search", "pricing"] { #expect(services.stdout.contains("\"\(name)\"")) }
+        for name in ["echo", "store", "streams", "fetcher", "search", "pricing"] { #expect(services.stdout.contains("\"\(name)\"")) }
         up.signal(SIGTERM)
         #expect(await up.exit(within: 30))
         #expect(up.process.terminationStatus == 0, "\(up.readOutput().suffix(1_500))")

@@ -6,10 +6,11 @@ import EchoService
 import Foundation
 import PricingService
 import SearchService
+import StreamsService
 import SwitchboardTestSupport
 import Testing
 
-/// A kernel with every service (store, fetcher over files, search, pricing, echo) for `sb`,
+/// A kernel with every service (store, fetcher over files, search, pricing, echo, streams) for `sb`,
 /// which runs as a separate process as users run it.
 struct SBBus {
     let base: DatasetBus
@@ -29,16 +30,20 @@ struct SBBus {
         let pricing = PricingService(busTimeout: .seconds(10), client: base.client, publisher: StatePublisher(client: base.client), catalog: catalog)
         let pricingHost = try ServiceHost(service: pricing, options: DatasetBus.hostOptions(base.kernel, connections: 2))
         let echoHost = try ServiceHost(service: EchoService(instance: "echo"), options: DatasetBus.hostOptions(base.kernel, connections: 2))
+        let streams = StreamsService(configuration: StreamsConfiguration(path: try temporaryDirectory("sb-streams").appendingPathComponent("streams.sqlite").path))
+        let streamsHost = try ServiceHost(service: streams, options: DatasetBus.hostOptions(base.kernel, connections: 1))
         try await searchHost.start()
         try await pricingHost.start()
         try await echoHost.start()
-        try await base.waitForWorkers(["search", "pricing", "echo"])
+        try await streamsHost.start()
+        try await base.waitForWorkers(["search", "pricing", "echo", "streams"])
         let works = [Working(search), Working(pricing)]
         for work in works { await work.start() }
         try await base.startFetcher()
         let endpoints = base.kernel.endpoints
-        return SBBus(base: base, search: search, pricing: pricing, hosts: [searchHost, pricingHost, echoHost], works: works,
-                     stops: [{ await searchHost.stop() }, { await pricingHost.stop() }, { await echoHost.stop() }], catalog: catalog,
+        return SBBus(base: base, search: search, pricing: pricing, hosts: [searchHost, pricingHost, echoHost, streamsHost], works: works,
+                     stops: [{ await searchHost.stop() }, { await pricingHost.stop() }, { await echoHost.stop() }, { await streamsHost.stop() }],
+                     catalog: catalog,
                      environment: ["SB_ENDPOINT": endpoints.broker,
                                    "SB_STATE_ENDPOINT": "\(endpoints.snapshot),\(endpoints.publisher),\(endpoints.collector)",
                                    "NO_COLOR": ""])
@@ -134,6 +139,9 @@ struct SBTests {
                                "snapshots.list"],
             FetcherAPI.service: ["datasets.list", "datasets.get", "datasets.refresh"],
             EchoAPI.service: ["echo", "sleep", "fail", "whoami", "count", "numbers"],
+            StreamsAPI.service: ["stream.add", "stream.info", "stream.list", "stream.delete", "stream.purge", "stream.publish", "consumer.add",
+                                 "consumer.info", "consumer.delete", "consumer.fetch", "consumer.next", "consumer.ack", "consumer.nak", "consumer.progress",
+                                 "consumer.term"],
         ]
         for (service, methods) in expected {
             let document = try #require(documents[service], "\(service) described")
@@ -223,6 +231,22 @@ struct SBTests {
         #expect(try await client.call(EchoAPI.whoami) == "echo")
         _ = try await client.call(EchoAPI.sleep, .init(ms: 1))
         await #expect(throws: BusError.self) { try await client.call(EchoAPI.fail, .init(code: -32099)) }
+
+        #expect(try await client.call(StreamsAPI.streamAdd, .init(name: "contract", subjects: ["contract."])).deadLetters == "contract.dead")
+        #expect(try await client.call(StreamsAPI.publish, .init(subject: "contract.a", data: ["n": 1], id: "c-1")).sequence == 1)
+        #expect(try await client.call(StreamsAPI.consumerAdd, .init(stream: "contract", name: "reader", ackWait: 60)).waiting == 1)
+        #expect(try await client.call(StreamsAPI.fetch, .init(stream: "contract", consumer: "reader", batch: 5)).messages.first?.data == ["n": 1])
+        #expect(try await client.call(StreamsAPI.progress, .init(stream: "contract", consumer: "reader", sequences: [1])).done == [1])
+        #expect(try await client.call(StreamsAPI.nak, .init(stream: "contract", consumer: "reader", sequences: [1], delay: 0)).done == [1])
+        #expect(try await client.call(StreamsAPI.nextMethod, .init(stream: "contract", consumer: "reader", max: 1, expires: 10)).count == 1)
+        #expect(try await client.call(StreamsAPI.term, .init(stream: "contract", consumer: "reader", sequences: [1])).done == [1])
+        #expect(try await client.call(StreamsAPI.ack, .init(stream: "contract", consumer: "reader", sequences: [1])).notPending == [1])
+        #expect(try await client.call(StreamsAPI.consumerInfo, .init(stream: "contract", name: "reader")).terminated == 1)
+        #expect(try await client.call(StreamsAPI.streamInfo, .init(name: "contract")).consumers == ["reader"])
+        #expect(try await client.call(StreamsAPI.streamList).streams.count == 2)
+        #expect(try await client.call(StreamsAPI.consumerDelete, .init(stream: "contract", name: "reader")).messages == 0)
+        #expect(try await client.call(StreamsAPI.streamPurge, .init(name: "contract")).messages == 1)
+        #expect(try await client.call(StreamsAPI.streamDelete, .init(name: "contract")).messages == 0)
         await bus.stop()
     }
 
@@ -461,7 +485,7 @@ struct SBTests {
 
     @Test("--help has examples for each verb")
     func help() async throws {
-        for verb in [["request"], ["subscribe"], ["publish"], ["kv"], ["run"], ["countries", "deal"], ["places", "open"], ["items"],
+        for verb in [["request"], ["subscribe"], ["publish"], ["kv"], ["run"], ["stream"], ["stream", "pub"], ["countries", "deal"], ["places", "open"], ["items"],
                      ["news", "headlines"], ["flights", "route"], ["datasets", "refresh"]] {
             let help = try await runCommand(sbExecutable(), verb + ["--help"])
             #expect(help.status == 0 && help.stdout.contains("Example"), "\(verb)")

@@ -17,9 +17,10 @@ struct ConfigFileTests {
     func shippedFile() throws {
         let url = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("Config/switchboard.yaml")
-        // It spells out the store's and the fetcher's defaults, which the settings keep as given.
+        // It spells out the store's, the streams' and the fetcher's defaults, which the settings keep as given.
         var defaults = ConfigFile()
         defaults.store.path = "data/store.sqlite"
+        defaults.streams.path = "data/streams.sqlite"
         defaults.store.historyLimit = 100
         defaults.fetcher.attempts = 3
         #expect(try ConfigFile.load(url) == defaults)

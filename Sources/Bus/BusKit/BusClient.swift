@@ -241,6 +241,17 @@ public final class BusClient: Sendable {
                        KernelAPI.StateSetParams(key: key, value: value ?? .null, ttl: ttl, revision: revision)).sequence
     }
 
+    // MARK: Streams
+
+    /// Publishes `data` to `subject`, kept by the stream that holds it (the `streams`
+    /// service, docs/STREAMS.md) and answered once it is on disk, with the stream and the
+    /// message's sequence. With `id`, publishing it again within the stream's duplicate window
+    /// keeps it once (the answer says `duplicate` and gives the first one's sequence).
+    @discardableResult
+    public func publish(to subject: String, _ data: JSONValue, id: String? = nil, timeout: Duration? = nil) async throws(BusError) -> StreamsAPI.Published {
+        try await call(StreamsAPI.publish, StreamsAPI.Publish(subject: subject, data: data, id: id), timeout: timeout)
+    }
+
     /// Follows the kernel's state under `prefixes` (12/CHP): a snapshot, then every update,
     /// with gaps reported (see ``Subscription``). It runs on this client's loop with its keys;
     /// cancel it before closing the client.

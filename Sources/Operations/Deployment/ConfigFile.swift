@@ -4,6 +4,7 @@ public import Foundation
 public import Gateway
 public import Kernel
 public import StoreService
+public import StreamsService
 public import Supervisor
 public import SwitchboardConfig
 public import Telemetry
@@ -11,13 +12,14 @@ import BusProtocol
 
 /// `Config/switchboard.yaml`: the settings of every piece, each section read by the module it
 /// belongs to (`kernel:` and `pair:` by Kernel, `security:` by BusKit, `gateway:` by Gateway,
-/// `store:`, `fetcher:`, `services:` and `supervisor:` by theirs). Every key is optional; an
+/// `store:`, `streams:`, `fetcher:`, `services:` and `supervisor:` by theirs). Every key is optional; an
 /// environment variable `SWITCHBOARD_<PATH>` overrides the file (``ConfigDocument``), and
 /// flags given on the command line override both.
 public struct ConfigFile: Sendable, Equatable {
     public var kernel = KernelConfiguration()
     public var services = ConfigFile.defaultServices
     public var store = StoreSettings()
+    public var streams = StreamsSettings()
     public var fetcher = FetcherSettings()
     public var security = SecuritySettings()
     public var supervisor = SupervisorSettings()
@@ -35,9 +37,9 @@ public struct ConfigFile: Sendable, Equatable {
     public init() {}
 
     /// The services `switchboard up` runs, in start order, with their default worker counts.
-    public static let serviceNames = ["echo", "store", "fetcher", "search", "pricing"]
+    public static let serviceNames = ["echo", "store", "streams", "fetcher", "search", "pricing"]
     public static let defaultServices: [String: ServiceSettings] = [
-        "echo": .init(workers: 2), "store": .init(workers: 8), "fetcher": .init(workers: 4),
+        "echo": .init(workers: 2), "store": .init(workers: 8), "streams": .init(workers: 2), "fetcher": .init(workers: 4),
         "search": .init(workers: 4), "pricing": .init(workers: 2),
     ]
     public static var logLevels: [String] { ConfigSection.logLevels }
@@ -50,6 +52,7 @@ public struct ConfigFile: Sendable, Equatable {
         "pair": PairConfiguration.schema,
         "services": .each(Set(serviceNames), ServiceSettings.schema),
         "store": StoreSettings.schema,
+        "streams": StreamsSettings.schema,
         "fetcher": FetcherSettings.schema,
         "security": SecuritySettings.schema,
         "gateway": GatewaySettings.schema,
@@ -92,6 +95,7 @@ public struct ConfigFile: Sendable, Equatable {
             services[name] = try ServiceSettings(reading: section, over: Self.defaultServices[name]!, maxWindow: MDP.maxWindow)
         }
         store = try StoreSettings(reading: file.section("store"))
+        streams = try StreamsSettings(reading: file.section("streams"))
         fetcher = try FetcherSettings(reading: file.section("fetcher"))
         security = try SecuritySettings(reading: file.section("security"))
         supervisor = try SupervisorSettings(reading: file.section("supervisor"))

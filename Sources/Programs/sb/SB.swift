@@ -13,7 +13,7 @@ struct SB: AsyncParsableCommand {
         commandName: "sb",
         abstract: "Talk to a Switchboard bus: requests, state subscriptions, scripts, and a verb for each app.",
         discussion: """
-            Generic verbs: request (req), subscribe (sub), publish (pub), run, services, describe, stats, ping, bench. Operations: workers, drain, restart, reload. App verbs: countries, places, items, news, flights, datasets.
+            Generic verbs: request (req), subscribe (sub), publish (pub), run, services, describe, stats, ping, bench. Operations: workers, drain, restart, reload. Streams: stream. App verbs: countries, places, items, news, flights, datasets.
 
             Every verb takes --endpoint (SB_ENDPOINT, default tcp://127.0.0.1:5555), --state-endpoint (SB_STATE_ENDPOINT) and --timeout (SB_TIMEOUT, default 5s); for a kernel with CURVE on, --server-key (SB_SERVER_KEY) and --key-file (SB_KEY_FILE). App verbs print tables, or JSON with --json. Data goes to stdout, diagnostics to stderr. Colour only on a terminal, never with NO_COLOR set.
 
@@ -27,12 +27,13 @@ struct SB: AsyncParsableCommand {
               sb news sources --select bbc-news reuters && sb news headlines
               sb flights route --select 3 14
               sb sub /pricing/ --count 2
+              sb stream pub orders.new '{"id": 7}'
               sb run script.jsonl --parallel 4
 
             Shell completions: sb --generate-completion-script bash (or zsh, fish).
             """,
         subcommands: [Request.self, Subscribe.self, Publish.self, KV.self, Run.self, Services.self, Describe.self, Stats.self, Ping.self, Bench.self,
-                      Workers.self, Drain.self, Restart.self, Reload.self,
+                      Workers.self, Drain.self, Restart.self, Reload.self, Stream.self,
                       Countries.self, Places.self, Items.self, News.self, Flights.self, Datasets.self]
     )
 

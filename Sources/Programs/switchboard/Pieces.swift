@@ -9,6 +9,7 @@ import PricingService
 import SearchService
 import ServiceLifecycle
 import StoreService
+import StreamsService
 import Deployment
 import SwitchboardConfig
 import ZeroMQ
@@ -64,6 +65,9 @@ enum Pieces {
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        onReregistered: { await service.republish() }, ready: { await service.waitUntilReady() })
             return [client, publisher] + service.requiredParts + [service, host]
+        case StreamsAPI.service:
+            let service = StreamsService(configuration: StreamsConfiguration(file.streams), logger: logger)
+            return [try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger)]
         case FetcherAPI.service:
             let client = try await connection.client()
             let publisher = StatePublisher(client: client)

@@ -15,6 +15,7 @@ struct ServeCommand: AsyncParsableCommand {
         discussion: """
             switchboard serve echo                          answers with what it is sent
             switchboard serve store --db /tmp/store.sqlite  history, articles, selections, snapshots
+            switchboard serve streams                       durable streams and their consumers
             switchboard serve fetcher                       the seven datasets, from their sources or bundled copies
             switchboard serve search                        countries, places, the hiring list, news and flights
             switchboard serve pricing                       route quotes, the current route, deals

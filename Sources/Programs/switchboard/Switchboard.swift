@@ -18,7 +18,7 @@ struct Switchboard: AsyncParsableCommand {
             switchboard up                the whole bus: the kernel and every service as processes, supervised
             switchboard up --single-process   the same in one process, over inproc:// (for development)
             switchboard kernel            the kernel alone: Majordomo broker and state server
-            switchboard serve NAME        one service (echo, store, fetcher, search, pricing), connected to a kernel
+            switchboard serve NAME        one service (echo, store, streams, fetcher, search, pricing), connected to a kernel
             switchboard gateway           the bus over HTTP (JSON-RPC, Server-Sent Events, metrics, the apps' page)
             switchboard keygen --out NAME a CURVE key pair (NAME.key, NAME.pub)
 

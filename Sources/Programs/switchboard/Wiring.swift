@@ -1,5 +1,6 @@
 import FetcherService
 import StoreService
+import StreamsService
 import Deployment
 import SwitchboardConfig
 
@@ -21,6 +22,16 @@ extension StoreConfiguration {
             if let timeout = given.timeout { database.operationTimeout = timeout }
             postgres = database
         }
+    }
+}
+
+extension StreamsConfiguration {
+    init(_ settings: StreamsSettings) {
+        self.init()
+        if let path = settings.path { self.path = path }
+        if let bytes = settings.maxSizeBytes { maxSizeBytes = bytes }
+        if let seconds = settings.rememberSeconds { replyWindow = .seconds(seconds) }
+        if let bytes = settings.maxMessageBytes { maxMessageBytes = bytes }
     }
 }
 

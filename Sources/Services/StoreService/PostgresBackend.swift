@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import NIOSSL
 import PostgresNIO
+import Storage
 
 /// Where the store's PostgreSQL database is and how to reach it.
 public struct PostgresSettings: Sendable, Equatable {

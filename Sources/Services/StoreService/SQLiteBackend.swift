@@ -2,71 +2,29 @@ import BusProtocol
 import Foundation
 import GRDB
 import Logging
+import Storage
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// The store's data in one SQLite file (GRDB), the default.
-///
-/// A write is answered only after its transaction is on disk (WAL, `synchronous = FULL`).
-/// Writes that arrive together share one transaction and one fsync (group commit), each in
-/// its own savepoint so one bad write does not fail the others. The caller whose write finds
-/// no batch being committed commits it; writes arriving meanwhile wait, and the first of them
-/// commits the next batch. When the database cannot be
-/// opened, every call fails with the reason, and opening is tried again at most once a second.
-actor SQLiteBackend: StoreBackend {
+/// The store's data in one SQLite file (GRDB), the default: each write through the file's
+/// ``SQLiteWriter`` (durable before it is answered, group-committed, its result kept under
+/// its request), each read on the calling thread.
+struct SQLiteBackend: StoreBackend {
     let configuration: StoreConfiguration
-    let logger: Logger
-    private var database: DatabasePool?
-    /// Why the database could not be opened, and when that was last tried.
-    private var openFailure: (failure: StorageFailure, at: ContinuousClock.Instant)?
-    private var pendingWrites: [PendingWrite] = []
-    /// Whether a caller is committing a batch (the writes that arrive meanwhile wait for the next).
-    private var committing = false
-    /// When remembered results older than the window were last deleted.
-    private var lastPruned = ContinuousClock.now
+    private let writer: SQLiteWriter
 
     /// Opens the database now; when that fails, the reason is logged and every call answers it.
     init(configuration: StoreConfiguration, logger: Logger) {
         self.configuration = configuration
-        self.logger = logger
-        do {
-            database = try StoreDatabase.open(configuration)
-        } catch {
-            let failure = StorageFailure(error, path: configuration.path)
-            openFailure = (failure, .now)
-            logger.error("cannot open the database", metadata: ["path": "\(configuration.path)", "problem": "\(failure.detail)"])
-        }
+        writer = SQLiteWriter(path: configuration.path, label: "store", maxSizeBytes: configuration.maxSizeBytes,
+                              migrator: StoreDatabase.migrator, replyWindow: configuration.replyWindow, logger: logger)
     }
 
     // MARK: Writes
 
     func write(_ write: StoreWrite, request: String?) async throws -> JSONValue {
-        let apply = Self.apply(write)
-        let applyAndRemember: @Sendable (Database) throws -> JSONValue = { db in
-            // Checked again in the transaction: another store process on the same database
-            // may have written the same request since (each writes alone, so one sees it).
-            if let request, let remembered = try Data.fetchOne(db, sql: "SELECT result FROM replies WHERE request = ?", arguments: [request]) {
-                return try JSONValue(parsing: Array(remembered))
-            }
-            let result = try apply(db)
-            if let request {
-                try db.execute(sql: "INSERT OR REPLACE INTO replies (request, result, written_at) VALUES (?, ?, ?)",
-                               arguments: [request, Data(result.jsonBytes), Date().timeIntervalSince1970])
-            }
-            return result
-        }
-        let database = try openDatabase()
-        if committing {
-            let turn = try await withCheckedThrowingContinuation { continuation in
-                pendingWrites.append(PendingWrite(apply: applyAndRemember, waiter: continuation))
-            }
-            if case .written(let result) = turn { return result }
-        } else {
-            committing = true
-            pendingWrites.append(PendingWrite(apply: applyAndRemember, waiter: nil))
-        }
-        return try await commitWaitingWrites(database)
+        try await writer.write(request: request, Self.apply(write))
     }
 
     /// The SQL of each write.
@@ -135,104 +93,33 @@ actor SQLiteBackend: StoreBackend {
 
     /// One write waiting for the next group commit; `waiter` is nil for the write of the
     /// caller that commits the batch.
-    private struct PendingWrite: Sendable {
-        let apply: @Sendable (Database) throws -> JSONValue
-        var waiter: CheckedContinuation<Turn, any Error>?
-    }
-
-    /// What a waiting write is told: its result, or that it commits the next batch.
-    private enum Turn: Sendable {
-        case written(JSONValue)
-        case commitNext
-    }
-
-    /// Commits every waiting write (the caller's among them) in one transaction, answers the
-    /// others, and hands the writes that arrived meanwhile to the first of them to commit.
-    private func commitWaitingWrites(_ database: DatabasePool) async throws -> JSONValue {
-        let batch = pendingWrites
-        pendingWrites.removeAll()
-        defer {
-            if pendingWrites.isEmpty {
-                committing = false
-            } else {
-                let next = pendingWrites[0].waiter
-                pendingWrites[0].waiter = nil
-                next?.resume(returning: .commitNext)
-            }
-        }
-        let applies = batch.map(\.apply)
-        let outcomes: [Result<JSONValue, any Error>]
-        // Results older than the window go, at most once a minute, in a batch's transaction.
-        let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60)
-            ? Date().timeIntervalSince1970 - configuration.replyWindow.seconds : nil
-        if forgetBefore != nil { lastPruned = .now }
-        do {
-            outcomes = try await database.write { db in
-                if let forgetBefore { try db.execute(sql: "DELETE FROM replies WHERE written_at < ?", arguments: [forgetBefore]) }
-                var outcomes: [Result<JSONValue, any Error>] = []
-                for apply in applies {
-                    var value = JSONValue.null
-                    do {
-                        try db.inSavepoint {
-                            value = try apply(db)
-                            return .commit
-                        }
-                        outcomes.append(.success(value))
-                    } catch {
-                        // SQLite may have rolled back the whole transaction (say, on a full
-                        // disk): then the batch fails as one, and nothing earlier in it is
-                        // acknowledged.
-                        guard db.isInsideTransaction else { throw error }
-                        outcomes.append(.failure(error))
-                    }
-                }
-                return outcomes
-            }
-        } catch {
-            let failure = StorageFailure(error, path: configuration.path)
-            logger.error("write failed", metadata: ["problem": "\(failure.detail)", "writes": "\(batch.count)"])
-            for pending in batch { pending.waiter?.resume(throwing: failure.rpcError) }
-            throw failure.rpcError
-        }
-        var own: Result<JSONValue, any Error> = .failure(JSONRPCError.internalError("the committing write was not in its batch"))
-        for (pending, outcome) in zip(batch, outcomes) {
-            let answer = outcome.mapError { error -> any Error in error as? JSONRPCError ?? StorageFailure(error, path: configuration.path).rpcError }
-            guard let waiter = pending.waiter else {
-                own = answer
-                continue
-            }
-            waiter.resume(with: answer.map(Turn.written))
-        }
-        return try own.get()
-    }
-
     // MARK: Reads
 
     func read(_ read: StoreRead) async throws -> JSONValue? {
         switch read {
         case .history(let limit):
-            return try reading { db in try Self.history(db, limit: limit) }
+            return try await reading { db in try Self.history(db, limit: limit) }
         case .articles(let offset, let limit):
-            return try reading { db in
+            return try await reading { db in
                 let rows = try Row.fetchAll(db, sql: "SELECT id, url, saved_at, article FROM articles ORDER BY saved_seq DESC LIMIT ? OFFSET ?",
                                             arguments: [limit, offset])
                 let total = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM articles") ?? 0
                 return StoreResults.articles(try rows.map(Self.savedArticle), total: total, offset: offset)
             }
         case .article(let id):
-            return try reading { db in
+            return try await reading { db in
                 try Row.fetchOne(db, sql: "SELECT id, url, saved_at, article FROM articles WHERE id = ?", arguments: [id]).map(Self.savedArticle)
             }
         case .selection(let chosen):
-            return try reading { db in try Self.selection(db, chosen.rawValue) }
+            return try await reading { db in try Self.selection(db, chosen.rawValue) }
         case .snapshot(let name):
-            return try reading { db in
+            return try await reading { db in
                 try Row.fetchOne(db, sql: "SELECT body, version, origin, fetched_at FROM snapshots WHERE name = ?", arguments: [name]).map { row in
                     StoreResults.snapshot(name: name, body: row["body"], version: row["version"], origin: row["origin"], fetchedAt: row["fetched_at"])
                 }
             }
         case .snapshots:
-            return try reading { db in
+            return try await reading { db in
                 let rows = try Row.fetchAll(db, sql: "SELECT name, version, origin, fetched_at, length(body) AS size FROM snapshots ORDER BY name")
                 return .array(rows.map { row in
                     StoreResults.snapshotEntry(name: row["name"], version: row["version"], origin: row["origin"], fetchedAt: row["fetched_at"], size: row["size"])
@@ -242,13 +129,11 @@ actor SQLiteBackend: StoreBackend {
     }
 
     func remembered(_ request: String) async throws -> [UInt8]? {
-        try reading { db in
-            try Data.fetchOne(db, sql: "SELECT result FROM replies WHERE request = ?", arguments: [request]).map { Array($0) }
-        }
+        try await writer.remembered(request)
     }
 
     func articleIDs() async throws -> [String] {
-        try reading { db in try String.fetchAll(db, sql: "SELECT id FROM articles") }
+        try await reading { db in try String.fetchAll(db, sql: "SELECT id FROM articles") }
     }
 
     /// Store processes sharing the file (two on one machine, say a kernel pair's) publish one
@@ -278,34 +163,7 @@ actor SQLiteBackend: StoreBackend {
         }
     }
 
-    /// Reads on the calling thread: a read takes microseconds, less than the two thread
-    /// hops of GRDB's async `read` (measured: see the README's store figures).
-    private func reading<T>(_ body: (Database) throws -> T) throws -> T {
-        let database = try openDatabase()
-        do {
-            return try database.read(body)
-        } catch let error as JSONRPCError {
-            throw error
-        } catch {
-            throw StorageFailure(error, path: configuration.path).rpcError
-        }
-    }
-
-    private func openDatabase() throws -> DatabasePool {
-        if let database { return database }
-        if let openFailure, ContinuousClock.now - openFailure.at < .seconds(1) {
-            throw openFailure.failure.rpcError
-        }
-        do {
-            let opened = try StoreDatabase.open(configuration)
-            database = opened
-            openFailure = nil
-            logger.info("database opened", metadata: ["path": "\(configuration.path)"])
-            return opened
-        } catch {
-            let failure = StorageFailure(error, path: configuration.path)
-            openFailure = (failure, .now)
-            throw failure.rpcError
-        }
+    private func reading<T: Sendable>(_ body: @Sendable (Database) throws -> T) async throws -> T {
+        try await writer.read(body)
     }
 }

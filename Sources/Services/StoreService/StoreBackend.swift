@@ -1,5 +1,6 @@
 import BusProtocol
 import Foundation
+import Storage
 
 /// Where the store keeps its data. The service validates requests and publishes changes;
 /// a backend runs each write in a transaction, durable before it returns, and each read.

@@ -1,6 +1,7 @@
 public import BusKit
 import BusProtocol
 import Foundation
+import Storage
 public import Logging
 public import ServiceLifecycle
 public import Contracts
@@ -91,7 +92,10 @@ public actor StoreService: BusService, ServiceWork {
     }
 
     /// Results live in the database, beside the effects they answer for.
-    public nonisolated func makeReplyMemory() -> any ReplyMemory { StoredReplies(backend: backend) }
+    public nonisolated func makeReplyMemory() -> any ReplyMemory {
+        let backend = backend
+        return StoredReplies { try await backend.remembered($0) }
+    }
 
     // MARK: Methods
 
@@ -311,15 +315,6 @@ public actor StoreService: BusService, ServiceWork {
         }
         return values
     }
-}
-
-/// The store's ``ReplyMemory``: results in the database, written with their effects.
-struct StoredReplies: ReplyMemory {
-    let backend: any StoreBackend
-
-    func recall(_ key: RequestKey) async throws -> [UInt8]? { try await backend.remembered(key.description) }
-    /// Nothing to do: the backend wrote the result in the effect's transaction.
-    func remember(_ key: RequestKey, result: [UInt8]) async {}
 }
 
 /// The CHP keys the store publishes (declared in its contract).

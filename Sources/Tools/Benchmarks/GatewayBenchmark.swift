@@ -39,7 +39,7 @@ struct GatewayBenchmark: AsyncParsableCommand {
         try """
             log_level: warning
             kernel: {broker: \(kernel.endpoints.broker), snapshot: \(kernel.endpoints.snapshot), publisher: \(kernel.endpoints.publisher), collector: \(kernel.endpoints.collector)}
-            services: {echo: {enabled: false}, store: {enabled: false}, fetcher: {enabled: false}, search: {enabled: false}, pricing: {enabled: false}}
+            services: {echo: {enabled: false}, store: {enabled: false}, fetcher: {enabled: false}, search: {enabled: false}, pricing: {enabled: false}, streams: {enabled: false}}
             security: {curve: false}
             gateway: {listen: 127.0.0.1:\(port), prefixes: [/bench/], history: \(max(updates, 1_000))}
             """.write(to: config, atomically: true, encoding: .utf8)

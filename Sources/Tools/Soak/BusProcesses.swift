@@ -79,6 +79,7 @@ func writeSoakConfiguration(in folder: URL, pair: Bool = false, linked: Bool = t
               fetcher: {workers: 2}
               search: {workers: 4}
               pricing: {workers: 2}
+              streams: {workers: 2}
             """, supervisor: """
             restart_backoff_ms: 100
               restart_backoff_max_ms: 1000

@@ -30,10 +30,10 @@ struct ChaosLog {
 /// has restarted it and it serves again before the next one.
 struct Chaos {
     /// The kernel and the busiest services are drawn more often.
-    static let victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo", "gateway"]
+    static let victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo", "gateway", "streams"]
     /// A request each service answers, to see it serving again.
     static let probes = [Call(EchoAPI.echo, [:]), Call(StoreAPI.historyList, .init()), Call(FetcherAPI.datasetsList),
-                         Call(SearchAPI.sourcesList, .init()), Call(PricingAPI.dealsToday, .init())]
+                         Call(SearchAPI.sourcesList, .init()), Call(PricingAPI.dealsToday, .init()), Call(StreamsAPI.streamList)]
 
     var random: SeededGenerator
     let processes: BusProcesses

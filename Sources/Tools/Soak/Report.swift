@@ -20,6 +20,8 @@ struct SoakReport {
     /// Each stale subscriber: what it had and what it went through last.
     var staleNotes: [String] = []
     var missingWrites = 0
+    /// The stream's publishers and consumer group.
+    var streams = StreamsCheck.Counts()
     var memoryAtStart: [String: Double] = [:]
     var memoryAtEnd: [String: Double] = [:]
     var upExit: Int32 = -1
@@ -58,6 +60,9 @@ struct SoakReport {
             (staleSubscribers > 0, "\(staleSubscribers) subscribers stale at the end"),
             (subscribers_.resumes == 0 && duration >= 30, "no subscription was resumed from a sequence"),
             (missingWrites > 0, "\(missingWrites) acknowledged store writes missing"),
+            (streams.published == 0, "no stream message was published"),
+            (streams.lost > 0, "\(streams.lost) acknowledged stream messages never done"),
+            (streams.doneTwice > 0, "\(streams.doneTwice) stream messages acknowledged twice"),
             (parts.streams == 0, "no reply in parts was asked for"),
             (parts.partsOutOfSequence > 0, "\(parts.partsOutOfSequence) parts lost, repeated or out of order"),
             (parts.miscounted > 0, "\(parts.miscounted) streams whose end did not count the parts that came"),
@@ -106,6 +111,10 @@ struct SoakReport {
         line("acknowledged store writes", "\(requests.acknowledgedWrites.count) (\(Set(requests.acknowledgedWrites).count) distinct articles)")
         line("acknowledged store writes missing after", "\(missingWrites)")
         line("store writes applied twice", "\(requests.duplicatedEffects) (a first save of an article answered as not new)")
+        line("stream messages published", "\(streams.published) acknowledged (kept once when sent again: \(streams.duplicates)); tried again: \(streams.publishRetries)")
+        line("stream messages done by the group", "\(streams.done) of \(streams.handedOut) handed out (again: \(streams.redelivered)); late acknowledgements: \(streams.notPending)")
+        line("stream messages never done, done twice", "\(streams.lost), \(streams.doneTwice)"
+             + (streams.failures.isEmpty ? "" : " (calls failed: " + streams.failures.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ") + ")"))
         Swift.print("  memory (resident MiB)                       start      end")
         for name in Set(memoryAtStart.keys).union(memoryAtEnd.keys).sorted() {
             let start = memoryAtStart[name].map { String(format: "%8.1f", $0) } ?? "       -"

@@ -163,7 +163,7 @@ struct Soak: AsyncParsableCommand {
             throw SoakFailure("switchboard up made no client key in \(keys.path) within 30 s")
         }
         let probe = try await BusClient(brokers: brokers, timeout: .seconds(2), curve: curve, state: states)
-        let services = [EchoAPI.service, StoreAPI.service, FetcherAPI.service, SearchAPI.service, PricingAPI.service]
+        let services = [EchoAPI.service, StoreAPI.service, FetcherAPI.service, SearchAPI.service, PricingAPI.service, StreamsAPI.service]
         guard await waitUntil(180, { await allServing(probe, services) }) else {
             throw SoakFailure("the bus did not come up within 180 s")
         }
@@ -291,6 +291,13 @@ struct Soak: AsyncParsableCommand {
                 try? await Task.sleep(for: .milliseconds(20))
             }
         }
+        // A publisher and a consumer group of two readers on one stream.
+        let streams = StreamsCheck()
+        var streamClients: [BusClient] = []
+        for _ in 0..<3 { streamClients.append(try await BusClient(brokers: brokers, timeout: timeout, curve: curve, state: states)) }
+        guard await streams.prepare(streamClients[0]) else { throw SoakFailure("the streams service did not take the soak's stream within 60 s") }
+        let streamPublisher = Task { [streamClients] in await streams.publish(streamClients[0], publisher: 0, until: loadEnds) }
+        let streamReaders = streamClients.dropFirst().map { client in Task { await streams.read(client) } }
         let memoryAtStart = report.memoryAtStart, phases = duration - 40
         let hostileRun = hostile ? Task {
             try await Self.runHostile(keys: keys, kernel: kernels[0], curve: curve, bus: buses[0], started: started, seconds: phases, memoryAtStart: memoryAtStart)
@@ -315,6 +322,14 @@ struct Soak: AsyncParsableCommand {
         }
         for loop in loops { await loop.value }
         await partsLoop.value
+        // The group works through what was published (a message whose reader's answer was
+        // lost comes back after its ack wait).
+        await streamPublisher.value
+        _ = await waitUntil(30) { streams.allDone }
+        streams.stopReading()
+        for reader in streamReaders { await reader.value }
+        streams.finish()
+        report.streams = streams.counts.withLock { $0 }
         report.parts = partsCheck.counts.withLock { $0 }
         let ticks = await writer.value
         let last = ticks.acknowledged
@@ -350,7 +365,7 @@ struct Soak: AsyncParsableCommand {
         }
 
         var resent = 0, duplicates = 0, late = 0
-        for client in busClients + [writerClient, partsClient] {
+        for client in busClients + [writerClient, partsClient] + streamClients {
             let counters = await client.counters()
             resent += counters.resent
             duplicates += counters.duplicateReplies

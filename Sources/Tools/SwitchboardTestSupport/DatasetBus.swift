@@ -155,6 +155,8 @@ public func writeBusConfiguration(in folder: URL, logLevel: String = "info", hea
           \(services)
         store:
           path: \(folder.appendingPathComponent("store.sqlite").path)
+        streams:
+          path: \(folder.appendingPathComponent("streams.sqlite").path)
         fetcher:
           datasets:
         \(datasets)

@@ -1,0 +1,318 @@
+import ArgumentParser
+import BusKit
+import BusProtocol
+import Contracts
+import Foundation
+
+// `sb stream`: the streams service's durable streams and consumers. Each verb prints lines or
+// a table for people and, with --json, the service's answer as one JSON line.
+
+struct Stream: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "stream",
+        abstract: "Durable streams: add one, publish to it, consume it in a group and acknowledge.",
+        discussion: """
+            Examples:
+              sb stream add orders orders.
+              sb stream pub orders.new '{"id": 7}'
+              sb stream consumer orders billing
+              sb stream fetch orders billing --batch 10 --wait 5
+              sb stream sub orders billing --ack
+              sb stream ack orders billing 1 2 3
+            """,
+        subcommands: [StreamList.self, StreamInfo.self, StreamAdd.self, StreamDelete.self, StreamPurge.self, StreamPublish.self,
+                      StreamConsumer.self, StreamFetch.self, StreamSubscribe.self, StreamAck.self, StreamNak.self, StreamTerm.self],
+        defaultSubcommand: StreamList.self
+    )
+}
+
+struct StreamList: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "ls", abstract: "Every stream: its subjects, messages, sequences and consumers.")
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.streamList) }) { answer in
+            Output.table(["STREAM", "SUBJECTS", "MESSAGES", "BYTES", "FIRST", "LAST", "CONSUMERS"], answer.streams.map { stream in
+                [stream.name, stream.subjects.joined(separator: " "), String(stream.messages), String(stream.bytes),
+                 String(stream.firstSequence), String(stream.lastSequence), stream.consumers.joined(separator: " ")]
+            })
+        }
+    }
+}
+
+struct StreamInfo: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "info", abstract: "A stream's settings and counts, and each consumer's position.")
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream's name.") var name: String
+
+    func run() async throws {
+        try await withClient(connection) { client in
+            let stream = try await call(client, StreamsAPI.streamInfo, StreamsAPI.StreamName(name: name))
+            var consumers: [StreamsAPI.ConsumerInfo] = []
+            for consumer in stream.value.consumers {
+                consumers.append(try await call(client, StreamsAPI.consumerInfo, StreamsAPI.ConsumerName(stream: name, name: consumer)).value)
+            }
+            if output.json {
+                Output.json(["stream": stream.json, "consumers": try JSONValue(encoding: consumers)], compact: true)
+                return
+            }
+            let info = stream.value
+            Output.line("stream \(info.name) (\(info.retention.rawValue)): subjects \(info.subjects.joined(separator: " "))")
+            Output.line("  messages \(info.messages) of \(info.maxMessages), bytes \(info.bytes) of \(info.maxBytes)"
+                        + (info.maxAge.map { ", kept \(Output.number($0)) s" } ?? "") + ", sequences \(info.firstSequence)-\(info.lastSequence)")
+            Output.line("  duplicate window \(Output.number(info.duplicateWindow)) s" + (info.deadLetters.map { ", dead letters in \($0)" } ?? ""))
+            guard !consumers.isEmpty else { return }
+            Output.table(["CONSUMER", "NEXT", "WAITING", "PENDING", "DELIVERED", "REDELIVERED", "ACKED", "DEAD", "MISSED"], consumers.map { consumer in
+                [consumer.name, String(consumer.nextSequence), String(consumer.waiting), String(consumer.pending), String(consumer.delivered),
+                 String(consumer.redelivered), String(consumer.acknowledged), String(consumer.deadLettered), String(consumer.missed)]
+            })
+        }
+    }
+}
+
+struct StreamAdd: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "add",
+        abstract: "Create a stream holding the messages published to its subjects (prefixes).",
+        discussion: "Example:\n  sb stream add orders orders. --max-age 86400"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream's name: letters, digits, '-' and '_'.") var name: String
+    @Argument(help: "Subject prefixes it holds.") var subjects: [String]
+    @Flag(help: "A work queue: each message stays until its one consumer has it done.") var workQueue = false
+    @Option(help: "At most this many messages (the oldest go).") var maxMessages: Int?
+    @Option(help: "At most this many bytes of data (the oldest go).") var maxBytes: Int?
+    @Option(help: "Seconds a message is kept.") var maxAge: Double?
+    @Option(help: "Seconds a message id is remembered, for exactly-once publishing (default 120).") var duplicateWindow: Double?
+
+    func run() async throws {
+        let config = StreamsAPI.StreamConfig(name: name, subjects: subjects, retention: workQueue ? .workQueue : nil, maxMessages: maxMessages,
+                                             maxBytes: maxBytes, maxAge: maxAge, duplicateWindow: duplicateWindow)
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.streamAdd, config) }) { info in
+            Output.line("stream \(info.name): subjects \(info.subjects.joined(separator: " ")), \(info.messages) messages, dead letters in \(info.deadLetters ?? "-")")
+        }
+    }
+}
+
+struct StreamDelete: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "rm", abstract: "Delete a stream with its messages, consumers and dead letters.")
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream's name.") var name: String
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.streamDelete, StreamsAPI.StreamName(name: name)) }) { removed in
+            Output.line("deleted stream \(name) (\(removed.messages) messages)")
+        }
+    }
+}
+
+struct StreamPurge: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "purge", abstract: "Delete a stream's messages, keeping its settings and consumers.")
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream's name.") var name: String
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.streamPurge, StreamsAPI.StreamName(name: name)) }) { removed in
+            Output.line("purged stream \(name) (\(removed.messages) messages)")
+        }
+    }
+}
+
+struct StreamPublish: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pub",
+        abstract: "Publish a message; answered once it is kept.",
+        discussion: """
+            DATA is read as JSON when it is JSON, else kept as a string.
+            Example:
+              sb stream pub orders.new '{"id": 7}' --id order-7
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The subject.") var subject: String
+    @Argument(help: "The message's data.") var data: String
+    @Option(help: "A message id: publishing it again within the stream's duplicate window keeps it once.") var id: String?
+
+    func run() async throws {
+        let value = (try? JSONValue(parsing: Array(data.utf8))) ?? .string(data)
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.publish, StreamsAPI.Publish(subject: subject, data: value, id: id)) }) { published in
+            Output.line(published.duplicate ? "\(published.stream) \(published.sequence) (a duplicate: kept once)" : "\(published.stream) \(published.sequence)")
+        }
+    }
+}
+
+struct StreamConsumer: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "consumer",
+        abstract: "Create a durable consumer of a stream (its readers share its messages), or show it when it exists.",
+        discussion: "Example:\n  sb stream consumer orders billing --ack-wait 10 --max-deliver 3"
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream.") var stream: String
+    @Argument(help: "The consumer's name.") var name: String
+    @Flag(help: "Only messages published from now on (default: from the first).") var new = false
+    @Option(help: "From this sequence.") var fromSequence: Int?
+    @Option(help: "From this time (ISO 8601).") var fromTime: String?
+    @Option(help: "Only subjects starting with this.") var filter: String?
+    @Option(help: "Seconds a reader has a message before it is handed out again (default 30).") var ackWait: Double?
+    @Option(help: "Deliveries before a message goes to the dead letters (default 5).") var maxDeliver: Int?
+
+    func run() async throws {
+        let config = StreamsAPI.ConsumerConfig(stream: stream, name: name, deliver: new ? .new : nil, startSequence: fromSequence, startTime: fromTime,
+                                               filter: filter, ackWait: ackWait, maxDeliver: maxDeliver)
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.consumerAdd, config) }) { info in
+            Output.line("consumer \(info.name) of \(info.stream): next \(info.nextSequence), waiting \(info.waiting), pending \(info.pending)")
+        }
+    }
+}
+
+struct StreamFetch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "fetch",
+        abstract: "Take messages from a consumer: each stays yours until acknowledged or its ack wait passes.",
+        discussion: """
+            Prints one line per message: its sequence, subject, deliveries and data.
+            Example:
+              sb stream fetch orders billing --batch 10 --wait 5 --ack
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream.") var stream: String
+    @Argument(help: "The consumer.") var consumer: String
+    @Option(help: "At most this many messages (default 1).") var batch: Int?
+    @Option(help: "Seconds to wait for one when none is ready (default 0).") var wait: Double?
+    @Flag(help: "Acknowledge them once printed.") var ack = false
+
+    /// A message as a line: its sequence, subject, deliveries and data.
+    static func show(_ message: StreamsAPI.Message) {
+        Output.line("\(message.sequence) \(message.subject) (delivery \(message.deliveries)) \(String(decoding: message.data.jsonBytes, as: UTF8.self))")
+    }
+
+    func run() async throws {
+        let fetch = StreamsAPI.Fetch(stream: stream, consumer: consumer, batch: batch, wait: wait)
+        try await withClient(connection) { client in
+            // The call may wait as long as asked, and then answer.
+            let timeout = try wait.map { Duration.seconds($0) + (try connection.requestTimeout) }
+            let fetched = try await call(client, StreamsAPI.fetch, fetch, timeout: timeout)
+            if output.json {
+                Output.json(fetched.json, compact: true)
+            } else {
+                if fetched.value.missed > 0 { Output.diagnostic("\(fetched.value.missed) messages were removed by the stream's limits before you had them") }
+                for message in fetched.value.messages { Self.show(message) }
+            }
+            let sequences = fetched.value.messages.map(\.sequence)
+            if ack, !sequences.isEmpty {
+                _ = try await call(client, StreamsAPI.ack, StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: sequences))
+            }
+        }
+    }
+}
+
+struct StreamSubscribe: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sub",
+        abstract: "Take a consumer's messages as they come (push): each stays yours until acknowledged or its ack wait passes.",
+        discussion: """
+            Prints one line per message as fetch does, until --count messages or --expires seconds.
+            Example:
+              sb stream sub orders billing --count 100 --ack
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream.") var stream: String
+    @Argument(help: "The consumer.") var consumer: String
+    @Option(help: "Stop after this many messages (default 1000).") var count: Int?
+    @Option(help: "Stop after this many seconds (default 30).") var expires: Double?
+    @Flag(help: "Acknowledge each once printed.") var ack = false
+
+    func run() async throws {
+        let next = StreamsAPI.Next(stream: stream, consumer: consumer, max: count, expires: expires)
+        try await withClient(connection) { client in
+            let timeout = Duration.seconds(expires ?? 30) + (try connection.requestTimeout)
+            let parts = client.stream(StreamsAPI.next, next, timeout: timeout)
+            let end: StreamsAPI.NextEnd
+            do {
+                for try await message in parts {
+                    if output.json { Output.json(try JSONValue(encoding: message), compact: true) } else { StreamFetch.show(message) }
+                    if ack { _ = try await call(client, StreamsAPI.ack, StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: [message.sequence])) }
+                }
+                end = try await parts.end()
+            } catch let error as BusError {
+                throw await Failure(error, service: StreamsAPI.service, method: StreamsAPI.nextMethod.name, client: client)
+            }
+            if end.missed > 0 { Output.diagnostic("\(end.missed) messages were removed by the stream's limits before you had them") }
+        }
+    }
+}
+
+/// `ack`, `nak` and `term`: what a reader says of messages it was handed.
+struct SettleOptions: ParsableArguments {
+    @Argument(help: "The stream.") var stream: String
+    @Argument(help: "The consumer.") var consumer: String
+    @Argument(help: "The messages' sequences.") var sequences: [Int]
+
+    var params: StreamsAPI.Sequences { StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: sequences) }
+}
+
+func showSettled(_ verb: String) -> (StreamsAPI.Acknowledged) -> Void {
+    { answer in
+        if !answer.done.isEmpty { Output.line("\(verb) \(answer.done.map(String.init).joined(separator: " "))") }
+        if !answer.notPending.isEmpty { Output.line("not pending (done before, or never handed out): \(answer.notPending.map(String.init).joined(separator: " "))") }
+    }
+}
+
+struct StreamAck: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "ack", abstract: "Acknowledge messages: done, not handed out again.")
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @OptionGroup var settle: SettleOptions
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.ack, settle.params) }, show: showSettled("acknowledged"))
+    }
+}
+
+struct StreamNak: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "nak", abstract: "Give messages back: handed out again, after --delay seconds.")
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @OptionGroup var settle: SettleOptions
+    @Option(help: "Seconds before they are handed out again (default 0).") var delay: Double?
+
+    func run() async throws {
+        let nak = StreamsAPI.Nak(stream: settle.stream, consumer: settle.consumer, sequences: settle.sequences, delay: delay)
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.nak, nak) }, show: showSettled("given back"))
+    }
+}
+
+struct StreamTerm: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "term", abstract: "Stop delivering messages without doing them (not dead-lettered).")
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @OptionGroup var settle: SettleOptions
+
+    func run() async throws {
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.term, settle.params) }, show: showSettled("terminated"))
+    }
+}

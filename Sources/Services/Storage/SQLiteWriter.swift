@@ -1,0 +1,243 @@
+package import BusProtocol
+import Foundation
+package import GRDB
+package import Logging
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A durable service's SQLite file (GRDB): what the store and the streams service both
+/// write through.
+///
+/// A write is answered only after its transaction is on disk (WAL, `synchronous = FULL`).
+/// Writes that arrive together share one transaction and one fsync (group commit), each in
+/// its own savepoint so one bad write does not fail the others. The caller whose write finds
+/// no batch being committed commits it; writes arriving meanwhile wait, and the first of them
+/// commits the next batch.
+///
+/// A write named by its request (``RequestKey``'s text) keeps its result in the `replies`
+/// table in the same transaction as its effect, and a request kept before gets the result
+/// it had, with no second effect: that is what makes a re-sent request run once, even on
+/// processes sharing one file. Results older than the reply window are deleted now and then.
+///
+/// When the database cannot be opened, every call fails with the reason, and opening is
+/// tried again at most once a second.
+package actor SQLiteWriter {
+    /// What a write does in its transaction: its result, as answered and remembered.
+    package typealias Apply = @Sendable (Database) throws -> JSONValue
+
+    package let path: String
+    private let label: String
+    private let maxSizeBytes: Int?
+    private let migrator: DatabaseMigrator
+    private let replyWindow: Duration
+    private let logger: Logger
+    private var database: DatabasePool?
+    /// Why the database could not be opened, and when that was last tried.
+    private var openFailure: (failure: StorageFailure, at: ContinuousClock.Instant)?
+    private var pendingWrites: [PendingWrite] = []
+    /// Whether a caller is committing a batch (the writes that arrive meanwhile wait for the next).
+    private var committing = false
+    /// When remembered results older than the window were last deleted.
+    private var lastPruned = ContinuousClock.now
+
+    /// Opens the database now; when that fails, the reason is logged and every call answers
+    /// it. `migrator`'s schema must hold ``createRepliesTable(_:)``'s table.
+    package init(path: String, label: String, maxSizeBytes: Int?, migrator: DatabaseMigrator, replyWindow: Duration, logger: Logger) {
+        (self.path, self.label, self.maxSizeBytes, self.migrator, self.replyWindow, self.logger) = (path, label, maxSizeBytes, migrator, replyWindow, logger)
+        do {
+            database = try Self.open(path: path, label: label, maxSizeBytes: maxSizeBytes, migrator: migrator)
+        } catch {
+            let failure = StorageFailure(error, path: path)
+            openFailure = (failure, .now)
+            logger.error("cannot open the database", metadata: ["path": "\(path)", "problem": "\(failure.detail)"])
+        }
+    }
+
+    /// The results of named writes, by request: a request sent again finds its result here.
+    /// Shipped migrations call it: never change it (add a migration instead).
+    package static func createRepliesTable(_ db: Database) throws {
+        try db.execute(sql: """
+            CREATE TABLE replies (
+                request TEXT PRIMARY KEY,
+                result BLOB NOT NULL,
+                written_at REAL NOT NULL
+            );
+            CREATE INDEX replies_by_time ON replies(written_at);
+            """)
+    }
+
+    // MARK: Writes
+
+    /// Runs `apply` in the next committed batch and answers its result once that is on disk;
+    /// for a `request` already written, the result it had (and `apply` does not run).
+    package func write(request: String?, _ apply: @escaping Apply) async throws -> JSONValue {
+        let applyAndRemember: Apply = { db in
+            // Checked again in the transaction: another process on the same file may have
+            // written the same request since (each writes alone, so one sees it).
+            if let request, let remembered = try Data.fetchOne(db, sql: "SELECT result FROM replies WHERE request = ?", arguments: [request]) {
+                return try JSONValue(parsing: Array(remembered))
+            }
+            let result = try apply(db)
+            if let request {
+                try db.execute(sql: "INSERT OR REPLACE INTO replies (request, result, written_at) VALUES (?, ?, ?)",
+                               arguments: [request, Data(result.jsonBytes), Date().timeIntervalSince1970])
+            }
+            return result
+        }
+        let database = try openDatabase()
+        if committing {
+            let turn = try await withCheckedThrowingContinuation { continuation in
+                pendingWrites.append(PendingWrite(apply: applyAndRemember, waiter: continuation))
+            }
+            if case .written(let result) = turn { return result }
+        } else {
+            committing = true
+            pendingWrites.append(PendingWrite(apply: applyAndRemember, waiter: nil))
+        }
+        return try await commitWaitingWrites(database)
+    }
+
+    private struct PendingWrite: Sendable {
+        let apply: Apply
+        var waiter: CheckedContinuation<Turn, any Error>?
+    }
+
+    private enum Turn: Sendable {
+        case written(JSONValue)
+        case commitNext
+    }
+
+    private func commitWaitingWrites(_ database: DatabasePool) async throws -> JSONValue {
+        let batch = pendingWrites
+        pendingWrites.removeAll()
+        defer {
+            if pendingWrites.isEmpty {
+                committing = false
+            } else {
+                let next = pendingWrites[0].waiter
+                pendingWrites[0].waiter = nil
+                next?.resume(returning: .commitNext)
+            }
+        }
+        let applies = batch.map(\.apply)
+        let outcomes: [Result<JSONValue, any Error>]
+        let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60)
+            ? Date().timeIntervalSince1970 - Double(replyWindow.components.seconds) : nil
+        if forgetBefore != nil { lastPruned = .now }
+        do {
+            outcomes = try await database.write { db in
+                if let forgetBefore { try db.execute(sql: "DELETE FROM replies WHERE written_at < ?", arguments: [forgetBefore]) }
+                var outcomes: [Result<JSONValue, any Error>] = []
+                for apply in applies {
+                    var value = JSONValue.null
+                    do {
+                        try db.inSavepoint {
+                            value = try apply(db)
+                            return .commit
+                        }
+                        outcomes.append(.success(value))
+                    } catch {
+                        // A failed savepoint is rolled back alone; a failure that ended the
+                        // transaction fails the batch.
+                        guard db.isInsideTransaction else { throw error }
+                        outcomes.append(.failure(error))
+                    }
+                }
+                return outcomes
+            }
+        } catch {
+            let failure = StorageFailure(error, path: path)
+            logger.error("write failed", metadata: ["problem": "\(failure.detail)", "writes": "\(batch.count)"])
+            for pending in batch { pending.waiter?.resume(throwing: failure.rpcError) }
+            throw failure.rpcError
+        }
+        var own: Result<JSONValue, any Error> = .failure(JSONRPCError.internalError("the committing write was not in its batch"))
+        for (pending, outcome) in zip(batch, outcomes) {
+            let answer = outcome.mapError { error -> any Error in error as? JSONRPCError ?? StorageFailure(error, path: path).rpcError }
+            guard let waiter = pending.waiter else {
+                own = answer
+                continue
+            }
+            waiter.resume(with: answer.map(Turn.written))
+        }
+        return try own.get()
+    }
+
+    // MARK: Reads
+
+    /// Runs `body` in a read on the calling thread: a read takes microseconds, less than the
+    /// two thread hops of GRDB's async `read`. A failure is answered as -32007.
+    package func read<T: Sendable>(_ body: @Sendable (Database) throws -> T) throws -> T {
+        let database = try openDatabase()
+        do {
+            return try database.read(body)
+        } catch let error as JSONRPCError {
+            throw error
+        } catch {
+            throw StorageFailure(error, path: path).rpcError
+        }
+    }
+
+    /// The result kept for `request`, if any.
+    package func remembered(_ request: String) throws -> [UInt8]? {
+        try read { db in
+            try Data.fetchOne(db, sql: "SELECT result FROM replies WHERE request = ?", arguments: [request]).map { Array($0) }
+        }
+    }
+
+    // MARK: Opening
+
+    private func openDatabase() throws -> DatabasePool {
+        if let database { return database }
+        if let openFailure, ContinuousClock.now - openFailure.at < .seconds(1) {
+            throw openFailure.failure.rpcError
+        }
+        do {
+            let opened = try Self.open(path: path, label: label, maxSizeBytes: maxSizeBytes, migrator: migrator)
+            database = opened
+            openFailure = nil
+            logger.info("database opened", metadata: ["path": "\(path)"])
+            return opened
+        } catch {
+            let failure = StorageFailure(error, path: path)
+            openFailure = (failure, .now)
+            throw failure.rpcError
+        }
+    }
+
+    /// Opens the file: WAL mode, `synchronous = FULL` (a commit is on disk before it returns,
+    /// which is what lets a service acknowledge a write only once it is durable), a busy
+    /// timeout so several processes can share one file, at most `maxSizeBytes` (beyond it
+    /// writes fail with "full", as on a full disk), and the schema migrations.
+    ///
+    /// The users' data is theirs alone: a folder made here is 0700, and the database is 0600
+    /// from the moment it exists (SQLite gives its -wal and -shm files the database's mode);
+    /// a database an older version left readable to others is made 0600 too.
+    package static func open(path: String, label: String, maxSizeBytes: Int?, migrator: DatabaseMigrator) throws -> DatabasePool {
+        let url = URL(fileURLWithPath: path)
+        let folder = url.deletingLastPathComponent()
+        do {
+            try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw StorageFailure(reason: "cannot-open", detail: "cannot create the folder \(folder.path): \(StorageFailure.systemMessage(error))",
+                                 path: path)
+        }
+        let descriptor = Glibc.open(url.path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+        if descriptor >= 0 {
+            for file in [url.path, url.path + "-wal", url.path + "-shm"] { chmod(file, 0o600) }
+            close(descriptor)
+        }
+        var config = Configuration()
+        config.label = label
+        config.busyMode = .timeout(10)
+        let maxPages = maxSizeBytes.map { max(1, $0 / 4096) }
+        config.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            if let maxPages { try db.execute(sql: "PRAGMA max_page_count = \(maxPages)") }
+        }
+        let pool = try DatabasePool(path: url.path, configuration: config)
+        try migrator.migrate(pool)
+        return pool
+    }
+}

@@ -1,0 +1,56 @@
+package import BusProtocol
+import Foundation
+import GRDB
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A storage failure as a durable service's callers see it: -32007 with the reason and the
+/// path, e.g. "Storage failed: the database is read-only (/var/lib/switchboard/store.sqlite)".
+package struct StorageFailure: Error, Sendable {
+    /// One of read-only, full, corrupt, io, cannot-open, busy, other.
+    package let reason: String
+    package let detail: String
+    package let path: String
+
+    package init(reason: String, detail: String, path: String) {
+        (self.reason, self.detail, self.path) = (reason, detail, path)
+    }
+
+    package init(_ error: any Error, path: String) {
+        if let failure = error as? StorageFailure {
+            self = failure
+            return
+        }
+        self.path = path
+        guard let error = error as? DatabaseError else {
+            reason = "other"
+            detail = Self.systemMessage(error)
+            return
+        }
+        switch error.resultCode {
+        case .SQLITE_READONLY, .SQLITE_PERM: (reason, detail) = ("read-only", "the database is read-only")
+        case .SQLITE_FULL: (reason, detail) = ("full", "the disk or the database's size limit is full")
+        case .SQLITE_CORRUPT, .SQLITE_NOTADB: (reason, detail) = ("corrupt", "the database file is corrupt or not a database")
+        case .SQLITE_IOERR: (reason, detail) = ("io", "a disk I/O error occurred")
+        case .SQLITE_CANTOPEN: (reason, detail) = ("cannot-open", "the database file cannot be opened")
+        case .SQLITE_BUSY, .SQLITE_LOCKED: (reason, detail) = ("busy", "the database stayed locked by another process")
+        default: (reason, detail) = ("other", error.message ?? "\(error)")
+        }
+    }
+
+    /// The operating system's one-line reason ("Not a directory") rather than Foundation's
+    /// dump of an error's domain, code and user info.
+    package static func systemMessage(_ error: any Error) -> String {
+        let error = error as NSError
+        for candidate in [error, error.userInfo[NSUnderlyingErrorKey] as? NSError].compactMap({ $0 }) where candidate.domain == NSPOSIXErrorDomain {
+            return String(cString: strerror(Int32(candidate.code)))
+        }
+        return error.localizedDescription
+    }
+
+    package var rpcError: JSONRPCError {
+        JSONRPCError(code: JSONRPCError.storageFailedCode, message: "Storage failed: \(detail) (\(path))",
+                     data: ["reason": .string(reason), "path": .string(path)])
+    }
+}

@@ -1,0 +1,47 @@
+public import SwitchboardConfig
+
+/// Where the streams service keeps its database, how big it may grow, and the defaults a
+/// stream or consumer takes for what its creator leaves out.
+public struct StreamsConfiguration: Sendable, Equatable {
+    /// The SQLite file; its folder is created when missing.
+    public var path = "data/streams.sqlite"
+    /// The largest the database may grow, in bytes (nil: no limit). Beyond it, publishes fail
+    /// with "full", as they would on a full disk.
+    public var maxSizeBytes: Int?
+    /// How long each write's result is kept with it, for a request sent again.
+    public var replyWindow: Duration = .seconds(600)
+    /// The largest message's data (its JSON text), in bytes.
+    public var maxMessageBytes = 1_048_576
+    /// A stream's limits when its creator gives none: the oldest go past them.
+    public var defaultMaxMessages = 1_000_000
+    public var defaultMaxBytes = 1 << 30
+    /// Seconds a message id is remembered when the stream says nothing.
+    public var defaultDuplicateWindow = 120.0
+    /// A consumer's ack deadline and deliveries when its creator says nothing.
+    public var defaultAckWait = 30.0
+    public var defaultMaxDeliver = 5
+
+    public init(path: String = "data/streams.sqlite", maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600)) {
+        (self.path, self.maxSizeBytes, self.replyWindow) = (path, maxSizeBytes, replyWindow)
+    }
+}
+
+/// `streams:` as the file gives it; what it leaves out keeps the service's default.
+public struct StreamsSettings: Sendable, Equatable {
+    public var path: String?
+    public var maxSizeBytes: Int?
+    public var rememberSeconds: Int?
+    public var maxMessageBytes: Int?
+    public init() {}
+
+    public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes"])
+
+    /// Reads `streams:`.
+    public init(reading streams: ConfigSection) throws(ConfigError) {
+        self.init()
+        path = try streams.text("path", "a file path")
+        maxSizeBytes = try streams.integer("max_size_mb", atMost: 1 << 20).map { $0 * 1_048_576 }
+        rememberSeconds = try streams.integer("remember_seconds", atMost: ConfigSection.Limit.yearSeconds)
+        maxMessageBytes = try streams.integer("max_message_bytes", atMost: 16_777_216)
+    }
+}

@@ -1,0 +1,84 @@
+import GRDB
+import Storage
+
+/// The streams service's SQLite schema (the file is opened by ``SQLiteWriter``).
+///
+/// A stream's counters (`messages`, `bytes`, `first_seq`, `last_seq`) are kept in its row and
+/// changed with every message added or removed, so its limits are checked without scanning
+/// its messages. A consumer's `next_seq` is the first sequence it never handed out; what it
+/// handed out and has not had acknowledged is in `pending`, with the deadline after which
+/// it is handed out again.
+enum StreamsSchema {
+    /// One migration per version. Never edit a shipped migration: add one.
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE streams (
+                    name TEXT PRIMARY KEY,
+                    retention TEXT NOT NULL,
+                    max_messages INTEGER NOT NULL,
+                    max_bytes INTEGER NOT NULL,
+                    max_age REAL,
+                    duplicate_window REAL NOT NULL,
+                    dead_letters TEXT,
+                    messages INTEGER NOT NULL DEFAULT 0,
+                    bytes INTEGER NOT NULL DEFAULT 0,
+                    first_seq INTEGER NOT NULL DEFAULT 1,
+                    last_seq INTEGER NOT NULL DEFAULT 0,
+                    created_at REAL NOT NULL
+                );
+                CREATE TABLE subjects (
+                    prefix TEXT PRIMARY KEY,
+                    stream TEXT NOT NULL
+                );
+                CREATE TABLE messages (
+                    stream TEXT NOT NULL,
+                    seq INTEGER NOT NULL,
+                    subject TEXT NOT NULL,
+                    data BLOB NOT NULL,
+                    published_at REAL NOT NULL,
+                    dead_letter TEXT,
+                    PRIMARY KEY (stream, seq)
+                ) WITHOUT ROWID;
+                CREATE TABLE message_ids (
+                    stream TEXT NOT NULL,
+                    id TEXT NOT NULL,
+                    seq INTEGER NOT NULL,
+                    published_at REAL NOT NULL,
+                    PRIMARY KEY (stream, id)
+                ) WITHOUT ROWID;
+                CREATE INDEX message_ids_by_time ON message_ids(stream, published_at);
+                CREATE TABLE consumers (
+                    stream TEXT NOT NULL,
+                    name TEXT NOT NULL,
+                    config TEXT NOT NULL,
+                    filter TEXT,
+                    ack_wait REAL NOT NULL,
+                    max_deliver INTEGER NOT NULL,
+                    next_seq INTEGER NOT NULL,
+                    delivered INTEGER NOT NULL DEFAULT 0,
+                    redelivered INTEGER NOT NULL DEFAULT 0,
+                    acknowledged INTEGER NOT NULL DEFAULT 0,
+                    dead_lettered INTEGER NOT NULL DEFAULT 0,
+                    terminated INTEGER NOT NULL DEFAULT 0,
+                    missed INTEGER NOT NULL DEFAULT 0,
+                    missed_told INTEGER NOT NULL DEFAULT 0,
+                    created_at REAL NOT NULL,
+                    PRIMARY KEY (stream, name)
+                ) WITHOUT ROWID;
+                CREATE TABLE pending (
+                    stream TEXT NOT NULL,
+                    consumer TEXT NOT NULL,
+                    seq INTEGER NOT NULL,
+                    deliveries INTEGER NOT NULL,
+                    deadline REAL NOT NULL,
+                    PRIMARY KEY (stream, consumer, seq)
+                ) WITHOUT ROWID;
+                CREATE INDEX pending_by_message ON pending(stream, seq);
+                """)
+            try SQLiteWriter.createRepliesTable(db)
+        }
+        return migrator
+    }
+}

@@ -1,0 +1,219 @@
+import BusProtocol
+public import Contracts
+import Foundation
+import GRDB
+public import Logging
+import Storage
+
+/// The `streams` service: durable streams of messages and the consumers that work through
+/// them (``StreamsAPI``), in one SQLite file written through a ``SQLiteWriter`` (a publish is
+/// answered once it is on disk; a re-sent request is answered with the result it had).
+///
+/// Several readers fetching from one consumer share its messages: a fetch hands each out to
+/// one reader and keeps it pending until that reader acknowledges it or its ack deadline
+/// passes. Times come from `now` (Unix seconds), which tests move by hand.
+public actor StreamsService: BusService {
+    public static let name = StreamsAPI.service
+    typealias API = StreamsAPI
+
+    public nonisolated let configuration: StreamsConfiguration
+    private let writer: SQLiteWriter
+    private let now: @Sendable () -> Double
+    /// Fetches waiting for a message, woken by a publish in this process (other processes'
+    /// publishes are seen at the next look, a fraction of a second later).
+    private var waitingFetches: [UInt64: CheckedContinuation<Void, Never>] = [:]
+    private var nextWaiter: UInt64 = 0
+
+    /// How often a waiting fetch looks again on its own (for other processes' publishes and
+    /// ack deadlines that pass).
+    static let lookAgain: Duration = .milliseconds(250)
+
+    public init(configuration: StreamsConfiguration, logger: Logger? = nil, now: (@Sendable () -> Double)? = nil) {
+        self.configuration = configuration
+        self.now = now ?? { Date().timeIntervalSince1970 }
+        writer = SQLiteWriter(path: configuration.path, label: "streams", maxSizeBytes: configuration.maxSizeBytes, migrator: StreamsSchema.migrator,
+                              replyWindow: configuration.replyWindow, logger: logger ?? Logger(label: "switchboard.streams"))
+    }
+
+    public nonisolated func makeReplyMemory() -> any ReplyMemory {
+        let writer = writer
+        return StoredReplies { try await writer.remembered($0) }
+    }
+
+    public nonisolated func methods(_ table: inout MethodTable<StreamsService>) {
+        table.on(API.streamAdd) { service, params in try await service.addStream(params) }
+        table.on(API.streamInfo) { service, params in try await service.read { db in try StreamsDatabase.info(db, try StreamsDatabase.stream(db, params.name)) } }
+        table.on(API.streamList) { service, _ in try await service.read { db in try StreamsDatabase.list(db) } }
+        table.on(API.streamDelete) { service, params in try await service.write { db, _ in try StreamsDatabase.deleteStream(db, params.name) } }
+        table.on(API.streamPurge) { service, params in try await service.write { db, _ in try StreamsDatabase.purge(db, params.name) } }
+        table.on(API.publish) { service, params in try await service.publish(params) }
+        table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
+        table.on(API.consumerInfo) { service, params in
+            try await service.read { db in try StreamsDatabase.info(db, try StreamsDatabase.consumer(db, stream: params.stream, name: params.name)) }
+        }
+        table.on(API.consumerDelete) { service, params in
+            try await service.write { db, _ in try StreamsDatabase.deleteConsumer(db, stream: params.stream, name: params.name) }
+        }
+        table.on(API.fetch) { service, params in
+            try await service.fetch(params.stream, params.consumer, batch: params.batch ?? 1, maxBytes: params.maxBytes ?? 1_048_576,
+                                    waitingUntil: .now + .seconds(params.wait ?? 0), request: RequestKey.current?.description)
+        }
+        table.onStream(API.next) { service, params, parts in try await service.next(params, parts) }
+        table.on(API.ack) { service, params in try await service.settle(params.stream, params.consumer, params.sequences, .ack) }
+        table.on(API.nak) { service, params in try await service.settle(params.stream, params.consumer, params.sequences, .nak(delay: params.delay ?? 0)) }
+        table.on(API.progress) { service, params in try await service.settle(params.stream, params.consumer, params.sequences, .progress) }
+        table.on(API.term) { service, params in try await service.settle(params.stream, params.consumer, params.sequences, .term) }
+    }
+
+    // MARK: Streams
+
+    func addStream(_ asked: API.StreamConfig) async throws -> API.StreamInfo {
+        try Check.name(asked.name, field: "name")
+        guard (1...32).contains(asked.subjects.count) else { throw JSONRPCError.invalidParams(field: "subjects", "must hold 1 to 32 subject prefixes") }
+        for subject in asked.subjects { try Check.subject(subject, field: "subjects") }
+        let subjects = Array(Set(asked.subjects)).sorted()
+        for (index, prefix) in subjects.enumerated() {
+            if let other = subjects[(index + 1)...].first(where: { $0.hasPrefix(prefix) }) {
+                throw JSONRPCError.invalidParams(field: "subjects", "\(prefix) and \(other) overlap: give the shorter one only")
+            }
+        }
+        let settings = StreamsDatabase.Settings(name: asked.name, subjects: subjects, retention: asked.retention ?? .limits,
+                                                maxMessages: asked.maxMessages ?? configuration.defaultMaxMessages,
+                                                maxBytes: asked.maxBytes ?? configuration.defaultMaxBytes, maxAge: asked.maxAge,
+                                                duplicateWindow: asked.duplicateWindow ?? configuration.defaultDuplicateWindow)
+        return try await write { db, now in try StreamsDatabase.addStream(db, settings, now: now) }
+    }
+
+    func publish(_ message: API.Publish) async throws -> API.Published {
+        try Check.subject(message.subject, field: "subject")
+        if let id = message.id, !(1...256).contains(id.utf8.count) { throw JSONRPCError.invalidParams(field: "id", "must be 1 to 256 bytes") }
+        let data = message.data.jsonBytes
+        guard data.count <= configuration.maxMessageBytes else {
+            throw JSONRPCError(code: JSONRPCError.tooLargeCode,
+                               message: "Too large: the message's data is \(data.count) bytes, over the service's max_message_bytes (\(configuration.maxMessageBytes))",
+                               data: ["limit": .int(Int64(configuration.maxMessageBytes)), "bytes": .int(Int64(data.count))])
+        }
+        let published = try await write { db, now in try StreamsDatabase.publish(db, subject: message.subject, data: data, id: message.id, now: now) }
+        if !published.duplicate { wakeWaitingFetches() }
+        return published
+    }
+
+    // MARK: Consumers
+
+    func addConsumer(_ asked: API.ConsumerConfig) async throws -> API.ConsumerInfo {
+        try Check.name(asked.name, field: "name")
+        if let filter = asked.filter { try Check.subject(filter, field: "filter") }
+        let starts = [asked.deliver != nil, asked.startSequence != nil, asked.startTime != nil].filter { $0 }.count
+        guard starts <= 1 else { throw JSONRPCError.invalidParams(field: "deliver", "give at most one of deliver, startSequence and startTime") }
+        if let time = asked.startTime, Timestamp.parse(time) == nil {
+            throw JSONRPCError.invalidParams(field: "startTime", "must be an ISO 8601 time, such as 2026-11-28T09:30:00Z")
+        }
+        let config = try JSONValue(encoding: asked)
+        let ackWait = asked.ackWait ?? configuration.defaultAckWait, maxDeliver = asked.maxDeliver ?? configuration.defaultMaxDeliver
+        return try await write { db, now in try StreamsDatabase.addConsumer(db, asked, config: config, ackWait: ackWait, maxDeliver: maxDeliver, now: now) }
+    }
+
+    /// Hands out what is ready; with `wait`, looks again (at each publish in this process, and
+    /// every ``lookAgain`` seconds) until something is or the wait is over. Only the last look
+    /// is a write (remembered for `request`, when named): the earlier ones only read. The wait
+    /// is real time (`now` is the messages' time, which tests move by hand).
+    func fetch(_ stream: String, _ consumer: String, batch: Int, maxBytes: Int, waitingUntil waitEnds: ContinuousClock.Instant,
+               request: String?) async throws -> API.Fetched {
+        while ContinuousClock.now < waitEnds {
+            let ready = try await read { [now] db in try StreamsDatabase.ready(db, stream: stream, consumer: consumer, now: now()) }
+            if ready || Task.isCancelled { break }
+            await waitForPublish(upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
+        }
+        return try await write(request: request) { db, now in
+            try StreamsDatabase.fetch(db, stream: stream, consumer: consumer, batch: batch, maxBytes: maxBytes, now: now)
+        }
+    }
+
+    /// Hands out messages as the consumer has them, each as a part, until `max` or `expires`.
+    /// Not named by its request: a reader that asks again after a failover gets what is
+    /// ready then, and what the lost stream had handed out comes back after its ack wait.
+    func next(_ asked: API.Next, _ parts: Parts<API.Message>) async throws -> API.NextEnd {
+        let max = asked.max ?? 1_000
+        let ends = ContinuousClock.now + .seconds(asked.expires ?? 30)
+        var count = 0, missed = 0
+        while count < max, ContinuousClock.now < ends, !Task.isCancelled {
+            let fetched = try await fetch(asked.stream, asked.consumer, batch: min(100, max - count), maxBytes: 1_048_576, waitingUntil: ends, request: nil)
+            missed += fetched.missed
+            for message in fetched.messages {
+                try await parts.send(message)
+                count += 1
+            }
+        }
+        return API.NextEnd(messages: [], count: count, missed: missed)
+    }
+
+    func settle(_ stream: String, _ consumer: String, _ sequences: [Int], _ outcome: StreamsDatabase.Outcome) async throws -> API.Acknowledged {
+        guard (1...1_000).contains(sequences.count) else { throw JSONRPCError.invalidParams(field: "sequences", "must hold 1 to 1000 sequences") }
+        guard sequences.allSatisfy({ $0 >= 1 }) else { throw JSONRPCError.invalidParams(field: "sequences", "must be sequences, 1 or more") }
+        return try await write { db, now in try StreamsDatabase.settle(db, stream: stream, consumer: consumer, sequences: sequences, outcome, now: now) }
+    }
+
+    // MARK: Waiting
+
+    private func waitForPublish(upTo duration: Duration) async {
+        guard duration > .zero else { return }
+        let waiter = nextWaiter
+        nextWaiter += 1
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                try? await Task.sleep(for: duration)
+                await self.wake(waiter)
+            }
+            await withCheckedContinuation { waitingFetches[waiter] = $0 }
+            group.cancelAll()
+        }
+    }
+
+    private func wake(_ waiter: UInt64) {
+        waitingFetches.removeValue(forKey: waiter)?.resume()
+    }
+
+    private func wakeWaitingFetches() {
+        for waiter in waitingFetches.values { waiter.resume() }
+        waitingFetches.removeAll()
+    }
+
+    // MARK: The database
+
+    /// A write in the next committed batch, named by `request` (by default the request being
+    /// answered, so a re-sent one gets this result), decoded as the contract's type.
+    private func write<Result: Codable & Sendable>(request: String? = RequestKey.current?.description,
+                                                   _ body: @escaping @Sendable (Database, Double) throws -> Result) async throws -> Result {
+        let now = now
+        let result = try await writer.write(request: request) { db in try JSONValue(encoding: try body(db, now())) }
+        return try decodeResult(Result.self, result)
+    }
+
+    private func read<Result: Sendable>(_ body: @Sendable (Database) throws -> Result) async throws -> Result {
+        try await writer.read(body)
+    }
+}
+
+/// The shapes of names and subjects, checked before anything is written.
+enum Check {
+    /// Stream and consumer names: letters, digits, '-' and '_', 1 to 64 of them.
+    static func name(_ name: String, field: String) throws {
+        guard (1...64).contains(name.utf8.count), name.utf8.allSatisfy({ $0.isASCIILetterOrDigit || $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_") }) else {
+            throw JSONRPCError.invalidParams(field: field, "must be 1 to 64 letters, digits, '-' or '_'")
+        }
+    }
+
+    /// Subjects and their prefixes: 1 to 256 bytes of printable characters without spaces.
+    static func subject(_ subject: String, field: String) throws {
+        guard (1...256).contains(subject.utf8.count), subject.unicodeScalars.allSatisfy({ !$0.properties.isWhitespace && $0.value >= 0x20 && $0.value != 0x7F }) else {
+            throw JSONRPCError.invalidParams(field: field, "must be 1 to 256 bytes without spaces or control characters")
+        }
+    }
+}
+
+extension UInt8 {
+    fileprivate var isASCIILetterOrDigit: Bool {
+        (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(self) || (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(self)
+            || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(self)
+    }
+}

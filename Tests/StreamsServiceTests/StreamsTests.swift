@@ -1,0 +1,405 @@
+import BusKit
+import BusProtocol
+import Contracts
+import Foundation
+import Kernel
+import StreamsService
+import Synchronization
+import SwitchboardTestSupport
+import Testing
+
+typealias API = StreamsAPI
+
+/// The streams service's clock in these tests: wall time that moves only when a test says,
+/// so ack deadlines, nak delays and ages pass without waiting for them.
+final class TestTime: Sendable {
+    private let seconds = Mutex(1_800_000_000.0)
+    var now: Double { seconds.withLock { $0 } }
+    func advance(_ by: Double) { seconds.withLock { $0 += by } }
+}
+
+/// A kernel, a streams service hosted in this process on a database in a temporary folder,
+/// and two clients (two readers of one consumer).
+struct StreamsBus {
+    let kernel: TestKernel
+    let service: StreamsService
+    let host: ServiceHost<StreamsService>
+    let client: BusClient
+    let other: BusClient
+    let folder: URL
+    let time: TestTime
+
+    static func start(folder: URL? = nil, kernel: TestKernel? = nil, time: TestTime = TestTime()) async throws -> StreamsBus {
+        let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
+        let folder = try folder ?? temporaryDirectory("streams")
+        let service = StreamsService(configuration: StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path),
+                                     now: { time.now })
+        let options = ServiceHost<StreamsService>.Options(brokers: [kernel.endpoints.broker], connections: 2,
+                                                          heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                          heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+        let host = try ServiceHost(service: service, options: options)
+        try await host.start()
+        try await kernel.workers(API.service)
+        return StreamsBus(kernel: kernel, service: service, host: host,
+                          client: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10)),
+                          other: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10)), folder: folder, time: time)
+    }
+
+    func stop(keepKernel: Bool = false) async {
+        await host.stop()
+        await client.close()
+        await other.close()
+        if !keepKernel { await kernel.stop() }
+    }
+
+    /// Runs `body` on a new bus and stops it however `body` ends.
+    static func with(_ body: (StreamsBus) async throws -> Void) async throws {
+        try await stopping(try await start(), with: { await $0.stop() }, body)
+    }
+
+    /// The same database and kernel, a new service process (a restart).
+    func restarted() async throws -> StreamsBus {
+        try await StreamsBus.start(folder: folder, kernel: kernel, time: time)
+    }
+
+    @discardableResult
+    func publish(_ subject: String, _ data: JSONValue, id: String? = nil) async throws -> API.Published {
+        try await client.publish(to: subject, data, id: id)
+    }
+
+    func fetch(_ stream: String, _ consumer: String, batch: Int = 10, by reader: BusClient? = nil) async throws -> API.Fetched {
+        try await (reader ?? client).call(API.fetch, .init(stream: stream, consumer: consumer, batch: batch))
+    }
+
+    func ack(_ stream: String, _ consumer: String, _ sequences: [Int], by reader: BusClient? = nil) async throws -> API.Acknowledged {
+        try await (reader ?? client).call(API.ack, .init(stream: stream, consumer: consumer, sequences: sequences))
+    }
+
+    /// The JSON-RPC error a call fails with.
+    func failure<P, R>(_ method: Method<P, R>, _ params: P) async -> JSONRPCError? {
+        do {
+            _ = try await client.call(method, params)
+            Issue.record("\(method.name) succeeded; expected an error")
+            return nil
+        } catch {
+            if case .remote(_, let rpc) = error { return rpc }
+            Issue.record("expected a JSON-RPC error, got \(error)")
+            return nil
+        }
+    }
+}
+
+@Suite("streams: publishing, consumers in groups, acknowledgements")
+struct StreamsTests {
+    @Test("publish, then two readers of one consumer share its messages, each once; acknowledged ones are not handed out again")
+    func group() async throws {
+        try await StreamsBus.with { bus in
+            let added = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            #expect(added.deadLetters == "orders.dead" && added.lastSequence == 0)
+            for number in 1...10 {
+                let published = try await bus.publish("orders.new", ["n": .int(Int64(number))])
+                #expect(published.sequence == number && published.stream == "orders" && !published.duplicate)
+            }
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing"))
+            let first = try await bus.fetch("orders", "billing", batch: 4)
+            let second = try await bus.fetch("orders", "billing", batch: 4, by: bus.other)
+            let third = try await bus.fetch("orders", "billing", batch: 4)
+            #expect(first.messages.map(\.sequence) == [1, 2, 3, 4])
+            #expect(second.messages.map(\.sequence) == [5, 6, 7, 8])
+            #expect(third.messages.map(\.sequence) == [9, 10])
+            #expect(first.messages[0].data == ["n": 1] && first.messages[0].subject == "orders.new" && first.messages[0].deliveries == 1)
+            #expect(try await bus.fetch("orders", "billing").messages.isEmpty, "everything is pending with a reader")
+
+            #expect(try await bus.ack("orders", "billing", [1, 2, 3, 4]).done == [1, 2, 3, 4])
+            #expect(try await bus.ack("orders", "billing", [5, 6, 7, 8], by: bus.other).done == [5, 6, 7, 8])
+            let twice = try await bus.ack("orders", "billing", [9, 10, 4])
+            #expect(twice.done == [9, 10] && twice.notPending == [4], "an acknowledgement counts once")
+            // Past every ack deadline: nothing comes back.
+            bus.time.advance(3_600)
+            #expect(try await bus.fetch("orders", "billing").messages.isEmpty)
+            let info = try await bus.client.call(API.consumerInfo, .init(stream: "orders", name: "billing"))
+            #expect(info.acknowledged == 10 && info.pending == 0 && info.waiting == 0 && info.delivered == 10 && info.redelivered == 0)
+            // A second consumer has its own position: from the start.
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "audit", filter: "orders.new"))
+            #expect(try await bus.fetch("orders", "audit", batch: 100).messages.count == 10)
+        }
+    }
+
+    @Test("a reader that takes messages and never acknowledges: after the ack deadline they go to another reader, none lost and none acknowledged twice; progress keeps them")
+    func readerGone() async throws {
+        try await StreamsBus.with { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "jobs", subjects: ["jobs."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 30))
+            for number in 1...5 { try await bus.publish("jobs.run", .int(Int64(number))) }
+            #expect(try await bus.fetch("jobs", "workers", batch: 3).messages.map(\.sequence) == [1, 2, 3])
+            bus.time.advance(20)
+            // Still working on 3: its deadline starts again.
+            #expect(try await bus.client.call(API.progress, .init(stream: "jobs", consumer: "workers", sequences: [3])).done == [3])
+            #expect(try await bus.fetch("jobs", "workers", batch: 10, by: bus.other).messages.map(\.sequence) == [4, 5])
+            bus.time.advance(15)
+            // 1 and 2 are past their deadline; 3 is not.
+            let again = try await bus.fetch("jobs", "workers", batch: 10, by: bus.other)
+            #expect(again.messages.map(\.sequence) == [1, 2] && again.messages.allSatisfy { $0.deliveries == 2 })
+            #expect(try await bus.ack("jobs", "workers", [1, 2, 4, 5], by: bus.other).done == [1, 2, 4, 5])
+            // The first reader's late acknowledgement of 1 finds it done; its 3 is still its own.
+            let late = try await bus.ack("jobs", "workers", [1, 3])
+            #expect(late.done == [3] && late.notPending == [1])
+            let info = try await bus.client.call(API.consumerInfo, .init(stream: "jobs", name: "workers"))
+            #expect(info.acknowledged == 5 && info.pending == 0 && info.redelivered == 2)
+        }
+    }
+
+    @Test("nak with a delay: handed out again only once the delay has passed; without one, at the next fetch")
+    func nak() async throws {
+        try await StreamsBus.with { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "mail", subjects: ["mail."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "mail", name: "sender"))
+            try await bus.publish("mail.out", "a")
+            try await bus.publish("mail.out", "b")
+            #expect(try await bus.fetch("mail", "sender").messages.map(\.sequence) == [1, 2])
+            #expect(try await bus.client.call(API.nak, .init(stream: "mail", consumer: "sender", sequences: [1], delay: 10)).done == [1])
+            #expect(try await bus.client.call(API.nak, .init(stream: "mail", consumer: "sender", sequences: [2])).done == [2])
+            #expect(try await bus.fetch("mail", "sender").messages.map(\.sequence) == [2])
+            bus.time.advance(5)
+            #expect(try await bus.fetch("mail", "sender").messages.isEmpty)
+            bus.time.advance(5)
+            let back = try await bus.fetch("mail", "sender")
+            #expect(back.messages.map(\.sequence) == [1] && back.messages[0].deliveries == 2)
+        }
+    }
+
+    @Test("past max deliveries a message goes to the dead-letter stream with why, and is not handed out again; term drops one without dead-lettering")
+    func deadLetters() async throws {
+        try await StreamsBus.with { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "pay", subjects: ["pay."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "pay", name: "charger", ackWait: 10, maxDeliver: 2))
+            try await bus.publish("pay.card", ["amount": "12.50"])
+            try await bus.publish("pay.card", ["amount": "99.00"])
+            #expect(try await bus.fetch("pay", "charger").messages.count == 2)
+            #expect(try await bus.client.call(API.term, .init(stream: "pay", consumer: "charger", sequences: [2])).done == [2])
+            bus.time.advance(10)
+            #expect(try await bus.fetch("pay", "charger").messages.map(\.deliveries) == [2])
+            bus.time.advance(10)
+            #expect(try await bus.fetch("pay", "charger").messages.isEmpty, "a third delivery is over max_deliver")
+            let info = try await bus.client.call(API.consumerInfo, .init(stream: "pay", name: "charger"))
+            #expect(info.deadLettered == 1 && info.terminated == 1 && info.pending == 0)
+
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "pay.dead", name: "ops"))
+            let dead = try await bus.fetch("pay.dead", "ops")
+            let letter = try #require(dead.messages.first)
+            #expect(dead.messages.count == 1 && letter.subject == "pay.card" && letter.data == ["amount": "12.50"])
+            #expect(letter.deadLetter?.stream == "pay" && letter.deadLetter?.sequence == 1 && letter.deadLetter?.consumer == "charger"
+                    && letter.deadLetter?.deliveries == 2 && letter.deadLetter?.reason.contains("max_deliver") == true)
+            // The original stays in a limits stream: another consumer still reads it.
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "pay")).messages == 2)
+        }
+    }
+
+    @Test("a message id published again within the duplicate window is kept once; after the window, again")
+    func duplicates() async throws {
+        try await StreamsBus.with { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "events", subjects: ["ev."], duplicateWindow: 60))
+            let first = try await bus.publish("ev.a", 1, id: "e-1")
+            let again = try await bus.publish("ev.a", 1, id: "e-1")
+            #expect(!first.duplicate && again.duplicate && again.sequence == first.sequence)
+            #expect(try await bus.publish("ev.a", 2, id: "e-2").sequence == 2)
+            bus.time.advance(61)
+            let later = try await bus.publish("ev.a", 1, id: "e-1")
+            #expect(!later.duplicate && later.sequence == 3)
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "events")).messages == 3)
+        }
+    }
+
+    @Test("limits by count, bytes and age remove the oldest; a consumer behind is told how many it missed; purge keeps the sequence")
+    func limits() async throws {
+        try await StreamsBus.with { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "ticks", subjects: ["tick"], maxMessages: 5, maxBytes: 100, maxAge: 60))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "ticks", name: "slow"))
+            for number in 1...8 { try await bus.publish("tick", .int(Int64(number))) }
+            var info = try await bus.client.call(API.streamInfo, .init(name: "ticks"))
+            #expect(info.messages == 5 && info.firstSequence == 4 && info.lastSequence == 8)
+            let behind = try await bus.fetch("ticks", "slow", batch: 100)
+            #expect(behind.missed == 3 && behind.messages.map(\.sequence) == [4, 5, 6, 7, 8])
+            _ = try await bus.ack("ticks", "slow", [4, 5, 6, 7, 8])
+            // Bytes: each message is 30 bytes of JSON text; 100 bytes hold three.
+            for _ in 1...4 { try await bus.publish("tick", .string(String(repeating: "x", count: 28))) }
+            info = try await bus.client.call(API.streamInfo, .init(name: "ticks"))
+            #expect(info.bytes <= 100 && info.messages == 3 && info.lastSequence == 12)
+            #expect(await bus.failure(API.publish, .init(subject: "tick", data: .string(String(repeating: "y", count: 200))))?.code == JSONRPCError.tooLargeCode)
+            // Age.
+            bus.time.advance(61)
+            #expect(try await bus.fetch("ticks", "slow").missed == 4, "9 went for its bytes, 10 to 12 for their age")
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "ticks")).messages == 0)
+            try await bus.publish("tick", 13)
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "ticks")).messages == 1)
+            info = try await bus.client.call(API.streamInfo, .init(name: "ticks"))
+            #expect(info.messages == 0 && info.firstSequence == 14)
+            #expect(try await bus.publish("tick", 14).sequence == 14)
+        }
+    }
+
+    @Test("a work-queue stream: a message acknowledged or terminated is deleted; one consumer only")
+    func workQueue() async throws {
+        try await StreamsBus.with { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "queue", subjects: ["q."], retention: .workQueue))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "queue", name: "doers"))
+            #expect(await bus.failure(API.consumerAdd, .init(stream: "queue", name: "others"))?.code == JSONRPCError.conflictCode)
+            for number in 1...3 { try await bus.publish("q.job", .int(Int64(number))) }
+            #expect(try await bus.fetch("queue", "doers").messages.count == 3)
+            _ = try await bus.ack("queue", "doers", [1, 3])
+            _ = try await bus.client.call(API.term, .init(stream: "queue", consumer: "doers", sequences: [2]))
+            let info = try await bus.client.call(API.streamInfo, .init(name: "queue"))
+            #expect(info.messages == 0 && info.bytes == 0 && info.lastSequence == 3 && info.firstSequence == 4)
+        }
+    }
+
+    @Test("a fetch that waits is answered with a message published while it waited; a fetch sent again is answered with the same messages")
+    func waitingAndResent() async throws {
+        try await StreamsBus.with { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "news", subjects: ["news."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "news", name: "reader", deliver: .new))
+            async let waited = bus.other.call(API.fetch, .init(stream: "news", consumer: "reader", wait: 30))
+            try await bus.publish("news.flash", "hello")
+            let fetched = try await waited
+            #expect(fetched.messages.map(\.data) == ["hello"])
+
+            try await bus.publish("news.flash", "again")
+            // The same request (client and id) twice, as a client re-sends one after a kernel
+            // failover: one batch, handed out once.
+            let body = JSONRPCRequest(id: .number(7), method: API.fetch.name, params: ["stream": "news", "consumer": "reader"], client: "re-sender").jsonBytes
+            var answers: [JSONValue] = []
+            for _ in 0..<2 {
+                let reply = try await bus.client.call(service: API.service, body: [Frame(body)])
+                answers.append(try #require(try JSONRPC.parseResponses(reply[0].bytes).first).outcome.get())
+            }
+            #expect(answers[0] == answers[1] && answers[0]["messages"]?.arrayValue?.count == 1)
+            let info = try await bus.client.call(API.consumerInfo, .init(stream: "news", name: "reader"))
+            #expect(info.delivered == 2 && info.pending == 2)
+        }
+    }
+
+    @Test("push: a reader following a consumer gets each message as a part once it is published; what it leaves unacknowledged goes to the next reader after the ack wait")
+    func push() async throws {
+        try await StreamsBus.with { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "feed", subjects: ["feed."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "feed", name: "live", deliver: .new, ackWait: 30))
+            let parts = bus.other.stream(API.next, .init(stream: "feed", consumer: "live", max: 3, expires: 60), timeout: .seconds(70))
+            var iterator = parts.makeAsyncIterator()
+            var received: [Int] = []
+            // Each published once the one before has arrived: they come as they are published.
+            for number in 1...3 {
+                try await bus.publish("feed.item", .int(Int64(number)))
+                received.append(try #require(try await iterator.next()).sequence)
+            }
+            #expect(received == [1, 2, 3])
+            let end = try await parts.end()
+            #expect(end.count == 3 && end.messages.isEmpty)
+            // The reader acknowledged 1 and left with 2 and 3.
+            _ = try await bus.ack("feed", "live", [1], by: bus.other)
+            bus.time.advance(30)
+            let whole = try await bus.client.call(API.nextMethod, .init(stream: "feed", consumer: "live", max: 2, expires: 5))
+            #expect(whole.messages.map(\.sequence) == [2, 3] && whole.messages.allSatisfy { $0.deliveries == 2 } && whole.count == 2)
+        }
+    }
+
+    @Test("bad input is refused with a clear error and changes nothing")
+    func refusals() async throws {
+        try await StreamsBus.with { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            let cases: [(JSONRPCError?, Int, String)] = [
+                (await bus.failure(API.streamAdd, .init(name: "bad name", subjects: ["x."])), JSONRPCError.invalidParamsCode, "letters, digits"),
+                (await bus.failure(API.streamAdd, .init(name: "a.b", subjects: ["x."])), JSONRPCError.invalidParamsCode, "letters, digits"),
+                (await bus.failure(API.streamAdd, .init(name: "x", subjects: [])), JSONRPCError.invalidParamsCode, "1 to 32"),
+                (await bus.failure(API.streamAdd, .init(name: "x", subjects: ["a.", "a.b"])), JSONRPCError.invalidParamsCode, "overlap"),
+                (await bus.failure(API.streamAdd, .init(name: "x", subjects: ["orders.new"])), JSONRPCError.conflictCode, "stream orders holds"),
+                (await bus.failure(API.streamAdd, .init(name: "orders", subjects: ["orders."], maxMessages: 5)), JSONRPCError.conflictCode, "other settings"),
+                (await bus.failure(API.streamInfo, .init(name: "nothing")), JSONRPCError.notFoundCode, "no stream nothing"),
+                (await bus.failure(API.publish, .init(subject: "nowhere.x", data: 1)), JSONRPCError.notFoundCode, "no stream holds subject nowhere.x"),
+                (await bus.failure(API.publish, .init(subject: "has space", data: 1)), JSONRPCError.invalidParamsCode, "without spaces"),
+                (await bus.failure(API.fetch, .init(stream: "orders", consumer: "nobody")), JSONRPCError.notFoundCode, "no consumer nobody"),
+                (await bus.failure(API.consumerAdd, .init(stream: "orders", name: "c", deliver: .new, startSequence: 3)), JSONRPCError.invalidParamsCode, "at most one"),
+                (await bus.failure(API.consumerAdd, .init(stream: "orders", name: "c", startTime: "yesterday")), JSONRPCError.invalidParamsCode, "ISO 8601"),
+                (await bus.failure(API.ack, .init(stream: "orders", consumer: "c", sequences: [])), JSONRPCError.invalidParamsCode, "1 to 1000"),
+                (await bus.failure(API.streamDelete, .init(name: "orders.dead")), JSONRPCError.invalidParamsCode, "goes when orders is deleted"),
+            ]
+            for (error, code, words) in cases {
+                #expect(error?.code == code && error?.message.contains(words) == true, "\(String(describing: error)): expected \(code) saying \(words)")
+            }
+            // The same settings again is no error, and nothing above was made.
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            #expect(try await bus.client.call(API.streamList).streams.map(\.name) == ["orders", "orders.dead"])
+            #expect(try await bus.client.call(API.streamDelete, .init(name: "orders")).messages == 0)
+            #expect(try await bus.client.call(API.streamList).streams.isEmpty)
+        }
+    }
+}
+
+@Suite("streams: durability")
+struct StreamsDurabilityTests {
+    @Test("the service restarted on its file: every acknowledged message is there, and every consumer resumes at its position with what it had pending")
+    func restart() async throws {
+        let bus = try await StreamsBus.start()
+        try await stopping(bus, with: { await $0.stop() }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 30))
+            for number in 1...6 { try await bus.publish("orders.new", .int(Int64(number)), id: "o-\(number)") }
+            _ = try await bus.fetch("orders", "billing", batch: 4)
+            _ = try await bus.ack("orders", "billing", [1, 2])
+        }
+        let again = try await StreamsBus.start(folder: bus.folder, time: bus.time)
+        try await stopping(again, with: { await $0.stop() }) { bus in
+            let info = try await bus.client.call(API.streamInfo, .init(name: "orders"))
+            #expect(info.messages == 6 && info.lastSequence == 6 && info.consumers == ["billing"])
+            #expect(try await bus.publish("orders.new", 6, id: "o-6").duplicate, "ids are remembered across restarts")
+            let consumer = try await bus.client.call(API.consumerInfo, .init(stream: "orders", name: "billing"))
+            #expect(consumer.nextSequence == 5 && consumer.pending == 2 && consumer.acknowledged == 2)
+            #expect(try await bus.fetch("orders", "billing").messages.map(\.sequence) == [5, 6])
+            bus.time.advance(30)
+            #expect(try await bus.fetch("orders", "billing").messages.map(\.sequence) == [3, 4, 5, 6])
+        }
+    }
+}
+
+@Suite("sb stream: the verbs against a live streams service")
+struct StreamVerbTests {
+    @Test("sb stream add, pub (JSON or text, with an id), consumer, fetch --ack, info, ls, nak, rm; errors exit 1 naming the problem")
+    func verbs() async throws {
+        try await StreamsBus.with { bus in
+            let environment = ["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""]
+            func sb(_ arguments: String...) async throws -> CommandResult {
+                try await runCommand(sbExecutable(), arguments, environment: environment)
+            }
+            var result = try await sb("stream", "add", "orders", "orders.", "--max-age", "86400")
+            #expect(result.status == 0 && result.stdout.contains("stream orders: subjects orders.") && result.stdout.contains("orders.dead"), "\(result)")
+            result = try await sb("stream", "pub", "orders.new", #"{"id": 7}"#, "--id", "o-7")
+            #expect(result.status == 0 && result.stdout == "orders 1\n", "\(result)")
+            result = try await sb("stream", "pub", "orders.new", #"{"id": 7}"#, "--id", "o-7")
+            #expect(result.stdout.contains("duplicate"), "\(result)")
+            result = try await sb("stream", "pub", "orders.note", "plain words")
+            #expect(result.stdout == "orders 2\n", "\(result)")
+            result = try await sb("stream", "consumer", "orders", "billing", "--ack-wait", "60")
+            #expect(result.status == 0 && result.stdout.contains("waiting 2"), "\(result)")
+            result = try await sb("stream", "fetch", "orders", "billing", "--batch", "10", "--ack")
+            #expect(result.stdout == "1 orders.new (delivery 1) {\"id\":7}\n2 orders.note (delivery 1) \"plain words\"\n", "\(result)")
+            result = try await sb("stream", "info", "orders")
+            #expect(result.status == 0 && result.stdout.contains("billing") && result.stdout.contains("kept 86400 s"), "\(result)")
+            let row = result.stdout.split(separator: "\n").first { $0.hasPrefix("billing") }.map { $0.split(separator: " ", omittingEmptySubsequences: true) }
+            #expect(row?[6] == "2", "acknowledged: \(result.stdout)")
+            result = try await sb("stream", "ls", "--json")
+            #expect(result.status == 0 && result.stdout.contains("\"name\":\"orders\""), "\(result)")
+            try await bus.publish("orders.new", 3)
+            _ = try await sb("stream", "fetch", "orders", "billing")
+            result = try await sb("stream", "nak", "orders", "billing", "3", "9", "--delay", "5")
+            #expect(result.stdout.contains("given back 3") && result.stdout.contains("not pending") && result.stdout.contains("9"), "\(result)")
+            try await bus.publish("orders.new", 4)
+            result = try await sb("stream", "sub", "orders", "billing", "--count", "1", "--ack")
+            #expect(result.status == 0 && result.stdout == "4 orders.new (delivery 1) 4\n", "\(result)")
+            result = try await sb("stream", "pub", "elsewhere", "1")
+            #expect(result.status == 1 && result.stderr.contains("no stream holds subject elsewhere"), "\(result)")
+            result = try await sb("stream", "rm", "orders")
+            #expect(result.status == 0 && result.stdout.contains("deleted stream orders (4 messages)"), "\(result)")
+            let help = try await sb("stream", "fetch", "--help")
+            #expect(help.status == 0 && help.stdout.contains("Example"))
+        }
+    }
+}
