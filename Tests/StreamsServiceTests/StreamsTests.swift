@@ -29,11 +29,13 @@ struct StreamsBus {
     let folder: URL
     let time: TestTime
 
-    static func start(folder: URL? = nil, kernel: TestKernel? = nil, time: TestTime = TestTime()) async throws -> StreamsBus {
+    static func start(folder: URL? = nil, kernel: TestKernel? = nil, time: TestTime = TestTime(),
+                      _ configure: (inout StreamsConfiguration) -> Void = { _ in }) async throws -> StreamsBus {
         let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
         let folder = try folder ?? temporaryDirectory("streams")
-        let service = StreamsService(configuration: StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path),
-                                     now: { time.now })
+        var configuration = StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path)
+        configure(&configuration)
+        let service = StreamsService(configuration: configuration, now: { time.now })
         let options = ServiceHost<StreamsService>.Options(brokers: [kernel.endpoints.broker], connections: 2,
                                                           heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                           heartbeatLiveness: kernel.configuration.heartbeatLiveness)
@@ -53,8 +55,8 @@ struct StreamsBus {
     }
 
     /// Runs `body` on a new bus and stops it however `body` ends.
-    static func with(_ body: (StreamsBus) async throws -> Void) async throws {
-        try await stopping(try await start(), with: { await $0.stop() }, body)
+    static func with(_ configure: (inout StreamsConfiguration) -> Void = { _ in }, _ body: (StreamsBus) async throws -> Void) async throws {
+        try await stopping(try await start(configure), with: { await $0.stop() }, body)
     }
 
     /// The same database and kernel, a new service process (a restart).
@@ -330,6 +332,24 @@ struct StreamsTests {
             #expect(try await bus.client.call(API.streamList).streams.map(\.name) == ["orders", "orders.dead"])
             #expect(try await bus.client.call(API.streamDelete, .init(name: "orders")).messages == 0)
             #expect(try await bus.client.call(API.streamList).streams.isEmpty)
+        }
+    }
+}
+
+extension StreamsTests {
+    @Test("the service holds at most max_streams streams and max_consumers consumers each: past them -32010 naming the setting; deleting one makes room")
+    func counts() async throws {
+        try await StreamsBus.with({ $0.maxStreams = 2; $0.maxConsumers = 1 }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "a", subjects: ["a."]))
+            _ = try await bus.client.call(API.streamAdd, .init(name: "b", subjects: ["b."]))
+            let third = await bus.failure(API.streamAdd, .init(name: "c", subjects: ["c."]))
+            #expect(third?.code == JSONRPCError.tooLargeCode && third?.message.contains("streams.max_streams") == true, "\(String(describing: third))")
+            _ = try await bus.client.call(API.streamAdd, .init(name: "a", subjects: ["a."]))  // the same again is no new stream
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "a", name: "one"))
+            let second = await bus.failure(API.consumerAdd, .init(stream: "a", name: "two"))
+            #expect(second?.code == JSONRPCError.tooLargeCode && second?.message.contains("streams.max_consumers") == true, "\(String(describing: second))")
+            _ = try await bus.client.call(API.streamDelete, .init(name: "b"))
+            _ = try await bus.client.call(API.streamAdd, .init(name: "c", subjects: ["c."]))
         }
     }
 }

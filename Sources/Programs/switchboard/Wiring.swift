@@ -32,6 +32,8 @@ extension StreamsConfiguration {
         if let bytes = settings.maxSizeBytes { maxSizeBytes = bytes }
         if let seconds = settings.rememberSeconds { replyWindow = .seconds(seconds) }
         if let bytes = settings.maxMessageBytes { maxMessageBytes = bytes }
+        if let count = settings.maxStreams { maxStreams = count }
+        if let count = settings.maxConsumers { maxConsumers = count }
     }
 }
 

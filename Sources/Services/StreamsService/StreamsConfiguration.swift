@@ -12,6 +12,11 @@ public struct StreamsConfiguration: Sendable, Equatable {
     public var replyWindow: Duration = .seconds(600)
     /// The largest message's data (its JSON text), in bytes.
     public var maxMessageBytes = 1_048_576
+    /// Streams the service holds at most (their dead-letter streams not counted), and
+    /// consumers per stream: each stream may hold up to its `maxBytes`, so their number is
+    /// what bounds the file when no `maxSizeBytes` does.
+    public var maxStreams = 1_000
+    public var maxConsumers = 100
     /// A stream's limits when its creator gives none: the oldest go past them.
     public var defaultMaxMessages = 1_000_000
     public var defaultMaxBytes = 1 << 30
@@ -32,9 +37,11 @@ public struct StreamsSettings: Sendable, Equatable {
     public var maxSizeBytes: Int?
     public var rememberSeconds: Int?
     public var maxMessageBytes: Int?
+    public var maxStreams: Int?
+    public var maxConsumers: Int?
     public init() {}
 
-    public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes"])
+    public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes", "max_streams", "max_consumers"])
 
     /// Reads `streams:`.
     public init(reading streams: ConfigSection) throws(ConfigError) {
@@ -43,5 +50,7 @@ public struct StreamsSettings: Sendable, Equatable {
         maxSizeBytes = try streams.integer("max_size_mb", atMost: 1 << 20).map { $0 * 1_048_576 }
         rememberSeconds = try streams.integer("remember_seconds", atMost: ConfigSection.Limit.yearSeconds)
         maxMessageBytes = try streams.integer("max_message_bytes", atMost: 16_777_216)
+        maxStreams = try streams.integer("max_streams", atMost: 1_000_000)
+        maxConsumers = try streams.integer("max_consumers", atMost: 1_000_000)
     }
 }

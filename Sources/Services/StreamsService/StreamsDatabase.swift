@@ -65,8 +65,9 @@ enum StreamsDatabase {
         try String.fetchAll(db, sql: "SELECT prefix FROM subjects WHERE stream = ? ORDER BY prefix", arguments: [name])
     }
 
-    /// Creates the stream and its dead-letter stream; the same settings again change nothing.
-    static func addStream(_ db: Database, _ settings: Settings, now: Double) throws -> API.StreamInfo {
+    /// Creates the stream and its dead-letter stream, unless `most` streams are there already;
+    /// the same settings again change nothing.
+    static func addStream(_ db: Database, _ settings: Settings, atMost most: Int, now: Double) throws -> API.StreamInfo {
         if let row = try Row.fetchOne(db, sql: "SELECT * FROM streams WHERE name = ?", arguments: [settings.name]) {
             let existing = Stream(row: row)
             let same = Settings(name: existing.name, subjects: try subjects(db, of: existing.name), retention: existing.retention,
@@ -80,6 +81,8 @@ enum StreamsDatabase {
             }
             return try info(db, existing)
         }
+        let streams = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM streams WHERE dead_letters IS NOT NULL") ?? 0
+        guard streams < most else { throw tooMany("streams", limit: most, setting: "streams.max_streams", remedy: "delete one first") }
         for prefix in settings.subjects {
             if let held = try Row.fetchOne(db, sql: """
                 SELECT prefix, stream FROM subjects
@@ -111,6 +114,12 @@ enum StreamsDatabase {
             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
             """, arguments: [stream.name, stream.retention.rawValue, stream.maxMessages, stream.maxBytes, stream.maxAge,
                              stream.duplicateWindow, stream.deadLetters, stream.createdAt])
+    }
+
+    /// -32010: a count the service bounds is reached.
+    private static func tooMany(_ what: String, limit: Int, setting: String, remedy: String) -> JSONRPCError {
+        JSONRPCError(code: JSONRPCError.tooLargeCode, message: "Too many: \(limit) \(what) are the most the service holds (\(setting)); \(remedy)",
+                     data: ["limit": .int(Int64(limit)), "setting": .string(setting)])
     }
 
     static func info(_ db: Database, _ stream: Stream) throws -> API.StreamInfo {
@@ -270,7 +279,8 @@ enum StreamsDatabase {
 
     /// Creates a consumer: `config` is what its creator asked (compared when the same name is
     /// added again), the rest with the defaults filled in.
-    static func addConsumer(_ db: Database, _ asked: API.ConsumerConfig, config: JSONValue, ackWait: Double, maxDeliver: Int, now: Double) throws -> API.ConsumerInfo {
+    static func addConsumer(_ db: Database, _ asked: API.ConsumerConfig, config: JSONValue, ackWait: Double, maxDeliver: Int, atMost most: Int,
+                            now: Double) throws -> API.ConsumerInfo {
         let stream = try stream(db, asked.stream)
         if let row = try Row.fetchOne(db, sql: "SELECT * FROM consumers WHERE stream = ? AND name = ?", arguments: [asked.stream, asked.name]) {
             let existing = Consumer(row: row)
@@ -280,6 +290,8 @@ enum StreamsDatabase {
             }
             return try info(db, existing)
         }
+        let consumers = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM consumers WHERE stream = ?", arguments: [asked.stream]) ?? 0
+        guard consumers < most else { throw tooMany("consumers of stream \(asked.stream)", limit: most, setting: "streams.max_consumers", remedy: "delete one first") }
         if stream.retention == .workQueue,
            let other = try String.fetchOne(db, sql: "SELECT name FROM consumers WHERE stream = ?", arguments: [asked.stream]) {
             throw JSONRPCError(code: JSONRPCError.conflictCode,

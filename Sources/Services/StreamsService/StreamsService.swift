@@ -81,7 +81,8 @@ public actor StreamsService: BusService {
                                                 maxMessages: asked.maxMessages ?? configuration.defaultMaxMessages,
                                                 maxBytes: asked.maxBytes ?? configuration.defaultMaxBytes, maxAge: asked.maxAge,
                                                 duplicateWindow: asked.duplicateWindow ?? configuration.defaultDuplicateWindow)
-        return try await write { db, now in try StreamsDatabase.addStream(db, settings, now: now) }
+        let most = configuration.maxStreams
+        return try await write { db, now in try StreamsDatabase.addStream(db, settings, atMost: most, now: now) }
     }
 
     func publish(_ message: API.Publish) async throws -> API.Published {
@@ -110,7 +111,10 @@ public actor StreamsService: BusService {
         }
         let config = try JSONValue(encoding: asked)
         let ackWait = asked.ackWait ?? configuration.defaultAckWait, maxDeliver = asked.maxDeliver ?? configuration.defaultMaxDeliver
-        return try await write { db, now in try StreamsDatabase.addConsumer(db, asked, config: config, ackWait: ackWait, maxDeliver: maxDeliver, now: now) }
+        let most = configuration.maxConsumers
+        return try await write { db, now in
+            try StreamsDatabase.addConsumer(db, asked, config: config, ackWait: ackWait, maxDeliver: maxDeliver, atMost: most, now: now)
+        }
     }
 
     /// Hands out what is ready; with `wait`, looks again (at each publish in this process, and
