@@ -42,7 +42,7 @@ struct Soak: AsyncParsableCommand {
     var etcd = false
     @Flag(help: "Run the store on a PostgreSQL server the soak starts on loopback (and stops), instead of SQLite.")
     var postgres = false
-    @Flag(help: "No kills: instead a hostile client (huge ttl, amplifying batches, a subscriber and SSE streams that never read, slow requests, replies in parts nobody reads), one case after another, beside the ordinary load; a bystander's latency is measured in each case, and once it has left the memory of the kernel, the gateway and the echo worker must come back within 1.5x of their start, with no process restarted. Needs --duration of at least 100.")
+    @Flag(help: "No kills: instead a hostile client (huge ttl, amplifying batches, a subscriber and SSE streams that never read, slow requests, replies in parts nobody reads), one case after another, beside the ordinary load; a bystander's latency is measured in each case, and once it has left the memory of the kernel, the gateway and the echo worker must come back within 1.5x of their start, with no process restarted. Needs --duration of at least 80.")
     var hostile = false
     @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
 
@@ -56,8 +56,8 @@ struct Soak: AsyncParsableCommand {
         guard killMin > 0, killMax >= killMin, duration > 0, clients > 0 else {
             throw ValidationError("--duration, --clients and --kill-min must be positive and --kill-max at least --kill-min")
         }
-        guard !hostile || (duration >= 100 && !pair) else {
-            throw ValidationError("--hostile needs --duration of at least 100 (its cases, one after another) and no --pair")
+        guard !hostile || (duration >= 80 && !pair) else {
+            throw ValidationError("--hostile needs --duration of at least 80 (its cases, one after another) and no --pair")
         }
         guard !etcd || pair else { throw ValidationError("--etcd is for a kernel pair: add --pair") }
         let folder = try temporaryDirectory("switchboard-soak")
@@ -298,7 +298,8 @@ struct Soak: AsyncParsableCommand {
         guard await streams.prepare(streamClients[0]) else { throw SoakFailure("the streams service did not take the soak's stream within 60 s") }
         let streamPublisher = Task { [streamClients] in await streams.publish(streamClients[0], publisher: 0, until: loadEnds) }
         let streamReaders = streamClients.dropFirst().map { client in Task { await streams.read(client) } }
-        let memoryAtStart = report.memoryAtStart, phases = duration - 40
+        // The cases take all but the last 20 s, in which the bus gives its memory back beside the ordinary load.
+        let memoryAtStart = report.memoryAtStart, phases = duration - 20
         let hostileRun = hostile ? Task {
             try await Self.runHostile(keys: keys, kernel: kernels[0], curve: curve, bus: buses[0], started: started, seconds: phases, memoryAtStart: memoryAtStart)
         } : nil
