@@ -301,6 +301,11 @@ struct StreamsTests {
             bus.time.advance(30)
             let whole = try await bus.client.call(API.nextMethod, .init(stream: "feed", consumer: "live", max: 2, expires: 5))
             #expect(whole.messages.map(\.sequence) == [2, 3] && whole.messages.allSatisfy { $0.deliveries == 2 } && whole.count == 2)
+            // Gathered into one reply, the messages end at 1 MiB of data, whatever max says.
+            let large = JSONValue.string(String(repeating: "x", count: 600_000))
+            for _ in 1...3 { try await bus.publish("feed.large", large) }
+            let bounded = try await bus.client.call(API.nextMethod, .init(stream: "feed", consumer: "live", max: 1_000, expires: 30))
+            #expect(bounded.messages.map(\.sequence) == [4, 5], "the second passes 1 MiB and ends the reply; 6 waits")
         }
     }
 
@@ -418,6 +423,10 @@ struct StreamVerbTests {
             #expect(result.status == 1 && result.stderr.contains("no stream holds subject elsewhere"), "\(result)")
             result = try await sb("stream", "rm", "orders")
             #expect(result.status == 0 && result.stdout.contains("deleted stream orders (4 messages)"), "\(result)")
+            for (verb, flag) in [("fetch", "--wait"), ("sub", "--expires")] {
+                let refused = try await sb("stream", verb, "orders", "billing", flag, "1e300")
+                #expect(refused.status == 64 && refused.stderr.contains(flag), "\(refused)")
+            }
             let help = try await sb("stream", "fetch", "--help")
             #expect(help.status == 0 && help.stdout.contains("Example"))
         }

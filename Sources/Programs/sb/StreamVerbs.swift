@@ -204,6 +204,12 @@ struct StreamFetch: AsyncParsableCommand {
         Output.line("\(message.sequence) \(message.subject) (delivery \(message.deliveries)) \(String(decoding: message.data.jsonBytes, as: UTF8.self))")
     }
 
+    func validate() throws {
+        // The timeout is computed from it before the service can refuse it: a duration that
+        // does not fit would trap.
+        if let wait, !(StreamsAPI.Fetch.numberRanges["wait"].map { $0.contains(wait) } ?? false) { throw ValidationError("--wait must be 0 to 60 seconds") }
+    }
+
     func run() async throws {
         let fetch = StreamsAPI.Fetch(stream: stream, consumer: consumer, batch: batch, wait: wait)
         try await withClient(connection) { client in
@@ -242,6 +248,11 @@ struct StreamSubscribe: AsyncParsableCommand {
     @Option(help: "Stop after this many messages (default 1000).") var count: Int?
     @Option(help: "Stop after this many seconds (default 30).") var expires: Double?
     @Flag(help: "Acknowledge each once printed.") var ack = false
+
+    func validate() throws {
+        // As fetch's --wait: the timeout is computed from it.
+        if let expires, !(StreamsAPI.Next.numberRanges["expires"].map { $0.contains(expires) } ?? false) { throw ValidationError("--expires must be 0.001 to 3600 seconds") }
+    }
 
     func run() async throws {
         let next = StreamsAPI.Next(stream: stream, consumer: consumer, max: count, expires: expires)

@@ -251,7 +251,7 @@ enum StreamsDatabase {
 
     // MARK: Consumers
 
-    /// A consumer's row.
+    /// A consumer's row, its counts included.
     struct Consumer {
         var stream: String
         var name: String
@@ -261,20 +261,28 @@ enum StreamsDatabase {
         var maxDeliver: Int
         var nextSeq: Int
         var createdAt: Double
+        var delivered: Int, redelivered: Int, acknowledged: Int, deadLettered: Int, terminated: Int, missed: Int
 
         init(row: Row) {
             (stream, name, config, filter) = (row["stream"], row["name"], row["config"], row["filter"])
             (ackWait, maxDeliver, nextSeq, createdAt) = (row["ack_wait"], row["max_deliver"], row["next_seq"], row["created_at"])
+            (delivered, redelivered, acknowledged) = (row["delivered"], row["redelivered"], row["acknowledged"])
+            (deadLettered, terminated, missed) = (row["dead_lettered"], row["terminated"], row["missed"])
         }
     }
 
+    /// The consumer `name` of `stream`, if there is one.
+    private static func findConsumer(_ db: Database, stream: String, name: String) throws -> Consumer? {
+        try Row.fetchOne(db, sql: "SELECT * FROM consumers WHERE stream = ? AND name = ?", arguments: [stream, name]).map(Consumer.init(row:))
+    }
+
     static func consumer(_ db: Database, stream: String, name: String) throws -> Consumer {
-        guard let row = try Row.fetchOne(db, sql: "SELECT * FROM consumers WHERE stream = ? AND name = ?", arguments: [stream, name]) else {
+        guard let consumer = try findConsumer(db, stream: stream, name: name) else {
             _ = try self.stream(db, stream)
             throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: stream \(stream) has no consumer \(name)",
                                data: ["stream": .string(stream), "consumer": .string(name)])
         }
-        return Consumer(row: row)
+        return consumer
     }
 
     /// Creates a consumer: `config` is what its creator asked (compared when the same name is
@@ -282,8 +290,7 @@ enum StreamsDatabase {
     static func addConsumer(_ db: Database, _ asked: API.ConsumerConfig, config: JSONValue, ackWait: Double, maxDeliver: Int, atMost most: Int,
                             now: Double) throws -> API.ConsumerInfo {
         let stream = try stream(db, asked.stream)
-        if let row = try Row.fetchOne(db, sql: "SELECT * FROM consumers WHERE stream = ? AND name = ?", arguments: [asked.stream, asked.name]) {
-            let existing = Consumer(row: row)
+        if let existing = try findConsumer(db, stream: asked.stream, name: asked.name) {
             guard try JSONValue(parsing: Array(existing.config.utf8)) == config else {
                 throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: stream \(asked.stream) has a consumer \(asked.name) with other settings; see data.current",
                                    data: ["current": try JSONValue(encoding: try info(db, existing))])
@@ -316,15 +323,14 @@ enum StreamsDatabase {
     }
 
     static func info(_ db: Database, _ consumer: Consumer) throws -> API.ConsumerInfo {
-        let row = try Row.fetchOne(db, sql: "SELECT * FROM consumers WHERE stream = ? AND name = ?", arguments: [consumer.stream, consumer.name])!
         let pending = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", arguments: [consumer.stream, consumer.name]) ?? 0
         let waiting = try Int.fetchOne(db, sql: """
             SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND (? IS NULL OR substr(subject, 1, length(?)) = ?)
             """, arguments: [consumer.stream, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter]) ?? 0
         return API.ConsumerInfo(stream: consumer.stream, name: consumer.name, filter: consumer.filter, ackWait: consumer.ackWait,
                                 maxDeliver: consumer.maxDeliver, nextSequence: consumer.nextSeq, pending: pending, waiting: waiting,
-                                delivered: row["delivered"], redelivered: row["redelivered"], acknowledged: row["acknowledged"],
-                                deadLettered: row["dead_lettered"], terminated: row["terminated"], missed: row["missed"],
+                                delivered: consumer.delivered, redelivered: consumer.redelivered, acknowledged: consumer.acknowledged,
+                                deadLettered: consumer.deadLettered, terminated: consumer.terminated, missed: consumer.missed,
                                 created: Timestamp.format(seconds: consumer.createdAt))
     }
 

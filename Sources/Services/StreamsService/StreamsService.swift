@@ -27,6 +27,9 @@ public actor StreamsService: BusService {
     /// How often a waiting fetch looks again on its own (for other processes' publishes and
     /// ack deadlines that pass).
     static let lookAgain: Duration = .milliseconds(250)
+    /// Bytes of data a fetch hands out when its reader says nothing, and what `consumer.next`
+    /// gathers for a reader who asked without parts (always one message when one is ready).
+    static let defaultFetchBytes = 1_048_576
 
     public init(configuration: StreamsConfiguration, logger: Logger? = nil, now: (@Sendable () -> Double)? = nil) {
         self.configuration = configuration
@@ -55,7 +58,7 @@ public actor StreamsService: BusService {
             try await service.write { db, _ in try StreamsDatabase.deleteConsumer(db, stream: params.stream, name: params.name) }
         }
         table.on(API.fetch) { service, params in
-            try await service.fetch(params.stream, params.consumer, batch: params.batch ?? 1, maxBytes: params.maxBytes ?? 1_048_576,
+            try await service.fetch(params.stream, params.consumer, batch: params.batch ?? 1, maxBytes: params.maxBytes ?? Self.defaultFetchBytes,
                                     waitingUntil: .now + .seconds(params.wait ?? 0), request: RequestKey.current?.description)
         }
         table.onStream(API.next) { service, params, parts in try await service.next(params, parts) }
@@ -136,16 +139,20 @@ public actor StreamsService: BusService {
     /// Hands out messages as the consumer has them, each as a part, until `max` or `expires`.
     /// Not named by its request: a reader that asks again after a failover gets what is
     /// ready then, and what the lost stream had handed out comes back after its ack wait.
+    /// Asked without parts, the messages are gathered into one reply: it ends once they hold
+    /// ``defaultFetchBytes`` of data, as a fetch does, so the reader's `max` cannot grow it.
     func next(_ asked: API.Next, _ parts: Parts<API.Message>) async throws -> API.NextEnd {
         let max = asked.max ?? 1_000
         let ends = ContinuousClock.now + .seconds(asked.expires ?? 30)
-        var count = 0, missed = 0
-        while count < max, ContinuousClock.now < ends, !Task.isCancelled {
-            let fetched = try await fetch(asked.stream, asked.consumer, batch: min(100, max - count), maxBytes: 1_048_576, waitingUntil: ends, request: nil)
+        var count = 0, missed = 0, gathered = 0
+        while count < max, ContinuousClock.now < ends, !Task.isCancelled, parts.areStreamed || gathered < Self.defaultFetchBytes {
+            let bytes = parts.areStreamed ? Self.defaultFetchBytes : Self.defaultFetchBytes - gathered
+            let fetched = try await fetch(asked.stream, asked.consumer, batch: min(100, max - count), maxBytes: bytes, waitingUntil: ends, request: nil)
             missed += fetched.missed
             for message in fetched.messages {
                 try await parts.send(message)
                 count += 1
+                if !parts.areStreamed { gathered += message.data.jsonBytes.count }
             }
         }
         return API.NextEnd(messages: [], count: count, missed: missed)
