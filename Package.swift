@@ -210,13 +210,18 @@ let package = Package(
             swiftSettings: sharedSettings
         ),
         // The durable engines the store and the streams service keep their data in: a
-        // SQLite file written with group commit and the requests' results beside their effects.
+        // SQLite file written with group commit, or a PostgreSQL database several processes
+        // share, each with the requests' results beside their effects.
         .target(
             name: "Storage",
             dependencies: [
-                "BusProtocol", "Contracts",
+                "BusKit", "BusProtocol", "Contracts", "ZeroMQ",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             path: "Sources/Services/Storage",
             swiftSettings: sharedSettings
@@ -235,13 +240,14 @@ let package = Package(
             path: "Sources/Services/StoreService",
             swiftSettings: sharedSettings
         ),
-        // The `streams` service: durable streams and their consumers, in SQLite.
+        // The `streams` service: durable streams and their consumers, in SQLite or PostgreSQL.
         .target(
             name: "StreamsService",
             dependencies: [
-                "Contracts", "BusProtocol", "Storage", "SwitchboardConfig",
+                "Contracts", "BusKit", "BusProtocol", "Storage", "SwitchboardConfig",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             path: "Sources/Services/StreamsService",
             swiftSettings: sharedSettings
@@ -293,7 +299,7 @@ let package = Package(
             name: "switchboard",
             dependencies: [
                 "BusProtocol", "Contracts",
-                "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "StreamsService", "Supervisor",
+                "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Storage", "StreamsService", "Supervisor",
                 "Gateway", "Deployment", "Telemetry",
                 "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -428,13 +434,13 @@ let package = Package(
         ),
         .testTarget(
             name: "StoreServiceTests",
-            dependencies: ["Contracts", "StoreService", "BusKit", "Catalog", "BusProtocol", "Kernel", "SwitchboardTestSupport",
+            dependencies: ["Contracts", "Storage", "StoreService", "BusKit", "Catalog", "BusProtocol", "Kernel", "SwitchboardTestSupport",
                            .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: sharedSettings
         ),
         .testTarget(
             name: "StreamsServiceTests",
-            dependencies: ["Contracts", "StreamsService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
+            dependencies: ["Contracts", "Storage", "StreamsService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -1,6 +1,7 @@
 import BusProtocol
 import Contracts
 import Foundation
+import Storage
 import StoreService
 import Synchronization
 import SwitchboardTestSupport

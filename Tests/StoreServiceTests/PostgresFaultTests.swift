@@ -2,6 +2,7 @@ import BusKit
 import BusProtocol
 import Foundation
 import Kernel
+import Storage
 import StoreService
 import Synchronization
 import SwitchboardTestSupport

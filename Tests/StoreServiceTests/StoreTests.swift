@@ -3,6 +3,7 @@ import BusProtocol
 import Contracts
 import Foundation
 import Kernel
+import Storage
 import StoreService
 import SwitchboardTestSupport
 import Testing

@@ -3,6 +3,7 @@ import BusProtocol
 import Contracts
 import Foundation
 import Kernel
+import Storage
 import StreamsService
 import Synchronization
 import SwitchboardTestSupport
@@ -18,50 +19,76 @@ final class TestTime: Sendable {
     func advance(_ by: Double) { seconds.withLock { $0 += by } }
 }
 
-/// A kernel, a streams service hosted in this process on a database in a temporary folder,
-/// and two clients (two readers of one consumer).
+/// The engines the streams service keeps its data in: SQLite always, PostgreSQL where its
+/// server is installed (the test command's bootstrap installs it).
+enum Backend: String, CaseIterable, CustomTestStringConvertible {
+    case sqlite, postgres
+    static var available: [Backend] { TestPostgres.available ? allCases : [.sqlite] }
+    var testDescription: String { rawValue }
+}
+
+/// A kernel, a streams service hosted in this process on a database in a temporary folder
+/// (or on a PostgreSQL server the test started), and two clients (two readers of one consumer).
 struct StreamsBus {
     let kernel: TestKernel
     let service: StreamsService
     let host: ServiceHost<StreamsService>
+    /// The service's database connections (PostgreSQL's), run as its process runs them.
+    let parts: [Task<Void, Never>]
     let client: BusClient
     let other: BusClient
     let folder: URL
     let time: TestTime
+    let backend: Backend
+    /// The PostgreSQL server of a `.postgres` bus (stopped with it unless kept).
+    let postgres: TestPostgres?
 
-    static func start(folder: URL? = nil, kernel: TestKernel? = nil, time: TestTime = TestTime(),
+    static func start(folder: URL? = nil, kernel: TestKernel? = nil, time: TestTime = TestTime(), backend: Backend = .sqlite, postgres: TestPostgres? = nil,
                       _ configure: (inout StreamsConfiguration) -> Void = { _ in }) async throws -> StreamsBus {
         let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
         let folder = try folder ?? temporaryDirectory("streams")
-        var configuration = StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path)
+        var server = postgres
+        if backend == .postgres, server == nil { server = try await TestPostgres.start() }
+        var configuration = StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path,
+                                                 postgres: server.map { PostgresSettings(url: $0.url(), poolSize: 4, tls: .disable) })
         configure(&configuration)
         let service = StreamsService(configuration: configuration, now: { time.now })
+        // Test support: stop() ends these tasks.
+        let parts = service.requiredParts.map { part in Task { _ = try? await part.run() } }
+        await service.waitUntilReady()
         let options = ServiceHost<StreamsService>.Options(brokers: [kernel.endpoints.broker], connections: 2,
                                                           heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                           heartbeatLiveness: kernel.configuration.heartbeatLiveness)
         let host = try ServiceHost(service: service, options: options)
         try await host.start()
         try await kernel.workers(API.service)
-        return StreamsBus(kernel: kernel, service: service, host: host,
+        return StreamsBus(kernel: kernel, service: service, host: host, parts: parts,
                           client: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10)),
-                          other: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10)), folder: folder, time: time)
+                          other: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10)), folder: folder, time: time,
+                          backend: backend, postgres: server)
     }
 
-    func stop(keepKernel: Bool = false) async {
+    /// Stops the service, its clients and (unless kept) the kernel and the PostgreSQL server.
+    func stop(keepKernel: Bool = false, keepDatabase: Bool = false) async {
         await host.stop()
         await client.close()
         await other.close()
+        for part in parts {
+            part.cancel()
+            await part.value
+        }
         if !keepKernel { await kernel.stop() }
+        if !keepDatabase { postgres?.stop() }
     }
 
     /// Runs `body` on a new bus and stops it however `body` ends.
-    static func with(_ configure: (inout StreamsConfiguration) -> Void = { _ in }, _ body: (StreamsBus) async throws -> Void) async throws {
-        try await stopping(try await start(configure), with: { await $0.stop() }, body)
+    static func with(_ backend: Backend = .sqlite, _ configure: (inout StreamsConfiguration) -> Void = { _ in }, _ body: (StreamsBus) async throws -> Void) async throws {
+        try await stopping(try await start(backend: backend, configure), with: { await $0.stop() }, body)
     }
 
     /// The same database and kernel, a new service process (a restart).
     func restarted() async throws -> StreamsBus {
-        try await StreamsBus.start(folder: folder, kernel: kernel, time: time)
+        try await StreamsBus.start(folder: folder, kernel: kernel, time: time, backend: backend, postgres: postgres)
     }
 
     @discardableResult
@@ -93,9 +120,9 @@ struct StreamsBus {
 
 @Suite("streams: publishing, consumers in groups, acknowledgements")
 struct StreamsTests {
-    @Test("publish, then two readers of one consumer share its messages, each once; acknowledged ones are not handed out again")
-    func group() async throws {
-        try await StreamsBus.with { bus in
+    @Test("publish, then two readers of one consumer share its messages, each once; acknowledged ones are not handed out again", arguments: Backend.available)
+    func group(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
             let added = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
             #expect(added.deadLetters == "orders.dead" && added.lastSequence == 0)
             for number in 1...10 {
@@ -127,9 +154,9 @@ struct StreamsTests {
         }
     }
 
-    @Test("a reader that takes messages and never acknowledges: after the ack deadline they go to another reader, none lost and none acknowledged twice; progress keeps them")
-    func readerGone() async throws {
-        try await StreamsBus.with { bus in
+    @Test("a reader that takes messages and never acknowledges: after the ack deadline they go to another reader, none lost and none acknowledged twice; progress keeps them", arguments: Backend.available)
+    func readerGone(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "jobs", subjects: ["jobs."]))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 30))
             for number in 1...5 { try await bus.publish("jobs.run", .int(Int64(number))) }
@@ -151,9 +178,9 @@ struct StreamsTests {
         }
     }
 
-    @Test("nak with a delay: handed out again only once the delay has passed; without one, at the next fetch")
-    func nak() async throws {
-        try await StreamsBus.with { bus in
+    @Test("nak with a delay: handed out again only once the delay has passed; without one, at the next fetch", arguments: Backend.available)
+    func nak(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "mail", subjects: ["mail."]))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "mail", name: "sender"))
             try await bus.publish("mail.out", "a")
@@ -170,9 +197,9 @@ struct StreamsTests {
         }
     }
 
-    @Test("past max deliveries a message goes to the dead-letter stream with why, and is not handed out again; term drops one without dead-lettering")
-    func deadLetters() async throws {
-        try await StreamsBus.with { bus in
+    @Test("past max deliveries a message goes to the dead-letter stream with why, and is not handed out again; term drops one without dead-lettering", arguments: Backend.available)
+    func deadLetters(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "pay", subjects: ["pay."]))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "pay", name: "charger", ackWait: 10, maxDeliver: 2))
             try await bus.publish("pay.card", ["amount": "12.50"])
@@ -197,9 +224,9 @@ struct StreamsTests {
         }
     }
 
-    @Test("a message id published again within the duplicate window is kept once; after the window, again")
-    func duplicates() async throws {
-        try await StreamsBus.with { bus in
+    @Test("a message id published again within the duplicate window is kept once; after the window, again", arguments: Backend.available)
+    func duplicates(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "events", subjects: ["ev."], duplicateWindow: 60))
             let first = try await bus.publish("ev.a", 1, id: "e-1")
             let again = try await bus.publish("ev.a", 1, id: "e-1")
@@ -212,9 +239,9 @@ struct StreamsTests {
         }
     }
 
-    @Test("limits by count, bytes and age remove the oldest; a consumer behind is told how many it missed; purge keeps the sequence")
-    func limits() async throws {
-        try await StreamsBus.with { bus in
+    @Test("limits by count, bytes and age remove the oldest; a consumer behind is told how many it missed; purge keeps the sequence", arguments: Backend.available)
+    func limits(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "ticks", subjects: ["tick"], maxMessages: 5, maxBytes: 100, maxAge: 60))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "ticks", name: "slow"))
             for number in 1...8 { try await bus.publish("tick", .int(Int64(number))) }
@@ -240,9 +267,9 @@ struct StreamsTests {
         }
     }
 
-    @Test("a work-queue stream: a message acknowledged or terminated is deleted; one consumer only")
-    func workQueue() async throws {
-        try await StreamsBus.with { bus in
+    @Test("a work-queue stream: a message acknowledged or terminated is deleted; one consumer only", arguments: Backend.available)
+    func workQueue(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "queue", subjects: ["q."], retention: .workQueue))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "queue", name: "doers"))
             #expect(await bus.failure(API.consumerAdd, .init(stream: "queue", name: "others"))?.code == JSONRPCError.conflictCode)
@@ -255,9 +282,9 @@ struct StreamsTests {
         }
     }
 
-    @Test("a fetch that waits is answered with a message published while it waited; a fetch sent again is answered with the same messages")
-    func waitingAndResent() async throws {
-        try await StreamsBus.with { bus in
+    @Test("a fetch that waits is answered with a message published while it waited; a fetch sent again is answered with the same messages", arguments: Backend.available)
+    func waitingAndResent(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "news", subjects: ["news."]))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "news", name: "reader", deliver: .new))
             async let waited = bus.other.call(API.fetch, .init(stream: "news", consumer: "reader", wait: 30))
@@ -344,7 +371,7 @@ struct StreamsTests {
 extension StreamsTests {
     @Test("the service holds at most max_streams streams and max_consumers consumers each: past them -32010 naming the setting; deleting one makes room")
     func counts() async throws {
-        try await StreamsBus.with({ $0.maxStreams = 2; $0.maxConsumers = 1 }) { bus in
+        try await StreamsBus.with(.sqlite, { $0.maxStreams = 2; $0.maxConsumers = 1 }) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "a", subjects: ["a."]))
             _ = try await bus.client.call(API.streamAdd, .init(name: "b", subjects: ["b."]))
             let third = await bus.failure(API.streamAdd, .init(name: "c", subjects: ["c."]))
@@ -361,17 +388,20 @@ extension StreamsTests {
 
 @Suite("streams: durability")
 struct StreamsDurabilityTests {
-    @Test("the service restarted on its file: every acknowledged message is there, and every consumer resumes at its position with what it had pending")
-    func restart() async throws {
-        let bus = try await StreamsBus.start()
-        try await stopping(bus, with: { await $0.stop() }) { bus in
+    @Test("every process stopped and started again (the service, and PostgreSQL killed): every acknowledged message is there, and every consumer resumes at its position with what it had pending",
+          arguments: Backend.available)
+    func restart(backend: Backend) async throws {
+        let bus = try await StreamsBus.start(backend: backend)
+        try await stopping(bus, with: { await $0.stop(keepDatabase: true) }) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 30))
             for number in 1...6 { try await bus.publish("orders.new", .int(Int64(number)), id: "o-\(number)") }
             _ = try await bus.fetch("orders", "billing", batch: 4)
             _ = try await bus.ack("orders", "billing", [1, 2])
         }
-        let again = try await StreamsBus.start(folder: bus.folder, time: bus.time)
+        // PostgreSQL killed as a crash would (what it acknowledged is in its log), then started.
+        try bus.postgres?.restart()
+        let again = try await StreamsBus.start(folder: bus.folder, time: bus.time, backend: backend, postgres: bus.postgres)
         try await stopping(again, with: { await $0.stop() }) { bus in
             let info = try await bus.client.call(API.streamInfo, .init(name: "orders"))
             #expect(info.messages == 6 && info.lastSequence == 6 && info.consumers == ["billing"])
@@ -381,6 +411,75 @@ struct StreamsDurabilityTests {
             #expect(try await bus.fetch("orders", "billing").messages.map(\.sequence) == [5, 6])
             bus.time.advance(30)
             #expect(try await bus.fetch("orders", "billing").messages.map(\.sequence) == [3, 4, 5, 6])
+        }
+    }
+}
+
+@Suite("streams on PostgreSQL: several service processes on one database",
+       .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
+struct StreamsSharedDatabaseTests {
+    @Test("two services on one database, four publishers and four readers at once: every message gets its own sequence, and each is handed out and acknowledged once")
+    func twoServices() async throws {
+        let first = try await StreamsBus.start(backend: .postgres)
+        try await stopping(first, with: { await $0.stop() }) { first in
+            let second = try await StreamsBus.start(kernel: first.kernel, time: first.time, backend: .postgres, postgres: first.postgres)
+            try await stopping(second, with: { await $0.stop(keepKernel: true, keepDatabase: true) }) { second in
+                _ = try await first.client.call(API.streamAdd, .init(name: "jobs", subjects: ["jobs."]))
+                _ = try await second.client.call(API.consumerAdd, .init(stream: "jobs", name: "workers"))
+                let clients = [first.client, first.other, second.client, second.other]
+                let sequences = try await withThrowingTaskGroup(of: [Int].self) { group in
+                    for (index, client) in clients.enumerated() {
+                        group.addTask {
+                            var sequences: [Int] = []
+                            for number in 1...25 {
+                                sequences.append(try await client.publish(to: "jobs.run", .int(Int64(index * 100 + number)), id: "job-\(index)-\(number)").sequence)
+                            }
+                            return sequences
+                        }
+                    }
+                    return try await group.reduce(into: []) { $0 += $1 }
+                }
+                #expect(sequences.sorted() == Array(1...100), "each publish its own sequence, none skipped")
+
+                let handedOut = try await withThrowingTaskGroup(of: [Int].self) { group in
+                    for client in clients {
+                        group.addTask {
+                            var taken: [Int] = []
+                            while true {
+                                let fetched = try await client.call(API.fetch, .init(stream: "jobs", consumer: "workers", batch: 5))
+                                guard !fetched.messages.isEmpty else { return taken }
+                                let sequences = fetched.messages.map(\.sequence)
+                                let acknowledged = try await client.call(API.ack, .init(stream: "jobs", consumer: "workers", sequences: sequences))
+                                #expect(acknowledged.done == sequences)
+                                taken += sequences
+                            }
+                        }
+                    }
+                    return try await group.reduce(into: []) { $0 += $1 }
+                }
+                #expect(handedOut.sorted() == Array(1...100), "each message to one reader, once")
+                let info = try await first.client.call(API.consumerInfo, .init(stream: "jobs", name: "workers"))
+                #expect(info.acknowledged == 100 && info.pending == 0 && info.delivered == 100 && info.redelivered == 0)
+                #expect(try await second.client.call(API.streamInfo, .init(name: "jobs")).messages == 100)
+            }
+        }
+    }
+    @Test("the database killed under a running service: a publish is answered -32007 naming the database, never acknowledged; once it is back the service goes on, and nothing acknowledged is lost")
+    func databaseKilled() async throws {
+        try await StreamsBus.with(.postgres, { $0.postgres?.operationTimeout = .seconds(2) }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            for number in 1...3 { try await bus.publish("orders.new", .int(Int64(number)), id: "o-\(number)") }
+            guard let postgres = bus.postgres else { return }
+            try postgres.kill()
+            let refused = await bus.failure(API.publish, .init(subject: "orders.new", data: 4, id: "o-4"))
+            #expect(refused?.code == JSONRPCError.storageFailedCode && refused?.data?["reason"] == "unreachable", "\(String(describing: refused))")
+            #expect(refused?.message.contains("127.0.0.1:\(postgres.port)") == true && refused?.message.contains(TestPostgres.password) == false)
+            try postgres.restart()
+            // The service finds the database again on its own (as its host's readiness does).
+            await bus.service.waitUntilReady()
+            #expect(try await bus.publish("orders.new", 4, id: "o-4").sequence == 4)
+            let info = try await bus.client.call(API.streamInfo, .init(name: "orders"))
+            #expect(info.messages == 4 && info.lastSequence == 4)
         }
     }
 }

@@ -324,16 +324,22 @@ struct ConfigFileTests {
     @Test("store.backend: postgres with its URL, pool, TLS and deadline; a bad value is refused naming the key, without repeating a URL's password")
     func storeOnPostgres() throws {
         let file = try ConfigFile.parse("store:\n  backend: postgres\n  url: postgres://sb:s3cret@db.example:5433/switchboard\n  pool_size: 4\n  tls: require\n  timeout_ms: 1500\n")
-        #expect(file.store.postgres == StoreSettings.Postgres(url: "postgres://sb:s3cret@db.example:5433/switchboard", poolSize: 4, tls: "require", caFile: nil,
-                                                              timeout: .milliseconds(1_500)))
+        #expect(file.store.postgres == PostgresSection(url: "postgres://sb:s3cret@db.example:5433/switchboard", poolSize: 4, tls: "require", caFile: nil,
+                                                       timeout: .milliseconds(1_500)))
         #expect(try ConfigFile.parse("store:\n  path: x.sqlite\n").store.postgres == nil)
+        // The streams service reads the same keys.
+        #expect(try ConfigFile.parse("streams:\n  backend: postgres\n  url: postgres://sb:s3cret@db.example/bus\n").streams.postgres
+                    == PostgresSection(url: "postgres://sb:s3cret@db.example/bus"))
+        #expect(try ConfigFile.parse("streams:\n  path: x.sqlite\n").streams.postgres == nil)
         for (text, path) in [("store:\n  backend: mysql\n", "store.backend"),
                              ("store:\n  backend: postgres\n", "store.url"),
                              ("store:\n  backend: postgres\n  url: http://sb:s3cret@db/x\n", "store.url"),
                              ("store:\n  backend: postgres\n  url: postgres://sb@db/x\n  tls: always\n", "store.tls"),
                              ("store:\n  backend: postgres\n  url: postgres://sb@db/x\n  timeout_ms: 0\n", "store.timeout_ms"),
                              ("store:\n  timeout_ms: 1000\n", "store.timeout_ms"),
-                             ("store:\n  url: postgres://sb@db/x\n", "store.url")] {
+                             ("store:\n  url: postgres://sb@db/x\n", "store.url"),
+                             ("streams:\n  backend: postgres\n", "streams.url"),
+                             ("streams:\n  pool_size: 4\n", "streams.pool_size")] {
             let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
             #expect(error?.path == path && error?.description.contains("s3cret") == false, "\(String(describing: error))")
         }

@@ -67,7 +67,10 @@ enum Pieces {
             return [client, publisher] + service.requiredParts + [service, host]
         case StreamsAPI.service:
             let service = StreamsService(configuration: StreamsConfiguration(file.streams), logger: logger)
-            return [try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger)]
+            // On PostgreSQL it registers once the database answers (trying again meanwhile).
+            let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
+                                       ready: { await service.waitUntilReady() })
+            return service.requiredParts + [host]
         case FetcherAPI.service:
             let client = try await connection.client()
             let publisher = StatePublisher(client: client)

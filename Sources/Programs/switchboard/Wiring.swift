@@ -1,4 +1,5 @@
 import FetcherService
+import Storage
 import StoreService
 import StreamsService
 import Deployment
@@ -14,14 +15,17 @@ extension StoreConfiguration {
         if let limit = settings.historyLimit { historyLimit = limit }
         if let bytes = settings.maxSizeBytes { maxSizeBytes = bytes }
         if let seconds = settings.rememberSeconds { replyWindow = .seconds(seconds) }
-        if let given = settings.postgres {
-            var database = PostgresSettings(url: given.url)
-            if let size = given.poolSize { database.poolSize = size }
-            if let tls = given.tls.flatMap(PostgresSettings.TLSMode.init(rawValue:)) { database.tls = tls }
-            database.caFile = given.caFile
-            if let timeout = given.timeout { database.operationTimeout = timeout }
-            postgres = database
-        }
+        postgres = settings.postgres.map(PostgresSettings.init)
+    }
+}
+
+extension PostgresSettings {
+    init(_ given: PostgresSection) {
+        self.init(url: given.url)
+        if let size = given.poolSize { poolSize = size }
+        if let tls = given.tls.flatMap(TLSMode.init(rawValue:)) { self.tls = tls }
+        caFile = given.caFile
+        if let timeout = given.timeout { operationTimeout = timeout }
     }
 }
 
@@ -34,6 +38,7 @@ extension StreamsConfiguration {
         if let bytes = settings.maxMessageBytes { maxMessageBytes = bytes }
         if let count = settings.maxStreams { maxStreams = count }
         if let count = settings.maxConsumers { maxConsumers = count }
+        postgres = settings.postgres.map(PostgresSettings.init)
     }
 }
 

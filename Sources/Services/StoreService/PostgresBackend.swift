@@ -2,58 +2,8 @@ import BusKit
 import BusProtocol
 import Foundation
 import Logging
-import NIOSSL
 import PostgresNIO
 import Storage
-
-/// Where the store's PostgreSQL database is and how to reach it.
-public struct PostgresSettings: Sendable, Equatable {
-    public enum TLSMode: String, Sendable, CaseIterable {
-        /// Plain TCP (a database on the same machine or a private network).
-        case disable
-        /// TLS when the server offers it.
-        case prefer
-        /// TLS or no connection, the server's certificate checked against the system's roots
-        /// or `caFile`.
-        case require
-    }
-
-    /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE`.
-    public var url: String
-    /// Connections the store keeps open at most.
-    public var poolSize: Int
-    public var tls: TLSMode
-    /// A PEM file of the certificate authority that signed the server's certificate.
-    public var caFile: String?
-    /// How long one database operation (a connection from the pool, then the queries) may
-    /// take before the caller is answered "unreachable": the pool waits for a database that
-    /// is away for as long as it is away.
-    public var operationTimeout: Duration
-
-    public init(url: String, poolSize: Int = 8, tls: TLSMode = .prefer, caFile: String? = nil, operationTimeout: Duration = .seconds(4)) {
-        self.url = url
-        self.poolSize = poolSize
-        self.tls = tls
-        self.caFile = caFile
-        self.operationTimeout = operationTimeout
-    }
-
-    /// The URL as errors and logs show it: without the password.
-    public var redactedURL: String {
-        guard var components = URLComponents(string: url), components.password != nil else { return url }
-        components.password = "***"
-        return components.string ?? url
-    }
-
-    /// The URL's parts; nil when it is not `postgres://` or `postgresql://` with a host.
-    public var parsed: (host: String, port: Int, user: String, password: String?, database: String?)? {
-        guard let components = URLComponents(string: url), ["postgres", "postgresql"].contains(components.scheme ?? ""),
-              let host = components.host, !host.isEmpty, let user = components.user, !user.isEmpty else { return nil }
-        let database = components.path.count > 1 ? String(components.path.dropFirst()) : nil
-        return (host, components.port ?? 5432, user.removingPercentEncoding ?? user,
-                components.password.map { $0.removingPercentEncoding ?? $0 }, database)
-    }
-}
 
 /// The store's data in a PostgreSQL database that several store processes, on several
 /// machines, share. Each write is one transaction; its result is kept in the same
@@ -72,46 +22,16 @@ actor PostgresBackend: StoreBackend {
     private var lastPruned = ContinuousClock.now
 
     init(settings: PostgresSettings, replyWindow: Duration, logger: Logger) throws {
-        guard let parts = settings.parsed else {
-            throw StorageFailure(reason: "cannot-open", detail: "store.postgres.url is not postgres://USER:PASSWORD@HOST:PORT/DATABASE",
-                                 path: settings.redactedURL)
-        }
         self.settings = settings
         self.logger = logger
         self.replyWindow = replyWindow
-        var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
-        if let caFile = settings.caFile { tlsConfiguration.trustRoots = .file(caFile) }
-        let tls: PostgresClient.Configuration.TLS = switch settings.tls {
-        case .disable: .disable
-        case .prefer: .prefer(tlsConfiguration)
-        case .require: .require(tlsConfiguration)
-        }
-        var configuration = PostgresClient.Configuration(host: parts.host, port: parts.port, username: parts.user, password: parts.password,
-                                                         database: parts.database, tls: tls)
-        configuration.options.maximumConnections = max(1, settings.poolSize)
-        configuration.options.connectTimeout = .seconds(5)
-        client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        client = try settings.makeClient(logger: logger)
     }
 
     /// Waits until the database answers and its schema is in place, trying again with
-    /// back-off (0.1 s doubling to 5 s), saying why (the URL without its password) the first
-    /// time and every minute after.
+    /// back-off meanwhile.
     func waitUntilReady() async {
-        var delay = Duration.milliseconds(100), lastSaid: ContinuousClock.Instant?
-        while !Task.isCancelled {
-            do {
-                try await migrate()
-                logger.info("database ready", metadata: ["url": "\(settings.redactedURL)"])
-                return
-            } catch {
-                if lastSaid.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true {
-                    lastSaid = .now
-                    logger.error("cannot reach the database; trying again", metadata: ["url": "\(settings.redactedURL)", "problem": "\(failure(error).detail)"])
-                }
-                try? await Task.sleep(for: delay)
-                delay = min(delay * 2, .seconds(5))
-            }
-        }
+        await PostgresSchema.waitUntilReady(settings, logger: logger) { try await migrate() }
     }
 
     // MARK: Schema
@@ -139,42 +59,12 @@ actor PostgresBackend: StoreBackend {
     private func migrate() async throws {
         guard !migrated else { return }
         let client = self.client, logger = self.logger
-        try await bounded { try await Self.migrate(client, logger: logger) }
+        try await bounded { try await PostgresSchema.migrate(client, migrations: Self.migrations, lockKey: 7214021, logger: logger) }
         migrated = true
     }
 
-    private static func migrate(_ client: PostgresClient, logger: Logger) async throws {
-        try await client.withTransaction(logger: logger) { connection in
-            // Workers starting together: one migrates, the others wait for it here.
-            try await connection.query("SELECT pg_advisory_xact_lock(7214021)", logger: logger)
-            try await connection.query("CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)", logger: logger)
-            var version = 0
-            for try await (found) in try await connection.query("SELECT COALESCE(MAX(version), 0) FROM schema_version", logger: logger).decode(Int.self) {
-                version = found
-            }
-            for (index, migration) in Self.migrations.enumerated() where index + 1 > version {
-                for statement in migration.split(separator: ";").map({ $0.trimmingCharacters(in: .whitespacesAndNewlines) }) where !statement.isEmpty {
-                    try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
-                }
-                try await connection.query("INSERT INTO schema_version (version) VALUES (\(index + 1))", logger: logger)
-                logger.notice("database schema migrated", metadata: ["version": "\(index + 1)"])
-            }
-        }
-    }
-
-    private struct TimedOut: Error, CustomStringConvertible {
-        let after: Duration
-        var description: String { "no answer within \(after.formatted)" }
-    }
-
-    /// Runs `body`, or gives up after ``PostgresSettings/operationTimeout`` (the body is cancelled: a
-    /// transaction cut short is rolled back, or its outcome is unknown; either way the caller
-    /// gets an error, never an acknowledgement). PostgresNIO's queries ignore cancellation,
-    /// and one on a connection lost mid-flight was seen never to return, even after the pool
-    /// shut down: the deadline abandons it rather than waits for it (``withDeadline``).
     private nonisolated func bounded<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
-        let timeout = settings.operationTimeout
-        return try await withDeadline(timeout, expired: { TimedOut(after: timeout) }, body)
+        try await settings.bounded(body)
     }
 
     // MARK: Writes
@@ -206,7 +96,7 @@ actor PostgresBackend: StoreBackend {
                 // Refused by the write itself (a compare-and-set that lost): rolled back, not a storage failure.
                 throw refusal
             }
-            if let request, let duplicate = error as? PSQLError, duplicate.serverInfo?[.sqlState] == "23505" {
+            if let request, let duplicate = error as? PSQLError, duplicate.isUniqueViolation {
                 if let remembered = try? await remembered(request) { return try JSONValue(parsing: remembered) }
                 throw failure(error).rpcError
             }
@@ -419,24 +309,5 @@ actor PostgresBackend: StoreBackend {
     }
 
     /// A failure as callers see it: -32007 with the reason and the URL without its password.
-    private func failure(_ error: any Error) -> StorageFailure {
-        if let failure = error as? StorageFailure { return failure }
-        if error is TimedOut {
-            return StorageFailure(reason: "unreachable", detail: "the database did not answer within \(settings.operationTimeout.formatted)", path: settings.redactedURL)
-        }
-        if let error = error as? PSQLError {
-            switch error.code {
-            case .serverClosedConnection, .connectionError, .uncleanShutdown:
-                return StorageFailure(reason: "unreachable", detail: "the connection to the database was lost or could not be made", path: settings.redactedURL)
-            case .server:
-                let message = error.serverInfo?[.message] ?? "an error"
-                let state = error.serverInfo?[.sqlState] ?? "?"
-                return StorageFailure(reason: state.hasPrefix("53") ? "full" : "other", detail: "the database answered: \(message) (SQLSTATE \(state))",
-                                      path: settings.redactedURL)
-            default:
-                return StorageFailure(reason: "unreachable", detail: "cannot use the database: \(error.code)", path: settings.redactedURL)
-            }
-        }
-        return StorageFailure(reason: "unreachable", detail: "\(error)", path: settings.redactedURL)
-    }
+    private func failure(_ error: any Error) -> StorageFailure { settings.failure(error) }
 }

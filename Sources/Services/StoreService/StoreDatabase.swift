@@ -1,7 +1,7 @@
 import BusProtocol
 import Foundation
 import GRDB
-import Storage
+public import Storage
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,3 +1,4 @@
+public import Storage
 public import SwitchboardConfig
 
 /// Where the streams service keeps its database, how big it may grow, and the defaults a
@@ -5,6 +6,9 @@ public import SwitchboardConfig
 public struct StreamsConfiguration: Sendable, Equatable {
     /// The SQLite file; its folder is created when missing.
     public var path = "data/streams.sqlite"
+    /// A PostgreSQL database instead of the SQLite file: what several streams processes, on
+    /// several machines, share (its tables in the schema `switchboard_streams`).
+    public var postgres: PostgresSettings?
     /// The largest the database may grow, in bytes (nil: no limit). Beyond it, publishes fail
     /// with "full", as they would on a full disk.
     public var maxSizeBytes: Int?
@@ -26,8 +30,8 @@ public struct StreamsConfiguration: Sendable, Equatable {
     public var defaultAckWait = 30.0
     public var defaultMaxDeliver = 5
 
-    public init(path: String = "data/streams.sqlite", maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600)) {
-        (self.path, self.maxSizeBytes, self.replyWindow) = (path, maxSizeBytes, replyWindow)
+    public init(path: String = "data/streams.sqlite", maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600), postgres: PostgresSettings? = nil) {
+        (self.path, self.maxSizeBytes, self.replyWindow, self.postgres) = (path, maxSizeBytes, replyWindow, postgres)
     }
 }
 
@@ -39,9 +43,11 @@ public struct StreamsSettings: Sendable, Equatable {
     public var maxMessageBytes: Int?
     public var maxStreams: Int?
     public var maxConsumers: Int?
+    /// `backend: postgres` (and how to reach it) instead of the SQLite file.
+    public var postgres: PostgresSection?
     public init() {}
 
-    public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes", "max_streams", "max_consumers"])
+    public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes", "max_streams", "max_consumers"] + PostgresSection.keys)
 
     /// Reads `streams:`.
     public init(reading streams: ConfigSection) throws(ConfigError) {
@@ -52,5 +58,6 @@ public struct StreamsSettings: Sendable, Equatable {
         maxMessageBytes = try streams.integer("max_message_bytes", atMost: 16_777_216)
         maxStreams = try streams.integer("max_streams", atMost: 1_000_000)
         maxConsumers = try streams.integer("max_consumers", atMost: 1_000_000)
+        postgres = try PostgresSection.reading(streams)
     }
 }

@@ -1,14 +1,23 @@
 import BusProtocol
 import Contracts
 import Foundation
-import GRDB
+import Storage
 
 /// What the streams service does in its database, one function per operation, each run in
-/// one transaction (a write's by ``SQLiteWriter``) at the time `now` (Unix seconds) it is
-/// handed. The service has checked the params' shapes; these check what only the database
-/// knows (names taken, subjects held, what is pending).
+/// one transaction (``StreamsStorage``) at the time `now` (Unix seconds) it is handed, in SQL
+/// both engines run. The service has checked the params' shapes; these check what only the
+/// database knows (names taken, subjects held, what is pending).
+///
+/// Writers on several PostgreSQL connections change a stream's rows one at a time: each
+/// write reads the stream's row first with ``SQLSession/lockingRead`` (`locking: true`), and
+/// a stream's dead-letter stream after it. Adding a stream, which must see every other
+/// stream's subjects, takes ``addingStreams``.
 enum StreamsDatabase {
     typealias API = StreamsAPI
+    typealias Database = any SQLSession
+
+    /// The lock adding a stream takes on PostgreSQL (``SQLSession/lockAll(_:)``).
+    static let addingStreams: Int64 = 7_214_031
 
     // MARK: Streams
 
@@ -27,12 +36,14 @@ enum StreamsDatabase {
         var lastSeq: Int
         var createdAt: Double
 
-        init(row: Row) {
-            name = row["name"]
-            retention = API.Retention(rawValue: row["retention"]) ?? .limits
-            (maxMessages, maxBytes, maxAge, duplicateWindow) = (row["max_messages"], row["max_bytes"], row["max_age"], row["duplicate_window"])
-            deadLetters = row["dead_letters"]
-            (messages, bytes, firstSeq, lastSeq, createdAt) = (row["messages"], row["bytes"], row["first_seq"], row["last_seq"], row["created_at"])
+        init(row: SQLRow) throws {
+            name = try row.text("name")
+            retention = API.Retention(rawValue: try row.text("retention")) ?? .limits
+            (maxMessages, maxBytes, maxAge, duplicateWindow)
+                = (try row.int("max_messages"), try row.int("max_bytes"), try row.optionalDouble("max_age"), try row.double("duplicate_window"))
+            deadLetters = try row.optionalText("dead_letters")
+            (messages, bytes, firstSeq, lastSeq, createdAt)
+                = (try row.int("messages"), try row.int("bytes"), try row.int("first_seq"), try row.int("last_seq"), try row.double("created_at"))
         }
 
         init(_ config: Settings, deadLetters: String?, now: Double) {
@@ -54,22 +65,24 @@ enum StreamsDatabase {
         var duplicateWindow: Double
     }
 
-    static func stream(_ db: Database, _ name: String) throws -> Stream {
-        guard let row = try Row.fetchOne(db, sql: "SELECT * FROM streams WHERE name = ?", arguments: [name]) else {
+    /// The stream `name`; `locking`: in a write that changes it (other writers wait for it).
+    static func stream(_ db: Database, _ name: String, locking: Bool = false) throws -> Stream {
+        guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + (locking ? db.lockingRead : ""), [name]) else {
             throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no stream \(name)", data: ["stream": .string(name)])
         }
-        return Stream(row: row)
+        return try Stream(row: row)
     }
 
     static func subjects(_ db: Database, of name: String) throws -> [String] {
-        try String.fetchAll(db, sql: "SELECT prefix FROM subjects WHERE stream = ? ORDER BY prefix", arguments: [name])
+        try db.texts("SELECT prefix FROM subjects WHERE stream = ? ORDER BY prefix", [name])
     }
 
     /// Creates the stream and its dead-letter stream, unless `most` streams are there already;
     /// the same settings again change nothing.
     static func addStream(_ db: Database, _ settings: Settings, atMost most: Int, now: Double) throws -> API.StreamInfo {
-        if let row = try Row.fetchOne(db, sql: "SELECT * FROM streams WHERE name = ?", arguments: [settings.name]) {
-            let existing = Stream(row: row)
+        try db.lockAll(addingStreams)
+        if let row = try db.row("SELECT * FROM streams WHERE name = ?", [settings.name]) {
+            let existing = try Stream(row: row)
             let same = Settings(name: existing.name, subjects: try subjects(db, of: existing.name), retention: existing.retention,
                                 maxMessages: existing.maxMessages, maxBytes: existing.maxBytes, maxAge: existing.maxAge,
                                 duplicateWindow: existing.duplicateWindow)
@@ -81,14 +94,14 @@ enum StreamsDatabase {
             }
             return try info(db, existing)
         }
-        let streams = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM streams WHERE dead_letters IS NOT NULL") ?? 0
+        let streams = try db.int("SELECT COUNT(*) FROM streams WHERE dead_letters IS NOT NULL") ?? 0
         guard streams < most else { throw tooMany("streams", limit: most, setting: "streams.max_streams", remedy: "delete one first") }
         for prefix in settings.subjects {
-            if let held = try Row.fetchOne(db, sql: """
+            if let held = try db.row("""
                 SELECT prefix, stream FROM subjects
                 WHERE substr(?, 1, length(prefix)) = prefix OR substr(prefix, 1, length(?)) = ?
-                """, arguments: [prefix, prefix, prefix]) {
-                let (other, stream): (String, String) = (held["prefix"], held["stream"])
+                """, [prefix, prefix, prefix]) {
+                let (other, stream) = (try held.text("prefix"), try held.text("stream"))
                 throw JSONRPCError(code: JSONRPCError.conflictCode,
                                    message: "Conflict: subjects \(prefix) and \(other) overlap, and stream \(stream) holds \(other)",
                                    data: ["stream": .string(stream), "subject": .string(other)])
@@ -103,17 +116,17 @@ enum StreamsDatabase {
                                        maxBytes: settings.maxBytes, maxAge: settings.maxAge, duplicateWindow: 0),
                               deadLetters: nil, now: now))
         for prefix in settings.subjects {
-            try db.execute(sql: "INSERT INTO subjects (prefix, stream) VALUES (?, ?)", arguments: [prefix, settings.name])
+            try db.execute("INSERT INTO subjects (prefix, stream) VALUES (?, ?)", [prefix, settings.name])
         }
         return try info(db, stream)
     }
 
     private static func insert(_ db: Database, _ stream: Stream) throws {
-        try db.execute(sql: """
+        try db.execute("""
             INSERT INTO streams (name, retention, max_messages, max_bytes, max_age, duplicate_window, dead_letters, created_at)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-            """, arguments: [stream.name, stream.retention.rawValue, stream.maxMessages, stream.maxBytes, stream.maxAge,
-                             stream.duplicateWindow, stream.deadLetters, stream.createdAt])
+            """, [stream.name, stream.retention.rawValue, stream.maxMessages, stream.maxBytes, stream.maxAge,
+                  stream.duplicateWindow, stream.deadLetters, stream.createdAt])
     }
 
     /// -32010: a count the service bounds is reached.
@@ -127,45 +140,45 @@ enum StreamsDatabase {
                        maxMessages: stream.maxMessages, maxBytes: stream.maxBytes, maxAge: stream.maxAge,
                        duplicateWindow: stream.duplicateWindow, messages: stream.messages, bytes: stream.bytes,
                        firstSequence: stream.firstSeq, lastSequence: stream.lastSeq,
-                       consumers: try String.fetchAll(db, sql: "SELECT name FROM consumers WHERE stream = ? ORDER BY name", arguments: [stream.name]),
+                       consumers: try db.texts("SELECT name FROM consumers WHERE stream = ? ORDER BY name", [stream.name]),
                        deadLetters: stream.deadLetters, created: Timestamp.format(seconds: stream.createdAt))
     }
 
     static func list(_ db: Database) throws -> API.StreamList {
-        API.StreamList(streams: try Row.fetchAll(db, sql: "SELECT * FROM streams ORDER BY name").map { try info(db, Stream(row: $0)) })
+        API.StreamList(streams: try db.rows("SELECT * FROM streams ORDER BY name", []).map { try info(db, try Stream(row: $0)) })
     }
 
     /// Deletes the stream with everything that is its: messages, ids, consumers, pending, and
     /// its dead-letter stream. A dead-letter stream goes only with its stream.
     static func deleteStream(_ db: Database, _ name: String) throws -> API.Removed {
-        let stream = try stream(db, name)
-        if stream.deadLetters == nil, let owner = try String.fetchOne(db, sql: "SELECT name FROM streams WHERE dead_letters = ?", arguments: [name]) {
+        let stream = try stream(db, name, locking: true)
+        if stream.deadLetters == nil, let owner = try db.texts("SELECT name FROM streams WHERE dead_letters = ?", [name]).first {
             throw JSONRPCError.invalidParams(field: "name", "\(name) is stream \(owner)'s dead-letter stream: it goes when \(owner) is deleted")
         }
         var removed = 0
         for name in [name] + (stream.deadLetters.map { [$0] } ?? []) {
-            removed += try Int.fetchOne(db, sql: "SELECT messages FROM streams WHERE name = ?", arguments: [name]) ?? 0
+            removed += try db.int("SELECT messages FROM streams WHERE name = ?" + db.lockingRead, [name]) ?? 0
             for table in ["messages", "message_ids", "consumers", "pending", "subjects"] {
-                try db.execute(sql: "DELETE FROM \(table) WHERE stream = ?", arguments: [name])
+                try db.execute("DELETE FROM \(table) WHERE stream = ?", [name])
             }
-            try db.execute(sql: "DELETE FROM streams WHERE name = ?", arguments: [name])
+            try db.execute("DELETE FROM streams WHERE name = ?", [name])
         }
         return API.Removed(messages: removed)
     }
 
     /// Deletes every message; the sequence goes on, and each consumer counts what it missed.
     static func purge(_ db: Database, _ name: String) throws -> API.Removed {
-        let stream = try stream(db, name)
-        try db.execute(sql: """
+        let stream = try stream(db, name, locking: true)
+        try db.execute("""
             UPDATE consumers SET missed = missed
                 + (SELECT COUNT(*) FROM pending p WHERE p.stream = consumers.stream AND p.consumer = consumers.name)
                 + (SELECT COUNT(*) FROM messages m WHERE m.stream = consumers.stream AND m.seq >= consumers.next_seq
                    AND (consumers.filter IS NULL OR substr(m.subject, 1, length(consumers.filter)) = consumers.filter))
             WHERE stream = ?
-            """, arguments: [name])
-        try db.execute(sql: "DELETE FROM pending WHERE stream = ?", arguments: [name])
-        try db.execute(sql: "DELETE FROM messages WHERE stream = ?", arguments: [name])
-        try db.execute(sql: "UPDATE streams SET messages = 0, bytes = 0, first_seq = last_seq + 1 WHERE name = ?", arguments: [name])
+            """, [name])
+        try db.execute("DELETE FROM pending WHERE stream = ?", [name])
+        try db.execute("DELETE FROM messages WHERE stream = ?", [name])
+        try db.execute("UPDATE streams SET messages = 0, bytes = 0, first_seq = last_seq + 1 WHERE name = ?", [name])
         return API.Removed(messages: stream.messages)
     }
 
@@ -174,15 +187,14 @@ enum StreamsDatabase {
     /// Keeps a message in the stream holding `subject`; a known id within the duplicate
     /// window answers the first one's sequence instead.
     static func publish(_ db: Database, subject: String, data: [UInt8], id: String?, now: Double) throws -> API.Published {
-        guard let name = try String.fetchOne(db, sql: "SELECT stream FROM subjects WHERE substr(?, 1, length(prefix)) = prefix",
-                                             arguments: [subject]) else {
+        guard let name = try db.texts("SELECT stream FROM subjects WHERE substr(?, 1, length(prefix)) = prefix", [subject]).first else {
             throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no stream holds subject \(subject)",
                                data: ["subject": .string(subject)])
         }
-        var stream = try stream(db, name)
+        var stream = try stream(db, name, locking: true)
         if let id {
-            try db.execute(sql: "DELETE FROM message_ids WHERE stream = ? AND published_at < ?", arguments: [name, now - stream.duplicateWindow])
-            if let first = try Int.fetchOne(db, sql: "SELECT seq FROM message_ids WHERE stream = ? AND id = ?", arguments: [name, id]) {
+            try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ?", [name, now - stream.duplicateWindow])
+            if let first = try db.int("SELECT seq FROM message_ids WHERE stream = ? AND id = ?", [name, id]) {
                 return API.Published(stream: name, sequence: first, duplicate: true)
             }
         }
@@ -193,7 +205,7 @@ enum StreamsDatabase {
         }
         let sequence = try append(db, &stream, subject: subject, data: data, deadLetter: nil, now: now)
         if let id {
-            try db.execute(sql: "INSERT INTO message_ids (stream, id, seq, published_at) VALUES (?, ?, ?, ?)", arguments: [name, id, sequence, now])
+            try db.execute("INSERT INTO message_ids (stream, id, seq, published_at) VALUES (?, ?, ?, ?)", [name, id, sequence, now])
         }
         return API.Published(stream: name, sequence: sequence, duplicate: false)
     }
@@ -201,8 +213,8 @@ enum StreamsDatabase {
     /// Adds a message at the stream's next sequence, then removes the oldest past its limits.
     private static func append(_ db: Database, _ stream: inout Stream, subject: String, data: [UInt8], deadLetter: String?, now: Double) throws -> Int {
         let sequence = stream.lastSeq + 1
-        try db.execute(sql: "INSERT INTO messages (stream, seq, subject, data, published_at, dead_letter) VALUES (?, ?, ?, ?, ?, ?)",
-                       arguments: [stream.name, sequence, subject, Data(data), now, deadLetter])
+        try db.execute("INSERT INTO messages (stream, seq, subject, data, published_at, dead_letter) VALUES (?, ?, ?, ?, ?, ?)",
+                       [stream.name, sequence, subject, data, now, deadLetter])
         if stream.messages == 0 { stream.firstSeq = sequence }
         stream.lastSeq = sequence
         stream.messages += 1
@@ -215,12 +227,13 @@ enum StreamsDatabase {
     /// age), and saves its counters.
     static func trim(_ db: Database, _ stream: inout Stream, now: Double) throws {
         while stream.messages > 0 {
-            guard let oldest = try Row.fetchOne(db, sql: """
+            guard let oldest = try db.row("""
                 SELECT seq, subject, length(data) AS size, published_at FROM messages WHERE stream = ? ORDER BY seq LIMIT 1
-                """, arguments: [stream.name]) else { break }
-            let expired = stream.maxAge.map { (oldest["published_at"] as Double) < now - $0 } ?? false
+                """, [stream.name]) else { break }
+            let publishedAt = try oldest.double("published_at")
+            let expired = stream.maxAge.map { publishedAt < now - $0 } ?? false
             guard stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || expired else { break }
-            try remove(db, &stream, sequence: oldest["seq"], subject: oldest["subject"], size: oldest["size"], missed: true)
+            try remove(db, &stream, sequence: try oldest.int("seq"), subject: try oldest.text("subject"), size: try oldest.int("size"), missed: true)
         }
         try save(db, stream)
     }
@@ -228,25 +241,25 @@ enum StreamsDatabase {
     /// Removes one message; with `missed`, every consumer that had not had it done counts it.
     private static func remove(_ db: Database, _ stream: inout Stream, sequence: Int, subject: String, size: Int, missed: Bool) throws {
         if missed {
-            try db.execute(sql: """
+            try db.execute("""
                 UPDATE consumers SET missed = missed + 1
                 WHERE stream = ? AND (
                     name IN (SELECT consumer FROM pending WHERE stream = ? AND seq = ?)
                     OR (next_seq <= ? AND (filter IS NULL OR substr(?, 1, length(filter)) = filter)))
-                """, arguments: [stream.name, stream.name, sequence, sequence, subject])
+                """, [stream.name, stream.name, sequence, sequence, subject])
         }
-        try db.execute(sql: "DELETE FROM pending WHERE stream = ? AND seq = ?", arguments: [stream.name, sequence])
-        try db.execute(sql: "DELETE FROM messages WHERE stream = ? AND seq = ?", arguments: [stream.name, sequence])
+        try db.execute("DELETE FROM pending WHERE stream = ? AND seq = ?", [stream.name, sequence])
+        try db.execute("DELETE FROM messages WHERE stream = ? AND seq = ?", [stream.name, sequence])
         stream.messages -= 1
         stream.bytes -= size
         if sequence == stream.firstSeq {
-            stream.firstSeq = try Int.fetchOne(db, sql: "SELECT MIN(seq) FROM messages WHERE stream = ?", arguments: [stream.name]) ?? stream.lastSeq + 1
+            stream.firstSeq = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ?", [stream.name]) ?? stream.lastSeq + 1
         }
     }
 
     private static func save(_ db: Database, _ stream: Stream) throws {
-        try db.execute(sql: "UPDATE streams SET messages = ?, bytes = ?, first_seq = ?, last_seq = ? WHERE name = ?",
-                       arguments: [stream.messages, stream.bytes, stream.firstSeq, stream.lastSeq, stream.name])
+        try db.execute("UPDATE streams SET messages = ?, bytes = ?, first_seq = ?, last_seq = ? WHERE name = ?",
+                       [stream.messages, stream.bytes, stream.firstSeq, stream.lastSeq, stream.name])
     }
 
     // MARK: Consumers
@@ -263,17 +276,17 @@ enum StreamsDatabase {
         var createdAt: Double
         var delivered: Int, redelivered: Int, acknowledged: Int, deadLettered: Int, terminated: Int, missed: Int
 
-        init(row: Row) {
-            (stream, name, config, filter) = (row["stream"], row["name"], row["config"], row["filter"])
-            (ackWait, maxDeliver, nextSeq, createdAt) = (row["ack_wait"], row["max_deliver"], row["next_seq"], row["created_at"])
-            (delivered, redelivered, acknowledged) = (row["delivered"], row["redelivered"], row["acknowledged"])
-            (deadLettered, terminated, missed) = (row["dead_lettered"], row["terminated"], row["missed"])
+        init(row: SQLRow) throws {
+            (stream, name, config, filter) = (try row.text("stream"), try row.text("name"), try row.text("config"), try row.optionalText("filter"))
+            (ackWait, maxDeliver, nextSeq, createdAt) = (try row.double("ack_wait"), try row.int("max_deliver"), try row.int("next_seq"), try row.double("created_at"))
+            (delivered, redelivered, acknowledged) = (try row.int("delivered"), try row.int("redelivered"), try row.int("acknowledged"))
+            (deadLettered, terminated, missed) = (try row.int("dead_lettered"), try row.int("terminated"), try row.int("missed"))
         }
     }
 
     /// The consumer `name` of `stream`, if there is one.
     private static func findConsumer(_ db: Database, stream: String, name: String) throws -> Consumer? {
-        try Row.fetchOne(db, sql: "SELECT * FROM consumers WHERE stream = ? AND name = ?", arguments: [stream, name]).map(Consumer.init(row:))
+        try db.row("SELECT * FROM consumers WHERE stream = ? AND name = ?", [stream, name]).map(Consumer.init(row:))
     }
 
     static func consumer(_ db: Database, stream: String, name: String) throws -> Consumer {
@@ -289,7 +302,7 @@ enum StreamsDatabase {
     /// added again), the rest with the defaults filled in.
     static func addConsumer(_ db: Database, _ asked: API.ConsumerConfig, config: JSONValue, ackWait: Double, maxDeliver: Int, atMost most: Int,
                             now: Double) throws -> API.ConsumerInfo {
-        let stream = try stream(db, asked.stream)
+        let stream = try stream(db, asked.stream, locking: true)
         if let existing = try findConsumer(db, stream: asked.stream, name: asked.name) {
             guard try JSONValue(parsing: Array(existing.config.utf8)) == config else {
                 throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: stream \(asked.stream) has a consumer \(asked.name) with other settings; see data.current",
@@ -297,10 +310,10 @@ enum StreamsDatabase {
             }
             return try info(db, existing)
         }
-        let consumers = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM consumers WHERE stream = ?", arguments: [asked.stream]) ?? 0
+        let consumers = try db.int("SELECT COUNT(*) FROM consumers WHERE stream = ?", [asked.stream]) ?? 0
         guard consumers < most else { throw tooMany("consumers of stream \(asked.stream)", limit: most, setting: "streams.max_consumers", remedy: "delete one first") }
         if stream.retention == .workQueue,
-           let other = try String.fetchOne(db, sql: "SELECT name FROM consumers WHERE stream = ?", arguments: [asked.stream]) {
+           let other = try db.texts("SELECT name FROM consumers WHERE stream = ?", [asked.stream]).first {
             throw JSONRPCError(code: JSONRPCError.conflictCode,
                                message: "Conflict: work-queue stream \(asked.stream) has its consumer (\(other)); its readers share it",
                                data: ["consumer": .string(other)])
@@ -309,24 +322,24 @@ enum StreamsDatabase {
         if let sequence = asked.startSequence {
             next = sequence
         } else if let time = asked.startTime.flatMap(Timestamp.parse) {
-            next = try Int.fetchOne(db, sql: "SELECT MIN(seq) FROM messages WHERE stream = ? AND published_at >= ?",
-                                    arguments: [asked.stream, time.timeIntervalSince1970]) ?? stream.lastSeq + 1
+            next = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ? AND published_at >= ?",
+                              [asked.stream, time.timeIntervalSince1970]) ?? stream.lastSeq + 1
         } else if asked.deliver == .new {
             next = stream.lastSeq + 1
         } else {
             next = stream.firstSeq
         }
-        try db.execute(sql: """
+        try db.execute("""
             INSERT INTO consumers (stream, name, config, filter, ack_wait, max_deliver, next_seq, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-            """, arguments: [asked.stream, asked.name, String(decoding: config.jsonBytes, as: UTF8.self), asked.filter, ackWait, maxDeliver, next, now])
+            """, [asked.stream, asked.name, String(decoding: config.jsonBytes, as: UTF8.self), asked.filter, ackWait, maxDeliver, next, now])
         return try info(db, try consumer(db, stream: asked.stream, name: asked.name))
     }
 
     static func info(_ db: Database, _ consumer: Consumer) throws -> API.ConsumerInfo {
-        let pending = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", arguments: [consumer.stream, consumer.name]) ?? 0
-        let waiting = try Int.fetchOne(db, sql: """
-            SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND (? IS NULL OR substr(subject, 1, length(?)) = ?)
-            """, arguments: [consumer.stream, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter]) ?? 0
+        let pending = try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [consumer.stream, consumer.name]) ?? 0
+        let waiting = try db.int("""
+            SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND (CAST(? AS TEXT) IS NULL OR substr(subject, 1, length(?)) = ?)
+            """, [consumer.stream, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter]) ?? 0
         return API.ConsumerInfo(stream: consumer.stream, name: consumer.name, filter: consumer.filter, ackWait: consumer.ackWait,
                                 maxDeliver: consumer.maxDeliver, nextSequence: consumer.nextSeq, pending: pending, waiting: waiting,
                                 delivered: consumer.delivered, redelivered: consumer.redelivered, acknowledged: consumer.acknowledged,
@@ -335,9 +348,10 @@ enum StreamsDatabase {
     }
 
     static func deleteConsumer(_ db: Database, stream: String, name: String) throws -> API.Removed {
+        _ = try self.stream(db, stream, locking: true)
         _ = try consumer(db, stream: stream, name: name)
-        try db.execute(sql: "DELETE FROM pending WHERE stream = ? AND consumer = ?", arguments: [stream, name])
-        try db.execute(sql: "DELETE FROM consumers WHERE stream = ? AND name = ?", arguments: [stream, name])
+        try db.execute("DELETE FROM pending WHERE stream = ? AND consumer = ?", [stream, name])
+        try db.execute("DELETE FROM consumers WHERE stream = ? AND name = ?", [stream, name])
         return API.Removed(messages: 0)
     }
 
@@ -347,10 +361,10 @@ enum StreamsDatabase {
     /// one not handed out yet.
     static func ready(_ db: Database, stream: String, consumer name: String, now: Double) throws -> Bool {
         let consumer = try consumer(db, stream: stream, name: name)
-        return try Bool.fetchOne(db, sql: """
+        return try db.row("""
             SELECT EXISTS (SELECT 1 FROM pending WHERE stream = ? AND consumer = ? AND deadline <= ?)
-                OR EXISTS (SELECT 1 FROM messages WHERE stream = ? AND seq >= ? AND (? IS NULL OR substr(subject, 1, length(?)) = ?))
-            """, arguments: [stream, name, now, stream, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter]) ?? false
+                OR EXISTS (SELECT 1 FROM messages WHERE stream = ? AND seq >= ? AND (CAST(? AS TEXT) IS NULL OR substr(subject, 1, length(?)) = ?)) AS ready
+            """, [stream, name, now, stream, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter])?.bool("ready") ?? false
     }
 
     /// Hands out up to `batch` messages and `maxBytes` of data (always one when one is ready):
@@ -358,19 +372,19 @@ enum StreamsDatabase {
     /// goes to the dead-letter stream instead), then the next ones not handed out. Each is
     /// pending until `now + ack_wait`.
     static func fetch(_ db: Database, stream name: String, consumer consumerName: String, batch: Int, maxBytes: Int, now: Double) throws -> API.Fetched {
-        var stream = try stream(db, name)
+        var stream = try stream(db, name, locking: true)
         var consumer = try consumer(db, stream: name, name: consumerName)
         try trim(db, &stream, now: now)
         var out: [API.Message] = []
         var bytes = 0, redelivered = 0, deadLettered = 0
         var full = false
-        let due = try Row.fetchAll(db, sql: """
+        let due = try db.rows("""
             SELECT p.seq, p.deliveries, m.subject, m.data, m.published_at, m.dead_letter
             FROM pending p JOIN messages m ON m.stream = p.stream AND m.seq = p.seq
             WHERE p.stream = ? AND p.consumer = ? AND p.deadline <= ? ORDER BY p.seq LIMIT ?
-            """, arguments: [name, consumerName, now, batch])
+            """, [name, consumerName, now, batch])
         for row in due {
-            let sequence: Int = row["seq"], deliveries: Int = row["deliveries"], data: Data = row["data"]
+            let sequence = try row.int("seq"), deliveries = try row.int("deliveries"), data = try row.blob("data")
             if deliveries >= consumer.maxDeliver {
                 try giveUp(db, &stream, consumer: consumer, sequence: sequence, deliveries: deliveries, row: row, now: now)
                 deadLettered += 1
@@ -380,8 +394,8 @@ enum StreamsDatabase {
                 full = true
                 break
             }
-            try db.execute(sql: "UPDATE pending SET deliveries = deliveries + 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?",
-                           arguments: [now + consumer.ackWait, name, consumerName, sequence])
+            try db.execute("UPDATE pending SET deliveries = deliveries + 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?",
+                           [now + consumer.ackWait, name, consumerName, sequence])
             out.append(try message(row, sequence: sequence, data: data, deliveries: deliveries + 1))
             bytes += data.count
             redelivered += 1
@@ -389,18 +403,18 @@ enum StreamsDatabase {
         var delivered = 0
         if !full, out.count < batch {
             let asked = batch - out.count
-            let fresh = try Row.fetchAll(db, sql: """
+            let fresh = try db.rows("""
                 SELECT seq, subject, data, published_at, dead_letter FROM messages
-                WHERE stream = ? AND seq >= ? AND (? IS NULL OR substr(subject, 1, length(?)) = ?) ORDER BY seq LIMIT ?
-                """, arguments: [name, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter, asked])
+                WHERE stream = ? AND seq >= ? AND (CAST(? AS TEXT) IS NULL OR substr(subject, 1, length(?)) = ?) ORDER BY seq LIMIT ?
+                """, [name, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter, asked])
             for row in fresh {
-                let sequence: Int = row["seq"], data: Data = row["data"]
+                let sequence = try row.int("seq"), data = try row.blob("data")
                 guard out.isEmpty || bytes + data.count <= maxBytes else {
                     full = true
                     break
                 }
-                try db.execute(sql: "INSERT INTO pending (stream, consumer, seq, deliveries, deadline) VALUES (?, ?, ?, 1, ?)",
-                               arguments: [name, consumerName, sequence, now + consumer.ackWait])
+                try db.execute("INSERT INTO pending (stream, consumer, seq, deliveries, deadline) VALUES (?, ?, ?, 1, ?)",
+                               [name, consumerName, sequence, now + consumer.ackWait])
                 out.append(try message(row, sequence: sequence, data: data, deliveries: 1))
                 bytes += data.count
                 delivered += 1
@@ -409,37 +423,36 @@ enum StreamsDatabase {
             // Nothing further matches: what is past it was passed over by the filter.
             if !full, fresh.count < asked { consumer.nextSeq = max(consumer.nextSeq, stream.lastSeq + 1) }
         }
-        let missed = try Int.fetchOne(db, sql: "SELECT missed - missed_told FROM consumers WHERE stream = ? AND name = ?",
-                                      arguments: [name, consumerName]) ?? 0
-        try db.execute(sql: """
+        let missed = try db.int("SELECT missed - missed_told FROM consumers WHERE stream = ? AND name = ?", [name, consumerName]) ?? 0
+        try db.execute("""
             UPDATE consumers SET next_seq = ?, delivered = delivered + ?, redelivered = redelivered + ?, dead_lettered = dead_lettered + ?,
                 missed_told = missed WHERE stream = ? AND name = ?
-            """, arguments: [consumer.nextSeq, delivered, redelivered, deadLettered, name, consumerName])
+            """, [consumer.nextSeq, delivered, redelivered, deadLettered, name, consumerName])
         try save(db, stream)
         return API.Fetched(messages: out, missed: missed)
     }
 
-    private static func message(_ row: Row, sequence: Int, data: Data, deliveries: Int) throws -> API.Message {
-        let deadLetter = try (row["dead_letter"] as String?).map { try JSONValue(parsing: Array($0.utf8)).decode(as: API.DeadLetter.self) }
-        return API.Message(sequence: sequence, subject: row["subject"], data: try JSONValue(parsing: Array(data)),
-                           published: Timestamp.format(seconds: row["published_at"]), deliveries: deliveries, deadLetter: deadLetter)
+    private static func message(_ row: SQLRow, sequence: Int, data: [UInt8], deliveries: Int) throws -> API.Message {
+        let deadLetter = try row.optionalText("dead_letter").map { try JSONValue(parsing: Array($0.utf8)).decode(as: API.DeadLetter.self) }
+        return API.Message(sequence: sequence, subject: try row.text("subject"), data: try JSONValue(parsing: data),
+                           published: Timestamp.format(seconds: try row.double("published_at")), deliveries: deliveries, deadLetter: deadLetter)
     }
 
     /// A message handed out `max_deliver` times without being done: it goes to the stream's
     /// dead-letter stream with why (a dead-letter stream's own are only dropped), and leaves
     /// the consumer's pending messages (and a work queue).
-    private static func giveUp(_ db: Database, _ stream: inout Stream, consumer: Consumer, sequence: Int, deliveries: Int, row: Row, now: Double) throws {
+    private static func giveUp(_ db: Database, _ stream: inout Stream, consumer: Consumer, sequence: Int, deliveries: Int, row: SQLRow, now: Double) throws {
+        let subject = try row.text("subject"), data = try row.blob("data")
         if let deadLetters = stream.deadLetters {
-            var target = try self.stream(db, deadLetters)
+            var target = try self.stream(db, deadLetters, locking: true)
             let why = API.DeadLetter(reason: "handed out \(deliveries) times (max_deliver) without an acknowledgement", stream: stream.name,
                                      sequence: sequence, consumer: consumer.name, deliveries: deliveries)
-            let data: Data = row["data"]
-            _ = try append(db, &target, subject: row["subject"], data: Array(data),
+            _ = try append(db, &target, subject: subject, data: data,
                            deadLetter: String(decoding: try JSONValue(encoding: why).jsonBytes, as: UTF8.self), now: now)
         }
-        try db.execute(sql: "DELETE FROM pending WHERE stream = ? AND consumer = ? AND seq = ?", arguments: [stream.name, consumer.name, sequence])
+        try db.execute("DELETE FROM pending WHERE stream = ? AND consumer = ? AND seq = ?", [stream.name, consumer.name, sequence])
         if stream.retention == .workQueue {
-            try remove(db, &stream, sequence: sequence, subject: row["subject"], size: (row["data"] as Data).count, missed: false)
+            try remove(db, &stream, sequence: sequence, subject: subject, size: data.count, missed: false)
         }
     }
 
@@ -461,22 +474,20 @@ enum StreamsDatabase {
     /// as not pending. On a work-queue stream, a message done or terminated is deleted.
     static func settle(_ db: Database, stream name: String, consumer consumerName: String, sequences: [Int], _ outcome: Outcome,
                        now: Double) throws -> API.Acknowledged {
-        var stream = try stream(db, name)
+        var stream = try stream(db, name, locking: true)
         let consumer = try consumer(db, stream: name, name: consumerName)
         var done: [Int] = [], notPending: [Int] = []
         for sequence in sequences {
-            let key: [any DatabaseValueConvertible] = [name, consumerName, sequence]
-            switch outcome {
+            let key: [any SQLArgument] = [name, consumerName, sequence]
+            let changed = switch outcome {
             case .ack, .term:
-                try db.execute(sql: "DELETE FROM pending WHERE stream = ? AND consumer = ? AND seq = ?", arguments: StatementArguments(key))
+                try db.execute("DELETE FROM pending WHERE stream = ? AND consumer = ? AND seq = ?", key)
             case .nak(let delay):
-                try db.execute(sql: "UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?",
-                               arguments: StatementArguments([now + delay] + key))
+                try db.execute("UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?", [now + delay] + key)
             case .progress:
-                try db.execute(sql: "UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?",
-                               arguments: StatementArguments([now + consumer.ackWait] + key))
+                try db.execute("UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?", [now + consumer.ackWait] + key)
             }
-            guard db.changesCount > 0 else {
+            guard changed > 0 else {
                 notPending.append(sequence)
                 continue
             }
@@ -484,16 +495,16 @@ enum StreamsDatabase {
             switch outcome {
             case .ack, .term:
                 if stream.retention == .workQueue,
-                   let row = try Row.fetchOne(db, sql: "SELECT subject, length(data) AS size FROM messages WHERE stream = ? AND seq = ?", arguments: [name, sequence]) {
-                    try remove(db, &stream, sequence: sequence, subject: row["subject"], size: row["size"], missed: false)
+                   let row = try db.row("SELECT subject, length(data) AS size FROM messages WHERE stream = ? AND seq = ?", [name, sequence]) {
+                    try remove(db, &stream, sequence: sequence, subject: try row.text("subject"), size: try row.int("size"), missed: false)
                 }
             case .nak, .progress:
                 break
             }
         }
         switch outcome {
-        case .ack: try db.execute(sql: "UPDATE consumers SET acknowledged = acknowledged + ? WHERE stream = ? AND name = ?", arguments: [done.count, name, consumerName])
-        case .term: try db.execute(sql: "UPDATE consumers SET terminated = terminated + ? WHERE stream = ? AND name = ?", arguments: [done.count, name, consumerName])
+        case .ack: try db.execute("UPDATE consumers SET acknowledged = acknowledged + ? WHERE stream = ? AND name = ?", [done.count, name, consumerName])
+        case .term: try db.execute("UPDATE consumers SET terminated = terminated + ? WHERE stream = ? AND name = ?", [done.count, name, consumerName])
         case .nak, .progress: break
         }
         try save(db, stream)

@@ -1,7 +1,8 @@
 import GRDB
 import Storage
 
-/// The streams service's SQLite schema (the file is opened by ``SQLiteWriter``).
+/// The streams service's schema, in SQLite (the file is opened by ``SQLiteWriter``) and in
+/// PostgreSQL (``PostgresWriter``): the same tables and columns, each in the engine's types.
 ///
 /// A stream's counters (`messages`, `bytes`, `first_seq`, `last_seq`) are kept in its row and
 /// changed with every message added or removed, so its limits are checked without scanning
@@ -81,4 +82,36 @@ enum StreamsSchema {
         }
         return migrator
     }
+
+    /// PostgreSQL's, one per version. Never edit a shipped migration: add one.
+    static let postgresMigrations: [String] = [
+        """
+        CREATE TABLE streams (
+            name TEXT PRIMARY KEY, retention TEXT NOT NULL, max_messages BIGINT NOT NULL, max_bytes BIGINT NOT NULL,
+            max_age DOUBLE PRECISION, duplicate_window DOUBLE PRECISION NOT NULL, dead_letters TEXT,
+            messages BIGINT NOT NULL DEFAULT 0, bytes BIGINT NOT NULL DEFAULT 0, first_seq BIGINT NOT NULL DEFAULT 1,
+            last_seq BIGINT NOT NULL DEFAULT 0, created_at DOUBLE PRECISION NOT NULL);
+        CREATE TABLE subjects (prefix TEXT PRIMARY KEY, stream TEXT NOT NULL);
+        CREATE TABLE messages (
+            stream TEXT NOT NULL, seq BIGINT NOT NULL, subject TEXT NOT NULL, data BYTEA NOT NULL,
+            published_at DOUBLE PRECISION NOT NULL, dead_letter TEXT, PRIMARY KEY (stream, seq));
+        CREATE TABLE message_ids (
+            stream TEXT NOT NULL, id TEXT NOT NULL, seq BIGINT NOT NULL, published_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (stream, id));
+        CREATE INDEX message_ids_by_time ON message_ids(stream, published_at);
+        CREATE TABLE consumers (
+            stream TEXT NOT NULL, name TEXT NOT NULL, config TEXT NOT NULL, filter TEXT, ack_wait DOUBLE PRECISION NOT NULL,
+            max_deliver BIGINT NOT NULL, next_seq BIGINT NOT NULL, delivered BIGINT NOT NULL DEFAULT 0,
+            redelivered BIGINT NOT NULL DEFAULT 0, acknowledged BIGINT NOT NULL DEFAULT 0, dead_lettered BIGINT NOT NULL DEFAULT 0,
+            terminated BIGINT NOT NULL DEFAULT 0, missed BIGINT NOT NULL DEFAULT 0, missed_told BIGINT NOT NULL DEFAULT 0,
+            created_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (stream, name));
+        CREATE TABLE pending (
+            stream TEXT NOT NULL, consumer TEXT NOT NULL, seq BIGINT NOT NULL, deliveries BIGINT NOT NULL,
+            deadline DOUBLE PRECISION NOT NULL, PRIMARY KEY (stream, consumer, seq));
+        CREATE INDEX pending_by_message ON pending(stream, seq);
+        """ + PostgresWriter.repliesTable,
+    ]
+
+    /// The PostgreSQL schema (namespace) the tables are in, and the lock migrating takes.
+    static let postgresSchema = "switchboard_streams"
+    static let postgresMigrationLock: Int64 = 7_214_030
 }

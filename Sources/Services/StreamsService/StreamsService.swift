@@ -1,13 +1,14 @@
+import BusKit
 import BusProtocol
 public import Contracts
 import Foundation
-import GRDB
 public import Logging
+public import ServiceLifecycle
 import Storage
 
 /// The `streams` service: durable streams of messages and the consumers that work through
-/// them (``StreamsAPI``), in one SQLite file written through a ``SQLiteWriter`` (a publish is
-/// answered once it is on disk; a re-sent request is answered with the result it had).
+/// them (``StreamsAPI``), in a SQLite file or a PostgreSQL database (``StreamsStorage``): a
+/// publish is answered once it is durable; a re-sent request with the result it had.
 ///
 /// Several readers fetching from one consumer share its messages: a fetch hands each out to
 /// one reader and keeps it pending until that reader acknowledges it or its ack deadline
@@ -17,7 +18,7 @@ public actor StreamsService: BusService {
     typealias API = StreamsAPI
 
     public nonisolated let configuration: StreamsConfiguration
-    private let writer: SQLiteWriter
+    private let storage: StreamsStorage
     private let now: @Sendable () -> Double
     /// Fetches waiting for a message, woken by a publish in this process (other processes'
     /// publishes are seen at the next look, a fraction of a second later).
@@ -34,13 +35,22 @@ public actor StreamsService: BusService {
     public init(configuration: StreamsConfiguration, logger: Logger? = nil, now: (@Sendable () -> Double)? = nil) {
         self.configuration = configuration
         self.now = now ?? { Date().timeIntervalSince1970 }
-        writer = SQLiteWriter(path: configuration.path, label: "streams", maxSizeBytes: configuration.maxSizeBytes, migrator: StreamsSchema.migrator,
-                              replyWindow: configuration.replyWindow, logger: logger ?? Logger(label: "switchboard.streams"))
+        storage = StreamsStorage(configuration, logger: logger ?? Logger(label: "switchboard.streams"))
     }
 
+    /// Returns once the database can serve (on PostgreSQL, once it answers and its schema is
+    /// in place); the host registers the service after this.
+    public func waitUntilReady() async {
+        await storage.waitUntilReady()
+    }
+
+    /// The parts of the process the database needs (PostgreSQL's connections): listed before
+    /// the host, they run before the service can be ready and stop after its requests.
+    public nonisolated var requiredParts: [any Service] { storage.parts }
+
     public nonisolated func makeReplyMemory() -> any ReplyMemory {
-        let writer = writer
-        return StoredReplies { try await writer.remembered($0) }
+        let storage = storage
+        return StoredReplies { try await storage.remembered($0) }
     }
 
     public nonisolated func methods(_ table: inout MethodTable<StreamsService>) {
@@ -194,14 +204,14 @@ public actor StreamsService: BusService {
     /// A write in the next committed batch, named by `request` (by default the request being
     /// answered, so a re-sent one gets this result), decoded as the contract's type.
     private func write<Result: Codable & Sendable>(request: String? = RequestKey.current?.description,
-                                                   _ body: @escaping @Sendable (Database, Double) throws -> Result) async throws -> Result {
+                                                   _ body: @escaping @Sendable (StreamsDatabase.Database, Double) throws -> Result) async throws -> Result {
         let now = now
-        let result = try await writer.write(request: request) { db in try JSONValue(encoding: try body(db, now())) }
+        let result = try await storage.write(request: request) { db in try JSONValue(encoding: try body(db, now())) }
         return try decodeResult(Result.self, result)
     }
 
-    private func read<Result: Sendable>(_ body: @Sendable (Database) throws -> Result) async throws -> Result {
-        try await writer.read(body)
+    private func read<Result: Sendable>(_ body: @escaping @Sendable (StreamsDatabase.Database) throws -> Result) async throws -> Result {
+        try await storage.read(body)
     }
 }
 

@@ -6,6 +6,7 @@ import Contracts
 import Foundation
 import Histogram
 import Kernel
+import Storage
 import StoreService
 import SwitchboardTestSupport
 import ZeroMQ

@@ -1,0 +1,172 @@
+import BusKit
+import BusProtocol
+import Foundation
+package import Logging
+import NIOSSL
+import ZeroMQ
+package import PostgresNIO
+
+/// Where a durable service's PostgreSQL database is and how to reach it.
+public struct PostgresSettings: Sendable, Equatable {
+    public enum TLSMode: String, Sendable, CaseIterable {
+        /// Plain TCP (a database on the same machine or a private network).
+        case disable
+        /// TLS when the server offers it.
+        case prefer
+        /// TLS or no connection, the server's certificate checked against the system's roots
+        /// or `caFile`.
+        case require
+    }
+
+    /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE`.
+    public var url: String
+    /// Connections the service keeps open at most.
+    public var poolSize: Int
+    public var tls: TLSMode
+    /// A PEM file of the certificate authority that signed the server's certificate.
+    public var caFile: String?
+    /// How long one database operation (a connection from the pool, then the queries) may
+    /// take before the caller is answered "unreachable": the pool waits for a database that
+    /// is away for as long as it is away.
+    public var operationTimeout: Duration
+
+    public init(url: String, poolSize: Int = 8, tls: TLSMode = .prefer, caFile: String? = nil, operationTimeout: Duration = .seconds(4)) {
+        self.url = url
+        self.poolSize = poolSize
+        self.tls = tls
+        self.caFile = caFile
+        self.operationTimeout = operationTimeout
+    }
+
+    /// The URL as errors and logs show it: without the password.
+    public var redactedURL: String {
+        guard var components = URLComponents(string: url), components.password != nil else { return url }
+        components.password = "***"
+        return components.string ?? url
+    }
+
+    /// The URL's parts; nil when it is not `postgres://` or `postgresql://` with a host.
+    public var parsed: (host: String, port: Int, user: String, password: String?, database: String?)? {
+        guard let components = URLComponents(string: url), ["postgres", "postgresql"].contains(components.scheme ?? ""),
+              let host = components.host, !host.isEmpty, let user = components.user, !user.isEmpty else { return nil }
+        let database = components.path.count > 1 ? String(components.path.dropFirst()) : nil
+        return (host, components.port ?? 5432, user.removingPercentEncoding ?? user,
+                components.password.map { $0.removingPercentEncoding ?? $0 }, database)
+    }
+}
+
+
+extension PostgresSettings {
+    /// A pool of connections to the database; `searchPath` names the schema its tables are
+    /// in (each service keeps its own, so several can share one database).
+    package func makeClient(logger: Logger, searchPath: String? = nil) throws(StorageFailure) -> PostgresClient {
+        guard let parts = parsed else {
+            throw StorageFailure(reason: "cannot-open", detail: "the URL is not postgres://USER:PASSWORD@HOST:PORT/DATABASE", path: redactedURL)
+        }
+        var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
+        if let caFile { tlsConfiguration.trustRoots = .file(caFile) }
+        let tls: PostgresClient.Configuration.TLS = switch self.tls {
+        case .disable: .disable
+        case .prefer: .prefer(tlsConfiguration)
+        case .require: .require(tlsConfiguration)
+        }
+        var configuration = PostgresClient.Configuration(host: parts.host, port: parts.port, username: parts.user, password: parts.password,
+                                                         database: parts.database, tls: tls)
+        configuration.options.maximumConnections = max(1, poolSize)
+        configuration.options.connectTimeout = .seconds(5)
+        if let searchPath { configuration.options.additionalStartupParameters = [("search_path", searchPath)] }
+        return PostgresClient(configuration: configuration, backgroundLogger: logger)
+    }
+
+    /// Runs `body`, or gives up after ``operationTimeout`` (the body is cancelled: a
+    /// transaction cut short is rolled back, or its outcome is unknown; either way the caller
+    /// gets an error, never an acknowledgement). PostgresNIO's queries ignore cancellation,
+    /// and one on a connection lost mid-flight was seen never to return, even after the pool
+    /// shut down: the deadline abandons it rather than waits for it (``withDeadline``).
+    package func bounded<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        let timeout = operationTimeout
+        return try await withDeadline(timeout, expired: { PostgresTimedOut(after: timeout) }, body)
+    }
+
+    /// A failure as callers see it: -32007 with the reason and the URL without its password.
+    package func failure(_ error: any Error) -> StorageFailure {
+        if let failure = error as? StorageFailure { return failure }
+        if error is PostgresTimedOut {
+            return StorageFailure(reason: "unreachable", detail: "the database did not answer within \(operationTimeout.formatted)", path: redactedURL)
+        }
+        if let error = error as? PSQLError {
+            switch error.code {
+            case .serverClosedConnection, .connectionError, .uncleanShutdown:
+                return StorageFailure(reason: "unreachable", detail: "the connection to the database was lost or could not be made", path: redactedURL)
+            case .server:
+                let message = error.serverInfo?[.message] ?? "an error"
+                let state = error.serverInfo?[.sqlState] ?? "?"
+                return StorageFailure(reason: state.hasPrefix("53") ? "full" : "other", detail: "the database answered: \(message) (SQLSTATE \(state))",
+                                      path: redactedURL)
+            default:
+                return StorageFailure(reason: "unreachable", detail: "cannot use the database: \(error.code)", path: redactedURL)
+            }
+        }
+        return StorageFailure(reason: "unreachable", detail: "\(error)", path: redactedURL)
+    }
+}
+
+/// A database operation that did not end within ``PostgresSettings/operationTimeout``.
+package struct PostgresTimedOut: Error, CustomStringConvertible {
+    package let after: Duration
+    package init(after: Duration) { self.after = after }
+    package var description: String { "no answer within \(after.formatted)" }
+}
+
+extension PSQLError {
+    /// A unique constraint refused the write (another connection wrote the same key first).
+    package var isUniqueViolation: Bool { serverInfo?[.sqlState] == "23505" }
+}
+
+/// A service's schema in a PostgreSQL database: one migration per version (never edit a
+/// shipped one: add one), applied in order at start and recorded in `schema_version`.
+package enum PostgresSchema {
+    /// Applies the migrations not applied yet, in one transaction, under the advisory lock
+    /// `lockKey`: workers starting together migrate once, the others wait for it. With a
+    /// `schema` (the connections' search path), it is created first, and holds the version.
+    package static func migrate(_ client: PostgresClient, schema: String? = nil, migrations: [String], lockKey: Int64, logger: Logger) async throws {
+        try await client.withTransaction(logger: logger) { connection in
+            try await connection.query("SELECT pg_advisory_xact_lock(\(lockKey))", logger: logger)
+            if let schema { try await connection.query(PostgresQuery(unsafeSQL: "CREATE SCHEMA IF NOT EXISTS \(schema)"), logger: logger) }
+            try await connection.query("CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)", logger: logger)
+            var version = 0
+            for try await (found) in try await connection.query("SELECT COALESCE(MAX(version), 0) FROM schema_version", logger: logger).decode(Int.self) {
+                version = found
+            }
+            for (index, migration) in migrations.enumerated() where index + 1 > version {
+                for statement in migration.split(separator: ";").map({ $0.trimmingCharacters(in: .whitespacesAndNewlines) }) where !statement.isEmpty {
+                    try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
+                }
+                try await connection.query("INSERT INTO schema_version (version) VALUES (\(index + 1))", logger: logger)
+                logger.notice("database schema migrated", metadata: ["version": "\(index + 1)"])
+            }
+        }
+    }
+
+    /// Waits until the database answers and `migrate` has run, trying again with back-off
+    /// (0.1 s doubling to 5 s), saying why (the URL without its password) the first time and
+    /// every minute after.
+    package static func waitUntilReady(_ settings: PostgresSettings, logger: Logger, isolation: isolated (any Actor)? = #isolation,
+                                       _ migrate: () async throws -> Void) async {
+        var delay = Duration.milliseconds(100), lastSaid: ContinuousClock.Instant?
+        while !Task.isCancelled {
+            do {
+                try await migrate()
+                logger.info("database ready", metadata: ["url": "\(settings.redactedURL)"])
+                return
+            } catch {
+                if lastSaid.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true {
+                    lastSaid = .now
+                    logger.error("cannot reach the database; trying again", metadata: ["url": "\(settings.redactedURL)", "problem": "\(settings.failure(error).detail)"])
+                }
+                try? await Task.sleep(for: delay)
+                delay = min(delay * 2, .seconds(5))
+            }
+        }
+    }
+}

@@ -1,0 +1,308 @@
+package import BusProtocol
+import Foundation
+package import Logging
+import NIOCore
+import NIOPosix
+package import PostgresNIO
+import ServiceLifecycle
+import Synchronization
+import ZeroMQ
+
+/// A durable service's PostgreSQL database, written by code it shares with its SQLite file
+/// (``SQLSession``): what several service processes, on several machines, share.
+///
+/// Each write is one transaction, answered once committed (durable); its result is kept in
+/// `replies` in the same transaction, so a request sent again, to this process or another,
+/// is written once. The code of a write is synchronous, as SQLite's is: it runs on a thread of
+/// its own (``PostgresConnections``), one per connection, waiting for each statement's answer.
+/// Writes that change the same rows wait for each other by the locks their code takes
+/// (``SQLSession/lockingRead``); the others run side by side.
+///
+/// The schema (`migrations`, in the PostgreSQL schema `schema`, so several services can share
+/// one database) is put in place before the first write, and again after a failure.
+package actor PostgresWriter {
+    package let settings: PostgresSettings
+    private let schema: String
+    private let migrations: [String]
+    private let lockKey: Int64
+    private let replyWindow: Duration
+    private let logger: Logger
+    /// The connections and the threads writes run on: a part of the service's process, run
+    /// before its work and stopped after it.
+    package nonisolated let connections: PostgresConnections
+    private var migrated = false
+    private var lastPruned = ContinuousClock.now
+
+    /// `migrations` must create a `replies (request TEXT PRIMARY KEY, result TEXT, written_at
+    /// DOUBLE PRECISION)` table (``repliesTable``); `lockKey` is the advisory lock migrating takes.
+    package init(settings: PostgresSettings, schema: String, migrations: [String], lockKey: Int64, replyWindow: Duration, logger: Logger) throws(StorageFailure) {
+        (self.settings, self.schema, self.migrations, self.lockKey, self.replyWindow, self.logger) = (settings, schema, migrations, lockKey, replyWindow, logger)
+        connections = PostgresConnections(client: try settings.makeClient(logger: logger, searchPath: schema), threads: max(1, settings.poolSize))
+    }
+
+    /// The table of remembered results, for a service's first migration.
+    package static let repliesTable = """
+        CREATE TABLE replies (request TEXT PRIMARY KEY, result TEXT NOT NULL, written_at DOUBLE PRECISION NOT NULL);
+        CREATE INDEX replies_by_time ON replies(written_at);
+        """
+
+    /// Waits until the database answers and its schema is in place (trying again with back-off).
+    package func waitUntilReady() async {
+        await connections.started()
+        await PostgresSchema.waitUntilReady(settings, logger: logger) { try await migrate() }
+    }
+
+    private func migrate() async throws {
+        guard !migrated else { return }
+        let client = connections.client, schema = schema, migrations = migrations, lockKey = lockKey, logger = logger
+        try await settings.bounded { try await PostgresSchema.migrate(client, schema: schema, migrations: migrations, lockKey: lockKey, logger: logger) }
+        migrated = true
+    }
+
+    // MARK: Writes and reads
+
+    /// Runs `apply` in a transaction and answers its result once committed; for a `request`
+    /// already written, the result it had (and `apply` does not run).
+    package func write(request: String?, _ apply: @escaping @Sendable (any SQLSession) throws -> JSONValue) async throws -> JSONValue {
+        let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60) ? Date().timeIntervalSince1970 - replyWindow.seconds : nil
+        if forgetBefore != nil { lastPruned = .now }
+        do {
+            try await migrate()
+            return try await connections.transaction(settings, logger: logger) { session in
+                if let forgetBefore { try session.execute("DELETE FROM replies WHERE written_at < ?", [forgetBefore]) }
+                if let request, let remembered = try session.row("SELECT result FROM replies WHERE request = ?", [request]) {
+                    return try JSONValue(parsing: try remembered.blob("result"))
+                }
+                let result = try apply(session)
+                if let request {
+                    // A copy written meanwhile by another process makes this insert fail, and
+                    // the whole transaction with it: its result is answered below.
+                    try session.execute("INSERT INTO replies (request, result, written_at) VALUES (?, ?, ?)",
+                                        [request, String(decoding: result.jsonBytes, as: UTF8.self), Date().timeIntervalSince1970])
+                }
+                return result
+            }
+        } catch let refusal as JSONRPCError {
+            // Refused by the write itself: rolled back, not a storage failure.
+            throw refusal
+        } catch let duplicate as PSQLError where duplicate.isUniqueViolation && request != nil {
+            if let request, let remembered = try await remembered(request) { return try JSONValue(parsing: remembered) }
+            throw settings.failure(duplicate).rpcError
+        } catch {
+            migrated = false
+            throw settings.failure(error).rpcError
+        }
+    }
+
+    /// Runs `body` on a connection of its own, outside a write.
+    package func read<T: Sendable>(_ body: @escaping @Sendable (any SQLSession) throws -> T) async throws -> T {
+        do {
+            try await migrate()
+            return try await connections.transaction(settings, logger: logger, body)
+        } catch let error as JSONRPCError {
+            throw error
+        } catch {
+            migrated = false
+            throw settings.failure(error).rpcError
+        }
+    }
+
+    /// The result kept for `request`, if any.
+    package func remembered(_ request: String) async throws -> [UInt8]? {
+        try await read { session in try session.row("SELECT result FROM replies WHERE request = ?", [request]).map { try $0.blob("result") } }
+    }
+}
+
+/// A PostgreSQL service's connections, and a thread for each to run a transaction's
+/// synchronous code on: a part of the service's process (its `ServiceGroup`, or a test's).
+package struct PostgresConnections: Service {
+    package let client: PostgresClient
+    let threads: NIOThreadPool
+    /// Opened once ``run()`` has started the threads (and is starting the connections).
+    private let running = Latch()
+
+    init(client: PostgresClient, threads: Int) {
+        self.client = client
+        self.threads = NIOThreadPool(numberOfThreads: threads)
+    }
+
+    /// Keeps the connections and threads until graceful shutdown (or cancellation).
+    package func run() async throws {
+        threads.start()
+        running.open()
+        await client.run()
+        try await threads.shutdownGracefully()
+    }
+
+    /// Returns once ``run()`` has started: the process's group starts its parts together, and
+    /// a connection asked for before is refused.
+    func started() async {
+        await running.wait()
+    }
+
+    /// Runs `body` in one transaction on a connection of the pool, on a thread of its own,
+    /// within the settings' operation timeout: committed when it returns, rolled back when it
+    /// throws.
+    func transaction<T: Sendable>(_ settings: PostgresSettings, logger: Logger, _ body: @escaping @Sendable (any SQLSession) throws -> T) async throws -> T {
+        let client = client, threads = threads, timeout = settings.operationTimeout
+        return try await settings.bounded {
+            try await client.withConnection { connection in
+                try await threads.runIfActive {
+                    let session = PostgresSession(connection: connection, timeout: timeout, logger: logger)
+                    try session.execute("BEGIN", [])
+                    do {
+                        let result = try body(session)
+                        try session.execute("COMMIT", [])
+                        return result
+                    } catch {
+                        session.rollBack()
+                        throw error
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waiters let go once it opens (or once they are cancelled); open for good after.
+    private final class Latch: Sendable {
+        private struct State {
+            var open = false
+            var next = 0
+            var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        }
+        private let state = Mutex(State())
+
+        func open() {
+            let waiters = state.withLock { state in
+                state.open = true
+                defer { state.waiters = [:] }
+                return state.waiters.values
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+
+        func wait() async {
+            let id = state.withLock { state in
+                defer { state.next += 1 }
+                return state.next
+            }
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { waiter in
+                    let letGo = state.withLock { state in
+                        if !state.open && !Task.isCancelled { state.waiters[id] = waiter }
+                        return state.open || Task.isCancelled
+                    }
+                    if letGo { waiter.resume() }
+                }
+            } onCancel: {
+                state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+            }
+        }
+    }
+}
+
+/// A transaction on one PostgreSQL connection, for code written against ``SQLSession``: each
+/// statement waits, on the calling thread (never one of Swift's concurrency pool), for its
+/// answer, or gives up after `timeout` and closes the connection.
+final class PostgresSession: SQLSession {
+    let connection: PostgresConnection
+    let timeout: Duration
+    let logger: Logger
+    /// Set once a statement timed out or the connection failed: nothing more is sent on it.
+    private var broken = false
+
+    init(connection: PostgresConnection, timeout: Duration, logger: Logger) {
+        (self.connection, self.timeout, self.logger) = (connection, timeout, logger)
+    }
+
+    var lockingRead: String { " FOR UPDATE" }
+
+    func lockAll(_ key: Int64) throws {
+        try execute("SELECT pg_advisory_xact_lock(?)", [Int(key)])
+    }
+
+    @discardableResult
+    func execute(_ sql: String, _ arguments: [any SQLArgument]) throws -> Int {
+        Int(try run(sql, arguments).metadata.rows ?? 0)
+    }
+
+    func rows(_ sql: String, _ arguments: [any SQLArgument]) throws -> [SQLRow] {
+        try run(sql, arguments).rows.map { row in
+            var columns: [String] = [], values: [SQLValue] = []
+            for cell in row {
+                columns.append(cell.columnName)
+                values.append(try Self.value(cell))
+            }
+            return SQLRow(columns: columns, values: values)
+        }
+    }
+
+    /// Ends a failed transaction (a connection that broke is closed instead: the server
+    /// rolls back what it had).
+    func rollBack() {
+        if broken {
+            connection.close().whenComplete { _ in }
+        } else {
+            _ = try? execute("ROLLBACK", [])
+        }
+    }
+
+    private func run(_ sql: String, _ arguments: [any SQLArgument]) throws -> PostgresQueryResult {
+        guard !broken else { throw ConnectionLost() }
+        var bindings = PostgresBindings(capacity: arguments.count)
+        for argument in arguments {
+            switch argument.sqlValue {
+            case .null: bindings.appendNull()
+            case .integer(let value): bindings.append(value)
+            case .real(let value): bindings.append(value)
+            case .text(let value): bindings.append(value)
+            case .blob(let value): bindings.append(ByteBuffer(bytes: value))
+            }
+        }
+        let query = PostgresQuery(unsafeSQL: Self.numbered(sql), binds: bindings)
+        let answered = DispatchSemaphore(value: 0)
+        let outcome = Mutex<Result<PostgresQueryResult, any Error>?>(nil)
+        connection.query(query, logger: logger).whenComplete { result in
+            outcome.withLock { $0 = result }
+            answered.signal()
+        }
+        guard answered.wait(timeout: .now() + .nanoseconds(Int(timeout.nanoseconds))) == .success else {
+            broken = true
+            throw PostgresTimedOut(after: timeout)
+        }
+        let result = outcome.withLock { $0 }!
+        if case .failure(let error as PSQLError) = result, error.code != .server { broken = true }
+        return try result.get()
+    }
+
+    private struct ConnectionLost: Error, CustomStringConvertible {
+        var description: String { "the connection to the database was lost" }
+    }
+
+    /// `?` placeholders as PostgreSQL numbers them (`$1`, `$2`, ...), outside quoted text.
+    static func numbered(_ sql: String) -> String {
+        var out = "", number = 0, quoted = false
+        out.reserveCapacity(sql.utf8.count + 16)
+        for character in sql {
+            if character == "'" { quoted.toggle() }
+            if character == "?", !quoted {
+                number += 1
+                out += "$\(number)"
+            } else {
+                out.append(character)
+            }
+        }
+        return out
+    }
+
+    private static func value(_ cell: PostgresCell) throws -> SQLValue {
+        guard cell.bytes != nil else { return .null }
+        switch cell.dataType {
+        case .int2, .int4, .int8: return .integer(try cell.decode(Int64.self))
+        case .float4, .float8: return .real(try cell.decode(Double.self))
+        case .bool: return .integer(try cell.decode(Bool.self) ? 1 : 0)
+        case .bytea: return .blob(Array(buffer: try cell.decode(ByteBuffer.self)))
+        default: return .text(try cell.decode(String.self))
+        }
+    }
+}
