@@ -5,6 +5,7 @@ import Catalog
 import Contracts
 import Foundation
 import Supervisor
+import SwitchboardTestSupport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -27,10 +28,13 @@ struct ChaosLog {
 }
 
 /// Kills a process of the bus (SIGKILL) at seeded random intervals and waits until `up`
-/// has restarted it and it serves again before the next one.
+/// has restarted it and it serves again before the next one. The victim "database" is the
+/// soak's PostgreSQL server: stopped at once, as a crash would, and started again.
 struct Chaos {
-    /// The kernel and the busiest services are drawn more often.
-    static let victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo", "gateway", "streams"]
+    /// Drawn from at each kill: by default the kernel and the busiest services more often.
+    var victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo", "gateway", "streams"]
+    /// The streams service's PostgreSQL server (the victim "database").
+    var database: TestPostgres?
     /// A request each service answers, to see it serving again.
     static let probes = [Call(EchoAPI.echo, [:]), Call(StoreAPI.historyList, .init()), Call(FetcherAPI.datasetsList),
                          Call(SearchAPI.sourcesList, .init()), Call(PricingAPI.dealsToday, .init()), Call(StreamsAPI.streamList)]
@@ -56,9 +60,13 @@ struct Chaos {
     mutating func run(until end: Date, killEvery interval: ClosedRange<Double>) async {
         while true {
             let wait = Double.random(in: interval, using: &random)
-            let victim = Self.victims.randomElement(using: &random)!
+            let victim = victims.randomElement(using: &random)!
             guard Date().addingTimeInterval(wait) < end else { return }
             try? await Task.sleep(for: .milliseconds(Int(wait * 1000)))
+            if victim == "database", let database {
+                await crashAndRestart(database, since: started)
+                continue
+            }
             guard let pid = processes.pieces()[victim] else { continue }
             kill(pid, SIGKILL)
             let killedAt = Date()
@@ -68,6 +76,24 @@ struct Chaos {
             say(String(format: "%6.1f s  killed %@ (pid %d): %@", killedAt.timeIntervalSince(started), victim, pid,
                          recovered ? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
         }
+    }
+
+    /// Stops the database at once (`pg_ctl stop -m immediate`: what it acknowledged is in its
+    /// log, nothing else is flushed), starts it again, and waits until the streams service
+    /// answers through it again.
+    private mutating func crashAndRestart(_ database: TestPostgres, since started: Date) async {
+        let pid = database.pid ?? 0
+        let killedAt = Date()
+        var problem: String?
+        do { try database.restart() } catch { problem = "\(error)" }
+        let recovered = await waitUntil(60) { [probe] in
+            guard let call = Self.probes.first(where: { $0.service == "streams" }) else { return false }
+            return (try? await call.send(probe)) != nil
+        }
+        log.kills.append(.init(at: killedAt.timeIntervalSince(started), piece: "database", pid: pid,
+                               recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil))
+        say(String(format: "%6.1f s  killed database (pid %d)%@: %@", killedAt.timeIntervalSince(started), pid, problem.map { ", restart failed: \($0)" } ?? "",
+                     recovered ? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
     }
 
     /// Whether a new process of `piece` runs and the bus serves through it.

@@ -42,6 +42,8 @@ struct Soak: AsyncParsableCommand {
     var etcd = false
     @Flag(help: "Run the store on a PostgreSQL server the soak starts on loopback (and stops), instead of SQLite.")
     var postgres = false
+    @Flag(help: "Aim at the streams service: run it on a PostgreSQL server the soak starts on loopback (and stops), with three publishers and a group of three readers on its stream, and kill the streams service, its database (its PostgreSQL server stopped at once, as a crash would, and started again) and the kernel (with --postgres, the store too).")
+    var streams = false
     @Flag(help: "No kills: instead a hostile client (huge ttl, amplifying batches, a subscriber and SSE streams that never read, slow requests, replies in parts nobody reads), one case after another, beside the ordinary load; a bystander's latency is measured in each case, and once it has left the memory of the kernel, the gateway and the echo worker must come back within 1.5x of their start, with no process restarted. Needs --duration of at least 80.")
     var hostile = false
     @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
@@ -66,10 +68,16 @@ struct Soak: AsyncParsableCommand {
         defer { stateEtcd?.stop() }
         if let stateEtcd { say("the state in etcd at \(stateEtcd.clientURLs.joined(separator: ","))") }
         let configurations = try writeSoakConfiguration(in: folder, pair: pair, linked: stateEtcd == nil)
-        // The store's database: the configuration's SQLite file, or a PostgreSQL server of the soak's own.
-        let database = postgres ? try await TestPostgres.start() : nil
-        defer { database?.stop() }
-        if let database { say("the store on PostgreSQL at 127.0.0.1:\(database.port)") }
+        guard !streams || !(pair || hostile) else { throw ValidationError("--streams is for one bus with kills: not with --pair or --hostile") }
+        // The databases of the store (--postgres) and the streams service (--streams): the
+        // configuration's SQLite files, or a PostgreSQL server of the soak's own for each (the
+        // chaos kills the streams service's alone).
+        let storeDatabase = postgres ? try await TestPostgres.start() : nil
+        defer { storeDatabase?.stop() }
+        let streamsDatabase = streams ? try await TestPostgres.start() : nil
+        defer { streamsDatabase?.stop() }
+        if let storeDatabase { say("the store on PostgreSQL at 127.0.0.1:\(storeDatabase.port)") }
+        if let streamsDatabase { say("the streams service on PostgreSQL at 127.0.0.1:\(streamsDatabase.port)") }
         let kernels = configurations.map { KernelPorts(ports: $0.ports) }
         if hostile {
             // The hostile client has a client key of its own, as another user would: the
@@ -81,7 +89,7 @@ struct Soak: AsyncParsableCommand {
         say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers"
             + (hostile ? ", a hostile client instead of kills" : ", a kill every \(killMin)-\(killMax) s")
             + (pair ? ", a kernel pair: each kill is the active kernel's" : ""))
-        say("replay with --seed \(seed)\(pair ? " --pair" : "")\(etcd ? " --etcd" : "")\(postgres ? " --postgres" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
+        say("replay with --seed \(seed)\(pair ? " --pair" : "")\(etcd ? " --etcd" : "")\(postgres ? " --postgres" : "")\(streams ? " --streams" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
 
         var buses: [(up: Process, processes: BusProcesses, log: URL, logHandle: FileHandle)] = []
         for (index, configuration) in configurations.enumerated() {
@@ -94,8 +102,9 @@ struct Soak: AsyncParsableCommand {
             let lifeline = Pipe()
             up.arguments = ["up", "--config", configuration.config.path, "--lifeline-fd", "0"]
             var environment: [String: String] = [:]
-            if let database {
-                environment = ["SWITCHBOARD_STORE_BACKEND": "postgres", "SWITCHBOARD_STORE_URL": database.url(), "SWITCHBOARD_STORE_TLS": "disable"]
+            for (section, database) in [("STORE", storeDatabase), ("STREAMS", streamsDatabase)] {
+                guard let database else { continue }
+                environment.merge(["SWITCHBOARD_\(section)_BACKEND": "postgres", "SWITCHBOARD_\(section)_URL": database.url(), "SWITCHBOARD_\(section)_TLS": "disable"]) { $1 }
             }
             if let stateEtcd {
                 environment["SWITCHBOARD_KERNEL_STATE_BACKEND"] = "etcd"
@@ -125,14 +134,16 @@ struct Soak: AsyncParsableCommand {
         let signals = Signals.forward { signal in
             say("interrupted by signal \(signal): stopping the bus")
             for bus in running where !bus.processes.stop(bus.up, grace: 30) { say("the bus did not stop within 30 s of SIGTERM: killed") }
-            database?.stop()
+            storeDatabase?.stop()
+            streamsDatabase?.stop()
             if !keep { try? FileManager.default.removeItem(at: folder) }
             Glibc.exit(128 + signal)
         }
         defer { signals.forEach { $0.cancel() } }
         var report = SoakReport(seed: seed, duration: duration, clients: clients, subscribers: subscribers)
         do {
-            report = try await drive(kernels: kernels, keys: busKeyFolder(in: folder), buses: buses.map(\.processes), logs: buses.map(\.log), seed: seed, report: report)
+            report = try await drive(kernels: kernels, keys: busKeyFolder(in: folder), buses: buses.map(\.processes), logs: buses.map(\.log), streamsDatabase: streamsDatabase,
+                                 seed: seed, report: report)
         } catch {
             say("\(error)")
             report.problems.append("\(error)")
@@ -154,7 +165,8 @@ struct Soak: AsyncParsableCommand {
         if !report.passed { throw ExitCode(1) }
     }
 
-    private func drive(kernels: [KernelPorts], keys: KeyFolder, buses: [BusProcesses], logs: [URL], seed: UInt64, report: SoakReport) async throws -> SoakReport {
+    private func drive(kernels: [KernelPorts], keys: KeyFolder, buses: [BusProcesses], logs: [URL], streamsDatabase: TestPostgres?, seed: UInt64,
+                       report: SoakReport) async throws -> SoakReport {
         let brokers = kernels.map(\.broker), states = kernels.map(\.state)
         var report = report
         // `up` runs with CURVE on and makes the keys when it starts: the soak's clients use
@@ -291,13 +303,19 @@ struct Soak: AsyncParsableCommand {
                 try? await Task.sleep(for: .milliseconds(20))
             }
         }
-        // A publisher and a consumer group of two readers on one stream.
+        // Publishers and a consumer group of readers on one stream (one and two; three and
+        // three with --streams), each with its own connection.
         let streams = StreamsCheck()
+        let (publishers, streamReaderCount) = self.streams ? (3, 3) : (1, 2)
         var streamClients: [BusClient] = []
-        for _ in 0..<3 { streamClients.append(try await BusClient(brokers: brokers, timeout: timeout, curve: curve, state: states)) }
+        for _ in 0..<(publishers + streamReaderCount) {
+            streamClients.append(try await BusClient(brokers: brokers, timeout: timeout, curve: curve, state: states))
+        }
         guard await streams.prepare(streamClients[0]) else { throw SoakFailure("the streams service did not take the soak's stream within 60 s") }
-        let streamPublisher = Task { [streamClients] in await streams.publish(streamClients[0], publisher: 0, until: loadEnds) }
-        let streamReaders = streamClients.dropFirst().map { client in Task { await streams.read(client) } }
+        let streamPublishers = streamClients.prefix(publishers).enumerated().map { index, client in
+            Task { await streams.publish(client, publisher: index, until: loadEnds) }
+        }
+        let streamReaders = streamClients.dropFirst(publishers).map { client in Task { await streams.read(client) } }
         // The cases take all but the last 20 s, in which the bus gives its memory back beside the ordinary load.
         let memoryAtStart = report.memoryAtStart, phases = duration - 20
         let hostileRun = hostile ? Task {
@@ -311,6 +329,10 @@ struct Soak: AsyncParsableCommand {
                 return chaos.log
             }
             var chaos = Chaos(seed: seed, processes: buses[0], probe: probe, services: services, gatewayPort: kernels[0].gatewayPort, started: started)
+            if self.streams {
+                chaos.victims = ["streams", "streams", "kernel", "database"] + (postgres ? ["store"] : [])
+                chaos.database = streamsDatabase
+            }
             await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
             return chaos.log
         }
@@ -325,7 +347,7 @@ struct Soak: AsyncParsableCommand {
         await partsLoop.value
         // The group works through what was published (a message whose reader's answer was
         // lost comes back after its ack wait).
-        await streamPublisher.value
+        for publisher in streamPublishers { await publisher.value }
         _ = await waitUntil(30) { streams.allDone }
         streams.stopReading()
         for reader in streamReaders { await reader.value }

@@ -79,6 +79,12 @@ public final class TestPostgres: @unchecked Sendable {
         try? FileManager.default.removeItem(at: folder)
     }
 
+    /// The server's process (its postmaster), while it runs.
+    public var pid: Int32? {
+        guard running, let text = try? String(contentsOf: folder.appendingPathComponent("data/postmaster.pid"), encoding: .utf8) else { return nil }
+        return text.split(separator: "\n").first.flatMap { Int32($0) }
+    }
+
     /// The server's log so far.
     public var log: String { (try? String(contentsOf: folder.appendingPathComponent("server.log"), encoding: .utf8)) ?? "" }
 
