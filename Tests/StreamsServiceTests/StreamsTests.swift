@@ -282,7 +282,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("a fetch that waits is answered with a message published while it waited; a fetch sent again is answered with the same messages", arguments: Backend.available)
+    @Test("a fetch that waits is answered with a message published while it waited; a fetch, a publish and a delete sent again are answered as the first time and applied once", arguments: Backend.available)
     func waitingAndResent(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "news", subjects: ["news."]))
@@ -295,7 +295,7 @@ struct StreamsTests {
             try await bus.publish("news.flash", "again")
             // The same request (client and id) twice, as a client re-sends one after a kernel
             // failover: one batch, handed out once.
-            let body = JSONRPCRequest(id: .number(7), method: API.fetch.name, params: ["stream": "news", "consumer": "reader"], client: "re-sender").jsonBytes
+            let body = JSONRPCRequest(id: .number(900_007), method: API.fetch.name, params: ["stream": "news", "consumer": "reader"], client: "re-sender").jsonBytes
             var answers: [JSONValue] = []
             for _ in 0..<2 {
                 let reply = try await bus.client.call(service: API.service, body: [Frame(body)])
@@ -304,6 +304,21 @@ struct StreamsTests {
             #expect(answers[0] == answers[1] && answers[0]["messages"]?.arrayValue?.count == 1)
             let info = try await bus.client.call(API.consumerInfo, .init(stream: "news", name: "reader"))
             #expect(info.delivered == 2 && info.pending == 2)
+
+            // A publish and a delete sent again: the publish kept once, and the delete answered
+            // as it was the first time (not "no stream"), the stream gone once. (Ids the
+            // client's own calls never reach: it would take their replies for its own.)
+            for (id, method, params) in [(900_008, API.publish.name, ["subject": "news.flash", "data": "once"] as JSONValue),
+                                         (900_009, API.streamDelete.name, ["name": "news"] as JSONValue)] {
+                let body = JSONRPCRequest(id: .number(Int64(id)), method: method, params: params, client: "re-sender").jsonBytes
+                var answers: [JSONValue] = []
+                for _ in 0..<2 {
+                    let reply = try await bus.client.call(service: API.service, body: [Frame(body)])
+                    answers.append(try #require(try JSONRPC.parseResponses(reply[0].bytes).first).outcome.get())
+                }
+                #expect(answers[0] == answers[1], "\(method): \(answers)")
+            }
+            #expect(try await bus.client.call(API.streamList).streams.isEmpty)
         }
     }
 

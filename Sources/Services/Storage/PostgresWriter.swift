@@ -13,10 +13,10 @@ import ZeroMQ
 ///
 /// Each write is one transaction, answered once committed (durable); its result is kept in
 /// `replies` in the same transaction, so a request sent again, to this process or another,
-/// is written once. The code of a write is synchronous, as SQLite's is: it runs on a thread of
+/// is written once and answered with that result (``RepliesCheckedByWrites``). The code of a write is synchronous, as SQLite's is: it runs on a thread of
 /// its own (``PostgresConnections``), one per connection, waiting for each statement's answer.
 /// Writes that change the same rows wait for each other by the locks their code takes
-/// (``SQLSession/lockingRead``); the others run side by side.
+/// (``SQLSession/lockingRead(of:)``); the others run side by side.
 ///
 /// The schema (`migrations`, in the PostgreSQL schema `schema`, so several services can share
 /// one database) is put in place before the first write, and again after a failure.
@@ -68,22 +68,26 @@ package actor PostgresWriter {
         if forgetBefore != nil { lastPruned = .now }
         do {
             try await migrate()
-            return try await connections.transaction(settings, logger: logger) { session in
+            return try await connections.session(settings, logger: logger, transaction: true) { session in
                 if let forgetBefore { try session.execute("DELETE FROM replies WHERE written_at < ?", [forgetBefore]) }
-                if let request, let remembered = try session.row("SELECT result FROM replies WHERE request = ?", [request]) {
-                    return try JSONValue(parsing: try remembered.blob("result"))
-                }
+                // A request already written is not looked up first: its second effect makes this
+                // insert fail on its key (waiting, if it is being written, for that to commit),
+                // and the whole transaction with it; or the effect is refused (what it deletes
+                // is gone). Either way the result written first is answered, below.
                 let result = try apply(session)
                 if let request {
-                    // A copy written meanwhile by another process makes this insert fail, and
-                    // the whole transaction with it: its result is answered below.
                     try session.execute("INSERT INTO replies (request, result, written_at) VALUES (?, ?, ?)",
                                         [request, String(decoding: result.jsonBytes, as: UTF8.self), Date().timeIntervalSince1970])
                 }
                 return result
             }
         } catch let refusal as JSONRPCError {
-            // Refused by the write itself: rolled back, not a storage failure.
+            // Refused by the write itself: rolled back, not a storage failure. The same
+            // request written first, by another process, may be what refused it (a stream it
+            // deleted): then it is answered with that one's result.
+            if let request, refusal.code != JSONRPCError.storageFailedCode, let remembered = try? await remembered(request) {
+                return try JSONValue(parsing: remembered)
+            }
             throw refusal
         } catch let duplicate as PSQLError where duplicate.isUniqueViolation && request != nil {
             if let request, let remembered = try await remembered(request) { return try JSONValue(parsing: remembered) }
@@ -94,11 +98,12 @@ package actor PostgresWriter {
         }
     }
 
-    /// Runs `body` on a connection of its own, outside a write.
+    /// Runs `body` on a connection of its own, outside a write: each statement alone (read
+    /// committed, as in a transaction, without the round trips that begin and end one).
     package func read<T: Sendable>(_ body: @escaping @Sendable (any SQLSession) throws -> T) async throws -> T {
         do {
             try await migrate()
-            return try await connections.transaction(settings, logger: logger, body)
+            return try await connections.session(settings, logger: logger, transaction: false, body)
         } catch let error as JSONRPCError {
             throw error
         } catch {
@@ -140,15 +145,17 @@ package struct PostgresConnections: Service {
         await running.wait()
     }
 
-    /// Runs `body` in one transaction on a connection of the pool, on a thread of its own,
-    /// within the settings' operation timeout: committed when it returns, rolled back when it
-    /// throws.
-    func transaction<T: Sendable>(_ settings: PostgresSettings, logger: Logger, _ body: @escaping @Sendable (any SQLSession) throws -> T) async throws -> T {
+    /// Runs `body` on a connection of the pool, on a thread of its own, within the settings'
+    /// operation timeout; as one `transaction` (committed when it returns, rolled back when it
+    /// throws), or each statement alone.
+    func session<T: Sendable>(_ settings: PostgresSettings, logger: Logger, transaction: Bool,
+                              _ body: @escaping @Sendable (any SQLSession) throws -> T) async throws -> T {
         let client = client, threads = threads, timeout = settings.operationTimeout
         return try await settings.bounded {
             try await client.withConnection { connection in
                 try await threads.runIfActive {
                     let session = PostgresSession(connection: connection, timeout: timeout, logger: logger)
+                    guard transaction else { return try body(session) }
                     try session.execute("BEGIN", [])
                     do {
                         let result = try body(session)
@@ -215,7 +222,7 @@ final class PostgresSession: SQLSession {
         (self.connection, self.timeout, self.logger) = (connection, timeout, logger)
     }
 
-    var lockingRead: String { " FOR UPDATE" }
+    func lockingRead(of table: String) -> String { " FOR UPDATE OF \(table)" }
 
     func lockAll(_ key: Int64) throws {
         try execute("SELECT pg_advisory_xact_lock(?)", [Int(key)])

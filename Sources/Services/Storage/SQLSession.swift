@@ -99,10 +99,10 @@ package protocol SQLSession {
     func execute(_ sql: String, _ arguments: [any SQLArgument]) throws -> Int
     /// Runs a query; answers its rows.
     func rows(_ sql: String, _ arguments: [any SQLArgument]) throws -> [SQLRow]
-    /// What to append to a `SELECT` of a row the transaction will change, so that writers on
-    /// other connections wait for this one (" FOR UPDATE" on PostgreSQL; SQLite has one
-    /// writer at a time already).
-    var lockingRead: String { get }
+    /// What to append to a `SELECT` of rows of `table` (its name or alias in the query) the
+    /// transaction will change, so that writers on other connections wait for this one
+    /// (" FOR UPDATE OF table" on PostgreSQL; SQLite has one writer at a time already).
+    func lockingRead(of table: String) -> String
     /// Makes the transaction's writers one at a time across every connection, until it ends,
     /// for changes no row lock covers (PostgreSQL's advisory lock `key`).
     func lockAll(_ key: Int64) throws
@@ -150,7 +150,7 @@ extension Database: SQLSession {
         }
     }
 
-    package var lockingRead: String { "" }
+    package func lockingRead(of table: String) -> String { "" }
 
     package func lockAll(_ key: Int64) throws {}
 

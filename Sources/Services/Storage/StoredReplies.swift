@@ -14,3 +14,14 @@ package struct StoredReplies: ReplyMemory {
     package func recall(_ key: RequestKey) async throws -> [UInt8]? { try await recall(key.description) }
     package func remember(_ key: RequestKey, result: [UInt8]) async {}
 }
+
+/// The ``ReplyMemory`` of a service whose every state-changing method writes through a
+/// ``SQLiteWriter`` or a ``PostgresWriter`` named by its request: the write itself answers a
+/// request written before with the result it had (SQLite looks it up in its transaction;
+/// PostgreSQL finds it when its key refuses the second copy), so nothing is recalled first, a
+/// read and its thread hops fewer per request.
+package struct RepliesCheckedByWrites: ReplyMemory {
+    package init() {}
+    package func recall(_ key: RequestKey) async throws -> [UInt8]? { nil }
+    package func remember(_ key: RequestKey, result: [UInt8]) async {}
+}

@@ -9,7 +9,7 @@ import Storage
 /// database knows (names taken, subjects held, what is pending).
 ///
 /// Writers on several PostgreSQL connections change a stream's rows one at a time: each
-/// write reads the stream's row first with ``SQLSession/lockingRead`` (`locking: true`), and
+/// write reads the stream's row first with ``SQLSession/lockingRead(of:)`` (`locking: true`), and
 /// a stream's dead-letter stream after it. Adding a stream, which must see every other
 /// stream's subjects, takes ``addingStreams``.
 enum StreamsDatabase {
@@ -67,7 +67,7 @@ enum StreamsDatabase {
 
     /// The stream `name`; `locking`: in a write that changes it (other writers wait for it).
     static func stream(_ db: Database, _ name: String, locking: Bool = false) throws -> Stream {
-        guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + (locking ? db.lockingRead : ""), [name]) else {
+        guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + (locking ? db.lockingRead(of: "streams") : ""), [name]) else {
             throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no stream \(name)", data: ["stream": .string(name)])
         }
         return try Stream(row: row)
@@ -157,7 +157,7 @@ enum StreamsDatabase {
         }
         var removed = 0
         for name in [name] + (stream.deadLetters.map { [$0] } ?? []) {
-            removed += try db.int("SELECT messages FROM streams WHERE name = ?" + db.lockingRead, [name]) ?? 0
+            removed += try db.int("SELECT messages FROM streams WHERE name = ?" + db.lockingRead(of: "streams"), [name]) ?? 0
             for table in ["messages", "message_ids", "consumers", "pending", "subjects"] {
                 try db.execute("DELETE FROM \(table) WHERE stream = ?", [name])
             }
@@ -187,11 +187,14 @@ enum StreamsDatabase {
     /// Keeps a message in the stream holding `subject`; a known id within the duplicate
     /// window answers the first one's sequence instead.
     static func publish(_ db: Database, subject: String, data: [UInt8], id: String?, now: Double) throws -> API.Published {
-        guard let name = try db.texts("SELECT stream FROM subjects WHERE substr(?, 1, length(prefix)) = prefix", [subject]).first else {
+        guard let row = try db.row("""
+            SELECT streams.* FROM subjects JOIN streams ON streams.name = subjects.stream WHERE substr(?, 1, length(subjects.prefix)) = subjects.prefix
+            """ + db.lockingRead(of: "streams"), [subject]) else {
             throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no stream holds subject \(subject)",
                                data: ["subject": .string(subject)])
         }
-        var stream = try stream(db, name, locking: true)
+        var stream = try Stream(row: row)
+        let name = stream.name
         if let id {
             try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ?", [name, now - stream.duplicateWindow])
             if let first = try db.int("SELECT seq FROM message_ids WHERE stream = ? AND id = ?", [name, id]) {
@@ -226,7 +229,8 @@ enum StreamsDatabase {
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,
     /// age), and saves its counters.
     static func trim(_ db: Database, _ stream: inout Stream, now: Double) throws {
-        while stream.messages > 0 {
+        // Within its count and bytes, only a stream with an age limit can have one to remove.
+        while stream.messages > 0, stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || stream.maxAge != nil {
             guard let oldest = try db.row("""
                 SELECT seq, subject, length(data) AS size, published_at FROM messages WHERE stream = ? ORDER BY seq LIMIT 1
                 """, [stream.name]) else { break }

@@ -48,10 +48,8 @@ public actor StreamsService: BusService {
     /// the host, they run before the service can be ready and stop after its requests.
     public nonisolated var requiredParts: [any Service] { storage.parts }
 
-    public nonisolated func makeReplyMemory() -> any ReplyMemory {
-        let storage = storage
-        return StoredReplies { try await storage.remembered($0) }
-    }
+    /// Every state-changing method writes named by its request (``write(request:_:)``).
+    public nonisolated func makeReplyMemory() -> any ReplyMemory { RepliesCheckedByWrites() }
 
     public nonisolated func methods(_ table: inout MethodTable<StreamsService>) {
         table.on(API.streamAdd) { service, params in try await service.addStream(params) }
