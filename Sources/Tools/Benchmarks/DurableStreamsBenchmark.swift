@@ -13,13 +13,14 @@ import SwitchboardTestSupport
 import ZeroMQ
 
 /// The streams service through the kernel: acknowledged publishes (each answered once its
-/// transaction is on disk) and fetch-and-acknowledge, beside what the same SQLite file takes
-/// from a plain insert loop of its own (one transaction and fsync per insert, the same file
-/// settings), in the same run.
+/// transaction is durable) and fetch-and-acknowledge, beside what the same database takes
+/// from a plain insert loop of its own, in the same run: on SQLite, a loop with one
+/// transaction and fsync per insert on a file opened the same way; on PostgreSQL (a server the
+/// benchmark starts, when installed), pgbench running a custom script of the same INSERT.
 struct DurableStreamsBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "streams",
-        abstract: "Acknowledged publishes and fetch-and-acknowledge per second through the kernel, beside SQLite's own insert loop."
+        abstract: "Acknowledged publishes and fetch-and-acknowledge per second through the kernel, beside the database's own insert loop (SQLite, PostgreSQL)."
     )
 
     @Option(help: "Seconds each measurement runs.")
@@ -32,9 +33,23 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
     func run() async throws { printTable(try await measure()) }
 
     func measure() async throws -> [Row] {
+        var rows = try await measureSQLite()
+        if TestPostgres.available {
+            let server = try await TestPostgres.start()
+            defer { server.stop() }
+            rows += try await measurePostgres(server)
+        } else {
+            progress("PostgreSQL is not installed (Debian's postgresql package): its rows are left out")
+        }
+        return rows
+    }
+
+    private var data: JSONValue { .string(String(repeating: "x", count: max(0, size - 2))) }
+
+    private func measureSQLite() async throws -> [Row] {
         let folder = try temporaryDirectory("sb-bench-streams")
         defer { try? FileManager.default.removeItem(at: folder) }
-        let data = JSONValue.string(String(repeating: "x", count: max(0, size - 2)))
+        let data = self.data
         progress("Durable streams benchmark: SQLite WAL with synchronous=FULL in \(folder.path), \(size)-byte messages, \(connections) worker connections, \(seconds) s per row")
         var rows: [Row] = []
         var baseline: [Int: Double] = [:]
@@ -48,8 +63,84 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
                             latencies: written.latencies, note: String(format: "%.2fx the loop; the service's storage alone", written.rate / plain.rate)))
         }
 
+        rows += try await throughService(StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path), baseline: baseline,
+                                         baselineName: "SQLite's own loop")
+        return rows
+    }
+
+    /// pgbench and the service's ``PostgresWriter`` alone, then the service, on `server`.
+    private func measurePostgres(_ server: TestPostgres) async throws -> [Row] {
+        progress("Durable streams benchmark: PostgreSQL (fsync on) at 127.0.0.1:\(server.port), \(size)-byte messages, \(seconds) s per row")
+        let settings = PostgresSettings(url: server.url(), poolSize: connections, tls: .disable)
+        let writer = try PostgresWriter(settings: settings, schema: "bench", migrations: [Self.postgresTable + PostgresWriter.repliesTable], lockKey: 1,
+                                        replyWindow: .seconds(600), logger: Logger(label: "bench"))
+        let connectionsRun = Task { try await writer.connections.run() }
+        defer { connectionsRun.cancel() }
+        await writer.waitUntilReady()
+        var rows: [Row] = []
+        var baseline: [Int: Double] = [:]
+        for writers in [1, 8] {
+            let plain = try pgbench(server, clients: writers)
+            baseline[writers] = plain
+            rows.append(Row("pgbench, a custom script of the same INSERT, \(writers) client\(writers == 1 ? "" : "s")", rate: plain, note: "the baseline"))
+            let bytes = Array(data.jsonBytes)
+            let written = try await measureRate(lanes: writers, seconds: seconds) { _, _ in
+                _ = try await writer.write(request: nil) { db in
+                    try db.execute("INSERT INTO messages (subject, data, published_at) VALUES (?, ?, ?)", ["bench.plain", bytes, Date().timeIntervalSince1970])
+                    return .null
+                }
+            }
+            rows.append(Row("the same through PostgresWriter, \(writers) writer\(writers == 1 ? "" : "s")", rate: written.rate, latencies: written.latencies,
+                            note: String(format: "%.2fx pgbench; the service's storage alone", written.rate / plain)))
+        }
+        rows += try await throughService(StreamsConfiguration(postgres: settings), baseline: baseline, baselineName: "pgbench")
+        return rows
+    }
+
+    /// The plain loop's table, in the schema `bench` (PostgreSQL).
+    private static let postgresTable = """
+        CREATE TABLE messages (seq BIGSERIAL PRIMARY KEY, subject TEXT NOT NULL, data BYTEA NOT NULL, published_at DOUBLE PRECISION NOT NULL);
+        """
+
+    /// pgbench's transactions a second with `clients` connections, each transaction one
+    /// INSERT of a message as large as the service's (`-n -f`, `-T` seconds).
+    private func pgbench(_ server: TestPostgres, clients: Int) throws -> Double {
+        guard let binaries = TestPostgres.binaries else { throw ValidationError("no PostgreSQL binaries") }
+        let script = FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-insert-\(getpid()).sql")
+        defer { try? FileManager.default.removeItem(at: script) }
+        try """
+            INSERT INTO bench.messages (subject, data, published_at) VALUES ('bench.plain', convert_to(repeat('x', \(max(0, size - 2))), 'UTF8'), extract(epoch from now()));
+            """.write(to: script, atomically: true, encoding: .utf8)
+        let process = Process()
+        process.executableURL = binaries.appendingPathComponent("pgbench")
+        process.arguments = ["-n", "-f", script.path, "-c", "\(clients)", "-j", "\(min(clients, 2))", "-T", "\(max(1, Int(seconds.rounded())))",
+                             "-h", "127.0.0.1", "-p", "\(server.port)", "-U", TestPostgres.user, "postgres"]
+        process.environment = ["PGPASSWORD": TestPostgres.password]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        // With no signal blocked: pgbench ends its -T run on SIGALRM.
+        try startUnblocked(process)
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        guard process.terminationStatus == 0,
+              let line = text.split(separator: "\n").first(where: { $0.hasPrefix("tps = ") }),
+              let tps = Double(line.dropFirst(6).prefix { $0.isNumber || $0 == "." }) else {
+            throw ValidationError("pgbench failed: \(text)")
+        }
+        return tps
+    }
+
+    /// Publishes, then fetches and acknowledges, through a kernel and a streams service on
+    /// `configuration`'s database; ratios to `baseline` (its loop's rate by writers).
+    private func throughService(_ configuration: StreamsConfiguration, baseline: [Int: Double], baselineName: String) async throws -> [Row] {
+        let data = self.data
+        var rows: [Row] = []
         let kernel = try await TestKernel.start()
-        let service = StreamsService(configuration: StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path))
+        let service = StreamsService(configuration: configuration)
+        let parts = service.requiredParts.map { part in Task { try await part.run() } }
+        defer { for part in parts { part.cancel() } }
+        await service.waitUntilReady()
         let host = try ServiceHost(service: service, options: .init(brokers: [kernel.endpoints.broker], connections: connections))
         try await host.start()
         let loop = try SocketLoop(context: ZMQContext(), name: "bench-clients")
@@ -66,7 +157,7 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
             }
             let ratio = published.rate / (baseline[count] ?? .nan)
             rows.append(Row("acknowledged publish (stream.publish), \(count) client\(count == 1 ? "" : "s")", rate: published.rate,
-                            latencies: published.latencies, note: String(format: "%.2fx SQLite's own loop with as many writers", ratio)))
+                            latencies: published.latencies, note: String(format: "%.2fx \(baselineName) with as many writers", ratio)))
         }
         for count in [1, 8] {
             let lanes = clients
