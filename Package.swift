@@ -469,7 +469,7 @@ let package = Package(
         .testTarget(
             name: "GatewayTests",
             dependencies: ["Contracts", 
-                "Gateway", "BusKit", "BusProtocol", "EchoService", "SwitchboardConfig", "SwitchboardTestSupport",
+                "Gateway", "BusKit", "BusProtocol", "EchoService", "StreamsService", "SwitchboardConfig", "SwitchboardTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ],
             swiftSettings: sharedSettings

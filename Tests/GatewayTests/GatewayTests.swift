@@ -7,6 +7,7 @@ import Foundation
 @testable import Gateway
 import NIOCore
 import NIOHTTP1
+import StreamsService
 import SwitchboardConfig
 import SwitchboardTestSupport
 import Testing
@@ -353,6 +354,42 @@ struct GatewayTests {
             try #require(FileManager.default.isExecutableFile(atPath: promtool.path), "no promtool: Scripts/bootstrap --tests takes it out of Debian's prometheus package")
             let checked = try await runCommand(promtool, ["check", "metrics"], input: Data(metrics.utf8))
             #expect(checked.status == 0 && checked.stdout.isEmpty && checked.stderr.isEmpty, "\(checked)")
+        }
+    }
+
+    @Test("GET /metrics carries each stream's and consumer's figures from the streams service, and the whole text passes Prometheus' checker")
+    func streamMetrics() async throws {
+        try await GatewayBed.with { bed in
+            let folder = try temporaryDirectory("gateway-streams")
+            defer { try? FileManager.default.removeItem(at: folder) }
+            let service = StreamsService(configuration: StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path))
+            let host = try ServiceHost(service: service, options: .init(brokers: [bed.kernel.endpoints.broker], connections: 1,
+                                                                        heartbeatInterval: bed.kernel.configuration.heartbeatInterval,
+                                                                        heartbeatLiveness: bed.kernel.configuration.heartbeatLiveness))
+            try await host.start()
+            try await stopping(host, with: { await $0.stop() }) { _ in
+                try await bed.kernel.workers(StreamsAPI.service)
+                _ = try await bed.bus.call(StreamsAPI.streamAdd, .init(name: "orders", subjects: ["orders."]))
+                _ = try await bed.bus.call(StreamsAPI.consumerAdd, .init(stream: "orders", name: "billing"))
+                for number in 1...3 { _ = try await bed.bus.publish(to: "orders.new", .int(Int64(number))) }
+                let fetched = try await bed.bus.call(StreamsAPI.fetch, .init(stream: "orders", consumer: "billing", batch: 2))
+                _ = try await bed.bus.call(StreamsAPI.ack, .init(stream: "orders", consumer: "billing", sequences: [fetched.messages[0].sequence]))
+
+                let metrics = try await bed.get("/metrics").text
+                for line in ["switchboard_stream_messages{stream=\"orders\"} 3", "switchboard_stream_bytes{stream=\"orders\"} 3",
+                             "switchboard_stream_messages{stream=\"orders.dead\"} 0",
+                             "switchboard_stream_consumer_pending{stream=\"orders\",consumer=\"billing\"} 1",
+                             "switchboard_stream_consumer_delivered_total{stream=\"orders\",consumer=\"billing\"} 2",
+                             "switchboard_stream_consumer_acknowledged_total{stream=\"orders\",consumer=\"billing\"} 1",
+                             "switchboard_stream_consumer_dead_lettered_total{stream=\"orders\",consumer=\"billing\"} 0"] {
+                    #expect(metrics.contains(line + "\n"), "\(line) in:\n\(metrics)")
+                }
+                #expect(metrics.contains("switchboard_gateway_rpc_requests_total"), "the gateway's own figures too")
+                let promtool = repositoryRoot().appendingPathComponent(".build/promtool/usr/bin/promtool")
+                try #require(FileManager.default.isExecutableFile(atPath: promtool.path), "no promtool: Scripts/bootstrap --tests takes it out of Debian's prometheus package")
+                let checked = try await runCommand(promtool, ["check", "metrics"], input: Data(metrics.utf8))
+                #expect(checked.status == 0 && checked.stdout.isEmpty && checked.stderr.isEmpty, "\(checked)")
+            }
         }
     }
 

@@ -151,6 +151,14 @@ struct StreamsTests {
             // A second consumer has its own position: from the start.
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "audit", filter: "orders.new"))
             #expect(try await bus.fetch("orders", "audit", batch: 100).messages.count == 10)
+            // The figures /metrics carries, per stream and consumer.
+            let metrics = try await bus.client.call(API.metrics).text
+            for line in ["switchboard_stream_messages{stream=\"orders\"} 10", "switchboard_stream_last_sequence{stream=\"orders\"} 10",
+                         "switchboard_stream_consumer_acknowledged_total{stream=\"orders\",consumer=\"billing\"} 10",
+                         "switchboard_stream_consumer_pending{stream=\"orders\",consumer=\"audit\"} 10",
+                         "switchboard_stream_consumer_pending{stream=\"orders\",consumer=\"billing\"} 0"] {
+                #expect(metrics.contains(line + "\n"), "\(line) in:\n\(metrics)")
+            }
         }
     }
 

@@ -388,6 +388,14 @@ struct Routes: Sendable {
         } catch {
             text = "# the kernel did not answer: \(error)\n"
         }
+        // Each stream's and consumer's figures, from the streams service when the bus runs one.
+        if (try? await client.hasWorkers(StreamsAPI.service, timeout: .seconds(2))) == true {
+            do {
+                text += try await client.call(StreamsAPI.metrics, timeout: .seconds(2)).text
+            } catch {
+                text += "# the streams service did not answer: \(error)\n"
+            }
+        }
         let streams = await feed.counters
         let rpc = rpcRequests.value
         let lines: [(String, String, String, Int)] = [

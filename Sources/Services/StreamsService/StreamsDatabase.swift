@@ -144,6 +144,37 @@ enum StreamsDatabase {
                        deadLetters: stream.deadLetters, created: Timestamp.format(seconds: stream.createdAt))
     }
 
+    /// Every stream's and consumer's figures in the Prometheus text format: what a stream
+    /// holds now, and what each consumer has pending and has done since it was added. Names
+    /// are letters, digits, '-', '_' and '.': label values that need no escaping.
+    static func metrics(_ db: Database) throws -> String {
+        let streams = try db.rows("SELECT name, messages, bytes, last_seq FROM streams ORDER BY name", [])
+        let consumers = try db.rows("""
+            SELECT c.stream, c.name, c.delivered, c.redelivered, c.acknowledged, c.dead_lettered, c.terminated, c.missed,
+                (SELECT COUNT(*) FROM pending p WHERE p.stream = c.stream AND p.consumer = c.name) AS pending
+            FROM consumers c ORDER BY c.stream, c.name
+            """, [])
+        var text = ""
+        func family(_ name: String, _ type: String, _ help: String, _ rows: [SQLRow], _ column: String, consumer: Bool) throws {
+            text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
+            for row in rows {
+                let labels = consumer ? "stream=\"\(try row.text("stream"))\",consumer=\"\(try row.text("name"))\"" : "stream=\"\(try row.text("name"))\""
+                text += "\(name){\(labels)} \(try row.int(column))\n"
+            }
+        }
+        try family("switchboard_stream_messages", "gauge", "Messages a stream holds.", streams, "messages", consumer: false)
+        try family("switchboard_stream_bytes", "gauge", "Bytes of data a stream holds.", streams, "bytes", consumer: false)
+        try family("switchboard_stream_last_sequence", "gauge", "A stream's last sequence: messages ever published to it.", streams, "last_seq", consumer: false)
+        try family("switchboard_stream_consumer_pending", "gauge", "Messages handed out to a consumer's readers and not yet acknowledged.", consumers, "pending", consumer: true)
+        try family("switchboard_stream_consumer_delivered_total", "counter", "Messages handed out to a consumer for the first time.", consumers, "delivered", consumer: true)
+        try family("switchboard_stream_consumer_redelivered_total", "counter", "Messages handed out again after their ack deadline or a nak.", consumers, "redelivered", consumer: true)
+        try family("switchboard_stream_consumer_acknowledged_total", "counter", "Messages acknowledged.", consumers, "acknowledged", consumer: true)
+        try family("switchboard_stream_consumer_dead_lettered_total", "counter", "Messages moved to the dead-letter stream past max deliveries.", consumers, "dead_lettered", consumer: true)
+        try family("switchboard_stream_consumer_terminated_total", "counter", "Messages terminated by a reader.", consumers, "terminated", consumer: true)
+        try family("switchboard_stream_consumer_missed_total", "counter", "Messages the stream's limits removed before the consumer had them done.", consumers, "missed", consumer: true)
+        return text
+    }
+
     static func list(_ db: Database) throws -> API.StreamList {
         API.StreamList(streams: try db.rows("SELECT * FROM streams ORDER BY name", []).map { try info(db, try Stream(row: $0)) })
     }

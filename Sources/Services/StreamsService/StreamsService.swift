@@ -55,6 +55,9 @@ public actor StreamsService: BusService {
         table.on(API.streamAdd) { service, params in try await service.addStream(params) }
         table.on(API.streamInfo) { service, params in try await service.read { db in try StreamsDatabase.info(db, try StreamsDatabase.stream(db, params.name)) } }
         table.on(API.streamList) { service, _ in try await service.read { db in try StreamsDatabase.list(db) } }
+        table.on(API.metrics) { service, _ in
+            try await service.read { db in KernelAPI.Metrics(contentType: "text/plain; version=0.0.4", text: try StreamsDatabase.metrics(db)) }
+        }
         table.on(API.streamDelete) { service, params in try await service.write { db, _ in try StreamsDatabase.deleteStream(db, params.name) } }
         table.on(API.streamPurge) { service, params in try await service.write { db, _ in try StreamsDatabase.purge(db, params.name) } }
         table.on(API.publish) { service, params in try await service.publish(params) }
