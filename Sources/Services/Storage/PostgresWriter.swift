@@ -13,8 +13,9 @@ import ZeroMQ
 ///
 /// Each write is one transaction, answered once committed (durable); its result is kept in
 /// `replies` in the same transaction, so a request sent again, to this process or another,
-/// is written once and answered with that result (``RepliesCheckedByWrites``). The code of a write is synchronous, as SQLite's is: it runs on a thread of
-/// its own (``PostgresConnections``), one per connection, waiting for each statement's answer.
+/// is written once and answered with that result (``RepliesCheckedByWrites``). The code of a
+/// write is synchronous, as SQLite's is: it runs on a thread of its own
+/// (``PostgresConnections``), one per connection, waiting for each statement's answer.
 /// Writes that change the same rows wait for each other by the locks their code takes
 /// (``SQLSession/lockingRead(of:)``); the others run side by side.
 ///
@@ -62,7 +63,7 @@ package actor PostgresWriter {
     // MARK: Writes and reads
 
     /// Runs `apply` in a transaction and answers its result once committed; for a `request`
-    /// already written, the result it had (and `apply` does not run).
+    /// already written, the result it had (what `apply` did again is rolled back).
     package func write(request: String?, _ apply: @escaping @Sendable (any SQLSession) throws -> JSONValue) async throws -> JSONValue {
         let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60) ? Date().timeIntervalSince1970 - replyWindow.seconds : nil
         if forgetBefore != nil { lastPruned = .now }
