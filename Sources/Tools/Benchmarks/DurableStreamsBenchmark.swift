@@ -80,7 +80,7 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
         var rows: [Row] = []
         var baseline: [Int: Double] = [:]
         for writers in [1, 8] {
-            let plain = try pgbench(server, clients: writers)
+            let plain = try await pgbench(server, clients: writers)
             baseline[writers] = plain
             rows.append(Row("pgbench, a custom script of the same INSERT, \(writers) client\(writers == 1 ? "" : "s")", rate: plain, note: "the baseline"))
             let bytes = Array(data.jsonBytes)
@@ -104,29 +104,23 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
 
     /// pgbench's transactions a second with `clients` connections, each transaction one
     /// INSERT of a message as large as the service's (`-n -f`, `-T` seconds).
-    private func pgbench(_ server: TestPostgres, clients: Int) throws -> Double {
+    private func pgbench(_ server: TestPostgres, clients: Int) async throws -> Double {
         guard let binaries = TestPostgres.binaries else { throw ValidationError("no PostgreSQL binaries") }
         let script = FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-insert-\(getpid()).sql")
         defer { try? FileManager.default.removeItem(at: script) }
         try """
             INSERT INTO bench.messages (subject, data, published_at) VALUES ('bench.plain', convert_to(repeat('x', \(max(0, size - 2))), 'UTF8'), extract(epoch from now()));
             """.write(to: script, atomically: true, encoding: .utf8)
-        let process = Process()
-        process.executableURL = binaries.appendingPathComponent("pgbench")
-        process.arguments = ["-n", "-f", script.path, "-c", "\(clients)", "-j", "\(min(clients, 2))", "-T", "\(max(1, Int(seconds.rounded())))",
-                             "-h", "127.0.0.1", "-p", "\(server.port)", "-U", TestPostgres.user, "postgres"]
-        process.environment = ["PGPASSWORD": TestPostgres.password]
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        // With no signal blocked: pgbench ends its -T run on SIGALRM.
-        try startUnblocked(process)
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        guard process.terminationStatus == 0,
-              let line = text.split(separator: "\n").first(where: { $0.hasPrefix("tps = ") }),
+        // runCommand starts it with no signal blocked: pgbench ends its -T run on SIGALRM.
+        let run = max(1, Int(seconds.rounded()))
+        let result = try await runCommand(binaries.appendingPathComponent("pgbench"),
+                                          ["-n", "-f", script.path, "-c", "\(clients)", "-j", "\(min(clients, 2))", "-T", "\(run)",
+                                           "-h", "127.0.0.1", "-p", "\(server.port)", "-U", TestPostgres.user, "postgres"],
+                                          environment: ["PGPASSWORD": TestPostgres.password], seconds: Double(run) + 60)
+        guard result.status == 0,
+              let line = result.stdout.split(separator: "\n").first(where: { $0.hasPrefix("tps = ") }),
               let tps = Double(line.dropFirst(6).prefix { $0.isNumber || $0 == "." }) else {
-            throw ValidationError("pgbench failed: \(text)")
+            throw ValidationError("pgbench failed: \(result)")
         }
         return tps
     }

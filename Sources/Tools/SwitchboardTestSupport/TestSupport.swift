@@ -432,7 +432,7 @@ public final class ChildProcess: @unchecked Sendable {
 /// every signal: a child that handles SIGTERM itself (the Python fixtures) never saw one, so
 /// each ``ChildProcess/stop(grace:)`` waited out its grace and sent SIGKILL. (The
 /// supervisor's own spawn sets an empty mask the same way.)
-public func startUnblocked(_ process: Process) throws {
+func startUnblocked(_ process: Process) throws {
     var empty = sigset_t(), previous = sigset_t()
     sigemptyset(&empty)
     pthread_sigmask(SIG_SETMASK, &empty, &previous)
