@@ -313,6 +313,18 @@ struct StreamsTests {
             let info = try await bus.client.call(API.consumerInfo, .init(stream: "news", name: "reader"))
             #expect(info.delivered == 2 && info.pending == 2)
 
+            // A fetch that may wait a minute, sent again once answered: its first answer comes
+            // back at once (nothing is ready for a second look), well within a 20 s timeout.
+            try await bus.publish("news.flash", "late")
+            let waiting = JSONRPCRequest(id: .number(900_010), method: API.fetch.name, params: ["stream": "news", "consumer": "reader", "wait": 60],
+                                         client: "re-sender").jsonBytes
+            var againAnswers: [JSONValue] = []
+            for _ in 0..<2 {
+                let reply = try await bus.client.call(service: API.service, body: [Frame(waiting)], timeout: .seconds(20))
+                againAnswers.append(try #require(try JSONRPC.parseResponses(reply[0].bytes).first).outcome.get())
+            }
+            #expect(againAnswers[0] == againAnswers[1] && againAnswers[0]["messages"]?.arrayValue?.first?["data"] == "late")
+
             // A publish and a delete sent again: the publish kept once, and the delete answered
             // as it was the first time (not "no stream"), the stream gone once. (Ids the
             // client's own calls never reach: it would take their replies for its own.)

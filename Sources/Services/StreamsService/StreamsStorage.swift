@@ -46,6 +46,15 @@ enum StreamsStorage: Sendable {
         }
     }
 
+    /// The result written for `request`, if any.
+    func remembered(_ request: String) async throws -> [UInt8]? {
+        switch self {
+        case .sqlite(let writer): try await writer.remembered(request)
+        case .postgres(let writer): try await writer.remembered(request)
+        case .unusable(let failure): throw failure.rpcError
+        }
+    }
+
     /// Returns once the database can serve: at once for SQLite; for PostgreSQL once it answers
     /// and its schema is in place (trying again meanwhile).
     func waitUntilReady() async {
