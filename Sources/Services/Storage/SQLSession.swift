@@ -38,9 +38,10 @@ package struct SQLRow: Sendable {
     package func int(_ column: String) throws -> Int {
         switch try value(column) {
         case .integer(let value): return Int(value)
-        case .real(let value) where value == value.rounded(): return Int(value)
-        default: throw SQLRowError(column: column, problem: "is not an integer")
+        case .real(let value): if let exact = Int(exactly: value) { return exact }
+        default: break
         }
+        throw SQLRowError(column: column, problem: "is not an integer")
     }
 
     package func optionalInt(_ column: String) throws -> Int? {
