@@ -30,14 +30,17 @@ struct SBBus {
         let pricing = PricingService(busTimeout: .seconds(10), client: base.client, publisher: StatePublisher(client: base.client), catalog: catalog)
         let pricingHost = try ServiceHost(service: pricing, options: DatasetBus.hostOptions(base.kernel, connections: 2))
         let echoHost = try ServiceHost(service: EchoService(instance: "echo"), options: DatasetBus.hostOptions(base.kernel, connections: 2))
-        let streams = StreamsService(configuration: StreamsConfiguration(path: try temporaryDirectory("sb-streams").appendingPathComponent("streams.sqlite").path))
+        // Capturing the route's prices as the bundled configuration does (sb flights history).
+        var streamsConfiguration = StreamsConfiguration(path: try temporaryDirectory("sb-streams").appendingPathComponent("streams.sqlite").path)
+        streamsConfiguration.capture = [PricingAPI.routeHistoryStream: ["/pricing/route/"]]
+        let streams = StreamsService(configuration: streamsConfiguration, client: base.client)
         let streamsHost = try ServiceHost(service: streams, options: DatasetBus.hostOptions(base.kernel, connections: 1))
         try await searchHost.start()
         try await pricingHost.start()
         try await echoHost.start()
         try await streamsHost.start()
         try await base.waitForWorkers(["search", "pricing", "echo", "streams"])
-        let works = [Working(search), Working(pricing)]
+        let works = [Working(search), Working(pricing), Working(streams)]
         for work in works { await work.start() }
         try await base.startFetcher()
         let endpoints = base.kernel.endpoints
@@ -139,7 +142,7 @@ struct SBTests {
                                "snapshots.list"],
             FetcherAPI.service: ["datasets.list", "datasets.get", "datasets.refresh"],
             EchoAPI.service: ["echo", "sleep", "fail", "whoami", "count", "numbers"],
-            StreamsAPI.service: ["stream.add", "stream.info", "stream.list", "stream.metrics", "stream.delete", "stream.purge", "stream.publish", "consumer.add",
+            StreamsAPI.service: ["stream.add", "stream.info", "stream.list", "stream.metrics", "stream.messages", "stream.delete", "stream.purge", "stream.publish", "consumer.add",
                                  "consumer.info", "consumer.delete", "consumer.fetch", "consumer.next", "consumer.ack", "consumer.nak", "consumer.progress",
                                  "consumer.term"],
         ]
@@ -243,7 +246,8 @@ struct SBTests {
         #expect(try await client.call(StreamsAPI.ack, .init(stream: "contract", consumer: "reader", sequences: [1])).notPending == [1])
         #expect(try await client.call(StreamsAPI.consumerInfo, .init(stream: "contract", name: "reader")).terminated == 1)
         #expect(try await client.call(StreamsAPI.streamInfo, .init(name: "contract")).consumers == ["reader"])
-        #expect(try await client.call(StreamsAPI.streamList).streams.count == 2)
+        #expect(try await client.call(StreamsAPI.streamList).streams.filter { $0.name.hasPrefix("contract") }.count == 2)
+        #expect(try await client.call(StreamsAPI.streamMessages, .init(name: "contract", last: 1)).messages.first?.data == ["n": 1])
         #expect(try await client.call(StreamsAPI.consumerDelete, .init(stream: "contract", name: "reader")).messages == 0)
         #expect(try await client.call(StreamsAPI.streamPurge, .init(name: "contract")).messages == 1)
         #expect(try await client.call(StreamsAPI.streamDelete, .init(name: "contract")).messages == 0)
@@ -453,6 +457,20 @@ struct SBTests {
         #expect(inbound.stdout.split(separator: "\n").count == 6 && inbound.stdout.contains("50.00 EUR"))
         let selected = try await bus.sb("flights", "route", "--select", "3", "14")
         #expect(selected.status == 0 && selected.stdout.hasPrefix("Current route (priced)  55.00 EUR"))
+        // Each published price of the route is kept (captured from the state) and listed.
+        _ = try await bus.base.client.call(StreamsAPI.consumerAdd, .init(stream: PricingAPI.routeHistoryStream, name: "test", deliver: .all))
+        var prices: [String] = []
+        while !prices.contains("55.00") {
+            let fetched = try await bus.base.client.call(StreamsAPI.fetch, .init(stream: PricingAPI.routeHistoryStream, consumer: "test", batch: 10, wait: 15),
+                                                         timeout: .seconds(30))
+            try #require(!fetched.messages.isEmpty, "the route's prices so far: \(prices)")
+            prices += fetched.messages.compactMap { $0.data["value"]?["total"]?["amount"]?.stringValue }
+        }
+        let priceHistory = try await bus.sb("flights", "history")
+        #expect(priceHistory.status == 0 && priceHistory.stdout.hasPrefix("PRICED")
+                 && priceHistory.stdout.split(separator: "\n").last?.contains("55.00 EUR") == true, "\(priceHistory.stdout)")
+        let read = try await bus.sb("stream", "read", PricingAPI.routeHistoryStream, "--last", "1")
+        #expect(read.status == 0 && read.stdout.contains("/pricing/route/current"), "\(read.stdout)")
         let unrelated = try await bus.sb("flights", "route", "--select", "1", "13")
         #expect(unrelated.status == 1 && unrelated.stderr.contains("-32004"))
         #expect(try await bus.sb("flights", "route").stdout.contains("55.00 EUR"))

@@ -33,8 +33,10 @@ struct StreamsBus {
     let kernel: TestKernel
     let service: StreamsService
     let host: ServiceHost<StreamsService>
-    /// The service's database connections (PostgreSQL's), run as its process runs them.
-    let parts: [Task<Void, Never>]
+    /// The service's work (capturing the kernel's state) and its database connections
+    /// (PostgreSQL's), run as its process runs them, with the client the work uses.
+    let working: Working
+    let serviceClient: BusClient
     let client: BusClient
     let other: BusClient
     let folder: URL
@@ -52,9 +54,10 @@ struct StreamsBus {
         var configuration = StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path,
                                                  postgres: server.map { PostgresSettings(url: $0.url(), poolSize: 4, tls: .disable) })
         configure(&configuration)
-        let service = StreamsService(configuration: configuration, now: { time.now })
-        // Test support: stop() ends these tasks.
-        let parts = service.requiredParts.map { part in Task { _ = try? await part.run() } }
+        let serviceClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), state: [kernel.stateEndpoints])
+        let service = StreamsService(configuration: configuration, client: serviceClient, now: { time.now })
+        let working = Working(service)
+        await working.start()
         await service.waitUntilReady()
         let options = ServiceHost<StreamsService>.Options(brokers: [kernel.endpoints.broker], connections: 2,
                                                           heartbeatInterval: kernel.configuration.heartbeatInterval,
@@ -62,7 +65,7 @@ struct StreamsBus {
         let host = try ServiceHost(service: service, options: options)
         try await host.start()
         try await kernel.workers(API.service)
-        return StreamsBus(kernel: kernel, service: service, host: host, parts: parts,
+        return StreamsBus(kernel: kernel, service: service, host: host, working: working, serviceClient: serviceClient,
                           client: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10)),
                           other: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10)), folder: folder, time: time,
                           backend: backend, postgres: server)
@@ -73,10 +76,8 @@ struct StreamsBus {
         await host.stop()
         await client.close()
         await other.close()
-        for part in parts {
-            part.cancel()
-            await part.value
-        }
+        await working.stop()
+        await serviceClient.close()
         if !keepKernel { await kernel.stop() }
         if !keepDatabase { postgres?.stop() }
     }
@@ -447,6 +448,104 @@ struct StreamsDurabilityTests {
             bus.time.advance(30)
             #expect(try await bus.fetch("orders", "billing").messages.map(\.sequence) == [3, 4, 5, 6])
         }
+    }
+}
+
+@Suite("streams: the kernel's state captured")
+struct StreamsStateCaptureTests {
+    /// What the consumer `reader` of `stream` is handed, acknowledged, until `count` messages
+    /// came (each fetch waits for the next capture); fails if the stream goes quiet first.
+    static func take(_ count: Int, from stream: String, _ bus: StreamsBus) async throws -> [API.Message] {
+        var taken: [API.Message] = []
+        while taken.count < count {
+            let fetched = try await bus.client.call(API.fetch, .init(stream: stream, consumer: "reader", batch: 100, wait: 15), timeout: .seconds(30))
+            try #require(!fetched.messages.isEmpty, "the stream went quiet after \(taken.count) of \(count) messages")
+            taken += fetched.messages
+            _ = try await bus.ack(stream, "reader", fetched.messages.map(\.sequence))
+        }
+        return taken
+    }
+
+    /// Each message as "KEY=VALUE" ("KEY deleted"), checking the state's sequences only grow.
+    static func changes(_ messages: [API.Message]) throws -> [String] {
+        let kept = try messages.map { ($0.subject, try $0.data.decode(as: API.StateChange.self)) }
+        #expect(zip(kept, kept.dropFirst()).allSatisfy { $0.1.sequence < $1.1.sequence }, "in the state's order, each once: \(kept.map(\.1.sequence))")
+        return kept.map { subject, change in change.value.map { "\(subject)=\($0.jsonString)" } ?? "\(subject) deleted" }
+    }
+
+    @Test("a capturing stream keeps every change under its prefixes once and in order, deletions included, from the values there when it was added; it refuses publishes; stream.messages reads it; changes made while the service was down are kept after its restart, none twice",
+          arguments: Backend.available)
+    func capture(backend: Backend) async throws {
+        let bus = try await StreamsBus.start(backend: backend)
+        let state = try await BusClient(brokers: [bus.kernel.endpoints.broker], timeout: .seconds(10))
+        try await stopping(bus, with: { await $0.stop(keepKernel: true, keepDatabase: true) }) { bus in
+            try await state.publish(key: "/client/prices/a", value: 1)
+            try await state.publish(key: "/client/other/x", value: 1)
+            let info = try await bus.client.call(API.streamAdd, .init(name: "prices", subjects: ["/client/prices/"], captureState: true))
+            #expect(info.captureState == true)
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "prices", name: "reader"))
+            #expect(try Self.changes(try await Self.take(1, from: "prices", bus)) == ["/client/prices/a=1"])
+            try await state.publish(key: "/client/prices/a", value: 2)
+            try await state.publish(key: "/client/prices/b", value: ["eur": 10])
+            try await state.publish(key: "/client/other/x", value: 2)
+            let last = try await state.publish(key: "/client/prices/a", value: nil)
+            #expect(try Self.changes(try await Self.take(3, from: "prices", bus)) == ["/client/prices/a=2", #"/client/prices/b={"eur":10}"#, "/client/prices/a deleted"])
+            let captured = try await bus.client.call(API.streamInfo, .init(name: "prices"))
+            #expect(captured.messages == 4 && captured.capturedSequence == Int(last) && captured.captureGaps == 0)
+
+            let refused = await bus.failure(API.publish, .init(subject: "/client/prices/z", data: 1))
+            #expect(refused?.code == JSONRPCError.invalidParamsCode && refused?.message.contains("state") == true)
+            let bad = await bus.failure(API.streamAdd, .init(name: "bad", subjects: ["orders."], captureState: true))
+            #expect(bad?.code == JSONRPCError.invalidParamsCode && bad?.message.contains("'/'") == true)
+
+            let recent = try await bus.client.call(API.streamMessages, .init(name: "prices", last: 2))
+            #expect(recent.messages.map(\.sequence) == [3, 4] && recent.messages.allSatisfy { $0.deliveries == 0 } && recent.next == 5)
+            let onlyB = try await bus.client.call(API.streamMessages, .init(name: "prices", filter: "/client/prices/b"))
+            #expect(onlyB.messages.map(\.sequence) == [3] && onlyB.next == 5)
+            let paged = try await bus.client.call(API.streamMessages, .init(name: "prices", from: 2, max: 1))
+            #expect(paged.messages.map(\.sequence) == [2] && paged.next == 3)
+        }
+        // Changes while no streams service runs: kept once it is back, from where it stopped.
+        try await state.publish(key: "/client/prices/b", value: ["eur": 11])
+        try await state.publish(key: "/client/prices/c", value: 5)
+        let again = try await bus.restarted()
+        try await stopping(again, with: { await $0.stop() }) { bus in
+            #expect(try Self.changes(try await Self.take(2, from: "prices", bus)) == [#"/client/prices/b={"eur":11}"#, "/client/prices/c=5"])
+            guard backend == .postgres else { return }
+            // A second service on the same database follows the same stream: each change once.
+            let second = try await StreamsBus.start(kernel: bus.kernel, time: bus.time, backend: .postgres, postgres: bus.postgres)
+            try await stopping(second, with: { await $0.stop(keepKernel: true, keepDatabase: true) }) { _ in
+                for value in 1...20 { try await state.publish(key: "/client/prices/d", value: .int(Int64(value))) }
+                let kept = try Self.changes(try await Self.take(20, from: "prices", bus))
+                #expect(kept == (1...20).map { "/client/prices/d=\($0)" })
+                #expect(try await bus.client.call(API.streamInfo, .init(name: "prices")).messages == 26)
+            }
+        }
+        await state.close()
+    }
+
+    @Test("when the kernel no longer holds every change since the stream's last (its history is bounded), the keys' latest values are kept and the stream counts a gap")
+    func gap() async throws {
+        let kernel = try await TestKernel.start(fixedPorts: true) { configuration in
+            fastHeartbeats(&configuration)
+            configuration.stateHistoryChanges = 4
+        }
+        let bus = try await StreamsBus.start(kernel: kernel)
+        let state = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
+        try await stopping(bus, with: { await $0.stop(keepKernel: true) }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "counts", subjects: ["/client/counts/"], captureState: true))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "counts", name: "reader"))
+            try await state.publish(key: "/client/counts/a", value: 0)
+            #expect(try Self.changes(try await Self.take(1, from: "counts", bus)) == ["/client/counts/a=0"])
+        }
+        for value in 1...10 { try await state.publish(key: "/client/counts/\(value % 2 == 0 ? "a" : "b")", value: .int(Int64(value))) }
+        let again = try await bus.restarted()
+        try await stopping(again, with: { await $0.stop() }) { bus in
+            let kept = try Self.changes(try await Self.take(2, from: "counts", bus))
+            #expect(kept == ["/client/counts/b=9", "/client/counts/a=10"])
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "counts")).captureGaps == 1)
+        }
+        await state.close()
     }
 }
 

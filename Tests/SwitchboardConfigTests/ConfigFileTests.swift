@@ -21,6 +21,7 @@ struct ConfigFileTests {
         var defaults = ConfigFile()
         defaults.store.path = "data/store.sqlite"
         defaults.streams.path = "data/streams.sqlite"
+        defaults.streams.capture = ["route-prices": ["/pricing/route/"]]
         defaults.store.historyLimit = 100
         defaults.fetcher.attempts = 3
         #expect(try ConfigFile.load(url) == defaults)
@@ -342,6 +343,18 @@ struct ConfigFileTests {
                              ("streams:\n  pool_size: 4\n", "streams.pool_size")] {
             let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
             #expect(error?.path == path && error?.description.contains("s3cret") == false, "\(String(describing: error))")
+        }
+    }
+
+    @Test("streams.capture: stream names, each with the state's key prefixes it keeps; anything else is refused naming the key")
+    func streamsCapture() throws {
+        #expect(try ConfigFile.parse("streams:\n  capture:\n    prices: [/pricing/, /client/prices/]\n").streams.capture == ["prices": ["/pricing/", "/client/prices/"]])
+        for (text, path) in [("streams:\n  capture: [/pricing/]\n", "streams.capture"),
+                             ("streams:\n  capture:\n    prices: /pricing/\n", "streams.capture.prices"),
+                             ("streams:\n  capture:\n    prices: [pricing.]\n", "streams.capture.prices"),
+                             ("streams:\n  capture:\n    prices: []\n", "streams.capture.prices")] {
+            let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
+            #expect(error?.path == path, "\(String(describing: error))")
         }
     }
 

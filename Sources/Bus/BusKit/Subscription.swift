@@ -160,6 +160,10 @@ public final class Subscription: AsyncSequence, Sendable {
     /// Waits for the next event; nil once the subscription is cancelled.
     public func next() async throws -> SubscriptionEvent? { try await buffer.next() }
 
+    /// The next event if one is waiting, without waiting (for a reader that takes what has
+    /// arrived together in one go).
+    public func nextIfReady() -> SubscriptionEvent? { buffer.tryNext() }
+
     /// How many times the subscription resynchronised (after a kernel restart, say).
     public func resyncCount() async -> Int { await core.resyncs }
 

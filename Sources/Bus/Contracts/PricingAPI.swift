@@ -11,6 +11,11 @@ public enum PricingAPI {
         public static let dealToday = "/pricing/deal/today"
     }
 
+    /// The stream (of the `streams` service) that keeps every published price of the chosen
+    /// route, ``StateKeys/routeCurrent``'s changes: the bundled configuration has it capture
+    /// `/pricing/route/` (`streams.capture`), and `sb flights history` reads it.
+    public static let routeHistoryStream = "route-prices"
+
     public static let routeQuote = Method<Quote, RouteQuote>(service, "route.quote", "The price of a round trip: an outbound and a related inbound flight.")
     public static let routeCheapest = Method<NoParams, Cheapest>(service, "route.cheapest", "The cheapest round trip.")
     public static let routeCurrent = Method<NoParams, CurrentRoute>(service, "route.current", "The chosen route with its current price.")

@@ -19,6 +19,7 @@ public enum StreamsAPI {
     public static let streamInfo = Method<StreamName, StreamInfo>(service, "stream.info", "A stream's settings, messages, bytes, sequences and consumers (-32003: no such stream).")
     public static let streamList = Method<NoParams, StreamList>(service, "stream.list", "Every stream, dead-letter streams included.")
     public static let metrics = Method<NoParams, KernelAPI.Metrics>(service, "stream.metrics", "Each stream's messages and bytes, and each consumer's pending messages, deliveries, redeliveries, acknowledgements, dead letters and misses, in the Prometheus text format (the gateway's /metrics carries them).")
+    public static let streamMessages = Method<ReadMessages, Messages>(service, "stream.messages", "Reads a stream's messages without a consumer (nothing handed out, nothing pending): from a sequence on, or the last ones; at most max of them and 1 MiB of data.")
     public static let streamDelete = Method<StreamName, Removed>(service, "stream.delete", "Deletes a stream with its messages, its consumers and its dead-letter stream.", changesState: true)
     public static let streamPurge = Method<StreamName, Removed>(service, "stream.purge", "Deletes a stream's messages, keeping its sequence, settings and consumers (who are told what they missed).", changesState: true)
     public static let publish = Method<Publish, Published>(service, "stream.publish", "Keeps a message in the stream that holds its subject, answered once durable; with an id, a re-send within the stream's duplicate window is stored once (duplicate: true).", changesState: true)
@@ -60,12 +61,17 @@ public enum StreamsAPI {
         public var maxAge: Double?
         /// Seconds a publisher's message id is remembered (absent: 120).
         public var duplicateWindow: Double?
-
+        /// True: the stream keeps the kernel's state (12/CHP) instead of what is published:
+        /// every change of a key under its subjects (key prefixes, such as `/pricing/`) is a
+        /// message whose subject is the key and whose data is ``StateChange``, kept once, in the
+        /// state's order. Publishing to it is refused.
+        public var captureState: Bool?
 
         public init(name: String, subjects: [String], retention: Retention? = nil, maxMessages: Int? = nil, maxBytes: Int? = nil,
-                    maxAge: Double? = nil, duplicateWindow: Double? = nil) {
+                    maxAge: Double? = nil, duplicateWindow: Double? = nil, captureState: Bool? = nil) {
             (self.name, self.subjects, self.retention, self.maxMessages, self.maxBytes, self.maxAge, self.duplicateWindow)
                 = (name, subjects, retention, maxMessages, maxBytes, maxAge, duplicateWindow)
+            self.captureState = captureState
         }
     }
 
@@ -73,6 +79,24 @@ public enum StreamsAPI {
         public var name: String
 
         public init(name: String) { self.name = name }
+    }
+
+    /// Messages read without a consumer: from a sequence on, or the last ones.
+    public struct ReadMessages: Codable, Sendable {
+        public var name: String
+        /// The first sequence to read (absent: the stream's first message, or with `last`, the
+        /// last `last` messages).
+        public var from: Int?
+        /// The last this many messages (with `filter`, of those it keeps), oldest first.
+        public var last: Int?
+        /// Only subjects starting with it.
+        public var filter: String?
+        /// At most this many messages (absent: 100), and 1 MiB of data (always one message).
+        public var max: Int?
+
+        public init(name: String, from: Int? = nil, last: Int? = nil, filter: String? = nil, max: Int? = nil) {
+            (self.name, self.from, self.last, self.filter, self.max) = (name, from, last, filter, max)
+        }
     }
 
     public struct Publish: Codable, Sendable {
@@ -188,6 +212,12 @@ public enum StreamsAPI {
         /// Its dead-letter stream (absent for a dead-letter stream itself).
         public var deadLetters: String?
         public var created: String
+        /// True when it keeps the kernel's state (``StreamConfig/captureState``).
+        public var captureState: Bool?
+        /// Capturing: the state's sequence of the last change kept (0: none yet), and how many
+        /// times the kernel could not give every change since it (some were not kept).
+        public var capturedSequence: Int?
+        public var captureGaps: Int?
 
         public init(name: String, subjects: [String], retention: StreamsAPI.Retention, maxMessages: Int, maxBytes: Int, maxAge: Double?,
                     duplicateWindow: Double, messages: Int, bytes: Int, firstSequence: Int, lastSequence: Int, consumers: [String],
@@ -197,6 +227,28 @@ public enum StreamsAPI {
             (self.messages, self.bytes, self.firstSequence, self.lastSequence, self.consumers, self.deadLetters, self.created)
                 = (messages, bytes, firstSequence, lastSequence, consumers, deadLetters, created)
         }
+    }
+
+    /// What a stream that captures the kernel's state keeps for each change of a key (the
+    /// message's subject).
+    public struct StateChange: Codable, Sendable, Equatable {
+        /// The change's sequence in the kernel's state (its revision of the key).
+        public var sequence: Int
+        /// The key's new value; absent for a deletion.
+        public var value: JSONValue?
+        /// The value's bytes, when it was not JSON or larger than the stream keeps (`value` absent).
+        public var valueBytes: Int?
+
+        public init(sequence: Int, value: JSONValue?, valueBytes: Int? = nil) { (self.sequence, self.value, self.valueBytes) = (sequence, value, valueBytes) }
+    }
+
+    public struct Messages: Codable, Sendable {
+        /// In sequence order; each with `deliveries` 0 (read, not handed out).
+        public var messages: [Message]
+        /// The sequence to read from next.
+        public var next: Int
+
+        public init(messages: [Message], next: Int) { (self.messages, self.next) = (messages, next) }
     }
 
     public struct StreamList: Codable, Sendable {
@@ -256,7 +308,7 @@ public enum StreamsAPI {
         public var subject: String
         public var data: JSONValue
         public var published: String
-        /// How many times it has been handed out, this time included.
+        /// How many times it has been handed out, this time included (0: read by `stream.messages`).
         public var deliveries: Int
         /// On a dead letter: why, and where it came from.
         public var deadLetter: DeadLetter?
@@ -315,6 +367,10 @@ extension StreamsAPI.StreamConfig: NumberRanges {
 
 extension StreamsAPI.ConsumerConfig: NumberRanges {
     public static let numberRanges: [String: ClosedRange<Double>] = ["startSequence": 1...1_000_000_000_000, "ackWait": 0.001...86_400, "maxDeliver": 1...1_000]
+}
+
+extension StreamsAPI.ReadMessages: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["from": 1...1_000_000_000_000, "last": 1...1_000, "max": 1...1_000]
 }
 
 extension StreamsAPI.Fetch: NumberRanges {

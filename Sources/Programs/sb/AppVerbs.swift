@@ -393,8 +393,8 @@ struct NewsDelete: AsyncParsableCommand {
 struct Flights: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "flights",
-        abstract: "The flights app: flights with their airlines, the current route, the cheapest route.",
-        subcommands: [FlightList.self, FlightRoute.self, FlightCheapest.self],
+        abstract: "The flights app: flights with their airlines, the current route, its prices over time, the cheapest route.",
+        subcommands: [FlightList.self, FlightRoute.self, FlightHistory.self, FlightCheapest.self],
         defaultSubcommand: FlightList.self
     )
 }
@@ -470,6 +470,52 @@ struct FlightRoute: AsyncParsableCommand {
             return try await call(client, PricingAPI.routeSelect, PricingAPI.Select(outboundId: outbound, inboundId: select.count == 2 ? select[1] : nil, revision: revision))
         }) { answer in
             showRoute(title: "Current route (\(answer.status))", outbound: answer.outbound, inbound: answer.inbound, total: answer.total, message: answer.message)
+        }
+    }
+}
+
+struct FlightHistory: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "history",
+        abstract: "The chosen route's prices over time, as the streams service keeps them (stream route-prices), oldest first.",
+        discussion: """
+            Each line is one price pricing published: when, the route, its total and the total before.
+            Examples:
+              sb flights history
+              sb flights history --last 100 --json
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Option(help: "The last this many prices (default 20, at most 1000).") var last = 20
+
+    func run() async throws {
+        let asked = StreamsAPI.ReadMessages(name: PricingAPI.routeHistoryStream, last: last, filter: PricingAPI.StateKeys.routeCurrent)
+        try await withClient(connection) { client in
+            let read: Answer<StreamsAPI.Messages>
+            do {
+                read = try await call(client, StreamsAPI.streamMessages, asked)
+            } catch let failure as Failure where failure.error?.code == JSONRPCError.notFoundCode {
+                throw Failure(status: failure.status, message: failure.message
+                              + "\nThe route's prices are kept when the streams service captures /pricing/route/ into \(PricingAPI.routeHistoryStream) (streams.capture in Config/switchboard.yaml).")
+            }
+            if output.json {
+                Output.json(read.json, compact: true)
+                return
+            }
+            var rows: [[String]] = []
+            for message in read.value.messages {
+                let change = try? message.data.decode(as: StreamsAPI.StateChange.self)
+                guard let route = try? change?.value?.decode(as: PricingAPI.CurrentRoute.self) else {
+                    rows.append([message.published, "-", "(no route)", "", ""])
+                    continue
+                }
+                let legs = [route.outbound, route.inbound].compactMap { $0.map { "\($0.id) \($0.departureAirportCode)→\($0.arrivalAirportCode)" } }
+                rows.append([route.pricedAt ?? message.published, route.status, legs.joined(separator: ", "),
+                             route.total?.description ?? "-", route.previousTotal?.description ?? "-"])
+            }
+            Output.table(["PRICED", "STATUS", "ROUTE", "TOTAL", "BEFORE"], rows)
         }
     }
 }

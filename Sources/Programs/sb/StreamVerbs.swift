@@ -15,12 +15,13 @@ struct Stream: AsyncParsableCommand {
             Examples:
               sb stream add orders orders.
               sb stream pub orders.new '{"id": 7}'
+              sb stream read orders --last 10
               sb stream consumer orders billing
               sb stream fetch orders billing --batch 10 --wait 5
               sb stream sub orders billing --ack
               sb stream ack orders billing 1 2 3
             """,
-        subcommands: [StreamList.self, StreamInfo.self, StreamAdd.self, StreamDelete.self, StreamPurge.self, StreamPublish.self,
+        subcommands: [StreamList.self, StreamInfo.self, StreamAdd.self, StreamDelete.self, StreamPurge.self, StreamPublish.self, StreamRead.self,
                       StreamConsumer.self, StreamFetch.self, StreamSubscribe.self, StreamAck.self, StreamNak.self, StreamTerm.self],
         defaultSubcommand: StreamList.self
     )
@@ -65,6 +66,10 @@ struct StreamInfo: AsyncParsableCommand {
             Output.line("  messages \(info.messages) of \(info.maxMessages), bytes \(info.bytes) of \(info.maxBytes)"
                         + (info.maxAge.map { ", kept \(Output.number($0)) s" } ?? "") + ", sequences \(info.firstSequence)-\(info.lastSequence)")
             Output.line("  duplicate window \(Output.number(info.duplicateWindow)) s" + (info.deadLetters.map { ", dead letters in \($0)" } ?? ""))
+            if info.captureState == true {
+                Output.line("  captures the state under its subjects: changes to sequence \(info.capturedSequence ?? 0) kept"
+                            + (info.captureGaps.map { $0 > 0 ? ", \($0) gaps" : "" } ?? ""))
+            }
             guard !consumers.isEmpty else { return }
             Output.table(["CONSUMER", "NEXT", "WAITING", "PENDING", "DELIVERED", "REDELIVERED", "ACKED", "DEAD", "MISSED"], consumers.map { consumer in
                 [consumer.name, String(consumer.nextSequence), String(consumer.waiting), String(consumer.pending), String(consumer.delivered),
@@ -78,7 +83,11 @@ struct StreamAdd: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "add",
         abstract: "Create a stream holding the messages published to its subjects (prefixes).",
-        discussion: "Example:\n  sb stream add orders orders. --max-age 86400"
+        discussion: """
+            Examples:
+              sb stream add orders orders. --max-age 86400
+              sb stream add prices /pricing/ --capture-state   every change of the state under /pricing/
+            """
     )
 
     @OptionGroup var connection: ConnectionOptions
@@ -90,10 +99,11 @@ struct StreamAdd: AsyncParsableCommand {
     @Option(help: "At most this many bytes of data (the oldest go).") var maxBytes: Int?
     @Option(help: "Seconds a message is kept.") var maxAge: Double?
     @Option(help: "Seconds a message id is remembered, for exactly-once publishing (default 120).") var duplicateWindow: Double?
+    @Flag(help: "Keep the kernel's state instead: every change of a key under the subjects (key prefixes), the key as subject.") var captureState = false
 
     func run() async throws {
         let config = StreamsAPI.StreamConfig(name: name, subjects: subjects, retention: workQueue ? .workQueue : nil, maxMessages: maxMessages,
-                                             maxBytes: maxBytes, maxAge: maxAge, duplicateWindow: duplicateWindow)
+                                             maxBytes: maxBytes, maxAge: maxAge, duplicateWindow: duplicateWindow, captureState: captureState ? true : nil)
         try await appVerb(connection, output, { try await call($0, StreamsAPI.streamAdd, config) }) { info in
             Output.line("stream \(info.name): subjects \(info.subjects.joined(separator: " ")), \(info.messages) messages, dead letters in \(info.deadLetters ?? "-")")
         }
@@ -149,6 +159,41 @@ struct StreamPublish: AsyncParsableCommand {
         let value = (try? JSONValue(parsing: Array(data.utf8))) ?? .string(data)
         try await appVerb(connection, output, { try await call($0, StreamsAPI.publish, StreamsAPI.Publish(subject: subject, data: value, id: id)) }) { published in
             Output.line(published.duplicate ? "\(published.stream) \(published.sequence) (a duplicate: kept once)" : "\(published.stream) \(published.sequence)")
+        }
+    }
+}
+
+struct StreamRead: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "read",
+        abstract: "Read a stream's messages without a consumer (nothing is handed out or acknowledged).",
+        discussion: """
+            Prints one line per message: its sequence, subject, time and data.
+            Examples:
+              sb stream read orders                    from the first message
+              sb stream read orders --from 120 --max 50
+              sb stream read orders --last 10 --filter orders.new
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream.") var stream: String
+    @Option(help: "From this sequence (default: the first).") var from: Int?
+    @Option(help: "The last this many messages.") var last: Int?
+    @Option(help: "Only subjects starting with this.") var filter: String?
+    @Option(help: "At most this many messages (default 100).") var max: Int?
+
+    func validate() throws {
+        if from != nil, last != nil { throw ValidationError("give --from or --last, not both") }
+    }
+
+    func run() async throws {
+        let asked = StreamsAPI.ReadMessages(name: stream, from: from, last: last, filter: filter, max: max)
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.streamMessages, asked) }) { read in
+            for message in read.messages {
+                Output.line("\(message.sequence) \(message.subject) \(message.published) \(String(decoding: message.data.jsonBytes, as: UTF8.self))")
+            }
         }
     }
 }

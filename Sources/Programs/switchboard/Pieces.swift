@@ -66,11 +66,12 @@ enum Pieces {
                                        onReregistered: { await service.republish() }, ready: { await service.waitUntilReady() })
             return [client, publisher] + service.requiredParts + [service, host]
         case StreamsAPI.service:
-            let service = StreamsService(configuration: StreamsConfiguration(file.streams), logger: logger)
+            let client = try await connection.client()
+            let service = StreamsService(configuration: StreamsConfiguration(file.streams), logger: logger, client: client)
             // On PostgreSQL it registers once the database answers (trying again meanwhile).
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        ready: { await service.waitUntilReady() })
-            return service.requiredParts + [host]
+            return [client] + service.requiredParts + [service, host]
         case FetcherAPI.service:
             let client = try await connection.client()
             let publisher = StatePublisher(client: client)

@@ -38,6 +38,7 @@ extension StreamsConfiguration {
         if let bytes = settings.maxMessageBytes { maxMessageBytes = bytes }
         if let count = settings.maxStreams { maxStreams = count }
         if let count = settings.maxConsumers { maxConsumers = count }
+        if let capture = settings.capture { self.capture = capture }
         postgres = settings.postgres.map(PostgresSettings.init)
     }
 }

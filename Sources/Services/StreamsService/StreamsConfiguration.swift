@@ -29,6 +29,9 @@ public struct StreamsConfiguration: Sendable, Equatable {
     /// A consumer's ack deadline and deliveries when its creator says nothing.
     public var defaultAckWait = 30.0
     public var defaultMaxDeliver = 5
+    /// Streams the service makes at its start (when missing) to capture the kernel's state:
+    /// each name with the key prefixes it keeps every change of.
+    public var capture: [String: [String]] = [:]
 
     public init(path: String = "data/streams.sqlite", maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600), postgres: PostgresSettings? = nil) {
         (self.path, self.maxSizeBytes, self.replyWindow, self.postgres) = (path, maxSizeBytes, replyWindow, postgres)
@@ -45,9 +48,12 @@ public struct StreamsSettings: Sendable, Equatable {
     public var maxConsumers: Int?
     /// `backend: postgres` (and how to reach it) instead of the SQLite file.
     public var postgres: PostgresSection?
+    /// `capture:`, stream names with the state's key prefixes each keeps.
+    public var capture: [String: [String]]?
     public init() {}
 
-    public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes", "max_streams", "max_consumers"] + PostgresSection.keys)
+    public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes", "max_streams", "max_consumers", "capture"]
+                                                   + PostgresSection.keys)
 
     /// Reads `streams:`.
     public init(reading streams: ConfigSection) throws(ConfigError) {
@@ -59,5 +65,16 @@ public struct StreamsSettings: Sendable, Equatable {
         maxStreams = try streams.integer("max_streams", atMost: 1_000_000)
         maxConsumers = try streams.integer("max_consumers", atMost: 1_000_000)
         postgres = try PostgresSection.reading(streams)
+        if let given = streams.values["capture"] {
+            var capture: [String: [String]] = [:]
+            for (name, prefixes) in try ConfigSection.mapping(given, streams.path("capture")) {
+                let prefixes = try ConfigSection.strings(prefixes, streams.path("capture.\(name)"))
+                guard !prefixes.isEmpty, prefixes.allSatisfy({ $0.hasPrefix("/") }) else {
+                    throw ConfigError(path: streams.path("capture.\(name)"), problem: "expected a list of the state's key prefixes (each starting with '/')")
+                }
+                capture[name] = prefixes
+            }
+            self.capture = capture
+        }
     }
 }

@@ -35,6 +35,10 @@ enum StreamsDatabase {
         var firstSeq: Int
         var lastSeq: Int
         var createdAt: Double
+        /// Keeps the kernel's state changes under its subjects (``capture(_:stream:changes:gap:now:)``).
+        var captureState: Bool
+        var capturedSeq: Int
+        var captureGaps: Int
 
         init(row: SQLRow) throws {
             name = try row.text("name")
@@ -44,6 +48,7 @@ enum StreamsDatabase {
             deadLetters = try row.optionalText("dead_letters")
             (messages, bytes, firstSeq, lastSeq, createdAt)
                 = (try row.int("messages"), try row.int("bytes"), try row.int("first_seq"), try row.int("last_seq"), try row.double("created_at"))
+            (captureState, capturedSeq, captureGaps) = (try row.int("capture_state") != 0, try row.int("captured_seq"), try row.int("capture_gaps"))
         }
 
         init(_ config: Settings, deadLetters: String?, now: Double) {
@@ -51,6 +56,7 @@ enum StreamsDatabase {
                 = (config.name, config.retention, config.maxMessages, config.maxBytes, config.maxAge, config.duplicateWindow)
             self.deadLetters = deadLetters
             (messages, bytes, firstSeq, lastSeq, createdAt) = (0, 0, 1, 0, now)
+            (captureState, capturedSeq, captureGaps) = (config.captureState, 0, 0)
         }
     }
 
@@ -63,6 +69,7 @@ enum StreamsDatabase {
         var maxBytes: Int
         var maxAge: Double?
         var duplicateWindow: Double
+        var captureState = false
     }
 
     /// The stream `name`; `locking`: in a write that changes it (other writers wait for it).
@@ -85,10 +92,10 @@ enum StreamsDatabase {
             let existing = try Stream(row: row)
             let same = Settings(name: existing.name, subjects: try subjects(db, of: existing.name), retention: existing.retention,
                                 maxMessages: existing.maxMessages, maxBytes: existing.maxBytes, maxAge: existing.maxAge,
-                                duplicateWindow: existing.duplicateWindow)
-            guard same == Settings(name: settings.name, subjects: settings.subjects.sorted(), retention: settings.retention,
-                                   maxMessages: settings.maxMessages, maxBytes: settings.maxBytes, maxAge: settings.maxAge,
-                                   duplicateWindow: settings.duplicateWindow) else {
+                                duplicateWindow: existing.duplicateWindow, captureState: existing.captureState)
+            var asked = settings
+            asked.subjects.sort()
+            guard same == asked else {
                 throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: stream \(settings.name) exists with other settings; see data.current",
                                    data: ["current": try JSONValue(encoding: try info(db, existing))])
             }
@@ -123,10 +130,10 @@ enum StreamsDatabase {
 
     private static func insert(_ db: Database, _ stream: Stream) throws {
         try db.execute("""
-            INSERT INTO streams (name, retention, max_messages, max_bytes, max_age, duplicate_window, dead_letters, created_at)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+            INSERT INTO streams (name, retention, max_messages, max_bytes, max_age, duplicate_window, dead_letters, created_at, capture_state)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
             """, [stream.name, stream.retention.rawValue, stream.maxMessages, stream.maxBytes, stream.maxAge,
-                  stream.duplicateWindow, stream.deadLetters, stream.createdAt])
+                  stream.duplicateWindow, stream.deadLetters, stream.createdAt, stream.captureState ? 1 : 0])
     }
 
     /// -32010: a count the service bounds is reached.
@@ -136,12 +143,16 @@ enum StreamsDatabase {
     }
 
     static func info(_ db: Database, _ stream: Stream) throws -> API.StreamInfo {
-        API.StreamInfo(name: stream.name, subjects: try subjects(db, of: stream.name), retention: stream.retention,
-                       maxMessages: stream.maxMessages, maxBytes: stream.maxBytes, maxAge: stream.maxAge,
-                       duplicateWindow: stream.duplicateWindow, messages: stream.messages, bytes: stream.bytes,
-                       firstSequence: stream.firstSeq, lastSequence: stream.lastSeq,
-                       consumers: try db.texts("SELECT name FROM consumers WHERE stream = ? ORDER BY name", [stream.name]),
-                       deadLetters: stream.deadLetters, created: Timestamp.format(seconds: stream.createdAt))
+        var info = API.StreamInfo(name: stream.name, subjects: try subjects(db, of: stream.name), retention: stream.retention,
+                                  maxMessages: stream.maxMessages, maxBytes: stream.maxBytes, maxAge: stream.maxAge,
+                                  duplicateWindow: stream.duplicateWindow, messages: stream.messages, bytes: stream.bytes,
+                                  firstSequence: stream.firstSeq, lastSequence: stream.lastSeq,
+                                  consumers: try db.texts("SELECT name FROM consumers WHERE stream = ? ORDER BY name", [stream.name]),
+                                  deadLetters: stream.deadLetters, created: Timestamp.format(seconds: stream.createdAt))
+        if stream.captureState {
+            (info.captureState, info.capturedSequence, info.captureGaps) = (true, stream.capturedSeq, stream.captureGaps)
+        }
+        return info
     }
 
     /// Every stream's and consumer's figures in the Prometheus text format: what a stream
@@ -149,6 +160,7 @@ enum StreamsDatabase {
     /// are letters, digits, '-', '_' and '.': label values that need no escaping.
     static func metrics(_ db: Database) throws -> String {
         let streams = try db.rows("SELECT name, messages, bytes, last_seq FROM streams ORDER BY name", [])
+        let captures = try db.rows("SELECT name, capture_gaps FROM streams WHERE capture_state = 1 ORDER BY name", [])
         let consumers = try db.rows("""
             SELECT c.stream, c.name, c.delivered, c.redelivered, c.acknowledged, c.dead_lettered, c.terminated, c.missed,
                 (SELECT COUNT(*) FROM pending p WHERE p.stream = c.stream AND p.consumer = c.name) AS pending
@@ -165,6 +177,7 @@ enum StreamsDatabase {
         try family("switchboard_stream_messages", "gauge", "Messages a stream holds.", streams, "messages", consumer: false)
         try family("switchboard_stream_bytes", "gauge", "Bytes of data a stream holds.", streams, "bytes", consumer: false)
         try family("switchboard_stream_last_sequence", "gauge", "A stream's last sequence: messages ever published to it.", streams, "last_seq", consumer: false)
+        try family("switchboard_stream_capture_gaps_total", "counter", "Times a stream capturing the kernel's state could not have every change (some were not kept).", captures, "capture_gaps", consumer: false)
         try family("switchboard_stream_consumer_pending", "gauge", "Messages handed out to a consumer's readers and not yet acknowledged.", consumers, "pending", consumer: true)
         try family("switchboard_stream_consumer_delivered_total", "counter", "Messages handed out to a consumer for the first time.", consumers, "delivered", consumer: true)
         try family("switchboard_stream_consumer_redelivered_total", "counter", "Messages handed out again after their ack deadline or a nak.", consumers, "redelivered", consumer: true)
@@ -226,6 +239,9 @@ enum StreamsDatabase {
         }
         var stream = try Stream(row: row)
         let name = stream.name
+        guard !stream.captureState else {
+            throw JSONRPCError.invalidParams(field: "subject", "stream \(name) keeps the kernel's state under its subjects: its messages are the state's changes, set with state.set or state.publish")
+        }
         if let id {
             try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ?", [name, now - stream.duplicateWindow])
             if let first = try db.int("SELECT seq FROM message_ids WHERE stream = ? AND id = ?", [name, id]) {
@@ -242,6 +258,98 @@ enum StreamsDatabase {
             try db.execute("INSERT INTO message_ids (stream, id, seq, published_at) VALUES (?, ?, ?, ?)", [name, id, sequence, now])
         }
         return API.Published(stream: name, sequence: sequence, duplicate: false)
+    }
+
+    /// Messages read without a consumer: from `from` (the first by default), or the last `last`
+    /// of them; at most `max` and `maxBytes` of data (always one when there is one).
+    static func messages(_ db: Database, _ asked: API.ReadMessages, max: Int, maxBytes: Int) throws -> API.Messages {
+        let stream = try stream(db, asked.name)
+        let filter: [any SQLArgument] = [asked.filter, asked.filter, asked.filter]
+        let matches = "(CAST(? AS TEXT) IS NULL OR substr(subject, 1, length(?)) = ?)"
+        var from = asked.from ?? stream.firstSeq
+        if let last = asked.last {
+            from = try db.int("""
+                SELECT MIN(seq) FROM (SELECT seq FROM messages WHERE stream = ? AND \(matches) ORDER BY seq DESC LIMIT ?) AS recent
+                """, [asked.name] + filter + [last]) ?? stream.lastSeq + 1
+        }
+        let rows = try db.rows("""
+            SELECT seq, subject, data, published_at, dead_letter FROM messages WHERE stream = ? AND seq >= ? AND \(matches) ORDER BY seq LIMIT ?
+            """, [asked.name, from] + filter + [max])
+        var out: [API.Message] = [], bytes = 0
+        for row in rows {
+            let data = try row.blob("data")
+            guard out.isEmpty || bytes + data.count <= maxBytes else { break }
+            out.append(try message(row, sequence: try row.int("seq"), data: data, deliveries: 0))
+            bytes += data.count
+        }
+        // Read to the end: the next one is the stream's next, whatever the filter passed over.
+        let next = out.count == rows.count && rows.count < max ? Swift.max(from, stream.lastSeq + 1) : (out.last.map { $0.sequence + 1 } ?? from)
+        return API.Messages(messages: out, next: next)
+    }
+
+    // MARK: State captured
+
+    /// A change of the kernel's state as a capturing stream is handed it: `value` nil for a
+    /// deletion.
+    struct StateChange: Sendable {
+        var key: String
+        var sequence: Int
+        var value: [UInt8]?
+    }
+
+    /// A stream that captures the kernel's state, and the state's sequence it holds changes to.
+    struct Capture: Sendable, Equatable {
+        var stream: String
+        var subjects: [String]
+        var capturedSequence: Int
+    }
+
+    static func captures(_ db: Database) throws -> [Capture] {
+        try db.rows("SELECT name, captured_seq FROM streams WHERE capture_state = 1 ORDER BY name", []).map { row in
+            let name = try row.text("name")
+            return Capture(stream: name, subjects: try subjects(db, of: name), capturedSequence: try row.int("captured_seq"))
+        }
+    }
+
+    /// Keeps each change newer than the stream's captured sequence as a message (its key the
+    /// subject, its data ``StreamsAPI/StateChange``), in the state's order, and moves the captured
+    /// sequence past them: a change another process kept already is not kept again. `gap`: the
+    /// kernel could not give every change since the last one kept (counted). `followed`: the
+    /// subjects the changes were followed under (the stream added again with others: -32004).
+    /// Returns the captured sequence after.
+    static func capture(_ db: Database, stream name: String, subjects followed: [String], changes: [StateChange], gap: Bool, maxMessageBytes: Int,
+                        now: Double) throws -> Int {
+        var stream = try stream(db, name, locking: true)
+        guard stream.captureState else {
+            throw JSONRPCError.invalidParams(field: "name", "stream \(name) does not capture the kernel's state")
+        }
+        let subjects = try subjects(db, of: name)
+        guard subjects == followed else {
+            throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: stream \(name) now captures \(subjects.joined(separator: " "))")
+        }
+        var captured = stream.capturedSeq
+        for change in changes.sorted(by: { $0.sequence < $1.sequence }) where change.sequence > captured {
+            captured = change.sequence
+            guard subjects.contains(where: { change.key.hasPrefix($0) }) else { continue }
+            let data = try stateChange(change, limit: min(stream.maxBytes, maxMessageBytes))
+            _ = try append(db, &stream, subject: change.key, data: data, deadLetter: nil, now: now)
+        }
+        try db.execute("UPDATE streams SET captured_seq = ?, capture_gaps = capture_gaps + ? WHERE name = ?", [captured, gap ? 1 : 0, name])
+        return captured
+    }
+
+    /// A change's message data: its value when it is JSON and fits within `limit` bytes, else
+    /// only its size.
+    private static func stateChange(_ change: StateChange, limit: Int) throws -> [UInt8] {
+        var kept = API.StateChange(sequence: change.sequence, value: nil)
+        if let value = change.value {
+            if let json = try? JSONValue(parsing: value) { kept.value = json } else { kept.valueBytes = value.count }
+        }
+        var data = try JSONValue(encoding: kept).jsonBytes
+        if data.count > limit, let value = change.value {
+            data = try JSONValue(encoding: API.StateChange(sequence: change.sequence, value: nil, valueBytes: value.count)).jsonBytes
+        }
+        return data
     }
 
     /// Adds a message at the stream's next sequence, then removes the oldest past its limits.

@@ -80,6 +80,9 @@ enum StreamsSchema {
                 """)
             try SQLiteWriter.createRepliesTable(db)
         }
+        migrator.registerMigration("v2") { db in
+            try db.execute(sql: captureColumns(integer: "INTEGER"))
+        }
         return migrator
     }
 
@@ -109,7 +112,19 @@ enum StreamsSchema {
             deadline DOUBLE PRECISION NOT NULL, PRIMARY KEY (stream, consumer, seq));
         CREATE INDEX pending_by_message ON pending(stream, seq);
         """ + PostgresWriter.repliesTable,
+        captureColumns(integer: "BIGINT"),
     ]
+
+    /// v2: a stream that captures the kernel's state (`capture_state` 1) keeps the state's
+    /// sequence of the last change it holds (`captured_seq`), so a change is kept once however
+    /// many processes capture it, and counts the times changes could not all be had.
+    private static func captureColumns(integer: String) -> String {
+        """
+        ALTER TABLE streams ADD COLUMN capture_state \(integer) NOT NULL DEFAULT 0;
+        ALTER TABLE streams ADD COLUMN captured_seq \(integer) NOT NULL DEFAULT 0;
+        ALTER TABLE streams ADD COLUMN capture_gaps \(integer) NOT NULL DEFAULT 0;
+        """
+    }
 
     /// The PostgreSQL schema (namespace) the tables are in, and the lock migrating takes.
     static let postgresSchema = "switchboard_streams"

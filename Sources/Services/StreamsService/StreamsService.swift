@@ -1,4 +1,4 @@
-import BusKit
+public import BusKit
 import BusProtocol
 public import Contracts
 import Foundation
@@ -13,16 +13,20 @@ import Storage
 /// Several readers fetching from one consumer share its messages: a fetch hands each out to
 /// one reader and keeps it pending until that reader acknowledges it or its ack deadline
 /// passes. Times come from `now` (Unix seconds), which tests move by hand.
-public actor StreamsService: BusService {
+public actor StreamsService: BusService, ServiceWork {
     public static let name = StreamsAPI.service
     typealias API = StreamsAPI
 
     public nonisolated let configuration: StreamsConfiguration
+    nonisolated let logger: Logger
     private let storage: StreamsStorage
     private let now: @Sendable () -> Double
-    /// Fetches waiting for a message, woken by a publish in this process (other processes'
-    /// publishes are seen at the next look, a fraction of a second later).
-    private var waitingFetches: [UInt64: CheckedContinuation<Void, Never>] = [:]
+    /// The kernel whose state the capturing streams keep (``captureState(_:)``); nil: none is.
+    private let client: BusClient?
+    /// The capturing streams a child task of ``captureState(_:)`` follows.
+    var following: Set<String> = []
+    /// Who waits for what in this process (``waitForWake(_:upTo:)``).
+    private var waiting: [Wait: [UInt64: CheckedContinuation<Void, Never>]] = [:]
     private var nextWaiter: UInt64 = 0
 
     /// How often a waiting fetch looks again on its own (for other processes' publishes and
@@ -32,10 +36,21 @@ public actor StreamsService: BusService {
     /// gathers for a reader who asked without parts (always one message when one is ready).
     static let defaultFetchBytes = 1_048_576
 
-    public init(configuration: StreamsConfiguration, logger: Logger? = nil, now: (@Sendable () -> Double)? = nil) {
+    /// `client` reaches the kernel whose state streams may capture (none without it).
+    public init(configuration: StreamsConfiguration, logger: Logger? = nil, client: BusClient? = nil, now: (@Sendable () -> Double)? = nil) {
         self.configuration = configuration
         self.now = now ?? { Date().timeIntervalSince1970 }
-        storage = StreamsStorage(configuration, logger: logger ?? Logger(label: "switchboard.streams"))
+        self.client = client
+        self.logger = logger ?? Logger(label: "switchboard.streams")
+        storage = StreamsStorage(configuration, logger: self.logger)
+    }
+
+    /// The service's work beside its requests: keeping the kernel's state in the streams that
+    /// capture it.
+    public func work() async {
+        guard let client else { return }
+        await waitUntilReady()
+        await captureState(client)
     }
 
     /// Returns once the database can serve (on PostgreSQL, once it answers and its schema is
@@ -58,7 +73,12 @@ public actor StreamsService: BusService {
         table.on(API.metrics) { service, _ in
             try await service.read { db in KernelAPI.Metrics(contentType: "text/plain; version=0.0.4", text: try StreamsDatabase.metrics(db)) }
         }
-        table.on(API.streamDelete) { service, params in try await service.write { db, _ in try StreamsDatabase.deleteStream(db, params.name) } }
+        table.on(API.streamMessages) { service, params in try await service.readMessages(params) }
+        table.on(API.streamDelete) { service, params in
+            let removed = try await service.write { db, _ in try StreamsDatabase.deleteStream(db, params.name) }
+            await service.wakeAll(.streams)
+            return removed
+        }
         table.on(API.streamPurge) { service, params in try await service.write { db, _ in try StreamsDatabase.purge(db, params.name) } }
         table.on(API.publish) { service, params in try await service.publish(params) }
         table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
@@ -85,6 +105,9 @@ public actor StreamsService: BusService {
         try Check.name(asked.name, field: "name")
         guard (1...32).contains(asked.subjects.count) else { throw JSONRPCError.invalidParams(field: "subjects", "must hold 1 to 32 subject prefixes") }
         for subject in asked.subjects { try Check.subject(subject, field: "subjects") }
+        if asked.captureState == true, let other = asked.subjects.first(where: { !$0.hasPrefix("/") }) {
+            throw JSONRPCError.invalidParams(field: "subjects", "\(other) is not a prefix of the state's keys, which start with '/'")
+        }
         let subjects = Array(Set(asked.subjects)).sorted()
         for (index, prefix) in subjects.enumerated() {
             if let other = subjects[(index + 1)...].first(where: { $0.hasPrefix(prefix) }) {
@@ -94,9 +117,19 @@ public actor StreamsService: BusService {
         let settings = StreamsDatabase.Settings(name: asked.name, subjects: subjects, retention: asked.retention ?? .limits,
                                                 maxMessages: asked.maxMessages ?? configuration.defaultMaxMessages,
                                                 maxBytes: asked.maxBytes ?? configuration.defaultMaxBytes, maxAge: asked.maxAge,
-                                                duplicateWindow: asked.duplicateWindow ?? configuration.defaultDuplicateWindow)
+                                                duplicateWindow: asked.duplicateWindow ?? configuration.defaultDuplicateWindow,
+                                                captureState: asked.captureState ?? false)
         let most = configuration.maxStreams
-        return try await write { db, now in try StreamsDatabase.addStream(db, settings, atMost: most, now: now) }
+        let added = try await write { db, now in try StreamsDatabase.addStream(db, settings, atMost: most, now: now) }
+        if settings.captureState { wakeAll(.streams) }
+        return added
+    }
+
+    func readMessages(_ asked: API.ReadMessages) async throws -> API.Messages {
+        guard asked.from == nil || asked.last == nil else { throw JSONRPCError.invalidParams(field: "last", "give from or last, not both") }
+        if let filter = asked.filter { try Check.subject(filter, field: "filter") }
+        let max = asked.max ?? asked.last ?? 100
+        return try await read { db in try StreamsDatabase.messages(db, asked, max: max, maxBytes: Self.defaultFetchBytes) }
     }
 
     func publish(_ message: API.Publish) async throws -> API.Published {
@@ -109,7 +142,7 @@ public actor StreamsService: BusService {
                                data: ["limit": .int(Int64(configuration.maxMessageBytes)), "bytes": .int(Int64(data.count))])
         }
         let published = try await write { db, now in try StreamsDatabase.publish(db, subject: message.subject, data: data, id: message.id, now: now) }
-        if !published.duplicate { wakeWaitingFetches() }
+        if !published.duplicate { wakeAll(.message) }
         return published
     }
 
@@ -145,7 +178,7 @@ public actor StreamsService: BusService {
         while ContinuousClock.now < waitEnds {
             let ready = try await read { [now] db in try StreamsDatabase.ready(db, stream: stream, consumer: consumer, now: now()) }
             if ready || Task.isCancelled { break }
-            await waitForPublish(upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
+            await waitForWake(.message, upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
         }
         return try await write(request: request) { db, now in
             try StreamsDatabase.fetch(db, stream: stream, consumer: consumer, batch: batch, maxBytes: maxBytes, now: now)
@@ -182,41 +215,51 @@ public actor StreamsService: BusService {
 
     // MARK: Waiting
 
-    private func waitForPublish(upTo duration: Duration) async {
+    /// What a task of this process may wait for, woken by what happens in this process (what
+    /// other processes do is seen at the waiter's next look).
+    enum Wait {
+        /// Fetches waiting for a message: woken by a publish (or a captured change).
+        case message
+        /// The captures' coordinator between its looks: woken by a stream added or deleted.
+        case streams
+    }
+
+    /// Waits until woken (``wakeAll(_:)``) or `duration` has passed.
+    func waitForWake(_ wait: Wait, upTo duration: Duration) async {
         guard duration > .zero else { return }
         let waiter = nextWaiter
         nextWaiter += 1
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
                 try? await Task.sleep(for: duration)
-                await self.wake(waiter)
+                await self.wake(waiter, wait)
             }
-            await withCheckedContinuation { waitingFetches[waiter] = $0 }
+            await withCheckedContinuation { waiting[wait, default: [:]][waiter] = $0 }
             group.cancelAll()
         }
     }
 
-    private func wake(_ waiter: UInt64) {
-        waitingFetches.removeValue(forKey: waiter)?.resume()
+    private func wake(_ waiter: UInt64, _ wait: Wait) {
+        waiting[wait]?.removeValue(forKey: waiter)?.resume()
     }
 
-    private func wakeWaitingFetches() {
-        for waiter in waitingFetches.values { waiter.resume() }
-        waitingFetches.removeAll()
+    func wakeAll(_ wait: Wait) {
+        guard let waiters = waiting.removeValue(forKey: wait) else { return }
+        for waiter in waiters.values { waiter.resume() }
     }
 
     // MARK: The database
 
     /// A write in the next committed batch, named by `request` (by default the request being
     /// answered, so a re-sent one gets this result), decoded as the contract's type.
-    private func write<Result: Codable & Sendable>(request: String? = RequestKey.current?.description,
+    func write<Result: Codable & Sendable>(request: String? = RequestKey.current?.description,
                                                    _ body: @escaping @Sendable (StreamsDatabase.Database, Double) throws -> Result) async throws -> Result {
         let now = now
         let result = try await storage.write(request: request) { db in try JSONValue(encoding: try body(db, now())) }
         return try decodeResult(Result.self, result)
     }
 
-    private func read<Result: Sendable>(_ body: @escaping @Sendable (StreamsDatabase.Database) throws -> Result) async throws -> Result {
+    func read<Result: Sendable>(_ body: @escaping @Sendable (StreamsDatabase.Database) throws -> Result) async throws -> Result {
         try await storage.read(body)
     }
 }

@@ -37,7 +37,7 @@ public struct DatasetBus: Sendable {
             configuration.sources[dataset] = .init(url: folder.appendingPathComponent(dataset.bundledFileName), refreshInterval: .seconds(3_600),
                                                    timeout: .seconds(5), maxBytes: 32 * 1_048_576)
         }
-        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20))
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20), state: [kernel.stateEndpoints])
         let fetcher = FetcherService(configuration: configuration, environment: [:], client: client, publisher: StatePublisher(client: client))
         let fetcherHost = try ServiceHost(service: fetcher, options: hostOptions(kernel, connections: 2))
         try await fetcherHost.start()

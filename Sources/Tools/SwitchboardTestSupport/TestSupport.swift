@@ -183,6 +183,11 @@ public struct TestKernel: Sendable {
 
     public func stop() async { await kernel.stop() }
 
+    /// Its CHP endpoints, as a ``BusClient`` takes them (`state:`).
+    public var stateEndpoints: StateEndpoints {
+        StateEndpoints(snapshot: endpoints.snapshot, publisher: endpoints.publisher, collector: endpoints.collector)
+    }
+
     /// Returns once `service` has at least `count` workers registered; fails with
     /// ``TimedOut`` after `seconds`.
     public func workers(_ service: String, atLeast count: Int = 1, within seconds: Double = 10, curve: CurveClientKeys? = nil) async throws {
