@@ -111,6 +111,19 @@ struct BrowserTests {
                   return !notice.classList.contains('hidden') && notice.textContent.startsWith('Someone else changed the route') && notice.textContent;
                 }, 'the notice of the lost race');
                 """],
+            ["name": "a stream's messages pushed to an EventSource, acknowledged over POST /rpc", "js": """
+                await call('streams', 'stream.add', { name: 'browser', subjects: ['browser.'] });
+                await call('streams', 'consumer.add', { stream: 'browser', name: 'page' });
+                await call('streams', 'stream.publish', { subject: 'browser.hello', data: { n: 1 } });
+                const message = await new Promise((resolve, reject) => {
+                  const source = new EventSource(`/streams/browser/page?max=1&expires=10&access_token=${encodeURIComponent(token)}`);
+                  const timer = setTimeout(() => { source.close(); reject(new Error('no message within 15 s')); }, 15000);
+                  source.onmessage = (event) => { clearTimeout(timer); source.close(); resolve({ id: event.lastEventId, ...JSON.parse(event.data) }); };
+                });
+                const acked = await call('streams', 'consumer.ack', { stream: 'browser', consumer: 'page', sequences: [message.sequence] });
+                if (message.data.n !== 1 || message.id !== String(message.sequence) || acked.done[0] !== message.sequence) throw new Error(JSON.stringify([message, acked]));
+                return `${message.subject} ${message.sequence}, acknowledged`;
+                """],
             ["name": "kill -9 the gateway", "run": ["kill", "-9", String(gatewayPid)]],
             ["name": "the page says it reconnected and resynced", "js": """
                 return await waitFor(() => document.getElementById('status').textContent === 'resynced' && 'resynced', 'resynced', 60000);

@@ -393,6 +393,47 @@ struct GatewayTests {
         }
     }
 
+    @Test("GET /streams/{stream}/{consumer}: a consumer's messages pushed as Server-Sent Events, each with its sequence as id, then the end; acknowledged over POST /rpc; a missing consumer is 404 and a token without the service 403")
+    func consumerMessages() async throws {
+        try await GatewayBed.with { bed in
+            let folder = try temporaryDirectory("gateway-streams")
+            defer { try? FileManager.default.removeItem(at: folder) }
+            let service = StreamsService(configuration: StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path))
+            let host = try ServiceHost(service: service, options: .init(brokers: [bed.kernel.endpoints.broker], connections: 1,
+                                                                        heartbeatInterval: bed.kernel.configuration.heartbeatInterval,
+                                                                        heartbeatLiveness: bed.kernel.configuration.heartbeatLiveness))
+            try await host.start()
+            try await stopping(host, with: { await $0.stop() }) { _ in
+                try await bed.kernel.workers(StreamsAPI.service)
+                _ = try await bed.bus.call(StreamsAPI.streamAdd, .init(name: "orders", subjects: ["orders."]))
+                _ = try await bed.bus.call(StreamsAPI.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 60))
+                _ = try await bed.bus.publish(to: "orders.new", ["id": 1])
+
+                var request = HTTPClientRequest(url: "\(bed.base)/streams/orders/billing?max=2&expires=20&access_token=\(GatewayBed.fullToken)")
+                request.headers.add(name: "Accept", value: "text/event-stream")
+                let response = try await bed.http.execute(request, timeout: .seconds(60))
+                #expect(response.status == .ok && response.headers.first(name: "Content-Type") == "text/event-stream")
+                let events = EventStream(body: response.body)
+                let first = try #require(try await events.next())
+                #expect(first.event == nil && first.id == "1" && first.json?["subject"] == "orders.new" && first.json?["data"] == ["id": 1])
+                // Pushed as it is published, while the stream is open.
+                _ = try await bed.bus.publish(to: "orders.new", ["id": 2])
+                let rest = try await events.until("end", within: 30)
+                #expect(rest.map(\.id) == ["2", nil] && rest.last?.json?["count"] == 2, "\(rest)")
+
+                let acked = try await bed.rpc("streams", #"{"jsonrpc":"2.0","id":1,"method":"consumer.ack","params":{"stream":"orders","consumer":"billing","sequences":[1,2]}}"#)
+                #expect(acked.json?["result"]?["done"] == [1, 2])
+                let info = try await bed.bus.call(StreamsAPI.consumerInfo, .init(stream: "orders", name: "billing"))
+                #expect(info.acknowledged == 2 && info.pending == 0)
+
+                let missing = try await bed.get("/streams/orders/nobody")
+                #expect(missing.status == 404 && missing.text.contains("-32003"), "\(missing)")
+                #expect(try await bed.get("/streams/orders/billing", token: GatewayBed.echoOnlyToken).status == 403)
+                #expect(try await bed.get("/streams/orders/billing?expires=never").status == 400)
+            }
+        }
+    }
+
     @Test("what one address may make the gateway send: its opening snapshots come out of a budget; past it /events is 429 with Retry-After, and other routes are served")
     func snapshotBudget() async throws {
         try await GatewayBed.with({ $0.snapshotBytesPerMinute = 6_000 }) { bed in

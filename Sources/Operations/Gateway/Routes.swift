@@ -38,6 +38,7 @@ struct Routes: Sendable {
         if !settings.corsOrigins.isEmpty { router.add(middleware: AllowedOrigins(origins: Set(settings.corsOrigins))) }
         router.post("/rpc/:service") { request, context in try await rpc(request, context: context) }
         router.get("/events") { request, context in try await events(request, context: context) }
+        router.get("/streams/:stream/:consumer") { request, context in await consumerMessages(request, context: context) }
         router.get("/metrics") { request, _ in try await metrics(request) }
         router.get("/healthz") { _, _ in Self.json(.ok, ["status": "ok"]) }
         router.get("/readyz") { _, _ in await ready() }
@@ -375,6 +376,62 @@ struct Routes: Sendable {
                 throw error
             }
             await feed.detach(id)
+        })
+    }
+
+    // MARK: GET /streams/{stream}/{consumer}
+
+    /// A consumer's messages pushed as Server-Sent Events, for a browser's `EventSource`:
+    /// `consumer.next` asked in parts, each message an event (`id:` its sequence, `data:` the
+    /// message as the contract gives it), then `event: end` with how many were sent, or
+    /// `event: error` with the JSON-RPC error that ended it. Query `max` and `expires` as
+    /// `consumer.next` takes them. A stream or consumer that is not there is refused with its
+    /// HTTP status before the stream opens (an `EventSource` stops on it rather than retry).
+    func consumerMessages(_ request: Request, context: GatewayContext) async -> Response {
+        switch admit(request) {
+        case .refused(let response): return response
+        case .token(let token) where !token.allows(service: StreamsAPI.service):
+            return Self.rpcError(.forbidden, .forbidden("this token may not call the \(StreamsAPI.service) service"))
+        case .open, .token: break
+        }
+        let stream = context.parameters.get("stream") ?? "", consumer = context.parameters.get("consumer") ?? ""
+        let query = request.uri.queryParameters
+        var next = StreamsAPI.Next(stream: stream, consumer: consumer)
+        if let text = query["max"] {
+            guard let max = Int(String(text)) else { return Self.rpcError(.badRequest, .invalidParams(field: "max", "expected a number of messages, got '\(text)'")) }
+            next.max = max
+        }
+        if let text = query["expires"] {
+            guard let seconds = Double(String(text)), StreamsAPI.Next.numberRanges["expires"]?.contains(seconds) == true else {
+                return Self.rpcError(.badRequest, .invalidParams(field: "expires", "expected 0.001 to 3600 seconds, got '\(text)'"))
+            }
+            next.expires = seconds
+        }
+        do throws(BusError) {
+            _ = try await client.call(StreamsAPI.consumerInfo, .init(stream: stream, name: consumer))
+        } catch {
+            let response = Self.response(id: .null, .failure(error))
+            return Self.reply(Self.status(for: response), response.jsonBytes)
+        }
+        // The service sends nothing while the consumer has nothing: wait as long as asked.
+        let parts = client.stream(StreamsAPI.next, next, timeout: .seconds(next.expires ?? 30) + settings.requestTimeout)
+        var headers: HTTPFields = [.contentType: "text/event-stream", .cacheControl: "no-cache"]
+        headers[HTTPField.Name("X-Accel-Buffering")!] = "no"
+        return Response(status: .ok, headers: headers, body: ResponseBody { writer in
+            try await writer.write(ByteBuffer(string: "retry: 1000\n\n"))
+            do {
+                for try await message in parts {
+                    let data = try JSONValue(encoding: message).jsonBytes
+                    try await writer.write(ByteBuffer(bytes: Array("id: \(message.sequence)\ndata: ".utf8) + data + Array("\n\n".utf8)))
+                }
+                let end = try JSONValue(encoding: try await parts.end()).jsonBytes
+                try await writer.write(ByteBuffer(bytes: Array("event: end\ndata: ".utf8) + end + Array("\n\n".utf8)))
+            } catch let error as BusError {
+                let response = Self.response(id: .null, .failure(error))
+                try await writer.write(Self.framed(response.jsonBytes, .eventStream, event: "error"))
+            }
+            // Any other error is the browser's connection: the stream ends, and with it the request.
+            try await writer.finish(nil)
         })
     }
 
