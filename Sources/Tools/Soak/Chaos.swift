@@ -31,8 +31,12 @@ struct ChaosLog {
 /// has restarted it and it serves again before the next one. The victim "database" is the
 /// soak's PostgreSQL server: stopped at once, as a crash would, and started again.
 struct Chaos {
-    /// Drawn from at each kill: by default the kernel and the busiest services more often.
+    /// Dealt from at each kill in a seeded order, each entry once before any again, so as many
+    /// kills as there are entries kill every piece: by default the kernel and the busiest
+    /// services twice.
     var victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo", "gateway", "streams"]
+    /// What is left of the victims' current round.
+    private var deck: [String] = []
     /// The streams service's PostgreSQL server (the victim "database").
     var database: TestPostgres?
     /// A request each service answers, to see it serving again.
@@ -60,7 +64,8 @@ struct Chaos {
     mutating func run(until end: Date, killEvery interval: ClosedRange<Double>) async {
         while true {
             let wait = Double.random(in: interval, using: &random)
-            let victim = victims.randomElement(using: &random)!
+            if deck.isEmpty { deck = victims.shuffled(using: &random) }
+            let victim = deck.removeLast()
             guard Date().addingTimeInterval(wait) < end else { return }
             try? await Task.sleep(for: .milliseconds(Int(wait * 1000)))
             if victim == "database", let database {

@@ -22,8 +22,9 @@ struct Soak: AsyncParsableCommand {
         discussion: """
             Starts `switchboard up` on free loopback ports with the bundled datasets, then for
             --duration seconds runs --clients request loops, --subscribers subscriptions and a
-            writer of acknowledged state, and kills (SIGKILL) a random process of the bus every
-            --kill-min to --kill-max seconds. The last part of the run has no kills, so the bus
+            writer of acknowledged state, and kills (SIGKILL) a process of the bus every
+            --kill-min to --kill-max seconds, in a seeded order that kills every piece once
+            before any again. The last part of the run has no kills, so the bus
             settles. Exits 0 when nothing was lost, duplicated or missing; 1 otherwise.
             The same --seed gives the same requests and the same kill schedule.
             """)
