@@ -33,11 +33,15 @@ extension StreamsService {
         await withDiscardingTaskGroup { group in
             while !Task.isCancelled {
                 if let captures = try? await read({ db in try StreamsDatabase.captures(db) }) {
-                    for capture in captures where following.insert(capture.stream).inserted {
-                        group.addTask {
-                            await self.follow(capture, client)
-                            await self.stopFollowing(capture.stream)
-                        }
+                    let subjects = Dictionary(uniqueKeysWithValues: captures.map { ($0.stream, $0.subjects) })
+                    let gone = following.filter { subjects[$0.key] != $0.value }.keys
+                    if !gone.isEmpty {
+                        stale.formUnion(gone)
+                        wakeAll(.streams)
+                    }
+                    for capture in captures where following[capture.stream] == nil {
+                        following[capture.stream] = capture.subjects
+                        group.addTask { await self.follow(capture, client) }
                     }
                 }
                 await waitForWake(.streams, upTo: Self.capturesLookAgain)
@@ -45,8 +49,21 @@ extension StreamsService {
         }
     }
 
-    private func stopFollowing(_ stream: String) {
-        following.remove(stream)
+    /// Follows one capturing stream until the coordinator finds it deleted or changed, its
+    /// writes find that, or the task is cancelled; then it may be followed anew.
+    private func follow(_ capture: StreamsDatabase.Capture, _ client: BusClient) async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.keepFollowing(capture, client) }
+            group.addTask {
+                while !Task.isCancelled, await !self.stale.contains(capture.stream) {
+                    await self.waitForWake(.streams, upTo: Self.capturesLookAgain)
+                }
+            }
+            await group.next()
+            group.cancelAll()
+        }
+        following[capture.stream] = nil
+        stale.remove(capture.stream)
     }
 
     /// The streams `streams.capture` names, added as capturing streams with the service's
@@ -67,9 +84,10 @@ extension StreamsService {
         }
     }
 
-    /// Follows one capturing stream until it is deleted (or no longer captures) or the task
-    /// is cancelled; a subscription or write that fails starts again from what the stream holds.
-    private nonisolated func follow(_ capture: StreamsDatabase.Capture, _ client: BusClient) async {
+    /// Keeps one stream's changes until its writes find it deleted (or no longer capturing,
+    /// or capturing other subjects) or the task is cancelled; a subscription or write that
+    /// fails starts again from what the stream holds.
+    private nonisolated func keepFollowing(_ capture: StreamsDatabase.Capture, _ client: BusClient) async {
         var position = capture.capturedSequence
         while !Task.isCancelled {
             var subscription: Subscription?
