@@ -473,7 +473,7 @@ struct StreamsStateCaptureTests {
         return kept.map { subject, change in change.value.map { "\(subject)=\($0.jsonString)" } ?? "\(subject) deleted" }
     }
 
-    @Test("a capturing stream keeps every change under its prefixes once and in order, deletions included, from the values there when it was added; it refuses publishes; stream.messages reads it; changes made while the service was down are kept after its restart, none twice; deleted and added again over other keys, it captures those",
+    @Test("a capturing stream keeps every change under its prefixes once and in order, deletions included, from the values there when it was added; it refuses publishes; stream.messages reads it; changes made while the service was down are kept after its restart, none twice; deleted and made again over other keys or the same, it starts from their values then",
           arguments: Backend.available)
     func capture(backend: Backend) async throws {
         let bus = try await StreamsBus.start(backend: backend)
@@ -518,10 +518,14 @@ struct StreamsStateCaptureTests {
             #expect(try Self.changes(try await Self.take(1, from: "prices", bus)) == ["/client/other/x=2"])
             try await state.publish(key: "/client/other/x", value: 3)
             #expect(try Self.changes(try await Self.take(1, from: "prices", bus)) == ["/client/other/x=3"])
-            _ = try await bus.client.call(API.streamDelete, .init(name: "prices"))
-            _ = try await bus.client.call(API.streamAdd, .init(name: "prices", subjects: ["/client/prices/"], captureState: true))
-            _ = try await bus.client.call(API.consumerAdd, .init(stream: "prices", name: "reader"))
-            #expect(try Self.changes(try await Self.take(2, from: "prices", bus)) == [#"/client/prices/b={"eur":11}"#, "/client/prices/c=5"])
+            // Made again over the same keys, or over others: each time from the values there then.
+            for subjects in [["/client/prices/"], ["/client/prices/"]] {
+                bus.time.advance(1)
+                _ = try await bus.client.call(API.streamDelete, .init(name: "prices"))
+                _ = try await bus.client.call(API.streamAdd, .init(name: "prices", subjects: subjects, captureState: true))
+                _ = try await bus.client.call(API.consumerAdd, .init(stream: "prices", name: "reader"))
+                #expect(try Self.changes(try await Self.take(2, from: "prices", bus)) == [#"/client/prices/b={"eur":11}"#, "/client/prices/c=5"])
+            }
             guard backend == .postgres else { return }
             // A second service on the same database follows the same stream: each change once.
             let second = try await StreamsBus.start(kernel: bus.kernel, time: bus.time, backend: .postgres, postgres: bus.postgres)
@@ -631,7 +635,7 @@ struct StreamsSharedDatabaseTests {
 
 @Suite("sb stream: the verbs against a live streams service")
 struct StreamVerbTests {
-    @Test("sb stream add, pub (JSON or text, with an id), consumer, fetch --ack, info, ls, nak, rm; errors exit 1 naming the problem")
+    @Test("sb stream add (--capture-state too), pub (JSON or text, with an id), consumer, fetch --ack, read, info, ls, nak, rm; errors exit 1 naming the problem")
     func verbs() async throws {
         try await StreamsBus.with { bus in
             let environment = ["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""]
@@ -665,6 +669,15 @@ struct StreamVerbTests {
             #expect(result.status == 0 && result.stdout == "4 orders.new (delivery 1) 4\n", "\(result)")
             result = try await sb("stream", "pub", "elsewhere", "1")
             #expect(result.status == 1 && result.stderr.contains("no stream holds subject elsewhere"), "\(result)")
+            result = try await sb("stream", "add", "levels", "/client/levels/", "--capture-state")
+            #expect(result.status == 0, "\(result)")
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "levels", name: "reader"))
+            let level = try await bus.client.publish(key: "/client/levels/a", value: 1)
+            _ = try await StreamsStateCaptureTests.take(1, from: "levels", bus)
+            result = try await sb("stream", "read", "levels", "--last", "1")
+            #expect(result.status == 0 && result.stdout.hasPrefix("1 /client/levels/a ") && result.stdout.hasSuffix(#" {"sequence":\#(level),"value":1}"# + "\n"), "\(result)")
+            result = try await sb("stream", "info", "levels")
+            #expect(result.stdout.contains("captures the state under its subjects: changes to sequence \(level) kept"), "\(result)")
             result = try await sb("stream", "rm", "orders")
             #expect(result.status == 0 && result.stdout.contains("deleted stream orders (4 messages)"), "\(result)")
             for (verb, flag) in [("fetch", "--wait"), ("sub", "--expires")] {

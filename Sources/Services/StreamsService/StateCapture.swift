@@ -27,20 +27,21 @@ extension StreamsService {
 
     /// Runs the captures until cancelled: first makes the streams the configuration names
     /// (`streams.capture`), then follows every capturing stream, each in a child task that
-    /// ends when its stream is deleted or captures other subjects (then followed anew).
+    /// ends when its stream is deleted or made again (then followed anew).
     func captureState(_ client: BusClient) async {
         await addConfiguredCaptures()
         await withDiscardingTaskGroup { group in
             while !Task.isCancelled {
                 if let captures = try? await read({ db in try StreamsDatabase.captures(db) }) {
-                    let subjects = Dictionary(uniqueKeysWithValues: captures.map { ($0.stream, $0.subjects) })
-                    let gone = following.filter { subjects[$0.key] != $0.value }.keys
+                    let current = Dictionary(uniqueKeysWithValues: captures.map { ($0.stream, $0) })
+                    // Deleted, or made again (over other subjects, or the same: its changes start anew).
+                    let gone = following.filter { name, followed in current[name]?.isTheStream(followed) != true }.keys
                     if !gone.isEmpty {
                         stale.formUnion(gone)
                         wakeAll(.streams)
                     }
                     for capture in captures where following[capture.stream] == nil {
-                        following[capture.stream] = capture.subjects
+                        following[capture.stream] = capture
                         group.addTask { await self.follow(capture, client) }
                     }
                 }
@@ -84,18 +85,17 @@ extension StreamsService {
         }
     }
 
-    /// Keeps one stream's changes until its writes find it deleted (or no longer capturing,
-    /// or capturing other subjects) or the task is cancelled; a subscription or write that
-    /// fails starts again from what the stream holds.
+    /// Keeps one stream's changes until its writes find it deleted or made again, or the task
+    /// is cancelled; a subscription or write that fails starts again from what the stream holds.
     private nonisolated func keepFollowing(_ capture: StreamsDatabase.Capture, _ client: BusClient) async {
         var position = capture.capturedSequence
         while !Task.isCancelled {
             var subscription: Subscription?
             do {
                 subscription = try await client.subscribe(prefixes: capture.subjects, since: position > 0 ? UInt64(position) : nil)
-                if let subscription { try await keep(subscription, in: capture.stream, subjects: capture.subjects, position: &position) }
+                if let subscription { try await keep(subscription, for: capture, position: &position) }
             } catch let error as JSONRPCError where [JSONRPCError.notFoundCode, JSONRPCError.invalidParamsCode, JSONRPCError.conflictCode].contains(error.code) {
-                // The stream was deleted, no longer captures, or captures other subjects.
+                // The stream was deleted, or made again.
                 await subscription?.cancel()
                 return
             } catch {
@@ -111,7 +111,7 @@ extension StreamsService {
     /// Writes the subscription's changes into the stream as they come: what arrived together
     /// in one write, and a sync's changes (which come by key, not in order) all at once when it
     /// is done. `position` follows the stream's captured sequence.
-    private nonisolated func keep(_ subscription: Subscription, in stream: String, subjects: [String], position: inout Int) async throws {
+    private nonisolated func keep(_ subscription: Subscription, for capture: StreamsDatabase.Capture, position: inout Int) async throws {
         var changes: [StreamsDatabase.StateChange] = []
         var syncing = true, gap = false
         var event = try await subscription.next()
@@ -132,7 +132,7 @@ extension StreamsService {
             if !syncing, !changes.isEmpty || gap {
                 let batch = changes, missed = gap
                 position = try await write(request: nil) { [maxMessageBytes = configuration.maxMessageBytes] db, now in
-                    try StreamsDatabase.capture(db, stream: stream, subjects: subjects, changes: batch, gap: missed, maxMessageBytes: maxMessageBytes, now: now)
+                    try StreamsDatabase.capture(db, capture, changes: batch, gap: missed, maxMessageBytes: maxMessageBytes, now: now)
                 }
                 (changes, gap) = ([], false)
                 await wakeAll(.message)

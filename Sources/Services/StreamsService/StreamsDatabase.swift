@@ -301,13 +301,21 @@ enum StreamsDatabase {
     struct Capture: Sendable, Equatable {
         var stream: String
         var subjects: [String]
+        /// When the stream was made: a stream deleted and made again under its name is another.
+        var created: Double
         var capturedSequence: Int
+
+        /// The same stream as `other` (whatever each has captured since).
+        func isTheStream(_ other: Capture) -> Bool {
+            (stream, subjects, created) == (other.stream, other.subjects, other.created)
+        }
     }
 
     static func captures(_ db: Database) throws -> [Capture] {
-        try db.rows("SELECT name, captured_seq FROM streams WHERE capture_state = 1 ORDER BY name", []).map { row in
+        try db.rows("SELECT name, created_at, captured_seq FROM streams WHERE capture_state = 1 ORDER BY name", []).map { row in
             let name = try row.text("name")
-            return Capture(stream: name, subjects: try subjects(db, of: name), capturedSequence: try row.int("captured_seq"))
+            return Capture(stream: name, subjects: try subjects(db, of: name), created: try row.double("created_at"),
+                           capturedSequence: try row.int("captured_seq"))
         }
     }
 
@@ -315,17 +323,17 @@ enum StreamsDatabase {
     /// subject, its data ``StreamsAPI/StateChange``), in the state's order, and moves the captured
     /// sequence past them: a change another process kept already is not kept again. `gap`: the
     /// kernel could not give every change since the last one kept (counted). `followed`: the
-    /// subjects the changes were followed under (the stream added again with others: -32004).
-    /// Returns the captured sequence after.
-    static func capture(_ db: Database, stream name: String, subjects followed: [String], changes: [StateChange], gap: Bool, maxMessageBytes: Int,
-                        now: Double) throws -> Int {
+    /// stream the changes were followed for (deleted and made again since: -32004). Returns
+    /// the captured sequence after.
+    static func capture(_ db: Database, _ followed: Capture, changes: [StateChange], gap: Bool, maxMessageBytes: Int, now: Double) throws -> Int {
+        let name = followed.stream
         var stream = try stream(db, name, locking: true)
         guard stream.captureState else {
             throw JSONRPCError.invalidParams(field: "name", "stream \(name) does not capture the kernel's state")
         }
         let subjects = try subjects(db, of: name)
-        guard subjects == followed else {
-            throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: stream \(name) now captures \(subjects.joined(separator: " "))")
+        guard subjects == followed.subjects, stream.createdAt == followed.created else {
+            throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: stream \(name) was made again, capturing \(subjects.joined(separator: " "))")
         }
         var captured = stream.capturedSeq
         for change in changes.sorted(by: { $0.sequence < $1.sequence }) where change.sequence > captured {

@@ -23,9 +23,9 @@ public actor StreamsService: BusService, ServiceWork {
     private let now: @Sendable () -> Double
     /// The kernel whose state the capturing streams keep (``captureState(_:)``); nil: none is.
     private let client: BusClient?
-    /// The capturing streams a child task of ``captureState(_:)`` follows, with the subjects
-    /// it follows; those found deleted or changed, whose followers are to end.
-    var following: [String: [String]] = [:]
+    /// The capturing streams a child task of ``captureState(_:)`` follows, as it follows them;
+    /// those found deleted or made again, whose followers are to end.
+    var following: [String: StreamsDatabase.Capture] = [:]
     var stale: Set<String> = []
     /// Who waits for what in this process (``waitForWake(_:upTo:)``).
     private var waiting: [Wait: [UInt64: CheckedContinuation<Void, Never>]] = [:]
