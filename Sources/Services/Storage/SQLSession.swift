@@ -130,15 +130,17 @@ extension SQLSession {
     }
 }
 
+/// Each statement is prepared once per connection and kept (GRDB's statement cache): a
+/// service's SQL is a fixed set of single statements.
 extension Database: SQLSession {
     @discardableResult
     package func execute(_ sql: String, _ arguments: [any SQLArgument]) throws -> Int {
-        try execute(sql: sql, arguments: Self.arguments(arguments))
+        try cachedStatement(sql: sql).execute(arguments: Self.arguments(arguments))
         return changesCount
     }
 
     package func rows(_ sql: String, _ arguments: [any SQLArgument]) throws -> [SQLRow] {
-        try Row.fetchAll(self, sql: sql, arguments: Self.arguments(arguments)).map { row in
+        try Row.fetchAll(cachedStatement(sql: sql), arguments: Self.arguments(arguments)).map { row in
             SQLRow(columns: Array(row.columnNames), values: row.databaseValues.map { value in
                 switch value.storage {
                 case .null: .null
