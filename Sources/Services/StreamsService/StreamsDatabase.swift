@@ -35,7 +35,7 @@ enum StreamsDatabase {
         var firstSeq: Int
         var lastSeq: Int
         var createdAt: Double
-        /// Keeps the kernel's state changes under its subjects (``capture(_:stream:changes:gap:now:)``).
+        /// Keeps the kernel's state changes under its subjects (``capture(_:_:changes:gap:maxMessageBytes:now:)``).
         var captureState: Bool
         var capturedSeq: Int
         var captureGaps: Int

@@ -222,7 +222,8 @@ public actor StreamsService: BusService, ServiceWork {
     enum Wait {
         /// Fetches waiting for a message: woken by a publish (or a captured change).
         case message
-        /// The captures' coordinator between its looks: woken by a stream added or deleted.
+        /// The captures' coordinator between its looks, and each follower watching for word
+        /// that its stream is gone: woken by a stream added or deleted, and by the coordinator.
         case streams
     }
 
