@@ -67,7 +67,7 @@ struct StateRevisionBusTests {
         let kernel = try await TestKernel.start { $0.stateHistoryChanges = 20 }
         let endpoints = kernel.endpoints
         let client = try await BusClient(brokers: [endpoints.broker],
-                                         state: [StateEndpoints(snapshot: endpoints.snapshot, publisher: endpoints.publisher, collector: endpoints.collector)])
+                                         state: [kernel.stateEndpoints])
         try await client.publish(key: "/client/r/a", value: 1)
         let stoppedAt = try await client.publish(key: "/client/r/b", value: 2)
         // What happened while the reader was away.

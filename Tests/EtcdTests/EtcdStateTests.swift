@@ -136,7 +136,7 @@ struct EtcdStateTests {
                 #expect(after[key]?.value == before[key]?.value)
             }
             // It resumes from where it stopped, without a reset: the changes since, the deletion included.
-            let state = StateEndpoints(snapshot: again.endpoints.snapshot, publisher: again.endpoints.publisher, collector: again.endpoints.collector)
+            let state = again.stateEndpoints
             let follower = try await BusClient(brokers: [again.endpoints.broker], state: [state])
             let changes = try #require(try await follower.changes(under: ["/orders/"], since: stoppedAt), "a reset: the new kernel does not hold the changes")
             #expect(changes.changes.map(\.key) == (11...20).map { "/orders/\($0)" } + ["/orders/3"])
@@ -180,7 +180,7 @@ struct EtcdStateTests {
             _ = try await set(bus!, "/orders/2", .null)
             let endpoints = kernel!.endpoints
             follower = try await BusClient(brokers: [endpoints.broker],
-                                           state: [StateEndpoints(snapshot: endpoints.snapshot, publisher: endpoints.publisher, collector: endpoints.collector)])
+                                           state: [kernel!.stateEndpoints])
             // Nine changes back, the kernel holding the last four: read from etcd.
             let changes = try #require(try await follower!.changes(under: ["/orders/"], since: written[2]), "a reset: the changes were not read from etcd")
             #expect(changes.changes.map(\.key) == (4...12).map { "/orders/\($0)" } + ["/orders/2"])
@@ -399,7 +399,7 @@ struct EtcdStateTests {
         let leader = try await leader(of: cluster), cutOff = (leader + 1) % 3
         let kernel = try await Self.kernel(on: cluster) { $0.stateEtcd?.endpoints = [cluster.clientURLs[cutOff]] }
         let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
-        let state = StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, collector: kernel.endpoints.collector)
+        let state = kernel.stateEndpoints
         let follower = try await BusClient(brokers: [kernel.endpoints.broker], state: [state])
         _ = try await set(bus, "/pricing/kept", 1)
         _ = try await set(bus, "/pricing/gone", 2)

@@ -153,7 +153,7 @@ struct EtcdLinearizabilityTests {
         let cluster = try await TestEtcd.start(members: 3)
         defer { cluster.stop() }
         let kernel = try await EtcdStateTests.kernel(on: cluster)
-        let state = StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, collector: kernel.endpoints.collector)
+        let state = kernel.stateEndpoints
         let follower = try await BusClient(brokers: [kernel.endpoints.broker], state: [state])
         let subscription = try await follower.subscribe(prefixes: [Self.key])
         let leader = try await leader(of: cluster), broker = kernel.endpoints.broker

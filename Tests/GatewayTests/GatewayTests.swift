@@ -46,7 +46,7 @@ struct GatewayBed {
                            GatewayToken(token: echoOnlyToken, services: ["echo"]),
                            GatewayToken(token: clientReaderToken, services: [], readablePrefixes: ["/client/"])]
         configure(&settings)
-        let state = StateEndpoints(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, collector: kernel.endpoints.collector)
+        let state = kernel.stateEndpoints
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: settings.requestTimeout, state: [state])
         let subscription = try await client.subscribe(prefixes: settings.prefixes)
         let gateway = Gateway(options: .init(settings: settings, brokers: [kernel.endpoints.broker], state: [state], curve: nil, services: ["echo"]),
@@ -78,6 +78,22 @@ struct GatewayBed {
     }
 
     var base: String { "http://127.0.0.1:\(port)" }
+
+    /// Runs `body` with a streams service on this bed's kernel (its database in a temporary
+    /// folder), stopped however `body` ends.
+    func withStreams(_ body: () async throws -> Void) async throws {
+        let folder = try temporaryDirectory("gateway-streams")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let service = StreamsService(configuration: StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path))
+        let host = try ServiceHost(service: service, options: .init(brokers: [kernel.endpoints.broker], connections: 1,
+                                                                    heartbeatInterval: kernel.configuration.heartbeatInterval,
+                                                                    heartbeatLiveness: kernel.configuration.heartbeatLiveness))
+        try await host.start()
+        try await stopping(host, with: { await $0.stop() }) { _ in
+            try await kernel.workers(StreamsAPI.service)
+            try await body()
+        }
+    }
 
     /// POSTs `body` to /rpc/`service`; the status and the JSON answer (nil: no body).
     func rpc(_ service: String, _ body: String, token: String? = fullToken) async throws -> (status: UInt, json: JSONValue?) {
@@ -360,15 +376,7 @@ struct GatewayTests {
     @Test("GET /metrics carries each stream's and consumer's figures from the streams service, and the whole text passes Prometheus' checker")
     func streamMetrics() async throws {
         try await GatewayBed.with { bed in
-            let folder = try temporaryDirectory("gateway-streams")
-            defer { try? FileManager.default.removeItem(at: folder) }
-            let service = StreamsService(configuration: StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path))
-            let host = try ServiceHost(service: service, options: .init(brokers: [bed.kernel.endpoints.broker], connections: 1,
-                                                                        heartbeatInterval: bed.kernel.configuration.heartbeatInterval,
-                                                                        heartbeatLiveness: bed.kernel.configuration.heartbeatLiveness))
-            try await host.start()
-            try await stopping(host, with: { await $0.stop() }) { _ in
-                try await bed.kernel.workers(StreamsAPI.service)
+            try await bed.withStreams {
                 _ = try await bed.bus.call(StreamsAPI.streamAdd, .init(name: "orders", subjects: ["orders."]))
                 _ = try await bed.bus.call(StreamsAPI.consumerAdd, .init(stream: "orders", name: "billing"))
                 for number in 1...3 { _ = try await bed.bus.publish(to: "orders.new", .int(Int64(number))) }
@@ -396,15 +404,7 @@ struct GatewayTests {
     @Test("GET /streams/{stream}/{consumer}: a consumer's messages pushed as Server-Sent Events, each with its sequence as id, then the end; acknowledged over POST /rpc; a missing consumer is 404 and a token without the service 403")
     func consumerMessages() async throws {
         try await GatewayBed.with { bed in
-            let folder = try temporaryDirectory("gateway-streams")
-            defer { try? FileManager.default.removeItem(at: folder) }
-            let service = StreamsService(configuration: StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path))
-            let host = try ServiceHost(service: service, options: .init(brokers: [bed.kernel.endpoints.broker], connections: 1,
-                                                                        heartbeatInterval: bed.kernel.configuration.heartbeatInterval,
-                                                                        heartbeatLiveness: bed.kernel.configuration.heartbeatLiveness))
-            try await host.start()
-            try await stopping(host, with: { await $0.stop() }) { _ in
-                try await bed.kernel.workers(StreamsAPI.service)
+            try await bed.withStreams {
                 _ = try await bed.bus.call(StreamsAPI.streamAdd, .init(name: "orders", subjects: ["orders."]))
                 _ = try await bed.bus.call(StreamsAPI.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 60))
                 _ = try await bed.bus.publish(to: "orders.new", ["id": 1])
