@@ -202,10 +202,13 @@ struct Routes: Sendable {
         })
     }
 
-    static func framed(_ json: [UInt8], _ format: PartsFormat, event: String) -> ByteBuffer {
+    /// One JSON text as a line, or as a Server-Sent Event: named `event` (nil: a plain
+    /// message, what `EventSource.onmessage` gets), with `id` when given.
+    static func framed(_ json: [UInt8], _ format: PartsFormat, event: String?, id: Int? = nil) -> ByteBuffer {
         switch format {
         case .ndjson: ByteBuffer(bytes: json + [UInt8(ascii: "\n")])
-        case .eventStream: ByteBuffer(bytes: Array("event: \(event)\ndata: ".utf8) + json + Array("\n\n".utf8))
+        case .eventStream:
+            ByteBuffer(bytes: Array(((id.map { "id: \($0)\n" } ?? "") + (event.map { "event: \($0)\n" } ?? "") + "data: ").utf8) + json + Array("\n\n".utf8))
         }
     }
 
@@ -421,11 +424,9 @@ struct Routes: Sendable {
             try await writer.write(ByteBuffer(string: "retry: 1000\n\n"))
             do {
                 for try await message in parts {
-                    let data = try JSONValue(encoding: message).jsonBytes
-                    try await writer.write(ByteBuffer(bytes: Array("id: \(message.sequence)\ndata: ".utf8) + data + Array("\n\n".utf8)))
+                    try await writer.write(Self.framed(try JSONValue(encoding: message).jsonBytes, .eventStream, event: nil, id: message.sequence))
                 }
-                let end = try JSONValue(encoding: try await parts.end()).jsonBytes
-                try await writer.write(ByteBuffer(bytes: Array("event: end\ndata: ".utf8) + end + Array("\n\n".utf8)))
+                try await writer.write(Self.framed(try JSONValue(encoding: try await parts.end()).jsonBytes, .eventStream, event: "end"))
             } catch let error as BusError {
                 let response = Self.response(id: .null, .failure(error))
                 try await writer.write(Self.framed(response.jsonBytes, .eventStream, event: "error"))
