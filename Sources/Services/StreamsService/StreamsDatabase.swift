@@ -264,8 +264,7 @@ enum StreamsDatabase {
     /// of them; at most `max` and `maxBytes` of data (always one when there is one).
     static func messages(_ db: Database, _ asked: API.ReadMessages, max: Int, maxBytes: Int) throws -> API.Messages {
         let stream = try stream(db, asked.name)
-        let filter: [any SQLArgument] = [asked.filter, asked.filter, asked.filter]
-        let matches = "(CAST(? AS TEXT) IS NULL OR substr(subject, 1, length(?)) = ?)"
+        let (matches, filter) = subjectMatches(asked.filter)
         var from = asked.from ?? stream.firstSeq
         if let last = asked.last {
             from = try db.int("""
@@ -285,6 +284,12 @@ enum StreamsDatabase {
         // Read to the end: the next one is the stream's next, whatever the filter passed over.
         let next = out.count == rows.count && rows.count < max ? Swift.max(from, stream.lastSeq + 1) : (out.last.map { $0.sequence + 1 } ?? from)
         return API.Messages(messages: out, next: next)
+    }
+
+    /// A condition on a message's subject: that it starts with `filter`, when there is one
+    /// (a consumer's, a reader's); with its arguments.
+    private static func subjectMatches(_ filter: String?) -> (sql: String, arguments: [any SQLArgument]) {
+        ("(CAST(? AS TEXT) IS NULL OR substr(subject, 1, length(?)) = ?)", [filter, filter, filter])
     }
 
     // MARK: State captured
@@ -489,8 +494,8 @@ enum StreamsDatabase {
     static func info(_ db: Database, _ consumer: Consumer) throws -> API.ConsumerInfo {
         let pending = try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [consumer.stream, consumer.name]) ?? 0
         let waiting = try db.int("""
-            SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND (CAST(? AS TEXT) IS NULL OR substr(subject, 1, length(?)) = ?)
-            """, [consumer.stream, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter]) ?? 0
+            SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND \(subjectMatches(consumer.filter).sql)
+            """, [consumer.stream, consumer.nextSeq] + subjectMatches(consumer.filter).arguments) ?? 0
         return API.ConsumerInfo(stream: consumer.stream, name: consumer.name, filter: consumer.filter, ackWait: consumer.ackWait,
                                 maxDeliver: consumer.maxDeliver, nextSequence: consumer.nextSeq, pending: pending, waiting: waiting,
                                 delivered: consumer.delivered, redelivered: consumer.redelivered, acknowledged: consumer.acknowledged,
@@ -512,10 +517,11 @@ enum StreamsDatabase {
     /// one not handed out yet.
     static func ready(_ db: Database, stream: String, consumer name: String, now: Double) throws -> Bool {
         let consumer = try consumer(db, stream: stream, name: name)
+        let (matches, filter) = subjectMatches(consumer.filter)
         return try db.row("""
             SELECT EXISTS (SELECT 1 FROM pending WHERE stream = ? AND consumer = ? AND deadline <= ?)
-                OR EXISTS (SELECT 1 FROM messages WHERE stream = ? AND seq >= ? AND (CAST(? AS TEXT) IS NULL OR substr(subject, 1, length(?)) = ?)) AS ready
-            """, [stream, name, now, stream, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter])?.bool("ready") ?? false
+                OR EXISTS (SELECT 1 FROM messages WHERE stream = ? AND seq >= ? AND \(matches)) AS ready
+            """, [stream, name, now, stream, consumer.nextSeq] + filter)?.bool("ready") ?? false
     }
 
     /// Hands out up to `batch` messages and `maxBytes` of data (always one when one is ready):
@@ -554,10 +560,11 @@ enum StreamsDatabase {
         var delivered = 0
         if !full, out.count < batch {
             let asked = batch - out.count
+            let (matches, filter) = subjectMatches(consumer.filter)
             let fresh = try db.rows("""
                 SELECT seq, subject, data, published_at, dead_letter FROM messages
-                WHERE stream = ? AND seq >= ? AND (CAST(? AS TEXT) IS NULL OR substr(subject, 1, length(?)) = ?) ORDER BY seq LIMIT ?
-                """, [name, consumer.nextSeq, consumer.filter, consumer.filter, consumer.filter, asked])
+                WHERE stream = ? AND seq >= ? AND \(matches) ORDER BY seq LIMIT ?
+                """, [name, consumer.nextSeq] + filter + [asked])
             for row in fresh {
                 let sequence = try row.int("seq"), data = try row.blob("data")
                 guard out.isEmpty || bytes + data.count <= maxBytes else {
