@@ -8,21 +8,26 @@ import SwitchboardTestSupport
 import Testing
 import ZeroMQ
 
-/// A kernel with CURVE on every endpoint, one allowed client key and one allowed worker key.
+/// A kernel with CURVE on every endpoint, one allowed client key, one operator's key and one
+/// allowed worker key.
 struct SecuredBus {
     let kernel: TestKernel
     let kernelKeys: CurveKeyPair
     let client: CurveClientKeys
+    let `operator`: CurveClientKeys
     let worker: CurveClientKeys
 
     static func start() async throws -> SecuredBus {
         let kernelKeys = try CurveKeyPair.generate(), clientPair = try CurveKeyPair.generate(), workerPair = try CurveKeyPair.generate()
+        let operatorPair = try CurveKeyPair.generate()
         let kernel = try await TestKernel.start {
             fastHeartbeats(&$0)
-            $0.security = KernelSecurity(secretKey: kernelKeys.secretKey, clientKeys: [clientPair.publicKey], workerKeys: [workerPair.publicKey])
+            $0.security = KernelSecurity(secretKey: kernelKeys.secretKey, clientKeys: [clientPair.publicKey], workerKeys: [workerPair.publicKey],
+                                         operatorKeys: [operatorPair.publicKey])
         }
         return SecuredBus(kernel: kernel, kernelKeys: kernelKeys,
                           client: try CurveClientKeys(serverKey: kernelKeys.publicKey, secretKey: clientPair.secretKey),
+                          operator: try CurveClientKeys(serverKey: kernelKeys.publicKey, secretKey: operatorPair.secretKey),
                           worker: try CurveClientKeys(serverKey: kernelKeys.publicKey, secretKey: workerPair.secretKey))
     }
 
@@ -117,6 +122,42 @@ struct CurveTests {
         await bus.close()
         await impostor.stop()
         await host.stop()
+        await secured.kernel.stop()
+    }
+
+    @Test("a worker whose READY says callers=1 gets each request's sender as the kernel ranks it; a plain worker gets the body alone")
+    func callers() async throws {
+        let secured = try await SecuredBus.start()
+        let context = try ZMQContext()
+        func worker(_ service: String, callers: Bool) throws -> ZMQSocket {
+            let socket = try ZMQSocket(context, .dealer)
+            try socket.set(.linger, 0)
+            try socket.set(.receiveTimeout, 10_000)
+            try socket.secure(secured.worker)
+            try socket.connect(secured.kernel.endpoints.broker)
+            try socket.send(MDP.encode(.ready(service: service, window: 1, callers: callers)))
+            return socket
+        }
+        let asking = try worker("asking", callers: true), plain = try worker("plain", callers: false)
+        let client = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.client)
+        let operatorClient = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.operator)
+        try await secured.kernel.workers("asking", curve: secured.client)
+        try await secured.kernel.workers("plain", curve: secured.client)
+        /// The body `socket`, serving `service`, receives for a request `bus` sends, answered "ok".
+        func bodyReceived(by socket: ZMQSocket, _ service: String, from bus: BusClient) async throws -> [Frame] {
+            async let reply = bus.call(service: service, body: ["x"])
+            guard case .request(let sender, let body) = try MDP.decodeAtWorker(try socket.receive()) else { return [] }
+            try socket.send(MDP.encode(.reply(client: sender, body: ["ok"])))
+            #expect(try await reply == ["ok"])
+            return body
+        }
+        #expect(try await bodyReceived(by: asking, "asking", from: client) == [Frame("client:" + secured.client.publicKey), "x"])
+        #expect(try await bodyReceived(by: asking, "asking", from: operatorClient) == [Frame("operator:" + secured.operator.publicKey), "x"])
+        #expect(try await bodyReceived(by: plain, "plain", from: client) == ["x"])
+        await client.close()
+        await operatorClient.close()
+        asking.close()
+        plain.close()
         await secured.kernel.stop()
     }
 }

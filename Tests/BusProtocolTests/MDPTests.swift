@@ -27,6 +27,7 @@ struct MDPTests {
         WorkerToBroker.ready(service: "search"),
         .ready(service: "search", window: 64),
         .ready(service: "search", window: 1),
+        .ready(service: "search", window: 16, callers: true),
         .reply(client: Frame("c"), body: ["a", Frame()]),
         .heartbeat(),
         .heartbeat(errors: 0),
@@ -62,6 +63,8 @@ struct MDPTests {
         // The Switchboard extension adds one text frame; its defaults are plain 7/MDP.
         #expect(MDP.encode(.ready(service: "echo", window: 1)).frames.last == "window=1")
         #expect(MDP.encode(.ready(service: "echo", window: 8)).frames.last == "window=8")
+        #expect(MDP.encode(.ready(service: "echo", window: 8, callers: true)).frames.suffix(2) == ["window=8", "callers=1"])
+        #expect(MDP.encode(.ready(service: "echo", callers: true)).frames.last == "echo", "callers only beside a window")
         #expect(MDP.encode(.heartbeat(errors: 3)).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04], Array("errors=3".utf8)])
         #expect(MDP.encode(.drain).frames.map(\.bytes) == [[], Array("MDPW01".utf8), [0x04], Array("drain=1".utf8)])
         #expect(MDP.encode(.drain, to: Frame("w")).frames.map(\.bytes) == [Array("w".utf8), [], Array("MDPW01".utf8), [0x04], Array("drain=1".utf8)])
@@ -81,7 +84,8 @@ struct MDPTests {
         (["id", "", "MDPW01", Frame([0x01]), "a", "b"], "expected window=N"),
         (["id", "", "MDPW01", Frame([0x01]), "a", "window=0"], "expected window=N"),
         (["id", "", "MDPW01", Frame([0x01]), "a", "window=99999"], "expected window=N"),
-        (["id", "", "MDPW01", Frame([0x01]), "a", "window=2", "c"], "READY has 6 frames"),
+        (["id", "", "MDPW01", Frame([0x01]), "a", "window=2", "c"], "frame after the window must be callers=1"),
+        (["id", "", "MDPW01", Frame([0x01]), "a", "window=2", "callers=1", "c"], "READY has 7 frames"),
         (["id", "", "MDPW01", Frame([0x02]), "c", "", "x"], "may not send REQUEST"),
         (["id", "", "MDPW01", Frame([0x03]), "c", "x", "body"], "frame 4 must be empty"),
         (["id", "", "MDPW01", Frame([0x03]), "c", ""], "REPLY has 5 frames"),
@@ -207,6 +211,7 @@ struct MDP02Tests {
     @Test("worker commands round trip in 0.2", arguments: [
         WorkerToBroker.ready(service: "search"),
         .ready(service: "search", window: 64),
+        .ready(service: "search", window: 64, callers: true),
         .partial(client: Frame("c"), body: ["a", Frame()]),
         .reply(client: Frame("c"), body: ["z"]),
         .heartbeat(),

@@ -204,6 +204,9 @@ actor WorkerConnection {
     let onDrainRequested: @Sendable () -> Void
     /// 18/MDP when a method answers in parts (PARTIAL is 0.2's), else 7/MDP.
     let version: MDP.Version
+    /// Whether each request is to say who sent it (``CallerIdentity``): on CURVE only, where
+    /// the kernel can tell callers apart.
+    var asksCallers: Bool { options.curve != nil }
 
     private var state = State.idle
     private var registration: SocketRegistration?
@@ -248,6 +251,8 @@ actor WorkerConnection {
     struct Request: Sendable {
         let client: Frame
         let body: Frame?
+        /// Who sent it, as the kernel says (on a CURVE connection, which asks).
+        let caller: CallerIdentity?
         let generation: Int
     }
 
@@ -307,8 +312,9 @@ actor WorkerConnection {
         monitor = loop.register(pair) { [weak self] message in
             self?.assumeIsolated { $0.connectionEvent(message, generation: current) }
         }
-        // The window frame even for 1: it says this worker understands `drain=1`.
-        registration?.send(MDP.encode(.ready(service: serviceName, window: options.window), version: version))
+        // The window frame even for 1: it says this worker understands `drain=1`. Callers
+        // asked for only where the kernel can tell them apart (CURVE).
+        registration?.send(MDP.encode(.ready(service: serviceName, window: options.window, callers: asksCallers), version: version))
         liveness = options.heartbeatLiveness
         state = .registered
         // Parts and replies still waiting for the old socket are dropped, and their handlers go on.
@@ -350,10 +356,15 @@ actor WorkerConnection {
         case .stop(let client):
             // Only a request still running: the client frame may come again in a later one.
             if running[client] != nil { _ = stopped.withLock { $0.insert(client) } }
-        case .request(let client, let body):
+        case .request(let client, var body):
+            var caller: CallerIdentity?
+            if asksCallers, body.count > MDP.callerPart {
+                caller = body[MDP.callerPart].string.flatMap(CallerIdentity.init)
+                body.remove(at: MDP.callerPart)
+            }
             busy += 1
             if version == .v02 { running[client, default: 0] += 1 }
-            requests.push(Request(client: client, body: body.count == 1 ? body[0] : nil, generation: generation))
+            requests.push(Request(client: client, body: body.count == 1 ? body[0] : nil, caller: caller, generation: generation))
         }
     }
 
@@ -397,7 +408,9 @@ actor WorkerConnection {
             }
         }
         let outcome: (reply: [UInt8], errors: Int)
-        if let body = request.body {
+        if let body = request.body, let caller = request.caller {
+            outcome = await CallerIdentity.$current.withValue(caller) { await answer(body, parts) }
+        } else if let body = request.body {
             // The table keeps the reply within the kernel's message limit.
             outcome = await answer(body, parts)
         } else {

@@ -73,12 +73,15 @@ public enum MDP {
 
 /// A command a worker sends to the broker.
 ///
-/// `window`, `errors` and `drain` are the Switchboard worker extension (docs/PROTOCOL.md):
-/// a plain 7/MDP worker never sends them, and encoding the defaults gives plain MDP frames.
+/// `window`, `callers`, `errors` and `drain` are the Switchboard worker extension
+/// (docs/PROTOCOL.md): a plain 7/MDP worker never sends them, and encoding the defaults gives
+/// plain MDP frames.
 public enum WorkerToBroker: Sendable, Equatable {
     /// READY; `window` (1 or more) says the worker speaks the extension and takes that many
     /// requests in flight on this connection; nil: a plain 7/MDP worker (one at a time).
-    case ready(service: String, window: Int? = nil)
+    /// `callers` (with a window only): each REQUEST is to carry who sent it
+    /// (``MDP/callerPart``).
+    case ready(service: String, window: Int? = nil, callers: Bool = false)
     /// The last (0.1: only) reply to a request: 7/MDP's REPLY, 18/MDP's FINAL. `body`: the
     /// frames after the empty one, in the message they arrived in when decoded.
     case reply(client: Frame, body: ArraySlice<Frame>)
@@ -136,6 +139,13 @@ extension MDP {
     private static let commandFrames: [Frame] = (0...6).map { Frame([UInt8($0)]) }
     private static let drainFrame = Frame("drain=1")
     private static let stopFrame = Frame("stop=1")
+    private static let callersFrame = Frame("callers=1")
+
+    /// Where a REQUEST to a worker whose READY said `callers=1` carries who sent it: the
+    /// body's first frame, before the request's own (the worker extension). It holds the
+    /// sender's CURVE user id as the kernel authenticated it and ranks it now (`client:KEY`,
+    /// `operator:KEY`, `worker:KEY`), empty when nobody can be told apart (no CURVE).
+    public static let callerPart = 0
 
     // MARK: Encoders
 
@@ -215,8 +225,8 @@ extension MDP {
     /// A worker command, for the worker's DEALER socket.
     public static func encode(_ command: WorkerToBroker, version: Version = .v01) -> Message {
         switch command {
-        case .ready(let service, let window):
-            workerMessage(to: nil, .ready, version, Frame(service), window.map { Frame("window=\($0)") })
+        case .ready(let service, let window, let callers):
+            workerMessage(to: nil, .ready, version, Frame(service), window.map { Frame("window=\($0)") }, body: callers && window != nil ? [callersFrame] : [])
         case .reply(let client, let body):
             workerMessage(to: nil, .final, version, client, empty, body: body)
         case .partial(let client, let body):
@@ -330,10 +340,13 @@ extension MDP {
         let verb = try workerVerb(frames, at: index, version)
         switch verb {
         case .ready:
-            guard after == 1 || after == 2 else { throw count("READY", "\(before + 2) (or \(before + 3) with a window)") }
+            guard (1...3).contains(after) else { throw count("READY", "\(before + 2) (or \(before + 3) with a window, \(before + 4) with callers=1)") }
             let service = try serviceName(frames, index + 1, "worker READY")
-            let window = after == 2 ? try extensionValue(frames.frame(index + 2), "window", in: 1...maxWindow) : nil
-            return .ready(service: service, window: window)
+            let window = after >= 2 ? try extensionValue(frames.frame(index + 2), "window", in: 1...maxWindow) : nil
+            if after == 3, !frames.part(index + 3, equals: callersFrame) {
+                throw ProtocolError("MDP", "worker READY's frame after the window must be callers=1, got \(frames.frame(index + 3))")
+            }
+            return .ready(service: service, window: window, callers: after == 3)
         case .partial, .final:
             let name = verb == .partial ? "PARTIAL" : version == .v01 ? "REPLY" : "FINAL"
             guard after >= 3 else { throw count(name, "at least \(before + 4)") }

@@ -47,6 +47,8 @@ struct Broker: ~Copyable {
         /// Whose share of the service's places it counts against (``FairQueue``): the
         /// sender's CURVE key, or without CURVE its connection.
         let owner: FairQueue.Client
+        /// The sender's CURVE user id (nil without CURVE), for workers that ask who sent it.
+        let peer: String?
         /// The frames after the service name. Most bodies are one frame, held alone: the
         /// message it arrived in is let go at once, and its socket reads the next message into
         /// the same array. Longer ones stay a slice of it.
@@ -80,10 +82,12 @@ struct Broker: ~Copyable {
 
         var caller: Caller { Caller(client: client, version: version) }
 
-        init(client: Frame, version: MDP.Version = .v01, owner: FairQueue.Client, body: ArraySlice<Frame>, deadline: UInt64, received: UInt64) {
+        init(client: Frame, version: MDP.Version = .v01, owner: FairQueue.Client, peer: String? = nil, body: ArraySlice<Frame>, deadline: UInt64,
+             received: UInt64) {
             self.client = client
             self.version = version
             self.owner = owner
+            self.peer = peer
             if body.count == 1 {
                 (onlyFrame, frames) = (body.first, [])
             } else {
@@ -102,14 +106,17 @@ struct Broker: ~Copyable {
 
     /// A request as it goes to a worker: 7/MDP's REQUEST head with the client's address as
     /// the worker will echo it, then the body from where the request keeps it.
+    /// To a worker that asked for callers, who sent it first (``MDP/callerPart``).
     struct WorkerRequest: MessageEncoding {
         let worker: Frame
         let client: Frame
         let version: MDP.Version
+        let caller: Frame?
         let request: Request
 
         func appendFrames(to frames: inout [Frame]) {
             MDP.appendRequestHead(to: worker, client: client, version: version, into: &frames)
+            if let caller { frames.append(caller) }
             request.appendBody(into: &frames)
         }
     }
@@ -127,6 +134,8 @@ struct Broker: ~Copyable {
         let window: Int
         /// Whether its READY carried a window: it understands `drain=1` from the kernel.
         let speaksExtension: Bool
+        /// Whether its READY said `callers=1`: each request it gets says who sent it.
+        let wantsCallers: Bool
         /// The Majordomo its READY was in; every command it sends must be in the same.
         let version: MDP.Version
         var expiry: UInt64
@@ -141,7 +150,8 @@ struct Broker: ~Copyable {
         var hasRoom: Bool { !draining && inFlight.count < window }
         /// Whether `id` names it: its routing id, or its process (the part before the first `/`).
         func isNamed(_ id: String) -> Bool { identity.equals(id) || process.equals(id) }
-        init(identity: Frame, service: Service, window: Int, speaksExtension: Bool = true, version: MDP.Version = .v01, expiry: UInt64) {
+        init(identity: Frame, service: Service, window: Int, speaksExtension: Bool = true, wantsCallers: Bool = false, version: MDP.Version = .v01,
+             expiry: UInt64) {
             self.identity = identity
             self.version = version
             process = identity.withUnsafeBytes { bytes in
@@ -151,6 +161,7 @@ struct Broker: ~Copyable {
             self.service = service
             self.window = window
             self.speaksExtension = speaksExtension
+            self.wantsCallers = wantsCallers
             self.expiry = expiry
         }
     }
@@ -378,7 +389,7 @@ struct Broker: ~Copyable {
             return
         }
         if name.hasPrefix(Self.everyWorker) {
-            scatter(caller, to: String(name.dropFirst(Self.everyWorker.count)), body: body, now: now)
+            scatter(caller, to: String(name.dropFirst(Self.everyWorker.count)), body: body, peer: peer, now: now)
             return
         }
         // One lookup by name per request: a name not known yet is recorded only while the
@@ -389,7 +400,7 @@ struct Broker: ~Copyable {
             return
         }
         service.stats.requests += 1
-        let request = Request(client: client, version: caller.version, owner: service.requests.client(peer.map { Frame($0) } ?? client),
+        let request = Request(client: client, version: caller.version, owner: service.requests.client(peer.map { Frame($0) } ?? client), peer: peer,
                               body: body, deadline: now + timeouts.queue, received: now)
         let size = request.size
         guard service.requests.count < configuration.maxQueuedPerService,
@@ -423,7 +434,7 @@ struct Broker: ~Copyable {
         known?.expiry = now + timeouts.workerExpiry
         func disconnect(_ reason: String) { self.disconnect(identity, version: version, reason: reason, now: now) }
         switch command {
-        case .ready(let name, let window):
+        case .ready(let name, let window, let callers):
             guard known == nil else {
                 disconnect("a second READY")
                 return
@@ -440,7 +451,7 @@ struct Broker: ~Copyable {
                 return
             }
             let service = serviceNamed(name)
-            let worker = Worker(identity: identity, service: service, window: window ?? 1, speaksExtension: window != nil,
+            let worker = Worker(identity: identity, service: service, window: window ?? 1, speaksExtension: window != nil, wantsCallers: callers,
                                 version: version, expiry: now + timeouts.workerExpiry)
             workers[identity] = worker
             service.everServed = true
@@ -527,7 +538,10 @@ struct Broker: ~Copyable {
     }
 
     private mutating func send(_ request: Request, to worker: Worker) {
-        outbox.send(WorkerRequest(worker: worker.identity, client: worker.sent(request), version: worker.version, request: request))
+        // Ranked at each send, as the kernel's own requests are: a key a reload made an
+        // operator, or no longer one, is told so at once.
+        let caller = worker.wantsCallers ? Frame(Peer(userID: request.peer, security: configuration.security).callerID) : nil
+        outbox.send(WorkerRequest(worker: worker.identity, client: worker.sent(request), version: worker.version, caller: caller, request: request))
     }
 
     // MARK: A request to every worker
@@ -537,7 +551,7 @@ struct Broker: ~Copyable {
     /// Sends a copy of the request to each worker of `name` registered now (at once to one
     /// with a free place, else when it has one), and tells the client how many answers to
     /// expect, from which workers.
-    private mutating func scatter(_ caller: Caller, to name: String, body: ArraySlice<Frame>, now: UInt64) {
+    private mutating func scatter(_ caller: Caller, to name: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
         let asked = Service(name: Self.everyWorker + name)
         guard let service = services[name], name != KernelAPI.service, !MMI.isManagement(name) else {
             return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
@@ -571,7 +585,7 @@ struct Broker: ~Copyable {
         let notice: JSONValue = ["expected": .int(Int64(names.count)), "workers": .array(names.map(JSONValue.string))]
         relayPart([Frame(JSONRPC.partReply(id: id, partText: notice.jsonBytes))], of: stream, service: asked)
         for (worker, name) in chosen {
-            let copy = Request(client: caller.client, version: caller.version, owner: owner, body: body, deadline: gather.deadline, received: now)
+            let copy = Request(client: caller.client, version: caller.version, owner: owner, peer: peer, body: body, deadline: gather.deadline, received: now)
             copy.gather = (gather, name)
             if worker.hasRoom, let place = service.idle.firstIndex(where: { $0 === worker }) {
                 service.idle.remove(at: place)

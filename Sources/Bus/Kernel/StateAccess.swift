@@ -49,6 +49,17 @@ enum Peer: Equatable {
         }
     }
 
+    /// What a worker that asked for callers is told of it (``MDP/callerPart``): its rank and
+    /// key, empty when nobody can be told apart.
+    var callerID: String {
+        switch self {
+        case .unauthenticated: ""
+        case .client(let key): CallerIdentity.Rank.client.rawValue + ":" + key
+        case .operator(let key): CallerIdentity.Rank.operator.rawValue + ":" + key
+        case .worker(let key, _): CallerIdentity.Rank.worker.rawValue + ":" + key
+        }
+    }
+
     /// Whether it may ask what ``OperatorsOnly`` lists: an operator's key, or anyone
     /// when nobody can be told apart (no CURVE).
     var isOperator: Bool {
