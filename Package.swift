@@ -440,7 +440,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StreamsServiceTests",
-            dependencies: ["Contracts", "Storage", "StreamsService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport"],
+            dependencies: ["Contracts", "Storage", "StreamsService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

@@ -8,6 +8,7 @@ import StreamsService
 import Synchronization
 import SwitchboardTestSupport
 import Testing
+import ZeroMQ
 
 typealias API = StreamsAPI
 
@@ -45,8 +46,15 @@ struct StreamsBus {
     /// The PostgreSQL server of a `.postgres` bus (stopped with it unless kept).
     let postgres: TestPostgres?
 
-    static func start(folder: URL? = nil, kernel: TestKernel? = nil, time: TestTime = TestTime(), backend: Backend = .sqlite, postgres: TestPostgres? = nil,
-                      _ configure: (inout StreamsConfiguration) -> Void = { _ in }) async throws -> StreamsBus {
+    /// CURVE keys for a kernel that has them: the service's, `client`'s and `other`'s.
+    struct Keys {
+        var service: CurveClientKeys
+        var client: CurveClientKeys
+        var other: CurveClientKeys
+    }
+
+    static func start(folder: URL? = nil, kernel: TestKernel? = nil, keys: Keys? = nil, time: TestTime = TestTime(), backend: Backend = .sqlite,
+                      postgres: TestPostgres? = nil, _ configure: (inout StreamsConfiguration) -> Void = { _ in }) async throws -> StreamsBus {
         let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
         let folder = try folder ?? temporaryDirectory("streams")
         var server = postgres
@@ -54,21 +62,21 @@ struct StreamsBus {
         var configuration = StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path,
                                                  postgres: server.map { PostgresSettings(url: $0.url(), poolSize: 4, tls: .disable) })
         configure(&configuration)
-        let serviceClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), state: [kernel.stateEndpoints])
+        let serviceClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), curve: keys?.service, state: [kernel.stateEndpoints])
         let service = StreamsService(configuration: configuration, client: serviceClient, now: { time.now })
         let working = Working(service)
         await working.start()
         await service.waitUntilReady()
         let options = ServiceHost<StreamsService>.Options(brokers: [kernel.endpoints.broker], connections: 2,
                                                           heartbeatInterval: kernel.configuration.heartbeatInterval,
-                                                          heartbeatLiveness: kernel.configuration.heartbeatLiveness)
+                                                          heartbeatLiveness: kernel.configuration.heartbeatLiveness, curve: keys?.service)
         let host = try ServiceHost(service: service, options: options)
         try await host.start()
-        try await kernel.workers(API.service)
+        try await kernel.workers(API.service, curve: keys?.client)
         return StreamsBus(kernel: kernel, service: service, host: host, working: working, serviceClient: serviceClient,
-                          client: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10)),
-                          other: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10)), folder: folder, time: time,
-                          backend: backend, postgres: server)
+                          client: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), curve: keys?.client),
+                          other: try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), curve: keys?.other), folder: folder,
+                          time: time, backend: backend, postgres: server)
     }
 
     /// Stops the service, its clients and (unless kept) the kernel and the PostgreSQL server.
@@ -106,9 +114,9 @@ struct StreamsBus {
     }
 
     /// The JSON-RPC error a call fails with.
-    func failure<P, R>(_ method: Method<P, R>, _ params: P) async -> JSONRPCError? {
+    func failure<P, R>(_ method: Method<P, R>, _ params: P, by caller: BusClient? = nil) async -> JSONRPCError? {
         do {
-            _ = try await client.call(method, params)
+            _ = try await (caller ?? client).call(method, params)
             Issue.record("\(method.name) succeeded; expected an error")
             return nil
         } catch {
@@ -629,6 +637,100 @@ struct StreamsSharedDatabaseTests {
             #expect(try await bus.publish("orders.new", 4, id: "o-4").sequence == 4)
             let info = try await bus.client.call(API.streamInfo, .init(name: "orders"))
             #expect(info.messages == 4 && info.lastSequence == 4)
+        }
+    }
+}
+
+@Suite("streams with CURVE: what each key may add, and change")
+struct StreamsRightsTests {
+    /// A CURVE kernel admitting a key for the service, two client keys (the bus's `client` and
+    /// `other`) and an operator's, and a streams service bound by small quotas.
+    static func with(_ backend: Backend, _ body: (StreamsBus, BusClient) async throws -> Void) async throws {
+        let kernelKeys = try CurveKeyPair.generate(), serviceKey = try CurveKeyPair.generate()
+        let first = try CurveKeyPair.generate(), second = try CurveKeyPair.generate(), operatorKey = try CurveKeyPair.generate()
+        let kernel = try await TestKernel.start(fixedPorts: true) {
+            fastHeartbeats(&$0)
+            $0.security = KernelSecurity(secretKey: kernelKeys.secretKey, clientKeys: [first.publicKey, second.publicKey],
+                                         serviceKeys: [serviceKey.publicKey: API.service], operatorKeys: [operatorKey.publicKey])
+        }
+        func keys(_ pair: CurveKeyPair) throws -> CurveClientKeys { try CurveClientKeys(serverKey: kernelKeys.publicKey, secretKey: pair.secretKey) }
+        let bus = try await StreamsBus.start(kernel: kernel, keys: .init(service: try keys(serviceKey), client: try keys(first), other: try keys(second)),
+                                             backend: backend) { configuration in
+            (configuration.clientMaxStreams, configuration.clientMaxBytes, configuration.clientMaxConsumers) = (2, 3_000, 2)
+        }
+        try await stopping(bus, with: { await $0.stop() }) { bus in
+            let operatorClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), curve: try keys(operatorKey))
+            try await stopping(operatorClient, with: { await $0.close() }) { try await body(bus, $0) }
+        }
+    }
+
+    @Test("a client key changes only what it added; an operator's key changes anything; a forged client member changes nothing", arguments: Backend.available)
+    func rights(backend: Backend) async throws {
+        try await Self.with(backend) { bus, operatorClient in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."], maxBytes: 1_000))
+            try await bus.publish("orders.new", 1)
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing"))
+            _ = try await bus.other.call(API.consumerAdd, .init(stream: "orders", name: "audit"))
+
+            // The other key reads and publishes, but cannot purge, delete, or take a consumer away.
+            #expect(try await bus.other.publish(to: "orders.new", 2).sequence == 2)
+            #expect(await bus.failure(API.streamPurge, .init(name: "orders"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
+            #expect(await bus.failure(API.streamDelete, .init(name: "orders"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
+            #expect(await bus.failure(API.consumerDelete, .init(stream: "orders", name: "billing"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
+            // Naming itself the stream's client in the request's own member counts for nothing.
+            let forged: JSONValue = ["jsonrpc": "2.0", "id": 900_031, "method": .string(API.streamPurge.name), "params": ["name": "orders"],
+                                     "client": .string(bus.client.clientID)]
+            let reply = try await bus.other.call(service: API.service, body: [Frame(forged.jsonBytes)])
+            let answer = try JSONValue(parsing: reply[0].bytes)
+            #expect(answer["error"]?["code"] == .int(Int64(JSONRPCError.forbiddenCode)))
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "orders")).messages == 2, "nothing was purged")
+
+            // Its own consumer it deletes; the stream's key deletes any consumer of its stream.
+            #expect(try await bus.other.call(API.consumerDelete, .init(stream: "orders", name: "audit")).messages == 0)
+            _ = try await bus.other.call(API.consumerAdd, .init(stream: "orders", name: "audit"))
+            _ = try await bus.client.call(API.consumerDelete, .init(stream: "orders", name: "audit"))
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "orders")).messages == 2)
+
+            // What an operator's key added is not a client key's to change; an operator's key changes anything.
+            _ = try await operatorClient.call(API.streamAdd, .init(name: "audit-log", subjects: ["audit."]))
+            #expect(await bus.failure(API.streamDelete, .init(name: "audit-log"))?.code == JSONRPCError.forbiddenCode)
+            #expect(try await operatorClient.call(API.streamDelete, .init(name: "orders")).messages == 0)
+            #expect(try await operatorClient.call(API.streamDelete, .init(name: "audit-log")).messages == 0)
+        }
+    }
+
+    @Test("each client key has its own quota of streams, bytes and consumers; deleting frees room; operators are not bound", arguments: Backend.available)
+    func quotas(backend: Backend) async throws {
+        try await Self.with(backend) { bus, operatorClient in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "a", subjects: ["a."], maxBytes: 1_000))
+            _ = try await bus.client.call(API.streamAdd, .init(name: "b", subjects: ["b."], maxBytes: 1_000))
+            let third = await bus.failure(API.streamAdd, .init(name: "c", subjects: ["c."], maxBytes: 1_000))
+            #expect(third?.code == JSONRPCError.tooLargeCode && third?.message.contains("streams.client_max_streams") == true)
+            // The other key has room of its own, in streams and in bytes.
+            let big = await bus.failure(API.streamAdd, .init(name: "c", subjects: ["c."], maxBytes: 3_001), by: bus.other)
+            #expect(big?.code == JSONRPCError.tooLargeCode && big?.message.contains("streams.client_max_mb") == true)
+            _ = try await bus.other.call(API.streamAdd, .init(name: "c", subjects: ["c."], maxBytes: 2_000))
+            let over = await bus.failure(API.streamAdd, .init(name: "d", subjects: ["d."], maxBytes: 1_001), by: bus.other)
+            #expect(over?.message.contains("may be 1000 at most") == true)
+            _ = try await bus.other.call(API.streamAdd, .init(name: "d", subjects: ["d."], maxBytes: 1_000))
+            // Adding the same stream again is no second stream.
+            _ = try await bus.client.call(API.streamAdd, .init(name: "a", subjects: ["a."], maxBytes: 1_000))
+
+            _ = try await bus.client.call(API.streamDelete, .init(name: "b"))
+            _ = try await bus.client.call(API.streamAdd, .init(name: "e", subjects: ["e."], maxBytes: 1_000))
+
+            // Consumers count over every stream.
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "a", name: "one"))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "c", name: "two"))
+            let consumer = await bus.failure(API.consumerAdd, .init(stream: "e", name: "three"))
+            #expect(consumer?.code == JSONRPCError.tooLargeCode && consumer?.message.contains("streams.client_max_consumers") == true)
+            _ = try await bus.other.call(API.consumerAdd, .init(stream: "e", name: "three"))
+
+            // The operator's key is bound by the service's limits only.
+            for name in ["f", "g", "h"] {
+                _ = try await operatorClient.call(API.streamAdd, .init(name: name, subjects: [name + "."], maxBytes: 1_000_000))
+            }
+            #expect(try await operatorClient.call(API.streamList).streams.count == 2 * 7)
         }
     }
 }

@@ -9,9 +9,9 @@ import Foundation
 
 /// Runs a verb: the answer of `body` printed as it came with --json, else shown by `show`
 /// from its contract's type.
-func appVerb<Value>(_ connection: ConnectionOptions, _ output: OutputOptions, _ body: (BusClient) async throws -> Answer<Value>,
+func appVerb<Value>(_ connection: ConnectionOptions, _ output: OutputOptions, asOperator: Bool = false, _ body: (BusClient) async throws -> Answer<Value>,
                     show: (Value) -> Void) async throws {
-    try await withClient(connection) { client in
+    try await withClient(connection, asOperator: asOperator) { client in
         let answer = try await body(client)
         if output.json { Output.json(answer.json, compact: true) } else { show(answer.value) }
     }

@@ -116,9 +116,11 @@ struct StreamDelete: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream's name.") var name: String
+    @Flag(name: .customLong("as-operator"), help: "Send it with the operator's key (KEYS/operator.key), which may change any stream: with CURVE on, a client key changes only the streams it added.")
+    var asOperator = false
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, StreamsAPI.streamDelete, StreamsAPI.StreamName(name: name)) }) { removed in
+        try await appVerb(connection, output, asOperator: asOperator, { try await call($0, StreamsAPI.streamDelete, StreamsAPI.StreamName(name: name)) }) { removed in
             Output.line("deleted stream \(name) (\(removed.messages) messages)")
         }
     }
@@ -130,9 +132,11 @@ struct StreamPurge: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream's name.") var name: String
+    @Flag(name: .customLong("as-operator"), help: "Send it with the operator's key (KEYS/operator.key), which may change any stream: with CURVE on, a client key changes only the streams it added.")
+    var asOperator = false
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, StreamsAPI.streamPurge, StreamsAPI.StreamName(name: name)) }) { removed in
+        try await appVerb(connection, output, asOperator: asOperator, { try await call($0, StreamsAPI.streamPurge, StreamsAPI.StreamName(name: name)) }) { removed in
             Output.line("purged stream \(name) (\(removed.messages) messages)")
         }
     }

@@ -38,6 +38,9 @@ extension StreamsConfiguration {
         if let bytes = settings.maxMessageBytes { maxMessageBytes = bytes }
         if let count = settings.maxStreams { maxStreams = count }
         if let count = settings.maxConsumers { maxConsumers = count }
+        if let count = settings.clientMaxStreams { clientMaxStreams = count }
+        if let bytes = settings.clientMaxBytes { clientMaxBytes = bytes }
+        if let count = settings.clientMaxConsumers { clientMaxConsumers = count }
         if let capture = settings.capture { self.capture = capture }
         postgres = settings.postgres.map(PostgresSettings.init)
     }

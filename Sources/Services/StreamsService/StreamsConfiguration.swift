@@ -21,6 +21,14 @@ public struct StreamsConfiguration: Sendable, Equatable {
     /// what bounds the file when no `maxSizeBytes` does.
     public var maxStreams = 1_000
     public var maxConsumers = 100
+    /// What one client key may add (with CURVE on; operators' and services' keys are not
+    /// bound): streams, the bytes their `maxBytes` come to, and consumers over all streams.
+    public var clientMaxStreams = 100
+    public var clientMaxBytes = 16 << 30
+    public var clientMaxConsumers = 1_000
+    var clientQuota: StreamsDatabase.ClientQuota {
+        StreamsDatabase.ClientQuota(streams: clientMaxStreams, bytes: clientMaxBytes, consumers: clientMaxConsumers)
+    }
     /// A stream's limits when its creator gives none: the oldest go past them.
     public var defaultMaxMessages = 1_000_000
     public var defaultMaxBytes = 1 << 30
@@ -46,13 +54,17 @@ public struct StreamsSettings: Sendable, Equatable {
     public var maxMessageBytes: Int?
     public var maxStreams: Int?
     public var maxConsumers: Int?
+    public var clientMaxStreams: Int?
+    public var clientMaxBytes: Int?
+    public var clientMaxConsumers: Int?
     /// `backend: postgres` (and how to reach it) instead of the SQLite file.
     public var postgres: PostgresSection?
     /// `capture:`, stream names with the state's key prefixes each keeps.
     public var capture: [String: [String]]?
     public init() {}
 
-    public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes", "max_streams", "max_consumers", "capture"]
+    public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes", "max_streams", "max_consumers", "client_max_streams", "client_max_mb",
+                                                    "client_max_consumers", "capture"]
                                                    + PostgresSection.keys)
 
     /// Reads `streams:`.
@@ -64,6 +76,9 @@ public struct StreamsSettings: Sendable, Equatable {
         maxMessageBytes = try streams.integer("max_message_bytes", atMost: 16_777_216)
         maxStreams = try streams.integer("max_streams", atMost: 1_000_000)
         maxConsumers = try streams.integer("max_consumers", atMost: 1_000_000)
+        clientMaxStreams = try streams.integer("client_max_streams", atMost: 1_000_000)
+        clientMaxBytes = try streams.integer("client_max_mb", atMost: 1 << 30).map { $0 * 1_048_576 }
+        clientMaxConsumers = try streams.integer("client_max_consumers", atMost: 100_000_000)
         postgres = try PostgresSection.reading(streams)
         if let given = streams.values["capture"] {
             var capture: [String: [String]] = [:]

@@ -39,6 +39,8 @@ enum StreamsDatabase {
         var captureState: Bool
         var capturedSeq: Int
         var captureGaps: Int
+        /// The CURVE key that added it (nil: added without CURVE, or by the service).
+        var owner: String?
 
         init(row: SQLRow) throws {
             name = try row.text("name")
@@ -49,14 +51,16 @@ enum StreamsDatabase {
             (messages, bytes, firstSeq, lastSeq, createdAt)
                 = (try row.int("messages"), try row.int("bytes"), try row.int("first_seq"), try row.int("last_seq"), try row.double("created_at"))
             (captureState, capturedSeq, captureGaps) = (try row.int("capture_state") != 0, try row.int("captured_seq"), try row.int("capture_gaps"))
+            owner = try row.optionalText("owner")
         }
 
-        init(_ config: Settings, deadLetters: String?, now: Double) {
+        init(_ config: Settings, deadLetters: String?, owner: String?, now: Double) {
             (name, retention, maxMessages, maxBytes, maxAge, duplicateWindow)
                 = (config.name, config.retention, config.maxMessages, config.maxBytes, config.maxAge, config.duplicateWindow)
             self.deadLetters = deadLetters
             (messages, bytes, firstSeq, lastSeq, createdAt) = (0, 0, 1, 0, now)
             (captureState, capturedSeq, captureGaps) = (config.captureState, 0, 0)
+            self.owner = owner
         }
     }
 
@@ -84,9 +88,10 @@ enum StreamsDatabase {
         try db.texts("SELECT prefix FROM subjects WHERE stream = ? ORDER BY prefix", [name])
     }
 
-    /// Creates the stream and its dead-letter stream, unless `most` streams are there already;
-    /// the same settings again change nothing.
-    static func addStream(_ db: Database, _ settings: Settings, atMost most: Int, now: Double) throws -> API.StreamInfo {
+    /// Creates the stream and its dead-letter stream for `caller`, unless `most` streams are
+    /// there already or the caller's quota is spent; the same settings again change nothing.
+    static func addStream(_ db: Database, _ settings: Settings, atMost most: Int, by caller: CallerIdentity?, quota: ClientQuota,
+                          now: Double) throws -> API.StreamInfo {
         try db.lockAll(addingStreams)
         if let row = try db.row("SELECT * FROM streams WHERE name = ?", [settings.name]) {
             let existing = try Stream(row: row)
@@ -103,6 +108,20 @@ enum StreamsDatabase {
         }
         let streams = try db.int("SELECT COUNT(*) FROM streams WHERE dead_letters IS NOT NULL") ?? 0
         guard streams < most else { throw tooMany("streams", limit: most, setting: "streams.max_streams", remedy: "delete one first") }
+        if let key = quota.binding(caller) {
+            let own = try db.row("SELECT COUNT(*) AS streams, CAST(COALESCE(SUM(max_bytes), 0) AS BIGINT) AS bytes FROM streams WHERE owner = ? AND dead_letters IS NOT NULL", [key])
+            let (count, bytes) = (try own?.int("streams") ?? 0, try own?.int("bytes") ?? 0)
+            guard count < quota.streams else {
+                throw tooMany("streams", limit: quota.streams, setting: "streams.client_max_streams", remedy: "delete one first", perKey: true)
+            }
+            guard bytes + settings.maxBytes <= quota.bytes else {
+                let room = quota.bytes - bytes
+                let remedy = room > 0 ? "so this one's maxBytes may be \(room) at most" : "delete one first"
+                throw JSONRPCError(code: JSONRPCError.tooLargeCode,
+                                   message: "Too large: this key's streams may hold \(quota.bytes) bytes in all (streams.client_max_mb); its \(count) streams take \(bytes) of them (their maxBytes): \(remedy)",
+                                   data: ["limit": .int(Int64(quota.bytes)), "setting": .string("streams.client_max_mb"), "held": .int(Int64(bytes))])
+            }
+        }
         for prefix in settings.subjects {
             if let held = try db.row("""
                 SELECT prefix, stream FROM subjects
@@ -115,13 +134,13 @@ enum StreamsDatabase {
             }
         }
         let deadLetters = API.deadLetters(of: settings.name)
-        let stream = Stream(settings, deadLetters: deadLetters, now: now)
+        let stream = Stream(settings, deadLetters: deadLetters, owner: caller?.key, now: now)
         try insert(db, stream)
         // The dead-letter stream keeps what its stream's consumers could not have done, under
         // the same limits; nothing is published to it but by them.
         try insert(db, Stream(Settings(name: deadLetters, subjects: [], retention: .limits, maxMessages: settings.maxMessages,
                                        maxBytes: settings.maxBytes, maxAge: settings.maxAge, duplicateWindow: 0),
-                              deadLetters: nil, now: now))
+                              deadLetters: nil, owner: caller?.key, now: now))
         for prefix in settings.subjects {
             try db.execute("INSERT INTO subjects (prefix, stream) VALUES (?, ?)", [prefix, settings.name])
         }
@@ -130,16 +149,44 @@ enum StreamsDatabase {
 
     private static func insert(_ db: Database, _ stream: Stream) throws {
         try db.execute("""
-            INSERT INTO streams (name, retention, max_messages, max_bytes, max_age, duplicate_window, dead_letters, created_at, capture_state)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+            INSERT INTO streams (name, retention, max_messages, max_bytes, max_age, duplicate_window, dead_letters, created_at, capture_state, owner)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             """, [stream.name, stream.retention.rawValue, stream.maxMessages, stream.maxBytes, stream.maxAge,
-                  stream.duplicateWindow, stream.deadLetters, stream.createdAt, stream.captureState ? 1 : 0])
+                  stream.duplicateWindow, stream.deadLetters, stream.createdAt, stream.captureState ? 1 : 0, stream.owner])
     }
 
-    /// -32010: a count the service bounds is reached.
-    private static func tooMany(_ what: String, limit: Int, setting: String, remedy: String) -> JSONRPCError {
-        JSONRPCError(code: JSONRPCError.tooLargeCode, message: "Too many: \(limit) \(what) are the most the service holds (\(setting)); \(remedy)",
+    /// -32010: a count the service bounds (in all, or `perKey`) is reached.
+    private static func tooMany(_ what: String, limit: Int, setting: String, remedy: String, perKey: Bool = false) -> JSONRPCError {
+        JSONRPCError(code: JSONRPCError.tooLargeCode,
+                     message: "Too many: \(limit) \(what) are the most \(perKey ? "one key may add" : "the service holds") (\(setting)); \(remedy)",
                      data: ["limit": .int(Int64(limit)), "setting": .string(setting)])
+    }
+
+    // MARK: Who may do what
+
+    /// What one client key may add: streams, the bytes their `max_bytes` come to (each one's
+    /// dead-letter stream, bounded alike, not counted), and consumers. Operators' and
+    /// services' keys are not bound, nor is anyone without CURVE (nobody can be told apart:
+    /// the service's own limits bound them all).
+    struct ClientQuota: Sendable {
+        var streams: Int
+        var bytes: Int
+        var consumers: Int
+
+        /// The key whose additions count against the quota, when `caller` is bound by it.
+        func binding(_ caller: CallerIdentity?) -> String? {
+            caller?.rank == .client ? caller?.key : nil
+        }
+    }
+
+    /// Deleting or purging what a key added is for that key, operators and services; a
+    /// stream or consumer added without a key (without CURVE, or by the service from its
+    /// configuration) for operators and services only. Without CURVE anyone may.
+    static func checkMayChange(_ what: String, addedBy owner: String?, _ caller: CallerIdentity?) throws {
+        guard let caller, caller.rank == .client, caller.key != owner else { return }
+        throw JSONRPCError.forbidden(owner == nil
+            ? "\(what) was made by the service's configuration (or without CURVE): only an operator's key or a service's may change it"
+            : "\(what) was added by another key: only that key, an operator's or a service's may change it")
     }
 
     static func info(_ db: Database, _ stream: Stream) throws -> API.StreamInfo {
@@ -194,8 +241,9 @@ enum StreamsDatabase {
 
     /// Deletes the stream with everything that is its: messages, ids, consumers, pending, and
     /// its dead-letter stream. A dead-letter stream goes only with its stream.
-    static func deleteStream(_ db: Database, _ name: String) throws -> API.Removed {
+    static func deleteStream(_ db: Database, _ name: String, by caller: CallerIdentity?) throws -> API.Removed {
         let stream = try stream(db, name, locking: true)
+        try checkMayChange("stream \(name)", addedBy: stream.owner, caller)
         if stream.deadLetters == nil, let owner = try db.texts("SELECT name FROM streams WHERE dead_letters = ?", [name]).first {
             throw JSONRPCError.invalidParams(field: "name", "\(name) is stream \(owner)'s dead-letter stream: it goes when \(owner) is deleted")
         }
@@ -211,8 +259,9 @@ enum StreamsDatabase {
     }
 
     /// Deletes every message; the sequence goes on, and each consumer counts what it missed.
-    static func purge(_ db: Database, _ name: String) throws -> API.Removed {
+    static func purge(_ db: Database, _ name: String, by caller: CallerIdentity?) throws -> API.Removed {
         let stream = try stream(db, name, locking: true)
+        try checkMayChange("stream \(name)", addedBy: stream.owner, caller)
         try db.execute("""
             UPDATE consumers SET missed = missed
                 + (SELECT COUNT(*) FROM pending p WHERE p.stream = consumers.stream AND p.consumer = consumers.name)
@@ -431,12 +480,15 @@ enum StreamsDatabase {
         var nextSeq: Int
         var createdAt: Double
         var delivered: Int, redelivered: Int, acknowledged: Int, deadLettered: Int, terminated: Int, missed: Int
+        /// The CURVE key that added it (nil: added without CURVE).
+        var owner: String?
 
         init(row: SQLRow) throws {
             (stream, name, config, filter) = (try row.text("stream"), try row.text("name"), try row.text("config"), try row.optionalText("filter"))
             (ackWait, maxDeliver, nextSeq, createdAt) = (try row.double("ack_wait"), try row.int("max_deliver"), try row.int("next_seq"), try row.double("created_at"))
             (delivered, redelivered, acknowledged) = (try row.int("delivered"), try row.int("redelivered"), try row.int("acknowledged"))
             (deadLettered, terminated, missed) = (try row.int("dead_lettered"), try row.int("terminated"), try row.int("missed"))
+            owner = try row.optionalText("owner")
         }
     }
 
@@ -457,7 +509,7 @@ enum StreamsDatabase {
     /// Creates a consumer: `config` is what its creator asked (compared when the same name is
     /// added again), the rest with the defaults filled in.
     static func addConsumer(_ db: Database, _ asked: API.ConsumerConfig, config: JSONValue, ackWait: Double, maxDeliver: Int, atMost most: Int,
-                            now: Double) throws -> API.ConsumerInfo {
+                            by caller: CallerIdentity?, quota: ClientQuota, now: Double) throws -> API.ConsumerInfo {
         let stream = try stream(db, asked.stream, locking: true)
         if let existing = try findConsumer(db, stream: asked.stream, name: asked.name) {
             guard try JSONValue(parsing: Array(existing.config.utf8)) == config else {
@@ -468,6 +520,9 @@ enum StreamsDatabase {
         }
         let consumers = try db.int("SELECT COUNT(*) FROM consumers WHERE stream = ?", [asked.stream]) ?? 0
         guard consumers < most else { throw tooMany("consumers of stream \(asked.stream)", limit: most, setting: "streams.max_consumers", remedy: "delete one first") }
+        if let key = quota.binding(caller), try db.int("SELECT COUNT(*) FROM consumers WHERE owner = ?", [key]) ?? 0 >= quota.consumers {
+            throw tooMany("consumers", limit: quota.consumers, setting: "streams.client_max_consumers", remedy: "delete one first", perKey: true)
+        }
         if stream.retention == .workQueue,
            let other = try db.texts("SELECT name FROM consumers WHERE stream = ?", [asked.stream]).first {
             throw JSONRPCError(code: JSONRPCError.conflictCode,
@@ -486,8 +541,8 @@ enum StreamsDatabase {
             next = stream.firstSeq
         }
         try db.execute("""
-            INSERT INTO consumers (stream, name, config, filter, ack_wait, max_deliver, next_seq, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-            """, [asked.stream, asked.name, String(decoding: config.jsonBytes, as: UTF8.self), asked.filter, ackWait, maxDeliver, next, now])
+            INSERT INTO consumers (stream, name, config, filter, ack_wait, max_deliver, next_seq, created_at, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """, [asked.stream, asked.name, String(decoding: config.jsonBytes, as: UTF8.self), asked.filter, ackWait, maxDeliver, next, now, caller?.key])
         return try info(db, try consumer(db, stream: asked.stream, name: asked.name))
     }
 
@@ -503,9 +558,11 @@ enum StreamsDatabase {
                                 created: Timestamp.format(seconds: consumer.createdAt))
     }
 
-    static func deleteConsumer(_ db: Database, stream: String, name: String) throws -> API.Removed {
-        _ = try self.stream(db, stream, locking: true)
-        _ = try consumer(db, stream: stream, name: name)
+    /// A consumer goes by the key that added it, or by its stream's (``checkMayChange(_:addedBy:_:)``).
+    static func deleteConsumer(_ db: Database, stream: String, name: String, by caller: CallerIdentity?) throws -> API.Removed {
+        let owner = try self.stream(db, stream, locking: true).owner
+        let consumer = try consumer(db, stream: stream, name: name)
+        if caller?.key != owner { try checkMayChange("consumer \(name) of stream \(stream)", addedBy: consumer.owner, caller) }
         try db.execute("DELETE FROM pending WHERE stream = ? AND consumer = ?", [stream, name])
         try db.execute("DELETE FROM consumers WHERE stream = ? AND name = ?", [stream, name])
         return API.Removed(messages: 0)

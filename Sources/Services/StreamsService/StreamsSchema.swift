@@ -83,6 +83,9 @@ enum StreamsSchema {
         migrator.registerMigration("v2") { db in
             try db.execute(sql: captureColumns(integer: "INTEGER"))
         }
+        migrator.registerMigration("v3") { db in
+            try db.execute(sql: ownerColumns)
+        }
         return migrator
     }
 
@@ -113,6 +116,7 @@ enum StreamsSchema {
         CREATE INDEX pending_by_message ON pending(stream, seq);
         """ + PostgresWriter.repliesTable,
         captureColumns(integer: "BIGINT"),
+        ownerColumns,
     ]
 
     /// v2: a stream that captures the kernel's state (`capture_state` 1) keeps the state's
@@ -125,6 +129,14 @@ enum StreamsSchema {
         ALTER TABLE streams ADD COLUMN capture_gaps \(integer) NOT NULL DEFAULT 0;
         """
     }
+
+    /// v3: the CURVE key that added each stream and consumer (NULL: added without CURVE, or
+    /// by the service itself), which the rights to delete them and the per-key quotas read.
+    private static let ownerColumns = """
+        ALTER TABLE streams ADD COLUMN owner TEXT;
+        ALTER TABLE consumers ADD COLUMN owner TEXT;
+        CREATE INDEX consumers_by_owner ON consumers(owner);
+        """
 
     /// The PostgreSQL schema (namespace) the tables are in, and the lock migrating takes.
     static let postgresSchema = "switchboard_streams"

@@ -77,18 +77,23 @@ public actor StreamsService: BusService, ServiceWork {
         }
         table.on(API.streamMessages) { service, params in try await service.readMessages(params) }
         table.on(API.streamDelete) { service, params in
-            let removed = try await service.write { db, _ in try StreamsDatabase.deleteStream(db, params.name) }
+            let caller = CallerIdentity.current
+            let removed = try await service.write { db, _ in try StreamsDatabase.deleteStream(db, params.name, by: caller) }
             await service.wakeAll(.streams)
             return removed
         }
-        table.on(API.streamPurge) { service, params in try await service.write { db, _ in try StreamsDatabase.purge(db, params.name) } }
+        table.on(API.streamPurge) { service, params in
+            let caller = CallerIdentity.current
+            return try await service.write { db, _ in try StreamsDatabase.purge(db, params.name, by: caller) }
+        }
         table.on(API.publish) { service, params in try await service.publish(params) }
         table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
         table.on(API.consumerInfo) { service, params in
             try await service.read { db in try StreamsDatabase.info(db, try StreamsDatabase.consumer(db, stream: params.stream, name: params.name)) }
         }
         table.on(API.consumerDelete) { service, params in
-            try await service.write { db, _ in try StreamsDatabase.deleteConsumer(db, stream: params.stream, name: params.name) }
+            let caller = CallerIdentity.current
+            return try await service.write { db, _ in try StreamsDatabase.deleteConsumer(db, stream: params.stream, name: params.name, by: caller) }
         }
         table.on(API.fetch) { service, params in
             try await service.fetch(params.stream, params.consumer, batch: params.batch ?? 1, maxBytes: params.maxBytes ?? Self.defaultFetchBytes,
@@ -121,8 +126,8 @@ public actor StreamsService: BusService, ServiceWork {
                                                 maxBytes: asked.maxBytes ?? configuration.defaultMaxBytes, maxAge: asked.maxAge,
                                                 duplicateWindow: asked.duplicateWindow ?? configuration.defaultDuplicateWindow,
                                                 captureState: asked.captureState ?? false)
-        let most = configuration.maxStreams
-        let added = try await write { db, now in try StreamsDatabase.addStream(db, settings, atMost: most, now: now) }
+        let (most, caller, quota) = (configuration.maxStreams, CallerIdentity.current, configuration.clientQuota)
+        let added = try await write { db, now in try StreamsDatabase.addStream(db, settings, atMost: most, by: caller, quota: quota, now: now) }
         if settings.captureState { wakeAll(.streams) }
         return added
     }
@@ -160,9 +165,9 @@ public actor StreamsService: BusService, ServiceWork {
         }
         let config = try JSONValue(encoding: asked)
         let ackWait = asked.ackWait ?? configuration.defaultAckWait, maxDeliver = asked.maxDeliver ?? configuration.defaultMaxDeliver
-        let most = configuration.maxConsumers
+        let (most, caller, quota) = (configuration.maxConsumers, CallerIdentity.current, configuration.clientQuota)
         return try await write { db, now in
-            try StreamsDatabase.addConsumer(db, asked, config: config, ackWait: ackWait, maxDeliver: maxDeliver, atMost: most, now: now)
+            try StreamsDatabase.addConsumer(db, asked, config: config, ackWait: ackWait, maxDeliver: maxDeliver, atMost: most, by: caller, quota: quota, now: now)
         }
     }
 
