@@ -39,11 +39,12 @@ struct PostgresDuplicateTests {
         let first = await tables[0].answer(body: try body("before", id: 1, client: "c1"), on: stores[0])
         #expect(first.errors == 0, "\(String(decoding: first.reply, as: UTF8.self))")
 
-        // Another session holds the lock every history writer takes, so both stores find no
-        // reply for the request and then wait at that lock.
+        // Another session holds the lock every history writer takes (StoreDatabase's advisory
+        // lock of the history, 7214023), so both stores find no reply for the request and then
+        // wait at that lock.
         let holder = try psqlSession(server)
         defer { holder.stop() }
-        holder.send("BEGIN; LOCK TABLE history IN SHARE ROW EXCLUSIVE MODE; SELECT 'locked';\n")
+        holder.send("BEGIN; SELECT pg_advisory_xact_lock(7214023); SELECT 'locked';\n")
         try await holder.waitForOutput(containing: "locked", within: 10)
         let request = try body("twice", id: 7, client: "c2")
         async let one = tables[0].answer(body: request, on: stores[0])
@@ -54,7 +55,7 @@ struct PostgresDuplicateTests {
         try await eventually(10, "both stores wait at the history's lock") {
             // Each question numbered, so an answer is read once the one asked before came back.
             let question = asked.add(1, ordering: .relaxed).newValue
-            watcher.send("SELECT 'waiting ' || \(question) || ' ' || count(*) FROM pg_locks WHERE NOT granted AND relation = 'history'::regclass;\n")
+            watcher.send("SELECT 'waiting ' || \(question) || ' ' || count(*) FROM pg_locks WHERE NOT granted AND locktype = 'advisory' AND objid = 7214023;\n")
             return watcher.outputSoFar.contains(" 2\n")
         }
         holder.send("COMMIT; SELECT 'released';\n")

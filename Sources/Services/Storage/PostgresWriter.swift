@@ -23,7 +23,8 @@ import ZeroMQ
 /// one database) is put in place before the first write, and again after a failure.
 package actor PostgresWriter {
     package let settings: PostgresSettings
-    private let schema: String
+    /// The PostgreSQL schema its tables are in (nil: the connection's default).
+    private let schema: String?
     private let migrations: [String]
     private let lockKey: Int64
     private let replyWindow: Duration
@@ -36,7 +37,7 @@ package actor PostgresWriter {
 
     /// `migrations` must create a `replies (request TEXT PRIMARY KEY, result TEXT, written_at
     /// DOUBLE PRECISION)` table (``repliesTable``); `lockKey` is the advisory lock migrating takes.
-    package init(settings: PostgresSettings, schema: String, migrations: [String], lockKey: Int64, replyWindow: Duration, logger: Logger) throws(StorageFailure) {
+    package init(settings: PostgresSettings, schema: String?, migrations: [String], lockKey: Int64, replyWindow: Duration, logger: Logger) throws(StorageFailure) {
         (self.settings, self.schema, self.migrations, self.lockKey, self.replyWindow, self.logger) = (settings, schema, migrations, lockKey, replyWindow, logger)
         connections = PostgresConnections(client: try settings.makeClient(logger: logger, searchPath: schema), threads: max(1, settings.poolSize))
     }
@@ -116,6 +117,42 @@ package actor PostgresWriter {
     /// The result kept for `request`, if any.
     package func remembered(_ request: String) async throws -> [UInt8]? {
         try await read { session in try session.row("SELECT result FROM replies WHERE request = ?", [request]).map { try $0.blob("result") } }
+    }
+
+    /// Runs `body` holding the session advisory lock `key` on a connection of its own, so the
+    /// processes sharing the database run such bodies one at a time. The lock is tried every
+    /// 2 ms, each try within the operation timeout, as the SQLite file's lock is.
+    package nonisolated func alone<T: Sendable>(_ key: Int64, _ body: @Sendable () async throws -> T) async throws -> T {
+        let client = connections.client, settings = settings, logger = logger
+        // What the database answers is a storage failure; what `body` throws is its own.
+        var bodyFailed = false
+        do {
+            return try await client.withConnection { connection in
+                while try await !settings.bounded({ try await Self.tryLock(key, on: connection, logger: logger) }) {
+                    try await Task.sleep(for: .milliseconds(2))
+                }
+                // Let go on the way out, whatever `body` did: a lock left on a pooled connection
+                // would hold every other process back (a connection that broke lets it go itself).
+                let outcome: Result<T, any Error>
+                do {
+                    outcome = .success(try await body())
+                } catch {
+                    bodyFailed = true
+                    outcome = .failure(error)
+                }
+                _ = try? await connection.query("SELECT pg_advisory_unlock(\(key))", logger: logger)
+                return try outcome.get()
+            }
+        } catch where bodyFailed || error is JSONRPCError || error is CancellationError {
+            throw error
+        } catch {
+            throw settings.failure(error).rpcError
+        }
+    }
+
+    private static func tryLock(_ key: Int64, on connection: PostgresConnection, logger: Logger) async throws -> Bool {
+        for try await (taken) in try await connection.query("SELECT pg_try_advisory_lock(\(key))", logger: logger).decode(Bool.self) { return taken }
+        return false
     }
 }
 

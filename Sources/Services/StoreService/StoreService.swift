@@ -7,8 +7,8 @@ public import ServiceLifecycle
 public import Contracts
 
 /// The `store` service: search history, saved articles, the news-source and route
-/// selections, and the fetcher's last good copy of each dataset, in a ``StoreBackend``
-/// (SQLite by default).
+/// selections, and the fetcher's last good copy of each dataset, in a SQLite file (the
+/// default) or a PostgreSQL database several store processes share (``StoreDatabase``).
 ///
 /// A write is answered only once it is durable. Each write's result is kept with it, in the
 /// same transaction, under the request's key: a request sent again (the kernel re-sends one
@@ -22,7 +22,7 @@ public actor StoreService: BusService, ServiceWork {
 
     public nonisolated let configuration: StoreConfiguration
     let logger: Logger
-    private let backend: any StoreBackend
+    private let database: ServiceDatabase
 
     private var publisher: StatePublisher?
     private var dirtyKeys: Set<String> = []
@@ -40,17 +40,8 @@ public actor StoreService: BusService, ServiceWork {
         statePublisher = publisher
         let logger = logger ?? Logger(label: "switchboard.store")
         self.logger = logger
-        if let postgres = configuration.postgres {
-            do {
-                backend = try PostgresBackend(settings: postgres, replyWindow: configuration.replyWindow, logger: logger)
-            } catch {
-                let failure = StorageFailure(error, path: postgres.redactedURL)
-                logger.error("cannot use the database", metadata: ["url": "\(postgres.redactedURL)", "problem": "\(failure.detail)"])
-                backend = UnusableBackend(failure: failure)
-            }
-        } else {
-            backend = SQLiteBackend(configuration: configuration, logger: logger)
-        }
+        database = ServiceDatabase(path: configuration.path, label: "store", maxSizeBytes: configuration.maxSizeBytes, postgres: configuration.postgres,
+                                   schema: StoreDatabase.schema, replyWindow: configuration.replyWindow, logger: logger)
     }
 
     /// Returns once the database can serve: at once for SQLite (a file that cannot be opened
@@ -58,13 +49,13 @@ public actor StoreService: BusService, ServiceWork {
     /// (its connections are ``requiredParts``, run by the process), trying again with back-off
     /// meanwhile. The store registers with the kernel after this.
     public func waitUntilReady() async {
-        if let postgres = backend as? PostgresBackend { await postgres.waitUntilReady() }
+        await database.waitUntilReady()
     }
 
     /// The database's connections on PostgreSQL (none on SQLite): a part of the store's
     /// process listed before the store, so it runs before the store can be ready and stops
     /// after its work, which may query until its end.
-    public nonisolated var requiredParts: [any Service] { (backend as? PostgresBackend).map { [$0.client] } ?? [] }
+    public nonisolated var requiredParts: [any Service] { database.parts }
 
     /// Publishes every key, then (``work()``) each change from now on.
     public func prepare() async {
@@ -93,8 +84,8 @@ public actor StoreService: BusService, ServiceWork {
 
     /// Results live in the database, beside the effects they answer for.
     public nonisolated func makeReplyMemory() -> any ReplyMemory {
-        let backend = backend
-        return StoredReplies { try await backend.remembered($0) }
+        let database = database
+        return StoredReplies { try await database.remembered($0) }
     }
 
     // MARK: Methods
@@ -240,21 +231,26 @@ public actor StoreService: BusService, ServiceWork {
     /// Runs `write` (kept under the request being answered, if it is named) and marks
     /// `keys` for publication once it is durable.
     private func write<Result: Decodable>(_ write: StoreWrite, changing keys: [String]) async throws -> Result {
-        let result = try await backend.write(write, request: RequestKey.current?.description)
+        let result = try await database.write(request: RequestKey.current?.description, StoreDatabase.apply(write))
         markChanged(keys)
         return try decodeResult(Result.self, result)
     }
 
     /// What `read` finds, as the contract's type; nil when there is nothing.
     private func read<Result: Decodable>(_ read: StoreRead) async throws -> Result? {
-        try await backend.read(read).map { try decodeResult(Result.self, $0) }
+        try await stored(read).map { try decodeResult(Result.self, $0) }
+    }
+
+    /// What `read` finds; nil when there is nothing.
+    private func stored(_ read: StoreRead) async throws -> JSONValue? {
+        try await database.read { db in try StoreDatabase.read(read, db) }
     }
 
     // MARK: Publishing
 
     private func markEverythingChanged() async {
         var keys = [Keys.history, Keys.sourcesSelected, Keys.routeSelected]
-        if let ids = try? await backend.articleIDs() { keys += ids.map(Keys.article) }
+        if let ids = try? await database.read(StoreDatabase.articleIDs) { keys += ids.map(Keys.article) }
         markChanged(keys)
     }
 
@@ -279,7 +275,7 @@ public actor StoreService: BusService, ServiceWork {
                 // Store processes sharing a database publish one at a time, each the values
                 // as they are then: none can publish an older value over a newer one.
                 let batch = keys
-                let outcomes = try await backend.publishing {
+                let outcomes = try await database.alone(StoreDatabase.publishing) {
                     let values = try await self.currentValues(of: batch)
                     return await publisher.set(many: Array(zip(batch, values)).map { (key: $0.0, value: $0.1) })
                 }
@@ -307,10 +303,10 @@ public actor StoreService: BusService, ServiceWork {
         var values: [JSONValue?] = []
         for key in keys {
             switch key {
-            case Keys.history: values.append(try await backend.read(.history(limit: configuration.historyLimit)))
-            case Keys.sourcesSelected: values.append(try await backend.read(.selection(.sources)) ?? Self.noSources)
-            case Keys.routeSelected: values.append(try await backend.read(.selection(.route)))
-            default: values.append(try await backend.read(.article(id: String(key.dropFirst(Keys.articlePrefix.count)))))
+            case Keys.history: values.append(try await stored(.history(limit: configuration.historyLimit)))
+            case Keys.sourcesSelected: values.append(try await stored(.selection(.sources)) ?? Self.noSources)
+            case Keys.routeSelected: values.append(try await stored(.selection(.route)))
+            default: values.append(try await stored(.article(id: String(key.dropFirst(Keys.articlePrefix.count)))))
             }
         }
         return values

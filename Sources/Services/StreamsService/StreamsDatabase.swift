@@ -4,7 +4,7 @@ import Foundation
 import Storage
 
 /// What the streams service does in its database, one function per operation, each run in
-/// one transaction (``StreamsStorage``) at the time `now` (Unix seconds) it is handed, in SQL
+/// one transaction (``ServiceDatabase``) at the time `now` (Unix seconds) it is handed, in SQL
 /// both engines run. The service has checked the params' shapes; these check what only the
 /// database knows (names taken, subjects held, what is pending).
 ///

@@ -10,6 +10,10 @@ import Storage
 /// handed out and has not had acknowledged is in `pending`, with the deadline after which
 /// it is handed out again.
 enum StreamsSchema {
+    static var schema: DatabaseSchema {
+        DatabaseSchema(sqlite: migrator, postgres: postgresMigrations, postgresSchema: postgresSchema, postgresLock: postgresMigrationLock)
+    }
+
     /// One migration per version. Never edit a shipped migration: add one.
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()

@@ -7,7 +7,7 @@ public import ServiceLifecycle
 import Storage
 
 /// The `streams` service: durable streams of messages and the consumers that work through
-/// them (``StreamsAPI``), in a SQLite file or a PostgreSQL database (``StreamsStorage``): a
+/// them (``StreamsAPI``), in a SQLite file or a PostgreSQL database (``ServiceDatabase``): a
 /// publish is answered once it is durable; a re-sent request with the result it had.
 ///
 /// Several readers fetching from one consumer share its messages: a fetch hands each out to
@@ -19,7 +19,7 @@ public actor StreamsService: BusService, ServiceWork {
 
     public nonisolated let configuration: StreamsConfiguration
     nonisolated let logger: Logger
-    private let storage: StreamsStorage
+    private let storage: ServiceDatabase
     private let now: @Sendable () -> Double
     /// The kernel whose state the capturing streams keep (``captureState(_:)``); nil: none is.
     private let client: BusClient?
@@ -44,7 +44,8 @@ public actor StreamsService: BusService, ServiceWork {
         self.now = now ?? { Date().timeIntervalSince1970 }
         self.client = client
         self.logger = logger ?? Logger(label: "switchboard.streams")
-        storage = StreamsStorage(configuration, logger: self.logger)
+        storage = ServiceDatabase(path: configuration.path, label: "streams", maxSizeBytes: configuration.maxSizeBytes, postgres: configuration.postgres,
+                                  schema: StreamsSchema.schema, replyWindow: configuration.replyWindow, logger: self.logger)
     }
 
     /// The service's work beside its requests: keeping the kernel's state in the streams that

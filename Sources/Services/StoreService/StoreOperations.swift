@@ -2,37 +2,7 @@ import BusProtocol
 import Foundation
 import Storage
 
-/// Where the store keeps its data. The service validates requests and publishes changes;
-/// a backend runs each write in a transaction, durable before it returns, and each read.
-///
-/// A write named by its request (`request`: the client's id and the JSON-RPC id) keeps its
-/// result in the same transaction as its effect, and a request kept before gets the result
-/// it had, with no second effect: that is what makes a re-sent request run once, even on
-/// store processes sharing one database.
-protocol StoreBackend: Sendable {
-    func write(_ write: StoreWrite, request: String?) async throws -> JSONValue
-    /// nil: nothing there (no such snapshot, no selection yet, no such article).
-    func read(_ read: StoreRead) async throws -> JSONValue?
-    /// The result kept for `request`, if any.
-    func remembered(_ request: String) async throws -> [UInt8]?
-    /// Every saved article's id (to publish them all).
-    func articleIDs() async throws -> [String]
-    /// Runs `body` (reading values and publishing them) while no other store process on the
-    /// same database does: publications are in the order of the values they read.
-    func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T
-}
-
-/// A backend that cannot be used (its configuration is wrong): every call answers why.
-struct UnusableBackend: StoreBackend {
-    let failure: StorageFailure
-    func write(_ write: StoreWrite, request: String?) async throws -> JSONValue { throw failure.rpcError }
-    func read(_ read: StoreRead) async throws -> JSONValue? { throw failure.rpcError }
-    func remembered(_ request: String) async throws -> [UInt8]? { throw failure.rpcError }
-    func articleIDs() async throws -> [String] { throw failure.rpcError }
-    func publishing<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T { throw failure.rpcError }
-}
-
-/// The store's writes, validated, as a backend runs them.
+/// The store's writes, validated, as ``StoreDatabase`` runs them.
 enum StoreWrite: Sendable {
     /// Adds `text` to the history (an existing one moves to the top), keeps `limit` entries.
     case historyAdd(text: String, limit: Int)
@@ -71,7 +41,7 @@ enum StoreRead: Sendable {
     case snapshots
 }
 
-/// The JSON every backend answers with, from the values it read or wrote.
+/// The JSON the store answers with, from the values it read or wrote.
 enum StoreResults {
     static func historyAdded(text: String, at: Date, count: Int) -> JSONValue {
         ["text": .string(text), "addedAt": .string(Timestamp.format(at)), "count": .int(Int64(count))]
