@@ -380,6 +380,32 @@ struct StreamsTests {
         }
     }
 
+    @Test("push: when a reader's stream ends while it is handed a batch, what it was not sent goes to the group's other readers at once, uncounted", arguments: Backend.available)
+    func pushEndsMidBatch(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "feed", subjects: ["feed."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "feed", name: "live", ackWait: 30))
+            for number in 1...5 { try await bus.publish("feed.item", .int(Int64(number))) }
+            // A reader whose parts stop reaching it after the first: the host's sender fails
+            // as it does once the kernel said `stop` or the connection went.
+            let sent = Mutex(0)
+            let request = JSONRPCRequest(id: .number(1), method: API.nextMethod.name,
+                                         paramsText: try JSONValue(encoding: API.Next(stream: "feed", consumer: "live", max: 5, expires: 5)).jsonBytes,
+                                         stream: true)
+            let answer = await MethodTable(of: bus.service).answer(body: request.jsonBytes, on: bus.service) { _ in
+                guard sent.withLock({ $0 += 1; return $0 }) == 1 else {
+                    throw JSONRPCError.streamEnded("its client", parts: 1, reason: "stopped", service: API.service)
+                }
+            }
+            #expect(answer.errors == 1 && sent.withLock { $0 } == 2, "\(String(decoding: answer.reply, as: UTF8.self))")
+            // No time has passed: without the give-back the other four would wait out the ack wait.
+            let other = try await bus.fetch("feed", "live", by: bus.other)
+            #expect(other.messages.map(\.sequence) == [2, 3, 4, 5] && other.messages.allSatisfy { $0.deliveries == 1 }, "\(other.messages.map(\.sequence))")
+            let info = try await bus.client.call(API.consumerInfo, .init(stream: "feed", name: "live"))
+            #expect(info.delivered == 5 && info.redelivered == 0 && info.pending == 5, "\(info)")
+        }
+    }
+
     @Test("bad input is refused with a clear error and changes nothing")
     func refusals() async throws {
         try await StreamsBus.with { bus in

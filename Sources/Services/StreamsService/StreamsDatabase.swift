@@ -590,7 +590,7 @@ enum StreamsDatabase {
         var consumer = try consumer(db, stream: name, name: consumerName)
         try trim(db, &stream, now: now)
         var out: [API.Message] = []
-        var bytes = 0, redelivered = 0, deadLettered = 0
+        var bytes = 0, delivered = 0, redelivered = 0, deadLettered = 0
         var full = false
         let due = try db.rows("""
             SELECT p.seq, p.deliveries, m.subject, m.data, m.published_at, m.dead_letter
@@ -612,9 +612,9 @@ enum StreamsDatabase {
                            [now + consumer.ackWait, name, consumerName, sequence])
             out.append(try message(row, sequence: sequence, data: data, deliveries: deliveries + 1))
             bytes += data.count
-            redelivered += 1
+            // One given back undelivered (``Outcome/undelivered``) is handed out the first time now.
+            if deliveries == 0 { delivered += 1 } else { redelivered += 1 }
         }
-        var delivered = 0
         if !full, out.count < batch {
             let asked = batch - out.count
             let (matches, filter) = subjectMatches(consumer.filter)
@@ -645,6 +645,19 @@ enum StreamsDatabase {
             """, [consumer.nextSeq, delivered, redelivered, deadLettered, name, consumerName])
         try save(db, stream)
         return API.Fetched(messages: out, missed: missed)
+    }
+
+    /// ``Outcome/undelivered`` for the pending message `key` (stream, consumer, sequence): due
+    /// at once, its last hand-out taken back from its count and the consumer's.
+    private static func giveBackUndelivered(_ db: Database, _ key: [any SQLArgument], now: Double) throws -> Int {
+        try db.execute("""
+            UPDATE consumers SET delivered = delivered - CASE WHEN p.deliveries = 1 THEN 1 ELSE 0 END,
+                redelivered = redelivered - CASE WHEN p.deliveries > 1 THEN 1 ELSE 0 END
+            FROM (SELECT stream, consumer, deliveries FROM pending WHERE stream = ? AND consumer = ? AND seq = ?) AS p
+            WHERE consumers.stream = p.stream AND consumers.name = p.consumer
+            """, key)
+        return try db.execute("UPDATE pending SET deliveries = deliveries - 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq = ? AND deliveries > 0",
+                              [now] + key)
     }
 
     private static func message(_ row: SQLRow, sequence: Int, data: [UInt8], deliveries: Int) throws -> API.Message {
@@ -683,6 +696,9 @@ enum StreamsDatabase {
         case progress
         /// Not to be done: not handed out again, not dead-lettered.
         case term
+        /// Handed out but never sent to its reader (the reader's stream of parts ended
+        /// first): handed out again at once, this hand-out not counted.
+        case undelivered
     }
 
     /// Applies `outcome` to each sequence pending for the consumer; the others are answered
@@ -701,6 +717,8 @@ enum StreamsDatabase {
                 try db.execute("UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?", [now + delay] + key)
             case .progress:
                 try db.execute("UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?", [now + consumer.ackWait] + key)
+            case .undelivered:
+                try giveBackUndelivered(db, key, now: now)
             }
             guard changed > 0 else {
                 notPending.append(sequence)
@@ -713,14 +731,14 @@ enum StreamsDatabase {
                    let row = try db.row("SELECT subject, length(data) AS size FROM messages WHERE stream = ? AND seq = ?", [name, sequence]) {
                     try remove(db, &stream, sequence: sequence, subject: try row.text("subject"), size: try row.int("size"), missed: false)
                 }
-            case .nak, .progress:
+            case .nak, .progress, .undelivered:
                 break
             }
         }
         switch outcome {
         case .ack: try db.execute("UPDATE consumers SET acknowledged = acknowledged + ? WHERE stream = ? AND name = ?", [done.count, name, consumerName])
         case .term: try db.execute("UPDATE consumers SET terminated = terminated + ? WHERE stream = ? AND name = ?", [done.count, name, consumerName])
-        case .nak, .progress: break
+        case .nak, .progress, .undelivered: break
         }
         try save(db, stream)
         return API.Acknowledged(done: done, notPending: notPending)

@@ -206,8 +206,18 @@ public actor StreamsService: BusService, ServiceWork {
             let bytes = parts.areStreamed ? Self.defaultFetchBytes : Self.defaultFetchBytes - gathered
             let fetched = try await fetch(asked.stream, asked.consumer, batch: min(100, max - count), maxBytes: bytes, waitingUntil: ends, request: nil)
             missed += fetched.missed
-            for message in fetched.messages {
-                try await parts.send(message)
+            for (index, message) in fetched.messages.enumerated() {
+                do {
+                    try await parts.send(message)
+                } catch {
+                    // The reader's stream ended (it left, or stopped reading): what it was not
+                    // sent goes to the group's other readers at once, not after the ack wait.
+                    let unsent = fetched.messages[index...].map(\.sequence), (stream, consumer) = (asked.stream, asked.consumer)
+                    _ = try? await write(request: nil) { db, now in
+                        try StreamsDatabase.settle(db, stream: stream, consumer: consumer, sequences: unsent, .undelivered, now: now)
+                    }
+                    throw error
+                }
                 count += 1
                 if !parts.areStreamed { gathered += message.data.jsonBytes.count }
             }
