@@ -30,9 +30,9 @@ struct HotPathCostTests {
     }
 
     /// The kernel's loop thread, per request (a raw client and worker, one request at a
-    /// time): 45.0-45.5 allocations, 364 retains, 405 releases, 285 checks counted on one
-    /// machine (heartbeats fall in the measured window or not). Under one allocation and 3% of
-    /// the others above the least.
+    /// time): 44.9 allocations, 364 retains, 405 releases, 285 checks counted on one machine
+    /// (the least of three windows, the one the loop's timers touched least). One allocation
+    /// and 3% of the others above.
     static let kernelRequest = Counts(allocations: 45.9, retains: 375, releases: 418, accessChecks: 294)
     /// The kernel's loop thread, per CHP update to one subscriber (16.0, 196, 212, 127).
     static let kernelUpdate = Counts(allocations: 16.5, retains: 202, releases: 219, accessChecks: 131)
