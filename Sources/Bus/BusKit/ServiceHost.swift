@@ -358,7 +358,9 @@ actor WorkerConnection {
             if running[client] != nil { _ = stopped.withLock { $0.insert(client) } }
         case .request(let client, var body):
             var caller: CallerIdentity?
-            if asksCallers, body.count > MDP.callerPart {
+            // Our kernel puts the caller before every body; a broker that does not know the
+            // extension sends a service's one-frame body alone, and names nobody.
+            if asksCallers, body.count > 1 {
                 caller = body[MDP.callerPart].string.flatMap(CallerIdentity.init)
                 body.remove(at: MDP.callerPart)
             }

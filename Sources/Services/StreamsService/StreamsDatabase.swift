@@ -16,7 +16,8 @@ enum StreamsDatabase {
     typealias API = StreamsAPI
     typealias Database = any SQLSession
 
-    /// The lock adding a stream takes on PostgreSQL (``SQLSession/lockAll(_:)``).
+    /// The lock adding a stream takes on PostgreSQL (``SQLSession/lockAll(_:)``), and adding a
+    /// consumer bound by a key's quota.
     static let addingStreams: Int64 = 7_214_031
 
     // MARK: Streams
@@ -520,8 +521,12 @@ enum StreamsDatabase {
         }
         let consumers = try db.int("SELECT COUNT(*) FROM consumers WHERE stream = ?", [asked.stream]) ?? 0
         guard consumers < most else { throw tooMany("consumers of stream \(asked.stream)", limit: most, setting: "streams.max_consumers", remedy: "delete one first") }
-        if let key = quota.binding(caller), try db.int("SELECT COUNT(*) FROM consumers WHERE owner = ?", [key]) ?? 0 >= quota.consumers {
-            throw tooMany("consumers", limit: quota.consumers, setting: "streams.client_max_consumers", remedy: "delete one first", perKey: true)
+        if let key = quota.binding(caller) {
+            // One key's consumers are counted and added one at a time, whichever streams they are on.
+            try db.lockAll(addingStreams)
+            guard try db.int("SELECT COUNT(*) FROM consumers WHERE owner = ?", [key]) ?? 0 < quota.consumers else {
+                throw tooMany("consumers", limit: quota.consumers, setting: "streams.client_max_consumers", remedy: "delete one first", perKey: true)
+            }
         }
         if stream.retention == .workQueue,
            let other = try db.texts("SELECT name FROM consumers WHERE stream = ?", [asked.stream]).first {
