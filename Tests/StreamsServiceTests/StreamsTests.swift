@@ -697,6 +697,10 @@ struct StreamsRightsTests {
             try await bus.publish("orders.new", 1)
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing"))
             _ = try await bus.other.call(API.consumerAdd, .init(stream: "orders", name: "audit"))
+            // Each says which key added it.
+            let stream = try await bus.client.call(API.streamInfo, .init(name: "orders"))
+            let audit = try await bus.client.call(API.consumerInfo, .init(stream: "orders", name: "audit"))
+            #expect(stream.addedBy != nil && audit.addedBy != nil && stream.addedBy != audit.addedBy, "\(stream.addedBy ?? "-") \(audit.addedBy ?? "-")")
 
             // The other key reads and publishes, but cannot purge, delete, or take a consumer away.
             #expect(try await bus.other.publish(to: "orders.new", 2).sequence == 2)

@@ -218,6 +218,9 @@ public enum StreamsAPI {
         /// times the kernel could not give every change since it (some were not kept).
         public var capturedSequence: Int?
         public var captureGaps: Int?
+        /// The CURVE public key that added it, which may delete or purge it (absent: added
+        /// without CURVE, or by the service from its configuration).
+        public var addedBy: String?
 
         public init(name: String, subjects: [String], retention: StreamsAPI.Retention, maxMessages: Int, maxBytes: Int, maxAge: Double?,
                     duplicateWindow: Double, messages: Int, bytes: Int, firstSequence: Int, lastSequence: Int, consumers: [String],
@@ -293,6 +296,8 @@ public enum StreamsAPI {
         /// Messages the stream's limits removed before this consumer had them done.
         public var missed: Int
         public var created: String
+        /// The CURVE public key that added it (absent: added without CURVE).
+        public var addedBy: String?
 
         public init(stream: String, name: String, filter: String?, ackWait: Double, maxDeliver: Int, nextSequence: Int, pending: Int, waiting: Int,
                     delivered: Int, redelivered: Int, acknowledged: Int, deadLettered: Int, terminated: Int, missed: Int, created: String) {

@@ -70,6 +70,7 @@ struct StreamInfo: AsyncParsableCommand {
                 Output.line("  captures the state under its subjects: changes to sequence \(info.capturedSequence ?? 0) kept"
                             + (info.captureGaps.map { $0 > 0 ? ", \($0) gaps" : "" } ?? ""))
             }
+            if let key = info.addedBy { Output.line("  added by key \(key)") }
             guard !consumers.isEmpty else { return }
             Output.table(["CONSUMER", "NEXT", "WAITING", "PENDING", "DELIVERED", "REDELIVERED", "ACKED", "DEAD", "MISSED"], consumers.map { consumer in
                 [consumer.name, String(consumer.nextSequence), String(consumer.waiting), String(consumer.pending), String(consumer.delivered),

@@ -200,6 +200,7 @@ enum StreamsDatabase {
         if stream.captureState {
             (info.captureState, info.capturedSequence, info.captureGaps) = (true, stream.capturedSeq, stream.captureGaps)
         }
+        info.addedBy = stream.owner
         return info
     }
 
@@ -556,11 +557,13 @@ enum StreamsDatabase {
         let waiting = try db.int("""
             SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND \(subjectMatches(consumer.filter).sql)
             """, [consumer.stream, consumer.nextSeq] + subjectMatches(consumer.filter).arguments) ?? 0
-        return API.ConsumerInfo(stream: consumer.stream, name: consumer.name, filter: consumer.filter, ackWait: consumer.ackWait,
-                                maxDeliver: consumer.maxDeliver, nextSequence: consumer.nextSeq, pending: pending, waiting: waiting,
-                                delivered: consumer.delivered, redelivered: consumer.redelivered, acknowledged: consumer.acknowledged,
-                                deadLettered: consumer.deadLettered, terminated: consumer.terminated, missed: consumer.missed,
-                                created: Timestamp.format(seconds: consumer.createdAt))
+        var info = API.ConsumerInfo(stream: consumer.stream, name: consumer.name, filter: consumer.filter, ackWait: consumer.ackWait,
+                                    maxDeliver: consumer.maxDeliver, nextSequence: consumer.nextSeq, pending: pending, waiting: waiting,
+                                    delivered: consumer.delivered, redelivered: consumer.redelivered, acknowledged: consumer.acknowledged,
+                                    deadLettered: consumer.deadLettered, terminated: consumer.terminated, missed: consumer.missed,
+                                    created: Timestamp.format(seconds: consumer.createdAt))
+        info.addedBy = consumer.owner
+        return info
     }
 
     /// A consumer goes by the key that added it, or by its stream's (``checkMayChange(_:addedBy:_:)``).
