@@ -54,9 +54,9 @@ enum Peer: Equatable {
     var callerID: String {
         switch self {
         case .unauthenticated: ""
-        case .client(let key): CallerIdentity.Rank.client.rawValue + ":" + key
-        case .operator(let key): CallerIdentity.Rank.operator.rawValue + ":" + key
-        case .worker(let key, _): CallerIdentity.Rank.worker.rawValue + ":" + key
+        case .client(let key): CallerIdentity(rank: .client, key: key).description
+        case .operator(let key): CallerIdentity(rank: .operator, key: key).description
+        case .worker(let key, _): CallerIdentity(rank: .worker, key: key).description
         }
     }
 

@@ -111,17 +111,22 @@ struct StreamAdd: AsyncParsableCommand {
     }
 }
 
+/// Changing a stream is for the key that added it (with CURVE on), or an operator's.
+struct StreamOwnerOptions: ParsableArguments {
+    @Flag(name: .customLong("as-operator"), help: "Send it with the operator's key (KEYS/operator.key), which may change any stream: with CURVE on, a client key changes only the streams it added.")
+    var asOperator = false
+}
+
 struct StreamDelete: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "rm", abstract: "Delete a stream with its messages, consumers and dead letters.")
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream's name.") var name: String
-    @Flag(name: .customLong("as-operator"), help: "Send it with the operator's key (KEYS/operator.key), which may change any stream: with CURVE on, a client key changes only the streams it added.")
-    var asOperator = false
+    @OptionGroup var owner: StreamOwnerOptions
 
     func run() async throws {
-        try await appVerb(connection, output, asOperator: asOperator, { try await call($0, StreamsAPI.streamDelete, StreamsAPI.StreamName(name: name)) }) { removed in
+        try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.streamDelete, StreamsAPI.StreamName(name: name)) }) { removed in
             Output.line("deleted stream \(name) (\(removed.messages) messages)")
         }
     }
@@ -133,11 +138,10 @@ struct StreamPurge: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream's name.") var name: String
-    @Flag(name: .customLong("as-operator"), help: "Send it with the operator's key (KEYS/operator.key), which may change any stream: with CURVE on, a client key changes only the streams it added.")
-    var asOperator = false
+    @OptionGroup var owner: StreamOwnerOptions
 
     func run() async throws {
-        try await appVerb(connection, output, asOperator: asOperator, { try await call($0, StreamsAPI.streamPurge, StreamsAPI.StreamName(name: name)) }) { removed in
+        try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.streamPurge, StreamsAPI.StreamName(name: name)) }) { removed in
             Output.line("purged stream \(name) (\(removed.messages) messages)")
         }
     }

@@ -212,10 +212,7 @@ public actor StreamsService: BusService, ServiceWork {
                 } catch {
                     // The reader's stream ended (it left, or stopped reading): what it was not
                     // sent goes to the group's other readers at once, not after the ack wait.
-                    let unsent = fetched.messages[index...].map(\.sequence), (stream, consumer) = (asked.stream, asked.consumer)
-                    _ = try? await write(request: nil) { db, now in
-                        try StreamsDatabase.settle(db, stream: stream, consumer: consumer, sequences: unsent, .undelivered, now: now)
-                    }
+                    _ = try? await settle(asked.stream, asked.consumer, fetched.messages[index...].map(\.sequence), .undelivered, request: nil)
                     throw error
                 }
                 count += 1
@@ -225,10 +222,12 @@ public actor StreamsService: BusService, ServiceWork {
         return API.NextEnd(messages: [], count: count, missed: missed)
     }
 
-    func settle(_ stream: String, _ consumer: String, _ sequences: [Int], _ outcome: StreamsDatabase.Outcome) async throws -> API.Acknowledged {
+    /// `request`: the request the result is kept under (by default the one being answered).
+    func settle(_ stream: String, _ consumer: String, _ sequences: [Int], _ outcome: StreamsDatabase.Outcome,
+                request: String? = RequestKey.current?.description) async throws -> API.Acknowledged {
         guard (1...1_000).contains(sequences.count) else { throw JSONRPCError.invalidParams(field: "sequences", "must hold 1 to 1000 sequences") }
         guard sequences.allSatisfy({ $0 >= 1 }) else { throw JSONRPCError.invalidParams(field: "sequences", "must be sequences, 1 or more") }
-        return try await write { db, now in try StreamsDatabase.settle(db, stream: stream, consumer: consumer, sequences: sequences, outcome, now: now) }
+        return try await write(request: request) { db, now in try StreamsDatabase.settle(db, stream: stream, consumer: consumer, sequences: sequences, outcome, now: now) }
     }
 
     // MARK: Waiting

@@ -34,6 +34,7 @@ public struct CallerIdentity: Hashable, Sendable, CustomStringConvertible {
         self.init(rank: rank, key: String(key))
     }
 
+    /// `RANK:KEY`, as the kernel writes it for a worker and ``init(_:)`` reads it.
     public var description: String { rank.rawValue + ":" + key }
 
     /// The sender of the request being answered, while its handler runs.
