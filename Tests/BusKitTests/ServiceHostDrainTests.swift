@@ -223,7 +223,7 @@ struct ServiceHostDrainTests {
                                                   heartbeatLiveness: 300, drainTimeout: .seconds(60))
         let host = try ServiceHost(service: chunks, options: options)
         try await host.start()
-        guard case .ready(Chunks.name, _, _) = try await kernel.next() else { Issue.record("expected READY"); return }
+        guard case .ready(Chunks.name, _, _, _) = try await kernel.next() else { Issue.record("expected READY"); return }
         let body = Frame(JSONRPCRequest(id: .number(1), method: Chunks.chunksMethod.name, paramsText: nil, stream: true).jsonBytes)
         try kernel.router.send(MDP.encode(.request(client: Frame("c1"), body: [body]), to: kernel.worker, version: .v02))
         // More than libzmq's queue (1,000) and the part outbox (1,024) hold: the handler now

@@ -3,7 +3,7 @@ import BusProtocol
 import Contracts
 import Etcd
 import Foundation
-import Kernel
+@testable import Kernel
 import SwitchboardConfig
 import SwitchboardTestSupport
 import Synchronization
@@ -458,6 +458,28 @@ struct EtcdStateTests {
             try KernelConfiguration(reading: ConfigSection(path: "kernel", values: ["state": etcd, "state_max_value_bytes": 2_000_000]))
         }
         #expect(tooLarge?.description.contains("etcd") == true)
+    }
+}
+
+extension EtcdStateTests {
+    @Test("kernel.cell: a name, the directory's etcd (prefix /switchboard/cells by default), a window; a bad name, a missing name or etcd, a window of 0 are refused naming the key")
+    func cellConfiguration() throws {
+        func read(_ cell: [String: Any]) throws -> KernelConfiguration {
+            try KernelConfiguration(reading: ConfigSection(path: "kernel", values: ["cell": cell]))
+        }
+        let etcd: [String: Any] = ["endpoints": ["http://10.0.0.1:2379"]]
+        let cell = try #require(try read(["name": "a", "etcd": etcd, "window": 8, "advertise": "tcp://10.0.0.1:5555"]).cell)
+        #expect(cell.name == "a" && cell.window == 8 && cell.advertise == "tcp://10.0.0.1:5555")
+        #expect(cell.etcd.endpoints == ["http://10.0.0.1:2379"] && cell.etcd.prefix == "/switchboard/cells")
+        #expect(try KernelConfiguration(reading: ConfigSection(path: "kernel", values: [:])).cell == nil)
+        for (bad, path) in [(["etcd": etcd], "kernel.cell.name"), (["name": "a b", "etcd": etcd], "kernel.cell.name"),
+                            (["name": "a"], "kernel.cell.etcd.endpoints"), (["name": "a", "etcd": etcd, "window": 0], "kernel.cell.window")] as [([String: Any], String)] {
+            let refused = #expect(throws: ConfigError.self) { try read(bad) }
+            #expect(refused?.path == path, "\(bad): \(String(describing: refused))")
+        }
+        // Another cell must be able to reach the broker the record names.
+        #expect(throws: (any Error).self) { try Kernel.advertised(CellConfiguration(name: "a", etcd: EtcdStateSettings(endpoints: [])), bound: "tcp://0.0.0.0:5555") }
+        #expect(try Kernel.advertised(CellConfiguration(name: "a", etcd: EtcdStateSettings(endpoints: [])), bound: "tcp://10.0.0.1:5555") == "tcp://10.0.0.1:5555")
     }
 }
 

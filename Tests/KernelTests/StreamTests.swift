@@ -420,3 +420,59 @@ struct GatherTests {
         #expect(Sent(broker.outbox.take()).disconnects.map(\.worker) == ["Z"])
     }
 }
+
+@Suite("Requests across cells at the broker: another cell's kernel is asked only when no worker here offers the service, and a request another cell sent never crosses again")
+struct CellRoutingTests {
+    private func broker() -> Broker { Broker(configuration: KernelConfiguration(), logger: quiet) }
+
+    @Test("with no worker here a request goes to the cell that offers the service; once one registers here, here it goes")
+    func localFirst() {
+        var broker = broker()
+        broker.handle(fromWorker("cell-b/svc/1", .ready(service: "svc", window: 4, callers: true, cell: "b")), now: 0)
+        #expect(broker.services["svc"]?.workers == 0 && broker.services["svc"]?.cellOffers == 1)
+        #expect(broker.takeEvents().isEmpty, "another cell's offer is not a worker of this cell")
+        broker.handle(fromClient("C", "svc", request(1)), now: 0)
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["cell-b/svc/1"])
+        broker.handle(fromWorker("W", .ready(service: "svc", window: 4)), now: 0)
+        _ = broker.outbox.take()
+        for id in 2...4 { broker.handle(fromClient("C", "svc", request(id)), now: 0) }
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["W", "W", "W"])
+        // Busy here: they wait for this cell's worker rather than cross.
+        for id in 5...6 { broker.handle(fromClient("C", "svc", request(id)), now: 0) }
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["W"])
+        // A request to every worker goes to this cell's workers only.
+        broker.handle(fromClient("G", "all:svc", request(7)), now: 0)
+        #expect(Sent(broker.outbox.take()).toClients.first?.body.first?.contains(#""workers":["W"]"#) == true)
+    }
+
+    @Test("a request another cell sent is served by this cell's workers, and answered -32001 at once where only a cell offers it")
+    func oneCrossingAtMost() throws {
+        var broker = broker()
+        broker.handle(fromWorker("cell-c/svc/1", .ready(service: "svc", window: 4, callers: true, cell: "c")), now: 0)
+        broker.handleForwarded(Broker.Caller(client: Frame("from-a"), version: .v02), service: "svc", body: [Frame(request(1))], peer: nil, now: 0)
+        let refused = Sent(broker.outbox.take())
+        #expect(refused.requests.isEmpty)
+        #expect(refused.toClients.first?.body.first?.contains("-32001") == true)
+        broker.handle(fromWorker("W", .ready(service: "svc", window: 1)), now: 0)
+        broker.handleForwarded(Broker.Caller(client: Frame("from-a"), version: .v02), service: "svc", body: [Frame(request(2))], peer: nil, now: 0)
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["W"])
+        // Its worker gone while it waits: not handed to the other cell either.
+        broker.handleForwarded(Broker.Caller(client: Frame("from-a"), version: .v02), service: "svc", body: [Frame(request(3))], peer: nil, now: 0)
+        broker.handle(fromWorker("W", .disconnect), now: 0)
+        let after = Sent(broker.outbox.take())
+        #expect(after.requests.isEmpty)
+        #expect(after.toClients.count == 2 && after.toClients.allSatisfy { $0.body.first?.contains("-32001") == true })
+    }
+
+    @Test("READY's cell=NAME: encoded after callers=1, read back, and refused when malformed")
+    func readyWithCell() throws {
+        let ready = MDP.encode(.ready(service: "svc", window: 8, callers: true, cell: "b-1"), version: .v02)
+        #expect(ready.frames.suffix(2).map { $0.string } == ["callers=1", "cell=b-1"])
+        let decoded = try MDP.decodeAtBroker(Message([Frame("id")] + ready.frames))
+        #expect(decoded == .worker(Frame("id"), .ready(service: "svc", window: 8, callers: true, cell: "b-1"), version: .v02))
+        for extras in [["cell=b", "callers=1"], ["cell=", "x"], ["cell=a b"], ["cell=a", "cell=b"]] {
+            let frames = [Frame("id"), Frame("MDPW02"), Frame([0x01]), Frame("svc"), Frame("window=2")] + extras.map { Frame($0) }
+            #expect(throws: ProtocolError.self, "\(extras)") { try MDP.decodeAtBroker(Message(frames)) }
+        }
+    }
+}

@@ -80,8 +80,10 @@ public enum WorkerToBroker: Sendable, Equatable {
     /// READY; `window` (1 or more) says the worker speaks the extension and takes that many
     /// requests in flight on this connection; nil: a plain 7/MDP worker (one at a time).
     /// `callers` (with a window only): each REQUEST is to carry who sent it
-    /// (``MDP/callerPart``).
-    case ready(service: String, window: Int? = nil, callers: Bool = false)
+    /// (``MDP/callerPart``). `cell` (with a window only): the worker is another cell's kernel
+    /// offering its own workers of the service (docs/CELLS.md), served only when this kernel
+    /// has none of its own, and never handed a request another cell sent here.
+    case ready(service: String, window: Int? = nil, callers: Bool = false, cell: String? = nil)
     /// The last (0.1: only) reply to a request: 7/MDP's REPLY, 18/MDP's FINAL. `body`: the
     /// frames after the empty one, in the message they arrived in when decoded.
     case reply(client: Frame, body: ArraySlice<Frame>)
@@ -140,6 +142,15 @@ extension MDP {
     private static let drainFrame = Frame("drain=1")
     private static let stopFrame = Frame("stop=1")
     private static let callersFrame = Frame("callers=1")
+    private static let cellPrefix = "cell="
+
+    /// Whether `name` may name a cell: 1 to 63 letters, digits, `.`, `_` or `-`.
+    public static func isValidCellName(_ name: String) -> Bool {
+        (1...63).contains(name.utf8.count) && name.utf8.allSatisfy { byte in
+            (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte) || byte == 0x2E || byte == 0x5F || byte == 0x2D
+        }
+    }
+    public static let cellNameRule = "1 to 63 letters, digits, '.', '_' or '-'"
 
     /// Where a REQUEST to a worker whose READY said `callers=1` carries who sent it: the
     /// body's first frame, before the request's own (the worker extension). It holds the
@@ -225,18 +236,21 @@ extension MDP {
     /// A worker command, for the worker's DEALER socket.
     public static func encode(_ command: WorkerToBroker, version: Version = .v01) -> Message {
         switch command {
-        case .ready(let service, let window, let callers):
-            workerMessage(to: nil, .ready, version, Frame(service), window.map { Frame("window=\($0)") }, body: callers && window != nil ? [callersFrame] : [])
+        case .ready(let service, let window, let callers, let cell):
+            var extras: [Frame] = []
+            if window != nil, callers { extras.append(callersFrame) }
+            if window != nil, let cell { extras.append(Frame(cellPrefix + cell)) }
+            return workerMessage(to: nil, .ready, version, Frame(service), window.map { Frame("window=\($0)") }, body: extras[...])
         case .reply(let client, let body):
-            workerMessage(to: nil, .final, version, client, empty, body: body)
+            return workerMessage(to: nil, .final, version, client, empty, body: body)
         case .partial(let client, let body):
-            workerMessage(to: nil, .partial, version, client, empty, body: body)
+            return workerMessage(to: nil, .partial, version, client, empty, body: body)
         case .heartbeat(let errors):
-            workerMessage(to: nil, .heartbeat, version, errors.map { Frame("errors=\($0)") })
+            return workerMessage(to: nil, .heartbeat, version, errors.map { Frame("errors=\($0)") })
         case .drain:
-            workerMessage(to: nil, .heartbeat, version, drainFrame)
+            return workerMessage(to: nil, .heartbeat, version, drainFrame)
         case .disconnect:
-            workerMessage(to: nil, .disconnect, version)
+            return workerMessage(to: nil, .disconnect, version)
         }
     }
 
@@ -340,13 +354,24 @@ extension MDP {
         let verb = try workerVerb(frames, at: index, version)
         switch verb {
         case .ready:
-            guard (1...3).contains(after) else { throw count("READY", "\(before + 2) (or \(before + 3) with a window, \(before + 4) with callers=1)") }
+            guard (1...4).contains(after) else {
+                throw count("READY", "\(before + 2) (or \(before + 3) with a window, one more each for callers=1 and cell=NAME)")
+            }
             let service = try serviceName(frames, index + 1, "worker READY")
             let window = after >= 2 ? try extensionValue(frames.frame(index + 2), "window", in: 1...maxWindow) : nil
-            if after == 3, !frames.part(index + 3, equals: callersFrame) {
-                throw ProtocolError("MDP", "worker READY's frame after the window must be callers=1, got \(frames.frame(index + 3))")
+            // After the window: callers=1, then cell=NAME, each at most once, in that order.
+            var callers = false, cell: String?
+            for extra in stride(from: index + 3, to: index + 1 + after, by: 1) {
+                if !callers, cell == nil, frames.part(extra, equals: callersFrame) {
+                    callers = true
+                } else if cell == nil, let text = frames.frame(extra).string, text.hasPrefix(cellPrefix),
+                          isValidCellName(String(text.dropFirst(cellPrefix.count))) {
+                    cell = String(text.dropFirst(cellPrefix.count))
+                } else {
+                    throw ProtocolError("MDP", "worker READY's frames after the window must be callers=1, then cell=NAME (\(cellNameRule)), got \(frames.frame(extra))")
+                }
             }
-            return .ready(service: service, window: window, callers: after == 3)
+            return .ready(service: service, window: window, callers: callers, cell: cell)
         case .partial, .final:
             let name = verb == .partial ? "PARTIAL" : version == .v01 ? "REPLY" : "FINAL"
             guard after >= 3 else { throw count(name, "at least \(before + 4)") }

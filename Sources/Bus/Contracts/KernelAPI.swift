@@ -211,8 +211,12 @@ public enum KernelAPI {
             public var inFlight: Int
             /// Workers draining (not counted in `workers`): they finish what they hold, then leave.
             public var draining: Int?
-            public init(name: String, workers: Int, idle: Int, queued: Int, inFlight: Int, draining: Int? = nil) {
+            /// The other cells that serve it (`kernel.cell`, docs/CELLS.md), asked while
+            /// `workers` is 0; not counted in `workers`, `idle` or `inFlight`.
+            public var cells: [String]?
+            public init(name: String, workers: Int, idle: Int, queued: Int, inFlight: Int, draining: Int? = nil, cells: [String]? = nil) {
                 (self.name, self.workers, self.idle, self.queued, self.inFlight, self.draining) = (name, workers, idle, queued, inFlight, draining)
+                self.cells = cells
             }
         }
         public var services: [Entry]

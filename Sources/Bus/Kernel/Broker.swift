@@ -79,6 +79,9 @@ struct Broker: ~Copyable {
         var streamClient: Frame?
         /// A copy of a request to every worker: the gather it answers, and the worker's name.
         var gather: (of: Gather, worker: String)?
+        /// Sent here by another cell (``CellLinks``): served by this cell's own workers only,
+        /// never forwarded again, so a request crosses one link at most.
+        var forwarded = false
 
         var caller: Caller { Caller(client: client, version: version) }
 
@@ -136,6 +139,9 @@ struct Broker: ~Copyable {
         let speaksExtension: Bool
         /// Whether its READY said `callers=1`: each request it gets says who sent it.
         let wantsCallers: Bool
+        /// The cell whose kernel this is, offering that cell's workers of the service
+        /// (READY `cell=NAME`): used only while the service has no worker here.
+        let cell: String?
         /// The Majordomo its READY was in; every command it sends must be in the same.
         let version: MDP.Version
         var expiry: UInt64
@@ -150,8 +156,8 @@ struct Broker: ~Copyable {
         var hasRoom: Bool { !draining && inFlight.count < window }
         /// Whether `id` names it: its routing id, or its process (the part before the first `/`).
         func isNamed(_ id: String) -> Bool { identity.equals(id) || process.equals(id) }
-        init(identity: Frame, service: Service, window: Int, speaksExtension: Bool = true, wantsCallers: Bool = false, version: MDP.Version = .v01,
-             expiry: UInt64) {
+        init(identity: Frame, service: Service, window: Int, speaksExtension: Bool = true, wantsCallers: Bool = false, cell: String? = nil,
+             version: MDP.Version = .v01, expiry: UInt64) {
             self.identity = identity
             self.version = version
             process = identity.withUnsafeBytes { bytes in
@@ -162,6 +168,7 @@ struct Broker: ~Copyable {
             self.window = window
             self.speaksExtension = speaksExtension
             self.wantsCallers = wantsCallers
+            self.cell = cell
             self.expiry = expiry
         }
     }
@@ -174,8 +181,14 @@ struct Broker: ~Copyable {
         /// Workers with room for a request, least recently used first; a worker with a
         /// window is in it once per free place.
         var idle: Deque<Worker> = []
-        /// Its workers that take requests (a draining one no longer counts).
+        /// Other cells' kernels offering it, the same way: asked only while ``workers`` is 0.
+        var cellsIdle: Deque<Worker> = []
+        /// Its workers that take requests (a draining one no longer counts), in this cell.
         var workers = 0
+        /// Other cells' kernels that offer it (``Worker/cell``), draining ones not counted.
+        var cellOffers = 0
+        /// Whether a request for it can be served now, here or by another cell.
+        var isServed: Bool { workers > 0 || cellOffers > 0 }
         /// Places of all its workers (the sum of their windows): no client may hold more
         /// than its share of them (``Broker/clientShare(of:)``).
         var places = 0
@@ -185,6 +198,18 @@ struct Broker: ~Copyable {
         init(name: String) {
             self.name = name
             nameFrame = Frame(name)
+        }
+
+        /// Takes `worker` out of the counts and the idle places (it drains, or is gone).
+        func leave(_ worker: Worker) {
+            places -= worker.window
+            if worker.cell == nil {
+                workers -= 1
+                idle.removeAll { $0 === worker }
+            } else {
+                cellOffers -= 1
+                cellsIdle.removeAll { $0 === worker }
+            }
         }
     }
 
@@ -292,6 +317,7 @@ struct Broker: ~Copyable {
         for service in services.values {
             service.requests.removeAll()
             service.idle.removeAll()
+            service.cellsIdle.removeAll()
         }
     }
 
@@ -377,16 +403,31 @@ struct Broker: ~Copyable {
         services.values.filter { $0.everServed }.map { ($0.name, $0.workers) }
     }
 
-    private mutating func handleRequest(_ caller: Caller, service name: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
+    /// A request another cell sent through this kernel's link to it (``CellLinks``): admitted
+    /// as the sender's own would be (`peer` is the key that cell's kernel authenticated),
+    /// then served by this cell's workers only.
+    mutating func handleForwarded(_ caller: Caller, service: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
+        totalRequests += 1
+        let verdict = admission.verdict(service: service, body: body, peer: peer, security: configuration.security, now: now, pairRefusal: Self.alone)
+        guard verdict == .admitted else { return refuse(caller, service: service, body: body, verdict) }
+        handleRequest(caller, service: service, body: body, peer: peer, forwarded: true, now: now)
+    }
+
+    private mutating func handleRequest(_ caller: Caller, service name: String, body: ArraySlice<Frame>, peer: String?, forwarded: Bool = false,
+                                        now: UInt64) {
         let client = caller.client
         if MMI.isManagement(name) {
-            let answer = MMI.answer(service: name, body: Array(body)) { [services] in (services[$0]?.workers ?? 0) > 0 }
+            let answer = MMI.answer(service: name, body: Array(body)) { [services] in services[$0]?.isServed == true }
             send(MDP.reply(to: client, serviceFrame: Frame(name), body: [Frame(answer)], version: caller.version))
             return
         }
         if name == KernelAPI.service {
             events.append(.kernelRequest(caller, body: Array(body), peer: peer))
             return
+        }
+        if forwarded, knownService(name).map({ $0.workers == 0 }) ?? true {
+            return reply(to: caller, service: name, body: body, error: JSONRPCError(
+                code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)' in the cell another cell sent this request to"))
         }
         if name.hasPrefix(Self.everyWorker) {
             scatter(caller, to: String(name.dropFirst(Self.everyWorker.count)), body: body, peer: peer, now: now)
@@ -402,6 +443,7 @@ struct Broker: ~Copyable {
         service.stats.requests += 1
         let request = Request(client: client, version: caller.version, owner: service.requests.client(peer.map { Frame($0) } ?? client), peer: peer,
                               body: body, deadline: now + timeouts.queue, received: now)
+        request.forwarded = forwarded
         let size = request.size
         guard service.requests.count < configuration.maxQueuedPerService,
               queuedBytes + size <= configuration.maxQueuedBytes || service.requests.isEmpty && !service.idle.isEmpty else {
@@ -434,7 +476,7 @@ struct Broker: ~Copyable {
         known?.expiry = now + timeouts.workerExpiry
         func disconnect(_ reason: String) { self.disconnect(identity, version: version, reason: reason, now: now) }
         switch command {
-        case .ready(let name, let window, let callers):
+        case .ready(let name, let window, let callers, let cell):
             guard known == nil else {
                 disconnect("a second READY")
                 return
@@ -452,14 +494,20 @@ struct Broker: ~Copyable {
             }
             let service = serviceNamed(name)
             let worker = Worker(identity: identity, service: service, window: window ?? 1, speaksExtension: window != nil, wantsCallers: callers,
-                                version: version, expiry: now + timeouts.workerExpiry)
+                                cell: cell, version: version, expiry: now + timeouts.workerExpiry)
             workers[identity] = worker
             service.everServed = true
-            service.workers += 1
             service.places += worker.window
-            for _ in 0..<worker.window { service.idle.append(worker) }
-            logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(worker.window)"])
-            events.append(.workersChanged(service: name, count: service.workers))
+            if let cell {
+                service.cellOffers += 1
+                for _ in 0..<worker.window { service.cellsIdle.append(worker) }
+                logger.info("another cell offers a service", metadata: ["service": "\(name)", "cell": "\(cell)", "window": "\(worker.window)"])
+            } else {
+                service.workers += 1
+                for _ in 0..<worker.window { service.idle.append(worker) }
+                logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(worker.window)"])
+                events.append(.workersChanged(service: name, count: service.workers))
+            }
             dispatch(service, now: now)
         case .partial(let client, let body):
             guard let worker = known, let request = worker.holding(client) else {
@@ -532,7 +580,7 @@ struct Broker: ~Copyable {
             stopWaiting([copy])
             send(copy, to: worker)
         } else {
-            worker.service.idle.append(worker)
+            if worker.cell == nil { worker.service.idle.append(worker) } else { worker.service.cellsIdle.append(worker) }
             dispatch(worker.service, now: now)
         }
     }
@@ -558,7 +606,8 @@ struct Broker: ~Copyable {
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
         }
         // Each worker with its name, made once, in the order of the names.
-        let chosen = workers.values.filter { $0.service === service && !$0.draining }.map { ($0, Self.name(of: $0)) }.sorted { $0.1 < $1.1 }
+        // This cell's workers: another cell's kernel is not one worker.
+        let chosen = workers.values.filter { $0.service === service && !$0.draining && $0.cell == nil }.map { ($0, Self.name(of: $0)) }.sorted { $0.1 < $1.1 }
         guard !chosen.isEmpty else {
             return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
@@ -661,15 +710,13 @@ struct Broker: ~Copyable {
         if !worker.draining {
             worker.draining = true
             let service = worker.service
-            service.workers -= 1
-            service.places -= worker.window
-            service.idle.removeAll { $0 === worker }
+            service.leave(worker)
             let copies = worker.gatherCopies
             worker.gatherCopies.removeAll()
             stopWaiting(copies)
             for copy in copies { if let (gather, name) = copy.gather { gatherMissing(gather, name, "drained") } }
             logger.info("worker draining", metadata: ["service": "\(service.name)", "inFlight": "\(worker.inFlight.count)", "workers": "\(service.workers)"])
-            events.append(.workersChanged(service: service.name, count: service.workers))
+            if worker.cell == nil { events.append(.workersChanged(service: service.name, count: service.workers)) }
         }
         if worker.speaksExtension {
             send(MDP.encode(.drain, to: worker.identity, version: worker.version))
@@ -707,6 +754,28 @@ struct Broker: ~Copyable {
             service.idle.removeFirst()
             queuedBytes -= request.size
             send(request, to: worker)
+        }
+        if service.workers == 0, !service.cellsIdle.isEmpty { dispatchToCells(service, share: share, now: now) }
+    }
+
+    /// Hands waiting requests to other cells' kernels, for a service with no worker here; one
+    /// another cell sent here is answered -32001 instead (it crosses one link at most).
+    private mutating func dispatchToCells(_ service: Service, share: Int, now: UInt64) {
+        while !service.requests.isEmpty, let link = service.cellsIdle.first {
+            guard link.hasRoom else {
+                service.cellsIdle.removeFirst()
+                continue
+            }
+            guard let request = service.requests.next(share: share, now: now) else { break }
+            queuedBytes -= request.size
+            guard !request.forwarded else {
+                service.requests.release(request)
+                reply(to: request.caller, service: service.name, body: request.body, error: JSONRPCError(
+                    code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(service.name)' in the cell another cell sent this request to"))
+                continue
+            }
+            service.cellsIdle.removeFirst()
+            send(request, to: link)
         }
     }
 
@@ -768,10 +837,8 @@ struct Broker: ~Copyable {
         if lastWorker === worker { lastWorker = nil }
         let service = worker.service
         if !worker.draining {  // a draining worker was taken out of the counts already
-            service.workers -= 1
-            service.places -= worker.window
-            service.idle.removeAll { $0 === worker }
-            events.append(.workersChanged(service: service.name, count: service.workers))
+            service.leave(worker)
+            if worker.cell == nil { events.append(.workersChanged(service: service.name, count: service.workers)) }
         }
         logger.info("worker removed", metadata: ["service": "\(service.name)", "reason": "\(reason)", "workers": "\(service.workers)"])
         // Its requests in flight, oldest first, go back to the front of the queue with a

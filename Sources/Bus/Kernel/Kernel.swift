@@ -46,13 +46,25 @@ public actor Kernel: BusService {
         case stopped
     }
     private var phase = Phase.idle
+    /// The work with the cells' directory (``joinCells(_:)``), while serving.
+    var cellWork: Task<Void, Never>?
 
     public init(configuration: KernelConfiguration, context: ZMQContext, clock: any NanosecondClock = SystemClock(),
                 logger: Logger = Logger(label: "switchboard.kernel")) throws {
-        self.configuration = configuration
+        self.configuration = try Self.trustingOwnKey(configuration)
         self.clock = clock
         self.logger = logger
         loop = try SocketLoop(context: context, name: "kernel")
+    }
+
+    /// A kernel of a cell takes the kernels with its own key for its cell's peers: the cells
+    /// of a bus that share one key folder offer each other their services with it.
+    static func trustingOwnKey(_ configuration: KernelConfiguration) throws -> KernelConfiguration {
+        guard configuration.cell != nil, var security = configuration.security else { return configuration }
+        security.workerKeys.insert(try CurveKeyPair.publicKey(forSecretKey: security.secretKey))
+        var trusting = configuration
+        trusting.security = security
+        return trusting
     }
 
     /// The parts while serving (nil before ``start()`` and after ``stop()``).
@@ -181,10 +193,15 @@ public actor Kernel: BusService {
                                                 publisher: publisher, collector: collector, pair: pairSockets), on: loop)
             let endpoints = Endpoints(broker: brokerEndpoint, snapshot: snapshotEndpoint,
                                       publisher: publisherEndpoint, collector: collectorEndpoint)
+            if let cell = configuration.cell {
+                let curveKey = try security.map { try CurveKeyPair.publicKey(forSecretKey: $0.secretKey) }
+                parts.cellDirectory = try CellDirectory(cell: cell, broker: try Self.advertised(cell, bound: brokerEndpoint), curveKey: curveKey, instance: instance)
+            }
             phase = .serving(endpoints, parts)
             startedAt = Date()
             installMethods()
             if let link = parts.etcd { followState(link) }
+            if let directory = parts.cellDirectory { joinCells(directory) }
             parts.setInstance(now: clock.now)
             parts.flush()
             var metadata: Logger.Metadata = ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
@@ -253,6 +270,7 @@ public actor Kernel: BusService {
         }
         phase = .stopped
         table = nil
+        if let directory = parts.cellDirectory { await leaveCells(directory) }
         parts.close()
         if let link = parts.etcd { await closeState(link) }
         logger.info("kernel stopped")
@@ -262,6 +280,7 @@ public actor Kernel: BusService {
     /// Applies what can change while serving (a reload: SIGHUP): the limits and the keys
     /// admitted (``KernelConfiguration/takeLiveSettings(from:)``); the rest needs a restart.
     public func reconfigure(_ new: KernelConfiguration) {
+        guard let new = try? Self.trustingOwnKey(new) else { return logger.error("a reloaded secret key is not Z85: settings not reloaded") }
         parts?.reconfigure(new)
         logger.info("kernel settings reloaded")
     }
@@ -317,11 +336,12 @@ public actor Kernel: BusService {
     private func servicesList() throws(JSONRPCError) -> KernelAPI.ServiceList {
         let parts = try serving()
         return KernelAPI.ServiceList(services: parts.broker.services.values.sorted { $0.name < $1.name }.map { service in
-            let workers = parts.broker.workers.values.filter { $0.service === service }
+            let all = parts.broker.workers.values.filter { $0.service === service }
+            let workers = all.filter { $0.cell == nil }, cells = Set(all.compactMap(\.cell)).sorted()
             let draining = workers.filter(\.draining).count
             return KernelAPI.ServiceList.Entry(name: service.name, workers: service.workers, idle: workers.filter { $0.inFlight.isEmpty && !$0.draining }.count,
                                                queued: service.requests.count, inFlight: workers.reduce(0) { $0 + $1.inFlight.count },
-                                               draining: draining > 0 ? draining : nil)
+                                               draining: draining > 0 ? draining : nil, cells: cells.isEmpty ? nil : cells)
         }, pair: parts.state.pair?.status)
     }
 

@@ -93,6 +93,9 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// else in etcd, which keeps every acknowledged write, and which every kernel pointed at
     /// it serves from a copy fed by one watch (`kernel.state.backend: etcd`).
     public var stateEtcd: EtcdStateSettings?
+    /// The cell this kernel is of, when the bus is several cells joined through etcd
+    /// (`kernel.cell`, docs/CELLS.md); nil: this kernel's workers are the whole bus.
+    public var cell: CellConfiguration?
 
     public init() {}
 
@@ -133,7 +136,8 @@ public struct EtcdStateSettings: Sendable, Equatable {
     public var endpoints: [String]
     /// Where under etcd's keys the state lives: a key `/a` is kept at `PREFIX/a`, so several
     /// buses (or other users) can share one cluster.
-    public var prefix = "/switchboard/state"
+    public var prefix = Self.defaultPrefix
+    public static let defaultPrefix = "/switchboard/state"
     public var username: String?
     public var password: String?
     /// PEM files for `https://` members: their CA, and this kernel's certificate and key
@@ -151,6 +155,28 @@ public struct EtcdStateSettings: Sendable, Equatable {
     public static let leaseSecondsRange = 2...3_600
 
     public init(endpoints: [String]) { self.endpoints = endpoints }
+}
+
+/// A cell of a bus made of several (`kernel.cell`): its name, where the other cells' kernels
+/// reach this one's broker, and the etcd whose directory joins them (docs/CELLS.md).
+public struct CellConfiguration: Sendable, Equatable {
+    /// Unique on the bus (``MDP/isValidCellName(_:)``).
+    public var name: String
+    /// The broker endpoint the other cells' kernels connect to; nil: the one the kernel
+    /// bound, which must then name a host (not `*` or `0.0.0.0`).
+    public var advertise: String?
+    /// Requests this cell takes from another cell at once, per service.
+    public var window = 64
+    /// The directory's etcd: its `prefix` is where each cell's record is kept
+    /// (`PREFIX/NAME`), under a lease of `leaseSeconds` that ends with the kernel.
+    public var etcd: EtcdStateSettings
+
+    public static let defaultPrefix = "/switchboard/cells"
+
+    public init(name: String, etcd: EtcdStateSettings) {
+        self.name = name
+        self.etcd = etcd
+    }
 }
 
 /// CURVE encryption and authentication on every kernel endpoint. The kernel's ZAP handler

@@ -85,6 +85,10 @@ final class KernelParts {
     let zap: ZAPHandler?
     /// Where the state's changes are made when etcd keeps it.
     let etcd: EtcdStateLink?
+    /// This cell's offers to the other cells (`kernel.cell`), once serving.
+    private(set) var cells: CellLinks?
+    /// The cells' directory in etcd, which says where the other cells are.
+    var cellDirectory: CellDirectory?
     let clock: any NanosecondClock
     private let configuration: KernelConfiguration
     /// Answers the `kernel` service's requests (the kernel owns these parts).
@@ -186,6 +190,12 @@ final class KernelParts {
         }
         self.registrations = registrations
         repeatEvery(configuration.heartbeatInterval, on: loop) { $0.broker.tick(now: $0.clock.now) }
+        if let cell = configuration.cell {
+            let cells = CellLinks(configuration: cell, kernel: configuration, loop: loop, logger: state.logger)
+            cells.parts = self
+            self.cells = cells
+            repeatEvery(configuration.heartbeatInterval, on: loop) { $0.cells?.tick(now: $0.clock.now, services: $0.localServices) }
+        }
         var heap = HeapTrim()
         // `kernel stats` as metrics, for a backend the process bootstrapped (telemetry on).
         let metrics = KernelMetrics.isExporting ? KernelMetrics() : nil
@@ -219,6 +229,8 @@ final class KernelParts {
 
     /// Stops serving: the timers end and the sockets close (on the loop thread).
     func close() {
+        cells?.close()
+        cells = nil
         for timer in timers { timer.cancel() }
         timers.removeAll()
         for registration in registrations?.all ?? [] { registration.close() }
@@ -246,7 +258,15 @@ final class KernelParts {
             if isPaired { for event in state.pair?.takeEvents() ?? [] { handle(event) } }
             // What a part writes while its batch is sent (a failed send makes the broker
             // re-dispatch) is the next batch.
-            while let batch = broker.outbox.takeBatch() { send(batch, on: registrations.router); broker.outbox.reuse(batch) }
+            while let batch = broker.outbox.takeBatch() {
+                if let cells {
+                    // Answers to requests another cell sent go back on its link.
+                    batch.forEach { CellLinks.isAnswer($0) ? cells.relay($0) : registrations.router.send(frames: $0) }
+                } else {
+                    send(batch, on: registrations.router)
+                }
+                broker.outbox.reuse(batch)
+            }
             while let batch = state.snapshots.takeBatch() { send(batch, on: registrations.snapshot); state.snapshots.reuse(batch) }
             while let batch = state.publisher.takeBatch() { send(batch, on: registrations.publisher); state.publisher.reuse(batch) }
             if let zap {
@@ -282,6 +302,8 @@ final class KernelParts {
             kernel?.assumeIsolated { $0.answer(caller, body: body, peer: peer) }
         case .workersChanged(let service, let count):
             setWorkers(service, count, now: clock.now)
+            if let cells, count <= 1 { cells.reconcile(services: localServices, now: clock.now) }
+            cellDirectory?.changed.yield()
         case .answered(let service, let body, let received, let now):
             guard body.count == 1 else { return }
             BusTracing.recordDispatch(service: service, body: body[0], received: received, answered: now, now: clock.now)
@@ -309,6 +331,9 @@ final class KernelParts {
         }
         broker.replyFromKernel(to: caller, body)
     }
+
+    /// The services with a worker in this cell (not those only other cells offer).
+    var localServices: [String] { broker.workerCounts.filter { $0.workers > 0 }.map(\.name) }
 
     /// Writes every one of the kernel's own keys: its instance, and each service's workers.
     func writeOwnKeys(now: UInt64) {

@@ -1,17 +1,21 @@
+import BusProtocol
 public import SwitchboardConfig
 
 extension KernelConfiguration {
     /// The keys of `kernel:` (the kernel's log level is the deployment's business, read there).
-    public static let schema = ConfigSchema.map(valueKeys.merging(["state": stateSchema]) { $1 })
+    public static let schema = ConfigSchema.map(valueKeys.merging(["state": stateSchema, "cell": cellSchema]) { $1 })
+
+    /// An `etcd:` section, as etcd's clients name its settings.
+    private static let etcdSchema = ConfigSchema.map([
+        "endpoints": .value, "prefix": .value, "username": .text, "password": .text,
+        "ca_file": .value, "cert_file": .value, "key_file": .value, "lease_seconds": .value,
+    ])
 
     /// `kernel.state:`: where the state is kept.
-    static let stateSchema = ConfigSchema.map([
-        "backend": .value,
-        "etcd": .map([
-            "endpoints": .value, "prefix": .value, "username": .text, "password": .text,
-            "ca_file": .value, "cert_file": .value, "key_file": .value, "lease_seconds": .value,
-        ]),
-    ])
+    static let stateSchema = ConfigSchema.map(["backend": .value, "etcd": etcdSchema])
+
+    /// `kernel.cell:`: the cell this kernel is of (docs/CELLS.md).
+    static let cellSchema = ConfigSchema.map(["name": .value, "advertise": .value, "window": .value, "etcd": etcdSchema])
 
     private static let valueKeys = Dictionary(uniqueKeysWithValues: [
         "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
@@ -59,6 +63,22 @@ extension KernelConfiguration {
         }
         stateEtcd = try Self.readStateBackend(try kernel.section("state"))
         if let stateEtcd { try checkFits(etcd: stateEtcd, kernel) }
+        let cell = try kernel.section("cell")
+        if !cell.values.isEmpty { self.cell = try Self.readCell(cell) }
+    }
+
+    /// `kernel.cell`: a name, the etcd of the directory, where other cells reach this one.
+    private static func readCell(_ cell: ConfigSection) throws(ConfigError) -> CellConfiguration {
+        _ = try cell.required("name", "is required: the cell's name, unique on the bus")
+        guard let name = try cell.text("name", "the cell's name"), MDP.isValidCellName(name) else { throw cell.refuse("name", expected: MDP.cellNameRule) }
+        var configuration = CellConfiguration(name: name, etcd: try readEtcd(try cell.section("etcd"), prefix: CellConfiguration.defaultPrefix,
+                                                                                why: "a cell's directory is kept in etcd"))
+        configuration.advertise = try cell.endpoint("advertise")
+        if let window = try cell.integer("window", atMost: MDP.maxWindow) {
+            guard window >= 1 else { throw cell.refuse("window", expected: "1 to \(MDP.maxWindow)") }
+            configuration.window = window
+        }
+        return configuration
     }
 
     /// `kernel.state.backend` (`memory`, the default, or `etcd`) and its `etcd:` settings.
@@ -69,13 +89,19 @@ extension KernelConfiguration {
             if !etcd.values.isEmpty { throw ConfigError(path: state.path("etcd"), problem: "is read only with kernel.state.backend: etcd") }
             return nil
         }
+        return try readEtcd(etcd, prefix: EtcdStateSettings.defaultPrefix, why: "kernel.state.backend: etcd")
+    }
+
+    /// An `etcd:` section (`why`: what needs it, for the error when it names no member).
+    private static func readEtcd(_ etcd: ConfigSection, prefix defaultPrefix: String, why: String) throws(ConfigError) -> EtcdStateSettings {
         guard let endpoints = try etcd.strings("endpoints"), !endpoints.isEmpty else {
-            throw ConfigError(path: etcd.path("endpoints"), problem: "is required with kernel.state.backend: etcd: the etcd members' client URLs, such as [http://127.0.0.1:2379]")
+            throw ConfigError(path: etcd.path("endpoints"), problem: "is required: \(why): the etcd members' client URLs, such as [http://127.0.0.1:2379]")
         }
         for endpoint in endpoints where !(endpoint.hasPrefix("http://") || endpoint.hasPrefix("https://")) {
             throw ConfigError(path: etcd.path("endpoints"), problem: "expected http://HOST:PORT or https://HOST:PORT, got \(endpoint)")
         }
         var settings = EtcdStateSettings(endpoints: endpoints)
+        settings.prefix = defaultPrefix
         if let prefix = try etcd.text("prefix", "a key prefix such as /switchboard/state") {
             guard prefix.hasPrefix("/"), !prefix.hasSuffix("/") else { throw etcd.refuse("prefix", expected: "a key prefix starting with '/', without a '/' at the end") }
             settings.prefix = prefix

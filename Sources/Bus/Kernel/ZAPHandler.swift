@@ -59,8 +59,8 @@ final class ZAPHandler {
         }
         // The kernel's own key elsewhere: the pair's peer asking whether this kernel still
         // serves (an 8/MMI question, as a client).
-        if key == ownPublicKey { return reply("200", "OK", user: Self.clientPrefix + key) }
         if security.workerKeys.contains(key) || security.serviceKeys[key] != nil { return reply("200", "OK", user: Self.workerPrefix + key) }
+        if key == ownPublicKey { return reply("200", "OK", user: Self.clientPrefix + key) }
         if security.clientKeys.contains(key) || security.operatorKeys.contains(key) { return reply("200", "OK", user: Self.clientPrefix + key) }
         refused += 1
         logger.warning("refused an unknown CURVE key", metadata: ["address": "\(address)", "key": "\(key)"])

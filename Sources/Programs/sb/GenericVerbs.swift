@@ -242,9 +242,13 @@ struct Services: AsyncParsableCommand {
                     return .object(entry)
                 }), compact: true)
             }
-            Output.table(["SERVICE", "WORKERS", "IDLE", "QUEUED", "IN FLIGHT", "AVAILABLE"], rows.map { row in
+            // On a bus of several cells: the other cells that serve each service (asked while
+            // it has no worker here).
+            let cells = rows.contains { $0.service.cells != nil }
+            Output.table(["SERVICE", "WORKERS", "IDLE", "QUEUED", "IN FLIGHT", "AVAILABLE"] + (cells ? ["OTHER CELLS"] : []), rows.map { row in
                 [row.service.name, "\(row.service.workers)", "\(row.service.idle)", "\(row.service.queued)", "\(row.service.inFlight)",
                  Output.styled(row.available ? "yes" : "no", row.available ? .green : .red)]
+                    + (cells ? [row.service.cells?.joined(separator: ",") ?? "-"] : [])
             })
             for process in processes where process.state != .running {
                 Output.line(Output.styled("\(process.name): \(process.summary)", .red))

@@ -97,7 +97,7 @@ private final class MDPForwarder {
         case .request(let client, _, let body, _)?:
             waiting.append(body.count == 1 ? Waiting(client: client, onlyFrame: body.first, frames: [])
                                            : Waiting(client: client, onlyFrame: nil, frames: body))
-        case .worker(let identity, .ready(let service, let window, _), _)?:
+        case .worker(let identity, .ready(let service, let window, _, _), _)?:
             worker = (identity, Frame(service))
             credits = window ?? 1
         case .worker(_, .reply(let client, let body), _)?:

@@ -1,0 +1,175 @@
+import BusProtocol
+import Etcd
+import Foundation
+import Logging
+import Synchronization
+import ZeroMQ
+
+/// The directory of the cells of a bus, in etcd (docs/CELLS.md): each cell's kernel keeps one
+/// record at `PREFIX/NAME` under a lease of its own (its broker, its CURVE key, its services
+/// and how many workers each has here), and follows every record under the prefix. A kernel
+/// that is gone leaves the directory when its lease runs out; one that comes back writes its
+/// record again.
+final class CellDirectory: Sendable {
+    let client: EtcdClient
+    let cell: CellConfiguration
+    /// The record's broker and key: fixed for the kernel's life.
+    let broker: String
+    let curveKey: String?
+    let instance: String
+    var key: [UInt8] { Array((cell.etcd.prefix + "/" + cell.name).utf8) }
+    var prefix: [UInt8] { Array((cell.etcd.prefix + "/").utf8) }
+    /// The lease the record is under now (0: none yet).
+    let lease = Mutex<Int64>(0)
+    /// Rung when this cell's services changed: the record is written again.
+    let changed: AsyncStream<Void>.Continuation
+    private let changes: AsyncStream<Void>
+
+    init(cell: CellConfiguration, broker: String, curveKey: String?, instance: String) throws {
+        client = try EtcdClient(settings: EtcdClient.Settings(cell.etcd))
+        self.cell = cell
+        self.broker = broker
+        self.curveKey = curveKey
+        self.instance = instance
+        (changes, changed) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    }
+
+    /// This cell's record: where its broker is, its key, its services and their workers here.
+    func record(services: [(name: String, workers: Int)]) -> [UInt8] {
+        var counts: [String: JSONValue] = [:]
+        for (name, workers) in services where workers > 0 { counts[name] = .int(Int64(workers)) }
+        var record: [String: JSONValue] = ["broker": .string(broker), "instance": .string(instance), "services": .object(counts)]
+        if let curveKey { record["key"] = .string(curveKey) }
+        return JSONValue.object(record).jsonBytes
+    }
+
+    /// A record read from the directory: nil when it is not one (written by someone else).
+    static func peer(_ value: [UInt8]) -> (peer: CellLinks.Peer, services: [String: Int])? {
+        guard let record = try? JSONValue(parsing: value), let broker = record["broker"]?.stringValue else { return nil }
+        var services: [String: Int] = [:]
+        for (name, count) in record["services"]?.objectValue ?? [:] { services[name] = Int(count.intValue ?? 0) }
+        return (CellLinks.Peer(broker: broker, key: record["key"]?.stringValue), services)
+    }
+
+    /// etcd let the record's lease go (it was out of reach that long): a new one is granted.
+    struct LeaseRanOut: Error, CustomStringConvertible {
+        var description: String { "the cell's lease in etcd ran out" }
+    }
+
+    /// The change stream, read by the one task that writes the record.
+    var recordChanges: AsyncStream<Void> { changes }
+}
+
+extension Kernel {
+    /// Where the other cells reach this kernel's broker: `kernel.cell.advertise`, else the
+    /// endpoint it bound, which must name a host they can reach.
+    static func advertised(_ cell: CellConfiguration, bound broker: String) throws -> String {
+        if let advertise = cell.advertise { return advertise }
+        let address = broker.hasPrefix("tcp://") ? String(broker.dropFirst("tcp://".count)) : ""
+        let host = address.hasPrefix("[") ? String(address.dropFirst().prefix { $0 != "]" }) : String(address.prefix { $0 != ":" })
+        guard !address.isEmpty, !["*", "0.0.0.0", "::"].contains(host) else {
+            throw ZMQError(call: "kernel.cell: the broker is bound at \(broker), which other cells cannot connect to: set kernel.cell.advertise to tcp://HOST:PORT", code: EINVAL)
+        }
+        return broker
+    }
+
+    /// Joins the directory: writes this cell's record and follows the others', until
+    /// ``leaveCells(_:)``.
+    func joinCells(_ directory: CellDirectory) {
+        cellWork = Task {
+            await withDiscardingTaskGroup { group in
+                group.addTask { await self.keepCellRecord(directory) }
+                group.addTask { await self.rewriteCellRecord(directory) }
+                group.addTask { await self.followCells(directory) }
+            }
+        }
+    }
+
+    /// Leaves the directory (the kernel stops): the record goes at once rather than when its
+    /// lease runs out, so the other cells stop sending here.
+    func leaveCells(_ directory: CellDirectory) async {
+        cellWork?.cancel()
+        await cellWork?.value
+        cellWork = nil
+        _ = try? await directory.client.delete(directory.key)
+        await directory.client.close()
+    }
+
+    /// Writes the record under a lease and keeps the lease alive; under a new lease when the
+    /// old one ran out (etcd was out of reach that long).
+    private func keepCellRecord(_ directory: CellDirectory) async {
+        let seconds = directory.cell.etcd.leaseSeconds
+        while !Task.isCancelled {
+            do {
+                let lease = try await directory.client.grantLease(ttl: Int64(seconds)).id
+                directory.lease.withLock { $0 = lease }
+                _ = try await directory.client.put(directory.key, directory.record(services: cellServices()), lease: lease)
+                logger.info("this cell is in the directory", metadata: ["cell": "\(directory.cell.name)", "broker": "\(directory.broker)"])
+                while !Task.isCancelled {
+                    try await Task.sleep(for: .seconds(seconds) / 3)
+                    guard try await directory.client.keepAlive(lease) > 0 else { throw CellDirectory.LeaseRanOut() }
+                }
+            } catch {
+                guard !Task.isCancelled else { return }
+                logger.warning("cannot keep this cell's record in the directory: trying again", metadata: ["error": "\(error)"])
+                try? await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+
+    /// Writes the record again each time this cell's services change. A write that fails
+    /// (etcd out of reach, the lease gone) is made by ``keepCellRecord(_:)`` once it has a
+    /// lease again, with the services as they are then.
+    private func rewriteCellRecord(_ directory: CellDirectory) async {
+        for await _ in directory.recordChanges {
+            let lease = directory.lease.withLock { $0 }
+            guard lease != 0 else { continue }
+            _ = try? await directory.client.put(directory.key, directory.record(services: cellServices()), lease: lease)
+        }
+    }
+
+    /// Reads the directory, then follows it; the other cells go to the links.
+    private func followCells(_ directory: CellDirectory) async {
+        while !Task.isCancelled {
+            do {
+                let range = try await directory.client.range(prefix: directory.prefix)
+                var records: [String: [UInt8]] = [:]
+                for entry in range.keyValues { records[entry.keyString] = entry.value }
+                cellsChanged(records, directory)
+                for try await update in directory.client.watch(prefix: directory.prefix, from: range.revision + 1) {
+                    guard case .events(let events, _) = update else {
+                        if case .compacted = update { break }
+                        continue
+                    }
+                    for event in events {
+                        records[event.keyValue.keyString] = event.kind == .delete ? nil : event.keyValue.value
+                    }
+                    cellsChanged(records, directory)
+                }
+            } catch {
+                guard !Task.isCancelled else { return }
+                logger.warning("cannot follow the cells' directory: trying again", metadata: ["error": "\(error)"])
+                try? await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+
+    /// This kernel's services with their workers here (not those other cells offer).
+    private func cellServices() -> [(name: String, workers: Int)] { parts?.broker.workerCounts ?? [] }
+
+    private func cellsChanged(_ records: [String: [UInt8]], _ directory: CellDirectory) {
+        guard let parts, let cells = parts.cells else { return }
+        let own = String(decoding: directory.key, as: UTF8.self), prefix = String(decoding: directory.prefix, as: UTF8.self)
+        var peers: [String: CellLinks.Peer] = [:]
+        var services: [String: [String: Int]] = [:]
+        for (key, value) in records where key != own {
+            guard let (peer, offered) = CellDirectory.peer(value) else { continue }
+            let name = String(key.dropFirst(prefix.count))
+            peers[name] = peer
+            services[name] = offered
+        }
+        cells.directory = services
+        cells.peersChanged(peers, services: parts.localServices, now: clock.now)
+        parts.flush()
+    }
+}

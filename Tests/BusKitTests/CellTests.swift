@@ -1,0 +1,117 @@
+import BusKit
+import BusProtocol
+import Contracts
+import EchoService
+import Foundation
+import Kernel
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+@Suite("Cells: kernels that find each other through etcd and send a request to the cell whose workers serve it",
+       .serialized, .enabled(if: TestEtcd.available, "needs etcd-server (Scripts/bootstrap --tests installs it)"))
+struct CellTests {
+    /// A kernel of cell `name` on `etcd`'s directory, with heartbeats a test need not wait for.
+    private func cell(_ name: String, on settings: EtcdStateSettings, queueTimeout: Duration = .seconds(5)) -> (inout KernelConfiguration) -> Void {
+        { configuration in
+            fastHeartbeats(&configuration)
+            configuration.queueTimeout = queueTimeout
+            configuration.cell = CellConfiguration(name: name, etcd: settings)
+        }
+    }
+
+    private func echo(_ instance: String, at kernel: TestKernel) throws -> ServiceHost<EchoService> {
+        try ServiceHost(service: EchoService(instance: instance), options: .init(brokers: [kernel.endpoints.broker], connections: 1,
+                                                                                  heartbeatInterval: .milliseconds(100), heartbeatLiveness: 10))
+    }
+
+    @Test("a client of cell a calls a service only cell b serves, in one answer and in parts; a's own worker comes first once it has one; b's kernel gone: -32001 within a's queue timeout; b back: served again")
+    func crossing() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        var settings = EtcdStateSettings(endpoints: etcd.clientURLs)
+        settings.prefix = "/sb-test/cells"
+        settings.leaseSeconds = 2
+        let a = try await TestKernel.start(cell("a", on: settings, queueTimeout: .seconds(2)))
+        var b = try await TestKernel.start(fixedPorts: true, cell("b", on: settings))
+        let hostB = try echo("b", at: b)
+        try await hostB.start()
+        let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10))
+
+        try await eventually(10, "cell b offers echo to cell a") { try await client.hasWorkers(EchoAPI.service) }
+        #expect(try await client.call(EchoAPI.count, .init(n: 7)) == 7)
+        #expect(try await client.call(EchoAPI.whoami) == "b")
+        var numbers: [Int] = []
+        for try await number in client.stream(EchoAPI.numbers, .init(n: 3)) { numbers.append(number) }
+        #expect(numbers == [1, 2, 3])
+        let services = try await client.call(KernelAPI.servicesList)
+        #expect(services.services.first { $0.name == EchoAPI.service }?.cells == ["b"])
+
+        // A worker of its own: cell a asks it, not cell b.
+        let hostA = try echo("a", at: a)
+        try await hostA.start()
+        try await a.workers(EchoAPI.service)
+        for _ in 1...5 { #expect(try await client.call(EchoAPI.whoami) == "a") }
+        await hostA.stop()
+        #expect(try await client.call(EchoAPI.whoami) == "b")
+
+        // Cell b's kernel goes: a's client is told within a's queue timeout, never left waiting.
+        await b.stop()
+        let asked = ContinuousClock.now
+        let failure = await #expect(throws: BusError.self) { try await client.call(EchoAPI.count, .init(n: 1)) }
+        #expect(failure?.code == JSONRPCError.serviceUnavailableCode, "\(String(describing: failure))")
+        #expect(ContinuousClock.now - asked < .seconds(5))
+
+        // Back (its worker reconnects by itself): served across again, without a restart of a.
+        b = try await b.restarted()
+        try await eventually(15, "cell b offers echo to cell a again") { try await client.hasWorkers(EchoAPI.service) }
+        #expect(try await client.call(EchoAPI.count, .init(n: 9)) == 9)
+
+        await client.close()
+        await hostB.stop()
+        await b.stop()
+        await a.stop()
+    }
+
+    @Test("with CURVE the sender's key crosses with its request: a worker in cell b that asks who sent it is told the key of the client of cell a")
+    func callerCrosses() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        var settings = EtcdStateSettings(endpoints: etcd.clientURLs)
+        settings.prefix = "/sb-test/secured-cells"
+        let keysA = try CurveKeyPair.generate(), keysB = try CurveKeyPair.generate()
+        let clientPair = try CurveKeyPair.generate(), workerPair = try CurveKeyPair.generate()
+        // Each cell's kernel key is a worker key of the other: it offers that cell its services.
+        let a = try await TestKernel.start { configuration in
+            cell("a", on: settings)(&configuration)
+            configuration.security = KernelSecurity(secretKey: keysA.secretKey, clientKeys: [clientPair.publicKey], workerKeys: [keysB.publicKey])
+        }
+        let b = try await TestKernel.start { configuration in
+            cell("b", on: settings)(&configuration)
+            configuration.security = KernelSecurity(secretKey: keysB.secretKey, clientKeys: [clientPair.publicKey], workerKeys: [workerPair.publicKey, keysA.publicKey])
+        }
+        let context = try ZMQContext()
+        let worker = try ZMQSocket(context, .dealer)
+        try worker.set(.linger, 0)
+        try worker.set(.receiveTimeout, 10_000)
+        try worker.secure(CurveClientKeys(serverKey: keysB.publicKey, secretKey: workerPair.secretKey))
+        try worker.connect(b.endpoints.broker)
+        try worker.send(MDP.encode(.ready(service: "asking", window: 1, callers: true)))
+        let clientKeys = try CurveClientKeys(serverKey: keysA.publicKey, secretKey: clientPair.secretKey)
+        let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10), curve: clientKeys)
+        try await eventually(10, "cell b offers 'asking' to cell a") { try await client.hasWorkers("asking") }
+
+        async let reply = client.call(service: "asking", body: ["x"])
+        var command: BrokerToWorker
+        repeat { command = try MDP.decodeAtWorker(try worker.receive()) } while command == .heartbeat
+        guard case .request(let sender, let body) = command else { Issue.record("expected a REQUEST, got \(command)"); return }
+        #expect(body == [Frame("client:" + clientPair.publicKey), "x"])
+        try worker.send(MDP.encode(.reply(client: sender, body: ["ok"])))
+        #expect(try await reply == ["ok"])
+
+        await client.close()
+        worker.close()
+        await b.stop()
+        await a.stop()
+    }
+}
