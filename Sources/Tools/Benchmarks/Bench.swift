@@ -11,7 +11,7 @@ struct SwitchboardBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard-bench",
         abstract: "Measure Switchboard's layers and print the figures.",
-        subcommands: [AllBenchmarks.self, ZeroMQBenchmark.self, KernelBenchmark.self, EtcdStateBenchmark.self, StoreBenchmark.self, DurableStreamsBenchmark.self, FetcherBenchmark.self, SearchBenchmark.self, JSONBenchmark.self, GatewayBenchmark.self, StreamBenchmark.self, SocketLayerFloorCommand.self]
+        subcommands: [AllBenchmarks.self, ZeroMQBenchmark.self, KernelBenchmark.self, EtcdStateBenchmark.self, CellsBenchmark.self, StoreBenchmark.self, DurableStreamsBenchmark.self, FetcherBenchmark.self, SearchBenchmark.self, JSONBenchmark.self, GatewayBenchmark.self, StreamBenchmark.self, SocketLayerFloorCommand.self]
     )
 }
 
@@ -31,11 +31,12 @@ struct AllBenchmarks: AsyncParsableCommand {
                 return row
             }
         }
-        progress("switchboard-bench all: zmq, json, kernel, etcd, store, streams, search, fetcher, gateway, stream (each with its defaults)")
+        progress("switchboard-bench all: zmq, json, kernel, etcd, cells, store, streams, search, fetcher, gateway, stream (each with its defaults)")
         section("zmq", try await ZeroMQBenchmark.parse([]).measure())
         section("json", try JSONBenchmark.parse([]).measure())
         section("kernel", try await KernelBenchmark.parse([]).measure())
         section("etcd", try await EtcdStateBenchmark.parse([]).measure())
+        section("cells", try await CellsBenchmark.parse([]).measure())
         section("store", try await StoreBenchmark.parse([]).measure())
         section("streams", try await DurableStreamsBenchmark.parse([]).measure())
         section("search", try await SearchBenchmark.parse([]).measure())
