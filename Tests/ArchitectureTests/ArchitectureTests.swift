@@ -55,7 +55,8 @@ struct ArchitectureTests {
         let files = try #require(FileManager.default.enumerator(at: folder, includingPropertiesForKeys: nil))
         for case let file as URL in files where file.pathExtension == "swift" {
             for line in try String(contentsOf: file, encoding: .utf8).split(separator: "\n") {
-                if let match = line.firstMatch(of: /^\s*(?:@_exported\s+|@testable\s+)?(?:public\s+|internal\s+|package\s+)?import\s+(\w+)/) {
+                // The plain test first: the pattern is slow in a debug build, and few lines import.
+                if line.contains("import "), let match = line.firstMatch(of: /^\s*(?:@_exported\s+|@testable\s+)?(?:public\s+|internal\s+|package\s+)?import\s+(\w+)/) {
                     found.insert(String(match.1))
                 }
             }
@@ -118,7 +119,7 @@ struct ArchitectureTests {
         for (path, text) in try Self.productionSources() {
             let starts = text.split(separator: "\n").filter { line in
                 !line.trimmingCharacters(in: .whitespaces).hasPrefix("//")
-                    && (line.contains(/(^|[^A-Za-z.])Task \{/) || line.contains("Task.detached") || line.contains(/(^|[^A-Za-z.])Task\(/))
+                    && line.contains("Task") && (line.contains(/(^|[^A-Za-z.])Task \{/) || line.contains("Task.detached") || line.contains(/(^|[^A-Za-z.])Task\(/))
             }
             // As the page names it: the module's folder and the file.
             let name = path.split(separator: "/").suffix(2).joined(separator: "/")
@@ -149,7 +150,7 @@ struct ArchitectureTests {
     @Test("the libraries keep Swift's run-time exclusivity checks, but for the allowlist's places")
     func exclusivityChecked() throws {
         for (name, text) in try Self.productionSources() {
-            let count = text.matches(of: /@exclusivity\(unchecked\)/).count
+            let count = text.contains("@exclusivity") ? text.matches(of: /@exclusivity\(unchecked\)/).count : 0
             #expect(count <= (Self.uncheckedExclusivity[name]?.count ?? 0),
                     "\(name) switches exclusivity checks off \(count) times; the allowlist in ArchitectureTests names its reason, or it goes")
         }
@@ -160,7 +161,7 @@ struct ArchitectureTests {
         for (name, text) in try Self.productionSources() {
             for line in text.split(separator: "\n") where line.contains("//") {
                 let comment = line[line.range(of: "//")!.lowerBound...]
-                #expect(!comment.contains(/[Ii]ssue #?[0-9]+|BENCHMARKS\.md/), "\(name): \(comment)")
+                #expect(!(comment.contains("ssue") || comment.contains("BENCHMARKS")) || !comment.contains(/[Ii]ssue #?[0-9]+|BENCHMARKS\.md/), "\(name): \(comment)")
             }
         }
     }
