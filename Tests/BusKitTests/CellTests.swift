@@ -46,6 +46,13 @@ struct CellTests {
         #expect(numbers == [1, 2, 3])
         let services = try await client.call(KernelAPI.servicesList)
         #expect(services.services.first { $0.name == EchoAPI.service }?.cells == ["b"])
+        // Counted per cell: what a handed to b and b answered, and what b took from other cells.
+        let sentToB = try #require(try await client.call(KernelAPI.stats).cell?.peers["b"])
+        #expect(sentToB.sent == 3 && sentToB.answered == 3 && sentToB.p50LatencyMicroseconds != nil, "\(sentToB)")
+        let clientOfB = try await BusClient(brokers: [b.endpoints.broker], timeout: .seconds(10))
+        #expect(try await clientOfB.call(KernelAPI.stats).cell?.received == 3)
+        #expect(try await clientOfB.call(KernelAPI.metrics).text.contains("switchboard_cell_received_total 3"))
+        await clientOfB.close()
 
         // A worker of its own: cell a asks it, not cell b.
         let hostA = try echo("a", at: a)

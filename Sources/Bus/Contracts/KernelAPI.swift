@@ -192,9 +192,34 @@ public enum KernelAPI {
         public var state: State
         /// The kernel's pair, when it is one of two.
         public var pair: PairStatus?
+        /// The kernel's cell, on a bus of several (docs/CELLS.md).
+        public var cell: Cell?
+        public struct Cell: Codable, Sendable {
+            /// This kernel's cell.
+            public var name: String
+            /// Requests other cells sent here.
+            public var received: Int
+            /// By other cell: the requests handed to it and what came of them.
+            public var peers: [String: Peer]
+            public struct Peer: Codable, Sendable {
+                /// Requests handed to that cell (a request sent again counts again).
+                public var sent: Int
+                /// Answers it sent back, and the time from each request's arrival here to its answer.
+                public var answered: Int
+                public var meanLatencyMicroseconds: Double
+                public var p50LatencyMicroseconds: Int?
+                public var p99LatencyMicroseconds: Int?
+                public init(sent: Int, answered: Int, meanLatencyMicroseconds: Double, p50LatencyMicroseconds: Int?, p99LatencyMicroseconds: Int?) {
+                    (self.sent, self.answered, self.meanLatencyMicroseconds) = (sent, answered, meanLatencyMicroseconds)
+                    (self.p50LatencyMicroseconds, self.p99LatencyMicroseconds) = (p50LatencyMicroseconds, p99LatencyMicroseconds)
+                }
+            }
+            public init(name: String, received: Int, peers: [String: Peer]) { (self.name, self.received, self.peers) = (name, received, peers) }
+        }
         public init(requests: Int, protocolErrors: Int, droppedReplies: Int, brokenStreams: Int = 0, gatheredBytes: Int = 0,
                     streamsInProgress: Int? = nil, gathersInProgress: Int? = nil, queuedBytes: Int,
-                    uptimeSeconds: Double, services: [String: Service], security: Security, state: State, pair: PairStatus?) {
+                    uptimeSeconds: Double, services: [String: Service], security: Security, state: State, pair: PairStatus?, cell: Cell? = nil) {
+            self.cell = cell
             (self.requests, self.protocolErrors, self.droppedReplies, self.queuedBytes, self.uptimeSeconds) = (requests, protocolErrors, droppedReplies, queuedBytes, uptimeSeconds)
             (self.brokenStreams, self.gatheredBytes) = (brokenStreams, gatheredBytes)
             (self.streamsInProgress, self.gathersInProgress) = (streamsInProgress, gathersInProgress)

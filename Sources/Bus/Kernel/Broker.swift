@@ -299,6 +299,10 @@ struct Broker: ~Copyable {
     /// Replies in parts under way, a gather's among them: a part relayed, no FINAL yet (`kernel stats`).
     var streamsInProgress: Int { streams.values.reduce(0) { $0 + $1.count } }
     private(set) var refusedRegistrations = 0
+    /// By other cell: requests handed to it, its answers and their latency (``Worker/cell``).
+    private(set) var cellStats: [String: ServiceStats] = [:]
+    /// Requests other cells sent here (``handleForwarded``).
+    private(set) var receivedFromCells = 0
     /// Client requests answered -32008: this kernel was not the active one of its pair.
     private(set) var refusedNotActive = 0
     /// Requests for operators only (``OperatorsOnly``) refused: another key sent them.
@@ -408,6 +412,7 @@ struct Broker: ~Copyable {
     /// then served by this cell's workers only.
     mutating func handleForwarded(_ caller: Caller, service: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
         totalRequests += 1
+        receivedFromCells += 1
         let verdict = admission.verdict(service: service, body: body, peer: peer, security: configuration.security, now: now, pairRefusal: Self.alone)
         guard verdict == .admitted else { return refuse(caller, service: service, body: body, verdict) }
         handleRequest(caller, service: service, body: body, peer: peer, forwarded: true, now: now)
@@ -543,6 +548,10 @@ struct Broker: ~Copyable {
             service.requests.release(request)
             service.stats.replies += 1
             service.stats.latency.record(nanoseconds: now &- request.received)
+            if let cell = worker.cell {
+                cellStats[cell, default: ServiceStats()].replies += 1
+                cellStats[cell, default: ServiceStats()].latency.record(nanoseconds: now &- request.received)
+            }
             if request.parts == 0 {
                 outbox.send(MDP.BrokerReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version))
             } else {
@@ -775,6 +784,7 @@ struct Broker: ~Copyable {
                 continue
             }
             service.cellsIdle.removeFirst()
+            cellStats[link.cell ?? "", default: ServiceStats()].requests += 1
             send(request, to: link)
         }
     }

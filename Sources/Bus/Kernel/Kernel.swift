@@ -501,7 +501,14 @@ extension Kernel {
                                    lagRevisions: max(0, link.reportedRevision - link.lastRevision), lease: String(link.lease, radix: 16),
                                    transactions: link.transactions, failedWrites: link.failedWrites, droppedWrites: link.droppedWrites, queuedWrites: link.queue.count)
                          }),
-            pair: pairStatus)
+            pair: pairStatus,
+            cell: configuration.cell.map { cell in
+                .init(name: cell.name, received: parts.broker.receivedFromCells, peers: parts.broker.cellStats.mapValues { stats in
+                    .init(sent: stats.requests, answered: stats.replies, meanLatencyMicroseconds: stats.latency.meanMicroseconds.rounded(),
+                          p50LatencyMicroseconds: stats.latency.quantileMicroseconds(0.5).map { Int($0) },
+                          p99LatencyMicroseconds: stats.latency.quantileMicroseconds(0.99).map { Int($0) })
+                })
+            })
     }
 
     /// The same figures in the Prometheus text exposition format (version 0.0.4).
@@ -568,6 +575,15 @@ extension Kernel {
             family("state_etcd_failed_writes_total", "counter", "State writes etcd did not take (answered with an error).", [("", String(etcd.failedWrites))])
             family("state_etcd_dropped_writes_total", "counter", "Collector writes dropped: too many waited for etcd.", [("", String(etcd.droppedWrites))])
             family("state_etcd_queued_writes", "gauge", "State writes waiting for etcd.", [("", String(etcd.queue.count))])
+        }
+        if configuration.cell != nil {
+            let cells = parts.broker.cellStats.sorted { $0.key < $1.key }
+            func cellLabel(_ name: String) -> String { "{cell=\"\(name)\"}" }
+            family("cell_requests_total", "counter", "Requests handed to another cell of the bus.", cells.map { (cellLabel($0.key), String($0.value.requests)) })
+            family("cell_replies_total", "counter", "Answers another cell of the bus sent back.", cells.map { (cellLabel($0.key), String($0.value.replies)) })
+            family("cell_reply_seconds_sum", "counter", "Seconds from the arrival of each request answered by another cell to its answer, summed.",
+                   cells.map { (cellLabel($0.key), String(Double($0.value.latency.sumNanoseconds) / 1_000_000_000)) })
+            family("cell_received_total", "counter", "Requests other cells of the bus sent here.", [("", String(parts.broker.receivedFromCells))])
         }
         family("uptime_seconds", "gauge", "Seconds since the kernel started.", [("", String(Date().timeIntervalSince(startedAt).rounded()))])
         return text

@@ -328,6 +328,16 @@ struct Stats: AsyncParsableCommand {
                 Output.line("state on etcd \(etcd.endpoints.joined(separator: ",")) under \(etcd.prefix): revision \(etcd.revision) (\(etcd.lagRevisions) behind), "
                     + "lease \(etcd.lease), \(etcd.queuedWrites) writes waiting, \(etcd.failedWrites) failed, \(etcd.droppedWrites) dropped")
             }
+            if let cell = stats.value.cell {
+                Output.line()
+                Output.line("cell \(cell.name): \(cell.received) requests from other cells")
+                if !cell.peers.isEmpty {
+                    Output.table(["TO CELL", "SENT", "ANSWERED", "P50", "P99", "MEAN"], cell.peers.sorted { $0.key < $1.key }.map { name, figures in
+                        [name, "\(figures.sent)", "\(figures.answered)", micros(figures.p50LatencyMicroseconds.map(Double.init), bound: true),
+                         micros(figures.p99LatencyMicroseconds.map(Double.init), bound: true), figures.answered == 0 ? "-" : micros(figures.meanLatencyMicroseconds)]
+                    })
+                }
+            }
         }
     }
 }
