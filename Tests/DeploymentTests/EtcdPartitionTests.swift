@@ -7,7 +7,7 @@ import ZeroMQ
 /// Hosts on one switch: a network namespace each, joined by a veth pair to a bridge in a
 /// namespace of its own, so a host is cut off from all the others by taking its port on the
 /// bridge down, as a cable pulled at the switch.
-private struct SwitchedHosts {
+struct SwitchedHosts {
     let hosts: [String]
     let addresses: [String]
     let switchHost: String

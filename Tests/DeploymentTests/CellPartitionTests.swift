@@ -1,0 +1,78 @@
+import BusProtocol
+import Foundation
+import SwitchboardTestSupport
+import Testing
+
+/// Two cells on three machines (network namespaces on one switch), their directory in the
+/// three-member etcd that spans them: cell a's kernel on the first, cell b's kernel and the
+/// echo service on the second, etcd on all three.
+@Suite(.serialized, .enabled(if: TwoHosts.available && TestEtcd.available, "skipped: needs root, network namespaces and etcd-server"))
+struct CellPartitionTests {
+    /// Cell `name`'s kernel on host `index`: quick heartbeats (a silent cell is dropped after
+    /// a second), requests wait 2 s for a worker, its record's lease is 2 s.
+    static func configuration(_ hosts: SwitchedHosts, _ index: Int, cell name: String, etcd: TestEtcd) -> String {
+        let address = hosts.addresses[index]
+        return """
+            kernel:
+              broker: tcp://\(address):5555
+              snapshot: tcp://\(address):5556
+              publisher: tcp://\(address):5557
+              collector: tcp://\(address):5558
+              heartbeat_ms: 200
+              liveness: 5
+              queue_timeout_ms: 2000
+              cell:
+                name: \(name)
+                etcd:
+                  endpoints: [\(etcd.clientURLs.joined(separator: ", "))]
+                  lease_seconds: 2
+            """
+    }
+
+    @Test("a client of cell a is answered by cell b's worker, in one answer and in parts; b's machine cut off: a's client gets -32001 within a's queue timeout, never a hang; joined again: served again, nothing restarted",
+          .timeLimit(.minutes(3)))
+    func cutAndHealed() async throws {
+        let hosts = try SwitchedHosts.make(count: 3)
+        defer { hosts.remove() }
+        let etcd = try await TestEtcd.start(on: (0..<3).map { (hosts.hosts[$0], hosts.addresses[$0]) })
+        defer { etcd.stop() }
+        let folder = try temporaryDirectory("cell-partition")
+        var processes: [ChildProcess] = []
+        defer { for process in processes { process.stop() } }
+        for (index, name) in ["a", "b"].enumerated() {
+            let config = folder.appendingPathComponent("\(name).yaml")
+            try Self.configuration(hosts, index, cell: name, etcd: etcd).write(to: config, atomically: true, encoding: .utf8)
+            processes.append(try hosts.start(on: index, switchboardExecutable(), ["kernel", "--config", config.path]))
+            try await processes[index].waitForOutput(containing: "this cell is in the directory", within: 60)
+        }
+        processes.append(try hosts.start(on: 1, switchboardExecutable(), [
+            "serve", "echo", "--config", folder.appendingPathComponent("b.yaml").path, "--connections", "1", "--heartbeat-ms", "200"]))
+        let a = processes[0]
+        try await a.waitForOutput(containing: "another cell offers a service", within: 30)
+        /// `sb` on cell a's machine, asking cell a's kernel.
+        func sb(_ arguments: [String]) async throws -> CommandResult {
+            try await hosts.run(on: 0, sbExecutable(), arguments + ["--endpoint", hosts.broker(0), "--timeout", "10s"], seconds: 30)
+        }
+        let count = try await sb(["request", "echo", "count", #"{"n":7}"#])
+        #expect(count.status == 0 && count.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "7", "\(count)\n\(a.outputSoFar)")
+        let parts = try await sb(["request", "echo", "numbers", #"{"n":3}"#, "--stream"])
+        #expect(parts.status == 0 && parts.stdout.split(separator: "\n").prefix(3) == [#"{"part":1}"#, #"{"part":2}"#, #"{"part":3}"#], "\(parts)")
+
+        // Cell b's machine cut off: told, well before the client's own 10 s.
+        try hosts.setPort(1, up: false)
+        let offers = a.outputSoFar.components(separatedBy: "another cell offers a service").count
+        let asked = ContinuousClock.now
+        let cut = try await sb(["request", "echo", "count", #"{"n":1}"#])
+        let waited = ContinuousClock.now - asked
+        #expect(cut.status == 69 && cut.stderr.contains("Service unavailable: no worker for 'echo' within 2 s"), "\(cut)")
+        #expect(waited < .seconds(6), "answered after \(waited): a's queue timeout is 2 s, a silent cell is dropped after 1 s")
+
+        // Joined again: b offers echo again by itself.
+        try hosts.setPort(1, up: true)
+        _ = try await a.waitForOutput("cell b offering echo again", within: 60) {
+            $0.components(separatedBy: "another cell offers a service").count > offers
+        }
+        let again = try await sb(["request", "echo", "count", #"{"n":9}"#])
+        #expect(again.status == 0 && again.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "9", "\(again)\n\(a.outputSoFar)")
+    }
+}
