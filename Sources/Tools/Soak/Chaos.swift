@@ -39,6 +39,10 @@ struct Chaos {
     private var deck: [String] = []
     /// The streams service's PostgreSQL server (the victim "database").
     var database: TestPostgres?
+    /// Of a bus in two cells: the other cell's `up` (its pieces are victims too; its kernel is
+    /// "kernel b") and the etcd of their directory (the victim "etcd": its one member killed
+    /// and started again).
+    var otherCell: (processes: BusProcesses, etcd: TestEtcd?)?
     /// A request each service answers, to see it serving again.
     static let probes = [Call(EchoAPI.echo, [:]), Call(StoreAPI.historyList, .init()), Call(FetcherAPI.datasetsList),
                          Call(SearchAPI.sourcesList, .init()), Call(PricingAPI.dealsToday, .init()), Call(StreamsAPI.streamList)]
@@ -72,7 +76,11 @@ struct Chaos {
                 await crashAndRestart(database, since: started)
                 continue
             }
-            guard let pid = processes.pieces()[victim] else { continue }
+            if victim == "etcd", let etcd = otherCell?.etcd {
+                await killAndRestart(etcd, since: started)
+                continue
+            }
+            guard let pid = pid(of: victim) else { continue }
             kill(pid, SIGKILL)
             let killedAt = Date()
             let recovered = await waitUntil(60) { await serves(victim, replacing: pid) }
@@ -101,9 +109,34 @@ struct Chaos {
                      recovered ? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
     }
 
+    /// The current pid of `victim`: this bus's piece of that name, or the other cell's
+    /// (its kernel is "kernel b").
+    private func pid(of victim: String) -> Int32? {
+        if victim == "kernel b" { return otherCell?.processes.pieces()["kernel"] }
+        return processes.pieces()[victim] ?? otherCell?.processes.pieces()[victim]
+    }
+
+    /// Kills the directory's etcd (SIGKILL), starts it again, and waits until every service
+    /// answers: the cells' connections do not need etcd, their records are written again.
+    private mutating func killAndRestart(_ etcd: TestEtcd, since started: Date) async {
+        let killedAt = Date()
+        etcd.kill(0)
+        var problem: String?
+        do { try await etcd.restart(0) } catch { problem = "\(error)" }
+        let recovered = await waitUntil(60) { [probe, services] in await allServing(probe, services) }
+        log.kills.append(.init(at: killedAt.timeIntervalSince(started), piece: "etcd", pid: 0, recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil))
+        say(String(format: "%6.1f s  killed etcd%@: %@", killedAt.timeIntervalSince(started), problem.map { ", restart failed: \($0)" } ?? "",
+                   recovered ? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
+    }
+
     /// Whether a new process of `piece` runs and the bus serves through it.
     private func serves(_ piece: String, replacing old: Int32) async -> Bool {
-        guard let pid = processes.pieces()[piece], pid != old else { return false }
+        guard let pid = pid(of: piece), pid != old else { return false }
+        if piece == "kernel b" {
+            // Served through cell a: every service of cell b offered to it again, and answering.
+            guard await allServing(probe, services) else { return false }
+            return (try? await Self.probes.first { $0.service == SearchAPI.service }?.send(probe)) != nil
+        }
         if piece == "gateway" { return Supervisor.acceptsConnections(host: "127.0.0.1", port: gatewayPort) }
         if piece == "kernel" {
             guard let pong = try? await probe.call(KernelAPI.ping), pong.pid == Int(pid) else { return false }

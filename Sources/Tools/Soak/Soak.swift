@@ -47,6 +47,8 @@ struct Soak: AsyncParsableCommand {
     var streams = false
     @Flag(help: "No kills: instead a hostile client (huge ttl, amplifying batches, a subscriber and SSE streams that never read, slow requests, replies in parts nobody reads), one case after another, beside the ordinary load; a bystander's latency is measured in each case, and once it has left the memory of the kernel, the gateway and the echo worker must come back within 1.5x of their start, with no process restarted. Needs --duration of at least 80.")
     var hostile = false
+    @Flag(help: "Run one bus in two cells (docs/CELLS.md; two `switchboard up`s on an etcd the soak starts): cell a has echo and the gateway and every client, cell b the store, the fetcher, search, pricing and the streams, so every request but echo's crosses; the kills hit both cells' kernels and pieces and etcd.")
+    var cells = false
     @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
 
     func run() async throws {
@@ -63,12 +65,13 @@ struct Soak: AsyncParsableCommand {
             throw ValidationError("--hostile needs --duration of at least 80 (its cases, one after another) and no --pair")
         }
         guard !etcd || pair else { throw ValidationError("--etcd is for a kernel pair: add --pair") }
+        guard !cells || !(pair || hostile || streams) else { throw ValidationError("--cells is two cells with kills: not with --pair, --hostile or --streams") }
         let folder = try temporaryDirectory("switchboard-soak")
-        // The state's etcd: one member of the soak's own, when asked for.
-        let stateEtcd = etcd ? try await TestEtcd.start() : nil
+        // The state's etcd, or the cells' directory: one member of the soak's own, when asked for.
+        let stateEtcd = etcd || cells ? try await TestEtcd.start() : nil
         defer { stateEtcd?.stop() }
-        if let stateEtcd { say("the state in etcd at \(stateEtcd.clientURLs.joined(separator: ","))") }
-        let configurations = try writeSoakConfiguration(in: folder, pair: pair, linked: stateEtcd == nil)
+        if let stateEtcd { say("\(cells ? "the cells' directory" : "the state") in etcd at \(stateEtcd.clientURLs.joined(separator: ","))") }
+        let configurations = try writeSoakConfiguration(in: folder, pair: pair || cells, linked: !(etcd || cells))
         guard !streams || !(pair || hostile) else { throw ValidationError("--streams is for one bus with kills: not with --pair or --hostile") }
         // The databases of the store (--postgres) and the streams service (--streams): the
         // configuration's SQLite files, or a PostgreSQL server of the soak's own for each (the
@@ -90,11 +93,11 @@ struct Soak: AsyncParsableCommand {
         say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers"
             + (hostile ? ", a hostile client instead of kills" : ", a kill every \(killMin)-\(killMax) s")
             + (pair ? ", a kernel pair: each kill is the active kernel's" : ""))
-        say("replay with --seed \(seed)\(pair ? " --pair" : "")\(etcd ? " --etcd" : "")\(postgres ? " --postgres" : "")\(streams ? " --streams" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
+        say("replay with --seed \(seed)\(pair ? " --pair" : "")\(etcd ? " --etcd" : "")\(postgres ? " --postgres" : "")\(streams ? " --streams" : "")\(cells ? " --cells" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
 
         var buses: [(up: Process, processes: BusProcesses, log: URL, logHandle: FileHandle)] = []
         for (index, configuration) in configurations.enumerated() {
-            let log = folder.appendingPathComponent(pair ? ["primary.log", "backup.log"][index] : "up.log")
+            let log = folder.appendingPathComponent(configurations.count == 1 ? "up.log" : busNames[index].replacingOccurrences(of: " ", with: "-") + ".log")
             _ = FileManager.default.createFile(atPath: log.path, contents: nil)
             let up = Process()
             up.executableURL = URL(fileURLWithPath: executable)
@@ -107,7 +110,12 @@ struct Soak: AsyncParsableCommand {
                 guard let database else { continue }
                 environment.merge(["SWITCHBOARD_\(section)_BACKEND": "postgres", "SWITCHBOARD_\(section)_URL": database.url(), "SWITCHBOARD_\(section)_TLS": "disable"]) { $1 }
             }
-            if let stateEtcd {
+            if cells, let stateEtcd {
+                environment["SWITCHBOARD_KERNEL_CELL_NAME"] = ["a", "b"][index]
+                environment["SWITCHBOARD_KERNEL_CELL_ETCD_ENDPOINTS"] = "[\(stateEtcd.clientURLs.joined(separator: ","))]"
+                environment["SWITCHBOARD_KERNEL_CELL_ETCD_LEASE_SECONDS"] = "2"
+                for service in index == 0 ? Self.cellB : Self.cellA { environment["SWITCHBOARD_SERVICES_\(service.uppercased())_ENABLED"] = "false" }
+            } else if let stateEtcd {
                 environment["SWITCHBOARD_KERNEL_STATE_BACKEND"] = "etcd"
                 environment["SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS"] = "[\(stateEtcd.clientURLs.joined(separator: ","))]"
                 // The chaos knows a kernel stands by from its notice.
@@ -127,7 +135,7 @@ struct Soak: AsyncParsableCommand {
             try up.run()
             buses.append((up, BusProcesses(upPid: up.processIdentifier), log, logHandle))
             // The primary first: it makes the keys both use.
-            if pair && index == 0 { _ = await waitUntil(30) { (try? busKeyFolder(in: folder).clientKeys()) != nil } }
+            if (pair || cells) && index == 0 { _ = await waitUntil(30) { (try? busKeyFolder(in: folder).clientKeys()) != nil } }
         }
         // Ctrl-C or SIGTERM (a CI time-out, `timeout`): stop the bus, then end as the signal would.
         let keep = self.keep
@@ -143,7 +151,8 @@ struct Soak: AsyncParsableCommand {
         defer { signals.forEach { $0.cancel() } }
         var report = SoakReport(seed: seed, duration: duration, clients: clients, subscribers: subscribers)
         do {
-            report = try await drive(kernels: kernels, keys: busKeyFolder(in: folder), buses: buses.map(\.processes), logs: buses.map(\.log), streamsDatabase: streamsDatabase,
+            report = try await drive(kernels: kernels, keys: busKeyFolder(in: folder), buses: buses.map(\.processes), logs: buses.map(\.log), etcd: stateEtcd,
+                                 streamsDatabase: streamsDatabase,
                                  seed: seed, report: report)
         } catch {
             say("\(error)")
@@ -166,9 +175,17 @@ struct Soak: AsyncParsableCommand {
         if !report.passed { throw ExitCode(1) }
     }
 
-    private func drive(kernels: [KernelPorts], keys: KeyFolder, buses: [BusProcesses], logs: [URL], streamsDatabase: TestPostgres?, seed: UInt64,
+    /// What the two buses of --pair or --cells are called in the logs and the report.
+    var busNames: [String] { cells ? ["cell a", "cell b"] : ["primary", "backup"] }
+
+    /// With --cells: the services of each cell (the gateway runs in both).
+    static let cellA = [EchoAPI.service], cellB = [StoreAPI.service, FetcherAPI.service, SearchAPI.service, PricingAPI.service, StreamsAPI.service]
+
+    private func drive(kernels: [KernelPorts], keys: KeyFolder, buses: [BusProcesses], logs: [URL], etcd stateEtcd: TestEtcd?, streamsDatabase: TestPostgres?, seed: UInt64,
                        report: SoakReport) async throws -> SoakReport {
-        let brokers = kernels.map(\.broker), states = kernels.map(\.state)
+        // Of two cells, every client is cell a's.
+        let clientKernels = cells ? [kernels[0]] : kernels
+        let brokers = clientKernels.map(\.broker), states = clientKernels.map(\.state)
         var report = report
         // `up` runs with CURVE on and makes the keys when it starts: the soak's clients use
         // the local client's key, as sb does.
@@ -196,9 +213,9 @@ struct Soak: AsyncParsableCommand {
             guard (try? await probe.call(PricingAPI.routeCheapest)) != nil else { return false }
             return (try? await probe.call(SearchAPI.flightsList, .init())) != nil
         }) else { throw SoakFailure("the datasets did not load within 120 s") }
-        report.memoryAtStart = memory(buses)
+        report.memoryAtStart = memory(buses, second: busNames[1])
         for (index, processes) in buses.enumerated() {
-            say("the bus is up\(buses.count > 1 ? " (\(["primary", "backup"][index]))" : ""): \(processes.pieces().merging(["up": processes.upPid]) { $1 }.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+            say("the bus is up\(buses.count > 1 ? " (\(busNames[index]))" : ""): \(processes.pieces().merging(["up": processes.upPid]) { $1 }.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
         }
 
         let started = Date()
@@ -324,6 +341,13 @@ struct Soak: AsyncParsableCommand {
         } : nil
         let chaos = Task { () -> ChaosLog in
             if hostile { return ChaosLog() }
+            if cells {
+                var chaos = Chaos(seed: seed, processes: buses[0], probe: probe, services: services, gatewayPort: kernels[0].gatewayPort, started: started)
+                chaos.otherCell = (buses[1], stateEtcd)
+                chaos.victims = ["kernel", "kernel b", "kernel b", "store", "store", "search", "fetcher", "pricing", "echo", "gateway", "streams", "etcd"]
+                await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
+                return chaos.log
+            }
             if buses.count > 1 {
                 var chaos = PairChaos(seed: seed, buses: buses, kernels: kernels, curve: curve, started: started, standbyLogs: etcd ? logs : nil)
                 await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
@@ -403,7 +427,7 @@ struct Soak: AsyncParsableCommand {
 
         // Every acknowledged store write must be in the store.
         report.missingWrites = try await missingArticles(report.requests.acknowledgedWrites, probe: probe)
-        report.memoryAtEnd = memory(buses)
+        report.memoryAtEnd = memory(buses, second: busNames[1])
         await probe.close()
         return report
     }
@@ -520,11 +544,11 @@ struct Soak: AsyncParsableCommand {
     }
 }
 
-/// Resident memory of each bus's pieces (of a pair, the backup's marked so).
-private func memory(_ buses: [BusProcesses]) -> [String: Double] {
+/// Resident memory of each bus's pieces (the second bus's marked with its name: `second`).
+private func memory(_ buses: [BusProcesses], second: String) -> [String: Double] {
     var sizes: [String: Double] = [:]
     for (index, bus) in buses.enumerated() {
-        for (name, size) in bus.memory() { sizes[index == 0 ? name : "\(name) (backup)"] = size }
+        for (name, size) in bus.memory() { sizes[index == 0 ? name : "\(name) (\(second))"] = size }
     }
     return sizes
 }
@@ -546,11 +570,11 @@ func say(_ line: String) {
     FileHandle.standardOutput.write(Data(("soak: " + line + "\n").utf8))
 }
 
-/// Whether each of `services` has a worker and answers.
+/// Whether each of `services` has a worker, or another cell offers it.
 func allServing(_ probe: BusClient, _ services: [String]) async -> Bool {
     guard let list = try? await probe.call(KernelAPI.servicesList) else { return false }
-    let workers = Dictionary(list.services.map { ($0.name, $0.workers) }, uniquingKeysWith: { $1 })
-    return services.allSatisfy { (workers[$0] ?? 0) > 0 }
+    let served = Set(list.services.filter { $0.workers > 0 || $0.cells != nil }.map(\.name))
+    return services.allSatisfy(served.contains)
 }
 
 /// Polls `condition` every 100 ms for up to `seconds`.
