@@ -25,7 +25,7 @@ struct CellTests {
                                                                                   heartbeatInterval: .milliseconds(100), heartbeatLiveness: 10))
     }
 
-    @Test("a client of cell a calls a service only cell b serves, in one answer and in parts; a's own worker comes first once it has one; b's kernel gone: -32001 within a's queue timeout; b back: served again")
+    @Test("a client of cell a calls a service only cell b serves, in one answer and in parts; a's own worker comes first once it has one; a reader that leaves stops b's worker; b's kernel gone: -32001 within a's queue timeout; b back: served again; a client of both cells moves to b when a goes")
     func crossing() async throws {
         let etcd = try await TestEtcd.start()
         defer { etcd.stop() }
@@ -62,6 +62,18 @@ struct CellTests {
         await hostA.stop()
         #expect(try await client.call(EchoAPI.whoami) == "b")
 
+        // A reader that leaves a stream in parts: the worker in cell b is told to stop, as its
+        // own kernel would tell it, and its place is free at once.
+        let leaving = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10))
+        var endless = leaving.stream(EchoAPI.numbers, .init(n: 1_000_000, everyMs: 20)).makeAsyncIterator()
+        #expect(try await endless.next() == 1)
+        await leaving.close()
+        let observer = try await BusClient(brokers: [b.endpoints.broker], timeout: .seconds(10))
+        try await eventually(10, "cell b's echo worker stopped the stream nobody reads") {
+            try await observer.call(KernelAPI.servicesList).services.first { $0.name == EchoAPI.service }?.inFlight == 0
+        }
+        await observer.close()
+
         // Cell b's kernel goes: a's client is told within a's queue timeout, never left waiting.
         await b.stop()
         let asked = ContinuousClock.now
@@ -74,10 +86,16 @@ struct CellTests {
         try await eventually(15, "cell b offers echo to cell a again") { try await client.hasWorkers(EchoAPI.service) }
         #expect(try await client.call(EchoAPI.count, .init(n: 9)) == 9)
 
+        // A client given both cells moves to the other when its own goes.
+        let ofBoth = try await BusClient(brokers: [a.endpoints.broker, b.endpoints.broker], timeout: .seconds(10))
+        #expect(try await ofBoth.call(EchoAPI.count, .init(n: 1)) == 1)
+        await a.stop()
+        #expect(try await ofBoth.call(EchoAPI.count, .init(n: 2)) == 2)
+
+        await ofBoth.close()
         await client.close()
         await hostB.stop()
         await b.stop()
-        await a.stop()
     }
 
     @Test("with CURVE the sender's key crosses with its request: a worker in cell b that asks who sent it is told the key of the client of cell a")

@@ -182,9 +182,13 @@ final class CellLinks {
             // That kernel dropped this worker (it restarted, found it silent, or refused its
             // key): offered again at the next heartbeat.
             withdraw(offer, saying: nil)
-        case .heartbeat?, .drain?, .stop?, nil:
-            // A part nobody reads ends at its FINAL here: this kernel's stream to the link
-            // goes on, and what it sends is dropped by the other kernel.
+        case .stop(let client)?:
+            // Nobody reads that request's parts over there any more: here its client is gone
+            // as well, so this kernel tells its worker to stop in turn.
+            parts.broker.peerGone(Self.linkClient(offer: id, client: client), now: now)
+        case .heartbeat?, .drain?, nil:
+            // Any command is a heartbeat; a drain is that kernel's own business (it sends
+            // nothing more on this connection until it is offered again).
             break
         }
     }
