@@ -426,19 +426,23 @@ struct CellRoutingTests {
     private func broker() -> Broker { Broker(configuration: KernelConfiguration(), logger: quiet) }
 
     @Test("with no worker here a request goes to the cell that offers the service; once one registers here, here it goes")
-    func localFirst() {
+    func localFirst() throws {
         var broker = broker()
-        broker.handle(fromWorker("cell-b/svc/1", .ready(service: "svc", window: 4, callers: true, cell: "b")), now: 0)
-        #expect(broker.services["svc"]?.workers == 0 && broker.services["svc"]?.cellOffers == 1)
+        broker.handle(fromWorker("cell-b/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "b")), now: 0)
+        let service = try #require(broker.services["svc"])
+        #expect(service.workers == 0 && service.cellOffers == 1)
+        // A client's share is of the places it is asked through: the offer's while it alone serves.
+        #expect(broker.clientShare(of: service) == 57)
         #expect(broker.takeEvents().isEmpty, "another cell's offer is not a worker of this cell")
         broker.handle(fromClient("C", "svc", request(1)), now: 0)
         #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["cell-b/svc/1"])
         broker.handle(fromWorker("W", .ready(service: "svc", window: 4)), now: 0)
         _ = broker.outbox.take()
-        for id in 2...4 { broker.handle(fromClient("C", "svc", request(id)), now: 0) }
+        #expect(broker.clientShare(of: service) == 3)
+        for id in 2...4 { broker.handle(fromClient("D", "svc", request(id)), now: 0) }
         #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["W", "W", "W"])
         // Busy here: they wait for this cell's worker rather than cross.
-        for id in 5...6 { broker.handle(fromClient("C", "svc", request(id)), now: 0) }
+        for id in 5...6 { broker.handle(fromClient("E", "svc", request(id)), now: 0) }
         #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["W"])
         // A request to every worker goes to this cell's workers only.
         broker.handle(fromClient("G", "all:svc", request(7)), now: 0)

@@ -189,9 +189,13 @@ struct Broker: ~Copyable {
         var cellOffers = 0
         /// Whether a request for it can be served now, here or by another cell.
         var isServed: Bool { workers > 0 || cellOffers > 0 }
-        /// Places of all its workers (the sum of their windows): no client may hold more
-        /// than its share of them (``Broker/clientShare(of:)``).
-        var places = 0
+        /// Places of the workers it is asked through (the sum of their windows: this cell's,
+        /// or while it has none the other cells' offers): no client may hold more than its
+        /// share of them (``Broker/clientShare(of:)``).
+        var places: Int { workers > 0 ? localPlaces : cellPlaces }
+        /// The places of this cell's workers, and of the other cells' offers (asked only
+        /// while there are none of the first).
+        private(set) var localPlaces = 0, cellPlaces = 0
         /// Whether a worker ever offered it; a name nobody serves is forgotten once idle.
         var everServed = false
         var stats = ServiceStats()
@@ -200,13 +204,27 @@ struct Broker: ~Copyable {
             nameFrame = Frame(name)
         }
 
+        /// Counts a new worker (or another cell's offer) and its places, all idle.
+        func join(_ worker: Worker) {
+            if worker.cell == nil {
+                localPlaces += worker.window
+                workers += 1
+                for _ in 0..<worker.window { idle.append(worker) }
+            } else {
+                cellPlaces += worker.window
+                cellOffers += 1
+                for _ in 0..<worker.window { cellsIdle.append(worker) }
+            }
+        }
+
         /// Takes `worker` out of the counts and the idle places (it drains, or is gone).
         func leave(_ worker: Worker) {
-            places -= worker.window
             if worker.cell == nil {
+                localPlaces -= worker.window
                 workers -= 1
                 idle.removeAll { $0 === worker }
             } else {
+                cellPlaces -= worker.window
                 cellOffers -= 1
                 cellsIdle.removeAll { $0 === worker }
             }
@@ -502,14 +520,10 @@ struct Broker: ~Copyable {
                                 cell: cell, version: version, expiry: now + timeouts.workerExpiry)
             workers[identity] = worker
             service.everServed = true
-            service.places += worker.window
+            service.join(worker)
             if let cell {
-                service.cellOffers += 1
-                for _ in 0..<worker.window { service.cellsIdle.append(worker) }
                 logger.info("another cell offers a service", metadata: ["service": "\(name)", "cell": "\(cell)", "window": "\(worker.window)"])
             } else {
-                service.workers += 1
-                for _ in 0..<worker.window { service.idle.append(worker) }
                 logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(worker.window)"])
                 events.append(.workersChanged(service: name, count: service.workers))
             }
