@@ -43,12 +43,11 @@ final class CellDirectory: Sendable {
         return JSONValue.object(record).jsonBytes
     }
 
-    /// A record read from the directory: nil when it is not one (written by someone else).
-    static func peer(_ value: [UInt8]) -> (peer: CellLinks.Peer, services: [String: Int])? {
+    /// The cell a record read from the directory names: nil when it is not one (written by
+    /// someone else). Its services are for the operators who read the directory.
+    static func peer(_ value: [UInt8]) -> CellLinks.Peer? {
         guard let record = try? JSONValue(parsing: value), let broker = record["broker"]?.stringValue else { return nil }
-        var services: [String: Int] = [:]
-        for (name, count) in record["services"]?.objectValue ?? [:] { services[name] = Int(count.intValue ?? 0) }
-        return (CellLinks.Peer(broker: broker, key: record["key"]?.stringValue), services)
+        return CellLinks.Peer(broker: broker, key: record["key"]?.stringValue)
     }
 
     /// etcd let the record's lease go (it was out of reach that long): a new one is granted.
@@ -161,14 +160,10 @@ extension Kernel {
         guard let parts, let cells = parts.cells else { return }
         let own = String(decoding: directory.key, as: UTF8.self), prefix = String(decoding: directory.prefix, as: UTF8.self)
         var peers: [String: CellLinks.Peer] = [:]
-        var services: [String: [String: Int]] = [:]
         for (key, value) in records where key != own {
-            guard let (peer, offered) = CellDirectory.peer(value) else { continue }
-            let name = String(key.dropFirst(prefix.count))
-            peers[name] = peer
-            services[name] = offered
+            guard let peer = CellDirectory.peer(value) else { continue }
+            peers[String(key.dropFirst(prefix.count))] = peer
         }
-        cells.directory = services
         cells.peersChanged(peers, services: parts.localServices, now: clock.now)
         parts.flush()
     }

@@ -38,18 +38,16 @@ final class CellLinks {
     }
 
     let configuration: CellConfiguration
-    private let security: KernelSecurity?
+    /// Whose cells to trust (its worker keys) and the key to connect with; a reload's.
+    var security: KernelSecurity?
     private let loop: SocketLoop
     private let logger: Logger
-    private let heartbeat: UInt64
     private let expiry: UInt64
     private let maxMessageSize: Int
     /// The other cells, by name (the directory's records but this cell's own).
     private(set) var peers: [String: Peer] = [:]
     /// Cells in the directory whose kernel key is not trusted here (said once each).
     private var refused: Set<String> = []
-    /// What each other cell's record says it serves, with its workers there.
-    var directory: [String: [String: Int]] = [:]
     private var offers: [UInt32: Offer] = [:]
     private var nextID: UInt32 = 1
     /// Where a request another cell sent is handed to, and answers are flushed from.
@@ -60,13 +58,9 @@ final class CellLinks {
         security = kernel.security
         self.loop = loop
         self.logger = logger
-        heartbeat = kernel.heartbeatInterval.nanoseconds
         expiry = kernel.workerExpiry.nanoseconds
         maxMessageSize = kernel.maxMessageSize
     }
-
-    /// The services offered to `cell` now, with their connections.
-    func offered(to cell: String) -> [String] { offers.values.filter { $0.cell == cell }.map(\.service).sorted() }
 
     /// The directory changed: connects to cells that came, lets go of those that left.
     func peersChanged(_ peers: [String: Peer], services: [String], now: UInt64) {
@@ -109,7 +103,8 @@ final class CellLinks {
         do {
             let socket = try ZMQSocket(loop.context, .dealer)
             do {
-                try socket.set(.linger, 0)
+                // Long enough for a last DISCONNECT to leave when the offer is withdrawn.
+                try socket.set(.linger, 100)
                 try socket.set(.maxMessageSize, Int64(maxMessageSize))
                 // The other kernel knows a cell's connections by their process, the part
                 // before the first `/`: all of this cell's count as one worker process.

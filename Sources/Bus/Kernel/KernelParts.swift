@@ -225,6 +225,7 @@ final class KernelParts {
         broker.configuration.takeLiveSettings(from: new)
         state.configuration.takeLiveSettings(from: new)
         if let security = broker.configuration.security { zap?.security = security }
+        cells?.security = broker.configuration.security
     }
 
     /// Stops serving: the timers end and the sockets close (on the loop thread).
