@@ -405,16 +405,7 @@ struct Broker: ~Copyable {
     private mutating func handle(_ inbound: BrokerInbound, peer: String?, now: UInt64, pairRefusal: Admission.PairRefusal) {
         switch inbound {
         case .request(let client, let service, let body, let version):
-            totalRequests += 1
-            let caller = Caller(client: client, version: version)
-            // A request to every worker of a service is admitted as one to that service.
-            let admitted = service.hasPrefix(Self.everyWorker) ? String(service.dropFirst(Self.everyWorker.count)) : service
-            let verdict = admission.verdict(service: admitted, body: body, peer: peer, security: configuration.security, now: now, pairRefusal: pairRefusal)
-            guard verdict == .admitted else {
-                refuse(caller, service: service, body: body, verdict)
-                return
-            }
-            handleRequest(caller, service: service, body: body, peer: peer, now: now)
+            admit(Caller(client: client, version: version), service: service, body: body, peer: peer, forwarded: false, now: now, pairRefusal: pairRefusal)
         case .worker(let identity, let command, let version):
             handleWorker(identity, command, version: version, peer: peer, now: now)
         }
@@ -429,15 +420,25 @@ struct Broker: ~Copyable {
     /// as the sender's own would be (`peer` is the key that cell's kernel authenticated),
     /// then served by this cell's workers only.
     mutating func handleForwarded(_ caller: Caller, service: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
-        totalRequests += 1
         receivedFromCells += 1
-        let verdict = admission.verdict(service: service, body: body, peer: peer, security: configuration.security, now: now, pairRefusal: Self.alone)
-        guard verdict == .admitted else { return refuse(caller, service: service, body: body, verdict) }
-        handleRequest(caller, service: service, body: body, peer: peer, forwarded: true, now: now)
+        admit(caller, service: service, body: body, peer: peer, forwarded: true, now: now, pairRefusal: Self.alone)
     }
 
-    private mutating func handleRequest(_ caller: Caller, service name: String, body: ArraySlice<Frame>, peer: String?, forwarded: Bool = false,
-                                        now: UInt64) {
+    /// Counts a client's request and serves it if ``Admission`` lets it through, else answers why not.
+    private mutating func admit(_ caller: Caller, service: String, body: ArraySlice<Frame>, peer: String?, forwarded: Bool, now: UInt64,
+                                pairRefusal: Admission.PairRefusal) {
+        totalRequests += 1
+        // A request to every worker of a service is admitted as one to that service.
+        let admitted = service.hasPrefix(Self.everyWorker) ? String(service.dropFirst(Self.everyWorker.count)) : service
+        let verdict = admission.verdict(service: admitted, body: body, peer: peer, security: configuration.security, now: now, pairRefusal: pairRefusal)
+        guard verdict == .admitted else {
+            refuse(caller, service: service, body: body, verdict)
+            return
+        }
+        handleRequest(caller, service: service, body: body, peer: peer, forwarded: forwarded, now: now)
+    }
+
+    private mutating func handleRequest(_ caller: Caller, service name: String, body: ArraySlice<Frame>, peer: String?, forwarded: Bool, now: UInt64) {
         let client = caller.client
         if MMI.isManagement(name) {
             let answer = MMI.answer(service: name, body: Array(body)) { [services] in services[$0]?.isServed == true }

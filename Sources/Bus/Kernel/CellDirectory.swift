@@ -17,13 +17,14 @@ final class CellDirectory: Sendable {
     let broker: String
     let curveKey: String?
     let instance: String
-    var key: [UInt8] { Array((cell.etcd.prefix + "/" + cell.name).utf8) }
-    var prefix: [UInt8] { Array((cell.etcd.prefix + "/").utf8) }
+    /// Where every record is (`PREFIX/`), and this cell's (`PREFIX/NAME`).
+    let prefix: [UInt8], key: [UInt8]
     /// The lease the record is under now (0: none yet).
     let lease = Mutex<Int64>(0)
     /// Rung when this cell's services changed: the record is written again.
     let changed: AsyncStream<Void>.Continuation
-    private let changes: AsyncStream<Void>
+    /// The changes rung, read by the one task that writes the record again.
+    let changes: AsyncStream<Void>
 
     init(cell: CellConfiguration, broker: String, curveKey: String?, instance: String) throws {
         client = try EtcdClient(settings: EtcdClient.Settings(cell.etcd))
@@ -31,6 +32,8 @@ final class CellDirectory: Sendable {
         self.broker = broker
         self.curveKey = curveKey
         self.instance = instance
+        prefix = Array((cell.etcd.prefix + "/").utf8)
+        key = prefix + Array(cell.name.utf8)
         (changes, changed) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
 
@@ -43,8 +46,14 @@ final class CellDirectory: Sendable {
         return JSONValue.object(record).jsonBytes
     }
 
-    /// The cell a record read from the directory names: nil when it is not one (written by
-    /// someone else). Its services are for the operators who read the directory.
+    /// The other cell whose record is at `key`: nil for this cell's own.
+    func cell(at key: [UInt8]) -> String? {
+        guard key != self.key, key.starts(with: prefix) else { return nil }
+        return String(decoding: key.dropFirst(prefix.count), as: UTF8.self)
+    }
+
+    /// The cell a record names: nil when it is not one (written by someone else). Its
+    /// services are for the operators who read the directory.
     static func peer(_ value: [UInt8]) -> CellLinks.Peer? {
         guard let record = try? JSONValue(parsing: value), let broker = record["broker"]?.stringValue else { return nil }
         return CellLinks.Peer(broker: broker, key: record["key"]?.stringValue)
@@ -54,9 +63,6 @@ final class CellDirectory: Sendable {
     struct LeaseRanOut: Error, CustomStringConvertible {
         var description: String { "the cell's lease in etcd ran out" }
     }
-
-    /// The change stream, read by the one task that writes the record.
-    var recordChanges: AsyncStream<Void> { changes }
 }
 
 extension Kernel {
@@ -64,12 +70,11 @@ extension Kernel {
     /// endpoint it bound, which must name a host they can reach.
     static func advertised(_ cell: CellConfiguration, bound broker: String) throws -> String {
         if let advertise = cell.advertise { return advertise }
-        let address = broker.hasPrefix("tcp://") ? String(broker.dropFirst("tcp://".count)) : ""
-        let host = address.hasPrefix("[") ? String(address.dropFirst().prefix { $0 != "]" }) : String(address.prefix { $0 != ":" })
-        guard !address.isEmpty, !["*", "0.0.0.0", "::"].contains(host) else {
+        // The rule the state's election names its holder's broker by.
+        guard let advertised = ElectionValue.advertised(broker) else {
             throw ZMQError(call: "kernel.cell: the broker is bound at \(broker), which other cells cannot connect to: set kernel.cell.advertise to tcp://HOST:PORT", code: EINVAL)
         }
-        return broker
+        return advertised
     }
 
     /// Joins the directory: writes this cell's record and follows the others', until
@@ -120,7 +125,7 @@ extension Kernel {
     /// (etcd out of reach, the lease gone) is made by ``keepCellRecord(_:)`` once it has a
     /// lease again, with the services as they are then.
     private func rewriteCellRecord(_ directory: CellDirectory) async {
-        for await _ in directory.recordChanges {
+        for await _ in directory.changes {
             let lease = directory.lease.withLock { $0 }
             guard lease != 0 else { continue }
             _ = try? await directory.client.put(directory.key, directory.record(services: cellServices()), lease: lease)
@@ -131,19 +136,21 @@ extension Kernel {
     private func followCells(_ directory: CellDirectory) async {
         while !Task.isCancelled {
             do {
+                // Each record read once, as it comes: the others' by name.
                 let range = try await directory.client.range(prefix: directory.prefix)
-                var records: [String: [UInt8]] = [:]
-                for entry in range.keyValues { records[entry.keyString] = entry.value }
-                cellsChanged(records, directory)
+                var peers: [String: CellLinks.Peer] = [:]
+                for entry in range.keyValues { if let name = directory.cell(at: entry.key) { peers[name] = CellDirectory.peer(entry.value) } }
+                cellsChanged(peers)
                 for try await update in directory.client.watch(prefix: directory.prefix, from: range.revision + 1) {
                     guard case .events(let events, _) = update else {
                         if case .compacted = update { break }
                         continue
                     }
                     for event in events {
-                        records[event.keyValue.keyString] = event.kind == .delete ? nil : event.keyValue.value
+                        guard let name = directory.cell(at: event.keyValue.key) else { continue }
+                        peers[name] = event.kind == .delete ? nil : CellDirectory.peer(event.keyValue.value)
                     }
-                    cellsChanged(records, directory)
+                    cellsChanged(peers)
                 }
             } catch {
                 guard !Task.isCancelled else { return }
@@ -156,14 +163,8 @@ extension Kernel {
     /// This kernel's services with their workers here (not those other cells offer).
     private func cellServices() -> [(name: String, workers: Int)] { parts?.broker.workerCounts ?? [] }
 
-    private func cellsChanged(_ records: [String: [UInt8]], _ directory: CellDirectory) {
+    private func cellsChanged(_ peers: [String: CellLinks.Peer]) {
         guard let parts, let cells = parts.cells else { return }
-        let own = String(decoding: directory.key, as: UTF8.self), prefix = String(decoding: directory.prefix, as: UTF8.self)
-        var peers: [String: CellLinks.Peer] = [:]
-        for (key, value) in records where key != own {
-            guard let peer = CellDirectory.peer(value) else { continue }
-            peers[String(key.dropFirst(prefix.count))] = peer
-        }
         cells.peersChanged(peers, services: parts.localServices, now: clock.now)
         parts.flush()
     }
