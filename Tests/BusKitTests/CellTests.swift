@@ -98,6 +98,67 @@ struct CellTests {
         await b.stop()
     }
 
+    @Test("cells on one state kept in etcd: a change made through either cell reaches the subscribers of both once, in order, with the same sequence number; a compare-and-set through one cell is refused once the key moved through the other; each cell keeps its own kernel keys")
+    func oneState() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        var directory = EtcdStateSettings(endpoints: etcd.clientURLs)
+        directory.prefix = "/sb-test/state-cells"
+        var state = EtcdStateSettings(endpoints: etcd.clientURLs)
+        state.prefix = "/sb-test/cells-state"
+        var kernels: [TestKernel] = [], clients: [BusClient] = [], subscriptions: [Subscription] = []
+        for name in ["a", "b"] {
+            let kernel = try await TestKernel.start { configuration in
+                cell(name, on: directory)(&configuration)
+                configuration.stateEtcd = state
+            }
+            kernels.append(kernel)
+            let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), state: [kernel.stateEndpoints])
+            clients.append(client)
+            subscriptions.append(try await client.subscribe(prefixes: ["/pricing/"]))
+        }
+
+        // Written through a, then b, then a...: every copy holds each change at its number.
+        var written: [String] = [], sequences: [UInt64] = []
+        for index in 0..<10 {
+            let key = "/pricing/\(index % 3)"
+            let sequence = try await clients[index % 2].call(KernelAPI.stateSet, .init(key: key, value: .int(Int64(index)))).sequence
+            written.append("\(key) \(sequence) \(index)")
+            sequences.append(sequence)
+        }
+        #expect(sequences == sequences.sorted() && Set(sequences).count == sequences.count)
+        for (index, subscription) in subscriptions.enumerated() {
+            let seen = try await within(30, "cell \(index)'s subscriber saw every change") {
+                var seen: [String] = []
+                for try await event in subscription {
+                    guard case .update(let update) = event, !update.fromSnapshot else { continue }
+                    seen.append("\(update.key) \(update.sequence) \(update.json?.intValue.map(String.init) ?? "?")")
+                    if seen.count == 10 { break }
+                }
+                return seen
+            }
+            #expect(seen == written, "cell \(index)")
+        }
+
+        // A compare-and-set compares with what either cell wrote.
+        let first = try await clients[0].call(KernelAPI.stateSet, .init(key: "/pricing/cas", value: 1, revision: 0)).sequence
+        let second = try await clients[1].call(KernelAPI.stateSet, .init(key: "/pricing/cas", value: 2, revision: first)).sequence
+        let refused = await #expect(throws: BusError.self) {
+            try await clients[0].call(KernelAPI.stateSet, .init(key: "/pricing/cas", value: 3, revision: first))
+        }
+        guard case .remote(_, let conflict)? = refused else { Issue.record("expected -32004, got \(String(describing: refused))"); return }
+        #expect(conflict.code == JSONRPCError.conflictCode && conflict.data?["revision"]?.intValue == Int64(second), "\(conflict)")
+
+        // Each cell's own keys, side by side in the one state.
+        let own = try await clients[1].call(KernelAPI.stateGet, .init(prefix: KernelAPI.StateKeys.prefix + "cells/"))
+        let keys = Set(own.entries.map(\.key))
+        #expect(keys.isSuperset(of: [KernelAPI.StateKeys.instance(cell: "a"), KernelAPI.StateKeys.instance(cell: "b")]), "\(keys)")
+
+        for subscription in subscriptions { await subscription.cancel() }
+        for client in clients { await client.close() }
+        for kernel in kernels { await kernel.stop() }
+    }
+
     @Test("with CURVE the sender's key crosses with its request: a worker in cell b that asks who sent it is told the key of the client of cell a")
     func callerCrosses() async throws {
         let etcd = try await TestEtcd.start()

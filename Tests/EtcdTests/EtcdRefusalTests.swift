@@ -10,7 +10,7 @@ import ZeroMQ
 @Suite("a compare-and-set etcd refused: answered once the copy holds what etcd found")
 struct EtcdRefusalTests {
     func link() throws -> EtcdStateLink {
-        EtcdStateLink(client: try EtcdClient(endpoints: ["http://127.0.0.1:9"]), prefix: Array("/s".utf8), lease: 1, leaseSeconds: 10,
+        EtcdStateLink(client: try EtcdClient(endpoints: ["http://127.0.0.1:9"]), prefix: Array("/s".utf8), electionKey: Array("/s.active".utf8), lease: 1, leaseSeconds: 10,
                       granted: .now, elected: 1)
     }
 

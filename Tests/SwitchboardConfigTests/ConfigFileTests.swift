@@ -382,6 +382,19 @@ struct ConfigFileTests {
         #expect(host.kernel.stateEtcd?.prefix == "/switchboard/state")
     }
 
+    @Test("the cells example parses once each file is given its cell's name (switchboard up --cell): one directory and one state in the three-member etcd")
+    func cellsExample() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let cells = try ["a", "b"].map { name in
+            let text = try String(contentsOf: root.appendingPathComponent("Config/cells/cell-\(name).yaml"), encoding: .utf8)
+            return try ConfigFile.parse(text.replacingOccurrences(of: "  cell:\n", with: "  cell:\n    name: \(name)\n"))
+        }
+        let members = ["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"]
+        #expect(cells.map { $0.kernel.cell?.name } == ["a", "b"])
+        #expect(cells.allSatisfy { $0.kernel.cell?.etcd.endpoints == members && $0.kernel.stateEtcd?.endpoints == members })
+        #expect(cells[0].kernel.stateEtcd?.prefix == cells[1].kernel.stateEtcd?.prefix)
+    }
+
     @Test("a pair on etcd is refused at the pair section, saying what to run instead")
     func pairOnEtcdRefused() throws {
         let text = "kernel:\n  state:\n    backend: etcd\n    etcd:\n      endpoints: [http://127.0.0.1:2379]\n"

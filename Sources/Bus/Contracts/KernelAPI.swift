@@ -13,6 +13,12 @@ public enum KernelAPI {
         /// Each service's worker count.
         public static let servicesPrefix = "/kernel/services/"
         public static func service(_ name: String) -> String { servicesPrefix + name }
+        /// A kernel of a cell (docs/CELLS.md) keeps the same keys under `/kernel/cells/NAME/`:
+        /// cells that share one state each keep their own.
+        public static func prefix(cell: String?) -> String { cell.map { prefix + "cells/\($0)/" } ?? prefix }
+        public static func instance(cell: String?) -> String { prefix(cell: cell) + "instance" }
+        public static func servicesPrefix(cell: String?) -> String { prefix(cell: cell) + "services/" }
+        public static func service(_ name: String, cell: String?) -> String { servicesPrefix(cell: cell) + name }
     }
 
     public static let ping = Method<NoParams, Pong>(service, "ping", "Liveness: the kernel's instance (new at each start), pid and uptime.")

@@ -145,9 +145,9 @@ extension Kernel {
     /// Whether another kernel than the one at `broker` holds the election of the state
     /// `settings` name now (false too when no etcd member answers): a kernel started at
     /// `broker` on them that does not answer then stands by, rather than still starting.
-    public static func stateElectionHeld(_ settings: EtcdStateSettings, byOtherThan broker: String) async -> Bool {
+    public static func stateElectionHeld(_ settings: EtcdStateSettings, cell: String?, byOtherThan broker: String) async -> Bool {
         guard let client = try? EtcdClient(settings: EtcdClient.Settings(settings)) else { return false }
-        let holder = try? await client.range(EtcdStateLink.electionKey(Array(settings.prefix.utf8))).keyValues.first
+        let holder = try? await client.range(EtcdStateLink.electionKey(Array(settings.prefix.utf8), cell: cell)).keyValues.first
         await client.close()
         guard let holder = holder ?? nil else { return false }
         // A kernel bound on every interface names no broker: then any holder counts.
@@ -168,7 +168,7 @@ extension Kernel {
     func connectState(_ settings: EtcdStateSettings) async throws -> EtcdStateLink {
         let client = try EtcdClient(settings: EtcdClient.Settings(settings))
         do {
-            let prefix = Array(settings.prefix.utf8), election = EtcdStateLink.electionKey(prefix)
+            let prefix = Array(settings.prefix.utf8), election = EtcdStateLink.electionKey(prefix, cell: configuration.cell?.name)
             let mine = ElectionValue(instance: instance, broker: ElectionValue.advertised(configuration.brokerEndpoint))
             while true {
                 try Task.checkCancellation()
@@ -177,7 +177,7 @@ extension Kernel {
                 let campaign = try await client.transaction(when: [.absent(election)], then: [.put(key: election, value: mine.bytes, lease: lease.id)],
                                                             else: [.range(key: election)])
                 if campaign.succeeded {
-                    return EtcdStateLink(client: client, prefix: prefix, lease: lease.id, leaseSeconds: settings.leaseSeconds, granted: granted, elected: campaign.revision)
+                    return EtcdStateLink(client: client, prefix: prefix, electionKey: election, lease: lease.id, leaseSeconds: settings.leaseSeconds, granted: granted, elected: campaign.revision)
                 }
                 try? await client.revoke(lease.id)
                 guard let holder = campaign.ranges.first?.keyValues.first else { continue }

@@ -18,7 +18,11 @@ import Logging
 // - one kernel writes a prefix's state: the one that holds its election key (`PREFIX.active`,
 //   under its lease). Every transaction it sends requires the key still to be the one it
 //   created, so a kernel that lost it (its lease ran out while it was cut off, or another took
-//   it) writes nothing: it answers -32008 from then on.
+//   it) writes nothing: it answers -32008 from then on;
+// - of a bus in several cells, one kernel a cell: each cell has an election key of its own
+//   (`PREFIX.active.CELL`), and the cells' kernels write the one state side by side. etcd
+//   orders their writes, a compare-and-set compares with whatever any of them wrote, and each
+//   copy is fed by the same watch, so every cell numbers every change alike.
 
 /// CHP sequence numbers of changes kept in etcd: the revision times ``perRevision`` plus the
 /// change's place among those of its transaction. Any kernel watching the same etcd gives a
@@ -141,9 +145,12 @@ final class EtcdStateLink {
     let prefix: [UInt8]
     var statePrefix: [UInt8] { prefix + [UInt8(ascii: "/")] }
     /// The key whose holder writes the state: `PREFIX.active`, the holder's instance under its
-    /// lease (``Kernel/connectState(_:)``).
-    static func electionKey(_ prefix: [UInt8]) -> [UInt8] { prefix + Array(".active".utf8) }
-    var electionKey: [UInt8] { Self.electionKey(prefix) }
+    /// lease (``Kernel/connectState(_:)``). A bus of several cells has one per cell,
+    /// `PREFIX.active.CELL`: each cell's kernel writes the one state, one kernel a cell.
+    static func electionKey(_ prefix: [UInt8], cell: String?) -> [UInt8] {
+        prefix + Array(".active".utf8) + (cell.map { Array(".\($0)".utf8) } ?? [])
+    }
+    let electionKey: [UInt8]
     /// The revision that created the election key this kernel holds: every transaction
     /// requires it still (a key created again has another).
     let elected: Int64
@@ -203,8 +210,8 @@ final class EtcdStateLink {
     private(set) var closedWith: JSONRPCError?
 
     /// `granted`: when the lease's grant was sent.
-    init(client: EtcdClient, prefix: [UInt8], lease: Int64, leaseSeconds: Int, granted: ContinuousClock.Instant, elected revision: Int64) {
-        (self.client, self.prefix, self.lease, self.leaseSeconds, self.elected) = (client, prefix, lease, leaseSeconds, revision)
+    init(client: EtcdClient, prefix: [UInt8], electionKey: [UInt8], lease: Int64, leaseSeconds: Int, granted: ContinuousClock.Instant, elected revision: Int64) {
+        (self.client, self.prefix, self.electionKey, self.lease, self.leaseSeconds, self.elected) = (client, prefix, electionKey, lease, leaseSeconds, revision)
         leaseHeldUntil = granted + .seconds(leaseSeconds)
         lastRevision = revision
         reportedRevision = revision

@@ -344,11 +344,11 @@ final class KernelParts {
 
     func setInstance(now: UInt64) {
         guard let kernel else { return }
-        state.set(KernelAPI.StateKeys.instance, value: Frame(JSONValue.object(["instance": .string(kernel.instance)]).jsonBytes), now: now)
+        state.set(KernelAPI.StateKeys.instance(cell: configuration.cell?.name), value: Frame(JSONValue.object(["instance": .string(kernel.instance)]).jsonBytes), now: now)
     }
 
     private func setWorkers(_ name: String, _ count: Int, now: UInt64) {
         let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
-        state.set(KernelAPI.StateKeys.service(name), value: Frame(value.jsonBytes), now: now)
+        state.set(KernelAPI.StateKeys.service(name, cell: configuration.cell?.name), value: Frame(value.jsonBytes), now: now)
     }
 }

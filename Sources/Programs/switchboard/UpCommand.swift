@@ -148,8 +148,8 @@ struct UpCommand: AsyncParsableCommand {
         // A kernel keeping its state in etcd may wait for another kernel's election.
         var kernelStandsBy: (@Sendable () async -> Bool)?
         if let state = file.kernel.stateEtcd {
-            let broker = file.kernel.brokerEndpoint
-            kernelStandsBy = { await Kernel.stateElectionHeld(state, byOtherThan: broker) }
+            let broker = file.kernel.brokerEndpoint, cell = file.kernel.cell?.name
+            kernelStandsBy = { await Kernel.stateElectionHeld(state, cell: cell, byOtherThan: broker) }
         }
         let supervisor = try Supervisor(
             executable: URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path,

@@ -47,7 +47,7 @@ struct Soak: AsyncParsableCommand {
     var streams = false
     @Flag(help: "No kills: instead a hostile client (huge ttl, amplifying batches, a subscriber and SSE streams that never read, slow requests, replies in parts nobody reads), one case after another, beside the ordinary load; a bystander's latency is measured in each case, and once it has left the memory of the kernel, the gateway and the echo worker must come back within 1.5x of their start, with no process restarted. Needs --duration of at least 80.")
     var hostile = false
-    @Flag(help: "Run one bus in two cells (docs/CELLS.md; two `switchboard up`s on an etcd the soak starts): cell a has echo and the gateway and every client, cell b the store, the fetcher, search, pricing and the streams, so every request but echo's crosses; the kills hit both cells' kernels and pieces and etcd.")
+    @Flag(help: "Run one bus in two cells (docs/CELLS.md; two `switchboard up`s on an etcd the soak starts, which keeps their directory and their one state): cell a has echo and the gateway and every client, cell b the store, the fetcher, search, pricing and the streams, so every request but echo's crosses, and the subscribers follow cell b's kernel; the kills hit both cells' kernels and pieces and etcd.")
     var cells = false
     @Flag(help: "Keep the working folder (configuration, database, logs).") var keep = false
 
@@ -114,6 +114,11 @@ struct Soak: AsyncParsableCommand {
                 environment["SWITCHBOARD_KERNEL_CELL_NAME"] = ["a", "b"][index]
                 environment["SWITCHBOARD_KERNEL_CELL_ETCD_ENDPOINTS"] = "[\(stateEtcd.clientURLs.joined(separator: ","))]"
                 environment["SWITCHBOARD_KERNEL_CELL_ETCD_LEASE_SECONDS"] = "2"
+                // One state for both cells, in the same etcd (docs/CELLS.md, "One state"). A
+                // killed kernel's successor takes its cell's election once the old lease ran out.
+                environment["SWITCHBOARD_KERNEL_STATE_BACKEND"] = "etcd"
+                environment["SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS"] = "[\(stateEtcd.clientURLs.joined(separator: ","))]"
+                environment["SWITCHBOARD_KERNEL_STATE_ETCD_LEASE_SECONDS"] = "2"
                 for service in index == 0 ? Self.cellB : Self.cellA { environment["SWITCHBOARD_SERVICES_\(service.uppercased())_ENABLED"] = "false" }
             } else if let stateEtcd {
                 environment["SWITCHBOARD_KERNEL_STATE_BACKEND"] = "etcd"
@@ -229,7 +234,9 @@ struct Soak: AsyncParsableCommand {
         for _ in 0..<clients { busClients.append(try await BusClient(brokers: brokers, timeout: timeout, curve: curve, state: states)) }
         // Each subscriber leaves every few seconds and comes back with the sequence it had
         // reached: it must get exactly the ticks it missed (the check counts any gap).
-        let kernelStates = states.map { ($0.snapshot, $0.publisher) }
+        // Of two cells, they follow cell b's kernel while every tick is written through cell
+        // a's: each crosses the one state.
+        let kernelStates = (cells ? [kernels[1].state] : states).map { ($0.snapshot, $0.publisher) }
         let following = Following()
         var readers: [Task<Void, Never>] = []
         for index in 0..<subscribers {

@@ -199,7 +199,8 @@ public struct TestKernel: Sendable {
     /// go) rather than polling; fails with ``TimedOut`` after `seconds`.
     public func workers(_ service: String, within seconds: Double = 10, curve: CurveClientKeys? = nil, _ what: String,
                         where condition: @escaping @Sendable (Int) -> Bool) async throws {
-        try await SwitchboardTestSupport.workers(service, snapshot: endpoints.snapshot, publisher: endpoints.publisher, within: seconds, curve: curve, what, where: condition)
+        try await SwitchboardTestSupport.workers(service, snapshot: endpoints.snapshot, publisher: endpoints.publisher, cell: configuration.cell?.name,
+                                                 within: seconds, curve: curve, what, where: condition)
     }
 
     /// The kernel's state under `prefix` once `condition` holds of it (``awaitState``).
@@ -212,10 +213,11 @@ public struct TestKernel: Sendable {
 }
 
 /// Returns once the number of `service`'s workers on the kernel at these state endpoints
-/// satisfies `condition` (its `/kernel/services/NAME` key; none: 0).
-public func workers(_ service: String, snapshot: String, publisher: String, within seconds: Double = 10, curve: CurveClientKeys? = nil,
-                    _ what: String, where condition: @escaping @Sendable (Int) -> Bool) async throws {
-    let key = KernelAPI.StateKeys.service(service)
+/// satisfies `condition` (its `/kernel/services/NAME` key, of a kernel of a cell its cell's;
+/// none: 0).
+public func workers(_ service: String, snapshot: String, publisher: String, cell: String? = nil, within seconds: Double = 10,
+                    curve: CurveClientKeys? = nil, _ what: String, where condition: @escaping @Sendable (Int) -> Bool) async throws {
+    let key = KernelAPI.StateKeys.service(service, cell: cell)
     try await awaitState(snapshot: snapshot, publisher: publisher, prefix: key, within: seconds, curve: curve, what) { state in
         condition(Int(state[key]?["workers"]?.intValue ?? 0))
     }
