@@ -159,6 +159,85 @@ struct CellTests {
         for kernel in kernels { await kernel.stop() }
     }
 
+    @Test("two kernels of one cell on its state in etcd: one serves, the other waits for the cell's election; the serving one stops: the other takes over, its services register with it, and the other cell's clients are served through it")
+    func pairInACell() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        var directory = EtcdStateSettings(endpoints: etcd.clientURLs)
+        directory.prefix = "/sb-test/pair-cells"
+        var state = EtcdStateSettings(endpoints: etcd.clientURLs)
+        state.prefix = "/sb-test/pair-cells-state"
+        func kernel(_ name: String) -> KernelConfiguration {
+            var configuration = KernelConfiguration()
+            configuration.brokerEndpoint = "tcp://127.0.0.1:\(freePort())"
+            configuration.snapshotEndpoint = "tcp://127.0.0.1:\(freePort())"
+            configuration.publisherEndpoint = "tcp://127.0.0.1:\(freePort())"
+            configuration.collectorEndpoint = "tcp://127.0.0.1:\(freePort())"
+            cell(name, on: directory)(&configuration)
+            configuration.stateEtcd = state
+            return configuration
+        }
+        let a = try await TestKernel.start(kernel("a"))
+        let first = try await TestKernel.start(kernel("b")), second = kernel("b")
+        // Waits for cell b's election until the first kernel of b lets it go.
+        let standing = Task { try await TestKernel.start(second) }
+        let host = try ServiceHost(service: EchoService(instance: "b"), options: .init(brokers: [first.endpoints.broker, second.brokerEndpoint],
+                                                                                         connections: 1, heartbeatInterval: .milliseconds(100), heartbeatLiveness: 10))
+        try await host.start()
+        let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10))
+        try await eventually(10, "cell b offers echo to cell a") { try await client.hasWorkers(EchoAPI.service) }
+        #expect(try await client.call(EchoAPI.count, .init(n: 3)) == 3)
+
+        await first.stop()
+        let taken = try await within(30, "the second kernel of cell b took its election") { try await standing.value }
+        // Asked at once: a request that finds no offer of cell b yet waits for one.
+        #expect(try await client.call(EchoAPI.count, .init(n: 4)) == 4)
+        let ofSecond = try await BusClient(brokers: [taken.endpoints.broker], timeout: .seconds(10))
+        #expect(try await ofSecond.call(KernelAPI.stats).cell?.received == 1)
+
+        await ofSecond.close()
+        await client.close()
+        await host.stop()
+        await taken.stop()
+        await a.stop()
+    }
+
+    @Test("switchboard gateway given both cells' kernels (--broker and --state, repeated): answered through cell a, and through cell b once a's kernel is gone")
+    func gatewayOfBothCells() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        var settings = EtcdStateSettings(endpoints: etcd.clientURLs)
+        settings.prefix = "/sb-test/gateway-cells"
+        let a = try await TestKernel.start(cell("a", on: settings))
+        let b = try await TestKernel.start(cell("b", on: settings))
+        let host = try echo("b", at: b)
+        try await host.start()
+        let folder = try temporaryDirectory("gateway-cells")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let config = folder.appendingPathComponent("switchboard.yaml")
+        try "security:\n  curve: false\n  keys_dir: \(folder.appendingPathComponent("keys").path)\n".write(to: config, atomically: true, encoding: .utf8)
+        let port = freePort()
+        let kernels = [a, b].flatMap { kernel in
+            ["--broker", kernel.endpoints.broker, "--state", "\(kernel.endpoints.snapshot),\(kernel.endpoints.publisher),\(kernel.endpoints.collector)"]
+        }
+        let gateway = try ChildProcess(switchboardExecutable(), ["gateway", "--config", config.path, "--listen", "127.0.0.1:\(port)"] + kernels)
+        defer { gateway.stop() }
+        @Sendable func count(_ n: Int) async throws -> String {
+            try await runCommand(URL(fileURLWithPath: "/usr/bin/curl"), [
+                "-s", "--max-time", "20", "-H", "Content-Type: application/json",
+                "-d", #"{"jsonrpc":"2.0","id":1,"method":"count","params":{"n":"# + "\(n)}}", "http://127.0.0.1:\(port)/rpc/echo",
+            ], seconds: 30).stdout
+        }
+        try await eventually(60, "the gateway answers through cell a, which hands echo to cell b") { try await count(1).contains(#""result":1"#) }
+
+        await a.stop()
+        let answer = try await count(2)
+        #expect(answer.contains(#""result":2"#), "\(answer)\n\(gateway.outputSoFar)")
+
+        await host.stop()
+        await b.stop()
+    }
+
     @Test("with CURVE the sender's key crosses with its request: a worker in cell b that asks who sent it is told the key of the client of cell a")
     func callerCrosses() async throws {
         let etcd = try await TestEtcd.start()

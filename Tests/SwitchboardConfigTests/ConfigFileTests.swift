@@ -395,11 +395,16 @@ struct ConfigFileTests {
         #expect(cells[0].kernel.stateEtcd?.prefix == cells[1].kernel.stateEtcd?.prefix)
     }
 
-    @Test("a pair on etcd is refused at the pair section, saying what to run instead")
+    @Test("a pair on etcd, or in a cell, is refused at the pair section, saying what to run instead")
     func pairOnEtcdRefused() throws {
         let text = "kernel:\n  state:\n    backend: etcd\n    etcd:\n      endpoints: [http://127.0.0.1:2379]\n"
             + "pair:\n  role: primary\n  listen: tcp://127.0.0.1:5560\n  peer: tcp://127.0.0.1:6560\n  peer_broker: tcp://127.0.0.1:6555\n"
         let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
         #expect(error?.path == "pair" && error?.problem.contains("run one kernel on etcd") == true, "\(String(describing: error))")
+        // Nor in a cell: a cell's second kernel waits for its election in etcd instead.
+        let cell = "kernel:\n  cell:\n    name: a\n    etcd:\n      endpoints: [http://127.0.0.1:2379]\n"
+            + "pair:\n  role: primary\n  listen: tcp://127.0.0.1:5560\n  peer: tcp://127.0.0.1:6560\n  peer_broker: tcp://127.0.0.1:6555\n"
+        let inCell = #expect(throws: ConfigError.self) { try ConfigFile.parse(cell) }
+        #expect(inCell?.path == "pair" && inCell?.problem.contains("kernel.state.backend: etcd") == true, "\(String(describing: inCell))")
     }
 }

@@ -87,6 +87,11 @@ public struct ConfigFile: Sendable, Equatable {
             guard kernel.stateEtcd == nil else {
                 throw ConfigError(path: "pair", problem: "a kernel pair with kernel.state.backend: etcd is not supported yet: run one kernel on etcd, or the pair with the state in memory")
             }
+            // A cell's kernels are told apart in its directory by the election of its state in
+            // etcd, which a pair link does not take part in.
+            guard kernel.cell == nil else {
+                throw ConfigError(path: "pair", problem: "a kernel pair in a cell is not supported: give the cell's kernels the state in etcd (kernel.state.backend: etcd), where a second one waits for the cell's election (docs/CELLS.md)")
+            }
             let configuration = try PairConfiguration(reading: section)
             kernel.pair = configuration
             pair = try PairSettings(reading: section, configuration: configuration)

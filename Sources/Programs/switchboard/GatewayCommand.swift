@@ -22,12 +22,15 @@ struct GatewayCommand: AsyncParsableCommand {
             token `switchboard up` writes to data/keys/gateway.token). Examples:
               switchboard gateway
               switchboard gateway --listen 127.0.0.1:9090
+              switchboard gateway --broker tcp://10.0.0.1:5555 --state tcp://10.0.0.1:5556 \\
+                                  --broker tcp://10.0.0.2:5555 --state tcp://10.0.0.2:5556
             """
     )
 
     @OptionGroup var common: CommonOptions
     @Option(help: "Where to listen, HOST:PORT (default: gateway.listen, 127.0.0.1:8080).")
     var listen: String?
+    @OptionGroup var kernels: KernelEndpointOptions
 
     func run() async throws {
         var file = try common.loadConfig()
@@ -44,7 +47,7 @@ struct GatewayCommand: AsyncParsableCommand {
             file.gateway.host = override.gateway.host
             file.gateway.port = override.gateway.port
         }
-        let options = try Self.options(file, common: common, logger: logger, brokers: file.brokerEndpoints, state: file.stateEndpoints)
+        let options = try Self.options(file, common: common, logger: logger, brokers: kernels.brokers(file), state: kernels.stateEndpoints(file))
         let parts = try await Gateway.parts(options: options, logger: logger)
         // SIGHUP: the log level and the tokens.
         let reloading = try common.reloading("switchboard.gateway") { file in

@@ -28,10 +28,7 @@ struct ServeCommand: AsyncParsableCommand {
     @OptionGroup var common: CommonOptions
     @Argument(help: "The service to run: \(Pieces.names.joined(separator: ", ")).")
     var name: String
-    @Option(help: "A kernel broker endpoint (repeatable; default: kernel.broker in the configuration).")
-    var broker: [String] = []
-    @Option(help: "The kernel's CHP state: the snapshot endpoint (publisher on the next port), or snapshot,publisher,collector (default: the configuration's).")
-    var state: String?
+    @OptionGroup var kernels: KernelEndpointOptions
     @Option(help: "Worker connections (default: services.NAME.workers).")
     var connections: Int?
     @Option(help: "Requests each connection holds at once, 1 to 4096; 1 is plain 7/MDP (default: services.NAME.window, 16).")
@@ -55,9 +52,6 @@ struct ServeCommand: AsyncParsableCommand {
         if let window, !(1...MDP.maxWindow).contains(window) {
             throw ValidationError("--window must be 1 to \(MDP.maxWindow), got \(window)")
         }
-        if let state, StateEndpoints(state) == nil {
-            throw ValidationError("--state: give tcp://HOST:PORT (the snapshot; the publisher is on the next port) or snapshot,publisher,collector")
-        }
     }
 
     func run() async throws {
@@ -67,8 +61,8 @@ struct ServeCommand: AsyncParsableCommand {
         let kernel = file.kernel
         let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: name) }
         let connection = Connection(
-            brokers: broker.isEmpty ? file.brokerEndpoints : broker,
-            state: state.flatMap { StateEndpoints($0) }.map { [$0] } ?? file.stateEndpoints,
+            brokers: kernels.brokers(file),
+            state: kernels.stateEndpoints(file),
             workers: connections ?? file.services[name]?.workers ?? 2,
             window: window ?? file.services[name]?.window ?? 16,
             heartbeatInterval: heartbeatMs.map { .milliseconds($0) } ?? kernel.heartbeatInterval,

@@ -1,4 +1,5 @@
 public import ArgumentParser
+import BusKit
 import Contracts
 import Foundation
 import Synchronization
@@ -27,6 +28,26 @@ struct Switchboard: AsyncParsableCommand {
             """,
         subcommands: [UpCommand.self, KernelCommand.self, ServeCommand.self, GatewayCommand.self, KeygenCommand.self]
     )
+}
+
+/// Which kernels a piece that connects to the bus (a service, the gateway) uses, when not the
+/// configuration's: a pair's two, or kernels of several cells of one bus, in order of
+/// preference (the next is used when one goes; docs/CELLS.md).
+struct KernelEndpointOptions: ParsableArguments {
+    @Option(help: "A kernel broker endpoint (repeatable: the next is used when one goes; default: kernel.broker in the configuration).")
+    var broker: [String] = []
+
+    @Option(help: "A kernel's CHP state (repeatable: the next is used when one goes): the snapshot endpoint (publisher on the next port), or snapshot,publisher,collector (default: the configuration's).")
+    var state: [String] = []
+
+    func validate() throws {
+        for endpoints in state where StateEndpoints(endpoints) == nil {
+            throw ValidationError("--state \(endpoints): give tcp://HOST:PORT (the snapshot; the publisher is on the next port) or snapshot,publisher,collector")
+        }
+    }
+
+    func brokers(_ file: ConfigFile) -> [String] { broker.isEmpty ? file.brokerEndpoints : broker }
+    func stateEndpoints(_ file: ConfigFile) -> [StateEndpoints] { state.isEmpty ? file.stateEndpoints : state.compactMap { StateEndpoints($0) } }
 }
 
 /// Options every piece shares.
