@@ -462,6 +462,26 @@ struct EtcdStateTests {
 }
 
 extension EtcdStateTests {
+    @Test("a kernel started at the broker the election's holder names, where nothing listens, takes the election at once: the holder was an earlier run of it, not one to wait a lease for")
+    func earlierRunTakenAtOnce() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        let broker = "tcp://127.0.0.1:\(freePort())"
+        // What a kernel killed there leaves behind: its election key under a lease of a minute.
+        let client = try EtcdClient(endpoints: etcd.clientURLs)
+        let lease = try await client.grantLease(ttl: 60).id
+        _ = try await client.put(EtcdStateLink.electionKey(Array(Self.prefix.utf8), cell: nil),
+                                 ElectionValue(instance: "earlier", broker: broker).bytes, lease: lease)
+        await client.close()
+        let started = ContinuousClock.now
+        let kernel = try await Self.kernel(on: etcd) { $0.brokerEndpoint = broker }
+        #expect(ContinuousClock.now - started < .seconds(30), "waited for the earlier run's lease")
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10))
+        #expect(try await set(bus, "/pricing/after", 1) > 0)
+        await bus.close()
+        await kernel.stop()
+    }
+
     @Test("kernel.cell: a name, the directory's etcd (prefix /switchboard/cells by default), a window; a bad name, a missing name or etcd, a window of 0 are refused naming the key")
     func cellConfiguration() throws {
         func read(_ cell: [String: Any]) throws -> KernelConfiguration {

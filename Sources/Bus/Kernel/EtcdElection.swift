@@ -22,6 +22,10 @@ import ZeroMQ
 //   nothing listens there: the kernel's process ended), is gone: its key is deleted (only if
 //   it is still that holder's), so the waiting kernel takes over within a second rather than
 //   at the end of the holder's lease;
+// - a holder that names the waiting kernel's own broker, where nothing listens, is an earlier
+//   run of that kernel (the holder binds its broker only once elected, and two processes
+//   cannot bind one address): its key is deleted at once, so a kernel restarted after a crash
+//   does not wait for its own lease;
 // - a holder silent without a refusal (its machine gone, cut off from here, frozen, or
 //   overloaded) may still be serving clients it reaches: its lease decides, and so does a
 //   holder never heard (its broker unreachable from here, or still starting).
@@ -194,6 +198,13 @@ extension Kernel {
     private func waitForElection(_ client: EtcdClient, _ election: [UInt8], held holder: EtcdKeyValue, from revision: Int64) async throws {
         let value = ElectionValue(decoding: holder.value)
         let electionName = String(decoding: election, as: UTF8.self)
+        // A holder that names this kernel's own broker is an earlier run of it (its supervisor
+        // restarting it after a crash): a kernel binds its broker only once it holds the
+        // election, and two processes cannot bind one address, so nothing listening there
+        // means that run is gone. Taken at once rather than at the end of its lease.
+        if let broker = value.broker, broker == ElectionValue.advertised(configuration.brokerEndpoint), await Kernel.refusesConnection(broker) {
+            return try await take(election, from: holder, client, why: "it names this kernel's broker, where nothing listens: an earlier run of this kernel")
+        }
         logger.notice("another kernel writes this state: waiting for it to go (it stops, its lease runs out, or its process is gone)",
                       metadata: ["election": "\(electionName)", "holder": "\(value.instance)", "broker": "\(value.broker ?? "none named")",
                                  "lease": "\(String(holder.lease, radix: 16))"])
@@ -234,11 +245,17 @@ extension Kernel {
             return false
         }
         guard holderGone else { return }
-        // Deleted only if it is still the gone holder's: one that started meanwhile keeps it.
+        try await take(election, from: holder, client, why: "its connection dropped, and its machine refuses connections to its broker")
+    }
+
+    /// Deletes the election key of a holder that is gone, only if it is still that holder's
+    /// (one that started meanwhile keeps it): the election is then stood for at once.
+    private func take(_ election: [UInt8], from holder: EtcdKeyValue, _ client: EtcdClient, why: String) async throws {
         let taken = try await client.transaction(when: [EtcdCompare(key: election, .equal, .createRevision(holder.createRevision))],
                                                  then: [.delete(key: election)], else: [])
         if taken.succeeded {
-            logger.warning("the kernel holding the election is gone (its connection dropped, and its machine refuses connections to its broker): taking its election rather than wait for its lease",
+            let value = ElectionValue(decoding: holder.value)
+            logger.warning("the kernel holding the election is gone (\(why)): taking its election rather than wait for its lease",
                            metadata: ["holder": "\(value.instance)", "broker": "\(value.broker ?? "")"])
         }
     }
