@@ -20,6 +20,13 @@ struct CellTests {
         }
     }
 
+    /// etcd's settings on `etcd`, its keys under `prefix`: each test's own.
+    private func etcdSettings(on etcd: TestEtcd, prefix: String) -> EtcdStateSettings {
+        var settings = EtcdStateSettings(endpoints: etcd.clientURLs)
+        settings.prefix = prefix
+        return settings
+    }
+
     private func echo(_ instance: String, at kernel: TestKernel) throws -> ServiceHost<EchoService> {
         try ServiceHost(service: EchoService(instance: instance), options: .init(brokers: [kernel.endpoints.broker], connections: 1,
                                                                                   heartbeatInterval: .milliseconds(100), heartbeatLiveness: 10))
@@ -29,8 +36,7 @@ struct CellTests {
     func crossing() async throws {
         let etcd = try await TestEtcd.start()
         defer { etcd.stop() }
-        var settings = EtcdStateSettings(endpoints: etcd.clientURLs)
-        settings.prefix = "/sb-test/cells"
+        var settings = etcdSettings(on: etcd, prefix: "/sb-test/cells")
         settings.leaseSeconds = 2
         let a = try await TestKernel.start(cell("a", on: settings, queueTimeout: .seconds(2)))
         var b = try await TestKernel.start(fixedPorts: true, cell("b", on: settings))
@@ -102,10 +108,8 @@ struct CellTests {
     func oneState() async throws {
         let etcd = try await TestEtcd.start()
         defer { etcd.stop() }
-        var directory = EtcdStateSettings(endpoints: etcd.clientURLs)
-        directory.prefix = "/sb-test/state-cells"
-        var state = EtcdStateSettings(endpoints: etcd.clientURLs)
-        state.prefix = "/sb-test/cells-state"
+        let directory = etcdSettings(on: etcd, prefix: "/sb-test/state-cells")
+        let state = etcdSettings(on: etcd, prefix: "/sb-test/cells-state")
         var kernels: [TestKernel] = [], clients: [BusClient] = [], subscriptions: [Subscription] = []
         for name in ["a", "b"] {
             let kernel = try await TestKernel.start { configuration in
@@ -163,10 +167,8 @@ struct CellTests {
     func pairInACell() async throws {
         let etcd = try await TestEtcd.start()
         defer { etcd.stop() }
-        var directory = EtcdStateSettings(endpoints: etcd.clientURLs)
-        directory.prefix = "/sb-test/pair-cells"
-        var state = EtcdStateSettings(endpoints: etcd.clientURLs)
-        state.prefix = "/sb-test/pair-cells-state"
+        let directory = etcdSettings(on: etcd, prefix: "/sb-test/pair-cells")
+        let state = etcdSettings(on: etcd, prefix: "/sb-test/pair-cells-state")
         func kernel(_ name: String) -> KernelConfiguration {
             var configuration = KernelConfiguration()
             configuration.brokerEndpoint = "tcp://127.0.0.1:\(freePort())"
@@ -206,8 +208,7 @@ struct CellTests {
     func gatewayOfBothCells() async throws {
         let etcd = try await TestEtcd.start()
         defer { etcd.stop() }
-        var settings = EtcdStateSettings(endpoints: etcd.clientURLs)
-        settings.prefix = "/sb-test/gateway-cells"
+        let settings = etcdSettings(on: etcd, prefix: "/sb-test/gateway-cells")
         let a = try await TestKernel.start(cell("a", on: settings))
         let b = try await TestKernel.start(cell("b", on: settings))
         let host = try echo("b", at: b)
@@ -242,8 +243,7 @@ struct CellTests {
     func callerCrosses() async throws {
         let etcd = try await TestEtcd.start()
         defer { etcd.stop() }
-        var settings = EtcdStateSettings(endpoints: etcd.clientURLs)
-        settings.prefix = "/sb-test/secured-cells"
+        let settings = etcdSettings(on: etcd, prefix: "/sb-test/secured-cells")
         let keysA = try CurveKeyPair.generate(), keysB = try CurveKeyPair.generate()
         let clientPair = try CurveKeyPair.generate(), workerPair = try CurveKeyPair.generate()
         // Each cell's kernel key is a worker key of the other: it offers that cell its services.

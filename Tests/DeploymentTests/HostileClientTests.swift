@@ -187,7 +187,8 @@ struct HostileClientTests {
         #expect((during["services"]?.objectValue?.count ?? 0) <= 200)
         #expect((during["services"]?["nobody"]?["queued"]?.intValue ?? 0) <= 1000)
         // Once the queue timeout has passed, nothing is kept for the made-up names.
-        try await eventually(10, "made-up names forgotten") {
+        // Bounded for a loaded machine: the kernel (a debug build) reads the whole flood first.
+        try await eventually(30, "made-up names forgotten") {
             let stats = try await kernel.stats()
             return (stats["services"]?.objectValue?.count ?? 0) == 0 && stats["queuedBytes"] == 0
         }

@@ -35,14 +35,17 @@ struct HostileNumbersAndRepliesTests {
         // A PUB's first messages are lost until it has connected: the round goes again until
         // the valid KVSET at its end is applied.
         let collector = try kernel.socket(.pub, kernel.collector)
+        // Each round's valid KVSET holds the round's number: seen, every KVSET sent before it
+        // has been read (one PUB's messages are read in order), so none is still on its way.
         var applied = false
-        for _ in 0..<500 where !applied {
+        for round in 0..<500 where !applied {
             for ttl in ["1e11", "1e300", "-5", "nan", "inf", "abc", "31536001"] {
                 try collector.send(CHP.kv(KVEntry(key: "/client/kv", properties: [("ttl", ttl)], value: Frame("1"))))
             }
-            try collector.send(CHP.kv(KVEntry(key: "/client/kv-ok", properties: [("ttl", "30")], value: Frame("1"))))
+            try collector.send(CHP.kv(KVEntry(key: "/client/kv-ok", properties: [("ttl", "30")], value: Frame("\(round)"))))
             let entries = try await kernel.bystander.request(service: "kernel", method: "state.get", params: ["prefix": "/client/kv"])["entries"]
             applied = entries?.arrayValue?.compactMap { $0["key"]?.stringValue } == ["/client/kv-ok"]
+                && entries?.arrayValue?.first?["value"]?.intValue == Int64(round)
         }
         #expect(applied, "the valid KVSET applied after the bad ones")
         // The PUB may have connected in the middle of that round, so count a round sent once

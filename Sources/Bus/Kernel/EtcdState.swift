@@ -597,7 +597,10 @@ extension Kernel {
                 for try await update in link.client.watch(link.electionKey, from: from) {
                     switch update {
                     case .events(let events, _):
-                        if events.contains(where: { $0.kind == .delete || $0.keyValue.createRevision != link.elected }) {
+                        if events.contains(where: { $0.kind == .delete }) {
+                            return lostElection(link, why: "its election key was deleted (its lease ran out, or a kernel waiting for it found it gone)")
+                        }
+                        if events.contains(where: { $0.keyValue.createRevision != link.elected }) {
                             return lostElection(link, why: "another kernel took its election key")
                         }
                     case .progress:

@@ -114,11 +114,12 @@ struct Soak: AsyncParsableCommand {
                 environment["SWITCHBOARD_KERNEL_CELL_NAME"] = ["a", "b"][index]
                 environment["SWITCHBOARD_KERNEL_CELL_ETCD_ENDPOINTS"] = "[\(stateEtcd.clientURLs.joined(separator: ","))]"
                 environment["SWITCHBOARD_KERNEL_CELL_ETCD_LEASE_SECONDS"] = "2"
-                // One state for both cells, in the same etcd (docs/CELLS.md, "One state"). A
-                // killed kernel's successor takes its cell's election once the old lease ran out.
+                // One state for both cells, in the same etcd (docs/CELLS.md, "One state"), on
+                // the default lease: a killed kernel's successor takes its election at once
+                // (the old key names its own broker), and a lease of a few seconds would end a
+                // kernel that a loaded machine keeps from renewing it in time.
                 environment["SWITCHBOARD_KERNEL_STATE_BACKEND"] = "etcd"
                 environment["SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS"] = "[\(stateEtcd.clientURLs.joined(separator: ","))]"
-                environment["SWITCHBOARD_KERNEL_STATE_ETCD_LEASE_SECONDS"] = "2"
                 for service in index == 0 ? Self.cellB : Self.cellA { environment["SWITCHBOARD_SERVICES_\(service.uppercased())_ENABLED"] = "false" }
             } else if let stateEtcd {
                 environment["SWITCHBOARD_KERNEL_STATE_BACKEND"] = "etcd"
