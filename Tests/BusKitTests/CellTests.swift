@@ -169,15 +169,12 @@ struct CellTests {
         defer { etcd.stop() }
         let directory = etcdSettings(on: etcd, prefix: "/sb-test/pair-cells")
         let state = etcdSettings(on: etcd, prefix: "/sb-test/pair-cells-state")
+        // On ports known before it starts: the second kernel of b is waited for meanwhile.
         func kernel(_ name: String) -> KernelConfiguration {
-            var configuration = KernelConfiguration()
-            configuration.brokerEndpoint = "tcp://127.0.0.1:\(freePort())"
-            configuration.snapshotEndpoint = "tcp://127.0.0.1:\(freePort())"
-            configuration.publisherEndpoint = "tcp://127.0.0.1:\(freePort())"
-            configuration.collectorEndpoint = "tcp://127.0.0.1:\(freePort())"
-            cell(name, on: directory)(&configuration)
-            configuration.stateEtcd = state
-            return configuration
+            TestKernel.configuration(fixedPorts: true) { configuration in
+                cell(name, on: directory)(&configuration)
+                configuration.stateEtcd = state
+            }
         }
         let a = try await TestKernel.start(kernel("a"))
         let first = try await TestKernel.start(kernel("b")), second = kernel("b")

@@ -134,19 +134,25 @@ public struct TestKernel: Sendable {
     public static func start(fixedPorts: Bool = false, _ configure: (inout KernelConfiguration) -> Void = { _ in }) async throws -> TestKernel {
         var attempt = 0
         while true {
-            var configuration = KernelConfiguration()
-            let endpoint = { fixedPorts ? "tcp://127.0.0.1:\(freePort())" : "tcp://127.0.0.1:*" }
-            configuration.brokerEndpoint = endpoint()
-            configuration.snapshotEndpoint = endpoint()
-            configuration.publisherEndpoint = endpoint()
-            configuration.collectorEndpoint = endpoint()
-            configure(&configuration)
             do {
-                return try await start(configuration)
+                return try await start(configuration(fixedPorts: fixedPorts, configure))
             } catch let error as ZMQError where fixedPorts && error.code == EADDRINUSE && attempt < 5 {
                 attempt += 1
             }
         }
+    }
+
+    /// A kernel's configuration on loopback: on ports the system picks at bind, or with
+    /// `fixedPorts` on concrete ones, known before the kernel starts.
+    public static func configuration(fixedPorts: Bool = false, _ configure: (inout KernelConfiguration) -> Void = { _ in }) -> KernelConfiguration {
+        var configuration = KernelConfiguration()
+        let endpoint = { fixedPorts ? "tcp://127.0.0.1:\(freePort())" : "tcp://127.0.0.1:*" }
+        configuration.brokerEndpoint = endpoint()
+        configuration.snapshotEndpoint = endpoint()
+        configuration.publisherEndpoint = endpoint()
+        configuration.collectorEndpoint = endpoint()
+        configure(&configuration)
+        return configuration
     }
 
     /// Starts a kernel with exactly this configuration.
