@@ -236,6 +236,85 @@ struct CellTests {
         await b.stop()
     }
 
+    @Test("a request to every worker from a client of cell a reaches the workers of both cells: a's asked first, then the workers b says it asked, every answer tagged with its cell and counted in the FINAL; with none in a, b's alone; a worker of b that does not answer is timed out, named with its cell")
+    func everyWorkerAcrossCells() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        let settings = etcdSettings(on: etcd, prefix: "/sb-test/gathering-cells")
+        let a = try await TestKernel.start(cell("a", on: settings, queueTimeout: .seconds(3)))
+        // b lets a silent worker be for 10 s (below): it stands for one that is only slow.
+        let b = try await TestKernel.start { configuration in
+            cell("b", on: settings, queueTimeout: .seconds(10))(&configuration)
+            configuration.heartbeatLiveness = 100
+        }
+        let hostA = try echo("a", at: a), hostB1 = try echo("b", at: b), hostB2 = try echo("b", at: b)
+        for host in [hostA, hostB1, hostB2] { try await host.start() }
+        try await a.workers(EchoAPI.service)
+        try await b.workers(EchoAPI.service, atLeast: 2)
+        let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(15))
+        try await eventually(10, "cell b offers echo to cell a") {
+            try await client.call(KernelAPI.servicesList).services.first { $0.name == EchoAPI.service }?.cells == ["b"]
+        }
+
+        let gather = client.gather(EchoAPI.whoami)
+        var asked: [[String]] = [], answers: [String: String] = [:]
+        for try await event in gather {
+            switch event {
+            case .asked(let workers): asked.append(workers)
+            case .answer(let worker, let outcome): answers[worker] = try outcome.get()
+            }
+        }
+        #expect(asked.map(\.count) == [1, 2], "\(asked)")
+        #expect(Set(answers.keys) == Set(asked.joined()))
+        #expect(answers.values.sorted() == ["a", "b", "b"])
+        #expect(try await gather.end() == GatherSummary(expected: 3, answered: 3, missing: []))
+
+        // As plain JSON (what `sb request --all` prints): the first part names the other
+        // cells asked, b's its cell, and b's answers are tagged with it.
+        let plain = client.gather(service: EchoAPI.service, method: EchoAPI.whoami.name, paramsText: nil)
+        var parts: [JSONValue] = []
+        for try await part in plain { parts.append(part) }
+        #expect(parts.first?["cells"] == ["b"] && parts.first?["expected"] == 1, "\(parts)")
+        #expect(parts.filter { $0["cell"] == "b" && $0["workers"] != nil }.count == 1, "\(parts)")
+        #expect(parts.filter { $0["cell"] == "b" && $0["result"] == "b" }.count == 2, "\(parts)")
+        #expect(parts.filter { $0["cell"] == nil && $0["result"] == "a" }.count == 1, "\(parts)")
+
+        // No worker in a: b's workers alone answer.
+        await hostA.stop()
+        try await a.workers(EchoAPI.service, "a's own echo worker gone") { $0 == 0 }
+        let fromB = client.gather(EchoAPI.whoami)
+        asked = []
+        answers = [:]
+        for try await event in fromB {
+            switch event {
+            case .asked(let workers): asked.append(workers)
+            case .answer(let worker, let outcome): answers[worker] = try outcome.get()
+            }
+        }
+        #expect(asked.map(\.count) == [0, 2], "\(asked)")
+        #expect(answers.values.sorted() == ["b", "b"])
+        #expect(try await fromB.end() == GatherSummary(expected: 2, answered: 2, missing: []))
+
+        // A worker of b that takes its copy and never answers: a's deadline ends the gather,
+        // and the FINAL names that worker with its cell.
+        let context = try ZMQContext()
+        let silent = try ZMQSocket(context, .dealer)
+        try silent.set(.linger, 0)
+        try silent.set(.routingID, Array("silent-worker".utf8))
+        try silent.connect(b.endpoints.broker)
+        try silent.send(MDP.encode(.ready(service: EchoAPI.service, window: 1)))
+        try await b.workers(EchoAPI.service, atLeast: 3)
+        let timedOut = try await client.gather(EchoAPI.whoami).end()
+        #expect(timedOut.expected == 3 && timedOut.answered == 2, "\(timedOut)")
+        #expect(timedOut.missing == [.init(worker: "silent-worker", reason: "timed_out", cell: "b")])
+        silent.close()
+
+        await client.close()
+        for host in [hostB1, hostB2] { await host.stop() }
+        await b.stop()
+        await a.stop()
+    }
+
     @Test("with CURVE the sender's key crosses with its request: a worker in cell b that asks who sent it is told the key of the client of cell a")
     func callerCrosses() async throws {
         let etcd = try await TestEtcd.start()
@@ -270,6 +349,15 @@ struct CellTests {
         #expect(body == [Frame("client:" + clientPair.publicKey), "x"])
         try worker.send(MDP.encode(.reply(client: sender, body: ["ok"])))
         #expect(try await reply == ["ok"])
+
+        // A request to every worker crosses with its sender's key too.
+        let gather = client.gather(service: "asking", method: "who", paramsText: nil)
+        repeat { command = try MDP.decodeAtWorker(try worker.receive()) } while command == .heartbeat
+        guard case .request(let gatherSender, let copy) = command, copy.count == 2,
+              case .single(.request(let request)) = JSONRPC.parseRequests(copy[1].bytes) else { Issue.record("expected a copy, got \(command)"); return }
+        #expect(copy[0] == Frame("client:" + clientPair.publicKey))
+        try worker.send(MDP.encode(.reply(client: gatherSender, body: [Frame(JSONRPC.resultReply(id: request.id ?? .null, resultText: Array("\"ok\"".utf8)))])))
+        #expect(try await gather.end() == ["expected": 1, "answered": 1, "missing": []])
 
         await client.close()
         worker.close()

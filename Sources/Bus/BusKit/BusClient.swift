@@ -129,7 +129,8 @@ public final class BusClient: Sendable {
     }
 
     /// Sends `method` to every worker of its service registered now (`all:SERVICE`,
-    /// docs/PROTOCOL.md): first which workers were asked, then each answer as it comes,
+    /// docs/PROTOCOL.md), in this cell and the other cells that offer it: first which
+    /// workers were asked (again for each other cell as it says), then each answer as it comes,
     /// tagged with its worker; the end says how many answered and who did not, and why
     /// (died, drained, timed out: the kernel's queue timeout is the deadline).
     public func gather<P, R>(_ method: Method<P, R>, _ params: P, timeout: Duration? = nil) -> PartStream<GatherEvent<R>, GatherSummary> {
@@ -144,7 +145,8 @@ public final class BusClient: Sendable {
     }
 
     /// ``gather(_:_:timeout:)`` for any service's method, by name, as plain JSON: the parts
-    /// are `{"expected", "workers"}`, then `{"worker", "result"}` or `{"worker", "error"}`.
+    /// are `{"expected", "workers"}` (and `{"cell", "expected", "workers"}` from each other
+    /// cell asked), then `{"worker", "result"}` or `{"worker", "error"}` (with `"cell"`).
     public func gather(service: String, method: String, paramsText: [UInt8]?, timeout: Duration? = nil) -> PartStream<JSONValue, JSONValue> {
         openStream(service: service, method: method, paramsText: .success(paramsText), timeout: timeout, everyWorker: true)
     }
@@ -830,19 +832,24 @@ actor ClientCore {
 
     /// A PARTIAL's id and part: one frame `{"id","jsonrpc","part"}`; or, from a request to
     /// every worker, the worker's tag and its answer (`{"worker", "result"}` or `{"worker",
-    /// "error"}`), or one of its own parts (`{"worker", "part"}`).
+    /// "error"}`), or one of its own parts (`{"worker", "part"}`), with `"cell"` when
+    /// another cell's worker answered.
     static func part(of body: [Frame]) -> (id: JSONRPCID, part: JSONValue)? {
         if body.count == 1 { return try? JSONRPC.parsePart(body[0].bytes) }
         guard body.count == 2, let tag = try? JSONValue(parsing: body[0].bytes), let worker = tag["worker"] else { return nil }
+        var part: [String: JSONValue] = ["worker": worker]
+        if let cell = tag["cell"] { part["cell"] = cell }
         if tag["partial"] == true {
-            guard let (id, part) = try? JSONRPC.parsePart(body[1].bytes) else { return nil }
-            return (id, ["worker": worker, "part": part])
+            guard let (id, answer) = try? JSONRPC.parsePart(body[1].bytes) else { return nil }
+            part["part"] = answer
+            return (id, .object(part))
         }
         guard let response = try? JSONRPC.parseResponses(body[1].bytes).first else { return nil }
         switch response.outcome {
-        case .success(let result): return (response.id, ["worker": worker, "result": result])
-        case .failure: return (response.id, ["worker": worker, "error": response.json["error"] ?? .null])
+        case .success(let result): part["result"] = result
+        case .failure: part["error"] = response.json["error"] ?? .null
         }
+        return (response.id, .object(part))
     }
 
     /// Ends a reply in parts early on this side, telling its reader why.

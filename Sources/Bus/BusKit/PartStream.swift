@@ -119,7 +119,8 @@ final class PartStreamHandle: Sendable {
 
 /// One part of a request to every worker (``BusClient/gather(_:_:timeout:)``).
 public enum GatherEvent<Result: Decodable & Sendable>: Decodable, Sendable {
-    /// First: the workers the request went to, one answer expected from each.
+    /// First: the workers the request went to, one answer expected from each; then the
+    /// workers each other cell that offers the service asked, as it says.
     case asked(workers: [String])
     /// One worker's answer: its result, or the error it answered.
     case answer(worker: String, Swift.Result<Result, JSONRPCError>)
@@ -145,12 +146,15 @@ public enum GatherEvent<Result: Decodable & Sendable>: Decodable, Sendable {
 }
 
 /// How a request to every worker ended: answers expected and received, and each worker that
-/// did not answer, with why (`died`, `drained`, `timed_out`).
+/// did not answer, with why (`died`, `drained`, `timed_out`; `unavailable`: another cell
+/// that offered the service asked none of its workers).
 public struct GatherSummary: Codable, Sendable, Equatable {
     public struct Missing: Codable, Sendable, Equatable {
         public var worker: String
         public var reason: String
-        public init(worker: String, reason: String) { (self.worker, self.reason) = (worker, reason) }
+        /// The cell whose worker (or whose kernel, for `unavailable`) it was, when not the client's.
+        public var cell: String?
+        public init(worker: String, reason: String, cell: String? = nil) { (self.worker, self.reason, self.cell) = (worker, reason, cell) }
     }
     public var expected: Int
     public var answered: Int

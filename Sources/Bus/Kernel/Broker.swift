@@ -232,21 +232,36 @@ struct Broker: ~Copyable {
     }
 
     /// A request to every worker of a service (`all:SERVICE`): a copy to each worker
-    /// registered when it came, each answer relayed as a part tagged with its worker, and the
-    /// FINAL written by the kernel once every worker answered, died or left, or the deadline
-    /// passed (docs/PROTOCOL.md, "A request to every worker").
+    /// registered when it came, and to each other cell offering the service (which asks its
+    /// own workers and says which), each answer relayed as a part tagged with its worker, and
+    /// the FINAL written by the kernel once every worker answered, died or left, or the
+    /// deadline passed (docs/PROTOCOL.md, "A request to every worker").
     final class Gather {
+        /// A worker that will not answer, and why; `cell` when another cell asked it.
+        struct Missing {
+            let worker: String
+            let cell: String?
+            let reason: String
+        }
         /// The reply in parts to the client: every part and the FINAL go through it.
         let stream: Request
         /// `all:SERVICE`, as the client's replies name it.
         let asked: Service
         /// The request's JSON-RPC id, for the parts and the FINAL the kernel writes.
         let id: JSONRPCID
-        let expected: Int
-        /// Workers whose answer is still awaited.
+        /// Answers expected: one per worker, and one per other cell until it says how many
+        /// of its workers it asked.
+        var expected: Int
+        /// Workers whose answer is still awaited, and other cells' offers (by their name
+        /// here) that have not said yet which workers they asked.
         var waiting: Set<String>
         var answered = 0
-        var missing: [(worker: String, reason: String)] = []
+        var missing: [Missing] = []
+        /// The cell of each name in ``waiting`` that is another cell's: its offers', and the
+        /// workers each said it asked.
+        var cellOf: [String: String] = [:]
+        /// The workers each other cell said it asked, by its offer's name.
+        var askedByCell: [String: [String]] = [:]
         let deadline: UInt64
         var finished = false
         init(stream: Request, asked: Service, id: JSONRPCID, workers: [String], deadline: UInt64) {
@@ -449,12 +464,12 @@ struct Broker: ~Copyable {
             events.append(.kernelRequest(caller, body: Array(body), peer: peer))
             return
         }
-        if forwarded, knownService(name).map({ $0.workers == 0 }) ?? true {
+        if forwarded, knownService(name.hasPrefix(Self.everyWorker) ? String(name.dropFirst(Self.everyWorker.count)) : name).map({ $0.workers == 0 }) ?? true {
             return reply(to: caller, service: name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)' in the cell another cell sent this request to"))
         }
         if name.hasPrefix(Self.everyWorker) {
-            scatter(caller, to: String(name.dropFirst(Self.everyWorker.count)), body: body, peer: peer, now: now)
+            scatter(caller, to: String(name.dropFirst(Self.everyWorker.count)), body: body, peer: peer, forwarded: forwarded, now: now)
             return
         }
         // One lookup by name per request: a name not known yet is recorded only while the
@@ -538,7 +553,11 @@ struct Broker: ~Copyable {
                 return
             }
             if let (gather, name) = request.gather {
-                if !gather.finished { relayPart([Self.tag(name, partial: true)] + body, of: gather.stream, service: gather.asked) }
+                if let cell = worker.cell {
+                    cellGatherPart(gather, offer: name, cell: cell, body: body)
+                } else if !gather.finished {
+                    relayPart([Self.tag(name, partial: true)] + body, of: gather.stream, service: gather.asked)
+                }
                 return
             }
             if request.parts == 0, worker.speaksExtension { (request.streamWorker, request.streamClient) = (worker, client) }
@@ -556,7 +575,13 @@ struct Broker: ~Copyable {
             // from the workers' heartbeats (below).
             let service = worker.service
             if let (gather, name) = request.gather {
-                gatherAnswered(gather, by: name, body: body)
+                if let cell = worker.cell {
+                    cellStats[cell, default: ServiceStats()].replies += 1
+                    cellStats[cell, default: ServiceStats()].latency.record(nanoseconds: now &- request.received)
+                    cellGatherEnded(gather, offer: name, body: body)
+                } else {
+                    gatherAnswered(gather, by: name, body: body)
+                }
                 placeFreed(worker, now: now)
                 return
             }
@@ -612,7 +637,10 @@ struct Broker: ~Copyable {
     private mutating func send(_ request: Request, to worker: Worker) {
         // Ranked at each send, as the kernel's own requests are: a key a reload made an
         // operator, or no longer one, is told so at once.
-        let caller = worker.wantsCallers ? Frame(Peer(userID: request.peer, security: configuration.security).callerID) : nil
+        var caller = worker.wantsCallers ? Frame(Peer(userID: request.peer, security: configuration.security).callerID) : nil
+        // Another cell's kernel is told a copy of a request to every worker is one (its
+        // caller frame starts `all:`): it asks every worker of its own in turn.
+        if worker.cell != nil, request.gather != nil, let known = caller { caller = Frame(Self.everyWorker + (known.string ?? "")) }
         outbox.send(WorkerRequest(worker: worker.identity, client: worker.sent(request), version: worker.version, caller: caller, request: request))
     }
 
@@ -622,16 +650,19 @@ struct Broker: ~Copyable {
 
     /// Sends a copy of the request to each worker of `name` registered now (at once to one
     /// with a free place, else when it has one), and tells the client how many answers to
-    /// expect, from which workers.
-    private mutating func scatter(_ caller: Caller, to name: String, body: ArraySlice<Frame>, peer: String?, now: UInt64) {
+    /// expect, from which workers. Unless another cell sent it, each other cell that offers
+    /// the service gets a copy too: it asks its own workers and says which, and its answers
+    /// come as theirs (``cellGatherPart``).
+    private mutating func scatter(_ caller: Caller, to name: String, body: ArraySlice<Frame>, peer: String?, forwarded: Bool, now: UInt64) {
         let asked = Service(name: Self.everyWorker + name)
         guard let service = services[name], name != KernelAPI.service, !MMI.isManagement(name) else {
             return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
         }
-        // Each worker with its name, made once, in the order of the names.
-        // This cell's workers: another cell's kernel is not one worker.
-        let chosen = workers.values.filter { $0.service === service && !$0.draining && $0.cell == nil }.map { ($0, Self.name(of: $0)) }.sorted { $0.1 < $1.1 }
+        // Each worker (and other cell's offer) with its name, made once, in the order of the
+        // names; a request another cell sent goes to this cell's workers only.
+        let chosen = workers.values.filter { $0.service === service && !$0.draining && (!forwarded || $0.cell == nil) }
+            .map { ($0, Self.name(of: $0)) }.sorted { $0.1 < $1.1 }
         guard !chosen.isEmpty else {
             return reply(to: caller, service: asked.name, body: body, error: JSONRPCError(
                 code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(name)'"))
@@ -652,16 +683,25 @@ struct Broker: ~Copyable {
         let stream = Request(client: caller.client, version: caller.version, owner: owner, body: body, deadline: 0, received: now)
         var id = JSONRPCID.null
         if body.count == 1, case .single(.request(let request)) = JSONRPC.parseRequests(body.first!.bytes) { id = request.id ?? .null }
-        let names = chosen.map(\.1)
-        let gather = Gather(stream: stream, asked: asked, id: id, workers: names, deadline: now + timeouts.queue)
+        let gather = Gather(stream: stream, asked: asked, id: id, workers: chosen.map(\.1), deadline: now + timeouts.queue)
         gathers.append(gather)
-        let notice: JSONValue = ["expected": .int(Int64(names.count)), "workers": .array(names.map(JSONValue.string))]
-        relayPart([Frame(JSONRPC.partReply(id: id, partText: notice.jsonBytes))], of: stream, service: asked)
+        let local = chosen.filter { $0.0.cell == nil }.map(\.1)
+        var notice: [String: JSONValue] = ["expected": .int(Int64(local.count)), "workers": .array(local.map(JSONValue.string))]
+        let cells = chosen.compactMap { $0.0.cell }
+        if !cells.isEmpty { notice["cells"] = .array(cells.map(JSONValue.string)) }
+        relayPart([Frame(JSONRPC.partReply(id: id, partText: JSONValue.object(notice).jsonBytes))], of: stream, service: asked)
         for (worker, name) in chosen {
             let copy = Request(client: caller.client, version: caller.version, owner: owner, peer: peer, body: body, deadline: gather.deadline, received: now)
             copy.gather = (gather, name)
-            if worker.hasRoom, let place = service.idle.firstIndex(where: { $0 === worker }) {
+            if let cell = worker.cell {
+                gather.cellOf[name] = cell
+                cellStats[cell, default: ServiceStats()].requests += 1
+            }
+            if worker.hasRoom, worker.cell == nil, let place = service.idle.firstIndex(where: { $0 === worker }) {
                 service.idle.remove(at: place)
+                send(copy, to: worker)
+            } else if worker.hasRoom, worker.cell != nil, let place = service.cellsIdle.firstIndex(where: { $0 === worker }) {
+                service.cellsIdle.remove(at: place)
                 send(copy, to: worker)
             } else {
                 worker.gatherCopies.append(copy)
@@ -683,30 +723,83 @@ struct Broker: ~Copyable {
     }
 
     /// The frame that comes first in each part relaying a worker's answer.
-    static func tag(_ worker: String, partial: Bool = false) -> Frame {
-        let tag: JSONValue = partial ? ["worker": .string(worker), "partial": true] : ["worker": .string(worker)]
-        return Frame(tag.jsonBytes)
+    static func tag(_ worker: String, cell: String? = nil, partial: Bool = false) -> Frame {
+        var tag: [String: JSONValue] = ["worker": .string(worker)]
+        if let cell { tag["cell"] = .string(cell) }
+        if partial { tag["partial"] = true }
+        return Frame(JSONValue.object(tag).jsonBytes)
     }
 
     private mutating func gatherAnswered(_ gather: Gather, by worker: String, body: ArraySlice<Frame>) {
         guard !gather.finished, gather.waiting.remove(worker) != nil else { return }
         gather.answered += 1
-        relayPart([Self.tag(worker)] + body, of: gather.stream, service: gather.asked)
+        relayPart([Self.tag(worker, cell: gather.cellOf[worker])] + body, of: gather.stream, service: gather.asked)
         if gather.waiting.isEmpty { finish(gather) }
     }
 
-    /// `worker` will not answer `gather`: it died, or left.
+    /// `worker` will not answer `gather`: it died, or left. Another cell's offer that does
+    /// not answer leaves its workers' answers missing with it.
     private mutating func gatherMissing(_ gather: Gather, _ worker: String, _ reason: String) {
-        guard !gather.finished, gather.waiting.remove(worker) != nil else { return }
-        gather.missing.append((worker, reason))
+        guard !gather.finished else { return }
+        for name in [worker] + (gather.askedByCell[worker] ?? []) where gather.waiting.remove(name) != nil {
+            gather.missing.append(.init(worker: name, cell: gather.cellOf[name], reason: reason))
+        }
         if gather.waiting.isEmpty { finish(gather) }
+    }
+
+    /// A part from another cell's offer of a request to every worker: first which of its
+    /// workers it asked (told to the client as a part naming the cell), then each worker's
+    /// answer, or one of its parts, tagged with the worker as that cell's kernel tags it.
+    private mutating func cellGatherPart(_ gather: Gather, offer: String, cell: String, body: ArraySlice<Frame>) {
+        guard !gather.finished else { return }
+        if gather.askedByCell[offer] == nil {
+            guard body.count == 1, let notice = try? JSONRPC.parsePart(body.first!.bytes).part,
+                  let names = notice["workers"]?.arrayValue?.compactMap(\.stringValue), !names.isEmpty, gather.waiting.remove(offer) != nil else {
+                return gatherMissing(gather, offer, "unavailable")
+            }
+            // Its answers replace the one the offer stood for; a name already awaited here is
+            // not awaited twice.
+            let new = names.filter { !gather.waiting.contains($0) }
+            gather.askedByCell[offer] = new
+            gather.expected += new.count - 1
+            for name in new {
+                gather.waiting.insert(name)
+                gather.cellOf[name] = cell
+            }
+            let said: JSONValue = ["cell": .string(cell), "expected": .int(Int64(new.count)), "workers": .array(new.map(JSONValue.string))]
+            relayPart([Frame(JSONRPC.partReply(id: gather.id, partText: said.jsonBytes))], of: gather.stream, service: gather.asked)
+            if gather.waiting.isEmpty { finish(gather) }
+            return
+        }
+        guard body.count >= 2, let tag = try? JSONValue(parsing: body.first!.bytes), let worker = tag["worker"]?.stringValue,
+              gather.askedByCell[offer]?.contains(worker) == true else { return }
+        if tag["partial"] == true {
+            if gather.waiting.contains(worker) { relayPart([Self.tag(worker, cell: cell, partial: true)] + body.dropFirst(), of: gather.stream, service: gather.asked) }
+        } else {
+            gatherAnswered(gather, by: worker, body: body.dropFirst())
+        }
+    }
+
+    /// The FINAL from another cell's offer of a request to every worker: its workers that
+    /// did not answer, with why; any it does not account for are timed out; one that asked
+    /// none (it answered an error) is `unavailable`.
+    private mutating func cellGatherEnded(_ gather: Gather, offer: String, body: ArraySlice<Frame>) {
+        guard !gather.finished else { return }
+        if body.count == 1, let response = try? JSONRPC.parseResponses(body.first!.bytes).first, case .success(let summary) = response.outcome {
+            for entry in summary["missing"]?.arrayValue ?? [] {
+                guard let worker = entry["worker"]?.stringValue, let reason = entry["reason"]?.stringValue,
+                      gather.askedByCell[offer]?.contains(worker) == true else { continue }
+                gatherMissing(gather, worker, reason)
+            }
+        }
+        gatherMissing(gather, offer, gather.askedByCell[offer] == nil ? "unavailable" : "timed_out")
     }
 
     /// The FINAL: how many were expected and answered, and who did not answer, and why.
     private mutating func finish(_ gather: Gather) {
         gather.finished = true
         gathers.removeAll { $0 === gather }
-        for name in gather.waiting.sorted() { gather.missing.append((name, "timed_out")) }
+        for name in gather.waiting.sorted() { gather.missing.append(.init(worker: name, cell: gather.cellOf[name], reason: "timed_out")) }
         gather.waiting = []
         queuedBytes -= gather.stream.size
         for worker in workers.values where !worker.gatherCopies.isEmpty {
@@ -715,7 +808,11 @@ struct Broker: ~Copyable {
         }
         let summary: JSONValue = [
             "expected": .int(Int64(gather.expected)), "answered": .int(Int64(gather.answered)),
-            "missing": .array(gather.missing.map { ["worker": .string($0.worker), "reason": .string($0.reason)] }),
+            "missing": .array(gather.missing.map { missing in
+                var entry: [String: JSONValue] = ["worker": .string(missing.worker), "reason": .string(missing.reason)]
+                if let cell = missing.cell { entry["cell"] = .string(cell) }
+                return .object(entry)
+            }),
         ]
         endStream(gather.stream, service: gather.asked, final: [Frame(JSONRPC.resultReply(id: gather.id, resultText: summary.jsonBytes))])
     }

@@ -167,12 +167,17 @@ final class CellLinks {
             // The first frame is who sent it, as the other kernel authenticated it (asked
             // with `callers=1`); the sender's rights here are that key's, as this kernel
             // ranks it (its ZAP user id, which says only whether it is a worker's).
+            // A caller frame that starts `all:` marks a copy of a request to every worker:
+            // this cell's workers are each asked in turn.
             guard !body.isEmpty else { return }
-            let peer = CallerIdentity(body[0].string ?? "").map { caller in
+            var sender = Substring(body[0].string ?? "")
+            let everyWorker = sender.hasPrefix(MDP.everyWorkerPrefix)
+            if everyWorker { sender = sender.dropFirst(MDP.everyWorkerPrefix.count) }
+            let peer = CallerIdentity(sender).map { caller in
                 (caller.rank == .worker ? ZAPHandler.workerPrefix : ZAPHandler.clientPrefix) + caller.key
             }
-            parts.broker.handleForwarded(Broker.Caller(client: Self.linkClient(offer: id, client: client), version: .v02), service: offer.service,
-                                         body: body[1...], peer: peer, now: now)
+            parts.broker.handleForwarded(Broker.Caller(client: Self.linkClient(offer: id, client: client), version: .v02),
+                                         service: everyWorker ? MDP.everyWorkerPrefix + offer.service : offer.service, body: body[1...], peer: peer, now: now)
         case .disconnect?:
             // That kernel dropped this worker (it restarted, found it silent, or refused its
             // key): offered again at the next heartbeat.

@@ -36,6 +36,8 @@ struct Request: AsyncParsableCommand {
             {"part": {"expected", "workers"}} first, then one {"part": {"worker", "result"}} (or "error") per
             answer as it comes, then {"end": {"expected", "answered", "missing"}}: the workers that did not answer
             (they died, drained, or did not answer within the kernel's queue timeout) are in "missing" with why.
+            Other cells that offer the service are asked too: each says its workers in a part with "cell", and
+            their answers and missing workers carry their cell.
             """,
         aliases: ["req"]
     )
