@@ -406,7 +406,7 @@ let package = Package(
         ),
         .testTarget(
             name: "BusKitTests",
-            dependencies: ["Contracts", "BusKit", "BusProtocol", "EchoService", "Kernel", "SwitchboardTestSupport", "ZeroMQ",
+            dependencies: ["Contracts", "BusKit", "BusProtocol", "EchoService", "Etcd", "Kernel", "SwitchboardTestSupport", "ZeroMQ",
                            .product(name: "Logging", package: "swift-log"),
                            .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                            .product(name: "W3CTraceContext", package: "swift-w3c-trace-context")],

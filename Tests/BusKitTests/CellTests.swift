@@ -2,6 +2,7 @@ import BusKit
 import BusProtocol
 import Contracts
 import EchoService
+import Etcd
 import Foundation
 import Kernel
 import SwitchboardTestSupport
@@ -315,6 +316,45 @@ struct CellTests {
         await a.stop()
     }
 
+    @Test("requests for a service only other cells serve are spread by the workers the directory counts in each: a cell with three echo workers is handed more than twice what one with one worker gets")
+    func spreadByDirectory() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        let settings = etcdSettings(on: etcd, prefix: "/sb-test/spreading-cells")
+        let a = try await TestKernel.start(cell("a", on: settings))
+        let b = try await TestKernel.start(cell("b", on: settings))
+        let c = try await TestKernel.start(cell("c", on: settings))
+        let hosts = [try echo("b", at: b)] + (try (1...3).map { _ in try echo("c", at: c) })
+        for host in hosts { try await host.start() }
+        try await b.workers(EchoAPI.service)
+        try await c.workers(EchoAPI.service, atLeast: 3)
+        let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(15))
+        let directory = try EtcdClient(endpoints: etcd.clientURLs)
+        try await eventually(10, "cell c's record counts three echo workers, and both cells offer echo to cell a") {
+            let record = try await directory.range(Array("/sb-test/spreading-cells/c".utf8)).keyValues.first.map { try JSONValue(parsing: $0.value) }
+            guard record?["services"]?[EchoAPI.service] == 3 else { return false }
+            return try await client.call(KernelAPI.servicesList).services.first { $0.name == EchoAPI.service }?.cells == ["b", "c"]
+        }
+        await directory.close()
+
+        // 400 requests that each take 20 ms, 40 at a time: each offer's window (64) would take
+        // them alike; counted by what cell a handed each cell.
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for sent in 0..<400 {
+                if sent >= 40 { try await group.next() }
+                group.addTask { _ = try await client.call(EchoAPI.sleep, .init(ms: 20)) }
+            }
+            try await group.waitForAll()
+        }
+        let handed = try #require(try await client.call(KernelAPI.stats).cell?.peers).mapValues(\.sent)
+        #expect(handed.values.reduce(0, +) == 400)
+        #expect(handed["c", default: 0] > 2 * handed["b", default: 0], "\(handed)")
+
+        await client.close()
+        for host in hosts { await host.stop() }
+        for kernel in [c, b, a] { await kernel.stop() }
+    }
+
     @Test("with CURVE the sender's key crosses with its request: a worker in cell b that asks who sent it is told the key of the client of cell a")
     func callerCrosses() async throws {
         let etcd = try await TestEtcd.start()
@@ -330,6 +370,8 @@ struct CellTests {
         let b = try await TestKernel.start { configuration in
             cell("b", on: settings)(&configuration)
             configuration.security = KernelSecurity(secretKey: keysB.secretKey, clientKeys: [clientPair.publicKey], workerKeys: [workerPair.publicKey, keysA.publicKey])
+            // The test's worker sends no heartbeats: b lets it be silent for 10 s.
+            configuration.heartbeatLiveness = 100
         }
         let context = try ZMQContext()
         let worker = try ZMQSocket(context, .dealer)

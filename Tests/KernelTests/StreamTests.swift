@@ -430,7 +430,7 @@ struct CellRoutingTests {
         var broker = broker()
         broker.handle(fromWorker("cell-b/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "b")), now: 0)
         let service = try #require(broker.services["svc"])
-        #expect(service.workers == 0 && service.cellOffers == 1)
+        #expect(service.workers == 0 && service.offers.count == 1)
         // A client's share is of the places it is asked through: the offer's while it alone serves.
         #expect(broker.clientShare(of: service) == 57)
         #expect(broker.takeEvents().isEmpty, "another cell's offer is not a worker of this cell")
@@ -444,9 +444,33 @@ struct CellRoutingTests {
         // Busy here: they wait for this cell's worker rather than cross.
         for id in 5...6 { broker.handle(fromClient("E", "svc", request(id)), now: 0) }
         #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["W"])
-        // A request to every worker goes to this cell's workers only.
+        // A request to every worker goes to this cell's workers (W, once it has a free
+        // place) and to the other cell, whose workers it names later.
         broker.handle(fromClient("G", "all:svc", request(7)), now: 0)
-        #expect(Sent(broker.outbox.take()).toClients.first?.body.first?.contains(#""workers":["W"]"#) == true)
+        let scattered = Sent(broker.outbox.take())
+        #expect(scattered.toClients.first?.body.first?.contains(#""workers":["W"]"#) == true)
+        #expect(scattered.toClients.first?.body.first?.contains(#""cells":["b"]"#) == true)
+        #expect(scattered.requests.map(\.worker) == ["cell-b/svc/1"])
+    }
+
+    @Test("among other cells, each request goes to the one that would hold the fewest for each worker its directory record counts; the one asked longest ago among equals")
+    func spreadByWorkers() throws {
+        var broker = broker()
+        broker.handle(fromWorker("cell-b/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "b")), now: 0)
+        broker.handle(fromWorker("cell-c/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "c")), now: 0)
+        broker.cellWorkers = ["b": ["svc": 1], "c": ["svc": 3]]
+        for id in 1...8 { broker.handle(fromClient("C\(id)", "svc", request(id)), now: 0) }
+        // In flight plus one, over the workers: c 1/3 < b 1/1, c 2/3 < 1, equal (b, asked
+        // longest ago), c 3/3 < b 2/1, c 4/3 < 2, c 5/3 < 2, equal (b), c 7/3 < b 3: six to
+        // c for two to b, as their workers.
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["cell-c/svc/1", "cell-c/svc/1", "cell-b/svc/1", "cell-c/svc/1", "cell-c/svc/1",
+                                                                    "cell-c/svc/1", "cell-b/svc/1", "cell-c/svc/1"])
+        // Without a count in the directory, a cell counts as one worker: alike, in turn.
+        var fresh = self.broker()
+        fresh.handle(fromWorker("cell-b/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "b")), now: 0)
+        fresh.handle(fromWorker("cell-c/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "c")), now: 0)
+        for id in 1...4 { fresh.handle(fromClient("C\(id)", "svc", request(id)), now: 0) }
+        #expect(Sent(fresh.outbox.take()).requests.map(\.worker) == ["cell-b/svc/1", "cell-c/svc/1", "cell-b/svc/1", "cell-c/svc/1"])
     }
 
     @Test("a request another cell sent is served by this cell's workers, and answered -32001 at once where only a cell offers it")

@@ -181,14 +181,14 @@ struct Broker: ~Copyable {
         /// Workers with room for a request, least recently used first; a worker with a
         /// window is in it once per free place.
         var idle: Deque<Worker> = []
-        /// Other cells' kernels offering it, the same way: asked only while ``workers`` is 0.
-        var cellsIdle: Deque<Worker> = []
+        /// Other cells' kernels that offer it (``Worker/cell``), draining ones not counted,
+        /// least recently asked first: asked only while ``workers`` is 0
+        /// (``Broker/leastLoadedOffer(of:)``).
+        var offers: [Worker] = []
         /// Its workers that take requests (a draining one no longer counts), in this cell.
         var workers = 0
-        /// Other cells' kernels that offer it (``Worker/cell``), draining ones not counted.
-        var cellOffers = 0
         /// Whether a request for it can be served now, here or by another cell.
-        var isServed: Bool { workers > 0 || cellOffers > 0 }
+        var isServed: Bool { workers > 0 || !offers.isEmpty }
         /// Places of the workers it is asked through (the sum of their windows: this cell's,
         /// or while it has none the other cells' offers): no client may hold more than its
         /// share of them (``Broker/clientShare(of:)``).
@@ -212,8 +212,7 @@ struct Broker: ~Copyable {
                 for _ in 0..<worker.window { idle.append(worker) }
             } else {
                 cellPlaces += worker.window
-                cellOffers += 1
-                for _ in 0..<worker.window { cellsIdle.append(worker) }
+                offers.append(worker)
             }
         }
 
@@ -225,8 +224,7 @@ struct Broker: ~Copyable {
                 idle.removeAll { $0 === worker }
             } else {
                 cellPlaces -= worker.window
-                cellOffers -= 1
-                cellsIdle.removeAll { $0 === worker }
+                offers.removeAll { $0 === worker }
             }
         }
     }
@@ -354,7 +352,7 @@ struct Broker: ~Copyable {
         for service in services.values {
             service.requests.removeAll()
             service.idle.removeAll()
-            service.cellsIdle.removeAll()
+            service.offers.removeAll()
         }
     }
 
@@ -629,7 +627,7 @@ struct Broker: ~Copyable {
             stopWaiting([copy])
             send(copy, to: worker)
         } else {
-            if worker.cell == nil { worker.service.idle.append(worker) } else { worker.service.cellsIdle.append(worker) }
+            if worker.cell == nil { worker.service.idle.append(worker) }
             dispatch(worker.service, now: now)
         }
     }
@@ -700,8 +698,7 @@ struct Broker: ~Copyable {
             if worker.hasRoom, worker.cell == nil, let place = service.idle.firstIndex(where: { $0 === worker }) {
                 service.idle.remove(at: place)
                 send(copy, to: worker)
-            } else if worker.hasRoom, worker.cell != nil, let place = service.cellsIdle.firstIndex(where: { $0 === worker }) {
-                service.cellsIdle.remove(at: place)
+            } else if worker.hasRoom, worker.cell != nil {
                 send(copy, to: worker)
             } else {
                 worker.gatherCopies.append(copy)
@@ -876,17 +873,14 @@ struct Broker: ~Copyable {
             queuedBytes -= request.size
             send(request, to: worker)
         }
-        if service.workers == 0, !service.cellsIdle.isEmpty { dispatchToCells(service, share: share, now: now) }
+        if service.workers == 0, !service.offers.isEmpty { dispatchToCells(service, share: share, now: now) }
     }
 
-    /// Hands waiting requests to other cells' kernels, for a service with no worker here; one
-    /// another cell sent here is answered -32001 instead (it crosses one link at most).
+    /// Hands waiting requests to other cells' kernels, for a service with no worker here, each
+    /// to the least loaded; one another cell sent here is answered -32001 instead (it crosses
+    /// one link at most).
     private mutating func dispatchToCells(_ service: Service, share: Int, now: UInt64) {
-        while !service.requests.isEmpty, let link = service.cellsIdle.first {
-            guard link.hasRoom else {
-                service.cellsIdle.removeFirst()
-                continue
-            }
+        while !service.requests.isEmpty, let link = leastLoadedOffer(of: service) {
             guard let request = service.requests.next(share: share, now: now) else { break }
             queuedBytes -= request.size
             guard !request.forwarded else {
@@ -895,10 +889,32 @@ struct Broker: ~Copyable {
                     code: JSONRPCError.serviceUnavailableCode, message: "Service unavailable: no worker offers '\(service.name)' in the cell another cell sent this request to"))
                 continue
             }
-            service.cellsIdle.removeFirst()
+            // Asked last: among offers as loaded, the one asked longest ago goes first.
+            service.offers.removeAll { $0 === link }
+            service.offers.append(link)
             cellStats[link.cell ?? "", default: ServiceStats()].requests += 1
             send(request, to: link)
         }
+    }
+
+    /// Workers of each service in each other cell, as the cells' records in the directory
+    /// say (cell, then service): what ``leastLoadedOffer(of:)`` weighs offers by.
+    var cellWorkers: [String: [String: Int]] = [:]
+
+    /// The offer with room whose cell would hold the fewest requests for each of its workers
+    /// of the service once handed this one (its requests in flight, plus one, over the
+    /// workers its record counts; one when it says none): a cell with three workers is handed
+    /// about three requests for each one a cell with one worker gets, whatever each offer's
+    /// window.
+    private func leastLoadedOffer(of service: Service) -> Worker? {
+        var best: Worker?, bestLoad = 0, bestWorkers = 1
+        for offer in service.offers where offer.hasRoom {
+            let workers = max(1, offer.cell.flatMap { cellWorkers[$0]?[service.name] } ?? 1)
+            let load = offer.inFlight.count + 1
+            // load / workers < bestLoad / bestWorkers, without division.
+            if best == nil || load * bestWorkers < bestLoad * workers { (best, bestLoad, bestWorkers) = (offer, load, workers) }
+        }
+        return best
     }
 
     /// The places of `service` one client may hold at once (`kernel.client_share_percent`

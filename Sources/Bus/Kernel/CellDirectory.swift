@@ -52,11 +52,15 @@ final class CellDirectory: Sendable {
         return String(decoding: key.dropFirst(prefix.count), as: UTF8.self)
     }
 
-    /// The cell a record names: nil when it is not one (written by someone else). Its
-    /// services are for the operators who read the directory.
-    static func peer(_ value: [UInt8]) -> CellLinks.Peer? {
+    /// The cell a record names, and its workers of each service: nil when it is not one
+    /// (written by someone else).
+    static func peer(_ value: [UInt8]) -> (peer: CellLinks.Peer, workers: [String: Int])? {
         guard let record = try? JSONValue(parsing: value), let broker = record["broker"]?.stringValue else { return nil }
-        return CellLinks.Peer(broker: broker, key: record["key"]?.stringValue)
+        var workers: [String: Int] = [:]
+        if case .object(let services)? = record["services"] {
+            for (name, count) in services { if let count = count.intValue, count > 0 { workers[name] = Int(clamping: count) } }
+        }
+        return (CellLinks.Peer(broker: broker, key: record["key"]?.stringValue), workers)
     }
 
     /// etcd let the record's lease go (it was out of reach that long): a new one is granted.
@@ -108,6 +112,9 @@ extension Kernel {
                 let lease = try await directory.client.grantLease(ttl: Int64(seconds)).id
                 directory.lease.withLock { $0 = lease }
                 _ = try await directory.client.put(directory.key, directory.record(services: cellServices()), lease: lease)
+                // A rewrite for a change made meanwhile may have landed first: written once
+                // more, by the task that makes every rewrite, so the last write is the latest.
+                directory.changed.yield()
                 logger.info("this cell is in the directory", metadata: ["cell": "\(directory.cell.name)", "broker": "\(directory.broker)"])
                 while !Task.isCancelled {
                     try await Task.sleep(for: .seconds(seconds) / 3)
@@ -138,9 +145,9 @@ extension Kernel {
             do {
                 // Each record read once, as it comes: the others' by name.
                 let range = try await directory.client.range(prefix: directory.prefix)
-                var peers: [String: CellLinks.Peer] = [:]
-                for entry in range.keyValues { if let name = directory.cell(at: entry.key) { peers[name] = CellDirectory.peer(entry.value) } }
-                cellsChanged(peers)
+                var records: [String: (peer: CellLinks.Peer, workers: [String: Int])] = [:]
+                for entry in range.keyValues { if let name = directory.cell(at: entry.key) { records[name] = CellDirectory.peer(entry.value) } }
+                cellsChanged(records)
                 for try await update in directory.client.watch(prefix: directory.prefix, from: range.revision + 1) {
                     guard case .events(let events, _) = update else {
                         if case .compacted = update { break }
@@ -148,9 +155,9 @@ extension Kernel {
                     }
                     for event in events {
                         guard let name = directory.cell(at: event.keyValue.key) else { continue }
-                        peers[name] = event.kind == .delete ? nil : CellDirectory.peer(event.keyValue.value)
+                        records[name] = event.kind == .delete ? nil : CellDirectory.peer(event.keyValue.value)
                     }
-                    cellsChanged(peers)
+                    cellsChanged(records)
                 }
             } catch {
                 guard !Task.isCancelled else { return }
@@ -163,9 +170,11 @@ extension Kernel {
     /// This kernel's services with their workers here (not those other cells offer).
     private func cellServices() -> [(name: String, workers: Int)] { parts?.broker.workerCounts ?? [] }
 
-    private func cellsChanged(_ peers: [String: CellLinks.Peer]) {
+    /// The directory changed: the links follow the cells, the broker their workers' counts.
+    private func cellsChanged(_ records: [String: (peer: CellLinks.Peer, workers: [String: Int])]) {
         guard let parts, let cells = parts.cells else { return }
-        cells.peersChanged(peers, services: parts.localServices, now: clock.now)
+        parts.broker.cellWorkers = records.mapValues(\.workers)
+        cells.peersChanged(records.mapValues(\.peer), services: parts.localServices, now: clock.now)
         parts.flush()
     }
 }
