@@ -355,6 +355,29 @@ struct CellTests {
         for kernel in [c, b, a] { await kernel.stop() }
     }
 
+    @Test("with the state in memory a cell has one kernel: a second of the same cell is refused at start, naming the first; it starts once the first stopped, or when the record it finds names a broker where nothing listens")
+    func oneKernelPerCell() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        let settings = etcdSettings(on: etcd, prefix: "/sb-test/one-kernel-cells")
+        let first = try await TestKernel.start(cell("b", on: settings))
+        let directory = try EtcdClient(endpoints: etcd.clientURLs)
+        let record = Array("/sb-test/one-kernel-cells/b".utf8)
+        try await eventually(10, "cell b's record in the directory") { try await !directory.range(record).keyValues.isEmpty }
+        let refused = await #expect(throws: ZMQError.self) { try await TestKernel.start(cell("b", on: settings)) }
+        #expect(refused?.description.contains("cell b already has a kernel, at \(first.endpoints.broker)") == true, "\(String(describing: refused))")
+        await first.stop()
+        let second = try await TestKernel.start(cell("b", on: settings))
+        await second.stop()
+
+        // A record a killed kernel left (its lease has not run out), naming a broker where
+        // nothing listens: nothing to wait for.
+        _ = try await directory.put(record, Array(#"{"broker":"tcp://127.0.0.1:\#(freePort())","instance":"killed","services":{}}"#.utf8))
+        await directory.close()
+        let third = try await TestKernel.start(cell("b", on: settings))
+        await third.stop()
+    }
+
     @Test("with CURVE the sender's key crosses with its request: a worker in cell b that asks who sent it is told the key of the client of cell a")
     func callerCrosses() async throws {
         let etcd = try await TestEtcd.start()

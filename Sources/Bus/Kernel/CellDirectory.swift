@@ -81,6 +81,32 @@ extension Kernel {
         return advertised
     }
 
+    /// A cell whose state is in memory has one kernel (with the state in etcd a second one
+    /// waits for the cell's election instead): a record of the cell in the directory whose
+    /// broker does not refuse a connection means another kernel serves it, and this one is
+    /// refused rather than take turns with it in the directory. A record naming a broker
+    /// where nothing listens is a kernel that ended (this one's earlier run among them): its
+    /// lease runs out. With etcd out of reach the kernel starts, as it would without a
+    /// directory to follow.
+    func refuseSecondKernel(of cell: CellConfiguration) async throws {
+        var settings = EtcdClient.Settings(cell.etcd)
+        settings.requestTimeout = .seconds(2)
+        let client = try EtcdClient(settings: settings)
+        let key = cell.etcd.prefix + "/" + cell.name
+        let record: CellLinks.Peer?
+        do {
+            record = try await client.range(Array(key.utf8)).keyValues.first.flatMap { CellDirectory.peer($0.value)?.peer }
+        } catch {
+            logger.warning("cannot read the cells' directory: starting without knowing whether another kernel serves this cell", metadata: ["error": "\(error)"])
+            record = nil
+        }
+        await client.close()
+        guard let record, await !Self.refusesConnection(record.broker) else { return }
+        throw ZMQError(call: "kernel.cell: cell \(cell.name) already has a kernel, at \(record.broker) (its record \(key) in etcd is alive). "
+                       + "A cell whose state is in memory has one kernel: give this one another cell name, or keep the state in etcd "
+                       + "(kernel.state.backend: etcd), where a second kernel of a cell waits to take over (docs/CELLS.md)", code: EADDRINUSE)
+    }
+
     /// Joins the directory: writes this cell's record and follows the others', until
     /// ``leaveCells(_:)``.
     func joinCells(_ directory: CellDirectory) {

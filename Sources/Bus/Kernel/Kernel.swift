@@ -93,6 +93,17 @@ public actor Kernel: BusService {
         case .idle: break
         }
         guard let settings = configuration.stateEtcd else {
+            if let cell = configuration.cell {
+                phase = .starting
+                do {
+                    try await refuseSecondKernel(of: cell)
+                } catch {
+                    if case .starting = phase { phase = .idle }
+                    throw error
+                }
+                guard case .starting = phase else { throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF) }
+                phase = .idle
+            }
             return try bind(KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger))
         }
         guard configuration.pair == nil else {
