@@ -37,11 +37,11 @@ struct HotPathCostTests {
     /// The kernel's loop thread, per CHP update to one subscriber (16.0, 196, 212, 127).
     static let kernelUpdate = Counts(allocations: 16.5, retains: 202, releases: 219, accessChecks: 131)
     /// Per `BusClient.call` to a hosted echo method, one at a time, the client's process and
-    /// the host's, each counted whole (the kernel in a third). Threads meet differently from
-    /// call to call (a reply that comes before its caller waits needs no continuation): the
-    /// client 42.7-43.1 allocations, 217-220 retains, 247-251 releases, 115-118 checks counted
-    /// on an idle machine; the host 55.6-55.8, 316, 354-355, 134-135. So these bounds catch
-    /// a few more a call, not one; the kernel's catch one.
+    /// the host's, each counted whole (the kernel in a third), the least of three windows.
+    /// Threads meet differently from call to call (a reply that comes before its caller waits
+    /// needs no continuation): the client 42.7-43.1 allocations, 217-220 retains, 247-251
+    /// releases, 115-118 checks counted on an idle machine; the host 55.6-55.8, 316, 354-355,
+    /// 134-135. So these bounds catch a few more a call, not one; the kernel's catch one.
     static let clientCall = Counts(allocations: 45.5, retains: 232, releases: 264, accessChecks: 124)
     static let hostCall = Counts(allocations: 59, retains: 330, releases: 370, accessChecks: 145)
 
