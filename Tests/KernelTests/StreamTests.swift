@@ -471,6 +471,13 @@ struct CellRoutingTests {
         fresh.handle(fromWorker("cell-c/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "c")), now: 0)
         for id in 1...4 { fresh.handle(fromClient("C\(id)", "svc", request(id)), now: 0) }
         #expect(Sent(fresh.outbox.take()).requests.map(\.worker) == ["cell-b/svc/1", "cell-c/svc/1", "cell-b/svc/1", "cell-c/svc/1"])
+        // A record in etcd that says any number: weighed as a great many, never overflowing.
+        var told = self.broker()
+        told.handle(fromWorker("cell-b/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "b")), now: 0)
+        told.handle(fromWorker("cell-c/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "c")), now: 0)
+        told.cellWorkers = ["b": ["svc": Int.max], "c": ["svc": Int.max]]
+        for id in 1...4 { told.handle(fromClient("C\(id)", "svc", request(id)), now: 0) }
+        #expect(Sent(told.outbox.take()).requests.map(\.worker) == ["cell-b/svc/1", "cell-c/svc/1", "cell-b/svc/1", "cell-c/svc/1"])
     }
 
     @Test("a request another cell sent is served by this cell's workers, and answered -32001 at once where only a cell offers it")

@@ -900,6 +900,8 @@ struct Broker: ~Copyable {
     /// Workers of each service in each other cell, as the cells' records in the directory
     /// say (cell, then service): what ``leastLoadedOffer(of:)`` weighs offers by.
     var cellWorkers: [String: [String: Int]] = [:]
+    /// More workers than any cell has; a record that says more is weighed as this many.
+    static let mostCellWorkersWeighed = 1 << 20
 
     /// The offer with room whose cell would hold the fewest requests for each of its workers
     /// of the service once handed this one (its requests in flight, plus one, over the
@@ -909,7 +911,9 @@ struct Broker: ~Copyable {
     private func leastLoadedOffer(of service: Service) -> Worker? {
         var best: Worker?, bestLoad = 0, bestWorkers = 1
         for offer in service.offers where offer.hasRoom {
-            let workers = max(1, offer.cell.flatMap { cellWorkers[$0]?[service.name] } ?? 1)
+            // The count is what a record in etcd says: weighed up to a bound, so the products
+            // below (in flight at most a window, 4096) cannot overflow.
+            let workers = min(max(1, offer.cell.flatMap { cellWorkers[$0]?[service.name] } ?? 1), Self.mostCellWorkersWeighed)
             let load = offer.inFlight.count + 1
             // load / workers < bestLoad / bestWorkers, without division.
             if best == nil || load * bestWorkers < bestLoad * workers { (best, bestLoad, bestWorkers) = (offer, load, workers) }
