@@ -33,9 +33,12 @@ final class CellDirectory: Sendable {
         self.curveKey = curveKey
         self.instance = instance
         prefix = Array((cell.etcd.prefix + "/").utf8)
-        key = prefix + Array(cell.name.utf8)
+        key = Self.key(of: cell)
         (changes, changed) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
+
+    /// Where `cell`'s record is: `PREFIX/NAME`.
+    static func key(of cell: CellConfiguration) -> [UInt8] { Array((cell.etcd.prefix + "/" + cell.name).utf8) }
 
     /// This cell's record: where its broker is, its key, its services and their workers here.
     func record(services: [(name: String, workers: Int)]) -> [UInt8] {
@@ -92,17 +95,17 @@ extension Kernel {
         var settings = EtcdClient.Settings(cell.etcd)
         settings.requestTimeout = .seconds(2)
         let client = try EtcdClient(settings: settings)
-        let key = cell.etcd.prefix + "/" + cell.name
+        let key = CellDirectory.key(of: cell)
         let record: CellLinks.Peer?
         do {
-            record = try await client.range(Array(key.utf8)).keyValues.first.flatMap { CellDirectory.peer($0.value)?.peer }
+            record = try await client.range(key).keyValues.first.flatMap { CellDirectory.peer($0.value)?.peer }
         } catch {
             logger.warning("cannot read the cells' directory: starting without knowing whether another kernel serves this cell", metadata: ["error": "\(error)"])
             record = nil
         }
         await client.close()
         guard let record, await !Self.refusesConnection(record.broker) else { return }
-        throw ZMQError(call: "kernel.cell: cell \(cell.name) already has a kernel, at \(record.broker) (its record \(key) in etcd is alive). "
+        throw ZMQError(call: "kernel.cell: cell \(cell.name) already has a kernel, at \(record.broker) (its record \(String(decoding: key, as: UTF8.self)) in etcd is alive). "
                        + "A cell whose state is in memory has one kernel: give this one another cell name, or keep the state in etcd "
                        + "(kernel.state.backend: etcd), where a second kernel of a cell waits to take over (docs/CELLS.md)", code: EADDRINUSE)
     }
