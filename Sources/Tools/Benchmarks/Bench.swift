@@ -64,6 +64,17 @@ func say(_ line: String) {
 }
 
 /// Writes a progress line to standard error.
+/// The user and system CPU time the process `pid` has used so far, from `/proc/PID/stat`
+/// (Linux; nil elsewhere or once it ended).
+func cpuSeconds(of pid: Int32) -> Double? {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return nil }
+    // Fields after the command's closing parenthesis, from the third: utime is the 14th, stime the 15th.
+    let fields = stat[stat.index(after: close)...].split(separator: " ")
+    guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+}
+
 func progress(_ line: String) {
     FileHandle.standardError.write(Data((line + "\n").utf8))
 }

@@ -8,21 +8,33 @@ import Kernel
 import SwitchboardTestSupport
 import ZeroMQ
 
-/// A request that crosses to another cell (docs/CELLS.md) against the same request in one
-/// cell, in the same run: two kernels on one etcd, the echo service in cell b only, the same
-/// clients asking b's kernel, then a's. Each row's ratio is to the one-cell row above it.
+/// What cells cost and what they add (docs/CELLS.md), each against one cell in the same run.
+/// A request that crosses to another cell against the same request in one cell: two kernels
+/// on one etcd, the echo service in cell b only, the same clients asking b's kernel, then a's.
+/// Two cells serving one service together against one cell alone: ``together(_:)``. Each
+/// row's ratio is to the one-cell row above it.
 struct CellsBenchmark: AsyncParsableCommand {
     typealias Measured = (rate: Double, latencies: Histogram<UInt64>)
 
     static let configuration = CommandConfiguration(
         commandName: "cells",
-        abstract: "Echo requests across two cells against the same in one cell: one at a time (p50) and pipelined (rate)."
+        abstract: "Echo requests across two cells against the same in one cell (p50 one at a time, pipelined rate); two cells serving one service against one."
     )
 
     @Option(help: "Seconds each measurement runs.")
     var seconds = 3.0
     @Option(help: "Requests in flight for the pipelined rows.")
     var inFlight = 64
+    @Option(help: "The share of one core each cell's processes may use in the rows of two cells together (a control group's quota; needs root).")
+    var cellCores = 0.5
+    @Option(help: "Requests each C client sends in the rows of two cells together.")
+    var requests = 200_000
+    @Option(help: "Rounds of the rows of two cells together, one cell and two alternating; the median is reported.")
+    var runs = 3
+
+    func validate() throws {
+        guard cellCores > 0.05, cellCores <= 1 else { throw ValidationError("--cell-cores: expected a share of one core, 0.05 to 1") }
+    }
 
     func run() async throws { printTable(try await measure()) }
 
@@ -59,6 +71,7 @@ struct CellsBenchmark: AsyncParsableCommand {
         await host.stop()
         await a.stop()
         await b.stop()
+        let together = try await together(cluster)
         let p50 = Double(crossing.one.latencies.valueAtPercentile(50)) / Double(max(1, local.one.latencies.valueAtPercentile(50)))
         return [
             Row("one cell: one at a time", rate: local.one.rate, latencies: local.one.latencies),
@@ -66,6 +79,114 @@ struct CellsBenchmark: AsyncParsableCommand {
             Row("one cell: \(inFlight) in flight", rate: local.pipelined.rate, latencies: local.pipelined.latencies),
             Row("across cells: \(inFlight) in flight", rate: crossing.pipelined.rate, latencies: crossing.pipelined.latencies,
                 note: String(format: "%.2fx one cell's rate", crossing.pipelined.rate / local.pipelined.rate)),
+        ] + together
+    }
+
+    /// Two cells serving one service together against one cell alone. Each cell is a kernel
+    /// process and a C window worker of the service, confined to a CPU of its own and to
+    /// `cellCores` of it (``CPUBudget``), so that the cells, not the load, are what is measured:
+    /// the C clients are not confined and have the rest of the machine. One C client asks each
+    /// cell's kernel, whose own worker answers (a cell prefers its own workers): one cell is
+    /// cell a with its client, two cells both with theirs, at once.
+    private func together(_ cluster: TestEtcd) async throws -> [Row] {
+        if let why = CPUBudget.unavailable {
+            progress("two cells together: left out, \(why)")
+            return []
+        }
+        guard ProcessInfo.processInfo.activeProcessorCount >= 2 else {
+            progress("two cells together: left out, a CPU for each cell needs two")
+            return []
+        }
+        let baseline = productsDirectory().appendingPathComponent("zmq-baseline")
+        guard FileManager.default.isExecutableFile(atPath: baseline.path) else {
+            throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
+        }
+        progress("cells benchmark: two cells together, each on a CPU of its own with \(cellCores) of it, \(runs) rounds of \(requests) requests a client")
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("switchboard-bench-cells-\(getpid())")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        var cells: [(broker: String, budget: CPUBudget, processes: [ChildProcess])] = []
+        defer {
+            for cell in cells { for process in cell.processes { process.stop(grace: 2) } }
+            for cell in cells { cell.budget.remove() }
+            try? FileManager.default.removeItem(at: folder)
+        }
+        for (cpu, name) in ["a", "b"].enumerated() {
+            let budget = try CPUBudget(name: "switchboard-bench-cell-\(name)-\(getpid())", cpu: cpu, cores: cellCores)
+            let ports = (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" }
+            let configuration = folder.appendingPathComponent("cell-\(name).yaml")
+            try """
+            kernel:
+              broker: \(ports[0])
+              snapshot: \(ports[1])
+              publisher: \(ports[2])
+              collector: \(ports[3])
+              cell:
+                name: \(name)
+                etcd:
+                  endpoints: [\(cluster.clientURLs.joined(separator: ", "))]
+                  prefix: /bench/cells-together
+            """.write(to: configuration, atomically: true, encoding: .utf8)
+            let kernel = try ChildProcess(switchboardExecutable(), ["kernel", "--config", configuration.path, "--log-level", "error"])
+            cells.append((ports[0], budget, [kernel]))
+            try budget.add(kernel.pid)
+            let worker = try ChildProcess(baseline, ["mdp-worker", ports[0], "window", "1", "1000"])
+            cells[cells.count - 1].processes.append(worker)
+            try budget.add(worker.pid)
+        }
+        // Until each kernel has its worker: the clients' requests would otherwise wait in its queue.
+        let loop = try SocketLoop(context: ZMQContext(), name: "bench-cells-together")
+        for cell in cells {
+            let client = try await BusClient(brokers: [cell.broker], loop: loop, timeout: .seconds(30))
+            while !(try await client.hasWorkers("window")) { try await Task.sleep(for: .milliseconds(50)) }
+            await client.close()
+        }
+        await loop.shutdown()
+
+        /// The rate of C clients asking `brokers` at once, one each, and the cores each cell's
+        /// processes and the clients used meanwhile.
+        func rate(_ brokers: [String]) async throws -> (rate: Double, cellCores: [Double], clientCores: Double) {
+            let cellsBefore = cells.map { cell in cell.processes.compactMap { cpuSeconds(of: $0.pid) }.reduce(0, +) }
+            let clientsBefore = childrenCPUSeconds()
+            let clock = ContinuousClock(), start = clock.now
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for broker in brokers {
+                    let arguments = ["mdp-client", broker, "window", "1", String(requests), "500"]
+                    group.addTask {
+                        let result = try await runCommand(baseline, arguments, seconds: 300)
+                        guard result.status == 0 else { throw ValidationError("zmq-baseline \(arguments.joined(separator: " ")): \(result)") }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            let elapsed = start.duration(to: clock.now)
+            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
+            let cellsAfter = cells.map { cell in cell.processes.compactMap { cpuSeconds(of: $0.pid) }.reduce(0, +) }
+            return (Double(requests * brokers.count) / seconds,
+                    zip(cellsBefore, cellsAfter).map { ($1 - $0) / seconds },
+                    (childrenCPUSeconds() - clientsBefore) / seconds)
+        }
+        var one: [(rate: Double, cellCores: [Double], clientCores: Double)] = []
+        var two: [(rate: Double, cellCores: [Double], clientCores: Double)] = []
+        for _ in 0..<runs {
+            one.append(try await rate([cells[0].broker]))
+            two.append(try await rate(cells.map(\.broker)))
+        }
+        let oneCell = one.sorted { $0.rate < $1.rate }[(runs - 1) / 2], twoCells = two.sorted { $0.rate < $1.rate }[(runs - 1) / 2]
+        func used(_ run: (rate: Double, cellCores: [Double], clientCores: Double), cells count: Int) -> String {
+            let cellsUsed = run.cellCores.prefix(count).map { String(format: "%.2f", $0) }.joined(separator: " and ")
+            return "cores used: cell\(count == 1 ? "" : "s") \(cellsUsed) of \(cellCores) each, C client\(count == 1 ? "" : "s") " + String(format: "%.2f", run.clientCores)
+        }
+        return [
+            Row("one cell, a CPU's \(cellCores)", rate: oneCell.rate, note: "kernel and C window worker; a C client, window 500; " + used(oneCell, cells: 1)),
+            Row("two cells together, a CPU's \(cellCores) each", rate: twoCells.rate,
+                note: String(format: "%.2fx one cell; a C client each; ", twoCells.rate / oneCell.rate) + used(twoCells, cells: 2)),
         ]
+    }
+
+    /// The user and system CPU time of this process's children that ended so far.
+    private func childrenCPUSeconds() -> Double {
+        var usage = rusage()
+        getrusage(RUSAGE_CHILDREN.rawValue, &usage)
+        return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6
     }
 }

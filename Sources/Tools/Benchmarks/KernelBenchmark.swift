@@ -398,8 +398,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             return (rate, (after - before) / Double(requests) * 1e6)
         }
 
-        /// The user and system CPU time the process brokering `path` has used so far, from
-        /// `/proc/PID/stat` (Linux; nil elsewhere).
+        /// The CPU time the process brokering `path` has used so far (``cpuSeconds(of:)``).
         private func brokerCPUSeconds(_ path: Path) -> Double? {
             let broker = switch path {
             case .raw: processes[0]
@@ -408,12 +407,7 @@ struct KernelBenchmark: AsyncParsableCommand {
             case .kernelWindow, .kernelPlain, .kernelFullStackShape: kernel
             case .floor: socketFloor
             }
-            guard let stat = try? String(contentsOfFile: "/proc/\(broker.process.processIdentifier)/stat", encoding: .utf8),
-                  let close = stat.lastIndex(of: ")") else { return nil }
-            // Fields after the command's closing parenthesis, from the third: utime is the 14th, stime the 15th.
-            let fields = stat[stat.index(after: close)...].split(separator: " ")
-            guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
-            return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+            return cpuSeconds(of: broker.pid)
         }
 
         func rate(_ path: Path, clients: Int, requests: Int, window: Int) async throws -> Double {
