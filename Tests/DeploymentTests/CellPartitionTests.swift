@@ -92,7 +92,7 @@ struct CellPartitionTests {
         let cut = try await sb(["request", "echo", "count", #"{"n":1}"#])
         let waited = ContinuousClock.now - asked
         #expect(cut.status == 69 && cut.stderr.contains("Service unavailable: no worker for 'echo' within 5 s"), "\(cut)")
-        #expect(waited < .seconds(9), "answered after \(waited): a's queue timeout is 5 s, a silent cell is dropped after 1 s")
+        #expect(waited < .seconds(9), "answered after \(waited): a's queue timeout is 5 s, counted from when a took the request; a silent cell is dropped after 1 s")
 
         // Joined again: b offers echo again by itself.
         try hosts.setPort(1, up: true)

@@ -29,6 +29,7 @@ private struct Sent {
     var requests: [(worker: String, client: Frame)] = []
     var disconnects: [(worker: String, version: MDP.Version)] = []
     var stops: [(worker: String, client: Frame)] = []
+    var heartbeats: [String] = []
     var toClients: [ToClient] = []
     init(_ messages: [Message]) {
         for message in messages {
@@ -39,6 +40,7 @@ private struct Sent {
                 if case .request(let client, _) = command { requests.append((peer, client)) }
                 if case .disconnect = command { disconnects.append((peer, version)) }
                 if case .stop(let client) = command { stops.append((peer, client)) }
+                if case .heartbeat = command { heartbeats.append(peer) }
             } else if let reply = try? MDP.decodeAtClient(rest) {
                 toClients.append(ToClient(client: peer, version: version, isFinal: reply.isFinal, body: reply.body.map { $0.string ?? "" }))
             }
@@ -478,6 +480,56 @@ struct CellRoutingTests {
         told.cellWorkers = ["b": ["svc": Int.max], "c": ["svc": Int.max]]
         for id in 1...4 { told.handle(fromClient("C\(id)", "svc", request(id)), now: 0) }
         #expect(Sent(told.outbox.take()).requests.map(\.worker) == ["cell-b/svc/1", "cell-c/svc/1", "cell-b/svc/1", "cell-c/svc/1"])
+    }
+
+    @Test("another cell's offer is heard at the links' quicker interval: silent for the cells' expiry it is dropped, while a worker of this cell as silent stays")
+    func silentCellDroppedSooner() throws {
+        var broker = broker()
+        let configuration = KernelConfiguration()
+        let cellExpiry = UInt64(configuration.cellExpiry.nanoseconds), workerExpiry = UInt64(configuration.workerExpiry.nanoseconds)
+        #expect(cellExpiry < workerExpiry && cellExpiry < UInt64(configuration.queueTimeout.nanoseconds))
+        broker.handle(fromWorker("cell-b/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "b")), now: 0)
+        broker.handle(fromWorker("W", .ready(service: "other", window: 1)), now: 0)
+        _ = broker.outbox.take()
+        // Each tick heartbeats its own: the workers' tick leaves the offer alone.
+        broker.tick(now: 1)
+        #expect(Sent(broker.outbox.take()).heartbeats == ["W"])
+        broker.cellTick(now: 1)
+        #expect(Sent(broker.outbox.take()).heartbeats == ["cell-b/svc/1"])
+        broker.cellTick(now: cellExpiry + 1)
+        #expect(broker.services["svc"]?.offers.isEmpty == true)
+        broker.tick(now: cellExpiry + 1)
+        #expect(broker.services["other"]?.workers == 1)
+    }
+
+    @Test("a request a silent cell held waits for another worker only for what is left of its queue timeout; one a silent worker of this cell held, a whole one again")
+    func silentCellKeepsDeadline() throws {
+        var broker = broker()
+        let configuration = KernelConfiguration()
+        let cellExpiry = UInt64(configuration.cellExpiry.nanoseconds), queue = UInt64(configuration.queueTimeout.nanoseconds)
+        broker.handle(fromWorker("cell-b/svc/1", .ready(service: "svc", window: 64, callers: true, cell: "b")), now: 0)
+        broker.handle(fromClient("C", "svc", request(1)), now: 0)
+        #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["cell-b/svc/1"])
+        broker.cellTick(now: cellExpiry + 1)
+        _ = broker.outbox.take()
+        broker.expireQueued(now: queue - 1)
+        #expect(Sent(broker.outbox.take()).toClients.isEmpty, "it waits out the rest of its timeout")
+        broker.expireQueued(now: queue)
+        let told = Sent(broker.outbox.take()).toClients
+        #expect(told.count == 1 && told[0].body.first?.contains("-32001") == true, "\(told)")
+
+        // The same by a worker of this cell: a whole queue timeout from when it was found silent.
+        var local = self.broker()
+        let workerExpiry = UInt64(configuration.workerExpiry.nanoseconds)
+        local.handle(fromWorker("W", .ready(service: "svc", window: 1)), now: 0)
+        local.handle(fromClient("C", "svc", request(1)), now: 0)
+        _ = local.outbox.take()
+        local.tick(now: workerExpiry + 1)
+        _ = local.outbox.take()
+        local.expireQueued(now: workerExpiry + queue)
+        #expect(Sent(local.outbox.take()).toClients.isEmpty)
+        local.expireQueued(now: workerExpiry + 1 + queue)
+        #expect(Sent(local.outbox.take()).toClients.count == 1)
     }
 
     @Test("a request another cell sent is served by this cell's workers, and answered -32001 at once where only a cell offers it")

@@ -294,10 +294,15 @@ struct Broker: ~Copyable {
     struct Timeouts {
         let queue: UInt64
         let workerExpiry: UInt64
+        /// Another cell's offer (a worker with a cell) is heard more often: ``KernelConfiguration/cellExpiry``.
+        let cellExpiry: UInt64
         init(_ configuration: KernelConfiguration) {
             queue = configuration.queueTimeout.nanoseconds
             workerExpiry = configuration.workerExpiry.nanoseconds
+            cellExpiry = configuration.cellExpiry.nanoseconds
         }
+        /// The silence after which a worker of `cell` (nil: of this cell) is taken for dead.
+        func expiry(ofWorkerIn cell: String?) -> UInt64 { cell == nil ? workerExpiry : cellExpiry }
     }
     let logger: Logger
     /// Who is served now (one of a pair serves only while active).
@@ -510,7 +515,7 @@ struct Broker: ~Copyable {
             self.disconnect(identity, version: version, reason: "a command in \(version) after a READY in \(known.version)", now: now)
             return
         }
-        known?.expiry = now + timeouts.workerExpiry
+        if let known { known.expiry = now + timeouts.expiry(ofWorkerIn: known.cell) }
         func disconnect(_ reason: String) { self.disconnect(identity, version: version, reason: reason, now: now) }
         switch command {
         case .ready(let name, let window, let callers, let cell):
@@ -531,7 +536,7 @@ struct Broker: ~Copyable {
             }
             let service = serviceNamed(name)
             let worker = Worker(identity: identity, service: service, window: window ?? 1, speaksExtension: window != nil, wantsCallers: callers,
-                                cell: cell, version: version, expiry: now + timeouts.workerExpiry)
+                                cell: cell, version: version, expiry: now + timeouts.expiry(ofWorkerIn: cell))
             workers[identity] = worker
             service.everServed = true
             service.join(worker)
@@ -928,16 +933,30 @@ struct Broker: ~Copyable {
         max(1, service.places * configuration.clientSharePercent / 100)
     }
 
-    /// Sends heartbeats, expires silent workers and requests that waited too long.
+    /// Sends heartbeats to this cell's workers, expires the silent ones and requests that
+    /// waited too long. Other cells' offers have ``cellTick(now:)``.
     mutating func tick(now: UInt64) {
-        for worker in Array(workers.values) where worker.expiry <= now {
-            remove(worker, reason: "no heartbeat for \(configuration.workerExpiry)", silent: true, now: now)
-        }
+        heartbeat(workersIn: false, now: now)
         if !lateWorkers.isEmpty { lateWorkers = lateWorkers.filter { $0.value.until > now } }
-        for worker in workers.values {
+        expireQueued(now: now)
+    }
+
+    /// Heartbeats to the offers of other cells and expires the silent ones, at the links'
+    /// quicker interval (``KernelConfiguration/cellHeartbeatInterval``).
+    mutating func cellTick(now: UInt64) {
+        heartbeat(workersIn: true, now: now)
+    }
+
+    /// Expires the silent workers of this cell (`ofCells` false) or other cells' offers
+    /// (true), and heartbeats to the rest of them.
+    private mutating func heartbeat(workersIn ofCells: Bool, now: UInt64) {
+        for worker in Array(workers.values) where (worker.cell != nil) == ofCells && worker.expiry <= now {
+            let silence = ofCells ? configuration.cellExpiry : configuration.workerExpiry
+            remove(worker, reason: "no heartbeat for \(silence)", silent: true, now: now)
+        }
+        for worker in workers.values where (worker.cell != nil) == ofCells {
             send(MDP.encode(.heartbeat, to: worker.identity, version: worker.version))
         }
-        expireQueued(now: now)
     }
 
     mutating func expireQueued(now: UInt64) {
@@ -1026,7 +1045,10 @@ struct Broker: ~Copyable {
                       error: .handlerDied("the '\(service.name)' worker", times: request.deaths, service: service.name))
             } else if retriable {
                 service.stats.redispatched += 1
-                request.deadline = now + timeouts.queue
+                // Another worker is waited for as long as the queue timeout; a request that
+                // a silent cell held, only for what is left of the one it came with: that
+                // cell is most often cut off, and its client is told within that timeout.
+                request.deadline = silent && worker.cell != nil ? request.received &+ timeouts.queue : now + timeouts.queue
                 service.requests.prepend(request)
                 queuedBytes += request.size
                 if let client = echoed[ObjectIdentifier(request)] { late[client] = request }

@@ -58,7 +58,7 @@ final class CellLinks {
         security = kernel.security
         self.loop = loop
         self.logger = logger
-        expiry = kernel.workerExpiry.nanoseconds
+        expiry = kernel.cellExpiry.nanoseconds
         maxMessageSize = kernel.maxMessageSize
     }
 
@@ -136,7 +136,7 @@ final class CellLinks {
         logger.info("no longer offering a service to another cell", metadata: ["service": "\(offer.service)", "cell": "\(offer.cell)"])
     }
 
-    /// Heartbeats to every cell offered to; a cell not heard for the workers' expiry is
+    /// Heartbeats to every cell offered to; a cell not heard for the cells' expiry is
     /// connected to again (its kernel has removed this worker, or will, and sends what it
     /// held elsewhere).
     func tick(now: UInt64, services: [String]) {

@@ -102,6 +102,16 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// Milliseconds of silence after which a worker is dead.
     var workerExpiry: Duration { heartbeatInterval * heartbeatLiveness }
 
+    /// How often the links between cells' kernels heartbeat: the workers' interval, at most
+    /// half a second. A cell that falls silent is most often a cut link, not a busy worker:
+    /// found within `heartbeat_liveness` of these, well inside the queue timeout, the requests
+    /// it held still get their `-32001` within that timeout rather than after the clients
+    /// gave up (docs/CELLS.md). Kernels of one bus take the same heartbeat and liveness.
+    var cellHeartbeatInterval: Duration { min(heartbeatInterval, Self.mostCellHeartbeatInterval) }
+    static let mostCellHeartbeatInterval: Duration = .milliseconds(500)
+    /// Silence after which another cell's kernel is taken for gone, on either side of a link.
+    var cellExpiry: Duration { cellHeartbeatInterval * heartbeatLiveness }
+
     /// Takes from `new` what a serving kernel can change (a reload, SIGHUP): the limits and
     /// the keys it admits. Endpoints, heartbeats, socket limits and its own key pair stay.
     mutating func takeLiveSettings(from new: KernelConfiguration) {

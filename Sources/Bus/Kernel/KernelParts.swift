@@ -194,7 +194,13 @@ final class KernelParts {
             let cells = CellLinks(configuration: cell, kernel: configuration, loop: loop, logger: state.logger)
             cells.parts = self
             self.cells = cells
-            repeatEvery(configuration.heartbeatInterval, on: loop) { $0.cells?.tick(now: $0.clock.now, services: $0.localServices) }
+        }
+        // Whether or not this kernel is of a cell: a peer that says it is one is heard at
+        // this interval, and dropped when it falls silent.
+        repeatEvery(configuration.cellHeartbeatInterval, on: loop) { parts in
+            let now = parts.clock.now
+            parts.broker.cellTick(now: now)
+            parts.cells?.tick(now: now, services: parts.localServices)
         }
         var heap = HeapTrim()
         // `kernel stats` as metrics, for a backend the process bootstrapped (telemetry on).
