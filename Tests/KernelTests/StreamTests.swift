@@ -551,6 +551,21 @@ struct CellRoutingTests {
         #expect(after.toClients.count == 2 && after.toClients.allSatisfy { $0.body.first?.contains("-32001") == true })
     }
 
+    @Test("the directory: a key under the prefix is a cell's only with a cell's name; a kernel follows at most mostCells cells, the first by name")
+    func directoryBounds() {
+        let prefix = Array("/switchboard/cells/".utf8)
+        #expect(CellDirectory.cell(at: Array("/switchboard/cells/b-1".utf8), under: prefix) == "b-1")
+        for key in ["/switchboard/cells/b/x", "/switchboard/cells/", "/switchboard/cells/a b", "/switchboard/other/b"] {
+            #expect(CellDirectory.cell(at: Array(key.utf8), under: prefix) == nil, "\(key)")
+        }
+        let few = Dictionary(uniqueKeysWithValues: (0..<3).map { ("c\($0)", $0) })
+        #expect(CellDirectory.followed(few).records == few && CellDirectory.followed(few).leftOut == 0)
+        let many = Dictionary(uniqueKeysWithValues: (0..<(CellDirectory.mostCells + 2)).map { (String(format: "c%04d", $0), $0) })
+        let (followed, leftOut) = CellDirectory.followed(many)
+        #expect(followed.count == CellDirectory.mostCells && leftOut == 2)
+        #expect(followed.keys.sorted() == many.keys.sorted().prefix(CellDirectory.mostCells).map { $0 })
+    }
+
     @Test("READY's cell=NAME: encoded after callers=1, read back, and refused when malformed")
     func readyWithCell() throws {
         let ready = MDP.encode(.ready(service: "svc", window: 8, callers: true, cell: "b-1"), version: .v02)

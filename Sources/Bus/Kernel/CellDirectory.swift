@@ -49,10 +49,30 @@ final class CellDirectory: Sendable {
         return JSONValue.object(record).jsonBytes
     }
 
-    /// The other cell whose record is at `key`: nil for this cell's own.
+    /// The other cell whose record is at `key`: nil for this cell's own, and for a key under
+    /// the prefix that no cell could have written (its name not a cell's name).
     func cell(at key: [UInt8]) -> String? {
-        guard key != self.key, key.starts(with: prefix) else { return nil }
-        return String(decoding: key.dropFirst(prefix.count), as: UTF8.self)
+        key == self.key ? nil : Self.cell(at: key, under: prefix)
+    }
+
+    /// The cell whose record is at `key` in a directory at `prefix` (`PREFIX/`).
+    static func cell(at key: [UInt8], under prefix: [UInt8]) -> String? {
+        guard key.starts(with: prefix) else { return nil }
+        let name = String(decoding: key.dropFirst(prefix.count), as: UTF8.self)
+        return MDP.isValidCellName(name) ? name : nil
+    }
+
+    /// Other cells followed at most. Each is a connection for every service with a worker
+    /// here, so records that somebody else wrote under the prefix (anyone etcd lets write
+    /// there) cannot make a kernel open connections without end.
+    static let mostCells = 128
+
+    /// The records followed: all of them, or the first ``mostCells`` by name; and how many
+    /// were left out.
+    static func followed<Record>(_ records: [String: Record]) -> (records: [String: Record], leftOut: Int) {
+        guard records.count > mostCells else { return (records, 0) }
+        let kept = Set(records.keys.sorted().prefix(mostCells))
+        return (records.filter { kept.contains($0.key) }, records.count - mostCells)
     }
 
     /// The cell a record names, and its workers of each service: nil when it is not one
@@ -200,8 +220,13 @@ extension Kernel {
     private func cellServices() -> [(name: String, workers: Int)] { parts?.broker.workerCounts ?? [] }
 
     /// The directory changed: the links follow the cells, the broker their workers' counts.
-    private func cellsChanged(_ records: [String: (peer: CellLinks.Peer, workers: [String: Int])]) {
+    private func cellsChanged(_ all: [String: (peer: CellLinks.Peer, workers: [String: Int])]) {
         guard let parts, let cells = parts.cells else { return }
+        let (records, leftOut) = CellDirectory.followed(all)
+        if leftOut > 0 {
+            logger.warning("more cells in the directory than a kernel follows: the first by name are followed, the rest left out",
+                           metadata: ["cells": "\(all.count)", "followed": "\(CellDirectory.mostCells)", "leftOut": "\(leftOut)"])
+        }
         parts.broker.cellWorkers = records.mapValues(\.workers)
         cells.peersChanged(records.mapValues(\.peer), services: parts.localServices, now: clock.now)
         parts.flush()
