@@ -430,6 +430,11 @@ struct GatewayTests {
                 #expect(missing.status == 404 && missing.text.contains("-32003"), "\(missing)")
                 #expect(try await bed.get("/streams/orders/billing", token: GatewayBed.echoOnlyToken).status == 403)
                 #expect(try await bed.get("/streams/orders/billing?expires=never").status == 400)
+                // Out of the contract's ranges: refused before the events begin, naming the field.
+                for query in ["max=0", "max=-3", "max=2000000", "max=many", "expires=0", "expires=7200"] {
+                    let refused = try await bed.get("/streams/orders/billing?\(query)")
+                    #expect(refused.status == 400 && refused.text.contains("-32602") && refused.text.contains(String(query.prefix { $0 != "=" })), "\(query): \(refused)")
+                }
             }
         }
     }

@@ -400,12 +400,17 @@ struct Routes: Sendable {
         let stream = context.parameters.get("stream") ?? "", consumer = context.parameters.get("consumer") ?? ""
         let query = request.uri.queryParameters
         var next = StreamsAPI.Next(stream: stream, consumer: consumer)
+        // Checked against the contract's ranges here: once the events have begun, an error
+        // can only be an `event: error`, and an `EventSource` would open the stream again.
+        let ranges = StreamsAPI.Next.numberRanges
         if let text = query["max"] {
-            guard let max = Int(String(text)) else { return Self.rpcError(.badRequest, .invalidParams(field: "max", "expected a number of messages, got '\(text)'")) }
+            guard let max = Int(String(text)), let range = ranges["max"], range.contains(Double(max)) else {
+                return Self.rpcError(.badRequest, .invalidParams(field: "max", "expected 1 to 1000000 messages, got '\(text)'"))
+            }
             next.max = max
         }
         if let text = query["expires"] {
-            guard let seconds = Double(String(text)), StreamsAPI.Next.numberRanges["expires"]?.contains(seconds) == true else {
+            guard let seconds = Double(String(text)), let range = ranges["expires"], range.contains(seconds) else {
                 return Self.rpcError(.badRequest, .invalidParams(field: "expires", "expected 0.001 to 3600 seconds, got '\(text)'"))
             }
             next.expires = seconds
