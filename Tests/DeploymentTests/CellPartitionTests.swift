@@ -6,7 +6,7 @@ import Testing
 /// Two cells on three machines (network namespaces on one switch), their directory and one
 /// state in the three-member etcd that spans them: cell a's kernel on the first, cell b's
 /// kernel and the echo service on the second, etcd on all three.
-@Suite(.serialized, .enabled(if: TwoHosts.available && TestEtcd.available, "skipped: needs root, network namespaces and etcd-server"))
+@Suite(.serialized, .enabled(if: NetworkNamespaces.available && TestEtcd.available, "skipped: needs root, network namespaces and etcd-server"))
 struct CellPartitionTests {
     /// Cell `name`'s kernel on host `index`: quick heartbeats (a silent cell is dropped after
     /// a second), requests wait 5 s for a worker, its record's lease is 2 s; the state in etcd.

@@ -4,64 +4,6 @@ import SwitchboardTestSupport
 import Testing
 import ZeroMQ
 
-/// Hosts on one switch: a network namespace each, joined by a veth pair to a bridge in a
-/// namespace of its own, so a host is cut off from all the others by taking its port on the
-/// bridge down, as a cable pulled at the switch.
-struct SwitchedHosts {
-    let hosts: [String]
-    let addresses: [String]
-    let switchHost: String
-    /// Each host's port on the bridge (in the switch's namespace).
-    let ports: [String]
-
-    static func make(count: Int) throws -> SwitchedHosts {
-        let tag = String(UInt32.random(in: 0..<UInt32.max), radix: 36)
-        let subnet = "10.\(Int.random(in: 200...250)).\(Int.random(in: 1...250))"
-        let hosts = SwitchedHosts(hosts: (0..<count).map { "sbh\($0)-\(tag)" }, addresses: (0..<count).map { "\(subnet).\($0 + 1)" },
-                                  switchHost: "sbsw-\(tag)", ports: (0..<count).map { "sp\($0)-\(tag)" })
-        do {
-            try TwoHosts.ip(["netns", "add", hosts.switchHost])
-            try TwoHosts.ip(["-n", hosts.switchHost, "link", "add", "br0", "type", "bridge"])
-            try TwoHosts.ip(["-n", hosts.switchHost, "link", "set", "br0", "up"])
-            for (index, host) in hosts.hosts.enumerated() {
-                let device = "sh\(index)-\(tag)"
-                try TwoHosts.ip(["netns", "add", host])
-                try TwoHosts.ip(["link", "add", device, "type", "veth", "peer", "name", hosts.ports[index]])
-                try TwoHosts.ip(["link", "set", device, "netns", host])
-                try TwoHosts.ip(["link", "set", hosts.ports[index], "netns", hosts.switchHost])
-                try TwoHosts.ip(["-n", hosts.switchHost, "link", "set", hosts.ports[index], "master", "br0"])
-                try TwoHosts.ip(["-n", hosts.switchHost, "link", "set", hosts.ports[index], "up"])
-                try TwoHosts.ip(["-n", host, "addr", "add", "\(hosts.addresses[index])/24", "dev", device])
-                try TwoHosts.ip(["-n", host, "link", "set", device, "up"])
-                try TwoHosts.ip(["-n", host, "link", "set", "lo", "up"])
-            }
-        } catch {
-            hosts.remove()
-            throw error
-        }
-        return hosts
-    }
-
-    /// Cuts host `index` off from every other (or joins it again).
-    func setPort(_ index: Int, up: Bool) throws {
-        try TwoHosts.ip(["-n", switchHost, "link", "set", ports[index], up ? "up" : "down"])
-    }
-
-    func remove() {
-        for host in hosts + [switchHost] { _ = try? TwoHosts.ip(["netns", "del", host]) }
-    }
-
-    func broker(_ index: Int) -> String { "tcp://\(addresses[index]):5555" }
-
-    func start(on index: Int, _ executable: URL, _ arguments: [String]) throws -> ChildProcess {
-        try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[index], executable.path] + arguments)
-    }
-
-    func run(on index: Int, _ executable: URL, _ arguments: [String], seconds: Double = 30) async throws -> CommandResult {
-        try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[index], executable.path] + arguments, seconds: seconds)
-    }
-}
-
 /// A state key through `sb kv` on one host: `get`, `put`, and `create` or `update` for
 /// compare-and-set, each a process of its own, as a script would call them.
 private struct CommandLineRegister: RegisterClient {
@@ -103,7 +45,7 @@ private struct CommandLineRegister: RegisterClient {
 
 /// The state on a three-member etcd and two kernels on it, in network namespaces: the active
 /// kernel's host cut off from the rest while clients on both sides read and write.
-@Suite(.serialized, .enabled(if: TwoHosts.available && TestEtcd.available, "skipped: needs root, network namespaces and etcd-server"))
+@Suite(.serialized, .enabled(if: NetworkNamespaces.available && TestEtcd.available, "skipped: needs root, network namespaces and etcd-server"))
 struct EtcdPartitionTests {
     static let key = "/client/register"
 

@@ -23,16 +23,16 @@ private struct PairHosts {
                              linkAddresses: ["\(subnet).\(third + 120).1", "\(subnet).\(third + 120).2"],
                              linkDevices: ["pl0-\(tag)", "pl1-\(tag)"])
         do {
-            for host in pair.hosts { try TwoHosts.ip(["netns", "add", host]) }
+            for host in pair.hosts { try NetworkNamespaces.ip(["netns", "add", host]) }
             for (devices, addresses) in [(["ps0-\(tag)", "ps1-\(tag)"], pair.serviceAddresses), (pair.linkDevices, pair.linkAddresses)] {
-                try TwoHosts.ip(["link", "add", devices[0], "type", "veth", "peer", "name", devices[1]])
+                try NetworkNamespaces.ip(["link", "add", devices[0], "type", "veth", "peer", "name", devices[1]])
                 for side in 0..<2 {
-                    try TwoHosts.ip(["link", "set", devices[side], "netns", pair.hosts[side]])
-                    try TwoHosts.ip(["-n", pair.hosts[side], "addr", "add", "\(addresses[side])/24", "dev", devices[side]])
-                    try TwoHosts.ip(["-n", pair.hosts[side], "link", "set", devices[side], "up"])
+                    try NetworkNamespaces.ip(["link", "set", devices[side], "netns", pair.hosts[side]])
+                    try NetworkNamespaces.ip(["-n", pair.hosts[side], "addr", "add", "\(addresses[side])/24", "dev", devices[side]])
+                    try NetworkNamespaces.ip(["-n", pair.hosts[side], "link", "set", devices[side], "up"])
                 }
             }
-            for host in pair.hosts { try TwoHosts.ip(["-n", host, "link", "set", "lo", "up"]) }
+            for host in pair.hosts { try NetworkNamespaces.ip(["-n", host, "link", "set", "lo", "up"]) }
         } catch {
             pair.remove()
             throw error
@@ -42,11 +42,11 @@ private struct PairHosts {
 
     /// Cuts (or restores) the link between the kernels, on the second host's side.
     func setKernelLink(up: Bool) throws {
-        try TwoHosts.ip(["-n", hosts[1], "link", "set", linkDevices[1], up ? "up" : "down"])
+        try NetworkNamespaces.ip(["-n", hosts[1], "link", "set", linkDevices[1], up ? "up" : "down"])
     }
 
     func remove() {
-        for host in hosts { _ = try? TwoHosts.ip(["netns", "del", host]) }
+        for host in hosts { _ = try? NetworkNamespaces.ip(["netns", "del", host]) }
     }
 
     func broker(_ side: Int) -> String { "tcp://\(serviceAddresses[side]):5555" }
@@ -88,7 +88,7 @@ private struct PairHosts {
 @Suite("Kernel pair split: only the link between the kernels is cut")
 struct PairSplitTests {
     @Test("never two active kernels (CURVE on every link): clients on both hosts are served by the active one, one that asks only the passive one gets a clear error; healed, the passive one copies what it missed and can take over with it",
-          .enabled(if: TwoHosts.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+          .enabled(if: NetworkNamespaces.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
     func kernelLinkCut() async throws {
         let hosts = try PairHosts.make()
         defer { hosts.remove() }

@@ -11,29 +11,21 @@ struct TwoHosts: Sendable {
     let kernelAddress: String
     let serviceLink: String
 
-    /// Whether this machine lets us make network namespaces (root, iproute2, a kernel with netns).
-    static let available: Bool = {
-        let probe = "sb-probe-\(getpid())"
-        guard (try? ip(["netns", "add", probe])) != nil else { return false }
-        _ = try? ip(["netns", "del", probe])
-        return true
-    }()
-
     static func make() throws -> TwoHosts {
         let tag = String(UInt32.random(in: 0..<UInt32.max), radix: 36)
         let subnet = "10.\(Int.random(in: 200...250)).\(Int.random(in: 1...250))"
         let hosts = TwoHosts(kernelHost: "sbk-\(tag)", serviceHost: "sbs-\(tag)", kernelAddress: "\(subnet).1", serviceLink: "vs-\(tag)")
         let kernelLink = "vk-\(tag)"
         do {
-            try ip(["netns", "add", hosts.kernelHost])
-            try ip(["netns", "add", hosts.serviceHost])
-            try ip(["link", "add", kernelLink, "type", "veth", "peer", "name", hosts.serviceLink])
-            try ip(["link", "set", kernelLink, "netns", hosts.kernelHost])
-            try ip(["link", "set", hosts.serviceLink, "netns", hosts.serviceHost])
+            try NetworkNamespaces.ip(["netns", "add", hosts.kernelHost])
+            try NetworkNamespaces.ip(["netns", "add", hosts.serviceHost])
+            try NetworkNamespaces.ip(["link", "add", kernelLink, "type", "veth", "peer", "name", hosts.serviceLink])
+            try NetworkNamespaces.ip(["link", "set", kernelLink, "netns", hosts.kernelHost])
+            try NetworkNamespaces.ip(["link", "set", hosts.serviceLink, "netns", hosts.serviceHost])
             for (host, link, address) in [(hosts.kernelHost, kernelLink, "\(subnet).1/24"), (hosts.serviceHost, hosts.serviceLink, "\(subnet).2/24")] {
-                try ip(["-n", host, "addr", "add", address, "dev", link])
-                try ip(["-n", host, "link", "set", link, "up"])
-                try ip(["-n", host, "link", "set", "lo", "up"])
+                try NetworkNamespaces.ip(["-n", host, "addr", "add", address, "dev", link])
+                try NetworkNamespaces.ip(["-n", host, "link", "set", link, "up"])
+                try NetworkNamespaces.ip(["-n", host, "link", "set", "lo", "up"])
             }
         } catch {
             hosts.remove()
@@ -44,12 +36,12 @@ struct TwoHosts: Sendable {
 
     /// Cuts (or restores) the service host's side of the link.
     func setLink(up: Bool) throws {
-        try Self.ip(["-n", serviceHost, "link", "set", serviceLink, up ? "up" : "down"])
+        try NetworkNamespaces.ip(["-n", serviceHost, "link", "set", serviceLink, up ? "up" : "down"])
     }
 
     /// Removing a namespace removes its end of the veth pair, and with it the pair.
     func remove() {
-        for host in [kernelHost, serviceHost] { _ = try? Self.ip(["netns", "del", host]) }
+        for host in [kernelHost, serviceHost] { _ = try? NetworkNamespaces.ip(["netns", "del", host]) }
     }
 
     /// `ip netns exec HOST executable arguments...` as a child process.
@@ -60,33 +52,12 @@ struct TwoHosts: Sendable {
     func run(in host: String, _ executable: URL, _ arguments: [String]) async throws -> CommandResult {
         try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", host, executable.path] + arguments)
     }
-
-    @discardableResult
-    static func ip(_ arguments: [String]) throws -> String {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["ip"] + arguments
-        let errors = Pipe()
-        process.standardError = errors
-        process.standardOutput = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            throw TwoHostsError(description: "ip \(arguments.joined(separator: " ")): \(message)")
-        }
-        return ""
-    }
-}
-
-struct TwoHostsError: Error, CustomStringConvertible {
-    let description: String
 }
 
 @Suite("Two hosts: the kernel and a service in separate network namespaces")
 struct TwoHostTests {
     @Test("requests cross between the hosts; after the link is cut and restored the worker registers again",
-          .enabled(if: TwoHosts.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+          .enabled(if: NetworkNamespaces.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
     func acrossHosts() async throws {
         let hosts = try TwoHosts.make()
         defer { hosts.remove() }

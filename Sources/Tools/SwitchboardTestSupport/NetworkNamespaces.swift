@@ -1,0 +1,95 @@
+public import Foundation
+
+/// Network namespaces (`ip netns`) as hosts, for tests and benchmarks of several machines on
+/// one: made and removed by whoever uses them. Needs root and iproute2.
+public enum NetworkNamespaces {
+    /// Whether this machine lets us make network namespaces (root, iproute2, a kernel with netns).
+    public static let available: Bool = {
+        let probe = "sb-probe-\(getpid())"
+        guard (try? ip(["netns", "add", probe])) != nil else { return false }
+        _ = try? ip(["netns", "del", probe])
+        return true
+    }()
+
+    /// Runs `ip ARGUMENTS`; its error output in the error when it fails.
+    public static func ip(_ arguments: [String]) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["ip"] + arguments
+        let errors = Pipe()
+        process.standardError = errors
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            throw NetworkNamespaceError(description: "ip \(arguments.joined(separator: " ")): \(message)")
+        }
+    }
+}
+
+public struct NetworkNamespaceError: Error, CustomStringConvertible {
+    public let description: String
+}
+
+/// Hosts on one switch: a network namespace each, joined by a veth pair to a bridge in a
+/// namespace of its own, so a host is cut off from all the others by taking its port on the
+/// bridge down, as a cable pulled at the switch.
+public struct SwitchedHosts: Sendable {
+    /// Each host's namespace, and its address on the switch.
+    public let hosts: [String]
+    public let addresses: [String]
+    public let switchHost: String
+    /// Each host's port on the bridge (in the switch's namespace).
+    public let ports: [String]
+
+    public static func make(count: Int) throws -> SwitchedHosts {
+        let tag = String(UInt32.random(in: 0..<UInt32.max), radix: 36)
+        let subnet = "10.\(Int.random(in: 200...250)).\(Int.random(in: 1...250))"
+        let hosts = SwitchedHosts(hosts: (0..<count).map { "sbh\($0)-\(tag)" }, addresses: (0..<count).map { "\(subnet).\($0 + 1)" },
+                                  switchHost: "sbsw-\(tag)", ports: (0..<count).map { "sp\($0)-\(tag)" })
+        do {
+            try NetworkNamespaces.ip(["netns", "add", hosts.switchHost])
+            try NetworkNamespaces.ip(["-n", hosts.switchHost, "link", "add", "br0", "type", "bridge"])
+            try NetworkNamespaces.ip(["-n", hosts.switchHost, "link", "set", "br0", "up"])
+            for (index, host) in hosts.hosts.enumerated() {
+                let device = "sh\(index)-\(tag)"
+                try NetworkNamespaces.ip(["netns", "add", host])
+                try NetworkNamespaces.ip(["link", "add", device, "type", "veth", "peer", "name", hosts.ports[index]])
+                try NetworkNamespaces.ip(["link", "set", device, "netns", host])
+                try NetworkNamespaces.ip(["link", "set", hosts.ports[index], "netns", hosts.switchHost])
+                try NetworkNamespaces.ip(["-n", hosts.switchHost, "link", "set", hosts.ports[index], "master", "br0"])
+                try NetworkNamespaces.ip(["-n", hosts.switchHost, "link", "set", hosts.ports[index], "up"])
+                try NetworkNamespaces.ip(["-n", host, "addr", "add", "\(hosts.addresses[index])/24", "dev", device])
+                try NetworkNamespaces.ip(["-n", host, "link", "set", device, "up"])
+                try NetworkNamespaces.ip(["-n", host, "link", "set", "lo", "up"])
+            }
+        } catch {
+            hosts.remove()
+            throw error
+        }
+        return hosts
+    }
+
+    /// Cuts host `index` off from every other (or joins it again).
+    public func setPort(_ index: Int, up: Bool) throws {
+        try NetworkNamespaces.ip(["-n", switchHost, "link", "set", ports[index], up ? "up" : "down"])
+    }
+
+    public func remove() {
+        for host in hosts + [switchHost] { _ = try? NetworkNamespaces.ip(["netns", "del", host]) }
+    }
+
+    /// The broker of a kernel on host `index` at the default port.
+    public func broker(_ index: Int) -> String { "tcp://\(addresses[index]):5555" }
+
+    /// `ip netns exec HOST executable arguments...` as a child process: the same pid as the
+    /// program's (`ip` execs it), which ends with the namespace's last process.
+    public func start(on index: Int, _ executable: URL, _ arguments: [String]) throws -> ChildProcess {
+        try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[index], executable.path] + arguments)
+    }
+
+    public func run(on index: Int, _ executable: URL, _ arguments: [String], seconds: Double = 30) async throws -> CommandResult {
+        try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[index], executable.path] + arguments, seconds: seconds)
+    }
+}
