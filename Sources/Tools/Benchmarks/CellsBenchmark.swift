@@ -71,7 +71,7 @@ struct CellsBenchmark: AsyncParsableCommand {
         await host.stop()
         await a.stop()
         await b.stop()
-        let together = try await together(cluster)
+        let together = try await together()
         let p50 = Double(crossing.one.latencies.valueAtPercentile(50)) / Double(max(1, local.one.latencies.valueAtPercentile(50)))
         return [
             Row("one cell: one at a time", rate: local.one.rate, latencies: local.one.latencies),
@@ -82,15 +82,21 @@ struct CellsBenchmark: AsyncParsableCommand {
         ] + together
     }
 
-    /// Two cells serving one service together against one cell alone. Each cell is a kernel
-    /// process and a C window worker of the service, confined to a CPU of its own and to
-    /// `cellCores` of it (``CPUBudget``), so that the cells, not the load, are what is measured:
-    /// the C clients are not confined and have the rest of the machine. One C client asks each
-    /// cell's kernel, whose own worker answers (a cell prefers its own workers): one cell is
-    /// cell a with its client, two cells both with theirs, at once.
-    private func together(_ cluster: TestEtcd) async throws -> [Row] {
+    /// Two cells serving one service together against one cell alone, as on three machines:
+    /// network namespaces on one switch (``SwitchedHosts``), a host for each cell and one for
+    /// the etcd member and the load. Each cell is a kernel process and a C window worker of
+    /// the service, confined to a CPU of its own and to `cellCores` of it (``CPUBudget``), so
+    /// that the cells, not the load, are what is measured: the C clients are not confined and
+    /// have the rest of the machine. One C client asks each cell's kernel, whose own worker
+    /// answers (a cell prefers its own workers): one cell is cell a with its client, two cells
+    /// both with theirs, at once.
+    private func together() async throws -> [Row] {
         if let why = CPUBudget.unavailable {
             progress("two cells together: left out, \(why)")
+            return []
+        }
+        guard NetworkNamespaces.available else {
+            progress("two cells together: left out, network namespaces cannot be made here (ip netns add failed)")
             return []
         }
         guard ProcessInfo.processInfo.activeProcessorCount >= 2 else {
@@ -101,46 +107,51 @@ struct CellsBenchmark: AsyncParsableCommand {
         guard FileManager.default.isExecutableFile(atPath: baseline.path) else {
             throw ValidationError("no zmq-baseline at \(baseline.path): swift build --product zmq-baseline")
         }
-        progress("cells benchmark: two cells together, each on a CPU of its own with \(cellCores) of it, \(runs) rounds of \(requests) requests a client")
+        progress("cells benchmark: two cells together in network namespaces, each on a CPU of its own with \(cellCores) of it, \(runs) rounds of \(requests) requests a client")
+        let hosts = try SwitchedHosts.make(count: 3)
+        let loadHost = 2
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("switchboard-bench-cells-\(getpid())")
-        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        var etcd: TestEtcd?
         var cells: [(broker: String, budget: CPUBudget, processes: [ChildProcess])] = []
         defer {
             for cell in cells { for process in cell.processes { process.stop(grace: 2) } }
             for cell in cells { cell.budget.remove() }
+            etcd?.stop()
+            hosts.remove()
             try? FileManager.default.removeItem(at: folder)
         }
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        let cluster = try await TestEtcd.start(on: [(hosts.hosts[loadHost], hosts.addresses[loadHost])])
+        etcd = cluster
         for (cpu, name) in ["a", "b"].enumerated() {
             let budget = try CPUBudget(name: "switchboard-bench-cell-\(name)-\(getpid())", cpu: cpu, cores: cellCores)
-            let ports = (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" }
+            cells.append((hosts.broker(cpu), budget, []))
+            let address = hosts.addresses[cpu]
             let configuration = folder.appendingPathComponent("cell-\(name).yaml")
             try """
             kernel:
-              broker: \(ports[0])
-              snapshot: \(ports[1])
-              publisher: \(ports[2])
-              collector: \(ports[3])
+              broker: tcp://\(address):5555
+              snapshot: tcp://\(address):5556
+              publisher: tcp://\(address):5557
+              collector: tcp://\(address):5558
               cell:
                 name: \(name)
                 etcd:
                   endpoints: [\(cluster.clientURLs.joined(separator: ", "))]
-                  prefix: /bench/cells-together
             """.write(to: configuration, atomically: true, encoding: .utf8)
-            let kernel = try ChildProcess(switchboardExecutable(), ["kernel", "--config", configuration.path, "--log-level", "error"])
-            cells.append((ports[0], budget, [kernel]))
+            // At info its log says when the worker registered, and nothing for each request.
+            let kernel = try hosts.start(on: cpu, switchboardExecutable(), ["kernel", "--config", configuration.path, "--log-level", "info"])
+            cells[cpu].processes.append(kernel)
             try budget.add(kernel.pid)
-            let worker = try ChildProcess(baseline, ["mdp-worker", ports[0], "window", "1", "1000"])
-            cells[cells.count - 1].processes.append(worker)
+            _ = try await kernel.waitForOutput(containing: "this cell is in the directory")
+            let worker = try hosts.start(on: cpu, baseline, ["mdp-worker", hosts.broker(cpu), "window", "1", "1000"])
+            cells[cpu].processes.append(worker)
             try budget.add(worker.pid)
+            // Until the kernel has its worker: the clients' requests would otherwise wait in its queue.
+            _ = try await kernel.waitForOutput("its worker registered") { output in
+                output.split(separator: "\n").contains { $0.contains("worker registered") && $0.contains("service=window") }
+            }
         }
-        // Until each kernel has its worker: the clients' requests would otherwise wait in its queue.
-        let loop = try SocketLoop(context: ZMQContext(), name: "bench-cells-together")
-        for cell in cells {
-            let client = try await BusClient(brokers: [cell.broker], loop: loop, timeout: .seconds(30))
-            while !(try await client.hasWorkers("window")) { try await Task.sleep(for: .milliseconds(50)) }
-            await client.close()
-        }
-        await loop.shutdown()
 
         /// The rate of C clients asking `brokers` at once, one each, and the cores each cell's
         /// processes and the clients used meanwhile.
@@ -152,7 +163,7 @@ struct CellsBenchmark: AsyncParsableCommand {
                 for broker in brokers {
                     let arguments = ["mdp-client", broker, "window", "1", String(requests), "500"]
                     group.addTask {
-                        let result = try await runCommand(baseline, arguments, seconds: 300)
+                        let result = try await hosts.run(on: loadHost, baseline, arguments, seconds: 300)
                         guard result.status == 0 else { throw ValidationError("zmq-baseline \(arguments.joined(separator: " ")): \(result)") }
                     }
                 }
@@ -177,7 +188,7 @@ struct CellsBenchmark: AsyncParsableCommand {
             return "cores used: cell\(count == 1 ? "" : "s") \(cellsUsed) of \(cellCores) each, C client\(count == 1 ? "" : "s") " + String(format: "%.2f", run.clientCores)
         }
         return [
-            Row("one cell, a CPU's \(cellCores)", rate: oneCell.rate, note: "kernel and C window worker; a C client, window 500; " + used(oneCell, cells: 1)),
+            Row("one cell, a CPU's \(cellCores)", rate: oneCell.rate, note: "kernel and C window worker on a host of its own; a C client on another, window 500; " + used(oneCell, cells: 1)),
             Row("two cells together, a CPU's \(cellCores) each", rate: twoCells.rate,
                 note: String(format: "%.2fx one cell; a C client each; ", twoCells.rate / oneCell.rate) + used(twoCells, cells: 2)),
         ]
