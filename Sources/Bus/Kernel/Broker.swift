@@ -944,6 +944,7 @@ struct Broker: ~Copyable {
     /// Heartbeats to the offers of other cells and expires the silent ones, at the links'
     /// quicker interval (``KernelConfiguration/cellHeartbeatInterval``).
     mutating func cellTick(now: UInt64) {
+        guard workers.values.contains(where: { $0.cell != nil }) else { return }
         heartbeat(workersIn: true, now: now)
     }
 
