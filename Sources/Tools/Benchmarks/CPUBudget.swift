@@ -30,26 +30,38 @@ struct CPUBudget {
     /// A group named `name` that may use `cores` (a fraction: 0.5 is half of one) of CPU `cpu`.
     init(name: String, cpu: Int, cores: Double) throws {
         let quota = String(Int(cores * 100_000))
-        if Self.version2 {
-            // A child's controllers must be enabled in its parent first.
-            try Self.write("+cpu +cpuset", to: Self.v2Root + "/cgroup.subtree_control")
-            let folder = Self.v2Root + "/" + name
-            try Self.makeFolder(folder)
-            try Self.write("\(quota) 100000", to: folder + "/cpu.max")
-            try Self.write(String(cpu), to: folder + "/cpuset.cpus")
-            folders = [folder]
-        } else {
-            let cpuFolder = "/sys/fs/cgroup/cpu/" + name, cpusetFolder = "/sys/fs/cgroup/cpuset/" + name
-            try Self.makeFolder(cpuFolder)
-            try Self.write("100000", to: cpuFolder + "/cpu.cfs_period_us")
-            try Self.write(quota, to: cpuFolder + "/cpu.cfs_quota_us")
-            try Self.makeFolder(cpusetFolder)
-            // A v1 cpuset takes no process until both its CPUs and its memory nodes are set.
-            let memoryNodes = try String(contentsOfFile: "/sys/fs/cgroup/cpuset/cpuset.mems", encoding: .utf8)
-            try Self.write(memoryNodes.trimmingCharacters(in: .whitespacesAndNewlines), to: cpusetFolder + "/cpuset.mems")
-            try Self.write(String(cpu), to: cpusetFolder + "/cpuset.cpus")
-            folders = [cpuFolder, cpusetFolder]
+        var made: [String] = []
+        func makeFolder(_ path: String) throws {
+            guard mkdir(path, 0o755) == 0 || errno == EEXIST else {
+                throw ValidationError("cannot make the control group \(path): \(String(cString: strerror(errno)))")
+            }
+            made.append(path)
         }
+        do {
+            if Self.version2 {
+                // A child's controllers must be enabled in its parent first.
+                try Self.write("+cpu +cpuset", to: Self.v2Root + "/cgroup.subtree_control")
+                let folder = Self.v2Root + "/" + name
+                try makeFolder(folder)
+                try Self.write("\(quota) 100000", to: folder + "/cpu.max")
+                try Self.write(String(cpu), to: folder + "/cpuset.cpus")
+            } else {
+                let cpuFolder = "/sys/fs/cgroup/cpu/" + name, cpusetFolder = "/sys/fs/cgroup/cpuset/" + name
+                try makeFolder(cpuFolder)
+                try Self.write("100000", to: cpuFolder + "/cpu.cfs_period_us")
+                try Self.write(quota, to: cpuFolder + "/cpu.cfs_quota_us")
+                try makeFolder(cpusetFolder)
+                // A v1 cpuset takes no process until both its CPUs and its memory nodes are set.
+                let memoryNodes = try String(contentsOfFile: "/sys/fs/cgroup/cpuset/cpuset.mems", encoding: .utf8)
+                try Self.write(memoryNodes.trimmingCharacters(in: .whitespacesAndNewlines), to: cpusetFolder + "/cpuset.mems")
+                try Self.write(String(cpu), to: cpusetFolder + "/cpuset.cpus")
+            }
+        } catch {
+            // Half made: nothing left behind.
+            for folder in made { rmdir(folder) }
+            throw error
+        }
+        folders = made
     }
 
     /// Moves the process `pid`, all its threads, into the group.
@@ -60,12 +72,6 @@ struct CPUBudget {
     /// Removes the groups; their processes must have ended (a group with a process stays).
     func remove() {
         for folder in folders { rmdir(folder) }
-    }
-
-    private static func makeFolder(_ path: String) throws {
-        guard mkdir(path, 0o755) == 0 || errno == EEXIST else {
-            throw ValidationError("cannot make the control group \(path): \(String(cString: strerror(errno)))")
-        }
     }
 
     private static func write(_ value: String, to path: String) throws {
