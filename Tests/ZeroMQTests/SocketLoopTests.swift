@@ -83,9 +83,9 @@ struct SocketLoopTests {
             let socket = try ZMQSocket(loop.context, .router)
             try socket.bind(endpoint)
             self.socket = socket
-            _ = loop.register(socket) { [unowned self] message in
+            _ = loop.register(socket) { [weak self] message in
                 // Handlers run on the loop thread, which is this actor's executor.
-                self.assumeIsolated { echo in echo.handle(message) }
+                self?.assumeIsolated { echo in echo.handle(message) }
             }
         }
 
