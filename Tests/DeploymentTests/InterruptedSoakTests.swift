@@ -44,6 +44,7 @@ struct InterruptedSoakTests {
         let ports = (portsLine.components(separatedBy: "; ports ").last ?? "").split(separator: ",")
             .compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
         #expect(ports.count == 5, "\(portsLine)")
+        let folder = try #require(portsLine.components(separatedBy: "working folder ").last?.components(separatedBy: ";").first)
 
         soak.signal(signal)
         #expect(await soak.exit(within: 60), "the soak ended")
@@ -51,5 +52,8 @@ struct InterruptedSoakTests {
         let bus = pids
         try await eventually(60, "every process of the bus ended: \(bus)") { bus.values.allSatisfy { !isRunning($0) } }
         for port in ports { #expect(try portIsFree(port), "port \(port) is free") }
+        // Its working folder: removed by the soak on SIGTERM; after SIGKILL nothing could, but the test.
+        if signal == SIGTERM { #expect(!FileManager.default.fileExists(atPath: folder), "\(folder) removed") }
+        try? FileManager.default.removeItem(atPath: folder)
     }
 }

@@ -149,6 +149,7 @@ struct ConfigFileTests {
     func newSections() throws {
         let pair = try CurveKeyPair.generate(), kernel = try CurveKeyPair.generate()
         let keyFile = try temporaryFile(CurveKeyFile.secretFile(pair))
+        defer { try? FileManager.default.removeItem(at: keyFile) }
         let file = try ConfigFile.parse("""
             log_level: warning
             kernel: {log_level: debug}
@@ -260,6 +261,7 @@ struct ConfigFileTests {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("sb-two-machines-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: folder) }
         var pairs: [String: CurveKeyPair] = [:]
         for name in ["kernel", "services", "alice"] {
             let pair = try CurveKeyPair.generate()

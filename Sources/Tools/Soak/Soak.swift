@@ -67,6 +67,8 @@ struct Soak: AsyncParsableCommand {
         guard !etcd || pair else { throw ValidationError("--etcd is for a kernel pair: add --pair") }
         guard !cells || !(pair || hostile || streams) else { throw ValidationError("--cells is two cells with kills: not with --pair, --hostile or --streams") }
         let folder = try temporaryDirectory("switchboard-soak")
+        // Removed below once the soak passed (unless --keep); a failed one keeps its logs.
+        keepTemporaryDirectory(folder)
         // The state's etcd, or the cells' directory: one member of the soak's own, when asked for.
         let stateEtcd = etcd || cells ? try await TestEtcd.start() : nil
         defer { stateEtcd?.stop() }

@@ -113,12 +113,30 @@ extension ZMQSocket {
     }
 }
 
-/// A fresh temporary directory.
+/// A fresh temporary directory, removed with everything in it when this process exits
+/// normally: a test run leaves nothing behind (a crashed one leaves its folders, for a
+/// reader to see why). ``keepTemporaryDirectory(_:)`` lets one outlive the process.
 public func temporaryDirectory(_ label: String = "sb-test") throws -> URL {
     let url = FileManager.default.temporaryDirectory.appendingPathComponent("\(label)-\(UUID().uuidString.prefix(8))")
     try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    _ = removeTemporaryDirectoriesAtExit
+    temporaryDirectories.withLock { _ = $0.insert(url.path) }
     return url
 }
+
+/// Leaves `folder` (from ``temporaryDirectory(_:)``) in place when this process exits: its
+/// owner removes it, or keeps it for a reader (a failed soak's logs).
+public func keepTemporaryDirectory(_ folder: URL) {
+    temporaryDirectories.withLock { _ = $0.remove(folder.path) }
+}
+
+/// The folders ``temporaryDirectory(_:)`` made that go when the process exits.
+private let temporaryDirectories = Mutex<Set<String>>([])
+private let removeTemporaryDirectoriesAtExit: Void = {
+    atexit {
+        for path in temporaryDirectories.withLock({ $0 }) { try? FileManager.default.removeItem(atPath: path) }
+    }
+}()
 
 /// A kernel for one test, on loopback ports of its own.
 public struct TestKernel: Sendable {
