@@ -11,10 +11,12 @@ import ZeroMQ
 /// What cells cost and what they add (docs/CELLS.md), each against one cell in the same run.
 /// A request that crosses to another cell against the same request in one cell: two kernels
 /// on one etcd, the echo service in cell b only, the same clients asking b's kernel, then a's.
-/// Two cells serving one service together against one cell alone: ``together(_:)``. Each
+/// Two cells serving one service together against one cell alone: ``together()``. Each
 /// row's ratio is to the one-cell row above it.
 struct CellsBenchmark: AsyncParsableCommand {
     typealias Measured = (rate: Double, latencies: Histogram<UInt64>)
+    /// A rate of C clients, with the cores each cell's processes and the clients used meanwhile.
+    typealias Load = (rate: Double, cellCores: [Double], clientCores: Double)
 
     static let configuration = CommandConfiguration(
         commandName: "cells",
@@ -153,9 +155,8 @@ struct CellsBenchmark: AsyncParsableCommand {
             }
         }
 
-        /// The rate of C clients asking `brokers` at once, one each, and the cores each cell's
-        /// processes and the clients used meanwhile.
-        func rate(_ brokers: [String]) async throws -> (rate: Double, cellCores: [Double], clientCores: Double) {
+        /// C clients asking `brokers` at once, one each.
+        func rate(_ brokers: [String]) async throws -> Load {
             let cellsBefore = cells.map { cell in cell.processes.compactMap { cpuSeconds(of: $0.pid) }.reduce(0, +) }
             let clientsBefore = childrenCPUSeconds()
             let clock = ContinuousClock(), start = clock.now
@@ -176,14 +177,13 @@ struct CellsBenchmark: AsyncParsableCommand {
                     zip(cellsBefore, cellsAfter).map { ($1 - $0) / seconds },
                     (childrenCPUSeconds() - clientsBefore) / seconds)
         }
-        var one: [(rate: Double, cellCores: [Double], clientCores: Double)] = []
-        var two: [(rate: Double, cellCores: [Double], clientCores: Double)] = []
+        var one: [Load] = [], two: [Load] = []
         for _ in 0..<runs {
             one.append(try await rate([cells[0].broker]))
             two.append(try await rate(cells.map(\.broker)))
         }
         let oneCell = one.sorted { $0.rate < $1.rate }[(runs - 1) / 2], twoCells = two.sorted { $0.rate < $1.rate }[(runs - 1) / 2]
-        func used(_ run: (rate: Double, cellCores: [Double], clientCores: Double), cells count: Int) -> String {
+        func used(_ run: Load, cells count: Int) -> String {
             let cellsUsed = run.cellCores.prefix(count).map { String(format: "%.2f", $0) }.joined(separator: " and ")
             return "cores used: cell\(count == 1 ? "" : "s") \(cellsUsed) of \(cellCores) each, C client\(count == 1 ? "" : "s") " + String(format: "%.2f", run.clientCores)
         }
