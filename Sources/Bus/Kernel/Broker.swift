@@ -936,7 +936,7 @@ struct Broker: ~Copyable {
     /// Sends heartbeats to this cell's workers, expires the silent ones and requests that
     /// waited too long. Other cells' offers have ``cellTick(now:)``.
     mutating func tick(now: UInt64) {
-        heartbeat(workersIn: false, now: now)
+        heartbeat(cellOffers: false, now: now)
         if !lateWorkers.isEmpty { lateWorkers = lateWorkers.filter { $0.value.until > now } }
         expireQueued(now: now)
     }
@@ -945,17 +945,17 @@ struct Broker: ~Copyable {
     /// quicker interval (``KernelConfiguration/cellHeartbeatInterval``).
     mutating func cellTick(now: UInt64) {
         guard workers.values.contains(where: { $0.cell != nil }) else { return }
-        heartbeat(workersIn: true, now: now)
+        heartbeat(cellOffers: true, now: now)
     }
 
-    /// Expires the silent workers of this cell (`ofCells` false) or other cells' offers
+    /// Expires the silent workers of this cell (`cellOffers` false) or other cells' offers
     /// (true), and heartbeats to the rest of them.
-    private mutating func heartbeat(workersIn ofCells: Bool, now: UInt64) {
-        for worker in Array(workers.values) where (worker.cell != nil) == ofCells && worker.expiry <= now {
-            let silence = ofCells ? configuration.cellExpiry : configuration.workerExpiry
+    private mutating func heartbeat(cellOffers: Bool, now: UInt64) {
+        for worker in Array(workers.values) where (worker.cell != nil) == cellOffers && worker.expiry <= now {
+            let silence = cellOffers ? configuration.cellExpiry : configuration.workerExpiry
             remove(worker, reason: "no heartbeat for \(silence)", silent: true, now: now)
         }
-        for worker in workers.values where (worker.cell != nil) == ofCells {
+        for worker in workers.values where (worker.cell != nil) == cellOffers {
             send(MDP.encode(.heartbeat, to: worker.identity, version: worker.version))
         }
     }
