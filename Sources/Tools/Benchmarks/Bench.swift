@@ -63,7 +63,6 @@ func say(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }
 
-/// Writes a progress line to standard error.
 /// The user and system CPU time the process `pid` has used so far, from `/proc/PID/stat`
 /// (Linux; nil elsewhere or once it ended).
 func cpuSeconds(of pid: Int32) -> Double? {
@@ -75,6 +74,15 @@ func cpuSeconds(of pid: Int32) -> Double? {
     return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }
 
+/// The user and system CPU time of this process's children that ended so far (those
+/// still running are not in it).
+func childrenCPUSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_CHILDREN.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6
+}
+
+/// Writes a progress line to standard error.
 func progress(_ line: String) {
     FileHandle.standardError.write(Data((line + "\n").utf8))
 }

@@ -193,11 +193,4 @@ struct CellsBenchmark: AsyncParsableCommand {
                 note: String(format: "%.2fx one cell; a C client each; ", twoCells.rate / oneCell.rate) + used(twoCells, cells: 2)),
         ]
     }
-
-    /// The user and system CPU time of this process's children that ended so far.
-    private func childrenCPUSeconds() -> Double {
-        var usage = rusage()
-        getrusage(RUSAGE_CHILDREN.rawValue, &usage)
-        return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6
-    }
 }
