@@ -326,7 +326,7 @@ let package = Package(
         // bus with a store and a fetcher over files.
         .target(
             name: "SwitchboardTestSupport",
-            dependencies: ["Contracts", "Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService",
+            dependencies: ["Contracts", "Etcd", "Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService",
                            .product(name: "Logging", package: "swift-log")],
             path: "Sources/Tools/SwitchboardTestSupport",
             swiftSettings: sharedSettings

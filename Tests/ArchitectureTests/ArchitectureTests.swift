@@ -156,6 +156,43 @@ struct ArchitectureTests {
         }
     }
 
+    /// The test files that poll (with `eventually`), with what they wait for. A test awaits the
+    /// event it waits for (the test support's `awaitState`, `TestKernel.workers` and
+    /// `offers`, `TestEtcd.values`, `Observed`); it polls only what another process does, or
+    /// what the code under test tells no one. The counts only go down.
+    static let polls: [String: (count: Int, waitsFor: String)] = [
+        "Tests/BusKitTests/BusKitTests.swift": (4, "a client's requests waiting, a kernel's queue, a worker process's request"),
+        "Tests/BusKitTests/CellTests.swift": (2, "the stop reaching another cell's worker, a gateway process"),
+        "Tests/BusKitTests/CurveTests.swift": (2, "the kernel's security counters"),
+        "Tests/BusKitTests/KernelPairTests.swift": (4, "the pair's roles, a subscription's connections"),
+        "Tests/BusKitTests/PartStreamTests.swift": (2, "a stream ended unread, a client's requests waiting"),
+        "Tests/BusKitTests/StatsTests.swift": (1, "error counts that come with the workers' heartbeats"),
+        "Tests/DeploymentTests/CellPartitionTests.swift": (1, "kernel processes on other hosts"),
+        "Tests/DeploymentTests/GatewayFailoverTests.swift": (5, "gateway processes and HAProxy"),
+        "Tests/DeploymentTests/HostileClientTests.swift": (2, "a kernel process"),
+        "Tests/DeploymentTests/InterruptedSoakTests.swift": (1, "the soak's processes ending"),
+        "Tests/DeploymentTests/PairSplitTests.swift": (3, "kernel processes in network namespaces"),
+        "Tests/DeploymentTests/RollingRestartTests.swift": (1, "sb processes' load"),
+        "Tests/DeploymentTests/UpTests.swift": (1, "processes ending"),
+        "Tests/FetcherServiceTests/FetcherTests.swift": (1, "the HTTP server process"),
+        "Tests/FetcherServiceTests/OfflineTests.swift": (1, "a fetcher process"),
+        "Tests/SearchServiceTests/SearchBusTests.swift": (1, "an index rebuilt after a fetcher refresh"),
+        "Tests/StoreServiceTests/PostgresDuplicateTests.swift": (1, "PostgreSQL's locks"),
+        "Tests/StoreServiceTests/PostgresFaultTests.swift": (1, "PostgreSQL back"),
+    ]
+
+    @Test("tests await events; they poll only where the allowlist says what for")
+    func testsAwaitEvents() throws {
+        let base = Self.root.appendingPathComponent("Tests")
+        let files = try #require(FileManager.default.enumerator(at: base, includingPropertiesForKeys: nil))
+        for case let file as URL in files where file.pathExtension == "swift" {
+            let name = String(file.path.dropFirst(Self.root.path.count + 1))
+            let count = try String(contentsOf: file, encoding: .utf8).matches(of: /eventually\(/).count
+            #expect(count <= (Self.polls[name]?.count ?? 0),
+                    "\(name) polls \(count) times: await the event instead (docs/ARCHITECTURE.md, SwitchboardTestSupport), or say in ArchitectureTests.polls what it waits for")
+        }
+    }
+
     @Test("code comments state rules, not history: none cites an issue or the benchmark notes")
     func commentsCiteNoIssues() throws {
         for (name, text) in try Self.productionSources() {

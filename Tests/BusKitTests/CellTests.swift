@@ -45,7 +45,7 @@ struct CellTests {
         try await hostB.start()
         let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10))
 
-        try await eventually(10, "cell b offers echo to cell a") { try await client.hasWorkers(EchoAPI.service) }
+        try await a.offers(EchoAPI.service, from: ["b"])
         #expect(try await client.call(EchoAPI.count, .init(n: 7)) == 7)
         #expect(try await client.call(EchoAPI.whoami) == "b")
         var numbers: [Int] = []
@@ -87,10 +87,11 @@ struct CellTests {
         let failure = await #expect(throws: BusError.self) { try await client.call(EchoAPI.count, .init(n: 1)) }
         #expect(failure?.code == JSONRPCError.serviceUnavailableCode, "\(String(describing: failure))")
         #expect(ContinuousClock.now - asked < .seconds(5))
+        try await a.offers(EchoAPI.service, from: [])
 
         // Back (its worker reconnects by itself): served across again, without a restart of a.
         b = try await b.restarted()
-        try await eventually(15, "cell b offers echo to cell a again") { try await client.hasWorkers(EchoAPI.service) }
+        try await a.offers(EchoAPI.service, from: ["b"], within: 15)
         #expect(try await client.call(EchoAPI.count, .init(n: 9)) == 9)
 
         // A client given both cells moves to the other when its own goes.
@@ -185,7 +186,7 @@ struct CellTests {
                                                                                          connections: 1, heartbeatInterval: .milliseconds(100), heartbeatLiveness: 10))
         try await host.start()
         let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10))
-        try await eventually(10, "cell b offers echo to cell a") { try await client.hasWorkers(EchoAPI.service) }
+        try await a.offers(EchoAPI.service, from: ["b"])
         #expect(try await client.call(EchoAPI.count, .init(n: 3)) == 3)
 
         await first.stop()
@@ -253,9 +254,7 @@ struct CellTests {
         try await a.workers(EchoAPI.service)
         try await b.workers(EchoAPI.service, atLeast: 2)
         let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(15))
-        try await eventually(10, "cell b offers echo to cell a") {
-            try await client.call(KernelAPI.servicesList).services.first { $0.name == EchoAPI.service }?.cells == ["b"]
-        }
+        try await a.offers(EchoAPI.service, from: ["b"])
 
         let gather = client.gather(EchoAPI.whoami)
         var asked: [[String]] = [], answers: [String: String] = [:]
@@ -329,13 +328,11 @@ struct CellTests {
         try await b.workers(EchoAPI.service)
         try await c.workers(EchoAPI.service, atLeast: 3)
         let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(15))
-        let directory = try EtcdClient(endpoints: etcd.clientURLs)
-        try await eventually(10, "cell c's record counts three echo workers, and both cells offer echo to cell a") {
-            let record = try await directory.range(Array("/sb-test/spreading-cells/c".utf8)).keyValues.first.map { try JSONValue(parsing: $0.value) }
-            guard record?["services"]?[EchoAPI.service] == 3 else { return false }
-            return try await client.call(KernelAPI.servicesList).services.first { $0.name == EchoAPI.service }?.cells == ["b", "c"]
+        let recordOfC = "/sb-test/spreading-cells/c"
+        try await etcd.values(under: recordOfC, "cell c's record counts three echo workers") { records in
+            (try? records[recordOfC].map { try JSONValue(parsing: $0) })??["services"]?[EchoAPI.service] == 3
         }
-        await directory.close()
+        try await a.offers(EchoAPI.service, from: ["b", "c"])
 
         // 400 requests that each take 20 ms, 40 at a time: each offer's window (64) would take
         // them alike; counted by what cell a handed each cell.
@@ -363,7 +360,7 @@ struct CellTests {
         let first = try await TestKernel.start(cell("b", on: settings))
         let directory = try EtcdClient(endpoints: etcd.clientURLs)
         let record = Array("/sb-test/one-kernel-cells/b".utf8)
-        try await eventually(10, "cell b's record in the directory") { try await !directory.range(record).keyValues.isEmpty }
+        try await etcd.values(under: "/sb-test/one-kernel-cells/b", "cell b's record in the directory") { !$0.isEmpty }
         let refused = await #expect(throws: ZMQError.self) { try await TestKernel.start(cell("b", on: settings)) }
         #expect(refused?.description.contains("cell b already has a kernel, at \(first.endpoints.broker)") == true, "\(String(describing: refused))")
         await first.stop()
@@ -405,7 +402,7 @@ struct CellTests {
         try worker.send(MDP.encode(.ready(service: "asking", window: 1, callers: true)))
         let clientKeys = try CurveClientKeys(serverKey: keysA.publicKey, secretKey: clientPair.secretKey)
         let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10), curve: clientKeys)
-        try await eventually(10, "cell b offers 'asking' to cell a") { try await client.hasWorkers("asking") }
+        try await a.offers("asking", from: ["b"], curve: clientKeys)
 
         async let reply = client.call(service: "asking", body: ["x"])
         var command: BrokerToWorker

@@ -38,14 +38,15 @@ private enum NumbersAPI {
 
 private actor Numbers: BusService {
     static let name = NumbersAPI.service
-    /// Parts its handlers have handed over, and handlers running now, over all its instances.
+    /// Parts its handlers have handed over, and handlers running now (a test awaits their
+    /// end), over all its instances.
     static let partsSent = Atomic<Int>(0)
-    static let running = Atomic<Int>(0)
+    static let running = Observed(0)
 
     nonisolated func methods(_ table: inout MethodTable<Numbers>) {
         table.onStream(NumbersAPI.count) { _, params, parts in
-            Self.running.add(1, ordering: .relaxed)
-            defer { Self.running.subtract(1, ordering: .relaxed) }
+            Self.running.update { $0 += 1 }
+            defer { Self.running.update { $0 -= 1 } }
             for number in 0..<max(0, params.n) {
                 if number == params.failAfter { throw JSONRPCError(code: -32042, message: "stopped after \(number)") }
                 try await parts.send(.init(n: number + 1, pad: params.padding.map { String(repeating: "p", count: $0) }))
@@ -59,8 +60,8 @@ private actor Numbers: BusService {
 
 @Suite("BusKit: replies in parts, from a hosted service's handler to a client's AsyncSequence")
 struct PartStreamTests {
-    private func hostNumbers(_ kernel: TestKernel) async throws -> ServiceHost<Numbers> {
-        let options = ServiceHost<Numbers>.Options(brokers: [kernel.endpoints.broker], connections: 1,
+    private func hostNumbers(_ kernel: TestKernel, window: Int = 16) async throws -> ServiceHost<Numbers> {
+        let options = ServiceHost<Numbers>.Options(brokers: [kernel.endpoints.broker], connections: 1, window: window,
                                                    heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                    heartbeatLiveness: kernel.configuration.heartbeatLiveness, drainTimeout: .milliseconds(100),
                                                    maxMessageSize: kernel.configuration.maxMessageSize)
@@ -187,7 +188,8 @@ struct PartStreamTests {
     @Test("a reader that hangs up on a long stream: the kernel tells the worker, whose handler ends at its next part and frees its place")
     func hangUpStopsTheWorker() async throws {
         let kernel = try await TestKernel.start(fastHeartbeats)
-        let host = try await hostNumbers(kernel)
+        // One place: the request after the stream is served only once the stream's is free.
+        let host = try await hostNumbers(kernel, window: 1)
         let before = Numbers.partsSent.load(ordering: .relaxed)
         let reader = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(60))
         var read = 0
@@ -197,10 +199,10 @@ struct PartStreamTests {
         }
         await reader.close()
         // The kernel's next part to the reader finds it gone: it tells the worker to stop.
-        try await eventually(30, "the handler ended") { await host.inFlight() == 0 && Numbers.running.load(ordering: .relaxed) == 0 }
+        try await Numbers.running.wait(within: 30, "the handler ended") { $0 == 0 }
         let made = Numbers.partsSent.load(ordering: .relaxed) - before
         #expect(made < 500_000, "the handler made \(made) parts of 1,000,000 for a reader gone after 5")
-        // Its place serves the next request at once.
+        // Its place serves the next request.
         let bus = try await BusClient(brokers: [kernel.endpoints.broker])
         #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 3)).numbers == [1, 2, 3])
         await bus.close()

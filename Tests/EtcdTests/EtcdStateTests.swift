@@ -277,13 +277,9 @@ struct EtcdStateTests {
                 for n in 0..<300 { group.addTask { _ = try? await bus.call(KernelAPI.stateSet, .init(key: "/stopping/\(n)", value: .int(Int64(n)))) } }
             }
         }
-        let etcd = try EtcdClient(endpoints: cluster.clientURLs)
-        try await eventually(10, "writes reached etcd") {
-            (try? await etcd.range(prefix: Array((Self.prefix + "/stopping/").utf8)).keyValues.count) ?? 0 > 0
-        }
+        try await cluster.values(under: Self.prefix + "/stopping/", "writes reached etcd") { !$0.isEmpty }
         await kernel.stop()
         await bus.close()
-        await etcd.close()
         try await within(30, "every write answered or failed") { await writes.value }
     }
 

@@ -189,6 +189,8 @@ struct Broker: ~Copyable {
         var workers = 0
         /// Whether a request for it can be served now, here or by another cell.
         var isServed: Bool { workers > 0 || !offers.isEmpty }
+        /// The other cells offering it, by name, a draining offer not counted.
+        var cells: [String] { Set(offers.compactMap(\.cell)).sorted() }
         /// Places of the workers it is asked through (the sum of their windows: this cell's,
         /// or while it has none the other cells' offers): no client may hold more than its
         /// share of them (``Broker/clientShare(of:)``).
@@ -274,8 +276,10 @@ struct Broker: ~Copyable {
         /// An admitted request for the built-in `kernel` service, with the sender's CURVE key
         /// (nil without CURVE); answered through ``Broker/replyFromKernel(to:_:)``.
         case kernelRequest(Caller, body: [Frame], peer: String?)
-        /// A service's worker count changed.
+        /// A service's worker count in this cell changed.
         case workersChanged(service: String, count: Int)
+        /// Another cell began or ceased to offer a service (``Service/cells``).
+        case offersChanged(service: String)
         /// A request was answered (told only while spans are recorded: ``recordsSpans``).
         case answered(service: String, body: [Frame], received: UInt64, now: UInt64)
     }
@@ -542,6 +546,7 @@ struct Broker: ~Copyable {
             service.join(worker)
             if let cell {
                 logger.info("another cell offers a service", metadata: ["service": "\(name)", "cell": "\(cell)", "window": "\(worker.window)"])
+                events.append(.offersChanged(service: name))
             } else {
                 logger.info("worker registered", metadata: ["service": "\(name)", "workers": "\(service.workers)", "window": "\(worker.window)"])
                 events.append(.workersChanged(service: name, count: service.workers))
@@ -839,7 +844,7 @@ struct Broker: ~Copyable {
             stopWaiting(copies)
             for copy in copies { if let (gather, name) = copy.gather { gatherMissing(gather, name, "drained") } }
             logger.info("worker draining", metadata: ["service": "\(service.name)", "inFlight": "\(worker.inFlight.count)", "workers": "\(service.workers)"])
-            if worker.cell == nil { events.append(.workersChanged(service: service.name, count: service.workers)) }
+            events.append(worker.cell == nil ? .workersChanged(service: service.name, count: service.workers) : .offersChanged(service: service.name))
         }
         if worker.speaksExtension {
             send(MDP.encode(.drain, to: worker.identity, version: worker.version))
@@ -1000,7 +1005,7 @@ struct Broker: ~Copyable {
         let service = worker.service
         if !worker.draining {  // a draining worker was taken out of the counts already
             service.leave(worker)
-            if worker.cell == nil { events.append(.workersChanged(service: service.name, count: service.workers)) }
+            events.append(worker.cell == nil ? .workersChanged(service: service.name, count: service.workers) : .offersChanged(service: service.name))
         }
         logger.info("worker removed", metadata: ["service": "\(service.name)", "reason": "\(reason)", "workers": "\(service.workers)"])
         // Its requests in flight, oldest first, go back to the front of the queue with a

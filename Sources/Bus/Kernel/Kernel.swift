@@ -347,8 +347,7 @@ public actor Kernel: BusService {
     private func servicesList() throws(JSONRPCError) -> KernelAPI.ServiceList {
         let parts = try serving()
         return KernelAPI.ServiceList(services: parts.broker.services.values.sorted { $0.name < $1.name }.map { service in
-            let all = parts.broker.workers.values.filter { $0.service === service }
-            let workers = all.filter { $0.cell == nil }, cells = Set(all.compactMap(\.cell)).sorted()
+            let workers = parts.broker.workers.values.filter { $0.service === service && $0.cell == nil }, cells = service.cells
             let draining = workers.filter(\.draining).count
             return KernelAPI.ServiceList.Entry(name: service.name, workers: service.workers, idle: workers.filter { $0.inFlight.isEmpty && !$0.draining }.count,
                                                queued: service.requests.count, inFlight: workers.reduce(0) { $0 + $1.inFlight.count },

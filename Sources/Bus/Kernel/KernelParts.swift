@@ -308,9 +308,11 @@ final class KernelParts {
         case .kernelRequest(let caller, let body, let peer):
             kernel?.assumeIsolated { $0.answer(caller, body: body, peer: peer) }
         case .workersChanged(let service, let count):
-            setWorkers(service, count, now: clock.now)
+            setServiceKey(service, now: clock.now)
             if let cells, count <= 1 { cells.reconcile(services: localServices, now: clock.now) }
             cellDirectory?.changed.yield()
+        case .offersChanged(let service):
+            setServiceKey(service, now: clock.now)
         case .answered(let service, let body, let received, let now):
             guard body.count == 1 else { return }
             BusTracing.recordDispatch(service: service, body: body[0], received: received, answered: now, now: clock.now)
@@ -345,7 +347,7 @@ final class KernelParts {
     /// Writes every one of the kernel's own keys: its instance, and each service's workers.
     func writeOwnKeys(now: UInt64) {
         setInstance(now: now)
-        for (name, count) in broker.workerCounts { setWorkers(name, count, now: now) }
+        for (name, _) in broker.workerCounts { setServiceKey(name, now: now) }
     }
 
     func setInstance(now: UInt64) {
@@ -353,8 +355,12 @@ final class KernelParts {
         state.set(KernelAPI.StateKeys.instance(cell: configuration.cell?.name), value: Frame(JSONValue.object(["instance": .string(kernel.instance)]).jsonBytes), now: now)
     }
 
-    private func setWorkers(_ name: String, _ count: Int, now: UInt64) {
-        let value = JSONValue.object(["name": .string(name), "workers": .int(Int64(count))])
-        state.set(KernelAPI.StateKeys.service(name, cell: configuration.cell?.name), value: Frame(value.jsonBytes), now: now)
+    /// A service's key: its workers in this cell, and the other cells offering it (`cells`,
+    /// left out when none), as `services.list` counts them.
+    private func setServiceKey(_ name: String, now: UInt64) {
+        let service = broker.services[name]
+        var value: [String: JSONValue] = ["name": .string(name), "workers": .int(Int64(service?.workers ?? 0))]
+        if let cells = service?.cells, !cells.isEmpty { value["cells"] = .array(cells.map(JSONValue.string)) }
+        state.set(KernelAPI.StateKeys.service(name, cell: configuration.cell?.name), value: Frame(JSONValue.object(value).jsonBytes), now: now)
     }
 }

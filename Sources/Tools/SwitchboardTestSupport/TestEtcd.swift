@@ -1,4 +1,5 @@
 public import Foundation
+import Etcd
 import Synchronization
 
 /// An etcd cluster of its own for a test: `members` etcd processes (Debian's `etcd-server`)
@@ -73,6 +74,37 @@ public final class TestEtcd: Sendable {
 
     /// The member's output so far (etcd's JSON log lines).
     public func log(_ member: Int) -> String { processes.withLock { $0[member] }?.outputSoFar ?? "" }
+
+    /// The keys under `prefix` and their values once `condition` holds of them: read once,
+    /// then followed through a watch from that read's revision, so the wait ends at the change
+    /// it waits for instead of polling. Fails with ``TimedOut`` after `seconds`.
+    @discardableResult
+    public func values(under prefix: String, within seconds: Double = 10, _ what: String,
+                       until condition: @escaping @Sendable ([String: [UInt8]]) -> Bool) async throws -> [String: [UInt8]] {
+        let client = try EtcdClient(endpoints: clientURLs)
+        do {
+            let values = try await within(seconds, what) {
+                let prefix = Array(prefix.utf8)
+                let read = try await client.range(prefix: prefix)
+                var values: [String: [UInt8]] = [:]
+                for entry in read.keyValues { values[String(decoding: entry.key, as: UTF8.self)] = entry.value }
+                if condition(values) { return values }
+                for try await update in client.watch(prefix: prefix, from: read.revision + 1) {
+                    guard case .events(let events, _) = update else { continue }
+                    for event in events {
+                        values[String(decoding: event.keyValue.key, as: UTF8.self)] = event.kind == .delete ? nil : event.keyValue.value
+                    }
+                    if condition(values) { return values }
+                }
+                throw TimedOut(what: "\(what): the watch ended")
+            }
+            await client.close()
+            return values
+        } catch {
+            await client.close()
+            throw error
+        }
+    }
 
     /// Stops every member and removes the folder.
     public func stop() {

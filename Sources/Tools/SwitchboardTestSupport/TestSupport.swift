@@ -227,6 +227,16 @@ public struct TestKernel: Sendable {
                                                  within: seconds, curve: curve, what, where: condition)
     }
 
+    /// Returns once the other cells offering `service` to this kernel are `cells` (sorted),
+    /// awaiting the service's state key (its `cells`, published as offers come and go);
+    /// fails with ``TimedOut`` after `seconds`.
+    public func offers(_ service: String, from cells: [String], within seconds: Double = 10, curve: CurveClientKeys? = nil) async throws {
+        let key = KernelAPI.StateKeys.service(service, cell: configuration.cell?.name)
+        try await state(key, within: seconds, curve: curve, "\(service) offered to cell \(configuration.cell?.name ?? "-") by \(cells)") { state in
+            (state[key]?["cells"]?.arrayValue ?? []).compactMap(\.stringValue) == cells
+        }
+    }
+
     /// The kernel's state under `prefix` once `condition` holds of it (``awaitState``).
     @discardableResult
     public func state(_ prefix: String, within seconds: Double = 10, curve: CurveClientKeys? = nil, _ what: String,
