@@ -93,40 +93,47 @@ public actor Kernel: BusService {
         case .idle: break
         }
         guard let settings = configuration.stateEtcd else {
-            if let cell = configuration.cell {
-                phase = .starting
-                do {
-                    try await refuseSecondKernel(of: cell)
-                } catch {
-                    if case .starting = phase { phase = .idle }
-                    throw error
-                }
-                guard case .starting = phase else { throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF) }
-                phase = .idle
-            }
+            if let cell = configuration.cell { try await whileStarting { try await refuseSecondKernel(of: cell) } }
             return try bind(KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger))
         }
         guard configuration.pair == nil else {
             phase = .stopped
             throw ZMQError(call: "start(a pair with kernel.state.backend: etcd: not supported yet; run one kernel on etcd)", code: EINVAL)
         }
-        phase = .starting
-        do {
+        let parts = try await whileStarting {
             let link = try await connectState(settings)
             do {
                 let parts = KernelParts(kernel: self, configuration: configuration, instance: instance, clock: clock, logger: logger, etcd: link)
                 try await readState(into: parts, from: link)
-                guard case .starting = phase else { throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF) }
-                phase = .idle
-                return try bind(parts)
+                try stillStarting()
+                return parts
             } catch {
                 await closeState(link)
                 throw error
             }
+        }
+        return try bind(parts)
+    }
+
+    /// Runs `work`, what a start awaits before it binds, in the starting phase: a second
+    /// start meanwhile is refused, and a stop meanwhile makes the start throw (`work` checks
+    /// ``stillStarting()`` itself before it hands back anything it must close).
+    private func whileStarting<Result>(_ work: () async throws -> Result) async throws -> Result {
+        phase = .starting
+        do {
+            let result = try await work()
+            try stillStarting()
+            phase = .idle
+            return result
         } catch {
             if case .starting = phase { phase = .idle }
             throw error
         }
+    }
+
+    /// Throws unless the kernel is still starting (a stop came while the start awaited).
+    private func stillStarting() throws {
+        guard case .starting = phase else { throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF) }
     }
 
     /// Binds every endpoint and serves them with `parts` (their state read from etcd, if it
