@@ -108,7 +108,7 @@ struct GatewayFailoverTests {
               server g1 127.0.0.1:\(ports[1]) check inter 100 fall 1 rise 1
 
             """.write(to: balancerConfig, atomically: true, encoding: .utf8)
-        let balancer = try ChildProcess(URL(fileURLWithPath: haproxy), ["-f", balancerConfig.path, "-db"])
+        let balancer = try ChildProcess(watched: URL(fileURLWithPath: haproxy), ["-f", balancerConfig.path, "-db"])
         defer { balancer.stop() }
         @Sendable func balancerSees(_ server: String, _ status: String) async throws -> Bool {
             try await get("http://127.0.0.1:\(statsPort)/stats;csv").split(separator: "\n").contains { $0.hasPrefix("gateways,\(server),") && $0.contains(",\(status),") }

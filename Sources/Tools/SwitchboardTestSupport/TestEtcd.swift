@@ -126,8 +126,8 @@ public final class TestEtcd: Sendable {
             "--logger", "zap", "--log-outputs", "stderr",
         ] + arguments
         // `ip netns exec` enters the namespace and runs etcd in its place (same pid).
-        let process = try namespaces[member].map { try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", $0, Self.executable.path] + etcd) }
-            ?? ChildProcess(Self.executable, etcd)
+        let process = try namespaces[member].map { try ChildProcess(watched: URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", $0, Self.executable.path] + etcd) }
+            ?? ChildProcess(watched: Self.executable, etcd)
         processes.withLock { $0[member] = process }
     }
 

@@ -361,8 +361,10 @@ public func fastHeartbeats(_ configuration: inout KernelConfiguration) {
 ///
 /// It goes even when the test process dies without stopping it (killed, or a CI time-out):
 /// its stdin is a "lifeline", a pipe only this process writes to, and end-of-file there
-/// ends it. `switchboard up`, `kernel` and `serve` are told to watch it (`--lifeline-fd 0`,
-/// added here); the Python fixtures in Tests/Interop watch their stdin themselves.
+/// ends it. `switchboard up`, `kernel`, `serve` and `gateway` are told to watch it
+/// (`--lifeline-fd 0`, added here, also through `ip netns exec`); the Python fixtures in
+/// Tests/Interop watch their stdin themselves; other programs are started
+/// ``init(watched:_:)``, with a watcher of their own.
 public final class ChildProcess: @unchecked Sendable {
     public let process: Process
     public let output: Pipe
@@ -374,8 +376,7 @@ public final class ChildProcess: @unchecked Sendable {
     public init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil) throws {
         process = Process()
         process.executableURL = executable
-        let watchesLifeline = executable.lastPathComponent == "switchboard" && ["up", "kernel", "serve", "gateway"].contains(arguments.first ?? "")
-        process.arguments = arguments + (watchesLifeline ? ["--lifeline-fd", "0"] : [])
+        process.arguments = arguments + (Self.watchesLifeline(executable, arguments) ? ["--lifeline-fd", "0"] : [])
         process.standardInput = lifeline
         if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         output = Pipe()
@@ -390,6 +391,29 @@ public final class ChildProcess: @unchecked Sendable {
             if data.isEmpty { handle.readabilityHandler = nil }
         }
         try startUnblocked(process)
+    }
+
+    /// Starts `executable`, which watches no lifeline itself (etcd, HAProxy), through a shell
+    /// that leaves a watcher of the lifeline behind and then becomes `executable` (the same
+    /// pid). When the lifeline ends, that is when this process ended without stopping it, the
+    /// watcher kills its parent if that is still `executable`: never a process that took the
+    /// pid of one that already ended (the watcher has another parent then).
+    public convenience init(watched executable: URL, _ arguments: [String]) throws {
+        // The watcher closes what it inherited but the lifeline: Foundation learns that a
+        // child ended when the last copy of a socket the child holds closes.
+        let script = #"exec 3<&0; { for fd in /proc/self/fd/*; do n=${fd##*/}; [ "$n" -gt 3 ] && eval "exec $n>&-"; done; "#
+            + #"while read -r _; do :; done <&3; read -r _ _ _ parent _ < /proc/self/stat; [ "$parent" = "$$" ] && kill -KILL $$; } "#
+            + #"</dev/null >/dev/null 2>&1 & exec 3<&-; exec "$@""#
+        try self.init(URL(fileURLWithPath: "/bin/bash"), ["-c", script, "bash", executable.path] + arguments)
+    }
+
+    /// Whether the command is a `switchboard` command that watches a lifeline when told
+    /// (`up`, `kernel`, `serve`, `gateway`), run directly or through `ip netns exec`.
+    private static func watchesLifeline(_ executable: URL, _ arguments: [String]) -> Bool {
+        let command = [executable.path] + arguments
+        guard let program = command.firstIndex(where: { URL(fileURLWithPath: $0).lastPathComponent == "switchboard" }),
+              program + 1 < command.count else { return false }
+        return ["up", "kernel", "serve", "gateway"].contains(command[program + 1])
     }
 
     public var pid: Int32 { process.processIdentifier }
