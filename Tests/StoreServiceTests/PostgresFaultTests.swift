@@ -64,7 +64,7 @@ struct PostgresFaultTests {
             return done
         }
         try await written.wait(within: 10, "writes on their way") { $0 > 20 }
-        try server.kill()
+        await server.kill()
         acknowledged += await writing.value
         do {
             _ = try await client.request(service: "store", method: "history.add", params: ["text": "while away"])
@@ -76,7 +76,7 @@ struct PostgresFaultTests {
         }
 
         // Back: the store reconnects by itself; everything acknowledged is there.
-        try server.restart()
+        try await server.restart()
         try await eventually(20, "writes succeed again") {
             (try? await client.request(service: "store", method: "history.add", params: ["text": "after"], timeout: .seconds(2))) != nil
         }

@@ -470,7 +470,7 @@ struct StreamsDurabilityTests {
             _ = try await bus.ack("orders", "billing", [1, 2])
         }
         // PostgreSQL killed as a crash would (what it acknowledged is in its log), then started.
-        try bus.postgres?.restart()
+        try await bus.postgres?.restart()
         let again = try await StreamsBus.start(folder: bus.folder, time: bus.time, backend: backend, postgres: bus.postgres)
         try await stopping(again, with: { await $0.stop() }) { bus in
             let info = try await bus.client.call(API.streamInfo, .init(name: "orders"))
@@ -653,11 +653,11 @@ struct StreamsSharedDatabaseTests {
             _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
             for number in 1...3 { try await bus.publish("orders.new", .int(Int64(number)), id: "o-\(number)") }
             guard let postgres = bus.postgres else { return }
-            try postgres.kill()
+            await postgres.kill()
             let refused = await bus.failure(API.publish, .init(subject: "orders.new", data: 4, id: "o-4"))
             #expect(refused?.code == JSONRPCError.storageFailedCode && refused?.data?["reason"] == "unreachable", "\(String(describing: refused))")
             #expect(refused?.message.contains("127.0.0.1:\(postgres.port)") == true && refused?.message.contains(TestPostgres.password) == false)
-            try postgres.restart()
+            try await postgres.restart()
             // The service finds the database again on its own (as its host's readiness does).
             await bus.service.waitUntilReady()
             #expect(try await bus.publish("orders.new", 4, id: "o-4").sequence == 4)

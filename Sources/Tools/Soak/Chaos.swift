@@ -91,14 +91,14 @@ struct Chaos {
         }
     }
 
-    /// Stops the database at once (`pg_ctl stop -m immediate`: what it acknowledged is in its
+    /// Stops the database at once (PostgreSQL's immediate shutdown: what it acknowledged is in its
     /// log, nothing else is flushed), starts it again, and waits until the streams service
     /// answers through it again.
     private mutating func crashAndRestart(_ database: TestPostgres, since started: Date) async {
         let pid = database.pid ?? 0
         let killedAt = Date()
         var problem: String?
-        do { try database.restart() } catch { problem = "\(error)" }
+        do { try await database.restart() } catch { problem = "\(error)" }
         let recovered = await waitUntil(60) { [probe] in
             guard let call = Self.probes.first(where: { $0.service == "streams" }) else { return false }
             return (try? await call.send(probe)) != nil
