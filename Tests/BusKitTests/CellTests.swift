@@ -352,6 +352,39 @@ struct CellTests {
         for kernel in [c, b, a] { await kernel.stop() }
     }
 
+    @Test("a cell's supervisor is not offered to the other cells: asked through another cell, it would restart that cell's pieces, not the asker's")
+    func supervisorStaysInItsCell() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        let settings = etcdSettings(on: etcd, prefix: "/sb-test/supervised-cells")
+        let a = try await TestKernel.start(cell("a", on: settings))
+        let b = try await TestKernel.start { configuration in
+            cell("b", on: settings)(&configuration)
+            // The stand-in supervisor below sends no heartbeats.
+            configuration.heartbeatLiveness = 100
+        }
+        // Cell b's supervisor (a stand-in) registers first, then an echo worker: by the time
+        // echo is offered to cell a, the supervisor would have been.
+        let context = try ZMQContext()
+        let supervisor = try ZMQSocket(context, .dealer)
+        try supervisor.set(.linger, 0)
+        try supervisor.connect(b.endpoints.broker)
+        try supervisor.send(MDP.encode(.ready(service: SupervisorAPI.service, window: 1)))
+        try await b.workers(SupervisorAPI.service)
+        let host = try echo("b", at: b)
+        try await host.start()
+        try await a.offers(EchoAPI.service, from: ["b"])
+        let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10))
+        let services = try await client.call(KernelAPI.servicesList).services
+        #expect(services.first { $0.name == SupervisorAPI.service } == nil, "\(services)")
+
+        await client.close()
+        supervisor.close()
+        await host.stop()
+        await b.stop()
+        await a.stop()
+    }
+
     @Test("with the state in memory a cell has one kernel: a second of the same cell is refused at start, naming the first; it starts once the first stopped, or when the record it finds names a broker where nothing listens")
     func oneKernelPerCell() async throws {
         let etcd = try await TestEtcd.start()

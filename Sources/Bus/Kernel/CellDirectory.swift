@@ -228,7 +228,7 @@ extension Kernel {
                            metadata: ["cells": "\(all.count)", "followed": "\(CellDirectory.mostCells)", "leftOut": "\(leftOut)"])
         }
         parts.broker.cellWorkers = records.mapValues(\.workers)
-        cells.peersChanged(records.mapValues(\.peer), services: parts.localServices, now: clock.now)
+        cells.peersChanged(records.mapValues(\.peer), services: parts.offeredToCells, now: clock.now)
         parts.flush()
     }
 }

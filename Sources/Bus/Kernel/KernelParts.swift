@@ -200,7 +200,7 @@ final class KernelParts {
         repeatEvery(configuration.cellHeartbeatInterval, on: loop) { parts in
             let now = parts.clock.now
             parts.broker.cellTick(now: now)
-            parts.cells?.tick(now: now, services: parts.localServices)
+            parts.cells?.tick(now: now, services: parts.offeredToCells)
         }
         var heap = HeapTrim()
         // `kernel stats` as metrics, for a backend the process bootstrapped (telemetry on).
@@ -309,7 +309,7 @@ final class KernelParts {
             kernel?.assumeIsolated { $0.answer(caller, body: body, peer: peer) }
         case .workersChanged(let service, let count):
             setServiceKey(service, now: clock.now)
-            if let cells, count <= 1 { cells.reconcile(services: localServices, now: clock.now) }
+            if let cells, count <= 1 { cells.reconcile(services: offeredToCells, now: clock.now) }
             cellDirectory?.changed.yield()
         case .offersChanged(let service):
             setServiceKey(service, now: clock.now)
@@ -341,8 +341,14 @@ final class KernelParts {
         broker.replyFromKernel(to: caller, body)
     }
 
-    /// The services with a worker in this cell (not those only other cells offer).
-    var localServices: [String] { broker.workerCounts.filter { $0.workers > 0 }.map(\.name) }
+    /// The services this cell offers the other cells: those with a worker here (not those
+    /// only other cells offer), but the ones bound to this cell (``cellBound``).
+    var offeredToCells: [String] { broker.workerCounts.filter { $0.workers > 0 && !Self.cellBound.contains($0.name) }.map(\.name) }
+
+    /// Services never offered to other cells: the supervisor restarts the processes
+    /// `switchboard up` runs on this cell's machines, so asked through another cell it would
+    /// restart this cell's pieces, not the asker's.
+    static let cellBound: Set<String> = [SupervisorAPI.service]
 
     /// Writes every one of the kernel's own keys: its instance, and each service's workers.
     func writeOwnKeys(now: UInt64) {
