@@ -16,6 +16,17 @@ struct MDPTests {
         #expect(try MDP.decodeAtBroker(PartsReader().read(routed)) == .request(client: client, service: "echo", body: ["hello", "world"]))
     }
 
+    @Test("a client CANCEL (the client extension): the REQUEST's frames with command 0x04, decoded at the broker; a 7/MDP REQUEST has none; one with no body is malformed")
+    func clientCancel() throws {
+        let request = MDP.request(service: "echo", body: ["hello"], version: .v02)
+        let cancel = try #require(MDP.cancel(of: request))
+        #expect(cancel == ["MDPC02", Frame([0x04]), "echo", "hello"] && cancel == MDP.cancel(service: "echo", body: ["hello"]))
+        #expect(try MDP.decodeAtBroker(Message([client] + cancel.frames)) == .cancel(client: client, service: "echo", body: ["hello"]))
+        #expect(MDP.cancel(of: MDP.request(service: "echo", body: ["hello"])) == nil)
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtBroker([client, "MDPC02", Frame([0x04]), "echo"]) }
+        #expect(throws: ProtocolError.self) { try MDP.decodeAtBroker([client, "MDPC02", Frame([0x05]), "echo", "x"]) }
+    }
+
     @Test("a REPLY reaches the client with its service and body")
     func clientReply() throws {
         let message = MDP.reply(to: client, service: "echo", body: ["{}"])

@@ -770,8 +770,17 @@ actor ClientCore {
                 continue
             }
             remember(id, answered: false)
+            sendCancel(of: request)
             request.complete(.failure(.cancelled(service: request.service, method: request.method)))
         }
+    }
+
+    /// Tells the kernel that `request`, a reply in parts it was sent, is read no more (a
+    /// CANCEL, the client extension), so its worker stops making parts nobody reads. A kernel
+    /// that does not know CANCEL drops it, and the worker runs to its end as before.
+    private func sendCancel(of request: Pending) {
+        guard request.onPart != nil, let sentOn = request.sentOn, let message = request.message, let cancel = MDP.cancel(of: message) else { return }
+        connections[sentOn].socket.send(cancel)
     }
 
     /// A reply, read where the socket received it: a JSON-RPC reply's one body part is parsed
@@ -823,6 +832,7 @@ actor ClientCore {
         guard let (id, part) = Self.part(of: reply.body), case .number(let number) = id, let onPart = pending[number]?.onPart else { return }
         guard onPart(part, reply.body.reduce(0) { $0 + $1.count }) else {
             let request = pending[number]!
+            sendCancel(of: request)
             return endStream(number, .streamEnded("this reader fell a whole buffer of parts behind", parts: request.parts, reason: "reader_behind",
                                                   service: request.service))
         }

@@ -8,10 +8,11 @@ import ZeroMQ
 /// iteration reaches it (`-32014` with `data.parts` when the worker died or the kernel
 /// dropped parts for this reader, or any error the service answered), never a silent end.
 ///
-/// Cancelling the task that iterates, or dropping the stream unfinished, ends the request on
-/// this side: later parts are dropped as they arrive. (18/MDP has no way to tell the worker;
-/// it runs to its end.) A reader that falls `bufferSize` parts, or `bufferBytes` bytes of
-/// them, behind ends the stream with `-32014` (`reason: "reader_behind"`) rather than hold more.
+/// Cancelling the task that iterates, or dropping the stream unfinished, ends the request:
+/// the kernel is sent a CANCEL, which stops the worker at its next part (docs/PROTOCOL.md),
+/// and parts already on their way are dropped as they arrive. A reader that falls
+/// `bufferSize` parts, or `bufferBytes` bytes of them, behind ends the stream with `-32014`
+/// (`reason: "reader_behind"`) rather than hold more, and cancels it the same way.
 ///
 /// ```swift
 /// let groups = bus.stream(SearchAPI.itemsGroupedStream, .init(order: .natural))

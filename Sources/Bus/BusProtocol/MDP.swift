@@ -28,9 +28,10 @@ public enum MDP {
         case ready = 0x01, request = 0x02, partial = 0x03, final = 0x04, heartbeat = 0x05, disconnect = 0x06
     }
 
-    /// 18/MDP's client command codes.
+    /// 18/MDP's client command codes; `cancel` is the Switchboard client extension
+    /// (docs/PROTOCOL.md, "Cancel").
     enum ClientCommand02: UInt8 {
-        case request = 0x01, partial = 0x02, final = 0x03
+        case request = 0x01, partial = 0x02, final = 0x03, cancel = 0x04
     }
 
     /// Worker sub-protocol command codes (frame 2).
@@ -117,6 +118,9 @@ public enum BrokerInbound: Sendable, Equatable {
     case request(client: Frame, service: String, body: ArraySlice<Frame>, version: MDP.Version = .v01)
     /// A worker command: `worker` is its routing id.
     case worker(Frame, WorkerToBroker, version: MDP.Version = .v01)
+    /// A client's CANCEL (18/MDP, the client extension): it no longer wants the answer to
+    /// the REQUEST it sent with this service and body.
+    case cancel(client: Frame, service: String, body: ArraySlice<Frame>)
 }
 
 /// A reply as a client receives it: 7/MDP's REPLY and 18/MDP's FINAL are final, an 18/MDP
@@ -176,6 +180,21 @@ extension MDP {
         }
         frames.append(Frame(service))
         frames.append(contentsOf: body)
+        return Message(frames)
+    }
+
+    /// A client's CANCEL of the request it sent with `service` and `body` (the client
+    /// extension, 0.2 only), for a DEALER socket: `["MDPC02", 0x04, service, body…]`.
+    public static func cancel(service: String, body: [Frame]) -> Message {
+        Message([clientHeader02Frame, commandFrames[Int(ClientCommand02.cancel.rawValue)], Frame(service)] + body)
+    }
+
+    /// The CANCEL of `request`, a 0.2 REQUEST as ``request(service:body:version:)`` makes it
+    /// (the same service and body); nil for a 0.1 one, which cannot be cancelled.
+    public static func cancel(of request: Message) -> Message? {
+        guard request.count >= 4, request[0] == clientHeader02Frame, request[1] == commandFrames[Int(ClientCommand02.request.rawValue)] else { return nil }
+        var frames = request.frames
+        frames[1] = commandFrames[Int(ClientCommand02.cancel.rawValue)]
         return Message(frames)
     }
 
@@ -329,12 +348,16 @@ extension MDP {
             return .worker(frames.frame(0), try workerCommand(frames, at: 3, .v01))
         }
         if frames.part(1, equals: clientHeader02Frame) {
-            guard frames.part(2, equals: commandFrames[Int(ClientCommand02.request.rawValue)]) else {
-                throw ProtocolError("MDP", "a client may only send REQUEST (0x01), got \(frames.frame(2))")
+            // REQUEST first: it is the one on every request's path.
+            let cancels = !frames.part(2, equals: commandFrames[Int(ClientCommand02.request.rawValue)])
+            guard !cancels || frames.part(2, equals: commandFrames[Int(ClientCommand02.cancel.rawValue)]) else {
+                throw ProtocolError("MDP", "a client may only send REQUEST (0x01) or CANCEL (0x04), got \(frames.frame(2))")
             }
-            guard count >= 5 else { throw ProtocolError("MDP", "client REQUEST has \(count - 1) frames, expected at least 4") }
-            let service = try serviceName(frames, 3, "client REQUEST")
-            return .request(client: frames.frame(0), service: service, body: frames.frames(from: 4), version: .v02)
+            let name = cancels ? "client CANCEL" : "client REQUEST"
+            guard count >= 5 else { throw ProtocolError("MDP", "\(name) has \(count - 1) frames, expected at least 4") }
+            let service = try serviceName(frames, 3, name)
+            return cancels ? .cancel(client: frames.frame(0), service: service, body: frames.frames(from: 4))
+                : .request(client: frames.frame(0), service: service, body: frames.frames(from: 4), version: .v02)
         }
         guard frames.part(1, equals: workerHeader02Frame) else {
             throw ProtocolError("MDP", "frame 1 must be empty (7/MDP) or MDPC02 or MDPW02 (18/MDP), got \(frames.frame(1))")

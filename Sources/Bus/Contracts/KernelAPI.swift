@@ -184,6 +184,9 @@ public enum KernelAPI {
         /// Replies in parts (18/MDP) that ended before their FINAL: the worker died, the client
         /// did not read or left, or the parts were too many to gather for a 7/MDP client.
         public var brokenStreams: Int
+        /// Requests their clients cancelled while the kernel held them (absent from a kernel
+        /// older than the client's CANCEL).
+        public var cancelledRequests: Int?
         /// Bytes of parts held for 7/MDP clients until their FINAL.
         public var gatheredBytes: Int
         /// Replies in parts under way now (a part relayed, no FINAL yet), and requests to every
@@ -222,12 +225,12 @@ public enum KernelAPI {
             }
             public init(name: String, received: Int, peers: [String: Peer]) { (self.name, self.received, self.peers) = (name, received, peers) }
         }
-        public init(requests: Int, protocolErrors: Int, droppedReplies: Int, brokenStreams: Int = 0, gatheredBytes: Int = 0,
+        public init(requests: Int, protocolErrors: Int, droppedReplies: Int, brokenStreams: Int = 0, cancelledRequests: Int? = nil, gatheredBytes: Int = 0,
                     streamsInProgress: Int? = nil, gathersInProgress: Int? = nil, queuedBytes: Int,
                     uptimeSeconds: Double, services: [String: Service], security: Security, state: State, pair: PairStatus?, cell: Cell? = nil) {
             self.cell = cell
             (self.requests, self.protocolErrors, self.droppedReplies, self.queuedBytes, self.uptimeSeconds) = (requests, protocolErrors, droppedReplies, queuedBytes, uptimeSeconds)
-            (self.brokenStreams, self.gatheredBytes) = (brokenStreams, gatheredBytes)
+            (self.brokenStreams, self.cancelledRequests, self.gatheredBytes) = (brokenStreams, cancelledRequests, gatheredBytes)
             (self.streamsInProgress, self.gathersInProgress) = (streamsInProgress, gathersInProgress)
             (self.services, self.security, self.state, self.pair) = (services, security, state, pair)
         }

@@ -36,6 +36,8 @@ struct Broker: ~Copyable {
         case clientGone
         /// The parts gathered for a 7/MDP client passed the bound.
         case tooLarge
+        /// The client cancelled the request (CANCEL): nothing more of its answer is sent.
+        case cancelled
     }
 
     /// A class, not a struct: a request moves from its queue to a worker and back, and a
@@ -328,6 +330,8 @@ struct Broker: ~Copyable {
     private(set) var gatheredBytes = 0
     /// Streams that ended early (worker died, client overrun or gone, too large to gather).
     private(set) var brokenStreams = 0
+    /// Requests their clients cancelled while the kernel held them (CANCEL).
+    private(set) var cancelledRequests = 0
     /// Requests of workers removed for silence, by worker and by the client frame the worker
     /// echoes, queued again until `until`: a worker that was only late (its host stalled)
     /// may still answer one before another worker takes it, and that answer is kept.
@@ -430,6 +434,35 @@ struct Broker: ~Copyable {
             admit(Caller(client: client, version: version), service: service, body: body, peer: peer, forwarded: false, now: now, pairRefusal: pairRefusal)
         case .worker(let identity, let command, let version):
             handleWorker(identity, command, version: version, peer: peer, now: now)
+        case .cancel(let client, let service, let body):
+            cancel(client, service: service, body: body, now: now)
+        }
+    }
+
+    /// A client's CANCEL: it no longer wants `service`'s answer to the request it sent with
+    /// `body`. Still waiting, the request is dropped; at a worker, nothing more of its answer
+    /// is sent, and an extension worker is told `stop`, so a handler answering in parts ends
+    /// at its next part and frees its place. A request the kernel no longer holds (answered,
+    /// or never seen), and a request to every worker, are left as they are.
+    private mutating func cancel(_ client: Frame, service name: String, body: ArraySlice<Frame>, now: UInt64) {
+        guard let service = services[name] else { return }
+        let sent = { (request: Request) in request.client == client && request.gather == nil && request.body.elementsEqual(body) }
+        if let waiting = service.requests.firstWaiting(where: sent), service.requests.remove(waiting) {
+            queuedBytes -= waiting.size
+            cancelledRequests += 1
+            forgetIfUnserved(service)
+            return
+        }
+        for worker in workers.values where worker.service === service {
+            guard let request = worker.inFlight.all.first(where: sent) else { continue }
+            guard request.broken == nil else { return }
+            request.broken = .cancelled
+            cancelledRequests += 1
+            if worker.speaksExtension, let echoed = worker.inFlight.echoedClients(by: worker)[ObjectIdentifier(request)] {
+                send(MDP.encode(.stop(client: echoed), to: worker.identity, version: worker.version))
+            }
+            request.streamWorker = nil
+            return
         }
     }
 
@@ -601,7 +634,8 @@ struct Broker: ~Copyable {
                 cellStats[cell, default: ServiceStats()].latency.record(nanoseconds: now &- request.received)
             }
             if request.parts == 0 {
-                outbox.send(MDP.BrokerReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version))
+                // A cancelled request's answer goes nowhere: its client no longer waits for it.
+                if request.broken == nil { outbox.send(MDP.BrokerReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version)) }
             } else {
                 endStream(request, service: service, final: body)
             }
@@ -1164,7 +1198,7 @@ struct Broker: ~Copyable {
         }
         switch request.broken {
         case nil: break
-        case .clientGone: return
+        case .clientGone, .cancelled: return
         case .overrun:
             error = .streamEnded("the client did not read the parts as fast as they came", parts: request.parts, reason: "overrun", service: service.name)
         case .tooLarge:

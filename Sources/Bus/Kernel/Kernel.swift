@@ -503,7 +503,7 @@ extension Kernel {
         pairStatus?.refusedNotActive = parts.broker.refusedNotActive
         return KernelAPI.Stats(
             requests: parts.broker.totalRequests, protocolErrors: parts.broker.protocolErrors, droppedReplies: parts.broker.droppedReplies,
-            brokenStreams: parts.broker.brokenStreams, gatheredBytes: parts.broker.gatheredBytes,
+            brokenStreams: parts.broker.brokenStreams, cancelledRequests: parts.broker.cancelledRequests, gatheredBytes: parts.broker.gatheredBytes,
             streamsInProgress: parts.broker.streamsInProgress, gathersInProgress: parts.broker.gathers.count, queuedBytes: parts.broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
             security: .init(curve: configuration.security != nil, refusedConnections: parts.zap?.refused ?? 0,
                             refusedRegistrations: parts.broker.refusedRegistrations, refusedRequests: parts.broker.refusedNotOperator),
@@ -568,6 +568,7 @@ extension Kernel {
         }
         family("protocol_errors_total", "counter", "Malformed or unexpected messages from peers.", [("", String(parts.broker.protocolErrors))])
         family("broken_streams_total", "counter", "Replies in parts (18/MDP) that ended before their FINAL.", [("", String(parts.broker.brokenStreams))])
+        family("cancelled_requests_total", "counter", "Requests their clients cancelled while the kernel held them.", [("", String(parts.broker.cancelledRequests))])
         family("gathered_bytes", "gauge", "Bytes of reply parts held for 7/MDP clients until their FINAL.", [("", String(parts.broker.gatheredBytes))])
         family("streams_in_progress", "gauge", "Replies in parts (18/MDP) under way: a part relayed, no FINAL yet.", [("", String(parts.broker.streamsInProgress))])
         family("gathers_in_progress", "gauge", "Requests to every worker of a service (all:SERVICE) still gathering answers.", [("", String(parts.broker.gathers.count))])

@@ -37,6 +37,7 @@ final class KernelMetrics {
         count("switchboard.protocol_errors", stats.protocolErrors)
         count("switchboard.dropped_replies", stats.droppedReplies)
         count("switchboard.broken_streams", stats.brokenStreams)
+        count("switchboard.cancelled_requests", stats.cancelledRequests ?? 0)
         level("switchboard.gathered_bytes", Double(stats.gatheredBytes))
         level("switchboard.streams_in_progress", Double(stats.streamsInProgress ?? 0))
         level("switchboard.gathers_in_progress", Double(stats.gathersInProgress ?? 0))
