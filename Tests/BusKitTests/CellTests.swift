@@ -69,14 +69,16 @@ struct CellTests {
         await hostA.stop()
         #expect(try await client.call(EchoAPI.whoami) == "b")
 
-        // A reader that leaves a stream in parts: the worker in cell b is told to stop, as its
-        // own kernel would tell it, and its place is free at once.
+        // Readers that leave a stream in parts, one closing its client, one only leaving its
+        // loop (its client cancels): the worker in cell b is told to stop each, as its own
+        // kernel would tell it, and its places are free at once.
         let leaving = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10))
         var endless = leaving.stream(EchoAPI.numbers, .init(n: 1_000_000, everyMs: 20)).makeAsyncIterator()
         #expect(try await endless.next() == 1)
         await leaving.close()
+        for try await number in client.stream(EchoAPI.numbers, .init(n: 1_000_000, everyMs: 20)) where number == 2 { break }
         let observer = try await BusClient(brokers: [b.endpoints.broker], timeout: .seconds(10))
-        try await eventually(10, "cell b's echo worker stopped the stream nobody reads") {
+        try await eventually(10, "cell b's echo worker stopped the streams nobody reads") {
             try await observer.call(KernelAPI.servicesList).services.first { $0.name == EchoAPI.service }?.inFlight == 0
         }
         await observer.close()
