@@ -19,6 +19,8 @@ private enum NumbersAPI {
         var holdAfter: Int?
         /// Characters of padding in each part.
         var padding: Int?
+        /// Milliseconds it waits before the first part.
+        var startAfterMs: Int?
     }
     struct Tally: Codable, Sendable {
         var total: Int
@@ -47,6 +49,7 @@ private actor Numbers: BusService {
         table.onStream(NumbersAPI.count) { _, params, parts in
             Self.running.update { $0 += 1 }
             defer { Self.running.update { $0 -= 1 } }
+            if let wait = params.startAfterMs { try await Task.sleep(for: .milliseconds(wait)) }
             for number in 0..<max(0, params.n) {
                 if number == params.failAfter { throw JSONRPCError(code: -32042, message: "stopped after \(number)") }
                 try await parts.send(.init(n: number + 1, pad: params.padding.map { String(repeating: "p", count: $0) }))
@@ -185,26 +188,39 @@ struct PartStreamTests {
         await kernel.stop()
     }
 
-    @Test("a reader that leaves a long stream, hanging up or only leaving its loop (its client cancels the request): the kernel tells the worker, whose handler ends at its next part and frees its place",
-          arguments: [true, false])
-    func leavingStopsTheWorker(hangsUp: Bool) async throws {
+    /// How a reader leaves a long stream.
+    enum Leaving: CaseIterable {
+        /// Its client closed, the stream still open: nothing is said; the kernel's next part
+        /// to the reader finds it gone.
+        case hangsUp
+        /// Its loop left after some parts: its client sends a CANCEL.
+        case leavesLoop
+        /// Dropped before the first part: the CANCEL finds nothing in the kernel yet, and
+        /// the client sends it again when the first part comes.
+        case leavesBeforeAPart
+    }
+
+    @Test("a reader that leaves a long stream, hanging up, leaving its loop or leaving before the first part (its client cancels the request): the kernel tells the worker, whose handler ends at its next part and frees its place",
+          arguments: Leaving.allCases)
+    func leavingStopsTheWorker(leaving: Leaving) async throws {
         let kernel = try await TestKernel.start(fastHeartbeats)
         // One place: the request after the stream is served only once the stream's is free.
         let host = try await hostNumbers(kernel, window: 1)
         let before = Numbers.partsSent.load(ordering: .relaxed)
         let reader = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(60))
         do {
-            var parts = reader.stream(NumbersAPI.count, .init(n: 1_000_000)).makeAsyncIterator()
-            for _ in 1...5 { _ = try await parts.next() }
-            // Hung up, the stream still open: nothing is said, and the kernel's next part to
-            // the reader finds it gone.
-            if hangsUp { await reader.close() }
-        }  // Left: the stream dropped unfinished, its client sends a CANCEL.
+            let waits = leaving == .leavesBeforeAPart ? 200 : nil
+            var parts = reader.stream(NumbersAPI.count, .init(n: 1_000_000, startAfterMs: waits)).makeAsyncIterator()
+            if leaving != .leavesBeforeAPart { for _ in 1...5 { _ = try await parts.next() } }
+            if leaving == .hangsUp { await reader.close() }
+        }  // The stream dropped unfinished: unless closed already, its client sends a CANCEL.
+        // (Left before a part, the request may not have reached the handler yet.)
+        if leaving == .leavesBeforeAPart { try await Numbers.running.wait(within: 30, "the handler started") { $0 == 1 } }
         try await Numbers.running.wait(within: 30, "the handler ended") { $0 == 0 }
         let made = Numbers.partsSent.load(ordering: .relaxed) - before
-        #expect(made < 500_000, "the handler made \(made) parts of 1,000,000 for a reader gone after 5")
-        let bus = hangsUp ? try await BusClient(brokers: [kernel.endpoints.broker]) : reader
-        #expect(try await bus.call(KernelAPI.stats).cancelledRequests == (hangsUp ? 0 : 1))
+        #expect(made < 500_000, "the handler made \(made) parts of 1,000,000 for a reader gone")
+        let bus = leaving == .hangsUp ? try await BusClient(brokers: [kernel.endpoints.broker]) : reader
+        #expect(try await bus.call(KernelAPI.stats).cancelledRequests == (leaving == .hangsUp ? 0 : 1))
         #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 3)).numbers == [1, 2, 3])
         await bus.close()
         await host.stop()

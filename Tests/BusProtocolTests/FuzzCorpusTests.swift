@@ -46,7 +46,7 @@ struct FuzzCorpusTests {
         let accepted = mdp.filter { message in
             (try? MDP.decodeAtBroker(message)) != nil || (try? MDP.decodeAtWorker(message)) != nil || (try? MDP.decodeAtClient(message)) != nil
         }
-        #expect(accepted.count == 8)
+        #expect(accepted.count == 9)
         let chp = FuzzTarget.chp.seeds.map(FuzzFrames.message(from:))
         let decoded = chp.filter { message in
             (try? CHP.decodeSnapshotRequest(message)) != nil || (try? CHP.decodeSnapshotReply(message)) != nil

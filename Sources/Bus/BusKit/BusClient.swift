@@ -748,7 +748,11 @@ actor ClientCore {
     private func remember(_ id: Int64, answered: Bool) {
         finished[id] = answered
         finishedOrder.append(id)
-        if finishedOrder.count > Self.finishedMemory { finished.removeValue(forKey: finishedOrder.removeFirst()) }
+        if finishedOrder.count > Self.finishedMemory {
+            let forgotten = finishedOrder.removeFirst()
+            finished.removeValue(forKey: forgotten)
+            cancelAtFirstPart.removeValue(forKey: forgotten)
+        }
     }
 
     func sendOpaque(service: String, message: Message, timeout: Duration, continuation: UnsafeContinuation<Result<[Frame], BusError>, Never>) {
@@ -770,18 +774,25 @@ actor ClientCore {
                 continue
             }
             remember(id, answered: false)
-            sendCancel(of: request)
+            sendCancel(of: request, id: id)
             request.complete(.failure(.cancelled(service: request.service, method: request.method)))
         }
     }
 
-    /// Tells the kernel that `request`, a reply in parts it was sent, is read no more (a
-    /// CANCEL, the client extension), so its worker stops making parts nobody reads. A kernel
-    /// that does not know CANCEL drops it, and the worker runs to its end as before.
-    private func sendCancel(of request: Pending) {
+    /// Tells the kernel that `request` (`id`), a reply in parts it was sent, is read no more
+    /// (a CANCEL, the client extension), so its worker stops making parts nobody reads. The
+    /// kernel finds only a reply that has sent a part: one with none yet is cancelled again
+    /// when its first part comes. A kernel that does not know CANCEL drops it, and the worker
+    /// runs to its end as before.
+    private func sendCancel(of request: Pending, id: Int64) {
         guard request.onPart != nil, let sentOn = request.sentOn, let message = request.message, let cancel = MDP.cancel(of: message) else { return }
         connections[sentOn].socket.send(cancel)
+        if request.parts == 0 { cancelAtFirstPart[id] = (sentOn, cancel) }
     }
+
+    /// CANCELs to send again when the first part of their request comes, by request; kept as
+    /// long as the request is remembered as finished (``remember(_:answered:)``).
+    private var cancelAtFirstPart: [Int64: (connection: Int, message: Message)] = [:]
 
     /// A reply, read where the socket received it: a JSON-RPC reply's one body part is parsed
     /// in place, and frames are made only of a part or an opaque reply.
@@ -801,6 +812,7 @@ actor ClientCore {
         for response in responses ?? [] {
             guard case .number(let id) = response.id else { continue }
             guard let request = pending.removeValue(forKey: id) else {
+                cancelAtFirstPart.removeValue(forKey: id)
                 switch finished[id] {
                 case true?: counters.duplicateReplies += 1
                 case false?: counters.lateReplies += 1
@@ -829,10 +841,15 @@ actor ClientCore {
 
     /// One part of a reply in parts: to its stream's reader, if it still reads.
     private func receivedPart(_ reply: ClientReply) {
-        guard let (id, part) = Self.part(of: reply.body), case .number(let number) = id, let onPart = pending[number]?.onPart else { return }
+        guard let (id, part) = Self.part(of: reply.body), case .number(let number) = id else { return }
+        guard let onPart = pending[number]?.onPart else {
+            // The first part of a reply cancelled before it had one: now the kernel finds it.
+            if let cancel = cancelAtFirstPart.removeValue(forKey: number) { connections[cancel.connection].socket.send(cancel.message) }
+            return
+        }
         guard onPart(part, reply.body.reduce(0) { $0 + $1.count }) else {
             let request = pending[number]!
-            sendCancel(of: request)
+            sendCancel(of: request, id: number)
             return endStream(number, .streamEnded("this reader fell a whole buffer of parts behind", parts: request.parts, reason: "reader_behind",
                                                   service: request.service))
         }

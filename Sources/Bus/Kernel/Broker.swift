@@ -434,36 +434,22 @@ struct Broker: ~Copyable {
             admit(Caller(client: client, version: version), service: service, body: body, peer: peer, forwarded: false, now: now, pairRefusal: pairRefusal)
         case .worker(let identity, let command, let version):
             handleWorker(identity, command, version: version, peer: peer, now: now)
-        case .cancel(let client, let service, let body):
-            cancel(client, service: service, body: body, now: now)
+        case .cancel(let client, _, let body):
+            cancel(client, body: body)
         }
     }
 
-    /// A client's CANCEL: it no longer wants `service`'s answer to the request it sent with
-    /// `body`. Still waiting, the request is dropped; at a worker, nothing more of its answer
-    /// is sent, and an extension worker is told `stop`, so a handler answering in parts ends
-    /// at its next part and frees its place. A request the kernel no longer holds (answered,
-    /// or never seen), and a request to every worker, are left as they are.
-    private mutating func cancel(_ client: Frame, service name: String, body: ArraySlice<Frame>, now: UInt64) {
-        guard let service = services[name] else { return }
-        let sent = { (request: Request) in request.client == client && request.gather == nil && request.body.elementsEqual(body) }
-        if let waiting = service.requests.firstWaiting(where: sent), service.requests.remove(waiting) {
-            queuedBytes -= waiting.size
-            cancelledRequests += 1
-            forgetIfUnserved(service)
-            return
-        }
-        for worker in workers.values where worker.service === service {
-            guard let request = worker.inFlight.all.first(where: sent) else { continue }
-            guard request.broken == nil else { return }
-            request.broken = .cancelled
-            cancelledRequests += 1
-            if worker.speaksExtension, let echoed = worker.inFlight.echoedClients(by: worker)[ObjectIdentifier(request)] {
-                send(MDP.encode(.stop(client: echoed), to: worker.identity, version: worker.version))
-            }
-            request.streamWorker = nil
-            return
-        }
+    /// A client's CANCEL: it no longer wants the answer to the request it sent with `body`.
+    /// Only its replies in parts under way are looked at (the requests of this connection
+    /// that have sent a part; its share of the service's places bounds them), so a CANCEL
+    /// costs about what a part does, however much else waits: nothing more of the answer is
+    /// sent, and an extension worker is told `stop`, so the handler ends at its next part and
+    /// frees its place. A request with no part yet is not found: its client cancels again
+    /// when a part comes (BusClient does).
+    private mutating func cancel(_ client: Frame, body: ArraySlice<Frame>) {
+        guard let request = streams[client]?.first(where: { $0.broken == nil && $0.body.elementsEqual(body) }) else { return }
+        cancelledRequests += 1
+        breakStream(request, .cancelled)
     }
 
     /// Every service that has workers, with how many (for a kernel taking over as active).
@@ -634,8 +620,7 @@ struct Broker: ~Copyable {
                 cellStats[cell, default: ServiceStats()].latency.record(nanoseconds: now &- request.received)
             }
             if request.parts == 0 {
-                // A cancelled request's answer goes nowhere: its client no longer waits for it.
-                if request.broken == nil { outbox.send(MDP.BrokerReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version)) }
+                outbox.send(MDP.BrokerReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version))
             } else {
                 endStream(request, service: service, final: body)
             }

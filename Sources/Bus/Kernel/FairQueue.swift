@@ -163,13 +163,6 @@ struct FairQueue {
         return true
     }
 
-    /// The first waiting request, by client in turn, that `matches` (a client's CANCEL finds
-    /// its request so: rare, so a search rather than an index kept on every request).
-    func firstWaiting(where matches: (Broker.Request) -> Bool) -> Broker.Request? {
-        for client in turn { if let request = client.waiting.first(where: matches) { return request } }
-        return nil
-    }
-
     /// Removes and returns every request whose deadline has passed.
     mutating func removeExpired(now: UInt64) -> [Broker.Request] {
         var expired: [Broker.Request] = []

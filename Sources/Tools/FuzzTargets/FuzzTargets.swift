@@ -154,6 +154,7 @@ extension FuzzTarget {
                 frames(atPeer(MDP.reply(to: client, service: "search", body: [body]))),
                 frames(Message([Frame(MMI.serviceQuery), Frame("search")])),
                 frames(atBroker(MDP.request(service: "", body: []))),
+                frames(atBroker(MDP.cancel(service: "search", body: [body]))),
             ]
         case .chp:
             let entry = KVEntry(key: "/catalog/countries", sequence: 1_234_567, properties: [("ttl", "30")], value: Frame(#"{"records":250}"#))
