@@ -20,7 +20,7 @@ struct MDPTests {
     func clientCancel() throws {
         let request = MDP.request(service: "echo", body: ["hello"], version: .v02)
         let cancel = try #require(MDP.cancel(of: request))
-        #expect(cancel == ["MDPC02", Frame([0x04]), "echo", "hello"] && cancel == MDP.cancel(service: "echo", body: ["hello"]))
+        #expect(cancel == ["MDPC02", Frame([0x04]), "echo", "hello"])
         #expect(try MDP.decodeAtBroker(Message([client] + cancel.frames)) == .cancel(client: client, service: "echo", body: ["hello"]))
         #expect(MDP.cancel(of: MDP.request(service: "echo", body: ["hello"])) == nil)
         #expect(throws: ProtocolError.self) { try MDP.decodeAtBroker([client, "MDPC02", Frame([0x04]), "echo"]) }

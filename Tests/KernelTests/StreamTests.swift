@@ -89,14 +89,15 @@ struct StreamTests {
     func cancel() {
         var broker = broker()
         let client = dispatched(&broker, client: "C", clientVersion: .v02, window: 4)
-        let cancel = Message([Frame("C")] + MDP.cancel(of: MDP.request(service: "svc", body: [Frame(request(1))], version: .v02))!.frames)
+        let frames = MDP.cancel(of: MDP.request(service: "svc", body: [Frame(request(1))], version: .v02))!.frames
+        let cancel = Message([Frame("C")] + frames)
         // No part yet: not found.
         broker.handle(cancel, now: 0)
         #expect(broker.outbox.take().isEmpty && broker.cancelledRequests == 0)
         broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
         #expect(Sent(broker.outbox.take()).toClients.count == 1)
         // Another client's CANCEL of the same body names nothing of its own.
-        broker.handle(Message([Frame("D")] + MDP.cancel(service: "svc", body: [Frame(request(1))]).frames), now: 0)
+        broker.handle(Message([Frame("D")] + frames), now: 0)
         #expect(broker.outbox.take().isEmpty && broker.cancelledRequests == 0)
         broker.handle(cancel, now: 0)
         let stops = Sent(broker.outbox.take()).stops

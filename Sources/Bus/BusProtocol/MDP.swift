@@ -183,14 +183,9 @@ extension MDP {
         return Message(frames)
     }
 
-    /// A client's CANCEL of the request it sent with `service` and `body` (the client
-    /// extension, 0.2 only), for a DEALER socket: `["MDPC02", 0x04, service, body…]`.
-    public static func cancel(service: String, body: [Frame]) -> Message {
-        Message([clientHeader02Frame, commandFrames[Int(ClientCommand02.cancel.rawValue)], Frame(service)] + body)
-    }
-
-    /// The CANCEL of `request`, a 0.2 REQUEST as ``request(service:body:version:)`` makes it
-    /// (the same service and body); nil for a 0.1 one, which cannot be cancelled.
+    /// A client's CANCEL of `request` (the client extension), for a DEALER socket: the 0.2
+    /// REQUEST's frames as ``request(service:body:version:)`` made them, its command 0x04
+    /// (`["MDPC02", 0x04, service, body…]`); nil for a 0.1 one, which cannot be cancelled.
     public static func cancel(of request: Message) -> Message? {
         guard request.count >= 4, request[0] == clientHeader02Frame, request[1] == commandFrames[Int(ClientCommand02.request.rawValue)] else { return nil }
         var frames = request.frames

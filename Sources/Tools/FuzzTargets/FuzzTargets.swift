@@ -154,7 +154,7 @@ extension FuzzTarget {
                 frames(atPeer(MDP.reply(to: client, service: "search", body: [body]))),
                 frames(Message([Frame(MMI.serviceQuery), Frame("search")])),
                 frames(atBroker(MDP.request(service: "", body: []))),
-                frames(atBroker(MDP.cancel(service: "search", body: [body]))),
+                frames(atBroker(MDP.cancel(of: MDP.request(service: "search", body: [body], version: .v02))!)),
             ]
         case .chp:
             let entry = KVEntry(key: "/catalog/countries", sequence: 1_234_567, properties: [("ttl", "30")], value: Frame(#"{"records":250}"#))
