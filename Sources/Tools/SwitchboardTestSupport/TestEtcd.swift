@@ -81,9 +81,8 @@ public final class TestEtcd: Sendable {
     @discardableResult
     public func values(under prefix: String, within seconds: Double = 10, _ what: String,
                        until condition: @escaping @Sendable ([String: [UInt8]]) -> Bool) async throws -> [String: [UInt8]] {
-        let client = try EtcdClient(endpoints: clientURLs)
-        do {
-            let values = try await within(seconds, what) {
+        try await stopping(try EtcdClient(endpoints: clientURLs), with: { await $0.close() }) { client in
+            try await within(seconds, what) {
                 let prefix = Array(prefix.utf8)
                 let read = try await client.range(prefix: prefix)
                 var values: [String: [UInt8]] = [:]
@@ -98,11 +97,6 @@ public final class TestEtcd: Sendable {
                 }
                 throw TimedOut(what: "\(what): the watch ended")
             }
-            await client.close()
-            return values
-        } catch {
-            await client.close()
-            throw error
         }
     }
 

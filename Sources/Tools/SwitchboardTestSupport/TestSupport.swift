@@ -20,17 +20,19 @@ public func within<T: Sendable>(_ seconds: Double, _ what: String = "operation",
     try await withDeadline(.seconds(seconds), expired: { TimedOut(what: what) }, body)
 }
 
-/// Runs `body` on `started`, then `stop(started)` however `body` ends: a test that fails
-/// leaves nothing it started running (Swift has no `defer` that awaits).
-public func stopping<Started>(_ started: Started, with stop: (Started) async -> Void,
-                              _ body: (Started) async throws -> Void) async throws {
+/// Runs `body` on `started`, then `stop(started)` however `body` ends, and gives what `body`
+/// gave: a test that fails leaves nothing it started running (Swift has no `defer` that awaits).
+public func stopping<Started, Result>(_ started: Started, with stop: (Started) async -> Void,
+                                      _ body: (Started) async throws -> Result) async throws -> Result {
+    let result: Result
     do {
-        try await body(started)
+        result = try await body(started)
     } catch {
         await stop(started)
         throw error
     }
     await stop(started)
+    return result
 }
 
 /// Polls `condition` every 20 ms until it holds, failing after `seconds`.
@@ -266,8 +268,8 @@ public func workers(_ service: String, snapshot: String, publisher: String, cell
 public func awaitState(snapshot: String, publisher: String, prefix: String, within seconds: Double = 10, curve: CurveClientKeys? = nil,
                        _ what: String, until condition: @escaping @Sendable ([String: JSONValue]) -> Bool) async throws -> [String: JSONValue] {
     let subscription = try await Subscription.open(snapshot: snapshot, publisher: publisher, prefixes: [prefix], curve: curve)
-    do {
-        let state = try await SwitchboardTestSupport.within(seconds, what) {
+    return try await stopping(subscription, with: { await $0.cancel() }) { subscription in
+        try await SwitchboardTestSupport.within(seconds, what) {
             var state: [String: JSONValue] = [:]
             var synced = false
             for try await event in subscription {
@@ -287,11 +289,6 @@ public func awaitState(snapshot: String, publisher: String, prefix: String, with
             }
             throw TimedOut(what: "\(what): the subscription ended")
         }
-        await subscription.cancel()
-        return state
-    } catch {
-        await subscription.cancel()
-        throw error
     }
 }
 
