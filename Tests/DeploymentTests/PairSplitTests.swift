@@ -76,12 +76,11 @@ private struct PairHosts {
     }
 
     func start(on side: Int, _ arguments: [String]) throws -> ChildProcess {
-        try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[side], switchboardExecutable().path] + arguments)
+        try NetworkNamespaces.start(in: hosts[side], switchboardExecutable(), arguments)
     }
 
     func sb(on side: Int, keys: String, _ arguments: [String]) async throws -> CommandResult {
-        try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[side], sbExecutable().path] + arguments,
-                             environment: ["SB_KEY_DIR": keys])
+        try await NetworkNamespaces.run(in: hosts[side], sbExecutable(), arguments, environment: ["SB_KEY_DIR": keys])
     }
 }
 

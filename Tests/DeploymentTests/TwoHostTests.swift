@@ -43,15 +43,6 @@ struct TwoHosts: Sendable {
     func remove() {
         for host in [kernelHost, serviceHost] { _ = try? NetworkNamespaces.ip(["netns", "del", host]) }
     }
-
-    /// `ip netns exec HOST executable arguments...` as a child process.
-    func start(in host: String, _ executable: URL, _ arguments: [String]) throws -> ChildProcess {
-        try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", host, executable.path] + arguments)
-    }
-
-    func run(in host: String, _ executable: URL, _ arguments: [String]) async throws -> CommandResult {
-        try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", host, executable.path] + arguments)
-    }
 }
 
 @Suite("Two hosts: the kernel and a service in separate network namespaces")
@@ -66,12 +57,12 @@ struct TwoHostTests {
         try "".write(to: emptyConfig, atomically: true, encoding: .utf8)
         let address = hosts.kernelAddress
         let broker = "tcp://\(address):5555"
-        let kernel = try hosts.start(in: hosts.kernelHost, switchboardExecutable(), [
+        let kernel = try NetworkNamespaces.start(in: hosts.kernelHost, switchboardExecutable(), [
             "kernel", "--config", emptyConfig.path, "--broker", broker, "--snapshot", "tcp://\(address):5556",
             "--publisher", "tcp://\(address):5557", "--collector", "tcp://\(address):5558", "--heartbeat-ms", "200", "--liveness", "5",
         ])
         defer { kernel.stop() }
-        let echo = try hosts.start(in: hosts.serviceHost, switchboardExecutable(), [
+        let echo = try NetworkNamespaces.start(in: hosts.serviceHost, switchboardExecutable(), [
             "serve", "echo", "--config", emptyConfig.path, "--broker", broker, "--state", "tcp://\(address):5556",
             "--heartbeat-ms", "200", "--liveness", "5", "--instance", "far-away",
         ])
@@ -79,12 +70,12 @@ struct TwoHostTests {
 
         // A client on the kernel's host reaches the worker on the other host.
         @Sendable func whoami() async throws -> CommandResult {
-            try await hosts.run(in: hosts.kernelHost, sbExecutable(), ["request", "echo", "whoami", "--endpoint", broker, "--timeout", "2s", "--json"])
+            try await NetworkNamespaces.run(in: hosts.kernelHost, sbExecutable(), ["request", "echo", "whoami", "--endpoint", broker, "--timeout", "2s", "--json"])
         }
         // echo's worker count as the kernel publishes it (`sb sub` on the kernel's host prints
         // each change): each wait ends at the change it waits for.
         let echoKey = KernelAPI.StateKeys.service("echo")
-        let watch = try hosts.start(in: hosts.kernelHost, sbExecutable(), ["sub", echoKey, "--endpoint", broker, "--timeout", "30s", "--key-dir", folder.path])
+        let watch = try NetworkNamespaces.start(in: hosts.kernelHost, sbExecutable(), ["sub", echoKey, "--endpoint", broker, "--timeout", "30s", "--key-dir", folder.path])
         defer { watch.stop() }
         @Sendable func echoWorkers(_ count: Int64, within seconds: Double, _ what: String) async throws {
             try await watch.waitForOutput(what, within: seconds) { output in

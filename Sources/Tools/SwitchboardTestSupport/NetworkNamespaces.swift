@@ -26,6 +26,22 @@ public enum NetworkNamespaces {
             throw NetworkNamespaceError(description: "ip \(arguments.joined(separator: " ")): \(message)")
         }
     }
+
+    /// `ip netns exec HOST executable arguments...` as a child process, with the program's
+    /// own pid (`ip` execs it); `watched` for a program that watches no lifeline itself
+    /// (``ChildProcess/init(watched:_:)``).
+    public static func start(in host: String, _ executable: URL, _ arguments: [String], watched: Bool = false) throws -> ChildProcess {
+        watched ? try ChildProcess(watched: env, exec(in: host, executable) + arguments) : try ChildProcess(env, exec(in: host, executable) + arguments)
+    }
+
+    /// The same, run to its end (killed after `seconds`).
+    public static func run(in host: String, _ executable: URL, _ arguments: [String], environment: [String: String] = [:],
+                           seconds: Double = 30) async throws -> CommandResult {
+        try await runCommand(env, exec(in: host, executable) + arguments, environment: environment, seconds: seconds)
+    }
+
+    private static let env = URL(fileURLWithPath: "/usr/bin/env")
+    private static func exec(in host: String, _ executable: URL) -> [String] { ["ip", "netns", "exec", host, executable.path] }
 }
 
 public struct NetworkNamespaceError: Error, CustomStringConvertible {
@@ -83,13 +99,12 @@ public struct SwitchedHosts: Sendable {
     /// The broker of a kernel on host `index` at the default port.
     public func broker(_ index: Int) -> String { "tcp://\(addresses[index]):5555" }
 
-    /// `ip netns exec HOST executable arguments...` as a child process: the same pid as the
-    /// program's (`ip` execs it), which ends with the namespace's last process.
+    /// `executable` on host `index` (``NetworkNamespaces/start(in:_:_:watched:)``).
     public func start(on index: Int, _ executable: URL, _ arguments: [String]) throws -> ChildProcess {
-        try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[index], executable.path] + arguments)
+        try NetworkNamespaces.start(in: hosts[index], executable, arguments)
     }
 
     public func run(on index: Int, _ executable: URL, _ arguments: [String], seconds: Double = 30) async throws -> CommandResult {
-        try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", hosts[index], executable.path] + arguments, seconds: seconds)
+        try await NetworkNamespaces.run(in: hosts[index], executable, arguments, seconds: seconds)
     }
 }

@@ -119,8 +119,7 @@ public final class TestEtcd: Sendable {
             "--initial-cluster", cluster, "--initial-cluster-token", token, "--initial-cluster-state", "new",
             "--logger", "zap", "--log-outputs", "stderr",
         ] + arguments
-        // `ip netns exec` enters the namespace and runs etcd in its place (same pid).
-        let process = try namespaces[member].map { try ChildProcess(watched: URL(fileURLWithPath: "/usr/bin/env"), ["ip", "netns", "exec", $0, Self.executable.path] + etcd) }
+        let process = try namespaces[member].map { try NetworkNamespaces.start(in: $0, Self.executable, etcd, watched: true) }
             ?? ChildProcess(watched: Self.executable, etcd)
         processes.withLock { $0[member] = process }
     }
