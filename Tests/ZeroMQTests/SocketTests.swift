@@ -322,6 +322,37 @@ struct SocketTests {
         #expect(poller.events(at: index) == .readable)
     }
 
+    @Test("a monitored socket's events stop when their reader closes first, so libzmq's I/O thread, which sends them, goes on serving the context's connections")
+    func monitorReaderClosedFirst() throws {
+        let context = try ZMQContext()
+        let server = try bounded(ZMQSocket(context, .router))
+        let endpoint = try server.bind("tcp://127.0.0.1:*")
+        let client = try bounded(ZMQSocket(context, .dealer))
+        let events = try bounded(connectionEvents(of: client, in: context))
+        try client.connect(endpoint)
+        #expect(SocketEvent(try events.receive())?.event == .connected)
+        // The reader goes first (as a connection replaced after its kernel restarted may
+        // close them); then the client connects again and again, each time an event of the
+        // monitored socket, which the I/O thread would wait for ever to hand to a reader that
+        // is no more, and then no message of the context would move.
+        events.close()
+        do {
+            for round in 0..<5 {
+                try client.disconnect(endpoint)
+                try client.connect(endpoint)
+                try client.send(["round \(round)"])
+                #expect(try server.receive().last?.string == "round \(round)")
+            }
+        } catch {
+            // A context whose I/O thread waits for ever cannot be ended, nor the client's
+            // events stopped: they are kept, so that the test fails rather than hangs.
+            _ = Unmanaged.passRetained(client)
+            Issue.record("a message was not delivered after the monitor's reader closed: \(error)")
+            return
+        }
+        client.close()
+    }
+
     @Test("socket options read back what was set")
     func options() throws {
         let context = try ZMQContext()

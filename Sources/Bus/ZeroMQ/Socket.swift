@@ -46,6 +46,11 @@ public final class ZMQSocket {
     /// that the socket's `ZMQ_FD` signalled, so a ``SocketLoop`` reads the socket's events
     /// after every call instead of waiting for a signal that will not come again.
     private(set) var operations: UInt = 0
+    /// Whether libzmq sends this socket's events to a monitor (``monitor(_:events:)``).
+    var isMonitored = false
+    /// Of the reader of another socket's events (``connectionEvents(of:in:also:)``): that
+    /// socket, whose events stop when this reader closes.
+    weak var monitoredSocket: ZMQSocket?
 
     /// Opens a socket of `type` in `context`.
     public init(_ context: ZMQContext, _ type: SocketType) throws(ZMQError) {
@@ -59,11 +64,26 @@ public final class ZMQSocket {
     deinit { close() }
 
     /// Closes the socket now; later calls fail with `ENOTSOCK`. Closing twice is harmless.
+    ///
+    /// A monitored socket's events stop first, and so do those of the socket whose events
+    /// this one reads: libzmq's I/O thread sends each event with a blocking send, which waits
+    /// forever once the reader has gone (zeromq/libzmq#3575), and with it every connection of
+    /// the context.
     public func close() {
-        if let handle {
-            zmq_close(handle)
-            self.handle = nil
-        }
+        guard let handle else { return }
+        stopMonitoring()
+        monitoredSocket?.stopMonitoring()
+        monitoredSocket = nil
+        zmq_close(handle)
+        self.handle = nil
+    }
+
+    /// Stops sending this socket's events to its monitor (`zmq_socket_monitor` with no
+    /// endpoint), which libzmq closes.
+    func stopMonitoring() {
+        guard isMonitored, let handle else { return }
+        isMonitored = false
+        zmq_socket_monitor(handle, nil, 0)
     }
 
     public var isClosed: Bool { handle == nil }

@@ -41,6 +41,7 @@ extension ZMQSocket {
     public func monitor(_ endpoint: String, events: SocketEvents) throws(ZMQError) {
         let handle = try raw("zmq_socket_monitor(\(endpoint))")
         try zmqCall("zmq_socket_monitor(\(endpoint))") { zmq_socket_monitor(handle, endpoint, Int32(events.rawValue)) }
+        isMonitored = true
     }
 }
 
@@ -52,6 +53,7 @@ public func connectionEvents(of socket: ZMQSocket, in context: ZMQContext, also:
     let endpoint = "inproc://connection-monitor-\(UUID().uuidString)"
     try socket.monitor(endpoint, events: [.connected, .disconnected, also])
     let pair = try ZMQSocket(context, .pair)
+    pair.monitoredSocket = socket
     try pair.connect(endpoint)
     return pair
 }
