@@ -19,6 +19,8 @@ struct ChaosLog {
         let pid: Int32
         /// Seconds until the piece served again; nil if it did not within a minute.
         let recoveredAfter: Double?
+        /// Of a kill not recovered from: what the last look found missing.
+        var stillMissing: String? = nil
         /// Of a pair's active kernel: whether a request was asked after the kill, and seconds
         /// from the kill to the first one answered (nil: none within 30 s).
         var failoverAsked = false
@@ -83,12 +85,23 @@ struct Chaos {
             guard let pid = pid(of: victim) else { continue }
             kill(pid, SIGKILL)
             let killedAt = Date()
-            let recovered = await waitUntil(60) { await serves(victim, replacing: pid) }
-            log.kills.append(.init(at: killedAt.timeIntervalSince(started), piece: victim, pid: pid,
-                                   recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil))
-            say(String(format: "%6.1f s  killed %@ (pid %d): %@", killedAt.timeIntervalSince(started), victim, pid,
-                         recovered ? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
+            var missing: String?
+            _ = await waitUntil(60) {
+                missing = await notServing(victim, replacing: pid)
+                return missing == nil
+            }
+            record(victim, pid: pid, killedAt: killedAt, missing: missing)
         }
+    }
+
+    /// Logs a kill and says how it went: serving again, or what was still missing a minute on.
+    private mutating func record(_ piece: String, pid: Int32, killedAt: Date, missing: String?, problem: String? = nil) {
+        var kill = ChaosLog.Kill(at: killedAt.timeIntervalSince(started), piece: piece, pid: pid,
+                                 recoveredAfter: missing == nil ? Date().timeIntervalSince(killedAt) : nil)
+        kill.stillMissing = missing
+        log.kills.append(kill)
+        let outcome = missing.map { "NOT back within 60 s: \($0)" } ?? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt))
+        say(String(format: "%6.1f s  killed %@%@%@: %@", kill.at, piece, pid == 0 ? "" : " (pid \(pid))", problem.map { ", restart failed: \($0)" } ?? "", outcome))
     }
 
     /// Stops the database at once (PostgreSQL's immediate shutdown: what it acknowledged is in its
@@ -99,14 +112,12 @@ struct Chaos {
         let killedAt = Date()
         var problem: String?
         do { try await database.restart() } catch { problem = "\(error)" }
-        let recovered = await waitUntil(60) { [probe] in
-            guard let call = Self.probes.first(where: { $0.service == "streams" }) else { return false }
-            return (try? await call.send(probe)) != nil
+        var missing: String?
+        _ = await waitUntil(60) {
+            missing = await notAnswering("streams")
+            return missing == nil
         }
-        log.kills.append(.init(at: killedAt.timeIntervalSince(started), piece: "database", pid: pid,
-                               recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil))
-        say(String(format: "%6.1f s  killed database (pid %d)%@: %@", killedAt.timeIntervalSince(started), pid, problem.map { ", restart failed: \($0)" } ?? "",
-                     recovered ? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
+        record("database", pid: pid, killedAt: killedAt, missing: missing, problem: problem)
     }
 
     /// The current pid of `victim`: this bus's piece of that name, or the other cell's
@@ -123,27 +134,41 @@ struct Chaos {
         etcd.kill(0)
         var problem: String?
         do { try await etcd.restart(0) } catch { problem = "\(error)" }
-        let recovered = await waitUntil(60) { [probe, services] in await allServing(probe, services) }
-        log.kills.append(.init(at: killedAt.timeIntervalSince(started), piece: "etcd", pid: 0, recoveredAfter: recovered ? Date().timeIntervalSince(killedAt) : nil))
-        say(String(format: "%6.1f s  killed etcd%@: %@", killedAt.timeIntervalSince(started), problem.map { ", restart failed: \($0)" } ?? "",
-                   recovered ? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt)) : "NOT back within 60 s"))
+        var missing: String?
+        _ = await waitUntil(60) { [probe, services] in
+            missing = await unserved(probe, services)
+            return missing == nil
+        }
+        record("etcd", pid: 0, killedAt: killedAt, missing: missing, problem: problem)
     }
 
-    /// Whether a new process of `piece` runs and the bus serves through it.
-    private func serves(_ piece: String, replacing old: Int32) async -> Bool {
-        guard let pid = pid(of: piece), pid != old else { return false }
-        if piece == "kernel b" {
+    /// What keeps the bus from serving through a new process of `piece` (nil: it does).
+    private func notServing(_ piece: String, replacing old: Int32) async -> String? {
+        guard let pid = pid(of: piece) else { return "no process of \(piece) runs" }
+        guard pid != old else { return "the killed process (pid \(old)) is still listed" }
+        switch piece {
+        case "kernel b":
             // Served through cell a: every service of cell b offered to it again, and answering.
-            guard await allServing(probe, services) else { return false }
-            return (try? await Self.probes.first { $0.service == SearchAPI.service }?.send(probe)) != nil
+            if let missing = await unserved(probe, services) { return missing }
+            return await notAnswering(SearchAPI.service)
+        case "gateway":
+            return Supervisor.acceptsConnections(host: "127.0.0.1", port: gatewayPort) ? nil : "nothing accepts connections at port \(gatewayPort)"
+        case "kernel":
+            let pong: KernelAPI.Pong
+            do throws(BusError) { pong = try await probe.call(KernelAPI.ping) } catch { return "ping was not answered: \(error)" }
+            guard pong.pid == Int(pid) else { return "ping was answered by pid \(pong.pid), not the new kernel's \(pid)" }
+            return await unserved(probe, services)
+        default:
+            if let missing = await unserved(probe, [piece]) { return missing }
+            return await notAnswering(piece)
         }
-        if piece == "gateway" { return Supervisor.acceptsConnections(host: "127.0.0.1", port: gatewayPort) }
-        if piece == "kernel" {
-            guard let pong = try? await probe.call(KernelAPI.ping), pong.pid == Int(pid) else { return false }
-            return await allServing(probe, services)
-        }
-        guard await allServing(probe, [piece]), let call = Self.probes.first(where: { $0.service == piece }) else { return false }
-        return (try? await call.send(probe)) != nil
+    }
+
+    /// What keeps `service`'s probe request from being answered (nil: it was).
+    private func notAnswering(_ service: String) async -> String? {
+        guard let call = Self.probes.first(where: { $0.service == service }) else { return "no probe request of \(service)" }
+        do throws(BusError) { _ = try await call.send(probe) } catch { return "\(call.label) was not answered: \(error)" }
+        return nil
     }
 }
 

@@ -67,7 +67,9 @@ struct SoakReport {
             (parts.partsOutOfSequence > 0, "\(parts.partsOutOfSequence) parts lost, repeated or out of order"),
             (parts.miscounted > 0, "\(parts.miscounted) streams whose end did not count the parts that came"),
             (parts.gathersMiscounted > 0, "\(parts.gathersMiscounted) requests to every worker that did not account for each worker once"),
-            (unrecovered > 0, "\(unrecovered) kills never recovered from"),
+            (unrecovered > 0, "\(unrecovered) kills never recovered from: " + chaos.kills.filter { $0.recoveredAfter == nil }.map {
+                String(format: "%@ killed at %.1f s", $0.piece, $0.at) + ($0.stillMissing.map { " (\($0))" } ?? "")
+            }.joined(separator: "; ")),
             (failedOver > 0, "\(failedOver) kills of the active kernel after which no request was answered within 30 s"),
         ]
         checks += problems.map { (true, $0) }

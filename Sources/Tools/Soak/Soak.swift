@@ -582,9 +582,17 @@ func say(_ line: String) {
 
 /// Whether each of `services` has a worker, or another cell offers it.
 func allServing(_ probe: BusClient, _ services: [String]) async -> Bool {
-    guard let list = try? await probe.call(KernelAPI.servicesList) else { return false }
+    await unserved(probe, services) == nil
+}
+
+/// What keeps `services` from all being served, as the probe's kernel lists them (nil: each
+/// has a worker, or another cell offers it).
+func unserved(_ probe: BusClient, _ services: [String]) async -> String? {
+    let list: KernelAPI.ServiceList
+    do throws(BusError) { list = try await probe.call(KernelAPI.servicesList) } catch { return "services.list was not answered: \(error)" }
     let served = Set(list.services.filter { $0.workers > 0 || $0.cells != nil }.map(\.name))
-    return services.allSatisfy(served.contains)
+    let missing = services.filter { !served.contains($0) }
+    return missing.isEmpty ? nil : "the kernel lists no worker of " + missing.joined(separator: ", ")
 }
 
 /// Polls `condition` every 100 ms for up to `seconds`.
