@@ -54,7 +54,8 @@ struct StreamsBus {
     }
 
     static func start(folder: URL? = nil, kernel: TestKernel? = nil, keys: Keys? = nil, time: TestTime = TestTime(), backend: Backend = .sqlite,
-                      postgres: TestPostgres? = nil, _ configure: (inout StreamsConfiguration) -> Void = { _ in }) async throws -> StreamsBus {
+                      postgres: TestPostgres? = nil, connections: Int = 2, window: Int = 16,
+                      _ configure: (inout StreamsConfiguration) -> Void = { _ in }) async throws -> StreamsBus {
         let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
         let folder = try folder ?? temporaryDirectory("streams")
         var server = postgres
@@ -67,7 +68,7 @@ struct StreamsBus {
         let working = Working(service)
         await working.start()
         await service.waitUntilReady()
-        let options = ServiceHost<StreamsService>.Options(brokers: [kernel.endpoints.broker], connections: 2,
+        let options = ServiceHost<StreamsService>.Options(brokers: [kernel.endpoints.broker], connections: connections, window: window,
                                                           heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                           heartbeatLiveness: kernel.configuration.heartbeatLiveness, curve: keys?.service)
         let host = try ServiceHost(service: service, options: options)
@@ -388,21 +389,45 @@ struct StreamsTests {
             for number in 1...5 { try await bus.publish("feed.item", .int(Int64(number))) }
             // A reader whose parts stop reaching it after the first: the host's sender fails
             // as it does once the kernel said `stop` or the connection went.
-            let sent = Mutex(0)
+            final class GoneAfterOnePart: PartOut {
+                let sent = Mutex(0)
+                func send(_ part: [UInt8]) async throws {
+                    guard sent.withLock({ $0 += 1; return $0 }) == 1 else {
+                        throw JSONRPCError.streamEnded("its client", parts: 1, reason: "stopped", service: API.service)
+                    }
+                }
+                var isRead: Bool { true }
+            }
+            let reader = GoneAfterOnePart()
             let request = JSONRPCRequest(id: .number(1), method: API.nextMethod.name,
                                          paramsText: try JSONValue(encoding: API.Next(stream: "feed", consumer: "live", max: 5, expires: 5)).jsonBytes,
                                          stream: true)
-            let answer = await MethodTable(of: bus.service).answer(body: request.jsonBytes, on: bus.service) { _ in
-                guard sent.withLock({ $0 += 1; return $0 }) == 1 else {
-                    throw JSONRPCError.streamEnded("its client", parts: 1, reason: "stopped", service: API.service)
-                }
-            }
-            #expect(answer.errors == 1 && sent.withLock { $0 } == 2, "\(String(decoding: answer.reply, as: UTF8.self))")
+            let answer = await MethodTable(of: bus.service).answer(body: request.jsonBytes, on: bus.service, parts: reader)
+            #expect(answer.errors == 1 && reader.sent.withLock { $0 } == 2, "\(String(decoding: answer.reply, as: UTF8.self))")
             // No time has passed: without the give-back the other four would wait out the ack wait.
             let other = try await bus.fetch("feed", "live", by: bus.other)
             #expect(other.messages.map(\.sequence) == [2, 3, 4, 5] && other.messages.allSatisfy { $0.deliveries == 1 }, "\(other.messages.map(\.sequence))")
             let info = try await bus.client.call(API.consumerInfo, .init(stream: "feed", name: "live"))
             #expect(info.delivered == 5 && info.redelivered == 0 && info.pending == 5, "\(info)")
+        }
+    }
+
+    @Test("push: a reader that leaves between messages (its client cancels) frees its worker's place at once, not when its wait expires, and is handed nothing more")
+    func pushReaderLeaves() async throws {
+        // One place in all: the request after the reader's is served only once its place is free.
+        try await stopping(try await StreamsBus.start(connections: 1, window: 1), with: { await $0.stop() }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "feed", subjects: ["feed."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "feed", name: "live", ackWait: 30))
+            try await bus.publish("feed.item", .int(1))
+            do {
+                var parts = bus.other.stream(API.next, .init(stream: "feed", consumer: "live", max: 10, expires: 600), timeout: .seconds(610)).makeAsyncIterator()
+                #expect(try await parts.next()?.sequence == 1)
+            }  // Dropped unfinished after its first message: its client sends a CANCEL.
+            // Within the client's 10 s, ten minutes before the wait would expire.
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "feed")).messages == 1)
+            try await bus.publish("feed.item", .int(2))
+            let other = try await bus.fetch("feed", "live")
+            #expect(other.messages.map(\.sequence) == [2] && other.messages.allSatisfy { $0.deliveries == 1 }, "\(other.messages)")
         }
     }
 

@@ -197,7 +197,7 @@ actor WorkerConnection {
     let broker: String
     let serviceName: String
     /// The service's method table answering a request body (``MethodTable/answer(body:on:parts:)``).
-    let answer: @Sendable (_ body: Frame, _ parts: PartOut?) async -> (reply: [UInt8], errors: Int)
+    let answer: @Sendable (_ body: Frame, _ parts: (any PartOut)?) async -> (reply: [UInt8], errors: Int)
     let options: ServiceHostOptions
     let logger: Logger
     let onReregistered: @Sendable () async -> Void
@@ -263,7 +263,7 @@ actor WorkerConnection {
     }
 
     init(loop: SocketLoop, process: String, index: Int, broker: String, serviceName: String, streams: Bool,
-         answer: @escaping @Sendable (Frame, PartOut?) async -> (reply: [UInt8], errors: Int),
+         answer: @escaping @Sendable (Frame, (any PartOut)?) async -> (reply: [UInt8], errors: Int),
          options: ServiceHostOptions, logger: Logger, onReregistered: @escaping @Sendable () async -> Void,
          onDrainRequested: @escaping @Sendable () -> Void) {
         self.loop = loop
@@ -402,13 +402,7 @@ actor WorkerConnection {
     /// the loop to send (after the request's parts: the reply ends its stream).
     nonisolated private func answer(_ request: Request) async {
         let client = request.client, generation = request.generation
-        var parts: PartOut?
-        if version == .v02 {
-            parts = { [weak self] part in
-                guard let self else { throw CancellationError() }
-                try await self.sendPart(part, client: client, generation: generation)
-            }
-        }
+        let parts = version == .v02 ? RequestPartOut(connection: self, client: client, generation: generation) : nil
         let outcome: (reply: [UInt8], errors: Int)
         if let body = request.body, let caller = request.caller {
             outcome = await CallerIdentity.$current.withValue(caller) { await answer(body, parts) }
@@ -442,12 +436,19 @@ actor WorkerConnection {
         if sent, request.errors > 0 { countErrors(request.errors) }
     }
 
+    /// Whether the parts of the request `client` sent on connection `generation` are still
+    /// read: not once the kernel said nobody reads them (`stop`), nor once that connection
+    /// was replaced.
+    nonisolated fileprivate func partsAreRead(client: Frame, generation: Int) -> Bool {
+        currentGeneration.load(ordering: .relaxed) == generation && !stopped.withLock { $0.contains(client) }
+    }
+
     /// Hands one part of a reply in parts to the loop, which sends what has gathered in one
     /// turn (a hop to the loop thread per part would wake it, and libzmq's I/O thread, once a
     /// part). Waits while the outbox is full (``AnswerOutbox``), so a handler is held to the pace
     /// at which the kernel reads; throws once the kernel said nobody reads this request's
     /// parts, which ends the handler.
-    nonisolated private func sendPart(_ body: [UInt8], client: Frame, generation: Int) async throws {
+    nonisolated fileprivate func sendPart(_ body: [UInt8], client: Frame, generation: Int) async throws {
         guard currentGeneration.load(ordering: .relaxed) == generation else {
             throw JSONRPCError.streamEnded("the connection to the kernel", parts: 0, reason: "connection_lost", service: serviceName)
         }
@@ -608,6 +609,24 @@ actor WorkerConnection {
         currentGeneration.store(-1, ordering: .relaxed)
         flushOutbox()
     }
+}
+
+/// Where the parts of one request on a connection that answers in parts go.
+private final class RequestPartOut: PartOut {
+    weak let connection: WorkerConnection?
+    let client: Frame
+    let generation: Int
+
+    init(connection: WorkerConnection, client: Frame, generation: Int) {
+        (self.connection, self.client, self.generation) = (connection, client, generation)
+    }
+
+    func send(_ part: [UInt8]) async throws {
+        guard let connection else { throw CancellationError() }
+        try await connection.sendPart(part, client: client, generation: generation)
+    }
+
+    var isRead: Bool { connection?.partsAreRead(client: client, generation: generation) ?? false }
 }
 
 /// What handlers hand to a worker connection from their own tasks, waiting for its loop to

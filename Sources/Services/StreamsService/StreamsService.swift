@@ -173,11 +173,12 @@ public actor StreamsService: BusService, ServiceWork {
     }
 
     /// Hands out what is ready; with `wait`, looks again (at each publish in this process, and
-    /// every ``lookAgain`` seconds) until something is or the wait is over. Only the last look
-    /// is a write (remembered for `request`, when named): the earlier ones only read. The wait
-    /// is real time (`now` is the messages' time, which tests move by hand).
+    /// every ``lookAgain`` seconds) until something is, the wait is over, or `wanted` says the
+    /// messages are no longer (their reader left). Only the last look is a write (remembered
+    /// for `request`, when named): the earlier ones only read. The wait is real time (`now` is
+    /// the messages' time, which tests move by hand).
     func fetch(_ stream: String, _ consumer: String, batch: Int, maxBytes: Int, waitingUntil waitEnds: ContinuousClock.Instant,
-               request: String?) async throws -> API.Fetched {
+               request: String?, while wanted: () -> Bool = { true }) async throws -> API.Fetched {
         // The write answers a fetch sent again with its first answer, but only after the wait:
         // one that would wait is looked up first, and answered at once.
         if let request, ContinuousClock.now < waitEnds, let remembered = try await storage.remembered(request) {
@@ -185,7 +186,7 @@ public actor StreamsService: BusService, ServiceWork {
         }
         while ContinuousClock.now < waitEnds {
             let ready = try await read { [now] db in try StreamsDatabase.ready(db, stream: stream, consumer: consumer, now: now()) }
-            if ready || Task.isCancelled { break }
+            if ready || Task.isCancelled || !wanted() { break }
             await waitForWake(.message, upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
         }
         return try await write(request: request) { db, now in
@@ -202,9 +203,12 @@ public actor StreamsService: BusService, ServiceWork {
         let max = asked.max ?? 1_000
         let ends = ContinuousClock.now + .seconds(asked.expires ?? 30)
         var count = 0, missed = 0, gathered = 0
-        while count < max, ContinuousClock.now < ends, !Task.isCancelled, parts.areStreamed || gathered < Self.defaultFetchBytes {
+        // Until its reader leaves, too: one gone between messages (its client cancelled or hung
+        // up) frees this worker's place within a look rather than at `expires`.
+        while count < max, ContinuousClock.now < ends, !Task.isCancelled, parts.isRead, parts.areStreamed || gathered < Self.defaultFetchBytes {
             let bytes = parts.areStreamed ? Self.defaultFetchBytes : Self.defaultFetchBytes - gathered
-            let fetched = try await fetch(asked.stream, asked.consumer, batch: min(100, max - count), maxBytes: bytes, waitingUntil: ends, request: nil)
+            let fetched = try await fetch(asked.stream, asked.consumer, batch: min(100, max - count), maxBytes: bytes, waitingUntil: ends, request: nil,
+                                          while: { parts.isRead })
             missed += fetched.missed
             for (index, message) in fetched.messages.enumerated() {
                 do {

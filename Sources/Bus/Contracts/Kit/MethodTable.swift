@@ -44,7 +44,7 @@ public struct MethodTable<Service: BusService>: Sendable {
         /// answered on its loop thread as each request arrives).
         case isolated(@Sendable (isolated Service, [UInt8]?) throws -> [UInt8])
         /// Answers in parts: each goes to `out` as it comes (nil: kept for the one reply).
-        case stream(@Sendable (Service, [UInt8]?, _ out: PartOut?) async throws -> [UInt8])
+        case stream(@Sendable (Service, [UInt8]?, _ out: (any PartOut)?) async throws -> [UInt8])
     }
     private var handlers: [String: Handler] = [:]
     /// The methods that change state: each named request of theirs runs once.
@@ -133,16 +133,16 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// Each request runs in the trace it carries (``BusTracing``). `parts`: where the parts
     /// of a single request that asks to stream go, each a PARTIAL's whole body (nil: this
     /// worker answers in one reply only).
-    public func answer(body: [UInt8], on service: Service, parts: PartOut? = nil) async -> (reply: [UInt8], errors: Int) {
+    public func answer(body: [UInt8], on service: Service, parts: (any PartOut)? = nil) async -> (reply: [UInt8], errors: Int) {
         await answer(JSONRPC.parseRequests(body), on: service, parts: parts)
     }
 
     /// ``answer(body:on:parts:)`` for a body as it arrived in a frame, read where it lies.
-    public func answer(body: Frame, on service: Service, parts: PartOut? = nil) async -> (reply: [UInt8], errors: Int) {
+    public func answer(body: Frame, on service: Service, parts: (any PartOut)? = nil) async -> (reply: [UInt8], errors: Int) {
         await answer(body.withUnsafeBytes { JSONRPC.parseRequests($0) }, on: service, parts: parts)
     }
 
-    private func answer(_ incoming: JSONRPCIncoming, on service: Service, parts: PartOut?) async -> (reply: [UInt8], errors: Int) {
+    private func answer(_ incoming: JSONRPCIncoming, on service: Service, parts: (any PartOut)?) async -> (reply: [UInt8], errors: Int) {
         let single = if case .single = incoming { true } else { false }
         if let refusal = limits.refusal(of: incoming) { return (refusal, 1) }
         let requests = incoming.requests
@@ -167,7 +167,7 @@ public struct MethodTable<Service: BusService>: Sendable {
 
     /// Runs `request`'s handler; `single`: the body held this request alone (only then can it
     /// answer in parts, to `parts`).
-    private func run(_ request: JSONRPCRequest, on service: Service, single: Bool, parts: PartOut?) async throws -> [UInt8] {
+    private func run(_ request: JSONRPCRequest, on service: Service, single: Bool, parts: (any PartOut)?) async throws -> [UInt8] {
         switch handlers[request.method] {
         case .async(let handler)?: return try await handler(service, request.paramsText)
         case .isolated(let handler)?: return try await handler(service, request.paramsText)
@@ -176,12 +176,7 @@ public struct MethodTable<Service: BusService>: Sendable {
             guard single, request.stream, let id = request.id, id != .null, let parts else { return try await handler(service, request.paramsText, nil) }
             // Each part within the kernel's message limit, as the table's limits are now
             // (a host sets them after the methods are added).
-            let limit = limits.maxReplyBytes
-            return try await handler(service, request.paramsText) { part in
-                let body = JSONRPC.partReply(id: id, partText: part)
-                guard body.count <= limit else { throw JSONRPCError.overMessageSize("part", bytes: body.count, limit: limit) }
-                try await parts(body)
-            }
+            return try await handler(service, request.paramsText, RequestParts(id: id, limit: limits.maxReplyBytes, out: parts))
         case nil: throw JSONRPCError.methodNotFound(request.method)
         }
     }
@@ -287,28 +282,56 @@ public struct MethodTable<Service: BusService>: Sendable {
     }
 }
 
-/// Where a part's JSON text goes when a request is answered in parts.
-public typealias PartOut = @Sendable ([UInt8]) async throws -> Void
+/// Where the parts of a request answered in parts go (a worker's PARTIALs), and whether
+/// anyone still reads them.
+public protocol PartOut: Sendable {
+    /// Sends one part's JSON text; throws once the stream has ended (nobody reads it).
+    func send(_ part: [UInt8]) async throws
+    /// Whether the parts are still read: false once their reader has gone (its client
+    /// cancelled or hung up, or the connection to the kernel went).
+    var isRead: Bool { get }
+}
+
+/// One request's parts, each a PARTIAL's whole body (its id and the part), within the
+/// kernel's message limit.
+private struct RequestParts: PartOut {
+    let id: JSONRPCID
+    let limit: Int
+    let out: any PartOut
+
+    func send(_ part: [UInt8]) async throws {
+        let body = JSONRPC.partReply(id: id, partText: part)
+        guard body.count <= limit else { throw JSONRPCError.overMessageSize("part", bytes: body.count, limit: limit) }
+        try await out.send(body)
+    }
+
+    var isRead: Bool { out.isRead }
+}
 
 /// Where a streaming method's handler sends its parts (``MethodTable/onStream(_:_:)``): out
 /// as PARTIALs one by one, or kept for the one reply when the request did not ask to stream.
 public final class Parts<Part: Codable & Sendable>: Sendable {
-    private let out: PartOut?
+    private let out: (any PartOut)?
     private let keptParts = Mutex<[Part]>([])
 
-    init(out: PartOut?) {
+    init(out: (any PartOut)?) {
         self.out = out
     }
 
     /// Whether the parts go out one by one (the caller asked to stream).
     public var areStreamed: Bool { out != nil }
 
+    /// Whether the parts are still read (always, when they are kept for the one reply). A
+    /// handler that waits between parts looks, and ends once they are not, rather than hold
+    /// its worker's place until its next part fails.
+    public var isRead: Bool { out?.isRead ?? true }
+
     /// Sends one part. Throws when the task was cancelled, when the part alone is over the
     /// kernel's message limit (-32010: the stream ends there), or when it cannot go out.
     public func send(_ part: Part) async throws {
         try Task.checkCancellation()
         guard let out else { return keptParts.withLock { $0.append(part) } }
-        try await out(try encodeJSON(part))
+        try await out.send(try encodeJSON(part))
     }
 
     var kept: [Part] { keptParts.withLock { $0 } }
