@@ -792,6 +792,26 @@ struct StreamsRightsTests {
 
 @Suite("sb stream: the verbs against a live streams service")
 struct StreamVerbTests {
+    @Test("sb stream sub interrupted (Ctrl-C) exits 130 at once, and leaves the consumer's next message to another reader rather than take it")
+    func subInterrupted() async throws {
+        // One place in all: the fetch after the interrupted reader is served only once its place is free.
+        try await stopping(try await StreamsBus.start(connections: 1, window: 1), with: { await $0.stop() }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 60))
+            try await bus.publish("orders.new", 1)
+            let sub = try ChildProcess(sbExecutable(), ["stream", "sub", "orders", "billing", "--expires", "600"],
+                                       environment: sbEnvironment(["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""]))
+            defer { sub.stop() }
+            try await sub.waitForOutput(containing: "1 orders.new (delivery 1) 1", within: 30)
+            sub.signal(SIGINT)
+            #expect(await sub.exit(within: 30))
+            #expect(sub.process.terminationStatus == 130, "\(sub.outputSoFar)")
+            try await bus.publish("orders.new", 2)
+            let other = try await bus.fetch("orders", "billing")
+            #expect(other.messages.map(\.sequence) == [2] && other.messages.allSatisfy { $0.deliveries == 1 }, "\(other.messages)")
+        }
+    }
+
     @Test("sb stream add (--capture-state too), pub (JSON or text, with an id), consumer, fetch --ack, read, info, ls, nak, rm; errors exit 1 naming the problem")
     func verbs() async throws {
         try await StreamsBus.with { bus in

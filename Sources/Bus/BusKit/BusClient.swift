@@ -934,6 +934,10 @@ actor ClientCore {
 
     func close() {
         for connection in connections {
+            // What the client sent last (the CANCEL of a reply in parts it stopped reading, as
+            // an interrupted `sb stream sub` sends) still leaves as the process ends: its
+            // context waits for it for at most this long.
+            try? connection.socket.socket.set(.linger, 100)
             connection.socket.close()
             connection.monitor.close()
         }

@@ -3,6 +3,7 @@ import Contracts
 import Foundation
 import Logging
 import ServiceLifecycle
+import Synchronization
 import Telemetry
 
 /// `sb`: the Switchboard client. It talks to the kernel (7/MDP requests, 12/CHP state) and
@@ -17,7 +18,7 @@ struct SB: AsyncParsableCommand {
 
             Every verb takes --endpoint (SB_ENDPOINT, default tcp://127.0.0.1:5555), --state-endpoint (SB_STATE_ENDPOINT) and --timeout (SB_TIMEOUT, default 5s); for a kernel with CURVE on, --server-key (SB_SERVER_KEY) and --key-file (SB_KEY_FILE). App verbs print tables, or JSON with --json. Data goes to stdout, diagnostics to stderr. Colour only on a terminal, never with NO_COLOR set.
 
-            Exit status: 0 success, 1 the service answered an error, 64 usage (bad flags or JSON), 69 no such service or no kernel, 75 timed out, 78 a configuration refused (sb reload).
+            Exit status: 0 success, 1 the service answered an error, 64 usage (bad flags or JSON), 69 no such service or no kernel, 75 timed out, 78 a configuration refused (sb reload), 130 interrupted (Ctrl-C: what the verb asked is cancelled first, so a worker streaming to it stops).
 
             Examples:
               sb services
@@ -61,23 +62,72 @@ struct SB: AsyncParsableCommand {
             arguments[index...index + 1] = ["--server-key=\(arguments[index + 1])"]
         }
         let verb = connectionOptionsAfterVerb(arguments)
-        guard !exporters.isEmpty else { return await main(verb) }
-        // `main` would exit on a failure before the spans are sent: the verb runs here beside
-        // the exporter, which is then stopped gracefully (it sends what it holds), and the
-        // process exits with the verb's outcome.
-        let group = ServiceGroup(services: exporters, gracefulShutdownSignals: [], logger: Logger(label: "sb.telemetry"))
+        // With an exporter, the verb runs beside it, which is then stopped gracefully (it
+        // sends the spans it holds) before the process exits with the verb's outcome.
+        let exporting = exporters.isEmpty ? nil : ServiceGroup(services: exporters, gracefulShutdownSignals: [], logger: Logger(label: "sb.telemetry"))
         var failure: (any Error)?
         await withTaskGroup(of: Void.self) { tasks in
-            tasks.addTask { try? await group.run() }
-            do {
-                var command = try parseAsRoot(verb)
-                if var verb = command as? any AsyncParsableCommand { try await verb.run() } else { try command.run() }
-            } catch {
-                failure = error
-            }
-            await group.triggerGracefulShutdown()
+            if let exporting { tasks.addTask { try? await exporting.run() } }
+            failure = await runUntilInterrupted(verb)
+            await exporting?.triggerGracefulShutdown()
         }
         if let failure { exit(withError: failure) }
+    }
+
+    /// Parses and runs the verb in a task that Ctrl-C (SIGINT) or SIGTERM cancels: a verb
+    /// waiting on the bus then ends as cancelled, its client cancelling what it asked (a reply
+    /// in parts under way stops its worker: `sb stream sub` leaves its consumer's messages to
+    /// the group's other readers) and closing, and sb exits 128 + the signal. A second signal
+    /// exits at once. Returns how the verb failed, if it did.
+    static func runUntilInterrupted(_ arguments: [String]) async -> (any Error)? {
+        enum Outcome: Sendable { case ended((any Error)?), interrupted(Int32) }
+        // A signal handler reaches the verb through a stream its task group reads.
+        let (signals, signalled) = AsyncStream.makeStream(of: Int32.self)
+        let received = Interrupt()
+        let sources = [SIGINT, SIGTERM].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler {
+                guard received.first() else { Foundation.exit(128 + number) }
+                signalled.yield(number)
+            }
+            source.resume()
+            return source
+        }
+        defer { for source in sources { source.cancel() } }
+        return await withTaskGroup(of: Outcome.self) { group in
+            group.addTask {
+                do {
+                    var command = try parseAsRoot(arguments)
+                    if var verb = command as? any AsyncParsableCommand { try await verb.run() } else { try command.run() }
+                    return .ended(nil)
+                } catch {
+                    return .ended(error)
+                }
+            }
+            group.addTask {
+                for await number in signals { return .interrupted(number) }
+                return .ended(nil)
+            }
+            let first = await group.next()
+            guard case .interrupted(let number)? = first else {
+                // The verb ended: so does the wait for a signal.
+                signalled.finish()
+                _ = await group.next()
+                if case .ended(let failure)? = first { return failure }
+                return nil
+            }
+            group.cancelAll()
+            _ = await group.next()
+            return ExitCode(128 + number)
+        }
+    }
+
+    /// Whether a signal interrupted the verb already.
+    final class Interrupt: Sendable {
+        private let received = Atomic<Bool>(false)
+        /// True for the first signal only.
+        func first() -> Bool { !received.exchange(true, ordering: .relaxed) }
     }
 
     /// Options every verb takes, as in `sb --endpoint tcp://host:5555 services`: moved

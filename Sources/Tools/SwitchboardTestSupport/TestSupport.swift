@@ -541,16 +541,22 @@ public struct CommandResult: Sendable, CustomStringConvertible {
     public var description: String { "exit \(status)\nstdout: \(stdout)\nstderr: \(stderr)" }
 }
 
+/// `environment` for an `sb` a test runs: it finds no CURVE keys unless `environment` says
+/// where (SB_KEY_DIR), so a developer's `data/keys` in the working directory never leaks
+/// into a test.
+public func sbEnvironment(_ environment: [String: String]) -> [String: String] {
+    ["SB_KEY_DIR": "/nonexistent/sb-test-keys"].merging(environment) { $1 }
+}
+
 /// Runs `executable` to the end (killed after `seconds`), with `input` on its stdin and
-/// `environment` added to this process's; stdout and stderr are read as they come, so a
-/// large output never blocks it. `sb` finds no CURVE keys unless `environment` says where
-/// (SB_KEY_DIR): a developer's `data/keys` in the working directory never leaks into a test.
+/// this process's environment with ``sbEnvironment(_:)`` added; stdout and stderr are read as
+/// they come, so a large output never blocks it.
 public func runCommand(_ executable: URL, _ arguments: [String], environment: [String: String] = [:], input: Data? = nil,
                        in directory: URL? = nil, seconds: Double = 30) async throws -> CommandResult {
     let process = Process()
     process.executableURL = executable
     process.arguments = arguments
-    process.environment = ProcessInfo.processInfo.environment.merging(["SB_KEY_DIR": "/nonexistent/sb-test-keys"].merging(environment) { $1 }) { $1 }
+    process.environment = ProcessInfo.processInfo.environment.merging(sbEnvironment(environment)) { $1 }
     if let directory { process.currentDirectoryURL = directory }
     let stdout = Pipe(), stderr = Pipe(), stdin = Pipe()
     process.standardOutput = stdout
