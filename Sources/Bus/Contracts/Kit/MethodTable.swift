@@ -287,8 +287,8 @@ public struct MethodTable<Service: BusService>: Sendable {
 public protocol PartOut: Sendable {
     /// Sends one part's JSON text; throws once the stream has ended (nobody reads it).
     func send(_ part: [UInt8]) async throws
-    /// Whether the parts are still read: false once their reader has gone (its client
-    /// cancelled or hung up, or the connection to the kernel went).
+    /// Whether the parts are still read: false once the kernel said nobody reads them (the
+    /// client cancelled, or a part could not reach it) or the connection to the kernel went.
     var isRead: Bool { get }
 }
 
