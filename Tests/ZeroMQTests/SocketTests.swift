@@ -353,6 +353,36 @@ struct SocketTests {
         client.close()
     }
 
+    @Test("a monitored socket's events wait, however many, for a reader that is behind, so libzmq's I/O thread, which sends them, goes on serving the context's connections")
+    func monitorReaderBehind() throws {
+        let context = try ZMQContext()
+        let server = try bounded(ZMQSocket(context, .router))
+        let endpoint = try server.bind("tcp://127.0.0.1:*")
+        let client = try bounded(ZMQSocket(context, .dealer))
+        // Every event libzmq has: several a connection, so the rounds pass the default bounds
+        // of the monitor's pipe (1,000 messages each way) many times over.
+        let events = try bounded(connectionEvents(of: client, in: context, also: .all))
+        do {
+            for round in 0..<1_500 {
+                try client.connect(endpoint)
+                try client.send(["round \(round)"])
+                #expect(try server.receive().last?.string == "round \(round)")
+                try client.disconnect(endpoint)
+            }
+        } catch {
+            // A context whose I/O thread waits for ever cannot be ended, nor the client's
+            // events stopped: they are kept, so that the test fails rather than hangs.
+            _ = Unmanaged.passRetained(client)
+            _ = Unmanaged.passRetained(events)
+            Issue.record("a message was not delivered while the monitor's reader was behind: \(error)")
+            return
+        }
+        var read = 0
+        while try events.tryReceive() != nil { read += 1 }
+        #expect(read > 2_000, "events waiting: \(read)")
+        client.close()
+    }
+
     @Test("socket options read back what was set")
     func options() throws {
         let context = try ZMQContext()

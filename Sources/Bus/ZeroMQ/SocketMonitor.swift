@@ -54,6 +54,10 @@ public func connectionEvents(of socket: ZMQSocket, in context: ZMQContext, also:
     try socket.monitor(endpoint, events: [.connected, .disconnected, also])
     let pair = try ZMQSocket(context, .pair)
     pair.monitoredSocket = socket
+    // No bound on the events waiting to be read: libzmq's I/O thread, which sends them, would
+    // wait at a bound for as long as the reader is behind, and every connection of the
+    // process with it. The events are few and small (a connection made or lost).
+    try pair.set(.receiveHighWaterMark, 0)
     try pair.connect(endpoint)
     return pair
 }
