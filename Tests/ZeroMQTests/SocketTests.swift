@@ -322,61 +322,55 @@ struct SocketTests {
         #expect(poller.events(at: index) == .readable)
     }
 
-    @Test("a monitored socket's events stop when their reader closes first, so libzmq's I/O thread, which sends them, goes on serving the context's connections")
-    func monitorReaderClosedFirst() throws {
+    /// A ROUTER bound on loopback, and a DEALER whose connection `events` (and `also`) a
+    /// monitor's reader receives, not yet connected.
+    func monitoredClient(also: SocketEvents = []) throws -> (server: ZMQSocket, endpoint: String, client: ZMQSocket, events: ZMQSocket) {
         let context = try ZMQContext()
         let server = try bounded(ZMQSocket(context, .router))
-        let endpoint = try server.bind("tcp://127.0.0.1:*")
         let client = try bounded(ZMQSocket(context, .dealer))
-        let events = try bounded(connectionEvents(of: client, in: context))
-        try client.connect(endpoint)
-        #expect(SocketEvent(try events.receive())?.event == .connected)
-        // The reader goes first (as a connection replaced after its kernel restarted may
-        // close them); then the client connects again and again, each time an event of the
-        // monitored socket, which the I/O thread would wait for ever to hand to a reader that
-        // is no more, and then no message of the context would move.
-        events.close()
+        return (server, try server.bind("tcp://127.0.0.1:*"), client, try bounded(connectionEvents(of: client, in: context, also: also)))
+    }
+
+    /// Connects `client` to `server` `rounds` times, a message each time, each an event or
+    /// more of the monitored client: whether every message was delivered (within its bound).
+    /// Messages go through the I/O thread that sends the events: were it waiting, none would.
+    /// On a failure the client is kept (its context cannot end while that thread waits, nor
+    /// its events stop), so that the test fails rather than hangs.
+    func reconnects(_ client: ZMQSocket, to server: ZMQSocket, at endpoint: String, rounds: Int) -> Bool {
         do {
-            for round in 0..<5 {
-                try client.disconnect(endpoint)
+            for round in 0..<rounds {
                 try client.connect(endpoint)
                 try client.send(["round \(round)"])
                 #expect(try server.receive().last?.string == "round \(round)")
+                try client.disconnect(endpoint)
             }
+            return true
         } catch {
-            // A context whose I/O thread waits for ever cannot be ended, nor the client's
-            // events stopped: they are kept, so that the test fails rather than hangs.
             _ = Unmanaged.passRetained(client)
-            Issue.record("a message was not delivered after the monitor's reader closed: \(error)")
-            return
+            Issue.record("a message was not delivered: \(error)")
+            return false
         }
+    }
+
+    @Test("a monitored socket's events stop when their reader closes first, so libzmq's I/O thread, which sends them, goes on serving the context's connections")
+    func monitorReaderClosedFirst() throws {
+        let (server, endpoint, client, events) = try monitoredClient()
+        try client.connect(endpoint)
+        #expect(SocketEvent(try events.receive())?.event == .connected)
+        try client.disconnect(endpoint)
+        // The reader goes first, as a connection replaced after its kernel restarted may close
+        // them: the events that follow would wait for ever for a reader that is no more.
+        events.close()
+        guard reconnects(client, to: server, at: endpoint, rounds: 5) else { return }
         client.close()
     }
 
     @Test("a monitored socket's events wait, however many, for a reader that is behind, so libzmq's I/O thread, which sends them, goes on serving the context's connections")
     func monitorReaderBehind() throws {
-        let context = try ZMQContext()
-        let server = try bounded(ZMQSocket(context, .router))
-        let endpoint = try server.bind("tcp://127.0.0.1:*")
-        let client = try bounded(ZMQSocket(context, .dealer))
         // Every event libzmq has: several a connection, so the rounds pass the default bounds
         // of the monitor's pipe (1,000 messages each way) many times over.
-        let events = try bounded(connectionEvents(of: client, in: context, also: .all))
-        do {
-            for round in 0..<1_500 {
-                try client.connect(endpoint)
-                try client.send(["round \(round)"])
-                #expect(try server.receive().last?.string == "round \(round)")
-                try client.disconnect(endpoint)
-            }
-        } catch {
-            // A context whose I/O thread waits for ever cannot be ended, nor the client's
-            // events stopped: they are kept, so that the test fails rather than hangs.
-            _ = Unmanaged.passRetained(client)
-            _ = Unmanaged.passRetained(events)
-            Issue.record("a message was not delivered while the monitor's reader was behind: \(error)")
-            return
-        }
+        let (server, endpoint, client, events) = try monitoredClient(also: .all)
+        guard reconnects(client, to: server, at: endpoint, rounds: 1_500) else { return _ = Unmanaged.passRetained(events) }
         var read = 0
         while try events.tryReceive() != nil { read += 1 }
         #expect(read > 2_000, "events waiting: \(read)")
