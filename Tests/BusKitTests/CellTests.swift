@@ -369,7 +369,6 @@ struct CellTests {
         // echo is offered to cell a, the supervisor would have been.
         let context = try ZMQContext()
         let supervisor = try ZMQSocket(context, .dealer)
-        try supervisor.set(.linger, 0)
         try supervisor.connect(b.endpoints.broker)
         try supervisor.send(MDP.encode(.ready(service: SupervisorAPI.service, window: 1)))
         try await b.workers(SupervisorAPI.service)

@@ -85,11 +85,7 @@ struct Chaos {
             guard let pid = pid(of: victim) else { continue }
             kill(pid, SIGKILL)
             let killedAt = Date()
-            var missing: String?
-            _ = await waitUntil(60) {
-                missing = await notServing(victim, replacing: pid)
-                return missing == nil
-            }
+            let missing = await missingAfter(60) { await notServing(victim, replacing: pid) }
             record(victim, pid: pid, killedAt: killedAt, missing: missing)
         }
     }
@@ -100,7 +96,7 @@ struct Chaos {
                                  recoveredAfter: missing == nil ? Date().timeIntervalSince(killedAt) : nil)
         kill.stillMissing = missing
         log.kills.append(kill)
-        let outcome = missing.map { "NOT back within 60 s: \($0)" } ?? String(format: "serving again after %.1f s", Date().timeIntervalSince(killedAt))
+        let outcome = missing.map { "NOT back within 60 s: \($0)" } ?? String(format: "serving again after %.1f s", kill.recoveredAfter ?? 0)
         say(String(format: "%6.1f s  killed %@%@%@: %@", kill.at, piece, pid == 0 ? "" : " (pid \(pid))", problem.map { ", restart failed: \($0)" } ?? "", outcome))
     }
 
@@ -112,11 +108,7 @@ struct Chaos {
         let killedAt = Date()
         var problem: String?
         do { try await database.restart() } catch { problem = "\(error)" }
-        var missing: String?
-        _ = await waitUntil(60) {
-            missing = await notAnswering("streams")
-            return missing == nil
-        }
+        let missing = await missingAfter(60) { await notAnswering("streams") }
         record("database", pid: pid, killedAt: killedAt, missing: missing, problem: problem)
     }
 
@@ -134,11 +126,7 @@ struct Chaos {
         etcd.kill(0)
         var problem: String?
         do { try await etcd.restart(0) } catch { problem = "\(error)" }
-        var missing: String?
-        _ = await waitUntil(60) { [probe, services] in
-            missing = await unserved(probe, services)
-            return missing == nil
-        }
+        let missing = await missingAfter(60) { [probe, services] in await unserved(probe, services) }
         record("etcd", pid: 0, killedAt: killedAt, missing: missing, problem: problem)
     }
 

@@ -202,8 +202,8 @@ struct Soak: AsyncParsableCommand {
         }
         let probe = try await BusClient(brokers: brokers, timeout: .seconds(2), curve: curve, state: states)
         let services = [EchoAPI.service, StoreAPI.service, FetcherAPI.service, SearchAPI.service, PricingAPI.service, StreamsAPI.service]
-        guard await waitUntil(180, { await allServing(probe, services) }) else {
-            throw SoakFailure("the bus did not come up within 180 s")
+        if let missing = await missingAfter(180, { await unserved(probe, services) }) {
+            throw SoakFailure("the bus did not come up within 180 s: \(missing)")
         }
         // `up` starts the gateway once every service has registered: the bus is up when it
         // listens too (every piece is then there to measure and to kill). A bus whose kernel
@@ -580,11 +580,6 @@ func say(_ line: String) {
     FileHandle.standardOutput.write(Data(("soak: " + line + "\n").utf8))
 }
 
-/// Whether each of `services` has a worker, or another cell offers it.
-func allServing(_ probe: BusClient, _ services: [String]) async -> Bool {
-    await unserved(probe, services) == nil
-}
-
 /// What keeps `services` from all being served, as the probe's kernel lists them (nil: each
 /// has a worker, or another cell offers it).
 func unserved(_ probe: BusClient, _ services: [String]) async -> String? {
@@ -593,6 +588,17 @@ func unserved(_ probe: BusClient, _ services: [String]) async -> String? {
     let served = Set(list.services.filter { $0.workers > 0 || $0.cells != nil }.map(\.name))
     let missing = services.filter { !served.contains($0) }
     return missing.isEmpty ? nil : "the kernel lists no worker of " + missing.joined(separator: ", ")
+}
+
+/// Looks with `look` every 100 ms for up to `seconds`, until it finds nothing missing: what
+/// the last look found missing, or nil once nothing was.
+func missingAfter(_ seconds: Double, _ look: () async -> String?) async -> String? {
+    var missing: String?
+    _ = await waitUntil(seconds) {
+        missing = await look()
+        return missing == nil
+    }
+    return missing
 }
 
 /// Polls `condition` every 100 ms for up to `seconds`.
