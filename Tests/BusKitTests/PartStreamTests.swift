@@ -195,8 +195,7 @@ struct PartStreamTests {
         case hangsUp
         /// Its loop left after some parts: its client sends a CANCEL.
         case leavesLoop
-        /// Dropped before the first part: the CANCEL finds nothing in the kernel yet, and
-        /// the client sends it again when the first part comes.
+        /// Dropped before the first part: its client's CANCEL finds the request its worker holds.
         case leavesBeforeAPart
     }
 

@@ -85,31 +85,81 @@ struct StreamTests {
         #expect(broker.brokenStreams == 0 && broker.streamsInProgress == 0)
     }
 
-    @Test("a CANCEL of a reply in parts under way: the worker is told stop and nothing more of the answer reaches the client; another client's, or one of a request with no part yet, finds nothing (its client cancels again at the first part)")
+    /// The CANCEL `client` sends for its request `id` to `svc`.
+    private func cancel(_ client: String, _ id: Int = 1) -> Message {
+        Message([Frame(client)] + MDP.cancel(of: MDP.request(service: "svc", body: [Frame(request(id))], version: .v02))!.frames)
+    }
+
+    @Test("a CANCEL of a reply in parts under way: the worker is told stop and nothing more of the answer reaches the client; another client's CANCEL of the same body finds nothing")
     func cancel() {
         var broker = broker()
         let client = dispatched(&broker, client: "C", clientVersion: .v02, window: 4)
-        let frames = MDP.cancel(of: MDP.request(service: "svc", body: [Frame(request(1))], version: .v02))!.frames
-        let cancel = Message([Frame("C")] + frames)
-        // No part yet: not found.
-        broker.handle(cancel, now: 0)
-        #expect(broker.outbox.take().isEmpty && broker.cancelledRequests == 0)
         broker.handle(fromWorker("W", .partial(client: client, body: ["one"])), now: 0)
         #expect(Sent(broker.outbox.take()).toClients.count == 1)
         // Another client's CANCEL of the same body names nothing of its own.
-        broker.handle(Message([Frame("D")] + frames), now: 0)
+        broker.handle(cancel("D"), now: 0)
         #expect(broker.outbox.take().isEmpty && broker.cancelledRequests == 0)
-        broker.handle(cancel, now: 0)
+        broker.handle(cancel("C"), now: 0)
         let stops = Sent(broker.outbox.take()).stops
         #expect(stops.count == 1 && stops.first?.worker == "W" && stops.first?.client == client, "\(stops)")
         #expect(broker.cancelledRequests == 1)
         // Sent again: already cancelled, nothing more.
-        broker.handle(cancel, now: 0)
+        broker.handle(cancel("C"), now: 0)
         #expect(broker.outbox.take().isEmpty && broker.cancelledRequests == 1)
         broker.handle(fromWorker("W", .partial(client: client, body: ["two"])), now: 0)
         broker.handle(fromWorker("W", .reply(client: client, body: ["end"])), now: 0)
         #expect(Sent(broker.outbox.take()).toClients.isEmpty)
         #expect(broker.workers[Frame("W")]?.inFlight.count == 0 && broker.streamsInProgress == 0)
+    }
+
+    @Test("a CANCEL of a request a worker holds with no part yet: an extension worker is told stop, a plain one is not, and neither's answer reaches the client")
+    func cancelBeforeAPart() {
+        for window in [4, nil] {
+            var broker = broker()
+            let client = dispatched(&broker, client: "C", clientVersion: .v02, window: window)
+            broker.handle(cancel("D"), now: 0)
+            broker.handle(cancel("C", 2), now: 0)
+            #expect(broker.outbox.take().isEmpty && broker.cancelledRequests == 0, "only C's request 1 is named by C's CANCEL of it")
+            broker.handle(cancel("C"), now: 0)
+            let stops = Sent(broker.outbox.take()).stops
+            #expect(broker.cancelledRequests == 1)
+            if window == nil {
+                #expect(stops.isEmpty, "a plain worker knows no stop")
+            } else {
+                #expect(stops.count == 1 && stops.first?.worker == "W" && stops.first?.client == client, "\(stops)")
+            }
+            broker.handle(fromWorker("W", .reply(client: client, body: ["end"])), now: 0)
+            #expect(Sent(broker.outbox.take()).toClients.isEmpty)
+            #expect(broker.workers[Frame("W")]?.inFlight.count == 0)
+            // Its place is free: the next request goes to the worker.
+            broker.handle(fromClient("C", "svc", request(3)), now: 0)
+            #expect(Sent(broker.outbox.take()).requests.count == 1)
+        }
+    }
+
+    @Test("a cancelled request whose worker dies before it answers is not handed to another worker")
+    func cancelledThenWorkerDies() {
+        var broker = broker()
+        _ = dispatched(&broker, client: "C", clientVersion: .v02, window: 4)
+        broker.handle(cancel("C"), now: 0)
+        _ = broker.outbox.take()
+        broker.handle(fromWorker("W", .disconnect), now: 0)
+        broker.handle(fromWorker("W2", .ready(service: "svc", window: 4)), now: 0)
+        let sent = Sent(broker.outbox.take())
+        #expect(sent.requests.isEmpty && sent.toClients.isEmpty)
+        #expect(broker.services["svc"]?.requests.count == 0)
+    }
+
+    @Test("a CANCEL of a request still queued takes it out of the queue: it never reaches a worker, and its bytes are no longer counted")
+    func cancelQueued() {
+        var broker = broker()
+        // The worker's one place is taken by C's first request; the second waits.
+        _ = dispatched(&broker, client: "C", clientVersion: .v02)
+        broker.handle(fromClient("C", "svc", request(2)), now: 0)
+        #expect(broker.services["svc"]?.requests.count == 1 && broker.queuedBytes > 0)
+        broker.handle(cancel("C", 2), now: 0)
+        #expect(broker.outbox.take().isEmpty && broker.cancelledRequests == 1)
+        #expect(broker.services["svc"]?.requests.count == 0 && broker.queuedBytes == 0)
     }
 
     @Test("a 7/MDP worker's REPLY reaches an 18/MDP client as its FINAL; an 18/MDP worker's FINAL reaches a 7/MDP client as its REPLY")
@@ -579,6 +629,25 @@ struct CellRoutingTests {
         let after = Sent(broker.outbox.take())
         #expect(after.requests.isEmpty)
         #expect(after.toClients.count == 2 && after.toClients.allSatisfy { $0.body.first?.contains("-32001") == true })
+    }
+
+    @Test("another cell's kernel says nobody reads a request it sent: held with no part yet, its worker is told stop and its answer dropped; still queued, it leaves the queue")
+    func linkedClientGone() {
+        var broker = broker()
+        broker.handle(fromWorker("W", .ready(service: "svc", window: 1)), now: 0)
+        for id in 1...2 {
+            broker.handleForwarded(Broker.Caller(client: Frame("from-a-\(id)"), version: .v02), service: "svc", body: [Frame(request(id))], peer: nil, now: 0)
+        }
+        let held = Sent(broker.outbox.take()).requests
+        #expect(held.map(\.worker) == ["W"] && broker.services["svc"]?.requests.count == 1)
+        broker.linkedClientGone(Frame("from-a-1"), service: "svc")
+        let stops = Sent(broker.outbox.take()).stops
+        #expect(stops.count == 1 && stops.first?.client == held.first?.client, "\(stops)")
+        broker.linkedClientGone(Frame("from-a-2"), service: "svc")
+        #expect(broker.services["svc"]?.requests.count == 0)
+        broker.handle(fromWorker("W", .reply(client: held[0].client, body: ["end"])), now: 0)
+        let after = Sent(broker.outbox.take())
+        #expect(after.toClients.isEmpty && after.requests.isEmpty, "neither reaches anyone")
     }
 
     @Test("the directory: a key under the prefix is a cell's only with a cell's name; a kernel follows at most mostCells cells, the first by name")

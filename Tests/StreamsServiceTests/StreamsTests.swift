@@ -412,22 +412,43 @@ struct StreamsTests {
         }
     }
 
-    @Test("push: a reader that leaves between messages (its client cancels) frees its worker's place at once, not when its wait expires, and is handed nothing more")
-    func pushReaderLeaves() async throws {
+    /// When a push reader leaves its stream.
+    enum Leaving: CaseIterable {
+        case afterAMessage
+        /// While its worker waits for the first message: the kernel finds the request the
+        /// worker holds, which has sent no part.
+        case beforeAnyMessage
+    }
+
+    @Test("push: a reader that leaves (its client cancels) frees its worker's place at once, not when its wait expires, and is handed nothing more",
+          arguments: Leaving.allCases)
+    func pushReaderLeaves(leaving: Leaving) async throws {
         // One place in all: the request after the reader's is served only once its place is free.
         try await stopping(try await StreamsBus.start(connections: 1, window: 1), with: { await $0.stop() }) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "feed", subjects: ["feed."]))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "feed", name: "live", ackWait: 30))
-            try await bus.publish("feed.item", .int(1))
-            do {
-                var parts = bus.other.stream(API.next, .init(stream: "feed", consumer: "live", max: 10, expires: 600), timeout: .seconds(610)).makeAsyncIterator()
+            let next = API.Next(stream: "feed", consumer: "live", max: 10, expires: 600)
+            switch leaving {
+            case .afterAMessage:
+                try await bus.publish("feed.item", .int(1))
+                var parts = bus.other.stream(API.next, next, timeout: .seconds(610)).makeAsyncIterator()
                 #expect(try await parts.next()?.sequence == 1)
-            }  // Dropped unfinished after its first message: its client sends a CANCEL.
+                // Dropped unfinished after its first message: its client sends a CANCEL.
+            case .beforeAnyMessage:
+                let parts = bus.other.stream(API.next, next, timeout: .seconds(610)).makeAsyncIterator()
+                // Asked after it on the same connection: the kernel answers once it has handed
+                // the reader's request to the streams worker (its one place was free).
+                let held = try await bus.other.call(KernelAPI.servicesList).services.first { $0.name == API.service }?.inFlight
+                #expect(held == 1)
+                withExtendedLifetime(parts) {}
+                // Dropped unfinished before any message: its client sends a CANCEL.
+            }
             // Within the client's 10 s, ten minutes before the wait would expire.
-            #expect(try await bus.client.call(API.streamInfo, .init(name: "feed")).messages == 1)
+            let published = leaving == .afterAMessage ? 1 : 0
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "feed")).messages == published)
             try await bus.publish("feed.item", .int(2))
             let other = try await bus.fetch("feed", "live")
-            #expect(other.messages.map(\.sequence) == [2] && other.messages.allSatisfy { $0.deliveries == 1 }, "\(other.messages)")
+            #expect(other.messages.map(\.sequence) == [published + 1] && other.messages.allSatisfy { $0.deliveries == 1 }, "\(other.messages)")
         }
     }
 

@@ -751,7 +751,6 @@ actor ClientCore {
         if finishedOrder.count > Self.finishedMemory {
             let forgotten = finishedOrder.removeFirst()
             finished.removeValue(forKey: forgotten)
-            cancelAtFirstPart.removeValue(forKey: forgotten)
         }
     }
 
@@ -774,25 +773,19 @@ actor ClientCore {
                 continue
             }
             remember(id, answered: false)
-            sendCancel(of: request, id: id)
+            sendCancel(of: request)
             request.complete(.failure(.cancelled(service: request.service, method: request.method)))
         }
     }
 
-    /// Tells the kernel that `request` (`id`), a reply in parts it was sent, is read no more
-    /// (a CANCEL, the client extension), so its worker stops making parts nobody reads. The
-    /// kernel finds only a reply that has sent a part: one with none yet is cancelled again
-    /// when its first part comes. A kernel that does not know CANCEL drops it, and the worker
-    /// runs to its end as before.
-    private func sendCancel(of request: Pending, id: Int64) {
+    /// Tells the kernel that `request`, a reply in parts it was sent, is read no more (a
+    /// CANCEL, the client extension), whether a part came yet or not, so its worker stops
+    /// making parts nobody reads and frees its place. A kernel that does not know CANCEL
+    /// drops it, and the worker runs to its end as before.
+    private func sendCancel(of request: Pending) {
         guard request.onPart != nil, let sentOn = request.sentOn, let message = request.message, let cancel = MDP.cancel(of: message) else { return }
         connections[sentOn].socket.send(cancel)
-        if request.parts == 0 { cancelAtFirstPart[id] = (sentOn, cancel) }
     }
-
-    /// CANCELs to send again when the first part of their request comes, by request; kept as
-    /// long as the request is remembered as finished (``remember(_:answered:)``).
-    private var cancelAtFirstPart: [Int64: (connection: Int, message: Message)] = [:]
 
     /// A reply, read where the socket received it: a JSON-RPC reply's one body part is parsed
     /// in place, and frames are made only of a part or an opaque reply.
@@ -812,7 +805,6 @@ actor ClientCore {
         for response in responses ?? [] {
             guard case .number(let id) = response.id else { continue }
             guard let request = pending.removeValue(forKey: id) else {
-                cancelAtFirstPart.removeValue(forKey: id)
                 switch finished[id] {
                 case true?: counters.duplicateReplies += 1
                 case false?: counters.lateReplies += 1
@@ -842,14 +834,10 @@ actor ClientCore {
     /// One part of a reply in parts: to its stream's reader, if it still reads.
     private func receivedPart(_ reply: ClientReply) {
         guard let (id, part) = Self.part(of: reply.body), case .number(let number) = id else { return }
-        guard let onPart = pending[number]?.onPart else {
-            // The first part of a reply cancelled before it had one: now the kernel finds it.
-            if let cancel = cancelAtFirstPart.removeValue(forKey: number) { connections[cancel.connection].socket.send(cancel.message) }
-            return
-        }
+        guard let onPart = pending[number]?.onPart else { return }
         guard onPart(part, reply.body.reduce(0) { $0 + $1.count }) else {
             let request = pending[number]!
-            sendCancel(of: request, id: number)
+            sendCancel(of: request)
             return endStream(number, .streamEnded("this reader fell a whole buffer of parts behind", parts: request.parts, reason: "reader_behind",
                                                   service: request.service))
         }

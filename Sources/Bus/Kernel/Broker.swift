@@ -434,22 +434,56 @@ struct Broker: ~Copyable {
             admit(Caller(client: client, version: version), service: service, body: body, peer: peer, forwarded: false, now: now, pairRefusal: pairRefusal)
         case .worker(let identity, let command, let version):
             handleWorker(identity, command, version: version, peer: peer, now: now)
-        case .cancel(let client, _, let body):
-            cancel(client, body: body)
+        case .cancel(let client, let service, let body):
+            cancel(client, service: service, body: body, peer: peer)
         }
     }
 
-    /// A client's CANCEL: it no longer wants the answer to the request it sent with `body`.
-    /// Only its replies in parts under way are looked at (the requests of this connection
-    /// that have sent a part; its share of the service's places bounds them), so a CANCEL
-    /// costs about what a part does, however much else waits: nothing more of the answer is
-    /// sent, and an extension worker is told `stop`, so the handler ends at its next part and
-    /// frees its place. A request with no part yet is not found: its client cancels again
-    /// when a part comes (BusClient does).
-    private mutating func cancel(_ client: Frame, body: ArraySlice<Frame>) {
-        guard let request = streams[client]?.first(where: { $0.broken == nil && $0.body.elementsEqual(body) }) else { return }
-        cancelledRequests += 1
-        breakStream(request, .cancelled)
+    /// A client's CANCEL: it no longer wants the answer to the request it sent to `name`
+    /// with `body`, wherever that request is (``stopAnswering(_:in:owner:_:where:)``).
+    private mutating func cancel(_ client: Frame, service name: String, body: ArraySlice<Frame>, peer: String?) {
+        stopAnswering(client, in: name, owner: peer.map { Frame($0) } ?? client, .cancelled) { $0.body.elementsEqual(body) }
+    }
+
+    /// Another cell's kernel says nobody reads its request, sent here under `client`, any
+    /// more (``CellLinks``): the same as a CANCEL, for the one request that frame names.
+    mutating func linkedClientGone(_ client: Frame, service name: String) {
+        stopAnswering(client, in: name, owner: nil, .clientGone) { _ in true }
+    }
+
+    /// Ends the answer to `client`'s request for `name` that `matches`, for `reason`,
+    /// wherever the request is (``unansweredRequest(of:for:owner:where:)``): nothing more of
+    /// it reaches the client, and the worker that holds it, when it knows the extension, is
+    /// told `stop`, so its handler ends at its next part (or its next look while it waits for
+    /// one) and frees its place.
+    private mutating func stopAnswering(_ client: Frame, in name: String, owner: Frame?, _ reason: StreamBreak,
+                                        where matches: (Request) -> Bool) {
+        guard let request = unansweredRequest(of: client, for: name, owner: owner, where: matches) else { return }
+        if reason == .cancelled { cancelledRequests += 1 }
+        breakStream(request, reason)
+    }
+
+    /// `client`'s request for `name` that `matches`, not yet answered: a reply in parts under
+    /// way; one a worker holds with no part yet (set up to be told `stop` as the first would
+    /// be: a push stream's reader that left before its first message frees its place at
+    /// once); or one still waiting, taken out of its queue.
+    /// With `owner` (whose share of the service it counts against, ``FairQueue``), the workers
+    /// are looked through only while that owner holds a place, and only its own queue: asking
+    /// for one that is not there costs a lookup. Without, another cell's kernel asks.
+    private mutating func unansweredRequest(of client: Frame, for name: String, owner: Frame?, where matches: (Request) -> Bool) -> Request? {
+        let ofClient = { (request: Request) in request.broken == nil && request.gather == nil && request.client == client && matches(request) }
+        if let request = streams[client]?.first(where: ofClient) { return request }
+        guard let service = knownService(name) else { return nil }
+        if owner.map({ service.requests.held(by: $0) > 0 }) ?? true {
+            for worker in workers.values where worker.service === service {
+                guard let tag = worker.inFlight.tag(where: ofClient), let request = worker.inFlight.request(tagged: tag) else { continue }
+                if worker.speaksExtension { (request.streamWorker, request.streamClient) = (worker, worker.echoedClient(of: request, tag: tag)) }
+                return request
+            }
+        }
+        guard let request = service.requests.removeWaiting(of: owner, where: ofClient) else { return nil }
+        queuedBytes -= request.size
+        return request
     }
 
     /// Every service that has workers, with how many (for a kernel taking over as active).
@@ -619,7 +653,7 @@ struct Broker: ~Copyable {
                 cellStats[cell, default: ServiceStats()].replies += 1
                 cellStats[cell, default: ServiceStats()].latency.record(nanoseconds: now &- request.received)
             }
-            if request.parts == 0 {
+            if request.parts == 0, request.broken == nil {
                 outbox.send(MDP.BrokerReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version))
             } else {
                 endStream(request, service: service, final: body)
@@ -1058,8 +1092,9 @@ struct Broker: ~Copyable {
         for request in orphans.reversed() {
             // Queued again before its place is released, so its client stays known.
             defer { service.requests.release(request) }
-            if request.parts > 0 {
-                // Its client has parts already: another worker would send them again.
+            if request.parts > 0 || request.broken != nil {
+                // Its client has parts already (another worker would send them again), or
+                // wants none.
                 endStream(request, service: service, error: .streamEnded(
                     "the '\(service.name)' worker died", parts: request.parts, reason: "worker_died", service: service.name))
             } else if request.deaths >= configuration.maxDeliveries {
@@ -1340,6 +1375,12 @@ struct InFlight {
 
     /// The tag of the first slot's request (or its last one).
     var firstTag: UInt32? { tags.first }
+
+    /// The tag of the first request held that `matches`.
+    func tag(where matches: (Broker.Request) -> Bool) -> UInt32? {
+        for (slot, request) in held.enumerated() where request.map(matches) == true { return tags[slot] }
+        return nil
+    }
 
     /// Every request held, oldest slot first.
     var all: [Broker.Request] { held.compactMap { $0 } }

@@ -185,7 +185,7 @@ final class CellLinks {
         case .stop(let client)?:
             // Nobody reads that request's parts over there any more: here its client is gone
             // as well, so this kernel tells its worker to stop in turn.
-            parts.broker.peerGone(Self.linkClient(offer: id, client: client), now: now)
+            parts.broker.linkedClientGone(Self.linkClient(offer: id, client: client), service: offer.service)
         case .heartbeat?, .drain?, nil:
             // Any command is a heartbeat; a drain is that kernel's own business (it sends
             // nothing more on this connection until it is offered again).

@@ -163,6 +163,18 @@ struct FairQueue {
         return true
     }
 
+    /// Takes out the oldest waiting request of client `id` (of any client when nil) that
+    /// `matches`.
+    mutating func removeWaiting(of id: Frame?, where matches: (Broker.Request) -> Bool) -> Broker.Request? {
+        let candidates = id.map { id in clients[id].map { [$0] } ?? [] } ?? Array(turn)
+        for client in candidates {
+            guard let request = client.waiting.first(where: matches) else { continue }
+            _ = remove(request)
+            return request
+        }
+        return nil
+    }
+
     /// Removes and returns every request whose deadline has passed.
     mutating func removeExpired(now: UInt64) -> [Broker.Request] {
         var expired: [Broker.Request] = []
