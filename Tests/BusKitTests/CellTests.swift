@@ -395,7 +395,7 @@ struct CellTests {
         let directory = try EtcdClient(endpoints: etcd.clientURLs)
         let record = Array("/sb-test/one-kernel-cells/b".utf8)
         try await etcd.values(under: "/sb-test/one-kernel-cells/b", "cell b's record in the directory") { !$0.isEmpty }
-        let refused = await #expect(throws: ZMQError.self) { try await TestKernel.start(cell("b", on: settings)) }
+        let refused = await #expect(throws: KernelRefusal.self) { try await TestKernel.start(cell("b", on: settings)) }
         #expect(refused?.description.contains("cell b already has a kernel, at \(first.endpoints.broker)") == true, "\(String(describing: refused))")
         await first.stop()
         let second = try await TestKernel.start(cell("b", on: settings))

@@ -91,7 +91,7 @@ struct KernelConformanceTests {
         let running = try await RunningKernel.start()
         #expect(try await running.kernel.start() == running.endpoints)
         await running.stop()
-        await #expect(throws: ZMQError.self) { try await running.kernel.start() }
+        await #expect(throws: KernelRefusal.self) { try await running.kernel.start() }
     }
 
     @Test("MDP: a raw worker and a raw client exchange a request through the kernel")

@@ -99,7 +99,7 @@ extension Kernel {
         if let advertise = cell.advertise { return advertise }
         // The rule the state's election names its holder's broker by.
         guard let advertised = ElectionValue.advertised(broker) else {
-            throw ZMQError(call: "kernel.cell: the broker is bound at \(broker), which other cells cannot connect to: set kernel.cell.advertise to tcp://HOST:PORT", code: EINVAL)
+            throw KernelRefusal("kernel.cell: the broker is bound at \(broker), which other cells cannot connect to: set kernel.cell.advertise to tcp://HOST:PORT")
         }
         return advertised
     }
@@ -125,9 +125,9 @@ extension Kernel {
         }
         await client.close()
         guard let record, await !Self.refusesConnection(record.broker) else { return }
-        throw ZMQError(call: "kernel.cell: cell \(cell.name) already has a kernel, at \(record.broker) (its record \(String(decoding: key, as: UTF8.self)) in etcd is alive). "
+        throw KernelRefusal("kernel.cell: cell \(cell.name) already has a kernel, at \(record.broker) (its record \(String(decoding: key, as: UTF8.self)) in etcd is alive). "
                        + "A cell whose state is in memory has one kernel: give this one another cell name, or keep the state in etcd "
-                       + "(kernel.state.backend: etcd), where a second kernel of a cell waits to take over (docs/CELLS.md)", code: EADDRINUSE)
+                       + "(kernel.state.backend: etcd), where a second kernel of a cell waits to take over (docs/CELLS.md)")
     }
 
     /// Joins the directory: writes this cell's record and follows the others', until

@@ -110,7 +110,7 @@ final class CellLinks {
                 // before the first `/`: all of this cell's count as one worker process.
                 try socket.set(.routingID, Array("cell-\(configuration.name)/\(service)/\(id)".utf8))
                 if let security {
-                    guard let key = peer.key else { throw ZMQError(call: "cell \(cell) records no CURVE key, and this kernel runs with CURVE", code: EINVAL) }
+                    guard let key = peer.key else { throw KernelRefusal("cell \(cell) records no CURVE key, and this kernel runs with CURVE") }
                     try CurveClientKeys(serverKey: key, secretKey: security.secretKey).apply(to: socket)
                 }
                 try socket.connect(peer.broker)

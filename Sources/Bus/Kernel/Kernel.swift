@@ -88,8 +88,8 @@ public actor Kernel: BusService {
     public func start() async throws -> Endpoints {
         switch phase {
         case .serving(let endpoints, _): return endpoints
-        case .stopped: throw ZMQError(call: "start(a stopped kernel)", code: EBADF)
-        case .starting: throw ZMQError(call: "start(a kernel already starting)", code: EALREADY)
+        case .stopped: throw KernelRefusal("a stopped kernel does not start again")
+        case .starting: throw KernelRefusal("the kernel is already starting")
         case .idle: break
         }
         guard let settings = configuration.stateEtcd else {
@@ -98,7 +98,7 @@ public actor Kernel: BusService {
         }
         guard configuration.pair == nil else {
             phase = .stopped
-            throw ZMQError(call: "start(a pair with kernel.state.backend: etcd: not supported yet; run one kernel on etcd)", code: EINVAL)
+            throw KernelRefusal("a pair with kernel.state.backend: etcd is not supported yet: run one kernel on etcd")
         }
         let parts = try await whileStarting {
             let link = try await connectState(settings)
@@ -133,7 +133,7 @@ public actor Kernel: BusService {
 
     /// Throws unless the kernel is still starting (a stop came while the start awaited).
     private func stillStarting() throws {
-        guard case .starting = phase else { throw ZMQError(call: "start(a kernel stopped while starting)", code: EBADF) }
+        guard case .starting = phase else { throw KernelRefusal("the kernel was stopped while it started") }
     }
 
     /// Binds every endpoint and serves them with `parts` (their state read from etcd, if it
@@ -652,6 +652,13 @@ extension Kernel: Service {
         await stop()
         if let why { throw KernelLostElection(why: why) }
     }
+}
+
+/// What the kernel itself refuses, where libzmq has no say: a start its configuration, its
+/// cell's directory or its own state rules out, saying why and what to change.
+public struct KernelRefusal: Error, Sendable, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
 }
 
 /// The kernel ended because it no longer holds the election of the state it keeps in etcd.
