@@ -378,6 +378,12 @@ struct CellTests {
         let client = try await BusClient(brokers: [a.endpoints.broker], timeout: .seconds(10))
         let services = try await client.call(KernelAPI.servicesList).services
         #expect(services.first { $0.name == SupervisorAPI.service } == nil, "\(services)")
+        // Nor does cell b's record in the directory list it among the services it offers.
+        let records = try await etcd.values(under: "/sb-test/supervised-cells/b", "cell b's record listing echo") {
+            $0.values.contains { (try? JSONValue(parsing: $0))?["services"]?[EchoAPI.service] != nil }
+        }
+        let record = try JSONValue(parsing: try #require(records.values.first))
+        #expect(record["services"]?[SupervisorAPI.service] == nil, "\(record)")
 
         await client.close()
         supervisor.close()

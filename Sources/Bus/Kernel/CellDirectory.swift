@@ -43,7 +43,7 @@ final class CellDirectory: Sendable {
     /// This cell's record: where its broker is, its key, its services and their workers here.
     func record(services: [(name: String, workers: Int)]) -> [UInt8] {
         var counts: [String: JSONValue] = [:]
-        for (name, workers) in services where workers > 0 { counts[name] = .int(Int64(workers)) }
+        for (name, workers) in services { counts[name] = .int(Int64(workers)) }
         var record: [String: JSONValue] = ["broker": .string(broker), "instance": .string(instance), "services": .object(counts)]
         if let curveKey { record["key"] = .string(curveKey) }
         return JSONValue.object(record).jsonBytes
@@ -216,8 +216,8 @@ extension Kernel {
         }
     }
 
-    /// This kernel's services with their workers here (not those other cells offer).
-    private func cellServices() -> [(name: String, workers: Int)] { parts?.broker.workerCounts ?? [] }
+    /// The services this cell offers the others, with their workers here.
+    private func cellServices() -> [(name: String, workers: Int)] { parts?.workersOfferedToCells ?? [] }
 
     /// The directory changed: the links follow the cells, the broker their workers' counts.
     private func cellsChanged(_ all: [String: (peer: CellLinks.Peer, workers: [String: Int])]) {

@@ -341,9 +341,13 @@ final class KernelParts {
         broker.replyFromKernel(to: caller, body)
     }
 
-    /// The services this cell offers the other cells: those with a worker here (not those
-    /// only other cells offer), but the ones bound to this cell (``cellBound``).
-    var offeredToCells: [String] { broker.workerCounts.filter { $0.workers > 0 && !Self.cellBound.contains($0.name) }.map(\.name) }
+    /// The services this cell offers the other cells, with their workers here: those with a
+    /// worker here (not those only other cells offer), but the ones bound to this cell
+    /// (``cellBound``). What its record in the directory lists, and its links offer.
+    var workersOfferedToCells: [(name: String, workers: Int)] {
+        broker.workerCounts.filter { $0.workers > 0 && !Self.cellBound.contains($0.name) }
+    }
+    var offeredToCells: [String] { workersOfferedToCells.map(\.name) }
 
     /// Services never offered to other cells: the supervisor restarts the processes
     /// `switchboard up` runs on this cell's machines, so asked through another cell it would
