@@ -43,6 +43,9 @@ let package = Package(
         .package(url: "https://github.com/swift-otel/swift-w3c-trace-context", from: "1.0.0"),
         // The HTTP edge (`switchboard gateway`).
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.0.0"),
+        // Already in the graph through Hummingbird; named for AsyncChannel, a hand-over with
+        // back-pressure between tasks.
+        .package(url: "https://github.com/apple/swift-async-algorithms", from: "1.0.0"),
     ],
     targets: [
         // libzmq through its system headers; see the module map for why no pkg-config.
@@ -285,6 +288,7 @@ let package = Package(
             name: "Gateway",
             dependencies: [
                 "Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", "ZeroMQ",
+                .product(name: "AsyncAlgorithms", package: "swift-async-algorithms"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Logging", package: "swift-log"),

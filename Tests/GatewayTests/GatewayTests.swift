@@ -28,10 +28,11 @@ struct GatewayBed {
     let http: HTTPClient
     let bus: BusClient
 
-    static func start(_ configure: (inout GatewaySettings) -> Void = { _ in }) async throws -> GatewayBed {
+    /// `queueTimeout`: the kernel's; short, so a request nobody serves is answered quickly.
+    static func start(queueTimeout: Duration = .milliseconds(300), _ configure: (inout GatewaySettings) -> Void = { _ in }) async throws -> GatewayBed {
         let kernel = try await TestKernel.start {
             fastHeartbeats(&$0)
-            $0.queueTimeout = .milliseconds(300)
+            $0.queueTimeout = queueTimeout
         }
         let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: 2,
                                                        heartbeatInterval: kernel.configuration.heartbeatInterval,
@@ -62,8 +63,9 @@ struct GatewayBed {
     }
 
     /// Runs `body` against a new bed, and stops it however `body` ends.
-    static func with(_ configure: (inout GatewaySettings) -> Void = { _ in }, _ body: (GatewayBed) async throws -> Void) async throws {
-        try await stopping(try await start(configure), with: { await $0.stop() }, body)
+    static func with(queueTimeout: Duration = .milliseconds(300), _ configure: (inout GatewaySettings) -> Void = { _ in },
+                     _ body: (GatewayBed) async throws -> Void) async throws {
+        try await stopping(try await start(queueTimeout: queueTimeout, configure), with: { await $0.stop() }, body)
     }
 
     func stop() async {
@@ -81,11 +83,12 @@ struct GatewayBed {
 
     /// Runs `body` with a streams service on this bed's kernel (its database in a temporary
     /// folder), stopped however `body` ends.
-    func withStreams(_ body: () async throws -> Void) async throws {
+    /// Runs `body` with a streams service on the bus: one connection with `window` places.
+    func withStreams(window: Int = 16, _ body: () async throws -> Void) async throws {
         let folder = try temporaryDirectory("gateway-streams")
         defer { try? FileManager.default.removeItem(at: folder) }
         let service = StreamsService(configuration: StreamsConfiguration(path: folder.appendingPathComponent("streams.sqlite").path))
-        let host = try ServiceHost(service: service, options: .init(brokers: [kernel.endpoints.broker], connections: 1,
+        let host = try ServiceHost(service: service, options: .init(brokers: [kernel.endpoints.broker], connections: 1, window: window,
                                                                     heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                                     heartbeatLiveness: kernel.configuration.heartbeatLiveness))
         try await host.start()
@@ -435,6 +438,36 @@ struct GatewayTests {
                     let refused = try await bed.get("/streams/orders/billing?\(query)")
                     #expect(refused.status == 400 && refused.text.contains("-32602") && refused.text.contains(String(query.prefix { $0 != "=" })), "\(query): \(refused)")
                 }
+            }
+        }
+    }
+
+    @Test("GET /streams/{stream}/{consumer}: a browser that leaves before any message frees the streams service's place once a keep-alive comment finds it gone, not when its wait expires")
+    func consumerReaderLeaves() async throws {
+        // A request may wait for a place as long as the client's 10 s.
+        try await GatewayBed.with(queueTimeout: .seconds(10), { $0.heartbeat = .milliseconds(200) }) { bed in
+            // One place: what the gateway asks after the reader's waits until that place is free.
+            try await bed.withStreams(window: 1) {
+                _ = try await bed.bus.call(StreamsAPI.streamAdd, .init(name: "orders", subjects: ["orders."]))
+                _ = try await bed.bus.call(StreamsAPI.consumerAdd, .init(stream: "orders", name: "billing"))
+                let (opened, open) = AsyncStream.makeStream(of: Void.self)
+                let browser = Task {
+                    var request = HTTPClientRequest(url: "\(bed.base)/streams/orders/billing?expires=600&access_token=\(GatewayBed.fullToken)")
+                    request.headers.add(name: "Accept", value: "text/event-stream")
+                    let response = try await bed.http.execute(request, timeout: .seconds(60))
+                    var body = response.body.makeAsyncIterator()
+                    // The first bytes: the gateway has asked for the messages.
+                    _ = try await body.next()
+                    open.yield()
+                    while try await body.next() != nil {}
+                }
+                for await _ in opened { break }
+                browser.cancel()  // The browser leaves: its connection closes.
+                _ = await browser.result
+                // Through the gateway's own connection to the kernel, so after the reader's
+                // request: answered once its place is free, within the client's 10 s.
+                let info = try await bed.rpc("streams", #"{"jsonrpc":"2.0","id":1,"method":"consumer.info","params":{"stream":"orders","name":"billing"}}"#)
+                #expect(info.status == 200 && info.json?["result"]?["pending"] == 0, "\(info.status) \(String(describing: info.json))")
             }
         }
     }

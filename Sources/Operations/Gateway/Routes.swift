@@ -1,3 +1,4 @@
+import AsyncAlgorithms
 import BusKit
 import BusProtocol
 import Contracts
@@ -425,21 +426,62 @@ struct Routes: Sendable {
         let parts = client.stream(StreamsAPI.next, next, timeout: .seconds(next.expires ?? 30) + settings.requestTimeout)
         var headers: HTTPFields = [.contentType: "text/event-stream", .cacheControl: "no-cache"]
         headers[HTTPField.Name("X-Accel-Buffering")!] = "no"
+        let heartbeat = settings.heartbeat
         return Response(status: .ok, headers: headers, body: ResponseBody { writer in
             try await writer.write(ByteBuffer(string: "retry: 1000\n\n"))
-            do {
-                for try await message in parts {
-                    try await writer.write(Self.framed(try JSONValue(encoding: message).jsonBytes, .eventStream, event: nil, id: message.sequence))
+            // Between messages, a comment every heartbeat, as on /events: a write to a browser
+            // that left fails, and the request is cancelled with the group, freeing its place
+            // in the streams service rather than holding it until `expires`. Any error a write
+            // throws is the browser's connection. Each message is handed over only once the
+            // last is written, so a slow browser holds back the stream as it did before
+            // (whose buffer is bounded), not a queue here.
+            let events = AsyncChannel<ConsumerEvent>()
+            try await withThrowingDiscardingTaskGroup { group in
+                group.addTask {
+                    do {
+                        for try await message in parts { await events.send(.message(message)) }
+                        await events.send(.end(try await parts.end()))
+                    } catch let error as BusError {
+                        await events.send(.failed(error))
+                    }
+                    events.finish()
                 }
-                try await writer.write(Self.framed(try JSONValue(encoding: try await parts.end()).jsonBytes, .eventStream, event: "end"))
-            } catch let error as BusError {
-                let response = Self.response(id: .null, .failure(error))
-                try await writer.write(Self.framed(response.jsonBytes, .eventStream, event: "error"))
+                group.addTask {
+                    // Ends quietly when cancelled: a child's error would end the stream with it.
+                    while true {
+                        try? await Task.sleep(for: heartbeat)
+                        if Task.isCancelled { return }
+                        await events.send(.keepAlive)
+                    }
+                }
+                for await event in events {
+                    switch event {
+                    case .message(let message):
+                        try await writer.write(Self.framed(try JSONValue(encoding: message).jsonBytes, .eventStream, event: nil, id: message.sequence))
+                    case .keepAlive:
+                        try await writer.write(Self.keepAlive)
+                    case .end(let end):
+                        try await writer.write(Self.framed(try JSONValue(encoding: end).jsonBytes, .eventStream, event: "end"))
+                    case .failed(let error):
+                        try await writer.write(Self.framed(Self.response(id: .null, .failure(error)).jsonBytes, .eventStream, event: "error"))
+                    }
+                }
+                group.cancelAll()
             }
-            // Any other error is the browser's connection: the stream ends, and with it the request.
             try await writer.finish(nil)
         })
     }
+
+    /// What the event stream of a consumer's messages writes next.
+    private enum ConsumerEvent: Sendable {
+        case message(StreamsAPI.Message)
+        case end(StreamsAPI.NextEnd)
+        case failed(BusError)
+        case keepAlive
+    }
+
+    /// The comment line written on an event stream while it has nothing else to say.
+    private static let keepAlive = StreamEvent(name: nil, id: nil, data: "keep-alive", key: nil).encoded
 
     // MARK: Operators
 
