@@ -20,6 +20,7 @@ final class HostileClient: Sendable {
         case stuckStreams = "50 SSE streams that never read, 100 kB values"
         case slowRequests = "64 echo.sleep of 3 s at once, again and again"
         case manyParts = "echo requests of 100,000 one-byte parts, 5 a second"
+        case cancelFlood = "20,000 CANCELs a second naming nothing, 4 places held"
         case unreadStreams = "160 echo replies of a million parts each, never read"
     }
 
@@ -116,6 +117,29 @@ final class HostileClient: Sendable {
                 for _ in 0..<16 { try dealer.send(request) }
             }
             while Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
+        case .cancelFlood:
+            // The kernel looks for what a CANCEL names among the service's workers only while
+            // its sender holds a place of that service: this one holds four (replies in parts
+            // that come once a second), then names requests it never sent.
+            let dealer = try ZMQSocket(context, .dealer)
+            try dealer.secure(curve)
+            try dealer.set(.linger, 0)
+            try dealer.connect(kernel.broker)
+            defer { dealer.close() }
+            let request = { (id: Int64, method: String, params: JSONValue) in
+                MDP.request(service: EchoAPI.service, body: [Frame(JSONRPCRequest(id: .number(id), method: method, params: params, stream: true).jsonBytes)],
+                            version: .v02)
+            }
+            for id in 1...4 { try dealer.send(request(Int64(id), EchoAPI.numbersMethod.name, ["n": 1_000_000, "everyMs": 1_000])) }
+            var id: Int64 = 4
+            while Date() < deadline {
+                for _ in 0..<200 {
+                    id += 1
+                    // Dropped rather than waited for when the kernel's side is full.
+                    try? dealer.send(MDP.cancel(of: request(id, EchoAPI.echo.name, ["say": "x"]))!, options: .dontWait)
+                }
+                try await Task.sleep(for: .milliseconds(10))
+            }
         case .slowRequests:
             while Date() < deadline {
                 await withTaskGroup(of: Void.self) { group in
