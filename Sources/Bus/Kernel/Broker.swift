@@ -467,9 +467,10 @@ struct Broker: ~Copyable {
     /// way; one a worker holds with no part yet (set up to be told `stop` as the first would
     /// be: a push stream's reader that left before its first message frees its place at
     /// once); or one still waiting, taken out of its queue.
-    /// With `owner` (whose share of the service it counts against, ``FairQueue``), the workers
-    /// are looked through only while that owner holds a place, and only its own queue: asking
-    /// for one that is not there costs a lookup. Without, another cell's kernel asks.
+    /// With `owner` (whose share of the service it counts against, ``FairQueue``), only its
+    /// own queue is looked at, and the workers' places only while it holds one of them: asking
+    /// for one that is not there costs a lookup, or that look. Without, another cell's kernel
+    /// asks.
     private mutating func unansweredRequest(of client: Frame, for name: String, owner: Frame?, where matches: (Request) -> Bool) -> Request? {
         let ofClient = { (request: Request) in request.broken == nil && request.gather == nil && request.client == client && matches(request) }
         if let request = streams[client]?.first(where: ofClient) { return request }
