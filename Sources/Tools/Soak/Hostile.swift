@@ -40,6 +40,16 @@ final class HostileClient: Sendable {
         (self.client, self.context, self.kernel, self.curve, self.gatewayToken) = (client, context, kernel, curve, gatewayToken)
     }
 
+    /// A raw connection to the kernel's broker with the hostile client's key, for speaking
+    /// MDP as no BusClient would; the caller closes it.
+    private func brokerDealer() throws -> ZMQSocket {
+        let dealer = try ZMQSocket(context, .dealer)
+        try dealer.secure(curve)
+        try dealer.set(.linger, 0)
+        try dealer.connect(kernel.broker)
+        return dealer
+    }
+
     /// Runs `hostileCase` until `deadline`; leaves nothing behind (sockets closed, keys deleted).
     func run(_ hostileCase: Case, until deadline: Date) async throws {
         switch hostileCase {
@@ -89,10 +99,7 @@ final class HostileClient: Sendable {
             _ = try? await client.request(service: KernelAPI.service, method: "state.publish", params: ["key": "/client/hostile/sse", "value": nil])
         case .manyParts:
             // libzmq bounds a part's size, not how many parts a message has.
-            let dealer = try ZMQSocket(context, .dealer)
-            try dealer.secure(curve)
-            try dealer.set(.linger, 0)
-            try dealer.connect(kernel.broker)
+            let dealer = try brokerDealer()
             defer { dealer.close() }
             let request = MDP.request(service: EchoAPI.service, body: Array(repeating: Frame("x"), count: 100_000))
             while Date() < deadline {
@@ -103,13 +110,7 @@ final class HostileClient: Sendable {
             // 18/MDP requests asking for a million parts each, on connections that read
             // nothing: the kernel ends each stream when its client's backlog is full and tells
             // the worker to stop; meanwhile the worker's outgoing parts stay bounded.
-            let dealers = try (0..<10).map { _ in
-                let dealer = try ZMQSocket(context, .dealer)
-                try dealer.secure(curve)
-                try dealer.set(.linger, 0)
-                try dealer.connect(kernel.broker)
-                return dealer
-            }
+            let dealers = try (0..<10).map { _ in try brokerDealer() }
             defer { for dealer in dealers { dealer.close() } }
             let body = JSONRPCRequest(id: .number(1), method: EchoAPI.numbersMethod.name, params: ["n": 1_000_000], stream: true).jsonBytes
             let request = MDP.request(service: EchoAPI.service, body: [Frame(body)], version: .v02)
@@ -121,10 +122,7 @@ final class HostileClient: Sendable {
             // The kernel looks for what a CANCEL names among the service's workers only while
             // its sender holds a place of that service: this one holds four (replies in parts
             // that come once a second), then names requests it never sent.
-            let dealer = try ZMQSocket(context, .dealer)
-            try dealer.secure(curve)
-            try dealer.set(.linger, 0)
-            try dealer.connect(kernel.broker)
+            let dealer = try brokerDealer()
             defer { dealer.close() }
             let request = { (id: Int64, method: String, params: JSONValue) in
                 MDP.request(service: EchoAPI.service, body: [Frame(JSONRPCRequest(id: .number(id), method: method, params: params, stream: true).jsonBytes)],
