@@ -2,6 +2,7 @@ import ArgumentParser
 import BusKit
 import BusProtocol
 import Contracts
+import EchoService
 import Foundation
 import GRDB
 import Histogram
@@ -17,6 +18,12 @@ import ZeroMQ
 /// from a plain insert loop of its own, in the same run: on SQLite, a loop with one
 /// transaction and fsync per insert on a file opened the same way; on PostgreSQL (a server the
 /// benchmark starts, when installed), pgbench running a custom script of the same INSERT.
+///
+/// Two more rows bound a publish from above, in the same run: a request's round trip through
+/// the same kernel and a host of the same connections (echo, with a publish's params), and on
+/// PostgreSQL pgbench running a publish's own transaction on the service's tables (the
+/// stream's row locked, the message, the counters, the request's result), which no client of
+/// the database does faster.
 struct DurableStreamsBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "streams",
@@ -93,7 +100,9 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
             rows.append(Row("the same through PostgresWriter, \(writers) writer\(writers == 1 ? "" : "s")", rate: written.rate, latencies: written.latencies,
                             note: String(format: "%.2fx pgbench; the service's storage alone", written.rate / plain)))
         }
-        rows += try await throughService(StreamsConfiguration(postgres: settings), baseline: baseline, baselineName: "pgbench")
+        rows += try await throughService(StreamsConfiguration(postgres: settings), baseline: baseline, baselineName: "pgbench") { clients, stream in
+            try await pgbenchPublishes(server, clients: clients, stream: stream)
+        }
         return rows
     }
 
@@ -105,16 +114,36 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
     /// pgbench's transactions a second with `clients` connections, each transaction one
     /// INSERT of a message as large as the service's (`-n -f`, `-T` seconds).
     private func pgbench(_ server: TestPostgres, clients: Int) async throws -> Double {
-        guard let binaries = TestPostgres.binaries else { throw ValidationError("no PostgreSQL binaries") }
-        let script = FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-insert-\(getpid()).sql")
-        defer { try? FileManager.default.removeItem(at: script) }
-        try """
+        try await pgbench(server, clients: clients, script: """
             INSERT INTO bench.messages (subject, data, published_at) VALUES ('bench.plain', convert_to(repeat('x', \(max(0, size - 2))), 'UTF8'), extract(epoch from now()));
-            """.write(to: script, atomically: true, encoding: .utf8)
+            """)
+    }
+
+    /// pgbench's transactions a second running what the service does for one publish (with no
+    /// message id, under no limit) to stream `stream` of subject prefix `prefix.`, on its tables:
+    /// the stream's row read and locked, the message, the stream's counters, the request's
+    /// result, COMMIT; each statement a round trip (`-M extended`, as PostgresNIO sends them).
+    private func pgbenchPublishes(_ server: TestPostgres, clients: Int, stream: String) async throws -> Double {
+        let schema = "switchboard_streams", bytes = max(0, size - 2)
+        return try await pgbench(server, clients: clients, protocol: "extended", script: """
+            BEGIN;
+            SELECT streams.* FROM \(schema).subjects JOIN \(schema).streams ON streams.name = subjects.stream WHERE substr('\(stream).1', 1, length(subjects.prefix)) = subjects.prefix FOR UPDATE OF streams \\gset
+            INSERT INTO \(schema).messages (stream, seq, subject, data, published_at, dead_letter) VALUES ('\(stream)', :last_seq + 1, '\(stream).1', convert_to(repeat('x', \(bytes)), 'UTF8'), extract(epoch from now()), NULL);
+            UPDATE \(schema).streams SET messages = messages + 1, bytes = bytes + \(bytes), first_seq = first_seq, last_seq = :last_seq + 1 WHERE name = '\(stream)';
+            INSERT INTO \(schema).replies (request, result, written_at) VALUES (md5(random()::text || :client_id), '{}', extract(epoch from now()));
+            COMMIT;
+            """)
+    }
+
+    private func pgbench(_ server: TestPostgres, clients: Int, protocol: String = "simple", script: String) async throws -> Double {
+        guard let binaries = TestPostgres.binaries else { throw ValidationError("no PostgreSQL binaries") }
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-script-\(getpid()).sql")
+        defer { try? FileManager.default.removeItem(at: file) }
+        try script.write(to: file, atomically: true, encoding: .utf8)
         // runCommand starts it with no signal blocked: pgbench ends its -T run on SIGALRM.
         let run = max(1, Int(seconds.rounded()))
         let result = try await runCommand(binaries.appendingPathComponent("pgbench"),
-                                          ["-n", "-f", script.path, "-c", "\(clients)", "-j", "\(min(clients, 2))", "-T", "\(run)",
+                                          ["-n", "-M", `protocol`, "-f", file.path, "-c", "\(clients)", "-j", "\(min(clients, 2))", "-T", "\(run)",
                                            "-h", "127.0.0.1", "-p", "\(server.port)", "-U", TestPostgres.user, "postgres"],
                                           environment: ["PGPASSWORD": TestPostgres.password], seconds: Double(run) + 60)
         guard result.status == 0,
@@ -126,8 +155,11 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
     }
 
     /// Publishes, then fetches and acknowledges, through a kernel and a streams service on
-    /// `configuration`'s database; ratios to `baseline` (its loop's rate by writers).
-    private func throughService(_ configuration: StreamsConfiguration, baseline: [Int: Double], baselineName: String) async throws -> [Row] {
+    /// `configuration`'s database; ratios to `baseline` (its loop's rate by writers), to an echo
+    /// through the same kernel, and to `publishTransaction` (a publish's own transaction run by
+    /// the database's client, by clients, on a stream it names) when there is one.
+    private func throughService(_ configuration: StreamsConfiguration, baseline: [Int: Double], baselineName: String,
+                                publishTransaction: ((_ clients: Int, _ stream: String) async throws -> Double)? = nil) async throws -> [Row] {
         let data = self.data
         var rows: [Row] = []
         let kernel = try await TestKernel.start()
@@ -137,21 +169,39 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
         await service.waitUntilReady()
         let host = try ServiceHost(service: service, options: .init(brokers: [kernel.endpoints.broker], connections: connections))
         try await host.start()
+        let echoHost = try ServiceHost(service: EchoService(), options: .init(brokers: [kernel.endpoints.broker], connections: connections))
+        try await echoHost.start()
         let loop = try SocketLoop(context: ZMQContext(), name: "bench-clients")
         var clients: [BusClient] = []
         for _ in 0..<8 { clients.append(try await BusClient(brokers: [kernel.endpoints.broker], loop: loop, timeout: .seconds(30))) }
-        while !(try await clients[0].hasWorkers(StreamsAPI.service)) { try await Task.sleep(for: .milliseconds(20)) }
+        for service in [StreamsAPI.service, EchoAPI.service] {
+            while !(try await clients[0].hasWorkers(service)) { try await Task.sleep(for: .milliseconds(20)) }
+        }
         _ = try await clients[0].call(StreamsAPI.streamAdd, .init(name: "bench", subjects: ["bench."]))
         _ = try await clients[0].call(StreamsAPI.consumerAdd, .init(stream: "bench", name: "readers"))
+        if publishTransaction != nil { _ = try await clients[0].call(StreamsAPI.streamAdd, .init(name: "shape", subjects: ["shape."])) }
 
         for count in [1, 8] {
-            let lanes = clients
+            let lanes = clients, plural = count == 1 ? "" : "s"
+            let echoed = try await measureRate(lanes: count, seconds: seconds) { lane, _ in
+                _ = try await lanes[lane].call(EchoAPI.echo, ["subject": .string("bench.\(lane)"), "data": data])
+            }
+            rows.append(Row("a request's round trip through the same kernel (echo, a publish's params), \(count) client\(plural)", rate: echoed.rate,
+                            latencies: echoed.latencies,
+                            note: String(format: "%.2fx \(baselineName) with as many writers: a publish's ceiling through the bus", echoed.rate / (baseline[count] ?? .nan))))
+            var transactionRate: Double?
+            if let publishTransaction {
+                let rate = try await publishTransaction(count, "shape")
+                transactionRate = rate
+                rows.append(Row("pgbench running a publish's own transaction (row lock, 4 statements, COMMIT), \(count) client\(plural)", rate: rate,
+                                note: String(format: "%.2fx \(baselineName) with as many writers: a publish's ceiling on this database", rate / (baseline[count] ?? .nan))))
+            }
             let published = try await measureRate(lanes: count, seconds: seconds) { lane, _ in
                 _ = try await lanes[lane].publish(to: "bench.\(lane)", data)
             }
-            let ratio = published.rate / (baseline[count] ?? .nan)
-            rows.append(Row("acknowledged publish (stream.publish), \(count) client\(count == 1 ? "" : "s")", rate: published.rate,
-                            latencies: published.latencies, note: String(format: "%.2fx \(baselineName) with as many writers", ratio)))
+            let ceilings = String(format: "; %.2fx the echo", published.rate / echoed.rate) + (transactionRate.map { String(format: ", %.2fx pgbench's publish", published.rate / $0) } ?? "")
+            rows.append(Row("acknowledged publish (stream.publish), \(count) client\(plural)", rate: published.rate,
+                            latencies: published.latencies, note: String(format: "%.2fx \(baselineName) with as many writers", published.rate / (baseline[count] ?? .nan)) + ceilings))
         }
         for count in [1, 8] {
             let lanes = clients
@@ -165,6 +215,7 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
         }
         for client in clients { await client.close() }
         await loop.shutdown()
+        await echoHost.stop()
         await host.stop()
         await kernel.stop()
         return rows
