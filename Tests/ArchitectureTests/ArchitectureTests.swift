@@ -177,7 +177,6 @@ struct ArchitectureTests {
         "Tests/FetcherServiceTests/FetcherTests.swift": (1, "the HTTP server process"),
         "Tests/FetcherServiceTests/OfflineTests.swift": (1, "a fetcher process"),
         "Tests/SearchServiceTests/SearchBusTests.swift": (1, "an index rebuilt after a fetcher refresh"),
-        "Tests/StoreServiceTests/PostgresDuplicateTests.swift": (1, "PostgreSQL's locks"),
         "Tests/StoreServiceTests/PostgresFaultTests.swift": (1, "PostgreSQL back"),
     ]
 

@@ -7,15 +7,6 @@ import Synchronization
 import SwitchboardTestSupport
 import Testing
 
-/// A `psql` session on a test's server, reading SQL from its standard input: what a test sends
-/// runs at once, and a transaction it begins stays open until the test commits it.
-private func psqlSession(_ server: TestPostgres) throws -> ChildProcess {
-    try ChildProcess(TestPostgres.binaries!.appendingPathComponent("psql"),
-                     ["-h", "127.0.0.1", "-p", String(server.port), "-U", TestPostgres.user, "-d", "postgres",
-                      "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"],
-                     environment: ["PGPASSWORD": TestPostgres.password])
-}
-
 @Suite("store on PostgreSQL: two store processes given the same request at once",
        .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
 struct PostgresDuplicateTests {
@@ -42,22 +33,16 @@ struct PostgresDuplicateTests {
         // Another session holds the lock every history writer takes (StoreDatabase's advisory
         // lock of the history, 7214023), so both stores find no reply for the request and then
         // wait at that lock.
-        let holder = try psqlSession(server)
+        let holder = try server.session()
         defer { holder.stop() }
         holder.send("BEGIN; SELECT pg_advisory_xact_lock(7214023); SELECT 'locked';\n")
         try await holder.waitForOutput(containing: "locked", within: 10)
         let request = try body("twice", id: 7, client: "c2")
         async let one = tables[0].answer(body: request, on: stores[0])
         async let two = tables[1].answer(body: request, on: stores[1])
-        let watcher = try psqlSession(server)
+        let watcher = try server.session()
         defer { watcher.stop() }
-        let asked = Atomic(0)
-        try await eventually(10, "both stores wait at the history's lock") {
-            // Each question numbered, so an answer is read once the one asked before came back.
-            let question = asked.add(1, ordering: .relaxed).newValue
-            watcher.send("SELECT 'waiting ' || \(question) || ' ' || count(*) FROM pg_locks WHERE NOT granted AND locktype = 'advisory' AND objid = 7214023;\n")
-            return watcher.outputSoFar.contains(" 2\n")
-        }
+        try await server.waitForLockWaiters(2, where: "locktype = 'advisory' AND objid = 7214023", on: watcher)
         holder.send("COMMIT; SELECT 'released';\n")
         let answers = await [one, two]
         let replies = answers.map { String(decoding: $0.reply, as: UTF8.self) }

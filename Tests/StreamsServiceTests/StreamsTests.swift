@@ -4,7 +4,7 @@ import Contracts
 import Foundation
 import Kernel
 import Storage
-import StreamsService
+@testable import StreamsService
 import Synchronization
 import SwitchboardTestSupport
 import Testing
@@ -254,6 +254,78 @@ struct StreamsTests {
             let later = try await bus.publish("ev.a", 1, id: "e-1")
             #expect(!later.duplicate && later.sequence == 3)
             #expect(try await bus.client.call(API.streamInfo, .init(name: "events")).messages == 3)
+        }
+    }
+
+    @Test("publishes that come together are written as one, each kept as it would be alone: in order, an id met twice kept once, a subject no stream holds or a message over max_bytes refused alone, the limits kept; a request named twice is written once, one written before answers its first result",
+          arguments: Backend.available)
+    func publishedTogether(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."], maxMessages: 3, maxBytes: 1_000))
+            _ = try await bus.client.call(API.streamAdd, .init(name: "events", subjects: ["ev."], duplicateWindow: 60))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing"))
+            func publication(_ subject: String, _ data: String, id: String? = nil, request: String?) -> StreamsDatabase.Publication {
+                .init(subject: subject, data: Array(data.utf8), id: id, request: request)
+            }
+            #expect(try await bus.service.writeTogether([publication("ev.start", "0", request: "r0")])[0].get().sequence == 1)
+            let outcomes = try await bus.service.writeTogether([
+                publication("orders.1", "1", request: "r1"),
+                publication("ev.a", "10", id: "e-1", request: "r2"),
+                publication("nowhere.1", "2", request: "r3"),
+                publication("orders.big", "\"" + String(repeating: "x", count: 1_000) + "\"", request: "r4"),
+                publication("ev.b", "11", id: "e-1", request: "r5"),
+                publication("orders.2", "3", request: "r1"),
+                publication("ev.c", "12", request: "r0"),
+                publication("orders.3", "4", request: nil),
+                publication("orders.4", "5", request: "r6"),
+                publication("orders.5", "6", request: "r7"),
+            ])
+            let published = outcomes.map { try? $0.get() }
+            let refused = outcomes.map { outcome -> Int? in
+                guard case .failure(let error) = outcome else { return nil }
+                return error.code
+            }
+            #expect(published[0]?.stream == "orders" && published[0]?.sequence == 1)
+            #expect(published[1]?.sequence == 2 && published[1]?.duplicate == false)
+            #expect(refused[2] == JSONRPCError.notFoundCode && refused[3] == JSONRPCError.tooLargeCode)
+            #expect(published[4]?.sequence == 2 && published[4]?.duplicate == true, "the same id earlier in the same batch")
+            #expect(published[5]?.sequence == 1 && published[5]?.stream == "orders", "r1 again: written once")
+            #expect(published[6]?.stream == "events" && published[6]?.sequence == 1, "r0, written before the batch")
+            #expect(published[7]?.sequence == 2 && published[8]?.sequence == 3 && published[9]?.sequence == 4)
+            let orders = try await bus.client.call(API.streamInfo, .init(name: "orders"))
+            #expect(orders.messages == 3 && orders.firstSequence == 2 && orders.lastSequence == 4)
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "events")).messages == 2)
+            let fetched = try await bus.fetch("orders", "billing")
+            #expect(fetched.missed == 1 && fetched.messages.map(\.sequence) == [2, 3, 4])
+            // Sent again alone, a request of the batch answers what the batch did.
+            #expect(try await bus.service.writeTogether([publication("orders.9", "9", request: "r6")])[0].get().sequence == 3)
+        }
+    }
+
+    @Test("publishes written together that fail as a whole (another process wrote one of their requests meanwhile) are written again one at a time: that one answers the other's result, the rest are kept once",
+          .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
+    func publishedTogetherFailing() async throws {
+        try await StreamsBus.with(.postgres) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            let server = try #require(bus.postgres)
+            // Another process writes request r1: its result is in the table, not yet committed.
+            let other = try server.session()
+            defer { other.stop() }
+            other.send("""
+                BEGIN; INSERT INTO switchboard_streams.replies VALUES ('r1', '{"stream":"orders","sequence":41,"duplicate":false}', 0); SELECT 'writing';
+
+                """)
+            try await other.waitForOutput(containing: "writing", within: 10)
+            async let outcomes = bus.service.write([.init(subject: "orders.1", data: Array("1".utf8), id: nil, request: "r1"),
+                                                    .init(subject: "orders.2", data: Array("2".utf8), id: nil, request: "r2")])
+            let watcher = try server.session()
+            defer { watcher.stop() }
+            try await server.waitForLockWaiters(1, where: "locktype = 'transactionid'", on: watcher)
+            other.send("COMMIT;\n")
+            let written = await outcomes
+            #expect(try written[0].get().sequence == 41, "r1: the other process's result")
+            #expect(try written[1].get().sequence == 1, "r2, alone, after the batch was rolled back")
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "orders")).messages == 1)
         }
     }
 

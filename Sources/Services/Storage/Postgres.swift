@@ -121,6 +121,9 @@ package struct PostgresTimedOut: Error, CustomStringConvertible {
 extension PSQLError {
     /// A unique constraint refused the write (another connection wrote the same key first).
     package var isUniqueViolation: Bool { serverInfo?[.sqlState] == "23505" }
+    /// The server ended the transaction to let another go on (chosen to break a deadlock, or
+    /// not serializable beside it): the same transaction run again can succeed.
+    package var isConflictWithAnother: Bool { ["40P01", "40001"].contains(serverInfo?[.sqlState]) }
 }
 
 /// A service's schema in a PostgreSQL database: one migration per version (never edit a

@@ -61,6 +61,15 @@ package actor PostgresWriter {
         migrated = true
     }
 
+    /// Keeps each result as its request's, in the transaction of the requests' effects: a
+    /// second copy of a request fails on the table's key.
+    package static func remember(_ db: any SQLSession, _ results: [(request: String, result: JSONValue)]) throws {
+        guard !results.isEmpty else { return }
+        let now = Date().timeIntervalSince1970
+        try db.execute("INSERT INTO replies (request, result, written_at) VALUES " + SQLRows.placeholders(rows: results.count, columns: 3),
+                       results.flatMap { request, result -> [any SQLArgument] in [request, String(decoding: result.jsonBytes, as: UTF8.self), now] })
+    }
+
     // MARK: Writes and reads
 
     /// Runs `apply` in a transaction and answers its result once committed; for a `request`
@@ -70,19 +79,17 @@ package actor PostgresWriter {
         if forgetBefore != nil { lastPruned = .now }
         do {
             try await migrate()
-            return try await connections.session(settings, logger: logger, transaction: true) { session in
+            let transaction = { @Sendable (session: any SQLSession) throws -> JSONValue in
                 if let forgetBefore { try session.execute("DELETE FROM replies WHERE written_at < ?", [forgetBefore]) }
                 // A request already written is not looked up first: its second effect makes this
                 // insert fail on its key (waiting, if it is being written, for that to commit),
                 // and the whole transaction with it; or the effect is refused (what it deletes
                 // is gone). Either way the result written first is answered, below.
                 let result = try apply(session)
-                if let request {
-                    try session.execute("INSERT INTO replies (request, result, written_at) VALUES (?, ?, ?)",
-                                        [request, String(decoding: result.jsonBytes, as: UTF8.self), Date().timeIntervalSince1970])
-                }
+                if let request { try Self.remember(session, [(request, result)]) }
                 return result
             }
+            return try await runAgainOnConflict { try await connections.session(settings, logger: logger, transaction: true, transaction) }
         } catch let refusal as JSONRPCError {
             // Refused by the write itself: rolled back, not a storage failure. The same
             // request written first, by another process, may be what refused it (a stream it
@@ -97,6 +104,20 @@ package actor PostgresWriter {
         } catch {
             migrated = false
             throw settings.failure(error).rpcError
+        }
+    }
+
+    /// Runs `body` (a transaction) again when the database ended it for another's sake (a
+    /// deadlock, which locks taken in another order make; two attempts more at most).
+    private func runAgainOnConflict<T: Sendable>(_ body: () async throws -> T) async throws -> T {
+        var attempts = 1
+        while true {
+            do {
+                return try await body()
+            } catch let conflict as PSQLError where conflict.isConflictWithAnother && attempts < 3 {
+                attempts += 1
+                logger.notice("a transaction ended for another's sake is run again", metadata: ["problem": "\(settings.failure(conflict).detail)"])
+            }
         }
     }
 

@@ -90,6 +90,15 @@ package struct SQLRowError: Error, CustomStringConvertible {
     package var description: String { "column \(column) \(problem)" }
 }
 
+/// Placeholders for statements that take several rows (or several values) at once.
+package enum SQLRows {
+    /// `(?, ?), (?, ?)` for 2 rows of 2 columns: for `VALUES`, or `IN` with one row.
+    package static func placeholders(rows: Int, columns: Int) -> String {
+        let row = "(" + Array(repeating: "?", count: columns).joined(separator: ", ") + ")"
+        return Array(repeating: row, count: rows).joined(separator: ", ")
+    }
+}
+
 /// One transaction on a database, as the code that runs in it sees it: statements with `?`
 /// for each argument, in SQL both engines run. A service's database code is written once
 /// against this, and runs in SQLite's transactions (GRDB's `Database`) and PostgreSQL's

@@ -10,10 +10,8 @@ import Glibc
 /// write through.
 ///
 /// A write is answered only after its transaction is on disk (WAL, `synchronous = FULL`).
-/// Writes that arrive together share one transaction and one fsync (group commit), each in
-/// its own savepoint so one bad write does not fail the others. The caller whose write finds
-/// no batch being committed commits it; writes arriving meanwhile wait, and the first of them
-/// commits the next batch.
+/// Writes that arrive together share one transaction and one fsync (``GroupCommit``), each in
+/// its own savepoint so one bad write does not fail the others.
 ///
 /// A write named by its request (``RequestKey``'s text) keeps its result in the `replies`
 /// table in the same transaction as its effect, and a request kept before gets the result
@@ -35,9 +33,8 @@ package actor SQLiteWriter {
     private var database: DatabasePool?
     /// Why the database could not be opened, and when that was last tried.
     private var openFailure: (failure: StorageFailure, at: ContinuousClock.Instant)?
-    private var pendingWrites: [PendingWrite] = []
-    /// Whether a caller is committing a batch (the writes that arrive meanwhile wait for the next).
-    private var committing = false
+    /// The writes that arrive while a batch is being committed wait for the next (group commit).
+    private let writes = GroupCommit<Apply, JSONValue>()
     /// When remembered results older than the window were last deleted.
     private var lastPruned = ContinuousClock.now
 
@@ -67,6 +64,14 @@ package actor SQLiteWriter {
             """)
     }
 
+    /// Keeps each result as its request's, in the transaction of the requests' effects.
+    package static func remember(_ db: any SQLSession, _ results: [(request: String, result: JSONValue)]) throws {
+        guard !results.isEmpty else { return }
+        let now = Date().timeIntervalSince1970
+        try db.execute("INSERT OR REPLACE INTO replies (request, result, written_at) VALUES " + SQLRows.placeholders(rows: results.count, columns: 3),
+                       results.flatMap { request, result -> [any SQLArgument] in [request, result.jsonBytes, now] })
+    }
+
     // MARK: Writes
 
     /// Runs `apply` in the next committed batch and answers its result once that is on disk;
@@ -79,54 +84,21 @@ package actor SQLiteWriter {
                 return try JSONValue(parsing: Array(remembered))
             }
             let result = try apply(db)
-            if let request {
-                try db.execute(sql: "INSERT OR REPLACE INTO replies (request, result, written_at) VALUES (?, ?, ?)",
-                               arguments: [request, Data(result.jsonBytes), Date().timeIntervalSince1970])
-            }
+            if let request { try Self.remember(db, [(request, result)]) }
             return result
         }
         let database = try openDatabase()
-        if committing {
-            let turn = try await withCheckedThrowingContinuation { continuation in
-                pendingWrites.append(PendingWrite(apply: applyAndRemember, waiter: continuation))
-            }
-            if case .written(let result) = turn { return result }
-        } else {
-            committing = true
-            pendingWrites.append(PendingWrite(apply: applyAndRemember, waiter: nil))
-        }
-        return try await commitWaitingWrites(database)
+        return try await writes.submit(applyAndRemember) { applies in await self.commit(applies, database) }
     }
 
-    private struct PendingWrite: Sendable {
-        let apply: Apply
-        var waiter: CheckedContinuation<Turn, any Error>?
-    }
-
-    private enum Turn: Sendable {
-        case written(JSONValue)
-        case commitNext
-    }
-
-    private func commitWaitingWrites(_ database: DatabasePool) async throws -> JSONValue {
-        let batch = pendingWrites
-        pendingWrites.removeAll()
-        defer {
-            if pendingWrites.isEmpty {
-                committing = false
-            } else {
-                let next = pendingWrites[0].waiter
-                pendingWrites[0].waiter = nil
-                next?.resume(returning: .commitNext)
-            }
-        }
-        let applies = batch.map(\.apply)
-        let outcomes: [Result<JSONValue, any Error>]
+    /// One transaction for `applies`, each in its own savepoint: a failed savepoint is rolled
+    /// back alone and fails its write; a failure that ends the transaction fails them all.
+    private func commit(_ applies: [Apply], _ database: DatabasePool) async -> [Result<JSONValue, any Error>] {
         let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60)
             ? Date().timeIntervalSince1970 - Double(replyWindow.components.seconds) : nil
         if forgetBefore != nil { lastPruned = .now }
         do {
-            outcomes = try await database.write { db in
+            let outcomes = try await database.write { db in
                 if let forgetBefore { try db.execute(sql: "DELETE FROM replies WHERE written_at < ?", arguments: [forgetBefore]) }
                 var outcomes: [Result<JSONValue, any Error>] = []
                 for apply in applies {
@@ -138,30 +110,18 @@ package actor SQLiteWriter {
                         }
                         outcomes.append(.success(value))
                     } catch {
-                        // A failed savepoint is rolled back alone; a failure that ended the
-                        // transaction fails the batch.
                         guard db.isInsideTransaction else { throw error }
                         outcomes.append(.failure(error))
                     }
                 }
                 return outcomes
             }
+            return outcomes.map { outcome in outcome.mapError { error in error as? JSONRPCError ?? StorageFailure(error, path: path).rpcError } }
         } catch {
             let failure = StorageFailure(error, path: path)
-            logger.error("write failed", metadata: ["problem": "\(failure.detail)", "writes": "\(batch.count)"])
-            for pending in batch { pending.waiter?.resume(throwing: failure.rpcError) }
-            throw failure.rpcError
+            logger.error("write failed", metadata: ["problem": "\(failure.detail)", "writes": "\(applies.count)"])
+            return applies.map { _ in .failure(failure.rpcError) }
         }
-        var own: Result<JSONValue, any Error> = .failure(JSONRPCError.internalError("the committing write was not in its batch"))
-        for (pending, outcome) in zip(batch, outcomes) {
-            let answer = outcome.mapError { error -> any Error in error as? JSONRPCError ?? StorageFailure(error, path: path).rpcError }
-            guard let waiter = pending.waiter else {
-                own = answer
-                continue
-            }
-            waiter.resume(with: answer.map(Turn.written))
-        }
-        return try own.get()
     }
 
     // MARK: Reads

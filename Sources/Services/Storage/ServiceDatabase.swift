@@ -3,6 +3,7 @@ import Foundation
 package import GRDB
 package import Logging
 package import ServiceLifecycle
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -56,6 +57,70 @@ package enum ServiceDatabase: Sendable {
         switch self {
         case .sqlite(let writer): try await writer.write(request: request) { db in try apply(db) }
         case .postgres(let writer): try await writer.write(request: request, apply)
+        case .unusable(let failure): throw failure.rpcError
+        }
+    }
+
+    /// Writes for several requests in one transaction, answered once durable: `apply` is
+    /// handed the indexes of those to do and answers an outcome for each, in that order (a
+    /// refusal must leave nothing written for its request; it is not remembered). A request
+    /// written before gets the result it had, and one named twice is done once.
+    ///
+    /// Throws when the batch fails as a whole (a request written meanwhile by another process,
+    /// a lock another transaction took first, the database), and nothing of it is written:
+    /// one transaction is what makes a batch cheaper, never what makes it right, so the caller
+    /// then writes each request alone (``write(request:_:)``).
+    package func write(requests: [String?], _ apply: @escaping @Sendable (any SQLSession, [Int]) throws -> [Result<JSONValue, JSONRPCError>]) async throws
+        -> [Result<JSONValue, JSONRPCError>] {
+        let answered = Mutex<[Result<JSONValue, JSONRPCError>]>([])
+        _ = try await write(request: nil) { db in
+            let remembered = try Self.remembered(db, requests.compactMap { $0 })
+            var answers: [Int: Result<JSONValue, JSONRPCError>] = [:], todo: [Int] = []
+            var first: [String: Int] = [:], repeats: [(index: Int, of: Int)] = []
+            for (index, request) in requests.enumerated() {
+                if let request {
+                    if let result = remembered[request] {
+                        answers[index] = .success(try JSONValue(parsing: result))
+                        continue
+                    }
+                    if let earlier = first[request] {
+                        repeats.append((index, earlier))
+                        continue
+                    }
+                    first[request] = index
+                }
+                todo.append(index)
+            }
+            let outcomes = todo.isEmpty ? [] : try apply(db, todo)
+            precondition(outcomes.count == todo.count, "a batch's write answered \(outcomes.count) outcomes for \(todo.count) requests")
+            var results: [(request: String, result: JSONValue)] = []
+            for (index, outcome) in zip(todo, outcomes) {
+                answers[index] = outcome
+                if case .success(let result) = outcome, let request = requests[index] { results.append((request, result)) }
+            }
+            try remember(db, results)
+            for (index, earlier) in repeats { answers[index] = answers[earlier] }
+            answered.withLock { $0 = requests.indices.map { answers[$0]! } }
+            return .null
+        }
+        return answered.withLock { $0 }
+    }
+
+    /// The results kept for `requests`, by request.
+    private static func remembered(_ db: any SQLSession, _ requests: [String]) throws -> [String: [UInt8]] {
+        guard !requests.isEmpty else { return [:] }
+        var found: [String: [UInt8]] = [:]
+        for row in try db.rows("SELECT request, result FROM replies WHERE request IN " + SQLRows.placeholders(rows: 1, columns: requests.count), requests) {
+            found[try row.text("request")] = try row.blob("result")
+        }
+        return found
+    }
+
+    /// Keeps each result as its request's, as this engine's writer keeps them.
+    private func remember(_ db: any SQLSession, _ results: [(request: String, result: JSONValue)]) throws {
+        switch self {
+        case .sqlite: try SQLiteWriter.remember(db, results)
+        case .postgres: try PostgresWriter.remember(db, results)
         case .unusable(let failure): throw failure.rpcError
         }
     }

@@ -279,22 +279,77 @@ enum StreamsDatabase {
 
     // MARK: Messages
 
-    /// Keeps a message in the stream holding `subject`; a known id within the duplicate
-    /// window answers the first one's sequence instead.
-    static func publish(_ db: Database, subject: String, data: [UInt8], id: String?, now: Double) throws -> API.Published {
-        guard let row = try db.row("""
-            SELECT streams.* FROM subjects JOIN streams ON streams.name = subjects.stream WHERE substr(?, 1, length(subjects.prefix)) = subjects.prefix
-            """ + db.lockingRead(of: "streams"), [subject]) else {
+    /// A message to publish, its shape checked, and the request it answers.
+    struct Publication: Sendable {
+        var subject: String
+        var data: [UInt8]
+        var id: String?
+        var request: String?
+    }
+
+    /// Keeps each message in the stream holding its subject, in order, as one transaction: a
+    /// known id within the duplicate window answers the first one's sequence instead, and a
+    /// message no stream holds, or over its stream's `max_bytes`, is refused (writing nothing
+    /// for it). The streams are read and locked together first (in name order, as every batch
+    /// takes them), the messages inserted together, and each stream's counters saved and
+    /// limits kept once, after: a handful of statements for what came together, however many
+    /// messages.
+    static func publish(_ db: Database, _ publications: [Publication], now: Double) throws -> [Result<API.Published, JSONRPCError>] {
+        guard !publications.isEmpty else { return [] }
+        var batch = try PublishBatch(db, subjects: Set(publications.map(\.subject)).sorted())
+        var outcomes: [Result<API.Published, JSONRPCError>] = []
+        for publication in publications {
+            do {
+                outcomes.append(.success(try publish(db, publication, in: &batch, now: now)))
+            } catch let refusal as JSONRPCError {
+                outcomes.append(.failure(refusal))
+            }
+        }
+        try insert(db, batch.messages)
+        for name in batch.streams.keys.sorted() { try trim(db, &batch.streams[name]!, now: now) }
+        return outcomes
+    }
+
+    /// What one transaction of publishes has read and is to write.
+    private struct PublishBatch {
+        /// The streams holding the batch's subjects (locked), as the batch changes them, by name.
+        var streams: [String: Stream] = [:]
+        /// The stream holding each subject (none: no stream holds it).
+        var streamOfSubject: [String: String] = [:]
+        /// The streams whose ids past the duplicate window are deleted.
+        var idsPruned: Set<String> = []
+        /// The messages to insert, in order.
+        var messages: [Message] = []
+
+        /// Reads, and on PostgreSQL locks, the streams holding `subjects`.
+        init(_ db: Database, subjects: [String]) throws {
+            let rows = try db.rows("""
+                SELECT asked.column1 AS asked_subject, streams.* FROM (VALUES \(SQLRows.placeholders(rows: subjects.count, columns: 1))) AS asked
+                JOIN subjects ON substr(asked.column1, 1, length(subjects.prefix)) = subjects.prefix
+                JOIN streams ON streams.name = subjects.stream ORDER BY streams.name
+                """ + db.lockingRead(of: "streams"), subjects)
+            for row in rows {
+                let stream = try Stream(row: row)
+                streamOfSubject[try row.text("asked_subject")] = stream.name
+                streams[stream.name] = stream
+            }
+        }
+    }
+
+    /// One of ``publish(_:_:now:)``'s messages.
+    private static func publish(_ db: Database, _ publication: Publication, in batch: inout PublishBatch, now: Double) throws -> API.Published {
+        let subject = publication.subject, data = publication.data
+        guard let name = batch.streamOfSubject[subject], var stream = batch.streams[name] else {
             throw JSONRPCError(code: JSONRPCError.notFoundCode, message: "Not found: no stream holds subject \(subject)",
                                data: ["subject": .string(subject)])
         }
-        var stream = try Stream(row: row)
-        let name = stream.name
         guard !stream.captureState else {
             throw JSONRPCError.invalidParams(field: "subject", "stream \(name) keeps the kernel's state under its subjects: its messages are the state's changes, set with state.set or state.publish")
         }
-        if let id {
-            try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ?", [name, now - stream.duplicateWindow])
+        if let id = publication.id {
+            if batch.idsPruned.insert(name).inserted {
+                try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ?", [name, now - stream.duplicateWindow])
+            }
             if let first = try db.int("SELECT seq FROM message_ids WHERE stream = ? AND id = ?", [name, id]) {
                 return API.Published(stream: name, sequence: first, duplicate: true)
             }
@@ -304,11 +359,13 @@ enum StreamsDatabase {
                                message: "Too large: the message's \(data.count) bytes are over stream \(name)'s max_bytes (\(stream.maxBytes))",
                                data: ["limit": .int(Int64(stream.maxBytes)), "bytes": .int(Int64(data.count))])
         }
-        let sequence = try append(db, &stream, subject: subject, data: data, deadLetter: nil, now: now)
-        if let id {
-            try db.execute("INSERT INTO message_ids (stream, id, seq, published_at) VALUES (?, ?, ?, ?)", [name, id, sequence, now])
+        let message = next(&stream, subject: subject, data: data, deadLetter: nil, now: now)
+        batch.messages.append(message)
+        batch.streams[name] = stream
+        if let id = publication.id {
+            try db.execute("INSERT INTO message_ids (stream, id, seq, published_at) VALUES (?, ?, ?, ?)", [name, id, message.sequence, now])
         }
-        return API.Published(stream: name, sequence: sequence, duplicate: false)
+        return API.Published(stream: name, sequence: message.sequence, duplicate: false)
     }
 
     /// Messages read without a consumer: from `from` (the first by default), or the last `last`
@@ -418,15 +475,47 @@ enum StreamsDatabase {
 
     /// Adds a message at the stream's next sequence, then removes the oldest past its limits.
     private static func append(_ db: Database, _ stream: inout Stream, subject: String, data: [UInt8], deadLetter: String?, now: Double) throws -> Int {
+        let sequence = try insert(db, &stream, subject: subject, data: data, deadLetter: deadLetter, now: now)
+        try trim(db, &stream, now: now)
+        return sequence
+    }
+
+    /// A message to insert.
+    private struct Message {
+        var stream: String
+        var sequence: Int
+        var subject: String
+        var data: [UInt8]
+        var publishedAt: Double
+        var deadLetter: String?
+    }
+
+    /// Adds a message at the stream's next sequence, counting it in `stream` (saved by ``trim(_:_:now:)``).
+    private static func insert(_ db: Database, _ stream: inout Stream, subject: String, data: [UInt8], deadLetter: String?, now: Double) throws -> Int {
+        let message = next(&stream, subject: subject, data: data, deadLetter: deadLetter, now: now)
+        try insert(db, [message])
+        return message.sequence
+    }
+
+    /// The stream's next message, counted in `stream`.
+    private static func next(_ stream: inout Stream, subject: String, data: [UInt8], deadLetter: String?, now: Double) -> Message {
         let sequence = stream.lastSeq + 1
-        try db.execute("INSERT INTO messages (stream, seq, subject, data, published_at, dead_letter) VALUES (?, ?, ?, ?, ?, ?)",
-                       [stream.name, sequence, subject, data, now, deadLetter])
         if stream.messages == 0 { stream.firstSeq = sequence }
         stream.lastSeq = sequence
         stream.messages += 1
         stream.bytes += data.count
-        try trim(db, &stream, now: now)
-        return sequence
+        return Message(stream: stream.name, sequence: sequence, subject: subject, data: data, publishedAt: now, deadLetter: deadLetter)
+    }
+
+    /// Inserts `messages`, a few hundred a statement.
+    private static func insert(_ db: Database, _ messages: [Message]) throws {
+        for start in stride(from: 0, to: messages.count, by: 500) {
+            let chunk = messages[start..<min(start + 500, messages.count)]
+            try db.execute("INSERT INTO messages (stream, seq, subject, data, published_at, dead_letter) VALUES " + SQLRows.placeholders(rows: chunk.count, columns: 6),
+                           chunk.flatMap { message -> [any SQLArgument] in
+                               [message.stream, message.sequence, message.subject, message.data, message.publishedAt, message.deadLetter]
+                           })
+        }
     }
 
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,

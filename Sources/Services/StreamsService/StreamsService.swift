@@ -27,6 +27,9 @@ public actor StreamsService: BusService, ServiceWork {
     /// those found deleted or made again, whose followers are to end.
     var following: [String: StreamsDatabase.Capture] = [:]
     var stale: Set<String> = []
+    /// Publishes that come while others are being written wait, and are written together:
+    /// one transaction, each stream's row locked once, for all of them.
+    private let publishes = GroupCommit<StreamsDatabase.Publication, API.Published>()
     /// Who waits for what in this process (``waitForWake(_:upTo:)``).
     private var waiting: [Wait: [UInt64: CheckedContinuation<Void, Never>]] = [:]
     private var nextWaiter: UInt64 = 0
@@ -149,9 +152,60 @@ public actor StreamsService: BusService, ServiceWork {
                                message: "Too large: the message's data is \(data.count) bytes, over the service's max_message_bytes (\(configuration.maxMessageBytes))",
                                data: ["limit": .int(Int64(configuration.maxMessageBytes)), "bytes": .int(Int64(data.count))])
         }
-        let published = try await write { db, now in try StreamsDatabase.publish(db, subject: message.subject, data: data, id: message.id, now: now) }
+        let publication = StreamsDatabase.Publication(subject: message.subject, data: data, id: message.id, request: RequestKey.current?.description)
+        let published = try await publishes.submit(publication) { batch in await self.write(batch) }
         if !published.duplicate { wakeAll(.message) }
         return published
+    }
+
+    /// Publishes that came together, in one transaction; alone, or when that fails as a whole
+    /// (``ServiceDatabase/write(requests:_:)``), each in its own.
+    func write(_ batch: [StreamsDatabase.Publication]) async -> [Result<API.Published, any Error>] {
+        if batch.count > 1 {
+            do {
+                return try await writeTogether(batch).map { $0.mapError { $0 } }
+            } catch {
+                logger.notice("publishes written together failed as a whole: each is written alone",
+                              metadata: ["publishes": "\(batch.count)", "problem": "\(error)"])
+            }
+        }
+        return await withTaskGroup(of: (Int, Result<API.Published, any Error>).self) { group in
+            for (index, publication) in batch.enumerated() {
+                group.addTask {
+                    // The outcome is made before the tuple: built around the `try await`, the
+                    // tuple came back with a corrupt index from Swift 6.3's optimized build.
+                    let outcome: Result<API.Published, any Error>
+                    do {
+                        outcome = .success(try await self.writeAlone(publication))
+                    } catch {
+                        outcome = .failure(error)
+                    }
+                    return (index, outcome)
+                }
+            }
+            var outcomes: [Result<API.Published, any Error>?] = Array(repeating: nil, count: batch.count)
+            for await (index, outcome) in group { outcomes[index] = outcome }
+            return outcomes.map { $0! }
+        }
+    }
+
+    /// `batch` in one transaction (``StreamsDatabase/publish(_:_:now:)``), each named by its
+    /// request; throws when the transaction fails as a whole.
+    func writeTogether(_ batch: [StreamsDatabase.Publication]) async throws -> [Result<API.Published, JSONRPCError>] {
+        let now = now
+        let outcomes = try await storage.write(requests: batch.map(\.request)) { db, todo in
+            try StreamsDatabase.publish(db, todo.map { batch[$0] }, now: now()).map { outcome in
+                outcome.flatMap { published in Result { try JSONValue(encoding: published) }.mapError { JSONRPCError.internalError("\($0)") } }
+            }
+        }
+        return outcomes.map { outcome in
+            outcome.flatMap { result in Result { try decodeResult(API.Published.self, result) }.mapError { $0 as? JSONRPCError ?? .internalError("\($0)") } }
+        }
+    }
+
+    /// A publish in a transaction of its own, named by its request as any write is.
+    private func writeAlone(_ publication: StreamsDatabase.Publication) async throws -> API.Published {
+        try await write(request: publication.request) { db, now in try StreamsDatabase.publish(db, [publication], now: now)[0].get() }
     }
 
     // MARK: Consumers

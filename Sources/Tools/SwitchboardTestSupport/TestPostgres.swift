@@ -99,6 +99,24 @@ public final class TestPostgres: @unchecked Sendable {
     /// The server's log so far.
     public var log: String { server?.outputSoFar ?? "" }
 
+    /// A `psql` session on the server, reading SQL from its standard input: what a test sends
+    /// runs at once, and a transaction it begins stays open until the test ends it.
+    public func session() throws -> ChildProcess {
+        try ChildProcess(Self.binaries!.appendingPathComponent("psql"),
+                         ["-h", "127.0.0.1", "-p", String(port), "-U", Self.user, "-d", "postgres", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"],
+                         environment: ["PGPASSWORD": Self.password])
+    }
+
+    /// Returns once `count` sessions wait for a lock `condition` (SQL on `pg_locks`) says
+    /// which, asking on `watcher` (a ``session()``) again and again.
+    public func waitForLockWaiters(_ count: Int, where condition: String, on watcher: ChildProcess, within seconds: Double = 10) async throws {
+        try await eventually(seconds, "\(count) sessions wait for a lock (\(condition))") {
+            // Asked again each time; any answer so far may say so.
+            watcher.send("SELECT 'waiting ' || count(*) FROM pg_locks WHERE NOT granted AND \(condition);\n")
+            return watcher.outputSoFar.split(separator: "\n").contains("waiting \(count)")
+        }
+    }
+
     /// Runs a tool to its end (`initdb` as the `postgres` user when this process is root: it
     /// refuses root); its output goes into the error if it fails.
     private static func run(_ tool: URL, _ arguments: [String]) async throws {

@@ -1,0 +1,43 @@
+import BusProtocol
+import Foundation
+import Logging
+import Storage
+import SwitchboardTestSupport
+import Testing
+
+@Suite("PostgreSQL: a write the database ends for another transaction's sake",
+       .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
+struct PostgresConflictTests {
+    @Test("chosen to break a deadlock, a write is run again and succeeds; the other transaction's changes stay")
+    func deadlockVictim() async throws {
+        let server = try await TestPostgres.start()
+        defer { server.stop() }
+        let writer = try PostgresWriter(settings: PostgresSettings(url: server.url(), poolSize: 1, tls: .disable), schema: "conflicts",
+                                        migrations: ["CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL); INSERT INTO counters VALUES ('a', 0), ('b', 0);"
+                                                     + PostgresWriter.repliesTable],
+                                        lockKey: 1, replyWindow: .seconds(600), logger: Logger(label: "test"))
+        let connections = Task { try await writer.connections.run() }
+        defer { connections.cancel() }
+        await writer.waitUntilReady()
+        // Another session holds b, and looks for deadlocks only long after the writer's server
+        // process does (after deadlock_timeout, 1 s by default): the writer is the one ended.
+        let other = try server.session()
+        defer { other.stop() }
+        other.send("SET deadlock_timeout = '60s'; BEGIN; UPDATE conflicts.counters SET n = n + 10 WHERE name = 'b'; SELECT 'holding b';\n")
+        try await other.waitForOutput(containing: "holding b", within: 10)
+        async let written = writer.write(request: "r1") { db in
+            try db.execute("UPDATE counters SET n = n + 1 WHERE name = 'a'", [])
+            try db.execute("UPDATE counters SET n = n + 1 WHERE name = 'b'", [])
+            return .string("both")
+        }
+        let watcher = try server.session()
+        defer { watcher.stop() }
+        try await server.waitForLockWaiters(1, where: "locktype = 'transactionid'", on: watcher)
+        // The other session now wants a, which the writer holds while it waits for b.
+        other.send("UPDATE conflicts.counters SET n = n + 10 WHERE name = 'a'; COMMIT; SELECT 'committed';\n")
+        try await other.waitForOutput(containing: "committed", within: 30)
+        #expect(try await written == .string("both"))
+        watcher.send("SELECT 'counters ' || string_agg(name || '=' || n, ',' ORDER BY name) FROM conflicts.counters;\n")
+        try await watcher.waitForOutput(containing: "counters a=11,b=11", within: 10)
+    }
+}
