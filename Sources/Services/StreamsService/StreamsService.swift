@@ -161,27 +161,16 @@ public actor StreamsService: BusService, ServiceWork {
     /// Publishes that came together, in one transaction; alone, or when that fails as a whole
     /// (``ServiceDatabase/write(requests:_:)``), each in its own.
     func write(_ batch: [StreamsDatabase.Publication]) async -> [Result<API.Published, any Error>] {
-        if batch.count > 1 {
-            do {
-                return try await writeTogether(batch).map { $0.mapError { $0 } }
-            } catch {
-                logger.notice("publishes written together failed as a whole: each is written alone",
-                              metadata: ["publishes": "\(batch.count)", "problem": "\(error)"])
-            }
+        guard batch.count > 1 else { return [await writeAlone(batch[0])] }
+        do {
+            return try await writeTogether(batch).map { $0.mapError { $0 } }
+        } catch {
+            logger.notice("publishes written together failed as a whole: each is written alone",
+                          metadata: ["publishes": "\(batch.count)", "problem": "\(error)"])
         }
         return await withTaskGroup(of: (Int, Result<API.Published, any Error>).self) { group in
             for (index, publication) in batch.enumerated() {
-                group.addTask {
-                    // The outcome is made before the tuple: built around the `try await`, the
-                    // tuple came back with a corrupt index from Swift 6.3's optimized build.
-                    let outcome: Result<API.Published, any Error>
-                    do {
-                        outcome = .success(try await self.writeAlone(publication))
-                    } catch {
-                        outcome = .failure(error)
-                    }
-                    return (index, outcome)
-                }
+                group.addTask { (index, await self.writeAlone(publication)) }
             }
             var outcomes: [Result<API.Published, any Error>?] = Array(repeating: nil, count: batch.count)
             for await (index, outcome) in group { outcomes[index] = outcome }
@@ -203,9 +192,13 @@ public actor StreamsService: BusService, ServiceWork {
         }
     }
 
-    /// A publish in a transaction of its own, named by its request as any write is.
-    private func writeAlone(_ publication: StreamsDatabase.Publication) async throws -> API.Published {
-        try await write(request: publication.request) { db, now in try StreamsDatabase.publish(db, [publication], now: now)[0].get() }
+    /// A publish in a transaction of its own, named by its request as any write is: its outcome.
+    private func writeAlone(_ publication: StreamsDatabase.Publication) async -> Result<API.Published, any Error> {
+        do {
+            return .success(try await write(request: publication.request) { db, now in try StreamsDatabase.publish(db, [publication], now: now)[0].get() })
+        } catch {
+            return .failure(error)
+        }
     }
 
     // MARK: Consumers
