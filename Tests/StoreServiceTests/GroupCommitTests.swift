@@ -102,8 +102,16 @@ private struct ThingsDatabase {
         return ThingsDatabase(database: database, parts: parts, folder: folder, postgres: server)
     }
 
-    func stop() {
-        for part in parts { part.cancel() }
+    /// Runs `body` on a new database and stops it (its connections ended) however `body` ends.
+    static func with(onPostgres: Bool, _ body: (ThingsDatabase) async throws -> Void) async throws {
+        try await stopping(try await start(onPostgres: onPostgres), with: { await $0.stop() }, body)
+    }
+
+    func stop() async {
+        for part in parts {
+            part.cancel()
+            _ = await part.result
+        }
         postgres?.stop()
         try? FileManager.default.removeItem(at: folder)
     }
@@ -136,36 +144,36 @@ struct BatchWriteTests {
     @Test("each request answered in order; a request written before gets its result, one named twice is done once, a refusal writes nothing and is not remembered",
           arguments: engines)
     func batch(onPostgres: Bool) async throws {
-        let things = try await ThingsDatabase.start(onPostgres: onPostgres)
-        defer { things.stop() }
-        #expect(try await things.database.write(request: "r0") { db in
-            try db.execute("INSERT INTO things (name) VALUES (?)", ["zero"])
-            return .string("zero")
-        } == .string("zero"))
-        let asked = Asked()
-        let outcomes = try await things.add(["one", "refused", "again", "two", "other"], requests: ["r1", "r2", "r1", nil, "r0"], asked: asked)
-        #expect(asked.indexes.withLock { $0 } == [0, 1, 3], "the repeated request and the one written before are not done")
-        #expect(try outcomes[0].get() == .string("one"))
-        #expect(outcomes[1].failure?.code == JSONRPCError.invalidParamsCode)
-        #expect(try outcomes[2].get() == .string("one"), "the same request as the first: its outcome")
-        #expect(try outcomes[3].get() == .string("two"))
-        #expect(try outcomes[4].get() == .string("zero"), "written before: its result then")
-        #expect(try await things.things == ["one", "two", "zero"])
-        // Sent again alone: r1 answers what the batch did; r2, refused, is done now.
-        #expect(try await things.database.write(request: "r1") { _ in .string("once more") } == .string("one"))
-        #expect(try await things.add(["three"], requests: ["r2"])[0].get() == .string("three"))
-        #expect(try await things.things == ["one", "three", "two", "zero"])
+        try await ThingsDatabase.with(onPostgres: onPostgres) { things in
+            #expect(try await things.database.write(request: "r0") { db in
+                try db.execute("INSERT INTO things (name) VALUES (?)", ["zero"])
+                return .string("zero")
+            } == .string("zero"))
+            let asked = Asked()
+            let outcomes = try await things.add(["one", "refused", "again", "two", "other"], requests: ["r1", "r2", "r1", nil, "r0"], asked: asked)
+            #expect(asked.indexes.withLock { $0 } == [0, 1, 3], "the repeated request and the one written before are not done")
+            #expect(try outcomes[0].get() == .string("one"))
+            #expect(outcomes[1].failure?.code == JSONRPCError.invalidParamsCode)
+            #expect(try outcomes[2].get() == .string("one"), "the same request as the first: its outcome")
+            #expect(try outcomes[3].get() == .string("two"))
+            #expect(try outcomes[4].get() == .string("zero"), "written before: its result then")
+            #expect(try await things.things == ["one", "two", "zero"])
+            // Sent again alone: r1 answers what the batch did; r2, refused, is done now.
+            #expect(try await things.database.write(request: "r1") { _ in .string("once more") } == .string("one"))
+            #expect(try await things.add(["three"], requests: ["r2"])[0].get() == .string("three"))
+            #expect(try await things.things == ["one", "three", "two", "zero"])
+        }
     }
 
     @Test("a batch that fails as a whole throws, and leaves nothing written and nothing remembered", arguments: engines)
     func failingBatch(onPostgres: Bool) async throws {
-        let things = try await ThingsDatabase.start(onPostgres: onPostgres)
-        defer { things.stop() }
-        await #expect(throws: (any Error).self) { try await things.add(["a", "b"], requests: ["r1", nil], failing: true) }
-        #expect(try await things.things == [])
-        let again = try await things.add(["c", "d"], requests: ["r1", nil])
-        #expect(try again[0].get() == .string("c") && again[1].get() == .string("d"))
-        #expect(try await things.things == ["c", "d"])
+        try await ThingsDatabase.with(onPostgres: onPostgres) { things in
+            await #expect(throws: (any Error).self) { try await things.add(["a", "b"], requests: ["r1", nil], failing: true) }
+            #expect(try await things.things == [])
+            let again = try await things.add(["c", "d"], requests: ["r1", nil])
+            #expect(try again[0].get() == .string("c") && again[1].get() == .string("d"))
+            #expect(try await things.things == ["c", "d"])
+        }
     }
 }
 

@@ -17,7 +17,14 @@ struct PostgresConflictTests {
                                                      + PostgresWriter.repliesTable],
                                         lockKey: 1, replyWindow: .seconds(600), logger: Logger(label: "test"))
         let connections = Task { try await writer.connections.run() }
-        defer { connections.cancel() }
+        try await stopping(connections, with: { connections in
+            connections.cancel()
+            _ = await connections.result
+        }) { _ in try await deadlock(writer, server) }
+    }
+
+    /// Another session and `writer` each lock one row, then want the other's.
+    private func deadlock(_ writer: PostgresWriter, _ server: TestPostgres) async throws {
         await writer.waitUntilReady()
         // Another session holds b, and looks for deadlocks only long after the writer's server
         // process does (after deadlock_timeout, 1 s by default): the writer is the one ended.

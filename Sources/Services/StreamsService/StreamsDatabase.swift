@@ -10,7 +10,9 @@ import Storage
 ///
 /// Writers on several PostgreSQL connections change a stream's rows one at a time: each
 /// write reads the stream's row first with ``SQLSession/lockingRead(of:)`` (`locking: true`), and
-/// a stream's dead-letter stream after it. Adding a stream, which must see every other
+/// a stream's dead-letter stream after it; publishes written together lock their streams in
+/// name order. Two writes that lock two streams in the other's order can deadlock: PostgreSQL
+/// ends one, which ``PostgresWriter`` runs again. Adding a stream, which must see every other
 /// stream's subjects, takes ``addingStreams``.
 enum StreamsDatabase {
     typealias API = StreamsAPI
@@ -293,7 +295,7 @@ enum StreamsDatabase {
     /// for it). The streams are read and locked together first (in name order, as every batch
     /// takes them), the messages inserted together, and each stream's counters saved and
     /// limits kept once, after: a handful of statements for what came together, however many
-    /// messages.
+    /// messages (and two more for each message with an id).
     static func publish(_ db: Database, _ publications: [Publication], now: Double) throws -> [Result<API.Published, JSONRPCError>] {
         guard !publications.isEmpty else { return [] }
         var batch = try PublishBatch(db, subjects: Set(publications.map(\.subject)).sorted())
@@ -475,9 +477,10 @@ enum StreamsDatabase {
 
     /// Adds a message at the stream's next sequence, then removes the oldest past its limits.
     private static func append(_ db: Database, _ stream: inout Stream, subject: String, data: [UInt8], deadLetter: String?, now: Double) throws -> Int {
-        let sequence = try insert(db, &stream, subject: subject, data: data, deadLetter: deadLetter, now: now)
+        let message = next(&stream, subject: subject, data: data, deadLetter: deadLetter, now: now)
+        try insert(db, [message])
         try trim(db, &stream, now: now)
-        return sequence
+        return message.sequence
     }
 
     /// A message to insert.
@@ -490,14 +493,7 @@ enum StreamsDatabase {
         var deadLetter: String?
     }
 
-    /// Adds a message at the stream's next sequence, counting it in `stream` (saved by ``trim(_:_:now:)``).
-    private static func insert(_ db: Database, _ stream: inout Stream, subject: String, data: [UInt8], deadLetter: String?, now: Double) throws -> Int {
-        let message = next(&stream, subject: subject, data: data, deadLetter: deadLetter, now: now)
-        try insert(db, [message])
-        return message.sequence
-    }
-
-    /// The stream's next message, counted in `stream`.
+    /// The stream's next message, counted in `stream` (its counters saved by ``trim(_:_:now:)``).
     private static func next(_ stream: inout Stream, subject: String, data: [UInt8], deadLetter: String?, now: Double) -> Message {
         let sequence = stream.lastSeq + 1
         if stream.messages == 0 { stream.firstSeq = sequence }
