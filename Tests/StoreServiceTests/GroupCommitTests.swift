@@ -17,7 +17,7 @@ private actor Batches {
         case writing([Int])
     }
 
-    let group = GroupCommit<Int, Int>()
+    let group: GroupCommit<Int, Int>
     let events: AsyncStream<Event>
     private let tell: AsyncStream<Event>.Continuation
     private var firstHeld: CheckedContinuation<Void, Never>?
@@ -25,7 +25,10 @@ private actor Batches {
 
     struct Refused: Error {}
 
-    init() { (events, tell) = AsyncStream.makeStream() }
+    init(maxBatch: Int = .max) {
+        group = GroupCommit(maxBatch: maxBatch)
+        (events, tell) = AsyncStream.makeStream()
+    }
 
     func submit(_ item: Int) async throws -> Int {
         tell.yield(.submitted(item))
@@ -69,6 +72,26 @@ struct GroupCommitTests {
         #expect(try await batches.submit(6) == 60)
         #expect(await events.next() == .submitted(6))
         #expect(await events.next() == .writing([6]))
+    }
+
+    @Test("a batch takes at most its bound; what waits beyond it is the next batch")
+    func bounded() async throws {
+        let batches = Batches(maxBatch: 2)
+        var events = batches.events.makeAsyncIterator()
+        let first = Task { try await batches.submit(1) }
+        #expect(await events.next() == .submitted(1))
+        #expect(await events.next() == .writing([1]))
+        var later: [Task<Int, any Error>] = []
+        for item in [2, 4, 5, 6, 7] {
+            later.append(Task { try await batches.submit(item) })
+            #expect(await events.next() == .submitted(item))
+        }
+        await batches.letFirstGo()
+        #expect(await events.next() == .writing([2, 4]))
+        #expect(await events.next() == .writing([5, 6]))
+        #expect(await events.next() == .writing([7]))
+        #expect(try await first.value == 10)
+        for (task, item) in zip(later, [2, 4, 5, 6, 7]) { #expect(try await task.value == item * 10) }
     }
 }
 

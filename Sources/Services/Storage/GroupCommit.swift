@@ -1,5 +1,5 @@
 /// Group commit: what arrives while a batch is being written waits, and is written together
-/// as the next batch, by the first of it to have come. Alone, an item is written at once, in a
+/// as the next batch (up to its bound), by the first of it to have come. Alone, an item is written at once, in a
 /// batch of its own; under load, each batch costs one transaction (one `fsync`, one lock
 /// taken) for everything that came meanwhile.
 ///
@@ -17,8 +17,14 @@ package final class GroupCommit<Item: Sendable, Outcome: Sendable> {
     /// to write this batch.
     private var waiting: [(item: Item, turn: CheckedContinuation<Turn, Never>?)] = []
     private var writing = false
+    /// The most items one batch takes; the rest wait for the next.
+    private let maxBatch: Int
 
-    package init() {}
+    /// `maxBatch`: the most items one batch takes (what one transaction's statements hold).
+    package init(maxBatch: Int = .max) {
+        precondition(maxBatch > 0, "a group commit's batch holds at least one item")
+        self.maxBatch = maxBatch
+    }
 
     /// `item`'s outcome, from the batch it was written in. `write` is handed a batch's items in
     /// the order they came and answers one outcome for each, in that order.
@@ -30,8 +36,8 @@ package final class GroupCommit<Item: Sendable, Outcome: Sendable> {
             writing = true
             waiting.append((item, nil))
         }
-        let batch = waiting
-        waiting.removeAll()
+        let batch = Array(waiting.prefix(maxBatch))
+        waiting.removeFirst(batch.count)
         let outcomes = await write(batch.map(\.item))
         precondition(outcomes.count == batch.count, "a group commit's write answered \(outcomes.count) outcomes for \(batch.count) items")
         if let next = waiting.first {

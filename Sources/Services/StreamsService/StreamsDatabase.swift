@@ -289,6 +289,11 @@ enum StreamsDatabase {
         var request: String?
     }
 
+    /// The most publications one transaction takes (``publish(_:_:now:)``): a host may hold
+    /// thousands of publishes at once, and each takes a few placeholders in each of the
+    /// transaction's statements, which both engines bound (SQLite 32,766, PostgreSQL 65,535).
+    static let publicationsPerTransaction = 256
+
     /// Keeps each message in the stream holding its subject, in order, as one transaction: a
     /// known id within the duplicate window answers the first one's sequence instead, and a
     /// message no stream holds, or over its stream's `max_bytes`, is refused (writing nothing
@@ -503,15 +508,13 @@ enum StreamsDatabase {
         return Message(stream: stream.name, sequence: sequence, subject: subject, data: data, publishedAt: now, deadLetter: deadLetter)
     }
 
-    /// Inserts `messages`, a few hundred a statement.
+    /// Inserts `messages` in one statement (at most ``publicationsPerTransaction`` of them).
     private static func insert(_ db: Database, _ messages: [Message]) throws {
-        for start in stride(from: 0, to: messages.count, by: 500) {
-            let chunk = messages[start..<min(start + 500, messages.count)]
-            try db.execute("INSERT INTO messages (stream, seq, subject, data, published_at, dead_letter) VALUES " + SQLRows.placeholders(rows: chunk.count, columns: 6),
-                           chunk.flatMap { message -> [any SQLArgument] in
-                               [message.stream, message.sequence, message.subject, message.data, message.publishedAt, message.deadLetter]
-                           })
-        }
+        guard !messages.isEmpty else { return }
+        try db.execute("INSERT INTO messages (stream, seq, subject, data, published_at, dead_letter) VALUES " + SQLRows.placeholders(rows: messages.count, columns: 6),
+                       messages.flatMap { message -> [any SQLArgument] in
+                           [message.stream, message.sequence, message.subject, message.data, message.publishedAt, message.deadLetter]
+                       })
     }
 
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,

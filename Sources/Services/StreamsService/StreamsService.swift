@@ -29,7 +29,7 @@ public actor StreamsService: BusService, ServiceWork {
     var stale: Set<String> = []
     /// Publishes that come while others are being written wait, and are written together:
     /// one transaction, each stream's row locked once, for all of them.
-    private let publishes = GroupCommit<StreamsDatabase.Publication, API.Published>()
+    private let publishes = GroupCommit<StreamsDatabase.Publication, API.Published>(maxBatch: StreamsDatabase.publicationsPerTransaction)
     /// Who waits for what in this process (``waitForWake(_:upTo:)``).
     private var waiting: [Wait: [UInt64: CheckedContinuation<Void, Never>]] = [:]
     private var nextWaiter: UInt64 = 0
