@@ -520,6 +520,13 @@ enum StreamsDatabase {
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,
     /// age), and saves its counters.
     static func trim(_ db: Database, _ stream: inout Stream, now: Double) throws {
+        try dropPastLimits(db, &stream, now: now)
+        try save(db, stream)
+    }
+
+    /// Removes the oldest messages while the stream is past one of its limits (count, bytes,
+    /// age); its counters are the caller's to save.
+    private static func dropPastLimits(_ db: Database, _ stream: inout Stream, now: Double) throws {
         // Within its count and bytes, only a stream with an age limit can have one to remove.
         while stream.messages > 0, stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || stream.maxAge != nil {
             guard let oldest = try db.row("""
@@ -530,7 +537,6 @@ enum StreamsDatabase {
             guard stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || expired else { break }
             try remove(db, &stream, sequence: try oldest.int("seq"), subject: try oldest.text("subject"), size: try oldest.int("size"), missed: true)
         }
-        try save(db, stream)
     }
 
     /// Removes one message; with `missed`, every consumer that had not had it done counts it.
@@ -552,7 +558,10 @@ enum StreamsDatabase {
         }
     }
 
-    private static func save(_ db: Database, _ stream: Stream) throws {
+    /// Saves the stream's counters; with `read`, only when they differ from what was read (a
+    /// write that removed nothing leaves the row as it was).
+    private static func save(_ db: Database, _ stream: Stream, readAs read: Stream? = nil) throws {
+        if let read, (read.messages, read.bytes, read.firstSeq, read.lastSeq) == (stream.messages, stream.bytes, stream.firstSeq, stream.lastSeq) { return }
         try db.execute("UPDATE streams SET messages = ?, bytes = ?, first_seq = ?, last_seq = ? WHERE name = ?",
                        [stream.messages, stream.bytes, stream.firstSeq, stream.lastSeq, stream.name])
     }
@@ -570,6 +579,8 @@ enum StreamsDatabase {
         var nextSeq: Int
         var createdAt: Double
         var delivered: Int, redelivered: Int, acknowledged: Int, deadLettered: Int, terminated: Int, missed: Int
+        /// Of `missed`, how many its readers have been told of (by a fetch).
+        var missedTold: Int
         /// The CURVE key that added it (nil: added without CURVE).
         var owner: String?
 
@@ -578,6 +589,7 @@ enum StreamsDatabase {
             (ackWait, maxDeliver, nextSeq, createdAt) = (try row.double("ack_wait"), try row.int("max_deliver"), try row.int("next_seq"), try row.double("created_at"))
             (delivered, redelivered, acknowledged) = (try row.int("delivered"), try row.int("redelivered"), try row.int("acknowledged"))
             (deadLettered, terminated, missed) = (try row.int("dead_lettered"), try row.int("terminated"), try row.int("missed"))
+            missedTold = try row.int("missed_told")
             owner = try row.optionalText("owner")
         }
     }
@@ -683,8 +695,10 @@ enum StreamsDatabase {
     /// pending until `now + ack_wait`.
     static func fetch(_ db: Database, stream name: String, consumer consumerName: String, batch: Int, maxBytes: Int, now: Double) throws -> API.Fetched {
         var stream = try stream(db, name, locking: true)
+        let read = stream
+        try dropPastLimits(db, &stream, now: now)
+        // Read after the limits are kept: the messages they removed are in its `missed`.
         var consumer = try consumer(db, stream: name, name: consumerName)
-        try trim(db, &stream, now: now)
         var out: [API.Message] = []
         var bytes = 0, delivered = 0, redelivered = 0, deadLettered = 0
         var full = false
@@ -718,28 +732,32 @@ enum StreamsDatabase {
                 SELECT seq, subject, data, published_at, dead_letter FROM messages
                 WHERE stream = ? AND seq >= ? AND \(matches) ORDER BY seq LIMIT ?
                 """, [name, consumer.nextSeq] + filter + [asked])
+            var handedOut: [any SQLArgument] = []
             for row in fresh {
                 let sequence = try row.int("seq"), data = try row.blob("data")
                 guard out.isEmpty || bytes + data.count <= maxBytes else {
                     full = true
                     break
                 }
-                try db.execute("INSERT INTO pending (stream, consumer, seq, deliveries, deadline) VALUES (?, ?, ?, 1, ?)",
-                               [name, consumerName, sequence, now + consumer.ackWait])
+                handedOut += [name, consumerName, sequence, 1, now + consumer.ackWait]
                 out.append(try message(row, sequence: sequence, data: data, deliveries: 1))
                 bytes += data.count
                 delivered += 1
                 consumer.nextSeq = sequence + 1
             }
+            if !handedOut.isEmpty {
+                try db.execute("INSERT INTO pending (stream, consumer, seq, deliveries, deadline) VALUES " + SQLRows.placeholders(rows: handedOut.count / 5, columns: 5),
+                               handedOut)
+            }
             // Nothing further matches: what is past it was passed over by the filter.
             if !full, fresh.count < asked { consumer.nextSeq = max(consumer.nextSeq, stream.lastSeq + 1) }
         }
-        let missed = try db.int("SELECT missed - missed_told FROM consumers WHERE stream = ? AND name = ?", [name, consumerName]) ?? 0
+        let missed = consumer.missed - consumer.missedTold
         try db.execute("""
             UPDATE consumers SET next_seq = ?, delivered = delivered + ?, redelivered = redelivered + ?, dead_lettered = dead_lettered + ?,
                 missed_told = missed WHERE stream = ? AND name = ?
             """, [consumer.nextSeq, delivered, redelivered, deadLettered, name, consumerName])
-        try save(db, stream)
+        try save(db, stream, readAs: read)
         return API.Fetched(messages: out, missed: missed)
     }
 
@@ -802,6 +820,7 @@ enum StreamsDatabase {
     static func settle(_ db: Database, stream name: String, consumer consumerName: String, sequences: [Int], _ outcome: Outcome,
                        now: Double) throws -> API.Acknowledged {
         var stream = try stream(db, name, locking: true)
+        let read = stream
         let consumer = try consumer(db, stream: name, name: consumerName)
         var done: [Int] = [], notPending: [Int] = []
         for sequence in sequences {
@@ -836,7 +855,7 @@ enum StreamsDatabase {
         case .term: try db.execute("UPDATE consumers SET terminated = terminated + ? WHERE stream = ? AND name = ?", [done.count, name, consumerName])
         case .nak, .progress, .undelivered: break
         }
-        try save(db, stream)
+        try save(db, stream, readAs: read)
         return API.Acknowledged(done: done, notPending: notPending)
     }
 }
