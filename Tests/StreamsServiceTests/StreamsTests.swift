@@ -302,6 +302,57 @@ struct StreamsTests {
         }
     }
 
+    @Test("fetches and settlements that come together are written as one, each answered as if alone: the readers of one consumer handed out messages in turn within their batches and bytes, the first told what the consumer missed; a sequence settled once; a request named twice done once; one that is refused fails the batch and nothing of it is written",
+          arguments: Backend.available)
+    func consumerWritesTogether(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."], maxMessages: 6))
+            _ = try await bus.client.call(API.streamAdd, .init(name: "queue", subjects: ["q."], retention: .workQueue))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing"))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "queue", name: "doers"))
+            // Seven messages of 3 bytes each ("x"): the first goes for the count, missed by billing.
+            for _ in 1...7 { try await bus.publish("orders.new", "x") }
+            for _ in 1...2 { try await bus.publish("q.job", "y") }
+            #expect(try await bus.fetch("queue", "doers").messages.map(\.sequence) == [1, 2])
+            typealias Write = StreamsDatabase.ConsumerWrite
+            func fetch(_ stream: String, _ consumer: String, batch: Int, maxBytes: Int = 1_000) -> Write {
+                .init(stream: stream, consumer: consumer, kind: .fetch(.init(batch: batch, maxBytes: maxBytes)))
+            }
+            func ack(_ stream: String, _ consumer: String, _ sequences: [Int]) -> Write {
+                .init(stream: stream, consumer: consumer, kind: .settle(sequences: sequences, .ack))
+            }
+            let results = try await bus.service.writeTogether([
+                ConsumerWrite(write: fetch("orders", "billing", batch: 2), request: "f1"),
+                ConsumerWrite(write: ack("queue", "doers", [1, 3]), request: "a1"),
+                ConsumerWrite(write: fetch("orders", "billing", batch: 1, maxBytes: 1), request: "f2"),
+                ConsumerWrite(write: fetch("orders", "billing", batch: 5, maxBytes: 7), request: "f3"),
+                ConsumerWrite(write: ack("queue", "doers", [1, 2]), request: nil),
+                ConsumerWrite(write: fetch("orders", "billing", batch: 5), request: "f4"),
+                ConsumerWrite(write: fetch("orders", "billing", batch: 5), request: "f1"),
+            ]).map { try $0.get() }
+            let fetched = try [0, 2, 3, 5, 6].map { try results[$0].decode(as: API.Fetched.self) }
+            #expect(fetched.map { $0.messages.map(\.sequence) } == [[2, 3], [4], [5, 6], [7], [2, 3]], "one message whatever its size; then as many as fit")
+            #expect(fetched.map(\.missed) == [1, 0, 0, 0, 1])
+            let acknowledged = try [1, 4].map { try results[$0].decode(as: API.Acknowledged.self) }
+            #expect(acknowledged[0].done == [1] && acknowledged[0].notPending == [3])
+            #expect(acknowledged[1].done == [2] && acknowledged[1].notPending == [1], "1 was settled by the first")
+            let billing = try await bus.client.call(API.consumerInfo, .init(stream: "orders", name: "billing"))
+            #expect(billing.pending == 6 && billing.delivered == 6 && billing.nextSequence == 8)
+            #expect(try await bus.client.call(API.consumerInfo, .init(stream: "queue", name: "doers")).acknowledged == 2)
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "queue")).messages == 0, "a work queue's messages go once done")
+            // Sent again alone, a request of the batch answers what the batch did.
+            let again = try await bus.service.writeTogether([ConsumerWrite(write: fetch("orders", "billing", batch: 9), request: "f3")])
+            #expect(try again[0].get().decode(as: API.Fetched.self).messages.map(\.sequence) == [5, 6])
+
+            try await bus.publish("orders.new", "x")
+            await #expect(throws: JSONRPCError.self) {
+                try await bus.service.writeTogether([ConsumerWrite(write: fetch("orders", "billing", batch: 1), request: "f5"),
+                                                     ConsumerWrite(write: fetch("orders", "nobody", batch: 1), request: "f6")])
+            }
+            #expect(try await bus.fetch("orders", "billing").messages.map(\.sequence) == [8], "the failed batch handed out nothing")
+        }
+    }
+
     @Test("publishes written together that fail as a whole (another process wrote one of their requests meanwhile) are written again one at a time: that one answers the other's result, the rest are kept once",
           .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
     func publishedTogetherFailing() async throws {

@@ -61,6 +61,12 @@ package enum ServiceDatabase: Sendable {
         }
     }
 
+    /// Whether writes that come together share a transaction already (SQLite's writer gathers
+    /// them, each in a savepoint of its own); PostgreSQL's run each in its own.
+    package var gathersWrites: Bool {
+        if case .sqlite = self { true } else { false }
+    }
+
     /// Writes for several requests in one transaction, answered once durable: `apply` is
     /// handed the indexes of those to do and answers an outcome for each, in that order (a
     /// refusal must leave nothing written for its request; it is not remembered). A request

@@ -689,24 +689,32 @@ enum StreamsDatabase {
             """, [stream, name, now, stream, consumer.nextSeq] + filter)?.bool("ready") ?? false
     }
 
-    /// Hands out up to `batch` messages and `maxBytes` of data (always one when one is ready):
-    /// first those whose ack deadline passed (oldest first; past `max_deliver` deliveries one
-    /// goes to the dead-letter stream instead), then the next ones not handed out. Each is
-    /// pending until `now + ack_wait`.
-    static func fetch(_ db: Database, stream name: String, consumer consumerName: String, batch: Int, maxBytes: Int, now: Double) throws -> API.Fetched {
+    /// What one reader asks of a fetch: up to `batch` messages and `maxBytes` of their data
+    /// (always one when one is ready).
+    struct Ask: Equatable, Sendable {
+        var batch: Int
+        var maxBytes: Int
+    }
+
+    /// Hands out to each of `asks` in turn what a fetch of its own would, one after another:
+    /// first the messages whose ack deadline passed (oldest first; past `max_deliver`
+    /// deliveries one goes to the dead-letter stream instead), then the next ones not handed
+    /// out. Each is pending until `now + ack_wait`. The first is told what the consumer missed.
+    /// The asks' batches come to at most ``mostPerStatement``.
+    static func fetch(_ db: Database, stream name: String, consumer consumerName: String, _ asks: [Ask], now: Double) throws -> [API.Fetched] {
         var stream = try stream(db, name, locking: true)
         let read = stream
         try dropPastLimits(db, &stream, now: now)
         // Read after the limits are kept: the messages they removed are in its `missed`.
         var consumer = try consumer(db, stream: name, name: consumerName)
-        var out: [API.Message] = []
-        var bytes = 0, delivered = 0, redelivered = 0, deadLettered = 0
-        var full = false
+        var handout = Handout(asks)
+        var delivered = 0, redelivered = 0, deadLettered = 0
         let due = try db.rows("""
             SELECT p.seq, p.deliveries, m.subject, m.data, m.published_at, m.dead_letter
             FROM pending p JOIN messages m ON m.stream = p.stream AND m.seq = p.seq
             WHERE p.stream = ? AND p.consumer = ? AND p.deadline <= ? ORDER BY p.seq LIMIT ?
-            """, [name, consumerName, now, batch])
+            """, [name, consumerName, now, handout.room])
+        var dueAgain: [any SQLArgument] = []
         for row in due {
             let sequence = try row.int("seq"), deliveries = try row.int("deliveries"), data = try row.blob("data")
             if deliveries >= consumer.maxDeliver {
@@ -714,19 +722,18 @@ enum StreamsDatabase {
                 deadLettered += 1
                 continue
             }
-            guard out.isEmpty || bytes + data.count <= maxBytes else {
-                full = true
-                break
-            }
-            try db.execute("UPDATE pending SET deliveries = deliveries + 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?",
-                           [now + consumer.ackWait, name, consumerName, sequence])
-            out.append(try message(row, sequence: sequence, data: data, deliveries: deliveries + 1))
-            bytes += data.count
+            guard handout.fits(data.count) else { break }
+            handout.add(try message(row, sequence: sequence, data: data, deliveries: deliveries + 1), size: data.count)
+            dueAgain.append(sequence)
             // One given back undelivered (``Outcome/undelivered``) is handed out the first time now.
             if deliveries == 0 { delivered += 1 } else { redelivered += 1 }
         }
-        if !full, out.count < batch {
-            let asked = batch - out.count
+        if !dueAgain.isEmpty {
+            try db.execute("UPDATE pending SET deliveries = deliveries + 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq IN "
+                               + SQLRows.placeholders(rows: 1, columns: dueAgain.count), [now + consumer.ackWait, name, consumerName] + dueAgain)
+        }
+        if !handout.stopped, handout.room > 0 {
+            let asked = handout.room
             let (matches, filter) = subjectMatches(consumer.filter)
             let fresh = try db.rows("""
                 SELECT seq, subject, data, published_at, dead_letter FROM messages
@@ -735,13 +742,9 @@ enum StreamsDatabase {
             var handedOut: [any SQLArgument] = []
             for row in fresh {
                 let sequence = try row.int("seq"), data = try row.blob("data")
-                guard out.isEmpty || bytes + data.count <= maxBytes else {
-                    full = true
-                    break
-                }
+                guard handout.fits(data.count) else { break }
                 handedOut += [name, consumerName, sequence, 1, now + consumer.ackWait]
-                out.append(try message(row, sequence: sequence, data: data, deliveries: 1))
-                bytes += data.count
+                handout.add(try message(row, sequence: sequence, data: data, deliveries: 1), size: data.count)
                 delivered += 1
                 consumer.nextSeq = sequence + 1
             }
@@ -750,15 +753,58 @@ enum StreamsDatabase {
                                handedOut)
             }
             // Nothing further matches: what is past it was passed over by the filter.
-            if !full, fresh.count < asked { consumer.nextSeq = max(consumer.nextSeq, stream.lastSeq + 1) }
+            if !handout.stopped, fresh.count < asked { consumer.nextSeq = max(consumer.nextSeq, stream.lastSeq + 1) }
         }
-        let missed = consumer.missed - consumer.missedTold
         try db.execute("""
             UPDATE consumers SET next_seq = ?, delivered = delivered + ?, redelivered = redelivered + ?, dead_lettered = dead_lettered + ?,
                 missed_told = missed WHERE stream = ? AND name = ?
             """, [consumer.nextSeq, delivered, redelivered, deadLettered, name, consumerName])
         try save(db, stream, readAs: read)
-        return API.Fetched(messages: out, missed: missed)
+        return handout.messages.enumerated().map { index, messages in
+            API.Fetched(messages: messages, missed: index == 0 ? consumer.missed - consumer.missedTold : 0)
+        }
+    }
+
+    /// The messages one fetch hands out to several readers: each reader's in turn, until it has
+    /// its batch, or the next message would take it past its bytes (a reader with none takes
+    /// one whatever its size).
+    private struct Handout {
+        let asks: [Ask]
+        private(set) var messages: [[API.Message]]
+        /// The reader being handed messages, and the bytes it has.
+        private var current = 0, bytes = 0
+        /// A message found no reader with room for it: what is after it waits for the next fetch.
+        private(set) var stopped = false
+
+        init(_ asks: [Ask]) {
+            self.asks = asks
+            messages = Array(repeating: [], count: asks.count)
+        }
+
+        /// How many more messages the readers have room for, their bytes aside.
+        var room: Int {
+            guard current < asks.count else { return 0 }
+            return asks[current].batch - messages[current].count + asks[(current + 1)...].reduce(0) { $0 + $1.batch }
+        }
+
+        /// Whether a reader has room for a message of `size` bytes, going on to the next reader
+        /// when this one has none.
+        mutating func fits(_ size: Int) -> Bool {
+            while current < asks.count {
+                let taken = messages[current]
+                if taken.isEmpty || (taken.count < asks[current].batch && bytes + size <= asks[current].maxBytes) { return true }
+                current += 1
+                bytes = 0
+            }
+            stopped = true
+            return false
+        }
+
+        /// Hands `message` to the reader ``fits(_:)`` found.
+        mutating func add(_ message: API.Message, size: Int) {
+            messages[current].append(message)
+            bytes += size
+        }
     }
 
     /// ``Outcome/undelivered`` for the pending message `key` (stream, consumer, sequence): due
@@ -801,7 +847,7 @@ enum StreamsDatabase {
     // MARK: Acknowledging
 
     /// What a reader says of messages it was handed.
-    enum Outcome {
+    enum Outcome: Equatable, Sendable {
         /// Done: not handed out again.
         case ack
         /// Given back: handed out again once `delay` seconds have passed.
@@ -815,47 +861,137 @@ enum StreamsDatabase {
         case undelivered
     }
 
-    /// Applies `outcome` to each sequence pending for the consumer; the others are answered
-    /// as not pending. On a work-queue stream, a message done or terminated is deleted.
-    static func settle(_ db: Database, stream name: String, consumer consumerName: String, sequences: [Int], _ outcome: Outcome,
-                       now: Double) throws -> API.Acknowledged {
+    /// Applies `outcome` to each sequence of each of `settlements` (one reader's request each, in
+    /// turn) that is pending for the consumer; the others are answered as not pending, as is a
+    /// sequence named again after it was settled. On a work-queue stream, a message done or
+    /// terminated is deleted. The settlements' sequences come to at most ``mostPerStatement``.
+    static func settle(_ db: Database, stream name: String, consumer consumerName: String, _ settlements: [[Int]], _ outcome: Outcome,
+                       now: Double) throws -> [API.Acknowledged] {
         var stream = try stream(db, name, locking: true)
         let read = stream
         let consumer = try consumer(db, stream: name, name: consumerName)
-        var done: [Int] = [], notPending: [Int] = []
-        for sequence in sequences {
-            let key: [any SQLArgument] = [name, consumerName, sequence]
-            let changed = switch outcome {
-            case .ack, .term:
-                try db.execute("DELETE FROM pending WHERE stream = ? AND consumer = ? AND seq = ?", key)
-            case .nak(let delay):
-                try db.execute("UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?", [now + delay] + key)
-            case .progress:
-                try db.execute("UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ? AND seq = ?", [now + consumer.ackWait] + key)
-            case .undelivered:
-                try giveBackUndelivered(db, key, now: now)
+        let named = Array(Set(settlements.joined())).sorted()
+        let key: [any SQLArgument] = [name, consumerName], namedArguments: [any SQLArgument] = named
+        let among = " AND seq IN " + SQLRows.placeholders(rows: 1, columns: named.count) + " RETURNING seq"
+        var changed: Set<Int> = []
+        switch outcome {
+        case .ack, .term:
+            changed = Set(try db.rows("DELETE FROM pending WHERE stream = ? AND consumer = ?" + among, key + namedArguments).map { try $0.int("seq") })
+        case .nak(let delay):
+            changed = Set(try db.rows("UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ?" + among, [now + delay] + key + namedArguments)
+                .map { try $0.int("seq") })
+        case .progress:
+            changed = Set(try db.rows("UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ?" + among, [now + consumer.ackWait] + key + namedArguments)
+                .map { try $0.int("seq") })
+        case .undelivered:
+            for sequence in named {
+                if try giveBackUndelivered(db, key + [sequence], now: now) > 0 { changed.insert(sequence) }
             }
-            guard changed > 0 else {
-                notPending.append(sequence)
-                continue
-            }
-            done.append(sequence)
-            switch outcome {
-            case .ack, .term:
-                if stream.retention == .workQueue,
-                   let row = try db.row("SELECT subject, length(data) AS size FROM messages WHERE stream = ? AND seq = ?", [name, sequence]) {
+        }
+        if outcome == .ack || outcome == .term, stream.retention == .workQueue {
+            for sequence in changed.sorted() {
+                if let row = try db.row("SELECT subject, length(data) AS size FROM messages WHERE stream = ? AND seq = ?", [name, sequence]) {
                     try remove(db, &stream, sequence: sequence, subject: try row.text("subject"), size: try row.int("size"), missed: false)
                 }
-            case .nak, .progress, .undelivered:
-                break
             }
         }
         switch outcome {
-        case .ack: try db.execute("UPDATE consumers SET acknowledged = acknowledged + ? WHERE stream = ? AND name = ?", [done.count, name, consumerName])
-        case .term: try db.execute("UPDATE consumers SET terminated = terminated + ? WHERE stream = ? AND name = ?", [done.count, name, consumerName])
+        case .ack: try db.execute("UPDATE consumers SET acknowledged = acknowledged + ? WHERE stream = ? AND name = ?", [changed.count, name, consumerName])
+        case .term: try db.execute("UPDATE consumers SET terminated = terminated + ? WHERE stream = ? AND name = ?", [changed.count, name, consumerName])
         case .nak, .progress, .undelivered: break
         }
         try save(db, stream, readAs: read)
-        return API.Acknowledged(done: done, notPending: notPending)
+        // Each sequence is done for the first settlement that names it.
+        return settlements.map { sequences in
+            var done: [Int] = [], notPending: [Int] = []
+            for sequence in sequences {
+                if changed.remove(sequence) != nil { done.append(sequence) } else { notPending.append(sequence) }
+            }
+            return API.Acknowledged(done: done, notPending: notPending)
+        }
+    }
+
+    // MARK: Writes of several readers
+
+    /// The most messages (a fetch's batches) or sequences (a settlement's) one statement takes:
+    /// as many as one request may name, so a statement's placeholders stay within what both
+    /// engines take (SQLite's 32,766).
+    static let mostPerStatement = 1_000
+
+    /// A fetch or a settlement one reader asked for.
+    struct ConsumerWrite: Sendable {
+        enum Kind: Equatable, Sendable {
+            case fetch(Ask)
+            case settle(sequences: [Int], Outcome)
+        }
+
+        var stream: String
+        var consumer: String
+        var kind: Kind
+
+        /// What one statement gives all the writes of a group: messages or sequences.
+        var size: Int {
+            switch kind {
+            case .fetch(let ask): ask.batch
+            case .settle(let sequences, _): sequences.count
+            }
+        }
+
+        /// Whether `other` can be done in the same statements: the same consumer, and both
+        /// fetches or both settlements with the same outcome.
+        func goesWith(_ other: ConsumerWrite) -> Bool {
+            guard stream == other.stream, consumer == other.consumer else { return false }
+            switch (kind, other.kind) {
+            case (.fetch, .fetch): return true
+            case (.settle(_, let outcome), .settle(_, let otherOutcome)): return outcome == otherOutcome
+            default: return false
+            }
+        }
+    }
+
+    /// Runs `writes` in one transaction, answering each one's result (``API/Fetched`` or
+    /// ``API/Acknowledged``) as if it had been run alone: what came together is concurrent, so
+    /// any order is one they could have had. They are run by stream in name order (the order
+    /// every batch locks them in), and those of one consumer and kind together, a few
+    /// statements for all of them.
+    static func write(_ db: Database, _ writes: [ConsumerWrite], now: Double) throws -> [JSONValue] {
+        let order = writes.indices.sorted { a, b in
+            let (first, second) = (writes[a], writes[b])
+            if first.stream != second.stream { return first.stream < second.stream }
+            if first.consumer != second.consumer { return first.consumer < second.consumer }
+            return a < b
+        }
+        var results: [JSONValue?] = Array(repeating: nil, count: writes.count)
+        var remaining = order
+        while !remaining.isEmpty {
+            let first = remaining.removeFirst(), lead = writes[first]
+            // With the first, the rest of its consumer's writes that go with it, in order, while
+            // they fit in one statement; the others are a later group's.
+            var group = [first], size = lead.size
+            for index in remaining where writes[index].goesWith(lead) && size + writes[index].size <= mostPerStatement {
+                group.append(index)
+                size += writes[index].size
+            }
+            remaining.removeAll { group.contains($0) }
+            switch lead.kind {
+            case .fetch:
+                let asks = group.map { index -> Ask in
+                    guard case .fetch(let ask) = writes[index].kind else { preconditionFailure("a group of fetches holds only fetches") }
+                    return ask
+                }
+                for (index, fetched) in zip(group, try fetch(db, stream: lead.stream, consumer: lead.consumer, asks, now: now)) {
+                    results[index] = try JSONValue(encoding: fetched)
+                }
+            case .settle(_, let outcome):
+                let settlements = group.map { index -> [Int] in
+                    guard case .settle(let sequences, _) = writes[index].kind else { preconditionFailure("a group of settlements holds only settlements") }
+                    return sequences
+                }
+                for (index, acknowledged) in zip(group, try settle(db, stream: lead.stream, consumer: lead.consumer, settlements, outcome, now: now)) {
+                    results[index] = try JSONValue(encoding: acknowledged)
+                }
+            }
+        }
+        return results.map { $0! }
     }
 }

@@ -27,9 +27,13 @@ public actor StreamsService: BusService, ServiceWork {
     /// those found deleted or made again, whose followers are to end.
     var following: [String: StreamsDatabase.Capture] = [:]
     var stale: Set<String> = []
-    /// Publishes that come while others are being written wait, and are written together:
-    /// one transaction, each stream's row locked once, for all of them.
+    /// On PostgreSQL (``gathered(_:in:alone:batch:)``), publishes that come while others are
+    /// being written wait, and are written together: one transaction, each stream's row locked
+    /// once, for all of them.
     private let publishes = GroupCommit<StreamsDatabase.Publication, API.Published>(maxBatch: StreamsDatabase.publicationsPerTransaction)
+    /// Fetches and settlements likewise: one transaction for what came meanwhile, those of one
+    /// consumer and kind in the same statements (``StreamsDatabase/write(_:_:now:)``).
+    private let consumerWrites = GroupCommit<ConsumerWrite, JSONValue>(maxBatch: ConsumerWrite.perTransaction)
     /// Who waits for what in this process (``waitForWake(_:upTo:)``).
     private var waiting: [Wait: [UInt64: CheckedContinuation<Void, Never>]] = [:]
     private var nextWaiter: UInt64 = 0
@@ -153,52 +157,9 @@ public actor StreamsService: BusService, ServiceWork {
                                data: ["limit": .int(Int64(configuration.maxMessageBytes)), "bytes": .int(Int64(data.count))])
         }
         let publication = StreamsDatabase.Publication(subject: message.subject, data: data, id: message.id, request: RequestKey.current?.description)
-        let published = try await publishes.submit(publication) { batch in await self.write(batch) }
+        let published = try await gathered(publication, in: publishes, alone: { await self.writeAlone($0) }, batch: { await self.write($0) })
         if !published.duplicate { wakeAll(.message) }
         return published
-    }
-
-    /// Publishes that came together, in one transaction; alone, or when that fails as a whole
-    /// (``ServiceDatabase/write(requests:_:)``), each in its own.
-    func write(_ batch: [StreamsDatabase.Publication]) async -> [Result<API.Published, any Error>] {
-        guard batch.count > 1 else { return [await writeAlone(batch[0])] }
-        do {
-            return try await writeTogether(batch).map { $0.mapError { $0 } }
-        } catch {
-            logger.notice("publishes written together failed as a whole: each is written alone",
-                          metadata: ["publishes": "\(batch.count)", "problem": "\(error)"])
-        }
-        return await withTaskGroup(of: (Int, Result<API.Published, any Error>).self) { group in
-            for (index, publication) in batch.enumerated() {
-                group.addTask { (index, await self.writeAlone(publication)) }
-            }
-            var outcomes: [Result<API.Published, any Error>?] = Array(repeating: nil, count: batch.count)
-            for await (index, outcome) in group { outcomes[index] = outcome }
-            return outcomes.map { $0! }
-        }
-    }
-
-    /// `batch` in one transaction (``StreamsDatabase/publish(_:_:now:)``), each named by its
-    /// request; throws when the transaction fails as a whole.
-    func writeTogether(_ batch: [StreamsDatabase.Publication]) async throws -> [Result<API.Published, JSONRPCError>] {
-        let now = now
-        let outcomes = try await storage.write(requests: batch.map(\.request)) { db, todo in
-            try StreamsDatabase.publish(db, todo.map { batch[$0] }, now: now()).map { outcome in
-                outcome.flatMap { published in Result { try JSONValue(encoding: published) }.mapError { JSONRPCError.internalError("\($0)") } }
-            }
-        }
-        return outcomes.map { outcome in
-            outcome.flatMap { result in Result { try decodeResult(API.Published.self, result) }.mapError { $0 as? JSONRPCError ?? .internalError("\($0)") } }
-        }
-    }
-
-    /// A publish in a transaction of its own, named by its request as any write is: its outcome.
-    private func writeAlone(_ publication: StreamsDatabase.Publication) async -> Result<API.Published, any Error> {
-        do {
-            return .success(try await write(request: publication.request) { db, now in try StreamsDatabase.publish(db, [publication], now: now)[0].get() })
-        } catch {
-            return .failure(error)
-        }
     }
 
     // MARK: Consumers
@@ -236,9 +197,7 @@ public actor StreamsService: BusService, ServiceWork {
             if ready || Task.isCancelled || !wanted() { break }
             await waitForWake(.message, upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
         }
-        return try await write(request: request) { db, now in
-            try StreamsDatabase.fetch(db, stream: stream, consumer: consumer, batch: batch, maxBytes: maxBytes, now: now)
-        }
+        return try await writeWithOthers(.init(stream: stream, consumer: consumer, kind: .fetch(.init(batch: batch, maxBytes: maxBytes))), request: request)
     }
 
     /// Hands out messages as the consumer has them, each as a part, until `max` or `expires`.
@@ -278,7 +237,7 @@ public actor StreamsService: BusService, ServiceWork {
                 request: String? = RequestKey.current?.description) async throws -> API.Acknowledged {
         guard (1...1_000).contains(sequences.count) else { throw JSONRPCError.invalidParams(field: "sequences", "must hold 1 to 1000 sequences") }
         guard sequences.allSatisfy({ $0 >= 1 }) else { throw JSONRPCError.invalidParams(field: "sequences", "must be sequences, 1 or more") }
-        return try await write(request: request) { db, now in try StreamsDatabase.settle(db, stream: stream, consumer: consumer, sequences: sequences, outcome, now: now) }
+        return try await writeWithOthers(.init(stream: stream, consumer: consumer, kind: .settle(sequences: sequences, outcome)), request: request)
     }
 
     // MARK: Waiting
@@ -328,9 +287,115 @@ public actor StreamsService: BusService, ServiceWork {
         return try decodeResult(Result.self, result)
     }
 
+    /// A fetch or settlement, named by `request`.
+    func writeWithOthers<Result: Codable & Sendable>(_ write: StreamsDatabase.ConsumerWrite, request: String?) async throws -> Result {
+        let item = ConsumerWrite(write: write, request: request)
+        let result = try await gathered(item, in: consumerWrites, alone: { await self.writeAlone($0) }, batch: { await self.write($0) })
+        return try decodeResult(Result.self, result)
+    }
+
     func read<Result: Sendable>(_ body: @escaping @Sendable (StreamsDatabase.Database) throws -> Result) async throws -> Result {
         try await storage.read(body)
     }
+
+    // MARK: Writes gathered
+
+    /// `item`, written with those that came while others were being written (`batch`: one
+    /// transaction for them) where the database's writer does not gather writes itself
+    /// (PostgreSQL's); else `alone`, and the writer gathers it (SQLite's): a second gathering in
+    /// front of the writer's would only add a wait.
+    private func gathered<Item: Sendable, Outcome: Sendable>(_ item: Item, in group: GroupCommit<Item, Outcome>,
+                                                             alone: (Item) async -> Result<Outcome, any Error>,
+                                                             batch: ([Item]) async -> [Result<Outcome, any Error>]) async throws -> Outcome {
+        guard !storage.gathersWrites else { return try await alone(item).get() }
+        return try await group.submit(item, write: batch)
+    }
+
+    /// Writes that came together, in one transaction (`together`); alone, or when that fails as
+    /// a whole (``ServiceDatabase/write(requests:_:)``), each in its own, side by side.
+    private func written<Item: Sendable, Outcome: Sendable>(_ batch: [Item], what: String,
+                                                            together: ([Item]) async throws -> [Result<Outcome, JSONRPCError>],
+                                                            alone: @escaping @Sendable (Item) async -> Result<Outcome, any Error>) async
+        -> [Result<Outcome, any Error>] {
+        guard batch.count > 1 else { return [await alone(batch[0])] }
+        do {
+            return try await together(batch).map { $0.mapError { $0 } }
+        } catch {
+            logger.notice("\(what) written together failed as a whole: each is written alone", metadata: ["writes": "\(batch.count)", "problem": "\(error)"])
+        }
+        return await withTaskGroup(of: (Int, Result<Outcome, any Error>).self) { group in
+            for (index, item) in batch.enumerated() {
+                group.addTask { (index, await alone(item)) }
+            }
+            var outcomes: [Result<Outcome, any Error>?] = Array(repeating: nil, count: batch.count)
+            for await (index, outcome) in group { outcomes[index] = outcome }
+            return outcomes.map { $0! }
+        }
+    }
+
+    /// Publishes that came together, in one transaction.
+    func write(_ batch: [StreamsDatabase.Publication]) async -> [Result<API.Published, any Error>] {
+        await written(batch, what: "publishes", together: { try await self.writeTogether($0) }, alone: { await self.writeAlone($0) })
+    }
+
+    /// `batch` in one transaction (``StreamsDatabase/publish(_:_:now:)``), each named by its
+    /// request; throws when the transaction fails as a whole.
+    func writeTogether(_ batch: [StreamsDatabase.Publication]) async throws -> [Result<API.Published, JSONRPCError>] {
+        let now = now
+        let outcomes = try await storage.write(requests: batch.map(\.request)) { db, todo in
+            try StreamsDatabase.publish(db, todo.map { batch[$0] }, now: now()).map { outcome in
+                outcome.flatMap { published in Result { try JSONValue(encoding: published) }.mapError { JSONRPCError.internalError("\($0)") } }
+            }
+        }
+        return outcomes.map { outcome in
+            outcome.flatMap { result in Result { try decodeResult(API.Published.self, result) }.mapError { $0 as? JSONRPCError ?? .internalError("\($0)") } }
+        }
+    }
+
+    /// A publish in a transaction of its own, named by its request as any write is: its outcome.
+    private func writeAlone(_ publication: StreamsDatabase.Publication) async -> Result<API.Published, any Error> {
+        do {
+            return .success(try await write(request: publication.request) { db, now in try StreamsDatabase.publish(db, [publication], now: now)[0].get() })
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// Fetches and settlements that came together, in one transaction.
+    func write(_ batch: [ConsumerWrite]) async -> [Result<JSONValue, any Error>] {
+        await written(batch, what: "fetches and settlements", together: { try await self.writeTogether($0) }, alone: { await self.writeAlone($0) })
+    }
+
+    /// `batch` in one transaction, each named by its request (``StreamsDatabase/write(_:_:now:)``);
+    /// throws when one of them fails, and nothing is written: a refusal must leave its request's
+    /// writes out, which only a transaction of its own does on PostgreSQL.
+    func writeTogether(_ batch: [ConsumerWrite]) async throws -> [Result<JSONValue, JSONRPCError>] {
+        let now = now
+        return try await storage.write(requests: batch.map(\.request)) { db, todo in
+            try StreamsDatabase.write(db, todo.map { batch[$0].write }, now: now()).map { .success($0) }
+        }
+    }
+
+    /// A fetch or settlement in a transaction of its own, named by its request: its outcome.
+    private func writeAlone(_ item: ConsumerWrite) async -> Result<JSONValue, any Error> {
+        let now = now
+        do {
+            return .success(try await storage.write(request: item.request) { db in try StreamsDatabase.write(db, [item.write], now: now())[0] })
+        } catch {
+            return .failure(error)
+        }
+    }
+}
+
+/// A fetch or settlement waiting to be written with the others that came meanwhile.
+struct ConsumerWrite: Sendable {
+    /// The most one transaction takes: what comes next waits for the whole transaction and the
+    /// rows it locks.
+    static let perTransaction = 64
+
+    var write: StreamsDatabase.ConsumerWrite
+    /// The request it answers (nil: none to remember it by).
+    var request: String?
 }
 
 /// The shapes of names and subjects, checked before anything is written.
