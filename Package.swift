@@ -178,7 +178,7 @@ let package = Package(
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
         .target(
             name: "Supervisor",
-            dependencies: ["Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Contracts", "BusKit", "BusProtocol", "SwitchboardConfig", "CSpawn", .product(name: "Logging", package: "swift-log")],
             path: "Sources/Operations/Supervisor",
             swiftSettings: sharedSettings
         ),
@@ -330,7 +330,7 @@ let package = Package(
         // bus with a store and a fetcher over files.
         .target(
             name: "SwitchboardTestSupport",
-            dependencies: ["Contracts", "Etcd", "Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService",
+            dependencies: ["Contracts", "Etcd", "Kernel", "ZeroMQ", "BusKit", "BusProtocol", "Catalog", "StoreService", "FetcherService", "Supervisor",
                            .product(name: "Logging", package: "swift-log")],
             path: "Sources/Tools/SwitchboardTestSupport",
             swiftSettings: sharedSettings
@@ -360,6 +360,8 @@ let package = Package(
             swiftSettings: sharedSettings
         ),
         .target(name: "CLibFuzzer", path: "Sources/Tools/CLibFuzzer"),
+        // posix_spawn's GNU file actions (close every other descriptor, change directory) for `Spawn`.
+        .target(name: "CSpawn", path: "Sources/Operations/CSpawn"),
         // Heap allocations counted per thread and per process: HotPathCostTests holds the hot
         // paths to a cost per message.
         .target(name: "CRuntimeCounters", path: "Sources/Tools/RuntimeCounters"),

@@ -31,7 +31,7 @@ struct InteropTests {
                                                #"{"jsonrpc":"2.0","id":9,"method":"echo","params":{"from":"python"}}"#])
         #expect(await client.exit(within: 15))
         let output = client.readOutput()
-        #expect(client.process.terminationStatus == 0, "\(output)")
+        #expect(client.terminationStatus == 0, "\(output)")
         let response = try JSONRPC.parseResponses(Array(output.trimmingCharacters(in: .whitespacesAndNewlines).utf8))
         #expect(response == [JSONRPCResponse(id: .number(9), result: ["from": "python"])])
         // Python MMI query.
@@ -59,7 +59,7 @@ struct InteropTests {
             let peer = try ChildProcess(python, [peersScript.path, mode, kernel.endpoints.broker, service, body])
             #expect(await peer.exit(within: 15))
             let output = peer.readOutput()
-            #expect(peer.process.terminationStatus == 0, "\(output)")
+            #expect(peer.terminationStatus == 0, "\(output)")
             return output.split(separator: "\n").map(String.init)
         }
         func part(_ final: Bool, _ body: [String]) -> JSONValue { ["final": .bool(final), "body": .array(body.map { .string($0) })] }
@@ -110,7 +110,7 @@ struct InteropTests {
         }
         #expect(await subscriber.exit(within: 15))
         let lines = subscriber.readOutput().split(separator: "\n").compactMap { try? JSONValue(parsing: Array($0.utf8)) }
-        #expect(subscriber.process.terminationStatus == 0)
+        #expect(subscriber.terminationStatus == 0)
         let snapshot = lines.filter { $0["snapshot"] == true }
         #expect(snapshot.contains { $0["key"] == "/catalog/countries" && $0["value"] == #"{"count":249}"# })
         #expect(lines.prefix(snapshot.count).allSatisfy { $0["snapshot"] == true }, "the snapshot comes first")

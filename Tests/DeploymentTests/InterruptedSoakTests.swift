@@ -48,7 +48,7 @@ struct InterruptedSoakTests {
 
         soak.signal(signal)
         #expect(await soak.exit(within: 60), "the soak ended")
-        if signal == SIGTERM { #expect(soak.process.terminationStatus == 128 + SIGTERM, "\(soak.readOutput().suffix(1_000))") }
+        if signal == SIGTERM { #expect(soak.terminationStatus == 128 + SIGTERM, "\(soak.readOutput().suffix(1_000))") }
         let bus = pids
         try await eventually(60, "every process of the bus ended: \(bus)") { bus.values.allSatisfy { !isRunning($0) } }
         for port in ports { #expect(try portIsFree(port), "port \(port) is free") }

@@ -79,6 +79,6 @@ struct RollingRestartTests {
 
         up.signal(SIGTERM)
         #expect(await up.exit(within: 60))
-        #expect(up.process.terminationStatus == 0)
+        #expect(up.terminationStatus == 0)
     }
 }

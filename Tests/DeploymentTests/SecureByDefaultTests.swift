@@ -161,7 +161,7 @@ struct SecureByDefaultTests {
         await client.close()
         up.signal(SIGTERM)
         #expect(await up.exit(within: 30))
-        #expect(up.process.terminationStatus == 0, "\(up.readOutput().suffix(1_500))")
+        #expect(up.terminationStatus == 0, "\(up.readOutput().suffix(1_500))")
     }
 
     @Test("plain text only when the configuration says security.curve: false, with a warning; so too for a kernel run alone")

@@ -182,7 +182,7 @@ struct StateOnEtcdTests {
         try await waiting.waitForOutput(containing: "another kernel writes this state: waiting for it to go", within: 30)
         waiting.signal(SIGTERM)
         #expect(await waiting.exit(within: 30), "\(waiting.outputSoFar)")
-        #expect(waiting.process.terminationStatus == 0, "\(waiting.outputSoFar)")
+        #expect(waiting.terminationStatus == 0, "\(waiting.outputSoFar)")
     }
 
     @Test("a kernel process whose election another kernel took sees it at once, without a write, and ends with an error saying so (its supervisor starts it again, to stand again)")
@@ -208,7 +208,7 @@ struct StateOnEtcdTests {
         try await kernel.waitForOutput(containing: "this kernel no longer writes the state: ", within: 30)
         try await kernel.waitForOutput(containing: "lost the election of its state in etcd", within: 30)
         #expect(await kernel.exit(within: 30))
-        #expect(kernel.process.terminationStatus != 0, "\(kernel.outputSoFar)")
+        #expect(kernel.terminationStatus != 0, "\(kernel.outputSoFar)")
         await bus.close()
     }
 }

@@ -117,7 +117,7 @@ struct UpTests {
         let before = up.outputSoFar.utf8.count
         up.signal(SIGTERM)
         #expect(await up.exit(within: 60))
-        #expect(up.process.terminationStatus == 0, "\(up.readOutput().suffix(2_000))")
+        #expect(up.terminationStatus == 0, "\(up.readOutput().suffix(2_000))")
         let output = String(decoding: up.readOutput().utf8.dropFirst(before), as: UTF8.self)
         let servicesStopped = ["echo", "store", "streams", "fetcher", "search", "pricing"].compactMap { name in
             output.range(of: "] \(name) (pid")?.lowerBound
@@ -178,7 +178,7 @@ struct UpTests {
         }
         try await workers("echo", snapshot: snapshot, publisher: publisher, within: 30, curve: curve, "echo registered again") { $0 == 1 }
         #expect(try await bus.request(service: "echo", method: "echo", params: ["x": 1])["x"] == 1)
-        #expect(up.process.isRunning)
+        #expect(up.isRunning)
         #expect(!up.outputSoFar.contains("stopping everything"))
         for name in ["kernel", "search", "fetcher"] { #expect(isAlive(try #require(pids[name])), "\(name) kept running") }
         await bus.close()
@@ -289,7 +289,7 @@ struct SecuredUpTests {
 
         up.signal(SIGTERM)
         #expect(await up.exit(within: 30))
-        #expect(up.process.terminationStatus == 0)
+        #expect(up.terminationStatus == 0)
     }
 
     @Test("up --single-process: the kernel and the services in one process, reachable over TCP")
@@ -306,6 +306,6 @@ struct SecuredUpTests {
         for name in ["echo", "store", "streams", "fetcher", "search", "pricing"] { #expect(services.stdout.contains("\"\(name)\"")) }
         up.signal(SIGTERM)
         #expect(await up.exit(within: 30))
-        #expect(up.process.terminationStatus == 0, "\(up.readOutput().suffix(1_500))")
+        #expect(up.terminationStatus == 0, "\(up.readOutput().suffix(1_500))")
     }
 }

@@ -73,13 +73,6 @@ struct FetcherOfflineTests {
 }
 
 func runQuietly(_ tool: String, _ arguments: [String]) throws -> Int32 {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: tool)
-    process.arguments = arguments
-    process.standardOutput = FileHandle.nullDevice
-    process.standardError = FileHandle.nullDevice
-    try process.run()
-    process.waitUntilExit()
-    return process.terminationStatus
+    try runBriefly(tool, arguments).status
 }
 

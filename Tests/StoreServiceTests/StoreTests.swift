@@ -516,12 +516,6 @@ enum ReadOnlyFile {
 
     private static func run(_ tool: String, _ arguments: [String]) -> Bool {
         guard FileManager.default.isExecutableFile(atPath: tool) else { return false }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: tool)
-        process.arguments = arguments
-        process.standardError = FileHandle.nullDevice
-        guard (try? process.run()) != nil else { return false }
-        process.waitUntilExit()
-        return process.terminationStatus == 0
+        return (try? runBriefly(tool, arguments))?.status == 0
     }
 }

@@ -949,7 +949,7 @@ struct StreamVerbTests {
             try await sub.waitForOutput(containing: "1 orders.new (delivery 1) 1", within: 30)
             sub.signal(SIGINT)
             #expect(await sub.exit(within: 30))
-            #expect(sub.process.terminationStatus == 130, "\(sub.outputSoFar)")
+            #expect(sub.terminationStatus == 130, "\(sub.outputSoFar)")
             try await bus.publish("orders.new", 2)
             let other = try await bus.fetch("orders", "billing")
             #expect(other.messages.map(\.sequence) == [2] && other.messages.allSatisfy { $0.deliveries == 1 }, "\(other.messages)")

@@ -245,7 +245,7 @@ struct KernelBenchmark: AsyncParsableCommand {
     /// change; resident MiB of each, before and after.
     private func historyMemory(_ metal: Metal) async throws -> [Row] {
         func resident(_ process: ChildProcess) -> Double {
-            let status = (try? String(contentsOfFile: "/proc/\(process.process.processIdentifier)/status", encoding: .utf8)) ?? ""
+            let status = (try? String(contentsOfFile: "/proc/\(process.pid)/status", encoding: .utf8)) ?? ""
             let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
             return (Double(line.split(separator: " ").dropFirst().first ?? "") ?? 0) / 1024
         }

@@ -13,18 +13,8 @@ public enum NetworkNamespaces {
 
     /// Runs `ip ARGUMENTS`; its error output in the error when it fails.
     public static func ip(_ arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["ip"] + arguments
-        let errors = Pipe()
-        process.standardError = errors
-        process.standardOutput = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            throw NetworkNamespaceError(description: "ip \(arguments.joined(separator: " ")): \(message)")
-        }
+        let (status, errors) = try runBriefly(env.path, ["ip"] + arguments)
+        guard status == 0 else { throw NetworkNamespaceError(description: "ip \(arguments.joined(separator: " ")): \(errors)") }
     }
 
     /// `ip netns exec HOST executable arguments...` as a child process, with the program's

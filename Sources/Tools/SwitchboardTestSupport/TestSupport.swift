@@ -5,6 +5,7 @@ public import ZeroMQ
 public import BusKit
 import Contracts
 public import BusProtocol
+import Supervisor
 
 /// Thrown when a bounded wait in a test runs out.
 public struct TimedOut: Error, CustomStringConvertible {
@@ -362,32 +363,32 @@ public func fastHeartbeats(_ configuration: inout KernelConfiguration) {
 /// (`--lifeline-fd 0`, added here, also through `ip netns exec`); the Python fixtures in
 /// Tests/Interop watch their stdin themselves; other programs are started
 /// ``init(watched:_:)``, with a watcher of their own.
-public final class ChildProcess: @unchecked Sendable {
-    public let process: Process
-    public let output: Pipe
-    private let lifeline = Pipe()
+public final class ChildProcess: Sendable {
+    public let pid: Int32
+    /// The write end of the child's stdin, which only this process holds.
+    private let lifeline: Int32
+    /// How the process ended, once it has (reaped by a thread of its own).
+    private let ended = Observed<ExitReason?>(nil)
     /// What the process wrote so far (stdout and stderr together), and whether it closed them.
     private let captured = Observed(CapturedOutput())
 
-    /// Starts `executable` with `arguments`; its stdout and stderr go to ``output``.
+    /// Starts `executable` with `arguments` (and this process's environment with
+    /// `environment` added); its stdout and stderr are read as they come.
     public init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil) throws {
-        process = Process()
-        process.executableURL = executable
-        process.arguments = arguments + (Self.watchesLifeline(executable, arguments) ? ["--lifeline-fd", "0"] : [])
-        process.standardInput = lifeline
-        if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
-        output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        let captured = self.captured
-        output.fileHandleForReading.readabilityHandler = { handle in
-            let data = handle.availableData
-            captured.update { output in
-                if data.isEmpty { output.closed = true } else { output.data.append(data) }
-            }
-            if data.isEmpty { handle.readabilityHandler = nil }
+        let stdin = try Pipes.make(), output = try Pipes.make()
+        defer { for end in [stdin.read, output.write] { close(end) } }
+        do {
+            pid = try Spawn.start(executable.path, arguments + (Self.watchesLifeline(executable, arguments) ? ["--lifeline-fd", "0"] : []),
+                                  descriptors: [0: stdin.read, 1: output.write, 2: output.write],
+                                  environment: environment.map { ProcessInfo.processInfo.environment.merging($0) { $1 } })
+        } catch {
+            for end in [stdin.write, output.read] { close(end) }
+            throw error
         }
-        try startUnblocked(process)
+        lifeline = stdin.write
+        Pipes.read(output.read, into: captured)
+        let ended = ended
+        Spawn.watch(pid) { reason in ended.update { $0 = reason } }
     }
 
     /// Starts `executable`, which watches no lifeline itself (etcd, HAProxy), through a shell
@@ -396,9 +397,8 @@ public final class ChildProcess: @unchecked Sendable {
     /// watcher kills its parent if that is still `executable`: never a process that took the
     /// pid of one that already ended (the watcher has another parent then).
     public convenience init(watched executable: URL, _ arguments: [String]) throws {
-        // The watcher closes what it inherited but the lifeline: Foundation learns that a
-        // child ended when the last copy of a socket the child holds closes.
-        let script = #"exec 3<&0; { for fd in /proc/self/fd/*; do n=${fd##*/}; [ "$n" -gt 3 ] && eval "exec $n>&-"; done; "#
+        // The watcher holds the lifeline (as 3) and nothing of the program's output.
+        let script = #"exec 3<&0; { "#
             + #"while read -r _; do :; done <&3; read -r _ _ _ parent _ < /proc/self/stat; [ "$parent" = "$$" ] && kill -KILL $$; } "#
             + #"</dev/null >/dev/null 2>&1 & exec 3<&-; exec "$@""#
         try self.init(URL(fileURLWithPath: "/bin/bash"), ["-c", script, "bash", executable.path] + arguments)
@@ -413,45 +413,58 @@ public final class ChildProcess: @unchecked Sendable {
         return ["up", "kernel", "serve", "gateway"].contains(command[program + 1])
     }
 
-    public var pid: Int32 { process.processIdentifier }
-    public var isRunning: Bool { process.isRunning }
+    public var isRunning: Bool { ended.value == nil }
 
-    /// Sends `signal` to the process.
-    public func signal(_ signal: Int32) { kill(pid, signal) }
+    /// How it ended, as Foundation's `Process` says: the exit status, or the signal that ended
+    /// it (nil while it runs).
+    public var terminationStatus: Int32? {
+        switch ended.value {
+        case .exited(let status): status
+        case .signalled(let signal): signal
+        case nil: nil
+        }
+    }
+
+    /// Sends `signal` to the process (while it runs: its pid is not another's then).
+    public func signal(_ signal: Int32) {
+        if isRunning { kill(pid, signal) }
+    }
 
     /// Writes `text` to the process's standard input (its lifeline), for a child that reads
     /// commands there, such as `psql`.
     public func send(_ text: String) {
-        lifeline.fileHandleForWriting.write(Data(text.utf8))
+        var bytes = Array(text.utf8)[...]
+        while !bytes.isEmpty {
+            let written = bytes.withUnsafeBytes { write(lifeline, $0.baseAddress, $0.count) }
+            if written < 0 && errno == EINTR { continue }
+            guard written > 0 else { return }  // it closed its stdin: it is ending
+            bytes = bytes.dropFirst(written)
+        }
     }
 
     /// Ends the process: SIGTERM, then SIGKILL after `grace` seconds; waits for it, boundedly.
     public func stop(grace: Double = 5) {
-        // Foundation's Process keeps its pipes open until someone waits for it, even once it
-        // has exited: without this wait every finished child left two descriptors behind.
-        guard process.isRunning else { return process.waitUntilExit() }
+        guard isRunning else { return }
         kill(pid, SIGTERM)
-        let deadline = Date().addingTimeInterval(grace)
-        while process.isRunning && Date() < deadline { usleep(10_000) }
-        if process.isRunning { kill(pid, SIGKILL) }
-        // Foundation learns of a child's end when a socket the child inherited closes, which
-        // it has been seen to miss (swiftlang/swift-corelibs-foundation#4795): the child
-        // stays a zombie and waitUntilExit() waits forever. Past 10 s the test goes on,
-        // leaving the zombie to be reaped when the test process ends.
-        let killed = Date().addingTimeInterval(10)
-        while process.isRunning && Date() < killed { usleep(10_000) }
-        if !process.isRunning { process.waitUntilExit() }
+        if !waitForEnd(within: grace) {
+            kill(pid, SIGKILL)
+            waitForEnd(within: 10)
+        }
+    }
+
+    /// Blocks until the process has ended, or `seconds` have passed; whether it ended.
+    @discardableResult
+    private func waitForEnd(within seconds: Double) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while isRunning && Date() < deadline { usleep(10_000) }
+        return !isRunning
     }
 
     /// Waits for the process to exit without blocking a thread of the cooperative pool;
     /// returns false if it is still running after `seconds`.
     @discardableResult
     public func exit(within seconds: Double) async -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while process.isRunning && Date() < deadline {
-            try? await Task.sleep(for: .milliseconds(10))
-        }
-        return !process.isRunning
+        (try? await ended.wait(within: seconds, "the process's end") { $0 != nil }) != nil
     }
 
     /// Everything the process wrote so far.
@@ -486,20 +499,39 @@ public final class ChildProcess: @unchecked Sendable {
         return outputSoFar
     }
 
-    deinit { stop(grace: 1) }
+    deinit {
+        stop(grace: 1)
+        close(lifeline)
+    }
 }
 
-/// Starts `process` with no signal blocked. Foundation's `Process` hands a child the signal
-/// mask of the thread that starts it, and the threads Swift concurrency runs on block nearly
-/// every signal: a child that handles SIGTERM itself (the Python fixtures) never saw one, so
-/// each ``ChildProcess/stop(grace:)`` waited out its grace and sent SIGKILL. (The
-/// supervisor's own spawn sets an empty mask the same way.)
-func startUnblocked(_ process: Process) throws {
-    var empty = sigset_t(), previous = sigset_t()
-    sigemptyset(&empty)
-    pthread_sigmask(SIG_SETMASK, &empty, &previous)
-    defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
-    try process.run()
+/// Pipes to and from the processes tests start.
+enum Pipes {
+    /// A pipe (``Spawn`` gives a child only the ends it names).
+    static func make() throws -> (read: Int32, write: Int32) {
+        var ends: [Int32] = [0, 0]
+        guard pipe(&ends) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
+        return (ends[0], ends[1])
+    }
+
+    /// Reads `descriptor` to its end on a thread of its own, adding what comes to `output`,
+    /// then closes it.
+    static func read(_ descriptor: Int32, into output: Observed<CapturedOutput>) {
+        let thread = Thread {
+            var buffer = [UInt8](repeating: 0, count: 65_536)
+            while true {
+                let count = buffer.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+                if count < 0 && errno == EINTR { continue }
+                guard count > 0 else { break }
+                output.update { $0.data.append(contentsOf: buffer[..<count]) }
+            }
+            close(descriptor)
+            output.update { $0.closed = true }
+        }
+        thread.name = "output-\(descriptor)"
+        thread.start()
+    }
 }
 
 /// What a child process wrote so far, and whether it closed its output.
@@ -553,43 +585,82 @@ public func sbEnvironment(_ environment: [String: String]) -> [String: String] {
 /// they come, so a large output never blocks it.
 public func runCommand(_ executable: URL, _ arguments: [String], environment: [String: String] = [:], input: Data? = nil,
                        in directory: URL? = nil, seconds: Double = 30) async throws -> CommandResult {
-    let process = Process()
-    process.executableURL = executable
-    process.arguments = arguments
-    process.environment = ProcessInfo.processInfo.environment.merging(sbEnvironment(environment)) { $1 }
-    if let directory { process.currentDirectoryURL = directory }
-    let stdout = Pipe(), stderr = Pipe(), stdin = Pipe()
-    process.standardOutput = stdout
-    process.standardError = stderr
-    process.standardInput = stdin
-    let collected = Mutex<[Int: Data]>([:])
-    let readers = [stdout, stderr].enumerated().map { index, pipe in
-        let thread = Thread {
-            let data = pipe.fileHandleForReading.readDataToEndOfFile()
-            collected.withLock { $0[index] = data }
-        }
-        thread.start()
-        return thread
+    let stdin = try Pipes.make(), stdout = try Pipes.make(), stderr = try Pipes.make()
+    let pid: pid_t
+    do {
+        defer { for end in [stdin.read, stdout.write, stderr.write] { close(end) } }
+        pid = try Spawn.start(executable.path, arguments, descriptors: [0: stdin.read, 1: stdout.write, 2: stderr.write],
+                              environment: ProcessInfo.processInfo.environment.merging(sbEnvironment(environment)) { $1 }, directory: directory?.path)
+    } catch {
+        for end in [stdin.write, stdout.read, stderr.read] { close(end) }
+        throw error
     }
-    _ = readers  // they end by themselves when the pipes close
-    try startUnblocked(process)
-    if let input { stdin.fileHandleForWriting.write(input) }
-    try stdin.fileHandleForWriting.close()
-    let deadline = Date().addingTimeInterval(seconds)
-    while process.isRunning {
-        if Date() > deadline {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-            throw TimedOut(what: "\(executable.lastPathComponent) \(arguments.joined(separator: " "))")
+    let outputs = [Observed(CapturedOutput()), Observed(CapturedOutput())]
+    Pipes.read(stdout.read, into: outputs[0])
+    Pipes.read(stderr.read, into: outputs[1])
+    let ended = Observed<ExitReason?>(nil)
+    Spawn.watch(pid) { reason in ended.update { $0 = reason } }
+    // Written from a thread of its own: a large input must not wait on a pool thread for the
+    // command to read it.
+    let writer = Thread {
+        if let input {
+            var bytes = [UInt8](input)[...]
+            while !bytes.isEmpty {
+                let written = bytes.withUnsafeBytes { write(stdin.write, $0.baseAddress, $0.count) }
+                if written < 0 && errno == EINTR { continue }
+                guard written > 0 else { break }
+                bytes = bytes.dropFirst(written)
+            }
         }
-        try await Task.sleep(for: .milliseconds(10))
+        close(stdin.write)
     }
-    process.waitUntilExit()  // returns at once now; see ChildProcess.stop
-    // The readers finish once the pipes close.
-    while collected.withLock({ $0.count }) < 2, Date() < deadline { try await Task.sleep(for: .milliseconds(5)) }
-    let outputs = collected.withLock { $0 }
-    return CommandResult(status: process.terminationStatus, stdout: String(decoding: outputs[0] ?? Data(), as: UTF8.self),
-                         stderr: String(decoding: outputs[1] ?? Data(), as: UTF8.self))
+    writer.start()
+    let reason: ExitReason
+    do {
+        reason = try await ended.wait(within: seconds, "\(executable.lastPathComponent) \(arguments.joined(separator: " "))") { $0 != nil }!
+    } catch {
+        kill(pid, SIGKILL)
+        throw error
+    }
+    // What it wrote is all read once its output closes (a child it left running may hold it).
+    for output in outputs { _ = try? await output.wait(within: 10, "the command's output to close") { $0.closed } }
+    let status: Int32 = switch reason {
+    case .exited(let status): status
+    case .signalled(let signal): signal
+    }
+    return CommandResult(status: status, stdout: outputs[0].value.text, stderr: outputs[1].value.text)
+}
+
+/// Runs `executable` to its end on this thread, for quick tools (`ip`, `chattr`): its exit
+/// status (or the signal that ended it) and what it wrote to stderr; its stdout is dropped.
+public func runBriefly(_ executable: String, _ arguments: [String]) throws -> (status: Int32, errors: String) {
+    let nothing = open("/dev/null", O_RDWR | O_CLOEXEC)
+    guard nothing >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+    defer { close(nothing) }
+    let errors = try Pipes.make()
+    let pid: pid_t
+    do {
+        defer { close(errors.write) }
+        pid = try Spawn.start(executable, arguments, descriptors: [0: nothing, 1: nothing, 2: errors.write])
+    } catch {
+        close(errors.read)
+        throw error
+    }
+    var written: [UInt8] = [], buffer = [UInt8](repeating: 0, count: 4_096)
+    while true {
+        let count = buffer.withUnsafeMutableBytes { read(errors.read, $0.baseAddress, $0.count) }
+        if count < 0 && errno == EINTR { continue }
+        guard count > 0 else { break }
+        written += buffer[..<count]
+    }
+    close(errors.read)
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+    let code: Int32 = switch ExitReason(waitStatus: status) {
+    case .exited(let code): code
+    case .signalled(let signal): signal
+    }
+    return (code, String(decoding: written, as: UTF8.self))
 }
 
 /// `Tests/Interop/http_fixture_server.py` serving a folder on a free loopback port (the
