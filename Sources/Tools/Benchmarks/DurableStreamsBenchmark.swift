@@ -23,7 +23,8 @@ import ZeroMQ
 /// the same kernel and a host of the same connections (echo, with a publish's params), and on
 /// PostgreSQL pgbench running a publish's own transaction on the service's tables (the
 /// stream's row locked, the message, the counters, the request's result), which no client of
-/// the database does faster.
+/// the database does faster one at a time; a fetch and its acknowledgement likewise, against
+/// two echoes and pgbench running their two transactions.
 struct DurableStreamsBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "streams",
@@ -100,9 +101,9 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
             rows.append(Row("the same through PostgresWriter, \(writers) writer\(writers == 1 ? "" : "s")", rate: written.rate, latencies: written.latencies,
                             note: String(format: "%.2fx pgbench; the service's storage alone", written.rate / plain)))
         }
-        rows += try await throughService(StreamsConfiguration(postgres: settings), baseline: baseline, baselineName: "pgbench") { clients, stream in
-            try await pgbenchPublishes(server, clients: clients, stream: stream)
-        }
+        let ceilings = DatabaseCeilings(publish: { clients, stream in try await pgbenchPublishes(server, clients: clients, stream: stream) },
+                                        fetchAndAck: { clients, stream, consumer in try await pgbenchFetchesAndAcks(server, clients: clients, stream: stream, consumer: consumer) })
+        rows += try await throughService(StreamsConfiguration(postgres: settings), baseline: baseline, baselineName: "pgbench", ceilings: ceilings)
         return rows
     }
 
@@ -135,6 +136,33 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
             """)
     }
 
+    /// pgbench's fetches and acknowledgements a second as the service writes each alone (the
+    /// next message, no deadline passed, no limit): a transaction for the fetch (the stream's row
+    /// locked, the consumer read, the messages due and the next one, its pending row, the
+    /// consumer's counters, the request's result) and one for its acknowledgement (the stream's
+    /// row locked, the consumer read, its pending row deleted, the consumer's count, the result).
+    private func pgbenchFetchesAndAcks(_ server: TestPostgres, clients: Int, stream: String, consumer: String) async throws -> Double {
+        let schema = "switchboard_streams", at = "extract(epoch from now())"
+        return try await pgbench(server, clients: clients, protocol: "extended", script: """
+            BEGIN;
+            SELECT * FROM \(schema).streams WHERE name = '\(stream)' FOR UPDATE OF streams;
+            SELECT next_seq, ack_wait FROM \(schema).consumers WHERE stream = '\(stream)' AND name = '\(consumer)' \\gset
+            SELECT p.seq, p.deliveries, m.subject, m.data, m.published_at, m.dead_letter FROM \(schema).pending p JOIN \(schema).messages m ON m.stream = p.stream AND m.seq = p.seq WHERE p.stream = '\(stream)' AND p.consumer = '\(consumer)' AND p.deadline <= \(at) ORDER BY p.seq LIMIT 1;
+            SELECT seq AS fresh, subject, data, published_at, dead_letter FROM \(schema).messages WHERE stream = '\(stream)' AND seq >= :next_seq ORDER BY seq LIMIT 1 \\gset
+            INSERT INTO \(schema).pending (stream, consumer, seq, deliveries, deadline) VALUES ('\(stream)', '\(consumer)', :fresh, 1, \(at) + :ack_wait);
+            UPDATE \(schema).consumers SET next_seq = :fresh + 1, delivered = delivered + 1, redelivered = redelivered + 0, dead_lettered = dead_lettered + 0, missed_told = missed WHERE stream = '\(stream)' AND name = '\(consumer)';
+            INSERT INTO \(schema).replies (request, result, written_at) VALUES (md5(random()::text || :client_id), '{}', \(at));
+            COMMIT;
+            BEGIN;
+            SELECT * FROM \(schema).streams WHERE name = '\(stream)' FOR UPDATE OF streams;
+            SELECT * FROM \(schema).consumers WHERE stream = '\(stream)' AND name = '\(consumer)';
+            DELETE FROM \(schema).pending WHERE stream = '\(stream)' AND consumer = '\(consumer)' AND seq IN (:fresh) RETURNING seq;
+            UPDATE \(schema).consumers SET acknowledged = acknowledged + 1 WHERE stream = '\(stream)' AND name = '\(consumer)';
+            INSERT INTO \(schema).replies (request, result, written_at) VALUES (md5(random()::text || :client_id), '{}', \(at));
+            COMMIT;
+            """)
+    }
+
     private func pgbench(_ server: TestPostgres, clients: Int, protocol: String = "simple", script: String) async throws -> Double {
         guard let binaries = TestPostgres.binaries else { throw ValidationError("no PostgreSQL binaries") }
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("sb-bench-script-\(getpid()).sql")
@@ -154,12 +182,20 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
         return tps
     }
 
+    /// What the database's own client does running the service's transactions, by clients, on
+    /// a stream (and a consumer) it names.
+    private struct DatabaseCeilings {
+        /// A publish's transaction.
+        var publish: (_ clients: Int, _ stream: String) async throws -> Double
+        /// A fetch's transaction and its acknowledgement's (pairs a second).
+        var fetchAndAck: (_ clients: Int, _ stream: String, _ consumer: String) async throws -> Double
+    }
+
     /// Publishes, then fetches and acknowledges, through a kernel and a streams service on
     /// `configuration`'s database; ratios to `baseline` (its loop's rate by writers), to an echo
-    /// through the same kernel, and to `publishTransaction` (a publish's own transaction run by
-    /// the database's client, by clients, on a stream it names) when there is one.
+    /// through the same kernel, and to `ceilings` when there are some.
     private func throughService(_ configuration: StreamsConfiguration, baseline: [Int: Double], baselineName: String,
-                                publishTransaction: ((_ clients: Int, _ stream: String) async throws -> Double)? = nil) async throws -> [Row] {
+                                ceilings: DatabaseCeilings? = nil) async throws -> [Row] {
         let data = self.data
         var rows: [Row] = []
         let kernel = try await TestKernel.start()
@@ -179,7 +215,10 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
         }
         _ = try await clients[0].call(StreamsAPI.streamAdd, .init(name: "bench", subjects: ["bench."]))
         _ = try await clients[0].call(StreamsAPI.consumerAdd, .init(stream: "bench", name: "readers"))
-        if publishTransaction != nil { _ = try await clients[0].call(StreamsAPI.streamAdd, .init(name: "shape", subjects: ["shape."])) }
+        if ceilings != nil {
+            _ = try await clients[0].call(StreamsAPI.streamAdd, .init(name: "shape", subjects: ["shape."]))
+            _ = try await clients[0].call(StreamsAPI.consumerAdd, .init(stream: "shape", name: "readers"))
+        }
 
         var echoRates: [Int: Double] = [:]
         for count in [1, 8] {
@@ -192,8 +231,8 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
                             note: String(format: "%.2fx \(baselineName) with as many writers: a publish's ceiling through the bus", echoed.rate / (baseline[count] ?? .nan))))
             echoRates[count] = echoed.rate
             var transactionRate: Double?
-            if let publishTransaction {
-                let rate = try await publishTransaction(count, "shape")
+            if let ceilings {
+                let rate = try await ceilings.publish(count, "shape")
                 transactionRate = rate
                 rows.append(Row("pgbench running a publish's own transaction (row lock, 4 statements, COMMIT), \(count) client\(plural)", rate: rate,
                                 note: String(format: "%.2fx \(baselineName) with as many writers: a publish's ceiling on this database", rate / (baseline[count] ?? .nan))))
@@ -213,10 +252,18 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
                 _ = try await lanes[lane].call(StreamsAPI.ack, .init(stream: "bench", consumer: "readers", sequences: [message.sequence]))
             }
             // Two requests, each a durable write: its ceiling through the bus is half the echo's rate.
+            var ceiling = ""
+            if let ceilings {
+                // On the messages pgbench's publishes left in its stream.
+                let rate = try await ceilings.fetchAndAck(count, "shape", "readers")
+                rows.append(Row("pgbench running a fetch's and its acknowledgement's own transactions (row lock, 7 and 5 statements, COMMIT each), \(count) client\(count == 1 ? "" : "s")",
+                                rate: rate, note: String(format: "%.2fx \(baselineName) with as many writers: a fetch and ack's ceiling on this database", rate / (baseline[count] ?? .nan))))
+                ceiling = String(format: ", %.2fx pgbench's fetch and ack", consumed.rate / rate)
+            }
             rows.append(Row("fetch and acknowledge one message, \(count) reader\(count == 1 ? "" : "s")", rate: consumed.rate,
                             latencies: consumed.latencies,
                             note: String(format: "%.2fx \(baselineName) with as many writers; %.2fx two echoes", consumed.rate / (baseline[count] ?? .nan),
-                                         2 * consumed.rate / (echoRates[count] ?? .nan))))
+                                         2 * consumed.rate / (echoRates[count] ?? .nan)) + ceiling))
         }
         for client in clients { await client.close() }
         await loop.shutdown()
