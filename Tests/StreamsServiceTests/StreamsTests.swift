@@ -302,7 +302,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("fetches and settlements that come together are written as one, each answered as if alone: the readers of one consumer handed out messages in turn within their batches and bytes, the first told what the consumer missed; a sequence settled once; a request named twice done once; one that is refused fails the batch and nothing of it is written",
+    @Test("fetches and settlements that come together are written as one, each answered as if alone: the readers of one consumer handed out messages in turn within their batches and bytes, the first told what the consumer missed; a sequence settled once; a request named twice done once; one naming a consumer or stream that is not there refused alone",
           arguments: Backend.available)
     func consumerWritesTogether(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
@@ -344,12 +344,18 @@ struct StreamsTests {
             let again = try await bus.service.writeTogether([ConsumerWrite(write: fetch("orders", "billing", batch: 9), request: "f3")])
             #expect(try again[0].get().decode(as: API.Fetched.self).messages.map(\.sequence) == [5, 6])
 
+            // A consumer or stream that is not there: refused alone, the others written.
             try await bus.publish("orders.new", "x")
-            await #expect(throws: JSONRPCError.self) {
-                try await bus.service.writeTogether([ConsumerWrite(write: fetch("orders", "billing", batch: 1), request: "f5"),
-                                                     ConsumerWrite(write: fetch("orders", "nobody", batch: 1), request: "f6")])
+            let mixed = try await bus.service.writeTogether([ConsumerWrite(write: fetch("orders", "nobody", batch: 1), request: "f5"),
+                                                             ConsumerWrite(write: fetch("orders", "billing", batch: 1), request: "f6"),
+                                                             ConsumerWrite(write: ack("nowhere", "billing", [1]), request: "a3")])
+            let refusals = mixed.map { outcome -> String? in
+                guard case .failure(let refusal) = outcome else { return nil }
+                return refusal.code == JSONRPCError.notFoundCode ? refusal.message : "\(refusal)"
             }
-            #expect(try await bus.fetch("orders", "billing").messages.map(\.sequence) == [8], "the failed batch handed out nothing")
+            #expect(refusals[0]?.contains("no consumer nobody") == true && refusals[2]?.contains("no stream nowhere") == true, "\(refusals)")
+            #expect(try mixed[1].get().decode(as: API.Fetched.self).messages.map(\.sequence) == [8])
+            #expect(try await bus.client.call(API.consumerInfo, .init(stream: "orders", name: "billing")).nextSequence == 9)
         }
     }
 

@@ -953,15 +953,20 @@ enum StreamsDatabase {
     /// ``API/Acknowledged``) as if it had been run alone: what came together is concurrent, so
     /// any order is one they could have had. They are run by stream in name order (the order
     /// every batch locks them in), and those of one consumer and kind together, a few
-    /// statements for all of them.
-    static func write(_ db: Database, _ writes: [ConsumerWrite], now: Double) throws -> [JSONValue] {
-        let order = writes.indices.sorted { a, b in
+    /// statements for all of them. Several writes: one for a consumer that is not there is
+    /// refused alone, found before anything is written (one query for all of them), so a
+    /// reader that names the wrong consumer does not fail the others' transaction.
+    static func write(_ db: Database, _ writes: [ConsumerWrite], now: Double) throws -> [Result<JSONValue, JSONRPCError>] {
+        var results: [Result<JSONValue, JSONRPCError>?] = Array(repeating: nil, count: writes.count)
+        if writes.count > 1 {
+            for (index, refusal) in try refusals(db, writes) { results[index] = .failure(refusal) }
+        }
+        let order = writes.indices.filter { results[$0] == nil }.sorted { a, b in
             let (first, second) = (writes[a], writes[b])
             if first.stream != second.stream { return first.stream < second.stream }
             if first.consumer != second.consumer { return first.consumer < second.consumer }
             return a < b
         }
-        var results: [JSONValue?] = Array(repeating: nil, count: writes.count)
         var remaining = order
         while !remaining.isEmpty {
             let first = remaining.removeFirst(), lead = writes[first]
@@ -980,7 +985,7 @@ enum StreamsDatabase {
                     return ask
                 }
                 for (index, fetched) in zip(group, try fetch(db, stream: lead.stream, consumer: lead.consumer, asks, now: now)) {
-                    results[index] = try JSONValue(encoding: fetched)
+                    results[index] = .success(try JSONValue(encoding: fetched))
                 }
             case .settle(_, let outcome):
                 let settlements = group.map { index -> [Int] in
@@ -988,10 +993,30 @@ enum StreamsDatabase {
                     return sequences
                 }
                 for (index, acknowledged) in zip(group, try settle(db, stream: lead.stream, consumer: lead.consumer, settlements, outcome, now: now)) {
-                    results[index] = try JSONValue(encoding: acknowledged)
+                    results[index] = .success(try JSONValue(encoding: acknowledged))
                 }
             }
         }
         return results.map { $0! }
+    }
+
+    /// The writes whose consumer is not there, with why (no such stream, or no such consumer).
+    private static func refusals(_ db: Database, _ writes: [ConsumerWrite]) throws -> [Int: JSONRPCError] {
+        let named = Array(Set(writes.map { [$0.stream, $0.consumer] }))
+        let found = Set(try db.rows("SELECT stream, name FROM consumers WHERE (stream, name) IN (VALUES " + SQLRows.placeholders(rows: named.count, columns: 2) + ")",
+                                    named.flatMap { $0 }).map { [try $0.text("stream"), try $0.text("name")] })
+        var why: [[String]: JSONRPCError] = [:]
+        for missing in named where !found.contains(missing) {
+            do {
+                _ = try consumer(db, stream: missing[0], name: missing[1])
+            } catch let refusal as JSONRPCError {
+                why[missing] = refusal
+            }
+        }
+        var refusals: [Int: JSONRPCError] = [:]
+        for (index, write) in writes.enumerated() {
+            if let refusal = why[[write.stream, write.consumer]] { refusals[index] = refusal }
+        }
+        return refusals
     }
 }

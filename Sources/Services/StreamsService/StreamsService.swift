@@ -366,13 +366,13 @@ public actor StreamsService: BusService, ServiceWork {
         await written(batch, what: "fetches and settlements", together: { try await self.writeTogether($0) }, alone: { await self.writeAlone($0) })
     }
 
-    /// `batch` in one transaction, each named by its request (``StreamsDatabase/write(_:_:now:)``);
-    /// throws when one of them fails, and nothing is written: a refusal must leave its request's
-    /// writes out, which only a transaction of its own does on PostgreSQL.
+    /// `batch` in one transaction, each named by its request (``StreamsDatabase/write(_:_:now:)``:
+    /// one naming a consumer that is not there refused alone); throws when the transaction fails
+    /// as a whole, and nothing is written.
     func writeTogether(_ batch: [ConsumerWrite]) async throws -> [Result<JSONValue, JSONRPCError>] {
         let now = now
         return try await storage.write(requests: batch.map(\.request)) { db, todo in
-            try StreamsDatabase.write(db, todo.map { batch[$0].write }, now: now()).map { .success($0) }
+            try StreamsDatabase.write(db, todo.map { batch[$0].write }, now: now())
         }
     }
 
@@ -380,7 +380,7 @@ public actor StreamsService: BusService, ServiceWork {
     private func writeAlone(_ item: ConsumerWrite) async -> Result<JSONValue, any Error> {
         let now = now
         do {
-            return .success(try await storage.write(request: item.request) { db in try StreamsDatabase.write(db, [item.write], now: now())[0] })
+            return .success(try await storage.write(request: item.request) { db in try StreamsDatabase.write(db, [item.write], now: now())[0].get() })
         } catch {
             return .failure(error)
         }
