@@ -31,4 +31,14 @@ struct ChildProcessTests {
         #expect(Set(command.stdout.split(separator: "\n")) == ["0", "1", "2", "3"], "\(command)")
         #expect(command.status == 3)
     }
+
+    @Test("input for a command that ends without reading it is dropped: the test process goes on")
+    func inputNotRead() async throws {
+        let result = try await runCommand(URL(fileURLWithPath: "/bin/true"), [], input: Data(repeating: 120, count: 1_048_576))
+        #expect(result.status == 0)
+        let reader = try ChildProcess(URL(fileURLWithPath: "/bin/true"), [])
+        defer { reader.stop() }
+        #expect(await reader.exit(within: 30))
+        reader.send(String(repeating: "x", count: 1_048_576))
+    }
 }

@@ -509,11 +509,16 @@ public final class ChildProcess: Sendable {
 enum Pipes {
     /// A pipe (``Spawn`` gives a child only the ends it names).
     static func make() throws -> (read: Int32, write: Int32) {
+        _ = ignoringBrokenPipes
         var ends: [Int32] = [0, 0]
         guard pipe(&ends) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
         for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
         return (ends[0], ends[1])
     }
+
+    /// A write to a child that closed its end fails with EPIPE, rather than ending the test
+    /// process with SIGPIPE (``Spawn`` puts SIGPIPE back to its default in the child).
+    private static let ignoringBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN) }()
 
     /// Reads `descriptor` to its end on a thread of its own, adding what comes to `output`,
     /// then closes it.
