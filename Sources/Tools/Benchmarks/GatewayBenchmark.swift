@@ -43,15 +43,8 @@ struct GatewayBenchmark: AsyncParsableCommand {
             security: {curve: false}
             gateway: {listen: 127.0.0.1:\(port), prefixes: [/bench/], history: \(max(updates, 1_000))}
             """.write(to: config, atomically: true, encoding: .utf8)
-        let gateway = Process()
-        gateway.executableURL = URL(fileURLWithPath: executable)
-        gateway.arguments = ["gateway", "--config", config.path]
-        gateway.standardOutput = FileHandle.nullDevice
-        try gateway.run()
-        defer {
-            gateway.terminate()
-            gateway.waitUntilExit()
-        }
+        let gateway = try ChildProcess(URL(fileURLWithPath: executable), ["gateway", "--config", config.path])
+        defer { gateway.stop() }
 
         var configuration = HTTPClient.Configuration()
         configuration.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: clients + 8)
@@ -66,14 +59,14 @@ struct GatewayBenchmark: AsyncParsableCommand {
         }
     }
 
-    private func measure(_ gateway: Process, http: HTTPClient, port: Int, kernel: TestKernel) async throws -> [Row] {
+    private func measure(_ gateway: ChildProcess, http: HTTPClient, port: Int, kernel: TestKernel) async throws -> [Row] {
         let base = "http://127.0.0.1:\(port)"
         let deadline = Date().addingTimeInterval(30)
         while (try? await http.execute(HTTPClientRequest(url: "\(base)/healthz"), timeout: .seconds(1)).status) != .ok {
             guard Date() < deadline, gateway.isRunning else { throw ValidationError("the gateway did not start") }
             try await Task.sleep(for: .milliseconds(50))
         }
-        let idle = Memory.residentBytes(of: "\(gateway.processIdentifier)")
+        let idle = Memory.residentBytes(of: "\(gateway.pid)")
         progress("Gateway benchmark: \(clients) SSE clients on one gateway process, \(updates) updates, \(ProcessInfo.processInfo.activeProcessorCount) cores")
 
         // Every client opens its stream and reads it to the `synced` marker, then counts updates.
@@ -99,7 +92,7 @@ struct GatewayBenchmark: AsyncParsableCommand {
             opened += 1
             if opened == clients { break }
         }
-        let connected = Memory.residentBytes(of: "\(gateway.processIdentifier)")
+        let connected = Memory.residentBytes(of: "\(gateway.pid)")
 
         let writer = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(60))
         defer { Task { await writer.close() } }
@@ -114,10 +107,10 @@ struct GatewayBenchmark: AsyncParsableCommand {
         var delivered = 0
         for reader in readers { delivered += try await reader.value }
         let seconds = Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9
-        let peak = Memory.peakBytes(of: "\(gateway.processIdentifier)")
+        let peak = Memory.peakBytes(of: "\(gateway.pid)")
         // The gateway trims its heap once a second: what it keeps once the burst is over.
         try await Task.sleep(for: .milliseconds(2_500))
-        let settled = Memory.residentBytes(of: "\(gateway.processIdentifier)")
+        let settled = Memory.residentBytes(of: "\(gateway.pid)")
         let mib = { (bytes: Int) in String(format: "%.1f MiB", Double(bytes) / 1_048_576) }
         return [
             Row("\(clients) SSE clients, \(updates) updates each: events delivered", rate: Double(delivered) / seconds,

@@ -25,17 +25,16 @@ struct BusProcesses {
     /// kernel. Whatever is left after `grace` seconds is killed (SIGKILL), `up` and every
     /// piece. Returns whether it ended within the grace period.
     @discardableResult
-    func stop(_ up: Process, grace: Double) -> Bool {
+    func stop(_ up: ChildProcess, grace: Double) -> Bool {
         let pieces = pieces()
-        kill(upPid, SIGTERM)
+        up.signal(SIGTERM)
         let deadline = Date().addingTimeInterval(grace)
         while up.isRunning && Date() < deadline { usleep(20_000) }
         let stopped = !up.isRunning
         if !stopped {
             for pid in Array(self.pieces().values) + Array(pieces.values) { kill(pid, SIGKILL) }
-            kill(upPid, SIGKILL)
+            up.stop(grace: 0)
         }
-        up.waitUntilExit()
         return stopped
     }
 

@@ -97,16 +97,10 @@ struct Soak: AsyncParsableCommand {
             + (pair ? ", a kernel pair: each kill is the active kernel's" : ""))
         say("replay with --seed \(seed)\(pair ? " --pair" : "")\(etcd ? " --etcd" : "")\(postgres ? " --postgres" : "")\(streams ? " --streams" : "")\(cells ? " --cells" : ""); working folder \(folder.path); ports \(configurations.flatMap(\.ports).map(String.init).joined(separator: ", "))")
 
-        var buses: [(up: Process, processes: BusProcesses, log: URL, logHandle: FileHandle)] = []
+        var buses: [(up: ChildProcess, processes: BusProcesses, log: URL)] = []
         for (index, configuration) in configurations.enumerated() {
             let log = folder.appendingPathComponent(configurations.count == 1 ? "up.log" : busNames[index].replacingOccurrences(of: " ", with: "-") + ".log")
             _ = FileManager.default.createFile(atPath: log.path, contents: nil)
-            let up = Process()
-            up.executableURL = URL(fileURLWithPath: executable)
-            // The lifeline: `up` watches its stdin, a pipe only this process writes to. If the
-            // soak dies, even by SIGKILL, `up` reads end-of-file and stops the bus in order.
-            let lifeline = Pipe()
-            up.arguments = ["up", "--config", configuration.config.path, "--lifeline-fd", "0"]
             var environment: [String: String] = [:]
             for (section, database) in [("STORE", storeDatabase), ("STREAMS", streamsDatabase)] {
                 guard let database else { continue }
@@ -135,13 +129,11 @@ struct Soak: AsyncParsableCommand {
                 environment["SWITCHBOARD_GATEWAY_HISTORY"] = "2000"
                 environment["SWITCHBOARD_GATEWAY_HISTORY_BYTES"] = "2097152"
             }
-            if !environment.isEmpty { up.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
-            up.standardInput = lifeline
-            let logHandle = try FileHandle(forWritingTo: log)
-            up.standardOutput = logHandle
-            up.standardError = logHandle
-            try up.run()
-            buses.append((up, BusProcesses(upPid: up.processIdentifier), log, logHandle))
+            // `up` watches its stdin, a lifeline only this process writes to (``ChildProcess``): if
+            // the soak dies, even by SIGKILL, `up` reads end-of-file and stops the bus in order.
+            let up = try ChildProcess(URL(fileURLWithPath: executable), ["up", "--config", configuration.config.path],
+                                      environment: environment.isEmpty ? nil : environment, log: log)
+            buses.append((up, BusProcesses(upPid: up.pid), log))
             // The primary first: it makes the keys both use.
             if (pair || cells) && index == 0 { _ = await waitUntil(30) { (try? busKeyFolder(in: folder).clientKeys()) != nil } }
         }
@@ -169,9 +161,8 @@ struct Soak: AsyncParsableCommand {
         // Stop the bus as a user would (SIGTERM to up) and see it end cleanly.
         for bus in buses {
             if !bus.processes.stop(bus.up, grace: 60) { report.problems.append("switchboard up did not stop within 60 s of SIGTERM") }
-            report.upExit = bus.up.terminationStatus
-            if bus.up.terminationStatus != 0 { report.problems.append("switchboard up exited with status \(bus.up.terminationStatus)") }
-            try? bus.logHandle.close()
+            report.upExit = bus.up.terminationStatus ?? -1
+            if bus.up.terminationStatus != 0 { report.problems.append("switchboard up exited with status \(bus.up.terminationStatus ?? -1)") }
         }
         report.print()
         fflush(nil)

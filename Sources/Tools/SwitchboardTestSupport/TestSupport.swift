@@ -373,20 +373,26 @@ public final class ChildProcess: Sendable {
     private let captured = Observed(CapturedOutput())
 
     /// Starts `executable` with `arguments` (and this process's environment with
-    /// `environment` added); its stdout and stderr are read as they come.
-    public init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil) throws {
-        let stdin = try Pipes.make(), output = try Pipes.make()
+    /// `environment` added); its stdout and stderr are read as they come, or, with `log`, go
+    /// to the end of that file (``outputSoFar`` stays empty).
+    public init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil, log: URL? = nil) throws {
+        let stdin = try Pipes.make()
+        let output = try log.map { file -> (read: Int32?, write: Int32) in
+            let descriptor = open(file.path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
+            guard descriptor >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+            return (nil, descriptor)
+        } ?? { let pipe = try Pipes.make(); return (pipe.read, pipe.write) }()
         defer { for end in [stdin.read, output.write] { close(end) } }
         do {
             pid = try Spawn.start(executable.path, arguments + (Self.watchesLifeline(executable, arguments) ? ["--lifeline-fd", "0"] : []),
                                   descriptors: [0: stdin.read, 1: output.write, 2: output.write],
                                   environment: environment.map { ProcessInfo.processInfo.environment.merging($0) { $1 } })
         } catch {
-            for end in [stdin.write, output.read] { close(end) }
+            for end in [stdin.write] + (output.read.map { [$0] } ?? []) { close(end) }
             throw error
         }
         lifeline = stdin.write
-        Pipes.read(output.read, into: captured)
+        if let read = output.read { Pipes.read(read, into: captured) } else { captured.update { $0.closed = true } }
         let ended = ended
         Spawn.watch(pid) { reason in ended.update { $0 = reason } }
     }
