@@ -9,7 +9,7 @@ import Testing
 struct ChildProcessTests {
     @Test("a child process and a command get only stdin, stdout and stderr, with over a thousand descriptors open in the test process; their exit status is reported")
     func onlyTheirOwnDescriptors() async throws {
-        // Over a thousand open: where Foundation's Process.run() has been seen to crash.
+        // Over a thousand open: starting a process must not depend on how many this one has.
         var limit = rlimit()
         getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
         if limit.rlim_cur < 2_048, limit.rlim_max >= 2_048 {
