@@ -423,13 +423,7 @@ public final class ChildProcess: Sendable {
 
     /// How it ended, as Foundation's `Process` says: the exit status, or the signal that ended
     /// it (nil while it runs).
-    public var terminationStatus: Int32? {
-        switch ended.value {
-        case .exited(let status): status
-        case .signalled(let signal): signal
-        case nil: nil
-        }
-    }
+    public var terminationStatus: Int32? { ended.value?.status }
 
     /// Sends `signal` to the process (while it runs: its pid is not another's then).
     public func signal(_ signal: Int32) {
@@ -439,13 +433,7 @@ public final class ChildProcess: Sendable {
     /// Writes `text` to the process's standard input (its lifeline), for a child that reads
     /// commands there, such as `psql`.
     public func send(_ text: String) {
-        var bytes = Array(text.utf8)[...]
-        while !bytes.isEmpty {
-            let written = bytes.withUnsafeBytes { write(lifeline, $0.baseAddress, $0.count) }
-            if written < 0 && errno == EINTR { continue }
-            guard written > 0 else { return }  // it closed its stdin: it is ending
-            bytes = bytes.dropFirst(written)
-        }
+        Pipes.write(Array(text.utf8), to: lifeline)
     }
 
     /// Ends the process: SIGTERM, then SIGKILL after `grace` seconds; waits for it, boundedly.
@@ -530,18 +518,44 @@ enum Pipes {
     /// then closes it.
     static func read(_ descriptor: Int32, into output: Observed<CapturedOutput>) {
         let thread = Thread {
-            var buffer = [UInt8](repeating: 0, count: 65_536)
-            while true {
-                let count = buffer.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
-                if count < 0 && errno == EINTR { continue }
-                guard count > 0 else { break }
-                output.update { $0.data.append(contentsOf: buffer[..<count]) }
-            }
+            read(descriptor) { bytes in output.update { $0.data.append(contentsOf: bytes) } }
             close(descriptor)
             output.update { $0.closed = true }
         }
         thread.name = "output-\(descriptor)"
         thread.start()
+    }
+
+    /// Reads `descriptor` to its end on this thread, handing each piece to `piece`.
+    static func read(_ descriptor: Int32, _ piece: (ArraySlice<UInt8>) -> Void) {
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { return }
+            piece(buffer[..<count])
+        }
+    }
+
+    /// Writes all of `bytes` to `descriptor`, or what its reader takes before it closes its end.
+    static func write(_ bytes: [UInt8], to descriptor: Int32) {
+        var rest = bytes[...]
+        while !rest.isEmpty {
+            let written = rest.withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
+            if written < 0 && errno == EINTR { continue }
+            guard written > 0 else { return }
+            rest = rest.dropFirst(written)
+        }
+    }
+}
+
+extension ExitReason {
+    /// As Foundation's `Process` reports it: the exit status, or the signal that ended it.
+    var status: Int32 {
+        switch self {
+        case .exited(let status): status
+        case .signalled(let signal): signal
+        }
     }
 }
 
@@ -614,15 +628,7 @@ public func runCommand(_ executable: URL, _ arguments: [String], environment: [S
     // Written from a thread of its own: a large input must not wait on a pool thread for the
     // command to read it.
     let writer = Thread {
-        if let input {
-            var bytes = [UInt8](input)[...]
-            while !bytes.isEmpty {
-                let written = bytes.withUnsafeBytes { write(stdin.write, $0.baseAddress, $0.count) }
-                if written < 0 && errno == EINTR { continue }
-                guard written > 0 else { break }
-                bytes = bytes.dropFirst(written)
-            }
-        }
+        if let input { Pipes.write([UInt8](input), to: stdin.write) }
         close(stdin.write)
     }
     writer.start()
@@ -635,11 +641,7 @@ public func runCommand(_ executable: URL, _ arguments: [String], environment: [S
     }
     // What it wrote is all read once its output closes (a child it left running may hold it).
     for output in outputs { _ = try? await output.wait(within: 10, "the command's output to close") { $0.closed } }
-    let status: Int32 = switch reason {
-    case .exited(let status): status
-    case .signalled(let signal): signal
-    }
-    return CommandResult(status: status, stdout: outputs[0].value.text, stderr: outputs[1].value.text)
+    return CommandResult(status: reason.status, stdout: outputs[0].value.text, stderr: outputs[1].value.text)
 }
 
 /// Runs `executable` to its end on this thread, for quick tools (`ip`, `chattr`): its exit
@@ -657,21 +659,12 @@ public func runBriefly(_ executable: String, _ arguments: [String]) throws -> (s
         close(errors.read)
         throw error
     }
-    var written: [UInt8] = [], buffer = [UInt8](repeating: 0, count: 4_096)
-    while true {
-        let count = buffer.withUnsafeMutableBytes { read(errors.read, $0.baseAddress, $0.count) }
-        if count < 0 && errno == EINTR { continue }
-        guard count > 0 else { break }
-        written += buffer[..<count]
-    }
+    var written: [UInt8] = []
+    Pipes.read(errors.read) { written += $0 }
     close(errors.read)
     var status: Int32 = 0
     while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-    let code: Int32 = switch ExitReason(waitStatus: status) {
-    case .exited(let code): code
-    case .signalled(let signal): signal
-    }
-    return (code, String(decoding: written, as: UTF8.self))
+    return (ExitReason(waitStatus: status).status, String(decoding: written, as: UTF8.self))
 }
 
 /// `Tests/Interop/http_fixture_server.py` serving a folder on a free loopback port (the
