@@ -315,20 +315,20 @@ struct StreamsTests {
             for _ in 1...2 { try await bus.publish("q.job", "y") }
             #expect(try await bus.fetch("queue", "doers").messages.map(\.sequence) == [1, 2])
             typealias Write = StreamsDatabase.ConsumerWrite
-            func fetch(_ stream: String, _ consumer: String, batch: Int, maxBytes: Int = 1_000) -> Write {
-                .init(stream: stream, consumer: consumer, kind: .fetch(.init(batch: batch, maxBytes: maxBytes)))
+            func fetch(_ stream: String, _ consumer: String, batch: Int, maxBytes: Int = 1_000, request: String?) -> Write {
+                .init(stream: stream, consumer: consumer, kind: .fetch(.init(batch: batch, maxBytes: maxBytes)), request: request)
             }
-            func ack(_ stream: String, _ consumer: String, _ sequences: [Int]) -> Write {
-                .init(stream: stream, consumer: consumer, kind: .settle(sequences: sequences, .ack))
+            func ack(_ stream: String, _ consumer: String, _ sequences: [Int], request: String?) -> Write {
+                .init(stream: stream, consumer: consumer, kind: .settle(sequences: sequences, .ack), request: request)
             }
             let results = try await bus.service.writeTogether([
-                ConsumerWrite(write: fetch("orders", "billing", batch: 2), request: "f1"),
-                ConsumerWrite(write: ack("queue", "doers", [1, 3]), request: "a1"),
-                ConsumerWrite(write: fetch("orders", "billing", batch: 1, maxBytes: 1), request: "f2"),
-                ConsumerWrite(write: fetch("orders", "billing", batch: 5, maxBytes: 7), request: "f3"),
-                ConsumerWrite(write: ack("queue", "doers", [1, 2]), request: nil),
-                ConsumerWrite(write: fetch("orders", "billing", batch: 5), request: "f4"),
-                ConsumerWrite(write: fetch("orders", "billing", batch: 5), request: "f1"),
+                fetch("orders", "billing", batch: 2, request: "f1"),
+                ack("queue", "doers", [1, 3], request: "a1"),
+                fetch("orders", "billing", batch: 1, maxBytes: 1, request: "f2"),
+                fetch("orders", "billing", batch: 5, maxBytes: 7, request: "f3"),
+                ack("queue", "doers", [1, 2], request: nil),
+                fetch("orders", "billing", batch: 5, request: "f4"),
+                fetch("orders", "billing", batch: 5, request: "f1"),
             ]).map { try $0.get() }
             let fetched = try [0, 2, 3, 5, 6].map { try results[$0].decode(as: API.Fetched.self) }
             #expect(fetched.map { $0.messages.map(\.sequence) } == [[2, 3], [4], [5, 6], [7], [2, 3]], "one message whatever its size; then as many as fit")
@@ -341,14 +341,14 @@ struct StreamsTests {
             #expect(try await bus.client.call(API.consumerInfo, .init(stream: "queue", name: "doers")).acknowledged == 2)
             #expect(try await bus.client.call(API.streamInfo, .init(name: "queue")).messages == 0, "a work queue's messages go once done")
             // Sent again alone, a request of the batch answers what the batch did.
-            let again = try await bus.service.writeTogether([ConsumerWrite(write: fetch("orders", "billing", batch: 9), request: "f3")])
+            let again = try await bus.service.writeTogether([fetch("orders", "billing", batch: 9, request: "f3")])
             #expect(try again[0].get().decode(as: API.Fetched.self).messages.map(\.sequence) == [5, 6])
 
             // A consumer or stream that is not there: refused alone, the others written.
             try await bus.publish("orders.new", "x")
-            let mixed = try await bus.service.writeTogether([ConsumerWrite(write: fetch("orders", "nobody", batch: 1), request: "f5"),
-                                                             ConsumerWrite(write: fetch("orders", "billing", batch: 1), request: "f6"),
-                                                             ConsumerWrite(write: ack("nowhere", "billing", [1]), request: "a3")])
+            let mixed = try await bus.service.writeTogether([fetch("orders", "nobody", batch: 1, request: "f5"),
+                                                             fetch("orders", "billing", batch: 1, request: "f6"),
+                                                             ack("nowhere", "billing", [1], request: "a3")])
             let refusals = mixed.map { outcome -> String? in
                 guard case .failure(let refusal) = outcome else { return nil }
                 return refusal.code == JSONRPCError.notFoundCode ? refusal.message : "\(refusal)"

@@ -918,7 +918,11 @@ enum StreamsDatabase {
     /// engines take (SQLite's 32,766).
     static let mostPerStatement = 1_000
 
-    /// A fetch or a settlement one reader asked for.
+    /// The most fetches and settlements one transaction takes: what comes next waits for the
+    /// whole transaction and the rows it locks.
+    static let consumerWritesPerTransaction = 64
+
+    /// A fetch or a settlement one reader asked for, and the request it answers.
     struct ConsumerWrite: Sendable {
         enum Kind: Equatable, Sendable {
             case fetch(Ask)
@@ -928,6 +932,8 @@ enum StreamsDatabase {
         var stream: String
         var consumer: String
         var kind: Kind
+        /// The request it answers (nil: none to remember it by).
+        var request: String?
 
         /// What one statement gives all the writes of a group: messages or sequences.
         var size: Int {

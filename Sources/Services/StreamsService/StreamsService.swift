@@ -33,7 +33,7 @@ public actor StreamsService: BusService, ServiceWork {
     private let publishes = GroupCommit<StreamsDatabase.Publication, API.Published>(maxBatch: StreamsDatabase.publicationsPerTransaction)
     /// Fetches and settlements likewise: one transaction for what came meanwhile, those of one
     /// consumer and kind in the same statements (``StreamsDatabase/write(_:_:now:)``).
-    private let consumerWrites = GroupCommit<ConsumerWrite, JSONValue>(maxBatch: ConsumerWrite.perTransaction)
+    private let consumerWrites = GroupCommit<StreamsDatabase.ConsumerWrite, JSONValue>(maxBatch: StreamsDatabase.consumerWritesPerTransaction)
     /// Who waits for what in this process (``waitForWake(_:upTo:)``).
     private var waiting: [Wait: [UInt64: CheckedContinuation<Void, Never>]] = [:]
     private var nextWaiter: UInt64 = 0
@@ -197,7 +197,7 @@ public actor StreamsService: BusService, ServiceWork {
             if ready || Task.isCancelled || !wanted() { break }
             await waitForWake(.message, upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
         }
-        return try await writeWithOthers(.init(stream: stream, consumer: consumer, kind: .fetch(.init(batch: batch, maxBytes: maxBytes))), request: request)
+        return try await writeWithOthers(.init(stream: stream, consumer: consumer, kind: .fetch(.init(batch: batch, maxBytes: maxBytes)), request: request))
     }
 
     /// Hands out messages as the consumer has them, each as a part, until `max` or `expires`.
@@ -237,7 +237,7 @@ public actor StreamsService: BusService, ServiceWork {
                 request: String? = RequestKey.current?.description) async throws -> API.Acknowledged {
         guard (1...1_000).contains(sequences.count) else { throw JSONRPCError.invalidParams(field: "sequences", "must hold 1 to 1000 sequences") }
         guard sequences.allSatisfy({ $0 >= 1 }) else { throw JSONRPCError.invalidParams(field: "sequences", "must be sequences, 1 or more") }
-        return try await writeWithOthers(.init(stream: stream, consumer: consumer, kind: .settle(sequences: sequences, outcome)), request: request)
+        return try await writeWithOthers(.init(stream: stream, consumer: consumer, kind: .settle(sequences: sequences, outcome), request: request))
     }
 
     // MARK: Waiting
@@ -287,10 +287,9 @@ public actor StreamsService: BusService, ServiceWork {
         return try decodeResult(Result.self, result)
     }
 
-    /// A fetch or settlement, named by `request`.
-    func writeWithOthers<Result: Codable & Sendable>(_ write: StreamsDatabase.ConsumerWrite, request: String?) async throws -> Result {
-        let item = ConsumerWrite(write: write, request: request)
-        let result = try await gathered(item, in: consumerWrites, alone: { await self.writeAlone($0) }, batch: { await self.write($0) })
+    /// A fetch or settlement, named by its request.
+    func writeWithOthers<Result: Codable & Sendable>(_ write: StreamsDatabase.ConsumerWrite) async throws -> Result {
+        let result = try await gathered(write, in: consumerWrites, alone: { await self.writeAlone($0) }, batch: { await self.write($0) })
         return try decodeResult(Result.self, result)
     }
 
@@ -362,40 +361,29 @@ public actor StreamsService: BusService, ServiceWork {
     }
 
     /// Fetches and settlements that came together, in one transaction.
-    func write(_ batch: [ConsumerWrite]) async -> [Result<JSONValue, any Error>] {
+    func write(_ batch: [StreamsDatabase.ConsumerWrite]) async -> [Result<JSONValue, any Error>] {
         await written(batch, what: "fetches and settlements", together: { try await self.writeTogether($0) }, alone: { await self.writeAlone($0) })
     }
 
     /// `batch` in one transaction, each named by its request (``StreamsDatabase/write(_:_:now:)``:
     /// one naming a consumer that is not there refused alone); throws when the transaction fails
     /// as a whole, and nothing is written.
-    func writeTogether(_ batch: [ConsumerWrite]) async throws -> [Result<JSONValue, JSONRPCError>] {
+    func writeTogether(_ batch: [StreamsDatabase.ConsumerWrite]) async throws -> [Result<JSONValue, JSONRPCError>] {
         let now = now
         return try await storage.write(requests: batch.map(\.request)) { db, todo in
-            try StreamsDatabase.write(db, todo.map { batch[$0].write }, now: now())
+            try StreamsDatabase.write(db, todo.map { batch[$0] }, now: now())
         }
     }
 
     /// A fetch or settlement in a transaction of its own, named by its request: its outcome.
-    private func writeAlone(_ item: ConsumerWrite) async -> Result<JSONValue, any Error> {
+    private func writeAlone(_ write: StreamsDatabase.ConsumerWrite) async -> Result<JSONValue, any Error> {
         let now = now
         do {
-            return .success(try await storage.write(request: item.request) { db in try StreamsDatabase.write(db, [item.write], now: now())[0].get() })
+            return .success(try await storage.write(request: write.request) { db in try StreamsDatabase.write(db, [write], now: now())[0].get() })
         } catch {
             return .failure(error)
         }
     }
-}
-
-/// A fetch or settlement waiting to be written with the others that came meanwhile.
-struct ConsumerWrite: Sendable {
-    /// The most one transaction takes: what comes next waits for the whole transaction and the
-    /// rows it locks.
-    static let perTransaction = 64
-
-    var write: StreamsDatabase.ConsumerWrite
-    /// The request it answers (nil: none to remember it by).
-    var request: String?
 }
 
 /// The shapes of names and subjects, checked before anything is written.
