@@ -348,7 +348,7 @@ struct BusKitTests {
         }
         await kernel.stop()
         // The careful client's request might have run: it fails at once with -32006.
-        await #expect(throws: BusError.remote(service: "echo", .outcomeUnknown("echo"))) { try await refused.value }
+        await #expect(throws: BusError.remote(service: "echo", .outcomeUnknown("echo", JSONRPCError.connectionDropped))) { try await refused.value }
         kernel = try await kernel.restarted()
         let host = try await hostEcho(kernel)
         #expect(try await answer.value == ["survived": true])

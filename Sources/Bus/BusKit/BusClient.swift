@@ -369,8 +369,11 @@ public final class BusClient: Sendable {
     }
 
     /// Sends an opaque request (any frames) and waits for the reply's frames. Replies to
-    /// opaque requests carry no id, so they are matched per service in order: use this for
-    /// `mmi.*` and non-JSON services, one request per service at a time.
+    /// opaque requests carry no id, so they are matched per service and connection in order:
+    /// use this for `mmi.*` and non-JSON services, one request per service at a time. The late
+    /// reply of one that timed out is dropped, not taken for the next one's (unless it comes
+    /// after as long again as the timeout). One in flight when the connection to the kernel
+    /// drops fails at once with -32006: it is not sent again, since it may have been done.
     public func call(service: String, body: [Frame], timeout: Duration? = nil) async throws(BusError) -> [Frame] {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
@@ -486,10 +489,21 @@ actor ClientCore {
         var losses = 0
     }
 
+    /// An opaque request. Its reply carries no id: replies are matched to the requests sent on
+    /// their connection to their service, in order. One that timed out keeps its place (with
+    /// no continuation) so that its late reply is dropped rather than taken as the answer to
+    /// the next request; it gives up its place when that reply comes, when its connection
+    /// drops, or once as long again as its timeout has passed (a worker that never answers
+    /// must not shift every later reply by one).
     struct OpaquePending {
-        let continuation: UnsafeContinuation<Result<[Frame], BusError>, Never>
+        /// nil once it timed out.
+        var continuation: UnsafeContinuation<Result<[Frame], BusError>, Never>?
         let deadline: UInt64
         let timeout: Duration
+        let message: Message
+        var sentOn: Int
+        /// Once it timed out: when its place is given up.
+        var forgottenAt: UInt64 { deadline &+ timeout.nanoseconds }
     }
 
     /// One kernel's DEALER and what the client knows of it. The DEALER is replaced each time
@@ -720,8 +734,9 @@ actor ClientCore {
                 remember(id, answered: false)
                 request.complete(.failure(.remote(service: request.service, resendAfterReconnect
                     ? .handlerDied("the connection to the kernel", times: losses, service: request.service)
-                    : .outcomeUnknown(request.service))))
+                    : .outcomeUnknown(request.service, JSONRPCError.connectionDropped))))
             }
+            opaqueLost(on: index, delivered: delivered)
             if isPair { sendWaiting() }
         } else if event.event.contains(.connected) {
             connections[index].connected = true
@@ -759,9 +774,56 @@ actor ClientCore {
             continuation.resume(returning: .failure(.closed))
             return
         }
-        opaque[service, default: []].append(OpaquePending(continuation: continuation, deadline: clock.now + timeout.nanoseconds, timeout: timeout))
+        let now = clock.now
+        let target = destination() ?? current
+        // A place given up is given up before this request takes the next one.
+        forgetTimedOutOpaque(service, now: now)
+        opaque[service, default: []].append(OpaquePending(continuation: continuation, deadline: now + timeout.nanoseconds, timeout: timeout,
+                                                           message: message, sentOn: target))
         sweepWhileWaiting()
-        connections[destination() ?? current].socket.send(message)
+        connections[target].socket.send(message)
+    }
+
+    /// The opaque requests sent on a connection that dropped. One it may have delivered fails
+    /// at once (with no id, a repeat could not be told from a new request, so it is not sent
+    /// again); one it cannot have delivered goes out again; the places of timed-out ones go,
+    /// as their replies will not come.
+    private func opaqueLost(on connection: Int, delivered: Bool) {
+        for (service, waiting) in opaque where waiting.contains(where: { $0.sentOn == connection }) {
+            opaque[service] = waiting.compactMap { request in
+                guard request.sentOn == connection else { return request }
+                guard let continuation = request.continuation else { return nil }
+                guard !delivered else {
+                    continuation.resume(returning: .failure(.remote(service: service, .outcomeUnknown(service, JSONRPCError.connectionDropped))))
+                    return nil
+                }
+                var again = request
+                again.sentOn = destination() ?? connection
+                counters.resent += 1
+                connections[again.sentOn].socket.send(request.message)
+                return again
+            }
+        }
+    }
+
+    /// Drops the places of `service`'s timed-out opaque requests that are past being kept.
+    private func forgetTimedOutOpaque(_ service: String, now: UInt64) {
+        guard let waiting = opaque[service], waiting.contains(where: { $0.continuation == nil && $0.forgottenAt <= now }) else { return }
+        opaque[service] = waiting.filter { $0.continuation != nil || $0.forgottenAt > now }
+    }
+
+    /// The opaque reply for `service` that came on `connection`: to the first request sent
+    /// there, or dropped as late when that one timed out.
+    private func receivedOpaque(_ reply: ClientReply, on connection: Int) {
+        forgetTimedOutOpaque(reply.service, now: clock.now)
+        guard var waiting = opaque[reply.service], let first = waiting.firstIndex(where: { $0.sentOn == connection }) else { return }
+        let request = waiting.remove(at: first)
+        opaque[reply.service] = waiting
+        if let continuation = request.continuation {
+            continuation.resume(returning: .success(reply.body))
+        } else {
+            counters.lateReplies += 1
+        }
     }
 
     /// Ends the requests of a cancelled task with ``BusError/cancelled(service:method:)``.
@@ -824,11 +886,7 @@ actor ClientCore {
                 request.complete(.failure(.remote(service: request.service, error)))
             }
         }
-        if !matched, !opaque.isEmpty, case let reply = reply(), var waiting = opaque[reply.service], !waiting.isEmpty {
-            let first = waiting.removeFirst()
-            opaque[reply.service] = waiting
-            first.continuation.resume(returning: .success(reply.body))
-        }
+        if !matched, !opaque.isEmpty { receivedOpaque(reply(), on: connection) }
     }
 
     /// One part of a reply in parts: to its stream's reader, if it still reads.
@@ -908,10 +966,13 @@ actor ClientCore {
         }
         if refusals.count > pending.count { refusals = refusals.filter { pending[$0.key] != nil } }
         for (service, waiting) in opaque where waiting.contains(where: { $0.deadline <= now }) {
-            opaque[service] = waiting.filter { request in
-                guard request.deadline <= now else { return true }
-                request.continuation.resume(returning: .failure(.timedOut(service: service, method: "(opaque)", after: request.timeout)))
-                return false
+            opaque[service] = waiting.compactMap { request in
+                guard request.deadline <= now else { return request }
+                guard let continuation = request.continuation else { return request.forgottenAt <= now ? nil : request }
+                continuation.resume(returning: .failure(.timedOut(service: service, method: "(opaque)", after: request.timeout)))
+                var timedOut = request
+                timedOut.continuation = nil
+                return timedOut
             }
         }
         if pending.isEmpty && opaque.values.allSatisfy(\.isEmpty) {
@@ -934,7 +995,7 @@ actor ClientCore {
         sweeper?.cancel()
         for request in pending.values { request.complete(.failure(.closed)) }
         pending.removeAll()
-        for waiting in opaque.values { for request in waiting { request.continuation.resume(returning: .failure(.closed)) } }
+        for waiting in opaque.values { for request in waiting { request.continuation?.resume(returning: .failure(.closed)) } }
         opaque.removeAll()
     }
 }

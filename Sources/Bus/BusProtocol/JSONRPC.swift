@@ -119,10 +119,15 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
         .init(code: serviceUnavailableCode, message: "Service unavailable: no worker for '\(service)' within \(formatSeconds(seconds))",
               data: ["service": .string(service)])
     }
-    public static func outcomeUnknown(_ service: String) -> JSONRPCError {
-        .init(code: outcomeUnknownCode, message: "Outcome unknown: the '\(service)' worker handling this request died; it was not retried",
+    /// -32006: what carried the request (the service's worker, or with `what` the connection
+    /// to the kernel) ended before its answer; it is not sent again, as it may have been done.
+    public static func outcomeUnknown(_ service: String, _ what: String? = nil) -> JSONRPCError {
+        .init(code: outcomeUnknownCode,
+              message: "Outcome unknown: \(what ?? "the '\(service)' worker handling this request died"); it was not retried",
               data: ["service": .string(service)])
     }
+    /// What ended a request's connection to the kernel, for ``outcomeUnknown(_:_:)``.
+    public static let connectionDropped = "the connection to the kernel dropped with this request in flight"
     public static func tooLarge(_ bytes: Int, limit: Int) -> JSONRPCError {
         .init(code: tooLargeCode, message: "Too large: \(bytes) bytes, the limit is \(limit)")
     }

@@ -1,0 +1,102 @@
+import BusKit
+import BusProtocol
+import Kernel
+import SwitchboardTestSupport
+import Testing
+import ZeroMQ
+
+/// Opaque requests (`BusClient.call(service:body:)`) carry no id: their replies are matched
+/// in order, and a late or lost reply must not become another request's answer.
+@Suite("BusKit: opaque requests, matched without an id")
+struct OpaqueCallTests {
+    /// A worker the test drives by hand, offering `service` with room for two requests at once.
+    static func handDrivenWorker(_ service: String, _ kernel: TestKernel, on loop: SocketLoop) async throws -> LoopSocket {
+        let worker = try await LoopSocket.open(.dealer, on: loop) { [broker = kernel.endpoints.broker] socket in
+            try socket.set(.linger, 0)
+            try socket.connect(broker)
+        }
+        try worker.send(MDP.encode(.ready(service: service, window: 2)))
+        try await kernel.workers(service)
+        return worker
+    }
+
+    /// The test's worker sends no heartbeats, and the test's one client may hold both its places.
+    static func handDriven(_ configuration: inout KernelConfiguration) {
+        configuration.heartbeatLiveness = 1_000
+        configuration.clientSharePercent = 100
+    }
+
+    /// The next request the kernel hands `worker`.
+    static func nextRequest(_ worker: LoopSocket, _ what: String) async throws -> (client: Frame, body: [Frame]) {
+        try await within(10, "\(what) at the worker") {
+            var command: BrokerToWorker
+            repeat { command = try MDP.decodeAtWorker(try await worker.receive()) } while command == .heartbeat
+            guard case .request(let client, let body) = command else { throw TimedOut(what: "a REQUEST (got \(command))") }
+            return (client, body)
+        }
+    }
+
+    @Test("the late reply of an opaque request that timed out is dropped, not taken for the next one's; a reply that never comes gives up its place once as long again as the timeout passed")
+    func lateReplyDropped() async throws {
+        let kernel = try await TestKernel.start(Self.handDriven)
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let worker = try await Self.handDrivenWorker("opaque", kernel, on: loop)
+        // The client's timeouts pass when the test moves its clock.
+        let clock = ManualClock()
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], clock: clock)
+        func timedOutCall(_ body: Frame) async throws -> (client: Frame, body: [Frame]) {
+            let call = Task { () -> BusError? in
+                do throws(BusError) { _ = try await client.call(service: "opaque", body: [body], timeout: .seconds(1)) } catch { return error }
+                return nil
+            }
+            let asked = try await Self.nextRequest(worker, "\(body)")
+            clock.advance(.milliseconds(1_100))
+            #expect(try await within(10, "the timeout") { await call.value } == .timedOut(service: "opaque", method: "(opaque)", after: .seconds(1)))
+            return asked
+        }
+
+        // The first request's reply comes after the second was sent: the second gets its own.
+        let first = try await timedOutCall("first")
+        #expect(first.body == ["first"])
+        let second = Task { try await client.call(service: "opaque", body: ["second"], timeout: .seconds(30)) }
+        let secondAsked = try await Self.nextRequest(worker, "the second request")
+        try worker.send(MDP.encode(.reply(client: first.client, body: ["first"])))
+        try worker.send(MDP.encode(.reply(client: secondAsked.client, body: ["second"])))
+        #expect(try await within(10, "the second reply") { try await second.value } == ["second"])
+        #expect(await client.counters().lateReplies == 1)
+
+        // A request the worker never answers: once its timeout has passed again, the next
+        // request's reply is that request's.
+        _ = try await timedOutCall("lost")
+        clock.advance(.seconds(1))
+        let fresh = Task { try await client.call(service: "opaque", body: ["fresh"], timeout: .seconds(30)) }
+        let freshAsked = try await Self.nextRequest(worker, "the fresh request")
+        try worker.send(MDP.encode(.reply(client: freshAsked.client, body: ["fresh"])))
+        #expect(try await within(10, "the fresh reply") { try await fresh.value } == ["fresh"])
+
+        await client.close()
+        await worker.close()
+        await loop.shutdown()
+        await kernel.stop()
+    }
+
+    @Test("an opaque request in flight when the connection to the kernel drops fails at once with -32006; it is not sent again")
+    func inFlightWhenConnectionDrops() async throws {
+        let kernel = try await TestKernel.start(Self.handDriven)
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let worker = try await Self.handDrivenWorker("opaque", kernel, on: loop)
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(120))
+        let call = Task { () -> BusError? in
+            do throws(BusError) { _ = try await client.call(service: "opaque", body: ["x"]) } catch { return error }
+            return nil
+        }
+        #expect(try await Self.nextRequest(worker, "the request").body == ["x"])
+        await kernel.stop()
+        #expect(try await within(30, "the failure") { await call.value } == .remote(service: "opaque", .outcomeUnknown("opaque", JSONRPCError.connectionDropped)))
+        await client.close()
+        await worker.close()
+        await loop.shutdown()
+    }
+}
