@@ -21,6 +21,9 @@ private enum NumbersAPI {
         var padding: Int?
         /// Milliseconds it waits before the first part.
         var startAfterMs: Int?
+        /// Before the first part, waits as long as its reader reads (looking every 10 ms), as
+        /// a push stream waits for its next message.
+        var waitWhileRead: Bool?
     }
     struct Tally: Codable, Sendable {
         var total: Int
@@ -50,6 +53,7 @@ private actor Numbers: BusService {
             Self.running.update { $0 += 1 }
             defer { Self.running.update { $0 -= 1 } }
             if let wait = params.startAfterMs { try await Task.sleep(for: .milliseconds(wait)) }
+            if params.waitWhileRead == true { while parts.isRead { try await Task.sleep(for: .milliseconds(10)) } }
             for number in 0..<max(0, params.n) {
                 if number == params.failAfter { throw JSONRPCError(code: -32042, message: "stopped after \(number)") }
                 try await parts.send(.init(n: number + 1, pad: params.padding.map { String(repeating: "p", count: $0) }))
@@ -220,6 +224,37 @@ struct PartStreamTests {
         #expect(made < 500_000, "the handler made \(made) parts of 1,000,000 for a reader gone")
         let bus = leaving == .hangsUp ? try await BusClient(brokers: [kernel.endpoints.broker]) : reader
         #expect(try await bus.call(KernelAPI.stats).cancelledRequests == (leaving == .hangsUp ? 0 : 1))
+        #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 3)).numbers == [1, 2, 3])
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("a reader that vanishes without a word while its stream sends nothing (its process killed: no CANCEL, no part to fail): the kernel's probe, a PARTIAL of one empty frame once the stream was quiet for a worker's expiry, finds it gone, and the worker's handler is told to stop")
+    func vanishedReaderIsFound() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        // One place: the request after the stream is served only once the stream's is free.
+        let host = try await hostNumbers(kernel, window: 1)
+        // An 18/MDP client on a socket of its own, closed with nothing more said.
+        let context = try ZMQContext()
+        let reader = try ZMQSocket(context, .dealer)
+        try reader.set(.linger, 0)
+        try reader.set(.receiveTimeout, 30_000)
+        try reader.connect(kernel.endpoints.broker)
+        let body = JSONRPCRequest(id: .number(1), method: NumbersAPI.countMethod.name, params: ["n": 1, "waitWhileRead": true], stream: true)
+        try reader.send(MDP.request(service: NumbersAPI.service, body: [Frame(body.jsonBytes)], version: .v02))
+        try await Numbers.running.wait(within: 30, "the handler started") { $0 == 1 }
+        let probe = try await reader.receiveOffPool()
+        #expect(probe.frames == ["MDPC02", Frame([0x02]), Frame(NumbersAPI.service), Frame()])
+        reader.close()
+        try await Numbers.running.wait(within: 30, "the handler ended") { $0 == 0 }
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
+        #expect(try await bus.call(KernelAPI.stats).cancelledRequests == 0)
+        // A reader that stays drops the probes of its quiet stream, which then ends as any does.
+        let quiet = bus.stream(NumbersAPI.count, .init(n: 3, startAfterMs: 2_500))
+        var numbers: [Int] = []
+        for try await part in quiet { numbers.append(part.n) }
+        #expect(numbers == [1, 2, 3])
         #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 3)).numbers == [1, 2, 3])
         await bus.close()
         await host.stop()

@@ -84,6 +84,12 @@ struct Broker: ~Copyable {
         /// Sent here by another cell (``CellLinks``): served by this cell's own workers only,
         /// never forwarded again, so a request crosses one link at most.
         var forwarded = false
+        /// In ``Broker/streams``: it had a part, or its client was asked whether it is there.
+        var listed = false
+        /// For ``Broker/probeQuietClients(now:)``: since when its client was sent nothing of
+        /// it (as of the kernel's last look), and the parts it had then.
+        var quietSince: UInt64
+        var partsSeen = 0
 
         var caller: Caller { Caller(client: client, version: version) }
 
@@ -100,6 +106,7 @@ struct Broker: ~Copyable {
             }
             self.deadline = deadline
             self.received = received
+            quietSince = received
             size = body.reduce(0) { $0 + $1.count }
         }
 
@@ -323,7 +330,8 @@ struct Broker: ~Copyable {
     private(set) var totalRequests = 0
     /// Replies dropped because their client does not read (its backlog is full).
     private(set) var droppedReplies = 0
-    /// Requests answered in parts that have had a part and no FINAL yet, by client: where a
+    /// Requests answered in parts that have had a part and no FINAL yet, and those whose
+    /// client was asked whether it is there (``probeQuietClients(now:)``), by client: where a
     /// failed send to a client finds the streams it breaks.
     private var streams: [Frame: [Request]] = [:]
     /// Bytes of parts gathered for 7/MDP clients, counted with the queued bytes.
@@ -654,7 +662,7 @@ struct Broker: ~Copyable {
                 cellStats[cell, default: ServiceStats()].replies += 1
                 cellStats[cell, default: ServiceStats()].latency.record(nanoseconds: now &- request.received)
             }
-            if request.parts == 0, request.broken == nil {
+            if !request.listed, request.broken == nil {
                 outbox.send(MDP.BrokerReply(to: request.client, serviceFrame: service.nameFrame, body: body, version: request.version))
             } else {
                 endStream(request, service: service, final: body)
@@ -998,6 +1006,7 @@ struct Broker: ~Copyable {
         heartbeat(cellOffers: false, now: now)
         if !lateWorkers.isEmpty { lateWorkers = lateWorkers.filter { $0.value.until > now } }
         expireQueued(now: now)
+        probeQuietClients(now: now)
     }
 
     /// Heartbeats to the offers of other cells and expires the silent ones, at the links'
@@ -1093,6 +1102,12 @@ struct Broker: ~Copyable {
         for request in orphans.reversed() {
             // Queued again before its place is released, so its client stays known.
             defer { service.requests.release(request) }
+            if request.parts == 0, request.broken == nil {
+                // Its client was asked about but sent no part: it is asked again where the
+                // request goes next.
+                unlist(request)
+                (request.streamWorker, request.streamClient) = (nil, nil)
+            }
             if request.parts > 0 || request.broken != nil {
                 // Its client has parts already (another worker would send them again), or
                 // wants none.
@@ -1171,7 +1186,7 @@ struct Broker: ~Copyable {
     /// One PARTIAL of `request`'s reply: on to an 18/MDP client now, kept for a 7/MDP one.
     private mutating func relayPart(_ body: ArraySlice<Frame>, of request: Request, service: Service) {
         request.parts += 1
-        if request.parts == 1 { streams[request.client, default: []].append(request) }
+        list(request)
         guard request.broken == nil else { return }
         switch request.version {
         case .v02:
@@ -1203,10 +1218,7 @@ struct Broker: ~Copyable {
     /// `request`'s stream is over: its FINAL (`final`, the worker's last body) or `error`
     /// goes to the client, unless the stream broke, when the error says so.
     private mutating func endStream(_ request: Request, service: Service, final: ArraySlice<Frame>? = nil, error: JSONRPCError? = nil) {
-        if var list = streams[request.client] {
-            list.removeAll { $0 === request }
-            streams[request.client] = list.isEmpty ? nil : list
-        }
+        unlist(request)
         gatheredBytes -= request.gatheredBytes
         defer {
             request.gathered = []
@@ -1232,6 +1244,46 @@ struct Broker: ~Copyable {
             reply(to: request.caller, service: service.name, body: request.body, error: error)
         } else if let final {
             send(MDP.reply(to: request.client, serviceFrame: service.nameFrame, body: request.gathered[...] + final, version: request.version))
+        }
+    }
+
+    private mutating func list(_ request: Request) {
+        guard !request.listed else { return }
+        request.listed = true
+        streams[request.client, default: []].append(request)
+    }
+
+    private mutating func unlist(_ request: Request) {
+        guard request.listed, var list = streams[request.client] else { return }
+        request.listed = false
+        list.removeAll { $0 === request }
+        streams[request.client] = list.isEmpty ? nil : list
+    }
+
+    /// A PARTIAL of one empty frame: the kernel asking an 18/MDP client whether it is still
+    /// there (docs/PROTOCOL.md). Clients drop it.
+    static let probeBody: ArraySlice<Frame> = [Frame()]
+
+    /// Asks the 18/MDP client of each request a worker of this cell holds whether it is still
+    /// there, once it has been sent nothing of it for a worker's expiry: a client that left
+    /// cannot be sent the probe (``peerGone(_:undelivered:now:)``), its request breaks, and its
+    /// worker is told `stop`. A reader whose process was killed while it waited (for a push
+    /// stream's next message, say) frees its worker's place then, not when its wait ends; a
+    /// part sent to it would find it gone, but none may come for a long time.
+    private mutating func probeQuietClients(now: UInt64) {
+        for worker in workers.values where worker.cell == nil && !worker.inFlight.isEmpty {
+            worker.inFlight.forEach { tag, request in
+                guard request.version == .v02, request.broken == nil, request.gather == nil, !request.forwarded else { return }
+                guard request.parts == request.partsSeen else {
+                    (request.partsSeen, request.quietSince) = (request.parts, now)
+                    return
+                }
+                guard now &- request.quietSince >= timeouts.workerExpiry else { return }
+                request.quietSince = now
+                if request.parts == 0, worker.speaksExtension { (request.streamWorker, request.streamClient) = (worker, worker.echoedClient(of: request, tag: tag)) }
+                list(request)
+                send(MDP.reply(to: request.client, serviceFrame: worker.service.nameFrame, body: Self.probeBody, version: .v02, final: false))
+            }
         }
     }
 
@@ -1386,6 +1438,11 @@ struct InFlight {
     /// Every request held, oldest slot first.
     var all: [Broker.Request] { held.compactMap { $0 } }
 
+    /// Each request held, with its tag.
+    func forEach(_ body: (UInt32, Broker.Request) -> Void) {
+        for (slot, request) in held.enumerated() { if let request { body(tags[slot], request) } }
+    }
+
     /// Holds `request`; its tag.
     mutating func insert(_ request: Broker.Request) -> UInt32 {
         let slot: Int, tag: UInt32
@@ -1414,9 +1471,7 @@ struct InFlight {
     /// The client frame `worker` echoes for each request held, by request.
     func echoedClients(by worker: Broker.Worker) -> [ObjectIdentifier: Frame] {
         var frames: [ObjectIdentifier: Frame] = [:]
-        for (slot, request) in held.enumerated() {
-            if let request { frames[ObjectIdentifier(request)] = worker.echoedClient(of: request, tag: tags[slot]) }
-        }
+        forEach { tag, request in frames[ObjectIdentifier(request)] = worker.echoedClient(of: request, tag: tag) }
         return frames
     }
 
