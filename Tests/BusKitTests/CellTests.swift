@@ -415,6 +415,48 @@ struct CellTests {
         await third.stop()
     }
 
+    @Test("a reader of cell a that vanishes without a word while a worker of cell b holds its request and sends nothing: a's probe of the quiet stream finds it gone, and b's worker is told to stop")
+    func vanishedReaderAcrossCells() async throws {
+        let etcd = try await TestEtcd.start()
+        defer { etcd.stop() }
+        let settings = etcdSettings(on: etcd, prefix: "/sb-test/vanished-reader")
+        let a = try await TestKernel.start(cell("a", on: settings))
+        let b = try await TestKernel.start { configuration in
+            cell("b", on: settings)(&configuration)
+            // The test's worker sends no heartbeats: b lets it be silent for the whole test.
+            configuration.heartbeatLiveness = 1_000
+        }
+        let context = try ZMQContext()
+        let worker = try ZMQSocket(context, .dealer)
+        try worker.set(.linger, 0)
+        try worker.set(.receiveTimeout, 30_000)
+        try worker.connect(b.endpoints.broker)
+        try worker.send(MDP.encode(.ready(service: "quiet", window: 1)))
+        try await a.offers("quiet", from: ["b"])
+        /// The next command but a heartbeat, within 30 s.
+        func nextCommand(_ what: String) async throws -> BrokerToWorker {
+            let deadline = ContinuousClock.now + .seconds(30)
+            var command: BrokerToWorker
+            repeat {
+                guard ContinuousClock.now < deadline else { throw TimedOut(what: what) }
+                command = try MDP.decodeAtWorker(try await worker.receiveOffPool())
+            } while command == .heartbeat
+            return command
+        }
+        // An 18/MDP reader of cell a on a socket of its own, closed with nothing more said.
+        let reader = try ZMQSocket(context, .dealer)
+        try reader.set(.linger, 0)
+        try reader.connect(a.endpoints.broker)
+        try reader.send(MDP.request(service: "quiet", body: ["wait"], version: .v02))
+        guard case .request(let client, let body) = try await nextCommand("the reader's request") else { Issue.record("expected the reader's request"); return }
+        #expect(body == ["wait"])
+        reader.close()
+        #expect(try await nextCommand("stop=1 for the reader's request") == .stop(client: client))
+        worker.close()
+        await b.stop()
+        await a.stop()
+    }
+
     @Test("with CURVE the sender's key crosses with its request: a worker in cell b that asks who sent it is told the key of the client of cell a")
     func callerCrosses() async throws {
         let etcd = try await TestEtcd.start()
