@@ -39,6 +39,12 @@ struct KernelPairTests {
             return primary == "active" && backup == "passive"
         }
         #expect(try await client.call(EchoAPI.count, .init(n: 1)) == 1)
+        // An opaque request sent first to the passive kernel, which refuses it, goes on to the
+        // active one.
+        let passiveFirst = try await BusClient(brokers: brokers.reversed(), timeout: .seconds(10))
+        let opaque = try await passiveFirst.call(service: EchoAPI.service, body: [#"{"jsonrpc":"2.0","id":"o","method":"count","params":{"n":4}}"#])
+        #expect(try JSONRPC.parseResponses(opaque[0].bytes) == [JSONRPCResponse(id: .string("o"), result: 4)])
+        await passiveFirst.close()
         // Replies in parts and a request to every worker go to the active kernel as any request.
         var numbers: [Int] = []
         for try await number in client.stream(EchoAPI.numbers, .init(n: 3)) { numbers.append(number) }

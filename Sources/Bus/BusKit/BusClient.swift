@@ -374,6 +374,7 @@ public final class BusClient: Sendable {
     /// reply of one that timed out is dropped, not taken for the next one's (unless it comes
     /// after as long again as the timeout). One in flight when the connection to the kernel
     /// drops fails at once with -32006: it is not sent again, since it may have been done.
+    /// One a pair's passive kernel refuses (-32008) goes to the other kernel.
     public func call(service: String, body: [Frame], timeout: Duration? = nil) async throws(BusError) -> [Frame] {
         let timeout = timeout ?? defaultTimeout
         let core = self.core
@@ -806,6 +807,29 @@ actor ClientCore {
         }
     }
 
+    /// A kernel that is not active refused an opaque request (-32008): it goes to the other
+    /// kernel of the pair, unless that one refused lately too (or there is none), when the
+    /// refusal is its answer.
+    private func opaqueNotActive(_ refusal: ClientReply, from connection: Int) {
+        guard var waiting = opaque[refusal.service], let first = waiting.firstIndex(where: { $0.sentOn == connection }) else { return }
+        var request = waiting.remove(at: first)
+        defer { opaque[refusal.service] = waiting }
+        guard let continuation = request.continuation else {
+            counters.lateReplies += 1
+            return
+        }
+        let now = clock.now
+        guard let other = connections.indices.first(where: { $0 != connection }), now &- connections[other].refusedAt >= Self.refusalPause else {
+            continuation.resume(returning: .success(refusal.body))
+            return
+        }
+        // On its socket even before it connects (libzmq holds it until then); the last of
+        // those sent to that kernel, as their replies come in order.
+        request.sentOn = other
+        waiting.append(request)
+        connections[other].socket.send(request.message)
+    }
+
     /// Drops the places of `service`'s timed-out opaque requests that are past being kept.
     private func forgetTimedOutOpaque(_ service: String, now: UInt64) {
         guard let waiting = opaque[service], waiting.contains(where: { $0.continuation == nil && $0.forgottenAt <= now }) else { return }
@@ -860,7 +884,12 @@ actor ClientCore {
         guard isFinal else { return receivedPart(reply()) }
         let responses = parts.count == MDP.clientReplyBody + 1 ? try? JSONRPC.parseResponses(parts[MDP.clientReplyBody]) : nil
         if let responses, !responses.isEmpty, responses.allSatisfy(\.isNotActive) {
+            // Refusing no id of this client's, it refuses an opaque request.
+            let refusesOpaque = !responses.contains { response in
+                if case .number(let id) = response.id { pending[id] != nil || finished[id] != nil } else { false }
+            }
             notActive(responses, from: connection)
+            if refusesOpaque { opaqueNotActive(reply(), from: connection) }
             return
         }
         var matched = false
