@@ -1267,10 +1267,11 @@ struct Broker: ~Copyable {
     /// Asks the 18/MDP client of each request a worker holds (of this cell, or another cell's
     /// offer) whether it is still there, once it has been sent nothing of it for a worker's
     /// expiry: a client that left cannot be sent the probe (``peerGone(_:undelivered:now:)``),
-    /// its request breaks, and its worker is told `stop`. A request another cell sent here is
-    /// not: that cell's kernel asks its own client. A reader whose process was killed while it waited (for a push
-    /// stream's next message, say) frees its worker's place then, not when its wait ends; a
-    /// part sent to it would find it gone, but none may come for a long time.
+    /// its request breaks, and its worker is told `stop`. A reader whose process was killed
+    /// while it waited (for a push stream's next message, say) frees its worker's place then,
+    /// not when its wait ends; a part sent to it would find it gone, but none may come for a
+    /// long time. A request another cell sent here is not asked about: that cell's kernel asks
+    /// its own client.
     private mutating func probeQuietClients(now: UInt64) {
         for worker in workers.values where !worker.inFlight.isEmpty {
             worker.inFlight.forEach { tag, request in
