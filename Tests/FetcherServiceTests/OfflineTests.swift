@@ -31,7 +31,7 @@ struct FetcherOfflineTests {
     @Test("with the real URLs unreachable, every dataset comes up from its bundled copy")
     func offline() async throws {
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare"),
-              (try? runQuietly("/usr/bin/unshare", ["-n", "true"])) == 0 else {
+              (try? runBriefly("/usr/bin/unshare", ["-n", "true"]).status) == 0 else {
             print("skipped: cannot create a network namespace here (needs root and unshare); the offline case is not checked")
             return
         }
@@ -71,8 +71,3 @@ struct FetcherOfflineTests {
         await kernel.stop()
     }
 }
-
-func runQuietly(_ tool: String, _ arguments: [String]) throws -> Int32 {
-    try runBriefly(tool, arguments).status
-}
-

@@ -36,37 +36,38 @@ final class ProcessLauncher: @unchecked Sendable {
     private let lifelineWrite: Int32
 
     init() throws {
-        var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-        // Neither end leaks into children as is: they get the read end as a dup2'd fd 3.
-        for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
-        lifelineRead = fds[0]
-        lifelineWrite = fds[1]
+        // Children get the read end as fd 3.
+        (lifelineRead, lifelineWrite) = try Spawn.pipe()
     }
 
     /// Starts `executable` with `arguments`; stdout and stderr are the supervisor's.
     func spawn(_ executable: String, _ arguments: [String]) throws -> pid_t {
         try Spawn.start(executable, arguments, descriptors: [0: 0, 1: 1, 2: 2, Self.lifelineFD: lifelineRead], ownProcessGroup: true)
     }
-
-    /// Calls `onExit` (on a thread of its own) when `pid` ends, having reaped it.
-    func watch(_ pid: pid_t, onExit: @escaping @Sendable (ExitReason) -> Void) {
-        Spawn.watch(pid, onExit: onExit)
-    }
 }
 
 /// Starting programs, for the supervisor and for tests: `posix_spawn`, so nothing of this
 /// process runs in the child between fork and exec, and only the descriptors named reach it.
 public enum Spawn {
+    /// A pipe whose ends are closed on exec: a child gets an end only as a descriptor named
+    /// to ``start(_:_:descriptors:environment:directory:ownProcessGroup:)``.
+    public static func pipe() throws -> (read: Int32, write: Int32) {
+        var ends: [Int32] = [0, 0]
+        guard Glibc.pipe(&ends) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
+        return (ends[0], ends[1])
+    }
+
     /// Starts `executable` with `arguments` and returns its pid. `descriptors` gives each of the
     /// child's descriptors the one of this process it is (child's: this process's); every other
     /// descriptor is closed in the child, whether or not it was marked close-on-exec, so no
     /// pipe's end or socket leaks into it. (This process's descriptors named are 3 or above, or
-    /// each the child's of the same number: they are set in the order of the child's.) The child has no signal blocked and SIGINT, SIGTERM,
-    /// SIGPIPE and SIGHUP at their defaults, whatever the starting thread had (the threads
-    /// Swift concurrency runs on block nearly every signal); `ownProcessGroup`: a process group
-    /// of its own, so a Ctrl-C in the terminal does not reach it. `environment` nil: this
-    /// process's; `directory` nil: this process's.
+    /// each the child's of the same number: they are set in the order of the child's.)
+    /// The child has no signal blocked and SIGINT, SIGTERM, SIGPIPE and SIGHUP at their
+    /// defaults, whatever the starting thread had (the threads Swift concurrency runs on block
+    /// nearly every signal); `ownProcessGroup`: a process group of its own, so a Ctrl-C in the
+    /// terminal does not reach it. `environment` nil: this process's; `directory` nil: this
+    /// process's.
     public static func start(_ executable: String, _ arguments: [String], descriptors: [Int32: Int32], environment: [String: String]? = nil,
                              directory: String? = nil, ownProcessGroup: Bool = false) throws -> Int32 {
         var actions = posix_spawn_file_actions_t()

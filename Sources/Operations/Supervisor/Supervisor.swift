@@ -253,7 +253,7 @@ public actor Supervisor: BusService {
                                         lastExit: child.status.lastExit)
         logger.info("started \(child.piece.name)", metadata: ["pid": "\(pid)"])
         let name = child.piece.name, queue = eventQueue
-        launcher.watch(pid) { reason in queue.yield(.exited(name: name, pid: pid, reason: reason)) }
+        Spawn.watch(pid) { reason in queue.yield(.exited(name: name, pid: pid, reason: reason)) }
     }
 
     /// Waits until the kernel answers `ping`, or lists `workers` workers of a service, or

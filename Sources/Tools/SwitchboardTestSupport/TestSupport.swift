@@ -501,13 +501,10 @@ public final class ChildProcess: Sendable {
 
 /// Pipes to and from the processes tests start.
 enum Pipes {
-    /// A pipe (``Spawn`` gives a child only the ends it names).
+    /// A pipe (``Spawn/pipe()``), once writes to a child that closed its end are errors.
     static func make() throws -> (read: Int32, write: Int32) {
         _ = ignoringBrokenPipes
-        var ends: [Int32] = [0, 0]
-        guard pipe(&ends) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-        for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
-        return (ends[0], ends[1])
+        return try Spawn.pipe()
     }
 
     /// A write to a child that closed its end fails with EPIPE, rather than ending the test
