@@ -34,6 +34,24 @@ struct TwoHosts: Sendable {
         return hosts
     }
 
+    var broker: String { "tcp://\(kernelAddress):5555" }
+
+    /// A kernel on the kernel's host with quick heartbeats (a silent worker is dropped after a second).
+    func startKernel(config: URL) throws -> ChildProcess {
+        try NetworkNamespaces.start(in: kernelHost, switchboardExecutable(), [
+            "kernel", "--config", config.path, "--broker", broker, "--snapshot", "tcp://\(kernelAddress):5556",
+            "--publisher", "tcp://\(kernelAddress):5557", "--collector", "tcp://\(kernelAddress):5558", "--heartbeat-ms", "200", "--liveness", "5",
+        ])
+    }
+
+    /// An echo service on `host` registering with that kernel, with the same heartbeats.
+    func startEcho(in host: String, config: URL, _ more: [String]) throws -> ChildProcess {
+        try NetworkNamespaces.start(in: host, switchboardExecutable(), [
+            "serve", "echo", "--config", config.path, "--broker", broker, "--state", "tcp://\(kernelAddress):5556",
+            "--heartbeat-ms", "200", "--liveness", "5",
+        ] + more)
+    }
+
     /// Cuts (or restores) the service host's side of the link.
     func setLink(up: Bool) throws {
         try NetworkNamespaces.ip(["-n", serviceHost, "link", "set", serviceLink, up ? "up" : "down"])
@@ -55,17 +73,10 @@ struct TwoHostTests {
         let folder = try temporaryDirectory("two-hosts")
         let emptyConfig = folder.appendingPathComponent("empty.yaml")
         try "".write(to: emptyConfig, atomically: true, encoding: .utf8)
-        let address = hosts.kernelAddress
-        let broker = "tcp://\(address):5555"
-        let kernel = try NetworkNamespaces.start(in: hosts.kernelHost, switchboardExecutable(), [
-            "kernel", "--config", emptyConfig.path, "--broker", broker, "--snapshot", "tcp://\(address):5556",
-            "--publisher", "tcp://\(address):5557", "--collector", "tcp://\(address):5558", "--heartbeat-ms", "200", "--liveness", "5",
-        ])
+        let broker = hosts.broker
+        let kernel = try hosts.startKernel(config: emptyConfig)
         defer { kernel.stop() }
-        let echo = try NetworkNamespaces.start(in: hosts.serviceHost, switchboardExecutable(), [
-            "serve", "echo", "--config", emptyConfig.path, "--broker", broker, "--state", "tcp://\(address):5556",
-            "--heartbeat-ms", "200", "--liveness", "5", "--instance", "far-away",
-        ])
+        let echo = try hosts.startEcho(in: hosts.serviceHost, config: emptyConfig, ["--instance", "far-away"])
         defer { echo.stop() }
 
         // A client on the kernel's host reaches the worker on the other host.
@@ -97,5 +108,45 @@ struct TwoHostTests {
         try await echoWorkers(2, within: 60, "the worker registered again")
         let again = try await whoami()
         #expect(again.status == 0 && again.stdout.contains("far-away"), "\(again)")
+    }
+
+    @Test("a client whose link is cut is dropped after peer_timeout: the stream it waited on ends and frees its worker's place; a quiet client that is there stays",
+          .enabled(if: NetworkNamespaces.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+    func clientCutOff() async throws {
+        let hosts = try TwoHosts.make()
+        defer { hosts.remove() }
+        let folder = try temporaryDirectory("cut-client")
+        // A request may wait a minute for a place; a peer that answers nothing is dropped
+        // after two seconds (30 s by default).
+        let config = folder.appendingPathComponent("kernel.yaml")
+        try "kernel:\n  peer_timeout_ms: 2000\n  queue_timeout_ms: 60000\n".write(to: config, atomically: true, encoding: .utf8)
+        let broker = hosts.broker
+        let kernel = try hosts.startKernel(config: config)
+        defer { kernel.stop() }
+        // One place, on the kernel's host.
+        let echo = try hosts.startEcho(in: hosts.kernelHost, config: config, ["--connections", "1", "--window", "1"])
+        defer { echo.stop() }
+        try await kernel.waitForOutput(containing: "worker registered", within: 30)
+        // A reader on the other host whose stream sends a part every 10 s for ten minutes.
+        let far = try NetworkNamespaces.start(in: hosts.serviceHost, sbExecutable(), [
+            "request", "echo", "numbers", #"{"n":60,"everyMs":10000}"#, "--stream", "--timeout", "700s", "--endpoint", broker,
+        ])
+        defer { far.stop() }
+        // Quiet for five times the peer timeout between its parts, and still there: it
+        // answers the kernel's PINGs without reading anything itself.
+        try await far.waitForOutput(containing: #"{"part":2}"#, within: 60)
+
+        try hosts.setLink(up: false)
+        let cutAt = ContinuousClock.now
+        // The kernel drops the silent connection, its next probe of the stream fails, and the
+        // worker is told to stop (echo's handler sees it at its next part, within 10 s): the
+        // place serves a request from the kernel's host. Before, the connection stayed until
+        // TCP gave up on it (a quarter of an hour), and the place with it.
+        let next = try await NetworkNamespaces.run(in: hosts.kernelHost, sbExecutable(), [
+            "request", "echo", "whoami", "--endpoint", broker, "--timeout", "60s",
+        ], seconds: 90)
+        #expect(next.status == 0, "the place stayed held by the cut-off reader: \(next)")
+        print("a reader cut off: its worker's place served another \(ContinuousClock.now - cutAt) after the cut")
+        try await kernel.waitForOutput(containing: "reason=clientGone", within: 5)
     }
 }

@@ -176,6 +176,10 @@ public actor Kernel: BusService {
                 try $0.set(.routerMandatory, true)
                 try $0.set(.sendHighWaterMark, Int32(clamping: configuration.peerBacklog))
                 try $0.set(.receiveHighWaterMark, 0)
+                // A peer whose machine is gone or whose link is cut closes nothing: its
+                // connection is dropped after peer_timeout, and with it what it held (a quiet
+                // stream's probe then fails), not after TCP's retransmissions give up.
+                try $0.dropSilentPeers(after: configuration.peerTimeout)
             }
             opened.append(router)
             let (snapshot, snapshotEndpoint) = try open(.router, configuration.snapshotEndpoint, "snapshot") {

@@ -21,6 +21,7 @@ extension KernelConfiguration {
         "broker", "snapshot", "publisher", "collector", "heartbeat_ms", "liveness", "queue_timeout_ms",
         "max_message_size", "no_retry", "writable_prefixes", "log_level",
         "max_queued", "max_queued_bytes", "max_services", "peer_backlog", "subscriber_backlog", "subscriber_timeout_ms",
+        "peer_timeout_ms",
         "state_max_value_bytes", "max_batch_items", "max_deliveries", "client_share_percent",
         "state_max_keys", "state_max_bytes", "client_state_max_keys", "client_state_max_bytes",
         "state_history_changes", "state_history_bytes", "state_history_per_key",
@@ -43,6 +44,7 @@ extension KernelConfiguration {
         if let value = try kernel.integer("peer_backlog", atMost: Int(Int32.max)) { peerBacklog = value }
         if let value = try kernel.integer("subscriber_backlog", atMost: Int(Int32.max)) { subscriberBacklog = value }
         if let value = try kernel.milliseconds("subscriber_timeout_ms") { subscriberTimeout = value }
+        if let value = try kernel.milliseconds("peer_timeout_ms") { peerTimeout = value }
         if let value = try kernel.integer("state_max_value_bytes", atMost: 1 << 30) { stateMaxValueBytes = value }
         if let value = try kernel.integer("client_share_percent", atMost: 100) { clientSharePercent = value }
         if let value = try kernel.integer("max_deliveries", atMost: 100) { maxDeliveries = value }

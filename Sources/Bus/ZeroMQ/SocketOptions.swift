@@ -30,6 +30,13 @@ extension SocketOption where Value == Int32 {
     public static var reconnectIntervalMax: Self { .init(ZMQ_RECONNECT_IVL_MAX, "ZMQ_RECONNECT_IVL_MAX") }
     /// TCP keepalive: -1 system default, 0 off, 1 on.
     public static var tcpKeepalive: Self { .init(ZMQ_TCP_KEEPALIVE, "ZMQ_TCP_KEEPALIVE") }
+    /// Seconds a connection receives nothing before keepalive probes start (-1: system default).
+    public static var tcpKeepaliveIdle: Self { .init(ZMQ_TCP_KEEPALIVE_IDLE, "ZMQ_TCP_KEEPALIVE_IDLE") }
+    /// Seconds between keepalive probes (-1: system default).
+    public static var tcpKeepaliveInterval: Self { .init(ZMQ_TCP_KEEPALIVE_INTVL, "ZMQ_TCP_KEEPALIVE_INTVL") }
+    /// Milliseconds data sent may stay unacknowledged before the connection is dropped
+    /// (Linux's TCP_USER_TIMEOUT; 0: the system's retransmissions, a quarter of an hour).
+    public static var tcpMaxRetransmitTimeout: Self { .init(ZMQ_TCP_MAXRT, "ZMQ_TCP_MAXRT") }
     /// Milliseconds a blocking receive waits before `EAGAIN` (-1: forever).
     public static var receiveTimeout: Self { .init(ZMQ_RCVTIMEO, "ZMQ_RCVTIMEO") }
     /// Milliseconds a blocking send waits before `EAGAIN` (-1: forever).
@@ -86,6 +93,22 @@ extension SocketOption where Value == String {
 }
 
 extension ZMQSocket {
+    /// Has TCP drop a connection on which the peer acknowledges nothing for `timeout` (at
+    /// least a second): its machine is gone, its link is cut, or it has read nothing that
+    /// long. Data sent and unacknowledged that long ends it (TCP_USER_TIMEOUT), and so does
+    /// a connection that receives nothing, whose keepalive probes go unanswered.
+    ///
+    /// TCP rather than ZMTP heartbeats: TCP hears every acknowledgement, so a peer that reads
+    /// a large message over a slow link stays, where a PING, or its PONG, waits behind that
+    /// message and its heartbeat times out. For connections made after the call.
+    public func dropSilentPeers(after timeout: Duration) throws(ZMQError) {
+        let milliseconds = max(1_000, Int32(clamping: timeout.nanoseconds / 1_000_000))
+        try set(.tcpKeepalive, 1)
+        try set(.tcpKeepaliveIdle, max(1, milliseconds / 2_000))
+        try set(.tcpKeepaliveInterval, max(1, milliseconds / 10_000))
+        try set(.tcpMaxRetransmitTimeout, milliseconds)
+    }
+
     private func setRaw(_ code: Int32, _ name: String, _ value: UnsafeRawPointer?, _ size: Int) throws(ZMQError) {
         let handle = try raw("zmq_setsockopt(\(name))")
         try zmqCall("zmq_setsockopt(\(name))") { zmq_setsockopt(handle, code, value, size) }
