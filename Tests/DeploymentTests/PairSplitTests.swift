@@ -12,6 +12,7 @@ private struct PairHosts {
     /// Each host's address on the clients' network and on the kernels' link.
     let serviceAddresses: [String]
     let linkAddresses: [String]
+    let serviceDevices: [String]
     let linkDevices: [String]
 
     static func make() throws -> PairHosts {
@@ -21,10 +22,10 @@ private struct PairHosts {
         let pair = PairHosts(hosts: ["sbpa-\(tag)", "sbpb-\(tag)"],
                              serviceAddresses: ["\(subnet).\(third).1", "\(subnet).\(third).2"],
                              linkAddresses: ["\(subnet).\(third + 120).1", "\(subnet).\(third + 120).2"],
-                             linkDevices: ["pl0-\(tag)", "pl1-\(tag)"])
+                             serviceDevices: ["ps0-\(tag)", "ps1-\(tag)"], linkDevices: ["pl0-\(tag)", "pl1-\(tag)"])
         do {
             for host in pair.hosts { try NetworkNamespaces.ip(["netns", "add", host]) }
-            for (devices, addresses) in [(["ps0-\(tag)", "ps1-\(tag)"], pair.serviceAddresses), (pair.linkDevices, pair.linkAddresses)] {
+            for (devices, addresses) in [(pair.serviceDevices, pair.serviceAddresses), (pair.linkDevices, pair.linkAddresses)] {
                 try NetworkNamespaces.ip(["link", "add", devices[0], "type", "veth", "peer", "name", devices[1]])
                 for side in 0..<2 {
                     try NetworkNamespaces.ip(["link", "set", devices[side], "netns", pair.hosts[side]])
@@ -43,6 +44,19 @@ private struct PairHosts {
     /// Cuts (or restores) the link between the kernels, on the second host's side.
     func setKernelLink(up: Bool) throws {
         try NetworkNamespaces.ip(["-n", hosts[1], "link", "set", linkDevices[1], up ? "up" : "down"])
+    }
+
+    /// Takes host `side` off both networks, as a machine that is gone.
+    func disconnect(_ side: Int) throws {
+        for device in [serviceDevices[side], linkDevices[side]] {
+            try NetworkNamespaces.ip(["-n", hosts[side], "link", "set", device, "down"])
+        }
+    }
+
+    /// Host `side` sends on the clients' network at `rate` (as tc writes it: 2mbit) at most.
+    func limitServiceLink(_ side: Int, rate: String) throws {
+        try NetworkNamespaces.tc(["-n", hosts[side], "qdisc", "add", "dev", serviceDevices[side], "root", "tbf", "rate", rate,
+                                  "burst", "32kbit", "latency", "30s"])
     }
 
     func remove() {
@@ -75,6 +89,25 @@ private struct PairHosts {
             """
     }
 
+    /// Both kernels, each with its configuration written to `folder` as `sideN.yaml`.
+    func startKernels(in folder: URL, keys: String) throws -> [ChildProcess] {
+        var kernels: [ChildProcess] = []
+        for side in 0..<2 {
+            let config = self.config(side, in: folder)
+            try configuration(side, keys: keys).write(to: config, atomically: true, encoding: .utf8)
+            do {
+                kernels.append(try start(on: side, ["kernel", "--config", config.path]))
+            } catch {
+                for kernel in kernels { kernel.stop() }
+                throw error
+            }
+        }
+        return kernels
+    }
+
+    /// Where ``startKernels(in:keys:)`` wrote side `side`'s configuration.
+    func config(_ side: Int, in folder: URL) -> URL { folder.appendingPathComponent("side\(side).yaml") }
+
     func start(on side: Int, _ arguments: [String]) throws -> ChildProcess {
         try NetworkNamespaces.start(in: hosts[side], switchboardExecutable(), arguments)
     }
@@ -97,13 +130,11 @@ struct PairSplitTests {
         @Sendable func sb(on side: Int, _ arguments: [String]) async throws -> CommandResult {
             try await hosts.sb(on: side, keys: keys.path, arguments)
         }
-        var kernels: [ChildProcess] = [], services: [ChildProcess] = []
+        let kernels = try hosts.startKernels(in: folder, keys: keys.path)
+        var services: [ChildProcess] = []
         defer { for process in services + kernels { process.stop() } }
         for side in 0..<2 {
-            let config = folder.appendingPathComponent("side\(side).yaml")
-            try hosts.configuration(side, keys: keys.path).write(to: config, atomically: true, encoding: .utf8)
-            kernels.append(try hosts.start(on: side, ["kernel", "--config", config.path]))
-            services.append(try hosts.start(on: side, ["serve", "echo", "--config", config.path, "--instance", "echo-\(side)"]))
+            services.append(try hosts.start(on: side, ["serve", "echo", "--config", hosts.config(side, in: folder).path, "--instance", "echo-\(side)"]))
         }
         let both = hosts.broker(0) + "," + hosts.broker(1), backupFirst = hosts.broker(1) + "," + hosts.broker(0)
         @Sendable func stateSequence(_ side: Int) async throws -> JSONValue? {
@@ -153,5 +184,56 @@ struct PairSplitTests {
         let backupLog = kernels[1].outputSoFar.split(separator: "\n").filter { !$0.contains(" info ") || $0.contains("state") }.joined(separator: "\n")
         #expect(after.status == 0 && after.stdout.contains("cut"), "\(after)\nthe backup kernel's log:\n\(backupLog)")
         #expect(try await pairState(1, from: 1)?["state"] == "active")
+    }
+
+    @Test("a pair's client on a slow link: a reply that takes seconds to arrive is not taken for a kernel gone; the active kernel's machine gone: the client notices within seconds and the other kernel serves",
+          .enabled(if: NetworkNamespaces.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+    func slowLinkThenMachineGone() async throws {
+        let hosts = try PairHosts.make()
+        defer { hosts.remove() }
+        let folder = try temporaryDirectory("pair-slow-link")
+        let keys = busKeyFolder(in: folder)
+        _ = try keys.create([KeyFolder.kernel, "echo", KeyFolder.client])
+        @Sendable func sb(on side: Int, _ arguments: [String]) async throws -> CommandResult {
+            try await hosts.sb(on: side, keys: keys.path, arguments)
+        }
+        let kernels = try hosts.startKernels(in: folder, keys: keys.path)
+        defer { for process in kernels { process.stop() } }
+        // An echo on the client's host, registered with both kernels.
+        let echo = try hosts.start(on: 1, ["serve", "echo", "--config", hosts.config(1, in: folder).path, "--connections", "1"])
+        defer { echo.stop() }
+        try await kernels[0].waitForOutput(containing: "the passive peer holds the whole state", within: 60)
+        try await kernels[0].waitForOutput(containing: "worker registered", within: 60)
+        let both = hosts.broker(0) + "," + hosts.broker(1), backupFirst = hosts.broker(1) + "," + hosts.broker(0)
+
+        // A megabyte of state, written on the primary's host; read from the other host over a
+        // link of 2 Mbit/s: about four seconds of one reply arriving.
+        let value = "\"" + String(repeating: "v", count: 100_000) + "\""
+        for index in 0..<10 {
+            let written = try await sb(on: 0, ["pub", "/client/big/\(index)", value, "--endpoint", both, "--timeout", "10s"])
+            try #require(written.status == 0, "\(written)")
+        }
+        try hosts.limitServiceLink(0, rate: "2mbit")
+        let started = ContinuousClock.now
+        let slow = try await sb(on: 1, ["request", "kernel", "state.get", #"{"prefix":"/client/big/"}"#, "--endpoint", both, "--timeout", "60s", "--json"])
+        #expect(slow.status == 0 && slow.stdout.utf8.count > 900_000, "\(slow.status) \(slow.stderr)")
+        print("a 1 MB reply over 2 Mbit/s to a pair's client: \(ContinuousClock.now - started)")
+
+        // A reply in parts from the primary, its first part in; then the primary's machine is
+        // gone. The client hears nothing more, and notices well before its 60 s of silence.
+        let reader = try NetworkNamespaces.start(in: hosts.hosts[1], sbExecutable(), [
+            "request", "echo", "numbers", #"{"n":3,"everyMs":5000}"#, "--stream", "--endpoint", both, "--timeout", "60s", "--key-dir", keys.path,
+        ])
+        defer { reader.stop() }
+        try await reader.waitForOutput(containing: #"{"part":1}"#, within: 30)
+        try hosts.disconnect(0)
+        let cutAt = ContinuousClock.now
+        #expect(await reader.exit(within: 20), "the reader still waits for the kernel whose machine is gone")
+        let noticedAfter = ContinuousClock.now - cutAt
+        #expect(reader.readOutput().contains("the connection to the kernel dropped after 1 part"), "\(reader.outputSoFar)")
+        // The backup takes over and serves the state it holds.
+        let after = try await sb(on: 1, ["request", "kernel", "state.get", #"{"prefix":"/client/big/9"}"#, "--endpoint", backupFirst, "--timeout", "30s", "--json"])
+        #expect(after.status == 0 && after.stdout.contains("vvvv"), "\(after.status) \(after.stderr)")
+        print("the active kernel's machine gone: its client noticed after \(noticedAfter), the backup served \(ContinuousClock.now - cutAt) after")
     }
 }

@@ -465,8 +465,8 @@ public final class BusClient: Sendable {
 /// while it is away) and those in flight when its connection drops are sent again once it is
 /// back. With a pair, requests go to the kernel that last answered as active: one answered
 /// -32008 (not active), or in flight on a connection that dropped, goes to the other kernel,
-/// at once or, when both refused lately, after a short wait; each connection heartbeats
-/// (ZMTP), so a kernel whose machine is gone is noticed too.
+/// at once or, when both refused lately, after a short wait; TCP watches each connection
+/// (``pairPeerTimeout``), so a kernel whose machine is gone is noticed too.
 actor ClientCore {
     struct Pending {
         let service: String
@@ -582,7 +582,7 @@ actor ClientCore {
         guard case .connecting = lifecycle else { throw ZMQError(call: "connect(closed client)", code: ENOTSOCK) }
         self.curve = curve
         for (index, broker) in brokers.enumerated() {
-            let (socket, monitor) = try open(broker, index: index, heartbeats: brokers.count > 1)
+            let (socket, monitor) = try open(broker, index: index, watched: brokers.count > 1)
             connections.append(Connection(endpoint: broker, socket: socket, monitor: monitor))
         }
         lifecycle = .open
@@ -593,19 +593,21 @@ actor ClientCore {
     /// How long a replaced DEALER waits before it connects: libzmq's own reconnect interval,
     /// so a kernel that refuses the client is not asked again at once, again and again.
     static let reconnectInterval = Duration.milliseconds(100)
+    /// With a pair, how long a kernel may acknowledge nothing before its connection is taken
+    /// for lost (its machine gone, its link cut) and what it held goes to the other kernel:
+    /// TCP's acknowledgements, not ZMTP heartbeats, so a reply arriving slowly is no silence.
+    static let pairPeerTimeout = Duration.milliseconds(1_500)
 
     /// A DEALER connecting to `endpoint` as connection `index` (after `delay`, when given),
-    /// and its connection events. What is sent before it connects waits in its backlog.
-    private func open(_ endpoint: String, index: Int, heartbeats: Bool,
+    /// and its connection events; `watched` (a pair's): dropped once its kernel has answered
+    /// nothing for ``pairPeerTimeout``. What is sent before it connects waits in its backlog.
+    private func open(_ endpoint: String, index: Int, watched: Bool,
                       connectingAfter delay: Duration? = nil) throws -> (socket: SocketRegistration, monitor: SocketRegistration) {
         let socket = try ZMQSocket(loop.context, .dealer)
         try socket.secure(curve)
         try socket.set(.receiveHighWaterMark, 0)
         try socket.set(.sendHighWaterMark, 0)
-        if heartbeats {
-            try socket.set(.heartbeatInterval, Int32(250))
-            try socket.set(.heartbeatTimeout, Int32(1_000))
-        }
+        if watched { try socket.dropSilentPeers(after: Self.pairPeerTimeout) }
         // Connection events tell when requests in flight were lost with a kernel.
         let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeFailed, .handshakeSucceeded])
         if delay == nil { try socket.connect(endpoint) }
@@ -701,7 +703,7 @@ actor ClientCore {
             connections[index].socket.close()
             connections[index].monitor.close()
             do {
-                (connections[index].socket, connections[index].monitor) = try open(connections[index].endpoint, index: index, heartbeats: isPair,
+                (connections[index].socket, connections[index].monitor) = try open(connections[index].endpoint, index: index, watched: isPair,
                                                                                    connectingAfter: Self.reconnectInterval)
             } catch {
                 // Only a context being shut down refuses a socket: the process is ending.

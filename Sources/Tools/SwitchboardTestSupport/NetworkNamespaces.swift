@@ -13,8 +13,17 @@ public enum NetworkNamespaces {
 
     /// Runs `ip ARGUMENTS`; its error output in the error when it fails.
     public static func ip(_ arguments: [String]) throws {
-        let (status, errors) = try runBriefly(env.path, ["ip"] + arguments)
-        guard status == 0 else { throw NetworkNamespaceError(description: "ip \(arguments.joined(separator: " ")): \(errors)") }
+        try runTool("ip", arguments)
+    }
+
+    /// Runs `tc ARGUMENTS` (traffic control: a link's rate, delay, loss) the same way.
+    public static func tc(_ arguments: [String]) throws {
+        try runTool("tc", arguments)
+    }
+
+    private static func runTool(_ tool: String, _ arguments: [String]) throws {
+        let (status, errors) = try runBriefly(env.path, [tool] + arguments)
+        guard status == 0 else { throw NetworkNamespaceError(description: "\(tool) \(arguments.joined(separator: " ")): \(errors)") }
     }
 
     /// `ip netns exec HOST executable arguments...` as a child process, with the program's
