@@ -108,6 +108,42 @@ private struct PairHosts {
     /// Where ``startKernels(in:keys:)`` wrote side `side`'s configuration.
     func config(_ side: Int, in folder: URL) -> URL { folder.appendingPathComponent("side\(side).yaml") }
 
+    /// Both kernels and an echo on the second host registered with both (one connection
+    /// each), once the backup holds the whole state.
+    func startPairWithEcho(in folder: URL, keys: String) async throws -> (kernels: [ChildProcess], echo: ChildProcess) {
+        let kernels = try startKernels(in: folder, keys: keys)
+        do {
+            let echo = try start(on: 1, ["serve", "echo", "--config", config(1, in: folder).path, "--connections", "1"])
+            do {
+                try await kernels[0].waitForOutput(containing: "the passive peer holds the whole state", within: 60)
+                try await kernels[0].waitForOutput(containing: "worker registered", within: 60)
+                return (kernels, echo)
+            } catch {
+                echo.stop()
+                throw error
+            }
+        } catch {
+            for kernel in kernels { kernel.stop() }
+            throw error
+        }
+    }
+
+    /// `sb` on the second host reading a reply in parts from the pair (a part every 5 s, at
+    /// most 60 s of silence), once its first part is in.
+    func readerOfParts(keys: String) async throws -> ChildProcess {
+        let reader = try NetworkNamespaces.start(in: hosts[1], sbExecutable(), [
+            "request", "echo", "numbers", #"{"n":3,"everyMs":5000}"#, "--stream", "--endpoint", broker(0) + "," + broker(1),
+            "--timeout", "60s", "--key-dir", keys,
+        ])
+        do {
+            try await reader.waitForOutput(containing: #"{"part":1}"#, within: 30)
+        } catch {
+            reader.stop()
+            throw error
+        }
+        return reader
+    }
+
     func start(on side: Int, _ arguments: [String]) throws -> ChildProcess {
         try NetworkNamespaces.start(in: hosts[side], switchboardExecutable(), arguments)
     }
@@ -197,13 +233,8 @@ struct PairSplitTests {
         @Sendable func sb(on side: Int, _ arguments: [String]) async throws -> CommandResult {
             try await hosts.sb(on: side, keys: keys.path, arguments)
         }
-        let kernels = try hosts.startKernels(in: folder, keys: keys.path)
-        defer { for process in kernels { process.stop() } }
-        // An echo on the client's host, registered with both kernels.
-        let echo = try hosts.start(on: 1, ["serve", "echo", "--config", hosts.config(1, in: folder).path, "--connections", "1"])
-        defer { echo.stop() }
-        try await kernels[0].waitForOutput(containing: "the passive peer holds the whole state", within: 60)
-        try await kernels[0].waitForOutput(containing: "worker registered", within: 60)
+        let (kernels, echo) = try await hosts.startPairWithEcho(in: folder, keys: keys.path)
+        defer { for process in [echo] + kernels { process.stop() } }
         let both = hosts.broker(0) + "," + hosts.broker(1), backupFirst = hosts.broker(1) + "," + hosts.broker(0)
 
         // A megabyte of state, written on the primary's host; read from the other host over a
@@ -221,11 +252,8 @@ struct PairSplitTests {
 
         // A reply in parts from the primary, its first part in; then the primary's machine is
         // gone. The client hears nothing more, and notices well before its 60 s of silence.
-        let reader = try NetworkNamespaces.start(in: hosts.hosts[1], sbExecutable(), [
-            "request", "echo", "numbers", #"{"n":3,"everyMs":5000}"#, "--stream", "--endpoint", both, "--timeout", "60s", "--key-dir", keys.path,
-        ])
+        let reader = try await hosts.readerOfParts(keys: keys.path)
         defer { reader.stop() }
-        try await reader.waitForOutput(containing: #"{"part":1}"#, within: 30)
         try hosts.disconnect(0)
         let cutAt = ContinuousClock.now
         #expect(await reader.exit(within: 20), "the reader still waits for the kernel whose machine is gone")
@@ -235,5 +263,33 @@ struct PairSplitTests {
         let after = try await sb(on: 1, ["request", "kernel", "state.get", #"{"prefix":"/client/big/9"}"#, "--endpoint", backupFirst, "--timeout", "30s", "--json"])
         #expect(after.status == 0 && after.stdout.contains("vvvv"), "\(after.status) \(after.stderr)")
         print("the active kernel's machine gone: its client noticed after \(noticedAfter), the backup served \(ContinuousClock.now - cutAt) after")
+    }
+
+    @Test("the active kernel's process stopped (its machine still acknowledging): a pair's client notices by its ZMTP heartbeats and the other kernel serves",
+          .enabled(if: NetworkNamespaces.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+    func activeKernelStopped() async throws {
+        let hosts = try PairHosts.make()
+        defer { hosts.remove() }
+        let folder = try temporaryDirectory("pair-stopped")
+        let keys = busKeyFolder(in: folder)
+        _ = try keys.create([KeyFolder.kernel, "echo", KeyFolder.client])
+        let (kernels, echo) = try await hosts.startPairWithEcho(in: folder, keys: keys.path)
+        defer {
+            kernels[0].signal(SIGCONT)
+            for process in [echo] + kernels { process.stop() }
+        }
+        let reader = try await hosts.readerOfParts(keys: keys.path)
+        defer { reader.stop() }
+        kernels[0].signal(SIGSTOP)
+        let stoppedAt = ContinuousClock.now
+        // Its heartbeats time out after 10 s: well before the reader's 60 s of silence.
+        #expect(await reader.exit(within: 30), "the reader still waits for the stopped kernel")
+        let noticedAfter = ContinuousClock.now - stoppedAt
+        #expect(reader.readOutput().contains("the connection to the kernel dropped after 1 part"), "\(reader.outputSoFar)")
+        let both = hosts.broker(0) + "," + hosts.broker(1)
+        // A write, which only the active kernel takes: the backup took over.
+        let after = try await hosts.sb(on: 1, keys: keys.path, ["pub", "/client/after", #""stopped""#, "--endpoint", both, "--timeout", "30s"])
+        #expect(after.status == 0, "\(after)")
+        print("the active kernel's process stopped: its client noticed after \(noticedAfter)")
     }
 }

@@ -465,8 +465,9 @@ public final class BusClient: Sendable {
 /// while it is away) and those in flight when its connection drops are sent again once it is
 /// back. With a pair, requests go to the kernel that last answered as active: one answered
 /// -32008 (not active), or in flight on a connection that dropped, goes to the other kernel,
-/// at once or, when both refused lately, after a short wait; TCP watches each connection
-/// (``pairPeerTimeout``), so a kernel whose machine is gone is noticed too.
+/// at once or, when both refused lately, after a short wait; TCP and ZMTP heartbeats watch
+/// each connection (``pairPeerTimeout``), so a kernel whose machine is gone, or whose process
+/// is stopped, is noticed too.
 actor ClientCore {
     struct Pending {
         let service: String
@@ -597,17 +598,28 @@ actor ClientCore {
     /// for lost (its machine gone, its link cut) and what it held goes to the other kernel:
     /// TCP's acknowledgements, not ZMTP heartbeats, so a reply arriving slowly is no silence.
     static let pairPeerTimeout = Duration.milliseconds(1_500)
+    /// With a pair, how long a kernel may answer no ZMTP PING: one whose process is stopped
+    /// (SIGSTOP, a paused container) still has its machine acknowledge, and only a PING finds
+    /// it. Long, because the PING (or its PONG) waits behind a reply being written: a single
+    /// reply that takes longer than this to arrive is the one thing it takes for a stop.
+    static let pairStoppedTimeout = Duration.seconds(10)
 
     /// A DEALER connecting to `endpoint` as connection `index` (after `delay`, when given),
     /// and its connection events; `watched` (a pair's): dropped once its kernel has answered
-    /// nothing for ``pairPeerTimeout``. What is sent before it connects waits in its backlog.
+    /// nothing for ``pairPeerTimeout``, or no PING for ``pairStoppedTimeout``. What is sent
+    /// before it connects waits in its backlog.
     private func open(_ endpoint: String, index: Int, watched: Bool,
                       connectingAfter delay: Duration? = nil) throws -> (socket: SocketRegistration, monitor: SocketRegistration) {
         let socket = try ZMQSocket(loop.context, .dealer)
         try socket.secure(curve)
         try socket.set(.receiveHighWaterMark, 0)
         try socket.set(.sendHighWaterMark, 0)
-        if watched { try socket.dropSilentPeers(after: Self.pairPeerTimeout) }
+        if watched {
+            try socket.dropSilentPeers(after: Self.pairPeerTimeout)
+            let timeout = Int32(clamping: Int(Self.pairStoppedTimeout.nanoseconds / 1_000_000))
+            try socket.set(.heartbeatInterval, timeout / 10)
+            try socket.set(.heartbeatTimeout, timeout)
+        }
         // Connection events tell when requests in flight were lost with a kernel.
         let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeFailed, .handshakeSucceeded])
         if delay == nil { try socket.connect(endpoint) }
