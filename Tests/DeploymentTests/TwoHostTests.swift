@@ -116,8 +116,8 @@ struct TwoHostTests {
         let hosts = try TwoHosts.make()
         defer { hosts.remove() }
         let folder = try temporaryDirectory("cut-client")
-        // A request may wait a minute for a place; a peer that answers nothing is dropped
-        // after two seconds (30 s by default).
+        // A request may wait a minute for a place; a peer that acknowledges nothing is
+        // dropped after two seconds (30 s by default).
         let config = folder.appendingPathComponent("kernel.yaml")
         try "kernel:\n  peer_timeout_ms: 2000\n  queue_timeout_ms: 60000\n".write(to: config, atomically: true, encoding: .utf8)
         let broker = hosts.broker
@@ -127,21 +127,22 @@ struct TwoHostTests {
         let echo = try hosts.startEcho(in: hosts.kernelHost, config: config, ["--connections", "1", "--window", "1"])
         defer { echo.stop() }
         try await kernel.waitForOutput(containing: "worker registered", within: 30)
-        // A reader on the other host whose stream sends a part every 10 s for ten minutes.
+        // A reader on the other host whose stream sends a part every 5 s for five minutes.
         let far = try NetworkNamespaces.start(in: hosts.serviceHost, sbExecutable(), [
-            "request", "echo", "numbers", #"{"n":60,"everyMs":10000}"#, "--stream", "--timeout", "700s", "--endpoint", broker,
+            "request", "echo", "numbers", #"{"n":60,"everyMs":5000}"#, "--stream", "--timeout", "700s", "--endpoint", broker,
         ])
         defer { far.stop() }
-        // Quiet for five times the peer timeout between its parts, and still there: it
-        // answers the kernel's PINGs without reading anything itself.
+        // Quiet for over twice the peer timeout between its parts, and still there: its
+        // machine acknowledges what the kernel sends it (the probes of its quiet stream).
         try await far.waitForOutput(containing: #"{"part":2}"#, within: 60)
 
         try hosts.setLink(up: false)
         let cutAt = ContinuousClock.now
         // The kernel drops the silent connection, its next probe of the stream fails, and the
-        // worker is told to stop (echo's handler sees it at its next part, within 10 s): the
-        // place serves a request from the kernel's host. Before, the connection stayed until
-        // TCP gave up on it (a quarter of an hour), and the place with it.
+        // worker is told to stop (echo's handler sees it at its next part, within 5 s): the
+        // place serves a request from the kernel's host. Without the peer timeout the
+        // connection stays until TCP's retransmissions give up (a quarter of an hour), and
+        // the place with it.
         let next = try await NetworkNamespaces.run(in: hosts.kernelHost, sbExecutable(), [
             "request", "echo", "whoami", "--endpoint", broker, "--timeout", "60s",
         ], seconds: 90)
