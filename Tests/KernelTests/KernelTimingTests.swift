@@ -205,10 +205,10 @@ struct KernelTimingTests {
     }
 
     /// A state server with a pair link in `role` (heartbeats every 200 ms), on `clock`.
-    func pairedState(_ role: PairConfiguration.Role, clock: ManualClock) -> StateServer {
+    func pairedState(_ role: PairConfiguration.Role, clock: ManualClock, peerBroker: String? = nil) -> StateServer {
         var configuration = configuration
         configuration.pair = PairConfiguration(role: role, listen: "inproc://unused-listen", peer: "inproc://unused-peer",
-                                               heartbeatInterval: .milliseconds(200))
+                                               heartbeatInterval: .milliseconds(200), peerBroker: peerBroker)
         return StateServer(configuration: configuration, logger: quiet,
                            pair: PairLink(configuration: configuration.pair!, instance: role.rawValue, clock: clock, logger: quiet))
     }
@@ -247,6 +247,37 @@ struct KernelTimingTests {
         #expect(serves(&state, "svc", now: clock.now))
         #expect(state.pair!.state == .active)
         #expect(state.pair!.takeEvents().contains { if case .becameActive = $0 { true } else { false } })
+    }
+
+    @Test("of a pair: a passive whose silent peer's broker is connected but answers no question takes over once the oldest question has waited two heartbeats; one whose peer's broker answers does not",
+          arguments: [false, true])
+    func peerBrokerThatDoesNotAnswer(answers: Bool) throws {
+        let clock = ManualClock()
+        var state = pairedState(.backup, clock: clock, peerBroker: "inproc://unused-broker")
+        let body: JSONValue = ["state": "active", "role": "primary", "instance": "primary", "sequence": .int(Int64(state.sequence)), "synced": true]
+        state.pairReceived(Message([Frame("peer"), PairWire.header, PairWire.state, Frame(body.jsonBytes)]), now: clock.now)
+        state.pairReceived(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(state.sequence), CHP.sequenceFrame(0)]),
+                           now: clock.now)
+        #expect(state.pair!.state == .passive && state.pair!.holdsState)
+        state.pair!.peerBrokerConnected = true
+        // The link falls silent; each heartbeat the kernel asks the peer's broker again, and a
+        // client comes.
+        clock.advance(.milliseconds(400))
+        let silentAt = clock.now
+        var tookOverAfter: Duration?
+        for _ in 0..<10 where tookOverAfter == nil {
+            state.pairTick(now: clock.now)
+            if answers { state.pair!.probeAnswered(now: clock.now) }
+            if serves(&state, "svc", now: clock.now) { tookOverAfter = .nanoseconds(Int64(clock.now - silentAt)) }
+            clock.advance(.milliseconds(200))
+        }
+        if answers {
+            #expect(tookOverAfter == nil, "took over from a peer whose broker answers")
+            #expect(state.pair!.state == .passive)
+        } else {
+            #expect(tookOverAfter == .milliseconds(400), "\(String(describing: tookOverAfter))")
+            #expect(state.pair!.state == .active)
+        }
     }
 
     @Test("of a pair: of two actives the one active for less time gives way, the primary too (a restarted primary that served alone before it heard its peer); too close to tell, the backup does")

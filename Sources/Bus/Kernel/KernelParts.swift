@@ -175,10 +175,13 @@ final class KernelParts {
             registrations.pairSender = register(pairSockets.sender) { _, _ in }
             registrations.pairSender?.dropsWhenPeerFull = true
             if let peerBroker = pairSockets.peerBroker {
-                let events = try connectionEvents(of: peerBroker, in: loop.context)
+                // Reachable once a ZMTP handshake succeeds, not when TCP connects: the machine of
+                // a peer whose process is stopped still accepts connections, and only a process
+                // that runs greets.
+                let events = try connectionEvents(of: peerBroker, in: loop.context, also: .handshakeSucceeded)
                 registrations.peerBrokerMonitor = register(events) { parts, message in
                     guard let event = SocketEvent(message) else { return }
-                    if event.event.contains(.connected) { parts.state.pair?.peerBrokerConnected = true }
+                    if event.event.contains(.handshakeSucceeded) { parts.state.pair?.peerBrokerConnected = true }
                     if event.event.contains(.disconnected) { parts.state.pair?.peerBrokerConnected = false }
                 }
                 registrations.peerBroker = register(peerBroker) { parts, _ in parts.state.pair?.probeAnswered(now: parts.clock.now) }

@@ -163,8 +163,9 @@ struct PairLink {
     private var held: [(sequence: UInt64, item: Held)] = []
     private var heldStart = 0
 
-    /// The clients' way to the peer (a DEALER to its broker): whether it is connected, when
-    /// the peer last answered a question there, and when the last one was asked.
+    /// The clients' way to the peer (a DEALER to its broker): whether its connection got
+    /// through a handshake, when the peer last answered a question there, and when the oldest
+    /// question since was asked.
     var peerBrokerConnected = false
     private var probeAnsweredAt: UInt64?
     private var probeSentAt: UInt64?
@@ -278,12 +279,21 @@ struct PairLink {
         let window = configuration.peerExpiry.nanoseconds
         if let answered = probeAnsweredAt, now &- answered < window { return .answers }
         if probeSentAt == nil { probe(now: now) }
-        if let sent = probeSentAt, now &- sent < window, sent > probeAnsweredAt ?? 0 { return .checking }
+        if let sent = probeSentAt, now &- sent < window, questionOutstanding { return .checking }
         return .gone
     }
 
+    /// A question was asked after the last answer.
+    private var questionOutstanding: Bool {
+        guard let sent = probeSentAt else { return false }
+        return sent > probeAnsweredAt ?? 0
+    }
+
+    /// Asks the peer's broker whether it serves. The wait for an answer runs from the oldest
+    /// question still unanswered: asking again each heartbeat must not restart it, or a broker
+    /// that greets but never answers would be waited for forever.
     private mutating func probe(now: UInt64) {
-        probeSentAt = now
+        if !questionOutstanding { probeSentAt = now }
         probes.send([Frame(), Frame(MDP.clientHeader), Frame(MMI.serviceQuery), Frame(KernelAPI.service)])
     }
 
