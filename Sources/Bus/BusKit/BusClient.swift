@@ -466,8 +466,8 @@ public final class BusClient: Sendable {
 /// back. With a pair, requests go to the kernel that last answered as active: one answered
 /// -32008 (not active), or in flight on a connection that dropped, goes to the other kernel,
 /// at once or, when both refused lately, after a short wait; TCP and ZMTP heartbeats watch
-/// each connection (``pairPeerTimeout``), so a kernel whose machine is gone, or whose process
-/// is stopped, is noticed too.
+/// each connection (``pairPeerTimeout``, ``pairStoppedTimeout``), so a kernel whose machine
+/// is gone, or whose process is stopped, is noticed too.
 actor ClientCore {
     struct Pending {
         let service: String
