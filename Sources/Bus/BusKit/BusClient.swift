@@ -504,8 +504,8 @@ actor ClientCore {
         let timeout: Duration
         let message: Message
         var sentOn: Int
-        /// Once it timed out: when its place is given up.
-        var forgottenAt: UInt64 { deadline &+ timeout.nanoseconds }
+        /// Whether its place is given up by `now`: it timed out, and as long again has passed.
+        func isForgotten(at now: UInt64) -> Bool { continuation == nil && deadline &+ timeout.nanoseconds <= now }
     }
 
     /// One kernel's DEALER and what the client knows of it. The DEALER is replaced each time
@@ -846,8 +846,8 @@ actor ClientCore {
 
     /// Drops the places of `service`'s timed-out opaque requests that are past being kept.
     private func forgetTimedOutOpaque(_ service: String, now: UInt64) {
-        guard let waiting = opaque[service], waiting.contains(where: { $0.continuation == nil && $0.forgottenAt <= now }) else { return }
-        opaque[service] = waiting.filter { $0.continuation != nil || $0.forgottenAt > now }
+        guard let waiting = opaque[service], waiting.contains(where: { $0.isForgotten(at: now) }) else { return }
+        opaque[service] = waiting.filter { !$0.isForgotten(at: now) }
     }
 
     /// The opaque reply for `service` that came on `connection`: to the first request sent
@@ -1011,7 +1011,7 @@ actor ClientCore {
         for (service, waiting) in opaque where waiting.contains(where: { $0.deadline <= now }) {
             opaque[service] = waiting.compactMap { request in
                 guard request.deadline <= now else { return request }
-                guard let continuation = request.continuation else { return request.forgottenAt <= now ? nil : request }
+                guard let continuation = request.continuation else { return request.isForgotten(at: now) ? nil : request }
                 continuation.resume(returning: .failure(.timedOut(service: service, method: "(opaque)", after: request.timeout)))
                 var timedOut = request
                 timedOut.continuation = nil
