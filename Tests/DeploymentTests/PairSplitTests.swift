@@ -53,9 +53,11 @@ private struct PairHosts {
         }
     }
 
-    /// Host `side` sends on the clients' network at `rate` (as tc writes it: 2mbit) at most.
-    func limitServiceLink(_ side: Int, rate: String) throws {
-        try NetworkNamespaces.tc(["-n", hosts[side], "qdisc", "add", "dev", serviceDevices[side], "root", "tbf", "rate", rate,
+    /// Host `side` sends on the clients' network (or on the kernels' link) at `rate` (as tc
+    /// writes it: 2mbit) at most.
+    func limitLink(_ side: Int, kernels: Bool = false, rate: String) throws {
+        let device = kernels ? linkDevices[side] : serviceDevices[side]
+        try NetworkNamespaces.tc(["-n", hosts[side], "qdisc", "add", "dev", device, "root", "tbf", "rate", rate,
                                   "burst", "32kbit", "latency", "30s"])
     }
 
@@ -244,7 +246,7 @@ struct PairSplitTests {
             let written = try await sb(on: 0, ["pub", "/client/big/\(index)", value, "--endpoint", both, "--timeout", "10s"])
             try #require(written.status == 0, "\(written)")
         }
-        try hosts.limitServiceLink(0, rate: "2mbit")
+        try hosts.limitLink(0, rate: "2mbit")
         let started = ContinuousClock.now
         let slow = try await sb(on: 1, ["request", "kernel", "state.get", #"{"prefix":"/client/big/"}"#, "--endpoint", both, "--timeout", "60s", "--json"])
         #expect(slow.status == 0 && slow.stdout.utf8.count > 900_000, "\(slow.status) \(slow.stderr)")
@@ -263,6 +265,52 @@ struct PairSplitTests {
         let after = try await sb(on: 1, ["request", "kernel", "state.get", #"{"prefix":"/client/big/9"}"#, "--endpoint", backupFirst, "--timeout", "30s", "--json"])
         #expect(after.status == 0 && after.stdout.contains("vvvv"), "\(after.status) \(after.stderr)")
         print("the active kernel's machine gone: its client noticed after \(noticedAfter), the backup served \(ContinuousClock.now - cutAt) after")
+    }
+
+    @Test("a slow link between the kernels: each change, and a copy of the whole state that takes seconds to cross, arrive without the link being taken for silent or the copy asked for again",
+          .enabled(if: NetworkNamespaces.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+    func slowKernelLink() async throws {
+        let hosts = try PairHosts.make()
+        defer { hosts.remove() }
+        let folder = try temporaryDirectory("pair-slow-kernel-link")
+        let keys = busKeyFolder(in: folder)
+        _ = try keys.create([KeyFolder.kernel, KeyFolder.client])
+        @Sendable func sb(_ arguments: [String]) async throws -> CommandResult {
+            try await hosts.sb(on: 0, keys: keys.path, arguments)
+        }
+        var kernels = try hosts.startKernels(in: folder, keys: keys.path)
+        defer { for kernel in kernels { kernel.stop() } }
+        try await kernels[0].waitForOutput(containing: "the passive peer holds the whole state", within: 60)
+        @Sendable func stateSequence(_ side: Int) async throws -> JSONValue? {
+            let result = try await sb(["request", "kernel", "stats", "--endpoint", hosts.broker(side), "--timeout", "2s", "--json"])
+            return try JSONValue(parsing: Array(result.stdout.utf8))["state"]?["sequence"]
+        }
+        // 1 Mbit/s from the primary to the backup: each 100 kB change takes 0.8 s to cross,
+        // longer than the pair's heartbeats give a silent peer (400 ms).
+        try hosts.limitLink(0, kernels: true, rate: "1mbit")
+        let value = "\"" + String(repeating: "v", count: 100_000) + "\""
+        for index in 0..<3 {
+            let written = try await sb(["pub", "/client/big/\(index)", value, "--endpoint", hosts.broker(0), "--timeout", "20s"])
+            try #require(written.status == 0, "\(written)")
+        }
+        #expect(try await stateSequence(0) == stateSequence(1))
+        #expect(!kernels[0].outputSoFar.contains("the passive peer is silent"), "\(kernels[0].outputSoFar)")
+        #expect(!kernels[1].outputSoFar.contains("copying its state again"), "\(kernels[1].outputSoFar)")
+
+        // The backup restarted after more changes: the whole state (600 kB, about five
+        // seconds over this link) is copied once.
+        kernels[1].stop()
+        for index in 3..<6 {
+            let written = try await sb(["pub", "/client/big/\(index)", value, "--endpoint", hosts.broker(0), "--timeout", "20s"])
+            try #require(written.status == 0, "\(written)")
+        }
+        let started = ContinuousClock.now
+        kernels[1] = try hosts.start(on: 1, ["kernel", "--config", hosts.config(1, in: folder).path])
+        _ = try await kernels[1].waitForOutput(containing: "copied the active peer's state", within: 60)
+        print("600 kB of state copied over 1 Mbit/s in \(ContinuousClock.now - started)")
+        #expect(try await stateSequence(0) == stateSequence(1))
+        let copies = kernels[0].outputSoFar.components(separatedBy: "sent the state to the peer").count - 1
+        #expect(copies == 2, "the primary sent its state \(copies) times:\n\(kernels[0].outputSoFar)")
     }
 
     @Test("the active kernel's process stopped (its machine still acknowledging): a pair's client notices by its ZMTP heartbeats and the other kernel serves",

@@ -247,10 +247,8 @@ public actor Kernel: BusService {
                           opened: inout [ZMQSocket]) throws -> (listener: ZMQSocket, sender: ZMQSocket, peerBroker: ZMQSocket?) {
         let security = self.configuration.security, context = loop.context
         // Nothing waits for a peer that is not there: what is sent meanwhile is dropped, and
-        // the peer copies the state when it is back. ZMTP heartbeats close a connection that
-        // went silent (a cut link, a machine gone) rather than queue behind it what would
-        // arrive stale once it is back. With CURVE, each kernel is a client of the other with
-        // the key pair they share.
+        // the peer copies the state when it is back. With CURVE, each kernel is a client of
+        // the other with the key pair they share.
         let interval = Int32(clamping: Int(configuration.heartbeatInterval.nanoseconds / 1_000_000))
         func dealer() throws -> ZMQSocket {
             let socket = try ZMQSocket(context, .dealer)
@@ -261,15 +259,27 @@ public actor Kernel: BusService {
             }
             try socket.set(.immediate, true)
             try socket.set(.linger, 0)
+            return socket
+        }
+        // The link carries the whole state when the peer copies it: a PING would wait behind
+        // it, and on a slow link time out a connection that is busy, not silent. TCP hears
+        // each acknowledgement: the connection goes once the peer acknowledges nothing for
+        // peer_timeout (its machine gone, the link cut); the pair's own heartbeats, on the
+        // link's other connection, say within two intervals that the peer is silent.
+        let sender = try dealer()
+        try sender.dropSilentPeers(after: self.configuration.peerTimeout)
+        try sender.set(.sendHighWaterMark, 1_000_000)
+        try sender.connect(configuration.peer)
+        // Connected by the parts once its connection events are watched.
+        // The peer's broker answers small questions only: ZMTP heartbeats notice at once that
+        // its connection went silent.
+        let peerBroker = try configuration.peerBroker.map { _ in
+            let socket = try dealer()
             try socket.set(.heartbeatInterval, interval)
             try socket.set(.heartbeatTimeout, interval * 2)
             return socket
         }
-        let sender = try dealer()
-        try sender.set(.sendHighWaterMark, 1_000_000)
-        try sender.connect(configuration.peer)
-        // Connected by the parts once its connection events are watched.
-        return (listener, sender, try configuration.peerBroker.map { _ in try dealer() })
+        return (listener, sender, peerBroker)
     }
 
     private func installMethods() {

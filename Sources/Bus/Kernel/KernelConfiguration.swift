@@ -39,11 +39,12 @@ public struct KernelConfiguration: Sendable, Equatable {
     /// queue by messages only, fixed when it connects (a bound changed on the fly stalls
     /// subscribers that read, whose queue's writer learns of reads only every half queue).
     public var subscriberTimeout: Duration = .seconds(30)
-    /// How long a peer of the broker (a client, a worker) may acknowledge nothing before the
-    /// kernel drops its connection (``ZMQSocket/dropSilentPeers(after:)``): its machine is
-    /// gone, its link is cut, or it leaves its connection undrained. What it held goes with it
-    /// (a stream it waited on is ended, its worker told to stop), instead of staying held
-    /// until TCP's retransmissions give up, a quarter of an hour later.
+    /// How long a peer of the broker (a client, a worker), or the pair's peer kernel on the
+    /// link, may acknowledge nothing before the kernel drops its connection
+    /// (``ZMQSocket/dropSilentPeers(after:)``): its machine is gone, its link is cut, or it
+    /// leaves its connection undrained. What it held goes with it (a stream it waited on is
+    /// ended, its worker told to stop), instead of staying held until TCP's retransmissions
+    /// give up, a quarter of an hour later.
     public var peerTimeout: Duration = .seconds(30)
     /// The largest inbound message on any kernel socket; a peer sending more is disconnected.
     public var maxMessageSize = MDP.defaultMaxMessageSize
