@@ -268,6 +268,11 @@ struct SBTests {
         #expect(before.status == 0 && before.stdout.contains("pricing"), "\(before)")
         let nested = try await bus.sb("--endpoint", bus.environment["SB_ENDPOINT"]!, "news", "saved", "--json", environment: ["SB_ENDPOINT": ""])
         #expect(nested.status == 0, "\(nested)")
+        // A negative number after an option is its value, checked as one (not "Missing value").
+        let negativeCount = try await bus.sb("sub", "/", "--count", "-1")
+        #expect(negativeCount.status == 64 && negativeCount.stderr.contains("--count must be positive"), "\(negativeCount)")
+        let negativeWait = try await bus.sb("stream", "fetch", "orders", "reader", "--wait", "-1")
+        #expect(negativeWait.status == 64 && negativeWait.stderr.contains("--wait must be 0 to 60 seconds"), "\(negativeWait)")
         let badEnvironment = try await bus.sb("ping", environment: ["SB_ENDPOINT": "garbage://x"])
         #expect(badEnvironment.status == 64, "\(badEnvironment)")
         // Invalid UTF-8 (a lone 0xFF) in an argument is refused, not turned into U+FFFD.

@@ -44,8 +44,8 @@ struct CountrySearch: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Argument(help: "Part of a name or capital; a two-letter code also matches.") var query: String?
     @Option(help: "A continent code (EU, AS, ...) or region name.") var region: String?
-    @Option(help: "Countries shown (1 to 1000).") var limit = 250
-    @Option(help: "Countries skipped first.") var offset = 0
+    @Option(parsing: .unconditional, help: "Countries shown (1 to 1000).") var limit = 250
+    @Option(parsing: .unconditional, help: "Countries skipped first.") var offset = 0
 
     func run() async throws {
         let params = SearchAPI.Countries(query: query, region: region, offset: offset, limit: limit)
@@ -72,7 +72,7 @@ struct CountryDeal: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
-    @Option(help: "The Rollback Deal's seed (the same seed, the same deal).") var seed: Int64?
+    @Option(parsing: .unconditional, help: "The Rollback Deal's seed (the same seed, the same deal).") var seed: Int64?
     @Option(help: "The day of the Deal of the Day (YYYY-MM-DD; default today, UTC).") var date: String?
 
     func run() async throws {
@@ -213,7 +213,7 @@ struct Items: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Flag(help: "Natural order: numbers in names by value.") var natural = false
-    @Option(name: .customLong("list"), help: "Only this listId.") var listId: Int?
+    @Option(name: .customLong("list"), parsing: .unconditional, help: "Only this listId.") var listId: Int?
 
     func run() async throws {
         let params = SearchAPI.Items(order: natural ? .natural : .lexical, listId: listId)
@@ -255,7 +255,7 @@ struct NewsSources: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Option(parsing: .upToNextOption, help: "Select these source ids (replacing the selection).") var select: [String] = []
-    @Option(help: "With --select: only if the selection is still at this revision (sb request store sources.selected shows it).") var revision: Int?
+    @Option(parsing: .unconditional, help: "With --select: only if the selection is still at this revision (sb request store sources.selected shows it).") var revision: Int?
     @Option(help: "A two-letter language code, or 'all'.") var language: String?
     @Option(help: "A NewsAPI category (business, technology, ...).") var category: String?
 
@@ -294,8 +294,8 @@ struct NewsHeadlines: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
-    @Option(help: "The page, from 1.") var page = 1
-    @Option(help: "Headlines per page (1 to 100).") var pageSize = 20
+    @Option(parsing: .unconditional, help: "The page, from 1.") var page = 1
+    @Option(parsing: .unconditional, help: "Headlines per page (1 to 100).") var pageSize = 20
     @Option(name: .customLong("source"), help: "A source id instead of the selection (repeatable).") var sources: [String] = []
 
     func run() async throws {
@@ -457,7 +457,7 @@ struct FlightRoute: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Option(parsing: .upToNextOption, help: ArgumentHelp("Choose the route: an outbound id, then optionally an inbound id.", valueName: "id"))
     var select: [Int] = []
-    @Option(help: "With --select: only if the route is still at this revision (sb flights route --json shows it).") var revision: Int?
+    @Option(parsing: .unconditional, help: "With --select: only if the route is still at this revision (sb flights route --json shows it).") var revision: Int?
 
     func validate() throws {
         if select.count > 2 { throw ValidationError("--select takes an outbound id and at most one inbound id") }
@@ -488,7 +488,7 @@ struct FlightHistory: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
-    @Option(help: "The last this many prices (default 20, at most 1000).") var last = 20
+    @Option(parsing: .unconditional, help: "The last this many prices (default 20, at most 1000).") var last = 20
 
     func run() async throws {
         let asked = StreamsAPI.ReadMessages(name: PricingAPI.routeHistoryStream, last: last, filter: PricingAPI.StateKeys.routeCurrent)

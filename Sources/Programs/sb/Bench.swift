@@ -40,12 +40,12 @@ struct BenchRequest: AsyncParsableCommand {
     @Argument(help: "The service.") var service = "echo"
     @Argument(help: "The method.") var method = "echo"
     @Argument(help: "The params, as JSON (default: none; for echo echo, --size bytes of text).") var params: String?
-    @Option(help: "Connections, each with its own window of requests (one socket thread for all).") var clients = 1
-    @Option(help: "Requests in flight per client (1: synchronous).") var window = 1
-    @Option(help: "Requests in all (unless --duration).") var count: Int?
+    @Option(parsing: .unconditional, help: "Connections, each with its own window of requests (one socket thread for all).") var clients = 1
+    @Option(parsing: .unconditional, help: "Requests in flight per client (1: synchronous).") var window = 1
+    @Option(parsing: .unconditional, help: "Requests in all (unless --duration).") var count: Int?
     @Option(help: "Run this long instead of a count: 10s, 2m.") var duration: String?
-    @Option(help: "Bytes of echo echo's params, when no params are given.") var size = 64
-    @Option(help: "Requests each client sends first, not measured.") var warmup = 100
+    @Option(parsing: .unconditional, help: "Bytes of echo echo's params, when no params are given.") var size = 64
+    @Option(parsing: .unconditional, help: "Requests each client sends first, not measured.") var warmup = 100
     @Option(help: "Write each request's latency to this CSV file (client, sent_us, latency_us, ok).") var csv: String?
 
     func validate() throws {
@@ -173,11 +173,11 @@ struct BenchPublish: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
-    @Option(help: "Subscribers, each a connection of its own.") var subscribers = 1
-    @Option(help: "Updates to publish.") var count = 10_000
-    @Option(help: "Bytes of each update's value.") var size = 64
-    @Option(help: "Updates in flight from the publisher.") var window = 64
-    @Option(help: "Distinct keys the updates cycle through.") var keys = 100
+    @Option(parsing: .unconditional, help: "Subscribers, each a connection of its own.") var subscribers = 1
+    @Option(parsing: .unconditional, help: "Updates to publish.") var count = 10_000
+    @Option(parsing: .unconditional, help: "Bytes of each update's value.") var size = 64
+    @Option(parsing: .unconditional, help: "Updates in flight from the publisher.") var window = 64
+    @Option(parsing: .unconditional, help: "Distinct keys the updates cycle through.") var keys = 100
 
     func validate() throws {
         guard (0...100).contains(subscribers) else { throw ValidationError("--subscribers must be 0 to 100") }

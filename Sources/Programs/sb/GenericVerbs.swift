@@ -112,9 +112,9 @@ struct Subscribe: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @Argument(help: "Key prefixes (all keys when none).") var prefixes: [String] = []
-    @Option(help: "Exit after this many lines.") var count: Int?
+    @Option(parsing: .unconditional, help: "Exit after this many lines.") var count: Int?
     @Flag(help: "Only updates from now on, without the current entries.") var noSnapshot = false
-    @Option(help: "Resume after this sequence: the changes since, not the snapshot.") var since: UInt64?
+    @Option(parsing: .unconditional, help: "Resume after this sequence: the changes since, not the snapshot.") var since: UInt64?
     @Flag(help: "Print missed/resynced notices as JSON lines on stdout too.") var json = false
 
     func validate() throws {
@@ -193,8 +193,8 @@ struct Publish: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The key (a path such as /client/name).") var key: String
-    @Argument(help: "The value, as JSON (null deletes).") var value: String
-    @Option(help: "Seconds after which the kernel deletes the key.") var ttl: Double?
+    @Argument(help: "The value, as JSON (null deletes; a negative number goes after --: KEY -- -5).") var value: String
+    @Option(parsing: .unconditional, help: "Seconds after which the kernel deletes the key.") var ttl: Double?
 
     func validate() throws {
         guard key.hasPrefix("/") else { throw ValidationError("KEY must be a path starting with '/'") }

@@ -72,8 +72,8 @@ struct WriteArguments: ParsableArguments {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @OptionGroup var target: KeyArguments
-    @Argument(help: "The value, as JSON (strings need quotes: '\"text\"').") var value: String
-    @Option(help: "Seconds after which the kernel deletes the key.") var ttl: Double?
+    @Argument(help: "The value, as JSON (strings need quotes: '\"text\"'; a negative number goes after --: KEY -- -5).") var value: String
+    @Option(parsing: .unconditional, help: "Seconds after which the kernel deletes the key.") var ttl: Double?
 
     func validate() throws {
         _ = try parseJSON(value, "VALUE")
@@ -123,7 +123,7 @@ struct KVDelete: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @OptionGroup var target: KeyArguments
-    @Option(help: "Delete only if the key is still at this revision.") var revision: UInt64?
+    @Option(parsing: .unconditional, help: "Delete only if the key is still at this revision.") var revision: UInt64?
 
     func run() async throws {
         try await withClient(connection) { client in
@@ -163,8 +163,8 @@ struct KVWatch: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @Flag(help: "Print JSON lines (as sb sub does).") var json = false
     @Argument(help: "Key prefixes (all keys when none).") var prefixes: [String] = []
-    @Option(help: "Resume after this revision: only the changes since.") var since: UInt64?
-    @Option(help: "Exit after this many lines.") var count: Int?
+    @Option(parsing: .unconditional, help: "Resume after this revision: only the changes since.") var since: UInt64?
+    @Option(parsing: .unconditional, help: "Exit after this many lines.") var count: Int?
 
     func validate() throws {
         if let count, count <= 0 { throw ValidationError("--count must be positive") }

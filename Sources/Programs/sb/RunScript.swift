@@ -19,7 +19,7 @@ struct Run: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @Argument(help: "The script (default or '-': standard input).") var file: String?
-    @Option(help: "Requests in flight at once.") var parallel = 1
+    @Option(parsing: .unconditional, help: "Requests in flight at once.") var parallel = 1
     @Flag(help: "Go on after a failed request.") var continueOnError = false
 
     func validate() throws {

@@ -96,10 +96,10 @@ struct StreamAdd: AsyncParsableCommand {
     @Argument(help: "The stream's name: letters, digits, '-' and '_'.") var name: String
     @Argument(help: "Subject prefixes it holds.") var subjects: [String]
     @Flag(help: "A work queue: each message stays until its one consumer has it done.") var workQueue = false
-    @Option(help: "At most this many messages (the oldest go).") var maxMessages: Int?
-    @Option(help: "At most this many bytes of data (the oldest go).") var maxBytes: Int?
-    @Option(help: "Seconds a message is kept.") var maxAge: Double?
-    @Option(help: "Seconds a message id is remembered, for exactly-once publishing (default 120).") var duplicateWindow: Double?
+    @Option(parsing: .unconditional, help: "At most this many messages (the oldest go).") var maxMessages: Int?
+    @Option(parsing: .unconditional, help: "At most this many bytes of data (the oldest go).") var maxBytes: Int?
+    @Option(parsing: .unconditional, help: "Seconds a message is kept.") var maxAge: Double?
+    @Option(parsing: .unconditional, help: "Seconds a message id is remembered, for exactly-once publishing (default 120).") var duplicateWindow: Double?
     @Flag(help: "Keep the kernel's state instead: every change of a key under the subjects (key prefixes), the key as subject.") var captureState = false
 
     func run() async throws {
@@ -161,7 +161,7 @@ struct StreamPublish: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The subject.") var subject: String
-    @Argument(help: "The message's data.") var data: String
+    @Argument(help: "The message's data (data beginning with '-' goes after --: SUBJECT -- -5).") var data: String
     @Option(help: "A message id: publishing it again within the stream's duplicate window keeps it once.") var id: String?
 
     func run() async throws {
@@ -188,10 +188,10 @@ struct StreamRead: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream.") var stream: String
-    @Option(help: "From this sequence (default: the first).") var from: Int?
-    @Option(help: "The last this many messages.") var last: Int?
+    @Option(parsing: .unconditional, help: "From this sequence (default: the first).") var from: Int?
+    @Option(parsing: .unconditional, help: "The last this many messages.") var last: Int?
     @Option(help: "Only subjects starting with this.") var filter: String?
-    @Option(help: "At most this many messages (default 100).") var max: Int?
+    @Option(parsing: .unconditional, help: "At most this many messages (default 100).") var max: Int?
 
     func validate() throws {
         if from != nil, last != nil { throw ValidationError("give --from or --last, not both") }
@@ -219,11 +219,11 @@ struct StreamConsumer: AsyncParsableCommand {
     @Argument(help: "The stream.") var stream: String
     @Argument(help: "The consumer's name.") var name: String
     @Flag(help: "Only messages published from now on (default: from the first).") var new = false
-    @Option(help: "From this sequence.") var fromSequence: Int?
+    @Option(parsing: .unconditional, help: "From this sequence.") var fromSequence: Int?
     @Option(help: "From this time (ISO 8601).") var fromTime: String?
     @Option(help: "Only subjects starting with this.") var filter: String?
-    @Option(help: "Seconds a reader has a message before it is handed out again (default 30).") var ackWait: Double?
-    @Option(help: "Deliveries before a message goes to the dead letters (default 5).") var maxDeliver: Int?
+    @Option(parsing: .unconditional, help: "Seconds a reader has a message before it is handed out again (default 30).") var ackWait: Double?
+    @Option(parsing: .unconditional, help: "Deliveries before a message goes to the dead letters (default 5).") var maxDeliver: Int?
 
     func run() async throws {
         let config = StreamsAPI.ConsumerConfig(stream: stream, name: name, deliver: new ? .new : nil, startSequence: fromSequence, startTime: fromTime,
@@ -249,8 +249,8 @@ struct StreamFetch: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream.") var stream: String
     @Argument(help: "The consumer.") var consumer: String
-    @Option(help: "At most this many messages (default 1).") var batch: Int?
-    @Option(help: "Seconds to wait for one when none is ready (default 0).") var wait: Double?
+    @Option(parsing: .unconditional, help: "At most this many messages (default 1).") var batch: Int?
+    @Option(parsing: .unconditional, help: "Seconds to wait for one when none is ready (default 0).") var wait: Double?
     @Flag(help: "Acknowledge them once printed.") var ack = false
 
     /// A message as a line: its sequence, subject, deliveries and data.
@@ -299,8 +299,8 @@ struct StreamSubscribe: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream.") var stream: String
     @Argument(help: "The consumer.") var consumer: String
-    @Option(help: "Stop after this many messages (default 1000).") var count: Int?
-    @Option(help: "Stop after this many seconds (default 30).") var expires: Double?
+    @Option(parsing: .unconditional, help: "Stop after this many messages (default 1000).") var count: Int?
+    @Option(parsing: .unconditional, help: "Stop after this many seconds (default 30).") var expires: Double?
     @Flag(help: "Acknowledge each once printed.") var ack = false
 
     func validate() throws {
@@ -362,7 +362,7 @@ struct StreamNak: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @OptionGroup var settle: SettleOptions
-    @Option(help: "Seconds before they are handed out again (default 0).") var delay: Double?
+    @Option(parsing: .unconditional, help: "Seconds before they are handed out again (default 0).") var delay: Double?
 
     func run() async throws {
         let nak = StreamsAPI.Nak(stream: settle.stream, consumer: settle.consumer, sequences: settle.sequences, delay: delay)

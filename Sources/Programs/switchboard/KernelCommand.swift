@@ -27,13 +27,13 @@ struct KernelCommand: AsyncParsableCommand {
     var publisher: String?
     @Option(help: "The CHP collector endpoint.")
     var collector: String?
-    @Option(help: "Heartbeat interval in milliseconds.")
+    @Option(parsing: .unconditional, help: "Heartbeat interval in milliseconds.")
     var heartbeatMs: Int?
-    @Option(help: "Missed heartbeats before a worker is dead.")
+    @Option(parsing: .unconditional, help: "Missed heartbeats before a worker is dead.")
     var liveness: Int?
-    @Option(help: "Milliseconds a request waits for a worker before -32001.")
+    @Option(parsing: .unconditional, help: "Milliseconds a request waits for a worker before -32001.")
     var queueTimeoutMs: Int?
-    @Option(help: "The largest message accepted, in bytes.")
+    @Option(parsing: .unconditional, help: "The largest message accepted, in bytes.")
     var maxMessageSize: Int?
     @Option(name: .customLong("no-retry"), help: "A service whose requests are not re-sent when their worker dies (repeatable).")
     var nonRetriable: [String] = []

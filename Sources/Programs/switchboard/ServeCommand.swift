@@ -29,13 +29,13 @@ struct ServeCommand: AsyncParsableCommand {
     @Argument(help: "The service to run: \(Pieces.names.joined(separator: ", ")).")
     var name: String
     @OptionGroup var kernels: KernelEndpointOptions
-    @Option(help: "Worker connections (default: services.NAME.workers).")
+    @Option(parsing: .unconditional, help: "Worker connections (default: services.NAME.workers).")
     var connections: Int?
-    @Option(help: "Requests each connection holds at once, 1 to 4096; 1 is plain 7/MDP (default: services.NAME.window, 16).")
+    @Option(parsing: .unconditional, help: "Requests each connection holds at once, 1 to 4096; 1 is plain 7/MDP (default: services.NAME.window, 16).")
     var window: Int?
-    @Option(help: "Heartbeat interval in milliseconds (default: kernel.heartbeat_ms; match the kernel's).")
+    @Option(parsing: .unconditional, help: "Heartbeat interval in milliseconds (default: kernel.heartbeat_ms; match the kernel's).")
     var heartbeatMs: Int?
-    @Option(help: "Missed heartbeats before the kernel is considered gone (default: kernel.liveness).")
+    @Option(parsing: .unconditional, help: "Missed heartbeats before the kernel is considered gone (default: kernel.liveness).")
     var liveness: Int?
     @Option(help: "A name for this instance, reported by echo's whoami.")
     var instance: String?
