@@ -9,20 +9,21 @@ struct TwoHosts: Sendable {
     let kernelHost: String
     let serviceHost: String
     let kernelAddress: String
+    let kernelLink: String
     let serviceLink: String
 
     static func make() throws -> TwoHosts {
         let tag = String(UInt32.random(in: 0..<UInt32.max), radix: 36)
         let subnet = "10.\(Int.random(in: 200...250)).\(Int.random(in: 1...250))"
-        let hosts = TwoHosts(kernelHost: "sbk-\(tag)", serviceHost: "sbs-\(tag)", kernelAddress: "\(subnet).1", serviceLink: "vs-\(tag)")
-        let kernelLink = "vk-\(tag)"
+        let hosts = TwoHosts(kernelHost: "sbk-\(tag)", serviceHost: "sbs-\(tag)", kernelAddress: "\(subnet).1",
+                             kernelLink: "vk-\(tag)", serviceLink: "vs-\(tag)")
         do {
             try NetworkNamespaces.ip(["netns", "add", hosts.kernelHost])
             try NetworkNamespaces.ip(["netns", "add", hosts.serviceHost])
-            try NetworkNamespaces.ip(["link", "add", kernelLink, "type", "veth", "peer", "name", hosts.serviceLink])
-            try NetworkNamespaces.ip(["link", "set", kernelLink, "netns", hosts.kernelHost])
+            try NetworkNamespaces.ip(["link", "add", hosts.kernelLink, "type", "veth", "peer", "name", hosts.serviceLink])
+            try NetworkNamespaces.ip(["link", "set", hosts.kernelLink, "netns", hosts.kernelHost])
             try NetworkNamespaces.ip(["link", "set", hosts.serviceLink, "netns", hosts.serviceHost])
-            for (host, link, address) in [(hosts.kernelHost, kernelLink, "\(subnet).1/24"), (hosts.serviceHost, hosts.serviceLink, "\(subnet).2/24")] {
+            for (host, link, address) in [(hosts.kernelHost, hosts.kernelLink, "\(subnet).1/24"), (hosts.serviceHost, hosts.serviceLink, "\(subnet).2/24")] {
                 try NetworkNamespaces.ip(["-n", host, "addr", "add", address, "dev", link])
                 try NetworkNamespaces.ip(["-n", host, "link", "set", link, "up"])
                 try NetworkNamespaces.ip(["-n", host, "link", "set", "lo", "up"])
@@ -55,6 +56,12 @@ struct TwoHosts: Sendable {
     /// Cuts (or restores) the service host's side of the link.
     func setLink(up: Bool) throws {
         try NetworkNamespaces.ip(["-n", serviceHost, "link", "set", serviceLink, up ? "up" : "down"])
+    }
+
+    /// The kernel's host sends to the service's at `rate` (as tc writes it: 2mbit) at most.
+    func limitKernelSide(rate: String) throws {
+        try NetworkNamespaces.tc(["-n", kernelHost, "qdisc", "add", "dev", kernelLink, "root", "tbf", "rate", rate,
+                                  "burst", "32kbit", "latency", "30s"])
     }
 
     /// Removing a namespace removes its end of the veth pair, and with it the pair.
@@ -108,6 +115,33 @@ struct TwoHostTests {
         try await echoWorkers(2, within: 60, "the worker registered again")
         let again = try await whoami()
         #expect(again.status == 0 && again.stdout.contains("far-away"), "\(again)")
+    }
+
+    @Test("a request that takes longer to cross a slow link than heartbeat x liveness reaches its worker: the kernel's heartbeats wait behind it, but its bytes arrive, so the worker does not take the kernel for silent and leave",
+          .enabled(if: NetworkNamespaces.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+    func largeRequestOverSlowLink() async throws {
+        let hosts = try TwoHosts.make()
+        defer { hosts.remove() }
+        let folder = try temporaryDirectory("slow-link-request")
+        let emptyConfig = folder.appendingPathComponent("empty.yaml")
+        try "".write(to: emptyConfig, atomically: true, encoding: .utf8)
+        let kernel = try hosts.startKernel(config: emptyConfig)
+        defer { kernel.stop() }
+        let echo = try hosts.startEcho(in: hosts.serviceHost, config: emptyConfig, ["--connections", "1"])
+        defer { echo.stop() }
+        try await kernel.waitForOutput(containing: "worker registered", within: 30)
+        // 1 MB at 2 Mbit/s: four seconds on the way, against a second of heartbeats (200 ms x 5).
+        try hosts.limitKernelSide(rate: "2mbit")
+        let script = folder.appendingPathComponent("large.jsonl")
+        try #"{"service":"echo","method":"echo","params":{"a":"\#(String(repeating: "x", count: 1_000_000))"}}"#
+            .write(to: script, atomically: true, encoding: .utf8)
+        let started = ContinuousClock.now
+        let answer = try await NetworkNamespaces.run(in: hosts.kernelHost, sbExecutable(), [
+            "run", script.path, "--endpoint", hosts.broker, "--timeout", "60s",
+        ], seconds: 90)
+        #expect(answer.status == 0 && answer.stdout.utf8.count > 1_000_000, "\(answer.status) \(answer.stderr)")
+        print("a 1 MB request over 2 Mbit/s answered in \(ContinuousClock.now - started)")
+        #expect(!echo.outputSoFar.contains("the kernel is silent"), "\(echo.outputSoFar)")
     }
 
     @Test("a client whose link is cut is dropped after peer_timeout: the stream it waited on ends and frees its worker's place; a quiet client that is there stays",

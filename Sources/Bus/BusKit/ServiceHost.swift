@@ -214,6 +214,9 @@ actor WorkerConnection {
     /// with READY at once rather than after heartbeat x liveness.
     private var monitor: SocketRegistration?
     private var lostConnection = false
+    /// The TCP connection to the kernel while there is one: bytes arriving on it say the
+    /// kernel is there while its heartbeats wait behind a large request still on its way.
+    private var kernelConnection: TCPConnection?
     private var heartbeat: LoopTimer?
     private var liveness: Int
     /// Messages libzmq queues for the kernel; past them, replies and parts wait on this side.
@@ -287,6 +290,7 @@ actor WorkerConnection {
         generation += 1
         currentGeneration.store(generation, ordering: .relaxed)
         lostConnection = false
+        kernelConnection = nil
         errors = 0
         errorReport?.cancel()
         errorReport = nil
@@ -511,6 +515,8 @@ actor WorkerConnection {
 
     private func connectionEvent(_ message: Message, generation: Int) {
         guard generation == self.generation, let event = SocketEvent(message) else { return }
+        if event.event.contains(.disconnected) { kernelConnection = nil }
+        if let connection = TCPConnection(event) { kernelConnection = connection }
         if state == .draining, event.event.contains(.disconnected) {
             drainAcknowledged = true
             lostConnection = true
@@ -528,6 +534,12 @@ actor WorkerConnection {
     private func beat() {
         guard state == .registered || state == .draining else { return }
         liveness -= 1
+        // Silent is what sends nothing: over a slow link a large request takes longer to
+        // arrive than heartbeat x liveness, and the kernel's heartbeats wait behind it.
+        // Leaving then would throw it away and have it sent again, without end.
+        if liveness <= 0, let quiet = kernelConnection?.sinceDataReceived, quiet < options.heartbeatInterval {
+            liveness = 1
+        }
         if liveness <= 0, state == .draining {
             // The kernel fell silent while this connection drained: nothing more comes, and
             // nothing more can be sent.

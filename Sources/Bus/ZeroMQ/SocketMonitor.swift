@@ -61,3 +61,54 @@ public func connectionEvents(of socket: ZMQSocket, in context: ZMQContext, also:
     try pair.connect(endpoint)
     return pair
 }
+
+/// The TCP connection a `connected` or `accepted` event names (libzmq gives its descriptor as
+/// the event's value), or a received message came on, as the machine's TCP sees it: what libzmq does not say, such as whether
+/// bytes arrive while a large message is still on its way, behind which the peer's
+/// heartbeats wait.
+///
+/// Only read, never changed: libzmq owns the descriptor. Its two ends are noted when the
+/// event comes, so a descriptor closed and reused since for another connection is not read.
+public struct TCPConnection: Sendable, Equatable {
+    let descriptor: Int32
+    let ends: [UInt8]
+
+    /// nil for an event that names no connection, or one that is not TCP (ipc, inproc) or
+    /// already closed.
+    public init?(_ event: SocketEvent) {
+        guard !event.event.intersection([.connected, .accepted]).isEmpty else { return nil }
+        self.init(descriptor: Int32(bitPattern: event.value))
+    }
+
+    /// The connection a message just received came on (``ReceivedParts/sourceDescriptor``).
+    public init?(descriptor: Int32) {
+        guard let ends = Self.ends(of: descriptor) else { return nil }
+        self.descriptor = descriptor
+        self.ends = ends
+    }
+
+    /// How long ago data last arrived on the connection (TCP_INFO); nil once it is closed.
+    public var sinceDataReceived: Duration? {
+        guard Self.ends(of: descriptor) == ends else { return nil }
+        var info = tcp_info()
+        var size = socklen_t(MemoryLayout<tcp_info>.size)
+        guard getsockopt(descriptor, Int32(IPPROTO_TCP), Int32(TCP_INFO), &info, &size) == 0 else { return nil }
+        return .milliseconds(Int(info.tcpi_last_data_recv))
+    }
+
+    /// The local and the peer address of an IPv4 or IPv6 socket, as bytes.
+    private static func ends(of descriptor: Int32) -> [UInt8]? {
+        func address(_ read: (UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> Int32) -> [UInt8]? {
+            var storage = sockaddr_storage()
+            var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+            let status = withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { read($0, &length) }
+            }
+            guard status == 0, [sa_family_t(AF_INET), sa_family_t(AF_INET6)].contains(storage.ss_family) else { return nil }
+            return withUnsafeBytes(of: &storage) { Array($0.prefix(Int(length))) }
+        }
+        guard let local = address({ getsockname(descriptor, $0, $1) }),
+              let peer = address({ getpeername(descriptor, $0, $1) }) else { return nil }
+        return local + peer
+    }
+}
