@@ -46,6 +46,10 @@ open class ReceivedParts {
     /// The peer's ZAP user id, when the socket reads it (``Message/peerUserID``).
     public final var peerUserID: String? { state.peerUserID }
 
+    /// The descriptor of the connection the message came on, when the socket says
+    /// (libzmq's `ZMQ_SRCFD`); read only when asked.
+    open var sourceDescriptor: Int32? { nil }
+
     /// The bytes of part `index` (`0 ..< count`), valid until the next message is read.
     @inlinable
     public final subscript(index: Int) -> UnsafeRawBufferPointer {

@@ -154,6 +154,10 @@ struct Broker: ~Copyable {
         /// The Majordomo its READY was in; every command it sends must be in the same.
         let version: MDP.Version
         var expiry: UInt64
+        /// Its TCP connection, as its READY came on (nil in tests, or not over TCP): bytes
+        /// arriving on it say the worker is there while its heartbeats wait behind a large
+        /// reply still on its way.
+        var connection: TCPConnection?
         /// Requests sent to it and not yet answered, by the tag its replies echo.
         var inFlight = InFlight()
         /// The error count its last HEARTBEAT reported (the extension).
@@ -393,7 +397,12 @@ struct Broker: ~Copyable {
     /// (``Admission``); alone, never asked.
     mutating func handle(_ parts: ReceivedParts, now: UInt64, pairRefusal: Admission.PairRefusal = Self.alone) {
         guard let inbound = decoded({ () throws(ProtocolError) in try MDP.decodeAtBroker(parts) }, else: parts.message, now: now) else { return }
+        // A worker registering: its connection, read before the message's parts are taken.
+        let connection: TCPConnection? = if case .worker(_, .ready, _) = inbound { parts.sourceDescriptor.flatMap(TCPConnection.init(descriptor:)) } else { nil }
         handle(inbound, peer: parts.peerUserID, now: now, pairRefusal: pairRefusal)
+        if let connection, case .worker(let identity, _, _) = inbound, let worker = workers[identity], worker.connection == nil {
+            worker.connection = connection
+        }
     }
 
     /// The same for a message of frames (tests drive the broker with these).
@@ -1020,6 +1029,14 @@ struct Broker: ~Copyable {
     /// (true), and heartbeats to the rest of them.
     private mutating func heartbeat(cellOffers: Bool, now: UInt64) {
         for worker in Array(workers.values) where (worker.cell != nil) == cellOffers && worker.expiry <= now {
+            // Silent is what sends nothing: over a slow link a large reply takes longer to
+            // arrive than the expiry, and the worker's heartbeats wait behind it. Its bytes
+            // arriving, it is asked again at the next heartbeat.
+            let interval = cellOffers ? configuration.cellHeartbeatInterval : configuration.heartbeatInterval
+            if let quiet = worker.connection?.sinceDataReceived, quiet < interval {
+                worker.expiry = now + UInt64(interval.nanoseconds)
+                continue
+            }
             let silence = cellOffers ? configuration.cellExpiry : configuration.workerExpiry
             remove(worker, reason: "no heartbeat for \(silence)", silent: true, now: now)
         }

@@ -82,6 +82,14 @@ public final class ZMQReceivedParts: ReceivedParts {
         return messages
     }
 
+    /// Read from the last part: a part made a frame may have left its slot empty, and the
+    /// last (a command's name or field) seldom is.
+    public override var sourceDescriptor: Int32? {
+        guard count > 0 else { return nil }
+        let descriptor = zmq_msg_get(messages + (count - 1), ZMQ_SRCFD)
+        return descriptor >= 0 ? descriptor : nil
+    }
+
     /// Records the first `count` slots, just read into, as the message's parts.
     func received(count: Int, peerUserID: String?) {
         let messages = self.messages
