@@ -465,9 +465,9 @@ public final class BusClient: Sendable {
 /// while it is away) and those in flight when its connection drops are sent again once it is
 /// back. With a pair, requests go to the kernel that last answered as active: one answered
 /// -32008 (not active), or in flight on a connection that dropped, goes to the other kernel,
-/// at once or, when both refused lately, after a short wait; TCP and ZMTP heartbeats watch
-/// each connection (``pairPeerTimeout``, ``pairStoppedTimeout``), so a kernel whose machine
-/// is gone, or whose process is stopped, is noticed too.
+/// at once or, when both refused lately, after a short wait; TCP watches each connection
+/// (``pairPeerTimeout``, ``pairStoppedTimeout``), so a kernel whose machine is gone, or
+/// whose process is stopped, is noticed too.
 actor ClientCore {
     struct Pending {
         let service: String
@@ -526,6 +526,8 @@ actor ClientCore {
         /// Its handshake completed since it last connected: what was sent may have reached
         /// the kernel (a connection refused at the handshake delivered nothing).
         var handshaken = false
+        /// Its TCP connection while connected (a pair's): whether bytes still arrive.
+        var tcp: TCPConnection?
     }
 
     /// How many times a request is sent again after the connection it was in flight on
@@ -598,16 +600,19 @@ actor ClientCore {
     /// for lost (its machine gone, its link cut) and what it held goes to the other kernel:
     /// TCP's acknowledgements, not ZMTP heartbeats, so a reply arriving slowly is no silence.
     static let pairPeerTimeout = Duration.milliseconds(1_500)
-    /// With a pair, how long a kernel may answer no ZMTP PING: one whose process is stopped
-    /// (SIGSTOP, a paused container) still has its machine acknowledge, and only a PING finds
-    /// it. Long, because the PING (or its PONG) waits behind a reply being written: a single
-    /// reply that takes longer than this to arrive is the one thing it takes for a stop.
+    /// With a pair, how long a kernel may send no byte while a request waits on it: one whose
+    /// process is stopped (SIGSTOP, a paused container) still has its machine acknowledge,
+    /// but sends nothing, not even a PONG to the ZMTP PING asked every tenth of it. A reply
+    /// arriving slowly is bytes arriving: it is no stop, however long it takes.
     static let pairStoppedTimeout = Duration.seconds(10)
+    /// How often the connections of a pair with requests waiting are looked at for a stop.
+    static let stopCheckInterval: UInt64 = 1_000_000_000
 
     /// A DEALER connecting to `endpoint` as connection `index` (after `delay`, when given),
-    /// and its connection events; `watched` (a pair's): dropped once its kernel has answered
-    /// nothing for ``pairPeerTimeout``, or no PING for ``pairStoppedTimeout``. What is sent
-    /// before it connects waits in its backlog.
+    /// and its connection events; `watched` (a pair's): dropped once its kernel has
+    /// acknowledged nothing for ``pairPeerTimeout``, and PINGed so that a kernel that is
+    /// there sends bytes (``pairStoppedTimeout``). What is sent before it connects waits in
+    /// its backlog.
     private func open(_ endpoint: String, index: Int, watched: Bool,
                       connectingAfter delay: Duration? = nil) throws -> (socket: SocketRegistration, monitor: SocketRegistration) {
         let socket = try ZMQSocket(loop.context, .dealer)
@@ -616,9 +621,10 @@ actor ClientCore {
         try socket.set(.sendHighWaterMark, 0)
         if watched {
             try socket.dropSilentPeers(after: Self.pairPeerTimeout)
-            let timeout = Int32(clamping: Int(Self.pairStoppedTimeout.nanoseconds / 1_000_000))
-            try socket.set(.heartbeatInterval, timeout / 10)
-            try socket.set(.heartbeatTimeout, timeout)
+            // No ZMTP timeout: its PONG waits behind a reply being written, so it would take a
+            // long reply for a stop. The client judges by the bytes (``checkForStoppedKernels``).
+            try socket.set(.heartbeatInterval, Int32(clamping: Int(Self.pairStoppedTimeout.nanoseconds / 10_000_000)))
+            try socket.set(.heartbeatTimeout, 0)
         }
         // Connection events tell when requests in flight were lost with a kernel.
         let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeFailed, .handshakeSucceeded])
@@ -704,59 +710,80 @@ actor ClientCore {
             if isPair { sendWaiting() }
         }
         if event.event.contains(.disconnected) {
-            connections[index].connected = false
-            connections[index].drops += 1
-            let delivered = connections[index].handshaken
-            connections[index].handshaken = false
-            // Replies the connection delivered may still wait in the socket (its monitor's
-            // events and its messages are not ordered): take them first, so no request that
-            // was answered is sent again (and answered twice).
-            connections[index].socket.readQueued()
-            connections[index].socket.close()
-            connections[index].monitor.close()
-            do {
-                (connections[index].socket, connections[index].monitor) = try open(connections[index].endpoint, index: index, watched: isPair,
-                                                                                   connectingAfter: Self.reconnectInterval)
-            } catch {
-                // Only a context being shut down refuses a socket: the process is ending.
-                close()
-                return
-            }
-            // Sent on the connection that dropped: in flight with it, and maybe lost.
-            let lost = pending.filter { $0.value.sentOn == index }.map(\.key)
-            for id in lost {
-                if pending[id]!.parts > 0 {
-                    endStream(id, .streamEnded("the connection to the kernel dropped", parts: pending[id]!.parts, reason: "connection_lost",
-                                               service: pending[id]!.service))
-                    continue
-                }
-                // Only a connection that got through its handshake may have delivered it.
-                if delivered { pending[id]!.losses += 1 }
-                let losses = pending[id]!.losses
-                guard !resendAfterReconnect || losses > Self.maxResends else {
-                    if isPair {
-                        // The other kernel of a pair takes it (it may have to take over first).
-                        pending[id]!.sentOn = nil
-                    } else if let message = pending[id]!.message {
-                        // A lone kernel gets it again once it is back (the new socket holds
-                        // it until then).
-                        counters.resent += 1
-                        connections[index].socket.send(message)
-                    }
-                    continue
-                }
-                let request = pending.removeValue(forKey: id)!
-                remember(id, answered: false)
-                request.complete(.failure(.remote(service: request.service, resendAfterReconnect
-                    ? .handlerDied("the connection to the kernel", times: losses, service: request.service)
-                    : .outcomeUnknown(request.service, JSONRPCError.connectionDropped))))
-            }
-            opaqueLost(on: index, delivered: delivered)
-            if isPair { sendWaiting() }
+            connectionLost(index)
         } else if event.event.contains(.connected) {
             connections[index].connected = true
             connections[index].everConnected = true
+            if isPair { connections[index].tcp = TCPConnection(event) }
             sendWaiting()
+        }
+    }
+
+    /// Connection `index` dropped (or its kernel was found stopped): a new socket replaces
+    /// it, and what was in flight on it goes again or fails.
+    private func connectionLost(_ index: Int) {
+        connections[index].connected = false
+        connections[index].tcp = nil
+        connections[index].drops += 1
+        let delivered = connections[index].handshaken
+        connections[index].handshaken = false
+        // Replies the connection delivered may still wait in the socket (its monitor's
+        // events and its messages are not ordered): take them first, so no request that
+        // was answered is sent again (and answered twice).
+        connections[index].socket.readQueued()
+        connections[index].socket.close()
+        connections[index].monitor.close()
+        do {
+            (connections[index].socket, connections[index].monitor) = try open(connections[index].endpoint, index: index, watched: isPair,
+                                                                               connectingAfter: Self.reconnectInterval)
+        } catch {
+            // Only a context being shut down refuses a socket: the process is ending.
+            close()
+            return
+        }
+        // Sent on the connection that dropped: in flight with it, and maybe lost.
+        let lost = pending.filter { $0.value.sentOn == index }.map(\.key)
+        for id in lost {
+            if pending[id]!.parts > 0 {
+                endStream(id, .streamEnded("the connection to the kernel dropped", parts: pending[id]!.parts, reason: "connection_lost",
+                                           service: pending[id]!.service))
+                continue
+            }
+            // Only a connection that got through its handshake may have delivered it.
+            if delivered { pending[id]!.losses += 1 }
+            let losses = pending[id]!.losses
+            guard !resendAfterReconnect || losses > Self.maxResends else {
+                if isPair {
+                    // The other kernel of a pair takes it (it may have to take over first).
+                    pending[id]!.sentOn = nil
+                } else if let message = pending[id]!.message {
+                    // A lone kernel gets it again once it is back (the new socket holds
+                    // it until then).
+                    counters.resent += 1
+                    connections[index].socket.send(message)
+                }
+                continue
+            }
+            let request = pending.removeValue(forKey: id)!
+            remember(id, answered: false)
+            request.complete(.failure(.remote(service: request.service, resendAfterReconnect
+                ? .handlerDied("the connection to the kernel", times: losses, service: request.service)
+                : .outcomeUnknown(request.service, JSONRPCError.connectionDropped))))
+        }
+        opaqueLost(on: index, delivered: delivered)
+        if isPair { sendWaiting() }
+    }
+
+    /// A pair's kernel that sent no byte for ``pairStoppedTimeout`` while requests wait on
+    /// it: its process is stopped, and its connection is given up as if it dropped.
+    private func checkForStoppedKernels(now: UInt64) {
+        guard isPair, case .open = lifecycle, now >= nextStopCheck else { return }
+        nextStopCheck = now + Self.stopCheckInterval
+        for index in connections.indices where connections[index].connected {
+            guard let quiet = connections[index].tcp?.sinceDataReceived, quiet > Self.pairStoppedTimeout,
+                  pending.values.contains(where: { $0.sentOn == index }) || opaque.values.contains(where: { $0.contains { $0.sentOn == index } })
+            else { continue }
+            connectionLost(index)
         }
     }
 
@@ -990,9 +1017,12 @@ actor ClientCore {
 
     /// The last "not active" answer each waiting request got, for its time-out message.
     private var refusals: [Int64: String] = [:]
+    /// When a pair's connections are next looked at for a stopped kernel.
+    private var nextStopCheck: UInt64 = 0
 
     private func sweep() {
         let now = clock.now
+        checkForStoppedKernels(now: now)
         if !pending.isEmpty {
             sendWaiting()
             let expired = pending.filter { $0.value.deadline <= now }
