@@ -537,7 +537,7 @@ actor WorkerConnection {
         // Silent is what sends nothing: over a slow link a large request takes longer to
         // arrive than heartbeat x liveness, and the kernel's heartbeats wait behind it.
         // Leaving then would throw it away and have it sent again, without end.
-        if liveness <= 0, let quiet = kernelConnection?.sinceDataReceived, quiet < options.heartbeatInterval {
+        if liveness <= 0, let quiet = kernelConnection?.sinceDataReceived, quiet < options.heartbeatInterval * options.heartbeatLiveness {
             liveness = 1
         }
         if liveness <= 0, state == .draining {

@@ -1030,14 +1030,14 @@ struct Broker: ~Copyable {
     private mutating func heartbeat(cellOffers: Bool, now: UInt64) {
         for worker in Array(workers.values) where (worker.cell != nil) == cellOffers && worker.expiry <= now {
             // Silent is what sends nothing: over a slow link a large reply takes longer to
-            // arrive than the expiry, and the worker's heartbeats wait behind it. Its bytes
-            // arriving, it is asked again at the next heartbeat.
-            let interval = cellOffers ? configuration.cellHeartbeatInterval : configuration.heartbeatInterval
-            if let quiet = worker.connection?.sinceDataReceived, quiet < interval {
+            // arrive than the expiry, and the worker's heartbeats wait behind it. Bytes
+            // arrived within the expiry, it is asked again at the next heartbeat.
+            let silence = cellOffers ? configuration.cellExpiry : configuration.workerExpiry
+            if let quiet = worker.connection?.sinceDataReceived, quiet < silence {
+                let interval = cellOffers ? configuration.cellHeartbeatInterval : configuration.heartbeatInterval
                 worker.expiry = now + UInt64(interval.nanoseconds)
                 continue
             }
-            let silence = cellOffers ? configuration.cellExpiry : configuration.workerExpiry
             remove(worker, reason: "no heartbeat for \(silence)", silent: true, now: now)
         }
         for worker in workers.values where (worker.cell != nil) == cellOffers {

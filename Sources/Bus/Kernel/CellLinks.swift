@@ -30,10 +30,15 @@ final class CellLinks {
         let service: String
         let peer: Peer
         let registration: SocketRegistration
+        /// Its connection events, and its TCP connection while there is one: bytes arriving
+        /// on it say that cell's kernel is there while its heartbeats wait behind a large
+        /// request still on its way.
+        let monitor: SocketRegistration
+        var connection: TCPConnection?
         /// When that cell's kernel was last heard on it (any command is a heartbeat).
         var lastHeard: UInt64
-        init(id: UInt32, cell: String, service: String, peer: Peer, registration: SocketRegistration, now: UInt64) {
-            (self.id, self.cell, self.service, self.peer, self.registration, lastHeard) = (id, cell, service, peer, registration, now)
+        init(id: UInt32, cell: String, service: String, peer: Peer, registration: SocketRegistration, monitor: SocketRegistration, now: UInt64) {
+            (self.id, self.cell, self.service, self.peer, self.registration, self.monitor, lastHeard) = (id, cell, service, peer, registration, monitor, now)
         }
     }
 
@@ -102,6 +107,7 @@ final class CellLinks {
         nextID &+= 1
         do {
             let socket = try ZMQSocket(loop.context, .dealer)
+            let events: ZMQSocket
             do {
                 // Long enough for a last DISCONNECT to leave when the offer is withdrawn.
                 try socket.set(.linger, 100)
@@ -113,14 +119,26 @@ final class CellLinks {
                     guard let key = peer.key else { throw KernelRefusal("cell \(cell) records no CURVE key, and this kernel runs with CURVE") }
                     try CurveClientKeys(serverKey: key, secretKey: security.secretKey).apply(to: socket)
                 }
+                events = try connectionEvents(of: socket, in: loop.context)
+            } catch {
+                socket.close()
+                throw error
+            }
+            do {
                 try socket.connect(peer.broker)
             } catch {
+                events.close()
                 socket.close()
                 throw error
             }
             let registration = loop.register(socket) { [weak self] message in self?.received(id, message) }
             registration.afterReading = { [weak self] in self?.parts?.flush() }
-            let offer = Offer(id: id, cell: cell, service: service, peer: peer, registration: registration, now: now)
+            let monitor = loop.register(events) { [weak self] message in
+                guard let offer = self?.offers[id], let event = SocketEvent(message) else { return }
+                if event.event.contains(.disconnected) { offer.connection = nil }
+                if let connection = TCPConnection(event) { offer.connection = connection }
+            }
+            let offer = Offer(id: id, cell: cell, service: service, peer: peer, registration: registration, monitor: monitor, now: now)
             offers[id] = offer
             registration.send(MDP.encode(.ready(service: service, window: configuration.window, callers: true, cell: configuration.name), version: .v02))
             logger.info("offering a service to another cell", metadata: ["service": "\(service)", "cell": "\(cell)", "broker": "\(peer.broker)"])
@@ -132,6 +150,7 @@ final class CellLinks {
     private func withdraw(_ offer: Offer, saying last: WorkerToBroker?) {
         if let last { offer.registration.send(MDP.encode(last, version: .v02)) }
         offer.registration.close()
+        offer.monitor.close()
         offers[offer.id] = nil
         logger.info("no longer offering a service to another cell", metadata: ["service": "\(offer.service)", "cell": "\(offer.cell)"])
     }
@@ -141,6 +160,11 @@ final class CellLinks {
     /// held elsewhere).
     func tick(now: UInt64, services: [String]) {
         for offer in Array(offers.values) {
+            // Silent is what sends nothing: a large request over a slow link holds that
+            // kernel's heartbeats behind it while its bytes arrive.
+            if now &- offer.lastHeard > expiry, let quiet = offer.connection?.sinceDataReceived, quiet.nanoseconds < expiry {
+                offer.lastHeard = now &- expiry
+            }
             if now &- offer.lastHeard > expiry {
                 logger.notice("another cell's kernel went silent: offering again", metadata: ["service": "\(offer.service)", "cell": "\(offer.cell)"])
                 withdraw(offer, saying: .disconnect)
