@@ -83,7 +83,9 @@ public final class ZMQReceivedParts: ReceivedParts {
     }
 
     /// Read from the last part: a part made a frame may have left its slot empty, and the
-    /// last (a command's name or field) seldom is.
+    /// last (a command's name or field) seldom is. libzmq calls `ZMQ_SRCFD` deprecated but
+    /// still answers it; should it stop, this is nil and a peer is judged by its heartbeats
+    /// alone.
     public override var sourceDescriptor: Int32? {
         guard count > 0 else { return nil }
         let descriptor = zmq_msg_get(messages + (count - 1), ZMQ_SRCFD)

@@ -63,9 +63,9 @@ public func connectionEvents(of socket: ZMQSocket, in context: ZMQContext, also:
 }
 
 /// The TCP connection a `connected` or `accepted` event names (libzmq gives its descriptor as
-/// the event's value), or a received message came on, as the machine's TCP sees it: what libzmq does not say, such as whether
-/// bytes arrive while a large message is still on its way, behind which the peer's
-/// heartbeats wait.
+/// the event's value), or a received message came on, as the machine's TCP sees it: what
+/// libzmq does not say, such as whether bytes arrive while a large message is still on its
+/// way, behind which the peer's heartbeats wait.
 ///
 /// Only read, never changed: libzmq owns the descriptor. Its two ends are noted when the
 /// event comes, so a descriptor closed and reused since for another connection is not read.
