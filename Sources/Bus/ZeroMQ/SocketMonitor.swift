@@ -67,11 +67,12 @@ public func connectionEvents(of socket: ZMQSocket, in context: ZMQContext, also:
 /// libzmq does not say, such as whether bytes arrive while a large message is still on its
 /// way, behind which the peer's heartbeats wait.
 ///
-/// Only read, never changed: libzmq owns the descriptor. Its two ends are noted when the
-/// event comes, so a descriptor closed and reused since for another connection is not read.
+/// Only read, never changed: libzmq owns the descriptor. Its socket's inode is noted when
+/// the connection is named, so a descriptor closed and reused since for another socket (with
+/// another inode) is not read.
 public struct TCPConnection: Sendable, Equatable {
     let descriptor: Int32
-    let ends: [UInt8]
+    let inode: UInt64
 
     /// nil for an event that names no connection, or one that is not TCP (ipc, inproc) or
     /// already closed.
@@ -82,33 +83,28 @@ public struct TCPConnection: Sendable, Equatable {
 
     /// The connection a message just received came on (``ReceivedParts/sourceDescriptor``).
     public init?(descriptor: Int32) {
-        guard let ends = Self.ends(of: descriptor) else { return nil }
+        guard let inode = Self.inode(of: descriptor), Self.info(descriptor) != nil else { return nil }
         self.descriptor = descriptor
-        self.ends = ends
+        self.inode = inode
     }
 
     /// How long ago data last arrived on the connection (TCP_INFO); nil once it is closed.
     public var sinceDataReceived: Duration? {
-        guard Self.ends(of: descriptor) == ends else { return nil }
-        var info = tcp_info()
-        var size = socklen_t(MemoryLayout<tcp_info>.size)
-        guard getsockopt(descriptor, Int32(IPPROTO_TCP), Int32(TCP_INFO), &info, &size) == 0 else { return nil }
+        guard Self.inode(of: descriptor) == inode, let info = Self.info(descriptor) else { return nil }
         return .milliseconds(Int(info.tcpi_last_data_recv))
     }
 
-    /// The local and the peer address of an IPv4 or IPv6 socket, as bytes.
-    private static func ends(of descriptor: Int32) -> [UInt8]? {
-        func address(_ read: (UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> Int32) -> [UInt8]? {
-            var storage = sockaddr_storage()
-            var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-            let status = withUnsafeMutablePointer(to: &storage) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { read($0, &length) }
-            }
-            guard status == 0, [sa_family_t(AF_INET), sa_family_t(AF_INET6)].contains(storage.ss_family) else { return nil }
-            return withUnsafeBytes(of: &storage) { Array($0.prefix(Int(length))) }
-        }
-        guard let local = address({ getsockname(descriptor, $0, $1) }),
-              let peer = address({ getpeername(descriptor, $0, $1) }) else { return nil }
-        return local + peer
+    /// The inode of the socket `descriptor` names; nil for anything but a socket.
+    private static func inode(of descriptor: Int32) -> UInt64? {
+        var status = stat()
+        guard fstat(descriptor, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK else { return nil }
+        return UInt64(status.st_ino)
+    }
+
+    /// What TCP says of the socket; nil for one that is not TCP.
+    private static func info(_ descriptor: Int32) -> tcp_info? {
+        var info = tcp_info()
+        var size = socklen_t(MemoryLayout<tcp_info>.size)
+        return getsockopt(descriptor, Int32(IPPROTO_TCP), Int32(TCP_INFO), &info, &size) == 0 ? info : nil
     }
 }
