@@ -374,6 +374,53 @@ struct KernelTimingTests {
         #expect(!heldWithNoPeer)
     }
 
+    @Test("of a pair: an active that served alone through its passive's silence waits for it again once it is heard and missed no change; one that missed a change is waited for again once it copied the state")
+    func activeWaitsAgainForPassiveBack() throws {
+        let clock = ManualClock()
+        var state = pairedState(.primary, clock: clock)
+        func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
+        func heartbeat(_ peerState: PairState, synced: Bool, sequence: UInt64) -> Message {
+            let body: JSONValue = ["state": .string(peerState.rawValue), "role": "backup", "instance": "backup-1",
+                                   "sequence": .int(Int64(sequence)), "synced": .bool(synced)]
+            return fromPeer([PairWire.state, Frame(body.jsonBytes)])
+        }
+        /// Makes a change: whether it was published at once (nothing waits for the peer).
+        func changePublishedAtOnce() -> Bool {
+            _ = state.set("/client/k", value: Frame("\(state.sequence)"), now: clock.now)
+            return !state.publisher.take().isEmpty
+        }
+        func acknowledge() { state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(state.sequence)]), now: clock.now) }
+        func silence() {
+            clock.advance(.milliseconds(401))
+            state.pairTick(now: clock.now)
+            _ = state.publisher.take()
+        }
+        // Paired; the passive copied the state: a change waits for its acknowledgement.
+        state.pairReceived(heartbeat(.backup, synced: false, sequence: 0), now: clock.now)
+        state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-1")]), now: clock.now)
+        acknowledge()
+        state.pairReceived(heartbeat(.passive, synced: true, sequence: state.sequence), now: clock.now)
+        #expect(!changePublishedAtOnce())
+        acknowledge()
+
+        // Silent for two heartbeats: the active serves alone. Heard again, holding every
+        // change (none was made meanwhile): changes wait for it again.
+        silence()
+        state.pairReceived(heartbeat(.passive, synced: true, sequence: state.sequence), now: clock.now)
+        #expect(!changePublishedAtOnce(), "the active never waits again for a passive that was silent for a moment")
+        acknowledge()
+
+        // Silent, and a change made meanwhile never reached it: heard again, it is not waited
+        // for (it asks for the state when the active's heartbeat shows it what it missed).
+        silence()
+        #expect(changePublishedAtOnce())
+        state.pairReceived(heartbeat(.passive, synced: true, sequence: state.sequence - 1), now: clock.now)
+        #expect(changePublishedAtOnce())
+        state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-1")]), now: clock.now)
+        acknowledge()
+        #expect(!changePublishedAtOnce())
+    }
+
     @Test("of a pair: a passive applies the active's next change, publishes it and acknowledges it; a change that does not follow changes nothing and makes it ask for the whole state again")
     func passiveAppliesChanges() throws {
         let clock = ManualClock()

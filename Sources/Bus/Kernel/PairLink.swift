@@ -404,6 +404,19 @@ struct PairLink {
         }
     }
 
+    /// Active: a passive peer heard again after a silence, holding a copy, is waited for again
+    /// when no change was left unsent to it since its copy (every one went to it in order; it
+    /// applies them in order and asks for the whole state at a gap), so it holds, or is about
+    /// to, every change. Without this an active that served alone through a moment's silence
+    /// of its peer would publish without it from then on, and a failover could lose what it
+    /// published last. A peer that missed a change copies the state again first.
+    private mutating func waitForPeerAgain(sequence: UInt64) {
+        guard state == .active, !peerWaitedFor, peerAlive, replicatedUpTo == sequence else { return }
+        peerInSync = true
+        logger.info("the passive peer is back and missed no change: each change is replicated before it is published or acknowledged again",
+                    metadata: ["peer": "\(configuration.peer)"])
+    }
+
     /// The peer may miss changes from now on: nothing waits for it any more.
     private mutating func peerLeftSync() {
         peerInSync = false
@@ -446,6 +459,7 @@ struct PairLink {
                 return overflow ? UInt64.max : nanoseconds
             }
             peerSays(peer, instance: instance, activeFor: activeFor, now: now, sequence: sequence)
+            if peer == .passive, body["synced"]?.boolValue == true { waitForPeerAgain(sequence: sequence) }
         } else if command == PairWire.snapshotRequest {
             guard state == .active else { return nil }
             // A restarted peer's request can come before its first heartbeat: noted here, that
