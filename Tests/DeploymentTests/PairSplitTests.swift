@@ -117,7 +117,7 @@ private struct PairHosts {
         do {
             let echo = try start(on: 1, ["serve", "echo", "--config", config(1, in: folder).path, "--connections", "1"])
             do {
-                try await kernels[0].waitForOutput(containing: "the passive peer holds the whole state", within: 60)
+                try await kernels[0].waitForOutput(containing: "the passive peer holds every change", within: 60)
                 try await kernels[0].waitForOutput(containing: "worker registered", within: 60)
                 return (kernels, echo)
             } catch {
@@ -280,7 +280,7 @@ struct PairSplitTests {
         }
         var kernels = try hosts.startKernels(in: folder, keys: keys.path)
         defer { for kernel in kernels { kernel.stop() } }
-        try await kernels[0].waitForOutput(containing: "the passive peer holds the whole state", within: 60)
+        try await kernels[0].waitForOutput(containing: "the passive peer holds every change", within: 60)
         @Sendable func stateSequence(_ side: Int) async throws -> JSONValue? {
             let result = try await sb(["request", "kernel", "stats", "--endpoint", hosts.broker(side), "--timeout", "2s", "--json"])
             return try JSONValue(parsing: Array(result.stdout.utf8))["state"]?["sequence"]
@@ -306,11 +306,20 @@ struct PairSplitTests {
         }
         let started = ContinuousClock.now
         kernels[1] = try hosts.start(on: 1, ["kernel", "--config", hosts.config(1, in: folder).path])
+        @Sendable func copiesSent(_ output: String) -> Int { output.components(separatedBy: "sent the state to the peer").count - 1 }
+        try await kernels[0].waitForOutput("the state sent to the restarted backup", within: 60) { copiesSent($0) == 2 }
+        // A write while the copy crosses the link: acknowledged without waiting for it.
+        let duringCopy = try await sb(["pub", "/client/small", #""during the copy""#, "--endpoint", hosts.broker(0), "--timeout", "20s"])
+        #expect(duringCopy.status == 0, "\(duringCopy)")
+        #expect(!kernels[1].outputSoFar.contains("copied the active peer's state"), "the write waited for the copy")
         _ = try await kernels[1].waitForOutput(containing: "copied the active peer's state", within: 60)
         print("600 kB of state copied over 1 Mbit/s in \(ContinuousClock.now - started)")
+        // Then changes wait for the backup again, and it may take over.
+        try await kernels[0].waitForOutput("the primary waiting for the backup again", within: 20) {
+            $0.components(separatedBy: "the passive peer holds every change").count - 1 == 2
+        }
         #expect(try await stateSequence(0) == stateSequence(1))
-        let copies = kernels[0].outputSoFar.components(separatedBy: "sent the state to the peer").count - 1
-        #expect(copies == 2, "the primary sent its state \(copies) times:\n\(kernels[0].outputSoFar)")
+        #expect(copiesSent(kernels[0].outputSoFar) == 2, "the primary sent its state more than twice:\n\(kernels[0].outputSoFar)")
     }
 
     @Test("the active kernel's process stopped (its machine still acknowledging): a pair's client notices that it sends nothing and the other kernel serves",

@@ -335,7 +335,7 @@ struct KernelTimingTests {
         }
     }
 
-    @Test("of a pair: a restarted passive whose request for the state came before its first heartbeat is waited for once it acknowledges the state, and changes wait for it from the moment the state is sent")
+    @Test("of a pair: a restarted passive from before TOLD whose request for the state came before its first heartbeat is waited for once it acknowledges the state, and changes wait for it from the moment the state is sent")
     func activeWaitsForRestartedPassive() throws {
         let clock = ManualClock()
         var state = pairedState(.primary, clock: clock)
@@ -419,6 +419,79 @@ struct KernelTimingTests {
         state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-1")]), now: clock.now)
         acknowledge()
         #expect(!changePublishedAtOnce())
+    }
+
+    @Test("of a pair: while a passive that waits to be told copies the state, changes do not wait for it; once it acknowledges the copy they do, and a heartbeat tells it so at once")
+    func activeDoesNotHoldChangesWhileTheStateIsCopied() throws {
+        let clock = ManualClock()
+        var state = pairedState(.primary, clock: clock)
+        func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
+        let heartbeat: JSONValue = ["state": "backup", "role": "backup", "instance": "backup-1", "sequence": 0, "synced": false]
+        func changePublishedAtOnce() -> Bool {
+            _ = state.set("/client/k", value: Frame("\(state.sequence)"), now: clock.now)
+            return !state.publisher.take().isEmpty
+        }
+        /// What the active kernel's last heartbeat to its peer said of waiting for it.
+        func toldWaits() -> Bool? {
+            let beats = state.pair!.outbox.take().filter { $0.count == 3 && $0[1] == PairWire.state }
+            return beats.last.flatMap { try? JSONValue(parsing: $0[2].bytes) }?["waitsForPeer"]?.boolValue
+        }
+        state.pairReceived(fromPeer([PairWire.state, Frame(heartbeat.jsonBytes)]), now: clock.now)
+        #expect(state.pair!.state == .active)
+        state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-1"), PairWire.told]), now: clock.now)
+        let sent = state.sequence
+        // The state is on its way: a change goes out at once, and to the peer after the state.
+        #expect(changePublishedAtOnce())
+        let toPeer = state.pair!.outbox.take()
+        let snapshotAt = toPeer.firstIndex { $0.count >= 2 && $0[1] == PairWire.snapshotDone }
+        let updateAt = toPeer.firstIndex { $0.count >= 2 && $0[1] == PairWire.update }
+        #expect(snapshotAt != nil && updateAt != nil && snapshotAt! < updateAt!)
+        clock.advance(.milliseconds(200))
+        state.pairTick(now: clock.now)
+        #expect(toldWaits() == false)
+        // The copy acknowledged: changes wait for the peer, and it is told at once.
+        state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(sent)]), now: clock.now)
+        #expect(toldWaits() == true)
+        #expect(!changePublishedAtOnce())
+        state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(state.sequence)]), now: clock.now)
+        #expect(state.pair!.takeEvents().contains { if case .released = $0 { true } else { false } })
+    }
+
+    @Test("of a pair: a passive asks for the state saying it waits to be told, and may take over only while the active one's heartbeat says it waits for it; from an active one that does not say, as soon as its copy is in",
+          arguments: [true, false])
+    func passiveTakesOverOnlyWhenWaitedFor(activeTells: Bool) throws {
+        let clock = ManualClock()
+        var state = pairedState(.backup, clock: clock)
+        func heartbeat(waits: Bool?) -> Message {
+            var body: [String: JSONValue] = ["state": "active", "role": "primary", "instance": "primary", "sequence": .int(Int64(state.sequence)), "synced": true]
+            if activeTells { body["waitsForPeer"] = .bool(waits ?? false) }
+            return Message([Frame("peer"), PairWire.header, PairWire.state, Frame(JSONValue.object(body).jsonBytes)])
+        }
+        state.pairReceived(heartbeat(waits: false), now: clock.now)
+        #expect(state.pair!.state == .passive)
+        #expect(state.pair!.outbox.take().contains { $0.count == 4 && $0[1] == PairWire.snapshotRequest && $0[3] == PairWire.told })
+        state.pairReceived(Message([Frame("peer"), PairWire.header, PairWire.snapshotDone, CHP.sequenceFrame(state.sequence), CHP.sequenceFrame(0)]),
+                           now: clock.now)
+        #expect(state.pair!.holdsState)
+        if activeTells {
+            // Complete, but the active one has not said it waits for this copy: a change it
+            // published may still be on its way. Silent now, with a client: no taking over.
+            #expect(!state.pair!.status.synced)
+            clock.advance(.milliseconds(400))
+            #expect(!serves(&state, "svc", now: clock.now))
+            #expect(state.pair!.state == .passive)
+            state.pairReceived(heartbeat(waits: true), now: clock.now)
+            #expect(state.pair!.status.synced)
+            // The active one served alone for a while (this kernel was silent to it): not whole
+            // until it waits again.
+            state.pairReceived(heartbeat(waits: false), now: clock.now)
+            #expect(!state.pair!.status.synced)
+            state.pairReceived(heartbeat(waits: true), now: clock.now)
+        }
+        #expect(state.pair!.status.synced)
+        clock.advance(.milliseconds(400))
+        #expect(serves(&state, "svc", now: clock.now))
+        #expect(state.pair!.state == .active)
     }
 
     @Test("of a pair: a passive applies the active's next change, publishes it and acknowledges it; a change that does not follow changes nothing and makes it ask for the whole state again")

@@ -61,8 +61,9 @@ public enum KernelAPI {
         public var state: String
         /// When it entered `state` (ISO 8601).
         public var since: String
-        /// Whether it holds the whole state: always when active; when passive, once its copy
-        /// of the active one's is complete (only then can it take over).
+        /// Whether it holds every change of the state anyone saw: always when active; when
+        /// passive, once its copy of the active one's is complete and the active one waits
+        /// for it (only then can it take over).
         public var synced: Bool
         public var peer: Peer
         /// In `stats` only: requests it refused while not active (-32008).

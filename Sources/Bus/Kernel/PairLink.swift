@@ -56,8 +56,13 @@ enum PairWire {
     static let header = Frame("SBPAIR01")
     /// `STATE json`: the sender's state, instance, role and sequence (the heartbeat).
     static let state = Frame("STATE")
-    /// `SNAPSHOT? instance`: the passive asks for the whole state (it is new, or it found a gap).
+    /// `SNAPSHOT? instance [TOLD]`: the passive asks for the whole state (it is new, or it
+    /// found a gap). With `TOLD` it counts its copy whole only once the active one's heartbeat
+    /// says it waits for it (`waitsForPeer`), so changes need not wait while the copy travels;
+    /// without (a kernel from before), the active one holds changes from the moment it sends
+    /// the state, because such a passive counts its copy whole as soon as the state is in.
     static let snapshotRequest = Frame("SNAPSHOT?")
+    static let told = Frame("TOLD")
     /// `KV key sequence uuid properties value owner expires`: one entry of a snapshot.
     static let entry = Frame("KV")
     /// `SNAPSHOT sequence count`: the snapshot is complete as of `sequence`, `count` entries.
@@ -148,6 +153,12 @@ struct PairLink {
 
     /// Passive: holds a complete copy of the active's state (a snapshot and every change since).
     private(set) var synced = false
+    /// Passive: the active peer's heartbeats say whether it waits for this kernel
+    /// (`waitsForPeer`; a kernel from before does not say, and waits from the state it sent).
+    private var activeTells = false
+    /// Passive: the active peer's last heartbeat said it waits for this kernel, so its copy
+    /// holds every change anyone saw from the active one.
+    private var activeWaits = false
     /// Passive: a snapshot is on its way (asked at this time); changes wait until it is in.
     private var snapshotAskedAt: UInt64?
     private var snapshotEntries: [ReplicatedEntry] = []
@@ -159,6 +170,8 @@ struct PairLink {
     private var replicatedUpTo: UInt64 = 0
     /// Active: the sequence of the snapshot sent, until the peer acknowledges it.
     private var snapshotSent: UInt64?
+    /// Active: the peer that asked for the state counts its copy whole only once told (`TOLD`).
+    private var peerWaitsToBeTold = false
     /// Active: what waits for the peer's acknowledgement, by the sequence it needs.
     private var held: [(sequence: UInt64, item: Held)] = []
     private var heldStart = 0
@@ -227,11 +240,16 @@ struct PairLink {
     private mutating func send(_ message: Message) { outbox.send(message) }
 
     var isActive: Bool { state == .active }
-    /// Whether this kernel's state is whole: the active one's, or a passive's complete copy.
+    /// Whether this kernel's state is complete: the active one's, or a passive's copy (it
+    /// answers subscribers' snapshots).
     var holdsState: Bool { state == .active || state == .passive && synced }
+    /// Whether this kernel may serve as the active one: it is, or it is a passive whose copy
+    /// holds every change anyone saw from the active one (it waits for this kernel).
+    var holdsAllPublished: Bool { state == .active || state == .passive && synced && activeWaits }
     private var peerAlive: Bool { lastHeard != nil && clock.now < peerExpiry }
-    /// Active: changes wait for the peer's acknowledgement (it holds, or is being sent, the whole state).
-    private var peerWaitedFor: Bool { peerInSync || snapshotSent != nil }
+    /// Active: changes wait for the peer's acknowledgement (it holds the whole state, or is
+    /// being sent it and counts it whole once it is in).
+    private var peerWaitedFor: Bool { peerInSync || snapshotSent != nil && !peerWaitsToBeTold }
 
     // MARK: Binary Star
 
@@ -246,11 +264,12 @@ struct PairLink {
             become(.active, "no peer answered within \(configuration.startupWait.formatted) and clients came: serving alone", sequence: sequence)
             return true
         case .passive where now >= peerExpiry:
-            guard synced else {
+            guard holdsAllPublished else {
                 if !saidIncomplete {
                     saidIncomplete = true
-                    logger.error("the active peer is gone but this kernel never completed its copy of the state: not taking over",
-                                 metadata: ["peer": "\(configuration.peer)"])
+                    let why = synced ? "the peer was not waiting for this kernel's copy, which may lack changes it published"
+                                     : "this kernel's copy of its state is incomplete (a copy crossing a slow link holds the peer's heartbeats behind it)"
+                    logger.error("the active peer is silent and \(why): not taking over", metadata: ["peer": "\(configuration.peer)"])
                 }
                 return false
             }
@@ -307,7 +326,7 @@ struct PairLink {
         switch state {
         case .backup: "this kernel is the backup of a pair and has not heard its primary yet"
         case .primary: "this kernel is starting as the primary of a pair and waits to hear its peer"
-        case .passive where !synced && !peerAlive: "this kernel is the passive one of its pair, its peer is gone and its copy of the state is incomplete"
+        case .passive where !holdsAllPublished && !peerAlive: "this kernel is the passive one of its pair, its peer is gone and its copy of the state may lack changes the peer published"
         case .passive where !peerAlive && peerServes(now: clock.now) == .answers:
             "the link between the kernels of the pair is down, but the active one still answers clients at \(configuration.peerBroker ?? "its broker"): this passive one does not take over (that would make two active kernels)"
         case .passive where !peerAlive: "this kernel is the passive one of its pair; its peer is silent and it is checking whether the peer still serves"
@@ -381,6 +400,7 @@ struct PairLink {
             snapshotSent = nil
         case .passive:
             synced = false
+            activeWaits = false
             peerLeftSync()
             askForSnapshot(now: clock.now)
         case .primary, .backup:
@@ -404,17 +424,20 @@ struct PairLink {
         }
     }
 
-    /// Active: a passive peer heard again after a silence, holding a copy, is waited for again
-    /// when no change was left unsent to it since its copy (every one went to it in order; it
-    /// applies them in order and asks for the whole state at a gap), so it holds, or is about
-    /// to, every change. Without this an active that served alone through a moment's silence
-    /// of its peer would publish without it from then on, and a failover could lose what it
-    /// published last. A peer that missed a change copies the state again first.
-    private mutating func waitForPeerAgain(sequence: UInt64) {
-        guard state == .active, !peerWaitedFor, peerAlive, replicatedUpTo == sequence else { return }
+    /// Active: a passive peer that acknowledged its copy, or that is heard again after a
+    /// silence saying it holds one, is waited for when no change was left unsent to it since
+    /// the copy (every one went to it in order; it applies them in order and asks for the
+    /// whole state at a gap): it holds, or is about to, every change. Told at once (a
+    /// heartbeat), it may take over from then on. Without the second case an active that
+    /// served alone through a moment's silence of its peer would publish without it from
+    /// then on, and a failover could lose what it published last. A peer that missed a
+    /// change copies the state again first.
+    private mutating func waitForPeer(sequence: UInt64) {
+        guard state == .active, !peerWaitedFor, snapshotSent == nil, peerAlive, replicatedUpTo == sequence else { return }
         peerInSync = true
-        logger.info("the passive peer is back and missed no change: each change is replicated before it is published or acknowledged again",
+        logger.info("the passive peer holds every change: each change is replicated before it is published or acknowledged",
                     metadata: ["peer": "\(configuration.peer)"])
+        sendState(sequence: sequence)
     }
 
     /// The peer may miss changes from now on: nothing waits for it any more.
@@ -428,7 +451,10 @@ struct PairLink {
         var body: [String: JSONValue] = ["state": .string(state.rawValue), "role": .string(configuration.role.rawValue),
                                          "instance": .string(instance), "sequence": .int(Int64(clamping: sequence)),
                                          "synced": .bool(state == .active || synced)]
-        if state == .active, let activeSince { body["activeForMs"] = .int(Int64(clamping: (clock.now &- activeSince) / 1_000_000)) }
+        if state == .active, let activeSince {
+            body["activeForMs"] = .int(Int64(clamping: (clock.now &- activeSince) / 1_000_000))
+            body["waitsForPeer"] = .bool(peerWaitedFor)
+        }
         send([PairWire.header, PairWire.state, Frame(JSONValue.object(body).jsonBytes)])
     }
 
@@ -459,20 +485,27 @@ struct PairLink {
                 return overflow ? UInt64.max : nanoseconds
             }
             peerSays(peer, instance: instance, activeFor: activeFor, now: now, sequence: sequence)
-            if peer == .passive, body["synced"]?.boolValue == true { waitForPeerAgain(sequence: sequence) }
+            if peer == .passive, body["synced"]?.boolValue == true { waitForPeer(sequence: sequence) }
+            // Every change the active peer published before this heartbeat came before it:
+            // while it says it waits for this kernel, the copy holds all it published.
+            if state == .passive, peer == .active {
+                let waits = body["waitsForPeer"]?.boolValue
+                activeTells = waits != nil
+                activeWaits = waits ?? true
+            }
         } else if command == PairWire.snapshotRequest {
             guard state == .active else { return nil }
             // A restarted peer's request can come before its first heartbeat: noted here, that
             // heartbeat is not taken for news of a restart, which would stop the wait for this copy.
             if let instance = fields.first?.string { _ = heard(instance: instance) }
+            peerWaitsToBeTold = fields.dropFirst().first == PairWire.told
             return .sendSnapshot
         } else if command == PairWire.ack {
             guard state == .active, let acked = fields.first.flatMap(PairWire.sequence) else { return nil }
             acknowledged = max(acknowledged, acked)
             if let snapshotSent, acked >= snapshotSent {
                 self.snapshotSent = nil
-                peerInSync = true
-                logger.info("the passive peer holds the whole state: each change is replicated before it is published or acknowledged")
+                waitForPeer(sequence: sequence)
             }
             releaseHeld(upTo: acknowledged)
         } else if command == PairWire.entry {
@@ -491,6 +524,9 @@ struct PairLink {
             snapshotEntries = []
             snapshotAskedAt = nil
             synced = true
+            // The active peer published changes while the copy travelled: the copy holds them
+            // once a heartbeat says the peer waits for this kernel (they came before it).
+            activeWaits = !activeTells
             saidIncomplete = false
             logger.info("copied the active peer's state", metadata: ["sequence": "\(snapshotSequence)"])
             send([PairWire.header, PairWire.ack, CHP.sequenceFrame(snapshotSequence)])
@@ -530,7 +566,7 @@ struct PairLink {
     private mutating func askForSnapshot(now: UInt64) {
         snapshotAskedAt = now
         snapshotEntries = []
-        send([PairWire.header, PairWire.snapshotRequest, Frame(instance)])
+        send([PairWire.header, PairWire.snapshotRequest, Frame(instance), PairWire.told])
     }
 
     // MARK: Replication (active side)
@@ -552,9 +588,10 @@ struct PairLink {
     /// an event; false when it need not wait (the peer already holds them, or no peer in
     /// sync is waited for): the caller sends it now.
     ///
-    /// A peer that was sent the snapshot is waited for too: it counts itself whole (and may
-    /// take over) as soon as the snapshot is in, before its acknowledgement gets here, so a
-    /// change published meanwhile without waiting could be one it never got.
+    /// A peer from before `TOLD` that was sent the snapshot is waited for too: it counts
+    /// itself whole (and may take over) as soon as the snapshot is in, before its
+    /// acknowledgement gets here, so a change published meanwhile without waiting could be
+    /// one it never got.
     mutating func hold(_ item: Held, until sequence: UInt64) -> Bool {
         guard peerWaitedFor, sequence > acknowledged else { return false }
         held.append((sequence, item))
@@ -575,7 +612,7 @@ struct PairLink {
     /// For `ping`, `services.list` and `stats`.
     var status: KernelAPI.PairStatus {
         KernelAPI.PairStatus(role: configuration.role.rawValue, state: state.rawValue, since: ISO8601DateFormatter().string(from: since),
-                             synced: holdsState, peer: .init(endpoint: configuration.peer, state: peerState?.rawValue,
+                             synced: holdsAllPublished, peer: .init(endpoint: configuration.peer, state: peerState?.rawValue,
                                          lastHeardSecondsAgo: lastHeard.map { (Date().timeIntervalSince($0) * 1000).rounded() / 1000 }))
     }
 }

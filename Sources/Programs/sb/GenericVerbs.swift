@@ -275,7 +275,7 @@ func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, asOperato
     if printing, statuses.contains(where: { $0.status != nil }) {
         Output.table(["KERNEL", "ROLE", "STATE", "SINCE", "PEER"], statuses.map { endpoint, status, reachable in
             guard let status else { return [endpoint, "-", reachable ? "alone" : Output.styled("unreachable", .red), "-", "-"] }
-            let state = status.state == "passive" && !status.synced ? "passive (copying)" : status.state
+            let state = status.state == "passive" && !status.synced ? "passive (catching up)" : status.state
             let heard = status.peer.lastHeardSecondsAgo.map { "\(status.peer.state ?? "?"), heard \($0) s ago" } ?? "never heard"
             return [endpoint, status.role, status.state == "active" ? Output.styled(state, .green) : state, status.since, heard]
         })
