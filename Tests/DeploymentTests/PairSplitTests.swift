@@ -53,12 +53,24 @@ private struct PairHosts {
         }
     }
 
-    /// Host `side` sends on the clients' network (or on the kernels' link) at `rate` (as tc
-    /// writes it: 2mbit) at most.
-    func limitLink(_ side: Int, kernels: Bool = false, rate: String) throws {
-        let device = kernels ? linkDevices[side] : serviceDevices[side]
-        try NetworkNamespaces.tc(["-n", hosts[side], "qdisc", "add", "dev", device, "root", "tbf", "rate", rate,
+    /// Host `side` sends on the clients' network at `rate` (as tc writes it: 2mbit) at most.
+    func limitLink(_ side: Int, rate: String) throws {
+        try NetworkNamespaces.tc(["-n", hosts[side], "qdisc", "add", "dev", serviceDevices[side], "root", "tbf", "rate", rate,
                                   "burst", "32kbit", "latency", "30s"])
+    }
+
+    /// Host `side`'s kernel sends its peer at `rate` at most, in a class of its own on the
+    /// kernels' link: its acknowledgements of what the peer sends are not queued behind that
+    /// data, as on a link with fair queueing (a single queue would hold them there, and the
+    /// peer's TCP, hearing no acknowledgement, would hold back its heartbeats).
+    func limitKernelData(_ side: Int, rate: String) throws {
+        let device = ["-n", hosts[side], "dev", linkDevices[side]]
+        func tc(_ command: [String], _ rest: [String]) throws { try NetworkNamespaces.tc(Array(device.prefix(2)) + command + Array(device.suffix(2)) + rest) }
+        try tc(["qdisc", "add"], ["root", "handle", "1:", "htb", "default", "10"])
+        try tc(["class", "add"], ["parent", "1:", "classid", "1:10", "htb", "rate", "10gbit", "quantum", "60000"])
+        try tc(["class", "add"], ["parent", "1:", "classid", "1:20", "htb", "rate", rate])
+        try tc(["filter", "add"], ["parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "dst", "\(linkAddresses[1 - side])/32",
+                                   "match", "ip", "dport", "5560", "0xffff", "flowid", "1:20"])
     }
 
     func remove() {
@@ -287,7 +299,7 @@ struct PairSplitTests {
         }
         // 1 Mbit/s from the primary to the backup: each 100 kB change takes 0.8 s to cross,
         // longer than the pair's heartbeats give a silent peer (400 ms).
-        try hosts.limitLink(0, kernels: true, rate: "1mbit")
+        try hosts.limitKernelData(0, rate: "1mbit")
         let value = "\"" + String(repeating: "v", count: 100_000) + "\""
         for index in 0..<3 {
             let written = try await sb(["pub", "/client/big/\(index)", value, "--endpoint", hosts.broker(0), "--timeout", "20s"])
@@ -320,6 +332,40 @@ struct PairSplitTests {
         }
         #expect(try await stateSequence(0) == stateSequence(1))
         #expect(copiesSent(kernels[0].outputSoFar) == 2, "the primary sent its state more than twice:\n\(kernels[0].outputSoFar)")
+    }
+
+    @Test("the passive kernel stalled for a moment (SIGSTOP), then a write crossing a slow link, then the active kernel killed: the acknowledged write is on the kernel that takes over",
+          .enabled(if: NetworkNamespaces.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+    func passiveStalledThenActiveKilled() async throws {
+        let hosts = try PairHosts.make()
+        defer { hosts.remove() }
+        let folder = try temporaryDirectory("pair-passive-stalled")
+        let keys = busKeyFolder(in: folder)
+        _ = try keys.create([KeyFolder.kernel, KeyFolder.client])
+        let kernels = try hosts.startKernels(in: folder, keys: keys.path)
+        defer {
+            kernels[1].signal(SIGCONT)
+            for kernel in kernels { kernel.stop() }
+        }
+        @Sendable func waits(_ output: String) -> Int { output.components(separatedBy: "the passive peer holds every change").count - 1 }
+        try await kernels[0].waitForOutput("the primary waiting for the backup", within: 60) { waits($0) == 1 }
+        // The backup stalls for over two heartbeats: the primary serves alone. Back, having
+        // missed no change, it is waited for again.
+        kernels[1].signal(SIGSTOP)
+        try await kernels[0].waitForOutput(containing: "the passive peer is silent", within: 30)
+        kernels[1].signal(SIGCONT)
+        try await kernels[0].waitForOutput("the primary waiting for the backup again", within: 30) { waits($0) == 2 }
+        // 50 kB at 200 kbit/s from the primary to the backup: two seconds to cross. Once the
+        // write is acknowledged the backup holds it, so the primary's end loses nothing.
+        try hosts.limitKernelData(0, rate: "200kbit")
+        let value = "\"" + String(repeating: "w", count: 50_000) + "\""
+        let written = try await hosts.sb(on: 0, keys: keys.path, ["pub", "/client/stalled/w", value, "--endpoint", hosts.broker(0), "--timeout", "30s"])
+        try #require(written.status == 0, "\(written)")
+        kernels[0].signal(SIGKILL)
+        let read = try await hosts.sb(on: 1, keys: keys.path, ["request", "kernel", "state.get", #"{"prefix":"/client/stalled/"}"#,
+                                                               "--endpoint", hosts.broker(1) + "," + hosts.broker(0), "--timeout", "20s"])
+        #expect(read.status == 0 && read.stdout.contains("wwww"),
+                "the acknowledged write is not on the kernel that took over: \(read.stdout.prefix(200)) \(read.stderr)\nthe primary's log:\n\(kernels[0].outputSoFar)")
     }
 
     @Test("the active kernel's process stopped (its machine still acknowledging): a pair's client notices that it sends nothing and the other kernel serves",
