@@ -457,6 +457,35 @@ struct KernelTimingTests {
         #expect(state.pair!.takeEvents().contains { if case .released = $0 { true } else { false } })
     }
 
+    @Test("of a pair: a change made while the state travels goes to the peer after it even while the peer's heartbeats are late (held behind the copy), so the copy is whole once in and the peer is waited for")
+    func changesFollowTheCopyWhileHeartbeatsAreLate() throws {
+        let clock = ManualClock()
+        var state = pairedState(.primary, clock: clock)
+        func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
+        func heartbeat(_ peerState: PairState, synced: Bool) -> Message {
+            let body: JSONValue = ["state": .string(peerState.rawValue), "role": "backup", "instance": "backup-1", "sequence": 0, "synced": .bool(synced)]
+            return fromPeer([PairWire.state, Frame(body.jsonBytes)])
+        }
+        func changePublishedAtOnce() -> Bool {
+            _ = state.set("/client/k", value: Frame("\(state.sequence)"), now: clock.now)
+            return !state.publisher.take().isEmpty
+        }
+        state.pairReceived(heartbeat(.backup, synced: false), now: clock.now)
+        state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-1"), PairWire.told]), now: clock.now)
+        let sent = state.sequence
+        _ = state.pair!.outbox.take()
+        // No heartbeat from the peer for two intervals while the state crosses the link.
+        clock.advance(.milliseconds(401))
+        state.pairTick(now: clock.now)
+        _ = state.pair!.outbox.take()
+        #expect(changePublishedAtOnce())
+        #expect(state.pair!.outbox.take().contains { $0.count >= 2 && $0[1] == PairWire.update }, "the change did not follow the state")
+        // The copy in and acknowledged, the peer heard again: it holds every change, and is waited for.
+        state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(sent)]), now: clock.now)
+        state.pairReceived(heartbeat(.passive, synced: true), now: clock.now)
+        #expect(!changePublishedAtOnce())
+    }
+
     @Test("of a pair: a passive asks for the state saying it waits to be told, and may take over only while the active one's heartbeat says it waits for it; from an active one that does not say, as soon as its copy is in",
           arguments: [true, false])
     func passiveTakesOverOnlyWhenWaitedFor(activeTells: Bool) throws {

@@ -428,10 +428,10 @@ struct PairLink {
     /// silence saying it holds one, is waited for when no change was left unsent to it since
     /// the copy (every one went to it in order; it applies them in order and asks for the
     /// whole state at a gap): it holds, or is about to, every change. Told at once (a
-    /// heartbeat), it may take over from then on. Without the second case an active that
-    /// served alone through a moment's silence of its peer would publish without it from
-    /// then on, and a failover could lose what it published last. A peer that missed a
-    /// change copies the state again first.
+    /// heartbeat), it may take over from then on. The second case is why a moment's silence
+    /// of the peer costs nothing later: else the active would publish without it for good,
+    /// and a failover could lose what it published last. A peer that missed a change copies
+    /// the state again first.
     private mutating func waitForPeer(sequence: UInt64) {
         guard state == .active, !peerWaitedFor, snapshotSent == nil, peerAlive, replicatedUpTo == sequence else { return }
         peerInSync = true
@@ -574,14 +574,22 @@ struct PairLink {
     /// Sends a change to the peer, in order. One the peer cannot get (it is silent) or that
     /// does not follow what it got puts it out of sync: nothing waits for it any more, and
     /// the gap (or the sequence in the next heartbeat) makes it ask for a snapshot.
+    ///
+    /// A peer being sent the state gets every change after it even while its heartbeats are
+    /// late: they can be held behind the copy on a slow link whose one queue also holds this
+    /// kernel's acknowledgements of them, and a copy missing the changes made while it
+    /// travelled would be asked for again, over that link, without end. (A silent peer is
+    /// otherwise sent nothing: a gone one would have changes queued for it until its
+    /// connection times out.)
     mutating func replicate(_ entry: ReplicatedEntry) {
         guard state == .active else { return }
-        if peerAlive, entry.sequence == replicatedUpTo + 1 {
+        let sent = peerAlive || snapshotSent != nil
+        if sent, entry.sequence == replicatedUpTo + 1 {
             replicatedUpTo = entry.sequence
         } else if peerWaitedFor {
             peerLeftSync()
         }
-        if peerAlive { send(entry.frames(PairWire.update)) }
+        if sent { send(entry.frames(PairWire.update)) }
     }
 
     /// Holds `item` until the peer holds every change up to `sequence`, then releases it as
