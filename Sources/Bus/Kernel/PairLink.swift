@@ -153,12 +153,10 @@ struct PairLink {
 
     /// Passive: holds a complete copy of the active's state (a snapshot and every change since).
     private(set) var synced = false
-    /// Passive: the active peer's heartbeats say whether it waits for this kernel
-    /// (`waitsForPeer`; a kernel from before does not say, and waits from the state it sent).
-    private var activeTells = false
-    /// Passive: the active peer's last heartbeat said it waits for this kernel, so its copy
-    /// holds every change anyone saw from the active one.
-    private var activeWaits = false
+    /// Passive: whether the active peer waits for this kernel, as its last heartbeat said
+    /// (`waitsForPeer`): while it does, the copy holds every change anyone saw from it. nil:
+    /// a kernel from before, which does not say, and waits from the state it sent.
+    private var activeWaits: Bool? = false
     /// Passive: a snapshot is on its way (asked at this time); changes wait until it is in.
     private var snapshotAskedAt: UInt64?
     private var snapshotEntries: [ReplicatedEntry] = []
@@ -245,7 +243,7 @@ struct PairLink {
     var holdsState: Bool { state == .active || state == .passive && synced }
     /// Whether this kernel may serve as the active one: it is, or it is a passive whose copy
     /// holds every change anyone saw from the active one (it waits for this kernel).
-    var holdsAllPublished: Bool { state == .active || state == .passive && synced && activeWaits }
+    var holdsAllPublished: Bool { state == .active || state == .passive && synced && activeWaits != false }
     private var peerAlive: Bool { lastHeard != nil && clock.now < peerExpiry }
     /// Active: changes wait for the peer's acknowledgement (it holds the whole state, or is
     /// being sent it and counts it whole once it is in).
@@ -488,11 +486,7 @@ struct PairLink {
             if peer == .passive, body["synced"]?.boolValue == true { waitForPeer(sequence: sequence) }
             // Every change the active peer published before this heartbeat came before it:
             // while it says it waits for this kernel, the copy holds all it published.
-            if state == .passive, peer == .active {
-                let waits = body["waitsForPeer"]?.boolValue
-                activeTells = waits != nil
-                activeWaits = waits ?? true
-            }
+            if state == .passive, peer == .active { activeWaits = body["waitsForPeer"]?.boolValue }
         } else if command == PairWire.snapshotRequest {
             guard state == .active else { return nil }
             // A restarted peer's request can come before its first heartbeat: noted here, that
@@ -526,7 +520,7 @@ struct PairLink {
             synced = true
             // The active peer published changes while the copy travelled: the copy holds them
             // once a heartbeat says the peer waits for this kernel (they came before it).
-            activeWaits = !activeTells
+            if activeWaits != nil { activeWaits = false }
             saidIncomplete = false
             logger.info("copied the active peer's state", metadata: ["sequence": "\(snapshotSequence)"])
             send([PairWire.header, PairWire.ack, CHP.sequenceFrame(snapshotSequence)])
