@@ -15,6 +15,16 @@ private func fromClient(_ id: String, _ service: String, _ body: String) -> Mess
     Message([Frame(id)] + MDP.request(service: service, body: [Frame(body)]).frames)
 }
 
+/// A message from the kernel's pair peer as its pair ROUTER receives it: the peer's routing
+/// id, the link's header, then `frames`.
+private func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
+
+/// Makes a change to `state`: whether it was published at once (nothing waits for the peer).
+private func changePublishedAtOnce(_ state: inout StateServer, now: UInt64) -> Bool {
+    _ = state.set("/client/k", value: Frame("\(state.sequence)"), now: now)
+    return !state.publisher.take().isEmpty
+}
+
 /// What the broker sent to each peer, decoded: a worker's commands and a client's replies.
 private struct Sent {
     var toWorkers: [(worker: String, command: BrokerToWorker)] = []
@@ -339,7 +349,6 @@ struct KernelTimingTests {
     func activeWaitsForRestartedPassive() throws {
         let clock = ManualClock()
         var state = pairedState(.primary, clock: clock)
-        func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
         func heartbeat(_ peerState: PairState, instance: String) -> Message {
             let body: JSONValue = ["state": .string(peerState.rawValue), "role": "backup", "instance": .string(instance),
                                    "sequence": 0, "synced": false]
@@ -378,16 +387,10 @@ struct KernelTimingTests {
     func activeWaitsAgainForPassiveBack() throws {
         let clock = ManualClock()
         var state = pairedState(.primary, clock: clock)
-        func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
         func heartbeat(_ peerState: PairState, synced: Bool, sequence: UInt64) -> Message {
             let body: JSONValue = ["state": .string(peerState.rawValue), "role": "backup", "instance": "backup-1",
                                    "sequence": .int(Int64(sequence)), "synced": .bool(synced)]
             return fromPeer([PairWire.state, Frame(body.jsonBytes)])
-        }
-        /// Makes a change: whether it was published at once (nothing waits for the peer).
-        func changePublishedAtOnce() -> Bool {
-            _ = state.set("/client/k", value: Frame("\(state.sequence)"), now: clock.now)
-            return !state.publisher.take().isEmpty
         }
         func acknowledge() { state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(state.sequence)]), now: clock.now) }
         func silence() {
@@ -400,37 +403,32 @@ struct KernelTimingTests {
         state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-1")]), now: clock.now)
         acknowledge()
         state.pairReceived(heartbeat(.passive, synced: true, sequence: state.sequence), now: clock.now)
-        #expect(!changePublishedAtOnce())
+        #expect(!changePublishedAtOnce(&state, now: clock.now))
         acknowledge()
 
         // Silent for two heartbeats: the active serves alone. Heard again, holding every
         // change (none was made meanwhile): changes wait for it again.
         silence()
         state.pairReceived(heartbeat(.passive, synced: true, sequence: state.sequence), now: clock.now)
-        #expect(!changePublishedAtOnce(), "the active never waits again for a passive that was silent for a moment")
+        #expect(!changePublishedAtOnce(&state, now: clock.now), "the active never waits again for a passive that was silent for a moment")
         acknowledge()
 
         // Silent, and a change made meanwhile never reached it: heard again, it is not waited
         // for (it asks for the state when the active's heartbeat shows it what it missed).
         silence()
-        #expect(changePublishedAtOnce())
+        #expect(changePublishedAtOnce(&state, now: clock.now))
         state.pairReceived(heartbeat(.passive, synced: true, sequence: state.sequence - 1), now: clock.now)
-        #expect(changePublishedAtOnce())
+        #expect(changePublishedAtOnce(&state, now: clock.now))
         state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-1")]), now: clock.now)
         acknowledge()
-        #expect(!changePublishedAtOnce())
+        #expect(!changePublishedAtOnce(&state, now: clock.now))
     }
 
     @Test("of a pair: while a passive that waits to be told copies the state, changes do not wait for it; once it acknowledges the copy they do, and a heartbeat tells it so at once")
     func activeDoesNotHoldChangesWhileTheStateIsCopied() throws {
         let clock = ManualClock()
         var state = pairedState(.primary, clock: clock)
-        func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
         let heartbeat: JSONValue = ["state": "backup", "role": "backup", "instance": "backup-1", "sequence": 0, "synced": false]
-        func changePublishedAtOnce() -> Bool {
-            _ = state.set("/client/k", value: Frame("\(state.sequence)"), now: clock.now)
-            return !state.publisher.take().isEmpty
-        }
         /// What the active kernel's last heartbeat to its peer said of waiting for it.
         func toldWaits() -> Bool? {
             let beats = state.pair!.outbox.take().filter { $0.count == 3 && $0[1] == PairWire.state }
@@ -441,7 +439,7 @@ struct KernelTimingTests {
         state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-1"), PairWire.told]), now: clock.now)
         let sent = state.sequence
         // The state is on its way: a change goes out at once, and to the peer after the state.
-        #expect(changePublishedAtOnce())
+        #expect(changePublishedAtOnce(&state, now: clock.now))
         let toPeer = state.pair!.outbox.take()
         let snapshotAt = toPeer.firstIndex { $0.count >= 2 && $0[1] == PairWire.snapshotDone }
         let updateAt = toPeer.firstIndex { $0.count >= 2 && $0[1] == PairWire.update }
@@ -452,7 +450,7 @@ struct KernelTimingTests {
         // The copy acknowledged: changes wait for the peer, and it is told at once.
         state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(sent)]), now: clock.now)
         #expect(toldWaits() == true)
-        #expect(!changePublishedAtOnce())
+        #expect(!changePublishedAtOnce(&state, now: clock.now))
         state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(state.sequence)]), now: clock.now)
         #expect(state.pair!.takeEvents().contains { if case .released = $0 { true } else { false } })
     }
@@ -461,14 +459,9 @@ struct KernelTimingTests {
     func changesFollowTheCopyWhileHeartbeatsAreLate() throws {
         let clock = ManualClock()
         var state = pairedState(.primary, clock: clock)
-        func fromPeer(_ frames: [Frame]) -> Message { Message([Frame("peer"), PairWire.header] + frames) }
         func heartbeat(_ peerState: PairState, synced: Bool) -> Message {
             let body: JSONValue = ["state": .string(peerState.rawValue), "role": "backup", "instance": "backup-1", "sequence": 0, "synced": .bool(synced)]
             return fromPeer([PairWire.state, Frame(body.jsonBytes)])
-        }
-        func changePublishedAtOnce() -> Bool {
-            _ = state.set("/client/k", value: Frame("\(state.sequence)"), now: clock.now)
-            return !state.publisher.take().isEmpty
         }
         state.pairReceived(heartbeat(.backup, synced: false), now: clock.now)
         state.pairReceived(fromPeer([PairWire.snapshotRequest, Frame("backup-1"), PairWire.told]), now: clock.now)
@@ -478,12 +471,12 @@ struct KernelTimingTests {
         clock.advance(.milliseconds(401))
         state.pairTick(now: clock.now)
         _ = state.pair!.outbox.take()
-        #expect(changePublishedAtOnce())
+        #expect(changePublishedAtOnce(&state, now: clock.now))
         #expect(state.pair!.outbox.take().contains { $0.count >= 2 && $0[1] == PairWire.update }, "the change did not follow the state")
         // The copy in and acknowledged, the peer heard again: it holds every change, and is waited for.
         state.pairReceived(fromPeer([PairWire.ack, CHP.sequenceFrame(sent)]), now: clock.now)
         state.pairReceived(heartbeat(.passive, synced: true), now: clock.now)
-        #expect(!changePublishedAtOnce())
+        #expect(!changePublishedAtOnce(&state, now: clock.now))
     }
 
     @Test("of a pair: a passive asks for the state saying it waits to be told, and may take over only while the active one's heartbeat says it waits for it; from an active one that does not say, as soon as its copy is in",
