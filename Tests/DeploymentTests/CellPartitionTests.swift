@@ -69,19 +69,15 @@ struct CellPartitionTests {
         // hears no heartbeat meanwhile, but bytes: it keeps its offer, and the request arrives.
         // Only what a's broker sends b is slowed (etcd's traffic is not): the switch's port to
         // b sends it in a class of its own.
-        let (switchHost, port) = (["-n", hosts.switchHost], ["dev", hosts.ports[1]])
-        try NetworkNamespaces.tc(switchHost + ["qdisc", "add"] + port + ["root", "handle", "1:", "htb", "default", "10"])
-        try NetworkNamespaces.tc(switchHost + ["class", "add"] + port + ["parent", "1:", "classid", "1:10", "htb", "rate", "10gbit", "quantum", "60000"])
-        try NetworkNamespaces.tc(switchHost + ["class", "add"] + port + ["parent", "1:", "classid", "1:20", "htb", "rate", "2mbit"])
-        try NetworkNamespaces.tc(switchHost + ["filter", "add"] + port + ["parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                                                             "match", "ip", "src", "\(hosts.addresses[0])/32", "match", "ip", "sport", "5555", "0xffff", "flowid", "1:20"])
+        try NetworkNamespaces.limit(["match", "ip", "src", "\(hosts.addresses[0])/32", "match", "ip", "sport", "5555", "0xffff"],
+                                    on: hosts.ports[1], in: hosts.switchHost, rate: "2mbit")
         let script = folder.appendingPathComponent("large.jsonl")
         try #"{"service":"echo","method":"echo","params":{"a":"\#(String(repeating: "x", count: 1_000_000))"}}"#
             .write(to: script, atomically: true, encoding: .utf8)
         let large = try await sb(["run", script.path])
         #expect(large.status == 0 && large.stdout.utf8.count > 1_000_000, "\(large.status) \(large.stderr)")
         #expect(!processes[1].outputSoFar.contains("went silent"), "\(processes[1].outputSoFar)")
-        try NetworkNamespaces.tc(switchHost + ["qdisc", "del"] + port + ["root"])
+        try NetworkNamespaces.tc(["-n", hosts.switchHost, "qdisc", "del", "dev", hosts.ports[1], "root"])
 
         // One state: written through cell b, seen by a subscriber of cell a.
         let written = try await sb(["publish", "/client/written-in-b", #""hello""#], on: 1)

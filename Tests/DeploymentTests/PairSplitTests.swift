@@ -64,13 +64,8 @@ private struct PairHosts {
     /// data, as on a link with fair queueing (a single queue would hold them there, and the
     /// peer's TCP, hearing no acknowledgement, would hold back its heartbeats).
     func limitKernelData(_ side: Int, rate: String) throws {
-        let device = ["-n", hosts[side], "dev", linkDevices[side]]
-        func tc(_ command: [String], _ rest: [String]) throws { try NetworkNamespaces.tc(Array(device.prefix(2)) + command + Array(device.suffix(2)) + rest) }
-        try tc(["qdisc", "add"], ["root", "handle", "1:", "htb", "default", "10"])
-        try tc(["class", "add"], ["parent", "1:", "classid", "1:10", "htb", "rate", "10gbit", "quantum", "60000"])
-        try tc(["class", "add"], ["parent", "1:", "classid", "1:20", "htb", "rate", rate])
-        try tc(["filter", "add"], ["parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "dst", "\(linkAddresses[1 - side])/32",
-                                   "match", "ip", "dport", "5560", "0xffff", "flowid", "1:20"])
+        try NetworkNamespaces.limit(["match", "ip", "dst", "\(linkAddresses[1 - side])/32", "match", "ip", "dport", "5560", "0xffff"],
+                                    on: linkDevices[side], in: hosts[side], rate: rate)
     }
 
     func remove() {

@@ -21,6 +21,19 @@ public enum NetworkNamespaces {
         try runTool("tc", arguments)
     }
 
+    /// Sends what `device` in namespace `host` sends and `selectors` match (tc's u32
+    /// selectors, such as `["match", "ip", "dport", "5560", "0xffff"]`) at `rate` at most, in
+    /// a class of its own: the rest goes unslowed and never queues behind it (acknowledgements
+    /// of other connections among it, as with fair queueing). Undone by deleting the
+    /// device's root qdisc.
+    public static func limit(_ selectors: [String], on device: String, in host: String, rate: String) throws {
+        let (namespace, dev) = (["-n", host], ["dev", device])
+        try tc(namespace + ["qdisc", "add"] + dev + ["root", "handle", "1:", "htb", "default", "10"])
+        try tc(namespace + ["class", "add"] + dev + ["parent", "1:", "classid", "1:10", "htb", "rate", "10gbit", "quantum", "60000"])
+        try tc(namespace + ["class", "add"] + dev + ["parent", "1:", "classid", "1:20", "htb", "rate", rate])
+        try tc(namespace + ["filter", "add"] + dev + ["parent", "1:", "protocol", "ip", "prio", "1", "u32"] + selectors + ["flowid", "1:20"])
+    }
+
     private static func runTool(_ tool: String, _ arguments: [String]) throws {
         let (status, errors) = try runBriefly(env.path, [tool] + arguments)
         guard status == 0 else { throw NetworkNamespaceError(description: "\(tool) \(arguments.joined(separator: " ")): \(errors)") }
