@@ -78,6 +78,16 @@ struct KernelTimingTests {
         #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["B"])
         #expect(broker.services["svc"]?.stats.redispatched == 1)
         #expect(broker.takeEvents().contains { if case .workersChanged("svc", 1) = $0 { true } else { false } })
+        // A was slow, not gone: its next HEARTBEAT (or DRAIN) is answered DISCONNECT, 7/MDP's
+        // way back to registering, and is no protocol error (nor is one after a restart).
+        for command in [WorkerToBroker.heartbeat(errors: nil), .drain] {
+            broker.handle(fromWorker("A", command), now: clock.now)
+            let answer = Sent(broker.outbox.take()).toWorkers
+            #expect(answer.count == 1 && answer.first?.worker == "A" && answer.first?.command == .disconnect, "\(answer)")
+        }
+        #expect(broker.protocolErrors == 0)
+        broker.handle(fromWorker("A", .ready(service: "svc", window: 1)), now: clock.now)
+        #expect(broker.workers.count == 2 && broker.protocolErrors == 0)
     }
 
     @Test("a worker removed for silence that then answers: kept while its request still waits (the client gets it once, no other worker is sent it), dropped once another worker has it",
@@ -99,6 +109,7 @@ struct KernelTimingTests {
         let afterLate = Sent(broker.outbox.take())
         #expect(afterLate.toClients.map(\.client) == ["C"] && afterLate.toClients.first?.body == "late answer")
         #expect(afterLate.toWorkers.contains { $0.worker == "A" && $0.command == .disconnect }, "A registers again")
+        #expect(broker.protocolErrors == 0, "a slow worker's late answer is no protocol error")
         #expect(broker.services["svc"]?.requests.count == 1)
         // The same answer again is no second reply.
         broker.handle(fromWorker("A", .reply(client: sent[0], body: ["late answer"])), now: clock.now)

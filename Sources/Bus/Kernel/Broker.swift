@@ -624,10 +624,13 @@ struct Broker: ~Copyable {
             }
             dispatch(service, now: now)
         case .partial(let client, let body):
-            guard let worker = known, let request = worker.holding(client) else {
+            guard let worker = known else {
                 // A worker removed for silence that goes on with a reply in parts: its parts
                 // are dropped here, so its FINAL must not reach the client as the whole answer.
-                if known == nil { lateWorkers[identity]?.requests[client] = nil }
+                lateWorkers[identity]?.requests[client] = nil
+                return askToRegister(identity, version: version, after: "PARTIAL")
+            }
+            guard let request = worker.holding(client) else {
                 disconnect("a PARTIAL with no request in flight")
                 return
             }
@@ -642,11 +645,13 @@ struct Broker: ~Copyable {
             if request.parts == 0, worker.speaksExtension { (request.streamWorker, request.streamClient) = (worker, client) }
             relayPart(body, of: request, service: worker.service)
         case .reply(let client, let body):
-            guard let worker = known, let request = worker.answered(client) else {
-                // A reply nobody is waiting for (unknown worker, or one the broker already
-                // gave up on): per 7/MDP an unexpected command earns a DISCONNECT. The answer
-                // of a worker removed for silence is kept while its request still waits.
-                if known == nil { answerLate(identity, client: client, body: body, now: now) }
+            guard let worker = known else {
+                // The answer of a worker removed for silence is kept while its request still waits.
+                answerLate(identity, client: client, body: body, now: now)
+                return askToRegister(identity, version: version, after: "REPLY")
+            }
+            // A reply nobody is waiting for: per 7/MDP an unexpected command earns a DISCONNECT.
+            guard let request = worker.answered(client) else {
                 disconnect("a REPLY with no request in flight")
                 return
             }
@@ -679,19 +684,13 @@ struct Broker: ~Copyable {
             if recordsSpans { events.append(.answered(service: service.name, body: Array(request.body), received: request.received, now: now)) }
             placeFreed(worker, now: now)
         case .heartbeat(let errors):
-            guard let worker = known else {
-                disconnect("a HEARTBEAT before READY")
-                return
-            }
+            guard let worker = known else { return askToRegister(identity, version: version, after: "HEARTBEAT") }
             if let errors, errors >= worker.reportedErrors {
                 worker.service.stats.errors += errors - worker.reportedErrors
                 worker.reportedErrors = errors
             }
         case .drain:
-            guard let worker = known else {
-                disconnect("a HEARTBEAT before READY")
-                return
-            }
+            guard let worker = known else { return askToRegister(identity, version: version, after: "DRAIN") }
             startDraining(worker, now: now)
         case .disconnect:
             if let worker = known { remove(worker, reason: worker.draining ? "it drained" : "it disconnected", now: now) }
@@ -1189,6 +1188,16 @@ struct Broker: ~Copyable {
             droppedReplies += 1
             breakStreams(of: identity, .overrun)
         }
+    }
+
+    /// A command other than READY from a worker this kernel does not know: most often one it
+    /// removed (silent for its expiry) that was slow, not gone, or one registered with this
+    /// kernel before it restarted. 7/MDP's answer is DISCONNECT, on which the worker registers
+    /// again; that is the protocol's way back, not a peer speaking it badly, so it is not
+    /// counted as a protocol error (which an operator watches for broken or hostile peers).
+    private mutating func askToRegister(_ identity: Frame, version: MDP.Version, after command: String) {
+        logger.info("told a worker this kernel does not know to register again", metadata: ["command": "\(command)"])
+        send(MDP.encode(.disconnect, to: identity, version: version))
     }
 
     private mutating func disconnect(_ identity: Frame, version: MDP.Version, reason: String, now: UInt64) {
