@@ -32,6 +32,16 @@ struct ChildProcessTests {
         #expect(command.status == 3)
     }
 
+    @Test("a child process and a command are told no key folder (SB_KEY_DIR) unless the test names one: an sb a test starts never uses the data/keys that Scripts/run leaves in the working directory")
+    func noKeyFolderOfTheDeveloper() async throws {
+        let child = try ChildProcess(URL(fileURLWithPath: "/usr/bin/env"), [])
+        defer { child.stop() }
+        #expect(await child.exit(within: 30))
+        #expect(child.readOutput().split(separator: "\n").contains("SB_KEY_DIR=/nonexistent/sb-test-keys"), "\(child.outputSoFar)")
+        let named = try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), [], environment: ["SB_KEY_DIR": "/tmp/keys"])
+        #expect(named.stdout.split(separator: "\n").contains("SB_KEY_DIR=/tmp/keys"), "\(named)")
+    }
+
     @Test("input for a command that ends without reading it is dropped: the test process goes on")
     func inputNotRead() async throws {
         let result = try await runCommand(URL(fileURLWithPath: "/bin/true"), [], input: Data(repeating: 120, count: 1_048_576))

@@ -17,8 +17,9 @@ Usage:
                                            print the snapshot, then COUNT live updates, as JSON lines
 Exit status 0 on success, 1 on a protocol error, 2 on a timeout.
 
-With SB_KEY_DIR set (as for sb: the folder where `switchboard up` keeps its keys, e.g.
-data/keys), the client and the subscriber use CURVE with client.key and kernel.pub there.
+With SB_KEY_DIR naming a folder that holds the keys (as for sb: the folder where
+`switchboard up` keeps them, e.g. data/keys), the client and the subscriber use CURVE with
+client.key and kernel.pub there.
 """
 import json
 import os
@@ -44,9 +45,9 @@ def key_file_value(path, name):
 
 
 def secure(socket):
-    """CURVE as a client, with the keys in SB_KEY_DIR, when it is set."""
+    """CURVE as a client, with the keys in SB_KEY_DIR, when it names a folder that holds them."""
     folder = os.environ.get("SB_KEY_DIR")
-    if not folder:
+    if not folder or not os.path.exists(os.path.join(folder, "kernel.pub")):
         return
     socket.curve_serverkey = key_file_value(os.path.join(folder, "kernel.pub"), "public-key")
     socket.curve_publickey = key_file_value(os.path.join(folder, "client.key"), "public-key")

@@ -15,7 +15,7 @@ struct StoreCrashTests {
         try ChildProcess(switchboardExecutable(), [
             "serve", "store", "--broker", kernel.endpoints.broker, "--db", database,
             "--heartbeat-ms", "100", "--liveness", "10", "--log-level", "error",
-        ], environment: postgres.map { ["SWITCHBOARD_STORE_BACKEND": "postgres", "SWITCHBOARD_STORE_URL": $0, "SWITCHBOARD_STORE_TLS": "disable"] })
+        ], environment: postgres.map { ["SWITCHBOARD_STORE_BACKEND": "postgres", "SWITCHBOARD_STORE_URL": $0, "SWITCHBOARD_STORE_TLS": "disable"] } ?? [:])
     }
 
     @Test("every acknowledged write is there after a restart, over 20 kills at random moments", arguments: Backend.available)

@@ -132,7 +132,7 @@ struct Soak: AsyncParsableCommand {
             // `up` watches its stdin, a lifeline only this process writes to (``ChildProcess``): if
             // the soak dies, even by SIGKILL, `up` reads end-of-file and stops the bus in order.
             let up = try ChildProcess(URL(fileURLWithPath: executable), ["up", "--config", configuration.config.path],
-                                      environment: environment.isEmpty ? nil : environment, log: log)
+                                      environment: environment, log: log)
             buses.append((up, BusProcesses(upPid: up.pid), log))
             // The primary first: it makes the keys both use.
             if (pair || cells) && index == 0 { _ = await waitUntil(30) { (try? busKeyFolder(in: folder).clientKeys()) != nil } }

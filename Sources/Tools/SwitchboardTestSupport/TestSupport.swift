@@ -373,9 +373,9 @@ public final class ChildProcess: Sendable {
     private let captured = Observed(CapturedOutput())
 
     /// Starts `executable` with `arguments` (and this process's environment with
-    /// `environment` added); its stdout and stderr are read as they come, or, with `log`, go
-    /// to the end of that file (``outputSoFar`` stays empty).
-    public init(_ executable: URL, _ arguments: [String], environment: [String: String]? = nil, log: URL? = nil) throws {
+    /// ``sbEnvironment(_:)`` of `environment` added); its stdout and stderr are read as they
+    /// come, or, with `log`, go to the end of that file (``outputSoFar`` stays empty).
+    public init(_ executable: URL, _ arguments: [String], environment: [String: String] = [:], log: URL? = nil) throws {
         let stdin = try Pipes.make()
         let output = try log.map { file -> (read: Int32?, write: Int32) in
             let descriptor = open(file.path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
@@ -386,7 +386,7 @@ public final class ChildProcess: Sendable {
         do {
             pid = try Spawn.start(executable.path, arguments + (Self.watchesLifeline(executable, arguments) ? ["--lifeline-fd", "0"] : []),
                                   descriptors: [0: stdin.read, 1: output.write, 2: output.write],
-                                  environment: environment.map { ProcessInfo.processInfo.environment.merging($0) { $1 } })
+                                  environment: ProcessInfo.processInfo.environment.merging(sbEnvironment(environment)) { $1 })
         } catch {
             for end in [stdin.write] + (output.read.map { [$0] } ?? []) { close(end) }
             throw error
@@ -595,9 +595,10 @@ public struct CommandResult: Sendable, CustomStringConvertible {
     public var description: String { "exit \(status)\nstdout: \(stdout)\nstderr: \(stderr)" }
 }
 
-/// `environment` for an `sb` a test runs: it finds no CURVE keys unless `environment` says
-/// where (SB_KEY_DIR), so a developer's `data/keys` in the working directory never leaks
-/// into a test.
+/// `environment` for a process a test starts: an `sb` finds no CURVE keys unless
+/// `environment` says where (SB_KEY_DIR), so the `data/keys` that `Scripts/run` leaves in the
+/// working directory never leaks into a test (an `sb` using them cannot talk to a test's
+/// kernel without CURVE).
 public func sbEnvironment(_ environment: [String: String]) -> [String: String] {
     ["SB_KEY_DIR": "/nonexistent/sb-test-keys"].merging(environment) { $1 }
 }
