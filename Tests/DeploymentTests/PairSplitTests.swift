@@ -46,6 +46,12 @@ private struct PairHosts {
         try NetworkNamespaces.ip(["-n", hosts[1], "link", "set", linkDevices[1], up ? "up" : "down"])
     }
 
+    /// Takes host `side` off the clients' network (or puts it back): its kernel stays
+    /// reachable on its own host and over the link between the kernels.
+    func setServiceLink(_ side: Int, up: Bool) throws {
+        try NetworkNamespaces.ip(["-n", hosts[side], "link", "set", serviceDevices[side], up ? "up" : "down"])
+    }
+
     /// Takes host `side` off both networks, as a machine that is gone.
     func disconnect(_ side: Int) throws {
         for device in [serviceDevices[side], linkDevices[side]] {
@@ -327,6 +333,38 @@ struct PairSplitTests {
         }
         #expect(try await stateSequence(0) == stateSequence(1))
         #expect(copiesSent(kernels[0].outputSoFar) == 2, "the primary sent its state more than twice:\n\(kernels[0].outputSoFar)")
+    }
+
+    @Test("a change that takes seconds to cross the link between the kernels: the passive kernel hears the active one in the change's bytes while the heartbeats wait behind them, and a client that asks it meanwhile is refused, not served by a second active kernel",
+          .enabled(if: NetworkNamespaces.available, "skipped: needs root, iproute2 and network namespaces (ip netns add failed)"))
+    func passiveHearsALargeChange() async throws {
+        let hosts = try PairHosts.make()
+        defer { hosts.remove() }
+        let folder = try temporaryDirectory("pair-large-change")
+        let keys = busKeyFolder(in: folder)
+        _ = try keys.create([KeyFolder.kernel, KeyFolder.client])
+        let kernels = try hosts.startKernels(in: folder, keys: keys.path)
+        defer { for kernel in kernels { kernel.stop() } }
+        try await kernels[0].waitForOutput(containing: "the passive peer holds every change", within: 60)
+        // The backup's host off the clients' network: the primary's broker cannot answer its
+        // questions, as when the clients' way crosses the same slow link. The link between
+        // the kernels is all it has to tell whether the primary is there.
+        try hosts.setServiceLink(1, up: false)
+        // 100 kB at 200 kbit/s from the primary to the backup: four seconds, ten times what
+        // the pair's heartbeats give a silent peer.
+        try hosts.limitKernelData(0, rate: "200kbit")
+        let value = "\"" + String(repeating: "b", count: 100_000) + "\""
+        async let written = hosts.sb(on: 0, keys: keys.path, ["pub", "/client/large/b", value, "--endpoint", hosts.broker(0), "--timeout", "60s"])
+        try await kernels[1].waitForOutput(containing: "heartbeats are late but its bytes arrive", within: 30)
+        let asked = try await hosts.sb(on: 1, keys: keys.path, ["pub", "/client/large/asked", #""of the passive""#,
+                                                                "--endpoint", hosts.broker(1), "--timeout", "5s"])
+        #expect(asked.status != 0 && asked.stderr.contains("passive"), "\(asked)")
+        #expect(!kernels[1].outputSoFar.contains("failing over"), "\(kernels[1].outputSoFar)")
+        let result = try await written
+        #expect(result.status == 0, "\(result)")
+        let read = try await hosts.sb(on: 0, keys: keys.path, ["request", "kernel", "state.get", #"{"prefix":"/client/large/"}"#,
+                                                               "--endpoint", hosts.broker(0), "--timeout", "20s"])
+        #expect(read.status == 0 && read.stdout.contains("bbbb"), "\(read.stdout.prefix(200)) \(read.stderr)")
     }
 
     @Test("the passive kernel stalled for a moment (SIGSTOP), then a write crossing a slow link, then the active kernel killed: the acknowledged write is on the kernel that takes over",

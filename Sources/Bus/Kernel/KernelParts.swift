@@ -171,7 +171,13 @@ final class KernelParts {
             publisher: register(sockets.publisher) { $0.state.subscriptionChanged($1, now: $0.clock.now) },
             collector: collector)
         if let pair = configuration.pair, let pairSockets = sockets.pair {
-            registrations.pairListener = register(pairSockets.listener) { $0.state.pairReceived($1, now: $0.clock.now) }
+            // Read as parts for the connection a message came on (a heartbeat names it).
+            let listener = loop.register(readingParts: pairSockets.listener) { [weak self] parts in
+                guard let self else { return }
+                state.pairReceived(parts.message(), now: clock.now) { parts.sourceDescriptor.flatMap(TCPConnection.init(descriptor:)) }
+            }
+            listener.afterReading = { [weak self] in self?.flush() }
+            registrations.pairListener = listener
             registrations.pairSender = register(pairSockets.sender) { _, _ in }
             registrations.pairSender?.dropsWhenPeerFull = true
             if let peerBroker = pairSockets.peerBroker {

@@ -150,6 +150,12 @@ struct PairLink {
     private(set) var peerInstance: String?
     private var peerExpiry: UInt64
     private(set) var lastHeard: Date?
+    /// The TCP connection the peer's messages come on, named by its last heartbeat: bytes
+    /// arriving there while its heartbeats are late are a large message crossing a slow link
+    /// ahead of them, not a silent peer (``bytesArrive(now:)``).
+    private var peerConnection: TCPConnection?
+    /// Said once per wait: the peer's heartbeats are late but its bytes arrive.
+    private var saidBytesArrive = false
 
     /// Passive: holds a complete copy of the active's state (a snapshot and every change since).
     private(set) var synced = false
@@ -254,6 +260,7 @@ struct PairLink {
     /// A client's request arrived: whether this kernel serves it (possibly by taking over
     /// now). `sequence`: the last change of the state this kernel holds.
     mutating func admitsClient(now: UInt64, sequence: UInt64) -> Bool {
+        bytesArrive(now: now)
         switch state {
         case .active:
             return true
@@ -336,6 +343,7 @@ struct PairLink {
     private mutating func peerSays(_ peer: PairState, instance: String, activeFor peerActiveFor: UInt64?, now: UInt64, sequence: UInt64) {
         peerExpiry = now + configuration.peerExpiry.nanoseconds
         lastHeard = Date()
+        saidBytesArrive = false
         if heard(instance: instance) { peerLeftSync() }
         peerState = peer
         switch (state, peer) {
@@ -412,6 +420,7 @@ struct PairLink {
 
     mutating func tick(now: UInt64, sequence: UInt64) {
         sendState(sequence: sequence)
+        bytesArrive(now: now)
         // While the link is silent, keep asking the clients' way whether the peer still serves.
         if state != .active, configuration.peerBroker != nil, lastHeard == nil || now >= peerExpiry, peerBrokerConnected {
             probe(now: now)
@@ -419,6 +428,25 @@ struct PairLink {
         if state == .active, peerWaitedFor, now >= peerExpiry {
             logger.warning("the passive peer is silent: serving alone until it is back", metadata: ["peer": "\(configuration.peer)"])
             peerLeftSync()
+        }
+    }
+
+    /// Where silence is judged (each heartbeat, and a client come to a kernel that is not
+    /// active): a peer whose heartbeats are late but whose bytes arrived on its connection
+    /// within the expiry is heard until the next heartbeat. Silent is what sends nothing: a
+    /// change or a copy of the state crossing a slow link holds the heartbeats sent after it,
+    /// and a peer taken for silent then would be served without (the active one) or taken
+    /// over from while it serves (the passive one, asked by a client, with no answer from the
+    /// peer's broker over that same link). A process stopped or gone sends nothing (only
+    /// what its machine's TCP still held for the link, at the link's rate).
+    private mutating func bytesArrive(now: UInt64) {
+        guard now >= peerExpiry, lastHeard != nil, let quiet = peerConnection?.sinceDataReceived,
+              quiet < configuration.peerExpiry else { return }
+        peerExpiry = now + UInt64(configuration.heartbeatInterval.nanoseconds)
+        if !saidBytesArrive {
+            saidBytesArrive = true
+            logger.info("the peer's heartbeats are late but its bytes arrive (a large message crossing the link ahead of them): not taken for silent",
+                        metadata: ["peer": "\(configuration.peer)"])
         }
     }
 
@@ -459,9 +487,10 @@ struct PairLink {
     // MARK: Messages from the peer
 
     /// A message on the pair ROUTER: the peer's routing id, then the frames it sent.
-    /// `sequence`: the last change of the state this kernel holds. Returns what the message
-    /// asks of that state, if anything.
-    mutating func received(_ message: Message, now: UInt64, sequence: UInt64) -> Replication? {
+    /// `sequence`: the last change of the state this kernel holds; `connection`: the TCP
+    /// connection the message came on, asked of a heartbeat. Returns what the message asks of
+    /// that state, if anything.
+    mutating func received(_ message: Message, now: UInt64, sequence: UInt64, connection: () -> TCPConnection? = { nil }) -> Replication? {
         guard message.count >= 3, message[1] == PairWire.header else { return nil }
         let command = message[2]
         let fields = message.frames[3...]
@@ -482,6 +511,7 @@ struct PairLink {
                 let (nanoseconds, overflow) = UInt64(clamping: milliseconds).multipliedReportingOverflow(by: 1_000_000)
                 return overflow ? UInt64.max : nanoseconds
             }
+            peerConnection = connection()
             peerSays(peer, instance: instance, activeFor: activeFor, now: now, sequence: sequence)
             if peer == .passive, body["synced"]?.boolValue == true { waitForPeer(sequence: sequence) }
             // Every change the active peer published before this heartbeat came before it:

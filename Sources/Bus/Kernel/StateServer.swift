@@ -371,9 +371,9 @@ struct StateServer: ~Copyable {
     // MARK: Replication (a kernel pair)
 
     /// A message from the peer, on the pair's ROUTER: the link takes it, and this server
-    /// does what it asks of the state.
-    mutating func pairReceived(_ message: Message, now: UInt64) {
-        guard let replication = pair?.received(message, now: now, sequence: sequence) else { return }
+    /// does what it asks of the state. `connection`: the TCP connection it came on.
+    mutating func pairReceived(_ message: Message, now: UInt64, connection: () -> TCPConnection? = { nil }) {
+        guard let replication = pair?.received(message, now: now, sequence: sequence, connection: connection) else { return }
         switch replication {
         case .sendSnapshot:
             let snapshot = replicatedSnapshot(now: now)

@@ -26,8 +26,13 @@ public enum NetworkNamespaces {
     /// a class of its own: the rest goes unslowed and never queues behind it (acknowledgements
     /// of other connections among it, as with fair queueing). Undone by deleting the
     /// device's root qdisc.
+    ///
+    /// The device then sends one TCP segment a packet (no segmentation offload): htb sends a
+    /// packet whole, and a 64 kB offloaded one would arrive at once after seconds of nothing,
+    /// where a slow link delivers its bytes as they cross.
     public static func limit(_ selectors: [String], on device: String, in host: String, rate: String) throws {
         let (namespace, dev) = (["-n", host], ["dev", device])
+        try ip(namespace + ["link", "set"] + dev + ["gso_max_segs", "1"])
         try tc(namespace + ["qdisc", "add"] + dev + ["root", "handle", "1:", "htb", "default", "10"])
         try tc(namespace + ["class", "add"] + dev + ["parent", "1:", "classid", "1:10", "htb", "rate", "10gbit", "quantum", "60000"])
         try tc(namespace + ["class", "add"] + dev + ["parent", "1:", "classid", "1:20", "htb", "rate", rate])
