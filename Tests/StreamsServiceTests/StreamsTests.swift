@@ -950,7 +950,7 @@ struct StreamVerbTests {
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 60))
             try await bus.publish("orders.new", 1)
             let sub = try ChildProcess(sbExecutable(), ["stream", "sub", "orders", "billing", "--expires", "600"],
-                                       environment: sbEnvironment(["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""]))
+                                       environment: ["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""])
             defer { sub.stop() }
             try await sub.waitForOutput(containing: "1 orders.new (delivery 1) 1", within: 30)
             sub.signal(SIGINT)

@@ -372,9 +372,9 @@ public final class ChildProcess: Sendable {
     /// What the process wrote so far (stdout and stderr together), and whether it closed them.
     private let captured = Observed(CapturedOutput())
 
-    /// Starts `executable` with `arguments` (and this process's environment with
-    /// ``sbEnvironment(_:)`` of `environment` added); its stdout and stderr are read as they
-    /// come, or, with `log`, go to the end of that file (``outputSoFar`` stays empty).
+    /// Starts `executable` with `arguments` (and ``testProcessEnvironment(_:)`` of
+    /// `environment`); its stdout and stderr are read as they come, or, with `log`, go to the
+    /// end of that file (``outputSoFar`` stays empty).
     public init(_ executable: URL, _ arguments: [String], environment: [String: String] = [:], log: URL? = nil) throws {
         let stdin = try Pipes.make()
         let output = try log.map { file -> (read: Int32?, write: Int32) in
@@ -386,7 +386,7 @@ public final class ChildProcess: Sendable {
         do {
             pid = try Spawn.start(executable.path, arguments + (Self.watchesLifeline(executable, arguments) ? ["--lifeline-fd", "0"] : []),
                                   descriptors: [0: stdin.read, 1: output.write, 2: output.write],
-                                  environment: ProcessInfo.processInfo.environment.merging(sbEnvironment(environment)) { $1 })
+                                  environment: testProcessEnvironment(environment))
         } catch {
             for end in [stdin.write] + (output.read.map { [$0] } ?? []) { close(end) }
             throw error
@@ -595,17 +595,17 @@ public struct CommandResult: Sendable, CustomStringConvertible {
     public var description: String { "exit \(status)\nstdout: \(stdout)\nstderr: \(stderr)" }
 }
 
-/// `environment` for a process a test starts: an `sb` finds no CURVE keys unless
-/// `environment` says where (SB_KEY_DIR), so the `data/keys` that `Scripts/run` leaves in the
-/// working directory never leaks into a test (an `sb` using them cannot talk to a test's
-/// kernel without CURVE).
-public func sbEnvironment(_ environment: [String: String]) -> [String: String] {
-    ["SB_KEY_DIR": "/nonexistent/sb-test-keys"].merging(environment) { $1 }
+/// The environment of a process a test starts: this process's with `environment` added. An
+/// `sb` finds no CURVE keys unless `environment` says where (SB_KEY_DIR), so the `data/keys`
+/// that `Scripts/run` leaves in the working directory never leaks into a test (an `sb` using
+/// them cannot talk to a test's kernel without CURVE).
+public func testProcessEnvironment(_ environment: [String: String]) -> [String: String] {
+    ProcessInfo.processInfo.environment.merging(["SB_KEY_DIR": "/nonexistent/sb-test-keys"]) { $1 }.merging(environment) { $1 }
 }
 
 /// Runs `executable` to the end (killed after `seconds`), with `input` on its stdin and
-/// this process's environment with ``sbEnvironment(_:)`` added; stdout and stderr are read as
-/// they come, so a large output never blocks it.
+/// ``testProcessEnvironment(_:)`` of `environment`; stdout and stderr are read as they come,
+/// so a large output never blocks it.
 public func runCommand(_ executable: URL, _ arguments: [String], environment: [String: String] = [:], input: Data? = nil,
                        in directory: URL? = nil, seconds: Double = 30) async throws -> CommandResult {
     let stdin = try Pipes.make(), stdout = try Pipes.make(), stderr = try Pipes.make()
@@ -613,7 +613,7 @@ public func runCommand(_ executable: URL, _ arguments: [String], environment: [S
     do {
         defer { for end in [stdin.read, stdout.write, stderr.write] { close(end) } }
         pid = try Spawn.start(executable.path, arguments, descriptors: [0: stdin.read, 1: stdout.write, 2: stderr.write],
-                              environment: ProcessInfo.processInfo.environment.merging(sbEnvironment(environment)) { $1 }, directory: directory?.path)
+                              environment: testProcessEnvironment(environment), directory: directory?.path)
     } catch {
         for end in [stdin.write, stdout.read, stderr.read] { close(end) }
         throw error
