@@ -442,7 +442,7 @@ struct PairLink {
     private mutating func bytesArrive(now: UInt64) {
         guard now >= peerExpiry, lastHeard != nil, let quiet = peerConnection?.sinceDataReceived,
               quiet < configuration.peerExpiry else { return }
-        peerExpiry = now + UInt64(configuration.heartbeatInterval.nanoseconds)
+        peerExpiry = now + configuration.heartbeatInterval.nanoseconds
         if !saidBytesArrive {
             saidBytesArrive = true
             logger.info("the peer's heartbeats are late but its bytes arrive (a large message crossing the link ahead of them): not taken for silent",
