@@ -26,7 +26,7 @@ private struct PairHosts {
         do {
             for host in pair.hosts { try NetworkNamespaces.ip(["netns", "add", host]) }
             for (devices, addresses) in [(pair.serviceDevices, pair.serviceAddresses), (pair.linkDevices, pair.linkAddresses)] {
-                try NetworkNamespaces.ip(["link", "add", devices[0], "type", "veth", "peer", "name", devices[1]])
+                try NetworkNamespaces.addLink(devices[0], peer: devices[1])
                 for side in 0..<2 {
                     try NetworkNamespaces.ip(["link", "set", devices[side], "netns", pair.hosts[side]])
                     try NetworkNamespaces.ip(["-n", pair.hosts[side], "addr", "add", "\(addresses[side])/24", "dev", devices[side]])

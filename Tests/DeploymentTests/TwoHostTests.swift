@@ -20,7 +20,7 @@ struct TwoHosts: Sendable {
         do {
             try NetworkNamespaces.ip(["netns", "add", hosts.kernelHost])
             try NetworkNamespaces.ip(["netns", "add", hosts.serviceHost])
-            try NetworkNamespaces.ip(["link", "add", hosts.kernelLink, "type", "veth", "peer", "name", hosts.serviceLink])
+            try NetworkNamespaces.addLink(hosts.kernelLink, peer: hosts.serviceLink)
             try NetworkNamespaces.ip(["link", "set", hosts.kernelLink, "netns", hosts.kernelHost])
             try NetworkNamespaces.ip(["link", "set", hosts.serviceLink, "netns", hosts.serviceHost])
             for (host, link, address) in [(hosts.kernelHost, hosts.kernelLink, "\(subnet).1/24"), (hosts.serviceHost, hosts.serviceLink, "\(subnet).2/24")] {

@@ -21,18 +21,25 @@ public enum NetworkNamespaces {
         try runTool("tc", arguments)
     }
 
+    /// A cable between two hosts: a veth pair `device` and `peer`, in the namespace that
+    /// runs this (move each end to its host). Both ends send one TCP segment a packet, as a
+    /// network's wire does (no segmentation offload): a slowed link (``limit(_:on:in:rate:)``,
+    /// tbf) sends a packet whole, and a 64 kB offloaded one would arrive at once after seconds
+    /// of nothing, where a slow link delivers its bytes as they cross; TCP then takes the
+    /// queue for a loss and sends again what is still on its way. It is set here, not when a
+    /// link is slowed, because a connection keeps the packet size its device had when it was
+    /// made.
+    public static func addLink(_ device: String, peer: String) throws {
+        try ip(["link", "add", device, "gso_max_segs", "1", "type", "veth", "peer", "name", peer, "gso_max_segs", "1"])
+    }
+
     /// Sends what `device` in namespace `host` sends and `selectors` match (tc's u32
     /// selectors, such as `["match", "ip", "dport", "5560", "0xffff"]`) at `rate` at most, in
     /// a class of its own: the rest goes unslowed and never queues behind it (acknowledgements
     /// of other connections among it, as with fair queueing). Undone by deleting the
-    /// device's root qdisc.
-    ///
-    /// The device then sends one TCP segment a packet (no segmentation offload): htb sends a
-    /// packet whole, and a 64 kB offloaded one would arrive at once after seconds of nothing,
-    /// where a slow link delivers its bytes as they cross.
+    /// device's root qdisc. `device` is one end of an ``addLink(_:peer:)``.
     public static func limit(_ selectors: [String], on device: String, in host: String, rate: String) throws {
         let (namespace, dev) = (["-n", host], ["dev", device])
-        try ip(namespace + ["link", "set"] + dev + ["gso_max_segs", "1"])
         try tc(namespace + ["qdisc", "add"] + dev + ["root", "handle", "1:", "htb", "default", "10"])
         try tc(namespace + ["class", "add"] + dev + ["parent", "1:", "classid", "1:10", "htb", "rate", "10gbit", "quantum", "60000"])
         try tc(namespace + ["class", "add"] + dev + ["parent", "1:", "classid", "1:20", "htb", "rate", rate])
@@ -88,7 +95,7 @@ public struct SwitchedHosts: Sendable {
             for (index, host) in hosts.hosts.enumerated() {
                 let device = "sh\(index)-\(tag)"
                 try NetworkNamespaces.ip(["netns", "add", host])
-                try NetworkNamespaces.ip(["link", "add", device, "type", "veth", "peer", "name", hosts.ports[index]])
+                try NetworkNamespaces.addLink(device, peer: hosts.ports[index])
                 try NetworkNamespaces.ip(["link", "set", device, "netns", host])
                 try NetworkNamespaces.ip(["link", "set", hosts.ports[index], "netns", hosts.switchHost])
                 try NetworkNamespaces.ip(["-n", hosts.switchHost, "link", "set", hosts.ports[index], "master", "br0"])
