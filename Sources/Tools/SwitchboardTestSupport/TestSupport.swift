@@ -56,8 +56,9 @@ public func repositoryRoot(_ testFile: String = #filePath) -> URL {
 /// Chosen below the range the OS takes local ports of outgoing connections from (read from
 /// /proc): a client reconnecting to a stopped kernel's port from that range can end up
 /// connected to itself on that very port (TCP simultaneous open), and the restarted kernel
-/// could not bind it. A port is handed out once per test process: two calls never give the
-/// same port, though it was free at each (a configuration asking for five ports got one twice).
+/// could not bind it. A port is handed out once: two calls never give the same port, though
+/// it was free at each (a configuration asking for five ports got one twice), nor do two test
+/// processes running at once (``PortsHandedOut``).
 public func freePort() -> Int {
     let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))?
         .split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
@@ -68,7 +69,7 @@ public func freePort() -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         let bound = bindLoopback(fd, port: port)
         close(fd)
-        if bound, PortsHandedOut.ports.withLock({ $0.insert(port).inserted }) { return port }
+        if bound, PortsHandedOut.reserve(port) { return port }
     }
 }
 
@@ -83,8 +84,29 @@ public func bindLoopback(_ fd: Int32, port: Int) -> Bool {
     } == 0
 }
 
-private enum PortsHandedOut {
-    static let ports = Mutex<Set<Int>>([])
+/// The ports ``freePort()`` handed out: in this process, and in every test process running
+/// at once (`Scripts/test` runs two side by side). A port a test holds unbound for a moment,
+/// as when it restarts a kernel on it, must not go to another process meanwhile: each
+/// process locks the byte at its port's offset in a file they share, and the machine lets go
+/// of a process's locks when it ends, however it ends.
+public enum PortsHandedOut {
+    /// The file whose byte at a port's offset a process locks while the port is its own.
+    public static let lockPath = FileManager.default.temporaryDirectory.appendingPathComponent("switchboard-test-ports.lock").path
+    private static let ports = Mutex<Set<Int>>([])
+    /// The shared file; -1 where it cannot be opened (then ports are kept apart in this
+    /// process only).
+    private static let lockFile = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o666)
+
+    /// Whether `port` is this caller's now: handed out by no one before.
+    static func reserve(_ port: Int) -> Bool {
+        ports.withLock { handedOut in
+            guard !handedOut.contains(port) else { return false }
+            // The file's offset is shared by this process's threads: moved and used under the mutex.
+            if lockFile >= 0, lseek(lockFile, off_t(port), SEEK_SET) != off_t(port) || lockf(lockFile, F_TLOCK, 1) != 0 { return false }
+            handedOut.insert(port)
+            return true
+        }
+    }
 }
 
 /// A ROUTER bound at `endpoint` standing in for a kernel, to see exactly what a client sends.
