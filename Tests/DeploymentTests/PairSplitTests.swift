@@ -104,6 +104,15 @@ private struct PairHosts {
             """
     }
 
+    /// A test's temporary folder named `name`, with a key folder in it holding the key pairs
+    /// `names` (the kernels' among them), for ``startKernels(in:keys:)`` and `sb`.
+    static func testFolder(_ name: String, keys names: [String]) throws -> (folder: URL, keys: KeyFolder) {
+        let folder = try temporaryDirectory(name)
+        let keys = busKeyFolder(in: folder)
+        _ = try keys.create(names)
+        return (folder, keys)
+    }
+
     /// Both kernels, each with its configuration written to `folder` as `sideN.yaml`.
     func startKernels(in folder: URL, keys: String) throws -> [ChildProcess] {
         var kernels: [ChildProcess] = []
@@ -175,9 +184,7 @@ struct PairSplitTests {
     func kernelLinkCut() async throws {
         let hosts = try PairHosts.make()
         defer { hosts.remove() }
-        let folder = try temporaryDirectory("pair-split")
-        let keys = busKeyFolder(in: folder)
-        _ = try keys.create([KeyFolder.kernel, "echo", KeyFolder.client])
+        let (folder, keys) = try PairHosts.testFolder("pair-split", keys: [KeyFolder.kernel, "echo", KeyFolder.client])
         @Sendable func sb(on side: Int, _ arguments: [String]) async throws -> CommandResult {
             try await hosts.sb(on: side, keys: keys.path, arguments)
         }
@@ -242,9 +249,7 @@ struct PairSplitTests {
     func slowLinkThenMachineGone() async throws {
         let hosts = try PairHosts.make()
         defer { hosts.remove() }
-        let folder = try temporaryDirectory("pair-slow-link")
-        let keys = busKeyFolder(in: folder)
-        _ = try keys.create([KeyFolder.kernel, "echo", KeyFolder.client])
+        let (folder, keys) = try PairHosts.testFolder("pair-slow-link", keys: [KeyFolder.kernel, "echo", KeyFolder.client])
         @Sendable func sb(on side: Int, _ arguments: [String]) async throws -> CommandResult {
             try await hosts.sb(on: side, keys: keys.path, arguments)
         }
@@ -285,9 +290,7 @@ struct PairSplitTests {
     func slowKernelLink() async throws {
         let hosts = try PairHosts.make()
         defer { hosts.remove() }
-        let folder = try temporaryDirectory("pair-slow-kernel-link")
-        let keys = busKeyFolder(in: folder)
-        _ = try keys.create([KeyFolder.kernel, KeyFolder.client])
+        let (folder, keys) = try PairHosts.testFolder("pair-slow-kernel-link", keys: [KeyFolder.kernel, KeyFolder.client])
         @Sendable func sb(_ arguments: [String]) async throws -> CommandResult {
             try await hosts.sb(on: 0, keys: keys.path, arguments)
         }
@@ -340,9 +343,7 @@ struct PairSplitTests {
     func passiveHearsALargeChange() async throws {
         let hosts = try PairHosts.make()
         defer { hosts.remove() }
-        let folder = try temporaryDirectory("pair-large-change")
-        let keys = busKeyFolder(in: folder)
-        _ = try keys.create([KeyFolder.kernel, KeyFolder.client])
+        let (folder, keys) = try PairHosts.testFolder("pair-large-change", keys: [KeyFolder.kernel, KeyFolder.client])
         let kernels = try hosts.startKernels(in: folder, keys: keys.path)
         defer { for kernel in kernels { kernel.stop() } }
         try await kernels[0].waitForOutput(containing: "the passive peer holds every change", within: 60)
@@ -372,9 +373,7 @@ struct PairSplitTests {
     func passiveStalledThenActiveKilled() async throws {
         let hosts = try PairHosts.make()
         defer { hosts.remove() }
-        let folder = try temporaryDirectory("pair-passive-stalled")
-        let keys = busKeyFolder(in: folder)
-        _ = try keys.create([KeyFolder.kernel, KeyFolder.client])
+        let (folder, keys) = try PairHosts.testFolder("pair-passive-stalled", keys: [KeyFolder.kernel, KeyFolder.client])
         let kernels = try hosts.startKernels(in: folder, keys: keys.path)
         defer {
             kernels[1].signal(SIGCONT)
@@ -409,9 +408,7 @@ struct PairSplitTests {
     func activeKernelStopped() async throws {
         let hosts = try PairHosts.make()
         defer { hosts.remove() }
-        let folder = try temporaryDirectory("pair-stopped")
-        let keys = busKeyFolder(in: folder)
-        _ = try keys.create([KeyFolder.kernel, "echo", KeyFolder.client])
+        let (folder, keys) = try PairHosts.testFolder("pair-stopped", keys: [KeyFolder.kernel, "echo", KeyFolder.client])
         let (kernels, echo) = try await hosts.startPairWithEcho(in: folder, keys: keys.path)
         defer {
             kernels[0].signal(SIGCONT)
