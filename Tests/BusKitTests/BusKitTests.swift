@@ -9,10 +9,10 @@ import Testing
 import ZeroMQ
 
 /// Hosts an echo service against `kernel`, with fast heartbeats for tests.
-func hostEcho(_ kernel: TestKernel, instance: String = "echo", connections: Int = 2, curve: CurveClientKeys? = nil,
+func hostEcho(_ kernel: TestKernel, instance: String = "echo", connections: Int = 2, window: Int = 16, curve: CurveClientKeys? = nil,
               maxMessageSize: Int? = nil,
               onReregistered: @escaping @Sendable () async -> Void = {}) async throws -> ServiceHost<EchoService> {
-    let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: connections,
+    let options = ServiceHost<EchoService>.Options(brokers: [kernel.endpoints.broker], connections: connections, window: window,
                                                    heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                    heartbeatLiveness: kernel.configuration.heartbeatLiveness, curve: curve,
                                                    maxMessageSize: maxMessageSize ?? kernel.configuration.maxMessageSize)

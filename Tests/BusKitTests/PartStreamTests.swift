@@ -53,7 +53,7 @@ private actor Numbers: BusService {
             Self.running.update { $0 += 1 }
             defer { Self.running.update { $0 -= 1 } }
             if let wait = params.startAfterMs { try await Task.sleep(for: .milliseconds(wait)) }
-            if params.waitWhileRead == true { while parts.isRead { try await Task.sleep(for: .milliseconds(10)) } }
+            if params.waitWhileRead == true { try await parts.pause(for: .seconds(600)) }
             for number in 0..<max(0, params.n) {
                 if number == params.failAfter { throw JSONRPCError(code: -32042, message: "stopped after \(number)") }
                 try await parts.send(.init(n: number + 1, pad: params.padding.map { String(repeating: "p", count: $0) }))
@@ -225,6 +225,24 @@ struct PartStreamTests {
         let bus = leaving == .hangsUp ? try await BusClient(brokers: [kernel.endpoints.broker]) : reader
         #expect(try await bus.call(KernelAPI.stats).cancelledRequests == (leaving == .hangsUp ? 0 : 1))
         #expect(try await bus.call(NumbersAPI.countMethod, .init(n: 3)).numbers == [1, 2, 3])
+        await bus.close()
+        await host.stop()
+        await kernel.stop()
+    }
+
+    @Test("echo's numbers, a part every 10 s: a reader that leaves after the first frees the worker's place at once, not at the next part")
+    func pauseEndsWhenTheReaderLeaves() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        // One place: the call after the stream is served only once the stream's is free.
+        let host = try await hostEcho(kernel, connections: 1, window: 1)
+        try await kernel.workers(EchoAPI.service)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(60))
+        do {
+            for try await number in bus.stream(EchoAPI.numbers, .init(n: 3, everyMs: 10_000)) where number == 1 { break }
+        }  // Left: its client sends a CANCEL, and the kernel tells the worker.
+        // Answered once the stream's place is free; the kernel holds it for a place only
+        // seconds (then -32001), fewer than the handler would wait for its next part.
+        #expect(try await bus.call(EchoAPI.echo, ["after": "leaving"]) == ["after": "leaving"])
         await bus.close()
         await host.stop()
         await kernel.stop()

@@ -40,7 +40,7 @@ public actor EchoService: BusService {
         table.onStream(EchoAPI.numbers) { echo, params, parts in
             await echo.count()
             for number in 0..<params.n {
-                if number > 0, let ms = params.everyMs, ms > 0 { try await Task.sleep(for: .milliseconds(ms)) }
+                if number > 0, let ms = params.everyMs, ms > 0 { try await parts.pause(for: .milliseconds(ms)) }
                 try await parts.send(number + 1)
             }
             return EchoAPI.NumberList(count: params.n, numbers: [])

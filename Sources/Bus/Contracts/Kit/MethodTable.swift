@@ -326,6 +326,22 @@ public final class Parts<Part: Codable & Sendable>: Sendable {
     /// its worker's place until its next part fails.
     public var isRead: Bool { out?.isRead ?? true }
 
+    /// How often ``pause(for:)`` looks whether the parts are still read.
+    static var lookAgain: Duration { .milliseconds(50) }
+
+    /// Waits `duration`, or less: it ends once the parts are no longer read, so a handler
+    /// that waits between parts (or for something to send) frees its worker's place soon
+    /// after its reader leaves, not at its next part. Throws when the task is cancelled. It
+    /// looks every ``lookAgain``: the kernel's word that nobody reads comes on the
+    /// connection's loop, and a look costs nothing beside a part.
+    public func pause(for duration: Duration) async throws {
+        let clock = ContinuousClock()
+        let ends = clock.now + duration
+        while isRead, clock.now < ends {
+            try await Task.sleep(for: min(Self.lookAgain, ends - clock.now))
+        }
+    }
+
     /// Sends one part. Throws when the task was cancelled, when the part alone is over the
     /// kernel's message limit (-32010: the stream ends there), or when it cannot go out.
     public func send(_ part: Part) async throws {
