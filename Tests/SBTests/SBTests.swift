@@ -67,7 +67,7 @@ struct SBBus {
 
 @Suite("sb: every verb against a live bus, tables and JSON, exit statuses", .serialized)
 struct SBTests {
-    @Test("generic verbs: ping, services, request; exit statuses 0, 1, 64, 69, 75")
+    @Test("generic verbs: ping, services, request; exit statuses 0, 1, 64, 69, 75, 130")
     func genericVerbs() async throws {
         let bus = try await SBBus.start()
         let ping = try await bus.sb("ping")
@@ -113,6 +113,14 @@ struct SBTests {
         #expect(slow.status == 75 && slow.stderr.contains("no answer within"))
         let timeoutFromEnvironment = try await bus.sb("request", "echo", "sleep", #"{"ms":3000}"#, environment: ["SB_TIMEOUT": "200ms"])
         #expect(timeoutFromEnvironment.status == 75)
+        // Ctrl-C: 130, and the call named once.
+        let interrupted = try ChildProcess(sbExecutable(), ["request", "echo", "numbers", #"{"n":3,"everyMs":10000}"#, "--stream"],
+                                           environment: bus.environment)
+        defer { interrupted.stop() }
+        try await interrupted.waitForOutput(containing: #"{"part":1}"#, within: 30)
+        interrupted.signal(SIGINT)
+        #expect(await interrupted.exit(within: 30))
+        #expect(interrupted.terminationStatus == 130 && interrupted.outputSoFar.hasSuffix("sb: echo numbers: cancelled\n"), "\(interrupted.outputSoFar)")
         await bus.stop()
     }
 

@@ -252,6 +252,10 @@ struct Failure: Error {
                 self.init(status: ExitStatus.timedOut, message: "\(service) \(method): no answer within \(after.formatted)",
                           error: JSONRPCError(code: JSONRPCError.timedOutCode, message: "timed out after \(after.formatted)"))
             }
+        case .cancelled:
+            // Interrupted (sb exits 128 + the signal); the error names the call already.
+            self.init(status: ExitStatus.serviceError, message: "\(error)",
+                      error: JSONRPCError(code: JSONRPCError.internalErrorCode, message: "\(error)"))
         default:
             self.init(status: ExitStatus.serviceError, message: "\(service) \(method): \(error)",
                       error: JSONRPCError(code: JSONRPCError.internalErrorCode, message: "\(error)"))
