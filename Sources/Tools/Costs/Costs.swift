@@ -19,7 +19,11 @@ import ZeroMQ
 /// `host`, run by this tool as children) so that nothing else allocates while each is counted.
 @main
 struct Costs {
-    static let messages = 2_000
+    /// Each path is counted over `windows` windows of `messages` messages, and the least
+    /// window's counts are taken: short windows, so that some fall between the turns of what
+    /// else runs (a timer, a busy neighbour's thread) and count the messages alone.
+    static let messages = 500
+    static let windows = 8
 
     static func main() async throws {
         rc_install()
@@ -70,14 +74,14 @@ struct Costs {
     }
 
     /// The counts per message on `kernel`'s loop thread while `send` runs ``messages`` times,
-    /// after 200 to warm up: the least of three such windows, each count on its own. The loop
+    /// after 200 to warm up: the least of ``windows`` such windows, each count on its own. The loop
     /// also runs its timers (heartbeats, the once-a-second upkeep), as many more of them in a
     /// window as a loaded machine makes it last; the least window is the one they touched
     /// least, so what is counted is the messages'.
     static func perMessage(onLoopOf kernel: TestKernel, _ send: () throws -> Void) async throws -> PerMessage {
         for _ in 0..<200 { try send() }
         var least: PerMessage?
-        for _ in 0..<3 {
+        for _ in 0..<windows {
             let before = try await kernel.kernel.loop.run { rc_this_thread() }
             for _ in 0..<messages { try send() }
             least = perMessage(before, try await kernel.kernel.loop.run { rc_this_thread() }).least(least)
@@ -169,10 +173,10 @@ struct Costs {
             try await eventually(10, "the echo service's workers to register") { try await client.hasWorkers(EchoAPI.service) }
             let params: JSONValue = ["text": .string(String(repeating: "x", count: 64))]
             for _ in 0..<200 { _ = try await client.call(EchoAPI.echo, params) }
-            // The least of three windows, as on the kernel's loop: on a loaded machine the
+            // The least of the windows, as on the kernel's loop: on a loaded machine the
             // processes' threads meet later, and a reply that comes after its caller waits
             // costs a wake-up more.
-            for window in 0..<3 {
+            for window in 0..<windows {
                 let hostBefore = try await counts(of: host, reading: 2 * window + 1)
                 let before = rc_process()
                 for _ in 0..<messages { _ = try await client.call(EchoAPI.echo, params) }
