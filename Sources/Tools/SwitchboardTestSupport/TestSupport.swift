@@ -94,7 +94,7 @@ public enum PortsHandedOut {
     public static let lockPath = FileManager.default.temporaryDirectory.appendingPathComponent("switchboard-test-ports.lock").path
     private static let ports = Mutex<Set<Int>>([])
     /// The shared file; -1 where it cannot be opened (then ports are kept apart in this
-    /// process only).
+    /// process only, as where it cannot be locked).
     private static let lockFile = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o666)
 
     /// Whether `port` is this caller's now: handed out by no one before.
@@ -102,7 +102,11 @@ public enum PortsHandedOut {
         ports.withLock { handedOut in
             guard !handedOut.contains(port) else { return false }
             // The file's offset is shared by this process's threads: moved and used under the mutex.
-            if lockFile >= 0, lseek(lockFile, off_t(port), SEEK_SET) != off_t(port) || lockf(lockFile, F_TLOCK, 1) != 0 { return false }
+            if lockFile >= 0, lseek(lockFile, off_t(port), SEEK_SET) == off_t(port), lockf(lockFile, F_TLOCK, 1) != 0 {
+                // Held by another process; any other failure (a file system without locks)
+                // would refuse every port, so there only this process's own are kept apart.
+                if errno == EACCES || errno == EAGAIN { return false }
+            }
             handedOut.insert(port)
             return true
         }
