@@ -17,13 +17,17 @@ struct KernelUnderAttack {
     let bystander: BusClient
     let context: ZMQContext
 
-    static func start(_ settings: [String: String] = [:]) async throws -> KernelUnderAttack {
+    /// `openFiles`: the soft limit on open files the kernel is started with (as a shell's
+    /// `ulimit -Sn` sets it), else this process's.
+    static func start(_ settings: [String: String] = [:], openFiles: Int? = nil) async throws -> KernelUnderAttack {
         let ports = (0..<4).map { _ in freePort() }
         let endpoints = ports.map { "tcp://127.0.0.1:\($0)" }
-        let process = try ChildProcess(switchboardExecutable(), [
-            "kernel", "--log-level", "warning", "--broker", endpoints[0], "--snapshot", endpoints[1],
-            "--publisher", endpoints[2], "--collector", endpoints[3],
-        ], environment: settings.reduce(into: [:]) { $0["SWITCHBOARD_KERNEL_" + $1.key.uppercased()] = $1.value })
+        let command = [switchboardExecutable().path, "kernel", "--log-level", "warning", "--broker", endpoints[0], "--snapshot", endpoints[1],
+                       "--publisher", endpoints[2], "--collector", endpoints[3]]
+        let environment = settings.reduce(into: [:]) { $0["SWITCHBOARD_KERNEL_" + $1.key.uppercased()] = $1.value }
+        let process = try openFiles.map { limit in
+            try ChildProcess(URL(fileURLWithPath: "/bin/sh"), ["-c", "ulimit -Sn \(limit) && exec \"$0\" \"$@\""] + command, environment: environment)
+        } ?? ChildProcess(URL(fileURLWithPath: command[0]), Array(command.dropFirst()), environment: environment)
         let bystander = try await BusClient(brokers: [endpoints[0]], timeout: .seconds(5))
         // Sent before the kernel has bound its port: libzmq holds it until it connects.
         _ = try await bystander.request(service: "kernel", method: "ping", timeout: .seconds(30))
@@ -63,37 +67,6 @@ struct KernelUnderAttack {
     }
 }
 
-struct ConnectFailed: Error { let endpoint: String, errno: Int32 }
-
-/// A plain TCP connection to `endpoint` ("tcp://127.0.0.1:PORT"), for bytes libzmq would
-/// never send.
-final class RawConnection {
-    let fd: Int32
-    init(_ endpoint: String) throws {
-        let port = UInt16(endpoint.split(separator: ":").last!)!
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard connected == 0 else { throw ConnectFailed(endpoint: endpoint, errno: errno) }
-    }
-    func write(_ bytes: [UInt8]) { _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
-    deinit { close(fd) }
-
-    /// A ZMTP 3.0 greeting (NULL mechanism) and READY for a DEALER: after this the kernel
-    /// takes the connection for a peer and reads frames from it.
-    func handshakeAsDealer() {
-        var greeting: [UInt8] = [0xFF] + Array(repeating: 0, count: 8) + [0x7F, 3, 0]
-        greeting += Array("NULL".utf8) + Array(repeating: 0, count: 16) + [0] + Array(repeating: 0, count: 31)
-        let body: [UInt8] = [5] + Array("READY".utf8) + [11] + Array("Socket-Type".utf8) + [0, 0, 0, 6] + Array("DEALER".utf8)
-        write(greeting + [0x04, UInt8(body.count)] + body)
-    }
-}
-
 @Suite("Hostile clients against a live kernel process: each leaves it serving others", .serialized)
 struct HostileClientTests {
     @Test("random frames from libzmq peers and random bytes on raw TCP connections")
@@ -125,6 +98,22 @@ struct HostileClientTests {
         #expect((stats["protocolErrors"]?.intValue ?? 0) > 0)
         try await kernel.stillServes()
         #expect(kernel.process.isRunning)
+        await kernel.stop()
+    }
+
+    @Test("a kernel started with room for 128 open files holds 300 connections: it raises its soft limit to the hard one, so a client that comes after them is served")
+    func manyConnections() async throws {
+        let kernel = try await KernelUnderAttack.start(openFiles: 128)
+        do {
+            let held = try (0..<300).map { _ in try RawConnection(kernel.broker) }
+            let late = try await BusClient(brokers: [kernel.broker], timeout: .seconds(10))
+            let pong = try await late.request(service: "kernel", method: "ping")["pong"]
+            await late.close()
+            #expect(pong == true)
+            withExtendedLifetime(held) {}
+        } catch {
+            Issue.record(error)
+        }
         await kernel.stop()
     }
 

@@ -85,8 +85,9 @@ struct CommonOptions: ParsableArguments {
     /// swift-log to stderr, as text or JSON lines (--log-format, else `log_format`), each
     /// label ("switchboard.store") at its piece's configured level unless --log-level says
     /// otherwise; tracing, exported as OpenTelemetry spans when `telemetry:` (or `OTEL_*`)
-    /// says so, for a process that runs `exporting` pieces; and the lifeline to the
-    /// supervisor, if any. Returns the exporters, to run first in the process's group.
+    /// says so, for a process that runs `exporting` pieces; the lifeline to the supervisor,
+    /// if any; and room for connections (``OpenFileLimit``). Returns the exporters, to run
+    /// first in the process's group.
     func bootstrap(_ file: ConfigFile, exporting piece: String?) throws -> [any Service] {
         // A SIGHUP before the reloading part listens must not end the process (its default).
         signal(SIGHUP, SIG_IGN)
@@ -103,6 +104,7 @@ struct CommonOptions: ParsableArguments {
             return LiveLevelHandler(handler, cell: levels.cell(for: piece))
         }, metadataProvider: BusTracing.loggingMetadata)
         if let lifelineFd { Lifeline.watch(fd: lifelineFd) }
+        OpenFileLimit.raise(logger: Logger(label: "switchboard.\(piece ?? "up")"))
         guard let piece else {
             BusTracing.bootstrap()
             return []
