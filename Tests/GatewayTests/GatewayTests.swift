@@ -577,6 +577,23 @@ struct GatewayTests {
         }
     }
 
+    @Test("a connection that sends nothing, or stops inside a request's head, is closed after gateway.idle_timeout_ms; an event stream open longer than that is not")
+    func idleConnections() async throws {
+        try await GatewayBed.with({ $0.idleTimeout = .milliseconds(500) }) { bed in
+            let stream = try await bed.events("prefix=/client/")
+            _ = try await stream.until("synced")
+            let silent = try RawConnection(port: bed.port)
+            let halfway = try RawConnection(port: bed.port)
+            halfway.write(Array("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n".utf8))
+            #expect(silent.closedByPeer(within: 10), "a connection that said nothing is still open")
+            #expect(halfway.closedByPeer(within: 10), "a connection stopped inside a request's head is still open")
+            // The stream, open for longer than the idle timeout by now, still carries changes.
+            let sequence = try await StatePublisher(client: bed.bus).set("/client/idle", ["v": 1])
+            let live = try #require(try await stream.next())
+            #expect(live.event == "update" && live.id == String(sequence))
+        }
+    }
+
     @Test("CORS: headers for a configured origin only")
     func cors() async throws {
         try await GatewayBed.with({ $0.corsOrigins = ["https://apps.example"] }) { bed in

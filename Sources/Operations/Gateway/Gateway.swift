@@ -2,6 +2,7 @@ public import BusKit
 public import BusProtocol
 import Foundation
 import Hummingbird
+import NIOCore
 import Synchronization
 public import Logging
 public import ServiceLifecycle
@@ -158,6 +159,7 @@ public struct Gateway: Service {
         let routes = Routes(options: options, client: client, feed: feed, page: page, logger: logger,
                             snapshotBudget: SnapshotBudget(bytesPerMinute: settings.snapshotBytesPerMinute))
         return Application(router: routes.router(),
+                              server: .http1(configuration: .init(idleTimeout: TimeAmount(settings.idleTimeout))),
                               configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "switchboard-gateway"),
                               onServerRunning: { channel in
                                   let port = channel.localAddress?.port ?? settings.port

@@ -26,6 +26,11 @@ public struct GatewaySettings: Sendable, Equatable {
     /// A comment line on every event stream this often, for proxies.
     public var heartbeat: Duration = .seconds(15)
     public var requestTimeout: Duration = .seconds(10)
+    /// How long a connection may send nothing while the gateway waits for a request (its
+    /// head, or more of its body) before it is closed: an idle keep-alive connection, or one
+    /// that opened and says nothing, holds no file descriptor longer. A stream, or a call
+    /// waiting on the bus, is not idle.
+    public var idleTimeout: Duration = .seconds(60)
     /// Bearer tokens; none: every caller is let in (only without CURVE; with CURVE on,
     /// `switchboard up` makes one in the key folder when none is configured).
     public var tokens: [GatewayToken] = []
@@ -65,7 +70,7 @@ public struct GatewayToken: Sendable, Equatable {
 extension GatewaySettings {
     public static let schema = ConfigSchema.values([
         "enabled", "listen", "max_body_bytes", "prefixes", "history", "history_bytes", "stream_backlog_bytes", "snapshot_bytes_per_minute", "max_response_bytes",
-        "heartbeat_seconds", "request_timeout_ms", "tokens", "cors_origins", "log_level",
+        "heartbeat_seconds", "request_timeout_ms", "idle_timeout_ms", "tokens", "cors_origins", "log_level",
     ])
 
     /// Reads `gateway:` over the defaults.
@@ -85,6 +90,7 @@ extension GatewaySettings {
         if let value = try gateway.integer("max_response_bytes", atMost: 1 << 31) { maxResponseBytes = value }
         if let value = try gateway.seconds("heartbeat_seconds") { heartbeat = value }
         if let value = try gateway.milliseconds("request_timeout_ms") { requestTimeout = value }
+        if let value = try gateway.milliseconds("idle_timeout_ms") { idleTimeout = value }
         if let value = try gateway.strings("cors_origins") { corsOrigins = value }
         logLevel = try gateway.logLevel("log_level")
         if let value = gateway.values["tokens"] { tokens = try Self.tokens(value, gateway.path("tokens")) }
