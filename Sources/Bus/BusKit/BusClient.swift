@@ -798,6 +798,11 @@ actor ClientCore {
             }
             if !connection.everConnected { return "nothing accepted a connection at \(connection.endpoint) (is the kernel running there?)" }
             let drops = connection.drops == 0 ? "" : ", and the connection dropped \(connection.drops) time\(connection.drops == 1 ? "" : "s")"
+            if connection.connected, !connection.handshaken {
+                // The system accepted the connection (a listening socket's backlog), and no
+                // ZeroMQ peer took it up.
+                return "\(connection.endpoint) accepted a connection, but nothing there answered its handshake\(drops) (a kernel stopped, or out of open files, or not a kernel)"
+            }
             return "\(connection.endpoint) is \(connection.connected ? "connected" : "not connected now")\(drops)"
         }.joined(separator: "; ")
     }
