@@ -120,17 +120,14 @@ struct KernelPairTests {
 
     @Test("a client given two kernels, the first listed frozen (the system accepts the connection, nobody greets it): its requests go to the second, not into the silence")
     func frozenFirstKernel() async throws {
-        // A listening TCP socket nobody accepts on: the connection completes in the system's
-        // backlog, as to a kernel stopped with SIGSTOP, and the ZMTP greeting never comes.
-        let frozen = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(frozen) }
-        let port = freePort()
-        try #require(bindLoopback(frozen, port: port) && listen(frozen, 16) == 0)
+        // The connection completes in the system's backlog, and the ZMTP greeting never comes.
+        let frozen = try SilentListener()
         let kernel = try await TestKernel.start(fastHeartbeats)
-        let client = try await BusClient(brokers: ["tcp://127.0.0.1:\(port)", kernel.endpoints.broker], timeout: .seconds(10))
+        let client = try await BusClient(brokers: [frozen.endpoint, kernel.endpoints.broker], timeout: .seconds(10))
         for _ in 0..<3 { #expect(try await client.call(KernelAPI.ping).pong) }
         await client.close()
         await kernel.stop()
+        withExtendedLifetime(frozen) {}
     }
 
     @Test("two clients racing compare-and-sets on one key while the active kernel is killed: exactly one wins each round, and what was decided stays decided")

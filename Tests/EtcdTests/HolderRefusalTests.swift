@@ -14,10 +14,9 @@ struct HolderRefusalTests {
         let port = freePort()
         #expect(await Kernel.refusesConnection("tcp://127.0.0.1:\(port)"))
 
-        let frozen = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(frozen) }
-        try #require(bindLoopback(frozen, port: port) && listen(frozen, 16) == 0)
-        #expect(await !Kernel.refusesConnection("tcp://127.0.0.1:\(port)"))
+        let frozen = try SilentListener()
+        #expect(await !Kernel.refusesConnection(frozen.endpoint))
+        withExtendedLifetime(frozen) {}
 
         let folder = try temporaryDirectory("holder-refusal")
         defer { try? FileManager.default.removeItem(at: folder) }

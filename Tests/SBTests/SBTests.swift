@@ -100,12 +100,10 @@ struct SBTests {
         #expect(noKernel.status == 69 && noKernel.stderr.contains("no kernel answers") && noKernel.stderr.contains("nothing accepted a connection"))
         // A connection the system accepts but nobody greets (a kernel stopped, or out of open
         // files): said so, rather than "connected".
-        let silent = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(silent) }
-        let silentPort = freePort()
-        try #require(bindLoopback(silent, port: silentPort) && listen(silent, 16) == 0)
-        let unanswered = try await bus.sb("ping", "--endpoint", "tcp://127.0.0.1:\(silentPort)", "--timeout", "300ms")
+        let silent = try SilentListener()
+        let unanswered = try await bus.sb("ping", "--endpoint", silent.endpoint, "--timeout", "300ms")
         #expect(unanswered.status == 69 && unanswered.stderr.contains("nothing there answered its handshake"), "\(unanswered)")
+        withExtendedLifetime(silent) {}
         // Keys left from a bus with CURVE on, used against this one (CURVE off): the refusal says which.
         let keys = try temporaryDirectory("sb-keys")
         defer { try? FileManager.default.removeItem(at: keys) }

@@ -3,6 +3,7 @@ import BusProtocol
 import Contracts
 import Foundation
 import Synchronization
+import SwitchboardTestSupport
 import ZeroMQ
 #if canImport(Glibc)
 import Glibc
@@ -152,27 +153,16 @@ final class HostileClient: Sendable {
 
 /// An HTTP connection that asks the gateway for `/events` and never reads the answer.
 final class StuckStream {
-    let fd: Int32
+    let connection: RawConnection
     init(port: Int, token: String?) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = UInt16(port).bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
         // A small receive buffer: the gateway's side fills soon.
-        var small: Int32 = 4_096
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard connected == 0 else {
-            close(fd)
+        do {
+            connection = try RawConnection(port: port, receiveBuffer: 4_096)
+        } catch {
             throw SoakFailure("cannot connect to the gateway on port \(port)")
         }
-        let request = "GET /events?prefix=/client/\(token.map { "&access_token=\($0)" } ?? "") HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-        _ = request.utf8CString.withUnsafeBytes { send(fd, $0.baseAddress, $0.count - 1, Int32(MSG_NOSIGNAL)) }
+        connection.write(Array("GET /events?prefix=/client/\(token.map { "&access_token=\($0)" } ?? "") HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".utf8))
     }
-    deinit { close(fd) }
 }
 
 /// An ordinary client beside the hostile one: a `kernel ping` and an `echo echo` every

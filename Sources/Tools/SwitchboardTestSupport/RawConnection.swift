@@ -3,7 +3,8 @@ import Glibc
 #endif
 import ZeroMQ
 
-public struct ConnectFailed: Error { public let endpoint: String, errno: Int32 }
+/// A socket call that failed: what it was for, and errno.
+public struct SocketFailed: Error { public let what: String, errno: Int32 }
 
 /// A plain TCP connection to a port on 127.0.0.1, for bytes (or silences) libzmq or an HTTP
 /// client would never send.
@@ -15,16 +16,13 @@ public final class RawConnection {
         try self.init(port: Int(endpoint.split(separator: ":").last!)!, endpoint: endpoint)
     }
 
-    public init(port: Int, endpoint: String? = nil) throws {
+    /// `receiveBuffer`: bytes this side buffers (SO_RCVBUF), small for a reader whose peer
+    /// should find it full soon.
+    public init(port: Int, endpoint: String? = nil, receiveBuffer: Int32? = nil) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = UInt16(port).bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard connected == 0 else { throw ConnectFailed(endpoint: endpoint ?? "127.0.0.1:\(port)", errno: errno) }
+        if var receiveBuffer { setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receiveBuffer, socklen_t(MemoryLayout<Int32>.size)) }
+        let connected = withLoopbackAddress(port: port) { connect(fd, $0, $1) }
+        guard connected == 0 else { throw SocketFailed(what: "connect to \(endpoint ?? "127.0.0.1:\(port)")", errno: errno) }
     }
 
     public func write(_ bytes: [UInt8]) { _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
@@ -54,4 +52,22 @@ public final class RawConnection {
         let body: [UInt8] = [5] + Array("READY".utf8) + [11] + Array("Socket-Type".utf8) + [0, 0, 0, 6] + Array("DEALER".utf8)
         write(greeting + [0x04, UInt8(body.count)] + body)
     }
+}
+
+/// A socket listening on 127.0.0.1 that nobody accepts on: a connection to it completes in
+/// the system's backlog, as to a kernel stopped with SIGSTOP or out of open files, and no
+/// greeting ever comes. Closed when released.
+public final class SilentListener {
+    public let port: Int
+    private let fd: Int32
+
+    public init() throws {
+        port = freePort()
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard bindLoopback(fd, port: port), listen(fd, 16) == 0 else { throw SocketFailed(what: "listen on 127.0.0.1:\(port)", errno: errno) }
+    }
+
+    public var endpoint: String { "tcp://127.0.0.1:\(port)" }
+
+    deinit { close(fd) }
 }

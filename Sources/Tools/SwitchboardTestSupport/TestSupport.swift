@@ -75,13 +75,18 @@ public func freePort() -> Int {
 
 /// Binds the socket `fd` to 127.0.0.1:`port`; whether it could.
 public func bindLoopback(_ fd: Int32, port: Int) -> Bool {
+    withLoopbackAddress(port: port) { bind(fd, $0, $1) } == 0
+}
+
+/// Calls `body` with 127.0.0.1:`port` as the socket calls take an address.
+func withLoopbackAddress<T>(port: Int, _ body: (UnsafePointer<sockaddr>, socklen_t) -> T) -> T {
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_addr.s_addr = inet_addr("127.0.0.1")
     address.sin_port = UInt16(port).bigEndian
-    return withUnsafeMutablePointer(to: &address) { pointer in
-        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    } == 0
+    return withUnsafePointer(to: &address) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
 }
 
 /// The ports ``freePort()`` handed out: in this process, and in every test process running
