@@ -17,16 +17,16 @@ struct KernelUnderAttack {
     let bystander: BusClient
     let context: ZMQContext
 
-    /// `openFiles`: the soft limit on open files the kernel is started with (as a shell's
-    /// `ulimit -Sn` sets it), else this process's.
-    static func start(_ settings: [String: String] = [:], openFiles: Int? = nil) async throws -> KernelUnderAttack {
+    /// `openFiles`: the limits on open files the kernel is started under, as a shell's
+    /// `ulimit` sets them ("-Sn 128": the soft one), else this process's.
+    static func start(_ settings: [String: String] = [:], openFiles: String? = nil, logLevel: String = "warning") async throws -> KernelUnderAttack {
         let ports = (0..<4).map { _ in freePort() }
         let endpoints = ports.map { "tcp://127.0.0.1:\($0)" }
-        let command = [switchboardExecutable().path, "kernel", "--log-level", "warning", "--broker", endpoints[0], "--snapshot", endpoints[1],
+        let command = [switchboardExecutable().path, "kernel", "--log-level", logLevel, "--broker", endpoints[0], "--snapshot", endpoints[1],
                        "--publisher", endpoints[2], "--collector", endpoints[3]]
         let environment = settings.reduce(into: [:]) { $0["SWITCHBOARD_KERNEL_" + $1.key.uppercased()] = $1.value }
-        let process = try openFiles.map { limit in
-            try ChildProcess(URL(fileURLWithPath: "/bin/sh"), ["-c", "ulimit -Sn \(limit) && exec \"$0\" \"$@\""] + command, environment: environment)
+        let process = try openFiles.map { limits in
+            try ChildProcess(URL(fileURLWithPath: "/bin/sh"), ["-c", "ulimit \(limits) && exec \"$0\" \"$@\""] + command, environment: environment)
         } ?? ChildProcess(URL(fileURLWithPath: command[0]), Array(command.dropFirst()), environment: environment)
         let bystander = try await BusClient(brokers: [endpoints[0]], timeout: .seconds(5))
         // Sent before the kernel has bound its port: libzmq holds it until it connects.
@@ -103,7 +103,7 @@ struct HostileClientTests {
 
     @Test("a kernel started with room for 128 open files holds 300 connections: it raises its soft limit to the hard one, so a client that comes after them is served")
     func manyConnections() async throws {
-        let kernel = try await KernelUnderAttack.start(openFiles: 128)
+        let kernel = try await KernelUnderAttack.start(openFiles: "-Sn 128")
         do {
             let held = try (0..<300).map { _ in try RawConnection(kernel.broker) }
             let late = try await BusClient(brokers: [kernel.broker], timeout: .seconds(10))
@@ -111,6 +111,31 @@ struct HostileClientTests {
             await late.close()
             #expect(pong == true)
             withExtendedLifetime(held) {}
+        } catch {
+            Issue.record(error)
+        }
+        await kernel.stop()
+    }
+
+    @Test("near its limit on open files the kernel says so in its log and its stats, and again the next time after it had room")
+    func nearOpenFileLimit() async throws {
+        // The hard limit too: the kernel cannot raise itself out of it.
+        let kernel = try await KernelUnderAttack.start(openFiles: "-n 256", logLevel: "notice")
+        do {
+            let before = try await kernel.stats()
+            #expect(before["maxOpenFiles"]?.intValue == 256)
+            let baseline = try #require(before["openFiles"]?.intValue)
+            for round in 1...2 {
+                // 95% of the limit held: over the 90% at which the kernel warns, short of the
+                // limit, so the bystander still asks for stats.
+                var held = try (0..<(243 - baseline)).map { _ in try RawConnection(kernel.broker) }
+                try await kernel.process.waitForOutput("warning \(round)", within: 30) { $0.components(separatedBy: "files it may open:").count - 1 == round }
+                let near = try #require(try await kernel.stats()["openFiles"]?.intValue)
+                #expect(near >= 240, "stats say \(near) files open")
+                held.removeAll()
+                try await kernel.process.waitForOutput("room again \(round)", within: 30) { $0.components(separatedBy: "room for connections again").count - 1 == round }
+            }
+            try await kernel.stillServes()
         } catch {
             Issue.record(error)
         }

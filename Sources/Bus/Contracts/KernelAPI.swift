@@ -196,6 +196,11 @@ public enum KernelAPI {
         public var gathersInProgress: Int?
         public var queuedBytes: Int
         public var uptimeSeconds: Double
+        /// Files (connections among them) the kernel's process holds open, and how many it may:
+        /// at that limit it accepts no client (absent from an older kernel, or where the
+        /// system does not say).
+        public var openFiles: Int?
+        public var maxOpenFiles: Int?
         /// By service name.
         public var services: [String: Service]
         public var security: Security
@@ -228,8 +233,9 @@ public enum KernelAPI {
         }
         public init(requests: Int, protocolErrors: Int, droppedReplies: Int, brokenStreams: Int = 0, cancelledRequests: Int? = nil, gatheredBytes: Int = 0,
                     streamsInProgress: Int? = nil, gathersInProgress: Int? = nil, queuedBytes: Int,
-                    uptimeSeconds: Double, services: [String: Service], security: Security, state: State, pair: PairStatus?, cell: Cell? = nil) {
-            self.cell = cell
+                    uptimeSeconds: Double, openFiles: Int? = nil, maxOpenFiles: Int? = nil, services: [String: Service], security: Security, state: State,
+                    pair: PairStatus?, cell: Cell? = nil) {
+            (self.cell, self.openFiles, self.maxOpenFiles) = (cell, openFiles, maxOpenFiles)
             (self.requests, self.protocolErrors, self.droppedReplies, self.queuedBytes, self.uptimeSeconds) = (requests, protocolErrors, droppedReplies, queuedBytes, uptimeSeconds)
             (self.brokenStreams, self.cancelledRequests, self.gatheredBytes) = (brokenStreams, cancelledRequests, gatheredBytes)
             (self.streamsInProgress, self.gathersInProgress) = (streamsInProgress, gathersInProgress)

@@ -518,7 +518,8 @@ extension Kernel {
         return KernelAPI.Stats(
             requests: parts.broker.totalRequests, protocolErrors: parts.broker.protocolErrors, droppedReplies: parts.broker.droppedReplies,
             brokenStreams: parts.broker.brokenStreams, cancelledRequests: parts.broker.cancelledRequests, gatheredBytes: parts.broker.gatheredBytes,
-            streamsInProgress: parts.broker.streamsInProgress, gathersInProgress: parts.broker.gathers.count, queuedBytes: parts.broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(), services: services,
+            streamsInProgress: parts.broker.streamsInProgress, gathersInProgress: parts.broker.gathers.count, queuedBytes: parts.broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(),
+            openFiles: OpenFiles.count, maxOpenFiles: OpenFiles.limit, services: services,
             security: .init(curve: configuration.security != nil, refusedConnections: parts.zap?.refused ?? 0,
                             refusedRegistrations: parts.broker.refusedRegistrations, refusedRequests: parts.broker.refusedNotOperator),
             state: .init(keys: parts.state.entries.count, bytes: parts.state.totalBytes, sequence: parts.state.sequence, rejectedWrites: parts.state.rejectedWrites,
@@ -618,6 +619,10 @@ extension Kernel {
             family("cell_received_total", "counter", "Requests other cells of the bus sent here.", [("", String(parts.broker.receivedFromCells))])
         }
         family("uptime_seconds", "gauge", "Seconds since the kernel started.", [("", String(Date().timeIntervalSince(startedAt).rounded()))])
+        if let open = OpenFiles.count, let limit = OpenFiles.limit {
+            family("open_files", "gauge", "Files (connections among them) the kernel's process holds open.", [("", String(open))])
+            family("max_open_files", "gauge", "Files the kernel's process may hold open: at this limit it accepts no client.", [("", String(limit))])
+        }
         return text
     }
 }

@@ -51,6 +51,10 @@ final class KernelMetrics {
         level("switchboard.state.bytes", Double(stats.state.bytes))
         level("switchboard.state.sequence", Double(stats.state.sequence))
         level("switchboard.uptime_seconds", stats.uptimeSeconds)
+        if let open = stats.openFiles, let limit = stats.maxOpenFiles {
+            level("switchboard.open_files", Double(open))
+            level("switchboard.max_open_files", Double(limit))
+        }
     }
 
     private func forgetUntouched() {

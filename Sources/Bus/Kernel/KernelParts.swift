@@ -212,11 +212,13 @@ final class KernelParts {
             parts.cells?.tick(now: now, services: parts.offeredToCells)
         }
         var heap = HeapTrim()
+        var openFiles = OpenFiles.Watch(logger: state.logger)
         // `kernel stats` as metrics, for a backend the process bootstrapped (telemetry on).
         let metrics = KernelMetrics.isExporting ? KernelMetrics() : nil
         repeatEvery(.seconds(1), on: loop) { parts in
             parts.broker.releaseIdleQueues()
             heap.releaseIfWorthIt()
+            openFiles.check()
             if let metrics, let stats = parts.kernel?.assumeIsolated({ try? $0.statistics() }) { metrics.record(stats) }
         }
         let sweep = max(min(configuration.queueTimeout / 10, .milliseconds(100)), .milliseconds(5))

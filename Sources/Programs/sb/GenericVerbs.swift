@@ -325,6 +325,10 @@ struct Stats: AsyncParsableCommand {
                  micros(figures.p50LatencyMicroseconds.map(Double.init), bound: true), micros(figures.p99LatencyMicroseconds.map(Double.init), bound: true),
                  figures.replies == 0 ? "-" : micros(figures.meanLatencyMicroseconds)]
             })
+            if let open = stats.value.openFiles, let limit = stats.value.maxOpenFiles {
+                Output.line()
+                Output.line("open files: \(open) of the \(limit) the kernel may hold (each connection takes one)")
+            }
             if let etcd = stats.value.state.etcd {
                 Output.line()
                 Output.line("state on etcd \(etcd.endpoints.joined(separator: ",")) under \(etcd.prefix): revision \(etcd.revision) (\(etcd.lagRevisions) behind), "

@@ -2,6 +2,7 @@ public import ArgumentParser
 import BusKit
 import Contracts
 import Foundation
+import Kernel
 import Synchronization
 public import Logging
 import ServiceLifecycle
@@ -86,7 +87,7 @@ struct CommonOptions: ParsableArguments {
     /// label ("switchboard.store") at its piece's configured level unless --log-level says
     /// otherwise; tracing, exported as OpenTelemetry spans when `telemetry:` (or `OTEL_*`)
     /// says so, for a process that runs `exporting` pieces; the lifeline to the supervisor,
-    /// if any; and room for connections (``OpenFileLimit``). Returns the exporters, to run
+    /// if any; and room for connections (`OpenFiles`). Returns the exporters, to run
     /// first in the process's group.
     func bootstrap(_ file: ConfigFile, exporting piece: String?) throws -> [any Service] {
         // A SIGHUP before the reloading part listens must not end the process (its default).
@@ -104,7 +105,7 @@ struct CommonOptions: ParsableArguments {
             return LiveLevelHandler(handler, cell: levels.cell(for: piece))
         }, metadataProvider: BusTracing.loggingMetadata)
         if let lifelineFd { Lifeline.watch(fd: lifelineFd) }
-        OpenFileLimit.raise(logger: Logger(label: "switchboard.\(piece ?? "up")"))
+        OpenFiles.raiseLimit(logger: Logger(label: "switchboard.\(piece ?? "up")"))
         guard let piece else {
             BusTracing.bootstrap()
             return []

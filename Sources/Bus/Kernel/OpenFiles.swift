@@ -1,0 +1,98 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+public import Logging
+
+/// The files (descriptors) a process holds, and how many it may: every client, worker,
+/// kernel link, HTTP caller and database connection takes one. At the limit a kernel accepts
+/// no client, and libzmq does not say so: it retries the accept, in silence and at a whole
+/// core, until a connection leaves. So every switchboard process raises its limit as it
+/// starts (``raiseLimit(logger:)``), and the kernel says when it comes near it (``Watch``)
+/// and how near it is (`kernel stats`, `/metrics`).
+public enum OpenFiles {
+    /// Below this hard limit a process is told it may run out of connections.
+    static let fewFiles = 4_096
+
+    /// Linux (and systemd) start a process with a soft limit of 1,024 under a hard limit
+    /// that is usually far higher. As Go's runtime does, this raises the soft limit to the
+    /// hard one (nothing in a switchboard process waits with `select`, which stops at 1,024),
+    /// and says so when the hard limit itself leaves little room.
+    public static func raiseLimit(logger: Logger) {
+        var limit = rlimit()
+        guard getrlimit(resource, &limit) == 0 else { return }
+        if limit.rlim_cur < limit.rlim_max {
+            let soft = limit.rlim_cur
+            limit.rlim_cur = limit.rlim_max
+            if setrlimit(resource, &limit) != 0 {
+                logger.warning("could not raise the limit on open files from \(soft) to \(limit.rlim_max): \(String(cString: strerror(errno))); each connection takes one")
+                limit.rlim_cur = soft
+            }
+        }
+        if limit.rlim_cur < fewFiles {
+            logger.warning("this process may open at most \(limit.rlim_cur) files, and each connection (client, worker, HTTP caller) takes one: raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn) to hold more")
+        }
+    }
+
+    /// How many files this process may hold open (the soft limit); nil if unlimited.
+    public static var limit: Int? {
+        var limit = rlimit()
+        guard getrlimit(resource, &limit) == 0, limit.rlim_cur != rlim_t.max else { return nil }
+        return Int(clamping: limit.rlim_cur)
+    }
+
+    /// How many files this process holds open. Linux 6.2 and later give it as the size of
+    /// `/proc/self/fd`, at no cost; older ones only by listing that directory, which takes
+    /// milliseconds at ten thousand files (the listing's own file is not counted). nil where
+    /// there is no such directory, or when no file is left to list it.
+    public static var count: Int? {
+        var info = stat()
+        guard stat("/proc/self/fd", &info) == 0 else { return nil }
+        if info.st_size > 0 { return Int(info.st_size) }
+        guard let directory = opendir("/proc/self/fd") else { return nil }
+        defer { closedir(directory) }
+        var entries = 0
+        while let entry = readdir(directory) {
+            if entry.pointee.d_name.0 != UInt8(ascii: ".") { entries += 1 }
+        }
+        return entries - 1
+    }
+
+    /// The lowest descriptor free now, which is the one Linux hands out next: every lower one
+    /// is open. Costs an open and a close whatever the count. nil at the limit (none free).
+    static var lowestFree: Int? {
+        let probe = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        guard probe >= 0 else { return nil }
+        close(probe)
+        return Int(probe)
+    }
+
+    private static let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+
+    /// Tells once when the process comes near its limit, and once when it has room again.
+    /// Asked often (each second, on the kernel's loop), so it looks only at the lowest free
+    /// descriptor: it nears the limit only when the files below it are all open, which is
+    /// what running out is.
+    struct Watch {
+        /// The share of the limit at which the process is near it, and the lower share it must
+        /// fall under before it is told that again (so a count that hovers says it once).
+        static let near = 0.9, clear = 0.75
+        let logger: Logger
+        private(set) var isNear = false
+
+        init(logger: Logger) { self.logger = logger }
+
+        mutating func check() {
+            guard let limit = OpenFiles.limit else { return }
+            let lowest = OpenFiles.lowestFree
+            if !isNear, lowest.map({ Double($0) >= Double(limit) * Self.near }) ?? true {
+                isNear = true
+                let open = lowest.map { "at least \($0)" } ?? "all"
+                logger.warning("this process holds \(open) of the \(limit) files it may open: at the limit the kernel accepts no new client until connections close, and libzmq retries in silence; raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn), or see who holds the connections (ss -tnp)")
+            } else if isNear, let lowest, Double(lowest) < Double(limit) * Self.clear {
+                isNear = false
+                logger.notice("room for connections again: descriptor \(lowest) is free, of the \(limit) this process may open")
+            }
+        }
+    }
+}
