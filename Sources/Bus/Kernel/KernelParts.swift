@@ -212,13 +212,21 @@ final class KernelParts {
             parts.cells?.tick(now: now, services: parts.offeredToCells)
         }
         var heap = HeapTrim()
-        var openFiles = OpenFiles.Watch(logger: state.logger)
+        var openFiles = OpenFiles.Watch()
+        let logger = state.logger
         // `kernel stats` as metrics, for a backend the process bootstrapped (telemetry on).
         let metrics = KernelMetrics.isExporting ? KernelMetrics() : nil
         repeatEvery(.seconds(1), on: loop) { parts in
             parts.broker.releaseIdleQueues()
             heap.releaseIfWorthIt()
-            openFiles.check()
+            switch openFiles.check() {
+            case .near(let open, let limit)?:
+                logger.warning("this process holds \(open.map { "at least \($0)" } ?? "all") of the \(limit) files it may open: at the limit the kernel accepts no new client until connections close, and libzmq retries in silence; raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn), or see who holds the connections (ss -tnp)")
+            case .room(let lowestFree, let limit)?:
+                logger.notice("room for connections again: descriptor \(lowestFree) is free, of the \(limit) this process may open")
+            case nil:
+                break
+            }
             if let metrics, let stats = parts.kernel?.assumeIsolated({ try? $0.statistics() }) { metrics.record(stats) }
         }
         let sweep = max(min(configuration.queueTimeout / 10, .milliseconds(100)), .milliseconds(5))

@@ -2,8 +2,8 @@ public import ArgumentParser
 import BusKit
 import Contracts
 import Foundation
-import Kernel
 import Synchronization
+import ZeroMQ
 public import Logging
 import ServiceLifecycle
 import Supervisor
@@ -87,7 +87,7 @@ struct CommonOptions: ParsableArguments {
     /// label ("switchboard.store") at its piece's configured level unless --log-level says
     /// otherwise; tracing, exported as OpenTelemetry spans when `telemetry:` (or `OTEL_*`)
     /// says so, for a process that runs `exporting` pieces; the lifeline to the supervisor,
-    /// if any; and room for connections (`OpenFiles`). Returns the exporters, to run
+    /// if any; and room for connections (``roomForConnections(logger:)``). Returns the exporters, to run
     /// first in the process's group.
     func bootstrap(_ file: ConfigFile, exporting piece: String?) throws -> [any Service] {
         // A SIGHUP before the reloading part listens must not end the process (its default).
@@ -105,7 +105,7 @@ struct CommonOptions: ParsableArguments {
             return LiveLevelHandler(handler, cell: levels.cell(for: piece))
         }, metadataProvider: BusTracing.loggingMetadata)
         if let lifelineFd { Lifeline.watch(fd: lifelineFd) }
-        OpenFiles.raiseLimit(logger: Logger(label: "switchboard.\(piece ?? "up")"))
+        roomForConnections(logger: Logger(label: "switchboard.\(piece ?? "up")"))
         guard let piece else {
             BusTracing.bootstrap()
             return []
@@ -116,6 +116,18 @@ struct CommonOptions: ParsableArguments {
         } catch {
             FileHandle.standardError.write(Data("switchboard: telemetry: \(error)\n".utf8))
             throw ExitCode(78)
+        }
+    }
+
+    /// Every connection (client, worker, HTTP caller) is an open file: the soft limit goes up
+    /// to the hard one (``OpenFiles/raiseSoftLimit()``), and a hard limit that leaves little
+    /// room is said.
+    private func roomForConnections(logger: Logger) {
+        if let problem = OpenFiles.raiseSoftLimit() {
+            logger.warning("could not raise the limit on open files \(problem); each connection takes one")
+        }
+        if let limit = OpenFiles.limit, limit < OpenFiles.fewFiles {
+            logger.warning("this process may open at most \(limit) files, and each connection (client, worker, HTTP caller) takes one: raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn) to hold more")
         }
     }
 

@@ -1,37 +1,30 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
-public import Logging
 
 /// The files (descriptors) a process holds, and how many it may: every client, worker,
-/// kernel link, HTTP caller and database connection takes one. At the limit a kernel accepts
-/// no client, and libzmq does not say so: it retries the accept, in silence and at a whole
-/// core, until a connection leaves. So every switchboard process raises its limit as it
-/// starts (``raiseLimit(logger:)``), and the kernel says when it comes near it (``Watch``)
-/// and how near it is (`kernel stats`, `/metrics`).
+/// kernel link, HTTP caller and database connection takes one. At the limit a listener
+/// accepts no connection, and its event loop may retry the accept at once, again and again
+/// (libzmq does, in silence, at a whole core). So every switchboard process raises its limit
+/// as it starts (``raiseSoftLimit()``), the kernel says when it comes near it (``Watch``)
+/// and how near it is (`kernel stats`, `/metrics`), and the gateway holds fewer HTTP
+/// connections than it may open files.
 public enum OpenFiles {
-    /// Below this hard limit a process is told it may run out of connections.
-    static let fewFiles = 4_096
+    /// Below this limit a process is told it may run out of connections.
+    public static let fewFiles = 4_096
 
     /// Linux (and systemd) start a process with a soft limit of 1,024 under a hard limit
     /// that is usually far higher. As Go's runtime does, this raises the soft limit to the
-    /// hard one (nothing in a switchboard process waits with `select`, which stops at 1,024),
-    /// and says so when the hard limit itself leaves little room.
-    public static func raiseLimit(logger: Logger) {
+    /// hard one (nothing in a switchboard process waits with `select`, which stops at
+    /// 1,024). Returns why it could not, if it could not.
+    public static func raiseSoftLimit() -> String? {
         var limit = rlimit()
-        guard getrlimit(resource, &limit) == 0 else { return }
-        if limit.rlim_cur < limit.rlim_max {
-            let soft = limit.rlim_cur
-            limit.rlim_cur = limit.rlim_max
-            if setrlimit(resource, &limit) != 0 {
-                logger.warning("could not raise the limit on open files from \(soft) to \(limit.rlim_max): \(String(cString: strerror(errno))); each connection takes one")
-                limit.rlim_cur = soft
-            }
-        }
-        if limit.rlim_cur < fewFiles {
-            logger.warning("this process may open at most \(limit.rlim_cur) files, and each connection (client, worker, HTTP caller) takes one: raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn) to hold more")
-        }
+        guard getrlimit(resource, &limit) == 0 else { return "getrlimit: \(String(cString: strerror(errno)))" }
+        guard limit.rlim_cur < limit.rlim_max else { return nil }
+        let soft = limit.rlim_cur
+        limit.rlim_cur = limit.rlim_max
+        guard setrlimit(resource, &limit) == 0 else { return "from \(soft) to \(limit.rlim_max): \(String(cString: strerror(errno)))" }
+        return nil
     }
 
     /// How many files this process may hold open (the soft limit); nil if unlimited.
@@ -69,30 +62,36 @@ public enum OpenFiles {
 
     private static let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
 
-    /// Tells once when the process comes near its limit, and once when it has room again.
+    /// Notices when the process comes near its limit, and when it has room again, once each.
     /// Asked often (each second, on the kernel's loop), so it looks only at the lowest free
     /// descriptor: it nears the limit only when the files below it are all open, which is
     /// what running out is.
-    struct Watch {
+    public struct Watch {
         /// The share of the limit at which the process is near it, and the lower share it must
         /// fall under before it is told that again (so a count that hovers says it once).
         static let near = 0.9, clear = 0.75
-        let logger: Logger
+        public enum Change: Equatable {
+            /// At least `open` files are open (nil: all) of the `limit`.
+            case near(open: Int?, limit: Int)
+            /// Descriptor `lowestFree` is free, of the `limit`.
+            case room(lowestFree: Int, limit: Int)
+        }
         private(set) var isNear = false
 
-        init(logger: Logger) { self.logger = logger }
+        public init() {}
 
-        mutating func check() {
-            guard let limit = OpenFiles.limit else { return }
+        /// What changed since the last check, if anything.
+        public mutating func check() -> Change? {
+            guard let limit = OpenFiles.limit else { return nil }
             let lowest = OpenFiles.lowestFree
             if !isNear, lowest.map({ Double($0) >= Double(limit) * Self.near }) ?? true {
                 isNear = true
-                let open = lowest.map { "at least \($0)" } ?? "all"
-                logger.warning("this process holds \(open) of the \(limit) files it may open: at the limit the kernel accepts no new client until connections close, and libzmq retries in silence; raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn), or see who holds the connections (ss -tnp)")
+                return .near(open: lowest, limit: limit)
             } else if isNear, let lowest, Double(lowest) < Double(limit) * Self.clear {
                 isNear = false
-                logger.notice("room for connections again: descriptor \(lowest) is free, of the \(limit) this process may open")
+                return .room(lowestFree: lowest, limit: limit)
             }
+            return nil
         }
     }
 }
