@@ -594,6 +594,30 @@ struct GatewayTests {
         }
     }
 
+    @Test("at gateway.max_connections the gateway accepts no other connection until one closes: the next waits, and is served then; /metrics counts them")
+    func maxConnections() async throws {
+        try await GatewayBed.with({ $0.maxConnections = 3 }) { bed in
+            let health = Array("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".utf8)
+            // Each answered, so each is one the gateway holds.
+            var held: [RawConnection] = []
+            for index in 0..<3 {
+                let connection = try RawConnection(port: bed.port)
+                connection.write(health)
+                #expect(connection.read(until: #"{"status":"ok"}"#, within: 10) != nil, "connection \(index) was not served")
+                held.append(connection)
+            }
+            let waiting = try RawConnection(port: bed.port)
+            waiting.write(health)
+            // A short look for what must not come: it would come at once.
+            #expect(waiting.read(until: "HTTP/1.1", within: 0.5) == nil, "a fourth connection was served at gateway.max_connections 3")
+            held.removeFirst()
+            #expect(waiting.read(until: #"{"status":"ok"}"#, within: 10) != nil, "the waiting connection was not served once another closed")
+            held[0].write(Array("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(GatewayBed.fullToken)\r\n\r\n".utf8))
+            let metrics = held[0].read(until: "switchboard_gateway_max_connections 3\n", within: 10) ?? "(no answer)"
+            #expect(metrics.contains("switchboard_gateway_connections 3\n"), "\(metrics)")
+        }
+    }
+
     @Test("CORS: headers for a configured origin only")
     func cors() async throws {
         try await GatewayBed.with({ $0.corsOrigins = ["https://apps.example"] }) { bed in

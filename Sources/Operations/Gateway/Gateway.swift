@@ -156,11 +156,18 @@ public struct Gateway: Service {
             logger.warning("serving no page at /: \(error.localizedDescription)")
             page = Page(files: [:])
         }
+        let openFiles = OpenFiles.limit
+        let roomy = ConnectionCount.defaultMax(openFiles: openFiles)
+        if let most = settings.maxConnections, most > roomy, let openFiles {
+            logger.warning("gateway.max_connections is \(most), but this process may open \(openFiles) files and needs some of its own: past ~\(roomy) connections it cannot accept, and tries again at once; lower it, or raise the limit on open files (LimitNOFILE=, ulimit -Hn)")
+        }
+        let connections = ConnectionCount(max: settings.maxConnections ?? roomy)
         let routes = Routes(options: options, client: client, feed: feed, page: page, logger: logger,
-                            snapshotBudget: SnapshotBudget(bytesPerMinute: settings.snapshotBytesPerMinute))
+                            snapshotBudget: SnapshotBudget(bytesPerMinute: settings.snapshotBytesPerMinute), connections: connections)
         return Application(router: routes.router(),
                               server: .http1(configuration: .init(idleTimeout: TimeAmount(settings.idleTimeout))),
-                              configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "switchboard-gateway"),
+                              configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "switchboard-gateway",
+                                                   availableConnectionsDelegate: ConnectionLimit(connections, logger: logger)),
                               onServerRunning: { channel in
                                   let port = channel.localAddress?.port ?? settings.port
                                   onListening(port)

@@ -31,6 +31,9 @@ public struct GatewaySettings: Sendable, Equatable {
     /// that opened and says nothing, holds no file descriptor longer. A stream, or a call
     /// waiting on the bus, is not idle.
     public var idleTimeout: Duration = .seconds(60)
+    /// The most HTTP connections held at once; past it the next wait to be accepted until
+    /// one closes. nil: what the process may open (its limit on open files) less a tenth.
+    public var maxConnections: Int?
     /// Bearer tokens; none: every caller is let in (only without CURVE; with CURVE on,
     /// `switchboard up` makes one in the key folder when none is configured).
     public var tokens: [GatewayToken] = []
@@ -70,7 +73,7 @@ public struct GatewayToken: Sendable, Equatable {
 extension GatewaySettings {
     public static let schema = ConfigSchema.values([
         "enabled", "listen", "max_body_bytes", "prefixes", "history", "history_bytes", "stream_backlog_bytes", "snapshot_bytes_per_minute", "max_response_bytes",
-        "heartbeat_seconds", "request_timeout_ms", "idle_timeout_ms", "tokens", "cors_origins", "log_level",
+        "heartbeat_seconds", "request_timeout_ms", "idle_timeout_ms", "max_connections", "tokens", "cors_origins", "log_level",
     ])
 
     /// Reads `gateway:` over the defaults.
@@ -91,6 +94,7 @@ extension GatewaySettings {
         if let value = try gateway.seconds("heartbeat_seconds") { heartbeat = value }
         if let value = try gateway.milliseconds("request_timeout_ms") { requestTimeout = value }
         if let value = try gateway.milliseconds("idle_timeout_ms") { idleTimeout = value }
+        if let value = try gateway.integer("max_connections", atMost: 1 << 24) { maxConnections = value }
         if let value = try gateway.strings("cors_origins") { corsOrigins = value }
         logLevel = try gateway.logLevel("log_level")
         if let value = gateway.values["tokens"] { tokens = try Self.tokens(value, gateway.path("tokens")) }

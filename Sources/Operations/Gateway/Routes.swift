@@ -29,6 +29,8 @@ struct Routes: Sendable {
     let page: Page
     let logger: Logger
     let snapshotBudget: SnapshotBudget
+    /// The HTTP connections open, and the most, for `/metrics`.
+    let connections: ConnectionCount
     /// `POST /rpc` requests, for `/metrics`.
     let rpcRequests = RequestCount()
 
@@ -514,6 +516,8 @@ struct Routes: Sendable {
             ("switchboard_gateway_stream_overflows_total", "counter", "Streams cut because their reader fell too far behind.", streams.overflows),
             ("switchboard_gateway_subscription_gaps_total", "counter", "Times the gateway's own subscription missed updates and resynced.", streams.missed),
             ("switchboard_gateway_rpc_requests_total", "counter", "POST /rpc requests.", rpc),
+            ("switchboard_gateway_connections", "gauge", "HTTP connections open now.", connections.open),
+            ("switchboard_gateway_max_connections", "gauge", "The most HTTP connections held at once (gateway.max_connections); more wait to be accepted.", connections.max),
         ]
         for (name, type, help, value) in lines {
             text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n\(name) \(value)\n"

@@ -44,6 +44,25 @@ public final class RawConnection {
         }
     }
 
+    /// What the peer sends, read until it holds `marker`; nil if it does not within
+    /// `seconds`, or the peer closes first.
+    public func read(until marker: String, within seconds: Double) -> String? {
+        let deadline = monotonicNanoseconds() + UInt64(seconds * 1e9)
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4_096)
+        while true {
+            let text = String(decoding: received, as: UTF8.self)
+            if text.contains(marker) { return text }
+            let now = monotonicNanoseconds()
+            guard now < deadline else { return nil }
+            var item = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&item, 1, Int32((deadline - now) / 1_000_000) + 1) > 0 else { continue }
+            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { return nil }
+            received += buffer[..<count]
+        }
+    }
+
     /// A ZMTP 3.0 greeting (NULL mechanism) and READY for a DEALER: after this the kernel
     /// takes the connection for a peer and reads frames from it.
     public func handshakeAsDealer() {
