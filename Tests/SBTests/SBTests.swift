@@ -336,7 +336,9 @@ struct SBTests {
         #expect(stopped.status == 1 && stoppedLines.count == 2 && stoppedLines.last?["error"]?["code"] == -32700)
 
         let missing = try await bus.sb("run", folder.appendingPathComponent("none.jsonl").path)
-        #expect(missing.status == 64)
+        #expect(missing.status == 64 && missing.stderr.contains("none.jsonl: No such file or directory"), "\(missing)")
+        let notAFile = try await bus.sb("run", folder.path)
+        #expect(notAFile.status == 64 && notAFile.stderr.contains("it is a folder"), "\(notAFile)")
         await bus.stop()
     }
 

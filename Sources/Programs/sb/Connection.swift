@@ -53,9 +53,7 @@ struct ConnectionOptions: ParsableArguments {
             }
         }
         guard let keyFile else { throw ValidationError("--server-key needs --key-file (this client's key pair, from `switchboard keygen --out`)") }
-        guard let text = try? String(contentsOfFile: keyFile, encoding: .utf8) else {
-            throw ValidationError("--key-file: cannot read \(keyFile)")
-        }
+        let text = String(decoding: try fileContents(keyFile, for: "--key-file"), as: UTF8.self)
         guard let secret = CurveKeyFile.secretKey(in: text) else {
             throw ValidationError("--key-file: \(keyFile) holds no secret key (use the .key file `switchboard keygen --out` writes, not the .pub)")
         }
@@ -286,4 +284,22 @@ func withClient(_ connection: ConnectionOptions, asOperator: Bool = false, _ bod
         await client.close()
         throw error
     }
+}
+
+/// The bytes of the file at `path`; when it cannot be read, a usage error that says which
+/// (`what`: the flag or thing it is for) and why, as the system puts it.
+func fileContents(_ path: String, for what: String) throws(ValidationError) -> Data {
+    if let data = FileManager.default.contents(atPath: path) { return data }
+    var info = stat()
+    let reason: String
+    if stat(path, &info) != 0 {
+        reason = String(cString: strerror(errno))
+    } else if info.st_mode & S_IFMT == S_IFDIR {
+        reason = "it is a folder"
+    } else {
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        reason = descriptor < 0 ? String(cString: strerror(errno)) : "it could not be read to its end"
+        if descriptor >= 0 { close(descriptor) }
+    }
+    throw ValidationError("\(what): cannot read \(path): \(reason)")
 }

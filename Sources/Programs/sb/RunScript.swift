@@ -35,10 +35,7 @@ struct Run: AsyncParsableCommand {
     func readSteps() throws -> [Step] {
         let data: Data
         if let file, file != "-" {
-            guard let contents = FileManager.default.contents(atPath: file) else {
-                throw ValidationError("cannot read the script \(file)")
-            }
-            data = contents
+            data = try fileContents(file, for: "the script")
         } else {
             data = FileHandle.standardInput.readDataToEndOfFile()
         }
