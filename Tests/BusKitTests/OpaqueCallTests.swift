@@ -1,4 +1,4 @@
-import BusKit
+@testable import BusKit
 import BusProtocol
 import Kernel
 import SwitchboardTestSupport
@@ -79,6 +79,40 @@ struct OpaqueCallTests {
         await worker.close()
         await loop.shutdown()
         await kernel.stop()
+    }
+
+    @Test("an opaque request may carry JSON-RPC with ids of its own: its reply is its own, and the client's request in flight gets its own; the client's ids are never the small ones people write")
+    func jsonInsideOpaque() async throws {
+        let kernel = try await TestKernel.start(Self.handDriven)
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context)
+        let worker = try await Self.handDrivenWorker("opaque", kernel, on: loop)
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
+        let request = Task { try await client.request(service: "opaque", method: "own") }
+        let asked = try await Self.nextRequest(worker, "the client's request")
+        let body = try #require(asked.body.first)
+        let id = try #require(try JSONValue(parsing: body.bytes)["id"]?.intValue)
+        #expect(id > 1 << 40 && id < 1 << 53, "the client's id \(id)")
+        let opaque = Task { try await client.call(service: "opaque", body: [#"{"jsonrpc":"2.0","id":1,"method":"theirs"}"#]) }
+        let opaqueAsked = try await Self.nextRequest(worker, "the opaque request")
+        let theirs = Frame(#"{"jsonrpc":"2.0","id":1,"result":"theirs"}"#)
+        try worker.send(MDP.encode(.reply(client: opaqueAsked.client, body: [theirs])))
+        #expect(try await within(10, "the opaque reply") { try await opaque.value } == [theirs])
+        try worker.send(MDP.encode(.reply(client: asked.client, body: [Frame(#"{"jsonrpc":"2.0","id":\#(id),"result":"own"}"#)])))
+        #expect(try await within(10, "the client's reply") { try await request.value } == "own")
+        await client.close()
+        await worker.close()
+        await loop.shutdown()
+        await kernel.stop()
+    }
+
+    @Test("the ids a process hands out: each one once, each known as its own, none before its start")
+    func idCounter() {
+        let counter = IDCounter(start: 100)
+        #expect(!counter.handedOut(101))
+        #expect(counter.next() == 101 && counter.next() == 102)
+        #expect(counter.handedOut(101) && counter.handedOut(102))
+        #expect(!counter.handedOut(100) && !counter.handedOut(103) && !counter.handedOut(1))
     }
 
     @Test("an opaque request in flight when the connection to the kernel drops fails at once with -32006; it is not sent again")

@@ -370,7 +370,8 @@ public final class BusClient: Sendable {
 
     /// Sends an opaque request (any frames) and waits for the reply's frames. Replies to
     /// opaque requests carry no id, so they are matched per service and connection in order:
-    /// use this for `mmi.*` and non-JSON services, one request per service at a time. The late
+    /// use this for `mmi.*` and non-JSON services, one request per service at a time (a body
+    /// of JSON-RPC with ids of its own is fine: the client's own ids are never small). The late
     /// reply of one that timed out is dropped, not taken for the next one's (unless it comes
     /// after as long again as the timeout). One in flight when the connection to the kernel
     /// drops fails at once with -32006: it is not sent again, since it may have been done.
@@ -932,7 +933,7 @@ actor ClientCore {
         if let responses, !responses.isEmpty, responses.allSatisfy(\.isNotActive) {
             // Refusing no id of this client's, it refuses an opaque request.
             let refusesOpaque = !responses.contains { response in
-                if case .number(let id) = response.id { pending[id] != nil || finished[id] != nil } else { false }
+                if case .number(let id) = response.id { Self.idCounter.handedOut(id) } else { false }
             }
             notActive(responses, from: connection)
             if refusesOpaque { opaqueNotActive(reply(), from: connection) }
@@ -947,7 +948,9 @@ actor ClientCore {
                 case false?: counters.lateReplies += 1
                 case nil: break
                 }
-                matched = matched || finished[id] != nil
+                // One of this client's ids, even one finished too long ago to be remembered,
+                // is never an opaque request's reply.
+                matched = matched || Self.idCounter.handedOut(id)
                 continue
             }
             matched = true
@@ -1106,8 +1109,23 @@ final class BatchCollector {
     }
 }
 
-/// Request ids unique within the process.
+/// Request ids unique within the process, counted from a random start far above the numbers
+/// people write by hand (1, 2, 42): an opaque request (``BusClient/call(service:body:timeout:)``)
+/// may carry JSON-RPC of its own, with ids of its own, and its reply must not be taken for the
+/// answer to one of the client's requests, nor theirs for its. Every id stays under 2^53, exact
+/// as a JSON number in any language.
 final class IDCounter: Sendable {
-    private let value = Atomic<Int64>(0)
+    /// Ids handed out are above it.
+    let start: Int64
+    private let value: Atomic<Int64>
+
+    init(start: Int64 = .random(in: (1 << 40)..<(1 << 41))) {
+        self.start = start
+        value = Atomic(start)
+    }
+
     func next() -> Int64 { value.add(1, ordering: .relaxed).newValue }
+
+    /// Whether `id` is one this counter handed out.
+    func handedOut(_ id: Int64) -> Bool { id > start && id <= value.load(ordering: .relaxed) }
 }
