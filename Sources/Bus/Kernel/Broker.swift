@@ -425,19 +425,23 @@ struct Broker: ~Copyable {
         }
     }
 
+    /// Each counted once as a protocol error (a worker's by the disconnect).
     private mutating func malformed(_ message: Message, _ error: ProtocolError, now: UInt64) {
-        protocolErrors += 1
         logger.debug("dropped malformed message", metadata: ["problem": "\(error)"])
         // A peer speaking the worker protocol badly is disconnected; a client's request
         // with a bad service name is answered (it would otherwise wait for nothing);
         // anything else is dropped.
         if message.count >= 3, message[2].equals(MDP.workerHeader) {
             disconnect(message[0], version: .v01, reason: "\(error)", now: now)
+            return
         } else if message.count >= 2, message[1].equals(MDP.workerHeader02) {
             disconnect(message[0], version: .v02, reason: "\(error)", now: now)
-        } else if message.count >= 5,
-                  let version: MDP.Version = message[1].isEmpty && message[2].equals(MDP.clientHeader) ? .v01
-                      : message[1].equals(MDP.clientHeader02) && message[2].equals([0x01]) ? .v02 : nil {
+            return
+        }
+        protocolErrors += 1
+        if message.count >= 5,
+           let version: MDP.Version = message[1].isEmpty && message[2].equals(MDP.clientHeader) ? .v01
+               : message[1].equals(MDP.clientHeader02) && message[2].equals([0x01]) ? .v02 : nil {
             // A REQUEST whose only fault is its service name (0.2's header says REQUEST).
             let shown = String(decoding: message[3].bytes.prefix(64), as: UTF8.self)
             reply(to: Caller(client: message[0], version: version), serviceFrame: message[3], body: message.frames[4...], error: .invalidRequest(
