@@ -408,7 +408,7 @@ let package = Package(
         ),
         .testTarget(
             name: "KernelTests",
-            dependencies: ["Contracts", "Kernel", "BusProtocol", "ZeroMQ"],
+            dependencies: ["Contracts", "Kernel", "BusProtocol", "SwitchboardTestSupport", "ZeroMQ"],
             swiftSettings: sharedSettings
         ),
         .testTarget(

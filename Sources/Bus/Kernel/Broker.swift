@@ -322,6 +322,9 @@ struct Broker: ~Copyable {
         func expiry(ofWorkerIn cell: String?) -> UInt64 { cell == nil ? workerExpiry : cellExpiry }
     }
     let logger: Logger
+    /// What a peer's messages make the broker say (refusals, protocol errors, streams its
+    /// client left), bounded in the log.
+    let peerLog: PeerEventLog
     /// Who is served now (one of a pair serves only while active).
     let admission: Admission
     /// Messages for the ROUTER socket, and events for the kernel: taken after each call.
@@ -368,6 +371,7 @@ struct Broker: ~Copyable {
         self.configuration = configuration
         timeouts = Timeouts(configuration)
         self.logger = logger
+        peerLog = PeerEventLog(logger: logger)
         self.admission = admission
     }
 
@@ -605,7 +609,7 @@ struct Broker: ~Copyable {
             // With CURVE on, only a worker key may offer a service, and a service's own key only that service.
             guard Peer(userID: peer, security: configuration.security).mayServe(name) else {
                 refusedRegistrations += 1
-                logger.warning("refused a READY: the key may not serve it", metadata: ["service": "\(name)", "peer": "\(peer ?? "-")"])
+                peerLog.warning("refused a READY: the key may not serve it", metadata: ["service": "\(name)", "peer": "\(peer ?? "-")"])
                 disconnect("this key may not register '\(name)'")
                 return
             }
@@ -1200,13 +1204,13 @@ struct Broker: ~Copyable {
     /// again; that is the protocol's way back, not a peer speaking it badly, so it is not
     /// counted as a protocol error (which an operator watches for broken or hostile peers).
     private mutating func askToRegister(_ identity: Frame, version: MDP.Version, after command: String) {
-        logger.info("told a worker this kernel does not know to register again", metadata: ["command": "\(command)"])
+        peerLog.info("told a worker this kernel does not know to register again", metadata: ["command": "\(command)"])
         send(MDP.encode(.disconnect, to: identity, version: version))
     }
 
     private mutating func disconnect(_ identity: Frame, version: MDP.Version, reason: String, now: UInt64) {
         protocolErrors += 1
-        logger.info("disconnecting peer", metadata: ["reason": "\(reason)"])
+        peerLog.info("disconnecting peer", metadata: ["reason": "\(reason)"])
         send(MDP.encode(.disconnect, to: identity, version: version))
         if let worker = workers[identity] { remove(worker, reason: reason, now: now) }
     }
@@ -1322,7 +1326,7 @@ struct Broker: ~Copyable {
     private mutating func breakStream(_ request: Request, _ reason: StreamBreak) {
         guard request.broken == nil else { return }
         request.broken = reason
-        logger.info("a reply in parts stopped reaching its client", metadata: ["reason": "\(reason)", "parts": "\(request.parts)"])
+        peerLog.info("a reply in parts stopped reaching its client", metadata: ["reason": "\(reason)", "parts": "\(request.parts)"])
         // An extension worker is told to end it; a plain 18/MDP worker sends on to its FINAL,
         // as the RFC has it (the parts are dropped here).
         if let worker = request.streamWorker, let client = request.streamClient, workers[worker.identity] === worker {
@@ -1357,7 +1361,7 @@ struct Broker: ~Copyable {
         case .notActive: refusedNotActive += 1
         case .notOperator:
             refusedNotOperator += 1
-            logger.warning("refused a request for operators only from another key", metadata: ["service": "\(service)"])
+            peerLog.warning("refused a request for operators only from another key", metadata: ["service": "\(service)"])
         }
         reply(to: caller, service: service, body: body, error: admission.refusal(verdict, service: service))
     }

@@ -219,6 +219,7 @@ final class KernelParts {
         repeatEvery(.seconds(1), on: loop) { parts in
             parts.broker.releaseIdleQueues()
             heap.releaseIfWorthIt()
+            for log in [parts.broker.peerLog, parts.state.peerLog] + (parts.zap.map { [$0.peerLog] } ?? []) { log.flush() }
             switch openFiles.check() {
             case .near(let open, let limit)?:
                 logger.warning("this process holds \(open.map { "at least \($0)" } ?? "all") of the \(limit) files it may open: at the limit the kernel accepts no new client until connections close, and libzmq retries in silence; raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn), or see who holds the connections (ss -tnp)")
@@ -307,9 +308,8 @@ final class KernelParts {
             let dropped = etcd.droppedWrites
             for write in state.durableWrites where !etcd.enqueue(EtcdStateLink.Pending(write: write, done: nil)) { state.settled(write) }
             state.durableWrites.removeAll(keepingCapacity: true)
-            // The first drop and then one in 10,000: a flood does not flood the log.
-            if etcd.droppedWrites > dropped, dropped % 10_000 == 0 {
-                state.logger.warning("collector writes dropped: too many wait for etcd", metadata: ["dropped": "\(etcd.droppedWrites)"])
+            if etcd.droppedWrites > dropped {
+                state.peerLog.warning("collector writes dropped: too many wait for etcd", metadata: ["dropped": "\(etcd.droppedWrites)"])
             }
             kernel?.assumeIsolated { $0.startWritingState() }
         }

@@ -70,6 +70,8 @@ struct StateServer: ~Copyable {
         }
     }
     let logger: Logger
+    /// Refused writes and dropped ones, one per message a peer sends, bounded in the log.
+    let peerLog: PeerEventLog
     /// Messages for the snapshot ROUTER and for the publisher XPUB: taken after each call.
     var snapshots = Outbox()
     var publisher = Outbox()
@@ -146,6 +148,7 @@ struct StateServer: ~Copyable {
         precondition((configuration.pair == nil) == (pair == nil), "a state server has a pair link exactly when its kernel is one of a pair")
         self.configuration = configuration
         self.logger = logger
+        peerLog = PeerEventLog(logger: logger)
         self.pair = pair
         durable = configuration.stateEtcd != nil
         isPaired = pair != nil
@@ -533,11 +536,8 @@ struct StateServer: ~Copyable {
         let index = entries.index(forKey: key)
         switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: true) {
         case .refused(let error):
-            // The first refusal and then one in 10,000: a flood does not flood the log.
-            if (refusedForbidden + refusedOverLimit) % 10_000 == 1 {
-                logger.warning("refused KVSET", metadata: ["key": "\(key)", "reason": "\(error.message)",
-                                                           "refused": "\(refusedForbidden + refusedOverLimit)"])
-            }
+            peerLog.warning("refused KVSET", metadata: ["key": "\(key)", "reason": "\(error.message)",
+                                                        "refused": "\(refusedForbidden + refusedOverLimit)"])
         case .allowed(let quota):
             if durable {
                 durableWrites.append(counted(DurableWrite(key: key, value: value, ttl: ttl, expected: nil, uuid: parts.keepableFrame(2), owner: quota?.owner,

@@ -17,7 +17,8 @@ final class ZAPHandler {
 
     /// The allow-lists may change while it serves (``KernelParts/reconfigure(_:)``).
     var security: KernelSecurity
-    let logger: Logger
+    /// Its refusals: one per connection attempt, bounded in the log.
+    let peerLog: PeerEventLog
     private(set) var refused = 0
     /// Replies for the handler's socket: taken after each request.
     var outbox = Outbox()
@@ -27,7 +28,7 @@ final class ZAPHandler {
 
     init(security: KernelSecurity, logger: Logger) {
         self.security = security
-        self.logger = logger
+        peerLog = PeerEventLog(logger: logger)
         ownPublicKey = try? CurveKeyPair.publicKey(forSecretKey: security.secretKey)
     }
 
@@ -48,13 +49,13 @@ final class ZAPHandler {
         let address = request[5].string ?? "?"
         guard request[7].string == "CURVE", request.count >= 9, request[8].count == 32, let key = Z85.encode(request[8].bytes) else {
             refused += 1
-            logger.warning("refused a connection without a CURVE key", metadata: ["address": "\(address)"])
+            peerLog.warning("refused a connection without a CURVE key", metadata: ["address": "\(address)"])
             return reply("400", "CURVE required")
         }
         if request[4].string == Self.pairDomain {
             if key == ownPublicKey { return reply("200", "OK", user: "kernel:" + key) }
             refused += 1
-            logger.warning("refused a key on the pair endpoint: only the kernel's own key may connect there", metadata: ["address": "\(address)", "key": "\(key)"])
+            peerLog.warning("refused a key on the pair endpoint: only the kernel's own key may connect there", metadata: ["address": "\(address)", "key": "\(key)"])
             return reply("400", "key not allowed")
         }
         // The kernel's own key elsewhere: the pair's peer asking whether this kernel still
@@ -63,7 +64,7 @@ final class ZAPHandler {
         if key == ownPublicKey { return reply("200", "OK", user: Self.clientPrefix + key) }
         if security.clientKeys.contains(key) || security.operatorKeys.contains(key) { return reply("200", "OK", user: Self.clientPrefix + key) }
         refused += 1
-        logger.warning("refused an unknown CURVE key", metadata: ["address": "\(address)", "key": "\(key)"])
+        peerLog.warning("refused an unknown CURVE key", metadata: ["address": "\(address)", "key": "\(key)"])
         return reply("400", "key not allowed")
     }
 }
