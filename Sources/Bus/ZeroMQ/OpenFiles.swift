@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Synchronization
 
 /// The files (descriptors) a process holds, and how many it may: every client, worker,
 /// kernel link, HTTP caller and database connection takes one. At the limit a listener
@@ -36,12 +37,27 @@ public enum OpenFiles {
 
     /// How many files this process holds open. Linux 6.2 and later give it as the size of
     /// `/proc/self/fd`, at no cost; older ones only by listing that directory, which takes
-    /// milliseconds at ten thousand files (the listing's own file is not counted). nil where
-    /// there is no such directory, or when no file is left to list it.
+    /// milliseconds at ten thousand files on the caller's thread (the kernel's loop): a count
+    /// listed is kept for ten seconds, so that figures sampled each second cost no more than
+    /// that. nil where there is no such directory, or when no file is left to list it.
     public static var count: Int? {
         var info = stat()
         guard stat("/proc/self/fd", &info) == 0 else { return nil }
         if info.st_size > 0 { return Int(info.st_size) }
+        let now = monotonicNanoseconds()
+        return listed.withLock { listed in
+            if let last = listed, now - last.at < 10_000_000_000 { return last.count }
+            guard let count = listedCount() else { return nil }
+            listed = (count, now)
+            return count
+        }
+    }
+
+    /// The last count listed, and when.
+    private static let listed = Mutex<(count: Int, at: UInt64)?>(nil)
+
+    /// The entries of `/proc/self/fd`, less the one listing them.
+    static func listedCount() -> Int? {
         guard let directory = opendir("/proc/self/fd") else { return nil }
         defer { closedir(directory) }
         var entries = 0
