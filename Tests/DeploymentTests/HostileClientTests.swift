@@ -142,6 +142,26 @@ struct HostileClientTests {
         await kernel.stop()
     }
 
+    @Test("a peer sending a malformed message again and again: each is counted, ten are logged")
+    func logBounded() async throws {
+        let kernel = try await KernelUnderAttack.start(logLevel: "info")
+        do {
+            let hostile = try kernel.socket(.dealer, kernel.broker)
+            // A worker command that does not exist: a protocol error each, answered DISCONNECT.
+            for _ in 0..<200 { try hostile.send([Frame(), Frame(MDP.workerHeader), Frame([0x09])]) }
+            try await eventually(30, "the kernel counted the 200 bad messages") {
+                try await kernel.stats()["protocolErrors"]?.intValue == 200
+            }
+            let logged = kernel.process.outputSoFar.split(separator: "\n").filter { $0.contains("disconnecting peer") && !$0.contains("more lines like") }.count
+            #expect(logged == 10, "\(logged) lines said it")
+            hostile.close()
+            try await kernel.stillServes()
+        } catch {
+            Issue.record(error)
+        }
+        await kernel.stop()
+    }
+
     @Test("frames over the size limit: the sender is disconnected, nothing is buffered")
     func hugeFrames() async throws {
         let kernel = try await KernelUnderAttack.start(["max_message_size": "1048576"])
