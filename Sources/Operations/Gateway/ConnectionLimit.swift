@@ -1,7 +1,6 @@
 import HummingbirdCore
 import Logging
 import Synchronization
-import ZeroMQ
 
 /// The HTTP connections the gateway holds, and the most it holds at once
 /// (`gateway.max_connections`). At the most it accepts no other until one closes: the next

@@ -32,7 +32,8 @@ public struct GatewaySettings: Sendable, Equatable {
     /// waiting on the bus, is not idle.
     public var idleTimeout: Duration = .seconds(60)
     /// The most HTTP connections held at once; past it the next wait to be accepted until
-    /// one closes. nil: what the process may open (its limit on open files) less a tenth.
+    /// one closes. nil: what the process may open (its limit on open files) less a tenth, and
+    /// at least 64, kept for its own files.
     public var maxConnections: Int?
     /// Bearer tokens; none: every caller is let in (only without CURVE; with CURVE on,
     /// `switchboard up` makes one in the key folder when none is configured).
