@@ -32,35 +32,33 @@ public final class RawConnection {
     /// Whether the peer closes the connection within `seconds` (what it sends meanwhile is
     /// read and dropped).
     public func closedByPeer(within seconds: Double) -> Bool {
-        let deadline = monotonicNanoseconds() + UInt64(seconds * 1e9)
-        var buffer = [UInt8](repeating: 0, count: 4_096)
-        while true {
-            let now = monotonicNanoseconds()
-            guard now < deadline else { return false }
-            var item = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            guard poll(&item, 1, Int32((deadline - now) / 1_000_000) + 1) > 0 else { continue }
-            let received = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if received <= 0 { return true }
-        }
+        receive(within: seconds, keeping: false) { _ in false }.closed
     }
 
     /// What the peer sends, read until it holds `marker`; nil if it does not within
     /// `seconds`, or the peer closes first.
     public func read(until marker: String, within seconds: Double) -> String? {
+        let received = receive(within: seconds, keeping: true) { String(decoding: $0, as: UTF8.self).contains(marker) }
+        let text = String(decoding: received.bytes, as: UTF8.self)
+        return text.contains(marker) ? text : nil
+    }
+
+    /// Reads what the peer sends (kept, or dropped as it comes) until `enough` holds of what
+    /// was kept, the peer closes, or `seconds` pass; whether the peer closed.
+    private func receive(within seconds: Double, keeping: Bool, until enough: ([UInt8]) -> Bool) -> (bytes: [UInt8], closed: Bool) {
         let deadline = monotonicNanoseconds() + UInt64(seconds * 1e9)
         var received: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4_096)
-        while true {
-            let text = String(decoding: received, as: UTF8.self)
-            if text.contains(marker) { return text }
+        while !enough(received) {
             let now = monotonicNanoseconds()
-            guard now < deadline else { return nil }
+            guard now < deadline else { return (received, false) }
             var item = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             guard poll(&item, 1, Int32((deadline - now) / 1_000_000) + 1) > 0 else { continue }
             let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            guard count > 0 else { return nil }
-            received += buffer[..<count]
+            guard count > 0 else { return (received, true) }
+            if keeping { received += buffer[..<count] }
         }
+        return (received, false)
     }
 
     /// A ZMTP 3.0 greeting (NULL mechanism) and READY for a DEALER: after this the kernel
