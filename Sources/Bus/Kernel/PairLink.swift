@@ -235,8 +235,11 @@ struct PairLink {
 
     /// The events since the last call, for the kernel to act on.
     mutating func takeEvents() -> [Event] {
-        defer { events.removeAll(keepingCapacity: true) }
-        return events
+        // Moved out, not copied and emptied: emptying a shared buffer while keeping its
+        // room would allocate new room at every call.
+        var taken: [Event] = []
+        swap(&taken, &events)
+        return taken
     }
 
     var hasEvents: Bool { !events.isEmpty }

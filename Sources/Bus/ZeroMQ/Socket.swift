@@ -240,13 +240,19 @@ public final class ZMQSocket {
             let part = slots + index
             // Only the first part can be missing: the rest of a multipart message arrives
             // with it, so later parts are read without DONTWAIT.
+            let received: Int32?
             do throws(ZMQError) {
-                try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, index == 0 ? flags : 0) }
+                received = try zmqCallUnlessAgain("zmq_msg_recv(\(type))") { zmq_msg_recv(part, handle, index == 0 ? flags : 0) }
             } catch {
                 // Nothing of a message cut short is read: the parts are empty.
                 parts.cutShort(after: index)
-                if error.isAgain && index == 0 && flags & ZMQ_DONTWAIT != 0 { return false }
                 throw error
+            }
+            if received == nil {
+                parts.cutShort(after: index)
+                // Nothing waiting for a non-blocking read; else the receive timeout passed.
+                if index == 0 && flags & ZMQ_DONTWAIT != 0 { return false }
+                throw ZMQError(call: "zmq_msg_recv(\(type))", code: EAGAIN)
             }
             guard zmq_msg_more(part) == 1 else {
                 let peerUserID = readsPeerUserID ? zmq_msg_gets(part, "User-Id").map { String(cString: $0) } : nil

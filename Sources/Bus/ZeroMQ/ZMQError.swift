@@ -44,11 +44,21 @@ public struct ZMQError: Error, Sendable, Equatable, CustomStringConvertible {
 @inline(__always)
 @discardableResult
 func zmqCall(_ name: @autoclosure () -> String, _ body: () -> Int32) throws(ZMQError) -> Int32 {
+    guard let rc = try zmqCallUnlessAgain(name(), body) else { throw ZMQError(call: name(), code: EAGAIN) }
+    return rc
+}
+
+/// The same for a call where `EAGAIN` is an answer (nothing to receive now), returned as nil
+/// with no error made: every drain of a socket ends in one, and an error would build its
+/// text each time.
+@inline(__always)
+func zmqCallUnlessAgain(_ name: @autoclosure () -> String, _ body: () -> Int32) throws(ZMQError) -> Int32? {
     while true {
         let rc = body()
         if rc != -1 { return rc }
         let code = zmq_errno()
         if code == EINTR { continue }
+        if code == EAGAIN { return nil }
         throw ZMQError(call: name(), code: code)
     }
 }
