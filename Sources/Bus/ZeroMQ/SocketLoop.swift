@@ -281,6 +281,12 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
 
     // MARK: The loop
 
+    // A turn of the loop walks its arrays by index, not with `for`-`in`, `enumerated()` or
+    // `first(where:)`: in a debug build those go through the generic iterator, which
+    // allocates a coroutine frame for each element it reads, so what a message costs would
+    // grow with how many turns it took (the test command counts allocations per message on
+    // a debug build).
+
     /// How many times the loop takes newly queued work before it polls its sockets again.
     static let workRoundsPerPoll = 8
 
@@ -376,8 +382,10 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         }
         // Handlers may register or close sockets; serve the set polled, skipping closed ones.
         let owners = pollOwners
-        for (index, registration) in owners.enumerated() where pollDescriptors[index + 1].revents != 0 {
-            registration.serveEvents()
+        var index = 0
+        while index < owners.count {
+            if pollDescriptors[index + 1].revents != 0 { owners[index].serveEvents() }
+            index += 1
         }
     }
 
@@ -385,25 +393,36 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
     /// any read or sent (then the loop polls without sleeping: there may be more waiting,
     /// read on the next turn, when the socket counts as used again).
     private func serveSocketsUsedSinceRead() -> Bool {
+        // The set as it was: a handler may register or close sockets.
+        let current = registrations
         var served = false
-        for registration in registrations where !registration.isClosed && registration.needsEventsRead {
-            if registration.serveEvents() { served = true }
+        var index = 0
+        while index < current.count {
+            let registration = current[index]
+            if !registration.isClosed && registration.needsEventsRead && registration.serveEvents() { served = true }
+            index += 1
         }
         return served
     }
 
     private func nextPollTimeout() -> Int {
-        guard let first = timers.first(where: { !$0.isCancelled }) else { return -1 }
+        let pending = timers
+        var index = 0
+        while index < pending.count && pending[index].isCancelled { index += 1 }
+        guard index < pending.count else { return -1 }
+        let deadline = pending[index].deadline
         let now = monotonicNanoseconds()
-        if first.deadline <= now { return 0 }
+        if deadline <= now { return 0 }
         // Round up so a timer never fires early.
-        return Int((first.deadline - now + 999_999) / 1_000_000)
+        return Int((deadline - now + 999_999) / 1_000_000)
     }
 
     private func runDueTimers() {
         guard !timers.isEmpty else { return }
         let now = monotonicNanoseconds()
-        while let first = timers.first, first.deadline <= now || first.isCancelled {
+        while !timers.isEmpty {
+            let first = timers[0]
+            guard first.deadline <= now || first.isCancelled else { return }
             timers.removeFirst()
             if !first.isCancelled { first.body() }
         }
