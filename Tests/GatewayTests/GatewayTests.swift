@@ -498,6 +498,55 @@ struct GatewayTests {
         }
     }
 
+    @Test("what one address may have in flight through POST /rpc: past gateway.max_calls_per_address, 429 with Retry-After; a batch counts each request; the share comes back when its calls end, a reply in parts included")
+    func callsPerAddress() async throws {
+        try await GatewayBed.with({ $0.maxCallsPerAddress = 2 }) { bed in
+            // A reply in parts holds its call until its last part: two parts 4 s apart.
+            let slow = #"{"jsonrpc":"2.0","id":1,"method":"numbers","params":{"n":2,"everyMs":4000}}"#
+            let held = try await bed.open("echo", slow, accept: "text/event-stream")
+            let parts = EventStream(body: held.body)
+            #expect(try await parts.next()?.event == "part")
+            // One call in flight, one more fits; a batch of two does not.
+            let echo = #"{"jsonrpc":"2.0","id":2,"method":"echo","params":{"a":1}}"#
+            #expect(try await bed.rpc("echo", echo).json?["result"] == ["a": 1])
+            var request = HTTPClientRequest(url: "\(bed.base)/rpc/echo")
+            request.method = .POST
+            request.headers.add(name: "Authorization", value: "Bearer \(GatewayBed.fullToken)")
+            request.body = .bytes(ByteBuffer(string: "[\(echo),\(echo)]"))
+            let refused = try await bed.http.execute(request, timeout: .seconds(10))
+            let body = try JSONValue(parsing: Array(try await refused.body.collect(upTo: 1 << 16).readableBytesView))
+            #expect(refused.status == .tooManyRequests && refused.headers.first(name: "Retry-After") == "1", "\(refused.status)")
+            #expect(body["error"]?["code"] == -32001 && body["error"]?["data"]?["limit"] == 2, "\(body)")
+            #expect(body["error"]?["message"]?.stringValue?.contains("gateway.max_calls_per_address") == true, "\(body)")
+            // A batch larger than the whole share is told so.
+            let tooLarge = try await bed.rpc("echo", "[\(echo),\(echo),\(echo)]")
+            #expect(tooLarge.status == 429 && tooLarge.json?["error"]?["message"]?.stringValue?.contains("smaller batches") == true, "\(tooLarge)")
+            // The stream ends: its call is given back, and the batch of two fits.
+            #expect(try await parts.until("end").last?.json?["result"]?["count"] == 2)
+            #expect(try await bed.rpc("echo", "[\(echo),\(echo)]").json?.arrayValue?.count == 2)
+            let metrics = try await bed.get("/metrics").text
+            #expect(metrics.contains("switchboard_gateway_rpc_refused_total 2\n"), "\(metrics)")
+        }
+    }
+
+    @Test("calls in flight are counted per address, given back once, and given back when let go")
+    func callsPerAddressLedger() {
+        let ledger = CallsPerAddress(limit: 3)
+        let first = ledger.take(2, for: "10.0.0.1")
+        #expect(first != nil && ledger.take(2, for: "10.0.0.1") == nil)
+        // Another address has its own share.
+        var other = ledger.take(3, for: "10.0.0.2")
+        #expect(other != nil && ledger.callers == 2)
+        first?.end()
+        first?.end()
+        #expect(ledger.inFlight(for: "10.0.0.1") == 0 && ledger.take(3, for: "10.0.0.1") != nil)
+        // Never ended, only let go: given back all the same, and the address forgotten.
+        other = nil
+        #expect(ledger.inFlight(for: "10.0.0.2") == 0 && ledger.callers == 0)
+        // 0: no bound.
+        #expect(CallsPerAddress(limit: 0).take(1_000_000, for: "10.0.0.1") != nil)
+    }
+
     @Test("a snapshot budget refills with time; one larger than a minute's worth passes when the budget is full, then waits for its bytes")
     func snapshotBudgetRefills() {
         let budget = SnapshotBudget(bytesPerMinute: 600)  // 10 bytes a second

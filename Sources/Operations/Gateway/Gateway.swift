@@ -163,7 +163,8 @@ public struct Gateway: Service {
         }
         let connections = ConnectionCount(max: settings.maxConnections ?? roomy)
         let routes = Routes(options: options, client: client, feed: feed, page: page, logger: logger,
-                            snapshotBudget: SnapshotBudget(bytesPerMinute: settings.snapshotBytesPerMinute), connections: connections)
+                            snapshotBudget: SnapshotBudget(bytesPerMinute: settings.snapshotBytesPerMinute),
+                            callsPerAddress: CallsPerAddress(limit: settings.maxCallsPerAddress), connections: connections)
         return Application(router: routes.router(),
                               server: .http1(configuration: .init(idleTimeout: TimeAmount(settings.idleTimeout))),
                               configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "switchboard-gateway",

@@ -20,6 +20,10 @@ public struct GatewaySettings: Sendable, Equatable {
     /// Bytes of opening snapshots one caller (an address) may be sent a minute (0: no bound):
     /// past them, `/events` answers 429 with Retry-After until the caller's budget refills.
     public var snapshotBytesPerMinute = 64 << 20
+    /// Bus calls one caller (an address) may have in flight through `POST /rpc` (a batch
+    /// counts each of its requests; 0: no bound): past them, 429 with Retry-After until some
+    /// are answered, so that one address cannot queue everyone else's calls behind its own.
+    public var maxCallsPerAddress = 256
     /// The largest response body `POST /rpc` sends; past it the results that do not fit are
     /// answered -32010 (a batch), or the response is (a single request).
     public var maxResponseBytes = 16 << 20
@@ -73,8 +77,8 @@ public struct GatewayToken: Sendable, Equatable {
 
 extension GatewaySettings {
     public static let schema = ConfigSchema.values([
-        "enabled", "listen", "max_body_bytes", "prefixes", "history", "history_bytes", "stream_backlog_bytes", "snapshot_bytes_per_minute", "max_response_bytes",
-        "heartbeat_seconds", "request_timeout_ms", "idle_timeout_ms", "max_connections", "tokens", "cors_origins", "log_level",
+        "enabled", "listen", "max_body_bytes", "prefixes", "history", "history_bytes", "stream_backlog_bytes", "snapshot_bytes_per_minute", "max_calls_per_address",
+        "max_response_bytes", "heartbeat_seconds", "request_timeout_ms", "idle_timeout_ms", "max_connections", "tokens", "cors_origins", "log_level",
     ])
 
     /// Reads `gateway:` over the defaults.
@@ -91,6 +95,7 @@ extension GatewaySettings {
         if let value = try gateway.integer("history_bytes", atMost: 1 << 40) { historyBytes = value }
         if let value = try gateway.integer("stream_backlog_bytes", atMost: 1 << 40) { streamBacklogBytes = value }
         if let value = try gateway.integer("snapshot_bytes_per_minute", atMost: 1 << 40) { snapshotBytesPerMinute = value }
+        if let value = try gateway.integer("max_calls_per_address", atMost: 1 << 24) { maxCallsPerAddress = value }
         if let value = try gateway.integer("max_response_bytes", atMost: 1 << 31) { maxResponseBytes = value }
         if let value = try gateway.seconds("heartbeat_seconds") { heartbeat = value }
         if let value = try gateway.milliseconds("request_timeout_ms") { requestTimeout = value }

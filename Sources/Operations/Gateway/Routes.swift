@@ -11,7 +11,7 @@ import Synchronization
 
 /// The gateway's HTTP routes.
 /// A request's context: Hummingbird's basics, and the caller's address (what a caller's
-/// ``SnapshotBudget`` is kept by).
+/// ``SnapshotBudget`` and ``CallsPerAddress`` are kept by).
 struct GatewayContext: RequestContext, RemoteAddressRequestContext {
     var coreContext: CoreRequestContextStorage
     let remoteAddress: SocketAddress?
@@ -20,6 +20,9 @@ struct GatewayContext: RequestContext, RemoteAddressRequestContext {
         coreContext = .init(source: source)
         remoteAddress = source.channel.remoteAddress
     }
+
+    /// The caller, as the per-caller bounds count it: its IP address.
+    var caller: String { remoteAddress?.ipAddress ?? "unknown" }
 }
 
 struct Routes: Sendable {
@@ -29,10 +32,13 @@ struct Routes: Sendable {
     let page: Page
     let logger: Logger
     let snapshotBudget: SnapshotBudget
+    let callsPerAddress: CallsPerAddress
     /// The HTTP connections open, and the most, for `/metrics`.
     let connections: ConnectionCount
     /// `POST /rpc` requests, for `/metrics`.
     let rpcRequests = RequestCount()
+    /// `POST /rpc` requests refused for `gateway.max_calls_per_address`, for `/metrics`.
+    let callsRefused = RequestCount()
 
     var settings: GatewaySettings { options.settings }
 
@@ -116,12 +122,14 @@ struct Routes: Sendable {
             return Self.reply(Self.status(for: response), response.jsonBytes)
         case .single(.request(let call)) where partsFormat != nil && call.id != nil && call.id != .null
                 && refusal(call, service: service, token: token) == nil:
-            return await streamed(call, id: call.id!, service: service, trace: Self.trace(request), format: partsFormat!)
+            guard let taken = callsPerAddress.take(1, for: context.caller) else { return tooManyCalls(1, from: context.caller) }
+            return await streamed(call, id: call.id!, service: service, trace: Self.trace(request), format: partsFormat!, holding: taken)
         case .single(let item):
+            guard let taken = callsPerAddress.take(1, for: context.caller) else { return tooManyCalls(1, from: context.caller) }
+            let response = await answers(to: [item], service: service, token: token, trace: Self.trace(request))[0]
+            taken.end()
             // A notification (no id) is answered with nothing: 204.
-            guard let response = await answers(to: [item], service: service, token: token, trace: Self.trace(request))[0] else {
-                return Response(status: .noContent)
-            }
+            guard let response else { return Response(status: .noContent) }
             let bytes = response.jsonBytes
             guard bytes.count <= settings.maxResponseBytes else {
                 return Self.rpcError(.contentTooLarge, tooLargeResponse(bytes.count), id: response.id)
@@ -131,7 +139,9 @@ struct Routes: Sendable {
             guard items.count <= options.maxBatchItems else {
                 return Self.rpcError(.contentTooLarge, .batchTooLarge(items.count, limit: options.maxBatchItems))
             }
+            guard let taken = callsPerAddress.take(items.count, for: context.caller) else { return tooManyCalls(items.count, from: context.caller) }
             let answered = await answers(to: items, service: service, token: token, trace: Self.trace(request)).compactMap { $0 }
+            taken.end()
             guard !answered.isEmpty else { return Response(status: .noContent) }
             // The body is counted as each response joins it: those past the limit are -32010.
             var spent = 0
@@ -142,6 +152,20 @@ struct Routes: Sendable {
             }
             return Self.reply(.ok, JSONRPC.batchReply(chunks) ?? [])
         }
+    }
+
+    /// 429 for calls past `gateway.max_calls_per_address`: the caller may send more once
+    /// some of its calls are answered.
+    func tooManyCalls(_ calls: Int, from caller: String) -> Response {
+        callsRefused.add()
+        let limit = callsPerAddress.limit
+        let message = calls > limit
+            ? "Too many calls: a batch of \(calls) is more than one address may have in flight (gateway.max_calls_per_address, \(limit)); send smaller batches"
+            : "Too many calls: this address has \(callsPerAddress.inFlight(for: caller)) calls in flight, and may have \(limit) (gateway.max_calls_per_address); send more once they are answered"
+        var response = Self.rpcError(.tooManyRequests, JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: message,
+            data: ["retryAfterSeconds": .int(1), "limit": .int(Int64(limit))]))
+        response.headers[.retryAfter] = "1"
+        return response
     }
 
     // MARK: Replies in parts
@@ -166,7 +190,9 @@ struct Routes: Sendable {
     /// result less the parts, or the error that ended it early, with `data.parts`). A request
     /// answered before any part (an error, a method or worker that answers in one reply) is
     /// answered as without the Accept header, with its HTTP status.
-    func streamed(_ call: JSONRPCRequest, id: JSONRPCID, service: String, trace: JSONRPCRequest.Trace?, format: PartsFormat) async -> Response {
+    /// `taken`: the call's place in its caller's share, given back when the stream ends.
+    func streamed(_ call: JSONRPCRequest, id: JSONRPCID, service: String, trace: JSONRPCRequest.Trace?, format: PartsFormat,
+                  holding taken: CallsPerAddress.Taken) async -> Response {
         let parts = await BusTracing.withTrace(call.trace ?? trace) {
             client.stream(service: service, method: call.method, paramsText: call.paramsText)
         }
@@ -187,6 +213,7 @@ struct Routes: Sendable {
         headers[HTTPField.Name("X-Accel-Buffering")!] = "no"
         let limit = settings.maxResponseBytes
         return Response(status: .ok, headers: headers, body: ResponseBody { [iterator] writer in
+            defer { taken.end() }
             var iterator = iterator, part: JSONValue? = first, end: JSONRPCResponse
             do {
                 while let current = part {
@@ -353,7 +380,7 @@ struct Routes: Sendable {
         }
         // What one caller may make the gateway send: the opening events (a snapshot, or the
         // changes since its last id) come out of its address's budget.
-        let caller = context.remoteAddress?.ipAddress ?? "unknown"
+        let caller = context.caller
         if let seconds = snapshotBudget.waitBeforeSnapshot(for: caller) {
             var response = Self.rpcError(.tooManyRequests, JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
                 message: "Too many snapshots: this address was sent gateway.snapshot_bytes_per_minute (\(settings.snapshotBytesPerMinute) bytes) of opening events in the last minute; try again in \(seconds) s",
@@ -516,6 +543,8 @@ struct Routes: Sendable {
             ("switchboard_gateway_stream_overflows_total", "counter", "Streams cut because their reader fell too far behind.", streams.overflows),
             ("switchboard_gateway_subscription_gaps_total", "counter", "Times the gateway's own subscription missed updates and resynced.", streams.missed),
             ("switchboard_gateway_rpc_requests_total", "counter", "POST /rpc requests.", rpc),
+            ("switchboard_gateway_rpc_refused_total", "counter", "POST /rpc requests refused with 429: their address had gateway.max_calls_per_address calls in flight.", callsRefused.value),
+            ("switchboard_gateway_rpc_callers", "gauge", "Addresses with POST /rpc calls in flight now.", callsPerAddress.callers),
             ("switchboard_gateway_connections", "gauge", "HTTP connections open now.", connections.open),
             ("switchboard_gateway_max_connections", "gauge", "The most HTTP connections held at once (gateway.max_connections); more wait to be accepted.", connections.max),
         ]
