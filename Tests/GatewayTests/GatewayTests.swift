@@ -99,10 +99,11 @@ struct GatewayBed {
     }
 
     /// POSTs `body` to /rpc/`service`; the status and the JSON answer (nil: no body).
-    func rpc(_ service: String, _ body: String, token: String? = fullToken) async throws -> (status: UInt, json: JSONValue?) {
+    func rpc(_ service: String, _ body: String, token: String? = fullToken, forwardedFor: String? = nil) async throws -> (status: UInt, json: JSONValue?) {
         var request = HTTPClientRequest(url: "\(base)/rpc/\(service)")
         request.method = .POST
         if let token { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
+        if let forwardedFor { request.headers.add(name: "X-Forwarded-For", value: forwardedFor) }
         request.body = .bytes(ByteBuffer(string: body))
         let response = try await http.execute(request, timeout: .seconds(10))
         let bytes = try await response.body.collect(upTo: 1 << 20)
@@ -117,10 +118,11 @@ struct GatewayBed {
         return (response.status.code, response.headers.first(name: "Content-Type"), String(buffer: bytes))
     }
 
-    func open(_ service: String, _ body: String, accept: String) async throws -> HTTPClientResponse {
+    func open(_ service: String, _ body: String, accept: String, forwardedFor: String? = nil) async throws -> HTTPClientResponse {
         var request = HTTPClientRequest(url: "\(base)/rpc/\(service)")
         request.method = .POST
         request.headers.add(name: "Authorization", value: "Bearer \(Self.fullToken)")
+        if let forwardedFor { request.headers.add(name: "X-Forwarded-For", value: forwardedFor) }
         request.headers.add(name: "Accept", value: accept)
         request.body = .bytes(ByteBuffer(string: body))
         return try await http.execute(request, timeout: .seconds(30))
@@ -526,6 +528,24 @@ struct GatewayTests {
             #expect(try await bed.rpc("echo", "[\(echo),\(echo)]").json?.arrayValue?.count == 2)
             let metrics = try await bed.get("/metrics").text
             #expect(metrics.contains("switchboard_gateway_rpc_refused_total 2\n"), "\(metrics)")
+        }
+    }
+
+    @Test("behind a proxy in gateway.trusted_proxies, each address it forwards for has its own share (the last X-Forwarded-For entry, the proxy's own); from anyone else the header is not read")
+    func callsBehindProxy() async throws {
+        let slow = #"{"jsonrpc":"2.0","id":1,"method":"numbers","params":{"n":2,"everyMs":4000}}"#
+        let echo = #"{"jsonrpc":"2.0","id":2,"method":"echo","params":{"a":1}}"#
+        for trusted in [true, false] {
+            try await GatewayBed.with({ $0.maxCallsPerAddress = 1; $0.trustedProxies = trusted ? ["127.0.0.1"] : [] }) { bed in
+                let held = try await bed.open("echo", slow, accept: "text/event-stream", forwardedFor: "10.0.0.1")
+                let parts = EventStream(body: held.body)
+                #expect(try await parts.next()?.event == "part")
+                // Another caller the proxy forwards for: its own share, when the proxy is trusted.
+                #expect(try await bed.rpc("echo", echo, forwardedFor: "10.0.0.2").status == (trusted ? 200 : 429), "trusted: \(trusted)")
+                // What the caller itself put before the proxy's entry is not read.
+                #expect(try await bed.rpc("echo", echo, forwardedFor: "10.0.0.2, 10.0.0.1").status == 429, "trusted: \(trusted)")
+                _ = try await parts.until("end")
+            }
         }
     }
 

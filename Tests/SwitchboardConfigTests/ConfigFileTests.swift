@@ -108,6 +108,7 @@ struct ConfigFileTests {
         ("gateway:\n  tokens: [{services: [search]}]", "gateway.tokens[0]: give token (the text) or token_file"),
         ("gateway:\n  tokens: [{token: 0123456789abcdef, scope: x}]", "gateway.tokens[0].scope: unknown key"),
         ("gateway:\n  token_file: x", "gateway.token_file: unknown key"),
+        ("gateway:\n  trusted_proxies: [balancer.internal]", "gateway.trusted_proxies: expected IP addresses (a proxy's, as its connections come from), got 'balancer.internal'"),
     ])
     func rejected(text: String, message: String) {
         let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
@@ -132,8 +133,12 @@ struct ConfigFileTests {
                 - token_file: \(tokenFile.path)
                   writable_prefixes: [/client/]
               cors_origins: [https://apps.example]
+              max_calls_per_address: 16
+              trusted_proxies: [10.0.0.5, "0:0:0:0:0:0:0:1"]
             """)
         let gateway = file.gateway
+        // An address as a connection's is written.
+        #expect(gateway.maxCallsPerAddress == 16 && gateway.trustedProxies == ["10.0.0.5", "::1"], "\(gateway.trustedProxies)")
         #expect(gateway.enabled && gateway.host == "::1" && gateway.port == 9090 && gateway.maxBodyBytes == 2048)
         #expect(gateway.prefixes == ["/pricing/", "/store/"] && gateway.heartbeat == .seconds(5) && gateway.corsOrigins == ["https://apps.example"])
         #expect(gateway.tokens == [GatewayToken(token: "0123456789abcdef-page", services: ["search", "pricing"], readablePrefixes: ["/pricing/"]),

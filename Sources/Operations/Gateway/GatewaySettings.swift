@@ -1,5 +1,6 @@
 public import SwitchboardConfig
 import Foundation
+import NIOCore
 
 /// The HTTP gateway (`switchboard gateway`, started by `switchboard up`).
 public struct GatewaySettings: Sendable, Equatable {
@@ -24,6 +25,10 @@ public struct GatewaySettings: Sendable, Equatable {
     /// counts each of its requests; 0: no bound): past them, 429 with Retry-After until some
     /// are answered, so that one address cannot queue everyone else's calls behind its own.
     public var maxCallsPerAddress = 256
+    /// Addresses of the proxies in front of the gateway (a load balancer): for a connection
+    /// from one of them, the per-address bounds count the address it forwarded for (the last
+    /// entry of `X-Forwarded-For`) rather than the proxy's own, which every caller shares.
+    public var trustedProxies: [String] = []
     /// The largest response body `POST /rpc` sends; past it the results that do not fit are
     /// answered -32010 (a batch), or the response is (a single request).
     public var maxResponseBytes = 16 << 20
@@ -78,7 +83,7 @@ public struct GatewayToken: Sendable, Equatable {
 extension GatewaySettings {
     public static let schema = ConfigSchema.values([
         "enabled", "listen", "max_body_bytes", "prefixes", "history", "history_bytes", "stream_backlog_bytes", "snapshot_bytes_per_minute", "max_calls_per_address",
-        "max_response_bytes", "heartbeat_seconds", "request_timeout_ms", "idle_timeout_ms", "max_connections", "tokens", "cors_origins", "log_level",
+        "trusted_proxies", "max_response_bytes", "heartbeat_seconds", "request_timeout_ms", "idle_timeout_ms", "max_connections", "tokens", "cors_origins", "log_level",
     ])
 
     /// Reads `gateway:` over the defaults.
@@ -96,6 +101,15 @@ extension GatewaySettings {
         if let value = try gateway.integer("stream_backlog_bytes", atMost: 1 << 40) { streamBacklogBytes = value }
         if let value = try gateway.integer("snapshot_bytes_per_minute", atMost: 1 << 40) { snapshotBytesPerMinute = value }
         if let value = try gateway.integer("max_calls_per_address", atMost: 1 << 24) { maxCallsPerAddress = value }
+        if let value = try gateway.strings("trusted_proxies") {
+            // As a connection's address is written (an IPv6 address has more than one spelling).
+            trustedProxies = try value.map { address throws(ConfigError) in
+                guard let parsed = try? SocketAddress(ipAddress: address, port: 0), let canonical = parsed.ipAddress else {
+                    throw ConfigError(path: gateway.path("trusted_proxies"), problem: "expected IP addresses (a proxy's, as its connections come from), got '\(address)'")
+                }
+                return canonical
+            }
+        }
         if let value = try gateway.integer("max_response_bytes", atMost: 1 << 31) { maxResponseBytes = value }
         if let value = try gateway.seconds("heartbeat_seconds") { heartbeat = value }
         if let value = try gateway.milliseconds("request_timeout_ms") { requestTimeout = value }

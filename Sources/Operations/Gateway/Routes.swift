@@ -20,9 +20,6 @@ struct GatewayContext: RequestContext, RemoteAddressRequestContext {
         coreContext = .init(source: source)
         remoteAddress = source.channel.remoteAddress
     }
-
-    /// The caller, as the per-caller bounds count it: its IP address.
-    var caller: String { remoteAddress?.ipAddress ?? "unknown" }
 }
 
 struct Routes: Sendable {
@@ -117,15 +114,16 @@ struct Routes: Sendable {
                                                              limit: settings.maxBodyBytes))
         }
         let partsFormat = Self.partsFormat(request)
+        let caller = caller(request, context)
         switch JSONRPC.parseRequests(body.readableBytesView) {
         case .unusable(let response):
             return Self.reply(Self.status(for: response), response.jsonBytes)
         case .single(.request(let call)) where partsFormat != nil && call.id != nil && call.id != .null
                 && refusal(call, service: service, token: token) == nil:
-            guard let taken = callsPerAddress.take(1, for: context.caller) else { return tooManyCalls(1, from: context.caller) }
+            guard let taken = callsPerAddress.take(1, for: caller) else { return tooManyCalls(1, from: caller) }
             return await streamed(call, id: call.id!, service: service, trace: Self.trace(request), format: partsFormat!, holding: taken)
         case .single(let item):
-            guard let taken = callsPerAddress.take(1, for: context.caller) else { return tooManyCalls(1, from: context.caller) }
+            guard let taken = callsPerAddress.take(1, for: caller) else { return tooManyCalls(1, from: caller) }
             let response = await answers(to: [item], service: service, token: token, trace: Self.trace(request))[0]
             taken.end()
             // A notification (no id) is answered with nothing: 204.
@@ -139,7 +137,7 @@ struct Routes: Sendable {
             guard items.count <= options.maxBatchItems else {
                 return Self.rpcError(.contentTooLarge, .batchTooLarge(items.count, limit: options.maxBatchItems))
             }
-            guard let taken = callsPerAddress.take(items.count, for: context.caller) else { return tooManyCalls(items.count, from: context.caller) }
+            guard let taken = callsPerAddress.take(items.count, for: caller) else { return tooManyCalls(items.count, from: caller) }
             let answered = await answers(to: items, service: service, token: token, trace: Self.trace(request)).compactMap { $0 }
             taken.end()
             guard !answered.isEmpty else { return Response(status: .noContent) }
@@ -153,6 +151,18 @@ struct Routes: Sendable {
             return Self.reply(.ok, JSONRPC.batchReply(chunks) ?? [])
         }
     }
+
+    /// The caller the per-address bounds count: the connection's address, or, when that is a
+    /// proxy in `gateway.trusted_proxies`, the address the proxy says it forwarded for (the
+    /// last entry of `X-Forwarded-For`, the one it added itself; the entries before it are
+    /// whatever the caller sent, so never read).
+    func caller(_ request: Request, _ context: GatewayContext) -> String {
+        let peer = context.remoteAddress?.ipAddress ?? "unknown"
+        guard settings.trustedProxies.contains(peer), let forwarded = request.headers[values: Self.forwardedForField].last,
+              let last = forwarded.split(separator: ",").last?.trimmingCharacters(in: .whitespaces), !last.isEmpty else { return peer }
+        return last
+    }
+    static let forwardedForField = HTTPField.Name("X-Forwarded-For")!
 
     /// 429 for calls past `gateway.max_calls_per_address`: the caller may send more once
     /// some of its calls are answered.
@@ -380,7 +390,7 @@ struct Routes: Sendable {
         }
         // What one caller may make the gateway send: the opening events (a snapshot, or the
         // changes since its last id) come out of its address's budget.
-        let caller = context.caller
+        let caller = caller(request, context)
         if let seconds = snapshotBudget.waitBeforeSnapshot(for: caller) {
             var response = Self.rpcError(.tooManyRequests, JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
                 message: "Too many snapshots: this address was sent gateway.snapshot_bytes_per_minute (\(settings.snapshotBytesPerMinute) bytes) of opening events in the last minute; try again in \(seconds) s",
