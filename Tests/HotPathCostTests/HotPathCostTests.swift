@@ -56,6 +56,8 @@ struct HotPathCostTests {
         let result = try await runCommand(costs, [], seconds: 120)
         #expect(result.status == 0, "\(result)")
         let figures = try JSONDecoder().decode(Figures.self, from: Data(result.stdout.utf8))
+        // Printed whether or not they pass: how close a machine's counts come to the bounds.
+        print("switchboard-costs: \(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines))")
         for (path, counted, bound) in [("the kernel's loop, a request", figures.kernelRequest, Self.kernelRequest),
                                        ("the kernel's loop, an update", figures.kernelUpdate, Self.kernelUpdate),
                                        ("the client's process, a call", figures.clientCall, Self.clientCall),

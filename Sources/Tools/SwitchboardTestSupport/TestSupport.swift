@@ -300,26 +300,34 @@ public func workers(_ service: String, snapshot: String, publisher: String, cell
 public func awaitState(snapshot: String, publisher: String, prefix: String, within seconds: Double = 10, curve: CurveClientKeys? = nil,
                        _ what: String, until condition: @escaping @Sendable ([String: JSONValue]) -> Bool) async throws -> [String: JSONValue] {
     let subscription = try await Subscription.open(snapshot: snapshot, publisher: publisher, prefixes: [prefix], curve: curve)
+    // What the wait saw, for the error when it times out: the state, and the events as they came.
+    let seen = Observed<(state: [String: JSONValue], events: [String])>(([:], []))
     return try await stopping(subscription, with: { await $0.cancel() }) { subscription in
-        try await SwitchboardTestSupport.within(seconds, what) {
-            var state: [String: JSONValue] = [:]
-            var synced = false
-            for try await event in subscription {
-                switch event {
-                case .update(let update):
-                    guard update.key.hasPrefix(prefix) else { continue }
-                    if update.isDelete { state.removeValue(forKey: update.key) } else { state[update.key] = update.json ?? .null }
-                case .synced, .resynced:
-                    synced = true
-                case .reset:
-                    state = [:]
-                    continue
-                case .missed:
-                    continue
+        do {
+            return try await SwitchboardTestSupport.within(seconds, what) {
+                var state: [String: JSONValue] = [:]
+                var synced = false
+                for try await event in subscription {
+                    defer { seen.update { $0 = (state, $0.events.suffix(19) + ["\(event)"]) } }
+                    switch event {
+                    case .update(let update):
+                        guard update.key.hasPrefix(prefix) else { continue }
+                        if update.isDelete { state.removeValue(forKey: update.key) } else { state[update.key] = update.json ?? .null }
+                    case .synced, .resynced:
+                        synced = true
+                    case .reset:
+                        state = [:]
+                        continue
+                    case .missed:
+                        continue
+                    }
+                    if synced, condition(state) { return state }
                 }
-                if synced, condition(state) { return state }
+                throw TimedOut(what: "\(what): the subscription ended")
             }
-            throw TimedOut(what: "\(what): the subscription ended")
+        } catch let error as TimedOut {
+            let (state, events) = seen.value
+            throw TimedOut(what: "\(error.what); the state under '\(prefix)' was \(state), after the events \(events.isEmpty ? "(none)" : events.joined(separator: "; "))")
         }
     }
 }
