@@ -40,7 +40,8 @@ public struct ZMQError: Error, Sendable, Equatable, CustomStringConvertible {
 /// Runs one libzmq call that reports failure as `-1` plus `zmq_errno()`, turning that into
 /// a thrown ``ZMQError`` naming the call, and retrying when a signal interrupted it.
 ///
-/// This is the only place that reads `zmq_errno()`; every wrapper goes through it.
+/// It and its two kin below are the only places that read `zmq_errno()`; every wrapper goes
+/// through one of them.
 @inline(__always)
 @discardableResult
 func zmqCall(_ name: @autoclosure () -> String, _ body: () -> Int32) throws(ZMQError) -> Int32 {
