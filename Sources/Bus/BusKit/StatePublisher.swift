@@ -2,11 +2,19 @@ public import BusProtocol
 import Contracts
 
 /// Publishes a service's state keys through the kernel's `state.set` (acknowledged with a
-/// sequence number, unlike the lossy CHP collector), and remembers them so that
-/// ``republish()`` can restore them after a kernel restart.
+/// sequence number, unlike the lossy CHP collector), and remembers what was asked of each so
+/// that ``republish()`` can restore it after a kernel restart, a write that failed included.
+///
+/// The writes of one key reach the kernel one at a time, in the order they were asked: a
+/// write waits for the one before it to be acknowledged (or to fail). Two writes in flight at
+/// once could land in either order (one of them resent on a new connection, say), and the
+/// kernel would keep the older value; the other keys' writes do not wait.
 public actor StatePublisher {
     private let client: BusClient
-    private var current: [String: (value: JSONValue, ttl: Double?)] = [:]
+    /// Each key's value as last asked; nil: a deletion not yet acknowledged.
+    private var wanted: [String: (value: JSONValue?, ttl: Double?)] = [:]
+    /// The keys with a write at the kernel, each with the writes waiting for it, in turn.
+    private var writing: [String: [CheckedContinuation<Void, Never>]] = [:]
     /// Set at graceful shutdown: nothing is published after it (``BusError/closed``).
     private var closed = false
 
@@ -18,9 +26,10 @@ public actor StatePublisher {
     @discardableResult
     public func set(_ key: String, _ value: JSONValue?, ttl: Double? = nil) async throws(BusError) -> UInt64 {
         guard !closed else { throw .closed }
-        let sequence = try await client.publish(key: key, value: value, ttl: ttl, asService: true)
-        remember(key, value, ttl: ttl)
-        return sequence
+        want(key, value, ttl: ttl)
+        await takeTurn(of: key)
+        defer { passTurn(of: key) }
+        return try await write(key, value, ttl: ttl)
     }
 
     /// Sets several keys in one message to the kernel (a JSON-RPC batch of `state.set`; more
@@ -28,33 +37,76 @@ public actor StatePublisher {
     /// number or error, in order.
     public func set(many entries: [(key: String, value: JSONValue?)]) async -> [Result<UInt64, BusError>] {
         guard !closed else { return entries.map { _ in .failure(.closed) } }
+        for entry in entries { want(entry.key, entry.value, ttl: nil) }
+        // Turns taken in one order (the keys sorted) by every batch: no two wait for each other.
+        let keys = Set(entries.map(\.key)).sorted()
+        for key in keys { await takeTurn(of: key) }
+        defer { for key in keys { passTurn(of: key) } }
+        guard !closed else { return entries.map { _ in .failure(.closed) } }
         let outcomes = await client.batch(KernelAPI.stateSet, entries.map { KernelAPI.StateSetParams(key: $0.key, value: $0.value ?? .null) })
         return zip(entries, outcomes).map { entry, outcome in
             outcome.map { written in
-                remember(entry.key, entry.value, ttl: nil)
+                acknowledged(entry.key, entry.value)
                 return written.sequence
             }
         }
     }
 
-    /// Keeps what the kernel now holds for `key`, for ``republish()``.
-    private func remember(_ key: String, _ value: JSONValue?, ttl: Double?) {
-        if let value, !value.isNull { current[key] = (value, ttl) } else { current[key] = nil }
-    }
-
-    /// Publishes every remembered key again. Returns how many were published.
+    /// Publishes every key again as it was last asked (deletions not yet acknowledged too),
+    /// each as it is when its turn comes. Returns how many were published.
     @discardableResult
     public func republish() async -> Int {
         var published = 0
-        for (key, entry) in current.sorted(by: { $0.key < $1.key }) {
-            if (try? await set(key, entry.value, ttl: entry.ttl)) != nil { published += 1 }
+        for key in wanted.keys.sorted() {
+            await takeTurn(of: key)
+            defer { passTurn(of: key) }
+            guard let entry = wanted[key] else { continue }
+            if (try? await write(key, entry.value, ttl: entry.ttl)) != nil { published += 1 }
         }
         return published
     }
 
-    /// The keys this publisher has set.
-    public var keys: [String] { current.keys.sorted() }
+    /// The keys this publisher has set (and not deleted).
+    public var keys: [String] { wanted.filter { $0.value.value != nil }.keys.sorted() }
 
     /// Publishes nothing more (graceful shutdown, once the service's work has stopped).
     public func close() { closed = true }
+
+    /// One write of `key`, its turn taken.
+    private func write(_ key: String, _ value: JSONValue?, ttl: Double?) async throws(BusError) -> UInt64 {
+        guard !closed else { throw .closed }
+        let sequence = try await client.publish(key: key, value: value, ttl: ttl, asService: true)
+        acknowledged(key, value)
+        return sequence
+    }
+
+    /// Keeps `value` as what `key` should hold, for ``republish()``.
+    private func want(_ key: String, _ value: JSONValue?, ttl: Double?) {
+        wanted[key] = (value?.isNull == false ? value : nil, ttl)
+    }
+
+    /// Forgets a deletion of `key` the kernel acknowledged, unless another value was asked since.
+    private func acknowledged(_ key: String, _ value: JSONValue?) {
+        if value?.isNull != false, let entry = wanted[key], entry.value == nil { wanted[key] = nil }
+    }
+
+    /// Returns once no other write of `key` is at the kernel or ahead in the queue.
+    private func takeTurn(of key: String) async {
+        guard writing[key] != nil else {
+            writing[key] = []
+            return
+        }
+        await withCheckedContinuation { writing[key]!.append($0) }
+    }
+
+    /// Hands `key` to the next write waiting for it, if any.
+    private func passTurn(of key: String) {
+        guard var waiting = writing[key], !waiting.isEmpty else {
+            writing[key] = nil
+            return
+        }
+        let next = waiting.removeFirst()
+        writing[key] = waiting
+        next.resume()
+    }
 }

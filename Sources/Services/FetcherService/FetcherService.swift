@@ -252,15 +252,9 @@ public actor FetcherService: BusService, ServiceWork {
     private func publish(_ dataset: Dataset) async {
         guard let publisher else { return }
         do {
-            // Publications of one dataset interleave at the await (the start's republish beside
-            // a refresh that installs a copy), and two of them can reach the kernel in either
-            // order: one whose summary is no longer the dataset's once it is acknowledged sends
-            // the current one, so what the kernel holds last is never older than the copy loaded.
-            var sent: [String: JSONValue]
-            repeat {
-                sent = summary(dataset)
-                try await publisher.set(FetcherAPI.catalogPrefix + dataset.rawValue, .object(sent))
-            } while summary(dataset) != sent
+            // Publications of one dataset can overlap (the start's republish beside a refresh
+            // that installs a copy): the publisher sends a key's writes in the order asked.
+            try await publisher.set(FetcherAPI.catalogPrefix + dataset.rawValue, .object(summary(dataset)))
             if publishFailing {
                 publishFailing = false
                 logger.notice("publishing again", metadata: ["dataset": "\(dataset)"])
