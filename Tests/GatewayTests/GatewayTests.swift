@@ -531,21 +531,22 @@ struct GatewayTests {
         }
     }
 
-    @Test("behind a proxy in gateway.trusted_proxies, each address it forwards for has its own share (the last X-Forwarded-For entry, the proxy's own); from anyone else the header is not read")
-    func callsBehindProxy() async throws {
+    @Test("behind a proxy in gateway.trusted_proxies, each address it forwards for has its own share (the last X-Forwarded-For entry, the proxy's own); from anyone else the header is not read",
+          arguments: [(listen: "127.0.0.1", trusted: true), (listen: "127.0.0.1", trusted: false),
+                      // Dual-stack: the proxy's IPv4 connection is seen as ::ffff:127.0.0.1.
+                      (listen: "::", trusted: true)])
+    func callsBehindProxy(listen: String, trusted: Bool) async throws {
         let slow = #"{"jsonrpc":"2.0","id":1,"method":"numbers","params":{"n":2,"everyMs":4000}}"#
         let echo = #"{"jsonrpc":"2.0","id":2,"method":"echo","params":{"a":1}}"#
-        for trusted in [true, false] {
-            try await GatewayBed.with({ $0.maxCallsPerAddress = 1; $0.trustedProxies = trusted ? ["127.0.0.1"] : [] }) { bed in
-                let held = try await bed.open("echo", slow, accept: "text/event-stream", forwardedFor: "10.0.0.1")
-                let parts = EventStream(body: held.body)
-                #expect(try await parts.next()?.event == "part")
-                // Another caller the proxy forwards for: its own share, when the proxy is trusted.
-                #expect(try await bed.rpc("echo", echo, forwardedFor: "10.0.0.2").status == (trusted ? 200 : 429), "trusted: \(trusted)")
-                // What the caller itself put before the proxy's entry is not read.
-                #expect(try await bed.rpc("echo", echo, forwardedFor: "10.0.0.2, 10.0.0.1").status == 429, "trusted: \(trusted)")
-                _ = try await parts.until("end")
-            }
+        try await GatewayBed.with({ $0.host = listen; $0.maxCallsPerAddress = 1; $0.trustedProxies = trusted ? ["127.0.0.1"] : [] }) { bed in
+            let held = try await bed.open("echo", slow, accept: "text/event-stream", forwardedFor: "10.0.0.1")
+            let parts = EventStream(body: held.body)
+            #expect(try await parts.next()?.event == "part")
+            // Another caller the proxy forwards for: its own share, when the proxy is trusted.
+            #expect(try await bed.rpc("echo", echo, forwardedFor: "10.0.0.2").status == (trusted ? 200 : 429), "trusted: \(trusted)")
+            // What the caller itself put before the proxy's entry is not read.
+            #expect(try await bed.rpc("echo", echo, forwardedFor: "10.0.0.2, 10.0.0.1").status == 429, "trusted: \(trusted)")
+            _ = try await parts.until("end")
         }
     }
 

@@ -134,11 +134,11 @@ struct ConfigFileTests {
                   writable_prefixes: [/client/]
               cors_origins: [https://apps.example]
               max_calls_per_address: 16
-              trusted_proxies: [10.0.0.5, "0:0:0:0:0:0:0:1"]
+              trusted_proxies: [10.0.0.5, "0:0:0:0:0:0:0:1", "::FFFF:10.0.0.6"]
             """)
         let gateway = file.gateway
-        // An address as a connection's is written.
-        #expect(gateway.maxCallsPerAddress == 16 && gateway.trustedProxies == ["10.0.0.5", "::1"], "\(gateway.trustedProxies)")
+        // An address as a connection's is written, an IPv4 address mapped into IPv6 as IPv4.
+        #expect(gateway.maxCallsPerAddress == 16 && gateway.trustedProxies == ["10.0.0.5", "::1", "10.0.0.6"], "\(gateway.trustedProxies)")
         #expect(gateway.enabled && gateway.host == "::1" && gateway.port == 9090 && gateway.maxBodyBytes == 2048)
         #expect(gateway.prefixes == ["/pricing/", "/store/"] && gateway.heartbeat == .seconds(5) && gateway.corsOrigins == ["https://apps.example"])
         #expect(gateway.tokens == [GatewayToken(token: "0123456789abcdef-page", services: ["search", "pricing"], readablePrefixes: ["/pricing/"]),

@@ -102,9 +102,8 @@ extension GatewaySettings {
         if let value = try gateway.integer("snapshot_bytes_per_minute", atMost: 1 << 40) { snapshotBytesPerMinute = value }
         if let value = try gateway.integer("max_calls_per_address", atMost: 1 << 24) { maxCallsPerAddress = value }
         if let value = try gateway.strings("trusted_proxies") {
-            // As a connection's address is written (an IPv6 address has more than one spelling).
             trustedProxies = try value.map { address throws(ConfigError) in
-                guard let parsed = try? SocketAddress(ipAddress: address, port: 0), let canonical = parsed.ipAddress else {
+                guard let canonical = Self.callerAddress(address) else {
                     throw ConfigError(path: gateway.path("trusted_proxies"), problem: "expected IP addresses (a proxy's, as its connections come from), got '\(address)'")
                 }
                 return canonical
@@ -152,5 +151,23 @@ extension GatewaySettings {
             result.append(GatewayToken(token: token, services: services, writablePrefixes: prefixes, readablePrefixes: readable))
         }
         return result
+    }
+}
+
+extension GatewaySettings {
+    /// `address` written as the gateway compares and counts callers (nil: not an IP address).
+    static func callerAddress(_ address: String) -> String? {
+        (try? SocketAddress(ipAddress: address, port: 0)).flatMap(callerAddress)
+    }
+
+    /// One spelling per address, so that a proxy named in `trusted_proxies` and a caller's
+    /// connections match however they are written: IPv6 as `inet_ntop` writes it (it has
+    /// several spellings), and an IPv4 address mapped into IPv6 (`::ffff:10.0.0.5`, how a
+    /// listener on `::` sees an IPv4 connection) as the IPv4 address it is.
+    static func callerAddress(_ address: SocketAddress) -> String? {
+        guard let text = address.ipAddress else { return nil }
+        let mapped = "::ffff:"
+        if case .v6 = address, text.hasPrefix(mapped), text.contains(".") { return String(text.dropFirst(mapped.count)) }
+        return text
     }
 }

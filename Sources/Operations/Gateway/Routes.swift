@@ -157,10 +157,10 @@ struct Routes: Sendable {
     /// last entry of `X-Forwarded-For`, the one it added itself; the entries before it are
     /// whatever the caller sent, so never read).
     func caller(_ request: Request, _ context: GatewayContext) -> String {
-        let peer = context.remoteAddress?.ipAddress ?? "unknown"
+        let peer = context.remoteAddress.flatMap(GatewaySettings.callerAddress) ?? "unknown"
         guard settings.trustedProxies.contains(peer), let forwarded = request.headers[values: Self.forwardedForField].last,
               let last = forwarded.split(separator: ",").last?.trimmingCharacters(in: .whitespaces), !last.isEmpty else { return peer }
-        return last
+        return GatewaySettings.callerAddress(last) ?? last
     }
     static let forwardedForField = HTTPField.Name("X-Forwarded-For")!
 
