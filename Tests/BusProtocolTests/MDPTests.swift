@@ -250,6 +250,21 @@ struct MDP02Tests {
         #expect(try MDP.decodeAtWorker(Message(Array(encoded.frames.dropFirst()))) == command)
     }
 
+    @Test("a worker command's code read back is that command, in either version; any other byte is none")
+    func workerVerbCodes() {
+        for version in [MDP.Version.v01, .v02] {
+            var known = Set<UInt8>()
+            for verb in MDP.WorkerVerb.allCases {
+                guard let code = verb.code(in: version) else { continue }
+                known.insert(code)
+                #expect(MDP.WorkerVerb(code: code, in: version) == verb, "\(verb) in \(version)")
+            }
+            for code in UInt8.min...UInt8.max where !known.contains(code) {
+                #expect(MDP.WorkerVerb(code: code, in: version) == nil, "\(code) in \(version)")
+            }
+        }
+    }
+
     @Test("the exact bytes of the worker's commands: 0x01 READY, 0x02 REQUEST, 0x03 PARTIAL, 0x04 FINAL, 0x05 HEARTBEAT, 0x06 DISCONNECT")
     func exactBytes() {
         let header = Array("MDPW02".utf8)

@@ -30,13 +30,13 @@ struct HotPathCostTests {
     }
 
     /// The kernel's loop thread, per request (a raw client and worker, one request at a
-    /// time): 18.0 allocations, 373-380 retains, 408-417 releases, 287-294 checks counted on
+    /// time): 13.0 allocations, 373-380 retains, 408-417 releases, 287-294 checks counted on
     /// one machine, idle and beside three busy threads (the least of eight short windows, the
     /// one the loop's timers touched least). Half an allocation and 3% of the others above.
     /// A message's count must not depend on how many turns of the loop it took or how long it
     /// waited: in a debug build each element a generic iterator reads is an allocation, so
     /// the loop's turn and the kernel's per-request code walk their arrays by index.
-    static let kernelRequest = Counts(allocations: 18.5, retains: 391, releases: 430, accessChecks: 303)
+    static let kernelRequest = Counts(allocations: 13.5, retains: 391, releases: 430, accessChecks: 303)
     /// The kernel's loop thread, per CHP update to one subscriber (5.05, 197-201, 210-215, 123-128).
     static let kernelUpdate = Counts(allocations: 5.5, retains: 207, releases: 222, accessChecks: 132)
     /// Per `BusClient.call` to a hosted echo method, one at a time, the client's process and
@@ -44,11 +44,11 @@ struct HotPathCostTests {
     /// Threads meet differently from call to call (a reply that comes before its caller waits
     /// needs no continuation): the client 31.8-32.8 allocations, 223-232 retains, 251-261
     /// releases, 117-126 checks counted idle and beside three busy threads on two cores; the
-    /// host 45.0, 320-329, 355-365, 134-143 (more the busier the machine, so `Scripts/test`
+    /// host 42.0, 320-329, 355-365, 134-143 (more the busier the machine, so `Scripts/test`
     /// runs this test alone). The client's bounds catch a few more a call, not one; the host's
     /// and the kernel's catch one.
     static let clientCall = Counts(allocations: 33.5, retains: 240, releases: 270, accessChecks: 130)
-    static let hostCall = Counts(allocations: 46, retains: 340, releases: 377, accessChecks: 148)
+    static let hostCall = Counts(allocations: 43, retains: 340, releases: 377, accessChecks: 148)
 
     @Test("requests and state updates through the kernel, and calls from a client to a hosted service, cost no more than their bounds")
     func costsPerMessage() async throws {

@@ -409,12 +409,39 @@ extension MDP {
     }
 
     /// A worker-protocol command, whichever version numbered it.
-    private enum WorkerVerb: CaseIterable, CustomStringConvertible {
+    enum WorkerVerb: CaseIterable, CustomStringConvertible {
         case ready, request, partial, final, heartbeat, disconnect
         var description: String {
             switch self {
             case .ready: "READY"; case .request: "REQUEST"; case .partial: "PARTIAL"; case .final: "FINAL"
             case .heartbeat: "HEARTBEAT"; case .disconnect: "DISCONNECT"
+            }
+        }
+
+        /// The verb whose code in `version` is `code` (``code(in:)`` read backwards), nil for
+        /// none. A switch, not a search of `allCases`: it runs for every message a worker
+        /// sends, and a search builds the array of cases each time.
+        init?(code: UInt8, in version: Version) {
+            switch version {
+            case .v01:
+                switch Command(rawValue: code) {
+                case .ready: self = .ready
+                case .request: self = .request
+                case .reply: self = .final
+                case .heartbeat: self = .heartbeat
+                case .disconnect: self = .disconnect
+                case nil: return nil
+                }
+            case .v02:
+                switch WorkerCommand02(rawValue: code) {
+                case .ready: self = .ready
+                case .request: self = .request
+                case .partial: self = .partial
+                case .final: self = .final
+                case .heartbeat: self = .heartbeat
+                case .disconnect: self = .disconnect
+                case nil: return nil
+                }
             }
         }
 
@@ -439,7 +466,7 @@ extension MDP {
 
     /// The command whose one-byte code is part `index` of `frames`.
     private static func workerVerb(_ frames: some MessageParts, at index: Int, _ version: Version) throws(ProtocolError) -> WorkerVerb {
-        guard let code = frames.commandCode(index), let verb = WorkerVerb.allCases.first(where: { $0.code(in: version) == code }) else {
+        guard let code = frames.commandCode(index), let verb = WorkerVerb(code: code, in: version) else {
             throw ProtocolError("MDP", "unknown worker command \(frames.frame(index))")
         }
         return verb
