@@ -5,10 +5,13 @@ import Contracts
 /// sequence number, unlike the lossy CHP collector), and remembers what was asked of each so
 /// that ``republish()`` can restore it after a kernel restart, a write that failed included.
 ///
-/// The writes of one key reach the kernel one at a time, in the order they were asked: a
-/// write waits for the one before it to be acknowledged (or to fail). Two writes in flight at
-/// once could land in either order (one of them resent on a new connection, say), and the
-/// kernel would keep the older value; the other keys' writes do not wait.
+/// The writes of one key reach the kernel one at a time, in the order the calls reach this
+/// actor: a write waits for the one before it to be acknowledged (or to fail). Two writes in
+/// flight at once could land in either order (one of them resent on a new connection, say),
+/// and the kernel would keep the older value; the other keys' writes do not wait. Calls from
+/// different tasks may reach the actor in another order than they were made (a waiting task
+/// of higher priority runs first): a caller that must not publish an older value after a
+/// newer one checks, once acknowledged, that what it sent is still current.
 public actor StatePublisher {
     private let client: BusClient
     /// Each key's value as last asked; nil: a deletion not yet acknowledged.

@@ -31,6 +31,8 @@ public actor PricingService: BusService, ServiceWork {
     /// What `/pricing/route/current` and `/pricing/deal/today` last carried.
     private var publishedRoute: RoutePrice?
     private var publishedDeal: PricingAPI.Deal?
+    /// The value `/pricing/route/current` was last asked to hold.
+    private var routeValue: JSONValue?
 
     private let catalog: Subscription?
 
@@ -280,7 +282,15 @@ public actor PricingService: BusService, ServiceWork {
         value.previousTotal = previous?.total
         value.pricedAt = Timestamp.format(Date())
         do {
-            _ = try await publisher.set(PricingAPI.StateKeys.routeCurrent, try JSONValue(encoding: value))
+            routeValue = try JSONValue(encoding: value)
+            // Two publications can reach the publisher in another order than they were made
+            // (see StatePublisher): one that is no longer the latest once acknowledged sends
+            // the latest, so the kernel never keeps an older price after a newer one.
+            var sent: JSONValue?
+            repeat {
+                sent = routeValue
+                _ = try await publisher.set(PricingAPI.StateKeys.routeCurrent, sent)
+            } while routeValue != sent
         } catch {
             logger.warning("cannot publish the current route", metadata: ["problem": "\(error)"])
         }
