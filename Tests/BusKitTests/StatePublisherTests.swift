@@ -92,6 +92,26 @@ struct StatePublisherTests {
         }
     }
 
+    @Test("a value that changed while its write was on the way is written again once that write is acknowledged, until the latest is the one written")
+    func toLatest() async throws {
+        actor Latest {
+            var value: JSONValue = ["price": 1]
+            func change(to value: JSONValue) { self.value = value }
+        }
+        try await StateKernelStandIn.with { kernel, publisher in
+            let latest = Latest()
+            let written = Task { try await publisher.set("/svc/route", toLatest: { await latest.value }) }
+            let first = try await kernel.nextWrite()
+            #expect(first.value == ["price": 1])
+            await latest.change(to: ["price": 2])
+            try kernel.acknowledge(first, sequence: 1)
+            let second = try await kernel.nextWrite()
+            #expect(second.key == "/svc/route" && second.value == ["price": 2], "the older value was the last written")
+            try kernel.acknowledge(second, sequence: 2)
+            #expect(try await written.value == 2)
+        }
+    }
+
     @Test("republish sends each key as last asked: a write the kernel refused goes again, an acknowledged deletion does not")
     func republishSendsWhatWasAsked() async throws {
         try await StateKernelStandIn.with { kernel, publisher in

@@ -10,8 +10,8 @@ import Contracts
 /// flight at once could land in either order (one of them resent on a new connection, say),
 /// and the kernel would keep the older value; the other keys' writes do not wait. Calls from
 /// different tasks may reach the actor in another order than they were made (a waiting task
-/// of higher priority runs first): a caller that must not publish an older value after a
-/// newer one checks, once acknowledged, that what it sent is still current.
+/// of higher priority runs first): a caller whose value changes while a write is on the way
+/// sets it with ``set(_:toLatest:)``.
 public actor StatePublisher {
     private let client: BusClient
     /// Each key's value as last asked; nil: a deletion not yet acknowledged.
@@ -33,6 +33,21 @@ public actor StatePublisher {
         await takeTurn(of: key)
         defer { passTurn(of: key) }
         return try await write(key, value, ttl: ttl)
+    }
+
+    /// Sets `key` to what `latest` gives, and again while that has changed by the time the
+    /// kernel acknowledged the write: what the kernel keeps last is the caller's latest value
+    /// even when another task's call with an older one reaches this actor after its own.
+    /// Returns the last write's sequence number.
+    @discardableResult
+    public func set(_ key: String, toLatest latest: @Sendable () async -> JSONValue?) async throws(BusError) -> UInt64 {
+        var sent: JSONValue?
+        var sequence: UInt64
+        repeat {
+            sent = await latest()
+            sequence = try await set(key, sent)
+        } while await latest() != sent
+        return sequence
     }
 
     /// Sets several keys in one message to the kernel (a JSON-RPC batch of `state.set`; more

@@ -253,17 +253,9 @@ public actor FetcherService: BusService, ServiceWork {
         guard let publisher else { return }
         do {
             // Publications of one dataset can overlap (the start's republish beside a refresh
-            // that installs a copy, or the re-registration's republish). The publisher sends a
-            // key's writes in the order they reach it, but two tasks' calls can reach it in
-            // another order than their summaries were made (an actor runs a waiting task of
-            // higher priority first): one whose summary is no longer the dataset's once it is
-            // acknowledged sends the current one, so what the kernel holds last is never older
-            // than the copy loaded.
-            var sent: [String: JSONValue]
-            repeat {
-                sent = summary(dataset)
-                try await publisher.set(FetcherAPI.catalogPrefix + dataset.rawValue, .object(sent))
-            } while summary(dataset) != sent
+            // that installs a copy, or the re-registration's republish): the kernel keeps the
+            // summary of the copy loaded last.
+            try await publisher.set(FetcherAPI.catalogPrefix + dataset.rawValue, toLatest: { .object(await self.summary(dataset)) })
             if publishFailing {
                 publishFailing = false
                 logger.notice("publishing again", metadata: ["dataset": "\(dataset)"])

@@ -283,14 +283,8 @@ public actor PricingService: BusService, ServiceWork {
         value.pricedAt = Timestamp.format(Date())
         do {
             routeValue = try JSONValue(encoding: value)
-            // Two publications can reach the publisher in another order than they were made
-            // (see StatePublisher): one that is no longer the latest once acknowledged sends
-            // the latest, so the kernel never keeps an older price after a newer one.
-            var sent: JSONValue?
-            repeat {
-                sent = routeValue
-                _ = try await publisher.set(PricingAPI.StateKeys.routeCurrent, sent)
-            } while routeValue != sent
+            // Publications can overlap: the kernel keeps the latest price, never an older one.
+            try await publisher.set(PricingAPI.StateKeys.routeCurrent, toLatest: { await self.routeValue })
         } catch {
             logger.warning("cannot publish the current route", metadata: ["problem": "\(error)"])
         }
