@@ -294,8 +294,9 @@ struct SBTests {
                                          environment: bus.environment)
         #expect(shell.status == 64 && shell.stderr.contains("not valid UTF-8") && shell.stdout.isEmpty, "\(shell)")
         // In a script, that line is answered -32700 and the others run.
-        let script = Data(#"{"service":"echo","method":"echo","params":{"a":"x"}}"#.utf8) + Data([0x0A])
-            + Data(#"{"service":"echo","method":"echo","params":{"a":""#.utf8) + Data([0xFF]) + Data(#""}}"#.utf8) + Data([0x0A])
+        let good = Array(#"{"service":"echo","method":"echo","params":{"a":"x"}}"#.utf8)
+        let bad = Array(#"{"service":"echo","method":"echo","params":{"a":""#.utf8) + [0xFF] + Array(#""}}"#.utf8)
+        let script = Data([good, bad].joined(separator: [0x0A]) + [0x0A])
         let run = try await runCommand(sbExecutable(), ["run", "-", "--continue-on-error"], environment: bus.environment, input: script)
         let answers = try jsonLines(run.stdout)
         #expect(answers.count == 2 && answers[0]["result"] == ["a": "x"] && answers[1]["error"]?["code"] == -32700, "\(run)")
