@@ -480,6 +480,8 @@ struct FlightHistory: AsyncParsableCommand {
         abstract: "The chosen route's prices over time, as the streams service keeps them (stream route-prices), oldest first.",
         discussion: """
             Each line is one price pricing published: when, the route, its total and the total before.
+            A price the kernel lost (restarted without its state) and pricing published again
+            unchanged is one line, as it is one price.
             Examples:
               sb flights history
               sb flights history --last 100 --json
@@ -488,7 +490,7 @@ struct FlightHistory: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
-    @Option(parsing: .unconditional, help: "The last this many prices (default 20, at most 1000).") var last = 20
+    @Option(parsing: .unconditional, help: "Read the stream's last this many messages (default 20, at most 1000).") var last = 20
 
     func run() async throws {
         let asked = StreamsAPI.ReadMessages(name: PricingAPI.routeHistoryStream, last: last, filter: PricingAPI.StateKeys.routeCurrent)
@@ -505,10 +507,19 @@ struct FlightHistory: AsyncParsableCommand {
                 return
             }
             var rows: [[String]] = []
+            // Pricing never deletes the route: a deletion is the kernel's state lost (a restart
+            // without it), and the value after it pricing's last one published again, which
+            // is not a new price (each price carries the time it was made).
+            var shown: JSONValue?
             for message in read.value.messages {
                 let change = try? message.data.decode(as: StreamsAPI.StateChange.self)
+                if let change, change.value == nil, change.valueBytes == nil { continue }
+                if let value = change?.value {
+                    if value == shown { continue }
+                    shown = value
+                }
                 guard let route = try? change?.value?.decode(as: PricingAPI.CurrentRoute.self) else {
-                    rows.append([message.published, "-", "(no route)", "", ""])
+                    rows.append([message.published, "-", "(not a route)", "", ""])
                     continue
                 }
                 let legs = [route.outbound, route.inbound].compactMap { $0.map { "\($0.id) \($0.departureAirportCode)→\($0.arrivalAirportCode)" } }
