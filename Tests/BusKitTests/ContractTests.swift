@@ -185,3 +185,26 @@ struct ExactlyOnceTests {
         await kernel.stop()
     }
 }
+
+@Suite("Batches: one reply holding a response to each request, in order")
+struct BatchReplyTests {
+    @Test("a response to each request in the batch's order; none to a notification; a member that is no request answered -32600; a batch of notifications alone: no reply")
+    func batches() async throws {
+        let counter = Counter()
+        let table = MethodTable(of: counter)
+        let batch = #"[{"jsonrpc":"2.0","method":"bump"},{"jsonrpc":"2.0","id":1,"method":"peek"},42,{"jsonrpc":"2.0","method":"bump"},{"jsonrpc":"2.0","id":"b","method":"nope"}]"#
+        let answered = await table.answer(body: Array(batch.utf8), on: counter)
+        let responses = try JSONRPC.parseResponses(answered.reply)
+        #expect(responses.map(\.id) == [.number(1), .null, .string("b")], "\(String(decoding: answered.reply, as: UTF8.self))")
+        #expect(try responses.first?.outcome.get() == 1, "the bump before it ran first")
+        let codes = responses.dropFirst().map { response -> Int? in
+            guard case .failure(let error) = response.outcome else { return nil }
+            return error.code
+        }
+        #expect(codes == [JSONRPCError.invalidRequestCode, JSONRPCError.methodNotFoundCode])
+        #expect(answered.errors == 2)
+        let notifications = #"[{"jsonrpc":"2.0","method":"bump"},{"jsonrpc":"2.0","method":"bump"}]"#
+        #expect(await table.answer(body: Array(notifications.utf8), on: counter) == ([], 0))
+        #expect(await counter.count == 4)
+    }
+}

@@ -460,16 +460,26 @@ public enum JSONRPC {
         envelope(id: id, member: #","jsonrpc":"2.0","result":"#, text: resultText)
     }
 
+    /// ``resultReply(id:resultText:)`` written at the end of `output`: a batch's responses
+    /// written into one buffer copy each result once.
+    public static func appendResultReply(id: JSONRPCID, resultText: [UInt8], to output: inout [UInt8]) {
+        appendEnvelope(id: id, member: #","jsonrpc":"2.0","result":"#, text: resultText, to: &output)
+    }
+
     /// `{"id":ID` + `member` (which names the last member) + `text` + `}`: keys in sorted order.
     private static func envelope(id: JSONRPCID, member: StaticString, text: [UInt8]) -> [UInt8] {
         var output: [UInt8] = []
         output.reserveCapacity(40 + text.count)
+        appendEnvelope(id: id, member: member, text: text, to: &output)
+        return output
+    }
+
+    private static func appendEnvelope(id: JSONRPCID, member: StaticString, text: [UInt8], to output: inout [UInt8]) {
         output.append(contentsOf: #"{"id":"#.utf8)
         id.write(into: &output)
         output.append(contentsOf: UnsafeBufferPointer(start: member.utf8Start, count: member.utf8CodeUnitCount))
         output.append(contentsOf: text)
         output.append(UInt8(ascii: "}"))
-        return output
     }
 
     /// One part of a reply in parts (an 18/MDP PARTIAL's body): `{"id":ID,"jsonrpc":"2.0","part":PART}`,

@@ -256,28 +256,51 @@ public struct MethodTable<Service: BusService>: Sendable {
     /// The reply to a body, from the outcome of each of its valid requests (in order):
     /// notifications get none; an error thrown that is no ``JSONRPCError`` is -32603.
     private static func reply(_ incoming: JSONRPCIncoming, _ outcomes: [Result<[UInt8], any Error>]) -> (reply: [UInt8], errors: Int) {
+        // Every response is written into the one reply, reserved whole: a result is copied
+        // once (a batch's reply can be as large as the message limit, built in one go).
+        var reply: [UInt8] = []
+        reply.reserveCapacity(outcomes.reduce(2) { room, outcome in room + 1 + ((try? outcome.get())?.count ?? 0) + ReplyBudget.errorRoom })
         var outcomes = outcomes.makeIterator()
-        func response(_ item: JSONRPCItem) -> (reply: [UInt8], isError: Bool)? {
+        /// Writes the response to `item` (none to a notification); returns whether it was an error.
+        func respond(to item: JSONRPCItem, into reply: inout [UInt8]) -> Bool? {
             switch item {
-            case .invalid(let response): return (response.jsonBytes, true)
+            case .invalid(let response):
+                reply += response.jsonBytes
+                return true
             case .request(let request):
                 let outcome = outcomes.next()!
                 guard let id = request.id else { return nil }
                 switch outcome {
-                case .success(let result): return (JSONRPC.resultReply(id: id, resultText: result), false)
-                case .failure(let error as JSONRPCError): return (JSONRPCResponse(id: id, error: error).jsonBytes, true)
-                case .failure(let error): return (JSONRPCResponse(id: id, error: .internalError(String(describing: error))).jsonBytes, true)
+                case .success(let result):
+                    JSONRPC.appendResultReply(id: id, resultText: result, to: &reply)
+                    return false
+                case .failure(let error as JSONRPCError): reply += JSONRPCResponse(id: id, error: error).jsonBytes
+                case .failure(let error): reply += JSONRPCResponse(id: id, error: .internalError(String(describing: error))).jsonBytes
                 }
+                return true
             }
         }
         switch incoming {
         case .unusable(let response): return (response.jsonBytes, 1)
         case .single(let item):
-            guard let answer = response(item) else { return ([], 0) }
-            return (answer.reply, answer.isError ? 1 : 0)
+            guard let isError = respond(to: item, into: &reply) else { return ([], 0) }
+            return (reply, isError ? 1 : 0)
         case .batch(let items):
-            let answers = items.compactMap(response)
-            return (JSONRPC.batchReply(answers.map(\.reply)) ?? [], answers.filter(\.isError).count)
+            // `[`, the responses separated by commas, `]`; nothing when every request was a notification.
+            reply.append(UInt8(ascii: "["))
+            var errors = 0, written = 0
+            for item in items {
+                if written > 0 { reply.append(UInt8(ascii: ",")) }
+                guard let isError = respond(to: item, into: &reply) else {
+                    if written > 0 { reply.removeLast() }  // the comma: a notification is not answered
+                    continue
+                }
+                written += 1
+                if isError { errors += 1 }
+            }
+            guard written > 0 else { return ([], 0) }
+            reply.append(UInt8(ascii: "]"))
+            return (reply, errors)
         }
     }
 }
