@@ -463,6 +463,7 @@ struct SBTests {
 
         let items = try await bus.sb("items", "--natural", "--list", "1")
         #expect(items.stdout.hasPrefix("List 1 (81 items)\n  Item 0"))
+        #expect(items.stdout.hasSuffix("81 items in list 1; 160 without a name left out\n"))
 
         #expect(try await bus.sb("news", "headlines").stdout.contains("no news sources are selected"))
         let sources = try await bus.sb("news", "sources", "--select", "bbc-news", "reuters")

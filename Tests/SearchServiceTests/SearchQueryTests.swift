@@ -173,7 +173,8 @@ struct SearchQueryTests {
 
         let natural = try await items(SearchAPI.Items(order: .natural, listId: 1))
         let naturalGroups = try #require(natural["groups"]?.arrayValue)
-        #expect(naturalGroups.count == 1 && natural["total"] == 81)
+        // Of the list asked for: its items shown, and its items left out (160 of the 680).
+        #expect(naturalGroups.count == 1 && natural["total"] == 81 && natural["dropped"] == 160)
         let ids = naturalGroups[0]["items"]?.arrayValue?.compactMap { $0["id"]?.intValue } ?? []
         #expect(ids == ids.sorted() && ids.count == 81)  // "Item <id>": natural order is id order
 
@@ -199,6 +200,10 @@ struct SearchQueryTests {
         #expect(try await order(.lexical) == [[5, 1, 3, 4], [8]])
         #expect(try await order(.natural) == [[1, 3, 4, 5], [8]])
         #expect(try await items(SearchAPI.Items(order: nil, listId: nil), of: search)["dropped"] == 3)
+        // A list whose items all lack a name has no group, only its count; another list's count is its own.
+        let nameless = try await items(SearchAPI.Items(order: nil, listId: 1), of: search)
+        #expect(nameless["total"] == 0 && nameless["dropped"] == 3 && nameless["groups"] == [])
+        #expect(try await items(SearchAPI.Items(order: nil, listId: 2), of: search)["dropped"] == 0)
     }
 
     @Test("items in parts: a group bigger than a part comes in several, and gathered back it is one group, in order")

@@ -181,7 +181,7 @@ public enum SearchAPI {
         public static let itemsPerPart = 1_000
         public var order: String
         public var total: Int
-        /// Items left out for having no name.
+        /// Items left out for having no name: of the list asked for, or of all.
         public var dropped: Int
         public var groups: [Group]
         public init(order: String, total: Int, dropped: Int, groups: [Group]) {

@@ -224,7 +224,7 @@ struct Items: AsyncParsableCommand {
                     Output.line("  \(item.name)" + Output.styled("  #\(item.id)", .dim))
                 }
             }
-            Output.line(Output.styled("\(answer.total) items; \(answer.dropped) without a name left out", .dim))
+            Output.line(Output.styled("\(answer.total) items\(listId.map { " in list \($0)" } ?? ""); \(answer.dropped) without a name left out", .dim))
         }
     }
 }

@@ -14,8 +14,9 @@ struct ItemIndex: Sendable {
 
     /// The items with a usable name (not null, not empty, not only white space).
     let kept: [HiringItem]
-    /// How many items were left out for their name.
-    let dropped: Int
+    /// How many items of each list were left out for their name (a list whose items all lack
+    /// one has no group, only this count).
+    let droppedByList: [Int: Int]
     let lexical: [Group]
     let natural: [Group]
 
@@ -24,15 +25,19 @@ struct ItemIndex: Sendable {
         kept.reserveCapacity(items.count)
         var arena: [UInt8] = []
         var spans: [(start: Int, count: Int)] = []
+        var droppedByList: [Int: Int] = [:]
         for item in items {
-            guard let name = item.name, name.contains(where: { !$0.isWhitespace }) else { continue }
+            guard let name = item.name, name.contains(where: { !$0.isWhitespace }) else {
+                droppedByList[item.listId, default: 0] += 1
+                continue
+            }
             kept.append(item)
             let start = arena.count
             arena.append(contentsOf: name.utf8)
             spans.append((start, arena.count - start))
         }
         self.kept = kept
-        dropped = items.count - kept.count
+        self.droppedByList = droppedByList
 
         // Group by list id (ascending), members by id first for the ties.
         var byList: [Int: [Int32]] = [:]
@@ -61,4 +66,10 @@ struct ItemIndex: Sendable {
     }
 
     func groups(_ order: NameOrder) -> [Group] { order == .lexical ? lexical : natural }
+
+    /// The items left out for their name: of one list, or of all (nil).
+    func dropped(inList listId: Int?) -> Int {
+        guard let listId else { return droppedByList.values.reduce(0, +) }
+        return droppedByList[listId] ?? 0
+    }
 }

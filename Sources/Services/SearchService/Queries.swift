@@ -116,7 +116,7 @@ extension SearchService {
             }
         }
         let shown = groups.reduce(0) { $0 + $1.members.count }
-        return SearchAPI.GroupedItems(order: order.rawValue, total: shown, dropped: index.dropped, groups: [])
+        return SearchAPI.GroupedItems(order: order.rawValue, total: shown, dropped: index.dropped(inList: params.listId), groups: [])
     }
 
     // MARK: sources.list, headlines.list
