@@ -505,6 +505,21 @@ struct SBTests {
         try await republisher.set(PricingAPI.StateKeys.routeCurrent, last)
         try await capture { captured.count >= before + 2 }
         #expect(try await bus.sb("flights", "history").stdout == priceHistory.stdout)
+        // Priced anew by a restarted pricing, which no longer knows the total before: the same
+        // price, listed once; a new price then says the total listed before it.
+        var repriced = try last.decode(as: PricingAPI.CurrentRoute.self)
+        (repriced.pricedAt, repriced.previousTotal) = ("2030-01-01T00:00:00.000Z", nil)
+        try await republisher.set(PricingAPI.StateKeys.routeCurrent, try JSONValue(encoding: repriced))
+        try await capture { captured.count >= before + 3 }
+        #expect(try await bus.sb("flights", "history").stdout == priceHistory.stdout)
+        (repriced.pricedAt, repriced.status, repriced.total) = ("2030-01-01T00:00:01.000Z", "unavailable", nil)
+        try await republisher.set(PricingAPI.StateKeys.routeCurrent, try JSONValue(encoding: repriced))
+        try await capture { captured.count >= before + 4 }
+        let unavailable = try await bus.sb("flights", "history").stdout.split(separator: "\n").last ?? ""
+        // PRICED, STATUS, ROUTE ..., TOTAL "-", BEFORE "55.00 EUR".
+        let fields = unavailable.split(separator: " ")
+        #expect(fields.first == "2030-01-01T00:00:01.000Z" && fields.dropFirst().first == "unavailable" && fields.suffix(3) == ["-", "55.00", "EUR"], "\(unavailable)")
+        try await republisher.set(PricingAPI.StateKeys.routeCurrent, last)
         let read = try await bus.sb("stream", "read", PricingAPI.routeHistoryStream, "--last", "1")
         #expect(read.status == 0 && read.stdout.contains("/pricing/route/current"), "\(read.stdout)")
         let unrelated = try await bus.sb("flights", "route", "--select", "1", "13")

@@ -479,9 +479,10 @@ struct FlightHistory: AsyncParsableCommand {
         commandName: "history",
         abstract: "The chosen route's prices over time, as the streams service keeps them (stream route-prices), oldest first.",
         discussion: """
-            Each line is one price pricing published: when, the route, its total and the total before.
-            A price the kernel lost (restarted without its state) and pricing published again
-            unchanged is one line, as it is one price.
+            Each line is one price pricing published: when, the route, its total and the total
+            before (the line above's, where a restarted pricing no longer knew it). A price
+            published again unchanged (the kernel restarted without its state, or pricing
+            restarted and priced the route anew) is one line, as it is one price.
             Examples:
               sb flights history
               sb flights history --last 100 --json
@@ -508,23 +509,26 @@ struct FlightHistory: AsyncParsableCommand {
             }
             var rows: [[String]] = []
             // Pricing never deletes the route: a deletion is the kernel's state lost (a restart
-            // without it), and the value after it pricing's last one published again, which
-            // is not a new price (each price carries the time it was made).
-            var shown: JSONValue?
+            // without it). A value that says what the line above says, but for when it was
+            // priced and what pricing remembered of the price before, is that price published
+            // again (after the kernel or pricing restarted), not a new one.
+            var shown: PricingAPI.CurrentRoute?
             for message in read.value.messages {
                 let change = try? message.data.decode(as: StreamsAPI.StateChange.self)
                 if let change, change.value == nil, change.valueBytes == nil { continue }
-                if let value = change?.value {
-                    if value == shown { continue }
-                    shown = value
-                }
                 guard let route = try? change?.value?.decode(as: PricingAPI.CurrentRoute.self) else {
                     rows.append([message.published, "-", "(not a route)", "", ""])
+                    shown = nil
                     continue
                 }
+                var price = route
+                (price.pricedAt, price.previousTotal, price.firstRun) = (nil, nil, nil)
+                if price == shown { continue }
+                let before = route.previousTotal ?? shown?.total
+                shown = price
                 let legs = [route.outbound, route.inbound].compactMap { $0.map { "\($0.id) \($0.departureAirportCode)→\($0.arrivalAirportCode)" } }
                 rows.append([route.pricedAt ?? message.published, route.status, legs.joined(separator: ", "),
-                             route.total?.description ?? "-", route.previousTotal?.description ?? "-"])
+                             route.total?.description ?? "-", before?.description ?? "-"])
             }
             Output.table(["PRICED", "STATUS", "ROUTE", "TOTAL", "BEFORE"], rows)
         }
