@@ -723,6 +723,9 @@ struct GatewayTests {
             let page = try await bed.get("/", token: nil)
             #expect(page.status == 200 && page.text.lowercased().contains("<!doctype html"))
             #expect(try await bed.get("/nothing-here", token: nil).status == 404)
+            // A call sent with GET is told to POST it, not that the service's path is unknown.
+            let notPost = try await bed.get("/rpc/echo")
+            #expect(notPost.status == 405 && notPost.text.contains("-32600") && notPost.text.contains("POST"), "\(notPost)")
 
             let stream = try await bed.events("prefix=/client/")
             _ = try await stream.until("synced")

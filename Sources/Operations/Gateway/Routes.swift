@@ -43,6 +43,10 @@ struct Routes: Sendable {
         let router = Router(context: GatewayContext.self)
         if !settings.corsOrigins.isEmpty { router.add(middleware: AllowedOrigins(origins: Set(settings.corsOrigins))) }
         router.post("/rpc/:service") { request, context in try await rpc(request, context: context) }
+        // A call is a POST: another method on a service's path is told so, not that the path is unknown.
+        for method in [HTTPRequest.Method.get, .put, .patch, .delete] {
+            router.on("/rpc/:service", method: method) { _, _ in Self.onlyPost }
+        }
         router.get("/events") { request, context in try await events(request, context: context) }
         router.get("/streams/:stream/:consumer") { request, context in await consumerMessages(request, context: context) }
         router.get("/metrics") { request, _ in try await metrics(request) }
@@ -359,6 +363,13 @@ struct Routes: Sendable {
 
     static func json(_ status: HTTPResponse.Status, _ value: JSONValue) -> Response {
         reply(status, value.jsonBytes)
+    }
+
+    /// The answer to a method other than POST on `/rpc/{service}`.
+    static var onlyPost: Response {
+        var response = rpcError(.methodNotAllowed, .invalidRequest("a call is sent with POST, its JSON-RPC request as the body"))
+        response.headers[.allow] = "POST"
+        return response
     }
 
     // MARK: GET /events
