@@ -407,7 +407,7 @@ struct ConfigFileTests {
         let text = "kernel:\n  state:\n    backend: etcd\n    etcd:\n      endpoints: [http://127.0.0.1:2379]\n"
             + "pair:\n  role: primary\n  listen: tcp://127.0.0.1:5560\n  peer: tcp://127.0.0.1:6560\n  peer_broker: tcp://127.0.0.1:6555\n"
         let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
-        #expect(error?.path == "pair" && error?.problem.contains("run one kernel on etcd") == true, "\(String(describing: error))")
+        #expect(error?.path == "pair" && error?.problem.contains("leave out pair; a second kernel with the same kernel.state") == true, "\(String(describing: error))")
         // Nor in a cell: a cell's second kernel waits for its election in etcd instead.
         let cell = "kernel:\n  cell:\n    name: a\n    etcd:\n      endpoints: [http://127.0.0.1:2379]\n"
             + "pair:\n  role: primary\n  listen: tcp://127.0.0.1:5560\n  peer: tcp://127.0.0.1:6560\n  peer_broker: tcp://127.0.0.1:6555\n"

@@ -98,7 +98,7 @@ public actor Kernel: BusService {
         }
         guard configuration.pair == nil else {
             phase = .stopped
-            throw KernelRefusal("a pair with kernel.state.backend: etcd is not supported yet: run one kernel on etcd")
+            throw KernelRefusal("a pair with kernel.state.backend: etcd is not supported: leave out the pair; a second kernel on the same etcd is the active kernel's standby through etcd's election")
         }
         let parts = try await whileStarting {
             let link = try await connectState(settings)

@@ -85,7 +85,7 @@ public struct ConfigFile: Sendable, Equatable {
             // A pair's kernels replicate their state to each other; on etcd each would write
             // it there too, fenced by one election that they do not yet share.
             guard kernel.stateEtcd == nil else {
-                throw ConfigError(path: "pair", problem: "a kernel pair with kernel.state.backend: etcd is not supported yet: run one kernel on etcd, or the pair with the state in memory")
+                throw ConfigError(path: "pair", problem: "a kernel pair with kernel.state.backend: etcd is not supported: leave out pair; a second kernel with the same kernel.state, on another machine, is the active kernel's standby through etcd's election (docs/STATE-ON-ETCD.md); or keep the pair with the state in memory")
             }
             // A cell's kernels are told apart in its directory by the election of its state in
             // etcd, which a pair link does not take part in.
