@@ -319,7 +319,7 @@ let package = Package(
             name: "sb",
             dependencies: [
                 "BusBench", "Contracts", "Telemetry",
-                "BusKit", "BusProtocol", "ZeroMQ",
+                "BusKit", "BusProtocol", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),

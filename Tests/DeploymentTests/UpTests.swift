@@ -237,6 +237,11 @@ struct UpTests {
         #expect(missing.status == 78 && missing.stderr.contains("security.keys_dir: \(folder.path)/keys/kernel.key is missing or unreadable (`switchboard up` creates it on first run)"), "\(missing.stderr)")
         let unknownService = try await runCommand(switchboardExecutable(), ["serve", "mailer"])
         #expect(unknownService.status == 64 && unknownService.stderr.contains("unknown service 'mailer'"))
+        // A mistyped endpoint is a usage error naming its flag, before any socket is opened.
+        let badBind = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path, "--broker", "tcp://127.0.0.1:port"])
+        #expect(badBind.status == 64 && badBind.stderr.contains("--broker 'tcp://127.0.0.1:port' is not an endpoint"), "\(badBind)")
+        let badBroker = try await runCommand(switchboardExecutable(), ["serve", "echo", "--broker", "127.0.0.1:5555"])
+        #expect(badBroker.status == 64 && badBroker.stderr.contains("--broker 127.0.0.1:5555: give tcp://HOST:PORT"), "\(badBroker)")
     }
 }
 

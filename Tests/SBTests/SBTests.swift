@@ -273,7 +273,7 @@ struct SBTests {
         let bus = try await SBBus.start()
         let bare = try await bus.sb("request", "echo", "echo", #""str""#)
         #expect(bare.status == 64 && bare.stderr.contains("PARAMS must be a JSON object or array"), "\(bare)")
-        for endpoint in ["garbage://x", "tcp://", "localhost:5555"] {
+        for endpoint in ["garbage://x", "tcp://", "localhost:5555", "tcp://127.0.0.1:port", "tcp://:5555", "inproc://kernel"] {
             let bad = try await bus.sb("services", "--endpoint", endpoint)
             #expect(bad.status == 64 && bad.stderr.contains("is not an endpoint"), "\(endpoint): \(bad)")
         }

@@ -74,7 +74,10 @@ struct ConfigFileTests {
         ("kernels: {}", "kernels: unknown key"),
         ("kernel:\n  heartbeat_ms: fast", #"kernel.heartbeat_ms: expected an integer from 1 to 3600000, got "fast""#),
         ("kernel:\n  liveness: -1", "kernel.liveness: expected an integer from 1 to 1000, got -1"),
-        ("kernel:\n  broker: localhost:5555", #"kernel.broker: expected an endpoint such as tcp://127.0.0.1:5555, got "localhost:5555""#),
+        ("kernel:\n  broker: localhost:5555", #"kernel.broker: expected an endpoint such as tcp://127.0.0.1:5555, ipc:///PATH or inproc://NAME, got "localhost:5555""#),
+        // A TCP endpoint's port is a number (or * to bind any), named here rather than by libzmq once up runs.
+        ("kernel:\n  broker: tcp://127.0.0.1:notaport", #"kernel.broker: expected an endpoint such as tcp://127.0.0.1:5555, ipc:///PATH or inproc://NAME, got "tcp://127.0.0.1:notaport""#),
+        ("pair:\n  role: primary\n  listen: tcp://127.0.0.1\n  peer: tcp://127.0.0.1:6560\n  peer_broker: tcp://127.0.0.1:6555", #"pair.listen: expected an endpoint"#),
         ("kernel:\n  writable_prefixes: [client]", "kernel.writable_prefixes: expected key prefixes starting with '/'"),
         ("kernel: [1, 2]", "kernel: expected a mapping of keys to values, got a list"),
         ("kernel: {broker: [", "not valid YAML"),

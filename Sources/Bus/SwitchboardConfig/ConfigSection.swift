@@ -115,14 +115,27 @@ public struct ConfigSection: @unchecked Sendable {
         return level
     }
 
-    /// A ZeroMQ endpoint as text (`tcp://`, `ipc://` or `inproc://`); whether it binds is
-    /// the socket's business.
+    /// A ZeroMQ endpoint as text (``isEndpoint(_:schemes:)``); whether it binds is the
+    /// socket's business.
     public func endpoint(_ key: String) throws(ConfigError) -> String? {
         guard let value = values[key] else { return nil }
-        guard let text = value as? String, ["tcp://", "ipc://", "inproc://"].contains(where: { text.hasPrefix($0) }), text.count > 8 else {
-            throw refuse(key, expected: "an endpoint such as tcp://127.0.0.1:5555")
+        guard let text = value as? String, Self.isEndpoint(text) else {
+            throw refuse(key, expected: "an endpoint such as tcp://127.0.0.1:5555, ipc:///PATH or inproc://NAME")
         }
         return text
+    }
+
+    /// Whether `text` is an endpoint libzmq takes, of one of `schemes`: tcp://HOST:PORT (HOST
+    /// a name, an address, an IPv6 address in brackets or `*`; PORT a number, or `*` to bind
+    /// any), ipc://PATH, inproc://NAME. Checked where the endpoint is given, so a mistyped one
+    /// is named there rather than refused by libzmq later as an invalid argument.
+    public static func isEndpoint(_ text: String, schemes: [String] = ["tcp://", "ipc://", "inproc://"]) -> Bool {
+        guard let scheme = schemes.first(where: { text.hasPrefix($0) }) else { return false }
+        let rest = text.dropFirst(scheme.count)
+        guard scheme == "tcp://" else { return !rest.isEmpty }
+        guard let colon = rest.lastIndex(of: ":"), colon != rest.startIndex else { return false }
+        let port = rest[rest.index(after: colon)...]
+        return port == "*" || UInt16(port) != nil
     }
 
     /// HOST:PORT, the host bare or an IPv6 address in brackets.

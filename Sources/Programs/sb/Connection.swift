@@ -3,6 +3,7 @@ import BusKit
 import BusProtocol
 import Contracts
 import Foundation
+import SwitchboardConfig
 import ZeroMQ
 
 /// Where the kernel is and how long to wait: shared by every verb.
@@ -74,15 +75,11 @@ struct ConnectionOptions: ParsableArguments {
     /// The broker endpoints, each checked to be one sb can connect to (a usage error otherwise).
     var checkedBrokers: [String] {
         get throws {
-            for broker in brokers where !(Self.isEndpoint(broker, schemes: ["tcp://", "ipc://"])) {
+            for broker in brokers where !ConfigSection.isEndpoint(broker, schemes: ["tcp://", "ipc://"]) {
                 throw ValidationError("--endpoint: '\(broker)' is not an endpoint such as tcp://127.0.0.1:5555 or ipc:///path")
             }
             return brokers
         }
-    }
-
-    static func isEndpoint(_ text: String, schemes: [String]) -> Bool {
-        schemes.contains { text.hasPrefix($0) && text.count > $0.count }
     }
 
     var requestTimeout: Duration {

@@ -45,6 +45,11 @@ struct KernelCommand: AsyncParsableCommand {
                               ("--max-message-size", maxMessageSize)] {
             if let value, value <= 0 { throw ValidationError("\(name) must be positive") }
         }
+        for (name, value) in [("--broker", broker), ("--snapshot", snapshot), ("--publisher", publisher), ("--collector", collector)] {
+            if let value, !ConfigSection.isEndpoint(value) {
+                throw ValidationError("\(name) '\(value)' is not an endpoint such as tcp://127.0.0.1:5555, ipc:///PATH or inproc://NAME")
+            }
+        }
     }
 
     /// The file's settings with the flags applied on top.

@@ -42,6 +42,9 @@ struct KernelEndpointOptions: ParsableArguments {
     var state: [String] = []
 
     func validate() throws {
+        for endpoint in broker where !ConfigSection.isEndpoint(endpoint, schemes: ["tcp://", "ipc://"]) {
+            throw ValidationError("--broker \(endpoint): give tcp://HOST:PORT or ipc:///PATH")
+        }
         for endpoints in state where StateEndpoints(endpoints) == nil {
             throw ValidationError("--state \(endpoints): give tcp://HOST:PORT (the snapshot; the publisher is on the next port) or snapshot,publisher,collector")
         }
