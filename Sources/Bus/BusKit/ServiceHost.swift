@@ -590,9 +590,12 @@ actor WorkerConnection {
                 drained.append(continuation)
                 loop.schedule(after: timeout) { [weak self] in
                     self?.assumeIsolated { connection in
-                        if connection.busy > 0 || !connection.drainAcknowledged || connection.unsent {
+                        if connection.busy > 0 || connection.unsent {
                             connection.logger.warning("drain timed out; unregistering with requests still in flight (the kernel sends them to another worker)",
                                                       metadata: ["connection": "\(connection.index)", "inFlight": "\(connection.busy)"])
+                        } else if !connection.drainAcknowledged {
+                            connection.logger.warning("drain timed out: the kernel did not acknowledge it (nothing was in flight); unregistering",
+                                                      metadata: ["connection": "\(connection.index)"])
                         }
                         for waiter in connection.drained { waiter.resume() }
                         connection.drained.removeAll()
