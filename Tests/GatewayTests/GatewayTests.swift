@@ -128,8 +128,9 @@ struct GatewayBed {
         return try await http.execute(request, timeout: .seconds(30))
     }
 
-    func get(_ path: String, token: String? = fullToken) async throws -> (status: UInt, text: String) {
+    func get(_ path: String, token: String? = fullToken, method: HTTPMethod = .GET) async throws -> (status: UInt, text: String) {
         var request = HTTPClientRequest(url: "\(base)\(path)")
+        request.method = method
         if let token { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
         let response = try await http.execute(request, timeout: .seconds(10))
         let bytes = try await response.body.collect(upTo: 1 << 22)
@@ -723,6 +724,10 @@ struct GatewayTests {
             let page = try await bed.get("/", token: nil)
             #expect(page.status == 200 && page.text.lowercased().contains("<!doctype html"))
             #expect(try await bed.get("/nothing-here", token: nil).status == 404)
+            // HEAD as health checks send it: GET's status, no body; not on an event stream, which only a GET opens.
+            let head = try await bed.get("/healthz", token: nil, method: .HEAD), pageHead = try await bed.get("/", token: nil, method: .HEAD)
+            #expect(head.status == 200 && head.text.isEmpty && pageHead.status == 200 && pageHead.text.isEmpty, "\(head) \(pageHead)")
+            #expect(try await bed.get("/events?prefix=/client/", method: .HEAD).status == 405)
             // A call sent with GET is told to POST it, not that the service's path is unknown.
             let notPost = try await bed.get("/rpc/echo")
             #expect(notPost.status == 405 && notPost.text.contains("-32600") && notPost.text.contains("POST"), "\(notPost)")

@@ -40,7 +40,9 @@ struct Routes: Sendable {
     var settings: GatewaySettings { options.settings }
 
     func router() -> Router<GatewayContext> {
-        let router = Router(context: GatewayContext.self)
+        // HEAD is answered wherever GET is (health checks and monitors send it), as GET's
+        // answer without its body; but for the two event streams, whose GET opens one.
+        let router = Router(context: GatewayContext.self, options: .autoGenerateHeadEndpoints)
         if !settings.corsOrigins.isEmpty { router.add(middleware: AllowedOrigins(origins: Set(settings.corsOrigins))) }
         router.post("/rpc/:service") { request, context in try await rpc(request, context: context) }
         // A call is a POST: another method on a service's path is told so, not that the path is unknown.
@@ -49,6 +51,8 @@ struct Routes: Sendable {
         }
         router.get("/events") { request, context in try await events(request, context: context) }
         router.get("/streams/:stream/:consumer") { request, context in await consumerMessages(request, context: context) }
+        router.on("/events", method: .head) { _, _ in Self.onlyGet }
+        router.on("/streams/:stream/:consumer", method: .head) { _, _ in Self.onlyGet }
         router.get("/metrics") { request, _ in try await metrics(request) }
         router.get("/healthz") { _, _ in Self.json(.ok, ["status": "ok"]) }
         router.get("/readyz") { _, _ in await ready() }
@@ -370,6 +374,12 @@ struct Routes: Sendable {
         var response = rpcError(.methodNotAllowed, .invalidRequest("a call is sent with POST, its JSON-RPC request as the body"))
         response.headers[.allow] = "POST"
         return response
+    }
+
+    /// The answer to HEAD on an event stream: a stream is opened (a subscription, a
+    /// consumer's messages handed out) only by a GET that reads it.
+    static var onlyGet: Response {
+        Response(status: .methodNotAllowed, headers: [.allow: "GET"])
     }
 
     // MARK: GET /events
