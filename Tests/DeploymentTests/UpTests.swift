@@ -237,6 +237,13 @@ struct UpTests {
         #expect(missing.status == 78 && missing.stderr.contains("security.keys_dir: \(folder.path)/keys/kernel.key is missing or unreadable (`switchboard up` creates it on first run)"), "\(missing.stderr)")
         let unknownService = try await runCommand(switchboardExecutable(), ["serve", "mailer"])
         #expect(unknownService.status == 64 && unknownService.stderr.contains("unknown service 'mailer'"))
+        // An endpoint another program holds is named with its setting, and what to do.
+        let holder = try ZMQSocket(ZMQContext(), .router)
+        defer { holder.close() }
+        let taken = try holder.bind("tcp://127.0.0.1:*")
+        let any = "tcp://127.0.0.1:*"
+        let inUse = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path, "--broker", taken, "--snapshot", any, "--publisher", any, "--collector", any])
+        #expect(inUse.status == 1 && inUse.stderr.contains("another program listens there") && inUse.stderr.contains("(kernel.broker)"), "\(inUse)")
         // A mistyped endpoint is a usage error naming its flag, before any socket is opened.
         let badBind = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path, "--broker", "tcp://127.0.0.1:port"])
         #expect(badBind.status == 64 && badBind.stderr.contains("--broker 'tcp://127.0.0.1:port' is not an endpoint"), "\(badBind)")

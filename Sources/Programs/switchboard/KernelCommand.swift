@@ -83,6 +83,22 @@ struct KernelCommand: AsyncParsableCommand {
             if let reloaded = try? kernelConfiguration(file) { await kernel.reconfigure(reloaded) }
         }
         let group = ServiceGroup(services: telemetry + [kernel, reloading], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
-        try await group.run()
+        do {
+            try await group.run()
+        } catch let error as ZMQError where error.code == EADDRINUSE {
+            FileHandle.standardError.write(Data("switchboard: \(Self.addressInUse(error, configuration))\n".utf8))
+            throw ExitCode(1)
+        }
+    }
+
+    /// A bind refused for an address another socket holds, said with the setting that named
+    /// the address and what to do about it.
+    static func addressInUse(_ error: ZMQError, _ configuration: KernelConfiguration) -> String {
+        let settings = [("kernel.broker", configuration.brokerEndpoint), ("kernel.snapshot", configuration.snapshotEndpoint),
+                        ("kernel.publisher", configuration.publisherEndpoint), ("kernel.collector", configuration.collectorEndpoint),
+                        ("pair.listen", configuration.pair?.listen)]
+        let setting = settings.first { error.call == "zmq_bind(\($0.1 ?? ""))" }?.0
+        return "\(error): another program listens there (another switchboard kernel?); stop it, or give this kernel another endpoint"
+            + (setting.map { " (\($0))" } ?? "")
     }
 }
