@@ -326,7 +326,9 @@ struct ConfigFileTests {
                              (complete.replacingOccurrences(of: "  peer_broker: tcp://127.0.0.1:6555\n", with: ""), "pair.peer_broker"),
                              (complete.replacingOccurrences(of: "listen: tcp://127.0.0.1:5560", with: "listen: 5560"), "pair.listen"),
                              (complete + "  heartbeat_ms: 0\n", "pair.heartbeat_ms"),
-                             (complete + "  peer_state: nowhere\n", "pair.peer_state")] {
+                             (complete + "  peer_state: nowhere\n", "pair.peer_state"),
+                             // Three parts, each an endpoint (not any three words).
+                             (complete + "  peer_state: a,b,c\n", "pair.peer_state")] {
             let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text) }
             #expect(error?.path == path, "\(String(describing: error))")
         }

@@ -1,3 +1,5 @@
+import SwitchboardConfig
+
 /// The kernel's three CHP endpoints (12/CHP), as `sb --state-endpoint` and
 /// `switchboard serve --state` take them: `tcp://HOST:PORT` is the snapshot endpoint with
 /// the publisher and collector on the next two ports (the kernel's defaults: 5556, 5557,
@@ -13,10 +15,12 @@ public struct StateEndpoints: Sendable, Equatable {
         self.collector = collector
     }
 
-    /// Parses `tcp://HOST:PORT` or `SNAPSHOT,PUBLISHER,COLLECTOR`; nil for anything else.
+    /// Parses `tcp://HOST:PORT` or `SNAPSHOT,PUBLISHER,COLLECTOR` (each a TCP or IPC endpoint,
+    /// ``ConfigSection/isEndpoint(_:schemes:)``); nil for anything else.
     public init?(_ text: String) {
         let parts = text.split(separator: ",").map(String.init)
         if parts.count == 3 {
+            guard parts.allSatisfy({ ConfigSection.isEndpoint($0, schemes: ["tcp://", "ipc://"]) }) else { return nil }
             self.init(snapshot: parts[0], publisher: parts[1], collector: parts[2])
             return
         }
