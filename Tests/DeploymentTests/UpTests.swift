@@ -316,6 +316,9 @@ struct SecuredUpTests {
         #expect(result.status == 0 && result.stdout.contains("Paraguay"), "\(result)")
         let services = try await runCommand(sbExecutable(), ["request", "kernel", "services.list", "--endpoint", broker], environment: keyed)
         for name in ["echo", "store", "streams", "fetcher", "search", "pricing"] { #expect(services.stdout.contains("\"\(name)\"")) }
+        // A second one on the same configuration finds the kernel's port taken, and says which setting names it.
+        let second = try await runCommand(switchboardExecutable(), ["up", "--single-process", "--config", config.path])
+        #expect(second.status == 1 && second.stderr.contains("another program listens there") && second.stderr.contains("(kernel.broker)"), "\(second)")
         up.signal(SIGTERM)
         #expect(await up.exit(within: 30))
         #expect(up.terminationStatus == 0, "\(up.readOutput().suffix(1_500))")

@@ -206,7 +206,12 @@ struct UpCommand: AsyncParsableCommand {
         let kernel = try Kernel(configuration: configuration, context: context, logger: Logger(label: "switchboard.kernel"))
         // Bound now, before the group, because the pieces below open their clients and
         // subscriptions as they are made; serving and stopping are the group's (its first part).
-        try await kernel.start()
+        do {
+            try await kernel.start()
+        } catch let error as ZMQError where error.code == EADDRINUSE {
+            FileHandle.standardError.write(Data("switchboard: \(KernelCommand.addressInUse(error, configuration))\n".utf8))
+            return 1
+        }
         // Over inproc:// the pieces share the kernel's context (and with CURVE on, still use keys).
         let inproc = { (role: String) in "inproc://switchboard-\(role)" }
         var pieces: [ServiceGroupConfiguration.ServiceConfiguration] = (telemetry + [kernel]).map { .init(service: $0) }
