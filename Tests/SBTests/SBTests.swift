@@ -277,6 +277,11 @@ struct SBTests {
             let bad = try await bus.sb("services", "--endpoint", endpoint)
             #expect(bad.status == 64 && bad.stderr.contains("is not an endpoint"), "\(endpoint): \(bad)")
         }
+        // State endpoints given are checked whatever the verb, not only by those that subscribe.
+        for state in ["a,b,c", "tcp://127.0.0.1:port"] {
+            let bad = try await bus.sb("services", "--state-endpoint", state)
+            #expect(bad.status == 64 && bad.stderr.contains("--state-endpoint: give tcp://HOST:PORT"), "\(state): \(bad)")
+        }
         // Connection options before the verb work too, as `sb --endpoint X services`.
         let before = try await bus.sb("--endpoint", bus.environment["SB_ENDPOINT"]!, "--timeout", "5s", "services", environment: ["SB_ENDPOINT": ""])
         #expect(before.status == 0 && before.stdout.contains("pricing"), "\(before)")

@@ -107,10 +107,15 @@ struct ConnectionOptions: ParsableArguments {
         return .milliseconds(Int64((value * scale * 1_000).rounded()))
     }
 
+    /// The state endpoints as the flag, else the environment, gives them (nil: derived from the brokers).
+    private var givenStateEndpoint: String? {
+        stateEndpoint ?? environment["SB_STATE_ENDPOINT"].flatMap { $0.isEmpty ? nil : $0 }
+    }
+
     /// Each kernel's CHP snapshot, publisher and collector endpoints.
     var stateEndpoints: [StateEndpoints] {
         get throws {
-            if let text = stateEndpoint ?? environment["SB_STATE_ENDPOINT"].flatMap({ $0.isEmpty ? nil : $0 }) {
+            if let text = givenStateEndpoint {
                 let parts = text.split(separator: ";").map(String.init)
                 let endpoints = parts.compactMap { StateEndpoints($0) }
                 guard parts.count == brokers.count, endpoints.count == parts.count else {
@@ -132,7 +137,9 @@ struct ConnectionOptions: ParsableArguments {
     /// its thread.
     func client(asOperator: Bool = false, loop: SocketLoop? = nil) async throws -> BusClient {
         try await BusClient(brokers: try checkedBrokers, loop: loop, timeout: requestTimeout, curve: try curve(asOperator: asOperator),
-                            state: try? stateEndpoints)
+                            // Those given are checked whatever the verb; else the client derives them from
+                            // the brokers where it can (the verbs that follow the state check that first).
+                            state: givenStateEndpoint == nil ? nil : try stateEndpoints)
     }
 }
 
