@@ -151,6 +151,34 @@ struct HostileNumbersAndRepliesTests {
         await kernel.stop()
     }
 
+    @Test("a batch whose results are large is answered a turn at a time: a request sent after it, on the same connection, is answered first")
+    func largeBatchTakesTurns() async throws {
+        let kernel = try await KernelUnderAttack.start()
+        do {
+            let value = JSONValue.string(String(repeating: "t", count: 600_000))
+            for index in 0..<2 {
+                _ = try await kernel.bystander.request(service: "kernel", method: "state.set", params: ["key": .string("/client/turns/\(index)"), "value": value])
+            }
+            // Eight pages of 600 kB: several turns of the kernel's loop. The connection's
+            // messages are read in order, so the ping is taken up only after the batch is.
+            let batch = (0..<8).map { JSONRPCRequest(id: .number(Int64(100 + $0)), method: "state.get", params: ["prefix": "/client/turns/", "limit": 1]).jsonBytes }
+            let dealer = try kernel.socket(.dealer, kernel.broker)
+            try dealer.set(.receiveTimeout, 30_000)
+            try dealer.send([Frame(), Frame(MDP.clientHeader), Frame("kernel"), Frame(JSONRPC.batchReply(batch)!)])
+            try dealer.send([Frame(), Frame(MDP.clientHeader), Frame("kernel"), Frame(JSONRPCRequest(id: .number(1), method: "ping").jsonBytes)])
+            let first = try JSONRPC.parseResponses(try MDP.decodeAtClient(try dealer.receive()).body[0].bytes)
+            let second = try JSONRPC.parseResponses(try MDP.decodeAtClient(try dealer.receive()).body[0].bytes)
+            #expect(first.map(\.id) == [.number(1)], "the ping waited for the batch: \(first.map(\.id))")
+            #expect(second.map(\.id) == (0..<8).map { .number(Int64(100 + $0)) })
+            #expect(second.allSatisfy { $0.failure == nil })
+            dealer.close()
+            try await kernel.stillServes()
+        } catch {
+            Issue.record(error)
+        }
+        await kernel.stop()
+    }
+
     @Test("a subscriber that never reads while a key is overwritten with large values: dropped after subscriber_timeout, and the kernel's memory comes back")
     func stuckSubscriberLargeValues() async throws {
         let kernel = try await KernelUnderAttack.start(["subscriber_timeout_ms": "2000"])

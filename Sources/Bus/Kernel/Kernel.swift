@@ -319,23 +319,56 @@ public actor Kernel: BusService {
 
     // MARK: The built-in `kernel` service
 
-    /// Answers a `kernel` request body here, as one through the broker is answered (for the
-    /// fuzz target, which drives the methods without sockets); empty before ``start()``.
+    /// Answers a `kernel` request body here, as one through the broker is answered, all its
+    /// turns at once (for the fuzz target, which drives the methods without sockets); empty
+    /// before ``start()``.
     public func respond(to body: [UInt8], peer: String? = nil) -> [UInt8] {
         guard let table else { return [] }
-        return Self.$requestPeer.withValue(peer) { table.answerNow(body: body, on: self).reply }
+        return Self.$requestPeer.withValue(peer) {
+            var answering = table.answerNow(body: body, on: self, turnBytes: Self.turnBytes)
+            while case .underWay(let rest) = answering { answering = table.goOn(rest, on: self, turnBytes: Self.turnBytes) }
+            guard case .answered(let reply, _) = answering else { return [] }
+            return reply
+        }
     }
+
+    /// How much of a body's results the loop builds before it serves its sockets again: a
+    /// batch of `state.get` pages can ask for as much as the message limit, and building it
+    /// all in one go would hold every other client's requests behind it.
+    static let turnBytes = 1 << 20
 
     /// A request for the `kernel` service, admitted by the broker (``Admission``).
     func answer(_ caller: Broker.Caller, body: [Frame], peer: String?) {
-        guard let parts else { return }
+        guard let parts, let table else { return }
         guard body.count == 1 else {
             parts.broker.replyFromKernel(to: caller, JSONRPCResponse(id: .null, error: .invalidRequest("the body must be one frame")).jsonBytes)
             return
         }
-        guard let etcd = parts.etcd else { return parts.reply(to: caller, respond(to: body[0].bytes, peer: peer)) }
+        guard let etcd = parts.etcd else {
+            let answering = Self.$requestPeer.withValue(peer) { table.answerNow(body: body[0].bytes, on: self, turnBytes: Self.turnBytes) }
+            return goOn(answering, to: caller, peer: peer)
+        }
         // With the state on etcd a write is answered once etcd has it: the loop goes on meanwhile.
         etcd.requests.continuation.yield(.kernel(caller: caller, body: body[0].bytes, peer: peer))
+    }
+
+    /// Replies to `caller` once its body is answered; until then answers the next turn of it
+    /// after the loop has served its sockets (a timer due at once runs after the poll).
+    private func goOn(_ answering: BodyAnswering, to caller: Broker.Caller, peer: String?) {
+        switch answering {
+        case .answered(let reply, _):
+            parts?.reply(to: caller, reply)
+        case .underWay(let rest):
+            loop.schedule(after: .zero) { [weak self] in
+                self?.assumeIsolated { kernel in
+                    // Stopped meanwhile: there is no socket to answer on.
+                    guard let table = kernel.table, let parts = kernel.parts else { return }
+                    let next = Self.$requestPeer.withValue(peer) { table.goOn(rest, on: kernel, turnBytes: Self.turnBytes) }
+                    kernel.goOn(next, to: caller, peer: peer)
+                    parts.flush()
+                }
+            }
+        }
     }
 
     /// The `kernel` service's methods while serving.

@@ -181,33 +181,52 @@ public struct MethodTable<Service: BusService>: Sendable {
         }
     }
 
-    /// ``answer(body:on:)`` without suspending, on the service's executor: for tables whose
-    /// methods are all ``onIsolated(_:_:)`` (the kernel's).
-    public func answerNow(body: [UInt8], on service: isolated Service) -> (reply: [UInt8], errors: Int) {
+    /// ``answer(body:on:)`` without suspending, on the service's executor, for tables whose
+    /// methods are all ``onIsolated(_:_:)`` (the kernel's): a turn at a time. Requests run
+    /// in order until their results in this turn reach `turnBytes`; what is left is handed
+    /// back (``BodyUnderWay``) for ``goOn(_:on:turnBytes:)`` in a later turn, so a batch
+    /// whose results are large does not keep the executor from everything else meanwhile.
+    public func answerNow(body: [UInt8], on service: isolated Service, turnBytes: Int) -> BodyAnswering {
         let incoming = JSONRPC.parseRequests(body)
-        if let refusal = limits.refusal(of: incoming) { return (refusal, 1) }
-        var budget = ReplyBudget(limit: limits.maxReplyBytes, requests: incoming.requests.count)
-        let outcomes = incoming.requests.map { request -> Result<[UInt8], any Error> in
-            guard budget.hasRoom else { return .failure(budget.notRun) }
-            let run = {
-                Result<[UInt8], any Error> {
-                    switch handlers[request.method] {
-                    // The request's key is known to the handler, as in ``answer(body:on:)``'s exactly-once runs.
-                    case .isolated(let handler)?: return try RequestKey.$current.withValue(RequestKey(request)) { try handler(service, request.paramsText) }
-                    case .async?, .stream?: throw JSONRPCError.internalError("\(request.method) cannot be answered without suspending")
-                    case nil: throw JSONRPCError.methodNotFound(request.method)
-                    }
+        if let refusal = limits.refusal(of: incoming) { return .answered(reply: refusal, errors: 1) }
+        return goOn(BodyUnderWay(incoming: incoming, limit: limits.maxReplyBytes), on: service, turnBytes: turnBytes)
+    }
+
+    /// Answers the next turn's requests of a body ``answerNow(body:on:turnBytes:)`` began.
+    public func goOn(_ body: BodyUnderWay, on service: isolated Service, turnBytes: Int) -> BodyAnswering {
+        var body = body
+        var bytesThisTurn = 0
+        while body.outcomes.count < body.requests.count {
+            guard bytesThisTurn < turnBytes else { return .underWay(body) }
+            let request = body.requests[body.outcomes.count]
+            let outcome = runNow(request, on: service, budget: &body.budget)
+            if case .success(let result) = outcome { bytesThisTurn += result.count }
+            body.outcomes.append(outcome)
+        }
+        let (reply, errors) = Self.reply(body.incoming, body.outcomes)
+        return .answered(reply: reply, errors: errors)
+    }
+
+    /// Runs `request`'s isolated handler in its trace, its result counted against `budget`.
+    private func runNow(_ request: JSONRPCRequest, on service: isolated Service, budget: inout ReplyBudget) -> Result<[UInt8], any Error> {
+        guard budget.hasRoom else { return .failure(budget.notRun) }
+        let run = {
+            Result<[UInt8], any Error> {
+                switch handlers[request.method] {
+                // The request's key is known to the handler, as in ``answer(body:on:)``'s exactly-once runs.
+                case .isolated(let handler)?: return try RequestKey.$current.withValue(RequestKey(request)) { try handler(service, request.paramsText) }
+                case .async?, .stream?: throw JSONRPCError.internalError("\(request.method) cannot be answered without suspending")
+                case nil: throw JSONRPCError.methodNotFound(request.method)
                 }
             }
-            guard let context = BusTracing.context(of: request.trace) else { return budget.admit(run()) }
-            return budget.admit(InstrumentationContext.withValue(context) {
-                let started = ContinuousClock.now
-                let outcome = run()
-                record(request, outcome, since: started, sampled: BusTracing.isSampled(context))
-                return outcome
-            })
         }
-        return Self.reply(incoming, outcomes)
+        guard let context = BusTracing.context(of: request.trace) else { return budget.admit(run()) }
+        return budget.admit(InstrumentationContext.withValue(context) {
+            let started = ContinuousClock.now
+            let outcome = run()
+            record(request, outcome, since: started, sampled: BusTracing.isSampled(context))
+            return outcome
+        })
     }
 
     /// Runs `body` for `request` in the request's trace, if it carries one, and logs it: at
@@ -303,6 +322,29 @@ public struct MethodTable<Service: BusService>: Sendable {
             return (reply, errors)
         }
     }
+}
+
+/// A body ``MethodTable/answerNow(body:on:turnBytes:)`` has begun to answer: its requests and
+/// the outcomes of those run so far.
+public struct BodyUnderWay: Sendable {
+    fileprivate let incoming: JSONRPCIncoming
+    fileprivate let requests: [JSONRPCRequest]
+    fileprivate var outcomes: [Result<[UInt8], any Error>] = []
+    fileprivate var budget: ReplyBudget
+
+    fileprivate init(incoming: JSONRPCIncoming, limit: Int) {
+        self.incoming = incoming
+        requests = incoming.requests
+        outcomes.reserveCapacity(requests.count)
+        budget = ReplyBudget(limit: limit, requests: requests.count)
+    }
+}
+
+/// What a turn of answering a body left: its reply (with how many of its responses are
+/// errors), or the rest to answer in a later turn.
+public enum BodyAnswering: Sendable {
+    case answered(reply: [UInt8], errors: Int)
+    case underWay(BodyUnderWay)
 }
 
 /// Where the parts of a request answered in parts go (a worker's PARTIALs), and whether
