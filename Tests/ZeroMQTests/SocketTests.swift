@@ -148,6 +148,31 @@ struct SocketTests {
         #expect(shared.equals([UInt8](repeating: 7, count: 100_000)))
     }
 
+    @Test("a large frame made here is lent to libzmq, not copied: over inproc the peer reads its very bytes, and once every message is let go so is its buffer",
+          arguments: Transport.allCases)
+    func largeFrameLent(transport: Transport) throws {
+        let context = try ZMQContext()
+        let (sender, receiver) = try pushPull(context, transport)
+        weak var lent: FrameBuffer?
+        var small: Frame? = Frame([UInt8](repeating: 3, count: Frame.lentFromBytes - 1))
+        do {
+            let large = Frame([UInt8](repeating: 9, count: 1_000_000))
+            lent = large.buffer
+            try sender.send([large, small!])
+            let received = try receiver.receive()
+            #expect(received[0] == large && received[1] == small!)
+            // A frame below the bound is copied whatever the transport; a lent one is read
+            // where it lies only by a peer in the same process.
+            #expect(received[1].buffer?.bytes.baseAddress != small!.buffer?.bytes.baseAddress)
+            if transport == .inproc { #expect(received[0].buffer?.bytes.baseAddress == large.buffer?.bytes.baseAddress) }
+        }
+        small = nil
+        // libzmq lets go of a message sent over TCP or IPC on its I/O thread, once written.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while lent != nil, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.001) }
+        #expect(lent == nil, "the lent buffer is still held")
+    }
+
     @Test("a received frame kept for long gets bytes of its own (not a share of libzmq's receive buffer); a big one stays as it came")
     func keepableFrames() throws {
         let context = try ZMQContext()

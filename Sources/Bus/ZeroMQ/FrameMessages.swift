@@ -142,18 +142,42 @@ public final class ZMQReceivedParts: ReceivedParts {
 }
 
 extension Frame {
+    /// Frames from this many bytes that were not received are lent to libzmq too (a
+    /// reference to their buffer, let go once libzmq has sent them): copying a large reply
+    /// costs the sending loop more than the message's bookkeeping does.
+    static let lentFromBytes = 65_536
+
     /// For a frame received from libzmq (over 33 bytes), initialises `target` as a shared
-    /// copy of the message it arrived in, for sending without copying its bytes, and returns
-    /// true; for any other frame returns false and leaves `target` alone (its bytes are
+    /// copy of the message it arrived in; for another frame of at least ``lentFromBytes``,
+    /// as a message over the frame's own bytes, which holds the frame's buffer until libzmq
+    /// lets go of it. Either way it returns true, and the bytes are sent without being
+    /// copied. For any other frame it returns false and leaves `target` alone (its bytes are
     /// copied by `zmq_send`).
     @inline(__always)
-    func shareReceived(into target: UnsafeMutablePointer<zmq_msg_t>) -> Bool {
+    func share(into target: UnsafeMutablePointer<zmq_msg_t>) -> Bool {
         // Checked, then downcast unchecked: a checked cast's result is a reference of its own
         // (a retain and a release per frame sent).
         withBuffer { buffer in
-            guard let buffer, buffer is ZMQFrameBuffer else { return false }
-            unsafeDowncast(buffer, to: ZMQFrameBuffer.self).copy(into: target)
+            guard let buffer else { return false }
+            if buffer is ZMQFrameBuffer {
+                unsafeDowncast(buffer, to: ZMQFrameBuffer.self).copy(into: target)
+                return true
+            }
+            guard buffer.bytes.count >= Self.lentFromBytes, let base = buffer.bytes.baseAddress else { return false }
+            let held = Unmanaged.passRetained(buffer)
+            // A frame's bytes never change while it lives: libzmq only reads them.
+            guard zmq_msg_init_data(target, UnsafeMutableRawPointer(mutating: base), buffer.bytes.count, releaseLentBuffer, held.toOpaque()) == 0 else {
+                held.release()
+                return false
+            }
             return true
         }
     }
+}
+
+/// What libzmq calls, on whichever thread lets go of the message last, when it is done
+/// with a frame's bytes it was lent (``Frame/share(into:)``): the frame's buffer goes.
+private func releaseLentBuffer(_ data: UnsafeMutableRawPointer?, _ buffer: UnsafeMutableRawPointer?) {
+    guard let buffer else { return }
+    Unmanaged<FrameBuffer>.fromOpaque(buffer).release()
 }

@@ -130,8 +130,9 @@ public final class ZMQSocket {
     ///
     /// With ``SendOptions/dontWait`` it throws an error whose ``ZMQError/isAgain`` is true
     /// when the message cannot be queued now; no frame of it was sent in that case.
-    /// A frame over 33 bytes that was received is handed back to libzmq by reference (none of
-    /// its bytes copied); any other frame is copied into the message libzmq sends.
+    /// A frame over 33 bytes that was received, or any frame of 64 KiB or more, is handed to
+    /// libzmq by reference (none of its bytes copied, ``Frame/share(into:)``); any other frame
+    /// is copied into the message libzmq sends.
     public func send(_ message: Message, options: SendOptions = []) throws(ZMQError) {
         try message.frames.withUnsafeBufferPointer { frames throws(ZMQError) in try send(frames: frames, options: options) }
     }
@@ -151,7 +152,7 @@ public final class ZMQSocket {
             // Through the pointer, borrowed in place: the buffer's subscript returns a copy
             // (a retain and a release of a frame held in a buffer).
             let frame = frames.baseAddress! + index
-            guard frame.pointee.shareReceived(into: &part) else {
+            guard frame.pointee.share(into: &part) else {
                 // Any other frame's bytes copied by `zmq_send` into a message of its own: one
                 // call into libzmq rather than three (a message made, its data found, sent).
                 try frame.pointee.withUnsafeBytes { raw throws(ZMQError) in
