@@ -34,6 +34,9 @@ public actor Kernel: BusService {
     private var startedAt = Date()
     /// The `kernel` service's methods, answered on the loop as each request arrives.
     private var table: MethodTable<Kernel>?
+    /// Bodies answered a turn of the loop at a time, by a number of their own, between turns.
+    private var answersUnderWay: [Int: AnswerUnderWay] = [:]
+    private var nextAnswerNumber = 0
     /// The CURVE key of the request being answered, for `state.set`'s rules.
     @TaskLocal static var requestPeer: String?
 
@@ -302,6 +305,7 @@ public actor Kernel: BusService {
         }
         phase = .stopped
         table = nil
+        answersUnderWay.removeAll()
         if let directory = parts.cellDirectory { await leaveCells(directory) }
         parts.close()
         if let link = parts.etcd { await closeState(link) }
@@ -325,10 +329,13 @@ public actor Kernel: BusService {
     public func respond(to body: [UInt8], peer: String? = nil) -> [UInt8] {
         guard let table else { return [] }
         return Self.$requestPeer.withValue(peer) {
-            var answering = table.answerNow(body: body, on: self, turnBytes: Self.turnBytes)
-            while case .underWay(let rest) = answering { answering = table.goOn(rest, on: self, turnBytes: Self.turnBytes) }
-            guard case .answered(let reply, _) = answering else { return [] }
-            return reply
+            switch table.answerNow(body: body, on: self, turnBytes: Self.turnBytes) {
+            case .answered(let reply, _): return reply
+            case .underWay(var rest):
+                while true {
+                    if let answered = table.goOn(&rest, on: self, turnBytes: Self.turnBytes) { return answered.reply }
+                }
+            }
         }
     }
 
@@ -356,19 +363,37 @@ public actor Kernel: BusService {
     /// after the loop has served its sockets (a timer due at once runs after the poll).
     private func goOn(_ answering: BodyAnswering, to caller: Broker.Caller, peer: String?) {
         switch answering {
-        case .answered(let reply, _):
-            parts?.reply(to: caller, reply)
+        case .answered(let reply, _): parts?.reply(to: caller, reply)
         case .underWay(let rest):
-            loop.schedule(after: .zero) { [weak self] in
-                self?.assumeIsolated { kernel in
-                    // Stopped meanwhile: there is no socket to answer on.
-                    guard let table = kernel.table, let parts = kernel.parts else { return }
-                    let next = Self.$requestPeer.withValue(peer) { table.goOn(rest, on: kernel, turnBytes: Self.turnBytes) }
-                    kernel.goOn(next, to: caller, peer: peer)
-                    parts.flush()
-                }
-            }
+            nextAnswerNumber += 1
+            answersUnderWay[nextAnswerNumber] = AnswerUnderWay(body: rest, caller: caller, peer: peer)
+            scheduleTurn(of: nextAnswerNumber)
         }
+    }
+
+    /// A body answered in turns, between two of them.
+    private struct AnswerUnderWay {
+        var body: BodyUnderWay
+        let caller: Broker.Caller
+        let peer: String?
+    }
+
+    private func scheduleTurn(of number: Int) {
+        loop.schedule(after: .zero) { [weak self] in self?.assumeIsolated { $0.takeTurn(of: number) } }
+    }
+
+    /// Answers the next turn of a body answered in turns, and replies once it is all answered.
+    /// The body is taken out for its turn and put back after it: held in one place only, its
+    /// reply grows where it lies.
+    private func takeTurn(of number: Int) {
+        // Stopped meanwhile: there is no socket to answer on.
+        guard var answer = answersUnderWay.removeValue(forKey: number), let table, let parts else { return }
+        guard let answered = Self.$requestPeer.withValue(answer.peer, operation: { table.goOn(&answer.body, on: self, turnBytes: Self.turnBytes) }) else {
+            answersUnderWay[number] = answer
+            return scheduleTurn(of: number)
+        }
+        parts.reply(to: answer.caller, answered.reply)
+        parts.flush()
     }
 
     /// The `kernel` service's methods while serving.

@@ -162,7 +162,9 @@ public struct MethodTable<Service: BusService>: Sendable {
                 return try await exactlyOnce.run(key) { try await run(request, on: service, single: single, parts: parts) }.get()
             }))
         }
-        return Self.reply(incoming, outcomes)
+        var writer = ReplyWriter(incoming)
+        writer.write(outcomes)
+        return writer.finish()
     }
 
     /// Runs `request`'s handler; `single`: the body held this request alone (only then can it
@@ -189,22 +191,34 @@ public struct MethodTable<Service: BusService>: Sendable {
     public func answerNow(body: [UInt8], on service: isolated Service, turnBytes: Int) -> BodyAnswering {
         let incoming = JSONRPC.parseRequests(body)
         if let refusal = limits.refusal(of: incoming) { return .answered(reply: refusal, errors: 1) }
-        return goOn(BodyUnderWay(incoming: incoming, limit: limits.maxReplyBytes), on: service, turnBytes: turnBytes)
+        var underWay = BodyUnderWay(incoming: incoming, limit: limits.maxReplyBytes)
+        guard let answered = goOn(&underWay, on: service, turnBytes: turnBytes) else { return .underWay(underWay) }
+        return .answered(reply: answered.reply, errors: answered.errors)
     }
 
-    /// Answers the next turn's requests of a body ``answerNow(body:on:turnBytes:)`` began.
-    public func goOn(_ body: BodyUnderWay, on service: isolated Service, turnBytes: Int) -> BodyAnswering {
-        var body = body
+    /// Answers the next turn's requests of a body ``answerNow(body:on:turnBytes:)`` began,
+    /// writing their responses into its reply: the reply (with how many of its responses are
+    /// errors) once every request is answered, else nil. In place: the body's reply grows
+    /// where it lies, turn after turn.
+    public func goOn(_ body: inout BodyUnderWay, on service: isolated Service, turnBytes: Int) -> (reply: [UInt8], errors: Int)? {
+        var outcomes: [Result<[UInt8], any Error>] = []
+        outcomes.reserveCapacity(body.requests.count - body.next)
         var bytesThisTurn = 0
-        while body.outcomes.count < body.requests.count {
-            guard bytesThisTurn < turnBytes else { return .underWay(body) }
-            let request = body.requests[body.outcomes.count]
-            let outcome = runNow(request, on: service, budget: &body.budget)
+        while body.next < body.requests.count, bytesThisTurn < turnBytes {
+            let outcome = runNow(body.requests[body.next], on: service, budget: &body.budget)
             if case .success(let result) = outcome { bytesThisTurn += result.count }
-            body.outcomes.append(outcome)
+            outcomes.append(outcome)
+            body.next += 1
         }
-        let (reply, errors) = Self.reply(body.incoming, body.outcomes)
-        return .answered(reply: reply, errors: errors)
+        if body.next < body.requests.count {
+            // Answered in turns: room for all the reply may hold, taken once (memory is only
+            // used as it is written), so no later turn moves what the earlier ones wrote.
+            body.writer.reserve(limits.maxReplyBytes)
+            body.writer.write(outcomes)
+            return nil
+        }
+        body.writer.write(outcomes)
+        return body.writer.finish()
     }
 
     /// Runs `request`'s isolated handler in its trace, its result counted against `budget`.
@@ -270,73 +284,20 @@ public struct MethodTable<Service: BusService>: Sendable {
         if case .failure(let error) = outcome { metadata["error"] = "\((error as? JSONRPCError)?.code ?? JSONRPCError.internalErrorCode)" }
         logger.log(level: level, "request answered", metadata: metadata)
     }
-
-
-    /// The reply to a body, from the outcome of each of its valid requests (in order):
-    /// notifications get none; an error thrown that is no ``JSONRPCError`` is -32603.
-    private static func reply(_ incoming: JSONRPCIncoming, _ outcomes: [Result<[UInt8], any Error>]) -> (reply: [UInt8], errors: Int) {
-        // Every response is written into the one reply, reserved whole: a result is copied
-        // once (a batch's reply can be as large as the message limit, built in one go).
-        var reply: [UInt8] = []
-        reply.reserveCapacity(outcomes.reduce(2) { room, outcome in room + 1 + ((try? outcome.get())?.count ?? 0) + ReplyBudget.errorRoom })
-        var outcomes = outcomes.makeIterator()
-        /// Writes the response to `item` (none to a notification); returns whether it was an error.
-        func respond(to item: JSONRPCItem, into reply: inout [UInt8]) -> Bool? {
-            switch item {
-            case .invalid(let response):
-                reply += response.jsonBytes
-                return true
-            case .request(let request):
-                let outcome = outcomes.next()!
-                guard let id = request.id else { return nil }
-                switch outcome {
-                case .success(let result):
-                    JSONRPC.appendResultReply(id: id, resultText: result, to: &reply)
-                    return false
-                case .failure(let error as JSONRPCError): reply += JSONRPCResponse(id: id, error: error).jsonBytes
-                case .failure(let error): reply += JSONRPCResponse(id: id, error: .internalError(String(describing: error))).jsonBytes
-                }
-                return true
-            }
-        }
-        switch incoming {
-        case .unusable(let response): return (response.jsonBytes, 1)
-        case .single(let item):
-            guard let isError = respond(to: item, into: &reply) else { return ([], 0) }
-            return (reply, isError ? 1 : 0)
-        case .batch(let items):
-            // `[`, the responses separated by commas, `]`; nothing when every request was a notification.
-            reply.append(UInt8(ascii: "["))
-            var errors = 0, written = 0
-            for item in items {
-                if written > 0 { reply.append(UInt8(ascii: ",")) }
-                guard let isError = respond(to: item, into: &reply) else {
-                    if written > 0 { reply.removeLast() }  // the comma: a notification is not answered
-                    continue
-                }
-                written += 1
-                if isError { errors += 1 }
-            }
-            guard written > 0 else { return ([], 0) }
-            reply.append(UInt8(ascii: "]"))
-            return (reply, errors)
-        }
-    }
 }
 
-/// A body ``MethodTable/answerNow(body:on:turnBytes:)`` has begun to answer: its requests and
-/// the outcomes of those run so far.
+/// A body ``MethodTable/answerNow(body:on:turnBytes:)`` has begun to answer: its requests,
+/// the next to run, and the reply written so far.
 public struct BodyUnderWay: Sendable {
-    fileprivate let incoming: JSONRPCIncoming
     fileprivate let requests: [JSONRPCRequest]
-    fileprivate var outcomes: [Result<[UInt8], any Error>] = []
+    fileprivate var next = 0
     fileprivate var budget: ReplyBudget
+    fileprivate var writer: ReplyWriter
 
     fileprivate init(incoming: JSONRPCIncoming, limit: Int) {
-        self.incoming = incoming
         requests = incoming.requests
-        outcomes.reserveCapacity(requests.count)
         budget = ReplyBudget(limit: limit, requests: requests.count)
+        writer = ReplyWriter(incoming)
     }
 }
 
@@ -345,6 +306,85 @@ public struct BodyUnderWay: Sendable {
 public enum BodyAnswering: Sendable {
     case answered(reply: [UInt8], errors: Int)
     case underWay(BodyUnderWay)
+}
+
+/// Writes the reply to a body from the outcome of each of its valid requests, in order, as
+/// they come (a body answered in turns is written a turn at a time): notifications get no
+/// response; an error thrown that is no ``JSONRPCError`` is -32603. Every response is
+/// written into the one reply, so a result is copied once (a batch's reply can be as large
+/// as the message limit).
+struct ReplyWriter: Sendable {
+    private let incoming: JSONRPCIncoming
+    private var reply: [UInt8] = []
+    /// The next item of a batch to answer; how many responses are written, how many errors.
+    private var nextItem = 0, written = 0, errors = 0
+
+    init(_ incoming: JSONRPCIncoming) { self.incoming = incoming }
+
+    /// Room for `bytes` in all, taken now if the reply has less.
+    mutating func reserve(_ bytes: Int) {
+        if reply.capacity < bytes { reply.reserveCapacity(bytes) }
+    }
+
+    /// Writes the responses to the next requests, whose outcomes these are.
+    mutating func write(_ outcomes: [Result<[UInt8], any Error>]) {
+        let room = outcomes.reduce(2) { room, outcome in room + 1 + ((try? outcome.get())?.count ?? 0) + ReplyBudget.errorRoom }
+        reserve(reply.count + room)
+        for outcome in outcomes { write(outcome) }
+    }
+
+    private mutating func write(_ outcome: Result<[UInt8], any Error>) {
+        let request: JSONRPCRequest
+        switch incoming {
+        case .unusable, .single(.invalid): return
+        case .single(.request(let single)): request = single
+        case .batch(let items):
+            writeInvalid(items)
+            guard nextItem < items.count, case .request(let next) = items[nextItem] else { return }
+            nextItem += 1
+            request = next
+        }
+        guard let id = request.id else { return }
+        startResponse()
+        switch outcome {
+        case .success(let result):
+            JSONRPC.appendResultReply(id: id, resultText: result, to: &reply)
+            return
+        case .failure(let error as JSONRPCError): reply += JSONRPCResponse(id: id, error: error).jsonBytes
+        case .failure(let error): reply += JSONRPCResponse(id: id, error: .internalError(String(describing: error))).jsonBytes
+        }
+        errors += 1
+    }
+
+    /// A batch's invalid members from the next item on, each answered where it stands.
+    private mutating func writeInvalid(_ items: [JSONRPCItem]) {
+        while nextItem < items.count, case .invalid(let response) = items[nextItem] {
+            startResponse()
+            reply += response.jsonBytes
+            errors += 1
+            nextItem += 1
+        }
+    }
+
+    /// Before a response: in a batch, `[` or the comma after the one before.
+    private mutating func startResponse() {
+        if case .batch = incoming { reply.append(UInt8(ascii: written == 0 ? "[" : ",")) }
+        written += 1
+    }
+
+    /// The whole reply, once every request's outcome is written: empty when nothing is
+    /// answered (a notification, a batch of them).
+    mutating func finish() -> (reply: [UInt8], errors: Int) {
+        switch incoming {
+        case .unusable(let response), .single(.invalid(let response)): return (response.jsonBytes, 1)
+        case .single(.request): return written == 0 ? ([], 0) : (reply, errors)
+        case .batch(let items):
+            writeInvalid(items)
+            guard written > 0 else { return ([], 0) }
+            reply.append(UInt8(ascii: "]"))
+            return (reply, errors)
+        }
+    }
 }
 
 /// Where the parts of a request answered in parts go (a worker's PARTIALs), and whether
