@@ -211,9 +211,11 @@ public struct MethodTable<Service: BusService>: Sendable {
             body.next += 1
         }
         if body.next < body.requests.count {
-            // Answered in turns: room for all the reply may hold, taken once (memory is only
-            // used as it is written), so no later turn moves what the earlier ones wrote.
-            body.writer.reserve(limits.maxReplyBytes)
+            // Answered in turns: room for the reply as large as the requests answered so far
+            // say it will be (a quarter more, within the limit), taken before the reply grows,
+            // so a later turn seldom moves what the earlier ones wrote.
+            let expected = (body.writer.count + bytesThisTurn) / body.next * body.requests.count
+            body.writer.reserve(min(expected + expected / 4, limits.maxReplyBytes + ReplyBudget.errorRoom * body.requests.count))
             body.writer.write(outcomes)
             return nil
         }
@@ -320,6 +322,9 @@ struct ReplyWriter: Sendable {
     private var nextItem = 0, written = 0, errors = 0
 
     init(_ incoming: JSONRPCIncoming) { self.incoming = incoming }
+
+    /// The bytes written so far.
+    var count: Int { reply.count }
 
     /// Room for `bytes` in all, taken now if the reply has less.
     mutating func reserve(_ bytes: Int) {
