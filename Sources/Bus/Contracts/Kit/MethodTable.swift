@@ -326,9 +326,11 @@ struct ReplyWriter: Sendable {
     /// The bytes written so far.
     var count: Int { reply.count }
 
-    /// Room for `bytes` in all, taken now if the reply has less.
+    /// Room for `bytes` in all, taken now if the reply has less: as much for a reply not yet
+    /// begun, else at least twice its room, so a reply written over many turns moves seldom.
     mutating func reserve(_ bytes: Int) {
-        if reply.capacity < bytes { reply.reserveCapacity(bytes) }
+        guard reply.capacity < bytes else { return }
+        reply.reserveCapacity(reply.isEmpty ? bytes : max(bytes, reply.capacity * 2))
     }
 
     /// Writes the responses to the next requests, whose outcomes these are.
