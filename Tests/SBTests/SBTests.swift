@@ -292,6 +292,21 @@ struct SBTests {
         #expect(negativeCount.status == 64 && negativeCount.stderr.contains("--count must be positive"), "\(negativeCount)")
         let negativeWait = try await bus.sb("stream", "fetch", "orders", "reader", "--wait", "-1")
         #expect(negativeWait.status == 64 && negativeWait.stderr.contains("--wait must be 0 to 60 seconds"), "\(negativeWait)")
+        // Every number a verb sends is checked against its contract's range, naming the flag.
+        let outOfRange: [([String], String)] = [
+            (["stream", "add", "x", "x.", "--max-messages", "0"], "--max-messages must be 1 to 1000000000"),
+            (["stream", "add", "x", "x.", "--max-age", "0"], "--max-age must be 0.001 to 3153600000 seconds"),
+            (["stream", "consumer", "orders", "c", "--ack-wait", "-1"], "--ack-wait must be 0.001 to 86400 seconds"),
+            (["stream", "fetch", "orders", "reader", "--batch", "0"], "--batch must be 1 to 1000"),
+            (["stream", "read", "orders", "--last", "1001"], "--last must be 1 to 1000"),
+            (["stream", "nak", "orders", "reader", "1", "--delay", "-5"], "--delay must be 0 to 86400 seconds"),
+            (["flights", "history", "--last", "0"], "--last must be 1 to 1000"),
+            (["pub", "/client/x", "1", "--ttl", "1e12"], "--ttl must be 0 to 31536000 seconds"),
+        ]
+        for (arguments, said) in outOfRange {
+            let refused = try await runCommand(sbExecutable(), arguments, environment: bus.environment)
+            #expect(refused.status == 64 && refused.stderr.contains(said), "\(arguments): \(refused)")
+        }
         let badEnvironment = try await bus.sb("ping", environment: ["SB_ENDPOINT": "garbage://x"])
         #expect(badEnvironment.status == 64, "\(badEnvironment)")
         // Invalid UTF-8 (a lone 0xFF) in an argument is refused, not turned into U+FFFD.

@@ -493,6 +493,10 @@ struct FlightHistory: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Option(parsing: .unconditional, help: "Read the stream's last this many messages (default 20, at most 1000).") var last = 20
 
+    func validate() throws {
+        try checkRange(last, flag: "last", field: "last", of: StreamsAPI.ReadMessages.self)
+    }
+
     func run() async throws {
         let asked = StreamsAPI.ReadMessages(name: PricingAPI.routeHistoryStream, last: last, filter: PricingAPI.StateKeys.routeCurrent)
         try await withClient(connection) { client in

@@ -290,6 +290,19 @@ func withClient(_ connection: ConnectionOptions, asOperator: Bool = false, _ bod
     }
 }
 
+/// A number given with `--flag`, checked against the range the method's contract gives its
+/// `field` (``NumberRanges``) before anything is sent: outside it, a usage error naming the
+/// flag, where the service would refuse the params naming the field. `unit`: what it counts.
+func checkRange<P: NumberRanges>(_ value: Double?, flag: String, field: String, of params: P.Type, unit: String = "") throws(ValidationError) {
+    guard let value, let range = P.numberRanges[field], !range.contains(value) else { return }
+    func text(_ bound: Double) -> String { bound == bound.rounded() ? String(Int64(bound)) : String(bound) }
+    throw ValidationError("--\(flag) must be \(text(range.lowerBound)) to \(text(range.upperBound))\(unit.isEmpty ? "" : " " + unit)")
+}
+
+func checkRange<P: NumberRanges>(_ value: Int?, flag: String, field: String, of params: P.Type) throws(ValidationError) {
+    try checkRange(value.map(Double.init), flag: flag, field: field, of: params)
+}
+
 /// The bytes of the file at `path`; when it cannot be read, a usage error that says which
 /// (`what`: the flag or thing it is for) and why, as the system puts it.
 func fileContents(_ path: String, for what: String) throws(ValidationError) -> Data {

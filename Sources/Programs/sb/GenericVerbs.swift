@@ -200,6 +200,7 @@ struct Publish: AsyncParsableCommand {
         guard key.hasPrefix("/") else { throw ValidationError("KEY must be a path starting with '/'") }
         _ = try parseJSON(value, "VALUE")
         if let ttl, !(ttl > 0) { throw ValidationError("--ttl must be positive") }
+        try checkRange(ttl, flag: "ttl", field: "ttl", of: KernelAPI.StateSetParams.self, unit: "seconds")
     }
 
     func run() async throws {

@@ -102,6 +102,14 @@ struct StreamAdd: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: "Seconds a message id is remembered, for exactly-once publishing (default 120).") var duplicateWindow: Double?
     @Flag(help: "Keep the kernel's state instead: every change of a key under the subjects (key prefixes), the key as subject.") var captureState = false
 
+    func validate() throws {
+        typealias Config = StreamsAPI.StreamConfig
+        try checkRange(maxMessages, flag: "max-messages", field: "maxMessages", of: Config.self)
+        try checkRange(maxBytes, flag: "max-bytes", field: "maxBytes", of: Config.self)
+        try checkRange(maxAge, flag: "max-age", field: "maxAge", of: Config.self, unit: "seconds")
+        try checkRange(duplicateWindow, flag: "duplicate-window", field: "duplicateWindow", of: Config.self, unit: "seconds")
+    }
+
     func run() async throws {
         let config = StreamsAPI.StreamConfig(name: name, subjects: subjects, retention: workQueue ? .workQueue : nil, maxMessages: maxMessages,
                                              maxBytes: maxBytes, maxAge: maxAge, duplicateWindow: duplicateWindow, captureState: captureState ? true : nil)
@@ -195,6 +203,9 @@ struct StreamRead: AsyncParsableCommand {
 
     func validate() throws {
         if from != nil, last != nil { throw ValidationError("give --from or --last, not both") }
+        try checkRange(from, flag: "from", field: "from", of: StreamsAPI.ReadMessages.self)
+        try checkRange(last, flag: "last", field: "last", of: StreamsAPI.ReadMessages.self)
+        try checkRange(max, flag: "max", field: "max", of: StreamsAPI.ReadMessages.self)
     }
 
     func run() async throws {
@@ -224,6 +235,12 @@ struct StreamConsumer: AsyncParsableCommand {
     @Option(help: "Only subjects starting with this.") var filter: String?
     @Option(parsing: .unconditional, help: "Seconds a reader has a message before it is handed out again (default 30).") var ackWait: Double?
     @Option(parsing: .unconditional, help: "Deliveries before a message goes to the dead letters (default 5).") var maxDeliver: Int?
+
+    func validate() throws {
+        try checkRange(fromSequence, flag: "from-sequence", field: "startSequence", of: StreamsAPI.ConsumerConfig.self)
+        try checkRange(ackWait, flag: "ack-wait", field: "ackWait", of: StreamsAPI.ConsumerConfig.self, unit: "seconds")
+        try checkRange(maxDeliver, flag: "max-deliver", field: "maxDeliver", of: StreamsAPI.ConsumerConfig.self)
+    }
 
     func run() async throws {
         let config = StreamsAPI.ConsumerConfig(stream: stream, name: name, deliver: new ? .new : nil, startSequence: fromSequence, startTime: fromTime,
@@ -261,7 +278,8 @@ struct StreamFetch: AsyncParsableCommand {
     func validate() throws {
         // The timeout is computed from it before the service can refuse it: a duration that
         // does not fit would trap.
-        if let wait, !(StreamsAPI.Fetch.numberRanges["wait"].map { $0.contains(wait) } ?? false) { throw ValidationError("--wait must be 0 to 60 seconds") }
+        try checkRange(wait, flag: "wait", field: "wait", of: StreamsAPI.Fetch.self, unit: "seconds")
+        try checkRange(batch, flag: "batch", field: "batch", of: StreamsAPI.Fetch.self)
     }
 
     func run() async throws {
@@ -305,7 +323,8 @@ struct StreamSubscribe: AsyncParsableCommand {
 
     func validate() throws {
         // As fetch's --wait: the timeout is computed from it.
-        if let expires, !(StreamsAPI.Next.numberRanges["expires"].map { $0.contains(expires) } ?? false) { throw ValidationError("--expires must be 0.001 to 3600 seconds") }
+        try checkRange(expires, flag: "expires", field: "expires", of: StreamsAPI.Next.self, unit: "seconds")
+        try checkRange(count, flag: "count", field: "max", of: StreamsAPI.Next.self)
     }
 
     func run() async throws {
@@ -363,6 +382,10 @@ struct StreamNak: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @OptionGroup var settle: SettleOptions
     @Option(parsing: .unconditional, help: "Seconds before they are handed out again (default 0).") var delay: Double?
+
+    func validate() throws {
+        try checkRange(delay, flag: "delay", field: "delay", of: StreamsAPI.Nak.self, unit: "seconds")
+    }
 
     func run() async throws {
         let nak = StreamsAPI.Nak(stream: settle.stream, consumer: settle.consumer, sequences: settle.sequences, delay: delay)
