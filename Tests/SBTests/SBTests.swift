@@ -301,6 +301,8 @@ struct SBTests {
             (["stream", "read", "orders", "--last", "1001"], "--last must be 1 to 1000"),
             (["stream", "nak", "orders", "reader", "1", "--delay", "-5"], "--delay must be 0 to 86400 seconds"),
             (["flights", "history", "--last", "0"], "--last must be 1 to 1000"),
+            (["countries", "par", "--limit", "0"], "--limit must be 1 to 1000"),
+            (["news", "headlines", "--page-size", "1000"], "--page-size must be 1 to 100"),
             (["pub", "/client/x", "1", "--ttl", "1e12"], "--ttl must be 0 to 31536000 seconds"),
         ]
         for (arguments, said) in outOfRange {

@@ -47,6 +47,11 @@ struct CountrySearch: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: "Countries shown (1 to 1000).") var limit = 250
     @Option(parsing: .unconditional, help: "Countries skipped first.") var offset = 0
 
+    func validate() throws {
+        try checkRange(limit, flag: "limit", field: "limit", of: SearchAPI.Countries.self)
+        try checkRange(offset, flag: "offset", field: "offset", of: SearchAPI.Countries.self)
+    }
+
     func run() async throws {
         let params = SearchAPI.Countries(query: query, region: region, offset: offset, limit: limit)
         try await appVerb(connection, output, { try await call($0, SearchAPI.countriesSearch, params) }) { answer in
@@ -297,6 +302,11 @@ struct NewsHeadlines: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: "The page, from 1.") var page = 1
     @Option(parsing: .unconditional, help: "Headlines per page (1 to 100).") var pageSize = 20
     @Option(name: .customLong("source"), help: "A source id instead of the selection (repeatable).") var sources: [String] = []
+
+    func validate() throws {
+        try checkRange(page, flag: "page", field: "page", of: SearchAPI.Headlines.self)
+        try checkRange(pageSize, flag: "page-size", field: "pageSize", of: SearchAPI.Headlines.self)
+    }
 
     func run() async throws {
         let params = SearchAPI.Headlines(sources: sources.isEmpty ? nil : sources, page: page, pageSize: pageSize)
