@@ -208,3 +208,60 @@ struct BatchReplyTests {
         #expect(await counter.count == 4)
     }
 }
+
+/// Isolated methods only, as the kernel's: answered without suspending, a turn at a time.
+private actor Pages: BusService {
+    static let name = "pages"
+    struct Size: Codable, Sendable { var bytes: Int }
+    static let page = Method<Size, String>(name, "page", "A string of that many bytes.")
+    static let bump = Method<NoParams, Int>(name, "bump", "Counts one more.")
+    var count = 0
+
+    nonisolated func methods(_ table: inout MethodTable<Pages>) {
+        table.onIsolated(Self.page) { _, size in String(repeating: "p", count: size.bytes) }
+        table.onIsolated(Self.bump) { pages, _ in
+            pages.count += 1
+            return pages.count
+        }
+    }
+
+    /// `body` answered through every turn it takes, with how many it took.
+    func answer(_ body: String, with table: MethodTable<Pages>, turnBytes: Int) -> (reply: [UInt8], errors: Int, turns: Int) {
+        switch table.answerNow(body: Array(body.utf8), on: self, turnBytes: turnBytes) {
+        case .answered(let reply, let errors): return (reply, errors, 1)
+        case .underWay(var rest):
+            var turns = 1
+            while true {
+                turns += 1
+                if let answered = table.goOn(&rest, on: self, turnBytes: turnBytes) { return (answered.reply, answered.errors, turns) }
+            }
+        }
+    }
+}
+
+@Suite("Bodies answered a turn at a time: the reply is the one a single turn writes")
+struct AnswerInTurnsTests {
+    @Test("a batch of results, notifications, invalid members and unknown methods, answered one request a turn: the same bytes as in one turn")
+    func sameReply() async throws {
+        let pages = Pages()
+        let table = MethodTable(of: pages)
+        let bodies = [
+            #"[{"jsonrpc":"2.0","id":1,"method":"page","params":{"bytes":300}},{"jsonrpc":"2.0","method":"bump"},42,{"jsonrpc":"2.0","id":2,"method":"page","params":{"bytes":5}},{"jsonrpc":"2.0","id":"x","method":"nope"},{"jsonrpc":"2.0","method":"bump"},43]"#,
+            #"[17,{"jsonrpc":"2.0","method":"bump"},{"jsonrpc":"2.0","id":3,"method":"page","params":{"bytes":2000}}]"#,
+            #"[{"jsonrpc":"2.0","method":"bump"},{"jsonrpc":"2.0","method":"bump"}]"#,
+            #"{"jsonrpc":"2.0","id":4,"method":"page","params":{"bytes":70}}"#,
+            #"{"jsonrpc":"2.0","method":"bump"}"#,
+        ]
+        for body in bodies {
+            let whole = await pages.answer(body, with: table, turnBytes: .max)
+            let inTurns = await pages.answer(body, with: table, turnBytes: 1)
+            #expect(whole.turns == 1)
+            #expect(inTurns.reply == whole.reply && inTurns.errors == whole.errors,
+                    "\(String(decoding: inTurns.reply, as: UTF8.self)) against \(String(decoding: whole.reply, as: UTF8.self))")
+        }
+        let batch = await pages.answer(bodies[0], with: table, turnBytes: 1)
+        #expect(batch.turns == 4, "a turn ends at each result: four for five requests (an error and the bump after it share one)")
+        #expect(try JSONRPC.parseResponses(batch.reply).map(\.id) == [.number(1), .null, .number(2), .string("x"), .null])
+        #expect(await pages.count == 2 * (2 + 1 + 2 + 0 + 1) + 2)
+    }
+}

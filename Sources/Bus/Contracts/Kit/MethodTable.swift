@@ -204,11 +204,13 @@ public struct MethodTable<Service: BusService>: Sendable {
         var outcomes: [Result<[UInt8], any Error>] = []
         outcomes.reserveCapacity(body.requests.count - body.next)
         var bytesThisTurn = 0
-        while body.next < body.requests.count, bytesThisTurn < turnBytes {
+        // At least one request a turn, however small `turnBytes`.
+        while body.next < body.requests.count {
             let outcome = runNow(body.requests[body.next], on: service, budget: &body.budget)
             if case .success(let result) = outcome { bytesThisTurn += result.count }
             outcomes.append(outcome)
             body.next += 1
+            if bytesThisTurn >= turnBytes { break }
         }
         if body.next < body.requests.count {
             // Answered in turns: room for the reply as large as the requests answered so far
