@@ -162,16 +162,10 @@ struct HostileNumbersAndRepliesTests {
             // Eight pages of 600 kB: several turns of the kernel's loop. The connection's
             // messages are read in order, so the ping is taken up only after the batch is.
             let batch = (0..<8).map { JSONRPCRequest(id: .number(Int64(100 + $0)), method: "state.get", params: ["prefix": "/client/turns/", "limit": 1]).jsonBytes }
-            let dealer = try kernel.socket(.dealer, kernel.broker)
-            try dealer.set(.receiveTimeout, 30_000)
-            try dealer.send([Frame(), Frame(MDP.clientHeader), Frame("kernel"), Frame(JSONRPC.batchReply(batch)!)])
-            try dealer.send([Frame(), Frame(MDP.clientHeader), Frame("kernel"), Frame(JSONRPCRequest(id: .number(1), method: "ping").jsonBytes)])
-            let first = try JSONRPC.parseResponses(try MDP.decodeAtClient(try dealer.receive()).body[0].bytes)
-            let second = try JSONRPC.parseResponses(try MDP.decodeAtClient(try dealer.receive()).body[0].bytes)
-            #expect(first.map(\.id) == [.number(1)], "the ping waited for the batch: \(first.map(\.id))")
-            #expect(second.map(\.id) == (0..<8).map { .number(Int64(100 + $0)) })
-            #expect(second.allSatisfy { $0.failure == nil })
-            dealer.close()
+            let replies = try repliesToBatchThenPing(batch, broker: kernel.broker)
+            #expect(replies[0].map(\.id) == [.number(1)], "the ping waited for the batch: \(replies[0].map(\.id))")
+            #expect(replies[1].map(\.id) == (0..<8).map { .number(Int64(100 + $0)) })
+            #expect(replies[1].allSatisfy { $0.failure == nil })
             try await kernel.stillServes()
         } catch {
             Issue.record(error)

@@ -290,17 +290,9 @@ struct EtcdStateTests {
             for index in 0..<2 { _ = try await set(bus, "/client/turns/\(index)", value) }
             try await kernel.state("/client/turns/", within: 30, "the copy holds both") { $0.count == 2 }
             let batch = (0..<8).map { JSONRPCRequest(id: .number(Int64(100 + $0)), method: "state.get", params: ["prefix": "/client/turns/", "limit": 1]).jsonBytes }
-            let dealer = try ZMQSocket(ZMQContext(), .dealer)
-            defer { dealer.close() }
-            try dealer.set(.linger, 0)
-            try dealer.set(.receiveTimeout, 30_000)
-            try dealer.connect(kernel.endpoints.broker)
-            try dealer.send([Frame(), Frame(MDP.clientHeader), Frame("kernel"), Frame(JSONRPC.batchReply(batch)!)])
-            try dealer.send([Frame(), Frame(MDP.clientHeader), Frame("kernel"), Frame(JSONRPCRequest(id: .number(1), method: "ping").jsonBytes)])
-            let first = try JSONRPC.parseResponses(try MDP.decodeAtClient(try dealer.receive()).body[0].bytes)
-            let second = try JSONRPC.parseResponses(try MDP.decodeAtClient(try dealer.receive()).body[0].bytes)
-            #expect(first.map(\.id) == [.number(1)], "the ping waited for the batch: \(first.map(\.id))")
-            #expect(second.map(\.id) == (0..<8).map { .number(Int64(100 + $0)) })
+            let replies = try repliesToBatchThenPing(batch, broker: kernel.endpoints.broker)
+            #expect(replies[0].map(\.id) == [.number(1)], "the ping waited for the batch: \(replies[0].map(\.id))")
+            #expect(replies[1].map(\.id) == (0..<8).map { .number(Int64(100 + $0)) })
         }
     }
 

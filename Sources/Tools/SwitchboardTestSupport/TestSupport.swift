@@ -752,3 +752,18 @@ public func residentBytes(of pid: Int32) -> Int? {
 public func jsonLines(_ text: String) throws -> [JSONValue] {
     try text.split(separator: "\n").map { try JSONValue(parsing: Array($0.utf8)) }
 }
+
+/// Sends a `kernel` request body holding `batch` (each a request's JSON), then a `ping` (id 1),
+/// on one connection to `broker`, speaking 7/MDP as any client; returns the responses of the
+/// two replies in the order they came (the kernel reads a connection's messages in order, so
+/// the ping is taken up only after the batch).
+public func repliesToBatchThenPing(_ batch: [[UInt8]], broker: String) throws -> [[JSONRPCResponse]] {
+    let dealer = try ZMQSocket(ZMQContext(), .dealer)
+    defer { dealer.close() }
+    try dealer.set(.linger, 0)
+    try dealer.set(.receiveTimeout, 30_000)
+    try dealer.connect(broker)
+    try dealer.send([Frame(), Frame(MDP.clientHeader), Frame("kernel"), Frame(JSONRPC.batchReply(batch)!)])
+    try dealer.send([Frame(), Frame(MDP.clientHeader), Frame("kernel"), Frame(JSONRPCRequest(id: .number(1), method: "ping").jsonBytes)])
+    return try (0..<2).map { _ in try JSONRPC.parseResponses(try MDP.decodeAtClient(try dealer.receive()).body[0].bytes) }
+}
