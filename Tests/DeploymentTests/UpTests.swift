@@ -244,6 +244,9 @@ struct UpTests {
         let any = "tcp://127.0.0.1:*"
         let inUse = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path, "--broker", taken, "--snapshot", any, "--publisher", any, "--collector", any])
         #expect(inUse.status == 1 && inUse.stderr.contains("another program listens there") && inUse.stderr.contains("(kernel.broker)"), "\(inUse)")
+        // A flag read as its setting is: the error names the flag, not a variable nobody set.
+        let badListen = try await runCommand(switchboardExecutable(), ["gateway", "--config", good.path, "--listen", "foo"])
+        #expect(badListen.status == 64 && badListen.stderr.contains("--listen: expected HOST:PORT") && !badListen.stderr.contains("SWITCHBOARD_"), "\(badListen)")
         // A mistyped endpoint is a usage error naming its flag, before any socket is opened.
         let badBind = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path, "--broker", "tcp://127.0.0.1:port"])
         #expect(badBind.status == 64 && badBind.stderr.contains("--broker 'tcp://127.0.0.1:port' is not an endpoint"), "\(badBind)")

@@ -41,7 +41,8 @@ struct GatewayCommand: AsyncParsableCommand {
             do {
                 override = try ConfigFile.parse("", environment: [ConfigFile.variable(for: "gateway.listen"): listen])
             } catch {
-                FileHandle.standardError.write(Data("switchboard: --listen: \(error)\n".utf8))
+                // Read as the setting is, through its variable; said of the flag that gave it.
+                FileHandle.standardError.write(Data("switchboard: --listen: \((error as? ConfigError)?.problem ?? "\(error)")\n".utf8))
                 throw ExitCode(64)
             }
             file.gateway.host = override.gateway.host
