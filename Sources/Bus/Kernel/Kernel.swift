@@ -1,5 +1,6 @@
 import BusProtocol
 public import Contracts
+import DequeModule
 import Foundation
 public import Logging
 public import ServiceLifecycle
@@ -34,9 +35,10 @@ public actor Kernel: BusService {
     private var startedAt = Date()
     /// The `kernel` service's methods, answered on the loop as each request arrives.
     private var table: MethodTable<Kernel>?
-    /// Bodies answered a turn of the loop at a time, by a number of their own, between turns.
-    private var answersUnderWay: [Int: AnswerUnderWay] = [:]
-    private var nextAnswerNumber = 0
+    /// Bodies answered a turn of the loop at a time, between turns: after each poll of the
+    /// sockets the first takes a turn, then goes to the back. One turn for all of them, so
+    /// however many batches are under way the loop is held up by one turn's work.
+    private var answersUnderWay: Deque<AnswerUnderWay> = []
     /// The CURVE key of the request being answered, for `state.set`'s rules.
     @TaskLocal static var requestPeer: String?
 
@@ -365,9 +367,9 @@ public actor Kernel: BusService {
         switch answering {
         case .answered(let reply, _): parts?.reply(to: caller, reply)
         case .underWay(let rest):
-            nextAnswerNumber += 1
-            answersUnderWay[nextAnswerNumber] = AnswerUnderWay(body: rest, caller: caller, peer: peer)
-            scheduleTurn(of: nextAnswerNumber)
+            answersUnderWay.append(AnswerUnderWay(body: rest, caller: caller, peer: peer))
+            // A turn is due while any is under way: the first one under way asks for it.
+            if answersUnderWay.count == 1 { scheduleTurn() }
         }
     }
 
@@ -378,22 +380,23 @@ public actor Kernel: BusService {
         let peer: String?
     }
 
-    private func scheduleTurn(of number: Int) {
-        loop.schedule(after: .zero) { [weak self] in self?.assumeIsolated { $0.takeTurn(of: number) } }
+    private func scheduleTurn() {
+        loop.schedule(after: .zero) { [weak self] in self?.assumeIsolated { $0.takeTurn() } }
     }
 
-    /// Answers the next turn of a body answered in turns, and replies once it is all answered.
-    /// The body is taken out for its turn and put back after it: held in one place only, its
-    /// reply grows where it lies.
-    private func takeTurn(of number: Int) {
+    /// Answers the next turn of the first body under way, and replies once it is all
+    /// answered. The body is taken out for its turn and put back after it: held in one place
+    /// only, its reply grows where it lies.
+    private func takeTurn() {
         // Stopped meanwhile: there is no socket to answer on.
-        guard var answer = answersUnderWay.removeValue(forKey: number), let table, let parts else { return }
-        guard let answered = Self.$requestPeer.withValue(answer.peer, operation: { table.goOn(&answer.body, on: self, turnBytes: Self.turnBytes) }) else {
-            answersUnderWay[number] = answer
-            return scheduleTurn(of: number)
+        guard var answer = answersUnderWay.popFirst(), let table, let parts else { return }
+        if let answered = Self.$requestPeer.withValue(answer.peer, operation: { table.goOn(&answer.body, on: self, turnBytes: Self.turnBytes) }) {
+            parts.reply(to: answer.caller, answered.reply)
+            parts.flush()
+        } else {
+            answersUnderWay.append(answer)
         }
-        parts.reply(to: answer.caller, answered.reply)
-        parts.flush()
+        if !answersUnderWay.isEmpty { scheduleTurn() }
     }
 
     /// The `kernel` service's methods while serving.
