@@ -295,7 +295,7 @@ func withClient(_ connection: ConnectionOptions, asOperator: Bool = false, _ bod
 /// flag, where the service would refuse the params naming the field. `unit`: what it counts.
 func checkRange<P: NumberRanges>(_ value: Double?, flag: String, field: String, of params: P.Type, unit: String = "") throws(ValidationError) {
     guard let value, let range = P.numberRanges[field], !range.contains(value) else { return }
-    func text(_ bound: Double) -> String { bound == bound.rounded() ? String(Int64(bound)) : String(bound) }
+    func text(_ bound: Double) -> String { bound == bound.rounded() && abs(bound) < 1e18 ? String(Int64(bound)) : String(bound) }
     throw ValidationError("--\(flag) must be \(text(range.lowerBound)) to \(text(range.upperBound))\(unit.isEmpty ? "" : " " + unit)")
 }
 
