@@ -171,6 +171,12 @@ package actor SQLiteWriter {
     /// timeout so several processes can share one file, at most `maxSizeBytes` (beyond it
     /// writes fail with "full", as on a full disk), and the schema migrations.
     ///
+    /// Processes that share the file open it one at a time, under an exclusive `flock` of the
+    /// file: a kernel pair's two services start together on a new file, and SQLite's busy
+    /// timeout covers neither turning WAL on (refused as locked at once) nor the migrator,
+    /// which reads what was applied before its transaction and would make a table the other
+    /// just made. (SQLite's own locks are `fcntl` locks, which this one does not touch.)
+    ///
     /// The users' data is theirs alone: a folder made here is 0700, and the database is 0600
     /// from the moment it exists (SQLite gives its -wal and -shm files the database's mode);
     /// a database an older version left readable to others is made 0600 too.
@@ -186,8 +192,9 @@ package actor SQLiteWriter {
         let descriptor = Glibc.open(url.path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
         if descriptor >= 0 {
             for file in [url.path, url.path + "-wal", url.path + "-shm"] { chmod(file, 0o600) }
-            close(descriptor)
         }
+        defer { if descriptor >= 0 { close(descriptor) } }
+        if descriptor >= 0 { try lockForOpening(descriptor, path: path) }
         var config = Configuration()
         config.label = label
         config.busyMode = .timeout(10)
@@ -199,5 +206,26 @@ package actor SQLiteWriter {
         let pool = try DatabasePool(path: url.path, configuration: config)
         try migrator.migrate(pool)
         return pool
+    }
+
+    /// How long an opener waits for another process to finish opening the file: as long as a
+    /// write waits for another's transaction (the busy timeout).
+    static let openingWait = Duration.seconds(10)
+
+    /// Takes the exclusive lock the openers of one file take in turn (closing `descriptor`
+    /// lets it go); waits at most ``openingWait``, then fails naming the file.
+    private static func lockForOpening(_ descriptor: Int32, path: String) throws {
+        let deadline = ContinuousClock.now + openingWait
+        while flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
+            let code = errno
+            guard code == EWOULDBLOCK || code == EINTR else {
+                throw StorageFailure(reason: "cannot-open", detail: "cannot lock \(path) to open it: \(String(cString: strerror(code)))", path: path)
+            }
+            guard ContinuousClock.now < deadline else {
+                throw StorageFailure(reason: "cannot-open",
+                                     detail: "another process has been opening \(path) for \(openingWait.formatted): still locked", path: path)
+            }
+            usleep(10_000)
+        }
     }
 }
