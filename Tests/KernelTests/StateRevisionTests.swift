@@ -48,6 +48,20 @@ struct StateRevisionTests {
         #expect(try write(&state, "/client/route", #""again""#, expected: 0).get() > updated)
     }
 
+    @Test("a kernel that installs a copy of its peer's state tells its subscribers: each counted topic's count moves on, so the next HUGZ shows changes it never published")
+    func installCounted() throws {
+        var passive = server()
+        passive.install([], sequence: 10, now: 0)
+        passive.subscriptionChanged(Message([Frame([1] + Array("/probe/".utf8))]), now: 0)
+        _ = passive.publisher.take()
+        // Copied again: /probe/a changed (at 15) while this kernel published nothing.
+        passive.install([ReplicatedEntry(key: Frame("/probe/a"), sequence: 15, uuid: Frame(), properties: Frame(), value: Frame("1"),
+                                         quotaOwner: nil, expiresIn: nil)], sequence: 20, now: 0)
+        passive.tick(now: 1)
+        let hugz = passive.publisher.take().compactMap { try? CHP.decodeUpdate($0) }
+        #expect(hugz == [.hugz(published: ["/probe/": 1])])
+    }
+
     @Test("the same compare-and-set sent again (its reply lost in a failover) is answered with the revision it made, on the peer too")
     func sentAgain() throws {
         var active = server()

@@ -411,8 +411,12 @@ struct StateServer: ~Copyable {
     }
 
     /// Replaces the whole state with the active peer's copy (nothing is published: the
-    /// active one published every entry already).
+    /// active one published every entry already). The changes between the copy held before
+    /// and this one were never published here: every topic's count moves on by one, so a
+    /// subscriber following this kernel finds the gap at the next HUGZ and resyncs.
     mutating func install(_ snapshot: [ReplicatedEntry], sequence: UInt64, now: UInt64) {
+        for index in topics.indices { topics[index].published &+= 1 }
+        countsDue = true
         entries = [:]
         quotas = [:]
         lastQuota = nil
