@@ -107,38 +107,123 @@ struct SubscriptionGapTests {
         snapshots.close()
     }
 
-    @Test("the kernel asked for the snapshot goes before it answers, the other kernel of the pair still up: the snapshot is asked of the other at once, not after a silence")
-    func snapshotKernelGoes() async throws {
-        // Two stand-in kernels over TCP (connection events are TCP's); the subscription's
-        // clock never moves, so no timeout can be what asks again.
-        let context = try ZMQContext()
-        func standIn() throws -> (publisher: ZMQSocket, snapshots: ZMQSocket, endpoints: (snapshot: String, publisher: String)) {
-            let publisher = try ZMQSocket(context, .xpub)
-            try publisher.set(.receiveTimeout, Int32(10_000))
-            try publisher.set(.linger, Int32(0))
-            let publisherEndpoint = try publisher.bind("tcp://127.0.0.1:*")
-            let snapshots = try ZMQSocket(context, .router)
-            try snapshots.set(.receiveTimeout, Int32(10_000))
-            try snapshots.set(.linger, Int32(0))
-            return (publisher, snapshots, (try snapshots.bind("tcp://127.0.0.1:*"), publisherEndpoint))
+    /// A stand-in kernel over TCP (connection events are TCP's): its publisher (an XPUB) and
+    /// snapshot socket (a ROUTER), each receive bounded to 10 s.
+    struct StandIn {
+        let publisher: ZMQSocket
+        let snapshots: ZMQSocket
+        let endpoints: (snapshot: String, publisher: String)
+
+        init(_ context: ZMQContext) throws {
+            publisher = try ZMQSocket(context, .xpub)
+            snapshots = try ZMQSocket(context, .router)
+            for socket in [publisher, snapshots] {
+                try socket.set(.receiveTimeout, Int32(10_000))
+                try socket.set(.linger, Int32(0))
+            }
+            endpoints = (try snapshots.bind("tcp://127.0.0.1:*"), try publisher.bind("tcp://127.0.0.1:*"))
         }
-        let first = try standIn(), second = try standIn()
-        let subscription = try await Subscription.open(
-            kernels: [first.endpoints, second.endpoints],
-            prefixes: ["/probe/"], context: context, silenceTimeout: .seconds(3_600), clock: ManualClock())
+
+        func publish(_ key: String, _ sequence: UInt64) throws {
+            try publisher.send(CHP.kv(KVEntry(key: key, sequence: sequence, value: Frame("\(sequence)"))))
+        }
+
+        /// The next snapshot request: who asked, and after which sequence.
+        func snapshotRequest() throws -> (client: Frame, since: UInt64?) {
+            let (client, _, since, _) = try CHP.decodeSnapshotRequest(try snapshots.receive())
+            return (client, since)
+        }
+
+        func close() {
+            publisher.close()
+            snapshots.close()
+        }
+    }
+
+    /// Two stand-in kernels of a pair and a subscription to `/probe/` on both, which has
+    /// reached both; its clock never moves, so no timeout can be what asks again.
+    func standInPair() async throws -> (first: StandIn, second: StandIn, subscription: Subscription) {
+        let context = try ZMQContext()
+        let first = try StandIn(context), second = try StandIn(context)
+        let subscription = try await Subscription.open(kernels: [first.endpoints, second.endpoints], prefixes: ["/probe/"], context: context,
+                                                       silenceTimeout: .seconds(3_600), clock: ManualClock())
         for kernel in [first, second] {
             while try kernel.publisher.receive()[0].bytes != [1] + Array(CHP.hugzCommand.utf8) {}
         }
+        return (first, second, subscription)
+    }
+
+    @Test("the kernel asked for the snapshot goes before it answers, the other kernel of the pair still up: the snapshot is asked of the other at once, not after a silence")
+    func snapshotKernelGoes() async throws {
+        let (first, second, subscription) = try await standInPair()
         try first.publisher.send(CHP.hugz())
-        _ = try CHP.decodeSnapshotRequest(try first.snapshots.receive())
-        first.publisher.close()
-        first.snapshots.close()
-        let (client, subtree, _, _) = try CHP.decodeSnapshotRequest(try second.snapshots.receive())
-        try second.snapshots.send(CHP.kthxbai(sequence: 9, subtree: subtree, to: client))
+        _ = try first.snapshotRequest()
+        // The other kernel greets the subscription, as a kernel does when it reaches it.
+        try second.publisher.send(CHP.hugz())
+        first.close()
+        let (client, _) = try second.snapshotRequest()
+        try second.snapshots.send(CHP.kthxbai(sequence: 9, subtree: "/probe/", to: client))
         #expect(try await within(10, "the snapshot of the other kernel") { try await subscription.next() } == .synced(sequence: 9))
         await subscription.cancel()
-        second.publisher.close()
-        second.snapshots.close()
+        second.close()
+    }
+
+    @Test("the kernels of a pair publish out of step and the other reached the subscription after a change: changes come in order from the kernel followed; when it goes, the other is asked for those after the last delivered, and followed, with nothing said")
+    func kernelsOutOfStep() async throws {
+        let (first, second, subscription) = try await standInPair()
+        func next(_ what: String) async throws -> SubscriptionEvent? { try await within(10, what) { try await subscription.next() } }
+        try first.publisher.send(CHP.hugz())
+        let (client, _) = try first.snapshotRequest()
+        try first.snapshots.send(CHP.kthxbai(sequence: 7, subtree: "/probe/", to: client))
+        #expect(try await next("the snapshot") == .synced(sequence: 7))
+        try second.publisher.send(CHP.hugz())
+        // A passive kernel publishes each change before the active one, which waits for its
+        // copy; this one's publisher reached the subscription after change 8.
+        for sequence: UInt64 in 9...10 { try second.publish("/probe/t", sequence) }
+        // Time for them to arrive first: the subscription must set them aside, which no
+        // event tells (taken as they come, 9 would be delivered before 8 and 8 lost).
+        try await Task.sleep(for: .milliseconds(300))
+        for sequence: UInt64 in 8...10 { try first.publish("/probe/t", sequence) }
+        for sequence: UInt64 in 8...10 { #expect(try await next("change \(sequence)") == .update(.init(key: "/probe/t", sequence: sequence, value: Frame("\(sequence)"), fromSnapshot: false))) }
+
+        // The other publishes 11; the one followed goes before it does.
+        try second.publish("/probe/t", 11)
+        first.close()
+        let (again, since) = try second.snapshotRequest()
+        #expect(since == 10)
+        try second.snapshots.send(CHP.kvsync(KVEntry(key: "/probe/t", sequence: 11, value: Frame("11")), to: again))
+        try second.snapshots.send(CHP.kthxbai(sequence: 11, subtree: "/probe/", since: 10, to: again))
+        #expect(try await next("change 11, asked of the other") == .update(.init(key: "/probe/t", sequence: 11, value: Frame("11"), fromSnapshot: false)))
+        try second.publish("/probe/t", 12)
+        #expect(try await next("change 12, from the other") == .update(.init(key: "/probe/t", sequence: 12, value: Frame("12"), fromSnapshot: false)))
+        #expect(await subscription.resyncCount() == 0)
+        await subscription.cancel()
+        second.close()
+    }
+
+    @Test("the kernel followed goes and the other no longer holds every change after the last delivered: said, the other's snapshot, resynced")
+    func otherKernelWithoutTheChanges() async throws {
+        let (first, second, subscription) = try await standInPair()
+        func next(_ what: String) async throws -> SubscriptionEvent? { try await within(10, what) { try await subscription.next() } }
+        try first.publisher.send(CHP.hugz())
+        try second.publisher.send(CHP.hugz())
+        let (client, _) = try first.snapshotRequest()
+        try first.snapshots.send(CHP.kvsync(KVEntry(key: "/probe/a", sequence: 5, value: Frame("5")), to: client))
+        try first.snapshots.send(CHP.kthxbai(sequence: 7, subtree: "/probe/", to: client))
+        #expect(try await next("the snapshot")?.update?.key == "/probe/a")
+        #expect(try await next("synced") == .synced(sequence: 7))
+        first.close()
+        let (again, since) = try second.snapshotRequest()
+        #expect(since == 7)
+        try second.snapshots.send(CHP.kvsync(KVEntry(key: "/probe/b", sequence: 20, value: Frame("20")), to: again))
+        try second.snapshots.send(CHP.kthxbai(sequence: 20, subtree: "/probe/", to: again))
+        guard case .missed(nil, 7, let reason)? = try await next("the move said") else { Issue.record("expected a missed event"); return }
+        #expect(reason.contains("no longer holds"), "\(reason)")
+        #expect(try await next("b") == .update(.init(key: "/probe/b", sequence: 20, value: Frame("20"), fromSnapshot: true)))
+        #expect(try await next("a, gone") == .update(.init(key: "/probe/a", sequence: 20, value: Frame(), fromSnapshot: true)))
+        #expect(try await next("resynced") == .resynced(sequence: 20, changed: 2))
+        await subscription.cancel()
+        second.close()
     }
 
     @Test("a change below the last sequence delivered that the view never had (the kernels' histories parted): said, and resynced from a whole snapshot; the other kernel's copies and what the sync covered are not")

@@ -124,11 +124,13 @@ public final class Subscription: AsyncSequence, Sendable {
     }
 
     /// Opens a subscription to the two kernels of a pair at once (each kernel's snapshot and
-    /// publisher endpoints): both publish every change with the same sequence number, so a
-    /// change is delivered once, from whichever brings it first, and the loss of one kernel
-    /// costs no update and no resync. `changesOnly` (with `since`): when the kernel no longer
-    /// holds the changes, ``SubscriptionEvent/reset(since:reason:)`` and `synced` come without
-    /// the snapshot (for a caller that wants the changes or nothing, and closes it after).
+    /// publisher endpoints): both publish every change with the same sequence number. It
+    /// follows one (the first to greet it), and when that one goes it follows the other from
+    /// the last change delivered, which it asks of it: the loss of one kernel costs no update
+    /// and no resync while the other still holds those changes. `changesOnly` (with `since`):
+    /// when the kernel no longer holds the changes, ``SubscriptionEvent/reset(since:reason:)``
+    /// and `synced` come without the snapshot (for a caller that wants the changes or
+    /// nothing, and closes it after).
     public static func open(kernels: [(snapshot: String, publisher: String)], prefixes: [String] = [""], includeSnapshot: Bool = true,
                             since: UInt64? = nil, changesOnly: Bool = false, context: ZMQContext? = nil, loop: SocketLoop? = nil,
                             silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
@@ -231,6 +233,8 @@ actor SubscriptionCore {
         var receivedSinceCheckpoint: [String: UInt64] = [:]
         /// A HUGZ came since it (re)connected: its counts can be compared.
         var counting = false
+        /// When a message last came from it (by the subscription's clock).
+        var heardAt: UInt64 = 0
     }
 
     nonisolated let loop: SocketLoop
@@ -246,8 +250,13 @@ actor SubscriptionCore {
     let curve: CurveClientKeys?
 
     private var sources: [Source]
-    /// The kernel the snapshot is read from.
-    private var snapshotSource = 0
+    /// The kernel followed: the snapshot is read from it, and only its updates are applied.
+    /// The other kernel of a pair publishes the same changes, but not in step: the passive
+    /// one publishes each before the active one does (which waits for its copy), and a
+    /// connection made to it after a change brings the next without that one. Taking each
+    /// change from whichever kernel brings it first would skip that change. When the kernel
+    /// followed goes, the other is followed from the last change delivered (``followAnother()``).
+    private var followed = 0
     private var snapshotSocket: SocketRegistration?
     private var timer: LoopTimer?
     private var phase = Phase.awaitingHello
@@ -340,14 +349,16 @@ actor SubscriptionCore {
         let dealer = try ZMQSocket(loop.context, .dealer)
         try dealer.secure(curve)
         try dealer.set(.receiveHighWaterMark, 0)
-        try dealer.connect(sources[snapshotSource].snapshotEndpoint)
+        try dealer.connect(sources[followed].snapshotEndpoint)
         snapshotSocket = loop.register(dealer) { [weak self] message in self?.assumeIsolated { $0.snapshotReply(message) } }
     }
 
     // MARK: Publisher
 
     private func published(_ message: Message, from source: Int) {
-        lastHeard = clock.now
+        // Silence is the followed kernel's: another's updates do not keep the view fresh.
+        if source == followed || phase == .awaitingHello { lastHeard = clock.now }
+        sources[source].heardAt = clock.now
         guard let update = try? CHP.decodeUpdate(message) else { return }
         switch update {
         case .hugz(let published):
@@ -355,8 +366,8 @@ actor SubscriptionCore {
             case .awaitingHello:
                 // This kernel proved the subscription live: its snapshot is read.
                 takeCheckpoint(published, source: source)
-                if snapshotSource != source {
-                    snapshotSource = source
+                if followed != source {
+                    followed = source
                     try? openSnapshotSocket()
                 }
                 requestSnapshot(0)
@@ -370,13 +381,10 @@ actor SubscriptionCore {
                 break
             }
         case .entry(let entry):
-            guard prefixes.contains(where: { entry.key.hasPrefix($0) }) else { return }
-            switch phase {
-            case .awaitingHello, .stopped: return
-            case .snapshotting: pendingLive.append(entry)
-            case .live: apply(entry)
-            }
+            guard prefixes.contains(where: { entry.key.hasPrefix($0) }), phase != .awaitingHello, phase != .stopped else { return }
             for prefix in countedPrefixes where entry.key.hasPrefix(prefix) { sources[source].receivedSinceCheckpoint[prefix, default: 0] += 1 }
+            guard source == followed else { return }
+            if case .snapshotting = phase { pendingLive.append(entry) } else { apply(entry) }
         }
     }
 
@@ -388,9 +396,12 @@ actor SubscriptionCore {
     }
 
     /// Compares what a kernel published under each prefix since its checkpoint with what
-    /// arrived from it: fewer arrived, so the kernel dropped some for this subscriber. A HUGZ
-    /// leaves out topics whose count did not change since the previous one: their
-    /// checkpoints stand (and keep counting), so a dropped HUGZ costs only time.
+    /// arrived from it: fewer arrived, so the kernel dropped some for this subscriber (or has
+    /// a hole in what it published: a passive kernel that copied its peer's state again). A
+    /// HUGZ leaves out topics whose count did not change since the previous one: their
+    /// checkpoints stand (and keep counting), so a dropped HUGZ costs only time. A gap in a
+    /// kernel not followed costs nothing: should it be followed, it is from the last change
+    /// delivered, asked of it.
     private func checkForGap(_ published: [String: UInt64], source: Int) {
         var missed: UInt64 = 0
         for prefix in countedPrefixes {
@@ -402,22 +413,18 @@ actor SubscriptionCore {
             sources[source].checkpoint[prefix] = now
             sources[source].receivedSinceCheckpoint[prefix] = 0
         }
-        guard missed > 0 else { return }
-        if snapshotSource != source {
-            snapshotSource = source
-            try? openSnapshotSocket()
-        }
+        guard missed > 0, source == followed else { return }
         needsWholeSnapshot = true
         resync(missed: missed, reason: "the kernel dropped updates while this subscriber was behind", subscriptionIsLive: true)
     }
 
     private func apply(_ entry: KVEntry) {
         guard entry.sequence > lastSequence else {
-            // Below the last one delivered: the other kernel's copy of a change (or one the
-            // last sync covered), unless it is a change this view never had. Kernels publish
-            // their changes in order, so such a change means the kernels' histories parted
-            // (two actives, and the one this view followed gave way) or a restarted kernel
-            // numbers from behind the old one's clock: only a whole snapshot repairs the view.
+            // Below the last one delivered: one the last sync covered or one delivered
+            // already, unless it is a change this view never had. Kernels publish their
+            // changes in order, so such a change means the kernels' histories parted (two
+            // actives, and the one this view followed gave way) or a restarted kernel numbers
+            // from behind the old one's clock: only a whole snapshot repairs the view.
             if entry.sequence > syncedSequence, recentSequences.covers(entry.sequence), !recentSequences.contains(entry.sequence) {
                 needsWholeSnapshot = true
                 resync(missed: nil, reason: "a kernel published a change at sequence \(entry.sequence), before the last one this view has (\(lastSequence)), that it never had: the kernels' histories parted",
@@ -509,6 +516,12 @@ actor SubscriptionCore {
         }
         if firstSync, let since = resumeFrom {
             deliver(.reset(since: since, reason: "the kernel no longer holds every change after sequence \(since)"))
+        } else if !firstSync, !announceResync {
+            // Another kernel followed from the last change delivered no longer holds them all.
+            resyncs += 1
+            deliver(.missed(count: nil, afterSequence: lastSequence,
+                            reason: "the kernel followed now no longer holds every change after sequence \(lastSequence)"))
+            announceResync = true
         }
         let snapshotSequence = snapshotSequences.max() ?? 0
         // Snapshot entries, sorted by key; after a resync only those that changed, and
@@ -582,10 +595,10 @@ actor SubscriptionCore {
 
     // MARK: Resynchronising
 
-    /// A kernel's connection dropped or came back. While another kernel stays connected it
-    /// brings every update (both publish each one), so only losing them all calls for a resync.
-    /// A snapshot being read from a kernel whose connection dropped is asked again of a
-    /// connected kernel as soon as there is one: the one asked will not answer.
+    /// A kernel's connection dropped or came back. Losing the kernel followed while another
+    /// stays connected moves to that one (``followAnother()``), and a snapshot being read from
+    /// it is asked again of that one: the one asked will not answer. Losing them all calls for
+    /// a resync once one is back: nothing tells what was published meanwhile.
     private func connectionEvent(_ message: Message, from source: Int) {
         guard let event = SocketEvent(message) else { return }
         if event.event.contains(.disconnected) {
@@ -593,16 +606,20 @@ actor SubscriptionCore {
             sources[source].counting = false
             if sources.allSatisfy(\.disconnected) {
                 lostEveryKernel = true
-            } else if case .snapshotting = phase, source == snapshotSource {
-                askSnapshotAgain()
+            } else if source == followed {
+                switch phase {
+                case .snapshotting: askSnapshotAgain()
+                case .live: followAnother()
+                case .awaitingHello, .stopped: break
+                }
             }
         } else if event.event.contains(.connected), sources[source].disconnected {
             sources[source].disconnected = false
             if lostEveryKernel {
                 lostEveryKernel = false
-                snapshotSource = source
+                followed = source
                 resync(missed: nil, reason: "reconnected to the kernel", subscriptionIsLive: false)
-            } else if case .snapshotting = phase, sources[snapshotSource].disconnected {
+            } else if case .snapshotting = phase, sources[followed].disconnected {
                 askSnapshotAgain()
             }
         }
@@ -611,11 +628,35 @@ actor SubscriptionCore {
     /// Asks this round's snapshots again from the first prefix, of another connected kernel
     /// when there is one (a new socket, so nothing half-received from the old one mixes in).
     private func askSnapshotAgain() {
-        if let other = sources.indices.first(where: { $0 != snapshotSource && !sources[$0].disconnected }) {
-            snapshotSource = other
-        }
+        if let other = connectedOther() { followed = other }
+        readSnapshotOnceLive()
+    }
+
+    /// The kernel followed went, or fell silent, while another is connected: that one is
+    /// followed from the last change delivered, asked of it as a resume is, so a change it
+    /// published before this subscription reached it is not skipped. Nothing is said unless it
+    /// no longer holds every change since (then its whole snapshot comes, said as a resync).
+    private func followAnother() {
+        guard let other = connectedOther() else { return }
+        followed = other
+        lastHeard = clock.now
+        readSnapshotOnceLive()
+    }
+
+    private func connectedOther() -> Int? {
+        sources.indices.first { $0 != followed && !sources[$0].disconnected }
+    }
+
+    /// Asks the kernel followed for this round's snapshots, on a new socket: at once when a
+    /// HUGZ since its connection proved that the subscription reaches it, else at its next
+    /// HUGZ (a change published before would be in neither the snapshot nor the updates).
+    private func readSnapshotOnceLive() {
         try? openSnapshotSocket()
-        requestSnapshot(0)
+        if sources[followed].counting {
+            requestSnapshot(0)
+        } else {
+            phase = .awaitingHello
+        }
     }
 
     private func checkSilence() {
@@ -629,6 +670,12 @@ actor SubscriptionCore {
         }
         if clock.now &- lastHeard > silenceTimeout.nanoseconds {
             lastHeard = clock.now
+            // Another kernel that is heard is followed instead, from the last change delivered.
+            if phase == .live, let other = connectedOther(), sources[other].counting,
+               clock.now &- sources[other].heardAt <= silenceTimeout.nanoseconds {
+                followAnother()
+                return
+            }
             needsWholeSnapshot = true
             resync(missed: nil, reason: "the kernel was silent for \(silenceTimeout.formatted)", subscriptionIsLive: false)
         }
