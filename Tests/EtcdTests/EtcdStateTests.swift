@@ -289,10 +289,15 @@ struct EtcdStateTests {
             let value = JSONValue.string(String(repeating: "t", count: 600_000))
             for index in 0..<2 { _ = try await set(bus, "/client/turns/\(index)", value) }
             try await kernel.state("/client/turns/", within: 30, "the copy holds both") { $0.count == 2 }
-            let batch = (0..<8).map { JSONRPCRequest(id: .number(Int64(100 + $0)), method: "state.get", params: ["prefix": "/client/turns/", "limit": 1]).jsonBytes }
+            // Here the batch and the ping are each answered by a task of their own, whose
+            // requests take turns on the kernel: the ping needs a few hops, the batch two per
+            // page. Thirty-two pages of 600 kB keep the batch under way far longer than a busy
+            // machine delays the ping's task (with eight it once finished first).
+            let pages = 32
+            let batch = (0..<pages).map { JSONRPCRequest(id: .number(Int64(100 + $0)), method: "state.get", params: ["prefix": "/client/turns/", "limit": 1]).jsonBytes }
             let replies = try repliesToBatchThenPing(batch, broker: kernel.endpoints.broker)
             #expect(replies[0].map(\.id) == [.number(1)], "the ping waited for the batch: \(replies[0].map(\.id))")
-            #expect(replies[1].map(\.id) == (0..<8).map { .number(Int64(100 + $0)) })
+            #expect(replies[1].map(\.id) == (0..<pages).map { .number(Int64(100 + $0)) })
         }
     }
 
