@@ -194,4 +194,21 @@ struct StateFeedTests {
         #expect(await drain(later, upTo: "synced").map(\.name) == ["synced"])
         #expect(await feed.counters.kernelResumes == StateFeed.kernelResumesAtOnce + 1)
     }
+
+    @Test("the gateway stopping (its follow task cancelled) ends the feed without a warning")
+    func stoppingIsNoProblem() async throws {
+        let kernel = try await TestKernel.start()
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], state: [kernel.stateEndpoints])
+        let subscription = try await client.subscribe(prefixes: ["/client/"])
+        let log = LogLines()
+        let feed = StateFeed(prefixes: ["/client/"], history: 10, logger: log.logger("test"))
+        let following = Task { await feed.follow(subscription) }
+        try await within(20, "the feed synced") { await feed.waitUntilSynced() }
+        following.cancel()
+        try await within(20, "the feed ended") { await following.value }
+        #expect(log.lines.value.isEmpty, "\(log.text)")
+        await subscription.cancel()
+        await client.close()
+        await kernel.stop()
+    }
 }

@@ -184,13 +184,14 @@ actor StateFeed {
         self.logger = logger
     }
 
-    /// Follows `subscription` until it ends.
+    /// Follows `subscription` until it ends or the task is cancelled (the gateway stopping:
+    /// no problem to warn of).
     func follow(_ subscription: Subscription) async {
         do {
             for try await event in subscription { receive(event) }
-        } catch {
+        } catch where !Task.isCancelled {
             logger.warning("the gateway's subscription ended", metadata: ["problem": "\(error)"])
-        }
+        } catch {}
         for listener in listeners.values { listener.continuation.finish() }
         listeners.removeAll()
     }
