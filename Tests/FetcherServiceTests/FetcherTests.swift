@@ -298,6 +298,22 @@ struct FetcherTests {
         await restarted.stop()
     }
 
+    @Test("a refresh cancelled under way (the fetcher stopping) is no failure: nothing is warned of")
+    func cancelledRefresh() async throws {
+        let server = try await FixtureServer.start()
+        let logs = LogLines()
+        var configuration = FetcherConfiguration(sources: [:])
+        configuration.sources[.countries] = .init(url: server.url("/slow/30/countries.json"), timeout: .seconds(60))
+        configuration.attempts = 1
+        let fetcher = FetcherService(configuration: configuration, environment: [:], logger: logs.logger("fetcher"))
+        let refreshing = Task { await fetcher.refresh(.countries) }
+        refreshing.cancel()
+        try await within(20, "the cancelled refresh ended (the server answers after 30 s)") { await refreshing.value }
+        #expect(logs.lines.value.filter { $0.hasPrefix("warning") || $0.hasPrefix("error") }.isEmpty, "\(logs.text)")
+        await fetcher.finish()
+        await server.stop()
+    }
+
     @Test("file:// URLs")
     func fileURL() async throws {
         let folder = try temporaryDirectory("fetcher-file")

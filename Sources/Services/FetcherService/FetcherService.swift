@@ -230,6 +230,9 @@ public actor FetcherService: BusService, ServiceWork {
                 await install(loaded, for: dataset)
                 await keepInStore(dataset, bytes: bytes, loaded: loaded)
             }
+        } catch where Task.isCancelled {
+            // The fetcher stopping (or whoever asked for this refresh gone): nothing failed,
+            // and the copy it has stays, as its last error does.
         } catch {
             let problem = "\(error)"
             states[dataset, default: State()].lastError = problem
