@@ -244,6 +244,9 @@ struct Routes: Sendable {
             } catch let error as BusError {
                 end = Self.response(id: id, .failure(error))
             }
+            // The call has ended on the bus: its place is given back before the caller reads
+            // the end, so a call the caller sends on reading it finds the place free.
+            taken.end()
             // Any other error is the browser's connection: the stream ends, and with it the request.
             try await writer.write(Self.framed(end.jsonBytes, format, event: "end"))
             try await writer.finish(nil)
