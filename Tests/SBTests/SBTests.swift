@@ -290,6 +290,10 @@ struct SBTests {
         // A negative number after an option is its value, checked as one (not "Missing value").
         let negativeCount = try await bus.sb("sub", "/", "--count", "-1")
         #expect(negativeCount.status == 64 && negativeCount.stderr.contains("--count must be positive"), "\(negativeCount)")
+        // A prefix that cannot match a key is refused, not waited on in silence.
+        for pathless in [try await bus.sb("sub", "/client/", "pricing/"), try await bus.sb("kv", "watch", "pricing/")] {
+            #expect(pathless.status == 64 && pathless.stderr.contains("prefix pricing/ matches no key") && pathless.stderr.contains("/pricing/"), "\(pathless)")
+        }
         let negativeWait = try await bus.sb("stream", "fetch", "orders", "reader", "--wait", "-1")
         #expect(negativeWait.status == 64 && negativeWait.stderr.contains("--wait must be 0 to 60 seconds"), "\(negativeWait)")
         // Every number a verb sends is checked against its contract's range, naming the flag.

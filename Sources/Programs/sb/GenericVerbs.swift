@@ -118,6 +118,7 @@ struct Subscribe: AsyncParsableCommand {
     @Flag(help: "Print missed/resynced notices as JSON lines on stdout too.") var json = false
 
     func validate() throws {
+        try Self.validate(prefixes: prefixes)
         if let count, count <= 0 { throw ValidationError("--count must be positive") }
         if since != nil, noSnapshot { throw ValidationError("--since and --no-snapshot exclude each other: --since already starts after a sequence") }
     }
@@ -125,6 +126,14 @@ struct Subscribe: AsyncParsableCommand {
     func run() async throws {
         try await Self.follow(connection, prefixes: prefixes, includeSnapshot: !noSnapshot, since: since, count: count, notices: json) { update, value in
             Output.line(Self.line(update, value).jsonString)
+        }
+    }
+
+    /// Every key is a path starting with '/', so a prefix without one would match nothing
+    /// and the reader would wait in silence: it is refused instead.
+    static func validate(prefixes: [String]) throws {
+        if let prefix = prefixes.first(where: { !$0.isEmpty && !$0.hasPrefix("/") }) {
+            throw ValidationError("prefix \(Output.printable(prefix)) matches no key: keys are paths starting with '/' (as /\(Output.printable(prefix)))")
         }
     }
 

@@ -168,6 +168,7 @@ struct KVWatch: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: "Exit after this many lines.") var count: Int?
 
     func validate() throws {
+        try Subscribe.validate(prefixes: prefixes)
         if let count, count <= 0 { throw ValidationError("--count must be positive") }
     }
 
