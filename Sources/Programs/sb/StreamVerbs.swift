@@ -356,27 +356,43 @@ struct SettleOptions: ParsableArguments {
     var params: StreamsAPI.Sequences { StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: sequences) }
 }
 
-func showSettled(_ verb: String) -> (StreamsAPI.Acknowledged) -> Void {
-    { answer in
-        if !answer.done.isEmpty { Output.line("\(verb) \(answer.done.map(String.init).joined(separator: " "))") }
-        if !answer.notPending.isEmpty { Output.line("not pending (done before, or never handed out): \(answer.notPending.map(String.init).joined(separator: " "))") }
+let notPendingHelp = "A sequence that was not pending (done before, handed out again to another reader since, or never handed out) is named on stderr, exit status 1."
+
+/// Runs `ack`, `nak` or `term` and prints what it applied to. A sequence that was not pending
+/// (done before, handed to another reader since, or never handed out) is exit status 1: a
+/// script that acknowledges late learns that its work may have been done twice.
+func settleMessages(_ connection: ConnectionOptions, _ output: OutputOptions, _ verb: String,
+            _ body: (BusClient) async throws -> Answer<StreamsAPI.Acknowledged>) async throws {
+    try await withClient(connection) { client in
+        let answer = try await body(client)
+        if output.json {
+            Output.json(answer.json, compact: true)
+        } else if !answer.value.done.isEmpty {
+            Output.line("\(verb) \(answer.value.done.map(String.init).joined(separator: " "))")
+        }
+        if !answer.value.notPending.isEmpty {
+            throw Failure(status: ExitStatus.serviceError,
+                          message: "not pending (done before, or never handed out): \(answer.value.notPending.map(String.init).joined(separator: " "))")
+        }
     }
 }
 
 struct StreamAck: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "ack", abstract: "Acknowledge messages: done, not handed out again.")
+    static let configuration = CommandConfiguration(
+        commandName: "ack", abstract: "Acknowledge messages: done, not handed out again.", discussion: notPendingHelp)
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @OptionGroup var settle: SettleOptions
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, StreamsAPI.ack, settle.params) }, show: showSettled("acknowledged"))
+        try await settleMessages(connection, output, "acknowledged") { try await call($0, StreamsAPI.ack, settle.params) }
     }
 }
 
 struct StreamNak: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "nak", abstract: "Give messages back: handed out again, after --delay seconds.")
+    static let configuration = CommandConfiguration(
+        commandName: "nak", abstract: "Give messages back: handed out again, after --delay seconds.", discussion: notPendingHelp)
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
@@ -389,18 +405,19 @@ struct StreamNak: AsyncParsableCommand {
 
     func run() async throws {
         let nak = StreamsAPI.Nak(stream: settle.stream, consumer: settle.consumer, sequences: settle.sequences, delay: delay)
-        try await appVerb(connection, output, { try await call($0, StreamsAPI.nak, nak) }, show: showSettled("given back"))
+        try await settleMessages(connection, output, "given back") { try await call($0, StreamsAPI.nak, nak) }
     }
 }
 
 struct StreamTerm: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "term", abstract: "Stop delivering messages without doing them (not dead-lettered).")
+    static let configuration = CommandConfiguration(
+        commandName: "term", abstract: "Stop delivering messages without doing them (not dead-lettered).", discussion: notPendingHelp)
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @OptionGroup var settle: SettleOptions
 
     func run() async throws {
-        try await appVerb(connection, output, { try await call($0, StreamsAPI.term, settle.params) }, show: showSettled("terminated"))
+        try await settleMessages(connection, output, "terminated") { try await call($0, StreamsAPI.term, settle.params) }
     }
 }
