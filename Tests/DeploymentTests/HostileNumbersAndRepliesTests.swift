@@ -31,7 +31,7 @@ struct HostileNumbersAndRepliesTests {
         #expect(reply.failure?.code == JSONRPCError.invalidParamsCode || reply.failure?.code == JSONRPCError.parseErrorCode, "\(reply)")
 
         // The collector: a KVSET whose ttl is out of range, NaN, infinite or no number is
-        // malformed (counted), never converted.
+        // malformed (counted), never converted; so is one whose key is not a path.
         // A PUB's first messages are lost until it has connected: the round goes again until
         // the valid KVSET at its end is applied.
         let collector = try kernel.socket(.pub, kernel.collector)
@@ -54,10 +54,14 @@ struct HostileNumbersAndRepliesTests {
         for ttl in ["1e11", "1e300", "-5", "nan", "inf", "abc", "31536001"] {
             try collector.send(CHP.kv(KVEntry(key: "/client/kv", properties: [("ttl", ttl)], value: Frame("1"))))
         }
+        // A key that is not a path (no leading '/') is malformed too, whoever sends it.
+        for key in ["client/kv", "/"] {
+            try collector.send(CHP.kv(KVEntry(key: key, value: Frame("1"))))
+        }
         try collector.send(CHP.kv(KVEntry(key: "/client/kv-ok2", properties: [("ttl", "30")], value: Frame("1"))))
         try await kernel.state("/client/kv-ok2", "the round's valid KVSET applied") { !$0.isEmpty }
         let stats = try await kernel.stats()
-        #expect((stats["state"]?["rejectedWrites"]?.intValue ?? 0) - rejectedBefore == 7, "\(stats)")
+        #expect((stats["state"]?["rejectedWrites"]?.intValue ?? 0) - rejectedBefore == 9, "\(stats)")
         // A plain CHP client's value that is no JSON comes back from state.get as a string.
         try collector.send(CHP.kv(KVEntry(key: "/client/raw", value: Frame("not json {"))))
         try collector.send(CHP.kv(KVEntry(key: "/client/json", value: Frame(#"{"a": [1, 2]}"#))))

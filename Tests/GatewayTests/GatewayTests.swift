@@ -363,6 +363,9 @@ struct GatewayTests {
 
             // A prefix the gateway does not follow is refused.
             #expect(try await bed.get("/events?prefix=/catalog/").status == 400)
+            // So is one that matches no key (keys are paths), rather than followed in silence.
+            let pathless = try await bed.get("/events?prefix=client/")
+            #expect(pathless.status == 400 && pathless.text.contains("matches no key"), "\(pathless.text)")
             let metrics = try await bed.get("/metrics").text
             #expect(metrics.contains("switchboard_gateway_resumes_total 1"))
             #expect(metrics.contains("switchboard_gateway_resets_total 1"))

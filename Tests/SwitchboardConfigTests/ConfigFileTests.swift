@@ -107,6 +107,7 @@ struct ConfigFileTests {
         ("gateway:\n  listen: 8080", "gateway.listen: expected HOST:PORT"),
         ("gateway:\n  listen: 127.0.0.1:99999", "gateway.listen: expected HOST:PORT"),
         ("gateway:\n  prefixes: []", "gateway.prefixes: expected at least one key prefix"),
+        ("gateway:\n  prefixes: [/client/, catalog/]", "gateway.prefixes: expected at least one key prefix, each starting with '/'"),
         ("gateway:\n  tokens: [{token: short}]", "gateway.tokens[0]: a token must be at least 16 characters"),
         ("gateway:\n  tokens: [{services: [search]}]", "gateway.tokens[0]: give token (the text) or token_file"),
         ("gateway:\n  tokens: [{token: 0123456789abcdef, scope: x}]", "gateway.tokens[0].scope: unknown key"),

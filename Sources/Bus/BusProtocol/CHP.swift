@@ -249,6 +249,12 @@ extension CHP {
     private static let hugzFrame = Frame(hugzCommand)
     private static let kthxbaiFrame = Frame(kthxbaiCommand)
 
+    /// Whether `prefix` can match a key: keys are paths, so a prefix is empty (every key) or
+    /// starts with '/'. Any other would be followed in silence, matching nothing.
+    public static func isKeyPrefix(_ prefix: String) -> Bool {
+        prefix.isEmpty || prefix.hasPrefix("/")
+    }
+
     /// Whether `subtree` is a valid subtree specification: empty, or `/segment/…/`.
     public static func isValidSubtree(_ subtree: String) -> Bool {
         subtree.isEmpty || (subtree.hasPrefix("/") && subtree.hasSuffix("/"))

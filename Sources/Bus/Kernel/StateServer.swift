@@ -520,6 +520,8 @@ struct StateServer: ~Copyable {
         }
     }
 
+    private static let pathStart = Frame("/")
+
     /// A KVSET from the collector: applied under the same rules and limits as `state.set`
     /// (refusals are counted and logged, as a KVSET has no reply).
     mutating func collect(_ parts: ReceivedParts, now: UInt64) {
@@ -536,6 +538,13 @@ struct StateServer: ~Copyable {
         // The key and the value with bytes of their own, as the state keeps them (a frame
         // sharing libzmq's receive buffer would be copied again to be kept).
         let key = parts.keepableFrame(0), value = parts.keepableFrame(4)
+        // Keys are paths, as state.set requires: a key without the leading '/' would be held
+        // where no subscriber's prefix (each a path) could ever reach it.
+        guard key.count > 1, key.hasPrefix(Self.pathStart) else {
+            rejectedWrites += 1
+            logger.debug("dropped a KVSET whose key is not a path", metadata: ["key": "\(key)"])
+            return
+        }
         let peer = Peer(userID: parts.peerUserID, security: configuration.security)
         let index = entries.index(forKey: key)
         switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: true) {

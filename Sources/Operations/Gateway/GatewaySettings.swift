@@ -1,4 +1,5 @@
 public import SwitchboardConfig
+import BusProtocol
 import Foundation
 import NIOCore
 
@@ -93,7 +94,9 @@ extension GatewaySettings {
         if let value = try gateway.hostAndPort("listen") { (host, port) = value }
         if let value = try gateway.integer("max_body_bytes", atMost: 1 << 30) { maxBodyBytes = value }
         if let value = try gateway.strings("prefixes") {
-            guard !value.isEmpty else { throw ConfigError(path: gateway.path("prefixes"), problem: "expected at least one key prefix (\"\" for every key)") }
+            guard !value.isEmpty, value.allSatisfy(CHP.isKeyPrefix) else {
+                throw ConfigError(path: gateway.path("prefixes"), problem: "expected at least one key prefix, each starting with '/' (\"\" for every key)")
+            }
             prefixes = value
         }
         if let value = try gateway.integer("history", atMost: 10_000_000) { history = value }

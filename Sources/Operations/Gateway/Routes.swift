@@ -400,6 +400,9 @@ struct Routes: Sendable {
         if let token, let refused = prefixes.first(where: { !token.mayRead($0) }) {
             return Self.rpcError(.forbidden, .forbidden("this token may not read '\(refused)' (its readable prefixes: \(token.readablePrefixes?.joined(separator: ", ") ?? "")"))
         }
+        if let pathless = prefixes.first(where: { !CHP.isKeyPrefix($0) }) {
+            return Self.rpcError(.badRequest, .invalidParams(field: "prefix", "'\(pathless)' matches no key: keys are paths starting with '/'"))
+        }
         for prefix in prefixes where !(await feed.covers(prefix)) {
             return Self.rpcError(.badRequest, .invalidParams(field: "prefix",
                 "'\(prefix)' is not under what this gateway follows (gateway.prefixes: \(settings.prefixes.map { "'\($0)'" }.joined(separator: ", ")))"))

@@ -129,10 +129,9 @@ struct Subscribe: AsyncParsableCommand {
         }
     }
 
-    /// Every key is a path starting with '/', so a prefix without one would match nothing
-    /// and the reader would wait in silence: it is refused instead.
+    /// A prefix that cannot match a key (``CHP/isKeyPrefix(_:)``) is refused, not followed.
     static func validate(prefixes: [String]) throws {
-        if let prefix = prefixes.first(where: { !$0.isEmpty && !$0.hasPrefix("/") }) {
+        if let prefix = prefixes.first(where: { !CHP.isKeyPrefix($0) }) {
             throw ValidationError("prefix \(Output.printable(prefix)) matches no key: keys are paths starting with '/' (as /\(Output.printable(prefix)))")
         }
     }
