@@ -441,6 +441,12 @@ public final class BusClient: Sendable {
         return await core.waitingCount
     }
 
+    /// Whether a connection to a kernel has completed its handshake and not dropped since.
+    public func isConnectedToAKernel() async -> Bool {
+        let core = self.core
+        return await core.isConnected
+    }
+
     /// What became of the connections to the kernels, in words, for a diagnostic when
     /// nothing answers: none accepted a connection, one refused this client's keys, or one
     /// was connected (and maybe lost).
@@ -787,6 +793,8 @@ actor ClientCore {
             connectionLost(index)
         }
     }
+
+    var isConnected: Bool { connections.contains { $0.handshaken } }
 
     func connectionSummary() -> String {
         connections.map { connection in

@@ -240,8 +240,11 @@ struct Failure: Error {
             self.init(status: ExitStatus.unavailable, message: "\(service) \(method): \(message)",
                       error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: message))
         case .timedOut(_, _, let after):
-            // No answer: is the kernel there at all, and does the service have a worker?
-            switch try? await client.hasWorkers(service, timeout: .seconds(1)) {
+            // No answer: is the kernel there at all, and does the service have a worker? The
+            // kernel is asked only over a connection that completed its handshake: without
+            // one the question could not be answered either.
+            let hasWorkers = await client.isConnectedToAKernel() ? try? await client.hasWorkers(service, timeout: .seconds(1)) : nil
+            switch hasWorkers {
             case nil:
                 // Say what the connection went through, not a guess.
                 let summary = await client.connectionSummary()
