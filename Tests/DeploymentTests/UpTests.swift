@@ -250,6 +250,9 @@ struct UpTests {
         // A mistyped endpoint is a usage error naming its flag, before any socket is opened.
         let badBind = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path, "--broker", "tcp://127.0.0.1:port"])
         #expect(badBind.status == 64 && badBind.stderr.contains("--broker 'tcp://127.0.0.1:port' is not an endpoint"), "\(badBind)")
+        // A writable prefix without its leading '/' would let the collector take no key.
+        let badPrefix = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path, "--writable-prefix", "client/"])
+        #expect(badPrefix.status == 64 && badPrefix.stderr.contains("--writable-prefix 'client/' is not a key prefix") && badPrefix.stderr.contains("/client/"), "\(badPrefix)")
         let badBroker = try await runCommand(switchboardExecutable(), ["serve", "echo", "--broker", "127.0.0.1:5555"])
         #expect(badBroker.status == 64 && badBroker.stderr.contains("--broker 127.0.0.1:5555: give tcp://HOST:PORT"), "\(badBroker)")
     }

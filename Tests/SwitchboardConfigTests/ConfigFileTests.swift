@@ -112,6 +112,8 @@ struct ConfigFileTests {
         ("gateway:\n  tokens: [{services: [search]}]", "gateway.tokens[0]: give token (the text) or token_file"),
         ("gateway:\n  tokens: [{token: 0123456789abcdef, scope: x}]", "gateway.tokens[0].scope: unknown key"),
         ("gateway:\n  token_file: x", "gateway.token_file: unknown key"),
+        ("gateway:\n  tokens: [{token: 0123456789abcdef, writable_prefixes: [client/]}]", "gateway.tokens[0].writable_prefixes: expected key prefixes starting with '/'"),
+        ("gateway:\n  tokens: [{token: 0123456789abcdef, readable_prefixes: [/pricing/, catalog/]}]", "gateway.tokens[0].readable_prefixes: expected key prefixes starting with '/'"),
         ("gateway:\n  trusted_proxies: [balancer.internal]", "gateway.trusted_proxies: expected IP addresses (a proxy's, as its connections come from), got 'balancer.internal'"),
     ])
     func rejected(text: String, message: String) {

@@ -149,8 +149,15 @@ extension GatewaySettings {
             guard token.count >= 16 else { throw ConfigError(path: here, problem: "a token must be at least 16 characters") }
             let entry = ConfigSection(path: here, values: map)
             let services = try entry.strings("services") ?? ["*"]
+            // Keys are paths: a prefix without the leading '/' would grant nothing, in silence.
             let prefixes = try entry.strings("writable_prefixes") ?? []
+            guard prefixes.allSatisfy({ $0.hasPrefix("/") }) else {
+                throw ConfigError(path: "\(here).writable_prefixes", problem: "expected key prefixes starting with '/'")
+            }
             let readable = try entry.strings("readable_prefixes")
+            guard readable?.allSatisfy(CHP.isKeyPrefix) ?? true else {
+                throw ConfigError(path: "\(here).readable_prefixes", problem: "expected key prefixes starting with '/' (\"\" for every key)")
+            }
             result.append(GatewayToken(token: token, services: services, writablePrefixes: prefixes, readablePrefixes: readable))
         }
         return result

@@ -37,7 +37,7 @@ struct KernelCommand: AsyncParsableCommand {
     var maxMessageSize: Int?
     @Option(name: .customLong("no-retry"), help: "A service whose requests are not re-sent when their worker dies (repeatable).")
     var nonRetriable: [String] = []
-    @Option(name: .customLong("writable-prefix"), help: "A key prefix the collector accepts (repeatable; default /client/).")
+    @Option(name: .customLong("writable-prefix"), help: "A key prefix, starting with '/', the collector accepts (repeatable; default /client/).")
     var writablePrefixes: [String] = []
 
     func validate() throws {
@@ -49,6 +49,9 @@ struct KernelCommand: AsyncParsableCommand {
             if let value, !ConfigSection.isEndpoint(value) {
                 throw ValidationError("\(name) '\(value)' is not an endpoint such as tcp://127.0.0.1:5555, ipc:///PATH or inproc://NAME")
             }
+        }
+        if let prefix = writablePrefixes.first(where: { !$0.hasPrefix("/") }) {
+            throw ValidationError("--writable-prefix '\(prefix)' is not a key prefix: keys are paths, so it starts with '/' (such as /\(prefix))")
         }
     }
 
