@@ -362,6 +362,24 @@ struct SubscriptionGapTests {
         await client.close()
     }
 
+    @Test("a prefix that can match no key (no leading '/') is refused, not followed in silence: Subscription.open, BusClient.subscribe and changes(under:)")
+    func pathlessPrefix() async throws {
+        let kernel = try await TestKernel.start()
+        defer { Task { await kernel.stop() } }
+        let client = try await BusClient(brokers: [kernel.endpoints.broker])
+        let refusal = BusError.invalidArgument("prefix 'pricing/' matches no key: keys are paths starting with '/' (as /pricing/)")
+        await #expect(throws: refusal) {
+            _ = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, prefixes: ["/store/", "pricing/"])
+        }
+        await #expect(throws: refusal) { _ = try await client.subscribe(prefixes: ["pricing/"]) }
+        await #expect(throws: refusal) { _ = try await client.changes(under: ["pricing/"], since: 0) }
+        #expect(refusal.code == JSONRPCError.invalidParamsCode)
+        // "" is every key, and a path prefix is followed.
+        let everything = try await client.subscribe(prefixes: [""])
+        await everything.cancel()
+        await client.close()
+    }
+
     @Test("a subscriber that keeps up sees no gap and no notice")
     func keepingUp() async throws {
         let kernel = try await TestKernel.start { $0.hugzInterval = .milliseconds(100) }

@@ -284,7 +284,7 @@ public final class BusClient: Sendable {
     /// Each kernel's snapshot and publisher endpoints.
     private func stateKernels() throws(BusError) -> [(snapshot: String, publisher: String)] {
         guard let state else {
-            throw BusError.protocolViolation("no CHP endpoints: give BusClient(state:) when the broker is not at tcp://HOST:PORT")
+            throw BusError.invalidArgument("no CHP endpoints: give BusClient(state:) when the broker is not at tcp://HOST:PORT")
         }
         return state.map { ($0.snapshot, $0.publisher) }
     }

@@ -12,6 +12,8 @@ public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
     case remote(service: String, JSONRPCError)
     /// The reply could not be understood.
     case protocolViolation(String)
+    /// Refused before anything was sent: an argument no kernel could serve.
+    case invalidArgument(String)
     /// The client was closed.
     case closed
     /// The task waiting for the reply was cancelled.
@@ -27,6 +29,8 @@ public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
             "\(service): \(error)"
         case .protocolViolation(let problem):
             "protocol violation: \(problem)"
+        case .invalidArgument(let problem):
+            "invalid argument: \(problem)"
         case .closed:
             "the bus client is closed"
         case .cancelled(let service, let method):
@@ -40,6 +44,7 @@ public enum BusError: Error, Sendable, Equatable, CustomStringConvertible {
         case .unavailable: JSONRPCError.serviceUnavailableCode
         case .remote(_, let error): error.code
         case .timedOut: JSONRPCError.timedOutCode
+        case .invalidArgument: JSONRPCError.invalidParamsCode
         default: nil
         }
     }

@@ -103,7 +103,9 @@ public final class Subscription: AsyncSequence, Sendable {
 
     /// Opens a subscription.
     /// - Parameters:
-    ///   - prefixes: key prefixes to follow; `""` follows everything.
+    ///   - prefixes: key prefixes to follow; `""` follows everything. Keys are paths: a
+    ///     prefix without the leading '/' could match nothing and is refused
+    ///     (``BusError/invalidArgument(_:)``).
     ///   - includeSnapshot: deliver the current entries first (otherwise only later updates).
     ///   - since: resume where a reader stopped: the sequence of the last change it saw (or
     ///     of its last `synced`/`resynced`). It gets exactly the changes after it, deletions
@@ -136,6 +138,10 @@ public final class Subscription: AsyncSequence, Sendable {
                             silenceTimeout: Duration = .seconds(5), bufferSize: Int = 10_000,
                             curve: CurveClientKeys? = nil, clock: any NanosecondClock = SystemClock()) async throws -> Subscription {
         precondition(!kernels.isEmpty, "a subscription needs a kernel")
+        // A SUB socket has no way to answer a prefix that matches nothing: refused here.
+        if let prefix = prefixes.first(where: { !CHP.isKeyPrefix($0) }) {
+            throw BusError.invalidArgument("prefix '\(prefix)' matches no key: keys are paths starting with '/' (as /\(prefix))")
+        }
         let ownsLoop = loop == nil
         let loop = try loop ?? SocketLoop(context: try context ?? ZMQContext(), name: "subscription")
         let prefixes = prefixes.isEmpty ? [""] : prefixes
