@@ -105,7 +105,8 @@ struct StateRevisionBusTests {
             if n == 0 { firstOfTwenty = written }
         }
         let reset = try await opening(since: stoppedAt)
-        guard case .reset(since: stoppedAt, _) = reset.first else { Issue.record("expected a reset first: \(reset)"); return }
+        guard case .reset(since: stoppedAt, let reason) = reset.first else { Issue.record("expected a reset first: \(reset)"); return }
+        #expect(reason == "the kernel no longer holds every change after sequence \(stoppedAt)")
         #expect(Set(reset.compactMap(\.update).map(\.key)) == ["/client/r/b", "/client/r/c", "/client/r/n"])
         #expect(reset.compactMap(\.update).allSatisfy { $0.fromSnapshot })
         // The changes alone, as the gateway asks: none held after `stoppedAt`, so nil and no snapshot.
@@ -115,6 +116,12 @@ struct StateRevisionBusTests {
         #expect(held?.changes.map(\.key) == Array(repeating: "/client/r/n", count: 19))
         let stats = try await client.call(KernelAPI.stats)
         #expect(stats.state.history.changes == 20 && stats.state.history.resumes == 2 && stats.state.history.resumesRefused == 2)
+        // A sequence this kernel has not reached (another bus's): a reset that says so, not
+        // that history was lost.
+        let head = try await client.publish(key: "/client/r/n", value: 20)
+        let ahead = try await opening(since: head + 1_000)
+        guard case .reset(since: head + 1_000, let aheadReason) = ahead.first else { Issue.record("expected a reset first: \(ahead)"); return }
+        #expect(aheadReason == "the kernel is at sequence \(head), before \(head + 1_000): it has not reached that sequence")
         await client.close()
         await kernel.stop()
     }

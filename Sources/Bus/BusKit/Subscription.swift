@@ -520,8 +520,14 @@ actor SubscriptionCore {
             goLiveWithChanges()
             return
         }
+        let snapshotSequence = snapshotSequences.max() ?? 0
         if firstSync, let since = resumeFrom {
-            deliver(.reset(since: since, reason: "the kernel no longer holds every change after sequence \(since)"))
+            // A sequence past the kernel's own was not given by it (another bus's, or its pair
+            // partner's not yet passed on): said so, as no history could have held those changes.
+            let reason = since > snapshotSequence
+                ? "the kernel is at sequence \(snapshotSequence), before \(since): it has not reached that sequence"
+                : "the kernel no longer holds every change after sequence \(since)"
+            deliver(.reset(since: since, reason: reason))
         } else if !firstSync, !announceResync {
             // Another kernel followed from the last change delivered no longer holds them all.
             resyncs += 1
@@ -529,7 +535,6 @@ actor SubscriptionCore {
                             reason: "the kernel followed now no longer holds every change after sequence \(lastSequence)"))
             announceResync = true
         }
-        let snapshotSequence = snapshotSequences.max() ?? 0
         // Snapshot entries, sorted by key; after a resync only those that changed, and
         // a deletion for each key known before that the snapshot no longer has.
         var changed = 0
