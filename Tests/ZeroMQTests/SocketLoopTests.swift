@@ -149,6 +149,39 @@ struct SocketLoopTests {
         await loop.shutdown()
     }
 
+    @Test("a socket registered as receiving only (not looked at after every turn) gets what waited before it was registered, then every message, however they come")
+    func receivingOnly() async throws {
+        let context = try ZMQContext()
+        let loop = try SocketLoop(context: context, name: "receiving-only")
+        let endpoint = inprocEndpoint("receiving-only")
+        // Each used by one thread at a time: the sender by this test, the receiver by the loop.
+        nonisolated(unsafe) let sender = try ZMQSocket(context, .push)
+        try sender.bind(endpoint)
+        nonisolated(unsafe) let receiver = try ZMQSocket(context, .pull)
+        try receiver.connect(endpoint)
+        // Waiting before the loop polls the socket: its descriptor may never signal these.
+        for n in 0..<5 { try sender.send(["\(n)"]) }
+        let (received, arrived) = AsyncStream.makeStream(of: Int.self)
+        try await loop.run {
+            _ = loop.register(receivingOnly: receiver) { message in arrived.yield(Int(message[0].string!)!) }
+        }
+        let all = try await within(30, "20,005 messages") {
+            var seen: [Int] = []
+            var iterator = received.makeAsyncIterator()
+            // The rest one at a time (each wakes the loop) and in bursts (read in one go).
+            for n in 5..<10 {
+                try sender.send(["\(n)"])
+                guard let next = await iterator.next() else { return seen }
+                seen.append(next)
+            }
+            for n in 10..<20_005 { try sender.send(["\(n)"]) }
+            while seen.count < 20_005, let n = await iterator.next() { seen.append(n) }
+            return seen
+        }
+        #expect(all == Array(0..<20_005))
+        await loop.shutdown()
+    }
+
     @Test("a stopped loop is freed with its context and what its handlers and timers held")
     func stoppedLoopIsFreed() async throws {
         // What owns a loop is what its handlers and timers usually capture (a client, a

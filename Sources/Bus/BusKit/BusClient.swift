@@ -641,7 +641,7 @@ actor ClientCore {
             nonisolated(unsafe) let parts = parts
             self?.assumeIsolated { $0.received(parts, on: index) }
         }
-        let monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, on: index) } }
+        let monitor = loop.register(receivingOnly: pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, on: index) } }
         if let delay {
             loop.schedule(after: delay) { [weak registration] in
                 // Replaced again or closed meanwhile: nothing to connect.
@@ -774,7 +774,8 @@ actor ClientCore {
             let request = pending.removeValue(forKey: id)!
             remember(id, answered: false)
             request.complete(.failure(.remote(service: request.service, resendAfterReconnect
-                ? .handlerDied("the connection to the kernel", times: losses, service: request.service)
+                ? .handlerDied("the connection to the kernel", times: losses, service: request.service,
+                               otherCause: "the kernel ends new connections, near its limit on open files: its log says so")
                 : .outcomeUnknown(request.service, JSONRPCError.connectionDropped))))
         }
         opaqueLost(on: index, delivered: delivered)

@@ -313,7 +313,7 @@ actor WorkerConnection {
                 connection.releaseIfDrained()
             }
         }
-        monitor = loop.register(pair) { [weak self] message in
+        monitor = loop.register(receivingOnly: pair) { [weak self] message in
             self?.assumeIsolated { $0.connectionEvent(message, generation: current) }
         }
         // The window frame even for 1: it says this worker understands `drain=1`. Callers

@@ -342,7 +342,7 @@ actor SubscriptionCore {
             if !prefixes.contains("") { try sub.subscribe(CHP.hugzCommand) }
             // Connection events tell a kernel restart apart from a quiet kernel.
             let pair = try connectionEvents(of: sub, in: context)
-            sources[index].monitor = loop.register(pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, from: index) } }
+            sources[index].monitor = loop.register(receivingOnly: pair) { [weak self] message in self?.assumeIsolated { $0.connectionEvent(message, from: index) } }
             try sub.connect(sources[index].publisherEndpoint)
             sources[index].subscriber = loop.register(sub) { [weak self] message in self?.assumeIsolated { $0.published(message, from: index) } }
         }

@@ -145,9 +145,11 @@ public struct JSONRPCError: Error, Sendable, Hashable, CustomStringConvertible {
     }
     /// -32012: `what` (a service's workers, the connection to the kernel) died `times` times
     /// with this request in flight.
-    public static func handlerDied(_ what: String, times: Int, service: String) -> JSONRPCError {
+    /// `otherCause`: what else may end them, said after.
+    public static func handlerDied(_ what: String, times: Int, service: String, otherCause: String? = nil) -> JSONRPCError {
         .init(code: handlerDiedCode,
-              message: "Not sent again: \(what) died \(times) times while handling this request; it may be what ends them, so it is not handed out again",
+              message: "Not sent again: \(what) died \(times) times while handling this request; it may be what ends them, so it is not handed out again"
+                + (otherCause.map { " (or \($0))" } ?? ""),
               data: ["service": .string(service), "times": .int(Int64(times))])
     }
     /// -32014: the parts of a reply stopped after `parts` of them, because `what`.

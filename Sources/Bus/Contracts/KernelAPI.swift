@@ -197,10 +197,13 @@ public enum KernelAPI {
         public var queuedBytes: Int
         public var uptimeSeconds: Double
         /// Files (connections among them) the kernel's process holds open, and how many it may:
-        /// at that limit it accepts no client (absent from an older kernel, or where the
+        /// near that limit it ends new connections (absent from an older kernel, or where the
         /// system does not say).
         public var openFiles: Int?
         public var maxOpenFiles: Int?
+        /// Connections ended as soon as accepted, because the kernel held files into the few it
+        /// keeps for its own use (the last twentieth of the limit, at least 16).
+        public var refusedForOpenFiles: Int?
         /// By service name.
         public var services: [String: Service]
         public var security: Security
@@ -233,9 +236,9 @@ public enum KernelAPI {
         }
         public init(requests: Int, protocolErrors: Int, droppedReplies: Int, brokenStreams: Int = 0, cancelledRequests: Int? = nil, gatheredBytes: Int = 0,
                     streamsInProgress: Int? = nil, gathersInProgress: Int? = nil, queuedBytes: Int,
-                    uptimeSeconds: Double, openFiles: Int? = nil, maxOpenFiles: Int? = nil, services: [String: Service], security: Security, state: State,
+                    uptimeSeconds: Double, openFiles: Int? = nil, maxOpenFiles: Int? = nil, refusedForOpenFiles: Int? = nil, services: [String: Service], security: Security, state: State,
                     pair: PairStatus?, cell: Cell? = nil) {
-            (self.cell, self.openFiles, self.maxOpenFiles) = (cell, openFiles, maxOpenFiles)
+            (self.cell, self.openFiles, self.maxOpenFiles, self.refusedForOpenFiles) = (cell, openFiles, maxOpenFiles, refusedForOpenFiles)
             (self.requests, self.protocolErrors, self.droppedReplies, self.queuedBytes, self.uptimeSeconds) = (requests, protocolErrors, droppedReplies, queuedBytes, uptimeSeconds)
             (self.brokenStreams, self.cancelledRequests, self.gatheredBytes) = (brokenStreams, cancelledRequests, gatheredBytes)
             (self.streamsInProgress, self.gathersInProgress) = (streamsInProgress, gathersInProgress)

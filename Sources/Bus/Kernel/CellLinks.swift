@@ -133,7 +133,7 @@ final class CellLinks {
             }
             let registration = loop.register(socket) { [weak self] message in self?.received(id, message) }
             registration.afterReading = { [weak self] in self?.parts?.flush() }
-            let monitor = loop.register(events) { [weak self] message in
+            let monitor = loop.register(receivingOnly: events) { [weak self] message in
                 guard let offer = self?.offers[id], let event = SocketEvent(message) else { return }
                 if event.event.contains(.disconnected) { offer.connection = nil }
                 if let connection = TCPConnection(event) { offer.connection = connection }

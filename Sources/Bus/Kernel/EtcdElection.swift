@@ -101,7 +101,7 @@ final class HolderProbe {
         (inDoubt, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         do {
             let events = try connectionEvents(of: socket, in: loop.context)
-            monitor = loop.register(events) { [weak self] message in
+            monitor = loop.register(receivingOnly: events) { [weak self] message in
                 guard let self, let event = SocketEvent(message) else { return }
                 if event.event.contains(.connected) { connected = true }
                 if event.event.contains(.disconnected) {

@@ -580,7 +580,7 @@ extension Kernel {
             requests: parts.broker.totalRequests, protocolErrors: parts.broker.protocolErrors, droppedReplies: parts.broker.droppedReplies,
             brokenStreams: parts.broker.brokenStreams, cancelledRequests: parts.broker.cancelledRequests, gatheredBytes: parts.broker.gatheredBytes,
             streamsInProgress: parts.broker.streamsInProgress, gathersInProgress: parts.broker.gathers.count, queuedBytes: parts.broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(),
-            openFiles: OpenFiles.count, maxOpenFiles: OpenFiles.limit, services: services,
+            openFiles: OpenFiles.count, maxOpenFiles: OpenFiles.limit, refusedForOpenFiles: parts.refusedForOpenFiles, services: services,
             security: .init(curve: configuration.security != nil, refusedConnections: parts.zap?.refused ?? 0,
                             refusedRegistrations: parts.broker.refusedRegistrations, refusedRequests: parts.broker.refusedNotOperator),
             state: .init(keys: parts.state.entries.count, bytes: parts.state.totalBytes, sequence: parts.state.sequence, rejectedWrites: parts.state.rejectedWrites,
@@ -682,8 +682,10 @@ extension Kernel {
         family("uptime_seconds", "gauge", "Seconds since the kernel started.", [("", String(Date().timeIntervalSince(startedAt).rounded()))])
         if let open = OpenFiles.count, let limit = OpenFiles.limit {
             family("open_files", "gauge", "Files (connections among them) the kernel's process holds open.", [("", String(open))])
-            family("max_open_files", "gauge", "Files the kernel's process may hold open: at this limit it accepts no client.", [("", String(limit))])
+            family("max_open_files", "gauge", "Files the kernel's process may hold open: near this limit it ends new connections.", [("", String(limit))])
         }
+        family("refused_for_open_files_total", "counter", "Connections ended as soon as accepted: the kernel held files into the few it keeps for its own use.",
+               [("", String(parts.refusedForOpenFiles))])
         return text
     }
 }

@@ -51,6 +51,7 @@ final class KernelMetrics {
         level("switchboard.state.bytes", Double(stats.state.bytes))
         level("switchboard.state.sequence", Double(stats.state.sequence))
         level("switchboard.uptime_seconds", stats.uptimeSeconds)
+        count("switchboard.refused_for_open_files", stats.refusedForOpenFiles ?? 0)
         if let open = stats.openFiles, let limit = stats.maxOpenFiles {
             level("switchboard.open_files", Double(open))
             level("switchboard.max_open_files", Double(limit))

@@ -106,9 +106,11 @@ final class KernelParts {
         var pairSender: SocketRegistration?
         var peerBroker: SocketRegistration?
         var peerBrokerMonitor: SocketRegistration?
+        /// The connections each listening socket accepts (``connectionAccepted(_:)``).
+        var accepted: [SocketRegistration] = []
 
         var all: [SocketRegistration] {
-            [zap, router, snapshot, publisher, collector, pairListener, pairSender, peerBroker, peerBrokerMonitor].compactMap { $0 }
+            [zap, router, snapshot, publisher, collector, pairListener, pairSender, peerBroker, peerBrokerMonitor].compactMap { $0 } + accepted
         }
     }
 
@@ -131,11 +133,12 @@ final class KernelParts {
     func serve(_ sockets: Sockets, on loop: SocketLoop) throws {
         // What a batch of messages produced is written out once, after the batch: one round
         // of sends (and of waking libzmq's I/O thread) per batch rather than per message.
-        func register(_ socket: ZMQSocket, _ handle: @escaping (KernelParts, Message) -> Void) -> SocketRegistration {
-            let registration = loop.register(socket) { [weak self] message in
+        func register(_ socket: ZMQSocket, receivingOnly: Bool = false, _ handle: @escaping (KernelParts, Message) -> Void) -> SocketRegistration {
+            let onMessage = { [weak self] (message: Message) in
                 guard let self else { return }
                 handle(self, message)
             }
+            let registration = receivingOnly ? loop.register(receivingOnly: socket, onMessage: onMessage) : loop.register(socket, onMessage: onMessage)
             registration.afterReading = { [weak self] in self?.flush() }
             return registration
         }
@@ -185,7 +188,7 @@ final class KernelParts {
                 // a peer whose process is stopped still accepts connections, and only a process
                 // that runs greets.
                 let events = try connectionEvents(of: peerBroker, in: loop.context, also: .handshakeSucceeded)
-                registrations.peerBrokerMonitor = register(events) { parts, message in
+                registrations.peerBrokerMonitor = register(events, receivingOnly: true) { parts, message in
                     guard let event = SocketEvent(message) else { return }
                     if event.event.contains(.handshakeSucceeded) { parts.state.pair?.peerBrokerConnected = true }
                     if event.event.contains(.disconnected) { parts.state.pair?.peerBrokerConnected = false }
@@ -196,6 +199,10 @@ final class KernelParts {
                 if let endpoint = pair.peerBroker { try peerBroker.connect(endpoint) }
             }
             repeatEvery(pair.heartbeatInterval, on: loop) { $0.state.pairTick(now: $0.clock.now) }
+        }
+        // Every connection accepted is looked at, to end it if the process cannot afford it.
+        for listener in [sockets.router, sockets.snapshot, sockets.publisher, sockets.collector] + [sockets.pair?.listener].compactMap({ $0 }) {
+            registrations.accepted.append(register(try socketEvents(of: listener, in: loop.context, .accepted), receivingOnly: true) { $0.connectionAccepted($1) })
         }
         self.registrations = registrations
         repeatEvery(configuration.heartbeatInterval, on: loop) { $0.broker.tick(now: $0.clock.now) }
@@ -212,22 +219,13 @@ final class KernelParts {
             parts.cells?.tick(now: now, services: parts.offeredToCells)
         }
         var heap = HeapTrim()
-        var openFiles = OpenFiles.Watch()
-        let logger = state.logger
         // `kernel stats` as metrics, for a backend the process bootstrapped (telemetry on).
         let metrics = KernelMetrics.isExporting ? KernelMetrics() : nil
         repeatEvery(.seconds(1), on: loop) { parts in
             parts.broker.releaseIdleQueues()
             heap.releaseIfWorthIt()
             for log in [parts.broker.peerLog, parts.state.peerLog] + (parts.zap.map { [$0.peerLog] } ?? []) { log.flush() }
-            switch openFiles.check() {
-            case .near(let open, let limit)?:
-                logger.warning("this process holds \(open.map { "at least \($0)" } ?? "all") of the \(limit) files it may open: at the limit the kernel accepts no new client until connections close, and libzmq retries in silence; raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn), or see who holds the connections (ss -tnp)")
-            case .room(let lowestFree, let limit)?:
-                logger.notice("room for connections again: descriptor \(lowestFree) is free, of the \(limit) this process may open")
-            case nil:
-                break
-            }
+            if let change = parts.openFiles.check() { parts.say(change) }
             if let metrics, let stats = parts.kernel?.assumeIsolated({ try? $0.statistics() }) { metrics.record(stats) }
         }
         let sweep = max(min(configuration.queueTimeout / 10, .milliseconds(100)), .milliseconds(5))
@@ -235,6 +233,32 @@ final class KernelParts {
             let now = parts.clock.now
             parts.broker.expireQueued(now: now)
             parts.state.tick(now: now)
+        }
+    }
+
+    /// Connections ended as soon as accepted (``connectionAccepted(_:)``).
+    private(set) var refusedForOpenFiles = 0
+    /// Whether the process is near its limit on open files, said once each way.
+    private var openFiles = OpenFiles.Watch()
+
+    /// A listening socket accepted a connection: ended at once while the process holds files
+    /// into its reserve (``OpenFiles/isInReserve``). At the limit libzmq's accept would fail
+    /// and be tried again at once, forever, at a whole core, while the clients already
+    /// connected waited their turn; ended, a connection costs an accept and a close, and the
+    /// client tries again later as it would after any lost connection.
+    private func connectionAccepted(_ message: Message) {
+        guard let event = SocketEvent(message), OpenFiles.isInReserve, let connection = AcceptedConnection(event) else { return }
+        connection.end()
+        refusedForOpenFiles += 1
+        if let change = openFiles.endedConnection() { say(change) }
+    }
+
+    private func say(_ change: OpenFiles.Watch.Change) {
+        switch change {
+        case .near(let open, let limit):
+            state.logger.warning("this process holds \(open.map { "at least \($0)" } ?? "all") of the \(limit) files it may open: past \(limit - OpenFiles.reserve(of: limit)) the kernel ends each new connection as it comes (clients, workers, subscribers), until connections close; raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn), or see who holds the connections (ss -tnp)")
+        case .room(let open, let limit):
+            state.logger.notice("room for connections again: \(open) files open, of the \(limit) this process may open")
         }
     }
 

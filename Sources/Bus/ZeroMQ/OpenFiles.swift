@@ -8,8 +8,9 @@ import Synchronization
 /// accepts no connection, and its event loop may retry the accept at once, again and again
 /// (libzmq does, in silence, at a whole core). So every switchboard process raises its limit
 /// as it starts (``raiseSoftLimit()``), the kernel says when it comes near it (``Watch``)
-/// and how near it is (`kernel stats`, `/metrics`), and the gateway holds fewer HTTP
-/// connections than it may open files.
+/// and how near it is (`kernel stats`, `/metrics`) and ends the connections it accepts into
+/// its last files (``isInReserve``), and the gateway holds fewer HTTP connections than it
+/// may open files.
 public enum OpenFiles {
     /// Below this limit a process is told it may run out of connections.
     public static let fewFiles = 4_096
@@ -41,9 +42,7 @@ public enum OpenFiles {
     /// listed is kept for ten seconds, so that figures sampled each second cost no more than
     /// that. nil where there is no such directory, or when no file is left to list it.
     public static var count: Int? {
-        var info = stat()
-        guard stat("/proc/self/fd", &info) == 0 else { return nil }
-        if info.st_size > 0 { return Int(info.st_size) }
+        if let stated = statedCount { return stated }
         let now = monotonicNanoseconds()
         return listed.withLock { listed in
             if let last = listed, now - last.at < 10_000_000_000 { return last.count }
@@ -67,6 +66,32 @@ public enum OpenFiles {
         return entries - 1
     }
 
+    /// The files a listener leaves free for what the process opens itself (a link it makes, a
+    /// socket, a log): the last twentieth of the limit, at least 16.
+    public static func reserve(of limit: Int) -> Int { max(16, limit / 20) }
+
+    /// Whether the process now holds files into its reserve (``reserve(of:)``): a connection
+    /// just accepted then is ended (``AcceptedConnection/end()``), so the listener never
+    /// reaches the limit, where its accept would fail and be tried again at once, forever.
+    /// Asked once per connection accepted, so it counts only where that costs a `stat`;
+    /// elsewhere it looks at the lowest free descriptor, which may be one a connection just
+    /// closed, below others still open, and then lets a few more in.
+    public static var isInReserve: Bool {
+        guard let limit else { return false }
+        let reserveStarts = limit - reserve(of: limit)
+        if let open = statedCount { return open >= reserveStarts }
+        guard let lowest = lowestFree else { return true }
+        return lowest >= reserveStarts
+    }
+
+    /// How many files this process holds open, where the system says it at no cost (the size
+    /// of `/proc/self/fd`, Linux 6.2 and later).
+    private static var statedCount: Int? {
+        var info = stat()
+        guard stat("/proc/self/fd", &info) == 0, info.st_size > 0 else { return nil }
+        return Int(info.st_size)
+    }
+
     /// The lowest descriptor free now, which is the one Linux hands out next: every lower one
     /// is open. Costs an open and a close whatever the count. nil at the limit (none free).
     static var lowestFree: Int? {
@@ -79,9 +104,10 @@ public enum OpenFiles {
     private static let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
 
     /// Notices when the process comes near its limit, and when it has room again, once each.
-    /// Asked often (each second, on the kernel's loop), so it looks only at the lowest free
-    /// descriptor: it nears the limit only when the files below it are all open, which is
-    /// what running out is.
+    /// Asked often (each second, on the kernel's loop), so for nearing it looks only at the
+    /// lowest free descriptor: it nears the limit only when the files below it are all open,
+    /// which is what running out is. For room it counts: files closed leave free descriptors
+    /// below open ones, so a low free one alone is no sign of room.
     public struct Watch {
         /// The share of the limit at which the process is near it, and the lower share it must
         /// fall under before it is told that again (so a count that hovers says it once).
@@ -89,12 +115,21 @@ public enum OpenFiles {
         public enum Change: Equatable {
             /// At least `open` files are open (nil: all) of the `limit`.
             case near(open: Int?, limit: Int)
-            /// Descriptor `lowestFree` is free, of the `limit`.
-            case room(lowestFree: Int, limit: Int)
+            /// `open` files are open, of the `limit`.
+            case room(open: Int, limit: Int)
         }
         private(set) var isNear = false
 
         public init() {}
+
+        /// A connection was ended for want of files (``OpenFiles/isInReserve``): near the
+        /// limit, if that was not said yet. (Ending connections keeps the count under the
+        /// share at which ``check()`` would say it, on a small limit.)
+        public mutating func endedConnection() -> Change? {
+            guard !isNear, let limit = OpenFiles.limit else { return nil }
+            isNear = true
+            return .near(open: OpenFiles.count, limit: limit)
+        }
 
         /// What changed since the last check, if anything.
         public mutating func check() -> Change? {
@@ -103,9 +138,9 @@ public enum OpenFiles {
             if !isNear, lowest.map({ Double($0) >= Double(limit) * Self.near }) ?? true {
                 isNear = true
                 return .near(open: lowest, limit: limit)
-            } else if isNear, let lowest, Double(lowest) < Double(limit) * Self.clear {
+            } else if isNear, let open = OpenFiles.count ?? lowest, Double(open) < Double(limit) * Self.clear {
                 isNear = false
-                return .room(lowestFree: lowest, limit: limit)
+                return .room(open: open, limit: limit)
             }
             return nil
         }

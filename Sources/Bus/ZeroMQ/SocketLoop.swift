@@ -66,6 +66,9 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
 
     // Loop-thread state.
     private var registrations: [SocketRegistration] = []
+    /// The registrations whose sockets may be used between turns (sent on, or read outside
+    /// their handler): their events are looked at after every turn.
+    private var usedBetweenTurns: [SocketRegistration] = []
     private var pollSetChanged = true
     /// The wake-up descriptor, then each polled registration's `ZMQ_FD`.
     private var pollDescriptors: [pollfd] = []
@@ -237,8 +240,23 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
         return add(SocketRegistration(loop: self, socket: socket, handler: .parts(onParts)))
     }
 
+    /// Registers a socket that nothing but `onMessage` uses, and only to receive: another
+    /// socket's events (``socketEvents(of:in:_:)``). It costs the loop nothing until its
+    /// descriptor signals; a socket that is also sent on must be looked at after every turn.
+    public func register(receivingOnly socket: ZMQSocket, onMessage: @escaping (Message) -> Void) -> SocketRegistration {
+        preconditionLoopThread()
+        let registration = add(SocketRegistration(loop: self, socket: socket, handler: .message(onMessage), onlyReceives: true))
+        // What waited before the loop polled it may never signal its descriptor: read once now.
+        schedule(after: .zero) { [weak registration] in
+            guard let registration, !registration.isClosed else { return }
+            registration.serveAllEvents()
+        }
+        return registration
+    }
+
     private func add(_ registration: SocketRegistration) -> SocketRegistration {
         registrations.append(registration)
+        if !registration.onlyReceives { usedBetweenTurns.append(registration) }
         pollSetChanged = true
         if finishing { registration.close(reason: stoppedError) }
         return registration
@@ -246,6 +264,7 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
 
     func unregister(_ registration: SocketRegistration) {
         registrations.removeAll { $0 === registration }
+        usedBetweenTurns.removeAll { $0 === registration }
         pollSetChanged = true
     }
 
@@ -381,10 +400,14 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
             _ = Glibc.read(wakeFD, &value, 8)
         }
         // Handlers may register or close sockets; serve the set polled, skipping closed ones.
-        let owners = pollOwners
+        // (Read from locals: a property read per socket is a check per socket per turn.)
+        let owners = pollOwners, descriptors = pollDescriptors
         var index = 0
         while index < owners.count {
-            if pollDescriptors[index + 1].revents != 0 { owners[index].serveEvents() }
+            if descriptors[index + 1].revents != 0 {
+                let owner = owners[index]
+                if owner.onlyReceives { owner.serveAllEvents() } else { owner.serveEvents() }
+            }
             index += 1
         }
     }
@@ -394,7 +417,7 @@ public final class SocketLoop: SerialExecutor, @unchecked Sendable {
     /// read on the next turn, when the socket counts as used again).
     private func serveSocketsUsedSinceRead() -> Bool {
         // The set as it was: a handler may register or close sockets.
-        let current = registrations
+        let current = usedBetweenTurns
         var served = false
         var index = 0
         while index < current.count {

@@ -50,8 +50,13 @@ extension ZMQSocket {
 /// restarted or gone peer from a quiet one. Call before `socket` connects, so no event is
 /// missed.
 public func connectionEvents(of socket: ZMQSocket, in context: ZMQContext, also: SocketEvents = []) throws -> ZMQSocket {
+    try socketEvents(of: socket, in: context, [.connected, .disconnected, also])
+}
+
+/// A PAIR socket that receives `socket`'s `events` (as ``SocketEvent``).
+public func socketEvents(of socket: ZMQSocket, in context: ZMQContext, _ events: SocketEvents) throws -> ZMQSocket {
     let endpoint = "inproc://connection-monitor-\(UUID().uuidString)"
-    try socket.monitor(endpoint, events: [.connected, .disconnected, also])
+    try socket.monitor(endpoint, events: events)
     let pair = try ZMQSocket(context, .pair)
     pair.monitoredSocket = socket
     // No bound on the events waiting to be read: libzmq's I/O thread, which sends them, would
@@ -106,5 +111,54 @@ public struct TCPConnection: Sendable, Equatable {
         var info = tcp_info()
         var size = socklen_t(MemoryLayout<tcp_info>.size)
         return getsockopt(descriptor, Int32(IPPROTO_TCP), Int32(TCP_INFO), &info, &size) == 0 ? info : nil
+    }
+}
+
+/// A connection a listening socket has just accepted (an `accepted` event), which the
+/// process may end at once (``end()``) when it cannot afford it (``OpenFiles/isInReserve``).
+public struct AcceptedConnection: Sendable, Equatable {
+    let descriptor: Int32
+
+    /// nil for another event, or when the descriptor is no longer a connection accepted on
+    /// the event's endpoint (closed since, and perhaps reused for something else).
+    public init?(_ event: SocketEvent) {
+        guard event.event.contains(.accepted) else { return nil }
+        let descriptor = Int32(bitPattern: event.value)
+        guard Self.isAccepted(descriptor, on: event.endpoint) else { return nil }
+        self.descriptor = descriptor
+    }
+
+    /// Ends the connection: shut down, never closed, since libzmq owns the descriptor; it sees
+    /// the connection end as it would any other, and closes it.
+    public func end() {
+        shutdown(descriptor, Int32(SHUT_RDWR))
+    }
+
+    /// Whether `descriptor` is a socket whose own address is `endpoint`'s (its TCP port, or
+    /// its IPC path), as each connection a listener accepts is.
+    private static func isAccepted(_ descriptor: Int32, on endpoint: String) -> Bool {
+        var address = sockaddr_storage()
+        var size = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let named = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &size) }
+        }
+        guard named == 0 else { return false }
+        let family = Int32(address.ss_family)
+        switch family {
+        case AF_INET, AF_INET6:
+            guard endpoint.hasPrefix("tcp://"), let colon = endpoint.lastIndex(of: ":"), let port = UInt16(endpoint[endpoint.index(after: colon)...]) else { return false }
+            let own = withUnsafeBytes(of: address) { raw in
+                family == AF_INET ? raw.load(as: sockaddr_in.self).sin_port : raw.load(as: sockaddr_in6.self).sin6_port
+            }
+            return UInt16(bigEndian: own) == port
+        case AF_UNIX:
+            guard endpoint.hasPrefix("ipc://") else { return false }
+            let path = withUnsafeBytes(of: address) { raw in
+                withUnsafeBytes(of: raw.load(as: sockaddr_un.self).sun_path) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            }
+            return path == String(endpoint.dropFirst("ipc://".count))
+        default:
+            return false
+        }
     }
 }

@@ -54,9 +54,15 @@ public final class SocketRegistration {
     /// Frames the inbox's array keeps room for between messages; a larger one is let go.
     static let inboxCapacity = 64
 
-    init(loop: SocketLoop, socket: ZMQSocket, handler: Handler) {
+    /// Received from and used by nothing but its handler (a monitor's events): its events are
+    /// read when its descriptor signals, until none is left, and not looked at after every
+    /// turn of the loop as those of a socket that is also sent on (``SocketLoop``).
+    let onlyReceives: Bool
+
+    init(loop: SocketLoop, socket: ZMQSocket, handler: Handler, onlyReceives: Bool = false) {
         self.loop = loop
         self.socket = socket
+        self.onlyReceives = onlyReceives
         self.descriptor = (try? socket.get(.fileDescriptor)) ?? -1
         self.handler = handler
     }
@@ -66,6 +72,12 @@ public final class SocketRegistration {
     let descriptor: Int32
     /// The socket's operation count when the loop last read its events; nil until it has.
     private var eventsReadAt: UInt?
+
+    /// Serves the events until the socket has none: what it read may have taken in its
+    /// descriptor's signal, which only a reading of its events that finds nothing re-arms.
+    func serveAllEvents() {
+        while serveEvents() {}
+    }
 
     /// Whether the socket was used since its events were read (or was told to be read again):
     /// its descriptor may then not signal what is waiting, as libzmq documents for `ZMQ_FD`.

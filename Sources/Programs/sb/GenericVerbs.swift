@@ -336,7 +336,9 @@ struct Stats: AsyncParsableCommand {
             })
             if let open = stats.value.openFiles, let limit = stats.value.maxOpenFiles {
                 Output.line()
-                Output.line("open files: \(open) of the \(limit) the kernel may hold (each connection takes one)")
+                let refused = stats.value.refusedForOpenFiles ?? 0
+                Output.line("open files: \(open) of the \(limit) the kernel may hold (each connection takes one)"
+                    + (refused > 0 ? "; \(refused) connections ended as they came, near the limit" : ""))
             }
             if let etcd = stats.value.state.etcd {
                 Output.line()

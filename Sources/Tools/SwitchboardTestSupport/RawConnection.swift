@@ -29,6 +29,23 @@ public final class RawConnection {
 
     deinit { close(fd) }
 
+    /// Whether the peer has ended the connection (what it sent is read and dropped), now:
+    /// never waits.
+    public var isEnded: Bool {
+        var buffer = [UInt8](repeating: 0, count: 4_096)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            if count > 0 { continue }
+            return count == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)
+        }
+    }
+
+    /// Waits up to `milliseconds` for any of `connections` to have something to read (or an end).
+    public static func waitForAny(_ connections: [RawConnection], milliseconds: Int32) {
+        var items = connections.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
+        _ = poll(&items, nfds_t(items.count), milliseconds)
+    }
+
     /// Whether the peer closes the connection within `seconds` (what it sends meanwhile is
     /// read and dropped).
     public func closedByPeer(within seconds: Double) -> Bool {
