@@ -154,20 +154,24 @@ struct SocketLoopTests {
         let context = try ZMQContext()
         let loop = try SocketLoop(context: context, name: "receiving-only")
         let endpoint = inprocEndpoint("receiving-only")
-        // Each used by one thread at a time: the sender by this test, the receiver by the loop.
-        nonisolated(unsafe) let sender = try ZMQSocket(context, .push)
-        try sender.bind(endpoint)
-        nonisolated(unsafe) let receiver = try ZMQSocket(context, .pull)
-        try receiver.connect(endpoint)
-        // Waiting before the loop polls the socket: its descriptor may never signal these.
-        for n in 0..<5 { try sender.send(["\(n)"]) }
         let (received, arrived) = AsyncStream.makeStream(of: Int.self)
         try await loop.run {
+            let receiver = try ZMQSocket(context, .pull)
+            try receiver.bind(endpoint)
+            // Waiting before the loop polls the socket. (Their sender is the loop's from here
+            // on, kept open until it shuts down.)
+            let first = try ZMQSocket(context, .push)
+            try first.connect(endpoint)
+            for n in 0..<5 { try first.send(["\(n)"]) }
+            _ = loop.register(first) { _ in }
             _ = loop.register(receivingOnly: receiver) { message in arrived.yield(Int(message[0].string!)!) }
         }
+        let sender = try await LoopSocket.open(.push, on: loop) { try $0.connect(endpoint) }
         let all = try await within(30, "20,005 messages") {
             var seen: [Int] = []
             var iterator = received.makeAsyncIterator()
+            // What waited comes before anything else wakes the loop.
+            while seen.count < 5, let n = await iterator.next() { seen.append(n) }
             // The rest one at a time (each wakes the loop) and in bursts (read in one go).
             for n in 5..<10 {
                 try sender.send(["\(n)"])
