@@ -402,6 +402,42 @@ struct SocketTests {
         client.close()
     }
 
+    enum Listener: String, CaseIterable, Sendable { case tcp, ipcPath, ipcAbstract }
+
+    @Test("a connection a listener accepted is known by its listener's address (TCP port, IPC path, abstract IPC name) and ended by the process; another listener's does not claim it",
+          arguments: Listener.allCases)
+    func acceptedConnectionEnded(listener: Listener) throws {
+        let context = try ZMQContext()
+        func bind(_ server: ZMQSocket) throws -> String {
+            switch listener {
+            case .tcp: return try server.bind("tcp://127.0.0.1:*")
+            case .ipcPath: return try server.bind("ipc://" + (try temporaryDirectory().appendingPathComponent("s.ipc").path))
+            case .ipcAbstract: return try server.bind("ipc://@switchboard-test-\(UUID().uuidString)")
+            }
+        }
+        let server = try bounded(ZMQSocket(context, .router))
+        let endpoint = try bind(server)
+        let other = try bounded(ZMQSocket(context, .router))
+        let otherEndpoint = try bind(other)
+        let accepted = try bounded(socketEvents(of: server, in: context, .accepted))
+        let client = try bounded(ZMQSocket(context, .dealer))
+        let clientEvents = try bounded(connectionEvents(of: client, in: context))
+        try client.connect(endpoint)
+
+        let message = try accepted.receive()
+        let event = try #require(SocketEvent(message))
+        #expect(event.endpoint == endpoint)
+        // The same descriptor, said to be accepted on the other listener, is not this one's.
+        let elsewhere = try #require(SocketEvent(Message([message[0], Frame(otherEndpoint)])))
+        #expect(AcceptedConnection(elsewhere) == nil)
+        let connection = try #require(AcceptedConnection(event))
+        #expect(SocketEvent(try clientEvents.receive())?.event == .connected)
+        connection.end()
+        #expect(SocketEvent(try clientEvents.receive())?.event == .disconnected)
+        client.close()
+        other.close()
+    }
+
     @Test("socket options read back what was set")
     func options() throws {
         let context = try ZMQContext()

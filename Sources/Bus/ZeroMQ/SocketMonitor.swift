@@ -135,7 +135,7 @@ public struct AcceptedConnection: Sendable, Equatable {
     }
 
     /// Whether `descriptor` is a socket whose own address is `endpoint`'s (its TCP port, or
-    /// its IPC path), as each connection a listener accepts is.
+    /// its IPC path or abstract name), as each connection a listener accepts is.
     private static func isAccepted(_ descriptor: Int32, on endpoint: String) -> Bool {
         var address = sockaddr_storage()
         var size = socklen_t(MemoryLayout<sockaddr_storage>.size)
@@ -152,9 +152,13 @@ public struct AcceptedConnection: Sendable, Equatable {
             }
             return UInt16(bigEndian: own) == port
         case AF_UNIX:
-            guard endpoint.hasPrefix("ipc://") else { return false }
-            let path = withUnsafeBytes(of: address) { raw in
-                withUnsafeBytes(of: raw.load(as: sockaddr_un.self).sun_path) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard endpoint.hasPrefix("ipc://"), let pathOffset = MemoryLayout<sockaddr_un>.offset(of: \.sun_path) else { return false }
+            // The path is as long as the address says. An abstract address (Linux) begins
+            // with a NUL and is not NUL-terminated; libzmq names it with '@' in its place.
+            let path = withUnsafeBytes(of: address) { raw -> String in
+                let bytes = raw[pathOffset..<min(raw.count, max(pathOffset, Int(size)))]
+                guard bytes.first == 0 else { return String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self) }
+                return "@" + String(decoding: bytes.dropFirst(), as: UTF8.self)
             }
             return path == String(endpoint.dropFirst("ipc://".count))
         default:
