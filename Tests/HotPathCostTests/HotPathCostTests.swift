@@ -30,25 +30,25 @@ struct HotPathCostTests {
     }
 
     /// The kernel's loop thread, per request (a raw client and worker, one request at a
-    /// time): 13.0 allocations, 373-380 retains, 408-417 releases, 287-294 checks counted on
+    /// time): 13.0 allocations, 376-385 retains, 410-421 releases, 281-289 checks counted on
     /// one machine, idle and beside three busy threads (the least of eight short windows, the
     /// one the loop's timers touched least). Half an allocation and 3% of the others above.
     /// A message's count must not depend on how many turns of the loop it took or how long it
     /// waited: in a debug build each element a generic iterator reads is an allocation, so
     /// the loop's turn and the kernel's per-request code walk their arrays by index.
-    static let kernelRequest = Counts(allocations: 13.5, retains: 391, releases: 430, accessChecks: 303)
-    /// The kernel's loop thread, per CHP update to one subscriber (5.05, 197-201, 210-215, 123-128).
-    static let kernelUpdate = Counts(allocations: 5.5, retains: 207, releases: 222, accessChecks: 132)
+    static let kernelRequest = Counts(allocations: 13.5, retains: 391, releases: 430, accessChecks: 297)
+    /// The kernel's loop thread, per CHP update to one subscriber (5.05, 199-204, 212-218, 120-126).
+    static let kernelUpdate = Counts(allocations: 5.5, retains: 207, releases: 222, accessChecks: 129)
     /// Per `BusClient.call` to a hosted echo method, one at a time, the client's process and
     /// the host's, each counted whole (the kernel in a third), the least of the windows.
     /// Threads meet differently from call to call (a reply that comes before its caller waits
-    /// needs no continuation): the client 31.8-32.8 allocations, 223-232 retains, 251-261
-    /// releases, 117-126 checks counted idle and beside three busy threads on two cores; the
-    /// host 41.0, 320-331, 355-365, 134-143 (more the busier the machine, so `Scripts/test`
+    /// needs no continuation): the client 31.8-32.0 allocations, 220-228 retains, 246-256
+    /// releases, 111-118 checks counted idle and beside three busy threads on two cores; the
+    /// host 41.0, 324-333, 354-364, 126-134 (more the busier the machine, so `Scripts/test`
     /// runs this test alone). The client's bounds catch a few more a call, not one; the host's
     /// and the kernel's catch one.
-    static let clientCall = Counts(allocations: 33.5, retains: 240, releases: 270, accessChecks: 130)
-    static let hostCall = Counts(allocations: 42, retains: 340, releases: 377, accessChecks: 148)
+    static let clientCall = Counts(allocations: 33.5, retains: 236, releases: 266, accessChecks: 124)
+    static let hostCall = Counts(allocations: 42, retains: 340, releases: 377, accessChecks: 140)
 
     @Test("requests and state updates through the kernel, and calls from a client to a hosted service, cost no more than their bounds")
     func costsPerMessage() async throws {
