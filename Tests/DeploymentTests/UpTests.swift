@@ -210,6 +210,9 @@ struct UpTests {
         let result = try await runCommand(switchboardExecutable(), ["up", "--config", config.path], seconds: 60)
         #expect(result.status == 1 && result.stderr.contains("another kernel (pid \(other.pid)) already answers at \(broker)"), "\(result)")
         #expect(other.isRunning)
+        // Nothing of the refused `up` joined the running bus: no second supervisor to answer
+        // `sb restart` or `sb reload` for it.
+        #expect(!other.outputSoFar.contains("service=supervisor"), "\(other.outputSoFar)")
         await bus.close()
     }
 

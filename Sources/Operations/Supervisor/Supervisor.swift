@@ -79,7 +79,7 @@ public actor Supervisor: BusService {
     private var shutdownWaiter: CheckedContinuation<Void, Never>?
     private var exitStatus: Int32 = 0
 
-    /// What happens while ``run(onUp:)`` runs, handled by its task group in order: a
+    /// What happens while ``run(onKernelServing:onUp:)`` runs, handled by its task group in order: a
     /// process exited (told by its watcher thread), a restart or a status report to make
     /// later or beside the rest, a shutdown asked for (told by a signal handler).
     enum Event: Sendable {
@@ -128,12 +128,14 @@ public actor Supervisor: BusService {
         children.compactMap { child in child.pid.map { (child.piece.name, $0) } }
     }
 
-    /// Starts everything, calls `onUp` once all registered, and supervises until shutdown.
-    /// Returns the exit status: 0 after a clean shutdown.
-    public func run(onUp: @Sendable ([(name: String, pid: Int32)]) -> Void) async -> Int32 {
+    /// Starts everything, calls `onKernelServing` once this machine's kernel answers (its own
+    /// process, not another already at its endpoints; or stands by) and `onUp` once all
+    /// registered, and supervises until shutdown. Returns the exit status: 0 after a clean
+    /// shutdown.
+    public func run(onKernelServing: @Sendable () -> Void = {}, onUp: @Sendable ([(name: String, pid: Int32)]) -> Void) async -> Int32 {
         await withDiscardingTaskGroup(returning: Int32.self) { group in
             group.addTask { await self.handleEvents() }
-            let status = await supervise(onUp: onUp)
+            let status = await supervise(onKernelServing: onKernelServing, onUp: onUp)
             // Pending restarts and reports end with the events.
             eventQueue.finish()
             return status
@@ -173,12 +175,13 @@ public actor Supervisor: BusService {
         }
     }
 
-    private func supervise(onUp: @Sendable ([(name: String, pid: Int32)]) -> Void) async -> Int32 {
+    private func supervise(onKernelServing: @Sendable () -> Void, onUp: @Sendable ([(name: String, pid: Int32)]) -> Void) async -> Int32 {
         do {
             var standingBy = false
             if let kernel {
                 try start(kernel)
                 standingBy = try await waitUntilServing(kernel)
+                if phase == .starting { onKernelServing() }
             } else {
                 try await waitForRemoteKernel()
             }

@@ -160,29 +160,38 @@ struct UpCommand: AsyncParsableCommand {
                                                  listensAt: (file.gateway.host, file.gateway.port))] : []),
             settings: file.supervisor, probe: probe, reporter: reporter, configuration: reloader, kernelStandsBy: kernelStandsBy, logger: logger)
         // `sb restart` and `sb reload` reach the supervisor as the `supervisor` service of its
-        // kernel (with the supervisor's key); SIGUSR2 and SIGHUP do the same.
-        let host = noKernel ? nil : try ServiceHost(
-            service: supervisor,
-            options: .init(brokers: [Self.connectable(file.kernel.brokerEndpoint)], connections: 1, window: 4,
-                           heartbeatInterval: file.kernel.heartbeatInterval, heartbeatLiveness: file.kernel.heartbeatLiveness,
-                           curve: try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.supervisor) },
-                           maxMessageSize: file.kernel.maxMessageSize, maxBatchItems: file.kernel.maxBatchItems),
-            logger: logger)
+        // kernel (with the supervisor's key); SIGUSR2 and SIGHUP do the same. Hosted once the
+        // kernel at its endpoint is this supervisor's own: another one already there (a second
+        // `up` in the same folder) would otherwise take it as a second supervisor of its bus,
+        // answering `sb restart` and `sb reload` for a bus it does not run.
+        let hostOptions = noKernel ? nil : ServiceHostOptions(
+            brokers: [Self.connectable(file.kernel.brokerEndpoint)], connections: 1, window: 4,
+            heartbeatInterval: file.kernel.heartbeatInterval, heartbeatLiveness: file.kernel.heartbeatLiveness,
+            curve: try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.supervisor) },
+            maxMessageSize: file.kernel.maxMessageSize, maxBatchItems: file.kernel.maxBatchItems)
         let (stopping, stop) = AsyncStream.makeStream(of: Void.self)
+        let (kernelServing, kernelServes) = AsyncStream.makeStream(of: Void.self)
         let signals = Signals.forward { _ in
             stop.finish()
             supervisor.requestShutdown()
         } + Signals.handle([SIGHUP]) { _ in supervisor.requestReload() } + Signals.handle([SIGUSR2]) { _ in supervisor.requestRollingRestart() }
         let status = await withTaskGroup(of: Int32?.self) { group in
-            if let host {
+            if let hostOptions {
                 group.addTask {
-                    try? await host.serve { for await _ in stopping {} }
+                    var serving = kernelServing.makeAsyncIterator()
+                    guard await serving.next() != nil else { return nil }
+                    do {
+                        try await ServiceHost(service: supervisor, options: hostOptions, logger: logger).serve { for await _ in stopping {} }
+                    } catch {
+                        logger.error("the supervisor service (sb restart, sb reload) could not be hosted: \(error)")
+                    }
                     return nil
                 }
             }
-            let status = await supervisor.run { pids in
+            let status = await supervisor.run(onKernelServing: { kernelServes.yield() }) { pids in
                 Self.printBanner(file, pids: pids, services: services, singleProcess: false, remoteKernel: noKernel)
             }
+            kernelServes.finish()
             stop.finish()
             return status
         }
