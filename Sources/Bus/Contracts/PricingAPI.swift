@@ -1,5 +1,5 @@
-public import BusProtocol
-public import Foundation
+import BusProtocol
+import Foundation
 
 /// `pricing`: round-trip quotes, the current route (kept by the store) and the deals.
 public enum PricingAPI {

@@ -1,4 +1,4 @@
-package import CZeroMQ
+import CZeroMQ
 @_exported public import Frames
 
 /// A received frame's bytes, left in the libzmq message (`zmq_msg_t`) that holds them, which
