@@ -40,6 +40,33 @@ private func events(_ count: Int, from iterator: inout EtcdWatch.AsyncIterator, 
     return seen
 }
 
+/// A certificate authority and, signed by it, a certificate for a member at 127.0.0.1 and one
+/// for a client: PEM files made by openssl in `folder`. The member's may also authenticate
+/// as a client: etcd's JSON gateway connects to the member's own gRPC port with it.
+private struct Certificates {
+    let folder: URL
+    func path(_ name: String) -> String { folder.appendingPathComponent(name).path }
+
+    static func make(in folder: URL) async throws -> Certificates {
+        let certificates = Certificates(folder: folder)
+        let openssl = URL(fileURLWithPath: "/usr/bin/openssl")
+        func run(_ arguments: [String]) async throws {
+            let result = try await runCommand(openssl, arguments, in: folder)
+            try #require(result.status == 0, "openssl \(arguments.joined(separator: " ")): \(result)")
+        }
+        let newKey = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        try await run(["req", "-x509"] + newKey + ["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=switchboard-test-ca"])
+        for (name, extensions) in [("member", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"),
+                                   ("client", "extendedKeyUsage=clientAuth\n")] {
+            try extensions.write(toFile: certificates.path("\(name).ext"), atomically: true, encoding: .utf8)
+            try await run(["req", "-new"] + newKey + ["-keyout", "\(name).key", "-out", "\(name).csr", "-subj", "/CN=\(name)"])
+            try await run(["x509", "-req", "-in", "\(name).csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                           "-out", "\(name).pem", "-days", "2", "-extfile", "\(name).ext"])
+        }
+        return certificates
+    }
+}
+
 @Suite("etcd client: keys, transactions, leases and watches against a real etcd", .serialized, .enabled(if: TestEtcd.available))
 struct EtcdClientTests {
     @Test("put, range (a key, a prefix, an older revision) and delete; revisions grow by one a write")
@@ -221,6 +248,46 @@ struct EtcdClientTests {
             #expect(Set(acknowledged).isSubset(of: Set(seen)), "every acknowledged write seen")
             #expect(seen.count >= 200 - failures && seen.count <= 200)
         }
+    }
+
+    @Test("over TLS with client certificates: a client with the CA and its certificate is served (writes and a watch); one without a certificate or without the CA is refused; TLS files that do not read are refused when the client is made")
+    func tls() async throws {
+        let folder = try temporaryDirectory("etcd-tls")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let files = try await Certificates.make(in: folder)
+        let cluster = try await TestEtcd.start(tls: .init(certificateFile: files.path("member.pem"), keyFile: files.path("member.key"),
+                                                          clientCAFile: files.path("ca.pem")))
+        defer { cluster.stop() }
+        #expect(cluster.clientURLs.allSatisfy { $0.hasPrefix("https://") })
+        func client(ca: Bool = true, certificate: Bool = true) throws -> EtcdClient {
+            var settings = EtcdClient.Settings(endpoints: cluster.clientURLs)
+            if ca { settings.caFile = files.path("ca.pem") }
+            if certificate { (settings.certificateFile, settings.keyFile) = (files.path("client.pem"), files.path("client.key")) }
+            return try EtcdClient(settings: settings)
+        }
+
+        // A key file named `.key`, as etcd's own examples name them, holding PEM.
+        let etcd = try client()
+        let revision = try await etcd.put(bytes("/tls/a"), bytes("1"))
+        var watch = etcd.watch(prefix: bytes("/tls/"), from: revision).makeAsyncIterator()
+        try await etcd.put(bytes("/tls/b"), bytes("2"))
+        #expect(try await events(2, from: &watch).map(\.keyValue.keyString) == ["/tls/a", "/tls/b"])
+        #expect(try await etcd.range(prefix: bytes("/tls/")).keyValues.map(\.valueString) == ["1", "2"])
+        await etcd.close()
+
+        // Refused, and told what the TLS setup lacks.
+        for (what, stranger, cause) in [("no certificate of its own", try client(certificate: false), "asks its clients for a certificate"),
+                                        ("no CA to trust the member's", try client(ca: false, certificate: false), "not signed by a CA this client trusts")] {
+            let refused = await #expect(throws: EtcdError.self, "\(what)") { try await stranger.range(bytes("/tls/a")) }
+            #expect(refused?.description.contains("range /tls/a") == true && refused?.description.contains(cause) == true,
+                    "\(what): \(String(describing: refused))")
+            await stranger.close()
+        }
+
+        var missing = EtcdClient.Settings(endpoints: cluster.clientURLs)
+        (missing.caFile, missing.certificateFile, missing.keyFile) = (files.path("ca.pem"), files.path("client.pem"), files.path("nowhere.key"))
+        let unreadable = #expect(throws: EtcdError.self) { try EtcdClient(settings: missing) }
+        #expect(unreadable?.kind == .configuration && unreadable?.description.contains("cannot read the TLS files") == true, "\(String(describing: unreadable))")
     }
 
     @Test("with authentication on: a client with the user's password is served, also once its token expired; one without is refused")

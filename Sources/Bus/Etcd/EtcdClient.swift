@@ -1,10 +1,10 @@
 import AsyncHTTPClient
-public import BusProtocol
-public import Foundation
+import BusProtocol
+import Foundation
 import NIOCore
 import NIOHTTP1
 import NIOPosix
-public import NIOSSL
+import NIOSSL
 import Synchronization
 
 /// A client of etcd's v3 API (range, put, delete, transactions, leases, watches) over its
@@ -76,7 +76,7 @@ public final class EtcdClient: Sendable {
                 if let caFile = settings.caFile { tls.trustRoots = .file(caFile) }
                 if let certificateFile = settings.certificateFile, let keyFile = settings.keyFile {
                     tls.certificateChain = try NIOSSLCertificate.fromPEMFile(certificateFile).map { .certificate($0) }
-                    tls.privateKey = .file(keyFile)
+                    tls.privateKey = .privateKey(try NIOSSLPrivateKey(file: keyFile, format: .pem))
                 }
                 configuration.tlsConfiguration = tls
             } catch {
@@ -233,10 +233,10 @@ public final class EtcdClient: Sendable {
             } catch let error as EtcdError {
                 throw error
             } catch where Self.neverSent(error) {
-                unreachable.append("\(endpoint) (\(Self.describe(error)))")
+                unreachable.append("\(endpoint) (\(describe(error, at: endpoint)))")
             } catch {
                 throw EtcdError(operation: operation, endpoint: endpoint, kind: Self.timedOut(error) ? .timedOut : .unreachable,
-                                message: Self.timedOut(error) ? "no answer within \(settings.requestTimeout)" : Self.describe(error))
+                                message: Self.timedOut(error) ? "no answer within \(settings.requestTimeout)" : describe(error, at: endpoint))
             }
         }
         throw EtcdError(operation: operation, endpoint: nil, kind: .unreachable, message: "no member reachable: \(unreachable.joined(separator: ", "))")
@@ -316,8 +316,17 @@ public final class EtcdClient: Sendable {
         return error == .deadlineExceeded || error == .readTimeout
     }
 
-    static func describe(_ error: any Error) -> String {
+    /// What went wrong reaching `endpoint`, in a line an operator can act on.
+    func describe(_ error: any Error, at endpoint: String) -> String {
         if let error = error as? NIOConnectionError, let connect = error.connectionErrors.last { return "\(connect.error)" }
+        // What a TLS setup that does not match the member's comes to, said in its terms.
+        guard endpoint.hasPrefix("https://") else { return "\(error)" }
+        if settings.certificateFile == nil, let closed = error as? HTTPClientError, closed == .remoteConnectionClosed {
+            return "\(error): the member closed the connection, as one that asks its clients for a certificate (etcd's --client-cert-auth) does to a client without one (give this client's certificate and key)"
+        }
+        if case NIOSSLError.handshakeFailed = error, "\(error)".contains("CERTIFICATE_VERIFY_FAILED") {
+            return "\(error): the member's certificate is not signed by a CA this client trusts (give the CA that signed the members' certificates)"
+        }
         return "\(error)"
     }
 

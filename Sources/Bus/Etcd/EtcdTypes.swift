@@ -1,4 +1,4 @@
-public import BusProtocol
+import BusProtocol
 import Foundation
 
 /// A key with its value and revisions, as etcd keeps it.

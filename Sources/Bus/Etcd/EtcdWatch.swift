@@ -1,5 +1,5 @@
 import AsyncHTTPClient
-public import BusProtocol
+import BusProtocol
 import NIOCore
 
 /// The changes to a range of keys from a revision on, as they happen (etcd's watch over its
@@ -145,7 +145,7 @@ public struct EtcdWatch: AsyncSequence, Sendable {
                     } catch let error as EtcdError where error.kind != .unreachable && error.kind != .timedOut {
                         throw error
                     } catch {
-                        problems.append("\(endpoint): \(EtcdClient.describe(error))")
+                        problems.append("\(endpoint): \(client.describe(error, at: endpoint))")
                     }
                 }
                 guard ContinuousClock.now - since < client.settings.requestTimeout else {

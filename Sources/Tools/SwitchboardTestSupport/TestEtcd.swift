@@ -10,7 +10,8 @@ public final class TestEtcd: Sendable {
     public static var available: Bool { FileManager.default.isExecutableFile(atPath: executable.path) }
 
     public let folder: URL
-    /// Each member's client URL (`http://127.0.0.1:PORT`), what ``EtcdClient`` takes.
+    /// Each member's client URL (`http://127.0.0.1:PORT`, `https://` with TLS), what
+    /// ``EtcdClient`` takes.
     public let clientURLs: [String]
     private let peerURLs: [String]
     private let token: String
@@ -30,12 +31,26 @@ public final class TestEtcd: Sendable {
         processes = Mutex(Array(repeating: nil, count: clientURLs.count))
     }
 
+    /// What a member serves its clients with over TLS (PEM files): its certificate and key,
+    /// and the CA whose certificates it asks of every client.
+    public struct ClientTLS: Sendable {
+        public var certificateFile: String
+        public var keyFile: String
+        public var clientCAFile: String
+        public init(certificateFile: String, keyFile: String, clientCAFile: String) {
+            (self.certificateFile, self.keyFile, self.clientCAFile) = (certificateFile, keyFile, clientCAFile)
+        }
+    }
+
     /// Starts a new cluster of `members`, each with etcd's flags and `arguments`, and returns
-    /// once every member serves clients.
-    public static func start(members: Int = 1, arguments: [String] = []) async throws -> TestEtcd {
-        try await start(TestEtcd(folder: try temporaryDirectory("etcd"), clientURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" },
-                                 peerURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" }, arguments: arguments,
-                                 namespaces: Array(repeating: nil, count: members)))
+    /// once every member serves clients: over TLS, asking each client for a certificate, with
+    /// `tls`.
+    public static func start(members: Int = 1, arguments: [String] = [], tls: ClientTLS? = nil) async throws -> TestEtcd {
+        let tlsArguments = tls.map { ["--cert-file", $0.certificateFile, "--key-file", $0.keyFile, "--trusted-ca-file", $0.clientCAFile, "--client-cert-auth"] } ?? []
+        return try await start(TestEtcd(folder: try temporaryDirectory("etcd"),
+                                        clientURLs: (0..<members).map { _ in "\(tls == nil ? "http" : "https")://127.0.0.1:\(freePort())" },
+                                        peerURLs: (0..<members).map { _ in "http://127.0.0.1:\(freePort())" }, arguments: arguments + tlsArguments,
+                                        namespaces: Array(repeating: nil, count: members)))
     }
 
     /// A cluster of one member on each host: a network namespace the test made (`ip netns`)
