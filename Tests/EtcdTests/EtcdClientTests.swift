@@ -40,33 +40,6 @@ private func events(_ count: Int, from iterator: inout EtcdWatch.AsyncIterator, 
     return seen
 }
 
-/// A certificate authority and, signed by it, a certificate for a member at 127.0.0.1 and one
-/// for a client: PEM files made by openssl in `folder`. The member's may also authenticate
-/// as a client: etcd's JSON gateway connects to the member's own gRPC port with it.
-private struct Certificates {
-    let folder: URL
-    func path(_ name: String) -> String { folder.appendingPathComponent(name).path }
-
-    static func make(in folder: URL) async throws -> Certificates {
-        let certificates = Certificates(folder: folder)
-        let openssl = URL(fileURLWithPath: "/usr/bin/openssl")
-        func run(_ arguments: [String]) async throws {
-            let result = try await runCommand(openssl, arguments, in: folder)
-            try #require(result.status == 0, "openssl \(arguments.joined(separator: " ")): \(result)")
-        }
-        let newKey = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        try await run(["req", "-x509"] + newKey + ["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=switchboard-test-ca"])
-        for (name, extensions) in [("member", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"),
-                                   ("client", "extendedKeyUsage=clientAuth\n")] {
-            try extensions.write(toFile: certificates.path("\(name).ext"), atomically: true, encoding: .utf8)
-            try await run(["req", "-new"] + newKey + ["-keyout", "\(name).key", "-out", "\(name).csr", "-subj", "/CN=\(name)"])
-            try await run(["x509", "-req", "-in", "\(name).csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                           "-out", "\(name).pem", "-days", "2", "-extfile", "\(name).ext"])
-        }
-        return certificates
-    }
-}
-
 @Suite("etcd client: keys, transactions, leases and watches against a real etcd", .serialized, .enabled(if: TestEtcd.available))
 struct EtcdClientTests {
     @Test("put, range (a key, a prefix, an older revision) and delete; revisions grow by one a write")
@@ -252,10 +225,9 @@ struct EtcdClientTests {
 
     @Test("over TLS with client certificates: a client with the CA and its certificate is served (writes and a watch); one without a certificate or without the CA is refused; TLS files that do not read are refused when the client is made")
     func tls() async throws {
-        let folder = try temporaryDirectory("etcd-tls")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let files = try await Certificates.make(in: folder)
-        let cluster = try await TestEtcd.start(tls: .init(certificateFile: files.path("member.pem"), keyFile: files.path("member.key"),
+        let files = try await TestCertificates.make()
+        defer { files.remove() }
+        let cluster = try await TestEtcd.start(tls: .init(certificateFile: files.path("server.pem"), keyFile: files.path("server.key"),
                                                           clientCAFile: files.path("ca.pem")))
         defer { cluster.stop() }
         #expect(cluster.clientURLs.allSatisfy { $0.hasPrefix("https://") })

@@ -11,7 +11,8 @@ public struct PostgresSettings: Sendable, Equatable {
     public enum TLSMode: String, Sendable, CaseIterable {
         /// Plain TCP (a database on the same machine or a private network).
         case disable
-        /// TLS when the server offers it.
+        /// TLS when the server offers it; its certificate checked only against `caFile`, when
+        /// one is given.
         case prefer
         /// TLS or no connection, the server's certificate checked against the system's roots
         /// or `caFile`.
@@ -60,11 +61,7 @@ extension PostgresSettings {
     /// A pool of connections to the database; `searchPath` names the schema its tables are
     /// in (each service keeps its own, so several can share one database).
     package func makeClient(logger: Logger, searchPath: String? = nil) throws(StorageFailure) -> PostgresClient {
-        guard let parts = parsed else {
-            throw StorageFailure(reason: "cannot-open", detail: "the URL is not postgres://USER:PASSWORD@HOST:PORT/DATABASE", path: redactedURL)
-        }
-        var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
-        if let caFile { tlsConfiguration.trustRoots = .file(caFile) }
+        let (parts, tlsConfiguration) = try connectionParts()
         let tls: PostgresClient.Configuration.TLS = switch self.tls {
         case .disable: .disable
         case .prefer: .prefer(tlsConfiguration)
@@ -76,6 +73,53 @@ extension PostgresSettings {
         configuration.options.connectTimeout = .seconds(5)
         if let searchPath { configuration.options.additionalStartupParameters = [("search_path", searchPath)] }
         return PostgresClient(configuration: configuration, backgroundLogger: logger)
+    }
+
+    /// Why one connection to the database cannot be made now, in a line; nil when it can.
+    /// A pool tries again and again, so what stops it (a certificate refused, a password
+    /// wrong) reaches a query only as a timeout: this asks once, alone.
+    package func connectionProblem(logger: Logger) async -> String? {
+        do throws(any Error) {
+            let (parts, tlsConfiguration) = try connectionParts()
+            let tls: PostgresConnection.Configuration.TLS = switch self.tls {
+            case .disable: .disable
+            case .prefer: .prefer(try NIOSSLContext(configuration: tlsConfiguration))
+            case .require: .require(try NIOSSLContext(configuration: tlsConfiguration))
+            }
+            let configuration = PostgresConnection.Configuration(host: parts.host, port: parts.port, username: parts.user, password: parts.password,
+                                                                 database: parts.database, tls: tls)
+            let timeout = operationTimeout
+            let connection = try await withDeadline(timeout, expired: { PostgresTimedOut(after: timeout) }) {
+                try await PostgresConnection.connect(configuration: configuration, id: 0, logger: logger)
+            }
+            try? await connection.close()
+            return nil
+        } catch let error as PSQLError where error.code == .connectionError && error.underlying != nil {
+            let cause = "\(error.underlying!)"
+            guard cause.contains("CERTIFICATE_VERIFY_FAILED") else { return "cannot connect: \(cause)" }
+            return "cannot connect: the server's TLS certificate is not signed by a CA this service trusts (ca_file, else the system's): \(cause)"
+        } catch {
+            return failure(error).detail
+        }
+    }
+
+    /// Where the database is, and the TLS its connections use when they use it (``tls``).
+    private func connectionParts() throws(StorageFailure) -> (parts: (host: String, port: Int, user: String, password: String?, database: String?),
+                                                               tls: TLSConfiguration) {
+        guard let parts = parsed else {
+            throw StorageFailure(reason: "cannot-open", detail: "the URL is not postgres://USER:PASSWORD@HOST:PORT/DATABASE", path: redactedURL)
+        }
+        var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
+        if let caFile {
+            tlsConfiguration.trustRoots = .file(caFile)
+        } else if self.tls == .prefer {
+            // Encrypted whenever the server offers TLS, whatever its certificate (Debian's own
+            // cluster has one no CA signed): a connection that goes on in plain text when the
+            // server offers none gains nothing from checking it, as libpq's sslmode=prefer
+            // does not. `require` checks it.
+            tlsConfiguration.certificateVerification = .none
+        }
+        return (parts, tlsConfiguration)
     }
 
     /// Runs `body`, or gives up after ``operationTimeout`` (the body is cancelled: a
@@ -165,7 +209,10 @@ package enum PostgresSchema {
             } catch {
                 if lastSaid.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true {
                     lastSaid = .now
-                    logger.error("cannot reach the database; trying again", metadata: ["url": "\(settings.redactedURL)", "problem": "\(settings.failure(error).detail)"])
+                    // A timeout says nothing of why: one connection made alone does.
+                    let problem = error is PostgresTimedOut ? await settings.connectionProblem(logger: logger) ?? settings.failure(error).detail
+                        : settings.failure(error).detail
+                    logger.error("cannot reach the database; trying again", metadata: ["url": "\(settings.redactedURL)", "problem": "\(problem)"])
                 }
                 try? await Task.sleep(for: delay)
                 delay = min(delay * 2, .seconds(5))

@@ -11,6 +11,8 @@ public final class TestPostgres: @unchecked Sendable {
     public static let password = "sw1tch-b0ard"
     /// The server (its postmaster) while it runs.
     private var server: ChildProcess?
+    /// Whether it offers TLS (with the certificate and key in its folder).
+    private let offersTLS: Bool
 
     /// The server's binaries (Debian's postgresql package), if installed.
     public static let binaries: URL? = {
@@ -26,22 +28,32 @@ public final class TestPostgres: @unchecked Sendable {
         "postgres://\(Self.user):\(Self.password)@127.0.0.1:\(port)/\(database)"
     }
 
-    private init(port: Int, folder: URL) {
+    private init(port: Int, folder: URL, offersTLS: Bool) {
         self.port = port
         self.folder = folder
+        self.offersTLS = offersTLS
     }
 
-    /// A new cluster, started on `port` (default: a free one).
-    public static func start(port: Int? = nil) async throws -> TestPostgres {
+    /// A new cluster, started on `port` (default: a free one); offering TLS with `tls`'s
+    /// server certificate and key (``TestCertificates``), as Debian's own cluster offers TLS
+    /// with a certificate of its own.
+    public static func start(port: Int? = nil, tls: TestCertificates? = nil) async throws -> TestPostgres {
         guard let binaries else { throw TestPostgresError(description: "no PostgreSQL server installed (Debian's postgresql package)") }
         let folder = try temporaryDirectory("postgres")
         let data = folder.appendingPathComponent("data")
         let passwordFile = folder.appendingPathComponent("password")
         try password.write(to: passwordFile, atomically: true, encoding: .utf8)
+        if let tls {
+            // The server reads its key only when no one else may (mode 0600, its own file).
+            for name in ["server.pem", "server.key"] {
+                try FileManager.default.copyItem(atPath: tls.path(name), toPath: folder.appendingPathComponent(name).path)
+            }
+            try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: folder.appendingPathComponent("server.key").path)
+        }
         if getuid() == 0 { try await run(URL(fileURLWithPath: "/bin/chown"), ["-R", "postgres:postgres", folder.path]) }
         try await run(binaries.appendingPathComponent("initdb"), ["-D", data.path, "-U", user, "--pwfile", passwordFile.path,
                                                             "--auth", "scram-sha-256", "--encoding", "UTF8", "--no-sync"])
-        let server = TestPostgres(port: port ?? freePort(), folder: folder)
+        let server = TestPostgres(port: port ?? freePort(), folder: folder, offersTLS: tls != nil)
         try await server.startServer()
         return server
     }
@@ -52,6 +64,8 @@ public final class TestPostgres: @unchecked Sendable {
         let postgres = binaries.appendingPathComponent("postgres")
         let arguments = ["-D", folder.appendingPathComponent("data").path, "-p", "\(port)", "-c", "listen_addresses=127.0.0.1",
                          "-k", folder.path, "-c", "fsync=on"]
+            + (offersTLS ? ["-c", "ssl=on", "-c", "ssl_cert_file=\(folder.appendingPathComponent("server.pem").path)",
+                            "-c", "ssl_key_file=\(folder.appendingPathComponent("server.key").path)"] : [])
         // The server refuses root: setpriv becomes the postgres user in place (the same pid,
         // which the watcher of the lifeline ends), where runuser would stay as its parent.
         let process = getuid() == 0
