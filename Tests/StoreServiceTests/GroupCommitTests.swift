@@ -107,7 +107,7 @@ private struct ThingsDatabase {
     let folder: URL
     let postgres: TestPostgres?
 
-    static func start(onPostgres: Bool) async throws -> ThingsDatabase {
+    static func start(onPostgres: Bool, replyWindow: Duration) async throws -> ThingsDatabase {
         let folder = try temporaryDirectory("batch-writes")
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
@@ -119,15 +119,15 @@ private struct ThingsDatabase {
         let server = onPostgres ? try await TestPostgres.start() : nil
         let database = ServiceDatabase(path: folder.appendingPathComponent("things.sqlite").path, label: "things", maxSizeBytes: nil,
                                        postgres: server.map { PostgresSettings(url: $0.url(), poolSize: 2, tls: .disable) }, schema: schema,
-                                       replyWindow: .seconds(600), logger: Logger(label: "test"))
+                                       replyWindow: replyWindow, logger: Logger(label: "test"))
         let parts = database.parts.map { part in Task { try await part.run() } }
         await database.waitUntilReady()
         return ThingsDatabase(database: database, parts: parts, folder: folder, postgres: server)
     }
 
     /// Runs `body` on a new database and stops it (its connections ended) however `body` ends.
-    static func with(onPostgres: Bool, _ body: (ThingsDatabase) async throws -> Void) async throws {
-        try await stopping(try await start(onPostgres: onPostgres), with: { await $0.stop() }, body)
+    static func with(onPostgres: Bool, replyWindow: Duration = .seconds(600), _ body: (ThingsDatabase) async throws -> Void) async throws {
+        try await stopping(try await start(onPostgres: onPostgres, replyWindow: replyWindow), with: { await $0.stop() }, body)
     }
 
     func stop() async {
@@ -158,6 +158,11 @@ private struct ThingsDatabase {
     var things: [String] {
         get async throws { try await database.read { db in try db.texts("SELECT name FROM things ORDER BY name", []) } }
     }
+
+    /// The requests whose results the database remembers.
+    var rememberedRequests: [String] {
+        get async throws { try await database.read { db in try db.texts("SELECT request FROM replies ORDER BY request", []) } }
+    }
 }
 
 @Suite("writes for several requests in one transaction (a service's batch)")
@@ -185,6 +190,20 @@ struct BatchWriteTests {
             #expect(try await things.database.write(request: "r1") { _ in .string("once more") } == .string("one"))
             #expect(try await things.add(["three"], requests: ["r2"])[0].get() == .string("three"))
             #expect(try await things.things == ["one", "three", "two", "zero"])
+        }
+    }
+
+    @Test("a result is forgotten once its reply window (remember_seconds) has passed: the next write deletes it, so the table holds about a window of them",
+          arguments: engines)
+    func repliesForgotten(onPostgres: Bool) async throws {
+        try await ThingsDatabase.with(onPostgres: onPostgres, replyWindow: .seconds(1)) { things in
+            _ = try await things.add(["a"], requests: ["r1"])
+            #expect(try await things.rememberedRequests == ["r1"])
+            // Past the window: time, which no event marks.
+            try await Task.sleep(for: .milliseconds(1_500))
+            _ = try await things.add(["b"], requests: ["r2"])
+            #expect(try await things.rememberedRequests == ["r2"])
+            #expect(try await things.things == ["a", "b"])
         }
     }
 

@@ -27,18 +27,19 @@ package actor PostgresWriter {
     private let schema: String?
     private let migrations: [String]
     private let lockKey: Int64
-    private let replyWindow: Duration
     private let logger: Logger
     /// The connections and the threads writes run on: a part of the service's process, run
     /// before its work and stopped after it.
     package nonisolated let connections: PostgresConnections
     private var migrated = false
-    private var lastPruned = ContinuousClock.now
+    /// When remembered results older than the reply window are deleted.
+    private var pruning: ReplyPruning
 
     /// `migrations` must create a `replies (request TEXT PRIMARY KEY, result TEXT, written_at
     /// DOUBLE PRECISION)` table (``repliesTable``); `lockKey` is the advisory lock migrating takes.
     package init(settings: PostgresSettings, schema: String?, migrations: [String], lockKey: Int64, replyWindow: Duration, logger: Logger) throws(StorageFailure) {
-        (self.settings, self.schema, self.migrations, self.lockKey, self.replyWindow, self.logger) = (settings, schema, migrations, lockKey, replyWindow, logger)
+        (self.settings, self.schema, self.migrations, self.lockKey, self.logger) = (settings, schema, migrations, lockKey, logger)
+        pruning = ReplyPruning(window: replyWindow)
         connections = PostgresConnections(client: try settings.makeClient(logger: logger, searchPath: schema), threads: max(1, settings.poolSize))
     }
 
@@ -75,8 +76,7 @@ package actor PostgresWriter {
     /// Runs `apply` in a transaction and answers its result once committed; for a `request`
     /// already written, the result it had (what `apply` did again is rolled back).
     package func write(request: String?, _ apply: @escaping @Sendable (any SQLSession) throws -> JSONValue) async throws -> JSONValue {
-        let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60) ? Date().timeIntervalSince1970 - replyWindow.seconds : nil
-        if forgetBefore != nil { lastPruned = .now }
+        let forgetBefore = pruning.forgetBefore()
         do {
             try await migrate()
             let transaction = { @Sendable (session: any SQLSession) throws -> JSONValue in

@@ -28,20 +28,20 @@ package actor SQLiteWriter {
     private let label: String
     private let maxSizeBytes: Int?
     private let migrator: DatabaseMigrator
-    private let replyWindow: Duration
     private let logger: Logger
     private var database: DatabasePool?
     /// Why the database could not be opened, and when that was last tried.
     private var openFailure: (failure: StorageFailure, at: ContinuousClock.Instant)?
     /// The writes that arrive while a batch is being committed wait for the next (group commit).
     private let writes = GroupCommit<Apply, JSONValue>()
-    /// When remembered results older than the window were last deleted.
-    private var lastPruned = ContinuousClock.now
+    /// When remembered results older than the reply window are deleted.
+    private var pruning: ReplyPruning
 
     /// Opens the database now; when that fails, the reason is logged and every call answers
     /// it. `migrator`'s schema must hold ``createRepliesTable(_:)``'s table.
     package init(path: String, label: String, maxSizeBytes: Int?, migrator: DatabaseMigrator, replyWindow: Duration, logger: Logger) {
-        (self.path, self.label, self.maxSizeBytes, self.migrator, self.replyWindow, self.logger) = (path, label, maxSizeBytes, migrator, replyWindow, logger)
+        (self.path, self.label, self.maxSizeBytes, self.migrator, self.logger) = (path, label, maxSizeBytes, migrator, logger)
+        pruning = ReplyPruning(window: replyWindow)
         do {
             database = try Self.open(path: path, label: label, maxSizeBytes: maxSizeBytes, migrator: migrator)
         } catch {
@@ -94,9 +94,7 @@ package actor SQLiteWriter {
     /// One transaction for `applies`, each in its own savepoint: a failed savepoint is rolled
     /// back alone and fails its write; a failure that ends the transaction fails them all.
     private func commit(_ applies: [Apply], _ database: DatabasePool) async -> [Result<JSONValue, any Error>] {
-        let forgetBefore: Double? = ContinuousClock.now - lastPruned > .seconds(60)
-            ? Date().timeIntervalSince1970 - Double(replyWindow.components.seconds) : nil
-        if forgetBefore != nil { lastPruned = .now }
+        let forgetBefore = pruning.forgetBefore()
         do {
             let outcomes = try await database.write { db in
                 if let forgetBefore { try db.execute(sql: "DELETE FROM replies WHERE written_at < ?", arguments: [forgetBefore]) }
