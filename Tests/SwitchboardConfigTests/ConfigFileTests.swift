@@ -351,6 +351,7 @@ struct ConfigFileTests {
                              ("store:\n  backend: postgres\n", "store.url"),
                              ("store:\n  backend: postgres\n  url: http://sb:s3cret@db/x\n", "store.url"),
                              ("store:\n  backend: postgres\n  url: postgres://sb@db/x\n  tls: always\n", "store.tls"),
+                             ("store:\n  backend: postgres\n  url: postgres://sb:s3cret@db/x?sslmode=verify-full\n", "store.url"),
                              ("store:\n  backend: postgres\n  url: postgres://sb@db/x\n  timeout_ms: 0\n", "store.timeout_ms"),
                              ("store:\n  timeout_ms: 1000\n", "store.timeout_ms"),
                              ("store:\n  url: postgres://sb@db/x\n", "store.url"),

@@ -36,6 +36,11 @@ public struct PostgresSection: Sendable, Equatable {
             // The value may hold a password: it is not repeated.
             throw ConfigError(path: section.path("url"), problem: "expected postgres://USER:PASSWORD@HOST:PORT/DATABASE")
         }
+        // libpq's parameters (`?sslmode=verify-full`) are not read: taken in silence, a URL
+        // asking for a checked certificate would get the TLS of `tls`, which may check none.
+        guard components.query == nil else {
+            throw ConfigError(path: section.path("url"), problem: "takes no parameters after '?' (such as sslmode): TLS is \(section.path("tls")) and \(section.path("ca_file"))")
+        }
         return PostgresSection(url: url, poolSize: try section.integer("pool_size", atMost: 1_000), tls: try section.choice("tls", ["disable", "prefer", "require"]),
                                caFile: try section.text("ca_file", "a PEM file's path"), timeout: try section.milliseconds("timeout_ms"))
     }
