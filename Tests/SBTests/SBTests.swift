@@ -275,7 +275,11 @@ struct SBTests {
         #expect(bare.status == 64 && bare.stderr.contains("PARAMS must be a JSON object or array"), "\(bare)")
         for endpoint in ["garbage://x", "tcp://", "localhost:5555", "tcp://127.0.0.1:port", "tcp://:5555", "inproc://kernel"] {
             let bad = try await bus.sb("services", "--endpoint", endpoint)
-            #expect(bad.status == 64 && bad.stderr.contains("is not an endpoint"), "\(endpoint): \(bad)")
+            #expect(bad.status == 64 && bad.stderr.contains("is not an endpoint") && bad.stderr.contains("Usage: sb services"), "\(endpoint): \(bad)")
+        }
+        // A bad timeout, given or from the environment, is the verb's usage error, shown with its usage.
+        for bad in [try await bus.sb("ping", "--timeout", "0s"), try await bus.sb("ping", environment: ["SB_TIMEOUT": "soon"])] {
+            #expect(bad.status == 64 && bad.stderr.contains("is not a duration") && bad.stderr.contains("Usage: sb ping"), "\(bad)")
         }
         // State endpoints given are checked whatever the verb, not only by those that subscribe.
         for state in ["a,b,c", "tcp://127.0.0.1:port"] {

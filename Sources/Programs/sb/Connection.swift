@@ -34,6 +34,13 @@ struct ConnectionOptions: ParsableArguments {
 
     var environment: [String: String] { ProcessInfo.processInfo.environment }
 
+    /// Checked as the verb's arguments are parsed, so a bad value is a usage error of that
+    /// verb, shown with its usage.
+    func validate() throws {
+        _ = try requestTimeout
+        _ = try checkedBrokers
+    }
+
     /// The key folder sb looks in when no server key is given.
     var keyFolder: KeyFolder {
         KeyFolder(keyDir ?? environment["SB_KEY_DIR"].flatMap { $0.isEmpty ? nil : $0 } ?? KeyFolder.defaultPath)
