@@ -286,6 +286,9 @@ struct SBTests {
             let bad = try await bus.sb("services", "--state-endpoint", state)
             #expect(bad.status == 64 && bad.stderr.contains("--state-endpoint: give tcp://HOST:PORT"), "\(state): \(bad)")
         }
+        // Lists as a person types them: spaces around the commas, an empty item.
+        let spaced = try await bus.sb("services", environment: ["SB_ENDPOINT": " \(bus.environment["SB_ENDPOINT"]!) , "])
+        #expect(spaced.status == 0 && spaced.stdout.contains("pricing"), "\(spaced)")
         // Connection options before the verb work too, as `sb --endpoint X services`.
         let before = try await bus.sb("--endpoint", bus.environment["SB_ENDPOINT"]!, "--timeout", "5s", "services", environment: ["SB_ENDPOINT": ""])
         #expect(before.status == 0 && before.stdout.contains("pricing"), "\(before)")

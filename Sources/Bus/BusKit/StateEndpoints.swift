@@ -18,7 +18,7 @@ public struct StateEndpoints: Sendable, Equatable {
     /// Parses `tcp://HOST:PORT` or `SNAPSHOT,PUBLISHER,COLLECTOR` (each a TCP or IPC endpoint,
     /// ``ConfigSection/isEndpoint(_:schemes:)``); nil for anything else.
     public init?(_ text: String) {
-        let parts = text.split(separator: ",").map(String.init)
+        let parts = ConfigSection.commaSeparated(text)
         if parts.count == 3 {
             guard parts.allSatisfy({ ConfigSection.isEndpoint($0, schemes: ["tcp://", "ipc://"]) }) else { return nil }
             self.init(snapshot: parts[0], publisher: parts[1], collector: parts[2])

@@ -125,6 +125,12 @@ public struct ConfigSection: @unchecked Sendable {
         return text
     }
 
+    /// The items of a comma-separated list as a person types one (`a, b`): each without the
+    /// spaces around it, empty ones dropped.
+    public static func commaSeparated(_ text: String) -> [String] {
+        text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+    }
+
     /// Whether `text` is an endpoint libzmq takes, of one of `schemes`: tcp://HOST:PORT (HOST
     /// a name, an address, an IPv6 address in brackets or `*`; PORT a number, or `*` to bind
     /// any), ipc://PATH, inproc://NAME. Checked where the endpoint is given, so a mistyped one

@@ -74,8 +74,8 @@ struct ConnectionOptions: ParsableArguments {
 
     /// The broker endpoints, from the flag, else the environment, else the default.
     var brokers: [String] {
-        if !endpoint.isEmpty { return endpoint.flatMap { $0.split(separator: ",").map(String.init) } }
-        if let value = environment["SB_ENDPOINT"], !value.isEmpty { return value.split(separator: ",").map(String.init) }
+        if !endpoint.isEmpty { return endpoint.flatMap(ConfigSection.commaSeparated) }
+        if let value = environment["SB_ENDPOINT"], !ConfigSection.commaSeparated(value).isEmpty { return ConfigSection.commaSeparated(value) }
         return ["tcp://127.0.0.1:5555"]
     }
 
