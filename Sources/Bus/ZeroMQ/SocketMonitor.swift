@@ -139,6 +139,9 @@ public struct AcceptedConnection: Sendable, Equatable {
     private static func isAccepted(_ descriptor: Int32, on endpoint: String) -> Bool {
         var address = sockaddr_storage()
         var size = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        // getsockname writes through a `sockaddr` pointer: `sockaddr_storage` is C's room for
+        // any address, made to be passed so, and rebound only for the call. Not for speed: the
+        // C interface allows no other way, and the size it answers bounds what is read below.
         let named = withUnsafeMutablePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &size) }
         }
