@@ -75,7 +75,7 @@ struct ConnectionOptions: ParsableArguments {
     /// The broker endpoints, from the flag, else the environment, else the default.
     var brokers: [String] {
         if !endpoint.isEmpty { return endpoint.flatMap(ConfigSection.commaSeparated) }
-        if let value = environment["SB_ENDPOINT"], !ConfigSection.commaSeparated(value).isEmpty { return ConfigSection.commaSeparated(value) }
+        if let listed = environment["SB_ENDPOINT"].map(ConfigSection.commaSeparated), !listed.isEmpty { return listed }
         return ["tcp://127.0.0.1:5555"]
     }
 
