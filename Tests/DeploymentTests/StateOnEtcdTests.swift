@@ -8,13 +8,15 @@ import Testing
 
 /// A `switchboard kernel` process with its state in `cluster` (no configuration file, CURVE
 /// off), on ports of its own: the process and its broker endpoint.
-func kernelOnEtcd(_ cluster: TestEtcd, leaseSeconds: Int = 10) throws -> (process: ChildProcess, broker: String) {
-    let kernel = try kernelOnEtcd(cluster, leaseSeconds: leaseSeconds, endpoints: (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" })
+/// `environment` adds settings (`SWITCHBOARD_TELEMETRY_ENDPOINT`) or variables of its own.
+func kernelOnEtcd(_ cluster: TestEtcd, leaseSeconds: Int = 10, environment: [String: String] = [:]) throws -> (process: ChildProcess, broker: String) {
+    let kernel = try kernelOnEtcd(cluster, leaseSeconds: leaseSeconds, endpoints: (0..<4).map { _ in "tcp://127.0.0.1:\(freePort())" }, environment: environment)
     return (kernel.process, kernel.endpoints[0])
 }
 
 /// The same on the endpoints given: broker, snapshot, publisher, collector.
-func kernelOnEtcd(_ cluster: TestEtcd, leaseSeconds: Int = 10, endpoints ports: [String]) throws -> (process: ChildProcess, endpoints: [String]) {
+func kernelOnEtcd(_ cluster: TestEtcd, leaseSeconds: Int = 10, endpoints ports: [String],
+                  environment: [String: String] = [:]) throws -> (process: ChildProcess, endpoints: [String]) {
     let folder = try temporaryDirectory("kernel-etcd")
     let config = folder.appendingPathComponent("empty.yaml")
     try "".write(to: config, atomically: true, encoding: .utf8)
@@ -24,7 +26,7 @@ func kernelOnEtcd(_ cluster: TestEtcd, leaseSeconds: Int = 10, endpoints ports: 
         "SWITCHBOARD_KERNEL_STATE_BACKEND": "etcd",
         "SWITCHBOARD_KERNEL_STATE_ETCD_ENDPOINTS": "[\(cluster.clientURLs.joined(separator: ","))]",
         "SWITCHBOARD_KERNEL_STATE_ETCD_LEASE_SECONDS": "\(leaseSeconds)",
-    ])
+    ].merging(environment) { _, given in given })
     return (process, ports)
 }
 

@@ -8,10 +8,14 @@ service.name; name, kind, traceId, spanId, parentSpanId, status code, attributes
 per metric data point (service, metric, attributes, value). The first line is {"listening": PORT}. It ends when its stdin closes (the
 test's lifeline), or on SIGTERM.
 
-    otlp_receiver.py [PORT]     (0 or none: any free port on 127.0.0.1)
+    otlp_receiver.py [PORT] [CERT KEY [CA]]
+
+PORT 0 or none: any free port on 127.0.0.1. With CERT and KEY (PEM files) it serves HTTPS;
+with CA too, only to clients whose certificate CA signed.
 """
 import json
 import os
+import ssl
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -94,6 +98,13 @@ class Handler(BaseHTTPRequestHandler):
 
 def main():
     server = HTTPServer(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0), Handler)
+    if len(sys.argv) > 3:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(sys.argv[2], sys.argv[3])
+        if len(sys.argv) > 4:
+            context.load_verify_locations(sys.argv[4])
+            context.verify_mode = ssl.CERT_REQUIRED
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     print(json.dumps({"listening": server.server_address[1]}), flush=True)
 
     def lifeline():

@@ -70,6 +70,10 @@ public final class EtcdClient: Sendable {
         self.settings = settings
         var configuration = HTTPClient.Configuration()
         configuration.timeout = .init(connect: TimeAmount(settings.connectTimeout))
+        // No span per call: etcd's calls are the kernel's own upkeep (lease keep-alives, the
+        // watch, state written for many requests at once), each of which would otherwise be
+        // a trace of its own beside the requests' traces.
+        configuration.tracing.tracer = nil
         if settings.caFile != nil || settings.certificateFile != nil {
             do {
                 var tls = TLSConfiguration.makeClientConfiguration()

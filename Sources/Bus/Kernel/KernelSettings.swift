@@ -119,12 +119,7 @@ extension KernelConfiguration {
             }
             settings.leaseSeconds = seconds
         }
-        settings.caFile = try etcd.text("ca_file", "a PEM file")
-        settings.certificateFile = try etcd.text("cert_file", "a PEM file")
-        settings.keyFile = try etcd.text("key_file", "a PEM file")
-        guard (settings.certificateFile == nil) == (settings.keyFile == nil) else {
-            throw ConfigError(path: etcd.path(settings.keyFile == nil ? "key_file" : "cert_file"), problem: "is required with \(settings.keyFile == nil ? "cert_file" : "key_file")")
-        }
+        (settings.caFile, settings.certificateFile, settings.keyFile) = try etcd.clientTLSFiles()
         return settings
     }
 

@@ -84,6 +84,17 @@ public struct ConfigSection: @unchecked Sendable {
         return text
     }
 
+    /// A TLS client's PEM files: `ca_file`, the CA that signed the server's certificate, and
+    /// `cert_file` with `key_file`, the client's own certificate and key for a server that asks
+    /// for one (each useless without the other, so one alone is refused).
+    public func clientTLSFiles() throws(ConfigError) -> (caFile: String?, certificateFile: String?, keyFile: String?) {
+        let files = (caFile: try text("ca_file", "a PEM file"), certificateFile: try text("cert_file", "a PEM file"), keyFile: try text("key_file", "a PEM file"))
+        guard (files.certificateFile == nil) == (files.keyFile == nil) else {
+            throw ConfigError(path: path(files.keyFile == nil ? "key_file" : "cert_file"), problem: "is required with \(files.keyFile == nil ? "cert_file" : "key_file")")
+        }
+        return files
+    }
+
     /// One of `choices`.
     public func choice(_ key: String, _ choices: [String]) throws(ConfigError) -> String? {
         guard let value = values[key] else { return nil }

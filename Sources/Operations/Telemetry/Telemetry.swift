@@ -16,10 +16,15 @@ public struct TelemetrySettings: Sendable, Equatable {
     public var sampling = 1.0
     /// Resource attributes added to every span and metric (`deployment.environment: production`).
     public var resource: [String: String] = [:]
+    /// For an https:// endpoint: the CA that signed the collector's certificate (else the
+    /// system's roots), and this process's certificate and key for a collector that asks for one.
+    public var caFile: String?
+    public var certificateFile: String?
+    public var keyFile: String?
 
     public init() {}
 
-    public static let schema = ConfigSchema.values(["endpoint", "sampling", "resource"])
+    public static let schema = ConfigSchema.values(["endpoint", "sampling", "resource", "ca_file", "cert_file", "key_file"])
 
     public init(reading telemetry: ConfigSection) throws(ConfigError) {
         if let endpoint = try telemetry.text("endpoint", "an http:// or https:// URL such as http://127.0.0.1:4318") {
@@ -27,6 +32,12 @@ public struct TelemetrySettings: Sendable, Equatable {
                 throw telemetry.refuse("endpoint", expected: "an http:// or https:// URL such as http://127.0.0.1:4318")
             }
             self.endpoint = endpoint
+        }
+        (caFile, certificateFile, keyFile) = try telemetry.clientTLSFiles()
+        // OTLP/HTTP takes TLS from the endpoint's scheme alone: files beside an http:// one
+        // would be ignored in silence.
+        if let endpoint, !endpoint.hasPrefix("https://"), let key = ["ca_file", "cert_file"].first(where: telemetry.has) {
+            throw ConfigError(path: telemetry.path(key), problem: "applies to an https:// \(telemetry.path("endpoint")) only")
         }
         if let value = telemetry.values["sampling"] {
             guard let ratio = (value as? Double) ?? (value as? Int).map(Double.init), (0...1).contains(ratio) else {
@@ -83,6 +94,11 @@ public enum Telemetry {
             configuration.traces.otlpExporter.endpoint = base + "v1/traces"
             configuration.metrics.otlpExporter.endpoint = base + "v1/metrics"
         }
+        for signal in [\OTel.Configuration.traces.otlpExporter, \.metrics.otlpExporter] {
+            configuration[keyPath: signal].certificateFilePath = settings.caFile
+            configuration[keyPath: signal].clientCertificateFilePath = settings.certificateFile
+            configuration[keyPath: signal].clientKeyFilePath = settings.keyFile
+        }
         configuration.traces.sampler = .parentBasedTraceIDRatio(ratio: settings.sampling) ?? .parentBasedAlwaysOn
         // Spans reach the collector within a second of ending, not the default five.
         configuration.traces.batchSpanProcessor.scheduleDelay = .seconds(1)
@@ -94,10 +110,13 @@ public enum Telemetry {
         configuration.traces.otlpExporter.timeout = exportLimit
         configuration.metrics.exportTimeout = exportLimit
         configuration.metrics.otlpExporter.timeout = exportLimit
+        // Every exporter is made before the tracer is bootstrapped: an exporter's HTTP client
+        // takes the process's tracer when it is made, and one made after would trace its own
+        // exports, each a span for the next export to send.
         let tracing = try OTel.makeTracingBackend(configuration: configuration)
+        let metering = metrics ? try OTel.makeMetricsBackend(configuration: configuration) : nil
         BusTracing.bootstrap(spansWith: tracing.factory)
-        guard metrics else { return [tracing.service] }
-        let metering = try OTel.makeMetricsBackend(configuration: configuration)
+        guard let metering else { return [tracing.service] }
         MetricsSystem.bootstrap(metering.factory)
         return [tracing.service, metering.service]
     }
