@@ -64,6 +64,7 @@ struct PostgresFaultTests {
             return done
         }
         try await written.wait(within: 10, "writes on their way") { $0 > 20 }
+        let saidBeforeKill = log.lines.value.count
         await server.kill()
         acknowledged += await writing.value
         do {
@@ -74,12 +75,25 @@ struct PostgresFaultTests {
             #expect(rpc.code == JSONRPCError.storageFailedCode && rpc.data?["reason"] == "unreachable", "\(rpc)")
             #expect(!rpc.message.contains(TestPostgres.password) && rpc.message.contains("127.0.0.1:\(port)"), "\(rpc.message)")
         }
+        // Why, as one connection made alone finds it (the pool itself only times out): said in
+        // the store's log, and in what callers get from then on.
+        try await log.lines.wait(within: 15, "the store said why it cannot reach the database") { lines in
+            lines.dropFirst(saidBeforeKill).contains { $0.contains("cannot reach the database") && $0.contains("cannot connect") }
+        }
+        do {
+            _ = try await client.request(service: "store", method: "history.add", params: ["text": "still away"])
+            Issue.record("a write was acknowledged with the database down")
+        } catch {
+            guard case .remote(_, let rpc) = error else { throw error }
+            #expect(rpc.data?["reason"] == "unreachable" && rpc.message.contains("a connection made alone: cannot connect"), "\(rpc.message)")
+        }
 
         // Back: the store reconnects by itself; everything acknowledged is there.
         try await server.restart()
         try await eventually(20, "writes succeed again") {
             (try? await client.request(service: "store", method: "history.add", params: ["text": "after"], timeout: .seconds(2))) != nil
         }
+        try await log.waitFor("the database can be reached again", within: 15, "the store said the database is back")
         let history = try await client.request(service: "store", method: "history.list", params: ["limit": 100])
         let texts = Set(history["entries"]?.arrayValue?.compactMap { $0["text"]?.stringValue } ?? [])
         // The history keeps the last 100: the latest acknowledged writes are all there (a few

@@ -34,6 +34,14 @@ package actor PostgresWriter {
     private var migrated = false
     /// When remembered results older than the reply window are deleted.
     private var pruning: ReplyPruning
+    /// Why the database cannot be reached, as one connection made alone last found it: the
+    /// pool only ever times out, whatever stops it (the server down, a password changed, a
+    /// certificate refused). Said in the log when it changes, and added to the errors
+    /// callers get while it is fresh.
+    private var unreachable: (problem: String, seen: ContinuousClock.Instant)?
+    /// A look is under way; something failed since it started (it may have connected to a
+    /// database on its way down, and found nothing).
+    private var looking = false, failedWhileLooking = false
 
     /// `migrations` must create a `replies (request TEXT PRIMARY KEY, result TEXT, written_at
     /// DOUBLE PRECISION)` table (``repliesTable``); `lockKey` is the advisory lock migrating takes.
@@ -89,7 +97,9 @@ package actor PostgresWriter {
                 if let request { try Self.remember(session, [(request, result)]) }
                 return result
             }
-            return try await runAgainOnConflict { try await connections.session(settings, logger: logger, transaction: true, transaction) }
+            let result = try await runAgainOnConflict { try await connections.session(settings, logger: logger, transaction: true, transaction) }
+            if unreachable != nil { reachedAgain() }
+            return result
         } catch let refusal as JSONRPCError {
             // Refused by the write itself: rolled back, not a storage failure. The same
             // request written first, by another process, may be what refused it (a stream it
@@ -103,7 +113,7 @@ package actor PostgresWriter {
             throw settings.failure(duplicate).rpcError
         } catch {
             migrated = false
-            throw settings.failure(error).rpcError
+            throw failed(error)
         }
     }
 
@@ -126,13 +136,60 @@ package actor PostgresWriter {
     package func read<T: Sendable>(_ body: @escaping @Sendable (any SQLSession) throws -> T) async throws -> T {
         do {
             try await migrate()
-            return try await connections.session(settings, logger: logger, transaction: false, body)
+            let result = try await connections.session(settings, logger: logger, transaction: false, body)
+            if unreachable != nil { reachedAgain() }
+            return result
         } catch let error as JSONRPCError {
             throw error
         } catch {
             migrated = false
-            throw settings.failure(error).rpcError
+            throw failed(error)
         }
+    }
+
+    /// `error` as callers get it. A database that could not be reached names what the last
+    /// connection made alone found, and starts another such look (one at a time, at most
+    /// every few seconds).
+    private func failed(_ error: any Error) -> JSONRPCError {
+        let failure = settings.failure(error)
+        guard failure.reason == "unreachable" else { return failure.rpcError }
+        let now = ContinuousClock.now
+        if looking {
+            failedWhileLooking = true
+        } else if unreachable.map({ now - $0.seen > Self.diagnosisInterval }) ?? true {
+            lookAtWhy()
+        }
+        guard let unreachable, now - unreachable.seen < Self.diagnosisFresh else { return failure.rpcError }
+        return StorageFailure(reason: failure.reason, detail: "\(failure.detail); a connection made alone: \(unreachable.problem)", path: failure.path).rpcError
+    }
+
+    /// How often a failure may start a look at why, and how long what it found is said.
+    private static let diagnosisInterval = Duration.seconds(5), diagnosisFresh = Duration.seconds(30)
+
+    /// `found`: why a connection made alone could not be made; nil when it could (the
+    /// database is slow or busy, not away).
+    private func lookedAtWhy(found problem: String?) {
+        looking = false
+        guard let problem else {
+            if failedWhileLooking { return lookAtWhy() }
+            return reachedAgain()
+        }
+        if unreachable?.problem != problem {
+            logger.error("cannot reach the database", metadata: ["url": "\(settings.redactedURL)", "problem": "\(problem)"])
+        }
+        unreachable = (problem, .now)
+    }
+
+    private func lookAtWhy() {
+        (looking, failedWhileLooking) = (true, false)
+        let settings = settings, logger = logger
+        connections.lookAtWhy { await self.lookedAtWhy(found: await settings.connectionProblem(logger: logger)) }
+    }
+
+    private func reachedAgain() {
+        guard unreachable != nil else { return }
+        logger.notice("the database can be reached again", metadata: ["url": "\(settings.redactedURL)"])
+        unreachable = nil
     }
 
     /// The result kept for `request`, if any.
@@ -184,18 +241,33 @@ package struct PostgresConnections: Service {
     let threads: NIOThreadPool
     /// Opened once ``run()`` has started the threads (and is starting the connections).
     private let running = Latch()
+    /// Looks at why the database cannot be reached (``PostgresWriter``), run one at a time
+    /// by ``run()``: apart from the request that found it away, within the process's life.
+    private let looks: AsyncStream<@Sendable () async -> Void>
+    private let lookAsked: AsyncStream<@Sendable () async -> Void>.Continuation
 
     init(client: PostgresClient, threads: Int) {
         self.client = client
         self.threads = NIOThreadPool(numberOfThreads: threads)
+        (looks, lookAsked) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 
     /// Keeps the connections and threads until graceful shutdown (or cancellation).
     package func run() async throws {
         threads.start()
         running.open()
-        await client.run()
+        let looks = looks
+        await withDiscardingTaskGroup { group in
+            group.addTask { for await look in looks { await look() } }
+            await client.run()
+            lookAsked.finish()
+        }
         try await threads.shutdownGracefully()
+    }
+
+    /// Runs `look` after those asked for before it (dropped once the connections stopped).
+    func lookAtWhy(_ look: @escaping @Sendable () async -> Void) {
+        lookAsked.yield(look)
     }
 
     /// Returns once ``run()`` has started: the process's group starts its parts together, and
