@@ -130,6 +130,33 @@ struct SilentDatabaseTests {
     }
 }
 
+extension SilentDatabaseTests {
+    @Test("operations that time out against a database that takes connections but answers nothing: the looks at why are paced, not one new connection per failure")
+    func looksPaced() async throws {
+        let silent = try SilentPostgres()
+        defer { silent.stop() }
+        let poolSize = 2
+        let writer = try PostgresWriter(settings: PostgresSettings(url: "postgres://someone:secret@127.0.0.1:\(silent.port)/db", poolSize: poolSize,
+                                                                   tls: .disable, operationTimeout: .milliseconds(300)),
+                                        schema: nil, migrations: [PostgresWriter.repliesTable], lockKey: 1, replyWindow: .seconds(60), logger: LogLines().logger("store"))
+        // The test owns the connections' life, as a process's group would.
+        let connections = Task { try await writer.connections.run() }
+        let started = ContinuousClock.now
+        for _ in 0..<6 {
+            await withTaskGroup { group in
+                for _ in 0..<8 { group.addTask { _ = try? await writer.read { _ in 1 } } }
+            }
+        }
+        let elapsed = ContinuousClock.now - started
+        // The pool's own connections (each held by a query never answered), and at most one
+        // look at once and one each interval after.
+        let allowed = poolSize + 1 + Int(elapsed / PostgresConnections.lookInterval)
+        #expect(silent.connections <= allowed, "\(silent.connections) connections in \(elapsed), at most \(allowed) expected")
+        connections.cancel()
+        _ = await connections.result
+    }
+}
+
 /// A PostgreSQL server that completes the start-up of every connection (trust, no TLS) and
 /// then reads and drops whatever is sent: a database that hangs mid-query.
 private final class SilentPostgres: Sendable {

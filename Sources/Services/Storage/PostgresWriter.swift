@@ -98,7 +98,7 @@ package actor PostgresWriter {
                 return result
             }
             let result = try await runAgainOnConflict { try await connections.session(settings, logger: logger, transaction: true, transaction) }
-            if unreachable != nil { reachedAgain() }
+            reachedAgain()
             return result
         } catch let refusal as JSONRPCError {
             // Refused by the write itself: rolled back, not a storage failure. The same
@@ -137,7 +137,7 @@ package actor PostgresWriter {
         do {
             try await migrate()
             let result = try await connections.session(settings, logger: logger, transaction: false, body)
-            if unreachable != nil { reachedAgain() }
+            reachedAgain()
             return result
         } catch let error as JSONRPCError {
             throw error
@@ -148,23 +148,18 @@ package actor PostgresWriter {
     }
 
     /// `error` as callers get it. A database that could not be reached names what the last
-    /// connection made alone found, and starts another such look (one at a time, at most
-    /// every few seconds).
+    /// connection made alone found, and asks for another such look (one at a time, paced by
+    /// ``PostgresConnections/lookAtWhy(_:)``).
     private func failed(_ error: any Error) -> JSONRPCError {
         let failure = settings.failure(error)
         guard failure.reason == "unreachable" else { return failure.rpcError }
-        let now = ContinuousClock.now
-        if looking {
-            failedWhileLooking = true
-        } else if unreachable.map({ now - $0.seen > Self.diagnosisInterval }) ?? true {
-            lookAtWhy()
-        }
-        guard let unreachable, now - unreachable.seen < Self.diagnosisFresh else { return failure.rpcError }
+        if looking { failedWhileLooking = true } else { lookAtWhy() }
+        guard let unreachable, ContinuousClock.now - unreachable.seen < Self.findingSaid else { return failure.rpcError }
         return StorageFailure(reason: failure.reason, detail: "\(failure.detail); a connection made alone: \(unreachable.problem)", path: failure.path).rpcError
     }
 
-    /// How often a failure may start a look at why, and how long what it found is said.
-    private static let diagnosisInterval = Duration.seconds(5), diagnosisFresh = Duration.seconds(30)
+    /// How long what a look found is added to the errors callers get.
+    private static let findingSaid = Duration.seconds(30)
 
     /// `found`: why a connection made alone could not be made; nil when it could (the
     /// database is slow or busy, not away).
@@ -183,9 +178,15 @@ package actor PostgresWriter {
     private func lookAtWhy() {
         (looking, failedWhileLooking) = (true, false)
         let settings = settings, logger = logger
-        connections.lookAtWhy { await self.lookedAtWhy(found: await settings.connectionProblem(logger: logger)) }
+        connections.lookAtWhy {
+            let found = await settings.connectionProblem(logger: logger)
+            // Cut short as the connections stop: what it found is the stopping, not the database.
+            guard !Task.isCancelled else { return }
+            await self.lookedAtWhy(found: found)
+        }
     }
 
+    /// Said once when an operation succeeds after the database was found away; nothing otherwise.
     private func reachedAgain() {
         guard unreachable != nil else { return }
         logger.notice("the database can be reached again", metadata: ["url": "\(settings.redactedURL)"])
@@ -243,6 +244,8 @@ package struct PostgresConnections: Service {
     private let running = Latch()
     /// Looks at why the database cannot be reached (``PostgresWriter``), run one at a time
     /// by ``run()``: apart from the request that found it away, within the process's life.
+    /// Each starts at least ``lookInterval`` after the one before, however many requests
+    /// fail: each is a new connection, to a database that may be away or only overloaded.
     private let looks: AsyncStream<@Sendable () async -> Void>
     private let lookAsked: AsyncStream<@Sendable () async -> Void>.Continuation
 
@@ -258,9 +261,18 @@ package struct PostgresConnections: Service {
         running.open()
         let looks = looks
         await withDiscardingTaskGroup { group in
-            group.addTask { for await look in looks { await look() } }
+            group.addTask {
+                var last: ContinuousClock.Instant?
+                for await look in looks {
+                    if let last { try? await Task.sleep(until: last + Self.lookInterval) }
+                    guard !Task.isCancelled else { return }
+                    last = .now
+                    await look()
+                }
+            }
             await client.run()
             lookAsked.finish()
+            group.cancelAll()
         }
         try await threads.shutdownGracefully()
     }
@@ -269,6 +281,8 @@ package struct PostgresConnections: Service {
     func lookAtWhy(_ look: @escaping @Sendable () async -> Void) {
         lookAsked.yield(look)
     }
+
+    package static let lookInterval = Duration.seconds(5)
 
     /// Returns once ``run()`` has started: the process's group starts its parts together, and
     /// a connection asked for before is refused.
