@@ -122,7 +122,7 @@ struct TelemetryTests {
         #expect(refused.status == 78 && refused.stderr.contains("telemetry.sampling"), "\(refused)")
     }
 
-    @Test("to a collector over HTTPS that asks for a client certificate: a kernel on etcd sends its figures and its spans with telemetry's ca_file, cert_file and key_file, sb with OTEL_EXPORTER_OTLP_CERTIFICATE and the like; no span of an export or of a call to etcd; TLS files that cannot apply are refused",
+    @Test("to a collector over HTTPS that asks for a client certificate: a kernel on etcd sends its figures and its spans with telemetry's ca_file, cert_file and key_file, sb with OTEL_EXPORTER_OTLP_CERTIFICATE and the like; no span of an export or of a call to etcd; an export to a collector whose certificate is not trusted logged with why; TLS files that cannot apply are refused",
           .enabled(if: TestEtcd.available, "needs etcd-server (Scripts/bootstrap --tests installs it)"))
     func overTLS() async throws {
         let certificates = try await TestCertificates.make()
@@ -156,6 +156,11 @@ struct TelemetryTests {
         // The kernel's spans of the time before came in the same batches as its dispatch.
         let untraced = receiver.spans.filter { $0["attributes"]?["url.path"] != nil }
         #expect(untraced.isEmpty, "spans of the exporters' or the etcd client's own calls: \(untraced.prefix(3))")
+
+        // Not told the CA: the request is answered, and the export that fails says why.
+        let untrusting = try await runCommand(sbExecutable(), ["request", "echo", "echo", "--trace", "--endpoint", broker],
+                                              environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint])
+        #expect(untrusting.status == 0 && untrusting.stderr.contains("CERTIFICATE_VERIFY_FAILED"), "\(untrusting)")
 
         let folder = try temporaryDirectory("telemetry-tls")
         defer { try? FileManager.default.removeItem(at: folder) }

@@ -105,11 +105,15 @@ public enum Telemetry {
         // A collector that is down or slow holds up a process's exit (the last export, at
         // graceful shutdown) by a few seconds at most, not the default half minute: within
         // what `switchboard up` allows a piece to stop, and what `sb` should take to exit.
+        // The HTTP request's own deadline comes first: a request that reaches its deadline
+        // fails with the last reason a connection could not be made (refused, a certificate
+        // not trusted), where one cut short by the export's limit says only that it timed out.
         let exportLimit = Duration.seconds(2)
+        let requestLimit = Duration.milliseconds(1500)
         configuration.traces.batchSpanProcessor.exportTimeout = exportLimit
-        configuration.traces.otlpExporter.timeout = exportLimit
+        configuration.traces.otlpExporter.timeout = requestLimit
         configuration.metrics.exportTimeout = exportLimit
-        configuration.metrics.otlpExporter.timeout = exportLimit
+        configuration.metrics.otlpExporter.timeout = requestLimit
         // Every exporter is made before the tracer is bootstrapped: an exporter's HTTP client
         // takes the process's tracer when it is made, and one made after would trace its own
         // exports, each a span for the next export to send.
