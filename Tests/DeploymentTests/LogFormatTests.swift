@@ -6,11 +6,13 @@ import Testing
 
 @Suite("Log lines as JSON: --log-format json, or log_format in the configuration")
 struct LogFormatTests {
-    @Test("serve with --log-format json writes one JSON object per line, a traced request's lines with its trace_id and span_id; log_format: xml is refused naming the key")
+    @Test("serve with --log-format json writes one JSON object per line, a traced request's lines with its trace_id and span_id, a failed export of its spans too; log_format: xml is refused naming the key")
     func jsonLines() async throws {
         let kernel = try await TestKernel.start(fastHeartbeats)
+        // Telemetry to a port where nothing listens: the export that fails is a JSON line too.
         let echo = try ChildProcess(switchboardExecutable(), ["serve", "echo", "--broker", kernel.endpoints.broker, "--log-format", "json",
-                                                              "--heartbeat-ms", "100", "--liveness", "10"])
+                                                              "--heartbeat-ms", "100", "--liveness", "10"],
+                                    environment: ["SWITCHBOARD_TELEMETRY_ENDPOINT": "http://127.0.0.1:\(freePort())"])
         defer { echo.stop() }
         try await kernel.workers("echo")
         let traced = try await runCommand(sbExecutable(), ["request", "echo", "echo", #"{"hello":"log"}"#, "--trace", "--endpoint", kernel.endpoints.broker])
@@ -31,6 +33,8 @@ struct LogFormatTests {
         let tracedLine = try #require(objects.first { $0["trace_id"]?.stringValue == String(traceID) }, "\(lines)")
         #expect(tracedLine["span_id"]?.stringValue?.count == 16 && tracedLine["metadata"]?["trace_id"] == nil, "\(tracedLine)")
         #expect(objects.contains { $0["message"] == "service hosted" && $0["metadata"]?["service"] == "echo" }, "\(lines)")
+        #expect(objects.contains { $0["label"] == "switchboard.telemetry" && $0["level"] == "warning"
+                    && $0["metadata"]?["error.message"]?.stringValue?.contains("Connection refused") == true }, "\(lines)")
 
         let folder = try temporaryDirectory("log-format")
         let config = folder.appendingPathComponent("bad.yaml")

@@ -1,6 +1,7 @@
 import Contracts
 import CoreMetrics
 public import Foundation
+public import Logging
 import OTel
 public import ServiceLifecycle
 public import SwitchboardConfig
@@ -70,8 +71,10 @@ public enum Telemetry {
     /// Bootstraps the process's instrumentation (once per process) and returns the exporters'
     /// services, none when telemetry is off. `serviceName` names the process in the traces
     /// and metrics (`switchboard-store`, `sb`); `metrics` also exports what the process
-    /// records through swift-metrics (the kernel's figures).
-    public static func bootstrap(_ settings: TelemetrySettings, serviceName: String, metrics: Bool = false,
+    /// records through swift-metrics (the kernel's figures). `diagnostics` logs what goes
+    /// wrong exporting (a collector that cannot be reached), in the process's own log format;
+    /// without it, text on stderr.
+    public static func bootstrap(_ settings: TelemetrySettings, serviceName: String, metrics: Bool = false, diagnostics: Logger? = nil,
                                  environment: [String: String] = ProcessInfo.processInfo.environment) throws -> [any Service] {
         guard settings.isOn(environment: environment) else {
             BusTracing.bootstrap()
@@ -80,6 +83,7 @@ public enum Telemetry {
         var configuration = OTel.Configuration.default
         configuration.serviceName = serviceName
         configuration.resourceAttributes = settings.resource
+        if let diagnostics { configuration.diagnosticLogger = .custom(diagnostics) }
         configuration.diagnosticLogLevel = .warning
         configuration.metrics.enabled = metrics
         configuration.metrics.exporter = .otlp

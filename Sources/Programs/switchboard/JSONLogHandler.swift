@@ -5,7 +5,8 @@ import Logging
 /// `--log-format json`: one JSON object per line on stderr, for log collectors: `time` (ISO
 /// 8601, UTC, milliseconds), `level`, `label`, `message`, `source` (the module), `trace_id`
 /// and `span_id` when the line was written for a traced request, and the rest of the
-/// metadata under `metadata`.
+/// metadata under `metadata` (with `error.message` and `error.type` for a line logged with
+/// an error).
 struct JSONLogHandler: LogHandler {
     let label: String
     var logLevel: Logger.Level = .info
@@ -26,6 +27,12 @@ struct JSONLogHandler: LogHandler {
         var merged = metadata
         if let provided = metadataProvider?.get() { merged.merge(provided) { $1 } }
         if let given = event.metadata { merged.merge(given) { $1 } }
+        // An error logged with the line (`logger.warning(_:error:)`), under the keys the
+        // text format gives it.
+        if let error = event.error {
+            merged["error.message"] = "\(error)"
+            merged["error.type"] = "\(String(reflecting: type(of: error)))"
+        }
         var line: [String: JSONValue] = [
             "time": .string(Timestamp.format(Date())), "level": .string(event.level.rawValue), "label": .string(label),
             "message": .string(event.message.description), "source": .string(event.source),

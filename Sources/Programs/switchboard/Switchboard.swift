@@ -115,7 +115,8 @@ struct CommonOptions: ParsableArguments {
         }
         do {
             // The kernel's figures (`kernel stats`) go out as metrics from the process that runs it.
-            return try Telemetry.bootstrap(file.telemetry, serviceName: "switchboard-\(piece)", metrics: piece == "kernel" || piece == "up")
+            return try Telemetry.bootstrap(file.telemetry, serviceName: "switchboard-\(piece)", metrics: piece == "kernel" || piece == "up",
+                                           diagnostics: Logger(label: "switchboard.telemetry"))
         } catch {
             FileHandle.standardError.write(Data("switchboard: telemetry: \(error)\n".utf8))
             throw ExitCode(78)
