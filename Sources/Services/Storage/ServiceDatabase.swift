@@ -150,8 +150,8 @@ package enum ServiceDatabase: Sendable {
 
     /// Runs `body` while no other process on the same database runs a body under the same
     /// `lock`: on SQLite, under a lock on the file `path.NAME` beside the database; on
-    /// PostgreSQL, under the session advisory lock `key` (waited for no longer than an
-    /// operation).
+    /// PostgreSQL, under the session advisory lock `key` (each try at it bounded as an
+    /// operation is). It waits as long as another process holds the lock.
     package func alone<T: Sendable>(_ lock: (name: String, key: Int64), _ body: @Sendable () async throws -> T) async throws -> T {
         switch self {
         case .sqlite(let writer):
