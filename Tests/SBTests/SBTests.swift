@@ -376,7 +376,7 @@ struct SBTests {
         await bus.stop()
     }
 
-    @Test("sb subscribe --count ends by itself; sb publish is acknowledged with its sequence; only /client/ is writable")
+    @Test("sb subscribe --count ends by itself; sb publish is acknowledged with its sequence; only /client/ is writable; sb kv: compare-and-set, ls (every page), history, watch")
     func subscribeAndPublish() async throws {
         let bus = try await SBBus.start()
         let snapshot = try await bus.sb("subscribe", "/pricing/", "--count", "2")
@@ -398,11 +398,13 @@ struct SBTests {
         let notJSON = try await bus.sb("pub", "/client/x", "hello")
         #expect(notJSON.status == 64)
 
-        // sb kv: revisions, compare-and-set, history, a watch from a revision.
+        // sb kv: revisions, compare-and-set, a listing, history, a watch from a revision.
         func revision(_ result: CommandResult) throws -> UInt64 { UInt64(try jsonLines(result.stdout).first?["revision"]?.intValue ?? -1) }
         let put = try revision(try await bus.sb("kv", "put", "/client/kv/route", #""LHR-JFK""#, "--json"))
         let got = try await bus.sb("kv", "get", "/client/kv/route")
         #expect(got.status == 0 && got.stdout == "/client/kv/route revision \(put)\n\"LHR-JFK\"\n")
+        let listed = try await bus.sb("kv", "ls", "/client/kv/", "--json")
+        #expect(try jsonLines(listed.stdout).map { [$0["key"], $0["revision"]] } == [[.string("/client/kv/route"), .int(Int64(put))]], "\(listed)")
         let changed = try revision(try await bus.sb("kv", "update", "/client/kv/route", #""CDG-SFO""#, "\(put)", "--json"))
         #expect(changed > put)
         let stale = try await bus.sb("kv", "update", "/client/kv/route", #""AMS-BOS""#, "\(put)")
@@ -427,6 +429,16 @@ struct SBTests {
             #expect(output.contains(#"/client/kv/x\n999 PUT"#) && !output.contains("\u{1B}"), "\(output)")
         }
         #expect(written.stdout.split(separator: "\n").count == 1 && shown.stdout.split(separator: "\n").count == 2)
+        let listedForged = try await bus.sb("kv", "ls", "/client/kv/")
+        #expect(listedForged.stdout == #"/client/kv/x\n999 PUT /client/kv/route "forged"\u001b[2J"# + "\n", "\(listedForged)")
+
+        // More keys than a page of state.get holds: every page is read, and a key under two
+        // of the prefixes is listed once.
+        let many = (0..<1_200).map { String(format: "/client/many/%04d", $0) }
+        let writes = await bus.base.client.batch(KernelAPI.statePublish, many.map { KernelAPI.StateSetParams(key: $0, value: .int(1)) })
+        #expect(writes.allSatisfy { (try? $0.get()) != nil })
+        let all = try await bus.sb("kv", "ls", "/client/many/", "/client/many/1")
+        #expect(all.status == 0 && all.stdout == many.map { $0 + "\n" }.joined(), "\(all.stdout.count) characters, \(all.stderr)")
         await bus.stop()
     }
 

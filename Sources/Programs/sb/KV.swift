@@ -17,10 +17,15 @@ func writeState(_ client: BusClient, key: String, value: JSONValue?, ttl: Double
 /// A key's value as `sb kv` prints it: JSON text, a deletion as `null`.
 private func shown(_ value: JSONValue) -> String { value.jsonString }
 
+/// A key as `sb kv get --json` and `sb kv ls --json` print it.
+private func json(_ entry: KernelAPI.StateEntries.Entry) -> JSONValue {
+    ["key": .string(entry.key), "revision": .int(Int64(clamping: entry.sequence)), "value": entry.value]
+}
+
 struct KV: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "kv",
-        abstract: "The kernel's state as a key-value store with revisions: get, put, create, update, del, history, watch (after nats kv).",
+        abstract: "The kernel's state as a key-value store with revisions: get, put, create, update, del, ls, history, watch (after nats kv).",
         discussion: """
             A key's revision is the sequence number of its last change (sb sub shows it as "sequence"). create writes only a key that is absent, update only a key still at the revision you read: two clients that read and write back never overwrite each other in silence; the one that comes second is told (exit status 1, error -32004, the key's revision in the message). Keys are paths; with CURVE on a client writes under /client/ only.
 
@@ -29,10 +34,11 @@ struct KV: AsyncParsableCommand {
               sb kv get /client/demo/route
               sb kv update /client/demo/route '"CDG-SFO"' 1764115200000123
               sb kv create /client/demo/lock '"me"'
+              sb kv ls /client/demo/
               sb kv history /client/demo/route
               sb kv watch /client/demo/ --since 1764115200000123
             """,
-        subcommands: [KVGet.self, KVPut.self, KVCreate.self, KVUpdate.self, KVDelete.self, KVHistory.self, KVWatch.self]
+        subcommands: [KVGet.self, KVPut.self, KVCreate.self, KVUpdate.self, KVDelete.self, KVList.self, KVHistory.self, KVWatch.self]
     )
 }
 
@@ -58,7 +64,7 @@ struct KVGet: AsyncParsableCommand {
                 throw Failure(status: ExitStatus.serviceError, message: "no key \(Output.printable(target.key)) (sb kv history shows whether it was deleted)")
             }
             if output.json {
-                Output.json(["key": .string(entry.key), "revision": .int(Int64(clamping: entry.sequence)), "value": entry.value], compact: true)
+                Output.json(json(entry), compact: true)
             } else {
                 Output.line("\(Output.printable(entry.key)) revision \(entry.sequence)")
                 Output.line(Output.stdoutIsTerminal ? Output.pretty(entry.value) : shown(entry.value))
@@ -129,6 +135,44 @@ struct KVDelete: AsyncParsableCommand {
     func run() async throws {
         try await withClient(connection) { client in
             printWritten(target.key, try await writeState(client, key: target.key, value: nil, revision: revision), json: output.json)
+        }
+    }
+}
+
+struct KVList: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ls", abstract: "List the keys under prefixes (all keys when none), one a line in byte order; --json adds each one's revision and value.",
+        discussion: """
+            The kernel answers a page of keys at a time (state.get), and every page is read, however many keys there are; a key that changes while they are read may be listed as it was or as it is. A key under two of the prefixes is listed once.
+
+            Examples:
+              sb kv ls /client/
+              sb kv ls /pricing/ --json
+            """,
+        aliases: ["list"])
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "Key prefixes (all keys when none).") var prefixes: [String] = []
+
+    func validate() throws { try Subscribe.validate(prefixes: prefixes) }
+
+    func run() async throws {
+        try await withClient(connection) { client in
+            var listed = Set<String>()
+            for prefix in prefixes.isEmpty ? [""] : prefixes {
+                var after: String?
+                repeat {
+                    let page = try await call(client, KernelAPI.stateGet, .init(prefix: prefix, after: after)).value
+                    for entry in page.entries where listed.insert(entry.key).inserted {
+                        if output.json {
+                            Output.json(json(entry), compact: true)
+                        } else {
+                            Output.line(Output.printable(entry.key))
+                        }
+                    }
+                    after = page.next
+                } while after != nil
+            }
         }
     }
 }
