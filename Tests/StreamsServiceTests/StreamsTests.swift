@@ -962,7 +962,7 @@ struct StreamVerbTests {
         }
     }
 
-    @Test("sb stream add (--capture-state too), pub (JSON or text, with an id), consumer, fetch --ack, read, info, ls, nak, rm; errors exit 1 naming the problem")
+    @Test("sb stream add (--capture-state too), pub (JSON or text, with an id), consumer, fetch --ack, read, info, ls, progress, nak, consumer rm, rm; errors exit 1 naming the problem")
     func verbs() async throws {
         try await StreamsBus.with { bus in
             let environment = ["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""]
@@ -989,6 +989,8 @@ struct StreamVerbTests {
             #expect(result.status == 0 && result.stdout.contains("\"name\":\"orders\""), "\(result)")
             try await bus.publish("orders.new", 3)
             _ = try await sb("stream", "fetch", "orders", "billing")
+            result = try await sb("stream", "progress", "orders", "billing", "3")
+            #expect(result.status == 0 && result.stdout == "in progress 3\n", "\(result)")
             result = try await sb("stream", "nak", "orders", "billing", "3", "9", "--delay", "5")
             #expect(result.status == 1 && result.stdout == "given back 3\n" && result.stderr.contains("not pending (done before, or never handed out): 9"), "\(result)")
             result = try await sb("stream", "ack", "orders", "billing", "1", "--json")
@@ -1007,6 +1009,12 @@ struct StreamVerbTests {
             #expect(result.status == 0 && result.stdout.hasPrefix("1 /client/levels/a ") && result.stdout.hasSuffix(#" {"sequence":\#(level),"value":1}"# + "\n"), "\(result)")
             result = try await sb("stream", "info", "levels")
             #expect(result.stdout.contains("captures the state under its subjects: changes to sequence \(level) kept"), "\(result)")
+            result = try await sb("stream", "consumer", "rm", "orders", "billing")
+            #expect(result.status == 0 && result.stdout == "deleted consumer billing of orders\n", "\(result)")
+            result = try await sb("stream", "fetch", "orders", "billing")
+            #expect(result.status == 1 && result.stderr.contains("stream orders has no consumer billing"), "\(result)")
+            result = try await sb("stream", "consumer", "add", "orders", "billing")
+            #expect(result.status == 0 && result.stdout.contains("consumer billing of orders"), "\(result)")
             result = try await sb("stream", "rm", "orders")
             #expect(result.status == 0 && result.stdout.contains("deleted stream orders (4 messages)"), "\(result)")
             for (verb, flag) in [("fetch", "--wait"), ("sub", "--expires")] {

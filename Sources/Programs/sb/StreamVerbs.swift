@@ -22,7 +22,7 @@ struct Stream: AsyncParsableCommand {
               sb stream ack orders billing 1 2 3
             """,
         subcommands: [StreamList.self, StreamInfo.self, StreamAdd.self, StreamDelete.self, StreamPurge.self, StreamPublish.self, StreamRead.self,
-                      StreamConsumer.self, StreamFetch.self, StreamSubscribe.self, StreamAck.self, StreamNak.self, StreamTerm.self],
+                      StreamConsumer.self, StreamFetch.self, StreamSubscribe.self, StreamAck.self, StreamNak.self, StreamProgress.self, StreamTerm.self],
         defaultSubcommand: StreamList.self
     )
 }
@@ -221,6 +221,20 @@ struct StreamRead: AsyncParsableCommand {
 struct StreamConsumer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "consumer",
+        abstract: "Create a durable consumer of a stream (add, the default), or delete one (rm).",
+        discussion: """
+            Examples:
+              sb stream consumer orders billing --ack-wait 10 --max-deliver 3
+              sb stream consumer rm orders billing
+            """,
+        subcommands: [StreamConsumerAdd.self, StreamConsumerDelete.self],
+        defaultSubcommand: StreamConsumerAdd.self
+    )
+}
+
+struct StreamConsumerAdd: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "add",
         abstract: "Create a durable consumer of a stream (its readers share its messages), or show it when it exists.",
         discussion: "Example:\n  sb stream consumer orders billing --ack-wait 10 --max-deliver 3"
     )
@@ -247,6 +261,24 @@ struct StreamConsumer: AsyncParsableCommand {
                                                filter: filter, ackWait: ackWait, maxDeliver: maxDeliver)
         try await appVerb(connection, output, { try await call($0, StreamsAPI.consumerAdd, config) }) { info in
             Output.line("consumer \(info.name) of \(info.stream): next \(info.nextSequence), waiting \(info.waiting), pending \(info.pending)")
+        }
+    }
+}
+
+struct StreamConsumerDelete: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "rm", abstract: "Delete a consumer with its position and what its readers had pending (the stream's messages stay).")
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream.") var stream: String
+    @Argument(help: "The consumer's name.") var name: String
+    @OptionGroup var owner: StreamOwnerOptions
+
+    func run() async throws {
+        try await appVerb(connection, output, asOperator: owner.asOperator,
+                          { try await call($0, StreamsAPI.consumerDelete, StreamsAPI.ConsumerName(stream: stream, name: name)) }) { _ in
+            Output.line("deleted consumer \(name) of \(stream)")
         }
     }
 }
@@ -347,7 +379,7 @@ struct StreamSubscribe: AsyncParsableCommand {
     }
 }
 
-/// `ack`, `nak` and `term`: what a reader says of messages it was handed.
+/// `ack`, `nak`, `progress` and `term`: what a reader says of messages it was handed.
 struct SettleOptions: ParsableArguments {
     @Argument(help: "The stream.") var stream: String
     @Argument(help: "The consumer.") var consumer: String
@@ -358,7 +390,7 @@ struct SettleOptions: ParsableArguments {
 
 let notPendingHelp = "A sequence that was not pending (done before, handed out again to another reader since, or never handed out) is named on stderr, exit status 1."
 
-/// Runs `ack`, `nak` or `term` and prints what it applied to. A sequence that was not pending
+/// Runs `ack`, `nak`, `progress` or `term` and prints what it applied to. A sequence that was not pending
 /// (done before, handed to another reader since, or never handed out) is exit status 1: a
 /// script that acknowledges late learns that its work may have been done twice.
 func settleMessages(_ connection: ConnectionOptions, _ output: OutputOptions, _ verb: String,
@@ -406,6 +438,20 @@ struct StreamNak: AsyncParsableCommand {
     func run() async throws {
         let nak = StreamsAPI.Nak(stream: settle.stream, consumer: settle.consumer, sequences: settle.sequences, delay: delay)
         try await settleMessages(connection, output, "given back") { try await call($0, StreamsAPI.nak, nak) }
+    }
+}
+
+struct StreamProgress: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "progress", abstract: "Still working on messages: their ack wait starts again, so they are not handed out to another reader yet.",
+        discussion: notPendingHelp)
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @OptionGroup var settle: SettleOptions
+
+    func run() async throws {
+        try await settleMessages(connection, output, "in progress") { try await call($0, StreamsAPI.progress, settle.params) }
     }
 }
 
