@@ -486,7 +486,7 @@ struct SBTests {
         await bus.stop()
     }
 
-    @Test("app verbs: countries, deals, places, items, news, flights, datasets, as tables and as JSON")
+    @Test("app verbs: countries, deals, places (its history cleared too), items, news, flights, datasets, as tables and as JSON")
     func appVerbs() async throws {
         let bus = try await SBBus.start()
         let countries = try await bus.sb("countries", "par")
@@ -503,6 +503,9 @@ struct SBTests {
         #expect(open.status == 0 && open.stdout.contains("wikipedia://places?latitude=12.9716&longitude=77.5946") && open.stdout.contains("Mumbai"))
         let history = try await bus.sb("places", "history", "--json")
         #expect(try jsonLines(history.stdout).first?["entries"]?.arrayValue?.first?["text"] == "12.9716, 77.5946")
+        let cleared = try await bus.sb("places", "history", "--clear")
+        #expect(cleared.status == 0 && cleared.stdout == "cleared the history of 1 place\n", "\(cleared)")
+        #expect(try jsonLines(try await bus.sb("places", "history", "--json").stdout).first?["entries"]?.arrayValue?.isEmpty == true)
         #expect(try await bus.sb("places", "open", "91, 0").status == 1)
         #expect(try await bus.sb("places").stdout.contains("40.4380638, -3.7495758"))
 

@@ -187,14 +187,20 @@ struct PlaceOpen: AsyncParsableCommand {
 struct PlaceHistory: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "history",
-        abstract: "The places searched for, most recent first.",
-        discussion: "Example:\n  sb places history --json"
+        abstract: "The places searched for, most recent first; --clear empties it.",
+        discussion: "Examples:\n  sb places history --json\n  sb places history --clear"
     )
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
+    @Flag(help: "Empty the history, as the app's Clear button does, and say how many places it held.") var clear = false
 
     func run() async throws {
+        if clear {
+            return try await appVerb(connection, output, { try await call($0, StoreAPI.historyClear) }) { answer in
+                Output.line("cleared the history of \(answer.cleared) place\(answer.cleared == 1 ? "" : "s")")
+            }
+        }
         try await appVerb(connection, output, { try await call($0, StoreAPI.historyList, StoreAPI.Limit()) }) { answer in
             Output.table(["SEARCHED", "AT"], answer.entries.map { [$0.text, $0.addedAt] })
         }
