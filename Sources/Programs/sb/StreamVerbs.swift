@@ -390,9 +390,9 @@ struct SettleOptions: ParsableArguments {
 
 let notPendingHelp = "A sequence that was not pending (done before, handed out again to another reader since, or never handed out) is named on stderr, exit status 1."
 
-/// Runs `ack`, `nak`, `progress` or `term` and prints what it applied to. A sequence that was not pending
-/// (done before, handed to another reader since, or never handed out) is exit status 1: a
-/// script that acknowledges late learns that its work may have been done twice.
+/// Runs `ack`, `nak`, `progress` or `term` and prints what it applied to. A sequence that was
+/// not pending (done before, handed to another reader since, or never handed out) is exit
+/// status 1: a script that acknowledges late learns that its work may have been done twice.
 func settleMessages(_ connection: ConnectionOptions, _ output: OutputOptions, _ verb: String,
             _ body: (BusClient) async throws -> Answer<StreamsAPI.Acknowledged>) async throws {
     try await withClient(connection) { client in
