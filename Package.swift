@@ -109,12 +109,19 @@ let package = Package(
             path: "Sources/Bus/Kernel",
             swiftSettings: sharedSettings
         ),
+        // TLS to the servers a deployment names (etcd, PostgreSQL): its files read when the
+        // client is made.
+        .target(
+            name: "ClientTLS",
+            dependencies: [.product(name: "NIOSSL", package: "swift-nio-ssl")],
+            path: "Sources/Bus/ClientTLS"
+        ),
         // A client of etcd's v3 API (keys, transactions, leases, watches) over its JSON
         // gateway: where a deployment keeps the kernel's state when it grows past one kernel.
         .target(
             name: "Etcd",
             dependencies: [
-                "BusProtocol",
+                "BusProtocol", "ClientTLS",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -219,7 +226,7 @@ let package = Package(
         .target(
             name: "Storage",
             dependencies: [
-                "BusKit", "BusProtocol", "Contracts", "ZeroMQ",
+                "BusKit", "BusProtocol", "ClientTLS", "Contracts", "ZeroMQ",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOPosix", package: "swift-nio"),

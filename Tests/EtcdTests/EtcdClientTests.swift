@@ -256,10 +256,16 @@ struct EtcdClientTests {
             await stranger.close()
         }
 
-        var missing = EtcdClient.Settings(endpoints: cluster.clientURLs)
-        (missing.caFile, missing.certificateFile, missing.keyFile) = (files.path("ca.pem"), files.path("client.pem"), files.path("nowhere.key"))
-        let unreadable = #expect(throws: EtcdError.self) { try EtcdClient(settings: missing) }
-        #expect(unreadable?.kind == .configuration && unreadable?.description.contains("cannot read the TLS files") == true, "\(String(describing: unreadable))")
+        // Each file is read as the client is made (NIOSSL would read a CA file only at each
+        // connection, with an error that names no file).
+        for (ca, certificate, key, named) in [("ca.pem", "client.pem", "nowhere.key", "nowhere.key cannot be read"),
+                                              ("nowhere.pem", nil, nil, "nowhere.pem cannot be read"),
+                                              ("client.key", nil, nil, "client.key is not a CA certificate in PEM")] {
+            var missing = EtcdClient.Settings(endpoints: cluster.clientURLs)
+            (missing.caFile, missing.certificateFile, missing.keyFile) = (files.path(ca), certificate.map(files.path), key.map(files.path))
+            let unreadable = #expect(throws: EtcdError.self) { try EtcdClient(settings: missing) }
+            #expect(unreadable?.kind == .configuration && unreadable?.description.contains(named) == true, "\(String(describing: unreadable))")
+        }
     }
 
     @Test("with authentication on: a client with the user's password is served, also once its token expired; one without is refused")

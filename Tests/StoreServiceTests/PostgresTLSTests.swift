@@ -20,7 +20,7 @@ struct PostgresTLSTests {
         }
     }
 
-    @Test("tls prefer (the default) encrypts whatever certificate the server has; require checks it against ca_file, and without one refuses a certificate it cannot trust, saying so; disable does not encrypt")
+    @Test("tls prefer (the default) encrypts whatever certificate the server has; require checks it against ca_file, and without one refuses a certificate it cannot trust, saying so; a ca_file that cannot be used is said at start; disable does not encrypt")
     func modes() async throws {
         let certificates = try await TestCertificates.make()
         defer { certificates.remove() }
@@ -39,5 +39,13 @@ struct PostgresTLSTests {
         let problem = await PostgresSettings(url: url, tls: .require, operationTimeout: .seconds(10)).connectionProblem(logger: logger)
         #expect(problem?.contains("the server's TLS certificate is not signed by a CA this service trusts") == true, "\(String(describing: problem))")
         #expect(await PostgresSettings(url: url, tls: .require, caFile: certificates.path("ca.pem"), operationTimeout: .seconds(10)).connectionProblem(logger: logger) == nil)
+        // A CA file that cannot be used is said when the service's connections are made, naming it.
+        for (file, problem) in [("nowhere.pem", "cannot be read"), ("client.key", "is not a CA certificate in PEM")] {
+            let unusable = #expect(throws: StorageFailure.self) {
+                try PostgresWriter(settings: PostgresSettings(url: url, tls: .require, caFile: certificates.path(file)), schema: nil, migrations: [],
+                                   lockKey: 1, replyWindow: .seconds(60), logger: logger)
+            }
+            #expect(unusable?.detail.contains("\(certificates.path(file)) \(problem)") == true, "\(String(describing: unusable))")
+        }
     }
 }

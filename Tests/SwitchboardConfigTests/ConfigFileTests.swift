@@ -337,7 +337,7 @@ struct ConfigFileTests {
         }
     }
 
-    @Test("store.backend: postgres with its URL, pool, TLS and deadline; a bad value is refused naming the key, without repeating a URL's password")
+    @Test("store.backend: postgres with its URL, pool, TLS and deadline; a bad value (a CA file without TLS too) is refused naming the key, without repeating a URL's password")
     func storeOnPostgres() throws {
         let file = try ConfigFile.parse("store:\n  backend: postgres\n  url: postgres://sb:s3cret@db.example:5433/switchboard\n  pool_size: 4\n  tls: require\n  timeout_ms: 1500\n")
         #expect(file.store.postgres == PostgresSection(url: "postgres://sb:s3cret@db.example:5433/switchboard", poolSize: 4, tls: "require", caFile: nil,
@@ -351,6 +351,7 @@ struct ConfigFileTests {
                              ("store:\n  backend: postgres\n", "store.url"),
                              ("store:\n  backend: postgres\n  url: http://sb:s3cret@db/x\n", "store.url"),
                              ("store:\n  backend: postgres\n  url: postgres://sb@db/x\n  tls: always\n", "store.tls"),
+                             ("store:\n  backend: postgres\n  url: postgres://sb@db/x\n  tls: disable\n  ca_file: ca.pem\n", "store.ca_file"),
                              ("store:\n  backend: postgres\n  url: postgres://sb:s3cret@db/x?sslmode=verify-full\n", "store.url"),
                              ("store:\n  backend: postgres\n  url: postgres://sb@db/x\n  timeout_ms: 0\n", "store.timeout_ms"),
                              ("store:\n  timeout_ms: 1000\n", "store.timeout_ms"),

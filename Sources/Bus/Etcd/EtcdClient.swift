@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 import BusProtocol
+import ClientTLS
 import Foundation
 import NIOCore
 import NIOHTTP1
@@ -75,16 +76,11 @@ public final class EtcdClient: Sendable {
         // a trace of its own beside the requests' traces.
         configuration.tracing.tracer = nil
         if settings.caFile != nil || settings.certificateFile != nil {
-            do {
-                var tls = TLSConfiguration.makeClientConfiguration()
-                if let caFile = settings.caFile { tls.trustRoots = .file(caFile) }
-                if let certificateFile = settings.certificateFile, let keyFile = settings.keyFile {
-                    tls.certificateChain = try NIOSSLCertificate.fromPEMFile(certificateFile).map { .certificate($0) }
-                    tls.privateKey = .privateKey(try NIOSSLPrivateKey(file: keyFile, format: .pem))
-                }
-                configuration.tlsConfiguration = tls
+            do throws(ClientTLSError) {
+                configuration.tlsConfiguration = try ClientTLS.configuration(caFile: settings.caFile, certificateFile: settings.certificateFile,
+                                                                             keyFile: settings.keyFile)
             } catch {
-                throw EtcdError(operation: "connect", endpoint: nil, kind: .configuration, message: "cannot read the TLS files: \(error)")
+                throw EtcdError(operation: "connect", endpoint: nil, kind: .configuration, message: "the TLS file \(error)")
             }
         }
         http = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
@@ -328,7 +324,7 @@ public final class EtcdClient: Sendable {
         if settings.certificateFile == nil, let closed = error as? HTTPClientError, closed == .remoteConnectionClosed {
             return "\(error): the member closed the connection, as one that asks its clients for a certificate (etcd's --client-cert-auth) does to a client without one (give this client's certificate and key)"
         }
-        if case NIOSSLError.handshakeFailed = error, "\(error)".contains("CERTIFICATE_VERIFY_FAILED") {
+        if case NIOSSLError.handshakeFailed = error, ClientTLS.isUntrustedServer(error) {
             return "\(error): the member's certificate is not signed by a CA this client trusts (give the CA that signed the members' certificates)"
         }
         return "\(error)"

@@ -41,7 +41,13 @@ public struct PostgresSection: Sendable, Equatable {
         guard components.query == nil else {
             throw ConfigError(path: section.path("url"), problem: "takes no parameters after '?' (such as sslmode): TLS is \(section.path("tls")) and \(section.path("ca_file"))")
         }
-        return PostgresSection(url: url, poolSize: try section.integer("pool_size", atMost: 1_000), tls: try section.choice("tls", ["disable", "prefer", "require"]),
-                               caFile: try section.text("ca_file", "a PEM file's path"), timeout: try section.milliseconds("timeout_ms"))
+        let tls = try section.choice("tls", ["disable", "prefer", "require"])
+        let caFile = try section.text("ca_file", "a PEM file's path")
+        // Without TLS there is no certificate to check: a CA file there would be ignored in silence.
+        if tls == "disable", caFile != nil {
+            throw ConfigError(path: section.path("ca_file"), problem: "applies to \(section.path("tls")): prefer or require only")
+        }
+        return PostgresSection(url: url, poolSize: try section.integer("pool_size", atMost: 1_000), tls: tls, caFile: caFile,
+                               timeout: try section.milliseconds("timeout_ms"))
     }
 }

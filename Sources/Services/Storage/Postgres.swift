@@ -1,5 +1,6 @@
 import BusKit
 import BusProtocol
+import ClientTLS
 import Foundation
 package import Logging
 import NIOSSL
@@ -96,7 +97,7 @@ extension PostgresSettings {
             return nil
         } catch let error as PSQLError where error.code == .connectionError && error.underlying != nil {
             let cause = "\(error.underlying!)"
-            guard cause.contains("CERTIFICATE_VERIFY_FAILED") else { return "cannot connect: \(cause)" }
+            guard ClientTLS.isUntrustedServer(error.underlying!) else { return "cannot connect: \(cause)" }
             return "cannot connect: the server's TLS certificate is not signed by a CA this service trusts (ca_file, else the system's): \(cause)"
         } catch {
             return failure(error).detail
@@ -109,10 +110,14 @@ extension PostgresSettings {
         guard let parts = parsed else {
             throw StorageFailure(reason: "cannot-open", detail: "the URL is not postgres://USER:PASSWORD@HOST:PORT/DATABASE", path: redactedURL)
         }
-        var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
-        if let caFile {
-            tlsConfiguration.trustRoots = .file(caFile)
-        } else if self.tls == .prefer {
+        var tlsConfiguration: TLSConfiguration
+        do throws(ClientTLSError) {
+            // A CA file is read only where TLS is used: beside `disable` it is refused at start.
+            tlsConfiguration = try ClientTLS.configuration(caFile: self.tls == .disable ? nil : caFile)
+        } catch {
+            throw StorageFailure(reason: "cannot-open", detail: "the TLS file (ca_file) \(error)", path: redactedURL)
+        }
+        if caFile == nil, self.tls == .prefer {
             // Encrypted whenever the server offers TLS, whatever its certificate (Debian's own
             // cluster has one no CA signed): a connection that goes on in plain text when the
             // server offers none gains nothing from checking it, as libpq's sslmode=prefer
