@@ -216,12 +216,12 @@ struct UpTests {
         await bus.close()
     }
 
-    @Test("bad configuration: exit 78 naming the key, for up, kernel and serve")
+    @Test("bad configuration: exit 78 naming the key, for up, kernel, serve and check; check says what a good one sets up")
     func badConfiguration() async throws {
         let folder = try temporaryDirectory("up-bad")
         let bad = folder.appendingPathComponent("bad.yaml")
         try "kernel:\n  heartbeat_ms: soon\n".write(to: bad, atomically: true, encoding: .utf8)
-        for arguments in [["up"], ["kernel"], ["serve", "echo"]] {
+        for arguments in [["up"], ["kernel"], ["serve", "echo"], ["check"]] {
             let result = try await runCommand(switchboardExecutable(), arguments + ["--config", bad.path])
             #expect(result.status == 78, "\(arguments)")
             #expect(result.stderr.contains(#"kernel.heartbeat_ms: expected an integer from 1 to 3600000, got "soon""#), "\(result.stderr)")
@@ -234,6 +234,9 @@ struct UpTests {
         let badVariable = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path], environment: ["SWITCHBOARD_KERNEL_HEARTBEAT_MS": "soon"])
         #expect(badVariable.status == 78, "\(badVariable)")
         #expect(badVariable.stderr.contains(#"SWITCHBOARD_KERNEL_HEARTBEAT_MS (overrides kernel.heartbeat_ms): expected an integer from 1 to 3600000, got "soon""#), "\(badVariable.stderr)")
+        // check: the same refusals, and for a good file what it sets up, nothing started.
+        let checked = try await runCommand(switchboardExecutable(), ["check", "--config", good.path], environment: ["SWITCHBOARD_SERVICES_SEARCH_WORKERS": "3"])
+        #expect(checked.status == 0 && checked.stdout.hasPrefix("\(good.path): fine\n") && checked.stdout.contains("search 3,"), "\(checked)")
         let curve = folder.appendingPathComponent("curve.yaml")
         try "security:\n  curve: true\n  keys_dir: \(folder.appendingPathComponent("keys").path)\n".write(to: curve, atomically: true, encoding: .utf8)
         let missing = try await runCommand(switchboardExecutable(), ["kernel", "--config", curve.path])

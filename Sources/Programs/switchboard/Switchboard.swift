@@ -23,11 +23,12 @@ struct Switchboard: AsyncParsableCommand {
             switchboard serve NAME        one service (echo, store, streams, fetcher, search, pricing), connected to a kernel
             switchboard gateway           the bus over HTTP (JSON-RPC, Server-Sent Events, metrics, the apps' page)
             switchboard keygen --out NAME a CURVE key pair (NAME.key, NAME.pub)
+            switchboard check             the configuration checked, nothing run
 
             Settings come from --config (default: Config/switchboard.yaml when present), then
             SWITCHBOARD_* environment variables, then flags.
             """,
-        subcommands: [UpCommand.self, KernelCommand.self, ServeCommand.self, GatewayCommand.self, KeygenCommand.self]
+        subcommands: [UpCommand.self, KernelCommand.self, ServeCommand.self, GatewayCommand.self, KeygenCommand.self, CheckCommand.self]
     )
 }
 
@@ -54,10 +55,32 @@ struct KernelEndpointOptions: ParsableArguments {
     func stateEndpoints(_ file: ConfigFile) -> [StateEndpoints] { state.isEmpty ? file.stateEndpoints : state.compactMap { StateEndpoints($0) } }
 }
 
-/// Options every piece shares.
-struct CommonOptions: ParsableArguments {
+/// `--config`: which configuration file, read and checked.
+struct ConfigFileOption: ParsableArguments {
     @Option(help: "The configuration file (YAML; default: Config/switchboard.yaml when present).")
     var config: String?
+
+    /// The configuration file: `--config`, else Config/switchboard.yaml when present, else
+    /// the defaults; `SWITCHBOARD_*` variables apply on top. A bad file or variable ends the
+    /// process with its problem on stderr and exit status 78 (EX_CONFIG).
+    func load() throws -> ConfigFile {
+        do {
+            return try ConfigFile.load(path.map { URL(fileURLWithPath: $0) })
+        } catch {
+            FileHandle.standardError.write(Data("switchboard: \(path ?? "configuration"): \(error)\n".utf8))
+            throw ExitCode(78)
+        }
+    }
+
+    var path: String? {
+        let defaultPath = "Config/switchboard.yaml"
+        return config ?? (FileManager.default.fileExists(atPath: defaultPath) ? defaultPath : nil)
+    }
+}
+
+/// Options every piece shares.
+struct CommonOptions: ParsableArguments {
+    @OptionGroup var configFile: ConfigFileOption
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (default: log_level in the configuration).")
     var logLevel: Logger.Level?
@@ -69,22 +92,10 @@ struct CommonOptions: ParsableArguments {
     @Option(help: .hidden)
     var lifelineFd: Int32?
 
-    /// The configuration file: `--config`, else Config/switchboard.yaml when present, else
-    /// the defaults; `SWITCHBOARD_*` variables apply on top. A bad file or variable ends the
-    /// process with its problem on stderr and exit status 78 (EX_CONFIG).
-    func loadConfig() throws -> ConfigFile {
-        do {
-            return try ConfigFile.load(configPath.map { URL(fileURLWithPath: $0) })
-        } catch {
-            FileHandle.standardError.write(Data("switchboard: \(configPath ?? "configuration"): \(error)\n".utf8))
-            throw ExitCode(78)
-        }
-    }
+    /// ``ConfigFileOption/load()``.
+    func loadConfig() throws -> ConfigFile { try configFile.load() }
 
-    var configPath: String? {
-        let defaultPath = "Config/switchboard.yaml"
-        return config ?? (FileManager.default.fileExists(atPath: defaultPath) ? defaultPath : nil)
-    }
+    var configPath: String? { configFile.path }
 
     /// swift-log to stderr, as text or JSON lines (--log-format, else `log_format`), each
     /// label ("switchboard.store") at its piece's configured level unless --log-level says
