@@ -45,7 +45,7 @@ struct GatewayBed {
         settings.prefixes = ["/client/", "/store/"]
         settings.tokens = [GatewayToken(token: fullToken, services: ["*"], writablePrefixes: ["/client/"]),
                            GatewayToken(token: echoOnlyToken, services: ["echo"]),
-                           GatewayToken(token: clientReaderToken, services: [], readablePrefixes: ["/client/"])]
+                           GatewayToken(token: clientReaderToken, services: ["kernel"], readablePrefixes: ["/client/"])]
         configure(&settings)
         let state = kernel.stateEndpoints
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: settings.requestTimeout, state: [state])
@@ -281,7 +281,7 @@ struct GatewayTests {
         }
     }
 
-    @Test("tokens: none is 401, a service or key outside the token's grant is 403")
+    @Test("tokens: none is 401, a service or key outside the token's grant is 403, for writes, /events and the kernel's state reads")
     func tokens() async throws {
         try await GatewayBed.with { bed in
             let ping = #"{"jsonrpc":"2.0","id":1,"method":"ping"}"#
@@ -302,6 +302,14 @@ struct GatewayTests {
             #expect(try await bed.get("/events?prefix=/store/", token: GatewayBed.clientReaderToken).status == 403)
             let readable = try await bed.events("prefix=/client/", token: GatewayBed.clientReaderToken)
             #expect(try await readable.until("synced").last?.event == "synced")
+            // And reads only those through the kernel's state methods.
+            for (params, method, status) in [(#"{"prefix":"/client/"}"#, "state.get", 200), (#"{"key":"/client/x"}"#, "state.history", 200),
+                                             ("{}", "state.get", 403), (#"{"prefix":"/store/"}"#, "state.get", 403),
+                                             (#"{"key":"/store/x"}"#, "state.history", 403)] {
+                let read = try await bed.rpc("kernel", #"{"jsonrpc":"2.0","id":1,"method":"\#(method)","params":\#(params)}"#, token: GatewayBed.clientReaderToken)
+                #expect(read.status == status && (status == 200 || read.json?["error"]?["message"]?.stringValue?.contains("readable prefixes: /client/") == true),
+                        "\(method) \(params): \(read)")
+            }
             #expect(try await bed.get("/metrics", token: nil).status == 401)
             // Health is for probes: no token.
             #expect(try await bed.get("/healthz", token: nil).status == 200)

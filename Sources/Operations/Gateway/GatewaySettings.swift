@@ -65,7 +65,8 @@ public struct GatewayToken: Sendable, Equatable {
     public var services: [String]
     /// Key prefixes it may write with `kernel` `state.set` (none: no writes).
     public var writablePrefixes: [String]
-    /// Key prefixes it may stream from `/events` (nil: all the gateway follows).
+    /// Key prefixes it may read: stream from `/events` (nil: all the gateway follows), and
+    /// read with `kernel` `state.get` and `state.history` (nil: any).
     public var readablePrefixes: [String]?
 
     public init(token: String, services: [String] = ["*"], writablePrefixes: [String] = [], readablePrefixes: [String]? = nil) {
@@ -77,7 +78,7 @@ public struct GatewayToken: Sendable, Equatable {
 
     public func allows(service: String) -> Bool { services.contains("*") || services.contains(service) }
 
-    /// Whether it may stream the keys under `prefix`.
+    /// Whether it may read the keys under `prefix`.
     public func mayRead(_ prefix: String) -> Bool { readablePrefixes.map { $0.contains { prefix.hasPrefix($0) } } ?? true }
 }
 

@@ -318,15 +318,30 @@ struct Routes: Sendable {
     }
 
     /// What the token forbids of this call: a state write (`state.set`, `state.publish`)
-    /// outside its writable prefixes.
+    /// outside its writable prefixes, or a state read (`state.get`, `state.history`) outside
+    /// its readable prefixes, the keys it may stream from `/events`.
     func refusal(_ call: JSONRPCRequest, service: String, token: GatewayToken?) -> JSONRPCError? {
-        guard let token, service == KernelAPI.service, [KernelAPI.stateSet.name, KernelAPI.statePublish.name].contains(call.method) else { return nil }
-        let key = call.params?["key"]?.stringValue ?? ""
-        guard token.writablePrefixes.contains(where: { key.hasPrefix($0) }) else {
-            let allowed = token.writablePrefixes.isEmpty ? "none" : token.writablePrefixes.joined(separator: ", ")
-            return .forbidden("this token may not write \(key.isEmpty ? "that key" : key) (its writable prefixes: \(allowed))")
+        guard let token, service == KernelAPI.service else { return nil }
+        switch call.method {
+        case KernelAPI.stateSet.name, KernelAPI.statePublish.name:
+            let key = call.params?["key"]?.stringValue ?? ""
+            guard token.writablePrefixes.contains(where: { key.hasPrefix($0) }) else {
+                let allowed = token.writablePrefixes.isEmpty ? "none" : token.writablePrefixes.joined(separator: ", ")
+                return .forbidden("this token may not write \(key.isEmpty ? "that key" : key) (its writable prefixes: \(allowed))")
+            }
+        case KernelAPI.stateGet.name, KernelAPI.stateHistory.name:
+            // Without a prefix, state.get reads every key.
+            let asked = call.params?[call.method == KernelAPI.stateGet.name ? "prefix" : "key"]?.stringValue ?? ""
+            guard token.mayRead(asked) else { return Self.readRefusal(asked, token) }
+        default:
+            break
         }
         return nil
+    }
+
+    /// A read outside a token's readable prefixes.
+    static func readRefusal(_ asked: String, _ token: GatewayToken) -> JSONRPCError {
+        .forbidden("this token may not read '\(asked)' (its readable prefixes: \(token.readablePrefixes?.joined(separator: ", ") ?? ""))")
     }
 
     static func response(id: JSONRPCID, _ outcome: Result<JSONValue, BusError>) -> JSONRPCResponse {
@@ -398,7 +413,7 @@ struct Routes: Sendable {
         var prefixes = query[values: "prefix"].map(String.init)
         if prefixes.isEmpty { prefixes = token?.readablePrefixes ?? settings.prefixes }
         if let token, let refused = prefixes.first(where: { !token.mayRead($0) }) {
-            return Self.rpcError(.forbidden, .forbidden("this token may not read '\(refused)' (its readable prefixes: \(token.readablePrefixes?.joined(separator: ", ") ?? "")"))
+            return Self.rpcError(.forbidden, Self.readRefusal(refused, token))
         }
         if let pathless = prefixes.first(where: { !CHP.isKeyPrefix($0) }) {
             return Self.rpcError(.badRequest, .invalidParams(field: "prefix", "'\(pathless)' matches no key: keys are paths starting with '/'"))
