@@ -3,6 +3,7 @@ import BusProtocol
 import Contracts
 import Foundation
 import Kernel
+import Logging
 import Storage
 import StoreService
 import SwitchboardTestSupport
@@ -33,18 +34,20 @@ struct StoreBus {
     var databasePath: String { store.configuration.path }
 
     static func start(folder: URL? = nil, kernel: TestKernel? = nil, historyLimit: Int = 100, maxSizeBytes: Int? = nil,
-                      connections: Int = 4, backend: Backend = .sqlite, postgres: TestPostgres? = nil) async throws -> StoreBus {
+                      connections: Int = 4, backend: Backend = .sqlite, postgres: TestPostgres? = nil, logger: Logger? = nil,
+                      configure: (inout StoreConfiguration) -> Void = { _ in }) async throws -> StoreBus {
         let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
         let folder = try folder ?? temporaryDirectory("store")
         var server = postgres
         if backend == .postgres, server == nil { server = try await TestPostgres.start() }
         let postgres = backend == .postgres ? server : nil
-        let configuration = StoreConfiguration(path: folder.appendingPathComponent("db/store.sqlite").path,
+        var configuration = StoreConfiguration(path: folder.appendingPathComponent("db/store.sqlite").path,
                                                historyLimit: historyLimit, maxSizeBytes: maxSizeBytes,
                                                postgres: postgres.map { PostgresSettings(url: $0.url(), tls: .disable) })
+        configure(&configuration)
         let publisherClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(2))
         let publisher = StatePublisher(client: publisherClient)
-        let store = StoreService(configuration: configuration, publisher: publisher)
+        let store = StoreService(configuration: configuration, logger: logger, publisher: publisher)
         let options = ServiceHost<StoreService>.Options(brokers: [kernel.endpoints.broker], connections: connections,
                                                         heartbeatInterval: kernel.configuration.heartbeatInterval,
                                                         heartbeatLiveness: kernel.configuration.heartbeatLiveness)
@@ -373,6 +376,36 @@ struct StoreDurabilityTests {
                 && state.keys.filter { $0.hasPrefix("/store/articles/") }.count == many
         }
         await subscription.cancel()
+        await bus.stop()
+    }
+
+    @Test("the publishing lock held by another process (one stopped while it held it): the store logs that it cannot publish yet, naming the lock, and publishes once it is let go",
+          arguments: Backend.available)
+    func publishingLockHeld(backend: Backend) async throws {
+        let logs = LogLines()
+        let bus = try await StoreBus.start(backend: backend, logger: logs.logger("store")) { $0.publishingWait = .milliseconds(300) }
+        // What a store process that took the lock and was stopped leaves behind.
+        let letGo: @Sendable () -> Void
+        let lockName: String
+        if backend == .sqlite {
+            lockName = bus.databasePath + ".publishing"
+            let descriptor = open(lockName, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+            #expect(flock(descriptor, LOCK_EX) == 0)
+            letGo = { flock(descriptor, LOCK_UN); close(descriptor) }
+        } else {
+            lockName = "advisory lock 7214022"
+            let holder = try #require(bus.postgres).session()
+            holder.send("SELECT 'held' FROM pg_advisory_lock(7214022);\n")
+            try await holder.waitForOutput(containing: "held", within: 20)
+            letGo = { holder.stop() }
+        }
+        _ = try await bus.call("history.add", ["text": "Lisbon"])
+        try await logs.waitFor("cannot publish changes yet", within: 20, "the store says it cannot publish")
+        #expect(logs.text.contains("another process has held the lock \(lockName) for"), "\(logs.text)")
+        letGo()
+        _ = try await bus.kernel.state("/store/", within: 20, "the history published once the lock is let go") { state in
+            state["/store/history"].map(texts) == ["Lisbon"]
+        }
         await bus.stop()
     }
 

@@ -200,14 +200,19 @@ package actor PostgresWriter {
 
     /// Runs `body` holding the session advisory lock `key` on a connection of its own, so the
     /// processes sharing the database run such bodies one at a time. The lock is tried every
-    /// 2 ms, each try within the operation timeout, as the SQLite file's lock is.
-    package nonisolated func alone<T: Sendable>(_ key: Int64, _ body: @Sendable () async throws -> T) async throws -> T {
+    /// 2 ms, each try within the operation timeout, for `limit` at most, as the SQLite file's
+    /// lock is (``ServiceDatabase/alone(_:waitingAtMost:_:)``).
+    package nonisolated func alone<T: Sendable>(_ key: Int64, waitingAtMost limit: Duration, _ body: @Sendable () async throws -> T) async throws -> T {
         let client = connections.client, settings = settings, logger = logger
         // What the database answers is a storage failure; what `body` throws is its own.
         var bodyFailed = false
         do {
             return try await client.withConnection { connection in
+                let deadline = ContinuousClock.now + limit
                 while try await !settings.bounded({ try await Self.tryLock(key, on: connection, logger: logger) }) {
+                    guard ContinuousClock.now < deadline else {
+                        throw ServiceDatabase.heldTooLong("advisory lock \(key)", limit, path: settings.redactedURL)
+                    }
                     try await Task.sleep(for: .milliseconds(2))
                 }
                 // Let go on the way out, whatever `body` did: a lock left on a pooled connection

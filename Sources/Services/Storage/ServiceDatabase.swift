@@ -151,19 +151,36 @@ package enum ServiceDatabase: Sendable {
     /// Runs `body` while no other process on the same database runs a body under the same
     /// `lock`: on SQLite, under a lock on the file `path.NAME` beside the database; on
     /// PostgreSQL, under the session advisory lock `key` (each try at it bounded as an
-    /// operation is). It waits as long as another process holds the lock.
-    package func alone<T: Sendable>(_ lock: (name: String, key: Int64), _ body: @Sendable () async throws -> T) async throws -> T {
+    /// operation is). A lock another process holds longer than `limit` (a process stopped
+    /// while it held it) fails the call as `busy`, naming the lock, rather than holding the
+    /// caller in silence.
+    package func alone<T: Sendable>(_ lock: (name: String, key: Int64), waitingAtMost limit: Duration,
+                                    _ body: @Sendable () async throws -> T) async throws -> T {
         switch self {
         case .sqlite(let writer):
-            let descriptor = open(writer.path + "." + lock.name, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+            let file = writer.path + "." + lock.name
+            let descriptor = open(file, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
             guard descriptor >= 0 else { return try await body() }  // a read-only folder: no other writer either
             defer { close(descriptor) }
-            while flock(descriptor, LOCK_EX | LOCK_NB) != 0 { try await Task.sleep(for: .milliseconds(2)) }
+            let deadline = ContinuousClock.now + limit
+            while flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
+                let code = errno
+                guard code == EWOULDBLOCK || code == EINTR else {
+                    throw StorageFailure(reason: "io", detail: "cannot lock \(file): \(String(cString: strerror(code)))", path: file).rpcError
+                }
+                guard ContinuousClock.now < deadline else { throw Self.heldTooLong(file, limit, path: file) }
+                try await Task.sleep(for: .milliseconds(2))
+            }
             defer { flock(descriptor, LOCK_UN) }
             return try await body()
-        case .postgres(let writer): return try await writer.alone(lock.key, body)
+        case .postgres(let writer): return try await writer.alone(lock.key, waitingAtMost: limit, body)
         case .unusable(let failure): throw failure.rpcError
         }
+    }
+
+    /// A lock another process has held past the wait's limit.
+    static func heldTooLong(_ lock: String, _ limit: Duration, path: String) -> JSONRPCError {
+        StorageFailure(reason: "busy", detail: "another process has held the lock \(lock) for \(limit.formatted)", path: path).rpcError
     }
 
     /// Returns once the database can serve: at once for SQLite; for PostgreSQL once it answers

@@ -17,6 +17,11 @@ public struct StoreConfiguration: Sendable, Equatable {
     /// How long the result of each write is kept with it, so that a request sent again
     /// (after a failover) is answered with it instead of being written twice.
     public var replyWindow: Duration = .seconds(600)
+    /// How long a store process waits for another one sharing its database to finish
+    /// publishing (``StoreDatabase/publishing``) before it logs that it cannot publish yet
+    /// and tries again: far longer than a publication takes, so only a process stopped
+    /// while it held the lock makes it wait so long.
+    public var publishingWait: Duration = .seconds(60)
 
     public init(path: String = "data/store.sqlite", historyLimit: Int = 100, maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600),
                 postgres: PostgresSettings? = nil) {

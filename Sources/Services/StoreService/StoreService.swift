@@ -275,7 +275,7 @@ public actor StoreService: BusService, ServiceWork {
                 // Store processes sharing a database publish one at a time, each the values
                 // as they are then: none can publish an older value over a newer one.
                 let batch = keys
-                let outcomes = try await database.alone(StoreDatabase.publishing) {
+                let outcomes = try await database.alone(StoreDatabase.publishing, waitingAtMost: configuration.publishingWait) {
                     let values = try await self.currentValues(of: batch)
                     return await publisher.set(many: Array(zip(batch, values)).map { (key: $0.0, value: $0.1) })
                 }
