@@ -388,12 +388,13 @@ struct StoreDurabilityTests {
         let letGo: @Sendable () -> Void
         let lockName: String
         if backend == .sqlite {
-            lockName = bus.databasePath + ".publishing"
-            let descriptor = open(lockName, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+            let file = bus.databasePath + ".publishing"
+            lockName = "the lock \(file)"
+            let descriptor = open(file, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
             #expect(flock(descriptor, LOCK_EX) == 0)
             letGo = { flock(descriptor, LOCK_UN); close(descriptor) }
         } else {
-            lockName = "advisory lock 7214022"
+            lockName = "the advisory lock 7214022"
             let holder = try #require(bus.postgres).session()
             holder.send("SELECT 'held' FROM pg_advisory_lock(7214022);\n")
             try await holder.waitForOutput(containing: "held", within: 20)
@@ -401,7 +402,7 @@ struct StoreDurabilityTests {
         }
         _ = try await bus.call("history.add", ["text": "Lisbon"])
         try await logs.waitFor("cannot publish changes yet", within: 20, "the store says it cannot publish")
-        #expect(logs.text.contains("another process has held the lock \(lockName) for"), "\(logs.text)")
+        #expect(logs.text.contains("another process has held \(lockName) for"), "\(logs.text)")
         letGo()
         _ = try await bus.kernel.state("/store/", within: 20, "the history published once the lock is let go") { state in
             state["/store/history"].map(texts) == ["Lisbon"]

@@ -211,7 +211,7 @@ package actor PostgresWriter {
                 let deadline = ContinuousClock.now + limit
                 while try await !settings.bounded({ try await Self.tryLock(key, on: connection, logger: logger) }) {
                     guard ContinuousClock.now < deadline else {
-                        throw ServiceDatabase.heldTooLong("advisory lock \(key)", limit, path: settings.redactedURL)
+                        throw ServiceDatabase.heldTooLong("the advisory lock \(key)", limit, path: settings.redactedURL)
                     }
                     try await Task.sleep(for: .milliseconds(2))
                 }

@@ -168,7 +168,7 @@ package enum ServiceDatabase: Sendable {
                 guard code == EWOULDBLOCK || code == EINTR else {
                     throw StorageFailure(reason: "io", detail: "cannot lock \(file): \(String(cString: strerror(code)))", path: file).rpcError
                 }
-                guard ContinuousClock.now < deadline else { throw Self.heldTooLong(file, limit, path: file) }
+                guard ContinuousClock.now < deadline else { throw Self.heldTooLong("the lock \(file)", limit, path: file) }
                 try await Task.sleep(for: .milliseconds(2))
             }
             defer { flock(descriptor, LOCK_UN) }
@@ -178,9 +178,9 @@ package enum ServiceDatabase: Sendable {
         }
     }
 
-    /// A lock another process has held past the wait's limit.
+    /// A lock (`lock` names it) another process has held past the wait's limit.
     static func heldTooLong(_ lock: String, _ limit: Duration, path: String) -> JSONRPCError {
-        StorageFailure(reason: "busy", detail: "another process has held the lock \(lock) for \(limit.formatted)", path: path).rpcError
+        StorageFailure(reason: "busy", detail: "another process has held \(lock) for \(limit.formatted)", path: path).rpcError
     }
 
     /// Returns once the database can serve: at once for SQLite; for PostgreSQL once it answers
