@@ -336,7 +336,7 @@ struct SBTests {
         await bus.stop()
     }
 
-    @Test("sb run: good, bad and mixed scripts; every line answered in order; exit status; stdin")
+    @Test("sb run: good, bad and mixed scripts; every line answered in order; exit status; stdin (a request's params too)")
     func runScripts() async throws {
         let bus = try await SBBus.start()
         let folder = try temporaryDirectory("sb-run")
@@ -373,6 +373,10 @@ struct SBTests {
         #expect(missing.status == 64 && missing.stderr.contains("none.jsonl: No such file or directory"), "\(missing)")
         let notAFile = try await bus.sb("run", folder.path)
         #expect(notAFile.status == 64 && notAFile.stderr.contains("it is a folder"), "\(notAFile)")
+
+        // One request's params on standard input.
+        let params = try await bus.sb("request", "echo", "echo", "-", "--json", input: #"{"n": 3}"#)
+        #expect(params.status == 0 && params.stdout.contains(#""n":3"#), "\(params)")
         await bus.stop()
     }
 
@@ -397,6 +401,14 @@ struct SBTests {
         #expect(refused.status == 1 && refused.stderr.contains("writable prefixes"))
         let notJSON = try await bus.sb("pub", "/client/x", "hello")
         #expect(notJSON.status == 64)
+        // '-': the value on standard input, past what one command-line argument may hold.
+        let large = #"{"blob":""# + String(repeating: "x", count: 200_000) + #""}"#
+        let piped = try await bus.sb("kv", "put", "/client/large", "-", input: large + "\n")
+        #expect(piped.status == 0, "\(piped)")
+        let gotLarge = try await bus.sb("kv", "get", "/client/large", "--json")
+        #expect(try jsonLines(gotLarge.stdout).first?["value"]?["blob"]?.stringValue?.count == 200_000)
+        let pipedBad = try await bus.sb("pub", "/client/large", "-", input: "hello")
+        #expect(pipedBad.status == 64 && pipedBad.stderr.contains("VALUE (from standard input) is not valid JSON"), "\(pipedBad)")
 
         // sb kv: revisions, compare-and-set, a listing, history, a watch from a revision.
         func revision(_ result: CommandResult) throws -> UInt64 { UInt64(try jsonLines(result.stdout).first?["revision"]?.intValue ?? -1) }

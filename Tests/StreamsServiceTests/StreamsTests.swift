@@ -962,12 +962,12 @@ struct StreamVerbTests {
         }
     }
 
-    @Test("sb stream add (--capture-state too), pub (JSON or text, with an id), consumer, fetch --ack, read, info, ls, progress, nak, consumer rm, rm; errors exit 1 naming the problem")
+    @Test("sb stream add (--capture-state too), pub (JSON or text, with an id, from standard input), consumer, fetch --ack, read, info, ls, progress, nak, consumer rm, rm; errors exit 1 naming the problem")
     func verbs() async throws {
         try await StreamsBus.with { bus in
             let environment = ["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""]
-            func sb(_ arguments: String...) async throws -> CommandResult {
-                try await runCommand(sbExecutable(), arguments, environment: environment)
+            func sb(_ arguments: String..., input: String? = nil) async throws -> CommandResult {
+                try await runCommand(sbExecutable(), arguments, environment: environment, input: input.map { Data($0.utf8) })
             }
             var result = try await sb("stream", "add", "orders", "orders.", "--max-age", "86400")
             #expect(result.status == 0 && result.stdout.contains("stream orders: subjects orders.") && result.stdout.contains("orders.dead"), "\(result)")
@@ -1000,6 +1000,13 @@ struct StreamVerbTests {
             #expect(result.status == 0 && result.stdout == "4 orders.new (delivery 1) 4\n", "\(result)")
             result = try await sb("stream", "pub", "elsewhere", "1")
             #expect(result.status == 1 && result.stderr.contains("no stream holds subject elsewhere"), "\(result)")
+            // '-': the data on standard input, JSON when it is JSON, else text less its final newlines.
+            result = try await sb("stream", "pub", "orders.piped", "-", input: "{\"id\": 8}\n")
+            #expect(result.stdout == "orders 5\n", "\(result)")
+            result = try await sb("stream", "pub", "orders.piped", "-", input: "piped words\r\n")
+            #expect(result.stdout == "orders 6\n", "\(result)")
+            result = try await sb("stream", "read", "orders", "--last", "2", "--json")
+            #expect(try jsonLines(result.stdout).first?["messages"]?.arrayValue?.map { $0["data"] } == [["id": 8], "piped words"], "\(result)")
             result = try await sb("stream", "add", "levels", "/client/levels/", "--capture-state")
             #expect(result.status == 0, "\(result)")
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "levels", name: "reader"))
@@ -1016,7 +1023,7 @@ struct StreamVerbTests {
             result = try await sb("stream", "consumer", "add", "orders", "billing")
             #expect(result.status == 0 && result.stdout.contains("consumer billing of orders"), "\(result)")
             result = try await sb("stream", "rm", "orders")
-            #expect(result.status == 0 && result.stdout.contains("deleted stream orders (4 messages)"), "\(result)")
+            #expect(result.status == 0 && result.stdout.contains("deleted stream orders (6 messages)"), "\(result)")
             for (verb, flag) in [("fetch", "--wait"), ("sub", "--expires")] {
                 let refused = try await sb("stream", verb, "orders", "billing", flag, "1e300")
                 #expect(refused.status == 64 && refused.stderr.contains(flag), "\(refused)")

@@ -5,12 +5,46 @@ import Contracts
 import Foundation
 import ZeroMQ
 
-/// Reads JSON given on the command line; a mistake is a usage error (64) saying where.
+/// Reads JSON given on the command line, or on standard input when the argument is `-`
+/// (``StandardInput``); a mistake is a usage error (64) saying where.
 func parseJSON(_ text: String, _ what: String) throws -> JSONValue {
+    let bytes = text == "-" ? try StandardInput.argument() : Array(text.utf8)
     do {
-        return try JSONValue(parsing: Array(text.utf8))
+        return try JSONValue(parsing: bytes)
     } catch {
-        throw ValidationError("\(what) is not valid JSON: \(error) (strings need quotes: '\"text\"')")
+        let source = text == "-" ? " (from standard input)" : ""
+        throw ValidationError("\(what)\(source) is not valid JSON: \(error) (strings need quotes: '\"text\"')")
+    }
+}
+
+/// Standard input as a verb's argument: `-` in place of a value, params or a message's data
+/// takes them from a file or another program (`jq -c . route.json | sb kv put /client/route -`),
+/// and so past the size the system allows one command-line argument (128 KiB on Linux).
+enum StandardInput {
+    /// Read on first use and kept: a verb checks its arguments before it runs, and both read it.
+    private static let contents = Result { () throws(ValidationError) in
+        if isatty(STDIN_FILENO) == 1 { Output.diagnostic("reading standard input (end it with Ctrl-D)") }
+        return try read(atMost: MDP.defaultMaxMessageSize)
+    }
+
+    /// What standard input holds, as an argument.
+    static func argument() throws(ValidationError) -> [UInt8] { try contents.get() }
+
+    /// Standard input to its end. More than `limit` bytes is a usage error, read no further:
+    /// one message could not carry them, and reading on would only fill memory.
+    static func read(atMost limit: Int) throws(ValidationError) -> [UInt8] {
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { Glibc.read(STDIN_FILENO, $0.baseAddress, $0.count) }
+            if count == 0 { return bytes }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw ValidationError("cannot read standard input: \(String(cString: strerror(errno)))")
+            }
+            bytes += chunk[..<count]
+            if bytes.count > limit { throw ValidationError("standard input holds more than \(limit) bytes, the most one message may carry") }
+        }
     }
 }
 
@@ -46,7 +80,7 @@ struct Request: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Argument(help: "The service (kernel, store, fetcher, search, pricing, ...).") var service: String
     @Argument(help: "The method.") var method: String
-    @Argument(help: "The params, as JSON (an object or an array).") var params: String?
+    @Argument(help: "The params, as JSON (an object or an array; '-': read from standard input).") var params: String?
     @Flag(help: "Send it in a new sampled trace: every service it reaches logs it with the trace id, printed here on stderr.")
     var trace = false
     @Flag(help: "Ask for the result in parts and print each as it comes, a JSON line each ({\"part\": ...}, then {\"end\": ...}).")
@@ -201,7 +235,7 @@ struct Publish: AsyncParsableCommand {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The key (a path such as /client/name).") var key: String
-    @Argument(help: "The value, as JSON (null deletes; a negative number goes after --: KEY -- -5).") var value: String
+    @Argument(help: "The value, as JSON (null deletes; '-': read from standard input; a negative number goes after --: KEY -- -5).") var value: String
     @Option(parsing: .unconditional, help: "Seconds after which the kernel deletes the key.") var ttl: Double?
 
     func validate() throws {

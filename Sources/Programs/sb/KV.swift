@@ -78,7 +78,7 @@ struct WriteArguments: ParsableArguments {
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @OptionGroup var target: KeyArguments
-    @Argument(help: "The value, as JSON (strings need quotes: '\"text\"'; a negative number goes after --: KEY -- -5).") var value: String
+    @Argument(help: "The value, as JSON (strings need quotes: '\"text\"'; '-': read from standard input; a negative number goes after --: KEY -- -5).") var value: String
     @Option(parsing: .unconditional, help: "Seconds after which the kernel deletes the key.") var ttl: Double?
 
     func validate() throws {

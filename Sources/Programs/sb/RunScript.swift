@@ -37,7 +37,7 @@ struct Run: AsyncParsableCommand {
         if let file, file != "-" {
             data = try fileContents(file, for: "the script")
         } else {
-            data = FileHandle.standardInput.readDataToEndOfFile()
+            data = Data(try StandardInput.read(atMost: .max))
         }
         var steps: [Step] = []
         for (index, rawBytes) in data.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false).enumerated() {

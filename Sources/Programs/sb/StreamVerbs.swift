@@ -160,20 +160,36 @@ struct StreamPublish: AsyncParsableCommand {
         commandName: "pub",
         abstract: "Publish a message; answered once it is kept.",
         discussion: """
-            DATA is read as JSON when it is JSON, else kept as a string.
-            Example:
+            DATA is read as JSON when it is JSON, else kept as a string. With DATA '-' it is
+            standard input (as text, its final newlines dropped as $(...) drops them).
+            Examples:
               sb stream pub orders.new '{"id": 7}' --id order-7
+              jq -c .order order.json | sb stream pub orders.new -
             """
     )
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The subject.") var subject: String
-    @Argument(help: "The message's data (data beginning with '-' goes after --: SUBJECT -- -5).") var data: String
+    @Argument(help: "The message's data ('-': standard input; data beginning with '-' goes after --: SUBJECT -- -5).") var data: String
     @Option(help: "A message id: publishing it again within the stream's duplicate window keeps it once.") var id: String?
 
+    func validate() throws { _ = try message() }
+
+    /// DATA as the message's data: JSON when it parses, else the text.
+    private func message() throws -> JSONValue {
+        guard data == "-" else { return (try? JSONValue(parsing: Array(data.utf8))) ?? .string(data) }
+        let bytes = try StandardInput.argument()
+        if let value = try? JSONValue(parsing: bytes) { return value }
+        guard var text = String(validating: bytes, as: UTF8.self) else {
+            throw ValidationError("DATA (from standard input) is neither JSON nor UTF-8 text")
+        }
+        while text.last?.isNewline == true { text.removeLast() }
+        return .string(text)
+    }
+
     func run() async throws {
-        let value = (try? JSONValue(parsing: Array(data.utf8))) ?? .string(data)
+        let value = try message()
         try await appVerb(connection, output, { try await call($0, StreamsAPI.publish, StreamsAPI.Publish(subject: subject, data: value, id: id)) }) { published in
             Output.line(published.duplicate ? "\(published.stream) \(published.sequence) (a duplicate: kept once)" : "\(published.stream) \(published.sequence)")
         }
