@@ -371,6 +371,7 @@ struct SBTests {
 
         let missing = try await bus.sb("run", folder.appendingPathComponent("none.jsonl").path)
         #expect(missing.status == 64 && missing.stderr.contains("none.jsonl: No such file or directory"), "\(missing)")
+        #expect(missing.stderr.contains("Usage: sb run ") && missing.stderr.contains("See 'sb run --help'"), "the verb's usage, not sb's: \(missing)")
         let notAFile = try await bus.sb("run", folder.path)
         #expect(notAFile.status == 64 && notAFile.stderr.contains("it is a folder"), "\(notAFile)")
 

@@ -71,7 +71,20 @@ struct SB: AsyncParsableCommand {
             failure = await runUntilInterrupted(verb)
             await exporting?.triggerGracefulShutdown()
         }
+        if let mistake = failure as? VerbUsageError {
+            // As the parser tells a usage mistake, with the verb's usage, not sb's.
+            let usage = usageString(for: mistake.verb)
+            let verb = usage.split(separator: " ").prefix { !$0.hasPrefix("[") && !$0.hasPrefix("<") }.joined(separator: " ")
+            FileHandle.standardError.write(Data("Error: \(mistake.error)\nUsage: \(usage)\n  See '\(verb) --help' for more information.\n".utf8))
+            Foundation.exit(ExitStatus.usage)
+        }
         if let failure { exit(withError: failure) }
+    }
+
+    /// A usage mistake a verb finds once it runs (a file it cannot read), with the verb.
+    struct VerbUsageError: Error {
+        let verb: any ParsableCommand.Type
+        let error: ValidationError
     }
 
     /// Parses and runs the verb in a task that Ctrl-C (SIGINT) or SIGTERM cancels: a verb
@@ -99,7 +112,11 @@ struct SB: AsyncParsableCommand {
             group.addTask {
                 do {
                     var command = try parseAsRoot(arguments)
-                    if var verb = command as? any AsyncParsableCommand { try await verb.run() } else { try command.run() }
+                    do {
+                        if var verb = command as? any AsyncParsableCommand { try await verb.run() } else { try command.run() }
+                    } catch let mistake as ValidationError {
+                        throw VerbUsageError(verb: type(of: command), error: mistake)
+                    }
                     return .ended(nil)
                 } catch {
                     return .ended(error)
