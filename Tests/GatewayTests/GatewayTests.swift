@@ -45,7 +45,7 @@ struct GatewayBed {
         settings.prefixes = ["/client/", "/store/"]
         settings.tokens = [GatewayToken(token: fullToken, services: ["*"], writablePrefixes: ["/client/"]),
                            GatewayToken(token: echoOnlyToken, services: ["echo"]),
-                           GatewayToken(token: clientReaderToken, services: ["kernel"], readablePrefixes: ["/client/"])]
+                           GatewayToken(token: clientReaderToken, services: ["kernel", "streams"], readablePrefixes: ["/client/"])]
         configure(&settings)
         let state = kernel.stateEndpoints
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: settings.requestTimeout, state: [state])
@@ -82,8 +82,7 @@ struct GatewayBed {
     var base: String { "http://127.0.0.1:\(port)" }
 
     /// Runs `body` with a streams service on this bed's kernel (its database in a temporary
-    /// folder), stopped however `body` ends.
-    /// Runs `body` with a streams service on the bus: one connection with `window` places.
+    /// folder; one connection with `window` places), stopped however `body` ends.
     func withStreams(window: Int = 16, _ body: () async throws -> Void) async throws {
         let folder = try temporaryDirectory("gateway-streams")
         defer { try? FileManager.default.removeItem(at: folder) }
@@ -414,6 +413,44 @@ struct GatewayTests {
                 try #require(FileManager.default.isExecutableFile(atPath: promtool.path), "no promtool: Scripts/bootstrap --tests takes it out of Debian's prometheus package")
                 let checked = try await runCommand(promtool, ["check", "metrics"], input: Data(metrics.utf8))
                 #expect(checked.status == 0 && checked.stdout.isEmpty && checked.stderr.isEmpty, "\(checked)")
+            }
+        }
+    }
+
+    @Test("a token's readable prefixes bound what it reads through the streams service: no capture stream of other keys made, none read (nor its dead letters), by RPC or by GET /streams; other streams as before")
+    func tokensOnCaptureStreams() async throws {
+        try await GatewayBed.with { bed in
+            try await bed.withStreams {
+                for (name, subjects, capture) in [("levels", ["/store/"], true), ("mine", ["/client/mine/"], true), ("orders", ["orders."], false)] {
+                    _ = try await bed.bus.call(StreamsAPI.streamAdd, .init(name: name, subjects: subjects, captureState: capture))
+                    _ = try await bed.bus.call(StreamsAPI.consumerAdd, .init(stream: name, name: "reader"))
+                }
+                func call(_ method: String, _ params: String) async throws -> (status: UInt, json: JSONValue?) {
+                    try await bed.rpc("streams", #"{"jsonrpc":"2.0","id":1,"method":"\#(method)","params":\#(params)}"#, token: GatewayBed.clientReaderToken)
+                }
+                for (method, params, status) in [("stream.add", #"{"name":"spy","subjects":["/store/"],"captureState":true}"#, 403),
+                                                 ("stream.add", #"{"name":"spy","subjects":["/client/", "/"],"captureState":true}"#, 403),
+                                                 ("stream.add", #"{"name":"ok","subjects":["/client/ok/"],"captureState":true}"#, 200),
+                                                 ("stream.add", #"{"name":"plain","subjects":["plain."]}"#, 200),
+                                                 ("stream.messages", #"{"name":"levels"}"#, 403),
+                                                 ("stream.messages", #"{"name":"levels.dead"}"#, 403),
+                                                 ("consumer.fetch", #"{"stream":"levels","consumer":"reader"}"#, 403),
+                                                 ("consumer.next", #"{"stream":"levels","consumer":"reader","expires":0.001}"#, 403),
+                                                 ("stream.messages", #"{"name":"mine"}"#, 200),
+                                                 ("stream.messages", #"{"name":"mine.dead"}"#, 200),
+                                                 ("consumer.fetch", #"{"stream":"orders","consumer":"reader"}"#, 200),
+                                                 ("stream.info", #"{"name":"levels"}"#, 200),
+                                                 ("stream.messages", #"{"name":"nothere"}"#, 404)] {
+                    let answer = try await call(method, params)
+                    #expect(answer.status == status, "\(method) \(params): \(answer)")
+                    if status == 403 {
+                        #expect(answer.json?["error"]?["message"]?.stringValue?.contains("readable prefixes: /client/") == true, "\(answer)")
+                    }
+                }
+                #expect(try await bed.get("/streams/levels/reader?expires=0.001", token: GatewayBed.clientReaderToken).status == 403)
+                // A token without readable prefixes reads every stream.
+                let full = try await bed.rpc("streams", #"{"jsonrpc":"2.0","id":1,"method":"stream.messages","params":{"name":"levels"}}"#)
+                #expect(full.status == 200, "\(full)")
             }
         }
     }

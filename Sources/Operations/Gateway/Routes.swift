@@ -123,13 +123,18 @@ struct Routes: Sendable {
         }
         let partsFormat = Self.partsFormat(request)
         let caller = caller(request, context)
-        switch JSONRPC.parseRequests(body.readableBytesView) {
+        let parsed = JSONRPC.parseRequests(body.readableBytesView)
+        if case .single(.request(let call)) = parsed, let partsFormat, let id = call.id, id != .null {
+            if let refused = await refusal(call, service: service, token: token) {
+                let response = JSONRPCResponse(id: id, error: refused)
+                return Self.reply(Self.status(for: response), response.jsonBytes)
+            }
+            guard let taken = callsPerAddress.take(1, for: caller) else { return tooManyCalls(1, from: caller) }
+            return await streamed(call, id: id, service: service, trace: Self.trace(request), format: partsFormat, holding: taken)
+        }
+        switch parsed {
         case .unusable(let response):
             return Self.reply(Self.status(for: response), response.jsonBytes)
-        case .single(.request(let call)) where partsFormat != nil && call.id != nil && call.id != .null
-                && refusal(call, service: service, token: token) == nil:
-            guard let taken = callsPerAddress.take(1, for: caller) else { return tooManyCalls(1, from: caller) }
-            return await streamed(call, id: call.id!, service: service, trace: Self.trace(request), format: partsFormat!, holding: taken)
         case .single(let item):
             guard let taken = callsPerAddress.take(1, for: caller) else { return tooManyCalls(1, from: caller) }
             let response = await answers(to: [item], service: service, token: token, trace: Self.trace(request))[0]
@@ -289,7 +294,7 @@ struct Routes: Sendable {
             switch item {
             case .invalid(let response): responses[index] = response
             case .request(let call):
-                if let refusal = refusal(call, service: service, token: token) {
+                if let refusal = await refusal(call, service: service, token: token) {
                     if let id = call.id { responses[index] = JSONRPCResponse(id: id, error: refusal) }
                 } else {
                     forwarded.append((index, call))
@@ -318,10 +323,13 @@ struct Routes: Sendable {
     }
 
     /// What the token forbids of this call: a state write (`state.set`, `state.publish`)
-    /// outside its writable prefixes, or a state read (`state.get`, `state.history`) outside
-    /// its readable prefixes, the keys it may stream from `/events`.
-    func refusal(_ call: JSONRPCRequest, service: String, token: GatewayToken?) -> JSONRPCError? {
-        guard let token, service == KernelAPI.service else { return nil }
+    /// outside its writable prefixes, or a read of the state outside its readable prefixes,
+    /// the keys it may stream from `/events`: with the kernel's `state.get` and
+    /// `state.history`, or through a stream that captures the state (``captureRefusal(_:_:)``).
+    func refusal(_ call: JSONRPCRequest, service: String, token: GatewayToken?) async -> JSONRPCError? {
+        guard let token else { return nil }
+        if service == StreamsAPI.service { return await streamsRefusal(call, token) }
+        guard service == KernelAPI.service else { return nil }
         switch call.method {
         case KernelAPI.stateSet.name, KernelAPI.statePublish.name:
             let key = call.params?["key"]?.stringValue ?? ""
@@ -339,6 +347,45 @@ struct Routes: Sendable {
         return nil
     }
 
+    /// A stream that captures the state holds the changes of the keys under its subjects: a
+    /// token with readable prefixes may not make one outside them, nor read the messages of
+    /// one (or of its dead-letter stream) that holds keys outside them.
+    func streamsRefusal(_ call: JSONRPCRequest, _ token: GatewayToken) async -> JSONRPCError? {
+        guard token.readablePrefixes != nil else { return nil }
+        switch call.method {
+        case StreamsAPI.streamAdd.name:
+            guard call.params?["captureState"] == true else { return nil }
+            let subjects = call.params?["subjects"]?.arrayValue?.compactMap(\.stringValue) ?? []
+            return subjects.first { !token.mayRead($0) }.map { Self.readRefusal($0, token) }
+        case StreamsAPI.streamMessages.name:
+            return await captureRefusal(call.params?["name"]?.stringValue ?? "", token)
+        case StreamsAPI.fetch.name, StreamsAPI.nextMethod.name:
+            return await captureRefusal(call.params?["stream"]?.stringValue ?? "", token)
+        default:
+            return nil
+        }
+    }
+
+    /// Why `token` may not read the messages of `stream`, from the streams service's
+    /// `stream.info`: it captures keys outside the token's readable prefixes, or it cannot be
+    /// told (the error that question got, which the call would most likely get too).
+    func captureRefusal(_ stream: String, _ token: GatewayToken) async -> JSONRPCError? {
+        var info: StreamsAPI.StreamInfo
+        do throws(BusError) {
+            info = try await client.call(StreamsAPI.streamInfo, .init(name: stream))
+            // A dead-letter stream holds what its stream's consumers gave up on.
+            if info.deadLetters == nil, let dot = stream.lastIndex(of: "."),
+               let owner = try? await client.call(StreamsAPI.streamInfo, .init(name: String(stream[..<dot]))),
+               owner.deadLetters == stream {
+                info = owner
+            }
+        } catch {
+            return Self.rpcError(error)
+        }
+        guard info.captureState == true, let outside = info.subjects.first(where: { !token.mayRead($0) }) else { return nil }
+        return .forbidden("this token may not read stream \(stream): it holds the state's changes under \(outside) (its readable prefixes: \(token.readablePrefixes?.joined(separator: ", ") ?? ""))")
+    }
+
     /// A read outside a token's readable prefixes.
     static func readRefusal(_ asked: String, _ token: GatewayToken) -> JSONRPCError {
         .forbidden("this token may not read '\(asked)' (its readable prefixes: \(token.readablePrefixes?.joined(separator: ", ") ?? ""))")
@@ -347,11 +394,14 @@ struct Routes: Sendable {
     static func response(id: JSONRPCID, _ outcome: Result<JSONValue, BusError>) -> JSONRPCResponse {
         switch outcome {
         case .success(let result): return JSONRPCResponse(id: id, result: result)
-        case .failure(.remote(_, let error)): return JSONRPCResponse(id: id, error: error)
-        case .failure(let error):
-            let code = error.code ?? JSONRPCError.serviceUnavailableCode
-            return JSONRPCResponse(id: id, error: JSONRPCError(code: code, message: "\(error)"))
+        case .failure(let error): return JSONRPCResponse(id: id, error: rpcError(error))
         }
+    }
+
+    /// A failed call as its caller is told it: the service's own error, or what the bus says.
+    static func rpcError(_ error: BusError) -> JSONRPCError {
+        if case .remote(_, let error) = error { return error }
+        return JSONRPCError(code: error.code ?? JSONRPCError.serviceUnavailableCode, message: "\(error)")
     }
 
     /// The HTTP status of a single response: 200 for a result, else from the error code.
@@ -473,11 +523,13 @@ struct Routes: Sendable {
     /// `consumer.next` takes them. A stream or consumer that is not there is refused with its
     /// HTTP status before the stream opens (an `EventSource` stops on it rather than retry).
     func consumerMessages(_ request: Request, context: GatewayContext) async -> Response {
+        let token: GatewayToken?
         switch admit(request) {
         case .refused(let response): return response
-        case .token(let token) where !token.allows(service: StreamsAPI.service):
+        case .token(let admitted) where !admitted.allows(service: StreamsAPI.service):
             return Self.rpcError(.forbidden, .forbidden("this token may not call the \(StreamsAPI.service) service"))
-        case .open, .token: break
+        case .token(let admitted): token = admitted
+        case .open: token = nil
         }
         let stream = context.parameters.get("stream") ?? "", consumer = context.parameters.get("consumer") ?? ""
         let query = request.uri.queryParameters
@@ -501,6 +553,10 @@ struct Routes: Sendable {
             _ = try await client.call(StreamsAPI.consumerInfo, .init(stream: stream, name: consumer))
         } catch {
             let response = Self.response(id: .null, .failure(error))
+            return Self.reply(Self.status(for: response), response.jsonBytes)
+        }
+        if let token, token.readablePrefixes != nil, let refused = await captureRefusal(stream, token) {
+            let response = JSONRPCResponse(id: .null, error: refused)
             return Self.reply(Self.status(for: response), response.jsonBytes)
         }
         // The service sends nothing while the consumer has nothing: wait as long as asked.
