@@ -237,6 +237,12 @@ struct UpTests {
         // check: the same refusals, and for a good file what it sets up, nothing started.
         let checked = try await runCommand(switchboardExecutable(), ["check", "--config", good.path], environment: ["SWITCHBOARD_SERVICES_SEARCH_WORKERS": "3"])
         #expect(checked.status == 0 && checked.stdout.hasPrefix("\(good.path): fine\n") && checked.stdout.contains("search 3,"), "\(checked)")
+        // --cell as up takes it: a cell needs the etcd of the cells' directory.
+        let cellWithoutEtcd = try await runCommand(switchboardExecutable(), ["check", "--config", good.path, "--cell", "a"])
+        #expect(cellWithoutEtcd.status == 78 && cellWithoutEtcd.stderr.contains("kernel.cell.etcd"), "\(cellWithoutEtcd)")
+        let cells = try await runCommand(switchboardExecutable(), ["check", "--config", repositoryRoot().appendingPathComponent("Config/cells/cell-a.yaml").path, "--cell", "b"])
+        #expect(cells.status == 0 && cells.stdout.contains("cell b"), "\(cells)")
+        #expect(try await runCommand(switchboardExecutable(), ["check", "--cell", "a b"]).status == 64)
         let curve = folder.appendingPathComponent("curve.yaml")
         try "security:\n  curve: true\n  keys_dir: \(folder.appendingPathComponent("keys").path)\n".write(to: curve, atomically: true, encoding: .utf8)
         let missing = try await runCommand(switchboardExecutable(), ["kernel", "--config", curve.path])

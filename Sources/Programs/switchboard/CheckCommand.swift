@@ -14,18 +14,22 @@ struct CheckCommand: ParsableCommand {
             Examples:
               switchboard check
               switchboard check --config /etc/switchboard/switchboard.yaml
+              switchboard check --cell a --config Config/cells/cell-a.yaml   (read as switchboard up --cell a reads it)
             """
     )
 
     @OptionGroup var configFile: ConfigFileOption
+    @OptionGroup var cell: CellOption
 
     func run() throws {
+        cell.apply()
         let file = try configFile.load()
         print("\(configFile.path ?? "the defaults (no configuration file)"): fine")
         let kernel = file.kernel
         var state = "state in memory"
         if let etcd = kernel.stateEtcd { state = "state on etcd \(etcd.endpoints.joined(separator: ","))" }
         if let pair = file.pair { state += ", pair \(pair.configuration.role) with \(pair.peerBroker)" }
+        if let cell = kernel.cell { state += ", cell \(cell.name)" }
         print("  kernel     \(kernel.brokerEndpoint), \(state)")
         let services = ConfigFile.serviceNames.compactMap { name in
             file.services[name].flatMap { $0.enabled ? "\(name) \($0.workers)" : nil }

@@ -1,5 +1,6 @@
 public import ArgumentParser
 import BusKit
+import BusProtocol
 import Contracts
 import Foundation
 import Synchronization
@@ -75,6 +76,23 @@ struct ConfigFileOption: ParsableArguments {
     var path: String? {
         let defaultPath = "Config/switchboard.yaml"
         return config ?? (FileManager.default.fileExists(atPath: defaultPath) ? defaultPath : nil)
+    }
+}
+
+/// `--cell`: the cell this machine's kernel is of, for `up` and for `check` to read the
+/// configuration as `up` would.
+struct CellOption: ParsableArguments {
+    @Option(help: "The cell this machine's kernel is of, on a bus of several cells (kernel.cell.name; the configuration's kernel.cell names their etcd; docs/CELLS.md).")
+    var cell: String?
+
+    func validate() throws {
+        if let cell, !MDP.isValidCellName(cell) { throw ValidationError("--cell: expected \(MDP.cellNameRule), got '\(cell)'") }
+    }
+
+    /// Sets it through the environment, as every process `up` starts reads the configuration:
+    /// call it before the configuration is loaded.
+    func apply() {
+        if let cell { setenv(ConfigFile.variable(for: "kernel.cell.name"), cell, 1) }
     }
 }
 

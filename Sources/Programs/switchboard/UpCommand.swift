@@ -38,17 +38,14 @@ struct UpCommand: AsyncParsableCommand {
     var singleProcess = false
     @Flag(help: "Start no kernel: the services connect to the one in the configuration (on another machine).")
     var noKernel = false
-    @Option(help: "The cell this machine's kernel is of, on a bus of several cells (kernel.cell.name; the configuration's kernel.cell names their etcd; docs/CELLS.md).")
-    var cell: String?
+    @OptionGroup var cell: CellOption
 
     func validate() throws {
         if singleProcess && noKernel { throw ValidationError("--single-process runs its own kernel; it cannot be combined with --no-kernel") }
-        if let cell, !MDP.isValidCellName(cell) { throw ValidationError("--cell: expected \(MDP.cellNameRule), got '\(cell)'") }
     }
 
     func run() async throws {
-        // Through the environment, as every process started here reads the configuration.
-        if let cell { setenv(ConfigFile.variable(for: "kernel.cell.name"), cell, 1) }
+        cell.apply()
         var file = try common.loadConfig()
         // One process runs every piece with --single-process, so it exports their spans;
         // otherwise each piece's own process does.
