@@ -368,8 +368,10 @@ struct Routes: Sendable {
 
     /// Why `token` may not read the messages of `stream`, from the streams service's
     /// `stream.info`: it captures keys outside the token's readable prefixes, or it cannot be
-    /// told (the error that question got, which the call would most likely get too).
+    /// told (the error that question got, which the call would most likely get too). A token
+    /// without readable prefixes reads every key: the service is not asked.
     func captureRefusal(_ stream: String, _ token: GatewayToken) async -> JSONRPCError? {
+        guard token.readablePrefixes != nil else { return nil }
         var info: StreamsAPI.StreamInfo
         do throws(BusError) {
             info = try await client.call(StreamsAPI.streamInfo, .init(name: stream))
@@ -555,7 +557,7 @@ struct Routes: Sendable {
             let response = Self.response(id: .null, .failure(error))
             return Self.reply(Self.status(for: response), response.jsonBytes)
         }
-        if let token, token.readablePrefixes != nil, let refused = await captureRefusal(stream, token) {
+        if let token, let refused = await captureRefusal(stream, token) {
             let response = JSONRPCResponse(id: .null, error: refused)
             return Self.reply(Self.status(for: response), response.jsonBytes)
         }
