@@ -57,12 +57,7 @@ extension KernelConfiguration {
         if let value = try kernel.integer("state_history_bytes", atMost: 1 << 40) { stateHistoryBytes = value }
         if let value = try kernel.integer("state_history_per_key", atMost: 100_000) { stateHistoryPerKey = value }
         if let value = try kernel.strings("no_retry") { nonRetriableServices = Set(value) }
-        if let prefixes = try kernel.strings("writable_prefixes") {
-            guard prefixes.allSatisfy({ $0.hasPrefix("/") }) else {
-                throw ConfigError(path: kernel.path("writable_prefixes"), problem: "expected key prefixes starting with '/'")
-            }
-            collectorWritablePrefixes = prefixes
-        }
+        if let prefixes = try kernel.keyPrefixes("writable_prefixes") { collectorWritablePrefixes = prefixes }
         stateEtcd = try Self.readStateBackend(try kernel.section("state"))
         if let stateEtcd { try checkFits(etcd: stateEtcd, kernel) }
         let cell = try kernel.section("cell")

@@ -109,6 +109,18 @@ public struct ConfigSection: @unchecked Sendable {
         return try Self.strings(value, path(key))
     }
 
+    /// A list of the state's key prefixes. Keys are paths, so a prefix starts with '/': one
+    /// without it would match no key, in silence. "" stands for every key where `everyKey`
+    /// allows it; `atLeastOne` refuses an empty list.
+    public func keyPrefixes(_ key: String, everyKey: Bool = false, atLeastOne: Bool = false) throws(ConfigError) -> [String]? {
+        guard let prefixes = try strings(key) else { return nil }
+        guard prefixes.allSatisfy({ $0.hasPrefix("/") || (everyKey && $0.isEmpty) }), !(atLeastOne && prefixes.isEmpty) else {
+            let expected = atLeastOne ? "at least one key prefix, each starting with '/'" : "key prefixes starting with '/'"
+            throw ConfigError(path: path(key), problem: "expected \(expected)\(everyKey ? " (\"\" for every key)" : "")")
+        }
+        return prefixes
+    }
+
     public static func strings(_ value: Any, _ path: String) throws(ConfigError) -> [String] {
         guard let list = value as? [Any], let strings = list as? [String] else {
             throw ConfigError(path: path, problem: "expected a list of strings, got \(describe(value))")

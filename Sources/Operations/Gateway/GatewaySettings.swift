@@ -1,5 +1,4 @@
 public import SwitchboardConfig
-import BusProtocol
 import Foundation
 import NIOCore
 
@@ -94,12 +93,7 @@ extension GatewaySettings {
         if let value = try gateway.bool("enabled") { enabled = value }
         if let value = try gateway.hostAndPort("listen") { (host, port) = value }
         if let value = try gateway.integer("max_body_bytes", atMost: 1 << 30) { maxBodyBytes = value }
-        if let value = try gateway.strings("prefixes") {
-            guard !value.isEmpty, value.allSatisfy(CHP.isKeyPrefix) else {
-                throw ConfigError(path: gateway.path("prefixes"), problem: "expected at least one key prefix, each starting with '/' (\"\" for every key)")
-            }
-            prefixes = value
-        }
+        if let value = try gateway.keyPrefixes("prefixes", everyKey: true, atLeastOne: true) { prefixes = value }
         if let value = try gateway.integer("history", atMost: 10_000_000) { history = value }
         if let value = try gateway.integer("history_bytes", atMost: 1 << 40) { historyBytes = value }
         if let value = try gateway.integer("stream_backlog_bytes", atMost: 1 << 40) { streamBacklogBytes = value }
@@ -150,15 +144,8 @@ extension GatewaySettings {
             guard token.count >= 16 else { throw ConfigError(path: here, problem: "a token must be at least 16 characters") }
             let entry = ConfigSection(path: here, values: map)
             let services = try entry.strings("services") ?? ["*"]
-            // Keys are paths: a prefix without the leading '/' would grant nothing, in silence.
-            let prefixes = try entry.strings("writable_prefixes") ?? []
-            guard prefixes.allSatisfy({ $0.hasPrefix("/") }) else {
-                throw ConfigError(path: "\(here).writable_prefixes", problem: "expected key prefixes starting with '/'")
-            }
-            let readable = try entry.strings("readable_prefixes")
-            guard readable?.allSatisfy(CHP.isKeyPrefix) ?? true else {
-                throw ConfigError(path: "\(here).readable_prefixes", problem: "expected key prefixes starting with '/' (\"\" for every key)")
-            }
+            let prefixes = try entry.keyPrefixes("writable_prefixes") ?? []
+            let readable = try entry.keyPrefixes("readable_prefixes", everyKey: true)
             result.append(GatewayToken(token: token, services: services, writablePrefixes: prefixes, readablePrefixes: readable))
         }
         return result

@@ -80,15 +80,10 @@ public struct StreamsSettings: Sendable, Equatable {
         clientMaxBytes = try streams.integer("client_max_mb", atMost: 1 << 30).map { $0 * 1_048_576 }
         clientMaxConsumers = try streams.integer("client_max_consumers", atMost: 100_000_000)
         postgres = try PostgresSection.reading(streams)
-        if let given = streams.values["capture"] {
+        if streams.has("capture") {
+            let streamsCapturing = try streams.section("capture")
             var capture: [String: [String]] = [:]
-            for (name, prefixes) in try ConfigSection.mapping(given, streams.path("capture")) {
-                let prefixes = try ConfigSection.strings(prefixes, streams.path("capture.\(name)"))
-                guard !prefixes.isEmpty, prefixes.allSatisfy({ $0.hasPrefix("/") }) else {
-                    throw ConfigError(path: streams.path("capture.\(name)"), problem: "expected a list of the state's key prefixes (each starting with '/')")
-                }
-                capture[name] = prefixes
-            }
+            for name in streamsCapturing.values.keys { capture[name] = try streamsCapturing.keyPrefixes(name, atLeastOne: true) }
             self.capture = capture
         }
     }
