@@ -33,7 +33,7 @@ struct GatewayCommand: AsyncParsableCommand {
     @OptionGroup var kernels: KernelEndpointOptions
 
     func run() async throws {
-        var file = try common.loadConfig()
+        var file = try common.configFile.load()
         let telemetry = try common.bootstrap(file, exporting: "gateway")
         let logger = Logger(label: "switchboard.gateway")
         if let listen {
@@ -83,7 +83,7 @@ struct GatewayCommand: AsyncParsableCommand {
             FileHandle.standardError.write(Data("switchboard: gateway: \(error)\n".utf8))
             throw ExitCode(78)
         }
-        let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.gateway) }
+        let curve = try common.configFile.checked { try file.security.connectingKeys(as: KeyFolder.gateway) }
         return Gateway.Options(settings: settings, brokers: brokers, state: state, curve: curve,
                                services: ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true },
                                maxMessageSize: file.kernel.maxMessageSize, maxBatchItems: file.kernel.maxBatchItems, context: context)

@@ -58,7 +58,7 @@ struct KernelCommand: AsyncParsableCommand {
     /// The file's settings with the flags applied on top.
     func kernelConfiguration(_ file: ConfigFile) throws -> KernelConfiguration {
         var configuration = file.kernel
-        configuration.security = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() }
+        configuration.security = try common.configFile.checked { try file.security.kernelSecurity() }
         if let broker { configuration.brokerEndpoint = broker }
         if let snapshot { configuration.snapshotEndpoint = snapshot }
         if let publisher { configuration.publisherEndpoint = publisher }
@@ -73,7 +73,7 @@ struct KernelCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let file = try common.loadConfig()
+        let file = try common.configFile.load()
         let telemetry = try common.bootstrap(file, exporting: "kernel")
         let configuration = try kernelConfiguration(file)
         let logger = Logger(label: "switchboard.kernel")

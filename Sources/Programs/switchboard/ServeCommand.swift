@@ -55,11 +55,11 @@ struct ServeCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        var file = try common.loadConfig()
+        var file = try common.configFile.load()
         let telemetry = try common.bootstrap(file, exporting: name)
         if let db { file.store.path = db }
         let kernel = file.kernel
-        let curve = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: name) }
+        let curve = try common.configFile.checked { try file.security.connectingKeys(as: name) }
         let connection = Connection(
             brokers: kernels.brokers(file),
             state: kernels.stateEndpoints(file),

@@ -65,8 +65,15 @@ struct ConfigFileOption: ParsableArguments {
     /// the defaults; `SWITCHBOARD_*` variables apply on top. A bad file or variable ends the
     /// process with its problem on stderr and exit status 78 (EX_CONFIG).
     func load() throws -> ConfigFile {
+        try checked { try ConfigFile.load(path.map { URL(fileURLWithPath: $0) }) }
+    }
+
+    /// A setting read from the file or derived after loading it (the CURVE keys, the
+    /// reloader): a problem ends the process as a bad file does, named on stderr with the
+    /// file, exit status 78.
+    func checked<T>(_ body: () throws -> T) throws -> T {
         do {
-            return try ConfigFile.load(path.map { URL(fileURLWithPath: $0) })
+            return try body()
         } catch {
             FileHandle.standardError.write(Data("switchboard: \(path ?? "configuration"): \(error)\n".utf8))
             throw ExitCode(78)
@@ -109,11 +116,6 @@ struct CommonOptions: ParsableArguments {
     /// Set by `switchboard up`: the fd whose end-of-file means the supervisor is gone.
     @Option(help: .hidden)
     var lifelineFd: Int32?
-
-    /// ``ConfigFileOption/load()``.
-    func loadConfig() throws -> ConfigFile { try configFile.load() }
-
-    var configPath: String? { configFile.path }
 
     /// swift-log to stderr, as text or JSON lines (--log-format, else `log_format`), each
     /// label ("switchboard.store") at its piece's configured level unless --log-level says
@@ -180,23 +182,7 @@ struct CommonOptions: ParsableArguments {
     }
 
     private func reloader(supervised: Bool) throws -> ConfigReloader {
-        do {
-            return try ConfigReloader(path: configPath, supervised: supervised)
-        } catch {
-            FileHandle.standardError.write(Data("switchboard: \(configPath ?? "configuration"): \(error)\n".utf8))
-            throw ExitCode(78)
-        }
-    }
-
-    /// A setting derived after loading (the CURVE keys); a problem ends the process as a bad
-    /// file does: on stderr, exit status 78.
-    func checked<T>(_ body: () throws(ConfigError) -> T) throws -> T {
-        do {
-            return try body()
-        } catch {
-            FileHandle.standardError.write(Data("switchboard: \(configPath ?? "configuration"): \(error)\n".utf8))
-            throw ExitCode(78)
-        }
+        try configFile.checked { try ConfigReloader(path: configFile.path, supervised: supervised) }
     }
 }
 

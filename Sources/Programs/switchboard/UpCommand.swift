@@ -46,7 +46,7 @@ struct UpCommand: AsyncParsableCommand {
 
     func run() async throws {
         cell.apply()
-        var file = try common.loadConfig()
+        var file = try common.configFile.load()
         // One process runs every piece with --single-process, so it exports their spans;
         // otherwise each piece's own process does.
         let telemetry = try common.bootstrap(file, exporting: singleProcess ? "up" : nil)
@@ -82,7 +82,7 @@ struct UpCommand: AsyncParsableCommand {
             guard file.security.serverKey == nil, file.security.secretKey == nil else { return }
             let needed = [folder.publicKeyFile(KeyFolder.kernel)] + services.map { folder.secretKeyFile($0) }
             let missing = needed.filter { !FileManager.default.fileExists(atPath: $0.path) }.map(\.lastPathComponent)
-            try common.checked { () throws(ConfigError) in
+            try common.configFile.checked {
                 guard missing.isEmpty else {
                     throw ConfigError(path: "security.keys_dir", problem: """
                         a services-only machine needs the keys its kernel allows: copy \(missing.joined(separator: ", ")) \
@@ -126,13 +126,13 @@ struct UpCommand: AsyncParsableCommand {
 
     private func runSupervised(_ file: ConfigFile, services: [String], reloader: SupervisedReload) async throws -> Int32 {
         let logger = Logger(label: "switchboard.up")
-        if !noKernel { _ = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() } }
+        if !noKernel { _ = try common.configFile.checked { try file.security.kernelSecurity() } }
         // The probe asks the kernel whether each piece is up: on a services-only machine, which
         // has no client key, it goes with the first service's key.
         let prober = noKernel ? services.first ?? KeyFolder.client : KeyFolder.client
-        let probeKeys = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: prober) }
+        let probeKeys = try common.configFile.checked { try file.security.connectingKeys(as: prober) }
         var shared: [String] = []
-        if let path = common.configPath { shared += ["--config", path] }
+        if let path = common.configFile.path { shared += ["--config", path] }
         if let level = common.logLevel { shared += ["--log-level", level.rawValue] }
         if let format = common.logFormat { shared += ["--log-format", format.rawValue] }
         // The probe asks this machine's kernel (of a pair, the passive one answers -32008,
@@ -141,7 +141,7 @@ struct UpCommand: AsyncParsableCommand {
         // Where the supervisor says how each process is doing: this machine's kernel, with the
         // supervisor's key (none on a services-only machine, whose kernel is elsewhere).
         let reporter = noKernel ? nil : try await BusClient(brokers: [Self.connectable(file.kernel.brokerEndpoint)], timeout: .seconds(2),
-                                                            curve: try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.supervisor) })
+                                                            curve: try common.configFile.checked { try file.security.connectingKeys(as: KeyFolder.supervisor) })
         // A kernel keeping its state in etcd may wait for another kernel's election.
         var kernelStandsBy: (@Sendable () async -> Bool)?
         if let state = file.kernel.stateEtcd {
@@ -164,7 +164,7 @@ struct UpCommand: AsyncParsableCommand {
         let hostOptions = noKernel ? nil : ServiceHostOptions(
             brokers: [Self.connectable(file.kernel.brokerEndpoint)], connections: 1, window: 4,
             heartbeatInterval: file.kernel.heartbeatInterval, heartbeatLiveness: file.kernel.heartbeatLiveness,
-            curve: try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: KeyFolder.supervisor) },
+            curve: try common.configFile.checked { try file.security.connectingKeys(as: KeyFolder.supervisor) },
             maxMessageSize: file.kernel.maxMessageSize, maxBatchItems: file.kernel.maxBatchItems)
         let (stopping, stop) = AsyncStream.makeStream(of: Void.self)
         let (kernelServing, kernelServes) = AsyncStream.makeStream(of: Void.self)
@@ -204,10 +204,10 @@ struct UpCommand: AsyncParsableCommand {
         let context = try ZMQContext()
         var configuration = file.kernel
         configuration.inprocName = "switchboard"
-        configuration.security = try common.checked { () throws(ConfigError) in try file.security.kernelSecurity() }
+        configuration.security = try common.configFile.checked { try file.security.kernelSecurity() }
         var keys: [String: CurveClientKeys?] = [:]
         for name in services + [KeyFolder.client] {
-            keys[name] = try common.checked { () throws(ConfigError) in try file.security.connectingKeys(as: name) }
+            keys[name] = try common.configFile.checked { try file.security.connectingKeys(as: name) }
         }
         let kernel = try Kernel(configuration: configuration, context: context, logger: Logger(label: "switchboard.kernel"))
         // Bound now, before the group, because the pieces below open their clients and
