@@ -39,6 +39,21 @@ struct KernelPairTests {
             return primary == "active" && backup == "passive"
         }
         #expect(try await client.call(EchoAPI.count, .init(n: 1)) == 1)
+        // `sb` asks each kernel it is given where it stands and shows them above its answer.
+        func sbServices(_ endpoints: [String]) async throws -> (status: Int32, rows: [[Substring]]) {
+            let result = try await runCommand(sbExecutable(), ["services", "--endpoint", endpoints.joined(separator: ","), "--timeout", "10s"],
+                                              environment: ["NO_COLOR": ""])
+            return (result.status, result.stdout.split(separator: "\n").map { $0.split(separator: " ") })
+        }
+        let both = try await sbServices(brokers)
+        #expect(both.status == 0 && both.rows.first == ["KERNEL", "ROLE", "STATE", "SINCE", "PEER"], "\(both)")
+        #expect(both.rows.contains { $0.prefix(3) == [brokers[0][...], "primary", "active"] }
+                && both.rows.contains { $0.prefix(3) == [brokers[1][...], "backup", "passive"] }
+                && both.rows.contains { $0.first == "echo" }, "\(both)")
+        let primaryAlone = try await sbServices([brokers[0]])
+        #expect(primaryAlone.status == 0 && primaryAlone.rows.count { $0.first?.hasPrefix("tcp://") == true } == 1
+                && primaryAlone.rows.contains { $0.prefix(3) == [brokers[0][...], "primary", "active"] }
+                && primaryAlone.rows.contains { $0.first == "echo" }, "\(primaryAlone)")
         // An opaque request sent first to the passive kernel, which refuses it, goes on to the
         // active one.
         let passiveFirst = try await BusClient(brokers: brokers.reversed(), timeout: .seconds(10))

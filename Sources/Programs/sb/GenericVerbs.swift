@@ -308,6 +308,15 @@ struct Services: AsyncParsableCommand {
 func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, asOperator: Bool = false,
                       _ body: (BusClient) async throws -> Void) async throws {
     let brokers = try connection.checkedBrokers
+    guard brokers.count > 1 else {
+        // One kernel: the client that asks the questions asks where it stands first, so a
+        // kernel that is not there is waited for once, for --timeout, as by any other verb.
+        return try await withClient(connection, asOperator: asOperator) { client in
+            let pong = try await call(client, KernelAPI.ping).value
+            if printing, let status = pong.pair { printPairTable([(brokers[0], status, true)]) }
+            try await body(client)
+        }
+    }
     var statuses: [(endpoint: String, status: KernelAPI.PairStatus?, reachable: Bool)] = []
     for endpoint in brokers {
         let alone = try await BusClient(brokers: [endpoint], timeout: .seconds(1), curve: try connection.curve(asOperator: asOperator))
@@ -315,22 +324,25 @@ func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, asOperato
         statuses.append((endpoint, pong?.pair, pong != nil))
         await alone.close()
     }
-    if printing, statuses.contains(where: { $0.status != nil }) {
-        Output.table(["KERNEL", "ROLE", "STATE", "SINCE", "PEER"], statuses.map { endpoint, status, reachable in
-            guard let status else { return [endpoint, "-", reachable ? "alone" : Output.styled("unreachable", .red), "-", "-"] }
-            let state = status.state == "passive" && !status.synced ? "passive (catching up)" : status.state
-            let heard = status.peer.lastHeardSecondsAgo.map { "\(status.peer.state ?? "?"), heard \($0) s ago" } ?? "never heard"
-            return [endpoint, status.role, status.state == "active" ? Output.styled(state, .green) : state, status.since, heard]
-        })
-        Output.line("")
-    }
-    guard brokers.count > 1, let active = statuses.first(where: { $0.status?.state == "active" })?.endpoint else {
+    if printing, statuses.contains(where: { $0.status != nil }) { printPairTable(statuses) }
+    guard let active = statuses.first(where: { $0.status?.state == "active" })?.endpoint else {
         return try await withClient(connection, asOperator: asOperator, body)
     }
     var options = connection
     options.endpoint = [active]
     options.stateEndpoint = nil
     try await withClient(options, asOperator: asOperator, body)
+}
+
+/// Each kernel of a pair: its role, where it stands, and what it last heard of its peer.
+private func printPairTable(_ statuses: [(endpoint: String, status: KernelAPI.PairStatus?, reachable: Bool)]) {
+    Output.table(["KERNEL", "ROLE", "STATE", "SINCE", "PEER"], statuses.map { endpoint, status, reachable in
+        guard let status else { return [endpoint, "-", reachable ? "alone" : Output.styled("unreachable", .red), "-", "-"] }
+        let state = status.state == "passive" && !status.synced ? "passive (catching up)" : status.state
+        let heard = status.peer.lastHeardSecondsAgo.map { "\(status.peer.state ?? "?"), heard \($0) s ago" } ?? "never heard"
+        return [endpoint, status.role, status.state == "active" ? Output.styled(state, .green) : state, status.since, heard]
+    })
+    Output.line("")
 }
 
 struct Stats: AsyncParsableCommand {
