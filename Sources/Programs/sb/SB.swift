@@ -14,7 +14,7 @@ struct SB: AsyncParsableCommand {
         commandName: "sb",
         abstract: "Talk to a Switchboard bus: requests, state subscriptions, scripts, and a verb for each app.",
         discussion: """
-            Generic verbs: request (req), subscribe (sub), publish (pub), run, services, describe, stats, ping, bench. Operations: workers, drain, restart, reload. Streams: stream. App verbs: countries, places, items, news, flights, datasets.
+            Generic verbs: request (req), subscribe (sub), publish (pub), kv, run, services, describe, stats, ping, bench. Operations: workers, drain, restart, reload. Streams: stream. App verbs: countries, places, items, news, flights, datasets.
 
             Every verb takes --endpoint (SB_ENDPOINT, default tcp://127.0.0.1:5555), --state-endpoint (SB_STATE_ENDPOINT) and --timeout (SB_TIMEOUT, default 5s); for a kernel with CURVE on, --server-key (SB_SERVER_KEY) and --key-file (SB_KEY_FILE). App verbs print tables, or JSON with --json. Data goes to stdout, diagnostics to stderr. Colour only on a terminal, never with NO_COLOR set.
 
