@@ -53,6 +53,7 @@ struct SoakReport {
         var checks: [(failed: Bool, says: String)] = [
             (requests.sent == 0, "no request was sent"),
             (requests.lost > 0, "\(requests.lost) lost"),
+            (!requests.neverAnswered.isEmpty, "never answered, though sent again and again: \(requests.neverAnswered.joined(separator: ", "))"),
             (duplicated > 0, "\(duplicated) duplicated"),
             (requests.duplicatedEffects > 0, "\(requests.duplicatedEffects) store writes applied twice"),
             (subscribers_.gaps > 0, "\(subscribers_.gaps) subscription gaps"),
