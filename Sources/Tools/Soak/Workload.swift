@@ -59,8 +59,9 @@ struct RequestMix {
         case 7: return Call(SearchAPI.headlinesList, .init(sources: Self.sources.randomElement(using: &random)!, pageSize: 5))
         case 8: return Call(SearchAPI.flightsList, .init())
         case 9:
-            // The bundled flights are outbound 1-6 and inbound 11-15: most pairs are quoted, some
-            // are unrelated (-32004), and the id past each end is unknown (-32003).
+            // The bundled flights are outbound 1-6 and inbound 11-15: a pair that flies there and
+            // back is quoted, one that does not is refused (-32004), and the id past each end is
+            // unknown (-32003).
             return Call(PricingAPI.routeQuote, .init(outboundId: Int.random(in: 1...7, using: &random), inboundId: Int.random(in: 11...16, using: &random)))
         case 10: return Call(PricingAPI.routeCheapest)
         case 11: return Call(PricingAPI.routeCurrent)
