@@ -349,9 +349,9 @@ struct Routes: Sendable {
 
     /// A stream that captures the state holds the changes of the keys under its subjects: a
     /// token with readable prefixes may not make one outside them, nor read the messages of
-    /// one (or of its dead-letter stream) that holds keys outside them.
+    /// one (or of its dead-letter stream) that holds keys outside them. A token without
+    /// readable prefixes reads every key (``GatewayToken/mayRead(_:)``, ``captureRefusal(_:_:)``).
     func streamsRefusal(_ call: JSONRPCRequest, _ token: GatewayToken) async -> JSONRPCError? {
-        guard token.readablePrefixes != nil else { return nil }
         switch call.method {
         case StreamsAPI.streamAdd.name:
             guard call.params?["captureState"] == true else { return nil }
