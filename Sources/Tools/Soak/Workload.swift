@@ -14,13 +14,33 @@ struct Call {
     /// A save of an article never tried before: its reply must say `created`, or the
     /// store applied some earlier copy of this very request (a duplicated effect).
     var firstSave = false
+    /// The error codes this request asks for on purpose (an unknown id, say); with
+    /// ``outageErrors``, the only ones it may be answered with.
+    var asksFor: Set<Int> = []
 
-    init<P, R>(_ method: Method<P, R>, _ params: P, savedURL: String? = nil, firstSave: Bool = false) {
+    init<P, R>(_ method: Method<P, R>, _ params: P, savedURL: String? = nil, firstSave: Bool = false, asksFor: Set<Int> = []) {
         service = method.service
         label = "\(method.service) \(method.name)"
         send = { client throws(BusError) in try await client.call(method.json, params) }
         self.savedURL = savedURL
         self.firstSave = firstSave
+        self.asksFor = asksFor
+    }
+
+    /// What any request may be answered while a piece of the bus is down, restarting or
+    /// crowded: no worker in time (-32001), its deadline passed (-32002), a write whose
+    /// outcome went with its database (-32006), the database down (-32007), a kernel that
+    /// is not the active one (-32008), a request whose worker died each time it had it
+    /// (-32012). Any other error is one no outage explains: a bug, which fails the run.
+    static let outageErrors: Set<Int> = [
+        JSONRPCError.serviceUnavailableCode, JSONRPCError.timedOutCode, JSONRPCError.outcomeUnknownCode,
+        JSONRPCError.storageFailedCode, JSONRPCError.notActiveCode, JSONRPCError.handlerDiedCode,
+    ]
+
+    /// Whether `error` is one this request may meet: one it asks for, or an outage's.
+    func expects(_ error: BusError) -> Bool {
+        guard let code = error.code else { return false }
+        return asksFor.contains(code) || Self.outageErrors.contains(code)
     }
 
     init<R>(_ method: Method<NoParams, R>) { self.init(method, NoParams()) }
@@ -53,7 +73,10 @@ struct RequestMix {
         case 1: return Call(PricingAPI.dealsRollback, .init(seed: Int64.random(in: 0...1_000, using: &random)))
         case 2: return Call(PricingAPI.dealsToday, .init())
         case 3: return Call(SearchAPI.locationsSearch, .init(query: "Am", limit: 10))
-        case 4: return Call(SearchAPI.locationsResolve, .init(query: Self.places.randomElement(using: &random)!))
+        case 4:
+            // A place no dataset knows is not found (-32003); a latitude past 90 is refused (-32602).
+            return Call(SearchAPI.locationsResolve, .init(query: Self.places.randomElement(using: &random)!),
+                        asksFor: [JSONRPCError.notFoundCode, JSONRPCError.invalidParamsCode])
         case 5: return Call(SearchAPI.itemsGrouped, .init(order: Bool.random(using: &random) ? .natural : .lexical))
         case 6: return Call(SearchAPI.sourcesList, .init())
         case 7: return Call(SearchAPI.headlinesList, .init(sources: Self.sources.randomElement(using: &random)!, pageSize: 5))
@@ -62,7 +85,8 @@ struct RequestMix {
             // The bundled flights are outbound 1-6 and inbound 11-15: a pair that flies there and
             // back is quoted, one that does not is refused (-32004), and the id past each end is
             // unknown (-32003).
-            return Call(PricingAPI.routeQuote, .init(outboundId: Int.random(in: 1...7, using: &random), inboundId: Int.random(in: 11...16, using: &random)))
+            return Call(PricingAPI.routeQuote, .init(outboundId: Int.random(in: 1...7, using: &random), inboundId: Int.random(in: 11...16, using: &random)),
+                        asksFor: [JSONRPCError.notFoundCode, JSONRPCError.conflictCode])
         case 10: return Call(PricingAPI.routeCheapest)
         case 11: return Call(PricingAPI.routeCurrent)
         case 12, 13:
@@ -96,6 +120,9 @@ final class Tally: Sendable {
         var failedByMethod: [String: Int] = [:]
         var sentByMethod: [String: Int] = [:]
         var answeredByMethod: [String: Int] = [:]
+        /// Errors neither the request asked for nor an outage explains, by request and code,
+        /// with the first one's message.
+        var unexpected: [String: (count: Int, first: String)] = [:]
 
         /// The request kinds of the mix sent often and never answered: a kind the mix asks
         /// only in ways that fail tests nothing but its errors (a few failing calls can be
@@ -122,6 +149,10 @@ final class Tally: Sendable {
             case .failure(let error):
                 if let code = error.code { counts.failed[code, default: 0] += 1 } else { counts.otherFailures["\(error)", default: 0] += 1 }
                 counts.failedByMethod[call.label, default: 0] += 1
+                if !call.expects(error) {
+                    let kind = "\(call.label) \(error.code.map(String.init) ?? "(no code)")"
+                    counts.unexpected[kind, default: (0, "\(error)")].count += 1
+                }
             }
         }
     }
