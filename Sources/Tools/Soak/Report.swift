@@ -54,7 +54,7 @@ struct SoakReport {
             (requests.sent == 0, "no request was sent"),
             (requests.lost > 0, "\(requests.lost) lost"),
             (!requests.neverAnswered.isEmpty, "never answered, though sent again and again: \(requests.neverAnswered.joined(separator: ", "))"),
-            (!requests.unexpected.isEmpty, "errors no outage explains: " + unexpectedErrors),
+            (!unexpectedErrors.isEmpty, "errors no outage explains: " + unexpectedErrors.summary),
             (duplicated > 0, "\(duplicated) duplicated"),
             (requests.duplicatedEffects > 0, "\(requests.duplicatedEffects) store writes applied twice"),
             (subscribers_.gaps > 0, "\(subscribers_.gaps) subscription gaps"),
@@ -78,10 +78,12 @@ struct SoakReport {
         return checks.filter(\.failed).map(\.says)
     }
 
-    /// The errors no request asked for and no outage explains (``Call/outageErrors``): each
-    /// request and code with how often, and the first one's message.
-    var unexpectedErrors: String {
-        requests.unexpected.sorted { $0.key < $1.key }.map { "\($0.key) x\($0.value.count) (\($0.value.first))" }.joined(separator: ", ")
+    /// The errors no request of the mix or of the streams' publishers and readers asked for
+    /// and no outage explains.
+    var unexpectedErrors: UnexpectedErrors {
+        var all = requests.unexpected
+        all.merge(streams.unexpected)
+        return all
     }
 
     func print() {
@@ -105,7 +107,7 @@ struct SoakReport {
         let failed = requests.failed.values.reduce(0, +) + requests.otherFailures.values.reduce(0, +)
         let codes = requests.failed.sorted { $0.key > $1.key }.map { "\($0.key): \($0.value)" } + requests.otherFailures.map { "\($0.key): \($0.value)" }
         line("failed with an error", "\(failed)" + (codes.isEmpty ? "" : " (\(codes.joined(separator: ", ")))"))
-        line("  neither asked for nor an outage's", requests.unexpected.isEmpty ? "0" : unexpectedErrors)
+        line("  neither asked for nor an outage's", unexpectedErrors.isEmpty ? "0" : unexpectedErrors.summary)
         line("lost (never answered)", "\(requests.lost)")
         line("duplicated (answered twice)", "\(duplicated)")
         line("re-sent after a kernel restart", "\(resent) (late replies dropped: \(lateReplies))")

@@ -24,6 +24,7 @@ final class StreamsCheck: Sendable {
         /// Acknowledgements of messages that had already gone to another reader.
         var notPending = 0
         var failures: [String: Int] = [:]
+        var unexpected = UnexpectedErrors()
         /// Acknowledged publishes not done by the end.
         var lost = 0
     }
@@ -67,7 +68,7 @@ final class StreamsCheck: Sendable {
                     sequences.withLock { _ = $0.published.insert(published.sequence) }
                     break
                 } catch {
-                    note(error)
+                    note(error, asking: StreamsAPI.publish)
                     counts.withLock { $0.publishRetries += 1 }
                     try? await Task.sleep(for: .milliseconds(50))
                 }
@@ -87,7 +88,7 @@ final class StreamsCheck: Sendable {
                 }
                 if !fetched.messages.isEmpty { await acknowledge(fetched.messages.map(\.sequence), client) }
             } catch {
-                note(error)
+                note(error, asking: StreamsAPI.fetch)
                 try? await Task.sleep(for: .milliseconds(50))
             }
         }
@@ -121,7 +122,7 @@ final class StreamsCheck: Sendable {
                 }
                 return
             } catch {
-                note(error)
+                note(error, asking: StreamsAPI.ack)
                 lostOne = true
                 try? await Task.sleep(for: .milliseconds(50))
             }
@@ -141,8 +142,12 @@ final class StreamsCheck: Sendable {
         counts.withLock { $0.lost = lost }
     }
 
-    private func note(_ error: any Error) {
+    /// Counts a failed call; none asks for an error, so one that is not an outage's is unexpected.
+    private func note<P, R>(_ error: any Error, asking method: Method<P, R>) {
         let kind = (error as? BusError).flatMap { $0.code.map { "\($0)" } } ?? "\(error)".prefix(60).description
-        counts.withLock { $0.failures[kind, default: 0] += 1 }
+        counts.withLock { counts in
+            counts.failures[kind, default: 0] += 1
+            if (error as? BusError)?.isOutage != true { counts.unexpected.note(error, asking: "\(method.service) \(method.name)") }
+        }
     }
 }

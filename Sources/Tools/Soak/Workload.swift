@@ -14,8 +14,8 @@ struct Call {
     /// A save of an article never tried before: its reply must say `created`, or the
     /// store applied some earlier copy of this very request (a duplicated effect).
     var firstSave = false
-    /// The error codes this request asks for on purpose (an unknown id, say); with
-    /// ``outageErrors``, the only ones it may be answered with.
+    /// The error codes this request asks for on purpose (an unknown id, say); with an
+    /// outage's (``BusError/isOutage``), the only ones it may be answered with.
     var asksFor: Set<Int> = []
 
     init<P, R>(_ method: Method<P, R>, _ params: P, savedURL: String? = nil, firstSave: Bool = false, asksFor: Set<Int> = []) {
@@ -27,23 +27,49 @@ struct Call {
         self.asksFor = asksFor
     }
 
-    /// What any request may be answered while a piece of the bus is down, restarting or
-    /// crowded: no worker in time (-32001), its deadline passed (-32002), a write whose
-    /// outcome went with its database (-32006), the database down (-32007), a kernel that
-    /// is not the active one (-32008), a request whose worker died each time it had it
-    /// (-32012). Any other error is one no outage explains: a bug, which fails the run.
-    static let outageErrors: Set<Int> = [
-        JSONRPCError.serviceUnavailableCode, JSONRPCError.timedOutCode, JSONRPCError.outcomeUnknownCode,
-        JSONRPCError.storageFailedCode, JSONRPCError.notActiveCode, JSONRPCError.handlerDiedCode,
-    ]
-
     /// Whether `error` is one this request may meet: one it asks for, or an outage's.
     func expects(_ error: BusError) -> Bool {
-        guard let code = error.code else { return false }
-        return asksFor.contains(code) || Self.outageErrors.contains(code)
+        error.isOutage || error.code.map(asksFor.contains) == true
     }
 
     init<R>(_ method: Method<NoParams, R>) { self.init(method, NoParams()) }
+}
+
+extension BusError {
+    /// Whether any request may be answered this while a piece of the bus is down, restarting
+    /// or crowded: no worker in time (-32001), its deadline passed (-32002), a write whose
+    /// outcome went with its database (-32006), the database down (-32007), a kernel that is
+    /// not the active one (-32008), a request whose worker died each time it had it (-32012).
+    /// Any other error a request did not ask for is one no outage explains: a bug, which
+    /// fails the run.
+    var isOutage: Bool { code.map(Self.outageCodes.contains) ?? false }
+
+    private static let outageCodes: Set<Int> = [
+        JSONRPCError.serviceUnavailableCode, JSONRPCError.timedOutCode, JSONRPCError.outcomeUnknownCode,
+        JSONRPCError.storageFailedCode, JSONRPCError.notActiveCode, JSONRPCError.handlerDiedCode,
+    ]
+}
+
+/// Errors neither asked for nor an outage's (``BusError/isOutage``), by what was asked and
+/// the code, each with the first one's message.
+struct UnexpectedErrors {
+    private var byKind: [String: (count: Int, first: String)] = [:]
+
+    var isEmpty: Bool { byKind.isEmpty }
+
+    mutating func note(_ error: any Error, asking what: String) {
+        let kind = "\(what) \((error as? BusError)?.code.map(String.init) ?? "(no code)")"
+        byKind[kind, default: (0, "\(error)")].count += 1
+    }
+
+    mutating func merge(_ other: UnexpectedErrors) {
+        byKind.merge(other.byKind) { ($0.count + $1.count, $0.first) }
+    }
+
+    /// Each kind with how often, and its first message.
+    var summary: String {
+        byKind.sorted { $0.key < $1.key }.map { "\($0.key) x\($0.value.count) (\($0.value.first))" }.joined(separator: ", ")
+    }
 }
 
 /// A mix over every app's requests, drawn from a seeded generator so a run can be replayed.
@@ -120,9 +146,7 @@ final class Tally: Sendable {
         var failedByMethod: [String: Int] = [:]
         var sentByMethod: [String: Int] = [:]
         var answeredByMethod: [String: Int] = [:]
-        /// Errors neither the request asked for nor an outage explains, by request and code,
-        /// with the first one's message.
-        var unexpected: [String: (count: Int, first: String)] = [:]
+        var unexpected = UnexpectedErrors()
 
         /// The request kinds of the mix sent often and never answered: a kind the mix asks
         /// only in ways that fail tests nothing but its errors (a few failing calls can be
@@ -149,10 +173,7 @@ final class Tally: Sendable {
             case .failure(let error):
                 if let code = error.code { counts.failed[code, default: 0] += 1 } else { counts.otherFailures["\(error)", default: 0] += 1 }
                 counts.failedByMethod[call.label, default: 0] += 1
-                if !call.expects(error) {
-                    let kind = "\(call.label) \(error.code.map(String.init) ?? "(no code)")"
-                    counts.unexpected[kind, default: (0, "\(error)")].count += 1
-                }
+                if !call.expects(error) { counts.unexpected.note(error, asking: call.label) }
             }
         }
     }
