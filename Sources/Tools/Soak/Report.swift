@@ -78,10 +78,11 @@ struct SoakReport {
         return checks.filter(\.failed).map(\.says)
     }
 
-    /// The errors no request of the mix or of the streams' publishers and readers asked for
-    /// and no outage explains.
+    /// The errors no request (of the mix, the replies in parts, the streams' publishers and
+    /// readers) asked for and no outage explains.
     var unexpectedErrors: UnexpectedErrors {
         var all = requests.unexpected
+        all.merge(parts.unexpected)
         all.merge(streams.unexpected)
         return all
     }

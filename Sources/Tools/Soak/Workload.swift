@@ -39,14 +39,15 @@ extension BusError {
     /// Whether any request may be answered this while a piece of the bus is down, restarting
     /// or crowded: no worker in time (-32001), its deadline passed (-32002), a write whose
     /// outcome went with its database (-32006), the database down (-32007), a kernel that is
-    /// not the active one (-32008), a request whose worker died each time it had it (-32012).
-    /// Any other error a request did not ask for is one no outage explains: a bug, which
-    /// fails the run.
+    /// not the active one (-32008), a request whose worker died each time it had it (-32012),
+    /// a reply in parts cut short (-32014). Any other error a request did not ask for is one
+    /// no outage explains: a bug, which fails the run.
     var isOutage: Bool { code.map(Self.outageCodes.contains) ?? false }
 
     private static let outageCodes: Set<Int> = [
         JSONRPCError.serviceUnavailableCode, JSONRPCError.timedOutCode, JSONRPCError.outcomeUnknownCode,
         JSONRPCError.storageFailedCode, JSONRPCError.notActiveCode, JSONRPCError.handlerDiedCode,
+        JSONRPCError.streamEndedCode,
     ]
 }
 
@@ -328,6 +329,7 @@ final class PartsCheck: Sendable {
         /// A gather whose end did not account for each worker asked exactly once.
         var gathersMiscounted = 0
         var failed: [String: Int] = [:]
+        var unexpected = UnexpectedErrors()
     }
     let counts = Mutex(Counts())
 
@@ -363,6 +365,7 @@ final class PartsCheck: Sendable {
                 if error.data?["parts"]?.intValue != Int64(received) { counts.miscounted += 1 }
             } else {
                 counts.failed["\(ending.code ?? 0)", default: 0] += 1
+                if !ending.isOutage { counts.unexpected.note(ending, asking: "\(EchoAPI.service) \(EchoAPI.numbersMethod.name)") }
             }
         }
     }
@@ -388,7 +391,10 @@ final class PartsCheck: Sendable {
                 if !consistent { counts.gathersMiscounted += 1 }
             }
         } catch {
-            counts.withLock { $0.failed["\((error as? BusError)?.code ?? 0)", default: 0] += 1 }
+            counts.withLock { counts in
+                counts.failed["\((error as? BusError)?.code ?? 0)", default: 0] += 1
+                if (error as? BusError)?.isOutage != true { counts.unexpected.note(error, asking: "\(EchoAPI.service) \(EchoAPI.whoami.name) (to every worker)") }
+            }
         }
     }
 }
