@@ -472,7 +472,7 @@ let package = Package(
         ),
         .testTarget(
             name: "SBTests",
-            dependencies: ["Contracts", "SearchService", "PricingService", "EchoService", "StreamsService", "Catalog", "BusKit", "BusProtocol",
+            dependencies: ["Contracts", "SearchService", "PricingService", "EchoService", "StreamsService", "Catalog", "BusKit", "BusProtocol", "Frames", "ZeroMQ",
                            "SwitchboardTestSupport"],
             swiftSettings: sharedSettings
         ),

@@ -3,12 +3,14 @@ import BusProtocol
 import Catalog
 import Contracts
 import EchoService
+import Frames
 import Foundation
 import PricingService
 import SearchService
 import StreamsService
 import SwitchboardTestSupport
 import Testing
+import ZeroMQ
 
 /// A kernel with every service (store, fetcher over files, search, pricing, echo, streams) for `sb`,
 /// which runs as a separate process as users run it.
@@ -595,6 +597,36 @@ struct SBTests {
         let refreshed = try await bus.sb("datasets", "refresh", "flights")
         #expect(refreshed.status == 0 && refreshed.stdout.contains("flights") && refreshed.stderr.isEmpty)
         await bus.stop()
+    }
+
+    @Test("sb kv ls stops with exit status 1 when a kernel's next page would not start past the last one (it would list it for ever)")
+    func kvListCursorMovesOn() async throws {
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let context = try ZMQContext()
+        let standIn = try await kernelStandIn(at: endpoint, in: context)
+        let folder = try temporaryDirectory("sb-no-keys")
+        let listing = Task {
+            try await runCommand(sbExecutable(), ["kv", "ls", "/client/", "--endpoint", endpoint, "--key-dir", folder.path, "--timeout", "10s"],
+                                 environment: ["NO_COLOR": ""])
+        }
+        // A stand-in kernel whose pages of state.get are all the same: one key, and "next"
+        // that key again. sb asks for two and stops (one that went on would wait for the
+        // third page's answer and time out).
+        var pages = 0
+        while pages < 2 {
+            let message = try await standIn.receiveOffPool()
+            guard case .request(let client, let service, let body, _) = try MDP.decodeAtBroker(message), let request = body.last else { continue }
+            let id = try JSONValue(parsing: request.bytes)["id"] ?? .null
+            let page: JSONValue = ["sequence": 1, "entries": [["key": "/client/a", "sequence": 1, "value": 1]], "next": "/client/a"]
+            let reply: JSONValue = ["jsonrpc": "2.0", "id": id, "result": page]
+            try standIn.send(MDP.reply(to: client, service: service, body: [Frame(reply.jsonBytes)]))
+            pages += 1
+        }
+        let listed = try await listing.value
+        standIn.close()
+        #expect(listed.status == 1 && listed.stderr.contains("is not past the last page's /client/a; stopped listing"), "\(listed)")
+        #expect(listed.stdout == "/client/a\n")
+        try? FileManager.default.removeItem(at: folder)
     }
 
     @Test("colour only on a terminal and never with NO_COLOR; no escape codes in pipes")

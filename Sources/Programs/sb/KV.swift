@@ -170,6 +170,13 @@ struct KVList: AsyncParsableCommand {
                             Output.line(Output.printable(entry.key))
                         }
                     }
+                    // Keys come in byte order, so each page starts after the last: a cursor
+                    // that does not move on (a kernel not speaking state.get as its contract
+                    // says) would have sb list the same page for ever.
+                    if let next = page.next, let last = after, !last.utf8.lexicographicallyPrecedes(next.utf8) {
+                        throw Failure(status: ExitStatus.serviceError,
+                                      message: "kernel state.get: the next page would start after \(Output.printable(next)), which is not past the last page's \(Output.printable(last)); stopped listing")
+                    }
                     after = page.next
                 } while after != nil
             }
