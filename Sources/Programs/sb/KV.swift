@@ -175,7 +175,7 @@ struct KVList: AsyncParsableCommand {
                     // says) would have sb list the same page for ever.
                     if let next = page.next, let last = after, !last.utf8.lexicographicallyPrecedes(next.utf8) {
                         throw Failure(status: ExitStatus.serviceError,
-                                      message: "kernel state.get: the next page would start after \(Output.printable(next)), which is not past the last page's \(Output.printable(last)); stopped listing")
+                                      message: "kernel state.get: the page cursor did not move on (this page came after \(Output.printable(last)), the next would come after \(Output.printable(next))); stopped listing rather than repeat it")
                     }
                     after = page.next
                 } while after != nil
