@@ -444,6 +444,12 @@ struct SBTests {
             #expect(output.contains(#"/client/kv/x\n999 PUT"#) && !output.contains("\u{1B}"), "\(output)")
         }
         #expect(written.stdout.split(separator: "\n").count == 1 && shown.stdout.split(separator: "\n").count == 2)
+        // A follower whose reader has gone ends at once, as its next write would (SIGPIPE, 141
+        // in a shell), not at a next change that may never come.
+        for follower in [["sub"], ["kv", "watch"]] {
+            let firstLine = try await runFirstLine(sbExecutable(), follower + ["/client/kv/"], environment: bus.environment)
+            #expect(firstLine.stdout.hasSuffix("\n141 0\n") && firstLine.stdout.contains("/client/kv/x"), "\(follower): \(firstLine)")
+        }
         let listedForged = try await bus.sb("kv", "ls", "/client/kv/")
         #expect(listedForged.stdout == #"/client/kv/x\n999 PUT /client/kv/route "forged"\u001b[2J"# + "\n", "\(listedForged)")
 

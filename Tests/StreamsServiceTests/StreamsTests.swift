@@ -962,6 +962,21 @@ struct StreamVerbTests {
         }
     }
 
+    @Test("sb stream sub whose reader leaves (| head -n 1) ends at once, and the message it printed, never acknowledged, goes to the next reader")
+    func subReaderLeaves() async throws {
+        try await stopping(try await StreamsBus.start(), with: { await $0.stop() }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 1))
+            try await bus.publish("orders.new", 1)
+            let firstLine = try await runFirstLine(sbExecutable(), ["stream", "sub", "orders", "billing", "--expires", "600"],
+                                                   environment: ["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""])
+            #expect(firstLine.stdout == "1 orders.new (delivery 1) 1\n141 0\n", "\(firstLine)")
+            bus.time.advance(2)
+            let again = try await bus.fetch("orders", "billing")
+            #expect(again.messages.map(\.sequence) == [1] && again.messages.allSatisfy { $0.deliveries == 2 }, "\(again.messages)")
+        }
+    }
+
     @Test("sb stream add (--capture-state too), pub (JSON or text, with an id, from standard input), consumer, fetch --ack, read, info, ls, progress, nak, consumer rm, rm; errors exit 1 naming the problem")
     func verbs() async throws {
         try await StreamsBus.with { bus in

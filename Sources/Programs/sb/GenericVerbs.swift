@@ -140,6 +140,7 @@ struct Subscribe: AsyncParsableCommand {
               sb sub /catalog/ /store/ --count 5     five lines, then exit
               sb sub --no-snapshot /client/          only what changes from now on
               sb sub /client/ --since 1764115200000123   what changed after that sequence
+              sb sub /pricing/route/ | head -n 1     the first line; sb ends with its reader, as tail -f does
             """,
         aliases: ["sub"]
     )
@@ -181,6 +182,7 @@ struct Subscribe: AsyncParsableCommand {
     static func follow(_ connection: ConnectionOptions, prefixes: [String], includeSnapshot: Bool, since: UInt64?, count: Int?, notices: Bool,
                        print: (StateUpdate, JSONValue) -> Void) async throws {
         _ = try connection.stateEndpoints
+        Output.endWhenReaderLeaves()
         try await withClient(connection) { client in
             // A kernel that is not there is an error now, not a silent wait.
             _ = try await call(client, KernelAPI.ping)

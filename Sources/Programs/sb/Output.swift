@@ -32,6 +32,26 @@ enum Output {
         return escaped
     }
 
+    /// For the verbs that follow (`sb sub`, `sb kv watch`, `sb stream sub`): once the reader
+    /// of stdout has gone (`sb sub /pricing/ | head -n 1`), end at once as the next write would,
+    /// by SIGPIPE, rather than wait for a next line that may never come while the pipeline (and
+    /// the script waiting on it) stays open. As `tail -f` does: only a pipe or a socket can lose
+    /// its reader, and poll(2) says so (POLLERR or POLLHUP) without writing anything.
+    static func endWhenReaderLeaves() {
+        var status = stat()
+        guard fstat(STDOUT_FILENO, &status) == 0, [S_IFIFO, S_IFSOCK].contains(status.st_mode & S_IFMT) else { return }
+        Thread.detachNewThread {
+            var stdout = pollfd(fd: STDOUT_FILENO, events: 0, revents: 0)
+            while true {
+                let ready = poll(&stdout, 1, -1)
+                if ready > 0, stdout.revents & Int16(POLLERR | POLLHUP) != 0 { break }
+                if ready < 0, errno != EINTR { return }
+            }
+            signal(SIGPIPE, SIG_DFL)
+            raise(SIGPIPE)
+        }
+    }
+
     static func diagnostic(_ text: String) {
         FileHandle.standardError.write(Data(("sb: " + text + "\n").utf8))
     }

@@ -377,6 +377,7 @@ struct StreamSubscribe: AsyncParsableCommand {
 
     func run() async throws {
         let next = StreamsAPI.Next(stream: stream, consumer: consumer, max: count, expires: expires)
+        Output.endWhenReaderLeaves()
         try await withClient(connection) { client in
             let timeout = Duration.seconds(expires ?? 30) + (try connection.requestTimeout)
             let parts = client.stream(StreamsAPI.next, next, timeout: timeout)

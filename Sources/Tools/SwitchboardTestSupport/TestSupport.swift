@@ -681,6 +681,16 @@ public func runCommand(_ executable: URL, _ arguments: [String], environment: [S
     return CommandResult(status: reason.status, stdout: outputs[0].value.text, stderr: outputs[1].value.text)
 }
 
+/// Runs `executable arguments | head -n 1` in a shell, as a script takes the first line of a
+/// command that follows something (`sb sub`), with `executable` ended by coreutils' `timeout`
+/// after `seconds` should it outlive its reader. Its stdout is the line, then the pipeline's
+/// two exit statuses: `141 0` when `executable` ended by SIGPIPE as its reader left, `124 0`
+/// when `timeout` had to end it.
+public func runFirstLine(_ executable: URL, _ arguments: [String], environment: [String: String] = [:], seconds: Int = 20) async throws -> CommandResult {
+    try await runCommand(URL(fileURLWithPath: "/bin/bash"), ["-c", #"timeout "$0" "$@" | head -n 1; echo "${PIPESTATUS[@]}""#, "\(seconds)", executable.path] + arguments,
+                         environment: environment, seconds: Double(seconds + 10))
+}
+
 /// Runs `executable` to its end on this thread, for quick tools (`ip`, `chattr`): its exit
 /// status (or the signal that ended it) and what it wrote to stderr; its stdout is dropped.
 public func runBriefly(_ executable: String, _ arguments: [String]) throws -> (status: Int32, errors: String) {
