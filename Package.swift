@@ -183,6 +183,13 @@ let package = Package(
             path: "Sources/Operations/Telemetry",
             swiftSettings: sharedSettings
         ),
+        // The programs' stdin, stdout and stderr: closed ones held, output that could not be written said and
+        // exit status 74.
+        .target(
+            name: "StandardStreams",
+            path: "Sources/Operations/StandardStreams",
+            swiftSettings: sharedSettings
+        ),
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
         .target(
             name: "Supervisor",
@@ -313,7 +320,7 @@ let package = Package(
             dependencies: [
                 "BusProtocol", "Contracts",
                 "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Storage", "StreamsService", "Supervisor",
-                "Gateway", "Deployment", "Telemetry",
+                "Gateway", "Deployment", "StandardStreams", "Telemetry",
                 "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -326,7 +333,7 @@ let package = Package(
         .executableTarget(
             name: "sb",
             dependencies: [
-                "BusBench", "Contracts", "Telemetry",
+                "BusBench", "Contracts", "StandardStreams", "Telemetry",
                 "BusKit", "BusProtocol", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

@@ -635,6 +635,30 @@ struct SBTests {
         try? FileManager.default.removeItem(at: folder)
     }
 
+    @Test("output that cannot be written (a full disk, a closed stdout, a reader gone while SIGPIPE is ignored) is exit status 74 with the reason, for sb and switchboard alike; a closed stdout is never a socket's")
+    func unwritableOutput() async throws {
+        try await stopping(try await TestKernel.start(), with: { await $0.stop() }) { kernel in
+            // $1 is sb, $2 switchboard; each script ends with the status of its first command.
+            func shell(_ script: String) async throws -> CommandResult {
+                try await runCommand(URL(fileURLWithPath: "/bin/bash"), ["-c", script + #"; echo "status ${PIPESTATUS[0]}""#, "bash",
+                                                                         sbExecutable().path, switchboardExecutable().path],
+                                     environment: ["SB_ENDPOINT": kernel.endpoints.broker, "NO_COLOR": ""])
+            }
+            for (script, program, reason) in [(#""$1" ping > /dev/full"#, "sb", "No space left on device"),
+                                               (#""$1" --help > /dev/full"#, "sb", "No space left on device"),
+                                               // Given /dev/null read-only at start: not the first socket sb opens.
+                                               (#""$1" ping >&-"#, "sb", "Bad file descriptor"),
+                                               // The follower learns its reader left without writing (nothing
+                                               // under the prefix), and SIGPIPE cannot end it.
+                                               (#"trap '' PIPE; "$1" sub /nothing/ | true"#, "sb", "Broken pipe"),
+                                               (#""$2" keygen > /dev/full"#, "switchboard", "No space left on device"),
+                                               (#""$2" check >&-"#, "switchboard", "Bad file descriptor")] {
+                let result = try await shell(script)
+                #expect(result.stdout == "status 74\n" && result.stderr == "\(program): cannot write to standard output: \(reason)\n", "\(script): \(result)")
+            }
+        }
+    }
+
     @Test("colour only on a terminal and never with NO_COLOR; no escape codes in pipes")
     func colour() async throws {
         let bus = try await SBBus.start()

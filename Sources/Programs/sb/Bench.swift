@@ -157,7 +157,7 @@ struct BenchRequest: AsyncParsableCommand {
             }
             try file.write(contentsOf: Data(chunk.utf8))
         } catch {
-            throw Failure(status: ExitStatus.usage, message: "--csv: cannot write \(path): \(error.localizedDescription)")
+            throw Failure(status: ExitStatus.ioError, message: "--csv: cannot write \(path): \(error.localizedDescription)")
         }
     }
 }

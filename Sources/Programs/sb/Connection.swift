@@ -3,6 +3,7 @@ import BusKit
 import BusProtocol
 import Contracts
 import Foundation
+import StandardStreams
 import SwitchboardConfig
 import ZeroMQ
 
@@ -280,6 +281,7 @@ enum ExitStatus {
     static let serviceError: Int32 = 1
     static let usage: Int32 = 64
     static let unavailable: Int32 = 69
+    static let ioError = StandardStreams.outputFailedStatus
     static let timedOut: Int32 = 75
     static let configuration: Int32 = 78
 }

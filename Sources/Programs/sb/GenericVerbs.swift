@@ -3,6 +3,7 @@ import BusKit
 import BusProtocol
 import Contracts
 import Foundation
+import StandardStreams
 import ZeroMQ
 
 /// Reads JSON given on the command line, or on standard input when the argument is `-`
@@ -182,7 +183,7 @@ struct Subscribe: AsyncParsableCommand {
     static func follow(_ connection: ConnectionOptions, prefixes: [String], includeSnapshot: Bool, since: UInt64?, count: Int?, notices: Bool,
                        print: (StateUpdate, JSONValue) -> Void) async throws {
         _ = try connection.stateEndpoints
-        Output.endWhenReaderLeaves()
+        StandardStreams.endWhenOutputReaderLeaves()
         try await withClient(connection) { client in
             // A kernel that is not there is an error now, not a silent wait.
             _ = try await call(client, KernelAPI.ping)
@@ -368,7 +369,7 @@ struct Stats: AsyncParsableCommand {
         try await withActiveKernel(connection, printing: !output.json && !prometheus) { client in
             if prometheus {
                 let metrics = try await call(client, KernelAPI.metrics).value
-                return FileHandle.standardOutput.write(Data(metrics.text.utf8))
+                return Output.write(metrics.text)
             }
             let stats = try await call(client, KernelAPI.stats)
             if output.json { return Output.json(stats.json, compact: false) }

@@ -1,5 +1,6 @@
 import BusProtocol
 import Foundation
+import StandardStreams
 
 /// What `sb` prints: data on stdout, diagnostics on stderr; tables and colour for people
 /// (colour only on a terminal and never with `NO_COLOR`), JSON for scripts.
@@ -10,7 +11,12 @@ enum Output {
     static let colour = stdoutIsTerminal && (ProcessInfo.processInfo.environment["NO_COLOR"] ?? "").isEmpty
 
     static func line(_ text: String = "") {
-        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+        write(text + "\n")
+    }
+
+    /// Writes `text` to stdout whole, or ends sb with exit status 74 when it cannot.
+    static func write(_ text: String) {
+        StandardStreams.write(text)
     }
 
     /// `text` from the bus (a key) for a line people read: control characters (a newline, a
@@ -32,34 +38,14 @@ enum Output {
         return escaped
     }
 
-    /// For the verbs that follow (`sb sub`, `sb kv watch`, `sb stream sub`): once the reader
-    /// of stdout has gone (`sb sub /pricing/ | head -n 1`), end at once as the next write would,
-    /// by SIGPIPE, rather than wait for a next line that may never come while the pipeline (and
-    /// the script waiting on it) stays open. As `tail -f` does: only a pipe or a socket can lose
-    /// its reader, and poll(2) says so (POLLERR or POLLHUP) without writing anything.
-    static func endWhenReaderLeaves() {
-        var status = stat()
-        guard fstat(STDOUT_FILENO, &status) == 0, [S_IFIFO, S_IFSOCK].contains(status.st_mode & S_IFMT) else { return }
-        Thread.detachNewThread {
-            var stdout = pollfd(fd: STDOUT_FILENO, events: 0, revents: 0)
-            while true {
-                let ready = poll(&stdout, 1, -1)
-                if ready > 0, stdout.revents & Int16(POLLERR | POLLHUP) != 0 { break }
-                if ready < 0, errno != EINTR { return }
-            }
-            signal(SIGPIPE, SIG_DFL)
-            raise(SIGPIPE)
-        }
-    }
-
     static func diagnostic(_ text: String) {
-        FileHandle.standardError.write(Data(("sb: " + text + "\n").utf8))
+        StandardStreams.writeError("sb: " + text + "\n")
     }
 
     /// A progress note on stderr, only on a terminal (scripts get none).
     static func progress(_ text: String) {
         guard stderrIsTerminal else { return }
-        FileHandle.standardError.write(Data(("\r\u{1B}[2K" + text).utf8))
+        StandardStreams.writeError("\r\u{1B}[2K" + text)
     }
 
     /// A bar of `width` cells, `fraction` of them full.
@@ -69,7 +55,7 @@ enum Output {
 
     static func endProgress() {
         guard stderrIsTerminal else { return }
-        FileHandle.standardError.write(Data("\r\u{1B}[2K".utf8))
+        StandardStreams.writeError("\r\u{1B}[2K")
     }
 
     /// JSON: indented on a terminal, one line otherwise (or when `compact`).

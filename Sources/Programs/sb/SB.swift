@@ -3,6 +3,7 @@ import Contracts
 import Foundation
 import Logging
 import ServiceLifecycle
+import StandardStreams
 import Synchronization
 import Telemetry
 
@@ -18,7 +19,7 @@ struct SB: AsyncParsableCommand {
 
             Every verb takes --endpoint (SB_ENDPOINT, default tcp://127.0.0.1:5555), --state-endpoint (SB_STATE_ENDPOINT) and --timeout (SB_TIMEOUT, default 5s); for a kernel with CURVE on, --server-key (SB_SERVER_KEY) and --key-file (SB_KEY_FILE). App verbs print tables, or JSON with --json. Data goes to stdout, diagnostics to stderr. Colour only on a terminal, never with NO_COLOR set.
 
-            Exit status: 0 success, 1 the service answered an error, 64 usage (bad flags or JSON), 69 no such service or no kernel, 75 timed out, 78 a configuration refused (sb reload), 130 interrupted (Ctrl-C: what the verb asked is cancelled first, so a worker streaming to it stops).
+            Exit status: 0 success, 1 the service answered an error, 64 usage (bad flags or JSON), 69 no such service or no kernel, 74 its output could not be written (a full disk, a closed stdout), 75 timed out, 78 a configuration refused (sb reload), 130 interrupted (Ctrl-C: what the verb asked is cancelled first, so a worker streaming to it stops).
 
             Examples:
               sb services
@@ -41,19 +42,20 @@ struct SB: AsyncParsableCommand {
     /// A Z85 key may begin with '-' ("-=s!e…"), which the parser would take for a flag:
     /// `--server-key KEY` becomes `--server-key=KEY` before parsing.
     static func main() async {
+        StandardStreams.guardAtStart()
         // With OTEL_EXPORTER_OTLP_ENDPOINT set, each request is a span exported to it; the
         // exporter runs beside the verb and flushes once it is done.
         let exporters: [any Service]
         do {
             exporters = try Telemetry.bootstrap(TelemetrySettings(), serviceName: "sb")
         } catch {
-            FileHandle.standardError.write(Data("sb: telemetry (OTEL_* variables): \(error)\n".utf8))
+            Output.diagnostic("telemetry (OTEL_* variables): \(error)")
             Foundation.exit(ExitStatus.usage)
         }
         // Swift would quietly turn invalid UTF-8 in an argument into U+FFFD and send that.
         for index in 1..<Int(CommandLine.argc) {
             if let raw = CommandLine.unsafeArgv[index], String(validatingCString: raw) == nil {
-                FileHandle.standardError.write(Data("Error: argument \(index) is not valid UTF-8\n".utf8))
+                StandardStreams.writeError("Error: argument \(index) is not valid UTF-8\n")
                 Foundation.exit(ExitStatus.usage)
             }
         }
@@ -75,7 +77,7 @@ struct SB: AsyncParsableCommand {
             // As the parser tells a usage mistake, with the verb's usage, not sb's.
             let usage = usageString(for: mistake.verb)
             let verb = usage.split(separator: " ").prefix { !$0.hasPrefix("[") && !$0.hasPrefix("<") }.joined(separator: " ")
-            FileHandle.standardError.write(Data("Error: \(mistake.error)\nUsage: \(usage)\n  See '\(verb) --help' for more information.\n".utf8))
+            StandardStreams.writeError("Error: \(mistake.error)\nUsage: \(usage)\n  See '\(verb) --help' for more information.\n")
             Foundation.exit(ExitStatus.usage)
         }
         if let failure { exit(withError: failure) }

@@ -3,6 +3,7 @@ import BusKit
 import BusProtocol
 import Contracts
 import Foundation
+import StandardStreams
 
 // `sb stream`: the streams service's durable streams and consumers. Each verb prints lines or
 // a table for people and, with --json, the service's answer as one JSON line.
@@ -377,7 +378,7 @@ struct StreamSubscribe: AsyncParsableCommand {
 
     func run() async throws {
         let next = StreamsAPI.Next(stream: stream, consumer: consumer, max: count, expires: expires)
-        Output.endWhenReaderLeaves()
+        StandardStreams.endWhenOutputReaderLeaves()
         try await withClient(connection) { client in
             let timeout = Duration.seconds(expires ?? 30) + (try connection.requestTimeout)
             let parts = client.stream(StreamsAPI.next, next, timeout: timeout)

@@ -7,6 +7,7 @@ import Synchronization
 import ZeroMQ
 public import Logging
 import ServiceLifecycle
+import StandardStreams
 import Supervisor
 import Deployment
 import SwitchboardConfig
@@ -31,6 +32,11 @@ struct Switchboard: AsyncParsableCommand {
             """,
         subcommands: [UpCommand.self, KernelCommand.self, ServeCommand.self, GatewayCommand.self, KeygenCommand.self, CheckCommand.self]
     )
+
+    static func main() async {
+        StandardStreams.guardAtStart()
+        await main(nil)
+    }
 }
 
 /// Which kernels a piece that connects to the bus (a service, the gateway) uses, when not the
