@@ -656,6 +656,11 @@ struct SBTests {
                 let result = try await shell(script)
                 #expect(result.stdout == "status 74\n" && result.stderr == "\(program): cannot write to standard output: \(reason)\n", "\(script): \(result)")
             }
+            // Nowhere to say a problem (stderr closed or full): the exit status still tells it.
+            for (script, status) in [(#""$2" check --config /nonexistent 2>&-"#, 78), (#""$1" kv get /client/absent 2>/dev/full"#, 1)] {
+                let result = try await shell(script)
+                #expect(result.stdout == "status \(status)\n" && result.stderr.isEmpty, "\(script): \(result)")
+            }
         }
     }
 

@@ -38,6 +38,12 @@ public enum StandardStreams {
         guard writeAll(text, to: STDOUT_FILENO) else { outputFailed() }
     }
 
+    /// Writes `text` to stdout if it can: for what a program that keeps running says of itself
+    /// (`switchboard up`'s banner), which must not end the bus it started when it cannot.
+    public static func writeIfPossible(_ text: String) {
+        _ = writeAll(text, to: STDOUT_FILENO)
+    }
+
     /// Writes `text` to stderr; if that fails there is nowhere left to say so.
     public static func writeError(_ text: String) {
         _ = writeAll(text, to: STDERR_FILENO)

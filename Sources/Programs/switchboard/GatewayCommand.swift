@@ -1,6 +1,7 @@
 import ArgumentParser
 import BusKit
 import Foundation
+import StandardStreams
 import Gateway
 import Logging
 import ServiceLifecycle
@@ -42,7 +43,7 @@ struct GatewayCommand: AsyncParsableCommand {
                 override = try ConfigFile.parse("", environment: [ConfigFile.variable(for: "gateway.listen"): listen])
             } catch {
                 // Read as the setting is, through its variable; said of the flag that gave it.
-                FileHandle.standardError.write(Data("switchboard: --listen: \((error as? ConfigError)?.problem ?? "\(error)")\n".utf8))
+                StandardStreams.writeError("switchboard: --listen: \((error as? ConfigError)?.problem ?? "\(error)")\n")
                 throw ExitCode(64)
             }
             file.gateway.host = override.gateway.host
@@ -80,7 +81,7 @@ struct GatewayCommand: AsyncParsableCommand {
         do {
             settings.tokens = try tokens(file, logger: logger)
         } catch {
-            FileHandle.standardError.write(Data("switchboard: gateway: \(error)\n".utf8))
+            StandardStreams.writeError("switchboard: gateway: \(error)\n")
             throw ExitCode(78)
         }
         let curve = try common.configFile.checked { try file.security.connectingKeys(as: KeyFolder.gateway) }

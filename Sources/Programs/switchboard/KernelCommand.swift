@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import StandardStreams
 import Kernel
 import Logging
 import ServiceLifecycle
@@ -89,7 +90,7 @@ struct KernelCommand: AsyncParsableCommand {
         do {
             try await group.run()
         } catch let error as ZMQError where error.code == EADDRINUSE {
-            FileHandle.standardError.write(Data("switchboard: \(Self.addressInUse(error, configuration))\n".utf8))
+            StandardStreams.writeError("switchboard: \(Self.addressInUse(error, configuration))\n")
             throw ExitCode(1)
         }
     }

@@ -81,7 +81,7 @@ struct ConfigFileOption: ParsableArguments {
         do {
             return try body()
         } catch {
-            FileHandle.standardError.write(Data("switchboard: \(path ?? "configuration"): \(error)\n".utf8))
+            StandardStreams.writeError("switchboard: \(path ?? "configuration"): \(error)\n")
             throw ExitCode(78)
         }
     }
@@ -155,7 +155,7 @@ struct CommonOptions: ParsableArguments {
             return try Telemetry.bootstrap(file.telemetry, serviceName: "switchboard-\(piece)", metrics: piece == "kernel" || piece == "up",
                                            diagnostics: Logger(label: "switchboard.telemetry"))
         } catch {
-            FileHandle.standardError.write(Data("switchboard: telemetry: \(error)\n".utf8))
+            StandardStreams.writeError("switchboard: telemetry: \(error)\n")
             throw ExitCode(78)
         }
     }

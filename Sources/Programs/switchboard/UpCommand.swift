@@ -3,6 +3,7 @@ import BusKit
 import BusProtocol
 import Dispatch
 import Foundation
+import StandardStreams
 import Gateway
 import Kernel
 import Logging
@@ -51,7 +52,7 @@ struct UpCommand: AsyncParsableCommand {
         // otherwise each piece's own process does.
         let telemetry = try common.bootstrap(file, exporting: singleProcess ? "up" : nil)
         if singleProcess, file.pair != nil {
-            FileHandle.standardError.write(Data("switchboard: --single-process: a kernel pair runs its pieces as processes that reach both kernels; drop --single-process or the pair section\n".utf8))
+            StandardStreams.writeError("switchboard: --single-process: a kernel pair runs its pieces as processes that reach both kernels; drop --single-process or the pair section\n")
             throw ExitCode(64)
         }
         let enabled = ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true }
@@ -103,7 +104,7 @@ struct UpCommand: AsyncParsableCommand {
                 logger.notice("made the gateway's bearer token", metadata: ["file": "\(folder.gatewayTokenFile.path)"])
             }
         } catch {
-            FileHandle.standardError.write(Data("switchboard: security.keys_dir: cannot make the CURVE keys in \(folder.path): \(error.localizedDescription)\n".utf8))
+            StandardStreams.writeError("switchboard: security.keys_dir: cannot make the CURVE keys in \(folder.path): \(error.localizedDescription)\n")
             throw ExitCode(73)
         }
     }
@@ -215,7 +216,7 @@ struct UpCommand: AsyncParsableCommand {
         do {
             try await kernel.start()
         } catch let error as ZMQError where error.code == EADDRINUSE {
-            FileHandle.standardError.write(Data("switchboard: \(KernelCommand.addressInUse(error, configuration))\n".utf8))
+            StandardStreams.writeError("switchboard: \(KernelCommand.addressInUse(error, configuration))\n")
             return 1
         }
         // Over inproc:// the pieces share the kernel's context (and with CURVE on, still use keys).
@@ -289,7 +290,7 @@ struct UpCommand: AsyncParsableCommand {
         }
         lines.append("Connect with: \(sbLine(file))sb services   (then: sb countries par, sb flights route; sb --help)")
         lines.append("Stop with Ctrl-C (or SIGTERM to pid \(getpid())).")
-        FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))
+        StandardStreams.writeIfPossible(lines.joined(separator: "\n") + "\n")
     }
 
     /// What a shell needs before `sb` finds this bus: nothing for the defaults, else an
