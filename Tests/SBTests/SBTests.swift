@@ -100,6 +100,20 @@ struct SBTests {
         #expect(noService.status == 69 && noService.stderr.contains("no 'ghost' service"))
         let noKernel = try await bus.sb("ping", "--endpoint", "tcp://127.0.0.1:\(freePort())", "--timeout", "300ms")
         #expect(noKernel.status == 69 && noKernel.stderr.contains("no kernel answers") && noKernel.stderr.contains("nothing accepted a connection"))
+        // Neither kernel of a pair there: both are asked at once and waited for once, for
+        // --timeout, as the message says (asked one after the other for a second each, then
+        // waited for again, they took --timeout and two seconds more). The bound leaves a
+        // loaded machine most of those two seconds.
+        let deadPair = ["tcp://127.0.0.1:\(freePort())", "tcp://127.0.0.1:\(freePort())"]
+        let askedAt = ContinuousClock.now
+        let noPair = try await bus.sb("services", "--endpoint", deadPair.joined(separator: ","), "--timeout", "2s", environment: ["SB_STATE_ENDPOINT": ""])
+        let pairWait = ContinuousClock.now - askedAt
+        #expect(noPair.status == 69 && noPair.stderr.hasPrefix("sb: no kernel answers at \(deadPair[0]), \(deadPair[1]) (waited 2 s)"), "\(noPair)")
+        #expect(deadPair.allSatisfy { noPair.stderr.contains("nothing accepted a connection at \($0)") }, "\(noPair)")
+        #expect(pairWait < .seconds(3.8), "waited \(pairWait)")
+        // State endpoints that do not match the kernels given are a usage error before anything is asked.
+        let mismatched = try await bus.sb("services", "--endpoint", deadPair.joined(separator: ","), "--timeout", "2s")
+        #expect(mismatched.status == 64 && mismatched.stderr.contains("for a kernel pair one per kernel"), "\(mismatched)")
         // A connection the system accepts but nobody greets (a kernel stopped, or out of open
         // files): said so, rather than "connected".
         let silent = try SilentListener()

@@ -40,6 +40,7 @@ struct ConnectionOptions: ParsableArguments {
     func validate() throws {
         _ = try requestTimeout
         _ = try checkedBrokers
+        if givenStateEndpoint != nil { _ = try stateEndpoints }
     }
 
     /// The key folder sb looks in when no server key is given.
@@ -255,9 +256,7 @@ struct Failure: Error {
             switch hasWorkers {
             case nil:
                 // Say what the connection went through, not a guess.
-                let summary = await client.connectionSummary()
-                self.init(status: ExitStatus.unavailable, message: "no kernel answers at \(client.brokers.joined(separator: ", ")) (waited \(after.formatted)): \(summary)",
-                          error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "kernel unreachable"))
+                self = .noKernel(at: client.brokers, waited: after, summary: await client.connectionSummary())
             case false? where service != KernelAPI.service:
                 self.init(status: ExitStatus.unavailable, message: "\(service) \(method): no '\(service)' service is running (no worker within \(after.formatted))",
                           error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "no worker for '\(service)'"))
@@ -273,6 +272,14 @@ struct Failure: Error {
             self.init(status: ExitStatus.serviceError, message: "\(service) \(method): \(error)",
                       error: JSONRPCError(code: JSONRPCError.internalErrorCode, message: "\(error)"))
         }
+    }
+}
+
+extension Failure {
+    /// No kernel answered: where it was asked, for how long, and what the connections went through.
+    static func noKernel(at brokers: [String], waited: Duration, summary: String) -> Failure {
+        Failure(status: ExitStatus.unavailable, message: "no kernel answers at \(brokers.joined(separator: ", ")) (waited \(waited.formatted)): \(summary)",
+                error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "kernel unreachable"))
     }
 }
 

@@ -320,12 +320,14 @@ func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, asOperato
             try await body(client)
         }
     }
-    var statuses: [(endpoint: String, status: KernelAPI.PairStatus?, reachable: Bool)] = []
-    for endpoint in brokers {
-        let alone = try await BusClient(brokers: [endpoint], timeout: .seconds(1), curve: try connection.curve(asOperator: asOperator))
-        let pong = try? await alone.call(KernelAPI.ping)
-        statuses.append((endpoint, pong?.pair, pong != nil))
-        await alone.close()
+    let answers = try await askEachKernel(brokers, timeout: connection.requestTimeout, curve: try connection.curve(asOperator: asOperator))
+    let statuses = zip(brokers, answers).map { (endpoint: $0, status: $1.pong?.pair, reachable: $1.pong != nil) }
+    if !statuses.contains(where: \.reachable) {
+        // Each was waited for the whole --timeout already: waiting again would double it.
+        let failure = Failure.noKernel(at: brokers, waited: try connection.requestTimeout,
+                                       summary: answers.map(\.connectionSummary).joined(separator: "; "))
+        Output.diagnostic(failure.message)
+        throw ExitCode(failure.status)
     }
     if printing, statuses.contains(where: { $0.status != nil }) { printPairTable(statuses) }
     guard let active = statuses.first(where: { $0.status?.state == "active" })?.endpoint else {
@@ -335,6 +337,41 @@ func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, asOperato
     options.endpoint = [active]
     options.stateEndpoint = nil
     try await withClient(options, asOperator: asOperator, body)
+}
+
+/// Asks each kernel where it stands, all at once, each over a connection of its own. A kernel
+/// is waited for up to `timeout`, as any verb waits for its kernel; but once one has
+/// answered, the others get one second more, so a dead kernel beside a live one costs a
+/// second, not the whole timeout. In `brokers`' order: the answer (nil when none came) and,
+/// for one that did not answer, what became of its connection.
+private func askEachKernel(_ brokers: [String], timeout: Duration, curve: CurveClientKeys?) async throws
+    -> [(pong: KernelAPI.Pong?, connectionSummary: String)] {
+    var answers = Array(repeating: (pong: KernelAPI.Pong?.none, connectionSummary: ""), count: brokers.count)
+    var clients: [BusClient] = []
+    for endpoint in brokers { clients.append(try await BusClient(brokers: [endpoint], timeout: timeout, curve: curve)) }
+    await withTaskGroup(of: (index: Int, pong: KernelAPI.Pong?)?.self) { group in
+        for (index, client) in clients.enumerated() {
+            group.addTask { (index, try? await client.call(KernelAPI.ping)) }
+        }
+        var waiting = brokers.count
+        var graceStarted = false
+        while waiting > 0, let next = await group.next() {
+            // nil: the second after the first answer is over.
+            guard let (index, pong) = next else { break }
+            waiting -= 1
+            answers[index].pong = pong
+            if pong != nil, !graceStarted, waiting > 0 {
+                graceStarted = true
+                group.addTask { try? await Task.sleep(for: .seconds(1)); return nil }
+            }
+        }
+        group.cancelAll()
+    }
+    for (index, client) in clients.enumerated() {
+        if answers[index].pong == nil { answers[index].connectionSummary = await client.connectionSummary() }
+        await client.close()
+    }
+    return answers
 }
 
 /// Each kernel of a pair: its role, where it stands, and what it last heard of its peer.
