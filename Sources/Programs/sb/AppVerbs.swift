@@ -215,8 +215,8 @@ struct Items: AsyncParsableCommand {
         abstract: "The hiring list: items with a name, grouped by list, sorted by name.",
         discussion: """
             Examples:
-              sb items                 lexical order, as the apps sort ("Item 1", "Item 100", "Item 2")
-              sb items --natural       numbers by value ("Item 1", "Item 2", "Item 100")
+              sb items              as the apps sort: "Item 1", "Item 100", "Item 2"
+              sb items --natural    numbers by value: "Item 1", "Item 2", "Item 100"
               sb items --list 2 --json
             """
     )
@@ -258,8 +258,11 @@ struct NewsSources: AsyncParsableCommand {
             Examples:
               sb news sources
               sb news sources --select bbc-news reuters
-              sb news sources --select reuters --revision 3    only if nobody chose since revision 3 (else exit 1, -32004)
+              sb news sources --select reuters --revision 3
               sb news sources --language all --category technology
+
+            With --revision, the choice is made only if nobody chose since that revision (sb request \
+            store sources.selected shows it); else exit status 1 with error -32004.
             """
     )
 
@@ -465,7 +468,10 @@ struct FlightRoute: AsyncParsableCommand {
               sb flights route
               sb flights route --select 3 14
               sb flights route --select 5          an outbound flight alone
-              sb flights route --select 3 14 --revision 7   only if nobody chose since revision 7 (else exit 1, -32004 and the winner)
+              sb flights route --select 3 14 --revision 7
+
+            With --revision, the route is chosen only if nobody chose since that revision; else \
+            exit status 1 with error -32004 and the route that won.
             """
     )
 
@@ -495,10 +501,11 @@ struct FlightHistory: AsyncParsableCommand {
         commandName: "history",
         abstract: "The chosen route's prices over time, as the streams service keeps them (stream route-prices), oldest first.",
         discussion: """
-            Each line is one price pricing published: when, the route, its total and the total
-            before (the line above's, where a restarted pricing no longer knew it). A price
-            published again unchanged (the kernel restarted without its state, or pricing
+            Each line is one price pricing published: when, the route, its total and the total \
+            before (the line above's, where a restarted pricing no longer knew it). A price \
+            published again unchanged (the kernel restarted without its state, or pricing \
             restarted and priced the route anew) is one line, as it is one price.
+
             Examples:
               sb flights history
               sb flights history --last 100 --json

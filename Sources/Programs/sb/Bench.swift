@@ -15,8 +15,8 @@ struct Bench: AsyncParsableCommand {
             Latencies are HDR-histogram percentiles. A progress bar shows on a terminal; --json prints one object instead of the report.
 
             Examples:
-              sb bench                                       10,000 synchronous echo requests
-              sb bench request --clients 8 --window 16       8 connections, 16 requests in flight on each
+              sb bench                                   10,000 echo requests, one by one
+              sb bench request --clients 8 --window 16   8 connections, 16 in flight each
               sb bench request search countries.search '{"query":"par"}' --duration 10s
               sb bench request --count 50000 --csv latencies.csv
               sb bench publish --subscribers 10 --count 20000

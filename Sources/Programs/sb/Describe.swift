@@ -8,14 +8,14 @@ struct Describe: AsyncParsableCommand {
         commandName: "describe",
         abstract: "What the services offer: their methods with params and results, from each service's rpc.discover.",
         discussion: """
-            Every service (and the kernel) describes itself: an OpenRPC document whose params and
+            Every service (and the kernel) describes itself: an OpenRPC document whose params and \
             results are JSON Schema (2020-12), generated from its contract.
 
             Examples:
-              sb describe                          every method of every registered service
-              sb describe pricing                  pricing's methods with their params and results
-              sb describe pricing route.quote      one method: each param, and the result's schema
-              sb describe store --json             the OpenRPC document
+              sb describe                       every method of every registered service
+              sb describe pricing               pricing's methods, their params and results
+              sb describe pricing route.quote   one method: each param, the result's schema
+              sb describe store --json          the OpenRPC document
               sb describe --markdown > docs/CONTRACTS.md
             """
     )

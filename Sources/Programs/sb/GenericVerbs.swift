@@ -58,20 +58,23 @@ struct Request: AsyncParsableCommand {
               sb request kernel services.list
               sb req search countries.search '{"query":"par","limit":3}'
               sb request store history.add '{"text":"Amsterdam"}' --json
-              sb request search locations.resolve '{"query":"Rome"}' --trace   (trace ID on stderr; in each service's log)
-              sb request search items.grouped '{"order":"natural"}' --stream   (a JSON line per part as it comes)
-              sb request echo whoami --all                                 (every echo worker's answer, a JSON line each)
+              sb request search locations.resolve '{"query":"Rome"}' --trace
+              sb request search items.grouped '{"order":"natural"}' --stream
+              sb request echo whoami --all
 
-            With --stream the request asks for its result in parts (18/MDP): each part is printed as it
-            arrives, one JSON line {"part": ...}, then one line {"end": ...} with the result less its parts
-            (a method that cannot stream prints only the end: its whole result). A stream that ends early
+            With --trace the request starts a sampled trace: its trace ID is printed on stderr, and \
+            each service it reaches logs it.
+
+            With --stream the request asks for its result in parts (18/MDP): each part is printed as it \
+            arrives, one JSON line {"part": ...}, then one line {"end": ...} with the result less its parts \
+            (a method that cannot stream prints only the end: its whole result). A stream that ends early \
             (its worker died, this reader fell behind) says on stderr how many parts came and why, and exits 1.
 
-            With --all the request goes to every worker of the service registered now, one copy each: a line
-            {"part": {"expected", "workers"}} first, then one {"part": {"worker", "result"}} (or "error") per
-            answer as it comes, then {"end": {"expected", "answered", "missing"}}: the workers that did not answer
-            (they died, drained, or did not answer within the kernel's queue timeout) are in "missing" with why.
-            Other cells that offer the service are asked too: each says its workers in a part with "cell", and
+            With --all the request goes to every worker of the service registered now, one copy each: a line \
+            {"part": {"expected", "workers"}} first, then one {"part": {"worker", "result"}} (or "error") per \
+            answer as it comes, then {"end": {"expected", "answered", "missing"}}: the workers that did not answer \
+            (they died, drained, or did not answer within the kernel's queue timeout) are in "missing" with why. \
+            Other cells that offer the service are asked too: each says its workers in a part with "cell", and \
             their answers and missing workers carry their cell.
             """,
         aliases: ["req"]
@@ -137,11 +140,11 @@ struct Subscribe: AsyncParsableCommand {
             --since N resumes after sequence N (the last line's "sequence" a reader printed): exactly the changes after it, deletions included, while the kernel holds them (kernel.state_history_changes, sb stats shows what it holds) or, with the state on etcd, while etcd does; otherwise a reset notice and the whole snapshot.
 
             Examples:
-              sb subscribe /pricing/                 the current route and the deal, then changes
-              sb sub /catalog/ /store/ --count 5     five lines, then exit
-              sb sub --no-snapshot /client/          only what changes from now on
-              sb sub /client/ --since 1764115200000123   what changed after that sequence
-              sb sub /pricing/route/ | head -n 1     the first line; sb ends with its reader, as tail -f does
+              sb subscribe /pricing/                  the current route and deal, then changes
+              sb sub /catalog/ /store/ --count 5      five lines, then exit
+              sb sub --no-snapshot /client/           only what changes from now on
+              sb sub /client/ --since 1764115200000123   the changes after that sequence
+              sb sub /pricing/route/ | head -n 1      the first line (sb ends with its reader)
             """,
         aliases: ["sub"]
     )
@@ -391,6 +394,7 @@ struct Stats: AsyncParsableCommand {
         abstract: "The kernel's figures per service: requests, errors, queue, workers, latencies.",
         discussion: """
             Latency percentiles are the bounds of the kernel's histogram buckets (upper estimates).
+
             Examples:
               sb stats
               sb stats --prometheus > /var/lib/node_exporter/switchboard.prom

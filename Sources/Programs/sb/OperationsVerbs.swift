@@ -10,6 +10,7 @@ struct Workers: AsyncParsableCommand {
         abstract: "List the worker connections the kernel holds: their id, process, window, requests in flight, and whether they drain.",
         discussion: """
             A ServiceHost's connection id is HOST:PID:RANDOM/INDEX/GENERATION; the part before the first / is its process (what sb drain --worker takes).
+
             Examples:
               sb workers
               sb workers search --json
@@ -37,9 +38,10 @@ struct Drain: AsyncParsableCommand {
         abstract: "Drain a service's workers: they take no new requests (the kernel sends them elsewhere), answer those they hold, then leave.",
         discussion: """
             A Switchboard worker process whose connection is drained drains all its connections and exits (status 0); under switchboard up it stays down until sb restart SERVICE. A plain 7/MDP worker is sent DISCONNECT once it holds nothing. Requests for a service with no worker left wait in the kernel's queue (kernel.queue_timeout_ms) for one. Sent with the operator's key (KEYS/operator.key, which switchboard up makes); the kernel refuses any other key (-32011).
+
             Examples:
-              sb drain search                          every search worker
-              sb drain search --worker web1:4242:9f3c2a1b   one process (sb workers shows the ids)
+              sb drain search                                 every search worker
+              sb drain search --worker web1:4242:9f3c2a1b     one process (see sb workers)
             """
     )
 
@@ -64,6 +66,7 @@ struct Restart: AsyncParsableCommand {
         abstract: "Replace the processes of switchboard up's services one at a time, without a failed or re-sent request.",
         discussion: """
             For each service, up starts a new process, waits until its workers are registered beside the old ones, then tells the old process to drain: it takes no new requests, answers those it holds, and leaves. The gateway, which cannot share its port, is stopped and then started. The kernel is not restarted this way. SIGUSR2 to switchboard up restarts every service the same way. This waits for the whole restart (--timeout applies to each service, at least 2 minutes). Sent with the operator's key (KEYS/operator.key, which switchboard up makes); the kernel refuses any other key (-32011).
+
             Examples:
               sb restart                  every service, then the gateway
               sb restart search pricing

@@ -88,7 +88,7 @@ struct StreamAdd: AsyncParsableCommand {
         discussion: """
             Examples:
               sb stream add orders orders. --max-age 86400
-              sb stream add prices /pricing/ --capture-state   every change of the state under /pricing/
+              sb stream add prices /pricing/ --capture-state   each change under /pricing/
             """
     )
 
@@ -161,8 +161,9 @@ struct StreamPublish: AsyncParsableCommand {
         commandName: "pub",
         abstract: "Publish a message; answered once it is kept.",
         discussion: """
-            DATA is read as JSON when it is JSON, else kept as a string. With DATA '-' it is
+            DATA is read as JSON when it is JSON, else kept as a string. With DATA '-' it is \
             standard input (as text, its final newlines dropped as $(...) drops them).
+
             Examples:
               sb stream pub orders.new '{"id": 7}' --id order-7
               jq -c .order order.json | sb stream pub orders.new -
@@ -203,6 +204,7 @@ struct StreamRead: AsyncParsableCommand {
         abstract: "Read a stream's messages without a consumer (nothing is handed out or acknowledged).",
         discussion: """
             Prints one line per message: its sequence, subject, time and data.
+
             Examples:
               sb stream read orders                    from the first message
               sb stream read orders --from 120 --max 50

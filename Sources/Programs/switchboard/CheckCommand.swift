@@ -10,11 +10,13 @@ struct CheckCommand: ParsableCommand {
             Exit status 0 and what the file sets up, or 78 and the first problem, naming its key, as \
             every other command would refuse it at its start. Files it names for values of its own \
             (a key file, a token file) are read; what the pieces open as they start (the key folder, \
-            TLS files, databases, ports) is not, as such a file may be meant for another machine's.
+            TLS files, databases, ports) is not, as such a file may be meant for another machine's. \
+            With --cell, the file is read as switchboard up --cell reads it.
+
             Examples:
               switchboard check
               switchboard check --config /etc/switchboard/switchboard.yaml
-              switchboard check --cell a --config Config/cells/cell-a.yaml   (read as switchboard up --cell a reads it)
+              switchboard check --cell a --config Config/cells/cell-a.yaml
             """
     )
 

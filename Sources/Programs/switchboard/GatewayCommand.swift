@@ -14,17 +14,21 @@ struct GatewayCommand: AsyncParsableCommand {
         commandName: "gateway",
         abstract: "Serve the bus over HTTP: JSON-RPC, state as Server-Sent Events, metrics, health and the apps' page.",
         discussion: """
-            POST /rpc/SERVICE    a JSON-RPC 2.0 request or batch; the HTTP status follows the error
-            GET  /events?prefix=P   the state under P: snapshot, synced, then changes (resumable)
-            GET  /metrics  /healthz  /readyz
-            GET  /         the five apps' page
+            POST /rpc/SERVICE      a JSON-RPC 2.0 request or batch (HTTP status per error)
+            GET  /events?prefix=P  the state under P: snapshot, synced, changes (resumable)
+            GET  /metrics, /healthz, /readyz
+            GET  /                 the five apps' page
 
-            With CURVE on, callers send Authorization: Bearer TOKEN (gateway.tokens, or the
-            token `switchboard up` writes to data/keys/gateway.token). Examples:
+            With CURVE on, callers send Authorization: Bearer TOKEN (gateway.tokens, or the \
+            token switchboard up writes to data/keys/gateway.token).
+
+            Examples:
               switchboard gateway
               switchboard gateway --listen 127.0.0.1:9090
-              switchboard gateway --broker tcp://10.0.0.1:5555 --state tcp://10.0.0.1:5556 \\
-                                  --broker tcp://10.0.0.2:5555 --state tcp://10.0.0.2:5556
+              switchboard gateway --broker tcp://10.0.0.1:5555 \\
+                                  --state tcp://10.0.0.1:5556 \\
+                                  --broker tcp://10.0.0.2:5555 \\
+                                  --state tcp://10.0.0.2:5556
             """
     )
 

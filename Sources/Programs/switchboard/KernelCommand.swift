@@ -13,7 +13,9 @@ struct KernelCommand: AsyncParsableCommand {
         commandName: "kernel",
         abstract: "Run the kernel: the Majordomo broker (7/MDP, 8/MMI) and the CHP state server (12/CHP).",
         discussion: """
-            Settings come from the configuration's kernel and security sections; flags override them.
+            Settings come from the configuration's kernel and security sections; flags override \
+            them.
+
             Example (the kernel of a two-machine deployment, see Config/two-machines/):
               switchboard kernel --config Config/two-machines/kernel-host.yaml
             """

@@ -8,9 +8,10 @@ struct KeygenCommand: ParsableCommand {
         commandName: "keygen",
         abstract: "Make a CURVE key pair for the kernel, a service host or a client.",
         discussion: """
-            Without --out, prints the public and secret keys. With --out NAME, writes NAME.key
-            (both keys; mode 0600; for security.kernel_secret_key_file, security.secret_key_file
+            Without --out, prints the public and secret keys. With --out NAME, writes NAME.key \
+            (both keys; mode 0600; for security.kernel_secret_key_file, security.secret_key_file \
             or sb --key-file) and NAME.pub (the public key, for the allow-lists or server_key).
+
             Examples:
               switchboard keygen --out keys/kernel
               switchboard keygen --out keys/services

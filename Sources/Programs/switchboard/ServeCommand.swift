@@ -13,15 +13,19 @@ struct ServeCommand: AsyncParsableCommand {
         commandName: "serve",
         abstract: "Run one service and register it with a kernel (here or on another machine).",
         discussion: """
-            switchboard serve echo                          answers with what it is sent
-            switchboard serve store --db /tmp/store.sqlite  history, articles, selections, snapshots
-            switchboard serve streams                       durable streams and their consumers
-            switchboard serve fetcher                       the seven datasets, from their sources or bundled copies
-            switchboard serve search                        countries, places, the hiring list, news and flights
-            switchboard serve pricing                       route quotes, the current route, deals
+            NAME is one of:
+              echo      answers with what it is sent
+              store     history, articles, selections, snapshots (--db: its SQLite file)
+              streams   durable streams and their consumers
+              fetcher   the seven datasets, from their sources or bundled copies
+              search    countries, places, the hiring list, news and flights
+              pricing   route quotes, the current route, deals
 
-            On another machine than the kernel:
-              switchboard serve search --broker tcp://10.0.0.1:5555 --state tcp://10.0.0.1:5556
+            Examples:
+              switchboard serve echo
+              switchboard serve store --db /tmp/store.sqlite
+              switchboard serve search --broker tcp://10.0.0.1:5555 \\
+                                       --state tcp://10.0.0.1:5556   (the kernel elsewhere)
             """
     )
 

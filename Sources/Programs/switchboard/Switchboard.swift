@@ -19,16 +19,19 @@ struct Switchboard: AsyncParsableCommand {
         commandName: "switchboard",
         abstract: "Run the Switchboard kernel and services.",
         discussion: """
-            switchboard up                the whole bus: the kernel and every service as processes, supervised
-            switchboard up --single-process   the same in one process, over inproc:// (for development)
-            switchboard kernel            the kernel alone: Majordomo broker and state server
-            switchboard serve NAME        one service (echo, store, streams, fetcher, search, pricing), connected to a kernel
-            switchboard gateway           the bus over HTTP (JSON-RPC, Server-Sent Events, metrics, the apps' page)
-            switchboard keygen --out NAME a CURVE key pair (NAME.key, NAME.pub)
-            switchboard check             the configuration checked, nothing run
+            switchboard up runs the whole bus: the kernel and every service, each as its own \
+            process, supervised (with --single-process, all in one process over inproc://, for \
+            development). The other commands run one piece of it (kernel, serve NAME, gateway), \
+            make a CURVE key pair (keygen) or check the configuration (check).
 
-            Settings come from --config (default: Config/switchboard.yaml when present), then
+            Settings come from --config (default: Config/switchboard.yaml when present), then \
             SWITCHBOARD_* environment variables, then flags.
+
+            Examples:
+              switchboard up
+              switchboard up --single-process
+              switchboard serve search --config Config/two-machines/services-host.yaml
+              switchboard check
             """,
         subcommands: [UpCommand.self, KernelCommand.self, ServeCommand.self, GatewayCommand.self, KeygenCommand.self, CheckCommand.self]
     )

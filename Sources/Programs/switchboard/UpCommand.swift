@@ -21,14 +21,15 @@ struct UpCommand: AsyncParsableCommand {
         commandName: "up",
         abstract: "Run the whole bus: the kernel and every enabled service, each as its own process.",
         discussion: """
-            Starts the kernel, then each service in the configuration's services section, waits
-            until each has registered, and prints where to connect. A process that exits
-            unexpectedly is restarted (supervisor section: back-off and limit). Ctrl-C or
-            SIGTERM stops the services (they finish their requests in flight), then the kernel;
-            the exit status is 0 after a clean shutdown. A second Ctrl-C kills what is left.
+            Starts the kernel, then each service in the configuration's services section, waits \
+            until each has registered, and prints where to connect. A process that exits \
+            unexpectedly is restarted (supervisor section: back-off and limit). Ctrl-C or SIGTERM \
+            stops the services (they finish their requests in flight), then the kernel; the exit \
+            status is 0 after a clean shutdown. A second Ctrl-C kills what is left.
+
             Examples:
               switchboard up
-              SWITCHBOARD_KERNEL_BROKER=tcp://0.0.0.0:5555 switchboard up --config Config/switchboard.yaml
+              SWITCHBOARD_KERNEL_BROKER=tcp://0.0.0.0:5555 switchboard up
               switchboard up --single-process
               switchboard up --no-kernel --config Config/two-machines/services-host.yaml
             """
