@@ -37,6 +37,39 @@ struct ManPageTests {
         #expect(lint.status == 0 && lint.stdout.isEmpty && lint.stderr.isEmpty, "\(lint)")
     }
 
+    @Test("every command's --help reads at 80 columns: no line wider, no sentence broken by a hard line end, no example row wrapped")
+    func helpFitsATerminal() async throws {
+        var problems: [String] = []
+        // Each command, then each of its subcommands, as the SUBCOMMANDS section lists them.
+        var commands = [(sbExecutable(), [String]()), (switchboardExecutable(), [String]())]
+        while let (tool, path) = commands.popLast() {
+            let help = try await runCommand(tool, path + ["--help"])
+            let name = ([tool.lastPathComponent] + path).joined(separator: " ")
+            #expect(help.status == 0, "\(name) --help: \(help)")
+            let lines = help.stdout.split(separator: "\n", omittingEmptySubsequences: false)
+            // What the command says of itself, before the usage line (which lists the flags on one line).
+            let text = lines.prefix { !$0.hasPrefix("USAGE:") }
+            for (previous, line) in zip([""] + text, text) {
+                if line.count > 80 { problems.append("\(name): wider than 80 columns: \(line)") }
+                // A row of examples or a table wider than the terminal, wrapped to column 0.
+                if previous.hasPrefix("  "), let first = line.first, first.isLowercase {
+                    problems.append("\(name): a row wrapped: \(previous) / \(line)")
+                }
+                // A paragraph with a hard line end of its own, which the parser wraps again.
+                if !previous.isEmpty, !previous.hasPrefix(" "), previous.count < 60, let first = line.first, first.isLowercase {
+                    problems.append("\(name): a sentence broken: \(previous) / \(line)")
+                }
+            }
+            let subcommands = lines.drop { $0 != "SUBCOMMANDS:" }.dropFirst().prefix { !$0.isEmpty }
+            for row in subcommands where row.hasPrefix("  ") && !row.hasPrefix("   ") {
+                // "del, rm": a name and its aliases.
+                guard let subcommand = row.split(separator: " ").first?.split(separator: ",").first, subcommand != "help" else { continue }
+                commands.append((tool, path + [String(subcommand)]))
+            }
+        }
+        #expect(problems.isEmpty, "\(problems.joined(separator: "\n"))")
+    }
+
     static let repository = repositoryRoot()
 
     /// "November 25, 2026" (how the page says it) as 2026-11-25 (how the generator takes it).

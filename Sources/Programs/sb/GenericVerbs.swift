@@ -140,11 +140,11 @@ struct Subscribe: AsyncParsableCommand {
             --since N resumes after sequence N (the last line's "sequence" a reader printed): exactly the changes after it, deletions included, while the kernel holds them (kernel.state_history_changes, sb stats shows what it holds) or, with the state on etcd, while etcd does; otherwise a reset notice and the whole snapshot.
 
             Examples:
-              sb subscribe /pricing/                  the current route and deal, then changes
-              sb sub /catalog/ /store/ --count 5      five lines, then exit
-              sb sub --no-snapshot /client/           only what changes from now on
-              sb sub /client/ --since 1764115200000123   the changes after that sequence
-              sb sub /pricing/route/ | head -n 1      the first line (sb ends with its reader)
+              sb subscribe /pricing/               the route and the deal, then changes
+              sb sub /catalog/ /store/ --count 5   five lines, then exit
+              sb sub --no-snapshot /client/        only what changes from now on
+              sb sub /client/ --since 1764115200000123
+              sb sub /pricing/route/ | head -n 1   one line: sb ends with its reader
             """,
         aliases: ["sub"]
     )
