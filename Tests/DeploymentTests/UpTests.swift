@@ -243,6 +243,21 @@ struct UpTests {
         let cells = try await runCommand(switchboardExecutable(), ["check", "--config", repositoryRoot().appendingPathComponent("Config/cells/cell-a.yaml").path, "--cell", "b"])
         #expect(cells.status == 0 && cells.stdout.contains("cell b"), "\(cells)")
         #expect(try await runCommand(switchboardExecutable(), ["check", "--cell", "a b"]).status == 64)
+        // Keys given by hand that the kernel or a service would refuse at its start: check
+        // refuses them too, reading the file as up does (CURVE on unless it says otherwise,
+        // which up tells the pieces it starts by SWITCHBOARD_SECURITY_CURVE).
+        let made = try await runCommand(switchboardExecutable(), ["keygen", "--out", folder.appendingPathComponent("hand").path])
+        #expect(made.status == 0, "\(made)")
+        let keyFile = folder.appendingPathComponent("hand.key").path
+        for (security, piece, refusal) in [("kernel_secret_key_file: \(keyFile)", ["kernel"], "security.worker_keys: no key is allowed"),
+                                           ("secret_key_file: \(keyFile)", ["serve", "echo"], "security.server_key: required with security.secret_key")] {
+            let byHand = folder.appendingPathComponent("by-hand.yaml")
+            try "security:\n  \(security)\n".write(to: byHand, atomically: true, encoding: .utf8)
+            let checkedByHand = try await runCommand(switchboardExecutable(), ["check", "--config", byHand.path])
+            #expect(checkedByHand.status == 78 && checkedByHand.stderr.contains(refusal), "\(security): \(checkedByHand)")
+            let started = try await runCommand(switchboardExecutable(), piece + ["--config", byHand.path], environment: ["SWITCHBOARD_SECURITY_CURVE": "true"])
+            #expect(started.status == 78 && started.stderr.contains(refusal), "\(piece) \(security): \(started)")
+        }
         let curve = folder.appendingPathComponent("curve.yaml")
         try "security:\n  curve: true\n  keys_dir: \(folder.appendingPathComponent("keys").path)\n".write(to: curve, atomically: true, encoding: .utf8)
         let missing = try await runCommand(switchboardExecutable(), ["kernel", "--config", curve.path])

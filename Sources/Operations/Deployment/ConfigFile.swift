@@ -159,6 +159,18 @@ public struct PairSettings: Sendable, Equatable {
 }
 
 extension SecuritySettings {
+    /// The rules on keys given by hand (the kernel's secret key with its allow-lists, a
+    /// connecting piece's server key with its own secret key) that the pieces apply at their
+    /// start, applied as `switchboard up` would (CURVE on unless the file turns it off), for
+    /// `switchboard check`: the key folder is not read, as it may be another machine's.
+    public func checkKeysGivenByHand() throws(ConfigError) {
+        var asUp = self
+        asUp.curve = curve ?? true
+        guard asUp.isOn() else { return }
+        if kernelSecretKey != nil { _ = try asUp.kernelSecurity() }
+        if serverKey != nil || secretKey != nil { _ = try asUp.connectingKeys(as: KeyFolder.client) }
+    }
+
     /// The kernel's side: nil when CURVE is off.
     public func kernelSecurity(services: [String] = ConfigFile.serviceNames + [KeyFolder.supervisor]) throws(ConfigError) -> KernelSecurity? {
         guard isOn() else { return nil }

@@ -26,6 +26,7 @@ struct CheckCommand: ParsableCommand {
     func run() throws {
         cell.apply()
         let file = try configFile.load()
+        try configFile.checked { try file.security.checkKeysGivenByHand() }
         print("\(configFile.path ?? "the defaults (no configuration file)"): fine")
         let kernel = file.kernel
         var state = "state in memory"
