@@ -172,4 +172,21 @@ struct TelemetryTests {
             #expect(refused.status == 78 && refused.stderr.contains(key), "\(refused)")
         }
     }
+
+    @Test("an endpoint variable that is not a URL (127.0.0.1:4318, its scheme left out) is refused at the start, naming it: by the pieces and check (78), and by sb (64, as its other OTEL_* mistakes)")
+    func endpointVariableNotAURL() async throws {
+        let folder = try temporaryDirectory("telemetry-variable")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let config = folder.appendingPathComponent("plain.yaml")
+        try "log_level: info\n".write(to: config, atomically: true, encoding: .utf8)
+        for variable in ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] {
+            let environment = [variable: "127.0.0.1:4318"]
+            for arguments in [["check"], ["serve", "echo", "--broker", "tcp://127.0.0.1:\(freePort())"]] {
+                let refused = try await runCommand(switchboardExecutable(), arguments + ["--config", config.path], environment: environment, seconds: 20)
+                #expect(refused.status == 78 && refused.stderr.contains("\(variable): expected an http:// or https:// URL"), "\(arguments): \(refused)")
+            }
+            let sb = try await runCommand(sbExecutable(), ["ping", "--endpoint", "tcp://127.0.0.1:\(freePort())", "--timeout", "300ms"], environment: environment)
+            #expect(sb.status == 64 && sb.stderr.contains("telemetry (OTEL_* variables): \(variable): expected an http:// or https:// URL"), "\(sb)")
+        }
+    }
 }

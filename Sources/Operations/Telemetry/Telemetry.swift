@@ -28,10 +28,8 @@ public struct TelemetrySettings: Sendable, Equatable {
     public static let schema = ConfigSchema.values(["endpoint", "sampling", "resource", "ca_file", "cert_file", "key_file"])
 
     public init(reading telemetry: ConfigSection) throws(ConfigError) {
-        if let endpoint = try telemetry.text("endpoint", "an http:// or https:// URL such as http://127.0.0.1:4318") {
-            guard let url = URL(string: endpoint), ["http", "https"].contains(url.scheme ?? ""), url.host != nil else {
-                throw telemetry.refuse("endpoint", expected: "an http:// or https:// URL such as http://127.0.0.1:4318")
-            }
+        if let endpoint = try telemetry.text("endpoint", Self.expectedEndpoint) {
+            guard Self.isEndpoint(endpoint) else { throw telemetry.refuse("endpoint", expected: Self.expectedEndpoint) }
             self.endpoint = endpoint
         }
         (caFile, certificateFile, keyFile) = try telemetry.clientTLSFiles()
@@ -54,6 +52,27 @@ public struct TelemetrySettings: Sendable, Equatable {
                 }
                 resource[key] = text
             }
+        }
+    }
+
+    private static let expectedEndpoint = "an http:// or https:// URL such as http://127.0.0.1:4318"
+
+    private static func isEndpoint(_ text: String) -> Bool {
+        guard let url = URL(string: text) else { return false }
+        return ["http", "https"].contains(url.scheme ?? "") && url.host != nil
+    }
+
+    /// The standard variables that name where to export, which swift-otel takes over the
+    /// configuration's endpoint.
+    static let endpointVariables = ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]
+
+    /// An endpoint variable that is not a URL is refused as a bad `endpoint` is: exported to,
+    /// it would fail at every export with a message that names neither (`127.0.0.1:4318`,
+    /// without its scheme, is the usual slip).
+    public static func checkEnvironment(_ environment: [String: String] = ProcessInfo.processInfo.environment) throws(ConfigError) {
+        for name in endpointVariables {
+            guard let value = environment[name], !value.isEmpty, !isEndpoint(value) else { continue }
+            throw ConfigError(path: name, problem: "expected \(expectedEndpoint), got \(ConfigSection.describe(value))")
         }
     }
 
@@ -80,6 +99,7 @@ public enum Telemetry {
             BusTracing.bootstrap()
             return []
         }
+        try TelemetrySettings.checkEnvironment(environment)
         var configuration = OTel.Configuration.default
         configuration.serviceName = serviceName
         configuration.resourceAttributes = settings.resource

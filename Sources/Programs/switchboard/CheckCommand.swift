@@ -1,6 +1,7 @@
 import ArgumentParser
 import Deployment
 import Foundation
+import Telemetry
 
 struct CheckCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -27,6 +28,7 @@ struct CheckCommand: ParsableCommand {
         cell.apply()
         let file = try configFile.load()
         try configFile.checked { try file.security.checkKeysGivenByHand() }
+        if file.telemetry.isOn() { try configFile.checked { try TelemetrySettings.checkEnvironment() } }
         print("\(configFile.path ?? "the defaults (no configuration file)"): fine")
         let kernel = file.kernel
         var state = "state in memory"
