@@ -113,7 +113,10 @@ struct SBTests {
         #expect(pairWait < .seconds(3.8), "waited \(pairWait)")
         // State endpoints that do not match the kernels given are a usage error before anything is asked.
         let mismatched = try await bus.sb("services", "--endpoint", deadPair.joined(separator: ","), "--timeout", "2s")
-        #expect(mismatched.status == 64 && mismatched.stderr.contains("for a kernel pair one per kernel"), "\(mismatched)")
+        #expect(mismatched.status == 64 && mismatched.stderr.contains("SB_STATE_ENDPOINT (for --state-endpoint) gives the state of 1 kernel, the endpoint 2"), "\(mismatched)")
+        // A value from the environment is named as such.
+        let badVariable = try await bus.sb("ping", environment: ["SB_TIMEOUT": "soon"])
+        #expect(badVariable.status == 64 && badVariable.stderr.contains("SB_TIMEOUT (for --timeout): 'soon' is not a duration"), "\(badVariable)")
         // A connection the system accepts but nobody greets (a kernel stopped, or out of open
         // files): said so, rather than "connected".
         let silent = try SilentListener()

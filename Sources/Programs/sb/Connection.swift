@@ -85,7 +85,8 @@ struct ConnectionOptions: ParsableArguments {
     var checkedBrokers: [String] {
         get throws {
             for broker in brokers where !ConfigSection.isEndpoint(broker, schemes: ["tcp://", "ipc://"]) {
-                throw ValidationError("--endpoint: '\(broker)' is not an endpoint such as tcp://127.0.0.1:5555 or ipc:///path")
+                let source = endpoint.isEmpty ? "SB_ENDPOINT (for --endpoint)" : "--endpoint"
+                throw ValidationError("\(source): '\(broker)' is not an endpoint such as tcp://127.0.0.1:5555 or ipc:///path")
             }
             return brokers
         }
@@ -95,7 +96,8 @@ struct ConnectionOptions: ParsableArguments {
         get throws {
             guard let text = timeout ?? environment["SB_TIMEOUT"], !text.isEmpty else { return .seconds(5) }
             guard let duration = Self.duration(text) else {
-                throw ValidationError("--timeout: '\(text)' is not a duration such as 5s, 500ms or 2m (up to a day)")
+                let source = timeout == nil ? "SB_TIMEOUT (for --timeout)" : "--timeout"
+                throw ValidationError("\(source): '\(text)' is not a duration such as 5s, 500ms or 2m (up to a day)")
             }
             return duration
         }
@@ -127,8 +129,12 @@ struct ConnectionOptions: ParsableArguments {
             if let text = givenStateEndpoint {
                 let parts = text.split(separator: ";").map(String.init)
                 let endpoints = parts.compactMap { StateEndpoints($0) }
-                guard parts.count == brokers.count, endpoints.count == parts.count else {
-                    throw ValidationError("--state-endpoint: give tcp://HOST:PORT (the publisher and collector follow on the next two ports), or snapshot,publisher,collector; for a kernel pair one per kernel, separated by ';'")
+                let source = stateEndpoint == nil ? "SB_STATE_ENDPOINT (for --state-endpoint)" : "--state-endpoint"
+                guard endpoints.count == parts.count else {
+                    throw ValidationError("\(source): give tcp://HOST:PORT (the publisher and collector follow on the next two ports), or snapshot,publisher,collector; for a kernel pair one per kernel, separated by ';'")
+                }
+                guard parts.count == brokers.count else {
+                    throw ValidationError("\(source) gives the state of \(parts.count) kernel\(parts.count == 1 ? "" : "s"), the endpoint \(brokers.count): give one per kernel, separated by ';'")
                 }
                 return endpoints
             }
