@@ -164,9 +164,9 @@ extension SecuritySettings {
     /// start, applied as `switchboard up` would (CURVE on unless the file turns it off), for
     /// `switchboard check`: the key folder is not read, as it may be another machine's.
     public func checkKeysGivenByHand() throws(ConfigError) {
+        guard isOn(default: true) else { return }
         var asUp = self
-        asUp.curve = curve ?? true
-        guard asUp.isOn() else { return }
+        asUp.curve = true
         if kernelSecretKey != nil { _ = try asUp.kernelSecurity() }
         if serverKey != nil || secretKey != nil { _ = try asUp.connectingKeys(as: KeyFolder.client) }
     }

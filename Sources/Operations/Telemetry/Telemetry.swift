@@ -62,9 +62,11 @@ public struct TelemetrySettings: Sendable, Equatable {
         return ["http", "https"].contains(url.scheme ?? "") && url.host != nil
     }
 
-    /// The standard variables that name where to export, which swift-otel takes over the
-    /// configuration's endpoint.
-    static let endpointVariables = ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]
+    /// The standard variables that name where spans go, either of which turns telemetry on;
+    /// with the metrics' own, those that name where to export, which swift-otel takes over
+    /// the configuration's endpoint.
+    static let tracesEndpointVariables = ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    static let endpointVariables = tracesEndpointVariables + ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]
 
     /// An endpoint variable that is not a URL is refused as a bad `endpoint` is: exported to,
     /// it would fail at every export with a message that names neither (`127.0.0.1:4318`,
@@ -78,7 +80,7 @@ public struct TelemetrySettings: Sendable, Equatable {
 
     /// Whether telemetry is exported: an endpoint here or in the environment.
     public func isOn(environment: [String: String] = ProcessInfo.processInfo.environment) -> Bool {
-        endpoint != nil || ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"].contains { !(environment[$0] ?? "").isEmpty }
+        endpoint != nil || Self.tracesEndpointVariables.contains { !(environment[$0] ?? "").isEmpty }
     }
 }
 

@@ -85,8 +85,7 @@ struct ConnectionOptions: ParsableArguments {
     var checkedBrokers: [String] {
         get throws {
             for broker in brokers where !ConfigSection.isEndpoint(broker, schemes: ["tcp://", "ipc://"]) {
-                let source = endpoint.isEmpty ? "SB_ENDPOINT (for --endpoint)" : "--endpoint"
-                throw ValidationError("\(source): '\(broker)' is not an endpoint such as tcp://127.0.0.1:5555 or ipc:///path")
+                throw ValidationError("\(Self.origin("--endpoint", variable: "SB_ENDPOINT", flagGiven: !endpoint.isEmpty)): '\(broker)' is not an endpoint such as tcp://127.0.0.1:5555 or ipc:///path")
             }
             return brokers
         }
@@ -96,11 +95,15 @@ struct ConnectionOptions: ParsableArguments {
         get throws {
             guard let text = timeout ?? environment["SB_TIMEOUT"], !text.isEmpty else { return .seconds(5) }
             guard let duration = Self.duration(text) else {
-                let source = timeout == nil ? "SB_TIMEOUT (for --timeout)" : "--timeout"
-                throw ValidationError("\(source): '\(text)' is not a duration such as 5s, 500ms or 2m (up to a day)")
+                throw ValidationError("\(Self.origin("--timeout", variable: "SB_TIMEOUT", flagGiven: timeout != nil)): '\(text)' is not a duration such as 5s, 500ms or 2m (up to a day)")
             }
             return duration
         }
+    }
+
+    /// Where a bad value came from, for its message: the flag, or the variable standing in for it.
+    private static func origin(_ flag: String, variable: String, flagGiven: Bool) -> String {
+        flagGiven ? flag : "\(variable) (for \(flag))"
     }
 
     /// `5s`, `500ms`, `2m`, `1.5` (seconds); positive, at most a day.
@@ -129,7 +132,7 @@ struct ConnectionOptions: ParsableArguments {
             if let text = givenStateEndpoint {
                 let parts = text.split(separator: ";").map(String.init)
                 let endpoints = parts.compactMap { StateEndpoints($0) }
-                let source = stateEndpoint == nil ? "SB_STATE_ENDPOINT (for --state-endpoint)" : "--state-endpoint"
+                let source = Self.origin("--state-endpoint", variable: "SB_STATE_ENDPOINT", flagGiven: stateEndpoint != nil)
                 guard endpoints.count == parts.count else {
                     throw ValidationError("\(source): give tcp://HOST:PORT (the publisher and collector follow on the next two ports), or snapshot,publisher,collector; for a kernel pair one per kernel, separated by ';'")
                 }

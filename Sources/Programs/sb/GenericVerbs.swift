@@ -323,11 +323,12 @@ func withActiveKernel(_ connection: ConnectionOptions, printing: Bool, asOperato
             try await body(client)
         }
     }
-    let answers = try await askEachKernel(brokers, timeout: connection.requestTimeout, curve: try connection.curve(asOperator: asOperator))
+    let timeout = try connection.requestTimeout
+    let answers = try await askEachKernel(brokers, timeout: timeout, curve: try connection.curve(asOperator: asOperator))
     let statuses = zip(brokers, answers).map { (endpoint: $0, status: $1.pong?.pair, reachable: $1.pong != nil) }
     if !statuses.contains(where: \.reachable) {
         // Each was waited for the whole --timeout already: waiting again would double it.
-        let failure = Failure.noKernel(at: brokers, waited: try connection.requestTimeout,
+        let failure = Failure.noKernel(at: brokers, waited: timeout,
                                        summary: answers.map(\.connectionSummary).joined(separator: "; "))
         Output.diagnostic(failure.message)
         throw ExitCode(failure.status)
