@@ -355,7 +355,7 @@ struct SBTests {
         await bus.stop()
     }
 
-    @Test("sb run: good, bad and mixed scripts; every line answered in order; exit status; stdin (a request's params too)")
+    @Test("sb run: good, bad and mixed scripts; every line answered in order; exit status; stdin (a request's params too); each line sent as it is read; a line too long for a message refused unkept")
     func runScripts() async throws {
         let bus = try await SBBus.start()
         let folder = try temporaryDirectory("sb-run")
@@ -393,6 +393,26 @@ struct SBTests {
         #expect(missing.stderr.contains("Usage: sb run ") && missing.stderr.contains("See 'sb run --help'"), "the verb's usage, not sb's: \(missing)")
         let notAFile = try await bus.sb("run", folder.path)
         #expect(notAFile.status == 64 && notAFile.stderr.contains("it is a folder"), "\(notAFile)")
+
+        // A script still being written (a program's output, a person typing): each line is
+        // answered before the next is written, and a failure ends the run without its end.
+        let writing = try ChildProcess(sbExecutable(), ["run", "-"], environment: bus.environment)
+        for number in 1...2 {
+            writing.send(#"{"service":"echo","method":"echo","params":{"n":\#(number)}}"# + "\n")
+            try await writing.waitForOutput(containing: #""line":\#(number)"#)
+        }
+        writing.send("not json\n")
+        #expect(await writing.exit(within: 30) && writing.terminationStatus == 1, "\(writing.outputSoFar)")
+        #expect(writing.outputSoFar.contains(#""line":3"#) && writing.outputSoFar.contains("-32700"), "\(writing.outputSoFar)")
+
+        // A line longer than one message may carry is answered as an error and not kept.
+        let longest = MDP.defaultMaxMessageSize
+        let tooLong = #"{"service":"echo","method":"echo","params":{"a":""# + String(repeating: "x", count: longest) + "\"}}\n" + good
+        let long = try await bus.sb("run", "-", "--continue-on-error", input: tooLong)
+        let longLines = try jsonLines(long.stdout)
+        #expect(long.status == 1 && longLines.count == 13 && longLines.first?["error"]?["code"] == -32600, "\(long.stderr)")
+        #expect(longLines.first?["error"]?["message"]?.stringValue?.contains("longer than \(longest) bytes") == true)
+        #expect(longLines.last?["result"]?["n"] == 11 && longLines.last?["line"] == 13)
 
         // One request's params on standard input.
         let params = try await bus.sb("request", "echo", "echo", "-", "--json", input: #"{"n": 3}"#)

@@ -334,17 +334,21 @@ func checkRange<P: NumberRanges>(_ value: Int?, flag: String, field: String, of 
 /// The bytes of the file at `path`; when it cannot be read, a usage error that says which
 /// (`what`: the flag or thing it is for) and why, as the system puts it.
 func fileContents(_ path: String, for what: String) throws(ValidationError) -> Data {
-    if let data = FileManager.default.contents(atPath: path) { return data }
-    var info = stat()
-    let reason: String
-    if stat(path, &info) != 0 {
-        reason = String(cString: strerror(errno))
-    } else if info.st_mode & S_IFMT == S_IFDIR {
-        reason = "it is a folder"
-    } else {
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
-        reason = descriptor < 0 ? String(cString: strerror(errno)) : "it could not be read to its end"
-        if descriptor >= 0 { close(descriptor) }
+    let handle = FileHandle(fileDescriptor: try openForReading(path, for: what), closeOnDealloc: true)
+    do {
+        return try handle.readToEnd() ?? Data()
+    } catch {
+        throw ValidationError("\(what): cannot read \(path): it could not be read to its end")
     }
+}
+
+/// A descriptor open to read the file at `path`; when it cannot be opened, or is a folder, a
+/// usage error that says which (`what`) and why.
+func openForReading(_ path: String, for what: String) throws(ValidationError) -> Int32 {
+    let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+    var info = stat()
+    if descriptor >= 0, fstat(descriptor, &info) == 0, info.st_mode & S_IFMT != S_IFDIR { return descriptor }
+    let reason = descriptor < 0 ? String(cString: strerror(errno)) : "it is a folder"
+    if descriptor >= 0 { close(descriptor) }
     throw ValidationError("\(what): cannot read \(path): \(reason)")
 }
