@@ -283,6 +283,39 @@ struct UpTests {
         let badBroker = try await runCommand(switchboardExecutable(), ["serve", "echo", "--broker", "127.0.0.1:5555"])
         #expect(badBroker.status == 64 && badBroker.stderr.contains("--broker 127.0.0.1:5555: give tcp://HOST:PORT"), "\(badBroker)")
     }
+
+    @Test("keygen and up's key folder: a name that is no file or a pair that exists is a usage error with keygen's usage; a folder that cannot be made is 73 with the system's reason; --force replaces the pair whole")
+    func keyFiles() async throws {
+        let folder = try temporaryDirectory("up-keys")
+        let alice = folder.appendingPathComponent("keys/alice").path
+        let made = try await runCommand(switchboardExecutable(), ["keygen", "--out", alice])
+        #expect(made.status == 0 && made.stdout.contains("wrote \(alice).key (secret) and \(alice).pub"), "\(made)")
+        func publicKeys() throws -> [Substring] {
+            try [".key", ".pub"].map { try String(contentsOfFile: alice + $0, encoding: .utf8).split(separator: "\n").first { $0.hasPrefix("public-key") } ?? "" }
+        }
+        let first = try publicKeys()
+        let again = try await runCommand(switchboardExecutable(), ["keygen", "--out", alice])
+        #expect(again.status == 64 && again.stderr.contains("\(alice).key exists; use --force to replace it"), "\(again)")
+        #expect(again.stderr.contains("Usage: switchboard keygen [--out <out>] [--force]"), "keygen's usage, not switchboard's: \(again)")
+        #expect(try publicKeys() == first)
+        let replaced = try await runCommand(switchboardExecutable(), ["keygen", "--out", alice, "--force"])
+        let second = try publicKeys()
+        #expect(replaced.status == 0 && second != first && second[0] == second[1], "\(replaced)")
+        for name in ["", folder.path + "/"] {
+            let noFile = try await runCommand(switchboardExecutable(), ["keygen", "--out", name])
+            #expect(noFile.status == 64 && noFile.stderr.contains("names no file"), "\(name): \(noFile)")
+        }
+        // Where a folder should be, a file: the system's reason, not Foundation's error dump.
+        let notAFolder = folder.appendingPathComponent("file")
+        try Data("x".utf8).write(to: notAFolder)
+        let under = notAFolder.appendingPathComponent("more")
+        let blocked = try await runCommand(switchboardExecutable(), ["keygen", "--out", under.appendingPathComponent("bob").path])
+        #expect(blocked.status == 73 && blocked.stderr == "switchboard keygen: \(under.path) cannot be made: Not a directory\n", "\(blocked)")
+        let keysDir = notAFolder.appendingPathComponent("keys").path
+        let up = try await runCommand(switchboardExecutable(), ["up"], environment: ["SWITCHBOARD_SECURITY_KEYS_DIR": keysDir])
+        #expect(up.status == 73 && up.stderr.contains("security.keys_dir: cannot make the CURVE keys: \(keysDir) cannot be made: Not a directory"), "\(up)")
+        #expect(!up.stderr.contains("Domain"), "\(up)")
+    }
 }
 
 @Suite("switchboard up with CURVE, and sb's key options", .serialized)

@@ -457,7 +457,7 @@ struct StoreDurabilityTests {
         let error = await bus.failure("history.list")
         #expect(error?.code == -32007 && error?.data?["reason"] == "cannot-open", "\(String(describing: error))")
         let message = error?.message ?? ""
-        #expect(message.contains("cannot create the folder \(folder.appendingPathComponent("db").path)") && message.contains("store.sqlite"), "\(message)")
+        #expect(message.contains("cannot create the folder \(folder.appendingPathComponent("db").path): File exists") && message.contains("store.sqlite"), "\(message)")
         #expect(!message.contains("Domain") && !message.contains("UserInfo") && !message.contains("\n"), "\(message)")
         await bus.stop()
     }

@@ -51,13 +51,14 @@ public struct KeyFolder: Sendable, Equatable {
     /// it made a pair for.
     @discardableResult
     public func create(_ names: [String]) throws -> [String] {
-        let manager = FileManager.default
         for folder in [url, clientsFolder, operatorsFolder] {
-            try manager.createDirectory(at: folder, withIntermediateDirectories: true)
-            try manager.setAttributes([.posixPermissions: 0o700], ofItemAtPath: folder.path)
+            try Self.makeFolder(folder.path)
+            guard chmod(folder.path, 0o700) == 0 else {
+                throw KeyFolderError(path: folder.path, problem: "cannot be made private (mode 0700): \(String(cString: strerror(errno)))")
+            }
         }
         var made: [String] = []
-        for name in names where !manager.fileExists(atPath: secretKeyFile(name).path) {
+        for name in names where !FileManager.default.fileExists(atPath: secretKeyFile(name).path) {
             try Self.write(try CurveKeyPair.generate(), to: url.appendingPathComponent(name).path, replacing: true)
             made.append(name)
         }
@@ -70,15 +71,12 @@ public struct KeyFolder: Sendable, Equatable {
     /// Writes a new random gateway token (mode 0600) unless there is one; returns whether
     /// it made one.
     @discardableResult
-    public func createGatewayToken() throws -> Bool {
-        let manager = FileManager.default
-        guard !manager.fileExists(atPath: gatewayTokenFile.path) else { return false }
-        try manager.createDirectory(at: url, withIntermediateDirectories: true)
+    public func createGatewayToken() throws(KeyFolderError) -> Bool {
+        guard !FileManager.default.fileExists(atPath: gatewayTokenFile.path) else { return false }
+        try Self.makeFolder(path)
         var generator = SystemRandomNumberGenerator()
         let token = (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
-        guard manager.createFile(atPath: gatewayTokenFile.path, contents: Data((token + "\n").utf8), attributes: [.posixPermissions: 0o600]) else {
-            throw KeyFolderError(path: gatewayTokenFile.path, problem: "cannot be written")
-        }
+        try Self.writeNewFile(gatewayTokenFile.path, token + "\n", mode: 0o600)
         return true
     }
 
@@ -87,20 +85,63 @@ public struct KeyFolder: Sendable, Equatable {
         (try? String(contentsOf: gatewayTokenFile, encoding: .utf8)).map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
     }
 
-    /// Writes `base.key` (mode 0600) and `base.pub`, as `switchboard keygen --out` does.
-    public static func write(_ pair: CurveKeyPair, to base: String, replacing: Bool) throws {
-        let manager = FileManager.default
-        let secretPath = base + ".key", publicPath = base + ".pub"
-        for path in [secretPath, publicPath] where manager.fileExists(atPath: path) && !replacing {
-            throw KeyFolderError(path: path, problem: "exists; use --force to replace it")
+    /// Writes `base.key` (mode 0600) and `base.pub`, as `switchboard keygen --out` does,
+    /// making their folder if need be. Both are written under other names first and then
+    /// renamed into place: a pair that cannot be written whole leaves what was there before
+    /// (with `replacing`, the old pair), never a secret key without its public key or the
+    /// public key of another pair.
+    public static func write(_ pair: CurveKeyPair, to base: String, replacing: Bool) throws(KeyFolderError) {
+        guard !base.isEmpty, !base.hasSuffix("/") else {
+            throw KeyFolderError(path: "\"\(base)\"", problem: "names no file for a key pair")
         }
-        try manager.createDirectory(at: URL(fileURLWithPath: secretPath).deletingLastPathComponent(), withIntermediateDirectories: true)
-        // Created with 0600 from the start, so the secret is never readable by others.
-        try? manager.removeItem(atPath: secretPath)
-        guard manager.createFile(atPath: secretPath, contents: Data(CurveKeyFile.secretFile(pair).utf8), attributes: [.posixPermissions: 0o600]) else {
-            throw KeyFolderError(path: secretPath, problem: "cannot be written")
+        let files = [(path: base + ".key", text: CurveKeyFile.secretFile(pair), mode: mode_t(0o600)),
+                     (path: base + ".pub", text: CurveKeyFile.publicFile(pair), mode: mode_t(0o644))]
+        for file in files where FileManager.default.fileExists(atPath: file.path) && !replacing {
+            throw KeyFolderError(path: file.path, problem: "exists; use --force to replace it")
         }
-        try Data(CurveKeyFile.publicFile(pair).utf8).write(to: URL(fileURLWithPath: publicPath))
+        try makeFolder(URL(fileURLWithPath: base).deletingLastPathComponent().path)
+        let suffix = ".new-\(getpid())"
+        defer { for file in files { unlink(file.path + suffix) } }
+        for file in files {
+            unlink(file.path + suffix)
+            try writeNewFile(file.path + suffix, file.text, mode: file.mode, naming: file.path)
+        }
+        for file in files where rename(file.path + suffix, file.path) != 0 {
+            throw KeyFolderError(path: file.path, problem: "cannot be written: \(String(cString: strerror(errno)))")
+        }
+    }
+
+    /// Makes the folder at `path` and those above it, as needed.
+    private static func makeFolder(_ path: String) throws(KeyFolderError) {
+        do {
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        } catch {
+            throw KeyFolderError(path: path, problem: "cannot be made: \(systemReason(error))")
+        }
+    }
+
+    /// Writes `text` to a file at `path` that must not exist yet, with `mode` from the start
+    /// (a secret is never readable by others, not even for a moment), and on the disk before it
+    /// returns. A failure names `naming` (the file the caller means) with the system's reason.
+    private static func writeNewFile(_ path: String, _ text: String, mode: mode_t, naming: String? = nil) throws(KeyFolderError) {
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
+        var written = descriptor >= 0
+        if written {
+            var text = text
+            written = text.withUTF8 { bytes in
+                var offset = 0
+                while offset < bytes.count {
+                    let count = Glibc.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
+                    if count < 0, errno == EINTR { continue }
+                    guard count > 0 else { return false }
+                    offset += count
+                }
+                return fsync(descriptor) == 0
+            }
+        }
+        let reason = String(cString: strerror(errno))
+        if descriptor >= 0 { close(descriptor) }
+        guard written else { throw KeyFolderError(path: naming ?? path, problem: "cannot be written: \(reason)") }
     }
 
     /// The secret key in `name.key`.

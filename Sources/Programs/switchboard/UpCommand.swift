@@ -105,7 +105,7 @@ struct UpCommand: AsyncParsableCommand {
                 logger.notice("made the gateway's bearer token", metadata: ["file": "\(folder.gatewayTokenFile.path)"])
             }
         } catch {
-            StandardStreams.writeError("switchboard: security.keys_dir: cannot make the CURVE keys in \(folder.path): \(error.localizedDescription)\n")
+            StandardStreams.writeError("switchboard: security.keys_dir: cannot make the CURVE keys: \(error)\n")
             throw ExitCode(73)
         }
     }

@@ -1,4 +1,5 @@
 package import BusProtocol
+import BusKit
 import Foundation
 package import GRDB
 package import Logging
@@ -184,7 +185,7 @@ package actor SQLiteWriter {
         do {
             try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
-            throw StorageFailure(reason: "cannot-open", detail: "cannot create the folder \(folder.path): \(StorageFailure.systemMessage(error))",
+            throw StorageFailure(reason: "cannot-open", detail: "cannot create the folder \(folder.path): \(systemReason(error))",
                                  path: path)
         }
         let descriptor = Glibc.open(url.path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)

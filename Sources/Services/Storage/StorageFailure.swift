@@ -1,4 +1,5 @@
 package import BusProtocol
+import BusKit
 import Foundation
 import GRDB
 #if canImport(Glibc)
@@ -25,7 +26,7 @@ package struct StorageFailure: Error, Sendable {
         self.path = path
         guard let error = error as? DatabaseError else {
             reason = "other"
-            detail = Self.systemMessage(error)
+            detail = systemReason(error)
             return
         }
         switch error.resultCode {
@@ -37,16 +38,6 @@ package struct StorageFailure: Error, Sendable {
         case .SQLITE_BUSY, .SQLITE_LOCKED: (reason, detail) = ("busy", "the database stayed locked by another process")
         default: (reason, detail) = ("other", error.message ?? "\(error)")
         }
-    }
-
-    /// The operating system's one-line reason ("Not a directory") rather than Foundation's
-    /// dump of an error's domain, code and user info.
-    package static func systemMessage(_ error: any Error) -> String {
-        let error = error as NSError
-        for candidate in [error, error.userInfo[NSUnderlyingErrorKey] as? NSError].compactMap({ $0 }) where candidate.domain == NSPOSIXErrorDomain {
-            return String(cString: strerror(Int32(candidate.code)))
-        }
-        return error.localizedDescription
     }
 
     package var rpcError: JSONRPCError {
