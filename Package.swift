@@ -233,7 +233,7 @@ let package = Package(
         .target(
             name: "Storage",
             dependencies: [
-                "BusKit", "BusProtocol", "ClientTLS", "Contracts", "ZeroMQ",
+                "BusKit", "BusProtocol", "ClientTLS", "Contracts", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOPosix", package: "swift-nio"),

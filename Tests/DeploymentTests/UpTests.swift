@@ -234,6 +234,11 @@ struct UpTests {
         let badVariable = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path], environment: ["SWITCHBOARD_KERNEL_HEARTBEAT_MS": "soon"])
         #expect(badVariable.status == 78, "\(badVariable)")
         #expect(badVariable.stderr.contains(#"SWITCHBOARD_KERNEL_HEARTBEAT_MS (overrides kernel.heartbeat_ms): expected an integer from 1 to 3600000, got "soon""#), "\(badVariable.stderr)")
+        // A file that cannot be read: the system's reason, not Foundation's error dump.
+        for (path, reason) in [(folder.appendingPathComponent("none.yaml").path, "No such file or directory"), (folder.path, "Is a directory")] {
+            let unreadable = try await runCommand(switchboardExecutable(), ["check", "--config", path])
+            #expect(unreadable.status == 78 && unreadable.stderr == "switchboard: \(path): cannot read \(path): \(reason)\n", "\(unreadable)")
+        }
         // check: the same refusals, and for a good file what it sets up, nothing started.
         let checked = try await runCommand(switchboardExecutable(), ["check", "--config", good.path], environment: ["SWITCHBOARD_SERVICES_SEARCH_WORKERS": "3"])
         #expect(checked.status == 0 && checked.stdout.hasPrefix("\(good.path): fine\n") && checked.stdout.contains("search 3,"), "\(checked)")

@@ -516,6 +516,13 @@ struct SBTests {
         #expect(p50 > 0 && p50 <= p99 && p99 <= max)
         let rows = try String(contentsOfFile: csv, encoding: .utf8).split(separator: "\n")
         #expect(rows.first == "client,sent_us,latency_us,ok" && rows.count == 301 && rows.dropFirst().allSatisfy { $0.hasSuffix(",true") })
+        // The CSV is written through the path given, as a shell's `>` would: a link stays a
+        // link (as a device stays a device: `--csv /dev/null` must not become a file).
+        let link = folder.appendingPathComponent("link.csv").path
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: csv)
+        let throughLink = try await bus.sb("bench", "--count", "10", "--warmup", "0", "--csv", link)
+        #expect(throughLink.status == 0 && (try? FileManager.default.destinationOfSymbolicLink(atPath: link)) == csv, "\(throughLink)")
+        #expect(try String(contentsOfFile: csv, encoding: .utf8).split(separator: "\n").count == 11)
 
         // Timed instead of counted; a service's errors counted by kind, and exit status 1.
         let timed = try await bus.sb("bench", "--duration", "300ms", "--warmup", "0", "--json")

@@ -96,7 +96,7 @@ struct ConfigFileTests {
         ("log_level: loud", #"log_level: expected one of trace, debug, info, notice, warning, error, critical, got "loud""#),
         ("security:\n  worker_keys: [abc]", #"security.worker_keys[0]: expected a CURVE key"#),
         ("security:\n  operator_keys: [abc]", #"security.operator_keys[0]: expected a CURVE key"#),
-        ("security:\n  secret_key_file: /nonexistent/x.key", "security.secret_key_file: cannot read /nonexistent/x.key"),
+        ("security:\n  secret_key_file: /nonexistent/x.key", "security.secret_key_file: cannot read /nonexistent/x.key: No such file or directory"),
         ("security:\n  curve: yes please", #"security.curve: expected true or false"#),
         ("supervisor:\n  restart_limit: 0", "supervisor.restart_limit: expected an integer from 1 to 1000000, got 0"),
         // Numbers that would overflow once converted (milliseconds to nanoseconds, megabytes to bytes).

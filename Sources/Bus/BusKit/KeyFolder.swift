@@ -1,5 +1,6 @@
 public import Foundation
 public import ZeroMQ
+import SwitchboardConfig
 
 /// The folder of CURVE keys on a machine running the bus (`security.keys_dir`, by default
 /// `data/keys`): `switchboard up` fills it on first run, the kernel builds its allow-lists

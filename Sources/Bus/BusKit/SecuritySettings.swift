@@ -95,7 +95,7 @@ public struct SecuritySettings: Sendable, Equatable {
         do {
             text = try String(contentsOfFile: path, encoding: .utf8)
         } catch {
-            throw ConfigError(path: section.path(file), problem: "cannot read \(path): \(error.localizedDescription)")
+            throw ConfigError(path: section.path(file), problem: "cannot read \(path): \(systemReason(error))")
         }
         guard let secret = CurveKeyFile.secretKey(in: text) else {
             throw ConfigError(path: section.path(file), problem: "\(path) holds no CURVE secret key (expected the file `switchboard keygen --out` writes)")

@@ -14,7 +14,7 @@ public enum ConfigDocument {
             do {
                 text = try String(contentsOf: url, encoding: .utf8)
             } catch {
-                throw ConfigError(path: "", problem: "cannot read \(url.path): \(error.localizedDescription)")
+                throw ConfigError(path: "", problem: "cannot read \(url.path): \(systemReason(error))")
             }
         }
         return try parse(text, schema: schema, environment: environment, read: read)

@@ -135,7 +135,7 @@ extension GatewaySettings {
                 do {
                     token = try String(contentsOfFile: file, encoding: .utf8)
                 } catch {
-                    throw ConfigError(path: "\(here).token_file", problem: "cannot read \(file): \(error.localizedDescription)")
+                    throw ConfigError(path: "\(here).token_file", problem: "cannot read \(file): \(systemReason(error))")
                 }
             default:
                 throw ConfigError(path: here, problem: "give token (the text) or token_file (a file holding it), one of the two")

@@ -5,6 +5,7 @@ import BusProtocol
 import Contracts
 import Foundation
 import Histogram
+import StandardStreams
 
 /// `sb bench`: load against a live bus, after `nats bench`.
 struct Bench: AsyncParsableCommand {
@@ -142,23 +143,23 @@ struct BenchRequest: AsyncParsableCommand {
 
     /// Writes the CSV a chunk at a time (ten million rows would be a 300 MB string).
     private func writeCSV(_ samples: [LatencySample], to path: String) throws {
-        guard FileManager.default.createFile(atPath: path, contents: nil), let file = FileHandle(forWritingAtPath: path) else {
-            throw Failure(status: ExitStatus.usage, message: "--csv: cannot write \(path)")
+        let file = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard file >= 0 else {
+            throw Failure(status: ExitStatus.usage, message: "--csv: cannot write \(path): \(String(cString: strerror(errno)))")
         }
-        defer { try? file.close() }
         var chunk = "client,sent_us,latency_us,ok\n"
-        do {
-            for sample in samples {
-                chunk += "\(sample.client),\(Double(sample.sentAt / 100) / 10),\(Double(sample.latency / 100) / 10),\(sample.ok)\n"
-                if chunk.utf8.count >= 1 << 16 {
-                    try file.write(contentsOf: Data(chunk.utf8))
-                    chunk = ""
-                }
+        var written = true
+        for sample in samples where written {
+            chunk += "\(sample.client),\(Double(sample.sentAt / 100) / 10),\(Double(sample.latency / 100) / 10),\(sample.ok)\n"
+            if chunk.utf8.count >= 1 << 16 {
+                written = StandardStreams.writeAll(chunk, to: file)
+                chunk = ""
             }
-            try file.write(contentsOf: Data(chunk.utf8))
-        } catch {
-            throw Failure(status: ExitStatus.ioError, message: "--csv: cannot write \(path): \(error.localizedDescription)")
         }
+        written = written && StandardStreams.writeAll(chunk, to: file)
+        let reason = String(cString: strerror(errno))
+        close(file)
+        guard written else { throw Failure(status: ExitStatus.ioError, message: "--csv: cannot write \(path): \(reason)") }
     }
 }
 

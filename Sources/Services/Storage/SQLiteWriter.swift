@@ -1,5 +1,5 @@
 package import BusProtocol
-import BusKit
+import SwitchboardConfig
 import Foundation
 package import GRDB
 package import Logging
