@@ -163,7 +163,7 @@ struct ArchitectureTests {
     static let polls: [String: (count: Int, waitsFor: String)] = [
         "Tests/BusKitTests/BusKitTests.swift": (4, "a client's requests waiting, a kernel's queue, a worker process's request"),
         "Tests/BusKitTests/CellTests.swift": (2, "the stop reaching another cell's worker, a gateway process"),
-        "Tests/BusKitTests/CurveTests.swift": (2, "the kernel's security counters"),
+        "Tests/BusKitTests/CurveTests.swift": (3, "the kernel's security counters"),
         "Tests/BusKitTests/KernelPairTests.swift": (4, "the pair's roles, a subscription's connections"),
         "Tests/BusKitTests/PartStreamTests.swift": (2, "a stream ended unread, a client's requests waiting"),
         "Tests/BusKitTests/StatsTests.swift": (1, "error counts that come with the workers' heartbeats"),

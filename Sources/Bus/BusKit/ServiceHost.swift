@@ -214,6 +214,15 @@ actor WorkerConnection {
     /// with READY at once rather than after heartbeat x liveness.
     private var monitor: SocketRegistration?
     private var lostConnection = false
+    /// Whether a kernel completed the handshake on the current socket (inproc:// has none).
+    /// Until one has, no kernel can have sent a request, and none is there to acknowledge a
+    /// drain (a wrong endpoint, a kernel not started yet, one that refuses this service's
+    /// key): stopping then does not wait for one.
+    private var handshaken = false
+    /// Handshakes the kernel refused since one last succeeded (CURVE on one side only, a key
+    /// the kernel does not allow), and when the log last said so.
+    private var refusedHandshakes = 0
+    private var refusalLogged: ContinuousClock.Instant?
     /// The TCP connection to the kernel while there is one: bytes arriving on it say the
     /// kernel is there while its heartbeats wait behind a large request still on its way.
     private var kernelConnection: TCPConnection?
@@ -290,6 +299,7 @@ actor WorkerConnection {
         generation += 1
         currentGeneration.store(generation, ordering: .relaxed)
         lostConnection = false
+        handshaken = broker.hasPrefix("inproc://")
         kernelConnection = nil
         errors = 0
         errorReport?.cancel()
@@ -301,7 +311,7 @@ actor WorkerConnection {
         // Bounded, so that parts a handler makes faster than the kernel reads wait in the part
         // outbox, where they hold the handler back, and not in libzmq's queue, which would grow.
         try socket.set(.sendHighWaterMark, Self.sendHighWaterMark)
-        let pair = try connectionEvents(of: socket, in: loop.context)
+        let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeFailed, .handshakeSucceeded])
         try socket.connect(broker)
         let current = generation
         registration = loop.register(socket) { [weak self] message in
@@ -515,6 +525,8 @@ actor WorkerConnection {
 
     private func connectionEvent(_ message: Message, generation: Int) {
         guard generation == self.generation, let event = SocketEvent(message) else { return }
+        if !event.event.isDisjoint(with: .handshakeFailed) { handshakeRefused() }
+        if event.event.contains(.handshakeSucceeded) { (handshaken, refusedHandshakes) = (true, 0) }
         if event.event.contains(.disconnected) { kernelConnection = nil }
         if let connection = TCPConnection(event) { kernelConnection = connection }
         if state == .draining, event.event.contains(.disconnected) {
@@ -526,9 +538,30 @@ actor WorkerConnection {
         if event.event.contains(.disconnected) {
             lostConnection = true
         } else if event.event.contains(.connected), lostConnection {
-            logger.info("reconnected to the kernel; registering again", metadata: ["connection": "\(index)", "broker": "\(broker)"])
+            // While the kernel refuses the handshake, each try reconnects: the refusal is what
+            // the log says, once a minute.
+            if refusedHandshakes == 0 {
+                logger.info("reconnected to the kernel; registering again", metadata: ["connection": "\(index)", "broker": "\(broker)"])
+            }
             reregister()
         }
+    }
+
+    /// The kernel refused this connection's handshake; libzmq tries again. Said at the first
+    /// refusal and then once a minute while they go on, with what to look at: a service
+    /// without keys meeting a kernel with CURVE on, or the other way round, or a key the
+    /// kernel does not allow, would otherwise look like a kernel that is not there.
+    private func handshakeRefused() {
+        refusedHandshakes += 1
+        let now = ContinuousClock.now
+        if let last = refusalLogged, now - last < .seconds(60) { return }
+        refusalLogged = now
+        let why = options.curve == nil
+            ? "this service has CURVE off, and a kernel with CURVE on answers only workers with keys it allows (security.curve, security.keys_dir)"
+            : "this service speaks CURVE: the kernel must have CURVE on and allow this service's key (its security.worker_keys or key folder), and security.server_key here must be the kernel's"
+        logger.warning("the kernel refused this service's handshake; trying again", metadata: [
+            "connection": "\(index)", "broker": "\(broker)", "refused": "\(refusedHandshakes)", "why": "\(why)",
+        ])
     }
 
     private func beat() {
@@ -549,7 +582,10 @@ actor WorkerConnection {
             return
         }
         if liveness <= 0 {
-            logger.info("the kernel is silent; registering again", metadata: ["connection": "\(index)", "broker": "\(broker)"])
+            // Silent because it refuses the handshake: the refusal is what the log says.
+            if refusedHandshakes == 0 {
+                logger.info("the kernel is silent; registering again", metadata: ["connection": "\(index)", "broker": "\(broker)"])
+            }
             reregister()
             return
         }
@@ -575,8 +611,9 @@ actor WorkerConnection {
         guard state == .registered || state == .idle else { return }
         let wasRegistered = state == .registered
         state = .draining
-        // No word can come over a connection that is down (the kernel stopped first).
-        drainAcknowledged = !wasRegistered || lostConnection
+        // No word can come over a connection that is down (the kernel stopped first), nor
+        // from a kernel that never got through the handshake.
+        drainAcknowledged = !wasRegistered || lostConnection || !handshaken
         if wasRegistered { registration?.send(MDP.encode(.drain, version: version)) }
         if busy > 0 || !drainAcknowledged || unsent {
             let loop = self.loop
@@ -614,8 +651,9 @@ actor WorkerConnection {
         // What libzmq still holds for the kernel (up to its high-water mark of parts and
         // replies, then the DISCONNECT) leaves after the socket is closed: it lingers until all
         // of it has, for at most the drain's timeout (a kernel that is there reads it at once;
-        // a loaded one may take seconds), and not at all once the kernel is gone.
-        try? registration?.socket.set(.linger, lostConnection ? 0 : Int32(clamping: timeout.nanoseconds / 1_000_000))
+        // a loaded one may take seconds), and not at all once the kernel is gone or was never
+        // there.
+        try? registration?.socket.set(.linger, lostConnection || !handshaken ? 0 : Int32(clamping: timeout.nanoseconds / 1_000_000))
         registration?.close()
         registration = nil
         monitor?.close()
