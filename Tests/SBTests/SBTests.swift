@@ -334,6 +334,7 @@ struct SBTests {
             (["countries", "par", "--limit", "0"], "--limit must be 1 to 1000"),
             (["news", "headlines", "--page-size", "1000"], "--page-size must be 1 to 100"),
             (["pub", "/client/x", "1", "--ttl", "1e12"], "--ttl must be 0 to 31536000 seconds"),
+            (["run", "-", "--parallel", "10001"], "--parallel must be 1 to 10000"),
         ]
         for (arguments, said) in outOfRange {
             let refused = try await runCommand(sbExecutable(), arguments, environment: bus.environment)

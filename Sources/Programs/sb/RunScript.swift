@@ -20,11 +20,11 @@ struct Run: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @Argument(help: "The script (default or '-': standard input).") var file: String?
-    @Option(parsing: .unconditional, help: "Requests in flight at once.") var parallel = 1
+    @Option(parsing: .unconditional, help: "Requests in flight at once (1 to 10000).") var parallel = 1
     @Flag(help: "Go on after a failed request.") var continueOnError = false
 
     func validate() throws {
-        guard parallel >= 1 else { throw ValidationError("--parallel must be 1 or more") }
+        guard (1...10_000).contains(parallel) else { throw ValidationError("--parallel must be 1 to 10000") }
     }
 
     /// One line of the script: a request, or why it is not one.
