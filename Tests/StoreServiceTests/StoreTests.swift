@@ -460,6 +460,15 @@ struct StoreDurabilityTests {
         #expect(message.contains("cannot create the folder \(folder.appendingPathComponent("db").path): File exists") && message.contains("store.sqlite"), "\(message)")
         #expect(!message.contains("Domain") && !message.contains("UserInfo") && !message.contains("\n"), "\(message)")
         await bus.stop()
+
+        // Where the database file should be, a folder: SQLite says only "unable to open".
+        let other = try temporaryDirectory("store")
+        try FileManager.default.createDirectory(at: other.appendingPathComponent("db/store.sqlite"), withIntermediateDirectories: true)
+        let folderBus = try await StoreBus.start(folder: other)
+        let folderError = await folderBus.failure("history.list")
+        #expect(folderError?.data?["reason"] == "cannot-open" && folderError?.message.contains("cannot be opened: it is a folder") == true,
+                "\(String(describing: folderError))")
+        await folderBus.stop()
     }
 
     @Test("a database that is not a database: a clear error on every call, and the service keeps answering")

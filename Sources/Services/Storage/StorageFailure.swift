@@ -34,10 +34,22 @@ package struct StorageFailure: Error, Sendable {
         case .SQLITE_FULL: (reason, detail) = ("full", "the disk or the database's size limit is full")
         case .SQLITE_CORRUPT, .SQLITE_NOTADB: (reason, detail) = ("corrupt", "the database file is corrupt or not a database")
         case .SQLITE_IOERR: (reason, detail) = ("io", "a disk I/O error occurred")
-        case .SQLITE_CANTOPEN: (reason, detail) = ("cannot-open", "the database file cannot be opened")
+        case .SQLITE_CANTOPEN: (reason, detail) = ("cannot-open", "the database file cannot be opened" + Self.whyNotOpened(path))
         case .SQLITE_BUSY, .SQLITE_LOCKED: (reason, detail) = ("busy", "the database stayed locked by another process")
         default: (reason, detail) = ("other", error.message ?? "\(error)")
         }
+    }
+
+    /// What the system says of a database file SQLite could not open (SQLite says only that
+    /// it could not): ": it is a folder", ": Permission denied"; empty when nothing is found.
+    private static func whyNotOpened(_ path: String) -> String {
+        var info = stat()
+        if stat(path, &info) == 0 {
+            if info.st_mode & S_IFMT == S_IFDIR { return ": it is a folder" }
+            return access(path, R_OK | W_OK) == 0 ? "" : ": \(String(cString: strerror(errno)))"
+        }
+        let folder = URL(fileURLWithPath: path).deletingLastPathComponent().path
+        return access(folder, W_OK | X_OK) == 0 ? "" : ": its folder \(folder): \(String(cString: strerror(errno)))"
     }
 
     package var rpcError: JSONRPCError {
