@@ -36,6 +36,22 @@ struct BusKitTests {
         await kernel.stop()
     }
 
+    @Test("a call made for a purpose names it and the service; the service's code and data stay, its message is said once and its data only as data")
+    func callNeededFor() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let bus = try await BusClient(brokers: [kernel.endpoints.broker])
+        do {
+            _ = try await bus.call(KernelAPI.stateSet, .init(key: "/client/needed", value: 1, revision: 5), neededFor: "the test's write")
+            Issue.record("expected -32004")
+        } catch {
+            #expect(error.code == -32004 && error.data?["expected"] == 5 && error.data?["service"] == "kernel", "\(error)")
+            #expect(error.message.hasPrefix("the test's write needs the kernel service: kernel: error -32004: Conflict: /client/needed is absent, not at revision 5; read it again and decide"), "\(error.message)")
+            #expect(!error.message.contains("{"), "the data is not in the message: \(error.message)")
+        }
+        await bus.close()
+        await kernel.stop()
+    }
+
     @Test("typed errors: unknown method -32601, bad params -32602 naming the field, a service's own error")
     func errors() async throws {
         let kernel = try await TestKernel.start(fastHeartbeats)

@@ -63,7 +63,10 @@ extension BusClient {
             var data: [String: JSONValue] = [:]
             if case .remote(_, let remote) = error, case .object(let fields)? = remote.data { data = fields }
             data["service"] = .string(method.service)
-            throw JSONRPCError(code: error.code ?? JSONRPCError.serviceUnavailableCode, message: "\(purpose) needs the \(method.service) service: \(error)",
+            // The message says the service's message once; its data is the data's, not the
+            // message's too.
+            let said = if case .remote(let service, let remote) = error { "\(service): error \(remote.code): \(remote.message)" } else { "\(error)" }
+            throw JSONRPCError(code: error.code ?? JSONRPCError.serviceUnavailableCode, message: "\(purpose) needs the \(method.service) service: \(said)",
                                data: .object(data))
         }
     }
