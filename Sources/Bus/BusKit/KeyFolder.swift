@@ -87,10 +87,10 @@ public struct KeyFolder: Sendable, Equatable {
     }
 
     /// Writes `base.key` (mode 0600) and `base.pub`, as `switchboard keygen --out` does,
-    /// making their folder if need be. Both are written under other names first and then
-    /// renamed into place: a pair that cannot be written whole leaves what was there before
-    /// (with `replacing`, the old pair), never a secret key without its public key or the
-    /// public key of another pair.
+    /// making their folder if need be. Both are written whole under other names first, and
+    /// renamed into place only then: a pair that cannot be written (a full disk, no
+    /// permission) leaves what was there before, with `replacing` the old pair, not a secret
+    /// key beside another pair's public key.
     public static func write(_ pair: CurveKeyPair, to base: String, replacing: Bool) throws(KeyFolderError) {
         guard !base.isEmpty, !base.hasSuffix("/") else {
             throw KeyFolderError(path: "\"\(base)\"", problem: "names no file for a key pair")

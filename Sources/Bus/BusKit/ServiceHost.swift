@@ -311,7 +311,7 @@ actor WorkerConnection {
         // Bounded, so that parts a handler makes faster than the kernel reads wait in the part
         // outbox, where they hold the handler back, and not in libzmq's queue, which would grow.
         try socket.set(.sendHighWaterMark, Self.sendHighWaterMark)
-        let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeFailed, .handshakeSucceeded])
+        let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeRefused, .handshakeSucceeded])
         try socket.connect(broker)
         let current = generation
         registration = loop.register(socket) { [weak self] message in
@@ -525,7 +525,7 @@ actor WorkerConnection {
 
     private func connectionEvent(_ message: Message, generation: Int) {
         guard generation == self.generation, let event = SocketEvent(message) else { return }
-        if !event.event.isDisjoint(with: .handshakeFailed) { handshakeRefused() }
+        if !event.event.isDisjoint(with: .handshakeRefused) { handshakeRefused() }
         if event.event.contains(.handshakeSucceeded) { (handshaken, refusedHandshakes) = (true, 0) }
         if event.event.contains(.disconnected) { kernelConnection = nil }
         if let connection = TCPConnection(event) { kernelConnection = connection }
@@ -557,7 +557,7 @@ actor WorkerConnection {
         if let last = refusalLogged, now - last < .seconds(60) { return }
         refusalLogged = now
         let why = options.curve == nil
-            ? "this service has CURVE off, and a kernel with CURVE on answers only workers with keys it allows (security.curve, security.keys_dir)"
+            ? "this service has CURVE off, and a kernel with CURVE on answers only workers with keys it allows (security.curve: true, or SWITCHBOARD_SECURITY_CURVE=true, with the kernel's key folder as security.keys_dir)"
             : "this service speaks CURVE: the kernel must have CURVE on and allow this service's key (its security.worker_keys or key folder), and security.server_key here must be the kernel's"
         logger.warning("the kernel refused this service's handshake; trying again", metadata: [
             "connection": "\(index)", "broker": "\(broker)", "refused": "\(refusedHandshakes)", "why": "\(why)",

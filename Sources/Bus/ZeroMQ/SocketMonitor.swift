@@ -10,9 +10,12 @@ public struct SocketEvents: OptionSet, Sendable, Hashable {
     public static let disconnected = SocketEvents(rawValue: UInt16(ZMQ_EVENT_DISCONNECTED))
     public static let handshakeSucceeded = SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_SUCCEEDED))
     /// The peer refused the handshake: with CURVE, the server does not accept this key (or
-    /// the client has the wrong server key); otherwise a protocol mismatch.
-    public static let handshakeFailed = SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
-                                                                    | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
+    /// the client has the wrong server key); otherwise a protocol mismatch (CURVE on one side
+    /// only).
+    public static let handshakeRefused = SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL))
+    /// The handshake did not complete: refused, or the connection failed during it (a peer
+    /// that stopped, or ran out of open files).
+    public static let handshakeFailed = SocketEvents(rawValue: handshakeRefused.rawValue | UInt16(ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
     public static let all = SocketEvents(rawValue: UInt16(ZMQ_EVENT_ALL))
 }
 
