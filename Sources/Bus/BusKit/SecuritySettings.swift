@@ -11,8 +11,9 @@ import Foundation
 /// allow-lists, and for a connecting piece the kernel's public key and its own secret key.
 /// Keys in `client_keys`, `worker_keys` and `operator_keys` are allowed in either way.
 public struct SecuritySettings: Sendable, Equatable {
-    /// nil when the configuration does not say: `switchboard up` then turns CURVE on; the
-    /// kernel or a service run alone stays plain (with a warning), for any ZeroMQ peer.
+    /// nil when the configuration does not say: `switchboard up` then turns CURVE on; a
+    /// kernel run alone stays plain (with a warning), for any ZeroMQ peer, and a service run
+    /// alone speaks plain text (warned of if a kernel with CURVE on refuses it).
     public var curve: Bool?
     public var keysDir = KeyFolder.defaultPath
     public var kernelSecretKey: String?
