@@ -366,6 +366,9 @@ struct SecuredUpTests {
         #expect(plain.status == 69 && plain.stderr.contains("this client spoke plain text"), "\(plain)")
         let publicOnly = try await runCommand(sbExecutable(), ["ping", "--key-file", folder.appendingPathComponent("alice.pub").path] + keyed)
         #expect(publicOnly.status == 64 && publicOnly.stderr.contains("holds no secret key"), "\(publicOnly)")
+        // A "key file" that never ends is read no further than a key file could be long.
+        let endless = try await runCommand(sbExecutable(), ["ping", "--key-file", "/dev/zero"] + keyed)
+        #expect(endless.status == 64 && endless.stderr.contains("--key-file: /dev/zero holds more than 65536 bytes"), "\(endless)")
         let stats = try await runCommand(sbExecutable(), ["stats", "--prometheus", "--key-file", folder.appendingPathComponent("alice.key").path] + keyed)
         #expect(stats.status == 0 && stats.stdout.contains("switchboard_refused_connections_total"), "\(stats)")
         #expect(!stats.stdout.contains("switchboard_refused_connections_total 0\n"), "mallory and the plain client were refused")

@@ -34,18 +34,10 @@ enum StandardInput {
     /// Standard input to its end. More than `limit` bytes is a usage error, read no further:
     /// one message could not carry them, and reading on would only fill memory.
     static func read(atMost limit: Int) throws(ValidationError) -> [UInt8] {
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
-        while true {
-            let count = chunk.withUnsafeMutableBytes { Glibc.read(STDIN_FILENO, $0.baseAddress, $0.count) }
-            if count == 0 { return bytes }
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw ValidationError("cannot read standard input: \(String(cString: strerror(errno)))")
-            }
-            bytes += chunk[..<count]
-            if bytes.count > limit { throw ValidationError("standard input holds more than \(limit) bytes, the most one message may carry") }
+        guard let bytes = try readToEnd(STDIN_FILENO, atMost: limit, "cannot read standard input") else {
+            throw ValidationError("standard input holds more than \(limit) bytes, the most one message may carry")
         }
+        return bytes
     }
 }
 
