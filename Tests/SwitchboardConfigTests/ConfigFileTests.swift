@@ -193,7 +193,7 @@ struct ConfigFileTests {
         let keys = KeyFolder(folder.path)
         #expect(try keys.create(["kernel", "store", "echo", "client"]) == ["kernel", "store", "echo", "client"])
         #expect(try keys.create(["kernel", "store", "search"]) == ["search"], "existing keys are kept")
-        try KeyFolder.write(try CurveKeyPair.generate(), to: keys.clientsFolder.appendingPathComponent("bob").path, replacing: false)
+        try KeyFolder.write(try CurveKeyPair.generate(), to: keys.clientsFolder.appendingPathComponent("bob").path)
         let file = try ConfigFile.parse("security:\n  curve: true\n  keys_dir: \(folder.path)\n")
         let security = try #require(try file.security.kernelSecurity())
         #expect(security.secretKey == (try keys.secretKey("kernel")))
@@ -205,7 +205,7 @@ struct ConfigFileTests {
         // Operators: operator.pub, operators/*.pub and security.operator_keys.
         #expect(security.operatorKeys.isEmpty)
         #expect(try keys.create(["operator"]) == ["operator"])
-        try KeyFolder.write(try CurveKeyPair.generate(), to: keys.operatorsFolder.appendingPathComponent("ann").path, replacing: false)
+        try KeyFolder.write(try CurveKeyPair.generate(), to: keys.operatorsFolder.appendingPathComponent("ann").path)
         let listed = try CurveKeyPair.generate().publicKey
         let operators = try #require(try ConfigFile.parse("security:\n  curve: true\n  keys_dir: \(folder.path)\n  operator_keys: [\"\(listed)\"]\n")
             .security.kernelSecurity()).operatorKeys

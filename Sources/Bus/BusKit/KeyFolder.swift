@@ -60,7 +60,7 @@ public struct KeyFolder: Sendable, Equatable {
         }
         var made: [String] = []
         for name in names where !FileManager.default.fileExists(atPath: secretKeyFile(name).path) {
-            try Self.write(try CurveKeyPair.generate(), to: url.appendingPathComponent(name).path, replacing: true)
+            try Self.write(try CurveKeyPair.generate(), to: url.appendingPathComponent(name).path)
             made.append(name)
         }
         return made
@@ -87,19 +87,16 @@ public struct KeyFolder: Sendable, Equatable {
     }
 
     /// Writes `base.key` (mode 0600) and `base.pub`, as `switchboard keygen --out` does,
-    /// making their folder if need be. Both are written whole under other names first, and
-    /// renamed into place only then: a pair that cannot be written (a full disk, no
-    /// permission) leaves what was there before, with `replacing` the old pair, not a secret
-    /// key beside another pair's public key.
-    public static func write(_ pair: CurveKeyPair, to base: String, replacing: Bool) throws(KeyFolderError) {
+    /// making their folder if need be and replacing a pair already there (keygen asks for
+    /// --force first). Both are written whole under other names first, and renamed into
+    /// place only then: a pair that cannot be written (a full disk, no permission) leaves
+    /// what was there before, not a secret key beside another pair's public key.
+    public static func write(_ pair: CurveKeyPair, to base: String) throws(KeyFolderError) {
         guard !base.isEmpty, !base.hasSuffix("/") else {
             throw KeyFolderError(path: "\"\(base)\"", problem: "names no file for a key pair")
         }
         let files = [(path: base + ".key", text: CurveKeyFile.secretFile(pair), mode: mode_t(0o600)),
                      (path: base + ".pub", text: CurveKeyFile.publicFile(pair), mode: mode_t(0o644))]
-        for file in files where FileManager.default.fileExists(atPath: file.path) && !replacing {
-            throw KeyFolderError(path: file.path, problem: "exists; use --force to replace it")
-        }
         try makeFolder(URL(fileURLWithPath: base).deletingLastPathComponent().path)
         let suffix = ".new-\(getpid())"
         defer { for file in files { unlink(file.path + suffix) } }
@@ -126,23 +123,16 @@ public struct KeyFolder: Sendable, Equatable {
     /// returns. A failure names `naming` (the file the caller means) with the system's reason.
     private static func writeNewFile(_ path: String, _ text: String, mode: mode_t, naming: String? = nil) throws(KeyFolderError) {
         let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
-        var written = descriptor >= 0
-        if written {
-            var text = text
-            written = text.withUTF8 { bytes in
-                var offset = 0
-                while offset < bytes.count {
-                    let count = Glibc.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
-                    if count < 0, errno == EINTR { continue }
-                    guard count > 0 else { return false }
-                    offset += count
-                }
-                return fsync(descriptor) == 0
-            }
+        guard descriptor >= 0 else {
+            throw KeyFolderError(path: naming ?? path, problem: "cannot be written: \(String(cString: strerror(errno)))")
         }
-        let reason = String(cString: strerror(errno))
-        if descriptor >= 0 { close(descriptor) }
-        guard written else { throw KeyFolderError(path: naming ?? path, problem: "cannot be written: \(reason)") }
+        let file = FileHandle(fileDescriptor: descriptor, closeOnDealloc: true)
+        do {
+            try file.write(contentsOf: Data(text.utf8))
+            try file.synchronize()
+        } catch {
+            throw KeyFolderError(path: naming ?? path, problem: "cannot be written: \(systemReason(error))")
+        }
     }
 
     /// The secret key in `name.key`.

@@ -78,9 +78,8 @@ public enum StandardStreams {
     }
 
     /// Writes all of `text` to `descriptor`, again after a signal or a short write; false
-    /// (with errno set) when it cannot. For a file a program writes besides its output too
-    /// (`sb bench --csv`).
-    public static func writeAll(_ text: String, to descriptor: Int32) -> Bool {
+    /// (with errno set) when it cannot.
+    private static func writeAll(_ text: String, to descriptor: Int32) -> Bool {
         var text = text
         return text.withUTF8 { bytes in
             var offset = 0

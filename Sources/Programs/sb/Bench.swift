@@ -5,7 +5,7 @@ import BusProtocol
 import Contracts
 import Foundation
 import Histogram
-import StandardStreams
+import SwitchboardConfig
 
 /// `sb bench`: load against a live bus, after `nats bench`.
 struct Bench: AsyncParsableCommand {
@@ -141,25 +141,27 @@ struct BenchRequest: AsyncParsableCommand {
         }
     }
 
-    /// Writes the CSV a chunk at a time (ten million rows would be a 300 MB string).
+    /// Writes the CSV a chunk at a time (ten million rows would be a 300 MB string), through
+    /// the path as a shell's `>` would: a link or a device stays what it is.
     private func writeCSV(_ samples: [LatencySample], to path: String) throws {
-        let file = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard file >= 0 else {
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else {
             throw Failure(status: ExitStatus.usage, message: "--csv: cannot write \(path): \(String(cString: strerror(errno)))")
         }
+        let file = FileHandle(fileDescriptor: descriptor, closeOnDealloc: true)
         var chunk = "client,sent_us,latency_us,ok\n"
-        var written = true
-        for sample in samples where written {
-            chunk += "\(sample.client),\(Double(sample.sentAt / 100) / 10),\(Double(sample.latency / 100) / 10),\(sample.ok)\n"
-            if chunk.utf8.count >= 1 << 16 {
-                written = StandardStreams.writeAll(chunk, to: file)
-                chunk = ""
+        do {
+            for sample in samples {
+                chunk += "\(sample.client),\(Double(sample.sentAt / 100) / 10),\(Double(sample.latency / 100) / 10),\(sample.ok)\n"
+                if chunk.utf8.count >= 1 << 16 {
+                    try file.write(contentsOf: Data(chunk.utf8))
+                    chunk = ""
+                }
             }
+            try file.write(contentsOf: Data(chunk.utf8))
+        } catch {
+            throw Failure(status: ExitStatus.ioError, message: "--csv: cannot write \(path): \(systemReason(error))")
         }
-        written = written && StandardStreams.writeAll(chunk, to: file)
-        let reason = String(cString: strerror(errno))
-        close(file)
-        guard written else { throw Failure(status: ExitStatus.ioError, message: "--csv: cannot write \(path): \(reason)") }
     }
 }
 

@@ -45,7 +45,7 @@ struct KeygenCommand: ParsableCommand {
             return
         }
         do {
-            try KeyFolder.write(pair, to: out, replacing: force)
+            try KeyFolder.write(pair, to: out)
         } catch {
             // As `switchboard up` says keys it cannot make: EX_CANTCREAT.
             StandardStreams.writeError("switchboard keygen: \(error)\n")

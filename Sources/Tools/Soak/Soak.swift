@@ -90,7 +90,7 @@ struct Soak: AsyncParsableCommand {
             // kernel shares a service's places among keys.
             let keys = busKeyFolder(in: folder)
             try FileManager.default.createDirectory(at: keys.clientsFolder, withIntermediateDirectories: true)
-            try KeyFolder.write(try CurveKeyPair.generate(), to: keys.clientsFolder.appendingPathComponent("hostile").path, replacing: true)
+            try KeyFolder.write(try CurveKeyPair.generate(), to: keys.clientsFolder.appendingPathComponent("hostile").path)
         }
         say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers"
             + (hostile ? ", a hostile client instead of kills" : ", a kill every \(killMin)-\(killMax) s")
