@@ -214,15 +214,20 @@ actor WorkerConnection {
     /// with READY at once rather than after heartbeat x liveness.
     private var monitor: SocketRegistration?
     private var lostConnection = false
-    /// Whether a kernel completed the handshake on the current socket (inproc:// has none).
-    /// Until one has, no kernel can have sent a request, and none is there to acknowledge a
-    /// drain (a wrong endpoint, a kernel not started yet, one that refuses this service's
-    /// key): stopping then does not wait for one.
+    /// Whether the current socket got through a handshake with a kernel (its monitor said so,
+    /// or a message came), and whether it has tried to connect and failed.
     private var handshaken = false
+    private var connectFailed = false
     /// Handshakes the kernel refused since one last succeeded (CURVE on one side only, a key
     /// the kernel does not allow), and when the log last said so.
     private var refusedHandshakes = 0
     private var refusalLogged: ContinuousClock.Instant?
+    /// No kernel is there for this socket, as far as the socket has seen: it has not got
+    /// through a handshake, and its attempts failed (nothing listens at the endpoint, or the
+    /// kernel refuses this service). No request can have come then, and no kernel will
+    /// acknowledge a drain: stopping does not wait for one. Only such evidence counts, as the
+    /// monitor's events may come after the first messages do.
+    private var kernelUnreachable: Bool { !handshaken && (connectFailed || refusedHandshakes > 0) }
     /// The TCP connection to the kernel while there is one: bytes arriving on it say the
     /// kernel is there while its heartbeats wait behind a large request still on its way.
     private var kernelConnection: TCPConnection?
@@ -299,7 +304,7 @@ actor WorkerConnection {
         generation += 1
         currentGeneration.store(generation, ordering: .relaxed)
         lostConnection = false
-        handshaken = broker.hasPrefix("inproc://")
+        (handshaken, connectFailed) = (false, false)
         kernelConnection = nil
         errors = 0
         errorReport?.cancel()
@@ -311,7 +316,7 @@ actor WorkerConnection {
         // Bounded, so that parts a handler makes faster than the kernel reads wait in the part
         // outbox, where they hold the handler back, and not in libzmq's queue, which would grow.
         try socket.set(.sendHighWaterMark, Self.sendHighWaterMark)
-        let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeRefused, .handshakeSucceeded])
+        let pair = try connectionEvents(of: socket, in: loop.context, also: [.handshakeRefused, .handshakeSucceeded, .connectRetried])
         try socket.connect(broker)
         let current = generation
         registration = loop.register(socket) { [weak self] message in
@@ -343,6 +348,7 @@ actor WorkerConnection {
     private func received(_ message: Message, generation: Int) {
         guard generation == self.generation, state == .registered || state == .draining else { return }
         liveness = options.heartbeatLiveness
+        handshaken = true
         let command: BrokerToWorker
         do {
             command = try MDP.decodeAtWorker(message)
@@ -527,9 +533,11 @@ actor WorkerConnection {
         guard generation == self.generation, let event = SocketEvent(message) else { return }
         if !event.event.isDisjoint(with: .handshakeRefused) { handshakeRefused() }
         if event.event.contains(.handshakeSucceeded) { (handshaken, refusedHandshakes) = (true, 0) }
+        if event.event.contains(.connectRetried) { connectFailed = true }
         if event.event.contains(.disconnected) { kernelConnection = nil }
         if let connection = TCPConnection(event) { kernelConnection = connection }
-        if state == .draining, event.event.contains(.disconnected) {
+        // Draining, the kernel gone or found not there: no word will come.
+        if state == .draining, event.event.contains(.disconnected) || kernelUnreachable {
             drainAcknowledged = true
             lostConnection = true
             releaseIfDrained()
@@ -612,8 +620,8 @@ actor WorkerConnection {
         let wasRegistered = state == .registered
         state = .draining
         // No word can come over a connection that is down (the kernel stopped first), nor
-        // from a kernel that never got through the handshake.
-        drainAcknowledged = !wasRegistered || lostConnection || !handshaken
+        // from a kernel that is not there.
+        drainAcknowledged = !wasRegistered || lostConnection || kernelUnreachable
         if wasRegistered { registration?.send(MDP.encode(.drain, version: version)) }
         if busy > 0 || !drainAcknowledged || unsent {
             let loop = self.loop
@@ -653,7 +661,7 @@ actor WorkerConnection {
         // of it has, for at most the drain's timeout (a kernel that is there reads it at once;
         // a loaded one may take seconds), and not at all once the kernel is gone or was never
         // there.
-        try? registration?.socket.set(.linger, lostConnection || !handshaken ? 0 : Int32(clamping: timeout.nanoseconds / 1_000_000))
+        try? registration?.socket.set(.linger, lostConnection || kernelUnreachable ? 0 : Int32(clamping: timeout.nanoseconds / 1_000_000))
         registration?.close()
         registration = nil
         monitor?.close()

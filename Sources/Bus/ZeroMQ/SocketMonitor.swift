@@ -9,6 +9,9 @@ public struct SocketEvents: OptionSet, Sendable, Hashable {
     public static let accepted = SocketEvents(rawValue: UInt16(ZMQ_EVENT_ACCEPTED))
     public static let disconnected = SocketEvents(rawValue: UInt16(ZMQ_EVENT_DISCONNECTED))
     public static let handshakeSucceeded = SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_SUCCEEDED))
+    /// A connection attempt failed and will be made again: nothing listens there, or it
+    /// cannot be reached.
+    public static let connectRetried = SocketEvents(rawValue: UInt16(ZMQ_EVENT_CONNECT_RETRIED))
     /// The peer refused the handshake: with CURVE, the server does not accept this key (or
     /// the client has the wrong server key); otherwise a protocol mismatch (CURVE on one side
     /// only).
