@@ -234,8 +234,12 @@ struct UpTests {
         let badVariable = try await runCommand(switchboardExecutable(), ["kernel", "--config", good.path], environment: ["SWITCHBOARD_KERNEL_HEARTBEAT_MS": "soon"])
         #expect(badVariable.status == 78, "\(badVariable)")
         #expect(badVariable.stderr.contains(#"SWITCHBOARD_KERNEL_HEARTBEAT_MS (overrides kernel.heartbeat_ms): expected an integer from 1 to 3600000, got "soon""#), "\(badVariable.stderr)")
-        // A file that cannot be read: the system's reason, not Foundation's error dump.
-        for (path, reason) in [(folder.appendingPathComponent("none.yaml").path, "No such file or directory"), (folder.path, "Is a directory")] {
+        // A file that cannot be read: the system's reason, not Foundation's error dump; one
+        // that never ends is read no further than any configuration needs.
+        let binary = folder.appendingPathComponent("binary.yaml")
+        try Data([0x6B, 0x3A, 0x20, 0xFF, 0xFE, 0x0A]).write(to: binary)
+        for (path, reason) in [(folder.appendingPathComponent("none.yaml").path, "No such file or directory"), (folder.path, "it is a folder"),
+                               ("/dev/zero", "it holds more than the limit of 1048576 bytes"), (binary.path, "it is not UTF-8 text")] {
             let unreadable = try await runCommand(switchboardExecutable(), ["check", "--config", path])
             #expect(unreadable.status == 78 && unreadable.stderr == "switchboard: \(path): cannot read \(path): \(reason)\n", "\(unreadable)")
         }
@@ -266,7 +270,11 @@ struct UpTests {
         let curve = folder.appendingPathComponent("curve.yaml")
         try "security:\n  curve: true\n  keys_dir: \(folder.appendingPathComponent("keys").path)\n".write(to: curve, atomically: true, encoding: .utf8)
         let missing = try await runCommand(switchboardExecutable(), ["kernel", "--config", curve.path])
-        #expect(missing.status == 78 && missing.stderr.contains("security.keys_dir: \(folder.path)/keys/kernel.key is missing or unreadable (`switchboard up` creates it on first run)"), "\(missing.stderr)")
+        #expect(missing.status == 78 && missing.stderr.contains("security.keys_dir: \(folder.path)/keys/kernel.key is missing (`switchboard up` creates it on first run)"), "\(missing.stderr)")
+        try FileManager.default.createDirectory(at: folder.appendingPathComponent("keys"), withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: folder.appendingPathComponent("keys/kernel.key").path, withDestinationPath: "/dev/zero")
+        let endless = try await runCommand(switchboardExecutable(), ["kernel", "--config", curve.path])
+        #expect(endless.status == 78 && endless.stderr.contains("keys/kernel.key cannot be read: it holds more than the limit of 65536 bytes"), "\(endless.stderr)")
         let unknownService = try await runCommand(switchboardExecutable(), ["serve", "mailer"])
         #expect(unknownService.status == 64 && unknownService.stderr.contains("unknown service 'mailer'"))
         // An endpoint another program holds is named with its setting, and what to do.
@@ -368,7 +376,7 @@ struct SecuredUpTests {
         #expect(publicOnly.status == 64 && publicOnly.stderr.contains("holds no secret key"), "\(publicOnly)")
         // A "key file" that never ends is read no further than a key file could be long.
         let endless = try await runCommand(sbExecutable(), ["ping", "--key-file", "/dev/zero"] + keyed)
-        #expect(endless.status == 64 && endless.stderr.contains("--key-file: /dev/zero holds more than 65536 bytes"), "\(endless)")
+        #expect(endless.status == 64 && endless.stderr.contains("--key-file: cannot read /dev/zero: it holds more than the limit of 65536 bytes"), "\(endless)")
         let stats = try await runCommand(sbExecutable(), ["stats", "--prometheus", "--key-file", folder.appendingPathComponent("alice.key").path] + keyed)
         #expect(stats.status == 0 && stats.stdout.contains("switchboard_refused_connections_total"), "\(stats)")
         #expect(!stats.stdout.contains("switchboard_refused_connections_total 0\n"), "mallory and the plain client were refused")

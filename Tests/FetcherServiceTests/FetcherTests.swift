@@ -323,5 +323,14 @@ struct FetcherTests {
         let flights = try await bus.refresh(.flights)
         #expect(flights["origin"] == "remote" && flights["records"] == 11)
         await bus.stop()
+        // A file is read no further than the limit, even one that never ends; one that
+        // cannot be read says why.
+        let limited = try await FetcherBus.start([.flights: URL(fileURLWithPath: "/dev/zero"), .airlines: folder.appendingPathComponent("none.json")],
+                                                 maxBytes: 10_000)
+        let endless = try await limited.refresh(.flights)
+        #expect(endless["origin"] == "bundled" && endless["lastError"]?.stringValue?.contains("cannot read /dev/zero: it holds more than the limit of 10000 bytes") == true, "\(endless)")
+        let missing = try await limited.refresh(.airlines)
+        #expect(missing["lastError"]?.stringValue?.contains("none.json: No such file or directory") == true, "\(missing)")
+        await limited.stop()
     }
 }

@@ -97,6 +97,7 @@ struct ConfigFileTests {
         ("security:\n  worker_keys: [abc]", #"security.worker_keys[0]: expected a CURVE key"#),
         ("security:\n  operator_keys: [abc]", #"security.operator_keys[0]: expected a CURVE key"#),
         ("security:\n  secret_key_file: /nonexistent/x.key", "security.secret_key_file: cannot read /nonexistent/x.key: No such file or directory"),
+        ("security:\n  secret_key_file: /dev/zero", "security.secret_key_file: cannot read /dev/zero: it holds more than the limit of 65536 bytes"),
         ("security:\n  curve: yes please", #"security.curve: expected true or false"#),
         ("supervisor:\n  restart_limit: 0", "supervisor.restart_limit: expected an integer from 1 to 1000000, got 0"),
         // Numbers that would overflow once converted (milliseconds to nanoseconds, megabytes to bytes).
@@ -112,6 +113,7 @@ struct ConfigFileTests {
         ("gateway:\n  tokens: [{services: [search]}]", "gateway.tokens[0]: give token (the text) or token_file"),
         ("gateway:\n  tokens: [{token: 0123456789abcdef, scope: x}]", "gateway.tokens[0].scope: unknown key"),
         ("gateway:\n  token_file: x", "gateway.token_file: unknown key"),
+        ("gateway:\n  tokens: [{token_file: /dev/zero}]", "gateway.tokens[0].token_file: cannot read /dev/zero: it holds more than the limit of 65536 bytes"),
         ("gateway:\n  tokens: [{token: 0123456789abcdef, writable_prefixes: [client/]}]", "gateway.tokens[0].writable_prefixes: expected key prefixes starting with '/'"),
         ("gateway:\n  tokens: [{token: 0123456789abcdef, readable_prefixes: [/pricing/, catalog/]}]", "gateway.tokens[0].readable_prefixes: expected key prefixes starting with '/'"),
         ("gateway:\n  trusted_proxies: [balancer.internal]", "gateway.trusted_proxies: expected IP addresses (a proxy's, as its connections come from), got 'balancer.internal'"),

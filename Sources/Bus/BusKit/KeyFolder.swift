@@ -83,7 +83,7 @@ public struct KeyFolder: Sendable, Equatable {
 
     /// The gateway token, or nil when there is no token file.
     public func gatewayToken() -> String? {
-        (try? String(contentsOf: gatewayTokenFile, encoding: .utf8)).map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
+        (try? FileContents.text(gatewayTokenFile.path, atMost: FileContents.largestKeyFile)).map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
     }
 
     /// Writes `base.key` (mode 0600) and `base.pub`, as `switchboard keygen --out` does,
@@ -138,8 +138,12 @@ public struct KeyFolder: Sendable, Equatable {
     /// The secret key in `name.key`.
     public func secretKey(_ name: String) throws(KeyFolderError) -> String {
         let file = secretKeyFile(name)
-        guard let text = try? String(contentsOf: file, encoding: .utf8) else {
-            throw KeyFolderError(path: file.path, problem: "is missing or unreadable (`switchboard up` creates it on first run)")
+        let text: String
+        do {
+            text = try FileContents.text(file.path, atMost: FileContents.largestKeyFile)
+        } catch {
+            let missing = !FileManager.default.fileExists(atPath: file.path)
+            throw KeyFolderError(path: file.path, problem: missing ? "is missing (`switchboard up` creates it on first run)" : "cannot be read: \(error.reason)")
         }
         guard let key = CurveKeyFile.secretKey(in: text) else {
             throw KeyFolderError(path: file.path, problem: "holds no CURVE secret key")
@@ -200,7 +204,13 @@ public struct KeyFolder: Sendable, Equatable {
 
     private static func publicKey(in file: URL) throws(KeyFolderError) -> String? {
         guard FileManager.default.fileExists(atPath: file.path) else { return nil }
-        guard let text = try? String(contentsOf: file, encoding: .utf8), let key = CurveKeyFile.publicKey(in: text) else {
+        let text: String
+        do {
+            text = try FileContents.text(file.path, atMost: FileContents.largestKeyFile)
+        } catch {
+            throw KeyFolderError(path: file.path, problem: "cannot be read: \(error.reason)")
+        }
+        guard let key = CurveKeyFile.publicKey(in: text) else {
             throw KeyFolderError(path: file.path, problem: "holds no CURVE public key")
         }
         return key

@@ -94,9 +94,9 @@ public struct SecuritySettings: Sendable, Equatable {
         guard let path = try section.text(file, "a file path") else { return nil }
         let text: String
         do {
-            text = try String(contentsOfFile: path, encoding: .utf8)
+            text = try FileContents.text(path, atMost: FileContents.largestKeyFile)
         } catch {
-            throw ConfigError(path: section.path(file), problem: "cannot read \(path): \(systemReason(error))")
+            throw ConfigError(path: section.path(file), problem: "cannot read \(path): \(error.reason)")
         }
         guard let secret = CurveKeyFile.secretKey(in: text) else {
             throw ConfigError(path: section.path(file), problem: "\(path) holds no CURVE secret key (expected the file `switchboard keygen --out` writes)")

@@ -6,15 +6,19 @@ import Yams
 /// overriding its values. Unknown keys and unknown `SWITCHBOARD_*` variables are errors; a
 /// bad value a variable gave is reported as that variable's.
 public enum ConfigDocument {
+    /// The most a configuration file may hold: a few kilobytes in practice, and a name
+    /// that points at something endless (/dev/zero) must not fill memory.
+    public static let largestFile = 1 << 20
+
     /// Reads `url` (nil: an empty file) and hands the checked top level to `read`.
     public static func load<Settings>(_ url: URL?, schema: ConfigSchema, environment: [String: String],
                                       read: (ConfigSection) throws -> Settings) throws -> Settings {
         var text = ""
         if let url {
             do {
-                text = try String(contentsOf: url, encoding: .utf8)
+                text = try FileContents.text(url.path, atMost: largestFile)
             } catch {
-                throw ConfigError(path: "", problem: "cannot read \(url.path): \(systemReason(error))")
+                throw ConfigError(path: "", problem: "cannot read \(url.path): \(error.reason)")
             }
         }
         return try parse(text, schema: schema, environment: environment, read: read)

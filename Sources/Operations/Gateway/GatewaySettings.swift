@@ -133,9 +133,9 @@ extension GatewaySettings {
                 token = text
             case (nil, let file as String):
                 do {
-                    token = try String(contentsOfFile: file, encoding: .utf8)
+                    token = try FileContents.text(file, atMost: FileContents.largestKeyFile)
                 } catch {
-                    throw ConfigError(path: "\(here).token_file", problem: "cannot read \(file): \(systemReason(error))")
+                    throw ConfigError(path: "\(here).token_file", problem: "cannot read \(file): \(error.reason)")
                 }
             default:
                 throw ConfigError(path: here, problem: "give token (the text) or token_file (a file holding it), one of the two")

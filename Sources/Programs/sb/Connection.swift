@@ -63,8 +63,7 @@ struct ConnectionOptions: ParsableArguments {
             }
         }
         guard let keyFile else { throw ValidationError("--server-key needs --key-file (this client's key pair, from `switchboard keygen --out`)") }
-        // A key file is a few hundred bytes.
-        let text = String(decoding: try fileContents(keyFile, for: "--key-file", atMost: 64 * 1024), as: UTF8.self)
+        let text = String(decoding: try fileContents(keyFile, for: "--key-file", atMost: FileContents.largestKeyFile), as: UTF8.self)
         guard let secret = CurveKeyFile.secretKey(in: text) else {
             throw ValidationError("--key-file: \(keyFile) holds no secret key (use the .key file `switchboard keygen --out` writes, not the .pub)")
         }
@@ -333,42 +332,21 @@ func checkRange<P: NumberRanges>(_ value: Int?, flag: String, field: String, of 
 }
 
 /// The bytes of the file at `path`, at most `limit` of them; when it cannot be read, or holds
-/// more, a usage error that says which (`what`: the flag or thing it is for) and why, as the
-/// system puts it.
+/// more, a usage error that says which (`what`: the flag or thing it is for) and why.
 func fileContents(_ path: String, for what: String, atMost limit: Int) throws(ValidationError) -> [UInt8] {
-    let descriptor = try openForReading(path, for: what)
-    defer { close(descriptor) }
-    guard let bytes = try readToEnd(descriptor, atMost: limit, "\(what): cannot read \(path)") else {
-        throw ValidationError("\(what): \(path) holds more than \(limit) bytes")
-    }
-    return bytes
-}
-
-/// What `descriptor` holds, to its end; nil once it is more than `limit` bytes, read no
-/// further (a file such as /dev/zero never ends, and reading on would only fill memory). A
-/// read that fails throws `cannotRead` with the system's reason.
-func readToEnd(_ descriptor: Int32, atMost limit: Int, _ cannotRead: String) throws(ValidationError) -> [UInt8]? {
-    var bytes: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 64 * 1024)
-    while true {
-        let count = chunk.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
-        if count == 0 { return bytes }
-        if count < 0 {
-            if errno == EINTR { continue }
-            throw ValidationError("\(cannotRead): \(String(cString: strerror(errno)))")
-        }
-        bytes += chunk[..<count]
-        if bytes.count > limit { return nil }
+    do {
+        return try FileContents.bytes(path, atMost: limit)
+    } catch {
+        throw ValidationError("\(what): cannot read \(path): \(error.reason)")
     }
 }
 
 /// A descriptor open to read the file at `path`; when it cannot be opened, or is a folder, a
 /// usage error that says which (`what`) and why.
 func openForReading(_ path: String, for what: String) throws(ValidationError) -> Int32 {
-    let descriptor = open(path, O_RDONLY | O_CLOEXEC)
-    var info = stat()
-    if descriptor >= 0, fstat(descriptor, &info) == 0, info.st_mode & S_IFMT != S_IFDIR { return descriptor }
-    let reason = descriptor < 0 ? String(cString: strerror(errno)) : "it is a folder"
-    if descriptor >= 0 { close(descriptor) }
-    throw ValidationError("\(what): cannot read \(path): \(reason)")
+    do {
+        return try FileContents.openForReading(path)
+    } catch {
+        throw ValidationError("\(what): cannot read \(path): \(error.reason)")
+    }
 }

@@ -4,6 +4,7 @@ import BusProtocol
 import Contracts
 import Foundation
 import StandardStreams
+import SwitchboardConfig
 import ZeroMQ
 
 /// Reads JSON given on the command line, or on standard input when the argument is `-`
@@ -34,7 +35,13 @@ enum StandardInput {
     /// Standard input to its end. More than `limit` bytes is a usage error, read no further:
     /// one message could not carry them, and reading on would only fill memory.
     static func read(atMost limit: Int) throws(ValidationError) -> [UInt8] {
-        guard let bytes = try readToEnd(STDIN_FILENO, atMost: limit, "cannot read standard input") else {
+        let bytes: [UInt8]?
+        do {
+            bytes = try FileContents.readToEnd(STDIN_FILENO, atMost: limit)
+        } catch {
+            throw ValidationError("cannot read standard input: \(error.reason)")
+        }
+        guard let bytes else {
             throw ValidationError("standard input holds more than \(limit) bytes, the most one message may carry")
         }
         return bytes

@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import SwitchboardConfig
 import ZeroMQ
 
 /// What one download attempt brought.
@@ -121,18 +122,14 @@ final class Downloader: Sendable {
         }
     }
 
+    /// A file's bytes, read no further than the limit (a file URL can name something that
+    /// never ends, such as /dev/zero, or a file that grows while it is read).
     private func readFile(_ request: Request) throws(DownloadFailure) -> Download {
         let path = request.url.path
-        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-              let size = (attributes[.size] as? NSNumber)?.intValue else {
-            throw DownloadFailure(description: "cannot read \(path)", retriable: false)
+        do {
+            return .body(try FileContents.bytes(path, atMost: request.maxBytes), etag: nil, lastModified: nil)
+        } catch {
+            throw DownloadFailure(description: "cannot read \(path): \(error.reason)", retriable: false)
         }
-        guard size <= request.maxBytes else {
-            throw DownloadFailure(description: "the file is \(size) bytes, over the limit of \(request.maxBytes)", retriable: false)
-        }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw DownloadFailure(description: "cannot read \(path)", retriable: false)
-        }
-        return .body([UInt8](data), etag: nil, lastModified: nil)
     }
 }
