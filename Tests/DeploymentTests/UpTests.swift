@@ -314,6 +314,17 @@ struct UpTests {
         let replaced = try await runCommand(switchboardExecutable(), ["keygen", "--out", alice, "--force"])
         let second = try publicKeys()
         #expect(replaced.status == 0 && second != first && second[0] == second[1], "\(replaced)")
+        // A public key that cannot be put in place (a folder has its name) leaves the pair
+        // that was there, and no file of the attempt beside it.
+        let bob = folder.appendingPathComponent("keys/bob").path
+        #expect(try await runCommand(switchboardExecutable(), ["keygen", "--out", bob]).status == 0)
+        let bobsSecret = try String(contentsOfFile: bob + ".key", encoding: .utf8)
+        try FileManager.default.removeItem(atPath: bob + ".pub")
+        try FileManager.default.createDirectory(atPath: bob + ".pub/in-the-way", withIntermediateDirectories: true)
+        let blockedPublic = try await runCommand(switchboardExecutable(), ["keygen", "--out", bob, "--force"])
+        #expect(blockedPublic.status == 73 && blockedPublic.stderr.contains("\(bob).pub cannot be written: Is a directory"), "\(blockedPublic)")
+        #expect(try String(contentsOfFile: bob + ".key", encoding: .utf8) == bobsSecret)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: folder.appendingPathComponent("keys").path).sorted() == ["alice.key", "alice.pub", "bob.key", "bob.pub"])
         for name in ["", folder.path + "/"] {
             let noFile = try await runCommand(switchboardExecutable(), ["keygen", "--out", name])
             #expect(noFile.status == 64 && noFile.stderr.contains("names no file"), "\(name): \(noFile)")

@@ -89,8 +89,9 @@ public struct KeyFolder: Sendable, Equatable {
     /// Writes `base.key` (mode 0600) and `base.pub`, as `switchboard keygen --out` does,
     /// making their folder if need be and replacing a pair already there (keygen asks for
     /// --force first). Both are written whole under other names first, and renamed into
-    /// place only then: a pair that cannot be written (a full disk, no permission) leaves
-    /// what was there before, not a secret key beside another pair's public key.
+    /// place only then: a pair that cannot be written (a full disk, no permission, a folder
+    /// where the public key goes) leaves what was there before, not a secret key beside
+    /// another pair's public key.
     public static func write(_ pair: CurveKeyPair, to base: String) throws(KeyFolderError) {
         guard !base.isEmpty, !base.hasSuffix("/") else {
             throw KeyFolderError(path: "\"\(base)\"", problem: "names no file for a key pair")
@@ -104,8 +105,18 @@ public struct KeyFolder: Sendable, Equatable {
             unlink(file.path + suffix)
             try writeNewFile(file.path + suffix, file.text, mode: file.mode, naming: file.path)
         }
-        for file in files where rename(file.path + suffix, file.path) != 0 {
-            throw KeyFolderError(path: file.path, problem: "cannot be written: \(String(cString: strerror(errno)))")
+        // Two renames cannot be one step: the secret key that was there is kept under a
+        // second name until the public key is in place, to be put back if it cannot be.
+        let (secret, previousSecret) = (files[0].path, files[0].path + ".old-\(getpid())")
+        unlink(previousSecret)
+        let hadSecret = link(secret, previousSecret) == 0
+        defer { unlink(previousSecret) }
+        for (index, file) in files.enumerated() where rename(file.path + suffix, file.path) != 0 {
+            let reason = String(cString: strerror(errno))
+            if index > 0 {
+                if hadSecret { rename(previousSecret, secret) } else { unlink(secret) }
+            }
+            throw KeyFolderError(path: file.path, problem: "cannot be written: \(reason)")
         }
     }
 
