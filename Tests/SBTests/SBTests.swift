@@ -56,6 +56,10 @@ struct SBBus {
 
     /// Runs `sb` with this bus's endpoints.
     func sb(_ arguments: String..., input: String? = nil, environment extra: [String: String] = [:]) async throws -> CommandResult {
+        try await sb(arguments, input: input, environment: extra)
+    }
+
+    func sb(_ arguments: [String], input: String? = nil, environment extra: [String: String] = [:]) async throws -> CommandResult {
         try await runCommand(sbExecutable(), arguments, environment: environment.merging(extra) { $1 }, input: input.map { Data($0.utf8) })
     }
 
@@ -573,6 +577,18 @@ struct SBTests {
         #expect(cleared.status == 0 && cleared.stdout == "cleared the history of 1 place\n", "\(cleared)")
         #expect(try jsonLines(try await bus.sb("places", "history", "--json").stdout).first?["entries"]?.arrayValue?.isEmpty == true)
         #expect(try await bus.sb("places", "open", "91, 0").status == 1)
+        // South and west are negative: coordinates as typed, quoted or not, with or without
+        // the `--` other verbs need before a value beginning with '-'.
+        for words in [["-33.86, 151.21"], ["-33.86,", "151.21"], ["--", "-33.86, 151.21"], ["--json", "-33.86,", "151.21"]] {
+            let south = try await bus.sb(["places", "open"] + words)
+            #expect(south.status == 0 && south.stdout.contains("latitude=-33.86&longitude=151.21"), "\(words): \(south)")
+            let near = try await bus.sb(["places"] + words)
+            #expect(near.status == 0 && near.stdout.contains("Mumbai"), "\(words): \(near)")
+        }
+        for (words, message) in [(["Amsterdam", "--lanch"], "Unknown option '--lanch'"), ([], "Missing expected argument '<query>'")] {
+            let refused = try await bus.sb(["places", "open"] + words)
+            #expect(refused.status == 64 && refused.stderr.contains(message) && refused.stderr.contains("Usage: sb places open"), "\(words): \(refused)")
+        }
         #expect(try await bus.sb("places").stdout.contains("40.4380638, -3.7495758"))
 
         let items = try await bus.sb("items", "--natural", "--list", "1")

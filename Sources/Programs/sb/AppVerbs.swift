@@ -104,6 +104,19 @@ struct Places: AsyncParsableCommand {
         subcommands: [PlaceSearch.self, PlaceOpen.self, PlaceHistory.self],
         defaultSubcommand: PlaceSearch.self
     )
+
+    /// The query a place verb was given, as the words the parser left over, so that a
+    /// coordinate south or west (-33.86) needs no `--` before it; nil when there are none.
+    /// A word such as `--lanch` is still refused as the option sb does not know; a `--`
+    /// (which every other verb needs before such a value) is taken as meant.
+    static func query(_ words: [String]) throws(ValidationError) -> String? {
+        var words = words
+        if let terminator = words.firstIndex(of: "--") { words.remove(at: terminator) }
+        if let option = words.first(where: { $0.hasPrefix("-") && !($0.dropFirst().first.map { $0.isNumber || $0 == "." } ?? false) }) {
+            throw ValidationError("Unknown option '\(option)'")
+        }
+        return words.isEmpty ? nil : words.joined(separator: " ")
+    }
 }
 
 struct PlaceSearch: AsyncParsableCommand {
@@ -115,14 +128,16 @@ struct PlaceSearch: AsyncParsableCommand {
               sb places
               sb places amst
               sb places "40.4, -3.7"
+              sb places -33.86, 151.21
             """
     )
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
-    @Argument(help: "A place name or coordinates.") var query: String?
+    @Argument(parsing: .allUnrecognized, help: ArgumentHelp("A place name or coordinates.", valueName: "query")) var words: [String] = []
 
     func run() async throws {
+        let query = try Places.query(words)
         try await appVerb(connection, output, { try await call($0, SearchAPI.locationsSearch, SearchAPI.Locations(query: query)) }) { answer in
             let byDistance = answer.kind == "coordinates"
             Output.table(["PLACE", "LATITUDE", "LONGITUDE"] + (byDistance ? ["KM"] : []), answer.places.map { place in
@@ -141,15 +156,21 @@ struct PlaceOpen: AsyncParsableCommand {
               sb places open Amsterdam
               sb places open "12.9716, 77.5946"
               sb places open 52.3547498,4.8339215 --launch     hands the link to xdg-open
+              sb places open -33.86, 151.21
             """
     )
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
-    @Argument(help: "A place name or 'latitude, longitude'.") var query: String
+    @Argument(parsing: .allUnrecognized, help: ArgumentHelp("A place name or 'latitude, longitude'.", valueName: "query")) var words: [String] = []
     @Flag(help: "Open the link with xdg-open when it is installed.") var launch = false
 
+    func validate() throws {
+        guard try Places.query(words) != nil else { throw ValidationError("Missing expected argument '<query>'") }
+    }
+
     func run() async throws {
+        let query = try Places.query(words) ?? ""
         try await withClient(connection) { client in
             let answer = try await call(client, SearchAPI.locationsResolve, SearchAPI.Resolve(query: query))
             let place = answer.value
