@@ -324,6 +324,12 @@ struct SBTests {
         for pathless in [try await bus.sb("sub", "/client/", "pricing/"), try await bus.sb("kv", "watch", "pricing/")] {
             #expect(pathless.status == 64 && pathless.stderr.contains("prefix pricing/ matches no key") && pathless.stderr.contains("/pricing/"), "\(pathless)")
         }
+        // Where the parser still takes a negative number for an option, sb says how to give it.
+        for arguments in [["kv", "put", "/client/n", "-5"], ["flights", "route", "--select", "-5"], ["stream", "pub", "orders.new", "-5"]] {
+            let taken = try await bus.sb(arguments)
+            #expect(taken.status == 64 && taken.stderr.contains("Usage: sb ") && taken.stderr.hasSuffix("Note: sb took '-5' for an option; give such a value after -- (sb kv put KEY -- -5) or joined to its option (--NAME=-5).\n"), "\(arguments): \(taken)")
+        }
+        #expect(!negativeCount.stderr.contains("Note:"), "\(negativeCount)")
         let negativeWait = try await bus.sb("stream", "fetch", "orders", "reader", "--wait", "-1")
         #expect(negativeWait.status == 64 && negativeWait.stderr.contains("--wait must be 0 to 60 seconds"), "\(negativeWait)")
         // Every number a verb sends is checked against its contract's range, naming the flag.

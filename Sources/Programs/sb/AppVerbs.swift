@@ -112,7 +112,7 @@ struct Places: AsyncParsableCommand {
     static func query(_ words: [String]) throws(ValidationError) -> String? {
         var words = words
         if let terminator = words.firstIndex(of: "--") { words.remove(at: terminator) }
-        if let option = words.first(where: { $0.hasPrefix("-") && !($0.dropFirst().first.map { $0.isNumber || $0 == "." } ?? false) }) {
+        if let option = words.first(where: { $0.hasPrefix("-") && !SB.isNegativeNumber($0) }) {
             throw ValidationError("Unknown option '\(option)'")
         }
         return words.isEmpty ? nil : words.joined(separator: " ")

@@ -80,7 +80,30 @@ struct SB: AsyncParsableCommand {
             StandardStreams.writeError("Error: \(mistake.error)\nUsage: \(usage)\n  See '\(verb) --help' for more information.\n")
             Foundation.exit(ExitStatus.usage)
         }
-        if let failure { exit(withError: failure) }
+        if let failure {
+            if let hint = negativeValueHint(failure, verb) {
+                StandardStreams.writeError(fullMessage(for: failure) + "\n" + hint + "\n")
+                Foundation.exit(ExitStatus.usage)
+            }
+            exit(withError: failure)
+        }
+    }
+
+    /// The parser takes any word beginning with '-' for an option, a negative number too
+    /// (`sb kv put /n -5`: "Missing expected argument"); when it refused one so, a line that
+    /// says how to give it. sb has no option that begins with a digit.
+    static func negativeValueHint(_ failure: any Error, _ arguments: [String]) -> String? {
+        let message = fullMessage(for: failure)
+        guard exitCode(for: failure) == .validationFailure,
+              let value = arguments.prefix(while: { $0 != "--" }).first(where: isNegativeNumber),
+              message.contains("Unknown option '\(value)'") || message.contains("Missing value for") || message.contains("Missing expected argument")
+        else { return nil }
+        return "Note: sb took '\(value)' for an option; give such a value after -- (sb kv put KEY -- \(value)) or joined to its option (--NAME=\(value))."
+    }
+
+    /// Whether a word is a negative number ("-5", "-.5", "-33.86,"), never one of sb's options.
+    static func isNegativeNumber(_ word: String) -> Bool {
+        word.hasPrefix("-") && (word.dropFirst().first.map { $0.isNumber || $0 == "." } ?? false)
     }
 
     /// A usage mistake a verb finds once it runs (a file it cannot read), with the verb.
