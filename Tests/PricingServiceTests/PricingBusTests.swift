@@ -154,4 +154,28 @@ struct PricingBusTests {
         #expect(try await bus.request("deals.rollback", ["seed": 7]) == bus.request("deals.rollback", ["seed": 7]))
         await bus.stop()
     }
+
+    @Test("a store not there yet: the wait is logged once, each attempt at debug, and its end when the store answers")
+    func storeLate() async throws {
+        let kernel = try await TestKernel.start(fixedPorts: true) { fastHeartbeats(&$0); $0.queueTimeout = .milliseconds(100) }
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(20), state: [kernel.stateEndpoints])
+        let catalog = try await Subscription.open(snapshot: kernel.endpoints.snapshot, publisher: kernel.endpoints.publisher, prefixes: [FetcherAPI.catalogPrefix])
+        let logs = LogLines()
+        let pricing = PricingService(logger: logs.logger("pricing", level: .debug), busTimeout: .seconds(10), client: client,
+                                     publisher: StatePublisher(client: client), catalog: catalog)
+        let work = Working(pricing)
+        await work.start()
+        let waits = "the current route waits for the store"
+        try await logs.lines.wait(within: 30, "three attempts without a store") { $0.filter { $0.hasPrefix("debug \(waits)") }.count >= 3 }
+        #expect(logs.lines.value.filter { $0.hasPrefix("info \(waits)") }.count == 1, "\(logs.text)")
+        let store = StoreService(configuration: StoreConfiguration(path: try temporaryDirectory("pricing-store-late").appendingPathComponent("store.sqlite").path))
+        let storeHost = try ServiceHost(service: store, options: DatasetBus.hostOptions(kernel, connections: 1))
+        try await storeHost.start()
+        try await logs.waitFor("info the current route is settled", within: 30, "the route settled once the store answered")
+        await work.stop()
+        await storeHost.stop()
+        await catalog.cancel()
+        await client.close()
+        await kernel.stop()
+    }
 }

@@ -305,15 +305,21 @@ public actor PricingService: BusService, ServiceWork {
     }
 
     /// At start: the current route settled (stored on first run) and published; retried
-    /// while the store cannot be reached.
+    /// while the store cannot be reached, which the log says at the first attempt and then
+    /// once a minute (a store down for an hour is not seven hundred lines; each attempt is
+    /// a debug line).
     private func settleCurrentRoute() async {
         var delay = Duration.milliseconds(250)
+        var lastSaid: ContinuousClock.Instant?
         while !Task.isCancelled {
             do {
                 _ = try await current()
+                if lastSaid != nil { logger.info("the current route is settled: the store answered") }
                 return
             } catch {
-                logger.info("the current route waits for the store", metadata: ["problem": "\(error)", "retry in": "\(delay.formatted)"])
+                let say = lastSaid.map { $0.duration(to: .now) >= .seconds(60) } ?? true
+                if say { lastSaid = .now }
+                logger.log(level: say ? .info : .debug, "the current route waits for the store", metadata: ["problem": "\(error)", "retry in": "\(delay.formatted)"])
                 try? await Task.sleep(for: delay)
                 delay = min(delay * 2, .seconds(5))
             }
