@@ -37,6 +37,22 @@ struct ManPageTests {
         #expect(lint.status == 0 && lint.stdout.isEmpty && lint.stderr.isEmpty, "\(lint)")
     }
 
+    @Test("man shows every row of examples on one line, however deep its command (a literal display, not filled text)")
+    func examplesUnwrapped() async throws {
+        let mandoc = URL(fileURLWithPath: "/usr/bin/mandoc")
+        try #require(FileManager.default.isExecutableFile(atPath: mandoc.path), "no mandoc: Scripts/bootstrap --tests installs it")
+        for page in ["switchboard.1", "sb.1"] {
+            let path = Self.repository.appendingPathComponent("docs/man/\(page)").path
+            let rows = try String(contentsOfFile: path, encoding: .utf8).split(separator: "\n").filter { $0.hasPrefix(" ") }
+            let shown = try await runCommand(mandoc, ["-T", "ascii", "-O", "width=80", path])
+            #expect(shown.status == 0, "\(shown)")
+            let lines = Set(shown.stdout.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) })
+            // `\e` is how a page writes a backslash.
+            let wrapped = rows.map { $0.replacingOccurrences(of: "\\e", with: "\\").trimmingCharacters(in: .whitespaces) }.filter { !lines.contains($0) }
+            #expect(!rows.isEmpty && wrapped.isEmpty, "\(page): rows man wraps: \(wrapped)")
+        }
+    }
+
     @Test("every command's --help reads at 80 columns: no line wider, no sentence broken by a hard line end, no example row wrapped")
     func helpFitsATerminal() async throws {
         var problems: [String] = []
