@@ -82,6 +82,18 @@ struct SBTests {
         #expect(["echo", "fetcher", "pricing", "search", "store"].allSatisfy { name in services.contains { $0["name"] == .string(name) && $0["available"] == true } })
         let table = try await bus.sb("services")
         #expect(table.stdout.hasPrefix("SERVICE") && table.stdout.contains("pricing"))
+        // Services named: their rows alone; a name the kernel does not know is 69, with those it does.
+        let named = try await bus.sb("services", "search", "store")
+        #expect(named.status == 0 && named.stdout.split(separator: "\n").map { $0.split(separator: " ").first ?? "" } == ["SERVICE", "search", "store"], "\(named)")
+        let namedStats = try await bus.sb("stats", "pricing")
+        #expect(namedStats.status == 0 && namedStats.stdout.split(separator: "\n").map { $0.split(separator: " ").first ?? "" } == ["SERVICE", "pricing"], "\(namedStats)")
+        let namedJSON = try jsonLines(try await bus.sb("stats", "pricing", "echo", "--json").stdout).first?["services"]?.objectValue
+        #expect(namedJSON.map { Set($0.keys) } == ["pricing", "echo"], "\(String(describing: namedJSON))")
+        for verb in ["services", "stats"] {
+            let unknown = try await bus.sb(verb, "search", "mailer")
+            #expect(unknown.status == 69 && unknown.stdout.isEmpty && unknown.stderr.contains("the kernel knows no service 'mailer' (it knows echo, fetcher, pricing, search"), "\(unknown)")
+        }
+        #expect(try await bus.sb("stats", "search", "--prometheus").status == 64)
 
         let request = try await bus.sb("request", "search", "countries.search", #"{"query":"aland"}"#, "--json")
         let first = try jsonLines(request.stdout).first?["countries"]?.arrayValue?.first?["name"]

@@ -267,15 +267,22 @@ struct Services: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "services",
         abstract: "List the services the kernel knows, with workers, queue, whether they answer (8/MMI) and, under switchboard up, how their processes are doing.",
-        discussion: "Example:\n  sb services --json"
+        discussion: """
+            Examples:
+              sb services
+              sb services search store --json
+            """
     )
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
+    @Argument(help: ArgumentHelp("Only these services (default: every one the kernel knows).", valueName: "service")) var only: [String] = []
 
     func run() async throws {
         try await withActiveKernel(connection, printing: !output.json) { client in
-            let list = try await call(client, KernelAPI.servicesList).value
+            var list = try await call(client, KernelAPI.servicesList).value
+            let asked = try servicesAsked(only, known: list.services.map(\.name))
+            list.services.removeAll { !asked($0.name) }
             // What `switchboard up` says of each process (nothing when the bus runs otherwise).
             let processes = (try? await client.call(KernelAPI.stateGet, .init(prefix: SupervisorStatus.prefix)))?.entries
                 .compactMap { try? $0.value.decode(as: SupervisorStatus.self) } ?? []
@@ -305,6 +312,17 @@ struct Services: AsyncParsableCommand {
             }
         }
     }
+}
+
+/// Whether a service is among those `asked` names (every one, when it names none). A name
+/// the kernel does not know (`known`) is exit 69, with the names it does know.
+func servicesAsked(_ asked: [String], known: [String]) throws -> (String) -> Bool {
+    let unknown = asked.filter { !known.contains($0) }
+    guard unknown.isEmpty else {
+        throw Failure(status: ExitStatus.unavailable,
+                      message: "the kernel knows no service \(unknown.map { "'\($0)'" }.joined(separator: ", ")) (it knows \(known.sorted().joined(separator: ", ")))")
+    }
+    return { asked.isEmpty || asked.contains($0) }
 }
 
 /// Runs `body` with a client of the active kernel: for a kernel pair, each kernel is asked
@@ -397,14 +415,20 @@ struct Stats: AsyncParsableCommand {
 
             Examples:
               sb stats
+              sb stats search store
               sb stats --prometheus > /var/lib/node_exporter/switchboard.prom
             """
     )
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
+    @Argument(help: ArgumentHelp("Only these services' figures (default: every service's, and the kernel's own).", valueName: "service")) var only: [String] = []
     @Flag(help: "Print the Prometheus text exposition (version 0.0.4) instead.")
     var prometheus = false
+
+    func validate() throws {
+        if prometheus && !only.isEmpty { throw ValidationError("--prometheus prints every service's figures; name no service with it") }
+    }
 
     func run() async throws {
         try await withActiveKernel(connection, printing: !output.json && !prometheus) { client in
@@ -413,17 +437,24 @@ struct Stats: AsyncParsableCommand {
                 return Output.write(metrics.text)
             }
             let stats = try await call(client, KernelAPI.stats)
-            if output.json { return Output.json(stats.json, compact: false) }
+            let asked = try servicesAsked(only, known: Array(stats.value.services.keys))
+            if output.json {
+                // Named services: their figures alone, as the kernel gave them.
+                let services = stats.json["services"]?.objectValue.map { JSONValue.object($0.filter { asked($0.key) }) } ?? .null
+                return Output.json(only.isEmpty ? stats.json : .object(["services": services]), compact: false)
+            }
             func micros(_ value: Double?, bound: Bool = false) -> String {
                 guard let value else { return "-" }
                 return (bound ? "≤ " : "") + (value >= 1_000 ? "\((value / 100).rounded() / 10) ms" : "\(Int(value)) µs")
             }
             Output.table(["SERVICE", "REQUESTS", "ERRORS", "UNAVAILABLE", "QUEUED", "WORKERS", "P50", "P99", "MEAN"],
-                         stats.value.services.sorted { $0.key < $1.key }.map { name, figures in
+                         stats.value.services.filter { asked($0.key) }.sorted { $0.key < $1.key }.map { name, figures in
                 [name, "\(figures.requests)", "\(figures.errors)", "\(figures.unavailable)", "\(figures.queued)", "\(figures.workers)",
                  micros(figures.p50LatencyMicroseconds.map(Double.init), bound: true), micros(figures.p99LatencyMicroseconds.map(Double.init), bound: true),
                  figures.replies == 0 ? "-" : micros(figures.meanLatencyMicroseconds)]
             })
+            // The kernel's own figures, unless services were named.
+            guard only.isEmpty else { return }
             if let open = stats.value.openFiles, let limit = stats.value.maxOpenFiles {
                 Output.line()
                 let refused = stats.value.refusedForOpenFiles ?? 0
