@@ -89,8 +89,8 @@ struct SBTests {
         #expect(namedStats.status == 0 && namedStats.stdout.split(separator: "\n").map { $0.split(separator: " ").first ?? "" } == ["SERVICE", "pricing"], "\(namedStats)")
         let namedJSON = try jsonLines(try await bus.sb("stats", "pricing", "echo", "--json").stdout).first?["services"]?.objectValue
         #expect(namedJSON.map { Set($0.keys) } == ["pricing", "echo"], "\(String(describing: namedJSON))")
-        for verb in ["services", "stats"] {
-            let unknown = try await bus.sb(verb, "search", "mailer")
+        for verb in [["services", "search"], ["stats", "search"], ["workers"]] {
+            let unknown = try await bus.sb(verb + ["mailer"])
             #expect(unknown.status == 69 && unknown.stdout.isEmpty && unknown.stderr.contains("the kernel knows no service 'mailer' (it knows echo, fetcher, pricing, search"), "\(unknown)")
         }
         #expect(try await bus.sb("stats", "search", "--prometheus").status == 64)

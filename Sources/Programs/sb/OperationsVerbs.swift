@@ -24,6 +24,10 @@ struct Workers: AsyncParsableCommand {
     func run() async throws {
         try await withActiveKernel(connection, printing: false) { client in
             let answer = try await call(client, KernelAPI.workersList, .init(service: service))
+            if let service, answer.value.workers.isEmpty {
+                // None: a service with no worker now, or a name the kernel does not know.
+                _ = try servicesAsked([service], known: try await call(client, KernelAPI.servicesList).value.services.map(\.name))
+            }
             if output.json { return Output.json(answer.json, compact: true) }
             Output.table(["SERVICE", "WORKER", "WINDOW", "IN FLIGHT", "DRAINING"], answer.value.workers.map { worker in
                 [worker.service, worker.id, "\(worker.window)", "\(worker.inFlight)", worker.draining ? Output.styled("yes", .red) : "no"]
