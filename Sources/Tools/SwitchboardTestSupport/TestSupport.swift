@@ -63,14 +63,25 @@ public func freePort() -> Int {
     let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))?
         .split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
     let ephemeralStart = range?.first ?? 32_768
-    let candidates = 10_000..<max(10_001, min(ephemeralStart, 32_768))
     while true {
+        if let port = freePort(in: freePortsFrom..<max(freePortsFrom + 1, min(ephemeralStart, 32_768)), attempts: 1_000) { return port }
+    }
+}
+
+/// The lowest port ``freePort()`` hands out.
+public let freePortsFrom = 10_000
+
+/// A port of `candidates` as ``freePort()`` hands one out, or nil when `attempts` tries at
+/// random found none (every one bound, or handed out already).
+public func freePort(in candidates: Range<Int>, attempts: Int) -> Int? {
+    for _ in 0..<attempts {
         let port = Int.random(in: candidates)
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         let bound = bindLoopback(fd, port: port)
         close(fd)
         if bound, PortsHandedOut.reserve(port) { return port }
     }
+    return nil
 }
 
 /// Binds the socket `fd` to 127.0.0.1:`port`; whether it could.
