@@ -603,6 +603,8 @@ struct SBTests {
             let near = try await bus.sb(["places"] + words)
             #expect(near.status == 0 && near.stdout.contains("Mumbai"), "\(words): \(near)")
         }
+        let afterTerminator = try await bus.sb("places", "open", "--json", "--", "-33.86,", "--151.21")
+        #expect(afterTerminator.status == 1 && afterTerminator.stderr.contains("longitude '--151.21' is not a number"), "after --, text as it is: \(afterTerminator)")
         for (words, message) in [(["Amsterdam", "--lanch"], "Unknown option '--lanch'"), ([], "Missing expected argument '<query>'")] {
             let refused = try await bus.sb(["places", "open"] + words)
             #expect(refused.status == 64 && refused.stderr.contains(message) && refused.stderr.contains("Usage: sb places open"), "\(words): \(refused)")

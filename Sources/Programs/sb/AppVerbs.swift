@@ -108,14 +108,15 @@ struct Places: AsyncParsableCommand {
     /// The query a place verb was given, as the words the parser left over, so that a
     /// coordinate south or west (-33.86) needs no `--` before it; nil when there are none.
     /// A word such as `--lanch` is still refused as the option sb does not know; a `--`
-    /// (which every other verb needs before such a value) is taken as meant.
+    /// (which every other verb needs before such a value) is taken as meant: what follows it
+    /// is text, whatever it looks like.
     static func query(_ words: [String]) throws(ValidationError) -> String? {
-        var words = words
-        if let terminator = words.firstIndex(of: "--") { words.remove(at: terminator) }
-        if let option = words.first(where: { $0.hasPrefix("-") && !SB.isNegativeNumber($0) }) {
+        let options = words.prefix { $0 != "--" }
+        if let option = options.first(where: { $0.hasPrefix("-") && !SB.isNegativeNumber($0) }) {
             throw ValidationError("Unknown option '\(option)'")
         }
-        return words.isEmpty ? nil : words.joined(separator: " ")
+        let text = options + words.drop { $0 != "--" }.dropFirst()
+        return text.isEmpty ? nil : text.joined(separator: " ")
     }
 }
 
