@@ -106,15 +106,17 @@ public struct KeyFolder: Sendable, Equatable {
             try writeNewFile(file.path + suffix, file.text, mode: file.mode, naming: file.path)
         }
         // Two renames cannot be one step: the secret key that was there is kept under a
-        // second name until the public key is in place, to be put back if it cannot be.
+        // second name (a hard link) until the public key is in place, to be put back if it
+        // cannot be; a secret key that was not there is taken away again.
         let (secret, previousSecret) = (files[0].path, files[0].path + ".old-\(getpid())")
         unlink(previousSecret)
-        let hadSecret = link(secret, previousSecret) == 0
+        let existed = access(secret, F_OK) == 0
+        let kept = existed && link(secret, previousSecret) == 0
         defer { unlink(previousSecret) }
         for (index, file) in files.enumerated() where rename(file.path + suffix, file.path) != 0 {
             let reason = String(cString: strerror(errno))
             if index > 0 {
-                if hadSecret { rename(previousSecret, secret) } else { unlink(secret) }
+                if kept { rename(previousSecret, secret) } else if !existed { unlink(secret) }
             }
             throw KeyFolderError(path: file.path, problem: "cannot be written: \(reason)")
         }
