@@ -8,7 +8,7 @@ import Yams
 public enum ConfigDocument {
     /// The most a configuration file may hold: a few kilobytes in practice, and a name
     /// that points at something endless (/dev/zero) must not fill memory.
-    public static let largestFile = 1 << 20
+    private static let largestFile = 1 << 20
 
     /// Reads `url` (nil: an empty file) and hands the checked top level to `read`.
     public static func load<Settings>(_ url: URL?, schema: ConfigSchema, environment: [String: String],

@@ -63,8 +63,9 @@ public func freePort() -> Int {
     let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))?
         .split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
     let ephemeralStart = range?.first ?? 32_768
+    let candidates = freePortsFrom..<max(freePortsFrom + 1, min(ephemeralStart, 32_768))
     while true {
-        if let port = freePort(in: freePortsFrom..<max(freePortsFrom + 1, min(ephemeralStart, 32_768)), attempts: 1_000) { return port }
+        if let port = freePort(in: candidates, attempts: 1_000) { return port }
     }
 }
 
