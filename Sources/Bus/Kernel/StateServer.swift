@@ -343,8 +343,12 @@ struct StateServer: ~Copyable {
     /// Makes the change, keeps the counts, and publishes it with the frames at hand (a
     /// KVSET's own key, UUID, properties and value frames go out as they came, uncopied).
     /// `index`: where `key` is held now (nil: it is not), found once by the caller.
+    /// Deleting a key that is not held changes nothing: no revision is taken and nothing is
+    /// published (so a clean-up that deletes what may be gone neither wakes subscribers nor
+    /// pushes real changes out of the history), as etcd, the durable backend, answers it.
     private mutating func apply(_ key: Frame, at index: Dictionary<Frame, Entry>.Index?, value: Frame, isJSON: Bool, ttl: TimeToLive?,
                        uuid: Frame, properties: Frame, quota: Quota?, now: UInt64) -> UInt64 {
+        if value.isEmpty, index == nil { return sequence }
         sequence += 1
         store(key, at: index, value: value, isJSON: isJSON, expiresAt: ttl.map { now + $0.nanoseconds }, quota: quota, uuid: uuid)
         if isPaired {

@@ -125,7 +125,7 @@ struct KVUpdate: AsyncParsableCommand {
 }
 
 struct KVDelete: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "del", abstract: "Delete a key (with --revision, only if it is still at it); the deletion is a revision too.",
+    static let configuration = CommandConfiguration(commandName: "del", abstract: "Delete a key (with --revision, only if it is still at it); the deletion is a revision too (of an absent key: nothing changes).",
                                                     aliases: ["rm"])
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
