@@ -1037,6 +1037,10 @@ struct StreamVerbTests {
             #expect(result.status == 1 && result.stderr.contains("stream orders has no consumer billing"), "\(result)")
             result = try await sb("stream", "consumer", "add", "orders", "billing")
             #expect(result.status == 0 && result.stdout.contains("consumer billing of orders"), "\(result)")
+            // Empty, a stream says which sequence comes next; a dead-letter stream, whose it is.
+            result = try await sb("stream", "info", "orders.dead")
+            #expect(result.status == 0 && result.stdout.hasPrefix("stream orders.dead (limits): the dead letters of stream orders\n")
+                     && result.stdout.contains(", next sequence 1\n"), "\(result)")
             result = try await sb("stream", "rm", "orders")
             #expect(result.status == 0 && result.stdout.contains("deleted stream orders (6 messages)"), "\(result)")
             for (verb, flag) in [("fetch", "--wait"), ("sub", "--expires")] {

@@ -13,7 +13,14 @@ public enum StreamsAPI {
 
     /// The dead-letter stream of stream `name`: where its consumers' messages go past their
     /// maximum deliveries (stream names hold no '.', so it cannot clash).
-    public static func deadLetters(of name: String) -> String { name + ".dead" }
+    public static func deadLetters(of name: String) -> String { name + deadLettersSuffix }
+
+    /// The stream whose dead letters stream `name` holds (nil: it is no dead-letter stream).
+    public static func stream(ofDeadLetters name: String) -> String? {
+        name.hasSuffix(deadLettersSuffix) ? String(name.dropLast(deadLettersSuffix.count)) : nil
+    }
+
+    private static let deadLettersSuffix = ".dead"
 
     public static let streamAdd = Method<StreamConfig, StreamInfo>(service, "stream.add", "Creates a stream holding the messages published to its subjects (prefixes), with its dead-letter stream NAME.dead; the same again changes nothing, different settings for an existing name are -32004.", changesState: true)
     public static let streamInfo = Method<StreamName, StreamInfo>(service, "stream.info", "A stream's settings, messages, bytes, sequences and consumers (-32003: no such stream).")

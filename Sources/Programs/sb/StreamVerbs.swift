@@ -63,9 +63,13 @@ struct StreamInfo: AsyncParsableCommand {
                 return
             }
             let info = stream.value
-            Output.line("stream \(info.name) (\(info.retention.rawValue)): subjects \(info.subjects.joined(separator: " "))")
+            let holds = StreamsAPI.stream(ofDeadLetters: info.name).map { "the dead letters of stream \($0)" }
+                ?? "subjects \(info.subjects.joined(separator: " "))"
+            Output.line("stream \(info.name) (\(info.retention.rawValue)): \(holds)")
+            // Empty, the first sequence is the next one's (after a purge: past the last).
+            let sequences = info.messages == 0 ? "next sequence \(info.firstSequence)" : "sequences \(info.firstSequence)-\(info.lastSequence)"
             Output.line("  messages \(info.messages) of \(info.maxMessages), bytes \(info.bytes) of \(info.maxBytes)"
-                        + (info.maxAge.map { ", kept \(Output.number($0)) s" } ?? "") + ", sequences \(info.firstSequence)-\(info.lastSequence)")
+                        + (info.maxAge.map { ", kept \(Output.number($0)) s" } ?? "") + ", \(sequences)")
             Output.line("  duplicate window \(Output.number(info.duplicateWindow)) s" + (info.deadLetters.map { ", dead letters in \($0)" } ?? ""))
             if info.captureState == true {
                 Output.line("  captures the state under its subjects: changes to sequence \(info.capturedSequence ?? 0) kept"
