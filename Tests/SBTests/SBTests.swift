@@ -113,7 +113,8 @@ struct SBTests {
         let hugeTimeout = try await bus.sb("ping", "--timeout", "1e300s")
         #expect(hugeTimeout.status == 64 && hugeTimeout.stderr.contains("--timeout"), "\(hugeTimeout)")
         let noService = try await bus.sb("request", "ghost", "x", "--timeout", "500ms")
-        #expect(noService.status == 69 && noService.stderr.contains("no 'ghost' service"))
+        #expect(noService.status == 69 && noService.stderr.contains("no 'ghost' service") && noService.stderr.contains("; services with workers: echo, fetcher, pricing, search"),
+                "\(noService)")
         let noKernel = try await bus.sb("ping", "--endpoint", "tcp://127.0.0.1:\(freePort())", "--timeout", "300ms")
         #expect(noKernel.status == 69 && noKernel.stderr.contains("no kernel answers") && noKernel.stderr.contains("nothing accepted a connection"))
         // Neither kernel of a pair there: both are asked at once and waited for once, for

@@ -267,7 +267,12 @@ struct Failure: Error {
                 // Say what the connection went through, not a guess.
                 self = .noKernel(at: client.brokers, waited: after, summary: await client.connectionSummary())
             case false? where service != KernelAPI.service:
-                self.init(status: ExitStatus.unavailable, message: "\(service) \(method): no '\(service)' service is running (no worker within \(after.formatted))",
+                // A name with no worker is more often mistyped than on its way: say those
+                // that have workers (the kernel lists a name once a request was sent to it, served or not).
+                let served = (try? await client.call(KernelAPI.servicesList, timeout: .seconds(1)))?.services
+                    .filter { $0.workers > 0 || $0.cells != nil }.map(\.name) ?? []
+                let servedNames = served.isEmpty ? "" : "; services with workers: \(served.sorted().joined(separator: ", "))"
+                self.init(status: ExitStatus.unavailable, message: "\(service) \(method): no '\(service)' service is running (no worker within \(after.formatted)\(servedNames))",
                           error: JSONRPCError(code: JSONRPCError.serviceUnavailableCode, message: "no worker for '\(service)'"))
             default:
                 self.init(status: ExitStatus.timedOut, message: "\(service) \(method): no answer within \(after.formatted)",
