@@ -617,6 +617,13 @@ struct SBTests {
         #expect(items.stdout.hasSuffix("81 items in list 1; 160 without a name left out\n"))
 
         #expect(try await bus.sb("news", "headlines").stdout.contains("no news sources are selected"))
+        // An id that is no source is refused, and nothing is selected; one asked for headlines is said.
+        let noSource = try await bus.sb("news", "sources", "--select", "bbc-news", "bbc-nwes")
+        #expect(noSource.status == 1 && noSource.stdout.isEmpty
+                 && noSource.stderr.contains("no news source 'bbc-nwes' (sb news sources --language all lists them); the selection is unchanged"), "\(noSource)")
+        #expect(try await bus.sb("news", "headlines").stdout.contains("no news sources are selected"))
+        let fromNoSource = try await bus.sb("news", "headlines", "--source", "bbc-nwes")
+        #expect(fromNoSource.status == 0 && fromNoSource.stderr.contains("no news source 'bbc-nwes'"), "\(fromNoSource)")
         let sources = try await bus.sb("news", "sources", "--select", "bbc-news", "reuters")
         #expect(sources.stdout.split(separator: "\n").filter { $0.hasPrefix("*") }.count == 2)
         let headlines = try jsonLines(try await bus.sb("news", "headlines", "--page-size", "3", "--json").stdout).first

@@ -299,10 +299,23 @@ struct NewsSources: AsyncParsableCommand {
         if revision != nil, select.isEmpty { throw ValidationError("--revision goes with --select") }
     }
 
+    /// Source ids the search service's sources do not hold, as sb says so.
+    static func noSuch(_ ids: [String]) -> String {
+        "no news source \(ids.map { "'\(Output.printable($0))'" }.joined(separator: ", ")) (sb news sources --language all lists them)"
+    }
+
     func run() async throws {
         let params = SearchAPI.Sources(language: language, category: category)
         try await appVerb(connection, output, { client in
             if !select.isEmpty {
+                // The store keeps whatever ids it is given, and the sources are the search
+                // service's: an id that is no source is refused here, the selection unchanged
+                // (kept, it would only make the headlines come back empty).
+                let known = Set(try await call(client, SearchAPI.sourcesList, SearchAPI.Sources(language: "all")).value.sources.map(\.source.id))
+                let unknown = select.filter { !known.contains($0) }
+                guard unknown.isEmpty else {
+                    throw Failure(status: ExitStatus.serviceError, message: "\(NewsSources.noSuch(unknown)); the selection is unchanged")
+                }
                 _ = try await call(client, StoreAPI.sourcesSelect, StoreAPI.Sources(ids: select, revision: revision))
             }
             return try await call(client, SearchAPI.sourcesList, params)
@@ -342,6 +355,9 @@ struct NewsHeadlines: AsyncParsableCommand {
     func run() async throws {
         let params = SearchAPI.Headlines(sources: sources.isEmpty ? nil : sources, page: page, pageSize: pageSize)
         try await appVerb(connection, output, { try await call($0, SearchAPI.headlinesList, params) }) { answer in
+            if !answer.unknownSources.isEmpty {
+                Output.diagnostic(NewsSources.noSuch(answer.unknownSources))
+            }
             guard answer.status == "ok" else {
                 Output.line((answer.message ?? "") + (answer.status == "no-sources-selected" ? " (sb news sources --select ID...)" : ""))
                 return
