@@ -216,6 +216,33 @@ struct UpTests {
         await bus.close()
     }
 
+    @Test("another program on the gateway's address: up (in one process too) says so and exits 1, never up; the gateway alone says so once it has a kernel, and stops at SIGTERM while it waits for one")
+    func gatewayAddressTaken() async throws {
+        let folder = try temporaryDirectory("up-gateway-taken")
+        // Accepts connections, as a gateway would once up: the supervisor must not take it for ours.
+        let holder = try SilentListener()
+        let (config, _) = try writeDeploymentConfig(in: folder, services: echoOnly, ports: [freePort(), freePort(), freePort(), freePort(), holder.port])
+        for mode in [[], ["--single-process"]] {
+            let result = try await runCommand(switchboardExecutable(), ["up"] + mode + ["--config", config.path], seconds: 60)
+            let said = result.stdout + result.stderr
+            #expect(result.status == 1 && !said.contains("Switchboard is up") && said.contains("at 127.0.0.1:\(holder.port)")
+                     && said.contains("(gateway.listen)"), "\(mode): \(result)")
+        }
+        // No kernel answers: the gateway waits for its state, and a SIGTERM then ends it.
+        let waiting = try ChildProcess(switchboardExecutable(), ["gateway", "--config", config.path])
+        defer { waiting.stop() }
+        try await waiting.waitForOutput(containing: "waiting for the kernel's state", within: 60)
+        waiting.signal(SIGTERM)
+        #expect(await waiting.exit(within: 20), "\(waiting.outputSoFar)")
+        #expect(waiting.terminationStatus == 0, "\(waiting.outputSoFar)")
+        // With a kernel, the bind itself is refused: said with the setting, not as the system's call.
+        let kernel = try ChildProcess(switchboardExecutable(), ["kernel", "--config", config.path])
+        defer { kernel.stop() }
+        let refused = try await runCommand(switchboardExecutable(), ["gateway", "--config", config.path], seconds: 60)
+        #expect(refused.status == 1 && refused.stderr.contains("switchboard: gateway: cannot listen at 127.0.0.1:\(holder.port) (gateway.listen): Address already in use"),
+                "\(refused)")
+    }
+
     @Test("bad configuration: exit 78 naming the key, for up, kernel, serve and check; check says what a good one sets up")
     func badConfiguration() async throws {
         let folder = try temporaryDirectory("up-bad")
@@ -409,8 +436,10 @@ struct SecuredUpTests {
         #expect(result.status == 0 && result.stdout.contains("Paraguay"), "\(result)")
         let services = try await runCommand(sbExecutable(), ["request", "kernel", "services.list", "--endpoint", broker], environment: keyed)
         for name in ["echo", "store", "streams", "fetcher", "search", "pricing"] { #expect(services.stdout.contains("\"\(name)\"")) }
-        // A second one on the same configuration finds the kernel's port taken, and says which setting names it.
-        let second = try await runCommand(switchboardExecutable(), ["up", "--single-process", "--config", config.path])
+        // A second one on the same configuration (its gateway off: a gateway's address taken is
+        // refused before anything starts) finds the kernel's port taken, and says which setting names it.
+        let second = try await runCommand(switchboardExecutable(), ["up", "--single-process", "--config", config.path],
+                                          environment: ["SWITCHBOARD_GATEWAY_ENABLED": "false"])
         #expect(second.status == 1 && second.stderr.contains("another program listens there") && second.stderr.contains("(kernel.broker)"), "\(second)")
         up.signal(SIGTERM)
         #expect(await up.exit(within: 30))

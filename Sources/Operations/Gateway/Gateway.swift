@@ -118,7 +118,11 @@ public struct Gateway: Service {
                     heap.releaseIfWorthIt()
                 }
             })
-        app.beforeServerStarts { await self.waitForState(feed) }
+        app.beforeServerStarts {
+            await self.waitForState(feed)
+            // Stopping before any kernel answered: the server is not started at all.
+            if await feed.closed { throw StoppedBeforeListening() }
+        }
         // Graceful shutdown ends the event streams at once (browsers reconnect to the next
         // gateway): the server's drain would otherwise wait for streams that never end.
         try await withThrowingDiscardingTaskGroup { group in
@@ -126,8 +130,31 @@ public struct Gateway: Service {
                 try? await gracefulShutdown()
                 await feed.closeAll()
             }
-            try await app.run()
+            do {
+                try await app.run()
+            } catch is StoppedBeforeListening {
+            } catch let error as IOError where error.description.hasPrefix("bind(") {
+                // (NIO names the call that failed only at the head of its description.)
+                throw ListenFailure(host: settings.host, port: settings.port, errno: error.errnoCode)
+            }
             group.cancelAll()
+        }
+    }
+
+    private struct StoppedBeforeListening: Error {}
+
+    /// The gateway could not listen at its address: why, in the system's words, and for an
+    /// address in use, what to do about it.
+    public struct ListenFailure: Error, CustomStringConvertible {
+        public let host: String
+        public let port: Int
+        public let errno: Int32
+
+        public init(host: String, port: Int, errno: Int32) { (self.host, self.port, self.errno) = (host, port, errno) }
+
+        public var description: String {
+            "cannot listen at \(host):\(port) (gateway.listen): \(String(cString: strerror(errno)))"
+                + (errno == EADDRINUSE ? "; another program listens there (another switchboard gateway?): stop it, or give the gateway another address" : "")
         }
     }
 

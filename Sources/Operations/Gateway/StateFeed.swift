@@ -165,7 +165,8 @@ actor StateFeed {
     /// stream that resumes now gets a reset.
     private var repairing = false
     private var listeners: [UUID: Listener] = [:]
-    private var closed = false
+    /// The gateway is stopping (``closeAll()``).
+    private(set) var closed = false
     private(set) var counters = Counters()
     /// Events written to streams, counted as each is written by the stream's own task: a
     /// browser's stream ends by disconnecting, and what it was sent counts all the same.
@@ -196,9 +197,10 @@ actor StateFeed {
         listeners.removeAll()
     }
 
-    /// Waits until the first snapshot is in.
+    /// Waits until the first snapshot is in, or the feed is closed (the gateway stopping
+    /// before any kernel answered must not wait for one).
     func waitUntilSynced() async {
-        if synced { return }
+        if synced || closed { return }
         await withCheckedContinuation { syncWaiters.append($0) }
     }
 
@@ -229,8 +231,7 @@ actor StateFeed {
             head = sequence
             logStart = sequence
             synced = true
-            for waiter in syncWaiters { waiter.resume() }
-            syncWaiters.removeAll()
+            releaseSyncWaiters()
         case .missed(let count, let after, let reason):
             repairing = true
             counters.missed += 1
@@ -317,6 +318,12 @@ actor StateFeed {
         for listener in listeners.values { listener.continuation.finish() }
         listeners.removeAll()
         counters.open = 0
+        releaseSyncWaiters()
+    }
+
+    private func releaseSyncWaiters() {
+        for waiter in syncWaiters { waiter.resume() }
+        syncWaiters.removeAll()
     }
 
     func detach(_ id: UUID) {

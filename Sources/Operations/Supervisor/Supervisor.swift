@@ -190,6 +190,7 @@ public actor Supervisor: BusService {
             }
             for service in services {
                 guard phase == .starting else { break }
+                try checkAddressFree(service)
                 try start(service)
                 // A kernel standing by registers nobody: the services wait for it themselves.
                 if !standingBy { try await waitUntilUp(service) }
@@ -257,6 +258,15 @@ public actor Supervisor: BusService {
         logger.info("started \(child.piece.name)", metadata: ["pid": "\(pid)"])
         let name = child.piece.name, queue = eventQueue
         Spawn.watch(pid) { reason in queue.yield(.exited(name: name, pid: pid, reason: reason)) }
+    }
+
+    /// A piece that listens is up once its address accepts connections: another program
+    /// already accepting there would pass for it (while it fails to bind), so it is refused.
+    private func checkAddressFree(_ child: Child) throws {
+        guard let (host, port) = child.piece.listensAt, Self.acceptsConnections(host: host, port: port) else { return }
+        let name = child.piece.name
+        throw StartFailure(description: "something already accepts connections at \(host):\(port), where the \(name) is to listen (another bus's \(name)?); "
+                           + "stop it, or give the \(name) another address (\(name).listen)")
     }
 
     /// Waits until the kernel answers `ping`, or lists `workers` workers of a service, or
@@ -470,6 +480,7 @@ public actor Supervisor: BusService {
             child.retiring = old
             child.pid = nil
             try await retire(child, old)
+            try checkAddressFree(child)
             try start(child)
             try await waitUntilUp(child)
         } else {

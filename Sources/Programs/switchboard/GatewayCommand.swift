@@ -60,7 +60,12 @@ struct GatewayCommand: AsyncParsableCommand {
             if let tokens = try? Self.tokens(file, logger: logger) { options.tokens.replace(with: tokens) }
         }
         let group = ServiceGroup(services: telemetry + [reloading] + parts, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
-        try await group.run()
+        do {
+            try await group.run()
+        } catch let failure as Gateway.ListenFailure {
+            StandardStreams.writeError("switchboard: gateway: \(failure)\n")
+            throw ExitCode(1)
+        }
     }
 
     /// The gateway's options from the configuration. Tokens: `gateway.tokens`; when none

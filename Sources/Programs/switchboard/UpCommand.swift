@@ -58,6 +58,12 @@ struct UpCommand: AsyncParsableCommand {
         }
         let enabled = ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true }
         try secure(&file, services: enabled)
+        // The gateway binds last, once the state is in: an address another program holds is
+        // refused before anything starts, not after the bus has said it is up.
+        if Self.runsGateway(file, noKernel: noKernel, quiet: true), Supervisor.acceptsConnections(host: file.gateway.host, port: file.gateway.port) {
+            StandardStreams.writeError("switchboard: gateway: \(Gateway.ListenFailure(host: file.gateway.host, port: file.gateway.port, errno: EADDRINUSE))\n")
+            throw ExitCode(1)
+        }
         let status = singleProcess ? try await runInOneProcess(file, services: enabled, telemetry: telemetry)
             : try await runSupervised(file, services: enabled, reloader: try common.supervisedReload())
         if status != 0 { throw ExitCode(status) }
@@ -255,7 +261,12 @@ struct UpCommand: AsyncParsableCommand {
             Self.printBanner(file, pids: [("switchboard", getpid())], services: services, singleProcess: true, remoteKernel: false)
         }))
         let group = ServiceGroup(configuration: .init(services: pieces, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
-        try await group.run()
+        do {
+            try await group.run()
+        } catch let failure as Gateway.ListenFailure {
+            StandardStreams.writeError("switchboard: gateway: \(failure)\n")
+            return 1
+        }
         return 0
     }
 
