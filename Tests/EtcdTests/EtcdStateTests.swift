@@ -445,14 +445,31 @@ struct EtcdStateTests {
         await kernel.stop()
     }
 
-    @Test("a kernel whose etcd cannot be reached does not start, and says which etcd")
+    @Test("a kernel whose etcd cannot be reached does not start, and says which etcd, with its setting; switchboard kernel exits 1 saying so")
     func unreachableEtcd() async throws {
-        var settings = EtcdStateSettings(endpoints: ["http://127.0.0.1:\(freePort())"])
+        let nowhere = "http://127.0.0.1:\(freePort())"
+        var settings = EtcdStateSettings(endpoints: [nowhere])
         settings.prefix = Self.prefix
-        let started = await #expect(throws: (any Error).self) {
+        let started = await #expect(throws: KernelRefusal.self) {
             _ = try await TestKernel.start { $0.stateEtcd = settings }
         }
-        #expect("\(started.map { "\($0)" } ?? "")".contains("etcd"))
+        #expect(started?.description.hasPrefix("the state on etcd (kernel.state.etcd): etcd ") == true && started?.description.contains(nowhere) == true,
+                "\(String(describing: started))")
+        let folder = try temporaryDirectory("etcd-unreachable")
+        let config = folder.appendingPathComponent("switchboard.yaml")
+        let ports = (0..<4).map { _ in freePort() }
+        try Data("""
+            kernel:
+              broker: tcp://127.0.0.1:\(ports[0])
+              snapshot: tcp://127.0.0.1:\(ports[1])
+              publisher: tcp://127.0.0.1:\(ports[2])
+              collector: tcp://127.0.0.1:\(ports[3])
+              state: {backend: etcd, etcd: {endpoints: [\(nowhere)]}}
+            security: {curve: false}
+            """.utf8).write(to: config)
+        let kernel = try await runCommand(switchboardExecutable(), ["kernel", "--config", config.path], seconds: 60)
+        #expect(kernel.status == 1 && kernel.stderr.contains("switchboard: kernel: the state on etcd (kernel.state.etcd): etcd ") && kernel.stderr.contains(nowhere)
+                 && !kernel.stderr.contains("Error:"), "\(kernel)")
     }
 
     @Test("kernel.state: etcd needs endpoints, and refuses a value limit over what one etcd request carries and a lease shorter than etcd grants")

@@ -189,7 +189,8 @@ extension Kernel {
             }
         } catch {
             await client.close()
-            throw error
+            guard let error = error as? EtcdError else { throw error }
+            throw KernelRefusal("the state on etcd (kernel.state.etcd): \(error); the kernel starts once it has read its state")
         }
     }
 

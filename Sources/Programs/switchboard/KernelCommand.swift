@@ -94,6 +94,10 @@ struct KernelCommand: AsyncParsableCommand {
         } catch let error as ZMQError where error.code == EADDRINUSE {
             StandardStreams.writeError("switchboard: \(Self.addressInUse(error, configuration))\n")
             throw ExitCode(1)
+        } catch {
+            // What ended the kernel (etcd not reached, its election lost) says itself.
+            StandardStreams.writeError("switchboard: kernel: \(error)\n")
+            throw ExitCode(1)
         }
     }
 

@@ -225,6 +225,9 @@ struct UpCommand: AsyncParsableCommand {
         } catch let error as ZMQError where error.code == EADDRINUSE {
             StandardStreams.writeError("switchboard: \(KernelCommand.addressInUse(error, configuration))\n")
             return 1
+        } catch {
+            StandardStreams.writeError("switchboard: kernel: \(error)\n")
+            return 1
         }
         // Over inproc:// the pieces share the kernel's context (and with CURVE on, still use keys).
         let inproc = { (role: String) in "inproc://switchboard-\(role)" }
