@@ -105,6 +105,32 @@ struct PostgresFaultTests {
         await client.close()
         await kernel.stop()
     }
+
+    @Test("switchboard serve store (and streams) with its database away: a SIGTERM while it waits for the database ends it")
+    func stoppedWhileWaiting() async throws {
+        let folder = try temporaryDirectory("postgres-away")
+        let config = folder.appendingPathComponent("switchboard.yaml")
+        let url = "postgres://\(TestPostgres.user)@127.0.0.1:\(freePort())/postgres"
+        let ports = (0..<4).map { _ in freePort() }
+        try Data("""
+            kernel:
+              broker: tcp://127.0.0.1:\(ports[0])
+              snapshot: tcp://127.0.0.1:\(ports[1])
+              publisher: tcp://127.0.0.1:\(ports[2])
+              collector: tcp://127.0.0.1:\(ports[3])
+            store: {backend: postgres, url: "\(url)", tls: disable, timeout_ms: 1000}
+            streams: {backend: postgres, url: "\(url)", tls: disable, timeout_ms: 1000}
+            security: {curve: false}
+            """.utf8).write(to: config)
+        for service in ["store", "streams"] {
+            let process = try ChildProcess(switchboardExecutable(), ["serve", service, "--config", config.path])
+            defer { process.stop() }
+            try await process.waitForOutput(containing: "cannot reach the database", within: 60)
+            process.signal(SIGTERM)
+            #expect(await process.exit(within: 20), "\(service): \(process.outputSoFar)")
+            #expect(process.terminationStatus == 0, "\(service): \(process.outputSoFar)")
+        }
+    }
 }
 
 @Suite("store on PostgreSQL: a database that never answers")

@@ -165,8 +165,11 @@ public final class ServiceHost<Hosted: BusService>: Service {
     }
 
     public func run() async throws {
-        await ready()
-        guard !Task.isCancelled else { return await shutdownLoops() }
+        // A graceful shutdown while the service cannot serve yet (its database away) ends
+        // the wait: the host stops without having registered.
+        let ready = ready
+        await cancelWhenGracefulShutdown { await ready() }
+        guard !Task.isCancelled, !Task.isShuttingDownGracefully else { return await shutdownLoops() }
         try await serve { try? await gracefulShutdown() }
     }
 
