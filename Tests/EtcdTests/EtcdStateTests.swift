@@ -458,15 +458,7 @@ struct EtcdStateTests {
         let folder = try temporaryDirectory("etcd-unreachable")
         let config = folder.appendingPathComponent("switchboard.yaml")
         let ports = (0..<4).map { _ in freePort() }
-        try Data("""
-            kernel:
-              broker: tcp://127.0.0.1:\(ports[0])
-              snapshot: tcp://127.0.0.1:\(ports[1])
-              publisher: tcp://127.0.0.1:\(ports[2])
-              collector: tcp://127.0.0.1:\(ports[3])
-              state: {backend: etcd, etcd: {endpoints: [\(nowhere)]}}
-            security: {curve: false}
-            """.utf8).write(to: config)
+        try Data((kernelSection(ports, "state: {backend: etcd, etcd: {endpoints: [\(nowhere)]}}") + "\nsecurity: {curve: false}\n").utf8).write(to: config)
         let kernel = try await runCommand(switchboardExecutable(), ["kernel", "--config", config.path], seconds: 60)
         #expect(kernel.status == 1 && kernel.stderr.contains("switchboard: kernel: the state on etcd (kernel.state.etcd): etcd ") && kernel.stderr.contains(nowhere)
                  && !kernel.stderr.contains("Error:"), "\(kernel)")

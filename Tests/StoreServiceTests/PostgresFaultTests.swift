@@ -113,11 +113,7 @@ struct PostgresFaultTests {
         let url = "postgres://\(TestPostgres.user)@127.0.0.1:\(freePort())/postgres"
         let ports = (0..<4).map { _ in freePort() }
         try Data("""
-            kernel:
-              broker: tcp://127.0.0.1:\(ports[0])
-              snapshot: tcp://127.0.0.1:\(ports[1])
-              publisher: tcp://127.0.0.1:\(ports[2])
-              collector: tcp://127.0.0.1:\(ports[3])
+            \(kernelSection(ports))
             store: {backend: postgres, url: "\(url)", tls: disable, timeout_ms: 1000}
             streams: {backend: postgres, url: "\(url)", tls: disable, timeout_ms: 1000}
             security: {curve: false}

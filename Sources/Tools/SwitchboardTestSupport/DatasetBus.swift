@@ -144,13 +144,7 @@ public func writeBusConfiguration(in folder: URL, logLevel: String = "info", hea
     }.joined(separator: "\n")
     let text = """
         log_level: \(logLevel)
-        kernel:
-          broker: tcp://127.0.0.1:\(ports[0])
-          snapshot: tcp://127.0.0.1:\(ports[1])
-          publisher: tcp://127.0.0.1:\(ports[2])
-          collector: tcp://127.0.0.1:\(ports[3])
-          heartbeat_ms: \(heartbeatMs)
-          liveness: \(liveness)
+        \(kernelSection(ports, "heartbeat_ms: \(heartbeatMs)", "liveness: \(liveness)"))
         services:
           \(services)
         store:
@@ -171,6 +165,13 @@ public func writeBusConfiguration(in folder: URL, logLevel: String = "info", hea
     let url = folder.appendingPathComponent(fileName)
     try text.write(to: url, atomically: true, encoding: .utf8)
     return (url, ports)
+}
+
+/// A configuration's `kernel` section with its four endpoints on loopback `ports` (broker,
+/// snapshot, publisher, collector), then `settings` (each a `key: value` line of the section).
+public func kernelSection(_ ports: [Int], _ settings: String...) -> String {
+    (["kernel:"] + zip(["broker", "snapshot", "publisher", "collector"], ports).map { "  \($0): tcp://127.0.0.1:\($1)" } + settings.map { "  " + $0 })
+        .joined(separator: "\n")
 }
 
 /// The key folder of a bus configured by ``writeBusConfiguration(in:logLevel:heartbeatMs:liveness:services:supervisor:security:extra:)``.
