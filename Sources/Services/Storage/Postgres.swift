@@ -73,7 +73,12 @@ extension PostgresSettings {
         configuration.options.maximumConnections = max(1, poolSize)
         configuration.options.connectTimeout = .seconds(5)
         if let searchPath { configuration.options.additionalStartupParameters = [("search_path", searchPath)] }
-        return PostgresClient(configuration: configuration, backgroundLogger: logger)
+        // The pool logs each connection it fails to make at info, every few seconds while the
+        // database is away; the service says so itself once a minute, with why. At info the
+        // pool's lines are left out (at debug they are kept).
+        var background = logger
+        if background.logLevel == .info { background.logLevel = .notice }
+        return PostgresClient(configuration: configuration, backgroundLogger: background)
     }
 
     /// Why one connection to the database cannot be made now, in a line; nil when it can.
