@@ -31,6 +31,8 @@ struct PostgresFaultTests {
             await store.waitUntilReady()
             try await host.start()
         }
+        // A second part waiting for the database as well (as the streams service's work does).
+        let alsoWaiting = Task { await store.waitUntilReady() }
         let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(5))
         try await log.waitFor("cannot reach the database", within: 10, "the store said it cannot reach the database")
         #expect(log.text.contains("127.0.0.1:\(port)") && !log.text.contains(TestPostgres.password), "\(log.text)")
@@ -42,6 +44,11 @@ struct PostgresFaultTests {
         defer { server.stop() }
         try await kernel.workers("store", within: 15)
         try await registering.value
+        await alsoWaiting.value
+        // Said once, however many parts waited for the database.
+        for said in ["cannot reach the database", "database ready"] {
+            #expect(log.lines.value.filter { $0.contains(said) }.count == 1, "\(said): \(log.text)")
+        }
         var acknowledged: [String] = []
         for n in 1...5 {
             _ = try await client.request(service: "store", method: "history.add", params: ["text": .string("before \(n)")])

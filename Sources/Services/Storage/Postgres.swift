@@ -205,28 +205,4 @@ package enum PostgresSchema {
         }
     }
 
-    /// Waits until the database answers and `migrate` has run, trying again with back-off
-    /// (0.1 s doubling to 5 s), saying why (the URL without its password) the first time and
-    /// every minute after.
-    package static func waitUntilReady(_ settings: PostgresSettings, logger: Logger, isolation: isolated (any Actor)? = #isolation,
-                                       _ migrate: () async throws -> Void) async {
-        var delay = Duration.milliseconds(100), lastSaid: ContinuousClock.Instant?
-        while !Task.isCancelled {
-            do {
-                try await migrate()
-                logger.info("database ready", metadata: ["url": "\(settings.redactedURL)"])
-                return
-            } catch {
-                if lastSaid.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true {
-                    lastSaid = .now
-                    // A timeout says nothing of why: one connection made alone does.
-                    let problem = error is PostgresTimedOut ? await settings.connectionProblem(logger: logger) ?? settings.failure(error).detail
-                        : settings.failure(error).detail
-                    logger.error("cannot reach the database; trying again", metadata: ["url": "\(settings.redactedURL)", "problem": "\(problem)"])
-                }
-                try? await Task.sleep(for: delay)
-                delay = min(delay * 2, .seconds(5))
-            }
-        }
-    }
 }

@@ -57,11 +57,37 @@ package actor PostgresWriter {
         CREATE INDEX replies_by_time ON replies(written_at);
         """
 
-    /// Waits until the database answers and its schema is in place (trying again with back-off).
+    /// Waits until the database answers and its schema is in place, trying again with back-off
+    /// (0.1 s doubling to 5 s), saying why (the URL without its password) the first time and
+    /// every minute after, however many wait (the host to register, the service's work).
     package func waitUntilReady() async {
         await connections.started()
-        await PostgresSchema.waitUntilReady(settings, logger: logger) { try await migrate() }
+        var delay = Duration.milliseconds(100)
+        while !Task.isCancelled {
+            do {
+                try await migrate()
+                if !readySaid {
+                    readySaid = true
+                    logger.info("database ready", metadata: ["url": "\(settings.redactedURL)"])
+                }
+                return
+            } catch {
+                if awaySaid.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true {
+                    awaySaid = .now
+                    // A timeout says nothing of why: one connection made alone does.
+                    let problem = error is PostgresTimedOut ? await settings.connectionProblem(logger: logger) ?? settings.failure(error).detail
+                        : settings.failure(error).detail
+                    logger.error("cannot reach the database; trying again", metadata: ["url": "\(settings.redactedURL)", "problem": "\(problem)"])
+                }
+                try? await Task.sleep(for: delay)
+                delay = min(delay * 2, .seconds(5))
+            }
+        }
     }
+
+    /// When ``waitUntilReady()`` last said the database cannot be reached, and whether it
+    /// said it is ready.
+    private var awaySaid: ContinuousClock.Instant?, readySaid = false
 
     private func migrate() async throws {
         guard !migrated else { return }
