@@ -310,9 +310,10 @@ struct NewsSources: AsyncParsableCommand {
             if !select.isEmpty {
                 // The store keeps whatever ids it is given, and the sources are the search
                 // service's: an id that is no source is refused here, the selection unchanged
-                // (kept, it would only make the headlines come back empty).
+                // (kept, it would only make the headlines come back empty). No sources at all
+                // (the dataset not in yet) tell nothing: the selection is made as asked.
                 let known = Set(try await call(client, SearchAPI.sourcesList, SearchAPI.Sources(language: "all")).value.sources.map(\.source.id))
-                let unknown = select.filter { !known.contains($0) }
+                let unknown = known.isEmpty ? [] : select.filter { !known.contains($0) }
                 guard unknown.isEmpty else {
                     throw Failure(status: ExitStatus.serviceError, message: "\(NewsSources.noSuch(unknown)); the selection is unchanged")
                 }
