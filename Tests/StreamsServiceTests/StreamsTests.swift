@@ -981,9 +981,10 @@ struct StreamVerbTests {
     func verbs() async throws {
         try await StreamsBus.with { bus in
             let environment = ["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""]
-            func sb(_ arguments: String..., input: String? = nil) async throws -> CommandResult {
+            func sb(_ arguments: [String], input: String? = nil) async throws -> CommandResult {
                 try await runCommand(sbExecutable(), arguments, environment: environment, input: input.map { Data($0.utf8) })
             }
+            func sb(_ arguments: String..., input: String? = nil) async throws -> CommandResult { try await sb(arguments, input: input) }
             var result = try await sb("stream", "add", "orders", "orders.", "--max-age", "86400")
             #expect(result.status == 0 && result.stdout.contains("stream orders: subjects orders.") && result.stdout.contains("orders.dead"), "\(result)")
             result = try await sb("stream", "pub", "orders.new", #"{"id": 7}"#, "--id", "o-7")
@@ -1010,6 +1011,12 @@ struct StreamVerbTests {
             #expect(result.status == 1 && result.stdout == "given back 3\n" && result.stderr.contains("not pending (done before, or never handed out): 9"), "\(result)")
             result = try await sb("stream", "ack", "orders", "billing", "1", "--json")
             #expect(result.status == 1 && result.stdout.contains(#""notPending":[1]"#) && result.stderr.contains("not pending"), "a late ack is told: \(result)")
+            // Any number of sequences (sent a thousand a request); none below 1.
+            result = try await sb(["stream", "ack", "orders", "billing"] + (100..<2_600).map(String.init) + ["--json"])
+            let acked = try jsonLines(result.stdout).first
+            #expect(result.status == 1 && acked?["notPending"]?.arrayValue?.count == 2_500 && result.stderr.contains("not pending"), "\(result.stderr.prefix(300))")
+            result = try await sb("stream", "nak", "orders", "billing", "0")
+            #expect(result.status == 64 && result.stderr.contains("sequences are 1 or more (sb stream fetch prints them), got 0"), "\(result)")
             try await bus.publish("orders.new", 4)
             result = try await sb("stream", "sub", "orders", "billing", "--count", "1", "--ack")
             #expect(result.status == 0 && result.stdout == "4 orders.new (delivery 1) 4\n", "\(result)")

@@ -180,6 +180,9 @@ public enum StreamsAPI {
     }
 
     public struct Sequences: Codable, Sendable {
+        /// The most sequences one ack, nak, progress or term names.
+        public static let most = 1_000
+
         public var stream: String
         public var consumer: String
         public var sequences: [Int]

@@ -407,9 +407,18 @@ struct StreamSubscribe: AsyncParsableCommand {
 struct SettleOptions: ParsableArguments {
     @Argument(help: "The stream.") var stream: String
     @Argument(help: "The consumer.") var consumer: String
-    @Argument(help: "The messages' sequences.") var sequences: [Int]
+    @Argument(help: "The messages' sequences (any number: sent \(StreamsAPI.Sequences.most) a request).") var sequences: [Int]
 
-    var params: StreamsAPI.Sequences { StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: sequences) }
+    func validate() throws {
+        if let bad = sequences.first(where: { $0 < 1 }) { throw ValidationError("sequences are 1 or more (sb stream fetch prints them), got \(bad)") }
+    }
+
+    /// The sequences as the requests carry them, at most ``StreamsAPI/Sequences/most`` each.
+    var batches: [[Int]] {
+        stride(from: 0, to: sequences.count, by: StreamsAPI.Sequences.most).map { Array(sequences[$0..<min($0 + StreamsAPI.Sequences.most, sequences.count)]) }
+    }
+
+    func params(_ batch: [Int]) -> StreamsAPI.Sequences { StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: batch) }
 }
 
 let notPendingHelp = "A sequence that was not pending (done before, handed out again to another reader since, or never handed out) is named on stderr, exit status 1."
@@ -417,18 +426,23 @@ let notPendingHelp = "A sequence that was not pending (done before, handed out a
 /// Runs `ack`, `nak`, `progress` or `term` and prints what it applied to. A sequence that was
 /// not pending (done before, handed to another reader since, or never handed out) is exit
 /// status 1: a script that acknowledges late learns that its work may have been done twice.
-func settleMessages(_ connection: ConnectionOptions, _ output: OutputOptions, _ verb: String,
-            _ body: (BusClient) async throws -> Answer<StreamsAPI.Acknowledged>) async throws {
+func settleMessages(_ connection: ConnectionOptions, _ output: OutputOptions, _ verb: String, _ settle: SettleOptions,
+            _ body: (BusClient, [Int]) async throws -> Answer<StreamsAPI.Acknowledged>) async throws {
     try await withClient(connection) { client in
-        let answer = try await body(client)
-        if output.json {
-            Output.json(answer.json, compact: true)
-        } else if !answer.value.done.isEmpty {
-            Output.line("\(verb) \(answer.value.done.map(String.init).joined(separator: " "))")
+        var answer = StreamsAPI.Acknowledged(done: [], notPending: [])
+        for batch in settle.batches {
+            let part = try await body(client, batch).value
+            answer.done += part.done
+            answer.notPending += part.notPending
         }
-        if !answer.value.notPending.isEmpty {
+        if output.json {
+            Output.json(try JSONValue(encoding: answer), compact: true)
+        } else if !answer.done.isEmpty {
+            Output.line("\(verb) \(answer.done.map(String.init).joined(separator: " "))")
+        }
+        if !answer.notPending.isEmpty {
             throw Failure(status: ExitStatus.serviceError,
-                          message: "not pending (done before, or never handed out): \(answer.value.notPending.map(String.init).joined(separator: " "))")
+                          message: "not pending (done before, or never handed out): \(answer.notPending.map(String.init).joined(separator: " "))")
         }
     }
 }
@@ -442,7 +456,7 @@ struct StreamAck: AsyncParsableCommand {
     @OptionGroup var settle: SettleOptions
 
     func run() async throws {
-        try await settleMessages(connection, output, "acknowledged") { try await call($0, StreamsAPI.ack, settle.params) }
+        try await settleMessages(connection, output, "acknowledged", settle) { try await call($0, StreamsAPI.ack, settle.params($1)) }
     }
 }
 
@@ -460,8 +474,9 @@ struct StreamNak: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let nak = StreamsAPI.Nak(stream: settle.stream, consumer: settle.consumer, sequences: settle.sequences, delay: delay)
-        try await settleMessages(connection, output, "given back") { try await call($0, StreamsAPI.nak, nak) }
+        try await settleMessages(connection, output, "given back", settle) {
+            try await call($0, StreamsAPI.nak, StreamsAPI.Nak(stream: settle.stream, consumer: settle.consumer, sequences: $1, delay: delay))
+        }
     }
 }
 
@@ -475,7 +490,7 @@ struct StreamProgress: AsyncParsableCommand {
     @OptionGroup var settle: SettleOptions
 
     func run() async throws {
-        try await settleMessages(connection, output, "in progress") { try await call($0, StreamsAPI.progress, settle.params) }
+        try await settleMessages(connection, output, "in progress", settle) { try await call($0, StreamsAPI.progress, settle.params($1)) }
     }
 }
 
@@ -488,6 +503,6 @@ struct StreamTerm: AsyncParsableCommand {
     @OptionGroup var settle: SettleOptions
 
     func run() async throws {
-        try await settleMessages(connection, output, "terminated") { try await call($0, StreamsAPI.term, settle.params) }
+        try await settleMessages(connection, output, "terminated", settle) { try await call($0, StreamsAPI.term, settle.params($1)) }
     }
 }

@@ -235,7 +235,9 @@ public actor StreamsService: BusService, ServiceWork {
     /// `request`: the request the result is kept under (by default the one being answered).
     func settle(_ stream: String, _ consumer: String, _ sequences: [Int], _ outcome: StreamsDatabase.Outcome,
                 request: String? = RequestKey.current?.description) async throws -> API.Acknowledged {
-        guard (1...1_000).contains(sequences.count) else { throw JSONRPCError.invalidParams(field: "sequences", "must hold 1 to 1000 sequences") }
+        guard (1...API.Sequences.most).contains(sequences.count) else {
+            throw JSONRPCError.invalidParams(field: "sequences", "must hold 1 to \(API.Sequences.most) sequences")
+        }
         guard sequences.allSatisfy({ $0 >= 1 }) else { throw JSONRPCError.invalidParams(field: "sequences", "must be sequences, 1 or more") }
         return try await writeWithOthers(.init(stream: stream, consumer: consumer, kind: .settle(sequences: sequences, outcome), request: request))
     }
