@@ -615,6 +615,8 @@ struct SBTests {
         let items = try await bus.sb("items", "--natural", "--list", "1")
         #expect(items.stdout.hasPrefix("List 1 (81 items)\n  Item 0"))
         #expect(items.stdout.hasSuffix("81 items in list 1; 160 without a name left out\n"))
+        let noList = try await bus.sb("items", "--list", "999")
+        #expect(noList.status == 0 && noList.stderr.contains("no list 999 in the hiring list (its lists: 1, 2, 3, 4)"), "\(noList)")
 
         #expect(try await bus.sb("news", "headlines").stdout.contains("no news sources are selected"))
         // An id that is no source is refused, and nothing is selected; one asked for headlines is said.

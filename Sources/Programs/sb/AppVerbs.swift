@@ -250,7 +250,17 @@ struct Items: AsyncParsableCommand {
 
     func run() async throws {
         let params = SearchAPI.Items(order: natural ? .natural : .lexical, listId: listId)
-        try await appVerb(connection, output, { try await call($0, SearchAPI.itemsGrouped, params) }) { answer in
+        try await appVerb(connection, output, { client in
+            let answer = try await call(client, SearchAPI.itemsGrouped, params)
+            // Nothing at all in the list asked for: say whether there is such a list.
+            if let listId, answer.value.total == 0, answer.value.dropped == 0 {
+                let lists = try await call(client, SearchAPI.itemsGrouped, SearchAPI.Items(order: .lexical, listId: nil)).value.groups.map(\.listId)
+                if !lists.isEmpty, !lists.contains(listId) {
+                    Output.diagnostic("no list \(listId) in the hiring list (its lists: \(lists.sorted().map(String.init).joined(separator: ", ")))")
+                }
+            }
+            return answer
+        }) { answer in
             for group in answer.groups {
                 Output.line(Output.styled("List \(group.listId) (\(group.count) items)", .bold))
                 for item in group.items {
