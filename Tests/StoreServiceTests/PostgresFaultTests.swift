@@ -115,6 +115,30 @@ struct PostgresFaultTests {
         await kernel.stop()
     }
 
+    @Test("the kernel restarted while the database is away: once the database is back, the store publishes every key to the new kernel, its saved articles with them")
+    func republishedOnceBack() async throws {
+        let log = LogLines()
+        var bus = try await StoreBus.start(backend: .postgres, logger: log.logger("store")) { $0.postgres?.operationTimeout = .seconds(1) }
+        let postgres = try #require(bus.postgres)
+        _ = try await bus.call("history.add", ["text": "Paris"])
+        _ = try await bus.call("articles.save", article("https://example.com/kept"))
+        _ = try await bus.kernel.state("/store/", within: 15, "the store's keys published") { state in
+            state["/store/history"] != nil && state.keys.contains { $0.hasPrefix("/store/articles/") }
+        }
+
+        await postgres.kill()
+        await bus.kernel.stop()
+        let restarted = try await bus.kernel.restarted()
+        bus = StoreBus(kernel: restarted, store: bus.store, host: bus.host, work: bus.work, client: bus.client,
+                       publisherClient: bus.publisherClient, folder: bus.folder, backend: bus.backend, postgres: bus.postgres)
+        try await log.waitFor("cannot publish changes yet", within: 30, "the store said it cannot publish to the new kernel yet")
+        try await postgres.restart()
+        _ = try await restarted.state("/store/", within: 30, "every key published to the new kernel once the database is back") { state in
+            state["/store/history"] != nil && state["/store/sources/selected"] != nil && state.keys.contains { $0.hasPrefix("/store/articles/") }
+        }
+        await bus.stop()
+    }
+
     @Test("switchboard serve store (and streams) with its database away: a SIGTERM while it waits for the database ends it")
     func stoppedWhileWaiting() async throws {
         let folder = try temporaryDirectory("postgres-away")

@@ -225,15 +225,17 @@ package actor PostgresWriter {
     }
 
     /// Runs `body` holding the session advisory lock `key` on a connection of its own, so the
-    /// processes sharing the database run such bodies one at a time. The lock is tried every
-    /// 2 ms, each try within the operation timeout, for `limit` at most, as the SQLite file's
-    /// lock is (``ServiceDatabase/alone(_:waitingAtMost:_:)``).
-    package nonisolated func alone<T: Sendable>(_ key: Int64, waitingAtMost limit: Duration, _ body: @Sendable () async throws -> T) async throws -> T {
-        let client = connections.client, settings = settings, logger = logger
-        // What the database answers is a storage failure; what `body` throws is its own.
-        var bodyFailed = false
+    /// processes sharing the database run such bodies one at a time. The connection is leased
+    /// and the lock tried every 2 ms, each within the operation timeout, for `limit` at most,
+    /// as the SQLite file's lock is (``ServiceDatabase/alone(_:waitingAtMost:_:)``); `body`
+    /// bounds its own work.
+    package nonisolated func alone<T: Sendable>(_ key: Int64, waitingAtMost limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        let settings = settings, logger = logger
+        // What the database answers is a storage failure; what `body` throws is its own, and
+        // comes back as its outcome.
+        let outcome: Result<T, any Error>
         do {
-            return try await client.withConnection { connection in
+            outcome = try await connections.withConnection(leasedWithin: settings.operationTimeout) { connection in
                 let deadline = ContinuousClock.now + limit
                 while try await !settings.bounded({ try await Self.tryLock(key, on: connection, logger: logger) }) {
                     guard ContinuousClock.now < deadline else {
@@ -241,23 +243,25 @@ package actor PostgresWriter {
                     }
                     try await Task.sleep(for: .milliseconds(2))
                 }
-                // Let go on the way out, whatever `body` did: a lock left on a pooled connection
-                // would hold every other process back (a connection that broke lets it go itself).
                 let outcome: Result<T, any Error>
+                do { outcome = .success(try await body()) } catch { outcome = .failure(error) }
+                // Let go on the way out, whatever `body` did: a lock left on a pooled connection
+                // would hold every other process back. A connection that broke lets it go
+                // itself; one whose unlock goes unanswered (bounded: such a query was seen never
+                // to return) is closed, which lets it go too.
                 do {
-                    outcome = .success(try await body())
+                    _ = try await settings.bounded { try await connection.query("SELECT pg_advisory_unlock(\(key))", logger: logger) }
                 } catch {
-                    bodyFailed = true
-                    outcome = .failure(error)
+                    try? await connection.close()
                 }
-                _ = try? await connection.query("SELECT pg_advisory_unlock(\(key))", logger: logger)
-                return try outcome.get()
+                return outcome
             }
-        } catch where bodyFailed || error is JSONRPCError || error is CancellationError {
+        } catch where error is JSONRPCError || error is CancellationError {
             throw error
         } catch {
             throw settings.failure(error).rpcError
         }
+        return try outcome.get()
     }
 
     private static func tryLock(_ key: Int64, on connection: PostgresConnection, logger: Logger) async throws -> Bool {
@@ -319,6 +323,39 @@ package struct PostgresConnections: Service {
     /// a connection asked for before is refused.
     func started() async {
         await running.wait()
+    }
+
+    /// Runs `body` on a connection of the pool, or fails with ``PostgresTimedOut`` when none
+    /// is leased within `timeout` (the pool waits for a database that is away for as long as
+    /// it tries to reach it). `body` itself is not bounded here: it bounds its own work.
+    func withConnection<T: Sendable>(leasedWithin timeout: Duration,
+                                     _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        let client = client, leased = LeaseTaken()
+        return try await withThrowingTaskGroup(of: T?.self) { group in
+            group.addTask {
+                try await client.withConnection { connection in
+                    leased.taken.store(true, ordering: .relaxed)
+                    return try await body(connection)
+                }
+            }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                guard leased.taken.load(ordering: .relaxed) else { throw PostgresTimedOut(after: timeout) }
+                return nil
+            }
+            // The first to end: the body's outcome, the timeout, or the lease taken in time
+            // (then the body's outcome is next). The waiter left is cancelled: a lease asked
+            // for is given up, a timer stops.
+            defer { group.cancelAll() }
+            while let ended = try await group.next() {
+                if let outcome = ended { return outcome }
+            }
+            throw CancellationError()
+        }
+    }
+
+    private final class LeaseTaken: Sendable {
+        let taken = Atomic(false)
     }
 
     /// Runs `body` on a connection of the pool, on a thread of its own, within the settings'

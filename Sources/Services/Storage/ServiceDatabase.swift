@@ -155,7 +155,7 @@ package enum ServiceDatabase: Sendable {
     /// while it held it) fails the call as `busy`, naming the lock, rather than holding the
     /// caller in silence.
     package func alone<T: Sendable>(_ lock: (name: String, key: Int64), waitingAtMost limit: Duration,
-                                    _ body: @Sendable () async throws -> T) async throws -> T {
+                                    _ body: @escaping @Sendable () async throws -> T) async throws -> T {
         switch self {
         case .sqlite(let writer):
             let file = writer.path + "." + lock.name

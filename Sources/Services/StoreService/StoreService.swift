@@ -26,6 +26,10 @@ public actor StoreService: BusService, ServiceWork {
 
     private var publisher: StatePublisher?
     private var dirtyKeys: Set<String> = []
+    /// Whether every saved article's key is to be published again (``republish()``). They
+    /// are listed by the publishing, so that a database away then delays them, as it delays
+    /// every key, rather than leaves them out.
+    private var articlesToList = false
     /// Told when keys are marked changed; ``work()`` publishes them (one signal stands for
     /// any number: the keys are in `dirtyKeys`).
     private let (changes, changed) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
@@ -74,7 +78,7 @@ public actor StoreService: BusService, ServiceWork {
     public func republish() async {
         guard let statePublisher else { return }
         publisher = statePublisher
-        await markEverythingChanged()
+        markEverythingChanged()
     }
 
     /// Stops publishing (at shutdown).
@@ -248,10 +252,9 @@ public actor StoreService: BusService, ServiceWork {
 
     // MARK: Publishing
 
-    private func markEverythingChanged() async {
-        var keys = [Keys.history, Keys.sourcesSelected, Keys.routeSelected]
-        if let ids = try? await database.read(StoreDatabase.articleIDs) { keys += ids.map(Keys.article) }
-        markChanged(keys)
+    private func markEverythingChanged() {
+        articlesToList = true
+        markChanged([Keys.history, Keys.sourcesSelected, Keys.routeSelected])
     }
 
     private func markChanged(_ keys: [String]) {
@@ -262,16 +265,20 @@ public actor StoreService: BusService, ServiceWork {
 
     /// Publishes dirty keys, up to 200 a round (the client sends them in batches the kernel
     /// takes, `kernel.max_batch_items`), each with its value as it is now (so a burst of
-    /// writes costs one publication per key), retrying with back-off while the kernel does
-    /// not answer.
+    /// writes costs one publication per key), retrying with back-off while the kernel or
+    /// the database does not answer.
     private func publishChanges(through publisher: StatePublisher) async {
         var failures = 0
         while !Task.isCancelled, !dirtyKeys.isEmpty {
             var keys: [String] = []
-            while keys.count < 200, let key = dirtyKeys.popFirst() { keys.append(key) }
             var failed: [String] = []
             var problem: (any Error)?
             do {
+                if articlesToList {
+                    dirtyKeys.formUnion(try await database.read(StoreDatabase.articleIDs).map(Keys.article))
+                    articlesToList = false
+                }
+                while keys.count < 200, let key = dirtyKeys.popFirst() { keys.append(key) }
                 // Store processes sharing a database publish one at a time, each the values
                 // as they are then: none can publish an older value over a newer one.
                 let batch = keys
