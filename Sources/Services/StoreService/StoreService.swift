@@ -300,7 +300,7 @@ public actor StoreService: BusService, ServiceWork {
             dirtyKeys.formUnion(failed)
             if Task.isCancelled { break }
             failures += 1
-            if failures == 1 { logger.warning("cannot publish changes yet", metadata: ["keys": "\(failed.count)", "problem": "\(problem)"]) }
+            if failures == 1 { logger.warning("cannot publish changes yet", metadata: ["keys": "\(dirtyKeys.count)", "problem": "\(problem)"]) }
             try? await Task.sleep(for: .milliseconds(min(2_000, 50 << min(failures, 6))))
         }
     }
