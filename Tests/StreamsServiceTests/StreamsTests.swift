@@ -1038,7 +1038,9 @@ struct StreamVerbTests {
             #expect(result.status == 0 && result.stdout.hasPrefix("1 /client/levels/a ") && result.stdout.hasSuffix(#" {"sequence":\#(level),"value":1}"# + "\n"), "\(result)")
             result = try await sb("stream", "info", "levels")
             #expect(result.stdout.contains("captures the state under its subjects: changes to sequence \(level) kept"), "\(result)")
-            result = try await sb("stream", "consumer", "rm", "orders", "billing")
+            // `rm` is also `delete` (as a user coming from other tools types it), not a stream
+            // named so for the default verb, `add`.
+            result = try await sb("stream", "consumer", "delete", "orders", "billing")
             #expect(result.status == 0 && result.stdout == "deleted consumer billing of orders\n", "\(result)")
             result = try await sb("stream", "fetch", "orders", "billing")
             #expect(result.status == 1 && result.stderr.contains("stream orders has no consumer billing"), "\(result)")
@@ -1054,6 +1056,10 @@ struct StreamVerbTests {
                 let refused = try await sb("stream", verb, "orders", "billing", flag, "1e300")
                 #expect(refused.status == 64 && refused.stderr.contains(flag), "\(refused)")
             }
+            // A word that names no verb is refused naming the verbs (not as an argument the
+            // default verb, `ls`, did not expect).
+            result = try await sb("stream", "lss")
+            #expect(result.status == 64 && result.stderr.contains("sb stream has no verb 'lss'; its verbs: ls, info, add, rm, "), "\(result)")
             let help = try await sb("stream", "fetch", "--help")
             #expect(help.status == 0 && help.stdout.contains("Example"))
         }

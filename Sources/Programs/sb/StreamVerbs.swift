@@ -33,6 +33,15 @@ struct StreamList: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
+    /// A word after `sb stream` that names no verb comes here (`ls` is the default, and takes
+    /// no arguments): it is refused naming the verbs, not as an argument `ls` did not expect.
+    @Argument(help: .hidden) var unknownVerb: String?
+
+    func validate() throws {
+        guard let unknownVerb else { return }
+        let verbs = Stream.configuration.subcommands.map { $0._commandName }
+        throw ValidationError("sb stream has no verb '\(unknownVerb)'; its verbs: \(verbs.joined(separator: ", "))")
+    }
 
     func run() async throws {
         try await appVerb(connection, output, { try await call($0, StreamsAPI.streamList) }) { answer in
@@ -131,7 +140,8 @@ struct StreamOwnerOptions: ParsableArguments {
 }
 
 struct StreamDelete: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "rm", abstract: "Delete a stream with its messages, consumers and dead letters.")
+    static let configuration = CommandConfiguration(commandName: "rm", abstract: "Delete a stream with its messages, consumers and dead letters.",
+                                                    aliases: ["del", "delete"])
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
@@ -290,7 +300,8 @@ struct StreamConsumerAdd: AsyncParsableCommand {
 
 struct StreamConsumerDelete: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "rm", abstract: "Delete a consumer with its position and what its readers had pending (the stream's messages stay).")
+        commandName: "rm", abstract: "Delete a consumer with its position and what its readers had pending (the stream's messages stay).",
+        aliases: ["del", "delete"])
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
