@@ -476,6 +476,7 @@ struct FlightList: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
+    @OptionGroup var otherVerb: NoOtherVerb<Flights>
     @Flag(help: "Outbound flights only.") var outbound = false
     @Flag(help: "Inbound flights only.") var inbound = false
 
@@ -661,6 +662,7 @@ struct DatasetList: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
+    @OptionGroup var otherVerb: NoOtherVerb<Datasets>
 
     func run() async throws {
         try await appVerb(connection, output, { try await call($0, FetcherAPI.datasetsList) }, show: showDatasets)

@@ -167,6 +167,20 @@ struct OutputOptions: ParsableArguments {
     var json = false
 }
 
+/// For a verb's default sub-verb that takes no arguments (`sb stream` is `sb stream ls`): a
+/// word after the verb that names none of its sub-verbs is refused naming them, not as an
+/// argument the default sub-verb did not expect.
+struct NoOtherVerb<Verb: ParsableCommand>: ParsableArguments {
+    @Argument(help: .hidden) var word: String?
+
+    func validate() throws {
+        guard let word else { return }
+        let verb = Verb.configuration.commandName ?? Verb._commandName
+        let verbs = Verb.configuration.subcommands.map { $0._commandName }
+        throw ValidationError("sb \(verb) has no verb '\(word)'; its verbs: \(verbs.joined(separator: ", "))")
+    }
+}
+
 /// Sends one request the way every verb does: the answer, or the failure printed on stderr
 /// and turned into the exit status (1 the service answered an error, 69 no service or no
 /// kernel, 75 timed out).

@@ -33,15 +33,7 @@ struct StreamList: AsyncParsableCommand {
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
-    /// A word after `sb stream` that names no verb comes here (`ls` is the default, and takes
-    /// no arguments): it is refused naming the verbs, not as an argument `ls` did not expect.
-    @Argument(help: .hidden) var unknownVerb: String?
-
-    func validate() throws {
-        guard let unknownVerb else { return }
-        let verbs = Stream.configuration.subcommands.map { $0._commandName }
-        throw ValidationError("sb stream has no verb '\(unknownVerb)'; its verbs: \(verbs.joined(separator: ", "))")
-    }
+    @OptionGroup var otherVerb: NoOtherVerb<Stream>
 
     func run() async throws {
         try await appVerb(connection, output, { try await call($0, StreamsAPI.streamList) }) { answer in
