@@ -80,6 +80,8 @@ struct ConfigFileTests {
         ("pair:\n  role: primary\n  listen: tcp://127.0.0.1\n  peer: tcp://127.0.0.1:6560\n  peer_broker: tcp://127.0.0.1:6555", #"pair.listen: expected an endpoint"#),
         ("kernel:\n  writable_prefixes: [client]", "kernel.writable_prefixes: expected key prefixes starting with '/'"),
         ("kernel: [1, 2]", "kernel: expected a mapping of keys to values, got a list"),
+        // A file that holds no mapping: what it holds is shown by its start, not printed back whole.
+        (String(repeating: "x", count: 1_000), #"expected a mapping of keys to values, got "\#(String(repeating: "x", count: 80))…" (1000 characters)"#),
         ("kernel: {broker: [", "not valid YAML"),
         ("store:\n  history_limit: 0", "store.history_limit: expected an integer from 1 to 1000000, got 0"),
         ("store:\n  path: [a]", "store.path: expected a file path, got a list"),

@@ -192,6 +192,9 @@ public struct ConfigSection: @unchecked Sendable {
     /// A value as an error message shows it.
     public static func describe(_ value: Any) -> String {
         switch value {
+        // A long text (a file that holds no mapping reads as one) is shown by its start: the
+        // error names the problem, it does not print the file back.
+        case let text as String where text.count > 80: "\"\(text.prefix(80))…\" (\(text.count) characters)"
         case let text as String: "\"\(text)\""
         case is [Any]: "a list"
         case is [String: Any]: "a mapping"
