@@ -771,7 +771,11 @@ struct GatewayTests {
             #expect(ready.status == 503 && ready.text.contains(#""restarting":[{"#) && ready.text.contains("signal 4"), "\(ready)")
             let page = try await bed.get("/", token: nil)
             #expect(page.status == 200 && page.text.lowercased().contains("<!doctype html"))
-            #expect(try await bed.get("/nothing-here", token: nil).status == 404)
+            // A path nothing serves, at any depth, is said not found (not an empty answer).
+            for path in ["/nothing-here", "/streams/orders", "/rpc", "/a/b/c"] {
+                let missing = try await bed.get(path, token: nil)
+                #expect(missing.status == 404 && missing.text == "not found\n", "\(path): \(missing)")
+            }
             // HEAD as health checks send it: GET's status, no body; not on an event stream, which only a GET opens.
             let head = try await bed.get("/healthz", token: nil, method: .HEAD), pageHead = try await bed.get("/", token: nil, method: .HEAD)
             #expect(head.status == 200 && head.text.isEmpty && pageHead.status == 200 && pageHead.text.isEmpty, "\(head) \(pageHead)")

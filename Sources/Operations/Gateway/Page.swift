@@ -32,10 +32,13 @@ struct Page: Sendable {
         return Page(files: files)
     }
 
+    /// What a path the gateway does not serve is answered.
+    static func notFound() -> Response {
+        Response(status: .notFound, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "not found\n")))
+    }
+
     func response(for name: String) -> Response {
-        guard let file = files[name] else {
-            return Response(status: .notFound, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "not found\n")))
-        }
+        guard let file = files[name] else { return Self.notFound() }
         var headers: HTTPFields = [.contentType: file.contentType, .cacheControl: "no-cache"]
         // The page talks only to this gateway.
         headers[.contentSecurityPolicy] = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'"

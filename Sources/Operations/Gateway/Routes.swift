@@ -44,6 +44,7 @@ struct Routes: Sendable {
         // answer without its body; but for the two event streams, whose GET opens one.
         let router = Router(context: GatewayContext.self, options: .autoGenerateHeadEndpoints)
         if !settings.corsOrigins.isEmpty { router.add(middleware: AllowedOrigins(origins: Set(settings.corsOrigins))) }
+        router.add(middleware: UnknownPathSaid())
         router.post("/rpc/:service") { request, context in try await rpc(request, context: context) }
         // A call is a POST: another method on a service's path is told so, not that the path is unknown.
         for method in [HTTPRequest.Method.get, .put, .patch, .delete] {
@@ -695,6 +696,18 @@ final class RequestCount: Sendable {
 }
 
 /// CORS for the configured origins only: no header for any other.
+/// A path no route serves is answered as a missing page file is, "not found" (the router's
+/// own 404 has no body: a caller could not tell the gateway from something else saying nothing).
+struct UnknownPathSaid<Context: RequestContext>: RouterMiddleware {
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        do {
+            return try await next(request, context)
+        } catch let error as HTTPError where error.status == .notFound {
+            return Page.notFound()
+        }
+    }
+}
+
 struct AllowedOrigins<Context: RequestContext>: RouterMiddleware {
     let origins: Set<String>
 
