@@ -1064,4 +1064,36 @@ struct StreamVerbTests {
             #expect(help.status == 0 && help.stdout.contains("Example"))
         }
     }
+
+    @Test("sb stream ack of more sequences than one request carries, a later request failing: what the first applied to is printed, the sequences left are named, the failure is the exit status")
+    func settleFailsPartWay() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let host = try ServiceHost(service: FailsAfterFirst(), options: DatasetBus.hostOptions(kernel, connections: 1))
+        try await stopping((kernel, host), with: { await $0.1.stop(); await $0.0.stop() }) { _ in
+            try await host.start()
+            let result = try await runCommand(sbExecutable(), ["stream", "ack", "orders", "billing"] + (1...1_500).map(String.init),
+                                              environment: ["SB_ENDPOINT": kernel.endpoints.broker, "NO_COLOR": ""])
+            #expect(result.status == 1, "\(result.stderr)")
+            #expect(result.stdout == "acknowledged \((1...1_000).map(String.init).joined(separator: " "))\n", "\(result.stdout.prefix(200))")
+            #expect(result.stderr.contains("not known to be acknowledged, as the request for them failed (below): the last 500 of the 1500 sequences given, from 1001 on")
+                    && result.stderr.contains("the database is away"), "\(result.stderr)")
+        }
+    }
+}
+
+/// A streams service whose `consumer.ack` applies the first request it gets and fails the
+/// others, as one whose database went away between two would.
+private actor FailsAfterFirst: BusService {
+    static let name = API.service
+    private var answered = 0
+
+    nonisolated func methods(_ table: inout MethodTable<FailsAfterFirst>) {
+        table.on(API.ack) { service, params in try await service.ack(params.sequences) }
+    }
+
+    func ack(_ sequences: [Int]) throws -> API.Acknowledged {
+        answered += 1
+        guard answered == 1 else { throw JSONRPCError(code: JSONRPCError.storageFailedCode, message: "Storage failed: the database is away") }
+        return API.Acknowledged(done: sequences, notPending: [])
+    }
 }

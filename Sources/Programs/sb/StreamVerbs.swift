@@ -429,19 +429,37 @@ let notPendingHelp = "A sequence that was not pending (done before, handed out a
 /// Runs `ack`, `nak`, `progress` or `term` and prints what it applied to. A sequence that was
 /// not pending (done before, handed to another reader since, or never handed out) is exit
 /// status 1: a script that acknowledges late learns that its work may have been done twice.
+/// When a request fails after others were answered, what those applied to is printed before
+/// the failure, and the sequences left are named: none of it is to be sent again blindly.
 func settleMessages(_ connection: ConnectionOptions, _ output: OutputOptions, _ verb: String, _ settle: SettleOptions,
             _ body: (BusClient, [Int]) async throws -> Answer<StreamsAPI.Acknowledged>) async throws {
     try await withClient(connection) { client in
         var answer = StreamsAPI.Acknowledged(done: [], notPending: [])
+        var failure: (any Error)?
+        var unanswered: [Int] = []
         for batch in settle.batches {
-            let part = try await body(client, batch).value
-            answer.done += part.done
-            answer.notPending += part.notPending
+            guard failure == nil else {
+                unanswered += batch
+                continue
+            }
+            do {
+                let part = try await body(client, batch).value
+                answer.done += part.done
+                answer.notPending += part.notPending
+            } catch {
+                failure = error
+                unanswered += batch
+            }
         }
+        if let failure, answer.done.isEmpty, answer.notPending.isEmpty { throw failure }
         if output.json {
             Output.json(try JSONValue(encoding: answer), compact: true)
         } else if !answer.done.isEmpty {
             Output.line("\(verb) \(answer.done.map(String.init).joined(separator: " "))")
+        }
+        if let failure {
+            Output.diagnostic("not known to be \(verb), as the request for them failed (below): the last \(unanswered.count) of the \(settle.sequences.count) sequences given, from \(unanswered[0]) on")
+            throw failure
         }
         if !answer.notPending.isEmpty {
             throw Failure(status: ExitStatus.serviceError,
