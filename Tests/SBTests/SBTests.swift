@@ -356,7 +356,9 @@ struct SBTests {
             (["flights", "history", "--last", "0"], "--last must be 1 to 1000"),
             (["countries", "par", "--limit", "0"], "--limit must be 1 to 1000"),
             (["news", "headlines", "--page-size", "1000"], "--page-size must be 1 to 100"),
-            (["pub", "/client/x", "1", "--ttl", "1e12"], "--ttl must be 0 to 31536000 seconds"),
+            // One message for a TTL too long or not more than 0 (the kernel's 0 would delete at once).
+            (["pub", "/client/x", "1", "--ttl", "1e12"], "--ttl must be more than 0 and at most 31536000 seconds (a year)"),
+            (["kv", "put", "/client/x", "1", "--ttl", "0"], "--ttl must be more than 0 and at most 31536000 seconds (a year)"),
             (["run", "-", "--parallel", "10001"], "--parallel must be 1 to 10000"),
         ]
         for (arguments, said) in outOfRange {

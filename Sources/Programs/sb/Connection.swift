@@ -346,6 +346,12 @@ func checkRange<P: NumberRanges>(_ value: Double?, flag: String, field: String, 
     throw ValidationError("--\(flag) must be \(text(range.lowerBound)) to \(text(range.upperBound))\(unit.isEmpty ? "" : " " + unit)")
 }
 
+/// `--ttl`: more than 0 (a key is kept until deleted without it), up to what the kernel takes.
+func checkTimeToLive(_ ttl: Double?) throws(ValidationError) {
+    guard let ttl, !(ttl > 0 && ttl <= TimeToLive.maxSeconds) else { return }
+    throw ValidationError("--ttl must be more than 0 and at most \(Int(TimeToLive.maxSeconds)) seconds (a year); without it the key is kept until deleted")
+}
+
 func checkRange<P: NumberRanges>(_ value: Int?, flag: String, field: String, of params: P.Type) throws(ValidationError) {
     try checkRange(value.map(Double.init), flag: flag, field: field, of: params)
 }

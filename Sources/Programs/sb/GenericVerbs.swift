@@ -246,8 +246,7 @@ struct Publish: AsyncParsableCommand {
     func validate() throws {
         guard key.hasPrefix("/") else { throw ValidationError("KEY must be a path starting with '/'") }
         _ = try parseJSON(value, "VALUE")
-        if let ttl, !(ttl > 0) { throw ValidationError("--ttl must be positive") }
-        try checkRange(ttl, flag: "ttl", field: "ttl", of: KernelAPI.StateSetParams.self, unit: "seconds")
+        try checkTimeToLive(ttl)
     }
 
     func run() async throws {

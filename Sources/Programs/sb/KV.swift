@@ -83,8 +83,7 @@ struct WriteArguments: ParsableArguments {
 
     func validate() throws {
         _ = try parseJSON(value, "VALUE")
-        if let ttl, !(ttl > 0) { throw ValidationError("--ttl must be positive") }
-        try checkRange(ttl, flag: "ttl", field: "ttl", of: KernelAPI.StateSetParams.self, unit: "seconds")
+        try checkTimeToLive(ttl)
     }
 
     /// Writes at `revision` (nil: whatever the key is at) and prints the new revision.
