@@ -304,6 +304,9 @@ struct UpTests {
         #expect(endless.status == 78 && endless.stderr.contains("keys/kernel.key cannot be read: it holds more than the limit of 65536 bytes"), "\(endless.stderr)")
         let unknownService = try await runCommand(switchboardExecutable(), ["serve", "mailer"])
         #expect(unknownService.status == 64 && unknownService.stderr.contains("unknown service 'mailer'"))
+        // --db is the file of a service that keeps one (store, streams); given to another it is refused, not ignored.
+        let noDatabase = try await runCommand(switchboardExecutable(), ["serve", "echo", "--db", folder.appendingPathComponent("x.sqlite").path])
+        #expect(noDatabase.status == 64 && noDatabase.stderr.contains("--db names the SQLite file of store or streams; echo keeps no database"), "\(noDatabase)")
         // An endpoint another program holds is named with its setting, and what to do.
         let holder = try ZMQSocket(ZMQContext(), .router)
         defer { holder.close() }

@@ -16,7 +16,7 @@ struct ServeCommand: AsyncParsableCommand {
             NAME is one of:
               echo      answers with what it is sent
               store     history, articles, selections, snapshots (--db: its SQLite file)
-              streams   durable streams and their consumers
+              streams   durable streams and their consumers (--db: its SQLite file)
               fetcher   the seven datasets, from their sources or bundled copies
               search    countries, places, the hiring list, news and flights
               pricing   route quotes, the current route, deals
@@ -43,7 +43,7 @@ struct ServeCommand: AsyncParsableCommand {
     var liveness: Int?
     @Option(help: "A name for this instance, reported by echo's whoami.")
     var instance: String?
-    @Option(help: "store: the SQLite database file (overrides store.path).")
+    @Option(help: "store and streams: the SQLite database file (overrides store.path or streams.path).")
     var db: String?
 
     func validate() throws {
@@ -56,12 +56,17 @@ struct ServeCommand: AsyncParsableCommand {
         if let window, !(1...MDP.maxWindow).contains(window) {
             throw ValidationError("--window must be 1 to \(MDP.maxWindow), got \(window)")
         }
+        if db != nil, !["store", "streams"].contains(name) {
+            throw ValidationError("--db names the SQLite file of store or streams; \(name) keeps no database")
+        }
     }
 
     func run() async throws {
         var file = try common.configFile.load()
         let telemetry = try common.bootstrap(file, exporting: name)
-        if let db { file.store.path = db }
+        if let db {
+            if name == "store" { file.store.path = db } else { file.streams.path = db }
+        }
         let kernel = file.kernel
         let curve = try common.configFile.checked { try file.security.connectingKeys(as: name) }
         let connection = Connection(
