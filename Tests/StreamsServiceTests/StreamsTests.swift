@@ -842,6 +842,52 @@ struct StreamsSharedDatabaseTests {
     }
 }
 
+@Suite("streams on SQLite: the two processes of a rolling restart on one file")
+struct StreamsRollingRestartTests {
+    @Test("a new process opens the file while the old one serves, then the old one stops, twice: the -wal the new one writes to stays, and every acknowledged message is kept")
+    func rollingRestarts() async throws {
+        let kernel = try await TestKernel.start(fastHeartbeats)
+        let folder = try temporaryDirectory("streams-rolling")
+        let database = folder.appendingPathComponent("streams.sqlite").path
+        let arguments = ["serve", "streams", "--broker", kernel.endpoints.broker, "--state", kernel.endpoints.snapshot, "--db", database,
+                         "--connections", "1", "--heartbeat-ms", "200", "--log-level", "warning"]
+        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
+        var processes: [ChildProcess] = []
+        defer { for process in processes { process.stop() } }
+        processes.append(try ChildProcess(switchboardExecutable(), arguments))
+        try await kernel.workers("streams", within: 30, "the first process registered") { $0 == 1 }
+        _ = try await client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+        var acknowledged = [try await client.publish(to: "orders.new", 1).sequence]
+        for round in 2...3 {
+            // As `switchboard up` restarts a service: the new process first, then the old one stops.
+            processes.append(try ChildProcess(switchboardExecutable(), arguments))
+            try await kernel.workers("streams", within: 30, "the new process registered") { $0 == 2 }
+            let old = processes[processes.count - 2]
+            old.signal(SIGTERM)
+            #expect(await old.exit(within: 30), "round \(round): the old process stopped")
+            try await kernel.workers("streams", within: 30, "the old process gone") { $0 == 1 }
+            // The old process closing the file must not take itself for its last user: it would
+            // delete the -wal and -shm the new one goes on writing to, apart from the file.
+            #expect(FileManager.default.fileExists(atPath: database + "-wal"), "round \(round): the -wal was deleted under the running process")
+            acknowledged.append(try await client.publish(to: "orders.new", .int(Int64(round))).sequence)
+        }
+        #expect(acknowledged == [1, 2, 3])
+        // Everything acknowledged is in the file, as a process that opens it next reads it.
+        let last = processes[processes.count - 1]
+        processes.append(try ChildProcess(switchboardExecutable(), arguments))
+        try await kernel.workers("streams", within: 30, "the reading process registered") { $0 == 2 }
+        last.signal(SIGTERM)
+        #expect(await last.exit(within: 30))
+        try await kernel.workers("streams", within: 30, "the last writer gone") { $0 == 1 }
+        let messages = try await client.call(API.streamMessages, .init(name: "orders"))
+        #expect(messages.messages.map(\.sequence) == [1, 2, 3] && messages.messages.map(\.data) == [1, 2, 3], "\(messages.messages)")
+        await client.close()
+        for process in processes { process.stop() }
+        await kernel.stop()
+        try? FileManager.default.removeItem(at: folder)
+    }
+}
+
 @Suite("streams with CURVE: what each key may add, and change")
 struct StreamsRightsTests {
     /// A CURVE kernel admitting a key for the service, two client keys (the bus's `client` and

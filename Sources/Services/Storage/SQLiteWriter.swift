@@ -171,14 +171,21 @@ package actor SQLiteWriter {
     /// writes fail with "full", as on a full disk), and the schema migrations.
     ///
     /// Processes that share the file open it one at a time, under an exclusive `flock` of the
-    /// file: a kernel pair's two services start together on a new file, and SQLite's busy
-    /// timeout covers neither turning WAL on (refused as locked at once) nor the migrator,
-    /// which reads what was applied before its transaction and would make a table the other
-    /// just made. (SQLite's own locks are `fcntl` locks, which this one does not touch.)
+    /// file `PATH.opening` beside it: a kernel pair's two services start together on a new
+    /// file, and SQLite's busy timeout covers neither turning WAL on (refused as locked at
+    /// once) nor the migrator, which reads what was applied before its transaction and would
+    /// make a table the other just made.
+    ///
+    /// Nothing here opens the database file itself while SQLite may have it open: closing any
+    /// descriptor of a file drops every `fcntl` lock the process holds on it, SQLite's among
+    /// them. Another process closing the file (the old one of a rolling restart) would then
+    /// take itself for its last user and delete the -wal and -shm this one goes on writing
+    /// to, apart from the file: its writes lost, the file's pages mixed.
     ///
     /// The users' data is theirs alone: a folder made here is 0700, and the database is 0600
-    /// from the moment it exists (SQLite gives its -wal and -shm files the database's mode);
-    /// a database an older version left readable to others is made 0600 too.
+    /// from the moment it exists (made so before SQLite opens it; SQLite gives its -wal and
+    /// -shm files the database's mode); a database an older version left readable to others
+    /// is made 0600 too.
     package static func open(path: String, label: String, maxSizeBytes: Int?, migrator: DatabaseMigrator) throws -> DatabasePool {
         let url = URL(fileURLWithPath: path)
         let folder = url.deletingLastPathComponent()
@@ -188,11 +195,13 @@ package actor SQLiteWriter {
             throw StorageFailure(reason: "cannot-open", detail: "cannot create the folder \(folder.path): \(systemReason(error))",
                                  path: path)
         }
-        let descriptor = Glibc.open(url.path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
-        if descriptor >= 0 {
-            for file in [url.path, url.path + "-wal", url.path + "-shm"] { chmod(file, 0o600) }
-        }
+        // Made only when it does not exist yet (O_EXCL), so no connection of this process has it open.
+        let made = Glibc.open(url.path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
+        if made >= 0 { close(made) }
+        for file in [url.path, url.path + "-wal", url.path + "-shm"] { chmod(file, 0o600) }
+        let descriptor = Glibc.open(url.path + ".opening", O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
         defer { if descriptor >= 0 { close(descriptor) } }
+        // A folder this process cannot write to: no other writer either, and SQLite says why it cannot open the file.
         if descriptor >= 0 { try lockForOpening(descriptor, path: path) }
         var config = Configuration()
         config.label = label
