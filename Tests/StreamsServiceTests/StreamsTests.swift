@@ -1008,6 +1008,31 @@ struct StreamVerbTests {
         }
     }
 
+    @Test("sb stream sub goes on when the worker handing it messages stops (a rolling restart): it says so, and takes the rest from the worker that takes over")
+    func subOutlivesWorker() async throws {
+        try await stopping(try await StreamsBus.start(connections: 1), with: { await $0.stop() }) { first in
+            _ = try await first.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            _ = try await first.client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 60))
+            try await first.publish("orders.new", 1)
+            let sub = try ChildProcess(sbExecutable(), ["stream", "sub", "orders", "billing", "--count", "2", "--expires", "120", "--ack"],
+                                       environment: ["SB_ENDPOINT": first.kernel.endpoints.broker, "NO_COLOR": ""])
+            defer { sub.stop() }
+            try await sub.waitForOutput(containing: "1 orders.new (delivery 1) 1", within: 30)
+            // As `switchboard up` restarts a service: the new worker first (on the same file), then the old one stops.
+            let second = try await StreamsBus.start(folder: first.folder, kernel: first.kernel, time: first.time, connections: 1)
+            try await stopping(second, with: { await $0.stop(keepKernel: true) }) { second in
+                await first.host.stop()
+                try await second.publish("orders.new", 2)
+                #expect(await sub.exit(within: 60), "sb stream sub took the second message: \(sub.outputSoFar)")
+                #expect(sub.terminationStatus == 0 && sub.outputSoFar.contains("2 orders.new (delivery 1) 2")
+                        && sub.outputSoFar.contains("the streams worker handing these messages out stopped (a restart?); going on with another"),
+                        "\(sub.outputSoFar)")
+                let info = try await second.client.call(API.consumerInfo, .init(stream: "orders", name: "billing"))
+                #expect(info.acknowledged == 2 && info.pending == 0, "\(info)")
+            }
+        }
+    }
+
     @Test("sb stream sub whose reader leaves (| head -n 1) ends at once, and the message it printed, never acknowledged, goes to the next reader")
     func subReaderLeaves() async throws {
         try await stopping(try await StreamsBus.start(), with: { await $0.stop() }) { bus in

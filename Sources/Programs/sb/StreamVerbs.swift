@@ -366,6 +366,7 @@ struct StreamSubscribe: AsyncParsableCommand {
         abstract: "Take a consumer's messages as they come (push): each stays yours until acknowledged or its ack wait passes.",
         discussion: """
             Prints one line per message as fetch does, until --count messages or --expires seconds.
+            A streams worker that stops meanwhile (a rolling restart, a crash) is said on stderr, and another goes on handing out the messages.
             Example:
               sb stream sub orders billing --count 100 --ack
             """
@@ -386,22 +387,33 @@ struct StreamSubscribe: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let next = StreamsAPI.Next(stream: stream, consumer: consumer, max: count, expires: expires)
         StandardStreams.endWhenOutputReaderLeaves()
         try await withClient(connection) { client in
-            let timeout = Duration.seconds(expires ?? 30) + (try connection.requestTimeout)
-            let parts = client.stream(StreamsAPI.next, next, timeout: timeout)
-            let end: StreamsAPI.NextEnd
-            do {
-                for try await message in parts {
-                    if output.json { Output.json(try JSONValue(encoding: message), compact: true) } else { StreamFetch.show(message) }
-                    if ack { _ = try await call(client, StreamsAPI.ack, StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: [message.sequence])) }
+            let until = ContinuousClock.now + .seconds(expires ?? 30)
+            var left = count ?? 1_000, missed = 0
+            // A worker that stops while it hands messages out (a rolling restart, a crash) ends
+            // them with -32014 worker_died. What it handed out stays pending, or acknowledged:
+            // the reader asks again, of the worker that takes over, for what is left.
+            while left > 0 {
+                let remaining = until - .now
+                guard remaining >= .milliseconds(10) else { break }
+                let next = StreamsAPI.Next(stream: stream, consumer: consumer, max: left, expires: remaining.seconds)
+                let parts = client.stream(StreamsAPI.next, next, timeout: remaining + (try connection.requestTimeout))
+                do {
+                    for try await message in parts {
+                        if output.json { Output.json(try JSONValue(encoding: message), compact: true) } else { StreamFetch.show(message) }
+                        left -= 1
+                        if ack { _ = try await call(client, StreamsAPI.ack, StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: [message.sequence])) }
+                    }
+                    missed += try await parts.end().missed
+                    break
+                } catch BusError.remote(_, let rpc) where rpc.code == JSONRPCError.streamEndedCode && rpc.data?["reason"] == "worker_died" {
+                    Output.diagnostic("the streams worker handing these messages out stopped (a restart?); going on with another")
+                } catch let error as BusError {
+                    throw await Failure(error, service: StreamsAPI.service, method: StreamsAPI.nextMethod.name, client: client)
                 }
-                end = try await parts.end()
-            } catch let error as BusError {
-                throw await Failure(error, service: StreamsAPI.service, method: StreamsAPI.nextMethod.name, client: client)
             }
-            if end.missed > 0 { Output.diagnostic("\(end.missed) messages were removed by the stream's limits before you had them") }
+            if missed > 0 { Output.diagnostic("\(missed) messages were removed by the stream's limits before you had them") }
         }
     }
 }
