@@ -25,6 +25,23 @@ struct StateRevisionTests {
         state.write(key, value: value.map { Frame($0) } ?? Frame(), ttl: nil, expected: expected, uuid: uuid, by: .unauthenticated, now: now).map { $0.sequence! }
     }
 
+    @Test("on etcd, a compare-and-set naming a revision the copy has not reached (a change made through another kernel) goes to etcd, whose compare decides; one the copy has passed is refused here")
+    func compareAndSetAheadOfTheCopy() throws {
+        var configuration = KernelConfiguration()
+        configuration.stateEtcd = EtcdStateSettings(endpoints: ["http://127.0.0.1:2379"])
+        var state = StateServer(configuration: configuration, logger: quiet)
+        state.install([], sequence: EtcdSequence.end(of: 10), now: 0)
+        let ahead = EtcdSequence.of(revision: 12, place: 0)
+        let written = state.write("/client/cas", value: Frame("2"), ttl: nil, expected: ahead, by: .unauthenticated, now: 0)
+        guard case .success(.toCommit(let write)) = written else { Issue.record("refused by a copy behind etcd: \(written)"); return }
+        #expect(write.expected == ahead)
+        let behind = EtcdSequence.of(revision: 5, place: 0)
+        guard case .failure(let conflict) = state.write("/client/cas", value: Frame("3"), ttl: nil, expected: behind, by: .unauthenticated, now: 0) else {
+            Issue.record("a revision the copy has passed was not refused"); return
+        }
+        #expect(conflict.code == JSONRPCError.conflictCode && conflict.data?["revision"] == 0)
+    }
+
     @Test("create only if absent, update only at the revision read; a mismatch is -32004 with the key's revision, and changes nothing")
     func compareAndSet() throws {
         var state = server()

@@ -223,7 +223,9 @@ struct StateServer: ~Copyable {
         case .allowed(let quota):
             if let expected {
                 let revision = index.map { entries.values[$0].sequence } ?? 0
-                if revision != expected {
+                // On etcd, a copy that has not reached `expected` cannot tell (a change made
+                // through another kernel, not yet brought by the watch): etcd's compare decides.
+                if revision != expected, !(durable && expected > sequence) {
                     if !uuid.isEmpty, let made = revisions(of: key).last(where: { $0.sequence > expected && $0.uuid == uuid }) {
                         return .success(.made(made.sequence))
                     }
