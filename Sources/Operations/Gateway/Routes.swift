@@ -695,7 +695,6 @@ final class RequestCount: Sendable {
     var value: Int { count.load(ordering: .relaxed) }
 }
 
-/// CORS for the configured origins only: no header for any other.
 /// A path no route serves is answered as a missing page file is, "not found" (the router's
 /// own 404 has no body: a caller could not tell the gateway from something else saying nothing).
 struct UnknownPathSaid<Context: RequestContext>: RouterMiddleware {
@@ -708,6 +707,7 @@ struct UnknownPathSaid<Context: RequestContext>: RouterMiddleware {
     }
 }
 
+/// CORS for the configured origins only: no header for any other.
 struct AllowedOrigins<Context: RequestContext>: RouterMiddleware {
     let origins: Set<String>
 
