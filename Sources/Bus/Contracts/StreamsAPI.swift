@@ -168,11 +168,14 @@ public enum StreamsAPI {
     }
 
     public struct Next: Codable, Sendable {
+        /// What an absent `max` and `expires` stand for.
+        public static let defaultMax = 1_000, defaultExpires: Double = 30
+
         public var stream: String
         public var consumer: String
-        /// At most this many messages (absent: 1,000).
+        /// At most this many messages (absent: ``defaultMax``, 1,000).
         public var max: Int?
-        /// Seconds it goes on (absent: 30).
+        /// Seconds it goes on (absent: ``defaultExpires``, 30).
         public var expires: Double?
         public init(stream: String, consumer: String, max: Int? = nil, expires: Double? = nil) {
             (self.stream, self.consumer, self.max, self.expires) = (stream, consumer, max, expires)

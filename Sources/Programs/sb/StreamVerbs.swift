@@ -376,8 +376,8 @@ struct StreamSubscribe: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream.") var stream: String
     @Argument(help: "The consumer.") var consumer: String
-    @Option(parsing: .unconditional, help: "Stop after this many messages (default 1000).") var count: Int?
-    @Option(parsing: .unconditional, help: "Stop after this many seconds (default 30).") var expires: Double?
+    @Option(parsing: .unconditional, help: "Stop after this many messages (default \(StreamsAPI.Next.defaultMax)).") var count: Int?
+    @Option(parsing: .unconditional, help: "Stop after this many seconds (default \(Int(StreamsAPI.Next.defaultExpires))).") var expires: Double?
     @Flag(help: "Acknowledge each once printed.") var ack = false
 
     func validate() throws {
@@ -389,8 +389,8 @@ struct StreamSubscribe: AsyncParsableCommand {
     func run() async throws {
         StandardStreams.endWhenOutputReaderLeaves()
         try await withClient(connection) { client in
-            let until = ContinuousClock.now + .seconds(expires ?? 30)
-            var left = count ?? 1_000, missed = 0
+            let until = ContinuousClock.now + .seconds(expires ?? StreamsAPI.Next.defaultExpires)
+            var left = count ?? StreamsAPI.Next.defaultMax, missed = 0
             // A worker that stops while it hands messages out (a rolling restart, a crash) ends
             // them with -32014 worker_died. What it handed out stays pending, or acknowledged:
             // the reader asks again, of the worker that takes over, for what is left.

@@ -206,8 +206,8 @@ public actor StreamsService: BusService, ServiceWork {
     /// Asked without parts, the messages are gathered into one reply: it ends once they hold
     /// ``defaultFetchBytes`` of data, as a fetch does, so the reader's `max` cannot grow it.
     func next(_ asked: API.Next, _ parts: Parts<API.Message>) async throws -> API.NextEnd {
-        let max = asked.max ?? 1_000
-        let ends = ContinuousClock.now + .seconds(asked.expires ?? 30)
+        let max = asked.max ?? API.Next.defaultMax
+        let ends = ContinuousClock.now + .seconds(asked.expires ?? API.Next.defaultExpires)
         var count = 0, missed = 0, gathered = 0
         // Until its reader leaves, too: one gone between messages (its client cancelled or hung
         // up) frees this worker's place within a look rather than at `expires`.
