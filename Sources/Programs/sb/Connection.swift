@@ -175,9 +175,8 @@ struct NoOtherVerb<Verb: ParsableCommand>: ParsableArguments {
 
     func validate() throws {
         guard let word else { return }
-        let verb = Verb.configuration.commandName ?? Verb._commandName
         let verbs = Verb.configuration.subcommands.map { $0._commandName }
-        throw ValidationError("sb \(verb) has no verb '\(word)'; its verbs: \(verbs.joined(separator: ", "))")
+        throw ValidationError("sb \(Verb._commandName) has no verb '\(word)'; its verbs: \(verbs.joined(separator: ", "))")
     }
 }
 

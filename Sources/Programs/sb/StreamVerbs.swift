@@ -448,19 +448,17 @@ func settleMessages(_ connection: ConnectionOptions, _ output: OutputOptions, _ 
     try await withClient(connection) { client in
         var answer = StreamsAPI.Acknowledged(done: [], notPending: [])
         var failure: (any Error)?
-        var unanswered: [Int] = []
+        // The sequences the requests answered so far carried: the first ones given.
+        var answered = 0
         for batch in settle.batches {
-            guard failure == nil else {
-                unanswered += batch
-                continue
-            }
             do {
                 let part = try await body(client, batch).value
                 answer.done += part.done
                 answer.notPending += part.notPending
+                answered += batch.count
             } catch {
                 failure = error
-                unanswered += batch
+                break
             }
         }
         if let failure, answer.done.isEmpty, answer.notPending.isEmpty { throw failure }
@@ -470,7 +468,8 @@ func settleMessages(_ connection: ConnectionOptions, _ output: OutputOptions, _ 
             Output.line("\(verb) \(answer.done.map(String.init).joined(separator: " "))")
         }
         if let failure {
-            Output.diagnostic("not known to be \(verb), as the request for them failed (below): the last \(unanswered.count) of the \(settle.sequences.count) sequences given, from \(unanswered[0]) on")
+            let given = settle.sequences
+            Output.diagnostic("not known to be \(verb), as the request for them failed (below): the last \(given.count - answered) of the \(given.count) sequences given, from \(given[answered]) on")
             throw failure
         }
         if !answer.notPending.isEmpty {
