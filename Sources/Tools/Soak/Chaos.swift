@@ -25,18 +25,27 @@ struct ChaosLog {
         /// from the kill to the first one answered (nil: none within 30 s).
         var failoverAsked = false
         var failoverAfter: Double? = nil
+        /// Replaced the rolling way (`sb restart`), not killed.
+        var rolling = false
     }
     var kills: [Kill] = []
 }
 
 /// Kills a process of the bus (SIGKILL) at seeded random intervals and waits until `up`
 /// has restarted it and it serves again before the next one. The victim "database" is the
-/// soak's PostgreSQL server: stopped at once, as a crash would, and started again.
+/// soak's PostgreSQL server: stopped at once, as a crash would, and started again. A victim
+/// "restart SERVICE" is not killed but replaced the rolling way, as `sb restart` does: the
+/// old process drains and leaves in order, closing its database behind the new one.
 struct Chaos {
     /// Dealt from at each kill in a seeded order, each entry once before any again, so as many
     /// kills as there are entries kill every piece: by default the kernel and the busiest
-    /// services twice.
-    var victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo", "gateway", "streams"]
+    /// services twice, and the services with a database once more the rolling way.
+    var victims = ["kernel", "kernel", "store", "store", "search", "search", "fetcher", "pricing", "echo", "gateway", "streams",
+                   "restart store", "restart streams"]
+    static let rollingRestart = "restart "
+    /// Clients with the operator's key, for the supervisors' rolling restarts: at this bus's
+    /// kernel, and at the other cell's (each `up` restarts only the services it runs).
+    var supervisors: [BusClient] = []
     /// What is left of the victims' current round.
     private var deck: [String] = []
     /// The streams service's PostgreSQL server (the victim "database").
@@ -82,6 +91,10 @@ struct Chaos {
                 await killAndRestart(etcd, since: started)
                 continue
             }
+            if victim.hasPrefix(Self.rollingRestart) {
+                await restartRolling(String(victim.dropFirst(Self.rollingRestart.count)))
+                continue
+            }
             guard let pid = pid(of: victim) else { continue }
             kill(pid, SIGKILL)
             let killedAt = Date()
@@ -91,13 +104,31 @@ struct Chaos {
     }
 
     /// Logs a kill and says how it went: serving again, or what was still missing a minute on.
-    private mutating func record(_ piece: String, pid: Int32, killedAt: Date, missing: String?, problem: String? = nil) {
-        var kill = ChaosLog.Kill(at: killedAt.timeIntervalSince(started), piece: piece, pid: pid,
+    private mutating func record(_ piece: String, pid: Int32, killedAt: Date, missing: String?, problem: String? = nil, rolling: Bool = false) {
+        var kill = ChaosLog.Kill(at: killedAt.timeIntervalSince(started), piece: rolling ? "\(piece) (rolling restart)" : piece, pid: pid,
                                  recoveredAfter: missing == nil ? Date().timeIntervalSince(killedAt) : nil)
         kill.stillMissing = missing
+        kill.rolling = rolling
         log.kills.append(kill)
         let outcome = missing.map { "NOT back within 60 s: \($0)" } ?? String(format: "serving again after %.1f s", kill.recoveredAfter ?? 0)
-        say(String(format: "%6.1f s  killed %@%@%@: %@", kill.at, piece, pid == 0 ? "" : " (pid \(pid))", problem.map { ", restart failed: \($0)" } ?? "", outcome))
+        let what = (rolling ? "restarted " : "killed ") + piece + (pid == 0 ? "" : " (pid \(pid))") + (rolling ? " the rolling way" : "")
+        say(String(format: "%6.1f s  %@%@: %@", kill.at, what, problem.map { ", restart failed: \($0)" } ?? "", outcome))
+    }
+
+    /// Asks the supervisor of the `up` that runs `service` to replace it the rolling way (as
+    /// `sb restart` does), and waits until a new process serves. The requests meanwhile must
+    /// fare as in any outage, and every write the old process acknowledged must outlive it.
+    private mutating func restartRolling(_ service: String) async {
+        let ownBus = processes.pieces()[service] != nil
+        guard let pid = pid(of: service), supervisors.indices.contains(ownBus ? 0 : 1) else { return }
+        let supervisor = supervisors[ownBus ? 0 : 1]
+        let startedAt = Date()
+        var problem: String?
+        do throws(BusError) {
+            _ = try await supervisor.call(SupervisorAPI.restart, .init(services: [service]), timeout: .seconds(120))
+        } catch { problem = "\(error)" }
+        let missing = await missingAfter(60) { await notServing(service, replacing: pid) }
+        record(service, pid: pid, killedAt: startedAt, missing: missing, problem: problem, rolling: true)
     }
 
     /// Stops the database at once (PostgreSQL's immediate shutdown: what it acknowledged is in its

@@ -91,11 +91,16 @@ struct SoakReport {
         func line(_ label: String, _ value: String) { Swift.print("  " + label.padding(toLength: 44, withPad: " ", startingAt: 0) + value) }
         Swift.print("")
         Swift.print("Soak report: seed \(seed), \(String(format: "%.0f", elapsed)) s of load, \(clients) clients, \(subscribers) subscribers")
-        let byPiece = Dictionary(grouping: chaos.kills, by: \.piece).map { "\($0.key) \($0.value.count)" }.sorted().joined(separator: ", ")
+        func byPiece(_ kills: [ChaosLog.Kill]) -> String {
+            let counts = Dictionary(grouping: kills, by: \.piece).map { "\($0.key) \($0.value.count)" }.sorted().joined(separator: ", ")
+            return "\(kills.count)" + (counts.isEmpty ? "" : " (\(counts))")
+        }
         let recoveries = chaos.kills.compactMap(\.recoveredAfter)
-        line("processes killed (SIGKILL)", "\(chaos.kills.count)" + (byPiece.isEmpty ? "" : " (\(byPiece))"))
+        line("processes killed (SIGKILL)", byPiece(chaos.kills.filter { !$0.rolling }))
+        let rolling = chaos.kills.filter(\.rolling)
+        if !rolling.isEmpty { line("services restarted the rolling way", byPiece(rolling)) }
         if !recoveries.isEmpty {
-            line("serving again after a kill", String(format: "mean %.1f s, longest %.1f s, never %d", recoveries.reduce(0, +) / Double(recoveries.count),
+            line("serving again after a kill or restart", String(format: "mean %.1f s, longest %.1f s, never %d", recoveries.reduce(0, +) / Double(recoveries.count),
                                                        recoveries.max()!, unrecovered))
         }
         let failovers = chaos.kills.compactMap(\.failoverAfter)

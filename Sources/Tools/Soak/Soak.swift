@@ -24,7 +24,8 @@ struct Soak: AsyncParsableCommand {
             --duration seconds runs --clients request loops, --subscribers subscriptions and a
             writer of acknowledged state, and kills (SIGKILL) a process of the bus every
             --kill-min to --kill-max seconds, in a seeded order that kills every piece once
-            before any again. The last part of the run has no kills, so the bus
+            before any again; the services with a database are also replaced the rolling
+            way, as `sb restart` does. The last part of the run has no kills, so the bus
             settles. Exits 0 when nothing was lost, duplicated or missing; 1 otherwise.
             The same --seed gives the same requests and the same kill schedule.
             """)
@@ -340,12 +341,18 @@ struct Soak: AsyncParsableCommand {
         let hostileRun = hostile ? Task {
             try await Self.runHostile(keys: keys, kernel: kernels[0], curve: curve, bus: buses[0], started: started, seconds: phases, memoryAtStart: memoryAtStart)
         } : nil
+        // The supervisors' rolling restarts are asked with the operator's key (as `sb restart`
+        // is), of each bus's own kernel: a supervisor is not offered across cells.
+        let operatorKeys = try keys.operatorKeys()
+        let supervisors = try await kernels.asyncMap { try await BusClient(brokers: [$0.broker], timeout: .seconds(120), curve: operatorKeys) }
         let chaos = Task { () -> ChaosLog in
             if hostile { return ChaosLog() }
             if cells {
                 var chaos = Chaos(seed: seed, processes: buses[0], probe: probe, services: services, gatewayPort: kernels[0].gatewayPort, started: started)
                 chaos.otherCell = (buses[1], stateEtcd)
-                chaos.victims = ["kernel", "kernel b", "kernel b", "store", "store", "search", "fetcher", "pricing", "echo", "gateway", "streams", "etcd"]
+                chaos.supervisors = supervisors
+                chaos.victims = ["kernel", "kernel b", "kernel b", "store", "store", "search", "fetcher", "pricing", "echo", "gateway", "streams", "etcd",
+                                 "restart store", "restart streams"]
                 await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
                 return chaos.log
             }
@@ -355,8 +362,9 @@ struct Soak: AsyncParsableCommand {
                 return chaos.log
             }
             var chaos = Chaos(seed: seed, processes: buses[0], probe: probe, services: services, gatewayPort: kernels[0].gatewayPort, started: started)
+            chaos.supervisors = supervisors
             if self.streams {
-                chaos.victims = ["streams", "streams", "kernel", "database"] + (postgres ? ["store"] : [])
+                chaos.victims = ["streams", "streams", "kernel", "database", "restart streams"] + (postgres ? ["store"] : [])
                 chaos.database = streamsDatabase
             }
             await chaos.run(until: chaosEnds, killEvery: killMin...killMax)
@@ -364,6 +372,7 @@ struct Soak: AsyncParsableCommand {
         }
 
         let chaosLog = await chaos.value
+        for supervisor in supervisors { await supervisor.close() }
         if let hostileRun {
             let outcome = try await hostileRun.value
             report.hostile = outcome.figures
