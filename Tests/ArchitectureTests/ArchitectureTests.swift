@@ -178,6 +178,7 @@ struct ArchitectureTests {
         "Tests/FetcherServiceTests/OfflineTests.swift": (1, "a fetcher process"),
         "Tests/SearchServiceTests/SearchBusTests.swift": (1, "an index rebuilt after a fetcher refresh"),
         "Tests/StoreServiceTests/PostgresFaultTests.swift": (1, "PostgreSQL back"),
+        "Tests/StreamsServiceTests/StreamsTests.swift": (1, "an sb process's request reaching the streams worker"),
     ]
 
     @Test("tests await events; they poll only where the allowlist says what for")

@@ -842,49 +842,99 @@ struct StreamsSharedDatabaseTests {
     }
 }
 
-@Suite("streams on SQLite: the two processes of a rolling restart on one file")
+@Suite("streams on SQLite: the processes of a rolling restart on one file, and one that dies")
 struct StreamsRollingRestartTests {
+    /// The `switchboard serve streams` processes of a test, on one SQLite file, each stopped
+    /// with the test's kernel and folder.
+    final class Processes {
+        let kernel: TestKernel
+        let client: BusClient
+        let folder: URL
+        var started: [ChildProcess] = []
+
+        init() async throws {
+            kernel = try await TestKernel.start(fastHeartbeats)
+            folder = try temporaryDirectory("streams-processes")
+            client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
+        }
+
+        var database: String { folder.appendingPathComponent("streams.sqlite").path }
+
+        /// Starts another process on the file; it serves once `kernel.workers` counts it.
+        @discardableResult
+        func start() throws -> ChildProcess {
+            let process = try ChildProcess(switchboardExecutable(), ["serve", "streams", "--broker", kernel.endpoints.broker, "--state", kernel.endpoints.snapshot,
+                                                                     "--db", database, "--connections", "1", "--heartbeat-ms", "200", "--log-level", "warning"])
+            started.append(process)
+            return process
+        }
+
+        func stop() async {
+            await client.close()
+            for process in started { process.stop() }
+            await kernel.stop()
+            try? FileManager.default.removeItem(at: folder)
+        }
+    }
+
     @Test("a new process opens the file while the old one serves, then the old one stops, twice: the -wal the new one writes to stays, and every acknowledged message is kept")
     func rollingRestarts() async throws {
-        let kernel = try await TestKernel.start(fastHeartbeats)
-        let folder = try temporaryDirectory("streams-rolling")
-        let database = folder.appendingPathComponent("streams.sqlite").path
-        let arguments = ["serve", "streams", "--broker", kernel.endpoints.broker, "--state", kernel.endpoints.snapshot, "--db", database,
-                         "--connections", "1", "--heartbeat-ms", "200", "--log-level", "warning"]
-        let client = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(30))
-        var processes: [ChildProcess] = []
-        defer { for process in processes { process.stop() } }
-        processes.append(try ChildProcess(switchboardExecutable(), arguments))
-        try await kernel.workers("streams", within: 30, "the first process registered") { $0 == 1 }
-        _ = try await client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
-        var acknowledged = [try await client.publish(to: "orders.new", 1).sequence]
-        for round in 2...3 {
-            // As `switchboard up` restarts a service: the new process first, then the old one stops.
-            processes.append(try ChildProcess(switchboardExecutable(), arguments))
-            try await kernel.workers("streams", within: 30, "the new process registered") { $0 == 2 }
-            let old = processes[processes.count - 2]
-            old.signal(SIGTERM)
-            #expect(await old.exit(within: 30), "round \(round): the old process stopped")
-            try await kernel.workers("streams", within: 30, "the old process gone") { $0 == 1 }
-            // The old process closing the file must not take itself for its last user: it would
-            // delete the -wal and -shm the new one goes on writing to, apart from the file.
-            #expect(FileManager.default.fileExists(atPath: database + "-wal"), "round \(round): the -wal was deleted under the running process")
-            acknowledged.append(try await client.publish(to: "orders.new", .int(Int64(round))).sequence)
+        try await stopping(try await Processes(), with: { await $0.stop() }) { processes in
+            let (kernel, client, database) = (processes.kernel, processes.client, processes.database)
+            try processes.start()
+            try await kernel.workers("streams", within: 30, "the first process registered") { $0 == 1 }
+            _ = try await client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            var acknowledged = [try await client.publish(to: "orders.new", 1).sequence]
+            for round in 2...3 {
+                // As `switchboard up` restarts a service: the new process first, then the old one stops.
+                let old = processes.started[processes.started.count - 1]
+                try processes.start()
+                try await kernel.workers("streams", within: 30, "the new process registered") { $0 == 2 }
+                old.signal(SIGTERM)
+                #expect(await old.exit(within: 30), "round \(round): the old process stopped")
+                try await kernel.workers("streams", within: 30, "the old process gone") { $0 == 1 }
+                // The old process closing the file must not take itself for its last user: it would
+                // delete the -wal and -shm the new one goes on writing to, apart from the file.
+                #expect(FileManager.default.fileExists(atPath: database + "-wal"), "round \(round): the -wal was deleted under the running process")
+                acknowledged.append(try await client.publish(to: "orders.new", .int(Int64(round))).sequence)
+            }
+            #expect(acknowledged == [1, 2, 3])
+            // Everything acknowledged is in the file, as a process that opens it next reads it.
+            let last = processes.started[processes.started.count - 1]
+            try processes.start()
+            try await kernel.workers("streams", within: 30, "the reading process registered") { $0 == 2 }
+            last.signal(SIGTERM)
+            #expect(await last.exit(within: 30))
+            try await kernel.workers("streams", within: 30, "the last writer gone") { $0 == 1 }
+            let messages = try await client.call(API.streamMessages, .init(name: "orders"))
+            #expect(messages.messages.map(\.sequence) == [1, 2, 3] && messages.messages.map(\.data) == [1, 2, 3], "\(messages.messages)")
         }
-        #expect(acknowledged == [1, 2, 3])
-        // Everything acknowledged is in the file, as a process that opens it next reads it.
-        let last = processes[processes.count - 1]
-        processes.append(try ChildProcess(switchboardExecutable(), arguments))
-        try await kernel.workers("streams", within: 30, "the reading process registered") { $0 == 2 }
-        last.signal(SIGTERM)
-        #expect(await last.exit(within: 30))
-        try await kernel.workers("streams", within: 30, "the last writer gone") { $0 == 1 }
-        let messages = try await client.call(API.streamMessages, .init(name: "orders"))
-        #expect(messages.messages.map(\.sequence) == [1, 2, 3] && messages.messages.map(\.data) == [1, 2, 3], "\(messages.messages)")
-        await client.close()
-        for process in processes { process.stop() }
-        await kernel.stop()
-        try? FileManager.default.removeItem(at: folder)
+    }
+
+    @Test("sb stream sub outlives a streams process that dies while it hands out messages: it says so on stderr, and takes the rest from the next process")
+    func subOutlivesCrash() async throws {
+        try await stopping(try await Processes(), with: { await $0.stop() }) { processes in
+            let (kernel, client) = (processes.kernel, processes.client)
+            let first = try processes.start()
+            try await kernel.workers("streams", within: 30, "the first process registered") { $0 == 1 }
+            _ = try await client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            _ = try await client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 60))
+            _ = try await client.publish(to: "orders.new", 1)
+            let sub = try ChildProcess(sbExecutable(), ["stream", "sub", "orders", "billing", "--count", "2", "--expires", "120", "--ack"],
+                                       environment: ["SB_ENDPOINT": kernel.endpoints.broker, "NO_COLOR": ""])
+            defer { sub.stop() }
+            try await sub.waitForOutput(containing: "1 orders.new (delivery 1) 1", within: 30)
+            try processes.start()
+            try await kernel.workers("streams", within: 30, "the second process registered") { $0 == 2 }
+            // The one handing the sub its messages dies (as a crash: nothing drains).
+            first.signal(SIGKILL)
+            #expect(await first.exit(within: 30))
+            _ = try await client.publish(to: "orders.new", 2)
+            #expect(await sub.exit(within: 60), "sb stream sub took the second message: \(sub.outputSoFar)")
+            #expect(sub.terminationStatus == 0 && sub.outputSoFar.contains("2 orders.new (delivery 1) 2")
+                    && sub.outputSoFar.contains("the streams worker handing these messages out died; going on with another"),
+                    "\(sub.outputSoFar)")
+        }
     }
 }
 
@@ -1008,27 +1058,37 @@ struct StreamVerbTests {
         }
     }
 
-    @Test("sb stream sub goes on when the worker handing it messages stops (a rolling restart): it says so, and takes the rest from the worker that takes over")
-    func subOutlivesWorker() async throws {
+    @Test("sb stream sub and fetch --wait go on through a rolling restart: the old worker ends their waits as it drains, unannounced, and they take the rest from the worker that takes over")
+    func readersOutliveDrain() async throws {
         try await stopping(try await StreamsBus.start(connections: 1), with: { await $0.stop() }) { first in
             _ = try await first.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
             _ = try await first.client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 60))
             try await first.publish("orders.new", 1)
-            let sub = try ChildProcess(sbExecutable(), ["stream", "sub", "orders", "billing", "--count", "2", "--expires", "120", "--ack"],
-                                       environment: ["SB_ENDPOINT": first.kernel.endpoints.broker, "NO_COLOR": ""])
+            _ = try await first.client.call(API.consumerAdd, .init(stream: "orders", name: "audit", deliver: .new, ackWait: 60))
+            let environment = ["SB_ENDPOINT": first.kernel.endpoints.broker, "NO_COLOR": ""]
+            let sub = try ChildProcess(sbExecutable(), ["stream", "sub", "orders", "billing", "--count", "2", "--expires", "120"], environment: environment)
             defer { sub.stop() }
             try await sub.waitForOutput(containing: "1 orders.new (delivery 1) 1", within: 30)
+            // A reader of another consumer waiting for a message that is not there yet.
+            let fetch = try ChildProcess(sbExecutable(), ["stream", "fetch", "orders", "audit", "--wait", "60"], environment: environment)
+            defer { fetch.stop() }
+            // Another process's request: no event says it reached the worker.
+            try await eventually(30, "the fetch waits in the old worker beside the sub") {
+                try await first.client.call(KernelAPI.servicesList).services.first { $0.name == API.service }?.inFlight == 2
+            }
             // As `switchboard up` restarts a service: the new worker first (on the same file), then the old one stops.
             let second = try await StreamsBus.start(folder: first.folder, kernel: first.kernel, time: first.time, connections: 1)
             try await stopping(second, with: { await $0.stop(keepKernel: true) }) { second in
                 await first.host.stop()
                 try await second.publish("orders.new", 2)
                 #expect(await sub.exit(within: 60), "sb stream sub took the second message: \(sub.outputSoFar)")
-                #expect(sub.terminationStatus == 0 && sub.outputSoFar.contains("2 orders.new (delivery 1) 2")
-                        && sub.outputSoFar.contains("the streams worker handing these messages out stopped (a restart?); going on with another"),
+                #expect(sub.terminationStatus == 0 && sub.outputSoFar.contains("2 orders.new (delivery 1) 2") && !sub.outputSoFar.contains("died"),
                         "\(sub.outputSoFar)")
+                #expect(await fetch.exit(within: 60), "sb stream fetch took the second message: \(fetch.outputSoFar)")
+                #expect(fetch.terminationStatus == 0 && fetch.outputSoFar == "2 orders.new (delivery 1) 2\n", "\(fetch.outputSoFar)")
+                // Each handed out once, and pending for the reader it went to.
                 let info = try await second.client.call(API.consumerInfo, .init(stream: "orders", name: "billing"))
-                #expect(info.acknowledged == 2 && info.pending == 0, "\(info)")
+                #expect(info.pending == 2 && info.waiting == 0, "\(info)")
             }
         }
     }

@@ -146,7 +146,10 @@ public final class ServiceHost<Hosted: BusService>: Service {
                 return await race.next() ?? false
             }
             if byKernel { logger.notice("a kernel asked this service to drain: answering what it holds, then leaving", metadata: ["service": "\(Hosted.name)"]) }
-            // Every connection at once: each stops taking requests before any waits.
+            // Every connection stops taking requests before any waits, and before the service
+            // ends its waits: a client that asks again then is sent to another worker.
+            for worker in workers { await worker.beginDrain() }
+            await service.draining()
             let timeout = options.drainTimeout
             await withDiscardingTaskGroup { stopping in
                 for worker in workers { stopping.addTask { await worker.stop(drain: timeout) } }
@@ -613,12 +616,8 @@ actor WorkerConnection {
         if index == 0 { reregistered.yield() }
     }
 
-    /// Drains: tells the kernel to send nothing more, answers what it holds (and what the
-    /// kernel sent before it heard), then unregisters; after `timeout` it unregisters
-    /// anyway and what still runs is cancelled (the kernel re-sends those requests).
-    func stop(drain timeout: Duration) async {
-        // However it ends, no more work comes: answerRequests() ends once what runs is done.
-        defer { endWork() }
+    /// Tells the kernel to send nothing more (drain=1), the first step of ``stop(drain:)``.
+    func beginDrain() {
         guard state == .registered || state == .idle else { return }
         let wasRegistered = state == .registered
         state = .draining
@@ -626,6 +625,16 @@ actor WorkerConnection {
         // from a kernel that is not there.
         drainAcknowledged = !wasRegistered || lostConnection || kernelUnreachable
         if wasRegistered { registration?.send(MDP.encode(.drain, version: version)) }
+    }
+
+    /// Drains: tells the kernel to send nothing more, answers what it holds (and what the
+    /// kernel sent before it heard), then unregisters; after `timeout` it unregisters
+    /// anyway and what still runs is cancelled (the kernel re-sends those requests).
+    func stop(drain timeout: Duration) async {
+        // However it ends, no more work comes: answerRequests() ends once what runs is done.
+        defer { endWork() }
+        beginDrain()
+        guard state == .draining else { return }
         if busy > 0 || !drainAcknowledged || unsent {
             let loop = self.loop
             await withCheckedContinuation { continuation in

@@ -343,9 +343,15 @@ struct StreamFetch: AsyncParsableCommand {
     func run() async throws {
         let fetch = StreamsAPI.Fetch(stream: stream, consumer: consumer, batch: batch, wait: wait)
         try await withClient(connection) { client in
-            // The call may wait as long as asked, and then answer.
-            let timeout = try wait.map { Duration.seconds($0) + (try connection.requestTimeout) }
-            let fetched = try await call(client, StreamsAPI.fetch, fetch, timeout: timeout)
+            // The call may wait as long as asked, and then answer; a worker that drains (a
+            // rolling restart) answers at once, with nothing: asked again for the wait left.
+            let until = ContinuousClock.now + .seconds(wait ?? 0)
+            var fetch = fetch
+            var fetched = try await call(client, StreamsAPI.fetch, fetch, timeout: try wait.map { .seconds($0) + (try connection.requestTimeout) })
+            while wait != nil, fetched.value.messages.isEmpty, fetched.value.missed == 0, until - .now >= .milliseconds(10) {
+                fetch.wait = (until - .now).seconds
+                fetched = try await call(client, StreamsAPI.fetch, fetch, timeout: until - .now + (try connection.requestTimeout))
+            }
             if output.json {
                 Output.json(fetched.json, compact: true)
             } else {
@@ -366,7 +372,7 @@ struct StreamSubscribe: AsyncParsableCommand {
         abstract: "Take a consumer's messages as they come (push): each stays yours until acknowledged or its ack wait passes.",
         discussion: """
             Prints one line per message as fetch does, until --count messages or --expires seconds.
-            A streams worker that stops meanwhile (a rolling restart, a crash) is said on stderr, and another goes on handing out the messages.
+            A streams worker that stops meanwhile (a rolling restart) hands over to another; one that dies (a crash) is said on stderr, and another goes on handing out the messages.
             Example:
               sb stream sub orders billing --count 100 --ack
             """
@@ -391,9 +397,10 @@ struct StreamSubscribe: AsyncParsableCommand {
         try await withClient(connection) { client in
             let until = ContinuousClock.now + .seconds(expires ?? StreamsAPI.Next.defaultExpires)
             var left = count ?? StreamsAPI.Next.defaultMax, missed = 0
-            // A worker that stops while it hands messages out (a rolling restart, a crash) ends
-            // them with -32014 worker_died. What it handed out stays pending, or acknowledged:
-            // the reader asks again, of the worker that takes over, for what is left.
+            // A worker that drains (a rolling restart) ends its parts early; one that dies while
+            // it hands messages out (a crash) ends them with -32014 worker_died. What it handed
+            // out stays pending, or acknowledged: the reader asks again, of the worker that takes
+            // over, for what is left.
             while left > 0 {
                 let remaining = until - .now
                 guard remaining >= .milliseconds(10) else { break }
@@ -406,9 +413,8 @@ struct StreamSubscribe: AsyncParsableCommand {
                         if ack { _ = try await call(client, StreamsAPI.ack, StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: [message.sequence])) }
                     }
                     missed += try await parts.end().missed
-                    break
                 } catch BusError.remote(_, let rpc) where rpc.code == JSONRPCError.streamEndedCode && rpc.data?["reason"] == "worker_died" {
-                    Output.diagnostic("the streams worker handing these messages out stopped (a restart?); going on with another")
+                    Output.diagnostic("the streams worker handing these messages out died; going on with another")
                 } catch let error as BusError {
                     throw await Failure(error, service: StreamsAPI.service, method: StreamsAPI.nextMethod.name, client: client)
                 }

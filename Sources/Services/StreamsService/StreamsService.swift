@@ -37,6 +37,8 @@ public actor StreamsService: BusService, ServiceWork {
     /// Who waits for what in this process (``waitForWake(_:upTo:)``).
     private var waiting: [Wait: [UInt64: CheckedContinuation<Void, Never>]] = [:]
     private var nextWaiter: UInt64 = 0
+    /// Its host drains (``draining()``): no fetch waits any more.
+    private var isDraining = false
 
     /// How often a waiting fetch looks again on its own (for other processes' publishes and
     /// ack deadlines that pass).
@@ -181,8 +183,8 @@ public actor StreamsService: BusService, ServiceWork {
     }
 
     /// Hands out what is ready; with `wait`, looks again (at each publish in this process, and
-    /// every ``lookAgain`` seconds) until something is, the wait is over, or `wanted` says the
-    /// messages are no longer (their reader left). Only the last look is a write (remembered
+    /// every ``lookAgain`` seconds) until something is, the wait is over, `wanted` says the
+    /// messages are no longer (their reader left), or the host drains. Only the last look is a write (remembered
     /// for `request`, when named): the earlier ones only read. The wait is real time (`now` is
     /// the messages' time, which tests move by hand).
     func fetch(_ stream: String, _ consumer: String, batch: Int, maxBytes: Int, waitingUntil waitEnds: ContinuousClock.Instant,
@@ -194,7 +196,7 @@ public actor StreamsService: BusService, ServiceWork {
         }
         while ContinuousClock.now < waitEnds {
             let ready = try await read { [now] db in try StreamsDatabase.ready(db, stream: stream, consumer: consumer, now: now()) }
-            if ready || Task.isCancelled || !wanted() { break }
+            if ready || Task.isCancelled || !wanted() || isDraining { break }
             await waitForWake(.message, upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
         }
         return try await writeWithOthers(.init(stream: stream, consumer: consumer, kind: .fetch(.init(batch: batch, maxBytes: maxBytes)), request: request))
@@ -211,7 +213,8 @@ public actor StreamsService: BusService, ServiceWork {
         var count = 0, missed = 0, gathered = 0
         // Until its reader leaves, too: one gone between messages (its client cancelled or hung
         // up) frees this worker's place within a look rather than at `expires`.
-        while count < max, ContinuousClock.now < ends, !Task.isCancelled, parts.isRead, parts.areStreamed || gathered < Self.defaultFetchBytes {
+        // And until this worker drains: its reader then asks again, of another worker.
+        while count < max, ContinuousClock.now < ends, !Task.isCancelled, !isDraining, parts.isRead, parts.areStreamed || gathered < Self.defaultFetchBytes {
             let bytes = parts.areStreamed ? Self.defaultFetchBytes : Self.defaultFetchBytes - gathered
             let fetched = try await fetch(asked.stream, asked.consumer, batch: min(100, max - count), maxBytes: bytes, waitingUntil: ends, request: nil,
                                           while: { parts.isRead })
@@ -271,6 +274,14 @@ public actor StreamsService: BusService, ServiceWork {
 
     private func wake(_ waiter: UInt64, _ wait: Wait) {
         waiting[wait]?.removeValue(forKey: waiter)?.resume()
+    }
+
+    /// Its host drains (a rolling restart, `sb drain`): the fetches and pushes that wait for
+    /// a message answer with what they have now, and their readers ask again of the worker
+    /// that takes over, rather than hold this one's drain until its timeout.
+    public func draining() {
+        isDraining = true
+        wakeAll(.message)
     }
 
     func wakeAll(_ wait: Wait) {

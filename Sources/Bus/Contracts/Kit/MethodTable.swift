@@ -23,10 +23,16 @@ public protocol BusService: Actor {
     /// Where the results of its state-changing methods are remembered (default: in memory,
     /// for ten minutes). A service with durable effects keeps them with the effect.
     nonisolated func makeReplyMemory() -> any ReplyMemory
+    /// Called once its host begins to drain, after every connection told the kernel to send
+    /// it nothing more: a handler waiting for something to answer with (a message to hand out)
+    /// should end its wait and answer with what it has, so its client asks again of another
+    /// worker rather than hold the drain to its timeout. Default: nothing.
+    func draining() async
 }
 
 extension BusService {
     public nonisolated func makeReplyMemory() -> any ReplyMemory { RecentReplies() }
+    public func draining() async {}
 }
 
 /// The JSON-RPC methods of a service, each from its contract.
