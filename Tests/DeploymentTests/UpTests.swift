@@ -307,6 +307,14 @@ struct UpTests {
         // --db is the file of a service that keeps one (store, streams); given to another it is refused, not ignored.
         let noDatabase = try await runCommand(switchboardExecutable(), ["serve", "echo", "--db", folder.appendingPathComponent("x.sqlite").path])
         #expect(noDatabase.status == 64 && noDatabase.stderr.contains("--db names the SQLite file of store or streams; echo keeps no database"), "\(noDatabase)")
+        // A database's place that cannot be used is refused at the start, naming its key (or
+        // --db), rather than answered -32007 at every request while the bus says it is up.
+        let aFile = folder.appendingPathComponent("a-file")
+        try "".write(to: aFile, atomically: true, encoding: .utf8)
+        let underAFile = try await runCommand(switchboardExecutable(), ["up", "--config", good.path], environment: ["SWITCHBOARD_STORE_PATH": aFile.path + "/store.sqlite"])
+        #expect(underAFile.status == 78 && underAFile.stderr.contains("SWITCHBOARD_STORE_PATH (overrides store.path): cannot create the folder \(aFile.path)"), "\(underAFile)")
+        let aFolder = try await runCommand(switchboardExecutable(), ["serve", "streams", "--db", folder.path])
+        #expect(aFolder.status == 64 && aFolder.stderr == "switchboard: --db: \(folder.path) is a folder; the database is a file\n", "\(aFolder)")
         // An endpoint another program holds is named with its setting, and what to do.
         let holder = try ZMQSocket(ZMQContext(), .router)
         defer { holder.close() }

@@ -4,6 +4,7 @@ import BusProtocol
 import Foundation
 import Logging
 import ServiceLifecycle
+import StandardStreams
 import Deployment
 import SwitchboardConfig
 import ZeroMQ
@@ -66,6 +67,16 @@ struct ServeCommand: AsyncParsableCommand {
         let telemetry = try common.bootstrap(file, exporting: name)
         if let db {
             if name == "store" { file.store.path = db } else { file.streams.path = db }
+        }
+        if db != nil {
+            do throws(ConfigError) {
+                try file.prepareDatabaseFolders(for: [name])
+            } catch {
+                StandardStreams.writeError("switchboard: --db: \(error.problem)\n")
+                throw ExitCode(64)
+            }
+        } else {
+            try common.configFile.checked { try file.prepareDatabaseFolders(for: [name]) }
         }
         let kernel = file.kernel
         let curve = try common.configFile.checked { try file.security.connectingKeys(as: name) }

@@ -57,6 +57,7 @@ struct UpCommand: AsyncParsableCommand {
             throw ExitCode(64)
         }
         let enabled = ConfigFile.serviceNames.filter { file.services[$0]?.enabled == true }
+        try common.configFile.checked { try file.prepareDatabaseFolders(for: enabled) }
         try secure(&file, services: enabled)
         // The gateway binds last, once the state is in: an address another program holds is
         // refused before anything starts, not after the bus has said it is up.

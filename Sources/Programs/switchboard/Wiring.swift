@@ -1,4 +1,6 @@
+import Contracts
 import FetcherService
+import Foundation
 import Storage
 import StoreService
 import StreamsService
@@ -16,6 +18,32 @@ extension StoreConfiguration {
         if let bytes = settings.maxSizeBytes { maxSizeBytes = bytes }
         if let seconds = settings.rememberSeconds { replyWindow = .seconds(seconds) }
         postgres = settings.postgres.map(PostgresSettings.init)
+    }
+}
+
+extension ConfigFile {
+    /// Makes the folder of each SQLite file `services` keep (the store's and the streams
+    /// service's, unless on PostgreSQL) and checks it can be written there: a place a service
+    /// cannot open its database in is refused at the start, naming its key, rather than
+    /// answered -32007 at every request while the bus says it is up.
+    func prepareDatabaseFolders(for services: [String]) throws(ConfigError) {
+        var files: [(key: String, path: String)] = []
+        if services.contains(StoreAPI.service) {
+            let store = StoreConfiguration(self.store)
+            if store.postgres == nil { files.append(("store.path", store.path)) }
+        }
+        if services.contains(StreamsAPI.service) {
+            let streams = StreamsConfiguration(self.streams)
+            if streams.postgres == nil { files.append(("streams.path", streams.path)) }
+        }
+        for file in files {
+            do throws(StorageFailure) {
+                try SQLiteWriter.prepareFolder(for: file.path)
+            } catch {
+                let variable = ConfigFile.variable(for: file.key)
+                throw ConfigError(path: file.key, problem: error.detail, variable: ProcessInfo.processInfo.environment[variable] == nil ? nil : variable)
+            }
+        }
     }
 }
 
