@@ -184,9 +184,9 @@ public actor StreamsService: BusService, ServiceWork {
 
     /// Hands out what is ready; with `wait`, looks again (at each publish in this process, and
     /// every ``lookAgain`` seconds) until something is, the wait is over, `wanted` says the
-    /// messages are no longer (their reader left), or the host drains. Only the last look is a write (remembered
-    /// for `request`, when named): the earlier ones only read. The wait is real time (`now` is
-    /// the messages' time, which tests move by hand).
+    /// messages are no longer (their reader left), or the host drains. Only the last look is
+    /// a write (remembered for `request`, when named): the earlier ones only read. The wait is
+    /// real time (`now` is the messages' time, which tests move by hand).
     func fetch(_ stream: String, _ consumer: String, batch: Int, maxBytes: Int, waitingUntil waitEnds: ContinuousClock.Instant,
                request: String?, while wanted: () -> Bool = { true }) async throws -> API.Fetched {
         // The write answers a fetch sent again with its first answer, but only after the wait:
