@@ -314,7 +314,7 @@ struct UpTests {
         let underAFile = try await runCommand(switchboardExecutable(), ["up", "--config", good.path], environment: ["SWITCHBOARD_STORE_PATH": aFile.path + "/store.sqlite"])
         #expect(underAFile.status == 78 && underAFile.stderr.contains("SWITCHBOARD_STORE_PATH (overrides store.path): cannot create the folder \(aFile.path)"), "\(underAFile)")
         let aFolder = try await runCommand(switchboardExecutable(), ["serve", "streams", "--db", folder.path])
-        #expect(aFolder.status == 64 && aFolder.stderr == "switchboard: --db: \(folder.path) is a folder; the database is a file\n", "\(aFolder)")
+        #expect(aFolder.status == 64 && aFolder.stderr == "switchboard: --db: the database file cannot be opened: it is a folder\n", "\(aFolder)")
         // An endpoint another program holds is named with its setting, and what to do.
         let holder = try ZMQSocket(ZMQContext(), .router)
         defer { holder.close() }

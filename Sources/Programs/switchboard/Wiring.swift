@@ -23,9 +23,9 @@ extension StoreConfiguration {
 
 extension ConfigFile {
     /// Makes the folder of each SQLite file `services` keep (the store's and the streams
-    /// service's, unless on PostgreSQL) and checks it can be written there: a place a service
-    /// cannot open its database in is refused at the start, naming its key, rather than
-    /// answered -32007 at every request while the bus says it is up.
+    /// service's, unless on PostgreSQL) and checks no folder stands where the file should be:
+    /// a place a service can never open its database in is refused at the start, naming its
+    /// key, rather than answered -32007 at every request while the bus says it is up.
     func prepareDatabaseFolders(for services: [String]) throws(ConfigError) {
         var files: [(key: String, path: String)] = []
         if services.contains(StoreAPI.service) {
@@ -38,7 +38,7 @@ extension ConfigFile {
         }
         for file in files {
             do throws(StorageFailure) {
-                try SQLiteWriter.prepareFolder(for: file.path)
+                try SQLiteWriter.checkPlace(for: file.path)
             } catch {
                 let variable = ConfigFile.variable(for: file.key)
                 throw ConfigError(path: file.key, problem: error.detail, variable: ProcessInfo.processInfo.environment[variable] == nil ? nil : variable)

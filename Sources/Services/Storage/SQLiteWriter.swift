@@ -188,7 +188,7 @@ package actor SQLiteWriter {
     /// is made 0600 too.
     package static func open(path: String, label: String, maxSizeBytes: Int?, migrator: DatabaseMigrator) throws -> DatabasePool {
         let url = URL(fileURLWithPath: path)
-        try prepareFolder(for: path)
+        try makeFolder(for: path)
         // Made only when it does not exist yet (O_EXCL), so no connection of this process has it open.
         let made = Glibc.open(url.path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
         if made >= 0 { close(made) }
@@ -210,24 +210,24 @@ package actor SQLiteWriter {
         return pool
     }
 
-    /// Makes the folder of the database at `path` (0700) when it is missing, and checks that
-    /// this process may write in it (SQLite makes the -wal and -shm beside the file) and, when
-    /// the file is there, that it is a file this process may read and write; else fails
-    /// saying which of these it cannot do.
-    package static func prepareFolder(for path: String) throws(StorageFailure) {
-        let url = URL(fileURLWithPath: path)
-        let folder = url.deletingLastPathComponent()
-        func failure(_ detail: String) -> StorageFailure { StorageFailure(reason: "cannot-open", detail: detail, path: path) }
+    /// Makes the folder of the database at `path` (0700) when it is missing.
+    package static func makeFolder(for path: String) throws(StorageFailure) {
+        let folder = URL(fileURLWithPath: path).deletingLastPathComponent()
         do {
             try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
-            throw failure("cannot create the folder \(folder.path): \(systemReason(error))")
+            throw StorageFailure(reason: "cannot-open", detail: "cannot create the folder \(folder.path): \(systemReason(error))", path: path)
         }
-        guard access(folder.path, W_OK | X_OK) == 0 else { throw failure("cannot write in the folder \(folder.path): \(String(cString: strerror(errno)))") }
+    }
+
+    /// Checked before a service starts on the database at `path`: what would keep it from
+    /// ever opening it (its folder cannot be made; a folder stands where the file should be).
+    /// A file it may only read is not refused: a service on it answers reads.
+    package static func checkPlace(for path: String) throws(StorageFailure) {
+        try makeFolder(for: path)
         var isFolder: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: url.path, isDirectory: &isFolder) else { return }
-        guard !isFolder.boolValue else { throw failure("\(url.path) is a folder; the database is a file") }
-        guard access(url.path, R_OK | W_OK) == 0 else { throw failure("cannot read and write \(url.path): \(String(cString: strerror(errno)))") }
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isFolder), isFolder.boolValue else { return }
+        throw StorageFailure(reason: "cannot-open", detail: "the database file cannot be opened" + StorageFailure.whyNotOpened(path), path: path)
     }
 
     /// How long an opener waits for another process to finish opening the file: as long as a

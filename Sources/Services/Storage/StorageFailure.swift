@@ -42,7 +42,7 @@ package struct StorageFailure: Error, Sendable {
 
     /// What the system says of a database file SQLite could not open (SQLite says only that
     /// it could not): ": it is a folder", ": Permission denied"; empty when nothing is found.
-    private static func whyNotOpened(_ path: String) -> String {
+    package static func whyNotOpened(_ path: String) -> String {
         var info = stat()
         if stat(path, &info) == 0 {
             if info.st_mode & S_IFMT == S_IFDIR { return ": it is a folder" }
