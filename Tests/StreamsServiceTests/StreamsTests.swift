@@ -1093,6 +1093,29 @@ struct StreamVerbTests {
         }
     }
 
+    @Test("sb stream sub goes on through a kernel restart: it says the connection dropped, and takes the rest once the kernel is back")
+    func subOutlivesKernelRestart() async throws {
+        try await stopping(try await StreamsBus.start(connections: 1), with: { await $0.stop() }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 60))
+            try await bus.publish("orders.new", 1)
+            let sub = try ChildProcess(sbExecutable(), ["stream", "sub", "orders", "billing", "--count", "2", "--expires", "120", "--ack"],
+                                       environment: ["SB_ENDPOINT": bus.kernel.endpoints.broker, "NO_COLOR": ""])
+            defer { sub.stop() }
+            try await sub.waitForOutput(containing: "1 orders.new (delivery 1) 1", within: 30)
+            await bus.kernel.stop()
+            try await stopping(try await bus.kernel.restarted(), with: { await $0.stop() }) { kernel in
+                try await kernel.workers(API.service, within: 30)
+                try await bus.publish("orders.new", 2)
+                #expect(await sub.exit(within: 60), "sb stream sub took the second message: \(sub.outputSoFar)")
+                #expect(sub.terminationStatus == 0 && sub.outputSoFar.contains("2 orders.new (delivery 1) 2")
+                        && sub.outputSoFar.contains("the connection to the kernel dropped (a restart?); going on once it is back"), "\(sub.outputSoFar)")
+                let info = try await bus.client.call(API.consumerInfo, .init(stream: "orders", name: "billing"))
+                #expect(info.acknowledged == 2 && info.pending == 0, "\(info)")
+            }
+        }
+    }
+
     @Test("sb stream sub whose reader leaves (| head -n 1) ends at once, and the message it printed, never acknowledged, goes to the next reader")
     func subReaderLeaves() async throws {
         try await stopping(try await StreamsBus.start(), with: { await $0.stop() }) { bus in

@@ -372,7 +372,7 @@ struct StreamSubscribe: AsyncParsableCommand {
         abstract: "Take a consumer's messages as they come (push): each stays yours until acknowledged or its ack wait passes.",
         discussion: """
             Prints one line per message as fetch does, until --count messages or --expires seconds.
-            A streams worker that stops meanwhile (a rolling restart) hands over to another; one that dies (a crash) is said on stderr, and another goes on handing out the messages.
+            A streams worker that stops meanwhile (a rolling restart) hands over to another; one that dies (a crash), or the kernel going away (a restart, a pair's failover), is said on stderr, and sb goes on once another worker or the kernel is there.
             Example:
               sb stream sub orders billing --count 100 --ack
             """
@@ -398,7 +398,8 @@ struct StreamSubscribe: AsyncParsableCommand {
             let until = ContinuousClock.now + .seconds(expires ?? StreamsAPI.Next.defaultExpires)
             var left = count ?? StreamsAPI.Next.defaultMax, missed = 0
             // A worker that drains (a rolling restart) ends its parts early; one that dies while
-            // it hands messages out (a crash) ends them with -32014 worker_died. What it handed
+            // it hands messages out (a crash) ends them with -32014 worker_died, and a kernel that
+            // goes away (a restart, a pair's failover) with -32014 connection_lost. What was handed
             // out stays pending, or acknowledged: the reader asks again, of the worker that takes
             // over, for what is left.
             while left > 0 {
@@ -415,6 +416,8 @@ struct StreamSubscribe: AsyncParsableCommand {
                     missed += try await parts.end().missed
                 } catch BusError.remote(_, let rpc) where rpc.code == JSONRPCError.streamEndedCode && rpc.data?["reason"] == "worker_died" {
                     Output.diagnostic("the streams worker handing these messages out died; going on with another")
+                } catch BusError.remote(_, let rpc) where rpc.code == JSONRPCError.streamEndedCode && rpc.data?["reason"] == "connection_lost" {
+                    Output.diagnostic("the connection to the kernel dropped (a restart?); going on once it is back")
                 } catch let error as BusError {
                     throw await Failure(error, service: StreamsAPI.service, method: StreamsAPI.nextMethod.name, client: client)
                 }
