@@ -335,7 +335,11 @@ struct Soak: AsyncParsableCommand {
         let streamPublishers = streamClients.prefix(publishers).enumerated().map { index, client in
             Task { await streams.publish(client, publisher: index, until: loadEnds) }
         }
-        let streamReaders = streamClients.dropFirst(publishers).map { client in Task { await streams.read(client) } }
+        // The last reader has its messages pushed; the others fetch them.
+        let streamReaderClients = Array(streamClients.dropFirst(publishers))
+        let streamReaders = streamReaderClients.enumerated().map { index, client in
+            Task { index == streamReaderClients.count - 1 ? await streams.readPushed(client) : await streams.read(client) }
+        }
         // The cases take all but the last 20 s, in which the bus gives its memory back beside the ordinary load.
         let memoryAtStart = report.memoryAtStart, phases = duration - 20
         let hostileRun = hostile ? Task {

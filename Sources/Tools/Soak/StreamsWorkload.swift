@@ -6,8 +6,8 @@ import Synchronization
 
 /// Publishers and a consumer group on one stream beside the load, through every kill: each
 /// message is published with an id until a publish of it is acknowledged (so a publish whose
-/// answer was lost is kept once), and two readers share the group's messages, acknowledging
-/// each as they get it. At the end every acknowledged publish must have been done (acknowledged
+/// answer was lost is kept once), and readers share the group's messages, fetching them or
+/// having them pushed, acknowledging each as they get it. At the end every acknowledged publish must have been done (acknowledged
 /// by a reader) exactly once: none lost, none done twice.
 final class StreamsCheck: Sendable {
     struct Counts {
@@ -89,6 +89,30 @@ final class StreamsCheck: Sendable {
                 if !fetched.messages.isEmpty { await acknowledge(fetched.messages.map(\.sequence), client) }
             } catch {
                 note(error, asking: StreamsAPI.fetch)
+                try? await Task.sleep(for: .milliseconds(50))
+            }
+        }
+    }
+
+    /// Takes the messages pushed to it (`consumer.next` in parts, as `sb stream sub` does) and
+    /// acknowledges each as it comes, until ``stopReading()``. A push that ends (at its expiry,
+    /// or early: its worker drained) or fails (its worker died) is asked for again.
+    func readPushed(_ client: BusClient) async {
+        let expires = 2.0
+        while !over.load(ordering: .relaxed) {
+            let parts = client.stream(StreamsAPI.next, .init(stream: Self.stream, consumer: Self.consumer, max: 100, expires: expires),
+                                      timeout: .seconds(expires + 30))
+            do {
+                for try await message in parts {
+                    counts.withLock { counts in
+                        counts.handedOut += 1
+                        if message.deliveries > 1 { counts.redelivered += 1 }
+                    }
+                    await acknowledge([message.sequence], client)
+                }
+                _ = try await parts.end()
+            } catch {
+                note(error, asking: StreamsAPI.nextMethod)
                 try? await Task.sleep(for: .milliseconds(50))
             }
         }
