@@ -32,7 +32,8 @@ public protocol BusService: Actor {
 
 extension BusService {
     public nonisolated func makeReplyMemory() -> any ReplyMemory { RecentReplies() }
-    public func draining() async {}
+    /// Nothing to end: no hop onto a service that may be busy with other work.
+    public nonisolated func draining() async {}
 }
 
 /// The JSON-RPC methods of a service, each from its contract.
