@@ -197,7 +197,8 @@ struct ConfigFileTests {
         let keys = KeyFolder(folder.path)
         #expect(try keys.create(["kernel", "store", "echo", "client"]) == ["kernel", "store", "echo", "client"])
         #expect(try keys.create(["kernel", "store", "search"]) == ["search"], "existing keys are kept")
-        try KeyFolder.write(try CurveKeyPair.generate(), to: keys.clientsFolder.appendingPathComponent("bob").path)
+        let bob = try CurveKeyPair.generate()
+        try KeyFolder.write(bob, to: keys.clientsFolder.appendingPathComponent("bob").path)
         let file = try ConfigFile.parse("security:\n  curve: true\n  keys_dir: \(folder.path)\n")
         let security = try #require(try file.security.kernelSecurity())
         #expect(security.secretKey == (try keys.secretKey("kernel")))
@@ -218,6 +219,9 @@ struct ConfigFileTests {
         let store = try #require(try file.security.connectingKeys(as: "store"))
         let storePublic = try keys.publicKey("store"), kernelPublic = try keys.publicKey("kernel")
         #expect(store.publicKey == storePublic && store.serverKey == kernelPublic)
+        // A key shown to a person goes by the name the folder knows it by.
+        #expect(keys.name(of: client) == "client" && keys.name(of: bob.publicKey) == "clients/bob" && keys.name(of: local) == "operator")
+        #expect(keys.name(of: listed) == nil)
         // Unsaid: off for a piece run alone (`up` turns it on).
         #expect(try ConfigFile.parse("security:\n  keys_dir: \(folder.path)\n").security.kernelSecurity() == nil)
         let missing = #expect(throws: ConfigError.self) { try ConfigFile.parse("security:\n  curve: true\n  keys_dir: /nonexistent/keys\n").security.connectingKeys(as: "store") }

@@ -215,6 +215,18 @@ public struct KeyFolder: Sendable, Equatable {
         return try connectingKeys(as: Self.operator)
     }
 
+    /// The name this folder knows `publicKey` by (`client`, `operator`, a service's name,
+    /// `clients/NAME`, `operators/NAME`), or nil: to show a key to a person by its name.
+    public func name(of publicKey: String) -> String? {
+        for (folder, prefix) in [(url, ""), (clientsFolder, "clients/"), (operatorsFolder, "operators/")] {
+            let files = (try? FileManager.default.contentsOfDirectory(atPath: folder.path)) ?? []
+            for file in files.sorted() where file.hasSuffix(".pub") {
+                if (try? Self.publicKey(in: folder.appendingPathComponent(file))) == publicKey { return prefix + file.dropLast(4) }
+            }
+        }
+        return nil
+    }
+
     private static func publicKey(in file: URL) throws(KeyFolderError) -> String? {
         guard FileManager.default.fileExists(atPath: file.path) else { return nil }
         let text: String

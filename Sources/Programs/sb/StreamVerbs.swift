@@ -76,7 +76,7 @@ struct StreamInfo: AsyncParsableCommand {
                 Output.line("  captures the state under its subjects: changes to sequence \(info.capturedSequence ?? 0) kept"
                             + (info.captureGaps.map { $0 > 0 ? ", \($0) gaps" : "" } ?? ""))
             }
-            if let key = info.addedBy { Output.line("  added by key \(key)") }
+            if let key = info.addedBy { Output.line("  added by key " + (connection.keyFolder.name(of: key).map { "\($0) (\(key))" } ?? key)) }
             guard !consumers.isEmpty else { return }
             Output.table(["CONSUMER", "NEXT", "WAITING", "PENDING", "DELIVERED", "REDELIVERED", "ACKED", "DEAD", "MISSED"], consumers.map { consumer in
                 [consumer.name, String(consumer.nextSequence), String(consumer.waiting), String(consumer.pending), String(consumer.delivered),
