@@ -7,8 +7,9 @@ import Synchronization
 /// Publishers and a consumer group on one stream beside the load, through every kill: each
 /// message is published with an id until a publish of it is acknowledged (so a publish whose
 /// answer was lost is kept once), and readers share the group's messages, fetching them or
-/// having them pushed, acknowledging each as they get it. At the end every acknowledged publish must have been done (acknowledged
-/// by a reader) exactly once: none lost, none done twice.
+/// having them pushed, acknowledging each as they get it. At the end every acknowledged
+/// publish must have been done (acknowledged by a reader) exactly once: none lost, none done
+/// twice.
 final class StreamsCheck: Sendable {
     struct Counts {
         /// Publishes acknowledged, and of them answered as duplicates (a re-send kept once).
