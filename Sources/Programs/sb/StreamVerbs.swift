@@ -414,15 +414,25 @@ struct StreamSubscribe: AsyncParsableCommand {
                         if ack { _ = try await call(client, StreamsAPI.ack, StreamsAPI.Sequences(stream: stream, consumer: consumer, sequences: [message.sequence])) }
                     }
                     missed += try await parts.end().missed
-                } catch BusError.remote(_, let rpc) where rpc.code == JSONRPCError.streamEndedCode && rpc.data?["reason"] == "worker_died" {
-                    Output.diagnostic("the streams worker handing these messages out died; going on with another")
-                } catch BusError.remote(_, let rpc) where rpc.code == JSONRPCError.streamEndedCode && rpc.data?["reason"] == "connection_lost" {
-                    Output.diagnostic("the connection to the kernel dropped (a restart?); going on once it is back")
                 } catch let error as BusError {
-                    throw await Failure(error, service: StreamsAPI.service, method: StreamsAPI.nextMethod.name, client: client)
+                    guard let notice = Self.goingOn(after: error) else {
+                        throw await Failure(error, service: StreamsAPI.service, method: StreamsAPI.nextMethod.name, client: client)
+                    }
+                    Output.diagnostic(notice)
                 }
             }
             if missed > 0 { Output.diagnostic("\(missed) messages were removed by the stream's limits before you had them") }
+        }
+    }
+
+    /// What sb says when `error` ended a push it asks again for (-32014 by a worker that died
+    /// or a kernel connection that dropped); nil for any other error, which ends sb.
+    static func goingOn(after error: BusError) -> String? {
+        guard case .remote(_, let rpc) = error, rpc.code == JSONRPCError.streamEndedCode else { return nil }
+        switch rpc.data?["reason"]?.stringValue {
+        case "worker_died": return "the streams worker handing these messages out died; going on with another"
+        case "connection_lost": return "the connection to the kernel dropped (a restart?); going on once it is back"
+        default: return nil
         }
     }
 }

@@ -67,8 +67,7 @@ struct ServeCommand: AsyncParsableCommand {
         let telemetry = try common.bootstrap(file, exporting: name)
         if let db {
             if name == "store" { file.store.path = db } else { file.streams.path = db }
-        }
-        if db != nil {
+            // The file named on the command line: its problem is a usage error naming --db.
             do throws(ConfigError) {
                 try file.prepareDatabaseFolders(for: [name])
             } catch {
