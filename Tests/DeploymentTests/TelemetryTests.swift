@@ -1,4 +1,5 @@
 import BusProtocol
+import Contracts
 import Foundation
 import SwitchboardTestSupport
 import Testing
@@ -89,6 +90,11 @@ struct TelemetryTests {
         #expect(parent(storeHandler) == id(storeCall) && parent(storeDispatch) == id(storeCall))
         #expect(client["kind"] == "SPAN_KIND_CLIENT" && searchHandler["kind"] == "SPAN_KIND_SERVER" && searchHandler["attributes"]?["rpc.method"] == "locations.resolve")
         #expect(spans.allSatisfy { $0["status"] != 2 }, "no span failed: \(spans)")
+        // Each process names the build's version; the bus's beside what the deployment's
+        // resource names (sb reads no configuration file).
+        #expect(spans.allSatisfy { $0["resource"]?["service.version"] == .string(SwitchboardVersion.current)
+                    && ($0["service"] == "sb" || $0["resource"]?["deployment.environment"] == "test") },
+                "\(spans.map { $0["resource"] ?? .null })")
 
         // sb without an endpoint sends its requests in unsampled traces: no process records a
         // span of them. Then a request that fails is a failed span, in sb and in the service;

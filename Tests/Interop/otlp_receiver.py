@@ -4,8 +4,8 @@
 Accepts POST /v1/traces and /v1/metrics with an ExportTraceServiceRequest or an
 ExportMetricsServiceRequest in protobuf (decoded with the official definitions, PyPI's
 opentelemetry-proto) and prints one JSON line per span on stdout (service, the resource's
-service.name; name, kind, traceId, spanId, parentSpanId, status code, attributes) and one
-per metric data point (service, metric, attributes, value). The first line is {"listening": PORT}. It ends when its stdin closes (the
+service.name; name, kind, traceId, spanId, parentSpanId, status code, attributes, resource: the
+resource's attributes) and one per metric data point (service, metric, attributes, value). The first line is {"listening": PORT}. It ends when its stdin closes (the
 test's lifeline), or on SIGTERM.
 
     otlp_receiver.py [PORT] [CERT KEY [CA]]
@@ -66,6 +66,7 @@ def spans(request):
                     "parentSpanId": span.parent_span_id.hex(),
                     "status": span.status.code,
                     "attributes": {a.key: a.value.string_value or a.value.int_value for a in span.attributes},
+                    "resource": {a.key: a.value.string_value for a in resource_spans.resource.attributes},
                 }
 
 

@@ -77,7 +77,12 @@ struct SBTests {
     func genericVerbs() async throws {
         let bus = try await SBBus.start()
         let ping = try await bus.sb("ping")
-        #expect(ping.status == 0 && ping.stdout.hasPrefix("pong from the kernel"))
+        #expect(ping.status == 0 && ping.stdout.hasPrefix("pong from the kernel") && ping.stdout.contains(", version \(SwitchboardVersion.current))"), "\(ping)")
+        // The build's version, from sb and switchboard alike, as scripts compare it.
+        for program in [sbExecutable(), switchboardExecutable()] {
+            let version = try await runCommand(program, ["--version"])
+            #expect(version.status == 0 && version.stdout == SwitchboardVersion.current + "\n", "\(version)")
+        }
         let services = try jsonLines(try await bus.sb("services", "--json").stdout).first?.arrayValue ?? []
         #expect(["echo", "fetcher", "pricing", "search", "store"].allSatisfy { name in services.contains { $0["name"] == .string(name) && $0["available"] == true } })
         let table = try await bus.sb("services")

@@ -21,7 +21,7 @@ public enum KernelAPI {
         public static func service(_ name: String, cell: String?) -> String { servicesPrefix(cell: cell) + name }
     }
 
-    public static let ping = Method<NoParams, Pong>(service, "ping", "Liveness: the kernel's instance (new at each start), pid and uptime.")
+    public static let ping = Method<NoParams, Pong>(service, "ping", "Liveness: the kernel's instance (new at each start), pid, uptime and version.")
     public static let servicesList = Method<NoParams, ServiceList>(service, "services.list", "The registered services with their workers, queue and requests in flight.")
     public static let stats = Method<NoParams, Stats>(service, "stats", "Totals and per-service requests, errors, latencies; security and state figures.")
     public static let metrics = Method<NoParams, Metrics>(service, "metrics", "The same figures in the Prometheus text format.")
@@ -37,10 +37,12 @@ public enum KernelAPI {
         public var instance: String
         public var pid: Int
         public var uptimeSeconds: Double
+        /// The kernel's `SwitchboardVersion`; nil from a kernel built before it said.
+        public var version: String?
         /// The kernel's pair, when it is one of two.
         public var pair: PairStatus?
-        public init(pong: Bool, instance: String, pid: Int, uptimeSeconds: Double, pair: PairStatus? = nil) {
-            (self.pong, self.instance, self.pid, self.uptimeSeconds, self.pair) = (pong, instance, pid, uptimeSeconds, pair)
+        public init(pong: Bool, instance: String, pid: Int, uptimeSeconds: Double, version: String?, pair: PairStatus? = nil) {
+            (self.pong, self.instance, self.pid, self.uptimeSeconds, self.version, self.pair) = (pong, instance, pid, uptimeSeconds, version, pair)
         }
     }
 

@@ -232,7 +232,7 @@ public actor Kernel: BusService {
             parts.setInstance(now: clock.now)
             parts.flush()
             var metadata: Logger.Metadata = ["broker": "\(brokerEndpoint)", "snapshot": "\(snapshotEndpoint)",
-                                             "publisher": "\(publisherEndpoint)", "collector": "\(collectorEndpoint)"]
+                                             "publisher": "\(publisherEndpoint)", "collector": "\(collectorEndpoint)", "version": "\(SwitchboardVersion.current)"]
             if let pair = configuration.pair {
                 metadata["pair"] = "\(pair.role.rawValue), listening on \(pair.listen), peer \(pair.peer)"
             }
@@ -423,7 +423,8 @@ public actor Kernel: BusService {
     private func ping() throws(JSONRPCError) -> KernelAPI.Pong {
         let parts = try serving()
         return KernelAPI.Pong(pong: true, instance: instance, pid: Int(ProcessInfo.processInfo.processIdentifier),
-                              uptimeSeconds: (Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000, pair: parts.state.pair?.status)
+                              uptimeSeconds: (Date().timeIntervalSince(startedAt) * 1000).rounded() / 1000, version: SwitchboardVersion.current,
+                              pair: parts.state.pair?.status)
     }
 
     private func servicesList() throws(JSONRPCError) -> KernelAPI.ServiceList {

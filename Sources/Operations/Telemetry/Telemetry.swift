@@ -104,7 +104,8 @@ public enum Telemetry {
         try TelemetrySettings.checkEnvironment(environment)
         var configuration = OTel.Configuration.default
         configuration.serviceName = serviceName
-        configuration.resourceAttributes = settings.resource
+        // The build's version unless the deployment's resource names one of its own.
+        configuration.resourceAttributes = settings.resource.merging(["service.version": SwitchboardVersion.current]) { named, _ in named }
         if let diagnostics { configuration.diagnosticLogger = .custom(diagnostics) }
         configuration.diagnosticLogLevel = .warning
         configuration.metrics.enabled = metrics

@@ -499,7 +499,7 @@ struct Ping: AsyncParsableCommand {
                 answer["milliseconds"] = .double(milliseconds)
                 return Output.json(.object(answer), compact: true)
             }
-            Output.line("pong from the kernel at \(client.brokers.joined(separator: ", ")) in \(milliseconds) ms (up \(Output.number(pong.value.uptimeSeconds)) s)")
+            Output.line("pong from the kernel at \(client.brokers.joined(separator: ", ")) in \(milliseconds) ms (up \(Output.number(pong.value.uptimeSeconds)) s\(pong.value.version.map { ", version \($0)" } ?? ""))")
         }
     }
 }

@@ -34,6 +34,7 @@ struct SB: AsyncParsableCommand {
 
             Shell completions: sb --generate-completion-script bash (or zsh, fish).
             """,
+        version: SwitchboardVersion.current,
         subcommands: [Request.self, Subscribe.self, Publish.self, KV.self, Run.self, Services.self, Describe.self, Stats.self, Ping.self, Bench.self,
                       Workers.self, Drain.self, Restart.self, Reload.self, Stream.self,
                       Countries.self, Places.self, Items.self, News.self, Flights.self, Datasets.self]

@@ -33,6 +33,7 @@ struct Switchboard: AsyncParsableCommand {
               switchboard serve search --config Config/two-machines/services-host.yaml
               switchboard check
             """,
+        version: SwitchboardVersion.current,
         subcommands: [UpCommand.self, KernelCommand.self, ServeCommand.self, GatewayCommand.self, KeygenCommand.self, CheckCommand.self]
     )
 
