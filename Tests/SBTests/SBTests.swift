@@ -364,6 +364,7 @@ struct SBTests {
             // One message for a TTL too long or not more than 0 (the kernel's 0 would delete at once).
             (["pub", "/client/x", "1", "--ttl", "1e12"], "--ttl must be more than 0 and at most 31536000 seconds (a year)"),
             (["kv", "put", "/client/x", "1", "--ttl", "0"], "--ttl must be more than 0 and at most 31536000 seconds (a year)"),
+            (["kv", "put", "/client/x", "1", "--ttl", "366d"], "--ttl must be more than 0 and at most 31536000 seconds (a year)"),
             (["run", "-", "--parallel", "10001"], "--parallel must be 1 to 10000"),
         ]
         for (arguments, said) in outOfRange {

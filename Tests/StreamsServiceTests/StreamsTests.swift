@@ -1139,7 +1139,7 @@ struct StreamVerbTests {
                 try await runCommand(sbExecutable(), arguments, environment: environment, input: input.map { Data($0.utf8) })
             }
             func sb(_ arguments: String..., input: String? = nil) async throws -> CommandResult { try await sb(arguments, input: input) }
-            var result = try await sb("stream", "add", "orders", "orders.", "--max-age", "86400")
+            var result = try await sb("stream", "add", "orders", "orders.", "--max-age", "1d", "--duplicate-window", "90s")
             #expect(result.status == 0 && result.stdout.contains("stream orders: subjects orders.") && result.stdout.contains("orders.dead"), "\(result)")
             result = try await sb("stream", "pub", "orders.new", #"{"id": 7}"#, "--id", "o-7")
             #expect(result.status == 0 && result.stdout == "orders 1\n", "\(result)")
@@ -1147,8 +1147,13 @@ struct StreamVerbTests {
             #expect(result.stdout.contains("duplicate"), "\(result)")
             result = try await sb("stream", "pub", "orders.note", "plain words")
             #expect(result.stdout == "orders 2\n", "\(result)")
-            result = try await sb("stream", "consumer", "orders", "billing", "--ack-wait", "60")
+            result = try await sb("stream", "consumer", "orders", "billing", "--ack-wait", "1m")
             #expect(result.status == 0 && result.stdout.contains("waiting 2"), "\(result)")
+            // A span of time is seconds, or a number with a unit, as --timeout takes it.
+            #expect(try await bus.client.call(API.consumerInfo, .init(stream: "orders", name: "billing")).ackWait == 60)
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "orders")).duplicateWindow == 90)
+            result = try await sb("stream", "fetch", "orders", "billing", "--wait", "5 s")
+            #expect(result.status == 64 && result.stderr.contains("'5 s' is not a span of time such as 30 (seconds), 500ms, 5s, 2m, 12h or 7d"), "\(result)")
             result = try await sb("stream", "fetch", "orders", "billing", "--batch", "10", "--ack")
             #expect(result.stdout == "1 orders.new (delivery 1) {\"id\":7}\n2 orders.note (delivery 1) \"plain words\"\n", "\(result)")
             result = try await sb("stream", "info", "orders")
@@ -1161,7 +1166,7 @@ struct StreamVerbTests {
             _ = try await sb("stream", "fetch", "orders", "billing")
             result = try await sb("stream", "progress", "orders", "billing", "3")
             #expect(result.status == 0 && result.stdout == "in progress 3\n", "\(result)")
-            result = try await sb("stream", "nak", "orders", "billing", "3", "9", "--delay", "5")
+            result = try await sb("stream", "nak", "orders", "billing", "3", "9", "--delay", "5000ms")
             #expect(result.status == 1 && result.stdout == "given back 3\n" && result.stderr.contains("not pending (done before, or never handed out): 9"), "\(result)")
             result = try await sb("stream", "ack", "orders", "billing", "1", "--json")
             #expect(result.status == 1 && result.stdout.contains(#""notPending":[1]"#) && result.stderr.contains("not pending"), "a late ack is told: \(result)")

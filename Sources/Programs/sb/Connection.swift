@@ -108,17 +108,25 @@ struct ConnectionOptions: ParsableArguments {
 
     /// `5s`, `500ms`, `2m`, `1.5` (seconds); positive, at most a day.
     static func duration(_ text: String) -> Duration? {
-        let units: [(String, Double)] = [("ms", 0.001), ("s", 1), ("m", 60)]
-        var number = text
-        var scale = 1.0
-        for (suffix, factor) in units where text.hasSuffix(suffix) {
-            number = String(text.dropLast(suffix.count))
-            scale = factor
-            break
-        }
         // Up to a day: checked before it becomes milliseconds (1e300 would trap the conversion).
-        guard let value = Double(number), value > 0, value.isFinite, value * scale <= 86_400 else { return nil }
-        return .milliseconds(Int64((value * scale * 1_000).rounded()))
+        guard let seconds = seconds(text), seconds > 0, seconds <= 86_400 else { return nil }
+        return .milliseconds(Int64((seconds * 1_000).rounded()))
+    }
+
+    /// A span of time as every flag of sb that takes one reads it: a number of seconds
+    /// (`30`, `0.5`), or a number with a unit (`500ms`, `5s`, `2m`, `12h`, `7d`). Any sign, so
+    /// that each flag's own range check names what it takes; nil for anything else.
+    static func seconds(_ text: String) -> Double? {
+        let units: [(suffix: String, seconds: Double)] = [("ms", 0.001), ("s", 1), ("m", 60), ("h", 3_600), ("d", 86_400)]
+        let unit = units.first { text.hasSuffix($0.suffix) }
+        guard let value = Double(text.dropLast(unit?.suffix.count ?? 0)), value.isFinite else { return nil }
+        return value * (unit?.seconds ?? 1)
+    }
+
+    /// The transform of a flag that takes a span of time (`seconds(_:)`), as its value in seconds.
+    static func secondsArgument(_ text: String) throws -> Double {
+        guard let seconds = seconds(text) else { throw ValidationError("'\(text)' is not a span of time such as 30 (seconds), 500ms, 5s, 2m, 12h or 7d") }
+        return seconds
     }
 
     /// The state endpoints as the flag, else the environment, gives them (nil: derived from the brokers).

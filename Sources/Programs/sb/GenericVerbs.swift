@@ -241,7 +241,7 @@ struct Publish: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Argument(help: "The key (a path such as /client/name).") var key: String
     @Argument(help: "The value, as JSON (null deletes; '-': read from standard input; a negative number goes after --: KEY -- -5).") var value: String
-    @Option(parsing: .unconditional, help: "Seconds after which the kernel deletes the key.") var ttl: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long until the kernel deletes the key: 30s, 10m, 1d, 30 (seconds).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var ttl: Double?
 
     func validate() throws {
         guard key.hasPrefix("/") else { throw ValidationError("KEY must be a path starting with '/'") }

@@ -79,7 +79,7 @@ struct WriteArguments: ParsableArguments {
     @OptionGroup var output: OutputOptions
     @OptionGroup var target: KeyArguments
     @Argument(help: "The value, as JSON (strings need quotes: '\"text\"'; '-': read from standard input; a negative number goes after --: KEY -- -5).") var value: String
-    @Option(parsing: .unconditional, help: "Seconds after which the kernel deletes the key.") var ttl: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long until the kernel deletes the key: 30s, 10m, 1d, 30 (seconds).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var ttl: Double?
 
     func validate() throws {
         _ = try parseJSON(value, "VALUE")

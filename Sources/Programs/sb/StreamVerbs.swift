@@ -104,8 +104,8 @@ struct StreamAdd: AsyncParsableCommand {
     @Flag(help: "A work queue: each message stays until its one consumer has it done.") var workQueue = false
     @Option(parsing: .unconditional, help: "At most this many messages (the oldest go).") var maxMessages: Int?
     @Option(parsing: .unconditional, help: "At most this many bytes of data (the oldest go).") var maxBytes: Int?
-    @Option(parsing: .unconditional, help: "Seconds a message is kept.") var maxAge: Double?
-    @Option(parsing: .unconditional, help: "Seconds a message id is remembered, for exactly-once publishing (default 120).") var duplicateWindow: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long a message is kept: 7d, 12h, 3600 (seconds).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var maxAge: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long a message id is remembered, for exactly-once publishing: 10m, 120 (seconds; default 2m).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var duplicateWindow: Double?
     @Flag(help: "Keep the kernel's state instead: every change of a key under the subjects (key prefixes), the key as subject.") var captureState = false
 
     func validate() throws {
@@ -272,7 +272,7 @@ struct StreamConsumerAdd: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: "From this sequence.") var fromSequence: Int?
     @Option(help: "From this time (ISO 8601).") var fromTime: String?
     @Option(help: "Only subjects starting with this.") var filter: String?
-    @Option(parsing: .unconditional, help: "Seconds a reader has a message before it is handed out again (default 30).") var ackWait: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long a reader has a message before it is handed out again: 30s, 500ms, 2m (default 30s).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var ackWait: Double?
     @Option(parsing: .unconditional, help: "Deliveries before a message goes to the dead letters (default 5).") var maxDeliver: Int?
 
     func validate() throws {
@@ -325,7 +325,7 @@ struct StreamFetch: AsyncParsableCommand {
     @Argument(help: "The stream.") var stream: String
     @Argument(help: "The consumer.") var consumer: String
     @Option(parsing: .unconditional, help: "At most this many messages (default 1).") var batch: Int?
-    @Option(parsing: .unconditional, help: "Seconds to wait for one when none is ready (default 0).") var wait: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long to wait for one when none is ready: 5s, 500ms, 5 (seconds; default 0).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var wait: Double?
     @Flag(help: "Acknowledge them once printed.") var ack = false
 
     /// A message as a line: its sequence, subject, deliveries and data.
@@ -371,7 +371,7 @@ struct StreamSubscribe: AsyncParsableCommand {
         commandName: "sub",
         abstract: "Take a consumer's messages as they come (push): each stays yours until acknowledged or its ack wait passes.",
         discussion: """
-            Prints one line per message as fetch does, until --count messages or --expires seconds.
+            Prints one line per message as fetch does, until --count messages or for --expires.
             A streams worker that stops meanwhile (a rolling restart) hands over to another; one that dies (a crash), or the kernel going away (a restart, a pair's failover), is said on stderr, and sb goes on once another worker or the kernel is there.
             Example:
               sb stream sub orders billing --count 100 --ack
@@ -383,7 +383,7 @@ struct StreamSubscribe: AsyncParsableCommand {
     @Argument(help: "The stream.") var stream: String
     @Argument(help: "The consumer.") var consumer: String
     @Option(parsing: .unconditional, help: "Stop after this many messages (default \(StreamsAPI.Next.defaultMax)).") var count: Int?
-    @Option(parsing: .unconditional, help: "Stop after this many seconds (default \(Int(StreamsAPI.Next.defaultExpires))).") var expires: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("Stop after this long: 30s, 10m, 60 (seconds; default \(Int(StreamsAPI.Next.defaultExpires))s).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var expires: Double?
     @Flag(help: "Acknowledge each once printed.") var ack = false
 
     func validate() throws {
@@ -513,12 +513,12 @@ struct StreamAck: AsyncParsableCommand {
 
 struct StreamNak: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "nak", abstract: "Give messages back: handed out again, after --delay seconds.", discussion: notPendingHelp)
+        commandName: "nak", abstract: "Give messages back: handed out again, after --delay.", discussion: notPendingHelp)
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @OptionGroup var settle: SettleOptions
-    @Option(parsing: .unconditional, help: "Seconds before they are handed out again (default 0).") var delay: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long before they are handed out again: 10s, 500ms, 5m (default 0).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var delay: Double?
 
     func validate() throws {
         try checkRange(delay, flag: "delay", field: "delay", of: StreamsAPI.Nak.self, unit: "seconds")
