@@ -88,7 +88,8 @@ struct Restart: AsyncParsableCommand {
             let answer = try await call(client, SupervisorAPI.restart, .init(services: services.isEmpty ? nil : services), timeout: timeout)
             if output.json { return Output.json(answer.json, compact: true) }
             for entry in answer.value.restarted {
-                Output.line("restarted \(entry.name): pid \(entry.oldPid.map(String.init) ?? "-") -> \(entry.newPid)")
+                // A service drained and stopped had no process to replace: it is started.
+                Output.line(entry.oldPid.map { "restarted \(entry.name): pid \($0) -> \(entry.newPid)" } ?? "started \(entry.name) (it was not running): pid \(entry.newPid)")
             }
         }
     }
