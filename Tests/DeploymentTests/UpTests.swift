@@ -418,7 +418,12 @@ struct SecuredUpTests {
         let alice = try await runCommand(sbExecutable(), ["request", "echo", "echo", #"{"hi":1}"#, "--key-file", folder.appendingPathComponent("alice.key").path] + keyed)
         #expect(alice.status == 0 && alice.stdout.contains(#""hi""#), "\(alice)")
         let mallory = try await runCommand(sbExecutable(), ["ping", "--timeout", "1s", "--key-file", folder.appendingPathComponent("mallory.key").path] + keyed)
-        #expect(mallory.status == 69 && mallory.stderr.contains("no kernel answers") && mallory.stderr.contains("refused this client's handshake"), "\(mallory)")
+        #expect(mallory.status == 69 && mallory.stderr.contains("no kernel answers")
+                && mallory.stderr.contains("refused this client's handshake") && mallory.stderr.contains("(the kernel there does not allow this client's key"), "\(mallory)")
+        // Alice's own key given as the server's: the kernel cannot read the handshake, and says nothing.
+        let wrongServer = try await runCommand(sbExecutable(), ["ping", "--timeout", "1s", "--endpoint", broker, "--server-key", try publicKey("alice"),
+                                                                "--key-file", folder.appendingPathComponent("alice.key").path])
+        #expect(wrongServer.status == 69 && wrongServer.stderr.contains("the server key is not that kernel's"), "\(wrongServer)")
         let plain = try await runCommand(sbExecutable(), ["ping", "--timeout", "1s", "--endpoint", broker])
         #expect(plain.status == 69 && plain.stderr.contains("this client spoke plain text"), "\(plain)")
         let publicOnly = try await runCommand(sbExecutable(), ["ping", "--key-file", folder.appendingPathComponent("alice.pub").path] + keyed)

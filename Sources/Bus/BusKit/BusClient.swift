@@ -528,8 +528,11 @@ actor ClientCore {
         var refusedAt: UInt64 = 0
         /// What it went through, for a diagnostic when nothing answers.
         var everConnected = false
+        var everHandshaken = false
         var drops = 0
         var handshakeFailures = 0
+        /// Why the last failed handshake failed, when the event said.
+        var handshakeProblem: HandshakeProblem?
         /// Its handshake completed since it last connected: what was sent may have reached
         /// the kernel (a connection refused at the handshake delivered nothing).
         var handshaken = false
@@ -711,9 +714,13 @@ actor ClientCore {
 
     func connectionEvent(_ message: Message, on index: Int) {
         guard let event = SocketEvent(message), case .open = lifecycle else { return }
-        if !event.event.isDisjoint(with: .handshakeFailed) { connections[index].handshakeFailures += 1 }
+        if !event.event.isDisjoint(with: .handshakeFailed) {
+            connections[index].handshakeFailures += 1
+            connections[index].handshakeProblem = event.handshakeProblem ?? connections[index].handshakeProblem
+        }
         if event.event.contains(.handshakeSucceeded) {
             connections[index].handshaken = true
+            connections[index].everHandshaken = true
             if isPair { sendWaiting() }
         }
         if event.event.contains(.disconnected) {
@@ -800,18 +807,42 @@ actor ClientCore {
     func connectionSummary() -> String {
         connections.map { connection in
             if connection.handshakeFailures > 0, !connection.handshaken {
-                // Both ends of a mismatch see a refused handshake: say which side this one took.
-                let why = curve == nil
-                    ? "this client spoke plain text, and a kernel with CURVE on answers only CURVE clients with keys it allows"
-                    : "this client spoke CURVE, which a kernel with CURVE off does not, and a kernel with CURVE on answers only keys it allows"
-                return "\(connection.endpoint) refused this client's handshake \(connection.handshakeFailures) times (\(why): sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file)"
+                // Both ends of a mismatch see a failed handshake: say which side this one
+                // took, and what the event said of why.
+                let times = connection.handshakeFailures == 1 ? "once" : "\(connection.handshakeFailures) times"
+                let keys = "sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file"
+                switch (connection.handshakeProblem, curve == nil) {
+                case (.keyRefused, _):
+                    return "\(connection.endpoint) refused this client's handshake \(times) (the kernel there does not allow this client's key: \(keys))"
+                case (.mechanismMismatch, true):
+                    return "\(connection.endpoint) refused this client's handshake \(times) (this client spoke plain text, and a kernel with CURVE on answers only CURVE clients: \(keys))"
+                case (.mechanismMismatch, false):
+                    return "\(connection.endpoint) refused this client's handshake \(times) (this client spoke CURVE, which a kernel with CURVE off does not: \(keys))"
+                case (_, false):
+                    // Dropped unsaid: a server key not its own, or a socket that is not a broker.
+                    return "\(connection.endpoint) refused this client's handshake \(times) (nothing there took this client's CURVE handshake: the server key is not that kernel's, or the endpoint is not a kernel's broker: \(keys))"
+                case (_, true):
+                    // A kernel's broker says why it refuses a plain-text client; this peer did not.
+                    return "\(connection.endpoint) ended this client's handshake \(times) unanswered (not a kernel's broker endpoint: another program, or a kernel's state endpoint)"
+                }
             }
             if !connection.everConnected { return "nothing accepted a connection at \(connection.endpoint) (is the kernel running there?)" }
+            if !connection.everHandshaken, connection.drops > 0, !connection.connected {
+                // Taken and ended again and again, never a ZeroMQ peer: another program listens there.
+                let taken = connection.drops == 1 ? "took a connection, and it" : "took \(connection.drops) connections, and each"
+                return "\(connection.endpoint) \(taken) ended without a ZeroMQ handshake (not a kernel's broker endpoint: another program listens there)"
+            }
             let drops = connection.drops == 0 ? "" : ", and the connection dropped \(connection.drops) time\(connection.drops == 1 ? "" : "s")"
             if connection.connected, !connection.handshaken {
                 // The system accepted the connection (a listening socket's backlog), and no
                 // ZeroMQ peer took it up.
                 return "\(connection.endpoint) accepted a connection, but nothing there answered its handshake\(drops) (a kernel stopped, or out of open files, or not a kernel)"
+            }
+            if connection.connected, connection.drops == 0 {
+                // A ZeroMQ peer took the handshake and answers nothing: a kernel too busy to,
+                // or a socket of another kind that takes a client's messages (a kernel's
+                // state snapshot endpoint does).
+                return "\(connection.endpoint) is connected, and nothing answered (a kernel too busy, or not a kernel's broker endpoint)"
             }
             return "\(connection.endpoint) is \(connection.connected ? "connected" : "not connected now")\(drops)"
         }.joined(separator: "; ")

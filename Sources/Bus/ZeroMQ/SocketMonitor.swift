@@ -39,6 +39,29 @@ public struct SocketEvent: Sendable, Hashable {
         self.value = value
         self.endpoint = message[1].string ?? ""
     }
+
+    /// Why a handshake failed, as far as the event tells (nil: it did not fail, or no detail).
+    public var handshakeProblem: HandshakeProblem? {
+        if event.contains(SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))) { return .keyRefused }
+        guard event.contains(SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL))) else { return nil }
+        switch Int(value) {
+        case Int(ZMQ_PROTOCOL_ERROR_ZMTP_INVALID_METADATA): return .socketTypeMismatch
+        case Int(ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH): return .mechanismMismatch
+        default: return .otherBreach
+        }
+    }
+}
+
+/// Why a peer and this socket did not complete a ZMTP handshake.
+public enum HandshakeProblem: Sendable, Hashable {
+    /// The peer's authenticator (ZAP) refused this socket's key.
+    case keyRefused
+    /// One side speaks CURVE and the other does not.
+    case mechanismMismatch
+    /// The peer's socket type does not go with this one's (a DEALER that reached a PUB, say).
+    case socketTypeMismatch
+    /// Another breach of the protocol.
+    case otherBreach
 }
 
 extension ZMQSocket {

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Foundation
 import ZeroMQ
 
 /// A socket call that failed: what it was for, and errno.
@@ -104,4 +105,34 @@ public final class SilentListener {
     public var endpoint: String { "tcp://127.0.0.1:\(port)" }
 
     deinit { close(fd) }
+}
+
+/// A socket listening on 127.0.0.1 that takes every connection and answers it as an HTTP
+/// server answers bytes it cannot read (a 400, then closed): another program on the port a
+/// ZeroMQ client was given. Stops listening when released.
+public final class ClosingListener: Sendable {
+    public let port: Int
+    private let fd: Int32
+
+    public init() throws {
+        port = freePort()
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard bindLoopback(fd, port: port), listen(fd, 16) == 0 else { throw SocketFailed(what: "listen on 127.0.0.1:\(port)", errno: errno) }
+        self.fd = fd
+        // Ends when the listening socket is shut down (accept fails).
+        Thread.detachNewThread {
+            let answer = Array("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".utf8)
+            while case let connection = accept(fd, nil, nil), connection >= 0 {
+                _ = write(connection, answer, answer.count)
+                close(connection)
+            }
+        }
+    }
+
+    public var endpoint: String { "tcp://127.0.0.1:\(port)" }
+
+    deinit {
+        shutdown(fd, Int32(SHUT_RDWR))
+        close(fd)
+    }
 }
