@@ -100,37 +100,44 @@ struct CurveTests {
         await secured.kernel.stop()
     }
 
-    @Test("a service whose handshake the kernel refuses (no keys, a key it does not allow) says so and why in its log, not as reconnections; it, and one with no kernel at all, stops without waiting for a drain nobody can acknowledge")
+    @Test("a service whose handshake the kernel refuses (no keys, a key it does not allow), or whose broker endpoint is another program's, says so and why in its log, not as reconnections; it, and one with no kernel at all, stops without waiting for a drain nobody can acknowledge")
     func refusedServiceSaysWhy() async throws {
         let secured = try await SecuredBus.start()
         let watcher = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.client)
         let stranger = try secured.keys(try CurveKeyPair.generate().secretKey)
         let nobody = "tcp://127.0.0.1:\(freePort())"
-        for (broker, keys, said) in [(secured.kernel.endpoints.broker, stranger, "this service speaks CURVE"),
-                                     (secured.kernel.endpoints.broker, nil, "this service has CURVE off"),
-                                     (nobody, nil, nil)] {
+        let otherProgram = try ClosingListener()
+        let refusals: @Sendable () async throws -> Int = { Int(try await secured.stats(watcher)["security"]?["refusedConnections"]?.intValue ?? 0) }
+        let refused = "the kernel refused this service's handshake", notBroker = "the broker endpoint ends each connection before a ZeroMQ handshake"
+        // Each: where it connects, with which keys, what its log says and why, and a count of
+        // its tries (to see them said once, not as a reconnection each time).
+        let cases: [(String, CurveClientKeys?, (said: String, why: String)?, (@Sendable () async throws -> Int)?)] = [
+            (secured.kernel.endpoints.broker, stranger, (refused, "this service speaks CURVE"), refusals),
+            (secured.kernel.endpoints.broker, nil, (refused, "this service has CURVE off"), nil),
+            (nobody, nil, nil, nil),
+            (otherProgram.endpoint, nil, (notBroker, "not a kernel's broker endpoint: another program"), { otherProgram.connections }),
+        ]
+        for (broker, keys, said, tries) in cases {
             let log = LogLines()
             let options = ServiceHost<EchoService>.Options(brokers: [broker], connections: 1, heartbeatInterval: .milliseconds(200),
                                                            heartbeatLiveness: 3, drainTimeout: .seconds(120), curve: keys)
             let host = try ServiceHost(service: EchoService(instance: "refused"), options: options, logger: log.logger("refused"))
             try await host.start()
             if let said {
-                try await log.waitFor("the kernel refused this service's handshake", within: 20, "the refusal in the log")
-                #expect(log.text.contains(said), "\(log.text)")
+                try await log.waitFor(said.said, within: 20, "the refusal in the log")
+                #expect(log.text.contains(said.why), "\(log.text)")
             }
-            if keys != nil {
-                // Refused again and again: said once, and not as a reconnection each time.
-                let refused = try await secured.stats(watcher)["security"]?["refusedConnections"]?.intValue ?? 0
-                try await eventually(20, "more refusals") {
-                    (try await secured.stats(watcher)["security"]?["refusedConnections"]?.intValue ?? 0) >= refused + 3
-                }
-                #expect(log.lines.value.filter { $0.contains("refused this service's handshake") }.count == 1, "\(log.text)")
+            if let said, let tries {
+                // Tried again and again: said once, and not as a reconnection each time.
+                let before = try await tries()
+                try await eventually(20, "more tries") { try await tries() >= before + 3 }
+                #expect(log.lines.value.filter { $0.contains(said.said) }.count == 1, "\(log.text)")
                 #expect(!log.text.contains("registering again"), "\(log.text)")
             }
             // Nothing heard from a kernel: nothing to wait for, not the drain's two minutes.
             let stopping = ContinuousClock.now
             await host.stop()
-            #expect(ContinuousClock.now - stopping < .seconds(60), "\(broker) \(said ?? "")")
+            #expect(ContinuousClock.now - stopping < .seconds(60), "\(broker) \(said?.why ?? "")")
             #expect(!log.text.contains("drain timed out"), "\(log.text)")
         }
         await watcher.close()

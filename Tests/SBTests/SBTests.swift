@@ -148,14 +148,14 @@ struct SBTests {
         // Another program on the port (an HTTP server, say): each connection ends unanswered.
         let other = try ClosingListener()
         let notKernel = try await bus.sb("ping", "--endpoint", other.endpoint, "--timeout", "500ms")
-        #expect(notKernel.status == 69 && notKernel.stderr.contains("(not a kernel's broker endpoint: another program"), "\(notKernel)")
+        #expect(notKernel.status == 69 && notKernel.stderr.contains("not a kernel's broker"), "\(notKernel)")
         withExtendedLifetime(other) {}
         // A kernel's state endpoints given as its broker: the publisher refuses this socket's
         // kind, the snapshot takes it and answers nothing; either is said not to be a broker.
         let endpoints = bus.base.kernel.endpoints
         for endpoint in [endpoints.publisher, endpoints.snapshot] {
             let stateAsBroker = try await bus.sb("ping", "--endpoint", endpoint, "--timeout", "500ms", environment: ["SB_STATE_ENDPOINT": ""])
-            #expect(stateAsBroker.status == 69 && stateAsBroker.stderr.contains("not a kernel's broker endpoint"), "\(stateAsBroker)")
+            #expect(stateAsBroker.status == 69 && stateAsBroker.stderr.contains("not a kernel's broker"), "\(stateAsBroker)")
         }
         // Keys left from a bus with CURVE on, used against this one (CURVE off): the refusal says which.
         let keys = try temporaryDirectory("sb-keys")

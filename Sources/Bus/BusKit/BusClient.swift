@@ -818,12 +818,12 @@ actor ClientCore {
                     return "\(connection.endpoint) refused this client's handshake \(times) (this client spoke plain text, and a kernel with CURVE on answers only CURVE clients: \(keys))"
                 case (.mechanismMismatch, false):
                     return "\(connection.endpoint) refused this client's handshake \(times) (this client spoke CURVE, which a kernel with CURVE off does not: \(keys))"
+                // Ended unsaid, as a kernel's refusal often is too (its reason comes after the
+                // connection is gone): every cause that fits.
                 case (_, false):
-                    // Dropped unsaid: a server key not its own, or a socket that is not a broker.
-                    return "\(connection.endpoint) refused this client's handshake \(times) (nothing there took this client's CURVE handshake: the server key is not that kernel's, or the endpoint is not a kernel's broker: \(keys))"
+                    return "\(connection.endpoint) refused this client's handshake \(times) (nothing there took it: this client spoke CURVE, which a kernel with CURVE off does not; or the server key is not that kernel's; or the endpoint is not a kernel's broker: \(keys))"
                 case (_, true):
-                    // A kernel's broker says why it refuses a plain-text client; this peer did not.
-                    return "\(connection.endpoint) ended this client's handshake \(times) unanswered (not a kernel's broker endpoint: another program, or a kernel's state endpoint)"
+                    return "\(connection.endpoint) ended this client's handshake \(times) unsaid (this client spoke plain text, and a kernel with CURVE on answers only CURVE clients; or the endpoint is not a kernel's broker: another program, or a kernel's state endpoint: \(keys))"
                 }
             }
             if !connection.everConnected { return "nothing accepted a connection at \(connection.endpoint) (is the kernel running there?)" }

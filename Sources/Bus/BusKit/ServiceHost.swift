@@ -228,12 +228,20 @@ actor WorkerConnection {
     /// the kernel does not allow), and when the log last said so.
     private var refusedHandshakes = 0
     private var refusalLogged: ContinuousClock.Instant?
+    /// Connections the endpoint took and ended before any handshake since one last
+    /// succeeded: what listens there is no broker (another program, a kernel's state
+    /// endpoint), or a kernel that refuses this service and whose reason did not arrive (it
+    /// often does not: CURVE on one side only, a server key not the kernel's). Said once a few
+    /// have ended so with no refusal said, and never as a kernel come back.
+    private var endedBeforeHandshake = 0
+    private var unsaidEndsLogged: ContinuousClock.Instant?
+    private static let endedBeforeHandshakeSaid = 3
     /// No kernel is there for this socket, as far as the socket has seen: it has not got
     /// through a handshake, and its attempts failed (nothing listens at the endpoint, or the
-    /// kernel refuses this service). No request can have come then, and no kernel will
+    /// kernel refuses this service, or another program listens there). No request can have come then, and no kernel will
     /// acknowledge a drain: stopping does not wait for one. Only such evidence counts, as the
     /// monitor's events may come after the first messages do.
-    private var kernelUnreachable: Bool { !handshaken && (connectFailed || refusedHandshakes > 0) }
+    private var kernelUnreachable: Bool { !handshaken && (connectFailed || refusedHandshakes > 0 || endedBeforeHandshake > 0) }
     /// The TCP connection to the kernel while there is one: bytes arriving on it say the
     /// kernel is there while its heartbeats wait behind a large request still on its way.
     private var kernelConnection: TCPConnection?
@@ -538,9 +546,12 @@ actor WorkerConnection {
     private func connectionEvent(_ message: Message, generation: Int) {
         guard generation == self.generation, let event = SocketEvent(message) else { return }
         if !event.event.isDisjoint(with: .handshakeRefused) { handshakeRefused() }
-        if event.event.contains(.handshakeSucceeded) { (handshaken, refusedHandshakes) = (true, 0) }
+        if event.event.contains(.handshakeSucceeded) { (handshaken, refusedHandshakes, endedBeforeHandshake) = (true, 0, 0) }
         if event.event.contains(.connectRetried) { connectFailed = true }
-        if event.event.contains(.disconnected) { kernelConnection = nil }
+        if event.event.contains(.disconnected) {
+            kernelConnection = nil
+            if !handshaken { endedBeforeHandshake += 1 }
+        }
         if let connection = TCPConnection(event) { kernelConnection = connection }
         // Draining, the kernel gone or found not there: no word will come.
         if state == .draining, event.event.contains(.disconnected) || kernelUnreachable {
@@ -552,12 +563,7 @@ actor WorkerConnection {
         if event.event.contains(.disconnected) {
             lostConnection = true
         } else if event.event.contains(.connected), lostConnection {
-            // While the kernel refuses the handshake, each try reconnects: the refusal is what
-            // the log says, once a minute.
-            if refusedHandshakes == 0 {
-                logger.info("reconnected to the kernel; registering again", metadata: ["connection": "\(index)", "broker": "\(broker)"])
-            }
-            reregister()
+            reregister(saying: "reconnected to the kernel; registering again")
         }
     }
 
@@ -567,14 +573,33 @@ actor WorkerConnection {
     /// kernel does not allow, would otherwise look like a kernel that is not there.
     private func handshakeRefused() {
         refusedHandshakes += 1
-        let now = ContinuousClock.now
-        if let last = refusalLogged, now - last < .seconds(60) { return }
-        refusalLogged = now
+        guard Self.dueAgain(&refusalLogged) else { return }
         let why = options.curve == nil
             ? "this service has CURVE off, and a kernel with CURVE on answers only workers with keys it allows (security.curve: true, or SWITCHBOARD_SECURITY_CURVE=true, with the kernel's key folder as security.keys_dir)"
             : "this service speaks CURVE: the kernel must have CURVE on and allow this service's key (its security.worker_keys or key folder), and security.server_key here must be the kernel's"
         logger.warning("the kernel refused this service's handshake; trying again", metadata: [
             "connection": "\(index)", "broker": "\(broker)", "refused": "\(refusedHandshakes)", "why": "\(why)",
+        ])
+    }
+
+    /// Whether a warning last said at `last` is said again now (at most once a minute); if
+    /// so, now is when.
+    private static func dueAgain(_ last: inout ContinuousClock.Instant?) -> Bool {
+        let now = ContinuousClock.now
+        if let said = last, now - said < .seconds(60) { return false }
+        last = now
+        return true
+    }
+
+    /// What listens at the broker endpoint ends each connection before a handshake, unsaid.
+    /// Said then and once a minute, apart from refusals: one that says why is logged too.
+    private func endedUnsaid() {
+        guard Self.dueAgain(&unsaidEndsLogged) else { return }
+        let why = options.curve == nil
+            ? "a kernel with CURVE on ends a plain-text service's handshake so (security.curve: true, with the kernel's key folder as security.keys_dir); anything else there is not a kernel's broker endpoint: another program, or a kernel's state endpoint (kernel.broker names the broker)"
+            : "a kernel with CURVE off, or one whose key is not security.server_key, ends a CURVE handshake so; anything else there is not a kernel's broker endpoint: another program, or a kernel's state endpoint (kernel.broker names the broker)"
+        logger.warning("the broker endpoint ends each connection before a ZeroMQ handshake, unsaid; trying again", metadata: [
+            "connection": "\(index)", "broker": "\(broker)", "ended": "\(endedBeforeHandshake)", "why": "\(why)",
         ])
     }
 
@@ -596,14 +621,23 @@ actor WorkerConnection {
             return
         }
         if liveness <= 0 {
-            // Silent because it refuses the handshake: the refusal is what the log says.
-            if refusedHandshakes == 0 {
-                logger.info("the kernel is silent; registering again", metadata: ["connection": "\(index)", "broker": "\(broker)"])
-            }
-            reregister()
+            reregister(saying: "the kernel is silent; registering again")
             return
         }
         registration?.send(MDP.encode(.heartbeat(errors: errors > 0 ? errors : nil), version: version))
+    }
+
+    /// Registers again on a new socket, the log saying why (`lost`: the kernel was lost).
+    /// While the kernel refuses the handshake, or what listens at the endpoint ends each
+    /// connection before one, every try registers again: that is what the log says instead,
+    /// once a minute.
+    private func reregister(saying lost: Logger.Message) {
+        if refusedHandshakes == 0, endedBeforeHandshake >= Self.endedBeforeHandshakeSaid {
+            endedUnsaid()
+        } else if refusedHandshakes == 0, endedBeforeHandshake == 0 {
+            logger.info(lost, metadata: ["connection": "\(index)", "broker": "\(broker)"])
+        }
+        reregister()
     }
 
     private func reregister() {

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Foundation
+import Synchronization
 import ZeroMQ
 
 /// A socket call that failed: what it was for, and errno.
@@ -113,6 +114,13 @@ public final class SilentListener {
 public final class ClosingListener: Sendable {
     public let port: Int
     private let fd: Int32
+    private let taken = Taken()
+
+    /// The connections taken (and ended) so far.
+    public var connections: Int { taken.count.load(ordering: .relaxed) }
+
+    /// The count, shared with the accepting thread (which must not hold the listener).
+    private final class Taken: Sendable { let count = Atomic<Int>(0) }
 
     public init() throws {
         port = freePort()
@@ -120,11 +128,17 @@ public final class ClosingListener: Sendable {
         guard bindLoopback(fd, port: port), listen(fd, 16) == 0 else { throw SocketFailed(what: "listen on 127.0.0.1:\(port)", errno: errno) }
         self.fd = fd
         // Ends when the listening socket is shut down (accept fails).
-        Thread.detachNewThread {
+        Thread.detachNewThread { [taken] in
             let answer = Array("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".utf8)
-            while case let connection = accept(fd, nil, nil), connection >= 0 {
+            while true {
+                let connection = accept(fd, nil, nil)
+                guard connection >= 0 else {
+                    if errno == EINTR || errno == ECONNABORTED { continue }
+                    return
+                }
                 _ = write(connection, answer, answer.count)
                 close(connection)
+                taken.count.add(1, ordering: .relaxed)
             }
         }
     }
