@@ -237,10 +237,10 @@ actor WorkerConnection {
     private var unsaidEndsLogged: ContinuousClock.Instant?
     private static let endedBeforeHandshakeSaid = 3
     /// No kernel is there for this socket, as far as the socket has seen: it has not got
-    /// through a handshake, and its attempts failed (nothing listens at the endpoint, or the
-    /// kernel refuses this service, or another program listens there). No request can have come then, and no kernel will
-    /// acknowledge a drain: stopping does not wait for one. Only such evidence counts, as the
-    /// monitor's events may come after the first messages do.
+    /// through a handshake, and its attempts failed (nothing listens at the endpoint, the
+    /// kernel refuses this service, or another program listens there). No request can have
+    /// come then, and no kernel will acknowledge a drain: stopping does not wait for one. Only
+    /// such evidence counts, as the monitor's events may come after the first messages do.
     private var kernelUnreachable: Bool { !handshaken && (connectFailed || refusedHandshakes > 0 || endedBeforeHandshake > 0) }
     /// The TCP connection to the kernel while there is one: bytes arriving on it say the
     /// kernel is there while its heartbeats wait behind a large request still on its way.
