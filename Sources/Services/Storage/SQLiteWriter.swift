@@ -168,7 +168,8 @@ package actor SQLiteWriter {
     /// Opens the file: WAL mode, `synchronous = FULL` (a commit is on disk before it returns,
     /// which is what lets a service acknowledge a write only once it is durable), a busy
     /// timeout so several processes can share one file, at most `maxSizeBytes` (beyond it
-    /// writes fail with "full", as on a full disk), and the schema migrations.
+    /// writes fail with "full", as on a full disk), the write-ahead log cut back to
+    /// ``writeAheadLogLimit`` after each checkpoint, and the schema migrations.
     ///
     /// Processes that share the file open it one at a time, under an exclusive `flock` of the
     /// file `PATH.opening` beside it: a kernel pair's two services start together on a new
@@ -203,12 +204,21 @@ package actor SQLiteWriter {
         let maxPages = maxSizeBytes.map { max(1, $0 / 4096) }
         config.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = FULL")
+            try db.execute(sql: "PRAGMA journal_size_limit = \(writeAheadLogLimit)")
             if let maxPages { try db.execute(sql: "PRAGMA max_page_count = \(maxPages)") }
         }
         let pool = try DatabasePool(path: url.path, configuration: config)
         try migrator.migrate(pool)
         return pool
     }
+
+    /// The size the write-ahead log (the -wal file) is cut back to once a checkpoint has
+    /// copied it into the database. SQLite otherwise keeps the file as large as it ever grew
+    /// and writes over it from the start: one large transaction (a big purge, a burst of
+    /// large messages) would hold that much disk for good, outside `maxSizeBytes`. Twice
+    /// SQLite's automatic checkpoint (1000 pages), so a file in steady use is not cut and
+    /// grown again at every checkpoint.
+    package static let writeAheadLogLimit = 8 * 1024 * 1024
 
     /// Makes the folder of the database at `path` (0700) when it is missing.
     package static func makeFolder(for path: String) throws(StorageFailure) {
