@@ -1157,7 +1157,9 @@ struct StreamVerbTests {
             result = try await sb("stream", "fetch", "orders", "billing", "--batch", "10", "--ack")
             #expect(result.stdout == "1 orders.new (delivery 1) {\"id\":7}\n2 orders.note (delivery 1) \"plain words\"\n", "\(result)")
             result = try await sb("stream", "info", "orders")
-            #expect(result.status == 0 && result.stdout.contains("billing") && result.stdout.contains("kept 86400 s"), "\(result)")
+            // Spans of time as the flags took them; each consumer's settings.
+            #expect(result.status == 0 && result.stdout.contains(", kept 1d, ") && result.stdout.contains("  duplicate window 90s, "), "\(result)")
+            #expect(result.stdout.contains("  consumer billing: every subject, ack wait 1m, dead-lettered after 5 deliveries\n"), "\(result)")
             let row = result.stdout.split(separator: "\n").first { $0.hasPrefix("billing") }.map { $0.split(separator: " ", omittingEmptySubsequences: true) }
             #expect(row?[6] == "2", "acknowledged: \(result.stdout)")
             result = try await sb("stream", "ls", "--json")

@@ -117,4 +117,16 @@ enum Output {
     static func number(_ value: Double) -> String {
         value == value.rounded() && abs(value) < 1e15 ? "\(Int(value))" : "\(value)"
     }
+
+    /// A span of time in seconds as sb's flags take it (`ConnectionOptions.seconds`), in the
+    /// largest unit that keeps it whole: `7d`, `12h`, `2m`, `30s`, `500ms`; else `1.5s`.
+    static func span(_ seconds: Double) -> String {
+        let units: [(suffix: String, seconds: Double)] = [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1), ("ms", 0.001)]
+        for unit in units where seconds != 0 && abs(seconds) >= unit.seconds {
+            let count = seconds / unit.seconds
+            // Whole but for the last bits of a unit that has no exact binary form (0.001).
+            if abs(count - count.rounded()) < 1e-9 * abs(count) { return number(count.rounded()) + unit.suffix }
+        }
+        return number(seconds) + "s"
+    }
 }

@@ -70,19 +70,31 @@ struct StreamInfo: AsyncParsableCommand {
             // Empty, the first sequence is the next one's (after a purge: past the last).
             let sequences = info.messages == 0 ? "next sequence \(info.firstSequence)" : "sequences \(info.firstSequence)-\(info.lastSequence)"
             Output.line("  messages \(info.messages) of \(info.maxMessages), bytes \(info.bytes) of \(info.maxBytes)"
-                        + (info.maxAge.map { ", kept \(Output.number($0)) s" } ?? "") + ", \(sequences)")
-            Output.line("  duplicate window \(Output.number(info.duplicateWindow)) s" + (info.deadLetters.map { ", dead letters in \($0)" } ?? ""))
+                        + (info.maxAge.map { ", kept \(Output.span($0))" } ?? "") + ", \(sequences)")
+            Output.line("  duplicate window \(Output.span(info.duplicateWindow))" + (info.deadLetters.map { ", dead letters in \($0)" } ?? ""))
             if info.captureState == true {
                 Output.line("  captures the state under its subjects: changes to sequence \(info.capturedSequence ?? 0) kept"
                             + (info.captureGaps.map { $0 > 0 ? ", \($0) gaps" : "" } ?? ""))
             }
-            if let key = info.addedBy { Output.line("  added by key " + (connection.keyFolder.name(of: key).map { "\($0) (\(key))" } ?? key)) }
+            if let key = info.addedBy { Output.line("  added by " + keyName(key)) }
+            // Each consumer's settings: what `sb stream consumer` was given, which a second
+            // add must repeat.
+            for consumer in consumers {
+                Output.line("  consumer \(consumer.name): " + (consumer.filter.map { "subjects \($0)" } ?? "every subject")
+                            + ", ack wait \(Output.span(consumer.ackWait)), dead-lettered after \(consumer.maxDeliver) deliveries"
+                            + (consumer.addedBy.map { ", added by " + keyName($0) } ?? ""))
+            }
             guard !consumers.isEmpty else { return }
-            Output.table(["CONSUMER", "NEXT", "WAITING", "PENDING", "DELIVERED", "REDELIVERED", "ACKED", "DEAD", "MISSED"], consumers.map { consumer in
+            Output.table(["CONSUMER", "NEXT", "WAITING", "PENDING", "DELIVERED", "REDELIVERED", "ACKED", "TERMINATED", "DEAD", "MISSED"], consumers.map { consumer in
                 [consumer.name, String(consumer.nextSequence), String(consumer.waiting), String(consumer.pending), String(consumer.delivered),
-                 String(consumer.redelivered), String(consumer.acknowledged), String(consumer.deadLettered), String(consumer.missed)]
+                 String(consumer.redelivered), String(consumer.acknowledged), String(consumer.terminated), String(consumer.deadLettered), String(consumer.missed)]
             })
         }
+    }
+
+    /// A CURVE public key, with its name when the key folder holds it.
+    private func keyName(_ key: String) -> String {
+        "key " + (connection.keyFolder.name(of: key).map { "\($0) (\(key))" } ?? key)
     }
 }
 
