@@ -112,7 +112,7 @@ struct CurveTests {
         // Each: where it connects, with which keys, what its log says and why, and a count of
         // its tries (to see them said once, not as a reconnection each time).
         let cases: [(String, CurveClientKeys?, (said: String, why: String)?, (@Sendable () async throws -> Int)?)] = [
-            (secured.kernel.endpoints.broker, stranger, (refused, "this service speaks CURVE"), refusals),
+            (secured.kernel.endpoints.broker, stranger, (refused, "the kernel does not allow this service's key"), refusals),
             (secured.kernel.endpoints.broker, nil, (refused, "this service has CURVE off"), nil),
             (nobody, nil, nil, nil),
             (otherProgram.endpoint, nil, (notBroker, "not a kernel's broker endpoint: another program"), { otherProgram.connections }),

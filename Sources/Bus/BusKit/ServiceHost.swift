@@ -545,7 +545,7 @@ actor WorkerConnection {
 
     private func connectionEvent(_ message: Message, generation: Int) {
         guard generation == self.generation, let event = SocketEvent(message) else { return }
-        if !event.event.isDisjoint(with: .handshakeRefused) { handshakeRefused() }
+        if !event.event.isDisjoint(with: .handshakeRefused) { handshakeRefused(event.handshakeProblem) }
         if event.event.contains(.handshakeSucceeded) { (handshaken, refusedHandshakes, endedBeforeHandshake) = (true, 0, 0) }
         if event.event.contains(.connectRetried) { connectFailed = true }
         if event.event.contains(.disconnected) {
@@ -568,15 +568,21 @@ actor WorkerConnection {
     }
 
     /// The kernel refused this connection's handshake; libzmq tries again. Said at the first
-    /// refusal and then once a minute while they go on, with what to look at: a service
-    /// without keys meeting a kernel with CURVE on, or the other way round, or a key the
-    /// kernel does not allow, would otherwise look like a kernel that is not there.
-    private func handshakeRefused() {
+    /// refusal and then once a minute while they go on, with what to look at, as far as the
+    /// event tells: a service without keys meeting a kernel with CURVE on, or the other way
+    /// round, or a key the kernel does not allow, would otherwise look like a kernel that is
+    /// not there.
+    private func handshakeRefused(_ problem: HandshakeProblem?) {
         refusedHandshakes += 1
         guard Self.dueAgain(&refusalLogged) else { return }
-        let why = options.curve == nil
-            ? "this service has CURVE off, and a kernel with CURVE on answers only workers with keys it allows (security.curve: true, or SWITCHBOARD_SECURITY_CURVE=true, with the kernel's key folder as security.keys_dir)"
-            : "this service speaks CURVE: the kernel must have CURVE on and allow this service's key (its security.worker_keys or key folder), and security.server_key here must be the kernel's"
+        let why = switch (problem, options.curve == nil) {
+        case (.keyRefused, _):
+            "the kernel does not allow this service's key: add its public key to the kernel's security.worker_keys or key folder"
+        case (_, true):
+            "this service has CURVE off, and a kernel with CURVE on answers only workers with keys it allows (security.curve: true, or SWITCHBOARD_SECURITY_CURVE=true, with the kernel's key folder as security.keys_dir)"
+        case (_, false):
+            "this service speaks CURVE: the kernel must have CURVE on and allow this service's key (its security.worker_keys or key folder), and security.server_key here must be the kernel's"
+        }
         logger.warning("the kernel refused this service's handshake; trying again", metadata: [
             "connection": "\(index)", "broker": "\(broker)", "refused": "\(refusedHandshakes)", "why": "\(why)",
         ])

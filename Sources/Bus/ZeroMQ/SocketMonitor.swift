@@ -45,7 +45,6 @@ public struct SocketEvent: Sendable, Hashable {
         if event.contains(SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))) { return .keyRefused }
         guard event.contains(SocketEvents(rawValue: UInt16(ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL))) else { return nil }
         switch Int(value) {
-        case Int(ZMQ_PROTOCOL_ERROR_ZMTP_INVALID_METADATA): return .socketTypeMismatch
         case Int(ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH): return .mechanismMismatch
         default: return .otherBreach
         }
@@ -58,9 +57,9 @@ public enum HandshakeProblem: Sendable, Hashable {
     case keyRefused
     /// One side speaks CURVE and the other does not.
     case mechanismMismatch
-    /// The peer's socket type does not go with this one's (a DEALER that reached a PUB, say).
-    case socketTypeMismatch
-    /// Another breach of the protocol.
+    /// Another breach of the protocol. A peer of a kind that does not go with this socket's
+    /// (a DEALER that reached a PUB) is one: the side that reads the other's kind first ends
+    /// the connection, so the other sees only a connection ended before its handshake.
     case otherBreach
 }
 
