@@ -585,13 +585,18 @@ struct StreamsTests {
     func refusals() async throws {
         try await StreamsBus.with { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing", ackWait: 1))
             let cases: [(JSONRPCError?, Int, String)] = [
                 (await bus.failure(API.streamAdd, .init(name: "bad name", subjects: ["x."])), JSONRPCError.invalidParamsCode, "letters, digits"),
                 (await bus.failure(API.streamAdd, .init(name: "a.b", subjects: ["x."])), JSONRPCError.invalidParamsCode, "letters, digits"),
                 (await bus.failure(API.streamAdd, .init(name: "x", subjects: [])), JSONRPCError.invalidParamsCode, "1 to 32"),
                 (await bus.failure(API.streamAdd, .init(name: "x", subjects: ["a.", "a.b"])), JSONRPCError.invalidParamsCode, "overlap"),
                 (await bus.failure(API.streamAdd, .init(name: "x", subjects: ["orders.new"])), JSONRPCError.conflictCode, "stream orders holds"),
-                (await bus.failure(API.streamAdd, .init(name: "orders", subjects: ["orders."], maxMessages: 5)), JSONRPCError.conflictCode, "other settings"),
+                (await bus.failure(API.streamAdd, .init(name: "orders", subjects: ["orders."], maxMessages: 5)), JSONRPCError.conflictCode, "other settings (maxMessages is "),
+                (await bus.failure(API.streamAdd, .init(name: "orders", subjects: ["orders."], maxMessages: 5)), JSONRPCError.conflictCode, ", asked 5)"),
+                // Each setting that differs, named.
+                (await bus.failure(API.consumerAdd, .init(stream: "orders", name: "billing", filter: "orders.eu", ackWait: 10)), JSONRPCError.conflictCode,
+                 "consumer billing with other settings (ackWait is 1, asked 10; filter is none, asked orders.eu)"),
                 (await bus.failure(API.streamInfo, .init(name: "nothing")), JSONRPCError.notFoundCode, "no stream nothing"),
                 (await bus.failure(API.publish, .init(subject: "nowhere.x", data: 1)), JSONRPCError.notFoundCode, "no stream holds subject nowhere.x"),
                 (await bus.failure(API.publish, .init(subject: "has space", data: 1)), JSONRPCError.invalidParamsCode, "without spaces"),
