@@ -99,8 +99,7 @@ public final class SilentListener {
 
     public init() throws {
         port = freePort()
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard bindLoopback(fd, port: port), listen(fd, 16) == 0 else { throw SocketFailed(what: "listen on 127.0.0.1:\(port)", errno: errno) }
+        fd = try listeningOnLoopback(port: port)
     }
 
     public var endpoint: String { "tcp://127.0.0.1:\(port)" }
@@ -124,8 +123,7 @@ public final class ClosingListener: Sendable {
 
     public init() throws {
         port = freePort()
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard bindLoopback(fd, port: port), listen(fd, 16) == 0 else { throw SocketFailed(what: "listen on 127.0.0.1:\(port)", errno: errno) }
+        let fd = try listeningOnLoopback(port: port)
         self.fd = fd
         // Ends when the listening socket is shut down (accept fails).
         Thread.detachNewThread { [taken] in
@@ -149,4 +147,16 @@ public final class ClosingListener: Sendable {
         shutdown(fd, Int32(SHUT_RDWR))
         close(fd)
     }
+}
+
+/// A TCP socket listening on 127.0.0.1:`port`; closed again when it cannot listen there.
+private func listeningOnLoopback(port: Int) throws -> Int32 {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw SocketFailed(what: "make a socket to listen on 127.0.0.1:\(port)", errno: errno) }
+    guard bindLoopback(fd, port: port), listen(fd, 16) == 0 else {
+        let code = errno
+        close(fd)
+        throw SocketFailed(what: "listen on 127.0.0.1:\(port)", errno: code)
+    }
+    return fd
 }
