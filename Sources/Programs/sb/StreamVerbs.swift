@@ -272,7 +272,7 @@ struct StreamConsumer: AsyncParsableCommand {
 struct StreamConsumerAdd: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "add",
-        abstract: "Create a durable consumer of a stream (its readers share its messages), or show it when it exists.",
+        abstract: "Create a durable consumer of a stream (its readers share its messages); given again with the same settings, show it.",
         discussion: "Example:\n  sb stream consumer orders billing --ack-wait 10 --max-deliver 3"
     )
 
