@@ -209,7 +209,7 @@ struct SBTests {
                                "snapshots.list"],
             FetcherAPI.service: ["datasets.list", "datasets.get", "datasets.refresh"],
             EchoAPI.service: ["echo", "sleep", "fail", "whoami", "count", "numbers"],
-            StreamsAPI.service: ["stream.add", "stream.info", "stream.list", "stream.metrics", "stream.messages", "stream.delete", "stream.purge", "stream.publish", "consumer.add",
+            StreamsAPI.service: ["stream.add", "stream.update", "stream.info", "stream.list", "stream.metrics", "stream.messages", "stream.delete", "stream.purge", "stream.publish", "consumer.add",
                                  "consumer.info", "consumer.delete", "consumer.fetch", "consumer.next", "consumer.ack", "consumer.nak", "consumer.progress",
                                  "consumer.term"],
         ]

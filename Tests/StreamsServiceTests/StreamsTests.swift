@@ -3,6 +3,7 @@ import BusProtocol
 import Contracts
 import Foundation
 import Kernel
+import Logging
 import Storage
 @testable import StreamsService
 import Synchronization
@@ -54,7 +55,7 @@ struct StreamsBus {
     }
 
     static func start(folder: URL? = nil, kernel: TestKernel? = nil, keys: Keys? = nil, time: TestTime = TestTime(), backend: Backend = .sqlite,
-                      postgres: TestPostgres? = nil, connections: Int = 2, window: Int = 16,
+                      postgres: TestPostgres? = nil, connections: Int = 2, window: Int = 16, logger: Logger? = nil,
                       _ configure: (inout StreamsConfiguration) -> Void = { _ in }) async throws -> StreamsBus {
         let kernel = if let kernel { kernel } else { try await TestKernel.start(fixedPorts: true, fastHeartbeats) }
         let folder = try folder ?? temporaryDirectory("streams")
@@ -64,7 +65,7 @@ struct StreamsBus {
                                                  postgres: server.map { PostgresSettings(url: $0.url(), poolSize: 4, tls: .disable) })
         configure(&configuration)
         let serviceClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), curve: keys?.service, state: [kernel.stateEndpoints])
-        let service = StreamsService(configuration: configuration, client: serviceClient, now: { time.now })
+        let service = StreamsService(configuration: configuration, logger: logger, client: serviceClient, now: { time.now })
         let working = Working(service)
         await working.start()
         await service.waitUntilReady()
@@ -414,6 +415,43 @@ struct StreamsTests {
         }
     }
 
+    @Test("stream.update changes the limits given, and the dead-letter stream's with them; lowered, the oldest past them go at once and a consumer behind counts them; a dead-letter stream's own, or no limit given, is refused", arguments: Backend.available)
+    func update(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "ticks", subjects: ["tick"], maxAge: 600))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "ticks", name: "slow"))
+            for number in 1...10 { try await bus.publish("tick", .int(Int64(number))) }
+            // 1 and 2 done, 3 pending, the rest not handed out yet.
+            _ = try await bus.fetch("ticks", "slow", batch: 3)
+            _ = try await bus.ack("ticks", "slow", [1, 2])
+            var info = try await bus.client.call(API.streamUpdate, .init(name: "ticks", maxMessages: 4))
+            #expect(info.maxMessages == 4 && info.messages == 4 && info.firstSequence == 7 && info.maxAge == 600, "the others stay: \(info)")
+            let next = try await bus.fetch("ticks", "slow", batch: 10)
+            #expect(next.missed == 4 && next.messages.map(\.sequence) == [7, 8, 9, 10], "3 (pending) to 6 missed: \(next)")
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "ticks.dead")).maxMessages == 4)
+            // Bytes: the data of 7, 8, 9 and 10 is 1, 1, 1 and 2 bytes of JSON; 3 bytes hold the last two.
+            info = try await bus.client.call(API.streamUpdate, .init(name: "ticks", maxBytes: 3))
+            #expect(info.messages == 2 && info.bytes == 3 && info.firstSequence == 9 && info.maxMessages == 4, "\(info)")
+            // Age, and the duplicate window (the dead letters keep none).
+            bus.time.advance(100)
+            info = try await bus.client.call(API.streamUpdate, .init(name: "ticks", maxAge: 50, duplicateWindow: 0))
+            #expect(info.messages == 0 && info.firstSequence == 11 && info.maxAge == 50 && info.duplicateWindow == 0 && info.maxBytes == 3, "\(info)")
+            let letters = try await bus.client.call(API.streamInfo, .init(name: "ticks.dead"))
+            #expect(letters.maxAge == 50 && letters.maxBytes == 3 && letters.duplicateWindow == 0, "\(letters)")
+            #expect(try await bus.publish("tick", 11).sequence == 11, "the sequence goes on")
+            let cases: [(JSONRPCError?, Int, String)] = [
+                (await bus.failure(API.streamUpdate, .init(name: "ticks")), JSONRPCError.invalidParamsCode, "give at least one limit"),
+                (await bus.failure(API.streamUpdate, .init(name: "ticks.dead", maxAge: 5)), JSONRPCError.invalidParamsCode, "stream ticks's dead-letter stream"),
+                (await bus.failure(API.streamUpdate, .init(name: "nothing", maxAge: 5)), JSONRPCError.notFoundCode, "no stream nothing"),
+                (await bus.failure(API.streamUpdate, .init(name: "ticks", maxMessages: 0)), JSONRPCError.invalidParamsCode, "maxMessages"),
+            ]
+            for (error, code, words) in cases {
+                #expect(error?.code == code && error?.message.contains(words) == true, "\(String(describing: error)): expected \(code) saying \(words)")
+            }
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "ticks")).maxAge == 50, "nothing changed")
+        }
+    }
+
     @Test("a work-queue stream: a message acknowledged or terminated is deleted; one consumer only", arguments: Backend.available)
     func workQueue(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
@@ -753,6 +791,28 @@ struct StreamsStateCaptureTests {
         await state.close()
     }
 
+    @Test("a stream streams.capture names, its limits changed (stream.update), keeps them when the service starts again, which logs no error over it")
+    func configuredCaptureKeepsChangedLimits() async throws {
+        // Added as the configuration adds it (with the defaults, by nobody's key), then changed.
+        let first = try await StreamsBus.start()
+        _ = try await first.client.call(API.streamAdd, .init(name: "levels", subjects: ["/client/levels/"], captureState: true))
+        #expect(try await first.client.call(API.streamUpdate, .init(name: "levels", maxAge: 3_600)).maxAge == 3_600)
+        await first.stop(keepKernel: true)
+        let log = LogLines()
+        let bus = try await StreamsBus.start(folder: first.folder, kernel: first.kernel, logger: log.logger("streams")) {
+            $0.capture = ["levels": ["/client/levels/"]]
+        }
+        try await stopping(bus, with: { await $0.stop() }) { bus in
+            // The configured streams are added before any is followed: a change captured is
+            // one the second start followed, after it added them.
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "levels", name: "reader", deliver: .new))
+            _ = try await bus.client.publish(key: "/client/levels/a", value: 1)
+            _ = try await Self.take(1, from: "levels", bus)
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "levels")).maxAge == 3_600)
+            #expect(!log.text.contains("cannot add the capturing stream"), "\(log.text)")
+        }
+    }
+
     @Test("when the kernel no longer holds every change since the stream's last (its history is bounded), the keys' latest values are kept and the stream counts a gap")
     func gap() async throws {
         let kernel = try await TestKernel.start(fixedPorts: true) { configuration in
@@ -978,10 +1038,11 @@ struct StreamsRightsTests {
             let audit = try await bus.client.call(API.consumerInfo, .init(stream: "orders", name: "audit"))
             #expect(stream.addedBy != nil && audit.addedBy != nil && stream.addedBy != audit.addedBy, "\(stream.addedBy ?? "-") \(audit.addedBy ?? "-")")
 
-            // The other key reads and publishes, but cannot purge, delete, or take a consumer away.
+            // The other key reads and publishes, but cannot purge, delete, change limits, or take a consumer away.
             #expect(try await bus.other.publish(to: "orders.new", 2).sequence == 2)
             #expect(await bus.failure(API.streamPurge, .init(name: "orders"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
             #expect(await bus.failure(API.streamDelete, .init(name: "orders"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
+            #expect(await bus.failure(API.streamUpdate, .init(name: "orders", maxMessages: 1), by: bus.other)?.code == JSONRPCError.forbiddenCode)
             #expect(await bus.failure(API.consumerDelete, .init(stream: "orders", name: "billing"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
             // Naming itself the stream's client in the request's own member counts for nothing.
             let forged: JSONValue = ["jsonrpc": "2.0", "id": 900_031, "method": .string(API.streamPurge.name), "params": ["name": "orders"],
@@ -1019,6 +1080,12 @@ struct StreamsRightsTests {
             let over = await bus.failure(API.streamAdd, .init(name: "d", subjects: ["d."], maxBytes: 1_001), by: bus.other)
             #expect(over?.message.contains("may be 1000 at most") == true)
             _ = try await bus.other.call(API.streamAdd, .init(name: "d", subjects: ["d."], maxBytes: 1_000))
+            // Raised limits count against the quota as added ones do, its other streams' bytes with them.
+            let raised = await bus.failure(API.streamUpdate, .init(name: "d", maxBytes: 1_001), by: bus.other)
+            #expect(raised?.code == JSONRPCError.tooLargeCode && raised?.message.contains("its other streams take 2000") == true
+                    && raised?.message.contains("may be 1000 at most") == true, "\(String(describing: raised))")
+            #expect(try await bus.other.call(API.streamUpdate, .init(name: "d", maxBytes: 500)).maxBytes == 500)
+            #expect(try await operatorClient.call(API.streamUpdate, .init(name: "d", maxBytes: 5_000)).maxBytes == 5_000)
             // Adding the same stream again is no second stream.
             _ = try await bus.client.call(API.streamAdd, .init(name: "a", subjects: ["a."], maxBytes: 1_000))
 
@@ -1167,6 +1234,10 @@ struct StreamVerbTests {
             #expect(result.stdout.contains("  consumer billing: every subject, ack wait 1m, dead-lettered after 5 deliveries\n"), "\(result)")
             let row = result.stdout.split(separator: "\n").first { $0.hasPrefix("billing") }.map { $0.split(separator: " ", omittingEmptySubsequences: true) }
             #expect(row?[6] == "2", "acknowledged: \(result.stdout)")
+            result = try await sb("stream", "edit", "orders", "--max-age", "2d")
+            #expect(result.status == 0 && result.stdout.contains(", kept 2d, duplicate window 90s; holds 2 messages"), "\(result)")
+            result = try await sb("stream", "edit", "orders")
+            #expect(result.status == 64 && result.stderr.contains("give the limits to change"), "\(result)")
             result = try await sb("stream", "ls", "--json")
             #expect(result.status == 0 && result.stdout.contains("\"name\":\"orders\""), "\(result)")
             try await bus.publish("orders.new", 3)
@@ -1225,7 +1296,7 @@ struct StreamVerbTests {
             // A word that names no verb is refused naming the verbs (not as an argument the
             // default verb, `ls`, did not expect).
             result = try await sb("stream", "lss")
-            #expect(result.status == 64 && result.stderr.contains("sb stream has no verb 'lss'; its verbs: ls, info, add, rm, "), "\(result)")
+            #expect(result.status == 64 && result.stderr.contains("sb stream has no verb 'lss'; its verbs: ls, info, add, edit, rm, "), "\(result)")
             let help = try await sb("stream", "fetch", "--help")
             #expect(help.status == 0 && help.stdout.contains("Example"))
         }

@@ -22,7 +22,8 @@ public enum StreamsAPI {
 
     private static let deadLettersSuffix = ".dead"
 
-    public static let streamAdd = Method<StreamConfig, StreamInfo>(service, "stream.add", "Creates a stream holding the messages published to its subjects (prefixes), with its dead-letter stream NAME.dead; the same again changes nothing, different settings for an existing name are -32004.", changesState: true)
+    public static let streamAdd = Method<StreamConfig, StreamInfo>(service, "stream.add", "Creates a stream holding the messages published to its subjects (prefixes), with its dead-letter stream NAME.dead; the same again changes nothing, different settings for an existing name are -32004 (stream.update changes its limits).", changesState: true)
+    public static let streamUpdate = Method<StreamLimits, StreamInfo>(service, "stream.update", "Changes a stream's limits, and its dead-letter stream's with them: those given, the others stay. Lowered, the oldest messages past them go at once, and the consumers count what they missed. Its subjects and retention stay as added.", changesState: true)
     public static let streamInfo = Method<StreamName, StreamInfo>(service, "stream.info", "A stream's settings, messages, bytes, sequences and consumers (-32003: no such stream).")
     public static let streamList = Method<NoParams, StreamList>(service, "stream.list", "Every stream, dead-letter streams included.")
     public static let metrics = Method<NoParams, KernelAPI.Metrics>(service, "stream.metrics", "Each stream's messages and bytes, and each consumer's pending messages, deliveries, redeliveries, acknowledgements, dead letters and misses, in the Prometheus text format (the gateway's /metrics carries them).")
@@ -79,6 +80,21 @@ public enum StreamsAPI {
             (self.name, self.subjects, self.retention, self.maxMessages, self.maxBytes, self.maxAge, self.duplicateWindow)
                 = (name, subjects, retention, maxMessages, maxBytes, maxAge, duplicateWindow)
             self.captureState = captureState
+        }
+    }
+
+    /// New limits for stream `name` (``streamUpdate``): at least one of them.
+    public struct StreamLimits: Codable, Sendable {
+        public var name: String
+        public var maxMessages: Int?
+        public var maxBytes: Int?
+        /// Seconds a message is kept.
+        public var maxAge: Double?
+        /// Seconds a publisher's message id is remembered.
+        public var duplicateWindow: Double?
+
+        public init(name: String, maxMessages: Int? = nil, maxBytes: Int? = nil, maxAge: Double? = nil, duplicateWindow: Double? = nil) {
+            (self.name, self.maxMessages, self.maxBytes, self.maxAge, self.duplicateWindow) = (name, maxMessages, maxBytes, maxAge, duplicateWindow)
         }
     }
 
@@ -381,6 +397,10 @@ extension StreamsAPI.StreamConfig: NumberRanges {
     public static let numberRanges: [String: ClosedRange<Double>] = [
         "maxMessages": 1...1_000_000_000, "maxBytes": 1...1_099_511_627_776, "maxAge": 0.001...3_153_600_000, "duplicateWindow": 0...86_400,
     ]
+}
+
+extension StreamsAPI.StreamLimits: NumberRanges {
+    public static let numberRanges = StreamsAPI.StreamConfig.numberRanges
 }
 
 extension StreamsAPI.ConsumerConfig: NumberRanges {

@@ -22,7 +22,7 @@ struct Stream: AsyncParsableCommand {
               sb stream sub orders billing --ack
               sb stream ack orders billing 1 2 3
             """,
-        subcommands: [StreamList.self, StreamInfo.self, StreamAdd.self, StreamDelete.self, StreamPurge.self, StreamPublish.self, StreamRead.self,
+        subcommands: [StreamList.self, StreamInfo.self, StreamAdd.self, StreamEdit.self, StreamDelete.self, StreamPurge.self, StreamPublish.self, StreamRead.self,
                       StreamConsumer.self, StreamFetch.self, StreamSubscribe.self, StreamAck.self, StreamNak.self, StreamProgress.self, StreamTerm.self],
         defaultSubcommand: StreamList.self
     )
@@ -114,11 +114,27 @@ struct StreamAdd: AsyncParsableCommand {
     @Argument(help: "The stream's name: letters, digits, '-' and '_'.") var name: String
     @Argument(help: "Subject prefixes it holds.") var subjects: [String]
     @Flag(help: "A work queue: each message stays until its one consumer has it done.") var workQueue = false
+    @OptionGroup var limits: StreamLimitOptions
+    @Flag(help: "Keep the kernel's state instead: every change of a key under the subjects (key prefixes), the key as subject.") var captureState = false
+
+    func run() async throws {
+        let config = StreamsAPI.StreamConfig(name: name, subjects: subjects, retention: workQueue ? .workQueue : nil, maxMessages: limits.maxMessages,
+                                             maxBytes: limits.maxBytes, maxAge: limits.maxAge, duplicateWindow: limits.duplicateWindow,
+                                             captureState: captureState ? true : nil)
+        try await appVerb(connection, output, { try await call($0, StreamsAPI.streamAdd, config) }) { info in
+            Output.line("stream \(info.name): subjects \(info.subjects.joined(separator: " ")), \(info.messages) messages, dead letters in \(info.deadLetters ?? "-")")
+        }
+    }
+}
+
+/// A stream's limits, as `sb stream add` sets them and `sb stream edit` changes them.
+struct StreamLimitOptions: ParsableArguments {
     @Option(parsing: .unconditional, help: "At most this many messages (the oldest go).") var maxMessages: Int?
     @Option(parsing: .unconditional, help: "At most this many bytes of data (the oldest go).") var maxBytes: Int?
     @Option(parsing: .unconditional, help: ArgumentHelp("How long a message is kept: 7d, 12h, 3600 (seconds).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var maxAge: Double?
     @Option(parsing: .unconditional, help: ArgumentHelp("How long a message id is remembered, for exactly-once publishing: 10m, 120 (seconds; default 2m).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var duplicateWindow: Double?
-    @Flag(help: "Keep the kernel's state instead: every change of a key under the subjects (key prefixes), the key as subject.") var captureState = false
+
+    var anyGiven: Bool { maxMessages != nil || maxBytes != nil || maxAge != nil || duplicateWindow != nil }
 
     func validate() throws {
         typealias Config = StreamsAPI.StreamConfig
@@ -127,12 +143,39 @@ struct StreamAdd: AsyncParsableCommand {
         try checkRange(maxAge, flag: "max-age", field: "maxAge", of: Config.self, unit: "seconds")
         try checkRange(duplicateWindow, flag: "duplicate-window", field: "duplicateWindow", of: Config.self, unit: "seconds")
     }
+}
+
+struct StreamEdit: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "edit",
+        abstract: "Change a stream's limits (and its dead letters'); lowered, the oldest messages past them go at once.",
+        discussion: """
+            Its subjects and retention stay as added. Consumers count what the new limits remove \
+            before they had it done (MISSED in sb stream info).
+
+            Examples:
+              sb stream edit orders --max-age 30d
+              sb stream edit orders --max-messages 10000 --max-bytes 100000000
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream's name.") var name: String
+    @OptionGroup var limits: StreamLimitOptions
+    @OptionGroup var owner: StreamOwnerOptions
+
+    func validate() throws {
+        guard limits.anyGiven else { throw ValidationError("give the limits to change: --max-messages, --max-bytes, --max-age or --duplicate-window") }
+    }
 
     func run() async throws {
-        let config = StreamsAPI.StreamConfig(name: name, subjects: subjects, retention: workQueue ? .workQueue : nil, maxMessages: maxMessages,
-                                             maxBytes: maxBytes, maxAge: maxAge, duplicateWindow: duplicateWindow, captureState: captureState ? true : nil)
-        try await appVerb(connection, output, { try await call($0, StreamsAPI.streamAdd, config) }) { info in
-            Output.line("stream \(info.name): subjects \(info.subjects.joined(separator: " ")), \(info.messages) messages, dead letters in \(info.deadLetters ?? "-")")
+        let changed = StreamsAPI.StreamLimits(name: name, maxMessages: limits.maxMessages, maxBytes: limits.maxBytes, maxAge: limits.maxAge,
+                                              duplicateWindow: limits.duplicateWindow)
+        try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.streamUpdate, changed) }) { info in
+            Output.line("stream \(info.name): at most \(info.maxMessages) messages and \(info.maxBytes) bytes"
+                        + (info.maxAge.map { ", kept \(Output.span($0))" } ?? "") + ", duplicate window \(Output.span(info.duplicateWindow))"
+                        + "; holds \(info.messages) messages")
         }
     }
 }

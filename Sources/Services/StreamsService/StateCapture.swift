@@ -68,12 +68,18 @@ extension StreamsService {
     }
 
     /// The streams `streams.capture` names, added as capturing streams with the service's
-    /// defaults (the same again changes nothing); tried again until the database answers.
+    /// defaults (the same again changes nothing); tried again until the database answers. One
+    /// there already, capturing the same prefixes with limits an operator changed since
+    /// (`stream.update`), is the configured stream, its limits kept.
     private func addConfiguredCaptures() async {
         for (name, subjects) in configuration.capture.sorted(by: { $0.key < $1.key }) {
             while !Task.isCancelled {
                 do {
                     _ = try await addStream(API.StreamConfig(name: name, subjects: subjects, captureState: true))
+                    break
+                } catch let error as JSONRPCError where error.code == JSONRPCError.conflictCode
+                            && error.data?["current"]?["captureState"] == true
+                            && Set(error.data?["current"]?["subjects"]?.arrayValue?.compactMap(\.stringValue) ?? []) == Set(subjects) {
                     break
                 } catch let error as JSONRPCError where error.code != JSONRPCError.storageFailedCode {
                     logger.error("cannot add the capturing stream streams.capture names", metadata: ["stream": "\(name)", "problem": "\(error.message)"])

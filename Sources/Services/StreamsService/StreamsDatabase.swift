@@ -119,7 +119,7 @@ enum StreamsDatabase {
             guard same == asked else {
                 let differences = Self.differences(current: try JSONValue(encoding: same), asked: try JSONValue(encoding: asked))
                 throw JSONRPCError(code: JSONRPCError.conflictCode,
-                                   message: "Conflict: stream \(settings.name) exists with other settings (\(differences)); see data.current",
+                                   message: "Conflict: stream \(settings.name) exists with other settings (\(differences)): stream.update changes a stream's limits; see data.current",
                                    data: ["current": try JSONValue(encoding: try info(db, existing))])
             }
             return try info(db, existing)
@@ -132,13 +132,7 @@ enum StreamsDatabase {
             guard count < quota.streams else {
                 throw tooMany("streams", limit: quota.streams, setting: "streams.client_max_streams", remedy: "delete one first", perKey: true)
             }
-            guard bytes + settings.maxBytes <= quota.bytes else {
-                let room = quota.bytes - bytes
-                let remedy = room > 0 ? "so this one's maxBytes may be \(room) at most" : "delete one first"
-                throw JSONRPCError(code: JSONRPCError.tooLargeCode,
-                                   message: "Too large: this key's streams may hold \(quota.bytes) bytes in all (streams.client_max_mb); its \(count) streams take \(bytes) of them (their maxBytes): \(remedy)",
-                                   data: ["limit": .int(Int64(quota.bytes)), "setting": .string("streams.client_max_mb"), "held": .int(Int64(bytes))])
-            }
+            try checkBytesQuota(quota, held: bytes, streams: count, adding: settings.maxBytes)
         }
         for prefix in settings.subjects {
             if let held = try db.row("""
@@ -178,6 +172,18 @@ enum StreamsDatabase {
         JSONRPCError(code: JSONRPCError.tooLargeCode,
                      message: "Too many: \(limit) \(what) are the most \(perKey ? "one key may add" : "the service holds") (\(setting)); \(remedy)",
                      data: ["limit": .int(Int64(limit)), "setting": .string(setting)])
+    }
+
+    /// Refuses a stream's `maxBytes` that would take the key's streams past its quota of
+    /// bytes: `held` by its other streams (`streams` of them, when counted).
+    private static func checkBytesQuota(_ quota: ClientQuota, held: Int, streams: Int?, adding maxBytes: Int) throws {
+        guard held + maxBytes > quota.bytes else { return }
+        let room = quota.bytes - held
+        let remedy = room > 0 ? "so this one's maxBytes may be \(room) at most" : "delete one first"
+        let others = streams.map { "its \($0) streams" } ?? "its other streams"
+        throw JSONRPCError(code: JSONRPCError.tooLargeCode,
+                           message: "Too large: this key's streams may hold \(quota.bytes) bytes in all (streams.client_max_mb); \(others) take \(held) of them (their maxBytes): \(remedy)",
+                           data: ["limit": .int(Int64(quota.bytes)), "setting": .string("streams.client_max_mb"), "held": .int(Int64(held))])
     }
 
     // MARK: Who may do what
@@ -279,19 +285,90 @@ enum StreamsDatabase {
 
     /// Deletes every message; the sequence goes on, and each consumer counts what it missed.
     static func purge(_ db: Database, _ name: String, by caller: CallerIdentity?) throws -> API.Removed {
-        let stream = try stream(db, name, locking: true)
+        var stream = try stream(db, name, locking: true)
         try checkMayChange("stream \(name)", addedBy: stream.owner, caller)
+        let removed = stream.messages
+        try removeAll(db, &stream, before: stream.lastSeq + 1)
+        try save(db, stream)
+        return API.Removed(messages: removed)
+    }
+
+    /// Changes the stream's limits, and its dead-letter stream's with them (as `stream.add`
+    /// made them), for the key that added it or an operator; within the key's quota of bytes.
+    /// Lowered, what is past them goes at once, the oldest first, each consumer counting what
+    /// it missed, as a publish past them would remove them.
+    static func updateStream(_ db: Database, _ asked: API.StreamLimits, by caller: CallerIdentity?, quota: ClientQuota,
+                             now: Double) throws -> API.StreamInfo {
+        var stream = try stream(db, asked.name, locking: true)
+        try checkMayChange("stream \(asked.name)", addedBy: stream.owner, caller)
+        guard let deadLetters = stream.deadLetters else {
+            let owner = API.stream(ofDeadLetters: asked.name) ?? asked.name
+            throw JSONRPCError.invalidParams(field: "name", "\(asked.name) is stream \(owner)'s dead-letter stream: it has \(owner)'s limits")
+        }
+        if let maxBytes = asked.maxBytes, let key = quota.binding(caller) {
+            let others = try db.int("""
+                SELECT CAST(COALESCE(SUM(max_bytes), 0) AS BIGINT) FROM streams WHERE owner = ? AND dead_letters IS NOT NULL AND name <> ?
+                """, [key, asked.name]) ?? 0
+            try checkBytesQuota(quota, held: others, streams: nil, adding: maxBytes)
+        }
+        var letters = try self.stream(db, deadLetters, locking: true)
+        for index in [0, 1] {
+            var changed = index == 0 ? stream : letters
+            changed.maxMessages = asked.maxMessages ?? changed.maxMessages
+            changed.maxBytes = asked.maxBytes ?? changed.maxBytes
+            changed.maxAge = asked.maxAge ?? changed.maxAge
+            if index == 0 { changed.duplicateWindow = asked.duplicateWindow ?? changed.duplicateWindow }
+            try db.execute("UPDATE streams SET max_messages = ?, max_bytes = ?, max_age = ?, duplicate_window = ? WHERE name = ?",
+                           [changed.maxMessages, changed.maxBytes, changed.maxAge, changed.duplicateWindow, changed.name])
+            try removeAll(db, &changed, before: try firstWithinLimits(db, changed, now: now))
+            try save(db, changed)
+            if index == 0 { stream = changed } else { letters = changed }
+        }
+        return try info(db, stream)
+    }
+
+    /// The first sequence the stream keeps within its limits (count, bytes, age), counting
+    /// back from its last message; past its last when none is within them.
+    private static func firstWithinLimits(_ db: Database, _ stream: Stream, now: Double) throws -> Int {
+        var first = stream.firstSeq
+        if stream.messages > stream.maxMessages {
+            first = max(first, try db.int("SELECT seq FROM messages WHERE stream = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
+                                          [stream.name, stream.maxMessages - 1]) ?? first)
+        }
+        if stream.bytes > stream.maxBytes {
+            // The newest message whose data, with every newer one's, is more than max_bytes.
+            let over = try db.int("""
+                SELECT seq FROM (SELECT seq, SUM(length(data)) OVER (ORDER BY seq DESC) AS newer FROM messages WHERE stream = ?) AS tail
+                WHERE newer > ? ORDER BY seq DESC LIMIT 1
+                """, [stream.name, stream.maxBytes])
+            if let over { first = max(first, over + 1) }
+        }
+        if let maxAge = stream.maxAge {
+            let kept = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ? AND published_at >= ?", [stream.name, now - maxAge])
+            first = max(first, kept ?? stream.lastSeq + 1)
+        }
+        return first
+    }
+
+    /// Removes every message before sequence `first`, each consumer counting those it had not
+    /// had done; the stream's counters are the caller's to save.
+    private static func removeAll(_ db: Database, _ stream: inout Stream, before first: Int) throws {
+        guard first > stream.firstSeq, stream.messages > 0 else { return }
         try db.execute("""
             UPDATE consumers SET missed = missed
-                + (SELECT COUNT(*) FROM pending p WHERE p.stream = consumers.stream AND p.consumer = consumers.name)
-                + (SELECT COUNT(*) FROM messages m WHERE m.stream = consumers.stream AND m.seq >= consumers.next_seq
+                + (SELECT COUNT(*) FROM pending p WHERE p.stream = consumers.stream AND p.consumer = consumers.name AND p.seq < ?)
+                + (SELECT COUNT(*) FROM messages m WHERE m.stream = consumers.stream AND m.seq >= consumers.next_seq AND m.seq < ?
                    AND (consumers.filter IS NULL OR substr(m.subject, 1, length(consumers.filter)) = consumers.filter))
             WHERE stream = ?
-            """, [name])
-        try db.execute("DELETE FROM pending WHERE stream = ?", [name])
-        try db.execute("DELETE FROM messages WHERE stream = ?", [name])
-        try db.execute("UPDATE streams SET messages = 0, bytes = 0, first_seq = last_seq + 1 WHERE name = ?", [name])
-        return API.Removed(messages: stream.messages)
+            """, [first, first, stream.name])
+        try db.execute("DELETE FROM pending WHERE stream = ? AND seq < ?", [stream.name, first])
+        try db.execute("DELETE FROM messages WHERE stream = ? AND seq < ?", [stream.name, first])
+        let left = try db.row("""
+            SELECT COUNT(*) AS messages, CAST(COALESCE(SUM(length(data)), 0) AS BIGINT) AS bytes, MIN(seq) AS first FROM messages WHERE stream = ?
+            """, [stream.name])
+        stream.messages = try left?.int("messages") ?? 0
+        stream.bytes = try left?.int("bytes") ?? 0
+        stream.firstSeq = try left?.optionalInt("first") ?? stream.lastSeq + 1
     }
 
     // MARK: Messages

@@ -80,6 +80,7 @@ public actor StreamsService: BusService, ServiceWork {
 
     public nonisolated func methods(_ table: inout MethodTable<StreamsService>) {
         table.on(API.streamAdd) { service, params in try await service.addStream(params) }
+        table.on(API.streamUpdate) { service, params in try await service.updateStream(params) }
         table.on(API.streamInfo) { service, params in try await service.read { db in try StreamsDatabase.info(db, try StreamsDatabase.stream(db, params.name)) } }
         table.on(API.streamList) { service, _ in try await service.read { db in try StreamsDatabase.list(db) } }
         table.on(API.metrics) { service, _ in
@@ -140,6 +141,14 @@ public actor StreamsService: BusService, ServiceWork {
         let added = try await write { db, now in try StreamsDatabase.addStream(db, settings, atMost: most, by: caller, quota: quota, now: now) }
         if settings.captureState { wakeAll(.streams) }
         return added
+    }
+
+    func updateStream(_ asked: API.StreamLimits) async throws -> API.StreamInfo {
+        guard asked.maxMessages != nil || asked.maxBytes != nil || asked.maxAge != nil || asked.duplicateWindow != nil else {
+            throw JSONRPCError.invalidParams(field: "name", "give at least one limit to change: maxMessages, maxBytes, maxAge or duplicateWindow")
+        }
+        let (caller, quota) = (CallerIdentity.current, configuration.clientQuota)
+        return try await write { db, now in try StreamsDatabase.updateStream(db, asked, by: caller, quota: quota, now: now) }
     }
 
     func readMessages(_ asked: API.ReadMessages) async throws -> API.Messages {
