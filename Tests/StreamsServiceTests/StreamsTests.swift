@@ -1006,8 +1006,9 @@ struct StreamsRollingRestartTests {
 @Suite("streams with CURVE: what each key may add, and change")
 struct StreamsRightsTests {
     /// A CURVE kernel admitting a key for the service, two client keys (the bus's `client` and
-    /// `other`) and an operator's, and a streams service bound by small quotas.
-    static func with(_ backend: Backend, _ body: (StreamsBus, BusClient) async throws -> Void) async throws {
+    /// `other`) and an operator's, and a streams service bound by small quotas; the body gets
+    /// the operator's client and a key folder for sb, whose client key is `other`'s.
+    static func with(_ backend: Backend, _ body: (StreamsBus, BusClient, URL) async throws -> Void) async throws {
         let kernelKeys = try CurveKeyPair.generate(), serviceKey = try CurveKeyPair.generate()
         let first = try CurveKeyPair.generate(), second = try CurveKeyPair.generate(), operatorKey = try CurveKeyPair.generate()
         let kernel = try await TestKernel.start(fixedPorts: true) {
@@ -1020,15 +1021,20 @@ struct StreamsRightsTests {
                                              backend: backend) { configuration in
             (configuration.clientMaxStreams, configuration.clientMaxBytes, configuration.clientMaxConsumers) = (2, 3_000, 2)
         }
+        let folder = try temporaryDirectory("streams-keys")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        for (pair, name) in [(kernelKeys, KeyFolder.kernel), (second, KeyFolder.client), (operatorKey, KeyFolder.operator)] {
+            try KeyFolder.write(pair, to: folder.appendingPathComponent(name).path)
+        }
         try await stopping(bus, with: { await $0.stop() }) { bus in
             let operatorClient = try await BusClient(brokers: [kernel.endpoints.broker], timeout: .seconds(10), curve: try keys(operatorKey))
-            try await stopping(operatorClient, with: { await $0.close() }) { try await body(bus, $0) }
+            try await stopping(operatorClient, with: { await $0.close() }) { try await body(bus, $0, folder) }
         }
     }
 
     @Test("a client key changes only what it added; an operator's key changes anything; a forged client member changes nothing", arguments: Backend.available)
     func rights(backend: Backend) async throws {
-        try await Self.with(backend) { bus, operatorClient in
+        try await Self.with(backend) { bus, operatorClient, keys in
             _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."], maxBytes: 1_000))
             try await bus.publish("orders.new", 1)
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing"))
@@ -1044,6 +1050,13 @@ struct StreamsRightsTests {
             #expect(await bus.failure(API.streamDelete, .init(name: "orders"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
             #expect(await bus.failure(API.streamUpdate, .init(name: "orders", maxMessages: 1), by: bus.other)?.code == JSONRPCError.forbiddenCode)
             #expect(await bus.failure(API.consumerDelete, .init(stream: "orders", name: "billing"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
+            // sb, refused so, says the operator's key may; with it, it does.
+            let environment = ["SB_ENDPOINT": bus.kernel.endpoints.broker, "SB_KEY_DIR": keys.path, "NO_COLOR": ""]
+            let refused = try await runCommand(sbExecutable(), ["stream", "edit", "orders", "--max-age", "1h"], environment: environment)
+            #expect(refused.status == 1 && refused.stderr.contains("error -32011")
+                    && refused.stderr.contains("\nNote: --as-operator sends it with the operator's key"), "\(refused)")
+            let asOperator = try await runCommand(sbExecutable(), ["stream", "edit", "orders", "--max-age", "1h", "--as-operator"], environment: environment)
+            #expect(asOperator.status == 0 && asOperator.stdout.contains("kept 1h"), "\(asOperator)")
             // Naming itself the stream's client in the request's own member counts for nothing.
             let forged: JSONValue = ["jsonrpc": "2.0", "id": 900_031, "method": .string(API.streamPurge.name), "params": ["name": "orders"],
                                      "client": .string(bus.client.clientID)]
@@ -1068,7 +1081,7 @@ struct StreamsRightsTests {
 
     @Test("each client key has its own quota of streams, bytes and consumers; deleting frees room; operators are not bound", arguments: Backend.available)
     func quotas(backend: Backend) async throws {
-        try await Self.with(backend) { bus, operatorClient in
+        try await Self.with(backend) { bus, operatorClient, _ in
             _ = try await bus.client.call(API.streamAdd, .init(name: "a", subjects: ["a."], maxBytes: 1_000))
             _ = try await bus.client.call(API.streamAdd, .init(name: "b", subjects: ["b."], maxBytes: 1_000))
             let third = await bus.failure(API.streamAdd, .init(name: "c", subjects: ["c."], maxBytes: 1_000))

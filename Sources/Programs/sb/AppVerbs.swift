@@ -8,11 +8,19 @@ import Foundation
 // table (or lines) for people and, with --json, the service's answer as one JSON line.
 
 /// Runs a verb: the answer of `body` printed as it came with --json, else shown by `show`
-/// from its contract's type.
-func appVerb<Value>(_ connection: ConnectionOptions, _ output: OutputOptions, asOperator: Bool = false, _ body: (BusClient) async throws -> Answer<Value>,
+/// from its contract's type. `asOperator`: the verb's --as-operator flag (nil: it has none).
+func appVerb<Value>(_ connection: ConnectionOptions, _ output: OutputOptions, asOperator: Bool? = nil, _ body: (BusClient) async throws -> Answer<Value>,
                     show: (Value) -> Void) async throws {
-    try await withClient(connection, asOperator: asOperator) { client in
-        let answer = try await body(client)
+    try await withClient(connection, asOperator: asOperator ?? false) { client in
+        let answer: Answer<Value>
+        do {
+            answer = try await body(client)
+        } catch let failure as Failure where asOperator == false && failure.error?.code == JSONRPCError.forbiddenCode {
+            // A verb with --as-operator, refused for this client's key: the operator's may.
+            throw Failure(status: failure.status,
+                          message: failure.message + "\nNote: --as-operator sends it with the operator's key (operator.key in the key folder), which may.",
+                          error: failure.error)
+        }
         if output.json { Output.json(answer.json, compact: true) } else { show(answer.value) }
     }
 }
