@@ -311,19 +311,20 @@ enum StreamsDatabase {
                 """, [key, asked.name]) ?? 0
             try checkBytesQuota(quota, held: others, streams: nil, adding: maxBytes)
         }
-        var letters = try self.stream(db, deadLetters, locking: true)
-        for index in [0, 1] {
-            var changed = index == 0 ? stream : letters
+        // Nothing is published to the dead letters with an id: they keep no duplicate window.
+        func change(_ changed: inout Stream, duplicateWindow: Double?) throws {
             changed.maxMessages = asked.maxMessages ?? changed.maxMessages
             changed.maxBytes = asked.maxBytes ?? changed.maxBytes
             changed.maxAge = asked.maxAge ?? changed.maxAge
-            if index == 0 { changed.duplicateWindow = asked.duplicateWindow ?? changed.duplicateWindow }
+            changed.duplicateWindow = duplicateWindow ?? changed.duplicateWindow
             try db.execute("UPDATE streams SET max_messages = ?, max_bytes = ?, max_age = ?, duplicate_window = ? WHERE name = ?",
                            [changed.maxMessages, changed.maxBytes, changed.maxAge, changed.duplicateWindow, changed.name])
             try removeAll(db, &changed, before: try firstWithinLimits(db, changed, now: now))
             try save(db, changed)
-            if index == 0 { stream = changed } else { letters = changed }
         }
+        try change(&stream, duplicateWindow: asked.duplicateWindow)
+        var letters = try self.stream(db, deadLetters, locking: true)
+        try change(&letters, duplicateWindow: nil)
         return try info(db, stream)
     }
 
