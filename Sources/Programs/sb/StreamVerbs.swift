@@ -175,7 +175,7 @@ struct StreamEdit: AsyncParsableCommand {
         try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.streamUpdate, changed) }) { info in
             Output.line("stream \(info.name): at most \(info.maxMessages) messages and \(info.maxBytes) bytes"
                         + (info.maxAge.map { ", kept \(Output.span($0))" } ?? "") + ", duplicate window \(Output.span(info.duplicateWindow))"
-                        + "; holds \(info.messages) messages")
+                        + "; holds \(info.messages) message\(info.messages == 1 ? "" : "s")")
         }
     }
 }
