@@ -352,9 +352,13 @@ enum StreamsDatabase {
     }
 
     /// Removes every message before sequence `first`, each consumer counting those it had not
-    /// had done; the stream's counters are the caller's to save.
+    /// had done; the stream's counters are the caller's to save. What goes is counted, not
+    /// what stays: a stream cut by a little keeps most of its messages.
     private static func removeAll(_ db: Database, _ stream: inout Stream, before first: Int) throws {
         guard first > stream.firstSeq, stream.messages > 0 else { return }
+        let gone = try db.row("""
+            SELECT COUNT(*) AS messages, CAST(COALESCE(SUM(length(data)), 0) AS BIGINT) AS bytes FROM messages WHERE stream = ? AND seq < ?
+            """, [stream.name, first])
         try db.execute("""
             UPDATE consumers SET missed = missed
                 + (SELECT COUNT(*) FROM pending p WHERE p.stream = consumers.stream AND p.consumer = consumers.name AND p.seq < ?)
@@ -364,12 +368,9 @@ enum StreamsDatabase {
             """, [first, first, stream.name])
         try db.execute("DELETE FROM pending WHERE stream = ? AND seq < ?", [stream.name, first])
         try db.execute("DELETE FROM messages WHERE stream = ? AND seq < ?", [stream.name, first])
-        let left = try db.row("""
-            SELECT COUNT(*) AS messages, CAST(COALESCE(SUM(length(data)), 0) AS BIGINT) AS bytes, MIN(seq) AS first FROM messages WHERE stream = ?
-            """, [stream.name])
-        stream.messages = try left?.int("messages") ?? 0
-        stream.bytes = try left?.int("bytes") ?? 0
-        stream.firstSeq = try left?.optionalInt("first") ?? stream.lastSeq + 1
+        stream.messages -= try gone?.int("messages") ?? 0
+        stream.bytes -= try gone?.int("bytes") ?? 0
+        stream.firstSeq = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ?", [stream.name]) ?? stream.lastSeq + 1
     }
 
     // MARK: Messages
