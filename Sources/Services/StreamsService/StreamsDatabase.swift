@@ -127,8 +127,7 @@ enum StreamsDatabase {
         let streams = try db.int("SELECT COUNT(*) FROM streams WHERE dead_letters IS NOT NULL") ?? 0
         guard streams < most else { throw tooMany("streams", limit: most, setting: "streams.max_streams", remedy: "delete one first") }
         if let key = quota.binding(caller) {
-            let own = try db.row("SELECT COUNT(*) AS streams, CAST(COALESCE(SUM(max_bytes), 0) AS BIGINT) AS bytes FROM streams WHERE owner = ? AND dead_letters IS NOT NULL", [key])
-            let (count, bytes) = (try own?.int("streams") ?? 0, try own?.int("bytes") ?? 0)
+            let (count, bytes) = try held(db, by: key, besides: settings.name)
             guard count < quota.streams else {
                 throw tooMany("streams", limit: quota.streams, setting: "streams.client_max_streams", remedy: "delete one first", perKey: true)
             }
@@ -172,6 +171,16 @@ enum StreamsDatabase {
         JSONRPCError(code: JSONRPCError.tooLargeCode,
                      message: "Too many: \(limit) \(what) are the most \(perKey ? "one key may add" : "the service holds") (\(setting)); \(remedy)",
                      data: ["limit": .int(Int64(limit)), "setting": .string(setting)])
+    }
+
+    /// The streams `key` added but stream `name` (their dead-letter streams not counted), and
+    /// the bytes their `maxBytes` come to: what the key's quota holds besides that stream.
+    private static func held(_ db: Database, by key: String, besides name: String) throws -> (streams: Int, bytes: Int) {
+        let own = try db.row("""
+            SELECT COUNT(*) AS streams, CAST(COALESCE(SUM(max_bytes), 0) AS BIGINT) AS bytes FROM streams
+            WHERE owner = ? AND dead_letters IS NOT NULL AND name <> ?
+            """, [key, name])
+        return (try own?.int("streams") ?? 0, try own?.int("bytes") ?? 0)
     }
 
     /// Refuses a stream's `maxBytes` that would take the key's streams past its quota of
@@ -306,10 +315,7 @@ enum StreamsDatabase {
             throw JSONRPCError.invalidParams(field: "name", "\(asked.name) is stream \(owner)'s dead-letter stream: it has \(owner)'s limits")
         }
         if let maxBytes = asked.maxBytes, let key = quota.binding(caller) {
-            let others = try db.int("""
-                SELECT CAST(COALESCE(SUM(max_bytes), 0) AS BIGINT) FROM streams WHERE owner = ? AND dead_letters IS NOT NULL AND name <> ?
-                """, [key, asked.name]) ?? 0
-            try checkBytesQuota(quota, held: others, streams: nil, adding: maxBytes)
+            try checkBytesQuota(quota, held: try held(db, by: key, besides: asked.name).bytes, streams: nil, adding: maxBytes)
         }
         // Nothing is published to the dead letters with an id: they keep no duplicate window.
         func change(_ changed: inout Stream, duplicateWindow: Double?) throws {
