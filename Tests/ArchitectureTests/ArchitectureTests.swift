@@ -193,6 +193,11 @@ struct ArchitectureTests {
         }
     }
 
+    @Test("every test is swift-testing's: Scripts/test runs the test binary for swift-testing alone, where an XCTest case would never run")
+    func testsAreSwiftTesting() throws {
+        #expect(try !Self.imports(under: "Tests").contains("XCTest"), "a test imports XCTest: write it with swift-testing (import Testing)")
+    }
+
     @Test("code comments state rules, not history: none cites an issue or the benchmark notes")
     func commentsCiteNoIssues() throws {
         for (name, text) in try Self.productionSources() {
