@@ -365,7 +365,7 @@ struct SBTests {
         // Every number a verb sends is checked against its contract's range, naming the flag.
         let outOfRange: [([String], String)] = [
             (["stream", "add", "x", "x.", "--max-messages", "0"], "--max-messages must be 1 to 1000000000"),
-            (["stream", "add", "x", "x.", "--max-age", "0"], "--max-age must be 0.001 to 3153600000 seconds"),
+            (["stream", "add", "x", "x.", "--max-age", "-1"], "--max-age must be 0 to 3153600000 seconds"),
             (["stream", "consumer", "orders", "c", "--ack-wait", "-1"], "--ack-wait must be 0.001 to 86400 seconds"),
             (["stream", "fetch", "orders", "reader", "--batch", "0"], "--batch must be 1 to 1000"),
             (["stream", "read", "orders", "--last", "1001"], "--last must be 1 to 1000"),

@@ -415,7 +415,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("stream.update changes the limits given, and the dead-letter stream's with them; lowered, the oldest past them go at once and a consumer behind counts them; a dead-letter stream's own, or no limit given, is refused", arguments: Backend.available)
+    @Test("stream.update changes the limits given, and the dead-letter stream's with them; lowered, the oldest past them go at once and a consumer behind counts them; maxAge 0 lifts the age limit; a dead-letter stream's own, or no limit given, is refused", arguments: Backend.available)
     func update(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "ticks", subjects: ["tick"], maxAge: 600))
@@ -449,6 +449,16 @@ struct StreamsTests {
                 #expect(error?.code == code && error?.message.contains(words) == true, "\(String(describing: error)): expected \(code) saying \(words)")
             }
             #expect(try await bus.client.call(API.streamInfo, .init(name: "ticks")).maxAge == 50, "nothing changed")
+            // maxAge 0 lifts the age limit, the dead letters' with it: what is kept stays, however old.
+            info = try await bus.client.call(API.streamUpdate, .init(name: "ticks", maxAge: 0))
+            #expect(info.maxAge == nil && info.messages == 1 && info.maxBytes == 3, "the others stay: \(info)")
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "ticks.dead")).maxAge == nil)
+            bus.time.advance(100)
+            try await bus.publish("tick", 1)
+            info = try await bus.client.call(API.streamInfo, .init(name: "ticks"))
+            #expect(info.messages == 2 && info.firstSequence == 11, "11 is past the old age, and kept: \(info)")
+            // As stream.add takes it: 0 is no age limit, as without one.
+            #expect(try await bus.client.call(API.streamAdd, .init(name: "ages", subjects: ["age."], maxAge: 0)).maxAge == nil)
         }
     }
 
@@ -1249,6 +1259,10 @@ struct StreamVerbTests {
             #expect(row?[6] == "2", "acknowledged: \(result.stdout)")
             result = try await sb("stream", "edit", "orders", "--max-age", "2d")
             #expect(result.status == 0 && result.stdout.contains(", kept 2d, duplicate window 90s; holds 2 messages"), "\(result)")
+            result = try await sb("stream", "edit", "orders", "--max-age", "none")
+            #expect(result.status == 0 && result.stdout.contains(" bytes, duplicate window 90s; holds 2 messages"), "no age limit: \(result)")
+            result = try await sb("stream", "edit", "orders", "--max-age", "forever")
+            #expect(result.status == 64 && result.stderr.contains("'forever' is neither none nor a span of time"), "\(result)")
             result = try await sb("stream", "edit", "orders")
             #expect(result.status == 64 && result.stderr.contains("give the limits to change"), "\(result)")
             result = try await sb("stream", "ls", "--json")

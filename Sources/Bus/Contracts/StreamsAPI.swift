@@ -23,7 +23,7 @@ public enum StreamsAPI {
     private static let deadLettersSuffix = ".dead"
 
     public static let streamAdd = Method<StreamConfig, StreamInfo>(service, "stream.add", "Creates a stream holding the messages published to its subjects (prefixes), with its dead-letter stream NAME.dead; the same again changes nothing, different settings for an existing name are -32004 (stream.update changes its limits).", changesState: true)
-    public static let streamUpdate = Method<StreamLimits, StreamInfo>(service, "stream.update", "Changes a stream's limits, and its dead-letter stream's with them: those given, the others stay. Lowered, the oldest messages past them go at once, and the consumers count what they missed. Its subjects and retention stay as added.", changesState: true)
+    public static let streamUpdate = Method<StreamLimits, StreamInfo>(service, "stream.update", "Changes a stream's limits, and its dead-letter stream's with them: those given, the others stay. Lowered, the oldest messages past them go at once, and the consumers count what they missed; maxAge 0 lifts the age limit. Its subjects and retention stay as added.", changesState: true)
     public static let streamInfo = Method<StreamName, StreamInfo>(service, "stream.info", "A stream's settings, messages, bytes, sequences and consumers (-32003: no such stream).")
     public static let streamList = Method<NoParams, StreamList>(service, "stream.list", "Every stream, dead-letter streams included.")
     public static let metrics = Method<NoParams, KernelAPI.Metrics>(service, "stream.metrics", "Each stream's messages and bytes, and each consumer's pending messages, deliveries, redeliveries, acknowledgements, dead letters and misses, in the Prometheus text format (the gateway's /metrics carries them).")
@@ -65,7 +65,7 @@ public enum StreamsAPI {
         /// Limits: past any of them the oldest messages go (absent: the service's defaults).
         public var maxMessages: Int?
         public var maxBytes: Int?
-        /// Seconds a message is kept (absent: until the other limits remove it).
+        /// Seconds a message is kept (absent or 0: until the other limits remove it).
         public var maxAge: Double?
         /// Seconds a publisher's message id is remembered (absent: 120).
         public var duplicateWindow: Double?
@@ -88,7 +88,7 @@ public enum StreamsAPI {
         public var name: String
         public var maxMessages: Int?
         public var maxBytes: Int?
-        /// Seconds a message is kept.
+        /// Seconds a message is kept; 0: no age limit any more.
         public var maxAge: Double?
         /// Seconds a publisher's message id is remembered.
         public var duplicateWindow: Double?
@@ -395,7 +395,7 @@ public enum StreamsAPI {
 
 extension StreamsAPI.StreamConfig: NumberRanges {
     public static let numberRanges: [String: ClosedRange<Double>] = [
-        "maxMessages": 1...1_000_000_000, "maxBytes": 1...1_099_511_627_776, "maxAge": 0.001...3_153_600_000, "duplicateWindow": 0...86_400,
+        "maxMessages": 1...1_000_000_000, "maxBytes": 1...1_099_511_627_776, "maxAge": 0...3_153_600_000, "duplicateWindow": 0...86_400,
     ]
 }
 

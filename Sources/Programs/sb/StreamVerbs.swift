@@ -131,8 +131,17 @@ struct StreamAdd: AsyncParsableCommand {
 struct StreamLimitOptions: ParsableArguments {
     @Option(parsing: .unconditional, help: "At most this many messages (the oldest go).") var maxMessages: Int?
     @Option(parsing: .unconditional, help: "At most this many bytes of data (the oldest go).") var maxBytes: Int?
-    @Option(parsing: .unconditional, help: ArgumentHelp("How long a message is kept: 7d, 12h, 3600 (seconds).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var maxAge: Double?
-    @Option(parsing: .unconditional, help: ArgumentHelp("How long a message id is remembered, for exactly-once publishing: 10m, 120 (seconds; default 2m).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var duplicateWindow: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long a message is kept: 7d, 12h, 3600 (seconds), or none (no age limit, as a stream is added without it).", valueName: "duration"), transform: Self.age) var maxAge: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long a message id is remembered, for exactly-once publishing: 10m, 120 (seconds; 2m when a stream is added without it).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var duplicateWindow: Double?
+
+    /// `--max-age none` is 0 in the params: no age limit.
+    static func age(_ text: String) throws -> Double {
+        if text == "none" { return 0 }
+        guard let seconds = ConnectionOptions.seconds(text) else {
+            throw ValidationError("'\(text)' is neither none nor a span of time such as 30 (seconds), 500ms, 5s, 2m, 12h or 7d")
+        }
+        return seconds
+    }
 
     var anyGiven: Bool { maxMessages != nil || maxBytes != nil || maxAge != nil || duplicateWindow != nil }
 
@@ -155,6 +164,7 @@ struct StreamEdit: AsyncParsableCommand {
 
             Examples:
               sb stream edit orders --max-age 30d
+              sb stream edit orders --max-age none   no age limit
               sb stream edit orders --max-messages 10000 --max-bytes 100000000
             """
     )

@@ -305,7 +305,7 @@ enum StreamsDatabase {
     /// Changes the stream's limits, and its dead-letter stream's with them (as `stream.add`
     /// made them), for the key that added it or an operator; within the key's quota of bytes.
     /// Lowered, what is past them goes at once, the oldest first, each consumer counting what
-    /// it missed, as a publish past them would remove them.
+    /// it missed, as a publish past them would remove them. A `maxAge` of 0 lifts the age limit.
     static func updateStream(_ db: Database, _ asked: API.StreamLimits, by caller: CallerIdentity?, quota: ClientQuota,
                              now: Double) throws -> API.StreamInfo {
         var stream = try stream(db, asked.name, locking: true)
@@ -321,7 +321,7 @@ enum StreamsDatabase {
         func change(_ changed: inout Stream, duplicateWindow: Double?) throws {
             changed.maxMessages = asked.maxMessages ?? changed.maxMessages
             changed.maxBytes = asked.maxBytes ?? changed.maxBytes
-            changed.maxAge = asked.maxAge ?? changed.maxAge
+            if let maxAge = asked.maxAge { changed.maxAge = maxAge == 0 ? nil : maxAge }
             changed.duplicateWindow = duplicateWindow ?? changed.duplicateWindow
             try db.execute("UPDATE streams SET max_messages = ?, max_bytes = ?, max_age = ?, duplicate_window = ? WHERE name = ?",
                            [changed.maxMessages, changed.maxBytes, changed.maxAge, changed.duplicateWindow, changed.name])
