@@ -302,6 +302,9 @@ enum StreamsDatabase {
         return API.Removed(messages: removed)
     }
 
+    /// A stream's age limit as `stream.add` and `stream.update` take it: 0 is none.
+    static func ageLimit(_ seconds: Double) -> Double? { seconds == 0 ? nil : seconds }
+
     /// Changes the stream's limits, and its dead-letter stream's with them (as `stream.add`
     /// made them), for the key that added it or an operator; within the key's quota of bytes.
     /// Lowered, what is past them goes at once, the oldest first, each consumer counting what
@@ -321,7 +324,7 @@ enum StreamsDatabase {
         func change(_ changed: inout Stream, duplicateWindow: Double?) throws {
             changed.maxMessages = asked.maxMessages ?? changed.maxMessages
             changed.maxBytes = asked.maxBytes ?? changed.maxBytes
-            if let maxAge = asked.maxAge { changed.maxAge = maxAge == 0 ? nil : maxAge }
+            if let maxAge = asked.maxAge { changed.maxAge = ageLimit(maxAge) }
             changed.duplicateWindow = duplicateWindow ?? changed.duplicateWindow
             try db.execute("UPDATE streams SET max_messages = ?, max_bytes = ?, max_age = ?, duplicate_window = ? WHERE name = ?",
                            [changed.maxMessages, changed.maxBytes, changed.maxAge, changed.duplicateWindow, changed.name])

@@ -134,7 +134,7 @@ public actor StreamsService: BusService, ServiceWork {
         }
         let settings = StreamsDatabase.Settings(name: asked.name, subjects: subjects, retention: asked.retention ?? .limits,
                                                 maxMessages: asked.maxMessages ?? configuration.defaultMaxMessages,
-                                                maxBytes: asked.maxBytes ?? configuration.defaultMaxBytes, maxAge: asked.maxAge == 0 ? nil : asked.maxAge,
+                                                maxBytes: asked.maxBytes ?? configuration.defaultMaxBytes, maxAge: asked.maxAge.flatMap(StreamsDatabase.ageLimit),
                                                 duplicateWindow: asked.duplicateWindow ?? configuration.defaultDuplicateWindow,
                                                 captureState: asked.captureState ?? false)
         let (most, caller, quota) = (configuration.maxStreams, CallerIdentity.current, configuration.clientQuota)
