@@ -462,6 +462,39 @@ struct StreamsTests {
         }
     }
 
+    @Test("consumer.update changes a consumer's ack wait and maximum deliveries, keeping its position and pending messages (with their deadlines); adding it again matches its settings as they are now; no setting given, or no such consumer, is refused", arguments: Backend.available)
+    func updateConsumer(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "jobs", subjects: ["job."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 10, maxDeliver: 5))
+            for number in 1...3 { try await bus.publish("job.a", .int(Int64(number))) }
+            _ = try await bus.fetch("jobs", "workers", batch: 2)
+            let info = try await bus.client.call(API.consumerUpdate, .init(stream: "jobs", name: "workers", ackWait: 60, maxDeliver: 1))
+            #expect(info.ackWait == 60 && info.maxDeliver == 1 && info.pending == 2 && info.nextSequence == 3, "\(info)")
+            // 1 and 2 keep their 10 s; past it, handed out once, the new maximum, they go to the dead letters.
+            bus.time.advance(11)
+            #expect(try await bus.fetch("jobs", "workers", batch: 10).messages.map(\.sequence) == [3])
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "jobs.dead")).messages == 2)
+            // 3 was handed out with the new wait.
+            bus.time.advance(30)
+            #expect(try await bus.fetch("jobs", "workers", batch: 10).messages.isEmpty, "3 is pending for 60 s")
+            // Added again: with its settings as they are now it is shown; with those it had, a conflict names them.
+            #expect(try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 60, maxDeliver: 1)).pending == 1)
+            let conflict = await bus.failure(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 10, maxDeliver: 5))
+            #expect(conflict?.code == JSONRPCError.conflictCode && conflict?.message.contains("ackWait is 60, asked 10; maxDeliver is 1, asked 5") == true,
+                    "\(String(describing: conflict))")
+            let cases: [(JSONRPCError?, Int, String)] = [
+                (await bus.failure(API.consumerUpdate, .init(stream: "jobs", name: "workers")), JSONRPCError.invalidParamsCode, "give at least one setting"),
+                (await bus.failure(API.consumerUpdate, .init(stream: "jobs", name: "nobody", ackWait: 5)), JSONRPCError.notFoundCode, "no consumer nobody"),
+                (await bus.failure(API.consumerUpdate, .init(stream: "jobs", name: "workers", maxDeliver: 0)), JSONRPCError.invalidParamsCode, "maxDeliver"),
+            ]
+            for (error, code, words) in cases {
+                #expect(error?.code == code && error?.message.contains(words) == true, "\(String(describing: error)): expected \(code) saying \(words)")
+            }
+            #expect(try await bus.client.call(API.consumerInfo, .init(stream: "jobs", name: "workers")).ackWait == 60, "nothing changed")
+        }
+    }
+
     @Test("a work-queue stream: a message acknowledged or terminated is deleted; one consumer only", arguments: Backend.available)
     func workQueue(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
@@ -1060,6 +1093,8 @@ struct StreamsRightsTests {
             #expect(await bus.failure(API.streamDelete, .init(name: "orders"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
             #expect(await bus.failure(API.streamUpdate, .init(name: "orders", maxMessages: 1), by: bus.other)?.code == JSONRPCError.forbiddenCode)
             #expect(await bus.failure(API.consumerDelete, .init(stream: "orders", name: "billing"), by: bus.other)?.code == JSONRPCError.forbiddenCode)
+            #expect(await bus.failure(API.consumerUpdate, .init(stream: "orders", name: "billing", maxDeliver: 1), by: bus.other)?.code == JSONRPCError.forbiddenCode)
+            #expect(try await bus.other.call(API.consumerUpdate, .init(stream: "orders", name: "audit", maxDeliver: 2)).maxDeliver == 2, "its own")
             // sb, refused so, says the operator's key may; with it, it does.
             let environment = ["SB_ENDPOINT": bus.kernel.endpoints.broker, "SB_KEY_DIR": keys.path, "NO_COLOR": ""]
             let refused = try await runCommand(sbExecutable(), ["stream", "edit", "orders", "--max-age", "1h"], environment: environment)
@@ -1261,6 +1296,10 @@ struct StreamVerbTests {
             #expect(result.status == 0 && result.stdout.contains(", kept 2d, duplicate window 90s; holds 2 messages"), "\(result)")
             result = try await sb("stream", "edit", "orders", "--max-age", "none")
             #expect(result.status == 0 && result.stdout.contains(" bytes, duplicate window 90s; holds 2 messages"), "no age limit: \(result)")
+            result = try await sb("stream", "consumer", "edit", "orders", "billing", "--ack-wait", "2m")
+            #expect(result.status == 0 && result.stdout.hasPrefix("consumer billing of orders: ack wait 2m, dead-lettered after 5 deliveries; next "), "\(result)")
+            result = try await sb("stream", "consumer", "edit", "orders", "billing")
+            #expect(result.status == 64 && result.stderr.contains("give the settings to change"), "\(result)")
             result = try await sb("stream", "edit", "orders", "--max-age", "forever")
             #expect(result.status == 64 && result.stderr.contains("'forever' is neither none nor a span of time"), "\(result)")
             result = try await sb("stream", "edit", "orders")

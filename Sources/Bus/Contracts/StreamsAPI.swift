@@ -32,6 +32,7 @@ public enum StreamsAPI {
     public static let streamPurge = Method<StreamName, Removed>(service, "stream.purge", "Deletes a stream's messages, keeping its sequence, settings and consumers (who are told what they missed).", changesState: true)
     public static let publish = Method<Publish, Published>(service, "stream.publish", "Keeps a message in the stream that holds its subject, answered once durable; with an id, a re-send within the stream's duplicate window is stored once (duplicate: true).", changesState: true)
     public static let consumerAdd = Method<ConsumerConfig, ConsumerInfo>(service, "consumer.add", "Creates a durable consumer on a stream: from the start (all), only new messages, a sequence or a time; a subject filter; its ack deadline and maximum deliveries. The same again changes nothing; different settings are -32004.", changesState: true)
+    public static let consumerUpdate = Method<ConsumerSettings, ConsumerInfo>(service, "consumer.update", "Changes a consumer's ack wait and maximum deliveries: those given, the others stay, as do its position, filter and pending messages. A message already handed out keeps its deadline; one handed out as many times as the new maximum goes to the dead letters once its deadline passes.", changesState: true)
     public static let consumerInfo = Method<ConsumerName, ConsumerInfo>(service, "consumer.info", "A consumer's position, its pending and waiting messages, and its counts.")
     public static let consumerDelete = Method<ConsumerName, Removed>(service, "consumer.delete", "Deletes a consumer and what it had pending.", changesState: true)
     public static let fetch = Method<Fetch, Fetched>(service, "consumer.fetch", "Hands out up to batch messages (and max_bytes of data) to this reader: those whose ack deadline passed first, then the next ones; each stays pending until acknowledged. With wait, waits that long for one when none is ready (less when its worker drains: ask again).", changesState: true)
@@ -166,6 +167,20 @@ public enum StreamsAPI {
         public var name: String
 
         public init(stream: String, name: String) { (self.stream, self.name) = (stream, name) }
+    }
+
+    /// New settings for consumer `name` of `stream` (``consumerUpdate``): at least one of them.
+    public struct ConsumerSettings: Codable, Sendable {
+        public var stream: String
+        public var name: String
+        /// Seconds a handed-out message stays with its reader before it is handed out again.
+        public var ackWait: Double?
+        /// Deliveries before a message goes to the dead-letter stream.
+        public var maxDeliver: Int?
+
+        public init(stream: String, name: String, ackWait: Double? = nil, maxDeliver: Int? = nil) {
+            (self.stream, self.name, self.ackWait, self.maxDeliver) = (stream, name, ackWait, maxDeliver)
+        }
     }
 
     public struct Fetch: Codable, Sendable {
@@ -405,6 +420,10 @@ extension StreamsAPI.StreamLimits: NumberRanges {
 
 extension StreamsAPI.ConsumerConfig: NumberRanges {
     public static let numberRanges: [String: ClosedRange<Double>] = ["startSequence": 1...1_000_000_000_000, "ackWait": 0.001...86_400, "maxDeliver": 1...1_000]
+}
+
+extension StreamsAPI.ConsumerSettings: NumberRanges {
+    public static let numberRanges = StreamsAPI.ConsumerConfig.numberRanges.filter { ["ackWait", "maxDeliver"].contains($0.key) }
 }
 
 extension StreamsAPI.ReadMessages: NumberRanges {

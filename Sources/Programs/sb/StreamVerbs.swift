@@ -311,13 +311,14 @@ struct StreamRead: AsyncParsableCommand {
 struct StreamConsumer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "consumer",
-        abstract: "Create a durable consumer of a stream (add, the default), or delete one (rm).",
+        abstract: "Create a durable consumer of a stream (add, the default), change one (edit), or delete one (rm).",
         discussion: """
             Examples:
               sb stream consumer orders billing --ack-wait 10 --max-deliver 3
+              sb stream consumer edit orders billing --ack-wait 5m
               sb stream consumer rm orders billing
             """,
-        subcommands: [StreamConsumerAdd.self, StreamConsumerDelete.self],
+        subcommands: [StreamConsumerAdd.self, StreamConsumerEdit.self, StreamConsumerDelete.self],
         defaultSubcommand: StreamConsumerAdd.self
     )
 }
@@ -337,20 +338,61 @@ struct StreamConsumerAdd: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: "From this sequence.") var fromSequence: Int?
     @Option(help: "From this time (ISO 8601).") var fromTime: String?
     @Option(help: "Only subjects starting with this.") var filter: String?
-    @Option(parsing: .unconditional, help: ArgumentHelp("How long a reader has a message before it is handed out again: 30s, 500ms, 2m (default 30s).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var ackWait: Double?
-    @Option(parsing: .unconditional, help: "Deliveries before a message goes to the dead letters (default 5).") var maxDeliver: Int?
+    @OptionGroup var settings: ConsumerSettingsOptions
 
     func validate() throws {
         try checkRange(fromSequence, flag: "from-sequence", field: "startSequence", of: StreamsAPI.ConsumerConfig.self)
-        try checkRange(ackWait, flag: "ack-wait", field: "ackWait", of: StreamsAPI.ConsumerConfig.self, unit: "seconds")
-        try checkRange(maxDeliver, flag: "max-deliver", field: "maxDeliver", of: StreamsAPI.ConsumerConfig.self)
     }
 
     func run() async throws {
         let config = StreamsAPI.ConsumerConfig(stream: stream, name: name, deliver: new ? .new : nil, startSequence: fromSequence, startTime: fromTime,
-                                               filter: filter, ackWait: ackWait, maxDeliver: maxDeliver)
+                                               filter: filter, ackWait: settings.ackWait, maxDeliver: settings.maxDeliver)
         try await appVerb(connection, output, { try await call($0, StreamsAPI.consumerAdd, config) }) { info in
             Output.line("consumer \(info.name) of \(info.stream): next \(info.nextSequence), waiting \(info.waiting), pending \(info.pending)")
+        }
+    }
+}
+
+/// A consumer's settings, as `sb stream consumer add` sets them and `edit` changes them.
+struct ConsumerSettingsOptions: ParsableArguments {
+    @Option(parsing: .unconditional, help: ArgumentHelp("How long a reader has a message before it is handed out again: 30s, 500ms, 2m (30s when a consumer is added without it).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var ackWait: Double?
+    @Option(parsing: .unconditional, help: "Deliveries before a message goes to the dead letters (5 when a consumer is added without it).") var maxDeliver: Int?
+
+    func validate() throws {
+        try checkRange(ackWait, flag: "ack-wait", field: "ackWait", of: StreamsAPI.ConsumerConfig.self, unit: "seconds")
+        try checkRange(maxDeliver, flag: "max-deliver", field: "maxDeliver", of: StreamsAPI.ConsumerConfig.self)
+    }
+}
+
+struct StreamConsumerEdit: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "edit",
+        abstract: "Change a consumer's ack wait or maximum deliveries; its position, filter and pending messages stay.",
+        discussion: """
+            A message already handed out keeps its deadline; the new settings apply as messages \
+            are handed out from now on.
+
+            Example:
+              sb stream consumer edit orders billing --ack-wait 5m --max-deliver 10
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+    @Argument(help: "The stream.") var stream: String
+    @Argument(help: "The consumer's name.") var name: String
+    @OptionGroup var settings: ConsumerSettingsOptions
+    @OptionGroup var owner: StreamOwnerOptions
+
+    func validate() throws {
+        guard settings.ackWait != nil || settings.maxDeliver != nil else { throw ValidationError("give the settings to change: --ack-wait or --max-deliver") }
+    }
+
+    func run() async throws {
+        let changed = StreamsAPI.ConsumerSettings(stream: stream, name: name, ackWait: settings.ackWait, maxDeliver: settings.maxDeliver)
+        try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.consumerUpdate, changed) }) { info in
+            Output.line("consumer \(info.name) of \(info.stream): ack wait \(Output.span(info.ackWait)), dead-lettered after \(info.maxDeliver) deliveries;"
+                        + " next \(info.nextSequence), pending \(info.pending)")
         }
     }
 }

@@ -720,7 +720,7 @@ enum StreamsDatabase {
             let current = try JSONValue(parsing: Array(existing.config.utf8))
             guard current == config else {
                 throw JSONRPCError(code: JSONRPCError.conflictCode,
-                                   message: "Conflict: stream \(asked.stream) has a consumer \(asked.name) with other settings (\(differences(current: current, asked: config))); see data.current",
+                                   message: "Conflict: stream \(asked.stream) has a consumer \(asked.name) with other settings (\(differences(current: current, asked: config))): consumer.update changes its ack wait and maximum deliveries; see data.current",
                                    data: ["current": try JSONValue(encoding: try info(db, existing))])
             }
             return try info(db, existing)
@@ -771,11 +771,35 @@ enum StreamsDatabase {
         return info
     }
 
-    /// A consumer goes by the key that added it, or by its stream's (``checkMayChange(_:addedBy:_:)``).
-    static func deleteConsumer(_ db: Database, stream: String, name: String, by caller: CallerIdentity?) throws -> API.Removed {
+    /// Changes the consumer's ack wait and maximum deliveries, for the keys that may delete it.
+    /// What its creator asked is changed with them, so adding it again with its settings as
+    /// they are now changes nothing, and with those it had is a conflict. Pending messages keep
+    /// their deadlines: the new settings apply as each is handed out (or again) from now on.
+    static func updateConsumer(_ db: Database, _ asked: API.ConsumerSettings, by caller: CallerIdentity?) throws -> API.ConsumerInfo {
+        var consumer = try consumerToChange(db, stream: asked.stream, name: asked.name, by: caller)
+        guard case .object(var config) = try JSONValue(parsing: Array(consumer.config.utf8)) else {
+            throw JSONRPCError.internalError("consumer \(asked.name) of stream \(asked.stream) has settings that are not an object")
+        }
+        if let ackWait = asked.ackWait { (consumer.ackWait, config["ackWait"]) = (ackWait, try JSONValue(encoding: ackWait)) }
+        if let maxDeliver = asked.maxDeliver { (consumer.maxDeliver, config["maxDeliver"]) = (maxDeliver, try JSONValue(encoding: maxDeliver)) }
+        try db.execute("UPDATE consumers SET ack_wait = ?, max_deliver = ?, config = ? WHERE stream = ? AND name = ?",
+                       [consumer.ackWait, consumer.maxDeliver, String(decoding: JSONValue.object(config).jsonBytes, as: UTF8.self),
+                        asked.stream, asked.name])
+        return try info(db, try self.consumer(db, stream: asked.stream, name: asked.name))
+    }
+
+    /// The consumer `name` of `stream`, its stream locked, if `caller` may change or delete it:
+    /// the key that added it, the stream's, or an operator's (``checkMayChange(_:addedBy:_:)``).
+    private static func consumerToChange(_ db: Database, stream: String, name: String, by caller: CallerIdentity?) throws -> Consumer {
         let owner = try self.stream(db, stream, locking: true).owner
         let consumer = try consumer(db, stream: stream, name: name)
         if caller?.key != owner { try checkMayChange("consumer \(name) of stream \(stream)", addedBy: consumer.owner, caller) }
+        return consumer
+    }
+
+    /// A consumer goes by the key that added it, or by its stream's (``checkMayChange(_:addedBy:_:)``).
+    static func deleteConsumer(_ db: Database, stream: String, name: String, by caller: CallerIdentity?) throws -> API.Removed {
+        _ = try consumerToChange(db, stream: stream, name: name, by: caller)
         try db.execute("DELETE FROM pending WHERE stream = ? AND consumer = ?", [stream, name])
         try db.execute("DELETE FROM consumers WHERE stream = ? AND name = ?", [stream, name])
         return API.Removed(messages: 0)

@@ -99,6 +99,13 @@ public actor StreamsService: BusService, ServiceWork {
         }
         table.on(API.publish) { service, params in try await service.publish(params) }
         table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
+        table.on(API.consumerUpdate) { service, params in
+            guard params.ackWait != nil || params.maxDeliver != nil else {
+                throw JSONRPCError.invalidParams(field: "name", "give at least one setting to change: ackWait or maxDeliver")
+            }
+            let caller = CallerIdentity.current
+            return try await service.write { db, _ in try StreamsDatabase.updateConsumer(db, params, by: caller) }
+        }
         table.on(API.consumerInfo) { service, params in
             try await service.read { db in try StreamsDatabase.info(db, try StreamsDatabase.consumer(db, stream: params.stream, name: params.name)) }
         }
