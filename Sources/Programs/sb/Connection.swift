@@ -125,9 +125,12 @@ struct ConnectionOptions: ParsableArguments {
 
     /// The transform of a flag that takes a span of time (`seconds(_:)`), as its value in seconds.
     static func secondsArgument(_ text: String) throws -> Double {
-        guard let seconds = seconds(text) else { throw ValidationError("'\(text)' is not a span of time such as 30 (seconds), 500ms, 5s, 2m, 12h or 7d") }
+        guard let seconds = seconds(text) else { throw ValidationError("'\(text)' is not \(spanExamples)") }
         return seconds
     }
+
+    /// What `seconds(_:)` takes, as its errors say it.
+    static let spanExamples = "a span of time such as 30 (seconds), 500ms, 5s, 2m, 12h or 7d"
 
     /// The state endpoints as the flag, else the environment, gives them (nil: derived from the brokers).
     private var givenStateEndpoint: String? {

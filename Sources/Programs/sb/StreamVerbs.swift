@@ -138,7 +138,7 @@ struct StreamLimitOptions: ParsableArguments {
     static func age(_ text: String) throws -> Double {
         if text == "none" { return 0 }
         guard let seconds = ConnectionOptions.seconds(text) else {
-            throw ValidationError("'\(text)' is neither none nor a span of time such as 30 (seconds), 500ms, 5s, 2m, 12h or 7d")
+            throw ValidationError("'\(text)' is neither none nor \(ConnectionOptions.spanExamples)")
         }
         return seconds
     }

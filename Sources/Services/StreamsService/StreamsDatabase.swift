@@ -782,10 +782,10 @@ enum StreamsDatabase {
         }
         if let ackWait = asked.ackWait { (consumer.ackWait, config["ackWait"]) = (ackWait, try JSONValue(encoding: ackWait)) }
         if let maxDeliver = asked.maxDeliver { (consumer.maxDeliver, config["maxDeliver"]) = (maxDeliver, try JSONValue(encoding: maxDeliver)) }
+        consumer.config = String(decoding: JSONValue.object(config).jsonBytes, as: UTF8.self)
         try db.execute("UPDATE consumers SET ack_wait = ?, max_deliver = ?, config = ? WHERE stream = ? AND name = ?",
-                       [consumer.ackWait, consumer.maxDeliver, String(decoding: JSONValue.object(config).jsonBytes, as: UTF8.self),
-                        asked.stream, asked.name])
-        return try info(db, try self.consumer(db, stream: asked.stream, name: asked.name))
+                       [consumer.ackWait, consumer.maxDeliver, consumer.config, asked.stream, asked.name])
+        return try info(db, consumer)
     }
 
     /// The consumer `name` of `stream`, its stream locked, if `caller` may change or delete it:
