@@ -415,7 +415,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("stream.update changes the limits given, and the dead-letter stream's with them; lowered, the oldest past them go at once and a consumer behind counts them; maxAge 0 lifts the age limit; a dead-letter stream's own, or no limit given, is refused", arguments: Backend.available)
+    @Test("stream.update changes the limits given, and the dead-letter stream's with them; lowered, the oldest past them go at once and a consumer behind counts them; maxAge 0 lifts the age limit; subjects given are all it holds from then on, none overlapping another stream's; a dead-letter stream's own, or nothing given, is refused", arguments: Backend.available)
     func update(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "ticks", subjects: ["tick"], maxAge: 600))
@@ -440,7 +440,7 @@ struct StreamsTests {
             #expect(letters.maxAge == 50 && letters.maxBytes == 3 && letters.duplicateWindow == 0, "\(letters)")
             #expect(try await bus.publish("tick", 11).sequence == 11, "the sequence goes on")
             let cases: [(JSONRPCError?, Int, String)] = [
-                (await bus.failure(API.streamUpdate, .init(name: "ticks")), JSONRPCError.invalidParamsCode, "give at least one limit"),
+                (await bus.failure(API.streamUpdate, .init(name: "ticks")), JSONRPCError.invalidParamsCode, "give at least one setting"),
                 (await bus.failure(API.streamUpdate, .init(name: "ticks.dead", maxAge: 5)), JSONRPCError.invalidParamsCode, "stream ticks's dead-letter stream"),
                 (await bus.failure(API.streamUpdate, .init(name: "nothing", maxAge: 5)), JSONRPCError.notFoundCode, "no stream nothing"),
                 (await bus.failure(API.streamUpdate, .init(name: "ticks", maxMessages: 0)), JSONRPCError.invalidParamsCode, "maxMessages"),
@@ -459,6 +459,25 @@ struct StreamsTests {
             #expect(info.messages == 2 && info.firstSequence == 11, "11 is past the old age, and kept: \(info)")
             // As stream.add takes it: 0 is no age limit, as without one.
             #expect(try await bus.client.call(API.streamAdd, .init(name: "ages", subjects: ["age."], maxAge: 0)).maxAge == nil)
+            // Subjects: every prefix it holds from then on; what it kept under one left out stays.
+            info = try await bus.client.call(API.streamUpdate, .init(name: "ticks", subjects: ["tock.", "tick", "tock."]))
+            #expect(info.subjects == ["tick", "tock."] && info.messages == 2 && info.maxBytes == 3, "the limits stay: \(info)")
+            #expect(try await bus.publish("tock.a", 2).stream == "ticks")
+            info = try await bus.client.call(API.streamUpdate, .init(name: "ticks", subjects: ["tock."]))
+            #expect(info.subjects == ["tock."] && info.lastSequence == 13, "\(info)")
+            #expect(await bus.failure(API.publish, .init(subject: "tick", data: 1))?.code == JSONRPCError.notFoundCode, "no stream holds tick now")
+            let overlapping: [(JSONRPCError?, Int, String)] = [
+                (await bus.failure(API.streamUpdate, .init(name: "ticks", subjects: ["age.old"])), JSONRPCError.conflictCode, "stream ages holds age."),
+                (await bus.failure(API.streamUpdate, .init(name: "ticks", subjects: ["t", "tock."])), JSONRPCError.invalidParamsCode, "t and tock. overlap"),
+                (await bus.failure(API.streamUpdate, .init(name: "ticks", subjects: [])), JSONRPCError.invalidParamsCode, "1 to 32"),
+                (await bus.failure(API.streamUpdate, .init(name: "ticks.dead", subjects: ["dead."])), JSONRPCError.invalidParamsCode, "no subjects"),
+            ]
+            for (error, code, words) in overlapping {
+                #expect(error?.code == code && error?.message.contains(words) == true, "\(String(describing: error)): expected \(code) saying \(words)")
+            }
+            // Its own subjects do not stand in its way.
+            #expect(try await bus.client.call(API.streamUpdate, .init(name: "ticks", subjects: ["to"])).subjects == ["to"])
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "ages")).subjects == ["age."], "the other stream keeps its own")
         }
     }
 
@@ -830,6 +849,24 @@ struct StreamsStateCaptureTests {
                 #expect(kept == (1...20).map { "/client/prices/d=\($0)" })
                 #expect(try await bus.client.call(API.streamInfo, .init(name: "prices")).messages == 22)
             }
+        }
+        await state.close()
+    }
+
+    @Test("a capturing stream's subjects stay as added: stream.update refuses others (who may read its messages is judged by them), and it goes on keeping the changes under them")
+    func captureSubjectsStay() async throws {
+        let bus = try await StreamsBus.start()
+        let state = try await BusClient(brokers: [bus.kernel.endpoints.broker], timeout: .seconds(10))
+        try await stopping(bus, with: { await $0.stop() }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "levels", subjects: ["/client/levels/"], captureState: true))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "levels", name: "reader"))
+            let refused = await bus.failure(API.streamUpdate, .init(name: "levels", subjects: ["/client/"]))
+            #expect(refused?.code == JSONRPCError.invalidParamsCode && refused?.message.contains("stay as added") == true, "\(String(describing: refused))")
+            let info = try await bus.client.call(API.streamUpdate, .init(name: "levels", maxMessages: 5))
+            #expect(info.subjects == ["/client/levels/"] && info.maxMessages == 5, "\(info)")
+            try await state.publish(key: "/client/depths/a", value: 1)
+            try await state.publish(key: "/client/levels/a", value: 2)
+            #expect(try Self.changes(try await Self.take(1, from: "levels", bus)) == ["/client/levels/a=2"])
         }
         await state.close()
     }
@@ -1303,7 +1340,9 @@ struct StreamVerbTests {
             result = try await sb("stream", "edit", "orders", "--max-age", "forever")
             #expect(result.status == 64 && result.stderr.contains("'forever' is neither none nor a span of time"), "\(result)")
             result = try await sb("stream", "edit", "orders")
-            #expect(result.status == 64 && result.stderr.contains("give the limits to change"), "\(result)")
+            #expect(result.status == 64 && result.stderr.contains("give what to change: --subjects"), "\(result)")
+            result = try await sb("stream", "edit", "orders", "--subjects", "orders.", "returns.")
+            #expect(result.status == 0 && result.stdout.hasPrefix("stream orders: subjects orders. returns., at most "), "\(result)")
             result = try await sb("stream", "ls", "--json")
             #expect(result.status == 0 && result.stdout.contains("\"name\":\"orders\""), "\(result)")
             try await bus.publish("orders.new", 3)

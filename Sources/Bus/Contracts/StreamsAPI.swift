@@ -22,8 +22,8 @@ public enum StreamsAPI {
 
     private static let deadLettersSuffix = ".dead"
 
-    public static let streamAdd = Method<StreamConfig, StreamInfo>(service, "stream.add", "Creates a stream holding the messages published to its subjects (prefixes), with its dead-letter stream NAME.dead; the same again changes nothing, different settings for an existing name are -32004 (stream.update changes its limits).", changesState: true)
-    public static let streamUpdate = Method<StreamLimits, StreamInfo>(service, "stream.update", "Changes a stream's limits, and its dead-letter stream's with them: those given, the others stay. Lowered, the oldest messages past them go at once, and the consumers count what they missed; maxAge 0 lifts the age limit. Its subjects and retention stay as added.", changesState: true)
+    public static let streamAdd = Method<StreamConfig, StreamInfo>(service, "stream.add", "Creates a stream holding the messages published to its subjects (prefixes), with its dead-letter stream NAME.dead; the same again changes nothing, different settings for an existing name are -32004 (stream.update changes its subjects and limits).", changesState: true)
+    public static let streamUpdate = Method<StreamSettings, StreamInfo>(service, "stream.update", "Changes a stream's subjects and limits, and its dead-letter stream's limits with them: those given, the others stay. Lowered, the oldest messages past the limits go at once, and the consumers count what they missed; maxAge 0 lifts the age limit. Subjects given are every prefix it holds from then on (no other stream's may overlap them): messages kept under one left out stay. Its retention, and a capturing stream's subjects, stay as added.", changesState: true)
     public static let streamInfo = Method<StreamName, StreamInfo>(service, "stream.info", "A stream's settings, messages, bytes, sequences and consumers (-32003: no such stream).")
     public static let streamList = Method<NoParams, StreamList>(service, "stream.list", "Every stream, dead-letter streams included.")
     public static let metrics = Method<NoParams, KernelAPI.Metrics>(service, "stream.metrics", "Each stream's messages and bytes, and each consumer's pending messages, deliveries, redeliveries, acknowledgements, dead letters and misses, in the Prometheus text format (the gateway's /metrics carries them).")
@@ -84,9 +84,11 @@ public enum StreamsAPI {
         }
     }
 
-    /// New limits for stream `name` (``streamUpdate``): at least one of them.
-    public struct StreamLimits: Codable, Sendable {
+    /// New subjects or limits for stream `name` (``streamUpdate``): at least one of them.
+    public struct StreamSettings: Codable, Sendable {
         public var name: String
+        /// Every subject prefix the stream holds from now on (as ``StreamConfig/subjects``).
+        public var subjects: [String]?
         public var maxMessages: Int?
         public var maxBytes: Int?
         /// Seconds a message is kept; 0: no age limit any more.
@@ -94,8 +96,10 @@ public enum StreamsAPI {
         /// Seconds a publisher's message id is remembered.
         public var duplicateWindow: Double?
 
-        public init(name: String, maxMessages: Int? = nil, maxBytes: Int? = nil, maxAge: Double? = nil, duplicateWindow: Double? = nil) {
-            (self.name, self.maxMessages, self.maxBytes, self.maxAge, self.duplicateWindow) = (name, maxMessages, maxBytes, maxAge, duplicateWindow)
+        public init(name: String, subjects: [String]? = nil, maxMessages: Int? = nil, maxBytes: Int? = nil, maxAge: Double? = nil,
+                    duplicateWindow: Double? = nil) {
+            (self.name, self.subjects, self.maxMessages, self.maxBytes, self.maxAge, self.duplicateWindow)
+                = (name, subjects, maxMessages, maxBytes, maxAge, duplicateWindow)
         }
     }
 
@@ -414,7 +418,7 @@ extension StreamsAPI.StreamConfig: NumberRanges {
     ]
 }
 
-extension StreamsAPI.StreamLimits: NumberRanges {
+extension StreamsAPI.StreamSettings: NumberRanges {
     public static let numberRanges = StreamsAPI.StreamConfig.numberRanges
 }
 

@@ -157,33 +157,39 @@ struct StreamLimitOptions: ParsableArguments {
 struct StreamEdit: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "edit",
-        abstract: "Change a stream's limits (and its dead letters'); lowered, the oldest messages past them go at once.",
+        abstract: "Change a stream's subjects or limits (and its dead letters' limits); lowered, the oldest messages past them go at once.",
         discussion: """
-            Its subjects and retention stay as added. Consumers count what the new limits remove \
-            before they had it done (MISSED in sb stream info).
+            --subjects gives every prefix the stream holds from then on: messages kept under one \
+            left out stay. Its retention, and a capturing stream's subjects, stay as added. \
+            Consumers count what the new limits remove before they had it done (MISSED in sb \
+            stream info).
 
             Examples:
               sb stream edit orders --max-age 30d
               sb stream edit orders --max-age none   no age limit
               sb stream edit orders --max-messages 10000 --max-bytes 100000000
+              sb stream edit orders --subjects orders. returns.
             """
     )
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream's name.") var name: String
+    @Option(parsing: .upToNextOption, help: "Every subject prefix it holds from now on.") var subjects: [String] = []
     @OptionGroup var limits: StreamLimitOptions
     @OptionGroup var owner: StreamOwnerOptions
 
     func validate() throws {
-        guard limits.anyGiven else { throw ValidationError("give the limits to change: --max-messages, --max-bytes, --max-age or --duplicate-window") }
+        guard limits.anyGiven || !subjects.isEmpty else {
+            throw ValidationError("give what to change: --subjects, --max-messages, --max-bytes, --max-age or --duplicate-window")
+        }
     }
 
     func run() async throws {
-        let changed = StreamsAPI.StreamLimits(name: name, maxMessages: limits.maxMessages, maxBytes: limits.maxBytes, maxAge: limits.maxAge,
-                                              duplicateWindow: limits.duplicateWindow)
+        let changed = StreamsAPI.StreamSettings(name: name, subjects: subjects.isEmpty ? nil : subjects, maxMessages: limits.maxMessages,
+                                                maxBytes: limits.maxBytes, maxAge: limits.maxAge, duplicateWindow: limits.duplicateWindow)
         try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.streamUpdate, changed) }) { info in
-            Output.line("stream \(info.name): at most \(info.maxMessages) messages and \(info.maxBytes) bytes"
+            Output.line("stream \(info.name): subjects \(info.subjects.joined(separator: " ")), at most \(info.maxMessages) messages and \(info.maxBytes) bytes"
                         + (info.maxAge.map { ", kept \(Output.span($0))" } ?? "") + ", duplicate window \(Output.span(info.duplicateWindow))"
                         + "; holds \(info.messages) message\(info.messages == 1 ? "" : "s")")
         }

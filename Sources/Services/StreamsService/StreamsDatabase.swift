@@ -119,7 +119,7 @@ enum StreamsDatabase {
             guard same == asked else {
                 let differences = Self.differences(current: try JSONValue(encoding: same), asked: try JSONValue(encoding: asked))
                 throw JSONRPCError(code: JSONRPCError.conflictCode,
-                                   message: "Conflict: stream \(settings.name) exists with other settings (\(differences)): stream.update changes a stream's limits; see data.current",
+                                   message: "Conflict: stream \(settings.name) exists with other settings (\(differences)): stream.update changes a stream's subjects and limits; see data.current",
                                    data: ["current": try JSONValue(encoding: try info(db, existing))])
             }
             return try info(db, existing)
@@ -133,17 +133,7 @@ enum StreamsDatabase {
             }
             try checkBytesQuota(quota, held: bytes, streams: count, adding: settings.maxBytes)
         }
-        for prefix in settings.subjects {
-            if let held = try db.row("""
-                SELECT prefix, stream FROM subjects
-                WHERE substr(?, 1, length(prefix)) = prefix OR substr(prefix, 1, length(?)) = ?
-                """, [prefix, prefix, prefix]) {
-                let (other, stream) = (try held.text("prefix"), try held.text("stream"))
-                throw JSONRPCError(code: JSONRPCError.conflictCode,
-                                   message: "Conflict: subjects \(prefix) and \(other) overlap, and stream \(stream) holds \(other)",
-                                   data: ["stream": .string(stream), "subject": .string(other)])
-            }
-        }
+        try checkNoOtherHolds(db, settings.subjects, besides: settings.name)
         let deadLetters = API.deadLetters(of: settings.name)
         let stream = Stream(settings, deadLetters: deadLetters, owner: caller?.key, now: now)
         try insert(db, stream)
@@ -152,10 +142,32 @@ enum StreamsDatabase {
         try insert(db, Stream(Settings(name: deadLetters, subjects: [], retention: .limits, maxMessages: settings.maxMessages,
                                        maxBytes: settings.maxBytes, maxAge: settings.maxAge, duplicateWindow: 0),
                               deadLetters: nil, owner: caller?.key, now: now))
-        for prefix in settings.subjects {
-            try db.execute("INSERT INTO subjects (prefix, stream) VALUES (?, ?)", [prefix, settings.name])
-        }
+        try hold(db, settings.subjects, for: settings.name)
         return try info(db, stream)
+    }
+
+    /// -32004 when a stream other than `name` holds a subject that overlaps one of `subjects`
+    /// (a message published to it would belong to both). The caller holds ``addingStreams``.
+    private static func checkNoOtherHolds(_ db: Database, _ subjects: [String], besides name: String) throws {
+        for prefix in subjects {
+            if let held = try db.row("""
+                SELECT prefix, stream FROM subjects
+                WHERE stream <> ? AND (substr(?, 1, length(prefix)) = prefix OR substr(prefix, 1, length(?)) = ?)
+                """, [name, prefix, prefix, prefix]) {
+                let (other, stream) = (try held.text("prefix"), try held.text("stream"))
+                throw JSONRPCError(code: JSONRPCError.conflictCode,
+                                   message: "Conflict: subjects \(prefix) and \(other) overlap, and stream \(stream) holds \(other)",
+                                   data: ["stream": .string(stream), "subject": .string(other)])
+            }
+        }
+    }
+
+    /// Stream `name` holds exactly `subjects` from now on.
+    private static func hold(_ db: Database, _ subjects: [String], for name: String) throws {
+        try db.execute("DELETE FROM subjects WHERE stream = ?", [name])
+        for prefix in subjects {
+            try db.execute("INSERT INTO subjects (prefix, stream) VALUES (?, ?)", [prefix, name])
+        }
     }
 
     private static func insert(_ db: Database, _ stream: Stream) throws {
@@ -305,17 +317,30 @@ enum StreamsDatabase {
     /// A stream's age limit as `stream.add` and `stream.update` take it: 0 is none.
     static func ageLimit(_ seconds: Double) -> Double? { seconds == 0 ? nil : seconds }
 
-    /// Changes the stream's limits, and its dead-letter stream's with them (as `stream.add`
+    /// Changes the stream's subjects (checked by ``Check/subjects(_:)``; not a capturing
+    /// stream's) and limits, and its dead-letter stream's limits with them (as `stream.add`
     /// made them), for the key that added it or an operator; within the key's quota of bytes.
-    /// Lowered, what is past them goes at once, the oldest first, each consumer counting what
-    /// it missed, as a publish past them would remove them. A `maxAge` of 0 lifts the age limit.
-    static func updateStream(_ db: Database, _ asked: API.StreamLimits, by caller: CallerIdentity?, quota: ClientQuota,
+    /// Lowered, what is past the limits goes at once, the oldest first, each consumer counting
+    /// what it missed, as a publish past them would remove them. A `maxAge` of 0 lifts the
+    /// age limit.
+    static func updateStream(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
                              now: Double) throws -> API.StreamInfo {
+        // Subjects are checked against every other stream's, as adding a stream does.
+        if asked.subjects != nil { try db.lockAll(addingStreams) }
         var stream = try stream(db, asked.name, locking: true)
         try checkMayChange("stream \(asked.name)", addedBy: stream.owner, caller)
         guard let deadLetters = stream.deadLetters else {
             let owner = API.stream(ofDeadLetters: asked.name) ?? asked.name
-            throw JSONRPCError.invalidParams(field: "name", "\(asked.name) is stream \(owner)'s dead-letter stream: it has \(owner)'s limits")
+            throw JSONRPCError.invalidParams(field: "name", "\(asked.name) is stream \(owner)'s dead-letter stream: it has \(owner)'s limits and no subjects")
+        }
+        if let subjects = asked.subjects {
+            // Its messages are those keys' changes, and who may read them is judged by its
+            // subjects (the gateway's readable prefixes): they stay what they were kept under.
+            guard !stream.captureState else {
+                throw JSONRPCError.invalidParams(field: "subjects", "stream \(asked.name) keeps the kernel's state under its subjects: they stay as added (add another stream to capture other keys)")
+            }
+            try checkNoOtherHolds(db, subjects, besides: asked.name)
+            try hold(db, subjects, for: asked.name)
         }
         if let maxBytes = asked.maxBytes, let key = quota.binding(caller) {
             try checkBytesQuota(quota, held: try held(db, by: key, besides: asked.name).bytes, streams: nil, adding: maxBytes)

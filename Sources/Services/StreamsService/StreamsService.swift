@@ -101,7 +101,7 @@ public actor StreamsService: BusService, ServiceWork {
         table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
         table.on(API.consumerUpdate) { service, params in
             guard params.ackWait != nil || params.maxDeliver != nil else {
-                throw JSONRPCError.invalidParams(field: "name", "give at least one setting to change: ackWait or maxDeliver")
+                throw JSONRPCError.invalidParams(field: "params", "give at least one setting to change: ackWait or maxDeliver")
             }
             let caller = CallerIdentity.current
             return try await service.write { db, _ in try StreamsDatabase.updateConsumer(db, params, by: caller) }
@@ -128,16 +128,9 @@ public actor StreamsService: BusService, ServiceWork {
 
     func addStream(_ asked: API.StreamConfig) async throws -> API.StreamInfo {
         try Check.name(asked.name, field: "name")
-        guard (1...32).contains(asked.subjects.count) else { throw JSONRPCError.invalidParams(field: "subjects", "must hold 1 to 32 subject prefixes") }
-        for subject in asked.subjects { try Check.subject(subject, field: "subjects") }
-        if asked.captureState == true, let other = asked.subjects.first(where: { !$0.hasPrefix("/") }) {
+        let subjects = try Check.subjects(asked.subjects)
+        if asked.captureState == true, let other = subjects.first(where: { !$0.hasPrefix("/") }) {
             throw JSONRPCError.invalidParams(field: "subjects", "\(other) is not a prefix of the state's keys, which start with '/'")
-        }
-        let subjects = Array(Set(asked.subjects)).sorted()
-        for (index, prefix) in subjects.enumerated() {
-            if let other = subjects[(index + 1)...].first(where: { $0.hasPrefix(prefix) }) {
-                throw JSONRPCError.invalidParams(field: "subjects", "\(prefix) and \(other) overlap: give the shorter one only")
-            }
         }
         let settings = StreamsDatabase.Settings(name: asked.name, subjects: subjects, retention: asked.retention ?? .limits,
                                                 maxMessages: asked.maxMessages ?? configuration.defaultMaxMessages,
@@ -150,12 +143,14 @@ public actor StreamsService: BusService, ServiceWork {
         return added
     }
 
-    func updateStream(_ asked: API.StreamLimits) async throws -> API.StreamInfo {
-        guard asked.maxMessages != nil || asked.maxBytes != nil || asked.maxAge != nil || asked.duplicateWindow != nil else {
-            throw JSONRPCError.invalidParams(field: "name", "give at least one limit to change: maxMessages, maxBytes, maxAge or duplicateWindow")
+    func updateStream(_ asked: API.StreamSettings) async throws -> API.StreamInfo {
+        guard asked.subjects != nil || asked.maxMessages != nil || asked.maxBytes != nil || asked.maxAge != nil || asked.duplicateWindow != nil else {
+            throw JSONRPCError.invalidParams(field: "params", "give at least one setting to change: subjects, maxMessages, maxBytes, maxAge or duplicateWindow")
         }
+        var asked = asked
+        asked.subjects = try asked.subjects.map(Check.subjects)
         let (caller, quota) = (CallerIdentity.current, configuration.clientQuota)
-        return try await write { db, now in try StreamsDatabase.updateStream(db, asked, by: caller, quota: quota, now: now) }
+        return try await write { [asked] db, now in try StreamsDatabase.updateStream(db, asked, by: caller, quota: quota, now: now) }
     }
 
     func readMessages(_ asked: API.ReadMessages) async throws -> API.Messages {
@@ -422,6 +417,20 @@ enum Check {
         guard (1...64).contains(name.utf8.count), name.utf8.allSatisfy({ $0.isASCIILetterOrDigit || $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_") }) else {
             throw JSONRPCError.invalidParams(field: field, "must be 1 to 64 letters, digits, '-' or '_'")
         }
+    }
+
+    /// A stream's subject prefixes, sorted, each once: 1 to 32 of them, each a subject, none
+    /// the start of another (the shorter one holds both).
+    static func subjects(_ asked: [String]) throws -> [String] {
+        guard (1...32).contains(asked.count) else { throw JSONRPCError.invalidParams(field: "subjects", "must hold 1 to 32 subject prefixes") }
+        for subject in asked { try Check.subject(subject, field: "subjects") }
+        let subjects = Array(Set(asked)).sorted()
+        for (index, prefix) in subjects.enumerated() {
+            if let other = subjects[(index + 1)...].first(where: { $0.hasPrefix(prefix) }) {
+                throw JSONRPCError.invalidParams(field: "subjects", "\(prefix) and \(other) overlap: give the shorter one only")
+            }
+        }
+        return subjects
     }
 
     /// Subjects and their prefixes: 1 to 256 bytes of printable characters without spaces.
