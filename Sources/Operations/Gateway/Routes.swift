@@ -521,7 +521,7 @@ struct Routes: Sendable {
 
     /// A consumer's messages pushed as Server-Sent Events, for a browser's `EventSource`:
     /// `consumer.next` asked in parts, each message an event (`id:` its sequence, `data:` the
-    /// message as the contract gives it), then `event: end` with how many were sent, or
+    /// message as the contract gives it), then `event: end` with how many were sent and missed, or
     /// `event: error` with the JSON-RPC error that ended it. Query `max` and `expires` as
     /// `consumer.next` takes them. A stream or consumer that is not there is refused with its
     /// HTTP status before the stream opens (an `EventSource` stops on it rather than retry).
@@ -601,7 +601,9 @@ struct Routes: Sendable {
                     case .keepAlive:
                         try await writer.write(Self.keepAlive)
                     case .end(let end):
-                        try await writer.write(Self.framed(try JSONValue(encoding: end).jsonBytes, .eventStream, event: "end"))
+                        // The counts only: each message was an event of its own.
+                        let counts: JSONValue = ["count": .int(Int64(end.count)), "missed": .int(Int64(end.missed))]
+                        try await writer.write(Self.framed(counts.jsonBytes, .eventStream, event: "end"))
                     case .failed(let error):
                         try await writer.write(Self.framed(Self.response(id: .null, .failure(error)).jsonBytes, .eventStream, event: "error"))
                     }
