@@ -481,6 +481,31 @@ struct StreamsTests {
         }
     }
 
+    @Test("stream.purge with a subject deletes only its messages, with keep all but the last of them; the sequence goes on and a consumer counts what it had not had done; out of range is refused", arguments: Backend.available)
+    func purgeSome(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "events", subjects: ["ev."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "events", name: "reader"))
+            for (number, subject) in ["ev.a", "ev.b", "ev.a", "ev.b", "ev.a"].enumerated() { try await bus.publish(subject, .int(Int64(number + 1))) }
+            // 1 (ev.a) pending, 2 to 5 not handed out yet.
+            #expect(try await bus.fetch("events", "reader", batch: 1).messages.map(\.sequence) == [1])
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "events", subject: "ev.a", keep: 1)).messages == 2)
+            var info = try await bus.client.call(API.streamInfo, .init(name: "events"))
+            #expect(info.messages == 3 && info.firstSequence == 2 && info.bytes == 3, "2, 4 and 5 stay: \(info)")
+            let next = try await bus.fetch("events", "reader", batch: 10)
+            #expect(next.missed == 2 && next.messages.map(\.sequence) == [2, 4, 5], "1 (pending) and 3 missed: \(next)")
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "events", subject: "ev.b")).messages == 2)
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "events", keep: 5)).messages == 0, "fewer than 5: none go")
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "events", subject: "ev.c")).messages == 0)
+            info = try await bus.client.call(API.streamInfo, .init(name: "events"))
+            #expect(info.messages == 1 && info.firstSequence == 5 && info.lastSequence == 5, "\(info)")
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "events", keep: 0)).messages == 1, "keep 0: all")
+            #expect(try await bus.publish("ev.a", 6).sequence == 6, "the sequence goes on")
+            #expect(await bus.failure(API.streamPurge, .init(name: "events", keep: -1))?.code == JSONRPCError.invalidParamsCode)
+            #expect(await bus.failure(API.streamPurge, .init(name: "events", subject: ""))?.message.contains("subject") == true)
+        }
+    }
+
     @Test("consumer.update changes a consumer's ack wait and maximum deliveries, keeping its position and pending messages (with their deadlines); adding it again matches its settings as they are now; no setting given, or no such consumer, is refused", arguments: Backend.available)
     func updateConsumer(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
@@ -1341,6 +1366,10 @@ struct StreamVerbTests {
             #expect(result.status == 64 && result.stderr.contains("'forever' is neither none nor a span of time"), "\(result)")
             result = try await sb("stream", "edit", "orders")
             #expect(result.status == 64 && result.stderr.contains("give what to change: --subjects"), "\(result)")
+            result = try await sb("stream", "purge", "orders", "--subject", "orders.none.", "--keep", "1")
+            #expect(result.status == 0 && result.stdout == "purged stream orders (0 messages)\n", "\(result)")
+            result = try await sb("stream", "purge", "orders", "--keep", "-2")
+            #expect(result.status == 64 && result.stderr.contains("--keep must be 0 to 1000000000"), "\(result)")
             result = try await sb("stream", "edit", "orders", "--subjects", "orders.", "returns.")
             #expect(result.status == 0 && result.stdout.hasPrefix("stream orders: subjects orders. returns., at most "), "\(result)")
             result = try await sb("stream", "ls", "--json")

@@ -29,7 +29,7 @@ public enum StreamsAPI {
     public static let metrics = Method<NoParams, KernelAPI.Metrics>(service, "stream.metrics", "Each stream's messages and bytes, and each consumer's pending messages, deliveries, redeliveries, acknowledgements, dead letters and misses, in the Prometheus text format (the gateway's /metrics carries them).")
     public static let streamMessages = Method<ReadMessages, Messages>(service, "stream.messages", "Reads a stream's messages without a consumer (nothing handed out, nothing pending): from a sequence on, or the last ones; at most max of them and 1 MiB of data.")
     public static let streamDelete = Method<StreamName, Removed>(service, "stream.delete", "Deletes a stream with its messages, its consumers and its dead-letter stream.", changesState: true)
-    public static let streamPurge = Method<StreamName, Removed>(service, "stream.purge", "Deletes a stream's messages, keeping its sequence, settings and consumers (who are told what they missed).", changesState: true)
+    public static let streamPurge = Method<Purge, Removed>(service, "stream.purge", "Deletes a stream's messages (with subject, those whose subject starts with it; with keep, all but the last keep of them), keeping its sequence, settings and consumers (who are told what they missed).", changesState: true)
     public static let publish = Method<Publish, Published>(service, "stream.publish", "Keeps a message in the stream that holds its subject, answered once durable; with an id, a re-send within the stream's duplicate window is stored once (duplicate: true).", changesState: true)
     public static let consumerAdd = Method<ConsumerConfig, ConsumerInfo>(service, "consumer.add", "Creates a durable consumer on a stream: from the start (all), only new messages, a sequence or a time; a subject filter; its ack deadline and maximum deliveries. The same again changes nothing; different settings are -32004.", changesState: true)
     public static let consumerUpdate = Method<ConsumerSettings, ConsumerInfo>(service, "consumer.update", "Changes a consumer's ack wait and maximum deliveries: those given, the others stay, as do its position, filter and pending messages. A message already handed out keeps its deadline; one handed out as many times as the new maximum goes to the dead letters once its deadline passes.", changesState: true)
@@ -107,6 +107,18 @@ public enum StreamsAPI {
         public var name: String
 
         public init(name: String) { self.name = name }
+    }
+
+    /// The messages of stream `name` to delete (``streamPurge``): all of them, or those
+    /// `subject` and `keep` choose.
+    public struct Purge: Codable, Sendable {
+        public var name: String
+        /// Only messages whose subject starts with it.
+        public var subject: String?
+        /// All but the last this many (of those `subject` chooses).
+        public var keep: Int?
+
+        public init(name: String, subject: String? = nil, keep: Int? = nil) { (self.name, self.subject, self.keep) = (name, subject, keep) }
     }
 
     /// Messages read without a consumer: from a sequence on, or the last ones.
@@ -428,6 +440,10 @@ extension StreamsAPI.ConsumerConfig: NumberRanges {
 
 extension StreamsAPI.ConsumerSettings: NumberRanges {
     public static let numberRanges = StreamsAPI.ConsumerConfig.numberRanges.filter { ["ackWait", "maxDeliver"].contains($0.key) }
+}
+
+extension StreamsAPI.Purge: NumberRanges {
+    public static let numberRanges: [String: ClosedRange<Double>] = ["keep": 0...1_000_000_000]
 }
 
 extension StreamsAPI.ReadMessages: NumberRanges {

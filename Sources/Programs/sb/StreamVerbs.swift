@@ -219,15 +219,34 @@ struct StreamDelete: AsyncParsableCommand {
 }
 
 struct StreamPurge: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "purge", abstract: "Delete a stream's messages, keeping its settings and consumers.")
+    static let configuration = CommandConfiguration(
+        commandName: "purge",
+        abstract: "Delete a stream's messages (or those of a subject), keeping its settings and consumers.",
+        discussion: """
+            The sequence goes on; consumers count what they had not had done (MISSED in sb \
+            stream info).
+
+            Examples:
+              sb stream purge orders
+              sb stream purge orders --subject orders.test.
+              sb stream purge prices --subject /pricing/ --keep 10   all but the last 10
+            """
+    )
 
     @OptionGroup var connection: ConnectionOptions
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream's name.") var name: String
+    @Option(help: "Only the messages whose subject starts with this.") var subject: String?
+    @Option(parsing: .unconditional, help: "All but the last this many (of the subject's, with --subject).") var keep: Int?
     @OptionGroup var owner: StreamOwnerOptions
 
+    func validate() throws {
+        try checkRange(keep, flag: "keep", field: "keep", of: StreamsAPI.Purge.self)
+    }
+
     func run() async throws {
-        try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.streamPurge, StreamsAPI.StreamName(name: name)) }) { removed in
+        let purge = StreamsAPI.Purge(name: name, subject: subject, keep: keep)
+        try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.streamPurge, purge) }) { removed in
             Output.line("purged stream \(name) (\(removed.messages) messages)")
         }
     }

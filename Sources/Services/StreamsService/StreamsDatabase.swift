@@ -304,14 +304,24 @@ enum StreamsDatabase {
         return API.Removed(messages: removed)
     }
 
-    /// Deletes every message; the sequence goes on, and each consumer counts what it missed.
-    static func purge(_ db: Database, _ name: String, by caller: CallerIdentity?) throws -> API.Removed {
-        var stream = try stream(db, name, locking: true)
-        try checkMayChange("stream \(name)", addedBy: stream.owner, caller)
-        let removed = stream.messages
-        try removeAll(db, &stream, before: stream.lastSeq + 1)
+    /// Deletes every message, or those whose subject starts with `subject`; with `keep`, all
+    /// but the last `keep` of them. The sequence goes on, and each consumer counts what it missed.
+    static func purge(_ db: Database, _ asked: API.Purge, by caller: CallerIdentity?) throws -> API.Removed {
+        var stream = try stream(db, asked.name, locking: true)
+        try checkMayChange("stream \(asked.name)", addedBy: stream.owner, caller)
+        let before = stream.messages
+        var first = stream.lastSeq + 1
+        if let keep = asked.keep, keep > 0 {
+            let (matches, arguments) = subjectMatches(asked.subject)
+            guard let kept = try db.int("SELECT seq FROM messages WHERE stream = ? AND \(matches) ORDER BY seq DESC LIMIT 1 OFFSET ?",
+                                        [asked.name] + arguments + [keep - 1]) else {
+                return API.Removed(messages: 0)
+            }
+            first = kept
+        }
+        try removeAll(db, &stream, before: first, subject: asked.subject)
         try save(db, stream)
-        return API.Removed(messages: removed)
+        return API.Removed(messages: before - stream.messages)
     }
 
     /// A stream's age limit as `stream.add` and `stream.update` take it: 0 is none.
@@ -385,23 +395,29 @@ enum StreamsDatabase {
         return first
     }
 
-    /// Removes every message before sequence `first`, each consumer counting those it had not
-    /// had done; the stream's counters are the caller's to save. What goes is counted, not
-    /// what stays: a stream cut by a little keeps most of its messages.
-    private static func removeAll(_ db: Database, _ stream: inout Stream, before first: Int) throws {
+    /// Removes every message before sequence `first` (with `subject`, those whose subject
+    /// starts with it), each consumer counting those it had not had done; the stream's
+    /// counters are the caller's to save. What goes is counted, not what stays: a stream cut
+    /// by a little keeps most of its messages.
+    private static func removeAll(_ db: Database, _ stream: inout Stream, before first: Int, subject: String? = nil) throws {
         guard first > stream.firstSeq, stream.messages > 0 else { return }
+        // The messages' own condition on their subject, and a pending one's through its message.
+        let (matches, chosenArguments) = subjectMatches(subject)
+        let chosen = "AND " + matches
+        let pendingChosen = subject == nil ? "" : "AND seq IN (SELECT seq FROM messages WHERE stream = ? AND seq < ? \(chosen))"
+        let pendingArguments: [any SQLArgument] = subject == nil ? [] : [stream.name, first] + chosenArguments
         let gone = try db.row("""
-            SELECT COUNT(*) AS messages, CAST(COALESCE(SUM(length(data)), 0) AS BIGINT) AS bytes FROM messages WHERE stream = ? AND seq < ?
-            """, [stream.name, first])
+            SELECT COUNT(*) AS messages, CAST(COALESCE(SUM(length(data)), 0) AS BIGINT) AS bytes FROM messages WHERE stream = ? AND seq < ? \(chosen)
+            """, [stream.name, first] + chosenArguments)
         try db.execute("""
             UPDATE consumers SET missed = missed
-                + (SELECT COUNT(*) FROM pending p WHERE p.stream = consumers.stream AND p.consumer = consumers.name AND p.seq < ?)
-                + (SELECT COUNT(*) FROM messages m WHERE m.stream = consumers.stream AND m.seq >= consumers.next_seq AND m.seq < ?
+                + (SELECT COUNT(*) FROM pending p WHERE p.stream = consumers.stream AND p.consumer = consumers.name AND p.seq < ? \(pendingChosen))
+                + (SELECT COUNT(*) FROM messages m WHERE m.stream = consumers.stream AND m.seq >= consumers.next_seq AND m.seq < ? \(chosen)
                    AND (consumers.filter IS NULL OR substr(m.subject, 1, length(consumers.filter)) = consumers.filter))
             WHERE stream = ?
-            """, [first, first, stream.name])
-        try db.execute("DELETE FROM pending WHERE stream = ? AND seq < ?", [stream.name, first])
-        try db.execute("DELETE FROM messages WHERE stream = ? AND seq < ?", [stream.name, first])
+            """, [first] + pendingArguments + [first] + chosenArguments + [stream.name])
+        try db.execute("DELETE FROM pending WHERE stream = ? AND seq < ? \(pendingChosen)", [stream.name, first] + pendingArguments)
+        try db.execute("DELETE FROM messages WHERE stream = ? AND seq < ? \(chosen)", [stream.name, first] + chosenArguments)
         stream.messages -= try gone?.int("messages") ?? 0
         stream.bytes -= try gone?.int("bytes") ?? 0
         stream.firstSeq = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ?", [stream.name]) ?? stream.lastSeq + 1

@@ -95,7 +95,8 @@ public actor StreamsService: BusService, ServiceWork {
         }
         table.on(API.streamPurge) { service, params in
             let caller = CallerIdentity.current
-            return try await service.write { db, _ in try StreamsDatabase.purge(db, params.name, by: caller) }
+            if let subject = params.subject { try Check.subject(subject, field: "subject") }
+            return try await service.write { db, _ in try StreamsDatabase.purge(db, params, by: caller) }
         }
         table.on(API.publish) { service, params in try await service.publish(params) }
         table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
