@@ -506,6 +506,38 @@ struct StreamsTests {
         }
     }
 
+    @Test("a consumer's maxAckPending: with that many pending, fetches hand out only those due again; an acknowledgement makes room, for a fetch that waits too; consumer.update changes it, 0 lifting it; adding it again matches it as it is now", arguments: Backend.available)
+    func maxAckPending(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "jobs", subjects: ["job."]))
+            var info = try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 10, maxAckPending: 2))
+            #expect(info.maxAckPending == 2)
+            for number in 1...5 { try await bus.publish("job.a", .int(Int64(number))) }
+            #expect(try await bus.fetch("jobs", "workers", batch: 10).messages.map(\.sequence) == [1, 2])
+            #expect(try await bus.fetch("jobs", "workers", batch: 10).messages.isEmpty, "two pending: none more")
+            // A fetch that waits gets the next one once an acknowledgement makes room.
+            let waiting = Task { try await bus.client.call(API.fetch, .init(stream: "jobs", consumer: "workers", batch: 10, wait: 20), timeout: .seconds(30)) }
+            _ = try await bus.ack("jobs", "workers", [1])
+            #expect(try await waiting.value.messages.map(\.sequence) == [3])
+            // Past their deadline, pending ones are handed out again, the limit notwithstanding.
+            bus.time.advance(11)
+            #expect(try await bus.fetch("jobs", "workers", batch: 10).messages.map(\.sequence) == [2, 3])
+            info = try await bus.client.call(API.consumerUpdate, .init(stream: "jobs", name: "workers", maxAckPending: 3))
+            #expect(info.maxAckPending == 3 && info.pending == 2 && info.ackWait == 10, "\(info)")
+            #expect(try await bus.fetch("jobs", "workers", batch: 10).messages.map(\.sequence) == [4])
+            info = try await bus.client.call(API.consumerUpdate, .init(stream: "jobs", name: "workers", maxAckPending: 0))
+            #expect(info.maxAckPending == nil, "\(info)")
+            #expect(try await bus.fetch("jobs", "workers", batch: 10).messages.map(\.sequence) == [5])
+            // Added again as it is now: no limit, given as 0 or left out.
+            for most in [nil, 0] as [Int?] {
+                #expect(try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 10, maxAckPending: most)).pending == 4)
+            }
+            let conflict = await bus.failure(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 10, maxAckPending: 7))
+            #expect(conflict?.code == JSONRPCError.conflictCode && conflict?.message.contains("maxAckPending is none, asked 7") == true, "\(String(describing: conflict))")
+            #expect(await bus.failure(API.consumerAdd, .init(stream: "jobs", name: "other", maxAckPending: -1))?.code == JSONRPCError.invalidParamsCode)
+        }
+    }
+
     @Test("consumer.update changes a consumer's ack wait and maximum deliveries, keeping its position and pending messages (with their deadlines); adding it again matches its settings as they are now; no setting given, or no such consumer, is refused", arguments: Backend.available)
     func updateConsumer(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
@@ -1361,7 +1393,15 @@ struct StreamVerbTests {
             result = try await sb("stream", "consumer", "edit", "orders", "billing", "--ack-wait", "2m")
             #expect(result.status == 0 && result.stdout.hasPrefix("consumer billing of orders: ack wait 2m, dead-lettered after 5 deliveries; next "), "\(result)")
             result = try await sb("stream", "consumer", "edit", "orders", "billing")
-            #expect(result.status == 64 && result.stderr.contains("give the settings to change"), "\(result)")
+            #expect(result.status == 64 && result.stderr.contains("give the settings to change: --ack-wait, --max-deliver or --max-pending"), "\(result)")
+            result = try await sb("stream", "consumer", "edit", "orders", "billing", "--max-pending", "3")
+            #expect(result.status == 0 && result.stdout.contains("dead-lettered after 5 deliveries, at most 3 pending; next "), "\(result)")
+            result = try await sb("stream", "info", "orders")
+            #expect(result.status == 0 && result.stdout.contains("  consumer billing: every subject, ack wait 2m, dead-lettered after 5 deliveries, at most 3 pending\n"), "\(result)")
+            result = try await sb("stream", "consumer", "edit", "orders", "billing", "--max-pending", "-1")
+            #expect(result.status == 64 && result.stderr.contains("--max-pending must be 0 to 1000000"), "\(result)")
+            result = try await sb("stream", "consumer", "edit", "orders", "billing", "--max-pending", "0")
+            #expect(result.status == 0 && result.stdout.contains("dead-lettered after 5 deliveries; next "), "no limit: \(result)")
             result = try await sb("stream", "edit", "orders", "--max-age", "forever")
             #expect(result.status == 64 && result.stderr.contains("'forever' is neither none nor a span of time"), "\(result)")
             result = try await sb("stream", "edit", "orders")

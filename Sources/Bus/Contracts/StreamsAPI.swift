@@ -31,8 +31,8 @@ public enum StreamsAPI {
     public static let streamDelete = Method<StreamName, Removed>(service, "stream.delete", "Deletes a stream with its messages, its consumers and its dead-letter stream.", changesState: true)
     public static let streamPurge = Method<Purge, Removed>(service, "stream.purge", "Deletes a stream's messages (with subject, those whose subject starts with it; with keep, all but the last keep of them), keeping its sequence, settings and consumers (who are told what they missed).", changesState: true)
     public static let publish = Method<Publish, Published>(service, "stream.publish", "Keeps a message in the stream that holds its subject, answered once durable; with an id, a re-send within the stream's duplicate window is stored once (duplicate: true).", changesState: true)
-    public static let consumerAdd = Method<ConsumerConfig, ConsumerInfo>(service, "consumer.add", "Creates a durable consumer on a stream: from the start (all), only new messages, a sequence or a time; a subject filter; its ack deadline and maximum deliveries. The same again changes nothing; different settings are -32004.", changesState: true)
-    public static let consumerUpdate = Method<ConsumerSettings, ConsumerInfo>(service, "consumer.update", "Changes a consumer's ack wait and maximum deliveries: those given, the others stay, as do its position, filter and pending messages. A message already handed out keeps its deadline; one handed out as many times as the new maximum goes to the dead letters once its deadline passes.", changesState: true)
+    public static let consumerAdd = Method<ConsumerConfig, ConsumerInfo>(service, "consumer.add", "Creates a durable consumer on a stream: from the start (all), only new messages, a sequence or a time; a subject filter; its ack deadline, maximum deliveries and the most messages pending at once (maxAckPending). The same again changes nothing; different settings are -32004.", changesState: true)
+    public static let consumerUpdate = Method<ConsumerSettings, ConsumerInfo>(service, "consumer.update", "Changes a consumer's ack wait, maximum deliveries and most pending (maxAckPending 0: no limit): those given, the others stay, as do its position, filter and pending messages. A message already handed out keeps its deadline; one handed out as many times as the new maximum goes to the dead letters once its deadline passes.", changesState: true)
     public static let consumerInfo = Method<ConsumerName, ConsumerInfo>(service, "consumer.info", "A consumer's position, its pending and waiting messages, and its counts.")
     public static let consumerDelete = Method<ConsumerName, Removed>(service, "consumer.delete", "Deletes a consumer and what it had pending.", changesState: true)
     public static let fetch = Method<Fetch, Fetched>(service, "consumer.fetch", "Hands out up to batch messages (and max_bytes of data) to this reader: those whose ack deadline passed first, then the next ones; each stays pending until acknowledged. With wait, waits that long for one when none is ready (less when its worker drains: ask again).", changesState: true)
@@ -169,12 +169,15 @@ public enum StreamsAPI {
         public var ackWait: Double?
         /// Deliveries before a message goes to the dead-letter stream (absent: 5).
         public var maxDeliver: Int?
-
+        /// Messages handed out and not yet acknowledged at most (absent or 0: no limit): with
+        /// that many pending, fetches hand out only those due again until some are done.
+        public var maxAckPending: Int?
 
         public init(stream: String, name: String, deliver: Deliver? = nil, startSequence: Int? = nil, startTime: String? = nil,
-                    filter: String? = nil, ackWait: Double? = nil, maxDeliver: Int? = nil) {
+                    filter: String? = nil, ackWait: Double? = nil, maxDeliver: Int? = nil, maxAckPending: Int? = nil) {
             (self.stream, self.name, self.deliver, self.startSequence, self.startTime, self.filter, self.ackWait, self.maxDeliver)
                 = (stream, name, deliver, startSequence, startTime, filter, ackWait, maxDeliver)
+            self.maxAckPending = maxAckPending
         }
     }
 
@@ -193,9 +196,11 @@ public enum StreamsAPI {
         public var ackWait: Double?
         /// Deliveries before a message goes to the dead-letter stream.
         public var maxDeliver: Int?
+        /// Messages pending at once at most; 0: no limit any more.
+        public var maxAckPending: Int?
 
-        public init(stream: String, name: String, ackWait: Double? = nil, maxDeliver: Int? = nil) {
-            (self.stream, self.name, self.ackWait, self.maxDeliver) = (stream, name, ackWait, maxDeliver)
+        public init(stream: String, name: String, ackWait: Double? = nil, maxDeliver: Int? = nil, maxAckPending: Int? = nil) {
+            (self.stream, self.name, self.ackWait, self.maxDeliver, self.maxAckPending) = (stream, name, ackWait, maxDeliver, maxAckPending)
         }
     }
 
@@ -342,6 +347,8 @@ public enum StreamsAPI {
         public var filter: String?
         public var ackWait: Double
         public var maxDeliver: Int
+        /// Messages pending at once at most (absent: no limit).
+        public var maxAckPending: Int?
         /// The next sequence never handed out.
         public var nextSequence: Int
         /// Handed out and not yet acknowledged.
@@ -435,11 +442,13 @@ extension StreamsAPI.StreamSettings: NumberRanges {
 }
 
 extension StreamsAPI.ConsumerConfig: NumberRanges {
-    public static let numberRanges: [String: ClosedRange<Double>] = ["startSequence": 1...1_000_000_000_000, "ackWait": 0.001...86_400, "maxDeliver": 1...1_000]
+    public static let numberRanges: [String: ClosedRange<Double>] = [
+        "startSequence": 1...1_000_000_000_000, "ackWait": 0.001...86_400, "maxDeliver": 1...1_000, "maxAckPending": 0...1_000_000,
+    ]
 }
 
 extension StreamsAPI.ConsumerSettings: NumberRanges {
-    public static let numberRanges = StreamsAPI.ConsumerConfig.numberRanges.filter { ["ackWait", "maxDeliver"].contains($0.key) }
+    public static let numberRanges = StreamsAPI.ConsumerConfig.numberRanges.filter { ["ackWait", "maxDeliver", "maxAckPending"].contains($0.key) }
 }
 
 extension StreamsAPI.Purge: NumberRanges {

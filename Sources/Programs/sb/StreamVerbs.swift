@@ -82,6 +82,7 @@ struct StreamInfo: AsyncParsableCommand {
             for consumer in consumers {
                 Output.line("  consumer \(consumer.name): " + (consumer.filter.map { "subjects \($0)" } ?? "every subject")
                             + ", ack wait \(Output.span(consumer.ackWait)), dead-lettered after \(consumer.maxDeliver) deliveries"
+                            + (consumer.maxAckPending.map { ", at most \($0) pending" } ?? "")
                             + (consumer.addedBy.map { ", added by " + keyName($0) } ?? ""))
             }
             guard !consumers.isEmpty else { return }
@@ -247,7 +248,7 @@ struct StreamPurge: AsyncParsableCommand {
     func run() async throws {
         let purge = StreamsAPI.Purge(name: name, subject: subject, keep: keep)
         try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.streamPurge, purge) }) { removed in
-            Output.line("purged stream \(name) (\(removed.messages) messages)")
+            Output.line("purged stream \(name) (\(removed.messages) message\(removed.messages == 1 ? "" : "s"))")
         }
     }
 }
@@ -371,7 +372,7 @@ struct StreamConsumerAdd: AsyncParsableCommand {
 
     func run() async throws {
         let config = StreamsAPI.ConsumerConfig(stream: stream, name: name, deliver: new ? .new : nil, startSequence: fromSequence, startTime: fromTime,
-                                               filter: filter, ackWait: settings.ackWait, maxDeliver: settings.maxDeliver)
+                                               filter: filter, ackWait: settings.ackWait, maxDeliver: settings.maxDeliver, maxAckPending: settings.maxPending)
         try await appVerb(connection, output, { try await call($0, StreamsAPI.consumerAdd, config) }) { info in
             Output.line("consumer \(info.name) of \(info.stream): next \(info.nextSequence), waiting \(info.waiting), pending \(info.pending)")
         }
@@ -382,23 +383,28 @@ struct StreamConsumerAdd: AsyncParsableCommand {
 struct ConsumerSettingsOptions: ParsableArguments {
     @Option(parsing: .unconditional, help: ArgumentHelp("How long a reader has a message before it is handed out again: 30s, 500ms, 2m (30s when a consumer is added without it).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var ackWait: Double?
     @Option(parsing: .unconditional, help: "Deliveries before a message goes to the dead letters (5 when a consumer is added without it).") var maxDeliver: Int?
+    @Option(parsing: .unconditional, help: "Messages its readers have pending at once at most; with that many, they are handed only those due again until some are acknowledged (0: no limit, as a consumer is added without it).") var maxPending: Int?
+
+    var anyGiven: Bool { ackWait != nil || maxDeliver != nil || maxPending != nil }
 
     func validate() throws {
         try checkRange(ackWait, flag: "ack-wait", field: "ackWait", of: StreamsAPI.ConsumerConfig.self, unit: "seconds")
         try checkRange(maxDeliver, flag: "max-deliver", field: "maxDeliver", of: StreamsAPI.ConsumerConfig.self)
+        try checkRange(maxPending, flag: "max-pending", field: "maxAckPending", of: StreamsAPI.ConsumerConfig.self)
     }
 }
 
 struct StreamConsumerEdit: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "edit",
-        abstract: "Change a consumer's ack wait or maximum deliveries; its position, filter and pending messages stay.",
+        abstract: "Change a consumer's ack wait, maximum deliveries or most pending; its position, filter and pending messages stay.",
         discussion: """
             A message already handed out keeps its deadline; the new settings apply as messages \
             are handed out from now on.
 
-            Example:
+            Examples:
               sb stream consumer edit orders billing --ack-wait 5m --max-deliver 10
+              sb stream consumer edit orders billing --max-pending 0   no limit
             """
     )
 
@@ -410,14 +416,15 @@ struct StreamConsumerEdit: AsyncParsableCommand {
     @OptionGroup var owner: StreamOwnerOptions
 
     func validate() throws {
-        guard settings.ackWait != nil || settings.maxDeliver != nil else { throw ValidationError("give the settings to change: --ack-wait or --max-deliver") }
+        guard settings.anyGiven else { throw ValidationError("give the settings to change: --ack-wait, --max-deliver or --max-pending") }
     }
 
     func run() async throws {
-        let changed = StreamsAPI.ConsumerSettings(stream: stream, name: name, ackWait: settings.ackWait, maxDeliver: settings.maxDeliver)
+        let changed = StreamsAPI.ConsumerSettings(stream: stream, name: name, ackWait: settings.ackWait, maxDeliver: settings.maxDeliver,
+                                                  maxAckPending: settings.maxPending)
         try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.consumerUpdate, changed) }) { info in
-            Output.line("consumer \(info.name) of \(info.stream): ack wait \(Output.span(info.ackWait)), dead-lettered after \(info.maxDeliver) deliveries;"
-                        + " next \(info.nextSequence), pending \(info.pending)")
+            Output.line("consumer \(info.name) of \(info.stream): ack wait \(Output.span(info.ackWait)), dead-lettered after \(info.maxDeliver) deliveries"
+                        + (info.maxAckPending.map { ", at most \($0) pending" } ?? "") + "; next \(info.nextSequence), pending \(info.pending)")
         }
     }
 }

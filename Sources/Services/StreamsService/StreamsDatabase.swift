@@ -324,6 +324,9 @@ enum StreamsDatabase {
         return API.Removed(messages: before - stream.messages)
     }
 
+    /// A consumer's most pending as `consumer.add` and `consumer.update` take it: 0 is none.
+    static func pendingLimit(_ most: Int) -> Int? { most == 0 ? nil : most }
+
     /// A stream's age limit as `stream.add` and `stream.update` take it: 0 is none.
     static func ageLimit(_ seconds: Double) -> Double? { seconds == 0 ? nil : seconds }
 
@@ -727,9 +730,12 @@ enum StreamsDatabase {
         var missedTold: Int
         /// The CURVE key that added it (nil: added without CURVE).
         var owner: String?
+        /// The most messages pending at once (nil: no limit).
+        var maxAckPending: Int?
 
         init(row: SQLRow) throws {
             (stream, name, config, filter) = (try row.text("stream"), try row.text("name"), try row.text("config"), try row.optionalText("filter"))
+            maxAckPending = try row.optionalInt("max_ack_pending")
             (ackWait, maxDeliver, nextSeq, createdAt) = (try row.double("ack_wait"), try row.int("max_deliver"), try row.int("next_seq"), try row.double("created_at"))
             (delivered, redelivered, acknowledged) = (try row.int("delivered"), try row.int("redelivered"), try row.int("acknowledged"))
             (deadLettered, terminated, missed) = (try row.int("dead_lettered"), try row.int("terminated"), try row.int("missed"))
@@ -753,7 +759,7 @@ enum StreamsDatabase {
     }
 
     /// Creates a consumer: `config` is what its creator asked (compared when the same name is
-    /// added again), the rest with the defaults filled in.
+    /// added again, its `maxAckPending` 0 made none), the rest with the defaults filled in.
     static func addConsumer(_ db: Database, _ asked: API.ConsumerConfig, config: JSONValue, ackWait: Double, maxDeliver: Int, atMost most: Int,
                             by caller: CallerIdentity?, quota: ClientQuota, now: Double) throws -> API.ConsumerInfo {
         let stream = try stream(db, asked.stream, locking: true)
@@ -761,7 +767,7 @@ enum StreamsDatabase {
             let current = try JSONValue(parsing: Array(existing.config.utf8))
             guard current == config else {
                 throw JSONRPCError(code: JSONRPCError.conflictCode,
-                                   message: "Conflict: stream \(asked.stream) has a consumer \(asked.name) with other settings (\(differences(current: current, asked: config))): consumer.update changes its ack wait and maximum deliveries; see data.current",
+                                   message: "Conflict: stream \(asked.stream) has a consumer \(asked.name) with other settings (\(differences(current: current, asked: config))): consumer.update changes its ack wait, maximum deliveries and most pending; see data.current",
                                    data: ["current": try JSONValue(encoding: try info(db, existing))])
             }
             return try info(db, existing)
@@ -793,8 +799,9 @@ enum StreamsDatabase {
             next = stream.firstSeq
         }
         try db.execute("""
-            INSERT INTO consumers (stream, name, config, filter, ack_wait, max_deliver, next_seq, created_at, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-            """, [asked.stream, asked.name, String(decoding: config.jsonBytes, as: UTF8.self), asked.filter, ackWait, maxDeliver, next, now, caller?.key])
+            INSERT INTO consumers (stream, name, config, filter, ack_wait, max_deliver, max_ack_pending, next_seq, created_at, owner)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """, [asked.stream, asked.name, String(decoding: config.jsonBytes, as: UTF8.self), asked.filter, ackWait, maxDeliver, asked.maxAckPending, next, now, caller?.key])
         return try info(db, try consumer(db, stream: asked.stream, name: asked.name))
     }
 
@@ -809,13 +816,15 @@ enum StreamsDatabase {
                                     deadLettered: consumer.deadLettered, terminated: consumer.terminated, missed: consumer.missed,
                                     created: Timestamp.format(seconds: consumer.createdAt))
         info.addedBy = consumer.owner
+        info.maxAckPending = consumer.maxAckPending
         return info
     }
 
-    /// Changes the consumer's ack wait and maximum deliveries, for the keys that may delete it.
-    /// What its creator asked is changed with them, so adding it again with its settings as
-    /// they are now changes nothing, and with those it had is a conflict. Pending messages keep
-    /// their deadlines: the new settings apply as each is handed out (or again) from now on.
+    /// Changes the consumer's ack wait, maximum deliveries and most pending (0: no limit), for
+    /// the keys that may delete it. What its creator asked is changed with them, so adding it
+    /// again with its settings as they are now changes nothing, and with those it had is a
+    /// conflict. Pending messages keep their deadlines: the new settings apply as each is
+    /// handed out (or again) from now on.
     static func updateConsumer(_ db: Database, _ asked: API.ConsumerSettings, by caller: CallerIdentity?) throws -> API.ConsumerInfo {
         var consumer = try consumerToChange(db, stream: asked.stream, name: asked.name, by: caller)
         guard case .object(var config) = try JSONValue(parsing: Array(consumer.config.utf8)) else {
@@ -823,9 +832,13 @@ enum StreamsDatabase {
         }
         if let ackWait = asked.ackWait { (consumer.ackWait, config["ackWait"]) = (ackWait, try JSONValue(encoding: ackWait)) }
         if let maxDeliver = asked.maxDeliver { (consumer.maxDeliver, config["maxDeliver"]) = (maxDeliver, try JSONValue(encoding: maxDeliver)) }
+        if let most = asked.maxAckPending {
+            consumer.maxAckPending = pendingLimit(most)
+            config["maxAckPending"] = consumer.maxAckPending.map { .int(Int64($0)) }
+        }
         consumer.config = String(decoding: JSONValue.object(config).jsonBytes, as: UTF8.self)
-        try db.execute("UPDATE consumers SET ack_wait = ?, max_deliver = ?, config = ? WHERE stream = ? AND name = ?",
-                       [consumer.ackWait, consumer.maxDeliver, consumer.config, asked.stream, asked.name])
+        try db.execute("UPDATE consumers SET ack_wait = ?, max_deliver = ?, max_ack_pending = ?, config = ? WHERE stream = ? AND name = ?",
+                       [consumer.ackWait, consumer.maxDeliver, consumer.maxAckPending, consumer.config, asked.stream, asked.name])
         return try info(db, consumer)
     }
 
@@ -853,10 +866,14 @@ enum StreamsDatabase {
     static func ready(_ db: Database, stream: String, consumer name: String, now: Double) throws -> Bool {
         let consumer = try consumer(db, stream: stream, name: name)
         let (matches, filter) = subjectMatches(consumer.filter)
+        // A new message is ready only while the consumer has room for one more pending.
+        let (room, roomArguments): (String, [any SQLArgument]) = consumer.maxAckPending.map {
+            ("AND (SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?) < ?", [stream, name, $0])
+        } ?? ("", [])
         return try db.row("""
             SELECT EXISTS (SELECT 1 FROM pending WHERE stream = ? AND consumer = ? AND deadline <= ?)
-                OR EXISTS (SELECT 1 FROM messages WHERE stream = ? AND seq >= ? AND \(matches)) AS ready
-            """, [stream, name, now, stream, consumer.nextSeq] + filter)?.bool("ready") ?? false
+                OR (EXISTS (SELECT 1 FROM messages WHERE stream = ? AND seq >= ? AND \(matches)) \(room)) AS ready
+            """, [stream, name, now, stream, consumer.nextSeq] + filter + roomArguments)?.bool("ready") ?? false
     }
 
     /// What one reader asks of a fetch: up to `batch` messages and `maxBytes` of their data
@@ -869,7 +886,8 @@ enum StreamsDatabase {
     /// Hands out to each of `asks` in turn what a fetch of its own would, one after another:
     /// first the messages whose ack deadline passed (oldest first; past `max_deliver`
     /// deliveries one goes to the dead-letter stream instead), then the next ones not handed
-    /// out. Each is pending until `now + ack_wait`. The first is told what the consumer missed.
+    /// out, as many as its most pending allows. Each is pending until `now + ack_wait`. The
+    /// first is told what the consumer missed.
     /// The asks' batches come to at most ``mostPerStatement``.
     static func fetch(_ db: Database, stream name: String, consumer consumerName: String, _ asks: [Ask], now: Double) throws -> [API.Fetched] {
         var stream = try stream(db, name, locking: true)
@@ -902,8 +920,12 @@ enum StreamsDatabase {
             try db.execute("UPDATE pending SET deliveries = deliveries + 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq IN "
                                + SQLRows.placeholders(rows: 1, columns: dueAgain.count), [now + consumer.ackWait, name, consumerName] + dueAgain)
         }
-        if !handout.stopped, handout.room > 0 {
-            let asked = handout.room
+        // With its most pending reached, a consumer hands out only what is due again.
+        let room = try consumer.maxAckPending.map { most in
+            most - (try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [name, consumerName]) ?? 0)
+        } ?? handout.room
+        if !handout.stopped, handout.room > 0, room > 0 {
+            let asked = min(handout.room, room)
             let (matches, filter) = subjectMatches(consumer.filter)
             let fresh = try db.rows("""
                 SELECT seq, subject, data, published_at, dead_letter FROM messages

@@ -90,6 +90,9 @@ enum StreamsSchema {
         migrator.registerMigration("v3") { db in
             try db.execute(sql: ownerColumns)
         }
+        migrator.registerMigration("v4") { db in
+            try db.execute(sql: maxAckPendingColumn(integer: "INTEGER"))
+        }
         return migrator
     }
 
@@ -121,6 +124,7 @@ enum StreamsSchema {
         """ + PostgresWriter.repliesTable,
         captureColumns(integer: "BIGINT"),
         ownerColumns,
+        maxAckPendingColumn(integer: "BIGINT"),
     ]
 
     /// v2: a stream that captures the kernel's state (`capture_state` 1) keeps the state's
@@ -141,6 +145,11 @@ enum StreamsSchema {
         ALTER TABLE consumers ADD COLUMN owner TEXT;
         CREATE INDEX consumers_by_owner ON consumers(owner);
         """
+
+    /// v4: the most messages a consumer has pending at once (NULL: no limit).
+    private static func maxAckPendingColumn(integer: String) -> String {
+        "ALTER TABLE consumers ADD COLUMN max_ack_pending \(integer);"
+    }
 
     /// The PostgreSQL schema (namespace) the tables are in, and the lock migrating takes.
     static let postgresSchema = "switchboard_streams"

@@ -101,8 +101,8 @@ public actor StreamsService: BusService, ServiceWork {
         table.on(API.publish) { service, params in try await service.publish(params) }
         table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
         table.on(API.consumerUpdate) { service, params in
-            guard params.ackWait != nil || params.maxDeliver != nil else {
-                throw JSONRPCError.invalidParams(field: "params", "give at least one setting to change: ackWait or maxDeliver")
+            guard params.ackWait != nil || params.maxDeliver != nil || params.maxAckPending != nil else {
+                throw JSONRPCError.invalidParams(field: "params", "give at least one setting to change: ackWait, maxDeliver or maxAckPending")
             }
             let caller = CallerIdentity.current
             return try await service.write { db, _ in try StreamsDatabase.updateConsumer(db, params, by: caller) }
@@ -186,10 +186,13 @@ public actor StreamsService: BusService, ServiceWork {
         if let time = asked.startTime, Timestamp.parse(time) == nil {
             throw JSONRPCError.invalidParams(field: "startTime", "must be an ISO 8601 time, such as 2026-11-28T09:30:00Z")
         }
+        // 0 most pending is none, as if left out: the same consumer added again either way.
+        var asked = asked
+        asked.maxAckPending = asked.maxAckPending.flatMap(StreamsDatabase.pendingLimit)
         let config = try JSONValue(encoding: asked)
         let ackWait = asked.ackWait ?? configuration.defaultAckWait, maxDeliver = asked.maxDeliver ?? configuration.defaultMaxDeliver
         let (most, caller, quota) = (configuration.maxConsumers, CallerIdentity.current, configuration.clientQuota)
-        return try await write { db, now in
+        return try await write { [asked] db, now in
             try StreamsDatabase.addConsumer(db, asked, config: config, ackWait: ackWait, maxDeliver: maxDeliver, atMost: most, by: caller, quota: quota, now: now)
         }
     }
