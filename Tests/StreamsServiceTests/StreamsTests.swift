@@ -538,7 +538,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("consumer.update changes a consumer's ack wait and maximum deliveries, keeping its position and pending messages (with their deadlines); adding it again matches its settings as they are now; no setting given, or no such consumer, is refused", arguments: Backend.available)
+    @Test("consumer.update changes a consumer's ack wait, maximum deliveries and filter, keeping its position and pending messages (with their deadlines); adding it again matches its settings as they are now; no setting given, or no such consumer, is refused", arguments: Backend.available)
     func updateConsumer(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "jobs", subjects: ["job."]))
@@ -568,6 +568,17 @@ struct StreamsTests {
                 #expect(error?.code == code && error?.message.contains(words) == true, "\(String(describing: error)): expected \(code) saying \(words)")
             }
             #expect(try await bus.client.call(API.consumerInfo, .init(stream: "jobs", name: "workers")).ackWait == 60, "nothing changed")
+            // A filter chooses among what it has not handed out yet; "" lifts it.
+            for (number, subject) in ["job.b", "job.a", "job.b"].enumerated() { try await bus.publish(subject, .int(Int64(number + 4))) }
+            var filtered = try await bus.client.call(API.consumerUpdate, .init(stream: "jobs", name: "workers", filter: "job.b"))
+            #expect(filtered.filter == "job.b" && filtered.waiting == 2 && filtered.ackWait == 60 && filtered.pending == 1, "\(filtered)")
+            #expect(try await bus.fetch("jobs", "workers", batch: 1).messages.map(\.sequence) == [4])
+            filtered = try await bus.client.call(API.consumerUpdate, .init(stream: "jobs", name: "workers", filter: ""))
+            #expect(filtered.filter == nil && filtered.waiting == 2, "\(filtered)")
+            #expect(try await bus.fetch("jobs", "workers", batch: 10).messages.map(\.sequence) == [5, 6])
+            #expect(try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 60, maxDeliver: 1)).filter == nil,
+                    "added again as it is now: no filter")
+            #expect(await bus.failure(API.consumerUpdate, .init(stream: "jobs", name: "workers", filter: "job. b"))?.code == JSONRPCError.invalidParamsCode)
         }
     }
 
@@ -1391,9 +1402,9 @@ struct StreamVerbTests {
             result = try await sb("stream", "edit", "orders", "--max-age", "none")
             #expect(result.status == 0 && result.stdout.contains(" bytes, duplicate window 90s; holds 2 messages"), "no age limit: \(result)")
             result = try await sb("stream", "consumer", "edit", "orders", "billing", "--ack-wait", "2m")
-            #expect(result.status == 0 && result.stdout.hasPrefix("consumer billing of orders: ack wait 2m, dead-lettered after 5 deliveries; next "), "\(result)")
+            #expect(result.status == 0 && result.stdout.hasPrefix("consumer billing of orders: every subject, ack wait 2m, dead-lettered after 5 deliveries; next "), "\(result)")
             result = try await sb("stream", "consumer", "edit", "orders", "billing")
-            #expect(result.status == 64 && result.stderr.contains("give the settings to change: --ack-wait, --max-deliver or --max-pending"), "\(result)")
+            #expect(result.status == 64 && result.stderr.contains("give the settings to change: --filter, --ack-wait, --max-deliver or --max-pending"), "\(result)")
             result = try await sb("stream", "consumer", "edit", "orders", "billing", "--max-pending", "3")
             #expect(result.status == 0 && result.stdout.contains("dead-lettered after 5 deliveries, at most 3 pending; next "), "\(result)")
             result = try await sb("stream", "info", "orders")
@@ -1402,6 +1413,10 @@ struct StreamVerbTests {
             #expect(result.status == 64 && result.stderr.contains("--max-pending must be 0 to 1000000"), "\(result)")
             result = try await sb("stream", "consumer", "edit", "orders", "billing", "--max-pending", "0")
             #expect(result.status == 0 && result.stdout.contains("dead-lettered after 5 deliveries; next "), "no limit: \(result)")
+            result = try await sb("stream", "consumer", "edit", "orders", "billing", "--filter", "orders.eu.")
+            #expect(result.status == 0 && result.stdout.hasPrefix("consumer billing of orders: subjects orders.eu., ack wait 2m"), "\(result)")
+            result = try await sb("stream", "consumer", "edit", "orders", "billing", "--filter", "")
+            #expect(result.status == 0 && result.stdout.hasPrefix("consumer billing of orders: every subject, "), "\(result)")
             result = try await sb("stream", "edit", "orders", "--max-age", "forever")
             #expect(result.status == 64 && result.stderr.contains("'forever' is neither none nor a span of time"), "\(result)")
             result = try await sb("stream", "edit", "orders")

@@ -32,7 +32,7 @@ public enum StreamsAPI {
     public static let streamPurge = Method<Purge, Removed>(service, "stream.purge", "Deletes a stream's messages (with subject, those whose subject starts with it; with keep, all but the last keep of them), keeping its sequence, settings and consumers (who are told what they missed).", changesState: true)
     public static let publish = Method<Publish, Published>(service, "stream.publish", "Keeps a message in the stream that holds its subject, answered once durable; with an id, a re-send within the stream's duplicate window is stored once (duplicate: true).", changesState: true)
     public static let consumerAdd = Method<ConsumerConfig, ConsumerInfo>(service, "consumer.add", "Creates a durable consumer on a stream: from the start (all), only new messages, a sequence or a time; a subject filter; its ack deadline, maximum deliveries and the most messages pending at once (maxAckPending). The same again changes nothing; different settings are -32004.", changesState: true)
-    public static let consumerUpdate = Method<ConsumerSettings, ConsumerInfo>(service, "consumer.update", "Changes a consumer's ack wait, maximum deliveries and most pending (maxAckPending 0: no limit): those given, the others stay, as do its position, filter and pending messages. A message already handed out keeps its deadline; one handed out as many times as the new maximum goes to the dead letters once its deadline passes.", changesState: true)
+    public static let consumerUpdate = Method<ConsumerSettings, ConsumerInfo>(service, "consumer.update", "Changes a consumer's subject filter (\"\": every subject), ack wait, maximum deliveries and most pending (maxAckPending 0: no limit): those given, the others stay, as do its position and pending messages. A new filter chooses among the messages not handed out yet. A message already handed out keeps its deadline; one handed out as many times as the new maximum goes to the dead letters once its deadline passes.", changesState: true)
     public static let consumerInfo = Method<ConsumerName, ConsumerInfo>(service, "consumer.info", "A consumer's position, its pending and waiting messages, and its counts.")
     public static let consumerDelete = Method<ConsumerName, Removed>(service, "consumer.delete", "Deletes a consumer and what it had pending.", changesState: true)
     public static let fetch = Method<Fetch, Fetched>(service, "consumer.fetch", "Hands out up to batch messages (and max_bytes of data) to this reader: those whose ack deadline passed first, then the next ones; each stays pending until acknowledged. With wait, waits that long for one when none is ready (less when its worker drains: ask again).", changesState: true)
@@ -192,6 +192,8 @@ public enum StreamsAPI {
     public struct ConsumerSettings: Codable, Sendable {
         public var stream: String
         public var name: String
+        /// Only subjects starting with it from now on; "": every subject.
+        public var filter: String?
         /// Seconds a handed-out message stays with its reader before it is handed out again.
         public var ackWait: Double?
         /// Deliveries before a message goes to the dead-letter stream.
@@ -199,8 +201,8 @@ public enum StreamsAPI {
         /// Messages pending at once at most; 0: no limit any more.
         public var maxAckPending: Int?
 
-        public init(stream: String, name: String, ackWait: Double? = nil, maxDeliver: Int? = nil, maxAckPending: Int? = nil) {
-            (self.stream, self.name, self.ackWait, self.maxDeliver, self.maxAckPending) = (stream, name, ackWait, maxDeliver, maxAckPending)
+        public init(stream: String, name: String, filter: String? = nil, ackWait: Double? = nil, maxDeliver: Int? = nil, maxAckPending: Int? = nil) {
+            (self.stream, self.name, self.filter, self.ackWait, self.maxDeliver, self.maxAckPending) = (stream, name, filter, ackWait, maxDeliver, maxAckPending)
         }
     }
 

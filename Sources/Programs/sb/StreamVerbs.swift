@@ -397,14 +397,16 @@ struct ConsumerSettingsOptions: ParsableArguments {
 struct StreamConsumerEdit: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "edit",
-        abstract: "Change a consumer's ack wait, maximum deliveries or most pending; its position, filter and pending messages stay.",
+        abstract: "Change a consumer's filter, ack wait, maximum deliveries or most pending; its position and pending messages stay.",
         discussion: """
-            A message already handed out keeps its deadline; the new settings apply as messages \
-            are handed out from now on.
+            A new filter chooses among the messages not handed out yet. A message already handed \
+            out keeps its deadline; the new settings apply as messages are handed out from now on.
 
             Examples:
               sb stream consumer edit orders billing --ack-wait 5m --max-deliver 10
               sb stream consumer edit orders billing --max-pending 0   no limit
+              sb stream consumer edit orders billing --filter orders.eu.
+              sb stream consumer edit orders billing --filter ''       every subject
             """
     )
 
@@ -412,18 +414,22 @@ struct StreamConsumerEdit: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @Argument(help: "The stream.") var stream: String
     @Argument(help: "The consumer's name.") var name: String
+    @Option(help: "Only subjects starting with this from now on ('': every subject).") var filter: String?
     @OptionGroup var settings: ConsumerSettingsOptions
     @OptionGroup var owner: StreamOwnerOptions
 
     func validate() throws {
-        guard settings.anyGiven else { throw ValidationError("give the settings to change: --ack-wait, --max-deliver or --max-pending") }
+        guard filter != nil || settings.anyGiven else {
+            throw ValidationError("give the settings to change: --filter, --ack-wait, --max-deliver or --max-pending")
+        }
     }
 
     func run() async throws {
-        let changed = StreamsAPI.ConsumerSettings(stream: stream, name: name, ackWait: settings.ackWait, maxDeliver: settings.maxDeliver,
+        let changed = StreamsAPI.ConsumerSettings(stream: stream, name: name, filter: filter, ackWait: settings.ackWait, maxDeliver: settings.maxDeliver,
                                                   maxAckPending: settings.maxPending)
         try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.consumerUpdate, changed) }) { info in
-            Output.line("consumer \(info.name) of \(info.stream): ack wait \(Output.span(info.ackWait)), dead-lettered after \(info.maxDeliver) deliveries"
+            Output.line("consumer \(info.name) of \(info.stream): " + (info.filter.map { "subjects \($0)" } ?? "every subject")
+                        + ", ack wait \(Output.span(info.ackWait)), dead-lettered after \(info.maxDeliver) deliveries"
                         + (info.maxAckPending.map { ", at most \($0) pending" } ?? "") + "; next \(info.nextSequence), pending \(info.pending)")
         }
     }

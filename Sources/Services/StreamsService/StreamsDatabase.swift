@@ -767,7 +767,7 @@ enum StreamsDatabase {
             let current = try JSONValue(parsing: Array(existing.config.utf8))
             guard current == config else {
                 throw JSONRPCError(code: JSONRPCError.conflictCode,
-                                   message: "Conflict: stream \(asked.stream) has a consumer \(asked.name) with other settings (\(differences(current: current, asked: config))): consumer.update changes its ack wait, maximum deliveries and most pending; see data.current",
+                                   message: "Conflict: stream \(asked.stream) has a consumer \(asked.name) with other settings (\(differences(current: current, asked: config))): consumer.update changes its filter, ack wait, maximum deliveries and most pending; see data.current",
                                    data: ["current": try JSONValue(encoding: try info(db, existing))])
             }
             return try info(db, existing)
@@ -820,15 +820,20 @@ enum StreamsDatabase {
         return info
     }
 
-    /// Changes the consumer's ack wait, maximum deliveries and most pending (0: no limit), for
-    /// the keys that may delete it. What its creator asked is changed with them, so adding it
-    /// again with its settings as they are now changes nothing, and with those it had is a
-    /// conflict. Pending messages keep their deadlines: the new settings apply as each is
-    /// handed out (or again) from now on.
+    /// Changes the consumer's filter ("": none), ack wait, maximum deliveries and most pending
+    /// (0: no limit), for the keys that may delete it. A new filter chooses among the messages
+    /// from its position on; what it passed over stays behind it. What its creator asked is
+    /// changed with them, so adding it again with its settings as they are now changes nothing,
+    /// and with those it had is a conflict. Pending messages keep their deadlines: the new
+    /// settings apply as each is handed out (or again) from now on.
     static func updateConsumer(_ db: Database, _ asked: API.ConsumerSettings, by caller: CallerIdentity?) throws -> API.ConsumerInfo {
         var consumer = try consumerToChange(db, stream: asked.stream, name: asked.name, by: caller)
         guard case .object(var config) = try JSONValue(parsing: Array(consumer.config.utf8)) else {
             throw JSONRPCError.internalError("consumer \(asked.name) of stream \(asked.stream) has settings that are not an object")
+        }
+        if let filter = asked.filter {
+            consumer.filter = filter.isEmpty ? nil : filter
+            config["filter"] = consumer.filter.map { .string($0) }
         }
         if let ackWait = asked.ackWait { (consumer.ackWait, config["ackWait"]) = (ackWait, try JSONValue(encoding: ackWait)) }
         if let maxDeliver = asked.maxDeliver { (consumer.maxDeliver, config["maxDeliver"]) = (maxDeliver, try JSONValue(encoding: maxDeliver)) }
@@ -837,8 +842,8 @@ enum StreamsDatabase {
             config["maxAckPending"] = consumer.maxAckPending.map { .int(Int64($0)) }
         }
         consumer.config = String(decoding: JSONValue.object(config).jsonBytes, as: UTF8.self)
-        try db.execute("UPDATE consumers SET ack_wait = ?, max_deliver = ?, max_ack_pending = ?, config = ? WHERE stream = ? AND name = ?",
-                       [consumer.ackWait, consumer.maxDeliver, consumer.maxAckPending, consumer.config, asked.stream, asked.name])
+        try db.execute("UPDATE consumers SET filter = ?, ack_wait = ?, max_deliver = ?, max_ack_pending = ?, config = ? WHERE stream = ? AND name = ?",
+                       [consumer.filter, consumer.ackWait, consumer.maxDeliver, consumer.maxAckPending, consumer.config, asked.stream, asked.name])
         return try info(db, consumer)
     }
 

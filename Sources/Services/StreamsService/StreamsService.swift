@@ -101,9 +101,10 @@ public actor StreamsService: BusService, ServiceWork {
         table.on(API.publish) { service, params in try await service.publish(params) }
         table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
         table.on(API.consumerUpdate) { service, params in
-            guard params.ackWait != nil || params.maxDeliver != nil || params.maxAckPending != nil else {
-                throw JSONRPCError.invalidParams(field: "params", "give at least one setting to change: ackWait, maxDeliver or maxAckPending")
+            guard params.filter != nil || params.ackWait != nil || params.maxDeliver != nil || params.maxAckPending != nil else {
+                throw JSONRPCError.invalidParams(field: "params", "give at least one setting to change: filter, ackWait, maxDeliver or maxAckPending")
             }
+            if let filter = params.filter, !filter.isEmpty { try Check.subject(filter, field: "filter") }
             let caller = CallerIdentity.current
             return try await service.write { db, _ in try StreamsDatabase.updateConsumer(db, params, by: caller) }
         }
