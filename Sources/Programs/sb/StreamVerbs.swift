@@ -80,10 +80,7 @@ struct StreamInfo: AsyncParsableCommand {
             // Each consumer's settings: what `sb stream consumer` was given, which a second
             // add must repeat.
             for consumer in consumers {
-                Output.line("  consumer \(consumer.name): " + (consumer.filter.map { "subjects \($0)" } ?? "every subject")
-                            + ", ack wait \(Output.span(consumer.ackWait)), dead-lettered after \(consumer.maxDeliver) deliveries"
-                            + (consumer.maxAckPending.map { ", at most \($0) pending" } ?? "")
-                            + (consumer.addedBy.map { ", added by " + keyName($0) } ?? ""))
+                Output.line("  consumer \(consumer.name): " + consumerSettings(of: consumer) + (consumer.addedBy.map { ", added by " + keyName($0) } ?? ""))
             }
             guard !consumers.isEmpty else { return }
             Output.table(["CONSUMER", "NEXT", "WAITING", "PENDING", "DELIVERED", "REDELIVERED", "ACKED", "TERMINATED", "DEAD", "MISSED"], consumers.map { consumer in
@@ -379,6 +376,14 @@ struct StreamConsumerAdd: AsyncParsableCommand {
     }
 }
 
+/// A consumer's settings as `sb stream info` and `sb stream consumer edit` say them: "subjects
+/// orders.eu., ack wait 30s, dead-lettered after 5 deliveries, at most 100 pending".
+func consumerSettings(of consumer: StreamsAPI.ConsumerInfo) -> String {
+    (consumer.filter.map { "subjects \($0)" } ?? "every subject")
+        + ", ack wait \(Output.span(consumer.ackWait)), dead-lettered after \(consumer.maxDeliver) deliveries"
+        + (consumer.maxAckPending.map { ", at most \($0) pending" } ?? "")
+}
+
 /// A consumer's settings, as `sb stream consumer add` sets them and `edit` changes them.
 struct ConsumerSettingsOptions: ParsableArguments {
     @Option(parsing: .unconditional, help: ArgumentHelp("How long a reader has a message before it is handed out again: 30s, 500ms, 2m (30s when a consumer is added without it).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var ackWait: Double?
@@ -428,9 +433,7 @@ struct StreamConsumerEdit: AsyncParsableCommand {
         let changed = StreamsAPI.ConsumerSettings(stream: stream, name: name, filter: filter, ackWait: settings.ackWait, maxDeliver: settings.maxDeliver,
                                                   maxAckPending: settings.maxPending)
         try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.consumerUpdate, changed) }) { info in
-            Output.line("consumer \(info.name) of \(info.stream): " + (info.filter.map { "subjects \($0)" } ?? "every subject")
-                        + ", ack wait \(Output.span(info.ackWait)), dead-lettered after \(info.maxDeliver) deliveries"
-                        + (info.maxAckPending.map { ", at most \($0) pending" } ?? "") + "; next \(info.nextSequence), pending \(info.pending)")
+            Output.line("consumer \(info.name) of \(info.stream): " + consumerSettings(of: info) + "; next \(info.nextSequence), pending \(info.pending)")
         }
     }
 }
