@@ -387,6 +387,38 @@ struct StreamsTests {
         }
     }
 
+    @Test("a publish that waits for its stream while another process changes the stream's subjects goes by the subjects as they are when it is written: refused once they no longer hold it",
+          .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
+    func publishWhileSubjectsChange() async throws {
+        try await StreamsBus.with(.postgres) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            let server = try #require(bus.postgres)
+            // Another process's stream.update, midway: orders holds invoices. instead, not committed yet.
+            let other = try server.session()
+            defer { other.stop() }
+            other.send("""
+                BEGIN; SELECT pg_advisory_xact_lock(\(StreamsDatabase.addingStreams));
+                SELECT name FROM switchboard_streams.streams WHERE name = 'orders' FOR UPDATE;
+                DELETE FROM switchboard_streams.subjects WHERE stream = 'orders';
+                INSERT INTO switchboard_streams.subjects (prefix, stream) VALUES ('invoices.', 'orders'); SELECT 'changing';
+
+                """)
+            try await other.waitForOutput(containing: "changing", within: 10)
+            async let outcomes = bus.service.write([.init(subject: "orders.1", data: Array("1".utf8), id: nil, request: "r1")])
+            let watcher = try server.session()
+            defer { watcher.stop() }
+            try await server.waitForLockWaiters(1, where: "true", on: watcher)
+            other.send("COMMIT;\n")
+            let written = await outcomes
+            guard case .failure(let failure) = try #require(written.first), let refusal = failure as? JSONRPCError else {
+                Issue.record("kept by the subjects it began with: \(written)")
+                return
+            }
+            #expect(refusal.code == JSONRPCError.notFoundCode && refusal.message.contains("no stream holds subject orders.1"), "\(refusal)")
+            #expect(try await bus.client.call(API.streamInfo, .init(name: "orders")).messages == 0)
+        }
+    }
+
     @Test("limits by count, bytes and age remove the oldest; a consumer behind is told how many it missed; purge keeps the sequence", arguments: Backend.available)
     func limits(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in

@@ -441,6 +441,10 @@ final class PostgresSession: SQLSession {
         try execute("SELECT pg_advisory_xact_lock(?)", [Int(key)])
     }
 
+    func shareLock(_ key: Int64) throws {
+        try execute("SELECT pg_advisory_xact_lock_shared(?)", [Int(key)])
+    }
+
     @discardableResult
     func execute(_ sql: String, _ arguments: [any SQLArgument]) throws -> Int {
         Int(try run(sql, arguments).metadata.rows ?? 0)

@@ -116,6 +116,11 @@ package protocol SQLSession {
     /// Makes the transaction's writers one at a time across every connection, until it ends,
     /// for changes no row lock covers (PostgreSQL's advisory lock `key`).
     func lockAll(_ key: Int64) throws
+    /// Waits for the transaction holding ``lockAll(_:)`` with `key`, and keeps the next one
+    /// out until this one ends, beside others doing the same: for reads that must see the
+    /// changes that lock guards either all made or none begun (PostgreSQL's shared advisory
+    /// lock `key`).
+    func shareLock(_ key: Int64) throws
 }
 
 extension SQLSession {
@@ -165,6 +170,8 @@ extension Database: SQLSession {
     package func lockingRead(of table: String) -> String { "" }
 
     package func lockAll(_ key: Int64) throws {}
+
+    package func shareLock(_ key: Int64) throws {}
 
     private static func arguments(_ arguments: [any SQLArgument]) -> StatementArguments {
         StatementArguments(arguments.map { argument -> DatabaseValue in

@@ -12,15 +12,20 @@ import Storage
 /// write reads the stream's row first with ``SQLSession/lockingRead(of:)`` (`locking: true`), and
 /// a stream's dead-letter stream after it; publishes written together lock their streams in
 /// name order. Two writes that lock two streams in the other's order can deadlock: PostgreSQL
-/// ends one, which ``PostgresWriter`` runs again. Adding a stream, which must see every other
-/// stream's subjects, takes ``addingStreams``.
+/// ends one, which ``PostgresWriter`` runs again. Adding a stream or changing its subjects,
+/// which must see every other stream's, takes ``addingStreams``; publishes share it, so a
+/// message goes by the subjects as they are when it is written, not as they were when it
+/// began waiting for its stream.
 enum StreamsDatabase {
     typealias API = StreamsAPI
     typealias Database = any SQLSession
 
-    /// The lock adding a stream takes on PostgreSQL (``SQLSession/lockAll(_:)``), and adding a
-    /// consumer bound by a key's quota.
+    /// The lock adding a stream or changing its subjects takes on PostgreSQL
+    /// (``SQLSession/lockAll(_:)``); publishes share it (``SQLSession/shareLock(_:)``).
     static let addingStreams: Int64 = 7_214_031
+    /// The lock adding a consumer bound by a key's quota takes: one key's consumers are
+    /// counted and added one at a time, whichever streams they are on.
+    static let addingConsumers: Int64 = 7_214_032
 
     // MARK: Streams
 
@@ -450,6 +455,9 @@ enum StreamsDatabase {
     /// messages (and two more for each message with an id).
     static func publish(_ db: Database, _ publications: [Publication], now: Double) throws -> [Result<API.Published, JSONRPCError>] {
         guard !publications.isEmpty else { return [] }
+        // Without it, a publish could read a stream's old subjects, wait for the stream's row
+        // while they change, and then keep the message there.
+        try db.shareLock(addingStreams)
         var batch = try PublishBatch(db, subjects: Set(publications.map(\.subject)).sorted())
         var outcomes: [Result<API.Published, JSONRPCError>] = []
         for publication in publications {
@@ -775,8 +783,7 @@ enum StreamsDatabase {
         let consumers = try db.int("SELECT COUNT(*) FROM consumers WHERE stream = ?", [asked.stream]) ?? 0
         guard consumers < most else { throw tooMany("consumers of stream \(asked.stream)", limit: most, setting: "streams.max_consumers", remedy: "delete one first") }
         if let key = quota.binding(caller) {
-            // One key's consumers are counted and added one at a time, whichever streams they are on.
-            try db.lockAll(addingStreams)
+            try db.lockAll(addingConsumers)
             guard try db.int("SELECT COUNT(*) FROM consumers WHERE owner = ?", [key]) ?? 0 < quota.consumers else {
                 throw tooMany("consumers", limit: quota.consumers, setting: "streams.client_max_consumers", remedy: "delete one first", perKey: true)
             }
