@@ -212,14 +212,38 @@ extension SilentDatabaseTests {
     }
 }
 
+extension SilentDatabaseTests {
+    @Test("a connection that a look at why gave up on (its deadline passed) and that is made after all is closed, not left open")
+    func lateConnectionClosed() async throws {
+        let silent = try SilentPostgres(holdingStartUps: true)
+        defer { silent.stop() }
+        let settings = PostgresSettings(url: "postgres://someone:secret@127.0.0.1:\(silent.port)/db", tls: .disable, operationTimeout: .milliseconds(300))
+        let problem = await settings.connectionProblem(logger: LogLines().logger("store"))
+        #expect(problem?.contains("did not answer within") == true, "\(String(describing: problem))")
+        // Its start-up completes now, with no one waiting for the connection.
+        silent.completeStartUps()
+        try await eventually(10, "the client closed the connection made late") { silent.endedByClient == 1 }
+    }
+}
+
 /// A PostgreSQL server that completes the start-up of every connection (trust, no TLS) and
-/// then reads and drops whatever is sent: a database that hangs mid-query.
+/// then reads and drops whatever is sent: a database that hangs mid-query. Holding start-ups,
+/// it completes them only once told to.
 private final class SilentPostgres: Sendable {
     let port: Int
     private let listener: Int32
     private let accepted = Accepted()
+    /// Entered while start-ups are held (`held`).
+    private let startUpsHeld = DispatchGroup(), held = Mutex(false)
+    private let ended = Mutex(0)
 
     var connections: Int { accepted.withLock { $0.count } }
+    /// The connections the client closed, after their start-up.
+    var endedByClient: Int { ended.withLock { $0 } }
+
+    func completeStartUps() {
+        if held.withLock({ held in defer { held = false }; return held }) { startUpsHeld.leave() }
+    }
 
     /// The connections accepted so far, shared with the accepting thread.
     final class Accepted: Sendable {
@@ -227,7 +251,11 @@ private final class SilentPostgres: Sendable {
         func withLock<R>(_ body: (inout [Int32]) -> R) -> R { sockets.withLock { body(&$0) } }
     }
 
-    init() throws {
+    init(holdingStartUps: Bool = false) throws {
+        if holdingStartUps {
+            startUpsHeld.enter()
+            held.withLock { $0 = true }
+        }
         let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
@@ -244,20 +272,23 @@ private final class SilentPostgres: Sendable {
         }
         self.listener = listener
         port = Int(UInt16(bigEndian: address.sin_port))
-        let accepted = self.accepted
-        Thread.detachNewThread {
+        Thread.detachNewThread { [self] in
             while case let connection = accept(listener, nil, nil), connection >= 0 {
                 accepted.withLock { $0.append(connection) }
-                Thread.detachNewThread { Self.serve(connection) }
+                Thread.detachNewThread { [self] in
+                    Self.serve(connection, startUpsHeld: startUpsHeld)
+                    ended.withLock { $0 += 1 }
+                }
             }
         }
     }
 
-    private static func serve(_ connection: Int32) {
+    private static func serve(_ connection: Int32, startUpsHeld: DispatchGroup) {
         // The start-up message (length, protocol, parameters), then: authentication OK,
         // the backend's key, ready for a query.
         var buffer = [UInt8](repeating: 0, count: 4096)
         guard read(connection, &buffer, buffer.count) > 0 else { return }
+        startUpsHeld.wait()
         let hello: [UInt8] = [UInt8(ascii: "R"), 0, 0, 0, 8, 0, 0, 0, 0,
                               UInt8(ascii: "K"), 0, 0, 0, 12, 0, 0, 0, 1, 0, 0, 0, 2,
                               UInt8(ascii: "Z"), 0, 0, 0, 5, UInt8(ascii: "I")]
@@ -266,6 +297,7 @@ private final class SilentPostgres: Sendable {
     }
 
     func stop() {
+        completeStartUps()
         shutdown(listener, Int32(SHUT_RDWR))
         close(listener)
         for connection in accepted.withLock({ $0 }) {

@@ -7,7 +7,8 @@ import Synchronization
 /// body's respect for cancellation. Here the body runs in a task of its own, cancelled and
 /// left behind when the deadline passes: for awaiting what may never end (a PostgresNIO
 /// query on a connection lost mid-flight, an operation under test), so that the caller is
-/// always answered.
+/// always answered. What such a body answers after the deadline is dropped: one that makes
+/// something to be closed (a connection) closes it itself rather than answer it.
 public func withDeadline<T: Sendable>(_ timeout: Duration, expired: @escaping @Sendable () -> any Error,
                                       _ body: @escaping @Sendable () async throws -> T) async throws -> T {
     let answer = FirstAnswer<T>()

@@ -95,10 +95,12 @@ extension PostgresSettings {
             let configuration = PostgresConnection.Configuration(host: parts.host, port: parts.port, username: parts.user, password: parts.password,
                                                                  database: parts.database, tls: tls)
             let timeout = operationTimeout
-            let connection = try await withDeadline(timeout, expired: { PostgresTimedOut(after: timeout) }) {
-                try await PostgresConnection.connect(configuration: configuration, id: 0, logger: logger)
+            // Closed where it is made: one made after the deadline passed, or after the caller
+            // was cancelled, is closed all the same, not dropped open.
+            try await withDeadline(timeout, expired: { PostgresTimedOut(after: timeout) }) {
+                let connection = try await PostgresConnection.connect(configuration: configuration, id: 0, logger: logger)
+                try? await connection.close()
             }
-            try? await connection.close()
             return nil
         } catch let error as PSQLError where error.code == .connectionError && error.underlying != nil {
             let cause = "\(error.underlying!)"
