@@ -222,7 +222,7 @@ extension SilentDatabaseTests {
         #expect(problem?.contains("did not answer within") == true, "\(String(describing: problem))")
         // Its start-up completes now, with no one waiting for the connection.
         silent.completeStartUps()
-        try await eventually(10, "the client closed the connection made late") { silent.endedByClient == 1 }
+        try await within(10, "the client closed the connection made late") { _ = await silent.ends.first { true } }
     }
 }
 
@@ -235,11 +235,11 @@ private final class SilentPostgres: Sendable {
     private let accepted = Accepted()
     /// Entered while start-ups are held (`held`).
     private let startUpsHeld = DispatchGroup(), held = Mutex(false)
-    private let ended = Mutex(0)
+    /// One element each time a connection ends after its start-up (the client closed it).
+    let ends: AsyncStream<Void>
+    private let ended: AsyncStream<Void>.Continuation
 
     var connections: Int { accepted.withLock { $0.count } }
-    /// The connections the client closed, after their start-up.
-    var endedByClient: Int { ended.withLock { $0 } }
 
     func completeStartUps() {
         if held.withLock({ held in defer { held = false }; return held }) { startUpsHeld.leave() }
@@ -252,6 +252,7 @@ private final class SilentPostgres: Sendable {
     }
 
     init(holdingStartUps: Bool = false) throws {
+        (ends, ended) = AsyncStream.makeStream()
         if holdingStartUps {
             startUpsHeld.enter()
             held.withLock { $0 = true }
@@ -276,24 +277,25 @@ private final class SilentPostgres: Sendable {
             while case let connection = accept(listener, nil, nil), connection >= 0 {
                 accepted.withLock { $0.append(connection) }
                 Thread.detachNewThread { [self] in
-                    Self.serve(connection, startUpsHeld: startUpsHeld)
-                    ended.withLock { $0 += 1 }
+                    if Self.serve(connection, startUpsHeld: startUpsHeld) { ended.yield() }
                 }
             }
         }
     }
 
-    private static func serve(_ connection: Int32, startUpsHeld: DispatchGroup) {
+    /// Whether the connection ended after its start-up.
+    private static func serve(_ connection: Int32, startUpsHeld: DispatchGroup) -> Bool {
         // The start-up message (length, protocol, parameters), then: authentication OK,
         // the backend's key, ready for a query.
         var buffer = [UInt8](repeating: 0, count: 4096)
-        guard read(connection, &buffer, buffer.count) > 0 else { return }
+        guard read(connection, &buffer, buffer.count) > 0 else { return false }
         startUpsHeld.wait()
         let hello: [UInt8] = [UInt8(ascii: "R"), 0, 0, 0, 8, 0, 0, 0, 0,
                               UInt8(ascii: "K"), 0, 0, 0, 12, 0, 0, 0, 1, 0, 0, 0, 2,
                               UInt8(ascii: "Z"), 0, 0, 0, 5, UInt8(ascii: "I")]
         _ = write(connection, hello, hello.count)
         while read(connection, &buffer, buffer.count) > 0 {}
+        return true
     }
 
     func stop() {
