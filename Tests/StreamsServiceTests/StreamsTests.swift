@@ -365,22 +365,14 @@ struct StreamsTests {
     func publishedTogetherFailing() async throws {
         try await StreamsBus.with(.postgres) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
-            let server = try #require(bus.postgres)
+            let server = try #require(bus.postgres), service = bus.service
             // Another process writes request r1: its result is in the table, not yet committed.
-            let other = try server.session()
-            defer { other.stop() }
-            other.send("""
-                BEGIN; INSERT INTO switchboard_streams.replies VALUES ('r1', '{"stream":"orders","sequence":41,"duplicate":false}', 0); SELECT 'writing';
-
-                """)
-            try await other.waitForOutput(containing: "writing", within: 10)
-            async let outcomes = bus.service.write([.init(subject: "orders.1", data: Array("1".utf8), id: nil, request: "r1"),
-                                                    .init(subject: "orders.2", data: Array("2".utf8), id: nil, request: "r2")])
-            let watcher = try server.session()
-            defer { watcher.stop() }
-            try await server.waitForLockWaiters(1, where: "locktype = 'transactionid'", on: watcher)
-            other.send("COMMIT;\n")
-            let written = await outcomes
+            let written = try await server.whileAnotherTransaction("""
+                INSERT INTO switchboard_streams.replies VALUES ('r1', '{"stream":"orders","sequence":41,"duplicate":false}', 0)
+                """, commitsOnceWaiting: "locktype = 'transactionid'") {
+                await service.write([.init(subject: "orders.1", data: Array("1".utf8), id: nil, request: "r1"),
+                                     .init(subject: "orders.2", data: Array("2".utf8), id: nil, request: "r2")])
+            }
             #expect(try written[0].get().sequence == 41, "r1: the other process's result")
             #expect(try written[1].get().sequence == 1, "r2, alone, after the batch was rolled back")
             #expect(try await bus.client.call(API.streamInfo, .init(name: "orders")).messages == 1)
@@ -392,24 +384,16 @@ struct StreamsTests {
     func publishWhileSubjectsChange() async throws {
         try await StreamsBus.with(.postgres) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
-            let server = try #require(bus.postgres)
-            // Another process's stream.update, midway: orders holds invoices. instead, not committed yet.
-            let other = try server.session()
-            defer { other.stop() }
-            other.send("""
-                BEGIN; SELECT pg_advisory_xact_lock(\(StreamsDatabase.addingStreams));
+            let server = try #require(bus.postgres), service = bus.service
+            // Another process's stream.update, midway: orders holds invoices. instead.
+            let written = try await server.whileAnotherTransaction("""
+                SELECT pg_advisory_xact_lock(\(StreamsDatabase.addingStreams));
                 SELECT name FROM switchboard_streams.streams WHERE name = 'orders' FOR UPDATE;
                 DELETE FROM switchboard_streams.subjects WHERE stream = 'orders';
-                INSERT INTO switchboard_streams.subjects (prefix, stream) VALUES ('invoices.', 'orders'); SELECT 'changing';
-
-                """)
-            try await other.waitForOutput(containing: "changing", within: 10)
-            async let outcomes = bus.service.write([.init(subject: "orders.1", data: Array("1".utf8), id: nil, request: "r1")])
-            let watcher = try server.session()
-            defer { watcher.stop() }
-            try await server.waitForLockWaiters(1, where: "true", on: watcher)
-            other.send("COMMIT;\n")
-            let written = await outcomes
+                INSERT INTO switchboard_streams.subjects (prefix, stream) VALUES ('invoices.', 'orders')
+                """) {
+                await service.write([.init(subject: "orders.1", data: Array("1".utf8), id: nil, request: "r1")])
+            }
             guard case .failure(let failure) = try #require(written.first), let refusal = failure as? JSONRPCError else {
                 Issue.record("kept by the subjects it began with: \(written)")
                 return

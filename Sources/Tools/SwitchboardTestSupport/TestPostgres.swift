@@ -121,6 +121,23 @@ public final class TestPostgres: @unchecked Sendable {
                          environment: ["PGPASSWORD": Self.password])
     }
 
+    /// What `write` answers when it runs while another session is midway through a
+    /// transaction (`statements`, not committed yet), as another process's would be: the
+    /// transaction commits once `write` waits for a lock (`waiting`, SQL on `pg_locks`).
+    public func whileAnotherTransaction<T: Sendable>(_ statements: String, commitsOnceWaiting waiting: String = "true",
+                                                     _ write: @escaping @Sendable () async -> T) async throws -> T {
+        let other = try session()
+        defer { other.stop() }
+        other.send("BEGIN; \(statements); SELECT 'midway';\n")
+        try await other.waitForOutput(containing: "midway", within: 10)
+        async let outcome = write()
+        let watcher = try session()
+        defer { watcher.stop() }
+        try await waitForLockWaiters(1, where: waiting, on: watcher)
+        other.send("COMMIT;\n")
+        return await outcome
+    }
+
     /// Returns once `count` sessions wait for a lock `condition` (SQL on `pg_locks`) says
     /// which, asking on `watcher` (a ``session()``) again and again.
     public func waitForLockWaiters(_ count: Int, where condition: String, on watcher: ChildProcess, within seconds: Double = 10) async throws {
