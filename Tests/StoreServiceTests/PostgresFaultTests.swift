@@ -226,6 +226,22 @@ extension SilentDatabaseTests {
     }
 }
 
+extension SilentDatabaseTests {
+    @Test("a lock one process asks for that the database does not answer in time may be taken later all the same: the connection that asked is closed, so it cannot hold the lock for good")
+    func unansweredLockClosed() async throws {
+        let silent = try SilentPostgres()
+        defer { silent.stop() }
+        let writer = try PostgresWriter(settings: PostgresSettings(url: "postgres://someone:secret@127.0.0.1:\(silent.port)/db", poolSize: 1,
+                                                                   tls: .disable, operationTimeout: .milliseconds(300)),
+                                        schema: nil, migrations: [PostgresWriter.repliesTable], lockKey: 1, replyWindow: .seconds(60), logger: LogLines().logger("store"))
+        let connections = Task { try await writer.connections.run() }
+        await #expect(throws: JSONRPCError.self) { try await writer.alone(9, waitingAtMost: .seconds(5)) {} }
+        try await within(10, "the connection that asked for the lock closed") { _ = await silent.ends.first { true } }
+        connections.cancel()
+        _ = await connections.result
+    }
+}
+
 /// A PostgreSQL server that completes the start-up of every connection (trust, no TLS) and
 /// then reads and drops whatever is sent: a database that hangs mid-query. Holding start-ups,
 /// it completes them only once told to.

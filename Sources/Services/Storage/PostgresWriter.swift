@@ -237,7 +237,7 @@ package actor PostgresWriter {
         do {
             outcome = try await connections.withConnection(leasedWithin: settings.operationTimeout) { connection in
                 let deadline = ContinuousClock.now + limit
-                while try await !settings.bounded({ try await Self.tryLock(key, on: connection, logger: logger) }) {
+                while try await !Self.tryLock(key, on: connection, settings: settings, logger: logger) {
                     guard ContinuousClock.now < deadline else {
                         throw ServiceDatabase.heldTooLong("the advisory lock \(key)", limit, path: settings.redactedURL)
                     }
@@ -264,9 +264,19 @@ package actor PostgresWriter {
         return try outcome.get()
     }
 
-    private static func tryLock(_ key: Int64, on connection: PostgresConnection, logger: Logger) async throws -> Bool {
-        for try await (taken) in try await connection.query("SELECT pg_try_advisory_lock(\(key))", logger: logger).decode(Bool.self) { return taken }
-        return false
+    /// Whether the session advisory lock `key` was taken, asked within the operation timeout.
+    /// Unanswered in time, it may be taken all the same, later, on a connection that would then
+    /// hold it with no one to let it go: that connection is closed, which lets go of it.
+    private static func tryLock(_ key: Int64, on connection: PostgresConnection, settings: PostgresSettings, logger: Logger) async throws -> Bool {
+        do {
+            return try await settings.bounded {
+                for try await (taken) in try await connection.query("SELECT pg_try_advisory_lock(\(key))", logger: logger).decode(Bool.self) { return taken }
+                return false
+            }
+        } catch {
+            try? await connection.close()
+            throw error
+        }
     }
 }
 
