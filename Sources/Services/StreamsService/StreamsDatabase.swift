@@ -932,12 +932,13 @@ enum StreamsDatabase {
             try db.execute("UPDATE pending SET deliveries = deliveries + 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq IN "
                                + SQLRows.placeholders(rows: 1, columns: dueAgain.count), [now + consumer.ackWait, name, consumerName] + dueAgain)
         }
-        // With its most pending reached, a consumer hands out only what is due again.
-        let room = try consumer.maxAckPending.map { most in
-            most - (try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [name, consumerName]) ?? 0)
-        } ?? handout.room
-        if !handout.stopped, handout.room > 0, room > 0 {
-            let asked = min(handout.room, room)
+        // New messages, as many as the readers have room for; with its most pending reached, a
+        // consumer hands out only what is due again (counted only when there is room at all).
+        var asked = handout.stopped ? 0 : handout.room
+        if asked > 0, let most = consumer.maxAckPending {
+            asked = min(asked, most - (try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [name, consumerName]) ?? 0))
+        }
+        if asked > 0 {
             let (matches, filter) = subjectMatches(consumer.filter)
             let fresh = try db.rows("""
                 SELECT seq, subject, data, published_at, dead_letter FROM messages
