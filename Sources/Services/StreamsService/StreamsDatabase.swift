@@ -16,13 +16,13 @@ import Storage
 /// which must see every other stream's, takes ``addingStreams``; publishes share it, so a
 /// message goes by the subjects as they are when it is written, not as they were when it
 /// began waiting for its stream.
-enum StreamsDatabase {
+package enum StreamsDatabase {
     typealias API = StreamsAPI
     typealias Database = any SQLSession
 
     /// The lock adding a stream or changing its subjects takes on PostgreSQL
     /// (``SQLSession/lockAll(_:)``); publishes share it (``SQLSession/shareLock(_:)``).
-    static let addingStreams: Int64 = 7_214_031
+    package static let addingStreams: Int64 = 7_214_031
     /// The lock adding a consumer bound by a key's quota takes: one key's consumers are
     /// counted and added one at a time, whichever streams they are on.
     static let addingConsumers: Int64 = 7_214_032

@@ -122,12 +122,14 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
 
     /// pgbench's transactions a second running what the service does for one publish (with no
     /// message id, under no limit) to stream `stream` of subject prefix `prefix.`, on its tables:
-    /// the stream's row read and locked, the message, the stream's counters, the request's
-    /// result, COMMIT; each statement a round trip (`-M extended`, as PostgresNIO sends them).
+    /// the lock shared with changes to subjects, the stream's row read and locked, the message,
+    /// the stream's counters, the request's result, COMMIT; each statement a round trip
+    /// (`-M extended`, as PostgresNIO sends them).
     private func pgbenchPublishes(_ server: TestPostgres, clients: Int, stream: String) async throws -> Double {
         let schema = "switchboard_streams", bytes = max(0, size - 2)
         return try await pgbench(server, clients: clients, protocol: "extended", script: """
             BEGIN;
+            SELECT pg_advisory_xact_lock_shared(\(StreamsDatabase.addingStreams));
             SELECT streams.* FROM \(schema).subjects JOIN \(schema).streams ON streams.name = subjects.stream WHERE substr('\(stream).1', 1, length(subjects.prefix)) = subjects.prefix FOR UPDATE OF streams \\gset
             INSERT INTO \(schema).messages (stream, seq, subject, data, published_at, dead_letter) VALUES ('\(stream)', :last_seq + 1, '\(stream).1', convert_to(repeat('x', \(bytes)), 'UTF8'), extract(epoch from now()), NULL);
             UPDATE \(schema).streams SET messages = messages + 1, bytes = bytes + \(bytes), first_seq = first_seq, last_seq = :last_seq + 1 WHERE name = '\(stream)';
@@ -234,7 +236,7 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
             if let ceilings {
                 let rate = try await ceilings.publish(count, "shape")
                 transactionRate = rate
-                rows.append(Row("pgbench running a publish's own transaction (row lock, 4 statements, COMMIT), \(count) client\(plural)", rate: rate,
+                rows.append(Row("pgbench running a publish's own transaction (BEGIN, shared and row locks, 3 writes, COMMIT), \(count) client\(plural)", rate: rate,
                                 note: String(format: "%.2fx \(baselineName) with as many writers: a publish's ceiling on this database", rate / (baseline[count] ?? .nan))))
             }
             let published = try await measureRate(lanes: count, seconds: seconds) { lane, _ in
