@@ -522,6 +522,33 @@ struct StreamsTests {
         }
     }
 
+    @Test("on SQLite a deleted or purged stream gives its messages' room back to the disk once answered; the other streams keep theirs, and go on")
+    func deletedMessagesGiveTheirRoomBack() async throws {
+        try await StreamsBus.with(.sqlite) { bus in
+            let file = bus.folder.appendingPathComponent("streams.sqlite").path
+            func fileBytes() throws -> Int { try #require(FileManager.default.attributesOfItem(atPath: file)[.size] as? Int) }
+            _ = try await bus.client.call(API.streamAdd, .init(name: "big", subjects: ["big."]))
+            _ = try await bus.client.call(API.streamAdd, .init(name: "kept", subjects: ["kept."]))
+            try await bus.publish("kept.first", "still here")
+            // Twice the write-ahead log's automatic checkpoint: most of it is copied into the file.
+            let data = JSONValue.string(String(repeating: "x", count: 100_000))
+            for index in 0..<80 { try await bus.publish("big.\(index % 4)", data) }
+            let full = try fileBytes()
+            try #require(full > 4_000_000, "the messages are in the file: \(full) bytes")
+
+            #expect(try await bus.client.call(API.streamDelete, .init(name: "big")).messages == 80)
+            try await within(60, "the delete's room given back") { await bus.service.roomGivenBack(times: 1) }
+            #expect(try fileBytes() < 1_000_000, "\(full) bytes before the delete")
+            #expect(try await bus.client.call(API.streamMessages, .init(name: "kept")).messages.map(\.data) == ["still here"])
+
+            for index in 0..<80 { try await bus.publish("kept.\(index)", data) }
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "kept", keep: 1)).messages == 80)
+            try await within(60, "the purge's room given back") { await bus.service.roomGivenBack(times: 2) }
+            #expect(try fileBytes() < 1_000_000)
+            #expect(try await bus.publish("kept.last", "after").sequence == 82)
+        }
+    }
+
     @Test("a consumer's maxAckPending: with that many pending, fetches hand out only those due again; an acknowledgement makes room, for a fetch that waits too; consumer.update changes it, 0 lifting it; adding it again matches it as it is now", arguments: Backend.available)
     func maxAckPending(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in

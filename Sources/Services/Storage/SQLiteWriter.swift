@@ -123,6 +123,31 @@ package actor SQLiteWriter {
         }
     }
 
+    /// Gives the database's free pages back to the disk: what deleted rows left is otherwise
+    /// kept in the file for later rows. A few megabytes a transaction, so writes go on between
+    /// them; then a checkpoint, which is when the file itself is cut (it waits for no reader:
+    /// one that holds it up leaves the cut to the next checkpoint).
+    /// A file made without it (``open(path:label:maxSizeBytes:migrator:)``) gives nothing back.
+    package func giveBackFreePages() async throws {
+        let database = try openDatabase()
+        let incremental = 2
+        guard try await database.read({ db in try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") }) == incremental else { return }
+        var free = Int.max
+        while free > 0 {
+            let left = try await database.write { db in
+                try db.execute(sql: "PRAGMA incremental_vacuum(\(Self.pagesGivenBackAtOnce))")
+                return try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0
+            }
+            // Writes meanwhile may free pages as fast as they are given back: no turn without progress.
+            guard left < free else { break }
+            free = left
+        }
+        try await database.writeWithoutTransaction { db in _ = try db.checkpoint(.passive) }
+    }
+
+    /// Pages ``giveBackFreePages()`` gives back a transaction: 16 MB.
+    static let pagesGivenBackAtOnce = 4_096
+
     // MARK: Reads
 
     /// Runs `body` in a read on the calling thread: a read takes microseconds, less than the
@@ -191,8 +216,9 @@ package actor SQLiteWriter {
         let url = URL(fileURLWithPath: path)
         try makeFolder(for: path)
         // Made only when it does not exist yet (O_EXCL), so no connection of this process has it open.
-        let made = Glibc.open(url.path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
-        if made >= 0 { close(made) }
+        let creation = Glibc.open(url.path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
+        let made = creation >= 0
+        if made { close(creation) }
         for file in [url.path, url.path + "-wal", url.path + "-shm"] { chmod(file, 0o600) }
         let descriptor = Glibc.open(url.path + ".opening", O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
         defer { if descriptor >= 0 { close(descriptor) } }
@@ -203,6 +229,11 @@ package actor SQLiteWriter {
         config.busyMode = .timeout(10)
         let maxPages = maxSizeBytes.map { max(1, $0 / 4096) }
         config.prepareDatabase { db in
+            // Free pages can be given back to the disk (``giveBackFreePages()``). SQLite takes
+            // the setting only on a new file, before its first table and before WAL mode (which
+            // the pool turns on after this), and from the pool's writer: its readers may not
+            // write. A file made without it keeps its free pages for later rows.
+            if made, !db.configuration.readonly { try db.execute(sql: "PRAGMA auto_vacuum = INCREMENTAL") }
             try db.execute(sql: "PRAGMA synchronous = FULL")
             try db.execute(sql: "PRAGMA journal_size_limit = \(writeAheadLogLimit)")
             if let maxPages { try db.execute(sql: "PRAGMA max_page_count = \(maxPages)") }

@@ -183,6 +183,13 @@ package enum ServiceDatabase: Sendable {
         StorageFailure(reason: "busy", detail: "another process has held \(lock) for \(limit.formatted)", path: path).rpcError
     }
 
+    /// Gives back to the disk the room deleted rows left, on SQLite (``SQLiteWriter/giveBackFreePages()``).
+    /// PostgreSQL's autovacuum makes it room for later rows; giving it back takes `VACUUM
+    /// FULL`, which locks the table while it rewrites it: an operator's call, not a service's.
+    package func giveBackFreePages() async throws {
+        if case .sqlite(let writer) = self { try await writer.giveBackFreePages() }
+    }
+
     /// Returns once the database can serve: at once for SQLite; for PostgreSQL once it answers
     /// and its schema is in place (trying again meanwhile).
     package func waitUntilReady() async {

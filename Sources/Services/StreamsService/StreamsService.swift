@@ -58,11 +58,13 @@ public actor StreamsService: BusService, ServiceWork {
     }
 
     /// The service's work beside its requests: keeping the kernel's state in the streams that
-    /// capture it.
+    /// capture it, and giving back to the disk the room of the messages deleted and purged.
     public func work() async {
-        guard let client else { return }
         await waitUntilReady()
-        await captureState(client)
+        await withDiscardingTaskGroup { group in
+            if let client { group.addTask { await self.captureState(client) } }
+            group.addTask { await self.giveBackRoomWhenAsked() }
+        }
     }
 
     /// Returns once the database can serve (on PostgreSQL, once it answers and its schema is
@@ -91,12 +93,15 @@ public actor StreamsService: BusService, ServiceWork {
             let caller = CallerIdentity.current
             let removed = try await service.write { db, _ in try StreamsDatabase.deleteStream(db, params.name, by: caller) }
             await service.wakeAll(.streams)
+            await service.giveBackRoom()
             return removed
         }
         table.on(API.streamPurge) { service, params in
             let caller = CallerIdentity.current
             if let subject = params.subject { try Check.subject(subject, field: "subject") }
-            return try await service.write { db, _ in try StreamsDatabase.purge(db, params, by: caller) }
+            let purged = try await service.write { db, _ in try StreamsDatabase.purge(db, params, by: caller) }
+            await service.giveBackRoom()
+            return purged
         }
         table.on(API.publish) { service, params in try await service.publish(params) }
         table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
@@ -306,6 +311,41 @@ public actor StreamsService: BusService, ServiceWork {
     }
 
     // MARK: The database
+
+    /// Asks the service's work to give back to the disk the room that a deleted or purged
+    /// stream's messages took (``giveBackRoomWhenAsked()``): after the answer, as a large
+    /// stream's may take seconds. An operator who deletes a stream expects its disk back,
+    /// where the messages that limits remove make room for the next ones. Asks that come while
+    /// it runs are done together after it.
+    func giveBackRoom() {
+        roomToGiveBack.continuation.yield()
+    }
+
+    private let roomToGiveBack = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    /// How many times the room was given back, and who waits for a count (``roomGivenBack(times:)``).
+    private var roomGivenBackCount = 0
+    private var roomGivenBackWaiters: [(times: Int, waiter: CheckedContinuation<Void, Never>)] = []
+
+    /// Part of the service's work: gives back the room each time it is asked.
+    private func giveBackRoomWhenAsked() async {
+        for await _ in roomToGiveBack.stream {
+            do {
+                try await storage.giveBackFreePages()
+            } catch {
+                logger.warning("could not give the disk back the room of deleted messages", metadata: ["problem": "\(error)"])
+            }
+            roomGivenBackCount += 1
+            let done = roomGivenBackWaiters.filter { $0.times <= roomGivenBackCount }
+            roomGivenBackWaiters.removeAll { $0.times <= roomGivenBackCount }
+            for (_, waiter) in done { waiter.resume() }
+        }
+    }
+
+    /// Returns once the room has been given back `times` times since the service started.
+    func roomGivenBack(times: Int) async {
+        guard roomGivenBackCount < times else { return }
+        await withCheckedContinuation { roomGivenBackWaiters.append((times, $0)) }
+    }
 
     /// A write in the next committed batch, named by `request` (by default the request being
     /// answered, so a re-sent one gets this result), decoded as the contract's type.
