@@ -124,10 +124,13 @@ package actor SQLiteWriter {
     }
 
     /// Gives the database's free pages back to the disk: what deleted rows left is otherwise
-    /// kept in the file for later rows. A few megabytes a transaction, so writes go on between
-    /// them; then a checkpoint, which is when the file itself is cut (it waits for no reader:
-    /// one that holds it up leaves the cut to the next checkpoint).
-    /// A file made without it (``open(path:label:maxSizeBytes:migrator:)``) gives nothing back.
+    /// kept in the file for later rows. 16 MB a transaction, so writes go on between them;
+    /// then a checkpoint that copies the write-ahead log into the file, which is when the file
+    /// is cut, and empties the log, which the deletes grew (SQLite overwrites what it deletes
+    /// where it is built with `SECURE_DELETE`, as Debian's is). The checkpoint waits for the
+    /// reads under way, up to the busy timeout; past it, the next checkpoint does the cut.
+    /// A file made without auto-vacuum (``open(path:label:maxSizeBytes:migrator:)``) gives
+    /// nothing back.
     package func giveBackFreePages() async throws {
         let database = try openDatabase()
         let incremental = 2
@@ -142,10 +145,10 @@ package actor SQLiteWriter {
             guard left < free else { break }
             free = left
         }
-        try await database.writeWithoutTransaction { db in _ = try db.checkpoint(.passive) }
+        try await database.writeWithoutTransaction { db in _ = try db.checkpoint(.truncate) }
     }
 
-    /// Pages ``giveBackFreePages()`` gives back a transaction: 16 MB.
+    /// Pages ``giveBackFreePages()`` gives back a transaction (of 4 kB).
     static let pagesGivenBackAtOnce = 4_096
 
     // MARK: Reads
