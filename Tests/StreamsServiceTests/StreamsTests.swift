@@ -522,7 +522,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("on SQLite a deleted or purged stream gives its messages' room back to the disk once answered; the other streams keep theirs, and go on")
+    @Test("on SQLite a stream deleted, purged or given a lower limit gives its messages' room back to the disk once answered; the other streams keep theirs, and go on")
     func deletedMessagesGiveTheirRoomBack() async throws {
         try await StreamsBus.with(.sqlite) { bus in
             let file = bus.folder.appendingPathComponent("streams.sqlite").path
@@ -549,6 +549,11 @@ struct StreamsTests {
             try await within(60, "the purge's room given back") { await bus.service.roomGivenBack(times: 2) }
             #expect(try fileBytes() < 1_000_000)
             #expect(try await bus.publish("kept.last", "after").sequence == 82)
+
+            for index in 0..<80 { try await bus.publish("kept.\(index)", data) }
+            #expect(try await bus.client.call(API.streamUpdate, .init(name: "kept", maxMessages: 1)).messages == 1)
+            try await within(60, "the lowered limit's room given back") { await bus.service.roomGivenBack(times: 3) }
+            #expect(try fileBytes() < 1_000_000)
         }
     }
 

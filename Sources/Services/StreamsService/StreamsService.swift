@@ -157,7 +157,10 @@ public actor StreamsService: BusService, ServiceWork {
         var asked = asked
         asked.subjects = try asked.subjects.map(Check.subjects)
         let (caller, quota) = (CallerIdentity.current, configuration.clientQuota)
-        return try await write { [asked] db, now in try StreamsDatabase.updateStream(db, asked, by: caller, quota: quota, now: now) }
+        let updated: API.StreamInfo = try await write { [asked] db, now in try StreamsDatabase.updateStream(db, asked, by: caller, quota: quota, now: now) }
+        // Limits lowered delete at once what is past them, as a purge does.
+        if asked.maxMessages != nil || asked.maxBytes != nil || asked.maxAge != nil { giveBackRoom() }
+        return updated
     }
 
     func readMessages(_ asked: API.ReadMessages) async throws -> API.Messages {
@@ -312,11 +315,11 @@ public actor StreamsService: BusService, ServiceWork {
 
     // MARK: The database
 
-    /// Asks the service's work to give back to the disk the room that a deleted or purged
-    /// stream's messages took (``giveBackRoomWhenAsked()``): after the answer, as a large
-    /// stream's may take seconds. An operator who deletes a stream expects its disk back,
-    /// where the messages that limits remove make room for the next ones. Asks that come while
-    /// it runs are done together after it.
+    /// Asks the service's work to give back to the disk the room that the messages of a
+    /// stream deleted, purged or given lower limits took (``giveBackRoomWhenAsked()``): after
+    /// the answer, as a large stream's may take seconds. An operator who does that expects the
+    /// disk back, where the messages that limits remove as new ones come make room for them.
+    /// Asks that come while it runs are done together after it.
     func giveBackRoom() {
         roomToGiveBack.continuation.yield()
     }
