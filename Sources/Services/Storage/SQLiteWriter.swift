@@ -132,9 +132,9 @@ package actor SQLiteWriter {
     /// A file made without auto-vacuum (``open(path:label:maxSizeBytes:migrator:)``) gives
     /// nothing back.
     package func giveBackFreePages() async throws {
-        let database = try openDatabase()
         let incremental = 2
-        guard try await database.read({ db in try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") }) == incremental else { return }
+        guard try read({ db in try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") }) == incremental else { return }
+        let database = try openDatabase()
         var free = Int.max
         while free > 0 {
             let left = try await database.write { db in
