@@ -128,7 +128,9 @@ package actor SQLiteWriter {
     /// then a checkpoint that copies the write-ahead log into the file, which is when the file
     /// is cut, and empties the log, which the deletes grew (SQLite overwrites what it deletes
     /// where it is built with `SECURE_DELETE`, as Debian's is). The checkpoint waits for the
-    /// reads under way, up to the busy timeout; past it, the next checkpoint does the cut.
+    /// reads under way only a moment, not the busy timeout: every write waits with it. Where a
+    /// read still needs what the log holds past that, it copies what it can, and a later
+    /// checkpoint (SQLite's own, after a write) does the rest.
     /// A file made without auto-vacuum (``open(path:label:maxSizeBytes:migrator:)``) gives
     /// nothing back.
     package func giveBackFreePages() async throws {
@@ -145,7 +147,15 @@ package actor SQLiteWriter {
             guard left < free else { break }
             free = left
         }
-        try await database.writeWithoutTransaction { db in _ = try db.checkpoint(.truncate) }
+        try await database.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA busy_timeout = 100")
+            defer { try? db.execute(sql: "PRAGMA busy_timeout = \(Self.busyTimeoutMilliseconds)") }
+            do {
+                _ = try db.checkpoint(.truncate)
+            } catch let error as DatabaseError where error.resultCode == .SQLITE_BUSY {
+                // A read needs the log still; what could be copied was.
+            }
+        }
     }
 
     /// Pages ``giveBackFreePages()`` gives back a transaction (of 4 kB).
@@ -229,7 +239,7 @@ package actor SQLiteWriter {
         if descriptor >= 0 { try lockForOpening(descriptor, path: path) }
         var config = Configuration()
         config.label = label
-        config.busyMode = .timeout(10)
+        config.busyMode = .timeout(TimeInterval(busyTimeoutMilliseconds) / 1000)
         let maxPages = maxSizeBytes.map { max(1, $0 / 4096) }
         config.prepareDatabase { db in
             // Free pages can be given back to the disk (``giveBackFreePages()``). SQLite takes
@@ -245,6 +255,9 @@ package actor SQLiteWriter {
         try migrator.migrate(pool)
         return pool
     }
+
+    /// How long a write waits for another process's write to end before it fails as busy.
+    static let busyTimeoutMilliseconds = 10_000
 
     /// The size the write-ahead log (the -wal file) is cut back to once a checkpoint has
     /// copied it into the database. SQLite otherwise keeps the file as large as it ever grew
