@@ -289,7 +289,7 @@ package actor SQLiteWriter {
 
     /// How long an opener waits for another process to finish opening the file: as long as a
     /// write waits for another's transaction (the busy timeout).
-    static let openingWait = Duration.seconds(10)
+    static let openingWait = Duration.milliseconds(busyTimeoutMilliseconds)
 
     /// Takes the exclusive lock the openers of one file take in turn (closing `descriptor`
     /// lets it go); waits at most ``openingWait``, then fails naming the file.
