@@ -321,7 +321,7 @@ struct SBTests {
         await bus.stop()
     }
 
-    @Test("usage errors are 64 and nothing is sent: params that are not an object or array, a bad endpoint, invalid UTF-8")
+    @Test("usage errors are 64 and nothing is sent: params that are not an object or array, a bad endpoint, a word that names no verb, invalid UTF-8")
     func usageErrors() async throws {
         let bus = try await SBBus.start()
         let bare = try await bus.sb("request", "echo", "echo", #""str""#)
@@ -382,6 +382,17 @@ struct SBTests {
         for (arguments, said) in outOfRange {
             let refused = try await runCommand(sbExecutable(), arguments, environment: bus.environment)
             #expect(refused.status == 64 && refused.stderr.contains(said), "\(arguments): \(refused)")
+        }
+        // A word where a verb should be that names none is refused naming the verbs there are,
+        // connection options before it or not.
+        let unknownVerbs: [([String], String)] = [
+            (["kv", "set", "/client/x", "1"], "sb kv has no verb 'set'; its verbs: get, put, create, update, del, ls, history, watch\nUsage: sb kv <subcommand>"),
+            (["--timeout", "5s", "news", "latest"], "sb news has no verb 'latest'; its verbs: sources, headlines, save, saved, delete\nUsage: sb news <subcommand>"),
+            (["frobnicate"], "sb has no verb 'frobnicate'; its verbs: request, subscribe, publish, kv, "),
+        ]
+        for (arguments, said) in unknownVerbs {
+            let refused = try await runCommand(sbExecutable(), arguments, environment: bus.environment)
+            #expect(refused.status == 64 && refused.stderr.hasPrefix("Error: " + said), "\(arguments): \(refused)")
         }
         let badEnvironment = try await bus.sb("ping", environment: ["SB_ENDPOINT": "garbage://x"])
         #expect(badEnvironment.status == 64, "\(badEnvironment)")

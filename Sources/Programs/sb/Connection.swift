@@ -186,9 +186,13 @@ struct NoOtherVerb<Verb: ParsableCommand>: ParsableArguments {
 
     func validate() throws {
         guard let word else { return }
-        let verbs = Verb.configuration.subcommands.map { $0._commandName }
-        throw ValidationError("sb \(Verb._commandName) has no verb '\(word)'; its verbs: \(verbs.joined(separator: ", "))")
+        throw ValidationError(noSuchVerb(word, of: Verb.self, path: "sb \(Verb._commandName)"))
     }
+}
+
+/// The refusal of a word that names none of the verbs of `group` (`path`, as typed: "sb kv").
+func noSuchVerb(_ word: String, of group: any ParsableCommand.Type, path: String) -> String {
+    "\(path) has no verb '\(word)'; its verbs: \(group.configuration.subcommands.map { $0._commandName }.joined(separator: ", "))"
 }
 
 /// Sends one request the way every verb does: the answer, or the failure printed on stderr

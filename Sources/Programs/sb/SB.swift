@@ -82,6 +82,10 @@ struct SB: AsyncParsableCommand {
             Foundation.exit(ExitStatus.usage)
         }
         if let failure {
+            if exitCode(for: failure) == .validationFailure, let (group, refusal) = unknownVerb(arguments) {
+                StandardStreams.writeError("Error: \(refusal)\nUsage: \(group) <subcommand>\n  See '\(group) --help' for more information.\n")
+                Foundation.exit(ExitStatus.usage)
+            }
             if let hint = negativeValueHint(failure, verb) {
                 StandardStreams.writeError(fullMessage(for: failure) + "\n" + hint + "\n")
                 Foundation.exit(ExitStatus.usage)
@@ -176,30 +180,53 @@ struct SB: AsyncParsableCommand {
     /// Options every verb takes, as in `sb --endpoint tcp://host:5555 services`: moved
     /// after the verb, where the parser looks for them.
     static func connectionOptionsAfterVerb(_ arguments: [String]) -> [String] {
-        let valued: Set = ["--endpoint", "--state-endpoint", "--timeout", "--server-key", "--key-file", "--key-dir"]
-        var leading: [String] = [], index = 0
-        while index < arguments.count {
-            let argument = arguments[index]
-            let name = String(argument.prefix { $0 != "=" })
-            guard valued.contains(name) || argument == "--json" else { break }
-            leading.append(argument)
-            if !argument.contains("="), argument != "--json", index + 1 < arguments.count {
-                leading.append(arguments[index + 1])
-                index += 1
-            }
-            index += 1
-        }
-        guard !leading.isEmpty, index < arguments.count else { return arguments }
+        let index = verbStart(arguments)
+        guard index > 0, index < arguments.count else { return arguments }
         // Past the verb and its sub-verbs (`news saved`), where the options are defined.
         var end = index, commands = configuration.subcommands
-        while end < arguments.count, let command = commands.first(where: {
-            $0._commandName == arguments[end] || $0.configuration.aliases.contains(arguments[end])
-        }) {
+        while end < arguments.count, let command = verb(named: arguments[end], among: commands) {
             commands = command.configuration.subcommands
             end += 1
             if commands.isEmpty { break }
         }
         guard end > index else { return arguments }
-        return Array(arguments[index..<end]) + leading + arguments[end...]
+        return Array(arguments[index..<end]) + arguments[..<index] + arguments[end...]
+    }
+
+    /// Where the verb starts: past the connection options (with their values) and `--json`
+    /// given before it.
+    static func verbStart(_ arguments: [String]) -> Int {
+        let valued: Set = ["--endpoint", "--state-endpoint", "--timeout", "--server-key", "--key-file", "--key-dir"]
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            guard valued.contains(String(argument.prefix { $0 != "=" })) || argument == "--json" else { break }
+            index += argument.contains("=") || argument == "--json" ? 1 : 2
+        }
+        return min(index, arguments.count)
+    }
+
+    /// The verb of `commands` that `word` names, by its name or an alias.
+    static func verb(named word: String, among commands: [any ParsableCommand.Type]) -> (any ParsableCommand.Type)? {
+        commands.first { $0._commandName == word || $0.configuration.aliases.contains(word) }
+    }
+
+    /// Where sb or one of its verbs without a default sub-verb (`sb kv`) is given a word that
+    /// names none of its verbs (`sb kv set`): the verb as typed, and the refusal naming the
+    /// verbs it has, where the parser would say only that the word was not expected. (A verb
+    /// with a default sub-verb refuses such a word itself, ``NoOtherVerb``, or takes it as
+    /// its default's argument: `sb countries par`.)
+    static func unknownVerb(_ arguments: [String]) -> (group: String, refusal: String)? {
+        var index = verbStart(arguments)
+        var group: any ParsableCommand.Type = SB.self, path = "sb"
+        while index < arguments.count, !arguments[index].hasPrefix("-") {
+            guard let command = verb(named: arguments[index], among: group.configuration.subcommands) else {
+                guard group.configuration.defaultSubcommand == nil else { return nil }
+                return (path, noSuchVerb(arguments[index], of: group, path: path))
+            }
+            guard !command.configuration.subcommands.isEmpty else { return nil }
+            (group, path, index) = (command, path + " " + command._commandName, index + 1)
+        }
+        return nil
     }
 }
