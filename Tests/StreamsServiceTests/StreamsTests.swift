@@ -540,20 +540,80 @@ struct StreamsTests {
             try #require(full > 4_000_000, "the messages are in the file: \(full) bytes")
 
             #expect(try await bus.client.call(API.streamDelete, .init(name: "big")).messages == 80)
-            try await within(60, "the delete's room given back") { await bus.service.roomGivenBack(times: 1) }
+            try await within(60, "the delete's room given back") { await bus.service.roomGivenBack(times: 2) }
             #expect(try fileBytes() < 1_000_000, "\(full) bytes before the delete")
             #expect(try await bus.client.call(API.streamMessages, .init(name: "kept")).messages.map(\.data) == ["still here"])
 
             for index in 0..<80 { try await bus.publish("kept.\(index)", data) }
             #expect(try await bus.client.call(API.streamPurge, .init(name: "kept", keep: 1)).messages == 80)
-            try await within(60, "the purge's room given back") { await bus.service.roomGivenBack(times: 2) }
+            try await within(60, "the purge's room given back") { await bus.service.roomGivenBack(times: 3) }
             #expect(try fileBytes() < 1_000_000)
             #expect(try await bus.publish("kept.last", "after").sequence == 82)
 
             for index in 0..<80 { try await bus.publish("kept.\(index)", data) }
             #expect(try await bus.client.call(API.streamUpdate, .init(name: "kept", maxMessages: 1)).messages == 1)
-            try await within(60, "the lowered limit's room given back") { await bus.service.roomGivenBack(times: 3) }
+            try await within(60, "the lowered limit's room given back") { await bus.service.roomGivenBack(times: 4) }
             #expect(try fileBytes() < 1_000_000)
+        }
+    }
+
+    @Test("stream.delete answers once the stream and its consumers are gone; its messages, ids and pending deliveries go after, a few at a time; added again under the name it starts empty from 1; what a stopped process left the next removes",
+          arguments: Backend.available)
+    func deletedStreamsRowsGoAfter(backend: Backend) async throws {
+        /// The messages, ids and pending deliveries of `stream` in the database.
+        @Sendable func rows(_ db: StreamsDatabase.Database, _ stream: String) throws -> [Int] {
+            try ["messages", "message_ids", "pending"].map { try db.int("SELECT COUNT(*) FROM \($0) WHERE stream = ?", [stream]) ?? 0 }
+        }
+        /// A stream with five messages published with ids, three of them pending.
+        func fill(_ bus: StreamsBus, _ stream: String) async throws {
+            _ = try await bus.client.call(API.streamAdd, .init(name: stream, subjects: ["\(stream)."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: stream, name: "billing"))
+            for number in 1...5 { try await bus.publish("\(stream).new", .int(Int64(number)), id: "\(stream)-\(number)") }
+            #expect(try await bus.fetch(stream, "billing", batch: 3).messages.count == 3)
+        }
+        let bus = try await StreamsBus.start(backend: backend)
+        try await stopping(bus, with: { await $0.stop(keepDatabase: true) }) { bus in
+            // Deleted, then removed two rows of each table a transaction: what is left after each.
+            try await fill(bus, "first")
+            let steps: DeletionSteps = try await bus.service.write(request: nil) { db, _ in
+                let answered = try StreamsDatabase.deleteStream(db, "first", by: nil).messages
+                var steps = DeletionSteps(answered: answered, left: [try rows(db, "first")], listed: try StreamsDatabase.deletedStreams(db))
+                while try !StreamsDatabase.removeDeleted(db, "first", atMost: 2) { steps.left.append(try rows(db, "first")) }
+                steps.left.append(try rows(db, "first"))
+                steps.listedAfter = try StreamsDatabase.deletedStreams(db)
+                return steps
+            }
+            #expect(steps.answered == 5 && steps.left == [[5, 5, 3], [3, 3, 1], [1, 1, 0], [0, 0, 0]])
+            #expect(steps.listed == ["first", "first.dead"] && steps.listedAfter == ["first.dead"])
+
+            // Deleted and added again before its rows were removed: they go as it is added.
+            try await fill(bus, "orders")
+            _ = try await bus.service.write(request: nil) { db, _ in try StreamsDatabase.deleteStream(db, "orders", by: nil) }
+            #expect(try await bus.service.read { db in try rows(db, "orders") } == [5, 5, 3])
+            let again = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            #expect(again.messages == 0 && again.consumers.isEmpty)
+            let published = try await bus.publish("orders.new", 6, id: "orders-1")
+            #expect(published.sequence == 1 && !published.duplicate)
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "orders", name: "billing"))
+            #expect(try await bus.fetch("orders", "billing").messages.map(\.data) == [6])
+            #expect(try await bus.service.read { db in try rows(db, "orders") } == [1, 1, 1])
+
+            // Deleted by a process that stopped before removing its rows.
+            try await fill(bus, "left")
+            _ = try await bus.service.write(request: nil) { db, _ in try StreamsDatabase.deleteStream(db, "left", by: nil) }
+        }
+        let restarted = try await StreamsBus.start(folder: bus.folder, time: bus.time, backend: backend, postgres: bus.postgres)
+        try await stopping(restarted, with: { await $0.stop() }) { bus in
+            try await within(60, "the deleted streams' rows removed at the start") { await bus.service.roomGivenBack(times: 1) }
+            let left: [Int] = try await bus.service.read { db in try rows(db, "left") + rows(db, "first.dead") + [StreamsDatabase.deletedStreams(db).count] }
+            #expect(left == [0, 0, 0, 0, 0, 0, 0])
+            #expect(try await bus.client.call(API.streamList).streams.map(\.name) == ["orders", "orders.dead"])
+
+            // And deleted as a client does: removed once answered.
+            #expect(try await bus.client.call(API.streamDelete, .init(name: "orders")).messages == 1)
+            try await within(60, "the deleted stream's rows removed") { await bus.service.roomGivenBack(times: 2) }
+            let removed: [Int] = try await bus.service.read { db in try rows(db, "orders") + [StreamsDatabase.deletedStreams(db).count] }
+            #expect(removed == [0, 0, 0, 0])
         }
     }
 
@@ -1573,4 +1633,12 @@ private actor FailsAfterFirst: BusService {
         guard answered == 1 else { throw JSONRPCError(code: JSONRPCError.storageFailedCode, message: "Storage failed: the database is away") }
         return API.Acknowledged(done: sequences, notPending: [])
     }
+}
+
+/// What a stream's deletion left after each step (``StreamsTests/deletedStreamsRowsGoAfter(backend:)``).
+struct DeletionSteps: Codable {
+    var answered: Int
+    var left: [[Int]]
+    var listed: [String]
+    var listedAfter: [String] = []
 }

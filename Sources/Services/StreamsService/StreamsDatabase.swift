@@ -140,6 +140,9 @@ package enum StreamsDatabase {
         }
         try checkNoOtherHolds(db, settings.subjects, besides: settings.name)
         let deadLetters = API.deadLetters(of: settings.name)
+        // A stream of this name deleted a moment ago: its rows go first, all at once, as the
+        // new stream's sequences start again from 1.
+        for name in [settings.name, deadLetters] { _ = try removeDeleted(db, name, atMost: .max) }
         let stream = Stream(settings, deadLetters: deadLetters, owner: caller?.key, now: now)
         try insert(db, stream)
         // The dead-letter stream keeps what its stream's consumers could not have done, under
@@ -290,8 +293,12 @@ package enum StreamsDatabase {
         API.StreamList(streams: try db.rows("SELECT * FROM streams ORDER BY name", []).map { try info(db, try Stream(row: $0)) })
     }
 
-    /// Deletes the stream with everything that is its: messages, ids, consumers, pending, and
-    /// its dead-letter stream. A dead-letter stream goes only with its stream.
+    /// Deletes the stream with its consumers and its dead-letter stream (a dead-letter stream
+    /// goes only with its stream). Their messages, ids and pending deliveries, as many as the
+    /// stream held, are left to ``removeDeleted(_:_:atMost:)``: a few at a time, as one
+    /// transaction for millions of them would hold every stream's writes for seconds. Until
+    /// then the names are listed in `deleted_streams`; nothing reads those rows meanwhile, as
+    /// every read starts from its stream's row.
     static func deleteStream(_ db: Database, _ name: String, by caller: CallerIdentity?) throws -> API.Removed {
         let stream = try stream(db, name, locking: true)
         try checkMayChange("stream \(name)", addedBy: stream.owner, caller)
@@ -301,13 +308,41 @@ package enum StreamsDatabase {
         var removed = 0
         for name in [name] + (stream.deadLetters.map { [$0] } ?? []) {
             removed += try db.int("SELECT messages FROM streams WHERE name = ?" + db.lockingRead(of: "streams"), [name]) ?? 0
-            for table in ["messages", "message_ids", "consumers", "pending", "subjects"] {
+            for table in ["consumers", "subjects"] {
                 try db.execute("DELETE FROM \(table) WHERE stream = ?", [name])
             }
             try db.execute("DELETE FROM streams WHERE name = ?", [name])
+            try db.execute("INSERT INTO deleted_streams (name) VALUES (?)", [name])
         }
         return API.Removed(messages: removed)
     }
+
+    /// The streams deleted whose rows are still to be removed (``removeDeleted(_:_:atMost:)``).
+    static func deletedStreams(_ db: Database) throws -> [String] {
+        try db.texts("SELECT name FROM deleted_streams ORDER BY name")
+    }
+
+    /// Removes up to `most` of the deleted stream `name`'s messages, as many of its ids, and
+    /// the pending deliveries of as many sequences; once none are left it is no longer listed.
+    /// Returns whether none are (also when another process, or a stream added again under
+    /// the name, finished it first: the listing, locked, says whose rows these still are).
+    static func removeDeleted(_ db: Database, _ name: String, atMost most: Int) throws -> Bool {
+        guard try db.row("SELECT name FROM deleted_streams WHERE name = ?" + db.lockingRead(of: "deleted_streams"), [name]) != nil else { return true }
+        let removed = [
+            try db.execute("DELETE FROM messages WHERE stream = ? AND seq IN (SELECT seq FROM messages WHERE stream = ? ORDER BY seq LIMIT ?)", [name, name, most]),
+            try db.execute("DELETE FROM message_ids WHERE stream = ? AND id IN (SELECT id FROM message_ids WHERE stream = ? LIMIT ?)", [name, name, most]),
+            // Every consumer's deliveries of a sequence go together: fewer than `most` removed
+            // is every one there was.
+            try db.execute("DELETE FROM pending WHERE stream = ? AND seq IN (SELECT seq FROM pending WHERE stream = ? LIMIT ?)", [name, name, most]),
+        ]
+        guard removed.allSatisfy({ $0 < most }) else { return false }
+        try db.execute("DELETE FROM deleted_streams WHERE name = ?", [name])
+        return true
+    }
+
+    /// Rows a transaction of ``removeDeleted(_:_:atMost:)`` removes from each table: about a
+    /// hundredth of a second's work, so other writes wait no longer than that for it.
+    static let deletedRowsPerTransaction = 10_000
 
     /// Deletes every message, or those whose subject starts with `subject`; with `keep`, all
     /// but the last `keep` of them. The sequence goes on, and each consumer counts what it missed.

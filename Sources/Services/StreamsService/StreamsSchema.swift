@@ -93,6 +93,9 @@ enum StreamsSchema {
         migrator.registerMigration("v4") { db in
             try db.execute(sql: maxAckPendingColumn(integer: "INTEGER"))
         }
+        migrator.registerMigration("v5") { db in
+            try db.execute(sql: deletedStreamsTable)
+        }
         return migrator
     }
 
@@ -125,6 +128,7 @@ enum StreamsSchema {
         captureColumns(integer: "BIGINT"),
         ownerColumns,
         maxAckPendingColumn(integer: "BIGINT"),
+        deletedStreamsTable,
     ]
 
     /// v2: a stream that captures the kernel's state (`capture_state` 1) keeps the state's
@@ -150,6 +154,10 @@ enum StreamsSchema {
     private static func maxAckPendingColumn(integer: String) -> String {
         "ALTER TABLE consumers ADD COLUMN max_ack_pending \(integer);"
     }
+
+    /// v5: the streams deleted whose messages, ids and pending deliveries are still being
+    /// removed, a transaction at a time (``StreamsDatabase/removeDeleted(_:_:atMost:)``).
+    private static let deletedStreamsTable = "CREATE TABLE deleted_streams (name TEXT PRIMARY KEY);"
 
     /// The PostgreSQL schema (namespace) the tables are in, and the lock migrating takes.
     static let postgresSchema = "switchboard_streams"

@@ -58,7 +58,8 @@ public actor StreamsService: BusService, ServiceWork {
     }
 
     /// The service's work beside its requests: keeping the kernel's state in the streams that
-    /// capture it, and giving back to the disk the room of the messages deleted and purged.
+    /// capture it, removing the messages of the streams deleted, and giving back to the disk
+    /// the room of the messages deleted and purged.
     public func work() async {
         await waitUntilReady()
         await withDiscardingTaskGroup { group in
@@ -315,11 +316,12 @@ public actor StreamsService: BusService, ServiceWork {
 
     // MARK: The database
 
-    /// Asks the service's work to give back to the disk the room that the messages of a
-    /// stream deleted, purged or given lower limits took (``giveBackRoomWhenAsked()``): after
-    /// the answer, as a large stream's may take seconds. An operator who does that expects the
-    /// disk back, where the messages that limits remove as new ones come make room for them.
-    /// Asks that come while it runs are done together after it.
+    /// Asks the service's work to remove the messages of the streams deleted, and to give back
+    /// to the disk the room that the messages of a stream deleted, purged or given lower limits
+    /// took (``giveBackRoomWhenAsked()``): after the answer, as a large stream's may take
+    /// seconds. An operator who does that expects the disk back, where the messages that limits
+    /// remove as new ones come make room for them. Asks that come while it runs are done
+    /// together after it.
     func giveBackRoom() {
         roomToGiveBack.continuation.yield()
     }
@@ -329,22 +331,38 @@ public actor StreamsService: BusService, ServiceWork {
     private var roomGivenBackCount = 0
     private var roomGivenBackWaiters: [(times: Int, waiter: CheckedContinuation<Void, Never>)] = []
 
-    /// Part of the service's work: gives back the room each time it is asked.
+    /// Part of the service's work: gives back the room when the service starts (a process
+    /// stopped while it removed a deleted stream's messages leaves the rest to the next), and
+    /// each time it is asked.
     private func giveBackRoomWhenAsked() async {
-        for await _ in roomToGiveBack.stream {
-            do {
-                try await storage.giveBackFreePages()
-            } catch {
-                logger.warning("could not give the disk back the room of deleted messages", metadata: ["problem": "\(error)"])
-            }
+        var asks = roomToGiveBack.stream.makeAsyncIterator()
+        repeat {
+            await giveBackRoomNow()
             roomGivenBackCount += 1
             let done = roomGivenBackWaiters.filter { $0.times <= roomGivenBackCount }
             roomGivenBackWaiters.removeAll { $0.times <= roomGivenBackCount }
             for (_, waiter) in done { waiter.resume() }
+        } while await asks.next() != nil
+    }
+
+    /// Removes the deleted streams' messages, a transaction of ``StreamsDatabase/deletedRowsPerTransaction``
+    /// rows at a time so that other writes go on between them, then gives back the free pages.
+    private func giveBackRoomNow() async {
+        do {
+            for name in try await read(StreamsDatabase.deletedStreams) {
+                while try await !write(request: nil, { db, _ in try StreamsDatabase.removeDeleted(db, name, atMost: StreamsDatabase.deletedRowsPerTransaction) }) {
+                    guard !Task.isCancelled else { return }
+                }
+            }
+            try await storage.giveBackFreePages()
+        } catch {
+            logger.warning("could not remove deleted streams' messages, or give the disk back their room: the service's next delete, purge or start tries again",
+                           metadata: ["problem": "\(error)"])
         }
     }
 
-    /// Returns once the room has been given back `times` times since the service started.
+    /// Returns once the room has been given back `times` times since the service started (the
+    /// first when it started).
     func roomGivenBack(times: Int) async {
         guard roomGivenBackCount < times else { return }
         await withCheckedContinuation { roomGivenBackWaiters.append((times, $0)) }
