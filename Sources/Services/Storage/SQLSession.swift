@@ -19,6 +19,7 @@ extension Int: SQLArgument { package var sqlValue: SQLValue { .integer(Int64(sel
 extension Double: SQLArgument { package var sqlValue: SQLValue { .real(self) } }
 extension String: SQLArgument { package var sqlValue: SQLValue { .text(self) } }
 extension [UInt8]: SQLArgument { package var sqlValue: SQLValue { .blob(self) } }
+extension SQLValue: SQLArgument { package var sqlValue: SQLValue { self } }
 extension Optional: SQLArgument where Wrapped: SQLArgument {
     package var sqlValue: SQLValue { self?.sqlValue ?? .null }
 }
@@ -30,7 +31,8 @@ package struct SQLRow: Sendable {
 
     package init(columns: [String], values: [SQLValue]) { (self.columns, self.values) = (columns, values) }
 
-    private func value(_ column: String) throws -> SQLValue {
+    /// The value of `column`, as the database answered it.
+    package func value(_ column: String) throws -> SQLValue {
         guard let index = columns.firstIndex(of: column) else { throw SQLRowError(column: column, problem: "is not in the row") }
         return values[index]
     }

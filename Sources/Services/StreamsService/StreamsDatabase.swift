@@ -328,14 +328,19 @@ package enum StreamsDatabase {
     /// the name, finished it first: the listing, locked, says whose rows these still are).
     static func removeDeleted(_ db: Database, _ name: String, atMost most: Int) throws -> Bool {
         guard try db.row("SELECT name FROM deleted_streams WHERE name = ?" + db.lockingRead(of: "deleted_streams"), [name]) != nil else { return true }
-        let removed = [
-            try db.execute("DELETE FROM messages WHERE stream = ? AND seq IN (SELECT seq FROM messages WHERE stream = ? ORDER BY seq LIMIT ?)", [name, name, most]),
-            try db.execute("DELETE FROM message_ids WHERE stream = ? AND id IN (SELECT id FROM message_ids WHERE stream = ? LIMIT ?)", [name, name, most]),
-            // Every consumer's deliveries of a sequence go together: fewer than `most` removed
-            // is every one there was.
-            try db.execute("DELETE FROM pending WHERE stream = ? AND seq IN (SELECT seq FROM pending WHERE stream = ? LIMIT ?)", [name, name, most]),
-        ]
-        guard removed.allSatisfy({ $0 < most }) else { return false }
+        // Each table's first `most` by its index, as a range both engines delete along the
+        // index (PostgreSQL plans `IN (SELECT … LIMIT n)` as a scan of every row per row).
+        // Every consumer's deliveries of a sequence go together.
+        var removedAll = true
+        for (table, key) in [("messages", "seq"), ("message_ids", "id"), ("pending", "seq")] {
+            if let last = try db.row("SELECT \(key) FROM \(table) WHERE stream = ? ORDER BY \(key) LIMIT 1 OFFSET ?", [name, most - 1])?.value(key) {
+                try db.execute("DELETE FROM \(table) WHERE stream = ? AND \(key) <= ?", [name, last])
+                removedAll = false
+            } else {
+                try db.execute("DELETE FROM \(table) WHERE stream = ?", [name])
+            }
+        }
+        guard removedAll else { return false }
         try db.execute("DELETE FROM deleted_streams WHERE name = ?", [name])
         return true
     }
