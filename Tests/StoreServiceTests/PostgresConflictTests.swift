@@ -48,3 +48,69 @@ struct PostgresConflictTests {
         try await watcher.waitForOutput(containing: "counters a=11,b=11", within: 10)
     }
 }
+
+@Suite("PostgreSQL: a write longer than the operation timeout",
+       .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
+struct PostgresSlowWriteTests {
+    @Test("a write whose statements each answer in time but together outlast the timeout is answered -32007 and rolled back: nothing of it is kept, and the same request sent again is made once")
+    func rolledBackPastTheTimeout() async throws {
+        let server = try await TestPostgres.start()
+        defer { server.stop() }
+        // One connection: what reads after the write waits until the write's session is over.
+        let writer = try PostgresWriter(settings: PostgresSettings(url: server.url(), poolSize: 1, tls: .disable, operationTimeout: .seconds(2)), schema: "slow",
+                                        migrations: ["CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL);" + PostgresWriter.repliesTable],
+                                        lockKey: 1, replyWindow: .seconds(600), logger: Logger(label: "test"))
+        let connections = Task { try await writer.connections.run() }
+        try await stopping(connections, with: { connections in
+            connections.cancel()
+            _ = await connections.result
+        }) { _ in
+            await writer.waitUntilReady()
+            do {
+                _ = try await writer.write(request: "r1") { db in
+                    for _ in 0..<3 { try db.execute("SELECT pg_sleep(0.8)", []) }
+                    try db.execute("INSERT INTO counters VALUES ('late', 1)", [])
+                    return .string("written")
+                }
+                Issue.record("a write of 2.4 s answered within a timeout of 2 s")
+            } catch let error as JSONRPCError {
+                #expect(error.code == JSONRPCError.storageFailedCode && error.message.contains("did not answer within 2"), "\(error)")
+            }
+            #expect(try await writer.read { db in try db.int("SELECT COUNT(*) FROM counters", []) } == 0)
+            #expect(try await writer.write(request: "r1") { db in
+                try db.execute("INSERT INTO counters VALUES ('late', 1)", [])
+                return .string("written again")
+            } == .string("written again"))
+            #expect(try await writer.read { db in try db.int("SELECT COUNT(*) FROM counters", []) } == 1)
+        }
+    }
+    @Test("a statement given up on at the timeout does not run on in the server holding its locks: the server ends it after the same time")
+    func givenUpStatementEnds() async throws {
+        let server = try await TestPostgres.start()
+        defer { server.stop() }
+        let writer = try PostgresWriter(settings: PostgresSettings(url: server.url(), poolSize: 1, tls: .disable, operationTimeout: .seconds(1)), schema: "given_up",
+                                        migrations: ["CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL); INSERT INTO counters VALUES ('a', 0);"
+                                                     + PostgresWriter.repliesTable],
+                                        lockKey: 1, replyWindow: .seconds(600), logger: Logger(label: "test"))
+        let connections = Task { try await writer.connections.run() }
+        try await stopping(connections, with: { connections in
+            connections.cancel()
+            _ = await connections.result
+        }) { _ in
+            await writer.waitUntilReady()
+            await #expect(throws: JSONRPCError.self) {
+                try await writer.write(request: nil) { db in
+                    try db.execute("UPDATE counters SET n = n + 1 WHERE name = 'a'", [])
+                    try db.execute("SELECT pg_sleep(60)", [])
+                    return .null
+                }
+            }
+            // The row the abandoned transaction locked is free well before its sleep would end,
+            // and what it did was rolled back.
+            let other = try server.session()
+            defer { other.stop() }
+            other.send("UPDATE given_up.counters SET n = n + 10 WHERE name = 'a'; SELECT 'counter ' || n FROM given_up.counters;\n")
+            try await other.waitForOutput(containing: "counter 10", within: 20)
+        }
+    }
+}

@@ -29,7 +29,8 @@ public struct PostgresSettings: Sendable, Equatable {
     public var caFile: String?
     /// How long one database operation (a connection from the pool, then the queries) may
     /// take before the caller is answered "unreachable": the pool waits for a database that
-    /// is away for as long as it is away.
+    /// is away for as long as it is away. A transaction's commit sent in time is waited for
+    /// as long again (``PostgresSession``).
     public var operationTimeout: Duration
 
     public init(url: String, poolSize: Int = 8, tls: TLSMode = .prefer, caFile: String? = nil, operationTimeout: Duration = .seconds(4)) {
@@ -72,7 +73,11 @@ extension PostgresSettings {
                                                          database: parts.database, tls: tls)
         configuration.options.maximumConnections = max(1, poolSize)
         configuration.options.connectTimeout = .seconds(5)
-        if let searchPath { configuration.options.additionalStartupParameters = [("search_path", searchPath)] }
+        // A statement the service has given up on (its deadline passed, its connection closed)
+        // would otherwise run on in the server, holding its locks, until it next writes to the
+        // connection: the server ends it after the same time.
+        configuration.options.additionalStartupParameters = [("statement_timeout", "\(operationTimeout.nanoseconds / 1_000_000)")]
+        if let searchPath { configuration.options.additionalStartupParameters.append(("search_path", searchPath)) }
         // The pool logs each connection it fails to make at info, every few seconds while the
         // database is away; the service says so itself once a minute, with why. At info the
         // pool's lines are left out (at debug they are kept).
@@ -150,6 +155,11 @@ extension PostgresSettings {
         if error is PostgresTimedOut {
             return StorageFailure(reason: "unreachable", detail: "the database did not answer within \(operationTimeout.formatted)", path: redactedURL)
         }
+        if let unanswered = error as? PostgresCommitUnanswered {
+            return StorageFailure(reason: "unreachable",
+                                  detail: "the database did not answer the commit within \(unanswered.after.formatted): the write may have been made (the same request sent again is answered with its result, or made once)",
+                                  path: redactedURL)
+        }
         if let error = error as? PSQLError {
             switch error.code {
             case .serverClosedConnection, .connectionError, .uncleanShutdown:
@@ -167,11 +177,19 @@ extension PostgresSettings {
     }
 }
 
-/// A database operation that did not end within ``PostgresSettings/operationTimeout``.
+/// A database operation that did not end within ``PostgresSettings/operationTimeout``; a
+/// write's transaction so ended was rolled back.
 package struct PostgresTimedOut: Error, CustomStringConvertible {
     package let after: Duration
     package init(after: Duration) { self.after = after }
     package var description: String { "no answer within \(after.formatted)" }
+}
+
+/// A transaction's COMMIT, sent in time, was not answered `after` the session began: whether
+/// the write was made is unknown.
+package struct PostgresCommitUnanswered: Error, CustomStringConvertible {
+    package let after: Duration
+    package var description: String { "no answer to the commit within \(after.formatted)" }
 }
 
 extension PSQLError {

@@ -371,23 +371,27 @@ package struct PostgresConnections: Service {
     /// Runs `body` on a connection of the pool, on a thread of its own, within the settings'
     /// operation timeout; as one `transaction` (committed when it returns, rolled back when it
     /// throws), or each statement alone.
+    ///
+    /// The session bounds itself (``PostgresSession``), not a deadline around it: one abandoned
+    /// by its caller would go on, and commit a write its caller was told had failed. Past the
+    /// timeout its statement is given up and its connection closed, which rolls it back; only
+    /// a commit sent in time is waited for longer, as its answer says whether the write was made.
     func session<T: Sendable>(_ settings: PostgresSettings, logger: Logger, transaction: Bool,
                               _ body: @escaping @Sendable (any SQLSession) throws -> T) async throws -> T {
-        let client = client, threads = threads, timeout = settings.operationTimeout
-        return try await settings.bounded {
-            try await client.withConnection { connection in
-                try await threads.runIfActive {
-                    let session = PostgresSession(connection: connection, timeout: timeout, logger: logger)
+        let threads = threads, timeout = settings.operationTimeout
+        let deadline = ContinuousClock.now + timeout
+        return try await withConnection(leasedWithin: timeout) { connection in
+            try await threads.runIfActive {
+                let session = PostgresSession(connection: connection, timeout: timeout, deadline: deadline, logger: logger)
+                do {
                     guard transaction else { return try body(session) }
                     try session.execute("BEGIN", [])
-                    do {
-                        let result = try body(session)
-                        try session.execute("COMMIT", [])
-                        return result
-                    } catch {
-                        session.rollBack()
-                        throw error
-                    }
+                    let result = try body(session)
+                    try session.commit()
+                    return result
+                } catch {
+                    if transaction { session.rollBack() } else { session.closeIfBroken() }
+                    throw error
                 }
             }
         }
@@ -433,16 +437,25 @@ package struct PostgresConnections: Service {
 
 /// A transaction on one PostgreSQL connection, for code written against ``SQLSession``: each
 /// statement waits, on the calling thread (never one of Swift's concurrency pool), for its
-/// answer, or gives up after `timeout` and closes the connection.
+/// answer until `deadline` (the operation `timeout` after the session was asked for), then
+/// gives up and closes the connection, which rolls back what the transaction did. A COMMIT
+/// sent before the deadline is waited for a `timeout` past it.
 final class PostgresSession: SQLSession {
     let connection: PostgresConnection
     let timeout: Duration
+    let deadline: ContinuousClock.Instant
     let logger: Logger
     /// Set once a statement timed out or the connection failed: nothing more is sent on it.
     private var broken = false
 
-    init(connection: PostgresConnection, timeout: Duration, logger: Logger) {
-        (self.connection, self.timeout, self.logger) = (connection, timeout, logger)
+    init(connection: PostgresConnection, timeout: Duration, deadline: ContinuousClock.Instant, logger: Logger) {
+        (self.connection, self.timeout, self.deadline, self.logger) = (connection, timeout, deadline, logger)
+    }
+
+    /// Commits the transaction; past the wait for its answer, whether it was made is unknown
+    /// (``PostgresCommitUnanswered``).
+    func commit() throws {
+        try run("COMMIT", [], answeredBy: deadline + timeout)
     }
 
     func lockingRead(of table: String) -> String { " FOR UPDATE OF \(table)" }
@@ -471,18 +484,26 @@ final class PostgresSession: SQLSession {
         }
     }
 
-    /// Ends a failed transaction (a connection that broke is closed instead: the server
-    /// rolls back what it had).
+    /// Ends a failed transaction (a connection that broke, or whose deadline passed, is closed
+    /// instead: the server rolls back what it had).
     func rollBack() {
-        if broken {
-            connection.close().whenComplete { _ in }
-        } else {
-            _ = try? execute("ROLLBACK", [])
-        }
+        if !broken { _ = try? execute("ROLLBACK", []) }
+        closeIfBroken()
     }
 
-    private func run(_ sql: String, _ arguments: [any SQLArgument]) throws -> PostgresQueryResult {
+    /// Closes a connection that broke: a statement given up on may still be answered, so it
+    /// goes back to the pool for no one else.
+    func closeIfBroken() {
+        if broken { connection.close().whenComplete { _ in } }
+    }
+
+    /// `answeredBy`: how long the answer is waited for, the deadline unless given.
+    private func run(_ sql: String, _ arguments: [any SQLArgument], answeredBy: ContinuousClock.Instant? = nil) throws -> PostgresQueryResult {
         guard !broken else { throw ConnectionLost() }
+        guard ContinuousClock.now < deadline else {
+            broken = true
+            throw PostgresTimedOut(after: timeout)
+        }
         var bindings = PostgresBindings(capacity: arguments.count)
         for argument in arguments {
             switch argument.sqlValue {
@@ -500,8 +521,10 @@ final class PostgresSession: SQLSession {
             outcome.withLock { $0 = result }
             answered.signal()
         }
-        guard answered.wait(timeout: .now() + .nanoseconds(Int(timeout.nanoseconds))) == .success else {
+        let waited = (answeredBy ?? deadline) - .now
+        guard answered.wait(timeout: .now() + .nanoseconds(Int(waited.nanoseconds))) == .success else {
             broken = true
+            if answeredBy != nil { throw PostgresCommitUnanswered(after: timeout + timeout) }
             throw PostgresTimedOut(after: timeout)
         }
         let result = outcome.withLock { $0 }!
