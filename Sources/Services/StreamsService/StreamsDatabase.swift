@@ -345,8 +345,8 @@ package enum StreamsDatabase {
         return true
     }
 
-    /// Rows a transaction of ``removeDeleted(_:_:atMost:)`` removes from each table: about a
-    /// hundredth of a second's work, so other writes wait no longer than that for it.
+    /// Rows a transaction of ``removeDeleted(_:_:atMost:)`` removes from each table: few enough
+    /// that the other writes waiting for it barely notice.
     static let deletedRowsPerTransaction = 10_000
 
     /// Deletes every message, or those whose subject starts with `subject`; with `keep`, all
