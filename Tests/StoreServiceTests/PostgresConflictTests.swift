@@ -10,22 +10,12 @@ import Testing
 struct PostgresConflictTests {
     @Test("chosen to break a deadlock, a write is run again and succeeds; the other transaction's changes stay")
     func deadlockVictim() async throws {
-        let server = try await TestPostgres.start()
-        defer { server.stop() }
-        let writer = try PostgresWriter(settings: PostgresSettings(url: server.url(), poolSize: 1, tls: .disable), schema: "conflicts",
-                                        migrations: ["CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL); INSERT INTO counters VALUES ('a', 0), ('b', 0);"
-                                                     + PostgresWriter.repliesTable],
-                                        lockKey: 1, replyWindow: .seconds(600), logger: Logger(label: "test"))
-        let connections = Task { try await writer.connections.run() }
-        try await stopping(connections, with: { connections in
-            connections.cancel()
-            _ = await connections.result
-        }) { _ in try await deadlock(writer, server) }
+        try await withPostgresWriter(schema: "conflicts", migration: "CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL); INSERT INTO counters VALUES ('a', 0), ('b', 0);",
+                                     timeout: .seconds(4)) { writer, server in try await deadlock(writer, server) }
     }
 
     /// Another session and `writer` each lock one row, then want the other's.
     private func deadlock(_ writer: PostgresWriter, _ server: TestPostgres) async throws {
-        await writer.waitUntilReady()
         // Another session holds b, and looks for deadlocks only long after the writer's server
         // process does (after deadlock_timeout, 1 s by default): the writer is the one ended.
         let other = try server.session()
@@ -54,18 +44,8 @@ struct PostgresConflictTests {
 struct PostgresSlowWriteTests {
     @Test("a write whose statements each answer in time but together outlast the timeout is answered -32007 and rolled back: nothing of it is kept, and the same request sent again is made once")
     func rolledBackPastTheTimeout() async throws {
-        let server = try await TestPostgres.start()
-        defer { server.stop() }
         // One connection: what reads after the write waits until the write's session is over.
-        let writer = try PostgresWriter(settings: PostgresSettings(url: server.url(), poolSize: 1, tls: .disable, operationTimeout: .seconds(2)), schema: "slow",
-                                        migrations: ["CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL);" + PostgresWriter.repliesTable],
-                                        lockKey: 1, replyWindow: .seconds(600), logger: Logger(label: "test"))
-        let connections = Task { try await writer.connections.run() }
-        try await stopping(connections, with: { connections in
-            connections.cancel()
-            _ = await connections.result
-        }) { _ in
-            await writer.waitUntilReady()
+        try await withPostgresWriter(schema: "slow", migration: "CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL);", timeout: .seconds(2)) { writer, _ in
             do {
                 _ = try await writer.write(request: "r1") { db in
                     for _ in 0..<3 { try db.execute("SELECT pg_sleep(0.8)", []) }
@@ -86,18 +66,8 @@ struct PostgresSlowWriteTests {
     }
     @Test("a statement given up on at the timeout does not run on in the server holding its locks: the server ends it after the same time")
     func givenUpStatementEnds() async throws {
-        let server = try await TestPostgres.start()
-        defer { server.stop() }
-        let writer = try PostgresWriter(settings: PostgresSettings(url: server.url(), poolSize: 1, tls: .disable, operationTimeout: .seconds(1)), schema: "given_up",
-                                        migrations: ["CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL); INSERT INTO counters VALUES ('a', 0);"
-                                                     + PostgresWriter.repliesTable],
-                                        lockKey: 1, replyWindow: .seconds(600), logger: Logger(label: "test"))
-        let connections = Task { try await writer.connections.run() }
-        try await stopping(connections, with: { connections in
-            connections.cancel()
-            _ = await connections.result
-        }) { _ in
-            await writer.waitUntilReady()
+        try await withPostgresWriter(schema: "given_up", migration: "CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL); INSERT INTO counters VALUES ('a', 0);",
+                                     timeout: .seconds(1)) { writer, server in
             await #expect(throws: JSONRPCError.self) {
                 try await writer.write(request: nil) { db in
                     try db.execute("UPDATE counters SET n = n + 1 WHERE name = 'a'", [])
@@ -112,5 +82,24 @@ struct PostgresSlowWriteTests {
             other.send("UPDATE given_up.counters SET n = n + 10 WHERE name = 'a'; SELECT 'counter ' || n FROM given_up.counters;\n")
             try await other.waitForOutput(containing: "counter 10", within: 20)
         }
+    }
+}
+
+/// Runs `body` with a writer of one connection on a PostgreSQL server started for it, its
+/// tables made by `migration` in `schema`; the connections run as a process's group runs
+/// them, and everything is stopped however `body` ends.
+private func withPostgresWriter(schema: String, migration: String, timeout: Duration,
+                                _ body: (PostgresWriter, TestPostgres) async throws -> Void) async throws {
+    let server = try await TestPostgres.start()
+    defer { server.stop() }
+    let writer = try PostgresWriter(settings: PostgresSettings(url: server.url(), poolSize: 1, tls: .disable, operationTimeout: timeout), schema: schema,
+                                    migrations: [migration + PostgresWriter.repliesTable], lockKey: 1, replyWindow: .seconds(600), logger: Logger(label: "test"))
+    let connections = Task { try await writer.connections.run() }
+    try await stopping(connections, with: { connections in
+        connections.cancel()
+        _ = await connections.result
+    }) { _ in
+        await writer.waitUntilReady()
+        try await body(writer, server)
     }
 }
