@@ -64,6 +64,31 @@ struct PostgresSlowWriteTests {
             #expect(try await writer.read { db in try db.int("SELECT COUNT(*) FROM counters", []) } == 1)
         }
     }
+    @Test("a request waiting for the connection a write past its timeout closes is answered on a new one, not handed the closed one nor left waiting")
+    func waiterAnsweredAfterGivenUp() async throws {
+        // One connection: the second write waits for the first's, which the first closes at
+        // its deadline. It waits from when the first's last statement started, so a new
+        // connection has half the timeout to be made.
+        try await withPostgresWriter(schema: "after_given_up", migration: "CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL);",
+                                     timeout: .seconds(3)) { writer, _ in
+            let (lastStatement, started) = AsyncStream.makeStream(of: Void.self)
+            async let givenUp = #expect(throws: JSONRPCError.self) {
+                try await writer.write(request: nil) { db in
+                    try db.execute("SELECT pg_sleep(1.5)", [])
+                    started.yield()
+                    try db.execute("SELECT pg_sleep(10)", [])
+                    return .null
+                }
+            }
+            for await _ in lastStatement { break }
+            let waited = try await writer.write(request: "waited") { db in
+                try db.execute("INSERT INTO counters VALUES ('waited', 1)", [])
+                return .string("written")
+            }
+            #expect(waited == .string("written"))
+            _ = await givenUp
+        }
+    }
     @Test("a statement given up on at the timeout does not run on in the server holding its locks: the server ends it after the same time")
     func givenUpStatementEnds() async throws {
         try await withPostgresWriter(schema: "given_up", migration: "CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL); INSERT INTO counters VALUES ('a', 0);",

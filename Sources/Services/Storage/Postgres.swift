@@ -72,6 +72,10 @@ extension PostgresSettings {
         var configuration = PostgresClient.Configuration(host: parts.host, port: parts.port, username: parts.user, password: parts.password,
                                                          database: parts.database, tls: tls)
         configuration.options.maximumConnections = max(1, poolSize)
+        // The pool makes a connection when one is asked for, or when it has fewer than this:
+        // requests waiting for the last connection would otherwise wait on after it closed
+        // (given up at a deadline, or lost) until their own deadline.
+        configuration.options.minimumConnections = 1
         configuration.options.connectTimeout = .seconds(5)
         // A statement the service has given up on (its deadline passed, its connection closed)
         // would otherwise run on in the server, holding its locks, until it next writes to the

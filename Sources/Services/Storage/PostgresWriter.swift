@@ -491,10 +491,11 @@ final class PostgresSession: SQLSession {
         closeIfBroken()
     }
 
-    /// Closes a connection that broke: a statement given up on may still be answered, so it
-    /// goes back to the pool for no one else.
+    /// Closes a connection that broke (a statement given up on may still be answered on it),
+    /// and returns once it is closed: the pool has then seen it close, so the lease ending
+    /// after this hands it to no one else, and the next caller gets a new connection.
     func closeIfBroken() {
-        if broken { connection.close().whenComplete { _ in } }
+        if broken { try? connection.close().wait() }
     }
 
     /// `answeredBy`: how long the answer is waited for, the deadline unless given.
