@@ -210,8 +210,8 @@ package enum PostgresSchema {
     /// Applies the migrations not applied yet, in one transaction, under the advisory lock
     /// `lockKey`: workers starting together migrate once, the others wait for it. With a
     /// `schema` (the connections' search path), it is created first, and holds the version.
-    package static func migrate(_ client: PostgresClient, schema: String? = nil, migrations: [String], lockKey: Int64, logger: Logger) async throws {
-        try await client.withTransaction(logger: logger) { connection in
+    package static func migrate(_ connection: PostgresConnection, schema: String? = nil, migrations: [String], lockKey: Int64, logger: Logger) async throws {
+        try await connection.withTransaction(logger: logger) { connection in
             try await connection.query("SELECT pg_advisory_xact_lock(\(lockKey))", logger: logger)
             if let schema { try await connection.query(PostgresQuery(unsafeSQL: "CREATE SCHEMA IF NOT EXISTS \(schema)"), logger: logger) }
             try await connection.query("CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)", logger: logger)

@@ -91,8 +91,12 @@ package actor PostgresWriter {
 
     private func migrate() async throws {
         guard !migrated else { return }
-        let client = connections.client, schema = schema, migrations = migrations, lockKey = lockKey, logger = logger
-        try await settings.bounded { try await PostgresSchema.migrate(client, schema: schema, migrations: migrations, lockKey: lockKey, logger: logger) }
+        let connections = connections, schema = schema, migrations = migrations, lockKey = lockKey, logger = logger, timeout = settings.operationTimeout
+        try await settings.bounded {
+            try await connections.withConnection(leasedWithin: timeout) { connection in
+                try await PostgresSchema.migrate(connection, schema: schema, migrations: migrations, lockKey: lockKey, logger: logger)
+            }
+        }
         migrated = true
     }
 
@@ -230,14 +234,14 @@ package actor PostgresWriter {
     /// as the SQLite file's lock is (``ServiceDatabase/alone(_:waitingAtMost:_:)``); `body`
     /// bounds its own work.
     package nonisolated func alone<T: Sendable>(_ key: Int64, waitingAtMost limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-        let settings = settings, logger = logger
+        let settings = settings, logger = logger, closing = connections.closing
         // What the database answers is a storage failure; what `body` throws is its own, and
         // comes back as its outcome.
         let outcome: Result<T, any Error>
         do {
             outcome = try await connections.withConnection(leasedWithin: settings.operationTimeout) { connection in
                 let deadline = ContinuousClock.now + limit
-                while try await !Self.tryLock(key, on: connection, settings: settings, logger: logger) {
+                while try await !Self.tryLock(key, on: connection, settings: settings, closing: closing, logger: logger) {
                     guard ContinuousClock.now < deadline else {
                         throw ServiceDatabase.heldTooLong("the advisory lock \(key)", limit, path: settings.redactedURL)
                     }
@@ -252,7 +256,7 @@ package actor PostgresWriter {
                 do {
                     _ = try await settings.bounded { try await connection.query("SELECT pg_advisory_unlock(\(key))", logger: logger) }
                 } catch {
-                    try? await connection.close()
+                    closing.close(connection)
                 }
                 return outcome
             }
@@ -267,14 +271,15 @@ package actor PostgresWriter {
     /// Whether the session advisory lock `key` was taken, asked within the operation timeout.
     /// Unanswered in time, it may be taken all the same, later, on a connection that would then
     /// hold it with no one to let it go: that connection is closed, which lets go of it.
-    private static func tryLock(_ key: Int64, on connection: PostgresConnection, settings: PostgresSettings, logger: Logger) async throws -> Bool {
+    private static func tryLock(_ key: Int64, on connection: PostgresConnection, settings: PostgresSettings, closing: PostgresConnections.Closing,
+                                logger: Logger) async throws -> Bool {
         do {
             return try await settings.bounded {
                 for try await (taken) in try await connection.query("SELECT pg_try_advisory_lock(\(key))", logger: logger).decode(Bool.self) { return taken }
                 return false
             }
         } catch {
-            try? await connection.close()
+            closing.close(connection)
             throw error
         }
     }
@@ -283,8 +288,9 @@ package actor PostgresWriter {
 /// A PostgreSQL service's connections, and a thread for each to run a transaction's
 /// synchronous code on: a part of the service's process (its `ServiceGroup`, or a test's).
 package struct PostgresConnections: Service {
-    package let client: PostgresClient
+    private let client: PostgresClient
     let threads: NIOThreadPool
+    let closing = Closing()
     /// Opened once ``run()`` has started the threads (and is starting the connections).
     private let running = Latch()
     /// Looks at why the database cannot be reached (``PostgresWriter``), run one at a time
@@ -340,12 +346,18 @@ package struct PostgresConnections: Service {
     /// it tries to reach it). `body` itself is not bounded here: it bounds its own work.
     func withConnection<T: Sendable>(leasedWithin timeout: Duration,
                                      _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
-        let client = client, leased = LeaseTaken()
+        let client = client, closing = closing, leased = LeaseTaken()
         return try await withThrowingTaskGroup(of: T?.self) { group in
             group.addTask {
-                try await client.withConnection { connection in
-                    leased.taken.store(true, ordering: .relaxed)
-                    return try await body(connection)
+                // One this process is closing is given back once closed, and another asked for.
+                while true {
+                    let outcome: T? = try await client.withConnection { connection in
+                        guard await !closing.waitedForClose(of: connection) else { return nil }
+                        leased.taken.store(true, ordering: .relaxed)
+                        return try await body(connection)
+                    }
+                    if let outcome { return outcome }
+                    try Task.checkCancellation()
                 }
             }
             group.addTask {
@@ -378,11 +390,11 @@ package struct PostgresConnections: Service {
     /// a commit sent in time is waited for longer, as its answer says whether the write was made.
     func session<T: Sendable>(_ settings: PostgresSettings, logger: Logger, transaction: Bool,
                               _ body: @escaping @Sendable (any SQLSession) throws -> T) async throws -> T {
-        let threads = threads, timeout = settings.operationTimeout
+        let threads = threads, closing = closing, timeout = settings.operationTimeout
         let deadline = ContinuousClock.now + timeout
         return try await withConnection(leasedWithin: timeout) { connection in
             try await threads.runIfActive {
-                let session = PostgresSession(connection: connection, timeout: timeout, deadline: deadline, logger: logger)
+                let session = PostgresSession(connection: connection, timeout: timeout, deadline: deadline, closing: closing, logger: logger)
                 do {
                     guard transaction else { return try body(session) }
                     try session.execute("BEGIN", [])
@@ -398,7 +410,7 @@ package struct PostgresConnections: Service {
     }
 
     /// Waiters let go once it opens (or once they are cancelled); open for good after.
-    private final class Latch: Sendable {
+    fileprivate final class Latch: Sendable {
         private struct State {
             var open = false
             var next = 0
@@ -433,6 +445,43 @@ package struct PostgresConnections: Service {
             }
         }
     }
+
+    /// The connections this process closed whose close the pool has not seen yet. The pool
+    /// learns of a close once it is complete (over TLS, once the server answered it or NIOSSL's
+    /// shutdown timeout passed), and until then hands the connection out again as open: a
+    /// lease of one, or of one closed by the server, waits for its close and asks again
+    /// (``withConnection(leasedWithin:_:)``); a query sent on it would never be answered.
+    /// The caller that gave up on the connection does not wait: its answer is due at its deadline.
+    final class Closing: Sendable {
+        private let closing = Mutex<[PostgresConnection.ID: Latch]>([:])
+
+        /// Closes `connection`; returns at once.
+        func close(_ connection: PostgresConnection) {
+            let closed = Latch()
+            closing.withLock { $0[connection.id] = closed }
+            // The pool's own callback on this future was added when it made the connection, and
+            // runs first: waiters let go here find it has seen the close.
+            connection.closeFuture.whenComplete { _ in
+                self.closing.withLock { $0[connection.id] = nil }
+                closed.open()
+            }
+            connection.close().whenComplete { _ in }
+        }
+
+        /// False for an open connection that is not being closed; otherwise true, once its
+        /// close is complete (or the task is cancelled).
+        func waitedForClose(of connection: PostgresConnection) async -> Bool {
+            if let closed = closing.withLock({ $0[connection.id] }) {
+                await closed.wait()
+                return true
+            }
+            guard connection.isClosed else { return false }
+            // Closed already (by the server, or by this process just before): its close
+            // completes at once, the pool told first.
+            await withCheckedContinuation { closed in connection.closeFuture.whenComplete { _ in closed.resume() } }
+            return true
+        }
+    }
 }
 
 /// A transaction on one PostgreSQL connection, for code written against ``SQLSession``: each
@@ -444,12 +493,13 @@ final class PostgresSession: SQLSession {
     let connection: PostgresConnection
     let timeout: Duration
     let deadline: ContinuousClock.Instant
+    let closing: PostgresConnections.Closing
     let logger: Logger
     /// Set once a statement timed out or the connection failed: nothing more is sent on it.
     private var broken = false
 
-    init(connection: PostgresConnection, timeout: Duration, deadline: ContinuousClock.Instant, logger: Logger) {
-        (self.connection, self.timeout, self.deadline, self.logger) = (connection, timeout, deadline, logger)
+    init(connection: PostgresConnection, timeout: Duration, deadline: ContinuousClock.Instant, closing: PostgresConnections.Closing, logger: Logger) {
+        (self.connection, self.timeout, self.deadline, self.closing, self.logger) = (connection, timeout, deadline, closing, logger)
     }
 
     /// Commits the transaction; past the wait for its answer, whether it was made is unknown
@@ -491,11 +541,10 @@ final class PostgresSession: SQLSession {
         closeIfBroken()
     }
 
-    /// Closes a connection that broke (a statement given up on may still be answered on it),
-    /// and returns once it is closed: the pool has then seen it close, so the lease ending
-    /// after this hands it to no one else, and the next caller gets a new connection.
+    /// Closes a connection that broke: a statement given up on may still be answered on it.
+    /// It goes back to the pool for no one else (``PostgresConnections/Closing``).
     func closeIfBroken() {
-        if broken { try? connection.close().wait() }
+        if broken { closing.close(connection) }
     }
 
     /// `answeredBy`: how long the answer is waited for, the deadline unless given.
@@ -529,7 +578,12 @@ final class PostgresSession: SQLSession {
             throw PostgresTimedOut(after: timeout)
         }
         let result = outcome.withLock { $0 }!
-        if case .failure(let error as PSQLError) = result, error.code != .server { broken = true }
+        // The connection is gone when it failed, or when the server ended it with its error
+        // (FATAL: an administrator's command, the server shutting down): a ROLLBACK sent on
+        // it would not be answered.
+        if case .failure(let error as PSQLError) = result, error.code != .server || ["FATAL", "PANIC"].contains(error.serverInfo?[.severity]) {
+            broken = true
+        }
         return try result.get()
     }
 
