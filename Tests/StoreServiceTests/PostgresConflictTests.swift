@@ -42,7 +42,7 @@ struct PostgresConflictTests {
 @Suite("PostgreSQL: a write longer than the operation timeout",
        .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
 struct PostgresSlowWriteTests {
-    @Test("a write whose statements each answer in time but together outlast the timeout is answered -32007 and rolled back: nothing of it is kept, and the same request sent again is made once")
+    @Test("a write whose statements each answer in time but together outlast the timeout is answered -32007 naming the timeout's key and rolled back: nothing of it is kept, and the same request sent again is made once")
     func rolledBackPastTheTimeout() async throws {
         // One connection: what reads after the write waits until the write's session is over.
         try await withPostgresWriter(schema: "slow", migration: "CREATE TABLE counters (name TEXT PRIMARY KEY, n BIGINT NOT NULL);", timeout: .seconds(2)) { writer, _ in
@@ -54,7 +54,7 @@ struct PostgresSlowWriteTests {
                 }
                 Issue.record("a write of 2.4 s answered within a timeout of 2 s")
             } catch let error as JSONRPCError {
-                #expect(error.code == JSONRPCError.storageFailedCode && error.message.contains("did not answer within 2"), "\(error)")
+                #expect(error.code == JSONRPCError.storageFailedCode && error.message.contains("did not answer within 2 s (store.timeout_ms)"), "\(error)")
             }
             #expect(try await writer.read { db in try db.int("SELECT COUNT(*) FROM counters", []) } == 0)
             #expect(try await writer.write(request: "r1") { db in
@@ -162,7 +162,8 @@ private func withPostgresWriter(schema: String, migration: String, timeout: Dura
                                 _ body: (PostgresWriter, TestPostgres) async throws -> Void) async throws {
     let server = try await TestPostgres.start()
     defer { server.stop() }
-    let writer = try PostgresWriter(settings: PostgresSettings(url: server.url(), poolSize: 1, tls: .disable, operationTimeout: timeout), schema: schema,
+    let writer = try PostgresWriter(settings: PostgresSettings(url: server.url(), poolSize: 1, tls: .disable, operationTimeout: timeout,
+                                                                            operationTimeoutKey: "store.timeout_ms"), schema: schema,
                                     migrations: [migration + PostgresWriter.repliesTable], lockKey: 1, replyWindow: .seconds(600), logger: Logger(label: "test"))
     let connections = Task { try await writer.connections.run() }
     try await stopping(connections, with: { connections in

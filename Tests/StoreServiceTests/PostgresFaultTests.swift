@@ -162,6 +162,31 @@ struct PostgresFaultTests {
     }
 }
 
+@Suite("store on PostgreSQL: a role the database does not let create the schema",
+       .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
+struct SchemaRefusedTests {
+    @Test("a role without the right to create the service's schema: each request is answered -32007 with what the database said, as an operator can act on it")
+    func refusalSaid() async throws {
+        let server = try await TestPostgres.start()
+        defer { server.stop() }
+        let admin = try server.session()
+        defer { admin.stop() }
+        admin.send("CREATE ROLE limited LOGIN PASSWORD 'l1mited'; SELECT 'role made';\n")
+        try await admin.waitForOutput(containing: "role made", within: 20)
+        let writer = try PostgresWriter(settings: PostgresSettings(url: "postgres://limited:l1mited@127.0.0.1:\(server.port)/postgres", poolSize: 1,
+                                                                   tls: .disable, operationTimeout: .seconds(10)),
+                                        schema: "refused", migrations: [PostgresWriter.repliesTable], lockKey: 1, replyWindow: .seconds(60),
+                                        logger: LogLines().logger("store"))
+        let connections = Task { try await writer.connections.run() }
+        let error = await #expect(throws: JSONRPCError.self) { try await writer.write(request: nil) { _ in .null } }
+        #expect(error?.message.contains("the database answered: permission denied for database postgres (SQLSTATE 42501)") == true,
+                "\(String(describing: error))")
+        #expect(error?.data?["reason"] == .string("other"))
+        connections.cancel()
+        _ = await connections.result
+    }
+}
+
 @Suite("store on PostgreSQL: a database that never answers")
 struct SilentDatabaseTests {
     @Test("a server that accepts connections and then answers no query: each operation gives up at its deadline and says so, and the store still stops")

@@ -345,15 +345,15 @@ struct ConfigFileTests {
         }
     }
 
-    @Test("store.backend: postgres with its URL, pool, TLS and deadline; a bad value (a CA file without TLS too) is refused naming the key, without repeating a URL's password")
+    @Test("store.backend: postgres with its URL, pool, TLS and deadline (and the deadline's key, for errors to name); a bad value (a CA file without TLS too) is refused naming the key, without repeating a URL's password")
     func storeOnPostgres() throws {
         let file = try ConfigFile.parse("store:\n  backend: postgres\n  url: postgres://sb:s3cret@db.example:5433/switchboard\n  pool_size: 4\n  tls: require\n  timeout_ms: 1500\n")
         #expect(file.store.postgres == PostgresSection(url: "postgres://sb:s3cret@db.example:5433/switchboard", poolSize: 4, tls: "require", caFile: nil,
-                                                       timeout: .milliseconds(1_500)))
+                                                       timeout: .milliseconds(1_500), timeoutKey: "store.timeout_ms"))
         #expect(try ConfigFile.parse("store:\n  path: x.sqlite\n").store.postgres == nil)
         // The streams service reads the same keys.
         #expect(try ConfigFile.parse("streams:\n  backend: postgres\n  url: postgres://sb:s3cret@db.example/bus\n").streams.postgres
-                    == PostgresSection(url: "postgres://sb:s3cret@db.example/bus"))
+                    == PostgresSection(url: "postgres://sb:s3cret@db.example/bus", timeoutKey: "streams.timeout_ms"))
         #expect(try ConfigFile.parse("streams:\n  path: x.sqlite\n").streams.postgres == nil)
         for (text, path) in [("store:\n  backend: mysql\n", "store.backend"),
                              ("store:\n  backend: postgres\n", "store.url"),

@@ -10,9 +10,13 @@ public struct PostgresSection: Sendable, Equatable {
     public var caFile: String?
     /// How long one database operation may take before the caller hears "unreachable".
     public var timeout: Duration?
+    /// The key that sets `timeout` as the file names it (`store.timeout_ms`): errors of an
+    /// operation that outlasted it name it, the setting to raise for a database that answers
+    /// slowly.
+    public var timeoutKey: String
 
-    public init(url: String, poolSize: Int? = nil, tls: String? = nil, caFile: String? = nil, timeout: Duration? = nil) {
-        (self.url, self.poolSize, self.tls, self.caFile, self.timeout) = (url, poolSize, tls, caFile, timeout)
+    public init(url: String, poolSize: Int? = nil, tls: String? = nil, caFile: String? = nil, timeout: Duration? = nil, timeoutKey: String = "timeout_ms") {
+        (self.url, self.poolSize, self.tls, self.caFile, self.timeout, self.timeoutKey) = (url, poolSize, tls, caFile, timeout, timeoutKey)
     }
 
     /// The keys a section with a database backend takes beside its own.
@@ -48,6 +52,6 @@ public struct PostgresSection: Sendable, Equatable {
             throw ConfigError(path: section.path("ca_file"), problem: "applies to \(section.path("tls")): prefer or require only")
         }
         return PostgresSection(url: url, poolSize: try section.integer("pool_size", atMost: 1_000), tls: tls, caFile: caFile,
-                               timeout: try section.milliseconds("timeout_ms"))
+                               timeout: try section.milliseconds("timeout_ms"), timeoutKey: section.path("timeout_ms"))
     }
 }

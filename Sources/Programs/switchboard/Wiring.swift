@@ -54,6 +54,7 @@ extension PostgresSettings {
         if let tls = given.tls.flatMap(TLSMode.init(rawValue:)) { self.tls = tls }
         caFile = given.caFile
         if let timeout = given.timeout { operationTimeout = timeout }
+        operationTimeoutKey = given.timeoutKey
     }
 }
 

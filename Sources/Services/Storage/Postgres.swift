@@ -32,13 +32,19 @@ public struct PostgresSettings: Sendable, Equatable {
     /// is away for as long as it is away. A transaction's commit sent in time is waited for
     /// as long again (``PostgresSession``).
     public var operationTimeout: Duration
+    /// The configuration key that sets ``operationTimeout`` (`store.timeout_ms`), named in the
+    /// errors of an operation that outlasted it: the setting to raise for a database that
+    /// answers, slowly.
+    public var operationTimeoutKey: String?
 
-    public init(url: String, poolSize: Int = 8, tls: TLSMode = .prefer, caFile: String? = nil, operationTimeout: Duration = .seconds(4)) {
+    public init(url: String, poolSize: Int = 8, tls: TLSMode = .prefer, caFile: String? = nil, operationTimeout: Duration = .seconds(4),
+                operationTimeoutKey: String? = nil) {
         self.url = url
         self.poolSize = poolSize
         self.tls = tls
         self.caFile = caFile
         self.operationTimeout = operationTimeout
+        self.operationTimeoutKey = operationTimeoutKey
     }
 
     /// The URL as errors and logs show it: without the password.
@@ -157,16 +163,22 @@ extension PostgresSettings {
     package func failure(_ error: any Error) -> StorageFailure {
         if let failure = error as? StorageFailure { return failure }
         if error is PostgresTimedOut {
-            return StorageFailure(reason: "unreachable", detail: "the database did not answer within \(operationTimeout.formatted)", path: redactedURL)
+            return StorageFailure(reason: "unreachable", detail: "the database did not answer within \(operationTimeout.formatted)\(operationTimeoutKey.map { " (\($0))" } ?? "")",
+                                  path: redactedURL)
         }
         if let unanswered = error as? PostgresCommitUnanswered {
             return StorageFailure(reason: "unreachable",
                                   detail: "the database did not answer the commit within \(unanswered.after.formatted): the write may have been made (the same request sent again is answered with its result, or made once)",
                                   path: redactedURL)
         }
+        // The migration's transaction (PostgresNIO's) wraps what failed in it.
+        if let transaction = error as? PostgresTransactionError,
+           let cause = transaction.beginError ?? transaction.closureError ?? transaction.commitError {
+            return failure(cause)
+        }
         if let error = error as? PSQLError {
             switch error.code {
-            case .serverClosedConnection, .connectionError, .uncleanShutdown:
+            case .serverClosedConnection, .clientClosedConnection, .connectionError, .uncleanShutdown:
                 return StorageFailure(reason: "unreachable", detail: "the connection to the database was lost or could not be made", path: redactedURL)
             case .server:
                 let message = error.serverInfo?[.message] ?? "an error"
