@@ -349,7 +349,8 @@ package struct PostgresConnections: Service {
         let client = client, closing = closing, leased = LeaseTaken()
         return try await withThrowingTaskGroup(of: T?.self) { group in
             group.addTask {
-                // One this process is closing is given back once closed, and another asked for.
+                // A closed connection, or one this process is closing, is given back once its
+                // close is complete (``Closing``), and another asked for.
                 while true {
                     let outcome: T? = try await client.withConnection { connection in
                         guard await !closing.waitedForClose(of: connection) else { return nil }
