@@ -431,6 +431,34 @@ struct StreamsTests {
         }
     }
 
+    @Test("a burst of messages past their age at once goes at the next publish, however many: on PostgreSQL within the service's timeout (removed one by one they held it past the timeout, and every publish after it); the newer ones stay, and a consumer behind counts each it missed",
+          arguments: Backend.available)
+    func burstPastItsAge(backend: Backend) async throws {
+        try await StreamsBus.with(backend, { $0.postgres?.operationTimeout = .seconds(2) }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "burst", subjects: ["burst"], maxAge: 60))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "burst", name: "behind"))
+            // Sent side by side, as a busy publisher would: they are written together.
+            func publish(_ count: Int) async throws {
+                try await withThrowingDiscardingTaskGroup { group in
+                    for lane in 0..<32 {
+                        group.addTask { for number in stride(from: lane, to: count, by: 32) { try await bus.publish("burst", .int(Int64(number))) } }
+                    }
+                }
+            }
+            try await publish(3_000)
+            bus.time.advance(30)
+            try await publish(10)
+            bus.time.advance(31)
+            // The first 3,000 are past their age, the ten after them are not.
+            #expect(try await bus.publish("burst", "after").sequence == 3_011)
+            let info = try await bus.client.call(API.streamInfo, .init(name: "burst"))
+            #expect(info.messages == 11 && info.firstSequence == 3_001)
+            let fetched = try await bus.fetch("burst", "behind", batch: 100)
+            #expect(fetched.missed == 3_000)
+            #expect(fetched.messages.map(\.sequence) == Array(3_001...3_011))
+        }
+    }
+
     @Test("stream.update changes the limits given, and the dead-letter stream's with them; lowered, the oldest past them go at once and a consumer behind counts them; maxAge 0 lifts the age limit; subjects given are all it holds from then on, none overlapping another stream's; a dead-letter stream's own, or nothing given, is refused", arguments: Backend.available)
     func update(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in

@@ -420,25 +420,41 @@ package enum StreamsDatabase {
         return try info(db, stream)
     }
 
-    /// The first sequence the stream keeps within its limits (count, bytes, age), counting
-    /// back from its last message; past its last when none is within them.
+    /// The first sequence the stream keeps within its limits (count, bytes, age): the oldest go
+    /// while it is past any of them; past its last when none stays. What it reads grows with
+    /// what goes, not with what stays.
     private static func firstWithinLimits(_ db: Database, _ stream: Stream, now: Double) throws -> Int {
         var first = stream.firstSeq
         if stream.messages > stream.maxMessages {
-            first = max(first, try db.int("SELECT seq FROM messages WHERE stream = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
-                                          [stream.name, stream.maxMessages - 1]) ?? first)
-        }
-        if stream.bytes > stream.maxBytes {
-            // The newest message whose data, with every newer one's, is more than max_bytes.
-            let over = try db.int("""
-                SELECT seq FROM (SELECT seq, SUM(length(data)) OVER (ORDER BY seq DESC) AS newer FROM messages WHERE stream = ?) AS tail
-                WHERE newer > ? ORDER BY seq DESC LIMIT 1
-                """, [stream.name, stream.maxBytes])
-            if let over { first = max(first, over + 1) }
+            // The oldest that stays: as many before it as are over the count.
+            first = try db.int("SELECT seq FROM messages WHERE stream = ? ORDER BY seq LIMIT 1 OFFSET ?",
+                               [stream.name, stream.messages - stream.maxMessages]) ?? stream.lastSeq + 1
         }
         if let maxAge = stream.maxAge {
-            let kept = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ? AND published_at >= ?", [stream.name, now - maxAge])
-            first = max(first, kept ?? stream.lastSeq + 1)
+            // The oldest of those left that is not past its age.
+            first = try db.int("SELECT seq FROM messages WHERE stream = ? AND seq >= ? AND published_at >= ? ORDER BY seq LIMIT 1",
+                               [stream.name, first, now - maxAge]) ?? stream.lastSeq + 1
+        }
+        if stream.bytes > stream.maxBytes {
+            // Of those left, the oldest go until the rest fit: read a few at a time from the
+            // oldest, as the stream is seldom over by more than the message just published.
+            var left = stream.bytes
+            if first > stream.firstSeq {
+                left -= try db.int("SELECT CAST(COALESCE(SUM(length(data)), 0) AS BIGINT) FROM messages WHERE stream = ? AND seq < ?",
+                                   [stream.name, first]) ?? 0
+            }
+            var chunk = 16
+            reading: while left > stream.maxBytes {
+                let rows = try db.rows("SELECT seq, length(data) AS size FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT ?",
+                                       [stream.name, first, chunk])
+                for row in rows {
+                    guard left > stream.maxBytes else { break reading }
+                    left -= try row.int("size")
+                    first = try row.int("seq") + 1
+                }
+                guard rows.count == chunk else { break }
+                chunk = min(chunk * 8, 4_096)
+            }
         }
         return first
     }
@@ -720,18 +736,13 @@ package enum StreamsDatabase {
     }
 
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,
-    /// age); its counters are the caller's to save.
+    /// age), together (``removeAll(_:_:before:subject:)``): a few statements however many go
+    /// (a burst of messages reaching its age at once), where statements for each would hold a
+    /// publish's transaction past its timeout. Its counters are the caller's to save.
     private static func dropPastLimits(_ db: Database, _ stream: inout Stream, now: Double) throws {
         // Within its count and bytes, only a stream with an age limit can have one to remove.
-        while stream.messages > 0, stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || stream.maxAge != nil {
-            guard let oldest = try db.row("""
-                SELECT seq, subject, length(data) AS size, published_at FROM messages WHERE stream = ? ORDER BY seq LIMIT 1
-                """, [stream.name]) else { break }
-            let publishedAt = try oldest.double("published_at")
-            let expired = stream.maxAge.map { publishedAt < now - $0 } ?? false
-            guard stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || expired else { break }
-            try remove(db, &stream, sequence: try oldest.int("seq"), subject: try oldest.text("subject"), size: try oldest.int("size"), missed: true)
-        }
+        guard stream.messages > 0, stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || stream.maxAge != nil else { return }
+        try removeAll(db, &stream, before: try firstWithinLimits(db, stream, now: now))
     }
 
     /// Removes one message; with `missed`, every consumer that had not had it done counts it.
