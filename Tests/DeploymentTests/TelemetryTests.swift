@@ -47,7 +47,7 @@ struct OTLPReceiver {
 
 @Suite("OpenTelemetry: every process's spans of a request reach a real OTLP receiver as one trace; the kernel's figures as metrics", .serialized)
 struct TelemetryTests {
-    @Test("one traced sb request through switchboard up: sb's request, the kernel's dispatch, search's handler, its request to the store and the store's handler, in one trace, each parented by the span that caused it")
+    @Test("one traced sb request through switchboard up: sb's request, the kernel's dispatch, search's handler, its request to the store and the store's handler, in one trace, each parented by the span that caused it; a request answered in parts (a dataset's refresh) is a span too")
     func oneTrace() async throws {
         let receiver = try await OTLPReceiver.start()
         defer { receiver.process.stop() }
@@ -95,6 +95,20 @@ struct TelemetryTests {
         #expect(spans.allSatisfy { $0["resource"]?["service.version"] == .string(SwitchboardVersion.current)
                     && ($0["service"] == "sb" || $0["resource"]?["deployment.environment"] == "test") },
                 "\(spans.map { $0["resource"] ?? .null })")
+
+        // A request answered in parts (a dataset's refresh, a bar moved on by each) is a span
+        // too, from when it is sent until its end: the fetcher's is its child.
+        let refreshed = try await runCommand(sbExecutable(), ["datasets", "refresh", "items", "--endpoint", broker, "--key-dir", busKeyFolder(in: folder).path],
+                                             environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint])
+        #expect(refreshed.status == 0, "\(refreshed)")
+        try await receiver.waitFor("the refresh's spans in sb and the fetcher") { spans, _ in
+            spans.contains { $0["service"] == "sb" && $0["name"] == "fetcher/datasets.refresh" }
+                && spans.contains { $0["service"] == "switchboard-fetcher" && $0["name"] == "fetcher/datasets.refresh" }
+        }
+        let refresh = try #require(receiver.spans.first { $0["service"] == "sb" && $0["name"] == "fetcher/datasets.refresh" })
+        let refreshHandler = try #require(receiver.spans.first { $0["service"] == "switchboard-fetcher" && $0["name"] == "fetcher/datasets.refresh" })
+        #expect(refresh["kind"] == "SPAN_KIND_CLIENT" && parent(refresh).isEmpty && refresh["status"] != 2, "\(refresh)")
+        #expect(parent(refreshHandler) == id(refresh) && refreshHandler["traceId"] == refresh["traceId"], "\(refreshHandler)")
 
         // sb without an endpoint sends its requests in unsampled traces: no process records a
         // span of them. Then a request that fails is a failed span, in sb and in the service;

@@ -160,6 +160,7 @@ public final class BusClient: Sendable {
 
     private func openStream<Part, End>(service: String, method: String, paramsText: Result<[UInt8]?, BusError>, timeout: Duration?,
                                        bufferSize: Int = 10_000, bufferBytes: Int = 64 << 20, everyWorker: Bool = false) -> PartStream<Part, End> {
+        let rpcService = service
         let service = everyWorker ? MDP.everyWorkerPrefix + service : service
         let state = PartStreamState(service: service, method: method, bufferSize: bufferSize, bufferBytes: bufferBytes)
         let id = ClientCore.nextID()
@@ -168,26 +169,33 @@ public final class BusClient: Sendable {
             loop.execute { core.assumeIsolated { $0.cancel(ids: [id]) } }
         })
         let body: Frame
+        // Its span lasts until the answer ends, however long the parts take to come.
+        let span: BusTracing.ClientSpan?
         switch paramsText {
         case .failure(let error):
             state.ended(.failure(error))
             return stream
         case .success(let text):
-            body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: text, trace: BusTracing.outgoing(), client: clientID,
+            span = BusTracing.startClientSpan(service: rpcService, method: method)
+            body = Frame(JSONRPCRequest(id: .number(id), method: method, paramsText: text, trace: span?.outgoing ?? BusTracing.outgoing(), client: clientID,
                                         stream: !everyWorker).jsonBytes)
         }
+        let ended: @Sendable (Result<JSONValue, BusError>) -> Void = { outcome in
+            span?.end(outcome)
+            state.ended(outcome)
+        }
         if let error = refusal(body, service: service) {
-            state.ended(.failure(error))
+            ended(.failure(error))
             return stream
         }
         guard !isClosed.load(ordering: .acquiring) else {
-            state.ended(.failure(.closed))
+            ended(.failure(.closed))
             return stream
         }
         let timeout = timeout ?? defaultTimeout
         let deadline = clock.now + timeout.nanoseconds
         loop.execute {
-            var pending = ClientCore.Pending(service: service, method: method, timeout: timeout, deadline: deadline) { state.ended($0) }
+            var pending = ClientCore.Pending(service: service, method: method, timeout: timeout, deadline: deadline) { ended($0) }
             pending.onPart = { state.received($0, bytes: $1) }
             core.assumeIsolated { $0.send([(id, pending)], message: MDP.request(service: service, body: [body], version: .v02)) }
         }

@@ -113,16 +113,46 @@ public enum BusTracing {
     /// thrown, or a JSON-RPC error answered (``markFailed(_:)``), marks it failed.
     static func withSpan<T, E: Error>(service: String, method: String, kind: SpanKind, context: InstrumentationContext,
                                       _ body: () async throws(E) -> T) async throws(E) -> T {
-        let span = InstrumentationSystem.tracer.startSpan("\(service)/\(method)", context: context, ofKind: kind)
-        span.attributes["rpc.system"] = "jsonrpc"
-        span.attributes["rpc.service"] = service
-        span.attributes["rpc.method"] = method
+        let span = startSpan(service: service, method: method, kind: kind, context: context)
         defer { span.end() }
         let outcome: Result<T, E> = await InstrumentationContext.withValue(span.context) {
             do throws(E) { return .success(try await body()) } catch { return .failure(error) }
         }
         if case .failure(let error) = outcome { markFailed(span, error) }
         return try outcome.get()
+    }
+
+    /// A span named `service/method`, of `kind`, under `context`, with the RPC's attributes.
+    private static func startSpan(service: String, method: String, kind: SpanKind, context: InstrumentationContext) -> any Span {
+        let span = InstrumentationSystem.tracer.startSpan("\(service)/\(method)", context: context, ofKind: kind)
+        span.attributes["rpc.system"] = "jsonrpc"
+        span.attributes["rpc.service"] = service
+        span.attributes["rpc.method"] = method
+        return span
+    }
+
+    /// The client span of a request whose answer ends apart from the task that sent it (one
+    /// answered in parts, read as they come): the request carries ``outgoing``, so the
+    /// service's span is its child, and it ends when the answer does (``end(_:)``).
+    public struct ClientSpan: Sendable {
+        let span: any Span
+
+        /// The trace members for the request: this span's trace, the span its parent.
+        public var outgoing: JSONRPCRequest.Trace? { InstrumentationContext.withValue(span.context) { BusTracing.outgoing() } }
+
+        /// Ends the span, failed when the answer is a failure.
+        public func end<T, E: Error>(_ outcome: Result<T, E>) {
+            if case .failure(let error) = outcome { markFailed(span, error) }
+            span.end()
+        }
+    }
+
+    /// A ``ClientSpan`` for a request to `service`'s `method` sent now, in the current task's
+    /// trace; nil where it would not be recorded (``withClientSpan(service:method:_:)``'s rule).
+    public static func startClientSpan(service: String, method: String) -> ClientSpan? {
+        let context = InstrumentationContext.current ?? .topLevel
+        guard recordsSpans(in: context) else { return nil }
+        return ClientSpan(span: startSpan(service: service, method: method, kind: .client, context: context))
     }
 
     /// Records the kernel's part in a request it routed to `service`: a span from when the
