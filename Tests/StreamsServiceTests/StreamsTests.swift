@@ -721,18 +721,34 @@ struct StreamsTests {
         }
     }
 
-    @Test("a work-queue stream: a message acknowledged or terminated is deleted; one consumer only", arguments: Backend.available)
+    @Test("a work-queue stream: a message acknowledged or terminated is deleted; one consumer only; a whole batch acknowledged at once goes together, on PostgreSQL well within the service's timeout (a statement for each held it near the timeout)",
+          arguments: Backend.available)
     func workQueue(backend: Backend) async throws {
-        try await StreamsBus.with(backend) { bus in
+        try await StreamsBus.with(backend, { $0.postgres?.operationTimeout = .seconds(1.5) }) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "queue", subjects: ["q."], retention: .workQueue))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "queue", name: "doers"))
             #expect(await bus.failure(API.consumerAdd, .init(stream: "queue", name: "others"))?.code == JSONRPCError.conflictCode)
             for number in 1...3 { try await bus.publish("q.job", .int(Int64(number))) }
             #expect(try await bus.fetch("queue", "doers").messages.count == 3)
             _ = try await bus.ack("queue", "doers", [1, 3])
+            var info = try await bus.client.call(API.streamInfo, .init(name: "queue"))
+            #expect(info.messages == 1 && info.firstSequence == 2)
             _ = try await bus.client.call(API.term, .init(stream: "queue", consumer: "doers", sequences: [2]))
-            let info = try await bus.client.call(API.streamInfo, .init(name: "queue"))
+            info = try await bus.client.call(API.streamInfo, .init(name: "queue"))
             #expect(info.messages == 0 && info.bytes == 0 && info.lastSequence == 3 && info.firstSequence == 4)
+
+            // As many as one acknowledgement names, sent side by side as a busy publisher would.
+            let most = API.Sequences.most
+            try await withThrowingDiscardingTaskGroup { group in
+                for lane in 0..<32 {
+                    group.addTask { for number in stride(from: lane, to: most + 1, by: 32) { try await bus.publish("q.job", .int(Int64(number))) } }
+                }
+            }
+            let batch = try await bus.fetch("queue", "doers", batch: most).messages.map(\.sequence)
+            #expect(batch == Array(4..<4 + most))
+            _ = try await bus.ack("queue", "doers", batch)
+            info = try await bus.client.call(API.streamInfo, .init(name: "queue"))
+            #expect(info.messages == 1 && info.firstSequence == 4 + most && info.lastSequence == 4 + most)
         }
     }
 
