@@ -216,9 +216,10 @@ struct StreamsTests {
         }
     }
 
-    @Test("past max deliveries a message goes to the dead-letter stream with why, and is not handed out again; term drops one without dead-lettering", arguments: Backend.available)
+    @Test("past max deliveries a message goes to the dead-letter stream with why, and is not handed out again; term drops one without dead-lettering; a whole batch past them at once goes together, on PostgreSQL well within the service's timeout (statements for each held it near the timeout)",
+          arguments: Backend.available)
     func deadLetters(backend: Backend) async throws {
-        try await StreamsBus.with(backend) { bus in
+        try await StreamsBus.with(backend, { $0.postgres?.operationTimeout = .seconds(1.5) }) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "pay", subjects: ["pay."]))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "pay", name: "charger", ackWait: 10, maxDeliver: 2))
             try await bus.publish("pay.card", ["amount": "12.50"])
@@ -240,6 +241,22 @@ struct StreamsTests {
                     && letter.deadLetter?.deliveries == 2 && letter.deadLetter?.reason.contains("max_deliver") == true)
             // The original stays in a limits stream: another consumer still reads it.
             #expect(try await bus.client.call(API.streamInfo, .init(name: "pay")).messages == 2)
+
+            // As many as a fetch hands out, sent side by side as a busy publisher would.
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "pay", name: "once", deliver: .new, ackWait: 10, maxDeliver: 1))
+            let batch = 1_000
+            try await withThrowingDiscardingTaskGroup { group in
+                for lane in 0..<32 {
+                    group.addTask { for number in stride(from: lane, to: batch, by: 32) { try await bus.publish("pay.card", .int(Int64(number))) } }
+                }
+            }
+            #expect(try await bus.fetch("pay", "once", batch: batch).messages.count == batch)
+            bus.time.advance(10)
+            #expect(try await bus.fetch("pay", "once", batch: batch).messages.isEmpty, "each is past max_deliver")
+            #expect(try await bus.client.call(API.consumerInfo, .init(stream: "pay", name: "once")).deadLettered == batch)
+            let letters = try await bus.client.call(API.streamMessages, .init(name: "pay.dead", from: 2, max: batch)).messages
+            #expect(letters.map { $0.deadLetter?.sequence } == Array(3..<3 + batch))
+            #expect(letters.allSatisfy { $0.deadLetter?.consumer == "once" && $0.deadLetter?.deliveries == 1 })
         }
     }
 
@@ -1072,6 +1089,31 @@ struct StreamsStateCaptureTests {
                 #expect(kept == (1...20).map { "/client/prices/d=\($0)" })
                 #expect(try await bus.client.call(API.streamInfo, .init(name: "prices")).messages == 22)
             }
+        }
+        await state.close()
+    }
+
+    @Test("a capturing stream added over thousands of keys keeps each one's value, together: on PostgreSQL well within the service's timeout (statements for each held the write past it, tried again and again)",
+          arguments: Backend.available)
+    func captureManyKeys(backend: Backend) async throws {
+        let bus = try await StreamsBus.start(backend: backend) { $0.postgres?.operationTimeout = .seconds(1.5) }
+        let state = try await BusClient(brokers: [bus.kernel.endpoints.broker], timeout: .seconds(10))
+        try await stopping(bus, with: { await $0.stop() }) { bus in
+            let keys = 3_000
+            try await withThrowingDiscardingTaskGroup { group in
+                for lane in 0..<32 {
+                    group.addTask { for number in stride(from: lane, to: keys, by: 32) { try await state.publish(key: "/client/many/\(number)", value: .int(Int64(number))) } }
+                }
+            }
+            _ = try await bus.client.call(API.streamAdd, .init(name: "many", subjects: ["/client/many/"], captureState: true))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "many", name: "reader"))
+            // The keys' values come as one sync, kept in one write.
+            let first = try await bus.client.call(API.fetch, .init(stream: "many", consumer: "reader", batch: 10, wait: 15), timeout: .seconds(30))
+            #expect(first.messages.count == 10)
+            let info = try await bus.client.call(API.streamInfo, .init(name: "many"))
+            #expect(info.messages == keys && info.captureGaps == 0)
+            let subjects = try await bus.client.call(API.streamMessages, .init(name: "many", last: 1_000, max: 1_000)).messages.map(\.subject)
+            #expect(Set(subjects).count == 1_000 && subjects.allSatisfy { $0.hasPrefix("/client/many/") })
         }
         await state.close()
     }

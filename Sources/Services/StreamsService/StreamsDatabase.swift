@@ -667,12 +667,13 @@ package enum StreamsDatabase {
             throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: stream \(name) was made again, capturing \(subjects.joined(separator: " "))")
         }
         var captured = stream.capturedSeq
+        var kept: [Appended] = []
         for change in changes.sorted(by: { $0.sequence < $1.sequence }) where change.sequence > captured {
             captured = change.sequence
             guard subjects.contains(where: { change.key.hasPrefix($0) }) else { continue }
-            let data = try stateChange(change, limit: min(stream.maxBytes, maxMessageBytes))
-            _ = try append(db, &stream, subject: change.key, data: data, deadLetter: nil, now: now)
+            kept.append((change.key, try stateChange(change, limit: min(stream.maxBytes, maxMessageBytes)), nil))
         }
+        try append(db, &stream, kept, now: now)
         try db.execute("UPDATE streams SET captured_seq = ?, capture_gaps = capture_gaps + ? WHERE name = ?", [captured, gap ? 1 : 0, name])
         return captured
     }
@@ -691,12 +692,19 @@ package enum StreamsDatabase {
         return data
     }
 
-    /// Adds a message at the stream's next sequence, then removes the oldest past its limits.
-    private static func append(_ db: Database, _ stream: inout Stream, subject: String, data: [UInt8], deadLetter: String?, now: Double) throws -> Int {
-        let message = next(&stream, subject: subject, data: data, deadLetter: deadLetter, now: now)
-        try insert(db, [message])
+    /// A message to append: its subject, data and why it is a dead letter (nil: it is not).
+    private typealias Appended = (subject: String, data: [UInt8], deadLetter: String?)
+
+    /// Adds `messages` at the stream's next sequences, in order, then removes the oldest past
+    /// its limits and saves its counters: a few statements however many (a sync of the state
+    /// captured brings every key under the stream's subjects at once).
+    private static func append(_ db: Database, _ stream: inout Stream, _ messages: [Appended], now: Double) throws {
+        guard !messages.isEmpty else { return }
+        var made: [Message] = []
+        made.reserveCapacity(messages.count)
+        for message in messages { made.append(next(&stream, subject: message.subject, data: message.data, deadLetter: message.deadLetter, now: now)) }
+        try insert(db, made)
         try trim(db, &stream, now: now)
-        return message.sequence
     }
 
     /// A message to insert.
@@ -719,14 +727,20 @@ package enum StreamsDatabase {
         return Message(stream: stream.name, sequence: sequence, subject: subject, data: data, publishedAt: now, deadLetter: deadLetter)
     }
 
-    /// Inserts `messages` in one statement (at most ``publicationsPerTransaction`` of them).
+    /// Inserts `messages`, a statement for each ``messagesPerInsert`` of them.
     private static func insert(_ db: Database, _ messages: [Message]) throws {
-        guard !messages.isEmpty else { return }
-        try db.execute("INSERT INTO messages (stream, seq, subject, data, published_at, dead_letter) VALUES " + SQLRows.placeholders(rows: messages.count, columns: 6),
-                       messages.flatMap { message -> [any SQLArgument] in
-                           [message.stream, message.sequence, message.subject, message.data, message.publishedAt, message.deadLetter]
-                       })
+        for start in stride(from: 0, to: messages.count, by: messagesPerInsert) {
+            let some = messages[start..<min(start + messagesPerInsert, messages.count)]
+            try db.execute("INSERT INTO messages (stream, seq, subject, data, published_at, dead_letter) VALUES " + SQLRows.placeholders(rows: some.count, columns: 6),
+                           some.flatMap { message -> [any SQLArgument] in
+                               [message.stream, message.sequence, message.subject, message.data, message.publishedAt, message.deadLetter]
+                           })
+        }
     }
+
+    /// The most messages one INSERT takes: six placeholders each, within what both engines
+    /// take in a statement (SQLite 32,766, PostgreSQL 65,535).
+    static let messagesPerInsert = 1_000
 
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,
     /// age), and saves its counters.
@@ -963,12 +977,11 @@ package enum StreamsDatabase {
             FROM pending p JOIN messages m ON m.stream = p.stream AND m.seq = p.seq
             WHERE p.stream = ? AND p.consumer = ? AND p.deadline <= ? ORDER BY p.seq LIMIT ?
             """, [name, consumerName, now, handout.room])
-        var dueAgain: [any SQLArgument] = []
+        var dueAgain: [any SQLArgument] = [], givenUp: [GivenUp] = []
         for row in due {
             let sequence = try row.int("seq"), deliveries = try row.int("deliveries"), data = try row.blob("data")
             if deliveries >= consumer.maxDeliver {
-                try giveUp(db, &stream, consumer: consumer, sequence: sequence, deliveries: deliveries, row: row, now: now)
-                deadLettered += 1
+                givenUp.append(GivenUp(sequence: sequence, deliveries: deliveries, subject: try row.text("subject"), data: data))
                 continue
             }
             guard handout.fits(data.count) else { break }
@@ -977,6 +990,8 @@ package enum StreamsDatabase {
             // One given back undelivered (``Outcome/undelivered``) is handed out the first time now.
             if deliveries == 0 { delivered += 1 } else { redelivered += 1 }
         }
+        try giveUp(db, &stream, consumer: consumer, givenUp, now: now)
+        deadLettered = givenUp.count
         if !dueAgain.isEmpty {
             try db.execute("UPDATE pending SET deliveries = deliveries + 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq IN "
                                + SQLRows.placeholders(rows: 1, columns: dueAgain.count), [now + consumer.ackWait, name, consumerName] + dueAgain)
@@ -1080,21 +1095,34 @@ package enum StreamsDatabase {
                            published: Timestamp.format(seconds: try row.double("published_at")), deliveries: deliveries, deadLetter: deadLetter)
     }
 
-    /// A message handed out `max_deliver` times without being done: it goes to the stream's
-    /// dead-letter stream with why (a dead-letter stream's own are only dropped), and leaves
-    /// the consumer's pending messages (and a work queue).
-    private static func giveUp(_ db: Database, _ stream: inout Stream, consumer: Consumer, sequence: Int, deliveries: Int, row: SQLRow, now: Double) throws {
-        let subject = try row.text("subject"), data = try row.blob("data")
+    /// A message handed out `max_deliver` times without being done.
+    private struct GivenUp {
+        var sequence: Int
+        var deliveries: Int
+        var subject: String
+        var data: [UInt8]
+    }
+
+    /// Messages handed out `max_deliver` times without being done: they go to the stream's
+    /// dead-letter stream with why (a dead-letter stream's own are only dropped), and leave
+    /// the consumer's pending messages (and a work queue); together, in a few statements
+    /// however many.
+    private static func giveUp(_ db: Database, _ stream: inout Stream, consumer: Consumer, _ givenUp: [GivenUp], now: Double) throws {
+        guard !givenUp.isEmpty else { return }
         if let deadLetters = stream.deadLetters {
             var target = try self.stream(db, deadLetters, locking: true)
-            let why = API.DeadLetter(reason: "handed out \(deliveries) times (max_deliver) without an acknowledgement", stream: stream.name,
-                                     sequence: sequence, consumer: consumer.name, deliveries: deliveries)
-            _ = try append(db, &target, subject: subject, data: data,
-                           deadLetter: String(decoding: try JSONValue(encoding: why).jsonBytes, as: UTF8.self), now: now)
+            let name = stream.name
+            try append(db, &target, try givenUp.map { message in
+                let why = API.DeadLetter(reason: "handed out \(message.deliveries) times (max_deliver) without an acknowledgement", stream: name,
+                                         sequence: message.sequence, consumer: consumer.name, deliveries: message.deliveries)
+                return (message.subject, message.data, String(decoding: try JSONValue(encoding: why).jsonBytes, as: UTF8.self))
+            }, now: now)
         }
-        try db.execute("DELETE FROM pending WHERE stream = ? AND consumer = ? AND seq = ?", [stream.name, consumer.name, sequence])
+        let sequences = givenUp.map(\.sequence)
+        try db.execute("DELETE FROM pending WHERE stream = ? AND consumer = ? AND seq IN " + SQLRows.placeholders(rows: 1, columns: sequences.count),
+                       [stream.name, consumer.name] + sequences)
         if stream.retention == .workQueue {
-            try removeDone(db, &stream, sequences: [sequence])
+            try removeDone(db, &stream, sequences: sequences)
         }
     }
 
