@@ -1076,17 +1076,19 @@ package enum StreamsDatabase {
         }
     }
 
-    /// ``Outcome/undelivered`` for the pending message `key` (stream, consumer, sequence): due
-    /// at once, its last hand-out taken back from its count and the consumer's.
-    private static func giveBackUndelivered(_ db: Database, _ key: [any SQLArgument], now: Double) throws -> Int {
+    /// ``Outcome/undelivered`` for the pending messages `sequences` of the consumer `key`
+    /// (stream, consumer): due at once, each one's last hand-out taken back from its count and
+    /// the consumer's; together, in two statements however many. The sequences changed.
+    private static func giveBackUndelivered(_ db: Database, _ key: [any SQLArgument], _ sequences: [Int], now: Double) throws -> Set<Int> {
+        let among = " AND seq IN " + SQLRows.placeholders(rows: 1, columns: sequences.count)
+        let pending: [any SQLArgument] = key + sequences
         try db.execute("""
-            UPDATE consumers SET delivered = delivered - CASE WHEN p.deliveries = 1 THEN 1 ELSE 0 END,
-                redelivered = redelivered - CASE WHEN p.deliveries > 1 THEN 1 ELSE 0 END
-            FROM (SELECT stream, consumer, deliveries FROM pending WHERE stream = ? AND consumer = ? AND seq = ?) AS p
-            WHERE consumers.stream = p.stream AND consumers.name = p.consumer
-            """, key)
-        return try db.execute("UPDATE pending SET deliveries = deliveries - 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq = ? AND deliveries > 0",
-                              [now] + key)
+            UPDATE consumers SET delivered = delivered - (SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ? AND deliveries = 1\(among)),
+                redelivered = redelivered - (SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ? AND deliveries > 1\(among))
+            WHERE stream = ? AND name = ?
+            """, pending + pending + key)
+        return Set(try db.rows("UPDATE pending SET deliveries = deliveries - 1, deadline = ? WHERE stream = ? AND consumer = ? AND deliveries > 0"
+                                   + among + " RETURNING seq", [now] + pending).map { try $0.int("seq") })
     }
 
     private static func message(_ row: SQLRow, sequence: Int, data: [UInt8], deliveries: Int) throws -> API.Message {
@@ -1166,9 +1168,7 @@ package enum StreamsDatabase {
             changed = Set(try db.rows("UPDATE pending SET deadline = ? WHERE stream = ? AND consumer = ?" + among, [now + consumer.ackWait] + key + namedArguments)
                 .map { try $0.int("seq") })
         case .undelivered:
-            for sequence in named {
-                if try giveBackUndelivered(db, key + [sequence], now: now) > 0 { changed.insert(sequence) }
-            }
+            changed = try giveBackUndelivered(db, key, named, now: now)
         }
         if outcome == .ack || outcome == .term, stream.retention == .workQueue {
             try removeDone(db, &stream, sequences: changed.sorted())
