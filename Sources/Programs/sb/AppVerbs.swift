@@ -475,7 +475,7 @@ struct Flights: AsyncParsableCommand {
     )
 }
 
-struct FlightList: AsyncParsableCommand {
+struct FlightList: AsyncParsableCommand, TakesNoWord {
     static let configuration = CommandConfiguration(
         commandName: "list",
         abstract: "Outbound and inbound flights, each with its airline and price.",
@@ -661,7 +661,7 @@ func showDatasets(_ entries: [FetcherAPI.DatasetEntry]) {
     })
 }
 
-struct DatasetList: AsyncParsableCommand {
+struct DatasetList: AsyncParsableCommand, TakesNoWord {
     static let configuration = CommandConfiguration(
         commandName: "list",
         abstract: "Each dataset's origin (remote, cache, bundled), records, version and last error.",

@@ -190,6 +190,14 @@ struct NoOtherVerb<Verb: ParsableCommand>: ParsableArguments {
     }
 }
 
+/// A verb's default sub-verb that takes no word (``NoOtherVerb``): a word after the verb that
+/// names none of its sub-verbs is refused with the verb's usage (``SB/unknownVerb(_:)``), not
+/// the default sub-verb's.
+protocol TakesNoWord {
+    associatedtype Verb: ParsableCommand
+    var otherVerb: NoOtherVerb<Verb> { get }
+}
+
 /// The refusal of a word that names none of the verbs of `group` (`path`, as typed: "sb kv").
 func noSuchVerb(_ word: String, of group: any ParsableCommand.Type, path: String) -> String {
     "\(path) has no verb '\(word)'; its verbs: \(group.configuration.subcommands.map { $0._commandName }.joined(separator: ", "))"

@@ -211,17 +211,16 @@ struct SB: AsyncParsableCommand {
         commands.first { $0._commandName == word || $0.configuration.aliases.contains(word) }
     }
 
-    /// Where sb or one of its verbs without a default sub-verb (`sb kv`) is given a word that
-    /// names none of its verbs (`sb kv set`): the verb as typed, and the refusal naming the
-    /// verbs it has, where the parser would say only that the word was not expected. (A verb
-    /// with a default sub-verb refuses such a word itself, ``NoOtherVerb``, or takes it as
-    /// its default's argument: `sb countries par`.)
+    /// Where sb or one of its verbs is given a word that names none of its verbs (`sb kv set`,
+    /// `sb stream frob`): the verb as typed, and the refusal naming the verbs it has, where the
+    /// parser would say only that the word was not expected, with the usage of the default
+    /// sub-verb. (A default sub-verb that takes words takes it as its own: `sb countries par`.)
     static func unknownVerb(_ arguments: [String]) -> (group: String, refusal: String)? {
         var index = verbStart(arguments)
         var group: any ParsableCommand.Type = SB.self, path = "sb"
         while index < arguments.count, !arguments[index].hasPrefix("-") {
             guard let command = verb(named: arguments[index], among: group.configuration.subcommands) else {
-                guard group.configuration.defaultSubcommand == nil else { return nil }
+                if let byDefault = group.configuration.defaultSubcommand, !(byDefault is any TakesNoWord.Type) { return nil }
                 return (path, noSuchVerb(arguments[index], of: group, path: path))
             }
             guard !command.configuration.subcommands.isEmpty else { return nil }

@@ -28,7 +28,7 @@ struct Stream: AsyncParsableCommand {
     )
 }
 
-struct StreamList: AsyncParsableCommand {
+struct StreamList: AsyncParsableCommand, TakesNoWord {
     static let configuration = CommandConfiguration(commandName: "ls", abstract: "Every stream: its subjects, messages, sequences and consumers.")
 
     @OptionGroup var connection: ConnectionOptions
