@@ -213,8 +213,9 @@ struct SB: AsyncParsableCommand {
 
     /// Where sb or one of its verbs is given a word that names none of its verbs (`sb kv set`,
     /// `sb stream frob`): the verb as typed, and the refusal naming the verbs it has, where the
-    /// parser would say only that the word was not expected, with the usage of the default
-    /// sub-verb. (A default sub-verb that takes words takes it as its own: `sb countries par`.)
+    /// parser would say only that the word was not expected (or, under a default sub-verb that
+    /// takes no word, give that sub-verb's usage). A default sub-verb that takes words takes
+    /// it as its own: `sb countries par`.
     static func unknownVerb(_ arguments: [String]) -> (group: String, refusal: String)? {
         var index = verbStart(arguments)
         var group: any ParsableCommand.Type = SB.self, path = "sb"
