@@ -47,7 +47,7 @@ struct OTLPReceiver {
 
 @Suite("OpenTelemetry: every process's spans of a request reach a real OTLP receiver as one trace; the kernel's figures as metrics", .serialized)
 struct TelemetryTests {
-    @Test("one traced sb request through switchboard up: sb's request, the kernel's dispatch, search's handler, its request to the store and the store's handler, in one trace, each parented by the span that caused it; a request answered in parts (a dataset's refresh) is a span too")
+    @Test("one traced sb request through switchboard up: sb's request, the kernel's dispatch, search's handler, its request to the store and the store's handler, in one trace, each parented by the span that caused it; a request answered in parts (a dataset's refresh, a stream followed) is a span too, not failed when its reader lets go")
     func oneTrace() async throws {
         let receiver = try await OTLPReceiver.start()
         defer { receiver.process.stop() }
@@ -109,6 +109,23 @@ struct TelemetryTests {
         let refreshHandler = try #require(receiver.spans.first { $0["service"] == "switchboard-fetcher" && $0["name"] == "fetcher/datasets.refresh" })
         #expect(refresh["kind"] == "SPAN_KIND_CLIENT" && parent(refresh).isEmpty && refresh["status"] != 2, "\(refresh)")
         #expect(parent(refreshHandler) == id(refresh) && refreshHandler["traceId"] == refresh["traceId"], "\(refreshHandler)")
+        // A stream followed until its reader lets go (Ctrl-C) ends as it should: not failed.
+        let keyDir = busKeyFolder(in: folder).path
+        for words in [["stream", "add", "traced", "traced."], ["stream", "consumer", "traced", "reader"], ["stream", "pub", "traced.one", "1"]] {
+            let done = try await runCommand(sbExecutable(), words + ["--endpoint", broker, "--key-dir", keyDir])
+            #expect(done.status == 0, "\(words): \(done)")
+        }
+        let following = try ChildProcess(sbExecutable(), ["stream", "sub", "traced", "reader", "--endpoint", broker, "--key-dir", keyDir],
+                                         environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "NO_COLOR": ""])
+        defer { following.stop() }
+        try await following.waitForOutput(containing: "1 traced.one (delivery 1) 1", within: 30)
+        following.signal(SIGINT)
+        #expect(await following.exit(within: 30))
+        try await receiver.waitFor("the followed stream's span in sb") { spans, _ in
+            spans.contains { $0["service"] == "sb" && $0["name"] == "streams/consumer.next" }
+        }
+        let followed = try #require(receiver.spans.first { $0["service"] == "sb" && $0["name"] == "streams/consumer.next" })
+        #expect(followed["kind"] == "SPAN_KIND_CLIENT" && followed["status"] != 2, "\(followed)")
 
         // sb without an endpoint sends its requests in unsampled traces: no process records a
         // span of them. Then a request that fails is a failed span, in sb and in the service;

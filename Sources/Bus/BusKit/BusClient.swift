@@ -181,7 +181,12 @@ public final class BusClient: Sendable {
                                         stream: !everyWorker).jsonBytes)
         }
         let ended: @Sendable (Result<JSONValue, BusError>) -> Void = { outcome in
-            span?.end(outcome)
+            // Its reader letting go (a task cancelled, Ctrl-C) is how a followed stream ends:
+            // the span ends, not failed.
+            switch outcome {
+            case .success, .failure(.cancelled): span?.end(failedWith: nil)
+            case .failure(let error): span?.end(failedWith: error)
+            }
             state.ended(outcome)
         }
         if let error = refusal(body, service: service) {

@@ -133,16 +133,16 @@ public enum BusTracing {
 
     /// The client span of a request whose answer ends apart from the task that sent it (one
     /// answered in parts, read as they come): the request carries ``outgoing``, so the
-    /// service's span is its child, and it ends when the answer does (``end(_:)``).
+    /// service's span is its child, and it ends when the answer does (``end(failedWith:)``).
     public struct ClientSpan: Sendable {
         let span: any Span
 
         /// The trace members for the request: this span's trace, the span its parent.
         public var outgoing: JSONRPCRequest.Trace? { InstrumentationContext.withValue(span.context) { BusTracing.outgoing() } }
 
-        /// Ends the span, failed when the answer is a failure.
-        public func end<T, E: Error>(_ outcome: Result<T, E>) {
-            if case .failure(let error) = outcome { markFailed(span, error) }
+        /// Ends the span; with `error`, failed.
+        public func end(failedWith error: (any Error)?) {
+            if let error { markFailed(span, error) }
             span.end()
         }
     }
