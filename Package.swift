@@ -190,6 +190,13 @@ let package = Package(
             path: "Sources/Operations/StandardStreams",
             swiftSettings: sharedSettings
         ),
+        // How the programs refuse a word where a verb should be: naming the verbs there are.
+        .target(
+            name: "CommandWords",
+            dependencies: [.product(name: "ArgumentParser", package: "swift-argument-parser")],
+            path: "Sources/Operations/CommandWords",
+            swiftSettings: sharedSettings
+        ),
         // `switchboard up`: runs the kernel and the services as processes, restarts them, stops them in order.
         .target(
             name: "Supervisor",
@@ -320,7 +327,7 @@ let package = Package(
             dependencies: [
                 "BusProtocol", "Contracts",
                 "Kernel", "BusKit", "EchoService", "FetcherService", "PricingService", "SearchService", "StoreService", "Storage", "StreamsService", "Supervisor",
-                "Gateway", "Deployment", "StandardStreams", "Telemetry",
+                "Gateway", "Deployment", "CommandWords", "StandardStreams", "Telemetry",
                 "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -333,7 +340,7 @@ let package = Package(
         .executableTarget(
             name: "sb",
             dependencies: [
-                "BusBench", "Contracts", "StandardStreams", "Telemetry",
+                "BusBench", "CommandWords", "Contracts", "StandardStreams", "Telemetry",
                 "BusKit", "BusProtocol", "SwitchboardConfig", "ZeroMQ",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

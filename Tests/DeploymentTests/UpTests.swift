@@ -243,7 +243,7 @@ struct UpTests {
                 "\(refused)")
     }
 
-    @Test("bad configuration: exit 78 naming the key, for up, kernel, serve and check; check says what a good one sets up")
+    @Test("bad configuration: exit 78 naming the key, for up, kernel, serve and check; check says what a good one sets up; a word that names no verb is refused naming the verbs (64)")
     func badConfiguration() async throws {
         let folder = try temporaryDirectory("up-bad")
         let bad = folder.appendingPathComponent("bad.yaml")
@@ -279,6 +279,15 @@ struct UpTests {
         let cells = try await runCommand(switchboardExecutable(), ["check", "--config", repositoryRoot().appendingPathComponent("Config/cells/cell-a.yaml").path, "--cell", "b"])
         #expect(cells.status == 0 && cells.stdout.contains("cell b"), "\(cells)")
         #expect(try await runCommand(switchboardExecutable(), ["check", "--cell", "a b"]).status == 64)
+        // A word where a verb should be that names none is refused naming the verbs, as sb does.
+        let typo = try await runCommand(switchboardExecutable(), ["kernal", "--config", good.path])
+        #expect(typo.status == 64 && typo.stderr == """
+            Error: switchboard has no verb 'kernal'; its verbs: up, kernel, serve, gateway, keygen, check
+            Usage: switchboard <subcommand>
+              See 'switchboard --help' for more information.
+
+            """, "\(typo)")
+        #expect(try await runCommand(switchboardExecutable(), ["help", "check"]).status == 0)
         // Keys given by hand that the kernel or a service would refuse at its start: check
         // refuses them too, reading the file as up does (CURVE on unless it says otherwise,
         // which up tells the pieces it starts by SWITCHBOARD_SECURITY_CURVE).

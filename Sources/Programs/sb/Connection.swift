@@ -1,6 +1,7 @@
 import ArgumentParser
 import BusKit
 import BusProtocol
+import CommandWords
 import Contracts
 import Foundation
 import StandardStreams
@@ -186,7 +187,7 @@ struct NoOtherVerb<Verb: ParsableCommand>: ParsableArguments {
 
     func validate() throws {
         guard let word else { return }
-        throw ValidationError(noSuchVerb(word, of: Verb.self, path: "sb \(Verb._commandName)"))
+        throw ValidationError(CommandWords.noSuchVerb(word, of: Verb.self, path: "sb \(Verb._commandName)"))
     }
 }
 
@@ -198,10 +199,6 @@ protocol TakesNoWord {
     var otherVerb: NoOtherVerb<Verb> { get }
 }
 
-/// The refusal of a word that names none of the verbs of `group` (`path`, as typed: "sb kv").
-func noSuchVerb(_ word: String, of group: any ParsableCommand.Type, path: String) -> String {
-    "\(path) has no verb '\(word)'; its verbs: \(group.configuration.subcommands.map { $0._commandName }.joined(separator: ", "))"
-}
 
 /// Sends one request the way every verb does: the answer, or the failure printed on stderr
 /// and turned into the exit status (1 the service answered an error, 69 no service or no

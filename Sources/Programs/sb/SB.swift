@@ -1,4 +1,5 @@
 import ArgumentParser
+import CommandWords
 import Contracts
 import Foundation
 import Logging
@@ -83,7 +84,7 @@ struct SB: AsyncParsableCommand {
         }
         if let failure {
             if exitCode(for: failure) == .validationFailure, let (group, refusal) = unknownVerb(arguments) {
-                StandardStreams.writeError("Error: \(refusal)\nUsage: \(group) <subcommand>\n  See '\(group) --help' for more information.\n")
+                StandardStreams.writeError(CommandWords.refusalText(group: group, refusal))
                 Foundation.exit(ExitStatus.usage)
             }
             if let hint = negativeValueHint(failure, verb) {
@@ -184,7 +185,7 @@ struct SB: AsyncParsableCommand {
         guard index > 0, index < arguments.count else { return arguments }
         // Past the verb and its sub-verbs (`news saved`), where the options are defined.
         var end = index, commands = configuration.subcommands
-        while end < arguments.count, let command = verb(named: arguments[end], among: commands) {
+        while end < arguments.count, let command = CommandWords.verb(named: arguments[end], among: commands) {
             commands = command.configuration.subcommands
             end += 1
             if commands.isEmpty { break }
@@ -206,27 +207,11 @@ struct SB: AsyncParsableCommand {
         return min(index, arguments.count)
     }
 
-    /// The verb of `commands` that `word` names, by its name or an alias.
-    static func verb(named word: String, among commands: [any ParsableCommand.Type]) -> (any ParsableCommand.Type)? {
-        commands.first { $0._commandName == word || $0.configuration.aliases.contains(word) }
-    }
-
     /// Where sb or one of its verbs is given a word that names none of its verbs (`sb kv set`,
-    /// `sb stream frob`): the verb as typed, and the refusal naming the verbs it has, where the
-    /// parser would say only that the word was not expected (or, under a default sub-verb that
-    /// takes no word, give that sub-verb's usage). A default sub-verb that takes words takes
-    /// it as its own: `sb countries par`.
+    /// `sb stream frob`, connection options before it or not): the verb as typed, and the
+    /// refusal (``CommandWords``). A default sub-verb takes such a word as its own (`sb countries
+    /// par`) unless it takes none (``TakesNoWord``).
     static func unknownVerb(_ arguments: [String]) -> (group: String, refusal: String)? {
-        var index = verbStart(arguments)
-        var group: any ParsableCommand.Type = SB.self, path = "sb"
-        while index < arguments.count, !arguments[index].hasPrefix("-") {
-            guard let command = verb(named: arguments[index], among: group.configuration.subcommands) else {
-                if let byDefault = group.configuration.defaultSubcommand, !(byDefault is any TakesNoWord.Type) { return nil }
-                return (path, noSuchVerb(arguments[index], of: group, path: path))
-            }
-            guard !command.configuration.subcommands.isEmpty else { return nil }
-            (group, path, index) = (command, path + " " + command._commandName, index + 1)
-        }
-        return nil
+        CommandWords.unknownVerb(arguments, from: verbStart(arguments), root: SB.self, path: "sb") { $0 is any TakesNoWord.Type }
     }
 }

@@ -1,6 +1,7 @@
 public import ArgumentParser
 import BusKit
 import BusProtocol
+import CommandWords
 import Contracts
 import Foundation
 import Synchronization
@@ -39,6 +40,14 @@ struct Switchboard: AsyncParsableCommand {
 
     static func main() async {
         StandardStreams.guardAtStart()
+        // A word that names no verb (`switchboard kernal`) is refused naming the verbs there
+        // are, as sb does, where the parser would say only that it was not expected. `help`
+        // is the parser's own.
+        let arguments = Array(CommandLine.arguments.dropFirst())
+        if arguments.first != "help", let (group, refusal) = CommandWords.unknownVerb(arguments, root: Switchboard.self, path: "switchboard") {
+            StandardStreams.writeError(CommandWords.refusalText(group: group, refusal))
+            Foundation.exit(ExitCode.validationFailure.rawValue)
+        }
         await main(nil)
     }
 }
