@@ -199,7 +199,6 @@ protocol TakesNoWord {
     var otherVerb: NoOtherVerb<Verb> { get }
 }
 
-
 /// Sends one request the way every verb does: the answer, or the failure printed on stderr
 /// and turned into the exit status (1 the service answered an error, 69 no service or no
 /// kernel, 75 timed out).
