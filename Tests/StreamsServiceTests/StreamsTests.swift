@@ -29,6 +29,16 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible {
     var testDescription: String { rawValue }
 }
 
+/// Runs `body` for each number of `0..<count`, 32 at a time side by side, as busy publishers
+/// send: what comes together is written together.
+func sideBySide(_ count: Int, _ body: @escaping @Sendable (Int) async throws -> Void) async throws {
+    try await withThrowingDiscardingTaskGroup { group in
+        for lane in 0..<32 {
+            group.addTask { for number in stride(from: lane, to: count, by: 32) { try await body(number) } }
+        }
+    }
+}
+
 /// A kernel, a streams service hosted in this process on a database in a temporary folder
 /// (or on a PostgreSQL server the test started), and two clients (two readers of one consumer).
 struct StreamsBus {
@@ -245,11 +255,7 @@ struct StreamsTests {
             // As many as a fetch hands out, sent side by side as a busy publisher would.
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "pay", name: "once", deliver: .new, ackWait: 10, maxDeliver: 1))
             let batch = 1_000
-            try await withThrowingDiscardingTaskGroup { group in
-                for lane in 0..<32 {
-                    group.addTask { for number in stride(from: lane, to: batch, by: 32) { try await bus.publish("pay.card", .int(Int64(number))) } }
-                }
-            }
+            try await sideBySide(batch) { try await bus.publish("pay.card", .int(Int64($0))) }
             #expect(try await bus.fetch("pay", "once", batch: batch).messages.count == batch)
             bus.time.advance(10)
             #expect(try await bus.fetch("pay", "once", batch: batch).messages.isEmpty, "each is past max_deliver")
@@ -454,17 +460,9 @@ struct StreamsTests {
         try await StreamsBus.with(backend, { $0.postgres?.operationTimeout = .seconds(1.5) }) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "burst", subjects: ["burst"], maxAge: 60))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "burst", name: "behind"))
-            // Sent side by side, as a busy publisher would: they are written together.
-            func publish(_ count: Int) async throws {
-                try await withThrowingDiscardingTaskGroup { group in
-                    for lane in 0..<32 {
-                        group.addTask { for number in stride(from: lane, to: count, by: 32) { try await bus.publish("burst", .int(Int64(number))) } }
-                    }
-                }
-            }
-            try await publish(2_000)
+            try await sideBySide(2_000) { try await bus.publish("burst", .int(Int64($0))) }
             bus.time.advance(30)
-            try await publish(10)
+            try await sideBySide(10) { try await bus.publish("burst", .int(Int64($0))) }
             bus.time.advance(31)
             // The first 2,000 are past their age, the ten after them are not.
             #expect(try await bus.publish("burst", "after").sequence == 2_011)
@@ -754,13 +752,9 @@ struct StreamsTests {
             info = try await bus.client.call(API.streamInfo, .init(name: "queue"))
             #expect(info.messages == 0 && info.bytes == 0 && info.lastSequence == 3 && info.firstSequence == 4)
 
-            // As many as one acknowledgement names, sent side by side as a busy publisher would.
+            // As many as one acknowledgement names, and one more.
             let most = API.Sequences.most
-            try await withThrowingDiscardingTaskGroup { group in
-                for lane in 0..<32 {
-                    group.addTask { for number in stride(from: lane, to: most + 1, by: 32) { try await bus.publish("q.job", .int(Int64(number))) } }
-                }
-            }
+            try await sideBySide(most + 1) { try await bus.publish("q.job", .int(Int64($0))) }
             let batch = try await bus.fetch("queue", "doers", batch: most).messages.map(\.sequence)
             #expect(batch == Array(4..<4 + most))
             _ = try await bus.ack("queue", "doers", batch)
@@ -1100,11 +1094,7 @@ struct StreamsStateCaptureTests {
         let state = try await BusClient(brokers: [bus.kernel.endpoints.broker], timeout: .seconds(10))
         try await stopping(bus, with: { await $0.stop() }) { bus in
             let keys = 3_000
-            try await withThrowingDiscardingTaskGroup { group in
-                for lane in 0..<32 {
-                    group.addTask { for number in stride(from: lane, to: keys, by: 32) { try await state.publish(key: "/client/many/\(number)", value: .int(Int64(number))) } }
-                }
-            }
+            try await sideBySide(keys) { try await state.publish(key: "/client/many/\($0)", value: .int(Int64($0))) }
             _ = try await bus.client.call(API.streamAdd, .init(name: "many", subjects: ["/client/many/"], captureState: true))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "many", name: "reader"))
             // The keys' values come as one sync, kept in one write.
