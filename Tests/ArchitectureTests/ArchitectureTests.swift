@@ -176,7 +176,6 @@ struct ArchitectureTests {
         "Tests/DeploymentTests/UpTests.swift": (1, "processes ending"),
         "Tests/FetcherServiceTests/FetcherTests.swift": (1, "the HTTP server process"),
         "Tests/FetcherServiceTests/OfflineTests.swift": (1, "a fetcher process"),
-        "Tests/SearchServiceTests/SearchBusTests.swift": (1, "an index rebuilt after a fetcher refresh"),
         "Tests/StoreServiceTests/PostgresFaultTests.swift": (1, "PostgreSQL back"),
         "Tests/StreamsServiceTests/StreamsTests.swift": (1, "an sb process's request reaching the streams worker"),
     ]

@@ -17,19 +17,22 @@ struct SearchBus {
     let searchHost: ServiceHost<SearchService>
     let searchWork: Working
     let catalog: Subscription
+    /// The search service's log: a line for each dataset it installs from the fetcher.
+    let log: LogLines
     var client: BusClient { base.client }
 
     static func start() async throws -> SearchBus {
         let base = try await DatasetBus.start()
         let catalog = try await base.catalogSubscription()
-        let search = SearchService(busTimeout: .seconds(10), client: base.client, catalog: catalog)
+        let log = LogLines()
+        let search = SearchService(logger: log.logger("switchboard.search"), busTimeout: .seconds(10), client: base.client, catalog: catalog)
         let searchHost = try ServiceHost(service: search, options: DatasetBus.hostOptions(base.kernel, connections: 4))
         try await searchHost.start()
         try await base.waitForWorkers(["search"])
         let searchWork = Working(search)
         await searchWork.start()
         try await base.startFetcher()
-        return SearchBus(base: base, search: search, searchHost: searchHost, searchWork: searchWork, catalog: catalog)
+        return SearchBus(base: base, search: search, searchHost: searchHost, searchWork: searchWork, catalog: catalog, log: log)
     }
 
     func request(_ method: String, _ params: JSONValue? = nil) async throws -> JSONValue {
@@ -41,14 +44,16 @@ struct SearchBus {
     }
 
     /// Replaces a dataset's file, has the fetcher refresh it, and waits until the search
-    /// index is built from it.
+    /// service has swapped in the index built from it: its log says so once it has, and a
+    /// version the service had before (a file put back) is a line more than there were.
     func replace(_ dataset: Dataset, with body: Data) async throws {
-        try await base.replace(dataset, with: body)
         let version = Dataset.version(of: body)
-        try await eventually(15, "search rebuilt \(dataset) at \(version)") {
-            let list = try await request("indexes.list").arrayValue ?? []
-            return list.contains { $0["name"] == .string(dataset.rawValue) && $0["version"] == .string(version) }
+        let installs = { @Sendable (lines: [String]) in
+            lines.count { $0.contains("dataset followed") && $0.contains("dataset=\(dataset) ") && $0.contains("version=\(version)") }
         }
+        let before = installs(log.lines.value)
+        try await base.replace(dataset, with: body)
+        _ = try await log.lines.wait(within: 15, "search installed \(dataset) at \(version)") { installs($0) > before }
     }
 
     func stop() async {
