@@ -565,6 +565,42 @@ struct StreamsTests {
         }
     }
 
+    @Test("what the limits and purges remove, each consumer counts once as missed: those it had pending, and those from its position on under its filter, wherever it is (consumers at one position, ahead, past the cut, by subject)",
+          arguments: Backend.available)
+    func missedByEach(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "mix", subjects: ["ev."]))
+            for name in ["all", "alsoAll", "ahead", "past"] { _ = try await bus.client.call(API.consumerAdd, .init(stream: "mix", name: name)) }
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "mix", name: "onlyA", filter: "ev.a"))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "mix", name: "onlyB", filter: "ev.b"))
+            // 1 to 12: the odd ones ev.a, the even ones ev.b.
+            for number in 1...12 { try await bus.publish(number % 2 == 1 ? "ev.a" : "ev.b", .int(Int64(number))) }
+            // ahead: 1 to 4 handed out, 3 and 4 still pending; onlyB: 2 and 4, 4 pending; past: 1 to 10 done.
+            #expect(try await bus.fetch("mix", "ahead", batch: 4).messages.count == 4)
+            _ = try await bus.ack("mix", "ahead", [1, 2])
+            #expect(try await bus.fetch("mix", "onlyB", batch: 2).messages.map(\.sequence) == [2, 4])
+            _ = try await bus.ack("mix", "onlyB", [2])
+            _ = try await bus.fetch("mix", "past", batch: 10)
+            _ = try await bus.ack("mix", "past", Array(1...10))
+            func missed() async throws -> [String: Int] {
+                var counts: [String: Int] = [:]
+                for name in ["all", "alsoAll", "ahead", "past", "onlyA", "onlyB"] {
+                    counts[name] = try await bus.client.call(API.consumerInfo, .init(stream: "mix", name: name)).missed
+                }
+                return counts
+            }
+            // 1 to 8 go for the count.
+            _ = try await bus.client.call(API.streamUpdate, .init(name: "mix", maxMessages: 4))
+            #expect(try await missed() == ["all": 8, "alsoAll": 8, "ahead": 6, "past": 0, "onlyA": 4, "onlyB": 3],
+                    "ahead: 3 and 4 pending, 5 to 8 not handed out; onlyA: 1, 3, 5, 7; onlyB: 4 pending, 6 and 8")
+            // ev.a's 9 and 11 go, by subject; then the rest, 10 and 12 (past had 10 done).
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "mix", subject: "ev.a")).messages == 2)
+            #expect(try await missed() == ["all": 10, "alsoAll": 10, "ahead": 8, "past": 1, "onlyA": 6, "onlyB": 3])
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "mix")).messages == 2)
+            #expect(try await missed() == ["all": 12, "alsoAll": 12, "ahead": 10, "past": 2, "onlyA": 6, "onlyB": 5])
+        }
+    }
+
     @Test("on SQLite a stream deleted, purged or given a lower limit gives its messages' room back to the disk once answered; the other streams keep theirs, and go on")
     func deletedMessagesGiveTheirRoomBack() async throws {
         try await StreamsBus.with(.sqlite) { bus in
