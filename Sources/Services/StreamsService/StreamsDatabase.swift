@@ -476,23 +476,24 @@ package enum StreamsDatabase {
         // Each consumer misses what it had pending among them, and those from its position on
         // that its filter takes. What goes is counted once for each filter, not once for each
         // consumer (up to `max_consumers` of them behind): run by run between the consumers'
-        // positions (`upto` the next one's), then summed from the last run back. `behind` is
+        // positions (`upto` the next one's), then summed from the last run back; a consumer
+        // without a filter has the empty prefix, which every subject starts with. `behind` is
         // MATERIALIZED: inlined into the lookup made for each consumer, PostgreSQL would
         // count again for each.
         try db.execute("""
             WITH positions AS (
-                SELECT DISTINCT filter, next_seq FROM consumers WHERE stream = ? AND next_seq < ?
+                SELECT DISTINCT COALESCE(filter, '') AS prefix, next_seq FROM consumers WHERE stream = ? AND next_seq < ?
             ), runs AS (
-                SELECT filter, next_seq, LEAD(next_seq, 1, ?) OVER (PARTITION BY filter ORDER BY next_seq) AS upto FROM positions
+                SELECT prefix, next_seq, LEAD(next_seq, 1, ?) OVER (PARTITION BY prefix ORDER BY next_seq) AS upto FROM positions
             ), counted AS (
-                SELECT filter, next_seq, (SELECT COUNT(*) FROM messages m WHERE m.stream = ? AND m.seq >= runs.next_seq AND m.seq < runs.upto \(chosen)
-                    AND (runs.filter IS NULL OR substr(m.subject, 1, length(runs.filter)) = runs.filter)) AS n FROM runs
+                SELECT prefix, next_seq, (SELECT COUNT(*) FROM messages m WHERE m.stream = ? AND m.seq >= runs.next_seq AND m.seq < runs.upto \(chosen)
+                    AND substr(m.subject, 1, length(runs.prefix)) = runs.prefix) AS n FROM runs
             ), behind AS MATERIALIZED (
-                SELECT filter, next_seq, CAST(SUM(n) OVER (PARTITION BY filter ORDER BY next_seq DESC) AS BIGINT) AS n FROM counted
+                SELECT prefix, next_seq, CAST(SUM(n) OVER (PARTITION BY prefix ORDER BY next_seq DESC) AS BIGINT) AS n FROM counted
             )
             UPDATE consumers SET missed = missed
                 + (SELECT COUNT(*) FROM pending p WHERE p.stream = consumers.stream AND p.consumer = consumers.name AND p.seq < ? \(pendingChosen))
-                + COALESCE((SELECT n FROM behind WHERE behind.next_seq = consumers.next_seq AND behind.filter IS NOT DISTINCT FROM consumers.filter), 0)
+                + COALESCE((SELECT n FROM behind WHERE behind.next_seq = consumers.next_seq AND behind.prefix = COALESCE(consumers.filter, '')), 0)
             WHERE stream = ?
             """, [stream.name, first, first, stream.name] + chosenArguments + [first] + pendingArguments + [stream.name])
         try db.execute("DELETE FROM pending WHERE stream = ? AND seq < ? \(pendingChosen)", [stream.name, first] + pendingArguments)
