@@ -267,12 +267,38 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
                             note: String(format: "%.2fx \(baselineName) with as many writers; %.2fx two echoes", consumed.rate / (baseline[count] ?? .nan),
                                          2 * consumed.rate / (echoRates[count] ?? .nan)) + ceiling))
         }
+        rows += try await removals(by: clients, consumers: configuration.maxConsumers)
         for client in clients { await client.close() }
         await loop.shutdown()
         await echoHost.stop()
         await host.stop()
         await kernel.stop()
         return rows
+    }
+
+    /// A lowered limit removing many messages at once, with the most consumers a stream may
+    /// have (`streams.max_consumers`) behind all of them, beside the same removal with none:
+    /// what the consumers' missed counts add to it.
+    private func removals(by clients: [BusClient], consumers: Int) async throws -> [Row] {
+        let count = 20_000, data = self.data  // as the rows name it
+        /// Seconds the removal takes on a stream of its own with `behind` consumers.
+        func removal(behind: Int) async throws -> Double {
+            let name = "cut\(behind)"
+            _ = try await clients[0].call(StreamsAPI.streamAdd, .init(name: name, subjects: ["\(name)."]))
+            for number in 0..<behind { _ = try await clients[0].call(StreamsAPI.consumerAdd, .init(stream: name, name: "c\(number)")) }
+            try await withThrowingDiscardingTaskGroup { group in
+                for (lane, client) in clients.enumerated() {
+                    group.addTask { for _ in stride(from: lane, to: count, by: clients.count) { _ = try await client.publish(to: "\(name).x", data) } }
+                }
+            }
+            let started = ContinuousClock.now
+            _ = try await clients[0].call(StreamsAPI.streamUpdate, .init(name: name, maxMessages: 1))
+            return (ContinuousClock.now - started).seconds
+        }
+        let alone = try await removal(behind: 0), followed = try await removal(behind: consumers)
+        return [Row("a lowered limit removing 20,000 messages at once, no consumer", rate: Double(count) / alone, note: "messages removed a second"),
+                Row("the same with \(consumers) consumers behind, each counting them missed", rate: Double(count) / followed,
+                    note: String(format: "%.2fx the time with none", followed / alone))]
     }
 
     /// A table of messages (and the writer's table of results).
