@@ -280,7 +280,7 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
     /// have (`streams.max_consumers`) behind all of them, beside the same removal with none:
     /// what the consumers' missed counts add to it.
     private func removals(by clients: [BusClient], consumers: Int) async throws -> [Row] {
-        let count = 20_000, data = self.data  // as the rows name it
+        let count = 20_000, data = self.data
         /// Seconds the removal takes on a stream of its own with `behind` consumers.
         func removal(behind: Int) async throws -> Double {
             let name = "cut\(behind)"
@@ -296,7 +296,7 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
             return (ContinuousClock.now - started).seconds
         }
         let alone = try await removal(behind: 0), followed = try await removal(behind: consumers)
-        return [Row("a lowered limit removing 20,000 messages at once, no consumer", rate: Double(count) / alone, note: "messages removed a second"),
+        return [Row("a lowered limit removing \(count) messages at once, no consumer", rate: Double(count) / alone, note: "messages removed a second"),
                 Row("the same with \(consumers) consumers behind, each counting them missed", rate: Double(count) / followed,
                     note: String(format: "%.2fx the time with none", followed / alone))]
     }
