@@ -540,9 +540,9 @@ struct StreamsTests {
         }
     }
 
-    @Test("stream.purge with a subject deletes only its messages, with keep all but the last of them; the sequence goes on and a consumer counts what it had not had done; out of range is refused", arguments: Backend.available)
-    func purgeSome(backend: Backend) async throws {
-        try await StreamsBus.with(backend) { bus in
+    @Test("stream.purge with a subject deletes only its messages, with keep all but the last of them; the sequence goes on and a consumer counts what it had not had done; out of range is refused; the same all at once or a message a transaction", arguments: Backend.available, [StreamsConfiguration().removedPerTransaction, 1])
+    func purgeSome(backend: Backend, removedPerTransaction: Int) async throws {
+        try await StreamsBus.with(backend, { $0.removedPerTransaction = removedPerTransaction }) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "events", subjects: ["ev."]))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "events", name: "reader"))
             for (number, subject) in ["ev.a", "ev.b", "ev.a", "ev.b", "ev.a"].enumerated() { try await bus.publish(subject, .int(Int64(number + 1))) }
@@ -565,10 +565,10 @@ struct StreamsTests {
         }
     }
 
-    @Test("what the limits and purges remove, each consumer counts once as missed: those it had pending, and those from its position on under its filter, wherever it is (consumers at one position, ahead, past the cut, by subject)",
-          arguments: Backend.available)
-    func missedByEach(backend: Backend) async throws {
-        try await StreamsBus.with(backend) { bus in
+    @Test("what the limits and purges remove, each consumer counts once as missed: those it had pending, and those from its position on under its filter, wherever it is (consumers at one position, ahead, past the cut, by subject); the same removed all at once or a message a transaction",
+          arguments: Backend.available, [StreamsConfiguration().removedPerTransaction, 1])
+    func missedByEach(backend: Backend, removedPerTransaction: Int) async throws {
+        try await StreamsBus.with(backend, { $0.removedPerTransaction = removedPerTransaction }) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "mix", subjects: ["ev."]))
             for name in ["all", "alsoAll", "ahead", "past"] { _ = try await bus.client.call(API.consumerAdd, .init(stream: "mix", name: name)) }
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "mix", name: "onlyA", filter: "ev.a"))
@@ -799,9 +799,9 @@ struct StreamsTests {
         }
     }
 
-    @Test("a fetch that waits is answered with a message published while it waited; a fetch, a publish and a delete sent again are answered as the first time and applied once", arguments: Backend.available)
+    @Test("a fetch that waits is answered with a message published while it waited; a fetch, a purge, a publish and a delete sent again are answered as the first time and applied once", arguments: Backend.available)
     func waitingAndResent(backend: Backend) async throws {
-        try await StreamsBus.with(backend) { bus in
+        try await StreamsBus.with(backend, { $0.removedPerTransaction = 1 }) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "news", subjects: ["news."]))
             _ = try await bus.client.call(API.consumerAdd, .init(stream: "news", name: "reader", deliver: .new))
             async let waited = bus.other.call(API.fetch, .init(stream: "news", consumer: "reader", wait: 30))
@@ -833,6 +833,19 @@ struct StreamsTests {
                 againAnswers.append(try #require(try JSONRPC.parseResponses(reply[0].bytes).first).outcome.get())
             }
             #expect(againAnswers[0] == againAnswers[1] && againAnswers[0]["messages"]?.arrayValue?.first?["data"] == "late")
+
+            // A purge sent again once done (a transaction at a time, one message each here):
+            // answered as the first time, and what came between the two stays.
+            _ = try await bus.client.call(API.consumerDelete, .init(stream: "news", name: "reader"))
+            let purge = JSONRPCRequest(id: .number(900_011), method: API.streamPurge.name, params: ["name": "news"], client: "re-sender").jsonBytes
+            var purges: [JSONValue] = []
+            for _ in 0..<2 {
+                let reply = try await bus.client.call(service: API.service, body: [Frame(purge)])
+                purges.append(try #require(try JSONRPC.parseResponses(reply[0].bytes).first).outcome.get())
+                try await bus.publish("news.flash", "after the purge")
+            }
+            #expect(purges[0] == purges[1] && purges[0]["messages"] == 3, "\(purges)")
+            #expect(try await bus.client.call(API.streamMessages, .init(name: "news")).messages.map(\.data) == ["after the purge", "after the purge"])
 
             // A publish and a delete sent again: the publish kept once, and the delete answered
             // as it was the first time (not "no stream"), the stream gone once. (Ids the

@@ -37,6 +37,10 @@ public struct StreamsConfiguration: Sendable, Equatable {
     /// A consumer's ack deadline and deliveries when its creator says nothing.
     public var defaultAckWait = 30.0
     public var defaultMaxDeliver = 5
+    /// Messages (and as many of each of their other rows) one transaction removes of what a
+    /// purge, a lowered limit or a deleted stream removes: few enough that the other writes
+    /// waiting for it barely notice, however many go.
+    public var removedPerTransaction = 10_000
     /// Streams the service makes at its start (when missing) to capture the kernel's state:
     /// each name with the key prefixes it keeps every change of.
     public var capture: [String: [String]] = [:]

@@ -345,28 +345,60 @@ package enum StreamsDatabase {
         return true
     }
 
-    /// Rows a transaction of ``removeDeleted(_:_:atMost:)`` removes from each table: few enough
-    /// that the other writes waiting for it barely notice.
-    static let deletedRowsPerTransaction = 10_000
+    /// What a purge or a lowered limit removes, a transaction at a time (``removeSome(_:_:atMost:)``):
+    /// the messages of the stream added at `createdAt` from sequence `from` up to `before`, not
+    /// with it; with `subject`, those whose subject starts with it.
+    struct Removal: Codable, Sendable {
+        var stream: String
+        var createdAt: Double
+        var from: Int
+        var before: Int
+        var subject: String?
+    }
 
-    /// Deletes every message, or those whose subject starts with `subject`; with `keep`, all
-    /// but the last `keep` of them. The sequence goes on, and each consumer counts what it missed.
-    static func purge(_ db: Database, _ asked: API.Purge, by caller: CallerIdentity?) throws -> API.Removed {
-        var stream = try stream(db, asked.name, locking: true)
+    /// What one transaction of a ``Removal`` removed, and what is left to remove (none: nil).
+    struct RemovalStep: Codable, Sendable {
+        var removed: Int
+        var left: Removal?
+    }
+
+    /// What a purge removes: every message, or those whose subject starts with `subject`; with
+    /// `keep`, all but the last `keep` of them (none when there are no more). For the key
+    /// that added the stream, an operator's and services' keys.
+    static func purged(_ db: Database, _ asked: API.Purge, by caller: CallerIdentity?) throws -> [Removal] {
+        let stream = try stream(db, asked.name, locking: true)
         try checkMayChange("stream \(asked.name)", addedBy: stream.owner, caller)
-        let before = stream.messages
-        var first = stream.lastSeq + 1
+        var before = stream.lastSeq + 1
         if let keep = asked.keep, keep > 0 {
             let (matches, arguments) = subjectMatches(asked.subject)
             guard let kept = try db.int("SELECT seq FROM messages WHERE stream = ? AND \(matches) ORDER BY seq DESC LIMIT 1 OFFSET ?",
                                         [asked.name] + arguments + [keep - 1]) else {
-                return API.Removed(messages: 0)
+                return []
             }
-            first = kept
+            before = kept
         }
-        try removeAll(db, &stream, before: first, subject: asked.subject)
+        return [Removal(stream: asked.name, createdAt: stream.createdAt, from: stream.firstSeq, before: before, subject: asked.subject)]
+    }
+
+    /// Removes the oldest `most` messages of those `removal` takes, each consumer counting what
+    /// it missed, and says what is left. Nothing is once the stream is gone, or is another one
+    /// added under its name: the sequences were the deleted one's.
+    static func removeSome(_ db: Database, _ removal: Removal, atMost most: Int) throws -> RemovalStep {
+        let done = RemovalStep(removed: 0, left: nil)
+        guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + db.lockingRead(of: "streams"), [removal.stream]) else { return done }
+        var stream = try Stream(row: row)
+        guard stream.createdAt == removal.createdAt else { return done }
+        // The first of this step's messages not to go: the one after the `most` oldest.
+        let (matches, arguments) = subjectMatches(removal.subject)
+        let from = max(removal.from, stream.firstSeq)
+        let stop = try db.int("SELECT seq FROM messages WHERE stream = ? AND seq >= ? AND seq < ? AND \(matches) ORDER BY seq LIMIT 1 OFFSET ?",
+                              [removal.stream, from, removal.before] + arguments + [most])
+        let held = stream.messages
+        try removeAll(db, &stream, from: from, before: stop ?? removal.before, subject: removal.subject)
         try save(db, stream)
-        return API.Removed(messages: before - stream.messages)
+        var left = removal
+        left.from = stop ?? removal.before
+        return RemovalStep(removed: held - stream.messages, left: stop == nil ? nil : left)
     }
 
     /// A consumer's most pending as `consumer.add` and `consumer.update` take it: 0 is none.
@@ -379,13 +411,42 @@ package enum StreamsDatabase {
     /// stream's) and limits, and its dead-letter stream's limits with them (as `stream.add`
     /// made them), for the key that added it or an operator; within the key's quota of bytes.
     /// Lowered, what is past the limits goes at once, the oldest first, each consumer counting
-    /// what it missed, as a publish past them would remove them. A `maxAge` of 0 lifts the
-    /// age limit.
+    /// what it missed, as a publish past them would remove them (``pastLowerLimits(_:_:by:quota:now:)``
+    /// removed most of it before, when much goes). A `maxAge` of 0 lifts the age limit.
     static func updateStream(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
                              now: Double) throws -> API.StreamInfo {
-        // Subjects are checked against every other stream's, as adding a stream does.
+        var changed = try withLimits(db, asked, by: caller, quota: quota)
+        if let subjects = asked.subjects { try hold(db, subjects, for: asked.name) }
+        for index in changed.indices {
+            let stream = changed[index]
+            try db.execute("UPDATE streams SET max_messages = ?, max_bytes = ?, max_age = ?, duplicate_window = ? WHERE name = ?",
+                           [stream.maxMessages, stream.maxBytes, stream.maxAge, stream.duplicateWindow, stream.name])
+            try removeAll(db, &changed[index], before: try firstWithinLimits(db, stream, now: now))
+            try save(db, changed[index])
+        }
+        return try info(db, changed[0])
+    }
+
+    /// What lowering the limits as `asked` removes from the stream and its dead-letter stream,
+    /// checked as ``updateStream(_:_:by:quota:now:)`` checks it (changing nothing): removed
+    /// a transaction at a time before the update, so that however much goes, the update's
+    /// own transaction removes little.
+    static func pastLowerLimits(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
+                                now: Double) throws -> [Removal] {
+        try withLimits(db, asked, by: caller, quota: quota).compactMap { stream in
+            let first = try firstWithinLimits(db, stream, now: now)
+            guard first > stream.firstSeq, stream.messages > 0 else { return nil }
+            return Removal(stream: stream.name, createdAt: stream.createdAt, from: stream.firstSeq, before: first)
+        }
+    }
+
+    /// The stream and its dead-letter stream (locked) as `asked` changes them, once checked
+    /// that `caller` may, within its quota: the limits for both, the duplicate window for the
+    /// stream (nothing is published to the dead letters with an id). Its subjects are checked
+    /// against every other stream's, as adding a stream does, and not yet held.
+    private static func withLimits(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota) throws -> [Stream] {
         if asked.subjects != nil { try db.lockAll(addingStreams) }
-        var stream = try stream(db, asked.name, locking: true)
+        let stream = try stream(db, asked.name, locking: true)
         try checkMayChange("stream \(asked.name)", addedBy: stream.owner, caller)
         guard let deadLetters = stream.deadLetters else {
             let owner = API.stream(ofDeadLetters: asked.name) ?? asked.name
@@ -398,26 +459,18 @@ package enum StreamsDatabase {
                 throw JSONRPCError.invalidParams(field: "subjects", "stream \(asked.name) keeps the kernel's state under its subjects: they stay as added (add another stream to capture other keys)")
             }
             try checkNoOtherHolds(db, subjects, besides: asked.name)
-            try hold(db, subjects, for: asked.name)
         }
         if let maxBytes = asked.maxBytes, let key = quota.binding(caller) {
             try checkBytesQuota(quota, held: try held(db, by: key, besides: asked.name).bytes, streams: nil, adding: maxBytes)
         }
-        // Nothing is published to the dead letters with an id: they keep no duplicate window.
-        func change(_ changed: inout Stream, duplicateWindow: Double?) throws {
+        return try [stream, self.stream(db, deadLetters, locking: true)].map { read in
+            var changed = read
             changed.maxMessages = asked.maxMessages ?? changed.maxMessages
             changed.maxBytes = asked.maxBytes ?? changed.maxBytes
             if let maxAge = asked.maxAge { changed.maxAge = ageLimit(maxAge) }
-            changed.duplicateWindow = duplicateWindow ?? changed.duplicateWindow
-            try db.execute("UPDATE streams SET max_messages = ?, max_bytes = ?, max_age = ?, duplicate_window = ? WHERE name = ?",
-                           [changed.maxMessages, changed.maxBytes, changed.maxAge, changed.duplicateWindow, changed.name])
-            try removeAll(db, &changed, before: try firstWithinLimits(db, changed, now: now))
-            try save(db, changed)
+            if changed.name == asked.name { changed.duplicateWindow = asked.duplicateWindow ?? changed.duplicateWindow }
+            return changed
         }
-        try change(&stream, duplicateWindow: asked.duplicateWindow)
-        var letters = try self.stream(db, deadLetters, locking: true)
-        try change(&letters, duplicateWindow: nil)
-        return try info(db, stream)
     }
 
     /// The first sequence the stream keeps within its limits (count, bytes, age): the oldest go
@@ -462,14 +515,18 @@ package enum StreamsDatabase {
     /// Removes every message before sequence `first` (with `subject`, those whose subject
     /// starts with it), each consumer counting those it had not had done; the stream's
     /// counters are the caller's to save. What goes is counted, not what stays: a stream cut
-    /// by a little keeps most of its messages.
-    private static func removeAll(_ db: Database, _ stream: inout Stream, before first: Int, subject: String? = nil) throws {
+    /// by a little keeps most of its messages. With `from`, none before it is left to remove
+    /// (an earlier step removed them): each statement starts there, not at the stream's first.
+    private static func removeAll(_ db: Database, _ stream: inout Stream, from: Int? = nil, before first: Int, subject: String? = nil) throws {
         guard first > stream.firstSeq, stream.messages > 0 else { return }
-        // The messages' own condition on their subject, and a pending one's through its message.
-        let (matches, chosenArguments) = subjectMatches(subject)
-        let chosen = "AND " + matches
-        let pendingChosen = subject == nil ? "" : "AND seq IN (SELECT seq FROM messages WHERE stream = ? AND seq < ? \(chosen))"
-        let pendingArguments: [any SQLArgument] = subject == nil ? [] : [stream.name, first] + chosenArguments
+        let from = max(from ?? stream.firstSeq, stream.firstSeq)
+        // The messages' own condition on their subject and sequence, and a pending one's
+        // through its message.
+        let (matches, subjectArguments) = subjectMatches(subject)
+        let chosen = "AND seq >= ? AND " + matches
+        let chosenArguments: [any SQLArgument] = [from] + subjectArguments
+        let pendingChosen = subject == nil ? "AND seq >= ?" : "AND seq IN (SELECT seq FROM messages WHERE stream = ? AND seq < ? \(chosen))"
+        let pendingArguments: [any SQLArgument] = subject == nil ? [from] : [stream.name, first] + chosenArguments
         let gone = try db.row("""
             SELECT COUNT(*) AS messages, CAST(COALESCE(SUM(length(data)), 0) AS BIGINT) AS bytes FROM messages WHERE stream = ? AND seq < ? \(chosen)
             """, [stream.name, first] + chosenArguments)
@@ -500,7 +557,10 @@ package enum StreamsDatabase {
         try db.execute("DELETE FROM messages WHERE stream = ? AND seq < ? \(chosen)", [stream.name, first] + chosenArguments)
         stream.messages -= try gone?.int("messages") ?? 0
         stream.bytes -= try gone?.int("bytes") ?? 0
-        stream.firstSeq = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ?", [stream.name]) ?? stream.lastSeq + 1
+        // Those left start at `first`, but for those of other subjects before it; looked up
+        // from there, past none of the rows just deleted.
+        stream.firstSeq = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ? AND seq >= ?", [stream.name, subject == nil ? first : stream.firstSeq])
+            ?? stream.lastSeq + 1
     }
 
     // MARK: Messages

@@ -97,13 +97,7 @@ public actor StreamsService: BusService, ServiceWork {
             await service.giveBackRoom()
             return removed
         }
-        table.on(API.streamPurge) { service, params in
-            let caller = CallerIdentity.current
-            if let subject = params.subject { try Check.subject(subject, field: "subject") }
-            let purged = try await service.write { db, _ in try StreamsDatabase.purge(db, params, by: caller) }
-            await service.giveBackRoom()
-            return purged
-        }
+        table.on(API.streamPurge) { service, params in try await service.purge(params) }
         table.on(API.publish) { service, params in try await service.publish(params) }
         table.on(API.consumerAdd) { service, params in try await service.addConsumer(params) }
         table.on(API.consumerUpdate) { service, params in
@@ -157,11 +151,57 @@ public actor StreamsService: BusService, ServiceWork {
         }
         var asked = asked
         asked.subjects = try asked.subjects.map(Check.subjects)
+        if let answer = try await answered(API.StreamInfo.self) { return answer }
         let (caller, quota) = (CallerIdentity.current, configuration.clientQuota)
+        let lowersLimits = asked.maxMessages != nil || asked.maxBytes != nil || asked.maxAge != nil
+        if lowersLimits {
+            let removals: [StreamsDatabase.Removal] = try await write(request: nil) { [asked] db, now in
+                try StreamsDatabase.pastLowerLimits(db, asked, by: caller, quota: quota, now: now)
+            }
+            _ = try await removeInSteps(removals)
+        }
         let updated: API.StreamInfo = try await write { [asked] db, now in try StreamsDatabase.updateStream(db, asked, by: caller, quota: quota, now: now) }
         // Limits lowered delete at once what is past them, as a purge does.
-        if asked.maxMessages != nil || asked.maxBytes != nil || asked.maxAge != nil { giveBackRoom() }
+        if lowersLimits { giveBackRoom() }
         return updated
+    }
+
+    /// Deletes the messages as ``StreamsDatabase/purged(_:_:by:)`` says, a transaction at a time.
+    func purge(_ asked: API.Purge) async throws -> API.Removed {
+        if let subject = asked.subject { try Check.subject(subject, field: "subject") }
+        if let answer = try await answered(API.Removed.self) { return answer }
+        let caller = CallerIdentity.current
+        let removals: [StreamsDatabase.Removal] = try await write(request: nil) { db, _ in try StreamsDatabase.purged(db, asked, by: caller) }
+        let removed = try await removeInSteps(removals)
+        giveBackRoom()
+        return try await write { _, _ in API.Removed(messages: removed) }
+    }
+
+    /// Removes what `removals` take, ``StreamsConfiguration/removedPerTransaction`` messages a
+    /// transaction, the oldest first: other writes go on between them however many go, and
+    /// none holds PostgreSQL's statements past their timeout. Returns how many went. Stopped
+    /// between two (its process stopped), the oldest are gone and the rest stay: the same
+    /// request sent again removes them.
+    private func removeInSteps(_ removals: [StreamsDatabase.Removal]) async throws -> Int {
+        let most = configuration.removedPerTransaction
+        var removed = 0
+        for removal in removals {
+            var left: StreamsDatabase.Removal? = removal
+            while let removal = left {
+                let step: StreamsDatabase.RemovalStep = try await write(request: nil) { db, _ in try StreamsDatabase.removeSome(db, removal, atMost: most) }
+                removed += step.removed
+                left = step.left
+            }
+        }
+        return removed
+    }
+
+    /// The answer given to the request being answered when it was sent before (none: nil): a
+    /// write of several transactions, sent again once done, answers as it did instead of
+    /// doing it again on what came since.
+    private func answered<Answer: Decodable>(_ type: Answer.Type, request: String? = RequestKey.current?.description) async throws -> Answer? {
+        guard let request, let remembered = try await storage.remembered(request) else { return nil }
+        return try decodeResult(type, try JSONValue(parsing: remembered))
     }
 
     func readMessages(_ asked: API.ReadMessages) async throws -> API.Messages {
@@ -216,9 +256,7 @@ public actor StreamsService: BusService, ServiceWork {
                request: String?, while wanted: () -> Bool = { true }) async throws -> API.Fetched {
         // The write answers a fetch sent again with its first answer, but only after the wait:
         // one that would wait is looked up first, and answered at once.
-        if let request, ContinuousClock.now < waitEnds, let remembered = try await storage.remembered(request) {
-            return try decodeResult(API.Fetched.self, try JSONValue(parsing: remembered))
-        }
+        if ContinuousClock.now < waitEnds, let answer = try await answered(API.Fetched.self, request: request) { return answer }
         while ContinuousClock.now < waitEnds {
             let ready = try await read { [now] db in try StreamsDatabase.ready(db, stream: stream, consumer: consumer, now: now()) }
             if ready || Task.isCancelled || !wanted() || isDraining { break }
@@ -345,12 +383,13 @@ public actor StreamsService: BusService, ServiceWork {
         } while await asks.next() != nil
     }
 
-    /// Removes the deleted streams' messages, a transaction of ``StreamsDatabase/deletedRowsPerTransaction``
+    /// Removes the deleted streams' messages, a transaction of ``StreamsConfiguration/removedPerTransaction``
     /// rows at a time so that other writes go on between them, then gives back the free pages.
     private func giveBackRoomNow() async {
+        let most = configuration.removedPerTransaction
         do {
             for name in try await read(StreamsDatabase.deletedStreams) {
-                while try await !write(request: nil, { db, _ in try StreamsDatabase.removeDeleted(db, name, atMost: StreamsDatabase.deletedRowsPerTransaction) }) {
+                while try await !write(request: nil, { db, _ in try StreamsDatabase.removeDeleted(db, name, atMost: most) }) {
                     guard !Task.isCancelled else { return }
                 }
             }

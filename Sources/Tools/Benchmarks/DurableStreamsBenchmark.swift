@@ -276,9 +276,9 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
         return rows
     }
 
-    /// A lowered limit removing many messages at once, with the most consumers a stream may
-    /// have (`streams.max_consumers`) behind all of them, beside the same removal with none:
-    /// what the consumers' missed counts add to it.
+    /// A lowered limit removing many messages (one `stream.update`), with the most consumers a
+    /// stream may have (`streams.max_consumers`) behind all of them, beside the same removal
+    /// with none: what the consumers' missed counts add to it.
     private func removals(by clients: [BusClient], consumers: Int) async throws -> [Row] {
         let count = 20_000, data = self.data
         /// Seconds the removal takes on a stream of its own with `behind` consumers.
@@ -296,7 +296,7 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
             return (ContinuousClock.now - started).seconds
         }
         let alone = try await removal(behind: 0), followed = try await removal(behind: consumers)
-        return [Row("a lowered limit removing \(count) messages at once, no consumer", rate: Double(count) / alone, note: "messages removed a second"),
+        return [Row("a lowered limit removing \(count) messages (one stream.update), no consumer", rate: Double(count) / alone, note: "messages removed a second"),
                 Row("the same with \(consumers) consumers behind, each counting them missed", rate: Double(count) / followed,
                     note: String(format: "%.2fx the time with none", followed / alone))]
     }
