@@ -210,7 +210,7 @@ struct SBTests {
             FetcherAPI.service: ["datasets.list", "datasets.get", "datasets.refresh"],
             EchoAPI.service: ["echo", "sleep", "fail", "whoami", "count", "numbers"],
             StreamsAPI.service: ["stream.add", "stream.update", "stream.info", "stream.list", "stream.metrics", "stream.messages", "stream.delete", "stream.purge", "stream.publish", "consumer.add",
-                                 "consumer.update", "consumer.info", "consumer.delete", "consumer.fetch", "consumer.next", "consumer.ack", "consumer.nak", "consumer.progress",
+                                 "consumer.update", "consumer.info", "consumer.list", "consumer.delete", "consumer.fetch", "consumer.next", "consumer.ack", "consumer.nak", "consumer.progress",
                                  "consumer.term"],
         ]
         for (service, methods) in expected {

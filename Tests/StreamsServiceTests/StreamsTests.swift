@@ -565,7 +565,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("what the limits and purges remove, each consumer counts once as missed: those it had pending, and those from its position on under its filter, wherever it is (consumers at one position, ahead, past the cut, by subject); the same removed all at once or a message a transaction",
+    @Test("what the limits and purges remove, each consumer counts once as missed: those it had pending, and those from its position on under its filter, wherever it is (consumers at one position, ahead, past the cut, by subject); the same removed all at once or a message a transaction; consumer.list counts what waits for each as consumer.info does",
           arguments: Backend.available, [StreamsConfiguration().removedPerTransaction, 1])
     func missedByEach(backend: Backend, removedPerTransaction: Int) async throws {
         try await StreamsBus.with(backend, { $0.removedPerTransaction = removedPerTransaction }) { bus in
@@ -589,6 +589,18 @@ struct StreamsTests {
                 }
                 return counts
             }
+            // What waits for each, counted together by consumer.list as consumer.info counts it alone.
+            func waiting() async throws -> [String: Int] {
+                let listed = try await bus.client.call(API.consumerList, .init(stream: "mix")).consumers
+                #expect(listed.map(\.name) == ["ahead", "all", "alsoAll", "onlyA", "onlyB", "past"])
+                for info in listed {
+                    let alone = try await bus.client.call(API.consumerInfo, .init(stream: "mix", name: info.name))
+                    #expect(try JSONValue(encoding: info) == JSONValue(encoding: alone))
+                }
+                return Dictionary(uniqueKeysWithValues: listed.map { ($0.name, $0.waiting) })
+            }
+            #expect(try await waiting() == ["all": 12, "alsoAll": 12, "ahead": 8, "past": 2, "onlyA": 6, "onlyB": 4],
+                    "ahead: 5 to 12; past: 11 and 12; onlyA: the odd ones; onlyB: 6, 8, 10 and 12")
             // 1 to 8 go for the count.
             _ = try await bus.client.call(API.streamUpdate, .init(name: "mix", maxMessages: 4))
             #expect(try await missed() == ["all": 8, "alsoAll": 8, "ahead": 6, "past": 0, "onlyA": 4, "onlyB": 3],
@@ -598,6 +610,8 @@ struct StreamsTests {
             #expect(try await missed() == ["all": 10, "alsoAll": 10, "ahead": 8, "past": 1, "onlyA": 6, "onlyB": 3])
             #expect(try await bus.client.call(API.streamPurge, .init(name: "mix")).messages == 2)
             #expect(try await missed() == ["all": 12, "alsoAll": 12, "ahead": 10, "past": 2, "onlyA": 6, "onlyB": 5])
+            #expect(try await waiting() == ["all": 0, "alsoAll": 0, "ahead": 0, "past": 0, "onlyA": 0, "onlyB": 0])
+            #expect(await bus.failure(API.consumerList, .init(stream: "none"))?.code == JSONRPCError.notFoundCode)
         }
     }
 

@@ -23,7 +23,7 @@ public enum StreamsAPI {
     private static let deadLettersSuffix = ".dead"
 
     public static let streamAdd = Method<StreamConfig, StreamInfo>(service, "stream.add", "Creates a stream holding the messages published to its subjects (prefixes), with its dead-letter stream NAME.dead; the same again changes nothing, different settings for an existing name are -32004 (stream.update changes its subjects and limits).", changesState: true)
-    public static let streamUpdate = Method<StreamSettings, StreamInfo>(service, "stream.update", "Changes a stream's subjects and limits, and its dead-letter stream's limits with them: those given, the others stay. Lowered, the oldest messages past the limits go at once, and the consumers count what they missed; maxAge 0 lifts the age limit. Subjects given are every prefix it holds from then on (no other stream's may overlap them): messages kept under one left out stay. Its retention, and a capturing stream's subjects, stay as added.", changesState: true)
+    public static let streamUpdate = Method<StreamSettings, StreamInfo>(service, "stream.update", "Changes a stream's subjects and limits, and its dead-letter stream's limits with them: those given, the others stay. Lowered, the oldest messages past the limits go before the answer, a transaction at a time, and the consumers count what they missed; maxAge 0 lifts the age limit. Subjects given are every prefix it holds from then on (no other stream's may overlap them): messages kept under one left out stay. Its retention, and a capturing stream's subjects, stay as added.", changesState: true)
     public static let streamInfo = Method<StreamName, StreamInfo>(service, "stream.info", "A stream's settings, messages, bytes, sequences and consumers (-32003: no such stream).")
     public static let streamList = Method<NoParams, StreamList>(service, "stream.list", "Every stream, dead-letter streams included.")
     public static let metrics = Method<NoParams, KernelAPI.Metrics>(service, "stream.metrics", "Each stream's messages and bytes, and each consumer's pending messages, deliveries, redeliveries, acknowledgements, dead letters and misses, in the Prometheus text format (the gateway's /metrics carries them).")
@@ -34,6 +34,7 @@ public enum StreamsAPI {
     public static let consumerAdd = Method<ConsumerConfig, ConsumerInfo>(service, "consumer.add", "Creates a durable consumer on a stream: from the start (all), only new messages, a sequence or a time; a subject filter; its ack deadline, maximum deliveries and the most messages pending at once (maxAckPending). The same again changes nothing; different settings are -32004.", changesState: true)
     public static let consumerUpdate = Method<ConsumerSettings, ConsumerInfo>(service, "consumer.update", "Changes a consumer's subject filter (\"\": every subject), ack wait, maximum deliveries and most pending (maxAckPending 0: no limit): those given, the others stay, as do its position and pending messages. A new filter chooses among the messages not handed out yet. A message already handed out keeps its deadline; one handed out as many times as the new maximum goes to the dead letters once its deadline passes.", changesState: true)
     public static let consumerInfo = Method<ConsumerName, ConsumerInfo>(service, "consumer.info", "A consumer's position, its pending and waiting messages, and its counts.")
+    public static let consumerList = Method<ConsumersOf, ConsumerList>(service, "consumer.list", "Every consumer of a stream, as consumer.info gives each, counted together: what waits is counted once for each subject filter, not once for each consumer (-32003: no such stream).")
     public static let consumerDelete = Method<ConsumerName, Removed>(service, "consumer.delete", "Deletes a consumer and what it had pending.", changesState: true)
     public static let fetch = Method<Fetch, Fetched>(service, "consumer.fetch", "Hands out up to batch messages (and max_bytes of data) to this reader: those whose ack deadline passed first, then the next ones; each stays pending until acknowledged. With wait, waits that long for one when none is ready (less when its worker drains: ask again).", changesState: true)
     public static let nextMethod = Method<Next, NextEnd>(service, "consumer.next", "Hands out messages as they come (push): each part is one message, pending until acknowledged as a fetched one is, until max messages or expires seconds (sooner when its worker drains: ask again for the rest); the end counts them. Asked without parts, the messages of that time in one reply.")
@@ -188,6 +189,13 @@ public enum StreamsAPI {
         public init(stream: String, name: String) { (self.stream, self.name) = (stream, name) }
     }
 
+    /// The stream whose consumers ``consumerList`` lists.
+    public struct ConsumersOf: Codable, Sendable {
+        public var stream: String
+
+        public init(stream: String) { self.stream = stream }
+    }
+
     /// New settings for consumer `name` of `stream` (``consumerUpdate``): at least one of them.
     public struct ConsumerSettings: Codable, Sendable {
         public var stream: String
@@ -325,6 +333,12 @@ public enum StreamsAPI {
         public var streams: [StreamInfo]
 
         public init(streams: [StreamInfo]) { self.streams = streams }
+    }
+
+    public struct ConsumerList: Codable, Sendable {
+        public var consumers: [ConsumerInfo]
+
+        public init(consumers: [ConsumerInfo]) { self.consumers = consumers }
     }
 
     public struct Removed: Codable, Sendable {

@@ -55,10 +55,7 @@ struct StreamInfo: AsyncParsableCommand {
     func run() async throws {
         try await withClient(connection) { client in
             let stream = try await call(client, StreamsAPI.streamInfo, StreamsAPI.StreamName(name: name))
-            var consumers: [StreamsAPI.ConsumerInfo] = []
-            for consumer in stream.value.consumers {
-                consumers.append(try await call(client, StreamsAPI.consumerInfo, StreamsAPI.ConsumerName(stream: name, name: consumer)).value)
-            }
+            let consumers = try await call(client, StreamsAPI.consumerList, StreamsAPI.ConsumersOf(stream: name)).value.consumers
             if output.json {
                 Output.json(["stream": stream.json, "consumers": try JSONValue(encoding: consumers)], compact: true)
                 return
@@ -211,7 +208,7 @@ struct StreamDelete: AsyncParsableCommand {
 
     func run() async throws {
         try await appVerb(connection, output, asOperator: owner.asOperator, { try await call($0, StreamsAPI.streamDelete, StreamsAPI.StreamName(name: name)) }) { removed in
-            Output.line("deleted stream \(name) (\(removed.messages) messages)")
+            Output.line("deleted stream \(name) (\(removed.messages) message\(removed.messages == 1 ? "" : "s"))")
         }
     }
 }

@@ -531,28 +531,15 @@ package enum StreamsDatabase {
             SELECT COUNT(*) AS messages, CAST(COALESCE(SUM(length(data)), 0) AS BIGINT) AS bytes FROM messages WHERE stream = ? AND seq < ? \(chosen)
             """, [stream.name, first] + chosenArguments)
         // Each consumer misses what it had pending among them, and those from its position on
-        // that its filter takes. What goes is counted once for each filter, not once for each
-        // consumer (up to `max_consumers` of them behind): run by run between the consumers'
-        // positions (`upto` the next one's), then summed from the last run back; a consumer
-        // without a filter has the empty prefix, which every subject starts with. `behind` is
-        // MATERIALIZED: inlined into the lookup made for each consumer, PostgreSQL would
-        // count again for each.
+        // that its filter takes.
+        let behind = countedFromPositions(stream.name, before: first, chosen: chosen, chosenArguments)
         try db.execute("""
-            WITH positions AS (
-                SELECT DISTINCT COALESCE(filter, '') AS prefix, next_seq FROM consumers WHERE stream = ? AND next_seq < ?
-            ), runs AS (
-                SELECT prefix, next_seq, LEAD(next_seq, 1, ?) OVER (PARTITION BY prefix ORDER BY next_seq) AS upto FROM positions
-            ), counted AS (
-                SELECT prefix, next_seq, (SELECT COUNT(*) FROM messages m WHERE m.stream = ? AND m.seq >= runs.next_seq AND m.seq < runs.upto \(chosen)
-                    AND substr(m.subject, 1, length(runs.prefix)) = runs.prefix) AS n FROM runs
-            ), behind AS MATERIALIZED (
-                SELECT prefix, next_seq, CAST(SUM(n) OVER (PARTITION BY prefix ORDER BY next_seq DESC) AS BIGINT) AS n FROM counted
-            )
+            \(behind.sql)
             UPDATE consumers SET missed = missed
                 + (SELECT COUNT(*) FROM pending p WHERE p.stream = consumers.stream AND p.consumer = consumers.name AND p.seq < ? \(pendingChosen))
                 + COALESCE((SELECT n FROM behind WHERE behind.next_seq = consumers.next_seq AND behind.prefix = COALESCE(consumers.filter, '')), 0)
             WHERE stream = ?
-            """, [stream.name, first, first, stream.name] + chosenArguments + [first] + pendingArguments + [stream.name])
+            """, behind.arguments + [first] + pendingArguments + [stream.name])
         try db.execute("DELETE FROM pending WHERE stream = ? AND seq < ? \(pendingChosen)", [stream.name, first] + pendingArguments)
         try db.execute("DELETE FROM messages WHERE stream = ? AND seq < ? \(chosen)", [stream.name, first] + chosenArguments)
         stream.messages -= try gone?.int("messages") ?? 0
@@ -561,6 +548,34 @@ package enum StreamsDatabase {
         // from there, past none of the rows just deleted.
         stream.firstSeq = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ? AND seq >= ?", [stream.name, subject == nil ? first : stream.firstSeq])
             ?? stream.lastSeq + 1
+    }
+
+    /// A `WITH` ending in `behind (prefix, next_seq, n)`: for each consumer position of
+    /// `stream` before `first`, under each filter there (`prefix`, "" for none, which every
+    /// subject starts with), the messages from that position up to `first` that the filter
+    /// takes and `chosen` (SQL on the message, starting with AND) chooses. Counted once for
+    /// each filter, not once for each consumer (up to `max_consumers` of them): run by run
+    /// between the positions (`upto` the next one's), then summed from the last run back.
+    /// `behind` is MATERIALIZED: inlined into the lookup made for each consumer, PostgreSQL
+    /// would count again for each. Without a filter, the count reads no subject: it walks the
+    /// index alone (and a prefix's length is taken once).
+    private static func countedFromPositions(_ stream: String, before first: Int, chosen: String = "",
+                                             _ chosenArguments: [any SQLArgument] = []) -> (sql: String, arguments: [any SQLArgument]) {
+        let sql = """
+            WITH positions AS (
+                SELECT DISTINCT COALESCE(filter, '') AS prefix, next_seq FROM consumers WHERE stream = ? AND next_seq < ?
+            ), runs AS (
+                SELECT prefix, length(prefix) AS size, next_seq, LEAD(next_seq, 1, ?) OVER (PARTITION BY prefix ORDER BY next_seq) AS upto FROM positions
+            ), counted AS (
+                SELECT prefix, next_seq, CASE WHEN prefix = ''
+                    THEN (SELECT COUNT(*) FROM messages m WHERE m.stream = ? AND m.seq >= runs.next_seq AND m.seq < runs.upto \(chosen))
+                    ELSE (SELECT COUNT(*) FROM messages m WHERE m.stream = ? AND m.seq >= runs.next_seq AND m.seq < runs.upto \(chosen)
+                          AND substr(m.subject, 1, runs.size) = runs.prefix) END AS n FROM runs
+            ), behind AS MATERIALIZED (
+                SELECT prefix, next_seq, CAST(SUM(n) OVER (PARTITION BY prefix ORDER BY next_seq DESC) AS BIGINT) AS n FROM counted
+            )
+            """
+        return (sql, [stream, first, first, stream] + chosenArguments + [stream] + chosenArguments)
     }
 
     // MARK: Messages
@@ -952,10 +967,45 @@ package enum StreamsDatabase {
     }
 
     static func info(_ db: Database, _ consumer: Consumer) throws -> API.ConsumerInfo {
-        let pending = try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [consumer.stream, consumer.name]) ?? 0
-        let waiting = try db.int("""
-            SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND \(subjectMatches(consumer.filter).sql)
-            """, [consumer.stream, consumer.nextSeq] + subjectMatches(consumer.filter).arguments) ?? 0
+        try infos(db, stream: consumer.stream, [consumer])[0]
+    }
+
+    /// Every consumer of the stream (none: -32003), as ``info(_:_:)`` gives each, counted
+    /// together: what is waiting once for each filter, not once for each consumer.
+    static func consumers(_ db: Database, stream name: String) throws -> API.ConsumerList {
+        let stream = try stream(db, name)
+        let consumers = try db.rows("SELECT * FROM consumers WHERE stream = ? ORDER BY name", [name]).map(Consumer.init(row:))
+        return API.ConsumerList(consumers: try infos(db, stream: stream.name, consumers))
+    }
+
+    /// The infos of `consumers`: every consumer of `stream`, or one of them. One's waiting
+    /// messages are one count (PostgreSQL may scan for it in parallel); several's are counted
+    /// together, once for each filter.
+    private static func infos(_ db: Database, stream: String, _ consumers: [Consumer]) throws -> [API.ConsumerInfo] {
+        var pending: [String: Int] = [:], waiting: [String: Int] = [:]
+        if consumers.count == 1, let consumer = consumers.first {
+            pending[consumer.name] = try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [stream, consumer.name])
+            let (matches, filter) = subjectMatches(consumer.filter)
+            waiting[consumer.name] = try db.int("SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND \(matches)",
+                                                [stream, consumer.nextSeq] + filter)
+        } else {
+            for row in try db.rows("SELECT consumer, COUNT(*) AS n FROM pending WHERE stream = ? GROUP BY consumer", [stream]) {
+                pending[try row.text("consumer")] = try row.int("n")
+            }
+            // From each position on: before a sequence none reaches.
+            let behind = countedFromPositions(stream, before: Int.max)
+            for row in try db.rows("""
+                \(behind.sql)
+                SELECT c.name, behind.n FROM consumers c JOIN behind ON behind.next_seq = c.next_seq AND behind.prefix = COALESCE(c.filter, '')
+                WHERE c.stream = ?
+                """, behind.arguments + [stream]) {
+                waiting[try row.text("name")] = try row.int("n")
+            }
+        }
+        return consumers.map { info($0, pending: pending[$0.name] ?? 0, waiting: waiting[$0.name] ?? 0) }
+    }
+
+    private static func info(_ consumer: Consumer, pending: Int, waiting: Int) -> API.ConsumerInfo {
         var info = API.ConsumerInfo(stream: consumer.stream, name: consumer.name, filter: consumer.filter, ackWait: consumer.ackWait,
                                     maxDeliver: consumer.maxDeliver, nextSequence: consumer.nextSeq, pending: pending, waiting: waiting,
                                     delivered: consumer.delivered, redelivered: consumer.redelivered, acknowledged: consumer.acknowledged,

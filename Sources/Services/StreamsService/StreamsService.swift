@@ -111,6 +111,7 @@ public actor StreamsService: BusService, ServiceWork {
         table.on(API.consumerInfo) { service, params in
             try await service.read { db in try StreamsDatabase.info(db, try StreamsDatabase.consumer(db, stream: params.stream, name: params.name)) }
         }
+        table.on(API.consumerList) { service, params in try await service.read { db in try StreamsDatabase.consumers(db, stream: params.stream) } }
         table.on(API.consumerDelete) { service, params in
             let caller = CallerIdentity.current
             return try await service.write { db, _ in try StreamsDatabase.deleteConsumer(db, stream: params.stream, name: params.name, by: caller) }
