@@ -599,13 +599,14 @@ package enum StreamsDatabase {
     /// for it). The streams are read and locked together first (in name order, as every batch
     /// takes them), the messages inserted together, and each stream's counters saved and
     /// limits kept once, after: a handful of statements for what came together, however many
-    /// messages (and two more for each message with an id).
+    /// messages (two more for each stream given ids, and one for all their ids).
     static func publish(_ db: Database, _ publications: [Publication], now: Double) throws -> [Result<API.Published, JSONRPCError>] {
         guard !publications.isEmpty else { return [] }
         // Without it, a publish could read a stream's old subjects, wait for the stream's row
         // while they change, and then keep the message there.
         try db.shareLock(addingStreams)
         var batch = try PublishBatch(db, subjects: Set(publications.map(\.subject)).sorted())
+        try batch.readIDs(db, of: publications, now: now)
         var outcomes: [Result<API.Published, JSONRPCError>] = []
         for publication in publications {
             do {
@@ -615,6 +616,10 @@ package enum StreamsDatabase {
             }
         }
         try insert(db, batch.messages)
+        if !batch.newIDs.isEmpty {
+            try db.execute("INSERT INTO message_ids (stream, id, seq, published_at) VALUES " + SQLRows.placeholders(rows: batch.newIDs.count, columns: 4),
+                           batch.newIDs.flatMap { new -> [any SQLArgument] in [new.stream, new.id, new.sequence, now] })
+        }
         for name in batch.streams.keys.sorted() { try trim(db, &batch.streams[name]!, now: now) }
         return outcomes
     }
@@ -625,8 +630,11 @@ package enum StreamsDatabase {
         var streams: [String: Stream] = [:]
         /// The stream holding each subject (none: no stream holds it).
         var streamOfSubject: [String: String] = [:]
-        /// The streams whose ids past the duplicate window are deleted.
-        var idsPruned: Set<String> = []
+        /// The sequence of each id the batch's publications give that is known within its
+        /// stream's duplicate window (kept before, or earlier in the batch), by stream.
+        var knownIDs: [String: [String: Int]] = [:]
+        /// The ids of the messages to insert.
+        var newIDs: [(stream: String, id: String, sequence: Int)] = []
         /// The messages to insert, in order.
         var messages: [Message] = []
 
@@ -643,6 +651,25 @@ package enum StreamsDatabase {
                 streams[stream.name] = stream
             }
         }
+
+        /// Forgets, in each stream given ids, those past its duplicate window, and reads which
+        /// of the ids it still knows: two statements for each such stream, however many ids.
+        mutating func readIDs(_ db: Database, of publications: [Publication], now: Double) throws {
+            var asked: [String: Set<String>] = [:]
+            for publication in publications {
+                if let id = publication.id, let name = streamOfSubject[publication.subject] { asked[name, default: []].insert(id) }
+            }
+            for (name, ids) in asked.sorted(by: { $0.key < $1.key }) {
+                guard let stream = streams[name] else { continue }
+                try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ?", [name, now - stream.duplicateWindow])
+                var known: [String: Int] = [:]
+                for row in try db.rows("SELECT id, seq FROM message_ids WHERE stream = ? AND id IN " + SQLRows.placeholders(rows: 1, columns: ids.count),
+                                       [name] + ids.sorted()) {
+                    known[try row.text("id")] = try row.int("seq")
+                }
+                knownIDs[name] = known
+            }
+        }
     }
 
     /// One of ``publish(_:_:now:)``'s messages.
@@ -655,13 +682,8 @@ package enum StreamsDatabase {
         guard !stream.captureState else {
             throw JSONRPCError.invalidParams(field: "subject", "stream \(name) keeps the kernel's state under its subjects: its messages are the state's changes, set with state.set or state.publish")
         }
-        if let id = publication.id {
-            if batch.idsPruned.insert(name).inserted {
-                try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ?", [name, now - stream.duplicateWindow])
-            }
-            if let first = try db.int("SELECT seq FROM message_ids WHERE stream = ? AND id = ?", [name, id]) {
-                return API.Published(stream: name, sequence: first, duplicate: true)
-            }
+        if let id = publication.id, let first = batch.knownIDs[name]?[id] {
+            return API.Published(stream: name, sequence: first, duplicate: true)
         }
         guard data.count <= stream.maxBytes else {
             throw JSONRPCError(code: JSONRPCError.tooLargeCode,
@@ -672,7 +694,8 @@ package enum StreamsDatabase {
         batch.messages.append(message)
         batch.streams[name] = stream
         if let id = publication.id {
-            try db.execute("INSERT INTO message_ids (stream, id, seq, published_at) VALUES (?, ?, ?, ?)", [name, id, message.sequence, now])
+            batch.knownIDs[name, default: [:]][id] = message.sequence
+            batch.newIDs.append((name, id, message.sequence))
         }
         return API.Published(stream: name, sequence: message.sequence, duplicate: false)
     }

@@ -245,6 +245,12 @@ struct DurableStreamsBenchmark: AsyncParsableCommand {
             let ceilings = String(format: "; %.2fx the echo", published.rate / echoed.rate) + (transactionRate.map { String(format: ", %.2fx pgbench's publish", published.rate / $0) } ?? "")
             rows.append(Row("acknowledged publish (stream.publish), \(count) client\(plural)", rate: published.rate,
                             latencies: published.latencies, note: String(format: "%.2fx \(baselineName) with as many writers", published.rate / (baseline[count] ?? .nan)) + ceilings))
+            // Exactly-once publishing: each message's id looked up in, and kept for, the duplicate window.
+            let identified = try await measureRate(lanes: count, seconds: seconds) { lane, number in
+                _ = try await lanes[lane].publish(to: "bench.\(lane)", data, id: "\(lane)-\(number)")
+            }
+            rows.append(Row("the same, each message with an id (exactly-once), \(count) client\(plural)", rate: identified.rate,
+                            latencies: identified.latencies, note: String(format: "%.2fx without ids", identified.rate / published.rate)))
         }
         for count in [1, 8] {
             let lanes = clients
