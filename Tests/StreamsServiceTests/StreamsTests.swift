@@ -107,9 +107,9 @@ struct StreamsBus {
         try await stopping(try await start(backend: backend, configure), with: { await $0.stop() }, body)
     }
 
-    /// The same database and kernel, a new service process (a restart).
-    func restarted() async throws -> StreamsBus {
-        try await StreamsBus.start(folder: folder, kernel: kernel, time: time, backend: backend, postgres: postgres)
+    /// The same database and kernel, a new service process (a restart), configured by `configure`.
+    func restarted(_ configure: (inout StreamsConfiguration) -> Void = { _ in }) async throws -> StreamsBus {
+        try await StreamsBus.start(folder: folder, kernel: kernel, time: time, backend: backend, postgres: postgres, configure)
     }
 
     @discardableResult
@@ -710,7 +710,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("a consumer's maxAckPending: with that many pending, fetches hand out only those due again; an acknowledgement makes room, for a fetch that waits too; consumer.update changes it, 0 lifting it; adding it again matches it as it is now", arguments: Backend.available)
+    @Test("a consumer's maxAckPending: with that many pending, fetches hand out only those due again; an acknowledgement makes room, for a fetch that waits too; consumer.update changes it, 0 making it the service's; adding it again matches it as it is now", arguments: Backend.available)
     func maxAckPending(backend: Backend) async throws {
         try await StreamsBus.with(backend) { bus in
             _ = try await bus.client.call(API.streamAdd, .init(name: "jobs", subjects: ["job."]))
@@ -732,13 +732,38 @@ struct StreamsTests {
             info = try await bus.client.call(API.consumerUpdate, .init(stream: "jobs", name: "workers", maxAckPending: 0))
             #expect(info.maxAckPending == nil, "\(info)")
             #expect(try await bus.fetch("jobs", "workers", batch: 10).messages.map(\.sequence) == [5])
-            // Added again as it is now: no limit, given as 0 or left out.
+            // Added again as it is now: the service's most, given as 0 or left out.
             for most in [nil, 0] as [Int?] {
                 #expect(try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 10, maxAckPending: most)).pending == 4)
             }
             let conflict = await bus.failure(API.consumerAdd, .init(stream: "jobs", name: "workers", ackWait: 10, maxAckPending: 7))
             #expect(conflict?.code == JSONRPCError.conflictCode && conflict?.message.contains("maxAckPending is none, asked 7") == true, "\(String(describing: conflict))")
             #expect(await bus.failure(API.consumerAdd, .init(stream: "jobs", name: "other", maxAckPending: -1))?.code == JSONRPCError.invalidParamsCode)
+        }
+    }
+
+    @Test("the service's streams.max_ack_pending bounds every consumer: one added without a most of its own has it, one asking more is refused naming it, 0 is it, and one added before it was lowered is held to it", arguments: Backend.available)
+    func servicePendingLimit(backend: Backend) async throws {
+        let bus = try await StreamsBus.start(backend: backend)
+        try await stopping(bus, with: { await $0.stop(keepKernel: true, keepDatabase: true) }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "jobs", subjects: ["job."]))
+            #expect(try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "older", maxAckPending: 8)).maxAckPending == 8)
+            for number in 1...10 { try await bus.publish("job.a", .int(Int64(number))) }
+        }
+        let again = try await bus.restarted { $0.maxAckPending = 3 }
+        try await stopping(again, with: { await $0.stop() }) { bus in
+            #expect(try await bus.fetch("jobs", "older", batch: 10).messages.map(\.sequence) == [1, 2, 3], "its own 8 is over the service's 3")
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "plain"))
+            #expect(try await bus.fetch("jobs", "plain", batch: 10).messages.map(\.sequence) == [1, 2, 3])
+            #expect(try await bus.fetch("jobs", "plain", batch: 10).messages.isEmpty, "three pending: none more")
+            let greedy = await bus.failure(API.consumerAdd, .init(stream: "jobs", name: "greedy", maxAckPending: 4))
+            #expect(greedy?.code == JSONRPCError.tooLargeCode && greedy?.message.contains("streams.max_ack_pending (3)") == true, "\(String(describing: greedy))")
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "jobs", name: "modest", maxAckPending: 2))
+            #expect(try await bus.fetch("jobs", "modest", batch: 10).messages.map(\.sequence) == [1, 2])
+            #expect(await bus.failure(API.consumerUpdate, .init(stream: "jobs", name: "modest", maxAckPending: 4))?.code == JSONRPCError.tooLargeCode)
+            #expect(try await bus.client.call(API.consumerUpdate, .init(stream: "jobs", name: "modest", maxAckPending: 0)).maxAckPending == nil)
+            #expect(try await bus.fetch("jobs", "modest", batch: 10).messages.map(\.sequence) == [3])
+            #expect(try await bus.client.call(API.consumerList, .init(stream: "jobs")).consumers.map(\.name) == ["modest", "older", "plain"], "greedy was not added")
         }
     }
 

@@ -383,10 +383,10 @@ struct ConfigFileTests {
         }
     }
 
-    @Test("streams' quotas per client key are read, client_max_mb in MiB; a value out of range is refused naming the key")
+    @Test("streams' quotas per client key and most pending per consumer are read, client_max_mb in MiB; a value out of range is refused naming the key")
     func streamsClientQuotas() throws {
-        let streams = try ConfigFile.parse("streams:\n  client_max_streams: 5\n  client_max_mb: 64\n  client_max_consumers: 20\n").streams
-        #expect(streams.clientMaxStreams == 5 && streams.clientMaxBytes == 64 * 1_048_576 && streams.clientMaxConsumers == 20)
+        let streams = try ConfigFile.parse("streams:\n  client_max_streams: 5\n  client_max_mb: 64\n  client_max_consumers: 20\n  max_ack_pending: 500\n").streams
+        #expect(streams.clientMaxStreams == 5 && streams.clientMaxBytes == 64 * 1_048_576 && streams.clientMaxConsumers == 20 && streams.maxAckPending == 500)
         let error = #expect(throws: ConfigError.self) { try ConfigFile.parse("streams:\n  client_max_streams: -1\n") }
         #expect(error?.path == "streams.client_max_streams", "\(String(describing: error))")
     }

@@ -31,8 +31,8 @@ public enum StreamsAPI {
     public static let streamDelete = Method<StreamName, Removed>(service, "stream.delete", "Deletes a stream with its messages, its consumers and its dead-letter stream.", changesState: true)
     public static let streamPurge = Method<Purge, Removed>(service, "stream.purge", "Deletes a stream's messages (with subject, those whose subject starts with it; with keep, all but the last keep of them), keeping its sequence, settings and consumers (who are told what they missed).", changesState: true)
     public static let publish = Method<Publish, Published>(service, "stream.publish", "Keeps a message in the stream that holds its subject, answered once durable; with an id, a re-send within the stream's duplicate window is stored once (duplicate: true).", changesState: true)
-    public static let consumerAdd = Method<ConsumerConfig, ConsumerInfo>(service, "consumer.add", "Creates a durable consumer on a stream: from the start (all), only new messages, a sequence or a time; a subject filter; its ack deadline, maximum deliveries and the most messages pending at once (maxAckPending). The same again changes nothing; different settings are -32004.", changesState: true)
-    public static let consumerUpdate = Method<ConsumerSettings, ConsumerInfo>(service, "consumer.update", "Changes a consumer's subject filter (\"\": every subject), ack wait, maximum deliveries and most pending (maxAckPending 0: no limit): those given, the others stay, as do its position and pending messages. A new filter chooses among the messages not handed out yet. A message already handed out keeps its deadline; one handed out as many times as the new maximum goes to the dead letters once its deadline passes.", changesState: true)
+    public static let consumerAdd = Method<ConsumerConfig, ConsumerInfo>(service, "consumer.add", "Creates a durable consumer on a stream: from the start (all), only new messages, a sequence or a time; a subject filter; its ack deadline, maximum deliveries and the most messages pending at once (maxAckPending; absent or 0: the service's most, streams.max_ack_pending, 10,000 by default, over which it is -32010). The same again changes nothing; different settings are -32004.", changesState: true)
+    public static let consumerUpdate = Method<ConsumerSettings, ConsumerInfo>(service, "consumer.update", "Changes a consumer's subject filter (\"\": every subject), ack wait, maximum deliveries and most pending (maxAckPending 0: the service's most): those given, the others stay, as do its position and pending messages. A new filter chooses among the messages not handed out yet. A message already handed out keeps its deadline; one handed out as many times as the new maximum goes to the dead letters once its deadline passes.", changesState: true)
     public static let consumerInfo = Method<ConsumerName, ConsumerInfo>(service, "consumer.info", "A consumer's position, its pending and waiting messages, and its counts.")
     public static let consumerList = Method<ConsumersOf, ConsumerList>(service, "consumer.list", "Every consumer of a stream, as consumer.info gives each, counted together: what waits is counted once for each subject filter, not once for each consumer (-32003: no such stream).")
     public static let consumerDelete = Method<ConsumerName, Removed>(service, "consumer.delete", "Deletes a consumer and what it had pending.", changesState: true)
@@ -170,8 +170,9 @@ public enum StreamsAPI {
         public var ackWait: Double?
         /// Deliveries before a message goes to the dead-letter stream (absent: 5).
         public var maxDeliver: Int?
-        /// Messages handed out and not yet acknowledged at most (absent or 0: no limit): with
-        /// that many pending, fetches hand out only those due again until some are done.
+        /// Messages handed out and not yet acknowledged at most (absent or 0: the service's most,
+        /// `streams.max_ack_pending`, over which it is refused): with that many pending, fetches
+        /// hand out only those due again until some are done.
         public var maxAckPending: Int?
 
         public init(stream: String, name: String, deliver: Deliver? = nil, startSequence: Int? = nil, startTime: String? = nil,
@@ -206,7 +207,7 @@ public enum StreamsAPI {
         public var ackWait: Double?
         /// Deliveries before a message goes to the dead-letter stream.
         public var maxDeliver: Int?
-        /// Messages pending at once at most; 0: no limit any more.
+        /// Messages pending at once at most; 0: the service's most (`streams.max_ack_pending`).
         public var maxAckPending: Int?
 
         public init(stream: String, name: String, filter: String? = nil, ackWait: Double? = nil, maxDeliver: Int? = nil, maxAckPending: Int? = nil) {
@@ -363,7 +364,7 @@ public enum StreamsAPI {
         public var filter: String?
         public var ackWait: Double
         public var maxDeliver: Int
-        /// Messages pending at once at most (absent: no limit).
+        /// Messages pending at once at most as asked (absent: the service's most, `streams.max_ack_pending`).
         public var maxAckPending: Int?
         /// The next sequence never handed out.
         public var nextSequence: Int

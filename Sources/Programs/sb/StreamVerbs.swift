@@ -385,7 +385,7 @@ func consumerSettings(of consumer: StreamsAPI.ConsumerInfo) -> String {
 struct ConsumerSettingsOptions: ParsableArguments {
     @Option(parsing: .unconditional, help: ArgumentHelp("How long a reader has a message before it is handed out again: 30s, 500ms, 2m (30s when a consumer is added without it).", valueName: "duration"), transform: ConnectionOptions.secondsArgument) var ackWait: Double?
     @Option(parsing: .unconditional, help: "Deliveries before a message goes to the dead letters (5 when a consumer is added without it).") var maxDeliver: Int?
-    @Option(parsing: .unconditional, help: "Messages its readers have pending at once at most; with that many, they are handed only those due again until some are acknowledged (0: no limit, as a consumer is added without it).") var maxPending: Int?
+    @Option(parsing: .unconditional, help: "Messages its readers have pending at once at most; with that many, they are handed only those due again until some are acknowledged (0: the service's most, streams.max_ack_pending, as a consumer is added without it).") var maxPending: Int?
 
     var anyGiven: Bool { ackWait != nil || maxDeliver != nil || maxPending != nil }
 
@@ -406,7 +406,7 @@ struct StreamConsumerEdit: AsyncParsableCommand {
 
             Examples:
               sb stream consumer edit orders billing --ack-wait 5m --max-deliver 10
-              sb stream consumer edit orders billing --max-pending 0   no limit
+              sb stream consumer edit orders billing --max-pending 0   the service's most
               sb stream consumer edit orders billing --filter orders.eu.
               sb stream consumer edit orders billing --filter ''       every subject
             """

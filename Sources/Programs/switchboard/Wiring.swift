@@ -70,6 +70,7 @@ extension StreamsConfiguration {
         if let count = settings.clientMaxStreams { clientMaxStreams = count }
         if let bytes = settings.clientMaxBytes { clientMaxBytes = bytes }
         if let count = settings.clientMaxConsumers { clientMaxConsumers = count }
+        if let count = settings.maxAckPending { maxAckPending = count }
         if let capture = settings.capture { self.capture = capture }
         postgres = settings.postgres.map(PostgresSettings.init)
     }

@@ -37,6 +37,10 @@ public struct StreamsConfiguration: Sendable, Equatable {
     /// A consumer's ack deadline and deliveries when its creator says nothing.
     public var defaultAckWait = 30.0
     public var defaultMaxDeliver = 5
+    /// The most messages a consumer's readers may have pending at once: a consumer's own
+    /// `maxAckPending` may be lower, and one without has this. It bounds what a reader that
+    /// never acknowledges makes the service keep (a row for each message pending).
+    public var maxAckPending = 10_000
     /// Messages (and as many of each of their other rows) one transaction removes of what a
     /// purge, a lowered limit or a deleted stream removes: few enough that the other writes
     /// waiting for it barely notice, however many go.
@@ -61,6 +65,7 @@ public struct StreamsSettings: Sendable, Equatable {
     public var clientMaxStreams: Int?
     public var clientMaxBytes: Int?
     public var clientMaxConsumers: Int?
+    public var maxAckPending: Int?
     /// `backend: postgres` (and how to reach it) instead of the SQLite file.
     public var postgres: PostgresSection?
     /// `capture:`, stream names with the state's key prefixes each keeps.
@@ -68,7 +73,7 @@ public struct StreamsSettings: Sendable, Equatable {
     public init() {}
 
     public static let schema = ConfigSchema.values(["path", "max_size_mb", "remember_seconds", "max_message_bytes", "max_streams", "max_consumers", "client_max_streams", "client_max_mb",
-                                                    "client_max_consumers", "capture"]
+                                                    "client_max_consumers", "max_ack_pending", "capture"]
                                                    + PostgresSection.keys)
 
     /// Reads `streams:`.
@@ -83,6 +88,7 @@ public struct StreamsSettings: Sendable, Equatable {
         clientMaxStreams = try streams.integer("client_max_streams", atMost: 1_000_000)
         clientMaxBytes = try streams.integer("client_max_mb", atMost: 1 << 30).map { $0 * 1_048_576 }
         clientMaxConsumers = try streams.integer("client_max_consumers", atMost: 100_000_000)
+        maxAckPending = try streams.integer("max_ack_pending", atMost: 1_000_000)
         postgres = try PostgresSection.reading(streams)
         if streams.has("capture") {
             let streamsCapturing = try streams.section("capture")

@@ -915,8 +915,12 @@ package enum StreamsDatabase {
         var missedTold: Int
         /// The CURVE key that added it (nil: added without CURVE).
         var owner: String?
-        /// The most messages pending at once (nil: no limit).
+        /// The most messages pending at once its creator asked (nil: none asked).
         var maxAckPending: Int?
+
+        /// The most messages pending at once: its own, within the service's `most` (which a
+        /// consumer added before the service had one, or before it was lowered, may be over).
+        func mostPending(within most: Int) -> Int { min(maxAckPending ?? most, most) }
 
         init(row: SQLRow) throws {
             (stream, name, config, filter) = (try row.text("stream"), try row.text("name"), try row.text("config"), try row.optionalText("filter"))
@@ -1086,18 +1090,16 @@ package enum StreamsDatabase {
     // MARK: Fetching
 
     /// Whether a fetch would hand something out now: a pending message past its deadline, or
-    /// one not handed out yet.
-    static func ready(_ db: Database, stream: String, consumer name: String, now: Double) throws -> Bool {
+    /// one not handed out yet while the consumer has room for one more pending (its most, at
+    /// most `mostPending`, the service's).
+    static func ready(_ db: Database, stream: String, consumer name: String, mostPending: Int, now: Double) throws -> Bool {
         let consumer = try consumer(db, stream: stream, name: name)
         let (matches, filter) = subjectMatches(consumer.filter)
-        // A new message is ready only while the consumer has room for one more pending.
-        let (room, roomArguments): (String, [any SQLArgument]) = consumer.maxAckPending.map {
-            ("AND (SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?) < ?", [stream, name, $0])
-        } ?? ("", [])
         return try db.row("""
             SELECT EXISTS (SELECT 1 FROM pending WHERE stream = ? AND consumer = ? AND deadline <= ?)
-                OR (EXISTS (SELECT 1 FROM messages WHERE stream = ? AND seq >= ? AND \(matches)) \(room)) AS ready
-            """, [stream, name, now, stream, consumer.nextSeq] + filter + roomArguments)?.bool("ready") ?? false
+                OR (EXISTS (SELECT 1 FROM messages WHERE stream = ? AND seq >= ? AND \(matches))
+                    AND (SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?) < ?) AS ready
+            """, [stream, name, now, stream, consumer.nextSeq] + filter + [stream, name, consumer.mostPending(within: mostPending)])?.bool("ready") ?? false
     }
 
     /// What one reader asks of a fetch: up to `batch` messages and `maxBytes` of their data
@@ -1113,7 +1115,7 @@ package enum StreamsDatabase {
     /// out, as many as its most pending allows. Each is pending until `now + ack_wait`. The
     /// first is told what the consumer missed.
     /// The asks' batches come to at most ``mostPerStatement``.
-    static func fetch(_ db: Database, stream name: String, consumer consumerName: String, _ asks: [Ask], now: Double) throws -> [API.Fetched] {
+    static func fetch(_ db: Database, stream name: String, consumer consumerName: String, _ asks: [Ask], mostPending: Int, now: Double) throws -> [API.Fetched] {
         var stream = try stream(db, name, locking: true)
         let read = stream
         try dropPastLimits(db, &stream, now: now)
@@ -1148,8 +1150,9 @@ package enum StreamsDatabase {
         // New messages, as many as the readers have room for; with its most pending reached, a
         // consumer hands out only what is due again (counted only when there is room at all).
         var asked = handout.stopped ? 0 : handout.room
-        if asked > 0, let most = consumer.maxAckPending {
-            asked = min(asked, most - (try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [name, consumerName]) ?? 0))
+        if asked > 0 {
+            asked = min(asked, consumer.mostPending(within: mostPending)
+                            - (try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [name, consumerName]) ?? 0))
         }
         if asked > 0 {
             let (matches, filter) = subjectMatches(consumer.filter)
@@ -1389,7 +1392,7 @@ package enum StreamsDatabase {
     /// statements for all of them. Several writes: one for a consumer that is not there is
     /// refused alone, found before anything is written (one query for all of them), so a
     /// reader that names the wrong consumer does not fail the others' transaction.
-    static func write(_ db: Database, _ writes: [ConsumerWrite], now: Double) throws -> [Result<JSONValue, JSONRPCError>] {
+    static func write(_ db: Database, _ writes: [ConsumerWrite], mostPending: Int, now: Double) throws -> [Result<JSONValue, JSONRPCError>] {
         var results: [Result<JSONValue, JSONRPCError>?] = Array(repeating: nil, count: writes.count)
         if writes.count > 1 {
             for (index, refusal) in try refusals(db, writes) { results[index] = .failure(refusal) }
@@ -1417,7 +1420,7 @@ package enum StreamsDatabase {
                     guard case .fetch(let ask) = writes[index].kind else { preconditionFailure("a group of fetches holds only fetches") }
                     return ask
                 }
-                for (index, fetched) in zip(group, try fetch(db, stream: lead.stream, consumer: lead.consumer, asks, now: now)) {
+                for (index, fetched) in zip(group, try fetch(db, stream: lead.stream, consumer: lead.consumer, asks, mostPending: mostPending, now: now)) {
                     results[index] = .success(try JSONValue(encoding: fetched))
                 }
             case .settle(_, let outcome):

@@ -32,7 +32,7 @@ public actor StreamsService: BusService, ServiceWork {
     /// once, for all of them.
     private let publishes = GroupCommit<StreamsDatabase.Publication, API.Published>(maxBatch: StreamsDatabase.publicationsPerTransaction)
     /// Fetches and settlements likewise: one transaction for what came meanwhile, those of one
-    /// consumer and kind in the same statements (``StreamsDatabase/write(_:_:now:)``).
+    /// consumer and kind in the same statements (``StreamsDatabase/write(_:_:mostPending:now:)``).
     private let consumerWrites = GroupCommit<StreamsDatabase.ConsumerWrite, JSONValue>(maxBatch: StreamsDatabase.consumerWritesPerTransaction)
     /// Who waits for what in this process (``waitForWake(_:upTo:)``).
     private var waiting: [Wait: [UInt64: CheckedContinuation<Void, Never>]] = [:]
@@ -105,6 +105,7 @@ public actor StreamsService: BusService, ServiceWork {
                 throw JSONRPCError.invalidParams(field: "params", "give at least one setting to change: filter, ackWait, maxDeliver or maxAckPending")
             }
             if let filter = params.filter, !filter.isEmpty { try Check.subject(filter, field: "filter") }
+            try service.checkPendingLimit(params.maxAckPending)
             let caller = CallerIdentity.current
             return try await service.write { db, _ in try StreamsDatabase.updateConsumer(db, params, by: caller) }
         }
@@ -229,6 +230,14 @@ public actor StreamsService: BusService, ServiceWork {
 
     // MARK: Consumers
 
+    /// Refuses a consumer's `maxAckPending` over the service's most (`streams.max_ack_pending`).
+    nonisolated func checkPendingLimit(_ asked: Int?) throws {
+        guard let asked, asked > configuration.maxAckPending else { return }
+        throw JSONRPCError(code: JSONRPCError.tooLargeCode,
+                           message: "Too large: maxAckPending \(asked) is over the service's streams.max_ack_pending (\(configuration.maxAckPending)); leave it out (or 0) for that most",
+                           data: ["limit": .int(Int64(configuration.maxAckPending)), "setting": "streams.max_ack_pending"])
+    }
+
     func addConsumer(_ asked: API.ConsumerConfig) async throws -> API.ConsumerInfo {
         try Check.name(asked.name, field: "name")
         if let filter = asked.filter { try Check.subject(filter, field: "filter") }
@@ -238,6 +247,7 @@ public actor StreamsService: BusService, ServiceWork {
             throw JSONRPCError.invalidParams(field: "startTime", "must be an ISO 8601 time, such as 2026-11-28T09:30:00Z")
         }
         // 0 most pending is none, as if left out: the same consumer added again either way.
+        try checkPendingLimit(asked.maxAckPending)
         var asked = asked
         asked.maxAckPending = asked.maxAckPending.flatMap(StreamsDatabase.pendingLimit)
         let config = try JSONValue(encoding: asked)
@@ -259,7 +269,8 @@ public actor StreamsService: BusService, ServiceWork {
         // one that would wait is looked up first, and answered at once.
         if ContinuousClock.now < waitEnds, let answer = try await answered(API.Fetched.self, request: request) { return answer }
         while ContinuousClock.now < waitEnds {
-            let ready = try await read { [now] db in try StreamsDatabase.ready(db, stream: stream, consumer: consumer, now: now()) }
+            let mostPending = configuration.maxAckPending
+            let ready = try await read { [now] db in try StreamsDatabase.ready(db, stream: stream, consumer: consumer, mostPending: mostPending, now: now()) }
             if ready || Task.isCancelled || !wanted() || isDraining { break }
             await waitForWake(.message, upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
         }
@@ -495,21 +506,23 @@ public actor StreamsService: BusService, ServiceWork {
         await written(batch, what: "fetches and settlements", together: { try await self.writeTogether($0) }, alone: { await self.writeAlone($0) })
     }
 
-    /// `batch` in one transaction, each named by its request (``StreamsDatabase/write(_:_:now:)``:
+    /// `batch` in one transaction, each named by its request (``StreamsDatabase/write(_:_:mostPending:now:)``:
     /// one naming a consumer that is not there refused alone); throws when the transaction fails
     /// as a whole, and nothing is written.
     func writeTogether(_ batch: [StreamsDatabase.ConsumerWrite]) async throws -> [Result<JSONValue, JSONRPCError>] {
-        let now = now
+        let (now, mostPending) = (now, configuration.maxAckPending)
         return try await storage.write(requests: batch.map(\.request)) { db, todo in
-            try StreamsDatabase.write(db, todo.map { batch[$0] }, now: now())
+            try StreamsDatabase.write(db, todo.map { batch[$0] }, mostPending: mostPending, now: now())
         }
     }
 
     /// A fetch or settlement in a transaction of its own, named by its request: its outcome.
     private func writeAlone(_ write: StreamsDatabase.ConsumerWrite) async -> Result<JSONValue, any Error> {
-        let now = now
+        let (now, mostPending) = (now, configuration.maxAckPending)
         do {
-            return .success(try await storage.write(request: write.request) { db in try StreamsDatabase.write(db, [write], now: now())[0].get() })
+            return .success(try await storage.write(request: write.request) { db in
+                try StreamsDatabase.write(db, [write], mostPending: mostPending, now: now())[0].get()
+            })
         } catch {
             return .failure(error)
         }
