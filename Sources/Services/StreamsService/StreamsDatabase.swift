@@ -401,7 +401,8 @@ package enum StreamsDatabase {
         return RemovalStep(removed: held - stream.messages, left: stop == nil ? nil : left)
     }
 
-    /// A consumer's most pending as `consumer.add` and `consumer.update` take it: 0 is none.
+    /// A consumer's most pending as `consumer.add` and `consumer.update` take it: 0 is none of
+    /// its own (the service's most holds it).
     static func pendingLimit(_ most: Int) -> Int? { most == 0 ? nil : most }
 
     /// A stream's age limit as `stream.add` and `stream.update` take it: 0 is none.

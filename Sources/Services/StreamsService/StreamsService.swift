@@ -155,16 +155,16 @@ public actor StreamsService: BusService, ServiceWork {
         asked.subjects = try asked.subjects.map(Check.subjects)
         if let answer = try await answered(API.StreamInfo.self) { return answer }
         let (caller, quota) = (CallerIdentity.current, configuration.clientQuota)
-        let lowersLimits = asked.maxMessages != nil || asked.maxBytes != nil || asked.maxAge != nil
-        if lowersLimits {
+        let limitsGiven = asked.maxMessages != nil || asked.maxBytes != nil || asked.maxAge != nil
+        if limitsGiven {
             let removals: [StreamsDatabase.Removal] = try await write(request: nil) { [asked] db, now in
                 try StreamsDatabase.pastLowerLimits(db, asked, by: caller, quota: quota, now: now)
             }
             _ = try await removeInSteps(removals)
         }
         let updated: API.StreamInfo = try await write { [asked] db, now in try StreamsDatabase.updateStream(db, asked, by: caller, quota: quota, now: now) }
-        // Limits lowered delete at once what is past them, as a purge does.
-        if lowersLimits { giveBackRoom() }
+        // Limits lowered remove what is past them, as a purge does: its room is given back.
+        if limitsGiven { giveBackRoom() }
         return updated
     }
 
@@ -246,7 +246,7 @@ public actor StreamsService: BusService, ServiceWork {
         if let time = asked.startTime, Timestamp.parse(time) == nil {
             throw JSONRPCError.invalidParams(field: "startTime", "must be an ISO 8601 time, such as 2026-11-28T09:30:00Z")
         }
-        // 0 most pending is none, as if left out: the same consumer added again either way.
+        // 0 most pending is the service's, as if left out: the same consumer added again either way.
         try checkPendingLimit(asked.maxAckPending)
         var asked = asked
         asked.maxAckPending = asked.maxAckPending.flatMap(StreamsDatabase.pendingLimit)
