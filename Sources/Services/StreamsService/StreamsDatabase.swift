@@ -545,9 +545,11 @@ package enum StreamsDatabase {
         try db.execute("DELETE FROM messages WHERE stream = ? AND seq < ? \(chosen)", [stream.name, first] + chosenArguments)
         stream.messages -= try gone?.int("messages") ?? 0
         stream.bytes -= try gone?.int("bytes") ?? 0
-        // Those left start at `first`, but for those of other subjects before it; looked up
-        // from there, past none of the rows just deleted.
-        stream.firstSeq = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ? AND seq >= ?", [stream.name, subject == nil ? first : stream.firstSeq])
+        // Those left start at `first` when every one from the first on went; else (a subject
+        // chosen, or some left before `from`) at the first that stayed. Looked up from there,
+        // past none of the rows just deleted.
+        let removedFromFirst = subject == nil && from == stream.firstSeq
+        stream.firstSeq = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ? AND seq >= ?", [stream.name, removedFromFirst ? first : stream.firstSeq])
             ?? stream.lastSeq + 1
     }
 
