@@ -454,6 +454,33 @@ struct StreamsTests {
         }
     }
 
+    @Test("messages past their age go from a stream nobody publishes to or fetches from, a transaction's worth at a time however many: stream.info and stream.messages show only the newer ones, and a consumer behind is told each it missed",
+          arguments: Backend.available, [StreamsConfiguration().removedPerTransaction, 7])
+    func expiredWithoutUse(backend: Backend, removedPerTransaction: Int) async throws {
+        try await StreamsBus.with(backend, { $0.removedPerTransaction = removedPerTransaction }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "idle", subjects: ["idle"], maxAge: 60))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "idle", name: "behind"))
+            try await sideBySide(50) { try await bus.publish("idle", .int(Int64($0))) }
+            bus.time.advance(30)
+            for number in 51...53 { try await bus.publish("idle", .int(Int64(number))) }
+            // The first 50 are past their age by more than a look's time; nothing is published or fetched.
+            bus.time.advance(30 + 2 * Double(StreamsService.lookForExpired.components.seconds))
+            try await within(30, "a look for messages past their age") { await bus.service.lookedForExpired() }
+            let info = try await bus.client.call(API.streamInfo, .init(name: "idle"))
+            #expect(info.messages == 3 && info.firstSequence == 51 && info.lastSequence == 53, "\(info)")
+            let read = try await bus.client.call(API.streamMessages, .init(name: "idle"))
+            #expect(read.messages.map(\.sequence) == [51, 52, 53])
+            let fetched = try await bus.fetch("idle", "behind", batch: 100)
+            #expect(fetched.missed == 50 && fetched.messages.map(\.sequence) == [51, 52, 53])
+            // Past their age too, the last ones go; the stream is empty, its sequence goes on.
+            bus.time.advance(60)
+            try await within(30, "a look for messages past their age") { await bus.service.lookedForExpired() }
+            let empty = try await bus.client.call(API.streamInfo, .init(name: "idle"))
+            #expect(empty.messages == 0 && empty.bytes == 0 && empty.firstSequence == 54, "\(empty)")
+            #expect(try await bus.publish("idle", "after").sequence == 54)
+        }
+    }
+
     @Test("a burst of messages past their age at once goes at the next publish, however many: on PostgreSQL within the service's timeout (removed one by one they held it past the timeout, and every publish after it); the newer ones stay, and a consumer behind counts each it missed",
           arguments: Backend.available)
     func burstPastItsAge(backend: Backend) async throws {

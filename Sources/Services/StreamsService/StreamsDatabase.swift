@@ -484,10 +484,9 @@ package enum StreamsDatabase {
             first = try db.int("SELECT seq FROM messages WHERE stream = ? ORDER BY seq LIMIT 1 OFFSET ?",
                                [stream.name, stream.messages - stream.maxMessages]) ?? stream.lastSeq + 1
         }
-        if let maxAge = stream.maxAge {
+        if stream.maxAge != nil {
             // The oldest of those left that is not past its age.
-            first = try db.int("SELECT seq FROM messages WHERE stream = ? AND seq >= ? AND published_at >= ? ORDER BY seq LIMIT 1",
-                               [stream.name, first, now - maxAge]) ?? stream.lastSeq + 1
+            first = try firstWithinAge(db, stream, from: first, now: now) ?? stream.lastSeq + 1
         }
         if stream.bytes > stream.maxBytes {
             // Of those left, the oldest go until the rest fit: read a few at a time from the
@@ -511,6 +510,46 @@ package enum StreamsDatabase {
             }
         }
         return first
+    }
+
+    /// The first sequence from `from` (and before `before`, when given) of a message not past
+    /// the stream's age; nil when there is none. What it reads is what is past the age.
+    private static func firstWithinAge(_ db: Database, _ stream: Stream, from: Int, before: Int? = nil, now: Double) throws -> Int? {
+        guard let maxAge = stream.maxAge else { return from }
+        var arguments: [any SQLArgument] = [stream.name, from]
+        if let before { arguments.append(before) }
+        return try db.int("SELECT seq FROM messages WHERE stream = ? AND seq >= ? \(before == nil ? "" : "AND seq < ? ")AND published_at >= ? ORDER BY seq LIMIT 1",
+                          arguments + [now - maxAge])
+    }
+
+    /// A stream whose oldest message is past its age (``expired(_:now:by:)``): the stream added
+    /// at `createdAt`, as a ``Removal`` names it.
+    struct Expired: Sendable, Equatable {
+        var stream: String
+        var createdAt: Double
+    }
+
+    /// The streams whose oldest message is past its age by more than `late` seconds: those
+    /// nobody published to or fetched from since (each of which removes what is past it).
+    static func expired(_ db: Database, now: Double, by late: Double) throws -> [Expired] {
+        try db.rows("""
+            SELECT s.name, s.created_at FROM streams s JOIN messages m ON m.stream = s.name AND m.seq = s.first_seq
+            WHERE s.max_age IS NOT NULL AND s.messages > 0 AND m.published_at < ? - s.max_age ORDER BY s.name
+            """, [now - late]).map { Expired(stream: try $0.text("name"), createdAt: try $0.double("created_at")) }
+    }
+
+    /// Removes the stream's oldest messages past its age, of its first `most` sequences, each
+    /// consumer counting what it missed; says whether more of them may be (the sequences
+    /// after those were not looked at). Nothing once the stream is gone or added again.
+    static func removeExpired(_ db: Database, _ expired: Expired, atMost most: Int, now: Double) throws -> Bool {
+        guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + db.lockingRead(of: "streams"), [expired.stream]) else { return false }
+        var stream = try Stream(row: row)
+        guard stream.createdAt == expired.createdAt, stream.maxAge != nil, stream.messages > 0 else { return false }
+        let looked = min(stream.firstSeq + most, stream.lastSeq + 1)
+        let first = try firstWithinAge(db, stream, from: stream.firstSeq, before: looked, now: now)
+        try removeAll(db, &stream, before: first ?? looked)
+        try save(db, stream)
+        return first == nil && looked <= stream.lastSeq
     }
 
     /// Removes every message before sequence `first` (with `subject`, those whose subject

@@ -58,13 +58,15 @@ public actor StreamsService: BusService, ServiceWork {
     }
 
     /// The service's work beside its requests: keeping the kernel's state in the streams that
-    /// capture it, removing the messages of the streams deleted, and giving back to the disk
-    /// the room of the messages deleted and purged.
+    /// capture it, removing the messages of the streams deleted and those that reached their
+    /// age in streams nobody uses, and giving back to the disk the room of the messages
+    /// deleted and purged.
     public func work() async {
         await waitUntilReady()
         await withDiscardingTaskGroup { group in
             if let client { group.addTask { await self.captureState(client) } }
             group.addTask { await self.giveBackRoomWhenAsked() }
+            group.addTask { await self.removeExpiredWhenDue() }
         }
     }
 
@@ -377,9 +379,8 @@ public actor StreamsService: BusService, ServiceWork {
     }
 
     private let roomToGiveBack = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
-    /// How many times the room was given back, and who waits for a count (``roomGivenBack(times:)``).
-    private var roomGivenBackCount = 0
-    private var roomGivenBackWaiters: [(times: Int, waiter: CheckedContinuation<Void, Never>)] = []
+    /// How many times the room was given back (``roomGivenBack(times:)``).
+    private var roomGivenBack = Rounds()
 
     /// Part of the service's work: gives back the room when the service starts (a process
     /// stopped while it removed a deleted stream's messages leaves the rest to the next), and
@@ -388,10 +389,7 @@ public actor StreamsService: BusService, ServiceWork {
         var asks = roomToGiveBack.stream.makeAsyncIterator()
         repeat {
             await giveBackRoomNow()
-            roomGivenBackCount += 1
-            let done = roomGivenBackWaiters.filter { $0.times <= roomGivenBackCount }
-            roomGivenBackWaiters.removeAll { $0.times <= roomGivenBackCount }
-            for (_, waiter) in done { waiter.resume() }
+            roomGivenBack.ended()
         } while await asks.next() != nil
     }
 
@@ -415,8 +413,44 @@ public actor StreamsService: BusService, ServiceWork {
     /// Returns once the room has been given back `times` times since the service started (the
     /// first when it started).
     func roomGivenBack(times: Int) async {
-        guard roomGivenBackCount < times else { return }
-        await withCheckedContinuation { roomGivenBackWaiters.append((times, $0)) }
+        guard !roomGivenBack.reached(times) else { return }
+        await withCheckedContinuation { roomGivenBack.resume($0, at: times) }
+    }
+
+    /// How often the service looks for streams nobody uses whose messages reached their age
+    /// (``removeExpiredWhenDue()``), and how late past it a message may be before it does:
+    /// a stream in use removes them at each publish and fetch.
+    static let lookForExpired: Duration = .seconds(1)
+    /// How many times the service looked for them, and removed what it found.
+    private var expiredRemoved = Rounds()
+
+    /// Part of the service's work: removes the messages past their age from the streams nobody
+    /// published to or fetched from since (those that were removed them then), every
+    /// ``lookForExpired``, ``StreamsConfiguration/removedPerTransaction`` messages a
+    /// transaction, so that a stream idle for long holds none past its age (`stream.info`,
+    /// `stream.messages`), and its next publish or fetch does not have all of them to remove.
+    private func removeExpiredWhenDue() async {
+        let (most, late) = (configuration.removedPerTransaction, Double(Self.lookForExpired.components.seconds))
+        while !Task.isCancelled {
+            do {
+                for expired in try await read({ [now] db in try StreamsDatabase.expired(db, now: now(), by: late) }) {
+                    while try await write(request: nil, { db, now in try StreamsDatabase.removeExpired(db, expired, atMost: most, now: now) }) {
+                        guard !Task.isCancelled else { return }
+                    }
+                }
+            } catch {
+                logger.warning("could not remove the messages past their age: the next look tries again", metadata: ["problem": "\(error)"])
+            }
+            expiredRemoved.ended()
+            try? await Task.sleep(for: Self.lookForExpired)
+        }
+    }
+
+    /// Returns once the service has looked for messages past their age (and removed them) in a
+    /// look that began after this was called.
+    func lookedForExpired() async {
+        let times = expiredRemoved.count + 2
+        await withCheckedContinuation { expiredRemoved.resume($0, at: times) }
     }
 
     /// A write in the next committed batch, named by `request` (by default the request being
@@ -526,6 +560,27 @@ public actor StreamsService: BusService, ServiceWork {
         } catch {
             return .failure(error)
         }
+    }
+}
+
+/// How many times a loop of the service's work went round, and who waits for a count: what
+/// lets a test wait for that work rather than poll for its effect.
+private struct Rounds {
+    private(set) var count = 0
+    private var waiters: [(times: Int, waiter: CheckedContinuation<Void, Never>)] = []
+
+    mutating func ended() {
+        count += 1
+        let done = waiters.filter { $0.times <= count }
+        waiters.removeAll { $0.times <= count }
+        for (_, waiter) in done { waiter.resume() }
+    }
+
+    func reached(_ times: Int) -> Bool { count >= times }
+
+    /// Resumes `waiter` once `times` rounds have ended.
+    mutating func resume(_ waiter: CheckedContinuation<Void, Never>, at times: Int) {
+        if reached(times) { waiter.resume() } else { waiters.append((times, waiter)) }
     }
 }
 
