@@ -587,6 +587,12 @@ struct StreamsTests {
             #expect(info.messages == 1 && info.firstSequence == 5 && info.lastSequence == 5, "\(info)")
             #expect(try await bus.client.call(API.streamPurge, .init(name: "events", keep: 0)).messages == 1, "keep 0: all")
             #expect(try await bus.publish("ev.a", 6).sequence == 6, "the sequence goes on")
+            // Gaps (a subject's messages purged from between the others'): a purge of all takes the rest.
+            for number in 7...12 { try await bus.publish(number % 2 == 1 ? "ev.a" : "ev.b", .int(Int64(number))) }
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "events", subject: "ev.b")).messages == 3)
+            #expect(try await bus.client.call(API.streamPurge, .init(name: "events")).messages == 4, "6, 7, 9 and 11")
+            info = try await bus.client.call(API.streamInfo, .init(name: "events"))
+            #expect(info.messages == 0 && info.bytes == 0 && info.firstSequence == 13, "\(info)")
             #expect(await bus.failure(API.streamPurge, .init(name: "events", keep: -1))?.code == JSONRPCError.invalidParamsCode)
             #expect(await bus.failure(API.streamPurge, .init(name: "events", subject: ""))?.message.contains("subject") == true)
         }

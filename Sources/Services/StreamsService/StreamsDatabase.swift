@@ -380,19 +380,28 @@ package enum StreamsDatabase {
         return [Removal(stream: asked.name, createdAt: stream.createdAt, from: stream.firstSeq, before: before, subject: asked.subject)]
     }
 
-    /// Removes the oldest `most` messages of those `removal` takes, each consumer counting what
-    /// it missed, and says what is left. Nothing is once the stream is gone, or is another one
+    /// Removes the oldest of those `removal` takes, at most `most` messages, each consumer
+    /// counting what it missed, and says what is left. Nothing is once the stream is gone, or is another one
     /// added under its name: the sequences were the deleted one's.
     static func removeSome(_ db: Database, _ removal: Removal, atMost most: Int) throws -> RemovalStep {
         let done = RemovalStep(removed: 0, left: nil)
         guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + db.lockingRead(of: "streams"), [removal.stream]) else { return done }
         var stream = try Stream(row: row)
         guard stream.createdAt == removal.createdAt else { return done }
-        // The first of this step's messages not to go: the one after the `most` oldest.
-        let (matches, arguments) = subjectMatches(removal.subject)
+        // The first of this step's messages not to go. With a subject: the one after its `most`
+        // oldest. Without: `most` sequences past the oldest left (fewer messages where some
+        // went before), which needs no count of rows: PostgreSQL plans "the row `most` rows on"
+        // from statistics that lag a bulk load, and then sorts all that is left to find it.
         let from = max(removal.from, stream.firstSeq)
-        let stop = try db.int("SELECT seq FROM messages WHERE stream = ? AND seq >= ? AND seq < ? AND \(matches) ORDER BY seq LIMIT 1 OFFSET ?",
+        let stop: Int?
+        if let subject = removal.subject {
+            let (matches, arguments) = subjectMatches(subject)
+            stop = try db.int("SELECT seq FROM messages WHERE stream = ? AND seq >= ? AND seq < ? AND \(matches) ORDER BY seq LIMIT 1 OFFSET ?",
                               [removal.stream, from, removal.before] + arguments + [most])
+        } else {
+            let oldest = try db.int("SELECT MIN(seq) FROM messages WHERE stream = ? AND seq >= ? AND seq < ?", [removal.stream, from, removal.before])
+            stop = oldest.map { $0 + most }.flatMap { $0 < removal.before ? $0 : nil }
+        }
         let held = stream.messages
         try removeAll(db, &stream, from: from, before: stop ?? removal.before, subject: removal.subject)
         try save(db, stream)
