@@ -381,8 +381,8 @@ package enum StreamsDatabase {
     }
 
     /// Removes the oldest of those `removal` takes, at most `most` messages, each consumer
-    /// counting what it missed, and says what is left. Nothing is once the stream is gone, or is another one
-    /// added under its name: the sequences were the deleted one's.
+    /// counting what it missed, and says what is left. Nothing is once the stream is gone, or
+    /// is another one added under its name: the sequences were the deleted one's.
     static func removeSome(_ db: Database, _ removal: Removal, atMost most: Int) throws -> RemovalStep {
         let done = RemovalStep(removed: 0, left: nil)
         guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + db.lockingRead(of: "streams"), [removal.stream]) else { return done }
