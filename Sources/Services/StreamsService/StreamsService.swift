@@ -431,6 +431,7 @@ public actor StreamsService: BusService, ServiceWork {
     /// `stream.messages`), and its next publish or fetch does not have all of them to remove.
     private func removeExpiredWhenDue() async {
         let (most, late) = (configuration.removedPerTransaction, Double(Self.lookForExpired.components.seconds))
+        var failing = false
         while !Task.isCancelled {
             do {
                 for expired in try await read({ [now] db in try StreamsDatabase.expired(db, now: now(), by: late) }) {
@@ -438,8 +439,14 @@ public actor StreamsService: BusService, ServiceWork {
                         guard !Task.isCancelled else { return }
                     }
                 }
+                failing = false
             } catch {
-                logger.warning("could not remove the messages past their age: the next look tries again", metadata: ["problem": "\(error)"])
+                // Said once for a run of failed looks, which come each second (a database
+                // that cannot be reached is said by the storage too).
+                if !failing, !Task.isCancelled {
+                    logger.warning("could not remove the messages past their age: the service looks again each second", metadata: ["problem": "\(error)"])
+                }
+                failing = true
             }
             expiredRemoved.ended()
             try? await Task.sleep(for: Self.lookForExpired)
