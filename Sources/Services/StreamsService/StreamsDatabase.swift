@@ -1063,9 +1063,16 @@ package enum StreamsDatabase {
         var pending: [String: Int] = [:], waiting: [String: Int] = [:]
         if consumers.count == 1, let consumer = consumers.first {
             pending[consumer.name] = try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [stream, consumer.name])
-            let (matches, filter) = subjectMatches(consumer.filter)
-            waiting[consumer.name] = try db.int("SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND \(matches)",
-                                                [stream, consumer.nextSeq] + filter)
+            let counted = try self.stream(db, stream)
+            if consumer.filter == nil, consumer.nextSeq - counted.firstSeq < counted.lastSeq - consumer.nextSeq {
+                // Every message from its position on: the stream's count less those before it,
+                // counted on the shorter side of the position.
+                waiting[consumer.name] = counted.messages - (try db.int("SELECT COUNT(*) FROM messages WHERE stream = ? AND seq < ?", [stream, consumer.nextSeq]) ?? 0)
+            } else {
+                let (matches, filter) = subjectMatches(consumer.filter)
+                waiting[consumer.name] = try db.int("SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND \(matches)",
+                                                    [stream, consumer.nextSeq] + filter)
+            }
         } else {
             for row in try db.rows("SELECT consumer, COUNT(*) AS n FROM pending WHERE stream = ? GROUP BY consumer", [stream]) {
                 pending[try row.text("consumer")] = try row.int("n")
