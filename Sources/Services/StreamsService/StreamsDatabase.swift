@@ -105,6 +105,15 @@ package enum StreamsDatabase {
         return try Stream(row: row)
     }
 
+    /// The stream `name` added at `createdAt`, locked as ``stream(_:_:locking:)`` locks it; nil
+    /// once it is gone, or is another one added under its name: a removal's sequences were the
+    /// deleted one's.
+    private static func stream(_ db: Database, _ name: String, addedAt createdAt: Double) throws -> Stream? {
+        guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + db.lockingRead(of: "streams"), [name]) else { return nil }
+        let stream = try Stream(row: row)
+        return stream.createdAt == createdAt ? stream : nil
+    }
+
     static func subjects(_ db: Database, of name: String) throws -> [String] {
         try db.texts("SELECT prefix FROM subjects WHERE stream = ? ORDER BY prefix", [name])
     }
@@ -382,12 +391,9 @@ package enum StreamsDatabase {
 
     /// Removes the oldest of those `removal` takes, at most `most` messages, each consumer
     /// counting what it missed, and says what is left. Nothing is once the stream is gone, or
-    /// is another one added under its name: the sequences were the deleted one's.
+    /// is another one added under its name.
     static func removeSome(_ db: Database, _ removal: Removal, atMost most: Int) throws -> RemovalStep {
-        let done = RemovalStep(removed: 0, left: nil)
-        guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + db.lockingRead(of: "streams"), [removal.stream]) else { return done }
-        var stream = try Stream(row: row)
-        guard stream.createdAt == removal.createdAt else { return done }
+        guard var stream = try stream(db, removal.stream, addedAt: removal.createdAt) else { return RemovalStep(removed: 0, left: nil) }
         // The first of this step's messages not to go. With a subject: the one after its `most`
         // oldest. Without: `most` sequences past the oldest left (fewer messages where some
         // went before), which needs no count of rows: PostgreSQL plans "the row `most` rows on"
@@ -551,9 +557,7 @@ package enum StreamsDatabase {
     /// consumer counting what it missed; says whether more of them may be (the sequences
     /// after those were not looked at). Nothing once the stream is gone or added again.
     static func removeExpired(_ db: Database, _ expired: Expired, atMost most: Int, now: Double) throws -> Bool {
-        guard let row = try db.row("SELECT * FROM streams WHERE name = ?" + db.lockingRead(of: "streams"), [expired.stream]) else { return false }
-        var stream = try Stream(row: row)
-        guard stream.createdAt == expired.createdAt, stream.maxAge != nil, stream.messages > 0 else { return false }
+        guard var stream = try stream(db, expired.stream, addedAt: expired.createdAt), stream.maxAge != nil, stream.messages > 0 else { return false }
         let looked = min(stream.firstSeq + most, stream.lastSeq + 1)
         let first = try firstWithinAge(db, stream, from: stream.firstSeq, before: looked, now: now)
         try removeAll(db, &stream, before: first ?? looked)
