@@ -567,6 +567,26 @@ struct StreamsTests {
         }
     }
 
+    @Test("stream.update lowering limits takes the subjects given, and all else that could refuse it, before it removes what is past the lowered limits: a stream added between cannot take them, and the update's last transaction only lowers", arguments: Backend.available)
+    func updateTakesSubjectsFirst(backend: Backend) async throws {
+        try await StreamsBus.with(backend) { bus in
+            let added = try await bus.client.call(API.streamAdd, .init(name: "ticks", subjects: ["tick"]))
+            for number in 1...10 { try await bus.publish("tick", .int(Int64(number))) }
+            let asked = API.StreamSettings(name: "ticks", subjects: ["tick", "tock."], maxMessages: 4)
+            // The update's first transaction, which the service runs before its removal steps.
+            let removals = try await bus.service.write(request: nil) { db, now in
+                try StreamsDatabase.updateAllButLowered(db, asked, by: nil, quota: StreamsConfiguration().clientQuota, now: now)
+            }
+            #expect(removals.map { [$0.from, $0.before] } == [[1, 7]], "1 to 6 are past the lowered count")
+            var info = try await bus.client.call(API.streamInfo, .init(name: "ticks"))
+            #expect(info.subjects == ["tick", "tock."] && info.maxMessages == added.maxMessages && info.messages == 10, "not lowered yet: \(info)")
+            let between = await bus.failure(API.streamAdd, .init(name: "tocks", subjects: ["tock."]))
+            #expect(between?.code == JSONRPCError.conflictCode && between?.message.contains("stream ticks holds tock.") == true, "\(String(describing: between))")
+            info = try await bus.client.call(API.streamUpdate, asked)
+            #expect(info.subjects == ["tick", "tock."] && info.maxMessages == 4 && info.messages == 4 && info.firstSequence == 7, "\(info)")
+        }
+    }
+
     @Test("stream.purge with a subject deletes only its messages, with keep all but the last of them; the sequence goes on and a consumer counts what it had not had done; out of range is refused; the same all at once or a message a transaction", arguments: Backend.available, [StreamsConfiguration().removedPerTransaction, 1])
     func purgeSome(backend: Backend, removedPerTransaction: Int) async throws {
         try await StreamsBus.with(backend, { $0.removedPerTransaction = removedPerTransaction }) { bus in
@@ -1557,6 +1577,8 @@ struct StreamsRightsTests {
                     && raised?.message.contains("may be 1000 at most") == true, "\(String(describing: raised))")
             #expect(try await bus.other.call(API.streamUpdate, .init(name: "d", maxBytes: 500)).maxBytes == 500)
             #expect(try await operatorClient.call(API.streamUpdate, .init(name: "d", maxBytes: 5_000)).maxBytes == 5_000)
+            // Lowered, though the key's streams are still past its quota: it then holds less.
+            #expect(try await bus.other.call(API.streamUpdate, .init(name: "d", maxBytes: 4_000)).maxBytes == 4_000)
             // Adding the same stream again is no second stream.
             _ = try await bus.client.call(API.streamAdd, .init(name: "a", subjects: ["a."], maxBytes: 1_000))
 

@@ -425,13 +425,14 @@ package enum StreamsDatabase {
 
     /// Changes the stream's subjects (checked by ``Check/subjects(_:)``; not a capturing
     /// stream's) and limits, and its dead-letter stream's limits with them (as `stream.add`
-    /// made them), for the key that added it or an operator; within the key's quota of bytes.
-    /// Lowered, what is past the limits goes at once, the oldest first, each consumer counting
-    /// what it missed, as a publish past them would remove them (``pastLowerLimits(_:_:by:quota:now:)``
-    /// removed most of it before, when much goes). A `maxAge` of 0 lifts the age limit.
+    /// made them), for the key that added it or an operator; a `maxBytes` raised, within the
+    /// key's quota of bytes. Lowered, what is past the limits goes at once, the oldest first,
+    /// each consumer counting what it missed, as a publish past them would remove them
+    /// (``updateAllButLowered(_:_:by:quota:now:)`` removed most of it before, when much goes).
+    /// A `maxAge` of 0 lifts the age limit. Only the limits it raises when `lowering` is false.
     static func updateStream(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
-                             now: Double) throws -> API.StreamInfo {
-        var changed = try withLimits(db, asked, by: caller, quota: quota)
+                             now: Double, lowering: Bool = true) throws -> API.StreamInfo {
+        var changed = try withLimits(db, asked, by: caller, quota: quota, lowering: lowering)
         if let subjects = asked.subjects { try hold(db, subjects, for: asked.name) }
         for index in changed.indices {
             let stream = changed[index]
@@ -443,13 +444,17 @@ package enum StreamsDatabase {
         return try info(db, changed[0])
     }
 
-    /// What lowering the limits as `asked` removes from the stream and its dead-letter stream,
-    /// checked as ``updateStream(_:_:by:quota:now:)`` checks it (changing nothing): removed
-    /// a transaction at a time before the update, so that however much goes, the update's
-    /// own transaction removes little.
-    static func pastLowerLimits(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
-                                now: Double) throws -> [Removal] {
-        try withLimits(db, asked, by: caller, quota: quota).compactMap { stream in
+    /// The first of a `stream.update` that lowers limits: makes every change `asked` gives but
+    /// the lowered limits (subjects, duplicate window, limits raised), checked as
+    /// ``updateStream(_:_:by:quota:now:lowering:)`` checks it, and says what the lowered limits
+    /// remove from the stream and its dead-letter stream. The service removes that a
+    /// transaction at a time, then lowers the limits, so that however much goes, no transaction
+    /// removes much. All that can refuse the update (subjects another stream holds, the quota)
+    /// is checked and taken here, before anything is removed: the last transaction only lowers.
+    static func updateAllButLowered(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
+                                    now: Double) throws -> [Removal] {
+        _ = try updateStream(db, asked, by: caller, quota: quota, now: now, lowering: false)
+        return try withLimits(db, asked, by: caller, quota: quota).compactMap { stream in
             let first = try firstWithinLimits(db, stream, now: now)
             guard first > stream.firstSeq, stream.messages > 0 else { return nil }
             return Removal(stream: stream.name, createdAt: stream.createdAt, from: stream.firstSeq, before: first)
@@ -457,10 +462,13 @@ package enum StreamsDatabase {
     }
 
     /// The stream and its dead-letter stream (locked) as `asked` changes them, once checked
-    /// that `caller` may, within its quota: the limits for both, the duplicate window for the
-    /// stream (nothing is published to the dead letters with an id). Its subjects are checked
-    /// against every other stream's, as adding a stream does, and not yet held.
-    private static func withLimits(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota) throws -> [Stream] {
+    /// that `caller` may, within its quota: the limits for both (those it lowers only when
+    /// `lowering`), the duplicate window for the stream (nothing is published to the dead
+    /// letters with an id). Its subjects are checked against every other stream's, as adding a
+    /// stream does, and not yet held. Lowering `maxBytes` is never refused by the quota: the
+    /// key then holds less.
+    private static func withLimits(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
+                                   lowering: Bool = true) throws -> [Stream] {
         if asked.subjects != nil { try db.lockAll(addingStreams) }
         let stream = try stream(db, asked.name, locking: true)
         try checkMayChange("stream \(asked.name)", addedBy: stream.owner, caller)
@@ -476,14 +484,17 @@ package enum StreamsDatabase {
             }
             try checkNoOtherHolds(db, subjects, besides: asked.name)
         }
-        if let maxBytes = asked.maxBytes, let key = quota.binding(caller) {
+        if let maxBytes = asked.maxBytes, maxBytes > stream.maxBytes, let key = quota.binding(caller) {
             try checkBytesQuota(quota, held: try held(db, by: key, besides: asked.name).bytes, streams: nil, adding: maxBytes)
         }
         return try [stream, self.stream(db, deadLetters, locking: true)].map { read in
             var changed = read
-            changed.maxMessages = asked.maxMessages ?? changed.maxMessages
-            changed.maxBytes = asked.maxBytes ?? changed.maxBytes
-            if let maxAge = asked.maxAge { changed.maxAge = ageLimit(maxAge) }
+            if let maxMessages = asked.maxMessages, lowering || maxMessages > changed.maxMessages { changed.maxMessages = maxMessages }
+            if let maxBytes = asked.maxBytes, lowering || maxBytes > changed.maxBytes { changed.maxBytes = maxBytes }
+            // No age limit is the highest.
+            if let maxAge = asked.maxAge.map(ageLimit), lowering || changed.maxAge.map({ (maxAge ?? .infinity) > $0 }) == true {
+                changed.maxAge = maxAge
+            }
             if changed.name == asked.name { changed.duplicateWindow = asked.duplicateWindow ?? changed.duplicateWindow }
             return changed
         }

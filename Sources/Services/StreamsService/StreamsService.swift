@@ -160,7 +160,7 @@ public actor StreamsService: BusService, ServiceWork {
         let limitsGiven = asked.maxMessages != nil || asked.maxBytes != nil || asked.maxAge != nil
         if limitsGiven {
             let removals: [StreamsDatabase.Removal] = try await write(request: nil) { [asked] db, now in
-                try StreamsDatabase.pastLowerLimits(db, asked, by: caller, quota: quota, now: now)
+                try StreamsDatabase.updateAllButLowered(db, asked, by: caller, quota: quota, now: now)
             }
             _ = try await removeInSteps(removals)
         }
