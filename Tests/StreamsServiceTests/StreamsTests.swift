@@ -481,6 +481,40 @@ struct StreamsTests {
         }
     }
 
+    @Test("more messages past their age than a transaction removes (the service was stopped while they reached it): a publish removes the oldest transaction's worth and is kept; each fetch removes another and hands out nothing until they are gone, then the newer ones, the consumer told of every one it missed",
+          arguments: Backend.available)
+    func pastItsAgeInSteps(backend: Backend) async throws {
+        try await StreamsBus.with(backend, { $0.removedPerTransaction = 7 }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "old", subjects: ["old"], maxAge: 60))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "old", name: "behind"))
+            try await sideBySide(30) { try await bus.publish("old", .int(Int64($0))) }
+            // A minute and more later as the database is written (the bus's clock, which the
+            // service's look for messages past their age goes by, stays where it is).
+            let later = bus.time.now + 100
+            let publication = StreamsDatabase.Publication(subject: "old", data: Array("31".utf8), id: nil, request: nil)
+            let published = try await bus.service.write(request: nil) { db, _ in
+                try StreamsDatabase.publish(db, [publication], removingAtMost: 7, now: later)[0].get()
+            }
+            #expect(published.sequence == 31)
+            @Sendable func held(_ db: StreamsDatabase.Database) throws -> [Int] {
+                try db.rows("SELECT seq FROM messages WHERE stream = 'old' ORDER BY seq", []).map { try $0.int("seq") }
+            }
+            #expect(try await bus.service.read(held) == Array(8...31), "1 to 7 went with the publish")
+            let fetch = StreamsDatabase.ConsumerWrite(stream: "old", consumer: "behind", kind: .fetch(.init(batch: 100, maxBytes: 1_000)), request: nil)
+            var fetched: [API.Fetched] = [], left: [[Int]] = []
+            while fetched.last?.messages.isEmpty ?? true, fetched.count < 10 {
+                fetched.append(try await bus.service.write(request: nil) { db, _ in
+                    try StreamsDatabase.write(db, [fetch], mostPending: 1_000, removingAtMost: 7, now: later)[0].get().decode(as: API.Fetched.self)
+                })
+                left.append(try await bus.service.read(held))
+            }
+            // The fourth finds 31 among the seven it looks at: what is before it goes, and 31 is handed out.
+            #expect(fetched.map(\.messages.count) == [0, 0, 0, 1], "\(fetched)")
+            #expect(left.map(\.first) == [15, 22, 29, 31], "7 a fetch: \(left)")
+            #expect(fetched.last?.missed == 30 && fetched.last?.messages.map(\.sequence) == [31], "\(fetched)")
+        }
+    }
+
     @Test("a burst of messages past their age at once goes at the next publish, however many: on PostgreSQL within the service's timeout (removed one by one they held it past the timeout, and every publish after it); the newer ones stay, and a consumer behind counts each it missed",
           arguments: Backend.available)
     func burstPastItsAge(backend: Backend) async throws {

@@ -137,8 +137,9 @@ extension StreamsService {
             }
             if !syncing, !changes.isEmpty || gap {
                 let batch = changes, missed = gap
-                position = try await write(request: nil) { [maxMessageBytes = configuration.maxMessageBytes] db, now in
-                    try StreamsDatabase.capture(db, capture, changes: batch, gap: missed, maxMessageBytes: maxMessageBytes, now: now)
+                let (maxMessageBytes, most) = (configuration.maxMessageBytes, configuration.removedPerTransaction)
+                position = try await write(request: nil) { db, now in
+                    try StreamsDatabase.capture(db, capture, changes: batch, gap: missed, maxMessageBytes: maxMessageBytes, removingAtMost: most, now: now)
                 }
                 (changes, gap) = ([], false)
                 await wakeAll(.message)

@@ -42,8 +42,8 @@ public struct StreamsConfiguration: Sendable, Equatable {
     /// never acknowledges makes the service keep (a row for each message pending).
     public var maxAckPending = 10_000
     /// Messages (and as many of each of their other rows) one transaction removes of what a
-    /// purge, a lowered limit or a deleted stream removes: few enough that the other writes
-    /// waiting for it barely notice, however many go.
+    /// purge, a lowered limit, a deleted stream or the age removes: few enough that the other
+    /// writes waiting for it barely notice, however many go.
     public var removedPerTransaction = 10_000
     /// Streams the service makes at its start (when missing) to capture the kernel's state:
     /// each name with the key prefixes it keeps every change of.

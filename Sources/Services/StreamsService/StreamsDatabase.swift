@@ -43,7 +43,7 @@ package enum StreamsDatabase {
         var firstSeq: Int
         var lastSeq: Int
         var createdAt: Double
-        /// Keeps the kernel's state changes under its subjects (``capture(_:_:changes:gap:maxMessageBytes:now:)``).
+        /// Keeps the kernel's state changes under its subjects (``capture(_:_:changes:gap:maxMessageBytes:removingAtMost:now:)``).
         var captureState: Bool
         var capturedSeq: Int
         var captureGaps: Int
@@ -438,7 +438,7 @@ package enum StreamsDatabase {
             let stream = changed[index]
             try db.execute("UPDATE streams SET max_messages = ?, max_bytes = ?, max_age = ?, duplicate_window = ? WHERE name = ?",
                            [stream.maxMessages, stream.maxBytes, stream.maxAge, stream.duplicateWindow, stream.name])
-            try removeAll(db, &changed[index], before: try firstWithinLimits(db, stream, now: now))
+            try removeAll(db, &changed[index], before: try firstWithinLimits(db, stream, now: now).first)
             try save(db, changed[index])
         }
         return try info(db, changed[0])
@@ -455,7 +455,7 @@ package enum StreamsDatabase {
                                     now: Double) throws -> [Removal] {
         _ = try updateStream(db, asked, by: caller, quota: quota, now: now, lowering: false)
         return try withLimits(db, asked, by: caller, quota: quota).compactMap { stream in
-            let first = try firstWithinLimits(db, stream, now: now)
+            let first = try firstWithinLimits(db, stream, now: now).first
             guard first > stream.firstSeq, stream.messages > 0 else { return nil }
             return Removal(stream: stream.name, createdAt: stream.createdAt, from: stream.firstSeq, before: first)
         }
@@ -502,9 +502,12 @@ package enum StreamsDatabase {
 
     /// The first sequence the stream keeps within its limits (count, bytes, age): the oldest go
     /// while it is past any of them; past its last when none stays. What it reads grows with
-    /// what goes, not with what stays.
-    private static func firstWithinLimits(_ db: Database, _ stream: Stream, now: Double) throws -> Int {
-        var first = stream.firstSeq
+    /// what goes, not with what stays. With `most`, the age is looked at in the `most`
+    /// sequences after what the count leaves, no further: `complete` is false when all of those
+    /// are past it (more after them may be).
+    private static func firstWithinLimits(_ db: Database, _ stream: Stream, now: Double,
+                                          ageLookedAt most: Int? = nil) throws -> (first: Int, complete: Bool) {
+        var first = stream.firstSeq, complete = true
         if stream.messages > stream.maxMessages {
             // The oldest that stays: as many before it as are over the count.
             first = try db.int("SELECT seq FROM messages WHERE stream = ? ORDER BY seq LIMIT 1 OFFSET ?",
@@ -512,7 +515,12 @@ package enum StreamsDatabase {
         }
         if stream.maxAge != nil {
             // The oldest of those left that is not past its age.
-            first = try firstWithinAge(db, stream, from: first, now: now) ?? stream.lastSeq + 1
+            let looked = min(most.map { first + $0 } ?? .max, stream.lastSeq + 1)
+            if let within = try firstWithinAge(db, stream, from: first, before: most == nil ? nil : looked, now: now) {
+                first = within
+            } else {
+                (first, complete) = (looked, looked > stream.lastSeq)
+            }
         }
         if stream.bytes > stream.maxBytes {
             // Of those left, the oldest go until the rest fit: read a few at a time from the
@@ -535,7 +543,7 @@ package enum StreamsDatabase {
                 chunk = min(chunk * 8, 4_096)
             }
         }
-        return first
+        return (first, complete)
     }
 
     /// The first sequence from `from` (and before `before`, when given) of a message not past
@@ -654,7 +662,7 @@ package enum StreamsDatabase {
         var request: String?
     }
 
-    /// The most publications one transaction takes (``publish(_:_:now:)``): a host may hold
+    /// The most publications one transaction takes (``publish(_:_:removingAtMost:now:)``): a host may hold
     /// thousands of publishes at once, and each takes a few placeholders in each of the
     /// transaction's statements, which both engines bound (SQLite 32,766, PostgreSQL 65,535).
     static let publicationsPerTransaction = 256
@@ -666,7 +674,7 @@ package enum StreamsDatabase {
     /// takes them), the messages inserted together, and each stream's counters saved and
     /// limits kept once, after: a handful of statements for what came together, however many
     /// messages (two more for each stream given ids, and one for all their ids).
-    static func publish(_ db: Database, _ publications: [Publication], now: Double) throws -> [Result<API.Published, JSONRPCError>] {
+    static func publish(_ db: Database, _ publications: [Publication], removingAtMost most: Int, now: Double) throws -> [Result<API.Published, JSONRPCError>] {
         guard !publications.isEmpty else { return [] }
         // Without it, a publish could read a stream's old subjects, wait for the stream's row
         // while they change, and then keep the message there.
@@ -686,7 +694,7 @@ package enum StreamsDatabase {
             try db.execute("INSERT INTO message_ids (stream, id, seq, published_at) VALUES " + SQLRows.placeholders(rows: batch.newIDs.count, columns: 4),
                            batch.newIDs.flatMap { new -> [any SQLArgument] in [new.stream, new.id, new.sequence, now] })
         }
-        for name in batch.streams.keys.sorted() { try trim(db, &batch.streams[name]!, now: now) }
+        for name in batch.streams.keys.sorted() { try trim(db, &batch.streams[name]!, removingAtMost: most, now: now) }
         return outcomes
     }
 
@@ -738,7 +746,7 @@ package enum StreamsDatabase {
         }
     }
 
-    /// One of ``publish(_:_:now:)``'s messages.
+    /// One of ``publish(_:_:removingAtMost:now:)``'s messages.
     private static func publish(_ db: Database, _ publication: Publication, in batch: inout PublishBatch, now: Double) throws -> API.Published {
         let subject = publication.subject, data = publication.data
         guard let name = batch.streamOfSubject[subject], var stream = batch.streams[name] else {
@@ -836,7 +844,8 @@ package enum StreamsDatabase {
     /// kernel could not give every change since the last one kept (counted). `followed`: the
     /// stream the changes were followed for (deleted and made again since: -32004). Returns
     /// the captured sequence after.
-    static func capture(_ db: Database, _ followed: Capture, changes: [StateChange], gap: Bool, maxMessageBytes: Int, now: Double) throws -> Int {
+    static func capture(_ db: Database, _ followed: Capture, changes: [StateChange], gap: Bool, maxMessageBytes: Int, removingAtMost most: Int,
+                        now: Double) throws -> Int {
         let name = followed.stream
         var stream = try stream(db, name, locking: true)
         guard stream.captureState else {
@@ -853,7 +862,7 @@ package enum StreamsDatabase {
             guard subjects.contains(where: { change.key.hasPrefix($0) }) else { continue }
             kept.append((change.key, try stateChange(change, limit: min(stream.maxBytes, maxMessageBytes)), nil))
         }
-        try append(db, &stream, kept, now: now)
+        try append(db, &stream, kept, removingAtMost: most, now: now)
         try db.execute("UPDATE streams SET captured_seq = ?, capture_gaps = capture_gaps + ? WHERE name = ?", [captured, gap ? 1 : 0, name])
         return captured
     }
@@ -878,13 +887,13 @@ package enum StreamsDatabase {
     /// Adds `messages` at the stream's next sequences, in order, then removes the oldest past
     /// its limits and saves its counters: a few statements however many (a sync of the state
     /// captured brings every key under the stream's subjects at once).
-    private static func append(_ db: Database, _ stream: inout Stream, _ messages: [Appended], now: Double) throws {
+    private static func append(_ db: Database, _ stream: inout Stream, _ messages: [Appended], removingAtMost most: Int, now: Double) throws {
         guard !messages.isEmpty else { return }
         var made: [Message] = []
         made.reserveCapacity(messages.count)
         for message in messages { made.append(next(&stream, subject: message.subject, data: message.data, deadLetter: message.deadLetter, now: now)) }
         try insert(db, made)
-        try trim(db, &stream, now: now)
+        try trim(db, &stream, removingAtMost: most, now: now)
     }
 
     /// A message to insert.
@@ -897,7 +906,7 @@ package enum StreamsDatabase {
         var deadLetter: String?
     }
 
-    /// The stream's next message, counted in `stream` (its counters saved by ``trim(_:_:now:)``).
+    /// The stream's next message, counted in `stream` (its counters saved by ``trim(_:_:removingAtMost:now:)``).
     private static func next(_ stream: inout Stream, subject: String, data: [UInt8], deadLetter: String?, now: Double) -> Message {
         let sequence = stream.lastSeq + 1
         if stream.messages == 0 { stream.firstSeq = sequence }
@@ -923,20 +932,28 @@ package enum StreamsDatabase {
     static let messagesPerInsert = 1_000
 
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,
-    /// age), and saves its counters.
-    static func trim(_ db: Database, _ stream: inout Stream, now: Double) throws {
-        try dropPastLimits(db, &stream, now: now)
+    /// age), as ``dropPastLimits(_:_:removingAtMost:now:)`` does, and saves its counters.
+    static func trim(_ db: Database, _ stream: inout Stream, removingAtMost most: Int, now: Double) throws {
+        try dropPastLimits(db, &stream, removingAtMost: most, now: now)
         try save(db, stream)
     }
 
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,
     /// age), together (``removeAll(_:_:before:subject:)``): a few statements however many go
     /// (a burst of messages reaching its age at once), where statements for each would hold a
-    /// publish's transaction past its timeout. Its counters are the caller's to save.
-    private static func dropPastLimits(_ db: Database, _ stream: inout Stream, now: Double) throws {
+    /// publish's transaction past its timeout. Past its age, at most the `most` oldest
+    /// sequences go: a stream whose messages all reached it while nobody removed them (the
+    /// service stopped, the clock moved) would have millions go in one transaction, past
+    /// PostgreSQL's timeout. Returns false when more past the age may be left, which the next
+    /// publishes and fetches, and the service's look for them (``removeExpired(_:_:atMost:now:)``),
+    /// remove a transaction at a time. Its counters are the caller's to save.
+    @discardableResult
+    private static func dropPastLimits(_ db: Database, _ stream: inout Stream, removingAtMost most: Int, now: Double) throws -> Bool {
         // Within its count and bytes, only a stream with an age limit can have one to remove.
-        guard stream.messages > 0, stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || stream.maxAge != nil else { return }
-        try removeAll(db, &stream, before: try firstWithinLimits(db, stream, now: now))
+        guard stream.messages > 0, stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || stream.maxAge != nil else { return true }
+        let kept = try firstWithinLimits(db, stream, now: now, ageLookedAt: most)
+        try removeAll(db, &stream, before: kept.first)
+        return kept.complete
     }
 
     /// Removes messages of a work queue that are done with (acknowledged, terminated, moved to
@@ -1188,10 +1205,16 @@ package enum StreamsDatabase {
     /// out, as many as its most pending allows. Each is pending until `now + ack_wait`. The
     /// first is told what the consumer missed.
     /// The asks' batches come to at most ``mostPerStatement``.
-    static func fetch(_ db: Database, stream name: String, consumer consumerName: String, _ asks: [Ask], mostPending: Int, now: Double) throws -> [API.Fetched] {
+    static func fetch(_ db: Database, stream name: String, consumer consumerName: String, _ asks: [Ask], mostPending: Int,
+                      removingAtMost most: Int, now: Double) throws -> [API.Fetched] {
         var stream = try stream(db, name, locking: true)
         let read = stream
-        try dropPastLimits(db, &stream, now: now)
+        guard try dropPastLimits(db, &stream, removingAtMost: most, now: now) else {
+            // More past their age than a transaction removes: nothing is handed out until they
+            // are gone (this fetch removed the oldest of them), as none past its age may be.
+            try save(db, stream, readAs: read)
+            return asks.map { _ in API.Fetched(messages: [], missed: 0) }
+        }
         // Read after the limits are kept: the messages they removed are in its `missed`.
         var consumer = try consumer(db, stream: name, name: consumerName)
         var handout = Handout(asks)
@@ -1214,7 +1237,7 @@ package enum StreamsDatabase {
             // One given back undelivered (``Outcome/undelivered``) is handed out the first time now.
             if deliveries == 0 { delivered += 1 } else { redelivered += 1 }
         }
-        try giveUp(db, &stream, consumer: consumer, givenUp, now: now)
+        try giveUp(db, &stream, consumer: consumer, givenUp, removingAtMost: most, now: now)
         deadLettered = givenUp.count
         if !dueAgain.isEmpty {
             try db.execute("UPDATE pending SET deliveries = deliveries + 1, deadline = ? WHERE stream = ? AND consumer = ? AND seq IN "
@@ -1334,7 +1357,8 @@ package enum StreamsDatabase {
     /// dead-letter stream with why (a dead-letter stream's own are only dropped), and leave
     /// the consumer's pending messages (and a work queue); together, in a few statements
     /// however many.
-    private static func giveUp(_ db: Database, _ stream: inout Stream, consumer: Consumer, _ givenUp: [GivenUp], now: Double) throws {
+    private static func giveUp(_ db: Database, _ stream: inout Stream, consumer: Consumer, _ givenUp: [GivenUp], removingAtMost most: Int,
+                               now: Double) throws {
         guard !givenUp.isEmpty else { return }
         if let deadLetters = stream.deadLetters {
             var target = try self.stream(db, deadLetters, locking: true)
@@ -1343,7 +1367,7 @@ package enum StreamsDatabase {
                 let why = API.DeadLetter(reason: "handed out \(message.deliveries) times (max_deliver) without an acknowledgement", stream: name,
                                          sequence: message.sequence, consumer: consumer.name, deliveries: message.deliveries)
                 return (message.subject, message.data, String(decoding: try JSONValue(encoding: why).jsonBytes, as: UTF8.self))
-            }, now: now)
+            }, removingAtMost: most, now: now)
         }
         let sequences = givenUp.map(\.sequence)
         try db.execute("DELETE FROM pending WHERE stream = ? AND consumer = ? AND seq IN " + SQLRows.placeholders(rows: 1, columns: sequences.count),
@@ -1465,7 +1489,8 @@ package enum StreamsDatabase {
     /// statements for all of them. Several writes: one for a consumer that is not there is
     /// refused alone, found before anything is written (one query for all of them), so a
     /// reader that names the wrong consumer does not fail the others' transaction.
-    static func write(_ db: Database, _ writes: [ConsumerWrite], mostPending: Int, now: Double) throws -> [Result<JSONValue, JSONRPCError>] {
+    static func write(_ db: Database, _ writes: [ConsumerWrite], mostPending: Int, removingAtMost most: Int,
+                      now: Double) throws -> [Result<JSONValue, JSONRPCError>] {
         var results: [Result<JSONValue, JSONRPCError>?] = Array(repeating: nil, count: writes.count)
         if writes.count > 1 {
             for (index, refusal) in try refusals(db, writes) { results[index] = .failure(refusal) }
@@ -1493,7 +1518,7 @@ package enum StreamsDatabase {
                     guard case .fetch(let ask) = writes[index].kind else { preconditionFailure("a group of fetches holds only fetches") }
                     return ask
                 }
-                for (index, fetched) in zip(group, try fetch(db, stream: lead.stream, consumer: lead.consumer, asks, mostPending: mostPending, now: now)) {
+                for (index, fetched) in zip(group, try fetch(db, stream: lead.stream, consumer: lead.consumer, asks, mostPending: mostPending, removingAtMost: most, now: now)) {
                     results[index] = .success(try JSONValue(encoding: fetched))
                 }
             case .settle(_, let outcome):

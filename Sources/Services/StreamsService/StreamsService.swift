@@ -32,7 +32,7 @@ public actor StreamsService: BusService, ServiceWork {
     /// once, for all of them.
     private let publishes = GroupCommit<StreamsDatabase.Publication, API.Published>(maxBatch: StreamsDatabase.publicationsPerTransaction)
     /// Fetches and settlements likewise: one transaction for what came meanwhile, those of one
-    /// consumer and kind in the same statements (``StreamsDatabase/write(_:_:mostPending:now:)``).
+    /// consumer and kind in the same statements (``StreamsDatabase/write(_:_:mostPending:removingAtMost:now:)``).
     private let consumerWrites = GroupCommit<StreamsDatabase.ConsumerWrite, JSONValue>(maxBatch: StreamsDatabase.consumerWritesPerTransaction)
     /// Who waits for what in this process (``waitForWake(_:upTo:)``).
     private var waiting: [Wait: [UInt64: CheckedContinuation<Void, Never>]] = [:]
@@ -519,12 +519,12 @@ public actor StreamsService: BusService, ServiceWork {
         await written(batch, what: "publishes", together: { try await self.writeTogether($0) }, alone: { await self.writeAlone($0) })
     }
 
-    /// `batch` in one transaction (``StreamsDatabase/publish(_:_:now:)``), each named by its
-    /// request; throws when the transaction fails as a whole.
+    /// `batch` in one transaction (``StreamsDatabase/publish(_:_:removingAtMost:now:)``), each
+    /// named by its request; throws when the transaction fails as a whole.
     func writeTogether(_ batch: [StreamsDatabase.Publication]) async throws -> [Result<API.Published, JSONRPCError>] {
-        let now = now
+        let (now, most) = (now, configuration.removedPerTransaction)
         let outcomes = try await storage.write(requests: batch.map(\.request)) { db, todo in
-            try StreamsDatabase.publish(db, todo.map { batch[$0] }, now: now()).map { outcome in
+            try StreamsDatabase.publish(db, todo.map { batch[$0] }, removingAtMost: most, now: now()).map { outcome in
                 outcome.flatMap { published in Result { try JSONValue(encoding: published) }.mapError { JSONRPCError.internalError("\($0)") } }
             }
         }
@@ -535,8 +535,11 @@ public actor StreamsService: BusService, ServiceWork {
 
     /// A publish in a transaction of its own, named by its request as any write is: its outcome.
     private func writeAlone(_ publication: StreamsDatabase.Publication) async -> Result<API.Published, any Error> {
+        let most = configuration.removedPerTransaction
         do {
-            return .success(try await write(request: publication.request) { db, now in try StreamsDatabase.publish(db, [publication], now: now)[0].get() })
+            return .success(try await write(request: publication.request) { db, now in
+                try StreamsDatabase.publish(db, [publication], removingAtMost: most, now: now)[0].get()
+            })
         } catch {
             return .failure(error)
         }
@@ -547,22 +550,22 @@ public actor StreamsService: BusService, ServiceWork {
         await written(batch, what: "fetches and settlements", together: { try await self.writeTogether($0) }, alone: { await self.writeAlone($0) })
     }
 
-    /// `batch` in one transaction, each named by its request (``StreamsDatabase/write(_:_:mostPending:now:)``:
+    /// `batch` in one transaction, each named by its request (``StreamsDatabase/write(_:_:mostPending:removingAtMost:now:)``:
     /// one naming a consumer that is not there refused alone); throws when the transaction fails
     /// as a whole, and nothing is written.
     func writeTogether(_ batch: [StreamsDatabase.ConsumerWrite]) async throws -> [Result<JSONValue, JSONRPCError>] {
-        let (now, mostPending) = (now, configuration.maxAckPending)
+        let (now, mostPending, most) = (now, configuration.maxAckPending, configuration.removedPerTransaction)
         return try await storage.write(requests: batch.map(\.request)) { db, todo in
-            try StreamsDatabase.write(db, todo.map { batch[$0] }, mostPending: mostPending, now: now())
+            try StreamsDatabase.write(db, todo.map { batch[$0] }, mostPending: mostPending, removingAtMost: most, now: now())
         }
     }
 
     /// A fetch or settlement in a transaction of its own, named by its request: its outcome.
     private func writeAlone(_ write: StreamsDatabase.ConsumerWrite) async -> Result<JSONValue, any Error> {
-        let (now, mostPending) = (now, configuration.maxAckPending)
+        let (now, mostPending, most) = (now, configuration.maxAckPending, configuration.removedPerTransaction)
         do {
             return .success(try await storage.write(request: write.request) { db in
-                try StreamsDatabase.write(db, [write], mostPending: mostPending, now: now())[0].get()
+                try StreamsDatabase.write(db, [write], mostPending: mostPending, removingAtMost: most, now: now())[0].get()
             })
         } catch {
             return .failure(error)
