@@ -427,33 +427,39 @@ package enum StreamsDatabase {
     /// stream's) and limits, and its dead-letter stream's limits with them (as `stream.add`
     /// made them), for the key that added it or an operator; a `maxBytes` raised, within the
     /// key's quota of bytes. Lowered, what is past the limits goes at once, the oldest first,
-    /// each consumer counting what it missed, as a publish past them would remove them
+    /// each consumer counting what it missed, as a publish past them removes them
     /// (``updateAllButLowered(_:_:by:quota:now:)`` removed most of it before, when much goes).
-    /// A `maxAge` of 0 lifts the age limit. Only the limits it raises when `lowering` is false.
+    /// A `maxAge` of 0 lifts the age limit.
     static func updateStream(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
-                             now: Double, lowering: Bool = true) throws -> API.StreamInfo {
-        var changed = try withLimits(db, asked, by: caller, quota: quota, lowering: lowering)
+                             removingAtMost most: Int, now: Double) throws -> API.StreamInfo {
+        var changed = try change(db, asked, by: caller, quota: quota, lowering: true)
+        for index in changed.indices { try trim(db, &changed[index], removingAtMost: most, now: now) }
+        return try info(db, changed[0])
+    }
+
+    /// Checks and makes the changes `asked` gives (``withLimits(_:_:by:quota:lowering:)``), and
+    /// holds its subjects; removes nothing. The stream and its dead-letter stream as changed.
+    private static func change(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
+                               lowering: Bool) throws -> [Stream] {
+        let changed = try withLimits(db, asked, by: caller, quota: quota, lowering: lowering)
         if let subjects = asked.subjects { try hold(db, subjects, for: asked.name) }
-        for index in changed.indices {
-            let stream = changed[index]
+        for stream in changed {
             try db.execute("UPDATE streams SET max_messages = ?, max_bytes = ?, max_age = ?, duplicate_window = ? WHERE name = ?",
                            [stream.maxMessages, stream.maxBytes, stream.maxAge, stream.duplicateWindow, stream.name])
-            try removeAll(db, &changed[index], before: try firstWithinLimits(db, stream, now: now).first)
-            try save(db, changed[index])
         }
-        return try info(db, changed[0])
+        return changed
     }
 
     /// The first of a `stream.update` that lowers limits: makes every change `asked` gives but
     /// the lowered limits (subjects, duplicate window, limits raised), checked as
-    /// ``updateStream(_:_:by:quota:now:lowering:)`` checks it, and says what the lowered limits
-    /// remove from the stream and its dead-letter stream. The service removes that a
+    /// ``updateStream(_:_:by:quota:removingAtMost:now:)`` checks it, and says what the lowered
+    /// limits remove from the stream and its dead-letter stream. The service removes that a
     /// transaction at a time, then lowers the limits, so that however much goes, no transaction
     /// removes much. All that can refuse the update (subjects another stream holds, the quota)
     /// is checked and taken here, before anything is removed: the last transaction only lowers.
     static func updateAllButLowered(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
                                     now: Double) throws -> [Removal] {
-        _ = try updateStream(db, asked, by: caller, quota: quota, now: now, lowering: false)
+        _ = try change(db, asked, by: caller, quota: quota, lowering: false)
         return try withLimits(db, asked, by: caller, quota: quota).compactMap { stream in
             let first = try firstWithinLimits(db, stream, now: now).first
             guard first > stream.firstSeq, stream.messages > 0 else { return nil }

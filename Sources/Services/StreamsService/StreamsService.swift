@@ -164,7 +164,10 @@ public actor StreamsService: BusService, ServiceWork {
             }
             _ = try await removeInSteps(removals)
         }
-        let updated: API.StreamInfo = try await write { [asked] db, now in try StreamsDatabase.updateStream(db, asked, by: caller, quota: quota, now: now) }
+        let most = configuration.removedPerTransaction
+        let updated: API.StreamInfo = try await write { [asked] db, now in
+            try StreamsDatabase.updateStream(db, asked, by: caller, quota: quota, removingAtMost: most, now: now)
+        }
         // Limits lowered remove what is past them, as a purge does: its room is given back.
         if limitsGiven { giveBackRoom() }
         return updated
