@@ -172,8 +172,8 @@ package enum StreamsDatabase {
                 WHERE stream <> ? AND (substr(?, 1, length(prefix)) = prefix OR substr(prefix, 1, length(?)) = ?)
                 """, [name, prefix, prefix, prefix]) {
                 let (other, stream) = (try held.text("prefix"), try held.text("stream"))
-                throw JSONRPCError(code: JSONRPCError.conflictCode,
-                                   message: "Conflict: subjects \(prefix) and \(other) overlap, and stream \(stream) holds \(other)",
+                let overlap = other == prefix ? "" : "subjects \(prefix) and \(other) overlap, and "
+                throw JSONRPCError(code: JSONRPCError.conflictCode, message: "Conflict: \(overlap)stream \(stream) holds \(other)",
                                    data: ["stream": .string(stream), "subject": .string(other)])
             }
         }
