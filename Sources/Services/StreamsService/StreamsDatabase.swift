@@ -579,15 +579,12 @@ package enum StreamsDatabase {
     }
 
     /// Removes the stream's oldest messages past its age, of its first `most` sequences, each
-    /// consumer counting what it missed; says whether more of them may be (the sequences
-    /// after those were not looked at). Nothing once the stream is gone or added again.
+    /// consumer counting what it missed, as a publish keeps its limits (``trim(_:_:removingAtMost:now:)``);
+    /// says whether more of them may be (the sequences after those were not looked at).
+    /// Nothing once the stream is gone or added again.
     static func removeExpired(_ db: Database, _ expired: Expired, atMost most: Int, now: Double) throws -> Bool {
         guard var stream = try stream(db, expired.stream, addedAt: expired.createdAt), stream.maxAge != nil, stream.messages > 0 else { return false }
-        let looked = min(stream.firstSeq + most, stream.lastSeq + 1)
-        let first = try firstWithinAge(db, stream, from: stream.firstSeq, before: looked, now: now)
-        try removeAll(db, &stream, before: first ?? looked)
-        try save(db, stream)
-        return first == nil && looked <= stream.lastSeq
+        return try !trim(db, &stream, removingAtMost: most, now: now)
     }
 
     /// Removes every message before sequence `first` (with `subject`, those whose subject
@@ -938,10 +935,13 @@ package enum StreamsDatabase {
     static let messagesPerInsert = 1_000
 
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,
-    /// age), as ``dropPastLimits(_:_:removingAtMost:now:)`` does, and saves its counters.
-    static func trim(_ db: Database, _ stream: inout Stream, removingAtMost most: Int, now: Double) throws {
-        try dropPastLimits(db, &stream, removingAtMost: most, now: now)
+    /// age), as ``dropPastLimits(_:_:removingAtMost:now:)`` does (and says what it says), and
+    /// saves its counters.
+    @discardableResult
+    static func trim(_ db: Database, _ stream: inout Stream, removingAtMost most: Int, now: Double) throws -> Bool {
+        let complete = try dropPastLimits(db, &stream, removingAtMost: most, now: now)
         try save(db, stream)
+        return complete
     }
 
     /// Removes the oldest messages while the stream is past one of its limits (count, bytes,
@@ -953,7 +953,6 @@ package enum StreamsDatabase {
     /// PostgreSQL's timeout. Returns false when more past the age may be left, which the next
     /// publishes and fetches, and the service's look for them (``removeExpired(_:_:atMost:now:)``),
     /// remove a transaction at a time. Its counters are the caller's to save.
-    @discardableResult
     private static func dropPastLimits(_ db: Database, _ stream: inout Stream, removingAtMost most: Int, now: Double) throws -> Bool {
         // Within its count and bytes, only a stream with an age limit can have one to remove.
         guard stream.messages > 0, stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || stream.maxAge != nil else { return true }
