@@ -469,7 +469,8 @@ let package = Package(
         ),
         .testTarget(
             name: "StreamsServiceTests",
-            dependencies: ["Contracts", "Storage", "StreamsService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport", "ZeroMQ"],
+            dependencies: ["Contracts", "Storage", "StreamsService", "BusKit", "BusProtocol", "Kernel", "SwitchboardTestSupport", "ZeroMQ",
+                           .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: sharedSettings
         ),
         .testTarget(

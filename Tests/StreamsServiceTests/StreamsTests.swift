@@ -2,6 +2,7 @@ import BusKit
 import BusProtocol
 import Contracts
 import Foundation
+import GRDB
 import Kernel
 import Logging
 import Storage
@@ -279,6 +280,67 @@ struct StreamsTests {
             #expect(!later.duplicate && later.sequence == 3)
             #expect(try await bus.client.call(API.streamInfo, .init(name: "events")).messages == 3)
         }
+    }
+
+    @Test("a stream remembers at most maxMessages ids, the newest, however long its duplicate window: an older one re-sent is kept anew; ids past the window go a transaction's worth at a time at the publishes with ids, one re-sent meanwhile kept anew; the count each stream keeps of its ids stays right",
+          arguments: Backend.available)
+    func idsBounded(backend: Backend) async throws {
+        try await StreamsBus.with(backend, { $0.removedPerTransaction = 7 }) { bus in
+            @Sendable func remembered(_ stream: String) async throws -> (rows: Int, counted: Int) {
+                try await bus.service.read { db in
+                    (try db.int("SELECT COUNT(*) FROM message_ids WHERE stream = ?", [stream]) ?? -1,
+                     try db.int("SELECT ids FROM streams WHERE name = ?", [stream]) ?? -1)
+                }
+            }
+            _ = try await bus.client.call(API.streamAdd, .init(name: "events", subjects: ["ev."], maxMessages: 5, duplicateWindow: 86_400))
+            for number in 1...8 {
+                _ = try await bus.publish("ev.a", .int(Int64(number)), id: "e-\(number)")
+                bus.time.advance(1)
+            }
+            #expect(try await remembered("events") == (5, 5))
+            #expect(try await bus.publish("ev.a", 8, id: "e-8").duplicate, "among the newest five")
+            let again = try await bus.publish("ev.a", 3, id: "e-3")
+            #expect(!again.duplicate && again.sequence == 9, "forgotten: kept anew")
+            #expect(try await remembered("events") == (5, 5))
+
+            _ = try await bus.client.call(API.streamAdd, .init(name: "many", subjects: ["many"], maxMessages: 1_000, duplicateWindow: 60))
+            for number in 1...20 {
+                _ = try await bus.publish("many", .int(Int64(number)), id: "m-\(number)")
+                bus.time.advance(1)
+            }
+            #expect(try await remembered("many") == (20, 20))
+            bus.time.advance(60)
+            // All 20 are past the window. m-3, still remembered, is kept anew, and the seven
+            // oldest of the others forgotten.
+            #expect(try await !bus.publish("many", 3, id: "m-3").duplicate)
+            #expect(try await remembered("many") == (13, 13))
+            _ = try await bus.publish("many", "no id")
+            #expect(try await remembered("many") == (13, 13), "a publish without an id forgets none")
+            #expect(try await bus.publish("many", 3, id: "m-3").duplicate, "within the window since it was kept anew")
+            #expect(try await remembered("many") == (6, 6), "a duplicate's publish forgets seven more")
+            _ = try await bus.publish("many", 100, id: "m-100")
+            #expect(try await remembered("many") == (2, 2), "m-3 and m-100")
+            _ = try await bus.publish("many", 101, id: "m-101")
+            #expect(try await remembered("many") == (3, 3))
+        }
+    }
+
+    @Test("streams made before each stream counted its ids count them as they open (schema v6)")
+    func idsCountedOnMigration() throws {
+        let queue = try DatabaseQueue()
+        try StreamsSchema.migrator.migrate(queue, upTo: "v5")
+        try queue.write { db in
+            for name in ["quiet", "busy"] {
+                try db.execute(sql: "INSERT INTO streams (name, retention, max_messages, max_bytes, duplicate_window, created_at) VALUES (?, 'limits', 10, 10, 60, 0)",
+                               arguments: [name])
+            }
+            for id in ["a", "b", "c"] {
+                try db.execute(sql: "INSERT INTO message_ids (stream, id, seq, published_at) VALUES ('busy', ?, 1, 0)", arguments: [id])
+            }
+        }
+        try StreamsSchema.migrator.migrate(queue)
+        let counted = try queue.read { db in try Row.fetchAll(db, sql: "SELECT name, ids FROM streams ORDER BY name").map { [$0["name"] as String: $0["ids"] as Int] } }
+        #expect(counted == [["busy": 3], ["quiet": 0]])
     }
 
     @Test("publishes that come together are written as one, each kept as it would be alone: in order, an id met twice kept once, a subject no stream holds or a message over max_bytes refused alone, the limits kept; a request named twice is written once, one written before answers its first result",

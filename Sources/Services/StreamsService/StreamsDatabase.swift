@@ -42,6 +42,8 @@ package enum StreamsDatabase {
         var bytes: Int
         var firstSeq: Int
         var lastSeq: Int
+        /// The publishers' ids it remembers (``forgetIDs(_:_:removingAtMost:now:)``).
+        var ids: Int
         var createdAt: Double
         /// Keeps the kernel's state changes under its subjects (``capture(_:_:changes:gap:maxMessageBytes:removingAtMost:now:)``).
         var captureState: Bool
@@ -56,8 +58,8 @@ package enum StreamsDatabase {
             (maxMessages, maxBytes, maxAge, duplicateWindow)
                 = (try row.int("max_messages"), try row.int("max_bytes"), try row.optionalDouble("max_age"), try row.double("duplicate_window"))
             deadLetters = try row.optionalText("dead_letters")
-            (messages, bytes, firstSeq, lastSeq, createdAt)
-                = (try row.int("messages"), try row.int("bytes"), try row.int("first_seq"), try row.int("last_seq"), try row.double("created_at"))
+            (messages, bytes, firstSeq, lastSeq, ids, createdAt) = (try row.int("messages"), try row.int("bytes"), try row.int("first_seq"),
+                                                                    try row.int("last_seq"), try row.int("ids"), try row.double("created_at"))
             (captureState, capturedSeq, captureGaps) = (try row.int("capture_state") != 0, try row.int("captured_seq"), try row.int("capture_gaps"))
             owner = try row.optionalText("owner")
         }
@@ -66,7 +68,7 @@ package enum StreamsDatabase {
             (name, retention, maxMessages, maxBytes, maxAge, duplicateWindow)
                 = (config.name, config.retention, config.maxMessages, config.maxBytes, config.maxAge, config.duplicateWindow)
             self.deadLetters = deadLetters
-            (messages, bytes, firstSeq, lastSeq, createdAt) = (0, 0, 1, 0, now)
+            (messages, bytes, firstSeq, lastSeq, ids, createdAt) = (0, 0, 1, 0, 0, now)
             (captureState, capturedSeq, captureGaps) = (config.captureState, 0, 0)
             self.owner = owner
         }
@@ -696,9 +698,38 @@ package enum StreamsDatabase {
         if !batch.newIDs.isEmpty {
             try db.execute("INSERT INTO message_ids (stream, id, seq, published_at) VALUES " + SQLRows.placeholders(rows: batch.newIDs.count, columns: 4),
                            batch.newIDs.flatMap { new -> [any SQLArgument] in [new.stream, new.id, new.sequence, now] })
+            for new in batch.newIDs { batch.streams[new.stream]!.ids += 1 }
         }
+        for name in batch.knownIDs.keys.sorted() { try forgetIDs(db, &batch.streams[name]!, removingAtMost: most, now: now) }
         for name in batch.streams.keys.sorted() { try trim(db, &batch.streams[name]!, removingAtMost: most, now: now) }
         return outcomes
+    }
+
+    /// Forgets the stream's oldest ids while they are past its duplicate window or more than
+    /// its `maxMessages`, about `most` a transaction at most: a client publishing unique ids
+    /// makes the stream remember no more ids than it may hold messages, however long its
+    /// window, and millions that passed the window while nobody published go over the next
+    /// publishes with ids, not in one transaction past PostgreSQL's timeout. Its counters are
+    /// the caller's to save.
+    private static func forgetIDs(_ db: Database, _ stream: inout Stream, removingAtMost most: Int, now: Double) throws {
+        // Both are the oldest by the time each was published, so what goes is the stream's ids
+        // below a time, deleted along their index: the window's start, or the time of the last
+        // one over the count when that is later, or the `most`-th oldest's when that is
+        // sooner. A transaction's publishes share a time: a bound taken from one of them takes
+        // those published with it too, a few more than asked.
+        typealias Bound = (time: Double, inclusive: Bool)
+        func below(_ bound: Bound) -> String { bound.inclusive ? "published_at <= ?" : "published_at < ?" }
+        func timeOfOldest(_ rank: Int, below bound: Bound) throws -> Double? {
+            try db.row("SELECT published_at FROM message_ids WHERE stream = ? AND \(below(bound)) ORDER BY published_at LIMIT 1 OFFSET ?",
+                       [stream.name, bound.time, rank - 1])?.double("published_at")
+        }
+        var bound: Bound = (now - stream.duplicateWindow, false)
+        let overCount = min(stream.ids - stream.maxMessages, most)
+        if overCount > 0, let lastOver = try timeOfOldest(overCount, below: (.greatestFiniteMagnitude, true)), lastOver >= bound.time {
+            bound = (lastOver, true)
+        }
+        if let cut = try timeOfOldest(most, below: bound) { bound = (cut, true) }
+        stream.ids -= try db.execute("DELETE FROM message_ids WHERE stream = ? AND " + below(bound), [stream.name, bound.time])
     }
 
     /// What one transaction of publishes has read and is to write.
@@ -729,8 +760,10 @@ package enum StreamsDatabase {
             }
         }
 
-        /// Forgets, in each stream given ids, those past its duplicate window, and reads which
-        /// of the ids it still knows: two statements for each such stream, however many ids.
+        /// Reads which of the ids given each stream it knows within its duplicate window, and
+        /// forgets those it remembers from before the window (the rest of those are forgotten
+        /// a transaction's worth at a time, after: ``forgetIDs(_:_:removingAtMost:now:)``): two
+        /// statements for each stream given ids, however many.
         mutating func readIDs(_ db: Database, of publications: [Publication], now: Double) throws {
             var asked: [String: Set<String>] = [:]
             for publication in publications {
@@ -738,7 +771,8 @@ package enum StreamsDatabase {
             }
             for (name, ids) in asked.sorted(by: { $0.key < $1.key }) {
                 guard let stream = streams[name] else { continue }
-                try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ?", [name, now - stream.duplicateWindow])
+                streams[name]!.ids -= try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ? AND id IN " + SQLRows.placeholders(rows: 1, columns: ids.count),
+                                                     [name, now - stream.duplicateWindow] + ids.sorted())
                 var known: [String: Int] = [:]
                 for row in try db.rows("SELECT id, seq FROM message_ids WHERE stream = ? AND id IN " + SQLRows.placeholders(rows: 1, columns: ids.count),
                                        [name] + ids.sorted()) {
@@ -981,9 +1015,11 @@ package enum StreamsDatabase {
     /// Saves the stream's counters; with `read`, only when they differ from what was read (a
     /// write that removed nothing leaves the row as it was).
     private static func save(_ db: Database, _ stream: Stream, readAs read: Stream? = nil) throws {
-        if let read, (read.messages, read.bytes, read.firstSeq, read.lastSeq) == (stream.messages, stream.bytes, stream.firstSeq, stream.lastSeq) { return }
-        try db.execute("UPDATE streams SET messages = ?, bytes = ?, first_seq = ?, last_seq = ? WHERE name = ?",
-                       [stream.messages, stream.bytes, stream.firstSeq, stream.lastSeq, stream.name])
+        if let read, (read.messages, read.bytes, read.firstSeq, read.lastSeq, read.ids) == (stream.messages, stream.bytes, stream.firstSeq, stream.lastSeq, stream.ids) {
+            return
+        }
+        try db.execute("UPDATE streams SET messages = ?, bytes = ?, first_seq = ?, last_seq = ?, ids = ? WHERE name = ?",
+                       [stream.messages, stream.bytes, stream.firstSeq, stream.lastSeq, stream.ids, stream.name])
     }
 
     // MARK: Consumers

@@ -96,6 +96,9 @@ enum StreamsSchema {
         migrator.registerMigration("v5") { db in
             try db.execute(sql: deletedStreamsTable)
         }
+        migrator.registerMigration("v6") { db in
+            try db.execute(sql: idsColumn(integer: "INTEGER"))
+        }
         return migrator
     }
 
@@ -129,6 +132,7 @@ enum StreamsSchema {
         ownerColumns,
         maxAckPendingColumn(integer: "BIGINT"),
         deletedStreamsTable,
+        idsColumn(integer: "BIGINT"),
     ]
 
     /// v2: a stream that captures the kernel's state (`capture_state` 1) keeps the state's
@@ -158,6 +162,16 @@ enum StreamsSchema {
     /// v5: the streams deleted whose messages, ids and pending deliveries are still being
     /// removed, a transaction at a time (``StreamsDatabase/removeDeleted(_:_:atMost:)``).
     private static let deletedStreamsTable = "CREATE TABLE deleted_streams (name TEXT PRIMARY KEY);"
+
+    /// v6: how many publishers' ids each stream remembers, kept with every id remembered and
+    /// forgotten as `messages` is, so a publish knows without counting whether the stream
+    /// remembers more than its `max_messages` (``StreamsDatabase/forgetIDs(_:_:removingAtMost:now:)``).
+    private static func idsColumn(integer: String) -> String {
+        """
+        ALTER TABLE streams ADD COLUMN ids \(integer) NOT NULL DEFAULT 0;
+        UPDATE streams SET ids = (SELECT COUNT(*) FROM message_ids WHERE message_ids.stream = streams.name);
+        """
+    }
 
     /// The PostgreSQL schema (namespace) the tables are in, and the lock migrating takes.
     static let postgresSchema = "switchboard_streams"
