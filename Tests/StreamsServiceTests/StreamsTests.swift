@@ -800,6 +800,34 @@ struct StreamsTests {
         }
     }
 
+    @Test("a stream added again under the name of one deleted removes what is left of the old one's rows before it takes the lock every publish shares: the other streams' publishes go on while it waits for those rows",
+          .enabled(if: TestPostgres.available, "skipped: no PostgreSQL server installed (the test bootstrap installs it)"))
+    func addAgainLetsOthersPublish() async throws {
+        try await StreamsBus.with(.postgres) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            _ = try await bus.client.call(API.streamAdd, .init(name: "other", subjects: ["other."]))
+            try await bus.publish("orders.new", 1)
+            // Deleted without the service's removal after it: its rows stay, listed as deleted.
+            _ = try await bus.service.write(request: nil) { db, _ in try StreamsDatabase.deleteStream(db, "orders", by: nil) }
+            let server = try #require(bus.postgres)
+            // Another session midway through removing them, as another process's removal would be.
+            let remover = try server.session()
+            defer { remover.stop() }
+            remover.send("BEGIN; SELECT name FROM switchboard_streams.deleted_streams WHERE name = 'orders' FOR UPDATE; SELECT 'midway';\n")
+            _ = try await remover.waitForOutput(containing: "midway", within: 10)
+            async let added = bus.client.call(API.streamAdd, .init(name: "orders", subjects: ["orders."]))
+            let watcher = try server.session()
+            defer { watcher.stop() }
+            try await server.waitForLockWaiters(1, where: "true", on: watcher)
+            // The add waits for the old rows; a publish to another stream does not wait for the add.
+            #expect(try await bus.publish("other.new", 2).sequence == 1)
+            remover.send("COMMIT;\n")
+            let again = try await added
+            #expect(again.messages == 0 && again.lastSequence == 0, "\(again)")
+            #expect(try await bus.publish("orders.new", 3).sequence == 1)
+        }
+    }
+
     @Test("stream.delete answers once the stream and its consumers are gone; its messages, ids and pending deliveries go after, a few at a time; added again under the name it starts empty from 1; what a stopped process left the next removes",
           arguments: Backend.available)
     func deletedStreamsRowsGoAfter(backend: Backend) async throws {

@@ -124,6 +124,10 @@ package enum StreamsDatabase {
     /// there already or the caller's quota is spent; the same settings again change nothing.
     static func addStream(_ db: Database, _ settings: Settings, atMost most: Int, by caller: CallerIdentity?, quota: ClientQuota,
                           now: Double) throws -> API.StreamInfo {
+        // A stream of this name deleted a moment ago: its rows go first, all at once, as the
+        // new stream's sequences start again from 1; before the lock every publish shares, as
+        // nothing publishes to a stream that is gone, and the others' publishes go on meanwhile.
+        for name in [settings.name, API.deadLetters(of: settings.name)] { _ = try removeDeleted(db, name, atMost: .max) }
         try db.lockAll(addingStreams)
         if let row = try db.row("SELECT * FROM streams WHERE name = ?", [settings.name]) {
             let existing = try Stream(row: row)
@@ -151,9 +155,6 @@ package enum StreamsDatabase {
         }
         try checkNoOtherHolds(db, settings.subjects, besides: settings.name)
         let deadLetters = API.deadLetters(of: settings.name)
-        // A stream of this name deleted a moment ago: its rows go first, all at once, as the
-        // new stream's sequences start again from 1.
-        for name in [settings.name, deadLetters] { _ = try removeDeleted(db, name, atMost: .max) }
         let stream = Stream(settings, deadLetters: deadLetters, owner: caller?.key, now: now)
         try insert(db, stream)
         // The dead-letter stream keeps what its stream's consumers could not have done, under
