@@ -187,6 +187,34 @@ struct SchemaRefusedTests {
     }
 }
 
+extension PostgresFaultTests {
+    @Test("an upgrade's migration that takes longer than an operation's timeout is made once and said, and the service is then ready: it is not failed at every start by that timeout")
+    func longMigration() async throws {
+        let server = try await TestPostgres.start()
+        defer { server.stop() }
+        let log = LogLines()
+        let settings = PostgresSettings(url: server.url(), poolSize: 2, tls: .disable, operationTimeout: .seconds(1))
+        /// A writer at the schema's version `migrations.count`, ready; its connections end after.
+        func ready(_ migrations: [String]) async throws {
+            let writer = try PostgresWriter(settings: settings, schema: "upgraded", migrations: migrations, lockKey: 1, replyWindow: .seconds(60),
+                                            logger: log.logger("store"))
+            let connections = Task { try await writer.connections.run() }
+            try await within(30, "the database ready at version \(migrations.count)") { await writer.waitUntilReady() }
+            connections.cancel()
+            _ = await connections.result
+        }
+        try await ready([PostgresWriter.repliesTable])
+        // Version 2 takes twice the operations' timeout, as counting a large table would.
+        let upgraded = [PostgresWriter.repliesTable, "CREATE TABLE counted (n INT); SELECT pg_sleep(2)"]
+        try await ready(upgraded)
+        try await ready(upgraded)
+        let lines = log.lines.value
+        #expect(lines.filter { $0.contains("migrating the database schema") }.count == 2, "once at each version: \(log.text)")
+        #expect(lines.contains { $0.contains("migrating the database schema") && $0.contains("from=1") && $0.contains("to=2") }, "\(log.text)")
+        #expect(!log.text.contains("cannot reach the database"), "\(log.text)")
+    }
+}
+
 @Suite("store on PostgreSQL: a database that never answers")
 struct SilentDatabaseTests {
     @Test("a server that accepts connections and then answers no query: each operation gives up at its deadline and says so, and the store still stops")

@@ -219,18 +219,34 @@ extension PSQLError {
 /// A service's schema in a PostgreSQL database: one migration per version (never edit a
 /// shipped one: add one), applied in order at start and recorded in `schema_version`.
 package enum PostgresSchema {
+    /// The version of the schema the database holds (0: none yet), on the connections' search path.
+    package static func version(_ connection: PostgresConnection, logger: Logger) async throws -> Int {
+        var made = false
+        for try await found in try await connection.query("SELECT to_regclass('schema_version') IS NOT NULL", logger: logger).decode(Bool.self) {
+            made = found
+        }
+        guard made else { return 0 }
+        var version = 0
+        for try await found in try await connection.query("SELECT COALESCE(MAX(version), 0) FROM schema_version", logger: logger).decode(Int.self) {
+            version = found
+        }
+        return version
+    }
+
     /// Applies the migrations not applied yet, in one transaction, under the advisory lock
     /// `lockKey`: workers starting together migrate once, the others wait for it. With a
     /// `schema` (the connections' search path), it is created first, and holds the version.
-    package static func migrate(_ connection: PostgresConnection, schema: String? = nil, migrations: [String], lockKey: Int64, logger: Logger) async throws {
+    /// Its statements, and the wait for another process's migration, may each take up to
+    /// `statementTimeout` (the connection's own is an operation's).
+    package static func migrate(_ connection: PostgresConnection, schema: String? = nil, migrations: [String], lockKey: Int64,
+                                statementTimeout: Duration, logger: Logger) async throws {
         try await connection.withTransaction(logger: logger) { connection in
+            let milliseconds = statementTimeout.components.seconds * 1_000 + statementTimeout.components.attoseconds / 1_000_000_000_000_000
+            try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL statement_timeout = \(milliseconds)"), logger: logger)
             try await connection.query("SELECT pg_advisory_xact_lock(\(lockKey))", logger: logger)
             if let schema { try await connection.query(PostgresQuery(unsafeSQL: "CREATE SCHEMA IF NOT EXISTS \(schema)"), logger: logger) }
             try await connection.query("CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)", logger: logger)
-            var version = 0
-            for try await (found) in try await connection.query("SELECT COALESCE(MAX(version), 0) FROM schema_version", logger: logger).decode(Int.self) {
-                version = found
-            }
+            let version = try await Self.version(connection, logger: logger)
             for (index, migration) in migrations.enumerated() where index + 1 > version {
                 for statement in migration.split(separator: ";").map({ $0.trimmingCharacters(in: .whitespacesAndNewlines) }) where !statement.isEmpty {
                     try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
@@ -240,5 +256,4 @@ package enum PostgresSchema {
             }
         }
     }
-
 }

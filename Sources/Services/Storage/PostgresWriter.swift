@@ -1,3 +1,4 @@
+import BusKit
 package import BusProtocol
 import Foundation
 package import Logging
@@ -92,13 +93,29 @@ package actor PostgresWriter {
     private func migrate() async throws {
         guard !migrated else { return }
         let connections = connections, schema = schema, migrations = migrations, lockKey = lockKey, logger = logger, timeout = settings.operationTimeout
-        try await settings.bounded {
-            try await connections.withConnection(leasedWithin: timeout) { connection in
-                try await PostgresSchema.migrate(connection, schema: schema, migrations: migrations, lockKey: lockKey, logger: logger)
+        // Every start but an upgrade's finds the schema up to date: looked at as an operation
+        // is, so a database away is said as soon.
+        let current = try await settings.bounded {
+            try await connections.withConnection(leasedWithin: timeout) { connection in try await PostgresSchema.version(connection, logger: logger) }
+        }
+        if current < migrations.count {
+            // An upgrade's migration may count or rewrite large tables, and another process
+            // may be making it: it has ``migrationLimit``, not an operation's timeout, which
+            // would fail it at every start for good.
+            logger.notice("migrating the database schema", metadata: ["from": "\(current)", "to": "\(migrations.count)"])
+            let limit = Self.migrationLimit, url = settings.redactedURL
+            let tooLong = { @Sendable in StorageFailure(reason: "busy", detail: "migrating the schema to version \(migrations.count) did not end within \(limit.formatted)", path: url) }
+            try await withDeadline(limit, expired: tooLong) {
+                try await connections.withConnection(leasedWithin: timeout) { connection in
+                    try await PostgresSchema.migrate(connection, schema: schema, migrations: migrations, lockKey: lockKey, statementTimeout: limit, logger: logger)
+                }
             }
         }
         migrated = true
     }
+
+    /// How long migrating the schema at an upgrade may take.
+    static let migrationLimit = Duration.seconds(600)
 
     /// Keeps each result as its request's, in the transaction of the requests' effects: a
     /// second copy of a request fails on the table's key.
