@@ -64,6 +64,21 @@ package enum StreamsDatabase {
             owner = try row.optionalText("owner")
         }
 
+        /// As `asked` changes it: its limits (those it lowers only when `lowering`), and, for the
+        /// stream it names, the duplicate window (nothing is published to the dead letters
+        /// with an id).
+        func changed(by asked: API.StreamSettings, lowering: Bool) -> Stream {
+            var changed = self
+            if let maxMessages = asked.maxMessages, lowering || maxMessages > self.maxMessages { changed.maxMessages = maxMessages }
+            if let maxBytes = asked.maxBytes, lowering || maxBytes > self.maxBytes { changed.maxBytes = maxBytes }
+            // No age limit is the highest.
+            if let maxAge = asked.maxAge.map(ageLimit), lowering || self.maxAge.map({ (maxAge ?? .infinity) > $0 }) == true {
+                changed.maxAge = maxAge
+            }
+            if name == asked.name { changed.duplicateWindow = asked.duplicateWindow ?? duplicateWindow }
+            return changed
+        }
+
         init(_ config: Settings, deadLetters: String?, owner: String?, now: Double) {
             (name, retention, maxMessages, maxBytes, maxAge, duplicateWindow)
                 = (config.name, config.retention, config.maxMessages, config.maxBytes, config.maxAge, config.duplicateWindow)
@@ -435,16 +450,16 @@ package enum StreamsDatabase {
     /// A `maxAge` of 0 lifts the age limit.
     static func updateStream(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
                              removingAtMost most: Int, now: Double) throws -> API.StreamInfo {
-        var changed = try change(db, asked, by: caller, quota: quota, lowering: true)
+        var changed = try change(db, asked, try checked(db, asked, by: caller, quota: quota), lowering: true)
         for index in changed.indices { try trim(db, &changed[index], removingAtMost: most, now: now) }
         return try info(db, changed[0])
     }
 
-    /// Checks and makes the changes `asked` gives (``withLimits(_:_:by:quota:lowering:)``), and
-    /// holds its subjects; removes nothing. The stream and its dead-letter stream as changed.
-    private static func change(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
-                               lowering: Bool) throws -> [Stream] {
-        let changed = try withLimits(db, asked, by: caller, quota: quota, lowering: lowering)
+    /// Makes the changes `asked` gives to the stream and its dead-letter stream as `read`
+    /// (``checked(_:_:by:quota:)``), the limits it lowers only when `lowering`, and holds its
+    /// subjects; removes nothing. The two streams as changed.
+    private static func change(_ db: Database, _ asked: API.StreamSettings, _ read: [Stream], lowering: Bool) throws -> [Stream] {
+        let changed = read.map { $0.changed(by: asked, lowering: lowering) }
         if let subjects = asked.subjects { try hold(db, subjects, for: asked.name) }
         for stream in changed {
             try db.execute("UPDATE streams SET max_messages = ?, max_bytes = ?, max_age = ?, duplicate_window = ? WHERE name = ?",
@@ -462,22 +477,20 @@ package enum StreamsDatabase {
     /// is checked and taken here, before anything is removed: the last transaction only lowers.
     static func updateAllButLowered(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
                                     now: Double) throws -> [Removal] {
-        _ = try change(db, asked, by: caller, quota: quota, lowering: false)
-        return try withLimits(db, asked, by: caller, quota: quota).compactMap { stream in
+        let read = try checked(db, asked, by: caller, quota: quota)
+        _ = try change(db, asked, read, lowering: false)
+        return try read.map { $0.changed(by: asked, lowering: true) }.compactMap { stream in
             let first = try firstWithinLimits(db, stream, now: now).first
             guard first > stream.firstSeq, stream.messages > 0 else { return nil }
             return Removal(stream: stream.name, createdAt: stream.createdAt, from: stream.firstSeq, before: first)
         }
     }
 
-    /// The stream and its dead-letter stream (locked) as `asked` changes them, once checked
-    /// that `caller` may, within its quota: the limits for both (those it lowers only when
-    /// `lowering`), the duplicate window for the stream (nothing is published to the dead
-    /// letters with an id). Its subjects are checked against every other stream's, as adding a
-    /// stream does, and not yet held. Lowering `maxBytes` is never refused by the quota: the
-    /// key then holds less.
-    private static func withLimits(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota,
-                                   lowering: Bool = true) throws -> [Stream] {
+    /// The stream and its dead-letter stream (locked), once checked that `caller` may change
+    /// them as `asked`, within its quota. Its subjects are checked against every other
+    /// stream's, as adding a stream does, and not yet held. Lowering `maxBytes` is never
+    /// refused by the quota: the key then holds less.
+    private static func checked(_ db: Database, _ asked: API.StreamSettings, by caller: CallerIdentity?, quota: ClientQuota) throws -> [Stream] {
         if asked.subjects != nil { try db.lockAll(addingStreams) }
         let stream = try stream(db, asked.name, locking: true)
         try checkMayChange("stream \(asked.name)", addedBy: stream.owner, caller)
@@ -496,17 +509,7 @@ package enum StreamsDatabase {
         if let maxBytes = asked.maxBytes, maxBytes > stream.maxBytes, let key = quota.binding(caller) {
             try checkBytesQuota(quota, held: try held(db, by: key, besides: asked.name).bytes, streams: nil, adding: maxBytes)
         }
-        return try [stream, self.stream(db, deadLetters, locking: true)].map { read in
-            var changed = read
-            if let maxMessages = asked.maxMessages, lowering || maxMessages > changed.maxMessages { changed.maxMessages = maxMessages }
-            if let maxBytes = asked.maxBytes, lowering || maxBytes > changed.maxBytes { changed.maxBytes = maxBytes }
-            // No age limit is the highest.
-            if let maxAge = asked.maxAge.map(ageLimit), lowering || changed.maxAge.map({ (maxAge ?? .infinity) > $0 }) == true {
-                changed.maxAge = maxAge
-            }
-            if changed.name == asked.name { changed.duplicateWindow = asked.duplicateWindow ?? changed.duplicateWindow }
-            return changed
-        }
+        return [stream, try self.stream(db, deadLetters, locking: true)]
     }
 
     /// The first sequence the stream keeps within its limits (count, bytes, age): the oldest go
