@@ -282,7 +282,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("a stream remembers at most maxMessages ids, the newest, however long its duplicate window: an older one re-sent is kept anew; ids past the window go a transaction's worth at a time at the publishes with ids, one re-sent meanwhile kept anew; the count each stream keeps of its ids stays right",
+    @Test("a stream remembers at most maxMessages ids, the newest, however long its duplicate window: an older one re-sent is kept anew; ids past the window go a transaction's worth at a time at the publishes with ids, one re-sent meanwhile kept anew, and from a stream nobody publishes to with ids at the service's look; the count each stream keeps of its ids stays right",
           arguments: Backend.available)
     func idsBounded(backend: Backend) async throws {
         try await StreamsBus.with(backend, { $0.removedPerTransaction = 7 }) { bus in
@@ -322,6 +322,13 @@ struct StreamsTests {
             #expect(try await remembered("many") == (2, 2), "m-3 and m-100")
             _ = try await bus.publish("many", 101, id: "m-101")
             #expect(try await remembered("many") == (3, 3))
+
+            // Nobody publishes with ids: the service's look forgets those past the window, all of
+            // them, seven a transaction; a stream without an age limit is looked at too.
+            bus.time.advance(62)
+            try await within(30, "a look for ids past their window") { await bus.service.lookedForExpired() }
+            #expect(try await remembered("many") == (0, 0))
+            #expect(try await remembered("events") == (5, 5), "within its window of a day")
         }
     }
 

@@ -568,29 +568,36 @@ package enum StreamsDatabase {
                           arguments + [now - maxAge])
     }
 
-    /// A stream whose oldest message is past its age (``expired(_:now:by:)``): the stream added
-    /// at `createdAt`, as a ``Removal`` names it.
+    /// A stream whose oldest message is past its age, or oldest id past its duplicate window
+    /// (``expired(_:now:by:)``): the stream added at `createdAt`, as a ``Removal`` names it.
     struct Expired: Sendable, Equatable {
         var stream: String
         var createdAt: Double
     }
 
-    /// The streams whose oldest message is past its age by more than `late` seconds: those
-    /// nobody published to or fetched from since (each of which removes what is past it).
+    /// The streams whose oldest message is past its age, or whose oldest id is past its
+    /// duplicate window, by more than `late` seconds: those nobody published to or fetched
+    /// from since (each of which removes the messages past their age), or published to with
+    /// ids (each of which forgets them).
     static func expired(_ db: Database, now: Double, by late: Double) throws -> [Expired] {
         try db.rows("""
-            SELECT s.name, s.created_at FROM streams s JOIN messages m ON m.stream = s.name AND m.seq = s.first_seq
-            WHERE s.max_age IS NOT NULL AND s.messages > 0 AND m.published_at < ? - s.max_age ORDER BY s.name
-            """, [now - late]).map { Expired(stream: try $0.text("name"), createdAt: try $0.double("created_at")) }
+            SELECT s.name, s.created_at FROM streams s WHERE
+                (s.max_age IS NOT NULL AND s.messages > 0
+                 AND (SELECT published_at FROM messages m WHERE m.stream = s.name AND m.seq = s.first_seq) < ? - s.max_age)
+                OR (s.ids > 0 AND (SELECT MIN(published_at) FROM message_ids i WHERE i.stream = s.name) < ? - s.duplicate_window)
+            ORDER BY s.name
+            """, [now - late, now - late]).map { Expired(stream: try $0.text("name"), createdAt: try $0.double("created_at")) }
     }
 
     /// Removes the stream's oldest messages past its age, of its first `most` sequences, each
-    /// consumer counting what it missed, as a publish keeps its limits (``trim(_:_:removingAtMost:now:)``);
-    /// says whether more of them may be (the sequences after those were not looked at).
-    /// Nothing once the stream is gone or added again.
+    /// consumer counting what it missed, as a publish keeps its limits (``trim(_:_:removingAtMost:now:)``),
+    /// and forgets its ids past the duplicate window as a publish with ids does; says whether
+    /// more of either may be (the sequences after those were not looked at). Nothing once the
+    /// stream is gone or added again.
     static func removeExpired(_ db: Database, _ expired: Expired, atMost most: Int, now: Double) throws -> Bool {
-        guard var stream = try stream(db, expired.stream, addedAt: expired.createdAt), stream.maxAge != nil, stream.messages > 0 else { return false }
-        return try !trim(db, &stream, removingAtMost: most, now: now)
+        guard var stream = try stream(db, expired.stream, addedAt: expired.createdAt) else { return false }
+        let idsLeft = try forgetIDs(db, &stream, removingAtMost: most, now: now)
+        return try !trim(db, &stream, removingAtMost: most, now: now) || idsLeft
     }
 
     /// Removes every message before sequence `first` (with `subject`, those whose subject
@@ -713,9 +720,11 @@ package enum StreamsDatabase {
     /// its `maxMessages`, about `most` a transaction at most: a client publishing unique ids
     /// makes the stream remember no more ids than it may hold messages, however long its
     /// window, and millions that passed the window while nobody published go over the next
-    /// publishes with ids, not in one transaction past PostgreSQL's timeout. Its counters are
-    /// the caller's to save.
-    private static func forgetIDs(_ db: Database, _ stream: inout Stream, removingAtMost most: Int, now: Double) throws {
+    /// publishes with ids (and the service's look for a stream nobody publishes to,
+    /// ``removeExpired(_:_:atMost:now:)``), not in one transaction past PostgreSQL's timeout.
+    /// Returns whether more of them may be left. Its counters are the caller's to save.
+    @discardableResult
+    private static func forgetIDs(_ db: Database, _ stream: inout Stream, removingAtMost most: Int, now: Double) throws -> Bool {
         // Both are the oldest by the time each was published, so what goes is the stream's ids
         // below a time, deleted along their index: the window's start, or the time of the last
         // one over the count when that is later, or the `most`-th oldest's when that is
@@ -732,8 +741,10 @@ package enum StreamsDatabase {
         if overCount > 0, let lastOver = try timeOfOldest(overCount, below: (.greatestFiniteMagnitude, true)), lastOver >= bound.time {
             bound = (lastOver, true)
         }
-        if let cut = try timeOfOldest(most, below: bound) { bound = (cut, true) }
+        let cut = try timeOfOldest(most, below: bound)
+        if let cut { bound = (cut, true) }
         stream.ids -= try db.execute("DELETE FROM message_ids WHERE stream = ? AND " + below(bound), [stream.name, bound.time])
+        return cut != nil
     }
 
     /// What one transaction of publishes has read and is to write.

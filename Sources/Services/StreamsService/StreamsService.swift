@@ -428,10 +428,12 @@ public actor StreamsService: BusService, ServiceWork {
     private var expiredRemoved = Rounds()
 
     /// Part of the service's work: removes the messages past their age from the streams nobody
-    /// published to or fetched from since (those that were removed them then), every
-    /// ``lookForExpired``, ``StreamsConfiguration/removedPerTransaction`` messages a
+    /// published to or fetched from since (those that were removed them then), and forgets the
+    /// ids past the duplicate window of those nobody published to with ids, every
+    /// ``lookForExpired``, ``StreamsConfiguration/removedPerTransaction`` messages (or ids) a
     /// transaction, so that a stream idle for long holds none past its age (`stream.info`,
-    /// `stream.messages`), and its next publish or fetch does not have all of them to remove.
+    /// `stream.messages`) nor remembers ids past its window, and its next publish or fetch
+    /// does not have all of them to remove.
     private func removeExpiredWhenDue() async {
         let (most, late) = (configuration.removedPerTransaction, Double(Self.lookForExpired.components.seconds))
         var failing = false
@@ -447,7 +449,7 @@ public actor StreamsService: BusService, ServiceWork {
                 // Said once for a run of failed looks, which come each second (a database
                 // that cannot be reached is said by the storage too).
                 if !failing, !Task.isCancelled {
-                    logger.warning("could not remove the messages past their age: the service looks again each second", metadata: ["problem": "\(error)"])
+                    logger.warning("could not remove the messages past their age or forget the ids past their window: the service looks again each second", metadata: ["problem": "\(error)"])
                 }
                 failing = true
             }
