@@ -199,6 +199,7 @@ extension PostgresFaultTests {
             let writer = try PostgresWriter(settings: settings, schema: "upgraded", migrations: migrations, lockKey: 1, replyWindow: .seconds(60),
                                             logger: log.logger("store"))
             let connections = Task { try await writer.connections.run() }
+            defer { connections.cancel() }
             try await within(30, "the database ready at version \(migrations.count)") { await writer.waitUntilReady() }
             connections.cancel()
             _ = await connections.result
