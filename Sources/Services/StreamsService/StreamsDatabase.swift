@@ -777,8 +777,8 @@ package enum StreamsDatabase {
 
         /// Reads which of the ids given each stream it knows within its duplicate window, and
         /// forgets those it remembers from before the window (the rest of those are forgotten
-        /// a transaction's worth at a time, after: ``forgetIDs(_:_:removingAtMost:now:)``): two
-        /// statements for each stream given ids, however many.
+        /// a transaction's worth at a time, after: ``forgetIDs(_:_:removingAtMost:now:)``): one
+        /// statement for each stream given ids, however many, and one more when some are past it.
         mutating func readIDs(_ db: Database, of publications: [Publication], now: Double) throws {
             var asked: [String: Set<String>] = [:]
             for publication in publications {
@@ -786,12 +786,16 @@ package enum StreamsDatabase {
             }
             for (name, ids) in asked.sorted(by: { $0.key < $1.key }) {
                 guard let stream = streams[name] else { continue }
-                streams[name]!.ids -= try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at < ? AND id IN " + SQLRows.placeholders(rows: 1, columns: ids.count),
-                                                     [name, now - stream.duplicateWindow] + ids.sorted())
-                var known: [String: Int] = [:]
-                for row in try db.rows("SELECT id, seq FROM message_ids WHERE stream = ? AND id IN " + SQLRows.placeholders(rows: 1, columns: ids.count),
+                var (known, past): ([String: Int], [String]) = ([:], [])
+                for row in try db.rows("SELECT id, seq, published_at FROM message_ids WHERE stream = ? AND id IN " + SQLRows.placeholders(rows: 1, columns: ids.count),
                                        [name] + ids.sorted()) {
-                    known[try row.text("id")] = try row.int("seq")
+                    let id = try row.text("id")
+                    if try row.double("published_at") < now - stream.duplicateWindow { past.append(id) } else { known[id] = try row.int("seq") }
+                }
+                // Kept anew below: the old rows go first (the table's key is the stream and id).
+                if !past.isEmpty {
+                    streams[name]!.ids -= try db.execute("DELETE FROM message_ids WHERE stream = ? AND id IN " + SQLRows.placeholders(rows: 1, columns: past.count),
+                                                         [name] + past)
                 }
                 knownIDs[name] = known
             }
