@@ -139,9 +139,10 @@ package enum StreamsDatabase {
     /// there already or the caller's quota is spent; the same settings again change nothing.
     static func addStream(_ db: Database, _ settings: Settings, atMost most: Int, by caller: CallerIdentity?, quota: ClientQuota,
                           now: Double) throws -> API.StreamInfo {
-        // A stream of this name deleted a moment ago: its rows go first, all at once, as the
-        // new stream's sequences start again from 1; before the lock every publish shares, as
-        // nothing publishes to a stream that is gone, and the others' publishes go on meanwhile.
+        // The rows of a stream of this name deleted a moment ago go before the new stream's
+        // sequences start again from 1. The service removes them in steps before it asks for
+        // this; what a delete since left goes here, before the lock every publish shares (as
+        // nothing publishes to a stream that is gone, the others' publishes go on meanwhile).
         for name in [settings.name, API.deadLetters(of: settings.name)] { _ = try removeDeleted(db, name, atMost: .max) }
         try db.lockAll(addingStreams)
         if let row = try db.row("SELECT * FROM streams WHERE name = ?", [settings.name]) {

@@ -143,6 +143,11 @@ public actor StreamsService: BusService, ServiceWork {
                                                 maxBytes: asked.maxBytes ?? configuration.defaultMaxBytes, maxAge: asked.maxAge.flatMap(StreamsDatabase.ageLimit),
                                                 duplicateWindow: asked.duplicateWindow ?? configuration.defaultDuplicateWindow,
                                                 captureState: asked.captureState ?? false)
+        if let answer = try await answered(API.StreamInfo.self) { return answer }
+        // A stream of this name deleted a moment ago: what is left of its rows goes first, as
+        // the new stream's sequences start again from 1; a transaction at a time, as the
+        // service's own removal goes, however many millions are left.
+        for name in [settings.name, API.deadLetters(of: settings.name)] { try await removeDeleted(name) }
         let (most, caller, quota) = (configuration.maxStreams, CallerIdentity.current, configuration.clientQuota)
         let added = try await write { db, now in try StreamsDatabase.addStream(db, settings, atMost: most, by: caller, quota: quota, now: now) }
         if settings.captureState { wakeAll(.streams) }
@@ -399,17 +404,25 @@ public actor StreamsService: BusService, ServiceWork {
     /// Removes the deleted streams' messages, a transaction of ``StreamsConfiguration/removedPerTransaction``
     /// rows at a time so that other writes go on between them, then gives back the free pages.
     private func giveBackRoomNow() async {
-        let most = configuration.removedPerTransaction
         do {
-            for name in try await read(StreamsDatabase.deletedStreams) {
-                while try await !write(request: nil, { db, _ in try StreamsDatabase.removeDeleted(db, name, atMost: most) }) {
-                    guard !Task.isCancelled else { return }
-                }
-            }
+            for name in try await read(StreamsDatabase.deletedStreams) { try await removeDeleted(name) }
             try await storage.giveBackFreePages()
+        } catch is CancellationError {
+            // The service stops: the next start removes the rest.
         } catch {
             logger.warning("could not remove deleted streams' messages, or give the disk back their room: the service's next delete, purge or start tries again",
                            metadata: ["problem": "\(error)"])
+        }
+    }
+
+    /// Removes the rows of the deleted stream `name` (none: returns at once), a transaction of
+    /// ``StreamsConfiguration/removedPerTransaction`` rows at a time so that other writes go
+    /// on between them, and none holds PostgreSQL's statements past their timeout. Cancelled,
+    /// it throws between two; the rest stay listed for the next removal.
+    private func removeDeleted(_ name: String) async throws {
+        let most = configuration.removedPerTransaction
+        while try await !write(request: nil, { db, _ in try StreamsDatabase.removeDeleted(db, name, atMost: most) }) {
+            try Task.checkCancellation()
         }
     }
 
