@@ -858,13 +858,31 @@ struct StreamsTests {
             let steps: DeletionSteps = try await bus.service.write(request: nil) { db, _ in
                 let answered = try StreamsDatabase.deleteStream(db, "first", by: nil).messages
                 var steps = DeletionSteps(answered: answered, left: [try rows(db, "first")], listed: try StreamsDatabase.deletedStreams(db))
-                while try !StreamsDatabase.removeDeleted(db, "first", atMost: 2) { steps.left.append(try rows(db, "first")) }
+                var removed = StreamsDatabase.DeletedRowsRemoved()
+                while let next = try StreamsDatabase.removeDeleted(db, "first", atMost: 2, after: removed) {
+                    removed = next
+                    steps.left.append(try rows(db, "first"))
+                }
                 steps.left.append(try rows(db, "first"))
                 steps.listedAfter = try StreamsDatabase.deletedStreams(db)
                 return steps
             }
             #expect(steps.answered == 5 && steps.left == [[5, 5, 3], [3, 3, 1], [1, 1, 0], [0, 0, 0]])
             #expect(steps.listed == ["first", "first.dead"] && steps.listedAfter == ["first.dead"])
+
+            // Each step looks after the keys removed; rows before them (a stream of the name
+            // added, published to and deleted again meanwhile) are looked for from the first.
+            let restarted: [StreamsDatabase.DeletedRowsRemoved?] = try await bus.service.write(request: nil) { db, _ in
+                try db.execute("INSERT INTO deleted_streams (name) VALUES ('again')", [])
+                try db.execute("INSERT INTO messages (stream, seq, subject, data, published_at) VALUES ('again', 1, 'again.new', ?, 0), ('again', 9, 'again.new', ?, 0)",
+                               [Array("1".utf8), Array("9".utf8)])
+                var steps = [try StreamsDatabase.removeDeleted(db, "again", atMost: 1, after: .init(messages: 5))]
+                while let removed = steps.last!, steps.count < 6 { steps.append(try StreamsDatabase.removeDeleted(db, "again", atMost: 1, after: removed)) }
+                return steps
+            }
+            #expect(restarted == [.init(messages: 9), .init(), .init(messages: 1), nil], "9, after 5; none after 9, but 1 before: from the first, 1; then none")
+            #expect(try await bus.service.read { db in try rows(db, "again") } == [0, 0, 0])
+            #expect(try await bus.service.read(StreamsDatabase.deletedStreams) == ["first.dead"])
 
             // Deleted and added again before its rows were removed: they go as it is added.
             try await fill(bus, "orders")

@@ -323,7 +323,7 @@ package enum StreamsDatabase {
 
     /// Deletes the stream with its consumers and its dead-letter stream (a dead-letter stream
     /// goes only with its stream). Their messages, ids and pending deliveries, as many as the
-    /// stream held, are left to ``removeDeleted(_:_:atMost:)``: a few at a time, as one
+    /// stream held, are left to ``removeDeleted(_:_:atMost:after:)``: a few at a time, as one
     /// transaction for millions of them would hold every stream's writes for seconds. Until
     /// then the names are listed in `deleted_streams`; nothing reads those rows meanwhile, as
     /// every read starts from its stream's row.
@@ -345,32 +345,53 @@ package enum StreamsDatabase {
         return API.Removed(messages: removed)
     }
 
-    /// The streams deleted whose rows are still to be removed (``removeDeleted(_:_:atMost:)``).
+    /// The streams deleted whose rows are still to be removed (``removeDeleted(_:_:atMost:after:)``).
     static func deletedStreams(_ db: Database) throws -> [String] {
         try db.texts("SELECT name FROM deleted_streams ORDER BY name")
     }
 
-    /// Removes up to `most` of the deleted stream `name`'s messages, as many of its ids, and
-    /// the pending deliveries of as many sequences; once none are left it is no longer listed.
-    /// Returns whether none are (also when another process, or a stream added again under
-    /// the name, finished it first: the listing, locked, says whose rows these still are).
-    static func removeDeleted(_ db: Database, _ name: String, atMost most: Int) throws -> Bool {
-        guard try db.row("SELECT name FROM deleted_streams WHERE name = ?" + db.lockingRead(of: "deleted_streams"), [name]) != nil else { return true }
-        // Each table's first `most` by its index, as a range both engines delete along the
-        // index (PostgreSQL plans `IN (SELECT … LIMIT n)` as a scan of every row per row).
-        // Every consumer's deliveries of a sequence go together.
-        var removedAll = true
-        for (table, key) in [("messages", "seq"), ("message_ids", "id"), ("pending", "seq")] {
-            if let last = try db.row("SELECT \(key) FROM \(table) WHERE stream = ? ORDER BY \(key) LIMIT 1 OFFSET ?", [name, most - 1])?.value(key) {
-                try db.execute("DELETE FROM \(table) WHERE stream = ? AND \(key) <= ?", [name, last])
-                removedAll = false
-            } else {
-                try db.execute("DELETE FROM \(table) WHERE stream = ?", [name])
-            }
+    /// Where a removal of a deleted stream's rows has got to: the last key it removed from each
+    /// table (nil: none yet).
+    struct DeletedRowsRemoved: Codable, Sendable, Equatable {
+        var messages: Int?
+        var ids: String?
+        var pending: Int?
+    }
+
+    /// Removes up to `most` of the deleted stream `name`'s messages after those `done` says
+    /// were removed, as many of its ids, and the pending deliveries of as many sequences; once
+    /// none are left it is no longer listed. Returns how far it got, for the next step; nil
+    /// once none are left (also when another process, or a stream added again under the name,
+    /// finished it first: the listing, locked, says whose rows these still are).
+    static func removeDeleted(_ db: Database, _ name: String, atMost most: Int, after done: DeletedRowsRemoved = .init()) throws -> DeletedRowsRemoved? {
+        guard try db.row("SELECT name FROM deleted_streams WHERE name = ?" + db.lockingRead(of: "deleted_streams"), [name]) != nil else { return nil }
+        // Each table's next `most` by its index, as a range both engines delete along the
+        // index (PostgreSQL plans `IN (SELECT … LIMIT n)` as a scan of every row per row),
+        // looked for after the last key removed, not from the first: removed keys stay in
+        // PostgreSQL's index, dead, until its vacuum, and a look from the first would walk all
+        // those removed so far at every step. Every consumer's deliveries of a sequence go
+        // together. Returns the last key removed; nil when it removed the rest.
+        func step(_ table: String, _ key: String, after: (any SQLArgument)?) throws -> SQLRow? {
+            let (past, from): (String, [any SQLArgument]) = after.map { (" AND \(key) > ?", [name, $0]) } ?? ("", [name])
+            let last = try db.row("SELECT \(key) FROM \(table) WHERE stream = ?\(past) ORDER BY \(key) LIMIT 1 OFFSET ?", from + [most - 1])
+            try db.execute("DELETE FROM \(table) WHERE stream = ?\(past)" + (last == nil ? "" : " AND \(key) <= ?"), from + (try last.map { [try $0.value(key)] } ?? []))
+            return last
         }
-        guard removedAll else { return false }
+        let messages = try step("messages", "seq", after: done.messages)
+        let ids = try step("message_ids", "id", after: done.ids)
+        let pending = try step("pending", "seq", after: done.pending)
+        if messages != nil || ids != nil || pending != nil {
+            return DeletedRowsRemoved(messages: try messages?.int("seq") ?? done.messages, ids: try ids?.text("id") ?? done.ids,
+                                      pending: try pending?.int("seq") ?? done.pending)
+        }
+        // None is left after the keys removed. One before them is another stream's of the
+        // name, added and deleted again since: looked for again from the first.
+        for (table, key) in [("messages", "seq"), ("message_ids", "id"), ("pending", "seq")]
+        where try db.row("SELECT \(key) FROM \(table) WHERE stream = ? ORDER BY \(key) LIMIT 1", [name]) != nil {
+            return DeletedRowsRemoved()
+        }
         try db.execute("DELETE FROM deleted_streams WHERE name = ?", [name])
-        return true
+        return nil
     }
 
     /// What a purge or a lowered limit removes, a transaction at a time (``removeSome(_:_:atMost:)``):

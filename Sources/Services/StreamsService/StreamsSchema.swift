@@ -160,7 +160,7 @@ enum StreamsSchema {
     }
 
     /// v5: the streams deleted whose messages, ids and pending deliveries are still being
-    /// removed, a transaction at a time (``StreamsDatabase/removeDeleted(_:_:atMost:)``).
+    /// removed, a transaction at a time (``StreamsDatabase/removeDeleted(_:_:atMost:after:)``).
     private static let deletedStreamsTable = "CREATE TABLE deleted_streams (name TEXT PRIMARY KEY);"
 
     /// v6: how many publishers' ids each stream remembers, kept with every id remembered and

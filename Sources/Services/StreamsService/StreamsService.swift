@@ -421,7 +421,11 @@ public actor StreamsService: BusService, ServiceWork {
     /// it throws between two; the rest stay listed for the next removal.
     private func removeDeleted(_ name: String) async throws {
         let most = configuration.removedPerTransaction
-        while try await !write(request: nil, { db, _ in try StreamsDatabase.removeDeleted(db, name, atMost: most) }) {
+        var removed = StreamsDatabase.DeletedRowsRemoved()
+        while let next: StreamsDatabase.DeletedRowsRemoved = try await write(request: nil, { [removed] db, _ in
+            try StreamsDatabase.removeDeleted(db, name, atMost: most, after: removed)
+        }) {
+            removed = next
             try Task.checkCancellation()
         }
     }
