@@ -193,16 +193,10 @@ extension PostgresFaultTests {
         let server = try await TestPostgres.start()
         defer { server.stop() }
         let log = LogLines()
-        let settings = PostgresSettings(url: server.url(), poolSize: 2, tls: .disable, operationTimeout: .seconds(1))
-        /// A writer at the schema's version `migrations.count`, ready; its connections end after.
         func ready(_ migrations: [String]) async throws {
-            let writer = try PostgresWriter(settings: settings, schema: "upgraded", migrations: migrations, lockKey: 1, replyWindow: .seconds(60),
-                                            logger: log.logger("store"))
-            let connections = Task { try await writer.connections.run() }
-            defer { connections.cancel() }
-            try await within(30, "the database ready at version \(migrations.count)") { await writer.waitUntilReady() }
-            connections.cancel()
-            _ = await connections.result
+            try await Self.withWriter(server, migrations, log) { writer in
+                try await within(30, "the database ready at version \(migrations.count)") { await writer.waitUntilReady() }
+            }
         }
         try await ready([PostgresWriter.repliesTable])
         // Version 2 takes twice the operations' timeout, as counting a large table would.
@@ -213,6 +207,50 @@ extension PostgresFaultTests {
         #expect(lines.filter { $0.contains("migrating the database schema") }.count == 2, "once at each version: \(log.text)")
         #expect(lines.contains { $0.contains("migrating the database schema") && $0.contains("from=1") && $0.contains("to=2") }, "\(log.text)")
         #expect(!log.text.contains("cannot reach the database"), "\(log.text)")
+    }
+
+    @Test("processes starting together at an upgrade migrate once, and only the one that migrates says it does; the other waits for it and finds it done")
+    func upgradeStartedTogether() async throws {
+        let server = try await TestPostgres.start()
+        defer { server.stop() }
+        let log = LogLines()
+        try await Self.withWriter(server, [PostgresWriter.repliesTable], log) { writer in
+            try await within(30, "the database ready at version 1") { await writer.waitUntilReady() }
+        }
+        // The migration's lock held meanwhile: both find version 1 before either can migrate.
+        let holder = try server.session()
+        defer { holder.stop() }
+        holder.send("SELECT pg_advisory_lock(1); SELECT 'holding';\n")
+        _ = try await holder.waitForOutput(containing: "holding", within: 10)
+        let upgraded = [PostgresWriter.repliesTable, "CREATE TABLE counted (n INT)"]
+        try await Self.withWriter(server, upgraded, log) { first in
+            try await Self.withWriter(server, upgraded, log) { second in
+                async let firstReady: Void = within(60, "the first ready at version 2") { await first.waitUntilReady() }
+                async let secondReady: Void = within(60, "the second ready at version 2") { await second.waitUntilReady() }
+                let watcher = try server.session()
+                defer { watcher.stop() }
+                try await server.waitForLockWaiters(2, where: "locktype = 'advisory'", on: watcher)
+                holder.send("SELECT pg_advisory_unlock(1);\n")
+                _ = try await (firstReady, secondReady)
+            }
+        }
+        let migrating = log.lines.value.filter { $0.contains("migrating the database schema") }
+        #expect(migrating.count == 2 && migrating.last?.contains("from=1") == true && migrating.last?.contains("to=2") == true,
+                "once from 0 to 1, once from 1 to 2: \(log.text)")
+    }
+
+    /// `body` with a writer of the schema `upgraded` at version `migrations.count`, its
+    /// connections running until it returns.
+    private static func withWriter(_ server: TestPostgres, _ migrations: [String], _ log: LogLines,
+                                   _ body: (PostgresWriter) async throws -> Void) async throws {
+        let settings = PostgresSettings(url: server.url(), poolSize: 2, tls: .disable, operationTimeout: .seconds(1))
+        let writer = try PostgresWriter(settings: settings, schema: "upgraded", migrations: migrations, lockKey: 1, replyWindow: .seconds(60),
+                                        logger: log.logger("store"))
+        let connections = Task { try await writer.connections.run() }
+        defer { connections.cancel() }
+        try await body(writer)
+        connections.cancel()
+        _ = await connections.result
     }
 }
 

@@ -246,7 +246,12 @@ package enum PostgresSchema {
             try await connection.query("SELECT pg_advisory_xact_lock(\(lockKey))", logger: logger)
             if let schema { try await connection.query(PostgresQuery(unsafeSQL: "CREATE SCHEMA IF NOT EXISTS \(schema)"), logger: logger) }
             try await connection.query("CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)", logger: logger)
+            // Read again under the lock: another process may have migrated it meanwhile, and
+            // only the one that migrates says so.
             let version = try await Self.version(connection, logger: logger)
+            if version < migrations.count {
+                logger.notice("migrating the database schema", metadata: ["from": "\(version)", "to": "\(migrations.count)"])
+            }
             for (index, migration) in migrations.enumerated() where index + 1 > version {
                 for statement in migration.split(separator: ";").map({ $0.trimmingCharacters(in: .whitespacesAndNewlines) }) where !statement.isEmpty {
                     try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)

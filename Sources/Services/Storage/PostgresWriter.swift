@@ -102,7 +102,6 @@ package actor PostgresWriter {
             // An upgrade's migration may count or rewrite large tables, and another process
             // may be making it: it has ``migrationLimit``, not an operation's timeout, which
             // would fail it at every start for good.
-            logger.notice("migrating the database schema", metadata: ["from": "\(current)", "to": "\(migrations.count)"])
             let limit = Self.migrationLimit, url = settings.redactedURL
             let tooLong = { @Sendable in StorageFailure(reason: "busy", detail: "migrating the schema to version \(migrations.count) did not end within \(limit.formatted)", path: url) }
             try await withDeadline(limit, expired: tooLong) {
