@@ -143,7 +143,10 @@ package enum StreamsDatabase {
         // sequences start again from 1. The service removes them in steps before it asks for
         // this; what a delete since left goes here, before the lock every publish shares (as
         // nothing publishes to a stream that is gone, the others' publishes go on meanwhile).
-        for name in [settings.name, API.deadLetters(of: settings.name)] { _ = try removeDeleted(db, name, atMost: .max) }
+        for name in [settings.name, API.deadLetters(of: settings.name)] {
+            var removed = DeletedRowsRemoved()
+            while let next = try removeDeleted(db, name, atMost: .max, after: removed) { removed = next }
+        }
         try db.lockAll(addingStreams)
         if let row = try db.row("SELECT * FROM streams WHERE name = ?", [settings.name]) {
             let existing = try Stream(row: row)
@@ -365,24 +368,35 @@ package enum StreamsDatabase {
     /// finished it first: the listing, locked, says whose rows these still are).
     static func removeDeleted(_ db: Database, _ name: String, atMost most: Int, after done: DeletedRowsRemoved = .init()) throws -> DeletedRowsRemoved? {
         guard try db.row("SELECT name FROM deleted_streams WHERE name = ?" + db.lockingRead(of: "deleted_streams"), [name]) != nil else { return nil }
-        // Each table's next `most` by its index, as a range both engines delete along the
-        // index (PostgreSQL plans `IN (SELECT … LIMIT n)` as a scan of every row per row),
-        // looked for after the last key removed, not from the first: removed keys stay in
-        // PostgreSQL's index, dead, until its vacuum, and a look from the first would walk all
-        // those removed so far at every step. Every consumer's deliveries of a sequence go
-        // together. Returns the last key removed; nil when it removed the rest.
-        func step(_ table: String, _ key: String, after: (any SQLArgument)?) throws -> SQLRow? {
-            let (past, from): (String, [any SQLArgument]) = after.map { (" AND \(key) > ?", [name, $0]) } ?? ("", [name])
-            let last = try db.row("SELECT \(key) FROM \(table) WHERE stream = ?\(past) ORDER BY \(key) LIMIT 1 OFFSET ?", from + [most - 1])
-            try db.execute("DELETE FROM \(table) WHERE stream = ?\(past)" + (last == nil ? "" : " AND \(key) <= ?"), from + (try last.map { [try $0.value(key)] } ?? []))
+        // Each table's next `most` after the last key removed, as a range both engines delete
+        // along the index (PostgreSQL plans `IN (SELECT … LIMIT n)` as a scan of every row per
+        // row). Looked for after the last key removed, not from the first: removed keys stay
+        // in PostgreSQL's index, dead, until its vacuum, and a look from the first would walk
+        // all those removed so far at every step. Sequences go as a purge's do: the `most`
+        // from the oldest left (fewer rows where some went before), without the row `most`
+        // rows on, which PostgreSQL plans from statistics that lag a stream's growth and then
+        // sorts all that is left to find; every consumer's deliveries of a sequence go
+        // together. Ids, a stream's at most `max_messages`, go by that row. Each returns the
+        // last key it removed; nil when none was left after `after`.
+        func sequences(_ table: String, after: Int?) throws -> Int? {
+            let (past, from): (String, [any SQLArgument]) = after.map { (" AND seq > ?", [name, $0]) } ?? ("", [name])
+            guard let oldest = try db.int("SELECT MIN(seq) FROM \(table) WHERE stream = ?\(past)", from) else { return nil }
+            let (sum, overflow) = oldest.addingReportingOverflow(most - 1)
+            let last = overflow ? Int.max : sum
+            try db.execute("DELETE FROM \(table) WHERE stream = ? AND seq >= ? AND seq <= ?", [name, oldest, last])
             return last
         }
-        let messages = try step("messages", "seq", after: done.messages)
-        let ids = try step("message_ids", "id", after: done.ids)
-        let pending = try step("pending", "seq", after: done.pending)
+        func ids(after: String?) throws -> String? {
+            let (past, from): (String, [any SQLArgument]) = after.map { (" AND id > ?", [name, $0]) } ?? ("", [name])
+            let last = try db.row("SELECT id FROM message_ids WHERE stream = ?\(past) ORDER BY id LIMIT 1 OFFSET ?", from + [most - 1])?.text("id")
+            try db.execute("DELETE FROM message_ids WHERE stream = ?\(past)" + (last == nil ? "" : " AND id <= ?"), from + (last.map { [$0] } ?? []))
+            return last
+        }
+        let messages = try sequences("messages", after: done.messages)
+        let ids = try ids(after: done.ids)
+        let pending = try sequences("pending", after: done.pending)
         if messages != nil || ids != nil || pending != nil {
-            return DeletedRowsRemoved(messages: try messages?.int("seq") ?? done.messages, ids: try ids?.text("id") ?? done.ids,
-                                      pending: try pending?.int("seq") ?? done.pending)
+            return DeletedRowsRemoved(messages: messages ?? done.messages, ids: ids ?? done.ids, pending: pending ?? done.pending)
         }
         // None is left after the keys removed. One before them is another stream's of the
         // name, added and deleted again since: looked for again from the first.
