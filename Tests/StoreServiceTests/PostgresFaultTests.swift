@@ -227,10 +227,13 @@ extension PostgresFaultTests {
             try await Self.withWriter(server, upgraded, log) { second in
                 async let firstReady: Void = within(60, "the first ready at version 2") { await first.waitUntilReady() }
                 async let secondReady: Void = within(60, "the second ready at version 2") { await second.waitUntilReady() }
-                let watcher = try server.session()
-                defer { watcher.stop() }
-                try await server.waitForLockWaiters(2, where: "locktype = 'advisory'", on: watcher)
-                holder.send("SELECT pg_advisory_unlock(1);\n")
+                do {
+                    // Let go however the wait ends: the two wait for the lock, not for a timeout.
+                    defer { holder.send("SELECT pg_advisory_unlock(1);\n") }
+                    let watcher = try server.session()
+                    defer { watcher.stop() }
+                    try await server.waitForLockWaiters(2, where: "locktype = 'advisory'", on: watcher)
+                }
                 _ = try await (firstReady, secondReady)
             }
         }
