@@ -146,8 +146,10 @@ public actor StreamsService: BusService, ServiceWork {
         if let answer = try await answered(API.StreamInfo.self) { return answer }
         // A stream of this name deleted a moment ago: what is left of its rows goes first, as
         // the new stream's sequences start again from 1; a transaction at a time, as the
-        // service's own removal goes, however many millions are left.
-        for name in [settings.name, API.deadLetters(of: settings.name)] { try await removeDeleted(name) }
+        // service's own removal goes, however many millions are left. Looked for in a read:
+        // an add of a name never deleted takes no turn among the writes for it.
+        let deleted = try await read(StreamsDatabase.deletedStreams)
+        for name in [settings.name, API.deadLetters(of: settings.name)] where deleted.contains(name) { try await removeDeleted(name) }
         let (most, caller, quota) = (configuration.maxStreams, CallerIdentity.current, configuration.clientQuota)
         let added = try await write { db, now in try StreamsDatabase.addStream(db, settings, atMost: most, by: caller, quota: quota, now: now) }
         if settings.captureState { wakeAll(.streams) }
