@@ -241,8 +241,7 @@ package enum PostgresSchema {
     package static func migrate(_ connection: PostgresConnection, schema: String? = nil, migrations: [String], lockKey: Int64,
                                 statementTimeout: Duration, logger: Logger) async throws {
         try await connection.withTransaction(logger: logger) { connection in
-            let milliseconds = statementTimeout.components.seconds * 1_000 + statementTimeout.components.attoseconds / 1_000_000_000_000_000
-            try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL statement_timeout = \(milliseconds)"), logger: logger)
+            try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL statement_timeout = \(statementTimeout.nanoseconds / 1_000_000)"), logger: logger)
             try await connection.query("SELECT pg_advisory_xact_lock(\(lockKey))", logger: logger)
             if let schema { try await connection.query(PostgresQuery(unsafeSQL: "CREATE SCHEMA IF NOT EXISTS \(schema)"), logger: logger) }
             try await connection.query("CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)", logger: logger)
