@@ -332,6 +332,40 @@ struct StreamsTests {
         }
     }
 
+    @Test("ids past the window go by ranges PostgreSQL finds along their index however old its statistics: none of the steps reads the stream's ids whole")
+    func forgettingIDsReadsAlongTheIndex() async throws {
+        // Each statement's plan in the server's log (auto_explain), for the service's
+        // connections, which start after.
+        let server = try await TestPostgres.start()
+        defer { server.stop() }
+        let session = try server.session()
+        defer { session.stop() }
+        session.send("""
+            LOAD 'auto_explain'; ALTER SYSTEM SET session_preload_libraries = 'auto_explain';
+            ALTER SYSTEM SET auto_explain.log_min_duration = 0; SELECT pg_reload_conf(); SELECT 'explaining';\n
+            """)
+        _ = try await session.waitForOutput(containing: "explaining", within: 30)
+        let bus = try await StreamsBus.start(backend: .postgres, postgres: server) { $0.removedPerTransaction = 5_000 }
+        try await stopping(bus, with: { await $0.stop() }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "many", subjects: ["many"], duplicateWindow: 60))
+            // 100,000 ids, a thousand a second, and statistics taken while all were there: as
+            // the steps remove them, the statistics say that those left below a time are many.
+            session.send("""
+                SET search_path TO switchboard_streams;
+                INSERT INTO message_ids SELECT 'many', 'id-' || n, n, \(bus.time.now) - 100 + n / 1000.0 FROM generate_series(1, 100000) n;
+                UPDATE streams SET ids = 100000 WHERE name = 'many'; ANALYZE message_ids; SELECT 'loaded';\n
+                """)
+            _ = try await session.waitForOutput(containing: "loaded", within: 120)
+            bus.time.advance(61)
+            try await within(60, "a look for ids past their window") { await bus.service.lookedForExpired() }
+            let plans = server.log.components(separatedBy: "LOG:  duration: ").filter { $0.contains("message_ids") }
+            #expect(try await bus.service.read { db in try db.int("SELECT COUNT(*) FROM message_ids", []) } == 0)
+            #expect(plans.contains { $0.contains("DELETE FROM message_ids") }, "the steps' plans are logged")
+            let whole = plans.filter { $0.contains("Seq Scan on message_ids") }
+            #expect(whole.isEmpty, "\(whole.count) of \(plans.count) read the ids whole; the first:\n\(whole.first ?? "")")
+        }
+    }
+
     @Test("streams made before each stream counted its ids count them as they open (schema v6)")
     func idsCountedOnMigration() throws {
         let queue = try DatabaseQueue()

@@ -768,19 +768,30 @@ package enum StreamsDatabase {
         // those published with it too, a few more than asked.
         typealias Bound = (time: Double, inclusive: Bool)
         func below(_ bound: Bound) -> String { bound.inclusive ? "published_at <= ?" : "published_at < ?" }
-        func timeOfOldest(_ rank: Int, below bound: Bound) throws -> Double? {
-            try db.row("SELECT published_at FROM message_ids WHERE stream = ? AND \(below(bound)) ORDER BY published_at LIMIT 1 OFFSET ?",
-                       [stream.name, bound.time, rank - 1])?.double("published_at")
+        /// The oldest's time below `bound` and the `rank`-th oldest's (nil when there are
+        /// fewer); nil when there is none.
+        func oldest(_ rank: Int, below bound: Bound) throws -> (first: Double, ranked: Double?)? {
+            let row = try db.row("""
+                SELECT COUNT(*) AS found, MIN(published_at) AS first, MAX(published_at) AS last FROM
+                    (SELECT published_at FROM message_ids WHERE stream = ? AND \(below(bound)) ORDER BY published_at LIMIT ?) AS oldest
+                """, [stream.name, bound.time, rank])
+            guard let row, let first = try row.optionalDouble("first") else { return nil }
+            return (first, try row.int("found") == rank ? try row.double("last") : nil)
         }
         var bound: Bound = (now - stream.duplicateWindow, false)
         let overCount = min(stream.ids - stream.maxMessages, most)
-        if overCount > 0, let lastOver = try timeOfOldest(overCount, below: (.greatestFiniteMagnitude, true)), lastOver >= bound.time {
+        if overCount > 0, let lastOver = try oldest(overCount, below: (.greatestFiniteMagnitude, true))?.ranked, lastOver >= bound.time {
             bound = (lastOver, true)
         }
-        let cut = try timeOfOldest(most, below: bound)
-        if let cut { bound = (cut, true) }
-        stream.ids -= try db.execute("DELETE FROM message_ids WHERE stream = ? AND " + below(bound), [stream.name, bound.time])
-        return cut != nil
+        guard let step = try oldest(most, below: bound) else { return false }
+        if let cut = step.ranked { bound = (cut, true) }
+        // From the oldest left, not from the start of the stream's ids: PostgreSQL estimates
+        // how many rows a range holds from statistics taken before the earlier steps removed
+        // theirs, and a range open below looks to it like most of the table, which it then
+        // reads whole. The range between two times the step read holds what it estimates.
+        stream.ids -= try db.execute("DELETE FROM message_ids WHERE stream = ? AND published_at >= ? AND " + below(bound),
+                                     [stream.name, step.first, bound.time])
+        return step.ranked != nil
     }
 
     /// What one transaction of publishes has read and is to write.
