@@ -1184,7 +1184,7 @@ package enum StreamsDatabase {
     }
 
     static func info(_ db: Database, _ consumer: Consumer) throws -> API.ConsumerInfo {
-        try infos(db, stream: consumer.stream, [consumer])[0]
+        try infos(db, stream: try stream(db, consumer.stream), [consumer])[0]
     }
 
     /// Every consumer of the stream (none: -32003), as ``info(_:_:)`` gives each, counted
@@ -1192,41 +1192,55 @@ package enum StreamsDatabase {
     static func consumers(_ db: Database, stream name: String) throws -> API.ConsumerList {
         let stream = try stream(db, name)
         let consumers = try db.rows("SELECT * FROM consumers WHERE stream = ? ORDER BY name", [name]).map(Consumer.init(row:))
-        return API.ConsumerList(consumers: try infos(db, stream: stream.name, consumers))
+        return API.ConsumerList(consumers: try infos(db, stream: stream, consumers))
     }
 
-    /// The infos of `consumers`: every consumer of `stream`, or one of them. One's waiting
-    /// messages are one count (PostgreSQL may scan for it in parallel); several's are counted
-    /// together, once for each filter.
-    private static func infos(_ db: Database, stream: String, _ consumers: [Consumer]) throws -> [API.ConsumerInfo] {
-        var pending: [String: Int] = [:], waiting: [String: Int] = [:]
+    /// The infos of `consumers`: every consumer of `stream`, or one of them.
+    private static func infos(_ db: Database, stream: Stream, _ consumers: [Consumer]) throws -> [API.ConsumerInfo] {
+        var pending: [String: Int] = [:]
         if consumers.count == 1, let consumer = consumers.first {
-            pending[consumer.name] = try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [stream, consumer.name])
-            let counted = try self.stream(db, stream)
-            if consumer.filter == nil, consumer.nextSeq - counted.firstSeq < counted.lastSeq - consumer.nextSeq {
-                // Every message from its position on: the stream's count less those before it,
-                // counted on the shorter side of the position.
-                waiting[consumer.name] = counted.messages - (try db.int("SELECT COUNT(*) FROM messages WHERE stream = ? AND seq < ?", [stream, consumer.nextSeq]) ?? 0)
-            } else {
-                let (matches, filter) = subjectMatches(consumer.filter)
-                waiting[consumer.name] = try db.int("SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND \(matches)",
-                                                    [stream, consumer.nextSeq] + filter)
-            }
+            pending[consumer.name] = try db.int("SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?", [stream.name, consumer.name])
         } else {
-            for row in try db.rows("SELECT consumer, COUNT(*) AS n FROM pending WHERE stream = ? GROUP BY consumer", [stream]) {
+            for row in try db.rows("SELECT consumer, COUNT(*) AS n FROM pending WHERE stream = ? GROUP BY consumer", [stream.name]) {
                 pending[try row.text("consumer")] = try row.int("n")
             }
-            // From each position on: before a sequence none reaches.
-            let behind = countedFromPositions(stream, before: Int.max)
-            for row in try db.rows("""
-                \(behind.sql)
-                SELECT c.name, behind.n FROM consumers c JOIN behind ON behind.next_seq = c.next_seq AND behind.prefix = COALESCE(c.filter, '')
-                WHERE c.stream = ?
-                """, behind.arguments + [stream]) {
-                waiting[try row.text("name")] = try row.int("n")
-            }
         }
+        let waiting = try waiting(db, stream, consumers)
         return consumers.map { info($0, pending: pending[$0.name] ?? 0, waiting: waiting[$0.name] ?? 0) }
+    }
+
+    /// What waits for each of `consumers` (the messages from its position on that its filter
+    /// takes), by name: for each filter, the messages from its consumers' first position on,
+    /// counted a run between two of their positions at a time, a consumer's being the runs
+    /// from its position on; without a filter, from whichever end of the stream is nearer
+    /// their positions (the stream's count less those before them). Each run is a statement of
+    /// its own, which PostgreSQL scans in parallel when it is long; counted together, in
+    /// subqueries of one statement, it scans them one after another.
+    private static func waiting(_ db: Database, _ stream: Stream, _ consumers: [Consumer]) throws -> [String: Int] {
+        var waiting: [String: Int] = [:]
+        for (filter, group) in Dictionary(grouping: consumers, by: \.filter) {
+            let positions = Set(group.map(\.nextSeq)).sorted()
+            let (matches, filterArguments) = subjectMatches(filter)
+            func count(from lower: Int, before upper: Int) throws -> Int {
+                try db.int("SELECT COUNT(*) FROM messages WHERE stream = ? AND seq >= ? AND seq < ? AND \(matches)", [stream.name, lower, upper] + filterArguments) ?? 0
+            }
+            var waitingFrom: [Int: Int] = [:]
+            if filter == nil, positions.last! - stream.firstSeq < stream.lastSeq - positions.first! {
+                var before = 0, lower = stream.firstSeq
+                for position in positions {
+                    before += try count(from: lower, before: position)
+                    (waitingFrom[position], lower) = (stream.messages - before, position)
+                }
+            } else {
+                var from = 0, upper = Int.max
+                for position in positions.reversed() {
+                    from += try count(from: position, before: upper)
+                    (waitingFrom[position], upper) = (from, position)
+                }
+            }
+            for consumer in group { waiting[consumer.name] = waitingFrom[consumer.nextSeq] }
+        }
+        return waiting
     }
 
     private static func info(_ consumer: Consumer, pending: Int, waiting: Int) -> API.ConsumerInfo {
