@@ -586,7 +586,7 @@ struct StreamsTests {
         }
     }
 
-    @Test("more messages past their age than a transaction removes (the service was stopped while they reached it): a publish removes the oldest transaction's worth and is kept; each fetch removes another and hands out nothing until they are gone, then the newer ones, the consumer told of every one it missed",
+    @Test("more messages past their age than a transaction removes (the service was stopped while they reached it): a publish removes the oldest transaction's worth and is kept; each fetch removes another and hands out nothing until they are gone, then the newer ones, the consumer told of every one it missed; a waiting fetch finds nothing ready meanwhile",
           arguments: Backend.available)
     func pastItsAgeInSteps(backend: Backend) async throws {
         try await StreamsBus.with(backend, { $0.removedPerTransaction = 7 }) { bus in
@@ -606,8 +606,16 @@ struct StreamsTests {
             }
             #expect(try await bus.service.read(held) == Array(8...31), "1 to 7 went with the publish")
             let fetch = StreamsDatabase.ConsumerWrite(stream: "old", consumer: "behind", kind: .fetch(.init(batch: 100, maxBytes: 1_000)), request: nil)
-            var fetched: [API.Fetched] = [], left: [[Int]] = []
+            // What a waiting fetch looks at before it fetches: ready only when the fetch hands
+            // something out, so that it waits on rather than end empty.
+            @Sendable func ready(_ stream: String, _ consumer: String) async throws -> Bool {
+                try await bus.service.read { db in
+                    try StreamsDatabase.ready(db, stream: stream, consumer: consumer, mostPending: 1_000, removingAtMost: 7, now: later)
+                }
+            }
+            var fetched: [API.Fetched] = [], left: [[Int]] = [], readiness: [Bool] = []
             while fetched.last?.messages.isEmpty ?? true, fetched.count < 10 {
+                readiness.append(try await ready("old", "behind"))
                 fetched.append(try await bus.service.write(request: nil) { db, _ in
                     try StreamsDatabase.write(db, [fetch], mostPending: 1_000, removingAtMost: 7, now: later)[0].get().decode(as: API.Fetched.self)
                 })
@@ -617,6 +625,13 @@ struct StreamsTests {
             #expect(fetched.map(\.messages.count) == [0, 0, 0, 1], "\(fetched)")
             #expect(left.map(\.first) == [15, 22, 29, 31], "7 a fetch: \(left)")
             #expect(fetched.last?.missed == 30 && fetched.last?.messages.map(\.sequence) == [31], "\(fetched)")
+            #expect(readiness == [false, false, false, true])
+
+            // Fewer past their age than a fetch removes, and nothing newer: nothing is ready.
+            _ = try await bus.client.call(API.streamAdd, .init(name: "stale", subjects: ["stale"], maxAge: 60))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "stale", name: "reader"))
+            for number in 1...3 { try await bus.publish("stale", .int(Int64(number))) }
+            #expect(try await !ready("stale", "reader"))
         }
     }
 

@@ -1054,11 +1054,19 @@ package enum StreamsDatabase {
     /// publishes and fetches, and the service's look for them (``removeExpired(_:_:atMost:now:)``),
     /// remove a transaction at a time. Its counters are the caller's to save.
     private static func dropPastLimits(_ db: Database, _ stream: inout Stream, removingAtMost most: Int, now: Double) throws -> Bool {
-        // Within its count and bytes, only a stream with an age limit can have one to remove.
-        guard stream.messages > 0, stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || stream.maxAge != nil else { return true }
-        let kept = try firstWithinLimits(db, stream, now: now, ageLookedAt: most)
+        let kept = try keptWithinLimits(db, stream, removingAtMost: most, now: now)
         try removeAll(db, &stream, before: kept.first)
         return kept.complete
+    }
+
+    /// What ``dropPastLimits(_:_:removingAtMost:now:)`` would keep: the first sequence it
+    /// leaves, and whether none past the limits would be left after it.
+    private static func keptWithinLimits(_ db: Database, _ stream: Stream, removingAtMost most: Int, now: Double) throws -> (first: Int, complete: Bool) {
+        // Within its count and bytes, only a stream with an age limit can have one to remove.
+        guard stream.messages > 0, stream.messages > stream.maxMessages || stream.bytes > stream.maxBytes || stream.maxAge != nil else {
+            return (stream.firstSeq, true)
+        }
+        return try firstWithinLimits(db, stream, now: now, ageLookedAt: most)
     }
 
     /// Removes messages of a work queue that are done with (acknowledged, terminated, moved to
@@ -1302,15 +1310,22 @@ package enum StreamsDatabase {
 
     /// Whether a fetch would hand something out now: a pending message past its deadline, or
     /// one not handed out yet while the consumer has room for one more pending (its most, at
-    /// most `mostPending`, the service's).
-    static func ready(_ db: Database, stream: String, consumer name: String, mostPending: Int, now: Double) throws -> Bool {
-        let consumer = try consumer(db, stream: stream, name: name)
+    /// most `mostPending`, the service's); of the messages the stream's limits keep, as the
+    /// fetch removes the others first. None while more are past their age than the fetch
+    /// removes (`most`): it would remove some and hand out nothing, and a waiting fetch would
+    /// end empty where it should wait on.
+    static func ready(_ db: Database, stream name: String, consumer consumerName: String, mostPending: Int,
+                      removingAtMost most: Int, now: Double) throws -> Bool {
+        let kept = try keptWithinLimits(db, try stream(db, name), removingAtMost: most, now: now)
+        guard kept.complete else { return false }
+        let consumer = try consumer(db, stream: name, name: consumerName)
         let (matches, filter) = subjectMatches(consumer.filter)
         return try db.row("""
-            SELECT EXISTS (SELECT 1 FROM pending WHERE stream = ? AND consumer = ? AND deadline <= ?)
+            SELECT EXISTS (SELECT 1 FROM pending WHERE stream = ? AND consumer = ? AND deadline <= ? AND seq >= ?)
                 OR (EXISTS (SELECT 1 FROM messages WHERE stream = ? AND seq >= ? AND \(matches))
                     AND (SELECT COUNT(*) FROM pending WHERE stream = ? AND consumer = ?) < ?) AS ready
-            """, [stream, name, now, stream, consumer.nextSeq] + filter + [stream, name, consumer.mostPending(within: mostPending)])?.bool("ready") ?? false
+            """, [name, consumerName, now, kept.first, name, max(consumer.nextSeq, kept.first)] + filter
+                + [name, consumerName, consumer.mostPending(within: mostPending)])?.bool("ready") ?? false
     }
 
     /// What one reader asks of a fetch: up to `batch` messages and `maxBytes` of their data

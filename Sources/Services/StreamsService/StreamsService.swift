@@ -281,8 +281,10 @@ public actor StreamsService: BusService, ServiceWork {
         // one that would wait is looked up first, and answered at once.
         if ContinuousClock.now < waitEnds, let answer = try await answered(API.Fetched.self, request: request) { return answer }
         while ContinuousClock.now < waitEnds {
-            let mostPending = configuration.maxAckPending
-            let ready = try await read { [now] db in try StreamsDatabase.ready(db, stream: stream, consumer: consumer, mostPending: mostPending, now: now()) }
+            let (mostPending, most) = (configuration.maxAckPending, configuration.removedPerTransaction)
+            let ready = try await read { [now] db in
+                try StreamsDatabase.ready(db, stream: stream, consumer: consumer, mostPending: mostPending, removingAtMost: most, now: now())
+            }
             if ready || Task.isCancelled || !wanted() || isDraining { break }
             await waitForWake(.message, upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
         }
