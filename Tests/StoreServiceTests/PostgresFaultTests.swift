@@ -242,6 +242,28 @@ extension PostgresFaultTests {
                 "once from 0 to 1, once from 1 to 2: \(log.text)")
     }
 
+    @Test("operations that run past their timeout on a database that answers: the log says it is slow or busy, not that it cannot be reached, and later errors say a connection made alone was answered")
+    func slowDatabaseSaid() async throws {
+        let server = try await TestPostgres.start()
+        defer { server.stop() }
+        let log = LogLines()
+        try await Self.withWriter(server, [PostgresWriter.repliesTable], log) { writer in
+            try await within(30, "the database ready") { await writer.waitUntilReady() }
+            // Three statements, each within the statement timeout (1 s), together past the operation's.
+            let slow = { @Sendable (session: any SQLSession) throws -> JSONValue in
+                for _ in 0..<3 { try session.execute("SELECT pg_sleep(0.4)", []) }
+                return .null
+            }
+            let first = await #expect(throws: JSONRPCError.self) { try await writer.write(request: nil, slow) }
+            #expect(first?.data?["reason"] == "unreachable" && first?.message.contains("did not answer within 1") == true, "\(String(describing: first))")
+            try await log.waitFor("the database answers, but operations ran past their timeout", within: 15, "the writer said the database is slow")
+            let second = await #expect(throws: JSONRPCError.self) { try await writer.write(request: nil, slow) }
+            #expect(second?.message.contains("a connection made alone was answered: the database is up, slow or busy") == true, "\(String(describing: second))")
+            #expect(try await writer.write(request: nil) { _ in .string("done") } == .string("done"))
+            #expect(!log.text.contains("cannot reach the database"), "\(log.text)")
+        }
+    }
+
     /// `body` with a writer of the schema `upgraded` at version `migrations.count`, its
     /// connections running until it returns.
     private static func withWriter(_ server: TestPostgres, _ migrations: [String], _ log: LogLines,

@@ -40,6 +40,15 @@ package actor PostgresWriter {
     /// certificate refused). Said in the log when it changes, and added to the errors
     /// callers get while it is fresh.
     private var unreachable: (problem: String, seen: ContinuousClock.Instant)?
+    /// When a look last found the database answering a connection made alone after an
+    /// operation ran past the timeout: the database is up, and slow or busy (its locks, its
+    /// load), or the timeout is short for the work. Added to the timeouts callers get while
+    /// fresh, as what the look found away is; the latest look's finding replaces the other.
+    private var answeredAlone: ContinuousClock.Instant?
+    /// When the log last said so (at most once a minute while it goes on).
+    private var slowSaid: ContinuousClock.Instant?
+    /// A timeout failed an operation since the last look began.
+    private var timedOutSinceLook = false
     /// A look is under way; something failed since it started (it may have connected to a
     /// database on its way down, and found nothing).
     private var looking = false, failedWhileLooking = false
@@ -199,7 +208,13 @@ package actor PostgresWriter {
     private func failed(_ error: any Error) -> JSONRPCError {
         let failure = settings.failure(error)
         guard failure.reason == "unreachable" else { return failure.rpcError }
+        let timedOut = error is PostgresTimedOut || error is PostgresCommitUnanswered
+        if timedOut { timedOutSinceLook = true }
         if looking { failedWhileLooking = true } else { lookAtWhy() }
+        if timedOut, let answeredAlone, ContinuousClock.now - answeredAlone < Self.findingSaid {
+            return StorageFailure(reason: failure.reason, detail: "\(failure.detail); a connection made alone was answered: the database is up, slow or busy",
+                                  path: failure.path).rpcError
+        }
         guard let unreachable, ContinuousClock.now - unreachable.seen < Self.findingSaid else { return failure.rpcError }
         return StorageFailure(reason: failure.reason, detail: "\(failure.detail); a connection made alone: \(unreachable.problem)", path: failure.path).rpcError
     }
@@ -209,9 +224,10 @@ package actor PostgresWriter {
 
     /// `found`: why a connection made alone could not be made; nil when it could (the
     /// database is slow or busy, not away).
-    private func lookedAtWhy(found problem: String?) {
+    private func lookedAtWhy(found problem: String?, afterTimeouts timedOut: Bool) {
         looking = false
         guard let problem else {
+            if timedOut { answeredAfterTimeouts() }
             if failedWhileLooking { return lookAtWhy() }
             return reachedAgain()
         }
@@ -219,16 +235,30 @@ package actor PostgresWriter {
             logger.error("cannot reach the database", metadata: ["url": "\(settings.redactedURL)", "problem": "\(problem)"])
         }
         unreachable = (problem, .now)
+        answeredAlone = nil
+    }
+
+    /// A look answered after operations ran past the timeout: said in the log at most once a
+    /// minute, naming the timeout's key, as it is what to raise for a database that is busy
+    /// by design.
+    private func answeredAfterTimeouts() {
+        answeredAlone = .now
+        guard slowSaid.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true else { return }
+        slowSaid = .now
+        logger.warning("the database answers, but operations ran past their timeout: it is slow or busy",
+                       metadata: ["url": "\(settings.redactedURL)",
+                                  "timeout": "\(settings.operationTimeout.formatted)\(settings.operationTimeoutKey.map { " (\($0))" } ?? "")"])
     }
 
     private func lookAtWhy() {
-        (looking, failedWhileLooking) = (true, false)
+        let timedOut = timedOutSinceLook
+        (looking, failedWhileLooking, timedOutSinceLook) = (true, false, false)
         let settings = settings, logger = logger
         connections.lookAtWhy {
             let found = await settings.connectionProblem(logger: logger)
             // Cut short as the connections stop: what it found is the stopping, not the database.
             guard !Task.isCancelled else { return }
-            await self.lookedAtWhy(found: found)
+            await self.lookedAtWhy(found: found, afterTimeouts: timedOut)
         }
     }
 
