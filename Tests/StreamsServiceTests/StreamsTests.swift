@@ -1227,6 +1227,41 @@ struct StreamsTests {
         case beforeAnyMessage
     }
 
+    @Test("reads that wait hold at most three quarters of the worker's places, as switchboard up bounds them: past that another is refused -32001 naming the limit, to ask again later, while publishes and acknowledgements are answered; a reader that ends makes room for another")
+    func waitingReadsLeavePlaces() async throws {
+        // One connection of four places: three may wait, one stays for everything else.
+        let places = 4
+        #expect(StreamsConfiguration.mostWaitingReads(places: places) == 3)
+        let bus = try await StreamsBus.start(connections: 1, window: places) { $0.mostWaitingReads = StreamsConfiguration.mostWaitingReads(places: places) }
+        try await stopping(bus, with: { await $0.stop() }) { bus in
+            _ = try await bus.client.call(API.streamAdd, .init(name: "feed", subjects: ["feed."]))
+            _ = try await bus.client.call(API.consumerAdd, .init(stream: "feed", name: "live", ackWait: 30))
+            let next = API.Next(stream: "feed", consumer: "live", max: 1, expires: 60)
+            let readers = (0..<3).map { _ in bus.other.stream(API.next, next, timeout: .seconds(70)) }
+            try await within(30, "three readers waiting") { await bus.service.readsBeganWaiting(3) }
+            do {
+                _ = try await bus.client.call(API.fetch, .init(stream: "feed", consumer: "live", wait: 20))
+                Issue.record("a fourth waiting read was taken")
+            } catch let error as BusError {
+                guard case .unavailable(_, let message) = error else { throw error }
+                #expect(message.contains("3 reads waiting for messages"), "\(message)")
+            }
+            // The place left takes the publish, and its message goes to one of the readers; the
+            // others leave, their places free for other readers.
+            #expect(try await bus.publish("feed.item", 1).sequence == 1)
+            let handed = try await withThrowingTaskGroup(of: Int?.self) { group in
+                for reader in readers { group.addTask { for try await message in reader { return message.sequence }; return nil } }
+                defer { group.cancelAll() }
+                return try await group.next() ?? nil
+            }
+            #expect(handed == 1)
+            #expect(try await bus.ack("feed", "live", [1], by: bus.other).done == [1])
+            let fourth = bus.other.stream(API.next, next, timeout: .seconds(70))
+            try await within(30, "a fourth reader waiting") { await bus.service.readsBeganWaiting(4) }
+            withExtendedLifetime(fourth) {}
+        }
+    }
+
     @Test("push: a reader that leaves (its client cancels) frees its worker's place at once, not when its wait expires, and is handed nothing more",
           arguments: Leaving.allCases)
     func pushReaderLeaves(leaving: Leaving) async throws {

@@ -67,7 +67,9 @@ enum Pieces {
             return [client, publisher] + service.requiredParts + [service, host]
         case StreamsAPI.service:
             let client = try await connection.client()
-            let service = StreamsService(configuration: StreamsConfiguration(file.streams), logger: logger, client: client)
+            var configuration = StreamsConfiguration(file.streams)
+            configuration.mostWaitingReads = StreamsConfiguration.mostWaitingReads(places: connection.workers * connection.window)
+            let service = StreamsService(configuration: configuration, logger: logger, client: client)
             // On PostgreSQL it registers once the database answers (trying again meanwhile).
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,
                                        ready: { await service.waitUntilReady() })

@@ -45,9 +45,19 @@ public struct StreamsConfiguration: Sendable, Equatable {
     /// purge, a lowered limit, a deleted stream or the age removes: few enough that the other
     /// writes waiting for it barely notice, however many go.
     public var removedPerTransaction = 10_000
+    /// The most reads that wait at once in this process (fetches with a `wait` while nothing
+    /// is ready, `consumer.next`): each holds one of the places its host offers the kernel
+    /// for as long as it waits, and with every place so held no publish or acknowledgement
+    /// would reach the service. Past it, another read that would wait is refused (`-32001`).
+    /// Nil: no bound (a host whose places the caller keeps free otherwise).
+    public var mostWaitingReads: Int?
     /// Streams the service makes at its start (when missing) to capture the kernel's state:
     /// each name with the key prefixes it keeps every change of.
     public var capture: [String: [String]] = [:]
+
+    /// ``mostWaitingReads`` for a host offering `places` (its connections times its window):
+    /// a quarter of them, at least one, stay for publishes, acknowledgements and the rest.
+    public static func mostWaitingReads(places: Int) -> Int { max(1, places - max(1, places / 4)) }
 
     public init(path: String = "data/streams.sqlite", maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600), postgres: PostgresSettings? = nil) {
         (self.path, self.maxSizeBytes, self.replyWindow, self.postgres) = (path, maxSizeBytes, replyWindow, postgres)

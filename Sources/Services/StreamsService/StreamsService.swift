@@ -39,6 +39,9 @@ public actor StreamsService: BusService, ServiceWork {
     private var nextWaiter: UInt64 = 0
     /// Its host drains (``draining()``): no fetch waits any more.
     private var isDraining = false
+    /// Reads that wait now (``StreamsConfiguration/mostWaitingReads``), and how many began to.
+    private var waitingReads = 0
+    private var waitsBegun = Rounds()
 
     /// How often a waiting fetch looks again on its own (for other processes' publishes and
     /// ack deadlines that pass).
@@ -276,16 +279,23 @@ public actor StreamsService: BusService, ServiceWork {
     /// a write (remembered for `request`, when named): the earlier ones only read. The wait is
     /// real time (`now` is the messages' time, which tests move by hand).
     func fetch(_ stream: String, _ consumer: String, batch: Int, maxBytes: Int, waitingUntil waitEnds: ContinuousClock.Instant,
-               request: String?, while wanted: () -> Bool = { true }) async throws -> API.Fetched {
+               request: String?, counted: Bool = false, while wanted: () -> Bool = { true }) async throws -> API.Fetched {
         // The write answers a fetch sent again with its first answer, but only after the wait:
         // one that would wait is looked up first, and answered at once.
         if ContinuousClock.now < waitEnds, let answer = try await answered(API.Fetched.self, request: request) { return answer }
+        // Counted among the waiting reads once it waits (a `consumer.next` is, from its start).
+        var waits = counted
+        defer { if waits && !counted { endWaitingRead() } }
         while ContinuousClock.now < waitEnds {
             let (mostPending, most) = (configuration.maxAckPending, configuration.removedPerTransaction)
             let ready = try await read { [now] db in
                 try StreamsDatabase.ready(db, stream: stream, consumer: consumer, mostPending: mostPending, removingAtMost: most, now: now())
             }
             if ready || Task.isCancelled || !wanted() || isDraining { break }
+            if !waits {
+                try startWaitingRead()
+                waits = true
+            }
             await waitForWake(.message, upTo: min(Self.lookAgain, waitEnds - ContinuousClock.now))
         }
         return try await writeWithOthers(.init(stream: stream, consumer: consumer, kind: .fetch(.init(batch: batch, maxBytes: maxBytes)), request: request))
@@ -299,6 +309,9 @@ public actor StreamsService: BusService, ServiceWork {
     func next(_ asked: API.Next, _ parts: Parts<API.Message>) async throws -> API.NextEnd {
         let max = asked.max ?? API.Next.defaultMax
         let ends = ContinuousClock.now + .seconds(asked.expires ?? API.Next.defaultExpires)
+        // It holds its place for its whole life, waiting between messages.
+        try startWaitingRead()
+        defer { endWaitingRead() }
         var count = 0, missed = 0, gathered = 0
         // Until its reader leaves, too: one gone between messages (its client cancelled or hung
         // up) frees this worker's place within a look rather than at `expires`.
@@ -306,7 +319,7 @@ public actor StreamsService: BusService, ServiceWork {
         while count < max, ContinuousClock.now < ends, !Task.isCancelled, !isDraining, parts.isRead, parts.areStreamed || gathered < Self.defaultFetchBytes {
             let bytes = parts.areStreamed ? Self.defaultFetchBytes : Self.defaultFetchBytes - gathered
             let fetched = try await fetch(asked.stream, asked.consumer, batch: min(100, max - count), maxBytes: bytes, waitingUntil: ends, request: nil,
-                                          while: { parts.isRead })
+                                          counted: true, while: { parts.isRead })
             missed += fetched.missed
             for (index, message) in fetched.messages.enumerated() {
                 do {
@@ -335,6 +348,27 @@ public actor StreamsService: BusService, ServiceWork {
     }
 
     // MARK: Waiting
+
+    /// Counts a read that waits, or refuses it (`-32001`, to be asked again later) when
+    /// ``StreamsConfiguration/mostWaitingReads`` already do: the places they hold are the
+    /// host's, which publishes and acknowledgements need too.
+    private func startWaitingRead() throws {
+        if let most = configuration.mostWaitingReads, waitingReads >= most {
+            throw JSONRPCError(code: JSONRPCError.serviceUnavailableCode,
+                               message: "Service unavailable: this streams worker has \(most) reads waiting for messages, its most, so that publishes and acknowledgements keep places; ask again later, or give the streams service more places (services.streams.workers or window)",
+                               data: ["limit": .int(Int64(most)), "retryAfterSeconds": .int(1)])
+        }
+        waitingReads += 1
+        waitsBegun.ended()
+    }
+
+    private func endWaitingRead() { waitingReads -= 1 }
+
+    /// Returns once `times` reads have begun to wait since the service started (each then
+    /// holds its place).
+    func readsBeganWaiting(_ times: Int) async {
+        await withCheckedContinuation { waitsBegun.resume($0, at: times) }
+    }
 
     /// What a task of this process may wait for, woken by what happens in this process (what
     /// other processes do is seen at the waiter's next look).
