@@ -277,7 +277,9 @@ public actor StreamsService: BusService, ServiceWork {
     /// every ``lookAgain`` seconds) until something is, the wait is over, `wanted` says the
     /// messages are no longer (their reader left), or the host drains. Only the last look is
     /// a write (remembered for `request`, when named): the earlier ones only read. The wait is
-    /// real time (`now` is the messages' time, which tests move by hand).
+    /// real time (`now` is the messages' time, which tests move by hand). A fetch that waits
+    /// counts among the waiting reads while it does (refused past their most); `counted`: its
+    /// caller, a `consumer.next`, already does.
     func fetch(_ stream: String, _ consumer: String, batch: Int, maxBytes: Int, waitingUntil waitEnds: ContinuousClock.Instant,
                request: String?, counted: Bool = false, while wanted: () -> Bool = { true }) async throws -> API.Fetched {
         // The write answers a fetch sent again with its first answer, but only after the wait:
