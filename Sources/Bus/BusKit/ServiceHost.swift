@@ -574,7 +574,7 @@ actor WorkerConnection {
     /// not there.
     private func handshakeRefused(_ problem: HandshakeProblem?) {
         refusedHandshakes += 1
-        guard Self.dueAgain(&refusalLogged) else { return }
+        guard LogCadence.dueAgain(&refusalLogged) else { return }
         let why = switch (problem, options.curve == nil) {
         case (.keyRefused, _):
             "the kernel does not allow this service's key: add its public key to the kernel's security.worker_keys or key folder"
@@ -588,19 +588,10 @@ actor WorkerConnection {
         ])
     }
 
-    /// Whether a warning last said at `last` is said again now (at most once a minute); if
-    /// so, now is when.
-    private static func dueAgain(_ last: inout ContinuousClock.Instant?) -> Bool {
-        let now = ContinuousClock.now
-        if let said = last, now - said < .seconds(60) { return false }
-        last = now
-        return true
-    }
-
     /// What listens at the broker endpoint ends each connection before a handshake, unsaid.
     /// Said then and once a minute, apart from refusals: one that says why is logged too.
     private func endedUnsaid() {
-        guard Self.dueAgain(&unsaidEndsLogged) else { return }
+        guard LogCadence.dueAgain(&unsaidEndsLogged) else { return }
         let why = options.curve == nil
             ? "a kernel with CURVE on ends a plain-text service's handshake so (security.curve: true, with the kernel's key folder as security.keys_dir); anything else there is not a kernel's broker endpoint: another program, or a kernel's state endpoint (kernel.broker names the broker)"
             : "a kernel with CURVE off, or one whose key is not security.server_key, ends a CURVE handshake so; anything else there is not a kernel's broker endpoint: another program, or a kernel's state endpoint (kernel.broker names the broker)"

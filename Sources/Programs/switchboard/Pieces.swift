@@ -68,7 +68,7 @@ enum Pieces {
         case StreamsAPI.service:
             let client = try await connection.client()
             var configuration = StreamsConfiguration(file.streams)
-            configuration.mostWaitingReads = StreamsConfiguration.mostWaitingReads(places: connection.workers * connection.window)
+            configuration.mostWaitingReads = StreamsConfiguration.mostWaitingReads(connections: connection.workers, window: connection.window)
             let service = StreamsService(configuration: configuration, logger: logger, client: client)
             // On PostgreSQL it registers once the database answers (trying again meanwhile).
             let host = try ServiceHost(service: service, options: connection.hostOptions(), context: connection.context, logger: logger,

@@ -317,8 +317,7 @@ public actor PricingService: BusService, ServiceWork {
                 if lastSaid != nil { logger.info("the current route is settled: the store answered") }
                 return
             } catch {
-                let say = lastSaid.map { $0.duration(to: .now) >= .seconds(60) } ?? true
-                if say { lastSaid = .now }
+                let say = LogCadence.dueAgain(&lastSaid)
                 logger.log(level: say ? .info : .debug, "the current route waits for the store", metadata: ["problem": "\(error)", "retry in": "\(delay.formatted)"])
                 try? await Task.sleep(for: delay)
                 delay = min(delay * 2, .seconds(5))

@@ -82,8 +82,7 @@ package actor PostgresWriter {
                 }
                 return
             } catch {
-                if awaySaid.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true {
-                    awaySaid = .now
+                if LogCadence.dueAgain(&awaySaid) {
                     // A timeout says nothing of why: one connection made alone does.
                     let problem = error is PostgresTimedOut ? await settings.connectionProblem(logger: logger) ?? settings.failure(error).detail
                         : settings.failure(error).detail
@@ -243,8 +242,7 @@ package actor PostgresWriter {
     /// by design.
     private func answeredAfterTimeouts() {
         answeredAlone = .now
-        guard slowSaid.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true else { return }
-        slowSaid = .now
+        guard LogCadence.dueAgain(&slowSaid) else { return }
         logger.warning("the database answers, but operations ran past their timeout: it is slow or busy",
                        metadata: ["url": "\(settings.redactedURL)",
                                   "timeout": "\(settings.operationTimeout.formatted)\(settings.operationTimeoutKey.map { " (\($0))" } ?? "")"])

@@ -55,9 +55,14 @@ public struct StreamsConfiguration: Sendable, Equatable {
     /// each name with the key prefixes it keeps every change of.
     public var capture: [String: [String]] = [:]
 
-    /// ``mostWaitingReads`` for a host offering `places` (its connections times its window):
-    /// a quarter of them, at least one, stay for publishes, acknowledgements and the rest.
-    public static func mostWaitingReads(places: Int) -> Int { max(1, places - max(1, places / 4)) }
+    /// ``mostWaitingReads`` for a host of `connections` each holding `window` requests: a
+    /// quarter of its places, at least one, stay for publishes, acknowledgements and the
+    /// rest. The counts come from the command line or the file: their product saturates.
+    public static func mostWaitingReads(connections: Int, window: Int) -> Int {
+        let (product, overflow) = connections.multipliedReportingOverflow(by: window)
+        let places = overflow ? Int.max : product
+        return max(1, places - max(1, places / 4))
+    }
 
     public init(path: String = "data/streams.sqlite", maxSizeBytes: Int? = nil, replyWindow: Duration = .seconds(600), postgres: PostgresSettings? = nil) {
         (self.path, self.maxSizeBytes, self.replyWindow, self.postgres) = (path, maxSizeBytes, replyWindow, postgres)
