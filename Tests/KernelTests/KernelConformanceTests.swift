@@ -1,6 +1,7 @@
 import BusProtocol
 import Foundation
 @testable import Kernel
+import SwitchboardTestSupport
 import Testing
 import ZeroMQ
 
@@ -458,6 +459,38 @@ struct KernelConformanceTests {
         await running.stop()
     }
 
+    @Test("a peer sending while the kernel's loop is busy is held back by its own socket, not read into the kernel without bound; once the loop is back, everything it sent is answered")
+    func peerInputBounded() async throws {
+        let running = try await RunningKernel.start()
+        let peer = try running.socket(.dealer, running.endpoints.broker)
+        try peer.send(kernelRequest("ping"))
+        _ = try result(try await receive(peer))
+        // Requests of 4 kB, so TCP's buffers hold a few thousand at most: what the peer can
+        // still hand over past them, with the loop held, is what the kernel reads ahead.
+        let padding: JSONValue = .object(["padding": .string(String(repeating: "x", count: 4_000))])
+        let requests = (0..<40_000).lazy.map { kernelRequest("ping", padding, id: Int64($0)) }
+        let (held, holds) = AsyncStream<Void>.makeStream()
+        let release = DispatchSemaphore(value: 0)
+        let sent = try await withThrowingTaskGroup(of: Void.self) { group in
+            let kernel = running.kernel
+            group.addTask { await kernel.holdLoop(saying: holds, until: release) }
+            defer { release.signal() }
+            try await within(10, "the kernel's loop held") { for await _ in held { break } }
+            return try await sendUntilHeldBack(peer, requests)
+        }
+        #expect(sent != nil, "the kernel read all 40,000 requests of 4 kB while its loop was held")
+        #expect((sent ?? 0) < 20_000)
+        // Held back, not dropped: each is answered.
+        var answered: Set<Int64> = []
+        while answered.count < sent ?? 0 {
+            let reply = try MDP.decodeAtClient(try await receive(peer, within: 30))
+            let responses = try JSONRPC.parseResponses(reply.body[0].bytes)
+            if case .number(let id) = responses[0].id { answered.insert(id) }
+        }
+        #expect(answered == Set(0..<Int64(sent ?? 0)))
+        await running.stop()
+    }
+
     @Test("a window worker that dies gives every request it held to another worker, each answered once")
     func windowWorkerDeath() async throws {
         let running = try await RunningKernel.start { $0.clientSharePercent = 100 }
@@ -561,5 +594,41 @@ struct ReplyCountingTests {
         #expect(histogram.quantileMicroseconds(0.99) == 5_000)
         #expect(histogram.quantileMicroseconds(1) == nil)
         #expect(histogram.count == 100)
+    }
+}
+
+extension Kernel {
+    /// Holds the kernel's loop thread (its actor's executor) until `release` is signalled,
+    /// saying `held` once it does: the loop reads nothing meanwhile.
+    func holdLoop(saying held: AsyncStream<Void>.Continuation, until release: DispatchSemaphore) {
+        held.yield()
+        release.wait()
+    }
+}
+
+/// Sends `messages` in turn without waiting, until the socket has had no room for two
+/// seconds: how many it sent by then, or nil when it sent them all. (No room for a moment is
+/// a reader slower than this loop; no room for seconds, a reader that stopped.)
+private func sendUntilHeldBack(_ socket: ZMQSocket, _ messages: some Collection<Message>) async throws -> Int? {
+    var sent = 0
+    for message in messages {
+        var waited = 0
+        while !(try trySend(socket, message)) {
+            if waited == 200 { return sent }
+            waited += 1
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        sent += 1
+    }
+    return nil
+}
+
+/// Sends `message` unless the socket has no room: whether it did.
+private func trySend(_ socket: ZMQSocket, _ message: Message) throws -> Bool {
+    do {
+        try socket.send(message, options: .dontWait)
+        return true
+    } catch where error.isAgain {
+        return false
     }
 }

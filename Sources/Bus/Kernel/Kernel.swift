@@ -180,7 +180,7 @@ public actor Kernel: BusService {
                 // instead of vanishing: that is how a killed worker is noticed early.
                 try $0.set(.routerMandatory, true)
                 try $0.set(.sendHighWaterMark, Int32(clamping: configuration.peerBacklog))
-                try $0.set(.receiveHighWaterMark, 0)
+                try $0.set(.receiveHighWaterMark, Self.peerInputBacklog)
                 // A peer whose machine is gone or whose link is cut closes nothing: its
                 // connection is dropped after peer_timeout, and with it what it held (a quiet
                 // stream's probe then fails), not after TCP's retransmissions give up.
@@ -345,6 +345,14 @@ public actor Kernel: BusService {
     /// batch of `state.get` pages can ask for as much as the message limit, and building it
     /// all in one go would hold every other client's requests behind it.
     static let turnBytes = 1 << 20
+
+    /// Messages libzmq reads ahead from one peer of the broker before the loop takes them.
+    /// Past it libzmq stops reading that connection, so a peer that sends faster than the
+    /// loop reads is held back by TCP and its own socket: a worker pumping the parts of a
+    /// stream its client does not read fills its own queues (where its handlers wait),
+    /// not the kernel's memory, and what that worker sends next (another client's reply)
+    /// waits behind this much of it and what TCP holds, not behind all it sent meanwhile.
+    static let peerInputBacklog: Int32 = 1_000
 
     /// A request for the `kernel` service, admitted by the broker (``Admission``).
     func answer(_ caller: Broker.Caller, body: [Frame], peer: String?) {
