@@ -613,7 +613,7 @@ private func sendUntilHeldBack(_ socket: ZMQSocket, _ messages: some Collection<
     var sent = 0
     for message in messages {
         var waited = 0
-        while !(try trySend(socket, message)) {
+        while !(try socket.trySend(message)) {
             if waited == 200 { return sent }
             waited += 1
             try await Task.sleep(for: .milliseconds(10))
@@ -621,14 +621,4 @@ private func sendUntilHeldBack(_ socket: ZMQSocket, _ messages: some Collection<
         sent += 1
     }
     return nil
-}
-
-/// Sends `message` unless the socket has no room: whether it did.
-private func trySend(_ socket: ZMQSocket, _ message: Message) throws -> Bool {
-    do {
-        try socket.send(message, options: .dontWait)
-        return true
-    } catch where error.isAgain {
-        return false
-    }
 }
