@@ -9,7 +9,7 @@ import ZeroMQ
 /// (issue "Secure by default"), each tried again against the bus as `up` now runs it.
 @Suite("switchboard up is secure by default: keys made on first run, CURVE on, rights per key", .serialized)
 struct SecureByDefaultTests {
-    @Test("first run makes private keys; sb finds its key without flags; rogue workers and forged state are refused; quotas per client key")
+    @Test("first run makes private keys; sb finds its key without flags; rogue workers and forged state are refused; quotas per client key; a client key copied into clients/ is let in at sb reload, which names it")
     func secureByDefault() async throws {
         let folder = try temporaryDirectory("up-secure")
         // The key folder where sb looks by default (data/keys) when run from `folder`.
@@ -158,10 +158,48 @@ struct SecureByDefaultTests {
         let reload = try await runCommand(sbExecutable(), ["reload", "--json"], environment: environment)
         #expect(reload.status == 0, "\(reload)")
 
+        try await admitsClientsAtReload(keys, environment: environment)
         await client.close()
         up.signal(SIGTERM)
         #expect(await up.exit(within: 30))
         #expect(up.terminationStatus == 0, "\(up.readOutput().suffix(1_500))")
+    }
+
+    /// 5. A client let in while the bus runs, as a user would: its `.pub` copied into
+    ///    `clients/`, then `sb reload`, which names the file; sb connects with `--key-file`
+    ///    alone (the kernel's key from the folder). A file there that holds no key refuses
+    ///    the reload, naming it, and the keys admitted stay; a file removed is named too, and
+    ///    its key is refused again.
+    private func admitsClientsAtReload(_ keys: KeyFolder, environment: [String: String]) async throws {
+        let outside = try temporaryDirectory("carol")
+        let made = try await runCommand(switchboardExecutable(), ["keygen", "--out", outside.appendingPathComponent("carol").path])
+        #expect(made.status == 0, "\(made)")
+        let carolPub = keys.clientsFolder.appendingPathComponent("carol.pub")
+        func pingAsCarol() async throws -> CommandResult {
+            try await runCommand(sbExecutable(), ["ping", "--timeout", "1s", "--key-file", outside.appendingPathComponent("carol.key").path], environment: environment)
+        }
+        func reload() async throws -> CommandResult { try await runCommand(sbExecutable(), ["reload"], environment: environment) }
+
+        let stranger = try await pingAsCarol()
+        #expect(stranger.status == 69 && stranger.stderr.contains("does not allow this client's key"), "\(stranger)")
+        try FileManager.default.copyItem(at: outside.appendingPathComponent("carol.pub"), to: carolPub)
+        let added = try await reload()
+        #expect(added.status == 0 && added.stdout.contains("applied: \(carolPub.path) (added)"), "\(added)")
+        let admitted = try await pingAsCarol()
+        #expect(admitted.status == 0 && admitted.stdout.hasPrefix("pong"), "\(admitted)")
+
+        let broken = keys.clientsFolder.appendingPathComponent("broken.pub")
+        try Data("not a key\n".utf8).write(to: broken)
+        let refused = try await reload()
+        #expect(refused.status == 78 && refused.stderr.contains("security.keys_dir") && refused.stderr.contains("\(broken.path) holds no CURVE public key"),
+                "\(refused)")
+        #expect(try await pingAsCarol().status == 0, "the keys admitted before the refused reload stay")
+
+        try FileManager.default.removeItem(at: broken)
+        try FileManager.default.removeItem(at: carolPub)
+        let removed = try await reload()
+        #expect(removed.status == 0 && removed.stdout.contains("applied: \(carolPub.path) (removed)"), "\(removed)")
+        #expect(try await pingAsCarol().status == 69, "a key removed is refused at its next connection")
     }
 
     @Test("plain text only when the configuration says security.curve: false, with a warning; so too for a kernel run alone")

@@ -179,14 +179,29 @@ public struct KeyFolder: Sendable, Equatable {
         try publicKeys([publicKeyFile(Self.operator)], andIn: operatorsFolder)
     }
 
+    /// Every `clients/*.pub` and `operators/*.pub` by its path, with the key it holds: the keys
+    /// admitted beyond the pairs `switchboard up` makes, which a reload compares to say which
+    /// files changed. A file that holds no key is named in the error.
+    public func furtherPublicKeys() throws(KeyFolderError) -> [(file: String, key: String)] {
+        var keys: [(file: String, key: String)] = []
+        for file in Self.publicKeyFiles(in: clientsFolder) + Self.publicKeyFiles(in: operatorsFolder) {
+            if let key = try Self.publicKey(in: file) { keys.append((file.path, key)) }
+        }
+        return keys
+    }
+
     private func publicKeys(_ files: [URL], andIn folder: URL) throws(KeyFolderError) -> [String] {
-        let extra = ((try? FileManager.default.contentsOfDirectory(at: folder, includingPropertiesForKeys: nil)) ?? [])
-            .filter { $0.pathExtension == "pub" }.sorted { $0.path < $1.path }
         var keys: [String] = []
-        for file in files + extra {
+        for file in files + Self.publicKeyFiles(in: folder) {
             if let key = try Self.publicKey(in: file) { keys.append(key) }
         }
         return keys
+    }
+
+    /// The `.pub` files in `folder`, in the order of their names; none when it is missing.
+    private static func publicKeyFiles(in folder: URL) -> [URL] {
+        ((try? FileManager.default.contentsOfDirectory(at: folder, includingPropertiesForKeys: nil)) ?? [])
+            .filter { $0.pathExtension == "pub" }.sorted { $0.path < $1.path }
     }
 
     /// The keys `name` connects to the local kernel with: the kernel's public key and

@@ -8,12 +8,25 @@ public import SwitchboardConfig
 /// The configuration a process runs with, read again on SIGHUP or `sb reload`: the same file
 /// and `SWITCHBOARD_*` variables, checked as at start. A file that does not read is refused
 /// and the running configuration stays; otherwise the changed keys are sorted into those
-/// that apply live (``liveKeys``) and those that need a restart.
+/// that apply live (``liveKeys``) and those that need a restart. In a process that admits
+/// keys (the kernel, and `switchboard up` that runs it) the key folder's `clients/*.pub` and
+/// `operators/*.pub` are read again too: each file added, removed or changed is reported as
+/// applied, and a file that holds no key refuses the reload as a bad key would.
 public final class ConfigReloader: ConfigurationReloading {
     public let url: URL?
     /// Whether `switchboard up` supervises: it applies new worker counts (a rolling restart).
     private let supervised: Bool
-    private let current: Mutex<(file: ConfigFile, values: [String: String])>
+    /// Whether this process admits keys from the key folder (``KeyFolder/furtherPublicKeys()``).
+    private let admitsKeys: Bool
+    private let current: Mutex<Reading>
+
+    /// A configuration as read: the file, its values by key path, and the key folder's
+    /// further public keys by file (empty where the folder is not read).
+    private struct Reading {
+        var file: ConfigFile
+        var values: [String: String]
+        var keyFiles: [String: String]
+    }
 
     /// Keys applied without a restart (`*`: any one name). Log levels, in every process;
     /// worker counts, by `up` restarting that service the rolling way; the gateway's tokens;
@@ -27,11 +40,13 @@ public final class ConfigReloader: ConfigurationReloading {
         "kernel.state_max_value_bytes",
     ]
 
-    /// Reads the configuration at `path` (nil: none, the defaults) as the process starts.
-    public init(path: String?, supervised: Bool = false) throws {
+    /// Reads the configuration at `path` (nil: none, the defaults) as the process starts;
+    /// `admitsKeys` for the kernel's process and the supervisor that runs it.
+    public init(path: String?, supervised: Bool = false, admitsKeys: Bool = false) throws {
         url = path.map { URL(fileURLWithPath: $0) }
         self.supervised = supervised
-        current = Mutex(try Self.read(url))
+        self.admitsKeys = admitsKeys
+        current = Mutex(try Self.read(url, admitsKeys: admitsKeys))
     }
 
     /// The configuration in effect.
@@ -40,9 +55,9 @@ public final class ConfigReloader: ConfigurationReloading {
     /// Reads the file again: the new configuration and what changed; the running one stays
     /// when it does not read (the error names the key).
     public func reread() throws(ConfigError) -> (file: ConfigFile, report: SupervisorAPI.Reloaded) {
-        let next: (file: ConfigFile, values: [String: String])
+        let next: Reading
         do {
-            next = try Self.read(url)
+            next = try Self.read(url, admitsKeys: admitsKeys)
         } catch let error as ConfigError {
             throw error
         } catch {
@@ -50,13 +65,22 @@ public final class ConfigReloader: ConfigurationReloading {
         }
         let old = current.withLock { state in
             defer { state = next }
-            return state.values
+            return state
         }
-        let changed = Set(old.keys).union(next.values.keys).filter { old[$0] != next.values[$0] }.sorted()
+        let changed = Self.changed(old.values, next.values)
         let live = changed.filter { key in
             Self.liveKeys.contains { Self.matches(key, $0) } && (supervised || !Self.matches(key, "services.*.workers"))
         }
-        return (next.file, SupervisorAPI.Reloaded(file: url?.path, applied: live, needsRestart: changed.filter { !live.contains($0) }))
+        // The kernel reads the folder again at every reload: a changed file always applies.
+        let keyFiles = Self.changed(old.keyFiles, next.keyFiles).map { file in
+            "\(file) (\(old.keyFiles[file] == nil ? "added" : next.keyFiles[file] == nil ? "removed" : "changed"))"
+        }
+        return (next.file, SupervisorAPI.Reloaded(file: url?.path, applied: live + keyFiles, needsRestart: changed.filter { !live.contains($0) }))
+    }
+
+    /// The keys whose values differ between `old` and `new` (added and removed ones too), sorted.
+    private static func changed(_ old: [String: String], _ new: [String: String]) -> [String] {
+        Set(old.keys).union(new.keys).filter { old[$0] != new[$0] }.sorted()
     }
 
     /// ``ConfigurationReloading``, for the supervisor: a refusal is -32013 naming the key.
@@ -70,13 +94,22 @@ public final class ConfigReloader: ConfigurationReloading {
         }
     }
 
-    private static func read(_ url: URL?) throws -> (file: ConfigFile, values: [String: String]) {
+    private static func read(_ url: URL?, admitsKeys: Bool) throws -> Reading {
         var values: [String: String] = [:]
         let file = try ConfigDocument.load(url, schema: ConfigFile.schema, environment: ProcessInfo.processInfo.environment) { section in
             flatten(section.values, "", into: &values)
             return try ConfigFile(reading: section)
         }
-        return (file, values)
+        var keyFiles: [String: String] = [:]
+        // The folder is read only where the kernel takes its keys from it (not given by hand, CURVE not turned off).
+        if admitsKeys && file.security.kernelSecretKey == nil && file.security.curve != false {
+            do {
+                for (path, key) in try file.security.keyFolder.furtherPublicKeys() { keyFiles[path] = key }
+            } catch {
+                throw ConfigError(path: "security.keys_dir", problem: "\(error)")
+            }
+        }
+        return Reading(file: file, values: values, keyFiles: keyFiles)
     }
 
     /// Every value by its key path; mappings are walked, anything else is one value.

@@ -28,7 +28,7 @@ struct ConnectionOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("The kernel's CURVE public key, for a kernel with security.curve on (env SB_SERVER_KEY).", valueName: "key"))
     var serverKey: String?
 
-    @Option(name: .long, help: ArgumentHelp("This client's key file from `switchboard keygen --out` (env SB_KEY_FILE); needed with --server-key.", valueName: "file"))
+    @Option(name: .long, help: ArgumentHelp("This client's key file from `switchboard keygen --out` (env SB_KEY_FILE); needed with --server-key, and without it the kernel's key is the key folder's kernel.pub.", valueName: "file"))
     var keyFile: String?
 
     @Option(name: .long, help: ArgumentHelp("The bus's key folder, where `switchboard up` left client.key and kernel.pub (env SB_KEY_DIR; default data/keys): used when it holds them and no --server-key is given.", valueName: "folder"))
@@ -49,14 +49,24 @@ struct ConnectionOptions: ParsableArguments {
         KeyFolder(keyDir ?? environment["SB_KEY_DIR"].flatMap { $0.isEmpty ? nil : $0 } ?? KeyFolder.defaultPath)
     }
 
-    /// The CURVE keys to connect with: the server key and key file given, else the local
-    /// client's keys in the key folder (the operator's, `asOperator`, when it holds them),
-    /// else nil (plain text).
+    /// The CURVE keys to connect with: the server key and key file given (a key file alone:
+    /// with the key folder's kernel.pub, as a client given a key of its own for the local bus
+    /// connects), else the local client's keys in the key folder (the operator's,
+    /// `asOperator`, when it holds them), else nil (plain text).
     func curve(asOperator: Bool = false) throws -> CurveClientKeys? {
-        let serverKey = self.serverKey ?? environment["SB_SERVER_KEY"].flatMap { $0.isEmpty ? nil : $0 }
+        var serverKey = self.serverKey ?? environment["SB_SERVER_KEY"].flatMap { $0.isEmpty ? nil : $0 }
         let keyFile = self.keyFile ?? environment["SB_KEY_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+        if serverKey == nil, keyFile != nil {
+            do {
+                serverKey = try keyFolder.publicKey(KeyFolder.kernel)
+            } catch {
+                throw ValidationError("--key-dir: \(error)")
+            }
+            if serverKey == nil {
+                throw ValidationError("--key-file needs --server-key (the kernel's public key), or a key folder with the kernel's kernel.pub (--key-dir, default data/keys; none at \(keyFolder.path))")
+            }
+        }
         guard let serverKey else {
-            if keyFile != nil { throw ValidationError("--key-file needs --server-key (the kernel's public key)") }
             do {
                 return try asOperator ? keyFolder.operatorKeys() : keyFolder.clientKeys()
             } catch {

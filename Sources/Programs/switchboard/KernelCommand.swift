@@ -85,7 +85,7 @@ struct KernelCommand: AsyncParsableCommand {
         }
         let kernel = try Kernel(configuration: configuration, context: ZMQContext(), logger: logger)
         // SIGHUP: the limits and allowed keys of the file read again (flags still win).
-        let reloading = try common.reloading("switchboard.kernel") { file in
+        let reloading = try common.reloading("switchboard.kernel", admitsKeys: true) { file in
             if let reloaded = try? kernelConfiguration(file) { await kernel.reconfigure(reloaded) }
         }
         let group = ServiceGroup(services: telemetry + [kernel, reloading], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)

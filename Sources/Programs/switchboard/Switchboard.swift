@@ -189,19 +189,21 @@ struct CommonOptions: ParsableArguments {
     private static let levels = Mutex<LiveLogLevels?>(nil)
 
     /// The part of a process's group that reloads the configuration on SIGHUP (after
-    /// ``bootstrap(_:exporting:)``): log levels, then what `apply` takes of the new file.
-    func reloading(_ label: String, apply: @escaping @Sendable (ConfigFile) async -> Void = { _ in }) throws -> any Service {
-        Reloading(reloader: try reloader(supervised: false), levels: Self.levels.withLock { $0 }!, apply: apply, logger: Logger(label: label))
+    /// ``bootstrap(_:exporting:)``): log levels, then what `apply` takes of the new file;
+    /// `admitsKeys` where the kernel runs (the key folder's further keys read again).
+    func reloading(_ label: String, admitsKeys: Bool = false, apply: @escaping @Sendable (ConfigFile) async -> Void = { _ in }) throws -> any Service {
+        Reloading(reloader: try reloader(supervised: false, admitsKeys: admitsKeys), levels: Self.levels.withLock { $0 }!, apply: apply,
+                  logger: Logger(label: label))
     }
 
     /// What `switchboard up` reloads with (SIGHUP, `sb reload`): made after its security
     /// settings, whose variable it sees.
     func supervisedReload() throws -> SupervisedReload {
-        SupervisedReload(reloader: try reloader(supervised: true), levels: Self.levels.withLock { $0 }!)
+        SupervisedReload(reloader: try reloader(supervised: true, admitsKeys: true), levels: Self.levels.withLock { $0 }!)
     }
 
-    private func reloader(supervised: Bool) throws -> ConfigReloader {
-        try configFile.checked { try ConfigReloader(path: configFile.path, supervised: supervised) }
+    private func reloader(supervised: Bool, admitsKeys: Bool) throws -> ConfigReloader {
+        try configFile.checked { try ConfigReloader(path: configFile.path, supervised: supervised, admitsKeys: admitsKeys) }
     }
 }
 

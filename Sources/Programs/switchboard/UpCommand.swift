@@ -252,7 +252,7 @@ struct UpCommand: AsyncParsableCommand {
         }
         // SIGHUP: log levels, the kernel's limits and allowed keys, the gateway's tokens.
         let kernelSecurity = configuration.security
-        pieces.append(.init(service: try common.reloading("switchboard.up") { [gateway] reloaded in
+        pieces.append(.init(service: try common.reloading("switchboard.up", admitsKeys: true) { [gateway] reloaded in
             var next = reloaded.kernel
             next.security = (try? reloaded.security.kernelSecurity()) ?? kernelSecurity
             await kernel.reconfigure(next)
