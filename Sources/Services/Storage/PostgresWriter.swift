@@ -4,7 +4,7 @@ import Foundation
 package import Logging
 import NIOCore
 import NIOPosix
-package import PostgresNIO
+import PostgresNIO
 import ServiceLifecycle
 import Synchronization
 import ZeroMQ
@@ -550,7 +550,7 @@ final class PostgresSession: SQLSession {
     /// Commits the transaction; past the wait for its answer, whether it was made is unknown
     /// (``PostgresCommitUnanswered``).
     func commit() throws {
-        try run("COMMIT", [], answeredBy: deadline + timeout)
+        _ = try run("COMMIT", [], answeredBy: deadline + timeout)
     }
 
     func lockingRead(of table: String) -> String { " FOR UPDATE OF \(table)" }
