@@ -172,6 +172,17 @@ final class Bystander: Sendable {
         var ping: [Double] = []
         var echo: [Double] = []
         var failures = 0
+        /// What the first failed request was told.
+        var firstFailure: String?
+
+        mutating func record(_ outcome: Result<Double, any Error>, into times: WritableKeyPath<Figures, [Double]>, _ method: String) {
+            switch outcome {
+            case .success(let milliseconds): self[keyPath: times].append(milliseconds)
+            case .failure(let error):
+                failures += 1
+                if firstFailure == nil { firstFailure = "\(method): \(error)" }
+            }
+        }
     }
     let figures = Mutex<[HostileClient.Case: Figures]>([:])
     let current = Mutex<HostileClient.Case>(.quiet)
@@ -179,18 +190,28 @@ final class Bystander: Sendable {
     func run(_ client: BusClient, until deadline: Date) async {
         while Date() < deadline {
             let hostileCase = current.withLock { $0 }
-            let started = ContinuousClock.now
-            let ping = try? await client.call(KernelAPI.ping, timeout: .seconds(10))
-            let pinged = ContinuousClock.now
-            let echo = try? await client.request(service: EchoAPI.service, method: EchoAPI.echo.name, params: ["n": 1], timeout: .seconds(10))
-            let echoed = ContinuousClock.now
+            let ping = await Self.timed { _ = try await client.call(KernelAPI.ping, timeout: .seconds(10)) }
+            let echo = await Self.timed {
+                _ = try await client.request(service: EchoAPI.service, method: EchoAPI.echo.name, params: ["n": 1], timeout: .seconds(10))
+            }
             figures.withLock { figures in
                 var entry = figures[hostileCase] ?? Figures()
-                if ping != nil { entry.ping.append((pinged - started) / .milliseconds(1)) } else { entry.failures += 1 }
-                if echo != nil { entry.echo.append((echoed - pinged) / .milliseconds(1)) } else { entry.failures += 1 }
+                entry.record(ping, into: \.ping, "kernel ping")
+                entry.record(echo, into: \.echo, "echo echo")
                 figures[hostileCase] = entry
             }
             try? await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    /// How long `call` took (milliseconds), or what it threw.
+    private static func timed(_ call: () async throws -> Void) async -> Result<Double, any Error> {
+        let started = ContinuousClock.now
+        do {
+            try await call()
+            return .success((ContinuousClock.now - started) / .milliseconds(1))
+        } catch {
+            return .failure(error)
         }
     }
 }

@@ -162,7 +162,7 @@ struct HostileFigures: Sendable {
 
     func print() {
         Swift.print("")
-        Swift.print("Hostile client: a bystander's kernel ping and echo echo (ms) while each case ran")
+        Swift.print("Hostile client: a bystander's kernel ping and echo echo (ms, a client key of its own) while each case ran")
         Swift.print("  " + "case".padding(toLength: 62, withPad: " ", startingAt: 0) + "   ping p50    p99    max   echo p50    p99    max  failed")
         for hostileCase in HostileClient.Case.allCases {
             guard let figures = bystander[hostileCase] else { continue }

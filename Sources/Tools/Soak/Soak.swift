@@ -46,7 +46,7 @@ struct Soak: AsyncParsableCommand {
     var postgres = false
     @Flag(help: "Aim at the streams service: run it on a PostgreSQL server the soak starts on loopback (and stops), with three publishers and a group of three readers on its stream, and kill the streams service, its database (its PostgreSQL server stopped at once, as a crash would, and started again) and the kernel (with --postgres, the store too).")
     var streams = false
-    @Flag(help: "No kills: instead a hostile client (huge ttl, amplifying batches, a subscriber and SSE streams that never read, slow requests, replies in parts nobody reads), one case after another, beside the ordinary load; a bystander's latency is measured in each case, and once it has left the memory of the kernel, the gateway and the echo worker must come back within 1.5x of their start, with no process restarted. Needs --duration of at least 80.")
+    @Flag(help: "No kills: instead a hostile client (huge ttl, amplifying batches, a subscriber and SSE streams that never read, slow requests, replies in parts nobody reads), one case after another, beside the ordinary load; a bystander with a client key of its own must be answered within 10 s throughout, its latency measured in each case; once the hostile client has left the memory of the kernel, the gateway and the echo worker must come back within 1.5x of their start, with no process restarted. Needs --duration of at least 80.")
     var hostile = false
     @Flag(help: "Run one bus in two cells (docs/CELLS.md; two `switchboard up`s on an etcd the soak starts, which keeps their directory and their one state): cell a has echo and the gateway and every client, cell b the store, the fetcher, search, pricing and the streams, so every request but echo's crosses, and the subscribers follow cell b's kernel; the kills hit both cells' kernels and pieces and etcd.")
     var cells = false
@@ -88,10 +88,14 @@ struct Soak: AsyncParsableCommand {
         let kernels = configurations.map { KernelPorts(ports: $0.ports) }
         if hostile {
             // The hostile client has a client key of its own, as another user would: the
-            // kernel shares a service's places among keys.
+            // kernel shares a service's places among keys. So has the bystander, whose
+            // figures say what the hostile client costs a user it has nothing to do with
+            // (the ordinary load's key is shared by many loops, and its queue is theirs).
             let keys = busKeyFolder(in: folder)
             try FileManager.default.createDirectory(at: keys.clientsFolder, withIntermediateDirectories: true)
-            try KeyFolder.write(try CurveKeyPair.generate(), to: keys.clientsFolder.appendingPathComponent("hostile").path)
+            for name in ["hostile", "bystander"] {
+                try KeyFolder.write(try CurveKeyPair.generate(), to: keys.clientsFolder.appendingPathComponent(name).path)
+            }
         }
         say("seed \(seed), \(Int(duration)) s, \(clients) clients, \(subscribers) subscribers"
             + (hostile ? ", a hostile client instead of kills" : ", a kill every \(killMin)-\(killMax) s")
@@ -343,7 +347,7 @@ struct Soak: AsyncParsableCommand {
         // The cases take all but the last 20 s, in which the bus gives its memory back beside the ordinary load.
         let memoryAtStart = report.memoryAtStart, phases = duration - 20
         let hostileRun = hostile ? Task {
-            try await Self.runHostile(keys: keys, kernel: kernels[0], curve: curve, bus: buses[0], started: started, seconds: phases, memoryAtStart: memoryAtStart)
+            try await Self.runHostile(keys: keys, kernel: kernels[0], bus: buses[0], started: started, seconds: phases, memoryAtStart: memoryAtStart)
         } : nil
         // The supervisors' rolling restarts are asked with the operator's key (as `sb restart`
         // is), of each bus's own kernel: a supervisor is not offered across cells.
@@ -459,16 +463,18 @@ struct Soak: AsyncParsableCommand {
         }
     }
 
-    /// The hostile client's cases one after another (a bystander timing each), then up to 30 s
-    /// without it: the memory of the kernel, the gateway and the echo worker must be back
-    /// within 1.5x of their start (the worker's never 256 MB above it), and no process restarted.
-    private static func runHostile(keys: KeyFolder, kernel: KernelPorts, curve: CurveClientKeys?, bus: BusProcesses, started: Date,
+    /// The hostile client's cases one after another (a bystander timing each, which must be
+    /// answered throughout), then up to 30 s without it: the memory of the kernel, the gateway
+    /// and the echo worker must be back within 1.5x of their start (the worker's never 256 MB
+    /// above it), and no process restarted.
+    private static func runHostile(keys: KeyFolder, kernel: KernelPorts, bus: BusProcesses, started: Date,
                                    seconds: Double, memoryAtStart: [String: Double]) async throws -> (figures: HostileFigures, problems: [String]) {
         var problems: [String] = []
         let context = try ZMQContext()
         let hostileKeys = try keys.connectingKeys(as: "clients/hostile")
         let client = try await BusClient(brokers: [kernel.broker], context: context, timeout: .seconds(30), curve: hostileKeys, state: [kernel.state])
-        let bystanderClient = try await BusClient(brokers: [kernel.broker], timeout: .seconds(10), curve: curve, state: [kernel.state])
+        let bystanderClient = try await BusClient(brokers: [kernel.broker], timeout: .seconds(10), curve: try keys.connectingKeys(as: "clients/bystander"),
+                                                  state: [kernel.state])
         let hostile = HostileClient(client: client, context: context, kernel: kernel, curve: hostileKeys, gatewayToken: keys.gatewayToken())
         let bystander = Bystander()
         let pids = bus.pieces()
@@ -542,6 +548,11 @@ struct Soak: AsyncParsableCommand {
             problems.append("\(name) was restarted during the hostile run (pid \(pid) is gone)")
         }
         if figures.accepted > 0 { problems.append("\(figures.accepted) hostile ttl writes were taken instead of refused") }
+        // Whatever the hostile client does, a client beside it is answered (within 10 s).
+        for hostileCase in HostileClient.Case.allCases {
+            guard let failed = figures.bystander[hostileCase], failed.failures > 0 else { continue }
+            problems.append("\(failed.failures) of the bystander's requests failed during \"\(hostileCase.rawValue)\", the first: \(failed.firstFailure ?? "?")")
+        }
         return (figures, problems)
     }
 
