@@ -171,6 +171,76 @@ struct CurveTests {
         await secured.kernel.stop()
     }
 
+    @Test("keys a reload takes out: a client still connected with one is refused -32011 from then on, a worker with one is told to go; put back, both are served again")
+    func keysTakenOutAtReload() async throws {
+        let secured = try await SecuredBus.start()
+        let host = try await secured.host(with: secured.worker)
+        try await secured.kernel.workers("echo", curve: secured.operator)
+        let client = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.client)
+        #expect(try await client.request(service: "echo", method: "echo", params: ["before": 1]) == ["before": 1])
+
+        var reloaded = secured.kernel.configuration
+        reloaded.security?.clientKeys = []
+        reloaded.security?.workerKeys = []
+        await secured.kernel.kernel.reconfigure(reloaded)
+        let refused = await #expect(throws: BusError.self) { try await client.request(service: "kernel", method: "ping") }
+        #expect(refused?.code == JSONRPCError.forbiddenCode && "\(String(describing: refused))".contains("no longer among the kernel's allowed keys"),
+                "\(String(describing: refused))")
+        try await secured.kernel.workers("echo", curve: secured.operator, "the worker whose key was taken out gone") { $0 == 0 }
+
+        await secured.kernel.kernel.reconfigure(secured.kernel.configuration)
+        try await secured.kernel.workers("echo", curve: secured.operator)
+        #expect(try await client.request(service: "echo", method: "echo", params: ["after": 1]) == ["after": 1])
+        await client.close()
+        await host.stop()
+        await secured.kernel.stop()
+    }
+
+    @Test("a collector connection whose key a reload took out: its KVSETs are dropped and counted")
+    func collectorKeyTakenOutAtReload() async throws {
+        let secured = try await SecuredBus.start()
+        let subscription = try await Subscription.open(snapshot: secured.kernel.endpoints.snapshot, publisher: secured.kernel.endpoints.publisher,
+                                                       prefixes: ["/client/"], curve: secured.operator)
+        let context = try ZMQContext()
+        let collector = try ZMQSocket(context, .pub)
+        try collector.set(.linger, 0)
+        try collector.secure(secured.client)
+        try collector.connect(secured.kernel.endpoints.collector)
+        // A PUB drops what it sends before its connection is up: sent again until it arrives.
+        #expect(try await Self.sendUntilSeen("/client/before", from: collector, by: subscription), "the first KVSET arrived within 10 s")
+
+        var reloaded = secured.kernel.configuration
+        reloaded.security?.clientKeys = []
+        await secured.kernel.kernel.reconfigure(reloaded)
+        try collector.send(CHP.kv(KVEntry(key: "/client/after", value: Frame("1"))))
+        // A refused KVSET leaves nothing to await but its count.
+        let operatorClient = try await BusClient(brokers: [secured.kernel.endpoints.broker], curve: secured.operator)
+        var refused: Int64 = 0
+        for _ in 0..<200 where refused == 0 {
+            try await Task.sleep(for: .milliseconds(50))
+            refused = try await secured.stats(operatorClient)["state"]?["refusedForbidden"]?.intValue ?? 0
+        }
+        #expect(refused == 1)
+        let entries = try await operatorClient.request(service: "kernel", method: "state.get", params: ["prefix": "/client/"])["entries"]
+        #expect(entries?.arrayValue?.compactMap { $0["key"]?.stringValue } == ["/client/before"])
+        await operatorClient.close()
+        collector.close()
+        await subscription.cancel()
+        await secured.kernel.stop()
+    }
+
+    /// Sends `key` every 50 ms until `subscription` shows it, for up to 10 s: whether it did.
+    private static func sendUntilSeen(_ key: String, from collector: ZMQSocket, by subscription: Subscription) async throws -> Bool {
+        for _ in 0..<200 {
+            try collector.send(CHP.kv(KVEntry(key: key, value: Frame("1"))))
+            try await Task.sleep(for: .milliseconds(50))
+            while let event = subscription.nextIfReady() {
+                if case .update(let update) = event, update.key == key { return true }
+            }
+        }
+        return false
+    }
+
     @Test("a worker whose READY says callers=1 gets each request's sender as the kernel ranks it; a plain worker gets the body alone")
     func callers() async throws {
         // The kernel's default heartbeats: these raw workers do not beat, and a loaded machine

@@ -169,7 +169,7 @@ struct SecureByDefaultTests {
     ///    `clients/`, then `sb reload`, which names the file; sb connects with `--key-file`
     ///    alone (the kernel's key from the folder). A file there that holds no key refuses
     ///    the reload, naming it, and the keys admitted stay; a file removed is named too, and
-    ///    its key is refused again.
+    ///    its key is refused again: at its next connection, and on the one it holds.
     private func admitsClientsAtReload(_ keys: KeyFolder, environment: [String: String]) async throws {
         let outside = try temporaryDirectory("carol")
         let made = try await runCommand(switchboardExecutable(), ["keygen", "--out", outside.appendingPathComponent("carol").path])
@@ -187,6 +187,9 @@ struct SecureByDefaultTests {
         #expect(added.status == 0 && added.stdout.contains("applied: \(carolPub.path) (added)"), "\(added)")
         let admitted = try await pingAsCarol()
         #expect(admitted.status == 0 && admitted.stdout.hasPrefix("pong"), "\(admitted)")
+        let carolKeys = try CurveClientKeys(serverKey: try #require(try keys.publicKey(KeyFolder.kernel)), secretKey: try KeyFolder(outside.path).secretKey("carol"))
+        let carol = try await BusClient(brokers: [try #require(environment["SB_ENDPOINT"])], timeout: .seconds(5), curve: carolKeys)
+        _ = try await carol.request(service: "kernel", method: "ping")
 
         let broken = keys.clientsFolder.appendingPathComponent("broken.pub")
         try Data("not a key\n".utf8).write(to: broken)
@@ -200,6 +203,9 @@ struct SecureByDefaultTests {
         let removed = try await reload()
         #expect(removed.status == 0 && removed.stdout.contains("applied: \(carolPub.path) (removed)"), "\(removed)")
         #expect(try await pingAsCarol().status == 69, "a key removed is refused at its next connection")
+        let stillConnected = await rpcError { try await carol.request(service: "kernel", method: "ping") }
+        #expect(stillConnected?.code == JSONRPCError.forbiddenCode, "and on the connection it made before: \(String(describing: stillConnected))")
+        await carol.close()
     }
 
     @Test("plain text only when the configuration says security.curve: false, with a warning; so too for a kernel run alone")

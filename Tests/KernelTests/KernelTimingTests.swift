@@ -717,14 +717,14 @@ struct OperatorsOnlyTests {
         broker.handle(request(from: "C", KernelAPI.service, KernelAPI.workersDrain.name), now: clock.now)
         #expect(Sent(broker.outbox.take()).toClients.count == 1)
         #expect(broker.takeEvents().isEmpty)  // never reached the kernel's methods
-        #expect(broker.refusedNotOperator == 2)
+        #expect(broker.refusedForKey == 2)
 
         broker.handle(request(from: "O", SupervisorAPI.service, SupervisorAPI.restart.name), now: clock.now)
         #expect(Sent(broker.outbox.take()).requests.map(\.worker) == ["sup"])
         broker.handle(request(from: "O", KernelAPI.service, KernelAPI.workersDrain.name), now: clock.now)
         broker.handle(request(from: "C", KernelAPI.service, KernelAPI.workersList.name), now: clock.now)
         #expect(broker.takeEvents().count == 2)
-        #expect(broker.refusedNotOperator == 2)
+        #expect(broker.refusedForKey == 2)
     }
 }
 

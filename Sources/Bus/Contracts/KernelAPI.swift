@@ -109,7 +109,8 @@ public enum KernelAPI {
             public var refusedConnections: Int
             /// READYs refused: the key may not serve that service.
             public var refusedRegistrations: Int
-            /// Requests for operators only (``OperatorsOnly``) refused: not an operator's key.
+            /// Requests refused for their key: for operators only (``OperatorsOnly``) from
+            /// another key, or from a key a reload took out.
             public var refusedRequests: Int
             public init(curve: Bool, refusedConnections: Int, refusedRegistrations: Int, refusedRequests: Int = 0) {
                 (self.curve, self.refusedConnections, self.refusedRegistrations, self.refusedRequests) = (curve, refusedConnections, refusedRegistrations, refusedRequests)

@@ -153,6 +153,9 @@ struct Broker: ~Copyable {
         let cell: String?
         /// The Majordomo its READY was in; every command it sends must be in the same.
         let version: MDP.Version
+        /// The ZAP user id its READY came with (nil without CURVE): a reload checks again
+        /// that its key may serve the service.
+        let peer: String?
         var expiry: UInt64
         /// Its TCP connection, as its READY came on (nil in tests, or not over TCP): bytes
         /// arriving on it say the worker is there while its heartbeats wait behind a large
@@ -170,9 +173,10 @@ struct Broker: ~Copyable {
         /// Whether `id` names it: its routing id, or its process (the part before the first `/`).
         func isNamed(_ id: String) -> Bool { identity.equals(id) || process.equals(id) }
         init(identity: Frame, service: Service, window: Int, speaksExtension: Bool = true, wantsCallers: Bool = false, cell: String? = nil,
-             version: MDP.Version = .v01, expiry: UInt64) {
+             version: MDP.Version = .v01, peer: String? = nil, expiry: UInt64) {
             self.identity = identity
             self.version = version
+            self.peer = peer
             process = identity.withUnsafeBytes { bytes in
                 guard bytes.first != 0, let slash = bytes.firstIndex(of: UInt8(ascii: "/")), slash > 0 else { return identity }
                 return Frame(copying: UnsafeRawBufferPointer(rebasing: bytes[..<slash]))
@@ -364,8 +368,9 @@ struct Broker: ~Copyable {
     private(set) var receivedFromCells = 0
     /// Client requests answered -32008: this kernel was not the active one of its pair.
     private(set) var refusedNotActive = 0
-    /// Requests for operators only (``OperatorsOnly``) refused: another key sent them.
-    private(set) var refusedNotOperator = 0
+    /// Requests refused for the key they came with: for operators only (``OperatorsOnly``)
+    /// from another key, or from a key a reload took out.
+    private(set) var refusedForKey = 0
 
     init(configuration: KernelConfiguration, logger: Logger, admission: Admission = Admission(isPaired: false)) {
         self.configuration = configuration
@@ -622,7 +627,7 @@ struct Broker: ~Copyable {
             }
             let service = serviceNamed(name)
             let worker = Worker(identity: identity, service: service, window: window ?? 1, speaksExtension: window != nil, wantsCallers: callers,
-                                cell: cell, version: version, expiry: now + timeouts.expiry(ofWorkerIn: cell))
+                                cell: cell, version: version, peer: peer, expiry: now + timeouts.expiry(ofWorkerIn: cell))
             workers[identity] = worker
             service.everServed = true
             service.join(worker)
@@ -941,6 +946,19 @@ struct Broker: ~Copyable {
 
     /// `kernel` `workers.drain`: drains the workers of `service`, or only those whose routing
     /// id or process (the part before the first `/`) is `worker`; the routing ids drained.
+    /// After a reload: each worker whose key may no longer serve its service (taken out, or
+    /// now another service's) is told DISCONNECT and removed, its requests in flight going
+    /// to another worker as a lost one's do; registering again, it is refused.
+    mutating func dropWorkersNoLongerAllowed(now: UInt64) {
+        guard let security = configuration.security else { return }
+        let refused = workers.values.filter { !Peer(userID: $0.peer, security: security).mayServe($0.service.name) }
+        for worker in refused {
+            peerLog.warning("disconnecting a worker whose key a reload no longer allows to serve its service", metadata: ["service": "\(worker.service.name)"])
+            send(MDP.encode(.disconnect, to: worker.identity, version: worker.version))
+            remove(worker, reason: "its key may no longer serve '\(worker.service.name)' (a reload)", now: now)
+        }
+    }
+
     mutating func drain(service name: String, worker id: String?, now: UInt64) -> [Worker] {
         let chosen = workers.values.filter { worker in
             worker.service.name == name && id.map(worker.isNamed) != false
@@ -1357,14 +1375,18 @@ struct Broker: ~Copyable {
     }
 
     /// Answers a request ``Admission`` refused: -32008 when this kernel is not the active one
-    /// of its pair (the client asks the other), -32011 when only an operator may ask it.
+    /// of its pair (the client asks the other), -32011 when only an operator may ask it or its
+    /// key was taken out.
     mutating func refuse(_ caller: Caller, service: String, body: ArraySlice<Frame>, _ verdict: Admission.Verdict) {
         switch verdict {
         case .admitted: return
         case .notActive: refusedNotActive += 1
         case .notOperator:
-            refusedNotOperator += 1
+            refusedForKey += 1
             peerLog.warning("refused a request for operators only from another key", metadata: ["service": "\(service)"])
+        case .keyRemoved:
+            refusedForKey += 1
+            peerLog.warning("refused a request from a key a reload took out", metadata: ["service": "\(service)"])
         }
         reply(to: caller, service: service, body: body, error: admission.refusal(verdict, service: service))
     }

@@ -591,7 +591,7 @@ extension Kernel {
             streamsInProgress: parts.broker.streamsInProgress, gathersInProgress: parts.broker.gathers.count, queuedBytes: parts.broker.queuedBytes, uptimeSeconds: Date().timeIntervalSince(startedAt).rounded(),
             openFiles: OpenFiles.count, maxOpenFiles: OpenFiles.limit, refusedForOpenFiles: parts.refusedForOpenFiles, services: services,
             security: .init(curve: configuration.security != nil, refusedConnections: parts.zap?.refused ?? 0,
-                            refusedRegistrations: parts.broker.refusedRegistrations, refusedRequests: parts.broker.refusedNotOperator),
+                            refusedRegistrations: parts.broker.refusedRegistrations, refusedRequests: parts.broker.refusedForKey),
             state: .init(keys: parts.state.entries.count, bytes: parts.state.totalBytes, sequence: parts.state.sequence, rejectedWrites: parts.state.rejectedWrites,
                          refusedForbidden: parts.state.refusedForbidden, refusedOverLimit: parts.state.refusedOverLimit, refusedConflict: parts.state.refusedConflict,
                          history: .init(changes: parts.state.history.changes.count, bytes: parts.state.history.bytes, keys: parts.state.history.keys,
@@ -659,7 +659,7 @@ extension Kernel {
         family("gathers_in_progress", "gauge", "Requests to every worker of a service (all:SERVICE) still gathering answers.", [("", String(parts.broker.gathers.count))])
         family("refused_connections_total", "counter", "Connections refused by the ZAP handler.", [("", String(parts.zap?.refused ?? 0))])
         family("refused_registrations_total", "counter", "READY commands refused: a client key, or a service's key for another service.", [("", String(parts.broker.refusedRegistrations))])
-        family("refused_requests_total", "counter", "Requests for operators only (workers.drain, the supervisor) refused: not an operator's key.", [("", String(parts.broker.refusedNotOperator))])
+        family("refused_requests_total", "counter", "Requests refused for their key: for operators only (workers.drain, the supervisor) from another key, or from a key a reload took out.", [("", String(parts.broker.refusedForKey))])
         family("state_keys", "gauge", "Keys in the CHP state.", [("", String(parts.state.entries.count))])
         family("state_bytes", "gauge", "Bytes of keys and values in the CHP state.", [("", String(parts.state.totalBytes))])
         family("state_refused_total", "counter", "State writes refused: forbidden for the writer's key, or over a key or byte limit.",

@@ -138,10 +138,7 @@ public struct KernelConfiguration: Sendable, Equatable {
         stateHistoryBytes = new.stateHistoryBytes
         stateHistoryPerKey = new.stateHistoryPerKey
         if var security, let given = new.security {
-            security.clientKeys = given.clientKeys
-            security.workerKeys = given.workerKeys
-            security.serviceKeys = given.serviceKeys
-            security.operatorKeys = given.operatorKeys
+            security.admit(given)
             self.security = security
         }
     }
@@ -212,6 +209,9 @@ public struct KernelSecurity: Sendable, Equatable {
     /// Public keys (Z85) of operators: clients that may also ask what ``OperatorsOnly``
     /// lists (draining workers, restarts, reloads).
     public var operatorKeys: Set<String>
+    /// Keys this kernel admitted until a reload took them out. A connection made with one
+    /// before goes on (CURVE checks a key at the handshake only), so what it sends is refused.
+    public internal(set) var removedKeys: Set<String> = []
 
     public init(secretKey: String, clientKeys: Set<String> = [], workerKeys: Set<String> = [], serviceKeys: [String: String] = [:],
                 operatorKeys: Set<String> = []) {
@@ -220,5 +220,25 @@ public struct KernelSecurity: Sendable, Equatable {
         self.workerKeys = workerKeys
         self.serviceKeys = serviceKeys
         self.operatorKeys = operatorKeys
+    }
+
+    /// Takes the keys `given` admits; those admitted before and not now are removed from then on.
+    mutating func admit(_ given: KernelSecurity) {
+        let before = admittedKeys, now = given.admittedKeys
+        removedKeys = removedKeys.union(before.subtracting(now)).subtracting(now)
+        clientKeys = given.clientKeys
+        workerKeys = given.workerKeys
+        serviceKeys = given.serviceKeys
+        operatorKeys = given.operatorKeys
+    }
+
+    /// Every key admitted, whatever it may do.
+    private var admittedKeys: Set<String> { clientKeys.union(workerKeys).union(operatorKeys).union(serviceKeys.keys) }
+
+    /// Whether `userID` (a ZAP user id) carries a key a reload took out: a lookup only once
+    /// one has been.
+    func wasRemoved(_ userID: String?) -> Bool {
+        guard !removedKeys.isEmpty, let userID else { return false }
+        return removedKeys.contains(Peer.key(in: userID))
     }
 }

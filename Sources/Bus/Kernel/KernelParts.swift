@@ -19,6 +19,8 @@ struct Admission {
         case notActive(String)
         /// What only operators may ask, from another key (answered -32011).
         case notOperator
+        /// From a connection whose key a reload took out (answered -32011).
+        case keyRemoved
     }
 
     /// Of a pair: asked about a request only the active kernel serves, nil when this kernel
@@ -35,6 +37,7 @@ struct Admission {
         func calls(_ names: Set<String>) -> Bool {
             isKernel && body.count == 1 && JSONRPC.parseRequests(body.first!.bytes).requests.contains { names.contains($0.method) }
         }
+        if let security, security.wasRemoved(peer) { return .keyRemoved }
         if let security, OperatorsOnly.services.contains(service) || calls(OperatorsOnly.kernelMethods),
            !Peer(userID: peer, security: security).isOperator {
             return .notOperator
@@ -52,6 +55,8 @@ struct Admission {
         case .notOperator:
             .forbidden("\(service == KernelAPI.service ? "this kernel method" : "the '\(service)' service") is for operators' keys only: "
                 + "sb sends it with KEYS/operator.key, which switchboard up makes; another machine's operator needs its public key in the kernel's KEYS/operators/ or security.operator_keys")
+        case .keyRemoved:
+            .forbidden("this connection's key is no longer among the kernel's allowed keys (a reload took it out): connect with a key the kernel allows")
         }
     }
 
@@ -276,6 +281,8 @@ final class KernelParts {
         state.configuration.takeLiveSettings(from: new)
         if let security = broker.configuration.security { zap?.security = security }
         cells?.security = broker.configuration.security
+        broker.dropWorkersNoLongerAllowed(now: clock.now)
+        flush()
     }
 
     /// Stops serving: the timers end and the sockets close (on the loop thread).

@@ -20,7 +20,7 @@ enum Peer: Equatable {
             self = .unauthenticated
             return
         }
-        let key = String(userID.drop { $0 != ":" }.dropFirst())
+        let key = Self.key(in: userID)
         if userID.hasPrefix(ZAPHandler.workerPrefix), security.workerKeys.contains(key) {
             self = .worker(key: key, service: nil)
         } else if userID.hasPrefix(ZAPHandler.workerPrefix), let service = security.serviceKeys[key] {
@@ -31,6 +31,9 @@ enum Peer: Equatable {
             self = .client(key: key)
         }
     }
+
+    /// The public key in a ZAP user id (`client:KEY`, `worker:KEY`).
+    static func key(in userID: String) -> String { String(userID.drop { $0 != ":" }.dropFirst()) }
 
     /// Whether this peer may offer `service` (READY).
     func mayServe(_ service: String) -> Bool {

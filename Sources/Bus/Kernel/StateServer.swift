@@ -551,6 +551,11 @@ struct StateServer: ~Copyable {
             logger.debug("dropped a KVSET whose key is not a path", metadata: ["key": "\(key)"])
             return
         }
+        if configuration.security?.wasRemoved(parts.peerUserID) == true {
+            refusedForbidden += 1
+            peerLog.warning("refused KVSET from a key a reload took out", metadata: ["key": "\(key)"])
+            return
+        }
         let peer = Peer(userID: parts.peerUserID, security: configuration.security)
         let index = entries.index(forKey: key)
         switch admit(key, at: index, size: value.isEmpty ? nil : key.count + value.count, by: peer, collector: true) {
