@@ -944,8 +944,6 @@ struct Broker: ~Copyable {
         remove(worker, reason: "it drained", now: now)
     }
 
-    /// `kernel` `workers.drain`: drains the workers of `service`, or only those whose routing
-    /// id or process (the part before the first `/`) is `worker`; the routing ids drained.
     /// After a reload: each worker whose key may no longer serve its service (taken out, or
     /// now another service's) is told DISCONNECT and removed, its requests in flight going
     /// to another worker as a lost one's do; registering again, it is refused.
@@ -959,6 +957,8 @@ struct Broker: ~Copyable {
         }
     }
 
+    /// `kernel` `workers.drain`: drains the workers of `service`, or only those whose routing
+    /// id or process (the part before the first `/`) is `worker`; the routing ids drained.
     mutating func drain(service name: String, worker id: String?, now: UInt64) -> [Worker] {
         let chosen = workers.values.filter { worker in
             worker.service.name == name && id.map(worker.isNamed) != false
