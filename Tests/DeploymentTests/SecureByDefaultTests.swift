@@ -181,7 +181,8 @@ struct SecureByDefaultTests {
         func reload() async throws -> CommandResult { try await runCommand(sbExecutable(), ["reload"], environment: environment) }
 
         let stranger = try await pingAsCarol()
-        #expect(stranger.status == 69 && stranger.stderr.contains("does not allow this client's key"), "\(stranger)")
+        #expect(stranger.status == 69 && stranger.stderr.contains("does not allow this client's key")
+                && stranger.stderr.contains("copy its .pub into the kernel's KEYS/clients/ and run sb reload there"), "\(stranger)")
         try FileManager.default.copyItem(at: outside.appendingPathComponent("carol.pub"), to: carolPub)
         let added = try await reload()
         #expect(added.status == 0 && added.stdout.contains("applied: \(carolPub.path) (added)"), "\(added)")

@@ -826,7 +826,8 @@ actor ClientCore {
                 let keys = "sb uses client.key and kernel.pub from --key-dir, default data/keys, or --server-key and --key-file"
                 switch (connection.handshakeProblem, curve == nil) {
                 case (.keyRefused, _):
-                    return "\(connection.endpoint) refused this client's handshake \(times) (the kernel there does not allow this client's key: \(keys))"
+                    return "\(connection.endpoint) refused this client's handshake \(times) (the kernel there does not allow this client's key: \(keys); "
+                        + "to let a key in, copy its .pub into the kernel's KEYS/clients/ and run sb reload there)"
                 case (.mechanismMismatch, true):
                     return "\(connection.endpoint) refused this client's handshake \(times) (this client spoke plain text, and a kernel with CURVE on answers only CURVE clients: \(keys))"
                 case (.mechanismMismatch, false):
